@@ -1,0 +1,61 @@
+"""``deltawheel`` command line: one subcommand module per tool.
+
+Each ``cli_*`` module has ``register(subparsers)`` which adds its subcommands
+and sets ``func`` (taking the parsed args, returning an exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from deltawheel.statestore.exceptions import DeltaWheelError
+
+__all__ = ["main", "build_parser"]
+
+# Order is the order of --help.
+_MODULES = (
+    "cli_quickstart",
+    "cli_zk",
+    "cli_migrate",
+    "cli_sql",
+    "cli_leases",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deltawheel",
+        description="MillWheel-style exactly-once state engine on Spark, Delta Lake and ZooKeeper.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in _MODULES:
+        try:
+            mod = importlib.import_module(f"deltawheel.executor.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"deltawheel.executor.{name}":
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except DeltaWheelError as exc:
+        print(f"deltawheel {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"deltawheel {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

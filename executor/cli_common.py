@@ -1,0 +1,50 @@
+"""Arguments and helpers shared by the CLI subcommands (parsed once, here, at the edge)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.sparkenv import SparkSettings, build_spark
+
+__all__ = ["add_store_arg", "add_zk_args", "add_spark_args", "zk_config_from", "spark_from", "layout_from"]
+
+
+def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--store", required=required, help="store folder or URI (holds the Delta tables)")
+
+
+def add_zk_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ZooKeeper")
+    g.add_argument(
+        "--zk", default=os.environ.get("DELTAWHEEL_ZK", f"127.0.0.1:{DEFAULT_ZK_PORT}"),
+        help="ZooKeeper connection string host:port[,host:port] (env DELTAWHEEL_ZK; "
+        "default: the embedded server of 'deltawheel zk start')",
+    )
+    g.add_argument("--zk-chroot", default=os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel"),
+                   help="znode path all of deltawheel's znodes live below")
+    g.add_argument("--zk-digest", default=os.environ.get("DELTAWHEEL_ZK_DIGEST"),
+                   help="user:password for digest ACLs on lease znodes (env DELTAWHEEL_ZK_DIGEST)")
+
+
+def add_spark_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Spark")
+    g.add_argument("--master", default=os.environ.get("DELTAWHEEL_SPARK_MASTER", "local[2]"),
+                   help="Spark master (env DELTAWHEEL_SPARK_MASTER; default local[2])")
+    g.add_argument("--driver-memory", default="2g")
+
+
+def zk_config_from(args: argparse.Namespace) -> ZkConfig:
+    return ZkConfig(hosts=args.zk, chroot=args.zk_chroot, digest=args.zk_digest)
+
+
+def layout_from(args: argparse.Namespace) -> StoreLayout:
+    return StoreLayout(os.path.abspath(args.store) if "://" not in args.store else args.store)
+
+
+def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
+    return build_spark(SparkSettings(master=getattr(args, "master", "local[2]"),
+                                     driver_memory=getattr(args, "driver_memory", "2g"), **kw))

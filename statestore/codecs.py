@@ -1,0 +1,114 @@
+"""Codecs for user state and production values.
+
+State is stored as opaque bytes next to the name of the codec that wrote it,
+so a row can always be decoded (by the SQL views, by ``inspect``) without
+knowing the computation's code. JSON and msgpack are always available;
+pickle executes code on load and is only returned when the caller opts in
+with ``allow_pickle=True``.
+
+>>> get_codec("json").decode(get_codec("json").encode({"n": 1}))
+{'n': 1}
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Any, Protocol
+
+import msgpack
+
+from .exceptions import CodecError
+
+__all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "get_codec", "CODEC_NAMES"]
+
+
+class Codec(Protocol):
+    name: str
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def decode(self, data: bytes) -> Any: ...
+
+
+class JsonCodec:
+    """UTF-8 JSON, compact, keys sorted (so equal values give equal bytes)."""
+
+    name = "json"
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise CodecError(
+                f"json codec cannot encode a {type(value).__name__}: {exc}. "
+                "Use plain dicts/lists/str/int/float/bool/None, or declare codec='msgpack'."
+            ) from exc
+
+    def decode(self, data: bytes) -> Any:
+        try:
+            return json.loads(data)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise CodecError(f"json codec cannot decode {len(data)} bytes: {exc}") from exc
+
+
+class MsgpackCodec:
+    """msgpack (binary, compact; bytes and str kept apart)."""
+
+    name = "msgpack"
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise CodecError(
+                f"msgpack codec cannot encode a {type(value).__name__}: {exc}. "
+                "Convert it to dicts/lists/str/bytes/int/float/bool/None first."
+            ) from exc
+
+    def decode(self, data: bytes) -> Any:
+        try:
+            return msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.FormatError,
+                msgpack.exceptions.StackError) as exc:
+            raise CodecError(f"msgpack codec cannot decode {len(data)} bytes: {exc}") from exc
+
+
+class PickleCodec:
+    """Python pickle. Loading runs code: only for stores whose writers you trust."""
+
+    name = "pickle"
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            return pickle.dumps(value, protocol=5)
+        except Exception as exc:  # noqa: BLE001 - pickle raises many types
+            raise CodecError(f"pickle codec cannot encode a {type(value).__name__}: {exc}") from exc
+
+    def decode(self, data: bytes) -> Any:
+        try:
+            return pickle.loads(data)  # noqa: S301 - opt-in only
+        except Exception as exc:  # noqa: BLE001
+            raise CodecError(f"pickle codec cannot decode {len(data)} bytes: {exc}") from exc
+
+
+_SAFE: dict[str, Codec] = {"json": JsonCodec(), "msgpack": MsgpackCodec()}
+CODEC_NAMES = ("json", "msgpack", "pickle")
+
+
+def get_codec(name: str, *, allow_pickle: bool = False) -> Codec:
+    """Return the codec called ``name``.
+
+    Raises:
+        CodecError: unknown name, or ``pickle`` without ``allow_pickle=True``.
+    """
+    if name in _SAFE:
+        return _SAFE[name]
+    if name == "pickle":
+        if not allow_pickle:
+            raise CodecError(
+                "the pickle codec runs code when it decodes; pass allow_pickle=True "
+                "(Computation.allow_pickle = True) to opt in, or use 'json' or 'msgpack'"
+            )
+        return PickleCodec()
+    raise CodecError(f"unknown codec {name!r}; choose one of {', '.join(CODEC_NAMES)}")

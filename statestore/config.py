@@ -1,0 +1,44 @@
+"""Configuration, parsed once at the edge into frozen dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .exceptions import ConfigError
+
+__all__ = ["ZkConfig", "StoreLimits", "DEFAULT_ZK_PORT"]
+
+DEFAULT_ZK_PORT = 2181
+
+
+@dataclass(frozen=True)
+class ZkConfig:
+    """How to reach ZooKeeper.
+
+    Attributes:
+        hosts: connection string ``host:port[,host:port...]``.
+        chroot: every znode deltawheel creates lives below this path.
+        digest: optional ``user:password``; lease znodes then carry a digest ACL
+            so that other clients cannot delete or overwrite them.
+        session_timeout_s: ZooKeeper session timeout.
+    """
+
+    hosts: str = f"127.0.0.1:{DEFAULT_ZK_PORT}"
+    chroot: str = "/deltawheel"
+    digest: Optional[str] = None
+    session_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.chroot.startswith("/") or (len(self.chroot) > 1 and self.chroot.endswith("/")):
+            raise ConfigError(f"ZooKeeper chroot must start with '/' and not end with '/': {self.chroot!r}")
+        if self.digest is not None and ":" not in self.digest:
+            raise ConfigError("ZooKeeper digest must be 'user:password'")
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """Guards applied to every row before it is committed."""
+
+    max_state_bytes: int = 4 * 1024 * 1024
+    max_record_ids_per_key: int = 10_000

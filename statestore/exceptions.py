@@ -1,0 +1,112 @@
+"""Errors raised by deltawheel.
+
+One root, :class:`DeltaWheelError`. Errors a caller may retry (the same call
+can succeed later without anybody changing anything) derive from
+:class:`RetryableError`; everything else derives from :class:`FatalError`.
+Messages say what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DeltaWheelError",
+    "RetryableError",
+    "FatalError",
+    "LeaseError",
+    "LeaseLostError",
+    "LeaseHeldError",
+    "LeaseSuspendedError",
+    "StaleSequencerError",
+    "CommitConflictError",
+    "CodecError",
+    "BadRecordError",
+    "StateTooLargeError",
+    "NotAStoreError",
+    "SchemaTooNewError",
+    "MigrationError",
+    "ZooKeeperServerError",
+    "ConfigError",
+    "JarFetchError",
+]
+
+
+class DeltaWheelError(Exception):
+    """Root of every error deltawheel raises on purpose."""
+
+
+class RetryableError(DeltaWheelError):
+    """The operation may succeed if retried (after re-acquiring what was lost)."""
+
+
+class FatalError(DeltaWheelError):
+    """Retrying the same call will fail again; input or configuration must change."""
+
+
+# --- coordination -----------------------------------------------------------
+
+
+class LeaseError(RetryableError):
+    """Base for problems with key-interval leases."""
+
+
+class LeaseHeldError(LeaseError):
+    """Another job instance holds the lease on an interval."""
+
+
+class LeaseLostError(LeaseError):
+    """A lease this instance held is gone (session expired, lease broken or taken over)."""
+
+
+class LeaseSuspendedError(LeaseError):
+    """The ZooKeeper connection is suspended; lease validity is unknown until it reconnects."""
+
+
+class StaleSequencerError(RetryableError):
+    """A commit carried a sequencer that is no longer current: a newer owner fenced it out.
+
+    Nothing of the failed commit landed. The instance must drop its leases and
+    re-acquire them (getting new sequencers) before it writes again.
+    """
+
+
+class CommitConflictError(RetryableError):
+    """Delta reported a concurrent commit on the same partitions; nothing landed."""
+
+
+class ZooKeeperServerError(FatalError):
+    """The embedded ZooKeeper server could not be started, reached or stopped."""
+
+
+# --- input and storage ------------------------------------------------------
+
+
+class CodecError(FatalError):
+    """A value could not be encoded or decoded with its declared codec."""
+
+
+class BadRecordError(FatalError):
+    """Input that can never be processed: empty or non-string key, bad timestamp, ..."""
+
+
+class StateTooLargeError(BadRecordError):
+    """A key's encoded state exceeds the configured size limit."""
+
+
+class NotAStoreError(FatalError):
+    """The given path is not a deltawheel store (no metadata table)."""
+
+
+class SchemaTooNewError(FatalError):
+    """The store was migrated by a newer deltawheel than this one."""
+
+
+class MigrationError(FatalError):
+    """A schema migration failed or the recorded migrations are inconsistent."""
+
+
+class ConfigError(FatalError):
+    """Configuration is missing or invalid."""
+
+
+class JarFetchError(FatalError):
+    """The Delta Lake jars could not be found or downloaded."""

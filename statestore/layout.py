@@ -1,0 +1,73 @@
+"""Where a store keeps its tables.
+
+A store is one folder (or object-store prefix) holding Delta tables::
+
+    <root>/_meta          migrations applied (the store's schema version)
+    <root>/rows           the single-row-per-key table
+    <root>/streams/<name> one table per stream
+    <root>/dead_letters   records that could not be processed
+    <root>/late_data      records behind the watermark, when routed there
+    <root>/_zk            data dir of the embedded ZooKeeper (local stores only)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .exceptions import ConfigError
+
+__all__ = ["StoreLayout", "validate_name"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def validate_name(kind: str, name: str) -> str:
+    """Names of computations and streams: SQL identifiers (letters, digits, _)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(
+            f"{kind} name {name!r} is not valid: use 1-64 letters, digits or '_', "
+            "starting with a letter or '_' (it becomes a table and view name)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Paths of a store's tables, below ``root`` (a local path or a URI)."""
+
+    root: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", str(self.root).rstrip("/"))
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.root or self.root.startswith("file://")
+
+    @property
+    def meta(self) -> str:
+        return f"{self.root}/_meta"
+
+    @property
+    def rows(self) -> str:
+        return f"{self.root}/rows"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.root}/dead_letters"
+
+    @property
+    def late_data(self) -> str:
+        return f"{self.root}/late_data"
+
+    @property
+    def streams_root(self) -> str:
+        return f"{self.root}/streams"
+
+    @property
+    def zk_data(self) -> str:
+        return f"{self.root}/_zk"
+
+    def stream(self, name: str) -> str:
+        return f"{self.streams_root}/{validate_name('stream', name)}"

@@ -1,0 +1,242 @@
+"""The single-row-per-key image of a computation's key, and its table schema.
+
+One row per (computation, key) holds everything the framework keeps for that
+key: the user state bytes and codec, the timers (with the earliest pending
+event-time and processing-time timer in their own columns, for pruned scans
+of due keys), the recent record ids used for dedup, the checkpointed (strong)
+productions not yet delivered, a watermark hold, and the sequencer and
+commit id of its last writer. :class:`KeyRow` is the frozen in-memory value;
+:meth:`KeyRow.to_row` / :meth:`KeyRow.from_row` are the only conversions to
+and from the table.
+
+Each interval partition also holds one *fence row* (key :data:`FENCE_KEY`)
+whose sequencer is that of the interval's current owner; see ``fencing.py``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, Iterable, Mapping, Optional
+
+from .exceptions import BadRecordError
+
+__all__ = [
+    "ROW_FORMAT_VERSION",
+    "FENCE_KEY",
+    "MAX_KEY_BYTES",
+    "TimeDomain",
+    "Timer",
+    "Production",
+    "SeenId",
+    "KeyRow",
+    "interval_of",
+    "validate_key",
+    "rows_schema_ddl",
+]
+
+ROW_FORMAT_VERSION = 1
+FENCE_KEY = "\x00fence"
+MAX_KEY_BYTES = 4096
+
+
+class TimeDomain(str, Enum):
+    """The clock a timer follows."""
+
+    EVENT_TIME = "event_time"
+    PROCESSING_TIME = "processing_time"
+
+
+@dataclass(frozen=True, order=True)
+class Timer:
+    """A timer of one key: fires once ``time_ms`` is reached in its ``domain``.
+
+    A key has at most one timer per (tag, domain); setting it again moves it.
+    """
+
+    time_ms: int
+    tag: str
+    domain: TimeDomain = TimeDomain.EVENT_TIME
+
+    def to_row(self) -> dict[str, Any]:
+        return {"tag": self.tag, "domain": self.domain.value, "time_ms": self.time_ms}
+
+    @staticmethod
+    def from_row(r: Mapping[str, Any]) -> "Timer":
+        return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=TimeDomain(r["domain"]))
+
+
+@dataclass(frozen=True)
+class Production:
+    """A record produced to a stream, checkpointed in the producer's row until delivered."""
+
+    production_id: str
+    stream: str
+    key: str
+    value: bytes
+    timestamp_ms: int
+    codec: str = "json"
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "production_id": self.production_id,
+            "stream": self.stream,
+            "key": self.key,
+            "value": bytes(self.value),
+            "timestamp_ms": self.timestamp_ms,
+            "codec": self.codec,
+        }
+
+    @staticmethod
+    def from_row(r: Mapping[str, Any]) -> "Production":
+        return Production(
+            production_id=str(r["production_id"]),
+            stream=str(r["stream"]),
+            key=str(r["key"]),
+            value=bytes(r["value"]),
+            timestamp_ms=int(r["timestamp_ms"]),
+            codec=str(r["codec"]),
+        )
+
+
+@dataclass(frozen=True)
+class SeenId:
+    """A record id this key has processed, and when (for garbage collection)."""
+
+    record_id: str
+    seen_ms: int
+
+    def to_row(self) -> dict[str, Any]:
+        return {"record_id": self.record_id, "seen_ms": self.seen_ms}
+
+    @staticmethod
+    def from_row(r: Mapping[str, Any]) -> "SeenId":
+        return SeenId(record_id=str(r["record_id"]), seen_ms=int(r["seen_ms"]))
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """Everything stored for one (computation, key)."""
+
+    computation: str
+    key: str
+    interval: int
+    state: Optional[bytes] = None
+    codec: str = "json"
+    timers: tuple[Timer, ...] = ()
+    record_ids: tuple[SeenId, ...] = ()
+    pending: tuple[Production, ...] = ()
+    watermark_hold_ms: Optional[int] = None
+    sequencer: int = 0
+    commit_id: str = ""
+    updated_ms: int = 0
+    format_version: int = ROW_FORMAT_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def next_event_timer_ms(self) -> Optional[int]:
+        ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.EVENT_TIME]
+        return min(ts) if ts else None
+
+    @property
+    def next_processing_timer_ms(self) -> Optional[int]:
+        ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.PROCESSING_TIME]
+        return min(ts) if ts else None
+
+    @property
+    def is_fence(self) -> bool:
+        return self.key == FENCE_KEY
+
+    def with_(self, **changes: Any) -> "KeyRow":
+        """A copy with some fields changed (``dataclasses.replace``)."""
+        return replace(self, **changes)
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "computation": self.computation,
+            "interval": self.interval,
+            "key": self.key,
+            "state": None if self.state is None else bytes(self.state),
+            "codec": self.codec,
+            "timers": [t.to_row() for t in sorted(self.timers)],
+            "next_event_timer_ms": self.next_event_timer_ms,
+            "next_processing_timer_ms": self.next_processing_timer_ms,
+            "record_ids": [s.to_row() for s in self.record_ids],
+            "pending": [p.to_row() for p in self.pending],
+            "watermark_hold_ms": self.watermark_hold_ms,
+            "sequencer": self.sequencer,
+            "commit_id": self.commit_id,
+            "updated_ms": self.updated_ms,
+            "format_version": self.format_version,
+        }
+
+    @staticmethod
+    def from_row(r: Any) -> "KeyRow":
+        d = r.asDict(recursive=True) if hasattr(r, "asDict") else dict(r)
+        return KeyRow(
+            computation=str(d["computation"]),
+            key=str(d["key"]),
+            interval=int(d["interval"]),
+            state=None if d.get("state") is None else bytes(d["state"]),
+            codec=str(d.get("codec") or "json"),
+            timers=tuple(sorted(Timer.from_row(t) for t in (d.get("timers") or ()))),
+            record_ids=tuple(SeenId.from_row(s) for s in (d.get("record_ids") or ())),
+            pending=tuple(Production.from_row(p) for p in (d.get("pending") or ())),
+            watermark_hold_ms=d.get("watermark_hold_ms"),
+            sequencer=int(d.get("sequencer") or 0),
+            commit_id=str(d.get("commit_id") or ""),
+            updated_ms=int(d.get("updated_ms") or 0),
+            format_version=int(d.get("format_version") or ROW_FORMAT_VERSION),
+        )
+
+
+def validate_key(key: object) -> str:
+    """Return ``key`` if it is a usable key, else raise :class:`BadRecordError`.
+
+    >>> validate_key("q1")
+    'q1'
+    """
+    if not isinstance(key, str):
+        raise BadRecordError(
+            f"key must be a non-empty str, got {type(key).__name__} {key!r}; "
+            "convert it in the key extractor (e.g. str(x))"
+        )
+    if key == "":
+        raise BadRecordError("key must be a non-empty str, got ''; fix the key extractor")
+    if key.startswith("\x00"):
+        raise BadRecordError(f"keys starting with NUL are reserved for deltawheel, got {key!r}")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise BadRecordError(f"key is longer than {MAX_KEY_BYTES} bytes; hash or shorten it")
+    return key
+
+
+def interval_of(key: str, num_intervals: int) -> int:
+    """The key interval of ``key``: CRC-32 of its UTF-8 bytes modulo ``num_intervals``.
+
+    Spark computes the same value with ``pmod(crc32(key), num_intervals)``.
+
+    >>> interval_of("q000001", 8) == interval_of("q000001", 8)
+    True
+    """
+    return zlib.crc32(key.encode("utf-8")) % num_intervals
+
+
+def rows_schema_ddl() -> str:
+    """The rows table's columns as a Spark DDL string (used by the migrations)."""
+    return (
+        "computation STRING NOT NULL, interval INT NOT NULL, key STRING NOT NULL, "
+        "state BINARY, codec STRING, "
+        "timers ARRAY<STRUCT<tag: STRING, domain: STRING, time_ms: BIGINT>>, "
+        "next_event_timer_ms BIGINT, next_processing_timer_ms BIGINT, "
+        "record_ids ARRAY<STRUCT<record_id: STRING, seen_ms: BIGINT>>, "
+        "pending ARRAY<STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, "
+        "timestamp_ms: BIGINT, codec: STRING>>, "
+        "watermark_hold_ms BIGINT, sequencer BIGINT NOT NULL, commit_id STRING, "
+        "updated_ms BIGINT, format_version INT"
+    )
+
+
+def iter_user_rows(rows: Iterable[KeyRow]) -> Iterable[KeyRow]:
+    """Rows without the fence rows."""
+    return (r for r in rows if not r.is_fence)

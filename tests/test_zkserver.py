@@ -1,0 +1,129 @@
+"""The embedded ZooKeeper server: a real java process, started and stopped for real."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import free_port
+from deltawheel.statestore.exceptions import ZooKeeperServerError
+from deltawheel.statestore.zkserver import EmbeddedZooKeeper, find_java, four_letter_word
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _gone(pid: int) -> bool:
+    """No running process with this pid (a zombie awaiting its parent counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _zk_processes(data_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "ZooKeeperServerMain" in cmd and str(data_dir) in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def test_start_status_stop_leaves_no_process(tmp_path: Path) -> None:
+    server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
+    assert server.status().running is False
+    server.start()
+    try:
+        st = server.status()
+        assert st.running and st.pid is not None and st.hosts == server.hosts == f"127.0.0.1:{server.port}"
+        reply = four_letter_word("127.0.0.1", server.port, "srvr", timeout_s=2.0)
+        assert reply is not None and reply.startswith("Zookeeper version: 3.9")
+        assert "minSessionTimeout=1000" in (tmp_path / "zk" / "zoo.cfg").read_text()
+
+        server.start()  # already running: no-op, same process
+        assert server.status().pid == st.pid
+        assert EmbeddedZooKeeper(tmp_path / "zk", port=server.port).status().pid == st.pid  # other handle
+    finally:
+        assert server.stop() is True
+    with pytest.raises(ProcessLookupError):
+        os.kill(st.pid, 0)
+    assert not (tmp_path / "zk" / "zookeeper.pid").exists()
+    assert server.status().running is False
+    assert server.stop() is False
+    assert _zk_processes(tmp_path / "zk") == []
+
+
+def test_stale_pid_file_is_cleaned(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "zk").mkdir()
+    (tmp_path / "zk" / "zookeeper.pid").write_text(f"{dead.pid}\n")
+    server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
+    assert server.status().pid is None
+    server.start()
+    try:
+        assert server.status().running and server.status().pid != dead.pid
+    finally:
+        assert server.stop()
+
+
+def test_port_in_use_is_refused(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ZooKeeperServerError, match=f"port {port} .* in use by another process"):
+            EmbeddedZooKeeper(tmp_path / "zk", port=port).start()
+
+
+def test_not_ready_in_time_kills_the_server(tmp_path: Path) -> None:
+    server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
+    with pytest.raises(ZooKeeperServerError, match="did not become ready .*no answer within 0.05s.* Log tail"):
+        server.start(timeout_s=0.05)
+    assert _zk_processes(tmp_path / "zk") == []
+    assert not server.pid_file.exists()
+
+
+def test_missing_java_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ZooKeeperServerError, match="java not found"):
+        find_java()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args],
+                          capture_output=True, text=True, timeout=90)
+
+
+def test_cli_start_status_stop(tmp_path: Path) -> None:
+    data_dir, port = tmp_path / "zkdata", str(free_port())
+    started = _cli("zk", "start", "--data-dir", str(data_dir), "--port", port)
+    assert started.returncode == 0, started.stderr
+    assert f"--zk 127.0.0.1:{port}" in started.stdout
+    pid = int((data_dir / "zookeeper.pid").read_text())
+    try:
+        assert not _gone(pid)  # the server outlived the CLI process that started it
+        again = _cli("zk", "start", "--data-dir", str(data_dir), "--port", port)
+        assert again.returncode == 0 and int((data_dir / "zookeeper.pid").read_text()) == pid
+        status = _cli("zk", "status", "--data-dir", str(data_dir), "--port", port)
+        assert status.returncode == 0 and f"running: pid {pid}, port {port}" in status.stdout
+    finally:
+        stopped = _cli("zk", "stop", "--data-dir", str(data_dir), "--port", port)
+    assert stopped.returncode == 0 and f"stopped ZooKeeper (pid {pid})" in stopped.stdout
+    assert _gone(pid)
+    assert _zk_processes(data_dir) == []
+    status = _cli("zk", "status", "--data-dir", str(data_dir), "--port", port)
+    assert status.returncode == 1 and "not running" in status.stdout
+    assert "no ZooKeeper running" in _cli("zk", "stop", "--data-dir", str(data_dir), "--port", port).stdout
+
+
+def test_cli_store_uses_its_zk_folder(tmp_path: Path) -> None:
+    status = _cli("zk", "status", "--store", str(tmp_path / "store"), "--port", str(free_port()))
+    assert status.returncode == 1
+    assert str(tmp_path / "store" / "_zk") in status.stdout

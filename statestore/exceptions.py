@@ -16,6 +16,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseHeldError",
     "LeaseSuspendedError",
+    "NotOwnerError",
     "StaleSequencerError",
     "CommitConflictError",
     "CodecError",
@@ -59,6 +60,10 @@ class LeaseLostError(LeaseError):
 
 class LeaseSuspendedError(LeaseError):
     """The ZooKeeper connection is suspended; lease validity is unknown until it reconnects."""
+
+
+class NotOwnerError(LeaseError):
+    """A write names a key interval this instance holds no lease (sequencer) for."""
 
 
 class StaleSequencerError(RetryableError):

@@ -1,0 +1,294 @@
+"""Reads and fenced, atomic commits of the single-row-per-key table.
+
+:class:`RowStore` is the only code that writes the rows table. A commit takes
+the new images of any number of keys of one computation (plus deletions) and
+lands them in **one** Delta transaction together with the fence rows of the
+touched intervals (see ``fencing.py``), or not at all.
+
+Commit protocol (one call of :meth:`RowStore.commit`):
+
+1. Validate every row (key, interval, codec, state size) and that a
+   sequencer is held for each touched interval; bad input raises before any
+   I/O.
+2. Check the leases are still valid (the ``lease_check`` hook); a lost or
+   suspended lease stops here.
+3. Build the MERGE source: changed rows, deletions, and one fence row per
+   touched interval, all carrying this writer's sequencer.
+4. Run the fenced MERGE with the commit metadata (writer, sequencers,
+   commit id) as the Delta commit's ``userMetadata``.
+5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a
+   concurrent commit on the same partitions is retried (up to
+   ``conflict_retries``) and raises :class:`CommitConflictError` when
+   retries run out. On success return a :class:`CommitResult`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .clock import Clock, SystemClock
+from .codecs import CODEC_NAMES
+from .config import StoreLimits
+from .exceptions import (
+    BadRecordError,
+    CommitConflictError,
+    NotOwnerError,
+    StaleSequencerError,
+    StateTooLargeError,
+)
+from .fencing import merge_sql, translate_commit_error
+from .layout import StoreLayout, validate_name
+from .rows import FENCE_KEY, KeyRow, interval_of, rows_schema_ddl, validate_key
+
+__all__ = ["RowStore", "CommitResult", "StoreStats", "COMMIT_META_VERSION"]
+
+COMMIT_META_VERSION = 1
+_SOURCE_DDL = rows_schema_ddl() + ", _op STRING"
+_view_ids = itertools.count()
+
+
+@dataclass
+class StoreStats:
+    """Counters of storage traffic (what the Bloom filter and cache save)."""
+
+    key_lookups: int = 0
+    keys_read: int = 0
+    interval_scans: int = 0
+    commits: int = 0
+    conflicts: int = 0
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a commit wrote."""
+
+    commit_id: str
+    computation: str
+    sequencers: Mapping[int, int]
+    rows_written: int
+    rows_deleted: int
+    attempts: int
+    duration_s: float
+    dry_run: bool = False
+    plan: Sequence[str] = field(default_factory=tuple)
+
+
+class RowStore:
+    """The rows table of one store, written under sequencers.
+
+    Args:
+        spark: a SparkSession with Delta (a private child session is used, so
+            the commit metadata set here never leaks into the caller's session).
+        layout: where the store is; it must have been migrated.
+        writer: a name for this job instance, recorded in every commit.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        layout: StoreLayout,
+        *,
+        writer: str,
+        limits: StoreLimits = StoreLimits(),
+        clock: Clock = SystemClock(),
+        conflict_retries: int = 3,
+    ) -> None:
+        self._spark = spark.newSession()
+        self.layout = layout
+        self.writer = writer
+        self.limits = limits
+        self.clock = clock
+        self.conflict_retries = conflict_retries
+        self.stats = StoreStats()
+        self._lock = threading.Lock()
+        self._schema = None
+
+    # ------------------------------------------------------------------ reads
+
+    def _table(self) -> Any:
+        return self._spark.read.format("delta").load(self.layout.rows)
+
+    def _collect(self, df: Any) -> list[KeyRow]:
+        return [KeyRow.from_row(r) for r in df.toArrow().to_pylist()]
+
+    def read_keys(self, computation: str, keys: Iterable[str], *, num_intervals: int) -> dict[str, KeyRow]:
+        """The stored rows of ``keys`` (missing keys are absent from the result)."""
+        from pyspark.sql import functions as F
+
+        keys = sorted(set(keys))
+        self.stats.key_lookups += 1
+        self.stats.keys_read += len(keys)
+        if not keys:
+            return {}
+        ivs = sorted({interval_of(k, num_intervals) for k in keys})
+        df = self._table().where(
+            (F.col("computation") == computation) & F.col("interval").isin(ivs) & F.col("key").isin(keys)
+        )
+        return {r.key: r for r in self._collect(df)}
+
+    def scan_intervals(self, computation: str, intervals: Iterable[int], *, include_fences: bool = False) -> list[KeyRow]:
+        """Every row of the given intervals (the recovery scan reads this)."""
+        from pyspark.sql import functions as F
+
+        self.stats.interval_scans += 1
+        df = self._table().where((F.col("computation") == computation) & F.col("interval").isin(sorted(set(intervals))))
+        rows = self._collect(df)
+        return rows if include_fences else [r for r in rows if not r.is_fence]
+
+    def fences(self, computation: str) -> dict[int, int]:
+        """interval -> sequencer of the fence rows of a computation."""
+        from pyspark.sql import functions as F
+
+        df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY))
+        return {int(r["interval"]): int(r["sequencer"]) for r in df.select("interval", "sequencer").collect()}
+
+    # ----------------------------------------------------------------- writes
+
+    def fence(self, computation: str, sequencers: Mapping[int, int]) -> CommitResult:
+        """The takeover commit: move the fence rows of ``sequencers``' intervals to the new sequencers.
+
+        Fails with :class:`StaleSequencerError` if a fence already carries a
+        greater sequencer (an even newer owner exists). Conflicts with a racing
+        old owner are retried: the fence must land before the new owner reads.
+        """
+        return self.commit(computation, [], sequencers=sequencers, kind="fence")
+
+    def commit(
+        self,
+        computation: str,
+        rows: Sequence[KeyRow],
+        *,
+        sequencers: Mapping[int, int],
+        deletes: Sequence[tuple[int, str]] = (),
+        num_intervals: int | None = None,
+        commit_id: str | None = None,
+        lease_check: Callable[[], None] | None = None,
+        dry_run: bool = False,
+        kind: str = "commit",
+    ) -> CommitResult:
+        """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
+
+        Raises:
+            BadRecordError / StateTooLargeError: a row is invalid (nothing written).
+            NotOwnerError: a row's interval has no sequencer in ``sequencers``.
+            StaleSequencerError: a newer owner fenced one of the intervals.
+            CommitConflictError: concurrent commits kept conflicting after retries.
+        """
+        started = time.monotonic()
+        # Step 1: validate before any I/O.
+        validate_name("computation", computation)
+        now = self.clock.now_ms()
+        commit_id = commit_id or f"{self.writer}:{now}:{next(_view_ids)}"
+        images = [self._validated(r, computation, sequencers, num_intervals, now, commit_id) for r in rows]
+        for iv, key in deletes:
+            validate_key(key)
+            self._require_sequencer(sequencers, iv, key)
+        touched = sorted({r.interval for r in images} | {iv for iv, _ in deletes} | (
+            set(sequencers) if kind == "fence" else set()))
+        if not touched:
+            return CommitResult(commit_id, computation, dict(sequencers), 0, 0, 0, 0.0, dry_run)
+        plan = [f"upsert {r.key!r} (interval {r.interval})" for r in images] + [
+            f"delete {k!r} (interval {iv})" for iv, k in deletes]
+        if dry_run:
+            return CommitResult(commit_id, computation, dict(sequencers), len(images), len(deletes), 0,
+                                time.monotonic() - started, True, tuple(plan))
+        # Step 3: the MERGE source: rows, deletions, fences.
+        src = [r.to_row() | {"_op": "upsert"} for r in images]
+        src += [KeyRow(computation, k, iv, sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row()
+                | {"_op": "delete"} for iv, k in deletes]
+        src += [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
+                       updated_ms=now).to_row() | {"_op": "upsert"} for iv in touched]
+        meta = json.dumps({
+            "deltawheel": COMMIT_META_VERSION, "kind": kind, "writer": self.writer,
+            "computation": computation, "commit_id": commit_id,
+            "sequencers": {str(iv): sequencers[iv] for iv in touched},
+        }, sort_keys=True)
+        attempts = 0
+        with self._lock:
+            while True:
+                attempts += 1
+                # Step 2: leases still valid (checked again before every attempt).
+                if lease_check is not None:
+                    lease_check()
+                try:
+                    self._merge(src, computation, touched, meta)
+                    break
+                except Exception as exc:  # noqa: BLE001 - translated below
+                    # Step 5: map failures.
+                    err = translate_commit_error(exc, sequencers=sequencers)
+                    if err is None:
+                        raise
+                    if isinstance(err, CommitConflictError):
+                        self.stats.conflicts += 1
+                        if attempts <= self.conflict_retries:
+                            continue
+                    raise err from None
+        self.stats.commits += 1
+        return CommitResult(commit_id, computation, {iv: sequencers[iv] for iv in touched}, len(images),
+                            len(deletes), attempts, time.monotonic() - started, False, tuple(plan))
+
+    # -------------------------------------------------------------- internals
+
+    def _merge(self, src: list[dict[str, Any]], computation: str, intervals: Sequence[int], meta: str) -> None:
+        # Step 4: one MERGE = one Delta transaction, metadata attached.
+        view = f"dw_src_{next(_view_ids)}"
+        df = self._spark.createDataFrame(src, schema=_SOURCE_DDL)
+        df.createOrReplaceTempView(view)
+        conf = self._spark.conf
+        conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)
+        try:
+            self._spark.sql(merge_sql(self.layout.rows, view, computation=computation, intervals=intervals))
+        finally:
+            conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+            self._spark.catalog.dropTempView(view)
+
+    @staticmethod
+    def _require_sequencer(sequencers: Mapping[int, int], interval: int, key: str) -> None:
+        if interval not in sequencers:
+            raise NotOwnerError(
+                f"key {key!r} is in interval {interval}, for which this writer holds no lease; "
+                f"held: {sorted(sequencers)}. Acquire the interval's lease before writing."
+            )
+
+    def _validated(self, row: KeyRow, computation: str, sequencers: Mapping[int, int],
+                   num_intervals: int | None, now: int, commit_id: str) -> KeyRow:
+        validate_key(row.key)
+        if row.computation != computation:
+            raise BadRecordError(f"row of computation {row.computation!r} in a commit of {computation!r}")
+        if num_intervals is not None and row.interval != interval_of(row.key, num_intervals):
+            raise BadRecordError(
+                f"key {row.key!r} belongs to interval {interval_of(row.key, num_intervals)} "
+                f"of {num_intervals}, the row says {row.interval}")
+        self._require_sequencer(sequencers, row.interval, row.key)
+        if row.codec not in CODEC_NAMES:
+            raise BadRecordError(f"row of key {row.key!r} names unknown codec {row.codec!r}")
+        size = len(row.state or b"")
+        if size > self.limits.max_state_bytes:
+            raise StateTooLargeError(
+                f"state of key {row.key!r} is {size} bytes, over the limit of "
+                f"{self.limits.max_state_bytes}; keep per-key state small (use combiners, "
+                "move bulk data elsewhere) or raise StoreLimits.max_state_bytes")
+        if len(row.record_ids) > self.limits.max_record_ids_per_key:
+            raise BadRecordError(
+                f"key {row.key!r} keeps {len(row.record_ids)} record ids, over "
+                f"{self.limits.max_record_ids_per_key}; run gc or raise StoreLimits.max_record_ids_per_key")
+        return row.with_(sequencer=sequencers[row.interval], commit_id=commit_id, updated_ms=now)
+
+
+def commit_metadata(spark: Any, layout: StoreLayout) -> list[tuple[int, dict[str, Any] | None]]:
+    """(version, parsed userMetadata) of every commit of the rows table, oldest first."""
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "userMetadata").collect()
+    out = []
+    for r in sorted(hist, key=lambda r: r["version"]):
+        md = r["userMetadata"]
+        out.append((int(r["version"]), json.loads(md) if md else None))
+    return out
+
+
+__all__ += ["commit_metadata"]
+_ = StaleSequencerError  # re-exported for callers catching store errors

@@ -1,0 +1,55 @@
+"""A writer killed with SIGKILL in the middle of commits leaves whole batches or nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.store import RowStore
+
+pytestmark = pytest.mark.spark
+
+KEYS = 300
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("delay_s", [0.15, 0.6])
+def test_sigkill_mid_commit_is_all_or_nothing(spark, migrated_store, delay_s: float) -> None:  # type: ignore[no-untyped-def]
+    writer = Path(__file__).with_name("crash_writer.py")
+    proc = subprocess.Popen([sys.executable, str(writer), migrated_store.root, str(KEYS)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    done = 0
+    begun = 0
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            word, n = line.split()
+            if word == "DONE":
+                done = int(n)
+            else:
+                begun = int(n)
+                if done >= 2:
+                    time.sleep(delay_s)  # somewhere inside the commit of batch `begun`
+                    break
+            assert time.monotonic() < deadline, "writer made no progress"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    store = RowStore(spark, migrated_store, writer="checker")
+    codec = get_codec("json")
+    batches = {codec.decode(r.state)["batch"] for r in store.scan_intervals("crash", range(4))}
+    rows = store.scan_intervals("crash", range(4))
+    assert len(rows) == KEYS  # one row per key, none lost, none doubled
+    assert len(batches) == 1, f"a torn commit: batches {sorted(batches)} side by side"
+    (b,) = batches
+    assert b in (begun - 1, begun), (b, begun, done)

@@ -1,0 +1,97 @@
+"""Bloom-filter dedup (lookups counted) and the recovery scan rebuilt from real rows."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+
+from deltawheel.statestore.bloom import IntervalBloom
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.dedup import Deduplicator
+from deltawheel.statestore.recovery import TimerEntry, recover, rebuild
+from deltawheel.statestore.rows import KeyRow, Production, SeenId, Timer, TimeDomain, interval_of
+from deltawheel.statestore.store import RowStore
+
+N = 4
+J = get_codec("json")
+
+
+def _rows() -> list[KeyRow]:
+    rows = []
+    for i in range(40):
+        k = f"key{i}"
+        rows.append(KeyRow(
+            "dedup", k, interval_of(k, N), state=J.encode(i),
+            timers=(Timer(10_000 - i * 7, "w"), Timer(500 + i, "p", TimeDomain.PROCESSING_TIME)),
+            record_ids=tuple(SeenId(f"{k}/r{j}", j) for j in range(5)),
+            pending=(Production(f"{k}/out", "out", k, J.encode({"i": i}), 1000 + i),) if i % 3 == 0 else (),
+        ))
+    return rows
+
+
+@pytest.mark.spark
+def test_bloom_fast_path_and_recovery(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    store = RowStore(spark, migrated_store, writer="w")
+    seqs = {iv: 3 for iv in range(N)}
+    store.fence("dedup", seqs)
+    rows = _rows()
+    store.commit("dedup", rows, sequencers=seqs, num_intervals=N)
+
+    rec = recover(store, "dedup", range(N))
+    # the rebuilt structures match the rows
+    assert rec.rows == {r.key: r.with_(sequencer=3, commit_id=rec.rows[r.key].commit_id,
+                                       updated_ms=rec.rows[r.key].updated_ms) for r in rows}
+    want_timers = sorted(TimerEntry(t.time_ms, t.domain, r.key, t.tag) for r in rows for t in r.timers)
+    assert [heapq.heappop(h) for h in [list(rec.timers)] for _ in range(len(want_timers))] == want_timers
+    assert sorted(p.production_id for _, p in rec.pending) == sorted(
+        p.production_id for r in rows for p in r.pending)
+    assert all(rec.blooms[r.interval].might_contain(s.record_id) for r in rows for s in r.record_ids)
+    assert rec.due_timers(domain=TimeDomain.PROCESSING_TIME, up_to_ms=502) == [
+        TimerEntry(500, TimeDomain.PROCESSING_TIME, "key0", "p"),
+        TimerEntry(501, TimeDomain.PROCESSING_TIME, "key1", "p"),
+        TimerEntry(502, TimeDomain.PROCESSING_TIME, "key2", "p")]
+
+    dedup = Deduplicator(store, "dedup", num_intervals=N, blooms=rec.blooms)
+    # 2,000 ids never seen: the filter answers, (almost) no storage lookups
+    lookups = store.stats.key_lookups
+    fresh = [(f"key{i % 40}", f"new-{i}") for i in range(2000)]
+    res = dedup.split(fresh)
+    assert len(res.new) == 2000 and not res.duplicates
+    assert res.bloom_negatives >= 1990  # false-positive rate 0.1 %
+    assert store.stats.key_lookups - lookups == (1 if res.bloom_false_positives else 0)
+
+    # seen ids: the filter says maybe, one batched lookup confirms them
+    lookups = store.stats.key_lookups
+    seen = [(f"key{i}", f"key{i}/r2") for i in range(10)]
+    res = dedup.split(seen + [("key1", "brand-new"), ("key1", "brand-new")])
+    assert set(res.duplicates) == set(seen) | {("key1", "brand-new")}
+    assert res.new == (("key1", "brand-new"),)
+    assert store.stats.key_lookups - lookups == 1 and res.keys_looked_up == 10
+
+    # with the rows at hand (the cache), no lookup at all
+    lookups = store.stats.key_lookups
+    res = dedup.split(seen, known_rows=rec.rows)
+    assert set(res.duplicates) == set(seen) and store.stats.key_lookups == lookups
+
+    # without a filter every id would cost a lookup: what the fast path saves
+    naive = Deduplicator(store, "dedup", num_intervals=N, blooms={iv: AlwaysMaybe() for iv in range(N)})
+    lookups = store.stats.key_lookups
+    res = naive.split(fresh[:100])
+    assert len(res.new) == 100 and res.keys_looked_up == 40 and store.stats.key_lookups - lookups == 1
+
+
+class AlwaysMaybe(IntervalBloom):
+    def might_contain(self, record_id: str) -> bool:
+        return True
+
+
+def test_rebuild_skips_fences_and_orders_timers() -> None:
+    rows = [KeyRow("c", "\x00fence", 0, sequencer=9),
+            KeyRow("c", "b", 0, timers=(Timer(5, "x"), Timer(1, "y"))),
+            KeyRow("c", "a", 0, timers=(Timer(5, "x"),))]
+    rec = rebuild("c", [0], rows)
+    assert sorted(rec.rows) == ["a", "b"]
+    assert [heapq.heappop(rec.timers) for _ in range(3)] == [
+        TimerEntry(1, TimeDomain.EVENT_TIME, "b", "y"), TimerEntry(5, TimeDomain.EVENT_TIME, "a", "x"),
+        TimerEntry(5, TimeDomain.EVENT_TIME, "b", "x")]

@@ -1,0 +1,315 @@
+"""Low watermarks on the real ZooKeeper server: min semantics, monotonicity, fencing, CAS races."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from deltawheel.statestore.clock import ManualClock
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.exceptions import (
+    CodecError,
+    ConfigError,
+    LeaseSuspendedError,
+    StaleSequencerError,
+)
+from deltawheel.statestore.leases import LeaseManager, break_lease
+from deltawheel.statestore.watermarks import END_OF_TIME, Topology, WatermarkAuthority, parse_upstream
+from deltawheel.statestore.zkclient import connect
+from kazoo.client import KazooClient
+
+pytestmark = [pytest.mark.zk, pytest.mark.timeout(60)]
+
+P = "p"
+NOT_MS: Any = 1.5  # not epoch milliseconds (typed Any to get past the annotations)
+
+
+@pytest.fixture
+def clients(zk_config: ZkConfig) -> Iterator[Callable[..., KazooClient]]:
+    """Factory of connected clients on this test's chroot; all closed at the end."""
+    made: list[KazooClient] = []
+
+    def make(cfg: ZkConfig = zk_config) -> KazooClient:
+        made.append(connect(cfg))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.stop()
+        c.close()
+
+
+@pytest.fixture
+def wm(clients: Callable[..., KazooClient]) -> WatermarkAuthority:
+    """injector 'src' -> A -> B, two key intervals each."""
+    auth = WatermarkAuthority(clients(), pipeline=P, clock=ManualClock(10_000))
+    auth.declare("A", upstream=["injector:src"], num_intervals=2)
+    auth.declare("B", upstream=["computation:A"], num_intervals=2)
+    return auth
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_low_watermark_is_min_over_intervals_and_upstream(wm: WatermarkAuthority) -> None:
+    assert wm.low_watermark("A") is None and wm.low_watermark("B") is None  # nothing known yet
+    wm.publish_injector("src", 1_000)
+    wm.publish_oldest_work("A", 0, 500, sequencer=1)
+    assert wm.low_watermark("A") is None  # interval 1 never published: unknown, fire nothing
+    wm.publish_oldest_work("A", 1, None, sequencer=1)  # nothing pending there
+    assert wm.low_watermark("A") == 500  # oldest work holds A back below the injector
+    wm.publish_oldest_work("B", 0, 800, sequencer=1)
+    assert wm.low_watermark("B") is None
+    wm.publish_oldest_work("B", 1, 300, sequencer=1)
+    assert wm.low_watermark("B") == 300
+    wm.publish_oldest_work("B", 1, None, sequencer=1)
+    assert wm.low_watermark("B") == 500  # now held back by upstream A
+    wm.publish_oldest_work("A", 0, 5_000, sequencer=1)
+    assert (wm.low_watermark("A"), wm.low_watermark("B")) == (1_000, 800)  # injector, B's own work
+    wm.publish_injector("src", 9_000)
+    low = [wm.low_watermark(c) for c in ("B", "A")] + [wm.injector_watermark("src")]
+    assert low == [800, 5_000, 9_000] and low == sorted(low)  # B <= A <= injector
+
+
+def test_published_low_watermark_never_moves_back(wm: WatermarkAuthority) -> None:
+    wm.publish_injector("src", 1_000)
+    for i in (0, 1):
+        wm.publish_oldest_work("A", i, 2_000, sequencer=1)
+        wm.publish_oldest_work("B", i, None, sequencer=1)
+    assert wm.published_low_watermark("A") is None
+    assert wm.advance_low_watermark("A") == 1_000 and wm.advance_low_watermark("B") == 1_000
+    wm.publish_oldest_work("A", 0, 200, sequencer=1)  # late data arrived behind the watermark
+    assert wm.low_watermark("A") == 200  # computed value drops ...
+    assert wm.advance_low_watermark("A") == 1_000  # ... the published one does not
+    assert wm.published_low_watermark("A") == 1_000
+    assert wm.low_watermark("B") == 1_000  # downstream counts A's published value
+    wm.publish_oldest_work("A", 0, None, sequencer=1)
+    wm.publish_injector("src", 3_000)
+    assert wm.advance_low_watermark("A") == 2_000 and wm.advance_low_watermark("B") == 2_000
+
+
+def test_injector_watermark_never_moves_back(wm: WatermarkAuthority) -> None:
+    assert wm.injector_watermark("src") is None
+    assert wm.publish_injector("src", 1_000) == 1_000
+    assert wm.publish_injector("src", 400) == 1_000
+    assert wm.injector_watermark("src") == 1_000
+    assert wm.publish_injector("src", 1_500, sequencer=2) == 1_500
+    with pytest.raises(StaleSequencerError, match=r"stored sequencer 2 is newer than ours \(1\).*stop this one"):
+        wm.publish_injector("src", 9_000, sequencer=1)
+    assert wm.injector_watermark("src") == 1_500
+    with pytest.raises(CodecError, match="watermark_ms must be epoch milliseconds"):
+        wm.publish_injector("src", NOT_MS)
+
+
+def test_stale_sequencer_cannot_move_oldest_work(wm: WatermarkAuthority) -> None:
+    wm.publish_injector("src", 10_000)
+    wm.publish_oldest_work("A", 0, 100, sequencer=5)
+    wm.publish_oldest_work("A", 1, None, sequencer=3)
+    with pytest.raises(StaleSequencerError,
+                       match=r"interval 0 of p/A: the published oldest work has sequencer 5, newer than ours \(4\)"):
+        wm.publish_oldest_work("A", 0, 9_000, sequencer=4)
+    assert wm.low_watermark("A") == 100  # the zombie's value did not land
+    wm.publish_oldest_work("A", 0, 150, sequencer=6)  # a newer owner may publish a lower value
+    assert wm.low_watermark("A") == 150
+
+
+def test_zombie_is_fenced_by_the_current_lease(clients: Callable[..., KazooClient],
+                                               wm: WatermarkAuthority) -> None:
+    old = LeaseManager(clients(), pipeline=P, owner="old").acquire("A", [0])[0]
+    wm.publish_oldest_work("A", 0, 100, sequencer=old.sequencer)
+    break_lease(clients(), pipeline=P, computation="A", interval=0, apply=True)
+    new = LeaseManager(clients(), pipeline=P, owner="new").acquire("A", [0])[0]
+    assert new.sequencer > old.sequencer
+    # the new owner has not published yet: the stored sequencer alone would let the zombie through
+    with pytest.raises(StaleSequencerError, match=r"the current lease has sequencer \d+, newer than ours"):
+        wm.publish_oldest_work("A", 0, 9_000, sequencer=old.sequencer)
+    wm.publish_oldest_work("A", 0, 120, sequencer=new.sequencer)
+    stored = wm.oldest_work("A", 2)[0]
+    assert stored is not None and (stored["sequencer"], stored["oldest_work_ms"]) == (new.sequencer, 120)
+
+
+def test_concurrent_publishers_keep_the_newest_sequencer(clients: Callable[..., KazooClient],
+                                                         wm: WatermarkAuthority) -> None:
+    writers = [WatermarkAuthority(clients(), pipeline=P) for _ in range(6)]
+    barrier = threading.Barrier(len(writers))
+    rejected: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def run(seq: int, auth: WatermarkAuthority) -> None:
+        barrier.wait()
+        for k in range(12):
+            try:
+                auth.publish_injector("src", k * 10 + seq)  # values interleave across threads
+                auth.publish_oldest_work("A", 0, seq * 1_000 + k, sequencer=seq)
+            except StaleSequencerError:
+                rejected[seq] = rejected.get(seq, 0) + 1
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s + 1, a)) for s, a in reversed(list(enumerate(writers)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    stored = wm.oldest_work("A", 2)[0]
+    assert stored is not None and (stored["sequencer"], stored["oldest_work_ms"]) == (6, 6_011)
+    assert 6 not in rejected  # the newest owner is never rejected
+    assert wm.injector_watermark("src") == 116  # no lost update of the monotonic max
+
+
+class MeddlingClock:
+    """A fixed clock that, the next time it is read, runs ``meddle``: a write by another client
+    between a publisher's read and its conditional write (the clock stamps ``published_ms`` there)."""
+
+    def __init__(self, now_ms: int) -> None:
+        self._now = now_ms
+        self.meddle: Callable[[], object] | None = None
+
+    def now_ms(self) -> int:
+        meddle, self.meddle = self.meddle, None
+        if meddle is not None:
+            meddle()
+        return self._now
+
+
+def test_a_write_between_read_and_write_forces_a_retry(clients: Callable[..., KazooClient],
+                                                       wm: WatermarkAuthority) -> None:
+    clock = MeddlingClock(10_000)
+    slow = WatermarkAuthority(clients(), pipeline=P, clock=clock)
+    wm.publish_injector("src", 100)
+    clock.meddle = lambda: wm.publish_injector("src", 900)
+    assert slow.publish_injector("src", 500) == 900  # re-read after the conflict: max kept
+    assert wm.injector_watermark("src") == 900
+    wm.publish_oldest_work("A", 0, 100, sequencer=1)
+    clock.meddle = lambda: wm.publish_oldest_work("A", 0, 300, sequencer=2)
+    with pytest.raises(StaleSequencerError, match=r"has sequencer 2, newer than ours \(1\)"):
+        slow.publish_oldest_work("A", 0, 5_000, sequencer=1)
+    stored = wm.oldest_work("A", 2)[0]
+    assert stored is not None and (stored["sequencer"], stored["oldest_work_ms"]) == (2, 300)
+
+
+def test_end_of_time_propagates_when_inputs_finish(wm: WatermarkAuthority) -> None:
+    for c in ("A", "B"):
+        for i in (0, 1):
+            wm.publish_oldest_work(c, i, None, sequencer=1)
+    wm.publish_injector("src", 4_000)
+    assert wm.low_watermark("B") == 4_000
+    assert wm.watermark_lag_ms("B") == 6_000  # ManualClock at 10 000
+    wm.publish_injector("src", END_OF_TIME)
+    assert wm.advance_low_watermark("A") == END_OF_TIME and wm.low_watermark("B") == END_OF_TIME
+    assert wm.watermark_lag_ms("B") == 0
+    wm.publish_oldest_work("B", 1, 7_000, sequencer=1)  # pending work still holds B back
+    assert wm.low_watermark("B") == 7_000
+
+
+def test_snapshot_shape_and_a_second_client_sees_the_same(clients: Callable[..., KazooClient],
+                                                          wm: WatermarkAuthority) -> None:
+    wm.publish_injector("src", 1_000, sequencer=3)
+    wm.publish_oldest_work("A", 0, 700, sequencer=2)
+    wm.publish_oldest_work("A", 1, None, sequencer=2)
+    wm.publish_oldest_work("C", 4, 50, sequencer=1)  # never declared
+    wm.advance_low_watermark("A")
+    snap = wm.snapshot()
+    assert snap["pipeline"] == P
+    assert snap["injectors"] == {"src": {"watermark_ms": 1_000, "sequencer": 3, "published_ms": 10_000}}
+    a = snap["computations"]["A"]
+    assert a == {"declared": True, "upstream": ["injector:src"], "num_intervals": 2,
+                 "intervals": {0: {"oldest_work_ms": 700, "sequencer": 2, "published_ms": 10_000},
+                               1: {"oldest_work_ms": None, "sequencer": 2, "published_ms": 10_000}},
+                 "low_watermark_ms": 700, "published_low_watermark_ms": 700}
+    b = snap["computations"]["B"]
+    assert b["intervals"] == {0: None, 1: None} and b["low_watermark_ms"] is None
+    c = snap["computations"]["C"]
+    assert c["declared"] is False and c["intervals"][4]["oldest_work_ms"] == 50 and len(c["intervals"]) == 5
+    other = WatermarkAuthority(clients(), pipeline=P)
+    assert other.snapshot() == snap
+    assert other.low_watermark("A") == 700 and other.published_low_watermark("A") == 700
+    assert other.topology("B") == Topology(("computation:A",), 2)
+
+
+def test_declare_is_idempotent_and_validated(wm: WatermarkAuthority) -> None:
+    assert wm.declare("A", upstream=["injector:src"], num_intervals=2) == Topology(("injector:src",), 2)
+    with pytest.raises(ConfigError, match=r"A is already declared with upstream \['injector:src'\] and 2 "
+                                          "intervals; pass replace=True"):
+        wm.declare("A", upstream=["injector:src"], num_intervals=4)
+    assert wm.declare("A", upstream=["injector:src"], num_intervals=4, replace=True).num_intervals == 4
+    with pytest.raises(ConfigError, match="must be 'computation:NAME' or 'injector:NAME'"):
+        wm.declare("D", upstream=["src"], num_intervals=1)
+    with pytest.raises(ConfigError, match="injector name 'bad-name' is not valid"):
+        parse_upstream("injector:bad-name")
+    with pytest.raises(ConfigError, match="D cannot be its own upstream"):
+        wm.declare("D", upstream=["computation:D"], num_intervals=1)
+    with pytest.raises(ConfigError, match=r"num_intervals of D must be 1\.\.100000, got 0"):
+        wm.declare("D", upstream=[], num_intervals=0)
+    with pytest.raises(ConfigError, match="p/Z is not declared; declare"):
+        wm.low_watermark("Z")
+    with pytest.raises(ConfigError, match="B is declared with 2 intervals; interval 2 does not exist"):
+        wm.publish_oldest_work("B", 2, 0, sequencer=1)
+    with pytest.raises(ConfigError, match="out of range"):
+        wm.publish_oldest_work("Z", 100_000, 0, sequencer=1)
+    with pytest.raises(CodecError, match="oldest_work_ms must be epoch milliseconds.*got 1.5"):
+        wm.publish_oldest_work("A", 0, NOT_MS, sequencer=1)
+    wm.declare("A", upstream=["computation:B"], num_intervals=2, replace=True)
+    with pytest.raises(ConfigError, match=r"has a cycle \(A -> B -> A\)"):
+        wm.low_watermark("A")
+
+
+def test_damaged_or_newer_payloads_are_refused(clients: Callable[..., KazooClient],
+                                               wm: WatermarkAuthority) -> None:
+    raw = clients()
+    raw.create("/pipelines/p/watermarks/injectors/src",
+               json.dumps({"format_version": 2, "watermark_ms": 1, "sequencer": 0}).encode(), makepath=True)
+    with pytest.raises(CodecError, match="format_version 2, this deltawheel reads 1; upgrade deltawheel"):
+        wm.injector_watermark("src")
+    raw.set("/pipelines/p/topology/A", b"\xff")
+    with pytest.raises(CodecError, match="topology payload is not JSON"):
+        wm.topology("A")
+
+
+def test_watchers_learn_of_advances(wm: WatermarkAuthority) -> None:
+    seen: list[int | None] = []
+    wm.watch_low_watermark("A", seen.append)
+    wait_until(lambda: seen == [None])
+    wm.publish_injector("src", 1_000)
+    for i in (0, 1):
+        wm.publish_oldest_work("A", i, None, sequencer=1)
+    wm.advance_low_watermark("A")
+    wm.publish_injector("src", 2_000)
+    wm.advance_low_watermark("A")
+    wait_until(lambda: seen == [None, 1_000, 2_000])
+    assert wm.last_known("A").low_watermark_ms == 2_000
+
+
+def test_suspended_connection_refuses_writes_and_serves_stale_reads(
+        clients: Callable[..., KazooClient], zk_server: Any, zk_config: ZkConfig) -> None:
+    from test_leases import CutProxy
+
+    proxy = CutProxy(zk_server.port)
+    client = clients(replace(zk_config, hosts=f"127.0.0.1:{proxy.port}"))
+    wm = WatermarkAuthority(client, pipeline=P, clock=ManualClock(10_000))
+    wm.declare("A", upstream=["injector:src"], num_intervals=1)
+    wm.publish_injector("src", 1_000)
+    wm.publish_oldest_work("A", 0, None, sequencer=1)
+    assert wm.advance_low_watermark("A") == 1_000
+    proxy.cut()
+    wait_until(lambda: not client.connected, timeout_s=8)
+    with pytest.raises(LeaseSuspendedError, match="connection is suspended; retry once it reconnects"):
+        wm.publish_injector("src", 2_000)
+    with pytest.raises(LeaseSuspendedError, match="suspended"):
+        wm.low_watermark("A")
+    last = wm.last_known("A")
+    assert (last.low_watermark_ms, last.seen_ms, last.stale) == (1_000, 10_000, True)
+    proxy.restore()
+    wait_until(lambda: client.connected, timeout_s=8)
+    assert wm.publish_injector("src", 2_000) == 2_000 and wm.advance_low_watermark("A") == 2_000
+    assert wm.last_known("A").stale is False

@@ -95,7 +95,8 @@ def translate_commit_error(exc: BaseException, *, sequencers: Mapping[int, int])
             "commit landed. Drop the leases and re-acquire them before writing again."
         )
     if _CONFLICT.search(text):
-        first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+        m2 = _CONFLICT.search(text)
+        first = text[m2.start():m2.start() + 200].splitlines()[0] if m2 else type(exc).__name__
         return CommitConflictError(
             f"a concurrent Delta commit touched the same interval partitions ({first}); nothing "
             "landed. Retry: if a newer owner fenced the interval the retry fails with StaleSequencerError."

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ class RowStore:
         limits: StoreLimits = StoreLimits(),
         clock: Clock = SystemClock(),
         conflict_retries: int = 3,
+        fence_retries: int = 60,
     ) -> None:
         self._spark = spark.newSession()
         self.layout = layout
@@ -104,6 +106,7 @@ class RowStore:
         self.limits = limits
         self.clock = clock
         self.conflict_retries = conflict_retries
+        self.fence_retries = fence_retries
         self.stats = StoreStats()
         self._lock = threading.Lock()
         self._schema = None
@@ -156,7 +159,8 @@ class RowStore:
         greater sequencer (an even newer owner exists). Conflicts with a racing
         old owner are retried: the fence must land before the new owner reads.
         """
-        return self.commit(computation, [], sequencers=sequencers, kind="fence")
+        return self.commit(computation, [], sequencers=sequencers, kind="fence",
+                           conflict_retries=max(self.conflict_retries, self.fence_retries))
 
     def commit(
         self,
@@ -170,6 +174,7 @@ class RowStore:
         lease_check: Callable[[], None] | None = None,
         dry_run: bool = False,
         kind: str = "commit",
+        conflict_retries: int | None = None,
     ) -> CommitResult:
         """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
 
@@ -225,7 +230,10 @@ class RowStore:
                         raise
                     if isinstance(err, CommitConflictError):
                         self.stats.conflicts += 1
-                        if attempts <= self.conflict_retries:
+                        limit = self.conflict_retries if conflict_retries is None else conflict_retries
+                        if attempts <= limit:
+                            # jittered backoff, so a writer that keeps losing the race gets through
+                            time.sleep(random.uniform(0.02, 0.05 * min(attempts, 8)))
                             continue
                     raise err from None
         self.stats.commits += 1

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.config import StoreLimits
 from deltawheel.statestore.exceptions import (
@@ -18,7 +17,7 @@ from deltawheel.statestore.exceptions import (
     StaleSequencerError,
     StateTooLargeError,
 )
-from deltawheel.statestore.rows import FENCE_KEY, KeyRow, Production, SeenId, Timer, TimeDomain, interval_of
+from deltawheel.statestore.rows import FENCE_KEY, KeyRow, Production, SeenId, TimeDomain, Timer, interval_of
 from deltawheel.statestore.store import RowStore, commit_metadata
 
 pytestmark = pytest.mark.spark
@@ -142,8 +141,9 @@ def test_lease_check_runs_before_the_merge(spark, migrated_store) -> None:  # ty
     assert version(spark, migrated_store) == before
 
 
-@pytest.mark.timeout(900)
-def test_zombie_racing_the_takeover_never_lands_after_it(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("rounds", [3, pytest.param(12, marks=pytest.mark.slow)])
+def test_zombie_racing_the_takeover_never_lands_after_it(spark, migrated_store, rounds: int) -> None:  # type: ignore[no-untyped-def]
     """An old owner commits in a tight loop while a new owner fences its interval.
 
     Repeated over several intervals (one takeover each). Afterwards the Delta
@@ -151,7 +151,6 @@ def test_zombie_racing_the_takeover_never_lands_after_it(spark, migrated_store) 
     commit touching it carries a smaller sequencer; and every zombie commit
     that did not fail is in the log before the fence.
     """
-    rounds = 6
     computation = "race"
     stats = {"stale": 0, "conflict": 0, "landed_before": 0}
     for rnd in range(rounds):
@@ -164,7 +163,8 @@ def test_zombie_racing_the_takeover_never_lands_after_it(spark, migrated_store) 
         landed: list[str] = []
         stop = threading.Event()
 
-        def zombie() -> None:
+        def zombie(old: RowStore = old, key: str = key, iv: int = iv, old_seq: int = old_seq,
+                   landed: list[str] = landed, stop: threading.Event = stop) -> None:
             n = 0
             while not stop.is_set():
                 n += 1
@@ -202,4 +202,4 @@ def test_zombie_racing_the_takeover_never_lands_after_it(spark, migrated_store) 
     final = {r.key: J.decode(r.state) for r in RowStore(spark, migrated_store, writer="r").scan_intervals(
         computation, range(rounds))}
     assert set(final.values()) == {-1}, final
-    print(json.dumps(stats))
+    print(json.dumps(stats))  # shown with -s: how many attempts raced (conflict) vs. arrived late

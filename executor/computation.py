@@ -1,0 +1,120 @@
+"""The user API: a :class:`Computation` with ``process_record`` and ``process_timer``.
+
+A computation declares its input streams (with a key extractor per input),
+its output streams, and how its state is encoded. The framework calls the
+two methods per key, serialized: records of a key in event-time order, then
+its due timers in timestamp order. Everything they change through the
+:class:`~deltawheel.executor.context.Context` (state, timers, productions)
+commits atomically with the record ids they consumed.
+
+Example::
+
+    class Counter(Computation):
+        name = "counter"
+        inputs = {"queries": "query"}          # stream -> key field (or a callable)
+        outputs = ("counts",)
+
+        def process_record(self, ctx, record):
+            ctx.state = (ctx.state or 0) + 1
+            ctx.set_timer("flush", record.timestamp_ms + 60_000)
+
+        def process_timer(self, ctx, timer):
+            ctx.produce("counts", {"query": ctx.key, "n": ctx.state})
+            ctx.state = None                    # forget the key
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Union
+
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.layout import validate_name
+from deltawheel.statestore.rows import Timer
+
+if TYPE_CHECKING:
+    from .context import Context
+
+__all__ = ["Record", "Computation", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
+
+KeyExtractor = Union[str, Callable[[Any], Any]]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One input record of a key: (key, value, event timestamp) plus its unique id.
+
+    ``late`` is True when the record arrived behind the computation's input
+    low watermark (only delivered with ``LatePolicy.PROCESS``).
+    """
+
+    key: str
+    value: Any
+    timestamp_ms: int
+    record_id: str
+    stream: str = ""
+    late: bool = False
+
+
+class LatePolicy(str, Enum):
+    """What to do with a record behind the input low watermark."""
+
+    PROCESS = "process"  # call process_record with record.late = True
+    ROUTE = "route"  # write it to the late_data table with the reason, skip it
+
+
+class ErrorPolicy(str, Enum):
+    """What to do when process_record raises."""
+
+    FAIL = "fail"  # fail the batch, naming key and record (a restart retries it)
+    DEAD_LETTER = "dead_letter"  # write the record and error to dead_letters, go on
+
+
+class Computation:
+    """Base class of user computations; override the class attributes and the two methods."""
+
+    name: ClassVar[str] = ""
+    inputs: ClassVar[Mapping[str, KeyExtractor]] = {}
+    outputs: ClassVar[tuple[str, ...]] = ()
+    codec: ClassVar[str] = "json"
+    allow_pickle: ClassVar[bool] = False
+    num_intervals: ClassVar[int] = 4
+    exactly_once: ClassVar[bool] = True
+    strong_productions: ClassVar[bool] = True
+    late_policy: ClassVar[LatePolicy] = LatePolicy.PROCESS
+    error_policy: ClassVar[ErrorPolicy] = ErrorPolicy.FAIL
+    # dedup ids are kept this long after they were seen (see gc/)
+    dedup_retention_ms: ClassVar[int] = 24 * 3600 * 1000
+
+    def process_record(self, ctx: "Context", record: Record) -> None:
+        """Handle one record of ``ctx.key``. Default: do nothing."""
+
+    def process_timer(self, ctx: "Context", timer: Timer) -> None:
+        """Handle a fired timer of ``ctx.key``. Default: do nothing."""
+
+    @classmethod
+    def validate(cls) -> None:
+        """Check the declaration; raises ConfigError naming what is wrong."""
+        validate_name("computation", cls.name)
+        if not cls.inputs:
+            raise ConfigError(f"computation {cls.name!r} declares no input streams (set `inputs`)")
+        for stream, extractor in cls.inputs.items():
+            validate_name("stream", stream)
+            if not (isinstance(extractor, str) or callable(extractor)):
+                raise ConfigError(f"key extractor of {cls.name}.{stream} must be a field name or a callable")
+        for stream in cls.outputs:
+            validate_name("stream", stream)
+        if not 1 <= cls.num_intervals <= 4096:
+            raise ConfigError(f"{cls.name}: num_intervals must be 1..4096, got {cls.num_intervals}")
+        get_codec(cls.codec, allow_pickle=cls.allow_pickle)
+
+
+def extract_key(extractor: KeyExtractor, value: Any) -> Any:
+    """Apply a key extractor: a field name of a mapping value, or a callable."""
+    if isinstance(extractor, str):
+        if not isinstance(value, Mapping):
+            raise TypeError(f"value is a {type(value).__name__}, not a mapping with field {extractor!r}")
+        return value[extractor]
+    return extractor(value)

@@ -1,0 +1,114 @@
+"""What user code sees of one key while it runs: :class:`Context`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltawheel.statestore.codecs import Codec
+from deltawheel.statestore.exceptions import BadRecordError, ConfigError
+from deltawheel.statestore.rows import Production, TimeDomain, Timer, validate_key
+
+__all__ = ["Context"]
+
+_UNSET = object()
+
+
+class Context:
+    """Per-key handle: typed state, timers, productions, and the clocks.
+
+    Changes are buffered here and become visible to storage only when the
+    batch commits (atomically with the consumed record ids).
+    """
+
+    def __init__(self, *, computation: str, key: str, state_bytes: bytes | None, codec: Codec,
+                 timers: tuple[Timer, ...], outputs: tuple[str, ...], input_watermark_ms: int | None,
+                 now_ms: int, watermark_hold_ms: int | None) -> None:
+        self.computation = computation
+        self.key = key
+        self._codec = codec
+        self._state_bytes = state_bytes
+        self._state: Any = _UNSET
+        self._dirty = False
+        self._timers: dict[tuple[str, TimeDomain], Timer] = {(t.tag, t.domain): t for t in timers}
+        self._outputs = outputs
+        self._productions: list[Production] = []
+        self._cause = ""
+        self._cause_ts = 0
+        self._n = 0
+        self.input_watermark_ms = input_watermark_ms
+        self.now_ms = now_ms
+        self._hold = watermark_hold_ms
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def state(self) -> Any:
+        """The key's state (decoded on first access); None when the key has none."""
+        if self._state is _UNSET:
+            self._state = None if self._state_bytes is None else self._codec.decode(self._state_bytes)
+        return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state = value
+        self._dirty = True
+
+    def clear_state(self) -> None:
+        self.state = None
+
+    @property
+    def low_watermark_ms(self) -> int | None:
+        """The computation's input low watermark (None until one is known)."""
+        return self.input_watermark_ms
+
+    # --------------------------------------------------------------- timers
+
+    def set_timer(self, tag: str, time_ms: int, *, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        """Set (or move) the timer ``tag`` of this key to fire at ``time_ms`` in ``domain``."""
+        if not isinstance(time_ms, int) or isinstance(time_ms, bool):
+            raise BadRecordError(f"timer time must be an int of epoch ms, got {type(time_ms).__name__}")
+        self._timers[(str(tag), TimeDomain(domain))] = Timer(time_ms, str(tag), TimeDomain(domain))
+
+    def delete_timer(self, tag: str, *, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        self._timers.pop((str(tag), TimeDomain(domain)), None)
+
+    @property
+    def timers(self) -> tuple[Timer, ...]:
+        return tuple(sorted(self._timers.values()))
+
+    def hold_watermark(self, time_ms: int | None) -> None:
+        """Hold this computation's low watermark at or below ``time_ms`` (None releases it)."""
+        self._hold = time_ms
+
+    # ---------------------------------------------------------- productions
+
+    def produce(self, stream: str, value: Any, *, timestamp_ms: int | None = None,
+                key: str | None = None) -> None:
+        """Produce ``value`` to ``stream`` (one of the computation's outputs).
+
+        ``timestamp_ms`` defaults to the timestamp of the record or timer being
+        processed; ``key`` defaults to this key.
+        """
+        if stream not in self._outputs:
+            raise ConfigError(
+                f"{self.computation} produced to {stream!r}, which is not among its outputs "
+                f"{list(self._outputs)}; add it to `outputs`")
+        out_key = validate_key(self.key if key is None else key)
+        self._n += 1
+        self._productions.append(Production(
+            production_id=f"{self._cause}#{self._n}", stream=stream, key=out_key,
+            value=self._codec.encode(value), timestamp_ms=self._cause_ts if timestamp_ms is None else int(timestamp_ms),
+            codec=self._codec.name))
+
+    # ------------------------------------------------------------- internal
+
+    def _begin(self, cause: str, timestamp_ms: int) -> None:
+        """Name what is being processed; production ids derive from it (deterministic on replay)."""
+        self._cause = cause
+        self._cause_ts = timestamp_ms
+        self._n = 0
+
+    def _encoded_state(self) -> bytes | None:
+        if not self._dirty:
+            return self._state_bytes
+        return None if self._state is None else self._codec.encode(self._state)

@@ -1,0 +1,137 @@
+"""Running user code for one key in one batch — pure Python, no Spark, no I/O.
+
+The same function runs inside Spark tasks (``batch.py``), in the driver for
+tests, and under the windowing scenario harness, so the semantics live in
+one place:
+
+1. Drop records whose id the key's row already holds (exactly-once) and
+   duplicates within the batch.
+2. Run ``process_record`` on the rest in event-time order (ties by record id).
+3. Fire due timers in timestamp order: event-time timers with
+   ``time < input low watermark``, processing-time timers with
+   ``time <= now``; timers set while firing that are due fire too.
+4. Build the new row image: state, timers, record ids (older than the dedup
+   horizon dropped), the new productions appended to the checkpointed ones
+   (strong productions), the watermark hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, Timer
+
+from .computation import Computation, ErrorPolicy, Record
+from .context import Context
+
+__all__ = ["KeyOutcome", "run_key", "UserCodeError", "MAX_TIMER_ROUNDS"]
+
+MAX_TIMER_ROUNDS = 10_000
+
+
+class UserCodeError(Exception):
+    """process_record / process_timer raised; carries the key and what was processed."""
+
+    def __init__(self, computation: str, key: str, what: str, cause: BaseException) -> None:
+        super().__init__(
+            f"{computation}: user code failed for key {key!r} on {what}: {type(cause).__name__}: {cause}. "
+            "The batch was not committed; fix the code (or set error_policy = ErrorPolicy.DEAD_LETTER) "
+            "and restart: the batch is retried.")
+        self.computation = computation
+        self.key = key
+        self.what = what
+
+
+@dataclass(frozen=True)
+class KeyOutcome:
+    """What one key's run produced."""
+
+    row: KeyRow | None  # new image; None = the key is empty now (delete its row)
+    changed: bool
+    productions: tuple[Production, ...]  # new in this run
+    processed: int
+    duplicates: int
+    timers_fired: int
+    late: int
+    dead_letters: tuple[tuple[Record, str], ...]
+
+
+def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, records: Sequence[Record],
+            input_watermark_ms: int | None, now_ms: int, dedup_horizon_ms: int | None = None,
+            fire_timers: bool = True) -> KeyOutcome:
+    """Run ``comp``'s user code for ``key`` over ``records`` and its due timers."""
+    codec = get_codec(comp.codec, allow_pickle=comp.allow_pickle)
+    ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
+                  timers=row.timers if row else (), outputs=comp.outputs,
+                  input_watermark_ms=input_watermark_ms, now_ms=now_ms,
+                  watermark_hold_ms=row.watermark_hold_ms if row else None)
+    # Step 1: dedup against the row's ids and within the batch.
+    seen = {s.record_id for s in row.record_ids} if (row and comp.exactly_once) else set()
+    fresh: list[Record] = []
+    dups = 0
+    for r in sorted(records, key=lambda r: (r.timestamp_ms, r.record_id)):
+        if comp.exactly_once and r.record_id in seen:
+            dups += 1
+            continue
+        seen.add(r.record_id)
+        fresh.append(r)
+    # Step 2: records in event-time order.
+    dead: list[tuple[Record, str]] = []
+    late = 0
+    for r in fresh:
+        late += int(r.late)
+        ctx._begin(r.record_id, r.timestamp_ms)
+        mark = len(ctx._productions)
+        try:
+            comp.process_record(ctx, r)
+        except Exception as exc:  # noqa: BLE001 - user code
+            if comp.error_policy is ErrorPolicy.DEAD_LETTER:
+                del ctx._productions[mark:]
+                dead.append((r, f"{type(exc).__name__}: {exc}"))
+                continue
+            raise UserCodeError(comp.name, key, f"record {r.record_id!r} (event time {r.timestamp_ms})", exc) from exc
+    # Step 3: due timers in timestamp order.
+    fired = 0
+    if fire_timers:
+        for _ in range(MAX_TIMER_ROUNDS):
+            due = [t for t in ctx.timers if _is_due(t, input_watermark_ms, now_ms)]
+            if not due:
+                break
+            t = min(due)
+            ctx.delete_timer(t.tag, domain=t.domain)
+            ctx._begin(f"timer:{comp.name}:{key}:{t.domain.value}:{t.tag}:{t.time_ms}", t.time_ms)
+            try:
+                comp.process_timer(ctx, t)
+            except Exception as exc:  # noqa: BLE001 - user code
+                raise UserCodeError(comp.name, key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})", exc) from exc
+            fired += 1
+    # Step 4: the new row image.
+    new_ids = tuple(SeenId(r.record_id, now_ms) for r in fresh) + tuple(SeenId(r.record_id, now_ms) for r, _ in dead)
+    old_ids = row.record_ids if row else ()
+    ids = old_ids + new_ids if comp.exactly_once else ()
+    if dedup_horizon_ms is not None:
+        ids = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
+    prods = tuple(ctx._productions)
+    pending = (row.pending if row else ()) + (prods if comp.strong_productions else ())
+    state = ctx._encoded_state()
+    timers = ctx.timers
+    hold = ctx._hold
+    changed = bool(fresh or dead or fired or prods) or ids != old_ids or (
+        row is not None and (state != row.state or timers != row.timers))
+    empty = state is None and not timers and not pending and not ids and hold is None
+    if empty:
+        new_row = None
+    else:
+        base = row or KeyRow(comp.name, key, interval, codec=codec.name)
+        new_row = base.with_(state=state, codec=codec.name, timers=timers, record_ids=ids, pending=pending,
+                             watermark_hold_ms=hold)
+    return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
+                      tuple(dead))
+
+
+def _is_due(t: Timer, wm: int | None, now_ms: int) -> bool:
+    if t.domain is TimeDomain.EVENT_TIME:
+        return wm is not None and t.time_ms < wm
+    return t.time_ms <= now_ms

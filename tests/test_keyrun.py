@@ -1,0 +1,151 @@
+"""The per-key runner: dedup, event-time order, timers in order, productions, errors (no Spark)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltawheel.executor.computation import Computation, ErrorPolicy, Record
+from deltawheel.executor.keyrun import UserCodeError, run_key
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.exceptions import BadRecordError, ConfigError
+from deltawheel.statestore.rows import KeyRow, SeenId, Timer, TimeDomain
+
+J = get_codec("json")
+
+
+class Window(Computation):
+    """Counts per 10 s bucket, emits each bucket when the watermark passes its end."""
+
+    name = "window"
+    inputs = {"events": "k"}
+    outputs = ("counts",)
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        if record.value.get("boom"):
+            raise ValueError("boom")
+        start = record.timestamp_ms - record.timestamp_ms % 10_000
+        st = ctx.state or {}
+        st[str(start)] = st.get(str(start), 0) + 1
+        ctx.state = st
+        ctx.set_timer(str(start), start + 10_000 - 1)
+        ctx.set_timer("tick", ctx.now_ms + 5, domain=TimeDomain.PROCESSING_TIME)
+
+    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
+        if timer.domain is TimeDomain.PROCESSING_TIME:
+            ctx.produce("counts", {"tick": timer.time_ms})
+            return
+        st = dict(ctx.state)
+        n = st.pop(timer.tag)
+        ctx.produce("counts", {"start": int(timer.tag), "n": n}, timestamp_ms=int(timer.tag))
+        ctx.state = st or None
+
+
+def rec(rid: str, ts: int, **v: object) -> Record:
+    return Record("a", {"k": "a", **v}, ts, rid)
+
+
+def test_records_in_event_time_order_timers_in_time_order() -> None:
+    out = run_key(Window(), key="a", interval=0, row=None,
+                  records=[rec("r3", 25_000), rec("r1", 1_000), rec("r2", 12_000), rec("r1", 1_000)],
+                  input_watermark_ms=20_000, now_ms=100)
+    assert out.processed == 3 and out.duplicates == 1
+    # buckets 0 and 10000 end before the watermark and fire in order; 20000 stays
+    assert [J.decode(p.value) for p in out.productions] == [{"start": 0, "n": 1}, {"start": 10_000, "n": 1}]
+    assert [p.timestamp_ms for p in out.productions] == [0, 10_000]
+    assert out.timers_fired == 2
+    assert out.row is not None and J.decode(out.row.state) == {"20000": 1}
+    assert {t.tag for t in out.row.timers} == {"20000", "tick"}
+    assert [s.record_id for s in out.row.record_ids] == ["r1", "r2", "r3"]
+    assert out.row.pending == out.productions  # strong productions are checkpointed in the row
+    # production ids are deterministic: a replay of the same input gives the same ids
+    again = run_key(Window(), key="a", interval=0, row=None,
+                    records=[rec("r2", 12_000), rec("r1", 1_000), rec("r3", 25_000)],
+                    input_watermark_ms=20_000, now_ms=100)
+    assert [p.production_id for p in again.productions] == [p.production_id for p in out.productions]
+
+
+def test_replayed_records_are_dropped_and_processing_timers_fire() -> None:
+    first = run_key(Window(), key="a", interval=0, row=None, records=[rec("r1", 1_000)],
+                    input_watermark_ms=None, now_ms=100)
+    assert first.productions == ()  # no watermark yet: event-time timers wait
+    row = first.row.with_(pending=())  # type: ignore[union-attr]
+    second = run_key(Window(), key="a", interval=0, row=row, records=[rec("r1", 1_000)],
+                     input_watermark_ms=None, now_ms=105)
+    assert second.processed == 0 and second.duplicates == 1
+    assert [J.decode(p.value) for p in second.productions] == [{"tick": 105}]
+
+
+def test_key_with_nothing_left_is_deleted() -> None:
+    out = run_key(Window(), key="a", interval=0, row=None, records=[rec("r1", 1_000)],
+                  input_watermark_ms=50_000, now_ms=0)
+    # state emptied by the timer, tick timer at 5 fired (now=0 → not yet): still a timer left
+    assert out.row is not None and out.row.state is None
+    Window.exactly_once = False
+    Window.strong_productions = False
+    try:
+        row = KeyRow("window", "a", 0, timers=(Timer(5, "tick", TimeDomain.PROCESSING_TIME),))
+        out2 = run_key(Window(), key="a", interval=0, row=row, records=[], input_watermark_ms=None, now_ms=10)
+        assert out2.row is None and out2.changed and len(out2.productions) == 1
+    finally:
+        Window.exactly_once = True
+        Window.strong_productions = True
+
+
+def test_dedup_horizon_drops_old_ids() -> None:
+    row = KeyRow("window", "a", 0, record_ids=(SeenId("old", 10), SeenId("new", 1000)), state=J.encode({}))
+    out = run_key(Window(), key="a", interval=0, row=row, records=[], input_watermark_ms=None, now_ms=2000,
+                  dedup_horizon_ms=500)
+    assert [s.record_id for s in out.row.record_ids] == ["new"]  # type: ignore[union-attr]
+
+
+def test_user_errors_fail_naming_key_and_record_or_go_to_dead_letters() -> None:
+    with pytest.raises(UserCodeError, match=r"key 'a' on record 'r2' \(event time 2000\): ValueError: boom"):
+        run_key(Window(), key="a", interval=0, row=None, records=[rec("r1", 1_000), rec("r2", 2_000, boom=1)],
+                input_watermark_ms=None, now_ms=0)
+
+    class Tolerant(Window):
+        error_policy = ErrorPolicy.DEAD_LETTER
+
+    out = run_key(Tolerant(), key="a", interval=0, row=None,
+                  records=[rec("r1", 1_000), rec("r2", 2_000, boom=1)], input_watermark_ms=None, now_ms=0)
+    assert out.processed == 2 and [(r.record_id, e) for r, e in out.dead_letters] == [("r2", "ValueError: boom")]
+    assert J.decode(out.row.state) == {"0": 1}  # type: ignore[union-attr]
+    assert "r2" in {s.record_id for s in out.row.record_ids}  # type: ignore[union-attr]  # not retried
+
+
+def test_context_rejects_bad_use() -> None:
+    class Bad(Computation):
+        name = "bad"
+        inputs = {"s": "k"}
+        outputs = ("o",)
+
+        def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+            if record.value["what"] == "stream":
+                ctx.produce("elsewhere", 1)
+            elif record.value["what"] == "key":
+                ctx.produce("o", 1, key="")
+            else:
+                ctx.set_timer("t", 1.5)
+
+    for what, err, msg in [("stream", ConfigError, "not among its outputs"),
+                           ("key", BadRecordError, "non-empty str"),
+                           ("timer", BadRecordError, "timer time must be an int")]:
+        with pytest.raises(UserCodeError, match=msg) as info:
+            run_key(Bad(), key="a", interval=0, row=None, records=[Record("a", {"what": what}, 1, "r")],
+                    input_watermark_ms=None, now_ms=0)
+        assert isinstance(info.value.__cause__, err)
+
+
+def test_computation_declaration_is_validated() -> None:
+    class NoInputs(Computation):
+        name = "x"
+
+    with pytest.raises(ConfigError, match="declares no input streams"):
+        NoInputs.validate()
+
+    class BadName(Computation):
+        name = "has space"
+        inputs = {"s": "k"}
+
+    with pytest.raises(ConfigError, match="computation name 'has space'"):
+        BadName.validate()

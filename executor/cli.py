@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 from deltawheel.statestore.exceptions import DeltaWheelError
 
@@ -22,6 +22,8 @@ _MODULES = (
     "cli_migrate",
     "cli_sql",
     "cli_leases",
+    "cli_bench",
+    "cli_scenario",
 )
 
 
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

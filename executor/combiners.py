@@ -1,0 +1,139 @@
+"""What is computed: combining functions, so windowed state holds accumulators, not elements.
+
+A :class:`CombineFn` has four methods: ``create`` (an empty accumulator),
+``add`` (fold one input into it), ``merge`` (combine accumulators: session
+merges), ``extract`` (the pane value). Accumulators are stored in the key's
+JSON state, so they must be JSON values (numbers, strings, lists, dicts).
+
+Built in: :class:`Sum`, :class:`Count`, :class:`Min`, :class:`Max`,
+:class:`Mean` (its accumulator is ``[sum, count]``).
+
+>>> fn = Mean()
+>>> fn.extract(fn.merge([fn.add(fn.create(), 2), fn.add(fn.create(), 4)]))
+3.0
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .windows import WindowingError
+
+__all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_spec", "negate"]
+
+
+class CombineFn:
+    """A user combiner: override all four methods; accumulators must be JSON values."""
+
+    def create(self) -> Any:
+        """A new, empty accumulator."""
+        raise NotImplementedError
+
+    def add(self, acc: Any, value: Any) -> Any:
+        """``acc`` with ``value`` folded in (may mutate and return ``acc``)."""
+        raise NotImplementedError
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        """One accumulator combining ``accs``."""
+        raise NotImplementedError
+
+    def extract(self, acc: Any) -> Any:
+        """The output value of a pane from its accumulator."""
+        return acc
+
+
+class Sum(CombineFn):
+    """Sum of the values (an empty pane sums to 0)."""
+
+    def create(self) -> Any:
+        return 0
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return acc + value
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        return sum(accs, 0)
+
+
+class Count(CombineFn):
+    """Number of elements."""
+
+    def create(self) -> Any:
+        return 0
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return acc + 1
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        return sum(accs, 0)
+
+
+class Min(CombineFn):
+    """Smallest value (None for an empty pane)."""
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return value if acc is None else min(acc, value)
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        present = [a for a in accs if a is not None]
+        return min(present) if present else None
+
+
+class Max(CombineFn):
+    """Largest value (None for an empty pane)."""
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return value if acc is None else max(acc, value)
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        present = [a for a in accs if a is not None]
+        return max(present) if present else None
+
+
+class Mean(CombineFn):
+    """Arithmetic mean (None for an empty pane); accumulator ``[sum, count]``."""
+
+    def create(self) -> Any:
+        return [0, 0]
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return [acc[0] + value, acc[1] + 1]
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        return [sum(a[0] for a in accs), sum(a[1] for a in accs)]
+
+    def extract(self, acc: Any) -> Any:
+        return acc[0] / acc[1] if acc[1] else None
+
+
+_BUILTIN: dict[str, type[CombineFn]] = {"sum": Sum, "count": Count, "min": Min, "max": Max, "mean": Mean}
+
+
+def combine_fn_from_spec(spec: str | CombineFn) -> CombineFn:
+    """A built-in combiner by name, or ``spec`` itself if it is a :class:`CombineFn`.
+
+    Raises:
+        WindowingError: unknown name.
+    """
+    if isinstance(spec, CombineFn):
+        return spec
+    if spec not in _BUILTIN:
+        raise WindowingError(f"unknown combine {spec!r}; use one of {', '.join(_BUILTIN)} or a CombineFn")
+    return _BUILTIN[spec]()
+
+
+def negate(value: Any) -> Any:
+    """The value of a retraction pane: ``-value`` for numbers, the value itself otherwise.
+
+    >>> negate(7), negate("x"), negate(None)
+    (-7, 'x', None)
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return -value
+    return value

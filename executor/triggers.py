@@ -1,0 +1,399 @@
+"""When in processing time: trigger state machines (Beam Java SDK semantics).
+
+A trigger is an immutable tree (frozen dataclasses). Its mutable state lives
+in the key's JSON state as a list of small dicts, one per tree node in
+pre-order (node ``i``'s first child is ``i + 1``, the next child follows the
+first child's subtree). Keys of a node's dict, all optional: ``f`` finished
+(1), ``n`` element count, ``t`` processing-time target (ms), ``o`` the
+watermark trigger's on-time firing happened (1).
+
+Every node implements ``on_element``, ``should_fire``, ``on_fire``,
+``clear`` and ``on_merge``, called by :mod:`windowed` after every element
+and on every timer of a window, as Beam's ``TriggerStateMachine`` is:
+
+* :class:`AfterWatermark` fires when the watermark reaches the window end
+  (``watermark >= end``); its early and late subtriggers repeat (as Beam's
+  ``Repeatedly``). Without late firings it finishes after the on-time
+  firing, closing the window (later data: ``window_closed``).
+* :class:`AfterCount` fires once ``n`` elements are in the pane;
+  :class:`AfterProcessingTime` fires ``delay`` after the first element of
+  the pane; both finish when they fire.
+* :class:`Repeatedly` resets its subtrigger whenever it finishes; never finishes.
+* :class:`AfterAny` fires when any subtrigger can, :class:`AfterAll` when
+  all unfinished subtriggers can; both fire once and finish (Beam's
+  ``AfterFirst`` / ``AfterAll`` are once-triggers: wrap them in
+  ``repeatedly`` to repeat). :class:`AfterEach` runs its subtriggers in
+  sequence, finishing after the last.
+* :class:`OrFinally` fires when its trigger can; when ``finally`` can fire it
+  fires and finishes for good.
+* :class:`Always` fires after every element (``repeatedly(after_count(1))``);
+  :class:`Never` never fires (only the window's expiry emits its pane).
+* Merging (sessions): counts add up, processing-time targets take the
+  earliest, finished flags are or-ed; the watermark trigger is back in its
+  early phase unless all merged windows were past it and the merged window's
+  end is reached (Beam's ``AfterWatermarkEarlyAndLate.onMerge``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .windows import WindowingError
+
+__all__ = [
+    "TriggerContext", "Trigger", "AfterWatermark", "AfterCount", "AfterProcessingTime", "Repeatedly",
+    "AfterAny", "AfterAll", "AfterEach", "OrFinally", "Always", "Never", "default_trigger",
+]
+
+NodeState = dict[str, Any]
+
+
+@dataclass
+class TriggerContext:
+    """The clocks and the node states a trigger runs against (one window).
+
+    Attributes:
+        states: the per-node state dicts, pre-order (mutated in place).
+        watermark_ms: the input watermark (None before the first).
+        now_ms: processing time.
+        end_ms: the window's end.
+    """
+
+    states: list[NodeState]
+    watermark_ms: int | None
+    now_ms: int
+    end_ms: int
+    merging: list[list[NodeState]] = field(default_factory=list)
+
+    @property
+    def end_of_window_reached(self) -> bool:
+        return self.watermark_ms is not None and self.watermark_ms >= self.end_ms
+
+    def node(self, i: int) -> NodeState:
+        return self.states[i]
+
+
+class Trigger:
+    """Base of trigger tree nodes. Subclasses are frozen dataclasses."""
+
+    def children(self) -> tuple["Trigger", ...]:
+        return ()
+
+    def size(self) -> int:
+        """Number of nodes in this subtree."""
+        return 1 + sum(c.size() for c in self.children())
+
+    def child_indices(self, i: int) -> list[int]:
+        out, j = [], i + 1
+        for c in self.children():
+            out.append(j)
+            j += c.size()
+        return out
+
+    def initial_state(self) -> list[NodeState]:
+        """Fresh per-node state for a new window."""
+        return [{} for _ in range(self.size())]
+    # --- state machine; ``i`` is this node's index in ``tc.states`` ---------
+
+    def is_finished(self, tc: TriggerContext, i: int) -> bool:
+        return bool(tc.node(i).get("f"))
+
+    def on_element(self, tc: TriggerContext, i: int) -> None:
+        for c, j in self._kids(i):
+            if not c.is_finished(tc, j):
+                c.on_element(tc, j)
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        raise NotImplementedError
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        raise NotImplementedError
+
+    def clear(self, tc: TriggerContext, i: int) -> None:
+        """Reset this subtree (used by Repeatedly and when early firings end)."""
+        for j in range(i, i + self.size()):
+            tc.states[j] = {}
+
+    def on_merge(self, tc: TriggerContext, i: int) -> None:
+        """Set node ``i`` from the same node of the merged windows (``tc.merging``)."""
+        if any(s[i].get("f") for s in tc.merging):
+            tc.node(i)["f"] = 1
+        for c, j in self._kids(i):
+            c.on_merge(tc, j)
+
+    def _kids(self, i: int) -> list[tuple["Trigger", int]]:
+        return list(zip(self.children(), self.child_indices(i), strict=True))
+
+
+@dataclass(frozen=True)
+class Never(Trigger):
+    """Never fires; the window's pane comes only when it expires."""
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        return False
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Always(Trigger):
+    """Fires after every element."""
+
+    def on_element(self, tc: TriggerContext, i: int) -> None:
+        tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        return bool(tc.node(i).get("n", 0))
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        tc.node(i).pop("n", None)
+
+    def on_merge(self, tc: TriggerContext, i: int) -> None:
+        n = sum(s[i].get("n", 0) for s in tc.merging)
+        if n:
+            tc.node(i)["n"] = n
+
+
+@dataclass(frozen=True)
+class AfterCount(Trigger):
+    """Fires once ``count`` elements are in the pane; then finishes."""
+
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise WindowingError(f"after_count needs count >= 1, got {self.count}")
+
+    def on_element(self, tc: TriggerContext, i: int) -> None:
+        tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        return int(tc.node(i).get("n", 0)) >= self.count
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        tc.states[i] = {"f": 1}
+
+    def on_merge(self, tc: TriggerContext, i: int) -> None:
+        super().on_merge(tc, i)
+        n = sum(s[i].get("n", 0) for s in tc.merging)
+        if n and not tc.node(i).get("f"):
+            tc.node(i)["n"] = n
+
+
+@dataclass(frozen=True)
+class AfterProcessingTime(Trigger):
+    """Fires ``delay_ms`` of processing time after the first element of the pane; then finishes."""
+
+    delay_ms: int
+
+    def __post_init__(self) -> None:
+        if self.delay_ms < 0:
+            raise WindowingError(f"after_processing_time needs delay >= 0, got {self.delay_ms} ms")
+
+    def on_element(self, tc: TriggerContext, i: int) -> None:
+        tc.node(i).setdefault("t", tc.now_ms + self.delay_ms)
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        t = tc.node(i).get("t")
+        return t is not None and tc.now_ms >= int(t)
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        tc.states[i] = {"f": 1}
+
+    def on_merge(self, tc: TriggerContext, i: int) -> None:
+        super().on_merge(tc, i)
+        ts = [int(s[i]["t"]) for s in tc.merging if s[i].get("t") is not None]
+        if ts and not tc.node(i).get("f"):
+            tc.node(i)["t"] = min(ts)
+
+
+@dataclass(frozen=True)
+class Repeatedly(Trigger):
+    """Fires whenever ``trigger`` fires, resetting it each time it finishes; never finishes."""
+
+    trigger: Trigger
+
+    def children(self) -> tuple[Trigger, ...]:
+        return (self.trigger,)
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        return self.trigger.should_fire(tc, i + 1)
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        self.trigger.on_fire(tc, i + 1)
+        if self.trigger.is_finished(tc, i + 1):
+            self.trigger.clear(tc, i + 1)
+
+
+@dataclass(frozen=True)
+class AfterAny(Trigger):
+    """Fires once, when any subtrigger can fire."""
+
+    triggers: tuple[Trigger, ...]
+
+    def children(self) -> tuple[Trigger, ...]:
+        return self.triggers
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        return any(c.should_fire(tc, j) for c, j in self._kids(i) if not c.is_finished(tc, j))
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        for c, j in self._kids(i):
+            if not c.is_finished(tc, j) and c.should_fire(tc, j):
+                c.on_fire(tc, j)
+        tc.node(i)["f"] = 1
+
+
+@dataclass(frozen=True)
+class AfterAll(Trigger):
+    """Fires once, when every unfinished subtrigger can fire."""
+
+    triggers: tuple[Trigger, ...]
+
+    def children(self) -> tuple[Trigger, ...]:
+        return self.triggers
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        live = [(c, j) for c, j in self._kids(i) if not c.is_finished(tc, j)]
+        return bool(live) and all(c.should_fire(tc, j) for c, j in live)
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        for c, j in self._kids(i):
+            if not c.is_finished(tc, j):
+                c.on_fire(tc, j)
+        tc.node(i)["f"] = 1
+
+
+@dataclass(frozen=True)
+class AfterEach(Trigger):
+    """Runs its subtriggers in sequence: fires when the current one fires; finished after the last."""
+
+    triggers: tuple[Trigger, ...]
+
+    def children(self) -> tuple[Trigger, ...]:
+        return self.triggers
+
+    def _current(self, tc: TriggerContext, i: int) -> tuple[Trigger, int] | None:
+        for c, j in self._kids(i):
+            if not c.is_finished(tc, j):
+                return c, j
+        return None
+
+    def on_element(self, tc: TriggerContext, i: int) -> None:
+        cur = self._current(tc, i)
+        if cur is not None:
+            cur[0].on_element(tc, cur[1])
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        cur = self._current(tc, i)
+        return cur is not None and cur[0].should_fire(tc, cur[1])
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        cur = self._current(tc, i)
+        if cur is not None:
+            cur[0].on_fire(tc, cur[1])
+        if self._current(tc, i) is None:
+            tc.node(i)["f"] = 1
+
+
+@dataclass(frozen=True)
+class OrFinally(Trigger):
+    """Fires when ``trigger`` fires; when ``until`` can fire, fires and finishes for good."""
+
+    trigger: Trigger
+    until: Trigger
+
+    def children(self) -> tuple[Trigger, ...]:
+        return (self.trigger, self.until)
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        (a, ja), (u, ju) = self._kids(i)
+        return (not a.is_finished(tc, ja) and a.should_fire(tc, ja)) or u.should_fire(tc, ju)
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        (a, ja), (u, ju) = self._kids(i)
+        if u.should_fire(tc, ju):
+            u.on_fire(tc, ju)
+            tc.node(i)["f"] = 1
+            return
+        a.on_fire(tc, ja)
+        if a.is_finished(tc, ja):
+            tc.node(i)["f"] = 1
+
+
+@dataclass(frozen=True)
+class AfterWatermark(Trigger):
+    """Fires ON_TIME when the watermark reaches the window end, with optional repeating early/late firings.
+
+    Children (present ones only, in this order): ``early``, ``late``.
+    """
+
+    early: Trigger | None = None
+    late: Trigger | None = None
+
+    def children(self) -> tuple[Trigger, ...]:
+        return tuple(t for t in (self.early, self.late) if t is not None)
+
+    def _sub(self, i: int, which: str) -> tuple[Trigger, int] | None:
+        j = i + 1
+        if self.early is not None:
+            if which == "early":
+                return self.early, j
+            j += self.early.size()
+        if self.late is not None and which == "late":
+            return self.late, j
+        return None
+
+    def on_element(self, tc: TriggerContext, i: int) -> None:
+        sub = self._sub(i, "late" if tc.node(i).get("o") else "early")
+        if sub is not None:
+            sub[0].on_element(tc, sub[1])
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        if not tc.node(i).get("o"):
+            early = self._sub(i, "early")
+            return tc.end_of_window_reached or (early is not None and early[0].should_fire(tc, early[1]))
+        late = self._sub(i, "late")
+        return late is not None and late[0].should_fire(tc, late[1])
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        node = tc.node(i)
+        if not node.get("o"):
+            early = self._sub(i, "early")
+            if tc.end_of_window_reached:  # the on-time firing ends the early phase
+                if early is not None:
+                    early[0].clear(tc, early[1])
+                node["o"] = 1
+                if self.late is None:
+                    node["f"] = 1
+            elif early is not None:
+                early[0].on_fire(tc, early[1])
+                if early[0].is_finished(tc, early[1]):
+                    early[0].clear(tc, early[1])  # early firings repeat
+            return
+        late = self._sub(i, "late")
+        if late is not None:
+            late[0].on_fire(tc, late[1])
+            if late[0].is_finished(tc, late[1]):
+                late[0].clear(tc, late[1])  # late firings repeat
+
+    def on_merge(self, tc: TriggerContext, i: int) -> None:
+        early, late = self._sub(i, "early"), self._sub(i, "late")
+        if all(s[i].get("o") for s in tc.merging) and tc.end_of_window_reached:
+            tc.node(i)["o"] = 1
+            if late is not None:
+                late[0].on_merge(tc, late[1])
+            if self.late is None:
+                tc.node(i)["f"] = 1
+            return
+        if early is not None:
+            early[0].on_merge(tc, early[1])
+            if early[0].is_finished(tc, early[1]):
+                early[0].clear(tc, early[1])
+
+
+def default_trigger() -> Trigger:
+    """Beam's default here: the watermark trigger without early or late firings."""
+    return AfterWatermark()

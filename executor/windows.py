@@ -1,0 +1,203 @@
+"""Where in event time: windows and window functions (the Dataflow model's *where*).
+
+A :class:`Window` is a half-open event-time interval ``[start_ms, end_ms)``
+in epoch milliseconds. A :class:`WindowFn` assigns each element timestamp
+to one or more windows and, for merging window functions (sessions), merges
+a key's windows when they overlap.
+
+Built in: :class:`GlobalWindows`, :class:`FixedWindows`,
+:class:`SlidingWindows` and :class:`Sessions`. A user window function
+subclasses :class:`WindowFn` and overrides :meth:`WindowFn.assign` (and, to
+merge, sets ``merging = True`` and overrides :meth:`WindowFn.merge`).
+
+The global window is ``[GLOBAL_START_MS, GLOBAL_END_MS)``; the end of input
+is the watermark :data:`END_OF_INPUT_MS`, beyond the global window's end, so
+the global window fires ON_TIME (and is collected) when the input ends.
+
+>>> FixedWindows(120_000).assign(26_000)
+(Window(start_ms=0, end_ms=120000),)
+>>> [w.start_ms for w in SlidingWindows(60_000, 30_000).assign(45_000)]
+[0, 30000]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from deltawheel.statestore.exceptions import ConfigError
+
+__all__ = [
+    "GLOBAL_START_MS",
+    "GLOBAL_END_MS",
+    "END_OF_INPUT_MS",
+    "WindowingError",
+    "Window",
+    "GLOBAL_WINDOW",
+    "WindowFn",
+    "GlobalWindows",
+    "FixedWindows",
+    "SlidingWindows",
+    "Sessions",
+    "merge_overlapping",
+]
+
+GLOBAL_START_MS = -(2**61)
+GLOBAL_END_MS = 2**61
+END_OF_INPUT_MS = 2**62
+
+
+class WindowingError(ConfigError):
+    """A windowing strategy (window function, trigger, combiner, scenario) is malformed."""
+
+
+@dataclass(frozen=True, order=True)
+class Window:
+    """The half-open event-time interval ``[start_ms, end_ms)``."""
+
+    start_ms: int
+    end_ms: int
+
+    def __post_init__(self) -> None:
+        if self.end_ms <= self.start_ms:
+            raise WindowingError(f"window end {self.end_ms} must be after its start {self.start_ms}")
+
+    @property
+    def is_global(self) -> bool:
+        """True for the single window of :class:`GlobalWindows`."""
+        return self.start_ms == GLOBAL_START_MS and self.end_ms == GLOBAL_END_MS
+
+    @property
+    def wid(self) -> str:
+        """The compact id used in state and timer tags: ``"start,end"`` (``"*"`` for global)."""
+        return "*" if self.is_global else f"{self.start_ms},{self.end_ms}"
+
+    @staticmethod
+    def from_wid(wid: str) -> "Window":
+        """Inverse of :attr:`wid`."""
+        if wid == "*":
+            return GLOBAL_WINDOW
+        start, end = wid.split(",")
+        return Window(int(start), int(end))
+
+    def contains(self, timestamp_ms: int) -> bool:
+        return self.start_ms <= timestamp_ms < self.end_ms
+
+    def intersects(self, other: "Window") -> bool:
+        return self.start_ms < other.end_ms and other.start_ms < self.end_ms
+
+    def span(self, other: "Window") -> "Window":
+        """The smallest window covering both."""
+        return Window(min(self.start_ms, other.start_ms), max(self.end_ms, other.end_ms))
+
+
+GLOBAL_WINDOW = Window(GLOBAL_START_MS, GLOBAL_END_MS)
+
+
+class WindowFn:
+    """Assigns timestamps to windows; merging functions also merge a key's windows.
+
+    Subclass and override :meth:`assign`; for a merging function set
+    ``merging = True`` and override :meth:`merge`.
+    """
+
+    merging: bool = False
+
+    def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        """The windows an element with this event timestamp belongs to."""
+        raise NotImplementedError
+
+    def merge(self, windows: Sequence[Window]) -> list[tuple[Window, list[Window]]]:
+        """Group ``windows`` (a key's live windows) into merges.
+
+        Returns:
+            ``(merged, sources)`` pairs, one per group of two or more windows
+            that merge; windows that stay as they are are not listed.
+        """
+        return []
+
+
+class GlobalWindows(WindowFn):
+    """Every element in the one global window."""
+
+    def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        return (GLOBAL_WINDOW,)
+
+
+@dataclass(frozen=True)
+class FixedWindows(WindowFn):
+    """Tumbling windows of ``size_ms``, aligned to ``offset_ms`` from epoch 0."""
+
+    size_ms: int
+    offset_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0:
+            raise WindowingError(f"fixed window size must be > 0 ms, got {self.size_ms}")
+
+    def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        start = timestamp_ms - (timestamp_ms - self.offset_ms) % self.size_ms
+        return (Window(start, start + self.size_ms),)
+
+
+@dataclass(frozen=True)
+class SlidingWindows(WindowFn):
+    """Windows of ``size_ms`` starting every ``period_ms`` (aligned to ``offset_ms``)."""
+
+    size_ms: int
+    period_ms: int
+    offset_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0 or self.period_ms <= 0:
+            raise WindowingError(
+                f"sliding windows need size and period > 0 ms, got size {self.size_ms}, period {self.period_ms}")
+
+    def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        last = timestamp_ms - (timestamp_ms - self.offset_ms) % self.period_ms
+        out: list[Window] = []
+        start = last
+        while start > timestamp_ms - self.size_ms:
+            out.append(Window(start, start + self.size_ms))
+            start -= self.period_ms
+        return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class Sessions(WindowFn):
+    """Per-key sessions: each element opens ``[t, t + gap_ms)``; overlapping windows merge."""
+
+    gap_ms: int
+    merging = True
+
+    def __post_init__(self) -> None:
+        if self.gap_ms <= 0:
+            raise WindowingError(f"session gap must be > 0 ms, got {self.gap_ms}")
+
+    def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        return (Window(timestamp_ms, timestamp_ms + self.gap_ms),)
+
+    def merge(self, windows: Sequence[Window]) -> list[tuple[Window, list[Window]]]:
+        return merge_overlapping(windows)
+
+
+def merge_overlapping(windows: Sequence[Window]) -> list[tuple[Window, list[Window]]]:
+    """Merge intersecting windows transitively (what sessions do).
+
+    >>> merge_overlapping([Window(0, 10), Window(5, 15), Window(20, 30)])
+    [(Window(start_ms=0, end_ms=15), [Window(start_ms=0, end_ms=10), Window(start_ms=5, end_ms=15)])]
+    """
+    out: list[tuple[Window, list[Window]]] = []
+    group: list[Window] = []
+    span: Window | None = None
+    for w in sorted(set(windows)):
+        if span is not None and w.start_ms < span.end_ms:
+            group.append(w)
+            span = span.span(w)
+            continue
+        if span is not None and len(group) > 1:
+            out.append((span, group))
+        group, span = [w], w
+    if span is not None and len(group) > 1:
+        out.append((span, group))
+    return out

@@ -111,30 +111,55 @@ class MemoryBackend:
 
 
 class DeltaBackend:
-    """The Delta rows table behind :class:`Backend` (to be wired to ``statestore.store.RowStore``).
+    """The Delta rows table behind :class:`Backend`: one fenced commit per scenario step.
 
-    Raises:
-        WindowingError: always, until the store is wired in.
+    Each step begins with a read of the scenario computation's rows from Delta
+    (the table is the truth), and everything the step changed is committed in
+    one fenced transaction at its end, exactly as an executor batch would.
+
+    Args:
+        spark: a session with Delta (``build_spark``).
+        layout: a store; migrated here if needed.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._not_wired()
+    def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
+        from deltawheel import migrations
+        from deltawheel.statestore.store import RowStore
 
-    @staticmethod
-    def _not_wired() -> None:
-        raise WindowingError(
-            "the delta backend of the scenario harness is not wired yet; use --backend memory")
+        migrations.apply(spark, layout, dry_run=False)
+        self._store = RowStore(spark, layout, writer="scenario")
+        self._seq = {0: sequencer}
+        self._store.fence(_COMPUTATION, self._seq)
+        self._rows: dict[str, KeyRow] = {}
+        self._puts: dict[str, KeyRow] = {}
+        self._dels: set[str] = set()
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        self._rows = {r.key: r for r in self._store.scan_intervals(_COMPUTATION, [0])}
+
+    def end_step(self) -> None:
+        if self._puts or self._dels:
+            self._store.commit(_COMPUTATION, list(self._puts.values()), sequencers=self._seq,
+                               deletes=[(0, k) for k in sorted(self._dels)])
+        self._puts.clear()
+        self._dels.clear()
 
     def load(self, computation: str, key: str) -> KeyRow | None:
-        self._not_wired()
-        return None
+        return self._rows.get(key)
 
     def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
-        self._not_wired()
+        for row in rows:
+            self._rows[row.key] = row
+            self._puts[row.key] = row
+            self._dels.discard(row.key)
+        for key in deletes:
+            if self._rows.pop(key, None) is not None:
+                self._dels.add(key)
+            self._puts.pop(key, None)
 
     def keys(self, computation: str) -> list[str]:
-        self._not_wired()
-        return []
+        return sorted(self._rows)
 
 
 def _spec_ms(spec: Mapping[str, Any], field: str, unit_ms: int, default: float | None = None) -> int:
@@ -332,30 +357,45 @@ def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Bac
     if backend == "memory":
         store: Backend = MemoryBackend()
     elif backend == "delta":
-        store = DeltaBackend()
+        import tempfile
+
+        from deltawheel.statestore.layout import StoreLayout
+        from deltawheel.statestore.sparkenv import build_spark
+
+        store = DeltaBackend(build_spark(), StoreLayout(tempfile.mkdtemp(prefix="dw-scenario-")))
     elif isinstance(backend, str):
         raise WindowingError(f"unknown backend {backend!r}; use memory or delta")
     else:
         store = backend
     r = _Runner(sc.computation, store)
+    begin = getattr(store, "begin_step", lambda: None)
+    end = getattr(store, "end_step", lambda: None)
     for i, step in enumerate(sc.steps):
-        if "key" in step:
-            key = str(step["key"])
-            rec = Record(key=key, value=step["value"], timestamp_ms=_ms(step["event_time"], "event_time"),
-                         record_id=f"step-{i}", stream="elements")
-            r.run(key, [rec], i)
-            continue
-        if "watermark" in step:
-            r.wm = _ms(step["watermark"], "watermark")
-        else:
-            r.now = _ms(step["processing_time"], "processing_time")
-        for key in r.due_keys():
-            r.run(key, [], i)
+        begin()
+        _apply_step(r, sc, i, step)
+        end()
+    begin()
     r.wm = END_OF_INPUT_MS
     for key in r.due_keys():
         r.run(key, [], len(sc.steps))
+    end()
     panes = sorted(r.panes, key=lambda p: p["key"])  # stable: emission order within a key
     return {"panes": panes, "dropped": r.dropped}
+
+
+def _apply_step(r: _Runner, sc: Scenario, i: int, step: Mapping[str, Any]) -> None:
+    if "key" in step:
+        key = str(step["key"])
+        rec = Record(key=key, value=step["value"], timestamp_ms=_ms(step["event_time"], "event_time"),
+                     record_id=f"step-{i}", stream="elements")
+        r.run(key, [rec], i)
+        return
+    if "watermark" in step:
+        r.wm = _ms(step["watermark"], "watermark")
+    else:
+        r.now = _ms(step["processing_time"], "processing_time")
+    for key in r.due_keys():
+        r.run(key, [], i)
 
 
 def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:

@@ -84,12 +84,11 @@ def translate_commit_error(exc: BaseException, *, sequencers: Mapping[int, int])
     """Map an exception from a fenced MERGE to a deltawheel error, or None if unrelated."""
     text = str(exc)
     m = _STALE_DETAIL.search(text)
-    if m or STALE_MARKER in text:
-        detail = (
-            f"computation {m.group(1)} interval {m.group(2)} is owned under sequencer {m.group(3)}, "
-            f"this writer has {m.group(4)}"
-            if m else f"this writer's sequencers {dict(sequencers)} were superseded"
-        )
+    # Only the raised error counts (with the numbers filled in): other errors quote the
+    # MERGE statement, marker included.
+    if m:
+        detail = (f"computation {m.group(1)} interval {m.group(2)} is owned under sequencer {m.group(3)}, "
+                  f"this writer has {m.group(4)}")
         return StaleSequencerError(
             f"commit rejected, stale sequencer: {detail}. A newer owner took over; nothing of this "
             "commit landed. Drop the leases and re-acquire them before writing again."

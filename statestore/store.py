@@ -208,6 +208,37 @@ class RowStore:
                 | {"_op": "delete"} for iv, k in deletes]
         src += [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
                        updated_ms=now).to_row() | {"_op": "upsert"} for iv in touched]
+        res = self._commit_source(computation, src, None, sequencers=sequencers, touched=touched,
+                                  commit_id=commit_id, kind=kind, lease_check=lease_check,
+                                  conflict_retries=conflict_retries, started=started, n_rows=len(images),
+                                  n_deletes=len(deletes))
+        return CommitResult(res.commit_id, res.computation, res.sequencers, res.rows_written, res.rows_deleted,
+                            res.attempts, res.duration_s, False, tuple(plan))
+
+    def commit_frame(self, computation: str, frame: Any, *, sequencers: Mapping[int, int],
+                     intervals: Sequence[int], commit_id: str,
+                     lease_check: Callable[[], None] | None = None) -> CommitResult:
+        """Like :meth:`commit`, but the new row images are a Spark DataFrame.
+
+        ``frame`` has the rows table's columns plus ``_op`` ('upsert' / 'delete');
+        it must already be validated (the executor's tasks validate rows) and
+        materialized (it is read once per attempt). The fence rows of
+        ``intervals`` are added here, carrying ``sequencers``.
+        """
+        validate_name("computation", computation)
+        for iv in intervals:
+            self._require_sequencer(sequencers, iv, FENCE_KEY)
+        now = self.clock.now_ms()
+        fences = [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
+                         updated_ms=now).to_row() | {"_op": "upsert"} for iv in intervals]
+        return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
+                                   commit_id=commit_id, kind="commit", lease_check=lease_check,
+                                   conflict_retries=None, started=time.monotonic(), n_rows=0, n_deletes=0)
+
+    def _commit_source(self, computation: str, src: list[dict[str, Any]], frame: Any, *,
+                       sequencers: Mapping[int, int], touched: Sequence[int], commit_id: str, kind: str,
+                       lease_check: Callable[[], None] | None, conflict_retries: int | None,
+                       started: float, n_rows: int, n_deletes: int) -> CommitResult:
         meta = json.dumps({
             "deltawheel": COMMIT_META_VERSION, "kind": kind, "writer": self.writer,
             "computation": computation, "commit_id": commit_id,
@@ -221,7 +252,7 @@ class RowStore:
                 if lease_check is not None:
                     lease_check()
                 try:
-                    self._merge(src, computation, touched, meta)
+                    self._merge(src, computation, touched, meta, frame=frame)
                     break
                 except Exception as exc:  # noqa: BLE001 - translated below
                     # Step 5: map failures.
@@ -237,15 +268,24 @@ class RowStore:
                             continue
                     raise err from None
         self.stats.commits += 1
-        return CommitResult(commit_id, computation, {iv: sequencers[iv] for iv in touched}, len(images),
-                            len(deletes), attempts, time.monotonic() - started, False, tuple(plan))
+        return CommitResult(commit_id, computation, {iv: sequencers[iv] for iv in touched}, n_rows,
+                            n_deletes, attempts, time.monotonic() - started, False)
 
     # -------------------------------------------------------------- internals
 
-    def _merge(self, src: list[dict[str, Any]], computation: str, intervals: Sequence[int], meta: str) -> None:
+    def _merge(self, src: list[dict[str, Any]], computation: str, intervals: Sequence[int], meta: str,
+               *, frame: Any = None) -> None:
         # Step 4: one MERGE = one Delta transaction, metadata attached.
         view = f"dw_src_{next(_view_ids)}"
         df = self._spark.createDataFrame(src, schema=_SOURCE_DDL)
+        if frame is not None:
+            # The frame may belong to the caller's session; re-home it in ours (JVM side, no Python hop).
+            from pyspark.sql import DataFrame
+
+            jframe = frame.select(*df.columns)._jdf
+            moved = DataFrame(self._spark._jsparkSession.createDataFrame(jframe.javaRDD(), jframe.schema()),
+                              self._spark)
+            df = moved.unionByName(df)
         df.createOrReplaceTempView(view)
         conf = self._spark.conf
         conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)

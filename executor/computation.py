@@ -37,9 +37,12 @@ from deltawheel.statestore.rows import Timer
 if TYPE_CHECKING:
     from .context import Context
 
-__all__ = ["Record", "Computation", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
+__all__ = ["RECORD_KEY", "Record", "Computation", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
 
 KeyExtractor = Union[str, Callable[[Any], Any]]
+
+#: Key extractor meaning "the key the producer gave the record" (the stream's ``key`` column).
+RECORD_KEY = "@key"
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,10 @@ class Computation:
     strong_productions: ClassVar[bool] = True
     late_policy: ClassVar[LatePolicy] = LatePolicy.PROCESS
     error_policy: ClassVar[ErrorPolicy] = ErrorPolicy.FAIL
-    # dedup ids are kept this long after they were seen (see gc/)
-    dedup_retention_ms: ClassVar[int] = 24 * 3600 * 1000
+    # dedup ids are kept for this many batches after they were seen: a Spark source
+    # replays only the batch in flight, and a recovered producer redelivers its
+    # checkpointed productions right after the restart (gc/ trims older ids too)
+    dedup_retention_batches: ClassVar[int] = 3
 
     def process_record(self, ctx: "Context", record: Record) -> None:
         """Handle one record of ``ctx.key``. Default: do nothing."""

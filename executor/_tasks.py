@@ -1,0 +1,187 @@
+"""The Spark side of a batch: JVM input preparation and user code in Spark tasks.
+
+Everything here is driven from ``batch.py``. The closures built here are
+shipped to Python workers (cloudpickle), so they capture only plain values
+(the computation instance, watermark, clock readings, sequencers) — never the
+session, the store or ZooKeeper clients: user code depends on no
+driver-local state and runs the same on a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterator, Sequence
+
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.exceptions import CodecError, ConfigError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rows import FENCE_KEY, MAX_KEY_BYTES, KeyRow, rows_schema_ddl
+
+from .computation import RECORD_KEY, Computation, Record
+from .keyrun import run_key
+
+__all__ = ["prepare_input", "run_in_tasks", "ROW_COLUMNS", "productions_frame", "dead_letter_frame",
+           "user_error_message"]
+
+ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl())] + ["_op"]
+_PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, timestamp_ms: BIGINT, codec: STRING>"
+_DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRING, position: STRING, "
+         "event_time_ms: BIGINT, stream: STRING>")
+OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prods ARRAY<{_PROD}>, dead ARRAY<{_DEAD}>, "
+           "processed INT, duplicates INT, fired INT, late INT, n_prods INT, n_dead INT")
+_ERR = "\x00!"
+
+
+def _key_udf(extractor: Callable[[Any], Any]) -> Any:
+    from pyspark.sql.functions import pandas_udf
+
+    @pandas_udf("string")  # type: ignore[call-overload]
+    def extract(values: Any, codecs: Any) -> Any:
+        import pandas as pd
+
+        out = []
+        for v, c in zip(values, codecs, strict=True):
+            try:
+                k = extractor(get_codec(c or "json").decode(v))
+                out.append(k if isinstance(k, str) else f"{_ERR}key extractor returned {type(k).__name__} {k!r}")
+            except Exception as exc:  # noqa: BLE001 - user code; becomes a dead letter
+                out.append(f"{_ERR}key extractor failed: {type(exc).__name__}: {exc}")
+        return pd.Series(out, dtype=object)
+
+    return extract
+
+
+def prepare_input(df: Any, comp: Computation, wm: int | None) -> Any:
+    """Stream-schema input → (record_id, key, value, codec, timestamp_ms, stream, position, late, _bad)."""
+    from pyspark.sql import functions as F
+
+    if "stream" not in df.columns:
+        if len(comp.inputs) != 1:
+            raise ConfigError(f"{comp.name} has several inputs, so its batch needs a 'stream' column")
+        df = df.withColumn("stream", F.lit(next(iter(comp.inputs))))
+    key = None
+    for stream, ex in comp.inputs.items():
+        if ex == RECORD_KEY:
+            e = F.col("key")
+        elif isinstance(ex, str):
+            e = F.coalesce(F.get_json_object(F.col("value").cast("string"), f"$.{ex}"),
+                           F.lit(f"{_ERR}no field {ex!r} in the value"))
+        else:
+            e = _key_udf(ex)(F.col("value"), F.col("codec"))
+        cond = F.col("stream") == stream
+        key = F.when(cond, e) if key is None else key.when(cond, e)
+    assert key is not None
+    df = df.withColumn("_k", key.otherwise(F.lit(f"{_ERR}record of an undeclared input stream")))
+    k = F.col("_k")
+    bad = (F.when(k.startswith(_ERR), F.substring(k, 3, 1000))
+           .when(k == "", F.lit("key extractor returned an empty key"))
+           .when(k.startswith("\x00"), F.lit("keys starting with NUL are reserved"))
+           .when(F.octet_length(k) > MAX_KEY_BYTES, F.lit(f"key longer than {MAX_KEY_BYTES} bytes"))
+           .when(F.col("record_id").isNull() | (F.col("record_id") == ""), F.lit("record without record_id"))
+           .when(F.col("timestamp_ms").isNull(), F.lit("record without timestamp")))
+    late = F.lit(False) if wm is None else F.coalesce(F.col("timestamp_ms") < F.lit(wm), F.lit(False))
+    pos = F.col("commit_id") if "commit_id" in df.columns else F.lit(None).cast("string")
+    return df.select("record_id", k.alias("key"), "value", F.coalesce("codec", F.lit("json")).alias("codec"),
+                     "timestamp_ms", "stream", pos.alias("position"), late.alias("late"), bad.alias("_bad"))
+
+
+def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any | None, *,
+                 intervals: Sequence[int], input_watermark_ms: int | None, now_ms: int,
+                 dedup_horizon_ms: int | None, partitions: int, sequencers: dict[int, int],
+                 commit_id: str) -> Any:
+    """Join input with the rows it needs and run user code per key in tasks (lazy DataFrame)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import _parse_datatype_string
+
+    n = comp.num_intervals
+    ivs = list(intervals)
+    rows = (spark.read.format("delta").load(layout.rows)
+            .where((F.col("computation") == comp.name) & F.col("interval").isin(ivs) & (F.col("key") != FENCE_KEY)))
+    due = (F.size("pending") > 0) | (F.col("next_processing_timer_ms") <= F.lit(now_ms))
+    if input_watermark_ms is not None:
+        due = due | (F.col("next_event_timer_ms") < F.lit(input_watermark_ms))
+    if prep is None:
+        joined = rows.where(due).withColumn("recs", F.lit(None))
+    else:
+        owned = prep.withColumn("interval", F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(n)).cast("int"))
+        owned = owned.where(F.col("interval").isin(ivs))
+        recs = owned.groupBy("key", "interval").agg(F.collect_list(F.struct(
+            "record_id", "value", "codec", "timestamp_ms", "late", "stream", "position")).alias("recs"))
+        joined = recs.join(rows, ["key", "interval"], "full_outer").where(F.col("recs").isNotNull() | due)
+    schema = _parse_datatype_string(OUT_DDL)
+    fn = _task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, to_arrow_schema(schema), sequencers, commit_id)
+    return joined.repartition(partitions, "interval").mapInArrow(fn, schema)
+
+
+def _task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, arrow_schema: Any,
+             sequencers: dict[int, int], commit_id: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    name = comp.name
+
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for b in batches:
+            out = [_one_key(comp, name, r, wm, now, horizon, sequencers, commit_id) for r in b.to_pylist()]
+            yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
+
+    return fn
+
+
+def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, now: int,
+             horizon: int | None, sequencers: dict[int, int], commit_id: str) -> dict[str, Any]:
+    key, iv = r["key"], int(r["interval"])
+    row = None
+    cleared = False
+    if r.get("sequencer") is not None:
+        row = KeyRow.from_row({**r, "computation": name})
+        cleared = bool(row.pending)
+        row = row.with_(pending=())  # delivered by the previous batch or by recovery
+    records: list[Record] = []
+    dead: list[dict[str, Any]] = []
+    for x in r.get("recs") or ():
+        try:
+            value = get_codec(x["codec"]).decode(x["value"])
+        except CodecError as exc:
+            dead.append(_dead(x, key, f"CodecError: {exc}"))
+            continue
+        records.append(Record(key, value, int(x["timestamp_ms"]), x["record_id"], x["stream"] or "", bool(x["late"])))
+    o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=wm, now_ms=now,
+                dedup_horizon_ms=horizon)
+    by_id = {x["record_id"]: x for x in r.get("recs") or ()}
+    dead += [_dead(by_id[rec.record_id], key, err) for rec, err in o.dead_letters]
+    if o.row is None:
+        op = "delete" if row is not None else "none"
+        img = KeyRow(name, key, iv).to_row()
+    else:
+        op = "upsert" if (o.changed or cleared or row is None) else "none"
+        img = o.row.with_(computation=name, interval=iv).to_row()
+    img.update(sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now, _op=op,
+               new_prods=[p.to_row() for p in o.productions], dead=dead, processed=o.processed,
+               duplicates=o.duplicates, fired=o.timers_fired, late=o.late, n_prods=len(o.productions),
+               n_dead=len(dead))
+    return img
+
+
+def _dead(x: dict[str, Any], key: str, error: str) -> dict[str, Any]:
+    return {"record_id": x["record_id"], "key": key, "raw_value": x["value"], "error": error,
+            "position": x.get("position"), "event_time_ms": x.get("timestamp_ms"), "stream": x.get("stream")}
+
+
+def productions_frame(out: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return out.select(F.explode("new_prods").alias("p")).select("p.*")
+
+
+def dead_letter_frame(out: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return out.select(F.explode("dead").alias("d")).select("d.*")
+
+
+def user_error_message(exc: BaseException, computation: str, batch_id: int) -> str:
+    text = str(exc)
+    m = re.search(r"UserCodeError: (.*?)(?:\n|$)", text) or re.search(r"(\w+Error: .*?)(?:\n|$)", text)
+    detail = m.group(1) if m else text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
+    return f"{computation} batch {batch_id} failed in a Spark task: {detail}"

@@ -1,0 +1,284 @@
+"""One computation's micro-batches on Spark ``foreachBatch``: the per-batch protocol.
+
+For each micro-batch (``ComputationExecutor.run_batch``):
+
+1. Check the leases of the owned intervals (a lost or suspended ZooKeeper
+   session stops the batch before anything happens).
+2. Prepare the input in the JVM: key extraction, dead letters for records
+   without a usable key, the late flag (event time behind the input low
+   watermark) and the late-data table for ``LatePolicy.ROUTE``.
+3. Load the rows of the batch's keys and of keys with due timers or
+   delivered-but-not-cleared productions (one join against the rows table).
+4. Run user code in Spark tasks, one task per group of intervals, per key:
+   dedup against the key's stored record ids, records in event-time order,
+   due timers in timestamp order (``keyrun.run_key``). The result (new row
+   images, productions, dead letters) is materialized once.
+5. Commit all changed rows in one fenced Delta transaction (``RowStore``).
+6. Deliver the productions to their stream tables idempotently (insert if the
+   record id is absent). Checkpoints are cleared by the next batch's commit:
+   every production still in a row at the start of a batch was delivered.
+7. Publish the intervals' oldest work and advance the low watermark.
+
+A crash between or inside any steps followed by a restart (recovery scan +
+redelivery of checkpointed productions + Spark replaying the batch) gives the
+same rows and stream records as a run without the crash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Callable, Sequence
+
+from deltawheel.statestore.clock import Clock, SystemClock
+from deltawheel.statestore.exceptions import BadRecordError, DeltaWheelError, RetryableError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.owner import IntervalOwner
+from deltawheel.statestore.rows import FENCE_KEY, Production
+from deltawheel.statestore.watermarks import WatermarkAuthority
+
+from . import _tasks
+from .computation import Computation, LatePolicy
+from .delivery import deliver_frame, deliver_productions, record_dead_letters, record_late
+
+__all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
+
+
+class FaultPoint(StrEnum):
+    """Places in the protocol where tests inject crashes."""
+
+    AFTER_PREPARE = "after_prepare"  # after dedup input prep, before user code
+    AFTER_USER_CODE = "after_user_code"
+    BEFORE_COMMIT = "before_commit"
+    AFTER_COMMIT = "after_commit"
+    AFTER_DELIVERY = "after_delivery"  # delivered, checkpoints not cleared yet
+    BEFORE_WATERMARK = "before_watermark"
+
+
+class BatchFailedError(RetryableError):
+    """A micro-batch failed (user code, input, or storage); nothing of it was delivered."""
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    batch_id: int
+    records_in: int
+    processed: int
+    duplicates: int
+    late: int
+    late_routed: int
+    dead_letters: int
+    timers_fired: int
+    productions: int
+    keys_written: int
+    input_watermark_ms: int | None
+    low_watermark_ms: int | None
+    commit_s: float
+    wall_s: float
+
+
+class ComputationExecutor:
+    """Runs one computation's batches; pass it to ``writeStream.foreachBatch``.
+
+    Args:
+        spark: the session (``df.sparkSession`` inside foreachBatch is the same one).
+        layout: the store.
+        computation: the user's computation (instance).
+        owner: holds the computation's intervals (leases + fenced commits).
+        authority: the watermark authority; None runs without event-time progress
+            (event-time timers then only fire in :meth:`flush`).
+        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries feeding it.
+        on_batch_end: called with each micro-batch's observed max event time (injectors
+            use it to move their watermark estimate).
+    """
+
+    def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
+                 authority: WatermarkAuthority | None = None, upstream: Sequence[str] = (),
+                 clock: Clock = SystemClock(), faults: Callable[[FaultPoint, int], None] | None = None,
+                 on_batch_end: Callable[[int | None, int | None], None] | None = None,
+                 progress: Callable[[str], None] | None = None, partitions: int | None = None) -> None:
+        type(computation).validate()
+        self.spark = spark
+        self.layout = layout
+        self.comp = computation
+        self.owner = owner
+        self.authority = authority
+        self.upstream = tuple(upstream)
+        self.clock = clock
+        self.faults = faults
+        self.on_batch_end = on_batch_end
+        self.progress = progress
+        self.partitions = partitions or max(1, min(computation.num_intervals,
+                                                   spark.sparkContext.defaultParallelism))
+        self.reports: list[BatchReport] = []
+        self._batch_starts: list[int] = []
+        self._started = False
+
+    # ------------------------------------------------------------- lifecycle
+
+    def start(self, *, wait_s: float = 0.0) -> None:
+        """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
+        from deltawheel.statestore.streams import ensure_stream_table
+
+        for s in self.comp.outputs:
+            ensure_stream_table(self.spark, self.layout, s)
+        if self.authority is not None:
+            self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
+        rec = self.owner.acquire(wait_s=wait_s)
+        pending: list[Production] = [p for _, p in rec.pending]
+        if pending:
+            n = deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
+            self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions ({n} new)")
+        self._started = True
+
+    def stop(self) -> None:
+        self.owner.release()
+        self._started = False
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.run_batch(df, batch_id)
+
+    # ----------------------------------------------------------- the batch
+
+    def input_watermark(self) -> int | None:
+        """min over upstream low watermarks (None until all are known)."""
+        if self.authority is None or not self.upstream:
+            return None
+        marks = []
+        for u in self.upstream:
+            kind, _, name = u.partition(":")
+            wm = (self.authority.injector_watermark(name) if kind == "injector"
+                  else self.authority.advance_low_watermark(name))
+            if wm is None:
+                return None
+            marks.append(wm)
+        return min(marks)
+
+    def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
+                  use_authority: bool = True) -> BatchReport:
+        """Run the protocol on one micro-batch (``df`` None: timers only)."""
+        from pyspark.sql import functions as F
+
+        if not self._started:
+            self.start()
+        started = time.monotonic()
+        comp = self.comp
+        # Step 1: leases.
+        self.owner.check()
+        wm_in = self.input_watermark() if use_authority and input_watermark_ms is None else input_watermark_ms
+        now = self.clock.now_ms()
+        self._batch_starts.append(now)
+        keep = comp.dedup_retention_batches
+        horizon = self._batch_starts[-keep] if len(self._batch_starts) >= keep else None
+        # Step 2: input preparation in the JVM.
+        prep = _tasks.prepare_input(df, comp, wm_in) if df is not None else None
+        records_in = late_routed = dead_in = 0
+        obs_max = obs_min = None
+        if prep is not None:
+            prep = prep.localCheckpoint(eager=True)
+            agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max("timestamp_ms").alias("mx"),
+                           F.min("timestamp_ms").alias("mn"),
+                           F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad"),
+                           F.sum(F.when(F.col("late"), 1).otherwise(0)).alias("late")).collect()[0]
+            records_in, obs_max, obs_min = int(agg["n"]), agg["mx"], agg["mn"]
+            dead_in = int(agg["bad"] or 0)
+            if dead_in:
+                record_dead_letters(self.spark, self.layout, prep.where(F.col("_bad").isNotNull()),
+                                    computation=comp.name, batch_id=batch_id)
+            good = prep.where(F.col("_bad").isNull())
+            if comp.late_policy is LatePolicy.ROUTE and int(agg["late"] or 0):
+                late_routed = record_late(self.spark, self.layout, good.where(F.col("late")), computation=comp.name,
+                                          watermark_ms=wm_in, batch_id=batch_id)
+                good = good.where(~F.col("late"))
+            prep = good
+        self._fault(FaultPoint.AFTER_PREPARE, batch_id)
+        # Step 3 + 4: load rows, run user code in tasks, materialize once.
+        commit_id = f"{comp.name}:{batch_id}:{now}"
+        out = _tasks.run_in_tasks(self.spark, self.layout, comp, prep, intervals=self.owner.intervals,
+                                  input_watermark_ms=wm_in, now_ms=now, dedup_horizon_ms=horizon,
+                                  partitions=self.partitions, sequencers=self.owner.sequencers,
+                                  commit_id=commit_id)
+        try:
+            out = out.localCheckpoint(eager=True)
+        except Exception as exc:  # noqa: BLE001 - user code errors surface here
+            raise BatchFailedError(_tasks.user_error_message(exc, comp.name, batch_id)) from exc
+        stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
+                                                       "n_dead")],
+                        F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written")).collect()[0]
+        st = {k: int(stats[k] or 0) for k in stats.asDict()}
+        self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
+        if st["n_dead"]:
+            record_dead_letters(self.spark, self.layout, _tasks.dead_letter_frame(out), computation=comp.name,
+                                batch_id=batch_id)
+        prods = _tasks.productions_frame(out)
+        if not comp.strong_productions and st["n_prods"]:
+            deliver_frame(self.spark, self.layout, prods, streams=comp.outputs, producer=comp.name)
+        # Step 5: the fenced commit.
+        self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
+        t0 = time.monotonic()
+        if st["written"]:
+            self.owner.store.commit_frame(comp.name, out.where(F.col("_op") != "none").select(*_tasks.ROW_COLUMNS),
+                                          sequencers=self.owner.sequencers, intervals=self.owner.intervals,
+                                          commit_id=commit_id, lease_check=self.owner.check)
+        commit_s = time.monotonic() - t0
+        self._fault(FaultPoint.AFTER_COMMIT, batch_id)
+        # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
+        if comp.strong_productions and st["n_prods"]:
+            deliver_frame(self.spark, self.layout, prods, streams=comp.outputs, producer=comp.name)
+        self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
+        # Step 7: watermarks.
+        self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
+        if self.on_batch_end is not None:
+            self.on_batch_end(obs_min, obs_max)
+        low = self._publish_watermarks() if self.authority is not None else None
+        report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
+                             st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
+                             commit_s, time.monotonic() - started)
+        self.reports.append(report)
+        self._log(_format(comp.name, report))
+        return report
+
+    def flush(self, *, input_watermark_ms: int | None = None) -> BatchReport:
+        """A batch without input: fire what the (given or published) watermark makes due."""
+        bid = (self.reports[-1].batch_id + 1) if self.reports else 0
+        return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
+
+    # -------------------------------------------------------------- helpers
+
+    def _publish_watermarks(self) -> int | None:
+        assert self.authority is not None
+        from pyspark.sql import functions as F
+
+        rows = (self.spark.read.format("delta").load(self.layout.rows)
+                .where((F.col("computation") == self.comp.name) & F.col("interval").isin(list(self.owner.intervals))
+                       & (F.col("key") != FENCE_KEY))
+                .groupBy("interval")
+                .agg(F.least(F.min("next_event_timer_ms"), F.min("watermark_hold_ms")).alias("oldest"))
+                .collect())
+        oldest = {int(r["interval"]): (None if r["oldest"] is None else int(r["oldest"])) for r in rows}
+        for iv, seq in self.owner.sequencers.items():
+            self.authority.publish_oldest_work(self.comp.name, iv, oldest.get(iv), sequencer=seq)
+        return self.authority.advance_low_watermark(self.comp.name)
+
+    def _fault(self, point: FaultPoint, batch_id: int) -> None:
+        if self.faults is not None:
+            self.faults(point, batch_id)
+
+    def _log(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
+
+
+def _format(name: str, r: BatchReport) -> str:
+    def ts(ms: int | None) -> str:
+        return "-" if ms is None else time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
+
+    return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
+            f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced, "
+            f"{r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
+            f"commit {r.commit_s:.1f}s, batch {r.wall_s:.1f}s")
+
+
+_ = (json, BadRecordError, DeltaWheelError)

@@ -1,0 +1,78 @@
+"""Helpers for executor tests: a windowed counter, input batches, and running an executor."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+from deltawheel.executor.batch import ComputationExecutor, FaultPoint
+from deltawheel.executor.computation import Computation
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.leases import LeaseManager
+from deltawheel.statestore.owner import IntervalOwner
+from deltawheel.statestore.store import RowStore
+from deltawheel.statestore.streams import stream_schema_ddl
+from deltawheel.statestore.zkclient import connect
+from pyspark import cloudpickle
+
+J = get_codec("json")
+
+# Spark's Python workers cannot import test modules: ship this module's classes by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class BucketCounter(Computation):
+    """Counts records per key and 10 s bucket; emits each bucket once the watermark passes it."""
+
+    name = "buckets"
+    inputs = {"events": "q"}
+    outputs = ("counts",)
+    num_intervals = 4
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        start = record.timestamp_ms - record.timestamp_ms % 10_000
+        st = ctx.state or {}
+        st[str(start)] = st.get(str(start), 0) + 1
+        ctx.state = st
+        ctx.set_timer(str(start), start + 9_999)
+
+    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
+        st = dict(ctx.state or {})
+        n = st.pop(timer.tag, 0)
+        ctx.produce("counts", {"q": ctx.key, "start": int(timer.tag), "n": n}, timestamp_ms=int(timer.tag))
+        ctx.state = st or None
+
+
+def events(spark: Any, items: list[tuple[str, str, int]]) -> Any:
+    """A stream-schema DataFrame of (record_id, query, event ms)."""
+    rows = [{"record_id": rid, "key": "", "value": J.encode({"q": q}), "codec": "json", "timestamp_ms": ts,
+             "event_time": None, "producer": "test", "commit_id": f"pos-{rid}", "format_version": 1}
+            for rid, q, ts in items]
+    return spark.createDataFrame(rows, schema=stream_schema_ddl().replace(" NOT NULL", ""))
+
+
+def start_executor(spark: Any, layout: Any, zk_config: Any, comp: Computation, *,
+                   faults: Callable[[FaultPoint, int], None] | None = None, writer: str = "w") -> tuple[Any, Any]:
+    client = connect(zk_config)
+    leases = LeaseManager(client, pipeline="test", owner=writer)
+    owner = IntervalOwner(RowStore(spark, layout, writer=writer), leases, comp.name,
+                          num_intervals=type(comp).num_intervals)
+    ex = ComputationExecutor(spark, layout, comp, owner=owner, faults=faults, progress=print)
+    ex.start(wait_s=20)
+    return ex, client
+
+
+def stream_rows(spark: Any, layout: Any, stream: str) -> list[tuple[Any, ...]]:
+    df = spark.read.format("delta").load(layout.stream(stream))
+    return sorted((r["record_id"], r["key"], json.dumps(J.decode(r["value"]), sort_keys=True), r["timestamp_ms"])
+                  for r in df.collect())
+
+
+def state_of(spark: Any, layout: Any, computation: str) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(layout.rows).where(
+        (F.col("computation") == computation) & ~F.col("key").startswith("\x00"))
+    return {r["key"]: (None if r["state"] is None else J.decode(r["state"]),
+                       sorted((t["tag"], t["time_ms"]) for t in r["timers"])) for r in df.collect()}

@@ -1,0 +1,298 @@
+"""Injectors (executor/sources.py) and the Zeitgeist generator (executor/zeitgeist_gen.py).
+
+Streams are consumed with real Spark file / Delta streaming sources
+(``trigger(availableNow=True)`` into ``foreachBatch``); watermarks are
+published through a real :class:`WatermarkAuthority` on the test ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from deltawheel.executor.sources import (
+    BatchStats,
+    DeltaTableInjector,
+    Injector,
+    MaxSeenMinusBound,
+    ParquetInjector,
+    publish_watermark,
+)
+from deltawheel.executor.zeitgeist_gen import (
+    AnomalySchedule,
+    GeneratorInjector,
+    ZeitgeistParams,
+    generate_queries,
+    table_digest,
+    write_event_files,
+)
+from deltawheel.statestore.exceptions import ConfigError, StaleSequencerError
+from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
+from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
+from deltawheel.statestore.zkclient import connect
+
+#: 300 events in 3 files of 100; rate 100/s, so ~1 s of base time per file.
+SMALL = ZeitgeistParams(n_events=300, seed=11, late_fraction=0.05, late_after_events=100)
+Batch = tuple[int, list[Any], BatchStats]
+
+
+def run_stream(df: Any, checkpoint: Path) -> list[Batch]:
+    """Consume a streaming DataFrame with availableNow; return (batch id, rows, stats) per batch."""
+    from pyspark.sql import functions as F
+
+    batches: list[Batch] = []
+
+    def collect(batch_df: Any, batch_id: int) -> None:
+        rows = batch_df.withColumn("ev_ms", F.unix_millis("event_time")).collect()
+        batches.append((batch_id, rows, BatchStats.of(batch_df)))
+
+    query = (df.writeStream.trigger(availableNow=True).option("checkpointLocation", str(checkpoint))
+             .foreachBatch(collect).start())
+    assert query.awaitTermination(120), "the availableNow query did not finish"
+    return batches
+
+
+def event_ms(params: ZeitgeistParams) -> np.ndarray:
+    return np.array(params.generate().column("event_time").cast("int64").to_pylist())
+
+
+# --- the generator ------------------------------------------------------------
+
+
+def test_generator_is_deterministic_per_arguments() -> None:
+    a, b = generate_queries(2000, seed=1), generate_queries(2000, seed=1)
+    assert a.equals(b) and table_digest(a) == table_digest(b)
+    assert table_digest(generate_queries(2000, seed=2)) != table_digest(a)
+    assert table_digest(generate_queries(2001, seed=1)) != table_digest(a)
+    ids = a.column("record_id").to_pylist()
+    assert ids[0] == "q1-0000000000" and len(set(ids)) == 2000
+    assert str(a.schema.field("event_time").type) == "timestamp[ms, tz=UTC]"
+
+
+def test_generator_has_spike_dip_and_bounded_disorder_with_few_late_events() -> None:
+    params = ZeitgeistParams(n_events=20_000, seed=3)
+    table, win = params.generate(), params.windows()
+    queries = np.array(table.column("query").to_pylist())
+    ev = event_ms(params)
+    base = params.start_ms + np.arange(params.n_events) * 1000 // params.rate_per_s
+    in_spike = (base >= win.spike_start_ms) & (base < win.spike_end_ms)
+    in_dip = (base >= win.dip_start_ms) & (base < win.dip_end_ms)
+    spike_in, spike_out = (queries[in_spike] == win.spike_query).mean(), (queries[~in_spike] == win.spike_query).mean()
+    assert spike_in > 5 * spike_out > 0
+    assert (queries[in_dip] == win.dip_query).sum() == 0
+    assert (queries[~in_dip] == win.dip_query).mean() > 0.15  # the most popular query, otherwise
+    assert win.spike_end_ms - win.spike_start_ms == 20_000 and win.dip_end_ms - win.dip_start_ms == 30_000
+    lag = base - ev
+    late = lag > params.max_disorder_ms
+    assert lag.min() >= 0 and lag[~late].max() <= params.max_disorder_ms
+    assert np.all(lag[late] >= params.late_by_ms)
+    assert 0.5 * 0.002 * 19_000 < late.sum() < 2 * 0.002 * 19_000
+    assert not late[: params.late_after_events].any()
+
+
+def test_generator_writes_files_idempotently(tmp_path: Path) -> None:
+    folder = str(tmp_path / "events")
+    gen = GeneratorInjector("queries", folder, SMALL, events_per_batch=100)
+    paths = gen.prepare()
+    assert [os.path.basename(p) for p in paths] == [f"part-{i:05d}.parquet" for i in range(3)]
+    mtimes = [os.stat(p).st_mtime for p in paths]
+    assert mtimes == sorted(mtimes) and len(set(mtimes)) == 3
+    digests = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths]
+    assert GeneratorInjector("queries", folder, SMALL, events_per_batch=100).prepare() == paths
+    assert [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths] == digests
+    assert [os.stat(p).st_mtime for p in paths] == mtimes
+    manifest = json.loads((tmp_path / "events" / "_zeitgeist.json").read_text())
+    assert manifest["anomalies"]["dip_query"] == "weather" and manifest["params"]["seed"] == 11
+    assert sorted(os.listdir(folder)) == ["_zeitgeist.json", *[os.path.basename(p) for p in paths]]
+    with pytest.raises(ConfigError, match="exists with different events .* fresh folder"):
+        GeneratorInjector("queries", folder, replace(SMALL, seed=12), events_per_batch=100).prepare()
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: generate_queries(-1, seed=0), "need n_events >= 0"),
+    (lambda: generate_queries(10, seed=0, n_queries=1), "n_queries > 1"),
+    (lambda: generate_queries(10, seed=0, late_fraction=1.5), "late_fraction must be in"),
+    (lambda: generate_queries(10, seed=0, n_queries=3), "must be query ranks below n_queries=3"),
+    (lambda: AnomalySchedule(spike_rank=0).check(50), "must be different queries"),
+    (lambda: AnomalySchedule(spike_factor=1.0).check(50), "spike_factor must be > 1"),
+    (lambda: AnomalySchedule(dip_start=0.9, dip_end=0.8).check(50), r"dip interval \[0.9, 0.8\)"),
+    (lambda: AnomalySchedule(dip_start=0.45).check(50), "must not overlap"),
+    (lambda: write_event_files(generate_queries(1, seed=0), "/nonexistent", events_per_batch=0,
+                               first_mtime_s=0), "events_per_batch must be >= 1"),
+    (lambda: GeneratorInjector("g", "/nonexistent", SMALL, events_per_batch=0), "events_per_batch must be >= 1"),
+    (lambda: MaxSeenMinusBound(-1), "watermark_delay_ms must be >= 0"),
+])
+def test_bad_generator_and_estimate_arguments(call: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        call()
+
+
+# --- watermark estimates ----------------------------------------------------------
+
+
+def test_max_seen_minus_bound_never_moves_backwards(tmp_path: Path) -> None:
+    inj = ParquetInjector("src", str(tmp_path), key_column="key", event_time_column="t", watermark_delay_ms=10_000)
+    assert isinstance(inj, Injector)
+    assert inj.watermark_ms() is None
+    inj.observe(BatchStats(0))  # an empty batch tells nothing
+    assert inj.watermark_ms() is None
+    inj.observe(BatchStats(3, 40_000, 100_000))
+    assert inj.watermark_ms() == 90_000
+    inj.observe(BatchStats(2, 1_000, 95_000))  # older data: late, and no step back
+    assert inj.watermark_ms() == 90_000
+    inj.observe(BatchStats(1, 130_000, 130_000))
+    assert inj.watermark_ms() == 120_000
+    inj.finish()
+    assert inj.watermark_ms() == END_OF_TIME
+
+
+@pytest.mark.zk
+def test_publish_watermark_through_the_authority(tmp_path: Path, zk_config: Any) -> None:
+    client = connect(zk_config)
+    try:
+        authority = WatermarkAuthority(client, pipeline="zeitgeist")
+        first = ParquetInjector("queries", str(tmp_path), key_column=None, event_time_column="t",
+                                watermark_delay_ms=3_000)
+        assert publish_watermark(authority, first, sequencer=1) is None
+        assert authority.injector_watermark("queries") is None
+        first.observe(BatchStats(10, 20_000, 50_000))
+        assert publish_watermark(authority, first, sequencer=1) == 47_000
+        # A restarted instance has seen less so far: its estimate is lower, the stored one stays.
+        restarted = ParquetInjector("queries", str(tmp_path), key_column=None, event_time_column="t",
+                                    watermark_delay_ms=3_000)
+        restarted.observe(BatchStats(5, 10_000, 40_000))
+        assert restarted.watermark_ms() == 37_000
+        assert publish_watermark(authority, restarted, sequencer=2) == 47_000
+        assert authority.injector_watermark("queries") == 47_000
+        with pytest.raises(StaleSequencerError, match="another instance runs this source"):
+            publish_watermark(authority, first, sequencer=1)
+        restarted.finish()
+        assert publish_watermark(authority, restarted, sequencer=2) == END_OF_TIME
+        assert authority.snapshot()["injectors"]["queries"]["watermark_ms"] == END_OF_TIME
+    finally:
+        client.stop()
+        client.close()
+
+
+# --- streaming ----------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_parquet_injector_streams_exactly_the_input_in_the_stream_schema(spark: Any, tmp_path: Path) -> None:
+    folder = str(tmp_path / "events")
+    GeneratorInjector("queries", folder, SMALL, events_per_batch=100).prepare()
+    source = SMALL.generate()
+    expected = {(f"queries/part-{i // 100:05d}.parquet#{i % 100}", q, t) for i, (q, t) in enumerate(
+        zip(source.column("query").to_pylist(), event_ms(SMALL).tolist(), strict=True))}
+
+    def make() -> ParquetInjector:
+        return ParquetInjector("queries", folder, key_column="query", event_time_column="event_time",
+                               watermark_delay_ms=3_000)
+
+    inj = make()
+    df = inj.stream_df(spark)
+    want = spark.createDataFrame([], stream_schema_ddl()).schema
+    assert [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in want.fields]
+    runs = [run_stream(df, tmp_path / "ck1"), run_stream(make().stream_df(spark), tmp_path / "ck2")]
+    assert [len(r) for r in runs] == [3, 3]
+    max_seen = None
+    for batch_id, rows, stats in runs[0]:
+        name = f"part-{batch_id:05d}.parquet"
+        assert stats.sources == {name} and stats.count == len(rows) == 100
+        assert all(r.commit_id.startswith(f"file={name}#row=") for r in rows)
+        assert {r.codec for r in rows} == {"json"} and {r.producer for r in rows} == {"queries"}
+        assert {r.format_version for r in rows} == {STREAM_FORMAT_VERSION}
+        assert all(r.ev_ms == r.timestamp_ms for r in rows)
+        source_ids = source.column("record_id").to_pylist()
+        assert all(json.loads(bytes(r.value)) == {"query": r.key, "record_id": source_ids[
+            batch_id * 100 + int(r.commit_id.rsplit("#row=", 1)[1])]} for r in rows)
+        inj.observe(stats)
+        max_seen = max(r.timestamp_ms for r in rows) if max_seen is None else max(max_seen, stats.max_event_ms)
+        assert inj.watermark_ms() == max_seen - 3_000
+    got = [(r.record_id, r.key, r.timestamp_ms) for _, rows, _ in runs[0] for r in rows]
+    assert len(set(r[0] for r in got)) == 300 and set(got) == expected
+    again = [(r.record_id, bytes(r.value), r.commit_id) for _, rows, _ in runs[1] for r in rows]
+    assert again == [(r.record_id, bytes(r.value), r.commit_id) for _, rows, _ in runs[0] for r in rows]
+
+
+@pytest.mark.spark
+def test_generator_injector_late_events_and_end_of_input(spark: Any, tmp_path: Path) -> None:
+    gen = GeneratorInjector("queries", str(tmp_path / "events"), SMALL, events_per_batch=100)
+    source = SMALL.generate()
+    base = SMALL.start_ms + np.arange(SMALL.n_events) * 1000 // SMALL.rate_per_s
+    deliberately_late = set(np.array(source.column("record_id").to_pylist())[
+        base - event_ms(SMALL) > SMALL.max_disorder_ms].tolist())
+    assert deliberately_late
+    late_seen: set[str] = set()
+    ids: list[str] = []
+    max_seen = -END_OF_TIME
+    for batch_id, rows, stats in run_stream(gen.stream_df(spark), tmp_path / "ck"):
+        before = gen.watermark_ms()
+        late_seen |= {r.record_id for r in rows if before is not None and r.timestamp_ms < before}
+        ids += [r.record_id for r in rows]
+        assert all(json.loads(bytes(r.value)) == {"query": r.key} for r in rows)
+        gen.observe(stats)
+        max_seen = max(max_seen, stats.max_event_ms or max_seen)
+        if batch_id < 2:
+            assert gen.last_file not in stats.sources
+            assert gen.watermark_ms() == max_seen - SMALL.max_disorder_ms
+    assert ids == source.column("record_id").to_pylist()
+    assert late_seen == deliberately_late  # exactly the deliberately late events are behind the estimate
+    assert gen.watermark_ms() == END_OF_TIME  # the batch holding the last file ended the input
+
+
+@pytest.mark.spark
+def test_delta_table_injector(spark: Any, tmp_path: Path) -> None:
+    folder, table = str(tmp_path / "events"), str(tmp_path / "delta")
+    GeneratorInjector("queries", folder, SMALL, events_per_batch=100).prepare()
+    spark.read.parquet(f"{folder}/part-00000.parquet").coalesce(1).write.format("delta").save(table)
+    spark.read.parquet(f"{folder}/part-0000[12].parquet").coalesce(1).write.format("delta").mode("append").save(table)
+    inj = DeltaTableInjector("queries", table, key_column="query", event_time_column="event_time",
+                             watermark_delay_ms=3_000)
+    batches = run_stream(inj.stream_df(spark), tmp_path / "ck")
+    assert [stats.count for _, _, stats in batches] == [100, 200]
+    rows = [r for _, rs, _ in batches for r in rs]
+    assert sorted(r.record_id for r in rows) == sorted(SMALL.generate().column("record_id").to_pylist())
+    assert all(r.commit_id == f"delta={r.record_id}" and json.loads(bytes(r.value)) == {"query": r.key}
+               for r in rows)
+    for _, _, stats in batches:
+        inj.observe(stats)
+    assert inj.watermark_ms() == int(event_ms(SMALL).max()) - 3_000
+
+
+@pytest.mark.spark
+def test_bad_source_configuration(spark: Any, tmp_path: Path) -> None:
+    folder = str(tmp_path / "events")
+    GeneratorInjector("queries", folder, SMALL, events_per_batch=100).prepare()
+    args: dict[str, Any] = {"key_column": "query", "event_time_column": "event_time", "watermark_delay_ms": 0}
+    with pytest.raises(ConfigError, match=r"Parquet folder .*missing does not exist; create it"):
+        ParquetInjector("queries", str(tmp_path / "missing"), **args)
+    with pytest.raises(ConfigError, match="injector name 'bad-name' is not valid"):
+        ParquetInjector("bad-name", folder, **args)
+    with pytest.raises(ConfigError, match="max_files_per_trigger must be >= 1, got 0"):
+        ParquetInjector("queries", folder, **args, max_files_per_trigger=0)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="cannot read a Parquet schema from .*empty"):
+        ParquetInjector("queries", str(tmp_path / "empty"), **args).stream_df(spark)
+    with pytest.raises(ConfigError, match=r"key_column 'nope' is not a column of the source \(columns: "
+                                          r"event_time, query, record_id\)"):
+        ParquetInjector("queries", folder, **{**args, "key_column": "nope"}).stream_df(spark)
+    with pytest.raises(ConfigError, match="value_columns 'v' is not a column"):
+        ParquetInjector("queries", folder, **args, value_columns=["query", "v"]).stream_df(spark)
+    with pytest.raises(ConfigError, match="record_id_column 'rid' is not a column"):
+        ParquetInjector("queries", folder, **args, record_id_column="rid").stream_df(spark)
+    with pytest.raises(ConfigError, match="event_time_column 'query' has type string"):
+        ParquetInjector("queries", folder, **{**args, "event_time_column": "query"}).stream_df(spark)
+    with pytest.raises(ConfigError, match="a Delta table source needs record_id_column"):
+        DeltaTableInjector("queries", folder, **args, record_id_column=None)
+    with pytest.raises(ConfigError, match="is not a readable Delta table"):
+        DeltaTableInjector("queries", str(tmp_path / "no_table"), **args).stream_df(spark)
+    spark.read.parquet(folder).write.format("delta").save(str(tmp_path / "table"))
+    with pytest.raises(ConfigError, match="record_id_column 'rid' is not a column"):
+        DeltaTableInjector("queries", str(tmp_path / "table"), **args, record_id_column="rid").stream_df(spark)

@@ -1,1 +1,163 @@
-"""deltawheel migrations."""
+"""Numbered, idempotent schema migrations of a store's Delta tables.
+
+Each migration is a module ``mNNNN_<name>.py`` with ``VERSION``, ``NAME``,
+``describe(layout)`` and ``apply(spark, layout)``. ``apply`` must be safe to
+re-run even if an earlier run died half way (every step is a
+``CREATE ... IF NOT EXISTS`` or checks before it changes anything). The
+store records each migration in its ``_meta`` Delta table right after it
+succeeds; the highest recorded version is the store's schema version.
+
+Migrations change things, so :func:`apply` defaults to a dry run that only
+returns the plan (``deltawheel migrate --store DIR`` prints it; ``--apply``
+runs it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from types import ModuleType
+from typing import Any
+
+from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
+from deltawheel.statestore.layout import StoreLayout
+
+from . import m0001_meta_and_rows, m0002_dead_letters_late_data
+
+__all__ = [
+    "CODE_SCHEMA_VERSION",
+    "MIGRATIONS",
+    "PlannedMigration",
+    "applied_versions",
+    "applied_version",
+    "plan",
+    "apply",
+    "check_store",
+]
+
+MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data)
+CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
+
+_META_SCHEMA = "version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
+
+
+@dataclass(frozen=True)
+class PlannedMigration:
+    """A migration that has not run on a store yet."""
+
+    version: int
+    name: str
+    description: str
+
+
+def _is_delta_table(spark: Any, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def _deltawheel_version() -> str:
+    try:
+        return metadata.version("deltawheel")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def applied_versions(spark: Any, layout: StoreLayout) -> set[int]:
+    """The versions recorded in the store's ``_meta`` table (empty if there is none)."""
+    if not _is_delta_table(spark, layout.meta):
+        return set()
+    rows = spark.read.format("delta").load(layout.meta).select("version").distinct().collect()
+    return {int(r["version"]) for r in rows}
+
+
+def applied_version(spark: Any, layout: StoreLayout) -> int:
+    """The store's schema version: the highest recorded migration, 0 if ``_meta`` doesn't exist."""
+    return max(applied_versions(spark, layout), default=0)
+
+
+def plan(spark: Any, layout: StoreLayout) -> list[PlannedMigration]:
+    """The migrations not yet recorded in the store, in the order :func:`apply` runs them.
+
+    Raises:
+        SchemaTooNewError: the store records a version this code doesn't know.
+    """
+    done = applied_versions(spark, layout)
+    _check_not_too_new(layout, max(done, default=0))
+    return [
+        PlannedMigration(version=m.VERSION, name=m.NAME, description=m.describe(layout))
+        for m in sorted(MIGRATIONS, key=lambda m: m.VERSION)
+        if m.VERSION not in done
+    ]
+
+
+def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True) -> list[PlannedMigration]:
+    """Run the pending migrations in order; with ``dry_run`` (the default) only return them.
+
+    Each migration is recorded in ``_meta`` right after it succeeds, so a run
+    that dies half way resumes at the first unrecorded one. Re-running an
+    up-to-date store is a no-op that returns ``[]`` and writes nothing.
+
+    Returns:
+        The migrations that ran (or, with ``dry_run``, would run).
+
+    Raises:
+        SchemaTooNewError: the store was migrated by a newer deltawheel.
+        MigrationError: a migration failed (the message names it; earlier ones stay recorded).
+    """
+    pending = plan(spark, layout)
+    if dry_run:
+        return pending
+    by_version = {m.VERSION: m for m in MIGRATIONS}
+    for step in pending:
+        try:
+            by_version[step.version].apply(spark, layout)
+        except Exception as exc:
+            raise MigrationError(
+                f"migration {step.version} ({step.name}) failed on {layout.root}: {exc}. "
+                "Fix the cause and re-run 'deltawheel migrate --apply'; it resumes at this step"
+            ) from exc
+        _record(spark, layout, step)
+    return pending
+
+
+def _record(spark: Any, layout: StoreLayout, step: PlannedMigration) -> None:
+    row = (step.version, step.name, int(time.time() * 1000), _deltawheel_version())
+    spark.createDataFrame([row], schema=_META_SCHEMA).write.format("delta").mode("append").save(
+        layout.meta
+    )
+
+
+def _check_not_too_new(layout: StoreLayout, version: int) -> None:
+    if version > CODE_SCHEMA_VERSION:
+        raise SchemaTooNewError(
+            f"store {layout.root} has schema version {version}, but this deltawheel only knows "
+            f"versions up to {CODE_SCHEMA_VERSION}; upgrade deltawheel to use this store"
+        )
+
+
+def check_store(spark: Any, layout: StoreLayout) -> int:
+    """Check that ``layout`` is a store at exactly this code's schema version.
+
+    Returns:
+        The store's schema version (== :data:`CODE_SCHEMA_VERSION`).
+
+    Raises:
+        NotAStoreError: ``layout.meta`` is not a Delta table.
+        SchemaTooNewError: the store was migrated by a newer deltawheel.
+        MigrationError: the store is older than this code.
+    """
+    if not _is_delta_table(spark, layout.meta):
+        raise NotAStoreError(
+            f"{layout.root} is not a deltawheel store: {layout.meta} is not a Delta table. "
+            f"Create or upgrade it with 'deltawheel migrate --store {layout.root} --apply'"
+        )
+    version = applied_version(spark, layout)
+    _check_not_too_new(layout, version)
+    if version < CODE_SCHEMA_VERSION:
+        raise MigrationError(
+            f"store {layout.root} has schema version {version}, this deltawheel needs "
+            f"{CODE_SCHEMA_VERSION}; run 'deltawheel migrate --store {layout.root} --apply'"
+        )
+    return version

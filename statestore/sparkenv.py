@@ -19,7 +19,7 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping
 
 from .exceptions import JarFetchError
 
@@ -71,7 +71,7 @@ def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path) -> None:
     )
 
 
-def ensure_delta_jars(jars_dir: Optional[Path] = None, *, quiet: bool = False) -> list[Path]:
+def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
     """Return the paths of the Delta jars, downloading any that are missing.
 
     Raises:
@@ -114,7 +114,7 @@ class SparkSettings:
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
-def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Optional[Path] = None):  # type: ignore[no-untyped-def]
+def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
     """Create (or return the running) SparkSession with Delta Lake configured."""
     from pyspark.sql import SparkSession
 
@@ -139,7 +139,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Optional
     )
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(
-            "javax.jdo.option.ConnectionURL",
+            "spark.hadoop.javax.jdo.option.ConnectionURL",
             f"jdbc:derby:memory:deltawheel-{os.getpid()};create=true",
         )
     for k, v in settings.extra.items():

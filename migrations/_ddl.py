@@ -1,0 +1,53 @@
+"""Creating Delta tables by path (shared by the numbered migrations)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from deltawheel.statestore._sqltext import sql_path, sql_str
+from deltawheel.statestore.exceptions import MigrationError
+
+__all__ = ["sql_path", "sql_str", "create_table"]
+
+
+def create_table(
+    spark: Any,
+    path: str,
+    columns: str,
+    *,
+    partitioned_by: Sequence[str] = (),
+    properties: Mapping[str, str] = {},
+) -> None:
+    """``CREATE TABLE IF NOT EXISTS`` a Delta table at ``path`` (a no-op if it exists).
+
+    Args:
+        spark: the SparkSession (with Delta configured).
+        path: where the table lives.
+        columns: the column list as Spark DDL (``"a INT NOT NULL, b STRING"``).
+        partitioned_by: partition column names.
+        properties: table properties.
+    """
+    sql = f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({columns}) USING DELTA"
+    if partitioned_by:
+        sql += " PARTITIONED BY (" + ", ".join(f"`{c}`" for c in partitioned_by) + ")"
+    if properties:
+        sql += " TBLPROPERTIES (" + ", ".join(
+            f"{sql_str(k)} = {sql_str(v)}" for k, v in properties.items()) + ")"
+    spark.sql(sql)
+    _check_columns(spark, path, columns)
+
+
+def _check_columns(spark: Any, path: str, columns: str) -> None:
+    """Raise :class:`MigrationError` if an existing table at ``path`` lacks a wanted column."""
+    from pyspark.sql.types import StructType
+
+    want = StructType.fromDDL(columns)
+    assert isinstance(want, StructType)
+    have = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+    wrong = [f"{f.name} {f.dataType.simpleString()}" for f in want.fields
+             if f.name not in have or have[f.name] != f.dataType]
+    if wrong:
+        raise MigrationError(
+            f"the Delta table at {path} already exists with other columns: it lacks "
+            f"{', '.join(wrong)}. Move it away (it is not deltawheel's) and re-run the migration"
+        )

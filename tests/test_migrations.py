@@ -1,0 +1,167 @@
+"""Migrations on real Delta tables, and KeyRow round-trips through the migrated rows schema."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltawheel import migrations
+from deltawheel.migrations import m0001_meta_and_rows
+from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, Timer, rows_schema_ddl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.spark
+
+
+def _history_len(spark: Any, path: str) -> int:
+    from delta.tables import DeltaTable
+
+    return int(DeltaTable.forPath(spark, path).history().count())
+
+
+def test_plan_on_empty_store_lists_all_and_dry_run_changes_nothing(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
+    steps = migrations.plan(spark, store_layout)
+    assert [(s.version, s.name) for s in steps] == [(1, "meta_and_rows"), (2, "dead_letters_late_data")]
+    assert store_layout.rows in steps[0].description
+    assert migrations.apply(spark, store_layout) == steps  # dry run by default
+    assert migrations.applied_version(spark, store_layout) == 0
+    assert not Path(store_layout.root).exists()
+    assert migrations.CODE_SCHEMA_VERSION == 2
+
+
+def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
+    ran = migrations.apply(spark, store_layout, dry_run=False)
+    assert [s.version for s in ran] == [1, 2]
+    assert migrations.plan(spark, store_layout) == []
+    assert migrations.applied_version(spark, store_layout) == 2
+    assert migrations.check_store(spark, store_layout) == 2
+    meta = {r["version"]: r for r in spark.read.format("delta").load(store_layout.meta).collect()}
+    assert sorted(meta) == [1, 2]
+    assert meta[2]["name"] == "dead_letters_late_data" and meta[2]["deltawheel_version"]
+    assert meta[1]["applied_ms"] <= meta[2]["applied_ms"]
+
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{store_layout.rows}`").collect()[0]
+    assert list(detail["partitionColumns"]) == ["computation", "interval"]
+    assert detail["properties"]["delta.enableDeletionVectors"] == "true"
+    assert detail["properties"]["deltawheel.table"] == "rows"
+    assert detail["properties"]["deltawheel.format_version"] == "1"
+    rows_cols = spark.read.format("delta").load(store_layout.rows).columns
+    assert rows_cols[:3] == ["computation", "interval", "key"] and "pending" in rows_cols
+    dl = spark.read.format("delta").load(store_layout.dead_letters).schema
+    assert dl.simpleString().startswith("struct<computation:string,stream:string,record_id:string")
+    assert "raw_value:binary" in dl.simpleString()
+    late = spark.read.format("delta").load(store_layout.late_data).schema.simpleString()
+    assert "watermark_ms:bigint,reason:string" in late
+
+
+def test_reapply_is_a_no_op(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    before = {p: _history_len(spark, p) for p in (migrated_store.meta, migrated_store.rows)}
+    assert migrations.apply(spark, migrated_store, dry_run=False) == []
+    assert {p: _history_len(spark, p) for p in before} == before
+
+
+def test_resumes_after_a_run_that_died_before_recording(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
+    m0001_meta_and_rows.apply(spark, store_layout)  # tables made, nothing recorded: "died" here
+    assert migrations.applied_version(spark, store_layout) == 0
+    ran = migrations.apply(spark, store_layout, dry_run=False)
+    assert [s.version for s in ran] == [1, 2]
+    assert migrations.check_store(spark, store_layout) == 2
+
+
+def test_check_store_on_a_plain_folder(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "plain").mkdir()
+    layout = StoreLayout(str(tmp_path / "plain"))
+    with pytest.raises(NotAStoreError, match=r"plain is not a deltawheel store: .*_meta is not a Delta "
+                       r"table.*deltawheel migrate --store .*plain --apply"):
+        migrations.check_store(spark, layout)
+
+
+def test_store_newer_than_code(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
+                          schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
+                          ).write.format("delta").mode("append").save(migrated_store.meta)
+    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 2; upgrade deltawheel"):
+        migrations.check_store(spark, migrated_store)
+    with pytest.raises(SchemaTooNewError, match="upgrade deltawheel"):
+        migrations.apply(spark, migrated_store, dry_run=False)
+
+
+def test_store_older_than_code(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, migrated_store.meta).delete("version = 2")
+    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 2; "
+                       r"run 'deltawheel migrate --store .* --apply'"):
+        migrations.check_store(spark, migrated_store)
+    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2]
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2]
+    assert migrations.check_store(spark, migrated_store) == 2
+
+
+def test_failed_step_is_reported_and_earlier_steps_stay_recorded(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
+    # somebody else's Delta table sits where dead_letters should be
+    spark.createDataFrame([(1,)], "x INT").write.format("delta").save(store_layout.dead_letters)
+    with pytest.raises(MigrationError, match=r"migration 2 \(dead_letters_late_data\) failed .*already "
+                       r"exists with other columns: it lacks computation string.*resumes at this step"):
+        migrations.apply(spark, store_layout, dry_run=False)
+    assert migrations.applied_version(spark, store_layout) == 1
+    shutil.rmtree(store_layout.dead_letters)
+    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2]
+
+
+# --- KeyRow round-trips ---------------------------------------------------------
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+_i64 = st.integers(-(2**63), 2**63 - 1)
+_timers = st.lists(
+    st.builds(Timer, time_ms=_i64, tag=_text, domain=st.sampled_from(list(TimeDomain))), max_size=4
+).map(lambda ts: tuple(sorted(ts)))
+key_rows = st.builds(
+    KeyRow,
+    computation=st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True),
+    key=_text.filter(bool),
+    interval=st.integers(0, 2**31 - 1),
+    state=st.none() | st.binary(max_size=30),
+    codec=st.sampled_from(["json", "msgpack", "pickle"]),
+    timers=_timers,
+    record_ids=st.lists(st.builds(SeenId, record_id=_text, seen_ms=_i64), max_size=4).map(tuple),
+    pending=st.lists(st.builds(Production, production_id=_text, stream=_text, key=_text,
+                               value=st.binary(max_size=20), timestamp_ms=_i64,
+                               codec=st.sampled_from(["json", "msgpack"])), max_size=3).map(tuple),
+    watermark_hold_ms=st.none() | _i64,
+    sequencer=st.integers(0, 2**63 - 1),
+    commit_id=_text,
+    updated_ms=_i64,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(key_rows)
+def test_key_row_round_trip_in_python(row: KeyRow) -> None:
+    assert KeyRow.from_row(row.to_row()) == row
+
+
+@pytest.fixture(scope="module")
+def shared_store(spark, tmp_path_factory):  # type: ignore[no-untyped-def]
+    layout = StoreLayout(str(tmp_path_factory.mktemp("roundtrip") / "store"))
+    migrations.apply(spark, layout, dry_run=False)
+    return layout
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(key_rows, min_size=1, max_size=5))
+def test_key_row_round_trip_through_the_migrated_delta_table(spark, shared_store, rows) -> None:  # type: ignore[no-untyped-def]
+    tag = uuid.uuid4().hex[:8]
+    rows = [r.with_(computation=f"{r.computation}_{tag}", key=f"{i}:{r.key}") for i, r in enumerate(rows)]
+    df = spark.createDataFrame([r.to_row() for r in rows], schema=rows_schema_ddl())
+    df.write.format("delta").mode("append").save(shared_store.rows)
+    back = (spark.read.format("delta").load(shared_store.rows)
+            .where(f"computation LIKE '%\\_{tag}'").collect())
+    assert sorted((KeyRow.from_row(r) for r in back), key=lambda r: r.key) == \
+        sorted(rows, key=lambda r: r.key)

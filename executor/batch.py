@@ -114,6 +114,7 @@ class ComputationExecutor:
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
         self._batch_starts: list[int] = []
+        self._acted_wm: Optional[int] = None
         self._started = False
 
     # ------------------------------------------------------------- lifecycle
@@ -173,7 +174,10 @@ class ComputationExecutor:
         keep = comp.dedup_retention_batches
         horizon = self._batch_starts[-keep] if len(self._batch_starts) >= keep else None
         # Step 2: input preparation in the JVM.
-        prep = _tasks.prepare_input(df, comp, wm_in) if df is not None else None
+        # A record is late when it is behind the watermark this computation already acted on
+        # (the previous batch's: its timers fired up to there); timers now fire with wm_in.
+        wm_late = self._acted_wm
+        prep = _tasks.prepare_input(df, comp, wm_late) if df is not None else None
         records_in = late_routed = dead_in = 0
         obs_max = obs_min = None
         if prep is not None:
@@ -190,7 +194,7 @@ class ComputationExecutor:
             good = prep.where(F.col("_bad").isNull())
             if comp.late_policy is LatePolicy.ROUTE and int(agg["late"] or 0):
                 late_routed = record_late(self.spark, self.layout, good.where(F.col("late")), computation=comp.name,
-                                          watermark_ms=wm_in, batch_id=batch_id)
+                                          watermark_ms=wm_late, batch_id=batch_id)
                 good = good.where(~F.col("late"))
             prep = good
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
@@ -233,6 +237,8 @@ class ComputationExecutor:
         if self.on_batch_end is not None:
             self.on_batch_end(obs_min, obs_max)
         low = self._publish_watermarks() if self.authority is not None else None
+        if wm_in is not None:
+            self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
         report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
                              commit_s, time.monotonic() - started)

@@ -17,6 +17,7 @@ __all__ = ["main", "build_parser"]
 
 # Order is the order of --help.
 _MODULES = (
+    "cli_demo",
     "cli_quickstart",
     "cli_zk",
     "cli_migrate",

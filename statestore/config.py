@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from .exceptions import ConfigError
 
@@ -26,7 +25,7 @@ class ZkConfig:
 
     hosts: str = f"127.0.0.1:{DEFAULT_ZK_PORT}"
     chroot: str = "/deltawheel"
-    digest: Optional[str] = None
+    digest: str | None = None
     session_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping
 
 from .exceptions import BadRecordError
 
@@ -122,12 +122,12 @@ class KeyRow:
     computation: str
     key: str
     interval: int
-    state: Optional[bytes] = None
+    state: bytes | None = None
     codec: str = "json"
     timers: tuple[Timer, ...] = ()
     record_ids: tuple[SeenId, ...] = ()
     pending: tuple[Production, ...] = ()
-    watermark_hold_ms: Optional[int] = None
+    watermark_hold_ms: int | None = None
     sequencer: int = 0
     commit_id: str = ""
     updated_ms: int = 0
@@ -135,12 +135,12 @@ class KeyRow:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
-    def next_event_timer_ms(self) -> Optional[int]:
+    def next_event_timer_ms(self) -> int | None:
         ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.EVENT_TIME]
         return min(ts) if ts else None
 
     @property
-    def next_processing_timer_ms(self) -> Optional[int]:
+    def next_processing_timer_ms(self) -> int | None:
         ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.PROCESSING_TIME]
         return min(ts) if ts else None
 

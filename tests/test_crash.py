@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.store import RowStore
 

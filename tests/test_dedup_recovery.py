@@ -5,12 +5,11 @@ from __future__ import annotations
 import heapq
 
 import pytest
-
 from deltawheel.statestore.bloom import IntervalBloom
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.dedup import Deduplicator
-from deltawheel.statestore.recovery import TimerEntry, recover, rebuild
-from deltawheel.statestore.rows import KeyRow, Production, SeenId, Timer, TimeDomain, interval_of
+from deltawheel.statestore.recovery import TimerEntry, rebuild, recover
+from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, Timer, interval_of
 from deltawheel.statestore.store import RowStore
 
 N = 4

@@ -26,6 +26,7 @@ def test_batches_timers_and_replay_are_exactly_once(spark, migrated_store, zk_co
         ex.flush(input_watermark_ms=40_000)
     finally:
         ex.stop()
+        client.stop()
         client.close()
     counts = stream_rows(spark, migrated_store, "counts")
     assert [(k, v) for _, k, v, _ in counts] == [
@@ -66,6 +67,7 @@ def _run(spark, layout, zk_config, *, crash_at=None):  # type: ignore[no-untyped
         ex.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
     ex.flush(input_watermark_ms=40_000)
     ex.stop()
+    client.stop()
     client.close()
     assert fired == ([crash_at] if crash_at else [])
     return stream_rows(spark, layout, "counts"), state_of(spark, layout, "buckets")

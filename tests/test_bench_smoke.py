@@ -1,0 +1,145 @@
+"""Benchmark plumbing: workload generation and reference (default run, no Spark, seconds),
+and smoke runs of the Spark engines on a tiny workload (``-m benchmark``; correctness only,
+never speed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltawheel.benchmarks import workload as wl
+from deltawheel.benchmarks.engines_spark import build_result
+from deltawheel.benchmarks.memory import MemorySampler
+from deltawheel.benchmarks.plot import plot_throughput
+from deltawheel.benchmarks.workload import (
+    EXPECTED,
+    WorkloadError,
+    WorkloadParams,
+    check_output,
+    ensure_workload,
+)
+
+TINY = WorkloadParams(n=20_000, b=2_000, k=500, rate=100)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> wl.WorkloadData:
+    return ensure_workload("small", root=tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> wl.WorkloadData:
+    return ensure_workload("tiny", root=tmp_path_factory.mktemp("tiny"), params=TINY)
+
+
+def test_small_reference_matches_workload_md(small: wl.WorkloadData) -> None:
+    assert small.verified
+    assert small.content_sha256 == wl.EXPECTED_SHA256["small"]
+    ref = small.reference
+    want = EXPECTED["small"]
+    assert (ref.emitted_rows, ref.sum_counts, ref.late_dropped, ref.open_events, ref.open_windows) == (
+        72_060, 182_331, 188, 17_481, 6_985) == (want.emitted_rows, want.sum_counts, want.late_dropped,
+                                                 want.open_events, want.open_windows)
+    assert ref.sum_counts + ref.late_dropped + ref.open_events == small.n
+
+
+def test_reference_equals_shared_baseline_py(tiny: wl.WorkloadData) -> None:
+    """The closed-form reference equals the per-record loop of baseline.py --variant py."""
+    path = wl.find_generator().parent / "baseline.py"
+    spec = importlib.util.spec_from_file_location("_wl_baseline", path)
+    assert spec is not None and spec.loader is not None
+    baseline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(baseline)
+    out, late, open_w, open_e, final_wm, _ = baseline.run_py([str(f) for f in tiny.files])
+    ref = tiny.reference
+    assert check_output(out, ref).correct
+    assert (late, open_w, open_e, final_wm) == (ref.late_dropped, ref.open_windows, ref.open_events,
+                                                ref.final_watermark_ms)
+    assert ref.late_dropped > 0 and ref.emitted_rows > 0
+
+
+def test_existing_dataset_is_reused(tiny: wl.WorkloadData) -> None:
+    before = [f.stat().st_mtime_ns for f in tiny.files]
+    again = ensure_workload("tiny", root=tiny.data_dir.parent, params=TINY)
+    assert again.files == tiny.files and [f.stat().st_mtime_ns for f in again.files] == before
+    assert not again.verified and again.expected is None
+
+
+def test_unknown_size_needs_params(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match="unknown workload size 'huge'"):
+        ensure_workload("huge", root=tmp_path)
+    with pytest.raises(WorkloadError, match="named size with fixed parameters"):
+        ensure_workload("small", root=tmp_path, params=TINY)
+
+
+def test_digest_mismatch_is_refused(small: wl.WorkloadData, tmp_path: Path) -> None:
+    manifest = json.loads((small.data_dir / "manifest.json").read_text())
+    fake = tmp_path / "DATA_small"
+    (fake / "input").mkdir(parents=True)
+    for f in small.files:
+        (fake / "input" / f.name).symlink_to(f)
+    manifest["content_sha256"] = "0" * 64
+    (fake / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(WorkloadError, match="do not match their manifest"):
+        ensure_workload("small", root=tmp_path)
+    with pytest.raises(WorkloadError, match="differs from WORKLOAD.md"):
+        ensure_workload("small", root=tmp_path, verify_content=False)
+
+
+def test_missing_generator_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DELTAWHEEL_WORKLOAD_DIR", str(tmp_path / "nowhere"))
+    monkeypatch.setattr(wl, "_repo_root", lambda: tmp_path / "repo")
+    with pytest.raises(WorkloadError, match="set DELTAWHEEL_WORKLOAD_DIR"):
+        ensure_workload("small", root=tmp_path / "data")
+
+
+def test_check_output_and_build_result_spot_errors(tiny: wl.WorkloadData) -> None:
+    ref = tiny.reference
+    out = pa.table({"key": ref.table.column("key"),
+                    "window_start": ref.table.column("window_start_ms").cast(pa.timestamp("ms", tz="UTC"))
+                    .cast(pa.timestamp("ns", tz="UTC")),
+                    "count": ref.table.column("count")})
+    res = build_result("x", tiny, output=out, wall_s=2.0, settings={}, late_dropped=ref.late_dropped,
+                       open_events_at_end=ref.open_events)
+    assert res.correct and res.invariant_ok and res.records_per_s == tiny.n / 2.0
+    wrong = pa.concat_tables([out.slice(1), out.slice(0, 2)])  # row 0 moved, row 1 duplicated
+    chk = check_output(wrong, ref)
+    assert not chk.correct and (chk.missing, chk.unexpected) == (0, 1)
+    bumped = out.set_column(2, "count", pc.add(out.column("count"), 1))
+    res = build_result("x", tiny, output=bumped, wall_s=1.0, settings={}, late_dropped=ref.late_dropped)
+    assert not res.correct and any("differs from reference" in n for n in res.notes)
+
+
+def test_memory_sampler_sees_this_process() -> None:
+    with MemorySampler(interval_s=0.05) as mem:
+        _ = bytearray(8 * 2**20)
+    peak = mem.peak
+    assert peak.samples >= 2 and peak.pss_bytes > 8 * 2**20 and peak.rss_bytes >= peak.max_single_rss_bytes
+
+
+def test_plot_writes_png(tmp_path: Path) -> None:
+    report = {"size": "tiny", "n": 1000, "machine": {"logical_cores": 2},
+              "engines": {"a": {"records_per_s": 100.0, "correct": True},
+                          "b": {"records_per_s": 5000.0, "correct": False}}}
+    path = plot_throughput(report, tmp_path / "t.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.benchmark
+@pytest.mark.spark
+@pytest.mark.parametrize("engine", ["spark_sql", "spark_tws"])
+def test_spark_engine_smoke(engine: str, spark, tiny: wl.WorkloadData, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.benchmarks.throughput import run_throughput
+
+    report = run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
+                            engines=[engine], spark=spark, progress=None)
+    res = report["engines"][engine]
+    ref = tiny.reference
+    assert res["correct"], res["notes"]
+    assert (res["emitted_rows"], res["sum_counts"]) == (ref.emitted_rows, ref.sum_counts)
+    assert res["late_dropped"] == ref.late_dropped and res["open_events_at_end"] == ref.open_events
+    assert (tmp_path / "throughput.json").is_file() and (tmp_path / "throughput.png").is_file()

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from deltawheel.statestore.codecs import get_codec
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]

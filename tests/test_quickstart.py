@@ -1,0 +1,61 @@
+"""The README flow of the store: quickstart, then zk start, sql, inspect, zk stop (subprocesses)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+pytestmark = [pytest.mark.spark, pytest.mark.zk]
+
+
+def dw(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.timeout(1800)
+def test_quickstart_then_sql_with_embedded_zookeeper(tmp_path: Path) -> None:
+    store, port = tmp_path / "store", free_port()
+    zk = f"127.0.0.1:{port}"
+    q = dw("quickstart", "--store", str(store), "--zk", zk)
+    assert q.returncode == 0, q.stdout + q.stderr
+    assert "pass 1: 25 records, 25 new, 0 duplicates dropped" in q.stdout
+    assert "pass 2: 25 records, 0 new, 25 duplicates dropped" in q.stdout  # exactly-once on the replay
+    assert "stopped the embedded ZooKeeper" in q.stderr
+
+    start = dw("zk", "start", "--store", str(store), "--port", str(port))
+    assert start.returncode == 0, start.stdout + start.stderr
+    pid = int((store / "_zk" / "zookeeper.pid").read_text())
+    try:
+        out = dw("sql", "--store", str(store), "--format", "csv",
+                 "SELECT key, state_json, n_timers, n_pending FROM state WHERE computation = 'wordcount' ORDER BY key")
+        assert out.returncode == 0, out.stdout + out.stderr
+        rows = {r["key"]: r for r in csv.DictReader(io.StringIO(out.stdout))}
+        assert json.loads(rows["the"]["state_json"]) == {"count": 5}
+        assert json.loads(rows["fox"]["state_json"]) == {"count": 2}
+        assert rows["the"]["n_timers"] == "1" and rows["the"]["n_pending"] == "1"
+        table = dw("sql", "--store", str(store), "SELECT key, state_json FROM state WHERE key = 'dog'")
+        assert '{"count":2}' in table.stdout and "(1 rows)" in table.stdout
+        one = dw("inspect", "--store", str(store), "--computation", "wordcount", "--key", "once")
+        assert one.returncode == 0 and json.loads(one.stdout)["state"] == {"count": 2}
+    finally:
+        stop = dw("zk", "stop", "--store", str(store))
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert not _running(pid), "zk stop left the server process behind"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a reaped-later zombie holds no port, no files, no CPU)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -95,3 +95,74 @@ def test_crash_at_each_step_then_restart_gives_the_same_result(spark, migrated_s
     from deltawheel.executor.batch import FaultPoint
 
     assert _run(spark, migrated_store, zk_config, crash_at=FaultPoint(point)) == clean_run
+
+
+@pytest.mark.timeout(900)
+def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """The old instance keeps running after a new one took its intervals (its lease was broken
+    while it was partitioned away): its batch fails with StaleSequencerError, nothing it
+    computed is committed or delivered."""
+    from deltawheel.statestore.exceptions import StaleSequencerError
+    from deltawheel.statestore.leases import break_lease
+
+    old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old")
+    old.run_batch(events(spark, B1), 0, input_watermark_ms=None)
+    for iv in range(4):  # the operator (or session expiry) takes the intervals away from "old"
+        break_lease(old_client, pipeline="test", computation="buckets", interval=iv, apply=True)
+    new, new_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="new")
+    before = state_of(spark, migrated_store, "buckets")
+    # the zombie still believes it owns the intervals: skip its local lease check, as a
+    # partitioned process would (its ZooKeeper session looked fine to it)
+    old.owner.check = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(StaleSequencerError, match="owned under sequencer"):
+        old.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
+    assert state_of(spark, migrated_store, "buckets") == before
+    assert stream_rows(spark, migrated_store, "counts") == []
+    r = new.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
+    assert r.timers_fired == 2 and len(stream_rows(spark, migrated_store, "counts")) == 2
+    for c in (new_client, old_client):
+        c.stop()
+        c.close()
+
+
+class Picky(BucketCounter):
+    name = "picky"
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        if record.value.get("boom"):
+            raise ValueError("no booms here")
+        super().process_record(ctx, record)
+
+
+@pytest.mark.timeout(900)
+def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.executor.batch import BatchFailedError
+    from deltawheel.executor.computation import ErrorPolicy
+    from executor_util import J
+
+    Picky.error_policy = ErrorPolicy.DEAD_LETTER
+    ex, client = start_executor(spark, migrated_store, zk_config, Picky())
+    df = events(spark, [("ok1", "cats", 1_000)]).unionByName(spark.createDataFrame(
+        [("nokey", "", J.encode({"other": 1}), "json", 2_000, None, "t", "file=x#row=2", 1),
+         ("garbled", "", b"\xff{not json", "json", 3_000, None, "t", "file=x#row=3", 1),
+         ("boom", "", J.encode({"q": "dogs", "boom": True}), "json", 4_000, None, "t", "file=x#row=4", 1)],
+        schema=events(spark, []).schema))
+    r = ex.run_batch(df, 0, input_watermark_ms=None)
+    assert (r.records_in, r.processed, r.dead_letters) == (4, 2, 3)
+    dl = {d["record_id"]: d for d in spark.read.format("delta").load(migrated_store.dead_letters).collect()}
+    assert set(dl) == {"nokey", "garbled", "boom"}
+    assert "no field 'q'" in dl["nokey"]["error"] and dl["nokey"]["source_position"] == "file=x#row=2"
+    assert dl["garbled"]["raw_value"] == b"\xff{not json"
+    assert dl["boom"]["error"] == "ValueError: no booms here" and dl["boom"]["key"] == "dogs"
+    # replaying the batch adds no second dead letter
+    ex.run_batch(df, 0, input_watermark_ms=None)
+    assert spark.read.format("delta").load(migrated_store.dead_letters).count() == 3
+    # with the default policy a user exception fails the batch, naming key and record
+    Picky.error_policy = ErrorPolicy.FAIL
+    with pytest.raises(BatchFailedError, match=r"key 'dogs' on record 'boom2'.*no booms here"):
+        ex.run_batch(events(spark, []).unionByName(spark.createDataFrame(
+            [("boom2", "", J.encode({"q": "dogs", "boom": True}), "json", 5_000, None, "t", "p", 1)],
+            schema=events(spark, []).schema)), 1, input_watermark_ms=None)
+    ex.stop()
+    client.stop()
+    client.close()

@@ -1,0 +1,39 @@
+"""``deltawheel gc``: garbage collection passes (dry run unless --apply)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from .cli_common import add_spark_args, add_store_arg, layout_from, spark_from
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("gc", help="compact and vacuum the store's tables, apply stream retention (dry run by default)")
+    add_store_arg(p)
+    p.add_argument("--apply", action="store_true", help="do it (default: print the plan)")
+    p.add_argument("--stream-retention-hours", type=float, default=None,
+                   help="delete stream records older than this (event time); default: keep all")
+    p.add_argument("--vacuum-retain-hours", type=float, default=168.0)
+    add_spark_args(p)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel import migrations
+    from deltawheel.gc.passes import run_gc
+
+    layout = layout_from(args)
+    spark = spark_from(args, extra={"spark.databricks.delta.retentionDurationCheck.enabled": "false"})
+    migrations.check_store(spark, layout)
+    keep = None if args.stream_retention_hours is None else int(args.stream_retention_hours * 3_600_000)
+    report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
+                    vacuum_retain_hours=args.vacuum_retain_hours)
+    for line in report.lines():
+        print(line)
+    if not args.apply:
+        print("dry run: nothing changed (add --apply)")
+    return 0

@@ -50,7 +50,9 @@ def deliver_frame(spark: Any, layout: StoreLayout, prods: Any, *, streams: Seque
     """Deliver productions (columns of a Production row) to their stream tables."""
     from pyspark.sql import functions as F
 
-    present = [r["stream"] for r in prods.select("stream").distinct().collect()]
+    # one output stream (the common case): no extra job to find which streams got records
+    present = list(streams) if len(streams) == 1 else [
+        r["stream"] for r in prods.select("stream").distinct().collect()]
     for stream in present:
         if stream not in streams:
             continue

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
 from deltawheel.executor.computation import Computation, ErrorPolicy, Record
 from deltawheel.executor.keyrun import UserCodeError, run_key
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
-from deltawheel.statestore.rows import KeyRow, SeenId, Timer, TimeDomain
+from deltawheel.statestore.rows import KeyRow, SeenId, TimeDomain, Timer
 
 J = get_codec("json")
 

@@ -1,0 +1,359 @@
+"""Benchmark engines: the common interface, and Spark's own stateful operators.
+
+An engine runs WORKLOAD.md's window count over a :class:`WorkloadData` and
+returns an :class:`EngineResult`. Every engine takes the shared SparkSession
+(built once by the throughput script) and a private output folder::
+
+    class Engine(Protocol):
+        name: str
+        def run(self, data, *, out_dir, spark, progress=None) -> EngineResult
+
+:func:`build_result` turns an engine's emitted rows and timings into an
+``EngineResult`` (multiset comparison with the reference, invariant check), so
+every engine is judged the same way.
+
+The two Spark engines here:
+
+* ``spark_sql``: ``groupBy(key, window(event_time, "10 seconds")).count()`` with a
+  10 s watermark, append mode, Parquet sink, one file per micro-batch,
+  ``trigger(availableNow=True)``; Spark runs the final no-data batch itself
+  (``spark.sql.streaming.noDataMicroBatches.enabled``, default true).
+* ``spark_tws``: ``transformWithStateInPandas`` (Spark 4.0), per key a MapState
+  ``window_start -> count`` and an event-time timer at ``window_end - 1 ms``
+  that emits and forgets the window (WORKLOAD.md section 3).
+
+Both need the RocksDB state store provider in the session (see
+:data:`SPARK_BENCH_CONF`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from .workload import WIN_MS, WorkloadData, check_output
+
+__all__ = [
+    "ProgressFn",
+    "Engine",
+    "EngineResult",
+    "build_result",
+    "SPARK_BENCH_CONF",
+    "ROCKSDB_PROVIDER",
+    "SparkSqlEngine",
+    "SparkTwsEngine",
+    "StreamingRun",
+    "run_streaming_query",
+]
+
+ProgressFn = Callable[[str], None]
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+# Session settings every engine of one throughput run shares (passed to SparkSettings.extra).
+SPARK_BENCH_CONF: Mapping[str, str] = {
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.streaming.numRecentProgressUpdates": "1000",
+}
+
+INPUT_DDL = "record_id string, key string, value long, event_time timestamp"
+OUTPUT_DDL = "key string, window_start timestamp, count long"
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """One engine's run. ``wall_s`` as WORKLOAD.md section 4: first file to last no-data step,
+    output written; session start excluded (``session_start_s``, shared by all engines)."""
+
+    name: str
+    records_per_s: float
+    wall_s: float
+    emitted_rows: int
+    sum_counts: int
+    correct: bool
+    late_dropped: int | None = None
+    open_events_at_end: int | None = None
+    invariant_ok: bool | None = None  # emitted + late + open == N, when late and open are known
+    session_start_s: float | None = None
+    batches: int | None = None
+    batch_s: tuple[float, ...] = ()  # per micro-batch duration, when the engine reports it
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    peak_memory: Mapping[str, Any] | None = None  # filled in by the throughput script
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["settings"] = dict(self.settings)
+        d["notes"] = list(self.notes)
+        d["batch_s"] = list(self.batch_s)
+        d["peak_memory"] = dict(self.peak_memory) if self.peak_memory is not None else None
+        return d
+
+    def with_(self, **changes: Any) -> EngineResult:
+        return replace(self, **changes)
+
+
+class Engine(Protocol):
+    """What the throughput script runs. ``name`` is the registry name."""
+
+    name: str
+
+    def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
+            progress: ProgressFn | None = None) -> EngineResult: ...
+
+
+def build_result(
+    name: str,
+    data: WorkloadData,
+    *,
+    output: pa.Table,
+    wall_s: float,
+    settings: Mapping[str, Any],
+    late_dropped: int | None = None,
+    open_events_at_end: int | None = None,
+    batches: int | None = None,
+    batch_s: Sequence[float] = (),
+    notes: Sequence[str] = (),
+) -> EngineResult:
+    """Judge an engine's emitted rows against the reference and package the figures.
+
+    ``output`` has columns ``key``, ``window_start`` (timestamp, any unit) or
+    ``window_start_ms`` (int64), and ``count``. If exactly one of ``late_dropped`` /
+    ``open_events_at_end`` is known, the other is derived from the invariant and a note says so.
+    """
+    chk = check_output(output, data.reference)
+    notes = list(notes)
+    if not chk.correct:
+        notes.append(f"output differs from reference: {chk.missing} reference rows missing, "
+                     f"{chk.unexpected} unexpected rows")
+    if late_dropped is not None and open_events_at_end is None:
+        open_events_at_end = data.n - chk.sum_counts - late_dropped
+        notes.append("open_events_at_end derived as N - sum_counts - late_dropped")
+        invariant = None
+    elif open_events_at_end is not None and late_dropped is None:
+        late_dropped = data.n - chk.sum_counts - open_events_at_end
+        notes.append("late_dropped derived as N - sum_counts - open_events_at_end")
+        invariant = None
+    elif late_dropped is not None and open_events_at_end is not None:
+        invariant = chk.sum_counts + late_dropped + open_events_at_end == data.n
+    else:
+        invariant = None
+    return EngineResult(
+        name=name, records_per_s=round(data.n / wall_s, 1) if wall_s > 0 else float("inf"),
+        wall_s=round(wall_s, 3), emitted_rows=chk.emitted_rows, sum_counts=chk.sum_counts,
+        correct=chk.correct, late_dropped=late_dropped, open_events_at_end=open_events_at_end,
+        invariant_ok=invariant, batches=batches, batch_s=tuple(round(b, 3) for b in batch_s),
+        settings=dict(settings), notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------- Spark helpers
+
+
+@dataclass(frozen=True)
+class StreamingRun:
+    wall_s: float
+    progresses: tuple[dict[str, Any], ...]
+
+    @property
+    def batches(self) -> int:
+        return len(self.progresses)
+
+    @property
+    def batch_s(self) -> tuple[float, ...]:
+        return tuple(p["durationMs"].get("triggerExecution", 0) / 1000 for p in self.progresses)
+
+    def dropped_by_watermark(self) -> int:
+        return sum(int(op.get("numRowsDroppedByWatermark", 0))
+                   for p in self.progresses for op in p.get("stateOperators", []))
+
+
+def _fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def run_streaming_query(writer: Any, *, name: str, progress: ProgressFn | None) -> StreamingRun:
+    """Start ``writer`` (a configured DataStreamWriter), wait for it, report each batch."""
+    t0 = time.perf_counter()
+    q = writer.start()
+    seen = -1
+    while True:
+        done = q.awaitTermination(1.0)
+        lp = q.lastProgress
+        if progress is not None and lp is not None and lp["batchId"] != seen:
+            seen = lp["batchId"]
+            wm = lp.get("eventTime", {}).get("watermark", "-")
+            progress(f"[{name}] batch {seen}: {lp['numInputRows']} rows, "
+                     f"{lp['durationMs'].get('triggerExecution', 0) / 1000:.2f} s, watermark {wm}, "
+                     f"elapsed {time.perf_counter() - t0:.1f} s")
+        if done:
+            break
+    wall = time.perf_counter() - t0
+    exc = q.exception()
+    if exc is not None:
+        raise RuntimeError(f"{name}: streaming query failed: {exc}")
+    return StreamingRun(wall_s=wall, progresses=tuple(q.recentProgress))
+
+
+def _read_sink(path: Path) -> pa.Table:
+    files = sorted(str(p) for p in path.glob("*.parquet"))
+    if not files:
+        return pa.table({"key": pa.array([], pa.string()), "window_start_ms": pa.array([], pa.int64()),
+                         "count": pa.array([], pa.int64())})
+    return pads.dataset(files, format="parquet").to_table()
+
+
+def _spark_settings(spark: Any, **extra: Any) -> dict[str, Any]:
+    conf = spark.conf
+    keys = ("spark.master", "spark.sql.shuffle.partitions", "spark.driver.memory",
+            "spark.sql.streaming.stateStore.providerClass",
+            "spark.sql.streaming.noDataMicroBatches.enabled")
+    d: dict[str, Any] = {}
+    for k in keys:
+        try:
+            d[k] = conf.get(k)
+        except Exception:  # noqa: BLE001 - unset key
+            d[k] = None
+    d["spark_version"] = spark.version
+    d.update(extra)
+    return d
+
+
+def _input_stream(spark: Any, data: WorkloadData) -> Any:
+    return (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
+            .parquet(str(data.input_dir)))
+
+
+# --------------------------------------------------------------------------- built-in SQL
+
+
+class SparkSqlEngine:
+    """Spark's built-in streaming window aggregation."""
+
+    name = "spark_sql"
+
+    def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
+            progress: ProgressFn | None = None) -> EngineResult:
+        from pyspark.sql import functions as F
+
+        base = _fresh_dir(Path(out_dir) / self.name)
+        sink, ckpt = base / "output", base / "checkpoint"
+        agg = (_input_stream(spark, data)
+               .withWatermark("event_time", "10 seconds")
+               .groupBy("key", F.window("event_time", "10 seconds"))
+               .count()
+               .select("key", F.col("window.start").alias("window_start"), "count"))
+        writer = (agg.writeStream.format("parquet").outputMode("append")
+                  .option("path", str(sink)).option("checkpointLocation", str(ckpt))
+                  .trigger(availableNow=True).queryName(f"bench_{self.name}"))
+        run = run_streaming_query(writer, name=self.name, progress=progress)
+        notes = ["wall_s = writeStream.start() to termination (includes query planning)"]
+        open_events: int | None = None
+        try:
+            st = spark.read.format("statestore").load(str(ckpt))
+            open_events = int(st.selectExpr("coalesce(sum(value.count), 0) AS s").first()["s"])
+            notes.append("open_events_at_end read from the final state with the statestore data source")
+        except Exception as exc:  # noqa: BLE001 - diagnostics only
+            notes.append(f"state not readable ({type(exc).__name__}); open events unknown")
+        notes.append(f"Spark metric numRowsDroppedByWatermark (counts partially aggregated rows) "
+                     f"= {run.dropped_by_watermark()}")
+        settings = _spark_settings(spark, exactly_once=True, strong_productions=False,
+                                   sink="parquet (file sink, _spark_metadata log)",
+                                   trigger="availableNow", maxFilesPerTrigger=1,
+                                   operator="groupBy(key, window).count()")
+        return build_result(self.name, data, output=_read_sink(sink), wall_s=run.wall_s,
+                            settings=settings, open_events_at_end=open_events, batches=run.batches, batch_s=run.batch_s,
+                            notes=notes)
+
+
+# --------------------------------------------------------------------------- transformWithState
+
+
+def _make_processor() -> Any:
+    """The StatefulProcessor, built lazily so importing this module does not import pyspark."""
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class WindowCountProcessor(StatefulProcessor):
+        """Per key: MapState window_start -> count; timer at window_end - 1 ms emits the window."""
+
+        def init(self, handle: Any) -> None:
+            self._handle = handle
+            self._counts = handle.getMapState("counts", "ws long", "c long")
+
+        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+            parts = [pdf["event_time"].to_numpy(dtype="datetime64[ms]").astype(np.int64) for pdf in rows]
+            if not parts:
+                return iter(())
+            ms = np.concatenate(parts)
+            ws_arr, n_arr = np.unique(ms - ms % WIN_MS, return_counts=True)
+            for ws, n in zip(ws_arr.tolist(), n_arr.tolist(), strict=True):
+                if self._counts.containsKey((ws,)):
+                    c = self._counts.getValue((ws,))[0] + n
+                else:
+                    c = n
+                    self._handle.registerTimer(ws + WIN_MS - 1)
+                self._counts.updateValue((ws,), (c,))
+            return iter(())
+
+        def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+            ws = expiredTimerInfo.getExpiryTimeInMs() + 1 - WIN_MS
+            v = self._counts.getValue((ws,))
+            if v is None:
+                return iter(())
+            self._counts.removeKey((ws,))
+            return iter([pd.DataFrame({
+                "key": [key[0]],
+                "window_start": pd.to_datetime([ws], unit="ms", utc=True),
+                "count": np.array([v[0]], dtype=np.int64),
+            })])
+
+        def close(self) -> None:
+            pass
+
+    return WindowCountProcessor()
+
+
+class SparkTwsEngine:
+    """``transformWithStateInPandas`` with per-key MapState and event-time timers."""
+
+    name = "spark_tws"
+
+    def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
+            progress: ProgressFn | None = None) -> EngineResult:
+        base = _fresh_dir(Path(out_dir) / self.name)
+        sink, ckpt = base / "output", base / "checkpoint"
+        out = (_input_stream(spark, data)
+               .select("key", "event_time")
+               .withWatermark("event_time", "10 seconds")
+               .groupBy("key")
+               .transformWithStateInPandas(statefulProcessor=_make_processor(),
+                                           outputStructType=OUTPUT_DDL, outputMode="Append",
+                                           timeMode="EventTime"))
+        writer = (out.writeStream.format("parquet").outputMode("append")
+                  .option("path", str(sink)).option("checkpointLocation", str(ckpt))
+                  .trigger(availableNow=True).queryName(f"bench_{self.name}"))
+        run = run_streaming_query(writer, name=self.name, progress=progress)
+        notes = ["wall_s = writeStream.start() to termination (includes query planning)",
+                 "late_dropped = Spark metric numRowsDroppedByWatermark (rows dropped before the "
+                 "operator, by event time)"]
+        settings = _spark_settings(spark, exactly_once=True, strong_productions=False,
+                                   sink="parquet (file sink, _spark_metadata log)",
+                                   trigger="availableNow", maxFilesPerTrigger=1,
+                                   operator="transformWithStateInPandas(MapState + event-time timers)",
+                                   timer="window_end - 1 ms")
+        return build_result(self.name, data, output=_read_sink(sink), wall_s=run.wall_s,
+                            settings=settings, late_dropped=run.dropped_by_watermark(),
+                            batches=run.batches, batch_s=run.batch_s, notes=notes)

@@ -1,0 +1,255 @@
+"""Throughput benchmark: run several engines on the same workload in one process.
+
+Usage (or ``deltawheel bench throughput``)::
+
+    python -m deltawheel.benchmarks.throughput --size small --out bench-out/small \\
+        --engines spark_sql,spark_tws
+
+The SparkSession is built once (RocksDB state store, log level ERROR, see
+:data:`~deltawheel.benchmarks.engines_spark.SPARK_BENCH_CONF`) and handed to every
+engine; its start time is reported once as ``session_start_s``. Each engine runs
+under a :class:`~deltawheel.benchmarks.memory.MemorySampler`. Writes
+``<out>/throughput.json`` and ``<out>/throughput.png``.
+
+Engine registry: :data:`ENGINES` maps a name to a zero-argument factory returning an
+:class:`~deltawheel.benchmarks.engines_spark.Engine`. ``spark_sql`` and ``spark_tws``
+are built in. If the module ``deltawheel.benchmarks.engine_deltawheel`` exists it is
+imported and plugged in: it must define either ``ENGINES`` (a mapping name -> factory,
+merged in) or ``make_engine`` (registered as ``deltawheel``), and may define
+``SPARK_CONF`` (a mapping of extra session settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import psutil
+
+from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
+from .memory import MemorySampler
+from .plot import plot_throughput
+from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_workload
+
+__all__ = ["ENGINES", "REGISTRY_NOTES", "WARMUP", "EXTRA_SPARK_CONF", "run_throughput", "format_table", "main"]
+
+PLUGIN_MODULE = "deltawheel.benchmarks.engine_deltawheel"
+
+ENGINES: dict[str, Callable[[], Engine]] = {
+    "spark_sql": SparkSqlEngine,
+    "spark_tws": SparkTwsEngine,
+}
+EXTRA_SPARK_CONF: dict[str, str] = {}
+REGISTRY_NOTES: list[str] = []
+WARMUP = WorkloadParams(n=4_000, b=2_000, k=500, rate=100)
+
+
+def _load_plugin() -> None:
+    try:
+        mod = importlib.import_module(PLUGIN_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name != PLUGIN_MODULE:
+            raise
+        REGISTRY_NOTES.append("engine 'deltawheel' not registered: benchmarks/engine_deltawheel.py is absent")
+        return
+    factories = getattr(mod, "ENGINES", None)
+    if factories is not None:
+        ENGINES.update(dict(factories))
+    elif hasattr(mod, "make_engine"):
+        ENGINES["deltawheel"] = mod.make_engine
+    else:
+        raise WorkloadError(f"{PLUGIN_MODULE} defines neither ENGINES nor make_engine()")
+    EXTRA_SPARK_CONF.update(dict(getattr(mod, "SPARK_CONF", {})))
+
+
+_load_plugin()
+
+
+def _machine_info(spark: Any) -> dict[str, Any]:
+    import pandas
+    import pyarrow
+
+    vm = psutil.virtual_memory()
+    return {
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "memory_total_mib": round(vm.total / 2**20),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "spark": spark.version,
+        "pyarrow": pyarrow.__version__,
+        "pandas": pandas.__version__,
+        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
+    }
+
+
+def _ratios(results: Mapping[str, EngineResult]) -> dict[str, float]:
+    out = {}
+    for a, ra in results.items():
+        for b, rb in results.items():
+            if a != b and rb.records_per_s > 0:
+                out[f"{a}/{b}"] = round(ra.records_per_s / rb.records_per_s, 3)
+    return out
+
+
+def format_table(report: Mapping[str, Any]) -> str:
+    """The printed summary: one line per engine, then the ratios."""
+    hdr = f"{'engine':<16}{'records/s':>12}{'wall_s':>10}{'correct':>9}{'rows':>9}{'late':>7}" \
+          f"{'open':>8}{'PSS MiB':>9}{'RSS MiB':>9}"
+    lines = [hdr, "-" * len(hdr)]
+    for name, e in report["engines"].items():
+        mem = e.get("peak_memory") or {}
+        lines.append(
+            f"{name:<16}{e['records_per_s']:>12,.0f}{e['wall_s']:>10.2f}{str(e['correct']):>9}"
+            f"{e['emitted_rows']:>9}{str(e['late_dropped']):>7}{str(e['open_events_at_end']):>8}"
+            f"{mem.get('pss_mib', float('nan')):>9.0f}{mem.get('rss_mib', float('nan')):>9.0f}")
+    if report.get("ratios"):
+        lines.append("ratios (records/s): " + ", ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()))
+    return "\n".join(lines)
+
+
+def run_throughput(
+    size: str,
+    *,
+    out_dir: Path,
+    engines: Sequence[str] | None = None,
+    data_root: Path | None = None,
+    params: WorkloadParams | None = None,
+    spark: Any = None,
+    warmup: bool = False,
+    progress: ProgressFn | None = print,
+) -> dict[str, Any]:
+    """Run the selected engines (default: all registered) one after another on the same input.
+
+    Args:
+        size: workload size (``small``/``medium``/``big``, or a custom name with ``params``).
+        out_dir: receives ``throughput.json``, ``throughput.png`` and one folder per engine.
+        engines: registry names, in run order.
+        data_root: where datasets live (default ``<repo>/bench-out/data``).
+        params: generator parameters of a custom size.
+        spark: an existing session to use (a child session with the benchmark settings is made
+            from it); by default one is built here and its start time reported.
+        warmup: first run every engine once, unmeasured, on a 2-file workload (:data:`WARMUP`),
+            so that JVM class loading and code generation are not charged to whichever engine
+            runs first. Off by default (WORKLOAD.md section 4 measures a cold query).
+        progress: where progress lines go (``None``: silent).
+
+    Returns:
+        The report written to ``throughput.json``.
+
+    Raises:
+        WorkloadError: unknown engine, or the input cannot be produced/verified.
+    """
+    t_proc0 = psutil.Process().create_time()
+    say = progress or (lambda _msg: None)
+    names = list(engines) if engines else list(ENGINES)
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown:
+        raise WorkloadError(f"unknown engine(s) {unknown}; registered: {sorted(ENGINES)}"
+                            + (f" ({'; '.join(REGISTRY_NOTES)})" if REGISTRY_NOTES else ""))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    say(f"workload {size}: preparing input")
+    data: WorkloadData = ensure_workload(size, root=data_root, params=params)
+    ref = data.reference
+    say(f"workload {size}: N={data.n:,} in {len(data.files)} files, sha256 {data.content_sha256[:16]}…, "
+        f"reference {ref.emitted_rows:,} rows")
+
+    conf = {**SPARK_BENCH_CONF, **EXTRA_SPARK_CONF}
+    t0 = time.perf_counter()
+    if spark is None:
+        from deltawheel.statestore.sparkenv import SparkSettings, build_spark
+
+        session = build_spark(SparkSettings(app_name="deltawheel-bench", log_level="ERROR", extra=conf))
+    else:
+        session = spark.newSession()
+        session.sparkContext.setLogLevel("ERROR")
+    for k, v in conf.items():
+        if k.startswith("spark.sql."):
+            session.conf.set(k, v)
+    session_start_s = round(time.perf_counter() - t0, 3)
+    say(f"spark session ready in {session_start_s:.1f} s")
+
+    if warmup:
+        wdata = ensure_workload("warmup", root=data_root, params=WARMUP)
+        for name in names:
+            say(f"engine {name}: warm-up on {wdata.n:,} events")
+            t_w = time.perf_counter()
+            ENGINES[name]().run(wdata, out_dir=out_dir / "warmup", spark=session, progress=None)
+            say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
+
+    results: dict[str, EngineResult] = {}
+    for name in names:
+        engine = ENGINES[name]()
+        say(f"engine {name}: running")
+        with MemorySampler(interval_s=1.0) as mem:
+            res = engine.run(data, out_dir=out_dir / "engines", spark=session, progress=progress)
+        res = res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict())
+        results[name] = res
+        say(f"engine {name}: {res.records_per_s:,.0f} records/s, wall {res.wall_s:.2f} s, "
+            f"correct={res.correct}")
+
+    report: dict[str, Any] = {
+        "workload": "zeitgeist-window-count",
+        "size": size,
+        "n": data.n,
+        "n_files": len(data.files),
+        "params": dataclasses.asdict(data.params),
+        "content_sha256": data.content_sha256,
+        "content_verified_against_workload_md": data.verified,
+        "reference": {"emitted_rows": ref.emitted_rows, "sum_counts": ref.sum_counts,
+                      "late_dropped": ref.late_dropped, "open_events_at_end": ref.open_events,
+                      "open_windows_at_end": ref.open_windows},
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": _machine_info(session),
+        "session_start_s": session_start_s,
+        "spark_conf": conf,
+        "engines": {n: r.to_dict() for n, r in results.items()},
+        "ratios": _ratios(results),
+        "warmup": dataclasses.asdict(WARMUP) if warmup else None,
+        "registry_notes": list(REGISTRY_NOTES),
+    }
+    report["process_wall_s"] = round(time.time() - t_proc0, 3)
+    (out_dir / "throughput.json").write_text(json.dumps(report, indent=1, default=str))
+    plot_throughput(report, out_dir / "throughput.png")
+    say(format_table(report))
+    say(f"wrote {out_dir / 'throughput.json'} and {out_dir / 'throughput.png'}")
+    return report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--size", default="small", choices=["small", "medium", "big"])
+    p.add_argument("--out", required=True, help="output folder for throughput.json / .png")
+    p.add_argument("--engines", default=None,
+                   help=f"comma-separated engine names, run in this order (default: all of {', '.join(ENGINES)})")
+    p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
+    p.add_argument("--warmup", action="store_true",
+                   help="run each engine once, unmeasured, on a tiny input first")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
+    report = run_throughput(args.size, out_dir=Path(args.out), engines=engines,
+                            data_root=Path(args.data_root) if args.data_root else None,
+                            warmup=bool(getattr(args, "warmup", False)))
+    return 0 if all(e["correct"] for e in report["engines"].values()) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run_from_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,6 +28,8 @@ _PROD_DDL = ("production_id STRING, stream STRING, key STRING, value BINARY, tim
 
 def _insert_missing(spark: Any, target: str, src: Any, *, on: str, retries: int = 20) -> None:
     view = f"dw_ins_{next(_ids)}"
+    # foreachBatch frames belong to the query's cloned session: view and MERGE must live there too
+    spark = src.sparkSession
     src.createOrReplaceTempView(view)
     sql = (f"MERGE INTO delta.`{target}` t USING {view} s ON {on} "
            "WHEN NOT MATCHED THEN INSERT *")

@@ -96,6 +96,8 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
 
     n = comp.num_intervals
     ivs = list(intervals)
+    if prep is not None:  # join within one session: foreachBatch frames live in the query's clone
+        spark = prep.sparkSession
     rows = (spark.read.format("delta").load(layout.rows)
             .where((F.col("computation") == comp.name) & F.col("interval").isin(ivs) & (F.col("key") != FENCE_KEY)))
     due = (F.size("pending") > 0) | (F.col("next_processing_timer_ms") <= F.lit(now_ms))

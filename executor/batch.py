@@ -77,6 +77,7 @@ class BatchReport:
     low_watermark_ms: int | None
     commit_s: float
     wall_s: float
+    steps_s: tuple[tuple[str, float], ...] = ()  # seconds per protocol step, in order
 
 
 class ComputationExecutor:
@@ -114,7 +115,7 @@ class ComputationExecutor:
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
         self._batch_starts: list[int] = []
-        self._acted_wm: Optional[int] = None
+        self._acted_wm: int | None = None
         self._started = False
 
     # ------------------------------------------------------------- lifecycle
@@ -165,6 +166,14 @@ class ComputationExecutor:
         if not self._started:
             self.start()
         started = time.monotonic()
+        marks: list[tuple[str, float]] = []
+        last = [started]
+
+        def mark(step: str) -> None:
+            t = time.monotonic()
+            marks.append((step, round(t - last[0], 3)))
+            last[0] = t
+
         comp = self.comp
         # Step 1: leases.
         self.owner.check()
@@ -197,6 +206,7 @@ class ComputationExecutor:
                                           watermark_ms=wm_late, batch_id=batch_id)
                 good = good.where(~F.col("late"))
             prep = good
+        mark("prepare")
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
         # Step 3 + 4: load rows, run user code in tasks, materialize once.
         commit_id = f"{comp.name}:{batch_id}:{now}"
@@ -212,6 +222,7 @@ class ComputationExecutor:
                                                        "n_dead")],
                         F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written")).collect()[0]
         st = {k: int(stats[k] or 0) for k in stats.asDict()}
+        mark("load_and_user_code")
         self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
         if st["n_dead"]:
             record_dead_letters(self.spark, self.layout, _tasks.dead_letter_frame(out), computation=comp.name,
@@ -227,21 +238,24 @@ class ComputationExecutor:
                                           sequencers=self.owner.sequencers, intervals=self.owner.intervals,
                                           commit_id=commit_id, lease_check=self.owner.check)
         commit_s = time.monotonic() - t0
+        mark("dead_letters_and_commit")
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
         # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
         if comp.strong_productions and st["n_prods"]:
             deliver_frame(self.spark, self.layout, prods, streams=comp.outputs, producer=comp.name)
+        mark("deliver")
         self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
         # Step 7: watermarks.
         self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
         if self.on_batch_end is not None:
             self.on_batch_end(obs_min, obs_max)
         low = self._publish_watermarks() if self.authority is not None else None
+        mark("watermarks")
         if wm_in is not None:
             self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
         report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
-                             commit_s, time.monotonic() - started)
+                             commit_s, time.monotonic() - started, tuple(marks))
         self.reports.append(report)
         self._log(_format(comp.name, report))
         return report
@@ -284,7 +298,7 @@ def _format(name: str, r: BatchReport) -> str:
     return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced, "
             f"{r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
-            f"commit {r.commit_s:.1f}s, batch {r.wall_s:.1f}s")
+            f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")
 
 
 _ = (json, BadRecordError, DeltaWheelError)

@@ -37,7 +37,7 @@ from deltawheel.statestore.exceptions import BadRecordError, DeltaWheelError, Re
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import FENCE_KEY, Production
-from deltawheel.statestore.watermarks import WatermarkAuthority
+from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
 
 from . import _tasks
 from .computation import Computation, LatePolicy

@@ -131,8 +131,9 @@ class ComputationExecutor:
         rec = self.owner.acquire(wait_s=wait_s)
         pending: list[Production] = [p for _, p in rec.pending]
         if pending:
-            n = deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
-            self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions ({n} new)")
+            deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
+            self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions "
+                      "(records already in their streams are skipped)")
         self._started = True
 
     def stop(self) -> None:
@@ -293,7 +294,9 @@ class ComputationExecutor:
 
 def _format(name: str, r: BatchReport) -> str:
     def ts(ms: int | None) -> str:
-        return "-" if ms is None else time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
+        if ms is None:
+            return "-"
+        return "end" if ms >= END_OF_TIME else time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
 
     return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced, "

@@ -133,12 +133,14 @@ class PipelineRunner:
             for rnd in range(self.max_rounds):
                 moved = 0
                 for comp in p.ordered():
+                    # consume, then flush: a stage never acts on a watermark beyond what its
+                    # upstream delivered before that watermark was read
                     moved += self._consume(comp, execs[comp.name])
-                if self.end_of_input:  # bounded input fully read: the injectors' watermarks go to the end
-                    for inj in p.injectors:
-                        inj.finish()
-                        publish_watermark(authority, inj)
-                for comp in p.ordered():
+                    if self.end_of_input:  # its bounded inputs are fully read: watermark to the end
+                        for inj in p.injectors:
+                            if inj.name in comp.inputs:
+                                inj.finish()
+                                publish_watermark(authority, inj)
                     r = execs[comp.name].flush()
                     moved += r.timers_fired + r.productions
                 if moved == 0:

@@ -44,6 +44,17 @@ class BucketCounter(Computation):
         ctx.state = st or None
 
 
+class Picky(BucketCounter):
+    """Refuses records flagged "boom" (error_policy set by the test)."""
+
+    name = "picky"
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        if record.value.get("boom"):
+            raise ValueError("no booms here")
+        super().process_record(ctx, record)
+
+
 def events(spark: Any, items: list[tuple[str, str, int]]) -> Any:
     """A stream-schema DataFrame of (record_id, query, event ms)."""
     rows = [{"record_id": rid, "key": "", "value": J.encode({"q": q}), "codec": "json", "timestamp_ms": ts,

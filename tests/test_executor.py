@@ -125,20 +125,11 @@ def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_
         c.close()
 
 
-class Picky(BucketCounter):
-    name = "picky"
-
-    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
-        if record.value.get("boom"):
-            raise ValueError("no booms here")
-        super().process_record(ctx, record)
-
-
 @pytest.mark.timeout(900)
 def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.batch import BatchFailedError
     from deltawheel.executor.computation import ErrorPolicy
-    from executor_util import J
+    from executor_util import J, Picky
 
     Picky.error_policy = ErrorPolicy.DEAD_LETTER
     ex, client = start_executor(spark, migrated_store, zk_config, Picky())

@@ -38,3 +38,9 @@ def test_scenario_on_delta_gives_the_same_panes(spark, tmp_path: Path, path: Pat
     on_delta = run_scenario(scenario, backend=backend)
     assert on_delta == run_scenario(scenario)
     assert_panes_equal(on_delta, scenario["expected"])
+    # end of input: every window expired, so the rows table keeps no window state and no timers
+    from deltawheel.statestore.store import RowStore
+
+    rows = RowStore(spark, backend._store.layout, writer="check").scan_intervals("scenario", [0])
+    assert all(not r.timers for r in rows), [(r.key, r.timers) for r in rows]
+    assert all(r.state is None or not json.loads(r.state).get("w") for r in rows)

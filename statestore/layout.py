@@ -12,6 +12,7 @@ A store is one folder (or object-store prefix) holding Delta tables::
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -39,7 +40,10 @@ class StoreLayout:
     root: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "root", str(self.root).rstrip("/"))
+        root = str(self.root)
+        if "://" not in root and not root.startswith("file:"):
+            root = os.path.abspath(root)  # Delta's delta.`path` syntax needs an absolute path
+        object.__setattr__(self, "root", root.rstrip("/") or "/")
 
     @property
     def is_local(self) -> bool:

@@ -134,6 +134,10 @@ class KeyRow:
     format_version: int = ROW_FORMAT_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
+    def __post_init__(self) -> None:
+        # canonical form: timers sorted (storage returns them sorted; equal rows compare equal)
+        object.__setattr__(self, "timers", tuple(sorted(self.timers)))
+
     @property
     def next_event_timer_ms(self) -> int | None:
         ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.EVENT_TIME]

@@ -36,7 +36,7 @@ from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.exceptions import BadRecordError, DeltaWheelError, RetryableError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
-from deltawheel.statestore.rows import FENCE_KEY, Production
+from deltawheel.statestore.rows import Production
 from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
 
 from . import _tasks
@@ -116,6 +116,7 @@ class ComputationExecutor:
         self.reports: list[BatchReport] = []
         self._batch_starts: list[int] = []
         self._acted_wm: int | None = None
+        self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
 
     # ------------------------------------------------------------- lifecycle
@@ -129,6 +130,10 @@ class ComputationExecutor:
         if self.authority is not None:
             self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
         rec = self.owner.acquire(wait_s=wait_s)
+        # oldest work per interval, kept from the rows we write (authoritative while we hold the lease)
+        self._oldest = {iv: {} for iv in self.owner.intervals}
+        for r in rec.rows.values():
+            self._note_oldest(r.interval, r.key, r.next_event_timer_ms, r.watermark_hold_ms, deleted=False)
         pending: list[Production] = [p for _, p in rec.pending]
         if pending:
             deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
@@ -239,6 +244,12 @@ class ComputationExecutor:
                                           sequencers=self.owner.sequencers, intervals=self.owner.intervals,
                                           commit_id=commit_id, lease_check=self.owner.check)
         commit_s = time.monotonic() - t0
+        if st["written"] and self.authority is not None:
+            for r in (out.where(F.col("_op") != "none")
+                      .select("interval", "key", "next_event_timer_ms", "watermark_hold_ms", "_op")
+                      .toArrow().to_pylist()):
+                self._note_oldest(r["interval"], r["key"], r["next_event_timer_ms"], r["watermark_hold_ms"],
+                                  deleted=r["_op"] == "delete")
         mark("dead_letters_and_commit")
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
         # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
@@ -268,19 +279,20 @@ class ComputationExecutor:
 
     # -------------------------------------------------------------- helpers
 
+    def _note_oldest(self, interval: int, key: str, timer: int | None, hold: int | None, *, deleted: bool) -> None:
+        per = self._oldest.setdefault(interval, {})
+        marks = [t for t in (timer, hold) if t is not None]
+        if deleted or not marks:
+            per.pop(key, None)
+        else:
+            per[key] = min(marks)
+
     def _publish_watermarks(self) -> int | None:
         assert self.authority is not None
-        from pyspark.sql import functions as F
-
-        rows = (self.spark.read.format("delta").load(self.layout.rows)
-                .where((F.col("computation") == self.comp.name) & F.col("interval").isin(list(self.owner.intervals))
-                       & (F.col("key") != FENCE_KEY))
-                .groupBy("interval")
-                .agg(F.least(F.min("next_event_timer_ms"), F.min("watermark_hold_ms")).alias("oldest"))
-                .collect())
-        oldest = {int(r["interval"]): (None if r["oldest"] is None else int(r["oldest"])) for r in rows}
         for iv, seq in self.owner.sequencers.items():
-            self.authority.publish_oldest_work(self.comp.name, iv, oldest.get(iv), sequencer=seq)
+            per = self._oldest.get(iv) or {}
+            oldest = min(per.values()) if per else None
+            self.authority.publish_oldest_work(self.comp.name, iv, oldest, sequencer=seq)
         return self.authority.advance_low_watermark(self.comp.name)
 
     def _fault(self, point: FaultPoint, batch_id: int) -> None:

@@ -19,7 +19,7 @@ KEYS = 300
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("delay_s", [0.15, 0.6])
+@pytest.mark.parametrize("delay_s", [0.15, pytest.param(0.6, marks=pytest.mark.slow)])
 def test_sigkill_mid_commit_is_all_or_nothing(spark, migrated_store, delay_s: float) -> None:  # type: ignore[no-untyped-def]
     writer = Path(__file__).with_name("crash_writer.py")
     proc = subprocess.Popen([sys.executable, str(writer), migrated_store.root, str(KEYS)],

@@ -59,6 +59,7 @@ def reference(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-de
     return out
 
 
+@pytest.mark.slow  # the subprocess tests below compare with the same reference already
 @pytest.mark.timeout(900)
 def test_demo_is_deterministic(spark, zk_config, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]
     assert run_in_process(spark, tmp_path / "again", zk_config) == reference

@@ -11,7 +11,6 @@ from deltawheel.executor.cli import main as cli_main
 from deltawheel.executor.combiners import CombineFn, Count, Max, Mean, Min, Sum, combine_fn_from_spec, negate
 from deltawheel.executor.computation import Record
 from deltawheel.executor.harness import (
-    DeltaBackend,
     MemoryBackend,
     assert_panes_equal,
     run_scenario,
@@ -352,8 +351,6 @@ def test_harness_errors_and_comparison() -> None:
         run_scenario(dict(base, steps=[{"key": "a", "value": 1, "event_time": "noon"}]))
     with pytest.raises(WindowingError, match="unknown backend 'disk'"):
         run_scenario(base, backend="disk")
-    with pytest.raises(WindowingError, match="delta backend of the scenario harness is not wired yet"):
-        DeltaBackend()
     out = run_scenario(base, backend=MemoryBackend())
     assert [(p["value"], p["window_end"], p["after_step"]) for p in out["panes"]] == [(1, 10, 1)]
     wrong = {"panes": [dict(out["panes"][0], value=2)], "dropped": []}
@@ -375,4 +372,10 @@ def test_cli_prints_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["scenario", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert_panes_equal(out, json.loads(path.read_text())["expected"])
-    assert cli_main(["scenario", str(path), "--backend", "delta"]) == 2
+
+
+@pytest.mark.spark
+def test_cli_on_the_delta_backend_prints_the_same_panes(spark, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    path = SCENARIOS / "trigger_after_all.json"
+    assert cli_main(["scenario", str(path), "--backend", "delta"]) == 0
+    assert json.loads(capsys.readouterr().out) == run_scenario(json.loads(path.read_text()))

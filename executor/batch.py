@@ -125,11 +125,11 @@ class ComputationExecutor:
         """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
         from deltawheel.statestore.streams import ensure_stream_table
 
-        for s in self.comp.outputs:
+        rec = self.owner.acquire(wait_s=wait_s)
+        for s in self.comp.outputs:  # created by the owner, after the leases are held
             ensure_stream_table(self.spark, self.layout, s)
         if self.authority is not None:
             self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
-        rec = self.owner.acquire(wait_s=wait_s)
         # oldest work per interval, kept from the rows we write (authoritative while we hold the lease)
         self._oldest = {iv: {} for iv in self.owner.intervals}
         for r in rec.rows.values():

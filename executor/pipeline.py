@@ -103,9 +103,11 @@ class PipelineRunner:
     def run(self) -> RunSummary:
         from deltawheel import migrations
 
-        migrations.apply(self.spark, self.layout, dry_run=False)
         client = connect(self.zk)
         try:
+            # two copies started at once must not migrate the same store concurrently
+            with client.Lock(f"/locks/migrate/{self.pipeline.name}", self.owner):
+                migrations.apply(self.spark, self.layout, dry_run=False)
             return self._run(client)
         finally:
             client.stop()

@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         where = p.add_mutually_exclusive_group(required=True)
         where.add_argument("--store", help="store folder; the server's data lives in <store>/_zk")
         where.add_argument("--data-dir", help="data folder of the server")
-        p.add_argument("--port", type=int, default=DEFAULT_ZK_PORT, help=f"client port (default {DEFAULT_ZK_PORT})")
+        p.add_argument("--port", type=int, default=None,
+                       help=f"client port (default: the running server's, else {DEFAULT_ZK_PORT})")
         p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
         if name == "start":
             p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for readiness")
@@ -35,7 +36,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _server(args: argparse.Namespace) -> EmbeddedZooKeeper:
     data_dir = args.data_dir if args.data_dir else layout_from(args).zk_data
-    return EmbeddedZooKeeper(data_dir, port=args.port, host=args.host)
+    port = args.port if args.port is not None else _configured_port(data_dir)
+    return EmbeddedZooKeeper(data_dir, port=port, host=args.host)
+
+
+def _configured_port(data_dir: str) -> int:
+    """The clientPort of an earlier start in ``data_dir`` (so stop/status find it), else the default."""
+    import os
+
+    cfg = os.path.join(str(data_dir), "zoo.cfg")
+    if os.path.exists(cfg):
+        with open(cfg) as f:
+            for line in f:
+                if line.startswith("clientPort="):
+                    return int(line.split("=", 1)[1])
+    return DEFAULT_ZK_PORT
 
 
 def _start(args: argparse.Namespace) -> int:

@@ -427,3 +427,47 @@ def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -
 
     if norm(list(actual.get("dropped", []))) != norm(list(expected.get("dropped", []))):
         raise AssertionError(f"dropped differ:\n  expected {expected.get('dropped')}\n  actual   {actual.get('dropped')}")
+
+
+class _Namespaced:
+    """One scenario's view of a shared backend: its keys live under ``prefix``."""
+
+    def __init__(self, shared: Backend, prefix: str) -> None:
+        self.shared = shared
+        self.prefix = prefix
+
+    def load(self, computation: str, key: str) -> KeyRow | None:
+        row = self.shared.load(computation, self.prefix + key)
+        return None if row is None else row.with_(key=key)
+
+    def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
+        self.shared.save([r.with_(key=self.prefix + r.key) for r in rows], [self.prefix + k for k in deletes])
+
+    def keys(self, computation: str) -> list[str]:
+        n = len(self.prefix)
+        return [k[n:] for k in self.shared.keys(computation) if k.startswith(self.prefix)]
+
+
+def run_scenarios_lockstep(scenarios: Sequence[Mapping[str, Any] | Path | str], *,
+                           backend: Backend) -> list[dict[str, Any]]:
+    """Run several scenarios against one backend in lockstep: step i of every scenario, then one
+    ``end_step`` (one fenced commit on the Delta backend) for all of them.
+
+    Scenarios are independent (keys are namespaced per scenario), so each result equals what
+    :func:`run_scenario` gives alone; this only saves commits when replaying many on Delta.
+    """
+    scs = [load_scenario(s) for s in scenarios]
+    runners = [_Runner(sc.computation, _Namespaced(backend, f"s{i:03d}/")) for i, sc in enumerate(scs)]
+    begin = getattr(backend, "begin_step", lambda: None)
+    end = getattr(backend, "end_step", lambda: None)
+    for i in range(max(len(sc.steps) for sc in scs) + 1):
+        begin()
+        for r, sc in zip(runners, scs, strict=True):
+            if i < len(sc.steps):
+                _apply_step(r, sc, i, sc.steps[i])
+            elif i == len(sc.steps):
+                r.wm = END_OF_INPUT_MS
+                for key in r.due_keys():
+                    r.run(key, [], len(sc.steps))
+        end()
+    return [{"panes": sorted(r.panes, key=lambda p: p["key"]), "dropped": r.dropped} for r in runners]

@@ -21,26 +21,40 @@ def test_scenario(path: Path) -> None:
     assert_panes_equal(run_scenario(scenario), scenario["expected"])
 
 
-DELTA_DEFAULT = {"s102_table1_retracting", "s102_sessions_retracting", "s102_allowed_lateness"}
+@pytest.mark.spark
+@pytest.mark.timeout(1200)
+def test_every_scenario_on_delta_gives_the_same_panes(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """All scenarios through the Delta rows table, in lockstep: one fenced commit per step."""
+    from deltawheel.executor.harness import DeltaBackend, run_scenarios_lockstep
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.store import RowStore
+
+    scenarios = [json.loads(p.read_text()) for p in SCENARIOS]
+    backend = DeltaBackend(spark, StoreLayout(str(tmp_path / "store")))
+    results = run_scenarios_lockstep(scenarios, backend=backend)
+    for path, scenario, on_delta in zip(SCENARIOS, scenarios, results, strict=True):
+        assert on_delta == run_scenario(scenario), path.stem
+        assert_panes_equal(on_delta, scenario["expected"])
+    # end of input: every window expired, so the rows table keeps no window state and no timers
+    rows = RowStore(spark, backend._store.layout, writer="check").scan_intervals("scenario", [0])
+    assert rows, "the scenarios wrote rows"
+    assert all(not r.timers for r in rows), [(r.key, r.timers) for r in rows]
+    assert all(r.state is None or not json.loads(r.state).get("w") for r in rows)
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("path", [pytest.param(p, marks=() if p.stem in DELTA_DEFAULT else pytest.mark.slow)
-                                  for p in SCENARIOS], ids=[p.stem for p in SCENARIOS])
-def test_scenario_on_delta_gives_the_same_panes(spark, tmp_path: Path, path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The same scenario through the Delta rows table (one fenced commit per step)."""
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_scenario_alone_on_delta(spark, tmp_path: Path, path: Path) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.harness import DeltaBackend
-    from deltawheel.statestore.layout import StoreLayout
 
     scenario = json.loads(path.read_text())
-    backend = DeltaBackend(spark, StoreLayout(str(tmp_path / "store")))
-    on_delta = run_scenario(scenario, backend=backend)
+    on_delta = run_scenario(scenario, backend=DeltaBackend(spark, StoreLayout_(tmp_path)))
     assert on_delta == run_scenario(scenario)
-    assert_panes_equal(on_delta, scenario["expected"])
-    # end of input: every window expired, so the rows table keeps no window state and no timers
-    from deltawheel.statestore.store import RowStore
 
-    rows = RowStore(spark, backend._store.layout, writer="check").scan_intervals("scenario", [0])
-    assert all(not r.timers for r in rows), [(r.key, r.timers) for r in rows]
-    assert all(r.state is None or not json.loads(r.state).get("w") for r in rows)
+
+def StoreLayout_(tmp_path: Path):  # type: ignore[no-untyped-def]  # noqa: N802
+    from deltawheel.statestore.layout import StoreLayout
+
+    return StoreLayout(str(tmp_path / "store"))

@@ -42,7 +42,7 @@ def test_quickstart_then_sql_with_embedded_zookeeper(tmp_path: Path) -> None:
         assert json.loads(rows["fox"]["state_json"]) == {"count": 2}
         assert rows["the"]["n_timers"] == "1" and rows["the"]["n_pending"] == "1"
         table = dw("sql", "--store", str(store), "SELECT key, state_json FROM state WHERE key = 'dog'")
-        assert '{"count": 2}' in table.stdout and "(1 rows)" in table.stdout
+        assert '{"count": 2}' in table.stdout and "(1 row)" in table.stdout
         one = dw("inspect", "--store", str(store), "--computation", "wordcount", "--key", "once")
         assert one.returncode == 0 and json.loads(one.stdout)["state"] == {"count": 2}
     finally:

@@ -1,6 +1,6 @@
 """The scenario harness: script a keyed stream, run a windowed computation, get its panes.
 
-A scenario (``/work/shared/SCENARIO_FORMAT.md``; seconds) lists elements,
+A scenario (``SCENARIO_FORMAT.md`` in the shared docs; seconds) lists elements,
 watermark advances and processing-time advances in arrival order. The
 harness turns it into a :func:`~deltawheel.executor.windowed.windowed`
 computation and drives the real per-key runner,

@@ -26,4 +26,6 @@ def test_delta_conflicts_are_retryable_conflicts() -> None:
 def test_merge_names_partitions_literally() -> None:
     sql = merge_sql("/store/rows", "src", computation="o'k", intervals=[2, 1, 2])
     assert "t.computation = 'o''k' AND t.interval IN (1,2)" in sql
-    assert "WHEN MATCHED AND t.sequencer > s.sequencer" in sql.split("WHEN MATCHED AND s._op")[0]
+    first_clause = sql.split("WHEN MATCHED AND s._op")[0]
+    assert ("WHEN MATCHED AND t.sequencer > s.sequencer THEN UPDATE SET t.sequencer = "
+            f"CAST(raise_error(concat('{STALE_MARKER} computation=") in first_clause

@@ -33,7 +33,7 @@ from enum import StrEnum
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
-from deltawheel.statestore.exceptions import BadRecordError, DeltaWheelError, RetryableError
+from deltawheel.statestore.exceptions import BadRecordError, ConfigError, DeltaWheelError, RetryableError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import Production
@@ -42,6 +42,9 @@ from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
 from . import _tasks
 from .computation import Computation, LatePolicy
 from .delivery import deliver_frame, deliver_productions, record_dead_letters, record_late
+from .images import ImagesStale, ImageWriter
+
+WRITE_PATHS = ("image", "merge")
 
 __all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
 
@@ -99,8 +102,14 @@ class ComputationExecutor:
                  authority: WatermarkAuthority | None = None, upstream: Sequence[str] = (),
                  clock: Clock = SystemClock(), faults: Callable[[FaultPoint, int], None] | None = None,
                  on_batch_end: Callable[[int | None, int | None], None] | None = None,
-                 progress: Callable[[str], None] | None = None, partitions: int | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, partitions: int | None = None,
+                 write_path: str = "image") -> None:
         type(computation).validate()
+        if write_path not in WRITE_PATHS:
+            raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {write_path!r}")
+        self.write_path = write_path
+        self._images: ImageWriter | None = None
+        self._oldest_iv: dict[int, int | None] = {}
         self.spark = spark
         self.layout = layout
         self.comp = computation
@@ -134,6 +143,11 @@ class ComputationExecutor:
         self._oldest = {iv: {} for iv in self.owner.intervals}
         for r in rec.rows.values():
             self._note_oldest(r.interval, r.key, r.next_event_timer_ms, r.watermark_hold_ms, deleted=False)
+        if self.write_path == "image":
+            self._images = ImageWriter(self.spark, self.layout, self.comp, self.owner)
+            self._images.load()
+            for iv, per in self._oldest.items():
+                self._oldest_iv[iv] = min(per.values()) if per else None
         pending: list[Production] = [p for _, p in rec.pending]
         if pending:
             deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
@@ -192,6 +206,9 @@ class ComputationExecutor:
         # A record is late when it is behind the watermark this computation already acted on
         # (the previous batch's: its timers fired up to there); timers now fire with wm_in.
         wm_late = self._acted_wm
+        if self._images is not None:
+            return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
+                                     started=started, marks=marks, mark=mark)
         prep = _tasks.prepare_input(df, comp, wm_late) if df is not None else None
         records_in = late_routed = dead_in = 0
         obs_max = obs_min = None
@@ -272,6 +289,82 @@ class ComputationExecutor:
         self._log(_format(comp.name, report))
         return report
 
+    def _image_batch(self, df: Any | None, batch_id: int, *, wm_in: int | None, wm_late: int | None, now: int,
+                     horizon: int | None, started: float, marks: list[tuple[str, float]],
+                     mark: Callable[[str], None]) -> BatchReport:
+        """Steps 2-7 on the image write path (``images.py``)."""
+        comp = self.comp
+        images = self._images
+        assert images is not None
+        commit_id = f"{comp.name}:{batch_id}:{now}"
+        self._fault(FaultPoint.AFTER_PREPARE, batch_id)
+        for attempt in range(1, 4):
+            # Step 2-4: input preparation, the interval images, user code: one Spark job.
+            session = df.sparkSession if df is not None else self.spark
+            prep = _tasks.prepare_input(df, comp, wm_late) if df is not None else None
+            try:
+                out = images.run_tasks(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon,
+                                       commit_id=commit_id, partitions=self.partitions)
+            except ImagesStale:
+                out = None
+            except Exception as exc:  # noqa: BLE001 - user code errors surface here
+                raise BatchFailedError(_tasks.user_error_message(exc, comp.name, batch_id)) from exc
+            if out is not None:
+                mark("load_and_user_code")
+                self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
+                dead, late_rows = out.side("dead"), out.side("late")
+                if dead:
+                    record_dead_letters(session, self.layout, _side_frame(session, dead, dead=True),
+                                        computation=comp.name, batch_id=batch_id)
+                if late_rows:
+                    record_late(session, self.layout, _side_frame(session, late_rows, dead=False),
+                                computation=comp.name, watermark_ms=wm_late, batch_id=batch_id)
+                if not comp.strong_productions:
+                    images.deliver(out, version=None)
+                # Step 5: the fenced commit.
+                self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
+                self.owner.check()
+                t0 = time.monotonic()
+                try:
+                    version = images.commit(out, commit_id=commit_id, writer=self.owner.store.writer)
+                    break
+                except ImagesStale:
+                    pass
+            # someone touched our partitions: a takeover (-> StaleSequencerError) or a reload
+            images.check_fences()
+            images.load()
+            if attempt == 3:
+                raise BatchFailedError(f"{comp.name} batch {batch_id}: the interval images kept changing "
+                                       "under this writer; restart the query")
+        commit_s = time.monotonic() - t0
+        mark("commit")
+        self._fault(FaultPoint.AFTER_COMMIT, batch_id)
+        # Step 6: deliver (idempotent per interval and rows version); cleared by the next commit.
+        if comp.strong_productions:
+            images.deliver(out, version=version)
+        mark("deliver")
+        self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
+        # Step 7: watermarks.
+        self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
+        for s in out.summaries:
+            if s["interval"] is not None:
+                self._oldest_iv[int(s["interval"])] = s["oldest_ms"]
+        mins = [s["min_ts"] for s in out.summaries if s["min_ts"] is not None]
+        maxs = [s["max_ts"] for s in out.summaries if s["max_ts"] is not None]
+        if self.on_batch_end is not None:
+            self.on_batch_end(min(mins) if mins else None, max(maxs) if maxs else None)
+        low = self._publish_watermarks() if self.authority is not None else None
+        mark("watermarks")
+        if wm_in is not None:
+            self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
+        t = out.total
+        report = BatchReport(batch_id, t("records_in"), t("processed"), t("duplicates"), t("late"),
+                             len(out.side("late")), len(out.side("dead")), t("fired"), t("n_prods"),
+                             t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks))
+        self.reports.append(report)
+        self._log(_format(comp.name, report))
+        return report
+
     def flush(self, *, input_watermark_ms: int | None = None) -> BatchReport:
         """A batch without input: fire what the (given or published) watermark makes due."""
         bid = (self.reports[-1].batch_id + 1) if self.reports else 0
@@ -290,8 +383,11 @@ class ComputationExecutor:
     def _publish_watermarks(self) -> int | None:
         assert self.authority is not None
         for iv, seq in self.owner.sequencers.items():
-            per = self._oldest.get(iv) or {}
-            oldest = min(per.values()) if per else None
+            if self._images is not None:
+                oldest = self._oldest_iv.get(iv)
+            else:
+                per = self._oldest.get(iv) or {}
+                oldest = min(per.values()) if per else None
             self.authority.publish_oldest_work(self.comp.name, iv, oldest, sequencer=seq)
         return self.authority.advance_low_watermark(self.comp.name)
 
@@ -302,6 +398,19 @@ class ComputationExecutor:
     def _log(self, line: str) -> None:
         if self.progress is not None:
             self.progress(line)
+
+
+def _side_frame(session: Any, rows: list[dict[str, Any]], *, dead: bool) -> Any:
+    """Dead letters / late records returned by the tasks, as a frame for ``delivery.py``."""
+    if dead:
+        return session.createDataFrame(
+            [(r["record_id"], r["key"], r["value"], r["error"], r["position"], r["timestamp_ms"], r["stream"])
+             for r in rows],
+            "record_id STRING, key STRING, raw_value BINARY, error STRING, position STRING, "
+            "event_time_ms BIGINT, stream STRING")
+    return session.createDataFrame(
+        [(r["stream"], r["record_id"], r["key"], r["value"], r["codec"], r["timestamp_ms"]) for r in rows],
+        "stream STRING, record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT")
 
 
 def _format(name: str, r: BatchReport) -> str:

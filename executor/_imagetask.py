@@ -1,0 +1,278 @@
+"""The task side of the image write path: one interval image in, one out.
+
+Each Spark task gets the batch's records of some intervals (plus one marker
+row per owned interval, so intervals with only due timers get a task too) and,
+per interval, the paths of the files that make up the interval's current
+partition of the rows table. It
+
+1. loads the image (Parquet, cached per Python worker by file path: files
+   are immutable, so a cached image is never stale) and checks the fence row
+   carries this writer's sequencer — a takeover is noticed before user code;
+2. picks the keys to run: keys with records, keys with due timers;
+3. runs user code per key (``keyrun.run_key``: dedup, records in event-time
+   order, timers in timestamp order) and clears delivered checkpoints;
+4. writes the new image as one Parquet file in the interval's partition
+   folder and the new productions as one file per stream in the stream
+   table's folder — neither is visible until the driver commits it;
+5. returns one summary row per interval (file paths, counts, oldest work).
+
+Nothing here talks to ZooKeeper or the Delta log; the driver commits.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.exceptions import CodecError
+from deltawheel.statestore.rows import FENCE_KEY, KeyRow
+
+from .computation import Computation, Record
+from .keyrun import run_key
+
+__all__ = ["ImageSpec", "image_task_fn", "SUMMARY_DDL", "STALE_MARK"]
+
+STALE_MARK = "DW_STALE_FENCE"
+_SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
+         "stream: STRING, position: STRING, error: STRING>")
+SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
+               "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT>>, "
+               f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
+               "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, oldest_ms BIGINT, "
+               "min_ts BIGINT, max_ts BIGINT")
+_CACHE: "OrderedDict[tuple[str, ...], Any]" = OrderedDict()
+_CACHE_MAX = 64
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """Everything a task needs, as plain values (pickled to the workers)."""
+
+    comp: Computation
+    rows_root: str  # local folder of the rows table
+    images: Mapping[int, tuple[str, ...]]  # interval -> relative (decoded) paths of its live files
+    sequencers: Mapping[int, int]
+    stream_roots: Mapping[str, str]
+    wm: int | None
+    now_ms: int
+    horizon_ms: int | None
+    commit_id: str
+    rows_schema: Any  # pyarrow schema of the rows files (no partition columns)
+    stream_schema: Any
+    stream_format_version: int
+    route_late: bool
+    summary_schema: Any
+
+
+def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        rows: list[dict[str, Any]] = []
+        for b in batches:
+            rows.extend(b.to_pylist())
+        if not rows:
+            return
+        out = _run(spec, rows)
+        yield pa.RecordBatch.from_pylist(out, schema=spec.summary_schema)
+
+    return fn
+
+
+def _run(spec: ImageSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_iv: dict[int, list[dict[str, Any]]] = {}
+    side: list[dict[str, Any]] = []
+    counted = 0
+    lo = hi = None
+    for r in rows:
+        if r["_m"]:
+            by_iv.setdefault(int(r["interval"]), [])
+            continue
+        counted += 1
+        ts = r["timestamp_ms"]
+        if ts is not None:
+            lo = ts if lo is None or ts < lo else lo
+            hi = ts if hi is None or ts > hi else hi
+        if r["_bad"] is not None:
+            side.append(_side("dead", r, r["key"], r["_bad"]))
+        elif spec.route_late and r["late"]:
+            side.append(_side("late", r, r["key"], None))
+        else:
+            by_iv.setdefault(int(r["interval"]), []).append(r)
+    out = [_interval(spec, iv, recs) for iv, recs in sorted(by_iv.items()) if iv in spec.sequencers]
+    first = {"interval": None, "side": [], "records_in": 0, "min_ts": None, "max_ts": None}
+    (out[0] if out else first).update(records_in=counted, min_ts=lo, max_ts=hi)
+    if side or not out:
+        (out[0] if out else first)["side"] = side + (out[0]["side"] if out else [])
+    return out or [first]
+
+
+def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str, Any]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    comp = spec.comp
+    name = comp.name
+    image = _load(spec, iv)
+    # Step 1: the fence row must carry our sequencer.
+    keys = image.column("key")
+    fence = image.filter(pc.equal(keys, FENCE_KEY)).column("sequencer").to_pylist()
+    mine = spec.sequencers[iv]
+    if not fence or max(fence) != mine:
+        raise RuntimeError(f"{STALE_MARK}: interval {iv} of {name} is fenced by sequencer "
+                           f"{max(fence) if fence else None}, this writer holds {mine}")
+    # Step 2: keys to run.
+    due = pc.less_equal(image.column("next_processing_timer_ms"), spec.now_ms)
+    if spec.wm is not None:
+        due = pc.or_kleene(due, pc.less(image.column("next_event_timer_ms"), spec.wm))
+    due = pc.fill_null(due, False)
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_key.setdefault(r["key"], []).append(r)
+    touched = set(by_key) | set(image.filter(due).column("key").to_pylist())
+    has_pending = bool(pc.any(pc.greater(pc.fill_null(pc.list_value_length(image.column("pending")), 0), 0))
+                       .as_py())
+    summary: dict[str, Any] = {"interval": iv, "new_path": None, "new_size": None, "new_rows": None,
+                               "prod_files": [], "side": [], "records_in": 0, "processed": 0, "duplicates": 0,
+                               "fired": 0, "late": 0, "n_prods": 0, "n_dead": 0, "keys_written": 0,
+                               "min_ts": None, "max_ts": None}
+    if not touched and not has_pending:
+        summary["oldest_ms"] = _oldest(image)
+        return summary
+    # Step 3: user code per key.
+    mask = pc.is_in(keys, value_set=pa.array(sorted(touched), pa.string()))
+    old = {r["key"]: r for r in image.filter(mask).to_pylist()}
+    rest = image.filter(pc.invert(mask))
+    if has_pending:
+        idx = rest.schema.get_field_index("pending")
+        rest = rest.set_column(idx, rest.schema.field(idx),
+                               pa.array([[]] * rest.num_rows, rest.schema.field(idx).type))
+    new_rows: list[dict[str, Any]] = []
+    prods: list[Any] = []
+    written = 0
+    for key in sorted(touched):
+        r = old.get(key)
+        row = KeyRow.from_row({**r, "computation": name, "interval": iv}) if r is not None else None
+        cleared = bool(row and row.pending)
+        if cleared:
+            row = row.with_(pending=())  # type: ignore[union-attr]  # delivered by the previous batch
+        records, dead = _records(key, by_key.get(key, ()))
+        o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=spec.wm,
+                    now_ms=spec.now_ms, dedup_horizon_ms=spec.horizon_ms)
+        by_id = {x["record_id"]: x for x in by_key.get(key, ())}
+        dead += [_side("dead", by_id[rec.record_id], key, err) for rec, err in o.dead_letters]
+        summary["side"].extend(dead)
+        for k in ("processed", "duplicates", "late"):
+            summary[k] += getattr(o, k)
+        summary["fired"] += o.timers_fired
+        summary["n_dead"] += len(dead)
+        prods.extend(o.productions)
+        if o.row is None:
+            written += int(row is not None)
+            continue
+        if o.changed or cleared or row is None:
+            img = o.row.with_(computation=name, interval=iv).to_row()
+            img.update(sequencer=mine, commit_id=spec.commit_id, updated_ms=spec.now_ms)
+            new_rows.append(img)
+            written += 1
+        else:
+            new_rows.append(r if not has_pending else {**r, "pending": []})  # type: ignore[dict-item]
+    summary["n_prods"] = len(prods)
+    summary["keys_written"] = written
+    new_image = pa.concat_tables([rest, pa.Table.from_pylist(new_rows, schema=spec.rows_schema)])
+    # Step 4: write the files (invisible until the driver's commit).
+    if written or has_pending:
+        rel = f"computation={name}/interval={iv}/part-{uuid.uuid4().hex}-dw.snappy.parquet"
+        size = _write(new_image, os.path.join(spec.rows_root, rel))
+        _remember((rel,), new_image)
+        summary.update(new_path=rel, new_size=size, new_rows=new_image.num_rows)
+    summary["prod_files"] = _write_productions(spec, iv, prods)
+    summary["oldest_ms"] = _oldest(new_image)
+    return summary
+
+
+def _records(key: str, recs: Any) -> tuple[list[Record], list[dict[str, Any]]]:
+    out: list[Record] = []
+    dead: list[dict[str, Any]] = []
+    for x in recs:
+        try:
+            value = get_codec(x["codec"]).decode(x["value"])
+        except CodecError as exc:
+            dead.append(_side("dead", x, key, f"CodecError: {exc}"))
+            continue
+        out.append(Record(key, value, int(x["timestamp_ms"]), x["record_id"], x["stream"] or "", bool(x["late"])))
+    return out, dead
+
+
+def _side(kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -> dict[str, Any]:
+    return {"kind": kind, "record_id": x.get("record_id"), "key": key, "value": x.get("value"),
+            "codec": x.get("codec"), "timestamp_ms": x.get("timestamp_ms"), "stream": x.get("stream"),
+            "position": x.get("position"), "error": error}
+
+
+def _oldest(image: Any) -> int | None:
+    import pyarrow.compute as pc
+
+    user = image.filter(pc.not_equal(image.column("key"), FENCE_KEY))
+    marks = [pc.min(user.column(c)).as_py() for c in ("next_event_timer_ms", "watermark_hold_ms")]
+    marks = [m for m in marks if m is not None]
+    return min(marks) if marks else None
+
+
+def _load(spec: ImageSpec, iv: int) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = tuple(sorted(spec.images.get(iv, ())))
+    hit = _CACHE.get(paths)
+    if hit is not None:
+        _CACHE.move_to_end(paths)
+        return hit
+    names = spec.rows_schema.names
+    parts = [pq.read_table(os.path.join(spec.rows_root, p), columns=names) for p in paths]
+    table = pa.concat_tables([t.cast(spec.rows_schema) for t in parts]) if parts else spec.rows_schema.empty_table()
+    _remember(paths, table)
+    return table
+
+
+def _remember(paths: tuple[str, ...], table: Any) -> None:
+    _CACHE[paths] = table
+    _CACHE.move_to_end(paths)
+    while len(_CACHE) > _CACHE_MAX:
+        _CACHE.popitem(last=False)
+
+
+def _write(table: Any, path: str) -> int:
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(table, path, compression="snappy")
+    return os.path.getsize(path)
+
+
+def _write_productions(spec: ImageSpec, iv: int, prods: list[Any]) -> list[dict[str, Any]]:
+    import pyarrow as pa
+
+    out = []
+    for stream in sorted({p.stream for p in prods}):
+        ps = [p for p in prods if p.stream == stream]
+        ts = pa.array([p.timestamp_ms for p in ps], pa.int64())
+        table = pa.table({
+            "record_id": pa.array([p.production_id for p in ps], pa.string()),
+            "key": pa.array([p.key for p in ps], pa.string()),
+            "value": pa.array([bytes(p.value) for p in ps], pa.binary()),
+            "codec": pa.array([p.codec for p in ps], pa.string()),
+            "timestamp_ms": ts,
+            "event_time": ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
+            "producer": pa.array([spec.comp.name] * len(ps), pa.string()),
+            "commit_id": pa.array([spec.commit_id] * len(ps), pa.string()),
+            "format_version": pa.array([spec.stream_format_version] * len(ps), pa.int32()),
+        }).cast(spec.stream_schema)
+        rel = f"part-{uuid.uuid4().hex}-dw-{spec.comp.name}-{iv}.snappy.parquet"
+        size = _write(table, os.path.join(spec.stream_roots[stream], rel))
+        out.append({"stream": stream, "path": rel, "size": size, "num_rows": table.num_rows})
+    return out

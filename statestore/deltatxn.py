@@ -1,0 +1,199 @@
+"""Delta transactions at the file level, through Delta's own transaction API.
+
+The executor's fast write path (``write_path="image"``) does not go through
+MERGE: Spark tasks write whole interval images (Parquet files) and the driver
+commits them here, one ``OptimisticTransaction`` per batch, built from Delta
+actions: ``remove`` the interval's previous files, ``add`` the new ones.
+Delta's conflict detection is the mediator, as with MERGE:
+
+- the transaction records a read predicate per interval partition and the
+  files it replaces; a concurrent commit that adds or removes files of those
+  partitions (a takeover's fence MERGE, another writer) makes it fail with
+  ``ConcurrentAppendException`` / ``ConcurrentDeleteDeleteException``;
+- commits that landed *before* the transaction started are not seen by that
+  check, so :meth:`TableLog.touched_since` reads the log entries after the
+  writer's last own commit and reports any that touch its partitions; the
+  writer then reloads its images (and meets the newer fence row).
+
+Delivery of productions is a blind append of already written files with one
+``SetTransaction`` (app id, version) per producing interval: Delta's own
+idempotence for retried appends; an app id whose version is already at or
+past the one given is skipped.
+
+Only the JVM side of Delta is used (py4j), nothing is re-implemented: the log
+format, checkpoints and conflict rules stay Delta's. Files are plain Parquet
+written with pyarrow, readable by any Delta reader.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import quote, unquote
+
+__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "local_root"]
+
+
+class StaleFilesError(Exception):
+    """Someone else committed to partitions whose files a writer was about to replace."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One live data file of a table (an ``add`` action)."""
+
+    path: str  # relative to the table root, as in the log (URL-encoded)
+    partition_values: tuple[tuple[str, str], ...]
+    size: int
+    has_deletion_vector: bool
+    action_json: str
+
+    def part(self, name: str) -> str | None:
+        return dict(self.partition_values).get(name)
+
+
+def local_root(table_path: str) -> str:
+    """The table's folder as a local path (``file:`` URIs stripped)."""
+    if table_path.startswith("file://"):
+        return table_path[len("file://"):]
+    if table_path.startswith("file:"):
+        return table_path[len("file:"):]
+    return table_path
+
+
+def new_add(rel_path: str, partition_values: Mapping[str, str], size: int, num_records: int) -> str:
+    """The JSON of an ``add`` action for a freshly written file (``rel_path`` not yet encoded)."""
+    return json.dumps({"add": {
+        "path": quote(rel_path), "partitionValues": dict(partition_values), "size": int(size),
+        "modificationTime": int(time.time() * 1000), "dataChange": True,
+        "stats": json.dumps({"numRecords": int(num_records)})}})
+
+
+class TableLog:
+    """File-level reads and commits of one Delta table (driver side)."""
+
+    def __init__(self, spark: Any, path: str) -> None:
+        self.spark = spark
+        self.path = path
+        jvm = spark._jvm
+        self._jvm = jvm
+        self._js = spark._jsparkSession
+        self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._js, path)
+        self._cc = jvm.scala.jdk.javaapi.CollectionConverters
+        utils = jvm.org.apache.spark.util.Utils
+        self._action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
+            .getField("MODULE$").get(None)
+        self._op = utils.classForName("org.apache.spark.sql.delta.DeltaOperations$ManualUpdate$", True, False) \
+            .getField("MODULE$").get(None)
+
+    # ------------------------------------------------------------ reading
+
+    def _seq(self, items: Sequence[Any]) -> Any:
+        return self._cc.asScala(self._jvm.java.util.ArrayList(list(items))).toSeq()
+
+    def _pred(self, sql: str) -> Any:
+        return self._js.sessionState().sqlParser().parseExpression(sql)
+
+    def files(self, predicate_sql: str) -> tuple[int, list[FileEntry]]:
+        """(snapshot version, live files matching a partition predicate) — a full snapshot read."""
+        txn = self._log.startTransaction()
+        adds = self._cc.asJava(txn.filterFiles(self._seq([self._pred(predicate_sql)]), False))
+        out = []
+        for a in adds:
+            pv = self._cc.asJava(a.partitionValues())
+            out.append(FileEntry(str(a.path()), tuple(sorted((str(k), str(v)) for k, v in pv.items())),
+                                 int(a.size()), a.deletionVector() is not None, str(a.json())))
+        return int(txn.snapshot().version()), out
+
+    def _touched(self, txn: Any, version: int, partitions: Iterable[Mapping[str, str]]) -> int | None:
+        """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata."""
+        wanted = {tuple(sorted(p.items())) for p in partitions}
+        upto = int(txn.snapshot().version())
+        if upto <= version:
+            return None
+        changes = self._log.getChanges(version + 1, False)
+        while changes.hasNext():
+            pair = changes.next()
+            v = int(pair._1())
+            if v > upto:
+                break
+            for act in self._cc.asJava(pair._2()):
+                name = act.getClass().getSimpleName()
+                if name in ("Metadata", "Protocol"):
+                    return v
+                if name in ("AddFile", "RemoveFile"):
+                    pv = tuple(sorted((str(k), str(x)) for k, x in self._cc.asJava(act.partitionValues()).items()))
+                    if pv in wanted:
+                        return v
+        return None
+
+    def append_once(self, files: Mapping[str, Sequence[str]], *, version: int) -> int | None:
+        """Blind append of ``files`` (app id -> add action JSONs) with one SetTransaction per app id.
+
+        An app id whose recorded version is already >= ``version`` was delivered
+        before: its files are left out. Returns the new table version, or None
+        when there was nothing left to add.
+        """
+        txn = self._log.startTransaction()
+        now = int(time.time() * 1000)
+        actions = []
+        for app, adds in files.items():
+            if int(txn.txnVersion(app)) >= version:
+                continue
+            actions += [self._action.fromJson(a) for a in adds]
+            actions.append(self._action.fromJson(json.dumps(
+                {"txn": {"appId": app, "version": int(version), "lastUpdated": now}})))
+        if not actions:
+            return None
+        return int(txn.commit(self._seq(actions), self._op))
+
+    # ------------------------------------------------------------ writing
+
+    def commit(self, *, remove: Sequence[FileEntry] = (), add: Sequence[str] = (),
+               read_partitions: Sequence[str] = (), app_versions: Mapping[str, int] | None = None,
+               user_metadata: str | None = None,
+               untouched_since: tuple[int, Sequence[Mapping[str, str]]] | None = None) -> int | None:
+        """One Delta transaction: remove files, add files (``add`` action JSON), set app versions.
+
+        ``read_partitions`` are SQL predicates recorded as read: any concurrent
+        commit adding files there makes this one fail. ``untouched_since``
+        = (version, partitions): fail with :class:`StaleFilesError` if a commit
+        after ``version`` touched those partitions. Returns the new version.
+        Raises whatever Delta raises (conflicts are translated by the caller).
+        """
+        txn = self._log.startTransaction()
+        if untouched_since is not None:
+            v = self._touched(txn, *untouched_since)
+            if v is not None:
+                raise StaleFilesError(f"commit {v} of {self.path} changed partitions this writer holds images of")
+        if read_partitions:
+            txn.trackReadPredicates(self._seq([self._pred(p) for p in read_partitions]), True, False)
+        now = int(time.time() * 1000)
+        actions = []
+        if remove:
+            old = [self._action.fromJson(f.action_json) for f in remove]
+            txn.trackFilesRead(self._seq(old))
+            actions += [a.removeWithTimestamp(now, True) for a in old]
+        actions += [self._action.fromJson(a) for a in add]
+        for app, ver in (app_versions or {}).items():
+            txn.txnVersion(app)  # recorded as read: a concurrent commit of the same app id conflicts
+            actions.append(self._action.fromJson(json.dumps(
+                {"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})))
+        conf = self._js.conf()
+        key = "spark.databricks.delta.commitInfo.userMetadata"
+        if user_metadata is not None:
+            conf.set(key, user_metadata)
+        try:
+            return int(txn.commit(self._seq(actions), self._op))
+        finally:
+            if user_metadata is not None:
+                conf.unset(key)
+
+
+def decode_path(rel: str) -> str:
+    return unquote(rel)
+
+
+__all__ += ["decode_path"]

@@ -22,6 +22,7 @@ Nothing here talks to ZooKeeper or the Delta log; the driver commits.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -77,7 +78,17 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
             rows.extend(b.to_pylist())
         if not rows:
             return
-        out = _run(spec, rows)
+        t0 = time.perf_counter()
+        if os.environ.get("DELTAWHEEL_TASK_PROFILE"):
+            import cProfile
+            prof = cProfile.Profile()
+            out = prof.runcall(_run, spec, rows)
+            prof.dump_stats(os.path.join(os.environ["DELTAWHEEL_TASK_PROFILE"], f"task-{uuid.uuid4().hex}.prof"))
+        else:
+            out = _run(spec, rows)
+        if os.environ.get("DELTAWHEEL_TASK_TIMING"):
+            import sys
+            print(f"task: {len(rows)} rows in {time.perf_counter() - t0:.3f}s", file=sys.stderr)
         yield pa.RecordBatch.from_pylist(out, schema=spec.summary_schema)
 
     return fn
@@ -143,27 +154,35 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
     if not touched and not has_pending:
         summary["oldest_ms"] = _oldest(image)
         return summary
-    # Step 3: user code per key.
+    # Step 3: user code per key. Record ids (the bulk of a row) stay in Arrow: the duplicates
+    # are found with one vectorized lookup, the new lists are assembled column-wise below.
     mask = pc.is_in(keys, value_set=pa.array(sorted(touched), pa.string()))
-    old = {r["key"]: r for r in image.filter(mask).to_pylist()}
+    sub = image.filter(mask)
+    old_ids = _flat_ids(sub, spec.horizon_ms)
+    old = {r["key"]: r for r in sub.drop_columns(["record_ids"]).to_pylist()}
     rest = image.filter(pc.invert(mask))
     if has_pending:
         idx = rest.schema.get_field_index("pending")
         rest = rest.set_column(idx, rest.schema.field(idx),
                                pa.array([[]] * rest.num_rows, rest.schema.field(idx).type))
+    seen = _already_seen(comp, recs, old_ids)
     new_rows: list[dict[str, Any]] = []
+    new_ids: list[tuple[str, str, int]] = []
     prods: list[Any] = []
     written = 0
     for key in sorted(touched):
         r = old.get(key)
-        row = KeyRow.from_row({**r, "computation": name, "interval": iv}) if r is not None else None
+        row = KeyRow.from_row({**r, "computation": name, "interval": iv, "record_ids": ()}) if r is not None else None
         cleared = bool(row and row.pending)
         if cleared:
             row = row.with_(pending=())  # type: ignore[union-attr]  # delivered by the previous batch
-        records, dead = _records(key, by_key.get(key, ()))
+        key_recs = by_key.get(key, ())
+        fresh = [x for x in key_recs if (key, x["record_id"]) not in seen] if seen else key_recs
+        summary["duplicates"] += len(key_recs) - len(fresh)
+        records, dead = _records(key, fresh)
         o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=spec.wm,
                     now_ms=spec.now_ms, dedup_horizon_ms=spec.horizon_ms)
-        by_id = {x["record_id"]: x for x in by_key.get(key, ())}
+        by_id = {x["record_id"]: x for x in fresh}
         dead += [_side("dead", by_id[rec.record_id], key, err) for rec, err in o.dead_letters]
         summary["side"].extend(dead)
         for k in ("processed", "duplicates", "late"):
@@ -172,10 +191,16 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
         summary["n_dead"] += len(dead)
         prods.extend(o.productions)
         if o.row is None:
+            if key in old_ids.keys:  # no state left, but its recent record ids still guard replays
+                img = KeyRow(name, key, iv).to_row()
+                img.update(sequencer=mine, commit_id=spec.commit_id, updated_ms=spec.now_ms)
+                new_rows.append(img)
             written += int(row is not None)
             continue
+        if comp.exactly_once:
+            new_ids.extend((key, sid.record_id, sid.seen_ms) for sid in o.row.record_ids)
         if o.changed or cleared or row is None:
-            img = o.row.with_(computation=name, interval=iv).to_row()
+            img = o.row.with_(computation=name, interval=iv, record_ids=()).to_row()
             img.update(sequencer=mine, commit_id=spec.commit_id, updated_ms=spec.now_ms)
             new_rows.append(img)
             written += 1
@@ -183,7 +208,9 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
             new_rows.append(r if not has_pending else {**r, "pending": []})  # type: ignore[dict-item]
     summary["n_prods"] = len(prods)
     summary["keys_written"] = written
-    new_image = pa.concat_tables([rest, pa.Table.from_pylist(new_rows, schema=spec.rows_schema)])
+    fresh_tbl = _with_ids(pa.Table.from_pylist(new_rows, schema=spec.rows_schema.remove(
+        spec.rows_schema.get_field_index("record_ids"))), old_ids, new_ids, spec.rows_schema)
+    new_image = pa.concat_tables([rest, fresh_tbl])
     # Step 4: write the files (invisible until the driver's commit).
     if written or has_pending:
         rel = f"computation={name}/interval={iv}/part-{uuid.uuid4().hex}-dw.snappy.parquet"
@@ -193,6 +220,69 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
     summary["prod_files"] = _write_productions(spec, iv, prods)
     summary["oldest_ms"] = _oldest(new_image)
     return summary
+
+
+@dataclass
+class _Ids:
+    """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays."""
+
+    table: Any
+    keys: set[str]
+
+
+def _flat_ids(sub: Any, horizon_ms: int | None) -> _Ids:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lst = sub.column("record_ids").combine_chunks()
+    if len(lst) == 0:
+        return _Ids(pa.table({"key": pa.array([], pa.string()), "record_id": pa.array([], pa.string()),
+                              "seen_ms": pa.array([], pa.int64())}), set())
+    parents = pc.list_parent_indices(lst)
+    flat = pc.list_flatten(lst)
+    table = pa.table({"key": sub.column("key").combine_chunks().take(parents),
+                      "record_id": flat.field("record_id"), "seen_ms": flat.field("seen_ms")})
+    if horizon_ms is not None:
+        table = table.filter(pc.greater_equal(table.column("seen_ms"), horizon_ms))
+    return _Ids(table, set(pc.unique(table.column("key")).to_pylist()))
+
+
+def _already_seen(comp: Computation, recs: list[dict[str, Any]], ids: _Ids) -> set[tuple[str, str]]:
+    """(key, record id) of the records whose id the key's row already holds."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not comp.exactly_once or ids.table.num_rows == 0 or not recs:
+        return set()
+    pairs = pa.array([f"{x['key']}\x00{x['record_id']}" for x in recs], pa.string())
+    old = pc.binary_join_element_wise(ids.table.column("key"), ids.table.column("record_id"), "\x00")
+    hit = pc.is_in(pairs, value_set=old).to_pylist()
+    return {(x["key"], x["record_id"]) for x, h in zip(recs, hit) if h}
+
+
+def _with_ids(rows: Any, old: _Ids, new: list[tuple[str, str, int]], schema: Any) -> Any:
+    """``rows`` (without record ids) + the record_ids column: retained old ids, then the new ones."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    field = schema.field("record_ids")
+    ids = pa.concat_tables([old.table, pa.table({
+        "key": pa.array([k for k, _, _ in new], pa.string()),
+        "record_id": pa.array([r for _, r, _ in new], pa.string()),
+        "seen_ms": pa.array([t for _, _, t in new], pa.int64())})])
+    pos = pc.index_in(ids.column("key"), value_set=rows.column("key"))
+    ids = ids.append_column("pos", pos).append_column("seq", pa.array(np.arange(ids.num_rows), pa.int64()))
+    ids = ids.filter(pc.is_valid(pos))
+    ids = ids.take(pc.sort_indices(ids, sort_keys=[("pos", "ascending"), ("seq", "ascending")]))
+    counts = np.bincount(ids.column("pos").to_numpy(), minlength=rows.num_rows) if ids.num_rows else \
+        np.zeros(rows.num_rows, dtype=np.int64)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32), pa.int32())
+    values = pa.StructArray.from_arrays([ids.column("record_id").combine_chunks(),
+                                         ids.column("seen_ms").combine_chunks()], fields=list(field.type.value_type))
+    col = pa.ListArray.from_arrays(offsets, values, type=field.type)
+    out = rows.add_column(schema.get_field_index("record_ids"), field, col)
+    return out.select(schema.names).cast(schema)
 
 
 def _records(key: str, recs: Any) -> tuple[list[Record], list[dict[str, Any]]]:

@@ -74,6 +74,8 @@ class ImageWriter:
         self.files: dict[int, list[FileEntry]] = {}
         self.version = -1
         self._streams: dict[str, TableLog] = {}
+        self._delivered: dict[tuple[str, str], int] = {}
+        self._spread_values: list[int] | None = None  # (stream, app id) -> last version delivered
 
     def _pred(self, ivs: Sequence[int]) -> str:
         return f"computation = '{self.comp.name}' AND interval IN ({', '.join(str(i) for i in ivs)})"
@@ -168,8 +170,8 @@ class ImageWriter:
             stream_schema=to_arrow_schema(_parse_datatype_string(stream_schema_ddl())),
             stream_format_version=STREAM_FORMAT_VERSION, route_late=comp.late_policy is LatePolicy.ROUTE,
             summary_schema=to_arrow_schema(_parse_datatype_string(SUMMARY_DDL)))
-        out = frame.repartition(partitions, "interval").mapInArrow(image_task_fn(spec),
-                                                                  _parse_datatype_string(SUMMARY_DDL))
+        out = (frame.withColumn("_p", self._spread(session, ivs, partitions)).repartition(partitions, "_p")
+               .drop("_p").mapInArrow(image_task_fn(spec), _parse_datatype_string(SUMMARY_DDL)))
         try:
             rows = out.toArrow().to_pylist()
         except Exception as exc:  # noqa: BLE001 - the fence check in the tasks
@@ -177,6 +179,28 @@ class ImageWriter:
                 raise ImagesStale(str(exc).split(STALE_MARK, 1)[1].splitlines()[0]) from exc
             raise
         return BatchOutput(rows)
+
+    def _spread(self, session: Any, ivs: list[int], partitions: int) -> Any:
+        """A column whose hash sends the owned intervals round-robin to the tasks.
+
+        ``repartition(n, col)`` places a row by ``pmod(hash(col), n)``; hashing the interval
+        itself can put most intervals in one task. One tiny query finds, per task, a value
+        that hashes there."""
+        from pyspark.sql import functions as F
+
+        if self._spread_values is None or len(self._spread_values) != partitions:
+            rows = session.range(0, 64 * partitions).selectExpr(
+                "cast(id as int) as v", f"pmod(hash(cast(id as int)), {partitions}) as p").collect()
+            first: dict[int, int] = {}
+            for r in rows:
+                first.setdefault(int(r["p"]), int(r["v"]))
+            self._spread_values = [first[p] for p in range(partitions)]
+        col = None
+        for rank, iv in enumerate(ivs):
+            v = F.lit(self._spread_values[rank % partitions])
+            col = F.when(F.col("interval") == iv, v) if col is None else col.when(F.col("interval") == iv, v)
+        assert col is not None
+        return col.otherwise(F.lit(self._spread_values[0])).cast("int")
 
     # ------------------------------------------------------------------ step 5
 
@@ -247,6 +271,14 @@ class ImageWriter:
                 log = self._streams[stream] = TableLog(self.spark, self.layout.stream(stream))
             if version is None:  # weak productions: blind append, consumers dedup by record id
                 log.commit(add=[a for adds in files.values() for a in adds])
-            else:
-                log.append_once(files, version=version)
+                continue
+            # what was delivered is read from the log once per app id, then remembered
+            for app in files:
+                if (stream, app) not in self._delivered:
+                    self._delivered[(stream, app)] = log.txn_version(app)
+            todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}
+            if todo:
+                log.commit(add=[a for adds in todo.values() for a in adds], app_versions={a: version for a in todo})
+                for app in todo:
+                    self._delivered[(stream, app)] = version
         return n

@@ -23,7 +23,7 @@ from typing import Any
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
 
-from . import m0001_meta_and_rows, m0002_dead_letters_late_data
+from . import m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval
 
 __all__ = [
     "CODE_SCHEMA_VERSION",
@@ -36,7 +36,7 @@ __all__ = [
     "check_store",
 ]
 
-MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data)
+MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval)
 CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
 
 _META_SCHEMA = "version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"

@@ -47,9 +47,13 @@ class JsonCodec:
 
     def decode(self, data: bytes) -> Any:
         try:
-            return json.loads(data)
+            # decoding first skips json's encoding detection (measurable at 10^5 records per batch)
+            return _JSON_DECODE(data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data)
         except (UnicodeDecodeError, ValueError) as exc:
             raise CodecError(f"json codec cannot decode {len(data)} bytes: {exc}") from exc
+
+
+_JSON_DECODE = json.JSONDecoder().decode
 
 
 class MsgpackCodec:

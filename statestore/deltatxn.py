@@ -129,6 +129,10 @@ class TableLog:
                         return v
         return None
 
+    def txn_version(self, app_id: str) -> int:
+        """The version last recorded for ``app_id`` (-1 if none); reads the snapshot's state."""
+        return int(self._log.startTransaction().txnVersion(app_id))
+
     def append_once(self, files: Mapping[str, Sequence[str]], *, version: int) -> int | None:
         """Blind append of ``files`` (app id -> add action JSONs) with one SetTransaction per app id.
 
@@ -178,7 +182,6 @@ class TableLog:
             actions += [a.removeWithTimestamp(now, True) for a in old]
         actions += [self._action.fromJson(a) for a in add]
         for app, ver in (app_versions or {}).items():
-            txn.txnVersion(app)  # recorded as read: a concurrent commit of the same app id conflicts
             actions.append(self._action.fromJson(json.dumps(
                 {"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})))
         conf = self._js.conf()

@@ -16,7 +16,7 @@ whose sequencer is that of the interval's current owner; see ``fencing.py``.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Mapping
 
@@ -48,6 +48,9 @@ class TimeDomain(str, Enum):
     PROCESSING_TIME = "processing_time"
 
 
+_DOMAINS = {d.value: d for d in TimeDomain} | {d: d for d in TimeDomain}
+
+
 @dataclass(frozen=True, order=True)
 class Timer:
     """A timer of one key: fires once ``time_ms`` is reached in its ``domain``.
@@ -64,7 +67,7 @@ class Timer:
 
     @staticmethod
     def from_row(r: Mapping[str, Any]) -> "Timer":
-        return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=TimeDomain(r["domain"]))
+        return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=_DOMAINS[r["domain"]])
 
 
 @dataclass(frozen=True)
@@ -153,8 +156,18 @@ class KeyRow:
         return self.key == FENCE_KEY
 
     def with_(self, **changes: Any) -> "KeyRow":
-        """A copy with some fields changed (``dataclasses.replace``)."""
-        return replace(self, **changes)
+        """A copy with some fields changed (like ``dataclasses.replace``, without its per-call
+        introspection: this runs for every key of every batch)."""
+        new = object.__new__(KeyRow)
+        d = new.__dict__
+        d.update(self.__dict__)
+        for k in changes:
+            if k not in d:
+                raise TypeError(f"KeyRow has no field {k!r}")
+        d.update(changes)
+        if "timers" in changes:
+            d["timers"] = tuple(sorted(d["timers"]))
+        return new
 
     def to_row(self) -> dict[str, Any]:
         return {

@@ -81,7 +81,7 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({stream_schema_ddl()}) USING DELTA "
         f"TBLPROPERTIES ('deltawheel.table' = 'stream', 'deltawheel.stream' = '{name}', "
-        f"'deltawheel.format_version' = '{STREAM_FORMAT_VERSION}')"
+        f"'deltawheel.format_version' = '{STREAM_FORMAT_VERSION}', 'delta.checkpointInterval' = '100')"
     )
     return path
 

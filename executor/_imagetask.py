@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError
-from deltawheel.statestore.rows import FENCE_KEY, KeyRow
+from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, Production, TimeDomain, Timer
 
 from .computation import Computation, Record
 from .keyrun import run_key
@@ -159,20 +159,18 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
     mask = pc.is_in(keys, value_set=pa.array(sorted(touched), pa.string()))
     sub = image.filter(mask)
     old_ids = _flat_ids(sub, spec.horizon_ms)
-    old = {r["key"]: r for r in sub.drop_columns(["record_ids"]).to_pylist()}
+    old = _key_rows(sub, name, iv, with_pending=has_pending)
     rest = image.filter(pc.invert(mask))
     if has_pending:
-        idx = rest.schema.get_field_index("pending")
-        rest = rest.set_column(idx, rest.schema.field(idx),
-                               pa.array([[]] * rest.num_rows, rest.schema.field(idx).type))
+        rest = _without_pending(rest)
     seen = _already_seen(comp, recs, old_ids)
-    new_rows: list[dict[str, Any]] = []
+    new_rows: list[KeyRow] = []
+    unchanged: list[str] = []
     new_ids: list[tuple[str, str, int]] = []
     prods: list[Any] = []
     written = 0
     for key in sorted(touched):
-        r = old.get(key)
-        row = KeyRow.from_row({**r, "computation": name, "interval": iv, "record_ids": ()}) if r is not None else None
+        row = old.get(key)
         cleared = bool(row and row.pending)
         if cleared:
             row = row.with_(pending=())  # type: ignore[union-attr]  # delivered by the previous batch
@@ -192,25 +190,24 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
         prods.extend(o.productions)
         if o.row is None:
             if key in old_ids.keys:  # no state left, but its recent record ids still guard replays
-                img = KeyRow(name, key, iv).to_row()
-                img.update(sequencer=mine, commit_id=spec.commit_id, updated_ms=spec.now_ms)
-                new_rows.append(img)
+                new_rows.append(KeyRow(name, key, iv))
             written += int(row is not None)
             continue
-        if comp.exactly_once:
-            new_ids.extend((key, sid.record_id, sid.seen_ms) for sid in o.row.record_ids)
         if o.changed or cleared or row is None:
-            img = o.row.with_(computation=name, interval=iv, record_ids=()).to_row()
-            img.update(sequencer=mine, commit_id=spec.commit_id, updated_ms=spec.now_ms)
-            new_rows.append(img)
+            if comp.exactly_once:
+                new_ids.extend((key, sid.record_id, sid.seen_ms) for sid in o.row.record_ids)
+            new_rows.append(o.row)
             written += 1
         else:
-            new_rows.append(r if not has_pending else {**r, "pending": []})  # type: ignore[dict-item]
+            unchanged.append(key)  # kept as it is in the image (record ids untrimmed)
     summary["n_prods"] = len(prods)
     summary["keys_written"] = written
-    fresh_tbl = _with_ids(pa.Table.from_pylist(new_rows, schema=spec.rows_schema.remove(
-        spec.rows_schema.get_field_index("record_ids"))), old_ids, new_ids, spec.rows_schema)
-    new_image = pa.concat_tables([rest, fresh_tbl])
+    fresh_tbl = _with_ids(_rows_table(new_rows, spec, mine), old_ids, new_ids, spec.rows_schema)
+    parts = [rest, fresh_tbl]
+    if unchanged:
+        same = sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(unchanged, pa.string())))
+        parts.append(_without_pending(same) if has_pending else same)
+    new_image = pa.concat_tables(parts).combine_chunks()
     # Step 4: write the files (invisible until the driver's commit).
     if written or has_pending:
         rel = f"computation={name}/interval={iv}/part-{uuid.uuid4().hex}-dw.snappy.parquet"
@@ -220,6 +217,84 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
     summary["prod_files"] = _write_productions(spec, iv, prods)
     summary["oldest_ms"] = _oldest(new_image)
     return summary
+
+
+def _without_pending(t: Any) -> Any:
+    import pyarrow as pa
+
+    idx = t.schema.get_field_index("pending")
+    return t.set_column(idx, t.schema.field(idx), pa.array([[]] * t.num_rows, t.schema.field(idx).type))
+
+
+def _key_rows(sub: Any, name: str, iv: int, *, with_pending: bool) -> dict[str, KeyRow]:
+    """The touched rows as KeyRows, column-wise (record ids stay in Arrow; sequencer, commit id
+    and update time are rewritten on output, so they are not read)."""
+    import pyarrow.compute as pc
+
+    keys = sub.column("key").to_pylist()
+    states = sub.column("state").to_pylist()
+    codecs = _constant_or_list(sub.column("codec"), len(keys))
+    holds = _constant_or_list(sub.column("watermark_hold_ms"), len(keys))
+    timers = sub.column("timers").combine_chunks()
+    flat = pc.list_flatten(timers)
+    tags, doms, times = (flat.field("tag").to_pylist(), flat.field("domain").to_pylist(),
+                         flat.field("time_ms").to_pylist())
+    offs = timers.offsets.to_pylist()
+    pend = sub.column("pending").to_pylist() if with_pending else None
+    out = {}
+    for i, key in enumerate(keys):
+        lo, hi = offs[i], offs[i + 1]
+        out[key] = KeyRow(
+            name, key, iv, state=states[i], codec=codecs[i] or "json",
+            timers=tuple(Timer(times[j], tags[j], _DOMAINS[doms[j]]) for j in range(lo, hi)),
+            pending=tuple(Production.from_row(p) for p in pend[i] or ()) if pend is not None else (),
+            watermark_hold_ms=holds[i])
+    return out
+
+
+def _constant_or_list(col: Any, n: int) -> Any:
+    import pyarrow.compute as pc
+
+    uniq = pc.unique(col)
+    if len(uniq) == 1:
+        return [uniq[0].as_py()] * n
+    return col.to_pylist()
+
+
+def _rows_table(rows: list[KeyRow], spec: ImageSpec, sequencer: int) -> Any:
+    """New row images (without record ids) as an Arrow table, column-wise."""
+    import pyarrow as pa
+
+    schema = spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids"))
+    n = len(rows)
+    ev = TimeDomain.EVENT_TIME
+    offs, tags, doms, times = [0], [], [], []
+    for r in rows:
+        for t in r.timers:
+            tags.append(t.tag)
+            doms.append(t.domain.value)
+            times.append(t.time_ms)
+        offs.append(len(tags))
+    tfield = schema.field("timers")
+    timers = pa.ListArray.from_arrays(pa.array(offs, pa.int32()), pa.StructArray.from_arrays(
+        [pa.array(tags, pa.string()), pa.array(doms, pa.string()), pa.array(times, pa.int64())],
+        fields=list(tfield.type.value_type)), type=tfield.type)
+    cols = {
+        "key": [r.key for r in rows],
+        "state": [r.state for r in rows],
+        "codec": [r.codec for r in rows],
+        "next_event_timer_ms": [min((t.time_ms for t in r.timers if t.domain is ev), default=None) for r in rows],
+        "next_processing_timer_ms": [min((t.time_ms for t in r.timers if t.domain is not ev), default=None)
+                                     for r in rows],
+        "pending": [[p.to_row() for p in r.pending] for r in rows],
+        "watermark_hold_ms": [r.watermark_hold_ms for r in rows],
+        "sequencer": [sequencer] * n,
+        "commit_id": [spec.commit_id] * n,
+        "updated_ms": [spec.now_ms] * n,
+        "format_version": [r.format_version for r in rows],
+    }
+    arrays = [timers if f.name == "timers" else pa.array(cols[f.name], f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 @dataclass

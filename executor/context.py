@@ -67,7 +67,9 @@ class Context:
         """Set (or move) the timer ``tag`` of this key to fire at ``time_ms`` in ``domain``."""
         if not isinstance(time_ms, int) or isinstance(time_ms, bool):
             raise BadRecordError(f"timer time must be an int of epoch ms, got {type(time_ms).__name__}")
-        self._timers[(str(tag), TimeDomain(domain))] = Timer(time_ms, str(tag), TimeDomain(domain))
+        d = domain if domain.__class__ is TimeDomain else TimeDomain(domain)
+        tag = tag if tag.__class__ is str else str(tag)
+        self._timers[(tag, d)] = Timer(time_ms, tag, d)
 
     def delete_timer(self, tag: str, *, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         self._timers.pop((str(tag), TimeDomain(domain)), None)

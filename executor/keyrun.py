@@ -96,7 +96,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     fired = 0
     if fire_timers:
         for _ in range(MAX_TIMER_ROUNDS):
-            due = [t for t in ctx.timers if _is_due(t, input_watermark_ms, now_ms)]
+            due = [t for t in ctx._timers.values() if _is_due(t, input_watermark_ms, now_ms)]
             if not due:
                 break
             t = min(due)

@@ -22,7 +22,6 @@ Nothing here talks to ZooKeeper or the Delta log; the driver commits.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -78,17 +77,13 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
             rows.extend(b.to_pylist())
         if not rows:
             return
-        t0 = time.perf_counter()
-        if os.environ.get("DELTAWHEEL_TASK_PROFILE"):
+        if os.environ.get("DELTAWHEEL_TASK_PROFILE"):  # a folder: one cProfile file per task
             import cProfile
             prof = cProfile.Profile()
             out = prof.runcall(_run, spec, rows)
             prof.dump_stats(os.path.join(os.environ["DELTAWHEEL_TASK_PROFILE"], f"task-{uuid.uuid4().hex}.prof"))
         else:
             out = _run(spec, rows)
-        if os.environ.get("DELTAWHEEL_TASK_TIMING"):
-            import sys
-            print(f"task: {len(rows)} rows in {time.perf_counter() - t0:.3f}s", file=sys.stderr)
         yield pa.RecordBatch.from_pylist(out, schema=spec.summary_schema)
 
     return fn
@@ -115,11 +110,10 @@ def _run(spec: ImageSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             by_iv.setdefault(int(r["interval"]), []).append(r)
     out = [_interval(spec, iv, recs) for iv, recs in sorted(by_iv.items()) if iv in spec.sequencers]
-    first = {"interval": None, "side": [], "records_in": 0, "min_ts": None, "max_ts": None}
-    (out[0] if out else first).update(records_in=counted, min_ts=lo, max_ts=hi)
-    if side or not out:
-        (out[0] if out else first)["side"] = side + (out[0]["side"] if out else [])
-    return out or [first]
+    # the task's input counts and its dead / late records ride on its first summary row
+    head: dict[str, Any] = out[0] if out else {"interval": None, "side": []}
+    head.update(records_in=counted, min_ts=lo, max_ts=hi, side=side + head["side"])
+    return out or [head]
 
 
 def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -332,7 +326,7 @@ def _already_seen(comp: Computation, recs: list[dict[str, Any]], ids: _Ids) -> s
     pairs = pa.array([f"{x['key']}\x00{x['record_id']}" for x in recs], pa.string())
     old = pc.binary_join_element_wise(ids.table.column("key"), ids.table.column("record_id"), "\x00")
     hit = pc.is_in(pairs, value_set=old).to_pylist()
-    return {(x["key"], x["record_id"]) for x, h in zip(recs, hit) if h}
+    return {(x["key"], x["record_id"]) for x, h in zip(recs, hit, strict=True) if h}
 
 
 def _with_ids(rows: Any, old: _Ids, new: list[tuple[str, str, int]], schema: Any) -> Any:

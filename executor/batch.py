@@ -127,6 +127,7 @@ class ComputationExecutor:
         self._acted_wm: int | None = None
         self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
+        self.start_s: dict[str, float] = {}
 
     # ------------------------------------------------------------- lifecycle
 
@@ -134,7 +135,9 @@ class ComputationExecutor:
         """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
         from deltawheel.statestore.streams import ensure_stream_table
 
+        t_start = time.monotonic()
         rec = self.owner.acquire(wait_s=wait_s)
+        t_acq = time.monotonic()
         for s in self.comp.outputs:  # created by the owner, after the leases are held
             ensure_stream_table(self.spark, self.layout, s)
         if self.authority is not None:
@@ -148,11 +151,16 @@ class ComputationExecutor:
             self._images.load()
             for iv, per in self._oldest.items():
                 self._oldest_iv[iv] = min(per.values()) if per else None
+        self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
+                        "total": round(time.monotonic() - t_start, 3)}
         pending: list[Production] = [p for _, p in rec.pending]
         if pending:
             deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
             self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions "
                       "(records already in their streams are skipped)")
+        self.start_s["total"] = round(time.monotonic() - t_start, 3)
+        self._log(f"{self.comp.name}: started in {self.start_s['total']:.1f}s (leases, fence and recovery scan "
+                  f"{self.start_s['acquire_fence_recover']:.1f}s)")
         self._started = True
 
     def stop(self) -> None:
@@ -302,9 +310,11 @@ class ComputationExecutor:
             # Step 2-4: input preparation, the interval images, user code: one Spark job.
             session = df.sparkSession if df is not None else self.spark
             prep = _tasks.prepare_input(df, comp, wm_late) if df is not None else None
+            frame = images.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
+                                partitions=self.partitions)
+            mark("plan")
             try:
-                out = images.run_tasks(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon,
-                                       commit_id=commit_id, partitions=self.partitions)
+                out = images.collect(frame)
             except ImagesStale:
                 out = None
             except Exception as exc:  # noqa: BLE001 - user code errors surface here

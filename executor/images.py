@@ -30,7 +30,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from deltawheel.statestore.deltatxn import FileEntry, StaleFilesError, TableLog, decode_path, local_root, new_add
+from deltawheel.statestore.deltatxn import (
+    FileEntry,
+    StaleFilesError,
+    TableLog,
+    decode_path,
+    local_root,
+    new_add,
+)
 from deltawheel.statestore.exceptions import StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
@@ -44,7 +51,25 @@ __all__ = ["ImageWriter", "ImagesStale", "PREP_DDL"]
 
 PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
             "position STRING, late BOOLEAN, _bad STRING")
+_PREP_COLUMNS = [c.split()[0] for c in PREP_DDL.split(", ")]
+_ROWS_DDL = rows_schema_ddl().replace("computation STRING NOT NULL, interval INT NOT NULL, ", "")
 COMMIT_META_VERSION = 1
+_TYPES: dict[str, Any] = {}
+
+
+def _spark_type(ddl: str) -> Any:
+    """Parsed DDL, cached (parsing is a JVM round trip)."""
+    if ddl not in _TYPES:
+        from pyspark.sql.types import _parse_datatype_string
+
+        _TYPES[ddl] = _parse_datatype_string(ddl)
+    return _TYPES[ddl]
+
+
+def _arrow(ddl: str) -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(_spark_type(ddl))
 
 
 class ImagesStale(Exception):
@@ -75,7 +100,8 @@ class ImageWriter:
         self.version = -1
         self._streams: dict[str, TableLog] = {}
         self._delivered: dict[tuple[str, str], int] = {}
-        self._spread_values: list[int] | None = None  # (stream, app id) -> last version delivered
+        self._spread_values: list[int] | None = None
+        self._marker_frame: tuple[tuple[int, tuple[int, ...]], Any] | None = None  # (stream, app id) -> last version delivered
 
     def _pred(self, ivs: Sequence[int]) -> str:
         return f"computation = '{self.comp.name}' AND interval IN ({', '.join(str(i) for i in ivs)})"
@@ -102,14 +128,10 @@ class ImageWriter:
 
         import pyarrow as pa
         import pyarrow.parquet as pq
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import _parse_datatype_string
-
         from pyspark.sql import functions as F
 
         name = self.comp.name
-        schema = to_arrow_schema(_parse_datatype_string(
-            rows_schema_ddl().replace("computation STRING NOT NULL, interval INT NOT NULL, ", "")))
+        schema = _arrow(_ROWS_DDL)
         data = (self.spark.read.format("delta").option("versionAsOf", self.version).load(self.layout.rows)
                 .where((F.col("computation") == name) & F.col("interval").isin(ivs)).toArrow())
         adds, new = [], {}
@@ -138,40 +160,37 @@ class ImageWriter:
     def run_tasks(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
                   horizon_ms: int | None, commit_id: str, partitions: int) -> BatchOutput:
         """One Spark job: shuffle by interval, user code per interval image, files written."""
+        return self.collect(self.plan(session, prep, wm=wm, now_ms=now_ms, horizon_ms=horizon_ms,
+                                      commit_id=commit_id, partitions=partitions))
+
+    def plan(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
+             horizon_ms: int | None, commit_id: str, partitions: int) -> Any:
+        """The batch's DataFrame (lazy): few plan nodes, since each one is analyzed eagerly."""
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import _parse_datatype_string
 
         comp = self.comp
         ivs = sorted(self.owner.intervals)
-        markers = session.createDataFrame([(iv, True) for iv in ivs], "interval INT, _m BOOLEAN")
+        markers = self._markers(session, ivs)
+        spread = self._spread(session, ivs, partitions)
         if prep is None:
             frame = markers
         else:
-            n = comp.num_intervals
-            frame = (prep.withColumn("interval", F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(n)).cast("int"))
+            iv = F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(comp.num_intervals)).cast("int")
+            frame = (prep.select(*[F.col(c) for c in _PREP_COLUMNS], iv.alias("interval"), F.lit(False).alias("_m"))
                      .where(F.col("interval").isin(ivs) | F.col("_bad").isNotNull())
-                     .withColumn("_m", F.lit(False)))
-        for c in _parse_datatype_string(PREP_DDL).fields:
-            if c.name not in markers.columns:
-                markers = markers.withColumn(c.name, F.lit(None).cast(c.dataType))
-        if prep is not None:
-            frame = frame.unionByName(markers.select(*frame.columns))
-        else:
-            frame = markers
-        rows_schema = to_arrow_schema(_parse_datatype_string(
-            rows_schema_ddl().replace("computation STRING NOT NULL, interval INT NOT NULL, ", "")))
+                     .unionByName(markers))
         spec = ImageSpec(
             comp=comp, rows_root=local_root(self.layout.rows),
-            images={iv: tuple(decode_path(f.path) for f in self.files.get(iv, ())) for iv in ivs},
+            images={i: tuple(decode_path(f.path) for f in self.files.get(i, ())) for i in ivs},
             sequencers=dict(self.owner.sequencers),
             stream_roots={s: local_root(self.layout.stream(s)) for s in comp.outputs},
-            wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=rows_schema,
-            stream_schema=to_arrow_schema(_parse_datatype_string(stream_schema_ddl())),
-            stream_format_version=STREAM_FORMAT_VERSION, route_late=comp.late_policy is LatePolicy.ROUTE,
-            summary_schema=to_arrow_schema(_parse_datatype_string(SUMMARY_DDL)))
-        out = (frame.withColumn("_p", self._spread(session, ivs, partitions)).repartition(partitions, "_p")
-               .drop("_p").mapInArrow(image_task_fn(spec), _parse_datatype_string(SUMMARY_DDL)))
+            wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=_arrow(_ROWS_DDL),
+            stream_schema=_arrow(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
+            route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=_arrow(SUMMARY_DDL))
+        return (frame.select("*", spread.alias("_p")).repartition(partitions, "_p")
+                .mapInArrow(image_task_fn(spec), _spark_type(SUMMARY_DDL)))
+
+    def collect(self, out: Any) -> BatchOutput:
         try:
             rows = out.toArrow().to_pylist()
         except Exception as exc:  # noqa: BLE001 - the fence check in the tasks
@@ -179,6 +198,15 @@ class ImageWriter:
                 raise ImagesStale(str(exc).split(STALE_MARK, 1)[1].splitlines()[0]) from exc
             raise
         return BatchOutput(rows)
+
+    def _markers(self, session: Any, ivs: list[int]) -> Any:
+        """One row per owned interval (so every interval gets a task), made once per session."""
+        key = (id(session), tuple(ivs))
+        if self._marker_frame is None or self._marker_frame[0] != key:
+            rows = [(None,) * len(_PREP_COLUMNS) + (iv, True) for iv in ivs]
+            df = session.createDataFrame(rows, _spark_type(PREP_DDL + ", interval INT, _m BOOLEAN"))
+            self._marker_frame = (key, df)
+        return self._marker_frame[1]
 
     def _spread(self, session: Any, ivs: list[int], partitions: int) -> Any:
         """A column whose hash sends the owned intervals round-robin to the tasks.
@@ -196,6 +224,7 @@ class ImageWriter:
                 first.setdefault(int(r["p"]), int(r["v"]))
             self._spread_values = [first[p] for p in range(partitions)]
         col = None
+        ivs = sorted(ivs)
         for rank, iv in enumerate(ivs):
             v = F.lit(self._spread_values[rank % partitions])
             col = F.when(F.col("interval") == iv, v) if col is None else col.when(F.col("interval") == iv, v)

@@ -88,8 +88,9 @@ class PipelineRunner:
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
                  faults: Callable[[FaultPoint, int], None] | None = None, max_rounds: int = 50,
-                 end_of_input: bool = True) -> None:
+                 end_of_input: bool = True, write_path: str = "image") -> None:
         self.spark = spark
+        self.write_path = write_path
         self.layout = layout
         self.pipeline = pipeline
         self.zk = zk
@@ -126,7 +127,7 @@ class PipelineRunner:
             owner = IntervalOwner(store, leases, comp.name, num_intervals=type(comp).num_intervals)
             ex = ComputationExecutor(self.spark, self.layout, comp, owner=owner, authority=authority,
                                      upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
-                                     progress=self.progress)
+                                     progress=self.progress, write_path=self.write_path)
             self.progress(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
             ex.start(wait_s=self.wait_s)
             self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")

@@ -346,6 +346,7 @@ class ComputationExecutor:
             if attempt == 3:
                 raise BatchFailedError(f"{comp.name} batch {batch_id}: the interval images kept changing "
                                        "under this writer; restart the query")
+        assert out is not None
         commit_s = time.monotonic() - t0
         mark("commit")
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)

@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
+from deltawheel.statestore.deltatxn import is_local
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError, DeltaWheelError, RetryableError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
@@ -44,7 +45,7 @@ from .computation import Computation, LatePolicy
 from .delivery import deliver_frame, deliver_productions, record_dead_letters, record_late
 from .images import ImagesStale, ImageWriter
 
-WRITE_PATHS = ("image", "merge")
+WRITE_PATHS = ("auto", "image", "merge")
 
 __all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
 
@@ -96,6 +97,9 @@ class ComputationExecutor:
         upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries feeding it.
         on_batch_end: called with each micro-batch's observed max event time (injectors
             use it to move their watermark estimate).
+        write_path: ``"image"`` (interval images + one Delta transaction per batch,
+            ``images.py``; local or ``file:`` stores), ``"merge"`` (a fenced MERGE per batch,
+            any store), or ``"auto"`` (image when the store is local, else merge).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
@@ -103,10 +107,15 @@ class ComputationExecutor:
                  clock: Clock = SystemClock(), faults: Callable[[FaultPoint, int], None] | None = None,
                  on_batch_end: Callable[[int | None, int | None], None] | None = None,
                  progress: Callable[[str], None] | None = None, partitions: int | None = None,
-                 write_path: str = "image") -> None:
+                 write_path: str = "auto") -> None:
         type(computation).validate()
         if write_path not in WRITE_PATHS:
             raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {write_path!r}")
+        if write_path == "auto":
+            write_path = "image" if is_local(layout.rows) else "merge"
+        elif write_path == "image" and not is_local(layout.rows):
+            raise ConfigError(f"write_path='image' writes the interval images with pyarrow and supports local "
+                              f"(or file:) stores only; {layout.root} is remote: use write_path='merge' or 'auto'")
         self.write_path = write_path
         self._images: ImageWriter | None = None
         self._oldest_iv: dict[int, int | None] = {}

@@ -88,7 +88,7 @@ class PipelineRunner:
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
                  faults: Callable[[FaultPoint, int], None] | None = None, max_rounds: int = 50,
-                 end_of_input: bool = True, write_path: str = "image") -> None:
+                 end_of_input: bool = True, write_path: str = "auto") -> None:
         self.spark = spark
         self.write_path = write_path
         self.layout = layout

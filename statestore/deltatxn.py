@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
 
-__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "local_root"]
+__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "local_root", "is_local"]
 
 
 class StaleFilesError(Exception):
@@ -52,6 +52,12 @@ class FileEntry:
 
     def part(self, name: str) -> str | None:
         return dict(self.partition_values).get(name)
+
+
+def is_local(table_path: str) -> bool:
+    """True for a plain path or a ``file:`` URI (the image path writes files with pyarrow there)."""
+    scheme = table_path.split(":", 1)[0] if ":" in table_path.split("/", 1)[0] else ""
+    return scheme in ("", "file")
 
 
 def local_root(table_path: str) -> str:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .clock import Clock, SystemClock
 from .codecs import CODEC_NAMES
 from .config import StoreLimits
+from .deltatxn import TableLog, is_local, local_root, new_add
 from .exceptions import (
     BadRecordError,
     CommitConflictError,
@@ -148,7 +149,9 @@ class RowStore:
         from pyspark.sql import functions as F
 
         df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY))
-        return {int(r["interval"]): int(r["sequencer"]) for r in df.select("interval", "sequencer").collect()}
+        # a claim (see fence()) can leave two fence rows in an interval until its next rewrite
+        return {int(r["interval"]): int(r["s"]) for r in
+                df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
 
     # ----------------------------------------------------------------- writes
 
@@ -158,9 +161,61 @@ class RowStore:
         Fails with :class:`StaleSequencerError` if a fence already carries a
         greater sequencer (an even newer owner exists). Conflicts with a racing
         old owner are retried: the fence must land before the new owner reads.
+
+        Two phases on local stores. A MERGE needs a second or more between its
+        snapshot and its commit, and an old owner committing in a tight loop can
+        win every race for that long. So the new owner first *claims* the
+        intervals: a Delta transaction that only adds one fence row per interval
+        (a Parquet file written here) with the partitions recorded as read —
+        milliseconds between snapshot and commit. Once a claim landed, every
+        MERGE of the old owner fails: one that read before the claim conflicts
+        with it, one that reads after meets the newer fence row. The MERGE fence
+        then runs unopposed and brings every fence row of the interval to the
+        new sequencer.
         """
+        validate_name("computation", computation)
+        if sequencers and is_local(self.layout.rows):
+            self._claim(computation, sequencers)
         return self.commit(computation, [], sequencers=sequencers, kind="fence",
                            conflict_retries=max(self.conflict_retries, self.fence_retries))
+
+    def _claim(self, computation: str, sequencers: Mapping[int, int]) -> None:
+        import os
+        import uuid
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        now = self.clock.now_ms()
+        commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
+        ddl = rows_schema_ddl().replace("computation STRING NOT NULL, interval INT NOT NULL, ", "")
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import _parse_datatype_string
+
+        schema = to_arrow_schema(_parse_datatype_string(ddl))
+        adds = []
+        for iv, seq in sorted(sequencers.items()):
+            row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
+            rel = f"computation={computation}/interval={iv}/part-{uuid.uuid4().hex}-claim.snappy.parquet"
+            full = os.path.join(local_root(self.layout.rows), rel)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            pq.write_table(pa.Table.from_pylist([row], schema=schema), full)
+            adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, os.path.getsize(full), 1))
+        meta = json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "claim", "writer": self.writer,
+                           "computation": computation, "commit_id": commit_id,
+                           "sequencers": {str(iv): s for iv, s in sequencers.items()}}, sort_keys=True)
+        log = TableLog(self._spark, self.layout.rows)
+        for attempt in itertools.count(1):
+            try:
+                log.commit(add=adds, user_metadata=meta, read_partitions=[
+                    f"computation = '{computation}' AND interval = {iv}" for iv in sorted(sequencers)])
+                return
+            except Exception as exc:  # noqa: BLE001 - translated
+                err = translate_commit_error(exc, sequencers=sequencers)
+                if not isinstance(err, CommitConflictError) or attempt > 10 * self.fence_retries:
+                    raise
+                self.stats.conflicts += 1
+                time.sleep(random.uniform(0.0, 0.02))
 
     def commit(
         self,

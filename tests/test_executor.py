@@ -12,8 +12,10 @@ B2 = [("r4", "cats", 15_000), ("r5", "dogs", 21_000), ("r1", "cats", 1_000)]
 
 
 @pytest.mark.timeout(600)
-def test_batches_timers_and_replay_are_exactly_once(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_batches_timers_and_replay_are_exactly_once(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path=write_path)
+    assert ex.write_path == write_path
     try:
         r0 = ex.run_batch(events(spark, B1), 0, input_watermark_ms=None)
         assert (r0.records_in, r0.processed, r0.duplicates, r0.timers_fired) == (4, 3, 1, 0)
@@ -98,18 +100,21 @@ def test_crash_at_each_step_then_restart_gives_the_same_result(spark, migrated_s
 
 
 @pytest.mark.timeout(900)
-def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
     """The old instance keeps running after a new one took its intervals (its lease was broken
     while it was partitioned away): its batch fails with StaleSequencerError, nothing it
     computed is committed or delivered."""
     from deltawheel.statestore.exceptions import StaleSequencerError
     from deltawheel.statestore.leases import break_lease
 
-    old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old")
+    old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old",
+                                     write_path=write_path)
     old.run_batch(events(spark, B1), 0, input_watermark_ms=None)
     for iv in range(4):  # the operator (or session expiry) takes the intervals away from "old"
         break_lease(old_client, pipeline="test", computation="buckets", interval=iv, apply=True)
-    new, new_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="new")
+    new, new_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="new",
+                                     write_path=write_path)
     before = state_of(spark, migrated_store, "buckets")
     # the zombie still believes it owns the intervals: skip its local lease check, as a
     # partitioned process would (its ZooKeeper session looked fine to it)
@@ -157,3 +162,19 @@ def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, m
     ex.stop()
     client.stop()
     client.close()
+
+
+def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.executor.batch import ComputationExecutor
+    from deltawheel.statestore.deltatxn import is_local
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.layout import StoreLayout
+
+    assert is_local("/data/store/rows") and is_local("file:/data/store/rows")
+    assert not is_local("s3a://bucket/store/rows") and not is_local("abfss://c@acct.dfs.core.windows.net/s")
+    remote = StoreLayout("s3a://bucket/store")
+    with pytest.raises(ConfigError, match="supports local .* use write_path='merge' or 'auto'"):
+        ComputationExecutor(spark, remote, BucketCounter(), owner=None, write_path="image")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="write_path must be one of auto, image, merge, not 'fast'"):
+        ComputationExecutor(spark, remote, BucketCounter(), owner=None, write_path="fast")  # type: ignore[arg-type]
+    assert ComputationExecutor(spark, remote, BucketCounter(), owner=None).write_path == "merge"  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.deltatxn import partition_file_name, write_file
 from deltawheel.statestore.exceptions import CodecError
 from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, Production, TimeDomain, Timer
 
@@ -211,8 +212,8 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
     new_image = pa.concat_tables(parts).combine_chunks()
     # Step 4: write the files (invisible until the driver's commit).
     if written or has_pending or dirty:
-        rel = f"computation={name}/interval={iv}/part-{uuid.uuid4().hex}-dw.snappy.parquet"
-        size = _write(new_image, os.path.join(spec.rows_root, rel))
+        rel = partition_file_name(name, iv, "dw")
+        size = write_file(new_image, spec.rows_root, rel)
         _remember((rel,), new_image)
         summary.update(new_path=rel, new_size=size, new_rows=new_image.num_rows)
     summary["prod_files"] = _write_productions(spec, iv, prods)
@@ -412,14 +413,6 @@ def _remember(paths: tuple[str, ...], table: Any) -> None:
         _CACHE.popitem(last=False)
 
 
-def _write(table: Any, path: str) -> int:
-    import pyarrow.parquet as pq
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    pq.write_table(table, path, compression="snappy")
-    return os.path.getsize(path)
-
-
 def _write_productions(spec: ImageSpec, iv: int, prods: list[Any]) -> list[dict[str, Any]]:
     import pyarrow as pa
 
@@ -439,6 +432,6 @@ def _write_productions(spec: ImageSpec, iv: int, prods: list[Any]) -> list[dict[
             "format_version": pa.array([spec.stream_format_version] * len(ps), pa.int32()),
         }).cast(spec.stream_schema)
         rel = f"part-{uuid.uuid4().hex}-dw-{spec.comp.name}-{iv}.snappy.parquet"
-        size = _write(table, os.path.join(spec.stream_roots[stream], rel))
+        size = write_file(table, spec.stream_roots[stream], rel)
         out.append({"stream": stream, "path": rel, "size": size, "num_rows": table.num_rows})
     return out

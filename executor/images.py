@@ -37,11 +37,13 @@ from deltawheel.statestore.deltatxn import (
     decode_path,
     local_root,
     new_add,
+    partition_file_name,
+    write_file,
 )
 from deltawheel.statestore.exceptions import StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
-from deltawheel.statestore.rows import rows_schema_ddl
+from deltawheel.statestore.rows import rows_file_ddl
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn
@@ -52,7 +54,6 @@ __all__ = ["ImageWriter", "ImagesStale", "PREP_DDL"]
 PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
             "position STRING, late BOOLEAN, _bad STRING")
 _PREP_COLUMNS = [c.split()[0] for c in PREP_DDL.split(", ")]
-_ROWS_DDL = rows_schema_ddl().replace("computation STRING NOT NULL, interval INT NOT NULL, ", "")
 COMMIT_META_VERSION = 1
 _TYPES: dict[str, Any] = {}
 
@@ -123,28 +124,21 @@ class ImageWriter:
     def _rewrite(self, ivs: list[int]) -> None:
         """Replace the files of ``ivs`` by one plain Parquet file each, same rows (Delta's
         ``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair)."""
-        import os
-        import uuid
-
         import pyarrow as pa
-        import pyarrow.parquet as pq
         from pyspark.sql import functions as F
 
         name = self.comp.name
-        schema = _arrow(_ROWS_DDL)
+        schema = _arrow(rows_file_ddl())
         data = (self.spark.read.format("delta").option("versionAsOf", self.version).load(self.layout.rows)
                 .where((F.col("computation") == name) & F.col("interval").isin(ivs)).toArrow())
         adds, new = [], {}
         for iv in ivs:
             part = data.filter(pa.compute.equal(data.column("interval"), iv)).select(schema.names).cast(schema)
-            rel = f"computation={name}/interval={iv}/part-{uuid.uuid4().hex}-dw.snappy.parquet"
-            full = os.path.join(local_root(self.layout.rows), rel)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            pq.write_table(part, full, compression="snappy")
-            add = new_add(rel, {"computation": name, "interval": str(iv)}, os.path.getsize(full), part.num_rows)
+            rel = partition_file_name(name, iv, "dw")
+            size = write_file(part, local_root(self.layout.rows), rel)
+            add = new_add(rel, {"computation": name, "interval": str(iv)}, size, part.num_rows)
             adds.append(add)
-            new[iv] = [FileEntry(rel, (("computation", name), ("interval", str(iv))), os.path.getsize(full),
-                                 False, add)]
+            new[iv] = [FileEntry(rel, (("computation", name), ("interval", str(iv))), size, False, add)]
         removes = [f for iv in ivs for f in self.files.get(iv, ())]
         version = self.log.commit(
             remove=removes, add=adds, read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
@@ -157,15 +151,10 @@ class ImageWriter:
 
     # ------------------------------------------------------------------ steps 3 + 4
 
-    def run_tasks(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
-                  horizon_ms: int | None, commit_id: str, partitions: int) -> BatchOutput:
-        """One Spark job: shuffle by interval, user code per interval image, files written."""
-        return self.collect(self.plan(session, prep, wm=wm, now_ms=now_ms, horizon_ms=horizon_ms,
-                                      commit_id=commit_id, partitions=partitions))
-
     def plan(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
              horizon_ms: int | None, commit_id: str, partitions: int) -> Any:
-        """The batch's DataFrame (lazy): few plan nodes, since each one is analyzed eagerly."""
+        """The batch's DataFrame (lazy; one Spark job when collected): shuffle by interval, user code
+        per interval image, files written. Few plan nodes, since each one is analyzed eagerly."""
         from pyspark.sql import functions as F
 
         comp = self.comp
@@ -184,7 +173,7 @@ class ImageWriter:
             images={i: tuple(decode_path(f.path) for f in self.files.get(i, ())) for i in ivs},
             sequencers=dict(self.owner.sequencers),
             stream_roots={s: local_root(self.layout.stream(s)) for s in comp.outputs},
-            wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=_arrow(_ROWS_DDL),
+            wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=_arrow(rows_file_ddl()),
             stream_schema=_arrow(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=_arrow(SUMMARY_DDL))
         return (frame.select("*", spread.alias("_p")).repartition(partitions, "_p")
@@ -245,11 +234,11 @@ class ImageWriter:
                            "computation": name, "commit_id": commit_id, "write_path": "image",
                            "sequencers": {str(iv): seqs[iv] for iv in ivs}}, sort_keys=True)
         parts = [{"computation": name, "interval": str(iv)} for iv in ivs]
-        adds = [new_add(s["new_path"], {"computation": name, "interval": str(s["interval"])}, s["new_size"],
-                        s["new_rows"]) for s in new]
+        adds = {int(s["interval"]): new_add(s["new_path"], {"computation": name, "interval": str(s["interval"])},
+                                            s["new_size"], s["new_rows"]) for s in new}
         removes = [f for iv in ivs for f in self.files.get(iv, ())]
         try:
-            version = self.log.commit(remove=removes, add=adds, user_metadata=meta,
+            version = self.log.commit(remove=removes, add=list(adds.values()), user_metadata=meta,
                                       read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
                                       untouched_since=(self.version, parts))
         except StaleFilesError as exc:
@@ -267,9 +256,7 @@ class ImageWriter:
         for s in new:
             iv = int(s["interval"])
             self.files[iv] = [FileEntry(s["new_path"], (("computation", name), ("interval", str(iv))),
-                                        int(s["new_size"]), False, new_add(s["new_path"], {
-                                            "computation": name, "interval": str(iv)}, s["new_size"],
-                                            s["new_rows"]))]
+                                        int(s["new_size"]), False, adds[iv])]
         self.version = version
         return version
 

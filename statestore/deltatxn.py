@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
 
-__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "local_root", "is_local"]
+__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "local_root", "is_local", "decode_path",
+           "write_file", "partition_file_name"]
 
 
 class StaleFilesError(Exception):
@@ -202,7 +203,25 @@ class TableLog:
 
 
 def decode_path(rel: str) -> str:
+    """A log path (URL-encoded) as a path below the table folder."""
     return unquote(rel)
 
 
-__all__ += ["decode_path"]
+def partition_file_name(computation: str, interval: int, tag: str) -> str:
+    """A new file's path below the rows table, in its partition's folder (Hive layout, as Spark writes)."""
+    import uuid
+
+    return f"computation={computation}/interval={interval}/part-{uuid.uuid4().hex}-{tag}.snappy.parquet"
+
+
+def write_file(table: Any, root: str, rel: str) -> int:
+    """Write ``table`` as Parquet to ``root/rel`` (a local folder); returns the file's size. The file
+    is invisible to readers until a commit adds it."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(table, path, compression="snappy")
+    return os.path.getsize(path)

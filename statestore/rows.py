@@ -34,6 +34,7 @@ __all__ = [
     "interval_of",
     "validate_key",
     "rows_schema_ddl",
+    "rows_file_ddl",
 ]
 
 ROW_FORMAT_VERSION = 1
@@ -252,6 +253,11 @@ def rows_schema_ddl() -> str:
         "watermark_hold_ms BIGINT, sequencer BIGINT NOT NULL, commit_id STRING, "
         "updated_ms BIGINT, format_version INT"
     )
+
+
+def rows_file_ddl() -> str:
+    """The columns stored in the rows table's data files (the partition columns live in the log)."""
+    return rows_schema_ddl().replace("computation STRING NOT NULL, interval INT NOT NULL, ", "")
 
 
 def iter_user_rows(rows: Iterable[KeyRow]) -> Iterable[KeyRow]:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .clock import Clock, SystemClock
 from .codecs import CODEC_NAMES
 from .config import StoreLimits
-from .deltatxn import TableLog, is_local, local_root, new_add
+from .deltatxn import TableLog, is_local, local_root, new_add, partition_file_name, write_file
 from .exceptions import (
     BadRecordError,
     CommitConflictError,
@@ -45,7 +45,7 @@ from .exceptions import (
 )
 from .fencing import merge_sql, translate_commit_error
 from .layout import StoreLayout, validate_name
-from .rows import FENCE_KEY, KeyRow, interval_of, rows_schema_ddl, validate_key
+from .rows import FENCE_KEY, KeyRow, interval_of, rows_file_ddl, rows_schema_ddl, validate_key
 
 __all__ = ["RowStore", "CommitResult", "StoreStats", "COMMIT_META_VERSION"]
 
@@ -180,27 +180,19 @@ class RowStore:
                            conflict_retries=max(self.conflict_retries, self.fence_retries))
 
     def _claim(self, computation: str, sequencers: Mapping[int, int]) -> None:
-        import os
-        import uuid
-
         import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        now = self.clock.now_ms()
-        commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
-        ddl = rows_schema_ddl().replace("computation STRING NOT NULL, interval INT NOT NULL, ", "")
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import _parse_datatype_string
 
-        schema = to_arrow_schema(_parse_datatype_string(ddl))
+        now = self.clock.now_ms()
+        commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
+        schema = to_arrow_schema(_parse_datatype_string(rows_file_ddl()))  # type: ignore[arg-type]
         adds = []
         for iv, seq in sorted(sequencers.items()):
             row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
-            rel = f"computation={computation}/interval={iv}/part-{uuid.uuid4().hex}-claim.snappy.parquet"
-            full = os.path.join(local_root(self.layout.rows), rel)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            pq.write_table(pa.Table.from_pylist([row], schema=schema), full)
-            adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, os.path.getsize(full), 1))
+            rel = partition_file_name(computation, iv, "claim")
+            size = write_file(pa.Table.from_pylist([row], schema=schema), local_root(self.layout.rows), rel)
+            adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, size, 1))
         meta = json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "claim", "writer": self.writer,
                            "computation": computation, "commit_id": commit_id,
                            "sequencers": {str(iv): s for iv, s in sequencers.items()}}, sort_keys=True)

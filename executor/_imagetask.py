@@ -21,6 +21,7 @@ Nothing here talks to ZooKeeper or the Delta log; the driver commits.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections import OrderedDict
@@ -30,9 +31,9 @@ from typing import Any, Callable, Iterator, Mapping
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.deltatxn import partition_file_name, write_file
 from deltawheel.statestore.exceptions import CodecError
-from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, Production, TimeDomain, Timer
+from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, Production, TimeDomain, make_timer
 
-from .computation import Computation, Record
+from .computation import Computation, Record, make_record
 from .keyrun import run_key
 
 __all__ = ["ImageSpec", "image_task_fn", "SUMMARY_DDL", "STALE_MARK"]
@@ -73,51 +74,86 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        rows: list[dict[str, Any]] = []
-        for b in batches:
-            rows.extend(b.to_pylist())
-        if not rows:
+        got = list(batches)
+        if not got or not any(b.num_rows for b in got):
             return
+        table = pa.Table.from_batches(got)
         if os.environ.get("DELTAWHEEL_TASK_PROFILE"):  # a folder: one cProfile file per task
             import cProfile
             prof = cProfile.Profile()
-            out = prof.runcall(_run, spec, rows)
+            out = prof.runcall(_run, spec, table)
             prof.dump_stats(os.path.join(os.environ["DELTAWHEEL_TASK_PROFILE"], f"task-{uuid.uuid4().hex}.prof"))
         else:
-            out = _run(spec, rows)
+            out = _run(spec, table)
         yield pa.RecordBatch.from_pylist(out, schema=spec.summary_schema)
 
     return fn
 
 
-def _run(spec: ImageSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_iv: dict[int, list[dict[str, Any]]] = {}
-    side: list[dict[str, Any]] = []
-    counted = 0
+def _run(spec: ImageSpec, table: Any) -> list[dict[str, Any]]:
+    """One task: the input rows (Arrow, prepared columns + interval + marker flag) of some intervals."""
+    import pyarrow.compute as pc
+
+    marker = pc.fill_null(table.column("_m"), False)
+    ivs = set(table.filter(marker).column("interval").to_pylist())
+    data = table.filter(pc.invert(marker))
+    counted = data.num_rows
     lo = hi = None
-    for r in rows:
-        if r["_m"]:
-            by_iv.setdefault(int(r["interval"]), [])
-            continue
-        counted += 1
-        ts = r["timestamp_ms"]
-        if ts is not None:
-            lo = ts if lo is None or ts < lo else lo
-            hi = ts if hi is None or ts > hi else hi
-        if r["_bad"] is not None:
-            side.append(_side("dead", r, r["key"], r["_bad"]))
-        elif spec.route_late and r["late"]:
-            side.append(_side("late", r, r["key"], None))
-        else:
-            by_iv.setdefault(int(r["interval"]), []).append(r)
-    out = [_interval(spec, iv, recs) for iv, recs in sorted(by_iv.items()) if iv in spec.sequencers]
+    if counted:
+        mm = pc.min_max(data.column("timestamp_ms"))
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    side: list[dict[str, Any]] = []
+    bad = pc.is_valid(data.column("_bad"))
+    if counted and pc.any(bad).as_py():
+        side += [_side("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
+        data = data.filter(pc.invert(bad))
+    if spec.route_late and data.num_rows:
+        late = pc.fill_null(data.column("late"), False)
+        if pc.any(late).as_py():
+            side += [_side("late", r, r["key"], None) for r in data.filter(late).to_pylist()]
+            data = data.filter(pc.invert(late))
+    if data.num_rows:
+        ivs |= set(_py(pc.unique(data.column("interval"))))
+    out = []
+    for iv in sorted(i for i in ivs if i in spec.sequencers):
+        recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
+        out.append(_interval(spec, iv, recs))
     # the task's input counts and its dead / late records ride on its first summary row
     head: dict[str, Any] = out[0] if out else {"interval": None, "side": []}
     head.update(records_in=counted, min_ts=lo, max_ts=hi, side=side + head["side"])
     return out or [head]
 
 
-def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str, Any]:
+class _Input:
+    """One interval's records of the batch as Python lists, sorted by (key, event time,
+    record id): each key's records are one contiguous, already ordered run."""
+
+    def __init__(self, recs: Any) -> None:
+        import pyarrow.compute as pc
+
+        recs = recs.sort_by([("key", "ascending"), ("timestamp_ms", "ascending"), ("record_id", "ascending")])
+        self.table = recs
+        n = recs.num_rows
+        self.keys: list[str] = _py(recs.column("key"))
+        self.ids: list[str] = _py(recs.column("record_id"))
+        self.values: list[bytes | None] = _py(recs.column("value"))
+        self.codecs: list[str | None] = _constant_or_list(recs.column("codec"), n) if n else []
+        self.ts: list[int] = _py(recs.column("timestamp_ms"))
+        self.streams: list[str | None] = _constant_or_list(recs.column("stream"), n) if n else []
+        self.late: list[bool | None] = _py(recs.column("late"))
+        self.runs: dict[str, tuple[int, int]] = {}
+        if n:
+            ree = pc.run_end_encode(recs.column("key").combine_chunks())
+            start = 0
+            for key, end in zip(_py(ree.values), _py(ree.run_ends), strict=True):
+                self.runs[key] = (start, end)
+                start = end
+
+    def row(self, i: int) -> dict[str, Any]:
+        return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
+
+
+def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -143,10 +179,8 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
     if spec.wm is not None:
         due = pc.or_kleene(due, pc.less(image.column("next_event_timer_ms"), spec.wm))
     due = pc.fill_null(due, False)
-    by_key: dict[str, list[dict[str, Any]]] = {}
-    for r in recs:
-        by_key.setdefault(r["key"], []).append(r)
-    touched = set(by_key) | set(image.filter(due).column("key").to_pylist())
+    inp = _Input(recs)
+    touched = set(inp.runs) | set(_py(image.filter(due).column("key")))
     has_pending = bool(pc.any(pc.greater(pc.fill_null(pc.list_value_length(image.column("pending")), 0), 0))
                        .as_py())
     summary: dict[str, Any] = {"interval": iv, "new_path": None, "new_size": None, "new_rows": None,
@@ -165,29 +199,32 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
     rest = image.filter(pc.invert(mask))
     if has_pending:
         rest = _without_pending(rest)
-    seen = _already_seen(comp, recs, old_ids)
+    seen = _already_seen(comp, inp, old_ids)
     new_rows: list[KeyRow] = []
     unchanged: list[str] = []
-    new_ids: list[tuple[str, str, int]] = []
+    id_keys: list[str] = []
+    id_values: list[str] = []
     prods: list[Any] = []
-    written = 0
+    written = processed = dups = late = fired = 0
+    side = summary["side"]
     for key in sorted(touched):
         row = old.get(key)
         cleared = bool(row and row.pending)
         if cleared:
             row = row.with_(pending=())  # type: ignore[union-attr]  # delivered by the previous batch
-        key_recs = by_key.get(key, ())
-        fresh = [x for x in key_recs if (key, x["record_id"]) not in seen] if seen else key_recs
-        summary["duplicates"] += len(key_recs) - len(fresh)
-        records, dead = _records(key, fresh)
+        lo, hi = inp.runs.get(key, (0, 0))
+        records, dead, n_seen = _records(inp, key, lo, hi, seen)
+        dups += n_seen
         o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=spec.wm,
-                    now_ms=spec.now_ms, dedup_horizon_ms=spec.horizon_ms)
-        by_id = {x["record_id"]: x for x in fresh}
-        dead += [_side("dead", by_id[rec.record_id], key, err) for rec, err in o.dead_letters]
-        summary["side"].extend(dead)
-        for k in ("processed", "duplicates", "late"):
-            summary[k] += getattr(o, k)
-        summary["fired"] += o.timers_fired
+                    now_ms=spec.now_ms, dedup_horizon_ms=spec.horizon_ms, presorted=True, keep_ids=False)
+        if o.dead_letters:
+            pos = {inp.ids[i]: i for i in range(lo, hi)}
+            dead += [_side("dead", inp.row(pos[rec.record_id]), key, err) for rec, err in o.dead_letters]
+        side.extend(dead)
+        processed += o.processed
+        dups += o.duplicates
+        late += o.late
+        fired += o.timers_fired
         summary["n_dead"] += len(dead)
         prods.extend(o.productions)
         if o.row is None:
@@ -196,15 +233,17 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
             written += int(row is not None)
             continue
         if o.changed or cleared or row is None:
-            if comp.exactly_once:
-                new_ids.extend((key, sid.record_id, sid.seen_ms) for sid in o.row.record_ids)
+            if o.new_record_ids:
+                id_keys += [key] * len(o.new_record_ids)
+                id_values += o.new_record_ids
             new_rows.append(o.row)
             written += 1
         else:
             unchanged.append(key)  # kept as it is in the image (record ids untrimmed)
-    summary["n_prods"] = len(prods)
-    summary["keys_written"] = written
-    fresh_tbl = _with_ids(_rows_table(new_rows, spec, mine), old_ids, new_ids, spec.rows_schema)
+    summary.update(processed=processed, duplicates=dups, late=late, fired=fired, n_prods=len(prods),
+                   keys_written=written)
+    fresh_tbl = _with_ids(_rows_table(new_rows, spec, mine), old_ids, id_keys, id_values, spec.now_ms,
+                          spec.rows_schema)
     parts = [rest, fresh_tbl]
     if unchanged:
         same = sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(unchanged, pa.string())))
@@ -221,6 +260,27 @@ def _interval(spec: ImageSpec, iv: int, recs: list[dict[str, Any]]) -> dict[str,
     return summary
 
 
+def _py(arr: Any) -> list[Any]:
+    """An Arrow array of a primitive, string or binary type as a Python list: through numpy,
+    an order of magnitude faster than ``to_pylist`` (which builds a scalar per value). Integer
+    arrays with nulls keep exact values (numpy would make them floats)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
+        return arr.to_pylist()  # type: ignore[no-any-return]
+    if arr.null_count and not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+                               or pa.types.is_large_binary(t)):
+        vals = pc.fill_null(arr, pa.scalar(0 if not pa.types.is_boolean(t) else False, t))
+        valid = pc.is_valid(arr).to_numpy(zero_copy_only=False).tolist()
+        return [v if ok else None for v, ok in zip(vals.to_numpy(zero_copy_only=False).tolist(), valid, strict=True)]
+    return arr.to_numpy(zero_copy_only=False).tolist()  # type: ignore[no-any-return]
+
+
 def _without_pending(t: Any) -> Any:
     import pyarrow as pa
 
@@ -233,22 +293,21 @@ def _key_rows(sub: Any, name: str, iv: int, *, with_pending: bool) -> dict[str, 
     and update time are rewritten on output, so they are not read)."""
     import pyarrow.compute as pc
 
-    keys = sub.column("key").to_pylist()
-    states = sub.column("state").to_pylist()
+    keys = _py(sub.column("key"))
+    states = _py(sub.column("state"))
     codecs = _constant_or_list(sub.column("codec"), len(keys))
     holds = _constant_or_list(sub.column("watermark_hold_ms"), len(keys))
     timers = sub.column("timers").combine_chunks()
     flat = pc.list_flatten(timers)
-    tags, doms, times = (flat.field("tag").to_pylist(), flat.field("domain").to_pylist(),
-                         flat.field("time_ms").to_pylist())
-    offs = timers.offsets.to_pylist()
+    tags, doms, times = (_py(flat.field("tag")), _py(flat.field("domain")), _py(flat.field("time_ms")))
+    offs = _py(timers.offsets)
     pend = sub.column("pending").to_pylist() if with_pending else None
     out = {}
     for i, key in enumerate(keys):
         lo, hi = offs[i], offs[i + 1]
         out[key] = KeyRow(
             name, key, iv, state=states[i], codec=codecs[i] or "json",
-            timers=tuple(Timer(times[j], tags[j], _DOMAINS[doms[j]]) for j in range(lo, hi)),
+            timers=tuple(make_timer(times[j], tags[j], _DOMAINS[doms[j]]) for j in range(lo, hi)),
             pending=tuple(Production.from_row(p) for p in pend[i] or ()) if pend is not None else (),
             watermark_hold_ms=holds[i])
     return out
@@ -260,7 +319,7 @@ def _constant_or_list(col: Any, n: int) -> Any:
     uniq = pc.unique(col)
     if len(uniq) == 1:
         return [uniq[0].as_py()] * n
-    return col.to_pylist()
+    return _py(col)
 
 
 def _rows_table(rows: list[KeyRow], spec: ImageSpec, sequencer: int) -> Any:
@@ -321,23 +380,22 @@ def _flat_ids(sub: Any, horizon_ms: int | None) -> _Ids:
                       "record_id": flat.field("record_id"), "seen_ms": flat.field("seen_ms")})
     if horizon_ms is not None:
         table = table.filter(pc.greater_equal(table.column("seen_ms"), horizon_ms))
-    return _Ids(table, set(pc.unique(table.column("key")).to_pylist()))
+    return _Ids(table, set(_py(pc.unique(table.column("key")))))
 
 
-def _already_seen(comp: Computation, recs: list[dict[str, Any]], ids: _Ids) -> set[tuple[str, str]]:
-    """(key, record id) of the records whose id the key's row already holds."""
-    import pyarrow as pa
+def _already_seen(comp: Computation, inp: _Input, ids: _Ids) -> list[bool] | None:
+    """Per input record (in ``inp`` order): does the key's row already hold its id?"""
     import pyarrow.compute as pc
 
-    if not comp.exactly_once or ids.table.num_rows == 0 or not recs:
-        return set()
-    pairs = pa.array([f"{x['key']}\x00{x['record_id']}" for x in recs], pa.string())
+    if not comp.exactly_once or ids.table.num_rows == 0 or not inp.keys:
+        return None
+    pairs = pc.binary_join_element_wise(inp.table.column("key"), inp.table.column("record_id"), "\x00")
     old = pc.binary_join_element_wise(ids.table.column("key"), ids.table.column("record_id"), "\x00")
-    hit = pc.is_in(pairs, value_set=old).to_pylist()
-    return {(x["key"], x["record_id"]) for x, h in zip(recs, hit, strict=True) if h}
+    hit = pc.is_in(pairs, value_set=old)
+    return _py(hit) if pc.any(hit).as_py() else None
 
 
-def _with_ids(rows: Any, old: _Ids, new: list[tuple[str, str, int]], schema: Any) -> Any:
+def _with_ids(rows: Any, old: _Ids, new_keys: list[str], new_ids: list[str], seen_ms: int, schema: Any) -> Any:
     """``rows`` (without record ids) + the record_ids column: retained old ids, then the new ones."""
     import numpy as np
     import pyarrow as pa
@@ -345,9 +403,8 @@ def _with_ids(rows: Any, old: _Ids, new: list[tuple[str, str, int]], schema: Any
 
     field = schema.field("record_ids")
     ids = pa.concat_tables([old.table, pa.table({
-        "key": pa.array([k for k, _, _ in new], pa.string()),
-        "record_id": pa.array([r for _, r, _ in new], pa.string()),
-        "seen_ms": pa.array([t for _, _, t in new], pa.int64())})])
+        "key": pa.array(new_keys, pa.string()), "record_id": pa.array(new_ids, pa.string()),
+        "seen_ms": pa.array(np.full(len(new_ids), seen_ms, dtype=np.int64))})])
     pos = pc.index_in(ids.column("key"), value_set=rows.column("key"))
     ids = ids.append_column("pos", pos).append_column("seq", pa.array(np.arange(ids.num_rows), pa.int64()))
     ids = ids.filter(pc.is_valid(pos))
@@ -362,17 +419,42 @@ def _with_ids(rows: Any, old: _Ids, new: list[tuple[str, str, int]], schema: Any
     return out.select(schema.names).cast(schema)
 
 
-def _records(key: str, recs: Any) -> tuple[list[Record], list[dict[str, Any]]]:
+_JSON_SCAN = json.JSONDecoder().scan_once
+
+
+def _decode(codec: str | None, data: bytes) -> Any:
+    """The record's value; compact JSON (what injectors write) is read by the C scanner
+    directly, anything else by the codec (which raises CodecError for bad bytes)."""
+    if codec == "json" or codec is None:
+        try:
+            text = data.decode("utf-8")
+            value, end = _JSON_SCAN(text, 0)
+            if end == len(text):
+                return value
+        except (StopIteration, UnicodeDecodeError, ValueError, AttributeError):
+            pass
+        return get_codec("json").decode(data)
+    return get_codec(codec).decode(data)
+
+
+def _records(inp: _Input, key: str, lo: int, hi: int,
+             seen: list[bool] | None) -> tuple[list[Record], list[dict[str, Any]], int]:
+    """The key's records not already seen (in order), its undecodable ones, and how many were seen."""
     out: list[Record] = []
     dead: list[dict[str, Any]] = []
-    for x in recs:
-        try:
-            value = get_codec(x["codec"]).decode(x["value"])
-        except CodecError as exc:
-            dead.append(_side("dead", x, key, f"CodecError: {exc}"))
+    n_seen = 0
+    ids, values, codecs, ts, streams, late = inp.ids, inp.values, inp.codecs, inp.ts, inp.streams, inp.late
+    for i in range(lo, hi):
+        if seen is not None and seen[i]:
+            n_seen += 1
             continue
-        out.append(Record(key, value, int(x["timestamp_ms"]), x["record_id"], x["stream"] or "", bool(x["late"])))
-    return out, dead
+        try:
+            value = _decode(codecs[i], values[i])  # type: ignore[arg-type]
+        except CodecError as exc:
+            dead.append(_side("dead", inp.row(i), key, f"CodecError: {exc}"))
+            continue
+        out.append(make_record(key, value, ts[i], ids[i], streams[i] or "", bool(late[i])))
+    return out, dead, n_seen
 
 
 def _side(kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -> dict[str, Any]:

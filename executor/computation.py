@@ -37,7 +37,7 @@ from deltawheel.statestore.rows import Timer
 if TYPE_CHECKING:
     from .context import Context
 
-__all__ = ["RECORD_KEY", "Record", "Computation", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
+__all__ = ["RECORD_KEY", "Record", "make_record", "Computation", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
 
 KeyExtractor = Union[str, Callable[[Any], Any]]
 
@@ -59,6 +59,20 @@ class Record:
     record_id: str
     stream: str = ""
     late: bool = False
+
+
+def make_record(key: str, value: Any, timestamp_ms: int, record_id: str, stream: str, late: bool) -> Record:
+    """``Record(...)`` without the frozen dataclass's per-field ``object.__setattr__`` (the
+    executor builds one per input record)."""
+    r = object.__new__(Record)
+    d = r.__dict__
+    d["key"] = key
+    d["value"] = value
+    d["timestamp_ms"] = timestamp_ms
+    d["record_id"] = record_id
+    d["stream"] = stream
+    d["late"] = late
+    return r
 
 
 class LatePolicy(str, Enum):

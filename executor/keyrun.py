@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, Timer
+from deltawheel.statestore.codecs import Codec, get_codec
+from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain
 
 from .computation import Computation, ErrorPolicy, Record
 from .context import Context
@@ -56,51 +56,66 @@ class KeyOutcome:
     timers_fired: int
     late: int
     dead_letters: tuple[tuple[Record, str], ...]
+    new_record_ids: tuple[str, ...] = ()  # ids of the records processed or dead-lettered in this run
 
 
 def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, records: Sequence[Record],
             input_watermark_ms: int | None, now_ms: int, dedup_horizon_ms: int | None = None,
-            fire_timers: bool = True) -> KeyOutcome:
-    """Run ``comp``'s user code for ``key`` over ``records`` and its due timers."""
-    codec = get_codec(comp.codec, allow_pickle=comp.allow_pickle)
+            fire_timers: bool = True, presorted: bool = False, keep_ids: bool = True) -> KeyOutcome:
+    """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
+
+    ``presorted``: the records are already in (event time, record id) order. ``keep_ids``:
+    False leaves the row's record ids as they were and only reports the new ones in
+    ``KeyOutcome.new_record_ids`` (the image path keeps record ids in Arrow).
+    """
+    codec = _CODECS.get((comp.codec, comp.allow_pickle))
+    if codec is None:
+        codec = _CODECS[(comp.codec, comp.allow_pickle)] = get_codec(comp.codec, allow_pickle=comp.allow_pickle)
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
                   timers=row.timers if row else (), outputs=comp.outputs,
                   input_watermark_ms=input_watermark_ms, now_ms=now_ms,
                   watermark_hold_ms=row.watermark_hold_ms if row else None)
-    # Step 1: dedup against the row's ids and within the batch.
-    seen = {s.record_id for s in row.record_ids} if (row and comp.exactly_once) else set()
+    # Step 1 + 2: dedup against the row's ids and within the batch; records in event-time order.
+    exactly_once = comp.exactly_once
+    seen = {s.record_id for s in row.record_ids} if (row and exactly_once) else set()
     fresh: list[Record] = []
     dups = 0
-    for r in sorted(records, key=lambda r: (r.timestamp_ms, r.record_id)):
-        if comp.exactly_once and r.record_id in seen:
-            dups += 1
-            continue
-        seen.add(r.record_id)
-        fresh.append(r)
-    # Step 2: records in event-time order.
     dead: list[tuple[Record, str]] = []
     late = 0
-    for r in fresh:
-        late += int(r.late)
-        ctx._begin(r.record_id, r.timestamp_ms)
-        mark = len(ctx._productions)
+    process = comp.process_record
+    prods = ctx._productions
+    for r in (records if presorted else sorted(records, key=_order)):
+        rid = r.record_id
+        if rid in seen and exactly_once:
+            dups += 1
+            continue
+        seen.add(rid)
+        fresh.append(r)
+        if r.late:
+            late += 1
+        ctx._cause = rid  # names what is processed: production ids derive from it
+        ctx._cause_ts = r.timestamp_ms
+        ctx._n = 0
+        mark = len(prods)
         try:
-            comp.process_record(ctx, r)
+            process(ctx, r)
         except Exception as exc:  # noqa: BLE001 - user code
             if comp.error_policy is ErrorPolicy.DEAD_LETTER:
-                del ctx._productions[mark:]
+                del prods[mark:]
                 dead.append((r, f"{type(exc).__name__}: {exc}"))
                 continue
-            raise UserCodeError(comp.name, key, f"record {r.record_id!r} (event time {r.timestamp_ms})", exc) from exc
+            raise UserCodeError(comp.name, key, f"record {rid!r} (event time {r.timestamp_ms})", exc) from exc
     # Step 3: due timers in timestamp order.
     fired = 0
+    wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
     if fire_timers:
         for _ in range(MAX_TIMER_ROUNDS):
-            due = [t for t in ctx._timers.values() if _is_due(t, input_watermark_ms, now_ms)]
+            due = [t for t in ctx._timers.values()
+                   if (t.time_ms < wm if t.domain is _EVENT else t.time_ms <= now_ms)]
             if not due:
                 break
             t = min(due)
-            ctx.delete_timer(t.tag, domain=t.domain)
+            del ctx._timers[(t.tag, t.domain)]
             ctx._begin(f"timer:{comp.name}:{key}:{t.domain.value}:{t.tag}:{t.time_ms}", t.time_ms)
             try:
                 comp.process_timer(ctx, t)
@@ -108,12 +123,17 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
                 raise UserCodeError(comp.name, key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})", exc) from exc
             fired += 1
     # Step 4: the new row image.
-    new_ids = tuple(SeenId(r.record_id, now_ms) for r in fresh) + tuple(SeenId(r.record_id, now_ms) for r, _ in dead)
+    new_record_ids = [r.record_id for r in fresh]  # dead-lettered ones included: never retried
     old_ids = row.record_ids if row else ()
-    ids = old_ids + new_ids if comp.exactly_once else ()
+    if not comp.exactly_once:
+        ids: tuple[SeenId, ...] = ()
+    elif keep_ids:
+        ids = old_ids + tuple(SeenId(rid, now_ms) for rid in new_record_ids)
+    else:
+        ids = old_ids
     if dedup_horizon_ms is not None:
         ids = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
-    prods = tuple(ctx._productions)
+    prods = tuple(prods)
     pending = (row.pending if row else ()) + (prods if comp.strong_productions else ())
     state = ctx._encoded_state()
     timers = ctx.timers
@@ -128,10 +148,13 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
         new_row = base.with_(state=state, codec=codec.name, timers=timers, record_ids=ids, pending=pending,
                              watermark_hold_ms=hold)
     return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
-                      tuple(dead))
+                      tuple(dead), tuple(new_record_ids) if comp.exactly_once else ())
 
 
-def _is_due(t: Timer, wm: int | None, now_ms: int) -> bool:
-    if t.domain is TimeDomain.EVENT_TIME:
-        return wm is not None and t.time_ms < wm
-    return t.time_ms <= now_ms
+_EVENT = TimeDomain.EVENT_TIME
+_CODECS: dict[tuple[str, bool], Codec] = {}
+_NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
+
+
+def _order(r: Record) -> tuple[int, str]:
+    return (r.timestamp_ms, r.record_id)

@@ -28,6 +28,7 @@ __all__ = [
     "MAX_KEY_BYTES",
     "TimeDomain",
     "Timer",
+    "make_timer",
     "Production",
     "SeenId",
     "KeyRow",
@@ -69,6 +70,17 @@ class Timer:
     @staticmethod
     def from_row(r: Mapping[str, Any]) -> "Timer":
         return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=_DOMAINS[r["domain"]])
+
+
+def make_timer(time_ms: int, tag: str, domain: TimeDomain) -> Timer:
+    """``Timer(time_ms, tag, domain)`` for already checked values, without the frozen
+    dataclass's per-field ``object.__setattr__`` (runs for every timer of every touched key)."""
+    t = object.__new__(Timer)
+    d = t.__dict__
+    d["time_ms"] = time_ms
+    d["tag"] = tag
+    d["domain"] = domain
+    return t
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ STALE_MARK = "DW_STALE_FENCE"
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
          "stream: STRING, position: STRING, error: STRING>")
 SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
-               "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT>>, "
+               "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, oldest_ms BIGINT, "
                "min_ts BIGINT, max_ts BIGINT")
@@ -68,6 +68,7 @@ class ImageSpec:
     stream_format_version: int
     route_late: bool
     summary_schema: Any
+    strong: bool  # checkpoint the productions in the rows (strong, or a weak batch's straggler re-run)
 
 
 def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -216,7 +217,8 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         records, dead, n_seen = _records(inp, key, lo, hi, seen)
         dups += n_seen
         o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=spec.wm,
-                    now_ms=spec.now_ms, dedup_horizon_ms=spec.horizon_ms, presorted=True, keep_ids=False)
+                    now_ms=spec.now_ms, dedup_horizon_ms=spec.horizon_ms, presorted=True, keep_ids=False,
+                    strong=spec.strong)
         if o.dead_letters:
             pos = {inp.ids[i]: i for i in range(lo, hi)}
             dead += [_side("dead", inp.row(pos[rec.record_id]), key, err) for rec, err in o.dead_letters]
@@ -515,5 +517,6 @@ def _write_productions(spec: ImageSpec, iv: int, prods: list[Any]) -> list[dict[
         }).cast(spec.stream_schema)
         rel = f"part-{uuid.uuid4().hex}-dw-{spec.comp.name}-{iv}.snappy.parquet"
         size = write_file(table, spec.stream_roots[stream], rel)
-        out.append({"stream": stream, "path": rel, "size": size, "num_rows": table.num_rows})
+        out.append({"stream": stream, "path": rel, "size": size, "num_rows": table.num_rows,
+                    "min_ts": min(p.timestamp_ms for p in ps)})
     return out

@@ -19,6 +19,16 @@ For each micro-batch (``ComputationExecutor.run_batch``):
    every production still in a row at the start of a batch was delivered.
 7. Publish the intervals' oldest work and advance the low watermark.
 
+Weak productions (``strong_productions = False``) are appended to their
+streams before step 5, without a checkpoint, by a thread the batch waits on
+for ``straggler_timeout_s``. A delivery still running then is a *straggler*
+(MillWheel's straggler checkpointing): the batch checkpoints its productions
+in the rows after all (the image path runs the batch's user code once more,
+the MERGE path writes the productions it already has into ``pending``),
+commits and goes on; the low watermark is held at the straggled productions
+until the next batch has *settled* the straggler (joined it, and redelivered
+from the checkpoint if it failed) before its commit clears the checkpoint.
+
 A crash between or inside any steps followed by a restart (recovery scan +
 redelivery of checkpointed productions + Spark replaying the batch) gives the
 same rows and stream records as a run without the crash.
@@ -27,8 +37,9 @@ same rows and stream records as a run without the crash.
 from __future__ import annotations
 
 import json
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Callable, Sequence
 
@@ -59,6 +70,18 @@ class FaultPoint(StrEnum):
     AFTER_COMMIT = "after_commit"
     AFTER_DELIVERY = "after_delivery"  # delivered, checkpoints not cleared yet
     BEFORE_WATERMARK = "before_watermark"
+    IN_WEAK_DELIVERY = "in_weak_delivery"  # inside the thread appending weak productions
+
+
+@dataclass
+class _Straggler:
+    """A weak delivery that outlived ``straggler_timeout_s``; its productions are checkpointed."""
+
+    batch_id: int
+    thread: threading.Thread
+    box: dict[str, BaseException] = field(default_factory=dict)
+    redeliver: Callable[[], None] | None = None  # strong delivery from the checkpoint
+    min_ts: int | None = None  # the productions' oldest timestamp: holds the low watermark
 
 
 class BatchFailedError(RetryableError):
@@ -82,6 +105,7 @@ class BatchReport:
     commit_s: float
     wall_s: float
     steps_s: tuple[tuple[str, float], ...] = ()  # seconds per protocol step, in order
+    straggled: bool = False  # weak delivery outlived straggler_timeout_s: productions checkpointed
 
 
 class ComputationExecutor:
@@ -137,6 +161,7 @@ class ComputationExecutor:
         self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
         self.start_s: dict[str, float] = {}
+        self._straggler: _Straggler | None = None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -173,7 +198,10 @@ class ComputationExecutor:
         self._started = True
 
     def stop(self) -> None:
-        self.owner.release()
+        try:
+            self._settle_straggler()
+        finally:
+            self.owner.release()
         self._started = False
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -268,13 +296,25 @@ class ComputationExecutor:
             record_dead_letters(self.spark, self.layout, _tasks.dead_letter_frame(out), computation=comp.name,
                                 batch_id=batch_id)
         prods = _tasks.productions_frame(out)
+        straggler = None
         if not comp.strong_productions and st["n_prods"]:
-            deliver_frame(self.spark, self.layout, prods, streams=comp.outputs, producer=comp.name)
-        # Step 5: the fenced commit.
+            straggler = self._weak_deliver(
+                lambda: deliver_frame(self.spark, self.layout, prods, streams=comp.outputs, producer=comp.name),
+                batch_id)
+        rows_out = out.where(F.col("_op") != "none").select(*_tasks.ROW_COLUMNS)
+        if straggler is not None:  # checkpoint: each row's new productions become its pending ones
+            rows_out = (out.where(F.col("_op") != "none").withColumn("pending", F.col("new_prods"))
+                        .select(*_tasks.ROW_COLUMNS))
+            straggler.redeliver = lambda: deliver_frame(self.spark, self.layout, prods, streams=comp.outputs,
+                                                        producer=comp.name)
+            straggler.min_ts = prods.agg(F.min("timestamp_ms")).collect()[0][0]
+        # Step 5: the fenced commit (a straggler of the previous batch is settled first: the
+        # commit clears its checkpoint).
+        self._settle_straggler()
         self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
         t0 = time.monotonic()
         if st["written"]:
-            self.owner.store.commit_frame(comp.name, out.where(F.col("_op") != "none").select(*_tasks.ROW_COLUMNS),
+            self.owner.store.commit_frame(comp.name, rows_out,
                                           sequencers=self.owner.sequencers, intervals=self.owner.intervals,
                                           commit_id=commit_id, lease_check=self.owner.check)
         commit_s = time.monotonic() - t0
@@ -285,6 +325,8 @@ class ComputationExecutor:
                 self._note_oldest(r["interval"], r["key"], r["next_event_timer_ms"], r["watermark_hold_ms"],
                                   deleted=r["_op"] == "delete")
         mark("dead_letters_and_commit")
+        if straggler is not None:
+            self._straggler = straggler
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
         # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
         if comp.strong_productions and st["n_prods"]:
@@ -301,7 +343,7 @@ class ComputationExecutor:
             self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
         report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
-                             commit_s, time.monotonic() - started, tuple(marks))
+                             commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None)
         self.reports.append(report)
         self._log(_format(comp.name, report))
         return report
@@ -315,12 +357,16 @@ class ComputationExecutor:
         assert images is not None
         commit_id = f"{comp.name}:{batch_id}:{now}"
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
-        for attempt in range(1, 4):
+        strong = comp.strong_productions
+        straggler: _Straggler | None = None
+        attempt = 0
+        while True:
+            attempt += 1
             # Step 2-4: input preparation, the interval images, user code: one Spark job.
             session = df.sparkSession if df is not None else self.spark
             prep = _tasks.prepare_input(df, comp, wm_late) if df is not None else None
             frame = images.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
-                                partitions=self.partitions)
+                                partitions=self.partitions, strong=strong)
             mark("plan")
             try:
                 out = images.collect(frame)
@@ -338,9 +384,15 @@ class ComputationExecutor:
                 if late_rows:
                     record_late(session, self.layout, _side_frame(session, late_rows, dead=False),
                                 computation=comp.name, watermark_ms=wm_late, batch_id=batch_id)
-                if not comp.strong_productions:
-                    images.deliver(out, version=None)
-                # Step 5: the fenced commit.
+                if not strong and out.total("n_prods"):
+                    straggler = self._weak_deliver(lambda o=out: images.deliver(o, version=None), batch_id)
+                    if straggler is not None:  # checkpoint after all: the same user code once more
+                        strong = True
+                        attempt -= 1
+                        continue
+                # Step 5: the fenced commit (a straggler of the previous batch is settled first:
+                # the commit clears its checkpoint).
+                self._settle_straggler()
                 self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
                 self.owner.check()
                 t0 = time.monotonic()
@@ -358,6 +410,12 @@ class ComputationExecutor:
         assert out is not None
         commit_s = time.monotonic() - t0
         mark("commit")
+        if straggler is not None:
+            strong_out, v = out, version
+            straggler.redeliver = lambda: images.deliver(strong_out, version=v)
+            straggler.min_ts = min((int(p["min_ts"]) for s in out.summaries for p in s.get("prod_files") or ()
+                                    if p.get("min_ts") is not None), default=None)
+            self._straggler = straggler
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
         # Step 6: deliver (idempotent per interval and rows version); cleared by the next commit.
         if comp.strong_productions:
@@ -380,7 +438,8 @@ class ComputationExecutor:
         t = out.total
         report = BatchReport(batch_id, t("records_in"), t("processed"), t("duplicates"), t("late"),
                              len(out.side("late")), len(out.side("dead")), t("fired"), t("n_prods"),
-                             t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks))
+                             t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks),
+                             straggled=straggler is not None)
         self.reports.append(report)
         self._log(_format(comp.name, report))
         return report
@@ -400,14 +459,54 @@ class ComputationExecutor:
         else:
             per[key] = min(marks)
 
+    def _weak_deliver(self, deliver: Callable[[], None], batch_id: int) -> _Straggler | None:
+        """Run the weak delivery in a thread; wait ``straggler_timeout_s``. None: it finished (its
+        error, if any, fails the batch); else the straggler, still running."""
+        st = _Straggler(batch_id, threading.Thread())
+
+        def run() -> None:
+            try:
+                self._fault(FaultPoint.IN_WEAK_DELIVERY, batch_id)
+                deliver()
+            except BaseException as exc:  # noqa: BLE001 - reported when the straggler is settled
+                st.box["error"] = exc
+
+        st.thread = threading.Thread(target=run, name=f"deltawheel-weak-{self.comp.name}-{batch_id}", daemon=True)
+        st.thread.start()
+        st.thread.join(max(0.0, float(self.comp.straggler_timeout_s)))
+        if st.thread.is_alive():
+            self._log(f"{self.comp.name} batch {batch_id}: weak delivery still running after "
+                      f"{self.comp.straggler_timeout_s}s: checkpointing the productions (straggler)")
+            return st
+        if "error" in st.box:
+            raise st.box["error"]
+        return None
+
+    def _settle_straggler(self) -> None:
+        """Wait for the previous batch's straggling delivery; redeliver from the checkpoint if it
+        failed. Runs before a commit clears that checkpoint (and on stop)."""
+        st = self._straggler
+        if st is None:
+            return
+        st.thread.join()
+        if "error" in st.box:
+            self._log(f"{self.comp.name}: the straggling delivery of batch {st.batch_id} failed "
+                      f"({type(st.box['error']).__name__}: {st.box['error']}); delivering from the checkpoint")
+            assert st.redeliver is not None
+            st.redeliver()
+        self._straggler = None
+
     def _publish_watermarks(self) -> int | None:
         assert self.authority is not None
+        held = self._straggler.min_ts if self._straggler is not None else None
         for iv, seq in self.owner.sequencers.items():
             if self._images is not None:
                 oldest = self._oldest_iv.get(iv)
             else:
                 per = self._oldest.get(iv) or {}
                 oldest = min(per.values()) if per else None
+            if held is not None:  # undelivered (straggling) productions hold the watermark
+                oldest = held if oldest is None else min(oldest, held)
             self.authority.publish_oldest_work(self.comp.name, iv, oldest, sequencer=seq)
         return self.authority.advance_low_watermark(self.comp.name)
 
@@ -440,8 +539,9 @@ def _format(name: str, r: BatchReport) -> str:
         return "end" if ms >= END_OF_TIME else time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
 
     return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
-            f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced, "
-            f"{r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
+            f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
+            + (" (straggler: checkpointed)" if r.straggled else "") +
+            f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
             f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")
 
 

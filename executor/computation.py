@@ -100,6 +100,11 @@ class Computation:
     num_intervals: ClassVar[int] = 4
     exactly_once: ClassVar[bool] = True
     strong_productions: ClassVar[bool] = True
+    # weak productions (strong_productions = False) are appended to their streams before the
+    # commit, without a checkpoint; a delivery still running after this many seconds is a
+    # straggler: the batch then checkpoints its productions in the rows instead and goes on,
+    # and the next batch settles the straggler before it clears the checkpoint
+    straggler_timeout_s: ClassVar[float] = 5.0
     late_policy: ClassVar[LatePolicy] = LatePolicy.PROCESS
     error_policy: ClassVar[ErrorPolicy] = ErrorPolicy.FAIL
     # dedup ids are kept for this many batches after they were seen: a Spark source

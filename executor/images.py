@@ -152,7 +152,7 @@ class ImageWriter:
     # ------------------------------------------------------------------ steps 3 + 4
 
     def plan(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
-             horizon_ms: int | None, commit_id: str, partitions: int) -> Any:
+             horizon_ms: int | None, commit_id: str, partitions: int, strong: bool | None = None) -> Any:
         """The batch's DataFrame (lazy; one Spark job when collected): shuffle by interval, user code
         per interval image, files written. Few plan nodes, since each one is analyzed eagerly."""
         from pyspark.sql import functions as F
@@ -175,7 +175,8 @@ class ImageWriter:
             stream_roots={s: local_root(self.layout.stream(s)) for s in comp.outputs},
             wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=_arrow(rows_file_ddl()),
             stream_schema=_arrow(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
-            route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=_arrow(SUMMARY_DDL))
+            route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=_arrow(SUMMARY_DDL),
+            strong=comp.strong_productions if strong is None else strong)
         return (frame.select("*", spread.alias("_p")).repartition(partitions, "_p")
                 .mapInArrow(image_task_fn(spec), _spark_type(SUMMARY_DDL)))
 

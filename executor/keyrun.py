@@ -61,12 +61,15 @@ class KeyOutcome:
 
 def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, records: Sequence[Record],
             input_watermark_ms: int | None, now_ms: int, dedup_horizon_ms: int | None = None,
-            fire_timers: bool = True, presorted: bool = False, keep_ids: bool = True) -> KeyOutcome:
+            fire_timers: bool = True, presorted: bool = False, keep_ids: bool = True,
+            strong: bool | None = None) -> KeyOutcome:
     """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
 
     ``presorted``: the records are already in (event time, record id) order. ``keep_ids``:
     False leaves the row's record ids as they were and only reports the new ones in
-    ``KeyOutcome.new_record_ids`` (the image path keeps record ids in Arrow).
+    ``KeyOutcome.new_record_ids`` (the image path keeps record ids in Arrow). ``strong``:
+    checkpoint the new productions in the row (default: ``comp.strong_productions``; a weak
+    computation's straggling batch passes True).
     """
     codec = _CODECS.get((comp.codec, comp.allow_pickle))
     if codec is None:
@@ -134,7 +137,8 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     if dedup_horizon_ms is not None:
         ids = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
     prods = tuple(prods)
-    pending = (row.pending if row else ()) + (prods if comp.strong_productions else ())
+    strong = comp.strong_productions if strong is None else strong
+    pending = (row.pending if row else ()) + (prods if strong else ())
     state = ctx._encoded_state()
     timers = ctx.timers
     hold = ctx._hold

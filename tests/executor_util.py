@@ -44,6 +44,14 @@ class BucketCounter(Computation):
         ctx.state = st or None
 
 
+class WeakCounter(BucketCounter):
+    """The same counter with weak productions; a delivery slower than 0.3 s is a straggler."""
+
+    name = "weak"
+    strong_productions = False
+    straggler_timeout_s = 0.3
+
+
 class Picky(BucketCounter):
     """Refuses records flagged "boom" (error_policy set by the test)."""
 

@@ -178,3 +178,48 @@ def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # t
     with pytest.raises(ConfigError, match="write_path must be one of auto, image, merge, not 'fast'"):
         ComputationExecutor(spark, remote, BucketCounter(), owner=None, write_path="fast")  # type: ignore[arg-type]
     assert ComputationExecutor(spark, remote, BucketCounter(), owner=None).write_path == "merge"  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
+    """A weak delivery outliving straggler_timeout_s makes the batch checkpoint its productions;
+    a straggler that then fails is redelivered from the checkpoint before it is cleared."""
+    import time
+
+    from deltawheel.executor.batch import FaultPoint
+    from executor_util import WeakCounter
+    from pyspark.sql import functions as F
+
+    class Boom(Exception):
+        pass
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.IN_WEAK_DELIVERY and batch_id in (0, 1):
+            time.sleep(2.0)  # slower than straggler_timeout_s
+            if batch_id == 1:
+                raise Boom("the stream table is unreachable")
+
+    def pending() -> int:
+        rows = spark.read.format("delta").load(migrated_store.rows).where(F.col("computation") == "weak")
+        return int(rows.agg(F.sum(F.size("pending"))).collect()[0][0] or 0)
+
+    ex, client = start_executor(spark, migrated_store, zk_config, WeakCounter(), faults=faults,
+                                write_path=write_path)
+    try:
+        r0 = ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000)  # fires [0,10s) of cats, dogs
+        assert r0.straggled and r0.productions == 2
+        assert pending() == 2  # checkpointed in the rows, as a strong production would be
+        r1 = ex.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)  # fires [10s,20s) of cats
+        assert r1.straggled and r1.productions == 1
+        # batch 0's straggler finished; the checkpoint was cleared by batch 1's commit
+        assert len(stream_rows(spark, migrated_store, "counts")) == 2
+        ex.flush(input_watermark_ms=40_000)  # settles batch 1's failed straggler before its commit
+    finally:
+        ex.stop()
+        client.stop()
+        client.close()
+    counts = stream_rows(spark, migrated_store, "counts")
+    assert sorted((k, v) for _, k, v, _ in counts) == sorted([
+        ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
+        ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])

@@ -30,11 +30,11 @@ WIN = 10_000
 
 
 def _computation() -> Any:
-    from deltawheel.executor.computation import Computation
+    from deltawheel.executor.computation import RECORD_KEY, Computation
 
     class WindowCount(Computation):
         name = "window_count"
-        inputs = {"events": "key"}
+        inputs = {"events": RECORD_KEY}  # the key column the injector fills (as the Spark engines group by)
         outputs = ("windows",)
         num_intervals = 4
         codec = "msgpack"

@@ -36,7 +36,7 @@ from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, Production, 
 from .computation import Computation, Record, make_record
 from .keyrun import run_key
 
-__all__ = ["ImageSpec", "image_task_fn", "SUMMARY_DDL", "STALE_MARK"]
+__all__ = ["ImageSpec", "image_task_fn", "oldest_work", "SUMMARY_DDL", "STALE_MARK"]
 
 STALE_MARK = "DW_STALE_FENCE"
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
@@ -189,7 +189,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
                                "fired": 0, "late": 0, "n_prods": 0, "n_dead": 0, "keys_written": 0,
                                "min_ts": None, "max_ts": None}
     if not touched and not has_pending and not dirty:
-        summary["oldest_ms"] = _oldest(image)
+        summary["oldest_ms"] = oldest_work(image)
         return summary
     # Step 3: user code per key. Record ids (the bulk of a row) stay in Arrow: the duplicates
     # are found with one vectorized lookup, the new lists are assembled column-wise below.
@@ -258,7 +258,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         _remember((rel,), new_image)
         summary.update(new_path=rel, new_size=size, new_rows=new_image.num_rows)
     summary["prod_files"] = _write_productions(spec, iv, prods)
-    summary["oldest_ms"] = _oldest(new_image)
+    summary["oldest_ms"] = oldest_work(new_image)
     return summary
 
 
@@ -465,7 +465,7 @@ def _side(kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -
             "position": x.get("position"), "error": error}
 
 
-def _oldest(image: Any) -> int | None:
+def oldest_work(image: Any) -> int | None:
     import pyarrow.compute as pc
 
     user = image.filter(pc.not_equal(image.column("key"), FENCE_KEY))

@@ -170,7 +170,9 @@ class ComputationExecutor:
         from deltawheel.statestore.streams import ensure_stream_table
 
         t_start = time.monotonic()
-        rec = self.owner.acquire(wait_s=wait_s)
+        image = self.write_path == "image"
+        # the image path fences with the claim alone and recovers from the images it loads
+        rec = self.owner.acquire(wait_s=wait_s, claim_only=image, scan=not image)
         t_acq = time.monotonic()
         for s in self.comp.outputs:  # created by the owner, after the leases are held
             ensure_stream_table(self.spark, self.layout, s)
@@ -180,14 +182,13 @@ class ComputationExecutor:
         self._oldest = {iv: {} for iv in self.owner.intervals}
         for r in rec.rows.values():
             self._note_oldest(r.interval, r.key, r.next_event_timer_ms, r.watermark_hold_ms, deleted=False)
-        if self.write_path == "image":
+        pending: list[Production] = [p for _, p in rec.pending]
+        if image:
             self._images = ImageWriter(self.spark, self.layout, self.comp, self.owner)
             self._images.load()
-            for iv, per in self._oldest.items():
-                self._oldest_iv[iv] = min(per.values()) if per else None
+            self._oldest_iv, pending = self._images.recovery()
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
-        pending: list[Production] = [p for _, p in rec.pending]
         if pending:
             deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
             self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions "
@@ -378,6 +379,8 @@ class ComputationExecutor:
                 mark("load_and_user_code")
                 self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
                 dead, late_rows = out.side("dead"), out.side("late")
+                if prep is not None and any(r["position"] is None for r in dead):
+                    _fill_positions(prep, dead)
                 if dead:
                     record_dead_letters(session, self.layout, _side_frame(session, dead, dead=True),
                                         computation=comp.name, batch_id=batch_id)
@@ -517,6 +520,18 @@ class ComputationExecutor:
     def _log(self, line: str) -> None:
         if self.progress is not None:
             self.progress(line)
+
+
+def _fill_positions(prep: Any, dead: list[dict[str, Any]]) -> None:
+    """The source positions of the tasks' dead letters (not shipped to the tasks), from the input."""
+    from pyspark.sql import functions as F
+
+    ids = sorted({r["record_id"] for r in dead if r["position"] is None})
+    pos = {r["record_id"]: r["position"] for r in
+           prep.where(F.col("record_id").isin(ids)).select("record_id", "position").collect()}
+    for r in dead:
+        if r["position"] is None:
+            r["position"] = pos.get(r["record_id"])
 
 
 def _side_frame(session: Any, rows: list[dict[str, Any]], *, dead: bool) -> Any:

@@ -27,6 +27,7 @@ more intervals (``Computation.num_intervals``).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -43,10 +44,10 @@ from deltawheel.statestore.deltatxn import (
 from deltawheel.statestore.exceptions import StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
-from deltawheel.statestore.rows import rows_file_ddl
+from deltawheel.statestore.rows import Production, rows_file_ddl
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
-from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn
+from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn, oldest_work
 from .computation import Computation, LatePolicy
 
 __all__ = ["ImageWriter", "ImagesStale", "PREP_DDL"]
@@ -121,6 +122,31 @@ class ImageWriter:
         if dirty:
             self._rewrite(dirty)
 
+    def recovery(self) -> tuple[dict[int, int | None], list[Production]]:
+        """The recovery scan from the loaded images (read here, in the driver): the oldest work
+        per interval (event-time timers, watermark holds) and the checkpointed productions still
+        to deliver, in (timestamp, id) order."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        root = local_root(self.layout.rows)
+        cols = ["key", "next_event_timer_ms", "watermark_hold_ms", "pending"]
+        oldest: dict[int, int | None] = {}
+        pending: list[Production] = []
+        for iv, files in sorted(self.files.items()):
+            parts = [pq.read_table(os.path.join(root, decode_path(f.path)), columns=cols) for f in files]
+            if not parts:
+                oldest[iv] = None
+                continue
+            image = pa.concat_tables(parts, promote_options="permissive")
+            oldest[iv] = oldest_work(image)
+            has = pc.fill_null(pc.greater(pc.list_value_length(image.column("pending")), 0), False)
+            for lst in image.filter(has).column("pending").to_pylist():
+                pending.extend(Production.from_row(p) for p in lst)
+        pending.sort(key=lambda p: (p.timestamp_ms, p.production_id))
+        return oldest, pending
+
     def _rewrite(self, ivs: list[int]) -> None:
         """Replace the files of ``ivs`` by one plain Parquet file each, same rows (Delta's
         ``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair)."""
@@ -165,7 +191,11 @@ class ImageWriter:
             frame = markers
         else:
             iv = F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(comp.num_intervals)).cast("int")
-            frame = (prep.select(*[F.col(c) for c in _PREP_COLUMNS], iv.alias("interval"), F.lit(False).alias("_m"))
+            # the source position is a long string per record and only needed for dead letters:
+            # shipped for input-level ones; the driver looks it up for the tasks' (rare) ones
+            cols = [F.when(F.col("_bad").isNotNull(), F.col(c)).alias(c) if c == "position" else F.col(c)
+                    for c in _PREP_COLUMNS]
+            frame = (prep.select(*cols, iv.alias("interval"), F.lit(False).alias("_m"))
                      .where(F.col("interval").isin(ivs) | F.col("_bad").isNotNull())
                      .unionByName(markers))
         spec = ImageSpec(

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from .exceptions import LeaseLostError, StaleSequencerError
 from .leases import LeaseGrant, LeaseManager
-from .recovery import RecoveredIntervals, recover
+from .recovery import RecoveredIntervals, rebuild, recover
 from .rows import KeyRow
 from .store import CommitResult, RowStore
 
@@ -53,8 +53,12 @@ class IntervalOwner:
     def intervals(self) -> tuple[int, ...]:
         return tuple(sorted(self._grants))
 
-    def acquire(self, intervals: Iterable[int] | None = None, *, wait_s: float = 0.0) -> RecoveredIntervals:
+    def acquire(self, intervals: Iterable[int] | None = None, *, wait_s: float = 0.0, claim_only: bool = False,
+                scan: bool = True) -> RecoveredIntervals:
         """Take ``intervals`` (default: all), fence them, and return the recovery scan.
+
+        ``claim_only``: see :meth:`RowStore.fence`. ``scan=False`` skips the recovery scan (an
+        empty result): for writers that recover from what they load anyway (the image path).
 
         Raises:
             LeaseHeldError: another live instance holds one of them (after ``wait_s``).
@@ -63,12 +67,12 @@ class IntervalOwner:
         ivs = sorted(set(range(self.num_intervals) if intervals is None else intervals))
         grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
         try:
-            self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()})
+            self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only)
         except BaseException:
             self.leases.release(self.computation, ivs)
             raise
         self._grants.update(grants)
-        return recover(self.store, self.computation, ivs)
+        return recover(self.store, self.computation, ivs) if scan else rebuild(self.computation, ivs, ())
 
     def check(self) -> None:
         """Raise if any held lease is lost or in doubt (LeaseLostError / LeaseSuspendedError)."""

@@ -155,7 +155,7 @@ class RowStore:
 
     # ----------------------------------------------------------------- writes
 
-    def fence(self, computation: str, sequencers: Mapping[int, int]) -> CommitResult:
+    def fence(self, computation: str, sequencers: Mapping[int, int], *, claim_only: bool = False) -> CommitResult:
         """The takeover commit: move the fence rows of ``sequencers``' intervals to the new sequencers.
 
         Fails with :class:`StaleSequencerError` if a fence already carries a
@@ -172,10 +172,23 @@ class RowStore:
         with it, one that reads after meets the newer fence row. The MERGE fence
         then runs unopposed and brings every fence row of the interval to the
         new sequencer.
+
+        ``claim_only`` (local stores): stop after the claim and check that no fence carries a
+        greater sequencer. Enough for writers that take the maximum fence row of an interval
+        and rewrite its whole partition (the image write path drops the older fence row on
+        its first write); the MERGE fence costs seconds.
         """
         validate_name("computation", computation)
         if sequencers and is_local(self.layout.rows):
             self._claim(computation, sequencers)
+            if claim_only:
+                current = self.fences(computation)
+                for iv, seq in sorted(sequencers.items()):
+                    if current.get(iv, seq) > seq:
+                        raise StaleSequencerError(
+                            f"fence rejected, stale sequencer: computation {computation} interval {iv} is owned "
+                            f"under sequencer {current[iv]}, this writer has {seq}. A newer owner took over.")
+                return CommitResult(f"{self.writer}:claim", computation, dict(sequencers), 0, 0, 0, 0.0, False)
         return self.commit(computation, [], sequencers=sequencers, kind="fence",
                            conflict_retries=max(self.conflict_retries, self.fence_retries))
 

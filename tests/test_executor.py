@@ -150,6 +150,7 @@ def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, m
     assert "no field 'q'" in dl["nokey"]["error"] and dl["nokey"]["source_position"] == "file=x#row=2"
     assert dl["garbled"]["raw_value"] == b"\xff{not json"
     assert dl["boom"]["error"] == "ValueError: no booms here" and dl["boom"]["key"] == "dogs"
+    assert dl["boom"]["source_position"] == "file=x#row=4"  # a task's dead letter keeps its position too
     # replaying the batch adds no second dead letter
     ex.run_batch(df, 0, input_watermark_ms=None)
     assert spark.read.format("delta").load(migrated_store.dead_letters).count() == 3

@@ -421,7 +421,7 @@ def _with_ids(rows: Any, old: _Ids, new_keys: list[str], new_ids: list[str], see
     return out.select(schema.names).cast(schema)
 
 
-_JSON_SCAN = json.JSONDecoder().scan_once
+_JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _decode(codec: str | None, data: bytes) -> Any:

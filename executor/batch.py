@@ -36,6 +36,7 @@ same rows and stream records as a run without the crash.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -80,7 +81,7 @@ class _Straggler:
     batch_id: int
     thread: threading.Thread
     box: dict[str, BaseException] = field(default_factory=dict)
-    redeliver: Callable[[], None] | None = None  # strong delivery from the checkpoint
+    redeliver: Callable[[], object] | None = None  # strong delivery from the checkpoint
     min_ts: int | None = None  # the productions' oldest timestamp: holds the low watermark
 
 
@@ -388,7 +389,7 @@ class ComputationExecutor:
                     record_late(session, self.layout, _side_frame(session, late_rows, dead=False),
                                 computation=comp.name, watermark_ms=wm_late, batch_id=batch_id)
                 if not strong and out.total("n_prods"):
-                    straggler = self._weak_deliver(lambda o=out: images.deliver(o, version=None), batch_id)
+                    straggler = self._weak_deliver(functools.partial(images.deliver, out, version=None), batch_id)
                     if straggler is not None:  # checkpoint after all: the same user code once more
                         strong = True
                         attempt -= 1
@@ -462,7 +463,7 @@ class ComputationExecutor:
         else:
             per[key] = min(marks)
 
-    def _weak_deliver(self, deliver: Callable[[], None], batch_id: int) -> _Straggler | None:
+    def _weak_deliver(self, deliver: Callable[[], object], batch_id: int) -> _Straggler | None:
         """Run the weak delivery in a thread; wait ``straggler_timeout_s``. None: it finished (its
         error, if any, fails the batch); else the straggler, still running."""
         st = _Straggler(batch_id, threading.Thread())

@@ -86,7 +86,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     dead: list[tuple[Record, str]] = []
     late = 0
     process = comp.process_record
-    prods = ctx._productions
+    produced = ctx._productions
     for r in (records if presorted else sorted(records, key=_order)):
         rid = r.record_id
         if rid in seen and exactly_once:
@@ -99,12 +99,12 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
         ctx._cause = rid  # names what is processed: production ids derive from it
         ctx._cause_ts = r.timestamp_ms
         ctx._n = 0
-        mark = len(prods)
+        mark = len(produced)
         try:
             process(ctx, r)
         except Exception as exc:  # noqa: BLE001 - user code
             if comp.error_policy is ErrorPolicy.DEAD_LETTER:
-                del prods[mark:]
+                del produced[mark:]
                 dead.append((r, f"{type(exc).__name__}: {exc}"))
                 continue
             raise UserCodeError(comp.name, key, f"record {rid!r} (event time {r.timestamp_ms})", exc) from exc
@@ -136,7 +136,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
         ids = old_ids
     if dedup_horizon_ms is not None:
         ids = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
-    prods = tuple(prods)
+    prods = tuple(produced)
     strong = comp.strong_productions if strong is None else strong
     pending = (row.pending if row else ()) + (prods if strong else ())
     state = ctx._encoded_state()

@@ -36,7 +36,7 @@ from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, Production, 
 from .computation import Computation, Record, make_record
 from .keyrun import run_key
 
-__all__ = ["ImageSpec", "image_task_fn", "oldest_work", "SUMMARY_DDL", "STALE_MARK"]
+__all__ = ["ImageSpec", "image_task_fn", "oldest_work", "next_processing", "SUMMARY_DDL", "STALE_MARK"]
 
 STALE_MARK = "DW_STALE_FENCE"
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
@@ -44,7 +44,7 @@ _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, co
 SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
-               "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, oldest_ms BIGINT, "
+               "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, oldest_ms BIGINT, next_proc_ms BIGINT, "
                "min_ts BIGINT, max_ts BIGINT")
 _CACHE: "OrderedDict[tuple[str, ...], Any]" = OrderedDict()
 _CACHE_MAX = 64
@@ -189,7 +189,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
                                "fired": 0, "late": 0, "n_prods": 0, "n_dead": 0, "keys_written": 0,
                                "min_ts": None, "max_ts": None}
     if not touched and not has_pending and not dirty:
-        summary["oldest_ms"] = oldest_work(image)
+        summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(image), next_processing(image)
         return summary
     # Step 3: user code per key. Record ids (the bulk of a row) stay in Arrow: the duplicates
     # are found with one vectorized lookup, the new lists are assembled column-wise below.
@@ -258,7 +258,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         _remember((rel,), new_image)
         summary.update(new_path=rel, new_size=size, new_rows=new_image.num_rows)
     summary["prod_files"] = _write_productions(spec, iv, prods)
-    summary["oldest_ms"] = oldest_work(new_image)
+    summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(new_image), next_processing(new_image)
     return summary
 
 
@@ -463,6 +463,13 @@ def _side(kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -
     return {"kind": kind, "record_id": x.get("record_id"), "key": key, "value": x.get("value"),
             "codec": x.get("codec"), "timestamp_ms": x.get("timestamp_ms"), "stream": x.get("stream"),
             "position": x.get("position"), "error": error}
+
+
+def next_processing(image: Any) -> int | None:
+    """The earliest processing-time timer of an image (None: none)."""
+    import pyarrow.compute as pc
+
+    return pc.min(image.column("next_processing_timer_ms")).as_py()  # type: ignore[no-any-return]
 
 
 def oldest_work(image: Any) -> int | None:

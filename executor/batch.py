@@ -144,6 +144,7 @@ class ComputationExecutor:
         self.write_path = write_path
         self._images: ImageWriter | None = None
         self._oldest_iv: dict[int, int | None] = {}
+        self._next_proc_iv: dict[int, int | None] = {}  # image path: earliest processing-time timer
         self.spark = spark
         self.layout = layout
         self.comp = computation
@@ -187,7 +188,7 @@ class ComputationExecutor:
         if image:
             self._images = ImageWriter(self.spark, self.layout, self.comp, self.owner)
             self._images.load()
-            self._oldest_iv, pending = self._images.recovery()
+            self._oldest_iv, self._next_proc_iv, pending = self._images.recovery()
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
         if pending:
@@ -253,6 +254,8 @@ class ComputationExecutor:
         # A record is late when it is behind the watermark this computation already acted on
         # (the previous batch's: its timers fired up to there); timers now fire with wm_in.
         wm_late = self._acted_wm
+        if self._images is not None and df is None and self._nothing_due(wm_in, now):
+            return self._skipped(batch_id, wm_in, started)
         if self._images is not None:
             return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
                                      started=started, marks=marks, mark=mark)
@@ -431,6 +434,7 @@ class ComputationExecutor:
         for s in out.summaries:
             if s["interval"] is not None:
                 self._oldest_iv[int(s["interval"])] = s["oldest_ms"]
+                self._next_proc_iv[int(s["interval"])] = s["next_proc_ms"]
         mins = [s["min_ts"] for s in out.summaries if s["min_ts"] is not None]
         maxs = [s["max_ts"] for s in out.summaries if s["max_ts"] is not None]
         if self.on_batch_end is not None:
@@ -462,6 +466,22 @@ class ComputationExecutor:
             per.pop(key, None)
         else:
             per[key] = min(marks)
+
+    def _nothing_due(self, wm_in: int | None, now: int) -> bool:
+        """A timers-only batch has nothing to do: the last batch of this instance ran under the
+        same input watermark (so it fired every event-time timer before it, including ones set
+        while firing), no processing-time timer is due, and no straggler is open."""
+        if not self.reports or self.reports[-1].input_watermark_ms != wm_in or self._straggler is not None:
+            return False
+        return all(t is None or t > now for t in self._next_proc_iv.values())
+
+    def _skipped(self, batch_id: int, wm_in: int | None, started: float) -> BatchReport:
+        last = self.reports[-1]
+        report = BatchReport(batch_id, 0, 0, 0, 0, 0, 0, 0, 0, 0, wm_in, last.low_watermark_ms, 0.0,
+                             time.monotonic() - started, (("skipped: nothing due", 0.0),))
+        self.reports.append(report)
+        self._log(_format(self.comp.name, report))
+        return report
 
     def _weak_deliver(self, deliver: Callable[[], object], batch_id: int) -> _Straggler | None:
         """Run the weak delivery in a thread; wait ``straggler_timeout_s``. None: it finished (its

@@ -47,7 +47,7 @@ from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import Production, rows_file_ddl
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
-from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn, oldest_work
+from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn, next_processing, oldest_work
 from .computation import Computation, LatePolicy
 
 __all__ = ["ImageWriter", "ImagesStale", "PREP_DDL"]
@@ -122,30 +122,31 @@ class ImageWriter:
         if dirty:
             self._rewrite(dirty)
 
-    def recovery(self) -> tuple[dict[int, int | None], list[Production]]:
+    def recovery(self) -> tuple[dict[int, int | None], dict[int, int | None], list[Production]]:
         """The recovery scan from the loaded images (read here, in the driver): the oldest work
-        per interval (event-time timers, watermark holds) and the checkpointed productions still
-        to deliver, in (timestamp, id) order."""
+        per interval (event-time timers, watermark holds), the earliest processing-time timer per
+        interval, and the checkpointed productions still to deliver, in (timestamp, id) order."""
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         root = local_root(self.layout.rows)
-        cols = ["key", "next_event_timer_ms", "watermark_hold_ms", "pending"]
+        cols = ["key", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending"]
         oldest: dict[int, int | None] = {}
+        proc: dict[int, int | None] = {}
         pending: list[Production] = []
         for iv, files in sorted(self.files.items()):
             parts = [pq.read_table(os.path.join(root, decode_path(f.path)), columns=cols) for f in files]
             if not parts:
-                oldest[iv] = None
+                oldest[iv] = proc[iv] = None
                 continue
             image = pa.concat_tables(parts, promote_options="permissive")
-            oldest[iv] = oldest_work(image)
+            oldest[iv], proc[iv] = oldest_work(image), next_processing(image)
             has = pc.fill_null(pc.greater(pc.list_value_length(image.column("pending")), 0), False)
             for lst in image.filter(has).column("pending").to_pylist():
                 pending.extend(Production.from_row(p) for p in lst)
         pending.sort(key=lambda p: (p.timestamp_ms, p.production_id))
-        return oldest, pending
+        return oldest, proc, pending
 
     def _rewrite(self, ivs: list[int]) -> None:
         """Replace the files of ``ivs`` by one plain Parquet file each, same rows (Delta's
@@ -207,7 +208,7 @@ class ImageWriter:
             stream_schema=_arrow(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=_arrow(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong)
-        return (frame.select("*", spread.alias("_p")).repartition(partitions, "_p")
+        return (frame.select("*", spread.alias("_p")).repartition(partitions, "_p").drop("_p")
                 .mapInArrow(image_task_fn(spec), _spark_type(SUMMARY_DDL)))
 
     def collect(self, out: Any) -> BatchOutput:

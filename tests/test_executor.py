@@ -25,7 +25,12 @@ def test_batches_timers_and_replay_are_exactly_once(spark, migrated_store, zk_co
         # replaying batch 1 (Spark re-runs a batch after a crash) changes nothing
         again = ex.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
         assert (again.processed, again.duplicates, again.productions) == (0, 3, 0)
-        ex.flush(input_watermark_ms=40_000)
+        assert ex.flush(input_watermark_ms=40_000).timers_fired == 2
+        # a second timers-only batch under the same watermark has nothing to do: the image path
+        # skips its Spark job (no processing-time timers here)
+        idle = ex.flush(input_watermark_ms=40_000)
+        assert idle.timers_fired == 0
+        assert (idle.steps_s[0][0] == "skipped: nothing due") == (write_path == "image")
     finally:
         ex.stop()
         client.stop()

@@ -301,18 +301,17 @@ class ComputationExecutor:
             record_dead_letters(self.spark, self.layout, _tasks.dead_letter_frame(out), computation=comp.name,
                                 batch_id=batch_id)
         prods = _tasks.productions_frame(out)
+        deliver = functools.partial(deliver_frame, self.spark, self.layout, prods, streams=comp.outputs,
+                                    producer=comp.name)  # idempotent: insert if the record id is absent
         straggler = None
         if not comp.strong_productions and st["n_prods"]:
-            straggler = self._weak_deliver(
-                lambda: deliver_frame(self.spark, self.layout, prods, streams=comp.outputs, producer=comp.name),
-                batch_id)
-        rows_out = out.where(F.col("_op") != "none").select(*_tasks.ROW_COLUMNS)
+            straggler = self._weak_deliver(deliver, batch_id)
+        rows_out = out.where(F.col("_op") != "none")
         if straggler is not None:  # checkpoint: each row's new productions become its pending ones
-            rows_out = (out.where(F.col("_op") != "none").withColumn("pending", F.col("new_prods"))
-                        .select(*_tasks.ROW_COLUMNS))
-            straggler.redeliver = lambda: deliver_frame(self.spark, self.layout, prods, streams=comp.outputs,
-                                                        producer=comp.name)
+            rows_out = rows_out.withColumn("pending", F.col("new_prods"))
+            straggler.redeliver = deliver
             straggler.min_ts = prods.agg(F.min("timestamp_ms")).collect()[0][0]
+        rows_out = rows_out.select(*_tasks.ROW_COLUMNS)
         # Step 5: the fenced commit (a straggler of the previous batch is settled first: the
         # commit clears its checkpoint).
         self._settle_straggler()
@@ -335,7 +334,7 @@ class ComputationExecutor:
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
         # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
         if comp.strong_productions and st["n_prods"]:
-            deliver_frame(self.spark, self.layout, prods, streams=comp.outputs, producer=comp.name)
+            deliver()
         mark("deliver")
         self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
         # Step 7: watermarks.
@@ -486,16 +485,17 @@ class ComputationExecutor:
     def _weak_deliver(self, deliver: Callable[[], object], batch_id: int) -> _Straggler | None:
         """Run the weak delivery in a thread; wait ``straggler_timeout_s``. None: it finished (its
         error, if any, fails the batch); else the straggler, still running."""
-        st = _Straggler(batch_id, threading.Thread())
+        box: dict[str, BaseException] = {}
 
         def run() -> None:
             try:
                 self._fault(FaultPoint.IN_WEAK_DELIVERY, batch_id)
                 deliver()
             except BaseException as exc:  # noqa: BLE001 - reported when the straggler is settled
-                st.box["error"] = exc
+                box["error"] = exc
 
-        st.thread = threading.Thread(target=run, name=f"deltawheel-weak-{self.comp.name}-{batch_id}", daemon=True)
+        st = _Straggler(batch_id, threading.Thread(target=run, name=f"deltawheel-weak-{self.comp.name}-{batch_id}",
+                                                   daemon=True), box)
         st.thread.start()
         st.thread.join(max(0.0, float(self.comp.straggler_timeout_s)))
         if st.thread.is_alive():

@@ -294,12 +294,7 @@ class ImageWriter:
 
     def check_fences(self) -> None:
         """After a conflict: a newer fence on an owned interval means this writer is a zombie."""
-        fences = self.owner.store.fences(self.comp.name)
-        for iv, seq in self.owner.sequencers.items():
-            if fences.get(iv, seq) > seq:
-                raise StaleSequencerError(
-                    f"interval {iv} of {self.comp.name} is now owned under sequencer {fences[iv]} (taken over; "
-                    f"this writer holds {seq}); nothing of this batch was committed. Stop this instance.")
+        self.owner.store.check_fences(self.comp.name, self.owner.sequencers)
 
     # ------------------------------------------------------------------ step 6
 

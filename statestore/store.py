@@ -153,6 +153,15 @@ class RowStore:
         return {int(r["interval"]): int(r["s"]) for r in
                 df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
 
+    def check_fences(self, computation: str, sequencers: Mapping[int, int]) -> None:
+        """Raise :class:`StaleSequencerError` if a fence row carries a greater sequencer than ours."""
+        current = self.fences(computation)
+        for iv, seq in sorted(sequencers.items()):
+            if current.get(iv, seq) > seq:
+                raise StaleSequencerError(
+                    f"stale sequencer: interval {iv} of {computation} is now owned under sequencer {current[iv]} "
+                    f"(taken over; this writer holds {seq}); nothing was committed. Stop this instance.")
+
     # ----------------------------------------------------------------- writes
 
     def fence(self, computation: str, sequencers: Mapping[int, int], *, claim_only: bool = False) -> CommitResult:
@@ -182,12 +191,7 @@ class RowStore:
         if sequencers and is_local(self.layout.rows):
             self._claim(computation, sequencers)
             if claim_only:
-                current = self.fences(computation)
-                for iv, seq in sorted(sequencers.items()):
-                    if current.get(iv, seq) > seq:
-                        raise StaleSequencerError(
-                            f"fence rejected, stale sequencer: computation {computation} interval {iv} is owned "
-                            f"under sequencer {current[iv]}, this writer has {seq}. A newer owner took over.")
+                self.check_fences(computation, sequencers)
                 return CommitResult(f"{self.writer}:claim", computation, dict(sequencers), 0, 0, 0, 0.0, False)
         return self.commit(computation, [], sequencers=sequencers, kind="fence",
                            conflict_retries=max(self.conflict_retries, self.fence_retries))

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.deltatxn import partition_file_name, write_file
 from deltawheel.statestore.exceptions import CodecError
-from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, Production, TimeDomain, make_timer
+from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, TimeDomain, make_row, make_timer
 
 from .computation import Computation, Record, make_record
 from .keyrun import run_key
@@ -137,7 +137,9 @@ class _Input:
         n = recs.num_rows
         self.keys: list[str] = _py(recs.column("key"))
         self.ids: list[str] = _py(recs.column("record_id"))
-        self.values: list[bytes | None] = _py(recs.column("value"))
+        vcol = recs.column("value")
+        self.no_values = vcol.null_count == n  # an injector without value columns: nothing to decode
+        self.values: list[bytes | None] = [] if self.no_values else _py(vcol)
         self.codecs: list[str | None] = _constant_or_list(recs.column("codec"), n) if n else []
         self.ts: list[int] = _py(recs.column("timestamp_ms"))
         self.streams: list[str | None] = _constant_or_list(recs.column("stream"), n) if n else []
@@ -196,7 +198,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     mask = pc.is_in(keys, value_set=pa.array(sorted(touched), pa.string()))
     sub = image.filter(mask)
     old_ids = _flat_ids(sub, spec.horizon_ms)
-    old = _key_rows(sub, name, iv, with_pending=has_pending)
+    old, had_pending = _key_rows(sub, name, iv, with_pending=has_pending)
     rest = image.filter(pc.invert(mask))
     if has_pending:
         rest = _without_pending(rest)
@@ -210,9 +212,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     side = summary["side"]
     for key in sorted(touched):
         row = old.get(key)
-        cleared = bool(row and row.pending)
-        if cleared:
-            row = row.with_(pending=())  # type: ignore[union-attr]  # delivered by the previous batch
+        cleared = key in had_pending  # delivered by the previous batch: dropped from the new image
         lo, hi = inp.runs.get(key, (0, 0))
         records, dead, n_seen = _records(inp, key, lo, hi, seen)
         dups += n_seen
@@ -290,9 +290,12 @@ def _without_pending(t: Any) -> Any:
     return t.set_column(idx, t.schema.field(idx), pa.array([[]] * t.num_rows, t.schema.field(idx).type))
 
 
-def _key_rows(sub: Any, name: str, iv: int, *, with_pending: bool) -> dict[str, KeyRow]:
-    """The touched rows as KeyRows, column-wise (record ids stay in Arrow; sequencer, commit id
-    and update time are rewritten on output, so they are not read)."""
+def _key_rows(sub: Any, name: str, iv: int, *, with_pending: bool) -> tuple[dict[str, KeyRow], set[str]]:
+    """The touched rows as KeyRows, column-wise, and the keys that had pending productions.
+
+    Record ids stay in Arrow; sequencer, commit id and update time are rewritten on output, so
+    they are not read; pending productions are not read either: on this path they are always the
+    previous batch's, delivered before this batch can commit, so they are only cleared."""
     import pyarrow.compute as pc
 
     keys = _py(sub.column("key"))
@@ -303,16 +306,17 @@ def _key_rows(sub: Any, name: str, iv: int, *, with_pending: bool) -> dict[str, 
     flat = pc.list_flatten(timers)
     tags, doms, times = (_py(flat.field("tag")), _py(flat.field("domain")), _py(flat.field("time_ms")))
     offs = _py(timers.offsets)
-    pend = sub.column("pending").to_pylist() if with_pending else None
+    pending: set[str] = set()
+    if with_pending:
+        has = pc.fill_null(pc.greater(pc.list_value_length(sub.column("pending")), 0), False)
+        pending = set(_py(sub.column("key").filter(has)))
     out = {}
     for i, key in enumerate(keys):
         lo, hi = offs[i], offs[i + 1]
-        out[key] = KeyRow(
-            name, key, iv, state=states[i], codec=codecs[i] or "json",
-            timers=tuple(make_timer(times[j], tags[j], _DOMAINS[doms[j]]) for j in range(lo, hi)),
-            pending=tuple(Production.from_row(p) for p in pend[i] or ()) if pend is not None else (),
-            watermark_hold_ms=holds[i])
-    return out
+        out[key] = make_row(name, key, iv, states[i], codecs[i] or "json",
+                            tuple([make_timer(times[j], tags[j], _DOMAINS[doms[j]]) for j in range(lo, hi)]),
+                            holds[i])
+    return out, pending
 
 
 def _constant_or_list(col: Any, n: int) -> Any:
@@ -322,6 +326,9 @@ def _constant_or_list(col: Any, n: int) -> Any:
     if len(uniq) == 1:
         return [uniq[0].as_py()] * n
     return _py(col)
+
+
+_PROD_FIELDS = ("production_id", "stream", "key", "value", "timestamp_ms", "codec")
 
 
 def _rows_table(rows: list[KeyRow], spec: ImageSpec, sequencer: int) -> Any:
@@ -342,6 +349,17 @@ def _rows_table(rows: list[KeyRow], spec: ImageSpec, sequencer: int) -> Any:
     timers = pa.ListArray.from_arrays(pa.array(offs, pa.int32()), pa.StructArray.from_arrays(
         [pa.array(tags, pa.string()), pa.array(doms, pa.string()), pa.array(times, pa.int64())],
         fields=list(tfield.type.value_type)), type=tfield.type)
+    poffs = [0]
+    pcols: dict[str, list[Any]] = {f: [] for f in _PROD_FIELDS}
+    for r in rows:
+        for p in r.pending:
+            for f, col in pcols.items():
+                col.append(getattr(p, f))
+        poffs.append(len(pcols["key"]))
+    pfield = schema.field("pending")
+    ptype = pfield.type.value_type
+    pending = pa.ListArray.from_arrays(pa.array(poffs, pa.int32()), pa.StructArray.from_arrays(
+        [pa.array(pcols[f.name], f.type) for f in ptype], fields=list(ptype)), type=pfield.type)
     cols = {
         "key": [r.key for r in rows],
         "state": [r.state for r in rows],
@@ -349,14 +367,14 @@ def _rows_table(rows: list[KeyRow], spec: ImageSpec, sequencer: int) -> Any:
         "next_event_timer_ms": [min((t.time_ms for t in r.timers if t.domain is ev), default=None) for r in rows],
         "next_processing_timer_ms": [min((t.time_ms for t in r.timers if t.domain is not ev), default=None)
                                      for r in rows],
-        "pending": [[p.to_row() for p in r.pending] for r in rows],
         "watermark_hold_ms": [r.watermark_hold_ms for r in rows],
         "sequencer": [sequencer] * n,
         "commit_id": [spec.commit_id] * n,
         "updated_ms": [spec.now_ms] * n,
         "format_version": [r.format_version for r in rows],
     }
-    arrays = [timers if f.name == "timers" else pa.array(cols[f.name], f.type) for f in schema]
+    arrays = [timers if f.name == "timers" else pending if f.name == "pending" else pa.array(cols[f.name], f.type)
+              for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -424,9 +442,11 @@ def _with_ids(rows: Any, old: _Ids, new_keys: list[str], new_ids: list[str], see
 _JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _decode(codec: str | None, data: bytes) -> Any:
+def _decode(codec: str | None, data: bytes | None) -> Any:
     """The record's value; compact JSON (what injectors write) is read by the C scanner
     directly, anything else by the codec (which raises CodecError for bad bytes)."""
+    if data is None:  # an injector without value columns
+        return None
     if codec == "json" or codec is None:
         try:
             text = data.decode("utf-8")
@@ -446,6 +466,10 @@ def _records(inp: _Input, key: str, lo: int, hi: int,
     dead: list[dict[str, Any]] = []
     n_seen = 0
     ids, values, codecs, ts, streams, late = inp.ids, inp.values, inp.codecs, inp.ts, inp.streams, inp.late
+    if inp.no_values:
+        return ([make_record(key, None, ts[i], ids[i], streams[i] or "", bool(late[i]))
+                 for i in range(lo, hi) if seen is None or not seen[i]],
+                [], 0 if seen is None else sum(seen[lo:hi]))
     for i in range(lo, hi):
         if seen is not None and seen[i]:
             n_seen += 1

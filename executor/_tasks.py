@@ -42,7 +42,7 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
         out = []
         for v, c in zip(values, codecs, strict=True):
             try:
-                k = extractor(get_codec(c or "json").decode(v))
+                k = extractor(None if v is None else get_codec(c or "json").decode(v))
                 out.append(k if isinstance(k, str) else f"{_ERR}key extractor returned {type(k).__name__} {k!r}")
             except Exception as exc:  # noqa: BLE001 - user code; becomes a dead letter
                 out.append(f"{_ERR}key extractor failed: {type(exc).__name__}: {exc}")
@@ -144,7 +144,7 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, no
     dead: list[dict[str, Any]] = []
     for x in r.get("recs") or ():
         try:
-            value = get_codec(x["codec"]).decode(x["value"])
+            value = None if x["value"] is None else get_codec(x["codec"]).decode(x["value"])
         except CodecError as exc:
             dead.append(_dead(x, key, f"CodecError: {exc}"))
             continue

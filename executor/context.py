@@ -8,9 +8,20 @@ from deltawheel.statestore.codecs import Codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
 from deltawheel.statestore.rows import Production, TimeDomain, Timer, validate_key
 
-__all__ = ["Context"]
+__all__ = ["Context", "TimerCause"]
 
 _UNSET = object()
+
+
+class TimerCause:
+    """What a timer's productions derive their ids and default timestamp from (a record's
+    ``record_id`` / ``timestamp_ms`` play that part while a record is processed)."""
+
+    __slots__ = ("record_id", "timestamp_ms")
+
+    def __init__(self, record_id: str, timestamp_ms: int) -> None:
+        self.record_id = record_id
+        self.timestamp_ms = timestamp_ms
 
 
 class Context:
@@ -32,8 +43,8 @@ class Context:
         self._timers: dict[tuple[str, TimeDomain], Timer] = {(t.tag, t.domain): t for t in timers}
         self._outputs = outputs
         self._productions: list[Production] = []
-        self._cause = ""
-        self._cause_ts = 0
+        self._cause: Any = TimerCause("", 0)  # the record or timer being processed
+        self._counted: Any = None  # whose productions self._n counts
         self._n = 0
         self.input_watermark_ms = input_watermark_ms
         self.now_ms = now_ms
@@ -96,19 +107,17 @@ class Context:
                 f"{self.computation} produced to {stream!r}, which is not among its outputs "
                 f"{list(self._outputs)}; add it to `outputs`")
         out_key = validate_key(self.key if key is None else key)
+        cause = self._cause
+        if self._counted is not cause:
+            self._counted = cause
+            self._n = 0
         self._n += 1
         self._productions.append(Production(
-            production_id=f"{self._cause}#{self._n}", stream=stream, key=out_key,
-            value=self._codec.encode(value), timestamp_ms=self._cause_ts if timestamp_ms is None else int(timestamp_ms),
+            production_id=f"{cause.record_id}#{self._n}", stream=stream, key=out_key,
+            value=self._codec.encode(value), timestamp_ms=cause.timestamp_ms if timestamp_ms is None else int(timestamp_ms),
             codec=self._codec.name))
 
     # ------------------------------------------------------------- internal
-
-    def _begin(self, cause: str, timestamp_ms: int) -> None:
-        """Name what is being processed; production ids derive from it (deterministic on replay)."""
-        self._cause = cause
-        self._cause_ts = timestamp_ms
-        self._n = 0
 
     def _encoded_state(self) -> bytes | None:
         if not self._dirty:

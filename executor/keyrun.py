@@ -17,14 +17,13 @@ one place:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from deltawheel.statestore.codecs import Codec, get_codec
-from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain
+from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, make_row, updated_row
 
 from .computation import Computation, ErrorPolicy, Record
-from .context import Context
+from .context import Context, TimerCause
 
 __all__ = ["KeyOutcome", "run_key", "UserCodeError", "MAX_TIMER_ROUNDS"]
 
@@ -44,9 +43,8 @@ class UserCodeError(Exception):
         self.what = what
 
 
-@dataclass(frozen=True)
-class KeyOutcome:
-    """What one key's run produced."""
+class KeyOutcome(NamedTuple):
+    """What one key's run produced (a named tuple: one is built per key of every batch)."""
 
     row: KeyRow | None  # new image; None = the key is empty now (delete its row)
     changed: bool
@@ -81,7 +79,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     # Step 1 + 2: dedup against the row's ids and within the batch; records in event-time order.
     exactly_once = comp.exactly_once
     seen = {s.record_id for s in row.record_ids} if (row and exactly_once) else set()
-    fresh: list[Record] = []
+    fresh: list[str] = []  # ids of the records run (dead-lettered ones included: never retried)
     dups = 0
     dead: list[tuple[Record, str]] = []
     late = 0
@@ -89,29 +87,28 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     produced = ctx._productions
     for r in (records if presorted else sorted(records, key=_order)):
         rid = r.record_id
-        if rid in seen and exactly_once:
-            dups += 1
-            continue
-        seen.add(rid)
-        fresh.append(r)
+        if exactly_once:
+            if rid in seen:
+                dups += 1
+                continue
+            seen.add(rid)
+        fresh.append(rid)
         if r.late:
             late += 1
-        ctx._cause = rid  # names what is processed: production ids derive from it
-        ctx._cause_ts = r.timestamp_ms
-        ctx._n = 0
-        mark = len(produced)
+        ctx._cause = r  # names what is processed: production ids derive from it
         try:
             process(ctx, r)
         except Exception as exc:  # noqa: BLE001 - user code
             if comp.error_policy is ErrorPolicy.DEAD_LETTER:
-                del produced[mark:]
+                if ctx._counted is r:  # drop what this record produced
+                    del produced[len(produced) - ctx._n:]
                 dead.append((r, f"{type(exc).__name__}: {exc}"))
                 continue
             raise UserCodeError(comp.name, key, f"record {rid!r} (event time {r.timestamp_ms})", exc) from exc
     # Step 3: due timers in timestamp order.
     fired = 0
     wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
-    if fire_timers:
+    if fire_timers and ctx._timers:
         for _ in range(MAX_TIMER_ROUNDS):
             due = [t for t in ctx._timers.values()
                    if (t.time_ms < wm if t.domain is _EVENT else t.time_ms <= now_ms)]
@@ -119,22 +116,21 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
                 break
             t = min(due)
             del ctx._timers[(t.tag, t.domain)]
-            ctx._begin(f"timer:{comp.name}:{key}:{t.domain.value}:{t.tag}:{t.time_ms}", t.time_ms)
+            ctx._cause = TimerCause(f"timer:{comp.name}:{key}:{t.domain.value}:{t.tag}:{t.time_ms}", t.time_ms)
             try:
                 comp.process_timer(ctx, t)
             except Exception as exc:  # noqa: BLE001 - user code
                 raise UserCodeError(comp.name, key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})", exc) from exc
             fired += 1
     # Step 4: the new row image.
-    new_record_ids = [r.record_id for r in fresh]  # dead-lettered ones included: never retried
     old_ids = row.record_ids if row else ()
-    if not comp.exactly_once:
+    if not exactly_once:
         ids: tuple[SeenId, ...] = ()
     elif keep_ids:
-        ids = old_ids + tuple(SeenId(rid, now_ms) for rid in new_record_ids)
+        ids = old_ids + tuple(SeenId(rid, now_ms) for rid in fresh)
     else:
         ids = old_ids
-    if dedup_horizon_ms is not None:
+    if dedup_horizon_ms is not None and ids:
         ids = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
     prods = tuple(produced)
     strong = comp.strong_productions if strong is None else strong
@@ -142,17 +138,16 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     state = ctx._encoded_state()
     timers = ctx.timers
     hold = ctx._hold
-    changed = bool(fresh or dead or fired or prods) or ids != old_ids or (
+    changed = bool(fresh or fired or prods) or ids != old_ids or (
         row is not None and (state != row.state or timers != row.timers))
     empty = state is None and not timers and not pending and not ids and hold is None
     if empty:
         new_row = None
     else:
-        base = row or KeyRow(comp.name, key, interval, codec=codec.name)
-        new_row = base.with_(state=state, codec=codec.name, timers=timers, record_ids=ids, pending=pending,
-                             watermark_hold_ms=hold)
+        base = row or make_row(comp.name, key, interval, None, codec.name, (), None)
+        new_row = updated_row(base, state, codec.name, timers, ids, pending, hold)
     return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
-                      tuple(dead), tuple(new_record_ids) if comp.exactly_once else ())
+                      tuple(dead), tuple(fresh) if exactly_once else ())
 
 
 _EVENT = TimeDomain.EVENT_TIME

@@ -167,7 +167,8 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
         event_time_column: a TIMESTAMP column, or a BIGINT/INT of epoch milliseconds.
         value_columns: columns of the JSON ``value`` object; ``None``: every column
             except ``event_time_column`` and ``exclude``. Keys come out sorted, as
-            with the ``json`` codec.
+            with the ``json`` codec. Empty: no value (``record.value`` is None), for
+            computations that only read the key and the event time.
         record_id: Spark Column giving the record id (must be non-null and unique).
         commit_id: Spark Column giving the source position.
         exclude: columns left out of the default ``value_columns``.
@@ -197,7 +198,9 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
     if value_columns is None:
         value_columns = [c for c in fields if c != event_time_column and c not in exclude]
     key = F.lit("") if key_column is None else F.coalesce(F.col(key_column).cast("string"), F.lit(""))
-    value = F.to_json(F.struct(*[F.col(c) for c in sorted(value_columns)])).cast("binary")
+    # no value columns (the key and event time are all a computation reads): record.value is None
+    value = (F.to_json(F.struct(*[F.col(c) for c in sorted(value_columns)])).cast("binary") if value_columns
+             else F.lit(None).cast("binary"))
     return df.select(
         record_id.cast("string").alias("record_id"),
         key.alias("key"),
@@ -267,7 +270,7 @@ class ParquetInjector(_MaxSeenInjector):
         key_column: natural key column, or ``None`` (key ``""``).
         event_time_column: TIMESTAMP or epoch-ms BIGINT column.
         value_columns: columns of the JSON value; ``None``: all but the event
-            time and record id columns.
+            time and record id columns; empty: no value (``record.value`` is None).
         record_id_column: unique id column, or ``None`` (position-based ids).
         max_files_per_trigger: files per micro-batch.
         watermark_delay_ms: the declared disorder bound.
@@ -342,7 +345,8 @@ class DeltaTableInjector(_MaxSeenInjector):
         path: the Delta table's path.
         key_column: natural key column, or ``None``.
         event_time_column: TIMESTAMP or epoch-ms BIGINT column.
-        value_columns: columns of the JSON value; ``None``: all but event time and record id.
+        value_columns: columns of the JSON value; ``None``: all but event time and record id;
+            empty: no value (``record.value`` is None).
         record_id_column: the unique, stable id column.
         max_files_per_trigger: data files per micro-batch.
         watermark_delay_ms: the declared disorder bound.

@@ -83,6 +83,29 @@ def make_timer(time_ms: int, tag: str, domain: TimeDomain) -> Timer:
     return t
 
 
+def make_row(computation: str, key: str, interval: int, state: bytes | None, codec: str,
+             timers: tuple[Timer, ...], watermark_hold_ms: int | None) -> "KeyRow":
+    """``KeyRow(...)`` from storage, whose timers are already sorted: no ``__post_init__`` sort and
+    no frozen per-field ``object.__setattr__`` (runs for every touched key of every batch)."""
+    r = object.__new__(KeyRow)
+    r.__dict__.update(computation=computation, key=key, interval=interval, state=state, codec=codec,
+                      timers=timers, record_ids=(), pending=(), watermark_hold_ms=watermark_hold_ms,
+                      sequencer=0, commit_id="", updated_ms=0, format_version=ROW_FORMAT_VERSION, extra={})
+    return r
+
+
+def updated_row(base: "KeyRow", state: bytes | None, codec: str, timers: tuple[Timer, ...],
+                record_ids: tuple["SeenId", ...], pending: tuple["Production", ...],
+                watermark_hold_ms: int | None) -> "KeyRow":
+    """``base.with_(...)`` of the fields a key's run changes; ``timers`` already sorted."""
+    r = object.__new__(KeyRow)
+    d = r.__dict__
+    d.update(base.__dict__)
+    d.update(state=state, codec=codec, timers=timers, record_ids=record_ids, pending=pending,
+             watermark_hold_ms=watermark_hold_ms)
+    return r
+
+
 @dataclass(frozen=True)
 class Production:
     """A record produced to a stream, checkpointed in the producer's row until delivered."""

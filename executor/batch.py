@@ -29,6 +29,14 @@ commits and goes on; the low watermark is held at the straggled productions
 until the next batch has *settled* the straggler (joined it, and redelivered
 from the checkpoint if it failed) before its commit clears the checkpoint.
 
+On the image write path step 6 is asynchronous: the productions are checkpointed
+in the committed rows, so the batch returns once their delivery has started,
+and the next batch's user code overlaps it. The low watermark is held at the
+undelivered productions meanwhile, and the delivery is *settled* like a
+straggler (joined; redelivered from the checkpoint if it failed) before the
+next commit clears that checkpoint, before a timers-only batch decides it has
+nothing to do, and on ``settle()`` / ``stop()``.
+
 A crash between or inside any steps followed by a restart (recovery scan +
 redelivery of checkpointed productions + Spark replaying the batch) gives the
 same rows and stream records as a run without the crash.
@@ -76,13 +84,17 @@ class FaultPoint(StrEnum):
 
 @dataclass
 class _Straggler:
-    """A weak delivery that outlived ``straggler_timeout_s``; its productions are checkpointed."""
+    """A delivery still running after its batch committed, whose productions are checkpointed in
+    the committed rows: a weak delivery that outlived ``straggler_timeout_s``, or the
+    asynchronous strong delivery of the image path."""
 
     batch_id: int
     thread: threading.Thread
-    box: dict[str, BaseException] = field(default_factory=dict)
+    box: dict[str, BaseException] = field(default_factory=dict)  # "error": the delivery failed
     redeliver: Callable[[], object] | None = None  # strong delivery from the checkpoint
     min_ts: int | None = None  # the productions' oldest timestamp: holds the low watermark
+    kind: str = "straggling"
+    delivered: bool = False  # the delivery succeeded: the hold is released
 
 
 class BatchFailedError(RetryableError):
@@ -164,6 +176,7 @@ class ComputationExecutor:
         self._started = False
         self.start_s: dict[str, float] = {}
         self._straggler: _Straggler | None = None
+        self._wm_lock = threading.Lock()
 
     # ------------------------------------------------------------- lifecycle
 
@@ -254,8 +267,10 @@ class ComputationExecutor:
         # A record is late when it is behind the watermark this computation already acted on
         # (the previous batch's: its timers fired up to there); timers now fire with wm_in.
         wm_late = self._acted_wm
-        if self._images is not None and df is None and self._nothing_due(wm_in, now):
-            return self._skipped(batch_id, wm_in, started)
+        if self._images is not None and df is None:
+            self.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
+            if self._nothing_due(wm_in, now):
+                return self._skipped(batch_id, wm_in, started)
         if self._images is not None:
             return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
                                      started=started, marks=marks, mark=mark)
@@ -396,9 +411,10 @@ class ComputationExecutor:
                         strong = True
                         attempt -= 1
                         continue
-                # Step 5: the fenced commit (a straggler of the previous batch is settled first:
-                # the commit clears its checkpoint).
+                # Step 5: the fenced commit (the previous batch's delivery is settled first: the
+                # commit clears its checkpoint).
                 self._settle_straggler()
+                mark("settle")
                 self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
                 self.owner.check()
                 t0 = time.monotonic()
@@ -419,21 +435,23 @@ class ComputationExecutor:
         if straggler is not None:
             strong_out, v = out, version
             straggler.redeliver = lambda: images.deliver(strong_out, version=v)
-            straggler.min_ts = min((int(p["min_ts"]) for s in out.summaries for p in s.get("prod_files") or ()
-                                    if p.get("min_ts") is not None), default=None)
+            straggler.min_ts = _prod_min_ts(out)
             self._straggler = straggler
-        self._fault(FaultPoint.AFTER_COMMIT, batch_id)
-        # Step 6: deliver (idempotent per interval and rows version); cleared by the next commit.
-        if comp.strong_productions:
-            images.deliver(out, version=version)
-        mark("deliver")
-        self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
-        # Step 7: watermarks.
-        self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
-        for s in out.summaries:
+        for s in out.summaries:  # the committed images' oldest work (before the delivery thread publishes)
             if s["interval"] is not None:
                 self._oldest_iv[int(s["interval"])] = s["oldest_ms"]
                 self._next_proc_iv[int(s["interval"])] = s["next_proc_ms"]
+        self._fault(FaultPoint.AFTER_COMMIT, batch_id)
+        # Step 6: deliver (idempotent per interval and rows version), asynchronously: the
+        # productions are checkpointed in the rows just committed; cleared by the next commit.
+        if comp.strong_productions and out.total("n_prods"):
+            self._deliver_async(functools.partial(images.deliver, out, version=version), batch_id,
+                                _prod_min_ts(out))
+        else:
+            self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
+        mark("deliver")
+        # Step 7: watermarks.
+        self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
         mins = [s["min_ts"] for s in out.summaries if s["min_ts"] is not None]
         maxs = [s["max_ts"] for s in out.summaries if s["max_ts"] is not None]
         if self.on_batch_end is not None:
@@ -506,23 +524,75 @@ class ComputationExecutor:
             raise st.box["error"]
         return None
 
+    def _deliver_async(self, deliver: Callable[[], object], batch_id: int, min_ts: int | None) -> None:
+        """Step 6 on the image path: deliver the committed (checkpointed) productions in a thread;
+        the next batch runs meanwhile and settles it before its commit."""
+        box: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                deliver()
+            except BaseException as exc:  # noqa: BLE001 - redelivered from the checkpoint on settle
+                box["error"] = exc
+                return
+            try:
+                self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
+            except BaseException as exc:  # noqa: BLE001 - a test's crash: surfaces on settle
+                box["crash"] = exc
+                return
+            st.delivered = True
+            if self.authority is not None:  # release the hold now: an idle query gets no next batch
+                try:
+                    self._publish_watermarks()
+                except BaseException as exc:  # noqa: BLE001 - the next batch publishes again
+                    self._log(f"{self.comp.name}: publishing the low watermark after batch {batch_id}'s "
+                              f"delivery failed ({type(exc).__name__}: {exc}); the next batch retries")
+
+        st = _Straggler(batch_id, threading.Thread(target=run, name=f"deltawheel-deliver-{self.comp.name}-{batch_id}",
+                                                   daemon=True), box, redeliver=deliver, min_ts=min_ts,
+                        kind="asynchronous")
+        self._straggler = st
+        st.thread.start()
+
+    def settle(self) -> bool:
+        """Wait for the last batch's delivery still in flight (asynchronous, or a straggler);
+        redeliver from its checkpoint if it failed, then publish the low watermark it held.
+        Returns whether there was one. The pipeline runner calls it after each flush, so the
+        next stage reads every production of this one."""
+        if self._straggler is None:
+            return False
+        self._settle_straggler()
+        if self.authority is not None:
+            self._publish_watermarks()
+        return True
+
     def _settle_straggler(self) -> None:
-        """Wait for the previous batch's straggling delivery; redeliver from the checkpoint if it
-        failed. Runs before a commit clears that checkpoint (and on stop)."""
+        """Wait for the previous batch's delivery still in flight; redeliver from the checkpoint
+        if it failed. Runs before a commit clears that checkpoint (and on settle / stop)."""
         st = self._straggler
         if st is None:
             return
         st.thread.join()
+        self._straggler = None
+        if "crash" in st.box:  # an injected crash after the delivery: the process "dies" here
+            raise st.box["crash"]
         if "error" in st.box:
-            self._log(f"{self.comp.name}: the straggling delivery of batch {st.batch_id} failed "
+            self._log(f"{self.comp.name}: the {st.kind} delivery of batch {st.batch_id} failed "
                       f"({type(st.box['error']).__name__}: {st.box['error']}); delivering from the checkpoint")
             assert st.redeliver is not None
+            self._straggler = st  # still undelivered (watermark held) until the redelivery succeeds
             st.redeliver()
-        self._straggler = None
+            self._straggler = None
 
     def _publish_watermarks(self) -> int | None:
         assert self.authority is not None
-        held = self._straggler.min_ts if self._straggler is not None else None
+        with self._wm_lock:  # the batch and its delivery thread both publish
+            return self._publish_watermarks_locked()
+
+    def _publish_watermarks_locked(self) -> int | None:
+        assert self.authority is not None
+        st = self._straggler
+        held = st.min_ts if st is not None and not st.delivered else None
         for iv, seq in self.owner.sequencers.items():
             if self._images is not None:
                 oldest = self._oldest_iv.get(iv)
@@ -541,6 +611,12 @@ class ComputationExecutor:
     def _log(self, line: str) -> None:
         if self.progress is not None:
             self.progress(line)
+
+
+def _prod_min_ts(out: Any) -> int | None:
+    """The oldest timestamp among a batch's production files (holds the low watermark)."""
+    return min((int(p["min_ts"]) for s in out.summaries for p in s.get("prod_files") or ()
+                if p.get("min_ts") is not None), default=None)
 
 
 def _fill_positions(prep: Any, dead: list[dict[str, Any]]) -> None:

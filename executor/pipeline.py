@@ -145,6 +145,7 @@ class PipelineRunner:
                                 inj.finish()
                                 publish_watermark(authority, inj)
                     r = execs[comp.name].flush()
+                    execs[comp.name].settle()  # its last delivery lands before the next stage reads
                     moved += r.timers_fired + r.productions
                 if moved == 0:
                     break

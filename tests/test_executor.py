@@ -65,14 +65,19 @@ def _run(spark, layout, zk_config, *, crash_at=None):  # type: ignore[no-untyped
 
     ex, client = start_executor(spark, layout, zk_config, BucketCounter(), faults=faults, writer="first")
     ex.run_batch(events(spark, B1), 0, input_watermark_ms=None)
+    returned = False
     try:
         ex.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
+        returned = True
+        # a crash after batch 1's asynchronous delivery surfaces when the next batch settles it
+        ex.flush(input_watermark_ms=40_000)
     except Crash:
         client.stop()  # the session dies with the process: its leases go
         client.close()
         ex, client = start_executor(spark, layout, zk_config, BucketCounter(), writer="second")
-        ex.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
-    ex.flush(input_watermark_ms=40_000)
+        if not returned:  # Spark replays the batch whose foreachBatch never returned
+            ex.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
+        ex.flush(input_watermark_ms=40_000)
     ex.stop()
     client.stop()
     client.close()
@@ -129,6 +134,7 @@ def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_
     assert state_of(spark, migrated_store, "buckets") == before
     assert stream_rows(spark, migrated_store, "counts") == []
     r = new.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
+    new.settle()  # the image path delivers asynchronously: wait for it
     assert r.timers_fired == 2 and len(stream_rows(spark, migrated_store, "counts")) == 2
     for c in (new_client, old_client):
         c.stop()
@@ -222,6 +228,60 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
         assert len(stream_rows(spark, migrated_store, "counts")) == 2
         ex.flush(input_watermark_ms=40_000)  # settles batch 1's failed straggler before its commit
     finally:
+        ex.stop()
+        client.stop()
+        client.close()
+    counts = stream_rows(spark, migrated_store, "counts")
+    assert sorted((k, v) for _, k, v, _ in counts) == sorted([
+        ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
+        ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])
+
+
+@pytest.mark.timeout(600)
+def test_strong_delivery_is_asynchronous_holds_the_watermark_and_is_redelivered(spark, migrated_store,
+                                                                                zk_config) -> None:  # type: ignore[no-untyped-def]
+    """Image path: a batch returns while its checkpointed productions are still being delivered;
+    the low watermark stays held at them until they land; a delivery that fails is redelivered
+    from the checkpoint when the next batch settles it — each production lands exactly once."""
+    import threading
+
+    gate = threading.Event()
+    calls: list[int | None] = []
+
+    class Boom(Exception):
+        pass
+
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image",
+                                watermarks=True)
+    real = ex._images.deliver
+
+    def deliver(out, *, version):  # type: ignore[no-untyped-def]
+        calls.append(version)
+        if len(calls) == 1:
+            assert gate.wait(60)  # batch 0's delivery stays in flight
+        if len(calls) == 2:
+            raise Boom("the stream table is unreachable")  # batch 1's first attempt
+        return real(out, version=version)
+
+    ex._images.deliver = deliver
+    try:
+        r0 = ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000)  # fires [0,10s) of cats, dogs
+        assert r0.productions == 2 and len(calls) == 1
+        assert stream_rows(spark, migrated_store, "counts") == []  # returned before the delivery landed
+        held = ex.authority.published_low_watermark("buckets")
+        gate.set()
+        assert ex.settle()
+        landed = stream_rows(spark, migrated_store, "counts")
+        assert len(landed) == 2
+        assert held is not None and held <= min(ts for *_, ts in landed)  # held at the productions
+        released = ex.authority.published_low_watermark("buckets")
+        assert released is not None and released > held
+        r1 = ex.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)  # fires [10s,20s) of cats
+        assert r1.productions == 1 and len(calls) == 2  # its delivery failed in the background
+        ex.flush(input_watermark_ms=40_000)  # settles it first: redelivered from the checkpoint
+        assert len(calls) >= 3
+    finally:
+        gate.set()
         ex.stop()
         client.stop()
         client.close()

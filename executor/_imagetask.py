@@ -75,6 +75,9 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        from ._worker import freeze_spark_zips
+
+        freeze_spark_zips()
         got = list(batches)
         if not got or not any(b.num_rows for b in got):
             return

@@ -39,6 +39,9 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
     def extract(values: Any, codecs: Any) -> Any:
         import pandas as pd
 
+        from ._worker import freeze_spark_zips
+
+        freeze_spark_zips()
         out = []
         for v, c in zip(values, codecs, strict=True):
             try:
@@ -124,6 +127,9 @@ def _task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, a
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        from ._worker import freeze_spark_zips
+
+        freeze_spark_zips()
         for b in batches:
             out = [_one_key(comp, name, r, wm, now, horizon, sequencers, commit_id) for r in b.to_pylist()]
             yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)

@@ -148,3 +148,47 @@ def test_computation_declaration_is_validated() -> None:
 
     with pytest.raises(ConfigError, match="computation name 'has space'"):
         BadName.validate()
+
+
+def test_spark_zip_finders_skip_invalidation_other_zips_do_not(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """freeze_spark_zips: Spark's own archives are no longer re-read by importlib.invalidate_caches
+    (PySpark calls it before every task); other zips still are, imports keep working."""
+    import importlib
+    import sys
+    import zipfile
+    import zipimport
+
+    from deltawheel.executor import _worker
+
+    paths = {}
+    for name, mod in (("pyspark.zip", "dw_frozen_probe"), ("user-deps.zip", "dw_user_probe")):
+        p = tmp_path / name
+        with zipfile.ZipFile(p, "w") as z:
+            z.writestr(f"{mod}.py", "VALUE = 1\n")
+        paths[name] = str(p)
+        monkeypatch.syspath_prepend(str(p))
+    importlib.invalidate_caches()
+    reads: list[str] = []
+    real = zipimport.zipimporter.invalidate_caches
+
+    def counting(self):  # type: ignore[no-untyped-def]
+        reads.append(self.archive)
+        return real(self)
+
+    monkeypatch.setattr(zipimport.zipimporter, "invalidate_caches", counting)
+    import dw_frozen_probe  # noqa: F401  (creates the finders)
+    import dw_user_probe  # noqa: F401
+
+    assert _worker.freeze_spark_zips() >= 1
+    assert _worker.freeze_spark_zips() == 0  # already wrapped
+    reads.clear()
+    importlib.invalidate_caches()
+    assert paths["user-deps.zip"] in reads and paths["pyspark.zip"] not in reads
+    frozen = sys.path_importer_cache[paths["pyspark.zip"]]
+    assert frozen.find_spec("dw_frozen_probe") is not None and frozen.archive == paths["pyspark.zip"]
+    monkeypatch.setenv("DELTAWHEEL_FREEZE_SPARK_ZIPS", "0")
+    assert _worker.freeze_spark_zips() == 0
+    for m in ("dw_frozen_probe", "dw_user_probe"):
+        sys.modules.pop(m, None)
+    for p in paths.values():
+        sys.path_importer_cache.pop(p, None)

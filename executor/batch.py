@@ -572,7 +572,13 @@ class ComputationExecutor:
         st = self._straggler
         if st is None:
             return
-        st.thread.join()
+        st.thread.join(max(0.0, float(self.comp.delivery_timeout_s)))
+        if st.thread.is_alive():  # stays the open delivery (watermark held); the restart redelivers
+            raise BatchFailedError(
+                f"{self.comp.name}: the {st.kind} delivery of batch {st.batch_id} is still running after "
+                f"delivery_timeout_s={self.comp.delivery_timeout_s}s; its productions are checkpointed in "
+                "the committed rows: restart the query (the recovery redelivers them) once the stream "
+                "tables are reachable")
         self._straggler = None
         if "crash" in st.box:  # an injected crash after the delivery: the process "dies" here
             raise st.box["crash"]

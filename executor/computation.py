@@ -105,6 +105,10 @@ class Computation:
     # straggler: the batch then checkpoints its productions in the rows instead and goes on,
     # and the next batch settles the straggler before it clears the checkpoint
     straggler_timeout_s: ClassVar[float] = 5.0
+    # how long settling waits for the previous batch's delivery still in flight (asynchronous, or
+    # a straggler) before the batch fails instead; its productions stay checkpointed, so the
+    # restart redelivers them (a hung stream table must not block the pipeline forever)
+    delivery_timeout_s: ClassVar[float] = 600.0
     late_policy: ClassVar[LatePolicy] = LatePolicy.PROCESS
     error_policy: ClassVar[ErrorPolicy] = ErrorPolicy.FAIL
     # dedup ids are kept for this many batches after they were seen: a Spark source

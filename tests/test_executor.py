@@ -289,3 +289,50 @@ def test_strong_delivery_is_asynchronous_holds_the_watermark_and_is_redelivered(
     assert sorted((k, v) for _, k, v, _ in counts) == sorted([
         ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
         ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])
+
+
+@pytest.mark.timeout(600)
+def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """A delivery that never finishes must not block the pipeline forever: settling gives up after
+    delivery_timeout_s and fails the batch (nothing of it committed); the productions stay
+    checkpointed, so a restarted executor redelivers them."""
+    import threading
+
+    from deltawheel.executor.batch import BatchFailedError
+
+    impatient = BucketCounter()
+    impatient.delivery_timeout_s = 1.0  # read by the driver only
+
+    gate = threading.Event()
+    ex, client = start_executor(spark, migrated_store, zk_config, impatient, write_path="image", writer="hung")
+    real = ex._images.deliver
+
+    def hang(out, *, version):  # type: ignore[no-untyped-def]
+        assert gate.wait(120)
+        return real(out, version=version)
+
+    ex._images.deliver = hang
+    try:
+        assert ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000).productions == 2
+        before = state_of(spark, migrated_store, "buckets")
+        with pytest.raises(BatchFailedError, match="still running after delivery_timeout_s=1.0s"):
+            ex.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
+        assert state_of(spark, migrated_store, "buckets") == before  # batch 1 did not commit
+    finally:
+        gate.set()
+        if ex._straggler is not None:  # let the released delivery end before the restart redelivers
+            ex._straggler.thread.join(60)
+        client.stop()  # the process dies: leases go
+        client.close()
+    ex2, client2 = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", writer="next")
+    try:
+        ex2.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
+        ex2.flush(input_watermark_ms=40_000)
+    finally:
+        ex2.stop()
+        client2.stop()
+        client2.close()
+    counts = stream_rows(spark, migrated_store, "counts")
+    assert sorted((k, v) for _, k, v, _ in counts) == sorted([
+        ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
+        ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])

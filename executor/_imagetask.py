@@ -331,9 +331,6 @@ def _constant_or_list(col: Any, n: int) -> Any:
     return _py(col)
 
 
-_PROD_FIELDS = ("production_id", "stream", "key", "value", "timestamp_ms", "codec")
-
-
 def _rows_table(rows: list[KeyRow], spec: ImageSpec, sequencer: int) -> Any:
     """New row images (without record ids) as an Arrow table, column-wise."""
     import pyarrow as pa
@@ -352,15 +349,15 @@ def _rows_table(rows: list[KeyRow], spec: ImageSpec, sequencer: int) -> Any:
     timers = pa.ListArray.from_arrays(pa.array(offs, pa.int32()), pa.StructArray.from_arrays(
         [pa.array(tags, pa.string()), pa.array(doms, pa.string()), pa.array(times, pa.int64())],
         fields=list(tfield.type.value_type)), type=tfield.type)
+    pfield = schema.field("pending")
+    ptype = pfield.type.value_type  # the struct's fields are Production's attributes
     poffs = [0]
-    pcols: dict[str, list[Any]] = {f: [] for f in _PROD_FIELDS}
+    pcols: dict[str, list[Any]] = {f.name: [] for f in ptype}
     for r in rows:
         for p in r.pending:
             for f, col in pcols.items():
                 col.append(getattr(p, f))
         poffs.append(len(pcols["key"]))
-    pfield = schema.field("pending")
-    ptype = pfield.type.value_type
     pending = pa.ListArray.from_arrays(pa.array(poffs, pa.int32()), pa.StructArray.from_arrays(
         [pa.array(pcols[f.name], f.type) for f in ptype], fields=list(ptype)), type=pfield.type)
     cols = {

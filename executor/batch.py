@@ -593,22 +593,18 @@ class ComputationExecutor:
     def _publish_watermarks(self) -> int | None:
         assert self.authority is not None
         with self._wm_lock:  # the batch and its delivery thread both publish
-            return self._publish_watermarks_locked()
-
-    def _publish_watermarks_locked(self) -> int | None:
-        assert self.authority is not None
-        st = self._straggler
-        held = st.min_ts if st is not None and not st.delivered else None
-        for iv, seq in self.owner.sequencers.items():
-            if self._images is not None:
-                oldest = self._oldest_iv.get(iv)
-            else:
-                per = self._oldest.get(iv) or {}
-                oldest = min(per.values()) if per else None
-            if held is not None:  # undelivered (straggling) productions hold the watermark
-                oldest = held if oldest is None else min(oldest, held)
-            self.authority.publish_oldest_work(self.comp.name, iv, oldest, sequencer=seq)
-        return self.authority.advance_low_watermark(self.comp.name)
+            st = self._straggler
+            held = st.min_ts if st is not None and not st.delivered else None
+            for iv, seq in self.owner.sequencers.items():
+                if self._images is not None:
+                    oldest = self._oldest_iv.get(iv)
+                else:
+                    per = self._oldest.get(iv) or {}
+                    oldest = min(per.values()) if per else None
+                if held is not None:  # undelivered (straggling) productions hold the watermark
+                    oldest = held if oldest is None else min(oldest, held)
+                self.authority.publish_oldest_work(self.comp.name, iv, oldest, sequencer=seq)
+            return self.authority.advance_low_watermark(self.comp.name)
 
     def _fault(self, point: FaultPoint, batch_id: int) -> None:
         if self.faults is not None:

@@ -9,6 +9,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
 B1 = [("r1", "cats", 1_000), ("r2", "dogs", 2_000), ("r3", "cats", 12_000), ("r2", "dogs", 2_000)]
 B2 = [("r4", "cats", 15_000), ("r5", "dogs", 21_000), ("r1", "cats", 1_000)]
+# every window of B1 + B2 once, as (key, value) of the "counts" stream
+ALL_WINDOWS = sorted([
+    ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
+    ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])
 
 
 @pytest.mark.timeout(600)
@@ -39,9 +43,7 @@ def test_batches_timers_and_replay_are_exactly_once(spark, migrated_store, zk_co
     assert [(k, v) for _, k, v, _ in counts] == [
         ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
         ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}'),
-    ] or sorted((k, v) for _, k, v, _ in counts) == sorted([
-        ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
-        ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])
+    ] or sorted((k, v) for _, k, v, _ in counts) == ALL_WINDOWS
     # every key is empty now except the dedup ids: state None, no timers
     st = state_of(spark, migrated_store, "buckets")
     assert all(v == (None, []) for v in st.values()), st
@@ -232,9 +234,7 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
         client.stop()
         client.close()
     counts = stream_rows(spark, migrated_store, "counts")
-    assert sorted((k, v) for _, k, v, _ in counts) == sorted([
-        ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
-        ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])
+    assert sorted((k, v) for _, k, v, _ in counts) == ALL_WINDOWS
 
 
 @pytest.mark.timeout(600)
@@ -286,9 +286,7 @@ def test_strong_delivery_is_asynchronous_holds_the_watermark_and_is_redelivered(
         client.stop()
         client.close()
     counts = stream_rows(spark, migrated_store, "counts")
-    assert sorted((k, v) for _, k, v, _ in counts) == sorted([
-        ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
-        ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])
+    assert sorted((k, v) for _, k, v, _ in counts) == ALL_WINDOWS
 
 
 @pytest.mark.timeout(600)
@@ -333,6 +331,4 @@ def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migr
         client2.stop()
         client2.close()
     counts = stream_rows(spark, migrated_store, "counts")
-    assert sorted((k, v) for _, k, v, _ in counts) == sorted([
-        ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
-        ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])
+    assert sorted((k, v) for _, k, v, _ in counts) == ALL_WINDOWS

@@ -103,7 +103,7 @@ class ImageWriter:
         self._streams: dict[str, TableLog] = {}
         self._delivered: dict[tuple[str, str], int] = {}
         self._spread_values: list[int] | None = None
-        self._marker_frame: tuple[tuple[int, tuple[int, ...]], Any] | None = None  # (stream, app id) -> last version delivered
+        self._marker_frame: tuple[tuple[int, tuple[int, ...]], Any] | None = None  # ((JVM session, intervals), frame)
 
     def _pred(self, ivs: Sequence[int]) -> str:
         return f"computation = '{self.comp.name}' AND interval IN ({', '.join(str(i) for i in ivs)})"
@@ -221,11 +221,18 @@ class ImageWriter:
         return BatchOutput(rows)
 
     def _markers(self, session: Any, ivs: list[int]) -> Any:
-        """One row per owned interval (so every interval gets a task), made once per session."""
-        key = (id(session), tuple(ivs))
+        """One row per owned interval (so every interval gets a task), made once per session.
+
+        Built from ``range`` in one partition: a frame from Python rows (``createDataFrame``)
+        would start a Python worker per partition in every batch's map stage (~0.35 s each)."""
+        from pyspark.sql import functions as F
+
+        # the JVM session's identity: foreachBatch hands each batch a new Python wrapper
+        key = (session._jsparkSession.hashCode(), tuple(ivs))
         if self._marker_frame is None or self._marker_frame[0] != key:
-            rows = [(None,) * len(_PREP_COLUMNS) + (iv, True) for iv in ivs]
-            df = session.createDataFrame(rows, _spark_type(PREP_DDL + ", interval INT, _m BOOLEAN"))
+            cols = [F.lit(None).cast(t).alias(c) for c, t in (d.split() for d in PREP_DDL.split(", "))]
+            pick = F.element_at(F.array(*[F.lit(i) for i in ivs]), (F.col("id") + 1).cast("int"))
+            df = session.range(0, len(ivs), 1, 1).select(*cols, pick.alias("interval"), F.lit(True).alias("_m"))
             self._marker_frame = (key, df)
         return self._marker_frame[1]
 

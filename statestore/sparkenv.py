@@ -23,7 +23,8 @@ from typing import Mapping
 
 from .exceptions import JarFetchError
 
-__all__ = ["DELTA_JARS", "SparkSettings", "ensure_delta_jars", "build_spark", "default_jars_dir"]
+__all__ = ["DELTA_JARS", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark",
+           "default_jars_dir"]
 
 MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
 
@@ -101,6 +102,49 @@ def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> l
     return paths
 
 
+LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
+_LOG_STORE_SOURCE = Path(__file__).parent / "java" / "ExclusiveLocalLogStore.java"
+
+
+def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The jar of deltawheel's Delta log store for local paths, compiled once from its source.
+
+    ``java/ExclusiveLocalLogStore.java`` makes each commit file with a hard link, so two
+    processes can never both commit one version of a table (Delta's local stores check,
+    then rename, under a lock of one JVM only). Compiled with ``javac`` against the
+    ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the source's
+    digest. Returns None (with a warning) when no ``javac`` is installed.
+    """
+    import zipfile
+
+    jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
+    jars_dir.mkdir(parents=True, exist_ok=True)
+    src = _LOG_STORE_SOURCE.read_bytes()
+    dest = jars_dir / f"deltawheel-logstore-{hashlib.sha256(src).hexdigest()[:12]}.jar"
+    if dest.exists():
+        return dest
+    javac = shutil.which("javac")
+    if javac is None:
+        print("deltawheel: WARNING: no javac, so Delta's own log store is used for local tables "
+              "(its put-if-absent of commit files holds within one JVM only)", file=sys.stderr)
+        return None
+    import pyspark
+
+    storage = jars_dir / _jar_name("delta-storage", DELTA_JARS[1][2])
+    cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
+    if not quiet:
+        print(f"deltawheel: compiling {_LOG_STORE_SOURCE.name}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(_LOG_STORE_SOURCE)],
+                       check=True, capture_output=True, timeout=300)
+        tmp = dest.with_suffix(".part")
+        with zipfile.ZipFile(tmp, "w") as z:
+            for f in sorted(Path(out).rglob("*.class")):
+                z.write(f, f.relative_to(out).as_posix())
+        tmp.replace(dest)
+    return dest
+
+
 @dataclass(frozen=True)
 class SparkSettings:
     """How to build the session. ``master`` is e.g. ``local[2]`` or a cluster URL."""
@@ -121,6 +165,9 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     jars = ensure_delta_jars(jars_dir)
+    store_jar = ensure_log_store_jar(jars_dir)
+    if store_jar is not None:
+        jars.append(store_jar)
     warehouse = Path(tempfile.gettempdir()) / f"deltawheel-warehouse-{os.getpid()}"
     builder = (
         SparkSession.builder.master(settings.master)
@@ -144,6 +191,8 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
+    if store_jar is not None:  # commits to local tables: put-if-absent across processes
+        builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(
             "spark.hadoop.javax.jdo.option.ConnectionURL",

@@ -103,13 +103,13 @@ def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> l
 
 
 LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
-_LOG_STORE_SOURCE = Path(__file__).parent / "java" / "ExclusiveLocalLogStore.java"
+_LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
 
 
 def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The jar of deltawheel's Delta log store for local paths, compiled once from its source.
 
-    ``java/ExclusiveLocalLogStore.java`` makes each commit file with a hard link, so two
+    ``ExclusiveLocalLogStore.java`` (beside this file) makes each commit file with a hard link, so two
     processes can never both commit one version of a table (Delta's local stores check,
     then rename, under a lock of one JVM only). Compiled with ``javac`` against the
     ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the source's

@@ -54,7 +54,13 @@ from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.deltatxn import is_local
-from deltawheel.statestore.exceptions import BadRecordError, ConfigError, DeltaWheelError, RetryableError
+from deltawheel.statestore.exceptions import (
+    BadRecordError,
+    ConfigError,
+    DeltaWheelError,
+    RetryableError,
+    StaleSequencerError,
+)
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import Production
@@ -187,7 +193,8 @@ class ComputationExecutor:
         t_start = time.monotonic()
         image = self.write_path == "image"
         # the image path fences with the claim alone and recovers from the images it loads
-        rec = self.owner.acquire(wait_s=wait_s, claim_only=image, scan=not image)
+        # (and checks the fence rows there too: ImageWriter.recovery)
+        rec = self.owner.acquire(wait_s=wait_s, claim_only=image, scan=not image, check_fences=not image)
         t_acq = time.monotonic()
         for s in self.comp.outputs:  # created by the owner, after the leases are held
             ensure_stream_table(self.spark, self.layout, s)
@@ -200,8 +207,12 @@ class ComputationExecutor:
         pending: list[Production] = [p for _, p in rec.pending]
         if image:
             self._images = ImageWriter(self.spark, self.layout, self.comp, self.owner)
-            self._images.load()
-            self._oldest_iv, self._next_proc_iv, pending = self._images.recovery()
+            try:
+                self._images.load()
+                self._oldest_iv, self._next_proc_iv, pending = self._images.recovery()
+            except StaleSequencerError:
+                self.owner.release()
+                raise
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
         if pending:

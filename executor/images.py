@@ -44,7 +44,7 @@ from deltawheel.statestore.deltatxn import (
 from deltawheel.statestore.exceptions import StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
-from deltawheel.statestore.rows import Production, rows_file_ddl
+from deltawheel.statestore.rows import FENCE_KEY, Production, rows_file_ddl
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn, next_processing, oldest_work
@@ -119,19 +119,23 @@ class ImageWriter:
             self.files.setdefault(int(f.part("interval") or -1), []).append(f)
         self.version = version
         dirty = sorted({iv for iv, fs in self.files.items() if any(f.has_deletion_vector for f in fs)})
-        if dirty:
+        if dirty:  # a stale owner must not rewrite (the images' rows are not all live: ask Delta)
+            self.owner.store.check_fences(self.comp.name, self.owner.sequencers)
             self._rewrite(dirty)
 
     def recovery(self) -> tuple[dict[int, int | None], dict[int, int | None], list[Production]]:
         """The recovery scan from the loaded images (read here, in the driver): the oldest work
         per interval (event-time timers, watermark holds), the earliest processing-time timer per
-        interval, and the checkpointed productions still to deliver, in (timestamp, id) order."""
+        interval, and the checkpointed productions still to deliver, in (timestamp, id) order.
+
+        Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
+        sequencer than this writer's (an even newer owner took the interval)."""
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         root = local_root(self.layout.rows)
-        cols = ["key", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending"]
+        cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending"]
         oldest: dict[int, int | None] = {}
         proc: dict[int, int | None] = {}
         pending: list[Production] = []
@@ -141,6 +145,12 @@ class ImageWriter:
                 oldest[iv] = proc[iv] = None
                 continue
             image = pa.concat_tables(parts, promote_options="permissive")
+            fence = pc.max(image.filter(pc.equal(image.column("key"), FENCE_KEY)).column("sequencer")).as_py()
+            mine = self.owner.sequencers[iv]
+            if fence is not None and fence > mine:
+                raise StaleSequencerError(
+                    f"stale sequencer: interval {iv} of {self.comp.name} is now owned under sequencer {fence} "
+                    f"(taken over; this writer holds {mine}); nothing was committed. Stop this instance.")
             oldest[iv], proc[iv] = oldest_work(image), next_processing(image)
             has = pc.fill_null(pc.greater(pc.list_value_length(image.column("pending")), 0), False)
             for lst in image.filter(has).column("pending").to_pylist():

@@ -54,10 +54,10 @@ class IntervalOwner:
         return tuple(sorted(self._grants))
 
     def acquire(self, intervals: Iterable[int] | None = None, *, wait_s: float = 0.0, claim_only: bool = False,
-                scan: bool = True) -> RecoveredIntervals:
+                scan: bool = True, check_fences: bool = True) -> RecoveredIntervals:
         """Take ``intervals`` (default: all), fence them, and return the recovery scan.
 
-        ``claim_only``: see :meth:`RowStore.fence`. ``scan=False`` skips the recovery scan (an
+        ``claim_only``, ``check_fences``: see :meth:`RowStore.fence` (``check``). ``scan=False`` skips the recovery scan (an
         empty result): for writers that recover from what they load anyway (the image path).
 
         Raises:
@@ -67,7 +67,8 @@ class IntervalOwner:
         ivs = sorted(set(range(self.num_intervals) if intervals is None else intervals))
         grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
         try:
-            self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only)
+            self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only,
+                             check=check_fences)
         except BaseException:
             self.leases.release(self.computation, ivs)
             raise

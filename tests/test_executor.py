@@ -111,6 +111,39 @@ def test_crash_at_each_step_then_restart_gives_the_same_result(spark, migrated_s
     assert _run(spark, migrated_store, zk_config, crash_at=FaultPoint(point)) == clean_run
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_an_owner_whose_sequencer_is_behind_a_fence_fails_at_start_and_gives_the_leases_back(
+        spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
+    """A fence row carries a greater sequencer than the lease just granted (e.g. the store was
+    last written under another ZooKeeper ensemble): start fails with StaleSequencerError before
+    anything is written or recovered, naming the interval, and the intervals are free again.
+    (The image path finds the fence rows in the images it reads for recovery.)"""
+    from deltawheel.executor.batch import ComputationExecutor
+    from deltawheel.statestore.exceptions import StaleSequencerError
+    from deltawheel.statestore.leases import LeaseManager
+    from deltawheel.statestore.owner import IntervalOwner
+    from deltawheel.statestore.store import RowStore
+    from deltawheel.statestore.zkclient import connect
+
+    RowStore(spark, migrated_store, writer="elsewhere").fence("buckets", {2: 50}, claim_only=True)
+    client = connect(zk_config)
+    try:
+        owner = IntervalOwner(RowStore(spark, migrated_store, writer="behind"),
+                              LeaseManager(client, pipeline="test", owner="behind"), "buckets", num_intervals=4)
+        ex = ComputationExecutor(spark, migrated_store, BucketCounter(), owner=owner, progress=print,
+                                 write_path=write_path)
+        with pytest.raises(StaleSequencerError, match="interval 2 .*owned under sequencer 50"):
+            ex.start()
+        assert owner.intervals == ()
+        probe = LeaseManager(client, pipeline="test", owner="probe")  # free again: no wait needed
+        assert sorted(probe.acquire("buckets", [0, 1, 2, 3], wait_s=0)) == [0, 1, 2, 3]
+        probe.release("buckets", [0, 1, 2, 3])
+    finally:
+        client.stop()
+        client.close()
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("write_path", ["image", "merge"])
 def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]

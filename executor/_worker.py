@@ -10,7 +10,8 @@ two-task job (0.35-0.4 s -> 0.1 s). That is per Python stage, i.e. per
 micro-batch.
 
 :func:`freeze_spark_zips` wraps the finders of Spark's own archives
-(``pyspark.zip``, ``py4j-*-src.zip``, which never change while a worker
+(``pyspark.zip``, ``py4j-*-src.zip`` and the ``spark-core_*.jar`` that Spark
+also puts on the workers' path, 15 MB; they never change while a worker
 lives) so that invalidation skips them; everything else (user ``pyFiles``
 zips, folders) is invalidated as before. The task functions call it first
 thing; the task that runs it pays one last re-read, the following ones none.
@@ -46,7 +47,10 @@ class _FrozenZipFinder:
 
 def _is_spark_archive(path: str) -> bool:
     base = os.path.basename(path)
-    return base == "pyspark.zip" or (base.startswith("py4j-") and base.endswith("-src.zip"))
+    return (base == "pyspark.zip" or (base.startswith("py4j-") and base.endswith("-src.zip"))
+            # Spark puts the jar it runs from on the workers' path (spark-core_*.jar, ~15 MB,
+            # thousands of entries: the costliest re-read of all)
+            or (base.startswith("spark-core_") and base.endswith(".jar")))
 
 
 def freeze_spark_zips() -> int:

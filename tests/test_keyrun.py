@@ -161,7 +161,8 @@ def test_spark_zip_finders_skip_invalidation_other_zips_do_not(tmp_path, monkeyp
     from deltawheel.executor import _worker
 
     paths = {}
-    for name, mod in (("pyspark.zip", "dw_frozen_probe"), ("user-deps.zip", "dw_user_probe")):
+    for name, mod in (("pyspark.zip", "dw_frozen_probe"), ("spark-core_2.13-4.0.1.jar", "dw_jar_probe"),
+                      ("user-deps.zip", "dw_user_probe")):
         p = tmp_path / name
         with zipfile.ZipFile(p, "w") as z:
             z.writestr(f"{mod}.py", "VALUE = 1\n")
@@ -177,18 +178,20 @@ def test_spark_zip_finders_skip_invalidation_other_zips_do_not(tmp_path, monkeyp
 
     monkeypatch.setattr(zipimport.zipimporter, "invalidate_caches", counting)
     import dw_frozen_probe  # noqa: F401  (creates the finders)
+    import dw_jar_probe  # noqa: F401  (Spark puts the jar it runs from on the workers' path)
     import dw_user_probe  # noqa: F401
 
-    assert _worker.freeze_spark_zips() >= 1
+    assert _worker.freeze_spark_zips() >= 2
     assert _worker.freeze_spark_zips() == 0  # already wrapped
     reads.clear()
     importlib.invalidate_caches()
-    assert paths["user-deps.zip"] in reads and paths["pyspark.zip"] not in reads
+    assert paths["user-deps.zip"] in reads
+    assert paths["pyspark.zip"] not in reads and paths["spark-core_2.13-4.0.1.jar"] not in reads
     frozen = sys.path_importer_cache[paths["pyspark.zip"]]
     assert frozen.find_spec("dw_frozen_probe") is not None and frozen.archive == paths["pyspark.zip"]
     monkeypatch.setenv("DELTAWHEEL_FREEZE_SPARK_ZIPS", "0")
     assert _worker.freeze_spark_zips() == 0
-    for m in ("dw_frozen_probe", "dw_user_probe"):
+    for m in ("dw_frozen_probe", "dw_jar_probe", "dw_user_probe"):
         sys.modules.pop(m, None)
     for p in paths.values():
         sys.path_importer_cache.pop(p, None)

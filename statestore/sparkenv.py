@@ -130,13 +130,15 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
         return None
     import pyspark
 
-    storage = jars_dir / _jar_name("delta-storage", DELTA_JARS[1][2])
+    storage = next(p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith("delta-storage-"))
     cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
     if not quiet:
         print(f"deltawheel: compiling {_LOG_STORE_SOURCE.name}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(_LOG_STORE_SOURCE)],
-                       check=True, capture_output=True, timeout=300)
+        done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(_LOG_STORE_SOURCE)],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise JarFetchError(f"javac could not compile {_LOG_STORE_SOURCE}: {done.stderr.strip()[-2000:]}")
         tmp = dest.with_suffix(".part")
         with zipfile.ZipFile(tmp, "w") as z:
             for f in sorted(Path(out).rglob("*.class")):

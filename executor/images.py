@@ -45,6 +45,7 @@ from deltawheel.statestore.exceptions import StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import FENCE_KEY, Production, rows_file_ddl
+from deltawheel.statestore.store import raise_if_fenced
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn, next_processing, oldest_work
@@ -146,11 +147,8 @@ class ImageWriter:
                 continue
             image = pa.concat_tables(parts, promote_options="permissive")
             fence = pc.max(image.filter(pc.equal(image.column("key"), FENCE_KEY)).column("sequencer")).as_py()
-            mine = self.owner.sequencers[iv]
-            if fence is not None and fence > mine:
-                raise StaleSequencerError(
-                    f"stale sequencer: interval {iv} of {self.comp.name} is now owned under sequencer {fence} "
-                    f"(taken over; this writer holds {mine}); nothing was committed. Stop this instance.")
+            if fence is not None:
+                raise_if_fenced(self.comp.name, {iv: fence}, {iv: self.owner.sequencers[iv]})
             oldest[iv], proc[iv] = oldest_work(image), next_processing(image)
             has = pc.fill_null(pc.greater(pc.list_value_length(image.column("pending")), 0), False)
             for lst in image.filter(has).column("pending").to_pylist():

@@ -155,12 +155,7 @@ class RowStore:
 
     def check_fences(self, computation: str, sequencers: Mapping[int, int]) -> None:
         """Raise :class:`StaleSequencerError` if a fence row carries a greater sequencer than ours."""
-        current = self.fences(computation)
-        for iv, seq in sorted(sequencers.items()):
-            if current.get(iv, seq) > seq:
-                raise StaleSequencerError(
-                    f"stale sequencer: interval {iv} of {computation} is now owned under sequencer {current[iv]} "
-                    f"(taken over; this writer holds {seq}); nothing was committed. Stop this instance.")
+        raise_if_fenced(computation, self.fences(computation), sequencers)
 
     # ----------------------------------------------------------------- writes
 
@@ -395,6 +390,16 @@ class RowStore:
         return row.with_(sequencer=sequencers[row.interval], commit_id=commit_id, updated_ms=now)
 
 
+def raise_if_fenced(computation: str, fences: Mapping[int, int], sequencers: Mapping[int, int]) -> None:
+    """Raise :class:`StaleSequencerError` if ``fences`` (interval -> greatest fence-row sequencer)
+    holds a greater sequencer than this writer's ``sequencers`` for one of its intervals."""
+    for iv, seq in sorted(sequencers.items()):
+        if fences.get(iv, seq) > seq:
+            raise StaleSequencerError(
+                f"stale sequencer: interval {iv} of {computation} is now owned under sequencer {fences[iv]} "
+                f"(taken over; this writer holds {seq}); nothing was committed. Stop this instance.")
+
+
 def commit_metadata(spark: Any, layout: StoreLayout) -> list[tuple[int, dict[str, Any] | None]]:
     """(version, parsed userMetadata) of every commit of the rows table, oldest first."""
     hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "userMetadata").collect()
@@ -405,5 +410,5 @@ def commit_metadata(spark: Any, layout: StoreLayout) -> list[tuple[int, dict[str
     return out
 
 
-__all__ += ["commit_metadata"]
+__all__ += ["commit_metadata", "raise_if_fenced"]
 _ = StaleSequencerError  # re-exported for callers catching store errors

@@ -89,6 +89,13 @@ def start_executor(spark: Any, layout: Any, zk_config: Any, comp: Computation, *
     return ex, client
 
 
+def stop_executor(ex: Any, client: Any) -> None:
+    """Stop an executor from :func:`start_executor` (settles its delivery, gives its leases back)."""
+    ex.stop()
+    client.stop()
+    client.close()
+
+
 def stream_rows(spark: Any, layout: Any, stream: str) -> list[tuple[Any, ...]]:
     df = spark.read.format("delta").load(layout.stream(stream))
     return sorted((r["record_id"], r["key"], json.dumps(J.decode(r["value"]), sort_keys=True), r["timestamp_ms"])

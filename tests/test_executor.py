@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from executor_util import BucketCounter, events, start_executor, state_of, stream_rows
+from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
@@ -13,6 +13,11 @@ B2 = [("r4", "cats", 15_000), ("r5", "dogs", 21_000), ("r1", "cats", 1_000)]
 ALL_WINDOWS = sorted([
     ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
     ("dogs", '{"n": 1, "q": "dogs", "start": 0}'), ("dogs", '{"n": 1, "q": "dogs", "start": 20000}')])
+
+
+def _windows(spark, layout) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    """(key, value) of every row of the "counts" stream, sorted."""
+    return sorted((k, v) for _, k, v, _ in stream_rows(spark, layout, "counts"))
 
 
 @pytest.mark.timeout(600)
@@ -36,9 +41,7 @@ def test_batches_timers_and_replay_are_exactly_once(spark, migrated_store, zk_co
         assert idle.timers_fired == 0
         assert (idle.steps_s[0][0] == "skipped: nothing due") == (write_path == "image")
     finally:
-        ex.stop()
-        client.stop()
-        client.close()
+        stop_executor(ex, client)
     counts = stream_rows(spark, migrated_store, "counts")
     assert [(k, v) for _, k, v, _ in counts] == [
         ("cats", '{"n": 1, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}'),
@@ -80,9 +83,7 @@ def _run(spark, layout, zk_config, *, crash_at=None):  # type: ignore[no-untyped
         if not returned:  # Spark replays the batch whose foreachBatch never returned
             ex.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
         ex.flush(input_watermark_ms=40_000)
-    ex.stop()
-    client.stop()
-    client.close()
+    stop_executor(ex, client)
     assert fired == ([crash_at] if crash_at else [])
     return stream_rows(spark, layout, "counts"), state_of(spark, layout, "buckets")
 
@@ -206,9 +207,7 @@ def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, m
         ex.run_batch(events(spark, []).unionByName(spark.createDataFrame(
             [("boom2", "", J.encode({"q": "dogs", "boom": True}), "json", 5_000, None, "t", "p", 1)],
             schema=events(spark, []).schema)), 1, input_watermark_ms=None)
-    ex.stop()
-    client.stop()
-    client.close()
+    stop_executor(ex, client)
 
 
 def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # type: ignore[no-untyped-def]
@@ -263,11 +262,8 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
         assert len(stream_rows(spark, migrated_store, "counts")) == 2
         ex.flush(input_watermark_ms=40_000)  # settles batch 1's failed straggler before its commit
     finally:
-        ex.stop()
-        client.stop()
-        client.close()
-    counts = stream_rows(spark, migrated_store, "counts")
-    assert sorted((k, v) for _, k, v, _ in counts) == ALL_WINDOWS
+        stop_executor(ex, client)
+    assert _windows(spark, migrated_store) == ALL_WINDOWS
 
 
 @pytest.mark.timeout(600)
@@ -315,11 +311,8 @@ def test_strong_delivery_is_asynchronous_holds_the_watermark_and_is_redelivered(
         assert len(calls) >= 3
     finally:
         gate.set()
-        ex.stop()
-        client.stop()
-        client.close()
-    counts = stream_rows(spark, migrated_store, "counts")
-    assert sorted((k, v) for _, k, v, _ in counts) == ALL_WINDOWS
+        stop_executor(ex, client)
+    assert _windows(spark, migrated_store) == ALL_WINDOWS
 
 
 @pytest.mark.timeout(600)
@@ -360,8 +353,5 @@ def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migr
         ex2.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
         ex2.flush(input_watermark_ms=40_000)
     finally:
-        ex2.stop()
-        client2.stop()
-        client2.close()
-    counts = stream_rows(spark, migrated_store, "counts")
-    assert sorted((k, v) for _, k, v, _ in counts) == ALL_WINDOWS
+        stop_executor(ex2, client2)
+    assert _windows(spark, migrated_store) == ALL_WINDOWS

@@ -114,7 +114,9 @@ class ImageWriter:
         a conflict). Files carrying deletion vectors (left by MERGE commits) are purged first, so
         every image is plain Parquet."""
         ivs = sorted(self.owner.intervals)
-        version, files = self.log.files(self._pred(ivs))
+        name, wanted = self.comp.name, {str(iv) for iv in ivs}
+        version, files = self.log.files(
+            self._pred(ivs), where=lambda pv: pv.get("computation") == name and pv.get("interval") in wanted)
         self.files = {iv: [] for iv in ivs}
         for f in files:
             self.files.setdefault(int(f.part("interval") or -1), []).append(f)

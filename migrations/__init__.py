@@ -14,12 +14,15 @@ runs it).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
 from typing import Any
+from urllib.parse import unquote
 
+from deltawheel.statestore.deltalog import local_path, local_table_exists, read_local
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
 
@@ -54,7 +57,24 @@ class PlannedMigration:
 def _is_delta_table(spark: Any, path: str) -> bool:
     from delta.tables import DeltaTable
 
-    return bool(DeltaTable.isDeltaTable(spark, path))
+    local = local_table_exists(path)  # a local folder: look (Delta's check costs a snapshot load)
+    return local if local is not None else bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def _local_versions(path: str) -> set[int] | None:
+    """The ``version`` column of a local ``_meta`` table, read from its files (None: ask Delta)."""
+    import pyarrow.parquet as pq
+
+    snap = read_local(path)
+    if snap is None or any(a.get("deletionVector") for a in snap.adds):
+        return None
+    root = local_path(path)
+    assert root is not None  # read_local only reads local tables
+    out: set[int] = set()
+    for a in snap.adds:
+        col = pq.read_table(os.path.join(root, unquote(a["path"])), columns=["version"]).column("version")
+        out.update(int(v) for v in col.to_pylist() if v is not None)
+    return out
 
 
 def _deltawheel_version() -> str:
@@ -68,6 +88,9 @@ def applied_versions(spark: Any, layout: StoreLayout) -> set[int]:
     """The versions recorded in the store's ``_meta`` table (empty if there is none)."""
     if not _is_delta_table(spark, layout.meta):
         return set()
+    local = _local_versions(layout.meta)
+    if local is not None:
+        return local
     # a handful of rows: no distinct() (its shuffle costs a second Spark stage on every start)
     rows = spark.read.format("delta").load(layout.meta).select("version").collect()
     return {int(r["version"]) for r in rows}

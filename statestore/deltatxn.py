@@ -20,8 +20,9 @@ Delivery of productions is a blind append of already written files with one
 idempotence for retried appends; an app id whose version is already at or
 past the one given is skipped.
 
-Only the JVM side of Delta is used (py4j), nothing is re-implemented: the log
-format, checkpoints and conflict rules stay Delta's. Files are plain Parquet
+Commits go through the JVM side of Delta (py4j): the log format, checkpoints
+and conflict rules stay Delta's. Only the read of a local table's live files
+may be done in Python (``deltalog.py``), to skip a Spark job per read. Files are plain Parquet
 written with pyarrow, readable by any Delta reader.
 """
 
@@ -30,8 +31,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
+
+from .deltalog import read_local
 
 __all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "local_root", "is_local", "decode_path",
            "write_file", "partition_file_name"]
@@ -103,8 +106,23 @@ class TableLog:
     def _pred(self, sql: str) -> Any:
         return self._js.sessionState().sqlParser().parseExpression(sql)
 
-    def files(self, predicate_sql: str) -> tuple[int, list[FileEntry]]:
-        """(snapshot version, live files matching a partition predicate) — a full snapshot read."""
+    def files(self, predicate_sql: str, *,
+              where: Callable[[Mapping[str, str]], bool] | None = None) -> tuple[int, list[FileEntry]]:
+        """(snapshot version, live files matching a partition predicate) — a full snapshot read.
+
+        With ``where`` (the same predicate over a file's partition values) a local table's log is
+        replayed in Python (:func:`deltalog.read_local`, no Spark job); otherwise, or when that
+        reader declines the table, Delta reads its snapshot with ``predicate_sql``."""
+        if where is not None:
+            snap = read_local(self.path)
+            if snap is not None:
+                entries = []
+                for a in snap.adds:
+                    pv = {str(k): str(v) for k, v in (a.get("partitionValues") or {}).items()}
+                    if where(pv):
+                        entries.append(FileEntry(str(a["path"]), tuple(sorted(pv.items())), int(a["size"]),
+                                                 bool(a.get("deletionVector")), json.dumps({"add": a})))
+                return snap.version, entries
         txn = self._log.startTransaction()
         adds = self._cc.asJava(txn.filterFiles(self._seq([self._pred(predicate_sql)]), False))
         out = []

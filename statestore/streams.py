@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from ._sqltext import sql_path
+from .deltalog import local_table_exists
 from .exceptions import ConfigError
 from .layout import StoreLayout, validate_name
 
@@ -78,6 +79,8 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     """
     check_stream_name(name)
     path = layout.stream(name)
+    if local_table_exists(path):  # a local table with its first commit (no Spark statement needed)
+        return path
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({stream_schema_ddl()}) USING DELTA "
         f"TBLPROPERTIES ('deltawheel.table' = 'stream', 'deltawheel.stream' = '{name}', "

@@ -160,6 +160,9 @@ class SparkSettings:
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
+CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+
+
 def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
     """Create (or return the running) SparkSession with Delta Lake configured."""
     from pyspark.sql import SparkSession
@@ -192,6 +195,12 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
                 str(max(8, settings.shuffle_partitions)))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        # streaming checkpoint files (offsets, commits, the file source's log) through Hadoop's
+        # FileSystem API: with the default FileContext-based manager each file cost ~0.1 s here
+        # (per trigger of a benchmark query: offset log 115 -> 26 ms, commit log 123 -> 23 ms,
+        # source listing 145 -> 30 ms). Exactly-once does not rest on these files' atomicity:
+        # a replayed batch is deduplicated and a second writer is fenced (README, "Fencing")
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
     )
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)

@@ -41,7 +41,7 @@ def test_the_python_log_replay_matches_delta_across_checkpoints_removes_and_dele
     spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 3 OR id = 14")  # deletion vectors on two files
     spark.range(100, 105).selectExpr("id", "1 as p").write.format("delta").mode("overwrite") \
         .option("replaceWhere", "p = 1").save(path)  # removes every file of partition 1
-    for i in range(appends_after):
+    for _ in range(appends_after):
         spark.range(200, 203).selectExpr("id", "0 as p").write.format("delta").mode("append").save(path)
     log = tmp_path / "t" / "_delta_log"
     cps = sorted(p.name for p in log.glob("*.checkpoint.parquet"))

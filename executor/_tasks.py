@@ -54,16 +54,38 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
     return extract
 
 
-def prepare_input(df: Any, comp: Computation, wm: int | None) -> Any:
-    """Stream-schema input → (record_id, key, value, codec, timestamp_ms, stream, position, late, _bad)."""
+def prepare_input(df: Any, comp: Computation, wm: int | None, *,
+                  cache: dict[Any, Any] | None = None) -> Any:
+    """Stream-schema input → (record_id, key, value, codec, timestamp_ms, stream, position, late, _bad).
+
+    ``cache``: a dict kept by the caller for the life of its session; the column expressions
+    (one py4j call each) are then built once, only the late flag (the watermark) per batch.
+    Every DataFrame step is analysed eagerly, so the frame is built in as few steps as possible."""
     from pyspark.sql import functions as F
 
-    if "stream" not in df.columns:
-        if len(comp.inputs) != 1:
-            raise ConfigError(f"{comp.name} has several inputs, so its batch needs a 'stream' column")
-        df = df.withColumn("stream", F.lit(next(iter(comp.inputs))))
+    names = set(df.columns)
+    flags = ("stream" in names, "commit_id" in names)
+    parts = None if cache is None else cache.get(flags)
+    if parts is None:
+        parts = _prep_columns(comp, *flags)
+        if cache is not None:
+            cache[flags] = parts
+    udf_key, before, after = parts
+    if udf_key is not None:  # a Python UDF must run once per record: materialise the key first
+        df = df.withColumn("_k", udf_key)
+    late = F.lit(False) if wm is None else F.coalesce(F.col("timestamp_ms") < F.lit(wm), F.lit(False))
+    return df.select(*before, late.alias("late"), *after)
+
+
+def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> tuple[Any, ...]:
+    from pyspark.sql import functions as F
+
+    if not has_stream and len(comp.inputs) != 1:
+        raise ConfigError(f"{comp.name} has several inputs, so its batch needs a 'stream' column")
+    stream = F.col("stream") if has_stream else F.lit(next(iter(comp.inputs)))
     key = None
-    for stream, ex in comp.inputs.items():
+    udf_key = False
+    for name, ex in comp.inputs.items():
         if ex == RECORD_KEY:
             e = F.col("key")
         elif isinstance(ex, str):
@@ -71,21 +93,22 @@ def prepare_input(df: Any, comp: Computation, wm: int | None) -> Any:
                            F.lit(f"{_ERR}no field {ex!r} in the value"))
         else:
             e = _key_udf(ex)(F.col("value"), F.col("codec"))
-        cond = F.col("stream") == stream
+            udf_key = True
+        cond = stream == name
         key = F.when(cond, e) if key is None else key.when(cond, e)
     assert key is not None
-    df = df.withColumn("_k", key.otherwise(F.lit(f"{_ERR}record of an undeclared input stream")))
-    k = F.col("_k")
+    key = key.otherwise(F.lit(f"{_ERR}record of an undeclared input stream"))
+    k = F.col("_k") if udf_key else key
     bad = (F.when(k.startswith(_ERR), F.substring(k, 3, 1000))
            .when(k == "", F.lit("key extractor returned an empty key"))
            .when(k.startswith("\x00"), F.lit("keys starting with NUL are reserved"))
            .when(F.octet_length(k) > MAX_KEY_BYTES, F.lit(f"key longer than {MAX_KEY_BYTES} bytes"))
            .when(F.col("record_id").isNull() | (F.col("record_id") == ""), F.lit("record without record_id"))
            .when(F.col("timestamp_ms").isNull(), F.lit("record without timestamp")))
-    late = F.lit(False) if wm is None else F.coalesce(F.col("timestamp_ms") < F.lit(wm), F.lit(False))
-    pos = F.col("commit_id") if "commit_id" in df.columns else F.lit(None).cast("string")
-    return df.select("record_id", k.alias("key"), "value", F.coalesce("codec", F.lit("json")).alias("codec"),
-                     "timestamp_ms", "stream", pos.alias("position"), late.alias("late"), bad.alias("_bad"))
+    pos = F.col("commit_id") if has_commit_id else F.lit(None).cast("string")
+    before = [F.col("record_id"), k.alias("key"), F.col("value"), F.coalesce("codec", F.lit("json")).alias("codec"),
+              F.col("timestamp_ms"), stream.alias("stream"), pos.alias("position")]
+    return (key if udf_key else None), before, [bad.alias("_bad")]
 
 
 def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any | None, *,

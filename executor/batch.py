@@ -183,6 +183,7 @@ class ComputationExecutor:
         self.start_s: dict[str, float] = {}
         self._straggler: _Straggler | None = None
         self._wm_lock = threading.Lock()
+        self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -285,7 +286,7 @@ class ComputationExecutor:
         if self._images is not None:
             return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
                                      started=started, marks=marks, mark=mark)
-        prep = _tasks.prepare_input(df, comp, wm_late) if df is not None else None
+        prep = _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache) if df is not None else None
         records_in = late_routed = dead_in = 0
         obs_max = obs_min = None
         if prep is not None:
@@ -394,7 +395,7 @@ class ComputationExecutor:
             attempt += 1
             # Step 2-4: input preparation, the interval images, user code: one Spark job.
             session = df.sparkSession if df is not None else self.spark
-            prep = _tasks.prepare_input(df, comp, wm_late) if df is not None else None
+            prep = _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache) if df is not None else None
             frame = images.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
                                 partitions=self.partitions, strong=strong)
             mark("plan")

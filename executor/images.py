@@ -104,7 +104,9 @@ class ImageWriter:
         self._streams: dict[str, TableLog] = {}
         self._delivered: dict[tuple[str, str], int] = {}
         self._spread_values: list[int] | None = None
-        self._marker_frame: tuple[tuple[int, tuple[int, ...]], Any] | None = None  # ((JVM session, intervals), frame)
+        # ((JVM session, intervals, tasks), frame) and ((intervals, tasks), columns, filter)
+        self._marker_frame: tuple[tuple[int, tuple[int, ...], int], Any] | None = None
+        self._data_cols: tuple[tuple[tuple[int, ...], int], list[Any], Any] | None = None
 
     def _pred(self, ivs: Sequence[int]) -> str:
         return f"computation = '{self.comp.name}' AND interval IN ({', '.join(str(i) for i in ivs)})"
@@ -192,23 +194,15 @@ class ImageWriter:
              horizon_ms: int | None, commit_id: str, partitions: int, strong: bool | None = None) -> Any:
         """The batch's DataFrame (lazy; one Spark job when collected): shuffle by interval, user code
         per interval image, files written. Few plan nodes, since each one is analyzed eagerly."""
-        from pyspark.sql import functions as F
 
         comp = self.comp
         ivs = sorted(self.owner.intervals)
-        markers = self._markers(session, ivs)
-        spread = self._spread(session, ivs, partitions)
+        markers = self._markers(session, ivs, partitions)
         if prep is None:
             frame = markers
         else:
-            iv = F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(comp.num_intervals)).cast("int")
-            # the source position is a long string per record and only needed for dead letters:
-            # shipped for input-level ones; the driver looks it up for the tasks' (rare) ones
-            cols = [F.when(F.col("_bad").isNotNull(), F.col(c)).alias(c) if c == "position" else F.col(c)
-                    for c in _PREP_COLUMNS]
-            frame = (prep.select(*cols, iv.alias("interval"), F.lit(False).alias("_m"))
-                     .where(F.col("interval").isin(ivs) | F.col("_bad").isNotNull())
-                     .unionByName(markers))
+            cols, keep = self._data_columns(session, ivs, partitions)
+            frame = prep.select(*cols).where(keep).unionByName(markers)
         spec = ImageSpec(
             comp=comp, rows_root=local_root(self.layout.rows),
             images={i: tuple(decode_path(f.path) for f in self.files.get(i, ())) for i in ivs},
@@ -218,8 +212,25 @@ class ImageWriter:
             stream_schema=_arrow(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=_arrow(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong)
-        return (frame.select("*", spread.alias("_p")).repartition(partitions, "_p").drop("_p")
-                .mapInArrow(image_task_fn(spec), _spark_type(SUMMARY_DDL)))
+        # the tasks ignore the routing column `_p` (dropping it would be one more analysed step)
+        return frame.repartition(partitions, "_p").mapInArrow(image_task_fn(spec), _spark_type(SUMMARY_DDL))
+
+    def _data_columns(self, session: Any, ivs: list[int], partitions: int) -> tuple[list[Any], Any]:
+        """The input rows' projection (interval, marker flag, routing column) and the filter on
+        owned intervals: built once per set of intervals (each column is a py4j call)."""
+        from pyspark.sql import functions as F
+
+        key = (tuple(ivs), partitions)
+        if self._data_cols is None or self._data_cols[0] != key:
+            iv = F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(self.comp.num_intervals)).cast("int")
+            # the source position is a long string per record and only needed for dead letters:
+            # shipped for input-level ones; the driver looks it up for the tasks' (rare) ones
+            cols = [F.when(F.col("_bad").isNotNull(), F.col(c)).alias(c) if c == "position" else F.col(c)
+                    for c in _PREP_COLUMNS]
+            cols += [iv.alias("interval"), F.lit(False).alias("_m"),
+                     self._spread(session, ivs, partitions, iv).alias("_p")]
+            self._data_cols = (key, cols, F.col("interval").isin(ivs) | F.col("_bad").isNotNull())
+        return self._data_cols[1], self._data_cols[2]
 
     def collect(self, out: Any) -> BatchOutput:
         try:
@@ -230,7 +241,7 @@ class ImageWriter:
             raise
         return BatchOutput(rows)
 
-    def _markers(self, session: Any, ivs: list[int]) -> Any:
+    def _markers(self, session: Any, ivs: list[int], partitions: int) -> Any:
         """One row per owned interval (so every interval gets a task), made once per session.
 
         Built from ``range`` in one partition: a frame from Python rows (``createDataFrame``)
@@ -238,16 +249,18 @@ class ImageWriter:
         from pyspark.sql import functions as F
 
         # the JVM session's identity: foreachBatch hands each batch a new Python wrapper
-        key = (session._jsparkSession.hashCode(), tuple(ivs))
+        key = (session._jsparkSession.hashCode(), tuple(ivs), partitions)
         if self._marker_frame is None or self._marker_frame[0] != key:
             cols = [F.lit(None).cast(t).alias(c) for c, t in (d.split() for d in PREP_DDL.split(", "))]
             pick = F.element_at(F.array(*[F.lit(i) for i in ivs]), (F.col("id") + 1).cast("int"))
             df = session.range(0, len(ivs), 1, 1).select(*cols, pick.alias("interval"), F.lit(True).alias("_m"))
+            df = df.select("*", self._spread(session, ivs, partitions, F.col("interval")).alias("_p"))
             self._marker_frame = (key, df)
         return self._marker_frame[1]
 
-    def _spread(self, session: Any, ivs: list[int], partitions: int) -> Any:
-        """A column whose hash sends the owned intervals round-robin to the tasks.
+    def _spread(self, session: Any, ivs: list[int], partitions: int, interval: Any) -> Any:
+        """A column (of the ``interval`` column expression) whose hash sends the owned intervals
+        round-robin to the tasks.
 
         ``repartition(n, col)`` places a row by ``pmod(hash(col), n)``; hashing the interval
         itself can put most intervals in one task. One tiny query finds, per task, a value
@@ -265,7 +278,7 @@ class ImageWriter:
         ivs = sorted(ivs)
         for rank, iv in enumerate(ivs):
             v = F.lit(self._spread_values[rank % partitions])
-            col = F.when(F.col("interval") == iv, v) if col is None else col.when(F.col("interval") == iv, v)
+            col = F.when(interval == iv, v) if col is None else col.when(interval == iv, v)
         assert col is not None
         return col.otherwise(F.lit(self._spread_values[0])).cast("int")
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
 from typing import Any
-from urllib.parse import unquote
 
 from deltawheel.statestore.deltalog import local_path, local_table_exists, read_local
+from deltawheel.statestore.deltatxn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
 
@@ -72,7 +72,7 @@ def _local_versions(path: str) -> set[int] | None:
     assert root is not None  # read_local only reads local tables
     out: set[int] = set()
     for a in snap.adds:
-        col = pq.read_table(os.path.join(root, unquote(a["path"])), columns=["version"]).column("version")
+        col = pq.read_table(os.path.join(root, decode_path(a["path"])), columns=["version"]).column("version")
         out.update(int(v) for v in col.to_pylist() if v is not None)
     return out
 
@@ -86,11 +86,11 @@ def _deltawheel_version() -> str:
 
 def applied_versions(spark: Any, layout: StoreLayout) -> set[int]:
     """The versions recorded in the store's ``_meta`` table (empty if there is none)."""
-    if not _is_delta_table(spark, layout.meta):
-        return set()
-    local = _local_versions(layout.meta)
+    local = _local_versions(layout.meta)  # a local table: its files read directly
     if local is not None:
         return local
+    if not _is_delta_table(spark, layout.meta):
+        return set()
     # a handful of rows: no distinct() (its shuffle costs a second Spark stage on every start)
     rows = spark.read.format("delta").load(layout.meta).select("version").collect()
     return {int(r["version"]) for r in rows}

@@ -52,17 +52,24 @@ def local_path(path: str) -> str | None:
     return None if ":" in head else path
 
 
-def local_table_exists(path: str) -> bool | None:
-    """True/False for a local table folder (has its first commit or a checkpoint); None if remote."""
+def _log_names(path: str) -> tuple[str, list[str]] | None:
+    """(the table's ``_delta_log`` folder, its file names; none if it is missing); None if remote."""
     root = local_path(path)
     if root is None:
         return None
     log = os.path.join(root, "_delta_log")
     try:
-        names = os.listdir(log)
+        return log, os.listdir(log)
     except FileNotFoundError:
-        return False
-    return any(_JSON.match(n) or _CLASSIC_CP.match(n) or _OTHER_CP.match(n) for n in names)
+        return log, []
+
+
+def local_table_exists(path: str) -> bool | None:
+    """True/False for a local table folder (has its first commit or a checkpoint); None if remote."""
+    listing = _log_names(path)
+    if listing is None:
+        return None
+    return any(_JSON.match(n) or _CLASSIC_CP.match(n) or _OTHER_CP.match(n) for n in listing[1])
 
 
 def _dv_id(dv: dict[str, Any] | None) -> str | None:
@@ -88,14 +95,10 @@ def _clean(value: Any) -> Any:
 
 def read_local(path: str) -> LocalSnapshot | None:
     """The live files of the local Delta table at ``path`` (None: not handled here, ask Delta)."""
-    root = local_path(path)
-    if root is None:
+    listing = _log_names(path)
+    if listing is None:
         return None
-    log = os.path.join(root, "_delta_log")
-    try:
-        names = os.listdir(log)
-    except FileNotFoundError:
-        return None
+    log, names = listing
     commits = sorted(int(m.group(1)) for n in names if (m := _JSON.match(n)))
     classic = [int(m.group(1)) for n in names if (m := _CLASSIC_CP.match(n))]
     other = [int(m.group(1)) for n in names if not _CLASSIC_CP.match(n) and (m := _OTHER_CP.match(n))]

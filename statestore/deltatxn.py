@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
 
-from .deltalog import read_local
+from .deltalog import local_path, read_local
 
 __all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "local_root", "is_local", "decode_path",
            "write_file", "partition_file_name"]
@@ -60,17 +60,12 @@ class FileEntry:
 
 def is_local(table_path: str) -> bool:
     """True for a plain path or a ``file:`` URI (the image path writes files with pyarrow there)."""
-    scheme = table_path.split(":", 1)[0] if ":" in table_path.split("/", 1)[0] else ""
-    return scheme in ("", "file")
+    return local_path(table_path) is not None
 
 
 def local_root(table_path: str) -> str:
     """The table's folder as a local path (``file:`` URIs stripped)."""
-    if table_path.startswith("file://"):
-        return table_path[len("file://"):]
-    if table_path.startswith("file:"):
-        return table_path[len("file:"):]
-    return table_path
+    return local_path(table_path) or table_path
 
 
 def new_add(rel_path: str, partition_values: Mapping[str, str], size: int, num_records: int) -> str:

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from ._sqltext import sql_path
-from .deltalog import local_table_exists
+from .deltalog import local_path, local_table_exists
 from .exceptions import ConfigError
 from .layout import StoreLayout, validate_name
 
@@ -89,10 +89,6 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     return path
 
 
-def _local_path(root: str) -> str:
-    return root[len("file://"):] if root.startswith("file://") else root
-
-
 def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
     """Names of the stream tables of the store, sorted.
 
@@ -107,7 +103,7 @@ def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
         ConfigError: a remote store and ``spark`` is ``None``.
     """
     if layout.is_local:
-        root = _local_path(layout.streams_root)
+        root = local_path(layout.streams_root) or layout.streams_root
         if not os.path.isdir(root):
             return []
         return sorted(

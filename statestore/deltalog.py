@@ -9,7 +9,8 @@ For a table in a local folder the log replay is small enough to do here:
   read with pyarrow, then
 - every JSON commit after it, in version order (they must be contiguous),
 - live files keyed by (path, deletion-vector id), as Delta keys them: an
-  ``add`` puts, a ``remove`` deletes.
+  ``add`` puts, a ``remove`` deletes; application versions (``txn``) by app id,
+  the last one recorded wins.
 
 Anything this reader does not fully understand returns ``None`` and the
 caller goes to Delta: a remote table, multi-part or V2 checkpoints (newer
@@ -35,11 +36,13 @@ _OTHER_CP = re.compile(r"^(\d{20})\.checkpoint\..+")  # multi-part or V2 (uuid-n
 
 @dataclass(frozen=True)
 class LocalSnapshot:
-    """A table's version and its live ``add`` actions (each as the action's JSON text)."""
+    """A table's version, its live ``add`` actions, configuration and application versions
+    (``txn`` actions: app id -> the last version recorded)."""
 
     version: int
     adds: tuple[dict[str, Any], ...]
     configuration: dict[str, str]
+    txns: dict[str, int]
 
 
 def local_path(path: str) -> str | None:
@@ -112,6 +115,7 @@ def read_local(path: str) -> LocalSnapshot | None:
         return None  # a gap (cleaned-up history without a usable checkpoint, or a commit in flight)
     files: dict[tuple[str, str | None], dict[str, Any]] = {}
     config: dict[str, str] = {}
+    txns: dict[str, int] = {}
     if cp >= 0:
         import pyarrow.parquet as pq
 
@@ -126,6 +130,10 @@ def read_local(path: str) -> LocalSnapshot | None:
             for m in table.column("metaData").to_pylist():
                 if m is not None:
                     config = dict(_clean(m).get("configuration") or {})
+        if "txn" in cols:
+            for t in table.column("txn").to_pylist():
+                if t is not None:
+                    txns[str(t["appId"])] = int(t["version"])
     for v in todo:
         with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:
             for line in fh:
@@ -140,9 +148,11 @@ def read_local(path: str) -> LocalSnapshot | None:
                     files.pop((r["path"], _dv_id(r.get("deletionVector"))), None)
                 elif "metaData" in act:
                     config = dict(act["metaData"].get("configuration") or {})
+                elif "txn" in act:
+                    txns[str(act["txn"]["appId"])] = int(act["txn"]["version"])
     if any(k.startswith("delta.coordinatedCommits") for k in config):
         return None
     if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in files.values()):
         return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
     version = todo[-1] if todo else cp
-    return LocalSnapshot(version, tuple(files.values()), config)
+    return LocalSnapshot(version, tuple(files.values()), config, txns)

@@ -83,3 +83,48 @@ def test_the_reader_declines_what_it_does_not_read(spark, tmp_path: Path) -> Non
     shutil.copytree(path, multi)
     (multi / "_delta_log" / "00000000000000000002.checkpoint.0000000001.0000000002.parquet").write_bytes(b"")
     assert read_local(str(multi)) is None
+
+
+def test_file_level_commits_carry_the_checksum_forward_without_a_spark_job(spark, tmp_path: Path) -> None:
+    """TableLog commits as a Delta WRITE: the new snapshot gets its protocol and metadata from the
+    checksum Delta derives in memory, so a commit runs no Spark job — also with a session time zone
+    other than UTC, where Delta would verify a file list kept in that checksum by rebuilding the
+    table state at every commit (``build_spark`` turns that list off). The first commit after the
+    table is loaded from disk pays one reconstruction (no .crc files), the next ones none."""
+    import json
+    import os
+
+    from deltawheel.statestore.deltatxn import TableLog, decode_path
+
+    path = str(tmp_path / "t")
+    spark.range(6).selectExpr("id", "cast(id % 2 as int) as p").write.format("delta").partitionBy("p").save(path)
+    log = TableLog(spark, path)
+    sc = spark.sparkContext
+    tz = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
+    try:
+        jobs = []
+        for i in range(4):
+            _, files = log.files("true", where=lambda pv: True)
+            old = next(f for f in files if f.part("p") == "0")
+            add = json.loads(old.action_json)["add"]
+            add["path"] = add["path"].rsplit("/", 1)[0] + f"/copy-{i}.parquet"
+            shutil.copy(os.path.join(path, decode_path(old.path)), os.path.join(path, decode_path(add["path"])))
+            sc.setJobGroup(f"dw-commit-{i}", "commit")
+            if i < 3:
+                log.commit(remove=[old], add=[json.dumps({"add": add})], read_partitions=["p = 0"])
+            else:  # a delivery: blind append with an application version, read back in Python
+                assert log.txn_version("app") == -1
+                log.commit(add=[json.dumps({"add": add})], app_versions={"app": 5})
+                assert log.txn_version("app") == 5
+            jobs.append(len(sc.statusTracker().getJobIdsForGroup(f"dw-commit-{i}")))
+        sc.setJobGroup("dw-idle", "idle")
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", tz)
+    assert jobs == [0, 0, 0, 0]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+    ops = [(h["operation"], h["operationParameters"]["mode"]) for h in history[1:]]
+    assert ops == [("WRITE", "Overwrite")] * 3 + [("WRITE", "Append")]
+    assert history[1]["operationParameters"]["predicate"] == "(p = 0)"
+    assert spark.read.format("delta").load(path).count() == 7  # 3 rows replaced thrice, then 1 more
+    assert int(log._log.startTransaction().txnVersion("app")) == 5  # Delta agrees

@@ -26,11 +26,15 @@ more intervals (``Computation.num_intervals``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from deltawheel.statestore.deltalog import commit_infos
 from deltawheel.statestore.deltatxn import (
     FileEntry,
     StaleFilesError,
@@ -41,7 +45,7 @@ from deltawheel.statestore.deltatxn import (
     partition_file_name,
     write_file,
 )
-from deltawheel.statestore.exceptions import StaleSequencerError
+from deltawheel.statestore.exceptions import CommitConflictError, StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import FENCE_KEY, Production, rows_file_ddl
@@ -52,6 +56,8 @@ from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn, next_
 from .computation import Computation, LatePolicy
 
 __all__ = ["ImageWriter", "ImagesStale", "PREP_DDL"]
+
+_DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, retried with jitter
 
 PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
             "position STRING, late BOOLEAN, _bad STRING")
@@ -345,13 +351,58 @@ class ImageWriter:
             if version is None:  # weak productions: blind append, consumers dedup by record id
                 log.commit(add=[a for adds in files.values() for a in adds])
                 continue
+            self._deliver_strong(stream, log, files, version)
+        return n
+
+    def _deliver_strong(self, stream: str, log: TableLog, files: dict[str, list[str]], version: int) -> None:
+        """Append once per (app id, version), unless this writer was taken over since ``version``.
+
+        A zombie whose commit landed just before a takeover may still be delivering it while
+        the new owner redelivers the same checkpoint (an insert-only MERGE by record id). So
+        the append is not blind: it records the whole stream as read (a MERGE that inserted
+        after the append's snapshot makes it fail; a MERGE that read before the append landed
+        fails and re-reads), and once its snapshot is taken it looks for a claim or fence of
+        this computation committed after ``version`` (then the new owner redelivers: raise)."""
+        from deltawheel.statestore.fencing import translate_commit_error
+
+        for attempt in itertools.count(1):
             # what was delivered is read from the log once per app id, then remembered
             for app in files:
                 if (stream, app) not in self._delivered:
                     self._delivered[(stream, app)] = log.txn_version(app)
             todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}
-            if todo:
-                log.commit(add=[a for adds in todo.values() for a in adds], app_versions={a: version for a in todo})
-                for app in todo:
-                    self._delivered[(stream, app)] = version
-        return n
+            if not todo:
+                return
+            try:
+                log.commit(add=[a for adds in todo.values() for a in adds], app_versions={a: version for a in todo},
+                           read_partitions=["true"], check=lambda: self._not_taken_over_since(version))
+            except StaleSequencerError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Delta's conflict exceptions
+                err = translate_commit_error(exc, sequencers={})
+                if not isinstance(err, CommitConflictError) or attempt >= _DELIVERY_RETRIES:
+                    raise
+                for app in todo:  # another delivery landed meanwhile: read the versions again
+                    self._delivered.pop((stream, app), None)
+                time.sleep(random.uniform(0.01, 0.02 * min(attempt, 10)))
+                continue
+            for app in todo:
+                self._delivered[(stream, app)] = version
+            return
+
+    def _not_taken_over_since(self, version: int) -> None:
+        """Raise StaleSequencerError if the rows table holds a claim or fence of this computation
+        with a newer sequencer on an owned interval, committed after ``version``."""
+        mine = self.owner.sequencers
+        for _v, info in commit_infos(self.layout.rows, after=version) or ():
+            try:
+                meta = json.loads(info.get("userMetadata") or "{}")
+            except ValueError:
+                continue
+            if not isinstance(meta, dict) or meta.get("kind") not in ("claim", "fence") \
+                    or meta.get("computation") != self.comp.name:
+                continue
+            newer = {int(iv): int(seq) for iv, seq in (meta.get("sequencers") or {}).items()
+                     if int(iv) in mine and int(seq) > mine[int(iv)]}
+            if newer:
+                raise_if_fenced(self.comp.name, newer, mine)

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path"]
+__all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos"]
 
 _JSON = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CP = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
@@ -156,3 +156,22 @@ def read_local(path: str) -> LocalSnapshot | None:
         return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
     version = todo[-1] if todo else cp
     return LocalSnapshot(version, tuple(files.values()), config, txns)
+
+
+def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:
+    """(version, ``commitInfo``) of each JSON commit of the local table at ``path`` after version
+    ``after``, oldest first (a commit without one is left out); None for a remote table."""
+    listing = _log_names(path)
+    if listing is None:
+        return None
+    log, names = listing
+    out = []
+    for v in sorted(int(m.group(1)) for n in names if (m := _JSON.match(n))):
+        if v <= after:
+            continue
+        with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:
+            for line in fh:
+                if '"commitInfo"' in line:
+                    out.append((v, json.loads(line)["commitInfo"]))
+                    break
+    return out

@@ -15,10 +15,11 @@ Delta's conflict detection is the mediator, as with MERGE:
   writer's last own commit and reports any that touch its partitions; the
   writer then reloads its images (and meets the newer fence row).
 
-Delivery of productions is a blind append of already written files with one
+Delivery of productions is an append of already written files with one
 ``SetTransaction`` (app id, version) per producing interval: Delta's own
 idempotence for retried appends; an app id whose version is already at or
-past the one given is skipped.
+past the one given is skipped. (The executor records the stream as read and
+checks for a takeover once the snapshot is taken: ``ImageWriter._deliver_strong``.)
 
 Commits go through the JVM side of Delta (py4j): the log format, checkpoints
 and conflict rules stay Delta's. Only the read of a local table's live files
@@ -101,17 +102,23 @@ class TableLog:
     def _pred(self, sql: str) -> Any:
         return self._js.sessionState().sqlParser().parseExpression(sql)
 
-    def _operation(self, overwrite: bool, predicates: Sequence[str] = ()) -> Any:
+    def _operation(self, overwrite: bool, predicates: Sequence[str] = (), user_metadata: str | None = None) -> Any:
         """The commit's operation: a Delta ``WRITE`` (``Append``, or ``Overwrite`` of the partitions
-        whose files it replaces, as ``replaceWhere`` records it).
+        whose files it replaces, as ``replaceWhere`` records it), carrying ``user_metadata``.
 
         Not ``ManualUpdate``: Delta derives no incremental checksum for a manual update, so after
         each such commit it rebuilt the new snapshot's protocol and metadata with a Spark job
-        (60-120 ms per commit); a ``WRITE`` carries the checksum forward in memory (no job)."""
+        (60-120 ms per commit); a ``WRITE`` carries the checksum forward in memory (no job).
+        The user metadata rides on the operation, not on the session setting
+        ``spark.databricks.delta.commitInfo.userMetadata``: Delta reads that setting from the
+        calling thread's *active* session, which need not be this one (claims made outside a
+        streaming batch were committed without it), and a setting is shared by the threads
+        committing concurrently (a delivery thread beside a batch)."""
         none = self._jvm.scala.Option.empty()
         pred = self._jvm.scala.Some(" OR ".join(f"({p})" for p in predicates)) if predicates else none
+        meta = self._jvm.scala.Some(user_metadata) if user_metadata is not None else none
         mode = self._save_mode.Overwrite if overwrite else self._save_mode.Append
-        return self._write_op(mode, none, pred, none)
+        return self._write_op(mode, none, pred, meta)
 
     def files(self, predicate_sql: str, *,
               where: Callable[[Mapping[str, str]], bool] | None = None) -> tuple[int, list[FileEntry]]:
@@ -178,16 +185,22 @@ class TableLog:
     def commit(self, *, remove: Sequence[FileEntry] = (), add: Sequence[str] = (),
                read_partitions: Sequence[str] = (), app_versions: Mapping[str, int] | None = None,
                user_metadata: str | None = None,
-               untouched_since: tuple[int, Sequence[Mapping[str, str]]] | None = None) -> int | None:
+               untouched_since: tuple[int, Sequence[Mapping[str, str]]] | None = None,
+               check: Callable[[], None] | None = None) -> int | None:
         """One Delta transaction: remove files, add files (``add`` action JSON), set app versions.
 
         ``read_partitions`` are SQL predicates recorded as read: any concurrent
         commit adding files there makes this one fail. ``untouched_since``
         = (version, partitions): fail with :class:`StaleFilesError` if a commit
-        after ``version`` touched those partitions. Returns the new version.
+        after ``version`` touched those partitions. ``check`` runs once the transaction has
+        taken its snapshot, before anything is committed (raise to abort): what it finds
+        absent is then either absent at the commit or committed after the snapshot, where
+        Delta's conflict check sees it. Returns the new version.
         Raises whatever Delta raises (conflicts are translated by the caller).
         """
         txn = self._log.startTransaction()
+        if check is not None:
+            check()
         if untouched_since is not None:
             v = self._touched(txn, *untouched_since)
             if v is not None:
@@ -204,15 +217,7 @@ class TableLog:
         for app, ver in (app_versions or {}).items():
             actions.append(self._action.fromJson(json.dumps(
                 {"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})))
-        conf = self._js.conf()
-        key = "spark.databricks.delta.commitInfo.userMetadata"
-        if user_metadata is not None:
-            conf.set(key, user_metadata)
-        try:
-            return int(txn.commit(self._seq(actions), self._operation(bool(remove), read_partitions)))
-        finally:
-            if user_metadata is not None:
-                conf.unset(key)
+        return int(txn.commit(self._seq(actions), self._operation(bool(remove), read_partitions, user_metadata)))
 
 
 def decode_path(rel: str) -> str:

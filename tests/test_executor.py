@@ -267,6 +267,52 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
 
 
 @pytest.mark.timeout(600)
+def test_a_zombies_delivery_in_flight_at_the_takeover_adds_nothing(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """Image path: the old owner's batch committed just before the takeover and its delivery is
+    still in flight; the new owner redelivers the checkpoint at start. When the old delivery
+    goes on, it finds the new owner's claim and lands nothing: each window once."""
+    import threading
+
+    from deltawheel.statestore.exceptions import StaleSequencerError
+    from deltawheel.statestore.leases import break_lease
+
+    gate = threading.Event()
+    old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old",
+                                     write_path="image")
+    real = old._images.deliver
+
+    def slow(out, *, version):  # type: ignore[no-untyped-def]
+        assert gate.wait(120)
+        return real(out, version=version)
+
+    old._images.deliver = slow
+    new_client = None
+    try:
+        r0 = old.run_batch(events(spark, B1), 0, input_watermark_ms=11_000)  # commits 2 windows, delivery waits
+        assert r0.productions == 2 and stream_rows(spark, migrated_store, "counts") == []
+        for iv in range(4):
+            break_lease(old_client, pipeline="test", computation="buckets", interval=iv, apply=True)
+        new, new_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="new",
+                                         write_path="image")  # recovery redelivers the 2 windows
+        assert len(stream_rows(spark, migrated_store, "counts")) == 2
+        gate.set()
+        with pytest.raises(StaleSequencerError, match="owned under sequencer"):
+            old.settle()  # its delivery failed; the redelivery from its checkpoint fails alike
+        rows = stream_rows(spark, migrated_store, "counts")
+        assert len(rows) == 2 and len({r[0] for r in rows}) == 2
+        new.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
+        new.flush(input_watermark_ms=40_000)
+        new.settle()
+        assert _windows(spark, migrated_store) == ALL_WINDOWS
+    finally:
+        gate.set()
+        for c in (new_client, old_client):
+            if c is not None:
+                c.stop()
+                c.close()
+
+
+@pytest.mark.timeout(600)
 def test_strong_delivery_is_asynchronous_holds_the_watermark_and_is_redelivered(spark, migrated_store,
                                                                                 zk_config) -> None:  # type: ignore[no-untyped-def]
     """Image path: a batch returns while its checkpointed productions are still being delivered;

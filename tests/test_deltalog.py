@@ -89,8 +89,7 @@ def test_file_level_commits_carry_the_checksum_forward_without_a_spark_job(spark
     """TableLog commits as a Delta WRITE: the new snapshot gets its protocol and metadata from the
     checksum Delta derives in memory, so a commit runs no Spark job — also with a session time zone
     other than UTC, where Delta would verify a file list kept in that checksum by rebuilding the
-    table state at every commit (``build_spark`` turns that list off). The first commit after the
-    table is loaded from disk pays one reconstruction (no .crc files), the next ones none."""
+    table state at every commit (``build_spark`` turns that list off)."""
     import json
     import os
 

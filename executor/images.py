@@ -366,10 +366,11 @@ class ImageWriter:
         from deltawheel.statestore.fencing import translate_commit_error
 
         for attempt in itertools.count(1):
-            # what was delivered is read from the log once per app id, then remembered
-            for app in files:
-                if (stream, app) not in self._delivered:
-                    self._delivered[(stream, app)] = log.txn_version(app)
+            # what was delivered is read from the log once (one replay for all app ids), then remembered
+            unknown = [app for app in files if (stream, app) not in self._delivered]
+            if unknown:
+                for app, v in log.txn_versions(unknown).items():
+                    self._delivered[(stream, app)] = v
             todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}
             if not todo:
                 return

@@ -67,6 +67,11 @@ def _log_names(path: str) -> tuple[str, list[str]] | None:
         return log, []
 
 
+def _commit_versions(names: list[str]) -> list[int]:
+    """The versions of the JSON commits among a ``_delta_log`` folder's file names, ascending."""
+    return sorted(int(m.group(1)) for n in names if (m := _JSON.match(n)))
+
+
 def local_table_exists(path: str) -> bool | None:
     """True/False for a local table folder (has its first commit or a checkpoint); None if remote."""
     listing = _log_names(path)
@@ -102,7 +107,7 @@ def read_local(path: str) -> LocalSnapshot | None:
     if listing is None:
         return None
     log, names = listing
-    commits = sorted(int(m.group(1)) for n in names if (m := _JSON.match(n)))
+    commits = _commit_versions(names)
     classic = [int(m.group(1)) for n in names if (m := _CLASSIC_CP.match(n))]
     other = [int(m.group(1)) for n in names if not _CLASSIC_CP.match(n) and (m := _OTHER_CP.match(n))]
     cp = max(classic, default=-1)
@@ -166,7 +171,7 @@ def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] |
         return None
     log, names = listing
     out = []
-    for v in sorted(int(m.group(1)) for n in names if (m := _JSON.match(n))):
+    for v in _commit_versions(names):
         if v <= after:
             continue
         with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:

@@ -169,16 +169,21 @@ class TableLog:
         return None
 
     def txn_version(self, app_id: str) -> int:
-        """The version last recorded for ``app_id`` (-1 if none).
+        """The version last recorded for ``app_id`` (-1 if none); see :meth:`txn_versions`."""
+        return self.txn_versions([app_id])[app_id]
 
-        A local table's log is replayed in Python; otherwise Delta reads it from the snapshot's
+    def txn_versions(self, app_ids: Iterable[str]) -> dict[str, int]:
+        """The version last recorded for each of ``app_ids`` (-1 if none), from one read.
+
+        A local table's log is replayed in Python; otherwise Delta reads them from the snapshot's
         state (a state reconstruction: Spark jobs, once per snapshot). Not read inside the
         commit's transaction: callers must not rely on Delta to detect a concurrent commit of the
         same app id."""
         snap = read_local(self.path)
         if snap is not None and "delta.setTransactionRetentionDuration" not in snap.configuration:
-            return snap.txns.get(app_id, -1)
-        return int(self._log.startTransaction().txnVersion(app_id))
+            return {a: snap.txns.get(a, -1) for a in app_ids}
+        txn = self._log.startTransaction()
+        return {a: int(txn.txnVersion(a)) for a in app_ids}
 
     # ------------------------------------------------------------ writing
 

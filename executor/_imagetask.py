@@ -9,8 +9,9 @@ partition of the rows table. It
    are immutable, so a cached image is never stale) and checks the fence row
    carries this writer's sequencer — a takeover is noticed before user code;
 2. picks the keys to run: keys with records, keys with due timers;
-3. runs user code per key (``keyrun.run_key``: dedup, records in event-time
-   order, timers in timestamp order) and clears delivered checkpoints;
+3. runs user code per key (``_imagekeys``, through ``keyrun.run_user_code``:
+   dedup, records in event-time order, timers in timestamp order) and clears
+   delivered checkpoints;
 4. writes the new image as one Parquet file in the interval's partition
    folder and the new productions as one file per stream in the stream
    table's folder — neither is visible until the driver commits it;
@@ -22,20 +23,17 @@ Nothing here talks to ZooKeeper or the Delta log; the driver commits.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.deltatxn import partition_file_name, write_file
-from deltawheel.statestore.exceptions import CodecError
-from deltawheel.statestore.rows import _DOMAINS, FENCE_KEY, KeyRow, TimeDomain, make_row, make_timer
+from deltawheel.statestore.rows import FENCE_KEY, ROW_FORMAT_VERSION
 
-from .computation import Computation, Record, make_record
-from .keyrun import run_key
+from ._imagekeys import Input, KeyLoop, OldRows, py_list, side_row
+from .computation import Computation
 
 __all__ = ["ImageSpec", "image_task_fn", "oldest_work", "next_processing", "SUMMARY_DDL", "STALE_MARK"]
 
@@ -121,15 +119,15 @@ def _run(spec: ImageSpec, table: Any) -> list[dict[str, Any]]:
     side: list[dict[str, Any]] = []
     bad = pc.is_valid(data.column("_bad"))
     if counted and pc.any(bad).as_py():
-        side += [_side("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
+        side += [side_row("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
         data = data.filter(pc.invert(bad))
     if spec.route_late and data.num_rows:
         late = pc.fill_null(data.column("late"), False)
         if pc.any(late).as_py():
-            side += [_side("late", r, r["key"], None) for r in data.filter(late).to_pylist()]
+            side += [side_row("late", r, r["key"], None) for r in data.filter(late).to_pylist()]
             data = data.filter(pc.invert(late))
     if data.num_rows:
-        ivs |= set(_py(pc.unique(data.column("interval"))))
+        ivs |= set(py_list(pc.unique(data.column("interval"))))
     out = []
     for iv in sorted(i for i in ivs if i in spec.sequencers):
         recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
@@ -138,37 +136,6 @@ def _run(spec: ImageSpec, table: Any) -> list[dict[str, Any]]:
     head: dict[str, Any] = out[0] if out else {"interval": None, "side": []}
     head.update(records_in=counted, min_ts=lo, max_ts=hi, side=side + head["side"])
     return out or [head]
-
-
-class _Input:
-    """One interval's records of the batch as Python lists, sorted by (key, event time,
-    record id): each key's records are one contiguous, already ordered run."""
-
-    def __init__(self, recs: Any) -> None:
-        import pyarrow.compute as pc
-
-        recs = recs.sort_by([("key", "ascending"), ("timestamp_ms", "ascending"), ("record_id", "ascending")])
-        self.table = recs
-        n = recs.num_rows
-        self.keys: list[str] = _py(recs.column("key"))
-        self.ids: list[str] = _py(recs.column("record_id"))
-        vcol = recs.column("value")
-        self.no_values = vcol.null_count == n  # an injector without value columns: nothing to decode
-        self.values: list[bytes | None] = [] if self.no_values else _py(vcol)
-        self.codecs: list[str | None] = _constant_or_list(recs.column("codec"), n) if n else []
-        self.ts: list[int] = _py(recs.column("timestamp_ms"))
-        self.streams: list[str | None] = _constant_or_list(recs.column("stream"), n) if n else []
-        self.late: list[bool | None] = _py(recs.column("late"))
-        self.runs: dict[str, tuple[int, int]] = {}
-        if n:
-            ree = pc.run_end_encode(recs.column("key").combine_chunks())
-            start = 0
-            for key, end in zip(_py(ree.values), _py(ree.run_ends), strict=True):
-                self.runs[key] = (start, end)
-                start = end
-
-    def row(self, i: int) -> dict[str, Any]:
-        return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
 
 
 def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
@@ -197,8 +164,8 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     if spec.wm is not None:
         due = pc.or_kleene(due, pc.less(image.column("next_event_timer_ms"), spec.wm))
     due = pc.fill_null(due, False)
-    inp = _Input(recs)
-    touched = set(inp.runs) | set(_py(image.filter(due).column("key")))
+    inp = Input(recs)
+    touched = set(inp.runs) | set(py_list(image.filter(due).column("key")))
     has_pending = bool(pc.any(pc.greater(pc.fill_null(pc.list_value_length(image.column("pending")), 0), 0))
                        .as_py())
     summary: dict[str, Any] = {"interval": iv, "new_path": None, "new_size": None, "new_rows": None,
@@ -208,94 +175,45 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     if not touched and not has_pending and not dirty:
         summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(image), next_processing(image)
         return summary
-    # Step 3: user code per key. Record ids (the bulk of a row) stay in Arrow: the duplicates
-    # are found with one vectorized lookup, the new lists are assembled column-wise below.
+    # Step 3: user code per key (``_imagekeys``). Record ids (the bulk of a row) stay in Arrow:
+    # the duplicates are found with one vectorized lookup, the new lists are assembled below.
     mask = pc.is_in(keys, value_set=pa.array(sorted(touched), pa.string()))
     sub = image.filter(mask)
     old_ids = _flat_ids(sub, spec.horizon_ms)
-    old, had_pending = _key_rows(sub, name, iv, with_pending=has_pending)
+    old = OldRows(sub, with_pending=has_pending)
     rest = image.filter(pc.invert(mask))
     if has_pending:
         rest = _without_pending(rest)
-    seen = _already_seen(comp, inp, old_ids)
-    new_rows: list[KeyRow] = []
-    unchanged: list[str] = []
-    id_keys: list[str] = []
-    id_values: list[str] = []
-    prods: list[Any] = []
-    written = processed = dups = late = fired = 0
-    side = summary["side"]
-    for key in sorted(touched):
-        row = old.get(key)
-        cleared = key in had_pending  # delivered by the previous batch: dropped from the new image
-        lo, hi = inp.runs.get(key, (0, 0))
-        records, dead, n_seen = _records(inp, key, lo, hi, seen)
-        dups += n_seen
-        o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=spec.wm,
-                    now_ms=spec.now_ms, dedup_horizon_ms=spec.horizon_ms, presorted=True, keep_ids=False,
-                    strong=spec.strong)
-        if o.dead_letters:
-            pos = {inp.ids[i]: i for i in range(lo, hi)}
-            dead += [_side("dead", inp.row(pos[rec.record_id]), key, err) for rec, err in o.dead_letters]
-        side.extend(dead)
-        processed += o.processed
-        dups += o.duplicates
-        late += o.late
-        fired += o.timers_fired
-        summary["n_dead"] += len(dead)
-        prods.extend(o.productions)
-        if o.row is None:
-            if key in old_ids.keys:  # no state left, but its recent record ids still guard replays
-                new_rows.append(KeyRow(name, key, iv))
-            written += int(row is not None)
-            continue
-        if o.changed or cleared or row is None:
-            if o.new_record_ids:
-                id_keys += [key] * len(o.new_record_ids)
-                id_values += o.new_record_ids
-            new_rows.append(o.row)
-            written += 1
-        else:
-            unchanged.append(key)  # kept as it is in the image (record ids untrimmed)
-    summary.update(processed=processed, duplicates=dups, late=late, fired=fired, n_prods=len(prods),
-                   keys_written=written)
-    fresh_tbl = _with_ids(_rows_table(new_rows, spec, mine), old_ids, id_keys, id_values, spec.now_ms,
-                          spec.rows_schema)
+    loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong)
+    loop.run(sorted(touched), inp, old, _already_seen(comp, inp, old_ids), old_ids.keys)
+    summary["side"] = loop.side
+    summary.update(processed=loop.processed, duplicates=loop.duplicates, late=loop.late, fired=loop.fired,
+                   n_prods=len(loop.prods), n_dead=len(loop.side), keys_written=loop.written)
+    if not comp.exactly_once:
+        new_ids = None
+    elif loop.all_ran:
+        new_ids = inp.table.select(["key", "record_id"])
+    else:
+        new_ids = pa.table({"key": pa.array(loop.id_keys, pa.string()),
+                            "record_id": pa.array(loop.id_values, pa.string())})
+    fresh_tbl = _with_ids(loop.rows.table(spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids")),
+                                          sequencer=mine, commit_id=spec.commit_id, now_ms=spec.now_ms,
+                                          format_version=ROW_FORMAT_VERSION),
+                          old_ids, new_ids, spec.now_ms, spec.rows_schema)
     parts = [rest, fresh_tbl]
-    if unchanged:
-        same = sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(unchanged, pa.string())))
+    if loop.unchanged:
+        same = sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(loop.unchanged, pa.string())))
         parts.append(_without_pending(same) if has_pending else same)
     new_image = pa.concat_tables(parts).combine_chunks()
     # Step 4: write the files (invisible until the driver's commit).
-    if written or has_pending or dirty:
+    if loop.written or has_pending or dirty:
         rel = partition_file_name(name, iv, "dw")
         size = write_file(new_image, spec.rows_root, rel)
         _remember((rel,), new_image)
         summary.update(new_path=rel, new_size=size, new_rows=new_image.num_rows)
-    summary["prod_files"] = _write_productions(spec, iv, prods)
+    summary["prod_files"] = _write_productions(spec, iv, loop.prods)
     summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(new_image), next_processing(new_image)
     return summary
-
-
-def _py(arr: Any) -> list[Any]:
-    """An Arrow array of a primitive, string or binary type as a Python list: through numpy,
-    an order of magnitude faster than ``to_pylist`` (which builds a scalar per value). Integer
-    arrays with nulls keep exact values (numpy would make them floats)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    t = arr.type
-    if not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-            or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
-        return arr.to_pylist()  # type: ignore[no-any-return]
-    if arr.null_count and not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
-                               or pa.types.is_large_binary(t)):
-        vals = pc.fill_null(arr, pa.scalar(0 if not pa.types.is_boolean(t) else False, t))
-        valid = pc.is_valid(arr).to_numpy(zero_copy_only=False).tolist()
-        return [v if ok else None for v, ok in zip(vals.to_numpy(zero_copy_only=False).tolist(), valid, strict=True)]
-    return arr.to_numpy(zero_copy_only=False).tolist()  # type: ignore[no-any-return]
 
 
 def _without_pending(t: Any) -> Any:
@@ -305,95 +223,14 @@ def _without_pending(t: Any) -> Any:
     return t.set_column(idx, t.schema.field(idx), pa.array([[]] * t.num_rows, t.schema.field(idx).type))
 
 
-def _key_rows(sub: Any, name: str, iv: int, *, with_pending: bool) -> tuple[dict[str, KeyRow], set[str]]:
-    """The touched rows as KeyRows, column-wise, and the keys that had pending productions.
-
-    Record ids stay in Arrow; sequencer, commit id and update time are rewritten on output, so
-    they are not read; pending productions are not read either: on this path they are always the
-    previous batch's, delivered before this batch can commit, so they are only cleared."""
-    import pyarrow.compute as pc
-
-    keys = _py(sub.column("key"))
-    states = _py(sub.column("state"))
-    codecs = _constant_or_list(sub.column("codec"), len(keys))
-    holds = _constant_or_list(sub.column("watermark_hold_ms"), len(keys))
-    timers = sub.column("timers").combine_chunks()
-    flat = pc.list_flatten(timers)
-    tags, doms, times = (_py(flat.field("tag")), _py(flat.field("domain")), _py(flat.field("time_ms")))
-    offs = _py(timers.offsets)
-    pending: set[str] = set()
-    if with_pending:
-        has = pc.fill_null(pc.greater(pc.list_value_length(sub.column("pending")), 0), False)
-        pending = set(_py(sub.column("key").filter(has)))
-    out = {}
-    for i, key in enumerate(keys):
-        lo, hi = offs[i], offs[i + 1]
-        out[key] = make_row(name, key, iv, states[i], codecs[i] or "json",
-                            tuple([make_timer(times[j], tags[j], _DOMAINS[doms[j]]) for j in range(lo, hi)]),
-                            holds[i])
-    return out, pending
-
-
-def _constant_or_list(col: Any, n: int) -> Any:
-    import pyarrow.compute as pc
-
-    uniq = pc.unique(col)
-    if len(uniq) == 1:
-        return [uniq[0].as_py()] * n
-    return _py(col)
-
-
-def _rows_table(rows: list[KeyRow], spec: ImageSpec, sequencer: int) -> Any:
-    """New row images (without record ids) as an Arrow table, column-wise."""
-    import pyarrow as pa
-
-    schema = spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids"))
-    n = len(rows)
-    ev = TimeDomain.EVENT_TIME
-    offs, tags, doms, times = [0], [], [], []
-    for r in rows:
-        for t in r.timers:
-            tags.append(t.tag)
-            doms.append(t.domain.value)
-            times.append(t.time_ms)
-        offs.append(len(tags))
-    tfield = schema.field("timers")
-    timers = pa.ListArray.from_arrays(pa.array(offs, pa.int32()), pa.StructArray.from_arrays(
-        [pa.array(tags, pa.string()), pa.array(doms, pa.string()), pa.array(times, pa.int64())],
-        fields=list(tfield.type.value_type)), type=tfield.type)
-    pfield = schema.field("pending")
-    ptype = pfield.type.value_type  # the struct's fields are Production's attributes
-    poffs = [0]
-    pcols: dict[str, list[Any]] = {f.name: [] for f in ptype}
-    for r in rows:
-        for p in r.pending:
-            for f, col in pcols.items():
-                col.append(getattr(p, f))
-        poffs.append(len(pcols["key"]))
-    pending = pa.ListArray.from_arrays(pa.array(poffs, pa.int32()), pa.StructArray.from_arrays(
-        [pa.array(pcols[f.name], f.type) for f in ptype], fields=list(ptype)), type=pfield.type)
-    cols = {
-        "key": [r.key for r in rows],
-        "state": [r.state for r in rows],
-        "codec": [r.codec for r in rows],
-        "next_event_timer_ms": [min((t.time_ms for t in r.timers if t.domain is ev), default=None) for r in rows],
-        "next_processing_timer_ms": [min((t.time_ms for t in r.timers if t.domain is not ev), default=None)
-                                     for r in rows],
-        "watermark_hold_ms": [r.watermark_hold_ms for r in rows],
-        "sequencer": [sequencer] * n,
-        "commit_id": [spec.commit_id] * n,
-        "updated_ms": [spec.now_ms] * n,
-        "format_version": [r.format_version for r in rows],
-    }
-    arrays = [timers if f.name == "timers" else pending if f.name == "pending" else pa.array(cols[f.name], f.type)
-              for f in schema]
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
 @dataclass
 class _Ids:
-    """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays."""
+    """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays.
 
+    ``held``: all the rows hold (the dedup lookup uses them all, as ``run_key`` does);
+    ``table``: those within the dedup horizon (what the new rows keep), of the ``keys``."""
+
+    held: Any
     table: Any
     keys: set[str]
 
@@ -404,39 +241,45 @@ def _flat_ids(sub: Any, horizon_ms: int | None) -> _Ids:
 
     lst = sub.column("record_ids").combine_chunks()
     if len(lst) == 0:
-        return _Ids(pa.table({"key": pa.array([], pa.string()), "record_id": pa.array([], pa.string()),
-                              "seen_ms": pa.array([], pa.int64())}), set())
+        empty = pa.table({"key": pa.array([], pa.string()), "record_id": pa.array([], pa.string()),
+                          "seen_ms": pa.array([], pa.int64())})
+        return _Ids(empty, empty, set())
     parents = pc.list_parent_indices(lst)
     flat = pc.list_flatten(lst)
-    table = pa.table({"key": sub.column("key").combine_chunks().take(parents),
-                      "record_id": flat.field("record_id"), "seen_ms": flat.field("seen_ms")})
-    if horizon_ms is not None:
-        table = table.filter(pc.greater_equal(table.column("seen_ms"), horizon_ms))
-    return _Ids(table, set(_py(pc.unique(table.column("key")))))
+    held = pa.table({"key": sub.column("key").combine_chunks().take(parents),
+                     "record_id": flat.field("record_id"), "seen_ms": flat.field("seen_ms")})
+    table = held if horizon_ms is None else held.filter(pc.greater_equal(held.column("seen_ms"), horizon_ms))
+    return _Ids(held, table, set(py_list(pc.unique(table.column("key")))))
 
 
-def _already_seen(comp: Computation, inp: _Input, ids: _Ids) -> list[bool] | None:
+def _already_seen(comp: Computation, inp: Input, ids: _Ids) -> list[bool] | None:
     """Per input record (in ``inp`` order): does the key's row already hold its id?"""
     import pyarrow.compute as pc
 
-    if not comp.exactly_once or ids.table.num_rows == 0 or not inp.keys:
+    if not comp.exactly_once or ids.held.num_rows == 0 or not inp.keys:
+        return None
+    # ids alone first (no replays: the usual case), then (key, id) pairs
+    if not pc.any(pc.is_in(inp.table.column("record_id"), value_set=ids.held.column("record_id"))).as_py():
         return None
     pairs = pc.binary_join_element_wise(inp.table.column("key"), inp.table.column("record_id"), "\x00")
-    old = pc.binary_join_element_wise(ids.table.column("key"), ids.table.column("record_id"), "\x00")
+    old = pc.binary_join_element_wise(ids.held.column("key"), ids.held.column("record_id"), "\x00")
     hit = pc.is_in(pairs, value_set=old)
-    return _py(hit) if pc.any(hit).as_py() else None
+    return py_list(hit) if pc.any(hit).as_py() else None
 
 
-def _with_ids(rows: Any, old: _Ids, new_keys: list[str], new_ids: list[str], seen_ms: int, schema: Any) -> Any:
-    """``rows`` (without record ids) + the record_ids column: retained old ids, then the new ones."""
+def _with_ids(rows: Any, old: _Ids, new: Any | None, seen_ms: int, schema: Any) -> Any:
+    """``rows`` (without record ids) + the record_ids column: retained old ids, then the ``new``
+    ones (a key / record_id table; None: none)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     field = schema.field("record_ids")
-    ids = pa.concat_tables([old.table, pa.table({
-        "key": pa.array(new_keys, pa.string()), "record_id": pa.array(new_ids, pa.string()),
-        "seen_ms": pa.array(np.full(len(new_ids), seen_ms, dtype=np.int64))})])
+    parts = [old.table]
+    if new is not None and new.num_rows:
+        parts.append(pa.table({"key": new.column("key"), "record_id": new.column("record_id"),
+                               "seen_ms": pa.array(np.full(new.num_rows, seen_ms, dtype=np.int64))}))
+    ids = pa.concat_tables(parts)
     pos = pc.index_in(ids.column("key"), value_set=rows.column("key"))
     ids = ids.append_column("pos", pos).append_column("seq", pa.array(np.arange(ids.num_rows), pa.int64()))
     ids = ids.filter(pc.is_valid(pos))
@@ -449,56 +292,6 @@ def _with_ids(rows: Any, old: _Ids, new_keys: list[str], new_ids: list[str], see
     col = pa.ListArray.from_arrays(offsets, values, type=field.type)
     out = rows.add_column(schema.get_field_index("record_ids"), field, col)
     return out.select(schema.names).cast(schema)
-
-
-_JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def _decode(codec: str | None, data: bytes | None) -> Any:
-    """The record's value; compact JSON (what injectors write) is read by the C scanner
-    directly, anything else by the codec (which raises CodecError for bad bytes)."""
-    if data is None:  # an injector without value columns
-        return None
-    if codec == "json" or codec is None:
-        try:
-            text = data.decode("utf-8")
-            value, end = _JSON_SCAN(text, 0)
-            if end == len(text):
-                return value
-        except (StopIteration, UnicodeDecodeError, ValueError, AttributeError):
-            pass
-        return get_codec("json").decode(data)
-    return get_codec(codec).decode(data)
-
-
-def _records(inp: _Input, key: str, lo: int, hi: int,
-             seen: list[bool] | None) -> tuple[list[Record], list[dict[str, Any]], int]:
-    """The key's records not already seen (in order), its undecodable ones, and how many were seen."""
-    out: list[Record] = []
-    dead: list[dict[str, Any]] = []
-    n_seen = 0
-    ids, values, codecs, ts, streams, late = inp.ids, inp.values, inp.codecs, inp.ts, inp.streams, inp.late
-    if inp.no_values:
-        return ([make_record(key, None, ts[i], ids[i], streams[i] or "", bool(late[i]))
-                 for i in range(lo, hi) if seen is None or not seen[i]],
-                [], 0 if seen is None else sum(seen[lo:hi]))
-    for i in range(lo, hi):
-        if seen is not None and seen[i]:
-            n_seen += 1
-            continue
-        try:
-            value = _decode(codecs[i], values[i])  # type: ignore[arg-type]
-        except CodecError as exc:
-            dead.append(_side("dead", inp.row(i), key, f"CodecError: {exc}"))
-            continue
-        out.append(make_record(key, value, ts[i], ids[i], streams[i] or "", bool(late[i])))
-    return out, dead, n_seen
-
-
-def _side(kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -> dict[str, Any]:
-    return {"kind": kind, "record_id": x.get("record_id"), "key": key, "value": x.get("value"),
-            "codec": x.get("codec"), "timestamp_ms": x.get("timestamp_ms"), "stream": x.get("stream"),
-            "position": x.get("position"), "error": error}
 
 
 def next_processing(image: Any) -> int | None:

@@ -25,7 +25,7 @@ from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, m
 from .computation import Computation, ErrorPolicy, Record
 from .context import Context, TimerCause
 
-__all__ = ["KeyOutcome", "run_key", "UserCodeError", "MAX_TIMER_ROUNDS"]
+__all__ = ["KeyOutcome", "run_key", "run_user_code", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS"]
 
 MAX_TIMER_ROUNDS = 10_000
 
@@ -69,59 +69,20 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     checkpoint the new productions in the row (default: ``comp.strong_productions``; a weak
     computation's straggling batch passes True).
     """
-    codec = _CODECS.get((comp.codec, comp.allow_pickle))
-    if codec is None:
-        codec = _CODECS[(comp.codec, comp.allow_pickle)] = get_codec(comp.codec, allow_pickle=comp.allow_pickle)
+    codec = codec_of(comp)
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
                   timers=row.timers if row else (), outputs=comp.outputs,
                   input_watermark_ms=input_watermark_ms, now_ms=now_ms,
                   watermark_hold_ms=row.watermark_hold_ms if row else None)
-    # Step 1 + 2: dedup against the row's ids and within the batch; records in event-time order.
+    # Step 1 + 2 + 3: dedup against the row's ids and within the batch; records in event-time
+    # order; due timers in timestamp order.
     exactly_once = comp.exactly_once
     seen = {s.record_id for s in row.record_ids} if (row and exactly_once) else set()
-    fresh: list[str] = []  # ids of the records run (dead-lettered ones included: never retried)
-    dups = 0
-    dead: list[tuple[Record, str]] = []
-    late = 0
-    process = comp.process_record
+    ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_order),
+                        seen=seen if exactly_once else None, input_watermark_ms=input_watermark_ms,
+                        now_ms=now_ms, fire_timers=fire_timers)
+    fresh, dups, late, dead, fired = ran
     produced = ctx._productions
-    for r in (records if presorted else sorted(records, key=_order)):
-        rid = r.record_id
-        if exactly_once:
-            if rid in seen:
-                dups += 1
-                continue
-            seen.add(rid)
-        fresh.append(rid)
-        if r.late:
-            late += 1
-        ctx._cause = r  # names what is processed: production ids derive from it
-        try:
-            process(ctx, r)
-        except Exception as exc:  # noqa: BLE001 - user code
-            if comp.error_policy is ErrorPolicy.DEAD_LETTER:
-                if ctx._counted is r:  # drop what this record produced
-                    del produced[len(produced) - ctx._n:]
-                dead.append((r, f"{type(exc).__name__}: {exc}"))
-                continue
-            raise UserCodeError(comp.name, key, f"record {rid!r} (event time {r.timestamp_ms})", exc) from exc
-    # Step 3: due timers in timestamp order.
-    fired = 0
-    wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
-    if fire_timers and ctx._timers:
-        for _ in range(MAX_TIMER_ROUNDS):
-            due = [t for t in ctx._timers.values()
-                   if (t.time_ms < wm if t.domain is _EVENT else t.time_ms <= now_ms)]
-            if not due:
-                break
-            t = min(due)
-            del ctx._timers[(t.tag, t.domain)]
-            ctx._cause = TimerCause(f"timer:{comp.name}:{key}:{t.domain.value}:{t.tag}:{t.time_ms}", t.time_ms)
-            try:
-                comp.process_timer(ctx, t)
-            except Exception as exc:  # noqa: BLE001 - user code
-                raise UserCodeError(comp.name, key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})", exc) from exc
-            fired += 1
     # Step 4: the new row image.
     old_ids = row.record_ids if row else ()
     if not exactly_once:
@@ -148,6 +109,76 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
         new_row = updated_row(base, state, codec.name, timers, ids, pending, hold)
     return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
                       tuple(dead), tuple(fresh) if exactly_once else ())
+
+
+def codec_of(comp: Computation) -> Codec:
+    """The computation's state / production codec (looked up once per codec)."""
+    codec = _CODECS.get((comp.codec, comp.allow_pickle))
+    if codec is None:
+        codec = _CODECS[(comp.codec, comp.allow_pickle)] = get_codec(comp.codec, allow_pickle=comp.allow_pickle)
+    return codec
+
+
+class Ran(NamedTuple):
+    """What user code did for one key in one batch (steps 1-3 of :func:`run_key`)."""
+
+    fresh: list[str]  # ids of the records run, in order (dead-lettered ones included: never retried)
+    duplicates: int
+    late: int
+    dead_letters: list[tuple[Record, str]]
+    timers_fired: int
+
+
+def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *, seen: set[str] | None,
+                  input_watermark_ms: int | None, now_ms: int, fire_timers: bool = True) -> Ran:
+    """Steps 1-3 for one key: ``process_record`` on ``records`` (already in event-time order)
+    whose id is not in ``seen`` (None: no dedup; the ids run are added to it), then the due
+    timers in timestamp order. The one implementation of user-code semantics: ``run_key`` and
+    the image path's column-wise key loop (``_imagekeys``) both call it."""
+    fresh: list[str] = []
+    dups = 0
+    dead: list[tuple[Record, str]] = []
+    late = 0
+    process = comp.process_record
+    produced = ctx._productions
+    for r in records:
+        rid = r.record_id
+        if seen is not None:
+            if rid in seen:
+                dups += 1
+                continue
+            seen.add(rid)
+        fresh.append(rid)
+        if r.late:
+            late += 1
+        ctx._cause = r  # names what is processed: production ids derive from it
+        try:
+            process(ctx, r)
+        except Exception as exc:  # noqa: BLE001 - user code
+            if comp.error_policy is ErrorPolicy.DEAD_LETTER:
+                if ctx._counted is r:  # drop what this record produced
+                    del produced[len(produced) - ctx._n:]
+                dead.append((r, f"{type(exc).__name__}: {exc}"))
+                continue
+            raise UserCodeError(comp.name, ctx.key, f"record {rid!r} (event time {r.timestamp_ms})", exc) from exc
+    fired = 0
+    wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
+    if fire_timers and ctx._timers:
+        timers = ctx._timers
+        for _ in range(MAX_TIMER_ROUNDS):
+            due = [t for t in timers.values() if (t.time_ms < wm if t.domain is _EVENT else t.time_ms <= now_ms)]
+            if not due:
+                break
+            t = min(due)
+            del timers[(t.tag, t.domain)]
+            ctx._cause = TimerCause(f"timer:{comp.name}:{ctx.key}:{t.domain.value}:{t.tag}:{t.time_ms}", t.time_ms)
+            try:
+                comp.process_timer(ctx, t)
+            except Exception as exc:  # noqa: BLE001 - user code
+                raise UserCodeError(comp.name, ctx.key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})",
+                                    exc) from exc
+            fired += 1
+    return Ran(fresh, dups, late, dead, fired)
 
 
 _EVENT = TimeDomain.EVENT_TIME

@@ -21,6 +21,7 @@ Step 4 of ``run_key`` as the image path does it, per key:
 from __future__ import annotations
 
 import json
+from operator import attrgetter
 from typing import Any, Mapping
 
 from deltawheel.statestore.codecs import get_codec
@@ -184,7 +185,7 @@ class NewRows:
         pfield = schema.field("pending")
         ptype = pfield.type.value_type  # the struct's fields are Production's attributes
         pending = pa.ListArray.from_arrays(pa.array(self.p_offs, pa.int32()), pa.StructArray.from_arrays(
-            [pa.array([getattr(p, f.name) for p in self.prods], f.type) for f in ptype], fields=list(ptype)),
+            [pa.array(list(map(attrgetter(f.name), self.prods)), f.type) for f in ptype], fields=list(ptype)),
             type=pfield.type)
         cols = {"key": self.keys, "state": self.states, "codec": self.codecs, "next_event_timer_ms": self.next_ev,
                 "next_processing_timer_ms": self.next_proc, "watermark_hold_ms": self.holds,

@@ -6,7 +6,7 @@ from typing import Any
 
 from deltawheel.statestore.codecs import Codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
-from deltawheel.statestore.rows import Production, TimeDomain, Timer, validate_key
+from deltawheel.statestore.rows import Production, TimeDomain, Timer, make_production, validate_key
 
 __all__ = ["Context", "TimerCause"]
 
@@ -106,16 +106,16 @@ class Context:
             raise ConfigError(
                 f"{self.computation} produced to {stream!r}, which is not among its outputs "
                 f"{list(self._outputs)}; add it to `outputs`")
-        out_key = validate_key(self.key if key is None else key)
+        out_key = self.key if key is None else validate_key(key)  # this key was checked on input
         cause = self._cause
         if self._counted is not cause:
             self._counted = cause
             self._n = 0
         self._n += 1
-        self._productions.append(Production(
-            production_id=f"{cause.record_id}#{self._n}", stream=stream, key=out_key,
-            value=self._codec.encode(value), timestamp_ms=cause.timestamp_ms if timestamp_ms is None else int(timestamp_ms),
-            codec=self._codec.name))
+        codec = self._codec
+        self._productions.append(make_production(
+            f"{cause.record_id}#{self._n}", stream, out_key, codec.encode(value),
+            cause.timestamp_ms if timestamp_ms is None else int(timestamp_ms), codec.name))
 
     # ------------------------------------------------------------- internal
 

@@ -30,6 +30,7 @@ __all__ = [
     "Timer",
     "make_timer",
     "Production",
+    "make_production",
     "SeenId",
     "KeyRow",
     "interval_of",
@@ -137,6 +138,21 @@ class Production:
             timestamp_ms=int(r["timestamp_ms"]),
             codec=str(r["codec"]),
         )
+
+
+def make_production(production_id: str, stream: str, key: str, value: bytes, timestamp_ms: int,
+                    codec: str) -> Production:
+    """``Production(...)`` for already checked values, without the frozen dataclass's per-field
+    ``object.__setattr__`` (runs for every production of every batch)."""
+    p = object.__new__(Production)
+    d = p.__dict__
+    d["production_id"] = production_id
+    d["stream"] = stream
+    d["key"] = key
+    d["value"] = value
+    d["timestamp_ms"] = timestamp_ms
+    d["codec"] = codec
+    return p
 
 
 @dataclass(frozen=True)

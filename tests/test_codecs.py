@@ -119,3 +119,28 @@ def test_display_decoding_shows_placeholders_instead_of_raising() -> None:
     assert decode_json_text("msgpack", get_codec("msgpack").encode({"b": b"\x01"})) == \
         '{"b": {"$bytes_b64": "AQ=="}}'
     assert decode_json_text("json", None) is None
+
+
+def test_msgpack_encoder_is_reusable_after_an_error_and_across_threads() -> None:
+    import threading
+
+    import msgpack
+
+    codec = get_codec("msgpack")
+    with pytest.raises(CodecError, match="msgpack codec cannot encode a dict"):
+        codec.encode({"a": [1, 2, object()]})  # fails half-way through the value
+    assert codec.encode({"b": [1, 2]}) == msgpack.packb({"b": [1, 2]}, use_bin_type=True)
+    bad: list[int] = []
+
+    def work(i: int) -> None:
+        for j in range(2_000):
+            v = {"t": i, "j": j, "s": "x" * (j % 50)}
+            if msgpack.unpackb(codec.encode(v), raw=False) != v:
+                bad.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []

@@ -137,7 +137,8 @@ class ImageWriter:
     def recovery(self) -> tuple[dict[int, int | None], dict[int, int | None], list[Production]]:
         """The recovery scan from the loaded images (read here, in the driver): the oldest work
         per interval (event-time timers, watermark holds), the earliest processing-time timer per
-        interval, and the checkpointed productions still to deliver, in (timestamp, id) order.
+        interval, and the checkpointed productions still to deliver, in (timestamp, id) order
+        (those whose strong delivery already landed are left out: ``_delivered_since``).
 
         Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
         sequencer than this writer's (an even newer owner took the interval)."""
@@ -160,11 +161,38 @@ class ImageWriter:
             if fence is not None:
                 raise_if_fenced(self.comp.name, {iv: fence}, {iv: self.owner.sequencers[iv]})
             oldest[iv], proc[iv] = oldest_work(image), next_processing(image)
-            has = pc.fill_null(pc.greater(pc.list_value_length(image.column("pending")), 0), False)
-            for lst in image.filter(has).column("pending").to_pylist():
-                pending.extend(Production.from_row(p) for p in lst)
+            by_stream: dict[str, list[Production]] = {}
+            added: dict[str, int | None] = {}  # stream -> the newest commit adding a file with its pending
+            for f, part in zip(files, parts, strict=True):
+                has = pc.fill_null(pc.greater(pc.list_value_length(part.column("pending")), 0), False)
+                for lst in part.filter(has).column("pending").to_pylist():
+                    for row in lst:
+                        prod = Production.from_row(row)
+                        by_stream.setdefault(prod.stream, []).append(prod)
+                        before = added.get(prod.stream, -1)
+                        added[prod.stream] = None if before is None or f.added_at is None else max(before, f.added_at)
+            for stream, prods in sorted(by_stream.items()):
+                if not self._delivered_since(stream, iv, added[stream]):
+                    pending.extend(prods)
         pending.sort(key=lambda p: (p.timestamp_ms, p.production_id))
         return oldest, proc, pending
+
+    def _delivered_since(self, stream: str, iv: int, version: int | None) -> bool:
+        """Did a strong delivery of interval ``iv`` to ``stream`` land with an application version
+        >= ``version`` (the newest rows commit that added a file holding checkpointed productions
+        of that stream)? Then those productions are in the stream: a delivery is the productions
+        of the rows commit whose version it records, and a commit is only made once the previous
+        batch's delivery landed (settled), so every older checkpoint landed before it. None: not
+        known (the file came from Delta's own snapshot read): redeliver."""
+        if version is None:
+            return False
+        app = f"deltawheel.{self.comp.name}.{iv}"
+        if (stream, app) not in self._delivered:
+            log = self._streams.get(stream)
+            if log is None:
+                log = self._streams[stream] = TableLog(self.spark, self.layout.stream(stream))
+            self._delivered[(stream, app)] = log.txn_versions([app])[app]
+        return self._delivered[(stream, app)] >= version
 
     def _rewrite(self, ivs: list[int]) -> None:
         """Replace the files of ``ivs`` by one plain Parquet file each, same rows (Delta's

@@ -1,8 +1,10 @@
 """Running user code for one key in one batch — pure Python, no Spark, no I/O.
 
-The same function runs inside Spark tasks (``batch.py``), in the driver for
-tests, and under the windowing scenario harness, so the semantics live in
-one place:
+``run_key`` runs inside the MERGE path's Spark tasks (``_tasks.py``), in the
+driver for tests, and under the windowing scenario harness; the image path's
+column-wise key loop (``_imagekeys.py``) does steps 1 and 4 on Arrow columns
+and calls :func:`run_user_code` for steps 1-3 like ``run_key`` does, so what
+user code sees lives in one place:
 
 1. Drop records whose id the key's row already holds (exactly-once) and
    duplicates within the batch.

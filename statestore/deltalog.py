@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos"]
@@ -43,6 +43,9 @@ class LocalSnapshot:
     adds: tuple[dict[str, Any], ...]
     configuration: dict[str, str]
     txns: dict[str, int]
+    # path -> the version of the commit that added it (for an add read from the checkpoint: the
+    # checkpoint's version, an upper bound)
+    added_at: dict[str, int] = field(default_factory=dict)
 
 
 def local_path(path: str) -> str | None:
@@ -121,6 +124,7 @@ def read_local(path: str) -> LocalSnapshot | None:
     files: dict[tuple[str, str | None], dict[str, Any]] = {}
     config: dict[str, str] = {}
     txns: dict[str, int] = {}
+    added_at: dict[str, int] = {}
     if cp >= 0:
         import pyarrow.parquet as pq
 
@@ -131,6 +135,7 @@ def read_local(path: str) -> LocalSnapshot | None:
                 if a is not None:
                     a = _clean(a)
                     files[(a["path"], _dv_id(a.get("deletionVector")))] = a
+                    added_at[a["path"]] = cp
         if "metaData" in cols:
             for m in table.column("metaData").to_pylist():
                 if m is not None:
@@ -148,6 +153,7 @@ def read_local(path: str) -> LocalSnapshot | None:
                 if "add" in act:
                     a = act["add"]
                     files[(a["path"], _dv_id(a.get("deletionVector")))] = a
+                    added_at[a["path"]] = v
                 elif "remove" in act:
                     r = act["remove"]
                     files.pop((r["path"], _dv_id(r.get("deletionVector"))), None)
@@ -160,7 +166,7 @@ def read_local(path: str) -> LocalSnapshot | None:
     if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in files.values()):
         return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
     version = todo[-1] if todo else cp
-    return LocalSnapshot(version, tuple(files.values()), config, txns)
+    return LocalSnapshot(version, tuple(files.values()), config, txns, added_at)
 
 
 def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:

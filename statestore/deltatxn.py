@@ -54,6 +54,7 @@ class FileEntry:
     size: int
     has_deletion_vector: bool
     action_json: str
+    added_at: int | None = None  # the version of the commit that added it (None: not known)
 
     def part(self, name: str) -> str | None:
         return dict(self.partition_values).get(name)
@@ -135,7 +136,8 @@ class TableLog:
                     pv = {str(k): str(v) for k, v in (a.get("partitionValues") or {}).items()}
                     if where(pv):
                         entries.append(FileEntry(str(a["path"]), tuple(sorted(pv.items())), int(a["size"]),
-                                                 bool(a.get("deletionVector")), json.dumps({"add": a})))
+                                                 bool(a.get("deletionVector")), json.dumps({"add": a}),
+                                                 snap.added_at.get(str(a["path"]))))
                 return snap.version, entries
         txn = self._log.startTransaction()
         adds = self._cc.asJava(txn.filterFiles(self._seq([self._pred(predicate_sql)]), False))

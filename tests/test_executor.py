@@ -401,3 +401,42 @@ def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migr
     finally:
         stop_executor(ex2, client2)
     assert _windows(spark, migrated_store) == ALL_WINDOWS
+
+
+def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_store, zk_config,
+                                                                  monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Image path: the last batch's checkpointed productions landed (the stream records the
+    interval's application version = that rows commit): a restart does not redeliver them. A
+    checkpoint whose delivery did not land is redelivered, once."""
+    from deltawheel.executor import batch as batch_mod
+
+    redelivered: list[int] = []
+    real = batch_mod.deliver_productions
+
+    def spy(spark_, layout, pending, **kw):  # type: ignore[no-untyped-def]
+        redelivered.append(len(pending))
+        return real(spark_, layout, pending, **kw)
+
+    monkeypatch.setattr(batch_mod, "deliver_productions", spy)
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image")
+    r0 = ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000)  # 2 windows, delivered
+    assert r0.productions == 2
+    stop_executor(ex, client)  # settles the delivery
+    assert len(stream_rows(spark, migrated_store, "counts")) == 2
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image",
+                                writer="w2")
+    assert redelivered == []  # the checkpoint is still in the rows, but it landed
+    # the next batch's delivery does not land (the process "dies" before it): the restart redelivers
+    ex._images.deliver = lambda out, *, version: 0
+    r1 = ex.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
+    assert r1.productions == 1
+    ex.stop()
+    client.stop()
+    client.close()
+    assert len(stream_rows(spark, migrated_store, "counts")) == 2
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image",
+                                writer="w3")
+    assert redelivered == [1]
+    ex.flush(input_watermark_ms=40_000)
+    stop_executor(ex, client)
+    assert _windows(spark, migrated_store) == ALL_WINDOWS

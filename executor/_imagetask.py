@@ -217,10 +217,14 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
 
 
 def _without_pending(t: Any) -> Any:
+    import numpy as np
     import pyarrow as pa
 
     idx = t.schema.get_field_index("pending")
-    return t.set_column(idx, t.schema.field(idx), pa.array([[]] * t.num_rows, t.schema.field(idx).type))
+    field = t.schema.field(idx)
+    empty = pa.ListArray.from_arrays(pa.array(np.zeros(t.num_rows + 1, dtype=np.int32)),
+                                     pa.array([], field.type.value_type), type=field.type)
+    return t.set_column(idx, field, empty)
 
 
 @dataclass
@@ -304,8 +308,8 @@ def next_processing(image: Any) -> int | None:
 def oldest_work(image: Any) -> int | None:
     import pyarrow.compute as pc
 
-    user = image.filter(pc.not_equal(image.column("key"), FENCE_KEY))
-    marks = [pc.min(user.column(c)).as_py() for c in ("next_event_timer_ms", "watermark_hold_ms")]
+    user = pc.not_equal(image.column("key"), FENCE_KEY)  # the two columns only, not the whole image
+    marks = [pc.min(image.column(c).filter(user)).as_py() for c in ("next_event_timer_ms", "watermark_hold_ms")]
     marks = [m for m in marks if m is not None]
     return min(marks) if marks else None
 

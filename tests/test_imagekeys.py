@@ -123,13 +123,17 @@ def _image_rows(root: str, images: dict[int, tuple[str, ...]], horizon: int | No
                 continue
             ids = sorted(i["record_id"] for i in r["record_ids"] if horizon is None or i["seen_ms"] >= horizon)
             timers = sorted((t["time_ms"], t["tag"], t["domain"]) for t in r["timers"])
-            out[r["key"]] = (r["state"], tuple(timers), r["watermark_hold_ms"], tuple(ids))
+            pending = tuple(sorted(p["production_id"] for p in r["pending"] or ()))
+            out[r["key"]] = (r["state"], tuple(timers), r["watermark_hold_ms"], tuple(ids), pending)
     return out
 
 
-def _ref_rows(rows: dict[str, KeyRow], horizon: int | None) -> dict[str, tuple]:
+def _ref_rows(rows: dict[str, KeyRow], horizon: int | None, ran: set[str]) -> dict[str, tuple]:
+    """The reference rows as ``_image_rows`` gives them; pending: the productions of this batch's
+    run (those of earlier batches were delivered, so the image path clears them)."""
     return {k: (r.state, tuple(sorted((t.time_ms, t.tag, t.domain.value) for t in r.timers)), r.watermark_hold_ms,
-                tuple(sorted(s.record_id for s in r.record_ids if horizon is None or s.seen_ms >= horizon)))
+                tuple(sorted(s.record_id for s in r.record_ids if horizon is None or s.seen_ms >= horizon)),
+                tuple(sorted(p.production_id for p in r.pending)) if k in ran else ())
             for k, r in rows.items()}
 
 
@@ -195,7 +199,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
         assert got_counts == counts, f"batch {b}"
         assert got_prods == sorted(ref_prods), f"batch {b}"
         got = _image_rows(root, images, horizon)
-        assert got == _ref_rows(ref, horizon), f"batch {b}"
+        assert got == _ref_rows(ref, horizon, set(by_key) | due), f"batch {b}"
         if wm is not None:
             acted = wm if acted is None else max(acted, wm)
         for c in ("fired", "duplicates", "dead", "late"):

@@ -143,7 +143,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
     rng = random.Random(seed)
     root = str(tmp_path)
     rows_schema = _arrow(rows_file_ddl())
-    images = {}
+    images: dict[int, tuple[str, ...]] = {}
     for iv in range(N_IV):
         fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
                                        "pending": [], "format_version": 1}], schema=rows_schema)

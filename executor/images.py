@@ -138,7 +138,7 @@ class ImageWriter:
         """The recovery scan from the loaded images (read here, in the driver): the oldest work
         per interval (event-time timers, watermark holds), the earliest processing-time timer per
         interval, and the checkpointed productions still to deliver, in (timestamp, id) order
-        (those whose strong delivery already landed are left out: ``_delivered_since``).
+        (those whose strong delivery already landed are left out, see below).
 
         Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
         sequencer than this writer's (an even newer owner took the interval)."""
@@ -151,6 +151,7 @@ class ImageWriter:
         oldest: dict[int, int | None] = {}
         proc: dict[int, int | None] = {}
         pending: list[Production] = []
+        checkpoints: list[tuple[str, str, int | None, list[Production]]] = []  # stream, app, version, prods
         for iv, files in sorted(self.files.items()):
             parts = [pq.read_table(os.path.join(root, decode_path(f.path)), columns=cols) for f in files]
             if not parts:
@@ -171,28 +172,36 @@ class ImageWriter:
                         by_stream.setdefault(prod.stream, []).append(prod)
                         before = added.get(prod.stream, -1)
                         added[prod.stream] = None if before is None or f.added_at is None else max(before, f.added_at)
-            for stream, prods in sorted(by_stream.items()):
-                if not self._delivered_since(stream, iv, added[stream]):
-                    pending.extend(prods)
+            checkpoints += [(stream, self._app(iv), added[stream], prods) for stream, prods in by_stream.items()]
+        # Productions already delivered are left out: a strong delivery records the version of the
+        # rows commit whose productions it carries, and a commit is only made once the previous
+        # batch's delivery landed (settled), so a stream whose version for the interval reached
+        # the newest commit that added a file holding its checkpoint has all of it. A version
+        # not known (a file read through Delta's own snapshot): redeliver.
+        for stream in sorted({c[0] for c in checkpoints if c[2] is not None}):
+            self._read_delivered(stream, [c[1] for c in checkpoints if c[0] == stream and c[2] is not None])
+        for stream, app, version, prods in checkpoints:
+            if version is None or self._delivered[(stream, app)] < version:
+                pending.extend(prods)
         pending.sort(key=lambda p: (p.timestamp_ms, p.production_id))
         return oldest, proc, pending
 
-    def _delivered_since(self, stream: str, iv: int, version: int | None) -> bool:
-        """Did a strong delivery of interval ``iv`` to ``stream`` land with an application version
-        >= ``version`` (the newest rows commit that added a file holding checkpointed productions
-        of that stream)? Then those productions are in the stream: a delivery is the productions
-        of the rows commit whose version it records, and a commit is only made once the previous
-        batch's delivery landed (settled), so every older checkpoint landed before it. None: not
-        known (the file came from Delta's own snapshot read): redeliver."""
-        if version is None:
-            return False
-        app = f"deltawheel.{self.comp.name}.{iv}"
-        if (stream, app) not in self._delivered:
-            log = self._streams.get(stream)
-            if log is None:
-                log = self._streams[stream] = TableLog(self.spark, self.layout.stream(stream))
-            self._delivered[(stream, app)] = log.txn_versions([app])[app]
-        return self._delivered[(stream, app)] >= version
+    def _app(self, iv: int) -> str:
+        """The application id an interval's strong deliveries record in a stream table."""
+        return f"deltawheel.{self.comp.name}.{iv}"
+
+    def _stream_log(self, stream: str) -> TableLog:
+        log = self._streams.get(stream)
+        if log is None:
+            log = self._streams[stream] = TableLog(self.spark, self.layout.stream(stream))
+        return log
+
+    def _read_delivered(self, stream: str, apps: Sequence[str]) -> None:
+        """Remember the versions ``stream`` records for those of ``apps`` not known yet (one log read)."""
+        unknown = [app for app in apps if (stream, app) not in self._delivered]
+        if unknown:
+            for app, v in self._stream_log(stream).txn_versions(unknown).items():
+                self._delivered[(stream, app)] = v
 
     def _rewrite(self, ivs: list[int]) -> None:
         """Replace the files of ``ivs`` by one plain Parquet file each, same rows (Delta's
@@ -368,14 +377,12 @@ class ImageWriter:
         n = 0
         for s in out.summaries:
             for p in s.get("prod_files") or ():
-                app = f"deltawheel.{self.comp.name}.{s['interval']}"
+                app = self._app(int(s["interval"]))
                 by_stream.setdefault(p["stream"], {}).setdefault(app, []).append(
                     new_add(p["path"], {}, p["size"], p["num_rows"]))
                 n += int(p["num_rows"])
         for stream, files in sorted(by_stream.items()):
-            log = self._streams.get(stream)
-            if log is None:
-                log = self._streams[stream] = TableLog(self.spark, self.layout.stream(stream))
+            log = self._stream_log(stream)
             if version is None:  # weak productions: blind append, consumers dedup by record id
                 log.commit(add=[a for adds in files.values() for a in adds])
                 continue
@@ -394,11 +401,7 @@ class ImageWriter:
         from deltawheel.statestore.fencing import translate_commit_error
 
         for attempt in itertools.count(1):
-            # what was delivered is read from the log once (one replay for all app ids), then remembered
-            unknown = [app for app in files if (stream, app) not in self._delivered]
-            if unknown:
-                for app, v in log.txn_versions(unknown).items():
-                    self._delivered[(stream, app)] = v
+            self._read_delivered(stream, list(files))  # read once (one replay for all app ids), then remembered
             todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}
             if not todo:
                 return

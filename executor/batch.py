@@ -61,6 +61,7 @@ from deltawheel.statestore.exceptions import (
     RetryableError,
     StaleSequencerError,
 )
+from deltawheel.statestore.frames import local_frame
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import Production
@@ -648,13 +649,14 @@ def _fill_positions(prep: Any, dead: list[dict[str, Any]]) -> None:
 def _side_frame(session: Any, rows: list[dict[str, Any]], *, dead: bool) -> Any:
     """Dead letters / late records returned by the tasks, as a frame for ``delivery.py``."""
     if dead:
-        return session.createDataFrame(
+        return local_frame(
+            session,
             [(r["record_id"], r["key"], r["value"], r["error"], r["position"], r["timestamp_ms"], r["stream"])
              for r in rows],
             "record_id STRING, key STRING, raw_value BINARY, error STRING, position STRING, "
             "event_time_ms BIGINT, stream STRING")
-    return session.createDataFrame(
-        [(r["stream"], r["record_id"], r["key"], r["value"], r["codec"], r["timestamp_ms"]) for r in rows],
+    return local_frame(
+        session, [(r["stream"], r["record_id"], r["key"], r["value"], r["codec"], r["timestamp_ms"]) for r in rows],
         "stream STRING, record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT")
 
 

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Sequence
 
 from deltawheel.statestore.exceptions import CommitConflictError
 from deltawheel.statestore.fencing import translate_commit_error
+from deltawheel.statestore.frames import local_frame
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rows import Production
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, ensure_stream_table
@@ -72,7 +73,7 @@ def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Product
     rows = [p.to_row() for p in prods]
     if not rows:
         return 0
-    df = spark.createDataFrame(rows, schema=_PROD_DDL)
+    df = local_frame(spark, rows, _PROD_DDL)
     deliver_frame(spark, layout, df, streams=sorted({r["stream"] for r in rows}), producer=producer)
     return len(rows)
 

@@ -46,6 +46,7 @@ from deltawheel.statestore.deltatxn import (
     write_file,
 )
 from deltawheel.statestore.exceptions import CommitConflictError, StaleSequencerError
+from deltawheel.statestore.frames import arrow_schema, spark_type
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import FENCE_KEY, Production, rows_file_ddl
@@ -63,22 +64,6 @@ PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp
             "position STRING, late BOOLEAN, _bad STRING")
 _PREP_COLUMNS = [c.split()[0] for c in PREP_DDL.split(", ")]
 COMMIT_META_VERSION = 1
-_TYPES: dict[str, Any] = {}
-
-
-def _spark_type(ddl: str) -> Any:
-    """Parsed DDL, cached (parsing is a JVM round trip)."""
-    if ddl not in _TYPES:
-        from pyspark.sql.types import _parse_datatype_string
-
-        _TYPES[ddl] = _parse_datatype_string(ddl)
-    return _TYPES[ddl]
-
-
-def _arrow(ddl: str) -> Any:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(_spark_type(ddl))
 
 
 class ImagesStale(Exception):
@@ -210,7 +195,7 @@ class ImageWriter:
         from pyspark.sql import functions as F
 
         name = self.comp.name
-        schema = _arrow(rows_file_ddl())
+        schema = arrow_schema(rows_file_ddl())
         data = (self.spark.read.format("delta").option("versionAsOf", self.version).load(self.layout.rows)
                 .where((F.col("computation") == name) & F.col("interval").isin(ivs)).toArrow())
         adds, new = [], {}
@@ -251,12 +236,12 @@ class ImageWriter:
             images={i: tuple(decode_path(f.path) for f in self.files.get(i, ())) for i in ivs},
             sequencers=dict(self.owner.sequencers),
             stream_roots={s: local_root(self.layout.stream(s)) for s in comp.outputs},
-            wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=_arrow(rows_file_ddl()),
-            stream_schema=_arrow(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
-            route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=_arrow(SUMMARY_DDL),
+            wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
+            stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
+            route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong)
         # the tasks ignore the routing column `_p` (dropping it would be one more analysed step)
-        return frame.repartition(partitions, "_p").mapInArrow(image_task_fn(spec), _spark_type(SUMMARY_DDL))
+        return frame.repartition(partitions, "_p").mapInArrow(image_task_fn(spec), spark_type(SUMMARY_DDL))
 
     def _data_columns(self, session: Any, ivs: list[int], partitions: int) -> tuple[list[Any], Any]:
         """The input rows' projection (interval, marker flag, routing column) and the filter on

@@ -21,6 +21,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+from deltawheel.statestore._sqltext import sql_path, sql_str
 from deltawheel.statestore.deltalog import local_path, local_table_exists, read_local
 from deltawheel.statestore.deltatxn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
@@ -42,7 +43,6 @@ __all__ = [
 MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval)
 CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
 
-_META_SCHEMA = "version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
 
 
 @dataclass(frozen=True)
@@ -147,10 +147,11 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True) -> list[Plan
 
 
 def _record(spark: Any, layout: StoreLayout, step: PlannedMigration) -> None:
-    row = (step.version, step.name, int(time.time() * 1000), _deltawheel_version())
-    spark.createDataFrame([row], schema=_META_SCHEMA).write.format("delta").mode("append").save(
-        layout.meta
-    )
+    # SQL text, not ``createDataFrame``: a frame of Python rows is a Python RDD, and each of its
+    # tasks forks a fresh Python worker (~0.3 s per record written, measured: 0.55 s vs 0.25 s)
+    spark.sql(f"INSERT INTO {sql_path(layout.meta)} (version, name, applied_ms, deltawheel_version) "
+              f"VALUES ({int(step.version)}, {sql_str(step.name)}, {int(time.time() * 1000)}, "
+              f"{sql_str(_deltawheel_version())})")
 
 
 def _check_not_too_new(layout: StoreLayout, version: int) -> None:

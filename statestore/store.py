@@ -44,6 +44,7 @@ from .exceptions import (
     StateTooLargeError,
 )
 from .fencing import merge_sql, translate_commit_error
+from .frames import local_frame
 from .layout import StoreLayout, validate_name
 from .rows import FENCE_KEY, KeyRow, interval_of, rows_file_ddl, rows_schema_ddl, validate_key
 
@@ -339,7 +340,7 @@ class RowStore:
                *, frame: Any = None) -> None:
         # Step 4: one MERGE = one Delta transaction, metadata attached.
         view = f"dw_src_{next(_view_ids)}"
-        df = self._spark.createDataFrame(src, schema=_SOURCE_DDL)
+        df = local_frame(self._spark, src, _SOURCE_DDL)
         if frame is not None:
             # The frame may belong to the caller's session; re-home it in ours (JVM side, no Python hop).
             from pyspark.sql import DataFrame

@@ -92,12 +92,14 @@ class EngineResult:
     settings: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     peak_memory: Mapping[str, Any] | None = None  # filled in by the throughput script
+    rounds_records_per_s: tuple[float, ...] = ()  # every round's figure, with --rounds (this result: the median)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["settings"] = dict(self.settings)
         d["notes"] = list(self.notes)
         d["batch_s"] = list(self.batch_s)
+        d["rounds_records_per_s"] = list(self.rounds_records_per_s)
         d["peak_memory"] = dict(self.peak_memory) if self.peak_memory is not None else None
         return d
 

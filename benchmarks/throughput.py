@@ -126,6 +126,7 @@ def run_throughput(
     params: WorkloadParams | None = None,
     spark: Any = None,
     warmup: bool = False,
+    rounds: int = 1,
     progress: ProgressFn | None = print,
 ) -> dict[str, Any]:
     """Run the selected engines (default: all registered) one after another on the same input.
@@ -141,6 +142,9 @@ def run_throughput(
         warmup: first run every engine once, unmeasured, on a 2-file workload (:data:`WARMUP`),
             so that JVM class loading and code generation are not charged to whichever engine
             runs first. Off by default (WORKLOAD.md section 4 measures a cold query).
+        rounds: run the engines this many times, interleaved (A B, B A, A B, ...: a drift of the
+            machine's speed falls on both alike); each engine's reported run is its median one,
+            every round's records/s is kept in ``rounds_records_per_s``.
         progress: where progress lines go (``None``: silent).
 
     Returns:
@@ -156,6 +160,8 @@ def run_throughput(
     if unknown:
         raise WorkloadError(f"unknown engine(s) {unknown}; registered: {sorted(ENGINES)}"
                             + (f" ({'; '.join(REGISTRY_NOTES)})" if REGISTRY_NOTES else ""))
+    if rounds < 1:
+        raise WorkloadError(f"rounds must be at least 1, got {rounds}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -188,16 +194,24 @@ def run_throughput(
             ENGINES[name]().run(wdata, out_dir=out_dir / "warmup", spark=session, progress=None)
             say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
 
+    runs: dict[str, list[EngineResult]] = {n: [] for n in names}
+    for rnd in range(rounds):
+        for name in (names if rnd % 2 == 0 else names[::-1]):
+            engine = ENGINES[name]()
+            tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
+            say(f"engine {name}: running{tag}")
+            with MemorySampler(interval_s=1.0) as mem:
+                res = engine.run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session, progress=progress)
+            res = res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict())
+            runs[name].append(res)
+            say(f"engine {name}: {res.records_per_s:,.0f} records/s, wall {res.wall_s:.2f} s, "
+                f"correct={res.correct}{tag}")
     results: dict[str, EngineResult] = {}
-    for name in names:
-        engine = ENGINES[name]()
-        say(f"engine {name}: running")
-        with MemorySampler(interval_s=1.0) as mem:
-            res = engine.run(data, out_dir=out_dir / "engines", spark=session, progress=progress)
-        res = res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict())
-        results[name] = res
-        say(f"engine {name}: {res.records_per_s:,.0f} records/s, wall {res.wall_s:.2f} s, "
-            f"correct={res.correct}")
+    for name, rs in runs.items():
+        med = sorted(rs, key=lambda r: r.records_per_s)[(len(rs) - 1) // 2]
+        # every round must be correct for the engine to count as correct
+        results[name] = med.with_(correct=all(r.correct for r in rs),
+                                  rounds_records_per_s=tuple(r.records_per_s for r in rs))
 
     report: dict[str, Any] = {
         "workload": "zeitgeist-window-count",
@@ -217,6 +231,7 @@ def run_throughput(
         "engines": {n: r.to_dict() for n, r in results.items()},
         "ratios": _ratios(results),
         "warmup": dataclasses.asdict(WARMUP) if warmup else None,
+        "rounds": rounds,
         "registry_notes": list(REGISTRY_NOTES),
     }
     report["process_wall_s"] = round(time.time() - t_proc0, 3)
@@ -235,13 +250,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     p.add_argument("--warmup", action="store_true",
                    help="run each engine once, unmeasured, on a tiny input first")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the engines N times, interleaved; report each engine's median run")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
     report = run_throughput(args.size, out_dir=Path(args.out), engines=engines,
                             data_root=Path(args.data_root) if args.data_root else None,
-                            warmup=bool(getattr(args, "warmup", False)))
+                            warmup=bool(getattr(args, "warmup", False)), rounds=int(getattr(args, "rounds", 1)))
     return 0 if all(e["correct"] for e in report["engines"].values()) else 1
 
 

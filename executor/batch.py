@@ -450,6 +450,7 @@ class ComputationExecutor:
             straggler.redeliver = lambda: images.deliver(strong_out, version=v)
             straggler.min_ts = _prod_min_ts(out)
             self._straggler = straggler
+        images.observe(out)
         for s in out.summaries:  # the committed images' oldest work (before the delivery thread publishes)
             if s["interval"] is not None:
                 self._oldest_iv[int(s["interval"])] = s["oldest_ms"]

@@ -143,3 +143,40 @@ def test_spark_engine_smoke(engine: str, spark, tiny: wl.WorkloadData, tmp_path:
     assert (res["emitted_rows"], res["sum_counts"]) == (ref.emitted_rows, ref.sum_counts)
     assert res["late_dropped"] == ref.late_dropped and res["open_events_at_end"] == ref.open_events
     assert (tmp_path / "throughput.json").is_file() and (tmp_path / "throughput.png").is_file()
+
+
+@pytest.mark.spark
+def test_rounds_interleave_the_engines_and_report_each_ones_median(spark, tiny: wl.WorkloadData,  # type: ignore[no-untyped-def]
+                                                                  tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--rounds``: A B, B A, A B; each engine's figure is its median run, all rounds kept."""
+    from deltawheel.benchmarks import throughput as tp
+
+    order: list[str] = []
+    walls = {"a": [4.0, 1.0, 2.0], "b": [8.0, 9.0, 7.0]}  # medians 2.0 and 8.0
+
+    class Replay:  # an engine that returns the reference output (the plumbing under test, not an engine)
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run(self, data: wl.WorkloadData, *, out_dir: Path, spark: object, progress: object = None):  # type: ignore[no-untyped-def]
+            order.append(self.name)
+            ref = data.reference
+            out = pa.table({"key": ref.table.column("key"), "window_start_ms": ref.table.column("window_start_ms"),
+                            "count": ref.table.column("count")})
+            wall = walls[self.name][order.count(self.name) - 1]
+            return build_result(self.name, data, output=out, wall_s=wall, settings={},
+                                late_dropped=ref.late_dropped, open_events_at_end=ref.open_events)
+
+    monkeypatch.setitem(tp.ENGINES, "a", lambda: Replay("a"))
+    monkeypatch.setitem(tp.ENGINES, "b", lambda: Replay("b"))
+    report = tp.run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
+                               engines=["a", "b"], spark=spark, rounds=3, progress=None)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    a, b = report["engines"]["a"], report["engines"]["b"]
+    assert a["wall_s"] == 2.0 and b["wall_s"] == 8.0
+    assert a["rounds_records_per_s"] == [tiny.n / w for w in walls["a"]]
+    assert report["ratios"]["a/b"] == round(8.0 / 2.0, 3) and report["rounds"] == 3
+    with pytest.raises(WorkloadError, match="rounds must be at least 1"):
+        tp.run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
+                          engines=["a"], spark=spark, rounds=0, progress=None)

@@ -36,4 +36,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     t.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     t.add_argument("--warmup", action="store_true",
                    help="run each engine once, unmeasured, on a tiny input first (JVM warm-up)")
+    t.add_argument("--rounds", type=int, default=1,
+                   help="run the engines N times, interleaved (A B, B A, ...); report each engine's median run")
     t.set_defaults(func=_throughput)

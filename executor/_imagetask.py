@@ -27,7 +27,7 @@ import os
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from deltawheel.statestore.deltatxn import partition_file_name, write_file
 from deltawheel.statestore.rows import FENCE_KEY, ROW_FORMAT_VERSION
@@ -338,6 +338,15 @@ def _remember(paths: tuple[str, ...], table: Any) -> None:
 
 
 def _write_productions(spec: ImageSpec, iv: int, prods: list[Any]) -> list[dict[str, Any]]:
+    return write_production_files(prods, producer=spec.comp.name, commit_id=spec.commit_id, iv=iv,
+                                  roots=spec.stream_roots, schema=spec.stream_schema,
+                                  format_version=spec.stream_format_version)
+
+
+def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
+                           roots: Mapping[str, str], schema: Any, format_version: int) -> list[dict[str, Any]]:
+    """One stream-table Parquet file per stream of ``prods`` (not yet in the stream's log): what a
+    strong delivery appends. Returns per file its stream, path, size, rows and earliest timestamp."""
     import pyarrow as pa
 
     out = []
@@ -351,12 +360,12 @@ def _write_productions(spec: ImageSpec, iv: int, prods: list[Any]) -> list[dict[
             "codec": pa.array([p.codec for p in ps], pa.string()),
             "timestamp_ms": ts,
             "event_time": ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
-            "producer": pa.array([spec.comp.name] * len(ps), pa.string()),
-            "commit_id": pa.array([spec.commit_id] * len(ps), pa.string()),
-            "format_version": pa.array([spec.stream_format_version] * len(ps), pa.int32()),
-        }).cast(spec.stream_schema)
-        rel = f"part-{uuid.uuid4().hex}-dw-{spec.comp.name}-{iv}.snappy.parquet"
-        size = write_file(table, spec.stream_roots[stream], rel)
+            "producer": pa.array([producer] * len(ps), pa.string()),
+            "commit_id": pa.array([commit_id] * len(ps), pa.string()),
+            "format_version": pa.array([format_version] * len(ps), pa.int32()),
+        }).cast(schema)
+        rel = f"part-{uuid.uuid4().hex}-dw-{producer}-{iv}.snappy.parquet"
+        size = write_file(table, roots[stream], rel)
         out.append({"stream": stream, "path": rel, "size": size, "num_rows": table.num_rows,
                     "min_ts": min(p.timestamp_ms for p in ps)})
     return out

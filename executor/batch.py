@@ -207,16 +207,23 @@ class ComputationExecutor:
         for r in rec.rows.values():
             self._note_oldest(r.interval, r.key, r.next_event_timer_ms, r.watermark_hold_ms, deleted=False)
         pending: list[Production] = [p for _, p in rec.pending]
+        appended = 0
         if image:
             self._images = ImageWriter(self.spark, self.layout, self.comp, self.owner)
             try:
                 self._images.load()
-                self._oldest_iv, self._next_proc_iv, pending = self._images.recovery()
+                found = self._images.recovery()
+                self._oldest_iv, self._next_proc_iv = found.oldest, found.next_processing
+                pending = found.merge_productions()
+                appended = self._images.redeliver(found.appends)
             except StaleSequencerError:
                 self.owner.release()
                 raise
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
+        if appended:
+            self._log(f"{self.comp.name}: recovery delivered {appended} checkpointed productions of the last "
+                      "commit (its delivery had not landed)")
         if pending:
             deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
             self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions "

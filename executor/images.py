@@ -53,7 +53,15 @@ from deltawheel.statestore.rows import FENCE_KEY, Production, rows_file_ddl
 from deltawheel.statestore.store import raise_if_fenced
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
-from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn, next_processing, oldest_work
+from ._imagetask import (
+    STALE_MARK,
+    SUMMARY_DDL,
+    ImageSpec,
+    image_task_fn,
+    next_processing,
+    oldest_work,
+    write_production_files,
+)
 from .computation import Computation, LatePolicy
 
 __all__ = ["ImageWriter", "ImagesStale", "PREP_DDL"]
@@ -95,6 +103,33 @@ def place_intervals(ivs: Sequence[int], work: Mapping[int, float], tasks: int,
         if max(loads) > 0.95 * max(kept):
             return current
     return tuple((iv, task[iv]) for iv in ivs)
+
+
+@dataclass
+class Checkpoint:
+    """One interval's checkpointed productions of one stream, found by the recovery scan."""
+
+    stream: str
+    interval: int
+    version: int | None  # the rows commit that checkpointed them (an upper bound unless exact; None: unknown)
+    exact: bool
+    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column)
+    prods: list[Production]
+
+
+@dataclass
+class Recovery:
+    """What :meth:`ImageWriter.recovery` found: per interval the oldest work and the earliest
+    processing-time timer, and the checkpoints to deliver: ``appends`` (of known commits,
+    :meth:`ImageWriter.redeliver`) and ``merge`` (the rest: insert-only MERGE by record id)."""
+
+    oldest: dict[int, int | None]
+    next_processing: dict[int, int | None]
+    appends: list[Checkpoint]
+    merge: list[Checkpoint]
+
+    def merge_productions(self) -> list[Production]:
+        return sorted((p for c in self.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
 
 
 class ImagesStale(Exception):
@@ -153,11 +188,11 @@ class ImageWriter:
             self.owner.store.check_fences(self.comp.name, self.owner.sequencers)
             self._rewrite(dirty)
 
-    def recovery(self) -> tuple[dict[int, int | None], dict[int, int | None], list[Production]]:
+    def recovery(self) -> Recovery:
         """The recovery scan from the loaded images (read here, in the driver): the oldest work
         per interval (event-time timers, watermark holds), the earliest processing-time timer per
-        interval, and the checkpointed productions still to deliver, in (timestamp, id) order
-        (those whose strong delivery already landed are left out, see below).
+        interval, and the checkpointed productions still to deliver (those whose strong delivery
+        already landed are left out, see below).
 
         Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
         sequencer than this writer's (an even newer owner took the interval)."""
@@ -166,44 +201,69 @@ class ImageWriter:
         import pyarrow.parquet as pq
 
         root = local_root(self.layout.rows)
-        cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending"]
-        oldest: dict[int, int | None] = {}
-        proc: dict[int, int | None] = {}
-        pending: list[Production] = []
-        checkpoints: list[tuple[str, str, int | None, list[Production]]] = []  # stream, app, version, prods
+        cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending",
+                "commit_id"]
+        out = Recovery({}, {}, [], [])
+        checkpoints: list[Checkpoint] = []
         for iv, files in sorted(self.files.items()):
             parts = [pq.read_table(os.path.join(root, decode_path(f.path)), columns=cols) for f in files]
             if not parts:
-                oldest[iv] = proc[iv] = None
+                out.oldest[iv] = out.next_processing[iv] = None
                 continue
             image = pa.concat_tables(parts, promote_options="permissive")
             fence = pc.max(image.filter(pc.equal(image.column("key"), FENCE_KEY)).column("sequencer")).as_py()
             if fence is not None:
                 raise_if_fenced(self.comp.name, {iv: fence}, {iv: self.owner.sequencers[iv]})
-            oldest[iv], proc[iv] = oldest_work(image), next_processing(image)
-            by_stream: dict[str, list[Production]] = {}
-            added: dict[str, int | None] = {}  # stream -> the newest commit adding a file with its pending
+            out.oldest[iv], out.next_processing[iv] = oldest_work(image), next_processing(image)
+            found: dict[str, Checkpoint] = {}
             for f, part in zip(files, parts, strict=True):
                 has = pc.fill_null(pc.greater(pc.list_value_length(part.column("pending")), 0), False)
-                for lst in part.filter(has).column("pending").to_pylist():
+                held = part.filter(has)
+                for lst, cid in zip(held.column("pending").to_pylist(), held.column("commit_id").to_pylist(),
+                                    strict=True):
                     for row in lst:
                         prod = Production.from_row(row)
-                        by_stream.setdefault(prod.stream, []).append(prod)
-                        before = added.get(prod.stream, -1)
-                        added[prod.stream] = None if before is None or f.added_at is None else max(before, f.added_at)
-            checkpoints += [(stream, self._app(iv), added[stream], prods) for stream, prods in by_stream.items()]
+                        c = found.get(prod.stream)
+                        if c is None:
+                            c = found[prod.stream] = Checkpoint(prod.stream, iv, f.added_at, f.added_exact, cid, [])
+                        elif c.version != f.added_at or c.commit_id != cid or not f.added_exact:
+                            # held by files of several commits: the newest one bounds it, inexactly
+                            c.version = None if c.version is None or f.added_at is None else \
+                                max(c.version, f.added_at)
+                            c.exact = False
+                        c.prods.append(prod)
+            checkpoints += found.values()
         # Productions already delivered are left out: a strong delivery records the version of the
         # rows commit whose productions it carries, and a commit is only made once the previous
         # batch's delivery landed (settled), so a stream whose version for the interval reached
         # the newest commit that added a file holding its checkpoint has all of it. A version
         # not known (a file read through Delta's own snapshot): redeliver.
-        for stream in sorted({c[0] for c in checkpoints if c[2] is not None}):
-            self._read_delivered(stream, [c[1] for c in checkpoints if c[0] == stream and c[2] is not None])
-        for stream, app, version, prods in checkpoints:
-            if version is None or self._delivered[(stream, app)] < version:
-                pending.extend(prods)
-        pending.sort(key=lambda p: (p.timestamp_ms, p.production_id))
-        return oldest, proc, pending
+        for stream in sorted({c.stream for c in checkpoints if c.version is not None}):
+            self._read_delivered(stream, [self._app(c.interval) for c in checkpoints
+                                          if c.stream == stream and c.version is not None])
+        for c in checkpoints:
+            if c.version is None or self._delivered[(c.stream, self._app(c.interval))] < c.version:
+                # the commit that checkpointed them is known: deliver them as that commit's
+                # delivery would have (an append recording its version); otherwise by MERGE
+                (out.appends if c.exact else out.merge).append(c)
+        return out
+
+    def redeliver(self, checkpoints: Sequence[Checkpoint]) -> int:
+        """Deliver checkpoints of known commits as their own deliveries would have: an append
+        per stream recording the interval's application version = that commit's (so a zombie's
+        late delivery of the same commit and this one cannot both land). Returns how many
+        productions were given."""
+        n = 0
+        for c in checkpoints:
+            assert c.version is not None
+            files = write_production_files(
+                c.prods, producer=self.comp.name, commit_id=c.commit_id, iv=c.interval,
+                roots={c.stream: local_root(self.layout.stream(c.stream))},
+                schema=arrow_schema(stream_schema_ddl()), format_version=STREAM_FORMAT_VERSION)
+            adds = [new_add(p["path"], {}, p["size"], p["num_rows"]) for p in files]
+            self._deliver_strong(c.stream, self._stream_log(c.stream), {self._app(c.interval): adds}, c.version)
+            n += len(c.prods)
+        return n
 
     def _app(self, iv: int) -> str:
         """The application id an interval's strong deliveries record in a stream table."""

@@ -46,6 +46,7 @@ class LocalSnapshot:
     # path -> the version of the commit that added it (for an add read from the checkpoint: the
     # checkpoint's version, an upper bound)
     added_at: dict[str, int] = field(default_factory=dict)
+    bounded: frozenset[str] = frozenset()  # paths whose ``added_at`` is only that upper bound
 
 
 def local_path(path: str) -> str | None:
@@ -125,6 +126,7 @@ def read_local(path: str) -> LocalSnapshot | None:
     config: dict[str, str] = {}
     txns: dict[str, int] = {}
     added_at: dict[str, int] = {}
+    bounded: set[str] = set()
     if cp >= 0:
         import pyarrow.parquet as pq
 
@@ -136,6 +138,7 @@ def read_local(path: str) -> LocalSnapshot | None:
                     a = _clean(a)
                     files[(a["path"], _dv_id(a.get("deletionVector")))] = a
                     added_at[a["path"]] = cp
+                    bounded.add(a["path"])
         if "metaData" in cols:
             for m in table.column("metaData").to_pylist():
                 if m is not None:
@@ -154,6 +157,7 @@ def read_local(path: str) -> LocalSnapshot | None:
                     a = act["add"]
                     files[(a["path"], _dv_id(a.get("deletionVector")))] = a
                     added_at[a["path"]] = v
+                    bounded.discard(a["path"])
                 elif "remove" in act:
                     r = act["remove"]
                     files.pop((r["path"], _dv_id(r.get("deletionVector"))), None)
@@ -166,7 +170,7 @@ def read_local(path: str) -> LocalSnapshot | None:
     if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in files.values()):
         return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
     version = todo[-1] if todo else cp
-    return LocalSnapshot(version, tuple(files.values()), config, txns, added_at)
+    return LocalSnapshot(version, tuple(files.values()), config, txns, added_at, frozenset(bounded))
 
 
 def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:

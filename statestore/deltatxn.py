@@ -55,6 +55,7 @@ class FileEntry:
     has_deletion_vector: bool
     action_json: str
     added_at: int | None = None  # the version of the commit that added it (None: not known)
+    added_exact: bool = False  # ``added_at`` is that version, not an upper bound (a checkpoint's)
 
     def part(self, name: str) -> str | None:
         return dict(self.partition_values).get(name)
@@ -137,7 +138,8 @@ class TableLog:
                     if where(pv):
                         entries.append(FileEntry(str(a["path"]), tuple(sorted(pv.items())), int(a["size"]),
                                                  bool(a.get("deletionVector")), json.dumps({"add": a}),
-                                                 snap.added_at.get(str(a["path"]))))
+                                                 snap.added_at.get(str(a["path"])),
+                                                 str(a["path"]) in snap.added_at and str(a["path"]) not in snap.bounded))
                 return snap.version, entries
         txn = self._log.startTransaction()
         adds = self._cc.asJava(txn.filterFiles(self._seq([self._pred(predicate_sql)]), False))

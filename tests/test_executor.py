@@ -407,36 +407,62 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
                                                                   monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Image path: the last batch's checkpointed productions landed (the stream records the
     interval's application version = that rows commit): a restart does not redeliver them. A
-    checkpoint whose delivery did not land is redelivered, once."""
+    checkpoint whose delivery did not land is delivered at the restart as that commit's own
+    delivery would have been (an append recording its version, its commit id), once; when the
+    commit is only bounded (its add was folded into a Delta checkpoint) by insert-only MERGE."""
     from deltawheel.executor import batch as batch_mod
+    from deltawheel.statestore.deltalog import read_local
 
-    redelivered: list[int] = []
+    merged: list[int] = []
     real = batch_mod.deliver_productions
 
     def spy(spark_, layout, pending, **kw):  # type: ignore[no-untyped-def]
-        redelivered.append(len(pending))
+        merged.append(len(pending))
         return real(spark_, layout, pending, **kw)
 
     monkeypatch.setattr(batch_mod, "deliver_productions", spy)
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image")
+
+    def restart(writer: str):  # type: ignore[no-untyped-def]
+        return start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", writer=writer)
+
+    ex, client = restart("w")
     r0 = ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000)  # 2 windows, delivered
     assert r0.productions == 2
     stop_executor(ex, client)  # settles the delivery
     assert len(stream_rows(spark, migrated_store, "counts")) == 2
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image",
-                                writer="w2")
-    assert redelivered == []  # the checkpoint is still in the rows, but it landed
-    # the next batch's delivery does not land (the process "dies" before it): the restart redelivers
+    ex, client = restart("w2")
+    assert merged == []  # the checkpoint is still in the rows, but it landed
+    # the next batch's delivery does not land (the process "dies" before it): the restart delivers it
     ex._images.deliver = lambda out, *, version: 0
     r1 = ex.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
     assert r1.productions == 1
     ex.stop()
     client.stop()
     client.close()
+    rows_version = read_local(migrated_store.rows).version
     assert len(stream_rows(spark, migrated_store, "counts")) == 2
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image",
-                                writer="w3")
-    assert redelivered == [1]
-    ex.flush(input_watermark_ms=40_000)
+    ex, client = restart("w3")
+    assert merged == []  # appended, not merged: the stream now records that commit's version
+    txns = read_local(migrated_store.stream("counts")).txns
+    assert max(txns.values()) == rows_version
+    assert len(stream_rows(spark, migrated_store, "counts")) == 3
+    ids = spark.read.format("delta").load(migrated_store.stream("counts")).where("commit_id LIKE 'buckets:1:%'")
+    assert ids.count() == 1  # written with the commit id of the batch that checkpointed it
+    stop_executor(ex, client)
+    ex, client = restart("w4")  # nothing left to deliver: no second copy
+    assert merged == [] and len(stream_rows(spark, migrated_store, "counts")) == 3
+    # a checkpoint whose commit is only bounded (a Delta checkpoint of the rows table folded its
+    # add in): delivered by insert-only MERGE, which skips the rows already in the stream
+    ex._images.deliver = lambda out, *, version: 0
+    r2 = ex.flush(input_watermark_ms=40_000)  # the last window
+    assert r2.productions == 1
+    ex.stop()
+    client.stop()
+    client.close()
+    log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, migrated_store.rows)
+    none = spark._jvm.scala.Option.empty()
+    log.checkpoint(log.update(False, none, none), none)
+    ex, client = restart("w5")
+    assert merged == [1]
     stop_executor(ex, client)
     assert _windows(spark, migrated_store) == ALL_WINDOWS

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor._imagetask import SUMMARY_DDL, ImageSpec, _run
 from deltawheel.executor.computation import Computation, ErrorPolicy, make_record
-from deltawheel.executor.images import PREP_DDL, _arrow
+from deltawheel.executor.images import PREP_DDL
 from deltawheel.executor.keyrun import run_key
+from deltawheel.statestore.frames import arrow_schema as _arrow
 from deltawheel.statestore.rows import FENCE_KEY, KeyRow, TimeDomain, rows_file_ddl
 from deltawheel.statestore.streams import stream_schema_ddl
 

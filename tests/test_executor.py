@@ -269,11 +269,12 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
 @pytest.mark.timeout(600)
 def test_a_zombies_delivery_in_flight_at_the_takeover_adds_nothing(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     """Image path: the old owner's batch committed just before the takeover and its delivery is
-    still in flight; the new owner redelivers the checkpoint at start. When the old delivery
-    goes on, it finds the new owner's claim and lands nothing: each window once."""
+    still in flight; the new owner redelivers the checkpoint at start, recording that commit's
+    version. When the old delivery goes on, it finds the commit delivered (or, had it read the
+    versions before, the new owner's claim) and lands nothing: each window once."""
     import threading
 
-    from deltawheel.statestore.exceptions import StaleSequencerError
+    from deltawheel.statestore.exceptions import DeltaWheelError
     from deltawheel.statestore.leases import break_lease
 
     gate = threading.Event()
@@ -296,10 +297,14 @@ def test_a_zombies_delivery_in_flight_at_the_takeover_adds_nothing(spark, migrat
                                          write_path="image")  # recovery redelivers the 2 windows
         assert len(stream_rows(spark, migrated_store, "counts")) == 2
         gate.set()
-        with pytest.raises(StaleSequencerError, match="owned under sequencer"):
-            old.settle()  # its delivery failed; the redelivery from its checkpoint fails alike
+        # the new owner delivered that commit as its own delivery (same application version): the
+        # old delivery finds it delivered and appends nothing
+        old.settle()
         rows = stream_rows(spark, migrated_store, "counts")
         assert len(rows) == 2 and len({r[0] for r in rows}) == 2
+        with pytest.raises(DeltaWheelError):  # and the zombie's next batch lands nothing
+            old.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
+        assert len(stream_rows(spark, migrated_store, "counts")) == 2
         new.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
         new.flush(input_watermark_ms=40_000)
         new.settle()

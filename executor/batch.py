@@ -45,7 +45,6 @@ same rows and stream records as a run without the crash.
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,22 +54,27 @@ from typing import Any, Callable, Sequence
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.deltatxn import is_local
 from deltawheel.statestore.exceptions import (
-    BadRecordError,
     ConfigError,
-    DeltaWheelError,
     RetryableError,
     StaleSequencerError,
 )
-from deltawheel.statestore.frames import local_frame
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import Production
-from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
+from deltawheel.statestore.watermarks import WatermarkAuthority
 
 from . import _tasks
 from .computation import Computation, LatePolicy
-from .delivery import deliver_frame, deliver_productions, record_dead_letters, record_late
+from .delivery import (
+    deliver_frame,
+    deliver_productions,
+    fill_positions,
+    record_dead_letters,
+    record_late,
+    side_frame,
+)
 from .images import ImagesStale, ImageWriter
+from .reports import BatchReport, format_report
 
 WRITE_PATHS = ("auto", "image", "merge")
 
@@ -106,26 +110,6 @@ class _Straggler:
 
 class BatchFailedError(RetryableError):
     """A micro-batch failed (user code, input, or storage); nothing of it was delivered."""
-
-
-@dataclass(frozen=True)
-class BatchReport:
-    batch_id: int
-    records_in: int
-    processed: int
-    duplicates: int
-    late: int
-    late_routed: int
-    dead_letters: int
-    timers_fired: int
-    productions: int
-    keys_written: int
-    input_watermark_ms: int | None
-    low_watermark_ms: int | None
-    commit_s: float
-    wall_s: float
-    steps_s: tuple[tuple[str, float], ...] = ()  # seconds per protocol step, in order
-    straggled: bool = False  # weak delivery outlived straggler_timeout_s: productions checkpointed
 
 
 class ComputationExecutor:
@@ -384,7 +368,7 @@ class ComputationExecutor:
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
                              commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None)
         self.reports.append(report)
-        self._log(_format(comp.name, report))
+        self._log(format_report(comp.name, report))
         return report
 
     def _image_batch(self, df: Any | None, batch_id: int, *, wm_in: int | None, wm_late: int | None, now: int,
@@ -418,12 +402,12 @@ class ComputationExecutor:
                 self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
                 dead, late_rows = out.side("dead"), out.side("late")
                 if prep is not None and any(r["position"] is None for r in dead):
-                    _fill_positions(prep, dead)
+                    fill_positions(prep, dead)
                 if dead:
-                    record_dead_letters(session, self.layout, _side_frame(session, dead, dead=True),
+                    record_dead_letters(session, self.layout, side_frame(session, dead, dead=True),
                                         computation=comp.name, batch_id=batch_id)
                 if late_rows:
-                    record_late(session, self.layout, _side_frame(session, late_rows, dead=False),
+                    record_late(session, self.layout, side_frame(session, late_rows, dead=False),
                                 computation=comp.name, watermark_ms=wm_late, batch_id=batch_id)
                 if not strong and out.total("n_prods"):
                     straggler = self._weak_deliver(functools.partial(images.deliver, out, version=None), batch_id)
@@ -487,7 +471,7 @@ class ComputationExecutor:
                              t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks),
                              straggled=straggler is not None)
         self.reports.append(report)
-        self._log(_format(comp.name, report))
+        self._log(format_report(comp.name, report))
         return report
 
     def flush(self, *, input_watermark_ms: int | None = None) -> BatchReport:
@@ -518,7 +502,7 @@ class ComputationExecutor:
         report = BatchReport(batch_id, 0, 0, 0, 0, 0, 0, 0, 0, 0, wm_in, last.low_watermark_ms, 0.0,
                              time.monotonic() - started, (("skipped: nothing due", 0.0),))
         self.reports.append(report)
-        self._log(_format(self.comp.name, report))
+        self._log(format_report(self.comp.name, report))
         return report
 
     def _weak_deliver(self, deliver: Callable[[], object], batch_id: int) -> _Straggler | None:
@@ -640,45 +624,3 @@ def _prod_min_ts(out: Any) -> int | None:
     """The oldest timestamp among a batch's production files (holds the low watermark)."""
     return min((int(p["min_ts"]) for s in out.summaries for p in s.get("prod_files") or ()
                 if p.get("min_ts") is not None), default=None)
-
-
-def _fill_positions(prep: Any, dead: list[dict[str, Any]]) -> None:
-    """The source positions of the tasks' dead letters (not shipped to the tasks), from the input."""
-    from pyspark.sql import functions as F
-
-    ids = sorted({r["record_id"] for r in dead if r["position"] is None})
-    pos = {r["record_id"]: r["position"] for r in
-           prep.where(F.col("record_id").isin(ids)).select("record_id", "position").collect()}
-    for r in dead:
-        if r["position"] is None:
-            r["position"] = pos.get(r["record_id"])
-
-
-def _side_frame(session: Any, rows: list[dict[str, Any]], *, dead: bool) -> Any:
-    """Dead letters / late records returned by the tasks, as a frame for ``delivery.py``."""
-    if dead:
-        return local_frame(
-            session,
-            [(r["record_id"], r["key"], r["value"], r["error"], r["position"], r["timestamp_ms"], r["stream"])
-             for r in rows],
-            "record_id STRING, key STRING, raw_value BINARY, error STRING, position STRING, "
-            "event_time_ms BIGINT, stream STRING")
-    return local_frame(
-        session, [(r["stream"], r["record_id"], r["key"], r["value"], r["codec"], r["timestamp_ms"]) for r in rows],
-        "stream STRING, record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT")
-
-
-def _format(name: str, r: BatchReport) -> str:
-    def ts(ms: int | None) -> str:
-        if ms is None:
-            return "-"
-        return "end" if ms >= END_OF_TIME else time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
-
-    return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
-            f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
-            + (" (straggler: checkpointed)" if r.straggled else "") +
-            f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
-            f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")
-
-
-_ = (json, BadRecordError, DeltaWheelError)

@@ -28,8 +28,9 @@ from deltawheel.statestore.store import RowStore
 from deltawheel.statestore.watermarks import WatermarkAuthority
 from deltawheel.statestore.zkclient import connect, digest_acls
 
-from .batch import BatchReport, ComputationExecutor, FaultPoint
+from .batch import ComputationExecutor, FaultPoint
 from .computation import Computation
+from .reports import BatchReport
 from .sources import BatchStats, Injector, publish_watermark
 
 __all__ = ["Pipeline", "PipelineRunner", "RunSummary"]

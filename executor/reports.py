@@ -1,0 +1,43 @@
+"""What a micro-batch did: :class:`BatchReport` and its progress line."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from deltawheel.statestore.watermarks import END_OF_TIME
+
+__all__ = ["BatchReport", "format_report"]
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    batch_id: int
+    records_in: int
+    processed: int
+    duplicates: int
+    late: int
+    late_routed: int
+    dead_letters: int
+    timers_fired: int
+    productions: int
+    keys_written: int
+    input_watermark_ms: int | None
+    low_watermark_ms: int | None
+    commit_s: float
+    wall_s: float
+    steps_s: tuple[tuple[str, float], ...] = ()  # seconds per protocol step, in order
+    straggled: bool = False  # weak delivery outlived straggler_timeout_s: productions checkpointed
+
+
+def format_report(name: str, r: BatchReport) -> str:
+    def ts(ms: int | None) -> str:
+        if ms is None:
+            return "-"
+        return "end" if ms >= END_OF_TIME else time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
+
+    return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
+            f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
+            + (" (straggler: checkpointed)" if r.straggled else "") +
+            f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
+            f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")

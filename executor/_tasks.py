@@ -99,7 +99,8 @@ def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> t
     assert key is not None
     key = key.otherwise(F.lit(f"{_ERR}record of an undeclared input stream"))
     k = F.col("_k") if udf_key else key
-    bad = (F.when(k.startswith(_ERR), F.substring(k, 3, 1000))
+    bad = (F.when(k.isNull(), F.lit("record without key"))  # a null key column (frames a user embeds)
+           .when(k.startswith(_ERR), F.substring(k, 3, 1000))
            .when(k == "", F.lit("key extractor returned an empty key"))
            .when(k.startswith("\x00"), F.lit("keys starting with NUL are reserved"))
            .when(F.octet_length(k) > MAX_KEY_BYTES, F.lit(f"key longer than {MAX_KEY_BYTES} bytes"))

@@ -7,7 +7,7 @@ import sys
 from typing import Any, Callable
 
 from deltawheel.executor.batch import ComputationExecutor, FaultPoint
-from deltawheel.executor.computation import Computation
+from deltawheel.executor.computation import RECORD_KEY, Computation
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.leases import LeaseManager
 from deltawheel.statestore.owner import IntervalOwner
@@ -61,6 +61,13 @@ class Picky(BucketCounter):
         if record.value.get("boom"):
             raise ValueError("no booms here")
         super().process_record(ctx, record)
+
+
+class ByRecordKey(BucketCounter):
+    """Keyed by the stream's own key column (``RECORD_KEY``), as the benchmark's computation."""
+
+    name = "by_record_key"
+    inputs = {"events": RECORD_KEY}
 
 
 def events(spark: Any, items: list[tuple[str, str, int]]) -> Any:

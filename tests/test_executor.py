@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from deltawheel.statestore.streams import stream_schema_ddl
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
@@ -208,6 +209,24 @@ def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, m
             [("boom2", "", J.encode({"q": "dogs", "boom": True}), "json", 5_000, None, "t", "p", 1)],
             schema=events(spark, []).schema)), 1, input_watermark_ms=None)
     stop_executor(ex, client)
+
+
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_a_record_without_key_goes_to_dead_letters(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
+    """A frame embedded by the user may carry a null key: the record is a dead letter, not dropped."""
+    from executor_util import ByRecordKey, J
+
+    ex, client = start_executor(spark, migrated_store, zk_config, ByRecordKey(), write_path=write_path)
+    df = spark.createDataFrame(
+        [{"record_id": rid, "key": key, "value": J.encode({"q": key}), "codec": "json", "timestamp_ms": ts,
+          "event_time": None, "producer": "t", "commit_id": f"pos-{rid}", "format_version": 1}
+         for rid, key, ts in [("a", "cats", 1_000), ("b", None, 2_000), ("c", "dogs", 3_000)]],
+        schema=stream_schema_ddl().replace(" NOT NULL", ""))
+    r = ex.run_batch(df, 0, input_watermark_ms=None)
+    stop_executor(ex, client)
+    assert (r.records_in, r.processed, r.dead_letters) == (3, 2, 1)
+    dl = spark.read.format("delta").load(migrated_store.dead_letters).collect()
+    assert [(d["record_id"], d["error"], d["source_position"]) for d in dl] == [("b", "record without key", "pos-b")]
 
 
 def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # type: ignore[no-untyped-def]

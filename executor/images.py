@@ -161,10 +161,11 @@ class ImageWriter:
         self._streams: dict[str, TableLog] = {}
         self._delivered: dict[tuple[str, str], int] = {}
         self._spread_values: list[int] | None = None
-        # ((JVM session, placement), frame) and (placement, columns, filter); a placement is
-        # ((interval, task), ...) over the owned intervals
-        self._marker_frame: tuple[tuple[int, tuple[tuple[int, int], ...], int], Any] | None = None
-        self._data_cols: tuple[tuple[tuple[tuple[int, int], ...], int], list[Any], Any] | None = None
+        # ((JVM session, intervals), frame), (intervals, columns, filter), (placement, routing
+        # expression); a placement is ((interval, task), ...) over the owned intervals
+        self._marker_frame: tuple[tuple[int, tuple[int, ...]], Any] | None = None
+        self._data_cols: tuple[tuple[int, ...], list[Any], Any] | None = None
+        self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
 
@@ -320,12 +321,15 @@ class ImageWriter:
         comp = self.comp
         ivs = sorted(self.owner.intervals)
         place = self._place(ivs, partitions)
-        markers = self._markers(session, place, partitions)
+        markers = self._markers(session, place)
         if prep is None:
             frame = markers
         else:
-            cols, keep = self._data_columns(session, place, partitions)
-            frame = prep.select(*cols).where(keep).unionByName(markers)
+            cols, keep = self._data_columns(place)
+            frame = prep.select(*cols)
+            if keep is not None:
+                frame = frame.where(keep)
+            frame = frame.unionByName(markers)
         spec = ImageSpec(
             comp=comp, rows_root=local_root(self.layout.rows),
             images={i: tuple(decode_path(f.path) for f in self.files.get(i, ())) for i in ivs},
@@ -335,26 +339,27 @@ class ImageWriter:
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong)
-        # the tasks ignore the routing column `_p` (dropping it would be one more analysed step)
-        return frame.repartition(partitions, "_p").mapInArrow(image_task_fn(spec), spark_type(SUMMARY_DDL))
+        return frame.repartition(partitions, self._spread(session, place, partitions)).mapInArrow(
+            image_task_fn(spec), spark_type(SUMMARY_DDL))
 
-    def _data_columns(self, session: Any, place: tuple[tuple[int, int], ...],
-                      partitions: int) -> tuple[list[Any], Any]:
-        """The input rows' projection (interval, marker flag, routing column) and the filter on
-        owned intervals: built once per placement (each column is a py4j call)."""
+    def _data_columns(self, place: tuple[tuple[int, int], ...]) -> tuple[list[Any], Any]:
+        """The input rows' projection (interval, marker flag) and the filter on owned intervals
+        (None when all are owned: every record has one of them, or a null key and so a dead
+        letter's ``_bad``): built once per set of intervals (each column is a py4j call)."""
         from pyspark.sql import functions as F
 
         ivs = [iv for iv, _t in place]
-        key = (place, partitions)
+        key = tuple(ivs)
         if self._data_cols is None or self._data_cols[0] != key:
             iv = F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(self.comp.num_intervals)).cast("int")
             # the source position is a long string per record and only needed for dead letters:
             # shipped for input-level ones; the driver looks it up for the tasks' (rare) ones
             cols = [F.when(F.col("_bad").isNotNull(), F.col(c)).alias(c) if c == "position" else F.col(c)
                     for c in _PREP_COLUMNS]
-            cols += [iv.alias("interval"), F.lit(False).alias("_m"),
-                     self._spread(session, place, partitions, iv).alias("_p")]
-            self._data_cols = (key, cols, F.col("interval").isin(ivs) | F.col("_bad").isNotNull())
+            cols += [iv.alias("interval"), F.lit(False).alias("_m")]
+            every = ivs == list(range(self.comp.num_intervals))
+            keep = None if every else F.col("interval").isin(ivs) | F.col("_bad").isNotNull()
+            self._data_cols = (key, cols, keep)
         return self._data_cols[1], self._data_cols[2]
 
     def collect(self, out: Any) -> BatchOutput:
@@ -366,7 +371,7 @@ class ImageWriter:
             raise
         return BatchOutput(rows)
 
-    def _markers(self, session: Any, place: tuple[tuple[int, int], ...], partitions: int) -> Any:
+    def _markers(self, session: Any, place: tuple[tuple[int, int], ...]) -> Any:
         """One row per owned interval (so every interval gets a task), made once per session.
 
         Built from ``range`` in one partition: a frame from Python rows (``createDataFrame``)
@@ -374,13 +379,12 @@ class ImageWriter:
         from pyspark.sql import functions as F
 
         # the JVM session's identity: foreachBatch hands each batch a new Python wrapper
-        key = (session._jsparkSession.hashCode(), place, partitions)
-        ivs = [iv for iv, _t in place]
+        ivs = tuple(iv for iv, _t in place)
+        key = (session._jsparkSession.hashCode(), ivs)
         if self._marker_frame is None or self._marker_frame[0] != key:
             cols = [F.lit(None).cast(t).alias(c) for c, t in (d.split() for d in PREP_DDL.split(", "))]
             pick = F.element_at(F.array(*[F.lit(i) for i in ivs]), (F.col("id") + 1).cast("int"))
             df = session.range(0, len(ivs), 1, 1).select(*cols, pick.alias("interval"), F.lit(True).alias("_m"))
-            df = df.select("*", self._spread(session, place, partitions, F.col("interval")).alias("_p"))
             self._marker_frame = (key, df)
         return self._marker_frame[1]
 
@@ -396,11 +400,11 @@ class ImageWriter:
                 w = float((s.get("processed") or 0) + (s.get("fired") or 0) + (s.get("duplicates") or 0))
                 self._work[iv] = 0.5 * self._work.get(iv, 0.0) + w
 
-    def _spread(self, session: Any, place: tuple[tuple[int, int], ...], partitions: int, interval: Any) -> Any:
-        """A column (of the ``interval`` column expression) whose hash sends each owned interval
-        to its task in ``place``.
+    def _spread(self, session: Any, place: tuple[tuple[int, int], ...], partitions: int) -> Any:
+        """The routing expression (of the ``interval`` column) whose hash sends each owned interval
+        to its task in ``place``; built once per placement.
 
-        ``repartition(n, col)`` places a row by ``pmod(hash(col), n)``; hashing the interval
+        ``repartition(n, expr)`` places a row by ``pmod(hash(expr), n)``; hashing the interval
         itself can put most intervals in one task. One tiny query finds, per task, a value
         that hashes there."""
         from pyspark.sql import functions as F
@@ -412,12 +416,16 @@ class ImageWriter:
             for r in rows:
                 first.setdefault(int(r["p"]), int(r["v"]))
             self._spread_values = [first[p] for p in range(partitions)]
-        col = None
-        for iv, t in place:
-            v = F.lit(self._spread_values[t])
-            col = F.when(interval == iv, v) if col is None else col.when(interval == iv, v)
-        assert col is not None
-        return col.otherwise(F.lit(self._spread_values[0])).cast("int")
+            self._route = None
+        if self._route is None or self._route[0] != place:
+            interval = F.col("interval")
+            col = None
+            for iv, t in place:
+                v = F.lit(self._spread_values[t])
+                col = F.when(interval == iv, v) if col is None else col.when(interval == iv, v)
+            assert col is not None
+            self._route = (place, col.otherwise(F.lit(self._spread_values[0])).cast("int"))
+        return self._route[1]
 
     # ------------------------------------------------------------------ step 5
 

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
+from .args import add_throughput_arguments
 from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
 from .memory import MemorySampler
 from .plot import plot_throughput
@@ -242,18 +243,6 @@ def run_throughput(
     return report
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--size", default="small", choices=["small", "medium", "big"])
-    p.add_argument("--out", required=True, help="output folder for throughput.json / .png")
-    p.add_argument("--engines", default=None,
-                   help=f"comma-separated engine names, run in this order (default: all of {', '.join(ENGINES)})")
-    p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
-    p.add_argument("--warmup", action="store_true",
-                   help="run each engine once, unmeasured, on a tiny input first")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="run the engines N times, interleaved; report each engine's median run")
-
-
 def run_from_args(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
     report = run_throughput(args.size, out_dir=Path(args.out), engines=engines,
@@ -264,7 +253,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
+    add_throughput_arguments(p)
     return run_from_args(p.parse_args(argv))
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+from deltawheel.benchmarks.args import add_throughput_arguments
+
 __all__ = ["register"]
 
 
@@ -27,15 +29,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     sub.required = True
     t = sub.add_parser("throughput", help="records/s of several engines on the same workload")
-    t.add_argument("--size", default="small", choices=["small", "medium", "big"],
-                   help="WORKLOAD.md size (default small)")
-    t.add_argument("--out", required=True, help="output folder for throughput.json / throughput.png")
-    t.add_argument("--engines", default=None,
-                   help="comma-separated engine names, run in this order (default: every registered "
-                   "engine: spark_sql, spark_tws, and deltawheel if benchmarks/engine_deltawheel.py exists)")
-    t.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
-    t.add_argument("--warmup", action="store_true",
-                   help="run each engine once, unmeasured, on a tiny input first (JVM warm-up)")
-    t.add_argument("--rounds", type=int, default=1,
-                   help="run the engines N times, interleaved (A B, B A, ...); report each engine's median run")
+    add_throughput_arguments(t)
     t.set_defaults(func=_throughput)

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 __all__ = ["spark_type", "arrow_schema", "local_frame"]
 
 _TYPES: dict[str, Any] = {}
+_SCHEMAS: dict[str, Any] = {}
 
 
 def spark_type(ddl: str) -> Any:
@@ -25,10 +26,12 @@ def spark_type(ddl: str) -> Any:
 
 
 def arrow_schema(ddl: str) -> Any:
-    """The Arrow schema Spark uses for ``ddl``."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    """The Arrow schema Spark uses for ``ddl``, cached (the batch plan asks for three per batch)."""
+    if ddl not in _SCHEMAS:
+        from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(spark_type(ddl))
+        _SCHEMAS[ddl] = to_arrow_schema(spark_type(ddl))
+    return _SCHEMAS[ddl]
 
 
 def local_frame(spark: Any, rows: Sequence[Mapping[str, Any] | Sequence[Any]], ddl: str) -> Any:

@@ -35,7 +35,8 @@ and the next batch's user code overlaps it. The low watermark is held at the
 undelivered productions meanwhile, and the delivery is *settled* like a
 straggler (joined; redelivered from the checkpoint if it failed) before the
 next commit clears that checkpoint, before a timers-only batch decides it has
-nothing to do, and on ``settle()`` / ``stop()``.
+nothing to do, and on ``settle()`` / ``stop()``. Both kinds of open delivery are
+kept by :class:`~deltawheel.executor.inflight.InFlight`.
 
 A crash between or inside any steps followed by a restart (recovery scan +
 redelivery of checkpointed productions + Spark replaying the batch) gives the
@@ -47,17 +48,11 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.deltatxn import is_local
-from deltawheel.statestore.exceptions import (
-    ConfigError,
-    RetryableError,
-    StaleSequencerError,
-)
+from deltawheel.statestore.exceptions import ConfigError, StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
 from deltawheel.statestore.rows import Production
@@ -73,43 +68,14 @@ from .delivery import (
     record_late,
     side_frame,
 )
+from .faults import BatchFailedError, FaultPoint
 from .images import ImagesStale, ImageWriter
+from .inflight import InFlight, OpenDelivery
 from .reports import BatchReport, format_report
 
 WRITE_PATHS = ("auto", "image", "merge")
 
 __all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
-
-
-class FaultPoint(StrEnum):
-    """Places in the protocol where tests inject crashes."""
-
-    AFTER_PREPARE = "after_prepare"  # after dedup input prep, before user code
-    AFTER_USER_CODE = "after_user_code"
-    BEFORE_COMMIT = "before_commit"
-    AFTER_COMMIT = "after_commit"
-    AFTER_DELIVERY = "after_delivery"  # delivered, checkpoints not cleared yet
-    BEFORE_WATERMARK = "before_watermark"
-    IN_WEAK_DELIVERY = "in_weak_delivery"  # inside the thread appending weak productions
-
-
-@dataclass
-class _Straggler:
-    """A delivery still running after its batch committed, whose productions are checkpointed in
-    the committed rows: a weak delivery that outlived ``straggler_timeout_s``, or the
-    asynchronous strong delivery of the image path."""
-
-    batch_id: int
-    thread: threading.Thread
-    box: dict[str, BaseException] = field(default_factory=dict)  # "error": the delivery failed
-    redeliver: Callable[[], object] | None = None  # strong delivery from the checkpoint
-    min_ts: int | None = None  # the productions' oldest timestamp: holds the low watermark
-    kind: str = "straggling"
-    delivered: bool = False  # the delivery succeeded: the hold is released
-
-
-class BatchFailedError(RetryableError):
-    """A micro-batch failed (user code, input, or storage); nothing of it was delivered."""
 
 
 class ComputationExecutor:
@@ -166,8 +132,9 @@ class ComputationExecutor:
         self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
         self.start_s: dict[str, float] = {}
-        self._straggler: _Straggler | None = None
         self._wm_lock = threading.Lock()
+        self.inflight = InFlight(computation, fault=self._fault, log=self._log,
+                                 published=self._publish_watermarks if authority is not None else None)
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
 
     # ------------------------------------------------------------- lifecycle
@@ -219,7 +186,7 @@ class ComputationExecutor:
 
     def stop(self) -> None:
         try:
-            self._settle_straggler()
+            self.inflight.settle()
         finally:
             self.owner.release()
         self._started = False
@@ -324,16 +291,16 @@ class ComputationExecutor:
                                     producer=comp.name)  # idempotent: insert if the record id is absent
         straggler = None
         if not comp.strong_productions and st["n_prods"]:
-            straggler = self._weak_deliver(deliver, batch_id)
+            straggler = self.inflight.weak(deliver, batch_id)
         rows_out = out.where(F.col("_op") != "none")
+        straggler_ts = None
         if straggler is not None:  # checkpoint: each row's new productions become its pending ones
             rows_out = rows_out.withColumn("pending", F.col("new_prods"))
-            straggler.redeliver = deliver
-            straggler.min_ts = prods.agg(F.min("timestamp_ms")).collect()[0][0]
+            straggler_ts = prods.agg(F.min("timestamp_ms")).collect()[0][0]
         rows_out = rows_out.select(*_tasks.ROW_COLUMNS)
         # Step 5: the fenced commit (a straggler of the previous batch is settled first: the
         # commit clears its checkpoint).
-        self._settle_straggler()
+        self.inflight.settle()
         self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
         t0 = time.monotonic()
         if st["written"]:
@@ -349,7 +316,7 @@ class ComputationExecutor:
                                   deleted=r["_op"] == "delete")
         mark("dead_letters_and_commit")
         if straggler is not None:
-            self._straggler = straggler
+            self.inflight.adopt(straggler, redeliver=deliver, min_ts=straggler_ts)
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
         # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
         if comp.strong_productions and st["n_prods"]:
@@ -381,7 +348,7 @@ class ComputationExecutor:
         commit_id = f"{comp.name}:{batch_id}:{now}"
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
         strong = comp.strong_productions
-        straggler: _Straggler | None = None
+        straggler: OpenDelivery | None = None
         attempt = 0
         while True:
             attempt += 1
@@ -410,14 +377,14 @@ class ComputationExecutor:
                     record_late(session, self.layout, side_frame(session, late_rows, dead=False),
                                 computation=comp.name, watermark_ms=wm_late, batch_id=batch_id)
                 if not strong and out.total("n_prods"):
-                    straggler = self._weak_deliver(functools.partial(images.deliver, out, version=None), batch_id)
+                    straggler = self.inflight.weak(functools.partial(images.deliver, out, version=None), batch_id)
                     if straggler is not None:  # checkpoint after all: the same user code once more
                         strong = True
                         attempt -= 1
                         continue
                 # Step 5: the fenced commit (the previous batch's delivery is settled first: the
                 # commit clears its checkpoint).
-                self._settle_straggler()
+                self.inflight.settle()
                 mark("settle")
                 self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
                 self.owner.check()
@@ -437,10 +404,8 @@ class ComputationExecutor:
         commit_s = time.monotonic() - t0
         mark("commit")
         if straggler is not None:
-            strong_out, v = out, version
-            straggler.redeliver = lambda: images.deliver(strong_out, version=v)
-            straggler.min_ts = _prod_min_ts(out)
-            self._straggler = straggler
+            self.inflight.adopt(straggler, redeliver=functools.partial(images.deliver, out, version=version),
+                                min_ts=_prod_min_ts(out))
         images.observe(out)
         for s in out.summaries:  # the committed images' oldest work (before the delivery thread publishes)
             if s["interval"] is not None:
@@ -450,7 +415,7 @@ class ComputationExecutor:
         # Step 6: deliver (idempotent per interval and rows version), asynchronously: the
         # productions are checkpointed in the rows just committed; cleared by the next commit.
         if comp.strong_productions and out.total("n_prods"):
-            self._deliver_async(functools.partial(images.deliver, out, version=version), batch_id,
+            self.inflight.start(functools.partial(images.deliver, out, version=version), batch_id,
                                 _prod_min_ts(out))
         else:
             self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
@@ -493,7 +458,7 @@ class ComputationExecutor:
         """A timers-only batch has nothing to do: the last batch of this instance ran under the
         same input watermark (so it fired every event-time timer before it, including ones set
         while firing), no processing-time timer is due, and no straggler is open."""
-        if not self.reports or self.reports[-1].input_watermark_ms != wm_in or self._straggler is not None:
+        if not self.reports or self.reports[-1].input_watermark_ms != wm_in or self.inflight.open is not None:
             return False
         return all(t is None or t > now for t in self._next_proc_iv.values())
 
@@ -505,101 +470,22 @@ class ComputationExecutor:
         self._log(format_report(self.comp.name, report))
         return report
 
-    def _weak_deliver(self, deliver: Callable[[], object], batch_id: int) -> _Straggler | None:
-        """Run the weak delivery in a thread; wait ``straggler_timeout_s``. None: it finished (its
-        error, if any, fails the batch); else the straggler, still running."""
-        box: dict[str, BaseException] = {}
-
-        def run() -> None:
-            try:
-                self._fault(FaultPoint.IN_WEAK_DELIVERY, batch_id)
-                deliver()
-            except BaseException as exc:  # noqa: BLE001 - reported when the straggler is settled
-                box["error"] = exc
-
-        st = _Straggler(batch_id, threading.Thread(target=run, name=f"deltawheel-weak-{self.comp.name}-{batch_id}",
-                                                   daemon=True), box)
-        st.thread.start()
-        st.thread.join(max(0.0, float(self.comp.straggler_timeout_s)))
-        if st.thread.is_alive():
-            self._log(f"{self.comp.name} batch {batch_id}: weak delivery still running after "
-                      f"{self.comp.straggler_timeout_s}s: checkpointing the productions (straggler)")
-            return st
-        if "error" in st.box:
-            raise st.box["error"]
-        return None
-
-    def _deliver_async(self, deliver: Callable[[], object], batch_id: int, min_ts: int | None) -> None:
-        """Step 6 on the image path: deliver the committed (checkpointed) productions in a thread;
-        the next batch runs meanwhile and settles it before its commit."""
-        box: dict[str, BaseException] = {}
-
-        def run() -> None:
-            try:
-                deliver()
-            except BaseException as exc:  # noqa: BLE001 - redelivered from the checkpoint on settle
-                box["error"] = exc
-                return
-            try:
-                self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
-            except BaseException as exc:  # noqa: BLE001 - a test's crash: surfaces on settle
-                box["crash"] = exc
-                return
-            st.delivered = True
-            if self.authority is not None:  # release the hold now: an idle query gets no next batch
-                try:
-                    self._publish_watermarks()
-                except BaseException as exc:  # noqa: BLE001 - the next batch publishes again
-                    self._log(f"{self.comp.name}: publishing the low watermark after batch {batch_id}'s "
-                              f"delivery failed ({type(exc).__name__}: {exc}); the next batch retries")
-
-        st = _Straggler(batch_id, threading.Thread(target=run, name=f"deltawheel-deliver-{self.comp.name}-{batch_id}",
-                                                   daemon=True), box, redeliver=deliver, min_ts=min_ts,
-                        kind="asynchronous")
-        self._straggler = st
-        st.thread.start()
-
     def settle(self) -> bool:
         """Wait for the last batch's delivery still in flight (asynchronous, or a straggler);
         redeliver from its checkpoint if it failed, then publish the low watermark it held.
         Returns whether there was one. The pipeline runner calls it after each flush, so the
         next stage reads every production of this one."""
-        if self._straggler is None:
+        if self.inflight.open is None:
             return False
-        self._settle_straggler()
+        self.inflight.settle()
         if self.authority is not None:
             self._publish_watermarks()
         return True
 
-    def _settle_straggler(self) -> None:
-        """Wait for the previous batch's delivery still in flight; redeliver from the checkpoint
-        if it failed. Runs before a commit clears that checkpoint (and on settle / stop)."""
-        st = self._straggler
-        if st is None:
-            return
-        st.thread.join(max(0.0, float(self.comp.delivery_timeout_s)))
-        if st.thread.is_alive():  # stays the open delivery (watermark held); the restart redelivers
-            raise BatchFailedError(
-                f"{self.comp.name}: the {st.kind} delivery of batch {st.batch_id} is still running after "
-                f"delivery_timeout_s={self.comp.delivery_timeout_s}s; its productions are checkpointed in "
-                "the committed rows: restart the query (the recovery redelivers them) once the stream "
-                "tables are reachable")
-        self._straggler = None
-        if "crash" in st.box:  # an injected crash after the delivery: the process "dies" here
-            raise st.box["crash"]
-        if "error" in st.box:
-            self._log(f"{self.comp.name}: the {st.kind} delivery of batch {st.batch_id} failed "
-                      f"({type(st.box['error']).__name__}: {st.box['error']}); delivering from the checkpoint")
-            assert st.redeliver is not None
-            self._straggler = st  # still undelivered (watermark held) until the redelivery succeeds
-            st.redeliver()
-            self._straggler = None
-
     def _publish_watermarks(self) -> int | None:
         assert self.authority is not None
         with self._wm_lock:  # the batch and its delivery thread both publish
-            st = self._straggler
-            held = st.min_ts if st is not None and not st.delivered else None
+            held = self.inflight.held_ts()
             for iv, seq in self.owner.sequencers.items():
                 if self._images is not None:
                     oldest = self._oldest_iv.get(iv)

@@ -414,8 +414,8 @@ def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migr
         assert state_of(spark, migrated_store, "buckets") == before  # batch 1 did not commit
     finally:
         gate.set()
-        if ex._straggler is not None:  # let the released delivery end before the restart redelivers
-            ex._straggler.thread.join(60)
+        if ex.inflight.open is not None:  # let the released delivery end before the restart redelivers
+            ex.inflight.open.thread.join(60)
         client.stop()  # the process dies: leases go
         client.close()
     ex2, client2 = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", writer="next")

@@ -12,7 +12,10 @@ public address.
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -94,6 +97,8 @@ def _inspect(args: argparse.Namespace) -> int:
 def _sql_server(args: argparse.Namespace) -> int:
     # HiveServer2 settings reach the server's HiveConf through the spark.hadoop. prefix.
     # singleSession: every JDBC connection shares this session, so it sees the temp views.
+    derby = tempfile.mkdtemp(prefix="deltawheel-derby-")
+    atexit.register(functools.partial(shutil.rmtree, derby, ignore_errors=True))
     extra = {
         "spark.sql.hive.thriftServer.singleSession": "true",
         "spark.hadoop.hive.server2.thrift.bind.host": args.host,
@@ -101,7 +106,7 @@ def _sql_server(args: argparse.Namespace) -> int:
         "spark.hadoop.hive.server2.authentication": "NONE",
         "spark.hadoop.hive.server2.enable.doAs": "false",
         # keep the embedded metastore's derby.log out of the working directory
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={tempfile.mkdtemp(prefix='deltawheel-derby-')}",
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={derby}",
     }
     spark = _checked_spark(args, hive_support=True, extra=extra)
     views = register_views(spark, layout_from(args), allow_pickle=args.allow_pickle)

@@ -10,6 +10,7 @@ parameter.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
@@ -218,4 +219,13 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level)
+    # deltawheel creates no managed tables: the (empty) warehouse folder goes with the process
+    atexit.register(_remove_if_empty, warehouse)
     return spark
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:  # not there, or a user put tables in it: leave it
+        pass

@@ -132,6 +132,7 @@ class ComputationExecutor:
         self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
         self.start_s: dict[str, float] = {}
+        self.recovered: dict[str, int] = {}  # checkpointed productions the start delivered: appended / merged
         self._wm_lock = threading.Lock()
         self.inflight = InFlight(computation, fault=self._fault, log=self._log,
                                  published=self._publish_watermarks if authority is not None else None)
@@ -179,6 +180,7 @@ class ComputationExecutor:
             deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
             self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions "
                       "(records already in their streams are skipped)")
+        self.recovered = {"appended": appended, "merged": len(pending)}
         self.start_s["total"] = round(time.monotonic() - t_start, 3)
         self._log(f"{self.comp.name}: started in {self.start_s['total']:.1f}s (leases, fence and recovery scan "
                   f"{self.start_s['acquire_fence_recover']:.1f}s)")

@@ -23,6 +23,7 @@ _MODULES = (
     "cli_migrate",
     "cli_sql",
     "cli_leases",
+    "cli_recover",
     "cli_gc",
     "cli_bench",
     "cli_scenario",

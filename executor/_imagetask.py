@@ -181,7 +181,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     sub = image.filter(mask)
     old_ids = _flat_ids(sub, spec.horizon_ms)
     old = OldRows(sub, with_pending=has_pending)
-    rest = image.filter(pc.invert(mask))
+    rest = _trim_ids(image.filter(pc.invert(mask)), spec.horizon_ms)
     if has_pending:
         rest = _without_pending(rest)
     loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong)
@@ -225,6 +225,32 @@ def _without_pending(t: Any) -> Any:
     empty = pa.ListArray.from_arrays(pa.array(np.zeros(t.num_rows + 1, dtype=np.int32)),
                                      pa.array([], field.type.value_type), type=field.type)
     return t.set_column(idx, field, empty)
+
+
+def _trim_ids(t: Any, horizon_ms: int | None) -> Any:
+    """``t`` with the record ids seen before ``horizon_ms`` dropped: the rows of keys not run in
+    this batch keep only what the dedup horizon still needs, as the run keys' new rows do (no
+    sender retries an older id). Vectorized; ``t`` itself when there is nothing to drop."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if horizon_ms is None or t.num_rows == 0:
+        return t
+    idx = t.schema.get_field_index("record_ids")
+    field = t.schema.field(idx)
+    lst = t.column(idx).combine_chunks()
+    flat = pc.list_flatten(lst)
+    if len(flat) == 0:
+        return t
+    keep = pc.greater_equal(flat.field("seen_ms"), horizon_ms)
+    if pc.all(keep).as_py():
+        return t
+    parents = pc.list_parent_indices(lst).filter(keep).to_numpy()
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(parents, minlength=t.num_rows))]).astype(np.int32)
+    col = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat.filter(keep), type=field.type,
+                                   mask=lst.is_null() if lst.null_count else None)
+    return t.set_column(idx, field, col)
 
 
 @dataclass

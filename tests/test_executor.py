@@ -490,3 +490,34 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     assert merged == [1]
     stop_executor(ex, client)
     assert _windows(spark, migrated_store) == ALL_WINDOWS
+
+
+@pytest.mark.timeout(600)
+def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """Image path: a key's record ids leave its row once older than the dedup horizon
+    (``dedup_retention_batches``) even when no later batch runs that key, as long as its
+    interval's image is rewritten; the run keys keep what the horizon needs."""
+    import zlib
+
+    def interval(key: str) -> int:
+        return zlib.crc32(key.encode()) % BucketCounter.num_intervals
+
+    quiet = "cats"
+    busy = next(k for k in (f"k{i}" for i in range(1000)) if interval(k) == interval(quiet))
+
+    def ids(key: str) -> list[str]:
+        rows = spark.read.format("delta").load(migrated_store.rows).where(
+            f"computation = 'buckets' AND key = '{key}'").select("record_ids").collect()
+        return sorted(i["record_id"] for i in rows[0]["record_ids"] or ())
+
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image")
+    try:
+        ex.run_batch(events(spark, [("q0", quiet, 1_000), ("b0", busy, 1_000)]), 0, input_watermark_ms=None)
+        for b in (1, 2):
+            ex.run_batch(events(spark, [(f"b{b}", busy, 1_000 + b)]), b, input_watermark_ms=None)
+        assert ids(quiet) == ["q0"]  # within the horizon (the last 3 batches)
+        ex.run_batch(events(spark, [("b3", busy, 1_003)]), 3, input_watermark_ms=None)
+        assert ids(quiet) == []  # seen 4 batches ago, its key not run since: trimmed
+        assert ids(busy) == ["b1", "b2", "b3"]
+    finally:
+        stop_executor(ex, client)

@@ -48,15 +48,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from deltawheel.migrations.zk_layout import ensure_zk_layout
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
-    ConnectionClosedError,
     ConnectionLoss,
     NoAuthError,
     NodeExistsError,
@@ -68,6 +66,7 @@ from kazoo.security import ACL
 from .clock import Clock, SystemClock
 from .exceptions import CodecError, ConfigError, LeaseHeldError, LeaseLostError, LeaseSuspendedError
 from .layout import validate_name
+from .zkclient import zk_errors
 
 __all__ = ["LeaseGrant", "LeaseManager", "break_lease", "list_leases", "interval_path", "LEASE_FORMAT_VERSION"]
 
@@ -150,14 +149,9 @@ class _Held:
     grant_path: str
 
 
-@contextmanager
-def _zk_errors(what: str) -> Iterator[None]:
-    try:
-        yield
-    except SessionExpiredError as exc:
-        raise LeaseLostError(f"{what}: the ZooKeeper session expired; acquire the leases again") from exc
-    except (ConnectionLoss, ConnectionClosedError) as exc:
-        raise LeaseSuspendedError(f"{what}: lost the connection to ZooKeeper; retry once it is back") from exc
+def _zk_errors(what: str) -> Any:
+    return zk_errors(what, expired="acquire the leases again",
+                     lost="lost the connection to ZooKeeper; retry once it is back")
 
 
 class LeaseManager:

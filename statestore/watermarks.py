@@ -40,21 +40,21 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from deltawheel.migrations.zk_layout import ensure_zk_layout
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, NoNodeError, SessionExpiredError
+from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.security import ACL
 
 from .clock import Clock, SystemClock
-from .exceptions import CodecError, ConfigError, LeaseLostError, LeaseSuspendedError, StaleSequencerError
+from .exceptions import CodecError, ConfigError, LeaseSuspendedError, StaleSequencerError
 from .layout import validate_name
 from .leases import MAX_INTERVAL, interval_path
+from .zkclient import zk_errors
 
 __all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream"]
 
@@ -157,15 +157,9 @@ def _max(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-@contextmanager
-def _zk_errors(what: str) -> Iterator[None]:
-    try:
-        yield
-    except SessionExpiredError as exc:
-        raise LeaseLostError(f"{what}: the ZooKeeper session expired; acquire the leases again and "
-                             "publish with the new sequencer") from exc
-    except (ConnectionLoss, ConnectionClosedError) as exc:
-        raise LeaseSuspendedError(f"{what}: the ZooKeeper connection was lost; retry once it reconnects") from exc
+def _zk_errors(what: str) -> Any:
+    return zk_errors(what, expired="acquire the leases again and publish with the new sequencer",
+                     lost="the ZooKeeper connection was lost; retry once it reconnects")
 
 
 class WatermarkAuthority:

@@ -8,16 +8,18 @@ those transitions; this module only builds the client.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import ACL, make_acl, make_digest_acl
 
 from .config import ZkConfig
-from .exceptions import ZooKeeperServerError
+from .exceptions import LeaseLostError, LeaseSuspendedError, ZooKeeperServerError
 
-__all__ = ["connect", "digest_acls"]
+__all__ = ["connect", "digest_acls", "zk_errors"]
 
 # Retry the TCP connection forever, quickly: a short outage must end in a reconnect
 # (SUSPENDED -> CONNECTED) well within the session timeout.
@@ -84,3 +86,15 @@ def digest_acls(cfg: ZkConfig) -> list[ACL] | None:
         return None
     user, password = cfg.digest.split(":", 1)
     return [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)]
+
+
+@contextmanager
+def zk_errors(what: str, *, expired: str, lost: str) -> Iterator[None]:
+    """Translate kazoo's session errors: an expired session -> :class:`LeaseLostError`, a lost
+    connection -> :class:`LeaseSuspendedError`; the messages are ``what`` and the hint given."""
+    try:
+        yield
+    except SessionExpiredError as exc:
+        raise LeaseLostError(f"{what}: the ZooKeeper session expired; {expired}") from exc
+    except (ConnectionLoss, ConnectionClosedError) as exc:
+        raise LeaseSuspendedError(f"{what}: {lost}") from exc

@@ -227,10 +227,20 @@ def _missing_local_dir(path: str) -> bool:
 
 
 class _MaxSeenInjector:
-    """Shared watermark plumbing: :class:`MaxSeenMinusBound` with ``watermark_delay_ms``."""
+    """What the table injectors share: their column settings (checked by :func:`to_stream_schema`
+    when the stream is built) and the watermark, :class:`MaxSeenMinusBound` with ``watermark_delay_ms``."""
 
-    name: str
-    _estimate: MaxSeenMinusBound
+    def __init__(self, name: str, *, key_column: str | None, event_time_column: str,
+                 value_columns: Sequence[str] | None, record_id_column: str | None, max_files_per_trigger: int,
+                 watermark_delay_ms: int) -> None:
+        _check_common(name, max_files_per_trigger)
+        self.name = name
+        self.key_column = key_column
+        self.event_time_column = event_time_column
+        self.value_columns = None if value_columns is None else tuple(value_columns)
+        self.record_id_column = record_id_column
+        self.max_files_per_trigger = max_files_per_trigger
+        self._estimate = MaxSeenMinusBound(watermark_delay_ms)
 
     def observe(self, stats: BatchStats) -> None:
         """Advance the estimate with a consumed batch."""
@@ -283,18 +293,13 @@ class ParquetInjector(_MaxSeenInjector):
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None = None, record_id_column: str | None = None,
                  max_files_per_trigger: int = 1, watermark_delay_ms: int) -> None:
-        _check_common(name, max_files_per_trigger)
+        super().__init__(name, key_column=key_column, event_time_column=event_time_column,
+                         value_columns=value_columns, record_id_column=record_id_column,
+                         max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms)
         if _missing_local_dir(folder):
             raise ConfigError(f"injector {name}: Parquet folder {folder} does not exist; create it "
                               "(or generate the input) before starting the pipeline")
-        self.name = name
         self.folder = folder
-        self.key_column = key_column
-        self.event_time_column = event_time_column
-        self.value_columns = None if value_columns is None else tuple(value_columns)
-        self.record_id_column = record_id_column
-        self.max_files_per_trigger = max_files_per_trigger
-        self._estimate = MaxSeenMinusBound(watermark_delay_ms)
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
         """The folder as a streaming DataFrame in the stream schema.
@@ -358,18 +363,14 @@ class DeltaTableInjector(_MaxSeenInjector):
     def __init__(self, name: str, path: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None = None, record_id_column: str | None = "record_id",
                  max_files_per_trigger: int = 1, watermark_delay_ms: int) -> None:
-        _check_common(name, max_files_per_trigger)
+        super().__init__(name, key_column=key_column, event_time_column=event_time_column,
+                         value_columns=value_columns, record_id_column=record_id_column,
+                         max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms)
         if not record_id_column:
             raise ConfigError(f"injector {name}: a Delta table source needs record_id_column (Delta's "
                               "streaming source has no file positions to derive stable ids from)")
-        self.name = name
+        self.record_id_column: str = record_id_column
         self.path = path
-        self.key_column = key_column
-        self.event_time_column = event_time_column
-        self.value_columns = None if value_columns is None else tuple(value_columns)
-        self.record_id_column = record_id_column
-        self.max_files_per_trigger = max_files_per_trigger
-        self._estimate = MaxSeenMinusBound(watermark_delay_ms)
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
         """The table as a streaming DataFrame in the stream schema.

@@ -11,7 +11,9 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
 
 What GC never touches: rows of keys (dedup ids, checkpointed productions,
 window state) — those are only written under the owner's lease and fence: the
-executor trims dedup ids past ``dedup_retention_batches``, clears delivered
+executor trims dedup ids past ``dedup_retention_batches`` (on the image path in
+every row of an interval it rewrites, run in the batch or not; on the MERGE
+path in the rows it writes), clears delivered
 checkpoints in the next commit, and windowed computations drop window state
 and timers at end + allowed lateness.
 """

@@ -94,6 +94,11 @@ class ComputationExecutor:
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
             ``images.py``; local or ``file:`` stores), ``"merge"`` (a fenced MERGE per batch,
             any store), or ``"auto"`` (image when the store is local, else merge).
+        intervals: the key intervals this instance takes (default: all). Several instances
+            (e.g. Spark applications) may split a computation's intervals: each reads the
+            whole input and processes the records of its own intervals; a record that becomes
+            a dead letter is written by the owner of its key's interval (interval 0 when it
+            has no key).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
@@ -101,8 +106,14 @@ class ComputationExecutor:
                  clock: Clock = SystemClock(), faults: Callable[[FaultPoint, int], None] | None = None,
                  on_batch_end: Callable[[int | None, int | None], None] | None = None,
                  progress: Callable[[str], None] | None = None, partitions: int | None = None,
-                 write_path: str = "auto") -> None:
+                 write_path: str = "auto", intervals: Sequence[int] | None = None) -> None:
         type(computation).validate()
+        if intervals is not None:
+            bad = sorted(set(intervals) - set(range(computation.num_intervals)))
+            if bad or not intervals:
+                raise ConfigError(f"{computation.name}: intervals must be a non-empty subset of 0.."
+                                  f"{computation.num_intervals - 1}, got {sorted(set(intervals))}")
+        self._wanted = None if intervals is None else tuple(sorted(set(intervals)))
         if write_path not in WRITE_PATHS:
             raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {write_path!r}")
         if write_path == "auto":
@@ -148,7 +159,8 @@ class ComputationExecutor:
         image = self.write_path == "image"
         # the image path fences with the claim alone and recovers from the images it loads
         # (and checks the fence rows there too: ImageWriter.recovery)
-        rec = self.owner.acquire(wait_s=wait_s, claim_only=image, scan=not image, check_fences=not image)
+        rec = self.owner.acquire(self._wanted, wait_s=wait_s, claim_only=image, scan=not image,
+                                 check_fences=not image)
         t_acq = time.monotonic()
         for s in self.comp.outputs:  # created by the owner, after the leases are held
             ensure_stream_table(self.spark, self.layout, s)
@@ -251,6 +263,9 @@ class ComputationExecutor:
         records_in = late_routed = dead_in = 0
         obs_max = obs_min = None
         if prep is not None:
+            if len(self.owner.intervals) < comp.num_intervals:  # the records of our intervals only
+                iv = F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(comp.num_intervals))
+                prep = prep.where(F.coalesce(iv, F.lit(0)).isin(list(self.owner.intervals)))
             prep = prep.localCheckpoint(eager=True)
             agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max("timestamp_ms").alias("mx"),
                            F.min("timestamp_ms").alias("mn"),

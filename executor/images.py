@@ -344,8 +344,8 @@ class ImageWriter:
 
     def _data_columns(self, place: tuple[tuple[int, int], ...]) -> tuple[list[Any], Any]:
         """The input rows' projection (interval, marker flag) and the filter on owned intervals
-        (None when all are owned: every record has one of them, or a null key and so a dead
-        letter's ``_bad``): built once per set of intervals (each column is a py4j call)."""
+        (None when all are owned; a record without key, a dead letter, counts as interval 0's):
+        built once per set of intervals (each column is a py4j call)."""
         from pyspark.sql import functions as F
 
         ivs = [iv for iv, _t in place]
@@ -358,7 +358,8 @@ class ImageWriter:
                     for c in _PREP_COLUMNS]
             cols += [iv.alias("interval"), F.lit(False).alias("_m")]
             every = ivs == list(range(self.comp.num_intervals))
-            keep = None if every else F.col("interval").isin(ivs) | F.col("_bad").isNotNull()
+            # some intervals are another instance's: its records (and dead letters) are its own
+            keep = None if every else F.coalesce(F.col("interval"), F.lit(0)).isin(ivs)
             self._data_cols = (key, cols, keep)
         return self._data_cols[1], self._data_cols[2]
 

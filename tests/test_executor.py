@@ -521,3 +521,77 @@ def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_
         assert ids(busy) == ["b1", "b2", "b3"]
     finally:
         stop_executor(ex, client)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migrated_store, zk_config, tmp_path,
+                                                                   write_path) -> None:  # type: ignore[no-untyped-def]
+    """Two executors of one computation, each holding half the intervals, read the same input:
+    together they write exactly what one executor holding all of them writes — each key's
+    records processed once, by its interval's owner; a dead letter written once."""
+    import zlib
+
+    from deltawheel import migrations
+    from deltawheel.executor.batch import ComputationExecutor
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.leases import LeaseManager
+    from deltawheel.statestore.owner import IntervalOwner
+    from deltawheel.statestore.store import RowStore
+    from deltawheel.statestore.zkclient import connect
+    from executor_util import J
+
+    def interval(key: str) -> int:
+        return zlib.crc32(key.encode()) % 4
+
+    keys = ["cats", "dogs", "eels", "fish", "gnus", "hens"]
+    assert len({interval(k) < 2 for k in keys}) == 2  # both halves get records
+    batches = [[(f"r{b}-{k}", k, 1_000 + 10_000 * b + i) for i, k in enumerate(keys)] for b in range(3)]
+
+    def frame(items):  # type: ignore[no-untyped-def]
+        df = events(spark, items)
+        if items is batches[0]:  # one record whose key extractor fails: a dead letter
+            bad = spark.createDataFrame([{"record_id": "bad", "key": "", "value": J.encode({"nope": 1}),
+                                          "codec": "json", "timestamp_ms": 1_500, "event_time": None,
+                                          "producer": "test", "commit_id": "pos-bad", "format_version": 1}],
+                                        schema=df.schema)
+            df = df.unionByName(bad)
+        return df
+
+    def run(layout, halves):  # type: ignore[no-untyped-def]
+        exs = []
+        for n, ivs in enumerate(halves):
+            client = connect(zk_config)
+            owner = IntervalOwner(RowStore(spark, layout, writer=f"i{n}"),
+                                  LeaseManager(client, pipeline=f"split_{len(halves)}", owner=f"i{n}"),
+                                  "buckets", num_intervals=4)
+            ex = ComputationExecutor(spark, layout, BucketCounter(), owner=owner, write_path=write_path,
+                                     intervals=ivs)
+            ex.start(wait_s=10)
+            exs.append((ex, client))
+        try:
+            for b, items in enumerate(batches):
+                for ex, _c in exs:
+                    ex.run_batch(frame(items), b, input_watermark_ms=10_000 * b)
+            for ex, _c in exs:
+                ex.flush(input_watermark_ms=100_000)
+            return [ex.reports for ex, _c in exs]
+        finally:
+            for ex, client in exs:
+                stop_executor(ex, client)
+
+    ref = StoreLayout(str(tmp_path / "ref"))
+    migrations.apply(spark, ref, dry_run=False)
+    one = run(ref, [None])
+    two = run(migrated_store, [[0, 1], [2, 3]])
+    assert _windows(spark, migrated_store) == _windows(spark, ref) and len(_windows(spark, ref)) == 3 * len(keys)
+    assert state_of(spark, migrated_store, "buckets") == state_of(spark, ref, "buckets")
+    processed = [sum(r.processed for r in reps) for reps in two]
+    assert sum(processed) == sum(r.processed for r in one[0]) == 3 * len(keys) and min(processed) > 0
+    assert sum(r.dead_letters for reps in two for r in reps) == 1  # by one instance (the table is idempotent)
+    for layout in (ref, migrated_store):
+        dl = spark.read.format("delta").load(layout.dead_letters).collect()
+        assert [d["record_id"] for d in dl] == ["bad"]
+    with pytest.raises(ConfigError, match="intervals must be a non-empty subset of 0..3, got \\[4\\]"):
+        ComputationExecutor(spark, ref, BucketCounter(), owner=None, intervals=[4])  # type: ignore[arg-type]

@@ -231,7 +231,6 @@ def _trim_ids(t: Any, horizon_ms: int | None) -> Any:
     """``t`` with the record ids seen before ``horizon_ms`` dropped: the rows of keys not run in
     this batch keep only what the dedup horizon still needs, as the run keys' new rows do (no
     sender retries an older id). Vectorized; ``t`` itself when there is nothing to drop."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -247,10 +246,18 @@ def _trim_ids(t: Any, horizon_ms: int | None) -> Any:
     if pc.all(keep).as_py():
         return t
     parents = pc.list_parent_indices(lst).filter(keep).to_numpy()
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(parents, minlength=t.num_rows))]).astype(np.int32)
-    col = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat.filter(keep), type=field.type,
+    col = pa.ListArray.from_arrays(_offsets(parents, t.num_rows), flat.filter(keep), type=field.type,
                                    mask=lst.is_null() if lst.null_count else None)
     return t.set_column(idx, field, col)
+
+
+def _offsets(parents: Any, n: int) -> Any:
+    """List offsets for ``n`` lists from the (ascending) list index of each value (numpy ints)."""
+    import numpy as np
+    import pyarrow as pa
+
+    counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, dtype=np.int64)
+    return pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32), pa.int32())
 
 
 @dataclass
@@ -314,9 +321,7 @@ def _with_ids(rows: Any, old: _Ids, new: Any | None, seen_ms: int, schema: Any) 
     ids = ids.append_column("pos", pos).append_column("seq", pa.array(np.arange(ids.num_rows), pa.int64()))
     ids = ids.filter(pc.is_valid(pos))
     ids = ids.take(pc.sort_indices(ids, sort_keys=[("pos", "ascending"), ("seq", "ascending")]))
-    counts = np.bincount(ids.column("pos").to_numpy(), minlength=rows.num_rows) if ids.num_rows else \
-        np.zeros(rows.num_rows, dtype=np.int64)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32), pa.int32())
+    offsets = _offsets(ids.column("pos").to_numpy(), rows.num_rows)
     values = pa.StructArray.from_arrays([ids.column("record_id").combine_chunks(),
                                          ids.column("seen_ms").combine_chunks()], fields=list(field.type.value_type))
     col = pa.ListArray.from_arrays(offsets, values, type=field.type)

@@ -21,7 +21,7 @@ from .computation import RECORD_KEY, Computation, Record
 from .keyrun import run_key
 
 __all__ = ["prepare_input", "run_in_tasks", "ROW_COLUMNS", "productions_frame", "dead_letter_frame",
-           "user_error_message"]
+           "user_error_message", "interval_of_key"]
 
 ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl())] + ["_op"]
 _PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, timestamp_ms: BIGINT, codec: STRING>"
@@ -30,6 +30,14 @@ _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRIN
 OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prods ARRAY<{_PROD}>, dead ARRAY<{_DEAD}>, "
            "processed INT, duplicates INT, fired INT, late INT, n_prods INT, n_dead INT")
 _ERR = "\x00!"
+
+
+def interval_of_key(num_intervals: int) -> Any:
+    """The key interval of the ``key`` column, as a Spark column (null for a null key): the one
+    key -> interval mapping of every write path (``zlib.crc32`` of the UTF-8 key, mod n)."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(num_intervals)).cast("int")
 
 
 def _key_udf(extractor: Callable[[Any], Any]) -> Any:
@@ -133,7 +141,7 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
     if prep is None:
         joined = rows.where(due).withColumn("recs", F.lit(None))
     else:
-        owned = prep.withColumn("interval", F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(n)).cast("int"))
+        owned = prep.withColumn("interval", interval_of_key(n))
         owned = owned.where(F.col("interval").isin(ivs))
         recs = owned.groupBy("key", "interval").agg(F.collect_list(F.struct(
             "record_id", "value", "codec", "timestamp_ms", "late", "stream", "position")).alias("recs"))

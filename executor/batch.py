@@ -264,7 +264,7 @@ class ComputationExecutor:
         obs_max = obs_min = None
         if prep is not None:
             if len(self.owner.intervals) < comp.num_intervals:  # the records of our intervals only
-                iv = F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(comp.num_intervals))
+                iv = _tasks.interval_of_key(comp.num_intervals)
                 prep = prep.where(F.coalesce(iv, F.lit(0)).isin(list(self.owner.intervals)))
             prep = prep.localCheckpoint(eager=True)
             agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max("timestamp_ms").alias("mx"),

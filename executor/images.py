@@ -62,6 +62,7 @@ from ._imagetask import (
     oldest_work,
     write_production_files,
 )
+from ._tasks import interval_of_key
 from .computation import Computation, LatePolicy
 
 __all__ = ["ImageWriter", "ImagesStale", "PREP_DDL"]
@@ -351,7 +352,7 @@ class ImageWriter:
         ivs = [iv for iv, _t in place]
         key = tuple(ivs)
         if self._data_cols is None or self._data_cols[0] != key:
-            iv = F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(self.comp.num_intervals)).cast("int")
+            iv = interval_of_key(self.comp.num_intervals)
             # the source position is a long string per record and only needed for dead letters:
             # shipped for input-level ones; the driver looks it up for the tasks' (rare) ones
             cols = [F.when(F.col("_bad").isNotNull(), F.col(c)).alias(c) if c == "position" else F.col(c)

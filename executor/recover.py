@@ -68,15 +68,18 @@ class RecoverResult:
     log: list[str] = field(default_factory=list)
 
 
-def computations_of(client: Any, *, pipeline: str, names: Sequence[str] | None = None) -> dict[str, int]:
+def computations_of(client: Any, *, pipeline: str, names: Sequence[str] | None = None,
+                    leases: Sequence[Mapping[str, Any]] | None = None) -> dict[str, int]:
     """The pipeline's computations (or those of ``names``) with their number of intervals (from
     the lease znodes).
 
     Raises:
         ConfigError: the pipeline has no computation in ZooKeeper, or none of a name.
+
+    ``leases``: the pipeline's :func:`list_leases` rows when the caller has them already.
     """
     found: dict[str, int] = {}
-    for r in list_leases(client, pipeline=pipeline):
+    for r in list_leases(client, pipeline=pipeline) if leases is None else leases:
         found[r["computation"]] = max(found.get(r["computation"], 0), int(r["interval"]) + 1)
     if not found:
         raise ConfigError(f"pipeline {pipeline!r} has no computation in ZooKeeper (no lease znodes): check "
@@ -109,8 +112,9 @@ def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
     """
     from pyspark.sql import functions as F
 
-    found = computations_of(client, pipeline=pipeline, names=computations)
-    owners = {(r["computation"], int(r["interval"])): r["owner"] for r in list_leases(client, pipeline=pipeline)}
+    leases = list_leases(client, pipeline=pipeline)
+    found = computations_of(client, pipeline=pipeline, names=computations, leases=leases)
+    owners = {(r["computation"], int(r["interval"])): r["owner"] for r in leases}
     rows = spark.read.format("delta").load(layout.rows)
     out: list[IntervalStatus] = []
     for name, n in sorted(found.items()):
@@ -119,12 +123,15 @@ def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
                 .localCheckpoint())
         counts: dict[int, tuple[dict[str, int], dict[str, int]]] = {iv: ({}, {}) for iv in range(n)}
         for stream in sorted(r["stream"] for r in held.select("stream").distinct().collect()):
-            mine = held.where(F.col("stream") == stream)
-            delivered = spark.read.format("delta").load(layout.stream(stream)).select(F.col("record_id").alias("id"))
-            todo = mine.join(delivered, "id", "left_anti")
-            for frame, slot in ((mine, 0), (todo, 1)):
-                for r in frame.groupBy("interval").count().collect():
-                    counts.setdefault(int(r["interval"]), ({}, {}))[slot][stream] = int(r["count"])
+            landed = (spark.read.format("delta").load(layout.stream(stream))
+                      .select(F.col("record_id").alias("id"), F.lit(True).alias("landed")).distinct())
+            per = (held.where(F.col("stream") == stream).join(landed, "id", "left").groupBy("interval")
+                   .agg(F.count(F.lit(1)).alias("n"), F.count_if(F.col("landed").isNull()).alias("todo")))
+            for r in per.collect():
+                checkpointed, undelivered = counts.setdefault(int(r["interval"]), ({}, {}))
+                checkpointed[stream] = int(r["n"])
+                if r["todo"]:
+                    undelivered[stream] = int(r["todo"])
         for iv, (checkpointed, undelivered) in sorted(counts.items()):
             out.append(IntervalStatus(name, iv, owners.get((name, iv)), checkpointed, undelivered))
     return out

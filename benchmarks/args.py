@@ -1,12 +1,14 @@
-"""The throughput benchmark's command-line arguments, shared by ``python -m
-deltawheel.benchmarks.throughput`` and ``deltawheel bench throughput`` (argparse only: the
-CLI registers them without importing the benchmark modules)."""
+"""The benchmarks' command-line arguments, shared by ``python -m deltawheel.benchmarks.<name>``
+and ``deltawheel bench <name>`` (argparse only: the CLI registers them without importing the
+benchmark modules)."""
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_throughput_arguments"]
+__all__ = ["add_throughput_arguments", "add_cache_arguments", "DEFAULT_CAPACITIES"]
+
+DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
 
 
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,3 +23,11 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
                    help="run each engine once, unmeasured, on a tiny input first (JVM warm-up)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the engines N times, interleaved (A B, B A, ...); report each engine's median run")
+
+
+def add_cache_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--size", default="small", choices=["small", "medium", "big"], help="WORKLOAD.md size")
+    p.add_argument("--out", required=True, help="output folder for cache.json / cache.png")
+    p.add_argument("--capacities", default=",".join(str(c) for c in DEFAULT_CAPACITIES),
+                   help="comma-separated capacities as shares of the keys the trace touches (0 < c <= 1)")
+    p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")

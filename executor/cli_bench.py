@@ -4,6 +4,9 @@
 runs the engines on WORKLOAD.md's input and writes ``throughput.json`` and
 ``throughput.png`` into ``--out``, printing each engine's micro-batches as they
 finish. Exit code 1 if an engine's output differs from the reference.
+``deltawheel bench cache --size small --out bench-out/cache`` replays the same
+workload's row accesses through the row cache (window-aware vs LRU vs the
+offline optimum) and writes ``cache.json`` and ``cache.png``.
 
 The benchmark modules (pyarrow, matplotlib, the engine registry) are imported
 only when a benchmark runs, so ``deltawheel --help`` stays fast.
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from deltawheel.benchmarks.args import add_throughput_arguments
+from deltawheel.benchmarks.args import add_cache_arguments, add_throughput_arguments
 
 __all__ = ["register"]
 
@@ -24,10 +27,19 @@ def _throughput(args: argparse.Namespace) -> int:
     return int(run_from_args(args))
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from deltawheel.benchmarks.cachebench import run_from_args
+
+    return int(run_from_args(args))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("bench", help="run benchmarks (throughput) and save JSON + PNG figures")
+    p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache) and save JSON + PNG figures")
     sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     sub.required = True
     t = sub.add_parser("throughput", help="records/s of several engines on the same workload")
     add_throughput_arguments(t)
     t.set_defaults(func=_throughput)
+    c = sub.add_parser("cache", help="row cache hit rates: window-aware vs LRU vs optimal on the workload's trace")
+    add_cache_arguments(c)
+    c.set_defaults(func=_cache)

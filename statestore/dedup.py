@@ -9,7 +9,7 @@ them, else one batched storage lookup for all such keys).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .bloom import IntervalBloom
 from .rows import KeyRow, interval_of
@@ -35,14 +35,18 @@ class Deduplicator:
     Args:
         store: where confirmations are looked up.
         blooms: interval -> filter (built by the recovery scan on acquisition).
+        read: how rows are read for a confirmation (default: the store; ``IntervalOwner.read``
+            answers from its cache first).
     """
 
     def __init__(self, store: RowStore, computation: str, *, num_intervals: int,
-                 blooms: Mapping[int, IntervalBloom]) -> None:
+                 blooms: Mapping[int, IntervalBloom],
+                 read: Callable[[Iterable[str]], Mapping[str, KeyRow]] | None = None) -> None:
         self.store = store
         self.computation = computation
         self.num_intervals = num_intervals
         self.blooms = dict(blooms)
+        self._read = read or (lambda keys: store.read_keys(computation, keys, num_intervals=num_intervals))
 
     def split(self, items: Sequence[tuple[str, str]], *, known_rows: Mapping[str, KeyRow] | None = None) -> DedupResult:
         """Split ``(key, record_id)`` pairs into new ones and duplicates (also within ``items``)."""
@@ -59,7 +63,7 @@ class Deduplicator:
                 verdict[(key, rid)] = True
         lookup = sorted({k for k, _ in maybe if k not in known})
         if lookup:
-            known.update(self.store.read_keys(self.computation, lookup, num_intervals=self.num_intervals))
+            known.update(self._read(lookup))
         false_pos = 0
         for key, rid in maybe:
             row = known.get(key)

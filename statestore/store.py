@@ -79,6 +79,7 @@ class CommitResult:
     duration_s: float
     dry_run: bool = False
     plan: Sequence[str] = field(default_factory=tuple)
+    images: Sequence[KeyRow] = field(default_factory=tuple, compare=False, repr=False)  # the rows as written
 
 
 class RowStore:
@@ -276,7 +277,7 @@ class RowStore:
                                   conflict_retries=conflict_retries, started=started, n_rows=len(images),
                                   n_deletes=len(deletes))
         return CommitResult(res.commit_id, res.computation, res.sequencers, res.rows_written, res.rows_deleted,
-                            res.attempts, res.duration_s, False, tuple(plan))
+                            res.attempts, res.duration_s, False, tuple(plan), tuple(images))
 
     def commit_frame(self, computation: str, frame: Any, *, sequencers: Mapping[int, int],
                      intervals: Sequence[int], commit_id: str,

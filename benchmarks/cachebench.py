@@ -1,0 +1,255 @@
+"""Cache benchmark: the window-aware row cache against LRU on the same access trace.
+
+The trace is what the throughput benchmark's window count (WORKLOAD.md, section
+2) asks of its rows, batch by batch: batch ``k`` (file ``k``) reads the row of
+every key with a record in the file and of every key with a timer the
+watermark ``wm_k`` makes due (a window with ``window_end <= wm_k``), then
+writes them back with their next timer (the earliest open window's end - 1
+ms, or none). A final batch without input fires what the final watermark
+makes due. The trace is replayed through :class:`~deltawheel.statestore.cache.RowCache`
+with each policy at several capacities (rows kept between batches, as a share
+of the keys the trace touches), and through Belady's offline optimum (evict
+the rows needed furthest in the future: the bound no online policy beats).
+A lookup the cache cannot answer is a storage read; the first access of a key
+is a miss under every policy (``cold``).
+
+``deltawheel bench cache --size small --out DIR`` prints a table and writes
+``DIR/cache.json`` and ``DIR/cache.png``. A script, not a test: the figures
+are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from deltawheel.statestore.cache import MISS, RowCache
+
+from .args import DEFAULT_CAPACITIES, add_cache_arguments
+from .workload import DELAY_MS, WIN_MS, WorkloadParams, ensure_workload
+
+__all__ = ["Batch", "Trace", "build_trace", "replay", "replay_opt", "run_cache_bench", "format_table", "main",
+           "DEFAULT_CAPACITIES"]
+
+BATCH_MS = 1_000  # processing time between batches in the replay (no processing-time timers here)
+
+
+@dataclass(frozen=True)
+class Batch:
+    watermark_ms: int | None
+    now_ms: int
+    keys: tuple[str, ...]  # the rows read, in first-access order
+    next_timer: dict[str, int | None]  # what the batch writes back: key -> next event-time timer
+
+
+@dataclass(frozen=True)
+class Trace:
+    batches: tuple[Batch, ...]
+    distinct_keys: int
+    lookups: int
+    fired: int  # windows emitted by timers (the workload's emitted rows)
+    late: int  # records behind the watermark (the workload's late_dropped)
+
+
+def build_trace(files: Sequence[Path]) -> Trace:
+    """The window count's row accesses over ``files`` (one per batch), then the final timers-only batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    open_ends: dict[str, set[int]] = {}  # key -> ends of its open windows
+    due_at: dict[int, set[str]] = {}  # window end -> keys with that window open
+    batches = []
+    wm: int | None = None
+    seen_max: int | None = None
+    fired = late = 0
+    for k, f in enumerate([*files, None]):
+        if f is None:
+            if seen_max is None:
+                break
+            wm = seen_max - DELAY_MS
+            keys_in: list[str] = []
+            ts: list[int] = []
+        else:
+            t = pq.read_table(f, columns=["key", "event_time"])
+            keys_in = t.column("key").to_pylist()
+            ts = pc.cast(pc.cast(t.column("event_time"), pa.timestamp("ms", tz="UTC")), pa.int64()).to_pylist()
+        touched: dict[str, None] = {}
+        for key, e in zip(keys_in, ts, strict=True):
+            touched[key] = None
+            end = e - e % WIN_MS + WIN_MS
+            if wm is not None and end <= wm:
+                late += 1  # read, dropped
+                continue
+            ends = open_ends.setdefault(key, set())
+            if end not in ends:
+                ends.add(end)
+                due_at.setdefault(end, set()).add(key)
+        if wm is not None:
+            for end in sorted(e for e in due_at if e <= wm):
+                for key in due_at.pop(end):
+                    fired += 1
+                    touched[key] = None
+                    open_ends[key].discard(end)
+        nxt = {key: (min(open_ends[key]) - 1 if open_ends.get(key) else None) for key in touched}
+        batches.append(Batch(wm, k * BATCH_MS, tuple(touched), nxt))
+        if ts:
+            mx = max(ts)
+            seen_max = mx if seen_max is None else max(seen_max, mx)
+            wm = seen_max - DELAY_MS
+    distinct = len({k for b in batches for k in b.keys})
+    return Trace(tuple(batches), distinct, sum(len(b.keys) for b in batches), fired, late)
+
+
+def replay(trace: Trace, policy: str, capacity: int) -> dict[str, Any]:
+    """The trace through a :class:`RowCache` (one interval, one sequencer: no takeover here)."""
+    cache = RowCache(capacity, policy=policy)
+    t0 = time.process_time()
+    for b in trace.batches:
+        cache.begin_batch(watermark_ms=b.watermark_ms, now_ms=b.now_ms)
+        for key in b.keys:
+            if cache.lookup(key, interval=0, sequencer=1) is MISS:
+                cache.put(key, None, interval=0, sequencer=1, next_event_ms=None, next_processing_ms=None)
+        for key, nxt in b.next_timer.items():
+            cache.put(key, None, interval=0, sequencer=1, next_event_ms=nxt, next_processing_ms=None)
+        cache.end_batch()
+    cpu = time.process_time() - t0
+    st = cache.stats
+    return _figures(trace, policy, capacity, st.hits, st.misses, st.evictions, cpu)
+
+
+def replay_opt(trace: Trace, capacity: int) -> dict[str, Any]:
+    """Belady's MIN at batch granularity: after each batch keep the rows needed soonest."""
+    uses: dict[str, list[int]] = {}
+    for i, b in enumerate(trace.batches):
+        for key in b.keys:
+            uses.setdefault(key, []).append(i)
+    cached: set[str] = set()
+    hits = misses = evictions = 0
+    t0 = time.process_time()
+    for i, b in enumerate(trace.batches):
+        for key in b.keys:
+            if key in cached:
+                hits += 1
+            else:
+                misses += 1
+                cached.add(key)
+        over = len(cached) - capacity
+        if over > 0:
+            def next_use(key: str, i: int = i) -> float:
+                u = uses[key]
+                j = bisect.bisect_right(u, i)
+                return u[j] if j < len(u) else float("inf")
+            for key in heapq.nlargest(over, cached, key=next_use):
+                cached.discard(key)
+            evictions += over
+    return _figures(trace, "opt", capacity, hits, misses, evictions, time.process_time() - t0)
+
+
+def _figures(trace: Trace, policy: str, capacity: int, hits: int, misses: int, evictions: int,
+             cpu_s: float) -> dict[str, Any]:
+    lookups = hits + misses
+    return {"policy": policy, "capacity": capacity, "lookups": lookups, "hits": hits, "misses": misses,
+            "cold_misses": trace.distinct_keys, "avoidable_misses": misses - trace.distinct_keys,
+            "hit_rate": round(hits / lookups, 4) if lookups else 0.0, "evictions": evictions,
+            "cpu_s": round(cpu_s, 3), "us_per_lookup": round(1e6 * cpu_s / lookups, 2) if lookups else 0.0}
+
+
+def run_cache_bench(size: str, *, out: Path, capacities: Sequence[float] = DEFAULT_CAPACITIES,
+                    data_root: Path | None = None, params: WorkloadParams | None = None,
+                    progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Replay the trace of the workload ``size`` (a named size, or a custom one with ``params``)."""
+    data = ensure_workload(size, root=data_root, params=params)
+    t0 = time.monotonic()
+    trace = build_trace(data.files)
+    progress(f"trace: {len(trace.batches)} batches, {trace.lookups:,} row reads of {trace.distinct_keys:,} keys "
+             f"({time.monotonic() - t0:.1f} s)")
+    runs = []
+    for frac in capacities:
+        cap = max(1, int(round(frac * trace.distinct_keys)))
+        row: dict[str, Any] = {"capacity_share": frac, "capacity": cap}
+        for policy in ("lru", "window"):
+            row[policy] = replay(trace, policy, cap)
+        row["opt"] = replay_opt(trace, cap)
+        lru, win, opt = row["lru"]["misses"], row["window"]["misses"], row["opt"]["misses"]
+        row["window_vs_lru_misses"] = round(win / lru, 3) if lru else None
+        row["gap_closed"] = round((lru - win) / (lru - opt), 3) if lru > opt else None
+        runs.append(row)
+        progress(f"capacity {cap:,} rows ({frac:.0%}): hit rate lru {row['lru']['hit_rate']:.3f}, "
+                 f"window {row['window']['hit_rate']:.3f}, opt {row['opt']['hit_rate']:.3f}; "
+                 f"storage reads window/lru {row['window_vs_lru_misses']}")
+    report = {"benchmark": "cache", "workload": "zeitgeist-window-count", "size": size,
+              "content_sha256": data.content_sha256, "batches": len(trace.batches), "lookups": trace.lookups,
+              "distinct_keys": trace.distinct_keys, "runs": runs,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cache.json").write_text(json.dumps(report, indent=1))
+    _plot(report, out / "cache.png")
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    head = f"{'capacity':>10} {'share':>6} {'lru':>7} {'window':>7} {'opt':>7} {'reads w/lru':>11} {'gap closed':>10} " \
+           f"{'us/lookup lru':>13} {'window':>7}"
+    lines = [head, "-" * len(head)]
+    for r in report["runs"]:
+        gap = "-" if r["gap_closed"] is None else f"{r['gap_closed']:.2f}"
+        lines.append(f"{r['capacity']:>10,} {r['capacity_share']:>6.0%} {r['lru']['hit_rate']:>7.3f} "
+                     f"{r['window']['hit_rate']:>7.3f} {r['opt']['hit_rate']:>7.3f} "
+                     f"{r['window_vs_lru_misses']:>11} {gap:>10} {r['lru']['us_per_lookup']:>13} "
+                     f"{r['window']['us_per_lookup']:>7}")
+    return "\n".join(lines)
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    shares = [100 * r["capacity_share"] for r in report["runs"]]
+    for policy, style in (("lru", "o-"), ("window", "s-"), ("opt", "^--")):
+        ax.plot(shares, [r[policy]["hit_rate"] for r in report["runs"]], style, label=policy)
+    ax.set_xlabel("capacity (% of the keys the trace touches)")
+    ax.set_ylabel("hit rate (row reads served from memory)")
+    ax.set_title(f"row cache on the {report['size']} window-count trace ({report['lookups']:,} reads)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.exceptions import ConfigError
+
+    try:
+        caps = [float(c) for c in str(args.capacities).split(",") if c.strip()]
+    except ValueError:
+        raise ConfigError(f"--capacities must be numbers like 0.05,0.1, got {args.capacities!r}") from None
+    if not caps or any(not 0 < c <= 1 for c in caps):
+        raise ConfigError(f"--capacities must be shares in (0, 1], got {args.capacities!r}")
+    report = run_cache_bench(args.size, out=Path(args.out), capacities=caps,
+                             data_root=Path(args.data_root) if args.data_root else None)
+    print(format_table(report))
+    print(f"wrote {Path(args.out) / 'cache.json'} and {Path(args.out) / 'cache.png'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_cache_arguments(p)
+    return run_from_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

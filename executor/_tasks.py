@@ -138,6 +138,11 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
     due = (F.size("pending") > 0) | (F.col("next_processing_timer_ms") <= F.lit(now_ms))
     if input_watermark_ms is not None:
         due = due | (F.col("next_event_timer_ms") < F.lit(input_watermark_ms))
+    if dedup_horizon_ms is not None and comp.exactly_once:
+        # a row holding record ids past the dedup horizon is run too (no records: only its due
+        # timers fire), so its ids are trimmed even when no later batch has records of its key
+        # (otherwise the ids of a key seen once would stay forever)
+        due = due | F.exists("record_ids", lambda x: x["seen_ms"] < F.lit(dedup_horizon_ms))
     if prep is None:
         joined = rows.where(due).withColumn("recs", F.lit(None))
     else:

@@ -493,10 +493,13 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
 
 
 @pytest.mark.timeout(600)
-def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
-    """Image path: a key's record ids leave its row once older than the dedup horizon
-    (``dedup_retention_batches``) even when no later batch runs that key, as long as its
-    interval's image is rewritten; the run keys keep what the horizon needs."""
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_store, zk_config,
+                                                                 write_path) -> None:  # type: ignore[no-untyped-def]
+    """A key's record ids leave its row once older than the dedup horizon
+    (``dedup_retention_batches``) even when no later batch has records of that key (image path:
+    when its interval's image is rewritten; MERGE path: the row is run without records); the
+    keys with records keep what the horizon needs."""
     import zlib
 
     def interval(key: str) -> int:
@@ -510,7 +513,7 @@ def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_
             f"computation = 'buckets' AND key = '{key}'").select("record_ids").collect()
         return sorted(i["record_id"] for i in rows[0]["record_ids"] or ())
 
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image")
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path=write_path)
     try:
         ex.run_batch(events(spark, [("q0", quiet, 1_000), ("b0", busy, 1_000)]), 0, input_watermark_ms=None)
         for b in (1, 2):

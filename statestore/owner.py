@@ -102,7 +102,7 @@ class IntervalOwner:
 
         for r in sorted(rec.rows.values(), key=soonest):
             cache.put(r.key, r, interval=r.interval, sequencer=seqs[r.interval])
-        if rec.intervals and scanned:
+        if scanned:
             for iv in rec.intervals:
                 cache.mark_complete(iv, seqs[iv])  # until one of its rows is evicted
         cache.end_batch()
@@ -117,9 +117,8 @@ class IntervalOwner:
         """
         self.check()
         seqs = self.sequencers
-        wanted = sorted(set(keys))
-        for k in wanted:
-            iv = interval_of(k, self.num_intervals)
+        wanted = {k: interval_of(k, self.num_intervals) for k in sorted(set(keys))}
+        for k, iv in wanted.items():
             if iv not in seqs:
                 raise NotOwnerError(f"key {k!r} is in interval {iv} of {self.computation!r}, which this "
                                     f"instance does not hold (held: {sorted(seqs)}); its rows are not ours to read")
@@ -128,8 +127,7 @@ class IntervalOwner:
             return self.store.read_keys(self.computation, wanted, num_intervals=self.num_intervals)
         out: dict[str, KeyRow] = {}
         missing = []
-        for k in wanted:
-            iv = interval_of(k, self.num_intervals)
+        for k, iv in wanted.items():
             got = cache.lookup(k, interval=iv, sequencer=seqs[iv])
             if got is MISS:
                 missing.append(k)
@@ -138,8 +136,7 @@ class IntervalOwner:
         if missing:
             found = self.store.read_keys(self.computation, missing, num_intervals=self.num_intervals)
             for k in missing:
-                iv = interval_of(k, self.num_intervals)
-                cache.put(k, found.get(k), interval=iv, sequencer=seqs[iv])
+                cache.put(k, found.get(k), interval=wanted[k], sequencer=seqs[wanted[k]])
             out.update(found)
         return out
 

@@ -21,14 +21,15 @@ Step 4 of ``run_key`` as the image path does it, per key:
 from __future__ import annotations
 
 import json
+from itertools import accumulate, repeat
 from operator import attrgetter
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError
-from deltawheel.statestore.rows import _DOMAINS, TimeDomain, Timer, make_timer
+from deltawheel.statestore.rows import _DOMAINS, TimeDomain, Timer, new_timer
 
-from .computation import Computation, Record, make_record
+from .computation import Computation, Record, new_record
 from .context import Context
 from .keyrun import codec_of, run_user_code
 
@@ -82,8 +83,9 @@ class Input:
         self.values: list[bytes | None] = [] if self.no_values else py_list(vcol)
         self.codecs: list[str | None] = constant_or_list(recs.column("codec"), n) if n else []
         self.ts: list[int] = py_list(recs.column("timestamp_ms"))
-        self.streams: list[str | None] = constant_or_list(recs.column("stream"), n) if n else []
-        self.late: list[bool | None] = py_list(recs.column("late"))
+        self.streams: list[str] = constant_or_list(pc.fill_null(recs.column("stream"), ""), n) if n else []
+        self.late: list[bool] = py_list(pc.fill_null(recs.column("late"), False))
+        self._records: list[Record] | None = None
         self.runs: dict[str, tuple[int, int]] = {}
         # a record id twice within the batch (a source that repeats itself): only then does
         # each key's run need a set of the ids it ran
@@ -97,6 +99,13 @@ class Input:
 
     def row(self, i: int) -> dict[str, Any]:
         return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
+
+    def records(self) -> list[Record]:
+        """Every record (no values to decode), built at once in C; a key's are a slice."""
+        if self._records is None:
+            self._records = list(map(new_record, zip(self.keys, repeat(None), self.ts, self.ids, self.streams,
+                                                     self.late)))
+        return self._records
 
 
 class OldRows:
@@ -115,9 +124,11 @@ class OldRows:
         self.holds: list[int | None] = constant_or_list(sub.column("watermark_hold_ms"), n) if n else []
         timers = sub.column("timers").combine_chunks()
         flat = pc.list_flatten(timers)
-        self._tags: list[str] = py_list(flat.field("tag"))
-        self._doms: list[str] = py_list(flat.field("domain"))
-        self._times: list[int] = py_list(flat.field("time_ms"))
+        tags: list[str] = py_list(flat.field("tag"))
+        doms = list(map(_DOMAINS.__getitem__, py_list(flat.field("domain"))))
+        # every timer at once, in C; a row's are a slice (stored sorted: insertion order is sorted)
+        self._timers = list(map(new_timer, zip(py_list(flat.field("time_ms")), tags, doms, strict=True)))
+        self._slots = list(zip(tags, doms, strict=True))
         self._offs: list[int] = py_list(timers.offsets)
         self.pending: set[str] = set()
         if with_pending:
@@ -126,69 +137,52 @@ class OldRows:
 
     def timers(self, j: int) -> dict[tuple[str, TimeDomain], Timer]:
         """Row ``j``'s timers as a Context holds them (stored sorted: insertion order is sorted)."""
-        tags, doms, times = self._tags, self._doms, self._times
-        out = {}
-        for x in range(self._offs[j], self._offs[j + 1]):
-            d = _DOMAINS[doms[x]]
-            out[(tags[x], d)] = make_timer(times[x], tags[x], d)
-        return out
+        a, b = self._offs[j], self._offs[j + 1]
+        return dict(zip(self._slots[a:b], self._timers[a:b], strict=True))
 
 
 class NewRows:
-    """New row images (without record ids) collected column by column."""
+    """New row images (without record ids): one tuple per key while the keys run, turned into
+    columns once (``table``)."""
 
     def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.states: list[bytes | None] = []
-        self.codecs: list[str] = []
-        self.holds: list[int | None] = []
-        self.next_ev: list[int | None] = []
-        self.next_proc: list[int | None] = []
-        self.t_offs = [0]
-        self.t_tags: list[str] = []
-        self.t_doms: list[str] = []
-        self.t_times: list[int] = []
-        self.p_offs = [0]
-        self.prods: list[Any] = []
+        # (key, state, timers (sorted), watermark hold, pending productions) per key
+        self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any]] = []
 
-    def add(self, key: str, state: bytes | None, codec: str, timers: tuple[Timer, ...], hold: int | None,
+    def add(self, key: str, state: bytes | None, timers: tuple[Timer, ...], hold: int | None,
             pending: list[Any] | tuple[Any, ...]) -> None:
-        self.keys.append(key)
-        self.states.append(state)
-        self.codecs.append(codec)
-        self.holds.append(hold)
-        ev = proc = None
-        for t in timers:  # sorted by time: the first of each domain is its earliest
-            self.t_tags.append(t.tag)
-            self.t_doms.append(t.domain.value)
-            self.t_times.append(t.time_ms)
-            if t.domain is _EVENT:
-                if ev is None:
-                    ev = t.time_ms
-            elif proc is None:
-                proc = t.time_ms
-        self.next_ev.append(ev)
-        self.next_proc.append(proc)
-        self.t_offs.append(len(self.t_tags))
-        self.prods.extend(pending)
-        self.p_offs.append(len(self.prods))
+        self.rows.append((key, state, timers, hold, pending))
 
-    def table(self, schema: Any, *, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> Any:
+    def table(self, schema: Any, *, codec: str, sequencer: int, commit_id: str, now_ms: int,
+              format_version: int) -> Any:
         """The Arrow table in ``schema`` (the rows file schema without ``record_ids``)."""
         import pyarrow as pa
 
-        n = len(self.keys)
+        n = len(self.rows)
+        if n:
+            keys, states, timer_lists, holds, pending_lists = zip(*self.rows, strict=True)
+        else:
+            keys = states = timer_lists = holds = pending_lists = ()
+        flat = [t for ts in timer_lists for t in ts]
         tfield = schema.field("timers")
-        timers = pa.ListArray.from_arrays(pa.array(self.t_offs, pa.int32()), pa.StructArray.from_arrays(
-            [pa.array(self.t_tags, pa.string()), pa.array(self.t_doms, pa.string()),
-             pa.array(self.t_times, pa.int64())], fields=list(tfield.type.value_type)), type=tfield.type)
+        timers = pa.ListArray.from_arrays(
+            pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32()),
+            pa.StructArray.from_arrays([pa.array([t[1] for t in flat], pa.string()),
+                                        pa.array([_DOMAIN_VALUE[t[2]] for t in flat], pa.string()),
+                                        pa.array([t[0] for t in flat], pa.int64())],
+                                       fields=list(tfield.type.value_type)), type=tfield.type)
+        prods = [p for ps in pending_lists for p in ps]
         pfield = schema.field("pending")
         ptype = pfield.type.value_type  # the struct's fields are Production's attributes
-        pending = pa.ListArray.from_arrays(pa.array(self.p_offs, pa.int32()), pa.StructArray.from_arrays(
-            [pa.array(list(map(attrgetter(f.name), self.prods)), f.type) for f in ptype], fields=list(ptype)),
-            type=pfield.type)
-        cols = {"key": self.keys, "state": self.states, "codec": self.codecs, "next_event_timer_ms": self.next_ev,
-                "next_processing_timer_ms": self.next_proc, "watermark_hold_ms": self.holds,
+        pending = pa.ListArray.from_arrays(
+            pa.array(list(accumulate(map(len, pending_lists), initial=0)), pa.int32()),
+            pa.StructArray.from_arrays([pa.array(list(map(attrgetter(f.name), prods)), f.type) for f in ptype],
+                                       fields=list(ptype)), type=pfield.type)
+        # timers are sorted by time: the first of a domain is its earliest
+        next_ev = [next((t[0] for t in ts if t[2] is _EVENT), None) if ts else None for ts in timer_lists]
+        next_proc = [next((t[0] for t in ts if t[2] is not _EVENT), None) if ts else None for ts in timer_lists]
+        cols = {"key": keys, "state": states, "codec": [codec] * n, "next_event_timer_ms": next_ev,
+                "next_processing_timer_ms": next_proc, "watermark_hold_ms": holds,
                 "sequencer": [sequencer] * n, "commit_id": [commit_id] * n, "updated_ms": [now_ms] * n,
                 "format_version": [format_version] * n}
         arrays = [timers if f.name == "timers" else pending if f.name == "pending" else
@@ -217,25 +211,29 @@ class KeyLoop:
     def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
             old_id_keys: set[str]) -> None:
         comp = self.comp
-        name, codec, outputs, wm, now = comp.name, self.codec, comp.outputs, self.wm, self.now_ms
-        cname = codec.name
+        wm, now = self.wm, self.now_ms
         exactly_once = comp.exactly_once
         repeats = exactly_once and inp.repeats
         keep_ids = exactly_once
         if seen is not None or repeats:
             self.all_ran = False
-        rows = self.rows
+        add = self.rows.rows.append
+        unchanged = self.unchanged.append
+        all_prods = self.prods
+        index, states, holds, old_pending = old.index.get, old.states, old.holds, old.pending
+        runs = inp.runs.get
+        strong = self.strong
+        new_ctx = context_factory(comp, self.codec, wm, now)
+        processed = duplicates = late = fired = written = 0
         for key in touched:
-            j = old.index.get(key)
+            j = index(key)
             if j is None:
                 state_b, tdict, hold = None, {}, None
             else:
-                state_b, tdict, hold = old.states[j], old.timers(j), old.holds[j]
-            ctx = Context(computation=name, key=key, state_bytes=state_b, codec=codec, timers=(), outputs=outputs,
-                          input_watermark_ms=wm, now_ms=now, watermark_hold_ms=hold)
+                state_b, tdict, hold = states[j], old.timers(j), holds[j]
+            ctx = new_ctx(key, state_b, tdict, hold)
             old_timers = tuple(tdict.values())
-            ctx._timers = tdict
-            lo, hi = inp.runs.get(key, (0, 0))
+            lo, hi = runs(key, _NO_RUN)
             records, dead, n_seen = records_of(inp, key, lo, hi, seen)
             if dead:
                 self.all_ran = False
@@ -244,39 +242,71 @@ class KeyLoop:
             if ran.dead_letters:
                 pos = {inp.ids[i]: i for i in range(lo, hi)}
                 dead += [side_row("dead", inp.row(pos[rec.record_id]), key, err) for rec, err in ran.dead_letters]
-            self.side.extend(dead)
+            if dead:
+                self.side.extend(dead)
             fresh = ran.fresh
-            self.processed += len(fresh)
-            self.duplicates += n_seen + ran.duplicates
-            self.late += ran.late
-            self.fired += ran.timers_fired
+            processed += len(fresh)
+            duplicates += n_seen + ran.duplicates
+            late += ran.late
+            fired += ran.timers_fired
             prods = ctx._productions
-            self.prods.extend(prods)
-            if keep_ids and not self.all_ran and fresh:
+            if prods:
+                all_prods.extend(prods)
+            if keep_ids and fresh and not self.all_ran:
                 self.id_keys += [key] * len(fresh)
                 self.id_values += fresh
             state = ctx._encoded_state()
-            timers = ctx.timers
+            timers = tuple(sorted(ctx._timers.values()))
             new_hold = ctx._hold
-            pending = prods if self.strong else ()
+            pending = prods if strong else ()
             if state is None and not timers and not pending and new_hold is None:
                 # nothing left: the row stays only for its record ids (old ones still within the
                 # horizon, the ones run now)
                 if key in old_id_keys or (keep_ids and fresh):
-                    rows.add(key, None, cname, (), None, ())
-                    self.written += 1
-                else:
-                    self.written += int(j is not None)
+                    add((key, None, (), None, ()))
+                    written += 1
+                elif j is not None:
+                    written += 1
                 continue
-            if (fresh or ran.timers_fired or prods or j is None or key in old.pending or state != state_b
+            if (fresh or ran.timers_fired or prods or j is None or key in old_pending or state != state_b
                     or timers != old_timers or new_hold != hold):
-                rows.add(key, state, cname, timers, new_hold, pending)
-                self.written += 1
+                add((key, state, timers, new_hold, pending))
+                written += 1
             else:
-                self.unchanged.append(key)
+                unchanged(key)
+        self.processed += processed
+        self.duplicates += duplicates
+        self.late += late
+        self.fired += fired
+        self.written += written
 
 
+def context_factory(comp: Computation, codec: Any, wm: int | None,
+                    now: int) -> Callable[[str, bytes | None, dict[tuple[str, TimeDomain], Timer], int | None], Context]:
+    """``Context(...)`` for each key of one batch: the batch-wide attributes copied from a template
+    (half the cost of ``Context.__init__``, which runs for every touched key)."""
+    base = dict(Context(computation=comp.name, key="", state_bytes=None, codec=codec, timers=(),
+                        outputs=comp.outputs, input_watermark_ms=wm, now_ms=now, watermark_hold_ms=None).__dict__)
+    new = object.__new__
+
+    def make(key: str, state_b: bytes | None, timers: dict[tuple[str, TimeDomain], Timer],
+             hold: int | None) -> Context:
+        ctx = new(Context)
+        d = base.copy()
+        d["key"] = key
+        d["_state_bytes"] = state_b
+        d["_timers"] = timers
+        d["_productions"] = []
+        d["_hold"] = hold
+        ctx.__dict__ = d
+        return ctx  # type: ignore[no-any-return]
+
+    return make
+
+
+_NO_RUN = (0, 0)
 _EVENT = TimeDomain.EVENT_TIME
+_DOMAIN_VALUE = {d: d.value for d in TimeDomain}
 _JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
@@ -305,9 +335,10 @@ def records_of(inp: Input, key: str, lo: int, hi: int,
     n_seen = 0
     ids, values, codecs, ts, streams, late = inp.ids, inp.values, inp.codecs, inp.ts, inp.streams, inp.late
     if inp.no_values:
-        return ([make_record(key, None, ts[i], ids[i], streams[i] or "", bool(late[i]))
-                 for i in range(lo, hi) if seen is None or not seen[i]],
-                [], 0 if seen is None else sum(seen[lo:hi]))
+        every = inp.records()[lo:hi]
+        if seen is None:
+            return every, [], 0
+        return [r for r, s in zip(every, seen[lo:hi], strict=True) if not s], [], sum(seen[lo:hi])
     for i in range(lo, hi):
         if seen is not None and seen[i]:
             n_seen += 1
@@ -317,7 +348,7 @@ def records_of(inp: Input, key: str, lo: int, hi: int,
         except CodecError as exc:
             dead.append(side_row("dead", inp.row(i), key, f"CodecError: {exc}"))
             continue
-        out.append(make_record(key, value, ts[i], ids[i], streams[i] or "", bool(late[i])))
+        out.append(new_record((key, value, ts[i], ids[i], streams[i], late[i])))
     return out, dead, n_seen
 
 

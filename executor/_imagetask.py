@@ -197,7 +197,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         new_ids = pa.table({"key": pa.array(loop.id_keys, pa.string()),
                             "record_id": pa.array(loop.id_values, pa.string())})
     fresh_tbl = _with_ids(loop.rows.table(spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids")),
-                                          sequencer=mine, commit_id=spec.commit_id, now_ms=spec.now_ms,
+                                          codec=loop.codec.name, sequencer=mine, commit_id=spec.commit_id, now_ms=spec.now_ms,
                                           format_version=ROW_FORMAT_VERSION),
                           old_ids, new_ids, spec.now_ms, spec.rows_schema)
     parts = [rest, fresh_tbl]

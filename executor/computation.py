@@ -25,9 +25,9 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Union
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, NamedTuple, Union
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
@@ -45,12 +45,12 @@ KeyExtractor = Union[str, Callable[[Any], Any]]
 RECORD_KEY = "@key"
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     """One input record of a key: (key, value, event timestamp) plus its unique id.
 
     ``late`` is True when the record arrived behind the computation's input
-    low watermark (only delivered with ``LatePolicy.PROCESS``).
+    low watermark (only delivered with ``LatePolicy.PROCESS``). Immutable (a named
+    tuple: the executor builds one per input record, in bulk).
     """
 
     key: str
@@ -62,17 +62,13 @@ class Record:
 
 
 def make_record(key: str, value: Any, timestamp_ms: int, record_id: str, stream: str, late: bool) -> Record:
-    """``Record(...)`` without the frozen dataclass's per-field ``object.__setattr__`` (the
-    executor builds one per input record)."""
-    r = object.__new__(Record)
-    d = r.__dict__
-    d["key"] = key
-    d["value"] = value
-    d["timestamp_ms"] = timestamp_ms
-    d["record_id"] = record_id
-    d["stream"] = stream
-    d["late"] = late
-    return r
+    """``Record(...)`` for already checked values; :data:`new_record` builds one from a
+    ``(key, value, timestamp_ms, record_id, stream, late)`` tuple."""
+    return new_record((key, value, timestamp_ms, record_id, stream, late))
+
+
+#: ``Record`` from a field tuple, in C (``map(new_record, zip(...))`` builds a batch's records).
+new_record = partial(tuple.__new__, Record)
 
 
 class LatePolicy(str, Enum):

@@ -19,6 +19,7 @@ user code sees lives in one place:
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import NamedTuple, Sequence
 
 from deltawheel.statestore.codecs import Codec, get_codec
@@ -137,32 +138,48 @@ def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *,
     whose id is not in ``seen`` (None: no dedup; the ids run are added to it), then the due
     timers in timestamp order. The one implementation of user-code semantics: ``run_key`` and
     the image path's column-wise key loop (``_imagekeys``) both call it."""
-    fresh: list[str] = []
+    fresh: list[str]
     dups = 0
     dead: list[tuple[Record, str]] = []
     late = 0
     process = comp.process_record
     produced = ctx._productions
-    for r in records:
-        rid = r.record_id
-        if seen is not None:
-            if rid in seen:
-                dups += 1
-                continue
-            seen.add(rid)
-        fresh.append(rid)
-        if r.late:
-            late += 1
-        ctx._cause = r  # names what is processed: production ids derive from it
+    if seen is None and comp.error_policy is not ErrorPolicy.DEAD_LETTER:
+        # no dedup, and any user error fails the batch: the loop does only what user code needs
+        r: Record | None = None
         try:
-            process(ctx, r)
+            for r in records:
+                ctx._cause = r  # names what is processed: production ids derive from it
+                process(ctx, r)
         except Exception as exc:  # noqa: BLE001 - user code
-            if comp.error_policy is ErrorPolicy.DEAD_LETTER:
-                if ctx._counted is r:  # drop what this record produced
-                    del produced[len(produced) - ctx._n:]
-                dead.append((r, f"{type(exc).__name__}: {exc}"))
-                continue
-            raise UserCodeError(comp.name, ctx.key, f"record {rid!r} (event time {r.timestamp_ms})", exc) from exc
+            assert r is not None
+            raise UserCodeError(comp.name, ctx.key, f"record {r.record_id!r} (event time {r.timestamp_ms})",
+                                exc) from exc
+        fresh = list(map(_RECORD_ID, records))
+        late = sum(map(_LATE, records))
+    else:
+        fresh = []
+        for r in records:
+            rid = r.record_id
+            if seen is not None:
+                if rid in seen:
+                    dups += 1
+                    continue
+                seen.add(rid)
+            fresh.append(rid)
+            if r.late:
+                late += 1
+            ctx._cause = r
+            try:
+                process(ctx, r)
+            except Exception as exc:  # noqa: BLE001 - user code
+                if comp.error_policy is ErrorPolicy.DEAD_LETTER:
+                    if ctx._counted is r:  # drop what this record produced
+                        del produced[len(produced) - ctx._n:]
+                    dead.append((r, f"{type(exc).__name__}: {exc}"))
+                    continue
+                raise UserCodeError(comp.name, ctx.key, f"record {rid!r} (event time {r.timestamp_ms})",
+                                    exc) from exc
     fired = 0
     wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
     if fire_timers and ctx._timers:
@@ -173,7 +190,7 @@ def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *,
                 break
             t = min(due)
             del timers[(t.tag, t.domain)]
-            ctx._cause = TimerCause(f"timer:{comp.name}:{ctx.key}:{t.domain.value}:{t.tag}:{t.time_ms}", t.time_ms)
+            ctx._cause = TimerCause(f"timer:{comp.name}:{ctx.key}:{_DVAL[t.domain]}:{t.tag}:{t.time_ms}", t.time_ms)
             try:
                 comp.process_timer(ctx, t)
             except Exception as exc:  # noqa: BLE001 - user code
@@ -184,6 +201,9 @@ def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *,
 
 
 _EVENT = TimeDomain.EVENT_TIME
+_DVAL = {d: d.value for d in TimeDomain}  # an enum's .value is a slow descriptor
+_RECORD_ID = attrgetter("record_id")
+_LATE = attrgetter("late")
 _CODECS: dict[tuple[str, bool], Codec] = {}
 _NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
 

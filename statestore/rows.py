@@ -18,7 +18,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from functools import partial
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from .exceptions import BadRecordError
 
@@ -54,11 +55,12 @@ class TimeDomain(str, Enum):
 _DOMAINS = {d.value: d for d in TimeDomain} | {d: d for d in TimeDomain}
 
 
-@dataclass(frozen=True, order=True)
-class Timer:
+class Timer(NamedTuple):
     """A timer of one key: fires once ``time_ms`` is reached in its ``domain``.
 
-    A key has at most one timer per (tag, domain); setting it again moves it.
+    A key has at most one timer per (tag, domain); setting it again moves it. Timers order
+    by (time, tag, domain). A named tuple (immutable, compared and sorted in C): the
+    framework builds and sorts one per timer of every touched key.
     """
 
     time_ms: int
@@ -74,14 +76,13 @@ class Timer:
 
 
 def make_timer(time_ms: int, tag: str, domain: TimeDomain) -> Timer:
-    """``Timer(time_ms, tag, domain)`` for already checked values, without the frozen
-    dataclass's per-field ``object.__setattr__`` (runs for every timer of every touched key)."""
-    t = object.__new__(Timer)
-    d = t.__dict__
-    d["time_ms"] = time_ms
-    d["tag"] = tag
-    d["domain"] = domain
-    return t
+    """``Timer(time_ms, tag, domain)`` for already checked values (runs for every timer of every
+    touched key); :data:`new_timer` builds one from a ``(time_ms, tag, domain)`` tuple."""
+    return new_timer((time_ms, tag, domain))
+
+
+#: ``Timer`` from a ``(time_ms, tag, domain)`` tuple, in C (``map(new_timer, zip(...))`` builds many).
+new_timer = partial(tuple.__new__, Timer)
 
 
 def make_row(computation: str, key: str, interval: int, state: bytes | None, codec: str,
@@ -107,9 +108,9 @@ def updated_row(base: "KeyRow", state: bytes | None, codec: str, timers: tuple[T
     return r
 
 
-@dataclass(frozen=True)
-class Production:
-    """A record produced to a stream, checkpointed in the producer's row until delivered."""
+class Production(NamedTuple):
+    """A record produced to a stream, checkpointed in the producer's row until delivered
+    (a named tuple: one is built per production of every batch)."""
 
     production_id: str
     stream: str
@@ -142,17 +143,11 @@ class Production:
 
 def make_production(production_id: str, stream: str, key: str, value: bytes, timestamp_ms: int,
                     codec: str) -> Production:
-    """``Production(...)`` for already checked values, without the frozen dataclass's per-field
-    ``object.__setattr__`` (runs for every production of every batch)."""
-    p = object.__new__(Production)
-    d = p.__dict__
-    d["production_id"] = production_id
-    d["stream"] = stream
-    d["key"] = key
-    d["value"] = value
-    d["timestamp_ms"] = timestamp_ms
-    d["codec"] = codec
-    return p
+    """``Production(...)`` for already checked values (runs for every production of every batch)."""
+    return _new_production((production_id, stream, key, value, timestamp_ms, codec))
+
+
+_new_production = partial(tuple.__new__, Production)
 
 
 @dataclass(frozen=True)

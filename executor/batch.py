@@ -503,6 +503,7 @@ class ComputationExecutor:
         assert self.authority is not None
         with self._wm_lock:  # the batch and its delivery thread both publish
             held = self.inflight.held_ts()
+            works: dict[int, tuple[int | None, int]] = {}
             for iv, seq in self.owner.sequencers.items():
                 if self._images is not None:
                     oldest = self._oldest_iv.get(iv)
@@ -511,7 +512,8 @@ class ComputationExecutor:
                     oldest = min(per.values()) if per else None
                 if held is not None:  # undelivered (straggling) productions hold the watermark
                     oldest = held if oldest is None else min(oldest, held)
-                self.authority.publish_oldest_work(self.comp.name, iv, oldest, sequencer=seq)
+                works[iv] = (oldest, seq)
+            self.authority.publish_oldest_works(self.comp.name, works)  # one ZooKeeper transaction
             return self.authority.advance_low_watermark(self.comp.name)
 
     def _fault(self, point: FaultPoint, batch_id: int) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +162,35 @@ def _zk_errors(what: str) -> Any:
                      lost="the ZooKeeper connection was lost; retry once it reconnects")
 
 
+def _got(res: Any) -> tuple[bytes | None, ZnodeStat | None]:
+    """An asynchronous ``get``'s (data, stat); (None, None) for a missing node."""
+    try:
+        return res.get()  # type: ignore[no-any-return]
+    except NoNodeError:
+        return None, None
+
+
+def _stale(what: str, ours: int, theirs: object, where: str) -> StaleSequencerError:
+    return StaleSequencerError(f"{what}: {where} has sequencer {theirs}, newer than ours ({ours}); drop the "
+                               "interval and re-acquire its lease")
+
+
+def _owner_fence(what: str, owner_path: str, sequencer: int, data: bytes | None,
+                 stat: ZnodeStat | None) -> tuple[str, int] | None:
+    """The (path, version) check a publish under ``sequencer`` must carry: the lease owner node
+    while it names our grant; None when no lease is recorded (released, or leases not in use:
+    the stored sequencer decides) or it names an older one. A newer grant raises."""
+    if data is None or stat is None:
+        return None
+    try:
+        theirs = json.loads(data.decode("utf-8")).get("sequencer")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        theirs = None
+    if not isinstance(theirs, int) or theirs > sequencer:
+        raise _stale(what, sequencer, theirs if isinstance(theirs, int) else "(being granted)", "the current lease")
+    return (owner_path, stat.version) if theirs == sequencer else None
+
+
 class WatermarkAuthority:
     """Publishes oldest work and injector watermarks; computes and publishes low watermarks.
 
@@ -255,37 +284,52 @@ class WatermarkAuthority:
             CodecError: ``oldest_work_ms`` is not epoch milliseconds.
             LeaseSuspendedError: the connection is suspended; retry after the reconnect.
         """
-        _check_ms("oldest_work_ms", oldest_work_ms, optional=True)
-        owner_path = f"{interval_path(self.pipeline, computation, interval)}/owner"  # range check
+        self.publish_oldest_works(computation, {interval: (oldest_work_ms, sequencer)})
+
+    def publish_oldest_works(self, computation: str, works: Mapping[int, tuple[int | None, int]]) -> None:
+        """:meth:`publish_oldest_work` for several intervals of one computation at once:
+        ``works`` maps interval -> (oldest work ms or None, sequencer of our grant). One round
+        of reads (pipelined) and one ZooKeeper transaction: all are written or none (a
+        concurrent update makes it read and try again). Raises as :meth:`publish_oldest_work`."""
+        ivs = sorted(works)
+        if not ivs:
+            return
+        for iv in ivs:
+            _check_ms("oldest_work_ms", works[iv][0], optional=True)
+        owners = {iv: f"{interval_path(self.pipeline, computation, iv)}/owner" for iv in ivs}  # range check
         topo = self.topology(computation)
-        if topo is not None and interval >= topo.num_intervals:
+        if topo is not None and ivs[-1] >= topo.num_intervals:
             raise ConfigError(f"{computation} is declared with {topo.num_intervals} intervals; "
-                              f"interval {interval} does not exist")
-        what = f"publishing oldest work of interval {interval} of {self.pipeline}/{computation}"
-
-        def stale(theirs: object, where: str) -> StaleSequencerError:
-            return StaleSequencerError(f"{what}: {where} has sequencer {theirs}, newer than ours "
-                                       f"({sequencer}); drop the interval and re-acquire its lease")
-
-        def fence() -> tuple[str, int] | None:
-            data, stat = self._get(owner_path)
-            if data is None or stat is None:
-                return None  # no lease recorded (released, or leases not in use): the stored sequencer decides
-            try:
-                theirs = json.loads(data.decode("utf-8")).get("sequencer")
-            except (UnicodeDecodeError, ValueError, AttributeError):
-                theirs = None
-            if not isinstance(theirs, int) or theirs > sequencer:
-                raise stale(theirs if isinstance(theirs, int) else "(being granted)", "the current lease")
-            return (owner_path, stat.version) if theirs == sequencer else None
-
-        def update(old: Raw | None) -> bytes:
-            if old is not None and int(old["sequencer"]) > sequencer:
-                raise stale(old["sequencer"], "the published oldest work")
-            return _encode({"sequencer": sequencer, "oldest_work_ms": oldest_work_ms,
-                            "published_ms": self._clock.now_ms()})
-
-        self._cas(f"{self._path('computation', computation)}/{interval:05d}", what, update, fence)
+                              f"interval {ivs[-1]} does not exist")
+        base = self._path("computation", computation)
+        what = (f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} {', '.join(map(str, ivs))} "
+                f"of {self.pipeline}/{computation}")
+        self._connected(what)
+        with _zk_errors(what):
+            while True:
+                pending = [(iv, self._client.get_async(owners[iv]), self._client.get_async(f"{base}/{iv:05d}"))
+                           for iv in ivs]
+                tx = self._client.transaction()
+                for iv, owner_res, value_res in pending:
+                    oldest, sequencer = works[iv]
+                    one = f"publishing oldest work of interval {iv} of {self.pipeline}/{computation}"
+                    data, stat = _got(value_res)
+                    old = None if data is None else _decode(data, one)
+                    if old is not None and int(old["sequencer"]) > sequencer:
+                        raise _stale(one, sequencer, old["sequencer"], "the published oldest work")
+                    fence = _owner_fence(one, owners[iv], sequencer, *_got(owner_res))
+                    if fence is not None:
+                        tx.check(*fence)
+                    new = _encode({"sequencer": sequencer, "oldest_work_ms": oldest,
+                                   "published_ms": self._clock.now_ms()})
+                    if stat is None:
+                        self._client.ensure_path(base, acl=self._acls)
+                        tx.create(f"{base}/{iv:05d}", new, acl=self._acls)
+                    else:
+                        tx.set_data(f"{base}/{iv:05d}", new, stat.version)
+                if not any(isinstance(r, Exception) for r in tx.commit()):
+                    return
+                log.debug("%s: concurrent update, retrying", what)
 
     def publish_injector(self, injector: str, watermark_ms: int, *, sequencer: int = 0) -> int:
         """Publish a source's low watermark estimate; it never moves backwards.

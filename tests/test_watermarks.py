@@ -167,6 +167,29 @@ def test_concurrent_publishers_keep_the_newest_sequencer(clients: Callable[..., 
     assert wm.injector_watermark("src") == 116  # no lost update of the monotonic max
 
 
+def test_several_intervals_publish_in_one_transaction_all_or_none(clients: Callable[..., KazooClient],
+                                                                   wm: WatermarkAuthority) -> None:
+    seqs = {iv: g.sequencer for iv, g in LeaseManager(clients(), pipeline=P, owner="old").acquire("A", [0, 1]).items()}
+    wm.publish_injector("src", 10_000)
+    wm.publish_oldest_works("A", {0: (100, seqs[0]), 1: (None, seqs[1])})
+    stored = wm.oldest_work("A", 2)
+    assert [(s or {}).get("oldest_work_ms") for s in (stored[0], stored[1])] == [100, None]
+    assert wm.low_watermark("A") == 100
+    # interval 1 is taken over: a publish of both must fail naming it, and write neither
+    break_lease(clients(), pipeline=P, computation="A", interval=1, apply=True)
+    new = LeaseManager(clients(), pipeline=P, owner="new").acquire("A", [1])[1]
+    with pytest.raises(StaleSequencerError, match=r"interval 1 of p/A: the current lease has sequencer \d+"):
+        wm.publish_oldest_works("A", {0: (7_000, seqs[0]), 1: (7_000, seqs[1])})
+    after = wm.oldest_work("A", 2)
+    assert after[0] is not None and after[0]["oldest_work_ms"] == 100  # interval 0 not written either
+    wm.publish_oldest_works("A", {1: (50, new.sequencer)})
+    assert wm.low_watermark("A") == 50
+    with pytest.raises(ConfigError, match="declared with 2 intervals; interval 2 does not exist"):
+        wm.publish_oldest_works("A", {0: (1, seqs[0]), 2: (1, seqs[0])})
+    with pytest.raises(CodecError):
+        wm.publish_oldest_works("A", {0: (NOT_MS, seqs[0])})
+
+
 class MeddlingClock:
     """A fixed clock that, the next time it is read, runs ``meddle``: a write by another client
     between a publisher's read and its conditional write (the clock stamps ``published_ms`` there)."""

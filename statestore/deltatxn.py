@@ -94,15 +94,41 @@ class TableLog:
         self._action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
             .getField("MODULE$").get(None)
         self._write_op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
-        self._save_mode = jvm.org.apache.spark.sql.SaveMode
+        # JVM classes and constants resolved once: every attribute step of ``jvm.a.b.C`` and every
+        # call is a py4j round trip (a batch's commit made ~70 of them)
+        save_mode = jvm.org.apache.spark.sql.SaveMode
+        self._modes = {True: save_mode.Overwrite, False: save_mode.Append}
+        self._array_list = jvm.java.util.ArrayList
+        self._none = jvm.scala.Option.empty()
+        self._some = jvm.scala.Some
+        self._parser: Any = None
+        self._parsed: dict[str, Any] = {}  # predicate SQL -> parsed expression (immutable, reused)
+        self._actions: dict[str, Any] = {}  # action JSON -> Delta action object (see _from_json)
 
     # ------------------------------------------------------------ reading
 
     def _seq(self, items: Sequence[Any]) -> Any:
-        return self._cc.asScala(self._jvm.java.util.ArrayList(list(items))).toSeq()
+        return self._cc.asScala(self._array_list(list(items))).toSeq()
+
+    def _from_json(self, action_json: str) -> Any:
+        """Delta's action object of ``action_json``; the adds of a commit are kept, since the
+        next commit of their partition removes exactly those files (actions are immutable)."""
+        act = self._actions.get(action_json)
+        if act is None:
+            if len(self._actions) > 1024:
+                self._actions.clear()
+            act = self._actions[action_json] = self._action.fromJson(action_json)
+        return act
 
     def _pred(self, sql: str) -> Any:
-        return self._js.sessionState().sqlParser().parseExpression(sql)
+        expr = self._parsed.get(sql)
+        if expr is None:
+            if self._parser is None:
+                self._parser = self._js.sessionState().sqlParser()
+            if len(self._parsed) > 1024:
+                self._parsed.clear()
+            expr = self._parsed[sql] = self._parser.parseExpression(sql)
+        return expr
 
     def _operation(self, overwrite: bool, predicates: Sequence[str] = (), user_metadata: str | None = None) -> Any:
         """The commit's operation: a Delta ``WRITE`` (``Append``, or ``Overwrite`` of the partitions
@@ -116,11 +142,10 @@ class TableLog:
         calling thread's *active* session, which need not be this one (claims made outside a
         streaming batch were committed without it), and a setting is shared by the threads
         committing concurrently (a delivery thread beside a batch)."""
-        none = self._jvm.scala.Option.empty()
-        pred = self._jvm.scala.Some(" OR ".join(f"({p})" for p in predicates)) if predicates else none
-        meta = self._jvm.scala.Some(user_metadata) if user_metadata is not None else none
-        mode = self._save_mode.Overwrite if overwrite else self._save_mode.Append
-        return self._write_op(mode, none, pred, meta)
+        none = self._none
+        pred = self._some(" OR ".join(f"({p})" for p in predicates)) if predicates else none
+        meta = self._some(user_metadata) if user_metadata is not None else none
+        return self._write_op(self._modes[overwrite], none, pred, meta)
 
     def files(self, predicate_sql: str, *,
               where: Callable[[Mapping[str, str]], bool] | None = None) -> tuple[int, list[FileEntry]]:
@@ -219,10 +244,10 @@ class TableLog:
         now = int(time.time() * 1000)
         actions = []
         if remove:
-            old = [self._action.fromJson(f.action_json) for f in remove]
+            old = [self._from_json(f.action_json) for f in remove]
             txn.trackFilesRead(self._seq(old))
             actions += [a.removeWithTimestamp(now, True) for a in old]
-        actions += [self._action.fromJson(a) for a in add]
+        actions += [self._from_json(a) for a in add]
         for app, ver in (app_versions or {}).items():
             actions.append(self._action.fromJson(json.dumps(
                 {"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})))

@@ -54,7 +54,11 @@ class Context:
 
     @property
     def state(self) -> Any:
-        """The key's state (decoded on first access); None when the key has none."""
+        """The key's state (decoded on first access); None when the key has none.
+
+        Assign to change it (``ctx.state = value``; None forgets it). A state read and then
+        changed in place (``ctx.state["n"] += 1``) is kept as well: once user code is done with
+        the key, a state it read is encoded again and stored if its bytes differ."""
         if self._state is _UNSET:
             self._state = None if self._state_bytes is None else self._codec.decode(self._state_bytes)
         return self._state
@@ -120,6 +124,8 @@ class Context:
     # ------------------------------------------------------------- internal
 
     def _encoded_state(self) -> bytes | None:
-        if not self._dirty:
+        state = self._state
+        if not self._dirty and (state is _UNSET or state is None):  # never read (or there is none)
             return self._state_bytes
-        return None if self._state is None else self._codec.encode(self._state)
+        # assigned, or read and possibly changed in place: what user code left is the state
+        return None if state is None else self._codec.encode(state)

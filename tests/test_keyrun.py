@@ -195,3 +195,28 @@ def test_spark_zip_finders_skip_invalidation_other_zips_do_not(tmp_path, monkeyp
         sys.modules.pop(m, None)
     for p in paths.values():
         sys.path_importer_cache.pop(p, None)
+
+
+class InPlace(Computation):
+    """Changes its state in place without assigning it back (a dict's counter, a list's append)."""
+
+    name = "inplace"
+    inputs = {"events": "k"}
+    outputs = ()
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        if ctx.state is None:
+            ctx.state = {"n": 0, "ids": []}
+        ctx.state["n"] += 1
+        ctx.state["ids"].append(record.record_id)
+
+
+def test_a_state_changed_in_place_is_kept() -> None:
+    first = run_key(InPlace(), key="a", interval=0, row=None, records=[rec("r1", 1), rec("r2", 2)],
+                    input_watermark_ms=None, now_ms=1)
+    assert first.row is not None and J.decode(first.row.state) == {"n": 2, "ids": ["r1", "r2"]}
+    # the next batch reads the stored state and changes it in place only: still kept
+    second = run_key(InPlace(), key="a", interval=0, row=first.row, records=[rec("r3", 3)],
+                     input_watermark_ms=None, now_ms=2)
+    assert second.changed and second.row is not None
+    assert J.decode(second.row.state) == {"n": 3, "ids": ["r1", "r2", "r3"]}

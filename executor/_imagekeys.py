@@ -146,12 +146,9 @@ class NewRows:
     columns once (``table``)."""
 
     def __init__(self) -> None:
-        # (key, state, timers (sorted), watermark hold, pending productions) per key
+        # (key, state, timers (sorted), watermark hold, pending productions) per key, appended by
+        # ``KeyLoop.run``
         self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any]] = []
-
-    def add(self, key: str, state: bytes | None, timers: tuple[Timer, ...], hold: int | None,
-            pending: list[Any] | tuple[Any, ...]) -> None:
-        self.rows.append((key, state, timers, hold, pending))
 
     def table(self, schema: Any, *, codec: str, sequencer: int, commit_id: str, now_ms: int,
               format_version: int) -> Any:

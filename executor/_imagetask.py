@@ -196,10 +196,10 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     else:
         new_ids = pa.table({"key": pa.array(loop.id_keys, pa.string()),
                             "record_id": pa.array(loop.id_values, pa.string())})
-    fresh_tbl = _with_ids(loop.rows.table(spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids")),
-                                          codec=loop.codec.name, sequencer=mine, commit_id=spec.commit_id, now_ms=spec.now_ms,
-                                          format_version=ROW_FORMAT_VERSION),
-                          old_ids, new_ids, spec.now_ms, spec.rows_schema)
+    new_rows = loop.rows.table(spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids")),
+                               codec=loop.codec.name, sequencer=mine, commit_id=spec.commit_id,
+                               now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION)
+    fresh_tbl = _with_ids(new_rows, old_ids, new_ids, spec.now_ms, spec.rows_schema)
     parts = [rest, fresh_tbl]
     if loop.unchanged:
         same = sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(loop.unchanged, pa.string())))

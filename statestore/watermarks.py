@@ -37,6 +37,7 @@ than the interval's current lease grant, gets :class:`StaleSequencerError`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -162,6 +163,9 @@ def _zk_errors(what: str) -> Any:
                      lost="the ZooKeeper connection was lost; retry once it reconnects")
 
 
+_Fence = tuple[str, Callable[[bytes | None, ZnodeStat | None], "tuple[str, int] | None"]]
+
+
 def _got(res: Any) -> tuple[bytes | None, ZnodeStat | None]:
     """An asynchronous ``get``'s (data, stat); (None, None) for a missing node."""
     try:
@@ -233,34 +237,44 @@ class WatermarkAuthority:
             data, _ = self._get(path)
         return None if data is None else _decode(data, what)
 
-    def _cas(self, path: str, what: str, update: Callable[[Raw | None], bytes | None],
-             fence: Callable[[], tuple[str, int] | None] | None = None) -> None:
-        """Read-modify-write ``path`` until no concurrent writer got in between.
+    def _cas(self, path: str, what: str, update: Callable[[Raw | None], bytes | None]) -> None:
+        """Read-modify-write ``path`` until no concurrent writer got in between (see :meth:`_cas_many`)."""
+        self._cas_many(what, [(path, update, None)])
 
-        ``update`` maps the stored payload (``None``: absent) to the new one
-        (``None``: write nothing) and may raise. ``fence`` returns a (path,
-        version) that must still hold when the write commits; both run per try.
+    def _cas_many(self, what: str, items: Sequence[tuple[str, Callable[[Raw | None], bytes | None], _Fence | None]]
+                  ) -> None:
+        """Read-modify-write several nodes in one transaction until no concurrent writer got in between.
+
+        Per item (path, update, fence): ``update`` maps the stored payload (``None``: absent) to the
+        new one (``None``: write nothing) and may raise; ``fence`` is None or (node, judge):
+        ``judge(data, stat)`` of that node returns a (path, version) that must still hold when the
+        write commits (or None) and may raise. All reads of a try are one pipelined round; every
+        write of a try commits or none does.
         """
         self._connected(what)
         with _zk_errors(what):
             while True:
-                data, stat = self._get(path)
-                new = update(None if data is None else _decode(data, what))
-                check = fence() if fence is not None else None
-                if new is None:
-                    return
-                if stat is None:
-                    self._client.ensure_path(path.rsplit("/", 1)[0], acl=self._acls)
+                reads = [(self._client.get_async(path), None if fence is None else self._client.get_async(fence[0]))
+                         for path, _, fence in items]
                 tx = self._client.transaction()
-                if check is not None:
-                    tx.check(*check)
-                if stat is None:
-                    tx.create(path, new, acl=self._acls)
-                else:
-                    tx.set_data(path, new, stat.version)
-                if not any(isinstance(r, Exception) for r in tx.commit()):
+                writes = 0
+                for (path, update, fence), (res, fence_res) in zip(items, reads, strict=True):
+                    data, stat = _got(res)
+                    new = update(None if data is None else _decode(data, what))
+                    check = None if fence is None else fence[1](*_got(fence_res))
+                    if new is None:
+                        continue
+                    if check is not None:
+                        tx.check(*check)
+                    if stat is None:
+                        self._client.ensure_path(path.rsplit("/", 1)[0], acl=self._acls)
+                        tx.create(path, new, acl=self._acls)
+                    else:
+                        tx.set_data(path, new, stat.version)
+                    writes += 1
+                if not writes or not any(isinstance(r, Exception) for r in tx.commit()):
                     return
-                log.debug("%s: concurrent update of %s, retrying", what, path)
+                log.debug("%s: concurrent update, retrying", what)
 
     # --- publishing ---------------------------------------------------------
 
@@ -302,34 +316,22 @@ class WatermarkAuthority:
             raise ConfigError(f"{computation} is declared with {topo.num_intervals} intervals; "
                               f"interval {ivs[-1]} does not exist")
         base = self._path("computation", computation)
-        what = (f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} {', '.join(map(str, ivs))} "
-                f"of {self.pipeline}/{computation}")
-        self._connected(what)
-        with _zk_errors(what):
-            while True:
-                pending = [(iv, self._client.get_async(owners[iv]), self._client.get_async(f"{base}/{iv:05d}"))
-                           for iv in ivs]
-                tx = self._client.transaction()
-                for iv, owner_res, value_res in pending:
-                    oldest, sequencer = works[iv]
-                    one = f"publishing oldest work of interval {iv} of {self.pipeline}/{computation}"
-                    data, stat = _got(value_res)
-                    old = None if data is None else _decode(data, one)
-                    if old is not None and int(old["sequencer"]) > sequencer:
-                        raise _stale(one, sequencer, old["sequencer"], "the published oldest work")
-                    fence = _owner_fence(one, owners[iv], sequencer, *_got(owner_res))
-                    if fence is not None:
-                        tx.check(*fence)
-                    new = _encode({"sequencer": sequencer, "oldest_work_ms": oldest,
-                                   "published_ms": self._clock.now_ms()})
-                    if stat is None:
-                        self._client.ensure_path(base, acl=self._acls)
-                        tx.create(f"{base}/{iv:05d}", new, acl=self._acls)
-                    else:
-                        tx.set_data(f"{base}/{iv:05d}", new, stat.version)
-                if not any(isinstance(r, Exception) for r in tx.commit()):
-                    return
-                log.debug("%s: concurrent update, retrying", what)
+        items = []
+        for iv in ivs:
+            oldest, sequencer = works[iv]
+            one = f"publishing oldest work of interval {iv} of {self.pipeline}/{computation}"
+
+            def update(old: Raw | None, one: str = one, sequencer: int = sequencer,
+                       oldest: int | None = oldest) -> bytes:
+                if old is not None and int(old["sequencer"]) > sequencer:
+                    raise _stale(one, sequencer, old["sequencer"], "the published oldest work")
+                return _encode({"sequencer": sequencer, "oldest_work_ms": oldest,
+                                "published_ms": self._clock.now_ms()})
+
+            judge = functools.partial(_owner_fence, one, owners[iv], sequencer)
+            items.append((f"{base}/{iv:05d}", update, (owners[iv], judge)))
+        self._cas_many(f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} "
+                       f"{', '.join(map(str, ivs))} of {self.pipeline}/{computation}", items)
 
     def publish_injector(self, injector: str, watermark_ms: int, *, sequencer: int = 0) -> int:
         """Publish a source's low watermark estimate; it never moves backwards.

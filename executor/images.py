@@ -65,7 +65,7 @@ from ._imagetask import (
 from ._tasks import interval_of_key
 from .computation import Computation, LatePolicy
 
-__all__ = ["ImageWriter", "ImagesStale", "PREP_DDL"]
+__all__ = ["ImageWriter", "ImagesStale", "PREP_DDL", "spark_partition_of_int"]
 
 _DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, retried with jitter
 
@@ -104,6 +104,34 @@ def place_intervals(ivs: Sequence[int], work: Mapping[int, float], tasks: int,
         if max(loads) > 0.95 * max(kept):
             return current
     return tuple((iv, task[iv]) for iv in ivs)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def spark_partition_of_int(value: int, partitions: int) -> int:
+    """The partition ``repartition(partitions, col)`` sends an INT ``value`` to: Spark's
+    ``pmod(hash(value), partitions)``, i.e. Murmur3 x86_32 of the int with seed 42.
+
+    >>> [spark_partition_of_int(v, 2) for v in range(4)]
+    [1, 1, 0, 1]
+    """
+    k = (value & _M32) * 0xCC9E2D51 & _M32
+    k = _rotl32(k, 15) * 0x1B873593 & _M32
+    h = _rotl32(42 ^ k, 13)
+    h = (h * 5 + 0xE6546B64) & _M32
+    h ^= 4  # fmix with the length in bytes
+    h ^= h >> 16
+    h = h * 0x85EBCA6B & _M32
+    h ^= h >> 13
+    h = h * 0xC2B2AE35 & _M32
+    h ^= h >> 16
+    signed = h - (1 << 32) if h & 0x80000000 else h
+    return signed % partitions  # Python's % of a positive modulus is Spark's pmod
 
 
 @dataclass
@@ -407,16 +435,16 @@ class ImageWriter:
         to its task in ``place``; built once per placement.
 
         ``repartition(n, expr)`` places a row by ``pmod(hash(expr), n)``; hashing the interval
-        itself can put most intervals in one task. One tiny query finds, per task, a value
-        that hashes there."""
+        itself can put most intervals in one task. Per task, the smallest int that hashes there
+        (:func:`spark_partition_of_int`, no Spark job)."""
         from pyspark.sql import functions as F
 
         if self._spread_values is None or len(self._spread_values) != partitions:
-            rows = session.range(0, 64 * partitions).selectExpr(
-                "cast(id as int) as v", f"pmod(hash(cast(id as int)), {partitions}) as p").collect()
             first: dict[int, int] = {}
-            for r in rows:
-                first.setdefault(int(r["p"]), int(r["v"]))
+            v = 0
+            while len(first) < partitions:
+                first.setdefault(spark_partition_of_int(v, partitions), v)
+                v += 1
             self._spread_values = [first[p] for p in range(partitions)]
             self._route = None
         if self._route is None or self._route[0] != place:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from deltawheel.executor.images import place_intervals
+from deltawheel.executor.images import place_intervals, spark_partition_of_int
 
 
 def _loads(place: tuple[tuple[int, int], ...], work: dict[int, float], tasks: int) -> list[float]:
@@ -54,3 +54,16 @@ def test_a_placement_is_kept_unless_the_new_one_is_clearly_better() -> None:
     # a placement for other intervals or more tasks than there are now is never kept
     assert place_intervals([0, 1], {0: 1.0, 1: 1.0}, 2, first) == ((0, 0), (1, 1))
     assert all(t < 1 for _iv, t in place_intervals(work, work, 1, first))
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 3, 4, 7])
+def test_the_routing_values_hash_where_spark_sends_them(spark, partitions: int) -> None:  # type: ignore[no-untyped-def]
+    # the image plan routes each interval through a value that Spark's repartition sends to its
+    # task; those values are computed in Python (no Spark job), so they must match Spark's placement
+    from pyspark.sql import functions as F
+
+    df = (spark.range(-40, 90).selectExpr("cast(id as int) AS v").repartition(partitions, F.col("v"))
+          .withColumn("task", F.spark_partition_id()))
+    got = {r["v"]: r["task"] for r in df.collect()}
+    assert len(got) == 130
+    assert {v: spark_partition_of_int(v, partitions) for v in got} == got

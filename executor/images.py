@@ -441,10 +441,10 @@ class ImageWriter:
 
         if self._spread_values is None or len(self._spread_values) != partitions:
             first: dict[int, int] = {}
-            v = 0
+            n = 0
             while len(first) < partitions:
-                first.setdefault(spark_partition_of_int(v, partitions), v)
-                v += 1
+                first.setdefault(spark_partition_of_int(n, partitions), n)
+                n += 1
             self._spread_values = [first[p] for p in range(partitions)]
             self._route = None
         if self._route is None or self._route[0] != place:

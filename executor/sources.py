@@ -226,6 +226,40 @@ def _missing_local_dir(path: str) -> bool:
     return ("://" not in path or path.startswith("file://")) and not os.path.isdir(local)
 
 
+def _local_parquet_schema(folder: str) -> Any | None:
+    """The Spark schema of a local Parquet folder read from its first visible file's footer with
+    pyarrow (Spark's inference starts a job, ~0.1 s); ``None`` -- Spark must infer it -- for a
+    remote folder, no readable file, or a column whose Spark type could differ from the plain
+    Arrow mapping (timestamps without UTC adjustment or in nanoseconds, unsigned or nested types)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    if "://" in folder and not folder.startswith("file://"):
+        return None
+    local = folder[len("file://"):] if folder.startswith("file://") else folder
+    try:
+        names = sorted(n for n in os.listdir(local) if not n.startswith(("_", "."))
+                       and os.path.isfile(os.path.join(local, n)))
+        if not names:
+            return None
+        arrow = pq.read_schema(os.path.join(local, names[0]))
+    except (OSError, pa.ArrowException):
+        return None
+    t = pa.types
+    fields = []
+    for f in arrow:
+        ty = f.type
+        simple = (t.is_string(ty) or t.is_binary(ty) or t.is_boolean(ty) or t.is_signed_integer(ty)
+                  or t.is_float32(ty) or t.is_float64(ty) or t.is_date32(ty) or t.is_decimal128(ty)
+                  or (t.is_timestamp(ty) and ty.tz is not None and ty.unit in ("ms", "us")))
+        if not simple:
+            return None
+        fields.append(StructField(f.name, from_arrow_type(ty), True))  # file sources read every column as nullable
+    return StructType(fields)
+
+
 class _MaxSeenInjector:
     """What the table injectors share: their column settings (checked by :func:`to_stream_schema`
     when the stream is built) and the watermark, :class:`MaxSeenMinusBound` with ``watermark_delay_ms``."""
@@ -312,7 +346,7 @@ class ParquetInjector(_MaxSeenInjector):
         from pyspark.sql import functions as F
 
         try:
-            schema = spark.read.parquet(self.folder).schema
+            schema = _local_parquet_schema(self.folder) or spark.read.parquet(self.folder).schema
         except AnalysisException as exc:
             raise ConfigError(f"injector {self.name}: cannot read a Parquet schema from {self.folder} "
                               f"({str(exc).splitlines()[0]}); put at least one Parquet file there") from exc

@@ -222,6 +222,39 @@ def test_parquet_injector_streams_exactly_the_input_in_the_stream_schema(spark: 
 
 
 @pytest.mark.spark
+def test_the_parquet_schema_read_from_a_footer_is_the_one_spark_infers(spark: Any, tmp_path: Path) -> None:
+    # ParquetInjector reads a local folder's schema from one footer (no Spark job); where the Arrow
+    # types map exactly it must be Spark's own inference, otherwise it leaves the folder to Spark
+    import datetime as dt
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltawheel.executor.sources import _local_parquet_schema
+
+    simple = pa.table({
+        "s": ["a"], "b": pa.array([b"x"]), "i8": pa.array([1], pa.int8()), "i16": pa.array([1], pa.int16()),
+        "i32": pa.array([1], pa.int32()), "i64": pa.array([1], pa.int64()), "f": pa.array([1.0], pa.float32()),
+        "d": [1.0], "bo": [True], "da": pa.array([dt.date(2020, 1, 1)]),
+        "dec": pa.array([decimal.Decimal("1.23")], pa.decimal128(10, 2)),
+        "tus": pa.array([1], pa.timestamp("us", "UTC")), "tms": pa.array([1], pa.timestamp("ms", "UTC"))})
+    (tmp_path / "simple").mkdir()
+    pq.write_table(simple, tmp_path / "simple" / "part-0.parquet")
+    (tmp_path / "simple" / "_staged.parquet").write_bytes(b"not parquet")  # ignored, as Spark does
+    got = _local_parquet_schema(str(tmp_path / "simple"))
+    assert got is not None and got == spark.read.parquet(str(tmp_path / "simple")).schema
+    assert _local_parquet_schema(f"file://{tmp_path / 'simple'}") == got
+    for name, column in [("ntz", pa.array([1], pa.timestamp("us"))), ("nested", pa.array([[1]])),
+                         ("unsigned", pa.array([1], pa.uint32()))]:
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"c": column}), tmp_path / name / "p.parquet")
+        assert _local_parquet_schema(str(tmp_path / name)) is None, name
+    (tmp_path / "empty").mkdir()
+    assert _local_parquet_schema(str(tmp_path / "empty")) is None
+    assert _local_parquet_schema("s3a://bucket/folder") is None
+
+
+@pytest.mark.spark
 def test_generator_injector_late_events_and_end_of_input(spark: Any, tmp_path: Path) -> None:
     gen = GeneratorInjector("queries", str(tmp_path / "events"), SMALL, events_per_batch=100)
     source = SMALL.generate()

@@ -116,7 +116,12 @@ class MaxSeenMinusBound:
 
 @runtime_checkable
 class Injector(Protocol):
-    """A source of a pipeline: a stream in the stream schema plus a watermark estimate."""
+    """A source of a pipeline: a stream in the stream schema plus a watermark estimate.
+
+    Optional: ``input_token() -> Hashable | None``, a cheap summary of the input available now
+    (None: unknown). The pipeline runner skips a later round's query of a computation whose every
+    input still has the token it had when its last query started (nothing new to read).
+    """
 
     name: str
 
@@ -218,6 +223,20 @@ def _check_common(name: str, max_files_per_trigger: int) -> None:
     validate_name("injector", name)
     if max_files_per_trigger < 1:
         raise ConfigError(f"injector {name}: max_files_per_trigger must be >= 1, got {max_files_per_trigger}")
+
+
+def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
+    """(name, size, mtime in ns) of the files Spark's file source would read from a local folder
+    (names starting with ``_`` or ``.`` are skipped); None for a remote folder or an unreadable one."""
+    if "://" in folder and not folder.startswith("file://"):
+        return None
+    local = folder[len("file://"):] if folder.startswith("file://") else folder
+    try:
+        with os.scandir(local) as it:
+            entries = [(e.name, e.stat()) for e in it if not e.name.startswith(("_", ".")) and e.is_file()]
+    except OSError:
+        return None
+    return tuple(sorted((n, st.st_size, st.st_mtime_ns) for n, st in entries))
 
 
 def _missing_local_dir(path: str) -> bool:
@@ -335,6 +354,10 @@ class ParquetInjector(_MaxSeenInjector):
                               "(or generate the input) before starting the pipeline")
         self.folder = folder
 
+    def input_token(self) -> tuple[tuple[str, int, int], ...] | None:
+        """The folder's visible files with sizes and mtimes (None for a remote folder)."""
+        return local_folder_token(self.folder)
+
     def stream_df(self, spark: SparkSession) -> DataFrame:
         """The folder as a streaming DataFrame in the stream schema.
 
@@ -405,6 +428,12 @@ class DeltaTableInjector(_MaxSeenInjector):
                               "streaming source has no file positions to derive stable ids from)")
         self.record_id_column: str = record_id_column
         self.path = path
+
+    def input_token(self) -> int | None:
+        """The table's newest commit version (None for a remote table)."""
+        from deltawheel.statestore.deltalog import latest_local_version
+
+        return latest_local_version(self.path)
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
         """The table as a streaming DataFrame in the stream schema.

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltawheel.statestore.exceptions import ConfigError
 
-from .sources import BatchStats, MaxSeenMinusBound, ParquetInjector
+from .sources import BatchStats, MaxSeenMinusBound, ParquetInjector, local_folder_token
 
 __all__ = [
     "DEFAULT_START_MS",
@@ -375,6 +375,10 @@ class GeneratorInjector:
         return ParquetInjector(self.name, self.folder, key_column="query", event_time_column="event_time",
                                record_id_column="record_id", max_files_per_trigger=self.max_files_per_trigger,
                                watermark_delay_ms=self.params.max_disorder_ms)
+
+    def input_token(self) -> Any:
+        """The folder's files (see :meth:`.ParquetInjector.input_token`)."""
+        return local_folder_token(self.folder)
 
     def stream_df(self, spark: Any) -> Any:
         """:meth:`prepare`, then the folder as a streaming DataFrame in the stream schema."""

@@ -84,6 +84,15 @@ def local_table_exists(path: str) -> bool | None:
     return any(_JSON.match(n) or _CLASSIC_CP.match(n) or _OTHER_CP.match(n) for n in listing[1])
 
 
+def latest_local_version(path: str) -> int | None:
+    """The newest JSON commit version of a local table; None if remote or it has no JSON commit."""
+    listing = _log_names(path)
+    if listing is None:
+        return None
+    versions = _commit_versions(listing[1])
+    return versions[-1] if versions else None
+
+
 def _dv_id(dv: dict[str, Any] | None) -> str | None:
     if not dv:
         return None

@@ -70,6 +70,30 @@ class ByRecordKey(BucketCounter):
     inputs = {"events": RECORD_KEY}
 
 
+class Copier(Computation):
+    """Produces each record once more, to ``copies`` (first stage of a two-stage pipeline)."""
+
+    name = "copier"
+    inputs = {"events": RECORD_KEY}
+    outputs = ("copies",)
+    num_intervals = 2
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        ctx.produce("copies", {"id": record.record_id}, timestamp_ms=record.timestamp_ms)
+
+
+class CopyCounter(Computation):
+    """Counts the copies per key (second stage)."""
+
+    name = "copy_counter"
+    inputs = {"copies": RECORD_KEY}
+    outputs = ()
+    num_intervals = 2
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        ctx.state = (ctx.state or 0) + 1
+
+
 def events(spark: Any, items: list[tuple[str, str, int]]) -> Any:
     """A stream-schema DataFrame of (record_id, query, event ms)."""
     rows = [{"record_id": rid, "key": "", "value": J.encode({"q": q}), "codec": "json", "timestamp_ms": ts,

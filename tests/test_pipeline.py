@@ -105,3 +105,50 @@ def test_two_concurrent_copies_never_both_write(spark, zk_server, tmp_path, refe
     assert 0 in codes
     assert outputs(spark, store) == reference
     _ = time
+
+
+@pytest.mark.timeout(600)
+def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
+        spark, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.sources import ParquetInjector
+    from deltawheel.statestore.layout import StoreLayout
+    from executor_util import Copier, CopyCounter, state_of
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+
+    def write(n: int, first: int) -> None:
+        ids = range(first, first + 50)
+        pq.write_table(pa.table({"record_id": [f"r{i}" for i in ids], "key": [f"k{i % 5}" for i in ids],
+                                 "event_time": pa.array([1_000 * i for i in ids], pa.timestamp("ms", "UTC"))}),
+                       folder / f"part-{n}.parquet")
+
+    write(0, 0)
+    started: list[str] = []
+    real_start = DataStreamWriter.start
+
+    def counting_start(self, *a, **k):  # type: ignore[no-untyped-def]
+        q = real_start(self, *a, **k)
+        started.append(q.name)
+        return q
+
+    monkeypatch.setattr(DataStreamWriter, "start", counting_start)
+
+    def progress(line: str) -> None:  # a file arrives while the bounded run is going
+        if line.startswith("round 0 done"):
+            write(1, 50)
+
+    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+    summary = PipelineRunner(spark, StoreLayout(str(tmp_path / "store")),
+                             Pipeline("rounds", (inj,), (Copier(), CopyCounter())), zk=zk_config,
+                             end_of_input=False, progress=progress).run()
+    # round 0 read part-0, round 1 part-1 (its folder changed) and the copies; round 2 started nothing
+    assert sum(r.records_in for r in summary.reports["copier"]) == 100
+    assert sum(r.records_in for r in summary.reports["copy_counter"]) == 100
+    assert state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter") == {f"k{i}": (20, []) for i in range(5)}
+    assert started == ["dw_rounds_copier", "dw_rounds_copy_counter"] * 2

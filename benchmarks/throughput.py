@@ -143,9 +143,11 @@ def run_throughput(
         warmup: first run every engine once, unmeasured, on a 2-file workload (:data:`WARMUP`),
             so that JVM class loading and code generation are not charged to whichever engine
             runs first. Off by default (WORKLOAD.md section 4 measures a cold query).
-        rounds: run the engines this many times, interleaved (A B, B A, A B, ...: a drift of the
-            machine's speed falls on both alike); each engine's reported run is its median one,
-            every round's records/s is kept in ``rounds_records_per_s``.
+        rounds: run the engines this many times, the order rotated each round (A B C, B C A,
+            C A B, ...; with two engines A B, B A, A B): every engine takes every place in turn,
+            so neither a drift of the machine's speed nor the place after the warm-up or after
+            another engine falls on one engine more than on another; each engine's reported
+            run is its median one, every round's records/s is kept in ``rounds_records_per_s``.
         progress: where progress lines go (``None``: silent).
 
     Returns:
@@ -197,7 +199,8 @@ def run_throughput(
 
     runs: dict[str, list[EngineResult]] = {n: [] for n in names}
     for rnd in range(rounds):
-        for name in (names if rnd % 2 == 0 else names[::-1]):
+        shift = rnd % len(names)
+        for name in names[shift:] + names[:shift]:
             engine = ENGINES[name]()
             tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
             say(f"engine {name}: running{tag}")

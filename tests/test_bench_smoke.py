@@ -146,14 +146,15 @@ def test_spark_engine_smoke(engine: str, spark, tiny: wl.WorkloadData, tmp_path:
 
 
 @pytest.mark.spark
-def test_rounds_interleave_the_engines_and_report_each_ones_median(spark, tiny: wl.WorkloadData,  # type: ignore[no-untyped-def]
+def test_rounds_rotate_the_engines_and_report_each_ones_median(spark, tiny: wl.WorkloadData,  # type: ignore[no-untyped-def]
                                                                   tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--rounds``: A B, B A, A B; each engine's figure is its median run, all rounds kept."""
+    """``--rounds``: A B C, B C A, C A B (two engines: A B, B A, A B); each engine's figure is its
+    median run, all rounds kept."""
     from deltawheel.benchmarks import throughput as tp
 
     order: list[str] = []
-    walls = {"a": [4.0, 1.0, 2.0], "b": [8.0, 9.0, 7.0]}  # medians 2.0 and 8.0
+    walls = {"a": [4.0, 1.0, 2.0], "b": [8.0, 9.0, 7.0], "c": [1.0, 1.0, 1.0]}  # medians 2.0 and 8.0
 
     class Replay:  # an engine that returns the reference output (the plumbing under test, not an engine)
         def __init__(self, name: str) -> None:
@@ -177,6 +178,11 @@ def test_rounds_interleave_the_engines_and_report_each_ones_median(spark, tiny: 
     assert a["wall_s"] == 2.0 and b["wall_s"] == 8.0
     assert a["rounds_records_per_s"] == [tiny.n / w for w in walls["a"]]
     assert report["ratios"]["a/b"] == round(8.0 / 2.0, 3) and report["rounds"] == 3
+    monkeypatch.setitem(tp.ENGINES, "c", lambda: Replay("c"))
+    order.clear()
+    tp.run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
+                      engines=["a", "b", "c"], spark=spark, rounds=3, progress=None)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # every engine in every place once
     with pytest.raises(WorkloadError, match="rounds must be at least 1"):
         tp.run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
                           engines=["a"], spark=spark, rounds=0, progress=None)

@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from deltawheel.statestore.deltalog import latest_local_version, local_path
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import validate_name
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION
@@ -228,9 +229,9 @@ def _check_common(name: str, max_files_per_trigger: int) -> None:
 def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
     """(name, size, mtime in ns) of the files Spark's file source would read from a local folder
     (names starting with ``_`` or ``.`` are skipped); None for a remote folder or an unreadable one."""
-    if "://" in folder and not folder.startswith("file://"):
+    local = local_path(folder)
+    if local is None:
         return None
-    local = folder[len("file://"):] if folder.startswith("file://") else folder
     try:
         with os.scandir(local) as it:
             entries = [(e.name, e.stat()) for e in it if not e.name.startswith(("_", ".")) and e.is_file()]
@@ -241,8 +242,8 @@ def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
 
 def _missing_local_dir(path: str) -> bool:
     """True for a local path (or ``file://`` URI) that is not a folder; URIs are not checked."""
-    local = path[len("file://"):] if path.startswith("file://") else path
-    return ("://" not in path or path.startswith("file://")) and not os.path.isdir(local)
+    local = local_path(path)
+    return local is not None and not os.path.isdir(local)
 
 
 def _local_parquet_schema(folder: str) -> Any | None:
@@ -255,15 +256,11 @@ def _local_parquet_schema(folder: str) -> Any | None:
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
-    if "://" in folder and not folder.startswith("file://"):
+    local, files = local_path(folder), local_folder_token(folder)
+    if local is None or not files:
         return None
-    local = folder[len("file://"):] if folder.startswith("file://") else folder
     try:
-        names = sorted(n for n in os.listdir(local) if not n.startswith(("_", "."))
-                       and os.path.isfile(os.path.join(local, n)))
-        if not names:
-            return None
-        arrow = pq.read_schema(os.path.join(local, names[0]))
+        arrow = pq.read_schema(os.path.join(local, files[0][0]))
     except (OSError, pa.ArrowException):
         return None
     t = pa.types
@@ -313,7 +310,9 @@ class ParquetInjector(_MaxSeenInjector):
 
     Files are consumed in modification-time order, ``max_files_per_trigger``
     per micro-batch; the schema is taken from the files present when
-    :meth:`stream_df` is called. Files whose name starts with ``_`` or ``.``
+    :meth:`stream_df` is called (in a local folder whose columns have plain
+    types, from the first visible file's footer, read with pyarrow; otherwise
+    by Spark's inference). Files whose name starts with ``_`` or ``.``
     are ignored (Spark's rule), so writers can stage files under such names.
 
     ``record_id`` is ``record_id_column`` when given (a null falls back to the
@@ -431,8 +430,6 @@ class DeltaTableInjector(_MaxSeenInjector):
 
     def input_token(self) -> int | None:
         """The table's newest commit version (None for a remote table)."""
-        from deltawheel.statestore.deltalog import latest_local_version
-
         return latest_local_version(self.path)
 
     def stream_df(self, spark: SparkSession) -> DataFrame:

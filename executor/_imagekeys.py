@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError
-from deltawheel.statestore.rows import _DOMAINS, TimeDomain, Timer, new_timer
+from deltawheel.statestore.rows import _DOMAIN_VALUES, _DOMAINS, TimeDomain, Timer, new_timer
 
 from .computation import Computation, Record, new_record
 from .context import Context
@@ -165,7 +165,7 @@ class NewRows:
         timers = pa.ListArray.from_arrays(
             pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32()),
             pa.StructArray.from_arrays([pa.array([t[1] for t in flat], pa.string()),
-                                        pa.array([_DOMAIN_VALUE[t[2]] for t in flat], pa.string()),
+                                        pa.array([_DOMAIN_VALUES[t[2]] for t in flat], pa.string()),
                                         pa.array([t[0] for t in flat], pa.int64())],
                                        fields=list(tfield.type.value_type)), type=tfield.type)
         prods = [p for ps in pending_lists for p in ps]
@@ -303,7 +303,6 @@ def context_factory(comp: Computation, codec: Any, wm: int | None,
 
 _NO_RUN = (0, 0)
 _EVENT = TimeDomain.EVENT_TIME
-_DOMAIN_VALUE = {d: d.value for d in TimeDomain}
 _JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 

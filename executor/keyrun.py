@@ -23,7 +23,15 @@ from operator import attrgetter
 from typing import NamedTuple, Sequence
 
 from deltawheel.statestore.codecs import Codec, get_codec
-from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, make_row, updated_row
+from deltawheel.statestore.rows import (
+    _DOMAIN_VALUES,
+    KeyRow,
+    Production,
+    SeenId,
+    TimeDomain,
+    make_row,
+    updated_row,
+)
 
 from .computation import Computation, ErrorPolicy, Record
 from .context import Context, TimerCause
@@ -190,7 +198,7 @@ def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *,
                 break
             t = min(due)
             del timers[(t.tag, t.domain)]
-            ctx._cause = TimerCause(f"timer:{comp.name}:{ctx.key}:{_DVAL[t.domain]}:{t.tag}:{t.time_ms}", t.time_ms)
+            ctx._cause = TimerCause(f"timer:{comp.name}:{ctx.key}:{_DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}", t.time_ms)
             try:
                 comp.process_timer(ctx, t)
             except Exception as exc:  # noqa: BLE001 - user code
@@ -201,7 +209,6 @@ def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *,
 
 
 _EVENT = TimeDomain.EVENT_TIME
-_DVAL = {d: d.value for d in TimeDomain}  # an enum's .value is a slow descriptor
 _RECORD_ID = attrgetter("record_id")
 _LATE = attrgetter("late")
 _CODECS: dict[tuple[str, bool], Codec] = {}

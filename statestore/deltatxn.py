@@ -79,6 +79,16 @@ def new_add(rel_path: str, partition_values: Mapping[str, str], size: int, num_r
         "stats": json.dumps({"numRecords": int(num_records)})}})
 
 
+def _memo(cache: dict[str, Any], key: str, make: Callable[[str], Any]) -> Any:
+    """``make(key)``, kept in ``cache`` (emptied when it passes 1,024 entries)."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) > 1024:
+            cache.clear()
+        value = cache[key] = make(key)
+    return value
+
+
 class TableLog:
     """File-level reads and commits of one Delta table (driver side)."""
 
@@ -113,22 +123,12 @@ class TableLog:
     def _from_json(self, action_json: str) -> Any:
         """Delta's action object of ``action_json``; the adds of a commit are kept, since the
         next commit of their partition removes exactly those files (actions are immutable)."""
-        act = self._actions.get(action_json)
-        if act is None:
-            if len(self._actions) > 1024:
-                self._actions.clear()
-            act = self._actions[action_json] = self._action.fromJson(action_json)
-        return act
+        return _memo(self._actions, action_json, self._action.fromJson)
 
     def _pred(self, sql: str) -> Any:
-        expr = self._parsed.get(sql)
-        if expr is None:
-            if self._parser is None:
-                self._parser = self._js.sessionState().sqlParser()
-            if len(self._parsed) > 1024:
-                self._parsed.clear()
-            expr = self._parsed[sql] = self._parser.parseExpression(sql)
-        return expr
+        if self._parser is None:
+            self._parser = self._js.sessionState().sqlParser()
+        return _memo(self._parsed, sql, self._parser.parseExpression)
 
     def _operation(self, overwrite: bool, predicates: Sequence[str] = (), user_metadata: str | None = None) -> Any:
         """The commit's operation: a Delta ``WRITE`` (``Append``, or ``Overwrite`` of the partitions

@@ -53,6 +53,7 @@ class TimeDomain(str, Enum):
 
 
 _DOMAINS = {d.value: d for d in TimeDomain} | {d: d for d in TimeDomain}
+_DOMAIN_VALUES = {d: d.value for d in TimeDomain}  # an enum's .value is a slow descriptor (hot loops use this)
 
 
 class Timer(NamedTuple):

@@ -64,6 +64,7 @@ class DeltaWheelEngine:
 
     name = "deltawheel"
     write_path = "image"
+    direct_read = True
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None) -> EngineResult:
         from deltawheel import migrations
@@ -91,7 +92,8 @@ class DeltaWheelEngine:
                                   watermark_delay_ms=10_000)
             runner = PipelineRunner(spark, layout, Pipeline("bench", (inj,), (comp,)),
                                     zk=ZkConfig(hosts=zk.hosts, chroot="/bench"), end_of_input=False,
-                                    progress=progress or (lambda _s: None), write_path=self.write_path)
+                                    progress=progress or (lambda _s: None), write_path=self.write_path,
+                                    direct_read=self.direct_read)
             t0 = time.monotonic()
             summary = runner.run()
             wall = time.monotonic() - t0
@@ -112,6 +114,8 @@ class DeltaWheelEngine:
         settings = {"exactly_once": True, "strong_productions": True, "num_intervals": 4, "codec": "msgpack",
                     "record_value": "none (value_columns=[]: the computation reads key and event time only)",
                     "write_path": _WRITE_PATHS[self.write_path],
+                    "input_read": (f"{sum(r.direct for r in reports)} of {len(reports)} batches' files read by the "
+                                   "image tasks with pyarrow, the others through Spark's scan + shuffle"),
                     "trigger": "availableNow", "maxFilesPerTrigger": 1, "master": spark.sparkContext.master}
         return build_result(self.name, data, output=out, wall_s=wall, settings=settings, late_dropped=late,
                             open_events_at_end=open_events, batches=len(reports),
@@ -138,4 +142,13 @@ def _mk(p: Path) -> str:
     return str(p)
 
 
-ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_merge": DeltaWheelMergeEngine}
+class DeltaWheelJvmReadEngine(DeltaWheelEngine):
+    """The image path with the input read by Spark (scan, projection, shuffle) instead of by the
+    tasks themselves (kept to measure the direct read side by side)."""
+
+    name = "deltawheel_jvm_read"
+    direct_read = False
+
+
+ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_merge": DeltaWheelMergeEngine,
+           "deltawheel_jvm_read": DeltaWheelJvmReadEngine}

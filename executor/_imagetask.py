@@ -35,7 +35,7 @@ from deltawheel.statestore.rows import FENCE_KEY, ROW_FORMAT_VERSION
 from ._imagekeys import Input, KeyLoop, OldRows, py_list, side_row
 from .computation import Computation
 
-__all__ = ["ImageSpec", "image_task_fn", "oldest_work", "next_processing", "SUMMARY_DDL", "STALE_MARK"]
+__all__ = ["ImageSpec", "image_task_fn", "run_task", "oldest_work", "next_processing", "SUMMARY_DDL", "STALE_MARK"]
 
 STALE_MARK = "DW_STALE_FENCE"
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
@@ -80,28 +80,33 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
         got = list(batches)
         if not got or not any(b.num_rows for b in got):
             return
-        table = pa.Table.from_batches(got)
-        # no cyclic garbage collection while the task runs: it allocates ~10 objects per record,
-        # which triggers collections that traverse every tracked object (the cached images
-        # included), 15-35 % of the task function's time; nearly all of it is freed by reference
-        # counting anyway, and the collector resumes (and catches up) when the task ends
-        # (the type ignores: mypy, run over the repo's folders, takes gc/ for this builtin module)
-        was_enabled = gc.isenabled()  # type: ignore[attr-defined]
-        gc.disable()  # type: ignore[attr-defined]
-        try:
-            if os.environ.get("DELTAWHEEL_TASK_PROFILE"):  # a folder: one cProfile file per task
-                import cProfile
-                prof = cProfile.Profile()
-                out = prof.runcall(_run, spec, table)
-                prof.dump_stats(os.path.join(os.environ["DELTAWHEEL_TASK_PROFILE"], f"task-{uuid.uuid4().hex}.prof"))
-            else:
-                out = _run(spec, table)
-        finally:
-            if was_enabled:
-                gc.enable()  # type: ignore[attr-defined]
+        out = run_task(spec, pa.Table.from_batches(got))
         yield pa.RecordBatch.from_pylist(out, schema=spec.summary_schema)
 
     return fn
+
+
+def run_task(spec: ImageSpec, table: Any) -> list[dict[str, Any]]:
+    """:func:`_run` without cyclic garbage collection (and with a profile when asked)."""
+    # no cyclic garbage collection while the task runs: it allocates ~10 objects per record,
+    # which triggers collections that traverse every tracked object (the cached images
+    # included), 15-35 % of the task function's time; nearly all of it is freed by reference
+    # counting anyway, and the collector resumes (and catches up) when the task ends
+    # (the type ignores: mypy, run over the repo's folders, takes gc/ for this builtin module)
+    was_enabled = gc.isenabled()  # type: ignore[attr-defined]
+    gc.disable()  # type: ignore[attr-defined]
+    try:
+        if os.environ.get("DELTAWHEEL_TASK_PROFILE"):  # a folder: one cProfile file per task
+            import cProfile
+            prof = cProfile.Profile()
+            out = prof.runcall(_run, spec, table)
+            prof.dump_stats(os.path.join(os.environ["DELTAWHEEL_TASK_PROFILE"], f"task-{uuid.uuid4().hex}.prof"))
+        else:
+            out = _run(spec, table)
+    finally:
+        if was_enabled:
+            gc.enable()  # type: ignore[attr-defined]
+    return out
 
 
 def _run(spec: ImageSpec, table: Any) -> list[dict[str, Any]]:

@@ -59,6 +59,7 @@ from deltawheel.statestore.rows import Production
 from deltawheel.statestore.watermarks import WatermarkAuthority
 
 from . import _tasks
+from ._direct import DirectBatch, DirectSource, batch_files
 from .computation import Computation, LatePolicy
 from .delivery import (
     deliver_frame,
@@ -148,6 +149,9 @@ class ComputationExecutor:
         self.inflight = InFlight(computation, fault=self._fault, log=self._log,
                                  published=self._publish_watermarks if authority is not None else None)
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
+        # set by the pipeline runner when the input is a Parquet injector its tasks can read
+        # themselves (image path only; ``_direct.py``); a batch that did says so in its report
+        self.direct_source: DirectSource | None = None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -366,14 +370,20 @@ class ComputationExecutor:
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
         strong = comp.strong_productions
         straggler: OpenDelivery | None = None
+        direct = None
+        if df is not None and self.direct_source is not None:
+            files = batch_files(df, self.direct_source)
+            if files is not None:
+                direct = DirectBatch(self.direct_source, files, comp.num_intervals, wm_late, ())
         attempt = 0
         while True:
             attempt += 1
             # Step 2-4: input preparation, the interval images, user code: one Spark job.
             session = df.sparkSession if df is not None else self.spark
-            prep = _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache) if df is not None else None
+            prep = (_tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache)
+                    if df is not None and direct is None else None)
             frame = images.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
-                                partitions=self.partitions, strong=strong)
+                                partitions=self.partitions, strong=strong, direct=direct)
             mark("plan")
             try:
                 out = images.collect(frame)
@@ -385,8 +395,9 @@ class ComputationExecutor:
                 mark("load_and_user_code")
                 self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
                 dead, late_rows = out.side("dead"), out.side("late")
-                if prep is not None and any(r["position"] is None for r in dead):
-                    fill_positions(prep, dead)
+                if df is not None and any(r["position"] is None for r in dead):
+                    fill_positions(prep if prep is not None else
+                                   _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache), dead)
                 if dead:
                     record_dead_letters(session, self.layout, side_frame(session, dead, dead=True),
                                         computation=comp.name, batch_id=batch_id)
@@ -451,7 +462,7 @@ class ComputationExecutor:
         report = BatchReport(batch_id, t("records_in"), t("processed"), t("duplicates"), t("late"),
                              len(out.side("late")), len(out.side("dead")), t("fired"), t("n_prods"),
                              t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks),
-                             straggled=straggler is not None)
+                             straggled=straggler is not None, direct=direct is not None)
         self.reports.append(report)
         self._log(format_report(comp.name, report))
         return report

@@ -26,6 +26,7 @@ more intervals (``Computation.num_intervals``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -53,6 +54,7 @@ from deltawheel.statestore.rows import FENCE_KEY, Production, rows_file_ddl
 from deltawheel.statestore.store import raise_if_fenced
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
+from ._direct import DirectBatch, direct_task_fn
 from ._imagetask import (
     STALE_MARK,
     SUMMARY_DDL,
@@ -195,6 +197,7 @@ class ImageWriter:
         self._marker_frame: tuple[tuple[int, tuple[int, ...]], Any] | None = None
         self._data_cols: tuple[tuple[int, ...], list[Any], Any] | None = None
         self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None
+        self._task_frame: tuple[tuple[int, int], Any] | None = None  # ((JVM session, tasks), range frame)
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
 
@@ -343,22 +346,15 @@ class ImageWriter:
     # ------------------------------------------------------------------ steps 3 + 4
 
     def plan(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
-             horizon_ms: int | None, commit_id: str, partitions: int, strong: bool | None = None) -> Any:
+             horizon_ms: int | None, commit_id: str, partitions: int, strong: bool | None = None,
+             direct: DirectBatch | None = None) -> Any:
         """The batch's DataFrame (lazy; one Spark job when collected): shuffle by interval, user code
-        per interval image, files written. Few plan nodes, since each one is analyzed eagerly."""
+        per interval image, files written. Few plan nodes, since each one is analyzed eagerly.
+        ``direct``: the tasks read the batch's files themselves (``_direct.py``; ``prep`` unused)."""
 
         comp = self.comp
         ivs = sorted(self.owner.intervals)
         place = self._place(ivs, partitions)
-        markers = self._markers(session, place)
-        if prep is None:
-            frame = markers
-        else:
-            cols, keep = self._data_columns(place)
-            frame = prep.select(*cols)
-            if keep is not None:
-                frame = frame.where(keep)
-            frame = frame.unionByName(markers)
         spec = ImageSpec(
             comp=comp, rows_root=local_root(self.layout.rows),
             images={i: tuple(decode_path(f.path) for f in self.files.get(i, ())) for i in ivs},
@@ -368,8 +364,29 @@ class ImageWriter:
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong)
+        if direct is not None:  # one task per partition index, each with its intervals of `place`
+            tasks = tuple(tuple(iv for iv, t in place if t == i) for i in range(partitions))
+            batch = dataclasses.replace(direct, tasks=tasks)
+            return self._task_ids(session, partitions).mapInArrow(direct_task_fn(spec, batch),
+                                                                   spark_type(SUMMARY_DDL))
+        markers = self._markers(session, place)
+        if prep is None:
+            frame = markers
+        else:
+            cols, keep = self._data_columns(place)
+            frame = prep.select(*cols)
+            if keep is not None:
+                frame = frame.where(keep)
+            frame = frame.unionByName(markers)
         return frame.repartition(partitions, self._spread(session, place, partitions)).mapInArrow(
             image_task_fn(spec), spark_type(SUMMARY_DDL))
+
+    def _task_ids(self, session: Any, partitions: int) -> Any:
+        """``range(partitions)`` in as many partitions (task i gets the row i), made once per session."""
+        key = (session._jsparkSession.hashCode(), partitions)
+        if self._task_frame is None or self._task_frame[0] != key:
+            self._task_frame = (key, session.range(0, partitions, 1, partitions))
+        return self._task_frame[1]
 
     def _data_columns(self, place: tuple[tuple[int, int], ...]) -> tuple[list[Any], Any]:
         """The input rows' projection (interval, marker flag) and the filter on owned intervals

@@ -32,7 +32,7 @@ from deltawheel.statestore.watermarks import WatermarkAuthority
 from deltawheel.statestore.zkclient import connect, digest_acls
 
 from .batch import ComputationExecutor, FaultPoint
-from .computation import Computation
+from .computation import RECORD_KEY, Computation
 from .reports import BatchReport
 from .sources import BatchStats, Injector, publish_watermark
 
@@ -92,8 +92,9 @@ class PipelineRunner:
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
                  faults: Callable[[FaultPoint, int], None] | None = None, max_rounds: int = 50,
-                 end_of_input: bool = True, write_path: str = "auto") -> None:
+                 end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True) -> None:
         self.spark = spark
+        self.direct_read = direct_read
         self.write_path = write_path
         self.layout = layout
         self.pipeline = pipeline
@@ -190,6 +191,11 @@ class PipelineRunner:
                 df = (self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
                       .load(self.layout.stream(s)))
             frames.append(df.withColumn("stream", F.lit(s)))
+        # one input, a Parquet injector keyed by its key column: the image tasks may read its files
+        only = next(iter(comp.inputs.items())) if len(comp.inputs) == 1 else None
+        direct = getattr(injectors.get(only[0]), "direct_source", None) if only is not None else None
+        ex.direct_source = (direct() if self.direct_read and callable(direct) and only is not None
+                            and only[1] == RECORD_KEY else None)
         src = frames[0]
         for f in frames[1:]:
             src = src.unionByName(f)

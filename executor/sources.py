@@ -38,6 +38,8 @@ from deltawheel.statestore.layout import validate_name
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION
 from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
 
+from ._direct import DirectSource, source_types
+
 __all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "ParquetInjector", "DeltaTableInjector",
            "publish_watermark", "to_stream_schema"]
 
@@ -251,17 +253,29 @@ def _local_parquet_schema(folder: str) -> Any | None:
     pyarrow (Spark's inference starts a job, ~0.1 s); ``None`` -- Spark must infer it -- for a
     remote folder, no readable file, or a column whose Spark type could differ from the plain
     Arrow mapping (timestamps without UTC adjustment or in nanoseconds, unsigned or nested types)."""
+    return _spark_schema(_first_footer(folder))
+
+
+def _first_footer(folder: str) -> Any | None:
+    """The Arrow schema of a local folder's first visible Parquet file (None: remote, none, unreadable)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyspark.sql.pandas.types import from_arrow_type
-    from pyspark.sql.types import StructField, StructType
 
     local, files = local_path(folder), local_folder_token(folder)
     if local is None or not files:
         return None
     try:
-        arrow = pq.read_schema(os.path.join(local, files[0][0]))
+        return pq.read_schema(os.path.join(local, files[0][0]))
     except (OSError, pa.ArrowException):
+        return None
+
+
+def _spark_schema(arrow: Any | None) -> Any | None:
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    if arrow is None:
         return None
     t = pa.types
     fields = []
@@ -352,10 +366,18 @@ class ParquetInjector(_MaxSeenInjector):
             raise ConfigError(f"injector {name}: Parquet folder {folder} does not exist; create it "
                               "(or generate the input) before starting the pipeline")
         self.folder = folder
+        self._direct: DirectSource | None = None
 
     def input_token(self) -> tuple[tuple[str, int, int], ...] | None:
         """The folder's visible files with sizes and mtimes (None for a remote folder)."""
         return local_folder_token(self.folder)
+
+    def direct_source(self) -> DirectSource | None:
+        """How image tasks can read this folder's files themselves (``executor/_direct.py``), as
+        found by the last :meth:`stream_df`: a local folder, no value columns, a string key
+        column, a string record id column (or none) and a UTC timestamp or int event time
+        column; otherwise None (the JVM reads and prepares the batches)."""
+        return self._direct
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
         """The folder as a streaming DataFrame in the stream schema.
@@ -367,8 +389,18 @@ class ParquetInjector(_MaxSeenInjector):
         from pyspark.errors import AnalysisException
         from pyspark.sql import functions as F
 
+        footer = _first_footer(self.folder)
+        local_schema = _spark_schema(footer)
+        self._direct = None
+        if local_schema is not None and self.value_columns == ():
+            types = source_types(footer, key_column=self.key_column, event_time_column=self.event_time_column,
+                                 record_id_column=self.record_id_column)
+            if types is not None:
+                assert self.key_column is not None  # source_types checked it
+                self._direct = DirectSource(self.name, self.key_column, self.event_time_column,
+                                            self.record_id_column, types)
         try:
-            schema = _local_parquet_schema(self.folder) or spark.read.parquet(self.folder).schema
+            schema = local_schema or spark.read.parquet(self.folder).schema
         except AnalysisException as exc:
             raise ConfigError(f"injector {self.name}: cannot read a Parquet schema from {self.folder} "
                               f"({str(exc).splitlines()[0]}); put at least one Parquet file there") from exc

@@ -1,0 +1,281 @@
+"""Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
+
+On the JVM path a batch reaches the image tasks through Spark: the file scan,
+the prepared columns (``_tasks.prepare_input`` and the image plan's
+projection), a shuffle by interval and Arrow to the Python workers -- a map
+stage of one task per input file (one core) before the Python stage can
+start. When a computation's only input is a local :class:`ParquetInjector`
+keyed by its key column (``RECORD_KEY``) and without value columns, each image
+task instead reads the batch's files with pyarrow and keeps the rows of its
+own intervals: one stage, no shuffle. Which files the batch holds comes from
+the batch's own plan (the file scan under the ``foreachBatch`` frame), so a
+replayed batch reads the same files.
+
+The prepared columns are computed as the JVM computes them: the same key,
+record id, event time and late flag, the same checks in the same order for
+dead letters, the same interval hash. ``tests/test_direct.py`` compares both
+paths row by row and end to end. Anything this module does not recognise (a
+remote folder, a file whose column types differ from the schema's, a file
+read in parts, another plan shape) goes through the JVM path for that batch.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from deltawheel.statestore.deltalog import local_path
+from deltawheel.statestore.rows import MAX_KEY_BYTES
+
+from ._imagetask import ImageSpec, run_task
+
+__all__ = ["DirectSource", "DirectBatch", "batch_files", "direct_task_fn", "direct_table"]
+
+_ERR = "\x00!"  # _tasks' marker of a key extractor's error text (a key column can hold it too)
+
+
+@dataclass(frozen=True)
+class DirectSource:
+    """A Parquet injector's columns as its stream schema maps them (see ``sources.to_stream_schema``).
+
+    ``types``: the Arrow type (``str``) of each read column in the file the stream's schema came
+    from; a batch file whose columns differ goes through the JVM path."""
+
+    stream: str  # the input stream: the injector's name
+    key_column: str
+    event_time_column: str
+    record_id_column: str | None
+    types: tuple[tuple[str, str], ...]
+
+    @property
+    def columns(self) -> list[str]:
+        return [c for c, _t in self.types]
+
+
+@dataclass(frozen=True)
+class DirectBatch:
+    """What the tasks of one batch read: plain values, pickled to the workers."""
+
+    source: DirectSource
+    files: tuple[tuple[str, str], ...]  # (local path, the file name as Spark's _metadata.file_name)
+    num_intervals: int
+    late_before: int | None  # records with an earlier event time are late
+    tasks: tuple[tuple[int, ...], ...]  # per task (partition index): its intervals
+
+
+def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | None:
+    """The local files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None
+    (the JVM path) when the plan is not a single file scan, a file is read only in part, or a
+    file's columns are not those of ``source.types``.
+
+    ``foreachBatch`` hands over a frame over the batch's RDD; its lineage ends in the scan's
+    ``FileScanRDD``, whose partitions name the files (a few py4j calls, no Spark job)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        plan = df._jdf.queryExecution().logical()
+        if not plan.getClass().getName().endswith(".LogicalRDD"):
+            return None
+        rdd = plan.rdd()
+        while True:
+            deps = rdd.dependencies()
+            if deps.size() == 0:
+                break
+            if deps.size() != 1:
+                return None
+            rdd = deps.head().rdd()
+        if not rdd.getClass().getName().endswith(".FileScanRDD"):
+            return None
+        spans: dict[str, list[tuple[int, int]]] = {}
+        parts = rdd.filePartitions()
+        for i in range(parts.size()):
+            for f in parts.apply(i).files():
+                spans.setdefault(f.filePath().toString(), []).append((int(f.start()), int(f.length())))
+    except Exception:  # noqa: BLE001 - another Spark version's internals: the JVM path
+        return None
+    want = dict(source.types)
+    out = []
+    for uri, parts_read in sorted(spans.items()):
+        path = local_path(uri)
+        if path is None:
+            return None
+        path = urllib.parse.unquote(path)
+        try:
+            size = os.path.getsize(path)
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowException):
+            return None
+        end = 0
+        for start, length in sorted(parts_read):
+            if start != end:
+                return None
+            end = start + length
+        if end != size:
+            return None
+        got = {f.name: f.type for f in schema}
+        if any(c not in got or _plain(got[c]) != t for c, t in want.items()):
+            return None
+        out.append((path, uri.rsplit("/", 1)[-1]))
+    return tuple(out)
+
+
+def _plain(ty: Any) -> str:
+    """An Arrow type as compared between files (large strings read as strings)."""
+    import pyarrow as pa
+
+    return "string" if pa.types.is_large_string(ty) else str(ty)
+
+
+def source_types(arrow_schema: Any, *, key_column: str | None, event_time_column: str,
+                 record_id_column: str | None) -> tuple[tuple[str, str], ...] | None:
+    """The read columns' types for a :class:`DirectSource`, or None when a column's type is not
+    one the tasks convert exactly as the JVM does (string key and id; UTC timestamp in ms or
+    us, or int32/int64 epoch milliseconds)."""
+    import pyarrow as pa
+
+    t = pa.types
+    fields = {f.name: f.type for f in arrow_schema}
+    if key_column is None or key_column not in fields or event_time_column not in fields:
+        return None
+    cols = [key_column, event_time_column] + ([record_id_column] if record_id_column else [])
+    if len(set(cols)) != len(cols) or (record_id_column is not None and record_id_column not in fields):
+        return None
+    for c in (key_column, record_id_column):
+        if c is not None and not (t.is_string(fields[c]) or t.is_large_string(fields[c])):
+            return None
+    et = fields[event_time_column]
+    if not ((t.is_timestamp(et) and et.tz is not None and et.unit in ("ms", "us"))
+            or t.is_int64(et) or t.is_int32(et)):
+        return None
+    return tuple((c, _plain(fields[c])) for c in cols)
+
+
+# --------------------------------------------------------------------------- task side
+
+
+def direct_task_fn(spec: ImageSpec, batch: DirectBatch) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function over ``range(tasks)``: each row is a task index."""
+
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from ._worker import freeze_spark_zips
+
+        freeze_spark_zips()
+        for b in batches:
+            for t in b.column(0).to_pylist():
+                ivs = batch.tasks[t] if t < len(batch.tasks) else ()
+                if ivs:
+                    out = run_task(spec, direct_table(batch, ivs))
+                    yield pa.RecordBatch.from_pylist(out, schema=spec.summary_schema)
+
+    return fn
+
+
+def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
+    """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
+    columns the JVM path hands a task (``images.PREP_DDL`` + ``interval`` + ``_m``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = [_prepared(batch, pq.read_table(path, columns=batch.source.columns), name, intervals)
+             for path, name in batch.files]
+    marks = len(intervals)
+    parts.append(_table(record_id=pa.nulls(marks, pa.string()), key=pa.nulls(marks, pa.string()),
+                        codec=pa.nulls(marks, pa.string()), timestamp_ms=pa.nulls(marks, pa.int64()),
+                        stream=pa.nulls(marks, pa.string()), position=pa.nulls(marks, pa.string()),
+                        late=pa.nulls(marks, pa.bool_()), _bad=pa.nulls(marks, pa.string()),
+                        interval=pa.array(list(intervals), pa.int32()), _m=pa.array([True] * marks)))
+    return pa.concat_tables(parts)
+
+
+def _table(**cols: Any) -> Any:
+    import pyarrow as pa
+
+    n = len(cols["interval"])
+    order = ("record_id", "key", "value", "codec", "timestamp_ms", "stream", "position", "late", "_bad",
+             "interval", "_m")
+    cols.setdefault("value", pa.nulls(n, pa.binary()))
+    return pa.table([cols[c] for c in order], names=list(order))
+
+
+def _key_facts(keys: list[str], num_intervals: int) -> tuple[list[int], list[str | None]]:
+    """Per distinct key: its interval (``interval_of``) and why it is bad (the JVM's checks, in
+    ``prepare_input``'s order, for a key column), or None."""
+    ivs: list[int] = []
+    bad: list[str | None] = []
+    for k in keys:
+        ivs.append(zlib.crc32(k.encode("utf-8")) % num_intervals)
+        if k.startswith(_ERR):
+            bad.append(k[2:1002])
+        elif k == "":
+            bad.append("key extractor returned an empty key")
+        elif k.startswith("\x00"):
+            bad.append("keys starting with NUL are reserved")
+        elif len(k.encode("utf-8")) > MAX_KEY_BYTES:
+            bad.append(f"key longer than {MAX_KEY_BYTES} bytes")
+        else:
+            bad.append(None)
+    return ivs, bad
+
+
+def _prepared(batch: DirectBatch, t: Any, name: str, intervals: Sequence[int]) -> Any:
+    """One file's rows of ``intervals``, prepared (see :func:`direct_table`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    src = batch.source
+    key = pc.fill_null(t.column(src.key_column).combine_chunks().cast(pa.string()), "")
+    enc = pc.dictionary_encode(key)
+    ivs_of, bad_of = _key_facts(enc.dictionary.to_pylist(), batch.num_intervals)
+    codes = enc.indices.to_numpy()
+    iv = np.asarray(ivs_of, dtype=np.int32)[codes] if len(ivs_of) else np.zeros(0, np.int32)
+    rows = np.flatnonzero(np.isin(iv, np.asarray(list(intervals), dtype=np.int32)))
+    m = len(rows)
+    take = pa.array(rows, pa.int64())
+    key = key.take(take)
+    codes = codes[rows]
+    # the event time in epoch ms: unix_millis (floor) of a timestamp, or the int column itself
+    et = t.column(src.event_time_column).combine_chunks().take(take)
+    ts_null = et.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_timestamp(et.type):
+        raw = et.cast(pa.int64()).fill_null(0).to_numpy()
+        ms = raw // 1000 if et.type.unit == "us" else raw
+    else:
+        ms = et.cast(pa.int64()).fill_null(0).to_numpy()
+    ts = pa.array(ms, pa.int64(), mask=ts_null)
+    # the record id: the column, or (null, or no column) the position "{injector}/{file}#{row}"
+    if src.record_id_column is not None:
+        rid = t.column(src.record_id_column).combine_chunks().take(take).cast(pa.string())
+        if rid.null_count:
+            ids = rid.to_pylist()
+            rid = pa.array([f"{src.stream}/{name}#{r}" if x is None else x for x, r in zip(ids, rows.tolist(), strict=True)],
+                           pa.string())
+    else:
+        rid = pa.array([f"{src.stream}/{name}#{r}" for r in rows.tolist()], pa.string())
+    # dead letters: the first failing check, as prepare_input orders them
+    key_bad = [bad_of[c] for c in codes.tolist()] if any(bad_of) else [None] * m
+    rid_empty = pc.equal(rid, "").to_numpy(zero_copy_only=False)
+    why: list[str | None] = key_bad
+    if any(x is not None for x in key_bad) or rid_empty.any() or ts_null.any():
+        why = [kb if kb is not None else "record without record_id" if re else
+               "record without timestamp" if tn else None
+               for kb, re, tn in zip(key_bad, rid_empty.tolist(), ts_null.tolist(), strict=True)]
+        bad = pa.array(why, pa.string())
+        position = pa.array([None if w is None else f"file={name}#row={r}" for w, r in zip(why, rows.tolist(), strict=True)],
+                            pa.string())
+    else:
+        bad = pa.nulls(m, pa.string())
+        position = pa.nulls(m, pa.string())
+    if batch.late_before is None:
+        late = pa.array(np.zeros(m, dtype=bool))
+    else:
+        late = pa.array((ms < batch.late_before) & ~ts_null)
+    return _table(record_id=rid, key=key, codec=pa.array(["json"] * m, pa.string()), timestamp_ms=ts,
+                  stream=pa.array([src.stream] * m, pa.string()), position=position, late=late, _bad=bad,
+                  interval=pa.array(iv[rows], pa.int32()), _m=pa.array(np.zeros(m, dtype=bool)))

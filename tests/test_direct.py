@@ -1,0 +1,218 @@
+"""The direct read (executor/_direct.py): image tasks reading a Parquet injector's files themselves.
+
+Everything is compared with the JVM path on the same input: the prepared rows a task gets
+(inside a real ``foreachBatch``), and whole pipeline runs (outputs, state, dead letters, late
+records), including a crash and a restart that replays a batch from its files.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltawheel.executor._direct import DirectBatch, batch_files, direct_table
+from deltawheel.executor._tasks import prepare_input
+from deltawheel.executor.computation import LatePolicy
+from deltawheel.executor.faults import FaultPoint
+from deltawheel.executor.images import ImageWriter
+from deltawheel.executor.pipeline import Pipeline, PipelineRunner
+from deltawheel.executor.sources import ParquetInjector
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rows import MAX_KEY_BYTES
+from executor_util import ByRecordKey, state_of, stream_rows
+from pyspark import cloudpickle
+
+pytestmark = pytest.mark.spark
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# every check prepare_input makes, plus the cases that are not bad: a null record id (the
+# position becomes the id), a key with non-ASCII characters, sub-millisecond event times
+# before 1970 (floored, as unix_millis does)
+ODD = [("ok-1", "k1", 5_000_000), (None, "k2", 5_000_001), ("", "k3", 5_000_002), ("ok-2", "", 5_000_003),
+       ("ok-3", None, 5_000_004), ("ok-4", "\x00nul", 5_000_005), ("ok-5", "\x00!extractor said no", 5_000_006),
+       ("ok-6", "x" * (MAX_KEY_BYTES + 1), 5_000_007), ("ok-7", "k4", None), ("ok-8", "ключ", -1_500),
+       ("ok-9", "k5", -1)]
+
+
+def _write(path: Path, rows: list[tuple[str | None, str | None, int | None]], *, unit: str) -> None:
+    """rows of (record id, key, event time in microseconds); ``unit``: the event time column's type."""
+    ets: Any
+    if unit == "us":
+        ets = pa.array(rows and [t for _r, _k, t in rows], pa.int64()).cast(pa.timestamp("us", "UTC"))
+    elif unit == "ms":
+        ets = pa.array([None if t is None else t // 1000 for _r, _k, t in rows], pa.int64()).cast(
+            pa.timestamp("ms", "UTC"))
+    else:  # epoch milliseconds as a plain integer column
+        ets = pa.array([None if t is None else t // 1000 for _r, _k, t in rows], pa.int64())
+    pq.write_table(pa.table({"record_id": pa.array([r for r, _k, _t in rows], pa.string()),
+                             "key": pa.array([k for _r, k, _t in rows], pa.string()), "event_time": ets}), path)
+
+
+def _events(i: int, n: int = 40) -> list[tuple[str | None, str | None, int | None]]:
+    return [(f"r{i}-{j}", f"k{j % 7}", (i * 20_000 + j * 400) * 1000) for j in range(n)]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("unit", "record_ids"), [("us", True), ("ms", True), ("int", True), ("us", False)])
+def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_ids) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _write(folder / "part-0.parquet", _events(0) + ODD, unit=unit)
+    _write(folder / "part 1.parquet", _events(1) + ODD[:3], unit=unit)  # a name Spark percent-encodes
+    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time", value_columns=[],
+                          record_id_column="record_id" if record_ids else None, max_files_per_trigger=2,
+                          watermark_delay_ms=1_000)
+    comp = ByRecordKey()
+    n = comp.num_intervals
+    from pyspark.sql import functions as F
+
+    df = inj.stream_df(spark).withColumn("stream", F.lit("events"))
+    source = inj.direct_source()
+    assert source is not None
+    seen: list[int] = []
+    place = tuple((iv, 0) for iv in range(n))
+    writer = types.SimpleNamespace(comp=comp, _data_cols=None)  # what ImageWriter._data_columns reads
+
+    def check(batch: Any, batch_id: int) -> None:
+        wm = 5_000  # some records are behind it
+        cols, keep = ImageWriter._data_columns(writer, place)  # type: ignore[arg-type]
+        assert keep is None
+        jvm = prepare_input(batch, comp, wm).select(*cols).toArrow()
+        files = batch_files(batch, source)
+        assert files is not None and len(files) == 2
+        for ivs in ([0, 1, 2, 3], [1, 3], [0]):
+            got = direct_table(DirectBatch(source, files, n, wm, ()), ivs)
+            marks = got.filter(got.column("_m")).column("interval").to_pylist()
+            assert marks == ivs
+            want = jvm.filter(pa.compute.is_in(jvm.column("interval"), pa.array(ivs, pa.int32())))
+            rows = sorted(got.filter(pa.compute.invert(got.column("_m"))).to_pylist(), key=repr)
+            assert [(f.name, str(f.type)) for f in got.schema] == [(f.name, str(f.type)) for f in jvm.schema]
+            assert rows == sorted(want.to_pylist(), key=repr)
+        bad = [r["_bad"] for r in jvm.to_pylist() if r["_bad"] is not None]
+        why = {"key extractor returned an empty key", "keys starting with NUL are reserved", "extractor said no",
+               f"key longer than {MAX_KEY_BYTES} bytes", "record without timestamp"}
+        assert set(bad) == why | ({"record without record_id"} if record_ids else set())
+        assert len(bad) == (8 if record_ids else 6)  # a null key is an empty one; file 2's empty id
+        seen.append(batch_id)
+
+    q = (df.writeStream.foreachBatch(check).trigger(availableNow=True)
+         .option("checkpointLocation", str(tmp_path / "chk")).start())
+    q.awaitTermination()
+    assert q.exception() is None
+    assert seen == [0]
+
+
+def test_a_file_the_tasks_cannot_read_exactly_goes_through_the_jvm(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _write(folder / "part-0.parquet", _events(0), unit="us")
+    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time", value_columns=[],
+                          record_id_column="record_id", watermark_delay_ms=1_000)
+    from pyspark.sql import functions as F
+
+    df = inj.stream_df(spark).withColumn("stream", F.lit("events"))
+    source = inj.direct_source()
+    assert source is not None
+    # the same columns, the event time in milliseconds: Spark reads it, the tasks would not
+    _write(folder / "part-1.parquet", _events(1), unit="ms")
+    found: list[Any] = []
+    q = (df.writeStream.foreachBatch(lambda b, i: found.append(batch_files(b, source)))
+         .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "chk")).start())
+    q.awaitTermination()
+    assert len(found) == 2 and found[0] is not None and found[1] is None
+    # no direct read for a value, or for a key the JVM casts
+    for kw in ({"value_columns": None}, {"value_columns": [], "key_column": "record_id", "record_id_column": None}):
+        other = ParquetInjector("events", str(folder), **{"key_column": "key", "event_time_column": "event_time",
+                                                          "record_id_column": "record_id", "watermark_delay_ms": 1_000,
+                                                          **kw})
+        other.stream_df(spark)
+        assert (other.direct_source() is None) == (kw["value_columns"] is None)
+
+
+class RoutedLate(ByRecordKey):
+    """Bucket counts keyed by the key column; late records go to the late-data table."""
+
+    name = "routed"
+    late_policy = LatePolicy.ROUTE
+
+
+class _Crash(Exception):
+    pass
+
+
+def _input(folder: Path) -> None:
+    folder.mkdir()
+    for i in range(3):
+        rows = _events(i)
+        if i == 2:  # behind the watermark after two files
+            rows += [(f"late-{j}", f"k{j}", 1_000_000 * j) for j in range(5)]
+        _write(folder / f"part-{i}.parquet", rows + [(f"{r}-{i}" if r else r, k, t) for r, k, t in ODD], unit="us")
+
+
+def _outputs(spark: Any, layout: StoreLayout) -> tuple[Any, ...]:
+    from pyspark.sql import functions as F
+
+    dead = (spark.read.format("delta").load(layout.dead_letters)
+            .select("computation", "stream", "record_id", "key", "raw_value", "error", "source_position",
+                    "event_time_ms").collect())
+    late = (spark.read.format("delta").load(layout.late_data)
+            .select("computation", "stream", "record_id", "key", "value", "codec", "event_time_ms", "watermark_ms",
+                    "reason").collect())
+    rows = (spark.read.format("delta").load(layout.rows)
+            .where((F.col("computation") == "routed") & ~F.col("key").startswith("\x00")))
+    ids = sorted(r["record_id"] for r in rows.select(F.explode("record_ids.record_id").alias("record_id")).collect())
+    return (stream_rows(spark, layout, "counts"), state_of(spark, layout, "routed"), sorted(map(tuple, dead)),
+            sorted(map(tuple, late)), ids)
+
+
+def _run(spark: Any, folder: Path, store: Path, zk_config: Any, *, direct: bool,
+         crash_at: FaultPoint | None = None) -> tuple[tuple[Any, ...], list[bool]]:
+    layout = StoreLayout(str(store))
+    crashed: list[int] = []
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is crash_at and batch_id == 1 and not crashed:
+            crashed.append(batch_id)
+            raise _Crash(point)
+
+    def runner() -> PipelineRunner:  # a fresh injector, as a restarted process has
+        inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
+                              value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)
+        return PipelineRunner(spark, layout, Pipeline("direct", (inj,), (RoutedLate(),)), zk=zk_config,
+                              direct_read=direct, faults=faults, progress=print, end_of_input=False)
+
+    if crash_at is not None:
+        with pytest.raises(Exception, match="_Crash"):
+            runner().run()
+        assert crashed == [1]
+    summary = runner().run()
+    return _outputs(spark, layout), [r.direct for r in summary.reports["routed"] if r.records_in]
+
+
+@pytest.fixture(scope="module")
+def jvm_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.config import ZkConfig
+
+    base = tmp_path_factory.mktemp("jvm")
+    _input(base / "in")
+    out, direct = _run(spark, base / "in", base / "store", ZkConfig(hosts=zk_server.hosts, chroot="/direct-jvm"),
+                       direct=False)
+    assert direct == [False, False, False]
+    return base / "in", out
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("crash_at", [None, FaultPoint.AFTER_USER_CODE, FaultPoint.AFTER_COMMIT])
+def test_a_pipeline_reading_directly_gives_what_the_jvm_read_gives(spark, zk_config, tmp_path, jvm_run,
+                                                                     crash_at) -> None:  # type: ignore[no-untyped-def]
+    folder, want = jvm_run
+    counts, _state, dead, late, ids = want
+    assert counts and late and len(dead) >= 3 * 6 and ids  # the comparison has something to compare
+    got, direct = _run(spark, folder, tmp_path / "store", zk_config, direct=True, crash_at=crash_at)
+    assert all(direct) and direct
+    assert got == want

@@ -7,7 +7,7 @@ import sys
 from typing import Any, Callable
 
 from deltawheel.executor.batch import ComputationExecutor, FaultPoint
-from deltawheel.executor.computation import RECORD_KEY, Computation
+from deltawheel.executor.computation import RECORD_KEY, Computation, ErrorPolicy, LatePolicy
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.leases import LeaseManager
 from deltawheel.statestore.owner import IntervalOwner
@@ -68,6 +68,21 @@ class ByRecordKey(BucketCounter):
 
     name = "by_record_key"
     inputs = {"events": RECORD_KEY}
+
+
+class RoutedLate(ByRecordKey):
+    """Bucket counts keyed by the key column; late records go to the late-data table, and the
+    records of key k6 at whole 1.2 s are refused into the dead letters (their source position
+    is looked up by the driver)."""
+
+    name = "routed"
+    late_policy = LatePolicy.ROUTE
+    error_policy = ErrorPolicy.DEAD_LETTER
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        if ctx.key == "k6" and record.timestamp_ms % 1_200 == 0:
+            raise ValueError("no k6 at whole 1.2 s")
+        super().process_record(ctx, record)
 
 
 class Copier(Computation):

@@ -1,0 +1,35 @@
+"""Runs test_direct's pipeline with the direct read in its own Spark session (the master given:
+``local-cluster[2,1,1024]`` in the test) and prints each batch's direct flag.
+
+Usage: direct_cluster.py INPUT_FOLDER STORE ZK_HOSTS CHROOT MASTER
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from deltawheel.executor.pipeline import Pipeline, PipelineRunner  # noqa: E402
+from deltawheel.executor.sources import ParquetInjector  # noqa: E402
+from deltawheel.statestore.config import ZkConfig  # noqa: E402
+from deltawheel.statestore.layout import StoreLayout  # noqa: E402
+from deltawheel.statestore.sparkenv import SparkSettings, build_spark  # noqa: E402
+from executor_util import RoutedLate  # noqa: E402
+
+
+def main() -> None:
+    folder, store, hosts, chroot, master = sys.argv[1:6]
+    spark = build_spark(SparkSettings(master=master, app_name="deltawheel-direct-cluster"))
+    inj = ParquetInjector("events", folder, key_column="key", event_time_column="event_time", value_columns=[],
+                          record_id_column="record_id", watermark_delay_ms=2_000)
+    summary = PipelineRunner(spark, StoreLayout(store), Pipeline("direct", (inj,), (RoutedLate(),)),
+                             zk=ZkConfig(hosts=hosts, chroot=chroot), progress=print, end_of_input=False).run()
+    flags = [r.direct for r in summary.reports["routed"] if r.records_in]
+    print("DIRECT", " ".join(str(f) for f in flags), "MASTER", spark.sparkContext.master, flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

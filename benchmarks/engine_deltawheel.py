@@ -114,8 +114,9 @@ class DeltaWheelEngine:
         settings = {"exactly_once": True, "strong_productions": True, "num_intervals": 4, "codec": "msgpack",
                     "record_value": "none (value_columns=[]: the computation reads key and event time only)",
                     "write_path": _WRITE_PATHS[self.write_path],
-                    "input_read": (f"{sum(r.direct for r in reports)} of {len(reports)} batches' files read by the "
-                                   "image tasks with pyarrow, the others through Spark's scan + shuffle"),
+                    "input_read": (f"the files of {sum(r.direct for r in reports if r.records_in)} of "
+                                   f"{sum(1 for r in reports if r.records_in)} batches with input read by the image "
+                                   "tasks with pyarrow, the others through Spark's scan + shuffle"),
                     "trigger": "availableNow", "maxFilesPerTrigger": 1, "master": spark.sparkContext.master}
         return build_result(self.name, data, output=out, wall_s=wall, settings=settings, late_dropped=late,
                             open_events_at_end=open_events, batches=len(reports),

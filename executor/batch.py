@@ -6,7 +6,9 @@ For each micro-batch (``ComputationExecutor.run_batch``):
    session stops the batch before anything happens).
 2. Prepare the input in the JVM: key extraction, dead letters for records
    without a usable key, the late flag (event time behind the input low
-   watermark) and the late-data table for ``LatePolicy.ROUTE``.
+   watermark) and the late-data table for ``LatePolicy.ROUTE``. (With the
+   pipeline runner's direct read the image tasks compute the same from the
+   batch's files themselves: ``_direct.py``.)
 3. Load the rows of the batch's keys and of keys with due timers or
    delivered-but-not-cleared productions (one join against the rows table).
 4. Run user code in Spark tasks, one task per group of intervals, per key:

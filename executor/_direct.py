@@ -5,15 +5,16 @@ the prepared columns (``_tasks.prepare_input`` and the image plan's
 projection), a shuffle by interval and Arrow to the Python workers -- a map
 stage of one task per input file (one core) before the Python stage can
 start. When a computation's only input is a local :class:`ParquetInjector`
-keyed by its key column (``RECORD_KEY``) and without value columns, each image
-task instead reads the batch's files with pyarrow and keeps the rows of its
+keyed by its key column (``RECORD_KEY``), with value columns of plain types
+(or none), each image task instead reads the batch's files with pyarrow and keeps the rows of its
 own intervals: one stage, no shuffle. Which files the batch holds comes from
 the batch's own plan (the file scan under the ``foreachBatch`` frame), so a
 replayed batch reads the same files.
 
 The prepared columns are computed as the JVM computes them: the same key,
 record id, event time and late flag, the same checks in the same order for
-dead letters, the same interval hash. ``tests/test_direct.py`` compares both
+dead letters, the same interval hash; the value is the same JSON object (its text may differ
+in form -- number formatting, escapes -- never in what it decodes to). ``tests/test_direct.py`` compares both
 paths row by row and end to end. Anything this module does not recognise (a
 remote folder, a file whose column types differ from the schema's, a file
 read in parts, another plan shape) goes through the JVM path for that batch.
@@ -32,7 +33,7 @@ from deltawheel.statestore.rows import MAX_KEY_BYTES
 
 from ._imagetask import ImageSpec, run_task
 
-__all__ = ["DirectSource", "DirectBatch", "batch_files", "direct_task_fn", "direct_table"]
+__all__ = ["DirectSource", "DirectBatch", "batch_files", "direct_source", "direct_task_fn", "direct_table"]
 
 _ERR = "\x00!"  # _tasks' marker of a key extractor's error text (a key column can hold it too)
 
@@ -49,6 +50,7 @@ class DirectSource:
     event_time_column: str
     record_id_column: str | None
     types: tuple[tuple[str, str], ...]
+    value_columns: tuple[str, ...] = ()  # sorted, as the JVM orders the value's fields
 
     @property
     def columns(self) -> list[str]:
@@ -130,28 +132,40 @@ def _plain(ty: Any) -> str:
     return "string" if pa.types.is_large_string(ty) else str(ty)
 
 
-def source_types(arrow_schema: Any, *, key_column: str | None, event_time_column: str,
-                 record_id_column: str | None) -> tuple[tuple[str, str], ...] | None:
-    """The read columns' types for a :class:`DirectSource`, or None when a column's type is not
-    one the tasks convert exactly as the JVM does (string key and id; UTC timestamp in ms or
-    us, or int32/int64 epoch milliseconds)."""
+def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event_time_column: str,
+                  record_id_column: str | None, value_columns: Sequence[str] | None) -> DirectSource | None:
+    """A :class:`DirectSource` for an injector's columns (``value_columns`` as the injector takes
+    them: None = every column but the event time and record id ones), or None when a column's type
+    is not one the tasks convert exactly as the JVM does: string key and id; UTC timestamp in ms
+    or us, or int32/int64 epoch milliseconds; value columns of strings, booleans, signed integers
+    or doubles."""
     import pyarrow as pa
 
     t = pa.types
     fields = {f.name: f.type for f in arrow_schema}
     if key_column is None or key_column not in fields or event_time_column not in fields:
         return None
+    if value_columns is None:
+        value_columns = [c for c in fields if c not in (event_time_column, record_id_column)]
+    values = tuple(sorted(set(value_columns)))
     cols = [key_column, event_time_column] + ([record_id_column] if record_id_column else [])
     if len(set(cols)) != len(cols) or (record_id_column is not None and record_id_column not in fields):
         return None
-    for c in (key_column, record_id_column):
-        if c is not None and not (t.is_string(fields[c]) or t.is_large_string(fields[c])):
+    for c in values:
+        ty = fields.get(c)
+        if ty is None or not (t.is_string(ty) or t.is_large_string(ty) or t.is_boolean(ty)
+                              or t.is_signed_integer(ty) or t.is_float64(ty)):
+            return None
+    cols += [c for c in values if c not in cols]
+    for k in (key_column, record_id_column):
+        if k is not None and not (t.is_string(fields[k]) or t.is_large_string(fields[k])):
             return None
     et = fields[event_time_column]
     if not ((t.is_timestamp(et) and et.tz is not None and et.unit in ("ms", "us"))
             or t.is_int64(et) or t.is_int32(et)):
         return None
-    return tuple((c, _plain(fields[c])) for c in cols)
+    return DirectSource(name, key_column, event_time_column, record_id_column,
+                        tuple((c, _plain(fields[c])) for c in cols), values)
 
 
 # --------------------------------------------------------------------------- task side
@@ -272,10 +286,32 @@ def _prepared(batch: DirectBatch, t: Any, name: str, intervals: Sequence[int]) -
     else:
         bad = pa.nulls(m, pa.string())
         position = pa.nulls(m, pa.string())
+    value = _json_values(t, src.value_columns, take) if src.value_columns else pa.nulls(m, pa.binary())
     if batch.late_before is None:
         late = pa.array(np.zeros(m, dtype=bool))
     else:
         late = pa.array((ms < batch.late_before) & ~ts_null)
-    return _table(record_id=rid, key=key, codec=pa.array(["json"] * m, pa.string()), timestamp_ms=ts,
+    return _table(record_id=rid, key=key, value=value, codec=pa.array(["json"] * m, pa.string()), timestamp_ms=ts,
                   stream=pa.array([src.stream] * m, pa.string()), position=position, late=late, _bad=bad,
                   interval=pa.array(iv[rows], pa.int32()), _m=pa.array(np.zeros(m, dtype=bool)))
+
+
+def _json_values(t: Any, columns: Sequence[str], take: Any) -> Any:
+    """The ``value`` of the taken rows: a JSON object of ``columns`` (sorted), null fields left out,
+    NaN and infinities as the strings Spark's ``to_json`` writes for them."""
+    import json
+    import math
+
+    import pyarrow as pa
+
+    lists = []
+    for c in columns:
+        a = t.column(c).combine_chunks().take(take)
+        vals = a.to_pylist()
+        if pa.types.is_floating(a.type):
+            vals = [v if v is None or math.isfinite(v) else "NaN" if v != v else "Infinity" if v > 0 else "-Infinity"
+                    for v in vals]
+        lists.append(vals)
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    return pa.array([dumps({c: v for c, v in zip(columns, row, strict=True) if v is not None}).encode()
+                     for row in zip(*lists, strict=True)], pa.binary())

@@ -15,7 +15,7 @@ there is nothing new for it to read. Checkpoints live in the store, so re-runnin
 crash resumes where the last commit left off.
 
 A computation whose one input is a Parquet injector that offers a ``direct_source()`` (local folder,
-no value columns) and that keys by the injector's key column has its files read by the image tasks
+columns of plain types) and that keys by the injector's key column has its files read by the image tasks
 themselves (``_direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
 frame, so it knows the frame is exactly the injector's stream.
 """

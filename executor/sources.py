@@ -38,7 +38,7 @@ from deltawheel.statestore.layout import validate_name
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION
 from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
 
-from ._direct import DirectSource, source_types
+from ._direct import DirectSource, direct_source
 
 __all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "ParquetInjector", "DeltaTableInjector",
            "publish_watermark", "to_stream_schema"]
@@ -374,9 +374,10 @@ class ParquetInjector(_MaxSeenInjector):
 
     def direct_source(self) -> DirectSource | None:
         """How image tasks can read this folder's files themselves (``executor/_direct.py``), as
-        found by the last :meth:`stream_df`: a local folder, no value columns, a string key
-        column, a string record id column (or none) and a UTC timestamp or int event time
-        column; otherwise None (the JVM reads and prepares the batches)."""
+        found by the last :meth:`stream_df`: a local folder, a string key column, a string record
+        id column (or none), a UTC timestamp or int event time column and value columns of
+        strings, booleans, signed integers or doubles (or none); otherwise None (the JVM reads
+        and prepares the batches)."""
         return self._direct
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
@@ -391,14 +392,9 @@ class ParquetInjector(_MaxSeenInjector):
 
         footer = _first_footer(self.folder)
         local_schema = _spark_schema(footer)
-        self._direct = None
-        if local_schema is not None and self.value_columns == ():
-            types = source_types(footer, key_column=self.key_column, event_time_column=self.event_time_column,
-                                 record_id_column=self.record_id_column)
-            if types is not None:
-                assert self.key_column is not None  # source_types checked it
-                self._direct = DirectSource(self.name, self.key_column, self.event_time_column,
-                                            self.record_id_column, types)
+        self._direct = None if local_schema is None else direct_source(
+            self.name, footer, key_column=self.key_column, event_time_column=self.event_time_column,
+            record_id_column=self.record_id_column, value_columns=self.value_columns)
         try:
             schema = local_schema or spark.read.parquet(self.folder).schema
         except AnalysisException as exc:

@@ -38,8 +38,10 @@ ODD = [("ok-1", "k1", 5_000_000), (None, "k2", 5_000_001), ("", "k3", 5_000_002)
        ("ok-9", "k5", -1)]
 
 
-def _write(path: Path, rows: list[tuple[str | None, str | None, int | None]], *, unit: str) -> None:
-    """rows of (record id, key, event time in microseconds); ``unit``: the event time column's type."""
+def _write(path: Path, rows: list[tuple[str | None, str | None, int | None]], *, unit: str,
+           values: bool = False) -> None:
+    """rows of (record id, key, event time in microseconds); ``unit``: the event time column's type;
+    ``values``: with columns of every value type the tasks encode (odd values included)."""
     ets: Any
     if unit == "us":
         ets = pa.array(rows and [t for _r, _k, t in rows], pa.int64()).cast(pa.timestamp("us", "UTC"))
@@ -48,8 +50,18 @@ def _write(path: Path, rows: list[tuple[str | None, str | None, int | None]], *,
             pa.timestamp("ms", "UTC"))
     else:  # epoch milliseconds as a plain integer column
         ets = pa.array([None if t is None else t // 1000 for _r, _k, t in rows], pa.int64())
-    pq.write_table(pa.table({"record_id": pa.array([r for r, _k, _t in rows], pa.string()),
-                             "key": pa.array([k for _r, k, _t in rows], pa.string()), "event_time": ets}), path)
+    cols = {"record_id": pa.array([r for r, _k, _t in rows], pa.string()),
+            "key": pa.array([k for _r, k, _t in rows], pa.string()), "event_time": ets}
+    if values:
+        n = len(rows)
+        floats = [0.1, float("nan"), float("inf"), float("-inf"), 1e16, -0.0, None, 2.5e-300]
+        texts = ['say "hi"', "back\\slash", "ctl\x01\n", "ünï©ødé ✓", None, ""]
+        cols |= {"n": pa.array([None if i % 5 == 0 else (i - 20) * 10**15 for i in range(n)], pa.int64()),
+                 "small": pa.array([i % 100 for i in range(n)], pa.int8()),
+                 "x": pa.array([floats[i % len(floats)] for i in range(n)], pa.float64()),
+                 "s": pa.array([texts[i % len(texts)] for i in range(n)], pa.string()),
+                 "b": pa.array([None if i % 3 == 0 else i % 2 == 0 for i in range(n)], pa.bool_())}
+    pq.write_table(pa.table(cols), path)
 
 
 def _events(i: int, n: int = 40) -> list[tuple[str | None, str | None, int | None]]:
@@ -57,15 +69,17 @@ def _events(i: int, n: int = 40) -> list[tuple[str | None, str | None, int | Non
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("unit", "record_ids"), [("us", True), ("ms", True), ("int", True), ("us", False)])
-def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_ids) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("unit", "record_ids", "values"), [
+    ("us", True, []), ("ms", True, []), ("int", True, []), ("us", False, []), ("us", True, None),
+    ("int", False, ["s", "n", "key"])])
+def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_ids, values) -> None:  # type: ignore[no-untyped-def]
     folder = tmp_path / "in"
     folder.mkdir()
-    _write(folder / "part-0.parquet", _events(0) + ODD, unit=unit)
-    _write(folder / "part 1.parquet", _events(1) + ODD[:3], unit=unit)  # a name Spark percent-encodes
-    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time", value_columns=[],
-                          record_id_column="record_id" if record_ids else None, max_files_per_trigger=2,
-                          watermark_delay_ms=1_000)
+    _write(folder / "part-0.parquet", _events(0) + ODD, unit=unit, values=values != [])
+    _write(folder / "part 1.parquet", _events(1) + ODD[:3], unit=unit, values=values != [])  # percent-encoded
+    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
+                          value_columns=values, record_id_column="record_id" if record_ids else None,
+                          max_files_per_trigger=2, watermark_delay_ms=1_000)
     comp = ByRecordKey()
     n = comp.num_intervals
     from pyspark.sql import functions as F
@@ -73,6 +87,7 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_
     df = inj.stream_df(spark).withColumn("stream", F.lit("events"))
     source = inj.direct_source()
     assert source is not None
+    assert source.value_columns == (("b", "key", "n", "s", "small", "x") if values is None else tuple(sorted(values)))
     seen: list[int] = []
     place = tuple((iv, 0) for iv in range(n))
     writer = types.SimpleNamespace(comp=comp, _data_cols=None)  # what ImageWriter._data_columns reads
@@ -89,9 +104,10 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_
             marks = got.filter(got.column("_m")).column("interval").to_pylist()
             assert marks == ivs
             want = jvm.filter(pa.compute.is_in(jvm.column("interval"), pa.array(ivs, pa.int32())))
-            rows = sorted(got.filter(pa.compute.invert(got.column("_m"))).to_pylist(), key=repr)
+            rows = sorted(map(_decoded, got.filter(pa.compute.invert(got.column("_m"))).to_pylist()), key=repr)
             assert [(f.name, str(f.type)) for f in got.schema] == [(f.name, str(f.type)) for f in jvm.schema]
-            assert rows == sorted(want.to_pylist(), key=repr)
+            assert rows == sorted(map(_decoded, want.to_pylist()), key=repr)
+            assert (values == []) == all(r["value"] is None for r in rows)
         bad = [r["_bad"] for r in jvm.to_pylist() if r["_bad"] is not None]
         why = {"key extractor returned an empty key", "keys starting with NUL are reserved", "extractor said no",
                f"key longer than {MAX_KEY_BYTES} bytes", "record without timestamp"}
@@ -104,6 +120,17 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_
     q.awaitTermination()
     assert q.exception() is None
     assert seen == [0]
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    """A prepared row with its value decoded (the tasks' JSON text may differ in form, not in content);
+    NaN made comparable."""
+    import json
+
+    value = None if row["value"] is None else json.loads(row["value"])
+    if isinstance(value, dict) and isinstance(value.get("x"), float) and value["x"] != value["x"]:
+        value["x"] = "float nan"
+    return {**row, "value": value}
 
 
 def test_a_file_the_tasks_cannot_read_exactly_goes_through_the_jvm(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -124,13 +151,15 @@ def test_a_file_the_tasks_cannot_read_exactly_goes_through_the_jvm(spark, tmp_pa
          .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "chk")).start())
     q.awaitTermination()
     assert len(found) == 2 and found[0] is not None and found[1] is None
-    # no direct read for a value, or for a key the JVM casts
-    for kw in ({"value_columns": None}, {"value_columns": [], "key_column": "record_id", "record_id_column": None}):
+    # no direct read for a value or a key of a type the JVM formats (a timestamp); every other
+    # column of this folder is plain
+    for kw, direct in (({"value_columns": ["event_time"]}, False), ({"key_column": "event_time"}, False),
+                       ({"value_columns": None}, True)):
         other = ParquetInjector("events", str(folder), **{"key_column": "key", "event_time_column": "event_time",
-                                                          "record_id_column": "record_id", "watermark_delay_ms": 1_000,
-                                                          **kw})
+                                                          "record_id_column": "record_id", "value_columns": [],
+                                                          "watermark_delay_ms": 1_000, **kw})
         other.stream_df(spark)
-        assert (other.direct_source() is None) == (kw["value_columns"] is None)
+        assert (other.direct_source() is not None) == direct, kw
 
 
 class _Crash(Exception):

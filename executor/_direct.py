@@ -24,19 +24,16 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from deltawheel.statestore.deltalog import local_path
-from deltawheel.statestore.rows import MAX_KEY_BYTES
+from deltawheel.statestore.rows import MAX_KEY_BYTES, interval_of
 
 from ._imagetask import ImageSpec, run_task
+from ._tasks import _ERR  # the key extractors' error marker (a key column can hold it too)
 
 __all__ = ["DirectSource", "DirectBatch", "batch_files", "direct_source", "direct_task_fn", "direct_table"]
-
-_ERR = "\x00!"  # _tasks' marker of a key extractor's error text (a key column can hold it too)
-
 
 @dataclass(frozen=True)
 class DirectSource:
@@ -223,7 +220,7 @@ def _key_facts(keys: list[str], num_intervals: int) -> tuple[list[int], list[str
     ivs: list[int] = []
     bad: list[str | None] = []
     for k in keys:
-        ivs.append(zlib.crc32(k.encode("utf-8")) % num_intervals)
+        ivs.append(interval_of(k, num_intervals))
         if k.startswith(_ERR):
             bad.append(k[2:1002])
         elif k == "":

@@ -196,11 +196,7 @@ class PipelineRunner:
                 df = (self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
                       .load(self.layout.stream(s)))
             frames.append(df.withColumn("stream", F.lit(s)))
-        # one input, a Parquet injector keyed by its key column: the image tasks may read its files
-        only = next(iter(comp.inputs.items())) if len(comp.inputs) == 1 else None
-        direct = getattr(injectors.get(only[0]), "direct_source", None) if only is not None else None
-        ex.direct_source = (direct() if self.direct_read and callable(direct) and only is not None
-                            and only[1] == RECORD_KEY else None)
+        ex.direct_source = self._direct_source(comp)
         src = frames[0]
         for f in frames[1:]:
             src = src.unionByName(f)
@@ -214,6 +210,16 @@ class PipelineRunner:
         if None not in tokens:
             self._read_upto[comp.name] = tokens
         return sum(r.records_in for r in ex.reports) - before
+
+    def _direct_source(self, comp: Computation) -> Any | None:
+        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column
+        (after its ``stream_df``: the image tasks may read its files), else None."""
+        if not self.direct_read or len(comp.inputs) != 1:
+            return None
+        ((stream, extractor),) = comp.inputs.items()
+        inj = next((i for i in self.pipeline.injectors if i.name == stream), None)
+        direct = getattr(inj, "direct_source", None)
+        return direct() if callable(direct) and extractor == RECORD_KEY else None
 
     def _input_tokens(self, comp: Computation) -> list[Any]:
         """Per input of ``comp``: its injector's ``input_token()`` or its stream table's newest

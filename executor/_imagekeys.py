@@ -2,7 +2,7 @@
 
 ``_imagetask`` hands over the interval's input records (Arrow, one run per key)
 and the touched keys' current rows (Arrow); this module runs user code per key
-through :func:`keyrun.run_user_code` — the one implementation of what user
+through :class:`keyrun.UserCode` — the one implementation of what user
 code sees (dedup, record order, error policy, timer firing) — and writes the
 new row images straight into column lists. Nothing per key is built that the
 Parquet file does not need: no ``KeyRow``, no ``KeyOutcome``, no record-id
@@ -31,7 +31,7 @@ from deltawheel.statestore.rows import _DOMAIN_VALUES, _DOMAINS, TimeDomain, Tim
 
 from .computation import Computation, Record, new_record
 from .context import Context
-from .keyrun import codec_of, run_user_code
+from .keyrun import UserCode, codec_of
 
 __all__ = ["Input", "OldRows", "KeyLoop", "side_row", "py_list", "constant_or_list"]
 
@@ -138,7 +138,13 @@ class OldRows:
     def timers(self, j: int) -> dict[tuple[str, TimeDomain], Timer]:
         """Row ``j``'s timers as a Context holds them (stored sorted: insertion order is sorted)."""
         a, b = self._offs[j], self._offs[j + 1]
+        if a == b:
+            return {}
         return dict(zip(self._slots[a:b], self._timers[a:b], strict=True))
+
+    def timer_slice(self, j: int) -> tuple[Timer, ...]:
+        """Row ``j``'s timers, sorted (as they were before user code ran)."""
+        return tuple(self._timers[self._offs[j]:self._offs[j + 1]])
 
 
 class NewRows:
@@ -162,11 +168,13 @@ class NewRows:
             keys = states = timer_lists = holds = pending_lists = ()
         flat = [t for ts in timer_lists for t in ts]
         tfield = schema.field("timers")
+        offsets = pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32())
+        times = pa.array([t[0] for t in flat], pa.int64())
+        is_event = [t[2] is _EVENT for t in flat]
         timers = pa.ListArray.from_arrays(
-            pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32()),
+            offsets,
             pa.StructArray.from_arrays([pa.array([t[1] for t in flat], pa.string()),
-                                        pa.array([_DOMAIN_VALUES[t[2]] for t in flat], pa.string()),
-                                        pa.array([t[0] for t in flat], pa.int64())],
+                                        pa.array([_DOMAIN_VALUES[t[2]] for t in flat], pa.string()), times],
                                        fields=list(tfield.type.value_type)), type=tfield.type)
         prods = [p for ps in pending_lists for p in ps]
         pfield = schema.field("pending")
@@ -175,16 +183,37 @@ class NewRows:
             pa.array(list(accumulate(map(len, pending_lists), initial=0)), pa.int32()),
             pa.StructArray.from_arrays([pa.array(list(map(attrgetter(f.name), prods)), f.type) for f in ptype],
                                        fields=list(ptype)), type=pfield.type)
-        # timers are sorted by time: the first of a domain is its earliest
-        next_ev = [next((t[0] for t in ts if t[2] is _EVENT), None) if ts else None for ts in timer_lists]
-        next_proc = [next((t[0] for t in ts if t[2] is not _EVENT), None) if ts else None for ts in timer_lists]
+        next_ev = _first_per_row(offsets, times, is_event, n, True)
+        next_proc = _first_per_row(offsets, times, is_event, n, False)
         cols = {"key": keys, "state": states, "codec": [codec] * n, "next_event_timer_ms": next_ev,
                 "next_processing_timer_ms": next_proc, "watermark_hold_ms": holds,
                 "sequencer": [sequencer] * n, "commit_id": [commit_id] * n, "updated_ms": [now_ms] * n,
                 "format_version": [format_version] * n}
         arrays = [timers if f.name == "timers" else pending if f.name == "pending" else
-                  pa.array(cols[f.name], f.type) for f in schema]
+                  cols[f.name] if isinstance(cols[f.name], pa.Array) else pa.array(cols[f.name], f.type)
+                  for f in schema]
         return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _first_per_row(offsets: Any, times: Any, is_event: list[bool], n: int, event: bool) -> Any:
+    """Per row (list ``offsets`` over the flat timer ``times``): the earliest time of the event
+    (``event``) or processing-time timers, or null. A row's timers are sorted by time, so it is
+    the first of that domain."""
+    import numpy as np
+    import pyarrow as pa
+
+    pick = np.asarray(is_event, dtype=bool)
+    if not event:
+        pick = ~pick
+    where = np.flatnonzero(pick)
+    rows = np.searchsorted(offsets.to_numpy(), where, side="right") - 1  # the row of each picked timer
+    out = np.zeros(n, dtype=np.int64)
+    has = np.zeros(n, dtype=bool)
+    if len(where):
+        first_rows, first = np.unique(rows, return_index=True)  # first occurrence per row
+        out[first_rows] = times.to_numpy()[where[first]]
+        has[first_rows] = True
+    return pa.array(out, pa.int64(), mask=~has)
 
 
 class KeyLoop:
@@ -218,34 +247,36 @@ class KeyLoop:
         unchanged = self.unchanged.append
         all_prods = self.prods
         index, states, holds, old_pending = old.index.get, old.states, old.holds, old.pending
+        old_timers, old_slice = old.timers, old.timer_slice
         runs = inp.runs.get
+        # the key's records are a slice of the batch's when there is nothing to decode or skip
+        every = inp.records() if inp.no_values and seen is None else None
         strong = self.strong
         new_ctx = context_factory(comp, self.codec, wm, now)
+        run_user = UserCode(comp, input_watermark_ms=wm, now_ms=now).run
         processed = duplicates = late = fired = written = 0
         for key in touched:
             j = index(key)
             if j is None:
-                state_b, tdict, hold = None, {}, None
+                ctx = new_ctx(key, None, {}, None)
             else:
-                state_b, tdict, hold = states[j], old.timers(j), holds[j]
-            ctx = new_ctx(key, state_b, tdict, hold)
-            old_timers = tuple(tdict.values())
+                ctx = new_ctx(key, states[j], old_timers(j), holds[j])
             lo, hi = runs(key, _NO_RUN)
-            records, dead, n_seen = records_of(inp, key, lo, hi, seen)
-            if dead:
-                self.all_ran = False
-            ran = run_user_code(comp, ctx, records, seen=set() if repeats else None, input_watermark_ms=wm,
-                                now_ms=now)
-            if ran.dead_letters:
+            if every is not None:
+                records, n_seen = every[lo:hi], 0
+            else:
+                records, dead, n_seen = records_of(inp, key, lo, hi, seen)
+                if dead:
+                    self.all_ran = False
+                    self.side.extend(dead)
+            fresh, n_dups, n_late, dead_letters, n_fired = run_user(ctx, records, set() if repeats else None)
+            if dead_letters:
                 pos = {inp.ids[i]: i for i in range(lo, hi)}
-                dead += [side_row("dead", inp.row(pos[rec.record_id]), key, err) for rec, err in ran.dead_letters]
-            if dead:
-                self.side.extend(dead)
-            fresh = ran.fresh
+                self.side.extend(side_row("dead", inp.row(pos[rec.record_id]), key, err) for rec, err in dead_letters)
             processed += len(fresh)
-            duplicates += n_seen + ran.duplicates
-            late += ran.late
-            fired += ran.timers_fired
+            duplicates += n_seen + n_dups
+            late += n_late
+            fired += n_fired
             prods = ctx._productions
             if prods:
                 all_prods.extend(prods)
@@ -265,8 +296,8 @@ class KeyLoop:
                 elif j is not None:
                     written += 1
                 continue
-            if (fresh or ran.timers_fired or prods or j is None or key in old_pending or state != state_b
-                    or timers != old_timers or new_hold != hold):
+            if (fresh or n_fired or prods or j is None or key in old_pending or new_hold != holds[j]
+                    or state != states[j] or timers != old_slice(j)):
                 add((key, state, timers, new_hold, pending))
                 written += 1
             else:

@@ -9,7 +9,7 @@ partition of the rows table. It
    are immutable, so a cached image is never stale) and checks the fence row
    carries this writer's sequencer — a takeover is noticed before user code;
 2. picks the keys to run: keys with records, keys with due timers;
-3. runs user code per key (``_imagekeys``, through ``keyrun.run_user_code``:
+3. runs user code per key (``_imagekeys``, through ``keyrun.UserCode``:
    dedup, records in event-time order, timers in timestamp order) and clears
    delivered checkpoints;
 4. writes the new image as one Parquet file in the interval's partition

@@ -3,7 +3,8 @@
 A computation declares its input streams (with a key extractor per input),
 its output streams, and how its state is encoded. The framework calls the
 two methods per key, serialized: records of a key in event-time order, then
-its due timers in timestamp order. Everything they change through the
+its due timers in timestamp order (or, when the computation overrides
+``process_records``, one call with all of the key's new records of the batch). Everything they change through the
 :class:`~deltawheel.executor.context.Context` (state, timers, productions)
 commits atomically with the record ids they consumed.
 
@@ -115,8 +116,30 @@ class Computation:
     def process_record(self, ctx: "Context", record: Record) -> None:
         """Handle one record of ``ctx.key``. Default: do nothing."""
 
+    def process_records(self, ctx: "Context", records: list[Record]) -> None:
+        """Handle all of ``ctx.key``'s new records of one batch at once (optional).
+
+        Override it instead of :meth:`process_record` to pay the per-call cost once per key and
+        batch instead of once per record (read the state once, loop in your own code, assign it
+        once). ``records`` are the key's records not seen before, in event-time order (ties by
+        record id), late ones included with ``record.late`` set; the framework calls it at most
+        once per key and batch, before the key's due timers. Productions made here take their ids
+        from the call's first record and their default timestamp from its last (latest) record.
+        If it raises, the batch fails naming the key and the records (or, with
+        ``ErrorPolicy.DEAD_LETTER``, all of the call's records go to dead letters and its
+        productions are dropped; state it changed before raising is kept, as with
+        ``process_record``). When it is overridden, ``process_record`` is not called. Default:
+        ``process_record`` per record."""
+        for r in records:
+            self.process_record(ctx, r)
+
     def process_timer(self, ctx: "Context", timer: Timer) -> None:
         """Handle a fired timer of ``ctx.key``. Default: do nothing."""
+
+    @classmethod
+    def batches_records(cls) -> bool:
+        """Does this computation override :meth:`process_records` (one call per key and batch)?"""
+        return cls.process_records is not Computation.process_records
 
     @classmethod
     def validate(cls) -> None:

@@ -3,7 +3,7 @@
 ``run_key`` runs inside the MERGE path's Spark tasks (``_tasks.py``), in the
 driver for tests, and under the windowing scenario harness; the image path's
 column-wise key loop (``_imagekeys.py``) does steps 1 and 4 on Arrow columns
-and calls :func:`run_user_code` for steps 1-3 like ``run_key`` does, so what
+and uses :class:`UserCode` for steps 1-3 like ``run_key`` does, so what
 user code sees lives in one place:
 
 1. Drop records whose id the key's row already holds (exactly-once) and
@@ -36,7 +36,7 @@ from deltawheel.statestore.rows import (
 from .computation import Computation, ErrorPolicy, Record
 from .context import Context, TimerCause
 
-__all__ = ["KeyOutcome", "run_key", "run_user_code", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS"]
+__all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS"]
 
 MAX_TIMER_ROUNDS = 10_000
 
@@ -142,31 +142,86 @@ class Ran(NamedTuple):
 
 def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *, seen: set[str] | None,
                   input_watermark_ms: int | None, now_ms: int, fire_timers: bool = True) -> Ran:
-    """Steps 1-3 for one key: ``process_record`` on ``records`` (already in event-time order)
-    whose id is not in ``seen`` (None: no dedup; the ids run are added to it), then the due
-    timers in timestamp order. The one implementation of user-code semantics: ``run_key`` and
-    the image path's column-wise key loop (``_imagekeys``) both call it."""
-    fresh: list[str]
-    dups = 0
-    dead: list[tuple[Record, str]] = []
-    late = 0
-    process = comp.process_record
-    produced = ctx._productions
-    if seen is None and comp.error_policy is not ErrorPolicy.DEAD_LETTER:
-        # no dedup, and any user error fails the batch: the loop does only what user code needs
-        r: Record | None = None
-        try:
-            for r in records:
-                ctx._cause = r  # names what is processed: production ids derive from it
-                process(ctx, r)
-        except Exception as exc:  # noqa: BLE001 - user code
-            assert r is not None
-            raise UserCodeError(comp.name, ctx.key, f"record {r.record_id!r} (event time {r.timestamp_ms})",
-                                exc) from exc
-        fresh = list(map(_RECORD_ID, records))
-        late = sum(map(_LATE, records))
-    else:
-        fresh = []
+    """Steps 1-3 for one key (see :class:`UserCode`, which runs the keys of a batch)."""
+    return Ran(*UserCode(comp, input_watermark_ms=input_watermark_ms, now_ms=now_ms,
+                         fire_timers=fire_timers).run(ctx, records, seen))
+
+
+class UserCode:
+    """Steps 1-3 for the keys of one batch: ``process_record`` on a key's ``records`` (already in
+    event-time order) whose id is not in ``seen`` (None: no dedup; the ids run are added to it),
+    or one ``process_records`` call with them, then the key's due timers in timestamp order. The
+    one implementation of user-code semantics: ``run_key`` and the image path's column-wise key
+    loop (``_imagekeys``) both use it. Built once per batch: what does not change per key is
+    looked up here, not for each of the batch's keys."""
+
+    def __init__(self, comp: Computation, *, input_watermark_ms: int | None, now_ms: int,
+                 fire_timers: bool = True) -> None:
+        self.comp = comp
+        self.batch = comp.batches_records()
+        self.dead_letter = comp.error_policy is ErrorPolicy.DEAD_LETTER
+        self.wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
+        self.now_ms = now_ms
+        self.fire_timers = fire_timers
+        self._timer_id = f"timer:{comp.name}:"
+
+    def run(self, ctx: Context, records: Sequence[Record],
+            seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
+        """(ids run, duplicates, late, dead letters, timers fired): the fields of :class:`Ran`."""
+        comp = self.comp
+        dups = late = 0
+        dead: list[tuple[Record, str]] = []
+        fresh: list[str]
+        if self.batch:
+            fresh, dups, late, dead = self._run_batch(ctx, records, seen)
+        elif seen is None and not self.dead_letter:
+            # no dedup, and any user error fails the batch: the loop does only what user code needs
+            process = comp.process_record
+            r: Record | None = None
+            try:
+                for r in records:
+                    ctx._cause = r  # names what is processed: production ids derive from it
+                    process(ctx, r)
+            except Exception as exc:  # noqa: BLE001 - user code
+                assert r is not None
+                raise UserCodeError(comp.name, ctx.key, f"record {r.record_id!r} (event time {r.timestamp_ms})",
+                                    exc) from exc
+            fresh = list(map(_RECORD_ID, records))
+            late = sum(map(_LATE, records))
+        else:
+            fresh, dups, late, dead = self._run_each(ctx, records, seen)
+        timers = ctx._timers
+        if not (self.fire_timers and timers):
+            return fresh, dups, late, dead, 0
+        fired = 0
+        wm, now = self.wm, self.now_ms
+        for _ in range(MAX_TIMER_ROUNDS):
+            due = [t for t in timers.values() if (t.time_ms < wm if t.domain is _EVENT else t.time_ms <= now)]
+            if not due:
+                break
+            t = min(due)
+            del timers[(t.tag, t.domain)]
+            ctx._cause = TimerCause(f"{self._timer_id}{ctx.key}:{_DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}",
+                                    t.time_ms)
+            try:
+                comp.process_timer(ctx, t)
+            except Exception as exc:  # noqa: BLE001 - user code
+                raise UserCodeError(comp.name, ctx.key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})",
+                                    exc) from exc
+            fired += 1
+            if not timers:  # the usual end: nothing left that could be due
+                break
+        return fresh, dups, late, dead, fired
+
+    def _run_each(self, ctx: Context, records: Sequence[Record],
+                  seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
+        """``process_record`` per record, with dedup and / or the dead-letter policy."""
+        comp = self.comp
+        process = comp.process_record
+        produced = ctx._productions
+        fresh: list[str] = []
+        dead: list[tuple[Record, str]] = []
+        dups = late = 0
         for r in records:
             rid = r.record_id
             if seen is not None:
@@ -181,31 +236,52 @@ def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *,
             try:
                 process(ctx, r)
             except Exception as exc:  # noqa: BLE001 - user code
-                if comp.error_policy is ErrorPolicy.DEAD_LETTER:
+                if self.dead_letter:
                     if ctx._counted is r:  # drop what this record produced
                         del produced[len(produced) - ctx._n:]
                     dead.append((r, f"{type(exc).__name__}: {exc}"))
                     continue
                 raise UserCodeError(comp.name, ctx.key, f"record {rid!r} (event time {r.timestamp_ms})",
                                     exc) from exc
-    fired = 0
-    wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
-    if fire_timers and ctx._timers:
-        timers = ctx._timers
-        for _ in range(MAX_TIMER_ROUNDS):
-            due = [t for t in timers.values() if (t.time_ms < wm if t.domain is _EVENT else t.time_ms <= now_ms)]
-            if not due:
-                break
-            t = min(due)
-            del timers[(t.tag, t.domain)]
-            ctx._cause = TimerCause(f"timer:{comp.name}:{ctx.key}:{_DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}", t.time_ms)
-            try:
-                comp.process_timer(ctx, t)
-            except Exception as exc:  # noqa: BLE001 - user code
-                raise UserCodeError(comp.name, ctx.key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})",
-                                    exc) from exc
-            fired += 1
-    return Ran(fresh, dups, late, dead, fired)
+        return fresh, dups, late, dead
+
+    def _run_batch(self, ctx: Context, records: Sequence[Record],
+                   seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
+        """``process_records``: one call with the key's new records (none: no call)."""
+        comp = self.comp
+        dups = 0
+        if seen is None:
+            todo = records if isinstance(records, list) else list(records)
+        else:
+            todo = []
+            for r in records:
+                rid = r.record_id
+                if rid in seen:
+                    dups += 1
+                    continue
+                seen.add(rid)
+                todo.append(r)
+        if not todo:
+            return [], dups, 0, []
+        first, last = todo[0], todo[-1]
+        # taken before the call: user code may change its list
+        fresh = list(map(_RECORD_ID, todo))
+        late = sum(map(_LATE, todo))
+        given = tuple(todo) if self.dead_letter else ()
+        produced = ctx._productions
+        before = len(produced)
+        ctx._cause = TimerCause(first.record_id, last.timestamp_ms)  # ids from the first, time from the last
+        try:
+            comp.process_records(ctx, todo)
+        except Exception as exc:  # noqa: BLE001 - user code
+            what = (f"{len(todo)} records {first.record_id!r}..{last.record_id!r} "
+                    f"(event time {first.timestamp_ms}..{last.timestamp_ms})")
+            if not self.dead_letter:
+                raise UserCodeError(comp.name, ctx.key, what, exc) from exc
+            del produced[before:]  # drop what the call produced
+            err = f"{type(exc).__name__}: {exc} (process_records over {what})"
+            return fresh, dups, late, [(r, err) for r in given]
+        return fresh, dups, late, []
 
 
 _EVENT = TimeDomain.EVENT_TIME

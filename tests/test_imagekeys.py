@@ -85,6 +85,35 @@ class MixedAtLeastOnce(Mixed):
     exactly_once = False
 
 
+class MixedBatch(Mixed):
+    """The same user code through the per-key batch hook (one call per key and batch)."""
+
+    name = "mixed_batch"
+
+    def process_records(self, ctx, records):  # type: ignore[no-untyped-def]
+        for r in records:
+            Mixed.process_record(self, ctx, r)
+
+
+class MixedBatchDeadLetter(MixedBatch):
+    name = "mixed_batch_dl"
+    error_policy = ErrorPolicy.DEAD_LETTER
+
+
+class MixedNoValue(Mixed):
+    """Records without a value (an injector without value columns): what to do follows from the
+    record id."""
+
+    name = "mixed_nv"
+    no_values = True
+    OPS = ("add", "add", "emit", "tick", "hold", "clear")
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        assert record.value is None
+        op = self.OPS[zlib.crc32(record.record_id.encode()) % len(self.OPS)]
+        Mixed.process_record(self, ctx, record._replace(value={"op": op}))
+
+
 def _batches(rng: random.Random, n_batches: int, with_boom: bool) -> list[list[dict[str, Any]]]:
     ops = ["add", "add", "add", "emit", "tick", "hold", "clear"] + (["boom"] if with_boom else [])
     out: list[list[dict[str, Any]]] = []
@@ -103,11 +132,11 @@ def _batches(rng: random.Random, n_batches: int, with_boom: bool) -> list[list[d
     return out
 
 
-def _input_table(batch: list[dict[str, Any]], wm_late: int | None) -> Any:
+def _input_table(batch: list[dict[str, Any]], wm_late: int | None, values: bool = True) -> Any:
     import json
 
     schema = _arrow(PREP_DDL).append(pa.field("interval", pa.int32())).append(pa.field("_m", pa.bool_()))
-    rows = [{"record_id": r["record_id"], "key": r["key"], "value": json.dumps({"op": r["op"]}).encode(),
+    rows = [{"record_id": r["record_id"], "key": r["key"], "value": json.dumps({"op": r["op"]}).encode() if values else None,
              "codec": "json", "timestamp_ms": r["ts"], "stream": "events", "position": f"p{r['record_id']}",
              "late": wm_late is not None and r["ts"] < wm_late, "_bad": None,
              "interval": zlib.crc32(r["key"].encode()) % N_IV, "_m": False} for r in batch]
@@ -124,6 +153,8 @@ def _image_rows(root: str, images: dict[int, tuple[str, ...]], horizon: int | No
                 continue
             ids = sorted(i["record_id"] for i in r["record_ids"] if horizon is None or i["seen_ms"] >= horizon)
             timers = sorted((t["time_ms"], t["tag"], t["domain"]) for t in r["timers"])
+            for col, dom in (("next_event_timer_ms", "event_time"), ("next_processing_timer_ms", "processing_time")):
+                assert r[col] == min((t[0] for t in timers if t[2] == dom), default=None), (r["key"], col)
             pending = tuple(sorted(p["production_id"] for p in r["pending"] or ()))
             out[r["key"]] = (r["state"], tuple(timers), r["watermark_hold_ms"], tuple(ids), pending)
     return out
@@ -138,7 +169,8 @@ def _ref_rows(rows: dict[str, KeyRow], horizon: int | None, ran: set[str]) -> di
             for k, r in rows.items()}
 
 
-@pytest.mark.parametrize("comp_cls,seed", [(Mixed, 1), (Mixed, 2), (MixedDeadLetter, 3), (MixedAtLeastOnce, 4)])
+@pytest.mark.parametrize("comp_cls,seed", [(Mixed, 1), (Mixed, 2), (MixedDeadLetter, 3), (MixedAtLeastOnce, 4),
+                                           (MixedBatch, 5), (MixedBatchDeadLetter, 6), (MixedNoValue, 7)])
 def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None:  # type: ignore[no-untyped-def]
     comp = comp_cls()
     rng = random.Random(seed)
@@ -164,7 +196,8 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
                          stream_roots={"out": os.path.join(root, "out")}, wm=wm, now_ms=now, horizon_ms=horizon,
                          commit_id=f"c{b}", rows_schema=rows_schema, stream_schema=_arrow(stream_schema_ddl()),
                          stream_format_version=1, route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True)
-        summaries = _run(spec, _input_table(batch, acted))
+        values = not getattr(comp, "no_values", False)
+        summaries = _run(spec, _input_table(batch, acted, values))
         for s in summaries:
             if s.get("new_path"):
                 images[s["interval"]] = (s["new_path"],)
@@ -175,7 +208,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
         by_key: dict[str, list[Any]] = {}
         for r in batch:
             by_key.setdefault(r["key"], []).append(make_record(
-                r["key"], {"op": r["op"]}, r["ts"], r["record_id"], "events", acted is not None and r["ts"] < acted))
+                r["key"], {"op": r["op"]} if values else None, r["ts"], r["record_id"], "events", acted is not None and r["ts"] < acted))
         due = {k for k, row in ref.items() if any(
             (t.time_ms < wm if wm is not None else False) if t.domain is TimeDomain.EVENT_TIME else t.time_ms <= now
             for t in row.timers)}

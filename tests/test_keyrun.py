@@ -220,3 +220,61 @@ def test_a_state_changed_in_place_is_kept() -> None:
                      input_watermark_ms=None, now_ms=2)
     assert second.changed and second.row is not None
     assert J.decode(second.row.state) == {"n": 3, "ids": ["r1", "r2", "r3"]}
+
+
+class WindowBatch(Window):
+    """Window with the per-key batch hook: the same counts from one call per key and batch."""
+
+    calls: list[list[str]] = []
+
+    def process_records(self, ctx, records):  # type: ignore[no-untyped-def]
+        WindowBatch.calls.append([r.record_id for r in records])
+        st = ctx.state or {}
+        for r in records:
+            if r.value.get("boom"):
+                raise ValueError("boom")
+            start = r.timestamp_ms - r.timestamp_ms % 10_000
+            st[str(start)] = st.get(str(start), 0) + 1
+            ctx.set_timer(str(start), start + 10_000 - 1)
+            if r.value.get("emit"):
+                ctx.produce("counts", {"seen": r.record_id})
+        ctx.state = st
+        records.clear()  # user code may change its list: the framework's counts come first
+
+
+def test_process_records_gets_a_keys_new_records_at_once_in_order() -> None:
+    WindowBatch.calls = []
+    recs = [rec("r3", 25_000), rec("r1", 1_000), rec("r2", 12_000, emit=1), rec("r1", 1_000)]
+    out = run_key(WindowBatch(), key="a", interval=0, row=None, records=recs, input_watermark_ms=20_000, now_ms=100)
+    assert WindowBatch.calls == [["r1", "r2", "r3"]]  # once, deduplicated, in event-time order
+    assert out.processed == 3 and out.duplicates == 1 and out.timers_fired == 2
+    # the same windows as record by record
+    per_record = run_key(Window(), key="a", interval=0, row=None, records=recs, input_watermark_ms=20_000, now_ms=100)
+    windows = [J.decode(p.value) for p in out.productions if "start" in J.decode(p.value)]
+    assert windows == [J.decode(p.value) for p in per_record.productions if "start" in J.decode(p.value)]
+    assert J.decode(out.row.state) == J.decode(per_record.row.state) == {"20000": 1}  # type: ignore[union-attr]
+    # a production of the call: id from the call's first record, timestamp from its last
+    made = [p for p in out.productions if "seen" in J.decode(p.value)]
+    assert [(p.production_id, p.timestamp_ms) for p in made] == [("r1#1", 25_000)]
+    # replayed: nothing new, no call
+    WindowBatch.calls = []
+    again = run_key(WindowBatch(), key="a", interval=0, row=out.row.with_(pending=()),  # type: ignore[union-attr]
+                    records=recs, input_watermark_ms=20_000, now_ms=100)
+    assert WindowBatch.calls == [] and again.processed == 0 and again.duplicates == 4
+
+
+def test_process_records_errors_name_the_records_or_dead_letter_the_call() -> None:
+    recs = [rec("r1", 1_000, emit=1), rec("r2", 2_000, boom=1)]
+    with pytest.raises(UserCodeError, match=r"key 'a' on 2 records 'r1'\.\.'r2' \(event time 1000\.\.2000\): "
+                                            r"ValueError: boom"):
+        run_key(WindowBatch(), key="a", interval=0, row=None, records=recs, input_watermark_ms=None, now_ms=0)
+
+    class Tolerant(WindowBatch):
+        error_policy = ErrorPolicy.DEAD_LETTER
+
+    out = run_key(Tolerant(), key="a", interval=0, row=None, records=recs, input_watermark_ms=None, now_ms=0)
+    assert [r.record_id for r, _e in out.dead_letters] == ["r1", "r2"]  # the whole call
+    assert all(e.startswith("ValueError: boom (process_records over 2 records") for _r, e in out.dead_letters)
+    assert out.productions == ()  # what the call produced before raising is dropped
+    assert {s.record_id for s in out.row.record_ids} == {"r1", "r2"}  # type: ignore[union-attr]  # not retried
+    assert Tolerant.batches_records() and not Window.batches_records()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from deltawheel.statestore.deltalog import local_path
-from deltawheel.statestore.rows import MAX_KEY_BYTES, interval_of
+from deltawheel.statestore.rows import MAX_KEY_BYTES, key_hash
 
 from ._imagetask import ImageSpec, run_task
 from ._tasks import _ERR  # the key extractors' error marker (a key column can hold it too)
@@ -187,6 +187,25 @@ def direct_task_fn(spec: ImageSpec, batch: DirectBatch) -> Callable[[Iterator[An
     return fn
 
 
+def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function over ``range(tasks)`` of a batch without input (due timers,
+    checkpoints to clear): each task gets only its intervals' marker rows; one stage, no shuffle."""
+
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from ._worker import freeze_spark_zips
+
+        freeze_spark_zips()
+        for b in batches:
+            for t in b.column(0).to_pylist():
+                ivs = tasks[t] if t < len(tasks) else ()
+                if ivs:
+                    yield pa.RecordBatch.from_pylist(run_task(spec, marker_rows(ivs)), schema=spec.summary_schema)
+
+    return fn
+
+
 def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
     """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
     columns the JVM path hands a task (``images.PREP_DDL`` + ``interval`` + ``_m``)."""
@@ -195,13 +214,20 @@ def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
 
     parts = [_prepared(batch, pq.read_table(path, columns=batch.source.columns), name, intervals)
              for path, name in batch.files]
-    marks = len(intervals)
-    parts.append(_table(record_id=pa.nulls(marks, pa.string()), key=pa.nulls(marks, pa.string()),
-                        codec=pa.nulls(marks, pa.string()), timestamp_ms=pa.nulls(marks, pa.int64()),
-                        stream=pa.nulls(marks, pa.string()), position=pa.nulls(marks, pa.string()),
-                        late=pa.nulls(marks, pa.bool_()), _bad=pa.nulls(marks, pa.string()),
-                        interval=pa.array(list(intervals), pa.int32()), _m=pa.array([True] * marks)))
+    parts.append(marker_rows(intervals))
     return pa.concat_tables(parts)
+
+
+def marker_rows(intervals: Sequence[int]) -> Any:
+    """One marker row per interval (every interval gets its task's attention, input or not)."""
+    import pyarrow as pa
+
+    marks = len(intervals)
+    return _table(record_id=pa.nulls(marks, pa.string()), key=pa.nulls(marks, pa.string()),
+                  codec=pa.nulls(marks, pa.string()), timestamp_ms=pa.nulls(marks, pa.int64()),
+                  stream=pa.nulls(marks, pa.string()), position=pa.nulls(marks, pa.string()),
+                  late=pa.nulls(marks, pa.bool_()), _bad=pa.nulls(marks, pa.string()),
+                  interval=pa.array(list(intervals), pa.int32()), _m=pa.array([True] * marks))
 
 
 def _table(**cols: Any) -> Any:
@@ -214,13 +240,21 @@ def _table(**cols: Any) -> Any:
     return pa.table([cols[c] for c in order], names=list(order))
 
 
-def _key_facts(keys: list[str], num_intervals: int) -> tuple[list[int], list[str | None]]:
-    """Per distinct key: its interval (``interval_of``) and why it is bad (the JVM's checks, in
-    ``prepare_input``'s order, for a key column), or None."""
-    ivs: list[int] = []
+def _key_facts(keys: Any, num_intervals: int) -> tuple[Any, list[str | None] | None]:
+    """Per distinct key (a string array): its interval (``rows.interval_of``, numpy int32) and why it is
+    bad (the JVM's checks, in ``prepare_input``'s order, for a key column), or None when no key is."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    raw = keys.cast(pa.binary()).to_numpy(zero_copy_only=False).tolist()
+    ivs = np.fromiter(map(key_hash, raw), dtype=np.int64, count=len(raw)) % num_intervals
+    suspect = pc.or_(pc.or_(pc.starts_with(keys, "\x00"), pc.equal(keys, "")),
+                     pc.greater(pc.binary_length(keys), MAX_KEY_BYTES))
+    if not pc.any(suspect).as_py():
+        return ivs.astype(np.int32), None
     bad: list[str | None] = []
-    for k in keys:
-        ivs.append(interval_of(k, num_intervals))
+    for k in keys.to_pylist():
         if k.startswith(_ERR):
             bad.append(k[2:1002])
         elif k == "":
@@ -231,7 +265,7 @@ def _key_facts(keys: list[str], num_intervals: int) -> tuple[list[int], list[str
             bad.append(f"key longer than {MAX_KEY_BYTES} bytes")
         else:
             bad.append(None)
-    return ivs, bad
+    return ivs.astype(np.int32), bad
 
 
 def _prepared(batch: DirectBatch, t: Any, name: str, intervals: Sequence[int]) -> Any:
@@ -243,9 +277,9 @@ def _prepared(batch: DirectBatch, t: Any, name: str, intervals: Sequence[int]) -
     src = batch.source
     key = pc.fill_null(t.column(src.key_column).combine_chunks().cast(pa.string()), "")
     enc = pc.dictionary_encode(key)
-    ivs_of, bad_of = _key_facts(enc.dictionary.to_pylist(), batch.num_intervals)
+    ivs_of, bad_of = _key_facts(enc.dictionary, batch.num_intervals)
     codes = enc.indices.to_numpy()
-    iv = np.asarray(ivs_of, dtype=np.int32)[codes] if len(ivs_of) else np.zeros(0, np.int32)
+    iv = ivs_of[codes] if len(ivs_of) else np.zeros(0, np.int32)
     rows = np.flatnonzero(np.isin(iv, np.asarray(list(intervals), dtype=np.int32)))
     m = len(rows)
     take = pa.array(rows, pa.int64())
@@ -270,7 +304,7 @@ def _prepared(batch: DirectBatch, t: Any, name: str, intervals: Sequence[int]) -
     else:
         rid = pa.array([f"{src.stream}/{name}#{r}" for r in rows.tolist()], pa.string())
     # dead letters: the first failing check, as prepare_input orders them
-    key_bad = [bad_of[c] for c in codes.tolist()] if any(bad_of) else [None] * m
+    key_bad = [bad_of[c] for c in codes.tolist()] if bad_of else [None] * m
     rid_empty = pc.equal(rid, "").to_numpy(zero_copy_only=False)
     why: list[str | None] = key_bad
     if any(x is not None for x in key_bad) or rid_empty.any() or ts_null.any():

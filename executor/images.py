@@ -54,7 +54,7 @@ from deltawheel.statestore.rows import FENCE_KEY, Production, rows_file_ddl
 from deltawheel.statestore.store import raise_if_fenced
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
-from ._direct import DirectBatch, direct_task_fn
+from ._direct import DirectBatch, direct_task_fn, markers_task_fn
 from ._imagetask import (
     STALE_MARK,
     SUMMARY_DDL,
@@ -364,20 +364,18 @@ class ImageWriter:
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong)
-        if direct is not None:  # one task per partition index, each with its intervals of `place`
+        if direct is not None or prep is None:
+            # one task per partition index, each with its intervals of `place`: the tasks read the
+            # batch's files themselves, or there is no input (due timers only): one stage
             tasks = tuple(tuple(iv for iv, t in place if t == i) for i in range(partitions))
-            batch = dataclasses.replace(direct, tasks=tasks)
-            return self._task_ids(session, partitions).mapInArrow(direct_task_fn(spec, batch),
-                                                                   spark_type(SUMMARY_DDL))
-        markers = self._markers(session, place)
-        if prep is None:
-            frame = markers
-        else:
-            cols, keep = self._data_columns(place)
-            frame = prep.select(*cols)
-            if keep is not None:
-                frame = frame.where(keep)
-            frame = frame.unionByName(markers)
+            fn = (direct_task_fn(spec, dataclasses.replace(direct, tasks=tasks)) if direct is not None
+                  else markers_task_fn(spec, tasks))
+            return self._task_ids(session, partitions).mapInArrow(fn, spark_type(SUMMARY_DDL))
+        cols, keep = self._data_columns(place)
+        frame = prep.select(*cols)
+        if keep is not None:
+            frame = frame.where(keep)
+        frame = frame.unionByName(self._markers(session, place))
         return frame.repartition(partitions, self._spread(session, place, partitions)).mapInArrow(
             image_task_fn(spec), spark_type(SUMMARY_DDL))
 

@@ -35,6 +35,7 @@ __all__ = [
     "SeenId",
     "KeyRow",
     "interval_of",
+    "key_hash",
     "validate_key",
     "rows_schema_ddl",
     "rows_file_ddl",
@@ -284,7 +285,12 @@ def interval_of(key: str, num_intervals: int) -> int:
     >>> interval_of("q000001", 8) == interval_of("q000001", 8)
     True
     """
-    return zlib.crc32(key.encode("utf-8")) % num_intervals
+    return key_hash(key.encode("utf-8")) % num_intervals
+
+
+#: The hash of a key's UTF-8 bytes that :func:`interval_of` takes modulo the number of intervals
+#: (for callers hashing many keys at once from bytes).
+key_hash = zlib.crc32
 
 
 def rows_schema_ddl() -> str:

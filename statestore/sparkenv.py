@@ -162,6 +162,7 @@ class SparkSettings:
 
 
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+DAEMON_MODULE = "deltawheel.executor._daemon"
 
 
 def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
@@ -207,6 +208,10 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         # source listing 145 -> 30 ms). Exactly-once does not rest on these files' atomicity:
         # a replayed batch is deduplicated and a second writer is fenced (README, "Fencing")
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+        # Python workers forked with pyarrow, numpy and the task modules already imported: a
+        # worker idle for a minute is killed, and a fresh one paid ~0.5 s of imports on its
+        # first task (executor/_daemon.py; README, "Throughput", item 35)
+        .config("spark.python.daemon.module", DAEMON_MODULE)
     )
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)

@@ -1,0 +1,44 @@
+"""Spark's Python daemon with the task modules loaded before it forks workers.
+
+Spark starts one daemon per executor (``python -m pyspark.daemon``) and forks a Python
+worker from it for each task slot; a worker left idle for a minute is killed, and the next
+batch forks a fresh one. A fresh worker imports pyarrow, numpy and the image task's modules
+on its first task (~0.5 s of CPU each, on every worker at once): a whole extra second on the
+first batch of a query that follows a pause. ``spark.python.daemon.module`` set to this
+module (``sparkenv`` does) imports them once in the daemon, so every forked worker starts
+with them loaded. It imports only modules that start no threads (a fork copies just the
+forking thread), checks that, and falls back to a plain daemon on any failure.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["preload"]
+
+PRELOAD = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
+           "deltawheel.executor._direct", "deltawheel.executor._imagetask", "deltawheel.executor._imagekeys",
+           "deltawheel.executor.keyrun", "deltawheel.executor._tasks", "deltawheel.executor._worker")
+
+
+def preload() -> list[str]:
+    """Import :data:`PRELOAD` (those that import); returns the ones loaded."""
+    import importlib
+
+    loaded = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a worker imports what it needs itself
+            continue
+        loaded.append(name)
+    return loaded
+
+
+if __name__ == "__main__":
+    preload()
+    if threading.active_count() != 1:  # pragma: no cover - a module started a thread: fork is unsafe
+        raise SystemExit("deltawheel daemon: a preloaded module started a thread; unset spark.python.daemon.module")
+    from pyspark import daemon
+
+    daemon.manager()

@@ -6,8 +6,10 @@ batch forks a fresh one. A fresh worker imports pyarrow, numpy and the image tas
 on its first task (~0.5 s of CPU each, on every worker at once): a whole extra second on the
 first batch of a query that follows a pause. ``spark.python.daemon.module`` set to this
 module (``sparkenv`` does) imports them once in the daemon, so every forked worker starts
-with them loaded. It imports only modules that start no threads (a fork copies just the
-forking thread), checks that, and falls back to a plain daemon on any failure.
+with them loaded. A module that fails to import is skipped (the worker imports it itself);
+a preload that started a Python thread stops the daemon with a message naming the setting to
+unset, since a fork copies only the forking thread. (numpy and pyarrow start native threads —
+OpenBLAS, jemalloc's background thread — which have their own fork handlers.)
 """
 
 from __future__ import annotations

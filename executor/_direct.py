@@ -169,27 +169,20 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
 
 
 def direct_task_fn(spec: ImageSpec, batch: DirectBatch) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function over ``range(tasks)``: each row is a task index."""
-
-    def fn(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        from ._worker import freeze_spark_zips
-
-        freeze_spark_zips()
-        for b in batches:
-            for t in b.column(0).to_pylist():
-                ivs = batch.tasks[t] if t < len(batch.tasks) else ()
-                if ivs:
-                    out = run_task(spec, direct_table(batch, ivs))
-                    yield pa.RecordBatch.from_pylist(out, schema=spec.summary_schema)
-
-    return fn
+    """The ``mapInArrow`` function over ``range(tasks)``: each row is a task index; its task reads
+    its intervals' rows of the batch's files."""
+    return _per_task_fn(spec, batch.tasks, lambda ivs: direct_table(batch, ivs))
 
 
 def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function over ``range(tasks)`` of a batch without input (due timers,
     checkpoints to clear): each task gets only its intervals' marker rows; one stage, no shuffle."""
+    return _per_task_fn(spec, tasks, marker_rows)
+
+
+def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
+                 rows_of: Callable[[tuple[int, ...]], Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """Task ``t`` (its row of ``range(tasks)``) runs the image task over ``rows_of`` its intervals."""
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -201,7 +194,7 @@ def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...]) -> Call
             for t in b.column(0).to_pylist():
                 ivs = tasks[t] if t < len(tasks) else ()
                 if ivs:
-                    yield pa.RecordBatch.from_pylist(run_task(spec, marker_rows(ivs)), schema=spec.summary_schema)
+                    yield pa.RecordBatch.from_pylist(run_task(spec, rows_of(ivs)), schema=spec.summary_schema)
 
     return fn
 

@@ -183,8 +183,7 @@ class NewRows:
             pa.array(list(accumulate(map(len, pending_lists), initial=0)), pa.int32()),
             pa.StructArray.from_arrays([pa.array(list(map(attrgetter(f.name), prods)), f.type) for f in ptype],
                                        fields=list(ptype)), type=pfield.type)
-        next_ev = _first_per_row(offsets, times, is_event, n, True)
-        next_proc = _first_per_row(offsets, times, is_event, n, False)
+        next_ev, next_proc = _next_timers(offsets, times, is_event, n)
         cols = {"key": keys, "state": states, "codec": [codec] * n, "next_event_timer_ms": next_ev,
                 "next_processing_timer_ms": next_proc, "watermark_hold_ms": holds,
                 "sequencer": [sequencer] * n, "commit_id": [commit_id] * n, "updated_ms": [now_ms] * n,
@@ -195,25 +194,27 @@ class NewRows:
         return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _first_per_row(offsets: Any, times: Any, is_event: list[bool], n: int, event: bool) -> Any:
-    """Per row (list ``offsets`` over the flat timer ``times``): the earliest time of the event
-    (``event``) or processing-time timers, or null. A row's timers are sorted by time, so it is
-    the first of that domain."""
+def _next_timers(offsets: Any, times: Any, is_event: list[bool], n: int) -> tuple[Any, Any]:
+    """Per row (list ``offsets`` over the flat timer ``times``): the earliest event-time and the
+    earliest processing-time timer, or null. A row's timers are sorted by time, so each is the
+    first of its domain in the row."""
     import numpy as np
     import pyarrow as pa
 
-    pick = np.asarray(is_event, dtype=bool)
-    if not event:
-        pick = ~pick
-    where = np.flatnonzero(pick)
-    rows = np.searchsorted(offsets.to_numpy(), where, side="right") - 1  # the row of each picked timer
-    out = np.zeros(n, dtype=np.int64)
-    has = np.zeros(n, dtype=bool)
-    if len(where):
-        first_rows, first = np.unique(rows, return_index=True)  # first occurrence per row
-        out[first_rows] = times.to_numpy()[where[first]]
-        has[first_rows] = True
-    return pa.array(out, pa.int64(), mask=~has)
+    event = np.asarray(is_event, dtype=bool)
+    starts, ts = offsets.to_numpy(), times.to_numpy()
+    out = []
+    for pick in (event, ~event):
+        where = np.flatnonzero(pick)
+        rows = np.searchsorted(starts, where, side="right") - 1  # the row of each picked timer
+        first_ms = np.zeros(n, dtype=np.int64)
+        has = np.zeros(n, dtype=bool)
+        if len(where):
+            first_rows, first = np.unique(rows, return_index=True)  # first occurrence per row
+            first_ms[first_rows] = ts[where[first]]
+            has[first_rows] = True
+        out.append(pa.array(first_ms, pa.int64(), mask=~has))
+    return out[0], out[1]
 
 
 class KeyLoop:

@@ -10,6 +10,11 @@ with them loaded. A module that fails to import is skipped (the worker imports i
 a preload that started a Python thread stops the daemon with a message naming the setting to
 unset, since a fork copies only the forking thread. (numpy and pyarrow start native threads —
 OpenBLAS, jemalloc's background thread — which have their own fork handlers.)
+
+The daemon also freezes the finders of Spark's own zip archives (:func:`._worker.freeze_spark_zips`)
+before it forks: PySpark's worker calls ``importlib.invalidate_caches()`` before every task, which
+on Python 3.11 re-reads each archive's whole directory (~0.1–0.15 s of CPU). The task functions
+freeze them too, but only once they run, so without this a fresh worker's first task paid it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ if __name__ == "__main__":
     preload()
     if threading.active_count() != 1:  # pragma: no cover - a module started a thread: fork is unsafe
         raise SystemExit("deltawheel daemon: a preloaded module started a thread; unset spark.python.daemon.module")
+    from deltawheel.executor._worker import freeze_spark_zips
     from pyspark import daemon
 
+    freeze_spark_zips()  # after every import above: each imported package of the zip has its own finder
     daemon.manager()

@@ -15,16 +15,22 @@ also puts on the workers' path, 15 MB; they never change while a worker
 lives) so that invalidation skips them; everything else (user ``pyFiles``
 zips, folders) is invalidated as before. The task functions call it first
 thing; the task that runs it pays one last re-read, the following ones none.
-``DELTAWHEEL_FREEZE_SPARK_ZIPS=0`` turns it off.
+``DELTAWHEEL_FREEZE_SPARK_ZIPS=0`` turns it off. (deltawheel's daemon, ``_daemon.py``, freezes
+them before it forks, so that even a fresh worker's first task skips the re-read.)
+
+:func:`warm_workers` starts one trivial Python task per task slot in a background thread, so that
+the Python workers are forked (and their first-task costs paid) while the driver is still taking
+leases and planning its first query, not on the first micro-batch.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
-__all__ = ["freeze_spark_zips"]
+__all__ = ["freeze_spark_zips", "warm_workers"]
 
 
 class _FrozenZipFinder:
@@ -66,3 +72,29 @@ def freeze_spark_zips() -> int:
             cache[key] = _FrozenZipFinder(finder)  # type: ignore[assignment]
             n += 1
     return n
+
+
+def _warm_task(batches: Any) -> Any:
+    freeze_spark_zips()
+    for _ in batches:
+        pass
+    return iter(())
+
+
+def warm_workers(spark: Any, *, on_error: Callable[[BaseException], None] | None = None) -> threading.Thread:
+    """Run one no-op ``mapInArrow`` task per default task slot in a daemon thread (started; join it
+    to wait). Best effort: Spark places the tasks (on a cluster, not necessarily one per
+    executor), and a failure only goes to ``on_error`` — the real tasks fork their workers
+    themselves."""
+    slots = max(1, int(spark.sparkContext.defaultParallelism))
+
+    def run() -> None:
+        try:
+            spark.range(0, slots, 1, slots).mapInArrow(_warm_task, "id long").collect()
+        except BaseException as exc:  # noqa: BLE001 - best effort, reported
+            if on_error is not None:
+                on_error(exc)
+
+    t = threading.Thread(target=run, name="deltawheel-warm-workers", daemon=True)
+    t.start()
+    return t

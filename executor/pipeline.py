@@ -36,6 +36,7 @@ from deltawheel.statestore.store import RowStore
 from deltawheel.statestore.watermarks import WatermarkAuthority
 from deltawheel.statestore.zkclient import connect, digest_acls
 
+from . import _worker
 from .batch import ComputationExecutor, FaultPoint
 from .computation import RECORD_KEY, Computation
 from .reports import BatchReport
@@ -97,7 +98,8 @@ class PipelineRunner:
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
                  faults: Callable[[FaultPoint, int], None] | None = None, max_rounds: int = 50,
-                 end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True) -> None:
+                 end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True,
+                 warm_workers: bool = True) -> None:
         self.spark = spark
         self.direct_read = direct_read
         self.write_path = write_path
@@ -110,11 +112,15 @@ class PipelineRunner:
         self.faults = faults
         self.max_rounds = max_rounds
         self.end_of_input = end_of_input
+        self.warm_workers = warm_workers
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
 
     def run(self) -> RunSummary:
         from deltawheel import migrations
 
+        # Python workers forked now, while ZooKeeper, the leases and the query start take their time
+        warming = _worker.warm_workers(self.spark, on_error=lambda e: self.progress(
+            f"warming the Python workers failed (the tasks start them instead): {e!r}")) if self.warm_workers else None
         client = connect(self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently
@@ -124,6 +130,8 @@ class PipelineRunner:
         finally:
             client.stop()
             client.close()
+            if warming is not None:
+                warming.join()
 
     def _run(self, client: Any) -> RunSummary:
         p = self.pipeline

@@ -26,3 +26,35 @@ def test_every_preloaded_module_imports() -> None:
     from deltawheel.executor import _daemon
 
     assert _daemon.preload() == list(_daemon.PRELOAD)  # a renamed module would be skipped silently
+
+
+def _unfrozen_spark_zips(_i: int) -> list[str]:
+    import zipimport
+
+    from deltawheel.executor._worker import _is_spark_archive
+
+    return [k for k, f in sys.path_importer_cache.items()
+            if isinstance(f, zipimport.zipimporter) and _is_spark_archive(f.archive)]
+
+
+def test_workers_start_with_the_spark_zip_finders_frozen(spark: Any) -> None:
+    # PySpark invalidates the import caches before every task; a finder of pyspark.zip left
+    # unfrozen re-reads the whole archive directory there (Python 3.11). A plain RDD task does not
+    # freeze them itself: only the daemon (after all of its imports) can have done it.
+    got = spark.sparkContext.parallelize(range(2), 2).map(_unfrozen_spark_zips).collect()
+    assert got == [[], []]
+
+
+def test_warm_workers_runs_a_python_task_per_slot(spark: Any) -> None:
+    from deltawheel.executor._worker import warm_workers
+
+    errors: list[BaseException] = []
+    before = set(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    t = warm_workers(spark, on_error=errors.append)
+    t.join(120)
+    assert not t.is_alive() and errors == []
+    jobs = set(spark.sparkContext.statusTracker().getJobIdsForGroup()) - before
+    stages = [s for j in jobs for s in (spark.sparkContext.statusTracker().getJobInfo(j).stageIds or [])]
+    tasks = sum(spark.sparkContext.statusTracker().getStageInfo(s).numCompletedTasks for s in stages
+                if spark.sparkContext.statusTracker().getStageInfo(s) is not None)
+    assert tasks == spark.sparkContext.defaultParallelism

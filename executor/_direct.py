@@ -168,33 +168,32 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
 # --------------------------------------------------------------------------- task side
 
 
-def direct_task_fn(spec: ImageSpec, batch: DirectBatch) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function over ``range(tasks)``: each row is a task index; its task reads
-    its intervals' rows of the batch's files."""
+def direct_task_fn(spec: ImageSpec, batch: DirectBatch) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The task function of a batch whose tasks read its intervals' rows of the batch's files."""
     return _per_task_fn(spec, batch.tasks, lambda ivs: direct_table(batch, ivs))
 
 
-def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function over ``range(tasks)`` of a batch without input (due timers,
-    checkpoints to clear): each task gets only its intervals' marker rows; one stage, no shuffle."""
+def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The task function of a batch without input (due timers, checkpoints to clear): each task
+    gets only its intervals' marker rows; one stage, no shuffle."""
     return _per_task_fn(spec, tasks, marker_rows)
 
 
 def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
-                 rows_of: Callable[[tuple[int, ...]], Any]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """Task ``t`` (its row of ``range(tasks)``) runs the image task over ``rows_of`` its intervals."""
+                 rows_of: Callable[[tuple[int, ...]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The ``mapPartitionsWithIndex`` function over ``tasks``' partitions: task ``t`` runs the image
+    task over ``rows_of`` its intervals and yields its summary rows (as the Arrow path's
+    ``to_pylist()`` would give them)."""
 
-    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+    def fn(t: int, _rows: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         from ._worker import freeze_spark_zips
 
         freeze_spark_zips()
-        for b in batches:
-            for t in b.column(0).to_pylist():
-                ivs = tasks[t] if t < len(tasks) else ()
-                if ivs:
-                    yield pa.RecordBatch.from_pylist(run_task(spec, rows_of(ivs)), schema=spec.summary_schema)
+        ivs = tasks[t] if t < len(tasks) else ()
+        if ivs:
+            yield from pa.Table.from_pylist(run_task(spec, rows_of(ivs)), schema=spec.summary_schema).to_pylist()
 
     return fn
 

@@ -22,8 +22,9 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", action="store_true",
                    help="run each engine once, unmeasured, on a tiny input first (JVM warm-up)")
     p.add_argument("--rounds", type=int, default=1,
-                   help="run the engines N times, the order rotated each round (A B C, B C A, C A B, ...); "
-                        "report each engine's median run")
+                   help="run the engines N times, each engine in each place and right after each other engine "
+                        "as equally often as N allows (three engines: N=6 evens both); report each engine's "
+                        "median run")
 
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:

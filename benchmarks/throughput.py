@@ -25,11 +25,13 @@ import argparse
 import dataclasses
 import datetime as _dt
 import importlib
+import itertools
 import json
 import os
 import platform
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -41,7 +43,7 @@ from .memory import MemorySampler
 from .plot import plot_throughput
 from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_workload
 
-__all__ = ["ENGINES", "REGISTRY_NOTES", "WARMUP", "EXTRA_SPARK_CONF", "run_throughput", "format_table", "main"]
+__all__ = ["ENGINES", "REGISTRY_NOTES", "WARMUP", "EXTRA_SPARK_CONF", "round_orders", "run_throughput", "format_table", "main"]
 
 PLUGIN_MODULE = "deltawheel.benchmarks.engine_deltawheel"
 
@@ -116,6 +118,32 @@ def format_table(report: Mapping[str, Any]) -> str:
     if report.get("ratios"):
         lines.append("ratios (records/s): " + ", ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()))
     return "\n".join(lines)
+
+
+def _order_score(orders: Sequence[Sequence[str]], names: Sequence[str]) -> tuple[int, int, int]:
+    """(spread of places + spread of predecessors, spread of predecessors, sum of squares): lower is
+    more even. A spread is max - min count over (engine, place) pairs, or over ordered pairs of
+    distinct engines that follow each other in the whole run (across rounds too)."""
+    flat = [e for o in orders for e in o]
+    follows = Counter(zip(flat, flat[1:], strict=False))
+    pairs = [follows[(a, b)] for a in names for b in names if a != b]
+    places = Counter((e, i) for o in orders for i, e in enumerate(o))
+    place = [places[(e, i)] for e in names for i in range(len(names))]
+    dp = max(pairs) - min(pairs) if pairs else 0
+    return dp + max(place) - min(place), dp, sum(x * x for x in pairs) + sum(x * x for x in place)
+
+
+def round_orders(names: Sequence[str], rounds: int, *, search_limit: int = 50_000) -> list[list[str]]:
+    """The engines' order in each round: the first round in the given order, the others chosen (by
+    exhaustive search, up to ``search_limit`` schedules) so that every engine takes every place and
+    follows every other engine as equally often as possible (:func:`_order_score`). Beyond the
+    limit, rotation (A B C, B C A, C A B, ...): places even, predecessors not."""
+    names = list(names)
+    perms = [list(p) for p in itertools.permutations(names)] if len(names) <= 8 else []
+    if perms and len(perms) ** (rounds - 1) <= search_limit:
+        return min(([names, *rest] for rest in itertools.product(perms, repeat=rounds - 1)),
+                   key=lambda orders: _order_score(orders, names))
+    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)]
 
 
 def run_throughput(
@@ -198,9 +226,8 @@ def run_throughput(
             say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
 
     runs: dict[str, list[EngineResult]] = {n: [] for n in names}
-    for rnd in range(rounds):
-        shift = rnd % len(names)
-        for name in names[shift:] + names[:shift]:
+    for rnd, order in enumerate(round_orders(names, rounds)):
+        for name in order:
             engine = ENGINES[name]()
             tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
             say(f"engine {name}: running{tag}")

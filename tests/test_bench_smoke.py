@@ -186,3 +186,25 @@ def test_rounds_rotate_the_engines_and_report_each_ones_median(spark, tiny: wl.W
     with pytest.raises(WorkloadError, match="rounds must be at least 1"):
         tp.run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
                           engines=["a"], spark=spark, rounds=0, progress=None)
+
+
+@pytest.mark.parametrize("names,rounds", [(["a", "b"], 4), (["a", "b", "c"], 6)])
+def test_round_orders_balance_places_and_predecessors(names: list[str], rounds: int) -> None:
+    from collections import Counter
+
+    from benchmarks.throughput import round_orders
+
+    orders = round_orders(names, rounds)
+    assert len(orders) == rounds and orders[0] == names and all(sorted(o) == sorted(names) for o in orders)
+    places = Counter((e, i) for o in orders for i, e in enumerate(o))
+    assert set(places.values()) == {rounds // len(names)}  # every engine in every place equally often
+    flat = [e for o in orders for e in o]
+    follows = Counter((a, b) for a, b in zip(flat, flat[1:], strict=False) if a != b)
+    # every engine right after every other one equally often (the run's transitions, across rounds)
+    assert len(follows) == len(names) * (len(names) - 1) and len(set(follows.values())) == 1
+
+
+def test_round_orders_fall_back_to_rotation_beyond_the_search() -> None:
+    from benchmarks.throughput import round_orders
+
+    assert round_orders(["a", "b", "c"], 3, search_limit=1) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]

@@ -259,3 +259,21 @@ def test_the_direct_read_on_separate_executors_gives_the_same(spark, zk_server, 
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("DIRECT ")][-1]
     assert last == "DIRECT True True True MASTER local-cluster[2,1,1024]"
     assert _outputs(spark, StoreLayout(str(store))) == want
+
+
+def _fenced_task(_t: int, _rows: Any) -> Any:
+    from deltawheel.executor._imagetask import STALE_MARK
+
+    raise RuntimeError(f"{STALE_MARK}: interval 1 of c is fenced by sequencer 7 (ours: 3)")
+    yield  # a generator, as the task functions are
+
+
+def test_a_fenced_rdd_task_is_recognized_as_stale(spark) -> None:  # type: ignore[no-untyped-def]
+    """The direct and timers-only batches run as RDD tasks (images.TaskJob): a task that meets a
+    newer fence must still surface as ImagesStale (the driver then checks the fences and stops with
+    StaleSequencerError), not as a user-code failure."""
+    from deltawheel.executor.images import ImagesStale, TaskJob
+
+    job = TaskJob(spark.sparkContext.parallelize(range(2), 2).mapPartitionsWithIndex(_fenced_task))
+    with pytest.raises(ImagesStale, match=r"interval 1 of c is fenced by sequencer 7 \(ours: 3\)"):
+        ImageWriter.collect(None, job)  # type: ignore[arg-type]

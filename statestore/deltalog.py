@@ -47,6 +47,7 @@ class LocalSnapshot:
     # checkpoint's version, an upper bound)
     added_at: dict[str, int] = field(default_factory=dict)
     bounded: frozenset[str] = frozenset()  # paths whose ``added_at`` is only that upper bound
+    table_id: str | None = None  # the table's ``metaData.id`` (fixed when the table is created)
 
 
 def local_path(path: str) -> str | None:
@@ -133,6 +134,7 @@ def read_local(path: str) -> LocalSnapshot | None:
         return None  # a gap (cleaned-up history without a usable checkpoint, or a commit in flight)
     files: dict[tuple[str, str | None], dict[str, Any]] = {}
     config: dict[str, str] = {}
+    table_id: str | None = None
     txns: dict[str, int] = {}
     added_at: dict[str, int] = {}
     bounded: set[str] = set()
@@ -152,6 +154,7 @@ def read_local(path: str) -> LocalSnapshot | None:
             for m in table.column("metaData").to_pylist():
                 if m is not None:
                     config = dict(_clean(m).get("configuration") or {})
+                    table_id = m.get("id")
         if "txn" in cols:
             for t in table.column("txn").to_pylist():
                 if t is not None:
@@ -172,6 +175,7 @@ def read_local(path: str) -> LocalSnapshot | None:
                     files.pop((r["path"], _dv_id(r.get("deletionVector"))), None)
                 elif "metaData" in act:
                     config = dict(act["metaData"].get("configuration") or {})
+                    table_id = act["metaData"].get("id")
                 elif "txn" in act:
                     txns[str(act["txn"]["appId"])] = int(act["txn"]["version"])
     if any(k.startswith("delta.coordinatedCommits") for k in config):
@@ -179,7 +183,7 @@ def read_local(path: str) -> LocalSnapshot | None:
     if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in files.values()):
         return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
     version = todo[-1] if todo else cp
-    return LocalSnapshot(version, tuple(files.values()), config, txns, added_at, frozenset(bounded))
+    return LocalSnapshot(version, tuple(files.values()), config, txns, added_at, frozenset(bounded), table_id)
 
 
 def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:

@@ -17,6 +17,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseSuspendedError",
     "NotOwnerError",
+    "StoreMismatchError",
     "StaleSequencerError",
     "CommitConflictError",
     "CodecError",
@@ -99,6 +100,10 @@ class StateTooLargeError(BadRecordError):
 
 class NotAStoreError(FatalError):
     """The given path is not a deltawheel store (no metadata table)."""
+
+
+class StoreMismatchError(FatalError):
+    """A pipeline's ZooKeeper state (leases, sequencers, watermarks) belongs to another store."""
 
 
 class SchemaTooNewError(FatalError):

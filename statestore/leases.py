@@ -187,6 +187,10 @@ class LeaseManager:
         ensure_zk_layout(client)
         client.add_listener(self._on_state)
 
+    @property
+    def zk_client(self) -> KazooClient:
+        return self._client
+
     # --- connection state ---------------------------------------------------
 
     def _on_state(self, state: str) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from .binding import bind_store
 from .cache import MISS, RowCache
 from .exceptions import LeaseLostError, LeaseSuspendedError, NotOwnerError, StaleSequencerError
 from .leases import LeaseGrant, LeaseManager
@@ -53,6 +54,7 @@ class IntervalOwner:
         self.num_intervals = num_intervals
         self.cache = cache
         self._grants: dict[int, LeaseGrant] = {}
+        self._bound = False
 
     @property
     def sequencers(self) -> dict[int, int]:
@@ -72,8 +74,13 @@ class IntervalOwner:
         Raises:
             LeaseHeldError: another live instance holds one of them (after ``wait_s``).
             StaleSequencerError: an even newer owner fenced an interval meanwhile.
+            StoreMismatchError: the pipeline's ZooKeeper state belongs to another store.
         """
         ivs = sorted(set(range(self.num_intervals) if intervals is None else intervals))
+        if not self._bound:  # the pipeline's ZooKeeper state must be this store's (binding.py)
+            bind_store(self.leases.zk_client, self.leases.pipeline, table_id=self.store.table_id(),
+                       root=self.store.layout.root)
+            self._bound = True
         grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
         try:
             self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only,

@@ -56,14 +56,14 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         summary = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress).run()
-        _summary(spark, layout, summary)
+        _summary(spark, layout, summary, events=args.events)
     finally:
         if server is not None:
             server.stop()
     return 0
 
 
-def _summary(spark: Any, layout: Any, summary: Any) -> None:
+def _summary(spark: Any, layout: Any, summary: Any, *, events: int) -> None:
     from deltawheel.statestore.codecs import get_codec
 
     codec = get_codec("json")
@@ -73,13 +73,17 @@ def _summary(spark: Any, layout: Any, summary: Any) -> None:
     records = sum(r.records_in for r in summary.reports.get("window_counter", []))
     late = {n: sum(r.late for r in rs) for n, rs in summary.reports.items()}
     print("\n=== zeitgeist summary ===")
-    print(f"records read by window_counter : {records}")
+    # the counts are this process's: a run that resumed a killed one (or waited for another copy)
+    # reads only what is left; the stream tables hold every row either way
+    resumed = records < events
+    print(f"records read by window_counter : {records}"
+          + (f" in this run, of {events} generated (another run on this store read the rest)" if resumed else ""))
     print(f"window panes (window_counts)   : {counts.count()}")
     print(f"anomalies                       : {len(anomalies)}")
     for a in anomalies:
         print(f"  {a['kind']:5s} {a['query']:>14s} window {time.strftime('%H:%M:%S', time.gmtime(a['window_start'] / 1000))}"
               f"  actual {a['actual']}  expected {a['expected']}")
-    print("late records per stage         : " + json.dumps(late))
+    print("late records per stage         : " + json.dumps(late) + (" (this run)" if resumed else ""))
     print("watermark lag per stage (ms)   : " + json.dumps(summary.lag_ms))
     print("\nquery the results:")
     print(f'  deltawheel sql --store {layout.root} "SELECT * FROM anomalies_decoded ORDER BY timestamp_ms"')

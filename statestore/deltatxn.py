@@ -240,7 +240,12 @@ class TableLog:
             if v is not None:
                 raise StaleFilesError(f"commit {v} of {self.path} changed partitions this writer holds images of")
         if read_partitions:
-            txn.trackReadPredicates(self._seq([self._pred(p) for p in read_partitions]), True, False)
+            # (partitionOnly=True, shouldRewriteFilter=True): Delta must rewrite the parsed
+            # predicate onto ``partitionValues`` itself. Unrewritten, its conflict check (run only
+            # when another commit landed after this snapshot, in any partition) evaluated it over
+            # the winner's add actions and failed with an AnalysisException instead of either
+            # committing or raising ConcurrentAppendException (test_deltalog, "racing").
+            txn.trackReadPredicates(self._seq([self._pred(p) for p in read_partitions]), True, True)
         now = int(time.time() * 1000)
         actions = []
         if remove:

@@ -127,3 +127,46 @@ def test_file_level_commits_carry_the_checksum_forward_without_a_spark_job(spark
     assert history[1]["operationParameters"]["predicate"] == "(p = 0)"
     assert spark.read.format("delta").load(path).count() == 7  # 3 rows replaced thrice, then 1 more
     assert int(log._log.startTransaction().txnVersion("app")) == 5  # Delta agrees
+
+
+@pytest.mark.parametrize("same_partition", [True, False])
+def test_a_commit_racing_an_append_to_a_partition_it_read_is_a_conflict(
+        spark, tmp_path: Path, same_partition: bool) -> None:
+    """A file-level commit records its partitions as read; a commit that lands between its snapshot
+    and its commit and adds a file there must make it fail as a *conflict* (retryable; Delta's
+    ConcurrentAppendException), and one that adds elsewhere must not. Delta evaluates the recorded
+    predicates against the winner's files only in that race: recorded unrewritten, they failed
+    there with an AnalysisException (unresolved partition column), which no caller retries (a
+    takeover's claim racing a zombie's commit stopped the new owner, CI of session 17)."""
+    import os
+
+    from deltawheel.statestore.deltatxn import TableLog, new_add
+    from deltawheel.statestore.exceptions import CommitConflictError
+    from deltawheel.statestore.fencing import translate_commit_error
+
+    path = str(tmp_path / "t")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, c STRING, iv INT) USING DELTA PARTITIONED BY (c, iv)")
+
+    def add(iv: int, tag: str) -> str:
+        rel = f"c=a/iv={iv}/part-{tag}.parquet"
+        os.makedirs(os.path.join(path, f"c=a/iv={iv}"), exist_ok=True)
+        spark.range(1).toPandas().to_parquet(os.path.join(path, rel), index=False)
+        return new_add(rel, {"c": "a", "iv": str(iv)}, os.path.getsize(os.path.join(path, rel)), 1)
+
+    def racer() -> None:  # runs once the commit below has taken its snapshot
+        TableLog(spark, path).commit(add=[add(0 if same_partition else 1, "racer")])
+
+    log = TableLog(spark, path)
+    if same_partition:
+        with pytest.raises(Exception) as info:
+            log.commit(add=[add(0, "mine")], read_partitions=["c = 'a' AND iv = 0"], check=racer)
+        assert "ConcurrentAppendException" in str(info.value), str(info.value)[:500]
+        err = translate_commit_error(info.value, sequencers={0: 1})
+        assert isinstance(err, CommitConflictError)
+        with pytest.raises(CommitConflictError, match="concurrent Delta commit touched the same interval"):
+            raise err
+    else:
+        version = log.commit(add=[add(0, "mine")], read_partitions=["c = 'a' AND iv = 0"], check=racer)
+        assert version == 2
+    rows = spark.read.format("delta").load(path).count()
+    assert rows == (1 if same_partition else 2)

@@ -530,9 +530,12 @@ def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_
 @pytest.mark.parametrize("write_path", ["image", "merge"])
 def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migrated_store, zk_config, tmp_path,
                                                                    write_path) -> None:  # type: ignore[no-untyped-def]
-    """Two executors of one computation, each holding half the intervals, read the same input:
-    together they write exactly what one executor holding all of them writes — each key's
-    records processed once, by its interval's owner; a dead letter written once."""
+    """Two executors of one computation, each holding half the intervals, read the same input
+    and run each batch at the same time (two job instances): together they write exactly what
+    one executor holding all of them writes — each key's records processed once, by its
+    interval's owner; a dead letter written once. Their commits to the rows table (other
+    partitions), deliveries to the same stream and dead-letter writes race each other."""
+    import threading
     import zlib
 
     from deltawheel import migrations
@@ -573,12 +576,30 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
                                      intervals=ivs)
             ex.start(wait_s=10)
             exs.append((ex, client))
-        try:
-            for b, items in enumerate(batches):
-                for ex, _c in exs:
-                    ex.run_batch(frame(items), b, input_watermark_ms=10_000 * b)
-            for ex, _c in exs:
+        gate = threading.Barrier(len(exs))
+        errors: list[BaseException] = []
+
+        def instance(ex):  # type: ignore[no-untyped-def]
+            try:
+                for b, items in enumerate(batches):
+                    df = frame(items)
+                    gate.wait(timeout=120)  # every instance starts batch b together
+                    ex.run_batch(df, b, input_watermark_ms=10_000 * b)
+                gate.wait(timeout=120)
                 ex.flush(input_watermark_ms=100_000)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+                errors.append(e)
+                gate.abort()
+
+        try:
+            threads = [threading.Thread(target=instance, args=(ex,)) for ex, _c in exs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=500)
+            assert not any(t.is_alive() for t in threads), "an instance hung"
+            if errors:
+                raise errors[0]
             return [ex.reports for ex, _c in exs]
         finally:
             for ex, client in exs:

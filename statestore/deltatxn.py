@@ -197,6 +197,14 @@ class TableLog:
                         return v
         return None
 
+    def table_id(self) -> str:
+        """The table's Delta id (``metaData.id``, fixed when the table was created): from the
+        replayed log of a local table, else from Delta's snapshot."""
+        snap = read_local(self.path)
+        if snap is not None and snap.table_id:
+            return snap.table_id
+        return str(self._log.startTransaction().metadata().id())
+
     def txn_version(self, app_id: str) -> int:
         """The version last recorded for ``app_id`` (-1 if none); see :meth:`txn_versions`."""
         return self.txn_versions([app_id])[app_id]

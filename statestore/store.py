@@ -116,12 +116,7 @@ class RowStore:
 
     def table_id(self) -> str:
         """The rows table's Delta table id: the store's identity (fixed when it was created)."""
-        from .deltalog import read_local
-
-        snap = read_local(self.layout.rows)
-        if snap is not None and snap.table_id:
-            return snap.table_id
-        return str(self._spark.sql(f"DESCRIBE DETAIL delta.`{self.layout.rows}`").select("id").first()[0])
+        return TableLog(self._spark, self.layout.rows).table_id()
 
     # ------------------------------------------------------------------ reads
 

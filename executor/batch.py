@@ -177,6 +177,8 @@ class ComputationExecutor:
         for r in rec.rows.values():
             self._note_oldest(r.interval, r.key, r.next_event_timer_ms, r.watermark_hold_ms, deleted=False)
         pending: list[Production] = [p for _, p in rec.pending]
+        # the commit that checkpointed each (the row's commit id: kept by any rewrite of the table)
+        commit_ids = {p.production_id: rec.rows[k].commit_id if k in rec.rows else None for k, p in rec.pending}
         appended = 0
         if image:
             self._images = ImageWriter(self.spark, self.layout, self.comp, self.owner)
@@ -184,7 +186,7 @@ class ComputationExecutor:
                 self._images.load()
                 found = self._images.recovery()
                 self._oldest_iv, self._next_proc_iv = found.oldest, found.next_processing
-                pending = found.merge_productions()
+                pending, commit_ids = found.merge_productions(), found.merge_commit_ids()
                 appended = self._images.redeliver(found.appends)
             except StaleSequencerError:
                 self.owner.release()
@@ -195,7 +197,7 @@ class ComputationExecutor:
             self._log(f"{self.comp.name}: recovery delivered {appended} checkpointed productions of the last "
                       "commit (its delivery had not landed)")
         if pending:
-            deliver_productions(self.spark, self.layout, pending, producer=self.comp.name)
+            deliver_productions(self.spark, self.layout, pending, producer=self.comp.name, commit_ids=commit_ids)
             self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions "
                       "(records already in their streams are skipped)")
         self.recovered = {"appended": appended, "merged": len(pending)}

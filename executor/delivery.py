@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from deltawheel.statestore.exceptions import CommitConflictError
 from deltawheel.statestore.fencing import translate_commit_error
@@ -25,7 +25,8 @@ __all__ = ["deliver_frame", "deliver_productions", "record_dead_letters", "recor
            "side_frame"]
 
 _ids = itertools.count()
-_PROD_DDL = ("production_id STRING, stream STRING, key STRING, value BINARY, timestamp_ms BIGINT, codec STRING")
+_PROD_DDL = ("production_id STRING, stream STRING, key STRING, value BINARY, timestamp_ms BIGINT, codec STRING, "
+             "commit_id STRING")
 
 
 def _insert_missing(spark: Any, target: str, src: Any, *, on: str, retries: int = 20) -> None:
@@ -51,7 +52,8 @@ def _insert_missing(spark: Any, target: str, src: Any, *, on: str, retries: int 
 
 def deliver_frame(spark: Any, layout: StoreLayout, prods: Any, *, streams: Sequence[str], producer: str,
                   commit_id: str | None = None) -> None:
-    """Deliver productions (columns of a Production row) to their stream tables."""
+    """Deliver productions (columns of a Production row) to their stream tables; ``commit_id``:
+    the commit that made them (when ``prods`` has no ``commit_id`` column of its own)."""
     from pyspark.sql import functions as F
 
     # one output stream (the common case): no extra job to find which streams got records
@@ -64,14 +66,20 @@ def deliver_frame(spark: Any, layout: StoreLayout, prods: Any, *, streams: Seque
         src = prods.where(F.col("stream") == stream).select(
             F.col("production_id").alias("record_id"), "key", "value", "codec", "timestamp_ms",
             F.timestamp_millis("timestamp_ms").alias("event_time"), F.lit(producer).alias("producer"),
-            F.lit(commit_id).cast("string").alias("commit_id"),
+            (F.col("commit_id") if "commit_id" in prods.columns else F.lit(commit_id).cast("string")
+             ).alias("commit_id"),
             F.lit(STREAM_FORMAT_VERSION).alias("format_version"))
         _insert_missing(spark, path, src, on="t.record_id = s.record_id")
 
 
-def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Production], *, producer: str) -> int:
-    """Deliver checkpointed productions (the recovery path); returns how many were given."""
-    rows = [p.to_row() for p in prods]
+def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Production], *, producer: str,
+                        commit_ids: Mapping[str, str | None] | None = None) -> int:
+    """Deliver checkpointed productions (the recovery path); returns how many were given.
+
+    ``commit_ids``: production id -> the id of the rows commit that checkpointed it (recorded in
+    the stream's ``commit_id`` column, as that commit's own delivery would have)."""
+    ids = commit_ids or {}
+    rows = [{**p.to_row(), "commit_id": ids.get(p.production_id)} for p in prods]
     if not rows:
         return 0
     df = local_frame(spark, rows, _PROD_DDL)

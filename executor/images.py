@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from deltawheel.statestore.deltalog import commit_infos
+from deltawheel.statestore.deltalog import commit_info, commit_infos, json_commit_versions
 from deltawheel.statestore.deltatxn import (
     FileEntry,
     StaleFilesError,
@@ -143,8 +143,9 @@ class Checkpoint:
     stream: str
     interval: int
     version: int | None  # the rows commit that checkpointed them (an upper bound unless exact; None: unknown)
-    exact: bool
-    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column)
+    exact: bool  # ``version`` is that commit's own (looked up by ``commit_id``), not a bound
+    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column;
+    # None: the rows were written by several commits)
     prods: list[Production]
 
 
@@ -161,6 +162,10 @@ class Recovery:
 
     def merge_productions(self) -> list[Production]:
         return sorted((p for c in self.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
+
+    def merge_commit_ids(self) -> dict[str, str | None]:
+        """production id -> the id of the commit that checkpointed it (None: not known)."""
+        return {p.production_id: c.commit_id for c in self.merge for p in c.prods}
 
 
 class ImagesStale(Exception):
@@ -267,28 +272,61 @@ class ImageWriter:
                         prod = Production.from_row(row)
                         c = found.get(prod.stream)
                         if c is None:
-                            c = found[prod.stream] = Checkpoint(prod.stream, iv, f.added_at, f.added_exact, cid, [])
-                        elif c.version != f.added_at or c.commit_id != cid or not f.added_exact:
-                            # held by files of several commits: the newest one bounds it, inexactly
+                            c = found[prod.stream] = Checkpoint(prod.stream, iv, f.added_at, False, cid, [])
+                        else:
+                            if c.commit_id != cid:
+                                c.commit_id = None  # rows of several commits (not written by this path)
                             c.version = None if c.version is None or f.added_at is None else \
                                 max(c.version, f.added_at)
-                            c.exact = False
                         c.prods.append(prod)
             checkpoints += found.values()
-        # Productions already delivered are left out: a strong delivery records the version of the
-        # rows commit whose productions it carries, and a commit is only made once the previous
-        # batch's delivery landed (settled), so a stream whose version for the interval reached
-        # the newest commit that added a file holding its checkpoint has all of it. A version
-        # not known (a file read through Delta's own snapshot): redeliver.
+        # Productions already delivered are left out. A strong delivery records, per interval, the
+        # version of the rows commit whose productions it carries (and that commit's id in its
+        # rows), and a commit is only made once the previous batch's delivery landed (settled).
+        # Each held row carries the id of the commit that checkpointed it; that commit is at or
+        # before the newest add of a file holding the row (``version``, an upper bound: OPTIMIZE,
+        # a purge or any rewrite re-adds the rows under a newer version). So: delivered once the
+        # stream's version for the interval reached that bound; else the checkpointing commit is
+        # looked up by its id among the commits in between (:meth:`_resolve`).
         for stream in sorted({c.stream for c in checkpoints if c.version is not None}):
             self._read_delivered(stream, [self._app(c.interval) for c in checkpoints
                                           if c.stream == stream and c.version is not None])
         for c in checkpoints:
-            if c.version is None or self._delivered[(c.stream, self._app(c.interval))] < c.version:
-                # the commit that checkpointed them is known: deliver them as that commit's
-                # delivery would have (an append recording its version); otherwise by MERGE
-                (out.appends if c.exact else out.merge).append(c)
+            delivered = -1 if c.version is None else self._delivered[(c.stream, self._app(c.interval))]
+            if c.version is not None and delivered >= c.version:
+                continue
+            todo = self._resolve(c, delivered)
+            if todo is not None:
+                (out.appends if todo else out.merge).append(c)
         return out
+
+    def _resolve(self, c: Checkpoint, delivered: int) -> bool | None:
+        """Whether checkpoint ``c`` (not known to be delivered by its bound) is still to deliver:
+        None (no: delivered), True (yes, as its commit's own delivery: ``c.version`` becomes that
+        commit's version, ``c.exact``), False (yes, by insert-only MERGE by record id: the commit
+        is not found in the log, or was not made by this path).
+
+        Its commit is looked up by id in the rows table's log between the stream's version for
+        the interval and the bound. Not there while every commit of that range is: the commit is
+        at or before the delivered version, i.e. delivered (a later commit of the interval clears
+        the checkpoints of earlier ones)."""
+        if c.version is None or c.commit_id is None:
+            return False
+        present = set(json_commit_versions(self.layout.rows) or ())
+        for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
+            if v not in present:
+                return False  # the log was cleaned up past it: cannot tell
+            try:
+                meta = json.loads((commit_info(self.layout.rows, v) or {}).get("userMetadata") or "{}")
+            except ValueError:
+                continue
+            if isinstance(meta, dict) and meta.get("commit_id") == c.commit_id:
+                if meta.get("kind") == "commit" and meta.get("write_path") == "image" \
+                        and meta.get("computation") == self.comp.name:
+                    c.version, c.exact = v, True
+                    return True
+                return False
+        return None if delivered >= 0 else False
 
     def redeliver(self, checkpoints: Sequence[Checkpoint]) -> int:
         """Deliver checkpoints of known commits as their own deliveries would have: an append

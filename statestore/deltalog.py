@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos"]
+__all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos", "commit_info",
+           "json_commit_versions"]
 
 _JSON = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CP = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
@@ -186,16 +187,39 @@ def read_local(path: str) -> LocalSnapshot | None:
     return LocalSnapshot(version, tuple(files.values()), config, txns, added_at, frozenset(bounded), table_id)
 
 
-def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:
+def json_commit_versions(path: str) -> list[int] | None:
+    """The versions of the JSON commits still in the local table's log, ascending; None if remote."""
+    listing = _log_names(path)
+    return None if listing is None else _commit_versions(listing[1])
+
+
+def commit_info(path: str, version: int) -> dict[str, Any] | None:
+    """The ``commitInfo`` of JSON commit ``version`` of the local table at ``path`` (None: the
+    commit has none, its JSON is gone, or the table is remote)."""
+    root = local_path(path)
+    if root is None:
+        return None
+    try:
+        with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as fh:
+            for line in fh:
+                if '"commitInfo"' in line:
+                    return dict(json.loads(line)["commitInfo"])
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def commit_infos(path: str, *, after: int, upto: int | None = None) -> list[tuple[int, dict[str, Any]]] | None:
     """(version, ``commitInfo``) of each JSON commit of the local table at ``path`` after version
-    ``after``, oldest first (a commit without one is left out); None for a remote table."""
+    ``after`` (and at or before ``upto``), oldest first (a commit without one is left out); None
+    for a remote table."""
     listing = _log_names(path)
     if listing is None:
         return None
     log, names = listing
     out = []
     for v in _commit_versions(names):
-        if v <= after:
+        if v <= after or (upto is not None and v > upto):
             continue
         with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:
             for line in fh:

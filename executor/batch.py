@@ -53,6 +53,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
+from deltawheel.statestore.damage import check_store
 from deltawheel.statestore.deltatxn import is_local
 from deltawheel.statestore.exceptions import ConfigError, StaleSequencerError
 from deltawheel.statestore.layout import StoreLayout
@@ -162,6 +163,7 @@ class ComputationExecutor:
         from deltawheel.statestore.streams import ensure_stream_table
 
         t_start = time.monotonic()
+        check_store(self.layout)  # a lost or torn commit refuses the start (statestore/damage.py)
         image = self.write_path == "image"
         # the image path fences with the claim alone and recovers from the images it loads
         # (and checks the fence rows there too: ImageWriter.recovery)

@@ -6,7 +6,9 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
   timestamp). Only run it for streams whose consumers are past that point.
 * ``compact``: ``OPTIMIZE`` every table (the rows table gets many small files
   and deletion vectors from per-batch MERGEs). Data is unchanged; a concurrent
-  fenced commit that conflicts is retried by the store.
+  fenced commit that conflicts is retried by the store. Rewritten rows keep the id
+  of the commit that wrote them, which is what recovery decides "already
+  delivered" by (not the version that re-added their file).
 * ``vacuum``: ``VACUUM`` files no longer referenced, older than the retention.
 
 What GC never touches: rows of keys (dedup ids, checkpointed productions,

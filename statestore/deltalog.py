@@ -27,8 +27,26 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .exceptions import StoreDamagedError
+
 __all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos", "commit_info",
-           "json_commit_versions"]
+           "json_commit_versions", "damaged_entry", "DAMAGE_DOC"]
+
+DAMAGE_DOC = "docs/store-damage.md"
+
+
+def damaged_entry(file: str, exc: Exception) -> StoreDamagedError:
+    """The error for a log entry that does not parse (truncated or corrupt)."""
+    return StoreDamagedError(
+        f"Delta log entry {file} is truncated or corrupt ({type(exc).__name__}: {exc}); nothing was written. "
+        f"Restore that file from a backup of the store, then start again ({DAMAGE_DOC})")
+
+
+def _parse(line: str, file: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise damaged_entry(file, exc) from exc
 
 _JSON = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CP = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
@@ -161,11 +179,12 @@ def read_local(path: str) -> LocalSnapshot | None:
                 if t is not None:
                     txns[str(t["appId"])] = int(t["version"])
     for v in todo:
-        with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:
+        file = os.path.join(log, f"{v:020d}.json")
+        with open(file, encoding="utf-8") as fh:
             for line in fh:
                 if not line.strip():
                     continue
-                act = json.loads(line)
+                act = _parse(line, file)
                 if "add" in act:
                     a = act["add"]
                     files[(a["path"], _dv_id(a.get("deletionVector")))] = a
@@ -199,11 +218,12 @@ def commit_info(path: str, version: int) -> dict[str, Any] | None:
     root = local_path(path)
     if root is None:
         return None
+    file = os.path.join(root, "_delta_log", f"{version:020d}.json")
     try:
-        with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as fh:
+        with open(file, encoding="utf-8") as fh:
             for line in fh:
                 if '"commitInfo"' in line:
-                    return dict(json.loads(line)["commitInfo"])
+                    return dict(_parse(line, file)["commitInfo"])
     except FileNotFoundError:
         return None
     return None
@@ -221,9 +241,10 @@ def commit_infos(path: str, *, after: int, upto: int | None = None) -> list[tupl
     for v in _commit_versions(names):
         if v <= after or (upto is not None and v > upto):
             continue
-        with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:
+        file = os.path.join(log, f"{v:020d}.json")
+        with open(file, encoding="utf-8") as fh:
             for line in fh:
                 if '"commitInfo"' in line:
-                    out.append((v, json.loads(line)["commitInfo"]))
+                    out.append((v, _parse(line, file)["commitInfo"]))
                     break
     return out

@@ -18,6 +18,7 @@ __all__ = [
     "LeaseSuspendedError",
     "NotOwnerError",
     "StoreMismatchError",
+    "StoreDamagedError",
     "StaleSequencerError",
     "CommitConflictError",
     "CodecError",
@@ -104,6 +105,10 @@ class NotAStoreError(FatalError):
 
 class StoreMismatchError(FatalError):
     """A pipeline's ZooKeeper state (leases, sequencers, watermarks) belongs to another store."""
+
+
+class StoreDamagedError(FatalError):
+    """A table's Delta log is damaged: a commit is missing, truncated or corrupt (docs/store-damage.md)."""
 
 
 class SchemaTooNewError(FatalError):

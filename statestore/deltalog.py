@@ -229,17 +229,16 @@ def commit_info(path: str, version: int) -> dict[str, Any] | None:
     return None
 
 
-def commit_infos(path: str, *, after: int, upto: int | None = None) -> list[tuple[int, dict[str, Any]]] | None:
+def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:
     """(version, ``commitInfo``) of each JSON commit of the local table at ``path`` after version
-    ``after`` (and at or before ``upto``), oldest first (a commit without one is left out); None
-    for a remote table."""
+    ``after``, oldest first (a commit without one is left out); None for a remote table."""
     listing = _log_names(path)
     if listing is None:
         return None
     log, names = listing
     out = []
     for v in _commit_versions(names):
-        if v <= after or (upto is not None and v > upto):
+        if v <= after:
             continue
         file = os.path.join(log, f"{v:020d}.json")
         with open(file, encoding="utf-8") as fh:

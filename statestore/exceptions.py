@@ -18,6 +18,7 @@ __all__ = [
     "LeaseSuspendedError",
     "NotOwnerError",
     "StoreMismatchError",
+    "CoordinatorStateLostError",
     "StaleSequencerError",
     "CommitConflictError",
     "CodecError",
@@ -104,6 +105,17 @@ class NotAStoreError(FatalError):
 
 class StoreMismatchError(FatalError):
     """A pipeline's ZooKeeper state (leases, sequencers, watermarks) belongs to another store."""
+
+
+class CoordinatorStateLostError(FatalError):
+    """ZooKeeper has lost a pipeline's state: the store holds sequencers it never granted.
+
+    Seen on acquisition when a fence row carries a sequencer at or above what
+    ZooKeeper would grant next (its data was wiped or restored from an older
+    copy). Writing on would reuse sequencers and let two writers share one fence.
+    Recover with ``deltawheel reseed --store DIR --pipeline P --apply``
+    (docs/coordinator-recovery.md), then start the pipeline again.
+    """
 
 
 class SchemaTooNewError(FatalError):

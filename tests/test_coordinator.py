@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -20,7 +21,7 @@ import pytest
 from conftest import free_port
 from deltawheel.executor.batch import FaultPoint
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.exceptions import CoordinatorStateLostError
+from deltawheel.statestore.exceptions import CoordinatorStateLostError, LeaseLostError
 from deltawheel.statestore.layout import StoreLayout
 from executor_util import ByRecordKey, state_of, stream_rows
 
@@ -225,3 +226,114 @@ def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowe
     finally:
         client.stop()
         client.close()
+
+
+@pytest.fixture
+def runner_clients(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The kazoo clients the pipeline runner connects (to watch their state, or expire a session)."""
+    from deltawheel.executor import pipeline
+
+    got: list[Any] = []
+    real = pipeline.connect
+
+    def connect(cfg: Any, **kw: Any) -> Any:
+        client = real(cfg, **kw)
+        got.append(client)
+        return client
+
+    monkeypatch.setattr(pipeline, "connect", connect)
+    return got
+
+
+def _wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _blip(server: Any, clients: list[Any], *, down_s: float, batch: int = 1
+          ) -> tuple[Callable[[FaultPoint, int], None], dict[str, Any]]:
+    """Before the commit of ``batch``: stop ZooKeeper (its real process), start it again on the same
+    data ``down_s`` later, in the background; the batch goes on meanwhile."""
+    from kazoo.client import KazooState
+
+    seen: dict[str, Any] = {}
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.BEFORE_COMMIT and batch_id == batch and "down" not in seen:
+            seen["session"] = clients[-1].client_id[0]
+            server.stop()
+            _wait_for(lambda: clients[-1].state != KazooState.CONNECTED, "the client to see the disconnect")
+            seen["down"] = time.time()
+
+            def later() -> None:
+                time.sleep(down_s)
+                _restart(server)
+                seen["up"] = time.time()
+                _wait_for(lambda: clients[-1].state == KazooState.CONNECTED, "the reconnect")
+                seen["after"] = clients[-1].client_id[0]
+            seen["thread"] = threading.Thread(target=later, daemon=True)
+            seen["thread"].start()
+    return faults, seen
+
+
+def _commits_between(layout: StoreLayout, start: float, end: float) -> list[str]:
+    return sorted(p.name for p in Path(layout.rows, "_delta_log").glob("*.json") if start <= p.stat().st_mtime <= end)
+
+
+def _blip_run(spark: Any, tmp_path: Path, own_zk: Any, clients: list[Any], clean: Any, *, down_s: float,
+              zk: ZkConfig, write_path: str = "auto") -> None:
+    folder, want = clean
+    layout = StoreLayout(str(tmp_path / "store"))
+    faults, seen = _blip(own_zk, clients, down_s=down_s)
+    summary = _run(spark, folder, layout, zk, faults=faults, write_path=write_path)
+    seen["thread"].join()
+    assert "up" in seen and summary.reports["by_record_key"]
+    assert seen["after"] == seen["session"]  # the same session: the blip did not end it
+    assert _commits_between(layout, seen["down"], seen["up"]) == []  # nothing committed while suspended
+    assert _outputs(spark, layout) == want
+
+
+@pytest.mark.timeout(300)
+def test_a_zookeeper_blip_shorter_than_the_session_pauses_commits_and_the_run_ends_normally(
+        spark, tmp_path, own_zk, runner_clients, clean) -> None:  # type: ignore[no-untyped-def]
+    _blip_run(spark, tmp_path, own_zk, runner_clients, clean, down_s=2.0,
+              zk=ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=8.0))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_a_15s_zookeeper_blip_under_the_default_session_timeout_ends_normally(
+        spark, tmp_path, own_zk, runner_clients, clean, write_path) -> None:  # type: ignore[no-untyped-def]
+    zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw")  # the default session timeout leaves room for 15 s
+    assert zk.session_timeout_s > 15
+    _blip_run(spark, tmp_path, own_zk, runner_clients, clean, down_s=15.0, zk=zk, write_path=write_path)
+
+
+@pytest.mark.timeout(300)
+def test_a_session_expiry_stops_the_run_with_the_cause_named(spark, tmp_path, own_zk, runner_clients,
+                                                             clean) -> None:  # type: ignore[no-untyped-def]
+    from kazoo.client import KazooClient, KazooState
+
+    folder, _ = clean
+    layout = StoreLayout(str(tmp_path / "store"))
+    zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=6.0)
+    lost: list[str] = []
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.BEFORE_COMMIT and batch_id == 1 and not lost:
+            client = runner_clients[-1]
+            client.add_listener(lambda state: lost.append(state) if state == KazooState.LOST else None)
+            # the server expires the session: another client takes it over and closes it
+            other = KazooClient(hosts=zk.hosts + zk.chroot, client_id=client.client_id, timeout=zk.session_timeout_s)
+            other.start()
+            other.stop()
+            other.close()
+            _wait_for(lambda: bool(lost), "the session to be reported LOST")
+
+    with pytest.raises(LeaseLostError, match=r"lease on interval \d+ of zkloss/by_record_key was lost "
+                       r"\(ZooKeeper session expired\)"):
+        _run(spark, folder, layout, zk, faults=faults)
+    assert lost

@@ -24,6 +24,7 @@ _MODULES = (
     "cli_sql",
     "cli_leases",
     "cli_recover",
+    "cli_reseed",
     "cli_gc",
     "cli_bench",
     "cli_scenario",

@@ -28,6 +28,11 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
                    help="znode path all of deltawheel's znodes live below")
     g.add_argument("--zk-digest", default=os.environ.get("DELTAWHEEL_ZK_DIGEST"),
                    help="user:password for digest ACLs on lease znodes (env DELTAWHEEL_ZK_DIGEST)")
+    g.add_argument("--zk-session-timeout", type=float,
+                   default=float(os.environ.get("DELTAWHEEL_ZK_SESSION_TIMEOUT", ZkConfig.session_timeout_s)),
+                   help="ZooKeeper session timeout in seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
+                        f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
+                        "stops the run; a killed run's leases stay held this long")
 
 
 def add_spark_args(p: argparse.ArgumentParser) -> None:
@@ -38,7 +43,8 @@ def add_spark_args(p: argparse.ArgumentParser) -> None:
 
 
 def zk_config_from(args: argparse.Namespace) -> ZkConfig:
-    return ZkConfig(hosts=args.zk, chroot=args.zk_chroot, digest=args.zk_digest)
+    return ZkConfig(hosts=args.zk, chroot=args.zk_chroot, digest=args.zk_digest,
+                    session_timeout_s=getattr(args, "zk_session_timeout", ZkConfig.session_timeout_s))
 
 
 def layout_from(args: argparse.Namespace) -> StoreLayout:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.leases import LeaseManager
 from deltawheel.statestore.owner import IntervalOwner
@@ -169,16 +169,32 @@ class PipelineRunner:
                 if moved == 0:
                     break
                 self.progress(f"round {rnd} done: {moved} records/timers moved")
-        finally:
-            for ex in execs.values():
-                ex.stop()
-            leases.close()
+        except BaseException as exc:
+            # the cause is what the caller must see: a failure to settle or give the leases back
+            # on the way out (e.g. over a ZooKeeper session that expired) is only logged
+            self._shutdown(execs, leases, failing=exc)
+            raise
+        self._shutdown(execs, leases, failing=None)
         summary = RunSummary()
         for name, ex in execs.items():
             summary.reports[name] = list(ex.reports)
             summary.low_watermarks[name] = authority.published_low_watermark(name)
             summary.lag_ms[name] = authority.watermark_lag_ms(name)
         return summary
+
+    def _shutdown(self, execs: dict[str, ComputationExecutor], leases: LeaseManager, *,
+                  failing: BaseException | None) -> None:
+        """Stop every executor and close the leases; raise the first failure unless ``failing``."""
+        first: BaseException | None = None
+        for ex in execs.values():
+            try:
+                ex.stop()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                first = first or exc
+                self.progress(f"{ex.comp.name}: stopping failed: {type(exc).__name__}: {exc}")
+        leases.close()
+        if first is not None and failing is None:
+            raise first
 
     def _injector_hook(self, authority: WatermarkAuthority,
                        feeding: Sequence[Injector]) -> Callable[[int | None, int | None], None]:
@@ -212,9 +228,23 @@ class PipelineRunner:
         chk = f"{self.layout.root}/_checkpoints/{self.pipeline.name}/{comp.name}"
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
-        q = (src.writeStream.foreachBatch(ex).trigger(availableNow=True)
+        failed: list[DeltaWheelError] = []
+
+        def batch(df: Any, batch_id: int) -> None:
+            try:
+                ex(df, batch_id)
+            except DeltaWheelError as exc:
+                failed.append(exc)
+                raise
+
+        q = (src.writeStream.foreachBatch(batch).trigger(availableNow=True)
              .option("checkpointLocation", chk).queryName(f"dw_{self.pipeline.name}_{comp.name}").start())
-        q.awaitTermination()
+        try:
+            q.awaitTermination()
+        except Exception as exc:
+            if failed:  # the typed cause (e.g. LeaseLostError), not Spark's wrapper around its text
+                raise failed[-1] from exc
+            raise
         if None not in tokens:
             self._read_upto[comp.name] = tokens
         return sum(r.records_in for r in ex.reports) - before

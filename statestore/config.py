@@ -20,13 +20,16 @@ class ZkConfig:
         chroot: every znode deltawheel creates lives below this path.
         digest: optional ``user:password``; lease znodes then carry a digest ACL
             so that other clients cannot delete or overwrite them.
-        session_timeout_s: ZooKeeper session timeout.
+        session_timeout_s: ZooKeeper session timeout. A connection lost for less than this
+            only pauses commits (the leases survive); a longer one expires the session and stops
+            the run with LeaseLostError. It is also how long a killed instance's leases stay
+            held. The server caps it (the embedded one at 60 s).
     """
 
     hosts: str = f"127.0.0.1:{DEFAULT_ZK_PORT}"
     chroot: str = "/deltawheel"
     digest: str | None = None
-    session_timeout_s: float = 10.0
+    session_timeout_s: float = 20.0
 
     def __post_init__(self) -> None:
         if not self.chroot.startswith("/") or (len(self.chroot) > 1 and self.chroot.endswith("/")):

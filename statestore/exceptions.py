@@ -19,6 +19,7 @@ __all__ = [
     "NotOwnerError",
     "StoreMismatchError",
     "StoreDamagedError",
+    "CoordinatorStateLostError",
     "StaleSequencerError",
     "CommitConflictError",
     "CodecError",
@@ -109,6 +110,17 @@ class StoreMismatchError(FatalError):
 
 class StoreDamagedError(FatalError):
     """A table's Delta log is damaged: a commit is missing, truncated or corrupt (docs/store-damage.md)."""
+
+
+class CoordinatorStateLostError(FatalError):
+    """ZooKeeper has lost a pipeline's state: the store holds sequencers it never granted.
+
+    Seen on acquisition when a fence row carries a sequencer at or above what
+    ZooKeeper would grant next (its data was wiped or restored from an older
+    copy). Writing on would reuse sequencers and let two writers share one fence.
+    Recover with ``deltawheel reseed --store DIR --pipeline P --apply``
+    (docs/coordinator-recovery.md), then start the pipeline again.
+    """
 
 
 class SchemaTooNewError(FatalError):

@@ -13,6 +13,9 @@ znodes: every held lease is dropped, ``on_lost(grants, reason)`` is called from
 a separate thread (never inside kazoo's listener), and ``check_valid`` /
 ``renew`` raise :class:`LeaseLostError` for them until they are acquired again
 (kazoo opens a new session by itself; new grants get higher sequencers).
+:meth:`LeaseManager.await_settled` lets a caller *pause* instead of failing on
+SUSPENDED: it returns once the connection is back and every lease re-verified
+(or lost), so a blip shorter than the session timeout only delays commits.
 
 Layout below the client's chroot, per interval ``I`` (``{I:05d}``)::
 
@@ -48,7 +51,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -68,7 +71,8 @@ from .exceptions import CodecError, ConfigError, LeaseHeldError, LeaseLostError,
 from .layout import validate_name
 from .zkclient import zk_errors
 
-__all__ = ["LeaseGrant", "LeaseManager", "break_lease", "list_leases", "interval_path", "LEASE_FORMAT_VERSION"]
+__all__ = ["LeaseGrant", "LeaseManager", "break_lease", "list_leases", "interval_path", "LEASE_FORMAT_VERSION",
+           "next_sequencers", "raise_sequencers"]
 
 log = logging.getLogger(__name__)
 
@@ -402,6 +406,25 @@ class LeaseManager:
                 raise LeaseLostError(f"interval {interval} of {self.pipeline}/{computation} is not held "
                                      "by this instance; acquire it first")
 
+    def await_settled(self, timeout_s: float | None = None) -> bool:
+        """Wait until the connection is CONNECTED and no lease is being re-verified (a blip is over).
+
+        Returns False when it is still suspended after ``timeout_s`` (default: twice the
+        client's session timeout plus 5 s, by which kazoo has either reconnected or reported
+        the session LOST). Leases lost meanwhile then raise from :meth:`check_valid`.
+        """
+        if timeout_s is None:
+            timeout_s = 2 * session_timeout_s(self._client) + 5.0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self._closed or (not self._suspended and not self._verifying
+                                    and self._client.state == KazooState.CONNECTED):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
     def renew(self, computation: str | None = None) -> None:
         """Verify with ZooKeeper that every held lease (of ``computation``, or all) is still ours.
 
@@ -476,6 +499,11 @@ class LeaseManager:
             self._held.clear()
             self._closed = True
         self._client.remove_listener(self._on_state)
+
+
+def session_timeout_s(client: KazooClient) -> float:
+    """The session timeout ``client`` asked for, in seconds (kazoo keeps it in ms)."""
+    return float(getattr(client, "_session_timeout", 10_000)) / 1000.0
 
 
 def _raise_first(results: list[Any]) -> None:
@@ -556,4 +584,57 @@ def list_leases(client: KazooClient, *, pipeline: str | None = None) -> list[dic
                 except NoNodeError:
                     pass
                 out.append(row)
+    return out
+
+
+def next_sequencers(client: KazooClient, *, pipeline: str, computation: str,
+                    intervals: Iterable[int]) -> dict[int, int]:
+    """Per interval, one above the highest sequencer ZooKeeper's grant nodes record (0: none).
+
+    Grants are issued in increasing order and the newest grant node of an interval is kept
+    (older ones are pruned), so every grant ZooKeeper made is below this value. A store whose
+    fences carry a sequencer at or above it was written under grants this ZooKeeper no longer
+    knows (its data was lost): see :class:`~.exceptions.CoordinatorStateLostError`. Read-only;
+    usable by any check that compares the store with ZooKeeper.
+    """
+    out: dict[int, int] = {}
+    for iv in sorted(set(intervals)):
+        try:
+            names = client.get_children(f"{interval_path(pipeline, computation, iv)}/grants")
+        except NoNodeError:
+            names = []
+        nums = [int(n.rsplit("g-", 1)[1]) for n in names if n.startswith("g-") and n[2:].isdigit()]
+        out[iv] = max(nums) + 1 if nums else 0
+    return out
+
+
+def raise_sequencers(client: KazooClient, *, pipeline: str, computation: str, floors: Mapping[int, int],
+                     acls: list[ACL] | None = None, ops_per_transaction: int = 500) -> dict[int, int]:
+    """Make every later grant of each interval get a sequencer of at least ``floors[interval]``.
+
+    ZooKeeper numbers the sequential grant nodes from a counter of the ``grants`` node that
+    grows with every child created there. This creates and deletes placeholder children (in
+    transactions of ``ops_per_transaction`` operations) until a sequential node gets a number
+    at or above ``floor - 1``; that node stays, as a grant node marked ``reseed``, so that
+    :func:`next_sequencers` sees it. Never lowers anything; safe to repeat and to run beside
+    running writers. Returns the next sequencer per interval.
+    """
+    out: dict[int, int] = {}
+    marker = json.dumps({"format_version": LEASE_FORMAT_VERSION, "reseed": True}).encode()
+    for iv, floor in sorted(floors.items()):
+        grants = f"{interval_path(pipeline, computation, iv)}/grants"
+        client.ensure_path(grants, acl=acls)
+        while True:
+            probe = client.create(f"{grants}/g-", marker, acl=acls, sequence=True)
+            got = int(str(probe).rsplit("g-", 1)[1])
+            if got + 1 >= floor:
+                out[iv] = got + 1
+                break
+            client.delete(probe)
+            pairs = min(max(1, ops_per_transaction // 2), floor - got - 1)
+            tx = client.transaction()
+            for _ in range(pairs):
+                tx.create(f"{grants}/reseed", b"", acl=acls)
+                tx.delete(f"{grants}/reseed")
+            _raise_first(tx.commit())
     return out

@@ -22,12 +22,18 @@ cached with, so nothing read before a takeover is served after it.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
-from .binding import bind_store
+from .binding import bind_store, store_path
 from .cache import MISS, RowCache
-from .exceptions import LeaseLostError, LeaseSuspendedError, NotOwnerError, StaleSequencerError
-from .leases import LeaseGrant, LeaseManager
+from .exceptions import (
+    CoordinatorStateLostError,
+    LeaseLostError,
+    LeaseSuspendedError,
+    NotOwnerError,
+    StaleSequencerError,
+)
+from .leases import LeaseGrant, LeaseManager, next_sequencers
 from .recovery import RecoveredIntervals, rebuild, recover
 from .rows import KeyRow, interval_of
 from .store import CommitResult, RowStore
@@ -75,14 +81,19 @@ class IntervalOwner:
             LeaseHeldError: another live instance holds one of them (after ``wait_s``).
             StaleSequencerError: an even newer owner fenced an interval meanwhile.
             StoreMismatchError: the pipeline's ZooKeeper state belongs to another store.
+            CoordinatorStateLostError: ZooKeeper lost the pipeline's state (the store holds sequencers
+                it does not know); nothing was fenced, the leases are given back.
         """
         ivs = sorted(set(range(self.num_intervals) if intervals is None else intervals))
+        fresh_binding = False
         if not self._bound:  # the pipeline's ZooKeeper state must be this store's (binding.py)
-            bind_store(self.leases.zk_client, self.leases.pipeline, table_id=self.store.table_id(),
-                       root=self.store.layout.root)
+            fresh_binding = bind_store(self.leases.zk_client, self.leases.pipeline, table_id=self.store.table_id(),
+                                       root=self.store.layout.root)
             self._bound = True
+        before = self.leases.held(self.computation)
         grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
         try:
+            self._check_coordinator(grants, before=before, fresh_binding=fresh_binding)
             self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only,
                              check=check_fences)
         except BaseException:
@@ -94,6 +105,51 @@ class IntervalOwner:
             self.cache.invalidate(ivs)  # entries of an earlier grant would be misses anyway
             self._warm(rec, scanned=scan)
         return rec
+
+    def _check_coordinator(self, grants: Mapping[int, LeaseGrant], *, before: Mapping[int, LeaseGrant],
+                           fresh_binding: bool) -> None:
+        """Refuse to fence when ZooKeeper has forgotten grants the store was written under.
+
+        A grant made by this call carries a sequencer ZooKeeper never issued before; a fence row
+        holding the same or a greater one that ZooKeeper does not account for (at or above its
+        next sequencer) was written under a grant it lost. So is a store with fence rows for a
+        pipeline whose binding this call had to create. Either way ZooKeeper's data was lost
+        (wiped, or restored from an older copy).
+
+        Raises:
+            CoordinatorStateLostError: with what was found and the recovery command.
+        """
+        new = {iv: g for iv, g in grants.items() if before.get(iv) != g}
+        if not new and not fresh_binding:
+            return
+        fences = self.store.fences(self.computation)
+        if not fences:
+            return
+        pipeline = self.leases.pipeline
+        found: list[str] = []
+        if fresh_binding:
+            found.append(f"ZooKeeper had no record of the pipeline's store (/pipelines/{pipeline}/store) although "
+                         f"the store holds fence rows of {self.computation!r} up to sequencer {max(fences.values())}")
+        ahead = {iv: g for iv, g in new.items() if fences.get(iv, -1) >= g.sequencer}
+        if ahead:
+            nxt = next_sequencers(self.leases.zk_client, pipeline=pipeline, computation=self.computation,
+                                  intervals=ahead)
+            for iv, g in sorted(ahead.items()):
+                if fences[iv] == g.sequencer or fences[iv] >= nxt[iv]:
+                    found.append(f"interval {iv}: the store's fence carries sequencer {fences[iv]}, ZooKeeper "
+                                 f"just granted {g.sequencer} and knows no grant above {nxt[iv] - 1}")
+        if found:
+            if fresh_binding:  # not ours to keep: the next start must see the missing binding again
+                self.leases.zk_client.delete(store_path(pipeline))
+                self._bound = False
+            raise CoordinatorStateLostError(
+                f"ZooKeeper lost the coordination state of pipeline {pipeline!r} (wiped, or restored from an "
+                f"older copy): {'; '.join(found[:4])}{' ...' if len(found) > 4 else ''}. Nothing was written: "
+                "writing on would reuse sequencers the store already holds, so a stale writer could not be "
+                "fenced out. Stop every running copy of the pipeline, then run `deltawheel reseed --store "
+                f"{self.store.layout.root} --pipeline {pipeline} --apply` (it re-seeds ZooKeeper's sequencers "
+                "above the store's and records the binding; see docs/coordinator-recovery.md) and start the "
+                "pipeline again.")
 
     def _warm(self, rec: RecoveredIntervals, *, scanned: bool) -> None:
         """Cache the scanned rows, those whose timers come first kept when they do not all fit (put
@@ -148,11 +204,24 @@ class IntervalOwner:
         return out
 
     def check(self) -> None:
-        """Raise if any held lease is lost or in doubt (LeaseLostError / LeaseSuspendedError)."""
+        """Raise if any held lease is lost (LeaseLostError); *wait* while they are in doubt.
+
+        While the ZooKeeper connection is SUSPENDED no lease can be trusted, so nothing may be
+        committed; a blip shorter than the session timeout ends with the same session and the
+        leases re-verified, and the caller goes on. This waits for that
+        (:meth:`LeaseManager.await_settled`) and raises LeaseSuspendedError only when the
+        connection is still not back after its bound, LeaseLostError when the session expired
+        meanwhile (the leases are gone: the cause is named in the message).
+        """
         if not self._grants:
             raise LeaseLostError(f"no intervals of {self.computation!r} are held; acquire them first")
         for iv in self._grants:
-            self.leases.check_valid(self.computation, iv)
+            try:
+                self.leases.check_valid(self.computation, iv)
+            except LeaseSuspendedError:
+                if not self.leases.await_settled():
+                    raise
+                self.leases.check_valid(self.computation, iv)
 
     def commit(self, rows: Sequence[KeyRow], *, deletes: Sequence[tuple[int, str]] = (),
                commit_id: str | None = None, dry_run: bool = False) -> CommitResult:

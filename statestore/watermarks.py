@@ -1,9 +1,10 @@
 """Low watermarks (MillWheel sections 3.3 and 5.4), held in ZooKeeper.
 
 Connection states: every call that writes needs a live session. While the
-connection is SUSPENDED, writes and reads raise :class:`LeaseSuspendedError`
-at once instead of queueing inside kazoo; nothing was written, retry after the
-reconnect. :meth:`WatermarkAuthority.last_known` serves, without ZooKeeper, the
+connection is SUSPENDED, writes and reads wait for the reconnect (a blip shorter
+than the session timeout only pauses them; a call cut off mid-way by the drop is
+repeated, re-reading before it writes) and raise :class:`LeaseSuspendedError`
+when the connection is not back within twice the session timeout plus 5 s. :meth:`WatermarkAuthority.last_known` serves, without ZooKeeper, the
 last *published* low watermark this instance saw, flagged ``stale``: safe,
 because published values never move backwards, so a stale value is only ever
 too low (timers fire late, never early). A LOST session loses nothing here
@@ -41,6 +42,7 @@ import functools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +56,7 @@ from kazoo.security import ACL
 from .clock import Clock, SystemClock
 from .exceptions import CodecError, ConfigError, LeaseSuspendedError, StaleSequencerError
 from .layout import validate_name
-from .leases import MAX_INTERVAL, interval_path
+from .leases import MAX_INTERVAL, interval_path, session_timeout_s
 from .zkclient import zk_errors
 
 __all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream"]
@@ -222,8 +224,25 @@ class WatermarkAuthority:
         return f"{self._base}/{folder}/{validate_name('injector' if kind == 'injector' else 'computation', name)}"
 
     def _connected(self, what: str) -> None:
-        if self._client.state != KazooState.CONNECTED:
-            raise LeaseSuspendedError(f"{what}: the ZooKeeper connection is suspended; retry once it reconnects")
+        """Wait (bounded: twice the session timeout plus 5 s) for a suspended connection to come back."""
+        deadline = time.monotonic() + 2 * session_timeout_s(self._client) + 5.0
+        while self._client.state != KazooState.CONNECTED:
+            if time.monotonic() >= deadline:
+                raise LeaseSuspendedError(f"{what}: the ZooKeeper connection is suspended; retry once it reconnects")
+            time.sleep(0.05)
+
+    def _resilient(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` after :meth:`_connected`; again when the connection drops during it (every call
+        made this way re-reads before it writes, so a repeat is safe)."""
+        deadline = time.monotonic() + 2 * session_timeout_s(self._client) + 5.0
+        while True:
+            self._connected(what)
+            try:
+                return call()
+            except LeaseSuspendedError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
 
     def _get(self, path: str) -> tuple[bytes | None, ZnodeStat | None]:
         try:
@@ -232,9 +251,11 @@ class WatermarkAuthority:
             return None, None
 
     def _read(self, path: str, what: str) -> Raw | None:
-        self._connected(f"reading {what}")
-        with _zk_errors(f"reading {what}"):
-            data, _ = self._get(path)
+        def read() -> bytes | None:
+            with _zk_errors(f"reading {what}"):
+                return self._get(path)[0]
+
+        data = self._resilient(f"reading {what}", read)
         return None if data is None else _decode(data, what)
 
     def _cas(self, path: str, what: str, update: Callable[[Raw | None], bytes | None]) -> None:
@@ -249,9 +270,13 @@ class WatermarkAuthority:
         new one (``None``: write nothing) and may raise; ``fence`` is None or (node, judge):
         ``judge(data, stat)`` of that node returns a (path, version) that must still hold when the
         write commits (or None) and may raise. All reads of a try are one pipelined round; every
-        write of a try commits or none does.
+        write of a try commits or none does. A connection lost meanwhile is waited for and the
+        whole read-modify-write repeated (:meth:`_resilient`).
         """
-        self._connected(what)
+        self._resilient(what, lambda: self._cas_loop(what, items))
+
+    def _cas_loop(self, what: str, items: Sequence[tuple[str, Callable[[Raw | None], bytes | None], _Fence | None]]
+                  ) -> None:
         with _zk_errors(what):
             while True:
                 reads = [(self._client.get_async(path), None if fence is None else self._client.get_async(fence[0]))
@@ -422,16 +447,18 @@ class WatermarkAuthority:
     def oldest_work(self, computation: str, num_intervals: int) -> dict[int, Raw | None]:
         """Published oldest-work payloads of intervals 0..num_intervals-1 (``None``: never published)."""
         base = self._path("computation", computation)
-        self._connected(f"reading oldest work of {computation}")
-        out: dict[int, Raw | None] = {}
-        with _zk_errors(f"reading oldest work of {computation}"):
-            pending = [self._client.get_async(f"{base}/{i:05d}") for i in range(num_intervals)]
-            for i, res in enumerate(pending):
-                try:
-                    out[i] = _decode(res.get()[0], "oldest work")
-                except NoNodeError:
-                    out[i] = None
-        return out
+        def read() -> dict[int, Raw | None]:
+            out: dict[int, Raw | None] = {}
+            with _zk_errors(f"reading oldest work of {computation}"):
+                pending = [self._client.get_async(f"{base}/{i:05d}") for i in range(num_intervals)]
+                for i, res in enumerate(pending):
+                    try:
+                        out[i] = _decode(res.get()[0], "oldest work")
+                    except NoNodeError:
+                        out[i] = None
+            return out
+
+        return self._resilient(f"reading oldest work of {computation}", read)  # type: ignore[no-any-return]
 
     def low_watermark(self, computation: str) -> int | None:
         """The low watermark as MillWheel computes it; may be below the published one.

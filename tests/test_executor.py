@@ -117,12 +117,12 @@ def test_crash_at_each_step_then_restart_gives_the_same_result(spark, migrated_s
 @pytest.mark.parametrize("write_path", ["image", "merge"])
 def test_an_owner_whose_sequencer_is_behind_a_fence_fails_at_start_and_gives_the_leases_back(
         spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
-    """A fence row carries a greater sequencer than the lease just granted (e.g. the store was
-    last written under another ZooKeeper ensemble): start fails with StaleSequencerError before
-    anything is written or recovered, naming the interval, and the intervals are free again.
-    (The image path finds the fence rows in the images it reads for recovery.)"""
+    """A fence row carries a greater sequencer than the lease just granted and than anything this
+    ZooKeeper granted (e.g. the store was last written under another ZooKeeper ensemble, or its
+    data was lost): start fails with CoordinatorStateLostError before anything is written or
+    recovered, naming the interval and the recovery, and the intervals are free again."""
     from deltawheel.executor.batch import ComputationExecutor
-    from deltawheel.statestore.exceptions import StaleSequencerError
+    from deltawheel.statestore.exceptions import CoordinatorStateLostError
     from deltawheel.statestore.leases import LeaseManager
     from deltawheel.statestore.owner import IntervalOwner
     from deltawheel.statestore.store import RowStore
@@ -135,7 +135,8 @@ def test_an_owner_whose_sequencer_is_behind_a_fence_fails_at_start_and_gives_the
                               LeaseManager(client, pipeline="test", owner="behind"), "buckets", num_intervals=4)
         ex = ComputationExecutor(spark, migrated_store, BucketCounter(), owner=owner, progress=print,
                                  write_path=write_path)
-        with pytest.raises(StaleSequencerError, match="interval 2 .*owned under sequencer 50"):
+        with pytest.raises(CoordinatorStateLostError, match="interval 2: the store's fence carries sequencer 50.*"
+                           "deltawheel reseed"):
             ex.start()
         assert owner.intervals == ()
         probe = LeaseManager(client, pipeline="test", owner="probe")  # free again: no wait needed

@@ -1,0 +1,70 @@
+"""``deltawheel reseed``: after ZooKeeper lost a pipeline's state, raise its sequencers above the
+store's and record the store binding (``statestore/reseed.py``; docs/coordinator-recovery.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from .cli_common import add_spark_args, add_store_arg, add_zk_args, layout_from, spark_from, zk_config_from
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "reseed", help="after ZooKeeper lost its data: re-seed its sequencers above the store's (dry run "
+                       "unless --apply); stop the pipeline first")
+    add_store_arg(p)
+    p.add_argument("--pipeline", required=True, help="the pipeline's name")
+    p.add_argument("--apply", action="store_true", help="change ZooKeeper (default: print what would change)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_zk_args(p)
+    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_spark_args(p)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.reseed import apply_reseed, plan_reseed
+    from deltawheel.statestore.zkclient import connect, digest_acls
+
+    from .embedded import ensure_zookeeper
+
+    layout = layout_from(args)
+    cfg = zk_config_from(args)
+    server = ensure_zookeeper(cfg, layout)  # a local store's own embedded server (as the demo's)
+    try:
+        logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+        client = connect(cfg, timeout_s=args.zk_timeout)
+        try:
+            spark = spark_from(args)
+            plan = plan_reseed(spark, layout, client, pipeline=args.pipeline)
+            after = apply_reseed(spark, layout, client, plan, acls=digest_acls(cfg)) if args.apply else None
+        finally:
+            client.stop()
+            client.close()
+    finally:
+        if server is not None:
+            server.stop()
+    if args.json:
+        print(json.dumps({**plan.to_dict(), "applied": bool(args.apply),
+                          "zookeeper_next_after": None if after is None else
+                          {c: {str(i): s for i, s in per.items()} for c, per in after.items()}}, indent=2))
+        return 0
+    print(f"pipeline {plan.pipeline}, store {plan.root}: binding {'present' if plan.bound else 'MISSING'} in ZooKeeper")
+    for comp, per in sorted(plan.store.items()):
+        for iv, s in sorted(per.items()):
+            nxt = plan.zookeeper[comp][iv]
+            state = "ok" if nxt > s else f"BEHIND: raise to {s + 1}"
+            print(f"  {comp} interval {iv}: store sequencer {s}, ZooKeeper's next {nxt}  {state}")
+    if not plan.needed:
+        print("nothing to re-seed: ZooKeeper is ahead of every sequencer in the store")
+    elif not args.apply:
+        print("dry run: nothing changed. Stop every copy of the pipeline, then run again with --apply")
+    else:
+        print("re-seeded: ZooKeeper's sequencers are above the store's and the binding is recorded. Start the "
+              "pipeline again; its first grants fence every interval. Watermarks start as not known and are "
+              "published again by the pipeline.")
+    return 0

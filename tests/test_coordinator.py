@@ -1,0 +1,340 @@
+"""ZooKeeper trouble in the middle of a pipeline run, with a ZooKeeper server of the test's own
+(stopped, wiped and restarted through its real process):
+
+* data loss (restarted on an empty data folder): the next start refuses with
+  CoordinatorStateLostError; after ``deltawheel reseed --apply`` the run ends with the rows of
+  a run that never lost anything;
+* a blip shorter than the session timeout: commits pause and the run ends normally with the
+  rows of an uninterrupted run;
+* a session expiry: the run stops with LeaseLostError naming the expired session.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from conftest import free_port
+from deltawheel.executor.batch import FaultPoint
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.exceptions import CoordinatorStateLostError, LeaseLostError
+from deltawheel.statestore.layout import StoreLayout
+from executor_util import ByRecordKey, state_of, stream_rows
+
+pytestmark = [pytest.mark.spark, pytest.mark.zk]
+
+PIPELINE = "zkloss"
+FILES = 4
+
+
+class _Crash(Exception):
+    """The process 'dies' here."""
+
+
+@pytest.fixture
+def own_zk(tmp_path: Path) -> Iterator[Any]:
+    """A ZooKeeper server for this test alone (the shared one must not be stopped or wiped)."""
+    from deltawheel.statestore.zkserver import EmbeddedZooKeeper
+
+    server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+def _input(folder: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(FILES):  # one file = one micro-batch; event times advance file by file
+        ids = range(n * 40, n * 40 + 40)
+        pq.write_table(pa.table({"record_id": [f"r{i}" for i in ids], "key": [f"k{i % 6}" for i in ids],
+                                 "event_time": pa.array([500 * i for i in ids], pa.timestamp("ms", "UTC"))}),
+                       folder / f"part-{n}.parquet")
+        time.sleep(0.01)  # distinct mtimes: the files are read in this order
+    return folder
+
+
+def _run(spark: Any, folder: Path, layout: StoreLayout, zk: ZkConfig, *,
+         faults: Callable[[FaultPoint, int], None] | None = None, write_path: str = "auto") -> Any:
+    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.sources import ParquetInjector
+
+    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)
+    return PipelineRunner(spark, layout, Pipeline(PIPELINE, (inj,), (ByRecordKey(),)), zk=zk, faults=faults,
+                          write_path=write_path, wait_s=20).run()
+
+
+def _outputs(spark: Any, layout: StoreLayout) -> tuple[Any, Any]:
+    return stream_rows(spark, layout, "counts"), state_of(spark, layout, "by_record_key")
+
+
+@pytest.fixture(scope="module")
+def clean(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The rows and outputs of a run that nothing interrupted (the shared server, its own chroot)."""
+    base = tmp_path_factory.mktemp("clean")
+    folder = _input(base / "in")
+    layout = StoreLayout(str(base / "store"))
+    _run(spark, folder, layout, ZkConfig(hosts=zk_server.hosts, chroot="/zk-clean", session_timeout_s=6.0))
+    counts, state = _outputs(spark, layout)
+    assert len(counts) >= 20 and state  # something to compare
+    return folder, (counts, state)
+
+
+def _crash_after_commit(batch: int) -> tuple[Callable[[FaultPoint, int], None], list[int]]:
+    crashed: list[int] = []
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.AFTER_COMMIT and batch_id == batch and not crashed:
+            crashed.append(batch_id)
+            raise _Crash(point)
+    return faults, crashed
+
+
+def _wipe(server: Any) -> None:
+    """ZooKeeper loses everything: its real process restarted on an empty data folder."""
+    server.stop()
+    shutil.rmtree(server.data_dir / "data")
+    _restart(server)
+
+
+def _restart(server: Any) -> None:
+    """Start the stopped server again (its port may take a moment to be free)."""
+    from deltawheel.statestore.exceptions import ZooKeeperServerError
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            server.start()
+            return
+        except ZooKeeperServerError as exc:
+            if "in use" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_a_wiped_zookeeper_is_refused_at_acquisition_and_reseed_fences_above_the_store(
+        spark, migrated_store, own_zk) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.leases import LeaseManager, interval_path
+    from deltawheel.statestore.owner import IntervalOwner
+    from deltawheel.statestore.reseed import apply_reseed, plan_reseed
+    from deltawheel.statestore.store import RowStore
+    from deltawheel.statestore.zkclient import connect
+
+    zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=6.0)
+
+    def owner(client: Any) -> IntervalOwner:
+        return IntervalOwner(RowStore(spark, migrated_store, writer="w"), LeaseManager(client, pipeline="p", owner="w"),
+                             "c", num_intervals=2)
+
+    client = connect(zk)
+    o = owner(client)
+    o.acquire(claim_only=True)  # grant 0: the fence rows carry sequencer 0
+    o.release()
+    client.stop()
+    client.close()
+    _wipe(own_zk)
+    client = connect(zk)
+    try:  # ZooKeeper grants 0 again, equal to the fences (which reject only greater ones)
+        with pytest.raises(CoordinatorStateLostError, match=r"lost the coordination state of pipeline 'p'.*"
+                           r"no record of the pipeline's store.*up to sequencer 0.*interval 0: the store's "
+                           r"fence carries sequencer 0, ZooKeeper just granted 0.*deltawheel reseed --store"):
+            owner(client).acquire(claim_only=True)
+        with pytest.raises(CoordinatorStateLostError, match="no record of the pipeline's store"):
+            owner(client).acquire(claim_only=True)  # grant 1 now, but the refusal does not wear off
+        plan = plan_reseed(spark, migrated_store, client, pipeline="p")  # the dry run
+        # the refused grants moved ZooKeeper past the fences (0); the binding is still missing
+        assert plan.needed and not plan.bound and plan.store == {"c": {0: 0, 1: 0}} and plan.behind == {}
+        apply_reseed(spark, migrated_store, client, plan)
+        o = owner(client)
+        o.acquire(claim_only=True)
+        seqs = o.sequencers
+        assert min(seqs.values()) >= 1  # above everything in the store
+        o.release()
+        assert not plan_reseed(spark, migrated_store, client, pipeline="p").needed
+
+        # ZooKeeper restored from an older copy: the binding survived, interval 1's grants did not
+        client.delete(f"{interval_path('p', 'c', 1)}/grants", recursive=True)
+        with pytest.raises(CoordinatorStateLostError, match=r"interval 1: the store's fence carries sequencer \d+, "
+                           r"ZooKeeper just granted 0"):
+            owner(client).acquire(claim_only=True)
+        assert plan_reseed(spark, migrated_store, client, pipeline="p").behind == {"c": {1: seqs[1] + 1}}
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.mark.slow  # four pipeline runs: about 2.5 minutes per write path
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_zookeeper_data_loss_is_refused_then_reseed_gives_the_clean_rows(spark, tmp_path, own_zk, clean,
+                                                                        write_path) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.executor.cli import main
+
+    folder, want = clean
+    layout = StoreLayout(str(tmp_path / "store"))
+    zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=6.0)
+    faults, crashed = _crash_after_commit(2)
+    with pytest.raises(Exception, match="_Crash"):  # part-way: two batches committed
+        _run(spark, folder, layout, zk, faults=faults, write_path=write_path)
+    assert crashed == [2]
+
+    _wipe(own_zk)
+
+    with pytest.raises(CoordinatorStateLostError, match=r"ZooKeeper lost the coordination state of pipeline "
+                       r"'zkloss'.*fence carries sequencer .*deltawheel reseed --store"):
+        _run(spark, folder, layout, zk, write_path=write_path)
+    with pytest.raises(CoordinatorStateLostError):  # and again: the refusal does not wear off
+        _run(spark, folder, layout, zk, write_path=write_path)
+
+    # the documented recovery: a dry run changes nothing, --apply re-seeds
+    args = ["reseed", "--store", layout.root, "--pipeline", PIPELINE, "--zk", zk.hosts, "--zk-chroot", zk.chroot]
+    assert main(args) == 0
+    with pytest.raises(CoordinatorStateLostError):
+        _run(spark, folder, layout, zk, write_path=write_path)
+    assert main([*args, "--apply"]) == 0
+
+    summary = _run(spark, folder, layout, zk, write_path=write_path)
+    assert summary.reports["by_record_key"]
+    assert _outputs(spark, layout) == want
+
+
+def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowers(zk_config) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.leases import LeaseManager, next_sequencers, raise_sequencers
+    from deltawheel.statestore.zkclient import connect
+
+    client = connect(zk_config)
+    try:
+        leases = LeaseManager(client, pipeline="p", owner="a")
+        assert next_sequencers(client, pipeline="p", computation="c", intervals=[0, 1]) == {0: 0, 1: 0}
+        assert leases.acquire("c", [0])[0].sequencer == 0
+        leases.release("c", [0])
+        assert raise_sequencers(client, pipeline="p", computation="c", floors={0: 1_201, 1: 7},
+                                ops_per_transaction=100)[0] >= 1_201
+        assert leases.acquire("c", [0, 1]) and {i: g.sequencer for i, g in leases.held("c").items()}[0] >= 1_201
+        assert leases.held("c")[1].sequencer >= 7
+        leases.release("c")
+        before = next_sequencers(client, pipeline="p", computation="c", intervals=[0])[0]
+        assert raise_sequencers(client, pipeline="p", computation="c", floors={0: 5})[0] >= before  # not lowered
+        assert next_sequencers(client, pipeline="p", computation="c", intervals=[0])[0] >= before
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def runner_clients(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The kazoo clients the pipeline runner connects (to watch their state, or expire a session)."""
+    from deltawheel.executor import pipeline
+
+    got: list[Any] = []
+    real = pipeline.connect
+
+    def connect(cfg: Any, **kw: Any) -> Any:
+        client = real(cfg, **kw)
+        got.append(client)
+        return client
+
+    monkeypatch.setattr(pipeline, "connect", connect)
+    return got
+
+
+def _wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _blip(server: Any, clients: list[Any], *, down_s: float, batch: int = 1
+          ) -> tuple[Callable[[FaultPoint, int], None], dict[str, Any]]:
+    """Before the commit of ``batch``: stop ZooKeeper (its real process), start it again on the same
+    data ``down_s`` later, in the background; the batch goes on meanwhile."""
+    from kazoo.client import KazooState
+
+    seen: dict[str, Any] = {}
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.BEFORE_COMMIT and batch_id == batch and "down" not in seen:
+            seen["session"] = clients[-1].client_id[0]
+            server.stop()
+            _wait_for(lambda: clients[-1].state != KazooState.CONNECTED, "the client to see the disconnect")
+            seen["down"] = time.time()
+
+            def later() -> None:
+                time.sleep(down_s)
+                _restart(server)
+                seen["up"] = time.time()
+                _wait_for(lambda: clients[-1].state == KazooState.CONNECTED, "the reconnect")
+                seen["after"] = clients[-1].client_id[0]
+            seen["thread"] = threading.Thread(target=later, daemon=True)
+            seen["thread"].start()
+    return faults, seen
+
+
+def _commits_between(layout: StoreLayout, start: float, end: float) -> list[str]:
+    return sorted(p.name for p in Path(layout.rows, "_delta_log").glob("*.json") if start <= p.stat().st_mtime <= end)
+
+
+def _blip_run(spark: Any, tmp_path: Path, own_zk: Any, clients: list[Any], clean: Any, *, down_s: float,
+              zk: ZkConfig, write_path: str = "auto") -> None:
+    folder, want = clean
+    layout = StoreLayout(str(tmp_path / "store"))
+    faults, seen = _blip(own_zk, clients, down_s=down_s)
+    summary = _run(spark, folder, layout, zk, faults=faults, write_path=write_path)
+    seen["thread"].join()
+    assert "up" in seen and summary.reports["by_record_key"]
+    assert seen["after"] == seen["session"]  # the same session: the blip did not end it
+    assert _commits_between(layout, seen["down"], seen["up"]) == []  # nothing committed while suspended
+    assert _outputs(spark, layout) == want
+
+
+@pytest.mark.timeout(300)
+def test_a_zookeeper_blip_shorter_than_the_session_pauses_commits_and_the_run_ends_normally(
+        spark, tmp_path, own_zk, runner_clients, clean) -> None:  # type: ignore[no-untyped-def]
+    _blip_run(spark, tmp_path, own_zk, runner_clients, clean, down_s=2.0,
+              zk=ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=8.0))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_a_15s_zookeeper_blip_under_the_default_session_timeout_ends_normally(
+        spark, tmp_path, own_zk, runner_clients, clean, write_path) -> None:  # type: ignore[no-untyped-def]
+    zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw")  # the default session timeout leaves room for 15 s
+    assert zk.session_timeout_s > 15
+    _blip_run(spark, tmp_path, own_zk, runner_clients, clean, down_s=15.0, zk=zk, write_path=write_path)
+
+
+@pytest.mark.timeout(300)
+def test_a_session_expiry_stops_the_run_with_the_cause_named(spark, tmp_path, own_zk, runner_clients,
+                                                             clean) -> None:  # type: ignore[no-untyped-def]
+    from kazoo.client import KazooClient, KazooState
+
+    folder, _ = clean
+    layout = StoreLayout(str(tmp_path / "store"))
+    zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=6.0)
+    lost: list[str] = []
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.BEFORE_COMMIT and batch_id == 1 and not lost:
+            client = runner_clients[-1]
+            client.add_listener(lambda state: lost.append(state) if state == KazooState.LOST else None)
+            # the server expires the session: another client takes it over and closes it
+            other = KazooClient(hosts=zk.hosts + zk.chroot, client_id=client.client_id, timeout=zk.session_timeout_s)
+            other.start()
+            other.stop()
+            other.close()
+            _wait_for(lambda: bool(lost), "the session to be reported LOST")
+
+    with pytest.raises(LeaseLostError, match=r"lease on interval \d+ of zkloss/by_record_key was lost "
+                       r"\(ZooKeeper session expired\)"):
+        _run(spark, folder, layout, zk, faults=faults)
+    assert lost

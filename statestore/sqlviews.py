@@ -38,7 +38,8 @@ import datetime as dt
 import decimal
 import io
 import json
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 from ._sqltext import sql_path, sql_str
 from .codecs import get_codec
@@ -57,6 +58,7 @@ __all__ = [
     "inspect_key",
     "ReadOnlySqlError",
     "check_read_only",
+    "read_only_session",
 ]
 
 FORMATS = ("table", "csv", "json")
@@ -287,7 +289,8 @@ class ReadOnlySqlError(FatalError):
 
 # commands that only read: SHOW ..., DESCRIBE ... (Spark's and Delta's: DESCRIBE HISTORY / DETAIL), EXPLAIN
 _READ_COMMAND_PREFIXES = ("Show", "Describe")
-_READ_COMMANDS = frozenset({"ExplainCommand"})
+# (USE: the current namespace only; JDBC clients send it when they connect)
+_READ_COMMANDS = frozenset({"ExplainCommand", "SetCatalogAndNamespace", "SetNamespaceCommand"})
 # plan nodes that write without being a ``Command`` (statements resolved later: INSERT, RESTORE, ...)
 _WRITE_MARKS = ("Insert", "Statement", "Restore", "Write", "Merge", "Update", "Delete", "Overwrite")
 
@@ -310,7 +313,11 @@ def check_read_only(spark: Any, query: str) -> None:
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
     except Py4JJavaError as exc:
         raise convert_exception(exc.java_exception) from None
-    jvm = spark._jvm
+    _check_plan(spark._jvm, plan)
+
+
+def _check_plan(jvm: Any, plan: Any) -> None:
+    """Raise :class:`ReadOnlySqlError` unless the (parsed or analysed) logical ``plan`` only reads."""
     command = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
     to_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
     root = plan.getClass().getSimpleName()
@@ -325,6 +332,41 @@ def check_read_only(spark: Any, query: str) -> None:
         if command.isInstance(node) or any(m in name for m in _WRITE_MARKS):
             _refuse(name)
         todo.extend(to_java(node.children()))
+
+
+def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
+    """A new session of ``spark``'s application whose every statement is checked, once analysed,
+    as :func:`check_read_only` checks a parsed one (an analysis check rule, run in this Python
+    process through py4j's callback server): what a JDBC client of ``sql-server`` sends too.
+    ``prepare(session)`` runs first, unchecked (it defines the views)."""
+    from pyspark.java_gateway import ensure_callback_server_started
+    from pyspark.sql import SparkSession
+
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    armed = threading.Event()
+    jvm = spark._jvm
+
+    class _Check:
+        def apply(self, plan: Any) -> None:
+            if armed.is_set():
+                _check_plan(jvm, plan)
+
+        class Java:
+            implements = ["scala.Function1"]
+
+    class _Rule:
+        def apply(self, _session: Any) -> Any:
+            return _Check()
+
+        class Java:
+            implements = ["scala.Function1"]
+
+    # a new session builds its analyser from the application's extensions, this rule included
+    spark._jsparkSession.extensions().injectCheckRule(_Rule())
+    session = SparkSession(spark.sparkContext, spark._jsparkSession.newSession())
+    prepare(session)
+    armed.set()
+    return session
 
 
 def _refuse(plan_name: str) -> None:

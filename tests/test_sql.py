@@ -223,6 +223,14 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
             assert {k: json.loads(v) for k, v in got if k != "c"} == EXPECTED_STATE
             n = conn.execute(text("SELECT count(*) FROM out_decoded")).scalar()
             assert n == 2
+        # read-only as the sql tool: a client's writes are refused, the rows table is untouched
+        before = _rows_version(store)
+        for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`"):
+            with engine.connect() as conn, pytest.raises(Exception, match=r"(?s)ReadOnlySqlError.*fenced path"):
+                conn.execute(text(q.format(rows=store.rows)))
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM state")).scalar() == 4
+        assert _rows_version(store) == before
         engine.dispose()
         proc.terminate()
         out, _ = proc.communicate(timeout=120)
@@ -237,6 +245,10 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
         log.close()
     assert not (Path(tmp_path) / "derby.log").exists()
 
+
+def _rows_version(layout: StoreLayout) -> int:
+    logs = [f for f in os.listdir(os.path.join(layout.rows, "_delta_log")) if f.endswith(".json")]
+    return max(int(f.split(".")[0]) for f in logs)
 
 
 WRITES = [

@@ -31,7 +31,10 @@ from deltawheel.statestore.deltalog import local_path
 from deltawheel.statestore.rows import MAX_KEY_BYTES, key_hash
 
 from ._imagetask import ImageSpec, run_task
-from ._tasks import _ERR  # the key extractors' error marker (a key column can hold it too)
+from ._tasks import (
+    _ERR,  # the key extractors' error marker (a key column can hold it too)
+    ahead_reason,
+)
 
 __all__ = ["DirectSource", "DirectBatch", "batch_files", "direct_source", "direct_task_fn", "direct_table"]
 
@@ -63,6 +66,7 @@ class DirectBatch:
     num_intervals: int
     late_before: int | None  # records with an earlier event time are late
     tasks: tuple[tuple[int, ...], ...]  # per task (partition index): its intervals
+    ahead: tuple[int, int] | None = None  # (processing time now, bound): later event times are dead letters
 
 
 def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | None:
@@ -299,10 +303,13 @@ def _prepared(batch: DirectBatch, t: Any, name: str, intervals: Sequence[int]) -
     key_bad = [bad_of[c] for c in codes.tolist()] if bad_of else [None] * m
     rid_empty = pc.equal(rid, "").to_numpy(zero_copy_only=False)
     why: list[str | None] = key_bad
-    if any(x is not None for x in key_bad) or rid_empty.any() or ts_null.any():
+    far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ~ts_null
+    if any(x is not None for x in key_bad) or rid_empty.any() or ts_null.any() or far.any():
+        now, bound = batch.ahead or (0, 0)
         why = [kb if kb is not None else "record without record_id" if re else
-               "record without timestamp" if tn else None
-               for kb, re, tn in zip(key_bad, rid_empty.tolist(), ts_null.tolist(), strict=True)]
+               "record without timestamp" if tn else ahead_reason(t_ms, bound, now) if fa else None
+               for kb, re, tn, fa, t_ms in zip(key_bad, rid_empty.tolist(), ts_null.tolist(), far.tolist(),
+                                               ms.tolist(), strict=True)]
         bad = pa.array(why, pa.string())
         position = pa.array([None if w is None else f"file={name}#row={r}" for w, r in zip(why, rows.tolist(), strict=True)],
                             pa.string())

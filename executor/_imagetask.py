@@ -118,11 +118,11 @@ def _run(spec: ImageSpec, table: Any) -> list[dict[str, Any]]:
     data = table.filter(pc.invert(marker))
     counted = data.num_rows
     lo = hi = None
-    if counted:
-        mm = pc.min_max(data.column("timestamp_ms"))
+    bad = pc.is_valid(data.column("_bad"))
+    if counted:  # the event times the injectors' watermarks see: of the records that are no dead letters
+        mm = pc.min_max(data.filter(pc.invert(bad)).column("timestamp_ms"))
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
     side: list[dict[str, Any]] = []
-    bad = pc.is_valid(data.column("_bad"))
     if counted and pc.any(bad).as_py():
         side += [side_row("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
         data = data.filter(pc.invert(bad))

@@ -10,7 +10,7 @@ driver-local state and runs the same on a cluster.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError, ConfigError
@@ -21,7 +21,7 @@ from .computation import RECORD_KEY, Computation, Record
 from .keyrun import run_key
 
 __all__ = ["prepare_input", "run_in_tasks", "ROW_COLUMNS", "productions_frame", "dead_letter_frame",
-           "user_error_message", "interval_of_key"]
+           "user_error_message", "interval_of_key", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS"]
 
 ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl())] + ["_op"]
 _PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, timestamp_ms: BIGINT, codec: STRING>"
@@ -30,6 +30,7 @@ _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRIN
 OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prods ARRAY<{_PROD}>, dead ARRAY<{_DEAD}>, "
            "processed INT, duplicates INT, fired INT, late INT, n_prods INT, n_dead INT")
 _ERR = "\x00!"
+DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the clock are dead letters
 
 
 def interval_of_key(num_intervals: int) -> Any:
@@ -63,11 +64,14 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
 
 
 def prepare_input(df: Any, comp: Computation, wm: int | None, *,
-                  cache: dict[Any, Any] | None = None) -> Any:
+                  cache: dict[Any, Any] | None = None, ahead: tuple[int, Mapping[str, int]] | None = None) -> Any:
     """Stream-schema input → (record_id, key, value, codec, timestamp_ms, stream, position, late, _bad).
 
     ``cache``: a dict kept by the caller for the life of its session; the column expressions
     (one py4j call each) are then built once, only the late flag (the watermark) per batch.
+    ``ahead``: (processing time now, {input stream: bound in ms}): a record of such a stream
+    whose event time is more than the bound ahead of now is a dead letter (:func:`ahead_reason`;
+    after the other checks, as ``_direct.py`` orders them).
     Every DataFrame step is analysed eagerly, so the frame is built in as few steps as possible."""
     from pyspark.sql import functions as F
 
@@ -82,7 +86,30 @@ def prepare_input(df: Any, comp: Computation, wm: int | None, *,
     if udf_key is not None:  # a Python UDF must run once per record: materialise the key first
         df = df.withColumn("_k", udf_key)
     late = F.lit(False) if wm is None else F.coalesce(F.col("timestamp_ms") < F.lit(wm), F.lit(False))
-    return df.select(*before, late.alias("late"), *after)
+    bad = after
+    if ahead is not None and ahead[1]:
+        now, bounds = ahead
+        stream = F.col("stream") if flags[0] else F.lit(next(iter(comp.inputs)))
+        ts = F.col("timestamp_ms")
+        far = None
+        for name, bound in sorted(bounds.items()):
+            cond = (stream == name) & (ts > F.lit(now + bound))
+            why = F.concat(F.lit(_AHEAD[0]), ts.cast("string"), F.lit(_AHEAD[1].format(bound=bound, now=now)))
+            far = F.when(cond, why) if far is None else far.when(cond, why)
+        assert far is not None
+        bad = F.coalesce(after, far)
+    return df.select(*before, late.alias("late"), bad.alias("_bad"))
+
+
+_AHEAD = ("event time ", " ms is more than {bound} ms ahead of the processing clock ({now} ms): refused so that it "
+          "cannot move the watermark past every open window; fix the record's timestamp or raise the injector's "
+          "max_event_ahead_ms")
+
+
+def ahead_reason(ts_ms: int, bound_ms: int, now_ms: int) -> str:
+    """The dead-letter reason of a record whose event time ``ts_ms`` is more than ``bound_ms`` ahead
+    of the processing time ``now_ms`` (the same text on the JVM path and the direct read)."""
+    return f"{_AHEAD[0]}{ts_ms}{_AHEAD[1].format(bound=bound_ms, now=now_ms)}"
 
 
 def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> tuple[Any, ...]:
@@ -117,7 +144,7 @@ def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> t
     pos = F.col("commit_id") if has_commit_id else F.lit(None).cast("string")
     before = [F.col("record_id"), k.alias("key"), F.col("value"), F.coalesce("codec", F.lit("json")).alias("codec"),
               F.col("timestamp_ms"), stream.alias("stream"), pos.alias("position")]
-    return (key if udf_key else None), before, [bad.alias("_bad")]
+    return (key if udf_key else None), before, bad
 
 
 def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any | None, *,

@@ -50,7 +50,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.damage import check_store
@@ -63,6 +63,7 @@ from deltawheel.statestore.watermarks import WatermarkAuthority
 
 from . import _tasks
 from ._direct import DirectBatch, DirectSource, batch_files
+from ._tasks import DEFAULT_MAX_EVENT_AHEAD_MS
 from .computation import Computation, LatePolicy
 from .delivery import (
     deliver_frame,
@@ -103,6 +104,9 @@ class ComputationExecutor:
             whole input and processes the records of its own intervals; a record that becomes
             a dead letter is written by the owner of its key's interval (interval 0 when it
             has no key).
+        event_ahead_ms: per input stream, how far (ms) a record's event time may be ahead of the
+            clock; a record further ahead is a dead letter (with the reason) and moves no
+            watermark. Default: one day for every input ({} turns the check off).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
@@ -110,7 +114,8 @@ class ComputationExecutor:
                  clock: Clock = SystemClock(), faults: Callable[[FaultPoint, int], None] | None = None,
                  on_batch_end: Callable[[int | None, int | None], None] | None = None,
                  progress: Callable[[str], None] | None = None, partitions: int | None = None,
-                 write_path: str = "auto", intervals: Sequence[int] | None = None) -> None:
+                 write_path: str = "auto", intervals: Sequence[int] | None = None,
+                 event_ahead_ms: Mapping[str, int] | None = None) -> None:
         type(computation).validate()
         if intervals is not None:
             bad = sorted(set(intervals) - set(range(computation.num_intervals)))
@@ -155,6 +160,12 @@ class ComputationExecutor:
         # set by the pipeline runner when the input is a Parquet injector its tasks can read
         # themselves (image path only; ``_direct.py``); a batch that did says so in its report
         self.direct_source: DirectSource | None = None
+        # input stream -> how far (ms) a record's event time may be ahead of the processing clock;
+        # later records are dead letters and move no watermark (the pipeline runner sets the bound
+        # of each injector it reads, ``max_event_ahead_ms``); default: one day for every input
+        self.event_ahead_ms: Mapping[str, int] = (
+            {s: DEFAULT_MAX_EVENT_AHEAD_MS for s in computation.inputs} if event_ahead_ms is None
+            else dict(event_ahead_ms))
 
     # ------------------------------------------------------------- lifecycle
 
@@ -269,7 +280,8 @@ class ComputationExecutor:
         if self._images is not None:
             return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
                                      started=started, marks=marks, mark=mark)
-        prep = _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache) if df is not None else None
+        prep = (_tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
+                if df is not None else None)
         records_in = late_routed = dead_in = 0
         obs_max = obs_min = None
         if prep is not None:
@@ -277,8 +289,8 @@ class ComputationExecutor:
                 iv = _tasks.interval_of_key(comp.num_intervals)
                 prep = prep.where(F.coalesce(iv, F.lit(0)).isin(list(self.owner.intervals)))
             prep = prep.localCheckpoint(eager=True)
-            agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max("timestamp_ms").alias("mx"),
-                           F.min("timestamp_ms").alias("mn"),
+            ok_ts = F.when(F.col("_bad").isNull(), F.col("timestamp_ms"))  # dead letters move no watermark
+            agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
                            F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad"),
                            F.sum(F.when(F.col("late"), 1).otherwise(0)).alias("late")).collect()[0]
             records_in, obs_max, obs_min = int(agg["n"]), agg["mx"], agg["mn"]
@@ -362,7 +374,7 @@ class ComputationExecutor:
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
                              commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None)
         self.reports.append(report)
-        self._log(format_report(comp.name, report))
+        self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
         return report
 
     def _image_batch(self, df: Any | None, batch_id: int, *, wm_in: int | None, wm_late: int | None, now: int,
@@ -380,13 +392,15 @@ class ComputationExecutor:
         if df is not None and self.direct_source is not None:
             files = batch_files(df, self.direct_source)
             if files is not None:
-                direct = DirectBatch(self.direct_source, files, comp.num_intervals, wm_late, ())
+                bound = self.event_ahead_ms.get(self.direct_source.stream)
+                direct = DirectBatch(self.direct_source, files, comp.num_intervals, wm_late, (),
+                                     None if bound is None else (now, bound))
         attempt = 0
         while True:
             attempt += 1
             # Step 2-4: input preparation, the interval images, user code: one Spark job.
             session = df.sparkSession if df is not None else self.spark
-            prep = (_tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache)
+            prep = (_tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
                     if df is not None and direct is None else None)
             frame = images.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
                                 partitions=self.partitions, strong=strong, direct=direct)
@@ -403,7 +417,8 @@ class ComputationExecutor:
                 dead, late_rows = out.side("dead"), out.side("late")
                 if df is not None and any(r["position"] is None for r in dead):
                     fill_positions(prep if prep is not None else
-                                   _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache), dead)
+                                   _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache,
+                                                        ahead=(now, self.event_ahead_ms)), dead)
                 if dead:
                     record_dead_letters(session, self.layout, side_frame(session, dead, dead=True),
                                         computation=comp.name, batch_id=batch_id)
@@ -470,7 +485,7 @@ class ComputationExecutor:
                              t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks),
                              straggled=straggler is not None, direct=direct is not None)
         self.reports.append(report)
-        self._log(format_report(comp.name, report))
+        self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
         return report
 
     def flush(self, *, input_watermark_ms: int | None = None) -> BatchReport:
@@ -501,7 +516,7 @@ class ComputationExecutor:
         report = BatchReport(batch_id, 0, 0, 0, 0, 0, 0, 0, 0, 0, wm_in, last.low_watermark_ms, 0.0,
                              time.monotonic() - started, (("skipped: nothing due", 0.0),))
         self.reports.append(report)
-        self._log(format_report(self.comp.name, report))
+        self._log(format_report(self.comp.name, report, now_ms=self.clock.now_ms()))
         return report
 
     def settle(self) -> bool:

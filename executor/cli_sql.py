@@ -4,7 +4,8 @@
 server (HiveServer2 protocol) in single-session mode, so every client
 connection sees the views by their plain names (``state``, ``timers``, ...).
 Clients connect without authentication (SASL PLAIN, any user name), e.g.
-SQLAlchemy with PyHive: ``hive://127.0.0.1:10000/default``. It binds to
+SQLAlchemy with PyHive: ``hive://127.0.0.1:10000/default``. Like ``sql`` it only reads: a
+statement that would write is refused (``ReadOnlySqlError`` in the error the client gets). It binds to
 127.0.0.1 by default; there is no access control, so don't bind it to a
 public address.
 """
@@ -22,7 +23,7 @@ import tempfile
 import threading
 from typing import Any
 
-from deltawheel.statestore.sqlviews import FORMATS, inspect_key, register_views, run_sql
+from deltawheel.statestore.sqlviews import FORMATS, inspect_key, read_only_session, register_views, run_sql
 
 from .cli_common import add_spark_args, add_store_arg, layout_from, spark_from
 
@@ -109,9 +110,12 @@ def _sql_server(args: argparse.Namespace) -> int:
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={derby}",
     }
     spark = _checked_spark(args, hive_support=True, extra=extra)
-    views = register_views(spark, layout_from(args), allow_pickle=args.allow_pickle)
+    views: list[str] = []
+    # read-only, as ``sql``: the clients' statements are checked once analysed (writes refused)
+    session = read_only_session(spark, lambda s: views.extend(
+        register_views(s, layout_from(args), allow_pickle=args.allow_pickle)))
     server = spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
-        spark._jsparkSession.sqlContext()
+        session._jsparkSession.sqlContext()
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -40,7 +40,7 @@ from . import _worker
 from .batch import ComputationExecutor, FaultPoint
 from .computation import RECORD_KEY, Computation
 from .reports import BatchReport
-from .sources import BatchStats, Injector, publish_watermark
+from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, BatchStats, Injector, publish_watermark
 
 __all__ = ["Pipeline", "PipelineRunner", "RunSummary"]
 
@@ -221,6 +221,10 @@ class PipelineRunner:
                       .load(self.layout.stream(s)))
             frames.append(df.withColumn("stream", F.lit(s)))
         ex.direct_source = self._direct_source(comp)
+        # each injector's bound on event time ahead of the clock (records of other streams: none)
+        ex.event_ahead_ms = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
+                             for s in comp.inputs if s in injectors
+                             and getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) is not None}
         src = frames[0]
         for f in frames[1:]:
             src = src.unionByName(f)

@@ -31,11 +31,19 @@ class BatchReport:
     direct: bool = False  # the tasks read the input files themselves (executor/_direct.py)
 
 
-def format_report(name: str, r: BatchReport) -> str:
+def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
+    """The batch's progress line. Watermarks show as time of day (UTC) when they fall on the day
+    of ``now_ms`` (the executor's clock), else with their date (a watermark in 2099 must not
+    read like one of today's); without ``now_ms``, always with the date."""
+    today = None if now_ms is None else time.gmtime(now_ms / 1000)[:3]
+
     def ts(ms: int | None) -> str:
         if ms is None:
             return "-"
-        return "end" if ms >= END_OF_TIME else time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
+        if ms >= END_OF_TIME:
+            return "end"
+        t = time.gmtime(ms / 1000)
+        return time.strftime("%H:%M:%S" if t[:3] == today else "%Y-%m-%d %H:%M:%S", t)
 
     return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"

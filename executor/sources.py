@@ -39,9 +39,10 @@ from deltawheel.statestore.streams import STREAM_FORMAT_VERSION
 from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
 
 from ._direct import DirectSource, direct_source
+from ._tasks import DEFAULT_MAX_EVENT_AHEAD_MS
 
 __all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "ParquetInjector", "DeltaTableInjector",
-           "publish_watermark", "to_stream_schema"]
+           "publish_watermark", "to_stream_schema", "DEFAULT_MAX_EVENT_AHEAD_MS"]
 
 DataFrame = Any  # pyspark.sql.DataFrame; pyspark is imported lazily (driver-side only)
 SparkSession = Any
@@ -296,8 +297,12 @@ class _MaxSeenInjector:
 
     def __init__(self, name: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None, record_id_column: str | None, max_files_per_trigger: int,
-                 watermark_delay_ms: int) -> None:
+                 watermark_delay_ms: int, max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS) -> None:
         _check_common(name, max_files_per_trigger)
+        if max_event_ahead_ms is not None and max_event_ahead_ms < 0:
+            raise ConfigError(f"injector {name}: max_event_ahead_ms must be >= 0 (or None: no bound), "
+                              f"got {max_event_ahead_ms}")
+        self.max_event_ahead_ms = max_event_ahead_ms
         self.name = name
         self.key_column = key_column
         self.event_time_column = event_time_column
@@ -350,18 +355,24 @@ class ParquetInjector(_MaxSeenInjector):
         record_id_column: unique id column, or ``None`` (position-based ids).
         max_files_per_trigger: files per micro-batch.
         watermark_delay_ms: the declared disorder bound.
+        max_event_ahead_ms: records whose event time is more than this ahead of the
+            processing clock (default one day) become dead letters with the reason and
+            do not move the watermark (one record dated 2100 would otherwise close every
+            window); None: no bound.
 
     Raises:
         ConfigError: an invalid name, a local folder that does not exist, a
-            bad count or delay.
+            bad count, delay or bound.
     """
 
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None = None, record_id_column: str | None = None,
-                 max_files_per_trigger: int = 1, watermark_delay_ms: int) -> None:
+                 max_files_per_trigger: int = 1, watermark_delay_ms: int,
+                 max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS) -> None:
         super().__init__(name, key_column=key_column, event_time_column=event_time_column,
                          value_columns=value_columns, record_id_column=record_id_column,
-                         max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms)
+                         max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
+                         max_event_ahead_ms=max_event_ahead_ms)
         if _missing_local_dir(folder):
             raise ConfigError(f"injector {name}: Parquet folder {folder} does not exist; create it "
                               "(or generate the input) before starting the pipeline")
@@ -439,17 +450,20 @@ class DeltaTableInjector(_MaxSeenInjector):
         record_id_column: the unique, stable id column.
         max_files_per_trigger: data files per micro-batch.
         watermark_delay_ms: the declared disorder bound.
+        max_event_ahead_ms: as for :class:`ParquetInjector` (default one day; None: no bound).
 
     Raises:
-        ConfigError: an invalid name, a bad count or delay, or no ``record_id_column``.
+        ConfigError: an invalid name, a bad count, delay or bound, or no ``record_id_column``.
     """
 
     def __init__(self, name: str, path: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None = None, record_id_column: str | None = "record_id",
-                 max_files_per_trigger: int = 1, watermark_delay_ms: int) -> None:
+                 max_files_per_trigger: int = 1, watermark_delay_ms: int,
+                 max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS) -> None:
         super().__init__(name, key_column=key_column, event_time_column=event_time_column,
                          value_columns=value_columns, record_id_column=record_id_column,
-                         max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms)
+                         max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
+                         max_event_ahead_ms=max_event_ahead_ms)
         if not record_id_column:
             raise ConfigError(f"injector {name}: a Delta table source needs record_id_column (Delta's "
                               "streaming source has no file positions to derive stable ids from)")

@@ -9,7 +9,16 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
   fenced commit that conflicts is retried by the store. Rewritten rows keep the id
   of the commit that wrote them, which is what recovery decides "already
   delivered" by (not the version that re-added their file).
-* ``vacuum``: ``VACUUM`` files no longer referenced, older than the retention.
+* ``paths``: re-record, in Delta's own form, the paths of live rows-table files that
+  older versions of the image write path recorded URL-quoted (``computation%3Dc/...``):
+  Delta's VACUUM does not recognise such a path as the file it names and deleted the live
+  file. The same files, remove + add in one commit (no data changes); before any VACUUM.
+  Like ``compact``, it re-adds files under a newer version, which recovery does not rely on.
+* ``vacuum``: ``VACUUM`` files no longer referenced, older than the retention. A
+  retention shorter than Delta's safety minimum (``delta.deletedFileRetentionDuration``,
+  168 h by default) is refused with :class:`VacuumRetentionError` unless ``force=True``:
+  a shorter one can delete files a concurrent writer or a reader of an older snapshot
+  still needs.
 
 What GC never touches: rows of keys (dedup ids, checkpointed productions,
 window state) — those are only written under the owner's lease and fence: the
@@ -26,10 +35,17 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.streams import list_streams
 
-__all__ = ["GcAction", "GcReport", "run_gc"]
+__all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "MIN_VACUUM_RETAIN_HOURS"]
+
+MIN_VACUUM_RETAIN_HOURS = 168.0  # Delta's delta.deletedFileRetentionDuration default (one week)
+
+
+class VacuumRetentionError(ConfigError):
+    """A VACUUM retention below Delta's safety minimum was asked for without ``force``."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +73,23 @@ def _tables(spark: Any, layout: StoreLayout) -> list[tuple[str, str]]:
 
 
 def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
-           stream_retention_ms: int | None = None, vacuum_retain_hours: float = 168.0) -> GcReport:
-    """Plan (default) or run the GC passes over ``layout``'s tables."""
+           stream_retention_ms: int | None = None, vacuum_retain_hours: float = MIN_VACUUM_RETAIN_HOURS,
+           force: bool = False) -> GcReport:
+    """Plan (default) or run the GC passes over ``layout``'s tables.
+
+    Raises:
+        VacuumRetentionError: ``vacuum_retain_hours`` below :data:`MIN_VACUUM_RETAIN_HOURS`
+            (or negative) and not ``force``; nothing was changed.
+    """
     from pyspark.sql import functions as F
 
+    if vacuum_retain_hours < 0 or (vacuum_retain_hours < MIN_VACUUM_RETAIN_HOURS and not force):
+        raise VacuumRetentionError(
+            f"VACUUM retention {vacuum_retain_hours:g} h is shorter than Delta's safety minimum of "
+            f"{MIN_VACUUM_RETAIN_HOURS:g} h: files a running writer or a reader of an older version "
+            "still needs could be deleted; nothing was changed. Use a retention of at least "
+            f"{MIN_VACUUM_RETAIN_HOURS:g} h, or pass --force (force=True) when no job writes or reads the store"
+            if vacuum_retain_hours >= 0 else f"VACUUM retention must be >= 0 hours, got {vacuum_retain_hours:g}")
     actions: list[GcAction] = []
     tables = _tables(spark, layout)
     if stream_retention_ms is not None:
@@ -78,10 +107,48 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
             spark.sql(f"OPTIMIZE delta.`{path}`")
         actions.append(GcAction("compact", name, f"{files} files before OPTIMIZE", int(files)))
     for name, path in tables:
-        if apply:
-            removed = spark.sql(f"VACUUM delta.`{path}` RETAIN {vacuum_retain_hours} HOURS").count()
-            actions.append(GcAction("vacuum", name, f"vacuumed files older than {vacuum_retain_hours} h", removed))
-        else:
-            n = spark.sql(f"VACUUM delta.`{path}` RETAIN {vacuum_retain_hours} HOURS DRY RUN").count()
-            actions.append(GcAction("vacuum", name, f"{n} unreferenced files older than {vacuum_retain_hours} h", n))
+        if name == "rows":
+            n = _rerecord_paths(spark, path, apply=apply)
+            if n:
+                actions.append(GcAction("paths", name, f"{n} live files recorded under URL-quoted paths", n))
+    check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    was = spark.conf.get(check, None)
+    if force:  # Delta's own check refuses what the caller forced
+        spark.conf.set(check, "false")
+    try:
+        for name, path in tables:
+            if apply:
+                removed = spark.sql(f"VACUUM delta.`{path}` RETAIN {vacuum_retain_hours} HOURS").count()
+                actions.append(GcAction("vacuum", name, f"vacuumed files older than {vacuum_retain_hours} h", removed))
+            else:
+                n = spark.sql(f"VACUUM delta.`{path}` RETAIN {vacuum_retain_hours} HOURS DRY RUN").count()
+                actions.append(GcAction("vacuum", name, f"{n} unreferenced files older than {vacuum_retain_hours} h", n))
+    finally:
+        if force:
+            if was is None:
+                spark.conf.unset(check)
+            else:
+                spark.conf.set(check, was)
     return GcReport(apply, tuple(actions))
+
+
+def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
+    """The rows table's live files whose logged path is not Delta's form of it (see
+    :func:`deltatxn.delta_path`); with ``apply``, one commit removes them and adds them back
+    under Delta's form (the same files, ``dataChange`` false). A concurrent fenced commit on
+    their partitions makes it fail (run gc again); the owner reloads its images."""
+    import json
+
+    from deltawheel.statestore.deltatxn import TableLog, decode_path, delta_path
+
+    log = TableLog(spark, path)
+    _version, live = log.files("true", where=lambda _pv: True)
+    odd = [f for f in live if delta_path(decode_path(f.path)) != f.path]
+    if apply and odd:
+        adds = []
+        for f in odd:
+            add = json.loads(f.action_json)["add"]
+            add.update(path=delta_path(decode_path(f.path)), dataChange=False)
+            adds.append(json.dumps({"add": add}))
+        log.commit(remove=odd, add=adds, user_metadata=json.dumps({"deltawheel": 1, "kind": "gc_paths"}))
+    return len(odd)

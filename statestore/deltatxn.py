@@ -37,7 +37,7 @@ from urllib.parse import quote, unquote
 
 from .deltalog import local_path, read_local
 
-__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "local_root", "is_local", "decode_path",
+__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", "local_root", "is_local", "decode_path",
            "write_file", "partition_file_name"]
 
 
@@ -71,10 +71,28 @@ def local_root(table_path: str) -> str:
     return local_path(table_path) or table_path
 
 
+# what java.net.URI leaves unquoted in a path (besides letters, digits and ``_.-~``)
+_URI_PATH_SAFE = "/!*'();:@&=+$,"
+
+
+def delta_path(rel_path: str) -> str:
+    """``rel_path`` (below the table folder) as Delta writes it in an ``add`` action: Hadoop's
+    ``new Path(rel_path).toUri().toString()``, which quotes only what a URI path cannot hold
+    (``%``, spaces, ...) and keeps ``=``, so a partition folder reads ``computation=c``.
+
+    Delta's VACUUM compares the files it lists below the table, in this form, with the live
+    files' paths; a path quoted otherwise (``computation%3Dc``, as ``urllib.parse.quote`` does)
+    names no listed file, and VACUUM deleted the live file as unreferenced. (Names of
+    computations and streams are ASCII identifiers: no character Java and Python quote
+    differently occurs in a path written here.)"""
+    return quote(rel_path, safe=_URI_PATH_SAFE)
+
+
 def new_add(rel_path: str, partition_values: Mapping[str, str], size: int, num_records: int) -> str:
-    """The JSON of an ``add`` action for a freshly written file (``rel_path`` not yet encoded)."""
+    """The JSON of an ``add`` action for a freshly written file (``rel_path`` not yet encoded;
+    the action's path is :func:`delta_path`, as Delta writes it)."""
     return json.dumps({"add": {
-        "path": quote(rel_path), "partitionValues": dict(partition_values), "size": int(size),
+        "path": delta_path(rel_path), "partitionValues": dict(partition_values), "size": int(size),
         "modificationTime": int(time.time() * 1000), "dataChange": True,
         "stats": json.dumps({"numRecords": int(num_records)})}})
 

@@ -38,11 +38,12 @@ import datetime as dt
 import decimal
 import io
 import json
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 from ._sqltext import sql_path, sql_str
 from .codecs import get_codec
-from .exceptions import CodecError, ConfigError
+from .exceptions import CodecError, ConfigError, FatalError
 from .layout import StoreLayout
 from .rows import FENCE_KEY, KeyRow
 from .streams import BUILTIN_VIEWS, list_streams
@@ -55,6 +56,9 @@ __all__ = [
     "run_sql",
     "format_rows",
     "inspect_key",
+    "ReadOnlySqlError",
+    "check_read_only",
+    "read_only_session",
 ]
 
 FORMATS = ("table", "csv", "json")
@@ -279,11 +283,107 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
     return "\n".join(out + [footer]) + "\n"
 
 
-def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", max_rows: int = 1000,
-            allow_pickle: bool = False) -> str:
-    """Register the views, run ``query`` and format at most ``max_rows`` rows (see :func:`format_rows`).
+class ReadOnlySqlError(FatalError):
+    """A statement given to the read-only SQL tool would change something (a table, a view, a setting)."""
+
+
+# commands that only read: SHOW ..., DESCRIBE ... (Spark's and Delta's: DESCRIBE HISTORY / DETAIL), EXPLAIN
+_READ_COMMAND_PREFIXES = ("Show", "Describe")
+# (USE: the current namespace only; JDBC clients send it when they connect)
+_READ_COMMANDS = frozenset({"ExplainCommand", "SetCatalogAndNamespace", "SetNamespaceCommand"})
+# plan nodes that write without being a ``Command`` (statements resolved later: INSERT, RESTORE, ...)
+_WRITE_MARKS = ("Insert", "Statement", "Restore", "Write", "Merge", "Update", "Delete", "Overwrite")
+
+
+def check_read_only(spark: Any, query: str) -> None:
+    """Refuse ``query`` unless it only reads: a query (SELECT, WITH ... SELECT, VALUES, TABLE) or a
+    SHOW, DESCRIBE or EXPLAIN command. Decided on the plan Spark's own parser makes of it (the
+    session's parser, with Delta's statements), not on its text: comments, a CTE in front of an
+    INSERT, odd spacing or case change nothing.
 
     Raises:
+        ReadOnlySqlError: the statement would write (UPDATE, DELETE, MERGE, INSERT, CREATE, DROP,
+            ALTER, OPTIMIZE, VACUUM, RESTORE, SET, CACHE, ...).
+        pyspark.errors.ParseException: not one valid statement (several ``;``-separated ones included).
+    """
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import convert_exception
+
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
+    except Py4JJavaError as exc:
+        raise convert_exception(exc.java_exception) from None
+    _check_plan(spark._jvm, plan)
+
+
+def _check_plan(jvm: Any, plan: Any) -> None:
+    """Raise :class:`ReadOnlySqlError` unless the (parsed or analysed) logical ``plan`` only reads."""
+    command = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
+    to_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
+    root = plan.getClass().getSimpleName()
+    if command.isInstance(plan):
+        if root in _READ_COMMANDS or root.startswith(_READ_COMMAND_PREFIXES):
+            return
+        _refuse(root)
+    todo = [plan]
+    while todo:
+        node = todo.pop()
+        name = node.getClass().getSimpleName()
+        if command.isInstance(node) or any(m in name for m in _WRITE_MARKS):
+            _refuse(name)
+        todo.extend(to_java(node.children()))
+
+
+def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
+    """A new session of ``spark``'s application whose every statement is checked, once analysed,
+    as :func:`check_read_only` checks a parsed one (an analysis check rule, run in this Python
+    process through py4j's callback server): what a JDBC client of ``sql-server`` sends too.
+    ``prepare(session)`` runs first, unchecked (it defines the views)."""
+    from pyspark.java_gateway import ensure_callback_server_started
+    from pyspark.sql import SparkSession
+
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    armed = threading.Event()
+    jvm = spark._jvm
+
+    class _Check:
+        def apply(self, plan: Any) -> None:
+            if armed.is_set():
+                _check_plan(jvm, plan)
+
+        class Java:
+            implements = ["scala.Function1"]
+
+    class _Rule:
+        def apply(self, _session: Any) -> Any:
+            return _Check()
+
+        class Java:
+            implements = ["scala.Function1"]
+
+    # a new session builds its analyser from the application's extensions, this rule included
+    spark._jsparkSession.extensions().injectCheckRule(_Rule())
+    session = SparkSession(spark.sparkContext, spark._jsparkSession.newSession())
+    prepare(session)
+    armed.set()
+    return session
+
+
+def _refuse(plan_name: str) -> None:
+    raise ReadOnlySqlError(
+        f"the SQL tool only reads (SELECT, WITH, VALUES, TABLE, SHOW, DESCRIBE, EXPLAIN); this statement "
+        f"is a {plan_name}, which would change the store or the session: nothing was run. Changes to state go "
+        "through a fenced path only (the executor under its leases and sequencers): an unfenced write "
+        "to the rows table can clobber a running owner's commits or be clobbered by them")
+
+
+def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", max_rows: int = 1000,
+            allow_pickle: bool = False) -> str:
+    """Register the views, check ``query`` only reads (:func:`check_read_only`), run it and format
+    at most ``max_rows`` rows (see :func:`format_rows`).
+
+    Raises:
+        ReadOnlySqlError: ``query`` would change something; nothing was run.
         ConfigError: unknown ``fmt`` or ``max_rows`` < 1, or a stream named like a built-in view.
         pyspark.errors.AnalysisException: the query is not valid SQL or names
             an unknown table/column (``ParseException`` is a subclass).
@@ -293,6 +393,7 @@ def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", 
     if max_rows < 1:
         raise ConfigError(f"max_rows must be at least 1, got {max_rows}")
     register_views(spark, layout, allow_pickle=allow_pickle)
+    check_read_only(spark, query)
     df = spark.sql(query)
     got = df.take(max_rows + 1)
     return format_rows(df.columns, got[:max_rows], fmt=fmt, truncated=len(got) > max_rows)

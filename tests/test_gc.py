@@ -24,3 +24,149 @@ def test_gc_dry_run_then_apply(spark, migrated_store) -> None:  # type: ignore[n
     assert sorted(r["record_id"] for r in spark.read.format("delta").load(path).collect()) == ["r2"]
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
     assert detail["numFiles"] == 1  # compacted
+
+
+# --- gc on an idle store: VACUUM keeps every live file --------------------------------------
+
+EIGHT_DAYS_S = 8 * 24 * 3600
+
+
+def _age_files(root: str, seconds: int) -> None:
+    """Move every file's mtime back (a store nobody wrote for that long)."""
+    import os
+
+    for folder, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(folder, f)
+            st = os.stat(p)
+            os.utime(p, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def _rows(spark, layout) -> list[dict]:  # type: ignore[no-untyped-def]
+    got = [r.asDict(recursive=True) for r in spark.read.format("delta").load(layout.rows).collect()]
+    return sorted(got, key=lambda r: (r["computation"], r["key"], r["sequencer"]))
+
+
+def _rows_by_delta_rs(layout) -> list[tuple]:  # type: ignore[no-untyped-def]
+    """The rows table read without Spark: ``deltalake`` (delta-rs) replays the log, pyarrow reads
+    the live files it lists (delta-rs reads no deletion vectors: the test asserts there are none)."""
+    import os
+    from urllib.parse import unquote
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    adds = pa.table(DeltaTable(layout.rows).get_add_actions(flatten=True)).to_pylist()
+    assert not any(v for a in adds for k, v in a.items() if k.startswith("deletionVector")), adds
+    out = []
+    for a in adds:
+        t = pq.read_table(os.path.join(layout.rows, unquote(a["path"])))
+        for r in t.to_pylist():
+            out.append((a["partition.computation"], int(a["partition.interval"]), r["key"], r["state"],
+                        r["sequencer"]))
+    return sorted(out)
+
+
+def _run_phase(spark, layout, zk_config, write_path, batches, wm) -> None:  # type: ignore[no-untyped-def]
+    from executor_util import BucketCounter, events, start_executor, stop_executor
+
+    ex, client = start_executor(spark, layout, zk_config, BucketCounter(), write_path=write_path)
+    try:
+        for b in batches:
+            ex(events(spark, [(f"r{b}-{i}", f"q{i % 5}", 1_000 * (10 * b + i)) for i in range(12)]), b)
+        ex.flush(input_watermark_ms=wm)
+    finally:
+        stop_executor(ex, client)
+
+
+@pytest.mark.zk
+@pytest.mark.slow  # ~5 min per write path on a shared 2-core machine; fast cases below
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_gc_apply_on_idle_store_keeps_live_state(spark, zk_server, tmp_path, write_path) -> None:  # type: ignore[no-untyped-def]
+    """A store nobody wrote for 8 days (older than VACUUM's 168 h): ``deltawheel gc --apply``, as a
+    user runs it, leaves the rows as they were (Spark and delta-rs read them back), a further run
+    works and ends with the rows and outputs of the same runs on a store never gc'ed. (On the image
+    path VACUUM deleted every live rows file: their logged paths were URL-quoted.)"""
+    from deltawheel import migrations
+    from deltawheel.executor.cli import main
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.layout import StoreLayout
+    from executor_util import state_of, stream_rows
+
+    outcome = {}
+    for name in ("clean", "gcd"):
+        layout = StoreLayout(str(tmp_path / name))
+        migrations.apply(spark, layout, dry_run=False)
+        zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/gc-{write_path}-{name}", session_timeout_s=6.0)
+        _run_phase(spark, layout, zk, write_path, range(3), 15_000)
+        if name == "gcd":
+            before = _rows(spark, layout)
+            _age_files(layout.root, EIGHT_DAYS_S)
+            assert main(["gc", "--store", layout.root, "--apply"]) == 0
+            assert _rows(spark, layout) == before
+            assert _rows_by_delta_rs(layout) == sorted(
+                (r["computation"], r["interval"], r["key"], r["state"], r["sequencer"]) for r in before)
+        _run_phase(spark, layout, zk, write_path, range(3, 5), 1 << 60)
+        outcome[name] = (state_of(spark, layout, "buckets"), stream_rows(spark, layout, "counts"))
+    assert outcome["clean"][1], "the runs produced nothing: the comparison would prove nothing"
+    assert outcome["gcd"] == outcome["clean"]
+
+
+@pytest.mark.parametrize("old_quoting", [False, True])
+def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quoting) -> None:  # type: ignore[no-untyped-def]
+    """A rows file committed as the image path commits it sits beside a file Delta wrote for the
+    same computation, under the same path form; 8 days old and vacuumed with retention 0 (forced),
+    both are still read back by Spark and by delta-rs. With the URL-quoted path of older versions
+    (``computation%3Dc``), gc re-records it first (without that, VACUUM deleted it)."""
+    import json
+    from urllib.parse import quote
+
+    import pyarrow as pa
+    from deltawheel.statestore.deltatxn import TableLog, new_add, partition_file_name, write_file
+    from deltawheel.statestore.frames import arrow_schema
+    from deltawheel.statestore.rows import rows_file_ddl, rows_schema_ddl
+
+    rows = migrated_store.rows
+    spark.createDataFrame([("c", 0, "by_delta", b"1", "json", [], None, None, [], [], None, 0, None, None, 1)],
+                          rows_schema_ddl()).write.format("delta").mode("append").save(rows)
+    t = pa.Table.from_pylist([{"key": "by_image", "state": b"2", "codec": "json", "timers": [], "record_ids": [],
+                               "pending": [], "sequencer": 0, "format_version": 1}], schema=arrow_schema(rows_file_ddl()))
+    rel = partition_file_name("c", 1, "dw")
+    add = json.loads(new_add(rel, {"computation": "c", "interval": "1"}, write_file(t, rows, rel), 1))
+    if old_quoting:
+        add["add"]["path"] = quote(rel)
+    TableLog(spark, rows).commit(add=[json.dumps(add)])
+    logged = sorted(r["path"] for r in _live_paths(migrated_store))
+    assert [p.rsplit("/", 1)[0] for p in logged] == (
+        ["computation%3Dc/interval%3D1", "computation=c/interval=0"] if old_quoting
+        else ["computation=c/interval=0", "computation=c/interval=1"])
+    _age_files(migrated_store.root, EIGHT_DAYS_S)
+    report = run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=0, force=True)
+    assert [a.count for a in report.actions if a.pass_name == "paths"] == ([1] if old_quoting else [])
+    want = [("c", 0, "by_delta", b"1", 0), ("c", 1, "by_image", b"2", 0)]
+    got = sorted((r["computation"], r["interval"], r["key"], bytes(r["state"]), r["sequencer"])
+                 for r in spark.read.format("delta").load(rows).collect())
+    assert got == want
+    assert _rows_by_delta_rs(migrated_store) == want
+
+
+def _live_paths(layout) -> list[dict]:  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    return pa.table(DeltaTable(layout.rows).get_add_actions(flatten=True)).select(["path"]).to_pylist()
+
+
+def test_gc_refuses_a_retention_below_deltas_minimum(spark, migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.executor.cli import main
+    from deltawheel.gc.passes import VacuumRetentionError
+
+    with pytest.raises(VacuumRetentionError, match=r"retention 0 h is shorter than Delta's safety minimum of 168 h"):
+        run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=0)
+    with pytest.raises(VacuumRetentionError, match=r"must be >= 0 hours"):
+        run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=-1, force=True)
+    assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24"]) == 2
+    assert "VacuumRetentionError" in capsys.readouterr().err
+    assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24", "--force"]) == 0
+    assert "vacuumed files older than 24.0 h" in capsys.readouterr().out

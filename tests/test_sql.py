@@ -223,6 +223,14 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
             assert {k: json.loads(v) for k, v in got if k != "c"} == EXPECTED_STATE
             n = conn.execute(text("SELECT count(*) FROM out_decoded")).scalar()
             assert n == 2
+        # read-only as the sql tool: a client's writes are refused, the rows table is untouched
+        before = _rows_version(store)
+        for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`"):
+            with engine.connect() as conn, pytest.raises(Exception, match=r"(?s)ReadOnlySqlError.*fenced path"):
+                conn.execute(text(q.format(rows=store.rows)))
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM state")).scalar() == 4
+        assert _rows_version(store) == before
         engine.dispose()
         proc.terminate()
         out, _ = proc.communicate(timeout=120)
@@ -237,3 +245,52 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
         log.close()
     assert not (Path(tmp_path) / "derby.log").exists()
 
+
+def _rows_version(layout: StoreLayout) -> int:
+    logs = [f for f in os.listdir(os.path.join(layout.rows, "_delta_log")) if f.endswith(".json")]
+    return max(int(f.split(".")[0]) for f in logs)
+
+
+WRITES = [
+    "UPDATE delta.`{rows}` SET state = NULL WHERE key = 'a'",
+    "DELETE FROM delta.`{rows}` WHERE key = 'a'",
+    "MERGE INTO delta.`{rows}` t USING (SELECT 'a' AS key) s ON t.key = s.key WHEN MATCHED THEN DELETE",
+    "INSERT INTO delta.`{rows}` SELECT * FROM delta.`{rows}`",
+    "DROP TABLE IF EXISTS delta.`{rows}`",
+    "CREATE TABLE evil USING delta LOCATION '{rows}'",
+    "ALTER TABLE delta.`{rows}` SET TBLPROPERTIES ('x' = 'y')",
+    "OPTIMIZE delta.`{rows}`",
+    "VACUUM delta.`{rows}` RETAIN 0 HOURS",
+    # spellings a prefix check would let through
+    "WITH x AS (SELECT * FROM delta.`{rows}`) INSERT INTO delta.`{rows}` SELECT * FROM x",
+    "/* SELECT */ update delta.`{rows}` SET sequencer = 99",
+    "-- just looking\n  DELETE FROM delta.`{rows}`",
+    "FROM delta.`{rows}` INSERT INTO delta.`{rows}` SELECT *",
+    "SET spark.databricks.delta.retentionDurationCheck.enabled = false",
+]
+
+
+def test_sql_tool_is_read_only(spark, store, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``deltawheel sql`` runs queries only: every writing statement is refused before it runs,
+    with the reason, and the rows table stays at its version (an UPDATE used to commit unfenced)."""
+    from deltawheel.statestore.sqlviews import ReadOnlySqlError, check_read_only
+
+    def version() -> int:
+        return int(spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").agg({"version": "max"}).first()[0])
+
+    before = version()
+    for q in WRITES:
+        assert main(["sql", "--store", store.root, q.format(rows=store.rows)]) == 2, q
+        err = capsys.readouterr().err
+        assert "ReadOnlySqlError" in err and "fenced path" in err, (q, err)
+    assert main(["sql", "--store", store.root, "SELECT 1; DELETE FROM state"]) == 2  # two statements: not parsed
+    assert "SQL error" in capsys.readouterr().err
+    assert version() == before
+    assert main(["sql", "--store", store.root, "--format", "json", "SELECT count(*) AS n FROM state"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 4
+    for q in ("WITH x AS (SELECT key FROM state) SELECT * FROM x", "SHOW TABLES", "DESCRIBE state",
+              "EXPLAIN SELECT * FROM state", f"DESCRIBE HISTORY delta.`{store.rows}`", "VALUES (1)"):
+        assert main(["sql", "--store", store.root, q]) == 0, q
+    capsys.readouterr()
+    with pytest.raises(ReadOnlySqlError, match=r"is a UpdateTable, which would change the store.*fenced path"):
+        check_read_only(spark, "UPDATE state SET key = 'x'")

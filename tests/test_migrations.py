@@ -97,12 +97,12 @@ def test_store_older_than_code(spark, migrated_store) -> None:  # type: ignore[n
     from delta.tables import DeltaTable
 
     DeltaTable.forPath(spark, migrated_store.meta).delete("version >= 2")
-    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 3; "
+    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 4; "
                        r"run 'deltawheel migrate --store .* --apply'"):
         migrations.check_store(spark, migrated_store)
-    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3]
-    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3]
-    assert migrations.check_store(spark, migrated_store) == 3
+    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4]
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4]
+    assert migrations.check_store(spark, migrated_store) == 4
     props = spark.sql(f"SHOW TBLPROPERTIES delta.`{migrated_store.rows}`").collect()
     assert {r["key"]: r["value"] for r in props}["delta.checkpointInterval"] == "100"
 
@@ -115,7 +115,7 @@ def test_failed_step_is_reported_and_earlier_steps_stay_recorded(spark, store_la
         migrations.apply(spark, store_layout, dry_run=False)
     assert migrations.applied_version(spark, store_layout) == 1
     shutil.rmtree(store_layout.dead_letters)
-    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3]
+    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4]
 
 
 # --- KeyRow round-trips ---------------------------------------------------------
@@ -141,6 +141,7 @@ key_rows = st.builds(
     sequencer=st.integers(0, 2**63 - 1),
     commit_id=_text,
     updated_ms=_i64,
+    timer_seq=st.integers(0, 2**63 - 1),
 )
 
 
@@ -168,3 +169,38 @@ def test_key_row_round_trip_through_the_migrated_delta_table(spark, shared_store
             .where(f"computation LIKE '%\\_{tag}'").collect())
     assert sorted((KeyRow.from_row(r) for r in back), key=lambda r: r.key) == \
         sorted(rows, key=lambda r: r.key)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(key_rows, min_size=1, max_size=4))
+def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_counter(spark, tmp_path_factory,
+                                                                                  rows) -> None:  # type: ignore[no-untyped-def]
+    """Migration 4 adds ``timer_seq`` to a rows table of format 1 (its rows read back with counter
+    0, by Spark and by the image path's file reader), and a second run changes nothing."""
+    import pyarrow.parquet as pq
+    from delta.tables import DeltaTable
+    from deltawheel.executor._imagetask import _read_rows_file
+    from deltawheel.migrations import m0004_timer_seq
+    from deltawheel.statestore.frames import arrow_schema
+    from deltawheel.statestore.rows import rows_file_ddl
+
+    layout = StoreLayout(str(tmp_path_factory.mktemp("v1") / "store"))
+    old_ddl = rows_schema_ddl().replace(", timer_seq BIGINT", "")
+    assert old_ddl != rows_schema_ddl()
+    rows = [r.with_(key=f"{i}:{r.key}", timer_seq=0) for i, r in enumerate(rows)]
+    old = [{k: v for k, v in r.to_row().items() if k != "timer_seq"} for r in rows]
+    spark.createDataFrame(old, schema=old_ddl).write.format("delta").partitionBy(
+        "computation", "interval").save(layout.rows)
+    m0004_timer_seq.apply(spark, layout)
+    versions = _history_len(spark, layout.rows)
+    m0004_timer_seq.apply(spark, layout)  # again: the column exists, the property is set already
+    assert "timer_seq" in DeltaTable.forPath(spark, layout.rows).toDF().columns
+    back = spark.read.format("delta").load(layout.rows).collect()
+    assert sorted((KeyRow.from_row(r) for r in back), key=lambda r: r.key) == sorted(rows, key=lambda r: r.key)
+    assert _history_len(spark, layout.rows) <= versions + 1
+    files = list(Path(layout.rows).rglob("*.parquet"))
+    schema = arrow_schema(rows_file_ddl())
+    for f in files:
+        assert "timer_seq" not in pq.read_schema(f).names
+        t = _read_rows_file(str(f), schema)
+        assert t.schema == schema and t.column("timer_seq").null_count == t.num_rows

@@ -11,7 +11,9 @@ partition of the rows table. It
 2. picks the keys to run: keys with records, keys with due timers;
 3. runs user code per key (``_imagekeys``, through ``keyrun.UserCode``:
    dedup, records in event-time order, timers in timestamp order) and clears
-   delivered checkpoints;
+   delivered checkpoints; dedup asks the interval's Bloom filter first (kept
+   per worker next to the cached image, built from the image on a miss): only
+   when a record's id *might* have been seen are the stored ids looked at;
 4. writes the new image as one Parquet file in the interval's partition
    folder and the new productions as one file per stream in the stream
    table's folder — neither is visible until the driver commits it;
@@ -29,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from deltawheel.statestore.bloom import IdBloom
 from deltawheel.statestore.deltatxn import partition_file_name, write_file
 from deltawheel.statestore.rows import FENCE_KEY, ROW_FORMAT_VERSION
 
@@ -44,10 +47,15 @@ SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT,
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, oldest_ms BIGINT, "
-               "next_proc_ms BIGINT, "
+               "next_proc_ms BIGINT, bloom_checked BIGINT, bloom_maybe BIGINT, bloom_false_pos BIGINT, "
+               "bloom_bytes BIGINT, "
                "min_ts BIGINT, max_ts BIGINT")
 _CACHE: "OrderedDict[tuple[str, ...], Any]" = OrderedDict()
 _CACHE_MAX = 64
+# the interval images' Bloom filters of record ids, by the image's file paths (as _CACHE)
+_BLOOMS: "OrderedDict[tuple[str, ...], IdBloom]" = OrderedDict()
+BLOOM_ERROR_RATE = 0.01  # at the filter's capacity
+BLOOM_MIN_CAPACITY = 4_096  # ids; a filter is sized for twice its image's ids, at least this
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     summary: dict[str, Any] = {"interval": iv, "new_path": None, "new_size": None, "new_rows": None,
                                "prod_files": [], "side": [], "records_in": 0, "processed": 0, "duplicates": 0,
                                "fired": 0, "late": 0, "n_prods": 0, "n_dead": 0, "keys_written": 0, "ids_expired": 0,
+                               "bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0,
                                "min_ts": None, "max_ts": None}
     # ids past the dedup horizon: the image is rewritten without them even when none of its keys
     # runs (a key never seen again must not keep its ids, nor its row for them, forever)
@@ -196,7 +205,9 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         rest = _without_pending(rest)
     rest = _drop_empty(rest)
     loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong)
-    loop.run(sorted(touched), inp, old, _already_seen(comp, inp, old_ids), old_ids.keys)
+    bloom, seen, bstats = _dedup(spec, iv, image, inp, old_ids)
+    summary.update(bstats)
+    loop.run(sorted(touched), inp, old, seen, old_ids.keys)
     summary["side"] = loop.side
     summary.update(processed=loop.processed, duplicates=loop.duplicates, late=loop.late, fired=loop.fired,
                    n_prods=len(loop.prods), n_dead=len(loop.side), keys_written=loop.written, ids_expired=expired)
@@ -222,6 +233,10 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         rel = partition_file_name(name, iv, "dw")
         size = write_file(new_image, spec.rows_root, rel)
         _remember((rel,), new_image)
+        if bloom is not None:  # the new image's ids: the old image's (a superset) and the new ones
+            bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
+            if not bloom.full():
+                _remember_bloom((rel,), bloom)
         summary.update(new_path=rel, new_size=size, new_rows=new_image.num_rows)
     summary["prod_files"] = _write_productions(spec, iv, loop.prods)
     summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(new_image), next_processing(new_image, retention)
@@ -299,6 +314,48 @@ def _flat_ids(sub: Any, horizon_ms: int | None) -> _Ids:
                      "record_id": flat.field("record_id"), "seen_ms": flat.field("seen_ms")})
     table = held if horizon_ms is None else held.filter(pc.greater_equal(held.column("seen_ms"), horizon_ms))
     return _Ids(held, table, set(py_list(pc.unique(table.column("key")))))
+
+
+def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input,
+           ids: _Ids) -> tuple[IdBloom | None, list[bool] | None, dict[str, int]]:
+    """Step 1 of dedup (MillWheel's): the batch's record ids of this interval against the
+    image's Bloom filter; only if one might have been seen, the exact lookup in the stored ids
+    (:func:`_already_seen`). Returns the filter, per input record whether its key's row holds
+    its id (None: none does), and the filter's counts for the batch report."""
+    stats = {"bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0}
+    if not spec.comp.exactly_once or not inp.keys:
+        return None, None, stats
+    bloom = _bloom(spec, iv, image)
+    maybe = int(bloom.might_contain_many(inp.ids).sum())
+    stats.update(bloom_checked=len(inp.ids), bloom_maybe=maybe, bloom_bytes=bloom.nbytes)
+    if not maybe:  # certain: none of them was seen; the stored ids are not looked at
+        return bloom, None, stats
+    seen = _already_seen(spec.comp, inp, ids)
+    stats["bloom_false_pos"] = maybe - (sum(seen) if seen else 0)
+    return bloom, seen, stats
+
+
+def _bloom(spec: ImageSpec, iv: int, image: Any) -> IdBloom:
+    """The interval image's filter: cached in this worker, else built from the image's ids."""
+    import pyarrow.compute as pc
+
+    paths = tuple(sorted(spec.images.get(iv, ())))
+    hit = _BLOOMS.get(paths)
+    if hit is not None:
+        _BLOOMS.move_to_end(paths)
+        return hit
+    ids = py_list(pc.struct_field(pc.list_flatten(image.column("record_ids")), "record_id"))
+    bloom = IdBloom(max(2 * len(ids), BLOOM_MIN_CAPACITY), error_rate=BLOOM_ERROR_RATE)
+    bloom.add_many(ids)
+    _remember_bloom(paths, bloom)
+    return bloom
+
+
+def _remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
+    _BLOOMS[paths] = bloom
+    _BLOOMS.move_to_end(paths)
+    while len(_BLOOMS) > _CACHE_MAX:
+        _BLOOMS.popitem(last=False)
 
 
 def _already_seen(comp: Computation, inp: Input, ids: _Ids) -> list[bool] | None:

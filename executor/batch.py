@@ -465,7 +465,9 @@ class ComputationExecutor:
                              len(out.side("late")), len(out.side("dead")), t("fired"), t("n_prods"),
                              t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks),
                              straggled=straggler is not None, direct=direct is not None,
-                             ids_expired=t("ids_expired"))
+                             ids_expired=t("ids_expired"), bloom_checked=t("bloom_checked"),
+                             bloom_maybe=t("bloom_maybe"), bloom_false_pos=t("bloom_false_pos"),
+                             bloom_bytes=t("bloom_bytes"))
         self.reports.append(report)
         self._log(format_report(comp.name, report))
         return report

@@ -185,7 +185,8 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
     os.makedirs(os.path.join(root, "out"))
     ref: dict[str, KeyRow] = {}
     acted = None
-    checked = {"fired": 0, "duplicates": 0, "dead": 0, "late": 0, "empty_keys": 0}
+    checked = {"fired": 0, "duplicates": 0, "dead": 0, "late": 0, "empty_keys": 0, "bloom_checked": 0,
+               "bloom_maybe": 0, "bloom_false_pos": 0}
     for b, batch in enumerate(_batches(rng, 14, with_boom=comp.error_policy is ErrorPolicy.DEAD_LETTER)):
         wm = None if b < 2 else b * 300 - 400
         now = 1_000 + b
@@ -242,9 +243,29 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
         for c in ("fired", "duplicates", "dead", "late"):
             checked[c] += counts[c]
         checked["empty_keys"] += sum(1 for v in got.values() if v[0] is None and not v[1])
+        for c in ("bloom_checked", "bloom_maybe", "bloom_false_pos"):
+            checked[c] += sum(s[c] for s in summaries)
+        # every record already seen was a "maybe" of the Bloom filter (no false negatives)
+        assert sum(s["bloom_maybe"] - s["bloom_false_pos"] for s in summaries) <= counts["duplicates"]
     # the run exercised what it claims to (a seed that stops doing so fails here, not silently)
     assert checked["fired"] > 0 and checked["late"] > 0
     if comp.exactly_once:
         assert checked["duplicates"] > 0 and checked["empty_keys"] > 0
+        assert checked["bloom_checked"] > checked["bloom_maybe"] > 0
     if comp.error_policy is ErrorPolicy.DEAD_LETTER:
         assert checked["dead"] > 0
+
+
+@pytest.mark.parametrize("comp_cls,seed", [(Mixed, 11), (MixedBatch, 12), (MixedDeadLetter, 13)])
+def test_a_bloom_filter_answering_maybe_gives_the_exact_results(spark, tmp_path, monkeypatch, comp_cls,
+                                                                seed) -> None:  # type: ignore[no-untyped-def]
+    """The dedup Bloom filter only decides when the stored ids are looked at: a filter sized so
+    that it answers "maybe" for most ids gives the rows, productions and counts of the exact
+    path (the run above compares both with ``run_key``, which has no filter)."""
+    from deltawheel.executor import _imagetask
+
+    monkeypatch.setattr(_imagetask, "BLOOM_ERROR_RATE", 0.9)
+    monkeypatch.setattr(_imagetask, "BLOOM_MIN_CAPACITY", 1)
+    _imagetask._BLOOMS.clear()
+    test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed)
+    _imagetask._BLOOMS.clear()

@@ -28,22 +28,22 @@ def _history_len(spark: Any, path: str) -> int:
 def test_plan_on_empty_store_lists_all_and_dry_run_changes_nothing(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     steps = migrations.plan(spark, store_layout)
     assert [(s.version, s.name) for s in steps] == [(1, "meta_and_rows"), (2, "dead_letters_late_data"),
-                                                 (3, "checkpoint_interval")]
+                                                 (3, "checkpoint_interval"), (4, "timer_seq")]
     assert store_layout.rows in steps[0].description
     assert migrations.apply(spark, store_layout) == steps  # dry run by default
     assert migrations.applied_version(spark, store_layout) == 0
     assert not Path(store_layout.root).exists()
-    assert migrations.CODE_SCHEMA_VERSION == 3
+    assert migrations.CODE_SCHEMA_VERSION == 4
 
 
 def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3]
+    assert [s.version for s in ran] == [1, 2, 3, 4]
     assert migrations.plan(spark, store_layout) == []
-    assert migrations.applied_version(spark, store_layout) == 3
-    assert migrations.check_store(spark, store_layout) == 3
+    assert migrations.applied_version(spark, store_layout) == 4
+    assert migrations.check_store(spark, store_layout) == 4
     meta = {r["version"]: r for r in spark.read.format("delta").load(store_layout.meta).collect()}
-    assert sorted(meta) == [1, 2, 3]
+    assert sorted(meta) == [1, 2, 3, 4]
     assert meta[2]["name"] == "dead_letters_late_data" and meta[2]["deltawheel_version"]
     assert meta[1]["applied_ms"] <= meta[2]["applied_ms"]
 
@@ -51,9 +51,10 @@ def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None
     assert list(detail["partitionColumns"]) == ["computation", "interval"]
     assert detail["properties"]["delta.enableDeletionVectors"] == "true"
     assert detail["properties"]["deltawheel.table"] == "rows"
-    assert detail["properties"]["deltawheel.format_version"] == "1"
+    assert detail["properties"]["deltawheel.format_version"] == "2"
     rows_cols = spark.read.format("delta").load(store_layout.rows).columns
     assert rows_cols[:3] == ["computation", "interval", "key"] and "pending" in rows_cols
+    assert rows_cols[-1] == "timer_seq"
     dl = spark.read.format("delta").load(store_layout.dead_letters).schema
     assert dl.simpleString().startswith("struct<computation:string,stream:string,record_id:string")
     assert "raw_value:binary" in dl.simpleString()
@@ -71,8 +72,8 @@ def test_resumes_after_a_run_that_died_before_recording(spark, store_layout) -> 
     m0001_meta_and_rows.apply(spark, store_layout)  # tables made, nothing recorded: "died" here
     assert migrations.applied_version(spark, store_layout) == 0
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3]
-    assert migrations.check_store(spark, store_layout) == 3
+    assert [s.version for s in ran] == [1, 2, 3, 4]
+    assert migrations.check_store(spark, store_layout) == 4
 
 
 def test_check_store_on_a_plain_folder(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -87,7 +88,7 @@ def test_store_newer_than_code(spark, migrated_store) -> None:  # type: ignore[n
     spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
                           schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
                           ).write.format("delta").mode("append").save(migrated_store.meta)
-    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 3; upgrade deltawheel"):
+    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 4; upgrade deltawheel"):
         migrations.check_store(spark, migrated_store)
     with pytest.raises(SchemaTooNewError, match="upgrade deltawheel"):
         migrations.apply(spark, migrated_store, dry_run=False)

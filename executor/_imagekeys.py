@@ -122,6 +122,8 @@ class OldRows:
         self.index = {k: j for j, k in enumerate(keys)}
         self.states: list[bytes | None] = py_list(sub.column("state"))
         self.holds: list[int | None] = constant_or_list(sub.column("watermark_hold_ms"), n) if n else []
+        # null: a row written before the counter existed (migration 4) counts from 0
+        self.seqs: list[int] = [s or 0 for s in py_list(sub.column("timer_seq"))]
         timers = sub.column("timers").combine_chunks()
         flat = pc.list_flatten(timers)
         tags: list[str] = py_list(flat.field("tag"))
@@ -152,9 +154,9 @@ class NewRows:
     columns once (``table``)."""
 
     def __init__(self) -> None:
-        # (key, state, timers (sorted), watermark hold, pending productions) per key, appended by
-        # ``KeyLoop.run``
-        self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any]] = []
+        # (key, state, timers (sorted), watermark hold, pending productions, timer firing counter)
+        # per key, appended by ``KeyLoop.run``
+        self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any, int]] = []
 
     def table(self, schema: Any, *, codec: str, sequencer: int, commit_id: str, now_ms: int,
               format_version: int) -> Any:
@@ -163,9 +165,9 @@ class NewRows:
 
         n = len(self.rows)
         if n:
-            keys, states, timer_lists, holds, pending_lists = zip(*self.rows, strict=True)
+            keys, states, timer_lists, holds, pending_lists, seqs = zip(*self.rows, strict=True)
         else:
-            keys = states = timer_lists = holds = pending_lists = ()
+            keys = states = timer_lists = holds = pending_lists = seqs = ()
         flat = [t for ts in timer_lists for t in ts]
         tfield = schema.field("timers")
         offsets = pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32())
@@ -187,7 +189,7 @@ class NewRows:
         cols = {"key": keys, "state": states, "codec": [codec] * n, "next_event_timer_ms": next_ev,
                 "next_processing_timer_ms": next_proc, "watermark_hold_ms": holds,
                 "sequencer": [sequencer] * n, "commit_id": [commit_id] * n, "updated_ms": [now_ms] * n,
-                "format_version": [format_version] * n}
+                "format_version": [format_version] * n, "timer_seq": seqs}
         arrays = [timers if f.name == "timers" else pending if f.name == "pending" else
                   cols[f.name] if isinstance(cols[f.name], pa.Array) else pa.array(cols[f.name], f.type)
                   for f in schema]
@@ -247,7 +249,7 @@ class KeyLoop:
         add = self.rows.rows.append
         unchanged = self.unchanged.append
         all_prods = self.prods
-        index, states, holds, old_pending = old.index.get, old.states, old.holds, old.pending
+        index, states, holds, old_pending, seqs = old.index.get, old.states, old.holds, old.pending, old.seqs
         old_timers, old_slice = old.timers, old.timer_slice
         runs = inp.runs.get
         # the key's records are a slice of the batch's when there is nothing to decode or skip
@@ -259,9 +261,9 @@ class KeyLoop:
         for key in touched:
             j = index(key)
             if j is None:
-                ctx = new_ctx(key, None, {}, None)
+                ctx = new_ctx(key, None, {}, None, None)
             else:
-                ctx = new_ctx(key, states[j], old_timers(j), holds[j])
+                ctx = new_ctx(key, states[j], old_timers(j), holds[j], seqs[j])
             lo, hi = runs(key, _NO_RUN)
             if every is not None:
                 records, n_seen = every[lo:hi], 0
@@ -287,19 +289,20 @@ class KeyLoop:
             state = ctx._encoded_state()
             timers = tuple(sorted(ctx._timers.values()))
             new_hold = ctx._hold
+            seq = ctx._timer_seq or 0  # set by the run (a new key: seeded)
             pending = prods if strong else ()
             if state is None and not timers and not pending and new_hold is None:
                 # nothing left: the row stays only for its record ids (old ones still within the
                 # horizon, the ones run now)
                 if key in old_id_keys or (keep_ids and fresh):
-                    add((key, None, (), None, ()))
+                    add((key, None, (), None, (), seq))
                     written += 1
                 elif j is not None:
                     written += 1
                 continue
             if (fresh or n_fired or prods or j is None or key in old_pending or new_hold != holds[j]
                     or state != states[j] or timers != old_slice(j)):
-                add((key, state, timers, new_hold, pending))
+                add((key, state, timers, new_hold, pending, seq))
                 written += 1
             else:
                 unchanged(key)
@@ -310,8 +313,9 @@ class KeyLoop:
         self.written += written
 
 
-def context_factory(comp: Computation, codec: Any, wm: int | None,
-                    now: int) -> Callable[[str, bytes | None, dict[tuple[str, TimeDomain], Timer], int | None], Context]:
+def context_factory(comp: Computation, codec: Any, wm: int | None, now: int
+                    ) -> Callable[[str, bytes | None, dict[tuple[str, TimeDomain], Timer], int | None, int | None],
+                                  Context]:
     """``Context(...)`` for each key of one batch: the batch-wide attributes copied from a template
     (half the cost of ``Context.__init__``, which runs for every touched key)."""
     base = dict(Context(computation=comp.name, key="", state_bytes=None, codec=codec, timers=(),
@@ -319,9 +323,10 @@ def context_factory(comp: Computation, codec: Any, wm: int | None,
     new = object.__new__
 
     def make(key: str, state_b: bytes | None, timers: dict[tuple[str, TimeDomain], Timer],
-             hold: int | None) -> Context:
+             hold: int | None, timer_seq: int | None) -> Context:
         ctx = new(Context)
         d = base.copy()
+        d["_timer_seq"] = timer_seq
         d["key"] = key
         d["_state_bytes"] = state_b
         d["_timers"] = timers

@@ -11,7 +11,9 @@ partition of the rows table. It
 2. picks the keys to run: keys with records, keys with due timers;
 3. runs user code per key (``_imagekeys``, through ``keyrun.UserCode``:
    dedup, records in event-time order, timers in timestamp order) and clears
-   delivered checkpoints;
+   delivered checkpoints; dedup asks the interval's Bloom filter first (kept
+   per worker next to the cached image, built from the image on a miss): only
+   when a record's id *might* have been seen are the stored ids looked at;
 4. writes the new image as one Parquet file in the interval's partition
    folder and the new productions as one file per stream in the stream
    table's folder — neither is visible until the driver commits it;
@@ -29,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from deltawheel.statestore.bloom import IdBloom
 from deltawheel.statestore.deltatxn import partition_file_name, write_file
 from deltawheel.statestore.rows import FENCE_KEY, ROW_FORMAT_VERSION
 
@@ -43,10 +46,16 @@ _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, co
 SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
-               "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, oldest_ms BIGINT, next_proc_ms BIGINT, "
+               "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, oldest_ms BIGINT, "
+               "next_proc_ms BIGINT, bloom_checked BIGINT, bloom_maybe BIGINT, bloom_false_pos BIGINT, "
+               "bloom_bytes BIGINT, "
                "min_ts BIGINT, max_ts BIGINT")
 _CACHE: "OrderedDict[tuple[str, ...], Any]" = OrderedDict()
 _CACHE_MAX = 64
+# the interval images' Bloom filters of record ids, by the image's file paths (as _CACHE)
+_BLOOMS: "OrderedDict[tuple[str, ...], IdBloom]" = OrderedDict()
+BLOOM_ERROR_RATE = 0.01  # at the filter's capacity
+BLOOM_MIN_CAPACITY = 4_096  # ids; a filter is sized for twice its image's ids, at least this
 
 
 @dataclass(frozen=True)
@@ -175,10 +184,15 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
                        .as_py())
     summary: dict[str, Any] = {"interval": iv, "new_path": None, "new_size": None, "new_rows": None,
                                "prod_files": [], "side": [], "records_in": 0, "processed": 0, "duplicates": 0,
-                               "fired": 0, "late": 0, "n_prods": 0, "n_dead": 0, "keys_written": 0,
+                               "fired": 0, "late": 0, "n_prods": 0, "n_dead": 0, "keys_written": 0, "ids_expired": 0,
+                               "bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0,
                                "min_ts": None, "max_ts": None}
-    if not touched and not has_pending and not dirty:
-        summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(image), next_processing(image)
+    # ids past the dedup horizon: the image is rewritten without them even when none of its keys
+    # runs (a key never seen again must not keep its ids, nor its row for them, forever)
+    expired = expired_ids(image, spec.horizon_ms)
+    retention = _retention_ms(comp)
+    if not touched and not has_pending and not dirty and not expired:
+        summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(image), next_processing(image, retention)
         return summary
     # Step 3: user code per key (``_imagekeys``). Record ids (the bulk of a row) stay in Arrow:
     # the duplicates are found with one vectorized lookup, the new lists are assembled below.
@@ -189,11 +203,14 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     rest = _trim_ids(image.filter(pc.invert(mask)), spec.horizon_ms)
     if has_pending:
         rest = _without_pending(rest)
+    rest = _drop_empty(rest)
     loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong)
-    loop.run(sorted(touched), inp, old, _already_seen(comp, inp, old_ids), old_ids.keys)
+    bloom, seen, bstats = _dedup(spec, iv, image, inp, old_ids)
+    summary.update(bstats)
+    loop.run(sorted(touched), inp, old, seen, old_ids.keys)
     summary["side"] = loop.side
     summary.update(processed=loop.processed, duplicates=loop.duplicates, late=loop.late, fired=loop.fired,
-                   n_prods=len(loop.prods), n_dead=len(loop.side), keys_written=loop.written)
+                   n_prods=len(loop.prods), n_dead=len(loop.side), keys_written=loop.written, ids_expired=expired)
     if not comp.exactly_once:
         new_ids = None
     elif loop.all_ran:
@@ -208,16 +225,21 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     parts = [rest, fresh_tbl]
     if loop.unchanged:
         same = sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(loop.unchanged, pa.string())))
-        parts.append(_without_pending(same) if has_pending else same)
+        same = _trim_ids(same, spec.horizon_ms)
+        parts.append(_drop_empty(_without_pending(same) if has_pending else same))
     new_image = pa.concat_tables(parts).combine_chunks()
     # Step 4: write the files (invisible until the driver's commit).
-    if loop.written or has_pending or dirty:
+    if loop.written or has_pending or dirty or expired:
         rel = partition_file_name(name, iv, "dw")
         size = write_file(new_image, spec.rows_root, rel)
         _remember((rel,), new_image)
+        if bloom is not None:  # the new image's ids: the old image's (a superset) and the new ones
+            bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
+            if not bloom.full():
+                _remember_bloom((rel,), bloom)
         summary.update(new_path=rel, new_size=size, new_rows=new_image.num_rows)
     summary["prod_files"] = _write_productions(spec, iv, loop.prods)
-    summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(new_image), next_processing(new_image)
+    summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(new_image), next_processing(new_image, retention)
     return summary
 
 
@@ -269,8 +291,8 @@ def _offsets(parents: Any, n: int) -> Any:
 class _Ids:
     """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays.
 
-    ``held``: all the rows hold (the dedup lookup uses them all, as ``run_key`` does);
-    ``table``: those within the dedup horizon (what the new rows keep), of the ``keys``."""
+    ``held``: all the rows hold; ``table``: those within the dedup horizon (the dedup lookup
+    uses these, as ``run_key`` does, and the new rows keep them), of the ``keys``."""
 
     held: Any
     table: Any
@@ -294,17 +316,60 @@ def _flat_ids(sub: Any, horizon_ms: int | None) -> _Ids:
     return _Ids(held, table, set(py_list(pc.unique(table.column("key")))))
 
 
+def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input,
+           ids: _Ids) -> tuple[IdBloom | None, list[bool] | None, dict[str, int]]:
+    """Step 1 of dedup (MillWheel's): the batch's record ids of this interval against the
+    image's Bloom filter; only if one might have been seen, the exact lookup in the stored ids
+    (:func:`_already_seen`). Returns the filter, per input record whether its key's row holds
+    its id (None: none does), and the filter's counts for the batch report."""
+    stats = {"bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0}
+    if not spec.comp.exactly_once or not inp.keys:
+        return None, None, stats
+    bloom = _bloom(spec, iv, image)
+    maybe = int(bloom.might_contain_many(inp.ids).sum())
+    stats.update(bloom_checked=len(inp.ids), bloom_maybe=maybe, bloom_bytes=bloom.nbytes)
+    if not maybe:  # certain: none of them was seen; the stored ids are not looked at
+        return bloom, None, stats
+    seen = _already_seen(spec.comp, inp, ids)
+    stats["bloom_false_pos"] = maybe - (sum(seen) if seen else 0)
+    return bloom, seen, stats
+
+
+def _bloom(spec: ImageSpec, iv: int, image: Any) -> IdBloom:
+    """The interval image's filter: cached in this worker, else built from the image's ids."""
+    import pyarrow.compute as pc
+
+    paths = tuple(sorted(spec.images.get(iv, ())))
+    hit = _BLOOMS.get(paths)
+    if hit is not None:
+        _BLOOMS.move_to_end(paths)
+        return hit
+    ids = py_list(pc.struct_field(pc.list_flatten(image.column("record_ids")), "record_id"))
+    bloom = IdBloom(max(2 * len(ids), BLOOM_MIN_CAPACITY), error_rate=BLOOM_ERROR_RATE)
+    bloom.add_many(ids)
+    _remember_bloom(paths, bloom)
+    return bloom
+
+
+def _remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
+    _BLOOMS[paths] = bloom
+    _BLOOMS.move_to_end(paths)
+    while len(_BLOOMS) > _CACHE_MAX:
+        _BLOOMS.popitem(last=False)
+
+
 def _already_seen(comp: Computation, inp: Input, ids: _Ids) -> list[bool] | None:
     """Per input record (in ``inp`` order): does the key's row already hold its id?"""
     import pyarrow.compute as pc
 
-    if not comp.exactly_once or ids.held.num_rows == 0 or not inp.keys:
+    held = ids.table  # within the dedup horizon
+    if not comp.exactly_once or held.num_rows == 0 or not inp.keys:
         return None
     # ids alone first (no replays: the usual case), then (key, id) pairs
-    if not pc.any(pc.is_in(inp.table.column("record_id"), value_set=ids.held.column("record_id"))).as_py():
+    if not pc.any(pc.is_in(inp.table.column("record_id"), value_set=held.column("record_id"))).as_py():
         return None
     pairs = pc.binary_join_element_wise(inp.table.column("key"), inp.table.column("record_id"), "\x00")
-    old = pc.binary_join_element_wise(ids.held.column("key"), ids.held.column("record_id"), "\x00")
+    old = pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00")
     hit = pc.is_in(pairs, value_set=old)
     return py_list(hit) if pc.any(hit).as_py() else None
 
@@ -334,11 +399,47 @@ def _with_ids(rows: Any, old: _Ids, new: Any | None, seen_ms: int, schema: Any) 
     return out.select(schema.names).cast(schema)
 
 
-def next_processing(image: Any) -> int | None:
-    """The earliest processing-time timer of an image (None: none)."""
+def next_processing(image: Any, retention_ms: int | None = None) -> int | None:
+    """The earliest processing time at which the image has work without input (None: none): its
+    earliest processing-time timer and, given the dedup ``retention_ms``, the time its oldest
+    record id leaves the dedup horizon (the image is then rewritten without it)."""
     import pyarrow.compute as pc
 
-    return pc.min(image.column("next_processing_timer_ms")).as_py()  # type: ignore[no-any-return]
+    first: int | None = pc.min(image.column("next_processing_timer_ms")).as_py()
+    if retention_ms is not None and image.num_rows:
+        oldest = pc.min(pc.struct_field(pc.list_flatten(image.column("record_ids")), "seen_ms")).as_py()
+        if oldest is not None:
+            first = oldest + retention_ms + 1 if first is None else min(first, oldest + retention_ms + 1)
+    return first
+
+
+def expired_ids(image: Any, horizon_ms: int | None) -> int:
+    """How many record ids of ``image`` were seen before ``horizon_ms`` (they leave it)."""
+    import pyarrow.compute as pc
+
+    if horizon_ms is None or image.num_rows == 0:
+        return 0
+    seen = pc.struct_field(pc.list_flatten(image.column("record_ids")), "seen_ms")
+    return int(pc.sum(pc.less(seen, horizon_ms)).as_py() or 0)
+
+
+def _retention_ms(comp: Computation) -> int | None:
+    return comp.dedup_retention_ms() if comp.exactly_once else None
+
+
+def _drop_empty(t: Any) -> Any:
+    """``t`` without the rows that hold nothing any more (no state, timers, checkpointed
+    productions, watermark hold or record ids): a key kept only for its ids, once they expired."""
+    import pyarrow.compute as pc
+
+    if t.num_rows == 0:
+        return t
+    empty = pc.and_kleene(pc.is_null(t.column("state")), pc.is_null(t.column("watermark_hold_ms")))
+    for col in ("timers", "pending", "record_ids"):
+        empty = pc.and_kleene(empty, pc.equal(pc.fill_null(pc.list_value_length(t.column(col)), 0), 0))
+    empty = pc.and_kleene(empty, pc.not_equal(t.column("key"), FENCE_KEY))
+    empty = pc.fill_null(empty, False)
+    return t.filter(pc.invert(empty)) if pc.any(empty).as_py() else t
 
 
 def oldest_work(image: Any) -> int | None:
@@ -352,18 +453,30 @@ def oldest_work(image: Any) -> int | None:
 
 def _load(spec: ImageSpec, iv: int) -> Any:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     paths = tuple(sorted(spec.images.get(iv, ())))
     hit = _CACHE.get(paths)
     if hit is not None:
         _CACHE.move_to_end(paths)
         return hit
-    names = spec.rows_schema.names
-    parts = [pq.read_table(os.path.join(spec.rows_root, p), columns=names) for p in paths]
-    table = pa.concat_tables([t.cast(spec.rows_schema) for t in parts]) if parts else spec.rows_schema.empty_table()
+    parts = [_read_rows_file(os.path.join(spec.rows_root, p), spec.rows_schema) for p in paths]
+    table = pa.concat_tables(parts) if parts else spec.rows_schema.empty_table()
     _remember(paths, table)
     return table
+
+
+def _read_rows_file(path: str, schema: Any) -> Any:
+    """One rows file in ``schema``; a column the file does not have (written before the migration
+    that added it, e.g. ``timer_seq``) is read as nulls, as Delta reads it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    have = set(pq.read_schema(path).names)
+    t = pq.read_table(path, columns=[n for n in schema.names if n in have])
+    for i, f in enumerate(schema):
+        if f.name not in have:
+            t = t.add_column(i, f.name, pa.nulls(t.num_rows, f.type))
+    return t.select(schema.names).cast(schema)
 
 
 def _remember(paths: tuple[str, ...], table: Any) -> None:

@@ -28,7 +28,7 @@ _PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINAR
 _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRING, position: STRING, "
          "event_time_ms: BIGINT, stream: STRING>")
 OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prods ARRAY<{_PROD}>, dead ARRAY<{_DEAD}>, "
-           "processed INT, duplicates INT, fired INT, late INT, n_prods INT, n_dead INT")
+           "processed INT, duplicates INT, fired INT, late INT, n_prods INT, n_dead INT, ids_expired INT")
 _ERR = "\x00!"
 DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the clock are dead letters
 
@@ -232,7 +232,7 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, no
     img.update(sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now, _op=op,
                new_prods=[p.to_row() for p in o.productions], dead=dead, processed=o.processed,
                duplicates=o.duplicates, fired=o.timers_fired, late=o.late, n_prods=len(o.productions),
-               n_dead=len(dead))
+               n_dead=len(dead), ids_expired=o.ids_expired)
     return img
 
 

@@ -147,7 +147,6 @@ class ComputationExecutor:
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
-        self._batch_starts: list[int] = []
         self._acted_wm: int | None = None
         self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
@@ -266,9 +265,9 @@ class ComputationExecutor:
         self.owner.check()
         wm_in = self.input_watermark() if use_authority and input_watermark_ms is None else input_watermark_ms
         now = self.clock.now_ms()
-        self._batch_starts.append(now)
-        keep = comp.dedup_retention_batches
-        horizon = self._batch_starts[-keep] if len(self._batch_starts) >= keep else None
+        # ids seen before the horizon are dropped: a processing time back from now (each id
+        # carries when it was seen, so a restart keeps the horizon: Computation.dedup_retention)
+        horizon = now - comp.dedup_retention_ms() if comp.exactly_once else None
         # Step 2: input preparation in the JVM.
         # A record is late when it is behind the watermark this computation already acted on
         # (the previous batch's: its timers fired up to there); timers now fire with wm_in.
@@ -317,7 +316,7 @@ class ComputationExecutor:
         except Exception as exc:  # noqa: BLE001 - user code errors surface here
             raise BatchFailedError(_tasks.user_error_message(exc, comp.name, batch_id)) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
-                                                       "n_dead")],
+                                                       "n_dead", "ids_expired")],
                         F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written")).collect()[0]
         st = {k: int(stats[k] or 0) for k in stats.asDict()}
         mark("load_and_user_code")
@@ -372,7 +371,8 @@ class ComputationExecutor:
             self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
         report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
-                             commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None)
+                             commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None,
+                             ids_expired=st["ids_expired"])
         self.reports.append(report)
         self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
         return report
@@ -483,7 +483,10 @@ class ComputationExecutor:
         report = BatchReport(batch_id, t("records_in"), t("processed"), t("duplicates"), t("late"),
                              len(out.side("late")), len(out.side("dead")), t("fired"), t("n_prods"),
                              t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks),
-                             straggled=straggler is not None, direct=direct is not None)
+                             straggled=straggler is not None, direct=direct is not None,
+                             ids_expired=t("ids_expired"), bloom_checked=t("bloom_checked"),
+                             bloom_maybe=t("bloom_maybe"), bloom_false_pos=t("bloom_false_pos"),
+                             bloom_bytes=t("bloom_bytes"))
         self.reports.append(report)
         self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
         return report

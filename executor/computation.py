@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+from datetime import timedelta
 from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, NamedTuple, Union
@@ -108,10 +109,15 @@ class Computation:
     delivery_timeout_s: ClassVar[float] = 600.0
     late_policy: ClassVar[LatePolicy] = LatePolicy.PROCESS
     error_policy: ClassVar[ErrorPolicy] = ErrorPolicy.FAIL
-    # dedup ids are kept for this many batches after they were seen: a Spark source
-    # replays only the batch in flight, and a recovered producer redelivers its
-    # checkpointed productions right after the restart (gc/ trims older ids too)
-    dedup_retention_batches: ClassVar[int] = 3
+    # how long a processed record's id is kept for dedup, in processing time (the injected
+    # clock) from when the record was processed: a retry of it (a producer's retry, a recovery's
+    # redelivery, a Spark replay) arriving within this time is dropped as a duplicate. Processing
+    # time, not event time: how long a sender may retry is bounded by wall time (its timeouts,
+    # restarts), not by how far its records' timestamps are behind; the low watermark can stall
+    # for hours or jump by days. Independent of batch sizes and persisted (each id carries when
+    # it was seen), so a restart does not shorten it. Ids past it leave the rows even for keys
+    # that never see another record (the executor sweeps them: BatchReport.ids_expired).
+    dedup_retention: ClassVar[timedelta] = timedelta(minutes=10)
 
     def process_record(self, ctx: "Context", record: Record) -> None:
         """Handle one record of ``ctx.key``. Default: do nothing."""
@@ -142,9 +148,21 @@ class Computation:
         return cls.process_records is not Computation.process_records
 
     @classmethod
+    def dedup_retention_ms(cls) -> int:
+        """:attr:`dedup_retention` in milliseconds."""
+        return int(cls.dedup_retention.total_seconds() * 1000)
+
+    @classmethod
     def validate(cls) -> None:
         """Check the declaration; raises ConfigError naming what is wrong."""
         validate_name("computation", cls.name)
+        if hasattr(cls, "dedup_retention_batches"):
+            raise ConfigError(f"{cls.name}: dedup_retention_batches was replaced by dedup_retention, a time "
+                              "(e.g. dedup_retention = timedelta(minutes=10)): ids are kept for a processing "
+                              "time, whatever the batch sizes; set that instead")
+        if not isinstance(cls.dedup_retention, timedelta) or cls.dedup_retention <= timedelta(0):
+            raise ConfigError(f"{cls.name}: dedup_retention must be a positive timedelta, got "
+                              f"{cls.dedup_retention!r}")
         if not cls.inputs:
             raise ConfigError(f"computation {cls.name!r} declares no input streams (set `inputs`)")
         for stream, extractor in cls.inputs.items():

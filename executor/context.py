@@ -33,7 +33,7 @@ class Context:
 
     def __init__(self, *, computation: str, key: str, state_bytes: bytes | None, codec: Codec,
                  timers: tuple[Timer, ...], outputs: tuple[str, ...], input_watermark_ms: int | None,
-                 now_ms: int, watermark_hold_ms: int | None) -> None:
+                 now_ms: int, watermark_hold_ms: int | None, timer_seq: int | None = None) -> None:
         self.computation = computation
         self.key = key
         self._codec = codec
@@ -49,6 +49,7 @@ class Context:
         self.input_watermark_ms = input_watermark_ms
         self.now_ms = now_ms
         self._hold = watermark_hold_ms
+        self._timer_seq = timer_seq  # the key's timer firing counter (None: a new key; keyrun seeds it)
 
     # ---------------------------------------------------------------- state
 
@@ -105,6 +106,12 @@ class Context:
 
         ``timestamp_ms`` defaults to the timestamp of the record or timer being
         processed; ``key`` defaults to this key.
+
+        The production's record id is unique and the same when a batch is replayed: while a
+        record is processed, ``<computation>:<record id>#<n>`` (the n-th production for that
+        record); while a timer fires, ``timer:<computation>:<key>:<domain>:<tag>:<time>:<seq>#<n>``
+        where ``seq`` numbers the key's timer firings (kept in its row: a timer that fires again at
+        the same time, e.g. re-set by a late record, produces under new ids).
         """
         if stream not in self._outputs:
             raise ConfigError(
@@ -117,8 +124,12 @@ class Context:
             self._n = 0
         self._n += 1
         codec = self._codec
+        # a record's id is prefixed with the computation: two computations reading the same record
+        # and producing to one stream must not produce under the same id (a timer's id has it)
+        pid = (f"{cause.record_id}#{self._n}" if cause.__class__ is TimerCause
+               else f"{self.computation}:{cause.record_id}#{self._n}")
         self._productions.append(make_production(
-            f"{cause.record_id}#{self._n}", stream, out_key, codec.encode(value),
+            pid, stream, out_key, codec.encode(value),
             cause.timestamp_ms if timestamp_ms is None else int(timestamp_ms), codec.name))
 
     # ------------------------------------------------------------- internal

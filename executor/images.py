@@ -249,7 +249,7 @@ class ImageWriter:
 
         root = local_root(self.layout.rows)
         cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending",
-                "commit_id"]
+                "commit_id", "record_ids"]
         out = Recovery({}, {}, [], [])
         checkpoints: list[Checkpoint] = []
         for iv, files in sorted(self.files.items()):
@@ -261,7 +261,9 @@ class ImageWriter:
             fence = pc.max(image.filter(pc.equal(image.column("key"), FENCE_KEY)).column("sequencer")).as_py()
             if fence is not None:
                 raise_if_fenced(self.comp.name, {iv: fence}, {iv: self.owner.sequencers[iv]})
-            out.oldest[iv], out.next_processing[iv] = oldest_work(image), next_processing(image)
+            out.oldest[iv] = oldest_work(image)
+            out.next_processing[iv] = next_processing(
+                image, self.comp.dedup_retention_ms() if self.comp.exactly_once else None)
             found: dict[str, Checkpoint] = {}
             for f, part in zip(files, parts, strict=True):
                 has = pc.fill_null(pc.greater(pc.list_value_length(part.column("pending")), 0), False)

@@ -6,8 +6,8 @@ column-wise key loop (``_imagekeys.py``) does steps 1 and 4 on Arrow columns
 and uses :class:`UserCode` for steps 1-3 like ``run_key`` does, so what
 user code sees lives in one place:
 
-1. Drop records whose id the key's row already holds (exactly-once) and
-   duplicates within the batch.
+1. Drop records whose id the key's row already holds, seen within the dedup horizon
+   (exactly-once), and duplicates within the batch.
 2. Run ``process_record`` on the rest in event-time order (ties by record id).
 3. Fire due timers in timestamp order: event-time timers with
    ``time < input low watermark``, processing-time timers with
@@ -19,6 +19,7 @@ user code sees lives in one place:
 
 from __future__ import annotations
 
+import hashlib
 from operator import attrgetter
 from typing import NamedTuple, Sequence
 
@@ -36,7 +37,8 @@ from deltawheel.statestore.rows import (
 from .computation import Computation, ErrorPolicy, Record
 from .context import Context, TimerCause
 
-__all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS"]
+__all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
+           "first_timer_seq"]
 
 MAX_TIMER_ROUNDS = 10_000
 
@@ -66,6 +68,7 @@ class KeyOutcome(NamedTuple):
     late: int
     dead_letters: tuple[tuple[Record, str], ...]
     new_record_ids: tuple[str, ...] = ()  # ids of the records processed or dead-lettered in this run
+    ids_expired: int = 0  # the row's record ids dropped: seen before the dedup horizon
 
 
 def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, records: Sequence[Record],
@@ -84,11 +87,14 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
                   timers=row.timers if row else (), outputs=comp.outputs,
                   input_watermark_ms=input_watermark_ms, now_ms=now_ms,
-                  watermark_hold_ms=row.watermark_hold_ms if row else None)
+                  watermark_hold_ms=row.watermark_hold_ms if row else None,
+                  timer_seq=row.timer_seq if row else None)
     # Step 1 + 2 + 3: dedup against the row's ids and within the batch; records in event-time
     # order; due timers in timestamp order.
     exactly_once = comp.exactly_once
-    seen = {s.record_id for s in row.record_ids} if (row and exactly_once) else set()
+    # (the ids seen before the dedup horizon no longer count: they leave the row below)
+    horizon = _NEVER if dedup_horizon_ms is None else dedup_horizon_ms
+    seen = {s.record_id for s in row.record_ids if s.seen_ms >= horizon} if (row and exactly_once) else set()
     ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_order),
                         seen=seen if exactly_once else None, input_watermark_ms=input_watermark_ms,
                         now_ms=now_ms, fire_timers=fire_timers)
@@ -102,8 +108,10 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
         ids = old_ids + tuple(SeenId(rid, now_ms) for rid in fresh)
     else:
         ids = old_ids
+    expired = 0
     if dedup_horizon_ms is not None and ids:
-        ids = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
+        kept = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
+        expired, ids = len(ids) - len(kept), kept
     prods = tuple(produced)
     strong = comp.strong_productions if strong is None else strong
     pending = (row.pending if row else ()) + (prods if strong else ())
@@ -117,9 +125,9 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
         new_row = None
     else:
         base = row or make_row(comp.name, key, interval, None, codec.name, (), None)
-        new_row = updated_row(base, state, codec.name, timers, ids, pending, hold)
+        new_row = updated_row(base, state, codec.name, timers, ids, pending, hold, ctx._timer_seq)
     return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
-                      tuple(dead), tuple(fresh) if exactly_once else ())
+                      tuple(dead), tuple(fresh) if exactly_once else (), expired)
 
 
 def codec_of(comp: Computation) -> Codec:
@@ -190,10 +198,13 @@ class UserCode:
             late = sum(map(_LATE, records))
         else:
             fresh, dups, late, dead = self._run_each(ctx, records, seen)
+        if ctx._timer_seq is None:  # a new key (no row): its firings are numbered from its first record
+            ctx._timer_seq = first_timer_seq(fresh[0] if fresh else ctx.key)
         timers = ctx._timers
         if not (self.fire_timers and timers):
             return fresh, dups, late, dead, 0
         fired = 0
+        seq = ctx._timer_seq
         wm, now = self.wm, self.now_ms
         for _ in range(MAX_TIMER_ROUNDS):
             due = [t for t in timers.values() if (t.time_ms < wm if t.domain is _EVENT else t.time_ms <= now)]
@@ -201,8 +212,12 @@ class UserCode:
                 break
             t = min(due)
             del timers[(t.tag, t.domain)]
-            ctx._cause = TimerCause(f"{self._timer_id}{ctx.key}:{_DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}",
-                                    t.time_ms)
+            # numbered by the key's firing counter: the same timer firing again (re-set at the same
+            # time after it fired) produces under new ids; a replayed batch numbers as the first did
+            ctx._cause = TimerCause(
+                f"{self._timer_id}{ctx.key}:{_DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}:{seq}", t.time_ms)
+            seq += 1
+            ctx._timer_seq = seq
             try:
                 comp.process_timer(ctx, t)
             except Exception as exc:  # noqa: BLE001 - user code
@@ -270,7 +285,8 @@ class UserCode:
         given = tuple(todo) if self.dead_letter else ()
         produced = ctx._productions
         before = len(produced)
-        ctx._cause = TimerCause(first.record_id, last.timestamp_ms)  # ids from the first, time from the last
+        # ids from the first record (prefixed with the computation, as a record's), time from the last
+        ctx._cause = TimerCause(f"{comp.name}:{first.record_id}", last.timestamp_ms)
         try:
             comp.process_records(ctx, todo)
         except Exception as exc:  # noqa: BLE001 - user code
@@ -289,6 +305,20 @@ _RECORD_ID = attrgetter("record_id")
 _LATE = attrgetter("late")
 _CODECS: dict[tuple[str, bool], Codec] = {}
 _NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
+
+
+def first_timer_seq(record_id: str) -> int:
+    """The first timer firing number of a new row: a 40-bit hash of the id of the record that
+    created it, shifted left 23 bits (room for 8 million firings per row life). A key whose row
+    was deleted (nothing left but ids, and those expired) and that comes back starts a new
+    range, so its firings do not repeat the production ids of its earlier life (two lives of one
+    key colliding needs the same hash of their first records' ids, ~1e-12).
+
+    >>> first_timer_seq("r1") == first_timer_seq("r1") != first_timer_seq("r2")
+    True
+    """
+    digest = hashlib.blake2b(record_id.encode("utf-8", "surrogatepass"), digest_size=5).digest()
+    return int.from_bytes(digest, "big") << 23
 
 
 def _order(r: Record) -> tuple[int, str]:

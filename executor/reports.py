@@ -29,6 +29,13 @@ class BatchReport:
     steps_s: tuple[tuple[str, float], ...] = ()  # seconds per protocol step, in order
     straggled: bool = False  # weak delivery outlived straggler_timeout_s: productions checkpointed
     direct: bool = False  # the tasks read the input files themselves (executor/_direct.py)
+    ids_expired: int = 0  # record ids dropped from the rows: seen before the dedup horizon
+    # image path: the dedup Bloom filters' first check (records checked, "maybe seen" answers,
+    # of which not seen, and the filters' memory)
+    bloom_checked: int = 0
+    bloom_maybe: int = 0
+    bloom_false_pos: int = 0
+    bloom_bytes: int = 0
 
 
 def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
@@ -47,6 +54,9 @@ def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> st
 
     return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
-            + (" (straggler: checkpointed)" if r.straggled else "") + (" (files read by the tasks)" if r.direct else "") +
+            + (" (straggler: checkpointed)" if r.straggled else "") + (" (files read by the tasks)" if r.direct else "")
+            + (f"; {r.ids_expired} ids expired" if r.ids_expired else "")
+            + (f"; bloom {r.bloom_maybe}/{r.bloom_checked} maybe ({r.bloom_false_pos} false), "
+               f"{r.bloom_bytes / 1e6:.1f} MB" if r.bloom_checked else "") +
             f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
             f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")

@@ -22,9 +22,11 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
 
 What GC never touches: rows of keys (dedup ids, checkpointed productions,
 window state) — those are only written under the owner's lease and fence: the
-executor trims dedup ids past ``dedup_retention_batches`` (on the image path in
-every row of an interval it rewrites, run in the batch or not; on the MERGE
-path in the rows it writes), clears delivered
+executor trims dedup ids past ``Computation.dedup_retention`` (a processing
+time: on the image path in every row of an interval it rewrites, and it
+rewrites an interval holding expired ids even without records or due timers;
+on the MERGE path by running the rows that hold expired ids; reported as
+``BatchReport.ids_expired``), clears delivered
 checkpoints in the next commit, and windowed computations drop window state
 and timers at end + allowed lateness.
 """

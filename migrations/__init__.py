@@ -27,7 +27,7 @@ from deltawheel.statestore.deltatxn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
 
-from . import m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval
+from . import m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval, m0004_timer_seq
 
 __all__ = [
     "CODE_SCHEMA_VERSION",
@@ -40,7 +40,8 @@ __all__ = [
     "check_store",
 ]
 
-MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval)
+MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval,
+                                      m0004_timer_seq)
 CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
 
 

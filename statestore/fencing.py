@@ -48,7 +48,7 @@ _CONFLICT = re.compile(
 _COLUMNS = (
     "computation", "interval", "key", "state", "codec", "timers", "next_event_timer_ms",
     "next_processing_timer_ms", "record_ids", "pending", "watermark_hold_ms", "sequencer",
-    "commit_id", "updated_ms", "format_version",
+    "commit_id", "updated_ms", "format_version", "timer_seq",
 )
 
 

@@ -5,7 +5,9 @@ key: the user state bytes and codec, the timers (with the earliest pending
 event-time and processing-time timer in their own columns, for pruned scans
 of due keys), the recent record ids used for dedup, the checkpointed (strong)
 productions not yet delivered, a watermark hold, and the sequencer and
-commit id of its last writer. :class:`KeyRow` is the frozen in-memory value;
+commit id of its last writer, and the key's timer firing counter (``timer_seq``: a
+timer's productions take their ids from it, so a timer firing again at the same
+time and tag produces under new ids). :class:`KeyRow` is the frozen in-memory value;
 :meth:`KeyRow.to_row` / :meth:`KeyRow.from_row` are the only conversions to
 and from the table.
 
@@ -41,7 +43,7 @@ __all__ = [
     "rows_file_ddl",
 ]
 
-ROW_FORMAT_VERSION = 1
+ROW_FORMAT_VERSION = 2  # 2: timer_seq (migration 4)
 FENCE_KEY = "\x00fence"
 MAX_KEY_BYTES = 4096
 
@@ -88,25 +90,29 @@ new_timer = partial(tuple.__new__, Timer)
 
 
 def make_row(computation: str, key: str, interval: int, state: bytes | None, codec: str,
-             timers: tuple[Timer, ...], watermark_hold_ms: int | None) -> "KeyRow":
+             timers: tuple[Timer, ...], watermark_hold_ms: int | None, timer_seq: int = 0) -> "KeyRow":
     """``KeyRow(...)`` from storage, whose timers are already sorted: no ``__post_init__`` sort and
     no frozen per-field ``object.__setattr__`` (runs for every touched key of every batch)."""
     r = object.__new__(KeyRow)
     r.__dict__.update(computation=computation, key=key, interval=interval, state=state, codec=codec,
                       timers=timers, record_ids=(), pending=(), watermark_hold_ms=watermark_hold_ms,
-                      sequencer=0, commit_id="", updated_ms=0, format_version=ROW_FORMAT_VERSION, extra={})
+                      sequencer=0, commit_id="", updated_ms=0, format_version=ROW_FORMAT_VERSION,
+                      timer_seq=timer_seq, extra={})
     return r
 
 
 def updated_row(base: "KeyRow", state: bytes | None, codec: str, timers: tuple[Timer, ...],
                 record_ids: tuple["SeenId", ...], pending: tuple["Production", ...],
-                watermark_hold_ms: int | None) -> "KeyRow":
-    """``base.with_(...)`` of the fields a key's run changes; ``timers`` already sorted."""
+                watermark_hold_ms: int | None, timer_seq: int | None = None) -> "KeyRow":
+    """``base.with_(...)`` of the fields a key's run changes; ``timers`` already sorted
+    (``timer_seq`` None: unchanged)."""
     r = object.__new__(KeyRow)
     d = r.__dict__
     d.update(base.__dict__)
     d.update(state=state, codec=codec, timers=timers, record_ids=record_ids, pending=pending,
              watermark_hold_ms=watermark_hold_ms)
+    if timer_seq is not None:
+        d["timer_seq"] = timer_seq
     return r
 
 
@@ -184,6 +190,10 @@ class KeyRow:
     commit_id: str = ""
     updated_ms: int = 0
     format_version: int = ROW_FORMAT_VERSION
+    # the id number of the key's next timer firing (``keyrun``): counts up while the row lives; a
+    # new row starts at a hash of its first record's id, so a key whose row was deleted (its ids
+    # expired) and that comes back does not reuse its earlier firings' production ids
+    timer_seq: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -235,6 +245,7 @@ class KeyRow:
             "commit_id": self.commit_id,
             "updated_ms": self.updated_ms,
             "format_version": self.format_version,
+            "timer_seq": self.timer_seq,
         }
 
     @staticmethod
@@ -254,6 +265,7 @@ class KeyRow:
             commit_id=str(d.get("commit_id") or ""),
             updated_ms=int(d.get("updated_ms") or 0),
             format_version=int(d.get("format_version") or ROW_FORMAT_VERSION),
+            timer_seq=int(d.get("timer_seq") or 0),  # null: a row written before migration 4
         )
 
 
@@ -304,7 +316,7 @@ def rows_schema_ddl() -> str:
         "pending ARRAY<STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, "
         "timestamp_ms: BIGINT, codec: STRING>>, "
         "watermark_hold_ms BIGINT, sequencer BIGINT NOT NULL, commit_id STRING, "
-        "updated_ms BIGINT, format_version INT"
+        "updated_ms BIGINT, format_version INT, timer_seq BIGINT"
     )
 
 

@@ -119,7 +119,7 @@ def events(spark: Any, items: list[tuple[str, str, int]]) -> Any:
 
 def start_executor(spark: Any, layout: Any, zk_config: Any, comp: Computation, *,
                    faults: Callable[[FaultPoint, int], None] | None = None, writer: str = "w",
-                   write_path: str = "auto", watermarks: bool = False) -> tuple[Any, Any]:
+                   write_path: str = "auto", watermarks: bool = False, clock: Any = None) -> tuple[Any, Any]:
     """An executor holding all its intervals (``watermarks``: publishing to a watermark authority
     of pipeline "test", ``ex.authority``)."""
     from deltawheel.statestore.watermarks import WatermarkAuthority
@@ -129,8 +129,9 @@ def start_executor(spark: Any, layout: Any, zk_config: Any, comp: Computation, *
     owner = IntervalOwner(RowStore(spark, layout, writer=writer), leases, comp.name,
                           num_intervals=type(comp).num_intervals)
     authority = WatermarkAuthority(client, pipeline="test") if watermarks else None
+    more = {} if clock is None else {"clock": clock}
     ex = ComputationExecutor(spark, layout, comp, owner=owner, faults=faults, progress=print, write_path=write_path,
-                             authority=authority)
+                             authority=authority, **more)
     ex.start(wait_s=20)
     return ex, client
 

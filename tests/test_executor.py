@@ -498,10 +498,12 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
 def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_store, zk_config,
                                                                  write_path) -> None:  # type: ignore[no-untyped-def]
     """A key's record ids leave its row once older than the dedup horizon
-    (``dedup_retention_batches``) even when no later batch has records of that key (image path:
+    (``dedup_retention``, 10 min) even when no later batch has records of that key (image path:
     when its interval's image is rewritten; MERGE path: the row is run without records); the
     keys with records keep what the horizon needs."""
     import zlib
+
+    from deltawheel.statestore.clock import ManualClock
 
     def interval(key: str) -> int:
         return zlib.crc32(key.encode()) % BucketCounter.num_intervals
@@ -514,14 +516,18 @@ def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_
             f"computation = 'buckets' AND key = '{key}'").select("record_ids").collect()
         return sorted(i["record_id"] for i in rows[0]["record_ids"] or ())
 
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path=write_path)
+    clock = ManualClock(1_700_000_000_000)
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path=write_path,
+                                clock=clock)
     try:
         ex.run_batch(events(spark, [("q0", quiet, 1_000), ("b0", busy, 1_000)]), 0, input_watermark_ms=None)
-        for b in (1, 2):
+        for b in (1, 2):  # a batch every 4 minutes
+            clock.advance(240_000)
             ex.run_batch(events(spark, [(f"b{b}", busy, 1_000 + b)]), b, input_watermark_ms=None)
-        assert ids(quiet) == ["q0"]  # within the horizon (the last 3 batches)
+        assert ids(quiet) == ["q0"]  # within the horizon (seen 8 minutes ago)
+        clock.advance(240_000)
         ex.run_batch(events(spark, [("b3", busy, 1_003)]), 3, input_watermark_ms=None)
-        assert ids(quiet) == []  # seen 4 batches ago, its key not run since: trimmed
+        assert ids(quiet) == []  # seen 12 minutes ago, its key not run since: trimmed
         assert ids(busy) == ["b1", "b2", "b3"]
     finally:
         stop_executor(ex, client)

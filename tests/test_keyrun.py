@@ -255,7 +255,7 @@ def test_process_records_gets_a_keys_new_records_at_once_in_order() -> None:
     assert J.decode(out.row.state) == J.decode(per_record.row.state) == {"20000": 1}  # type: ignore[union-attr]
     # a production of the call: id from the call's first record, timestamp from its last
     made = [p for p in out.productions if "seen" in J.decode(p.value)]
-    assert [(p.production_id, p.timestamp_ms) for p in made] == [("r1#1", 25_000)]
+    assert [(p.production_id, p.timestamp_ms) for p in made] == [(f"{WindowBatch.name}:r1#1", 25_000)]
     # replayed: nothing new, no call
     WindowBatch.calls = []
     again = run_key(WindowBatch(), key="a", interval=0, row=out.row.with_(pending=()),  # type: ignore[union-attr]

@@ -28,22 +28,22 @@ def _history_len(spark: Any, path: str) -> int:
 def test_plan_on_empty_store_lists_all_and_dry_run_changes_nothing(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     steps = migrations.plan(spark, store_layout)
     assert [(s.version, s.name) for s in steps] == [(1, "meta_and_rows"), (2, "dead_letters_late_data"),
-                                                 (3, "checkpoint_interval")]
+                                                 (3, "checkpoint_interval"), (4, "timer_seq")]
     assert store_layout.rows in steps[0].description
     assert migrations.apply(spark, store_layout) == steps  # dry run by default
     assert migrations.applied_version(spark, store_layout) == 0
     assert not Path(store_layout.root).exists()
-    assert migrations.CODE_SCHEMA_VERSION == 3
+    assert migrations.CODE_SCHEMA_VERSION == 4
 
 
 def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3]
+    assert [s.version for s in ran] == [1, 2, 3, 4]
     assert migrations.plan(spark, store_layout) == []
-    assert migrations.applied_version(spark, store_layout) == 3
-    assert migrations.check_store(spark, store_layout) == 3
+    assert migrations.applied_version(spark, store_layout) == 4
+    assert migrations.check_store(spark, store_layout) == 4
     meta = {r["version"]: r for r in spark.read.format("delta").load(store_layout.meta).collect()}
-    assert sorted(meta) == [1, 2, 3]
+    assert sorted(meta) == [1, 2, 3, 4]
     assert meta[2]["name"] == "dead_letters_late_data" and meta[2]["deltawheel_version"]
     assert meta[1]["applied_ms"] <= meta[2]["applied_ms"]
 
@@ -51,9 +51,10 @@ def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None
     assert list(detail["partitionColumns"]) == ["computation", "interval"]
     assert detail["properties"]["delta.enableDeletionVectors"] == "true"
     assert detail["properties"]["deltawheel.table"] == "rows"
-    assert detail["properties"]["deltawheel.format_version"] == "1"
+    assert detail["properties"]["deltawheel.format_version"] == "2"
     rows_cols = spark.read.format("delta").load(store_layout.rows).columns
     assert rows_cols[:3] == ["computation", "interval", "key"] and "pending" in rows_cols
+    assert rows_cols[-1] == "timer_seq"
     dl = spark.read.format("delta").load(store_layout.dead_letters).schema
     assert dl.simpleString().startswith("struct<computation:string,stream:string,record_id:string")
     assert "raw_value:binary" in dl.simpleString()
@@ -71,8 +72,8 @@ def test_resumes_after_a_run_that_died_before_recording(spark, store_layout) -> 
     m0001_meta_and_rows.apply(spark, store_layout)  # tables made, nothing recorded: "died" here
     assert migrations.applied_version(spark, store_layout) == 0
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3]
-    assert migrations.check_store(spark, store_layout) == 3
+    assert [s.version for s in ran] == [1, 2, 3, 4]
+    assert migrations.check_store(spark, store_layout) == 4
 
 
 def test_check_store_on_a_plain_folder(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -87,7 +88,7 @@ def test_store_newer_than_code(spark, migrated_store) -> None:  # type: ignore[n
     spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
                           schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
                           ).write.format("delta").mode("append").save(migrated_store.meta)
-    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 3; upgrade deltawheel"):
+    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 4; upgrade deltawheel"):
         migrations.check_store(spark, migrated_store)
     with pytest.raises(SchemaTooNewError, match="upgrade deltawheel"):
         migrations.apply(spark, migrated_store, dry_run=False)
@@ -97,12 +98,12 @@ def test_store_older_than_code(spark, migrated_store) -> None:  # type: ignore[n
     from delta.tables import DeltaTable
 
     DeltaTable.forPath(spark, migrated_store.meta).delete("version >= 2")
-    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 3; "
+    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 4; "
                        r"run 'deltawheel migrate --store .* --apply'"):
         migrations.check_store(spark, migrated_store)
-    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3]
-    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3]
-    assert migrations.check_store(spark, migrated_store) == 3
+    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4]
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4]
+    assert migrations.check_store(spark, migrated_store) == 4
     props = spark.sql(f"SHOW TBLPROPERTIES delta.`{migrated_store.rows}`").collect()
     assert {r["key"]: r["value"] for r in props}["delta.checkpointInterval"] == "100"
 
@@ -115,7 +116,7 @@ def test_failed_step_is_reported_and_earlier_steps_stay_recorded(spark, store_la
         migrations.apply(spark, store_layout, dry_run=False)
     assert migrations.applied_version(spark, store_layout) == 1
     shutil.rmtree(store_layout.dead_letters)
-    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3]
+    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4]
 
 
 # --- KeyRow round-trips ---------------------------------------------------------
@@ -141,6 +142,7 @@ key_rows = st.builds(
     sequencer=st.integers(0, 2**63 - 1),
     commit_id=_text,
     updated_ms=_i64,
+    timer_seq=st.integers(0, 2**63 - 1),
 )
 
 
@@ -168,3 +170,38 @@ def test_key_row_round_trip_through_the_migrated_delta_table(spark, shared_store
             .where(f"computation LIKE '%\\_{tag}'").collect())
     assert sorted((KeyRow.from_row(r) for r in back), key=lambda r: r.key) == \
         sorted(rows, key=lambda r: r.key)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(key_rows, min_size=1, max_size=4))
+def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_counter(spark, tmp_path_factory,
+                                                                                  rows) -> None:  # type: ignore[no-untyped-def]
+    """Migration 4 adds ``timer_seq`` to a rows table of format 1 (its rows read back with counter
+    0, by Spark and by the image path's file reader), and a second run changes nothing."""
+    import pyarrow.parquet as pq
+    from delta.tables import DeltaTable
+    from deltawheel.executor._imagetask import _read_rows_file
+    from deltawheel.migrations import m0004_timer_seq
+    from deltawheel.statestore.frames import arrow_schema
+    from deltawheel.statestore.rows import rows_file_ddl
+
+    layout = StoreLayout(str(tmp_path_factory.mktemp("v1") / "store"))
+    old_ddl = rows_schema_ddl().replace(", timer_seq BIGINT", "")
+    assert old_ddl != rows_schema_ddl()
+    rows = [r.with_(key=f"{i}:{r.key}", timer_seq=0) for i, r in enumerate(rows)]
+    old = [{k: v for k, v in r.to_row().items() if k != "timer_seq"} for r in rows]
+    spark.createDataFrame(old, schema=old_ddl).write.format("delta").partitionBy(
+        "computation", "interval").save(layout.rows)
+    m0004_timer_seq.apply(spark, layout)
+    versions = _history_len(spark, layout.rows)
+    m0004_timer_seq.apply(spark, layout)  # again: the column exists, the property is set already
+    assert "timer_seq" in DeltaTable.forPath(spark, layout.rows).toDF().columns
+    back = spark.read.format("delta").load(layout.rows).collect()
+    assert sorted((KeyRow.from_row(r) for r in back), key=lambda r: r.key) == sorted(rows, key=lambda r: r.key)
+    assert _history_len(spark, layout.rows) <= versions + 1
+    files = list(Path(layout.rows).rglob("*.parquet"))
+    schema = arrow_schema(rows_file_ddl())
+    for f in files:
+        assert "timer_seq" not in pq.read_schema(f).names
+        t = _read_rows_file(str(f), schema)
+        assert t.schema == schema and t.column("timer_seq").null_count == t.num_rows

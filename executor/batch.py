@@ -5,17 +5,20 @@ For each micro-batch (``ComputationExecutor.run_batch``):
 1. Check the leases of the owned intervals (a lost or suspended ZooKeeper
    session stops the batch before anything happens).
 2. Prepare the input in the JVM: key extraction, dead letters for records
-   without a usable key, the late flag (event time behind the input low
-   watermark) and the late-data table for ``LatePolicy.ROUTE``. (With the
-   pipeline runner's direct read the image tasks compute the same from the
-   batch's files themselves: ``_direct.py``.)
+   without a usable key, the late flag (event time behind the watermark the
+   last committed batch acted on, recorded with its commit: ``lateness.py``).
+   (With the pipeline runner's direct read the image tasks compute the same
+   from the batch's files themselves: ``_direct.py``.)
 3. Load the rows of the batch's keys and of keys with due timers or
    delivered-but-not-cleared productions (one join against the rows table).
 4. Run user code in Spark tasks, one task per group of intervals, per key:
-   dedup against the key's stored record ids, records in event-time order,
-   due timers in timestamp order (``keyrun.run_key``). The result (new row
-   images, productions, dead letters) is materialized once.
-5. Commit all changed rows in one fenced Delta transaction (``RowStore``).
+   dedup against the key's stored record ids, then (``LatePolicy.ROUTE``) the
+   late records that are no duplicates go to the late-data table, records in
+   event-time order, due timers in timestamp order (``keyrun.run_key``). The
+   result (new row images, productions, dead letters, routed records) is
+   materialized once.
+5. Commit all changed rows in one fenced Delta transaction (``RowStore``),
+   recording the watermarks the batch acted on.
 6. Deliver the productions to their stream tables idempotently (insert if the
    record id is absent). Checkpoints are cleared by the next batch's commit:
    every production still in a row at the start of a batch was delivered.
@@ -62,7 +65,7 @@ from deltawheel.statestore.watermarks import WatermarkAuthority
 
 from . import _tasks
 from ._direct import DirectBatch, DirectSource, batch_files
-from .computation import Computation, LatePolicy
+from .computation import Computation
 from .delivery import (
     deliver_frame,
     deliver_productions,
@@ -74,6 +77,7 @@ from .delivery import (
 from .faults import BatchFailedError, FaultPoint
 from .images import ImagesStale, ImageWriter
 from .inflight import InFlight, OpenDelivery
+from .lateness import ActedMark, read_mark
 from .reports import BatchReport, format_report
 
 WRITE_PATHS = ("auto", "image", "merge")
@@ -142,7 +146,7 @@ class ComputationExecutor:
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
         self._batch_starts: list[int] = []
-        self._acted_wm: int | None = None
+        self._mark: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
         self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
         self.start_s: dict[str, float] = {}
@@ -172,6 +176,7 @@ class ComputationExecutor:
             ensure_stream_table(self.spark, self.layout, s)
         if self.authority is not None:
             self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
+        self._mark = read_mark(self.spark, self.layout.rows, self.comp.name, self.owner.intervals)
         # oldest work per interval, kept from the rows we write (authoritative while we hold the lease)
         self._oldest = {iv: {} for iv in self.owner.intervals}
         for r in rec.rows.values():
@@ -241,7 +246,7 @@ class ComputationExecutor:
         marks: list[tuple[str, float]] = []
         last = [started]
 
-        def mark(step: str) -> None:
+        def mark_step(step: str) -> None:
             t = time.monotonic()
             marks.append((step, round(t - last[0], 3)))
             last[0] = t
@@ -256,15 +261,17 @@ class ComputationExecutor:
         horizon = self._batch_starts[-keep] if len(self._batch_starts) >= keep else None
         # Step 2: input preparation in the JVM.
         # A record is late when it is behind the watermark this computation already acted on
-        # (the previous batch's: its timers fired up to there); timers now fire with wm_in.
-        wm_late = self._acted_wm
+        # (the newest committed batch's: its timers fired up to there); timers now fire with
+        # wm_in. A replay of that batch decides as its first attempt did.
+        wm_late, wm_in = self._lateness(df, batch_id, wm_in)
+        mark = ActedMark(batch_id if df is not None else None, wm_late, wm_in, tuple(sorted(self.owner.intervals)))
         if self._images is not None and df is None:
             self.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
             if self._nothing_due(wm_in, now):
                 return self._skipped(batch_id, wm_in, started)
         if self._images is not None:
             return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
-                                     started=started, marks=marks, mark=mark)
+                                     started=started, marks=marks, mark=mark_step, acted=mark)
         prep = _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache) if df is not None else None
         records_in = late_routed = dead_in = 0
         obs_max = obs_min = None
@@ -275,20 +282,16 @@ class ComputationExecutor:
             prep = prep.localCheckpoint(eager=True)
             agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max("timestamp_ms").alias("mx"),
                            F.min("timestamp_ms").alias("mn"),
-                           F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad"),
-                           F.sum(F.when(F.col("late"), 1).otherwise(0)).alias("late")).collect()[0]
+                           F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
             records_in, obs_max, obs_min = int(agg["n"]), agg["mx"], agg["mn"]
             dead_in = int(agg["bad"] or 0)
             if dead_in:
                 record_dead_letters(self.spark, self.layout, prep.where(F.col("_bad").isNotNull()),
                                     computation=comp.name, batch_id=batch_id)
-            good = prep.where(F.col("_bad").isNull())
-            if comp.late_policy is LatePolicy.ROUTE and int(agg["late"] or 0):
-                late_routed = record_late(self.spark, self.layout, good.where(F.col("late")), computation=comp.name,
-                                          watermark_ms=wm_late, batch_id=batch_id)
-                good = good.where(~F.col("late"))
-            prep = good
-        mark("prepare")
+            # late records are routed by the tasks, after dedup (a retry of a record run on time
+            # is a duplicate, not late data)
+            prep = prep.where(F.col("_bad").isNull())
+        mark_step("prepare")
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
         # Step 3 + 4: load rows, run user code in tasks, materialize once.
         commit_id = f"{comp.name}:{batch_id}:{now}"
@@ -301,14 +304,17 @@ class ComputationExecutor:
         except Exception as exc:  # noqa: BLE001 - user code errors surface here
             raise BatchFailedError(_tasks.user_error_message(exc, comp.name, batch_id)) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
-                                                       "n_dead")],
+                                                       "n_dead", "n_routed")],
                         F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written")).collect()[0]
         st = {k: int(stats[k] or 0) for k in stats.asDict()}
-        mark("load_and_user_code")
+        mark_step("load_and_user_code")
         self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
         if st["n_dead"]:
             record_dead_letters(self.spark, self.layout, _tasks.dead_letter_frame(out), computation=comp.name,
                                 batch_id=batch_id)
+        if st["n_routed"]:
+            late_routed = record_late(self.spark, self.layout, _tasks.routed_frame(out), computation=comp.name,
+                                      watermark_ms=wm_late, batch_id=batch_id)
         prods = _tasks.productions_frame(out)
         deliver = functools.partial(deliver_frame, self.spark, self.layout, prods, streams=comp.outputs,
                                     producer=comp.name)  # idempotent: insert if the record id is absent
@@ -329,7 +335,8 @@ class ComputationExecutor:
         if st["written"]:
             self.owner.store.commit_frame(comp.name, rows_out,
                                           sequencers=self.owner.sequencers, intervals=self.owner.intervals,
-                                          commit_id=commit_id, lease_check=self.owner.check)
+                                          commit_id=commit_id, lease_check=self.owner.check, meta=mark.to_meta())
+            self._mark = mark
         commit_s = time.monotonic() - t0
         if st["written"] and self.authority is not None:
             for r in (out.where(F.col("_op") != "none")
@@ -337,23 +344,21 @@ class ComputationExecutor:
                       .toArrow().to_pylist()):
                 self._note_oldest(r["interval"], r["key"], r["next_event_timer_ms"], r["watermark_hold_ms"],
                                   deleted=r["_op"] == "delete")
-        mark("dead_letters_and_commit")
+        mark_step("dead_letters_and_commit")
         if straggler is not None:
             self.inflight.adopt(straggler, redeliver=deliver, min_ts=straggler_ts)
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
         # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
         if comp.strong_productions and st["n_prods"]:
             deliver()
-        mark("deliver")
+        mark_step("deliver")
         self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
         # Step 7: watermarks.
         self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
         if self.on_batch_end is not None:
             self.on_batch_end(obs_min, obs_max)
         low = self._publish_watermarks() if self.authority is not None else None
-        mark("watermarks")
-        if wm_in is not None:
-            self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
+        mark_step("watermarks")
         report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
                              commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None)
@@ -363,7 +368,7 @@ class ComputationExecutor:
 
     def _image_batch(self, df: Any | None, batch_id: int, *, wm_in: int | None, wm_late: int | None, now: int,
                      horizon: int | None, started: float, marks: list[tuple[str, float]],
-                     mark: Callable[[str], None]) -> BatchReport:
+                     mark: Callable[[str], None], acted: ActedMark) -> BatchReport:
         """Steps 2-7 on the image write path (``images.py``)."""
         comp = self.comp
         images = self._images
@@ -420,7 +425,10 @@ class ComputationExecutor:
                 self.owner.check()
                 t0 = time.monotonic()
                 try:
-                    version = images.commit(out, commit_id=commit_id, writer=self.owner.store.writer)
+                    version = images.commit(out, commit_id=commit_id, writer=self.owner.store.writer,
+                                            meta=acted.to_meta())
+                    if version is not None:
+                        self._mark = acted
                     break
                 except ImagesStale:
                     pass
@@ -458,8 +466,6 @@ class ComputationExecutor:
             self.on_batch_end(min(mins) if mins else None, max(maxs) if maxs else None)
         low = self._publish_watermarks() if self.authority is not None else None
         mark("watermarks")
-        if wm_in is not None:
-            self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
         t = out.total
         report = BatchReport(batch_id, t("records_in"), t("processed"), t("duplicates"), t("late"),
                              len(out.side("late")), len(out.side("dead")), t("fired"), t("n_prods"),
@@ -475,6 +481,17 @@ class ComputationExecutor:
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
     # -------------------------------------------------------------- helpers
+
+    def _lateness(self, df: Any | None, batch_id: int, wm_in: int | None) -> tuple[int | None, int | None]:
+        """(the watermark the batch judges lateness against, its input watermark): the newest
+        committed batch's acted watermark and ``wm_in``, or for a replay of that very batch
+        (Spark re-runs it after a crash) the values its first attempt used (``lateness.py``)."""
+        m = self._mark
+        if m is None:
+            return None, wm_in
+        if df is not None and m.batch_id == batch_id:
+            return m.late_ms, m.input_ms
+        return m.acted_ms, wm_in
 
     def _note_oldest(self, interval: int, key: str, timer: int | None, hold: int | None, *, deleted: bool) -> None:
         per = self._oldest.setdefault(interval, {})

@@ -25,9 +25,9 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos"]
+__all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos", "newest_commit_info"]
 
 _JSON = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CP = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
@@ -203,3 +203,25 @@ def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] |
                     out.append((v, json.loads(line)["commitInfo"]))
                     break
     return out
+
+
+def newest_commit_info(path: str, match: Callable[[dict[str, Any]], bool]) -> tuple[int, dict[str, Any]] | None:
+    """(version, ``commitInfo``) of the newest JSON commit of the local table at ``path`` whose
+    commit info ``match`` accepts, read newest first (stops at the first match); None when there
+    is none among the JSON commits left in the log. Raises ``ValueError`` for a remote table."""
+    listing = _log_names(path)
+    if listing is None:
+        raise ValueError(f"{path} is not a local table")
+    log, names = listing
+    for v in reversed(_commit_versions(names)):
+        try:
+            with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:
+                for line in fh:
+                    if '"commitInfo"' in line:
+                        info = json.loads(line)["commitInfo"]
+                        if match(info):
+                            return v, info
+                        break
+        except FileNotFoundError:  # cleaned up meanwhile: older commits are gone as well
+            return None
+    return None

@@ -51,6 +51,7 @@ same rows and stream records as a run without the crash.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -81,6 +82,7 @@ from .lateness import ActedMark, read_mark
 from .reports import BatchReport, format_report
 
 WRITE_PATHS = ("auto", "image", "merge")
+_LOG = logging.getLogger(__name__)
 
 __all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
 
@@ -94,8 +96,14 @@ class ComputationExecutor:
         computation: the user's computation (instance).
         owner: holds the computation's intervals (leases + fenced commits).
         authority: the watermark authority; None runs without event-time progress
-            (event-time timers then only fire in :meth:`flush`).
-        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries feeding it.
+            (event-time timers then fire only when :meth:`run_batch` / :meth:`flush` are given
+            ``input_watermark_ms``).
+        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries feeding it (their
+            watermarks make the input low watermark; none: no event-time progress either).
+        manual_watermarks: the caller fires event-time timers itself by passing
+            ``input_watermark_ms``: a computation declaring ``event_time_timers`` may then run
+            without a watermark source (otherwise :meth:`start` refuses with ``ConfigError``), and
+            no warning is logged when event-time timers are set without one.
         on_batch_end: called with each micro-batch's observed max event time (injectors
             use it to move their watermark estimate).
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
@@ -113,7 +121,8 @@ class ComputationExecutor:
                  clock: Clock = SystemClock(), faults: Callable[[FaultPoint, int], None] | None = None,
                  on_batch_end: Callable[[int | None, int | None], None] | None = None,
                  progress: Callable[[str], None] | None = None, partitions: int | None = None,
-                 write_path: str = "auto", intervals: Sequence[int] | None = None) -> None:
+                 write_path: str = "auto", intervals: Sequence[int] | None = None,
+                 manual_watermarks: bool = False) -> None:
         type(computation).validate()
         if intervals is not None:
             bad = sorted(set(intervals) - set(range(computation.num_intervals)))
@@ -138,6 +147,8 @@ class ComputationExecutor:
         self.owner = owner
         self.authority = authority
         self.upstream = tuple(upstream)
+        self.manual_watermarks = manual_watermarks
+        self._warned_no_watermark = False
         self.clock = clock
         self.faults = faults
         self.on_batch_end = on_batch_end
@@ -165,6 +176,14 @@ class ComputationExecutor:
         """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
         from deltawheel.statestore.streams import ensure_stream_table
 
+        if self.comp.event_time_timers and not self.manual_watermarks and not self._has_watermark_source():
+            raise ConfigError(
+                f"{self.comp.name} uses event-time timers, but its executor has no watermark source "
+                f"({'no upstream' if self.authority is not None else 'authority=None'}), so they would never "
+                "fire. Give it one: ComputationExecutor(..., authority=WatermarkAuthority(client, pipeline=...), "
+                "upstream=['injector:NAME'], on_batch_end=<a hook publishing the injector's watermark with "
+                "publish_watermark>) (README, 'Embedding it in your Spark job'), or pass manual_watermarks=True "
+                "if you fire them yourself with flush(input_watermark_ms=...)")
         t_start = time.monotonic()
         image = self.write_path == "image"
         # the image path fences with the claim alone and recovers from the images it loads
@@ -305,8 +324,11 @@ class ComputationExecutor:
             raise BatchFailedError(_tasks.user_error_message(exc, comp.name, batch_id)) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
                                                        "n_dead", "n_routed")],
-                        F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written")).collect()[0]
-        st = {k: int(stats[k] or 0) for k in stats.asDict()}
+                        F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written"),
+                        F.min(F.when(F.col("_op") != "delete", F.col("next_event_timer_ms"))).alias("event_timer")
+                        ).collect()[0]
+        st = {k: int(v or 0) for k, v in stats.asDict().items() if k != "event_timer"}
+        self._warn_if_no_watermark(wm_in, stats["event_timer"])
         mark_step("load_and_user_code")
         self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
         if st["n_dead"]:
@@ -445,6 +467,8 @@ class ComputationExecutor:
             self.inflight.adopt(straggler, redeliver=functools.partial(images.deliver, out, version=version),
                                 min_ts=_prod_min_ts(out))
         images.observe(out)
+        self._warn_if_no_watermark(wm_in, min((s["oldest_ms"] for s in out.summaries
+                                               if s.get("oldest_ms") is not None), default=None))
         for s in out.summaries:  # the committed images' oldest work (before the delivery thread publishes)
             if s["interval"] is not None:
                 self._oldest_iv[int(s["interval"])] = s["oldest_ms"]
@@ -481,6 +505,23 @@ class ComputationExecutor:
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
     # -------------------------------------------------------------- helpers
+
+    def _has_watermark_source(self) -> bool:
+        return self.authority is not None and bool(self.upstream)
+
+    def _warn_if_no_watermark(self, wm_in: int | None, event_timer_ms: int | None) -> None:
+        """Once: event-time timers were set, and no watermark source will ever make them due."""
+        if (event_timer_ms is None or wm_in is not None or self.manual_watermarks or self._warned_no_watermark
+                or self._has_watermark_source()):
+            return
+        self._warned_no_watermark = True
+        msg = (f"WARNING {self.comp.name}: event-time timers are set (the earliest at {event_timer_ms}), but this "
+               "executor has no watermark source (a WatermarkAuthority and upstream injectors or computations), "
+               "so they fire only when run_batch/flush is given input_watermark_ms; otherwise they never fire "
+               "and the keys' state grows. Give the executor authority=..., upstream=[...] (README, 'Embedding "
+               "it in your Spark job'), or pass manual_watermarks=True to say the caller moves the watermark")
+        _LOG.warning(msg)
+        self._log(msg)
 
     def _lateness(self, df: Any | None, batch_id: int, wm_in: int | None) -> tuple[int | None, int | None]:
         """(the watermark the batch judges lateness against, its input watermark): the newest

@@ -107,6 +107,10 @@ class Computation:
     # restart redelivers them (a hung stream table must not block the pipeline forever)
     delivery_timeout_s: ClassVar[float] = 600.0
     late_policy: ClassVar[LatePolicy] = LatePolicy.PROCESS
+    # declares that the computation relies on event-time timers (windowed computations do): an
+    # executor without a watermark source (a watermark authority and upstream) then refuses to
+    # start, since those timers would never fire (see ComputationExecutor's manual_watermarks)
+    event_time_timers: ClassVar[bool] = False
     error_policy: ClassVar[ErrorPolicy] = ErrorPolicy.FAIL
     # dedup ids are kept for this many batches after they were seen: a Spark source
     # replays only the batch in flight, and a recovered producer redelivers its

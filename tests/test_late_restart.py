@@ -179,3 +179,37 @@ def test_a_retry_of_a_record_processed_on_time_is_a_duplicate_not_late_data(
     assert [row[1] for row in _late_rows(spark, migrated_store)] == ["r9"]
     counts = sorted((k, v) for _, k, v, _ in stream_rows(spark, migrated_store, "counts"))
     assert counts == [("cats", '{"n": 2, "q": "cats", "start": 0}'), ("cats", '{"n": 2, "q": "cats", "start": 10000}')]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_pipeline_routes_a_retry_of_an_on_time_record_as_a_duplicate(
+        spark, migrated_store, zk_config, tmp_path, direct) -> None:  # type: ignore[no-untyped-def]
+    """Through the pipeline runner, with the image tasks reading the files themselves (direct read)
+    or the JVM preparing them: the third file retries r1 (processed on time in the first) behind
+    the watermark, next to r3, a record behind it never seen before. r1 is a duplicate; r3 alone
+    is late data."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.sources import ParquetInjector
+    from executor_util import RoutedLate
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    files = [[("r1", "k1", 1_000), ("r2", "k1", 30_000)], [("r4", "k1", 31_000)], [("r1", "k1", 1_000), ("r3", "k1", 2_000)]]
+    for i, rows in enumerate(files):
+        path = folder / f"part-{i}.parquet"
+        pq.write_table(pa.table({"record_id": [r for r, _k, _t in rows], "key": [k for _r, k, _t in rows],
+                                 "event_time": pa.array([t for _r, _k, t in rows], pa.int64())}), path)
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # read in this order, one file a batch
+    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time", value_columns=[],
+                          record_id_column="record_id", watermark_delay_ms=2_000)
+    summary = PipelineRunner(spark, migrated_store, Pipeline("routing", (inj,), (RoutedLate(),)), zk=zk_config,
+                             direct_read=direct, progress=print, end_of_input=False).run()
+    reports = [r for r in summary.reports["routed"] if r.records_in]
+    assert [r.direct for r in reports] == [direct] * 3
+    assert [(r.processed, r.duplicates, r.late_routed) for r in reports] == [(2, 0, 0), (1, 0, 0), (0, 1, 1)]
+    assert [(row[1], row[4]) for row in _late_rows(spark, migrated_store)] == [("r3", 28_000)]

@@ -213,3 +213,27 @@ def test_the_pipeline_routes_a_retry_of_an_on_time_record_as_a_duplicate(
     assert [r.direct for r in reports] == [direct] * 3
     assert [(r.processed, r.duplicates, r.late_routed) for r in reports] == [(2, 0, 0), (1, 0, 0), (0, 1, 1)]
     assert [(row[1], row[4]) for row in _late_rows(spark, migrated_store)] == [("r3", 28_000)]
+
+
+def test_the_acted_watermark_mark_round_trips_through_commit_metadata() -> None:
+    """What a commit records (JSON in the Delta commit's userMetadata) reads back as written."""
+    import json
+
+    from deltawheel.executor.lateness import ActedMark, _mark_of
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    opt_ms = st.one_of(st.none(), st.integers(-(2**62), 2**62))
+
+    @given(st.one_of(st.none(), st.integers(0, 2**40)), opt_ms, opt_ms,
+           st.lists(st.integers(0, 4095), min_size=1, unique=True).map(lambda x: tuple(sorted(x))))
+    def check(batch_id: int | None, late_ms: int | None, input_ms: int | None, ivs: tuple[int, ...]) -> None:
+        mark = ActedMark(batch_id, late_ms, input_ms, ivs)
+        meta = json.dumps({**mark.to_meta(), "computation": "c", "kind": "commit"})
+        assert _mark_of(meta, "c", set(ivs)) == mark
+        assert _mark_of(meta, "other", set(ivs)) is None
+        assert _mark_of(meta, "c", {4096}) is None
+        known = [m for m in (late_ms, input_ms) if m is not None]
+        assert mark.acted_ms == (max(known) if known else None)
+
+    check()

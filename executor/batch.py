@@ -265,7 +265,7 @@ class ComputationExecutor:
         marks: list[tuple[str, float]] = []
         last = [started]
 
-        def mark_step(step: str) -> None:
+        def mark(step: str) -> None:
             t = time.monotonic()
             marks.append((step, round(t - last[0], 3)))
             last[0] = t
@@ -283,14 +283,14 @@ class ComputationExecutor:
         # (the newest committed batch's: its timers fired up to there); timers now fire with
         # wm_in. A replay of that batch decides as its first attempt did.
         wm_late, wm_in = self._lateness(df, batch_id, wm_in)
-        mark = ActedMark(batch_id if df is not None else None, wm_late, wm_in, tuple(sorted(self.owner.intervals)))
+        acted = ActedMark(batch_id if df is not None else None, wm_late, wm_in, tuple(sorted(self.owner.intervals)))
         if self._images is not None and df is None:
             self.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
             if self._nothing_due(wm_in, now):
                 return self._skipped(batch_id, wm_in, started)
         if self._images is not None:
             return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
-                                     started=started, marks=marks, mark=mark_step, acted=mark)
+                                     started=started, marks=marks, mark=mark, acted=acted)
         prep = _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache) if df is not None else None
         records_in = late_routed = dead_in = 0
         obs_max = obs_min = None
@@ -310,7 +310,7 @@ class ComputationExecutor:
             # late records are routed by the tasks, after dedup (a retry of a record run on time
             # is a duplicate, not late data)
             prep = prep.where(F.col("_bad").isNull())
-        mark_step("prepare")
+        mark("prepare")
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
         # Step 3 + 4: load rows, run user code in tasks, materialize once.
         commit_id = f"{comp.name}:{batch_id}:{now}"
@@ -329,7 +329,7 @@ class ComputationExecutor:
                         ).collect()[0]
         st = {k: int(v or 0) for k, v in stats.asDict().items() if k != "event_timer"}
         self._warn_if_no_watermark(wm_in, stats["event_timer"])
-        mark_step("load_and_user_code")
+        mark("load_and_user_code")
         self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
         if st["n_dead"]:
             record_dead_letters(self.spark, self.layout, _tasks.dead_letter_frame(out), computation=comp.name,
@@ -357,8 +357,8 @@ class ComputationExecutor:
         if st["written"]:
             self.owner.store.commit_frame(comp.name, rows_out,
                                           sequencers=self.owner.sequencers, intervals=self.owner.intervals,
-                                          commit_id=commit_id, lease_check=self.owner.check, meta=mark.to_meta())
-            self._mark = mark
+                                          commit_id=commit_id, lease_check=self.owner.check, meta=acted.to_meta())
+            self._mark = acted
         commit_s = time.monotonic() - t0
         if st["written"] and self.authority is not None:
             for r in (out.where(F.col("_op") != "none")
@@ -366,21 +366,21 @@ class ComputationExecutor:
                       .toArrow().to_pylist()):
                 self._note_oldest(r["interval"], r["key"], r["next_event_timer_ms"], r["watermark_hold_ms"],
                                   deleted=r["_op"] == "delete")
-        mark_step("dead_letters_and_commit")
+        mark("dead_letters_and_commit")
         if straggler is not None:
             self.inflight.adopt(straggler, redeliver=deliver, min_ts=straggler_ts)
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
         # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
         if comp.strong_productions and st["n_prods"]:
             deliver()
-        mark_step("deliver")
+        mark("deliver")
         self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
         # Step 7: watermarks.
         self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
         if self.on_batch_end is not None:
             self.on_batch_end(obs_min, obs_max)
         low = self._publish_watermarks() if self.authority is not None else None
-        mark_step("watermarks")
+        mark("watermarks")
         report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
                              commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None)

@@ -135,11 +135,6 @@ def _run(spec: ImageSpec, table: Any) -> list[dict[str, Any]]:
     if counted and pc.any(bad).as_py():
         side += [side_row("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
         data = data.filter(pc.invert(bad))
-    if spec.route_late and data.num_rows:
-        late = pc.fill_null(data.column("late"), False)
-        if pc.any(late).as_py():
-            side += [side_row("late", r, r["key"], None) for r in data.filter(late).to_pylist()]
-            data = data.filter(pc.invert(late))
     if data.num_rows:
         ivs |= set(py_list(pc.unique(data.column("interval"))))
     out = []
@@ -173,6 +168,9 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         best = pc.index(fences.column("sequencer"), mine).as_py()
         image = pa.concat_tables([image.filter(pc.invert(fmask)), fences.slice(best, 1)]).combine_chunks()
         keys = image.column("key")
+    routed: list[dict[str, Any]] = []
+    if spec.route_late and recs.num_rows:
+        recs, routed = _route_late(comp, recs, image, spec.horizon_ms)
     # Step 2: keys to run.
     due = pc.less_equal(image.column("next_processing_timer_ms"), spec.now_ms)
     if spec.wm is not None:
@@ -187,6 +185,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
                                "fired": 0, "late": 0, "n_prods": 0, "n_dead": 0, "keys_written": 0, "ids_expired": 0,
                                "bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0,
                                "min_ts": None, "max_ts": None}
+    summary["side"] = routed
     # ids past the dedup horizon: the image is rewritten without them even when none of its keys
     # runs (a key never seen again must not keep its ids, nor its row for them, forever)
     expired = expired_ids(image, spec.horizon_ms)
@@ -208,7 +207,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     bloom, seen, bstats = _dedup(spec, iv, image, inp, old_ids)
     summary.update(bstats)
     loop.run(sorted(touched), inp, old, seen, old_ids.keys)
-    summary["side"] = loop.side
+    summary["side"] = routed + loop.side
     summary.update(processed=loop.processed, duplicates=loop.duplicates, late=loop.late, fired=loop.fired,
                    n_prods=len(loop.prods), n_dead=len(loop.side), keys_written=loop.written, ids_expired=expired)
     if not comp.exactly_once:
@@ -241,6 +240,35 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     summary["prod_files"] = _write_productions(spec, iv, loop.prods)
     summary["oldest_ms"], summary["next_proc_ms"] = oldest_work(new_image), next_processing(new_image, retention)
     return summary
+
+
+def _route_late(comp: Computation, recs: Any, image: Any,
+                horizon_ms: int | None) -> tuple[Any, list[dict[str, Any]]]:
+    """``LatePolicy.ROUTE``, after dedup: (the records to run, the late records routed to the
+    late-data table as side rows). A late record whose id its key's row holds (seen within the dedup
+    horizon, as the key loop's dedup decides) is a retry of a
+    record run on time: it stays, and the key loop drops it as a duplicate. A record twice in the
+    batch is routed once."""
+    import pyarrow.compute as pc
+
+    late = pc.fill_null(recs.column("late"), False)
+    if not pc.any(late).as_py():
+        return recs, []
+    route = late
+    if comp.exactly_once:
+        lkeys = pc.unique(recs.filter(late).column("key"))
+        held = _flat_ids(image.filter(pc.is_in(image.column("key"), value_set=lkeys)), horizon_ms).table
+        if held.num_rows:
+            pairs = pc.binary_join_element_wise(recs.column("key"), recs.column("record_id"), "\x00")
+            old = pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00")
+            route = pc.and_(late, pc.invert(pc.is_in(pairs, value_set=old)))
+    side: list[dict[str, Any]] = []
+    ids: set[str] = set()
+    for r in recs.filter(route).to_pylist():
+        if r["record_id"] not in ids:
+            ids.add(r["record_id"])
+            side.append(side_row("late", r, r["key"], None))
+    return recs.filter(pc.invert(route)), side
 
 
 def _without_pending(t: Any) -> Any:

@@ -17,18 +17,20 @@ from deltawheel.statestore.exceptions import CodecError, ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rows import FENCE_KEY, MAX_KEY_BYTES, KeyRow, rows_schema_ddl
 
-from .computation import RECORD_KEY, Computation, Record
+from .computation import RECORD_KEY, Computation, LatePolicy, Record
 from .keyrun import run_key
 
 __all__ = ["prepare_input", "run_in_tasks", "ROW_COLUMNS", "productions_frame", "dead_letter_frame",
-           "user_error_message", "interval_of_key", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS"]
+           "routed_frame", "user_error_message", "interval_of_key", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS"]
 
 ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl())] + ["_op"]
 _PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, timestamp_ms: BIGINT, codec: STRING>"
 _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRING, position: STRING, "
          "event_time_ms: BIGINT, stream: STRING>")
+_ROUTED = "STRUCT<record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, stream: STRING>"
 OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prods ARRAY<{_PROD}>, dead ARRAY<{_DEAD}>, "
-           "processed INT, duplicates INT, fired INT, late INT, n_prods INT, n_dead INT, ids_expired INT")
+           f"routed ARRAY<{_ROUTED}>, processed INT, duplicates INT, fired INT, late INT, n_prods INT, n_dead INT, "
+           "n_routed INT, ids_expired INT")
 _ERR = "\x00!"
 DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the clock are dead letters
 
@@ -212,7 +214,24 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, no
         row = row.with_(pending=())  # delivered by the previous batch or by recovery
     records: list[Record] = []
     dead: list[dict[str, Any]] = []
-    for x in r.get("recs") or ():
+    recs = r.get("recs") or ()
+    routed: list[dict[str, Any]] = []
+    if comp.late_policy is LatePolicy.ROUTE and any(x["late"] for x in recs):
+        # dedup first: a late record whose id the row holds is a retry of one run on time (a
+        # duplicate, dropped below); the other late records go to the late-data table, once
+        held = ({s.record_id for s in row.record_ids if horizon is None or s.seen_ms >= horizon}
+                if (row is not None and comp.exactly_once) else set())  # as run_key's dedup decides
+        kept, ids = [], set()
+        for x in recs:
+            if x["late"] and x["record_id"] not in held:
+                if x["record_id"] not in ids:  # a record twice in the batch: routed once
+                    ids.add(x["record_id"])
+                    routed.append({c: x[c] for c in ("record_id", "value", "codec", "timestamp_ms", "stream")}
+                                  | {"key": key})
+            else:
+                kept.append(x)
+        recs = kept
+    for x in recs:
         try:
             value = None if x["value"] is None else get_codec(x["codec"]).decode(x["value"])
         except CodecError as exc:
@@ -221,7 +240,7 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, no
         records.append(Record(key, value, int(x["timestamp_ms"]), x["record_id"], x["stream"] or "", bool(x["late"])))
     o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=wm, now_ms=now,
                 dedup_horizon_ms=horizon)
-    by_id = {x["record_id"]: x for x in r.get("recs") or ()}
+    by_id = {x["record_id"]: x for x in recs}
     dead += [_dead(by_id[rec.record_id], key, err) for rec, err in o.dead_letters]
     if o.row is None:
         op = "delete" if row is not None else "none"
@@ -230,9 +249,9 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, no
         op = "upsert" if (o.changed or cleared or row is None) else "none"
         img = o.row.with_(computation=name, interval=iv).to_row()
     img.update(sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now, _op=op,
-               new_prods=[p.to_row() for p in o.productions], dead=dead, processed=o.processed,
+               new_prods=[p.to_row() for p in o.productions], dead=dead, routed=routed, processed=o.processed,
                duplicates=o.duplicates, fired=o.timers_fired, late=o.late, n_prods=len(o.productions),
-               n_dead=len(dead), ids_expired=o.ids_expired)
+               n_dead=len(dead), n_routed=len(routed), ids_expired=o.ids_expired)
     return img
 
 
@@ -251,6 +270,13 @@ def dead_letter_frame(out: Any) -> Any:
     from pyspark.sql import functions as F
 
     return out.select(F.explode("dead").alias("d")).select("d.*")
+
+
+def routed_frame(out: Any) -> Any:
+    """The late records the tasks routed to the late-data table (``LatePolicy.ROUTE``)."""
+    from pyspark.sql import functions as F
+
+    return out.select(F.explode("routed").alias("r")).select("r.*")
 
 
 def user_error_message(exc: BaseException, computation: str, batch_id: int) -> str:

@@ -5,17 +5,20 @@ For each micro-batch (``ComputationExecutor.run_batch``):
 1. Check the leases of the owned intervals (a lost or suspended ZooKeeper
    session stops the batch before anything happens).
 2. Prepare the input in the JVM: key extraction, dead letters for records
-   without a usable key, the late flag (event time behind the input low
-   watermark) and the late-data table for ``LatePolicy.ROUTE``. (With the
-   pipeline runner's direct read the image tasks compute the same from the
-   batch's files themselves: ``_direct.py``.)
+   without a usable key, the late flag (event time behind the watermark the
+   last committed batch acted on, recorded with its commit: ``lateness.py``).
+   (With the pipeline runner's direct read the image tasks compute the same
+   from the batch's files themselves: ``_direct.py``.)
 3. Load the rows of the batch's keys and of keys with due timers or
    delivered-but-not-cleared productions (one join against the rows table).
 4. Run user code in Spark tasks, one task per group of intervals, per key:
-   dedup against the key's stored record ids, records in event-time order,
-   due timers in timestamp order (``keyrun.run_key``). The result (new row
-   images, productions, dead letters) is materialized once.
-5. Commit all changed rows in one fenced Delta transaction (``RowStore``).
+   dedup against the key's stored record ids, then (``LatePolicy.ROUTE``) the
+   late records that are no duplicates go to the late-data table, records in
+   event-time order, due timers in timestamp order (``keyrun.run_key``). The
+   result (new row images, productions, dead letters, routed records) is
+   materialized once.
+5. Commit all changed rows in one fenced Delta transaction (``RowStore``),
+   recording the watermarks the batch acted on.
 6. Deliver the productions to their stream tables idempotently (insert if the
    record id is absent). Checkpoints are cleared by the next batch's commit:
    every production still in a row at the start of a batch was delivered.
@@ -48,6 +51,7 @@ same rows and stream records as a run without the crash.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -64,7 +68,7 @@ from deltawheel.statestore.watermarks import WatermarkAuthority
 from . import _tasks
 from ._direct import DirectBatch, DirectSource, batch_files
 from ._tasks import DEFAULT_MAX_EVENT_AHEAD_MS
-from .computation import Computation, LatePolicy
+from .computation import Computation
 from .delivery import (
     deliver_frame,
     deliver_productions,
@@ -76,9 +80,11 @@ from .delivery import (
 from .faults import BatchFailedError, FaultPoint
 from .images import ImagesStale, ImageWriter
 from .inflight import InFlight, OpenDelivery
+from .lateness import ActedMark, read_mark
 from .reports import BatchReport, format_report
 
 WRITE_PATHS = ("auto", "image", "merge")
+_LOG = logging.getLogger(__name__)
 
 __all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
 
@@ -92,8 +98,14 @@ class ComputationExecutor:
         computation: the user's computation (instance).
         owner: holds the computation's intervals (leases + fenced commits).
         authority: the watermark authority; None runs without event-time progress
-            (event-time timers then only fire in :meth:`flush`).
-        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries feeding it.
+            (event-time timers then fire only when :meth:`run_batch` / :meth:`flush` are given
+            ``input_watermark_ms``).
+        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries feeding it (their
+            watermarks make the input low watermark; none: no event-time progress either).
+        manual_watermarks: the caller fires event-time timers itself by passing
+            ``input_watermark_ms``: a computation declaring ``event_time_timers`` may then run
+            without a watermark source (otherwise :meth:`start` refuses with ``ConfigError``), and
+            no warning is logged when event-time timers are set without one.
         on_batch_end: called with each micro-batch's observed max event time (injectors
             use it to move their watermark estimate).
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
@@ -115,7 +127,7 @@ class ComputationExecutor:
                  on_batch_end: Callable[[int | None, int | None], None] | None = None,
                  progress: Callable[[str], None] | None = None, partitions: int | None = None,
                  write_path: str = "auto", intervals: Sequence[int] | None = None,
-                 event_ahead_ms: Mapping[str, int] | None = None) -> None:
+                 event_ahead_ms: Mapping[str, int] | None = None, manual_watermarks: bool = False) -> None:
         type(computation).validate()
         if intervals is not None:
             bad = sorted(set(intervals) - set(range(computation.num_intervals)))
@@ -140,6 +152,8 @@ class ComputationExecutor:
         self.owner = owner
         self.authority = authority
         self.upstream = tuple(upstream)
+        self.manual_watermarks = manual_watermarks
+        self._warned_no_watermark = False
         self.clock = clock
         self.faults = faults
         self.on_batch_end = on_batch_end
@@ -147,7 +161,7 @@ class ComputationExecutor:
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
-        self._acted_wm: int | None = None
+        self._mark: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
         self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
         self.start_s: dict[str, float] = {}
@@ -172,6 +186,14 @@ class ComputationExecutor:
         """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
         from deltawheel.statestore.streams import ensure_stream_table
 
+        if self.comp.event_time_timers and not self.manual_watermarks and not self._has_watermark_source():
+            raise ConfigError(
+                f"{self.comp.name} uses event-time timers, but its executor has no watermark source "
+                f"({'no upstream' if self.authority is not None else 'authority=None'}), so they would never "
+                "fire. Give it one: ComputationExecutor(..., authority=WatermarkAuthority(client, pipeline=...), "
+                "upstream=['injector:NAME'], on_batch_end=<a hook publishing the injector's watermark with "
+                "publish_watermark>) (README, 'Embedding it in your Spark job'), or pass manual_watermarks=True "
+                "if you fire them yourself with flush(input_watermark_ms=...)")
         t_start = time.monotonic()
         check_store(self.layout)  # a lost or torn commit refuses the start (statestore/damage.py)
         image = self.write_path == "image"
@@ -184,6 +206,7 @@ class ComputationExecutor:
             ensure_stream_table(self.spark, self.layout, s)
         if self.authority is not None:
             self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
+        self._mark = read_mark(self.spark, self.layout.rows, self.comp.name, self.owner.intervals)
         # oldest work per interval, kept from the rows we write (authoritative while we hold the lease)
         self._oldest = {iv: {} for iv in self.owner.intervals}
         for r in rec.rows.values():
@@ -270,15 +293,17 @@ class ComputationExecutor:
         horizon = now - comp.dedup_retention_ms() if comp.exactly_once else None
         # Step 2: input preparation in the JVM.
         # A record is late when it is behind the watermark this computation already acted on
-        # (the previous batch's: its timers fired up to there); timers now fire with wm_in.
-        wm_late = self._acted_wm
+        # (the newest committed batch's: its timers fired up to there); timers now fire with
+        # wm_in. A replay of that batch decides as its first attempt did.
+        wm_late, wm_in = self._lateness(df, batch_id, wm_in)
+        acted = ActedMark(batch_id if df is not None else None, wm_late, wm_in, tuple(sorted(self.owner.intervals)))
         if self._images is not None and df is None:
             self.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
             if self._nothing_due(wm_in, now):
                 return self._skipped(batch_id, wm_in, started)
         if self._images is not None:
             return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
-                                     started=started, marks=marks, mark=mark)
+                                     started=started, marks=marks, mark=mark, acted=acted)
         prep = (_tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
                 if df is not None else None)
         records_in = late_routed = dead_in = 0
@@ -290,19 +315,15 @@ class ComputationExecutor:
             prep = prep.localCheckpoint(eager=True)
             ok_ts = F.when(F.col("_bad").isNull(), F.col("timestamp_ms"))  # dead letters move no watermark
             agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
-                           F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad"),
-                           F.sum(F.when(F.col("late"), 1).otherwise(0)).alias("late")).collect()[0]
+                           F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
             records_in, obs_max, obs_min = int(agg["n"]), agg["mx"], agg["mn"]
             dead_in = int(agg["bad"] or 0)
             if dead_in:
                 record_dead_letters(self.spark, self.layout, prep.where(F.col("_bad").isNotNull()),
                                     computation=comp.name, batch_id=batch_id)
-            good = prep.where(F.col("_bad").isNull())
-            if comp.late_policy is LatePolicy.ROUTE and int(agg["late"] or 0):
-                late_routed = record_late(self.spark, self.layout, good.where(F.col("late")), computation=comp.name,
-                                          watermark_ms=wm_late, batch_id=batch_id)
-                good = good.where(~F.col("late"))
-            prep = good
+            # late records are routed by the tasks, after dedup (a retry of a record run on time
+            # is a duplicate, not late data)
+            prep = prep.where(F.col("_bad").isNull())
         mark("prepare")
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
         # Step 3 + 4: load rows, run user code in tasks, materialize once.
@@ -316,14 +337,20 @@ class ComputationExecutor:
         except Exception as exc:  # noqa: BLE001 - user code errors surface here
             raise BatchFailedError(_tasks.user_error_message(exc, comp.name, batch_id)) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
-                                                       "n_dead", "ids_expired")],
-                        F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written")).collect()[0]
-        st = {k: int(stats[k] or 0) for k in stats.asDict()}
+                                                       "n_dead", "n_routed", "ids_expired")],
+                        F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written"),
+                        F.min(F.when(F.col("_op") != "delete", F.col("next_event_timer_ms"))).alias("event_timer")
+                        ).collect()[0]
+        st = {k: int(v or 0) for k, v in stats.asDict().items() if k != "event_timer"}
+        self._warn_if_no_watermark(wm_in, stats["event_timer"])
         mark("load_and_user_code")
         self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
         if st["n_dead"]:
             record_dead_letters(self.spark, self.layout, _tasks.dead_letter_frame(out), computation=comp.name,
                                 batch_id=batch_id)
+        if st["n_routed"]:
+            late_routed = record_late(self.spark, self.layout, _tasks.routed_frame(out), computation=comp.name,
+                                      watermark_ms=wm_late, batch_id=batch_id)
         prods = _tasks.productions_frame(out)
         deliver = functools.partial(deliver_frame, self.spark, self.layout, prods, streams=comp.outputs,
                                     producer=comp.name)  # idempotent: insert if the record id is absent
@@ -344,7 +371,8 @@ class ComputationExecutor:
         if st["written"]:
             self.owner.store.commit_frame(comp.name, rows_out,
                                           sequencers=self.owner.sequencers, intervals=self.owner.intervals,
-                                          commit_id=commit_id, lease_check=self.owner.check)
+                                          commit_id=commit_id, lease_check=self.owner.check, meta=acted.to_meta())
+            self._mark = acted
         commit_s = time.monotonic() - t0
         if st["written"] and self.authority is not None:
             for r in (out.where(F.col("_op") != "none")
@@ -367,8 +395,6 @@ class ComputationExecutor:
             self.on_batch_end(obs_min, obs_max)
         low = self._publish_watermarks() if self.authority is not None else None
         mark("watermarks")
-        if wm_in is not None:
-            self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
         report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
                              st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
                              commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None,
@@ -379,7 +405,7 @@ class ComputationExecutor:
 
     def _image_batch(self, df: Any | None, batch_id: int, *, wm_in: int | None, wm_late: int | None, now: int,
                      horizon: int | None, started: float, marks: list[tuple[str, float]],
-                     mark: Callable[[str], None]) -> BatchReport:
+                     mark: Callable[[str], None], acted: ActedMark) -> BatchReport:
         """Steps 2-7 on the image write path (``images.py``)."""
         comp = self.comp
         images = self._images
@@ -439,7 +465,10 @@ class ComputationExecutor:
                 self.owner.check()
                 t0 = time.monotonic()
                 try:
-                    version = images.commit(out, commit_id=commit_id, writer=self.owner.store.writer)
+                    version = images.commit(out, commit_id=commit_id, writer=self.owner.store.writer,
+                                            meta=acted.to_meta())
+                    if version is not None:
+                        self._mark = acted
                     break
                 except ImagesStale:
                     pass
@@ -456,6 +485,8 @@ class ComputationExecutor:
             self.inflight.adopt(straggler, redeliver=functools.partial(images.deliver, out, version=version),
                                 min_ts=_prod_min_ts(out))
         images.observe(out)
+        self._warn_if_no_watermark(wm_in, min((s["oldest_ms"] for s in out.summaries
+                                               if s.get("oldest_ms") is not None), default=None))
         for s in out.summaries:  # the committed images' oldest work (before the delivery thread publishes)
             if s["interval"] is not None:
                 self._oldest_iv[int(s["interval"])] = s["oldest_ms"]
@@ -477,8 +508,6 @@ class ComputationExecutor:
             self.on_batch_end(min(mins) if mins else None, max(maxs) if maxs else None)
         low = self._publish_watermarks() if self.authority is not None else None
         mark("watermarks")
-        if wm_in is not None:
-            self._acted_wm = wm_in if self._acted_wm is None else max(self._acted_wm, wm_in)
         t = out.total
         report = BatchReport(batch_id, t("records_in"), t("processed"), t("duplicates"), t("late"),
                              len(out.side("late")), len(out.side("dead")), t("fired"), t("n_prods"),
@@ -497,6 +526,34 @@ class ComputationExecutor:
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
     # -------------------------------------------------------------- helpers
+
+    def _has_watermark_source(self) -> bool:
+        return self.authority is not None and bool(self.upstream)
+
+    def _warn_if_no_watermark(self, wm_in: int | None, event_timer_ms: int | None) -> None:
+        """Once: event-time timers were set, and no watermark source will ever make them due."""
+        if (event_timer_ms is None or wm_in is not None or self.manual_watermarks or self._warned_no_watermark
+                or self._has_watermark_source()):
+            return
+        self._warned_no_watermark = True
+        msg = (f"WARNING {self.comp.name}: event-time timers are set (the earliest at {event_timer_ms}), but this "
+               "executor has no watermark source (a WatermarkAuthority and upstream injectors or computations), "
+               "so they fire only when run_batch/flush is given input_watermark_ms; otherwise they never fire "
+               "and the keys' state grows. Give the executor authority=..., upstream=[...] (README, 'Embedding "
+               "it in your Spark job'), or pass manual_watermarks=True to say the caller moves the watermark")
+        _LOG.warning(msg)
+        self._log(msg)
+
+    def _lateness(self, df: Any | None, batch_id: int, wm_in: int | None) -> tuple[int | None, int | None]:
+        """(the watermark the batch judges lateness against, its input watermark): the newest
+        committed batch's acted watermark and ``wm_in``, or for a replay of that very batch
+        (Spark re-runs it after a crash) the values its first attempt used (``lateness.py``)."""
+        m = self._mark
+        if m is None:
+            return None, wm_in
+        if df is not None and m.batch_id == batch_id:
+            return m.late_ms, m.input_ms
+        return m.acted_ms, wm_in
 
     def _note_oldest(self, interval: int, key: str, timer: int | None, hold: int | None, *, deleted: bool) -> None:
         per = self._oldest.setdefault(interval, {})

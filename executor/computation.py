@@ -108,6 +108,10 @@ class Computation:
     # restart redelivers them (a hung stream table must not block the pipeline forever)
     delivery_timeout_s: ClassVar[float] = 600.0
     late_policy: ClassVar[LatePolicy] = LatePolicy.PROCESS
+    # declares that the computation relies on event-time timers (windowed computations do): an
+    # executor without a watermark source (a watermark authority and upstream) then refuses to
+    # start, since those timers would never fire (see ComputationExecutor's manual_watermarks)
+    event_time_timers: ClassVar[bool] = False
     error_policy: ClassVar[ErrorPolicy] = ErrorPolicy.FAIL
     # how long a processed record's id is kept for dedup, in processing time (the injected
     # clock) from when the record was processed: a retry of it (a producer's retry, a recovery's

@@ -517,15 +517,17 @@ class ImageWriter:
 
     # ------------------------------------------------------------------ step 5
 
-    def commit(self, out: BatchOutput, *, commit_id: str, writer: str) -> int | None:
-        """The fenced commit of the new images; returns the rows table version (None: nothing to do)."""
+    def commit(self, out: BatchOutput, *, commit_id: str, writer: str,
+               meta: Mapping[str, Any] | None = None) -> int | None:
+        """The fenced commit of the new images; returns the rows table version (None: nothing to do).
+        ``meta``: more entries for the commit's metadata (the watermark the batch acted on)."""
         name = self.comp.name
         new = [s for s in out.summaries if s.get("new_path")]
         if not new:
             return None
         ivs = sorted(int(s["interval"]) for s in new)
         seqs = self.owner.sequencers
-        meta = json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "commit", "writer": writer,
+        info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": "commit", "writer": writer,
                            "computation": name, "commit_id": commit_id, "write_path": "image",
                            "sequencers": {str(iv): seqs[iv] for iv in ivs}}, sort_keys=True)
         parts = [{"computation": name, "interval": str(iv)} for iv in ivs]
@@ -533,7 +535,7 @@ class ImageWriter:
                                             s["new_size"], s["new_rows"]) for s in new}
         removes = [f for iv in ivs for f in self.files.get(iv, ())]
         try:
-            version = self.log.commit(remove=removes, add=list(adds.values()), user_metadata=meta,
+            version = self.log.commit(remove=removes, add=list(adds.values()), user_metadata=info,
                                       read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
                                       untouched_since=(self.version, parts))
         except StaleFilesError as exc:

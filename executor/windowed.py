@@ -110,6 +110,7 @@ class WindowedComputation(Computation):
     """
 
     output: str = "panes"
+    event_time_timers = True  # window ends and allowed lateness are event-time timers
 
     def __init__(self, strategy: WindowingStrategy, *, value: Callable[[Any], Any] | None = None) -> None:
         self.strategy = strategy

@@ -25,12 +25,13 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .exceptions import StoreDamagedError
 
 __all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos", "commit_info",
-           "json_commit_versions", "damaged_entry", "DAMAGE_DOC"]
+           "json_commit_versions", "damaged_entry", "DAMAGE_DOC",
+           "newest_commit_info"]
 
 DAMAGE_DOC = "docs/store-damage.md"
 
@@ -247,3 +248,26 @@ def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] |
                     out.append((v, _parse(line, file)["commitInfo"]))
                     break
     return out
+
+
+def newest_commit_info(path: str, match: Callable[[dict[str, Any]], bool]) -> tuple[int, dict[str, Any]] | None:
+    """(version, ``commitInfo``) of the newest JSON commit of the local table at ``path`` whose
+    commit info ``match`` accepts, read newest first (stops at the first match); None when there
+    is none among the JSON commits left in the log. Raises ``ValueError`` for a remote table."""
+    listing = _log_names(path)
+    if listing is None:
+        raise ValueError(f"{path} is not a local table")
+    log, names = listing
+    for v in reversed(_commit_versions(names)):
+        file = os.path.join(log, f"{v:020d}.json")
+        try:
+            with open(file, encoding="utf-8") as fh:
+                for line in fh:
+                    if '"commitInfo"' in line:
+                        info = _parse(line, file)["commitInfo"]
+                        if match(info):
+                            return v, info
+                        break
+        except FileNotFoundError:  # cleaned up meanwhile: older commits are gone as well
+            return None
+    return None

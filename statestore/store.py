@@ -285,13 +285,15 @@ class RowStore:
 
     def commit_frame(self, computation: str, frame: Any, *, sequencers: Mapping[int, int],
                      intervals: Sequence[int], commit_id: str,
-                     lease_check: Callable[[], None] | None = None) -> CommitResult:
+                     lease_check: Callable[[], None] | None = None,
+                     meta: Mapping[str, Any] | None = None) -> CommitResult:
         """Like :meth:`commit`, but the new row images are a Spark DataFrame.
 
         ``frame`` has the rows table's columns plus ``_op`` ('upsert' / 'delete');
         it must already be validated (the executor's tasks validate rows) and
         materialized (it is read once per attempt). The fence rows of
-        ``intervals`` are added here, carrying ``sequencers``.
+        ``intervals`` are added here, carrying ``sequencers``. ``meta``: more entries for the
+        commit's metadata (the executor records the watermark the batch acted on).
         """
         validate_name("computation", computation)
         for iv in intervals:
@@ -301,13 +303,16 @@ class RowStore:
                          updated_ms=now).to_row() | {"_op": "upsert"} for iv in intervals]
         return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
                                    commit_id=commit_id, kind="commit", lease_check=lease_check,
-                                   conflict_retries=None, started=time.monotonic(), n_rows=0, n_deletes=0)
+                                   conflict_retries=None, started=time.monotonic(), n_rows=0, n_deletes=0,
+                                   meta=meta)
 
     def _commit_source(self, computation: str, src: list[dict[str, Any]], frame: Any, *,
                        sequencers: Mapping[int, int], touched: Sequence[int], commit_id: str, kind: str,
                        lease_check: Callable[[], None] | None, conflict_retries: int | None,
-                       started: float, n_rows: int, n_deletes: int) -> CommitResult:
-        meta = json.dumps({
+                       started: float, n_rows: int, n_deletes: int,
+                       meta: Mapping[str, Any] | None = None) -> CommitResult:
+        info = json.dumps({
+            **(meta or {}),
             "deltawheel": COMMIT_META_VERSION, "kind": kind, "writer": self.writer,
             "computation": computation, "commit_id": commit_id,
             "sequencers": {str(iv): sequencers[iv] for iv in touched},
@@ -320,7 +325,7 @@ class RowStore:
                 if lease_check is not None:
                     lease_check()
                 try:
-                    self._merge(src, computation, touched, meta, frame=frame)
+                    self._merge(src, computation, touched, info, frame=frame)
                     break
                 except Exception as exc:  # noqa: BLE001 - translated below
                     # Step 5: map failures.

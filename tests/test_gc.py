@@ -125,13 +125,15 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
     import pyarrow as pa
     from deltawheel.statestore.deltatxn import TableLog, new_add, partition_file_name, write_file
     from deltawheel.statestore.frames import arrow_schema
-    from deltawheel.statestore.rows import rows_file_ddl, rows_schema_ddl
+    from deltawheel.statestore.rows import ROW_FORMAT_VERSION, rows_file_ddl, rows_schema_ddl
 
     rows = migrated_store.rows
-    spark.createDataFrame([("c", 0, "by_delta", b"1", "json", [], None, None, [], [], None, 0, None, None, 1)],
+    spark.createDataFrame([("c", 0, "by_delta", b"1", "json", [], None, None, [], [], None, 0, None, None,
+                            ROW_FORMAT_VERSION, 0)],
                           rows_schema_ddl()).write.format("delta").mode("append").save(rows)
     t = pa.Table.from_pylist([{"key": "by_image", "state": b"2", "codec": "json", "timers": [], "record_ids": [],
-                               "pending": [], "sequencer": 0, "format_version": 1}], schema=arrow_schema(rows_file_ddl()))
+                               "pending": [], "sequencer": 0, "format_version": ROW_FORMAT_VERSION, "timer_seq": 0}],
+                              schema=arrow_schema(rows_file_ddl()))
     rel = partition_file_name("c", 1, "dw")
     add = json.loads(new_add(rel, {"computation": "c", "interval": "1"}, write_file(t, rows, rel), 1))
     if old_quoting:

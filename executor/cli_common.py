@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
 from deltawheel.statestore.layout import StoreLayout
@@ -54,3 +56,28 @@ def layout_from(args: argparse.Namespace) -> StoreLayout:
 def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
     return build_spark(SparkSettings(master=getattr(args, "master", "local[2]"),
                                      driver_memory=getattr(args, "driver_memory", "2g"), **kw))
+
+
+@contextlib.contextmanager
+def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkConfig, Any]]:
+    """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``: a local
+    store's own embedded server is started if none answers (as the demo does) and stopped, and the
+    client closed, when the command is done. ``--zk-timeout`` bounds the wait for ZooKeeper."""
+    from deltawheel.statestore.zkclient import connect
+
+    from .embedded import ensure_zookeeper
+
+    layout = layout_from(args)
+    cfg = zk_config_from(args)
+    server = ensure_zookeeper(cfg, layout)
+    try:
+        logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+        client = connect(cfg, timeout_s=args.zk_timeout)
+        try:
+            yield layout, cfg, client
+        finally:
+            client.stop()
+            client.close()
+    finally:
+        if server is not None:
+            server.stop()

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from typing import Any
 
-from .cli_common import add_spark_args, add_store_arg, add_zk_args, layout_from, spark_from, zk_config_from
+from .cli_common import add_spark_args, add_store_arg, add_zk_args, spark_from, store_zookeeper
 
 __all__ = ["register"]
 
@@ -31,44 +30,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deltawheel.statestore.zkclient import connect
-
-    from .embedded import ensure_zookeeper
     from .recover import computations_of, recover, scan
 
-    layout = layout_from(args)
-    cfg = zk_config_from(args)
-    server = ensure_zookeeper(cfg, layout)  # a local store's own embedded server (as the demo's)
-    try:
-        logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-        client = connect(cfg, timeout_s=args.zk_timeout)
-        try:
-            spark = spark_from(args)
-            if not args.apply:
-                return _show(scan(spark, layout, client, pipeline=args.pipeline, computations=args.computation),
-                             as_json=args.json)
-            found = computations_of(client, pipeline=args.pipeline, names=args.computation)
-            results = []
-            for name in sorted(found):
-                r = recover(spark, layout, client, pipeline=args.pipeline, computation=name,
-                            num_intervals=found[name], wait_s=args.wait,
-                            progress=None if args.json else (lambda line: print(line, flush=True)))
-                results.append(r)
-                if not args.json:
-                    print(f"{name}: took intervals {', '.join(map(str, r.intervals))}; delivered "
-                          f"{r.appended + r.merged} checkpointed productions ({r.appended} appended as their "
-                          f"commit's delivery, {r.merged} insert-if-absent); leases given back")
-            if args.json:
-                print(json.dumps([{"computation": r.computation, "intervals": list(r.intervals),
-                                   "sequencers": {str(k): v for k, v in r.sequencers.items()},
-                                   "appended": r.appended, "merged": r.merged} for r in results], indent=2))
-            return 0
-        finally:
-            client.stop()
-            client.close()
-    finally:
-        if server is not None:
-            server.stop()
+    with store_zookeeper(args) as (layout, _cfg, client):
+        spark = spark_from(args)
+        if not args.apply:
+            return _show(scan(spark, layout, client, pipeline=args.pipeline, computations=args.computation),
+                         as_json=args.json)
+        found = computations_of(client, pipeline=args.pipeline, names=args.computation)
+        results = []
+        for name in sorted(found):
+            r = recover(spark, layout, client, pipeline=args.pipeline, computation=name,
+                        num_intervals=found[name], wait_s=args.wait,
+                        progress=None if args.json else (lambda line: print(line, flush=True)))
+            results.append(r)
+            if not args.json:
+                print(f"{name}: took intervals {', '.join(map(str, r.intervals))}; delivered "
+                      f"{r.appended + r.merged} checkpointed productions ({r.appended} appended as their "
+                      f"commit's delivery, {r.merged} insert-if-absent); leases given back")
+        if args.json:
+            print(json.dumps([{"computation": r.computation, "intervals": list(r.intervals),
+                               "sequencers": {str(k): v for k, v in r.sequencers.items()},
+                               "appended": r.appended, "merged": r.merged} for r in results], indent=2))
+        return 0
 
 
 def _show(rows: list[Any], *, as_json: bool) -> int:

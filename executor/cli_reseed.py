@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 
-from .cli_common import add_spark_args, add_store_arg, add_zk_args, layout_from, spark_from, zk_config_from
+from .cli_common import add_spark_args, add_store_arg, add_zk_args, spark_from, store_zookeeper
 
 __all__ = ["register"]
 
@@ -28,26 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.reseed import apply_reseed, plan_reseed
-    from deltawheel.statestore.zkclient import connect, digest_acls
+    from deltawheel.statestore.zkclient import digest_acls
 
-    from .embedded import ensure_zookeeper
-
-    layout = layout_from(args)
-    cfg = zk_config_from(args)
-    server = ensure_zookeeper(cfg, layout)  # a local store's own embedded server (as the demo's)
-    try:
-        logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-        client = connect(cfg, timeout_s=args.zk_timeout)
-        try:
-            spark = spark_from(args)
-            plan = plan_reseed(spark, layout, client, pipeline=args.pipeline)
-            after = apply_reseed(spark, layout, client, plan, acls=digest_acls(cfg)) if args.apply else None
-        finally:
-            client.stop()
-            client.close()
-    finally:
-        if server is not None:
-            server.stop()
+    with store_zookeeper(args) as (layout, cfg, client):
+        spark = spark_from(args)
+        plan = plan_reseed(spark, layout, client, pipeline=args.pipeline)
+        after = apply_reseed(spark, layout, client, plan, acls=digest_acls(cfg)) if args.apply else None
     if args.json:
         print(json.dumps({**plan.to_dict(), "applied": bool(args.apply),
                           "zookeeper_next_after": None if after is None else

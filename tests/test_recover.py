@@ -81,7 +81,11 @@ def test_recover_delivers_the_checkpoints_of_a_dead_pipeline_once(spark, migrate
         again = scan(spark, migrated_store, client, pipeline="test")
         assert _undelivered(again) == 0 and sum(sum(s.checkpointed.values()) for s in again) == 2
         r2 = recover(spark, migrated_store, client, pipeline="test", computation="buckets", num_intervals=4)
-        assert (r2.appended, r2.merged) == (0, 0)
+        # checkpoints of an image-path commit are known delivered by the stream's recorded version;
+        # a MERGE-path commit's are handed to insert-if-absent again (its delivery records no
+        # version), which adds nothing
+        assert (r2.appended, r2.merged) == ((0, 0) if write_path == "image" else (0, 2))
+        assert _windows(spark, migrated_store) == CLOSED
         assert all(r2.sequencers[iv] > r.sequencers[iv] for iv in range(4))  # each run fences the one before
     finally:
         client.stop()

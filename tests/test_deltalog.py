@@ -137,7 +137,7 @@ def test_a_commit_racing_an_append_to_a_partition_it_read_is_a_conflict(
     ConcurrentAppendException), and one that adds elsewhere must not. Delta evaluates the recorded
     predicates against the winner's files only in that race: recorded unrewritten, they failed
     there with an AnalysisException (unresolved partition column), which no caller retries (a
-    takeover's claim racing a zombie's commit stopped the new owner, CI of session 17)."""
+    takeover's claim racing a zombie's commit stopped the new owner)."""
     import os
 
     from deltawheel.statestore.deltatxn import TableLog, new_add

@@ -41,5 +41,5 @@ def local_frame(spark: Any, rows: Sequence[Mapping[str, Any] | Sequence[Any]], d
     schema = arrow_schema(ddl)
     if rows and not isinstance(rows[0], Mapping):
         names = schema.names
-        rows = [dict(zip(names, r, strict=True)) for r in rows]  # type: ignore[arg-type]
+        rows = [dict(zip(names, r, strict=True)) for r in rows]
     return spark.createDataFrame(pa.Table.from_pylist(list(rows), schema=schema), schema=spark_type(ddl))

@@ -333,7 +333,7 @@ class EmbeddedZooKeeper:
 
 def _zombie(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)  # psutil is untyped: Any
     except psutil.NoSuchProcess:
         return False
 

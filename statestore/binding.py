@@ -30,6 +30,7 @@ BINDING_FORMAT_VERSION = 1
 
 
 def store_path(pipeline: str) -> str:
+    """The ZooKeeper node that records which store ``pipeline`` writes to."""
     return f"/pipelines/{pipeline}/store"
 
 

@@ -33,10 +33,12 @@ class IntervalBloom:
             self.add(rid)
 
     def add(self, record_id: str) -> None:
+        """Add ``record_id`` (counted unless the filter already seemed to hold it)."""
         if not self._bf.add(record_id):
             self._n += 1
 
     def might_contain(self, record_id: str) -> bool:
+        """False: ``record_id`` was never added (certain); True: it may have been."""
         return record_id in self._bf
 
     def __len__(self) -> int:
@@ -86,6 +88,7 @@ class IdBloom:
         return self.count > self.capacity
 
     def copy(self) -> "IdBloom":
+        """An independent copy (its own bit array)."""
         new = object.__new__(IdBloom)
         new.__dict__.update(self.__dict__)
         new._bits = self._bits.copy()
@@ -101,6 +104,7 @@ class IdBloom:
         return (h1[:, None] + steps[None, :] * h2[:, None]) % np.uint64(self.m)  # (len(ids), k)
 
     def add_many(self, ids: Sequence[str]) -> None:
+        """Add ``ids`` (each counts towards ``capacity``, repeats included)."""
         import numpy as np
 
         if not len(ids):

@@ -58,6 +58,7 @@ class CacheStats:
 
     @property
     def hit_rate(self) -> float:
+        """``hits / lookups`` (0.0 before the first lookup)."""
         return self.hits / self.lookups if self.lookups else 0.0
 
 

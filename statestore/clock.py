@@ -10,6 +10,8 @@ __all__ = ["Clock", "SystemClock", "ManualClock"]
 
 
 class Clock(Protocol):
+    """Where a component reads the time: :class:`SystemClock` in production, :class:`ManualClock` in tests."""
+
     def now_ms(self) -> int:
         """Milliseconds since the epoch."""
         ...
@@ -19,6 +21,7 @@ class SystemClock:
     """The real wall clock."""
 
     def now_ms(self) -> int:
+        """The current time in milliseconds since the epoch."""
         return time.time_ns() // 1_000_000
 
 
@@ -34,13 +37,16 @@ class ManualClock:
         self._lock = threading.Lock()
 
     def now_ms(self) -> int:
+        """The time it was last set to, in milliseconds since the epoch."""
         with self._lock:
             return self._now
 
     def advance(self, ms: int) -> None:
+        """Move the clock forward by ``ms`` (backwards if negative)."""
         with self._lock:
             self._now += ms
 
     def set(self, ms: int) -> None:
+        """Set the clock to ``ms``."""
         with self._lock:
             self._now = ms

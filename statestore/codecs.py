@@ -25,11 +25,25 @@ __all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "get_codec", "CO
 
 
 class Codec(Protocol):
+    """How state and production values become bytes and back; ``name`` is stored beside them."""
+
     name: str
 
-    def encode(self, value: Any) -> bytes: ...
+    def encode(self, value: Any) -> bytes:
+        """``value`` as bytes that :meth:`decode` turns back into an equal value.
 
-    def decode(self, data: bytes) -> Any: ...
+        Raises:
+            CodecError: the codec cannot represent ``value``.
+        """
+        ...
+
+    def decode(self, data: bytes) -> Any:
+        """The value :meth:`encode` made ``data`` from.
+
+        Raises:
+            CodecError: ``data`` is not a value of this codec.
+        """
+        ...
 
 
 class JsonCodec:
@@ -38,6 +52,11 @@ class JsonCodec:
     name = "json"
 
     def encode(self, value: Any) -> bytes:
+        """``value`` as compact UTF-8 JSON, keys sorted.
+
+        Raises:
+            CodecError: ``value`` is not JSON (or is a NaN / infinite float).
+        """
         try:
             return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
@@ -47,6 +66,11 @@ class JsonCodec:
             ) from exc
 
     def decode(self, data: bytes) -> Any:
+        """The value of UTF-8 JSON ``data``.
+
+        Raises:
+            CodecError: ``data`` is not UTF-8 JSON.
+        """
         try:
             # decoding first skips json's encoding detection (measurable at 10^5 records per batch)
             return _JSON_DECODE(data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data)
@@ -68,6 +92,11 @@ class MsgpackCodec:
     name = "msgpack"
 
     def encode(self, value: Any) -> bytes:
+        """``value`` as msgpack (str as str, bytes as bin).
+
+        Raises:
+            CodecError: msgpack cannot represent ``value``.
+        """
         packer = getattr(_PACKERS, "packer", None)
         if packer is None:
             packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True)
@@ -80,6 +109,11 @@ class MsgpackCodec:
             ) from exc
 
     def decode(self, data: bytes) -> Any:
+        """The value of msgpack ``data``.
+
+        Raises:
+            CodecError: ``data`` is not one msgpack value.
+        """
         try:
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
         except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.FormatError,
@@ -93,12 +127,22 @@ class PickleCodec:
     name = "pickle"
 
     def encode(self, value: Any) -> bytes:
+        """``value`` pickled (protocol 5).
+
+        Raises:
+            CodecError: ``value`` cannot be pickled.
+        """
         try:
             return pickle.dumps(value, protocol=5)
         except Exception as exc:  # noqa: BLE001 - pickle raises many types
             raise CodecError(f"pickle codec cannot encode a {type(value).__name__}: {exc}") from exc
 
     def decode(self, data: bytes) -> Any:
+        """The value of pickle ``data``: runs the code the pickle names.
+
+        Raises:
+            CodecError: ``data`` cannot be unpickled.
+        """
         try:
             return pickle.loads(data)  # noqa: S301 - opt-in only
         except Exception as exc:  # noqa: BLE001

@@ -47,31 +47,39 @@ class StoreLayout:
 
     @property
     def is_local(self) -> bool:
+        """True when ``root`` is on the local file system (a path or a ``file://`` URI)."""
         return "://" not in self.root or self.root.startswith("file://")
 
     @property
     def meta(self) -> str:
+        """The ``_meta`` table: the migrations applied."""
         return f"{self.root}/_meta"
 
     @property
     def rows(self) -> str:
+        """The ``rows`` table: one row per (computation, key)."""
         return f"{self.root}/rows"
 
     @property
     def dead_letters(self) -> str:
+        """The ``dead_letters`` table: records that could not be processed."""
         return f"{self.root}/dead_letters"
 
     @property
     def late_data(self) -> str:
+        """The ``late_data`` table: records behind the watermark, when routed there."""
         return f"{self.root}/late_data"
 
     @property
     def streams_root(self) -> str:
+        """The folder holding one table per stream."""
         return f"{self.root}/streams"
 
     @property
     def zk_data(self) -> str:
+        """The data folder of the embedded ZooKeeper (local stores)."""
         return f"{self.root}/_zk"
 
     def stream(self, name: str) -> str:
+        """The table of stream ``name`` (checked as a SQL identifier)."""
         return f"{self.streams_root}/{validate_name('stream', name)}"

@@ -193,6 +193,7 @@ class LeaseManager:
 
     @property
     def zk_client(self) -> KazooClient:
+        """The ZooKeeper client the leases are held with."""
         return self._client
 
     # --- connection state ---------------------------------------------------

@@ -64,10 +64,12 @@ class IntervalOwner:
 
     @property
     def sequencers(self) -> dict[int, int]:
+        """The sequencer of each interval held: ``{interval: sequencer}``."""
         return {iv: g.sequencer for iv, g in self._grants.items()}
 
     @property
     def intervals(self) -> tuple[int, ...]:
+        """The intervals held, in order."""
         return tuple(sorted(self._grants))
 
     def acquire(self, intervals: Iterable[int] | None = None, *, wait_s: float = 0.0, claim_only: bool = False,

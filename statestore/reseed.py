@@ -65,6 +65,7 @@ class ReseedPlan:
         return any(self.behind.values()) or (not self.bound and any(self.store.values()))
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (interval numbers as strings)."""
         def keyed(d: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
             return {c: {str(i): s for i, s in sorted(per.items())} for c, per in sorted(d.items())}
 

@@ -72,10 +72,12 @@ class Timer(NamedTuple):
     domain: TimeDomain = TimeDomain.EVENT_TIME
 
     def to_row(self) -> dict[str, Any]:
+        """The timer as a row of the ``timers`` column."""
         return {"tag": self.tag, "domain": self.domain.value, "time_ms": self.time_ms}
 
     @staticmethod
     def from_row(r: Mapping[str, Any]) -> "Timer":
+        """The timer of a ``timers`` column row."""
         return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=_DOMAINS[r["domain"]])
 
 
@@ -128,6 +130,7 @@ class Production(NamedTuple):
     codec: str = "json"
 
     def to_row(self) -> dict[str, Any]:
+        """The production as a row of the ``pending`` column."""
         return {
             "production_id": self.production_id,
             "stream": self.stream,
@@ -139,6 +142,7 @@ class Production(NamedTuple):
 
     @staticmethod
     def from_row(r: Mapping[str, Any]) -> "Production":
+        """The production of a ``pending`` column row."""
         return Production(
             production_id=str(r["production_id"]),
             stream=str(r["stream"]),
@@ -166,10 +170,12 @@ class SeenId:
     seen_ms: int
 
     def to_row(self) -> dict[str, Any]:
+        """The id as a row of the ``record_ids`` column."""
         return {"record_id": self.record_id, "seen_ms": self.seen_ms}
 
     @staticmethod
     def from_row(r: Mapping[str, Any]) -> "SeenId":
+        """The id of a ``record_ids`` column row."""
         return SeenId(record_id=str(r["record_id"]), seen_ms=int(r["seen_ms"]))
 
 
@@ -202,16 +208,19 @@ class KeyRow:
 
     @property
     def next_event_timer_ms(self) -> int | None:
+        """The earliest event-time timer, or None."""
         ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.EVENT_TIME]
         return min(ts) if ts else None
 
     @property
     def next_processing_timer_ms(self) -> int | None:
+        """The earliest processing-time timer, or None."""
         ts = [t.time_ms for t in self.timers if t.domain is TimeDomain.PROCESSING_TIME]
         return min(ts) if ts else None
 
     @property
     def is_fence(self) -> bool:
+        """True for an interval's fence row, which holds its sequencer, not a key's data."""
         return self.key == FENCE_KEY
 
     def with_(self, **changes: Any) -> "KeyRow":
@@ -229,6 +238,7 @@ class KeyRow:
         return new
 
     def to_row(self) -> dict[str, Any]:
+        """The row as a dict of the rows table's columns."""
         return {
             "computation": self.computation,
             "interval": self.interval,
@@ -250,6 +260,7 @@ class KeyRow:
 
     @staticmethod
     def from_row(r: Any) -> "KeyRow":
+        """The row of a Spark ``Row`` or a mapping of the rows table's columns."""
         d = r.asDict(recursive=True) if hasattr(r, "asDict") else dict(r)
         return KeyRow(
             computation=str(d["computation"]),

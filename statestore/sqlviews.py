@@ -41,6 +41,7 @@ import json
 import threading
 from typing import Any, Callable, Sequence
 
+from ._jvm import gateway, jsession, jvm
 from ._sqltext import sql_path, sql_str
 from .codecs import get_codec
 from .exceptions import CodecError, ConfigError, FatalError
@@ -310,10 +311,10 @@ def check_read_only(spark: Any, query: str) -> None:
     from pyspark.errors.exceptions.captured import convert_exception
 
     try:
-        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
+        plan = jsession(spark).sessionState().sqlParser().parsePlan(query)
     except Py4JJavaError as exc:
         raise convert_exception(exc.java_exception) from None
-    _check_plan(spark._jvm, plan)
+    _check_plan(jvm(spark), plan)
 
 
 def _check_plan(jvm: Any, plan: Any) -> None:
@@ -342,14 +343,14 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
     from pyspark.java_gateway import ensure_callback_server_started
     from pyspark.sql import SparkSession
 
-    ensure_callback_server_started(spark.sparkContext._gateway)
+    ensure_callback_server_started(gateway(spark))
     armed = threading.Event()
-    jvm = spark._jvm
+    driver_jvm = jvm(spark)
 
     class _Check:
         def apply(self, plan: Any) -> None:
             if armed.is_set():
-                _check_plan(jvm, plan)
+                _check_plan(driver_jvm, plan)
 
         class Java:
             implements = ["scala.Function1"]
@@ -362,8 +363,9 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
             implements = ["scala.Function1"]
 
     # a new session builds its analyser from the application's extensions, this rule included
-    spark._jsparkSession.extensions().injectCheckRule(_Rule())
-    session = SparkSession(spark.sparkContext, spark._jsparkSession.newSession())
+    jspark = jsession(spark)
+    jspark.extensions().injectCheckRule(_Rule())
+    session = SparkSession(spark.sparkContext, jspark.newSession())
     prepare(session)
     armed.set()
     return session

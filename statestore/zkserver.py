@@ -162,14 +162,17 @@ class EmbeddedZooKeeper:
 
     @property
     def pid_file(self) -> Path:
+        """The server's pid file (written when it starts)."""
         return self.data_dir / "zookeeper.pid"
 
     @property
     def log_file(self) -> Path:
+        """The server's log file."""
         return self.data_dir / "zookeeper.log"
 
     @property
     def config_file(self) -> Path:
+        """The server's configuration file (``zoo.cfg``)."""
         return self.data_dir / "zoo.cfg"
 
     def _read_pid(self) -> int | None:

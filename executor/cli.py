@@ -32,6 +32,7 @@ _MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``deltawheel`` argument parser, with a subcommand from each CLI module present."""
     parser = argparse.ArgumentParser(
         prog="deltawheel",
         description="MillWheel-style exactly-once state engine on Spark, Delta Lake and ZooKeeper.",
@@ -50,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``deltawheel`` command line ``argv`` (default: the process's); returns the exit status.
+
+    A :class:`DeltaWheelError` is printed as one line and returns 2; Ctrl-C returns 130.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

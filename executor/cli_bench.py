@@ -34,6 +34,7 @@ def _cache(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``bench`` subcommand and its benchmarks to ``subparsers``."""
     p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache) and save JSON + PNG figures")
     sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     sub.required = True

@@ -16,10 +16,12 @@ __all__ = ["add_store_arg", "add_zk_args", "add_spark_args", "zk_config_from", "
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """Add ``--store`` (the store's folder or URI) to ``p``."""
     p.add_argument("--store", required=required, help="store folder or URI (holds the Delta tables)")
 
 
 def add_zk_args(p: argparse.ArgumentParser) -> None:
+    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``."""
     g = p.add_argument_group("ZooKeeper")
     g.add_argument(
         "--zk", default=os.environ.get("DELTAWHEEL_ZK", f"127.0.0.1:{DEFAULT_ZK_PORT}"),
@@ -38,6 +40,7 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_spark_args(p: argparse.ArgumentParser) -> None:
+    """Add the Spark options (master, driver memory) to ``p``."""
     g = p.add_argument_group("Spark")
     g.add_argument("--master", default=os.environ.get("DELTAWHEEL_SPARK_MASTER", "local[2]"),
                    help="Spark master (env DELTAWHEEL_SPARK_MASTER; default local[2])")
@@ -45,15 +48,18 @@ def add_spark_args(p: argparse.ArgumentParser) -> None:
 
 
 def zk_config_from(args: argparse.Namespace) -> ZkConfig:
+    """The ZooKeeper settings of parsed ``args``."""
     return ZkConfig(hosts=args.zk, chroot=args.zk_chroot, digest=args.zk_digest,
                     session_timeout_s=getattr(args, "zk_session_timeout", ZkConfig.session_timeout_s))
 
 
 def layout_from(args: argparse.Namespace) -> StoreLayout:
+    """The store layout of ``--store`` (a local path made absolute)."""
     return StoreLayout(os.path.abspath(args.store) if "://" not in args.store else args.store)
 
 
 def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
+    """A Spark session with Delta built from parsed ``args`` (``kw``: more :class:`SparkSettings` fields)."""
     return build_spark(SparkSettings(master=getattr(args, "master", "local[2]"),
                                      driver_memory=getattr(args, "driver_memory", "2g"), **kw))
 

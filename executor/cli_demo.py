@@ -20,6 +20,7 @@ __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
+    """Add the ``demo`` subcommand to ``sub``."""
     p = sub.add_parser("demo", help="run the Zeitgeist demo pipeline (window counts, model, spike/dip detection)")
     add_store_arg(p, required=False)
     p.add_argument("--events", type=int, default=20_000, help="generated search queries (default 20000)")

@@ -12,6 +12,7 @@ __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
+    """Add the ``gc`` subcommand to ``sub``."""
     p = sub.add_parser("gc", help="compact and vacuum the store's tables, apply stream retention (dry run by default)")
     add_store_arg(p)
     p.add_argument("--apply", action="store_true", help="do it (default: print the plan)")

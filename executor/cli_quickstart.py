@@ -41,6 +41,7 @@ INTERVALS = 4
 
 
 def register(sub: Any) -> None:
+    """Add the ``quickstart`` subcommand to ``sub``."""
     p = sub.add_parser("quickstart", help="write, read and inspect state through the store (a word count)")
     add_store_arg(p, required=False)
     add_zk_args(p)
@@ -55,6 +56,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def run_quickstart(args: argparse.Namespace) -> int:
+    """Run the quickstart word count on ``args.store`` (twice over the same input); returns 0."""
     from deltawheel import migrations
 
     layout = layout_from(args)

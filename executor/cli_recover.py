@@ -13,6 +13,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``recover`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
         "recover", help="show undelivered checkpointed productions; --apply delivers them (takes the leases)")
     add_store_arg(p)

@@ -12,6 +12,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``reseed`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
         "reseed", help="after ZooKeeper lost its data: re-seed its sequencers above the store's (dry run "
                        "unless --apply); stop the pipeline first")

@@ -25,6 +25,7 @@ def _scenario(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``scenario`` subcommand to ``subparsers``."""
     p = subparsers.add_parser("scenario", help="replay a windowing scenario file and print its panes as JSON")
     p.add_argument("file", help="scenario JSON file (SCENARIO_FORMAT.md)")
     p.add_argument("--backend", default="memory", choices=["memory", "delta"],

@@ -23,6 +23,7 @@ import tempfile
 import threading
 from typing import Any
 
+from deltawheel.statestore._jvm import jsession, jvm
 from deltawheel.statestore.sqlviews import FORMATS, inspect_key, read_only_session, register_views, run_sql
 
 from .cli_common import add_spark_args, add_store_arg, layout_from, spark_from
@@ -114,8 +115,8 @@ def _sql_server(args: argparse.Namespace) -> int:
     # read-only, as ``sql``: the clients' statements are checked once analysed (writes refused)
     session = read_only_session(spark, lambda s: views.extend(
         register_views(s, layout_from(args), allow_pickle=args.allow_pickle)))
-    server = spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
-        session._jsparkSession.sqlContext()
+    server = jvm(spark).org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
+        jsession(session).sqlContext()
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

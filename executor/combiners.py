@@ -46,12 +46,15 @@ class Sum(CombineFn):
     """Sum of the values (an empty pane sums to 0)."""
 
     def create(self) -> Any:
+        """0."""
         return 0
 
     def add(self, acc: Any, value: Any) -> Any:
+        """``acc + value``."""
         return acc + value
 
     def merge(self, accs: Sequence[Any]) -> Any:
+        """The sum of the partial sums."""
         return sum(accs, 0)
 
 
@@ -59,12 +62,15 @@ class Count(CombineFn):
     """Number of elements."""
 
     def create(self) -> Any:
+        """0."""
         return 0
 
     def add(self, acc: Any, value: Any) -> Any:
+        """``acc + 1`` (the value is not looked at)."""
         return acc + 1
 
     def merge(self, accs: Sequence[Any]) -> Any:
+        """The sum of the partial counts."""
         return sum(accs, 0)
 
 
@@ -72,12 +78,15 @@ class Min(CombineFn):
     """Smallest value (None for an empty pane)."""
 
     def create(self) -> Any:
+        """None (no value yet)."""
         return None
 
     def add(self, acc: Any, value: Any) -> Any:
+        """The smaller of ``acc`` and ``value``."""
         return value if acc is None else min(acc, value)
 
     def merge(self, accs: Sequence[Any]) -> Any:
+        """The smallest of the non-empty accumulators (None if all are empty)."""
         present = [a for a in accs if a is not None]
         return min(present) if present else None
 
@@ -86,12 +95,15 @@ class Max(CombineFn):
     """Largest value (None for an empty pane)."""
 
     def create(self) -> Any:
+        """None (no value yet)."""
         return None
 
     def add(self, acc: Any, value: Any) -> Any:
+        """The larger of ``acc`` and ``value``."""
         return value if acc is None else max(acc, value)
 
     def merge(self, accs: Sequence[Any]) -> Any:
+        """The largest of the non-empty accumulators (None if all are empty)."""
         present = [a for a in accs if a is not None]
         return max(present) if present else None
 
@@ -100,15 +112,19 @@ class Mean(CombineFn):
     """Arithmetic mean (None for an empty pane); accumulator ``[sum, count]``."""
 
     def create(self) -> Any:
+        """``[0, 0]``: sum and count."""
         return [0, 0]
 
     def add(self, acc: Any, value: Any) -> Any:
+        """``[sum + value, count + 1]`` (a new list)."""
         return [acc[0] + value, acc[1] + 1]
 
     def merge(self, accs: Sequence[Any]) -> Any:
+        """The sums and the counts added up."""
         return [sum(a[0] for a in accs), sum(a[1] for a in accs)]
 
     def extract(self, acc: Any) -> Any:
+        """``sum / count``; None for an empty pane."""
         return acc[0] / acc[1] if acc[1] else None
 
 

@@ -11,6 +11,7 @@ from deltawheel.statestore.rows import Production, TimeDomain, Timer, make_produ
 __all__ = ["Context", "TimerCause"]
 
 _UNSET = object()
+_EVENT = TimeDomain.EVENT_TIME
 
 
 class TimerCause:
@@ -43,7 +44,9 @@ class Context:
         self._timers: dict[tuple[str, TimeDomain], Timer] = {(t.tag, t.domain): t for t in timers}
         self._outputs = outputs
         self._productions: list[Production] = []
-        self._cause: Any = TimerCause("", 0)  # the record or timer being processed
+        #: What is being processed (set by the runner): a :class:`~.computation.Record`, or a
+        #: :class:`TimerCause`; production ids and default timestamps derive from it.
+        self.cause: Any = TimerCause("", 0)
         self._counted: Any = None  # whose productions self._n counts
         self._n = 0
         self.input_watermark_ms = input_watermark_ms
@@ -70,6 +73,7 @@ class Context:
         self._dirty = True
 
     def clear_state(self) -> None:
+        """Forget the key's state (as ``ctx.state = None``)."""
         self.state = None
 
     @property
@@ -88,10 +92,12 @@ class Context:
         self._timers[(tag, d)] = Timer(time_ms, tag, d)
 
     def delete_timer(self, tag: str, *, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
+        """Delete the timer ``tag`` of this key in ``domain`` (nothing if there is none)."""
         self._timers.pop((str(tag), TimeDomain(domain)), None)
 
     @property
     def timers(self) -> tuple[Timer, ...]:
+        """The key's timers, sorted by (time, tag, domain)."""
         return tuple(sorted(self._timers.values()))
 
     def hold_watermark(self, time_ms: int | None) -> None:
@@ -118,7 +124,7 @@ class Context:
                 f"{self.computation} produced to {stream!r}, which is not among its outputs "
                 f"{list(self._outputs)}; add it to `outputs`")
         out_key = self.key if key is None else validate_key(key)  # this key was checked on input
-        cause = self._cause
+        cause = self.cause
         if self._counted is not cause:
             self._counted = cause
             self._n = 0
@@ -132,11 +138,60 @@ class Context:
             pid, stream, out_key, codec.encode(value),
             cause.timestamp_ms if timestamp_ms is None else int(timestamp_ms), codec.name))
 
-    # ------------------------------------------------------------- internal
+    # ------------------------------------------------- the runner's side (keyrun)
 
-    def _encoded_state(self) -> bytes | None:
+    @property
+    def watermark_hold_ms(self) -> int | None:
+        """The hold set by :meth:`hold_watermark` (None: none)."""
+        return self._hold
+
+    @property
+    def timer_seq(self) -> int | None:
+        """The id number of the key's next timer firing (None: a new key, not numbered yet)."""
+        return self._timer_seq
+
+    @timer_seq.setter
+    def timer_seq(self, value: int) -> None:
+        self._timer_seq = value
+
+    @property
+    def productions(self) -> list[Production]:
+        """What the key produced so far, in order: the context's own list, which the runner
+        reads and trims (a dead-lettered call's productions are dropped)."""
+        return self._productions
+
+    def drop_productions_of(self, cause: Any) -> None:
+        """Drop what was produced while ``cause`` was :attr:`cause` (the productions since it
+        was set: nothing if it produced none)."""
+        if self._counted is cause:
+            del self._productions[len(self._productions) - self._n:]
+
+    def pop_due_timer(self, input_watermark_ms: int, now_ms: int) -> Timer | None:
+        """Remove and return the first timer due (the smallest by (time, tag, domain)), or None.
+
+        Due: an event-time timer before ``input_watermark_ms``, a processing-time timer at or
+        before ``now_ms``.
+        """
+        due = [t for t in self._timers.values()
+               if (t.time_ms < input_watermark_ms if t.domain is _EVENT else t.time_ms <= now_ms)]
+        if not due:
+            return None
+        t = min(due)
+        del self._timers[(t.tag, t.domain)]
+        return t
+
+    @property
+    def has_timers(self) -> bool:
+        """Whether the key has a timer set (cheaper than ``bool(ctx.timers)``)."""
+        return bool(self._timers)
+
+    def encoded_state(self) -> bytes | None:
+        """The key's state as stored: the bytes it was read as when user code did not touch it,
+        else what user code left, encoded (None: no state)."""
         state = self._state
         if not self._dirty and (state is _UNSET or state is None):  # never read (or there is none)
             return self._state_bytes
         # assigned, or read and possibly changed in place: what user code left is the state
         return None if state is None else self._codec.encode(state)
+
+    _encoded_state = encoded_state  # the image path's key loop (_imagekeys) still calls it so

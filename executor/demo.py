@@ -33,6 +33,7 @@ MIN_EXPECTED = 4.0
 
 
 def window_counter() -> Computation:
+    """The first stage: counts of each query per 10 s window, refined by late data for 30 s."""
     return windowed(name="window_counter", inputs={"queries": "query"}, output="window_counts",
                     windowing=FixedWindows(WINDOW_MS), allowed_lateness_ms=30_000, combine="count")
 
@@ -46,6 +47,9 @@ class Model(Computation):
     num_intervals = 4
 
     def process_record(self, ctx: Any, record: Any) -> None:
+        """For each window since the last one seen, up to this pane's (a window without a pane counts
+        0): produce the prediction once 3 windows are known, then fold the count into the average.
+        Late panes and retractions are ignored."""
         pane = record.value
         if pane.get("retraction") or pane.get("timing") == "LATE":
             return  # late refinements do not re-train the model
@@ -75,6 +79,7 @@ class Detector(Computation):
     num_intervals = 4
 
     def process_record(self, ctx: Any, record: Any) -> None:
+        """Produce an anomaly when a prediction opens a spike or dip episode."""
         p = record.value
         actual, expected = p["actual"], p["expected"]
         kind = None
@@ -92,4 +97,5 @@ class Detector(Computation):
 
 
 def computations() -> tuple[Computation, ...]:
+    """The demo pipeline's computations, in order: window counter, model, detector."""
     return (window_counter(), Model(), Detector())

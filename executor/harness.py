@@ -97,9 +97,11 @@ class MemoryBackend:
         self.rows: dict[tuple[str, str], KeyRow] = {}
 
     def load(self, computation: str, key: str) -> KeyRow | None:
+        """The stored row of ``key`` (None if it has none)."""
         return self.rows.get((computation, key))
 
     def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
+        """Store ``rows`` and delete the rows of ``deletes`` (keys of any computation)."""
         for row in rows:
             self.rows[(row.computation, row.key)] = row
         for key in deletes:
@@ -107,6 +109,7 @@ class MemoryBackend:
                 del self.rows[ck]
 
     def keys(self, computation: str) -> list[str]:
+        """Keys of ``computation`` that have a row, sorted."""
         return sorted(k for c, k in self.rows if c == computation)
 
 
@@ -136,9 +139,11 @@ class DeltaBackend:
         self.begin_step()
 
     def begin_step(self) -> None:
+        """Read the scenario computation's rows from the Delta table (the step's starting point)."""
         self._rows = {r.key: r for r in self._store.scan_intervals(_COMPUTATION, [0])}
 
     def end_step(self) -> None:
+        """Commit what the step changed in one fenced transaction (nothing if it changed nothing)."""
         if self._puts or self._dels:
             self._store.commit(_COMPUTATION, list(self._puts.values()), sequencers=self._seq,
                                deletes=[(0, k) for k in sorted(self._dels)])
@@ -146,9 +151,11 @@ class DeltaBackend:
         self._dels.clear()
 
     def load(self, computation: str, key: str) -> KeyRow | None:
+        """The row of ``key`` as of this step (the scenario has one computation)."""
         return self._rows.get(key)
 
     def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
+        """Buffer ``rows`` and the deletes of ``deletes`` for the step's commit."""
         for row in rows:
             self._rows[row.key] = row
             self._puts[row.key] = row
@@ -159,6 +166,7 @@ class DeltaBackend:
             self._puts.pop(key, None)
 
     def keys(self, computation: str) -> list[str]:
+        """Keys with a row as of this step, sorted."""
         return sorted(self._rows)
 
 

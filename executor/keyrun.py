@@ -29,7 +29,6 @@ from deltawheel.statestore.rows import (
     KeyRow,
     Production,
     SeenId,
-    TimeDomain,
     make_row,
     updated_row,
 )
@@ -99,7 +98,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
                         seen=seen if exactly_once else None, input_watermark_ms=input_watermark_ms,
                         now_ms=now_ms, fire_timers=fire_timers)
     fresh, dups, late, dead, fired = ran
-    produced = ctx._productions
+    produced = ctx.productions
     # Step 4: the new row image.
     old_ids = row.record_ids if row else ()
     if not exactly_once:
@@ -115,9 +114,9 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     prods = tuple(produced)
     strong = comp.strong_productions if strong is None else strong
     pending = (row.pending if row else ()) + (prods if strong else ())
-    state = ctx._encoded_state()
+    state = ctx.encoded_state()
     timers = ctx.timers
-    hold = ctx._hold
+    hold = ctx.watermark_hold_ms
     changed = bool(fresh or fired or prods) or ids != old_ids or (
         row is not None and (state != row.state or timers != row.timers))
     empty = state is None and not timers and not pending and not ids and hold is None
@@ -125,7 +124,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
         new_row = None
     else:
         base = row or make_row(comp.name, key, interval, None, codec.name, (), None)
-        new_row = updated_row(base, state, codec.name, timers, ids, pending, hold, ctx._timer_seq)
+        new_row = updated_row(base, state, codec.name, timers, ids, pending, hold, ctx.timer_seq)
     return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
                       tuple(dead), tuple(fresh) if exactly_once else (), expired)
 
@@ -188,7 +187,7 @@ class UserCode:
             r: Record | None = None
             try:
                 for r in records:
-                    ctx._cause = r  # names what is processed: production ids derive from it
+                    ctx.cause = r  # names what is processed: production ids derive from it
                     process(ctx, r)
             except Exception as exc:  # noqa: BLE001 - user code
                 assert r is not None
@@ -198,33 +197,30 @@ class UserCode:
             late = sum(map(_LATE, records))
         else:
             fresh, dups, late, dead = self._run_each(ctx, records, seen)
-        if ctx._timer_seq is None:  # a new key (no row): its firings are numbered from its first record
-            ctx._timer_seq = first_timer_seq(fresh[0] if fresh else ctx.key)
-        timers = ctx._timers
-        if not (self.fire_timers and timers):
+        seq = ctx.timer_seq
+        if seq is None:  # a new key (no row): its firings are numbered from its first record
+            seq = ctx.timer_seq = first_timer_seq(fresh[0] if fresh else ctx.key)
+        if not (self.fire_timers and ctx.has_timers):
             return fresh, dups, late, dead, 0
         fired = 0
-        seq = ctx._timer_seq
         wm, now = self.wm, self.now_ms
         for _ in range(MAX_TIMER_ROUNDS):
-            due = [t for t in timers.values() if (t.time_ms < wm if t.domain is _EVENT else t.time_ms <= now)]
-            if not due:
+            t = ctx.pop_due_timer(wm, now)
+            if t is None:
                 break
-            t = min(due)
-            del timers[(t.tag, t.domain)]
             # numbered by the key's firing counter: the same timer firing again (re-set at the same
             # time after it fired) produces under new ids; a replayed batch numbers as the first did
-            ctx._cause = TimerCause(
+            ctx.cause = TimerCause(
                 f"{self._timer_id}{ctx.key}:{_DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}:{seq}", t.time_ms)
             seq += 1
-            ctx._timer_seq = seq
+            ctx.timer_seq = seq
             try:
                 comp.process_timer(ctx, t)
             except Exception as exc:  # noqa: BLE001 - user code
                 raise UserCodeError(comp.name, ctx.key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})",
                                     exc) from exc
             fired += 1
-            if not timers:  # the usual end: nothing left that could be due
+            if not ctx.has_timers:  # the usual end: nothing left that could be due
                 break
         return fresh, dups, late, dead, fired
 
@@ -233,7 +229,6 @@ class UserCode:
         """``process_record`` per record, with dedup and / or the dead-letter policy."""
         comp = self.comp
         process = comp.process_record
-        produced = ctx._productions
         fresh: list[str] = []
         dead: list[tuple[Record, str]] = []
         dups = late = 0
@@ -247,13 +242,12 @@ class UserCode:
             fresh.append(rid)
             if r.late:
                 late += 1
-            ctx._cause = r
+            ctx.cause = r
             try:
                 process(ctx, r)
             except Exception as exc:  # noqa: BLE001 - user code
                 if self.dead_letter:
-                    if ctx._counted is r:  # drop what this record produced
-                        del produced[len(produced) - ctx._n:]
+                    ctx.drop_productions_of(r)  # drop what this record produced
                     dead.append((r, f"{type(exc).__name__}: {exc}"))
                     continue
                 raise UserCodeError(comp.name, ctx.key, f"record {rid!r} (event time {r.timestamp_ms})",
@@ -283,10 +277,10 @@ class UserCode:
         fresh = list(map(_RECORD_ID, todo))
         late = sum(map(_LATE, todo))
         given = tuple(todo) if self.dead_letter else ()
-        produced = ctx._productions
+        produced = ctx.productions
         before = len(produced)
         # ids from the first record (prefixed with the computation, as a record's), time from the last
-        ctx._cause = TimerCause(f"{comp.name}:{first.record_id}", last.timestamp_ms)
+        ctx.cause = TimerCause(f"{comp.name}:{first.record_id}", last.timestamp_ms)
         try:
             comp.process_records(ctx, todo)
         except Exception as exc:  # noqa: BLE001 - user code
@@ -300,7 +294,6 @@ class UserCode:
         return fresh, dups, late, []
 
 
-_EVENT = TimeDomain.EVENT_TIME
 _RECORD_ID = attrgetter("record_id")
 _LATE = attrgetter("late")
 _CODECS: dict[tuple[str, bool], Codec] = {}

@@ -59,6 +59,7 @@ class ActedMark:
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ActedMark:
+        """The mark of a commit's metadata entry (:meth:`to_meta`'s inverse)."""
         m = meta[_KEY]
         opt = lambda v: None if v is None else int(v)  # noqa: E731
         return cls(opt(m.get("batch_id")), opt(m.get("late_ms")), opt(m.get("input_ms")),

@@ -12,6 +12,8 @@ __all__ = ["BatchReport", "format_report"]
 
 @dataclass(frozen=True)
 class BatchReport:
+    """What one micro-batch did: record and key counts, watermarks and times (:func:`format_report`)."""
+
     batch_id: int
     records_in: int
     processed: int

@@ -68,9 +68,11 @@ class TriggerContext:
 
     @property
     def end_of_window_reached(self) -> bool:
+        """The watermark has reached the window's end (``watermark >= end``)."""
         return self.watermark_ms is not None and self.watermark_ms >= self.end_ms
 
     def node(self, i: int) -> NodeState:
+        """The state dict of node ``i``."""
         return self.states[i]
 
 
@@ -78,6 +80,7 @@ class Trigger:
     """Base of trigger tree nodes. Subclasses are frozen dataclasses."""
 
     def children(self) -> tuple["Trigger", ...]:
+        """The subtriggers, in state order (none for a leaf)."""
         return ()
 
     def size(self) -> int:
@@ -85,6 +88,7 @@ class Trigger:
         return 1 + sum(c.size() for c in self.children())
 
     def child_indices(self, i: int) -> list[int]:
+        """The state indices of the children of node ``i`` (their subtrees follow ``i`` in pre-order)."""
         out, j = [], i + 1
         for c in self.children():
             out.append(j)
@@ -97,17 +101,21 @@ class Trigger:
     # --- state machine; ``i`` is this node's index in ``tc.states`` ---------
 
     def is_finished(self, tc: TriggerContext, i: int) -> bool:
+        """Node ``i`` has finished: it fires no more (until cleared)."""
         return bool(tc.node(i).get("f"))
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
+        """An element arrived in the pane: update node ``i`` (default: pass it to the unfinished children)."""
         for c, j in self._kids(i):
             if not c.is_finished(tc, j):
                 c.on_element(tc, j)
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """Whether node ``i`` fires now; reads the state, never changes it."""
         raise NotImplementedError
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Node ``i`` fired: update its state (count reset, finished, ...)."""
         raise NotImplementedError
 
     def clear(self, tc: TriggerContext, i: int) -> None:
@@ -131,9 +139,11 @@ class Never(Trigger):
     """Never fires; the window's pane comes only when it expires."""
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """Never."""
         return False
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Nothing to do: it never fires."""
         pass
 
 
@@ -142,15 +152,19 @@ class Always(Trigger):
     """Fires after every element."""
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
+        """Count the element."""
         tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """An element arrived since the last firing."""
         return bool(tc.node(i).get("n", 0))
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Reset the count."""
         tc.node(i).pop("n", None)
 
     def on_merge(self, tc: TriggerContext, i: int) -> None:
+        """The count is the sum of the merged windows' counts."""
         n = sum(s[i].get("n", 0) for s in tc.merging)
         if n:
             tc.node(i)["n"] = n
@@ -167,15 +181,19 @@ class AfterCount(Trigger):
             raise WindowingError(f"after_count needs count >= 1, got {self.count}")
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
+        """Count the element."""
         tc.node(i)["n"] = tc.node(i).get("n", 0) + 1
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """``count`` elements are in the pane."""
         return int(tc.node(i).get("n", 0)) >= self.count
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Finish."""
         tc.states[i] = {"f": 1}
 
     def on_merge(self, tc: TriggerContext, i: int) -> None:
+        """Finished if any merged window's was; else the sum of their counts."""
         super().on_merge(tc, i)
         n = sum(s[i].get("n", 0) for s in tc.merging)
         if n and not tc.node(i).get("f"):
@@ -193,16 +211,20 @@ class AfterProcessingTime(Trigger):
             raise WindowingError(f"after_processing_time needs delay >= 0, got {self.delay_ms} ms")
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
+        """Set the target (processing time now + ``delay_ms``) at the pane's first element."""
         tc.node(i).setdefault("t", tc.now_ms + self.delay_ms)
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """Processing time has reached the target."""
         t = tc.node(i).get("t")
         return t is not None and tc.now_ms >= int(t)
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Finish."""
         tc.states[i] = {"f": 1}
 
     def on_merge(self, tc: TriggerContext, i: int) -> None:
+        """Finished if any merged window's was; else the earliest of their targets."""
         super().on_merge(tc, i)
         ts = [int(s[i]["t"]) for s in tc.merging if s[i].get("t") is not None]
         if ts and not tc.node(i).get("f"):
@@ -216,12 +238,15 @@ class Repeatedly(Trigger):
     trigger: Trigger
 
     def children(self) -> tuple[Trigger, ...]:
+        """``(trigger,)``."""
         return (self.trigger,)
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """``trigger`` can fire."""
         return self.trigger.should_fire(tc, i + 1)
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Fire ``trigger``, and clear it if that finished it."""
         self.trigger.on_fire(tc, i + 1)
         if self.trigger.is_finished(tc, i + 1):
             self.trigger.clear(tc, i + 1)
@@ -234,12 +259,15 @@ class AfterAny(Trigger):
     triggers: tuple[Trigger, ...]
 
     def children(self) -> tuple[Trigger, ...]:
+        """The subtriggers."""
         return self.triggers
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """An unfinished subtrigger can fire."""
         return any(c.should_fire(tc, j) for c, j in self._kids(i) if not c.is_finished(tc, j))
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Fire the unfinished subtriggers that can, then finish."""
         for c, j in self._kids(i):
             if not c.is_finished(tc, j) and c.should_fire(tc, j):
                 c.on_fire(tc, j)
@@ -253,13 +281,16 @@ class AfterAll(Trigger):
     triggers: tuple[Trigger, ...]
 
     def children(self) -> tuple[Trigger, ...]:
+        """The subtriggers."""
         return self.triggers
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """There are unfinished subtriggers and all of them can fire."""
         live = [(c, j) for c, j in self._kids(i) if not c.is_finished(tc, j)]
         return bool(live) and all(c.should_fire(tc, j) for c, j in live)
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Fire every unfinished subtrigger, then finish."""
         for c, j in self._kids(i):
             if not c.is_finished(tc, j):
                 c.on_fire(tc, j)
@@ -273,6 +304,7 @@ class AfterEach(Trigger):
     triggers: tuple[Trigger, ...]
 
     def children(self) -> tuple[Trigger, ...]:
+        """The subtriggers, in the order they run."""
         return self.triggers
 
     def _current(self, tc: TriggerContext, i: int) -> tuple[Trigger, int] | None:
@@ -282,15 +314,18 @@ class AfterEach(Trigger):
         return None
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
+        """Pass the element to the current (first unfinished) subtrigger."""
         cur = self._current(tc, i)
         if cur is not None:
             cur[0].on_element(tc, cur[1])
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """The current subtrigger can fire."""
         cur = self._current(tc, i)
         return cur is not None and cur[0].should_fire(tc, cur[1])
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Fire the current subtrigger; finish once none is left unfinished."""
         cur = self._current(tc, i)
         if cur is not None:
             cur[0].on_fire(tc, cur[1])
@@ -306,13 +341,16 @@ class OrFinally(Trigger):
     until: Trigger
 
     def children(self) -> tuple[Trigger, ...]:
+        """``(trigger, until)``."""
         return (self.trigger, self.until)
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """``trigger`` (unfinished) or ``until`` can fire."""
         (a, ja), (u, ju) = self._kids(i)
         return (not a.is_finished(tc, ja) and a.should_fire(tc, ja)) or u.should_fire(tc, ju)
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Fire ``until`` and finish if it can; else fire ``trigger``, finishing when it finishes."""
         (a, ja), (u, ju) = self._kids(i)
         if u.should_fire(tc, ju):
             u.on_fire(tc, ju)
@@ -334,6 +372,7 @@ class AfterWatermark(Trigger):
     late: Trigger | None = None
 
     def children(self) -> tuple[Trigger, ...]:
+        """``early`` and ``late``, those present."""
         return tuple(t for t in (self.early, self.late) if t is not None)
 
     def _sub(self, i: int, which: str) -> tuple[Trigger, int] | None:
@@ -347,11 +386,14 @@ class AfterWatermark(Trigger):
         return None
 
     def on_element(self, tc: TriggerContext, i: int) -> None:
+        """Pass the element to ``early`` before the on-time firing, to ``late`` after it."""
         sub = self._sub(i, "late" if tc.node(i).get("o") else "early")
         if sub is not None:
             sub[0].on_element(tc, sub[1])
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """Before the on-time firing: the window's end is reached or ``early`` can fire; after it:
+        ``late`` can fire."""
         if not tc.node(i).get("o"):
             early = self._sub(i, "early")
             return tc.end_of_window_reached or (early is not None and early[0].should_fire(tc, early[1]))
@@ -359,6 +401,8 @@ class AfterWatermark(Trigger):
         return late is not None and late[0].should_fire(tc, late[1])
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """The on-time firing (ends the early phase; finishes without ``late``), or an early / late
+        firing (repeats: cleared when it finishes)."""
         node = tc.node(i)
         if not node.get("o"):
             early = self._sub(i, "early")
@@ -380,6 +424,8 @@ class AfterWatermark(Trigger):
                 late[0].clear(tc, late[1])  # late firings repeat
 
     def on_merge(self, tc: TriggerContext, i: int) -> None:
+        """Past the on-time firing only if every merged window was and the merged window's end is
+        reached; else back in the early phase."""
         early, late = self._sub(i, "early"), self._sub(i, "late")
         if all(s[i].get("o") for s in tc.merging) and tc.end_of_window_reached:
             tc.node(i)["o"] = 1

@@ -119,6 +119,11 @@ class WindowedComputation(Computation):
     # ------------------------------------------------------------- callbacks
 
     def process_record(self, ctx: Context, record: Record) -> None:
+        """Add the record to every window it falls in (merging sessions) and evaluate their triggers.
+
+        A record behind the allowed lateness, or for a closed window, is produced to the dropped
+        stream with the reason.
+        """
         st = self._load(ctx)
         s = self.strategy
         wm = ctx.input_watermark_ms
@@ -146,6 +151,7 @@ class WindowedComputation(Computation):
         self._save(ctx, st)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
+        """A window's event-time or processing-time timer: evaluate its trigger."""
         st = self._load(ctx)
         wid = timer.tag[2:]
         if wid in st:

@@ -81,9 +81,11 @@ class Window:
         return Window(int(start), int(end))
 
     def contains(self, timestamp_ms: int) -> bool:
+        """``start_ms <= timestamp_ms < end_ms``."""
         return self.start_ms <= timestamp_ms < self.end_ms
 
     def intersects(self, other: "Window") -> bool:
+        """The windows overlap (touching ends do not)."""
         return self.start_ms < other.end_ms and other.start_ms < self.end_ms
 
     def span(self, other: "Window") -> "Window":
@@ -121,6 +123,7 @@ class GlobalWindows(WindowFn):
     """Every element in the one global window."""
 
     def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        """``(GLOBAL_WINDOW,)``."""
         return (GLOBAL_WINDOW,)
 
 
@@ -136,6 +139,7 @@ class FixedWindows(WindowFn):
             raise WindowingError(f"fixed window size must be > 0 ms, got {self.size_ms}")
 
     def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        """The window ``[start, start + size_ms)`` holding the timestamp."""
         start = timestamp_ms - (timestamp_ms - self.offset_ms) % self.size_ms
         return (Window(start, start + self.size_ms),)
 
@@ -154,6 +158,7 @@ class SlidingWindows(WindowFn):
                 f"sliding windows need size and period > 0 ms, got size {self.size_ms}, period {self.period_ms}")
 
     def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        """Every window that holds the timestamp, by start."""
         last = timestamp_ms - (timestamp_ms - self.offset_ms) % self.period_ms
         out: list[Window] = []
         start = last
@@ -175,9 +180,11 @@ class Sessions(WindowFn):
             raise WindowingError(f"session gap must be > 0 ms, got {self.gap_ms}")
 
     def assign(self, timestamp_ms: int) -> tuple[Window, ...]:
+        """``[t, t + gap_ms)``."""
         return (Window(timestamp_ms, timestamp_ms + self.gap_ms),)
 
     def merge(self, windows: Sequence[Window]) -> list[tuple[Window, list[Window]]]:
+        """Windows that intersect, merged transitively."""
         return merge_overlapping(windows)
 
 

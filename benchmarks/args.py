@@ -12,6 +12,7 @@ DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
 
 
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the throughput benchmark's options (size, output folder, engines, warm-up, rounds) to ``p``."""
     p.add_argument("--size", default="small", choices=["small", "medium", "big"],
                    help="WORKLOAD.md size (default small)")
     p.add_argument("--out", required=True, help="output folder for throughput.json / throughput.png")
@@ -28,6 +29,7 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the cache benchmark's options (size, output folder, capacities) to ``p``."""
     p.add_argument("--size", default="small", choices=["small", "medium", "big"], help="WORKLOAD.md size")
     p.add_argument("--out", required=True, help="output folder for cache.json / cache.png")
     p.add_argument("--capacities", default=",".join(str(c) for c in DEFAULT_CAPACITIES),

@@ -28,6 +28,7 @@ def _best(fn: Callable[[], Any], rounds: int) -> tuple[float, Any]:
 
 
 def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -> dict[str, Any]:
+    """Measure the filter against the exact lookup (best of ``rounds``); returns the figures."""
     import pyarrow as pa
     from deltawheel.executor import _imagetask
     from deltawheel.executor._imagekeys import Input
@@ -77,6 +78,7 @@ def _build(cls: Any, ids: Any, n: int) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark from the command line ``argv``; print the JSON (and save it with ``--out``)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--keys", type=int, default=10_000)
     p.add_argument("--ids-per-key", type=int, default=100)

@@ -43,6 +43,7 @@ BATCH_MS = 1_000  # processing time between batches in the replay (no processing
 
 @dataclass(frozen=True)
 class Batch:
+    """One batch of the trace: the rows it reads, and the next timer it writes back for each."""
     watermark_ms: int | None
     now_ms: int
     keys: tuple[str, ...]  # the rows read, in first-access order
@@ -51,6 +52,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class Trace:
+    """The access trace of a workload, batch by batch, with its totals."""
     batches: tuple[Batch, ...]
     distinct_keys: int
     lookups: int
@@ -197,6 +199,7 @@ def run_cache_bench(size: str, *, out: Path, capacities: Sequence[float] = DEFAU
 
 
 def format_table(report: dict[str, Any]) -> str:
+    """The report's runs as a text table: hit rates per policy, reads saved against LRU, time per lookup."""
     head = f"{'capacity':>10} {'share':>6} {'lru':>7} {'window':>7} {'opt':>7} {'reads w/lru':>11} {'gap closed':>10} " \
            f"{'us/lookup lru':>13} {'window':>7}"
     lines = [head, "-" * len(head)]
@@ -246,6 +249,11 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``deltawheel bench cache`` with parsed ``args``: print the table, write JSON and PNG; returns 0.
+
+    Raises:
+        ConfigError: ``--capacities`` are not shares in (0, 1].
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cache_arguments(p)
     return run_from_args(p.parse_args(argv))

@@ -67,6 +67,7 @@ class DeltaWheelEngine:
     direct_read = True
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None) -> EngineResult:
+        """Run the window count on ``data`` through a deltawheel pipeline; returns speed and output check."""
         from deltawheel import migrations
         from deltawheel.executor.pipeline import Pipeline, PipelineRunner
         from deltawheel.executor.sources import ParquetInjector

@@ -28,6 +28,7 @@ __all__ = ["MemoryPeak", "MemorySampler", "tree_memory"]
 
 @dataclass(frozen=True)
 class MemoryPeak:
+    """The peaks a :class:`MemorySampler` saw (see the field comments)."""
     pss_bytes: int  # peak of the sum of PSS over the tree
     rss_bytes: int  # peak of the sum of RSS over the tree (double-counts shared pages)
     max_single_rss_bytes: int  # largest RSS of one process seen (what `time -v` reports)
@@ -36,6 +37,7 @@ class MemoryPeak:
     max_processes: int
 
     def to_dict(self) -> dict[str, Any]:
+        """The peaks as JSON-ready data, in MiB (``*_mib`` instead of ``*_bytes``)."""
         d = asdict(self)
         for k in ("pss_bytes", "rss_bytes", "max_single_rss_bytes", "driver_maxrss_bytes"):
             d[k.replace("_bytes", "_mib")] = round(d.pop(k) / 2**20, 1)
@@ -88,6 +90,7 @@ class MemorySampler:
         self._root = psutil.Process(os.getpid())
 
     def sample(self) -> None:
+        """Take one sample now and update the peaks."""
         pss, rss, top, n = tree_memory(self._root)
         with self._lock:
             self._pss = max(self._pss, pss)
@@ -103,11 +106,13 @@ class MemorySampler:
             self._stop.wait(max(0.0, self._interval - (time.monotonic() - t0)))
 
     def start(self) -> MemorySampler:
+        """Start sampling in a daemon thread; returns ``self``."""
         self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> MemoryPeak:
+        """Stop sampling (after one last sample) and return the peaks."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -116,6 +121,7 @@ class MemorySampler:
 
     @property
     def peak(self) -> MemoryPeak:
+        """The peaks so far (``driver_maxrss_bytes`` read now)."""
         maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         with self._lock:
             return MemoryPeak(self._pss, self._rss, self._top, int(maxrss_kib) * 1024,

@@ -282,6 +282,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``deltawheel bench throughput`` with parsed ``args``; returns 0 if every engine was correct, else 1."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_throughput_arguments(p)
     return run_from_args(p.parse_args(argv))

@@ -77,9 +77,11 @@ class WorkloadParams:
 
     @property
     def n_files(self) -> int:
+        """The number of input files: ``n`` records, ``b`` per file (the last may hold fewer)."""
         return (self.n + self.b - 1) // self.b
 
     def dirname(self) -> str:
+        """The dataset's folder name (every parameter in it)."""
         return f"n{self.n}-b{self.b}-k{self.k}-r{self.rate}-s{self.seed}"
 
 
@@ -125,10 +127,12 @@ class Reference:
 
     @property
     def emitted_rows(self) -> int:
+        """Rows of the reference output."""
         return int(self.table.num_rows)
 
     @property
     def sum_counts(self) -> int:
+        """The sum of the reference output's counts."""
         return int(pc.sum(self.table.column("count")).as_py() or 0)
 
 
@@ -146,14 +150,17 @@ class WorkloadData:
 
     @property
     def input_dir(self) -> Path:
+        """The folder of the input parquet files."""
         return self.data_dir / "input"
 
     @property
     def n(self) -> int:
+        """The number of input records."""
         return self.params.n
 
     @property
     def expected(self) -> ExpectedFigures | None:
+        """The WORKLOAD.md figures every correct engine matches (None: not a verified named size)."""
         return EXPECTED.get(self.size) if self.verified else None
 
     @cached_property
@@ -164,6 +171,7 @@ class WorkloadData:
 
 @dataclass(frozen=True)
 class OutputCheck:
+    """How an engine's output compares with the reference (``correct``: same multiset of rows)."""
     emitted_rows: int
     sum_counts: int
     correct: bool

@@ -52,6 +52,7 @@ class VacuumRetentionError(ConfigError):
 
 @dataclass(frozen=True)
 class GcAction:
+    """One thing a gc pass did or would do to one table (``count``: records or files, where known)."""
     pass_name: str
     table: str
     detail: str
@@ -60,10 +61,12 @@ class GcAction:
 
 @dataclass(frozen=True)
 class GcReport:
+    """What a gc run did (``applied``) or would do (a dry run): its actions, in order."""
     applied: bool
     actions: tuple[GcAction, ...] = field(default_factory=tuple)
 
     def lines(self) -> list[str]:
+        """One line per action, marked ``[done]`` or ``[plan]``."""
         verb = "done" if self.applied else "plan"
         return [f"[{verb}] {a.pass_name:16s} {a.table}: {a.detail}" for a in self.actions]
 

@@ -214,7 +214,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         # VACUUM lists the table folder in this many tasks (default 10,000: 30-90 s per VACUUM
         # of even an empty table on 2 cores, which made the GC pass take minutes). Re-checked on
         # Delta 4.4.0 / Spark 4.2.0: VACUUM of a small table 66.5 s with the default, 7.5 s with 8
-        # (docs/performance.md, "VACUUM listing")
+        # (docs/performance.md, "Commit files and streaming checkpoint files")
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                 str(max(8, settings.shuffle_partitions)))
         .config("spark.sql.session.timeZone", "UTC")
@@ -223,13 +223,13 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         # FileSystem API: Spark still picks the FileContext-based manager for local paths, which
         # cost ~0.1 s per file on Spark 4.0 (per trigger of a benchmark query: offset log
         # 115 -> 26 ms, commit log 123 -> 23 ms, source listing 145 -> 30 ms); re-checked on Spark
-        # 4.2.0: 26 ms vs 59 ms per file (create, close, list; docs/performance.md, "Streaming
-        # checkpoint files"). Exactly-once does not rest on these files' atomicity: a replayed
+        # 4.2.0: 26 ms vs 59 ms per file (create, close, list; docs/performance.md, "Commit files
+        # and streaming checkpoint files"). Exactly-once does not rest on these files' atomicity: a replayed
         # batch is deduplicated and a second writer is fenced (docs/fencing.md)
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
         # Python workers forked with pyarrow, numpy and the task modules already imported: a
         # worker idle for a minute is killed, and a fresh one paid ~0.5 s of imports on its
-        # first task (executor/_daemon.py; docs/performance.md, "Python workers")
+        # first task (executor/_daemon.py; docs/performance.md, "Python worker start")
         .config("spark.python.daemon.module", DAEMON_MODULE)
     )
     if store_jar is not None:  # commits to local tables: put-if-absent across processes

@@ -18,12 +18,14 @@ The two Spark engines here:
   10 s watermark, append mode, Parquet sink, one file per micro-batch,
   ``trigger(availableNow=True)``; Spark runs the final no-data batch itself
   (``spark.sql.streaming.noDataMicroBatches.enabled``, default true).
-* ``spark_tws``: ``transformWithStateInPandas`` (Spark 4.0), per key a MapState
+* ``spark_tws``: ``transformWithStateInPandas`` (Spark 4.0+), per key a MapState
   ``window_start -> count`` and an event-time timer at ``window_end - 1 ms``
   that emits and forgets the window (WORKLOAD.md section 3).
 
 Both need the RocksDB state store provider in the session (see
-:data:`SPARK_BENCH_CONF`).
+:data:`SPARK_BENCH_CONF`). They take the session deltawheel's engine runs in, so the
+peers and deltawheel run on the same Spark (the pinned pyspark 4.2.0 with Delta 4.4.0;
+the report's ``machine`` records both versions).
 """
 
 from __future__ import annotations

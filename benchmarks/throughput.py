@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import psutil
+from deltawheel.statestore.sparkenv import DELTA_VERSION
 
 from .args import add_throughput_arguments
 from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
@@ -88,7 +89,8 @@ def _machine_info(spark: Any) -> dict[str, Any]:
         "memory_total_mib": round(vm.total / 2**20),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "spark": spark.version,
+        "spark": spark.version,  # every engine runs in this one session, so on this Spark
+        "delta": DELTA_VERSION,
         "pyarrow": pyarrow.__version__,
         "pandas": pandas.__version__,
         "loadavg_1m_at_start": round(os.getloadavg()[0], 2),

@@ -181,7 +181,7 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
             "record_id", "value", "codec", "timestamp_ms", "late", "stream", "position")).alias("recs"))
         joined = recs.join(rows, ["key", "interval"], "full_outer").where(F.col("recs").isNotNull() | due)
     schema = _parse_datatype_string(OUT_DDL)
-    arrow = to_arrow_schema(schema)  # type: ignore[arg-type]  # a StructType (parsed from OUT_DDL)
+    arrow = to_arrow_schema(schema, timezone="UTC")  # type: ignore[arg-type]  # a StructType (parsed from OUT_DDL)
     fn = _task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, arrow, sequencers, commit_id)
     return joined.repartition(partitions, "interval").mapInArrow(fn, schema)
 

@@ -1,13 +1,16 @@
 """Per-task overhead of PySpark's Python workers that deltawheel's tasks remove.
 
-A reused Python worker runs ``importlib.invalidate_caches()`` at the start of
-every task (``pyspark.worker_util.setup_spark_files``). On Python 3.11 a
+PySpark runs ``importlib.invalidate_caches()`` at the start of a task
+(``pyspark.worker_util.setup_spark_files``): before every task up to pyspark 4.0,
+since 4.2 only when the task adds an entry to ``sys.path`` (a fresh worker's first
+task, or new ``pyFiles``). On Python 3.11 a
 ``zipimporter``'s ``invalidate_caches`` re-reads its whole archive directory,
 and the workers import pyspark from ``$SPARK_HOME/python/lib/pyspark.zip``
 (1,200 files): one zipimporter per imported subpackage, so every task re-read
 that directory ~16 times — 0.25-0.3 s per task, measured on a trivial
-two-task job (0.35-0.4 s -> 0.1 s). That is per Python stage, i.e. per
-micro-batch.
+two-task job on pyspark 4.0 (0.35-0.4 s -> 0.1 s). That was per Python stage,
+i.e. per micro-batch; on pyspark 4.2 one invalidation with the archives unfrozen
+costs ~170 ms, frozen 0.1 ms (docs/versions.md).
 
 :func:`freeze_spark_zips` wraps the finders of Spark's own archives
 (``pyspark.zip``, ``py4j-*-src.zip`` and the ``spark-core_*.jar`` that Spark

@@ -122,6 +122,10 @@ class TableLog:
         self._action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
             .getField("MODULE$").get(None)
         self._write_op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
+        # Write's constructor grew optional parameters (4 in Delta 4.0, 7 in 4.1-4.2, 9 in 4.3-4.4),
+        # all defaulting to None, and py4j applies no Scala defaults: pad the call to its arity
+        self._write_arity = int(utils.classForName("org.apache.spark.sql.delta.DeltaOperations$Write", True, False)
+                                .getConstructors()[0].getParameterCount())
         # JVM classes and constants resolved once: every attribute step of ``jvm.a.b.C`` and every
         # call is a py4j round trip (a batch's commit made ~70 of them)
         save_mode = jvm.org.apache.spark.sql.SaveMode
@@ -163,7 +167,7 @@ class TableLog:
         none = self._none
         pred = self._some(" OR ".join(f"({p})" for p in predicates)) if predicates else none
         meta = self._some(user_metadata) if user_metadata is not None else none
-        return self._write_op(self._modes[overwrite], none, pred, meta)
+        return self._write_op(self._modes[overwrite], none, pred, meta, *([none] * (self._write_arity - 4)))
 
     def files(self, predicate_sql: str, *,
               where: Callable[[Mapping[str, str]], bool] | None = None) -> tuple[int, list[FileEntry]]:
@@ -199,7 +203,8 @@ class TableLog:
         upto = int(txn.snapshot().version())
         if upto <= version:
             return None
-        changes = self._log.getChanges(version + 1, False)
+        # getChanges(startVersion, catalogTable, failOnDataLoss): a path-based table has no catalog entry
+        changes = self._log.getChanges(version + 1, self._none, False)
         while changes.hasNext():
             pair = changes.next()
             v = int(pair._1())

@@ -30,7 +30,8 @@ def arrow_schema(ddl: str) -> Any:
     if ddl not in _SCHEMAS:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        _SCHEMAS[ddl] = to_arrow_schema(spark_type(ddl))
+        # TIMESTAMP columns as UTC instants, as Spark's JVM exchanges them (pyspark 4.2 asks for the zone)
+        _SCHEMAS[ddl] = to_arrow_schema(spark_type(ddl), timezone="UTC")
     return _SCHEMAS[ddl]
 
 

@@ -24,16 +24,25 @@ from typing import Mapping
 
 from .exceptions import JarFetchError
 
-__all__ = ["DELTA_JARS", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark",
+__all__ = ["DELTA_JARS", "DELTA_VERSION", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark",
            "default_jars_dir"]
 
 MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
 
-# (group, artifact, version) of the jars delta-spark 4.0.0 needs on Spark 4.0 / Scala 2.13.
+DELTA_VERSION = "4.4.0"
+# (group, artifact, version) of the jars delta-spark 4.4.0 needs on Spark 4.2 / Scala 2.13 that
+# pyspark does not ship: the runtime dependencies that delta-spark_4.2_2.13's POM declares
+# (Spark's own jars, Scala and antlr come with pyspark). The kernel and Unity Catalog jars serve
+# Delta's catalog-managed tables and its Kernel-based reader; deltawheel's path-based tables do not
+# load them, but they are the declared set. docs/versions.md says why this pair.
 DELTA_JARS: tuple[tuple[str, str, str], ...] = (
-    ("io.delta", "delta-spark_2.13", "4.0.0"),
-    ("io.delta", "delta-storage", "4.0.0"),
-    ("org.antlr", "antlr4-runtime", "4.13.1"),
+    ("io.delta", "delta-spark_4.2_2.13", DELTA_VERSION),
+    ("io.delta", "delta-storage", DELTA_VERSION),
+    ("io.delta", "delta-kernel-api", DELTA_VERSION),
+    ("io.delta", "delta-kernel-defaults", DELTA_VERSION),
+    ("io.delta", "delta-kernel-unitycatalog", DELTA_VERSION),
+    ("io.unitycatalog", "unitycatalog-client", "0.6.0"),
+    ("io.unitycatalog", "unitycatalog-hadoop", "0.6.0"),
 )
 
 
@@ -113,15 +122,20 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
     ``ExclusiveLocalLogStore.java`` (beside this file) makes each commit file with a hard link, so two
     processes can never both commit one version of a table (Delta's local stores check,
     then rename, under a lock of one JVM only). Compiled with ``javac`` against the
-    ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the source's
-    digest. Returns None (with a warning) when no ``javac`` is installed.
+    ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the digest of the source
+    and of the Delta and Spark versions it was compiled against. Returns None (with a warning) when
+    no ``javac`` is installed.
     """
     import zipfile
 
     jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
     jars_dir.mkdir(parents=True, exist_ok=True)
-    src = _LOG_STORE_SOURCE.read_bytes()
-    dest = jars_dir / f"deltawheel-logstore-{hashlib.sha256(src).hexdigest()[:12]}.jar"
+    import pyspark
+
+    # a jar compiled against other Delta or Spark jars is not reused, even if it would still link
+    digest = hashlib.sha256(_LOG_STORE_SOURCE.read_bytes())
+    digest.update(f"delta-storage {DELTA_VERSION} pyspark {pyspark.__version__}".encode())
+    dest = jars_dir / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
     if dest.exists():
         return dest
     javac = shutil.which("javac")
@@ -129,8 +143,6 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
         print("deltawheel: WARNING: no javac, so Delta's own log store is used for local tables "
               "(its put-if-absent of commit files holds within one JVM only)", file=sys.stderr)
         return None
-    import pyspark
-
     storage = next(p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith("delta-storage-"))
     cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
     if not quiet:
@@ -161,7 +173,9 @@ class SparkSettings:
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
-CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+# Spark 4.2 moved the checkpoint file managers to ...streaming.checkpointing (the old name fails every
+# streaming query with CANNOT_LOAD_CHECKPOINT_FILE_MANAGER)
+CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 DAEMON_MODULE = "deltawheel.executor._daemon"
 
 
@@ -192,25 +206,30 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         # derives it in memory (no Spark job, ~25 ms to write), and a table loaded from disk
         # takes it from the file instead of rebuilding the table state at its first commit in
         # a session (6 s on a cold session for the demo's rows table). No file list inside it:
-        # when any of the session, JVM or system time zones is not UTC, Delta 4.0 verifies that
-        # list against a full state reconstruction at every commit (2 Spark jobs, ~0.8 s per
-        # commit measured with TZ=Europe/Berlin). README, "Throughput", items 3 and 22.
+        # when any of the session, JVM or system time zones is not UTC, Delta (4.0 to 4.4) verifies
+        # that list against a full state reconstruction at every commit. Re-checked on Delta 4.4.0 /
+        # Spark 4.2.0 with the session time zone Europe/Berlin: 2,390 ms per commit with the list,
+        # 105 ms without (docs/performance.md, "Delta commit cost").
         .config("spark.databricks.delta.allFilesInCrc.enabled", "false")
         # VACUUM lists the table folder in this many tasks (default 10,000: 30-90 s per VACUUM
-        # of even an empty table on 2 cores, which made the GC pass take minutes)
+        # of even an empty table on 2 cores, which made the GC pass take minutes). Re-checked on
+        # Delta 4.4.0 / Spark 4.2.0: VACUUM of a small table 66.5 s with the default, 7.5 s with 8
+        # (docs/performance.md, "Commit files and streaming checkpoint files")
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                 str(max(8, settings.shuffle_partitions)))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         # streaming checkpoint files (offsets, commits, the file source's log) through Hadoop's
-        # FileSystem API: with the default FileContext-based manager each file cost ~0.1 s here
-        # (per trigger of a benchmark query: offset log 115 -> 26 ms, commit log 123 -> 23 ms,
-        # source listing 145 -> 30 ms). Exactly-once does not rest on these files' atomicity:
-        # a replayed batch is deduplicated and a second writer is fenced (README, "Fencing")
+        # FileSystem API: Spark still picks the FileContext-based manager for local paths, which
+        # cost ~0.1 s per file on Spark 4.0 (per trigger of a benchmark query: offset log
+        # 115 -> 26 ms, commit log 123 -> 23 ms, source listing 145 -> 30 ms); re-checked on Spark
+        # 4.2.0: 26 ms vs 59 ms per file (create, close, list; docs/performance.md, "Commit files
+        # and streaming checkpoint files"). Exactly-once does not rest on these files' atomicity: a replayed
+        # batch is deduplicated and a second writer is fenced (docs/fencing.md)
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
         # Python workers forked with pyarrow, numpy and the task modules already imported: a
         # worker idle for a minute is killed, and a fresh one paid ~0.5 s of imports on its
-        # first task (executor/_daemon.py; README, "Throughput", item 35)
+        # first task (executor/_daemon.py; docs/performance.md, "Python worker start")
         .config("spark.python.daemon.module", DAEMON_MODULE)
     )
     if store_jar is not None:  # commits to local tables: put-if-absent across processes

@@ -207,7 +207,7 @@ class RowStore:
 
         now = self.clock.now_ms()
         commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
-        schema = to_arrow_schema(_parse_datatype_string(rows_file_ddl()))  # type: ignore[arg-type]
+        schema = to_arrow_schema(_parse_datatype_string(rows_file_ddl()), timezone="UTC")  # type: ignore[arg-type]
         adds = []
         for iv, seq in sorted(sequencers.items()):
             row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()

@@ -158,10 +158,12 @@ def test_spark_zip_finders_skip_invalidation_other_zips_do_not(tmp_path, monkeyp
     import zipfile
     import zipimport
 
+    import pyspark
     from deltawheel.executor import _worker
 
+    core_jar = f"spark-core_2.13-{pyspark.__version__}.jar"  # the jar the workers run from
     paths = {}
-    for name, mod in (("pyspark.zip", "dw_frozen_probe"), ("spark-core_2.13-4.0.1.jar", "dw_jar_probe"),
+    for name, mod in (("pyspark.zip", "dw_frozen_probe"), (core_jar, "dw_jar_probe"),
                       ("user-deps.zip", "dw_user_probe")):
         p = tmp_path / name
         with zipfile.ZipFile(p, "w") as z:
@@ -186,7 +188,7 @@ def test_spark_zip_finders_skip_invalidation_other_zips_do_not(tmp_path, monkeyp
     reads.clear()
     importlib.invalidate_caches()
     assert paths["user-deps.zip"] in reads
-    assert paths["pyspark.zip"] not in reads and paths["spark-core_2.13-4.0.1.jar"] not in reads
+    assert paths["pyspark.zip"] not in reads and paths[core_jar] not in reads
     frozen = sys.path_importer_cache[paths["pyspark.zip"]]
     assert frozen.find_spec("dw_frozen_probe") is not None and frozen.archive == paths["pyspark.zip"]
     monkeypatch.setenv("DELTAWHEEL_FREEZE_SPARK_ZIPS", "0")

@@ -458,6 +458,8 @@ class ImagePath(WritePath[BatchOutput]):
                                       read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
                                       untouched_since=(self.version, parts))
         except StaleFilesError as exc:
+            # a takeover first (a zombie fails typed, never as a mere reload)
+            self.owner.store.check_fences(name, seqs)
             raise StaleViewError(str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - Delta's conflict exceptions
             err = translate_commit_error(exc, sequencers=seqs)
@@ -465,6 +467,7 @@ class ImagePath(WritePath[BatchOutput]):
                 raise
             if isinstance(err, StaleSequencerError):
                 raise err from exc
+            self.owner.store.check_fences(name, seqs)
             raise StaleViewError(f"concurrent commit on {name}'s partitions: {err}") from exc
         assert version is not None
         for s in new:

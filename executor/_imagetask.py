@@ -16,7 +16,9 @@ partition of the rows table. It
    when a record's id *might* have been seen are the stored ids looked at;
 4. writes the new image as one Parquet file in the interval's partition
    folder and the new productions as one file per stream in the stream
-   table's folder — neither is visible until the driver commits it;
+   table's folder, with the write path's functions
+   (``statestore/writepath/image.py``) — neither is visible until the driver
+   commits it;
 5. returns one summary row per interval (file paths, counts, oldest work).
 
 Nothing here talks to ZooKeeper or the Delta log; the driver commits.
@@ -29,16 +31,21 @@ import os
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 from deltawheel.statestore.bloom import IdBloom
-from deltawheel.statestore.deltatxn import partition_file_name, write_file
 from deltawheel.statestore.rows import FENCE_KEY, ROW_FORMAT_VERSION
+from deltawheel.statestore.writepath.image import (
+    next_processing,
+    oldest_work,
+    write_interval_image,
+    write_production_files,
+)
 
 from ._imagekeys import Input, KeyLoop, OldRows, py_list, side_row
 from .computation import Computation
 
-__all__ = ["ImageSpec", "image_task_fn", "run_task", "oldest_work", "next_processing", "SUMMARY_DDL", "STALE_MARK"]
+__all__ = ["ImageSpec", "image_task_fn", "run_task", "SUMMARY_DDL", "STALE_MARK"]
 
 STALE_MARK = "DW_STALE_FENCE"
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
@@ -229,8 +236,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     new_image = pa.concat_tables(parts).combine_chunks()
     # Step 4: write the files (invisible until the driver's commit).
     if loop.written or has_pending or dirty or expired:
-        rel = partition_file_name(name, iv, "dw")
-        size = write_file(new_image, spec.rows_root, rel)
+        rel, size = write_interval_image(new_image, spec.rows_root, name, iv)
         _remember((rel,), new_image)
         if bloom is not None:  # the new image's ids: the old image's (a superset) and the new ones
             bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
@@ -427,20 +433,6 @@ def _with_ids(rows: Any, old: _Ids, new: Any | None, seen_ms: int, schema: Any) 
     return out.select(schema.names).cast(schema)
 
 
-def next_processing(image: Any, retention_ms: int | None = None) -> int | None:
-    """The earliest processing time at which the image has work without input (None: none): its
-    earliest processing-time timer and, given the dedup ``retention_ms``, the time its oldest
-    record id leaves the dedup horizon (the image is then rewritten without it)."""
-    import pyarrow.compute as pc
-
-    first: int | None = pc.min(image.column("next_processing_timer_ms")).as_py()
-    if retention_ms is not None and image.num_rows:
-        oldest = pc.min(pc.struct_field(pc.list_flatten(image.column("record_ids")), "seen_ms")).as_py()
-        if oldest is not None:
-            first = oldest + retention_ms + 1 if first is None else min(first, oldest + retention_ms + 1)
-    return first
-
-
 def expired_ids(image: Any, horizon_ms: int | None) -> int:
     """How many record ids of ``image`` were seen before ``horizon_ms`` (they leave it)."""
     import pyarrow.compute as pc
@@ -468,15 +460,6 @@ def _drop_empty(t: Any) -> Any:
     empty = pc.and_kleene(empty, pc.not_equal(t.column("key"), FENCE_KEY))
     empty = pc.fill_null(empty, False)
     return t.filter(pc.invert(empty)) if pc.any(empty).as_py() else t
-
-
-def oldest_work(image: Any) -> int | None:
-    import pyarrow.compute as pc
-
-    user = pc.not_equal(image.column("key"), FENCE_KEY)  # the two columns only, not the whole image
-    marks = [pc.min(image.column(c).filter(user)).as_py() for c in ("next_event_timer_ms", "watermark_hold_ms")]
-    marks = [m for m in marks if m is not None]
-    return min(marks) if marks else None
 
 
 def _load(spec: ImageSpec, iv: int) -> Any:
@@ -518,31 +501,3 @@ def _write_productions(spec: ImageSpec, iv: int, prods: list[Any]) -> list[dict[
     return write_production_files(prods, producer=spec.comp.name, commit_id=spec.commit_id, iv=iv,
                                   roots=spec.stream_roots, schema=spec.stream_schema,
                                   format_version=spec.stream_format_version)
-
-
-def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
-                           roots: Mapping[str, str], schema: Any, format_version: int) -> list[dict[str, Any]]:
-    """One stream-table Parquet file per stream of ``prods`` (not yet in the stream's log): what a
-    strong delivery appends. Returns per file its stream, path, size, rows and earliest timestamp."""
-    import pyarrow as pa
-
-    out = []
-    for stream in sorted({p.stream for p in prods}):
-        ps = [p for p in prods if p.stream == stream]
-        ts = pa.array([p.timestamp_ms for p in ps], pa.int64())
-        table = pa.table({
-            "record_id": pa.array([p.production_id for p in ps], pa.string()),
-            "key": pa.array([p.key for p in ps], pa.string()),
-            "value": pa.array([bytes(p.value) for p in ps], pa.binary()),
-            "codec": pa.array([p.codec for p in ps], pa.string()),
-            "timestamp_ms": ts,
-            "event_time": ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
-            "producer": pa.array([producer] * len(ps), pa.string()),
-            "commit_id": pa.array([commit_id] * len(ps), pa.string()),
-            "format_version": pa.array([format_version] * len(ps), pa.int32()),
-        }).cast(schema)
-        rel = f"part-{uuid.uuid4().hex}-dw-{producer}-{iv}.snappy.parquet"
-        size = write_file(table, roots[stream], rel)
-        out.append({"stream": stream, "path": rel, "size": size, "num_rows": table.num_rows,
-                    "min_ts": min(p.timestamp_ms for p in ps)})
-    return out

@@ -16,14 +16,16 @@ from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError, ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rows import FENCE_KEY, MAX_KEY_BYTES, KeyRow, rows_schema_ddl
+from deltawheel.statestore.writepath.merge import MergeBatch, MergePath
 
 from .computation import RECORD_KEY, Computation, LatePolicy, Record
+from .faults import BatchFailedError
 from .keyrun import run_key
+from .userjob import BatchRun, Prepared
 
-__all__ = ["prepare_input", "run_in_tasks", "ROW_COLUMNS", "productions_frame", "dead_letter_frame",
+__all__ = ["prepare_input", "run_in_tasks", "MergeTasks", "productions_frame", "dead_letter_frame",
            "routed_frame", "user_error_message", "interval_of_key", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS"]
 
-ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl())] + ["_op"]
 _PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, timestamp_ms: BIGINT, codec: STRING>"
 _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRING, position: STRING, "
          "event_time_ms: BIGINT, stream: STRING>")
@@ -284,3 +286,90 @@ def user_error_message(exc: BaseException, computation: str, batch_id: int) -> s
     m = re.search(r"UserCodeError: (.*?)(?:\n|$)", text) or re.search(r"(\w+Error: .*?)(?:\n|$)", text)
     detail = m.group(1) if m else text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
     return f"{computation} batch {batch_id} failed in a Spark task: {detail}"
+
+
+class MergeTasks:
+    """The MERGE path's batch job: input prepared in the JVM, joined with the rows it needs,
+    user code per key in tasks (:func:`run_in_tasks`), materialized once.
+
+    Args:
+        spark: the session.
+        comp: the computation.
+        layout: the store.
+        path: the MERGE write path (its owner's intervals and sequencers).
+        partitions: tasks per batch.
+        event_ahead_ms: per input stream, how far a record's event time may be ahead of the clock.
+    """
+
+    direct_source = None  # the MERGE path's tasks never read the input files themselves
+
+    def __init__(self, spark: Any, comp: Computation, layout: StoreLayout, path: MergePath, *, partitions: int,
+                 event_ahead_ms: Mapping[str, int]) -> None:
+        self.spark = spark
+        self.comp = comp
+        self.layout = layout
+        self.path = path
+        self.partitions = partitions
+        self.event_ahead_ms = event_ahead_ms
+        self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
+
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int) -> Prepared:
+        """The input of the owned intervals, materialized; its input-level dead letters apart."""
+        from pyspark.sql import functions as F
+
+        if df is None:
+            return Prepared(None)
+        comp, owned = self.comp, self.path.owner.intervals
+        prep = prepare_input(df, comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
+        if len(owned) < comp.num_intervals:  # the records of our intervals only
+            iv = interval_of_key(comp.num_intervals)
+            prep = prep.where(F.coalesce(iv, F.lit(0)).isin(list(owned)))
+        prep = prep.localCheckpoint(eager=True)
+        ok_ts = F.when(F.col("_bad").isNull(), F.col("timestamp_ms"))  # dead letters move no watermark
+        agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
+                       F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
+        dead_in = int(agg["bad"] or 0)
+        # late records are routed by the tasks, after dedup (a retry of a record run on time is a
+        # duplicate, not late data)
+        return Prepared(prep.where(F.col("_bad").isNull()),
+                        dead=prep.where(F.col("_bad").isNotNull()) if dead_in else None,
+                        records_in=int(agg["n"]), dead_in=dead_in, obs_min=agg["mn"], obs_max=agg["mx"])
+
+    def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
+            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[MergeBatch]:
+        """Load the rows (one join), run user code, materialize once; count what it did."""
+        from pyspark.sql import functions as F
+
+        comp, owner = self.comp, self.path.owner
+        out = run_in_tasks(self.spark, self.layout, comp, prepared.input, intervals=owner.intervals,
+                           input_watermark_ms=wm_in, now_ms=now, dedup_horizon_ms=horizon,
+                           partitions=self.partitions, sequencers=owner.sequencers, commit_id=commit_id)
+        try:
+            out = out.localCheckpoint(eager=True)
+        except Exception as exc:  # noqa: BLE001 - user code errors surface here
+            raise BatchFailedError(user_error_message(exc, comp.name, batch_id)) from exc
+        stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
+                                                       "n_dead", "n_routed", "ids_expired")],
+                        F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written"),
+                        F.min(F.when(F.col("_op") != "delete", F.col("next_event_timer_ms"))).alias("event_timer")
+                        ).collect()[0]
+        st = {k: int(v or 0) for k, v in stats.asDict().items() if k != "event_timer"}
+        mark("load_and_user_code")
+        counts = {"records_in": prepared.records_in, "processed": st["processed"], "duplicates": st["duplicates"],
+                  "late": st["late"], "dead_letters": st["n_dead"] + prepared.dead_in, "timers_fired": st["fired"],
+                  "productions": st["n_prods"], "keys_written": st["written"], "ids_expired": st["ids_expired"]}
+        batch = MergeBatch(out.where(F.col("_op") != "none"), productions_frame(out), st["written"], st["n_prods"])
+        return BatchRun(batch, counts, dead=dead_letter_frame(out) if st["n_dead"] else None,
+                        late=routed_frame(out) if st["n_routed"] else None, event_timer_ms=stats["event_timer"],
+                        obs_min=prepared.obs_min, obs_max=prepared.obs_max)
+
+    def checkpoint(self, run: BatchRun[MergeBatch]) -> bool:
+        """The productions are at hand: the commit writes them into the rows' ``pending``."""
+        from pyspark.sql import functions as F
+
+        run.batch.checkpointed = True
+        run.prod_min_ts = run.batch.prods.agg(F.min("timestamp_ms")).collect()[0][0]
+        return True
+
+    def observe(self, run: BatchRun[MergeBatch]) -> None:
+        """Nothing to learn: Spark places the tasks."""

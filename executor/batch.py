@@ -1,51 +1,53 @@
 """One computation's micro-batches on Spark ``foreachBatch``: the per-batch protocol.
 
-For each micro-batch (``ComputationExecutor.run_batch``):
+:meth:`ComputationExecutor.run_batch` runs DESIGN's seven steps once, whatever the write
+path; the write path (``statestore/writepath``: the image path or the MERGE path, picked by
+``write_path``) makes every write of the rows and stream tables, and its user job
+(``userjob.py``) runs steps 2-4 in Spark tasks. The steps, as the body's ``# Step N``
+comments number them:
 
 1. Check the leases of the owned intervals (a lost or suspended ZooKeeper
    session stops the batch before anything happens).
-2. Prepare the input in the JVM: key extraction, dead letters for records
-   without a usable key, the late flag (event time behind the watermark the
-   last committed batch acted on, recorded with its commit: ``lateness.py``).
-   (With the pipeline runner's direct read the image tasks compute the same
-   from the batch's files themselves: ``_direct.py``.)
+2. Drop duplicates: prepare the input in the JVM (key extraction, dead letters for
+   records without a usable key, the late flag: event time behind the watermark the last
+   committed batch acted on, recorded with its commit: ``lateness.py``); the tasks then
+   dedup against the key's Bloom filter / stored record ids, and (``LatePolicy.ROUTE``)
+   route the late records that are no duplicates to the late-data table.
 3. Load the rows of the batch's keys and of keys with due timers or
-   delivered-but-not-cleared productions (one join against the rows table).
-4. Run user code in Spark tasks, one task per group of intervals, per key:
-   dedup against the key's stored record ids, then (``LatePolicy.ROUTE``) the
-   late records that are no duplicates go to the late-data table, records in
-   event-time order, due timers in timestamp order (``keyrun.run_key``). The
-   result (new row images, productions, dead letters, routed records) is
-   materialized once.
-5. Commit all changed rows in one fenced Delta transaction (``RowStore``),
+   delivered-but-not-cleared productions (the image path: the interval images; the MERGE
+   path: one join against the rows table).
+4. Run user code in Spark tasks, per key: records in event-time order, due timers in
+   timestamp order (``keyrun.run_key``); the new row images, productions, dead letters and
+   routed records are materialized once.
+5. Commit all changed rows in one fenced Delta transaction (``WritePath.commit``),
    recording the watermarks the batch acted on.
-6. Deliver the productions to their stream tables idempotently (insert if the
-   record id is absent). Checkpoints are cleared by the next batch's commit:
-   every production still in a row at the start of a batch was delivered.
+6. Deliver the productions to their stream tables idempotently
+   (``WritePath.deliver``). Checkpoints are cleared by the next batch's commit: every
+   production still in a row at the start of a batch was delivered.
 7. Publish the intervals' oldest work and advance the low watermark.
 
 Weak productions (``strong_productions = False``) are appended to their
 streams before step 5, without a checkpoint, by a thread the batch waits on
 for ``straggler_timeout_s``. A delivery still running then is a *straggler*
 (MillWheel's straggler checkpointing): the batch checkpoints its productions
-in the rows after all (the image path runs the batch's user code once more,
-the MERGE path writes the productions it already has into ``pending``),
+in the rows after all (``UserJob.checkpoint``: the image path runs the batch's user code
+once more, the MERGE path writes the productions it already has into ``pending``),
 commits and goes on; the low watermark is held at the straggled productions
 until the next batch has *settled* the straggler (joined it, and redelivered
 from the checkpoint if it failed) before its commit clears the checkpoint.
 
-On the image write path step 6 is asynchronous: the productions are checkpointed
-in the committed rows, so the batch returns once their delivery has started,
-and the next batch's user code overlaps it. The low watermark is held at the
-undelivered productions meanwhile, and the delivery is *settled* like a
-straggler (joined; redelivered from the checkpoint if it failed) before the
-next commit clears that checkpoint, before a timers-only batch decides it has
-nothing to do, and on ``settle()`` / ``stop()``. Both kinds of open delivery are
-kept by :class:`~deltawheel.executor.inflight.InFlight`.
+Where the write path allows it (``deliver_in_background``: the image path) step 6 is
+asynchronous: the productions are checkpointed in the committed rows, so the batch returns
+once their delivery has started, and the next batch's user code overlaps it. The low
+watermark is held at the undelivered productions meanwhile, and the delivery is *settled*
+like a straggler (joined; redelivered from the checkpoint if it failed) before the next
+commit clears that checkpoint, before a timers-only batch decides it has nothing to do, and
+on ``settle()`` / ``stop()``. Both kinds of open delivery are kept by
+:class:`~deltawheel.executor.inflight.InFlight`.
 
-A crash between or inside any steps followed by a restart (recovery scan +
-redelivery of checkpointed productions + Spark replaying the batch) gives the
-same rows and stream records as a run without the crash.
+A crash between or inside any steps followed by a restart (``WritePath.acquire``:
+recovery + redelivery of checkpointed productions, then Spark replaying the batch) gives
+the same rows and stream records as a run without the crash.
 """
 
 from __future__ import annotations
@@ -59,29 +61,24 @@ from typing import Any, Callable, Mapping, Sequence
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.damage import check_store
 from deltawheel.statestore.deltatxn import is_local
-from deltawheel.statestore.exceptions import ConfigError, StaleSequencerError
+from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.owner import IntervalOwner
-from deltawheel.statestore.rows import Production
 from deltawheel.statestore.watermarks import WatermarkAuthority
+from deltawheel.statestore.writepath import StaleViewError, WritePath
+from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
+from deltawheel.statestore.writepath.image import ImagePath
+from deltawheel.statestore.writepath.merge import MergePath
 
-from . import _tasks
-from ._direct import DirectBatch, DirectSource, batch_files
-from ._tasks import DEFAULT_MAX_EVENT_AHEAD_MS
+from ._direct import DirectSource
+from ._tasks import DEFAULT_MAX_EVENT_AHEAD_MS, MergeTasks
 from .computation import Computation
-from .delivery import (
-    deliver_frame,
-    deliver_productions,
-    fill_positions,
-    record_dead_letters,
-    record_late,
-    side_frame,
-)
 from .faults import BatchFailedError, FaultPoint
-from .images import ImagesStale, ImageWriter
+from .images import ImageTasks
 from .inflight import InFlight, OpenDelivery
 from .lateness import ActedMark, read_mark
 from .reports import BatchReport, format_report
+from .userjob import BatchRun, UserJob
 
 WRITE_PATHS = ("auto", "image", "merge")
 _LOG = logging.getLogger(__name__)
@@ -109,7 +106,7 @@ class ComputationExecutor:
         on_batch_end: called with each micro-batch's observed max event time (injectors
             use it to move their watermark estimate).
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
-            ``images.py``; local or ``file:`` stores), ``"merge"`` (a fenced MERGE per batch,
+            ``statestore/writepath/image.py``; local or ``file:`` stores), ``"merge"`` (a fenced MERGE per batch,
             any store), or ``"auto"`` (image when the store is local, else merge).
         intervals: the key intervals this instance takes (default: all). Several instances
             (e.g. Spark applications) may split a computation's intervals: each reads the
@@ -143,9 +140,6 @@ class ComputationExecutor:
             raise ConfigError(f"write_path='image' writes the interval images with pyarrow and supports local "
                               f"(or file:) stores only; {layout.root} is remote: use write_path='merge' or 'auto'")
         self.write_path = write_path
-        self._images: ImageWriter | None = None
-        self._oldest_iv: dict[int, int | None] = {}
-        self._next_proc_iv: dict[int, int | None] = {}  # image path: earliest processing-time timer
         self.spark = spark
         self.layout = layout
         self.comp = computation
@@ -162,30 +156,59 @@ class ComputationExecutor:
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
         self._mark: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
-        self._oldest: dict[int, dict[str, int]] = {}
         self._started = False
         self.start_s: dict[str, float] = {}
         self.recovered: dict[str, int] = {}  # checkpointed productions the start delivered: appended / merged
         self._wm_lock = threading.Lock()
         self.inflight = InFlight(computation, fault=self._fault, log=self._log,
                                  published=self._publish_watermarks if authority is not None else None)
-        self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
-        # set by the pipeline runner when the input is a Parquet injector its tasks can read
-        # themselves (image path only; ``_direct.py``); a batch that did says so in its report
-        self.direct_source: DirectSource | None = None
         # input stream -> how far (ms) a record's event time may be ahead of the processing clock;
         # later records are dead letters and move no watermark (the pipeline runner sets the bound
         # of each injector it reads, ``max_event_ahead_ms``); default: one day for every input
-        self.event_ahead_ms: Mapping[str, int] = (
-            {s: DEFAULT_MAX_EVENT_AHEAD_MS for s in computation.inputs} if event_ahead_ms is None
-            else dict(event_ahead_ms))
+        ahead: Mapping[str, int] = ({s: DEFAULT_MAX_EVENT_AHEAD_MS for s in computation.inputs}
+                                    if event_ahead_ms is None else dict(event_ahead_ms))
+        # the write path (every write of the rows and stream tables) and the Spark job whose
+        # output it commits and delivers
+        self.path: WritePath[Any]
+        self.job: UserJob[Any]
+        if write_path == "image":
+            image = ImagePath(spark, layout, owner, name=computation.name, outputs=computation.outputs,
+                              retention_ms=computation.dedup_retention_ms() if computation.exactly_once else None)
+            self.path, self.job = image, ImageTasks(computation, layout, image, partitions=self.partitions,
+                                                    event_ahead_ms=ahead)
+        else:
+            merge = MergePath(spark, layout, owner, name=computation.name, outputs=computation.outputs,
+                              track_oldest=authority is not None)
+            self.path, self.job = merge, MergeTasks(spark, computation, layout, merge, partitions=self.partitions,
+                                                    event_ahead_ms=ahead)
+
+    @property
+    def direct_source(self) -> DirectSource | None:
+        """Set by the pipeline runner when the input is a Parquet injector the image path's tasks
+        can read themselves (``_direct.py``); a batch that did says so in its report."""
+        return self.job.direct_source
+
+    @direct_source.setter
+    def direct_source(self, source: DirectSource | None) -> None:
+        self.job.direct_source = source
+
+    @property
+    def event_ahead_ms(self) -> Mapping[str, int]:
+        """Input stream -> how far (ms) a record's event time may be ahead of the processing
+        clock; later records are dead letters and move no watermark (the pipeline runner sets
+        the bound of each injector it reads, ``max_event_ahead_ms``)."""
+        return self.job.event_ahead_ms
+
+    @event_ahead_ms.setter
+    def event_ahead_ms(self, bounds: Mapping[str, int]) -> None:
+        self.job.event_ahead_ms = dict(bounds)
+
+    # ------------------------------------------------------------- lifecycle
 
     # ------------------------------------------------------------- lifecycle
 
     def start(self, *, wait_s: float = 0.0) -> None:
         """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
-        from deltawheel.statestore.streams import ensure_stream_table
-
         if self.comp.event_time_timers and not self.manual_watermarks and not self._has_watermark_source():
             raise ConfigError(
                 f"{self.comp.name} uses event-time timers, but its executor has no watermark source "
@@ -196,47 +219,20 @@ class ComputationExecutor:
                 "if you fire them yourself with flush(input_watermark_ms=...)")
         t_start = time.monotonic()
         check_store(self.layout)  # a lost or torn commit refuses the start (statestore/damage.py)
-        image = self.write_path == "image"
-        # the image path fences with the claim alone and recovers from the images it loads
-        # (and checks the fence rows there too: ImageWriter.recovery)
-        rec = self.owner.acquire(self._wanted, wait_s=wait_s, claim_only=image, scan=not image,
-                                 check_fences=not image)
+        rec = self.path.acquire(self._wanted, wait_s=wait_s)
         t_acq = time.monotonic()
-        for s in self.comp.outputs:  # created by the owner, after the leases are held
-            ensure_stream_table(self.spark, self.layout, s)
         if self.authority is not None:
             self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
         self._mark = read_mark(self.spark, self.layout.rows, self.comp.name, self.owner.intervals)
-        # oldest work per interval, kept from the rows we write (authoritative while we hold the lease)
-        self._oldest = {iv: {} for iv in self.owner.intervals}
-        for r in rec.rows.values():
-            self._note_oldest(r.interval, r.key, r.next_event_timer_ms, r.watermark_hold_ms, deleted=False)
-        pending: list[Production] = [p for _, p in rec.pending]
-        # the commit that checkpointed each (the row's commit id: kept by any rewrite of the table)
-        commit_ids = {p.production_id: rec.rows[k].commit_id if k in rec.rows else None for k, p in rec.pending}
-        appended = 0
-        if image:
-            self._images = ImageWriter(self.spark, self.layout, self.comp, self.owner)
-            try:
-                self._images.load()
-                found = self._images.recovery()
-                self._oldest_iv, self._next_proc_iv = found.oldest, found.next_processing
-                pending, commit_ids = found.merge_productions(), found.merge_commit_ids()
-                appended = self._images.redeliver(found.appends)
-            except StaleSequencerError:
-                self.owner.release()
-                raise
+        if rec.appended:
+            self._log(f"{self.comp.name}: recovery delivered {rec.appended} checkpointed productions of the last "
+                      "commit (its delivery had not landed)")
+        if rec.merged:
+            self._log(f"{self.comp.name}: recovery redelivered {rec.merged} checkpointed productions "
+                      "(records already in their streams are skipped)")
+        self.recovered = {"appended": rec.appended, "merged": rec.merged}
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
-        if appended:
-            self._log(f"{self.comp.name}: recovery delivered {appended} checkpointed productions of the last "
-                      "commit (its delivery had not landed)")
-        if pending:
-            deliver_productions(self.spark, self.layout, pending, producer=self.comp.name, commit_ids=commit_ids)
-            self._log(f"{self.comp.name}: recovery redelivered {len(pending)} checkpointed productions "
-                      "(records already in their streams are skipped)")
-        self.recovered = {"appended": appended, "merged": len(pending)}
-        self.start_s["total"] = round(time.monotonic() - t_start, 3)
         self._log(f"{self.comp.name}: started in {self.start_s['total']:.1f}s (leases, fence and recovery scan "
                   f"{self.start_s['acquire_fence_recover']:.1f}s)")
         self._started = True
@@ -269,9 +265,23 @@ class ComputationExecutor:
 
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
                   use_authority: bool = True) -> BatchReport:
-        """Run the protocol on one micro-batch (``df`` None: timers only)."""
-        from pyspark.sql import functions as F
+        """Run the per-batch protocol on one micro-batch (``df`` None: timers only).
 
+        1. Hold valid leases for the intervals being processed.
+        2. Drop duplicates (input prepared in the JVM; the tasks dedup by Bloom filter, then
+           the key's stored record ids).
+        3. Load the rows of the keys in the batch and of keys with due timers.
+        4. Run user code per key in event-time order; fire due timers in timestamp order;
+           collect new row images and productions.
+        5. Commit all rows in one fenced Delta transaction.
+        6. Deliver productions to their stream tables idempotently; the checkpoints are
+           cleared by the next commit.
+        7. Publish the new low watermark for the intervals.
+
+        Steps 2-4 are one Spark job (``self.job``); if the write path's view of the rows went
+        stale (:class:`StaleViewError`: someone else committed to the partitions), the path
+        reloads it (failing typed on a takeover) and steps 2-5 run again, at most three times.
+        """
         if not self._started:
             self.start()
         started = time.monotonic()
@@ -283,7 +293,7 @@ class ComputationExecutor:
             marks.append((step, round(t - last[0], 3)))
             last[0] = t
 
-        comp = self.comp
+        comp, path = self.comp, self.path
         # Step 1: leases.
         self.owner.check()
         wm_in = self.input_watermark() if use_authority and input_watermark_ms is None else input_watermark_ms
@@ -291,170 +301,44 @@ class ComputationExecutor:
         # ids seen before the horizon are dropped: a processing time back from now (each id
         # carries when it was seen, so a restart keeps the horizon: Computation.dedup_retention)
         horizon = now - comp.dedup_retention_ms() if comp.exactly_once else None
-        # Step 2: input preparation in the JVM.
         # A record is late when it is behind the watermark this computation already acted on
         # (the newest committed batch's: its timers fired up to there); timers now fire with
         # wm_in. A replay of that batch decides as its first attempt did.
         wm_late, wm_in = self._lateness(df, batch_id, wm_in)
         acted = ActedMark(batch_id if df is not None else None, wm_late, wm_in, tuple(sorted(self.owner.intervals)))
-        if self._images is not None and df is None:
+        if df is None and path.next_processing() is not None:
             self.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
             if self._nothing_due(wm_in, now):
                 return self._skipped(batch_id, wm_in, started)
-        if self._images is not None:
-            return self._image_batch(df, batch_id, wm_in=wm_in, wm_late=wm_late, now=now, horizon=horizon,
-                                     started=started, marks=marks, mark=mark, acted=acted)
-        prep = (_tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
-                if df is not None else None)
-        records_in = late_routed = dead_in = 0
-        obs_max = obs_min = None
-        if prep is not None:
-            if len(self.owner.intervals) < comp.num_intervals:  # the records of our intervals only
-                iv = _tasks.interval_of_key(comp.num_intervals)
-                prep = prep.where(F.coalesce(iv, F.lit(0)).isin(list(self.owner.intervals)))
-            prep = prep.localCheckpoint(eager=True)
-            ok_ts = F.when(F.col("_bad").isNull(), F.col("timestamp_ms"))  # dead letters move no watermark
-            agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
-                           F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
-            records_in, obs_max, obs_min = int(agg["n"]), agg["mx"], agg["mn"]
-            dead_in = int(agg["bad"] or 0)
-            if dead_in:
-                record_dead_letters(self.spark, self.layout, prep.where(F.col("_bad").isNotNull()),
-                                    computation=comp.name, batch_id=batch_id)
-            # late records are routed by the tasks, after dedup (a retry of a record run on time
-            # is a duplicate, not late data)
-            prep = prep.where(F.col("_bad").isNull())
-        mark("prepare")
+        # Step 2: drop duplicates: the input prepared in the JVM (its dead letters recorded), the
+        # dedup itself in the tasks of steps 3-4.
+        prepared = self.job.prepare(df, wm_late=wm_late, now=now)
+        if prepared.dead is not None:
+            record_dead_letters(self.spark, self.layout, prepared.dead, computation=comp.name, batch_id=batch_id)
+        if df is not None:
+            mark("prepare")
         self._fault(FaultPoint.AFTER_PREPARE, batch_id)
-        # Step 3 + 4: load rows, run user code in tasks, materialize once.
         commit_id = f"{comp.name}:{batch_id}:{now}"
-        out = _tasks.run_in_tasks(self.spark, self.layout, comp, prep, intervals=self.owner.intervals,
-                                  input_watermark_ms=wm_in, now_ms=now, dedup_horizon_ms=horizon,
-                                  partitions=self.partitions, sequencers=self.owner.sequencers,
-                                  commit_id=commit_id)
-        try:
-            out = out.localCheckpoint(eager=True)
-        except Exception as exc:  # noqa: BLE001 - user code errors surface here
-            raise BatchFailedError(_tasks.user_error_message(exc, comp.name, batch_id)) from exc
-        stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
-                                                       "n_dead", "n_routed", "ids_expired")],
-                        F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written"),
-                        F.min(F.when(F.col("_op") != "delete", F.col("next_event_timer_ms"))).alias("event_timer")
-                        ).collect()[0]
-        st = {k: int(v or 0) for k, v in stats.asDict().items() if k != "event_timer"}
-        self._warn_if_no_watermark(wm_in, stats["event_timer"])
-        mark("load_and_user_code")
-        self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
-        if st["n_dead"]:
-            record_dead_letters(self.spark, self.layout, _tasks.dead_letter_frame(out), computation=comp.name,
-                                batch_id=batch_id)
-        if st["n_routed"]:
-            late_routed = record_late(self.spark, self.layout, _tasks.routed_frame(out), computation=comp.name,
-                                      watermark_ms=wm_late, batch_id=batch_id)
-        prods = _tasks.productions_frame(out)
-        deliver = functools.partial(deliver_frame, self.spark, self.layout, prods, streams=comp.outputs,
-                                    producer=comp.name)  # idempotent: insert if the record id is absent
-        straggler = None
-        if not comp.strong_productions and st["n_prods"]:
-            straggler = self.inflight.weak(deliver, batch_id)
-        rows_out = out.where(F.col("_op") != "none")
-        straggler_ts = None
-        if straggler is not None:  # checkpoint: each row's new productions become its pending ones
-            rows_out = rows_out.withColumn("pending", F.col("new_prods"))
-            straggler_ts = prods.agg(F.min("timestamp_ms")).collect()[0][0]
-        rows_out = rows_out.select(*_tasks.ROW_COLUMNS)
-        # Step 5: the fenced commit (a straggler of the previous batch is settled first: the
-        # commit clears its checkpoint).
-        self.inflight.settle()
-        self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
-        t0 = time.monotonic()
-        if st["written"]:
-            self.owner.store.commit_frame(comp.name, rows_out,
-                                          sequencers=self.owner.sequencers, intervals=self.owner.intervals,
-                                          commit_id=commit_id, lease_check=self.owner.check, meta=acted.to_meta())
-            self._mark = acted
-        commit_s = time.monotonic() - t0
-        if st["written"] and self.authority is not None:
-            for r in (out.where(F.col("_op") != "none")
-                      .select("interval", "key", "next_event_timer_ms", "watermark_hold_ms", "_op")
-                      .toArrow().to_pylist()):
-                self._note_oldest(r["interval"], r["key"], r["next_event_timer_ms"], r["watermark_hold_ms"],
-                                  deleted=r["_op"] == "delete")
-        mark("dead_letters_and_commit")
-        if straggler is not None:
-            self.inflight.adopt(straggler, redeliver=deliver, min_ts=straggler_ts)
-        self._fault(FaultPoint.AFTER_COMMIT, batch_id)
-        # Step 6: deliver (idempotent); checkpoints are cleared by the next commit.
-        if comp.strong_productions and st["n_prods"]:
-            deliver()
-        mark("deliver")
-        self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
-        # Step 7: watermarks.
-        self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
-        if self.on_batch_end is not None:
-            self.on_batch_end(obs_min, obs_max)
-        low = self._publish_watermarks() if self.authority is not None else None
-        mark("watermarks")
-        report = BatchReport(batch_id, records_in, st["processed"], st["duplicates"], st["late"], late_routed,
-                             st["n_dead"] + dead_in, st["fired"], st["n_prods"], st["written"], wm_in, low,
-                             commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None,
-                             ids_expired=st["ids_expired"])
-        self.reports.append(report)
-        self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
-        return report
-
-    def _image_batch(self, df: Any | None, batch_id: int, *, wm_in: int | None, wm_late: int | None, now: int,
-                     horizon: int | None, started: float, marks: list[tuple[str, float]],
-                     mark: Callable[[str], None], acted: ActedMark) -> BatchReport:
-        """Steps 2-7 on the image write path (``images.py``)."""
-        comp = self.comp
-        images = self._images
-        assert images is not None
-        commit_id = f"{comp.name}:{batch_id}:{now}"
-        self._fault(FaultPoint.AFTER_PREPARE, batch_id)
         strong = comp.strong_productions
         straggler: OpenDelivery | None = None
-        direct = None
-        if df is not None and self.direct_source is not None:
-            files = batch_files(df, self.direct_source)
-            if files is not None:
-                bound = self.event_ahead_ms.get(self.direct_source.stream)
-                direct = DirectBatch(self.direct_source, files, comp.num_intervals, wm_late, (),
-                                     None if bound is None else (now, bound))
         attempt = 0
         while True:
             attempt += 1
-            # Step 2-4: input preparation, the interval images, user code: one Spark job.
-            session = df.sparkSession if df is not None else self.spark
-            prep = (_tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
-                    if df is not None and direct is None else None)
-            frame = images.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
-                                partitions=self.partitions, strong=strong, direct=direct)
-            mark("plan")
+            run: BatchRun[Any] | None = None
             try:
-                out = images.collect(frame)
-            except ImagesStale:
-                out = None
-            except Exception as exc:  # noqa: BLE001 - user code errors surface here
-                raise BatchFailedError(_tasks.user_error_message(exc, comp.name, batch_id)) from exc
-            if out is not None:
-                mark("load_and_user_code")
+                # Step 3 + 4: load the rows, run user code in tasks (with step 2's dedup), materialize once.
+                run = self.job.run(prepared, batch_id=batch_id, wm_in=wm_in, wm_late=wm_late, now=now,
+                                   horizon=horizon, commit_id=commit_id, strong=strong, mark=mark)
+                self._warn_if_no_watermark(wm_in, run.event_timer_ms)
                 self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
-                dead, late_rows = out.side("dead"), out.side("late")
-                if df is not None and any(r["position"] is None for r in dead):
-                    fill_positions(prep if prep is not None else
-                                   _tasks.prepare_input(df, comp, wm_late, cache=self._prep_cache,
-                                                        ahead=(now, self.event_ahead_ms)), dead)
-                if dead:
-                    record_dead_letters(session, self.layout, side_frame(session, dead, dead=True),
-                                        computation=comp.name, batch_id=batch_id)
-                if late_rows:
-                    record_late(session, self.layout, side_frame(session, late_rows, dead=False),
-                                computation=comp.name, watermark_ms=wm_late, batch_id=batch_id)
-                if not strong and out.total("n_prods"):
-                    straggler = self.inflight.weak(functools.partial(images.deliver, out, version=None), batch_id)
-                    if straggler is not None:  # checkpoint after all: the same user code once more
-                        strong = True
+                if run.dead is not None:
+                    record_dead_letters(self.spark, self.layout, run.dead, computation=comp.name, batch_id=batch_id)
+                late_routed = (record_late(self.spark, self.layout, run.late, computation=comp.name,
+                                           watermark_ms=wm_late, batch_id=batch_id) if run.late is not None else 0)
+                if not strong and run.counts["productions"]:
+                    straggler = self.inflight.weak(functools.partial(path.deliver, run.batch, strong=False), batch_id)
+                    if straggler is not None and not self.job.checkpoint(run):
+                        strong = True  # checkpoint after all: the same user code once more
                         attempt -= 1
                         continue
                 # Step 5: the fenced commit (the previous batch's delivery is settled first: the
@@ -462,60 +346,47 @@ class ComputationExecutor:
                 self.inflight.settle()
                 mark("settle")
                 self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
-                self.owner.check()
                 t0 = time.monotonic()
-                try:
-                    version = images.commit(out, commit_id=commit_id, writer=self.owner.store.writer,
-                                            meta=acted.to_meta())
-                    if version is not None:
-                        self._mark = acted
-                    break
-                except ImagesStale:
-                    pass
+                if path.commit(run.batch, commit_id=commit_id, meta=acted.to_meta()):
+                    self._mark = acted
+                break
+            except StaleViewError:
+                pass
             # someone touched our partitions: a takeover (-> StaleSequencerError) or a reload
-            images.check_fences()
-            images.load()
+            path.load()
             if attempt == 3:
                 raise BatchFailedError(f"{comp.name} batch {batch_id}: the interval images kept changing "
                                        "under this writer; restart the query")
-        assert out is not None
+        assert run is not None
         commit_s = time.monotonic() - t0
         mark("commit")
+        redeliver = functools.partial(path.deliver, run.batch, strong=True)
         if straggler is not None:
-            self.inflight.adopt(straggler, redeliver=functools.partial(images.deliver, out, version=version),
-                                min_ts=_prod_min_ts(out))
-        images.observe(out)
-        self._warn_if_no_watermark(wm_in, min((s["oldest_ms"] for s in out.summaries
-                                               if s.get("oldest_ms") is not None), default=None))
-        for s in out.summaries:  # the committed images' oldest work (before the delivery thread publishes)
-            if s["interval"] is not None:
-                self._oldest_iv[int(s["interval"])] = s["oldest_ms"]
-                self._next_proc_iv[int(s["interval"])] = s["next_proc_ms"]
+            self.inflight.adopt(straggler, redeliver=redeliver, min_ts=run.prod_min_ts)
+        self.job.observe(run)
         self._fault(FaultPoint.AFTER_COMMIT, batch_id)
-        # Step 6: deliver (idempotent per interval and rows version), asynchronously: the
-        # productions are checkpointed in the rows just committed; cleared by the next commit.
-        if comp.strong_productions and out.total("n_prods"):
-            self.inflight.start(functools.partial(images.deliver, out, version=version), batch_id,
-                                _prod_min_ts(out))
+        # Step 6: deliver (idempotent); the checkpoints are cleared by the next commit. In the
+        # background where the path allows it (the next batch settles it before its commit).
+        if comp.strong_productions and run.counts["productions"] and path.deliver_in_background:
+            self.inflight.start(redeliver, batch_id, run.prod_min_ts)
         else:
+            if comp.strong_productions and run.counts["productions"]:
+                redeliver()
             self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
         mark("deliver")
         # Step 7: watermarks.
         self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
-        mins = [s["min_ts"] for s in out.summaries if s["min_ts"] is not None]
-        maxs = [s["max_ts"] for s in out.summaries if s["max_ts"] is not None]
         if self.on_batch_end is not None:
-            self.on_batch_end(min(mins) if mins else None, max(maxs) if maxs else None)
+            self.on_batch_end(run.obs_min, run.obs_max)
         low = self._publish_watermarks() if self.authority is not None else None
         mark("watermarks")
-        t = out.total
-        report = BatchReport(batch_id, t("records_in"), t("processed"), t("duplicates"), t("late"),
-                             len(out.side("late")), len(out.side("dead")), t("fired"), t("n_prods"),
-                             t("keys_written"), wm_in, low, commit_s, time.monotonic() - started, tuple(marks),
-                             straggled=straggler is not None, direct=direct is not None,
-                             ids_expired=t("ids_expired"), bloom_checked=t("bloom_checked"),
-                             bloom_maybe=t("bloom_maybe"), bloom_false_pos=t("bloom_false_pos"),
-                             bloom_bytes=t("bloom_bytes"))
+        c = run.counts
+        report = BatchReport(batch_id, c["records_in"], c["processed"], c["duplicates"], c["late"], late_routed,
+                             c["dead_letters"], c["timers_fired"], c["productions"], c["keys_written"], wm_in, low,
+                             commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None,
+                             direct=prepared.direct is not None, ids_expired=c["ids_expired"],
+                             bloom_checked=c.get("bloom_checked", 0), bloom_maybe=c.get("bloom_maybe", 0),
+                             bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0))
         self.reports.append(report)
         self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
         return report
@@ -555,21 +426,14 @@ class ComputationExecutor:
             return m.late_ms, m.input_ms
         return m.acted_ms, wm_in
 
-    def _note_oldest(self, interval: int, key: str, timer: int | None, hold: int | None, *, deleted: bool) -> None:
-        per = self._oldest.setdefault(interval, {})
-        marks = [t for t in (timer, hold) if t is not None]
-        if deleted or not marks:
-            per.pop(key, None)
-        else:
-            per[key] = min(marks)
-
     def _nothing_due(self, wm_in: int | None, now: int) -> bool:
         """A timers-only batch has nothing to do: the last batch of this instance ran under the
         same input watermark (so it fired every event-time timer before it, including ones set
         while firing), no processing-time timer is due, and no straggler is open."""
         if not self.reports or self.reports[-1].input_watermark_ms != wm_in or self.inflight.open is not None:
             return False
-        return all(t is None or t > now for t in self._next_proc_iv.values())
+        nexts = self.path.next_processing()
+        return nexts is not None and all(t is None or t > now for t in nexts.values())
 
     def _skipped(self, batch_id: int, wm_in: int | None, started: float) -> BatchReport:
         last = self.reports[-1]
@@ -596,12 +460,9 @@ class ComputationExecutor:
         with self._wm_lock:  # the batch and its delivery thread both publish
             held = self.inflight.held_ts()
             works: dict[int, tuple[int | None, int]] = {}
+            path_oldest = self.path.oldest_work()
             for iv, seq in self.owner.sequencers.items():
-                if self._images is not None:
-                    oldest = self._oldest_iv.get(iv)
-                else:
-                    per = self._oldest.get(iv) or {}
-                    oldest = min(per.values()) if per else None
+                oldest = path_oldest.get(iv)
                 if held is not None:  # undelivered (straggling) productions hold the watermark
                     oldest = held if oldest is None else min(oldest, held)
                 works[iv] = (oldest, seq)
@@ -615,9 +476,3 @@ class ComputationExecutor:
     def _log(self, line: str) -> None:
         if self.progress is not None:
             self.progress(line)
-
-
-def _prod_min_ts(out: Any) -> int | None:
-    """The oldest timestamp among a batch's production files (holds the low watermark)."""
-    return min((int(p["min_ts"]) for s in out.summaries for p in s.get("prod_files") or ()
-                if p.get("min_ts") is not None), default=None)

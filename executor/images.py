@@ -1,23 +1,11 @@
-"""The image write path of the executor (driver side): steps 3-6 of a batch.
+"""The image write path's Spark job (driver side): steps 2-4 of a batch in one job.
 
-Chosen by measurement (README, "Throughput"): a fenced MERGE per batch costs
-several Spark jobs (the join that finds the touched files, the rewrite, the
-post-commit state) and an insert-only MERGE per delivery the same again. The
-image path keeps the single-row-per-key table and its partitioning by
-(computation, interval), but replaces whole interval partitions:
-
-- one Spark job per batch: input preparation, a shuffle by interval and the
-  user code in ``mapInArrow`` tasks (``_imagetask.py``); the tasks read the
-  interval images (cached per Python worker by immutable file path), write
-  the new images and the productions as Parquet files, and return summaries;
-- one Delta transaction on the rows table (``statestore/deltatxn.py``):
-  remove the replaced files, add the new ones. Fenced like every commit: the
-  tasks check the fence row's sequencer, the transaction records the
-  partitions as read (a concurrent fence fails it) and refuses to go on if a
-  commit since this writer's last one touched its partitions;
-- one blind append per output stream of the production files, with one
-  ``SetTransaction`` per producing interval (version = the rows commit), so a
-  repeated delivery is skipped by Delta itself.
+The writes are the write path's (``statestore/writepath/image.py``); this module plans the
+one Spark job per batch that runs user code: input preparation, a shuffle by interval and
+the user code in ``mapInArrow`` tasks (``_imagetask.py``). The tasks read the interval
+images the write path names (cached per Python worker by immutable file path), write the
+new images and the productions as Parquet files (through the write path's functions), and
+return one summary per interval, which the write path commits and delivers.
 
 A batch rewrites only the intervals it touched; the cost of a batch grows
 with the size of those intervals, so computations with many keys should use
@@ -27,54 +15,31 @@ more intervals (``Computation.num_intervals``).
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
-import os
-import random
-import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from deltawheel.statestore.deltalog import commit_info, commit_infos, json_commit_versions
-from deltawheel.statestore.deltatxn import (
-    FileEntry,
-    StaleFilesError,
-    TableLog,
-    decode_path,
-    local_root,
-    new_add,
-    partition_file_name,
-    write_file,
-)
-from deltawheel.statestore.exceptions import CommitConflictError, StaleSequencerError
+from deltawheel.statestore.deltatxn import local_root
 from deltawheel.statestore.frames import arrow_schema, spark_type
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.owner import IntervalOwner
-from deltawheel.statestore.rows import FENCE_KEY, Production, rows_file_ddl
-from deltawheel.statestore.store import raise_if_fenced
+from deltawheel.statestore.rows import rows_file_ddl
 from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
+from deltawheel.statestore.writepath import StaleViewError
+from deltawheel.statestore.writepath.delivery import fill_positions, side_frame
+from deltawheel.statestore.writepath.image import BatchOutput, ImagePath
 
-from ._direct import DirectBatch, direct_task_fn, markers_task_fn
-from ._imagetask import (
-    STALE_MARK,
-    SUMMARY_DDL,
-    ImageSpec,
-    image_task_fn,
-    next_processing,
-    oldest_work,
-    write_production_files,
-)
+from . import _tasks
+from ._direct import DirectBatch, DirectSource, batch_files, direct_task_fn, markers_task_fn
+from ._imagetask import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn
 from ._tasks import interval_of_key
 from .computation import Computation, LatePolicy
+from .faults import BatchFailedError
+from .userjob import BatchRun, Prepared
 
-__all__ = ["ImageWriter", "ImagesStale", "PREP_DDL", "spark_partition_of_int"]
-
-_DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, retried with jitter
+__all__ = ["ImageTasks", "PREP_DDL", "place_intervals", "spark_partition_of_int"]
 
 PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
             "position STRING, late BOOLEAN, _bad STRING")
 _PREP_COLUMNS = [c.split()[0] for c in PREP_DDL.split(", ")]
-COMMIT_META_VERSION = 1
 
 
 def place_intervals(ivs: Sequence[int], work: Mapping[int, float], tasks: int,
@@ -136,53 +101,6 @@ def spark_partition_of_int(value: int, partitions: int) -> int:
     return signed % partitions  # Python's % of a positive modulus is Spark's pmod
 
 
-@dataclass
-class Checkpoint:
-    """One interval's checkpointed productions of one stream, found by the recovery scan."""
-
-    stream: str
-    interval: int
-    version: int | None  # the rows commit that checkpointed them (an upper bound unless exact; None: unknown)
-    exact: bool  # ``version`` is that commit's own (looked up by ``commit_id``), not a bound
-    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column;
-    # None: the rows were written by several commits)
-    prods: list[Production]
-
-
-@dataclass
-class Recovery:
-    """What :meth:`ImageWriter.recovery` found: per interval the oldest work and the earliest
-    processing-time timer, and the checkpoints to deliver: ``appends`` (of known commits,
-    :meth:`ImageWriter.redeliver`) and ``merge`` (the rest: insert-only MERGE by record id)."""
-
-    oldest: dict[int, int | None]
-    next_processing: dict[int, int | None]
-    appends: list[Checkpoint]
-    merge: list[Checkpoint]
-
-    def merge_productions(self) -> list[Production]:
-        return sorted((p for c in self.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
-
-    def merge_commit_ids(self) -> dict[str, str | None]:
-        """production id -> the id of the commit that checkpointed it (None: not known)."""
-        return {p.production_id: c.commit_id for c in self.merge for p in c.prods}
-
-
-class ImagesStale(Exception):
-    """The writer's view of its partitions is out of date (reload and run the batch again)."""
-
-
-@dataclass(frozen=True)
-class BatchOutput:
-    summaries: list[dict[str, Any]]
-
-    def total(self, name: str) -> int:
-        return sum(int(s.get(name) or 0) for s in self.summaries)
-
-    def side(self, kind: str) -> list[dict[str, Any]]:
-        return [x for s in self.summaries for x in (s.get("side") or ()) if x["kind"] == kind]
-
-
 @dataclass(frozen=True)
 class TaskJob:
     """A batch whose tasks need no input rows from Spark (``plan`` with ``direct``, or timers only):
@@ -193,19 +111,27 @@ class TaskJob:
     rdd: Any
 
 
-class ImageWriter:
-    """Holds the file lists of one computation's owned interval partitions."""
 
-    def __init__(self, spark: Any, layout: StoreLayout, comp: Computation, owner: IntervalOwner) -> None:
-        self.spark = spark
-        self.layout = layout
+class ImageTasks:
+    """Plans and runs the image path's batch job over the files of ``path``.
+
+    Args:
+        comp: the computation.
+        layout: the store.
+        path: the image write path (its view of the interval images, its sequencers).
+        partitions: tasks per batch.
+        event_ahead_ms: per input stream, how far a record's event time may be ahead of the clock.
+    """
+
+    def __init__(self, comp: Computation, layout: StoreLayout, path: ImagePath, *, partitions: int,
+                 event_ahead_ms: Mapping[str, int]) -> None:
         self.comp = comp
-        self.owner = owner
-        self.log = TableLog(spark, layout.rows)
-        self.files: dict[int, list[FileEntry]] = {}
-        self.version = -1
-        self._streams: dict[str, TableLog] = {}
-        self._delivered: dict[tuple[str, str], int] = {}
+        self.layout = layout
+        self.path = path
+        self.partitions = partitions
+        self.event_ahead_ms = event_ahead_ms
+        self.direct_source: DirectSource | None = None  # set by the pipeline runner (``_direct.py``)
+        self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
         self._spread_values: list[int] | None = None
         # ((JVM session, intervals), frame), (intervals, columns, filter), (placement, routing
         # expression); a placement is ((interval, task), ...) over the owned intervals
@@ -215,199 +141,79 @@ class ImageWriter:
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
 
-    def _pred(self, ivs: Sequence[int]) -> str:
-        return f"computation = '{self.comp.name}' AND interval IN ({', '.join(str(i) for i in ivs)})"
+    # ------------------------------------------------------------------ the job
 
-    def load(self) -> None:
-        """Read the live files of the owned partitions (a full snapshot read; after a takeover or
-        a conflict). Files carrying deletion vectors (left by MERGE commits) are purged first, so
-        every image is plain Parquet."""
-        ivs = sorted(self.owner.intervals)
-        name, wanted = self.comp.name, {str(iv) for iv in ivs}
-        version, files = self.log.files(
-            self._pred(ivs), where=lambda pv: pv.get("computation") == name and pv.get("interval") in wanted)
-        self.files = {iv: [] for iv in ivs}
-        for f in files:
-            self.files.setdefault(int(f.part("interval") or -1), []).append(f)
-        self.version = version
-        dirty = sorted({iv for iv, fs in self.files.items() if any(f.has_deletion_vector for f in fs)})
-        if dirty:  # a stale owner must not rewrite (the images' rows are not all live: ask Delta)
-            self.owner.store.check_fences(self.comp.name, self.owner.sequencers)
-            self._rewrite(dirty)
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int) -> Prepared:
+        """The input, lazily prepared (or the batch's files, read by the tasks themselves)."""
+        direct = None
+        if df is not None and self.direct_source is not None:
+            files = batch_files(df, self.direct_source)
+            if files is not None:
+                bound = self.event_ahead_ms.get(self.direct_source.stream)
+                direct = DirectBatch(self.direct_source, files, self.comp.num_intervals, wm_late, (),
+                                     None if bound is None else (now, bound))
+        prep = (_tasks.prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
+                if df is not None and direct is None else None)
+        return _Prepared(prep, direct=direct, df=df)
 
-    def recovery(self) -> Recovery:
-        """The recovery scan from the loaded images (read here, in the driver): the oldest work
-        per interval (event-time timers, watermark holds), the earliest processing-time timer per
-        interval, and the checkpointed productions still to deliver (those whose strong delivery
-        already landed are left out, see below).
+    def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
+            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchOutput]:
+        """Steps 2-4 as one Spark job; the tasks' dead letters and routed late records as frames."""
+        assert isinstance(prepared, _Prepared)
+        df, prep = prepared.df, prepared.input
+        session = df.sparkSession if df is not None else self.path.spark
+        frame = self.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
+                          strong=strong, direct=prepared.direct)
+        mark("plan")
+        try:
+            out = self.collect(frame)
+        except StaleViewError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - user code errors surface here
+            raise BatchFailedError(_tasks.user_error_message(exc, self.comp.name, batch_id)) from exc
+        mark("load_and_user_code")
+        dead, late_rows = out.side("dead"), out.side("late")
+        if df is not None and any(r["position"] is None for r in dead):
+            fill_positions(prep if prep is not None else
+                           _tasks.prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
+                                                ahead=(now, self.event_ahead_ms)), dead)
+        t = out.total
+        mins = [s["min_ts"] for s in out.summaries if s["min_ts"] is not None]
+        maxs = [s["max_ts"] for s in out.summaries if s["max_ts"] is not None]
+        counts = {"records_in": t("records_in"), "processed": t("processed"), "duplicates": t("duplicates"),
+                  "late": t("late"), "dead_letters": len(dead), "timers_fired": t("fired"),
+                  "productions": t("n_prods"), "keys_written": t("keys_written"), "ids_expired": t("ids_expired"),
+                  "bloom_checked": t("bloom_checked"), "bloom_maybe": t("bloom_maybe"),
+                  "bloom_false_pos": t("bloom_false_pos"), "bloom_bytes": t("bloom_bytes")}
+        return BatchRun(out, counts,
+                        dead=side_frame(session, dead, dead=True) if dead else None,
+                        late=side_frame(session, late_rows, dead=False) if late_rows else None,
+                        prod_min_ts=_prod_min_ts(out),
+                        event_timer_ms=min((s["oldest_ms"] for s in out.summaries if s.get("oldest_ms") is not None),
+                                           default=None),
+                        obs_min=min(mins) if mins else None, obs_max=max(maxs) if maxs else None)
 
-        Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
-        sequencer than this writer's (an even newer owner took the interval)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        root = local_root(self.layout.rows)
-        cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending",
-                "commit_id", "record_ids"]
-        out = Recovery({}, {}, [], [])
-        checkpoints: list[Checkpoint] = []
-        for iv, files in sorted(self.files.items()):
-            parts = [pq.read_table(os.path.join(root, decode_path(f.path)), columns=cols) for f in files]
-            if not parts:
-                out.oldest[iv] = out.next_processing[iv] = None
-                continue
-            image = pa.concat_tables(parts, promote_options="permissive")
-            fence = pc.max(image.filter(pc.equal(image.column("key"), FENCE_KEY)).column("sequencer")).as_py()
-            if fence is not None:
-                raise_if_fenced(self.comp.name, {iv: fence}, {iv: self.owner.sequencers[iv]})
-            out.oldest[iv] = oldest_work(image)
-            out.next_processing[iv] = next_processing(
-                image, self.comp.dedup_retention_ms() if self.comp.exactly_once else None)
-            found: dict[str, Checkpoint] = {}
-            for f, part in zip(files, parts, strict=True):
-                has = pc.fill_null(pc.greater(pc.list_value_length(part.column("pending")), 0), False)
-                held = part.filter(has)
-                for lst, cid in zip(held.column("pending").to_pylist(), held.column("commit_id").to_pylist(),
-                                    strict=True):
-                    for row in lst:
-                        prod = Production.from_row(row)
-                        c = found.get(prod.stream)
-                        if c is None:
-                            c = found[prod.stream] = Checkpoint(prod.stream, iv, f.added_at, False, cid, [])
-                        else:
-                            if c.commit_id != cid:
-                                c.commit_id = None  # rows of several commits (not written by this path)
-                            c.version = None if c.version is None or f.added_at is None else \
-                                max(c.version, f.added_at)
-                        c.prods.append(prod)
-            checkpoints += found.values()
-        # Productions already delivered are left out. A strong delivery records, per interval, the
-        # version of the rows commit whose productions it carries (and that commit's id in its
-        # rows), and a commit is only made once the previous batch's delivery landed (settled).
-        # Each held row carries the id of the commit that checkpointed it; that commit is at or
-        # before the newest add of a file holding the row (``version``, an upper bound: OPTIMIZE,
-        # a purge or any rewrite re-adds the rows under a newer version). So: delivered once the
-        # stream's version for the interval reached that bound; else the checkpointing commit is
-        # looked up by its id among the commits in between (:meth:`_resolve`).
-        for stream in sorted({c.stream for c in checkpoints if c.version is not None}):
-            self._read_delivered(stream, [self._app(c.interval) for c in checkpoints
-                                          if c.stream == stream and c.version is not None])
-        for c in checkpoints:
-            delivered = -1 if c.version is None else self._delivered[(c.stream, self._app(c.interval))]
-            if c.version is not None and delivered >= c.version:
-                continue
-            todo = self._resolve(c, delivered)
-            if todo is not None:
-                (out.appends if todo else out.merge).append(c)
-        return out
-
-    def _resolve(self, c: Checkpoint, delivered: int) -> bool | None:
-        """Whether checkpoint ``c`` (not known to be delivered by its bound) is still to deliver:
-        None (no: delivered), True (yes, as its commit's own delivery: ``c.version`` becomes that
-        commit's version, ``c.exact``), False (yes, by insert-only MERGE by record id: the commit
-        is not found in the log, or was not made by this path).
-
-        Its commit is looked up by id in the rows table's log between the stream's version for
-        the interval and the bound. Not there while every commit of that range is: the commit is
-        at or before the delivered version, i.e. delivered (a later commit of the interval clears
-        the checkpoints of earlier ones)."""
-        if c.version is None or c.commit_id is None:
-            return False
-        present = set(json_commit_versions(self.layout.rows) or ())
-        for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
-            if v not in present:
-                return False  # the log was cleaned up past it: cannot tell
-            try:
-                meta = json.loads((commit_info(self.layout.rows, v) or {}).get("userMetadata") or "{}")
-            except ValueError:
-                continue
-            if isinstance(meta, dict) and meta.get("commit_id") == c.commit_id:
-                if meta.get("kind") == "commit" and meta.get("write_path") == "image" \
-                        and meta.get("computation") == self.comp.name:
-                    c.version, c.exact = v, True
-                    return True
-                return False
-        return None if delivered >= 0 else False
-
-    def redeliver(self, checkpoints: Sequence[Checkpoint]) -> int:
-        """Deliver checkpoints of known commits as their own deliveries would have: an append
-        per stream recording the interval's application version = that commit's (so a zombie's
-        late delivery of the same commit and this one cannot both land). Returns how many
-        productions were given."""
-        n = 0
-        for c in checkpoints:
-            assert c.version is not None
-            files = write_production_files(
-                c.prods, producer=self.comp.name, commit_id=c.commit_id, iv=c.interval,
-                roots={c.stream: local_root(self.layout.stream(c.stream))},
-                schema=arrow_schema(stream_schema_ddl()), format_version=STREAM_FORMAT_VERSION)
-            adds = [new_add(p["path"], {}, p["size"], p["num_rows"]) for p in files]
-            self._deliver_strong(c.stream, self._stream_log(c.stream), {self._app(c.interval): adds}, c.version)
-            n += len(c.prods)
-        return n
-
-    def _app(self, iv: int) -> str:
-        """The application id an interval's strong deliveries record in a stream table."""
-        return f"deltawheel.{self.comp.name}.{iv}"
-
-    def _stream_log(self, stream: str) -> TableLog:
-        log = self._streams.get(stream)
-        if log is None:
-            log = self._streams[stream] = TableLog(self.spark, self.layout.stream(stream))
-        return log
-
-    def _read_delivered(self, stream: str, apps: Sequence[str]) -> None:
-        """Remember the versions ``stream`` records for those of ``apps`` not known yet (one log read)."""
-        unknown = [app for app in apps if (stream, app) not in self._delivered]
-        if unknown:
-            for app, v in self._stream_log(stream).txn_versions(unknown).items():
-                self._delivered[(stream, app)] = v
-
-    def _rewrite(self, ivs: list[int]) -> None:
-        """Replace the files of ``ivs`` by one plain Parquet file each, same rows (Delta's
-        ``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair)."""
-        import pyarrow as pa
-        from pyspark.sql import functions as F
-
-        name = self.comp.name
-        schema = arrow_schema(rows_file_ddl())
-        data = (self.spark.read.format("delta").option("versionAsOf", self.version).load(self.layout.rows)
-                .where((F.col("computation") == name) & F.col("interval").isin(ivs)).toArrow())
-        adds, new = [], {}
-        for iv in ivs:
-            part = data.filter(pa.compute.equal(data.column("interval"), iv)).select(schema.names).cast(schema)
-            rel = partition_file_name(name, iv, "dw")
-            size = write_file(part, local_root(self.layout.rows), rel)
-            add = new_add(rel, {"computation": name, "interval": str(iv)}, size, part.num_rows)
-            adds.append(add)
-            new[iv] = [FileEntry(rel, (("computation", name), ("interval", str(iv))), size, False, add)]
-        removes = [f for iv in ivs for f in self.files.get(iv, ())]
-        version = self.log.commit(
-            remove=removes, add=adds, read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
-            untouched_since=(self.version, [{"computation": name, "interval": str(iv)} for iv in ivs]),
-            user_metadata=json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "compact", "computation": name,
-                                      "write_path": "image"}, sort_keys=True))
-        assert version is not None
-        self.files.update(new)
-        self.version = version
+    def checkpoint(self, run: BatchRun[BatchOutput]) -> bool:
+        """The tasks wrote the productions as files only: run them again with ``strong``."""
+        return False
 
     # ------------------------------------------------------------------ steps 3 + 4
 
     def plan(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
-             horizon_ms: int | None, commit_id: str, partitions: int, strong: bool | None = None,
+             horizon_ms: int | None, commit_id: str, strong: bool | None = None,
              direct: DirectBatch | None = None) -> Any:
         """The batch's DataFrame (lazy; one Spark job when collected): shuffle by interval, user code
         per interval image, files written. Few plan nodes, since each one is analyzed eagerly.
         ``direct``: the tasks read the batch's files themselves (``_direct.py``; ``prep`` unused)."""
 
         comp = self.comp
-        ivs = sorted(self.owner.intervals)
+        ivs = sorted(self.path.owner.intervals)
+        partitions = self.partitions
         place = self._place(ivs, partitions)
         spec = ImageSpec(
             comp=comp, rows_root=local_root(self.layout.rows),
-            images={i: tuple(decode_path(f.path) for f in self.files.get(i, ())) for i in ivs},
-            sequencers=dict(self.owner.sequencers),
+            images=self.path.images(),
+            sequencers=dict(self.path.owner.sequencers),
             stream_roots={s: local_root(self.layout.stream(s)) for s in comp.outputs},
             wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
@@ -455,7 +261,7 @@ class ImageWriter:
             rows = out.rdd.collect() if isinstance(out, TaskJob) else out.toArrow().to_pylist()
         except Exception as exc:  # noqa: BLE001 - the fence check in the tasks
             if STALE_MARK in str(exc):
-                raise ImagesStale(str(exc).split(STALE_MARK, 1)[1].splitlines()[0]) from exc
+                raise StaleViewError(str(exc).split(STALE_MARK, 1)[1].splitlines()[0]) from exc
             raise
         return BatchOutput(rows)
 
@@ -480,9 +286,9 @@ class ImageWriter:
         self._placement = place_intervals(ivs, self._work, partitions, self._placement)
         return self._placement
 
-    def observe(self, out: BatchOutput) -> None:
+    def observe(self, run: BatchRun[BatchOutput]) -> None:
         """Remember each interval's work in this batch (for :meth:`_place`)."""
-        for s in out.summaries:
+        for s in run.batch.summaries:
             if s.get("interval") is not None:
                 iv = int(s["interval"])
                 w = float((s.get("processed") or 0) + (s.get("fired") or 0) + (s.get("duplicates") or 0))
@@ -515,118 +321,13 @@ class ImageWriter:
             self._route = (place, col.otherwise(F.lit(self._spread_values[0])).cast("int"))
         return self._route[1]
 
-    # ------------------------------------------------------------------ step 5
 
-    def commit(self, out: BatchOutput, *, commit_id: str, writer: str,
-               meta: Mapping[str, Any] | None = None) -> int | None:
-        """The fenced commit of the new images; returns the rows table version (None: nothing to do).
-        ``meta``: more entries for the commit's metadata (the watermark the batch acted on)."""
-        name = self.comp.name
-        new = [s for s in out.summaries if s.get("new_path")]
-        if not new:
-            return None
-        ivs = sorted(int(s["interval"]) for s in new)
-        seqs = self.owner.sequencers
-        info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": "commit", "writer": writer,
-                           "computation": name, "commit_id": commit_id, "write_path": "image",
-                           "sequencers": {str(iv): seqs[iv] for iv in ivs}}, sort_keys=True)
-        parts = [{"computation": name, "interval": str(iv)} for iv in ivs]
-        adds = {int(s["interval"]): new_add(s["new_path"], {"computation": name, "interval": str(s["interval"])},
-                                            s["new_size"], s["new_rows"]) for s in new}
-        removes = [f for iv in ivs for f in self.files.get(iv, ())]
-        try:
-            version = self.log.commit(remove=removes, add=list(adds.values()), user_metadata=info,
-                                      read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
-                                      untouched_since=(self.version, parts))
-        except StaleFilesError as exc:
-            raise ImagesStale(str(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - Delta's conflict exceptions
-            from deltawheel.statestore.fencing import translate_commit_error
+@dataclass
+class _Prepared(Prepared):
+    df: Any | None = None  # the micro-batch (the tasks' dead letters look up their positions in it)
 
-            err = translate_commit_error(exc, sequencers=seqs)
-            if err is None:
-                raise
-            if isinstance(err, StaleSequencerError):
-                raise err from exc
-            raise ImagesStale(f"concurrent commit on {name}'s partitions: {err}") from exc
-        assert version is not None
-        for s in new:
-            iv = int(s["interval"])
-            self.files[iv] = [FileEntry(s["new_path"], (("computation", name), ("interval", str(iv))),
-                                        int(s["new_size"]), False, adds[iv])]
-        self.version = version
-        return version
 
-    def check_fences(self) -> None:
-        """After a conflict: a newer fence on an owned interval means this writer is a zombie."""
-        self.owner.store.check_fences(self.comp.name, self.owner.sequencers)
-
-    # ------------------------------------------------------------------ step 6
-
-    def deliver(self, out: BatchOutput, *, version: int | None) -> int:
-        """Append the production files to their streams; once per (interval, version)."""
-        by_stream: dict[str, dict[str, list[str]]] = {}
-        n = 0
-        for s in out.summaries:
-            for p in s.get("prod_files") or ():
-                app = self._app(int(s["interval"]))
-                by_stream.setdefault(p["stream"], {}).setdefault(app, []).append(
-                    new_add(p["path"], {}, p["size"], p["num_rows"]))
-                n += int(p["num_rows"])
-        for stream, files in sorted(by_stream.items()):
-            log = self._stream_log(stream)
-            if version is None:  # weak productions: blind append, consumers dedup by record id
-                log.commit(add=[a for adds in files.values() for a in adds])
-                continue
-            self._deliver_strong(stream, log, files, version)
-        return n
-
-    def _deliver_strong(self, stream: str, log: TableLog, files: dict[str, list[str]], version: int) -> None:
-        """Append once per (app id, version), unless this writer was taken over since ``version``.
-
-        A zombie whose commit landed just before a takeover may still be delivering it while
-        the new owner redelivers the same checkpoint (an insert-only MERGE by record id). So
-        the append is not blind: it records the whole stream as read (a MERGE that inserted
-        after the append's snapshot makes it fail; a MERGE that read before the append landed
-        fails and re-reads), and once its snapshot is taken it looks for a claim or fence of
-        this computation committed after ``version`` (then the new owner redelivers: raise)."""
-        from deltawheel.statestore.fencing import translate_commit_error
-
-        for attempt in itertools.count(1):
-            self._read_delivered(stream, list(files))  # read once (one replay for all app ids), then remembered
-            todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}
-            if not todo:
-                return
-            try:
-                log.commit(add=[a for adds in todo.values() for a in adds], app_versions={a: version for a in todo},
-                           read_partitions=["true"], check=lambda: self._not_taken_over_since(version))
-            except StaleSequencerError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Delta's conflict exceptions
-                err = translate_commit_error(exc, sequencers={})
-                if not isinstance(err, CommitConflictError) or attempt >= _DELIVERY_RETRIES:
-                    raise
-                for app in todo:  # another delivery landed meanwhile: read the versions again
-                    self._delivered.pop((stream, app), None)
-                time.sleep(random.uniform(0.01, 0.02 * min(attempt, 10)))
-                continue
-            for app in todo:
-                self._delivered[(stream, app)] = version
-            return
-
-    def _not_taken_over_since(self, version: int) -> None:
-        """Raise StaleSequencerError if the rows table holds a claim or fence of this computation
-        with a newer sequencer on an owned interval, committed after ``version``."""
-        mine = self.owner.sequencers
-        for _v, info in commit_infos(self.layout.rows, after=version) or ():
-            try:
-                meta = json.loads(info.get("userMetadata") or "{}")
-            except ValueError:
-                continue
-            if not isinstance(meta, dict) or meta.get("kind") not in ("claim", "fence") \
-                    or meta.get("computation") != self.comp.name:
-                continue
-            newer = {int(iv): int(seq) for iv, seq in (meta.get("sequencers") or {}).items()
-                     if int(iv) in mine and int(seq) > mine[int(iv)]}
-            if newer:
-                raise_if_fenced(self.comp.name, newer, mine)
+def _prod_min_ts(out: BatchOutput) -> int | None:
+    """The oldest timestamp among a batch's production files (holds the low watermark)."""
+    return min((int(p["min_ts"]) for s in out.summaries for p in s.get("prod_files") or ()
+                if p.get("min_ts") is not None), default=None)

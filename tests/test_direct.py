@@ -18,7 +18,7 @@ import pytest
 from deltawheel.executor._direct import DirectBatch, batch_files, direct_table
 from deltawheel.executor._tasks import prepare_input
 from deltawheel.executor.faults import FaultPoint
-from deltawheel.executor.images import ImageWriter
+from deltawheel.executor.images import ImageTasks
 from deltawheel.executor.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.sources import ParquetInjector
 from deltawheel.statestore.layout import StoreLayout
@@ -90,11 +90,11 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_
     assert source.value_columns == (("b", "key", "n", "s", "small", "x") if values is None else tuple(sorted(values)))
     seen: list[int] = []
     place = tuple((iv, 0) for iv in range(n))
-    writer = types.SimpleNamespace(comp=comp, _data_cols=None)  # what ImageWriter._data_columns reads
+    writer = types.SimpleNamespace(comp=comp, _data_cols=None)  # what ImageTasks._data_columns reads
 
     def check(batch: Any, batch_id: int) -> None:
         wm = 5_000  # some records are behind it
-        cols, keep = ImageWriter._data_columns(writer, place)  # type: ignore[arg-type]
+        cols, keep = ImageTasks._data_columns(writer, place)  # type: ignore[arg-type]
         assert keep is None
         jvm = prepare_input(batch, comp, wm).select(*cols).toArrow()
         files = batch_files(batch, source)
@@ -270,10 +270,11 @@ def _fenced_task(_t: int, _rows: Any) -> Any:
 
 def test_a_fenced_rdd_task_is_recognized_as_stale(spark) -> None:  # type: ignore[no-untyped-def]
     """The direct and timers-only batches run as RDD tasks (images.TaskJob): a task that meets a
-    newer fence must still surface as ImagesStale (the driver then checks the fences and stops with
+    newer fence must still surface as StaleViewError (the driver then checks the fences and stops with
     StaleSequencerError), not as a user-code failure."""
-    from deltawheel.executor.images import ImagesStale, TaskJob
+    from deltawheel.executor.images import TaskJob
+    from deltawheel.statestore.writepath import StaleViewError
 
     job = TaskJob(spark.sparkContext.parallelize(range(2), 2).mapPartitionsWithIndex(_fenced_task))
-    with pytest.raises(ImagesStale, match=r"interval 1 of c is fenced by sequencer 7 \(ours: 3\)"):
-        ImageWriter.collect(None, job)  # type: ignore[arg-type]
+    with pytest.raises(StaleViewError, match=r"interval 1 of c is fenced by sequencer 7 \(ours: 3\)"):
+        ImageTasks.collect(None, job)  # type: ignore[arg-type]

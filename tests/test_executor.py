@@ -300,13 +300,13 @@ def test_a_zombies_delivery_in_flight_at_the_takeover_adds_nothing(spark, migrat
     gate = threading.Event()
     old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old",
                                      write_path="image")
-    real = old._images.deliver
+    real = old.path.deliver
 
-    def slow(out, *, version):  # type: ignore[no-untyped-def]
+    def slow(out, *, strong):  # type: ignore[no-untyped-def]
         assert gate.wait(120)
-        return real(out, version=version)
+        return real(out, strong=strong)
 
-    old._images.deliver = slow
+    old.path.deliver = slow
     new_client = None
     try:
         r0 = old.run_batch(events(spark, B1), 0, input_watermark_ms=11_000)  # commits 2 windows, delivery waits
@@ -353,17 +353,17 @@ def test_strong_delivery_is_asynchronous_holds_the_watermark_and_is_redelivered(
 
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image",
                                 watermarks=True)
-    real = ex._images.deliver
+    real = ex.path.deliver
 
-    def deliver(out, *, version):  # type: ignore[no-untyped-def]
-        calls.append(version)
+    def deliver(out, *, strong):  # type: ignore[no-untyped-def]
+        calls.append(out.version)
         if len(calls) == 1:
             assert gate.wait(60)  # batch 0's delivery stays in flight
         if len(calls) == 2:
             raise Boom("the stream table is unreachable")  # batch 1's first attempt
-        return real(out, version=version)
+        return real(out, strong=strong)
 
-    ex._images.deliver = deliver
+    ex.path.deliver = deliver
     try:
         r0 = ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000)  # fires [0,10s) of cats, dogs
         assert r0.productions == 2 and len(calls) == 1
@@ -400,13 +400,13 @@ def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migr
 
     gate = threading.Event()
     ex, client = start_executor(spark, migrated_store, zk_config, impatient, write_path="image", writer="hung")
-    real = ex._images.deliver
+    real = ex.path.deliver
 
-    def hang(out, *, version):  # type: ignore[no-untyped-def]
+    def hang(out, *, strong):  # type: ignore[no-untyped-def]
         assert gate.wait(120)
-        return real(out, version=version)
+        return real(out, strong=strong)
 
-    ex._images.deliver = hang
+    ex.path.deliver = hang
     try:
         assert ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000).productions == 2
         before = state_of(spark, migrated_store, "buckets")
@@ -435,17 +435,17 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     checkpoint whose delivery did not land is delivered at the restart as that commit's own
     delivery would have been (an append recording its version, its commit id), once; also when its
     file's add is only bounded (folded into a Delta checkpoint): the commit is found by its id."""
-    from deltawheel.executor import batch as batch_mod
     from deltawheel.statestore.deltalog import read_local
+    from deltawheel.statestore.writepath import image as image_mod
 
     merged: list[int] = []
-    real = batch_mod.deliver_productions
+    real = image_mod.deliver_productions
 
     def spy(spark_, layout, pending, **kw):  # type: ignore[no-untyped-def]
         merged.append(len(pending))
         return real(spark_, layout, pending, **kw)
 
-    monkeypatch.setattr(batch_mod, "deliver_productions", spy)
+    monkeypatch.setattr(image_mod, "deliver_productions", spy)
 
     def restart(writer: str):  # type: ignore[no-untyped-def]
         return start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", writer=writer)
@@ -458,7 +458,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     ex, client = restart("w2")
     assert merged == []  # the checkpoint is still in the rows, but it landed
     # the next batch's delivery does not land (the process "dies" before it): the restart delivers it
-    ex._images.deliver = lambda out, *, version: 0
+    ex.path.deliver = lambda out, *, strong: 0
     r1 = ex.run_batch(events(spark, B2), 1, input_watermark_ms=22_000)
     assert r1.productions == 1
     ex.stop()
@@ -478,7 +478,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     assert merged == [] and len(stream_rows(spark, migrated_store, "counts")) == 3
     # a checkpoint whose file's add is only bounded (a Delta checkpoint of the rows table folded
     # it in): its commit is looked up by the commit id in its rows, and delivered as that commit
-    ex._images.deliver = lambda out, *, version: 0
+    ex.path.deliver = lambda out, *, strong: 0
     r2 = ex.flush(input_watermark_ms=40_000)  # the last window
     assert r2.productions == 1
     ex.stop()

@@ -14,12 +14,12 @@ import random
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from deltawheel.statestore.exceptions import CommitConflictError
-from deltawheel.statestore.fencing import translate_commit_error
-from deltawheel.statestore.frames import local_frame
-from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rows import Production
-from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, ensure_stream_table
+from ..exceptions import CommitConflictError
+from ..fencing import translate_commit_error
+from ..frames import local_frame
+from ..layout import StoreLayout
+from ..rows import Production
+from ..streams import STREAM_FORMAT_VERSION, ensure_stream_table
 
 __all__ = ["deliver_frame", "deliver_productions", "record_dead_letters", "record_late", "fill_positions",
            "side_frame"]

@@ -1,0 +1,556 @@
+"""The image write path: whole interval partitions replaced, one Delta transaction per batch.
+
+Chosen by measurement (docs on throughput): a fenced MERGE per batch costs
+several Spark jobs (the join that finds the touched files, the rewrite, the
+post-commit state) and an insert-only MERGE per delivery the same again. The
+image path keeps the single-row-per-key table and its partitioning by
+(computation, interval), but replaces whole interval partitions:
+
+- the batch's tasks (``executor/_imagetask.py``) read the interval images
+  (the files of :meth:`ImagePath.images`), and write the new images and the
+  productions as Parquet files with :func:`write_interval_image` and
+  :func:`write_production_files` (invisible until committed);
+- :meth:`ImagePath.commit`: one Delta transaction on the rows table
+  (``statestore/deltatxn.py``): remove the replaced files, add the new ones.
+  Fenced like every commit: the tasks check the fence row's sequencer, the
+  transaction records the partitions as read (a concurrent fence fails it)
+  and refuses to go on if a commit since this writer's last one touched its
+  partitions;
+- :meth:`ImagePath.deliver`: one blind append per output stream of the
+  production files, with one ``SetTransaction`` per producing interval
+  (version = the rows commit), so a repeated delivery is skipped by Delta
+  itself.
+
+Local (or ``file:``) stores only: the files are written with pyarrow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..deltalog import commit_info, commit_infos, json_commit_versions
+from ..deltatxn import (
+    FileEntry,
+    StaleFilesError,
+    TableLog,
+    decode_path,
+    local_root,
+    new_add,
+    partition_file_name,
+    write_file,
+)
+from ..exceptions import CommitConflictError, StaleSequencerError
+from ..fencing import translate_commit_error
+from ..frames import arrow_schema
+from ..layout import StoreLayout
+from ..owner import IntervalOwner
+from ..rows import FENCE_KEY, Production, rows_file_ddl
+from ..store import raise_if_fenced
+from ..streams import STREAM_FORMAT_VERSION, ensure_stream_table, stream_schema_ddl
+from . import Recovered, StaleViewError, WritePath
+from .delivery import deliver_productions
+
+__all__ = ["ImagePath", "BatchOutput", "write_interval_image", "write_production_files", "oldest_work",
+           "next_processing", "COMMIT_META_VERSION"]
+
+_DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, retried with jitter
+COMMIT_META_VERSION = 1
+
+
+def write_interval_image(image: Any, rows_root: str, computation: str, interval: int) -> tuple[str, int]:
+    """Write an interval's new image (a pyarrow table of the rows file schema) as a Parquet file in
+    its partition folder of the rows table; invisible until :meth:`ImagePath.commit` adds it.
+    Runs in the tasks. Returns the file's path relative to the table and its size."""
+    rel = partition_file_name(computation, interval, "dw")
+    return rel, write_file(image, rows_root, rel)
+
+
+def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
+                           roots: Mapping[str, str], schema: Any, format_version: int) -> list[dict[str, Any]]:
+    """One stream-table Parquet file per stream of ``prods`` (not yet in the stream's log): what a
+    strong delivery appends. Runs in the tasks (and in recovery). Returns per file its stream,
+    path, size, rows and earliest timestamp."""
+    import pyarrow as pa
+
+    out = []
+    for stream in sorted({p.stream for p in prods}):
+        ps = [p for p in prods if p.stream == stream]
+        ts = pa.array([p.timestamp_ms for p in ps], pa.int64())
+        table = pa.table({
+            "record_id": pa.array([p.production_id for p in ps], pa.string()),
+            "key": pa.array([p.key for p in ps], pa.string()),
+            "value": pa.array([bytes(p.value) for p in ps], pa.binary()),
+            "codec": pa.array([p.codec for p in ps], pa.string()),
+            "timestamp_ms": ts,
+            "event_time": ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
+            "producer": pa.array([producer] * len(ps), pa.string()),
+            "commit_id": pa.array([commit_id] * len(ps), pa.string()),
+            "format_version": pa.array([format_version] * len(ps), pa.int32()),
+        }).cast(schema)
+        rel = f"part-{uuid.uuid4().hex}-dw-{producer}-{iv}.snappy.parquet"
+        size = write_file(table, roots[stream], rel)
+        out.append({"stream": stream, "path": rel, "size": size, "num_rows": table.num_rows,
+                    "min_ts": min(p.timestamp_ms for p in ps)})
+    return out
+
+
+def next_processing(image: Any, retention_ms: int | None = None) -> int | None:
+    """The earliest processing time at which the image has work without input (None: none): its
+    earliest processing-time timer and, given the dedup ``retention_ms``, the time its oldest
+    record id leaves the dedup horizon (the image is then rewritten without it)."""
+    import pyarrow.compute as pc
+
+    first: int | None = pc.min(image.column("next_processing_timer_ms")).as_py()
+    if retention_ms is not None and image.num_rows:
+        oldest = pc.min(pc.struct_field(pc.list_flatten(image.column("record_ids")), "seen_ms")).as_py()
+        if oldest is not None:
+            first = oldest + retention_ms + 1 if first is None else min(first, oldest + retention_ms + 1)
+    return first
+
+
+def oldest_work(image: Any) -> int | None:
+    """The image's oldest pending work: its earliest event-time timer or watermark hold."""
+    import pyarrow.compute as pc
+
+    user = pc.not_equal(image.column("key"), FENCE_KEY)  # the two columns only, not the whole image
+    marks = [pc.min(image.column(c).filter(user)).as_py() for c in ("next_event_timer_ms", "watermark_hold_ms")]
+    marks = [m for m in marks if m is not None]
+    return min(marks) if marks else None
+
+
+@dataclass
+class Checkpoint:
+    """One interval's checkpointed productions of one stream, found by the recovery scan."""
+
+    stream: str
+    interval: int
+    version: int | None  # the rows commit that checkpointed them (an upper bound unless exact; None: unknown)
+    exact: bool  # ``version`` is that commit's own (looked up by ``commit_id``), not a bound
+    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column;
+    # None: the rows were written by several commits)
+    prods: list[Production]
+
+
+@dataclass
+class Recovery:
+    """What :meth:`ImagePath.recovery` found: per interval the oldest work and the earliest
+    processing-time timer, and the checkpoints to deliver: ``appends`` (of known commits,
+    :meth:`ImagePath.redeliver`) and ``merge`` (the rest: insert-only MERGE by record id)."""
+
+    oldest: dict[int, int | None]
+    next_processing: dict[int, int | None]
+    appends: list[Checkpoint]
+    merge: list[Checkpoint]
+
+    def merge_productions(self) -> list[Production]:
+        return sorted((p for c in self.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
+
+    def merge_commit_ids(self) -> dict[str, str | None]:
+        """production id -> the id of the commit that checkpointed it (None: not known)."""
+        return {p.production_id: c.commit_id for c in self.merge for p in c.prods}
+
+
+
+
+@dataclass
+class BatchOutput:
+    """A batch's new rows and productions on the image path: one summary per interval from the
+    tasks (new image file, production files, counts, oldest work)."""
+
+    summaries: list[dict[str, Any]]
+    version: int | None = None  # the rows commit that checkpointed the productions (set by commit)
+
+    def total(self, name: str) -> int:
+        return sum(int(s.get(name) or 0) for s in self.summaries)
+
+    def side(self, kind: str) -> list[dict[str, Any]]:
+        return [x for s in self.summaries for x in (s.get("side") or ()) if x["kind"] == kind]
+
+
+
+class ImagePath(WritePath[BatchOutput]):
+    """The image write path of one computation's owned intervals (holds their file lists).
+
+    Args:
+        spark: the session.
+        layout: the store (local).
+        owner: holds the intervals (leases, sequencers, the rows store).
+        name: the computation.
+        outputs: the computation's output streams.
+        retention_ms: the computation's dedup retention (None: no dedup), for
+            :meth:`next_processing`.
+    """
+
+    deliver_in_background = True
+
+    def __init__(self, spark: Any, layout: StoreLayout, owner: IntervalOwner, *, name: str, outputs: Sequence[str],
+                 retention_ms: int | None) -> None:
+        self.spark = spark
+        self.layout = layout
+        self.owner = owner
+        self.name = name
+        self.outputs = tuple(outputs)
+        self.retention_ms = retention_ms
+        self._log: TableLog | None = None
+        self.files: dict[int, list[FileEntry]] = {}
+        self.version = -1
+        self._streams: dict[str, TableLog] = {}
+        self._delivered: dict[tuple[str, str], int] = {}
+        self._oldest: dict[int, int | None] = {}
+        self._next_proc: dict[int, int | None] = {}
+
+    @property
+    def log(self) -> TableLog:
+        """The rows table's log (opened on first use: after the store exists)."""
+        if self._log is None:
+            self._log = TableLog(self.spark, self.layout.rows)
+        return self._log
+
+    def _pred(self, ivs: Sequence[int]) -> str:
+        return f"computation = '{self.name}' AND interval IN ({', '.join(str(i) for i in ivs)})"
+
+    # ---------------------------------------------------------- acquisition
+
+    def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
+        """Take and fence the intervals with a claim, then recover from the images: the claim
+        alone fences (:meth:`RowStore.fence` ``claim_only``: this path takes the greatest fence
+        row of an interval and rewrites its whole partition), and the fence rows are checked
+        in the images read here. See :meth:`WritePath.acquire`."""
+        self.owner.acquire(intervals, wait_s=wait_s, claim_only=True, scan=False, check_fences=False)
+        for s in self.outputs:  # created by the owner, after the leases are held
+            ensure_stream_table(self.spark, self.layout, s)
+        try:
+            self._load()
+            found = self.recovery()
+            self._oldest, self._next_proc = found.oldest, found.next_processing
+            appended = self.redeliver(found.appends)
+        except StaleSequencerError:
+            self.owner.release()
+            raise
+        merge = found.merge_productions()
+        if merge:
+            deliver_productions(self.spark, self.layout, merge, producer=self.name,
+                                commit_ids=found.merge_commit_ids())
+        return Recovered(appended=appended, merged=len(merge))
+
+    def oldest_work(self) -> Mapping[int, int | None]:
+        return self._oldest
+
+    def next_processing(self) -> Mapping[int, int | None] | None:
+        return self._next_proc
+
+    def images(self) -> dict[int, tuple[str, ...]]:
+        """interval -> the paths (relative to the rows table, decoded) of its live files: what
+        the tasks load as the interval's rows."""
+        return {iv: tuple(decode_path(f.path) for f in self.files.get(iv, ())) for iv in self.owner.intervals}
+
+    def load(self) -> None:
+        """After :class:`StaleViewError`: a newer fence on an owned interval means this writer is
+        a zombie (:class:`StaleSequencerError`); else read the partitions' files again."""
+        self.owner.store.check_fences(self.name, self.owner.sequencers)
+        self._load()
+
+    def _load(self) -> None:
+        """Read the live files of the owned partitions (a full snapshot read; after a takeover or
+        a conflict). Files carrying deletion vectors (left by MERGE commits) are purged first, so
+        every image is plain Parquet."""
+        ivs = sorted(self.owner.intervals)
+        name, wanted = self.name, {str(iv) for iv in ivs}
+        version, files = self.log.files(
+            self._pred(ivs), where=lambda pv: pv.get("computation") == name and pv.get("interval") in wanted)
+        self.files = {iv: [] for iv in ivs}
+        for f in files:
+            self.files.setdefault(int(f.part("interval") or -1), []).append(f)
+        self.version = version
+        dirty = sorted({iv for iv, fs in self.files.items() if any(f.has_deletion_vector for f in fs)})
+        if dirty:  # a stale owner must not rewrite (the images' rows are not all live: ask Delta)
+            self.owner.store.check_fences(self.name, self.owner.sequencers)
+            self._rewrite(dirty)
+
+    def recovery(self) -> Recovery:
+        """The recovery scan from the loaded images (read here, in the driver): the oldest work
+        per interval (event-time timers, watermark holds), the earliest processing-time timer per
+        interval, and the checkpointed productions still to deliver (those whose strong delivery
+        already landed are left out, see below).
+
+        Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
+        sequencer than this writer's (an even newer owner took the interval)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        root = local_root(self.layout.rows)
+        cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending",
+                "commit_id", "record_ids"]
+        out = Recovery({}, {}, [], [])
+        checkpoints: list[Checkpoint] = []
+        for iv, files in sorted(self.files.items()):
+            parts = [pq.read_table(os.path.join(root, decode_path(f.path)), columns=cols) for f in files]
+            if not parts:
+                out.oldest[iv] = out.next_processing[iv] = None
+                continue
+            image = pa.concat_tables(parts, promote_options="permissive")
+            fence = pc.max(image.filter(pc.equal(image.column("key"), FENCE_KEY)).column("sequencer")).as_py()
+            if fence is not None:
+                raise_if_fenced(self.name, {iv: fence}, {iv: self.owner.sequencers[iv]})
+            out.oldest[iv] = oldest_work(image)
+            out.next_processing[iv] = next_processing(image, self.retention_ms)
+            found: dict[str, Checkpoint] = {}
+            for f, part in zip(files, parts, strict=True):
+                has = pc.fill_null(pc.greater(pc.list_value_length(part.column("pending")), 0), False)
+                held = part.filter(has)
+                for lst, cid in zip(held.column("pending").to_pylist(), held.column("commit_id").to_pylist(),
+                                    strict=True):
+                    for row in lst:
+                        prod = Production.from_row(row)
+                        c = found.get(prod.stream)
+                        if c is None:
+                            c = found[prod.stream] = Checkpoint(prod.stream, iv, f.added_at, False, cid, [])
+                        else:
+                            if c.commit_id != cid:
+                                c.commit_id = None  # rows of several commits (not written by this path)
+                            c.version = None if c.version is None or f.added_at is None else \
+                                max(c.version, f.added_at)
+                        c.prods.append(prod)
+            checkpoints += found.values()
+        # Productions already delivered are left out. A strong delivery records, per interval, the
+        # version of the rows commit whose productions it carries (and that commit's id in its
+        # rows), and a commit is only made once the previous batch's delivery landed (settled).
+        # Each held row carries the id of the commit that checkpointed it; that commit is at or
+        # before the newest add of a file holding the row (``version``, an upper bound: OPTIMIZE,
+        # a purge or any rewrite re-adds the rows under a newer version). So: delivered once the
+        # stream's version for the interval reached that bound; else the checkpointing commit is
+        # looked up by its id among the commits in between (:meth:`_resolve`).
+        for stream in sorted({c.stream for c in checkpoints if c.version is not None}):
+            self._read_delivered(stream, [self._app(c.interval) for c in checkpoints
+                                          if c.stream == stream and c.version is not None])
+        for c in checkpoints:
+            delivered = -1 if c.version is None else self._delivered[(c.stream, self._app(c.interval))]
+            if c.version is not None and delivered >= c.version:
+                continue
+            todo = self._resolve(c, delivered)
+            if todo is not None:
+                (out.appends if todo else out.merge).append(c)
+        return out
+
+    def _resolve(self, c: Checkpoint, delivered: int) -> bool | None:
+        """Whether checkpoint ``c`` (not known to be delivered by its bound) is still to deliver:
+        None (no: delivered), True (yes, as its commit's own delivery: ``c.version`` becomes that
+        commit's version, ``c.exact``), False (yes, by insert-only MERGE by record id: the commit
+        is not found in the log, or was not made by this path).
+
+        Its commit is looked up by id in the rows table's log between the stream's version for
+        the interval and the bound. Not there while every commit of that range is: the commit is
+        at or before the delivered version, i.e. delivered (a later commit of the interval clears
+        the checkpoints of earlier ones)."""
+        if c.version is None or c.commit_id is None:
+            return False
+        present = set(json_commit_versions(self.layout.rows) or ())
+        for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
+            if v not in present:
+                return False  # the log was cleaned up past it: cannot tell
+            try:
+                meta = json.loads((commit_info(self.layout.rows, v) or {}).get("userMetadata") or "{}")
+            except ValueError:
+                continue
+            if isinstance(meta, dict) and meta.get("commit_id") == c.commit_id:
+                if meta.get("kind") == "commit" and meta.get("write_path") == "image" \
+                        and meta.get("computation") == self.name:
+                    c.version, c.exact = v, True
+                    return True
+                return False
+        return None if delivered >= 0 else False
+
+    def redeliver(self, checkpoints: Sequence[Checkpoint]) -> int:
+        """Deliver checkpoints of known commits as their own deliveries would have: an append
+        per stream recording the interval's application version = that commit's (so a zombie's
+        late delivery of the same commit and this one cannot both land). Returns how many
+        productions were given."""
+        n = 0
+        for c in checkpoints:
+            assert c.version is not None
+            files = write_production_files(
+                c.prods, producer=self.name, commit_id=c.commit_id, iv=c.interval,
+                roots={c.stream: local_root(self.layout.stream(c.stream))},
+                schema=arrow_schema(stream_schema_ddl()), format_version=STREAM_FORMAT_VERSION)
+            adds = [new_add(p["path"], {}, p["size"], p["num_rows"]) for p in files]
+            self._deliver_strong(c.stream, self._stream_log(c.stream), {self._app(c.interval): adds}, c.version)
+            n += len(c.prods)
+        return n
+
+    def _app(self, iv: int) -> str:
+        """The application id an interval's strong deliveries record in a stream table."""
+        return f"deltawheel.{self.name}.{iv}"
+
+    def _stream_log(self, stream: str) -> TableLog:
+        log = self._streams.get(stream)
+        if log is None:
+            log = self._streams[stream] = TableLog(self.spark, self.layout.stream(stream))
+        return log
+
+    def _read_delivered(self, stream: str, apps: Sequence[str]) -> None:
+        """Remember the versions ``stream`` records for those of ``apps`` not known yet (one log read)."""
+        unknown = [app for app in apps if (stream, app) not in self._delivered]
+        if unknown:
+            for app, v in self._stream_log(stream).txn_versions(unknown).items():
+                self._delivered[(stream, app)] = v
+
+    def _rewrite(self, ivs: list[int]) -> None:
+        """Replace the files of ``ivs`` by one plain Parquet file each, same rows (Delta's
+        ``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair)."""
+        import pyarrow as pa
+        from pyspark.sql import functions as F
+
+        name = self.name
+        schema = arrow_schema(rows_file_ddl())
+        data = (self.spark.read.format("delta").option("versionAsOf", self.version).load(self.layout.rows)
+                .where((F.col("computation") == name) & F.col("interval").isin(ivs)).toArrow())
+        adds, new = [], {}
+        for iv in ivs:
+            part = data.filter(pa.compute.equal(data.column("interval"), iv)).select(schema.names).cast(schema)
+            rel = partition_file_name(name, iv, "dw")
+            size = write_file(part, local_root(self.layout.rows), rel)
+            add = new_add(rel, {"computation": name, "interval": str(iv)}, size, part.num_rows)
+            adds.append(add)
+            new[iv] = [FileEntry(rel, (("computation", name), ("interval", str(iv))), size, False, add)]
+        removes = [f for iv in ivs for f in self.files.get(iv, ())]
+        version = self.log.commit(
+            remove=removes, add=adds, read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
+            untouched_since=(self.version, [{"computation": name, "interval": str(iv)} for iv in ivs]),
+            user_metadata=json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "compact", "computation": name,
+                                      "write_path": "image"}, sort_keys=True))
+        assert version is not None
+        self.files.update(new)
+        self.version = version
+
+    # ------------------------------------------------------------------ step 5
+
+    def commit(self, out: BatchOutput, *, commit_id: str, meta: Mapping[str, Any]) -> bool:
+        """The fenced commit of the new images (``out.version`` becomes the rows table version it
+        made). ``meta``: more entries for the commit's metadata (the watermark the batch acted
+        on). The intervals' oldest work is taken from the summaries either way. See
+        :meth:`WritePath.commit`."""
+        name = self.name
+        new = [s for s in out.summaries if s.get("new_path")]
+        self.owner.check()
+        if not new:
+            self._observe(out)
+            return False
+        ivs = sorted(int(s["interval"]) for s in new)
+        seqs = self.owner.sequencers
+        info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": "commit",
+                           "writer": self.owner.store.writer,
+                           "computation": name, "commit_id": commit_id, "write_path": "image",
+                           "sequencers": {str(iv): seqs[iv] for iv in ivs}}, sort_keys=True)
+        parts = [{"computation": name, "interval": str(iv)} for iv in ivs]
+        adds = {int(s["interval"]): new_add(s["new_path"], {"computation": name, "interval": str(s["interval"])},
+                                            s["new_size"], s["new_rows"]) for s in new}
+        removes = [f for iv in ivs for f in self.files.get(iv, ())]
+        try:
+            version = self.log.commit(remove=removes, add=list(adds.values()), user_metadata=info,
+                                      read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
+                                      untouched_since=(self.version, parts))
+        except StaleFilesError as exc:
+            # a takeover first (a zombie fails typed, never as a mere reload)
+            self.owner.store.check_fences(name, seqs)
+            raise StaleViewError(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - Delta's conflict exceptions
+            err = translate_commit_error(exc, sequencers=seqs)
+            if err is None:
+                raise
+            if isinstance(err, StaleSequencerError):
+                raise err from exc
+            self.owner.store.check_fences(name, seqs)
+            raise StaleViewError(f"concurrent commit on {name}'s partitions: {err}") from exc
+        assert version is not None
+        for s in new:
+            iv = int(s["interval"])
+            self.files[iv] = [FileEntry(s["new_path"], (("computation", name), ("interval", str(iv))),
+                                        int(s["new_size"]), False, adds[iv])]
+        self.version = out.version = version
+        self._observe(out)
+        return True
+
+    def _observe(self, out: BatchOutput) -> None:
+        """The committed images' oldest work (before the delivery thread publishes)."""
+        for s in out.summaries:
+            if s["interval"] is not None:
+                self._oldest[int(s["interval"])] = s["oldest_ms"]
+                self._next_proc[int(s["interval"])] = s["next_proc_ms"]
+
+    # ------------------------------------------------------------------ step 6
+
+    def deliver(self, out: BatchOutput, *, strong: bool) -> int:
+        """Append the production files to their streams; ``strong``: once per (interval, rows
+        version of ``out``'s commit). See :meth:`WritePath.deliver`."""
+        version = out.version if strong else None
+        by_stream: dict[str, dict[str, list[str]]] = {}
+        n = 0
+        for s in out.summaries:
+            for p in s.get("prod_files") or ():
+                app = self._app(int(s["interval"]))
+                by_stream.setdefault(p["stream"], {}).setdefault(app, []).append(
+                    new_add(p["path"], {}, p["size"], p["num_rows"]))
+                n += int(p["num_rows"])
+        for stream, files in sorted(by_stream.items()):
+            log = self._stream_log(stream)
+            if version is None:  # weak productions: blind append, consumers dedup by record id
+                log.commit(add=[a for adds in files.values() for a in adds])
+                continue
+            self._deliver_strong(stream, log, files, version)
+        return n
+
+    def _deliver_strong(self, stream: str, log: TableLog, files: dict[str, list[str]], version: int) -> None:
+        """Append once per (app id, version), unless this writer was taken over since ``version``.
+
+        A zombie whose commit landed just before a takeover may still be delivering it while
+        the new owner redelivers the same checkpoint (an insert-only MERGE by record id). So
+        the append is not blind: it records the whole stream as read (a MERGE that inserted
+        after the append's snapshot makes it fail; a MERGE that read before the append landed
+        fails and re-reads), and once its snapshot is taken it looks for a claim or fence of
+        this computation committed after ``version`` (then the new owner redelivers: raise)."""
+        for attempt in itertools.count(1):
+            self._read_delivered(stream, list(files))  # read once (one replay for all app ids), then remembered
+            todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}
+            if not todo:
+                return
+            try:
+                log.commit(add=[a for adds in todo.values() for a in adds], app_versions={a: version for a in todo},
+                           read_partitions=["true"], check=lambda: self._not_taken_over_since(version))
+            except StaleSequencerError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Delta's conflict exceptions
+                err = translate_commit_error(exc, sequencers={})
+                if not isinstance(err, CommitConflictError) or attempt >= _DELIVERY_RETRIES:
+                    raise
+                for app in todo:  # another delivery landed meanwhile: read the versions again
+                    self._delivered.pop((stream, app), None)
+                time.sleep(random.uniform(0.01, 0.02 * min(attempt, 10)))
+                continue
+            for app in todo:
+                self._delivered[(stream, app)] = version
+            return
+
+    def _not_taken_over_since(self, version: int) -> None:
+        """Raise StaleSequencerError if the rows table holds a claim or fence of this computation
+        with a newer sequencer on an owned interval, committed after ``version``."""
+        mine = self.owner.sequencers
+        for _v, info in commit_infos(self.layout.rows, after=version) or ():
+            try:
+                meta = json.loads(info.get("userMetadata") or "{}")
+            except ValueError:
+                continue
+            if not isinstance(meta, dict) or meta.get("kind") not in ("claim", "fence") \
+                    or meta.get("computation") != self.name:
+                continue
+            newer = {int(iv): int(seq) for iv, seq in (meta.get("sequencers") or {}).items()
+                     if int(iv) in mine and int(seq) > mine[int(iv)]}
+            if newer:
+                raise_if_fenced(self.name, newer, mine)

@@ -1,0 +1,128 @@
+"""The MERGE write path: one fenced Delta MERGE per batch (any store).
+
+The batch's tasks (``executor/_tasks.py``) join the input with the rows table and return the
+new row images as a DataFrame; :meth:`MergePath.commit` hands them to
+:meth:`RowStore.commit_frame` (the fenced MERGE, with one fence row per owned interval);
+:meth:`MergePath.deliver` inserts the productions into their streams where their record id is
+absent (``delivery.py``). Recovery is the row store's scan (``statestore/recovery.py``): the
+productions checkpointed in the rows are given to insert-if-absent again.
+
+The fallback for stores the image path cannot write (remote file systems, object stores).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..layout import StoreLayout
+from ..owner import IntervalOwner
+from ..rows import Production, rows_schema_ddl
+from ..streams import ensure_stream_table
+from . import Recovered, WritePath
+from .delivery import deliver_frame, deliver_productions
+
+__all__ = ["MergePath", "MergeBatch", "ROW_COLUMNS"]
+
+#: the columns of a batch's changed rows: the rows table's plus ``_op`` ('upsert' / 'delete' / 'none')
+ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl())] + ["_op"]
+
+
+@dataclass
+class MergeBatch:
+    """A batch's new rows and productions on the MERGE path (materialized DataFrames).
+
+    ``changed``: the rows with ``_op`` other than 'none' (:data:`ROW_COLUMNS` at least, plus
+    ``new_prods``); ``prods``: the batch's productions (a Production row each, with
+    ``commit_id``); ``written``: how many rows changed; ``checkpointed``: the productions go
+    into the rows' ``pending`` column (a weak batch's straggler; strong batches' rows carry
+    theirs already); ``n_prods``: how many productions."""
+
+    changed: Any
+    prods: Any
+    written: int
+    n_prods: int
+    checkpointed: bool = False
+
+
+class MergePath(WritePath[MergeBatch]):
+    """The fenced MERGE write path of one computation's owned intervals.
+
+    Args:
+        spark: the session.
+        layout: the store.
+        owner: holds the intervals (leases, sequencers, the rows store).
+        name: the computation.
+        outputs: the computation's output streams.
+        track_oldest: keep each interval's oldest work from the committed rows (one small
+            collect per commit; needed when the executor publishes watermarks).
+    """
+
+    def __init__(self, spark: Any, layout: StoreLayout, owner: IntervalOwner, *, name: str,
+                 outputs: Sequence[str], track_oldest: bool) -> None:
+        self.spark = spark
+        self.layout = layout
+        self.owner = owner
+        self.name = name
+        self.outputs = tuple(outputs)
+        self.track_oldest = track_oldest
+        self._oldest: dict[int, dict[str, int]] = {}  # per interval: key -> its oldest work
+
+    def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
+        """Take the intervals, fence them with a MERGE and run the recovery scan; redeliver every
+        checkpointed production by insert-if-absent. See :meth:`WritePath.acquire`."""
+        rec = self.owner.acquire(intervals, wait_s=wait_s)
+        for s in self.outputs:  # created by the owner, after the leases are held
+            ensure_stream_table(self.spark, self.layout, s)
+        # oldest work per interval, kept from the rows we write (authoritative while we hold the lease)
+        self._oldest = {iv: {} for iv in self.owner.intervals}
+        for r in rec.rows.values():
+            self._note(r.interval, r.key, r.next_event_timer_ms, r.watermark_hold_ms, deleted=False)
+        pending: list[Production] = [p for _, p in rec.pending]
+        # the commit that checkpointed each (the row's commit id: kept by any rewrite of the table)
+        commit_ids = {p.production_id: rec.rows[k].commit_id if k in rec.rows else None for k, p in rec.pending}
+        if pending:
+            deliver_productions(self.spark, self.layout, pending, producer=self.name, commit_ids=commit_ids)
+        return Recovered(appended=0, merged=len(pending))
+
+    def load(self) -> None:
+        """The tasks join the rows table itself each batch: only the fence check is left."""
+        self.owner.store.check_fences(self.name, self.owner.sequencers)
+
+    def commit(self, batch: MergeBatch, *, commit_id: str, meta: Mapping[str, Any]) -> bool:
+        """The fenced MERGE of the changed rows (:meth:`RowStore.commit_frame`: the lease is
+        checked before each attempt). See :meth:`WritePath.commit`."""
+        from pyspark.sql import functions as F
+
+        if not batch.written:
+            return False
+        rows = batch.changed
+        if batch.checkpointed:  # each row's new productions become its pending ones
+            rows = rows.withColumn("pending", F.col("new_prods"))
+        self.owner.store.commit_frame(self.name, rows.select(*ROW_COLUMNS), sequencers=self.owner.sequencers,
+                                      intervals=self.owner.intervals, commit_id=commit_id,
+                                      lease_check=self.owner.check, meta=meta)
+        if self.track_oldest:
+            for r in (batch.changed.select("interval", "key", "next_event_timer_ms", "watermark_hold_ms", "_op")
+                      .toArrow().to_pylist()):
+                self._note(r["interval"], r["key"], r["next_event_timer_ms"], r["watermark_hold_ms"],
+                           deleted=r["_op"] == "delete")
+        return True
+
+    def deliver(self, batch: MergeBatch, *, strong: bool) -> int:
+        """Insert the productions whose record id is absent from their stream (idempotent either
+        way). See :meth:`WritePath.deliver`."""
+        deliver_frame(self.spark, self.layout, batch.prods, streams=self.outputs, producer=self.name)
+        return batch.n_prods
+
+    def oldest_work(self) -> Mapping[int, int | None]:
+        return {iv: min(per.values()) if per else None for iv, per in self._oldest.items()}
+
+    def _note(self, interval: int, key: str, timer: int | None, hold: int | None, *, deleted: bool) -> None:
+        per = self._oldest.setdefault(interval, {})
+        marks = [t for t in (timer, hold) if t is not None]
+        if deleted or not marks:
+            per.pop(key, None)
+        else:
+            per[key] = min(marks)

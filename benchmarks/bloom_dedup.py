@@ -30,10 +30,10 @@ def _best(fn: Callable[[], Any], rounds: int) -> tuple[float, Any]:
 def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -> dict[str, Any]:
     """Measure the filter against the exact lookup (best of ``rounds``); returns the figures."""
     import pyarrow as pa
-    from deltawheel.executor import _imagetask
-    from deltawheel.executor._imagekeys import Input
     from deltawheel.executor.computation import Computation
-    from deltawheel.statestore.bloom import IdBloom
+    from deltawheel.executor.tasks import image as _imagetask
+    from deltawheel.executor.tasks.imagekeys import Input
+    from deltawheel.statestore.rowtable.bloom import IdBloom
 
     class Comp(Computation):
         name = "bench"
@@ -69,8 +69,8 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
 
 
 def _build(cls: Any, ids: Any, n: int) -> Any:
-    from deltawheel.executor import _imagetask
-    from deltawheel.executor._imagekeys import py_list
+    from deltawheel.executor.tasks import image as _imagetask
+    from deltawheel.executor.tasks.imagekeys import py_list
 
     bloom = cls(max(2 * n, _imagetask.BLOOM_MIN_CAPACITY), error_rate=_imagetask.BLOOM_ERROR_RATE)
     bloom.add_many(py_list(ids.table.column("record_id")))

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from deltawheel.statestore.sparkenv import CHECKPOINT_FILE_MANAGER
+from deltawheel.statestore.delta.sparkenv import CHECKPOINT_FILE_MANAGER
 
 from .workload import WIN_MS, WorkloadData, check_output
 

@@ -36,10 +36,17 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import psutil
-from deltawheel.statestore.sparkenv import DELTA_VERSION
+from deltawheel.statestore.delta.sparkenv import DELTA_VERSION
 
 from .args import add_throughput_arguments
-from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
+from .engines_spark import (
+    SPARK_BENCH_CONF,
+    Engine,
+    EngineResult,
+    ProgressFn,
+    SparkSqlEngine,
+    SparkTwsEngine,
+)
 from .memory import MemorySampler
 from .plot import plot_throughput
 from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_workload
@@ -207,7 +214,7 @@ def run_throughput(
     conf = {**SPARK_BENCH_CONF, **EXTRA_SPARK_CONF}
     t0 = time.perf_counter()
     if spark is None:
-        from deltawheel.statestore.sparkenv import SparkSettings, build_spark
+        from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
 
         session = build_spark(SparkSettings(app_name="deltawheel-bench", log_level="ERROR", extra=conf))
     else:

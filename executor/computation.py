@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, NamedTuple, 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import validate_name
-from deltawheel.statestore.rows import Timer
+from deltawheel.statestore.rowtable.rows import Timer
 
 if TYPE_CHECKING:
     from .context import Context

@@ -6,7 +6,7 @@ from typing import Any
 
 from deltawheel.statestore.codecs import Codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
-from deltawheel.statestore.rows import Production, TimeDomain, Timer, make_production, validate_key
+from deltawheel.statestore.rowtable.rows import Production, TimeDomain, Timer, make_production, validate_key
 
 __all__ = ["Context", "TimerCause"]
 

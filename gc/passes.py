@@ -39,7 +39,7 @@ from typing import Any
 
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.streams import list_streams
+from deltawheel.statestore.writepath.streams import list_streams
 
 __all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "MIN_VACUUM_RETAIN_HOURS"]
 
@@ -144,7 +144,7 @@ def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
     their partitions makes it fail (run gc again); the owner reloads its images."""
     import json
 
-    from deltawheel.statestore.deltatxn import TableLog, decode_path, delta_path
+    from deltawheel.statestore.delta.txn import TableLog, decode_path, delta_path
 
     log = TableLog(spark, path)
     _version, live = log.files("true", where=lambda _pv: True)

@@ -21,13 +21,18 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-from deltawheel.statestore._sqltext import sql_path, sql_str
-from deltawheel.statestore.deltalog import local_path, local_table_exists, read_local
-from deltawheel.statestore.deltatxn import decode_path
+from deltawheel.statestore.delta.log import local_path, local_table_exists, read_local
+from deltawheel.statestore.delta.sqltext import sql_path, sql_str
+from deltawheel.statestore.delta.txn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
 
-from . import m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval, m0004_timer_seq
+from . import (
+    m0001_meta_and_rows,
+    m0002_dead_letters_late_data,
+    m0003_checkpoint_interval,
+    m0004_timer_seq,
+)
 
 __all__ = [
     "CODE_SCHEMA_VERSION",

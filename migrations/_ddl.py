@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from deltawheel.statestore._sqltext import sql_path, sql_str
+from deltawheel.statestore.delta.sqltext import sql_path, sql_str
 from deltawheel.statestore.exceptions import MigrationError
 
 __all__ = ["sql_path", "sql_str", "create_table"]

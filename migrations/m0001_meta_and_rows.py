@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rows import ROW_FORMAT_VERSION, rows_schema_ddl
+from deltawheel.statestore.rowtable.rows import ROW_FORMAT_VERSION, rows_schema_ddl
 
 from ._ddl import create_table
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rows import ROW_FORMAT_VERSION
+from deltawheel.statestore.rowtable.rows import ROW_FORMAT_VERSION
 
 __all__ = ["VERSION", "NAME", "COLUMN", "describe", "apply"]
 

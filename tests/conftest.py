@@ -27,7 +27,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.sparkenv import SparkSettings, build_spark
+    from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
 
     session = build_spark(SparkSettings(master="local[2]", app_name="deltawheel-tests"))
     yield session
@@ -37,7 +37,7 @@ def spark():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real ZooKeeper server from the jars in the pyspark wheel."""
-    from deltawheel.statestore.zkserver import EmbeddedZooKeeper
+    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path_factory.mktemp("zk"), port=free_port())
     server.start()

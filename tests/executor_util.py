@@ -6,14 +6,14 @@ import json
 import sys
 from typing import Any, Callable
 
-from deltawheel.executor.batch import ComputationExecutor, FaultPoint
 from deltawheel.executor.computation import RECORD_KEY, Computation, ErrorPolicy, LatePolicy
+from deltawheel.executor.runtime.batch import ComputationExecutor, FaultPoint
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.leases import LeaseManager
-from deltawheel.statestore.owner import IntervalOwner
-from deltawheel.statestore.store import RowStore
-from deltawheel.statestore.streams import stream_schema_ddl
-from deltawheel.statestore.zkclient import connect
+from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.writepath.streams import stream_schema_ddl
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.leases import LeaseManager
+from deltawheel.statestore.zk.owner import IntervalOwner
 from pyspark import cloudpickle
 
 J = get_codec("json")
@@ -122,7 +122,7 @@ def start_executor(spark: Any, layout: Any, zk_config: Any, comp: Computation, *
                    write_path: str = "auto", watermarks: bool = False, clock: Any = None) -> tuple[Any, Any]:
     """An executor holding all its intervals (``watermarks``: publishing to a watermark authority
     of pipeline "test", ``ex.authority``)."""
-    from deltawheel.statestore.watermarks import WatermarkAuthority
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
     client = connect(zk_config)
     leases = LeaseManager(client, pipeline="test", owner=writer)

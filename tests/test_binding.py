@@ -1,5 +1,5 @@
 """A pipeline's ZooKeeper state belongs to one store: another store of the same pipeline name
-must not inherit its watermarks and sequencers (statestore/binding.py)."""
+must not inherit its watermarks and sequencers (statestore/zk/binding.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
 
 def _owner(spark, layout, client, pipeline: str, who: str):  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.leases import LeaseManager
-    from deltawheel.statestore.owner import IntervalOwner
-    from deltawheel.statestore.store import RowStore
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.owner import IntervalOwner
 
     return IntervalOwner(RowStore(spark, layout, writer=who), LeaseManager(client, pipeline=pipeline, owner=who),
                          "c", num_intervals=2)
@@ -24,9 +24,9 @@ def _owner(spark, layout, client, pipeline: str, who: str):  # type: ignore[no-u
 def test_another_store_of_the_same_pipeline_is_refused_before_any_lease(spark, migrated_store, zk_config,
                                                                          tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from deltawheel import migrations
-    from deltawheel.statestore.binding import store_path
     from deltawheel.statestore.layout import StoreLayout
-    from deltawheel.statestore.zkclient import connect
+    from deltawheel.statestore.zk.binding import store_path
+    from deltawheel.statestore.zk.client import connect
 
     other = StoreLayout(str(tmp_path / "other"))
     migrations.apply(spark, other, dry_run=False)
@@ -60,8 +60,8 @@ def test_another_store_of_the_same_pipeline_is_refused_before_any_lease(spark, m
 
 
 def test_a_znode_that_is_not_a_binding_is_named(zk_config) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.binding import bind_store, store_path
-    from deltawheel.statestore.zkclient import connect
+    from deltawheel.statestore.zk.binding import bind_store, store_path
+    from deltawheel.statestore.zk.client import connect
 
     client = connect(zk_config)
     try:

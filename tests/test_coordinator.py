@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from conftest import free_port
-from deltawheel.executor.batch import FaultPoint
+from deltawheel.executor.runtime.batch import FaultPoint
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import CoordinatorStateLostError, LeaseLostError
 from deltawheel.statestore.layout import StoreLayout
@@ -38,7 +38,7 @@ class _Crash(Exception):
 @pytest.fixture
 def own_zk(tmp_path: Path) -> Iterator[Any]:
     """A ZooKeeper server for this test alone (the shared one must not be stopped or wiped)."""
-    from deltawheel.statestore.zkserver import EmbeddedZooKeeper
+    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
     server.start()
@@ -62,8 +62,8 @@ def _input(folder: Path) -> Path:
 
 def _run(spark: Any, folder: Path, layout: StoreLayout, zk: ZkConfig, *,
          faults: Callable[[FaultPoint, int], None] | None = None, write_path: str = "auto") -> Any:
-    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.sources import ParquetInjector
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
 
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
                           value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)
@@ -122,11 +122,11 @@ def _restart(server: Any) -> None:
 @pytest.mark.timeout(300)
 def test_a_wiped_zookeeper_is_refused_at_acquisition_and_reseed_fences_above_the_store(
         spark, migrated_store, own_zk) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.leases import LeaseManager, interval_path
-    from deltawheel.statestore.owner import IntervalOwner
-    from deltawheel.statestore.reseed import apply_reseed, plan_reseed
-    from deltawheel.statestore.store import RowStore
-    from deltawheel.statestore.zkclient import connect
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager, interval_path
+    from deltawheel.statestore.zk.owner import IntervalOwner
+    from deltawheel.statestore.zk.reseed import apply_reseed, plan_reseed
 
     zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=6.0)
 
@@ -207,8 +207,8 @@ def test_zookeeper_data_loss_is_refused_then_reseed_gives_the_clean_rows(spark, 
 
 
 def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowers(zk_config) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.leases import LeaseManager, next_sequencers, raise_sequencers
-    from deltawheel.statestore.zkclient import connect
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager, next_sequencers, raise_sequencers
 
     client = connect(zk_config)
     try:
@@ -232,7 +232,7 @@ def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowe
 @pytest.fixture
 def runner_clients(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The kazoo clients the pipeline runner connects (to watch their state, or expire a session)."""
-    from deltawheel.executor import pipeline
+    from deltawheel.executor.runtime import pipeline
 
     got: list[Any] = []
     real = pipeline.connect

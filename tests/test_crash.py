@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.store import RowStore
+from deltawheel.statestore.rowtable.store import RowStore
 
 pytestmark = pytest.mark.spark
 

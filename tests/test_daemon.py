@@ -1,4 +1,4 @@
-"""Python workers fork from deltawheel's preloading daemon (``executor/_daemon.py``)."""
+"""Python workers fork from deltawheel's preloading daemon (``executor/tasks/daemon.py``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ def _worker_facts(_i: int) -> tuple[str, bool, bool]:
     main = sys.modules["__main__"]
     spec = getattr(main, "__spec__", None)
     return (spec.name if spec is not None else "", "pyarrow.parquet" in sys.modules,
-            "deltawheel.executor._imagetask" in sys.modules)
+            "deltawheel.executor.tasks.image" in sys.modules)
 
 
 def test_python_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
-    from deltawheel.statestore.sparkenv import DAEMON_MODULE
+    from deltawheel.statestore.delta.sparkenv import DAEMON_MODULE
 
     assert spark.sparkContext.getConf().get("spark.python.daemon.module") == DAEMON_MODULE
     # a plain RDD task imports neither pyarrow nor the image task's modules itself
@@ -23,7 +23,7 @@ def test_python_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
 
 
 def test_every_preloaded_module_imports() -> None:
-    from deltawheel.executor import _daemon
+    from deltawheel.executor.tasks import daemon as _daemon
 
     assert _daemon.preload() == list(_daemon.PRELOAD)  # a renamed module would be skipped silently
 
@@ -31,7 +31,7 @@ def test_every_preloaded_module_imports() -> None:
 def _unfrozen_spark_zips(_i: int) -> list[str]:
     import zipimport
 
-    from deltawheel.executor._worker import _is_spark_archive
+    from deltawheel.executor.tasks.worker import _is_spark_archive
 
     return [k for k, f in sys.path_importer_cache.items()
             if isinstance(f, zipimport.zipimporter) and _is_spark_archive(f.archive)]
@@ -46,7 +46,7 @@ def test_workers_start_with_the_spark_zip_finders_frozen(spark: Any) -> None:
 
 
 def test_warm_workers_runs_a_python_task_per_slot(spark: Any) -> None:
-    from deltawheel.executor._worker import warm_workers
+    from deltawheel.executor.tasks.worker import warm_workers
 
     errors: list[BaseException] = []
     before = set(spark.sparkContext.statusTracker().getJobIdsForGroup())

@@ -5,12 +5,12 @@ from __future__ import annotations
 import heapq
 
 import pytest
-from deltawheel.statestore.bloom import IntervalBloom
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.dedup import Deduplicator
-from deltawheel.statestore.recovery import TimerEntry, rebuild, recover
-from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, Timer, interval_of
-from deltawheel.statestore.store import RowStore
+from deltawheel.statestore.rowtable.bloom import IntervalBloom
+from deltawheel.statestore.rowtable.dedup import Deduplicator
+from deltawheel.statestore.rowtable.recovery import TimerEntry, rebuild, recover
+from deltawheel.statestore.rowtable.rows import KeyRow, Production, SeenId, TimeDomain, Timer, interval_of
+from deltawheel.statestore.rowtable.store import RowStore
 
 N = 4
 J = get_codec("json")

@@ -11,14 +11,14 @@ pytestmark = pytest.mark.spark
 
 
 def _jvm_files(spark, path: str) -> tuple[int, set[tuple[str, int, bool]]]:  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.deltatxn import TableLog
+    from deltawheel.statestore.delta.txn import TableLog
 
     version, files = TableLog(spark, path).files("true")  # no `where`: Delta's snapshot
     return version, {(f.path, f.size, f.has_deletion_vector) for f in files}
 
 
 def _py_files(spark, path: str) -> tuple[int, set[tuple[str, int, bool]]]:  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.deltatxn import TableLog
+    from deltawheel.statestore.delta.txn import TableLog
 
     version, files = TableLog(spark, path).files("true", where=lambda pv: True)
     return version, {(f.path, f.size, f.has_deletion_vector) for f in files}
@@ -30,7 +30,7 @@ def test_the_python_log_replay_matches_delta_across_checkpoints_removes_and_dele
     """Versions: 0 create, 1-3 appends (checkpoint at 3), 4 DELETE (deletion vectors), 5 a
     partition replaced (removes); with ``appends_after`` = 1 a sixth commit makes a checkpoint
     that holds the deletion vectors, else the removes and vectors are replayed from JSON."""
-    from deltawheel.statestore.deltalog import read_local
+    from deltawheel.statestore.delta.log import read_local
 
     path = str(tmp_path / "t")
     spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, p INT) USING DELTA PARTITIONED BY (p) "
@@ -56,7 +56,7 @@ def test_the_python_log_replay_matches_delta_across_checkpoints_removes_and_dele
     # the add JSON kept for a later remove is one Delta parses
     snap = read_local(path)
     assert snap is not None and snap.configuration.get("delta.checkpointInterval") == "3"
-    from deltawheel.statestore.deltatxn import TableLog
+    from deltawheel.statestore.delta.txn import TableLog
 
     t = TableLog(spark, path)
     _, entries = t.files("true", where=lambda pv: pv.get("p") == "0")
@@ -66,7 +66,7 @@ def test_the_python_log_replay_matches_delta_across_checkpoints_removes_and_dele
 
 
 def test_the_reader_declines_what_it_does_not_read(spark, tmp_path: Path) -> None:
-    from deltawheel.statestore.deltalog import local_table_exists, read_local
+    from deltawheel.statestore.delta.log import local_table_exists, read_local
 
     assert read_local("s3a://bucket/table") is None and local_table_exists("s3a://bucket/t") is None
     assert read_local(str(tmp_path / "none")) is None and local_table_exists(str(tmp_path / "none")) is False
@@ -93,7 +93,7 @@ def test_file_level_commits_carry_the_checksum_forward_without_a_spark_job(spark
     import json
     import os
 
-    from deltawheel.statestore.deltatxn import TableLog, decode_path
+    from deltawheel.statestore.delta.txn import TableLog, decode_path
 
     path = str(tmp_path / "t")
     spark.range(6).selectExpr("id", "cast(id % 2 as int) as p").write.format("delta").partitionBy("p").save(path)
@@ -140,9 +140,9 @@ def test_a_commit_racing_an_append_to_a_partition_it_read_is_a_conflict(
     takeover's claim racing a zombie's commit stopped the new owner)."""
     import os
 
-    from deltawheel.statestore.deltatxn import TableLog, new_add
+    from deltawheel.statestore.delta.txn import TableLog, new_add
     from deltawheel.statestore.exceptions import CommitConflictError
-    from deltawheel.statestore.fencing import translate_commit_error
+    from deltawheel.statestore.rowtable.fencing import translate_commit_error
 
     path = str(tmp_path / "t")
     spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, c STRING, iv INT) USING DELTA PARTITIONED BY (c, iv)")

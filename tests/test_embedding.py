@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.executor.batch import ComputationExecutor
-from deltawheel.executor.windowed import windowed
-from deltawheel.executor.windows import FixedWindows
+from deltawheel.executor.runtime.batch import ComputationExecutor
+from deltawheel.executor.windowing.windowed import windowed
+from deltawheel.executor.windowing.windows import FixedWindows
 from deltawheel.statestore.exceptions import ConfigError
 from executor_util import BucketCounter, events, start_executor, stop_executor, stream_rows
 
@@ -90,7 +90,7 @@ def test_event_time_timers_set_without_a_watermark_source_are_warned_about_once(
     lines: list[str] = []
     ex.progress = lines.append
     try:
-        with caplog.at_level(logging.WARNING, logger="deltawheel.executor.batch"):
+        with caplog.at_level(logging.WARNING, logger="deltawheel.executor.runtime.batch"):
             ex.run_batch(events(spark, [("r1", "cats", 1_000)]), 0)
             ex.run_batch(events(spark, [("r2", "dogs", 2_000)]), 1)
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltawheel.executor.reports import BatchReport, format_report
+from deltawheel.executor.runtime.reports import BatchReport, format_report
 
 Y2100_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
 DAY_MS = 86_400_000
@@ -32,8 +32,8 @@ def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, zk_c
     of the next file are processed on time (before: the watermark jumped to 2099 and every later
     record was late, routed to late_data)."""
     from deltawheel import migrations
-    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.sources import ParquetInjector
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import RoutedLate
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from deltawheel.statestore.streams import stream_schema_ddl
+from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
@@ -60,7 +60,7 @@ class Crash(Exception):
 def _run(spark, layout, zk_config, *, crash_at=None):  # type: ignore[no-untyped-def]
     """Batches B1, B2 and a final flush; optionally crash once at a fault point of batch 1, then
     restart (new ZooKeeper session and leases, recovery scan) and let Spark replay batch 1."""
-    from deltawheel.executor.batch import FaultPoint
+    from deltawheel.executor.runtime.batch import FaultPoint
 
     fired = []
 
@@ -108,7 +108,7 @@ def clean_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-de
                                    "after_delivery", "before_watermark"])
 def test_crash_at_each_step_then_restart_gives_the_same_result(spark, migrated_store, zk_config, clean_run,
                                                                point) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.batch import FaultPoint
+    from deltawheel.executor.runtime.batch import FaultPoint
 
     assert _run(spark, migrated_store, zk_config, crash_at=FaultPoint(point)) == clean_run
 
@@ -121,12 +121,12 @@ def test_an_owner_whose_sequencer_is_behind_a_fence_fails_at_start_and_gives_the
     ZooKeeper granted (e.g. the store was last written under another ZooKeeper ensemble, or its
     data was lost): start fails with CoordinatorStateLostError before anything is written or
     recovered, naming the interval and the recovery, and the intervals are free again."""
-    from deltawheel.executor.batch import ComputationExecutor
+    from deltawheel.executor.runtime.batch import ComputationExecutor
     from deltawheel.statestore.exceptions import CoordinatorStateLostError
-    from deltawheel.statestore.leases import LeaseManager
-    from deltawheel.statestore.owner import IntervalOwner
-    from deltawheel.statestore.store import RowStore
-    from deltawheel.statestore.zkclient import connect
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.owner import IntervalOwner
 
     RowStore(spark, migrated_store, writer="elsewhere").fence("buckets", {2: 50}, claim_only=True)
     client = connect(zk_config)
@@ -154,7 +154,7 @@ def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_
     while it was partitioned away): its batch fails with StaleSequencerError, nothing it
     computed is committed or delivered."""
     from deltawheel.statestore.exceptions import StaleSequencerError
-    from deltawheel.statestore.leases import break_lease
+    from deltawheel.statestore.zk.leases import break_lease
 
     old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old",
                                      write_path=write_path)
@@ -181,8 +181,8 @@ def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_
 
 @pytest.mark.timeout(900)
 def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.batch import BatchFailedError
     from deltawheel.executor.computation import ErrorPolicy
+    from deltawheel.executor.runtime.batch import BatchFailedError
     from executor_util import J, Picky
 
     Picky.error_policy = ErrorPolicy.DEAD_LETTER
@@ -231,8 +231,8 @@ def test_a_record_without_key_goes_to_dead_letters(spark, migrated_store, zk_con
 
 
 def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.batch import ComputationExecutor
-    from deltawheel.statestore.deltatxn import is_local
+    from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.statestore.delta.txn import is_local
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
 
@@ -253,7 +253,7 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
     a straggler that then fails is redelivered from the checkpoint before it is cleared."""
     import time
 
-    from deltawheel.executor.batch import FaultPoint
+    from deltawheel.executor.runtime.batch import FaultPoint
     from executor_util import WeakCounter
     from pyspark.sql import functions as F
 
@@ -295,7 +295,7 @@ def test_a_zombies_delivery_in_flight_at_the_takeover_adds_nothing(spark, migrat
     import threading
 
     from deltawheel.statestore.exceptions import DeltaWheelError
-    from deltawheel.statestore.leases import break_lease
+    from deltawheel.statestore.zk.leases import break_lease
 
     gate = threading.Event()
     old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old",
@@ -393,7 +393,7 @@ def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migr
     checkpointed, so a restarted executor redelivers them."""
     import threading
 
-    from deltawheel.executor.batch import BatchFailedError
+    from deltawheel.executor.runtime.batch import BatchFailedError
 
     impatient = BucketCounter()
     impatient.delivery_timeout_s = 1.0  # read by the driver only
@@ -435,7 +435,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     checkpoint whose delivery did not land is delivered at the restart as that commit's own
     delivery would have been (an append recording its version, its commit id), once; also when its
     file's add is only bounded (folded into a Delta checkpoint): the commit is found by its id."""
-    from deltawheel.statestore.deltalog import read_local
+    from deltawheel.statestore.delta.log import read_local
     from deltawheel.statestore.writepath import image as image_mod
 
     merged: list[int] = []
@@ -546,13 +546,13 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
     import zlib
 
     from deltawheel import migrations
-    from deltawheel.executor.batch import ComputationExecutor
+    from deltawheel.executor.runtime.batch import ComputationExecutor
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
-    from deltawheel.statestore.leases import LeaseManager
-    from deltawheel.statestore.owner import IntervalOwner
-    from deltawheel.statestore.store import RowStore
-    from deltawheel.statestore.zkclient import connect
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.owner import IntervalOwner
     from executor_util import J
 
     def interval(key: str) -> int:

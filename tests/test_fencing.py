@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deltawheel.statestore.exceptions import CommitConflictError, StaleSequencerError
-from deltawheel.statestore.fencing import STALE_MARKER, merge_sql, translate_commit_error
+from deltawheel.statestore.rowtable.fencing import STALE_MARKER, merge_sql, translate_commit_error
 
 
 def test_raised_marker_is_stale_quoted_marker_is_not() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from deltawheel.gc.passes import run_gc
-from deltawheel.statestore.streams import ensure_stream_table, stream_schema_ddl
+from deltawheel.statestore.writepath.streams import ensure_stream_table, stream_schema_ddl
 
 pytestmark = pytest.mark.spark
 
@@ -123,9 +123,9 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
     from urllib.parse import quote
 
     import pyarrow as pa
-    from deltawheel.statestore.deltatxn import TableLog, new_add, partition_file_name, write_file
-    from deltawheel.statestore.frames import arrow_schema
-    from deltawheel.statestore.rows import ROW_FORMAT_VERSION, rows_file_ddl, rows_schema_ddl
+    from deltawheel.statestore.delta.txn import TableLog, new_add, partition_file_name, write_file
+    from deltawheel.statestore.rowtable.frames import arrow_schema
+    from deltawheel.statestore.rowtable.rows import ROW_FORMAT_VERSION, rows_file_ddl, rows_schema_ddl
 
     rows = migrated_store.rows
     spark.createDataFrame([("c", 0, "by_delta", b"1", "json", [], None, None, [], [], None, 0, None, None,

@@ -18,13 +18,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltawheel.executor._imagetask import SUMMARY_DDL, ImageSpec, _run
 from deltawheel.executor.computation import Computation, ErrorPolicy, make_record
-from deltawheel.executor.images import PREP_DDL
-from deltawheel.executor.keyrun import run_key
-from deltawheel.statestore.frames import arrow_schema as _arrow
-from deltawheel.statestore.rows import FENCE_KEY, KeyRow, TimeDomain, rows_file_ddl
-from deltawheel.statestore.streams import stream_schema_ddl
+from deltawheel.executor.tasks.image import SUMMARY_DDL, ImageSpec, _run
+from deltawheel.executor.tasks.imagejob import PREP_DDL
+from deltawheel.executor.tasks.keyrun import run_key
+from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, KeyRow, TimeDomain, rows_file_ddl
+from deltawheel.statestore.writepath.streams import stream_schema_ddl
 
 N_IV = 2
 SEQ = 5
@@ -262,7 +262,7 @@ def test_a_bloom_filter_answering_maybe_gives_the_exact_results(spark, tmp_path,
     """The dedup Bloom filter only decides when the stored ids are looked at: a filter sized so
     that it answers "maybe" for most ids gives the rows, productions and counts of the exact
     path (the run above compares both with ``run_key``, which has no filter)."""
-    from deltawheel.executor import _imagetask
+    from deltawheel.executor.tasks import image as _imagetask
 
     monkeypatch.setattr(_imagetask, "BLOOM_ERROR_RATE", 0.9)
     monkeypatch.setattr(_imagetask, "BLOOM_MIN_CAPACITY", 1)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, Record
-from deltawheel.executor.keyrun import UserCodeError, run_key
+from deltawheel.executor.tasks.keyrun import UserCodeError, run_key
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
-from deltawheel.statestore.rows import KeyRow, SeenId, TimeDomain, Timer
+from deltawheel.statestore.rowtable.rows import KeyRow, SeenId, TimeDomain, Timer
 
 J = get_codec("json")
 
@@ -159,7 +159,7 @@ def test_spark_zip_finders_skip_invalidation_other_zips_do_not(tmp_path, monkeyp
     import zipimport
 
     import pyspark
-    from deltawheel.executor import _worker
+    from deltawheel.executor.tasks import worker as _worker
 
     core_jar = f"spark-core_2.13-{pyspark.__version__}.jar"  # the jar the workers run from
     paths = {}

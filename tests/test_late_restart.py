@@ -76,7 +76,7 @@ def _run(spark: Any, layout: Any, zk_config: Any, *, policy: str, write_path: st
          crash_at: str | None = None) -> dict[str, Any]:
     """The batches and a final flush; optionally a crash at a fault point of batch 2, then a restart
     (new session, leases, recovery) and Spark's replay of batch 2 if its foreachBatch never returned."""
-    from deltawheel.executor.batch import FaultPoint
+    from deltawheel.executor.runtime.batch import FaultPoint
 
     fired: list[FaultPoint] = []
 
@@ -196,8 +196,8 @@ def test_the_pipeline_routes_a_retry_of_an_on_time_record_as_a_duplicate(
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.sources import ParquetInjector
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
     from executor_util import RoutedLate
 
     folder = tmp_path / "in"
@@ -222,7 +222,7 @@ def test_the_acted_watermark_mark_round_trips_through_commit_metadata() -> None:
     """What a commit records (JSON in the Delta commit's userMetadata) reads back as written."""
     import json
 
-    from deltawheel.executor.lateness import ActedMark, _mark_of
+    from deltawheel.executor.runtime.lateness import ActedMark, _mark_of
     from hypothesis import given
     from hypothesis import strategies as st
 

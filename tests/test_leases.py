@@ -24,8 +24,8 @@ from deltawheel.statestore.exceptions import (
     MigrationError,
     ZooKeeperServerError,
 )
-from deltawheel.statestore.leases import LeaseGrant, LeaseManager, break_lease, interval_path, list_leases
-from deltawheel.statestore.zkclient import connect, digest_acls
+from deltawheel.statestore.zk.client import connect, digest_acls
+from deltawheel.statestore.zk.leases import LeaseGrant, LeaseManager, break_lease, interval_path, list_leases
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 

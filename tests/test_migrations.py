@@ -12,7 +12,7 @@ from deltawheel import migrations
 from deltawheel.migrations import m0001_meta_and_rows
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rows import KeyRow, Production, SeenId, TimeDomain, Timer, rows_schema_ddl
+from deltawheel.statestore.rowtable.rows import KeyRow, Production, SeenId, TimeDomain, Timer, rows_schema_ddl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -180,10 +180,10 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
     0, by Spark and by the image path's file reader), and a second run changes nothing."""
     import pyarrow.parquet as pq
     from delta.tables import DeltaTable
-    from deltawheel.executor._imagetask import _read_rows_file
+    from deltawheel.executor.tasks.image import _read_rows_file
     from deltawheel.migrations import m0004_timer_seq
-    from deltawheel.statestore.frames import arrow_schema
-    from deltawheel.statestore.rows import rows_file_ddl
+    from deltawheel.statestore.rowtable.frames import arrow_schema
+    from deltawheel.statestore.rowtable.rows import rows_file_ddl
 
     layout = StoreLayout(str(tmp_path_factory.mktemp("v1") / "store"))
     old_ddl = rows_schema_ddl().replace(", timer_seq BIGINT", "")

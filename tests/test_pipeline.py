@@ -33,9 +33,9 @@ def outputs(spark, store: Path) -> dict[str, list[tuple[str, str]]]:  # type: ig
 
 
 def run_in_process(spark, store: Path, zk_config) -> dict[str, list[tuple[str, str]]]:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.demo import computations
-    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.zeitgeist_gen import GeneratorInjector, ZeitgeistParams
+    from deltawheel.executor.demo.pipeline import computations
+    from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
 
     layout = StoreLayout(str(store))
@@ -114,8 +114,8 @@ def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
         spark, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.sources import ParquetInjector
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import Copier, CopyCounter, state_of
     from pyspark.sql.streaming.readwriter import DataStreamWriter

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation, Record
-from deltawheel.executor.keyrun import run_key
+from deltawheel.executor.tasks.keyrun import run_key
 from deltawheel.statestore.codecs import get_codec
 from executor_util import BucketCounter, WeakCounter, events, start_executor, stop_executor
 from pyspark import cloudpickle
@@ -187,7 +187,7 @@ def test_a_replayed_batch_regenerates_its_weak_productions_ids(spark, migrated_s
     """Weak productions are delivered before the commit: a crash after their delivery and before
     the commit, then a restart replaying the batch, must produce them under the same ids (the
     consumers' dedup drops the second copy), the re-fired panes included."""
-    from deltawheel.executor.batch import FaultPoint
+    from deltawheel.executor.runtime.batch import FaultPoint
 
     class Crash(Exception):
         pass
@@ -235,9 +235,9 @@ def test_the_demo_pipeline_with_late_events_delivers_every_production_once(spark
     each producer made."""
     import os
 
-    from deltawheel.executor.demo import computations
-    from deltawheel.executor.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.zeitgeist_gen import GeneratorInjector, ZeitgeistParams
+    from deltawheel.executor.demo.pipeline import computations
+    from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
 
     layout = StoreLayout(str(tmp_path / "store"))

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from deltawheel.executor.batch import FaultPoint
 from deltawheel.executor.cli import main as cli_main
-from deltawheel.executor.recover import computations_of, recover, scan
+from deltawheel.executor.runtime.batch import FaultPoint
+from deltawheel.executor.runtime.recover import computations_of, recover, scan
 from deltawheel.statestore.exceptions import ConfigError, LeaseHeldError
-from deltawheel.statestore.leases import LeaseManager
-from deltawheel.statestore.zkclient import connect
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.leases import LeaseManager
 from executor_util import BucketCounter, events, start_executor, stop_executor, stream_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]

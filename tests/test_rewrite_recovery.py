@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from deltawheel.gc.passes import run_gc
-from deltawheel.statestore.deltalog import read_local
+from deltawheel.statestore.delta.log import read_local
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from deltawheel.executor.harness import assert_panes_equal, run_scenario
+from deltawheel.executor.windowing.harness import assert_panes_equal, run_scenario
 
 SCENARIOS = sorted((Path(__file__).parent / "scenarios").glob("*.json"))
 
@@ -25,9 +25,9 @@ def test_scenario(path: Path) -> None:
 @pytest.mark.timeout(1200)
 def test_every_scenario_on_delta_gives_the_same_panes(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """All scenarios through the Delta rows table, in lockstep: one fenced commit per step."""
-    from deltawheel.executor.harness import DeltaBackend, run_scenarios_lockstep
+    from deltawheel.executor.windowing.harness import DeltaBackend, run_scenarios_lockstep
     from deltawheel.statestore.layout import StoreLayout
-    from deltawheel.statestore.store import RowStore
+    from deltawheel.statestore.rowtable.store import RowStore
 
     scenarios = [json.loads(p.read_text()) for p in SCENARIOS]
     backend = DeltaBackend(spark, StoreLayout(str(tmp_path / "store")))
@@ -47,7 +47,7 @@ def test_every_scenario_on_delta_gives_the_same_panes(spark, tmp_path: Path) -> 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario_alone_on_delta(spark, tmp_path: Path, path: Path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.harness import DeltaBackend
+    from deltawheel.executor.windowing.harness import DeltaBackend
 
     scenario = json.loads(path.read_text())
     on_delta = run_scenario(scenario, backend=DeltaBackend(spark, StoreLayout_(tmp_path)))

@@ -1,4 +1,4 @@
-"""Injectors (executor/sources.py) and the Zeitgeist generator (executor/zeitgeist_gen.py).
+"""Injectors (executor/runtime/sources.py) and the Zeitgeist generator (executor/demo/zeitgeist.py).
 
 Streams are consumed with real Spark file / Delta streaming sources
 (``trigger(availableNow=True)`` into ``foreachBatch``); watermarks are
@@ -16,15 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from deltawheel.executor.sources import (
-    BatchStats,
-    DeltaTableInjector,
-    Injector,
-    MaxSeenMinusBound,
-    ParquetInjector,
-    publish_watermark,
-)
-from deltawheel.executor.zeitgeist_gen import (
+from deltawheel.executor.demo.zeitgeist import (
     AnomalySchedule,
     GeneratorInjector,
     ZeitgeistParams,
@@ -32,10 +24,18 @@ from deltawheel.executor.zeitgeist_gen import (
     table_digest,
     write_event_files,
 )
+from deltawheel.executor.runtime.sources import (
+    BatchStats,
+    DeltaTableInjector,
+    Injector,
+    MaxSeenMinusBound,
+    ParquetInjector,
+    publish_watermark,
+)
 from deltawheel.statestore.exceptions import ConfigError, StaleSequencerError
-from deltawheel.statestore.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
-from deltawheel.statestore.watermarks import END_OF_TIME, WatermarkAuthority
-from deltawheel.statestore.zkclient import connect
+from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 #: 300 events in 3 files of 100; rate 100/s, so ~1 s of base time per file.
 SMALL = ZeitgeistParams(n_events=300, seed=11, late_fraction=0.05, late_after_events=100)
@@ -230,7 +230,7 @@ def test_the_parquet_schema_read_from_a_footer_is_the_one_spark_infers(spark: An
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.sources import _local_parquet_schema
+    from deltawheel.executor.runtime.sources import _local_parquet_schema
 
     simple = pa.table({
         "s": ["a"], "b": pa.array([b"x"]), "i8": pa.array([1], pa.int8()), "i16": pa.array([1], pa.int16()),

@@ -19,9 +19,10 @@ import msgpack
 import pytest
 from conftest import free_port
 from deltawheel.executor.cli import main
+from deltawheel.statestore.delta.sqlviews import inspect_key, register_views, run_sql
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rows import (
+from deltawheel.statestore.rowtable.rows import (
     FENCE_KEY,
     KeyRow,
     Production,
@@ -30,8 +31,7 @@ from deltawheel.statestore.rows import (
     Timer,
     rows_schema_ddl,
 )
-from deltawheel.statestore.sqlviews import inspect_key, register_views, run_sql
-from deltawheel.statestore.streams import ensure_stream_table, list_streams, stream_schema_ddl
+from deltawheel.statestore.writepath.streams import ensure_stream_table, list_streams, stream_schema_ddl
 
 pytestmark = pytest.mark.spark
 
@@ -273,7 +273,7 @@ WRITES = [
 def test_sql_tool_is_read_only(spark, store, capsys) -> None:  # type: ignore[no-untyped-def]
     """``deltawheel sql`` runs queries only: every writing statement is refused before it runs,
     with the reason, and the rows table stays at its version (an UPDATE used to commit unfenced)."""
-    from deltawheel.statestore.sqlviews import ReadOnlySqlError, check_read_only
+    from deltawheel.statestore.delta.sqlviews import ReadOnlySqlError, check_read_only
 
     def version() -> int:
         return int(spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").agg({"version": "max"}).first()[0])

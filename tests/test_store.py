@@ -17,8 +17,16 @@ from deltawheel.statestore.exceptions import (
     StaleSequencerError,
     StateTooLargeError,
 )
-from deltawheel.statestore.rows import FENCE_KEY, KeyRow, Production, SeenId, TimeDomain, Timer, interval_of
-from deltawheel.statestore.store import RowStore, commit_metadata
+from deltawheel.statestore.rowtable.rows import (
+    FENCE_KEY,
+    KeyRow,
+    Production,
+    SeenId,
+    TimeDomain,
+    Timer,
+    interval_of,
+)
+from deltawheel.statestore.rowtable.store import RowStore, commit_metadata
 
 pytestmark = pytest.mark.spark
 

@@ -18,9 +18,9 @@ from deltawheel.statestore.exceptions import (
     LeaseSuspendedError,
     StaleSequencerError,
 )
-from deltawheel.statestore.leases import LeaseManager, break_lease
-from deltawheel.statestore.watermarks import END_OF_TIME, Topology, WatermarkAuthority, parse_upstream
-from deltawheel.statestore.zkclient import connect
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.leases import LeaseManager, break_lease
+from deltawheel.statestore.zk.watermarks import END_OF_TIME, Topology, WatermarkAuthority, parse_upstream
 from kazoo.client import KazooClient
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(60)]

@@ -8,18 +8,27 @@ from typing import Any, Sequence
 
 import pytest
 from deltawheel.executor.cli import main as cli_main
-from deltawheel.executor.combiners import CombineFn, Count, Max, Mean, Min, Sum, combine_fn_from_spec, negate
 from deltawheel.executor.computation import Record
-from deltawheel.executor.harness import (
+from deltawheel.executor.tasks.keyrun import UserCodeError, run_key
+from deltawheel.executor.windowing.combiners import (
+    CombineFn,
+    Count,
+    Max,
+    Mean,
+    Min,
+    Sum,
+    combine_fn_from_spec,
+    negate,
+)
+from deltawheel.executor.windowing.harness import (
     MemoryBackend,
     assert_panes_equal,
     run_scenario,
     trigger_from_spec,
     window_fn_from_spec,
 )
-from deltawheel.executor.keyrun import UserCodeError, run_key
-from deltawheel.executor.panes import AccumulationMode, Pane, PaneInfo, Timing
-from deltawheel.executor.triggers import (
+from deltawheel.executor.windowing.panes import AccumulationMode, Pane, PaneInfo, Timing
+from deltawheel.executor.windowing.triggers import (
     AfterAll,
     AfterCount,
     AfterEach,
@@ -30,8 +39,8 @@ from deltawheel.executor.triggers import (
     Trigger,
     TriggerContext,
 )
-from deltawheel.executor.windowed import WindowedComputation, WindowingStrategy, windowed
-from deltawheel.executor.windows import (
+from deltawheel.executor.windowing.windowed import WindowedComputation, WindowingStrategy, windowed
+from deltawheel.executor.windowing.windows import (
     GLOBAL_WINDOW,
     FixedWindows,
     GlobalWindows,
@@ -44,7 +53,7 @@ from deltawheel.executor.windows import (
 )
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
-from deltawheel.statestore.rows import KeyRow, TimeDomain
+from deltawheel.statestore.rowtable.rows import KeyRow, TimeDomain
 
 J = get_codec("json")
 SCENARIOS = Path(__file__).parent / "scenarios"

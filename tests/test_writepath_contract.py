@@ -1,16 +1,16 @@
 """The write-path contract (``statestore/writepath``), checked through its public interface on
 both implementations: what a third write path has to pass too.
 
-The batch a path commits comes from the user job paired with it (``executor/userjob.py``); the
+The batch a path commits comes from the user job paired with it (``executor/tasks/job.py``); the
 test then calls the path's methods the way the executor's protocol does."""
 
 from __future__ import annotations
 
 import pytest
-from deltawheel.executor.batch import FaultPoint
+from deltawheel.executor.runtime.batch import FaultPoint
 from deltawheel.statestore.exceptions import LeaseLostError, StaleSequencerError
-from deltawheel.statestore.leases import break_lease
 from deltawheel.statestore.writepath import WritePath
+from deltawheel.statestore.zk.leases import break_lease
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 
 B1 = [("r1", "cats", 1_000), ("r2", "dogs", 2_000), ("r3", "cats", 12_000)]  # 2 windows due at 11 s

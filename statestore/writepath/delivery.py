@@ -15,11 +15,11 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..exceptions import CommitConflictError
-from ..fencing import translate_commit_error
-from ..frames import local_frame
 from ..layout import StoreLayout
-from ..rows import Production
-from ..streams import STREAM_FORMAT_VERSION, ensure_stream_table
+from ..rowtable.fencing import translate_commit_error
+from ..rowtable.frames import local_frame
+from ..rowtable.rows import Production
+from .streams import STREAM_FORMAT_VERSION, ensure_stream_table
 
 __all__ = ["deliver_frame", "deliver_productions", "record_dead_letters", "record_late", "fill_positions",
            "side_frame"]

@@ -6,12 +6,12 @@ post-commit state) and an insert-only MERGE per delivery the same again. The
 image path keeps the single-row-per-key table and its partitioning by
 (computation, interval), but replaces whole interval partitions:
 
-- the batch's tasks (``executor/_imagetask.py``) read the interval images
+- the batch's tasks (``executor/tasks/image.py``) read the interval images
   (the files of :meth:`ImagePath.images`), and write the new images and the
   productions as Parquet files with :func:`write_interval_image` and
   :func:`write_production_files` (invisible until committed);
 - :meth:`ImagePath.commit`: one Delta transaction on the rows table
-  (``statestore/deltatxn.py``): remove the replaced files, add the new ones.
+  (``statestore/delta/txn.py``): remove the replaced files, add the new ones.
   Fenced like every commit: the tasks check the fence row's sequencer, the
   transaction records the partitions as read (a concurrent fence fails it)
   and refuses to go on if a commit since this writer's last one touched its
@@ -35,8 +35,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..deltalog import commit_info, commit_infos, json_commit_versions
-from ..deltatxn import (
+from ..delta.log import commit_info, commit_infos, json_commit_versions
+from ..delta.txn import (
     FileEntry,
     StaleFilesError,
     TableLog,
@@ -47,15 +47,19 @@ from ..deltatxn import (
     write_file,
 )
 from ..exceptions import CommitConflictError, StaleSequencerError
-from ..fencing import translate_commit_error
-from ..frames import arrow_schema
 from ..layout import StoreLayout
-from ..owner import IntervalOwner
-from ..rows import FENCE_KEY, Production, rows_file_ddl
-from ..store import raise_if_fenced
-from ..streams import STREAM_FORMAT_VERSION, ensure_stream_table, stream_schema_ddl
+from ..rowtable.fencing import translate_commit_error
+from ..rowtable.frames import arrow_schema
+from ..rowtable.rows import FENCE_KEY, Production, rows_file_ddl
+from ..rowtable.store import raise_if_fenced
+from ..zk.owner import IntervalOwner
 from . import Recovered, StaleViewError, WritePath
 from .delivery import deliver_productions
+from .streams import (
+    STREAM_FORMAT_VERSION,
+    ensure_stream_table,
+    stream_schema_ddl,
+)
 
 __all__ = ["ImagePath", "BatchOutput", "write_interval_image", "write_production_files", "oldest_work",
            "next_processing", "COMMIT_META_VERSION"]

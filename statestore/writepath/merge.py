@@ -1,10 +1,10 @@
 """The MERGE write path: one fenced Delta MERGE per batch (any store).
 
-The batch's tasks (``executor/_tasks.py``) join the input with the rows table and return the
+The batch's tasks (``executor/tasks/merge.py``) join the input with the rows table and return the
 new row images as a DataFrame; :meth:`MergePath.commit` hands them to
 :meth:`RowStore.commit_frame` (the fenced MERGE, with one fence row per owned interval);
 :meth:`MergePath.deliver` inserts the productions into their streams where their record id is
-absent (``delivery.py``). Recovery is the row store's scan (``statestore/recovery.py``): the
+absent (``delivery.py``). Recovery is the row store's scan (``statestore/rowtable/recovery.py``): the
 productions checkpointed in the rows are given to insert-if-absent again.
 
 The fallback for stores the image path cannot write (remote file systems, object stores).
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..layout import StoreLayout
-from ..owner import IntervalOwner
-from ..rows import Production, rows_schema_ddl
-from ..streams import ensure_stream_table
+from ..rowtable.rows import Production, rows_schema_ddl
+from ..zk.owner import IntervalOwner
 from . import Recovered, WritePath
 from .delivery import deliver_frame, deliver_productions
+from .streams import ensure_stream_table
 
 __all__ = ["MergePath", "MergeBatch", "ROW_COLUMNS"]
 

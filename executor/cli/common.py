@@ -1,0 +1,89 @@
+"""Arguments and helpers shared by the CLI subcommands (parsed once, here, at the edge)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+from typing import Any, Iterator
+
+from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
+from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+from deltawheel.statestore.layout import StoreLayout
+
+__all__ = ["add_store_arg", "add_zk_args", "add_spark_args", "zk_config_from", "spark_from", "layout_from"]
+
+
+def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """Add ``--store`` (the store's folder or URI) to ``p``."""
+    p.add_argument("--store", required=required, help="store folder or URI (holds the Delta tables)")
+
+
+def add_zk_args(p: argparse.ArgumentParser) -> None:
+    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``."""
+    g = p.add_argument_group("ZooKeeper")
+    g.add_argument(
+        "--zk", default=os.environ.get("DELTAWHEEL_ZK", f"127.0.0.1:{DEFAULT_ZK_PORT}"),
+        help="ZooKeeper connection string host:port[,host:port] (env DELTAWHEEL_ZK; "
+        "default: the embedded server of 'deltawheel zk start')",
+    )
+    g.add_argument("--zk-chroot", default=os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel"),
+                   help="znode path all of deltawheel's znodes live below")
+    g.add_argument("--zk-digest", default=os.environ.get("DELTAWHEEL_ZK_DIGEST"),
+                   help="user:password for digest ACLs on lease znodes (env DELTAWHEEL_ZK_DIGEST)")
+    g.add_argument("--zk-session-timeout", type=float,
+                   default=float(os.environ.get("DELTAWHEEL_ZK_SESSION_TIMEOUT", ZkConfig.session_timeout_s)),
+                   help="ZooKeeper session timeout in seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
+                        f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
+                        "stops the run; a killed run's leases stay held this long")
+
+
+def add_spark_args(p: argparse.ArgumentParser) -> None:
+    """Add the Spark options (master, driver memory) to ``p``."""
+    g = p.add_argument_group("Spark")
+    g.add_argument("--master", default=os.environ.get("DELTAWHEEL_SPARK_MASTER", "local[2]"),
+                   help="Spark master (env DELTAWHEEL_SPARK_MASTER; default local[2])")
+    g.add_argument("--driver-memory", default="2g")
+
+
+def zk_config_from(args: argparse.Namespace) -> ZkConfig:
+    """The ZooKeeper settings of parsed ``args``."""
+    return ZkConfig(hosts=args.zk, chroot=args.zk_chroot, digest=args.zk_digest,
+                    session_timeout_s=getattr(args, "zk_session_timeout", ZkConfig.session_timeout_s))
+
+
+def layout_from(args: argparse.Namespace) -> StoreLayout:
+    """The store layout of ``--store`` (a local path made absolute)."""
+    return StoreLayout(os.path.abspath(args.store) if "://" not in args.store else args.store)
+
+
+def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
+    """A Spark session with Delta built from parsed ``args`` (``kw``: more :class:`SparkSettings` fields)."""
+    return build_spark(SparkSettings(master=getattr(args, "master", "local[2]"),
+                                     driver_memory=getattr(args, "driver_memory", "2g"), **kw))
+
+
+@contextlib.contextmanager
+def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkConfig, Any]]:
+    """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``: a local
+    store's own embedded server is started if none answers (as the demo does) and stopped, and the
+    client closed, when the command is done. ``--zk-timeout`` bounds the wait for ZooKeeper."""
+    from deltawheel.statestore.zk.client import connect
+
+    from ..runtime.embedded import ensure_zookeeper
+
+    layout = layout_from(args)
+    cfg = zk_config_from(args)
+    server = ensure_zookeeper(cfg, layout)
+    try:
+        logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+        client = connect(cfg, timeout_s=args.zk_timeout)
+        try:
+            yield layout, cfg, client
+        finally:
+            client.stop()
+            client.close()
+    finally:
+        if server is not None:
+            server.stop()

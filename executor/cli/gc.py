@@ -1,0 +1,44 @@
+"""``deltawheel gc``: garbage collection passes (dry run unless --apply)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from .common import add_spark_args, add_store_arg, layout_from, spark_from
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``gc`` subcommand to ``sub``."""
+    p = sub.add_parser("gc", help="compact and vacuum the store's tables, apply stream retention (dry run by default)")
+    add_store_arg(p)
+    p.add_argument("--apply", action="store_true", help="do it (default: print the plan)")
+    p.add_argument("--stream-retention-hours", type=float, default=None,
+                   help="delete stream records older than this (event time); default: keep all")
+    p.add_argument("--vacuum-retain-hours", type=float, default=168.0,
+                   help="VACUUM keeps unreferenced files younger than this (default 168 = Delta's minimum)")
+    p.add_argument("--force", action="store_true",
+                   help="allow a retention below Delta's 168 h safety minimum (only when no job writes or "
+                   "reads the store: a shorter one can delete files they still need)")
+    add_spark_args(p)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel import migrations
+    from deltawheel.gc.passes import run_gc
+
+    layout = layout_from(args)
+    spark = spark_from(args)
+    migrations.check_store(spark, layout)
+    keep = None if args.stream_retention_hours is None else int(args.stream_retention_hours * 3_600_000)
+    report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
+                    vacuum_retain_hours=args.vacuum_retain_hours, force=args.force)
+    for line in report.lines():
+        print(line)
+    if not args.apply:
+        print("dry run: nothing changed (add --apply)")
+    return 0

@@ -1,0 +1,86 @@
+"""``deltawheel leases show|break``: inspect key-interval leases and break them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.leases import break_lease, list_leases
+from kazoo.client import KazooClient
+
+from .common import add_zk_args, zk_config_from
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``leases show`` and ``leases break``."""
+    leases = subparsers.add_parser("leases", help="show key-interval leases, break a stuck one")
+    sub = leases.add_subparsers(dest="leases_command", metavar="ACTION")
+    sub.required = True
+    show = sub.add_parser("show", help="every interval with its owner and sequencer")
+    show.add_argument("--pipeline", help="only this pipeline")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_zk_args(show)
+    show.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    show.set_defaults(func=_show)
+    brk = sub.add_parser("break", help="delete an interval's owner znode (dry run unless --apply)")
+    brk.add_argument("--pipeline", required=True)
+    brk.add_argument("--computation", required=True)
+    brk.add_argument("--interval", type=int, required=True)
+    brk.add_argument("--apply", action="store_true", help="really break it (default: print the plan)")
+    add_zk_args(brk)
+    brk.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    brk.set_defaults(func=_break)
+
+
+def _connect(args: argparse.Namespace) -> KazooClient:
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI
+    return connect(zk_config_from(args), timeout_s=args.zk_timeout)
+
+
+def _show(args: argparse.Namespace) -> int:
+    client = _connect(args)
+    try:
+        rows = list_leases(client, pipeline=args.pipeline)
+    finally:
+        client.stop()
+        client.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no leases")
+        return 0
+    print(f"{'PIPELINE':<16} {'COMPUTATION':<20} {'INTERVAL':>8} {'SEQ':>10} {'LAST_SEQ':>10}  OWNER")
+    for r in rows:
+        seq = "-" if r["sequencer"] is None else r["sequencer"]
+        last = "-" if r["last_sequencer"] is None else r["last_sequencer"]
+        owner = "(free)" if r["owner"] is None else f"{r['owner']} session {r['session']}"
+        print(f"{r['pipeline']:<16} {r['computation']:<20} {r['interval']:>8} {seq:>10} {last:>10}  {owner}")
+    return 0
+
+
+def _break(args: argparse.Namespace) -> int:
+    client = _connect(args)
+    try:
+        plan = break_lease(client, pipeline=args.pipeline, computation=args.computation,
+                           interval=args.interval, apply=args.apply)
+    finally:
+        client.stop()
+        client.close()
+    where = f"{args.pipeline}/{args.computation} interval {args.interval}"
+    if not plan["held"]:
+        print(f"{where}: no owner, nothing to break")
+    elif plan["applied"]:
+        print(f"{where}: broke the lease of {plan['owner']!r} (sequencer {plan['sequencer']}, "
+              f"session {plan['session']})")
+    elif args.apply:
+        print(f"{where}: {plan['action']}")
+        return 1
+    else:
+        print(f"{where}: held by {plan['owner']!r} (sequencer {plan['sequencer']}, session {plan['session']})")
+        print(f"dry run: would {plan['action']}; re-run with --apply to do it")
+    return 0

@@ -1,0 +1,44 @@
+"""``deltawheel migrate``: show or run the store's pending schema migrations."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .common import add_spark_args, add_store_arg, layout_from, spark_from
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``migrate`` subcommand."""
+    p = subparsers.add_parser(
+        "migrate",
+        help="show (or with --apply run) the pending schema migrations of a store",
+        description="Without --apply only prints the plan (a dry run). Creates the store if it "
+        "doesn't exist yet. Safe to re-run; an interrupted run resumes where it stopped.",
+    )
+    add_store_arg(p)
+    p.add_argument("--apply", action="store_true", help="run the pending migrations")
+    add_spark_args(p)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel import migrations
+
+    layout = layout_from(args)
+    spark = spark_from(args)
+    steps = migrations.apply(spark, layout, dry_run=not args.apply)
+    if not steps:
+        version = migrations.applied_version(spark, layout)
+        print(f"store {layout.root} is up to date (schema version {version})")
+        return 0
+    print(("applied" if args.apply else "pending") + f" migrations of {layout.root}:")
+    for step in steps:
+        print(f"  {step.version:4d}  {step.name}: {step.description}")
+    if args.apply:
+        print(f"store is now at schema version {migrations.applied_version(spark, layout)}")
+    else:
+        print(f"dry run: nothing changed; run 'deltawheel migrate --store {layout.root} --apply'")
+    return 0

@@ -1,0 +1,62 @@
+"""``deltawheel reseed``: after ZooKeeper lost a pipeline's state, raise its sequencers above the
+store's and record the store binding (``statestore/zk/reseed.py``; docs/coordinator-recovery.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import (
+    add_spark_args,
+    add_store_arg,
+    add_zk_args,
+    spark_from,
+    store_zookeeper,
+)
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``reseed`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "reseed", help="after ZooKeeper lost its data: re-seed its sequencers above the store's (dry run "
+                       "unless --apply); stop the pipeline first")
+    add_store_arg(p)
+    p.add_argument("--pipeline", required=True, help="the pipeline's name")
+    p.add_argument("--apply", action="store_true", help="change ZooKeeper (default: print what would change)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_zk_args(p)
+    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_spark_args(p)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.zk.client import digest_acls
+    from deltawheel.statestore.zk.reseed import apply_reseed, plan_reseed
+
+    with store_zookeeper(args) as (layout, cfg, client):
+        spark = spark_from(args)
+        plan = plan_reseed(spark, layout, client, pipeline=args.pipeline)
+        after = apply_reseed(spark, layout, client, plan, acls=digest_acls(cfg)) if args.apply else None
+    if args.json:
+        print(json.dumps({**plan.to_dict(), "applied": bool(args.apply),
+                          "zookeeper_next_after": None if after is None else
+                          {c: {str(i): s for i, s in per.items()} for c, per in after.items()}}, indent=2))
+        return 0
+    print(f"pipeline {plan.pipeline}, store {plan.root}: binding {'present' if plan.bound else 'MISSING'} in ZooKeeper")
+    for comp, per in sorted(plan.store.items()):
+        for iv, s in sorted(per.items()):
+            nxt = plan.zookeeper[comp][iv]
+            state = "ok" if nxt > s else f"BEHIND: raise to {s + 1}"
+            print(f"  {comp} interval {iv}: store sequencer {s}, ZooKeeper's next {nxt}  {state}")
+    if not plan.needed:
+        print("nothing to re-seed: ZooKeeper is ahead of every sequencer in the store")
+    elif not args.apply:
+        print("dry run: nothing changed. Stop every copy of the pipeline, then run again with --apply")
+    else:
+        print("re-seeded: ZooKeeper's sequencers are above the store's and the binding is recorded. Start the "
+              "pipeline again; its first grants fence every interval. Watermarks start as not known and are "
+              "published again by the pipeline.")
+    return 0

@@ -1,0 +1,138 @@
+"""``deltawheel sql``, ``inspect`` and ``sql-server``: SQL over a store's decoded views.
+
+``sql-server`` serves the same temporary views over Spark's Thrift JDBC/ODBC
+server (HiveServer2 protocol) in single-session mode, so every client
+connection sees the views by their plain names (``state``, ``timers``, ...).
+Clients connect without authentication (SASL PLAIN, any user name), e.g.
+SQLAlchemy with PyHive: ``hive://127.0.0.1:10000/default``. Like ``sql`` it only reads: a
+statement that would write is refused (``ReadOnlySqlError`` in the error the client gets). It binds to
+127.0.0.1 by default; there is no access control, so don't bind it to a
+public address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import functools
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from deltawheel.statestore.delta.jvm import jsession, jvm
+from deltawheel.statestore.delta.sqlviews import (
+    FORMATS,
+    inspect_key,
+    read_only_session,
+    register_views,
+    run_sql,
+)
+
+from .common import add_spark_args, add_store_arg, layout_from, spark_from
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``sql``, ``inspect`` and ``sql-server`` subcommands."""
+    p = subparsers.add_parser("sql", help="run one SQL query over the store's decoded views",
+                              description="Views: rows, state, timers, pending_productions, fences, "
+                              "dead_letters, late_data, <stream>, <stream>_decoded.")
+    add_store_arg(p)
+    p.add_argument("query", help='e.g. "SELECT key, state_json FROM state ORDER BY key"')
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="table (for people), csv, or json (JSON Lines, one object per row)")
+    p.add_argument("--max-rows", type=int, default=1000)
+    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+    add_spark_args(p)
+    p.set_defaults(func=_sql)
+
+    p = subparsers.add_parser("inspect", help="print everything stored for one key as JSON")
+    add_store_arg(p)
+    p.add_argument("--computation", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+    add_spark_args(p)
+    p.set_defaults(func=_inspect)
+
+    p = subparsers.add_parser("sql-server", help="serve the views over JDBC/ODBC (HiveServer2 protocol)")
+    add_store_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=10000)
+    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+    add_spark_args(p)
+    p.set_defaults(func=_sql_server)
+
+
+def _checked_spark(args: argparse.Namespace, **kw: Any) -> Any:
+    from deltawheel import migrations
+
+    spark = spark_from(args, **kw)
+    migrations.check_store(spark, layout_from(args))
+    return spark
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from pyspark.errors import AnalysisException
+
+    spark = _checked_spark(args)
+    try:
+        out = run_sql(spark, layout_from(args), args.query, fmt=args.format, max_rows=args.max_rows,
+                      allow_pickle=args.allow_pickle)
+    except AnalysisException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"deltawheel sql: SQL error: {first}", file=sys.stderr)
+        return 2
+    sys.stdout.write(out)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    spark = _checked_spark(args)
+    found = inspect_key(spark, layout_from(args), computation=args.computation, key=args.key,
+                        allow_pickle=args.allow_pickle)
+    if found is None:
+        print(f"no row for key {args.key!r} of computation {args.computation!r}", file=sys.stderr)
+        return 1
+    print(json.dumps(found, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _sql_server(args: argparse.Namespace) -> int:
+    # HiveServer2 settings reach the server's HiveConf through the spark.hadoop. prefix.
+    # singleSession: every JDBC connection shares this session, so it sees the temp views.
+    derby = tempfile.mkdtemp(prefix="deltawheel-derby-")
+    atexit.register(functools.partial(shutil.rmtree, derby, ignore_errors=True))
+    extra = {
+        "spark.sql.hive.thriftServer.singleSession": "true",
+        "spark.hadoop.hive.server2.thrift.bind.host": args.host,
+        "spark.hadoop.hive.server2.thrift.port": str(args.port),
+        "spark.hadoop.hive.server2.authentication": "NONE",
+        "spark.hadoop.hive.server2.enable.doAs": "false",
+        # keep the embedded metastore's derby.log out of the working directory
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={derby}",
+    }
+    spark = _checked_spark(args, hive_support=True, extra=extra)
+    views: list[str] = []
+    # read-only, as ``sql``: the clients' statements are checked once analysed (writes refused)
+    session = read_only_session(spark, lambda s: views.extend(
+        register_views(s, layout_from(args), allow_pickle=args.allow_pickle)))
+    server = jvm(spark).org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
+        jsession(session).sqlContext()
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"deltawheel sql-server: serving {len(views)} views ({', '.join(views)})", flush=True)
+    print(f"deltawheel sql-server: SQLAlchemy URL hive://{args.host}:{args.port}/default", flush=True)
+    print("deltawheel sql-server: Ctrl-C or SIGTERM stops it", flush=True)
+    while not stop.wait(1.0):
+        pass
+    print("deltawheel sql-server: stopping", flush=True)
+    server.stop()
+    spark.stop()
+    return 0

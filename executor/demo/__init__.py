@@ -1,0 +1,2 @@
+"""The demo pipeline (Zeitgeist-style bucket counts) and its input generator.
+"""

@@ -1,0 +1,101 @@
+"""The demo pipeline: MillWheel's Zeitgeist on generated search queries.
+
+Three computations, wired by streams::
+
+    queries (generator injector)
+      └─ window_counter   counts per query in fixed 10 s event-time windows (windowing API:
+                           watermark trigger, allowed lateness); panes -> window_counts
+          └─ model         per-query history in state (last windows, moving average); for each
+                           window: actual vs expected -> predictions (a gap in a query's windows
+                           means those windows counted 0)
+              └─ detector  spikes (actual >> expected) and dips (actual << expected) -> anomalies
+
+Everything is deterministic for (events, seed): the generator, the batch
+composition (one generated file per micro-batch at the first stage, everything
+available at later stages) and the per-key processing order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..computation import RECORD_KEY, Computation
+from ..windowing.windowed import windowed
+from ..windowing.windows import FixedWindows
+
+__all__ = ["WINDOW_MS", "window_counter", "Model", "Detector", "computations"]
+
+WINDOW_MS = 10_000
+HISTORY = 12
+SPIKE_RATIO = 3.0
+DIP_RATIO = 0.25
+MIN_EXPECTED = 4.0
+
+
+def window_counter() -> Computation:
+    """The first stage: counts of each query per 10 s window, refined by late data for 30 s."""
+    return windowed(name="window_counter", inputs={"queries": "query"}, output="window_counts",
+                    windowing=FixedWindows(WINDOW_MS), allowed_lateness_ms=30_000, combine="count")
+
+
+class Model(Computation):
+    """Per-query history of window counts; predicts each window from the moving average."""
+
+    name = "model"
+    inputs = {"window_counts": RECORD_KEY}
+    outputs = ("predictions",)
+    num_intervals = 4
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        """For each window since the last one seen, up to this pane's (a window without a pane counts
+        0): produce the prediction once 3 windows are known, then fold the count into the average.
+        Late panes and retractions are ignored."""
+        pane = record.value
+        if pane.get("retraction") or pane.get("timing") == "LATE":
+            return  # late refinements do not re-train the model
+        start, count = int(pane["window_start"]), int(pane["value"])
+        st = ctx.state or {"hist": [], "avg": None, "last": None}
+        last = st["last"]
+        if last is not None and start <= last:
+            return
+        gap = [] if last is None else list(range(last + WINDOW_MS, start, WINDOW_MS))
+        for s in gap + [start]:
+            actual = count if s == start else 0
+            if st["avg"] is not None and len(st["hist"]) >= 3:
+                ctx.produce("predictions", {"query": ctx.key, "window_start": s, "actual": actual,
+                                            "expected": round(st["avg"], 3)}, timestamp_ms=s + WINDOW_MS)
+            st["avg"] = actual if st["avg"] is None else 0.7 * st["avg"] + 0.3 * actual
+            st["hist"] = (st["hist"] + [[s, actual]])[-HISTORY:]
+        st["last"] = start
+        ctx.state = st
+
+
+class Detector(Computation):
+    """Flags spikes and dips; one anomaly per episode (state remembers the open one)."""
+
+    name = "detector"
+    inputs = {"predictions": RECORD_KEY}
+    outputs = ("anomalies",)
+    num_intervals = 4
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        """Produce an anomaly when a prediction opens a spike or dip episode."""
+        p = record.value
+        actual, expected = p["actual"], p["expected"]
+        kind = None
+        if expected >= MIN_EXPECTED and actual >= SPIKE_RATIO * expected:
+            kind = "spike"
+        elif expected >= MIN_EXPECTED and actual <= DIP_RATIO * expected:
+            kind = "dip"
+        st = ctx.state or {"open": None, "episodes": 0}
+        if kind is not None and kind != st["open"]:
+            st["episodes"] += 1
+            ctx.produce("anomalies", {"query": ctx.key, "window_start": p["window_start"], "kind": kind,
+                                      "actual": actual, "expected": expected})
+        st["open"] = kind
+        ctx.state = st
+
+
+def computations() -> tuple[Computation, ...]:
+    """The demo pipeline's computations, in order: window counter, model, detector."""
+    return (window_counter(), Model(), Detector())

@@ -1,0 +1,26 @@
+"""How a micro-batch fails: the protocol's fault points (where tests inject crashes) and the
+error a failed batch raises. Both are re-exported by :mod:`deltawheel.executor.runtime.batch`."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from deltawheel.statestore.exceptions import RetryableError
+
+__all__ = ["FaultPoint", "BatchFailedError"]
+
+
+class FaultPoint(StrEnum):
+    """Places in the protocol where tests inject crashes."""
+
+    AFTER_PREPARE = "after_prepare"  # after dedup input prep, before user code
+    AFTER_USER_CODE = "after_user_code"
+    BEFORE_COMMIT = "before_commit"
+    AFTER_COMMIT = "after_commit"
+    AFTER_DELIVERY = "after_delivery"  # delivered, checkpoints not cleared yet
+    BEFORE_WATERMARK = "before_watermark"
+    IN_WEAK_DELIVERY = "in_weak_delivery"  # inside the thread appending weak productions
+
+
+class BatchFailedError(RetryableError):
+    """A micro-batch failed (user code, input, or storage); nothing of it was delivered."""

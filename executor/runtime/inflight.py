@@ -1,0 +1,157 @@
+"""Deliveries still running after their batch committed (step 6 of the per-batch protocol).
+
+Two kinds, both with their productions checkpointed in the committed rows:
+
+* a *straggler*: a weak delivery (``strong_productions = False``) that outlived
+  ``straggler_timeout_s``, after which the batch checkpointed its productions after all
+  (MillWheel's straggler checkpointing);
+* the *asynchronous* strong delivery of the image write path, which the next batch's
+  user code overlaps.
+
+At most one is open per computation. It holds the low watermark at its productions' oldest
+timestamp until it has delivered, and it is *settled* (joined; redelivered from the
+checkpoint if it failed) before the next commit clears that checkpoint, before a
+timers-only batch decides it has nothing to do, and on ``settle()`` / ``stop()``. One that
+is still running after ``delivery_timeout_s`` fails the batch: the restart's recovery
+redelivers from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..computation import Computation
+from .faults import BatchFailedError, FaultPoint
+
+__all__ = ["InFlight", "OpenDelivery"]
+
+
+@dataclass
+class OpenDelivery:
+    """A delivery still running after its batch committed."""
+
+    batch_id: int
+    thread: threading.Thread
+    box: dict[str, BaseException] = field(default_factory=dict)  # "error": the delivery failed
+    redeliver: Callable[[], object] | None = None  # strong delivery from the checkpoint
+    min_ts: int | None = None  # the productions' oldest timestamp: holds the low watermark
+    kind: str = "straggling"
+    delivered: bool = False  # the delivery succeeded: the hold is released
+
+
+class InFlight:
+    """The open delivery of one computation's executor.
+
+    Args:
+        comp: the computation (its name, ``straggler_timeout_s``: how long a batch waits for
+            its weak delivery, ``delivery_timeout_s``: how long settling waits).
+        fault: the executor's fault injector (tests).
+        log: progress lines.
+        published: called from the delivery thread once an asynchronous delivery landed
+            (publishes the low watermark the delivery held: an idle query gets no next batch).
+    """
+
+    def __init__(self, comp: Computation, *, fault: Callable[[FaultPoint, int], None], log: Callable[[str], None],
+                 published: Callable[[], object] | None) -> None:
+        self.comp = comp
+        self.computation = comp.name
+        self._fault = fault
+        self._log = log
+        self._published = published
+        self.open: OpenDelivery | None = None
+
+    def held_ts(self) -> int | None:
+        """The timestamp the open, undelivered productions hold the low watermark at (None: no hold)."""
+        st = self.open
+        return st.min_ts if st is not None and not st.delivered else None
+
+    def weak(self, deliver: Callable[[], object], batch_id: int) -> OpenDelivery | None:
+        """Run a weak delivery in a thread; wait ``straggler_timeout_s``. None: it finished (its
+        error, if any, fails the batch); else the straggler, still running (the caller
+        checkpoints its productions, then :meth:`adopt` s it once committed)."""
+        box: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                self._fault(FaultPoint.IN_WEAK_DELIVERY, batch_id)
+                deliver()
+            except BaseException as exc:  # noqa: BLE001 - reported when the straggler is settled
+                box["error"] = exc
+
+        st = OpenDelivery(batch_id, threading.Thread(target=run, name=f"deltawheel-weak-{self.computation}-{batch_id}",
+                                                     daemon=True), box)
+        st.thread.start()
+        st.thread.join(max(0.0, float(self.comp.straggler_timeout_s)))
+        if st.thread.is_alive():
+            self._log(f"{self.computation} batch {batch_id}: weak delivery still running after "
+                      f"{self.comp.straggler_timeout_s}s: checkpointing the productions (straggler)")
+            return st
+        if "error" in st.box:
+            raise st.box["error"]
+        return None
+
+    def adopt(self, st: OpenDelivery, *, redeliver: Callable[[], object], min_ts: int | None) -> None:
+        """A straggler whose productions the batch has now committed as checkpoints."""
+        st.redeliver, st.min_ts = redeliver, min_ts
+        self.open = st
+
+    def start(self, deliver: Callable[[], object], batch_id: int, min_ts: int | None) -> None:
+        """Deliver committed (checkpointed) productions in a thread; the next batch runs
+        meanwhile and settles it before its commit."""
+        box: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                deliver()
+            except BaseException as exc:  # noqa: BLE001 - redelivered from the checkpoint on settle
+                box["error"] = exc
+                return
+            try:
+                self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
+            except BaseException as exc:  # noqa: BLE001 - a test's crash: surfaces on settle
+                box["crash"] = exc
+                return
+            st.delivered = True
+            if self._published is not None:
+                try:
+                    self._published()
+                except BaseException as exc:  # noqa: BLE001 - the next batch publishes again
+                    self._log(f"{self.computation}: publishing the low watermark after batch {batch_id}'s "
+                              f"delivery failed ({type(exc).__name__}: {exc}); the next batch retries")
+
+        st = OpenDelivery(batch_id, threading.Thread(target=run, name=f"deltawheel-deliver-{self.computation}-{batch_id}",
+                                                     daemon=True), box, redeliver=deliver, min_ts=min_ts,
+                          kind="asynchronous")
+        self.open = st
+        st.thread.start()
+
+    def settle(self) -> None:
+        """Wait for the open delivery; redeliver from the checkpoint if it failed. Runs before a
+        commit clears that checkpoint (and on settle / stop).
+
+        Raises:
+            BatchFailedError: still running after ``delivery_timeout_s`` (it stays open, the
+                watermark held; the restart's recovery redelivers).
+        """
+        st = self.open
+        if st is None:
+            return
+        st.thread.join(max(0.0, float(self.comp.delivery_timeout_s)))
+        if st.thread.is_alive():
+            raise BatchFailedError(
+                f"{self.computation}: the {st.kind} delivery of batch {st.batch_id} is still running after "
+                f"delivery_timeout_s={self.comp.delivery_timeout_s}s; its productions are checkpointed in "
+                "the committed rows: restart the query (the recovery redelivers them) once the stream "
+                "tables are reachable")
+        self.open = None
+        if "crash" in st.box:  # an injected crash after the delivery: the process "dies" here
+            raise st.box["crash"]
+        if "error" in st.box:
+            self._log(f"{self.computation}: the {st.kind} delivery of batch {st.batch_id} failed "
+                      f"({type(st.box['error']).__name__}: {st.box['error']}); delivering from the checkpoint")
+            assert st.redeliver is not None
+            self.open = st  # still undelivered (watermark held) until the redelivery succeeds
+            st.redeliver()
+            self.open = None

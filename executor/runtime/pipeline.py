@@ -1,0 +1,284 @@
+"""A pipeline: injectors and computations wired by named streams, run on Spark streaming queries.
+
+Each computation is one Structured Streaming query over the union of its
+inputs (an injector's stream, or the Delta tables of streams other
+computations produce), feeding a :class:`ComputationExecutor` through
+``foreachBatch``. :class:`PipelineRunner` runs bounded inputs to completion in
+*rounds*: every computation, in topological order, consumes everything
+available (``trigger(availableNow=True)``, no per-trigger limit on stream
+tables, so a downstream batch holds all its upstream delivered before its
+watermark was read); then timers are flushed; rounds repeat until nothing
+moves. A later round starts no query for a computation whose inputs all show
+the same token as when its last query started (an injector's
+``input_token()``, a stream table's newest version; local stores), since
+there is nothing new for it to read. Checkpoints live in the store, so re-running the same command after a
+crash resumes where the last commit left off.
+
+A computation whose one input is a Parquet injector that offers a ``direct_source()`` (local folder,
+columns of plain types) and that keys by the injector's key column has its files read by the image tasks
+themselves (``_direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
+frame, so it knows the frame is exactly the injector's stream.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.zk.client import connect, digest_acls
+from deltawheel.statestore.zk.leases import LeaseManager
+from deltawheel.statestore.zk.owner import IntervalOwner
+from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+from ..computation import RECORD_KEY, Computation
+from ..tasks import worker as _worker
+from .batch import ComputationExecutor, FaultPoint
+from .reports import BatchReport
+from .sources import (
+    DEFAULT_MAX_EVENT_AHEAD_MS,
+    BatchStats,
+    Injector,
+    publish_watermark,
+)
+
+__all__ = ["Pipeline", "PipelineRunner", "RunSummary"]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Injectors and computations; streams are named by injector names and computation outputs."""
+
+    name: str
+    injectors: tuple[Injector, ...]
+    computations: tuple[Computation, ...]
+
+    def producers(self, stream: str) -> list[str]:
+        return [c.name for c in self.computations if stream in c.outputs]
+
+    def upstream(self, comp: Computation) -> list[str]:
+        names = {i.name for i in self.injectors}
+        out: list[str] = []
+        for s in comp.inputs:
+            if s in names:
+                out.append(f"injector:{s}")
+            else:
+                prods = self.producers(s)
+                if not prods:
+                    raise ConfigError(f"{comp.name} reads stream {s!r}, which no injector or computation produces")
+                out += [f"computation:{p}" for p in prods]
+        return sorted(set(out))
+
+    def ordered(self) -> list[Computation]:
+        """Computations in topological order (upstream first)."""
+        done: list[str] = []
+        left = list(self.computations)
+        while left:
+            ready = [c for c in left if all(u.split(":", 1)[1] in done or u.startswith("injector:")
+                                            for u in self.upstream(c))]
+            if not ready:
+                raise ConfigError(f"pipeline {self.name}: the computations {[c.name for c in left]} form a cycle")
+            for c in ready:
+                done.append(c.name)
+                left.remove(c)
+        by = {c.name: c for c in self.computations}
+        return [by[n] for n in done]
+
+
+@dataclass
+class RunSummary:
+    reports: dict[str, list[BatchReport]] = field(default_factory=dict)
+    low_watermarks: dict[str, int | None] = field(default_factory=dict)
+    lag_ms: dict[str, int | None] = field(default_factory=dict)
+
+
+class PipelineRunner:
+    """Runs a pipeline's bounded inputs to completion (see the module docstring)."""
+
+    def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
+                 owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
+                 faults: Callable[[FaultPoint, int], None] | None = None, max_rounds: int = 50,
+                 end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True,
+                 warm_workers: bool = True) -> None:
+        self.spark = spark
+        self.direct_read = direct_read
+        self.write_path = write_path
+        self.layout = layout
+        self.pipeline = pipeline
+        self.zk = zk
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self.wait_s = wait_s
+        self.progress = progress
+        self.faults = faults
+        self.max_rounds = max_rounds
+        self.end_of_input = end_of_input
+        self.warm_workers = warm_workers
+        self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
+
+    def run(self) -> RunSummary:
+        from deltawheel import migrations
+
+        # Python workers forked now, while ZooKeeper, the leases and the query start take their time
+        warming = _worker.warm_workers(self.spark, on_error=lambda e: self.progress(
+            f"warming the Python workers failed (the tasks start them instead): {e!r}")) if self.warm_workers else None
+        client = connect(self.zk)
+        try:
+            # two copies started at once must not migrate the same store concurrently
+            with client.Lock(f"/locks/migrate/{self.pipeline.name}", self.owner):
+                migrations.apply(self.spark, self.layout, dry_run=False)
+            return self._run(client)
+        finally:
+            client.stop()
+            client.close()
+            if warming is not None:
+                warming.join()
+
+    def _run(self, client: Any) -> RunSummary:
+        p = self.pipeline
+        leases = LeaseManager(client, pipeline=p.name, owner=self.owner, acls=digest_acls(self.zk))
+        authority = WatermarkAuthority(client, pipeline=p.name, acls=digest_acls(self.zk))
+        store = RowStore(self.spark, self.layout, writer=self.owner)
+        injectors = {i.name: i for i in p.injectors}
+        execs: dict[str, ComputationExecutor] = {}
+        for comp in p.ordered():
+            feeding = [injectors[s] for s in comp.inputs if s in injectors]
+            hook = self._injector_hook(authority, feeding) if feeding else None
+            owner = IntervalOwner(store, leases, comp.name, num_intervals=type(comp).num_intervals)
+            ex = ComputationExecutor(self.spark, self.layout, comp, owner=owner, authority=authority,
+                                     upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
+                                     progress=self.progress, write_path=self.write_path)
+            self.progress(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
+            ex.start(wait_s=self.wait_s)
+            self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
+            execs[comp.name] = ex
+        try:
+            for rnd in range(self.max_rounds):
+                moved = 0
+                for comp in p.ordered():
+                    # consume, then flush: a stage never acts on a watermark beyond what its
+                    # upstream delivered before that watermark was read
+                    moved += self._consume(comp, execs[comp.name])
+                    if self.end_of_input:  # its bounded inputs are fully read: watermark to the end
+                        for inj in p.injectors:
+                            if inj.name in comp.inputs:
+                                inj.finish()
+                                publish_watermark(authority, inj)
+                    r = execs[comp.name].flush()
+                    execs[comp.name].settle()  # its last delivery lands before the next stage reads
+                    moved += r.timers_fired + r.productions
+                if moved == 0:
+                    break
+                self.progress(f"round {rnd} done: {moved} records/timers moved")
+        except BaseException as exc:
+            # the cause is what the caller must see: a failure to settle or give the leases back
+            # on the way out (e.g. over a ZooKeeper session that expired) is only logged
+            self._shutdown(execs, leases, failing=exc)
+            raise
+        self._shutdown(execs, leases, failing=None)
+        summary = RunSummary()
+        for name, ex in execs.items():
+            summary.reports[name] = list(ex.reports)
+            summary.low_watermarks[name] = authority.published_low_watermark(name)
+            summary.lag_ms[name] = authority.watermark_lag_ms(name)
+        return summary
+
+    def _shutdown(self, execs: dict[str, ComputationExecutor], leases: LeaseManager, *,
+                  failing: BaseException | None) -> None:
+        """Stop every executor and close the leases; raise the first failure unless ``failing``."""
+        first: BaseException | None = None
+        for ex in execs.values():
+            try:
+                ex.stop()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                first = first or exc
+                self.progress(f"{ex.comp.name}: stopping failed: {type(exc).__name__}: {exc}")
+        leases.close()
+        if first is not None and failing is None:
+            raise first
+
+    def _injector_hook(self, authority: WatermarkAuthority,
+                       feeding: Sequence[Injector]) -> Callable[[int | None, int | None], None]:
+        def hook(mn: int | None, mx: int | None) -> None:
+            for inj in feeding:
+                inj.observe(BatchStats(count=0 if mx is None else 1, min_event_ms=mn, max_event_ms=mx))
+                publish_watermark(authority, inj)
+        return hook
+
+    def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:
+        """One availableNow query over the computation's inputs; returns records consumed."""
+        from pyspark.sql import functions as F
+
+        injectors = {i.name: i for i in self.pipeline.injectors}
+        last = self._read_upto.get(comp.name)
+        if last is not None and self._input_tokens(comp) == last:
+            return 0  # every input is as it was when the last query started: it read all of it
+        frames = []
+        for s in comp.inputs:
+            if s in injectors:
+                df = injectors[s].stream_df(self.spark)
+            else:
+                df = (self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
+                      .load(self.layout.stream(s)))
+            frames.append(df.withColumn("stream", F.lit(s)))
+        ex.direct_source = self._direct_source(comp)
+        # each injector's bound on event time ahead of the clock (records of other streams: none)
+        ex.event_ahead_ms = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
+                             for s in comp.inputs if s in injectors
+                             and getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) is not None}
+        src = frames[0]
+        for f in frames[1:]:
+            src = src.unionByName(f)
+        before = sum(r.records_in for r in ex.reports)
+        chk = f"{self.layout.root}/_checkpoints/{self.pipeline.name}/{comp.name}"
+        tokens = self._input_tokens(comp)  # after the frames: building one may create its files
+        self._read_upto.pop(comp.name, None)
+        failed: list[DeltaWheelError] = []
+
+        def batch(df: Any, batch_id: int) -> None:
+            try:
+                ex(df, batch_id)
+            except DeltaWheelError as exc:
+                failed.append(exc)
+                raise
+
+        q = (src.writeStream.foreachBatch(batch).trigger(availableNow=True)
+             .option("checkpointLocation", chk).queryName(f"dw_{self.pipeline.name}_{comp.name}").start())
+        try:
+            q.awaitTermination()
+        except Exception as exc:
+            if failed:  # the typed cause (e.g. LeaseLostError), not Spark's wrapper around its text
+                raise failed[-1] from exc
+            raise
+        if None not in tokens:
+            self._read_upto[comp.name] = tokens
+        return sum(r.records_in for r in ex.reports) - before
+
+    def _direct_source(self, comp: Computation) -> Any | None:
+        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column
+        (after its ``stream_df``: the image tasks may read its files), else None."""
+        if not self.direct_read or len(comp.inputs) != 1:
+            return None
+        ((stream, extractor),) = comp.inputs.items()
+        inj = next((i for i in self.pipeline.injectors if i.name == stream), None)
+        direct = getattr(inj, "direct_source", None)
+        return direct() if callable(direct) and extractor == RECORD_KEY else None
+
+    def _input_tokens(self, comp: Computation) -> list[Any]:
+        """Per input of ``comp``: its injector's ``input_token()`` or its stream table's newest
+        version (None: unknown, e.g. a remote store or an injector without tokens)."""
+        from deltawheel.statestore.delta.log import latest_local_version
+
+        injectors = {i.name: i for i in self.pipeline.injectors}
+        out: list[Any] = []
+        for s in comp.inputs:
+            if s in injectors:
+                token = getattr(injectors[s], "input_token", None)
+                out.append(token() if callable(token) else None)
+            else:
+                out.append(latest_local_version(self.layout.stream(s)))
+        return out

@@ -1,0 +1,168 @@
+"""Recovery without the pipeline: which checkpointed productions are still undelivered, and
+their delivery (``deltawheel recover``).
+
+A computation's checkpointed productions (strong productions, and a weak batch's stragglers)
+are delivered by its own executor: after each commit, and by the recovery that runs when it
+takes its intervals (:meth:`ComputationExecutor.start`). When a pipeline is stopped for good,
+or its code is not at hand, :func:`recover` runs that recovery alone: it takes the
+computation's leases (nothing else writes meanwhile, and any earlier owner is fenced: its
+sequencers are now stale), runs the same scan and redelivery, and gives the leases back. It
+needs no user code: delivering a checkpoint reads the rows only.
+
+:func:`scan` is the dry run: per interval, the lease holder and the checkpointed productions
+per stream, and how many of them have not landed. It takes no lease and writes nothing.
+
+Computations and their intervals are found under the pipeline in ZooKeeper (every interval an
+executor ever held has a lease znode there). On ZooKeeper SUSPENDED / LOST while
+:func:`recover` holds the leases, the lease module's rules apply: the delivery's commits check
+nothing of the lease (a redelivery is idempotent: by the interval's application version, or
+insert-if-absent), and the next owner's recovery delivers whatever this one did not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.writepath.streams import list_streams
+from deltawheel.statestore.zk.leases import LeaseManager, list_leases
+from deltawheel.statestore.zk.owner import IntervalOwner
+
+from ..computation import RECORD_KEY, Computation
+from .batch import ComputationExecutor
+
+__all__ = ["IntervalStatus", "RecoverResult", "computations_of", "scan", "recover"]
+
+
+@dataclass(frozen=True)
+class IntervalStatus:
+    """One interval of a computation as :func:`scan` found it.
+
+    ``checkpointed``: per stream, the productions checkpointed in the interval's rows;
+    ``undelivered``: per stream, those not in the stream table."""
+
+    computation: str
+    interval: int
+    owner: str | None  # the live lease holder, None: free
+    checkpointed: Mapping[str, int]
+    undelivered: Mapping[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"computation": self.computation, "interval": self.interval, "owner": self.owner,
+                "checkpointed": dict(self.checkpointed), "undelivered": dict(self.undelivered)}
+
+
+@dataclass(frozen=True)
+class RecoverResult:
+    """What :func:`recover` did for one computation."""
+
+    computation: str
+    intervals: tuple[int, ...]
+    sequencers: Mapping[int, int]  # the leases it took (every earlier owner is fenced below these)
+    appended: int  # checkpointed productions delivered as their commit's own delivery
+    merged: int  # given to insert-if-absent MERGE (commit unknown, or a MERGE-path store; those
+    #              already in their stream are skipped)
+    log: list[str] = field(default_factory=list)
+
+
+def computations_of(client: Any, *, pipeline: str, names: Sequence[str] | None = None,
+                    leases: Sequence[Mapping[str, Any]] | None = None) -> dict[str, int]:
+    """The pipeline's computations (or those of ``names``) with their number of intervals (from
+    the lease znodes).
+
+    Raises:
+        ConfigError: the pipeline has no computation in ZooKeeper, or none of a name.
+
+    ``leases``: the pipeline's :func:`list_leases` rows when the caller has them already.
+    """
+    found: dict[str, int] = {}
+    for r in list_leases(client, pipeline=pipeline) if leases is None else leases:
+        found[r["computation"]] = max(found.get(r["computation"], 0), int(r["interval"]) + 1)
+    if not found:
+        raise ConfigError(f"pipeline {pipeline!r} has no computation in ZooKeeper (no lease znodes): check "
+                          "--pipeline and the ZooKeeper address / chroot the pipeline ran with")
+    if not names:
+        return dict(found)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ConfigError(f"pipeline {pipeline!r} has no computation {', '.join(map(repr, missing))} "
+                          f"(it has: {', '.join(sorted(found))})")
+    return {n: found[n] for n in names}
+
+
+def _stand_in(name: str, num_intervals: int, outputs: Sequence[str]) -> Computation:
+    """A computation of that name and shape without user code: recovery only reads rows."""
+    cls = type(f"Recover_{name}", (Computation,), {
+        "name": name, "num_intervals": num_intervals, "outputs": tuple(outputs),
+        "inputs": {"recovery_has_no_input": RECORD_KEY}, "__module__": __name__})
+    return cls()  # type: ignore[no-any-return]
+
+
+def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
+         computations: Sequence[str] | None = None) -> list[IntervalStatus]:
+    """The dry run: per interval of the pipeline's computations (or of ``computations``), its
+    lease holder, its checkpointed productions per stream and how many of them are not in their
+    stream table (by record id: exact on either write path). Takes no lease, writes nothing.
+
+    Raises:
+        ConfigError: unknown pipeline or computation.
+    """
+    from pyspark.sql import functions as F
+
+    leases = list_leases(client, pipeline=pipeline)
+    found = computations_of(client, pipeline=pipeline, names=computations, leases=leases)
+    owners = {(r["computation"], int(r["interval"])): r["owner"] for r in leases}
+    rows = spark.read.format("delta").load(layout.rows)
+    out: list[IntervalStatus] = []
+    for name, n in sorted(found.items()):
+        held = (rows.where(F.col("computation") == name).select("interval", F.explode("pending").alias("p"))
+                .select("interval", F.col("p.stream").alias("stream"), F.col("p.production_id").alias("id"))
+                .localCheckpoint())
+        counts: dict[int, tuple[dict[str, int], dict[str, int]]] = {iv: ({}, {}) for iv in range(n)}
+        for stream in sorted(r["stream"] for r in held.select("stream").distinct().collect()):
+            landed = (spark.read.format("delta").load(layout.stream(stream))
+                      .select(F.col("record_id").alias("id"), F.lit(True).alias("landed")).distinct())
+            per = (held.where(F.col("stream") == stream).join(landed, "id", "left").groupBy("interval")
+                   .agg(F.count(F.lit(1)).alias("n"), F.count_if(F.col("landed").isNull()).alias("todo")))
+            for r in per.collect():
+                checkpointed, undelivered = counts.setdefault(int(r["interval"]), ({}, {}))
+                checkpointed[stream] = int(r["n"])
+                if r["todo"]:
+                    undelivered[stream] = int(r["todo"])
+        for iv, (checkpointed, undelivered) in sorted(counts.items()):
+            out.append(IntervalStatus(name, iv, owners.get((name, iv)), checkpointed, undelivered))
+    return out
+
+
+def recover(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str, num_intervals: int,
+            writer: str = "deltawheel-recover", wait_s: float = 0.0,
+            progress: Callable[[str], None] | None = None) -> RecoverResult:
+    """Take the computation's intervals, deliver its undelivered checkpointed productions (as its
+    executor's start does), give the intervals back.
+
+    Raises:
+        LeaseHeldError: a running instance holds an interval (after ``wait_s``): its own
+            recovery already delivers; stop it first, or let it be.
+        StaleSequencerError: a newer owner took an interval meanwhile.
+    """
+    log: list[str] = []
+
+    def note(line: str) -> None:
+        log.append(line)
+        if progress is not None:
+            progress(line)
+
+    leases = LeaseManager(client, pipeline=pipeline, owner=writer)
+    owner = IntervalOwner(RowStore(spark, layout, writer=writer), leases, computation, num_intervals=num_intervals)
+    comp = _stand_in(computation, num_intervals, list_streams(spark, layout))
+    ex = ComputationExecutor(spark, layout, comp, owner=owner, progress=note)
+    ex.start(wait_s=wait_s)
+    try:
+        seqs = dict(owner.sequencers)
+    finally:
+        ex.stop()
+    return RecoverResult(computation, tuple(sorted(seqs)), seqs, ex.recovered.get("appended", 0),
+                         ex.recovered.get("merged", 0), log)

@@ -1,0 +1,64 @@
+"""What a micro-batch did: :class:`BatchReport` and its progress line."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from deltawheel.statestore.zk.watermarks import END_OF_TIME
+
+__all__ = ["BatchReport", "format_report"]
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one micro-batch did: record and key counts, watermarks and times (:func:`format_report`)."""
+
+    batch_id: int
+    records_in: int
+    processed: int
+    duplicates: int
+    late: int
+    late_routed: int
+    dead_letters: int
+    timers_fired: int
+    productions: int
+    keys_written: int
+    input_watermark_ms: int | None
+    low_watermark_ms: int | None
+    commit_s: float
+    wall_s: float
+    steps_s: tuple[tuple[str, float], ...] = ()  # seconds per protocol step, in order
+    straggled: bool = False  # weak delivery outlived straggler_timeout_s: productions checkpointed
+    direct: bool = False  # the tasks read the input files themselves (executor/tasks/direct.py)
+    ids_expired: int = 0  # record ids dropped from the rows: seen before the dedup horizon
+    # image path: the dedup Bloom filters' first check (records checked, "maybe seen" answers,
+    # of which not seen, and the filters' memory)
+    bloom_checked: int = 0
+    bloom_maybe: int = 0
+    bloom_false_pos: int = 0
+    bloom_bytes: int = 0
+
+
+def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
+    """The batch's progress line. Watermarks show as time of day (UTC) when they fall on the day
+    of ``now_ms`` (the executor's clock), else with their date (a watermark in 2099 must not
+    read like one of today's); without ``now_ms``, always with the date."""
+    today = None if now_ms is None else time.gmtime(now_ms / 1000)[:3]
+
+    def ts(ms: int | None) -> str:
+        if ms is None:
+            return "-"
+        if ms >= END_OF_TIME:
+            return "end"
+        t = time.gmtime(ms / 1000)
+        return time.strftime("%H:%M:%S" if t[:3] == today else "%Y-%m-%d %H:%M:%S", t)
+
+    return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
+            f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
+            + (" (straggler: checkpointed)" if r.straggled else "") + (" (files read by the tasks)" if r.direct else "")
+            + (f"; {r.ids_expired} ids expired" if r.ids_expired else "")
+            + (f"; bloom {r.bloom_maybe}/{r.bloom_checked} maybe ({r.bloom_false_pos} false), "
+               f"{r.bloom_bytes / 1e6:.1f} MB" if r.bloom_checked else "") +
+            f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
+            f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")

@@ -1,0 +1,54 @@
+"""Spark's Python daemon with the task modules loaded before it forks workers.
+
+Spark starts one daemon per executor (``python -m pyspark.daemon``) and forks a Python
+worker from it for each task slot; a worker left idle for a minute is killed, and the next
+batch forks a fresh one. A fresh worker imports pyarrow, numpy and the image task's modules
+on its first task (~0.5 s of CPU each, on every worker at once): a whole extra second on the
+first batch of a query that follows a pause. ``spark.python.daemon.module`` set to this
+module (``sparkenv`` does) imports them once in the daemon, so every forked worker starts
+with them loaded. A module that fails to import is skipped (the worker imports it itself);
+a preload that started a Python thread stops the daemon with a message naming the setting to
+unset, since a fork copies only the forking thread. (numpy and pyarrow start native threads —
+OpenBLAS, jemalloc's background thread — which have their own fork handlers.)
+
+The daemon also freezes the finders of Spark's own zip archives (:func:`._worker.freeze_spark_zips`)
+before it forks: PySpark's worker calls ``importlib.invalidate_caches()`` before every task, which
+on Python 3.11 re-reads each archive's whole directory (~0.1–0.15 s of CPU). The task functions
+freeze them too, but only once they run, so without this a fresh worker's first task paid it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["preload"]
+
+PRELOAD = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
+           "deltawheel.executor.tasks.direct", "deltawheel.executor.tasks.image", "deltawheel.executor.tasks.imagekeys",
+           "deltawheel.executor.tasks.keyrun", "deltawheel.executor.tasks.merge", "deltawheel.executor.tasks.worker")
+
+
+def preload() -> list[str]:
+    """Import :data:`PRELOAD` (those that import); returns the ones loaded."""
+    import importlib
+
+    loaded = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a worker imports what it needs itself
+            continue
+        loaded.append(name)
+    return loaded
+
+
+if __name__ == "__main__":
+    preload()
+    if threading.active_count() != 1:  # pragma: no cover - a module started a thread: fork is unsafe
+        raise SystemExit("deltawheel daemon: a preloaded module started a thread; unset spark.python.daemon.module")
+    from pyspark import daemon
+
+    from .worker import freeze_spark_zips
+
+    freeze_spark_zips()  # after every import above: each imported package of the zip has its own finder
+    daemon.manager()

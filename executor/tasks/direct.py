@@ -1,0 +1,347 @@
+"""Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
+
+On the JVM path a batch reaches the image tasks through Spark: the file scan,
+the prepared columns (``_tasks.prepare_input`` and the image plan's
+projection), a shuffle by interval and Arrow to the Python workers -- a map
+stage of one task per input file (one core) before the Python stage can
+start. When a computation's only input is a local :class:`ParquetInjector`
+keyed by its key column (``RECORD_KEY``), with value columns of plain types
+(or none), each image task instead reads the batch's files with pyarrow and keeps the rows of its
+own intervals: one stage, no shuffle. Which files the batch holds comes from
+the batch's own plan (the file scan under the ``foreachBatch`` frame), so a
+replayed batch reads the same files.
+
+The prepared columns are computed as the JVM computes them: the same key,
+record id, event time and late flag, the same checks in the same order for
+dead letters, the same interval hash; the value is the same JSON object (its text may differ
+in form -- number formatting, escapes -- never in what it decodes to). ``tests/test_direct.py`` compares both
+paths row by row and end to end. Anything this module does not recognise (a
+remote folder, a file whose column types differ from the schema's, a file
+read in parts, another plan shape) goes through the JVM path for that batch.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from deltawheel.statestore.delta.log import local_path
+from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
+
+from .image import ImageSpec, run_task
+from .merge import (
+    _ERR,  # the key extractors' error marker (a key column can hold it too)
+    ahead_reason,
+)
+
+__all__ = ["DirectSource", "DirectBatch", "batch_files", "direct_source", "direct_task_fn", "direct_table"]
+
+@dataclass(frozen=True)
+class DirectSource:
+    """A Parquet injector's columns as its stream schema maps them (see ``sources.to_stream_schema``).
+
+    ``types``: the Arrow type (``str``) of each read column in the file the stream's schema came
+    from; a batch file whose columns differ goes through the JVM path."""
+
+    stream: str  # the input stream: the injector's name
+    key_column: str
+    event_time_column: str
+    record_id_column: str | None
+    types: tuple[tuple[str, str], ...]
+    value_columns: tuple[str, ...] = ()  # sorted, as the JVM orders the value's fields
+
+    @property
+    def columns(self) -> list[str]:
+        return [c for c, _t in self.types]
+
+
+@dataclass(frozen=True)
+class DirectBatch:
+    """What the tasks of one batch read: plain values, pickled to the workers."""
+
+    source: DirectSource
+    files: tuple[tuple[str, str], ...]  # (local path, the file name as Spark's _metadata.file_name)
+    num_intervals: int
+    late_before: int | None  # records with an earlier event time are late
+    tasks: tuple[tuple[int, ...], ...]  # per task (partition index): its intervals
+    ahead: tuple[int, int] | None = None  # (processing time now, bound): later event times are dead letters
+
+
+def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | None:
+    """The local files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None
+    (the JVM path) when the plan is not a single file scan, a file is read only in part, or a
+    file's columns are not those of ``source.types``.
+
+    ``foreachBatch`` hands over a frame over the batch's RDD; its lineage ends in the scan's
+    ``FileScanRDD``, whose partitions name the files (a few py4j calls, no Spark job)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        plan = df._jdf.queryExecution().logical()
+        if not plan.getClass().getName().endswith(".LogicalRDD"):
+            return None
+        rdd = plan.rdd()
+        while True:
+            deps = rdd.dependencies()
+            if deps.size() == 0:
+                break
+            if deps.size() != 1:
+                return None
+            rdd = deps.head().rdd()
+        if not rdd.getClass().getName().endswith(".FileScanRDD"):
+            return None
+        spans: dict[str, list[tuple[int, int]]] = {}
+        parts = rdd.filePartitions()
+        for i in range(parts.size()):
+            for f in parts.apply(i).files():
+                spans.setdefault(f.filePath().toString(), []).append((int(f.start()), int(f.length())))
+    except Exception:  # noqa: BLE001 - another Spark version's internals: the JVM path
+        return None
+    want = dict(source.types)
+    out = []
+    for uri, parts_read in sorted(spans.items()):
+        path = local_path(uri)
+        if path is None:
+            return None
+        path = urllib.parse.unquote(path)
+        try:
+            size = os.path.getsize(path)
+            schema = pq.read_schema(path)
+        except (OSError, pa.ArrowException):
+            return None
+        end = 0
+        for start, length in sorted(parts_read):
+            if start != end:
+                return None
+            end = start + length
+        if end != size:
+            return None
+        got = {f.name: f.type for f in schema}
+        if any(c not in got or _plain(got[c]) != t for c, t in want.items()):
+            return None
+        out.append((path, uri.rsplit("/", 1)[-1]))
+    return tuple(out)
+
+
+def _plain(ty: Any) -> str:
+    """An Arrow type as compared between files (large strings read as strings)."""
+    import pyarrow as pa
+
+    return "string" if pa.types.is_large_string(ty) else str(ty)
+
+
+def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event_time_column: str,
+                  record_id_column: str | None, value_columns: Sequence[str] | None) -> DirectSource | None:
+    """A :class:`DirectSource` for an injector's columns (``value_columns`` as the injector takes
+    them: None = every column but the event time and record id ones), or None when a column's type
+    is not one the tasks convert exactly as the JVM does: string key and id; UTC timestamp in ms
+    or us, or int32/int64 epoch milliseconds; value columns of strings, booleans, signed integers
+    or doubles."""
+    import pyarrow as pa
+
+    t = pa.types
+    fields = {f.name: f.type for f in arrow_schema}
+    if key_column is None or key_column not in fields or event_time_column not in fields:
+        return None
+    if value_columns is None:
+        value_columns = [c for c in fields if c not in (event_time_column, record_id_column)]
+    values = tuple(sorted(set(value_columns)))
+    cols = [key_column, event_time_column] + ([record_id_column] if record_id_column else [])
+    if len(set(cols)) != len(cols) or (record_id_column is not None and record_id_column not in fields):
+        return None
+    for c in values:
+        ty = fields.get(c)
+        if ty is None or not (t.is_string(ty) or t.is_large_string(ty) or t.is_boolean(ty)
+                              or t.is_signed_integer(ty) or t.is_float64(ty)):
+            return None
+    cols += [c for c in values if c not in cols]
+    for k in (key_column, record_id_column):
+        if k is not None and not (t.is_string(fields[k]) or t.is_large_string(fields[k])):
+            return None
+    et = fields[event_time_column]
+    if not ((t.is_timestamp(et) and et.tz is not None and et.unit in ("ms", "us"))
+            or t.is_int64(et) or t.is_int32(et)):
+        return None
+    return DirectSource(name, key_column, event_time_column, record_id_column,
+                        tuple((c, _plain(fields[c])) for c in cols), values)
+
+
+# --------------------------------------------------------------------------- task side
+
+
+def direct_task_fn(spec: ImageSpec, batch: DirectBatch) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The task function of a batch whose tasks read its intervals' rows of the batch's files."""
+    return _per_task_fn(spec, batch.tasks, lambda ivs: direct_table(batch, ivs))
+
+
+def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The task function of a batch without input (due timers, checkpoints to clear): each task
+    gets only its intervals' marker rows; one stage, no shuffle."""
+    return _per_task_fn(spec, tasks, marker_rows)
+
+
+def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
+                 rows_of: Callable[[tuple[int, ...]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """The ``mapPartitionsWithIndex`` function over ``tasks``' partitions: task ``t`` runs the image
+    task over ``rows_of`` its intervals and yields its summary rows (as the Arrow path's
+    ``to_pylist()`` would give them)."""
+
+    def fn(t: int, _rows: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        from .worker import freeze_spark_zips
+
+        freeze_spark_zips()
+        ivs = tasks[t] if t < len(tasks) else ()
+        if ivs:
+            yield from pa.Table.from_pylist(run_task(spec, rows_of(ivs)), schema=spec.summary_schema).to_pylist()
+
+    return fn
+
+
+def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
+    """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
+    columns the JVM path hands a task (``images.PREP_DDL`` + ``interval`` + ``_m``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = [_prepared(batch, pq.read_table(path, columns=batch.source.columns), name, intervals)
+             for path, name in batch.files]
+    parts.append(marker_rows(intervals))
+    return pa.concat_tables(parts)
+
+
+def marker_rows(intervals: Sequence[int]) -> Any:
+    """One marker row per interval (every interval gets its task's attention, input or not)."""
+    import pyarrow as pa
+
+    marks = len(intervals)
+    return _table(record_id=pa.nulls(marks, pa.string()), key=pa.nulls(marks, pa.string()),
+                  codec=pa.nulls(marks, pa.string()), timestamp_ms=pa.nulls(marks, pa.int64()),
+                  stream=pa.nulls(marks, pa.string()), position=pa.nulls(marks, pa.string()),
+                  late=pa.nulls(marks, pa.bool_()), _bad=pa.nulls(marks, pa.string()),
+                  interval=pa.array(list(intervals), pa.int32()), _m=pa.array([True] * marks))
+
+
+def _table(**cols: Any) -> Any:
+    import pyarrow as pa
+
+    n = len(cols["interval"])
+    order = ("record_id", "key", "value", "codec", "timestamp_ms", "stream", "position", "late", "_bad",
+             "interval", "_m")
+    cols.setdefault("value", pa.nulls(n, pa.binary()))
+    return pa.table([cols[c] for c in order], names=list(order))
+
+
+def _key_facts(keys: Any, num_intervals: int) -> tuple[Any, list[str | None] | None]:
+    """Per distinct key (a string array): its interval (``rows.interval_of``, numpy int32) and why it is
+    bad (the JVM's checks, in ``prepare_input``'s order, for a key column), or None when no key is."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    raw = keys.cast(pa.binary()).to_numpy(zero_copy_only=False).tolist()
+    ivs = np.fromiter(map(key_hash, raw), dtype=np.int64, count=len(raw)) % num_intervals
+    suspect = pc.or_(pc.or_(pc.starts_with(keys, "\x00"), pc.equal(keys, "")),
+                     pc.greater(pc.binary_length(keys), MAX_KEY_BYTES))
+    if not pc.any(suspect).as_py():
+        return ivs.astype(np.int32), None
+    bad: list[str | None] = []
+    for k in keys.to_pylist():
+        if k.startswith(_ERR):
+            bad.append(k[2:1002])
+        elif k == "":
+            bad.append("key extractor returned an empty key")
+        elif k.startswith("\x00"):
+            bad.append("keys starting with NUL are reserved")
+        elif len(k.encode("utf-8")) > MAX_KEY_BYTES:
+            bad.append(f"key longer than {MAX_KEY_BYTES} bytes")
+        else:
+            bad.append(None)
+    return ivs.astype(np.int32), bad
+
+
+def _prepared(batch: DirectBatch, t: Any, name: str, intervals: Sequence[int]) -> Any:
+    """One file's rows of ``intervals``, prepared (see :func:`direct_table`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    src = batch.source
+    key = pc.fill_null(t.column(src.key_column).combine_chunks().cast(pa.string()), "")
+    enc = pc.dictionary_encode(key)
+    ivs_of, bad_of = _key_facts(enc.dictionary, batch.num_intervals)
+    codes = enc.indices.to_numpy()
+    iv = ivs_of[codes] if len(ivs_of) else np.zeros(0, np.int32)
+    rows = np.flatnonzero(np.isin(iv, np.asarray(list(intervals), dtype=np.int32)))
+    m = len(rows)
+    take = pa.array(rows, pa.int64())
+    key = key.take(take)
+    codes = codes[rows]
+    # the event time in epoch ms: unix_millis (floor) of a timestamp, or the int column itself
+    et = t.column(src.event_time_column).combine_chunks().take(take)
+    ts_null = et.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_timestamp(et.type):
+        raw = et.cast(pa.int64()).fill_null(0).to_numpy()
+        ms = raw // 1000 if et.type.unit == "us" else raw
+    else:
+        ms = et.cast(pa.int64()).fill_null(0).to_numpy()
+    ts = pa.array(ms, pa.int64(), mask=ts_null)
+    # the record id: the column, or (null, or no column) the position "{injector}/{file}#{row}"
+    if src.record_id_column is not None:
+        rid = t.column(src.record_id_column).combine_chunks().take(take).cast(pa.string())
+        if rid.null_count:
+            ids = rid.to_pylist()
+            rid = pa.array([f"{src.stream}/{name}#{r}" if x is None else x for x, r in zip(ids, rows.tolist(), strict=True)],
+                           pa.string())
+    else:
+        rid = pa.array([f"{src.stream}/{name}#{r}" for r in rows.tolist()], pa.string())
+    # dead letters: the first failing check, as prepare_input orders them
+    key_bad = [bad_of[c] for c in codes.tolist()] if bad_of else [None] * m
+    rid_empty = pc.equal(rid, "").to_numpy(zero_copy_only=False)
+    why: list[str | None] = key_bad
+    far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ~ts_null
+    if any(x is not None for x in key_bad) or rid_empty.any() or ts_null.any() or far.any():
+        now, bound = batch.ahead or (0, 0)
+        why = [kb if kb is not None else "record without record_id" if re else
+               "record without timestamp" if tn else ahead_reason(t_ms, bound, now) if fa else None
+               for kb, re, tn, fa, t_ms in zip(key_bad, rid_empty.tolist(), ts_null.tolist(), far.tolist(),
+                                               ms.tolist(), strict=True)]
+        bad = pa.array(why, pa.string())
+        position = pa.array([None if w is None else f"file={name}#row={r}" for w, r in zip(why, rows.tolist(), strict=True)],
+                            pa.string())
+    else:
+        bad = pa.nulls(m, pa.string())
+        position = pa.nulls(m, pa.string())
+    value = _json_values(t, src.value_columns, take) if src.value_columns else pa.nulls(m, pa.binary())
+    if batch.late_before is None:
+        late = pa.array(np.zeros(m, dtype=bool))
+    else:
+        late = pa.array((ms < batch.late_before) & ~ts_null)
+    return _table(record_id=rid, key=key, value=value, codec=pa.array(["json"] * m, pa.string()), timestamp_ms=ts,
+                  stream=pa.array([src.stream] * m, pa.string()), position=position, late=late, _bad=bad,
+                  interval=pa.array(iv[rows], pa.int32()), _m=pa.array(np.zeros(m, dtype=bool)))
+
+
+def _json_values(t: Any, columns: Sequence[str], take: Any) -> Any:
+    """The ``value`` of the taken rows: a JSON object of ``columns`` (sorted), null fields left out,
+    NaN and infinities as the strings Spark's ``to_json`` writes for them."""
+    import json
+    import math
+
+    import pyarrow as pa
+
+    lists = []
+    for c in columns:
+        a = t.column(c).combine_chunks().take(take)
+        vals = a.to_pylist()
+        if pa.types.is_floating(a.type):
+            vals = [v if v is None or math.isfinite(v) else "NaN" if v != v else "Infinity" if v > 0 else "-Infinity"
+                    for v in vals]
+        lists.append(vals)
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    return pa.array([dumps({c: v for c, v in zip(columns, row, strict=True) if v is not None}).encode()
+                     for row in zip(*lists, strict=True)], pa.binary())

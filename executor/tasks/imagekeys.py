@@ -1,0 +1,391 @@
+"""The image path's key loop: one interval's touched keys, column-wise.
+
+``_imagetask`` hands over the interval's input records (Arrow, one run per key)
+and the touched keys' current rows (Arrow); this module runs user code per key
+through :class:`keyrun.UserCode` — the one implementation of what user
+code sees (dedup, record order, error policy, timer firing) — and writes the
+new row images straight into column lists. Nothing per key is built that the
+Parquet file does not need: no ``KeyRow``, no ``KeyOutcome``, no record-id
+tuples (ids stay in Arrow: ``_imagetask`` attaches them).
+
+Step 4 of ``run_key`` as the image path does it, per key:
+
+* a key whose run leaves nothing (no state, timers, pending productions,
+  watermark hold) keeps a row only for its record ids: the ids it had within
+  the dedup horizon and, with exactly-once, the ids it ran now;
+* a key that changed (ran records, fired timers, produced, or had its
+  previous checkpoint cleared) gets its new row;
+* any other key keeps its row as it is in the image.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import accumulate, repeat
+from operator import attrgetter
+from typing import Any, Callable, Mapping
+
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.exceptions import CodecError
+from deltawheel.statestore.rowtable.rows import _DOMAIN_VALUES, _DOMAINS, TimeDomain, Timer, new_timer
+
+from ..computation import Computation, Record, new_record
+from ..context import Context
+from .keyrun import UserCode, codec_of
+
+__all__ = ["Input", "OldRows", "KeyLoop", "side_row", "py_list", "constant_or_list"]
+
+
+def py_list(arr: Any) -> list[Any]:
+    """An Arrow array of a primitive, string or binary type as a Python list: through numpy,
+    an order of magnitude faster than ``to_pylist`` (which builds a scalar per value). Integer
+    arrays with nulls keep exact values (numpy would make them floats)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
+        return arr.to_pylist()  # type: ignore[no-any-return]
+    if arr.null_count and not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+                               or pa.types.is_large_binary(t)):
+        vals = pc.fill_null(arr, pa.scalar(0 if not pa.types.is_boolean(t) else False, t))
+        valid = pc.is_valid(arr).to_numpy(zero_copy_only=False).tolist()
+        return [v if ok else None for v, ok in zip(vals.to_numpy(zero_copy_only=False).tolist(), valid, strict=True)]
+    return arr.to_numpy(zero_copy_only=False).tolist()  # type: ignore[no-any-return]
+
+
+def constant_or_list(col: Any, n: int) -> Any:
+    import pyarrow.compute as pc
+
+    uniq = pc.unique(col)
+    if len(uniq) == 1:
+        return [uniq[0].as_py()] * n
+    return py_list(col)
+
+
+class Input:
+    """One interval's records of the batch as Python lists, sorted by (key, event time,
+    record id): each key's records are one contiguous, already ordered run."""
+
+    def __init__(self, recs: Any) -> None:
+        import pyarrow.compute as pc
+
+        recs = recs.sort_by([("key", "ascending"), ("timestamp_ms", "ascending"), ("record_id", "ascending")])
+        self.table = recs
+        n = recs.num_rows
+        self.keys: list[str] = py_list(recs.column("key"))
+        self.ids: list[str] = py_list(recs.column("record_id"))
+        vcol = recs.column("value")
+        self.no_values = vcol.null_count == n  # an injector without value columns: nothing to decode
+        self.values: list[bytes | None] = [] if self.no_values else py_list(vcol)
+        self.codecs: list[str | None] = constant_or_list(recs.column("codec"), n) if n else []
+        self.ts: list[int] = py_list(recs.column("timestamp_ms"))
+        self.streams: list[str] = constant_or_list(pc.fill_null(recs.column("stream"), ""), n) if n else []
+        self.late: list[bool] = py_list(pc.fill_null(recs.column("late"), False))
+        self._records: list[Record] | None = None
+        self.runs: dict[str, tuple[int, int]] = {}
+        # a record id twice within the batch (a source that repeats itself): only then does
+        # each key's run need a set of the ids it ran
+        self.repeats = bool(n) and pc.count_distinct(recs.column("record_id")).as_py() < n
+        if n:
+            ree = pc.run_end_encode(recs.column("key").combine_chunks())
+            start = 0
+            for key, end in zip(py_list(ree.values), py_list(ree.run_ends), strict=True):
+                self.runs[key] = (start, end)
+                start = end
+
+    def row(self, i: int) -> dict[str, Any]:
+        return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
+
+    def records(self) -> list[Record]:
+        """Every record (no values to decode), built at once in C; a key's are a slice."""
+        if self._records is None:
+            self._records = list(map(new_record, zip(self.keys, repeat(None), self.ts, self.ids, self.streams,
+                                                     self.late)))
+        return self._records
+
+
+class OldRows:
+    """The touched keys' current rows, column-wise (record ids stay in Arrow; sequencer, commit
+    id and update time are rewritten on output, so they are not read; pending productions are
+    not read either: on this path they are always the previous batch's, delivered before this
+    batch can commit, so they are only cleared)."""
+
+    def __init__(self, sub: Any, *, with_pending: bool) -> None:
+        import pyarrow.compute as pc
+
+        keys = py_list(sub.column("key"))
+        n = len(keys)
+        self.index = {k: j for j, k in enumerate(keys)}
+        self.states: list[bytes | None] = py_list(sub.column("state"))
+        self.holds: list[int | None] = constant_or_list(sub.column("watermark_hold_ms"), n) if n else []
+        # null: a row written before the counter existed (migration 4) counts from 0
+        self.seqs: list[int] = [s or 0 for s in py_list(sub.column("timer_seq"))]
+        timers = sub.column("timers").combine_chunks()
+        flat = pc.list_flatten(timers)
+        tags: list[str] = py_list(flat.field("tag"))
+        doms = list(map(_DOMAINS.__getitem__, py_list(flat.field("domain"))))
+        # every timer at once, in C; a row's are a slice (stored sorted: insertion order is sorted)
+        self._timers = list(map(new_timer, zip(py_list(flat.field("time_ms")), tags, doms, strict=True)))
+        self._slots = list(zip(tags, doms, strict=True))
+        self._offs: list[int] = py_list(timers.offsets)
+        self.pending: set[str] = set()
+        if with_pending:
+            has = pc.fill_null(pc.greater(pc.list_value_length(sub.column("pending")), 0), False)
+            self.pending = set(py_list(sub.column("key").filter(has)))
+
+    def timers(self, j: int) -> dict[tuple[str, TimeDomain], Timer]:
+        """Row ``j``'s timers as a Context holds them (stored sorted: insertion order is sorted)."""
+        a, b = self._offs[j], self._offs[j + 1]
+        if a == b:
+            return {}
+        return dict(zip(self._slots[a:b], self._timers[a:b], strict=True))
+
+    def timer_slice(self, j: int) -> tuple[Timer, ...]:
+        """Row ``j``'s timers, sorted (as they were before user code ran)."""
+        return tuple(self._timers[self._offs[j]:self._offs[j + 1]])
+
+
+class NewRows:
+    """New row images (without record ids): one tuple per key while the keys run, turned into
+    columns once (``table``)."""
+
+    def __init__(self) -> None:
+        # (key, state, timers (sorted), watermark hold, pending productions, timer firing counter)
+        # per key, appended by ``KeyLoop.run``
+        self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any, int]] = []
+
+    def table(self, schema: Any, *, codec: str, sequencer: int, commit_id: str, now_ms: int,
+              format_version: int) -> Any:
+        """The Arrow table in ``schema`` (the rows file schema without ``record_ids``)."""
+        import pyarrow as pa
+
+        n = len(self.rows)
+        if n:
+            keys, states, timer_lists, holds, pending_lists, seqs = zip(*self.rows, strict=True)
+        else:
+            keys = states = timer_lists = holds = pending_lists = seqs = ()
+        flat = [t for ts in timer_lists for t in ts]
+        tfield = schema.field("timers")
+        offsets = pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32())
+        times = pa.array([t[0] for t in flat], pa.int64())
+        is_event = [t[2] is _EVENT for t in flat]
+        timers = pa.ListArray.from_arrays(
+            offsets,
+            pa.StructArray.from_arrays([pa.array([t[1] for t in flat], pa.string()),
+                                        pa.array([_DOMAIN_VALUES[t[2]] for t in flat], pa.string()), times],
+                                       fields=list(tfield.type.value_type)), type=tfield.type)
+        prods = [p for ps in pending_lists for p in ps]
+        pfield = schema.field("pending")
+        ptype = pfield.type.value_type  # the struct's fields are Production's attributes
+        pending = pa.ListArray.from_arrays(
+            pa.array(list(accumulate(map(len, pending_lists), initial=0)), pa.int32()),
+            pa.StructArray.from_arrays([pa.array(list(map(attrgetter(f.name), prods)), f.type) for f in ptype],
+                                       fields=list(ptype)), type=pfield.type)
+        next_ev, next_proc = _next_timers(offsets, times, is_event, n)
+        cols = {"key": keys, "state": states, "codec": [codec] * n, "next_event_timer_ms": next_ev,
+                "next_processing_timer_ms": next_proc, "watermark_hold_ms": holds,
+                "sequencer": [sequencer] * n, "commit_id": [commit_id] * n, "updated_ms": [now_ms] * n,
+                "format_version": [format_version] * n, "timer_seq": seqs}
+        arrays = [timers if f.name == "timers" else pending if f.name == "pending" else
+                  cols[f.name] if isinstance(cols[f.name], pa.Array) else pa.array(cols[f.name], f.type)
+                  for f in schema]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _next_timers(offsets: Any, times: Any, is_event: list[bool], n: int) -> tuple[Any, Any]:
+    """Per row (list ``offsets`` over the flat timer ``times``): the earliest event-time and the
+    earliest processing-time timer, or null. A row's timers are sorted by time, so each is the
+    first of its domain in the row."""
+    import numpy as np
+    import pyarrow as pa
+
+    event = np.asarray(is_event, dtype=bool)
+    starts, ts = offsets.to_numpy(), times.to_numpy()
+    out = []
+    for pick in (event, ~event):
+        where = np.flatnonzero(pick)
+        rows = np.searchsorted(starts, where, side="right") - 1  # the row of each picked timer
+        first_ms = np.zeros(n, dtype=np.int64)
+        has = np.zeros(n, dtype=bool)
+        if len(where):
+            first_rows, first = np.unique(rows, return_index=True)  # first occurrence per row
+            first_ms[first_rows] = ts[where[first]]
+            has[first_rows] = True
+        out.append(pa.array(first_ms, pa.int64(), mask=~has))
+    return out[0], out[1]
+
+
+class KeyLoop:
+    """Runs one interval's touched keys (in key order) and collects the outcome."""
+
+    def __init__(self, comp: Computation, *, wm: int | None, now_ms: int, strong: bool) -> None:
+        self.comp = comp
+        self.codec = codec_of(comp)
+        self.wm = wm
+        self.now_ms = now_ms
+        self.strong = strong
+        self.rows = NewRows()
+        self.unchanged: list[str] = []  # keys kept as they are in the image (record ids untrimmed)
+        self.prods: list[Any] = []
+        self.side: list[dict[str, Any]] = []  # dead letters (decoding, or user code by its error policy)
+        self.id_keys: list[str] = []  # the ids run, when not simply all input records (``all_ran``)
+        self.id_values: list[str] = []
+        self.all_ran = True  # every input record was run (none seen before, repeated or undecodable)
+        self.processed = self.duplicates = self.late = self.fired = self.written = 0
+
+    def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
+            old_id_keys: set[str]) -> None:
+        comp = self.comp
+        wm, now = self.wm, self.now_ms
+        exactly_once = comp.exactly_once
+        repeats = exactly_once and inp.repeats
+        keep_ids = exactly_once
+        if seen is not None or repeats:
+            self.all_ran = False
+        add = self.rows.rows.append
+        unchanged = self.unchanged.append
+        all_prods = self.prods
+        index, states, holds, old_pending, seqs = old.index.get, old.states, old.holds, old.pending, old.seqs
+        old_timers, old_slice = old.timers, old.timer_slice
+        runs = inp.runs.get
+        # the key's records are a slice of the batch's when there is nothing to decode or skip
+        every = inp.records() if inp.no_values and seen is None else None
+        strong = self.strong
+        new_ctx = context_factory(comp, self.codec, wm, now)
+        run_user = UserCode(comp, input_watermark_ms=wm, now_ms=now).run
+        processed = duplicates = late = fired = written = 0
+        for key in touched:
+            j = index(key)
+            if j is None:
+                ctx = new_ctx(key, None, {}, None, None)
+            else:
+                ctx = new_ctx(key, states[j], old_timers(j), holds[j], seqs[j])
+            lo, hi = runs(key, _NO_RUN)
+            if every is not None:
+                records, n_seen = every[lo:hi], 0
+            else:
+                records, dead, n_seen = records_of(inp, key, lo, hi, seen)
+                if dead:
+                    self.all_ran = False
+                    self.side.extend(dead)
+            fresh, n_dups, n_late, dead_letters, n_fired = run_user(ctx, records, set() if repeats else None)
+            if dead_letters:
+                pos = {inp.ids[i]: i for i in range(lo, hi)}
+                self.side.extend(side_row("dead", inp.row(pos[rec.record_id]), key, err) for rec, err in dead_letters)
+            processed += len(fresh)
+            duplicates += n_seen + n_dups
+            late += n_late
+            fired += n_fired
+            prods = ctx._productions
+            if prods:
+                all_prods.extend(prods)
+            if keep_ids and fresh and not self.all_ran:
+                self.id_keys += [key] * len(fresh)
+                self.id_values += fresh
+            state = ctx._encoded_state()
+            timers = tuple(sorted(ctx._timers.values()))
+            new_hold = ctx._hold
+            seq = ctx._timer_seq or 0  # set by the run (a new key: seeded)
+            pending = prods if strong else ()
+            if state is None and not timers and not pending and new_hold is None:
+                # nothing left: the row stays only for its record ids (old ones still within the
+                # horizon, the ones run now)
+                if key in old_id_keys or (keep_ids and fresh):
+                    add((key, None, (), None, (), seq))
+                    written += 1
+                elif j is not None:
+                    written += 1
+                continue
+            if (fresh or n_fired or prods or j is None or key in old_pending or new_hold != holds[j]
+                    or state != states[j] or timers != old_slice(j)):
+                add((key, state, timers, new_hold, pending, seq))
+                written += 1
+            else:
+                unchanged(key)
+        self.processed += processed
+        self.duplicates += duplicates
+        self.late += late
+        self.fired += fired
+        self.written += written
+
+
+def context_factory(comp: Computation, codec: Any, wm: int | None, now: int
+                    ) -> Callable[[str, bytes | None, dict[tuple[str, TimeDomain], Timer], int | None, int | None],
+                                  Context]:
+    """``Context(...)`` for each key of one batch: the batch-wide attributes copied from a template
+    (half the cost of ``Context.__init__``, which runs for every touched key)."""
+    base = dict(Context(computation=comp.name, key="", state_bytes=None, codec=codec, timers=(),
+                        outputs=comp.outputs, input_watermark_ms=wm, now_ms=now, watermark_hold_ms=None).__dict__)
+    new = object.__new__
+
+    def make(key: str, state_b: bytes | None, timers: dict[tuple[str, TimeDomain], Timer],
+             hold: int | None, timer_seq: int | None) -> Context:
+        ctx = new(Context)
+        d = base.copy()
+        d["_timer_seq"] = timer_seq
+        d["key"] = key
+        d["_state_bytes"] = state_b
+        d["_timers"] = timers
+        d["_productions"] = []
+        d["_hold"] = hold
+        ctx.__dict__ = d
+        return ctx  # type: ignore[no-any-return]
+
+    return make
+
+
+_NO_RUN = (0, 0)
+_EVENT = TimeDomain.EVENT_TIME
+_JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _decode(codec: str | None, data: bytes | None) -> Any:
+    """The record's value; compact JSON (what injectors write) is read by the C scanner
+    directly, anything else by the codec (which raises CodecError for bad bytes)."""
+    if data is None:  # an injector without value columns
+        return None
+    if codec == "json" or codec is None:
+        try:
+            text = data.decode("utf-8")
+            value, end = _JSON_SCAN(text, 0)
+            if end == len(text):
+                return value
+        except (StopIteration, UnicodeDecodeError, ValueError, AttributeError):
+            pass
+        return get_codec("json").decode(data)
+    return get_codec(codec).decode(data)
+
+
+def records_of(inp: Input, key: str, lo: int, hi: int,
+               seen: list[bool] | None) -> tuple[list[Record], list[dict[str, Any]], int]:
+    """The key's records not already seen (in order), its undecodable ones, and how many were seen."""
+    out: list[Record] = []
+    dead: list[dict[str, Any]] = []
+    n_seen = 0
+    ids, values, codecs, ts, streams, late = inp.ids, inp.values, inp.codecs, inp.ts, inp.streams, inp.late
+    if inp.no_values:
+        every = inp.records()[lo:hi]
+        if seen is None:
+            return every, [], 0
+        return [r for r, s in zip(every, seen[lo:hi], strict=True) if not s], [], sum(seen[lo:hi])
+    for i in range(lo, hi):
+        if seen is not None and seen[i]:
+            n_seen += 1
+            continue
+        try:
+            value = _decode(codecs[i], values[i])  # type: ignore[arg-type]
+        except CodecError as exc:
+            dead.append(side_row("dead", inp.row(i), key, f"CodecError: {exc}"))
+            continue
+        out.append(new_record((key, value, ts[i], ids[i], streams[i], late[i])))
+    return out, dead, n_seen
+
+
+def side_row(kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -> dict[str, Any]:
+    return {"kind": kind, "record_id": x.get("record_id"), "key": key, "value": x.get("value"),
+            "codec": x.get("codec"), "timestamp_ms": x.get("timestamp_ms"), "stream": x.get("stream"),
+            "position": x.get("position"), "error": error}

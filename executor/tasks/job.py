@@ -1,0 +1,84 @@
+"""Steps 2-4 of a batch as the executor runs them on either write path: input preparation,
+then dedup, loading the rows and user code in Spark tasks.
+
+A :class:`UserJob` runs the tasks whose output a write path (``statestore/writepath``)
+commits and delivers: :class:`~deltawheel.executor.tasks.imagejob.ImageTasks` for the image path,
+:class:`~deltawheel.executor.tasks.merge.MergeTasks` for the MERGE path. The executor's one
+protocol body (``batch.py``) calls it; it writes nothing itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
+
+__all__ = ["Prepared", "BatchRun", "UserJob"]
+
+BatchT = TypeVar("BatchT")
+
+
+@dataclass
+class Prepared:
+    """The batch's input, prepared (step 2): ``input`` for the tasks (None: timers only or the
+    tasks read the files themselves), input-level ``dead`` letters to record (a frame; None:
+    none or recorded from the tasks' output), and ``direct``: the tasks read the batch's files
+    (``_direct.py``)."""
+
+    input: Any | None
+    dead: Any | None = None
+    records_in: int = 0
+    dead_in: int = 0
+    obs_min: int | None = None
+    obs_max: int | None = None
+    direct: Any | None = None
+
+
+@dataclass
+class BatchRun(Generic[BatchT]):
+    """What the tasks of one batch returned (steps 2-4).
+
+    ``batch``: the write path's new rows and productions (it commits and delivers them);
+    ``counts``: the batch report's counters (``processed``, ``duplicates``, ``late``,
+    ``dead_letters``, ``timers_fired``, ``productions``, ``keys_written``, ...); ``dead`` /
+    ``late``: the tasks' dead letters and routed late records as frames (None: none);
+    ``prod_min_ts``: the oldest production timestamp (holds the low watermark while they are
+    undelivered; None: not known yet, see :meth:`UserJob.checkpoint`); ``event_timer_ms``:
+    the earliest event-time work set (to warn when no watermark will ever fire it)."""
+
+    batch: BatchT
+    counts: dict[str, int]
+    dead: Any | None = None
+    late: Any | None = None
+    prod_min_ts: int | None = None
+    event_timer_ms: int | None = None
+    obs_min: int | None = None
+    obs_max: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class UserJob(Protocol[BatchT]):
+    """The Spark side of steps 2-4 for one write path."""
+
+    #: the batch's Parquet files the tasks may read themselves (image path; ``_direct.py``)
+    direct_source: Any
+    #: per input stream, how far (ms) a record's event time may be ahead of the clock
+    event_ahead_ms: Mapping[str, int]
+
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int) -> Prepared:
+        """Step 2 in the JVM: keys, dead letters of input without a usable key, the late flag."""
+
+    def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
+            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchT]:
+        """Steps 2-4 in the tasks (dedup, load the rows, user code), materialized once.
+
+        Raises:
+            StaleViewError: the tasks met a newer fence or changed files (reload, run again).
+            BatchFailedError: user code failed.
+        """
+
+    def checkpoint(self, run: BatchRun[BatchT]) -> bool:
+        """A weak batch's straggler: make the commit checkpoint the productions ``run`` holds;
+        False: the tasks must run again with ``strong`` (their files do not hold them)."""
+
+    def observe(self, run: BatchRun[BatchT]) -> None:
+        """After the commit: remember what the batch cost per interval (task placement)."""

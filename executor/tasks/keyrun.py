@@ -1,0 +1,318 @@
+"""Running user code for one key in one batch — pure Python, no Spark, no I/O.
+
+``run_key`` runs inside the MERGE path's Spark tasks (``_tasks.py``), in the
+driver for tests, and under the windowing scenario harness; the image path's
+column-wise key loop (``_imagekeys.py``) does steps 1 and 4 on Arrow columns
+and uses :class:`UserCode` for steps 1-3 like ``run_key`` does, so what
+user code sees lives in one place:
+
+1. Drop records whose id the key's row already holds, seen within the dedup horizon
+   (exactly-once), and duplicates within the batch.
+2. Run ``process_record`` on the rest in event-time order (ties by record id).
+3. Fire due timers in timestamp order: event-time timers with
+   ``time < input low watermark``, processing-time timers with
+   ``time <= now``; timers set while firing that are due fire too.
+4. Build the new row image: state, timers, record ids (older than the dedup
+   horizon dropped), the new productions appended to the checkpointed ones
+   (strong productions), the watermark hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from operator import attrgetter
+from typing import NamedTuple, Sequence
+
+from deltawheel.statestore.codecs import Codec, get_codec
+from deltawheel.statestore.rowtable.rows import (
+    _DOMAIN_VALUES,
+    KeyRow,
+    Production,
+    SeenId,
+    make_row,
+    updated_row,
+)
+
+from ..computation import Computation, ErrorPolicy, Record
+from ..context import Context, TimerCause
+
+__all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
+           "first_timer_seq"]
+
+MAX_TIMER_ROUNDS = 10_000
+
+
+class UserCodeError(Exception):
+    """process_record / process_timer raised; carries the key and what was processed."""
+
+    def __init__(self, computation: str, key: str, what: str, cause: BaseException) -> None:
+        super().__init__(
+            f"{computation}: user code failed for key {key!r} on {what}: {type(cause).__name__}: {cause}. "
+            "The batch was not committed; fix the code (or set error_policy = ErrorPolicy.DEAD_LETTER) "
+            "and restart: the batch is retried.")
+        self.computation = computation
+        self.key = key
+        self.what = what
+
+
+class KeyOutcome(NamedTuple):
+    """What one key's run produced (a named tuple: one is built per key of every batch)."""
+
+    row: KeyRow | None  # new image; None = the key is empty now (delete its row)
+    changed: bool
+    productions: tuple[Production, ...]  # new in this run
+    processed: int
+    duplicates: int
+    timers_fired: int
+    late: int
+    dead_letters: tuple[tuple[Record, str], ...]
+    new_record_ids: tuple[str, ...] = ()  # ids of the records processed or dead-lettered in this run
+    ids_expired: int = 0  # the row's record ids dropped: seen before the dedup horizon
+
+
+def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, records: Sequence[Record],
+            input_watermark_ms: int | None, now_ms: int, dedup_horizon_ms: int | None = None,
+            fire_timers: bool = True, presorted: bool = False, keep_ids: bool = True,
+            strong: bool | None = None) -> KeyOutcome:
+    """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
+
+    ``presorted``: the records are already in (event time, record id) order. ``keep_ids``:
+    False leaves the row's record ids as they were and only reports the new ones in
+    ``KeyOutcome.new_record_ids`` (the image path keeps record ids in Arrow). ``strong``:
+    checkpoint the new productions in the row (default: ``comp.strong_productions``; a weak
+    computation's straggling batch passes True).
+    """
+    codec = codec_of(comp)
+    ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
+                  timers=row.timers if row else (), outputs=comp.outputs,
+                  input_watermark_ms=input_watermark_ms, now_ms=now_ms,
+                  watermark_hold_ms=row.watermark_hold_ms if row else None,
+                  timer_seq=row.timer_seq if row else None)
+    # Step 1 + 2 + 3: dedup against the row's ids and within the batch; records in event-time
+    # order; due timers in timestamp order.
+    exactly_once = comp.exactly_once
+    # (the ids seen before the dedup horizon no longer count: they leave the row below)
+    horizon = _NEVER if dedup_horizon_ms is None else dedup_horizon_ms
+    seen = {s.record_id for s in row.record_ids if s.seen_ms >= horizon} if (row and exactly_once) else set()
+    ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_order),
+                        seen=seen if exactly_once else None, input_watermark_ms=input_watermark_ms,
+                        now_ms=now_ms, fire_timers=fire_timers)
+    fresh, dups, late, dead, fired = ran
+    produced = ctx.productions
+    # Step 4: the new row image.
+    old_ids = row.record_ids if row else ()
+    if not exactly_once:
+        ids: tuple[SeenId, ...] = ()
+    elif keep_ids:
+        ids = old_ids + tuple(SeenId(rid, now_ms) for rid in fresh)
+    else:
+        ids = old_ids
+    expired = 0
+    if dedup_horizon_ms is not None and ids:
+        kept = tuple(s for s in ids if s.seen_ms >= dedup_horizon_ms)
+        expired, ids = len(ids) - len(kept), kept
+    prods = tuple(produced)
+    strong = comp.strong_productions if strong is None else strong
+    pending = (row.pending if row else ()) + (prods if strong else ())
+    state = ctx.encoded_state()
+    timers = ctx.timers
+    hold = ctx.watermark_hold_ms
+    changed = bool(fresh or fired or prods) or ids != old_ids or (
+        row is not None and (state != row.state or timers != row.timers))
+    empty = state is None and not timers and not pending and not ids and hold is None
+    if empty:
+        new_row = None
+    else:
+        base = row or make_row(comp.name, key, interval, None, codec.name, (), None)
+        new_row = updated_row(base, state, codec.name, timers, ids, pending, hold, ctx.timer_seq)
+    return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
+                      tuple(dead), tuple(fresh) if exactly_once else (), expired)
+
+
+def codec_of(comp: Computation) -> Codec:
+    """The computation's state / production codec (looked up once per codec)."""
+    codec = _CODECS.get((comp.codec, comp.allow_pickle))
+    if codec is None:
+        codec = _CODECS[(comp.codec, comp.allow_pickle)] = get_codec(comp.codec, allow_pickle=comp.allow_pickle)
+    return codec
+
+
+class Ran(NamedTuple):
+    """What user code did for one key in one batch (steps 1-3 of :func:`run_key`)."""
+
+    fresh: list[str]  # ids of the records run, in order (dead-lettered ones included: never retried)
+    duplicates: int
+    late: int
+    dead_letters: list[tuple[Record, str]]
+    timers_fired: int
+
+
+def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *, seen: set[str] | None,
+                  input_watermark_ms: int | None, now_ms: int, fire_timers: bool = True) -> Ran:
+    """Steps 1-3 for one key (see :class:`UserCode`, which runs the keys of a batch)."""
+    return Ran(*UserCode(comp, input_watermark_ms=input_watermark_ms, now_ms=now_ms,
+                         fire_timers=fire_timers).run(ctx, records, seen))
+
+
+class UserCode:
+    """Steps 1-3 for the keys of one batch: ``process_record`` on a key's ``records`` (already in
+    event-time order) whose id is not in ``seen`` (None: no dedup; the ids run are added to it),
+    or one ``process_records`` call with them, then the key's due timers in timestamp order. The
+    one implementation of user-code semantics: ``run_key`` and the image path's column-wise key
+    loop (``_imagekeys``) both use it. Built once per batch: what does not change per key is
+    looked up here, not for each of the batch's keys."""
+
+    def __init__(self, comp: Computation, *, input_watermark_ms: int | None, now_ms: int,
+                 fire_timers: bool = True) -> None:
+        self.comp = comp
+        self.batch = comp.batches_records()
+        self.dead_letter = comp.error_policy is ErrorPolicy.DEAD_LETTER
+        self.wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
+        self.now_ms = now_ms
+        self.fire_timers = fire_timers
+        self._timer_id = f"timer:{comp.name}:"
+
+    def run(self, ctx: Context, records: Sequence[Record],
+            seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
+        """(ids run, duplicates, late, dead letters, timers fired): the fields of :class:`Ran`."""
+        comp = self.comp
+        dups = late = 0
+        dead: list[tuple[Record, str]] = []
+        fresh: list[str]
+        if self.batch:
+            fresh, dups, late, dead = self._run_batch(ctx, records, seen)
+        elif seen is None and not self.dead_letter:
+            # no dedup, and any user error fails the batch: the loop does only what user code needs
+            process = comp.process_record
+            r: Record | None = None
+            try:
+                for r in records:
+                    ctx.cause = r  # names what is processed: production ids derive from it
+                    process(ctx, r)
+            except Exception as exc:  # noqa: BLE001 - user code
+                assert r is not None
+                raise UserCodeError(comp.name, ctx.key, f"record {r.record_id!r} (event time {r.timestamp_ms})",
+                                    exc) from exc
+            fresh = list(map(_RECORD_ID, records))
+            late = sum(map(_LATE, records))
+        else:
+            fresh, dups, late, dead = self._run_each(ctx, records, seen)
+        seq = ctx.timer_seq
+        if seq is None:  # a new key (no row): its firings are numbered from its first record
+            seq = ctx.timer_seq = first_timer_seq(fresh[0] if fresh else ctx.key)
+        if not (self.fire_timers and ctx.has_timers):
+            return fresh, dups, late, dead, 0
+        fired = 0
+        wm, now = self.wm, self.now_ms
+        for _ in range(MAX_TIMER_ROUNDS):
+            t = ctx.pop_due_timer(wm, now)
+            if t is None:
+                break
+            # numbered by the key's firing counter: the same timer firing again (re-set at the same
+            # time after it fired) produces under new ids; a replayed batch numbers as the first did
+            ctx.cause = TimerCause(
+                f"{self._timer_id}{ctx.key}:{_DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}:{seq}", t.time_ms)
+            seq += 1
+            ctx.timer_seq = seq
+            try:
+                comp.process_timer(ctx, t)
+            except Exception as exc:  # noqa: BLE001 - user code
+                raise UserCodeError(comp.name, ctx.key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})",
+                                    exc) from exc
+            fired += 1
+            if not ctx.has_timers:  # the usual end: nothing left that could be due
+                break
+        return fresh, dups, late, dead, fired
+
+    def _run_each(self, ctx: Context, records: Sequence[Record],
+                  seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
+        """``process_record`` per record, with dedup and / or the dead-letter policy."""
+        comp = self.comp
+        process = comp.process_record
+        fresh: list[str] = []
+        dead: list[tuple[Record, str]] = []
+        dups = late = 0
+        for r in records:
+            rid = r.record_id
+            if seen is not None:
+                if rid in seen:
+                    dups += 1
+                    continue
+                seen.add(rid)
+            fresh.append(rid)
+            if r.late:
+                late += 1
+            ctx.cause = r
+            try:
+                process(ctx, r)
+            except Exception as exc:  # noqa: BLE001 - user code
+                if self.dead_letter:
+                    ctx.drop_productions_of(r)  # drop what this record produced
+                    dead.append((r, f"{type(exc).__name__}: {exc}"))
+                    continue
+                raise UserCodeError(comp.name, ctx.key, f"record {rid!r} (event time {r.timestamp_ms})",
+                                    exc) from exc
+        return fresh, dups, late, dead
+
+    def _run_batch(self, ctx: Context, records: Sequence[Record],
+                   seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
+        """``process_records``: one call with the key's new records (none: no call)."""
+        comp = self.comp
+        dups = 0
+        if seen is None:
+            todo = records if isinstance(records, list) else list(records)
+        else:
+            todo = []
+            for r in records:
+                rid = r.record_id
+                if rid in seen:
+                    dups += 1
+                    continue
+                seen.add(rid)
+                todo.append(r)
+        if not todo:
+            return [], dups, 0, []
+        first, last = todo[0], todo[-1]
+        # taken before the call: user code may change its list
+        fresh = list(map(_RECORD_ID, todo))
+        late = sum(map(_LATE, todo))
+        given = tuple(todo) if self.dead_letter else ()
+        produced = ctx.productions
+        before = len(produced)
+        # ids from the first record (prefixed with the computation, as a record's), time from the last
+        ctx.cause = TimerCause(f"{comp.name}:{first.record_id}", last.timestamp_ms)
+        try:
+            comp.process_records(ctx, todo)
+        except Exception as exc:  # noqa: BLE001 - user code
+            what = (f"{len(todo)} records {first.record_id!r}..{last.record_id!r} "
+                    f"(event time {first.timestamp_ms}..{last.timestamp_ms})")
+            if not self.dead_letter:
+                raise UserCodeError(comp.name, ctx.key, what, exc) from exc
+            del produced[before:]  # drop what the call produced
+            err = f"{type(exc).__name__}: {exc} (process_records over {what})"
+            return fresh, dups, late, [(r, err) for r in given]
+        return fresh, dups, late, []
+
+
+_RECORD_ID = attrgetter("record_id")
+_LATE = attrgetter("late")
+_CODECS: dict[tuple[str, bool], Codec] = {}
+_NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
+
+
+def first_timer_seq(record_id: str) -> int:
+    """The first timer firing number of a new row: a 40-bit hash of the id of the record that
+    created it, shifted left 23 bits (room for 8 million firings per row life). A key whose row
+    was deleted (nothing left but ids, and those expired) and that comes back starts a new
+    range, so its firings do not repeat the production ids of its earlier life (two lives of one
+    key colliding needs the same hash of their first records' ids, ~1e-12).
+
+    >>> first_timer_seq("r1") == first_timer_seq("r1") != first_timer_seq("r2")
+    True
+    """
+    digest = hashlib.blake2b(record_id.encode("utf-8", "surrogatepass"), digest_size=5).digest()
+    return int.from_bytes(digest, "big") << 23
+
+
+def _order(r: Record) -> tuple[int, str]:
+    return (r.timestamp_ms, r.record_id)

@@ -1,0 +1,481 @@
+"""The scenario harness: script a keyed stream, run a windowed computation, get its panes.
+
+A scenario (``SCENARIO_FORMAT.md`` in the shared docs; seconds) lists elements,
+watermark advances and processing-time advances in arrival order. The
+harness turns it into a :func:`~deltawheel.executor.windowing.windowed.windowed`
+computation and drives the real per-key runner,
+:func:`~deltawheel.executor.tasks.keyrun.run_key`, exactly as the executor does:
+
+* an element: ``run_key`` for its key with that one record, at the current
+  watermark and processing time;
+* a watermark or processing-time step: ``run_key`` with no records for every
+  key whose row holds a due timer (event-time timers before the new
+  watermark, processing-time timers at or before the new time);
+* after the last step the watermark moves to
+  :data:`~deltawheel.executor.windowing.windows.END_OF_INPUT_MS` (+inf).
+
+Rows go to and come from a :class:`Backend` (:class:`MemoryBackend`: a dict;
+the Delta store behind the same protocol); the productions of each run are
+delivered at once (the row's ``pending`` is cleared, as the executor does
+after delivery). Panes and dropped elements come back in the format's output
+shape (seconds, ``after_step``).
+
+Example::
+
+    out = run_scenario(Path("tests/scenarios/s102_default_perfect.json"))
+    assert_panes_equal(out, json.loads(path.read_text())["expected"])
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.rowtable.rows import KeyRow
+
+from ..computation import Record
+from ..tasks.keyrun import run_key
+from .panes import AccumulationMode
+from .triggers import (
+    AfterAll,
+    AfterAny,
+    AfterCount,
+    AfterEach,
+    AfterProcessingTime,
+    AfterWatermark,
+    Always,
+    Never,
+    OrFinally,
+    Repeatedly,
+    Trigger,
+    default_trigger,
+)
+from .windowed import WindowedComputation, dropped_stream, windowed
+from .windows import (
+    END_OF_INPUT_MS,
+    FixedWindows,
+    GlobalWindows,
+    Sessions,
+    SlidingWindows,
+    WindowFn,
+    WindowingError,
+)
+
+__all__ = ["Backend", "MemoryBackend", "DeltaBackend", "Scenario", "load_scenario", "run_scenario",
+           "assert_panes_equal", "PANE_FIELDS", "window_fn_from_spec", "trigger_from_spec"]
+
+_MS = 1000
+PANE_FIELDS = ("window_start", "window_end", "value", "timing", "pane_index", "is_first", "is_last", "retraction")
+_COMPUTATION = "scenario"
+_OUTPUT = "panes"
+
+
+class Backend(Protocol):
+    """Where the harness keeps key rows between runs."""
+
+    def load(self, computation: str, key: str) -> KeyRow | None:
+        """The stored row of ``key`` (None if it has none)."""
+        ...
+
+    def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
+        """Store ``rows`` and delete the rows of the keys ``deletes``, atomically."""
+        ...
+
+    def keys(self, computation: str) -> list[str]:
+        """Keys of ``computation`` that have a row."""
+        ...
+
+
+class MemoryBackend:
+    """Rows in a dict (fast; for tests and the ``memory`` backend)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], KeyRow] = {}
+
+    def load(self, computation: str, key: str) -> KeyRow | None:
+        """The stored row of ``key`` (None if it has none)."""
+        return self.rows.get((computation, key))
+
+    def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
+        """Store ``rows`` and delete the rows of ``deletes`` (keys of any computation)."""
+        for row in rows:
+            self.rows[(row.computation, row.key)] = row
+        for key in deletes:
+            for ck in [ck for ck in self.rows if ck[1] == key]:
+                del self.rows[ck]
+
+    def keys(self, computation: str) -> list[str]:
+        """Keys of ``computation`` that have a row, sorted."""
+        return sorted(k for c, k in self.rows if c == computation)
+
+
+class DeltaBackend:
+    """The Delta rows table behind :class:`Backend`: one fenced commit per scenario step.
+
+    Each step begins with a read of the scenario computation's rows from Delta
+    (the table is the truth), and everything the step changed is committed in
+    one fenced transaction at its end, exactly as an executor batch would.
+
+    Args:
+        spark: a session with Delta (``build_spark``).
+        layout: a store; migrated here if needed.
+    """
+
+    def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
+        from deltawheel import migrations
+        from deltawheel.statestore.rowtable.store import RowStore
+
+        migrations.apply(spark, layout, dry_run=False)
+        self._store = RowStore(spark, layout, writer="scenario")
+        self._seq = {0: sequencer}
+        self._store.fence(_COMPUTATION, self._seq)
+        self._rows: dict[str, KeyRow] = {}
+        self._puts: dict[str, KeyRow] = {}
+        self._dels: set[str] = set()
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        """Read the scenario computation's rows from the Delta table (the step's starting point)."""
+        self._rows = {r.key: r for r in self._store.scan_intervals(_COMPUTATION, [0])}
+
+    def end_step(self) -> None:
+        """Commit what the step changed in one fenced transaction (nothing if it changed nothing)."""
+        if self._puts or self._dels:
+            self._store.commit(_COMPUTATION, list(self._puts.values()), sequencers=self._seq,
+                               deletes=[(0, k) for k in sorted(self._dels)])
+        self._puts.clear()
+        self._dels.clear()
+
+    def load(self, computation: str, key: str) -> KeyRow | None:
+        """The row of ``key`` as of this step (the scenario has one computation)."""
+        return self._rows.get(key)
+
+    def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
+        """Buffer ``rows`` and the deletes of ``deletes`` for the step's commit."""
+        for row in rows:
+            self._rows[row.key] = row
+            self._puts[row.key] = row
+            self._dels.discard(row.key)
+        for key in deletes:
+            if self._rows.pop(key, None) is not None:
+                self._dels.add(key)
+            self._puts.pop(key, None)
+
+    def keys(self, computation: str) -> list[str]:
+        """Keys with a row as of this step, sorted."""
+        return sorted(self._rows)
+
+
+def _spec_ms(spec: Mapping[str, Any], field: str, unit_ms: int, default: float | None = None) -> int:
+    value = spec.get(field, default)
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise WindowingError(f"windowing {spec.get('type')!r} needs a number {field!r}, got {value!r}")
+    return round(value * unit_ms)
+
+
+def window_fn_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> WindowFn:
+    """Build a window function from its scenario description (times in ``unit_ms`` units).
+
+    Raises:
+        WindowingError: unknown type or missing/invalid field.
+    """
+    kind = spec.get("type")
+    if kind == "global":
+        return GlobalWindows()
+    if kind == "fixed":
+        return FixedWindows(_spec_ms(spec, "size", unit_ms), _spec_ms(spec, "offset", unit_ms, 0))
+    if kind == "sliding":
+        return SlidingWindows(_spec_ms(spec, "size", unit_ms), _spec_ms(spec, "period", unit_ms),
+                              _spec_ms(spec, "offset", unit_ms, 0))
+    if kind == "sessions":
+        return Sessions(_spec_ms(spec, "gap", unit_ms))
+    raise WindowingError(f"unknown windowing type {kind!r}; use global, fixed, sliding or sessions")
+
+
+def trigger_from_spec(spec: Mapping[str, Any], *, unit_ms: int = 1000) -> Trigger:
+    """Build a trigger tree from its scenario description (delays in ``unit_ms`` units).
+
+    Raises:
+        WindowingError: unknown type or missing/invalid field.
+    """
+    if not isinstance(spec, Mapping):
+        raise WindowingError(f"a trigger must be an object with a 'type', got {spec!r}")
+    kind = spec.get("type")
+
+    def sub(name: str) -> Trigger:
+        if name not in spec:
+            raise WindowingError(f"trigger {kind!r} needs {name!r}")
+        return trigger_from_spec(spec[name], unit_ms=unit_ms)
+
+    def subs() -> tuple[Trigger, ...]:
+        items = spec.get("triggers")
+        if not isinstance(items, Sequence) or not items:
+            raise WindowingError(f"trigger {kind!r} needs a non-empty list 'triggers'")
+        return tuple(trigger_from_spec(t, unit_ms=unit_ms) for t in items)
+
+    if kind == "default":
+        return default_trigger()
+    if kind == "after_watermark":
+        return AfterWatermark(early=sub("early") if "early" in spec else None,
+                              late=sub("late") if "late" in spec else None)
+    if kind == "after_count":
+        return AfterCount(int(spec.get("count", 0)))
+    if kind == "after_processing_time":
+        if not isinstance(spec.get("delay"), (int, float)):
+            raise WindowingError("trigger 'after_processing_time' needs a number 'delay'")
+        return AfterProcessingTime(round(spec["delay"] * unit_ms))
+    if kind == "repeatedly":
+        return Repeatedly(sub("trigger"))
+    if kind == "after_any":
+        return AfterAny(subs())
+    if kind == "after_all":
+        return AfterAll(subs())
+    if kind == "after_each":
+        return AfterEach(subs())
+    if kind == "or_finally":
+        return OrFinally(sub("trigger"), sub("finally"))
+    if kind == "always":
+        return Always()
+    if kind == "never":
+        return Never()
+    raise WindowingError(f"unknown trigger type {kind!r}")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A parsed scenario: its computation and its steps (ms)."""
+
+    name: str
+    computation: WindowedComputation
+    steps: tuple[Mapping[str, Any], ...]
+
+
+def _ms(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise WindowingError(f"scenario {what} must be a number of seconds, got {value!r}")
+    return round(value * _MS)
+
+
+def load_scenario(scenario: Mapping[str, Any] | Path | str) -> Scenario:
+    """Parse a scenario (a dict, or a JSON file path) into a :class:`Scenario`.
+
+    Raises:
+        WindowingError: malformed scenario (unknown types, bad steps, watermark going back).
+    """
+    if isinstance(scenario, (Path, str)):
+        scenario = json.loads(Path(scenario).read_text())
+    assert isinstance(scenario, Mapping)
+    for field in ("windowing", "steps"):
+        if field not in scenario:
+            raise WindowingError(f"scenario {scenario.get('name')!r} has no {field!r}")
+    comp = windowed(
+        name=_COMPUTATION, inputs={"elements": "key"}, output=_OUTPUT,
+        windowing=window_fn_from_spec(scenario["windowing"], unit_ms=_MS),
+        trigger=trigger_from_spec(scenario.get("trigger", {"type": "default"}), unit_ms=_MS),
+        allowed_lateness_ms=_ms(scenario.get("allowed_lateness", 0), "allowed_lateness"),
+        accumulation=AccumulationMode.parse(scenario.get("accumulation_mode", "discarding")),
+        combine=scenario.get("combine", "sum"), num_intervals=1)
+    wm: int | None = None
+    now: int | None = None
+    for i, step in enumerate(scenario["steps"]):
+        kinds = [k for k in ("key", "watermark", "processing_time") if k in step]
+        if len(kinds) != 1:
+            raise WindowingError(f"step {i} must be exactly one of element, watermark, processing_time: {step}")
+        if "watermark" in step:
+            t = _ms(step["watermark"], f"step {i} watermark")
+            if wm is not None and t <= wm:
+                raise WindowingError(f"step {i}: watermark {step['watermark']} does not increase")
+            wm = t
+        elif "processing_time" in step:
+            t = _ms(step["processing_time"], f"step {i} processing_time")
+            if t < 0 or (now is not None and t <= now):
+                raise WindowingError(f"step {i}: processing time {step['processing_time']} does not increase")
+            now = t
+        else:
+            _ms(step.get("event_time"), f"step {i} event_time")
+    return Scenario(str(scenario.get("name", "")), comp, tuple(scenario["steps"]))
+
+
+def _sec(ms: int | None) -> int | float | None:
+    if ms is None:
+        return None
+    return ms // _MS if ms % _MS == 0 else ms / _MS
+
+
+class _Runner:
+    def __init__(self, comp: WindowedComputation, backend: Backend) -> None:
+        self.comp = comp
+        self.backend = backend
+        self.codec = get_codec("json")
+        self.wm: int | None = None
+        self.now = 0
+        self.panes: list[dict[str, Any]] = []
+        self.dropped: list[dict[str, Any]] = []
+
+    def run(self, key: str, records: list[Record], step: int) -> None:
+        row = self.backend.load(self.comp.name, key)
+        out = run_key(self.comp, key=key, interval=0, row=row, records=records,
+                      input_watermark_ms=self.wm, now_ms=self.now)
+        for p in out.productions:
+            value = self.codec.decode(p.value)
+            if p.stream == dropped_stream(_OUTPUT):
+                self.dropped.append({"step": step, "key": value["key"], "value": value["value"],
+                                     "event_time": _sec(value["event_time"]),
+                                     "window_start": _sec(value["window_start"]),
+                                     "window_end": _sec(value["window_end"]), "reason": value["reason"]})
+            else:
+                pane = dict(value)
+                pane["window_start"] = _sec(pane["window_start"])
+                pane["window_end"] = _sec(pane["window_end"])
+                pane["after_step"] = step
+                self.panes.append(pane)
+        new = out.row.with_(pending=()) if out.row is not None else None  # delivered
+        if new is None or (new.state is None and not new.timers and not new.record_ids):
+            self.backend.save([], [key])
+        else:
+            self.backend.save([new], [])
+
+    def due_keys(self) -> list[str]:
+        out = []
+        for key in self.backend.keys(self.comp.name):
+            row = self.backend.load(self.comp.name, key)
+            if row is None:
+                continue
+            ev, pt = row.next_event_timer_ms, row.next_processing_timer_ms
+            if (ev is not None and self.wm is not None and ev < self.wm) or (pt is not None and pt <= self.now):
+                out.append(key)
+        return out
+
+
+def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Backend = "memory") -> dict[str, Any]:
+    """Run a scenario through the per-key runner; return ``{"panes": [...], "dropped": [...]}``.
+
+    Args:
+        scenario: the scenario dict or the path of its JSON file.
+        backend: ``"memory"``, ``"delta"`` (not wired yet) or a :class:`Backend`.
+
+    Raises:
+        WindowingError: malformed scenario or unknown backend.
+    """
+    sc = load_scenario(scenario)
+    if backend == "memory":
+        store: Backend = MemoryBackend()
+    elif backend == "delta":
+        import tempfile
+
+        from deltawheel.statestore.delta.sparkenv import build_spark
+        from deltawheel.statestore.layout import StoreLayout
+
+        store = DeltaBackend(build_spark(), StoreLayout(tempfile.mkdtemp(prefix="dw-scenario-")))
+    elif isinstance(backend, str):
+        raise WindowingError(f"unknown backend {backend!r}; use memory or delta")
+    else:
+        store = backend
+    r = _Runner(sc.computation, store)
+    begin = getattr(store, "begin_step", lambda: None)
+    end = getattr(store, "end_step", lambda: None)
+    for i, step in enumerate(sc.steps):
+        begin()
+        _apply_step(r, sc, i, step)
+        end()
+    begin()
+    r.wm = END_OF_INPUT_MS
+    for key in r.due_keys():
+        r.run(key, [], len(sc.steps))
+    end()
+    panes = sorted(r.panes, key=lambda p: p["key"])  # stable: emission order within a key
+    return {"panes": panes, "dropped": r.dropped}
+
+
+def _apply_step(r: _Runner, sc: Scenario, i: int, step: Mapping[str, Any]) -> None:
+    if "key" in step:
+        key = str(step["key"])
+        rec = Record(key=key, value=step["value"], timestamp_ms=_ms(step["event_time"], "event_time"),
+                     record_id=f"step-{i}", stream="elements")
+        r.run(key, [rec], i)
+        return
+    if "watermark" in step:
+        r.wm = _ms(step["watermark"], "watermark")
+    else:
+        r.now = _ms(step["processing_time"], "processing_time")
+    for key in r.due_keys():
+        r.run(key, [], i)
+
+
+def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """Compare two outputs by SCENARIO_FORMAT.md's rule; raise AssertionError naming the difference.
+
+    Per key and window the pane sequences must be equal on :data:`PANE_FIELDS`
+    (and on ``after_step`` where the expected pane has one); panes of different
+    windows may interleave. Dropped entries must be equal as a multiset.
+    """
+    def by_window(panes: list[Mapping[str, Any]], steps: bool) -> dict[tuple[Any, ...], list[tuple[Any, ...]]]:
+        out: dict[tuple[Any, ...], list[tuple[Any, ...]]] = defaultdict(list)
+        for p in panes:
+            fields = tuple(p.get(f, False if f == "retraction" else None) for f in PANE_FIELDS)
+            out[(p["key"], p["window_start"], p["window_end"])].append(
+                fields + ((p.get("after_step"),) if steps else ()))
+        return dict(out)
+
+    steps = all("after_step" in p for p in expected.get("panes", []))
+    got, want = by_window(list(actual.get("panes", [])), steps), by_window(list(expected.get("panes", [])), steps)
+    for w in sorted(set(got) | set(want), key=repr):
+        if got.get(w) != want.get(w):
+            names = PANE_FIELDS + (("after_step",) if steps else ())
+            raise AssertionError(
+                f"panes of key {w[0]!r} window [{w[1]}, {w[2]}) differ ({', '.join(names)}):\n"
+                f"  expected {want.get(w)}\n  actual   {got.get(w)}")
+
+    def norm(d: list[Mapping[str, Any]]) -> list[str]:
+        return sorted(json.dumps(x, sort_keys=True) for x in d)
+
+    if norm(list(actual.get("dropped", []))) != norm(list(expected.get("dropped", []))):
+        raise AssertionError(f"dropped differ:\n  expected {expected.get('dropped')}\n  actual   {actual.get('dropped')}")
+
+
+class _Namespaced:
+    """One scenario's view of a shared backend: its keys live under ``prefix``."""
+
+    def __init__(self, shared: Backend, prefix: str) -> None:
+        self.shared = shared
+        self.prefix = prefix
+
+    def load(self, computation: str, key: str) -> KeyRow | None:
+        row = self.shared.load(computation, self.prefix + key)
+        return None if row is None else row.with_(key=key)
+
+    def save(self, rows: list[KeyRow], deletes: list[str]) -> None:
+        self.shared.save([r.with_(key=self.prefix + r.key) for r in rows], [self.prefix + k for k in deletes])
+
+    def keys(self, computation: str) -> list[str]:
+        n = len(self.prefix)
+        return [k[n:] for k in self.shared.keys(computation) if k.startswith(self.prefix)]
+
+
+def run_scenarios_lockstep(scenarios: Sequence[Mapping[str, Any] | Path | str], *,
+                           backend: Backend) -> list[dict[str, Any]]:
+    """Run several scenarios against one backend in lockstep: step i of every scenario, then one
+    ``end_step`` (one fenced commit on the Delta backend) for all of them.
+
+    Scenarios are independent (keys are namespaced per scenario), so each result equals what
+    :func:`run_scenario` gives alone; this only saves commits when replaying many on Delta.
+    """
+    scs = [load_scenario(s) for s in scenarios]
+    runners = [_Runner(sc.computation, _Namespaced(backend, f"s{i:03d}/")) for i, sc in enumerate(scs)]
+    begin = getattr(backend, "begin_step", lambda: None)
+    end = getattr(backend, "end_step", lambda: None)
+    for i in range(max(len(sc.steps) for sc in scs) + 1):
+        begin()
+        for r, sc in zip(runners, scs, strict=True):
+            if i < len(sc.steps):
+                _apply_step(r, sc, i, sc.steps[i])
+            elif i == len(sc.steps):
+                r.wm = END_OF_INPUT_MS
+                for key in r.due_keys():
+                    r.run(key, [], len(sc.steps))
+        end()
+    return [{"panes": sorted(r.panes, key=lambda p: p["key"]), "dropped": r.dropped} for r in runners]

@@ -1,0 +1,328 @@
+"""The Dataflow model on the core API: :class:`WindowedComputation` and :func:`windowed`.
+
+A windowed computation is an ordinary :class:`~deltawheel.executor.computation.Computation`:
+everything it keeps lives in the key's JSON state and its timers, so it has
+the executor's exactly-once guarantees, and window GC is visible in the rows
+table (a collected window's entry and timers are gone from the key's row).
+
+Example::
+
+    counts = windowed(name="team_scores", inputs={"scores": "team"}, output="panes",
+                      windowing=FixedWindows(120_000),
+                      trigger=AfterWatermark(early=AfterProcessingTime(60_000), late=AfterCount(1)),
+                      allowed_lateness_ms=60_000, accumulation="accumulating",
+                      combine="sum", value=lambda v: v["score"])
+
+Panes go to ``output`` as dicts (:meth:`~deltawheel.executor.windowing.panes.Pane.to_dict`,
+times in ms) with the production timestamp = the window end (the pane
+output-timestamp rule: *end of window*). Dropped elements go to
+``<output>_dropped`` as ``{key, value, event_time, window_start, window_end,
+reason}`` with reason ``too_late`` (at arrival, watermark >= end + allowed
+lateness) or ``window_closed`` (the window's trigger finished).
+
+JSON state layout (version ``v``)::
+
+    {"v": 1, "w": {"<start>,<end>": {      # "*" for the global window
+        "a": <accumulator>,               # absent = combine.create()
+        "n": <elements since the last pane>,
+        "i": <panes emitted so far>,
+        "e": 1,                           # the watermark passed the end (ON_TIME evaluation done)
+        "l": <last emitted value>,        # accumulating_and_retracting only
+        "r": [["<wid>", <value>], ...],   # merged-away sessions' panes still to retract
+        "t": [{...}, ...],                # trigger node states, pre-order (see triggers.py)
+        "x": 1                            # closed: the trigger finished; kept until GC
+    }}}
+
+Timers per window: event time ``w:<wid>`` at ``end - 1`` (fires when the
+watermark reaches ``end``), then at ``end + allowed_lateness - 1`` (GC);
+processing time ``p:<wid>`` at the earliest pending processing-time target
+of the trigger.
+
+Semantics (SCENARIO_FORMAT.md; Beam Java where the model leaves a choice):
+
+* Triggers are evaluated after every element (for each window it went to),
+  and on the window's timers.
+* A pane's timing is EARLY while the watermark is before the window end;
+  ON_TIME for the pane emitted by the window's first evaluation with the
+  watermark at or past the end (only for windows that existed before the
+  watermark passed their end); LATE otherwise (late elements, processing-time
+  firings after the end, expiry after the on-time evaluation).
+* A pane is emitted when the trigger fires and the pane has elements since
+  the previous pane; the ON_TIME pane is emitted even when empty.
+* When the watermark passes end + allowed lateness the window expires:
+  buffered data gets a final pane (``is_last``) unless the trigger fires it
+  anyway, then the window's state and timers are removed. ``is_last`` is also
+  set on the pane with which the trigger finishes.
+* A finished trigger closes the window; its later elements are dropped
+  (``window_closed``) until the window's GC. Closed windows do not merge.
+* A session merge creates the merged window with a new pane sequence (index
+  0); accumulators merge with ``CombineFn.merge``; in retracting mode the
+  merged-away sessions' last panes are retracted immediately before the
+  merged session's next pane. A new session falling inside a live session is
+  absorbed by it (no merge, the pane sequence goes on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, cast
+
+from deltawheel.statestore.rowtable.rows import TimeDomain, Timer
+
+from ..computation import Computation, KeyExtractor, Record
+from ..context import Context
+from .combiners import CombineFn, combine_fn_from_spec, negate
+from .panes import AccumulationMode, Pane, PaneInfo, Timing
+from .triggers import Trigger, TriggerContext, default_trigger
+from .windows import Window, WindowFn, WindowingError
+
+__all__ = ["STATE_VERSION", "WindowingStrategy", "WindowedComputation", "windowed", "dropped_stream"]
+
+STATE_VERSION = 1
+_EVENT, _PROC, _ELEMENT = "event", "processing", "element"
+
+
+@dataclass(frozen=True)
+class WindowingStrategy:
+    """Where (window fn), when (trigger, allowed lateness), how (accumulation) and what (combine)."""
+
+    window_fn: WindowFn
+    trigger: Trigger
+    combine: CombineFn
+    allowed_lateness_ms: int = 0
+    accumulation: AccumulationMode = AccumulationMode.DISCARDING
+
+    def __post_init__(self) -> None:
+        if self.allowed_lateness_ms < 0:
+            raise WindowingError(f"allowed lateness must be >= 0 ms, got {self.allowed_lateness_ms}")
+
+
+def dropped_stream(output: str) -> str:
+    """The stream that receives the dropped elements of a windowed computation writing ``output``."""
+    return f"{output}_dropped"
+
+
+class WindowedComputation(Computation):
+    """Windows, triggers, allowed lateness, accumulation and combining on per-key state and timers.
+
+    Build one with :func:`windowed` (which sets the class attributes ``name``,
+    ``inputs`` and ``outputs``).
+    """
+
+    output: str = "panes"
+    event_time_timers = True  # window ends and allowed lateness are event-time timers
+
+    def __init__(self, strategy: WindowingStrategy, *, value: Callable[[Any], Any] | None = None) -> None:
+        self.strategy = strategy
+        self._value = value
+
+    # ------------------------------------------------------------- callbacks
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        """Add the record to every window it falls in (merging sessions) and evaluate their triggers.
+
+        A record behind the allowed lateness, or for a closed window, is produced to the dropped
+        stream with the reason.
+        """
+        st = self._load(ctx)
+        s = self.strategy
+        wm = ctx.input_watermark_ms
+        value = self._value(record.value) if self._value is not None else record.value
+        touched: list[str] = []
+        for proto in s.window_fn.assign(record.timestamp_ms):
+            if wm is not None and wm >= proto.end_ms + s.allowed_lateness_ms:
+                self._drop(ctx, record, value, proto, "too_late")
+                continue
+            ws = st.get(proto.wid)
+            if ws is not None and ws.get("x"):
+                self._drop(ctx, record, value, proto, "window_closed")
+                continue
+            wid = self._merge_into(ctx, st, proto) if s.window_fn.merging else proto.wid
+            if wid not in st:
+                st[wid] = self._new_window(Window.from_wid(wid), wm)
+            ws = st[wid]
+            ws["a"] = s.combine.add(ws["a"] if "a" in ws else s.combine.create(), value)
+            ws["n"] = ws.get("n", 0) + 1
+            s.trigger.on_element(self._tc(ctx, wid, ws), 0)
+            if wid not in touched:
+                touched.append(wid)
+        for wid in touched:
+            self._evaluate(ctx, st, wid, _ELEMENT)
+        self._save(ctx, st)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        """A window's event-time or processing-time timer: evaluate its trigger."""
+        st = self._load(ctx)
+        wid = timer.tag[2:]
+        if wid in st:
+            self._evaluate(ctx, st, wid, _EVENT if timer.domain is TimeDomain.EVENT_TIME else _PROC)
+        self._save(ctx, st)
+
+    # ----------------------------------------------------------------- state
+
+    @staticmethod
+    def _load(ctx: Context) -> dict[str, dict[str, Any]]:
+        state = ctx.state
+        if state is None:
+            return {}
+        if state.get("v") != STATE_VERSION:
+            raise WindowingError(
+                f"{ctx.computation}: window state of key {ctx.key!r} has version {state.get('v')!r}, "
+                f"this code reads version {STATE_VERSION}; migrate the state or run matching code")
+        return dict(state["w"])
+
+    @staticmethod
+    def _save(ctx: Context, st: dict[str, dict[str, Any]]) -> None:
+        ctx.state = {"v": STATE_VERSION, "w": st} if st else None
+
+    def _new_window(self, w: Window, wm: int | None) -> dict[str, Any]:
+        ws: dict[str, Any] = {"t": self.strategy.trigger.initial_state()}
+        if wm is not None and wm >= w.end_ms:
+            ws["e"] = 1
+        return ws
+
+    def _tc(self, ctx: Context, wid: str, ws: dict[str, Any]) -> TriggerContext:
+        return TriggerContext(ws["t"], ctx.input_watermark_ms, ctx.now_ms, Window.from_wid(wid).end_ms)
+
+    # --------------------------------------------------------------- merging
+
+    def _merge_into(self, ctx: Context, st: dict[str, dict[str, Any]], proto: Window) -> str:
+        """Merge ``proto`` with the key's live windows; return the id of the window holding it."""
+        live = [Window.from_wid(wid) for wid, ws in st.items() if not ws.get("x")]
+        target = proto.wid
+        for merged, sources in self.strategy.window_fn.merge(live + [proto]):
+            stored = [w for w in sources if w.wid in st]
+            if proto in sources:
+                target = merged.wid
+            if stored == [merged]:
+                continue  # absorbed by an existing window: not a merge
+            self._merge_windows(ctx, st, merged, stored)
+        return target
+
+    def _merge_windows(self, ctx: Context, st: dict[str, dict[str, Any]], merged: Window,
+                       sources: list[Window]) -> None:
+        s = self.strategy
+        olds = [st.pop(w.wid) for w in sources]
+        for w in sources:
+            self._delete_timers(ctx, w.wid)
+        ws = self._new_window(merged, ctx.input_watermark_ms)
+        ws["a"] = s.combine.merge([o["a"] if "a" in o else s.combine.create() for o in olds])
+        n = sum(o.get("n", 0) for o in olds)
+        if n:
+            ws["n"] = n
+        if s.accumulation is AccumulationMode.ACCUMULATING_AND_RETRACTING:
+            retract = [r for o in olds for r in o.get("r", [])]
+            retract += [[w.wid, o["l"]] for w, o in zip(sources, olds, strict=True) if "l" in o]
+            if retract:
+                ws["r"] = retract
+        tc = self._tc(ctx, merged.wid, ws)
+        tc.merging = [o["t"] for o in olds]
+        s.trigger.on_merge(tc, 0)
+        st[merged.wid] = ws
+        self._schedule(ctx, merged.wid, ws)
+
+    # ------------------------------------------------------ firing and GC
+
+    def _evaluate(self, ctx: Context, st: dict[str, dict[str, Any]], wid: str, cause: str) -> None:
+        s = self.strategy
+        ws = st[wid]
+        w = Window.from_wid(wid)
+        wm = ctx.input_watermark_ms
+        eow = wm is not None and wm >= w.end_ms
+        expired = wm is not None and wm >= w.end_ms + s.allowed_lateness_ms
+        if not ws.get("x"):
+            timing = Timing.EARLY if not eow else Timing.LATE if ws.get("e") else Timing.ON_TIME
+            tc = self._tc(ctx, wid, ws)
+            finished = False
+            if s.trigger.should_fire(tc, 0):
+                s.trigger.on_fire(tc, 0)
+                finished = s.trigger.is_finished(tc, 0)
+                self._emit(ctx, wid, ws, timing, is_last=finished or expired)
+            elif expired:
+                self._emit(ctx, wid, ws, timing, is_last=True)
+            if eow:
+                ws["e"] = 1
+            if finished and not expired:
+                st[wid] = ws = {"x": 1}
+        if expired:
+            del st[wid]
+            self._delete_timers(ctx, wid)
+            return
+        self._schedule(ctx, wid, ws)
+
+    def _emit(self, ctx: Context, wid: str, ws: dict[str, Any], timing: Timing, *, is_last: bool) -> None:
+        s = self.strategy
+        if not ws.get("n") and timing is not Timing.ON_TIME:
+            return
+        value = s.combine.extract(ws["a"] if "a" in ws else s.combine.create())
+        index = ws.get("i", 0)
+        info = PaneInfo(timing, index, index == 0, is_last)
+        window = Window.from_wid(wid)
+        if s.accumulation is AccumulationMode.ACCUMULATING_AND_RETRACTING:
+            for rwid, rvalue in ws.pop("r", []):
+                self._produce(ctx, Pane(ctx.key, Window.from_wid(rwid), negate(rvalue), info, True))
+            if "l" in ws:
+                self._produce(ctx, Pane(ctx.key, window, negate(ws["l"]), info, True))
+            ws["l"] = value
+        self._produce(ctx, Pane(ctx.key, window, value, info))
+        ws["i"] = index + 1
+        ws.pop("n", None)
+        if s.accumulation is AccumulationMode.DISCARDING:
+            ws.pop("a", None)
+
+    def _produce(self, ctx: Context, pane: Pane) -> None:
+        ctx.produce(self.output, pane.to_dict(), timestamp_ms=pane.window.end_ms)
+
+    def _drop(self, ctx: Context, record: Record, value: Any, w: Window, reason: str) -> None:
+        ctx.produce(dropped_stream(self.output), {
+            "key": ctx.key, "value": value, "event_time": record.timestamp_ms,
+            "window_start": None if w.is_global else w.start_ms,
+            "window_end": None if w.is_global else w.end_ms, "reason": reason})
+
+    def _schedule(self, ctx: Context, wid: str, ws: dict[str, Any]) -> None:
+        w = Window.from_wid(wid)
+        done = ws.get("x") or ws.get("e")
+        ctx.set_timer(f"w:{wid}", (w.end_ms + self.strategy.allowed_lateness_ms if done else w.end_ms) - 1)
+        targets = [int(n["t"]) for n in ws.get("t", ()) if "t" in n and not n.get("f") and n["t"] > ctx.now_ms]
+        if targets and not ws.get("x"):
+            ctx.set_timer(f"p:{wid}", min(targets), domain=TimeDomain.PROCESSING_TIME)
+        else:
+            ctx.delete_timer(f"p:{wid}", domain=TimeDomain.PROCESSING_TIME)
+
+    @staticmethod
+    def _delete_timers(ctx: Context, wid: str) -> None:
+        ctx.delete_timer(f"w:{wid}")
+        ctx.delete_timer(f"p:{wid}", domain=TimeDomain.PROCESSING_TIME)
+
+
+def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, windowing: WindowFn,
+             trigger: Trigger | None = None, allowed_lateness_ms: int = 0,
+             accumulation: AccumulationMode | str = AccumulationMode.DISCARDING,
+             combine: CombineFn | str = "sum", value: Callable[[Any], Any] | None = None,
+             num_intervals: int = 4) -> WindowedComputation:
+    """A windowed computation named ``name`` reading ``inputs`` and writing panes to ``output``.
+
+    Args:
+        name: computation name (a SQL identifier).
+        inputs: input stream -> key extractor, as :attr:`Computation.inputs`.
+        output: the pane stream; dropped elements go to ``dropped_stream(output)``.
+        windowing: the window function.
+        trigger: the trigger tree (default: :func:`~deltawheel.executor.windowing.triggers.default_trigger`).
+        allowed_lateness_ms: how long after its end a window keeps accepting data.
+        accumulation: discarding, accumulating or accumulating_and_retracting.
+        combine: a built-in combiner name (sum, count, min, max, mean) or a CombineFn.
+        value: maps a record value to the combiner's input (default: the value itself).
+        num_intervals: key intervals of the computation.
+
+    Raises:
+        ConfigError: invalid names; WindowingError: invalid strategy.
+    """
+    strategy = WindowingStrategy(window_fn=windowing, trigger=trigger or default_trigger(),
+                                 combine=combine_fn_from_spec(combine), allowed_lateness_ms=allowed_lateness_ms,
+                                 accumulation=AccumulationMode.parse(accumulation))
+    cls = type(f"Windowed_{name}", (WindowedComputation,), {
+        "name": name, "inputs": dict(inputs), "outputs": (output, dropped_stream(output)),
+        "output": output, "num_intervals": num_intervals, "codec": "json"})
+    comp = cast("type[WindowedComputation]", cls)
+    comp.validate()
+    return comp(strategy, value=value)

@@ -1,0 +1,124 @@
+"""Damage to a store's Delta logs, found before a writer starts instead of after.
+
+Delta takes a table's newest JSON commit as its version: a deleted newest commit
+silently rolls the table back (the next commit reuses the number, and the state the
+lost commit held is gone for good), a truncated one fails deep inside a read. So
+before an executor takes its leases it checks, for a local store:
+
+- every table's log: the JSON commits after the newest checkpoint are contiguous
+  and parse; no checksum file (``<v>.crc``, written by Delta with each commit) and
+  no ``_last_checkpoint`` names a version past the newest commit;
+- the rows table against what was delivered: a strong delivery records, per
+  producing interval, the rows commit whose productions it carries
+  (``SetTransaction`` app id ``deltawheel.<computation>.<interval>``); a stream
+  recording a version the rows table does not have means that commit was lost.
+
+Any of these raises :class:`StoreDamagedError` naming the table, the file or the
+versions, and what to do (docs/store-damage.md). Remote stores are not checked
+here (Delta reads their logs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from ..exceptions import StoreDamagedError
+from ..layout import StoreLayout
+from ..writepath.streams import list_streams
+from .log import DAMAGE_DOC, damaged_entry, local_path, read_local
+
+__all__ = ["check_log", "check_store"]
+
+_VERSIONED = re.compile(r"^(\d{20})\.(json|crc|checkpoint\..*)$")
+_DOC = DAMAGE_DOC
+
+
+def check_log(path: str, *, table: str) -> int | None:
+    """Check the log of the local Delta table at ``path`` (named ``table`` in messages); return
+    its newest version (None: remote, or no log).
+
+    Raises:
+        StoreDamagedError: a commit is missing (a gap, or a checksum / ``_last_checkpoint``
+            past the newest commit) or does not parse.
+    """
+    root = local_path(path)
+    if root is None:
+        return None
+    log = os.path.join(root, "_delta_log")
+    try:
+        names = os.listdir(log)
+    except FileNotFoundError:
+        return None
+    jsons: list[int] = []
+    crcs: list[int] = []
+    cps: list[int] = []
+    for n in names:
+        m = _VERSIONED.match(n)
+        if m:
+            {"json": jsons, "crc": crcs}.get(m.group(2), cps).append(int(m.group(1)))
+    if not jsons and not cps:
+        return None
+    jsons.sort()
+    cp = max(cps, default=-1)
+    newest = max(jsons[-1] if jsons else -1, cp)
+    marked = max(crcs, default=-1)
+    try:
+        with open(os.path.join(log, "_last_checkpoint"), encoding="utf-8") as fh:
+            marked = max(marked, int(json.load(fh)["version"]))
+    except FileNotFoundError:
+        pass
+    except (ValueError, KeyError, TypeError) as exc:
+        raise damaged_entry(os.path.join(log, "_last_checkpoint"), exc) from exc
+    if marked > newest:
+        raise StoreDamagedError(
+            f"the {table} table ({path}) is damaged: its log ends at version {newest}, but Delta's own files "
+            f"show commit {marked} was made (expected at least version {marked}, found {newest}): "
+            f"{marked:020d}.json is missing from {log}. Nothing was written. Restore the missing commit(s) "
+            f"from a backup of the store before running anything on it ({_DOC})")
+    after = [v for v in jsons if v > cp]
+    missing = sorted(set(range(cp + 1, newest + 1)) - set(after))
+    if missing:
+        raise StoreDamagedError(
+            f"the {table} table ({path}) is damaged: commit(s) {missing} are missing from {log} between "
+            f"version {cp} and {newest}. Nothing was written. Restore them from a backup of the store ({_DOC})")
+    for v in after:
+        file = os.path.join(log, f"{v:020d}.json")
+        with open(file, encoding="utf-8") as fh:
+            text = fh.read()
+        try:
+            for line in text.splitlines():
+                if line.strip():
+                    json.loads(line)
+        except ValueError as exc:
+            raise damaged_entry(file, exc) from exc
+    return newest
+
+
+def check_store(layout: StoreLayout) -> None:
+    """Check the logs of the rows table and of every stream table of a local store, and that
+    no stream records a delivery of a rows commit the rows table does not have.
+
+    Raises:
+        StoreDamagedError: see :func:`check_log`, or the rows table is behind a delivery.
+    """
+    if not layout.is_local:
+        return
+    rows = check_log(layout.rows, table="rows")
+    if rows is None:
+        return
+    for stream in list_streams(None, layout):
+        path = layout.stream(stream)
+        if check_log(path, table=f"stream {stream!r}") is None:
+            continue
+        snap = read_local(path)
+        ahead = {app: v for app, v in (snap.txns.items() if snap else ()) if app.startswith("deltawheel.") and v > rows}
+        if ahead:
+            app, v = max(ahead.items(), key=lambda kv: kv[1])
+            raise StoreDamagedError(
+                f"the rows table ({layout.rows}) is behind what was delivered: stream {stream!r} records the "
+                f"productions of rows commit {v} (delivery {app}), but the rows table ends at version {rows} "
+                f"(expected at least version {v}, found {rows}): commit(s) of the rows table were lost and the "
+                f"state they held with them. Nothing was written. Restore {rows + 1:020d}.json .. "
+                f"{v:020d}.json into {layout.rows}/_delta_log from a backup of the store ({_DOC})")

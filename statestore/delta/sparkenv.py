@@ -1,0 +1,255 @@
+"""Building a SparkSession with Delta Lake, in one place.
+
+Delta's jars are not inside the ``delta-spark`` wheel. :func:`ensure_delta_jars`
+downloads the pinned jars once from Maven Central into a cache folder (falling
+back to ``mvn dependency:copy``), and :func:`build_spark` passes them with
+``spark.jars``, so session start never resolves dependencies over the network.
+Nothing else in deltawheel creates a session: everything takes ``spark`` as a
+parameter.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from ..exceptions import JarFetchError
+
+__all__ = ["DELTA_JARS", "DELTA_VERSION", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark",
+           "default_jars_dir"]
+
+MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
+
+DELTA_VERSION = "4.4.0"
+# (group, artifact, version) of the jars delta-spark 4.4.0 needs on Spark 4.2 / Scala 2.13 that
+# pyspark does not ship: the runtime dependencies that delta-spark_4.2_2.13's POM declares
+# (Spark's own jars, Scala and antlr come with pyspark). The kernel and Unity Catalog jars serve
+# Delta's catalog-managed tables and its Kernel-based reader; deltawheel's path-based tables do not
+# load them, but they are the declared set. docs/versions.md says why this pair.
+DELTA_JARS: tuple[tuple[str, str, str], ...] = (
+    ("io.delta", "delta-spark_4.2_2.13", DELTA_VERSION),
+    ("io.delta", "delta-storage", DELTA_VERSION),
+    ("io.delta", "delta-kernel-api", DELTA_VERSION),
+    ("io.delta", "delta-kernel-defaults", DELTA_VERSION),
+    ("io.delta", "delta-kernel-unitycatalog", DELTA_VERSION),
+    ("io.unitycatalog", "unitycatalog-client", "0.6.0"),
+    ("io.unitycatalog", "unitycatalog-hadoop", "0.6.0"),
+)
+
+
+def default_jars_dir() -> Path:
+    """Where the Delta jars are cached: ``$DELTAWHEEL_JARS_DIR`` or ``~/.cache/deltawheel/jars``."""
+    env = os.environ.get("DELTAWHEEL_JARS_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "deltawheel" / "jars"
+
+
+def _jar_name(artifact: str, version: str) -> str:
+    return f"{artifact}-{version}.jar"
+
+
+def _download(url: str, dest: Path) -> None:
+    with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310 (fixed https URL)
+        data = resp.read()
+    with urllib.request.urlopen(url + ".sha1", timeout=60) as resp:  # noqa: S310
+        want = resp.read().decode().split()[0].strip()
+    got = hashlib.sha1(data).hexdigest()  # noqa: S324 (Maven's checksum format)
+    if got != want:
+        raise JarFetchError(f"checksum mismatch for {url}: got {got}, Maven Central says {want}")
+    tmp = dest.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+
+
+def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarFetchError("mvn is not installed")
+    subprocess.run(
+        [mvn, "-q", "dependency:copy", f"-Dartifact={group}:{artifact}:{version}",
+         f"-DoutputDirectory={dest_dir}"],
+        check=True, capture_output=True, timeout=600,
+    )
+
+
+def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
+    """Return the paths of the Delta jars, downloading any that are missing.
+
+    Raises:
+        JarFetchError: neither Maven Central nor ``mvn`` could provide a jar.
+    """
+    jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
+    jars_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for group, artifact, version in DELTA_JARS:
+        dest = jars_dir / _jar_name(artifact, version)
+        if not dest.exists():
+            url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{dest.name}"
+            if not quiet:
+                print(f"deltawheel: fetching {dest.name} from Maven Central", file=sys.stderr)
+            try:
+                _download(url, dest)
+            except Exception as first:  # noqa: BLE001 - fall back to mvn, report both
+                try:
+                    _mvn_copy(group, artifact, version, jars_dir)
+                except Exception as second:  # noqa: BLE001
+                    raise JarFetchError(
+                        f"could not fetch {dest.name}: download from {url} failed ({first}); "
+                        f"mvn dependency:copy failed ({second}). Put the jar into {jars_dir} by hand "
+                        "or set DELTAWHEEL_JARS_DIR to a folder that has it."
+                    ) from second
+        paths.append(dest)
+    return paths
+
+
+LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
+_LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
+
+
+def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The jar of deltawheel's Delta log store for local paths, compiled once from its source.
+
+    ``ExclusiveLocalLogStore.java`` (beside this file) makes each commit file with a hard link, so two
+    processes can never both commit one version of a table (Delta's local stores check,
+    then rename, under a lock of one JVM only). Compiled with ``javac`` against the
+    ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the digest of the source
+    and of the Delta and Spark versions it was compiled against. Returns None (with a warning) when
+    no ``javac`` is installed.
+    """
+    import zipfile
+
+    jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
+    jars_dir.mkdir(parents=True, exist_ok=True)
+    import pyspark
+
+    # a jar compiled against other Delta or Spark jars is not reused, even if it would still link
+    digest = hashlib.sha256(_LOG_STORE_SOURCE.read_bytes())
+    digest.update(f"delta-storage {DELTA_VERSION} pyspark {pyspark.__version__}".encode())
+    dest = jars_dir / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
+    if dest.exists():
+        return dest
+    javac = shutil.which("javac")
+    if javac is None:
+        print("deltawheel: WARNING: no javac, so Delta's own log store is used for local tables "
+              "(its put-if-absent of commit files holds within one JVM only)", file=sys.stderr)
+        return None
+    storage = next(p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith("delta-storage-"))
+    cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
+    if not quiet:
+        print(f"deltawheel: compiling {_LOG_STORE_SOURCE.name}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(_LOG_STORE_SOURCE)],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise JarFetchError(f"javac could not compile {_LOG_STORE_SOURCE}: {done.stderr.strip()[-2000:]}")
+        tmp = dest.with_suffix(".part")
+        with zipfile.ZipFile(tmp, "w") as z:
+            for f in sorted(Path(out).rglob("*.class")):
+                z.write(f, f.relative_to(out).as_posix())
+        tmp.replace(dest)
+    return dest
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """How to build the session. ``master`` is e.g. ``local[2]`` or a cluster URL."""
+
+    master: str = "local[2]"
+    app_name: str = "deltawheel"
+    shuffle_partitions: int = 2
+    driver_memory: str = "2g"
+    log_level: str = "ERROR"
+    hive_support: bool = False
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+# Spark 4.2 moved the checkpoint file managers to ...streaming.checkpointing (the old name fails every
+# streaming query with CANNOT_LOAD_CHECKPOINT_FILE_MANAGER)
+CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+DAEMON_MODULE = "deltawheel.executor.tasks.daemon"
+
+
+def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
+    """Create (or return the running) SparkSession with Delta Lake configured."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    jars = ensure_delta_jars(jars_dir)
+    store_jar = ensure_log_store_jar(jars_dir)
+    if store_jar is not None:
+        jars.append(store_jar)
+    warehouse = Path(tempfile.gettempdir()) / f"deltawheel-warehouse-{os.getpid()}"
+    builder = (
+        SparkSession.builder.master(settings.master)
+        .appName(settings.app_name)
+        .config("spark.jars", ",".join(str(j) for j in jars))
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.driver.memory", settings.driver_memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        # Delta's checksum (.crc) file per commit stays on: deltatxn commits as WRITE, so Delta
+        # derives it in memory (no Spark job, ~25 ms to write), and a table loaded from disk
+        # takes it from the file instead of rebuilding the table state at its first commit in
+        # a session (6 s on a cold session for the demo's rows table). No file list inside it:
+        # when any of the session, JVM or system time zones is not UTC, Delta (4.0 to 4.4) verifies
+        # that list against a full state reconstruction at every commit. Re-checked on Delta 4.4.0 /
+        # Spark 4.2.0 with the session time zone Europe/Berlin: 2,390 ms per commit with the list,
+        # 105 ms without (docs/performance.md, "Delta commit cost").
+        .config("spark.databricks.delta.allFilesInCrc.enabled", "false")
+        # VACUUM lists the table folder in this many tasks (default 10,000: 30-90 s per VACUUM
+        # of even an empty table on 2 cores, which made the GC pass take minutes). Re-checked on
+        # Delta 4.4.0 / Spark 4.2.0: VACUUM of a small table 66.5 s with the default, 7.5 s with 8
+        # (docs/performance.md, "Commit files and streaming checkpoint files")
+        .config("spark.sql.sources.parallelPartitionDiscovery.parallelism",
+                str(max(8, settings.shuffle_partitions)))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        # streaming checkpoint files (offsets, commits, the file source's log) through Hadoop's
+        # FileSystem API: Spark still picks the FileContext-based manager for local paths, which
+        # cost ~0.1 s per file on Spark 4.0 (per trigger of a benchmark query: offset log
+        # 115 -> 26 ms, commit log 123 -> 23 ms, source listing 145 -> 30 ms); re-checked on Spark
+        # 4.2.0: 26 ms vs 59 ms per file (create, close, list; docs/performance.md, "Commit files
+        # and streaming checkpoint files"). Exactly-once does not rest on these files' atomicity: a replayed
+        # batch is deduplicated and a second writer is fenced (docs/fencing.md)
+        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+        # Python workers forked with pyarrow, numpy and the task modules already imported: a
+        # worker idle for a minute is killed, and a fresh one paid ~0.5 s of imports on its
+        # first task (executor/tasks/daemon.py; docs/performance.md, "Python worker start")
+        .config("spark.python.daemon.module", DAEMON_MODULE)
+    )
+    if store_jar is not None:  # commits to local tables: put-if-absent across processes
+        builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
+    if settings.hive_support:
+        builder = builder.config("spark.sql.catalogImplementation", "hive").config(
+            "spark.hadoop.javax.jdo.option.ConnectionURL",
+            f"jdbc:derby:memory:deltawheel-{os.getpid()};create=true",
+        )
+    for k, v in settings.extra.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(settings.log_level)
+    # deltawheel creates no managed tables: the (empty) warehouse folder goes with the process
+    atexit.register(_remove_if_empty, warehouse)
+    return spark
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:  # not there, or a user put tables in it: leave it
+        pass

@@ -1,0 +1,446 @@
+"""SQL over a store: decoded temporary views, query formatting, one-key inspection.
+
+:func:`register_views` defines these temporary views on a session:
+
+``rows``
+    the rows table without the fence rows.
+``state``
+    one row per key, decoded: computation, interval, key, codec, state_json,
+    next_event_timer, next_processing_timer (TIMESTAMP), n_timers,
+    n_record_ids, n_pending, watermark_hold (TIMESTAMP), sequencer,
+    commit_id, updated (TIMESTAMP).
+``timers``
+    one row per timer: computation, key, tag, domain, fire_time (TIMESTAMP), time_ms.
+``pending_productions``
+    one row per checkpointed, undelivered production: computation, key,
+    production_id, stream, out_key, value_json, timestamp (TIMESTAMP).
+``fences``
+    the fence row of each interval: computation, interval, sequencer, commit_id.
+``dead_letters``, ``late_data``
+    those tables as they are.
+``<stream>`` and ``<stream>_decoded``
+    each stream table, and the same with a ``value_json`` column.
+
+Values are decoded by the SQL function ``dw_decode(codec, data)``, a Python
+UDF returning JSON text (bytes inside msgpack values become
+``{"$bytes_b64": "..."}``). Pickled values are shown as ``<pickle: N bytes>``
+unless ``allow_pickle=True``; undecodable ones as ``<undecodable CODEC: N bytes>``.
+
+The views are defined by SQL text, so each query reads the tables' latest
+Delta version (a long-running ``sql-server`` sees new commits).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as dt
+import decimal
+import io
+import json
+import threading
+from typing import Any, Callable, Sequence
+
+from ..codecs import get_codec
+from ..exceptions import CodecError, ConfigError, FatalError
+from ..layout import StoreLayout
+from ..rowtable.rows import FENCE_KEY, KeyRow
+from ..writepath.streams import BUILTIN_VIEWS, list_streams
+from .jvm import gateway, jsession, jvm
+from .sqltext import sql_path, sql_str
+
+__all__ = [
+    "FORMATS",
+    "decode_value",
+    "decode_json_text",
+    "register_views",
+    "run_sql",
+    "format_rows",
+    "inspect_key",
+    "ReadOnlySqlError",
+    "check_read_only",
+    "read_only_session",
+]
+
+FORMATS = ("table", "csv", "json")
+_MAX_CELL = 60
+
+
+# --- decoding -----------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with bytes, tuples, sets and odd keys made JSON-friendly."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$bytes_b64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def _decode(codec: str, data: bytes, *, allow_pickle: bool) -> tuple[bool, Any]:
+    """(True, JSON-friendly value) or (False, a ``<...>`` placeholder string)."""
+    if codec == "pickle" and not allow_pickle:
+        return False, f"<pickle: {len(data)} bytes>"
+    try:
+        return True, _jsonable(get_codec(codec, allow_pickle=allow_pickle).decode(data))
+    except CodecError:
+        return False, f"<undecodable {codec}: {len(data)} bytes>"
+
+
+def decode_value(codec: str, data: bytes | None, *, allow_pickle: bool = False) -> Any:
+    """Decode ``data`` for display: a JSON-friendly value, or a ``<...>`` placeholder string.
+
+    Never raises: this feeds views and ``inspect``, which must show bad rows too.
+
+    >>> decode_value("json", b'{"n": 1}')
+    {'n': 1}
+    >>> decode_value("pickle", b"12345")
+    '<pickle: 5 bytes>'
+    """
+    if data is None:
+        return None
+    return _decode(codec, bytes(data), allow_pickle=allow_pickle)[1]
+
+
+def decode_json_text(codec: str, data: bytes | None, *, allow_pickle: bool = False) -> str | None:
+    """Like :func:`decode_value` but as JSON text (placeholders stay plain, non-JSON text).
+
+    >>> decode_json_text("json", b'{"b":2,"a":1}')
+    '{"a": 1, "b": 2}'
+    """
+    if data is None:
+        return None
+    ok, value = _decode(codec, bytes(data), allow_pickle=allow_pickle)
+    return json.dumps(value, sort_keys=True, ensure_ascii=False) if ok else str(value)
+
+
+# --- views --------------------------------------------------------------------
+
+
+def _is_delta(spark: Any, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, path))
+
+
+def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = False) -> list[str]:
+    """Register the store's temporary views (and the ``dw_decode`` UDF) on ``spark``.
+
+    Tables that don't exist yet (no rows table, no dead letters) get no view.
+
+    Returns:
+        The names of the views registered, built-in ones first, then streams.
+
+    Raises:
+        ConfigError: a stream table is named like a built-in view.
+    """
+    streams = list_streams(spark, layout)
+    taken = {v.lower() for v in BUILTIN_VIEWS}
+    for name in streams:
+        for view in (name, f"{name}_decoded"):
+            if view.lower() in taken:
+                raise ConfigError(
+                    f"stream table {layout.stream(name)} would define the view {view!r}, which is "
+                    "already taken by a built-in view or another stream; rename the stream"
+                )
+            taken.add(view.lower())
+
+    def _decode(codec: str | None, data: bytes | None) -> str | None:
+        return decode_json_text(codec or "json", data, allow_pickle=allow_pickle)
+
+    spark.udf.register("dw_decode", _decode, "string")
+
+    views: list[str] = []
+
+    def define(name: str, select: str) -> None:
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{name}` AS {select}")
+        views.append(name)
+
+    fence = sql_str(FENCE_KEY)
+    if _is_delta(spark, layout.rows):
+        raw = sql_path(layout.rows)
+        define("rows", f"SELECT * FROM {raw} WHERE key <> {fence}")
+        define("state", (
+            "SELECT computation, `interval`, key, codec, dw_decode(codec, state) AS state_json, "
+            "timestamp_millis(next_event_timer_ms) AS next_event_timer, "
+            "timestamp_millis(next_processing_timer_ms) AS next_processing_timer, "
+            "coalesce(size(timers), 0) AS n_timers, coalesce(size(record_ids), 0) AS n_record_ids, "
+            "coalesce(size(pending), 0) AS n_pending, "
+            "timestamp_millis(watermark_hold_ms) AS watermark_hold, sequencer, commit_id, "
+            "timestamp_millis(updated_ms) AS updated FROM rows"
+        ))
+        define("timers", (
+            "SELECT computation, key, t.tag, t.domain, timestamp_millis(t.time_ms) AS fire_time, "
+            "t.time_ms FROM rows LATERAL VIEW explode(timers) tt AS t"
+        ))
+        define("pending_productions", (
+            "SELECT computation, key, p.production_id, p.stream, p.key AS out_key, "
+            "dw_decode(p.codec, p.value) AS value_json, "
+            "timestamp_millis(p.timestamp_ms) AS `timestamp` "
+            "FROM rows LATERAL VIEW explode(pending) pp AS p"
+        ))
+        define("fences", (
+            f"SELECT computation, `interval`, sequencer, commit_id FROM {raw} WHERE key = {fence}"
+        ))
+    for name, path in (("dead_letters", layout.dead_letters), ("late_data", layout.late_data)):
+        if _is_delta(spark, path):
+            define(name, f"SELECT * FROM {sql_path(path)}")
+    for name in streams:
+        define(name, f"SELECT * FROM {sql_path(layout.stream(name))}")
+        define(f"{name}_decoded", f"SELECT *, dw_decode(codec, value) AS value_json FROM `{name}`")
+    return views
+
+
+# --- formatting ---------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """A query result value as something ``json.dumps`` accepts."""
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if hasattr(value, "asDict"):
+        return {k: _plain(v) for k, v in value.asDict(recursive=False).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _text(value: Any, *, null: str) -> str:
+    if value is None:
+        return null
+    if isinstance(value, dt.datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float, decimal.Decimal, dt.date)):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return json.dumps(_plain(value), ensure_ascii=False, sort_keys=True)
+
+
+def _cut(s: str) -> str:
+    s = s.replace("\n", "\\n")
+    return s if len(s) <= _MAX_CELL else s[: _MAX_CELL - 3] + "..."
+
+
+def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: str = "table",
+                truncated: bool = False) -> str:
+    """Format query results.
+
+    Args:
+        columns: column names.
+        rows: the rows (tuples or ``pyspark.sql.Row``).
+        fmt: ``table`` (aligned, for people: long cells cut to 60 characters,
+            NULL shown as ``NULL``, ``(N rows)`` footer), ``csv`` (header line,
+            RFC 4180 quoting, NULL as an empty field, timestamps ISO 8601,
+            binary base64) or ``json`` (JSON Lines: one object per row, no
+            enclosing array, so output can be streamed and cut).
+        truncated: add a note to the ``table`` footer that more rows exist.
+
+    Raises:
+        ConfigError: unknown ``fmt``.
+    """
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([_text(v, null="") for v in r])
+        return buf.getvalue()
+    if fmt == "json":
+        return "".join(
+            json.dumps({c: _plain(v) for c, v in zip(columns, r, strict=True)}, ensure_ascii=False) + "\n"
+            for r in rows
+        )
+    if fmt != "table":
+        raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    cells = [[_cut(_text(v, null="NULL")) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    numeric = [bool(rows) and all(isinstance(r[i], (int, float, decimal.Decimal)) and
+                                  not isinstance(r[i], bool) for r in rows if r[i] is not None)
+               for i in range(len(columns))]
+
+    def line(vals: Sequence[str]) -> str:
+        return " | ".join(v.rjust(w) if num else v.ljust(w)
+                          for v, w, num in zip(vals, widths, numeric, strict=True)).rstrip()
+
+    out = [line(list(columns)), "-+-".join("-" * w for w in widths)]
+    out += [line(r) for r in cells]
+    n = len(rows)
+    footer = f"({n} row{'s' if n != 1 else ''}"
+    footer += "; more rows exist, raise --max-rows)" if truncated else ")"
+    return "\n".join(out + [footer]) + "\n"
+
+
+class ReadOnlySqlError(FatalError):
+    """A statement given to the read-only SQL tool would change something (a table, a view, a setting)."""
+
+
+# commands that only read: SHOW ..., DESCRIBE ... (Spark's and Delta's: DESCRIBE HISTORY / DETAIL), EXPLAIN
+_READ_COMMAND_PREFIXES = ("Show", "Describe")
+# (USE: the current namespace only; JDBC clients send it when they connect)
+_READ_COMMANDS = frozenset({"ExplainCommand", "SetCatalogAndNamespace", "SetNamespaceCommand"})
+# plan nodes that write without being a ``Command`` (statements resolved later: INSERT, RESTORE, ...)
+_WRITE_MARKS = ("Insert", "Statement", "Restore", "Write", "Merge", "Update", "Delete", "Overwrite")
+
+
+def check_read_only(spark: Any, query: str) -> None:
+    """Refuse ``query`` unless it only reads: a query (SELECT, WITH ... SELECT, VALUES, TABLE) or a
+    SHOW, DESCRIBE or EXPLAIN command. Decided on the plan Spark's own parser makes of it (the
+    session's parser, with Delta's statements), not on its text: comments, a CTE in front of an
+    INSERT, odd spacing or case change nothing.
+
+    Raises:
+        ReadOnlySqlError: the statement would write (UPDATE, DELETE, MERGE, INSERT, CREATE, DROP,
+            ALTER, OPTIMIZE, VACUUM, RESTORE, SET, CACHE, ...).
+        pyspark.errors.ParseException: not one valid statement (several ``;``-separated ones included).
+    """
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import convert_exception
+
+    try:
+        plan = jsession(spark).sessionState().sqlParser().parsePlan(query)
+    except Py4JJavaError as exc:
+        raise convert_exception(exc.java_exception) from None
+    _check_plan(jvm(spark), plan)
+
+
+def _check_plan(jvm: Any, plan: Any) -> None:
+    """Raise :class:`ReadOnlySqlError` unless the (parsed or analysed) logical ``plan`` only reads."""
+    command = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
+    to_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
+    root = plan.getClass().getSimpleName()
+    if command.isInstance(plan):
+        if root in _READ_COMMANDS or root.startswith(_READ_COMMAND_PREFIXES):
+            return
+        _refuse(root)
+    todo = [plan]
+    while todo:
+        node = todo.pop()
+        name = node.getClass().getSimpleName()
+        if command.isInstance(node) or any(m in name for m in _WRITE_MARKS):
+            _refuse(name)
+        todo.extend(to_java(node.children()))
+
+
+def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
+    """A new session of ``spark``'s application whose every statement is checked, once analysed,
+    as :func:`check_read_only` checks a parsed one (an analysis check rule, run in this Python
+    process through py4j's callback server): what a JDBC client of ``sql-server`` sends too.
+    ``prepare(session)`` runs first, unchecked (it defines the views)."""
+    from pyspark.java_gateway import ensure_callback_server_started
+    from pyspark.sql import SparkSession
+
+    ensure_callback_server_started(gateway(spark))
+    armed = threading.Event()
+    driver_jvm = jvm(spark)
+
+    class _Check:
+        def apply(self, plan: Any) -> None:
+            if armed.is_set():
+                _check_plan(driver_jvm, plan)
+
+        class Java:
+            implements = ["scala.Function1"]
+
+    class _Rule:
+        def apply(self, _session: Any) -> Any:
+            return _Check()
+
+        class Java:
+            implements = ["scala.Function1"]
+
+    # a new session builds its analyser from the application's extensions, this rule included
+    jspark = jsession(spark)
+    jspark.extensions().injectCheckRule(_Rule())
+    session = SparkSession(spark.sparkContext, jspark.newSession())
+    prepare(session)
+    armed.set()
+    return session
+
+
+def _refuse(plan_name: str) -> None:
+    raise ReadOnlySqlError(
+        f"the SQL tool only reads (SELECT, WITH, VALUES, TABLE, SHOW, DESCRIBE, EXPLAIN); this statement "
+        f"is a {plan_name}, which would change the store or the session: nothing was run. Changes to state go "
+        "through a fenced path only (the executor under its leases and sequencers): an unfenced write "
+        "to the rows table can clobber a running owner's commits or be clobbered by them")
+
+
+def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", max_rows: int = 1000,
+            allow_pickle: bool = False) -> str:
+    """Register the views, check ``query`` only reads (:func:`check_read_only`), run it and format
+    at most ``max_rows`` rows (see :func:`format_rows`).
+
+    Raises:
+        ReadOnlySqlError: ``query`` would change something; nothing was run.
+        ConfigError: unknown ``fmt`` or ``max_rows`` < 1, or a stream named like a built-in view.
+        pyspark.errors.AnalysisException: the query is not valid SQL or names
+            an unknown table/column (``ParseException`` is a subclass).
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if max_rows < 1:
+        raise ConfigError(f"max_rows must be at least 1, got {max_rows}")
+    register_views(spark, layout, allow_pickle=allow_pickle)
+    check_read_only(spark, query)
+    df = spark.sql(query)
+    got = df.take(max_rows + 1)
+    return format_rows(df.columns, got[:max_rows], fmt=fmt, truncated=len(got) > max_rows)
+
+
+def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
+                allow_pickle: bool = False) -> dict[str, Any] | None:
+    """Everything stored for one key, decoded into plain (JSON-ready) Python values.
+
+    Returns:
+        ``None`` if the key has no row; else a dict with computation, key,
+        interval, codec, state (decoded), timers, record_ids, pending (values
+        decoded), watermark_hold_ms, sequencer, commit_id, updated_ms and
+        format_version.
+    """
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(layout.rows).where(
+        (F.col("computation") == F.lit(computation)) & (F.col("key") == F.lit(key))
+    )
+    found = df.collect()
+    if not found:
+        return None
+    row = KeyRow.from_row(found[0])
+    return {
+        "computation": row.computation,
+        "key": row.key,
+        "interval": row.interval,
+        "codec": row.codec,
+        "state": decode_value(row.codec, row.state, allow_pickle=allow_pickle),
+        "timers": [
+            {"tag": t.tag, "domain": t.domain.value, "time_ms": t.time_ms,
+             "fire_time": dt.datetime.fromtimestamp(t.time_ms / 1000, dt.UTC).isoformat()}
+            for t in row.timers
+        ],
+        "record_ids": [{"record_id": s.record_id, "seen_ms": s.seen_ms} for s in row.record_ids],
+        "pending": [
+            {"production_id": p.production_id, "stream": p.stream, "key": p.key, "codec": p.codec,
+             "value": decode_value(p.codec, p.value, allow_pickle=allow_pickle),
+             "timestamp_ms": p.timestamp_ms}
+            for p in row.pending
+        ],
+        "watermark_hold_ms": row.watermark_hold_ms,
+        "sequencer": row.sequencer,
+        "commit_id": row.commit_id,
+        "updated_ms": row.updated_ms,
+        "format_version": row.format_version,
+    }

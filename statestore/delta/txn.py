@@ -1,0 +1,321 @@
+"""Delta transactions at the file level, through Delta's own transaction API.
+
+The executor's fast write path (``write_path="image"``) does not go through
+MERGE: Spark tasks write whole interval images (Parquet files) and the driver
+commits them here, one ``OptimisticTransaction`` per batch, built from Delta
+actions: ``remove`` the interval's previous files, ``add`` the new ones.
+Delta's conflict detection is the mediator, as with MERGE:
+
+- the transaction records a read predicate per interval partition and the
+  files it replaces; a concurrent commit that adds or removes files of those
+  partitions (a takeover's fence MERGE, another writer) makes it fail with
+  ``ConcurrentAppendException`` / ``ConcurrentDeleteDeleteException``;
+- commits that landed *before* the transaction started are not seen by that
+  check, so :meth:`TableLog.touched_since` reads the log entries after the
+  writer's last own commit and reports any that touch its partitions; the
+  writer then reloads its images (and meets the newer fence row).
+
+Delivery of productions is an append of already written files with one
+``SetTransaction`` (app id, version) per producing interval: Delta's own
+idempotence for retried appends; an app id whose version is already at or
+past the one given is skipped. (The executor records the stream as read and
+checks for a takeover once the snapshot is taken: ``writepath.image.ImagePath._deliver_strong``.)
+
+Commits go through the JVM side of Delta (py4j): the log format, checkpoints
+and conflict rules stay Delta's. Only the read of a local table's live files
+may be done in Python (``deltalog.py``), to skip a Spark job per read. Files are plain Parquet
+written with pyarrow, readable by any Delta reader.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+from urllib.parse import quote, unquote
+
+from .log import local_path, read_local
+
+__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", "local_root", "is_local", "decode_path",
+           "write_file", "partition_file_name"]
+
+
+class StaleFilesError(Exception):
+    """Someone else committed to partitions whose files a writer was about to replace."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One live data file of a table (an ``add`` action)."""
+
+    path: str  # relative to the table root, as in the log (URL-encoded)
+    partition_values: tuple[tuple[str, str], ...]
+    size: int
+    has_deletion_vector: bool
+    action_json: str
+    added_at: int | None = None  # the version of the commit that added it (None: not known)
+    added_exact: bool = False  # ``added_at`` is that version, not an upper bound (a checkpoint's)
+
+    def part(self, name: str) -> str | None:
+        return dict(self.partition_values).get(name)
+
+
+def is_local(table_path: str) -> bool:
+    """True for a plain path or a ``file:`` URI (the image path writes files with pyarrow there)."""
+    return local_path(table_path) is not None
+
+
+def local_root(table_path: str) -> str:
+    """The table's folder as a local path (``file:`` URIs stripped)."""
+    return local_path(table_path) or table_path
+
+
+# what java.net.URI leaves unquoted in a path (besides letters, digits and ``_.-~``)
+_URI_PATH_SAFE = "/!*'();:@&=+$,"
+
+
+def delta_path(rel_path: str) -> str:
+    """``rel_path`` (below the table folder) as Delta writes it in an ``add`` action: Hadoop's
+    ``new Path(rel_path).toUri().toString()``, which quotes only what a URI path cannot hold
+    (``%``, spaces, ...) and keeps ``=``, so a partition folder reads ``computation=c``.
+
+    Delta's VACUUM compares the files it lists below the table, in this form, with the live
+    files' paths; a path quoted otherwise (``computation%3Dc``, as ``urllib.parse.quote`` does)
+    names no listed file, and VACUUM deleted the live file as unreferenced. (Names of
+    computations and streams are ASCII identifiers: no character Java and Python quote
+    differently occurs in a path written here.)"""
+    return quote(rel_path, safe=_URI_PATH_SAFE)
+
+
+def new_add(rel_path: str, partition_values: Mapping[str, str], size: int, num_records: int) -> str:
+    """The JSON of an ``add`` action for a freshly written file (``rel_path`` not yet encoded;
+    the action's path is :func:`delta_path`, as Delta writes it)."""
+    return json.dumps({"add": {
+        "path": delta_path(rel_path), "partitionValues": dict(partition_values), "size": int(size),
+        "modificationTime": int(time.time() * 1000), "dataChange": True,
+        "stats": json.dumps({"numRecords": int(num_records)})}})
+
+
+def _memo(cache: dict[str, Any], key: str, make: Callable[[str], Any]) -> Any:
+    """``make(key)``, kept in ``cache`` (emptied when it passes 1,024 entries)."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) > 1024:
+            cache.clear()
+        value = cache[key] = make(key)
+    return value
+
+
+class TableLog:
+    """File-level reads and commits of one Delta table (driver side)."""
+
+    def __init__(self, spark: Any, path: str) -> None:
+        self.spark = spark
+        self.path = path
+        jvm = spark._jvm
+        self._jvm = jvm
+        self._js = spark._jsparkSession
+        self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._js, path)
+        self._cc = jvm.scala.jdk.javaapi.CollectionConverters
+        utils = jvm.org.apache.spark.util.Utils
+        self._action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
+            .getField("MODULE$").get(None)
+        self._write_op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
+        # Write's constructor grew optional parameters (4 in Delta 4.0, 7 in 4.1-4.2, 9 in 4.3-4.4),
+        # all defaulting to None, and py4j applies no Scala defaults: pad the call to its arity
+        self._write_arity = int(utils.classForName("org.apache.spark.sql.delta.DeltaOperations$Write", True, False)
+                                .getConstructors()[0].getParameterCount())
+        # JVM classes and constants resolved once: every attribute step of ``jvm.a.b.C`` and every
+        # call is a py4j round trip (a batch's commit made ~70 of them)
+        save_mode = jvm.org.apache.spark.sql.SaveMode
+        self._modes = {True: save_mode.Overwrite, False: save_mode.Append}
+        self._array_list = jvm.java.util.ArrayList
+        self._none = jvm.scala.Option.empty()
+        self._some = jvm.scala.Some
+        self._parser: Any = None
+        self._parsed: dict[str, Any] = {}  # predicate SQL -> parsed expression (immutable, reused)
+        self._actions: dict[str, Any] = {}  # action JSON -> Delta action object (see _from_json)
+
+    # ------------------------------------------------------------ reading
+
+    def _seq(self, items: Sequence[Any]) -> Any:
+        return self._cc.asScala(self._array_list(list(items))).toSeq()
+
+    def _from_json(self, action_json: str) -> Any:
+        """Delta's action object of ``action_json``; the adds of a commit are kept, since the
+        next commit of their partition removes exactly those files (actions are immutable)."""
+        return _memo(self._actions, action_json, self._action.fromJson)
+
+    def _pred(self, sql: str) -> Any:
+        if self._parser is None:
+            self._parser = self._js.sessionState().sqlParser()
+        return _memo(self._parsed, sql, self._parser.parseExpression)
+
+    def _operation(self, overwrite: bool, predicates: Sequence[str] = (), user_metadata: str | None = None) -> Any:
+        """The commit's operation: a Delta ``WRITE`` (``Append``, or ``Overwrite`` of the partitions
+        whose files it replaces, as ``replaceWhere`` records it), carrying ``user_metadata``.
+
+        Not ``ManualUpdate``: Delta derives no incremental checksum for a manual update, so after
+        each such commit it rebuilt the new snapshot's protocol and metadata with a Spark job
+        (60-120 ms per commit); a ``WRITE`` carries the checksum forward in memory (no job).
+        The user metadata rides on the operation, not on the session setting
+        ``spark.databricks.delta.commitInfo.userMetadata``: Delta reads that setting from the
+        calling thread's *active* session, which need not be this one (claims made outside a
+        streaming batch were committed without it), and a setting is shared by the threads
+        committing concurrently (a delivery thread beside a batch)."""
+        none = self._none
+        pred = self._some(" OR ".join(f"({p})" for p in predicates)) if predicates else none
+        meta = self._some(user_metadata) if user_metadata is not None else none
+        return self._write_op(self._modes[overwrite], none, pred, meta, *([none] * (self._write_arity - 4)))
+
+    def files(self, predicate_sql: str, *,
+              where: Callable[[Mapping[str, str]], bool] | None = None) -> tuple[int, list[FileEntry]]:
+        """(snapshot version, live files matching a partition predicate) — a full snapshot read.
+
+        With ``where`` (the same predicate over a file's partition values) a local table's log is
+        replayed in Python (:func:`deltalog.read_local`, no Spark job); otherwise, or when that
+        reader declines the table, Delta reads its snapshot with ``predicate_sql``."""
+        if where is not None:
+            snap = read_local(self.path)
+            if snap is not None:
+                entries = []
+                for a in snap.adds:
+                    pv = {str(k): str(v) for k, v in (a.get("partitionValues") or {}).items()}
+                    if where(pv):
+                        entries.append(FileEntry(str(a["path"]), tuple(sorted(pv.items())), int(a["size"]),
+                                                 bool(a.get("deletionVector")), json.dumps({"add": a}),
+                                                 snap.added_at.get(str(a["path"])),
+                                                 str(a["path"]) in snap.added_at and str(a["path"]) not in snap.bounded))
+                return snap.version, entries
+        txn = self._log.startTransaction()
+        adds = self._cc.asJava(txn.filterFiles(self._seq([self._pred(predicate_sql)]), False))
+        out = []
+        for a in adds:
+            pv = self._cc.asJava(a.partitionValues())
+            out.append(FileEntry(str(a.path()), tuple(sorted((str(k), str(v)) for k, v in pv.items())),
+                                 int(a.size()), a.deletionVector() is not None, str(a.json())))
+        return int(txn.snapshot().version()), out
+
+    def _touched(self, txn: Any, version: int, partitions: Iterable[Mapping[str, str]]) -> int | None:
+        """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata."""
+        wanted = {tuple(sorted(p.items())) for p in partitions}
+        upto = int(txn.snapshot().version())
+        if upto <= version:
+            return None
+        # getChanges(startVersion, catalogTable, failOnDataLoss): a path-based table has no catalog entry
+        changes = self._log.getChanges(version + 1, self._none, False)
+        while changes.hasNext():
+            pair = changes.next()
+            v = int(pair._1())
+            if v > upto:
+                break
+            for act in self._cc.asJava(pair._2()):
+                name = act.getClass().getSimpleName()
+                if name in ("Metadata", "Protocol"):
+                    return v
+                if name in ("AddFile", "RemoveFile"):
+                    pv = tuple(sorted((str(k), str(x)) for k, x in self._cc.asJava(act.partitionValues()).items()))
+                    if pv in wanted:
+                        return v
+        return None
+
+    def table_id(self) -> str:
+        """The table's Delta id (``metaData.id``, fixed when the table was created): from the
+        replayed log of a local table, else from Delta's snapshot."""
+        snap = read_local(self.path)
+        if snap is not None and snap.table_id:
+            return snap.table_id
+        return str(self._log.startTransaction().metadata().id())
+
+    def txn_version(self, app_id: str) -> int:
+        """The version last recorded for ``app_id`` (-1 if none); see :meth:`txn_versions`."""
+        return self.txn_versions([app_id])[app_id]
+
+    def txn_versions(self, app_ids: Iterable[str]) -> dict[str, int]:
+        """The version last recorded for each of ``app_ids`` (-1 if none), from one read.
+
+        A local table's log is replayed in Python; otherwise Delta reads them from the snapshot's
+        state (a state reconstruction: Spark jobs, once per snapshot). Not read inside the
+        commit's transaction: callers must not rely on Delta to detect a concurrent commit of the
+        same app id."""
+        snap = read_local(self.path)
+        if snap is not None and "delta.setTransactionRetentionDuration" not in snap.configuration:
+            return {a: snap.txns.get(a, -1) for a in app_ids}
+        txn = self._log.startTransaction()
+        return {a: int(txn.txnVersion(a)) for a in app_ids}
+
+    # ------------------------------------------------------------ writing
+
+    def commit(self, *, remove: Sequence[FileEntry] = (), add: Sequence[str] = (),
+               read_partitions: Sequence[str] = (), app_versions: Mapping[str, int] | None = None,
+               user_metadata: str | None = None,
+               untouched_since: tuple[int, Sequence[Mapping[str, str]]] | None = None,
+               check: Callable[[], None] | None = None) -> int | None:
+        """One Delta transaction: remove files, add files (``add`` action JSON), set app versions.
+
+        ``read_partitions`` are SQL predicates recorded as read: any concurrent
+        commit adding files there makes this one fail. ``untouched_since``
+        = (version, partitions): fail with :class:`StaleFilesError` if a commit
+        after ``version`` touched those partitions. ``check`` runs once the transaction has
+        taken its snapshot, before anything is committed (raise to abort): what it finds
+        absent is then either absent at the commit or committed after the snapshot, where
+        Delta's conflict check sees it. Returns the new version.
+        Raises whatever Delta raises (conflicts are translated by the caller).
+        """
+        txn = self._log.startTransaction()
+        if check is not None:
+            check()
+        if untouched_since is not None:
+            v = self._touched(txn, *untouched_since)
+            if v is not None:
+                raise StaleFilesError(f"commit {v} of {self.path} changed partitions this writer holds images of")
+        if read_partitions:
+            # (partitionOnly=True, shouldRewriteFilter=True): Delta must rewrite the parsed
+            # predicate onto ``partitionValues`` itself. Unrewritten, its conflict check (run only
+            # when another commit landed after this snapshot, in any partition) evaluated it over
+            # the winner's add actions and failed with an AnalysisException instead of either
+            # committing or raising ConcurrentAppendException (test_deltalog, "racing").
+            txn.trackReadPredicates(self._seq([self._pred(p) for p in read_partitions]), True, True)
+        now = int(time.time() * 1000)
+        actions = []
+        if remove:
+            old = [self._from_json(f.action_json) for f in remove]
+            txn.trackFilesRead(self._seq(old))
+            actions += [a.removeWithTimestamp(now, True) for a in old]
+        actions += [self._from_json(a) for a in add]
+        for app, ver in (app_versions or {}).items():
+            actions.append(self._action.fromJson(json.dumps(
+                {"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})))
+        return int(txn.commit(self._seq(actions), self._operation(bool(remove), read_partitions, user_metadata)))
+
+
+def decode_path(rel: str) -> str:
+    """A log path (URL-encoded) as a path below the table folder."""
+    return unquote(rel)
+
+
+def partition_file_name(computation: str, interval: int, tag: str) -> str:
+    """A new file's path below the rows table, in its partition's folder (Hive layout, as Spark writes)."""
+    import uuid
+
+    return f"computation={computation}/interval={interval}/part-{uuid.uuid4().hex}-{tag}.snappy.parquet"
+
+
+def write_file(table: Any, root: str, rel: str) -> int:
+    """Write ``table`` as Parquet to ``root/rel`` (a local folder); returns the file's size. The file
+    is invisible to readers until a commit adds it."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # dictionary pages only for the low-cardinality columns: on unique strings (keys, record ids)
+    # pyarrow builds a dictionary and then falls back, a third of the write time for nothing
+    names = set(table.schema.names)
+    pq.write_table(table, path, compression="snappy", use_dictionary=[c for c in _DICT_COLUMNS if c in names])
+    return os.path.getsize(path)
+
+
+_DICT_COLUMNS = ("codec", "commit_id", "stream", "producer", "computation")

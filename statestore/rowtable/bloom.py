@@ -1,0 +1,125 @@
+"""Bloom filters over the record ids a key interval has seen: the dedup fast path.
+
+A filter answers "never seen" with certainty and "maybe seen" with a small
+false-positive rate; only a "maybe" costs a storage lookup (see ``dedup.py``).
+Filters live in memory only: they are rebuilt from the rows on lease
+acquisition (``recovery.py``), never persisted, so they can never disagree
+with the table for long. :class:`IntervalBloom` serves the store-level
+``Deduplicator``; :class:`IdBloom` (vectorized) the executor's image path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+from pybloom_live import ScalableBloomFilter
+
+__all__ = ["IntervalBloom", "IdBloom"]
+
+
+class IntervalBloom:
+    """A scalable Bloom filter of record ids (grows as ids are added).
+
+    >>> b = IntervalBloom(); b.add("r1"); b.might_contain("r1"), b.might_contain("r2")
+    (True, False)
+    """
+
+    def __init__(self, ids: Iterable[str] = (), *, initial_capacity: int = 10_000, error_rate: float = 0.001) -> None:
+        self._bf = ScalableBloomFilter(initial_capacity=initial_capacity, error_rate=error_rate,
+                                       mode=ScalableBloomFilter.LARGE_SET_GROWTH)
+        self._n = 0
+        for rid in ids:
+            self.add(rid)
+
+    def add(self, record_id: str) -> None:
+        """Add ``record_id`` (counted unless the filter already seemed to hold it)."""
+        if not self._bf.add(record_id):
+            self._n += 1
+
+    def might_contain(self, record_id: str) -> bool:
+        """False: ``record_id`` was never added (certain); True: it may have been."""
+        return record_id in self._bf
+
+    def __len__(self) -> int:
+        return self._n
+
+
+class IdBloom:
+    """A fixed-size Bloom filter of record ids, added and checked many at a time (numpy).
+
+    The executor's image path keeps one per interval image in each Python worker, next to the
+    cached image (``executor/tasks/image.py``): a batch's records are checked against it first,
+    and only when one of them *might* have been seen does the task look the ids up in the
+    image's stored ids. Bit positions come from Python's ``hash`` of the id (SipHash, salted per
+    process), so a filter means something only in the process that built it: it is never
+    persisted or shipped, and a worker without one (a new process, a lease just acquired)
+    builds it from the image it loads.
+
+    Args:
+        capacity: the number of ids it is sized for (at ``error_rate``); more can be added, at a
+            growing false-positive rate (see :meth:`full`).
+        error_rate: the false-positive rate at ``capacity`` ids.
+
+    >>> b = IdBloom(100); b.add_many(["r1", "r2"])
+    >>> b.might_contain_many(["r1", "r3"]).tolist()
+    [True, False]
+    """
+
+    def __init__(self, capacity: int, *, error_rate: float = 0.01) -> None:
+        import numpy as np
+
+        n = max(int(capacity), 1)
+        m = max(64, int(math.ceil(-n * math.log(error_rate) / (math.log(2) ** 2))))
+        self.capacity = n
+        self.error_rate = error_rate
+        self.m = m
+        self.k = max(1, round(m / n * math.log(2)))
+        self.count = 0
+        self._bits = np.zeros((m + 7) // 8, dtype=np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the bit array."""
+        return int(self._bits.nbytes)
+
+    def full(self) -> bool:
+        """More ids than it was sized for (its false-positive rate is above ``error_rate``)."""
+        return self.count > self.capacity
+
+    def copy(self) -> "IdBloom":
+        """An independent copy (its own bit array)."""
+        new = object.__new__(IdBloom)
+        new.__dict__.update(self.__dict__)
+        new._bits = self._bits.copy()
+        return new
+
+    def _positions(self, ids: Sequence[str]) -> Any:
+        import numpy as np
+
+        h = np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)).view(np.uint64)
+        h1 = h & np.uint64(0xFFFFFFFF)
+        h2 = (h >> np.uint64(32)) | np.uint64(1)
+        steps = np.arange(self.k, dtype=np.uint64)
+        return (h1[:, None] + steps[None, :] * h2[:, None]) % np.uint64(self.m)  # (len(ids), k)
+
+    def add_many(self, ids: Sequence[str]) -> None:
+        """Add ``ids`` (each counts towards ``capacity``, repeats included)."""
+        import numpy as np
+
+        if not len(ids):
+            return
+        pos = self._positions(ids).ravel()
+        np.bitwise_or.at(self._bits, (pos >> np.uint64(3)).astype(np.int64),
+                         (np.uint8(1) << (pos & np.uint64(7)).astype(np.uint8)))
+        self.count += len(ids)
+
+    def might_contain_many(self, ids: Sequence[str]) -> Any:
+        """Per id: False = never added (certain); True = maybe added."""
+        import numpy as np
+
+        if not len(ids):
+            return np.zeros(0, dtype=bool)
+        pos = self._positions(ids)
+        hit = (self._bits[(pos >> np.uint64(3)).astype(np.int64)] >> (pos & np.uint64(7)).astype(np.uint8)) & 1
+        return hit.all(axis=1)

@@ -1,0 +1,227 @@
+"""The framework cache: owned rows kept in memory, evicted by next expected access.
+
+Under a single-writer lease the rows an instance committed *are* the table's
+content for its intervals: any other writer must first take the lease, which
+grants a new sequencer and fences the old one (``fencing.py``). So a copy in
+memory is authoritative while the grant it was made under is held. Every
+entry is tagged with its interval's sequencer and served only to a reader
+that still holds exactly that sequencer (``IntervalOwner.read``); after a
+takeover and a re-acquisition the sequencer differs and the entry is a miss.
+
+Eviction is window-aware (DESIGN.md, "Cache"): the cache may grow while a
+batch runs (the batch's keys are in memory anyway) and :meth:`RowCache.end_batch`
+trims it back to ``capacity`` rows, dropping the rows whose next expected
+access is furthest away, in batches from now:
+
+- an event-time timer at ``t`` is reached when the input low watermark passes
+  it: ``(t - watermark) / (watermark advance per batch)``;
+- a processing-time timer at ``t``: ``(t - now) / (time per batch)``;
+- the next record of the key: its last access plus its mean gap between
+  accesses (a key seen once has no expectation);
+
+the earliest of these counts. Rows with no expectation at all go first, least
+recently used first: with no timers and no repeats the policy is LRU.
+``policy="lru"`` ranks by last access only: the baseline the window-aware
+policy is measured against on the same trace (``deltawheel bench cache``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..exceptions import ConfigError
+from .rows import KeyRow
+
+__all__ = ["RowCache", "CacheStats", "MISS", "POLICIES"]
+
+POLICIES = ("window", "lru")
+#: What :meth:`RowCache.lookup` returns when the cache cannot answer (a cached absent row is ``None``).
+MISS: Any = type("Miss", (), {"__repr__": lambda self: "MISS"})()
+_FROM_ROW: Any = object()
+_NEVER = math.inf
+DEFAULT_ADVANCE_MS = 1_000  # event time per batch, until two batches have shown it
+_ALPHA = 0.5  # weight of the newest observation in the moving averages
+
+
+@dataclass
+class CacheStats:
+    """Counters: ``hits + misses == lookups``; ``stale`` misses found an entry of an older grant."""
+
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    stale: int = 0
+    evictions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """``hits / lookups`` (0.0 before the first lookup)."""
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+class _Entry:
+    __slots__ = ("row", "interval", "sequencer", "next_ev", "next_proc", "last", "gap", "seq")
+
+    def __init__(self, row: KeyRow | None, interval: int, sequencer: int, next_ev: int | None,
+                 next_proc: int | None, last: int, seq: int) -> None:
+        self.row = row
+        self.interval = interval
+        self.sequencer = sequencer
+        self.next_ev = next_ev
+        self.next_proc = next_proc
+        self.last = last  # batch of the last access
+        self.gap: float | None = None  # mean batches between accesses (None: accessed once)
+        self.seq = seq  # global access order (LRU, ties)
+
+
+class RowCache:
+    """Rows of one computation's owned keys (``None`` = known to have no row).
+
+    Args:
+        capacity: rows kept between batches (> 0).
+        policy: ``"window"`` (next expected access) or ``"lru"``.
+    """
+
+    def __init__(self, capacity: int, *, policy: str = "window") -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ConfigError(f"cache capacity must be a positive number of rows, got {capacity!r}")
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown cache policy {policy!r}; choose one of {list(POLICIES)}")
+        self.capacity = capacity
+        self.policy = policy
+        self.stats = CacheStats()
+        self._entries: dict[str, _Entry] = {}
+        self._complete: dict[int, int] = {}  # interval -> sequencer under which every row is cached
+        self._batch = 0
+        self._seq = 0
+        self._wm: int | None = None
+        self._now: int | None = None
+        self._advance: float | None = None  # watermark advance per batch (ms, moving average)
+        self._interval: float | None = None  # processing time per batch (ms, moving average)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    # ------------------------------------------------------------ the clock
+
+    def begin_batch(self, *, watermark_ms: int | None, now_ms: int) -> None:
+        """A new batch runs under ``watermark_ms`` (None: not known yet) at processing time ``now_ms``."""
+        self._batch += 1
+        if watermark_ms is not None and self._wm is not None and watermark_ms > self._wm:
+            self._advance = _avg(self._advance, watermark_ms - self._wm)
+        if self._now is not None and now_ms > self._now:
+            self._interval = _avg(self._interval, now_ms - self._now)
+        if watermark_ms is not None:
+            self._wm = watermark_ms if self._wm is None else max(self._wm, watermark_ms)
+        self._now = now_ms
+
+    # ------------------------------------------------------ reads and writes
+
+    def lookup(self, key: str, *, interval: int, sequencer: int) -> Any:
+        """The cached row of ``key`` (``None``: it has none) or :data:`MISS`; counts the access."""
+        st = self.stats
+        st.lookups += 1
+        e = self._entries.get(key)
+        if e is None:
+            if self._complete.get(interval) == sequencer:  # every row of the interval is here: none
+                st.hits += 1
+                return None
+            st.misses += 1
+            return MISS
+        if e.sequencer != sequencer or e.interval != interval:  # cached under another grant
+            del self._entries[key]
+            st.misses += 1
+            st.stale += 1
+            return MISS
+        st.hits += 1
+        if self._batch > e.last:
+            gap = self._batch - e.last
+            e.gap = gap if e.gap is None else _ALPHA * gap + (1 - _ALPHA) * e.gap
+            e.last = self._batch
+        self._seq += 1
+        e.seq = self._seq
+        return e.row
+
+    def put(self, key: str, row: KeyRow | None, *, interval: int, sequencer: int,
+            next_event_ms: Any = _FROM_ROW, next_processing_ms: Any = _FROM_ROW) -> None:
+        """Cache ``row`` (``None``: the key has no row) as read or committed under ``sequencer``.
+
+        The next timers come from the row unless given (a trace replay caches no rows)."""
+        ev = (row.next_event_timer_ms if row is not None else None) if next_event_ms is _FROM_ROW else next_event_ms
+        proc = ((row.next_processing_timer_ms if row is not None else None)
+                if next_processing_ms is _FROM_ROW else next_processing_ms)
+        e = self._entries.get(key)
+        if e is None or e.sequencer != sequencer:
+            self._seq += 1
+            self._entries[key] = _Entry(row, interval, sequencer, ev, proc, self._batch, self._seq)
+            return
+        e.row, e.interval, e.next_ev, e.next_proc = row, interval, ev, proc
+
+    def mark_complete(self, interval: int, sequencer: int) -> None:
+        """Every row of ``interval`` is cached (the recovery scan just put them): a key of it that
+        is not cached has no row, until an entry of the interval is evicted."""
+        self._complete[interval] = sequencer
+
+    def invalidate(self, intervals: Iterable[int] | None = None) -> int:
+        """Drop the entries of ``intervals`` (all: None), e.g. when their leases are given up or lost."""
+        if intervals is None:
+            n = len(self._entries)
+            self._entries.clear()
+            self._complete.clear()
+            return n
+        ivs = set(intervals)
+        for iv in ivs:
+            self._complete.pop(iv, None)
+        gone = [k for k, e in self._entries.items() if e.interval in ivs]
+        for k in gone:
+            del self._entries[k]
+        return len(gone)
+
+    def end_batch(self) -> int:
+        """Trim to ``capacity`` rows by the policy; returns how many were evicted."""
+        over = len(self._entries) - self.capacity
+        if over <= 0:
+            return 0
+        items = self._entries.items()
+        if self.policy == "lru":
+            victims = heapq.nsmallest(over, items, key=lambda kv: kv[1].seq)
+        else:
+            rank = self._rank
+            victims = heapq.nlargest(over, items, key=lambda kv: rank(kv[1]))
+        complete = self._complete
+        for k, e in victims:
+            del self._entries[k]
+            if complete:
+                complete.pop(e.interval, None)
+        self.stats.evictions += over
+        return over
+
+    def expected_access(self, key: str) -> float:
+        """Batches from now until ``key``'s next expected access (inf: no expectation; for tests)."""
+        e = self._entries.get(key)
+        return _NEVER if e is None else self._rank(e)[0] - self._batch
+
+    def _rank(self, e: _Entry) -> tuple[float, int]:
+        b = self._batch
+        best = _NEVER
+        if e.next_ev is not None and self._wm is not None:
+            adv = self._advance or DEFAULT_ADVANCE_MS
+            best = b + max(1.0, math.ceil((e.next_ev - self._wm) / adv))
+        if e.next_proc is not None and self._now is not None:
+            per = self._interval or DEFAULT_ADVANCE_MS
+            best = min(best, b + max(1.0, math.ceil((e.next_proc - self._now) / per)))
+        if e.gap is not None:
+            nxt = e.last + e.gap
+            best = min(best, nxt if nxt > b else b + e.gap)  # overdue: as likely as ever from now on
+        return (best, -e.seq)  # nlargest: furthest first, then least recently used
+
+
+def _avg(old: float | None, new: float) -> float:
+    return float(new) if old is None else _ALPHA * new + (1 - _ALPHA) * old
+

@@ -1,0 +1,103 @@
+"""Sequencer fencing: Delta's own commit protocol as MillWheel's mediator.
+
+Every interval partition of the rows table holds a *fence row* (key
+``FENCE_KEY``) carrying the sequencer of the interval's current owner.
+
+* On lease acquisition the new owner's first write is a *fence commit*: it
+  upserts the fence rows of its intervals with its new sequencer, failing if
+  any fence already carries a greater one. Only after that does it read.
+* Every ordinary commit is one ``MERGE`` whose source contains the changed
+  rows **and** the fence row of every interval it touches, all with the
+  writer's sequencer, and whose first clause is::
+
+      WHEN MATCHED AND t.sequencer > s.sequencer
+        THEN UPDATE SET sequencer = raise_error('DELTAWHEEL_STALE_SEQUENCER ...')
+
+  so a writer whose sequencer was superseded aborts inside its own
+  transaction: nothing is written. That covers the late zombie (it reads a
+  snapshot in which the fence already moved).
+* The racing zombie read its snapshot *before* the fence commit and tries to
+  commit *after* it. The fence commit rewrote a file in the partition the
+  zombie's MERGE read (the merge condition names the partitions literally, so
+  Delta records them as the transaction's read predicate); Delta's optimistic
+  concurrency check then rejects the zombie's commit
+  (``ConcurrentAppendException`` / ``ConcurrentDeleteReadException``). We map
+  that to :class:`CommitConflictError`; a retry re-reads the snapshot, meets
+  the moved fence and fails with :class:`StaleSequencerError`.
+
+Either way the stale commit *fails*, never is silently skipped, and callers
+must not deliver anything from a commit that did not return.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping
+
+from ..exceptions import CommitConflictError, StaleSequencerError
+
+__all__ = ["STALE_MARKER", "merge_sql", "translate_commit_error"]
+
+STALE_MARKER = "DELTAWHEEL_STALE_SEQUENCER"
+
+_CONFLICT = re.compile(
+    r"Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|MetadataChangedException|"
+    r"ProtocolChangedException|DELTA_CONCURRENT_|DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED"
+)
+
+_COLUMNS = (
+    "computation", "interval", "key", "state", "codec", "timers", "next_event_timer_ms",
+    "next_processing_timer_ms", "record_ids", "pending", "watermark_hold_ms", "sequencer",
+    "commit_id", "updated_ms", "format_version", "timer_seq",
+)
+
+
+def merge_sql(table_path: str, source_view: str, *, computation: str, intervals: Iterable[int]) -> str:
+    """The fenced MERGE of ``source_view`` into the rows table at ``table_path``.
+
+    The source has the rows table's columns plus ``_op`` ('upsert' or 'delete').
+    """
+    ivs = ",".join(str(int(i)) for i in sorted(set(intervals)))
+    comp = computation.replace("'", "''")
+    path = table_path.replace("`", "``")
+    sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in _COLUMNS)
+    cols = ", ".join(f"`{c}`" for c in _COLUMNS)
+    vals = ", ".join(f"s.`{c}`" for c in _COLUMNS)
+    return (
+        f"MERGE INTO delta.`{path}` t USING {source_view} s "
+        f"ON t.computation = '{comp}' AND t.interval IN ({ivs}) "
+        "AND t.computation = s.computation AND t.interval = s.interval AND t.key = s.key "
+        "WHEN MATCHED AND t.sequencer > s.sequencer THEN UPDATE SET t.sequencer = "
+        f"CAST(raise_error(concat('{STALE_MARKER} computation=', t.computation, ' interval=', "
+        "CAST(t.interval AS STRING), ' current=', CAST(t.sequencer AS STRING), "
+        "' ours=', CAST(s.sequencer AS STRING))) AS BIGINT) "
+        "WHEN MATCHED AND s._op = 'delete' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {sets} "
+        f"WHEN NOT MATCHED AND s._op <> 'delete' THEN INSERT ({cols}) VALUES ({vals})"
+    )
+
+
+_STALE_DETAIL = re.compile(STALE_MARKER + r" computation=(\S+) interval=(\d+) current=(\d+) ours=(\d+)")
+
+
+def translate_commit_error(exc: BaseException, *, sequencers: Mapping[int, int]) -> Exception | None:
+    """Map an exception from a fenced MERGE to a deltawheel error, or None if unrelated."""
+    text = str(exc)
+    m = _STALE_DETAIL.search(text)
+    # Only the raised error counts (with the numbers filled in): other errors quote the
+    # MERGE statement, marker included.
+    if m:
+        detail = (f"computation {m.group(1)} interval {m.group(2)} is owned under sequencer {m.group(3)}, "
+                  f"this writer has {m.group(4)}")
+        return StaleSequencerError(
+            f"commit rejected, stale sequencer: {detail}. A newer owner took over; nothing of this "
+            "commit landed. Drop the leases and re-acquire them before writing again."
+        )
+    if _CONFLICT.search(text):
+        m2 = _CONFLICT.search(text)
+        first = text[m2.start():m2.start() + 200].splitlines()[0] if m2 else type(exc).__name__
+        return CommitConflictError(
+            f"a concurrent Delta commit touched the same interval partitions ({first}); nothing "
+            "landed. Retry: if a newer owner fenced the interval the retry fails with StaleSequencerError."
+        )
+    return None

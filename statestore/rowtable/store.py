@@ -1,0 +1,442 @@
+"""Reads and fenced, atomic commits of the single-row-per-key table.
+
+:class:`RowStore` makes the fenced MERGE commits of the rows table (the MERGE
+write path, ``writepath/merge.py``, and the fences and claims of every path); the
+image write path (``writepath/image.py``) commits whole interval files. Every
+writer of the rows table lives in this package. A commit takes
+the new images of any number of keys of one computation (plus deletions) and
+lands them in **one** Delta transaction together with the fence rows of the
+touched intervals (see ``fencing.py``), or not at all.
+
+Commit protocol (one call of :meth:`RowStore.commit`):
+
+1. Validate every row (key, interval, codec, state size) and that a
+   sequencer is held for each touched interval; bad input raises before any
+   I/O.
+2. Check the leases are still valid (the ``lease_check`` hook); a lost or
+   suspended lease stops here.
+3. Build the MERGE source: changed rows, deletions, and one fence row per
+   touched interval, all carrying this writer's sequencer.
+4. Run the fenced MERGE with the commit metadata (writer, sequencers,
+   commit id) as the Delta commit's ``userMetadata``.
+5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a
+   concurrent commit on the same partitions is retried (up to
+   ``conflict_retries``) and raises :class:`CommitConflictError` when
+   retries run out. On success return a :class:`CommitResult`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ..clock import Clock, SystemClock
+from ..codecs import CODEC_NAMES
+from ..config import StoreLimits
+from ..delta.txn import (
+    TableLog,
+    is_local,
+    local_root,
+    new_add,
+    partition_file_name,
+    write_file,
+)
+from ..exceptions import (
+    BadRecordError,
+    CommitConflictError,
+    NotOwnerError,
+    StaleSequencerError,
+    StateTooLargeError,
+)
+from ..layout import StoreLayout, validate_name
+from .fencing import merge_sql, translate_commit_error
+from .frames import local_frame
+from .rows import (
+    FENCE_KEY,
+    KeyRow,
+    interval_of,
+    rows_file_ddl,
+    rows_schema_ddl,
+    validate_key,
+)
+
+__all__ = ["RowStore", "CommitResult", "StoreStats", "COMMIT_META_VERSION"]
+
+COMMIT_META_VERSION = 1
+_SOURCE_DDL = rows_schema_ddl() + ", _op STRING"
+_view_ids = itertools.count()
+
+
+@dataclass
+class StoreStats:
+    """Counters of storage traffic (what the Bloom filter and cache save)."""
+
+    key_lookups: int = 0
+    keys_read: int = 0
+    interval_scans: int = 0
+    commits: int = 0
+    conflicts: int = 0
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a commit wrote."""
+
+    commit_id: str
+    computation: str
+    sequencers: Mapping[int, int]
+    rows_written: int
+    rows_deleted: int
+    attempts: int
+    duration_s: float
+    dry_run: bool = False
+    plan: Sequence[str] = field(default_factory=tuple)
+    images: Sequence[KeyRow] = field(default_factory=tuple, compare=False, repr=False)  # the rows as written
+
+
+class RowStore:
+    """The rows table of one store, written under sequencers.
+
+    Args:
+        spark: a SparkSession with Delta (a private child session is used, so
+            the commit metadata set here never leaks into the caller's session).
+        layout: where the store is; it must have been migrated.
+        writer: a name for this job instance, recorded in every commit.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        layout: StoreLayout,
+        *,
+        writer: str,
+        limits: StoreLimits = StoreLimits(),
+        clock: Clock = SystemClock(),
+        conflict_retries: int = 3,
+        fence_retries: int = 60,
+    ) -> None:
+        self._spark = spark.newSession()
+        self.layout = layout
+        self.writer = writer
+        self.limits = limits
+        self.clock = clock
+        self.conflict_retries = conflict_retries
+        self.fence_retries = fence_retries
+        self.stats = StoreStats()
+        self._lock = threading.Lock()
+        self._schema = None
+
+    def table_id(self) -> str:
+        """The rows table's Delta table id: the store's identity (fixed when it was created)."""
+        return TableLog(self._spark, self.layout.rows).table_id()
+
+    # ------------------------------------------------------------------ reads
+
+    def _table(self) -> Any:
+        return self._spark.read.format("delta").load(self.layout.rows)
+
+    def _collect(self, df: Any) -> list[KeyRow]:
+        return [KeyRow.from_row(r) for r in df.toArrow().to_pylist()]
+
+    def read_keys(self, computation: str, keys: Iterable[str], *, num_intervals: int) -> dict[str, KeyRow]:
+        """The stored rows of ``keys`` (missing keys are absent from the result)."""
+        from pyspark.sql import functions as F
+
+        keys = sorted(set(keys))
+        self.stats.key_lookups += 1
+        self.stats.keys_read += len(keys)
+        if not keys:
+            return {}
+        ivs = sorted({interval_of(k, num_intervals) for k in keys})
+        df = self._table().where(
+            (F.col("computation") == computation) & F.col("interval").isin(ivs) & F.col("key").isin(keys)
+        )
+        return {r.key: r for r in self._collect(df)}
+
+    def scan_intervals(self, computation: str, intervals: Iterable[int], *, include_fences: bool = False) -> list[KeyRow]:
+        """Every row of the given intervals (the recovery scan reads this)."""
+        from pyspark.sql import functions as F
+
+        self.stats.interval_scans += 1
+        df = self._table().where((F.col("computation") == computation) & F.col("interval").isin(sorted(set(intervals))))
+        rows = self._collect(df)
+        return rows if include_fences else [r for r in rows if not r.is_fence]
+
+    def fences(self, computation: str) -> dict[int, int]:
+        """interval -> sequencer of the fence rows of a computation."""
+        from pyspark.sql import functions as F
+
+        df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY))
+        # a claim (see fence()) can leave two fence rows in an interval until its next rewrite
+        return {int(r["interval"]): int(r["s"]) for r in
+                df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
+
+    def check_fences(self, computation: str, sequencers: Mapping[int, int]) -> None:
+        """Raise :class:`StaleSequencerError` if a fence row carries a greater sequencer than ours."""
+        raise_if_fenced(computation, self.fences(computation), sequencers)
+
+    # ----------------------------------------------------------------- writes
+
+    def fence(self, computation: str, sequencers: Mapping[int, int], *, claim_only: bool = False,
+              check: bool = True) -> CommitResult:
+        """The takeover commit: move the fence rows of ``sequencers``' intervals to the new sequencers.
+
+        Fails with :class:`StaleSequencerError` if a fence already carries a
+        greater sequencer (an even newer owner exists). Conflicts with a racing
+        old owner are retried: the fence must land before the new owner reads.
+
+        Two phases on local stores. A MERGE needs a second or more between its
+        snapshot and its commit, and an old owner committing in a tight loop can
+        win every race for that long. So the new owner first *claims* the
+        intervals: a Delta transaction that only adds one fence row per interval
+        (a Parquet file written here) with the partitions recorded as read —
+        milliseconds between snapshot and commit. Once a claim landed, every
+        MERGE of the old owner fails: one that read before the claim conflicts
+        with it, one that reads after meets the newer fence row. The MERGE fence
+        then runs unopposed and brings every fence row of the interval to the
+        new sequencer.
+
+        ``claim_only`` (local stores): stop after the claim and check that no fence carries a
+        greater sequencer. Enough for writers that take the maximum fence row of an interval
+        and rewrite its whole partition (the image write path drops the older fence row on
+        its first write); the MERGE fence costs seconds. ``check=False`` leaves that check to
+        the caller (the image path makes it from the images it reads anyway).
+        """
+        validate_name("computation", computation)
+        if sequencers and is_local(self.layout.rows):
+            self._claim(computation, sequencers)
+            if claim_only:
+                if check:
+                    self.check_fences(computation, sequencers)
+                return CommitResult(f"{self.writer}:claim", computation, dict(sequencers), 0, 0, 0, 0.0, False)
+        return self.commit(computation, [], sequencers=sequencers, kind="fence",
+                           conflict_retries=max(self.conflict_retries, self.fence_retries))
+
+    def _claim(self, computation: str, sequencers: Mapping[int, int]) -> None:
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import _parse_datatype_string
+
+        now = self.clock.now_ms()
+        commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
+        schema = to_arrow_schema(_parse_datatype_string(rows_file_ddl()), timezone="UTC")  # type: ignore[arg-type]
+        adds = []
+        for iv, seq in sorted(sequencers.items()):
+            row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
+            rel = partition_file_name(computation, iv, "claim")
+            size = write_file(pa.Table.from_pylist([row], schema=schema), local_root(self.layout.rows), rel)
+            adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, size, 1))
+        meta = json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "claim", "writer": self.writer,
+                           "computation": computation, "commit_id": commit_id,
+                           "sequencers": {str(iv): s for iv, s in sequencers.items()}}, sort_keys=True)
+        log = TableLog(self._spark, self.layout.rows)
+        for attempt in itertools.count(1):
+            try:
+                log.commit(add=adds, user_metadata=meta, read_partitions=[
+                    f"computation = '{computation}' AND interval = {iv}" for iv in sorted(sequencers)])
+                return
+            except Exception as exc:  # noqa: BLE001 - translated
+                err = translate_commit_error(exc, sequencers=sequencers)
+                if not isinstance(err, CommitConflictError) or attempt > 10 * self.fence_retries:
+                    raise
+                self.stats.conflicts += 1
+                time.sleep(random.uniform(0.0, 0.02))
+
+    def commit(
+        self,
+        computation: str,
+        rows: Sequence[KeyRow],
+        *,
+        sequencers: Mapping[int, int],
+        deletes: Sequence[tuple[int, str]] = (),
+        num_intervals: int | None = None,
+        commit_id: str | None = None,
+        lease_check: Callable[[], None] | None = None,
+        dry_run: bool = False,
+        kind: str = "commit",
+        conflict_retries: int | None = None,
+    ) -> CommitResult:
+        """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
+
+        Raises:
+            BadRecordError / StateTooLargeError: a row is invalid (nothing written).
+            NotOwnerError: a row's interval has no sequencer in ``sequencers``.
+            StaleSequencerError: a newer owner fenced one of the intervals.
+            CommitConflictError: concurrent commits kept conflicting after retries.
+        """
+        started = time.monotonic()
+        # Step 1: validate before any I/O.
+        validate_name("computation", computation)
+        now = self.clock.now_ms()
+        commit_id = commit_id or f"{self.writer}:{now}:{next(_view_ids)}"
+        images = [self._validated(r, computation, sequencers, num_intervals, now, commit_id) for r in rows]
+        for iv, key in deletes:
+            validate_key(key)
+            self._require_sequencer(sequencers, iv, key)
+        touched = sorted({r.interval for r in images} | {iv for iv, _ in deletes} | (
+            set(sequencers) if kind == "fence" else set()))
+        if not touched:
+            return CommitResult(commit_id, computation, dict(sequencers), 0, 0, 0, 0.0, dry_run)
+        plan = [f"upsert {r.key!r} (interval {r.interval})" for r in images] + [
+            f"delete {k!r} (interval {iv})" for iv, k in deletes]
+        if dry_run:
+            return CommitResult(commit_id, computation, dict(sequencers), len(images), len(deletes), 0,
+                                time.monotonic() - started, True, tuple(plan))
+        # Step 3: the MERGE source: rows, deletions, fences.
+        src = [r.to_row() | {"_op": "upsert"} for r in images]
+        src += [KeyRow(computation, k, iv, sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row()
+                | {"_op": "delete"} for iv, k in deletes]
+        src += [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
+                       updated_ms=now).to_row() | {"_op": "upsert"} for iv in touched]
+        res = self._commit_source(computation, src, None, sequencers=sequencers, touched=touched,
+                                  commit_id=commit_id, kind=kind, lease_check=lease_check,
+                                  conflict_retries=conflict_retries, started=started, n_rows=len(images),
+                                  n_deletes=len(deletes))
+        return CommitResult(res.commit_id, res.computation, res.sequencers, res.rows_written, res.rows_deleted,
+                            res.attempts, res.duration_s, False, tuple(plan), tuple(images))
+
+    def commit_frame(self, computation: str, frame: Any, *, sequencers: Mapping[int, int],
+                     intervals: Sequence[int], commit_id: str,
+                     lease_check: Callable[[], None] | None = None,
+                     meta: Mapping[str, Any] | None = None) -> CommitResult:
+        """Like :meth:`commit`, but the new row images are a Spark DataFrame.
+
+        ``frame`` has the rows table's columns plus ``_op`` ('upsert' / 'delete');
+        it must already be validated (the executor's tasks validate rows) and
+        materialized (it is read once per attempt). The fence rows of
+        ``intervals`` are added here, carrying ``sequencers``. ``meta``: more entries for the
+        commit's metadata (the executor records the watermark the batch acted on).
+        """
+        validate_name("computation", computation)
+        for iv in intervals:
+            self._require_sequencer(sequencers, iv, FENCE_KEY)
+        now = self.clock.now_ms()
+        fences = [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
+                         updated_ms=now).to_row() | {"_op": "upsert"} for iv in intervals]
+        return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
+                                   commit_id=commit_id, kind="commit", lease_check=lease_check,
+                                   conflict_retries=None, started=time.monotonic(), n_rows=0, n_deletes=0,
+                                   meta=meta)
+
+    def _commit_source(self, computation: str, src: list[dict[str, Any]], frame: Any, *,
+                       sequencers: Mapping[int, int], touched: Sequence[int], commit_id: str, kind: str,
+                       lease_check: Callable[[], None] | None, conflict_retries: int | None,
+                       started: float, n_rows: int, n_deletes: int,
+                       meta: Mapping[str, Any] | None = None) -> CommitResult:
+        info = json.dumps({
+            **(meta or {}),
+            "deltawheel": COMMIT_META_VERSION, "kind": kind, "writer": self.writer,
+            "computation": computation, "commit_id": commit_id,
+            "sequencers": {str(iv): sequencers[iv] for iv in touched},
+        }, sort_keys=True)
+        attempts = 0
+        with self._lock:
+            while True:
+                attempts += 1
+                # Step 2: leases still valid (checked again before every attempt).
+                if lease_check is not None:
+                    lease_check()
+                try:
+                    self._merge(src, computation, touched, info, frame=frame)
+                    break
+                except Exception as exc:  # noqa: BLE001 - translated below
+                    # Step 5: map failures.
+                    err = translate_commit_error(exc, sequencers=sequencers)
+                    if err is None:
+                        raise
+                    if isinstance(err, CommitConflictError):
+                        self.stats.conflicts += 1
+                        limit = self.conflict_retries if conflict_retries is None else conflict_retries
+                        if attempts <= limit:
+                            # jittered backoff, so a writer that keeps losing the race gets through
+                            time.sleep(random.uniform(0.02, 0.05 * min(attempts, 8)))
+                            continue
+                    raise err from None
+        self.stats.commits += 1
+        return CommitResult(commit_id, computation, {iv: sequencers[iv] for iv in touched}, n_rows,
+                            n_deletes, attempts, time.monotonic() - started, False)
+
+    # -------------------------------------------------------------- internals
+
+    def _merge(self, src: list[dict[str, Any]], computation: str, intervals: Sequence[int], meta: str,
+               *, frame: Any = None) -> None:
+        # Step 4: one MERGE = one Delta transaction, metadata attached.
+        view = f"dw_src_{next(_view_ids)}"
+        df = local_frame(self._spark, src, _SOURCE_DDL)
+        if frame is not None:
+            # The frame may belong to the caller's session; re-home it in ours (JVM side, no Python hop).
+            from pyspark.sql import DataFrame
+
+            jframe = frame.select(*df.columns)._jdf
+            moved = DataFrame(self._spark._jsparkSession.createDataFrame(jframe.javaRDD(), jframe.schema()),
+                              self._spark)
+            df = moved.unionByName(df)
+        df.createOrReplaceTempView(view)
+        conf = self._spark.conf
+        conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)
+        try:
+            self._spark.sql(merge_sql(self.layout.rows, view, computation=computation, intervals=intervals))
+        finally:
+            conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+            self._spark.catalog.dropTempView(view)
+
+    @staticmethod
+    def _require_sequencer(sequencers: Mapping[int, int], interval: int, key: str) -> None:
+        if interval not in sequencers:
+            raise NotOwnerError(
+                f"key {key!r} is in interval {interval}, for which this writer holds no lease; "
+                f"held: {sorted(sequencers)}. Acquire the interval's lease before writing."
+            )
+
+    def _validated(self, row: KeyRow, computation: str, sequencers: Mapping[int, int],
+                   num_intervals: int | None, now: int, commit_id: str) -> KeyRow:
+        validate_key(row.key)
+        if row.computation != computation:
+            raise BadRecordError(f"row of computation {row.computation!r} in a commit of {computation!r}")
+        if num_intervals is not None and row.interval != interval_of(row.key, num_intervals):
+            raise BadRecordError(
+                f"key {row.key!r} belongs to interval {interval_of(row.key, num_intervals)} "
+                f"of {num_intervals}, the row says {row.interval}")
+        self._require_sequencer(sequencers, row.interval, row.key)
+        if row.codec not in CODEC_NAMES:
+            raise BadRecordError(f"row of key {row.key!r} names unknown codec {row.codec!r}")
+        size = len(row.state or b"")
+        if size > self.limits.max_state_bytes:
+            raise StateTooLargeError(
+                f"state of key {row.key!r} is {size} bytes, over the limit of "
+                f"{self.limits.max_state_bytes}; keep per-key state small (use combiners, "
+                "move bulk data elsewhere) or raise StoreLimits.max_state_bytes")
+        if len(row.record_ids) > self.limits.max_record_ids_per_key:
+            raise BadRecordError(
+                f"key {row.key!r} keeps {len(row.record_ids)} record ids, over "
+                f"{self.limits.max_record_ids_per_key}; run gc or raise StoreLimits.max_record_ids_per_key")
+        return row.with_(sequencer=sequencers[row.interval], commit_id=commit_id, updated_ms=now)
+
+
+def raise_if_fenced(computation: str, fences: Mapping[int, int], sequencers: Mapping[int, int]) -> None:
+    """Raise :class:`StaleSequencerError` if ``fences`` (interval -> greatest fence-row sequencer)
+    holds a greater sequencer than this writer's ``sequencers`` for one of its intervals."""
+    for iv, seq in sorted(sequencers.items()):
+        if fences.get(iv, seq) > seq:
+            raise StaleSequencerError(
+                f"stale sequencer: interval {iv} of {computation} is now owned under sequencer {fences[iv]} "
+                f"(taken over; this writer holds {seq}); nothing was committed. Stop this instance.")
+
+
+def commit_metadata(spark: Any, layout: StoreLayout) -> list[tuple[int, dict[str, Any] | None]]:
+    """(version, parsed userMetadata) of every commit of the rows table, oldest first."""
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "userMetadata").collect()
+    out = []
+    for r in sorted(hist, key=lambda r: r["version"]):
+        md = r["userMetadata"]
+        out.append((int(r["version"]), json.loads(md) if md else None))
+    return out
+
+
+__all__ += ["commit_metadata", "raise_if_fenced"]
+_ = StaleSequencerError  # re-exported for callers catching store errors

@@ -1,0 +1,124 @@
+"""Stream tables: one Delta table of delivered records per stream.
+
+A stream ``clicks`` of the store at ``root`` is the Delta table
+``<root>/streams/clicks``. Consumers read it with Delta's streaming source;
+producers append to it idempotently (see the delivery code). Every record
+carries :data:`STREAM_FORMAT_VERSION` in its ``format_version`` column.
+
+Stream names become SQL view names (``clicks`` and ``clicks_decoded``, see
+``sqlviews.py``), so they must be SQL identifiers and must not clash with the
+built-in views (:data:`RESERVED_STREAM_NAMES`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..delta.log import local_path, local_table_exists
+from ..delta.sqltext import sql_path
+from ..exceptions import ConfigError
+from ..layout import StoreLayout, validate_name
+
+__all__ = [
+    "STREAM_FORMAT_VERSION",
+    "BUILTIN_VIEWS",
+    "RESERVED_STREAM_NAMES",
+    "stream_schema_ddl",
+    "check_stream_name",
+    "ensure_stream_table",
+    "list_streams",
+]
+
+STREAM_FORMAT_VERSION = 1
+
+#: The views ``sqlviews.register_views`` always defines.
+BUILTIN_VIEWS: tuple[str, ...] = (
+    "rows", "state", "timers", "pending_productions", "fences", "dead_letters", "late_data",
+)
+#: Names a stream may not have: a built-in view, or its ``_decoded`` companion.
+RESERVED_STREAM_NAMES: frozenset[str] = frozenset(
+    n.lower() for v in BUILTIN_VIEWS for n in (v, f"{v}_decoded")
+)
+
+
+def stream_schema_ddl() -> str:
+    """The columns of a stream table as a Spark DDL string."""
+    return (
+        "record_id STRING NOT NULL, key STRING NOT NULL, value BINARY, codec STRING, "
+        "timestamp_ms BIGINT, event_time TIMESTAMP, producer STRING, commit_id STRING, "
+        "format_version INT"
+    )
+
+
+def check_stream_name(name: str) -> str:
+    """Return ``name`` if it can name a stream (and its SQL views).
+
+    >>> check_stream_name("clicks")
+    'clicks'
+
+    Raises:
+        ConfigError: not an SQL identifier, or the name of a built-in view.
+    """
+    validate_name("stream", name)
+    if name.lower() in RESERVED_STREAM_NAMES:
+        raise ConfigError(
+            f"stream name {name!r} clashes with the built-in SQL view of that name "
+            f"(reserved: {', '.join(sorted(RESERVED_STREAM_NAMES))}); rename the stream"
+        )
+    return name
+
+
+def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
+    """Create the table of stream ``name`` if it doesn't exist yet; return its path.
+
+    Idempotent: an existing table is left as it is.
+
+    Raises:
+        ConfigError: ``name`` cannot name a stream (see :func:`check_stream_name`).
+    """
+    check_stream_name(name)
+    path = layout.stream(name)
+    if local_table_exists(path):  # a local table with its first commit (no Spark statement needed)
+        return path
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({stream_schema_ddl()}) USING DELTA "
+        f"TBLPROPERTIES ('deltawheel.table' = 'stream', 'deltawheel.stream' = '{name}', "
+        f"'deltawheel.format_version' = '{STREAM_FORMAT_VERSION}', 'delta.checkpointInterval' = '100')"
+    )
+    return path
+
+
+def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
+    """Names of the stream tables of the store, sorted.
+
+    A folder below ``layout.streams_root`` counts as a stream table if it has a
+    ``_delta_log`` folder. Local stores are listed with :func:`os.listdir` (no
+    Spark needed, ``spark`` may be ``None``). Remote stores (``s3a://``,
+    ``abfss://``, ...) are listed through Hadoop's FileSystem API via
+    ``spark._jvm``, so they need a session; that path is not covered by the
+    tests (they run on local folders).
+
+    Raises:
+        ConfigError: a remote store and ``spark`` is ``None``.
+    """
+    if layout.is_local:
+        root = local_path(layout.streams_root) or layout.streams_root
+        if not os.path.isdir(root):
+            return []
+        return sorted(
+            n for n in os.listdir(root)
+            if os.path.isdir(os.path.join(root, n, "_delta_log"))
+        )
+    if spark is None:
+        raise ConfigError(f"listing the streams of remote store {layout.root} needs a SparkSession")
+    jvm = spark._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(layout.streams_root)
+    fs = hpath.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(hpath):
+        return []
+    names = []
+    for status in fs.listStatus(hpath):
+        if status.isDirectory() and fs.exists(jvm.org.apache.hadoop.fs.Path(status.getPath(), "_delta_log")):
+            names.append(str(status.getPath().getName()))
+    return sorted(names)

@@ -1,0 +1,100 @@
+"""Connecting to ZooKeeper: a started :class:`KazooClient` with chroot and digest auth.
+
+kazoo reconnects on its own after a dropped connection (state SUSPENDED, then
+CONNECTED again); if the session expired meanwhile (state LOST) it opens a new
+session. Code holding ephemeral znodes, such as :mod:`.leases`, must listen to
+those transitions; this module only builds the client.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import ACL, make_acl, make_digest_acl
+
+from ..config import ZkConfig
+from ..exceptions import LeaseLostError, LeaseSuspendedError, ZooKeeperServerError
+
+__all__ = ["connect", "digest_acls", "zk_errors"]
+
+# Retry the TCP connection forever, quickly: a short outage must end in a reconnect
+# (SUSPENDED -> CONNECTED) well within the session timeout.
+_CONNECTION_RETRY: dict[str, Any] = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0}
+
+
+def _auth(cfg: ZkConfig) -> list[tuple[str, str]] | None:
+    return [("digest", cfg.digest)] if cfg.digest else None
+
+
+def _start(hosts: str, cfg: ZkConfig, timeout_s: float) -> KazooClient:
+    client = KazooClient(
+        hosts=hosts, timeout=cfg.session_timeout_s, auth_data=_auth(cfg),
+        connection_retry=dict(_CONNECTION_RETRY),
+    )
+    try:
+        client.start(timeout=timeout_s)
+    except KazooTimeoutError as exc:
+        client.close()
+        raise ZooKeeperServerError(
+            f"could not connect to ZooKeeper at {cfg.hosts} within {timeout_s:.0f}s: start it "
+            "('deltawheel zk start') or pass the right --zk host:port"
+        ) from exc
+    return client
+
+
+def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
+    """Return a started client whose paths are relative to ``cfg.chroot``.
+
+    The chroot znode is created first (with a short-lived root client) when it
+    is missing. With ``cfg.digest`` set, the client authenticates with it.
+
+    Args:
+        cfg: where ZooKeeper is and how to talk to it.
+        timeout_s: how long to wait for the first connection.
+
+    Raises:
+        ZooKeeperServerError: no server answered within ``timeout_s``.
+    """
+    if cfg.chroot != "/":
+        root = _start(cfg.hosts, cfg, timeout_s)
+        try:
+            root.ensure_path(cfg.chroot)
+        finally:
+            root.stop()
+            root.close()
+        hosts = cfg.hosts + cfg.chroot
+    else:
+        hosts = cfg.hosts
+    return _start(hosts, cfg, timeout_s)
+
+
+def digest_acls(cfg: ZkConfig) -> list[ACL] | None:
+    """ACLs for lease znodes: all rights to the digest user, read to the world.
+
+    Returns ``None`` (ZooKeeper's open ACL) when no digest is configured.
+
+    >>> digest_acls(ZkConfig()) is None
+    True
+    >>> [a.perms for a in digest_acls(ZkConfig(digest="dw:secret"))]
+    [31, 1]
+    """
+    if not cfg.digest:
+        return None
+    user, password = cfg.digest.split(":", 1)
+    return [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)]
+
+
+@contextmanager
+def zk_errors(what: str, *, expired: str, lost: str) -> Iterator[None]:
+    """Translate kazoo's session errors: an expired session -> :class:`LeaseLostError`, a lost
+    connection -> :class:`LeaseSuspendedError`; the messages are ``what`` and the hint given."""
+    try:
+        yield
+    except SessionExpiredError as exc:
+        raise LeaseLostError(f"{what}: the ZooKeeper session expired; {expired}") from exc
+    except (ConnectionLoss, ConnectionClosedError) as exc:
+        raise LeaseSuspendedError(f"{what}: {lost}") from exc

@@ -1,0 +1,268 @@
+"""Ownership of a computation's key intervals: lease → fence → recovery scan → fenced commits.
+
+:class:`IntervalOwner` is what a job instance holds per computation. Taking
+intervals follows MillWheel's order strictly:
+
+1. acquire the ZooKeeper leases (each grant carries a new sequencer);
+2. *fence*: commit the new sequencers into the intervals' fence rows, which
+   invalidates any older owner's commits from now on (``fencing.py``);
+3. only then read: the recovery scan rebuilds the Bloom filters, the timer
+   heap and the pending productions (``recovery.py``).
+
+Every commit afterwards checks the leases locally first (a suspended or lost
+ZooKeeper session stops it before any I/O) and is fenced in Delta anyway, so
+a lease lost between the check and the commit still cannot let a stale
+write land.
+
+With a :class:`~deltawheel.statestore.rowtable.cache.RowCache` the owner reads its keys
+cache first (:meth:`IntervalOwner.read`): the recovery scan warms it, every
+commit updates it, and an entry is served only under the sequencer it was
+cached with, so nothing read before a takeover is served after it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from ..exceptions import (
+    CoordinatorStateLostError,
+    LeaseLostError,
+    LeaseSuspendedError,
+    NotOwnerError,
+    StaleSequencerError,
+)
+from ..rowtable.cache import MISS, RowCache
+from ..rowtable.recovery import RecoveredIntervals, rebuild, recover
+from ..rowtable.rows import KeyRow, interval_of
+from ..rowtable.store import CommitResult, RowStore
+from .binding import bind_store, store_path
+from .leases import LeaseGrant, LeaseManager, next_sequencers
+
+__all__ = ["IntervalOwner"]
+
+
+class IntervalOwner:
+    """Holds some key intervals of one computation and writes their rows.
+
+    Args:
+        store: the rows table.
+        leases: this job instance's lease manager.
+        computation: the computation's name.
+        num_intervals: how many intervals its key space is divided into.
+        cache: rows kept in memory for :meth:`read` (None: every read goes to the table).
+    """
+
+    def __init__(self, store: RowStore, leases: LeaseManager, computation: str, *, num_intervals: int,
+                 cache: RowCache | None = None) -> None:
+        self.store = store
+        self.leases = leases
+        self.computation = computation
+        self.num_intervals = num_intervals
+        self.cache = cache
+        self._grants: dict[int, LeaseGrant] = {}
+        self._bound = False
+
+    @property
+    def sequencers(self) -> dict[int, int]:
+        """The sequencer of each interval held: ``{interval: sequencer}``."""
+        return {iv: g.sequencer for iv, g in self._grants.items()}
+
+    @property
+    def intervals(self) -> tuple[int, ...]:
+        """The intervals held, in order."""
+        return tuple(sorted(self._grants))
+
+    def acquire(self, intervals: Iterable[int] | None = None, *, wait_s: float = 0.0, claim_only: bool = False,
+                scan: bool = True, check_fences: bool = True) -> RecoveredIntervals:
+        """Take ``intervals`` (default: all), fence them, and return the recovery scan.
+
+        ``claim_only``, ``check_fences``: see :meth:`RowStore.fence` (``check``). ``scan=False`` skips the recovery scan (an
+        empty result): for writers that recover from what they load anyway (the image path).
+
+        Raises:
+            LeaseHeldError: another live instance holds one of them (after ``wait_s``).
+            StaleSequencerError: an even newer owner fenced an interval meanwhile.
+            StoreMismatchError: the pipeline's ZooKeeper state belongs to another store.
+            CoordinatorStateLostError: ZooKeeper lost the pipeline's state (the store holds sequencers
+                it does not know); nothing was fenced, the leases are given back.
+        """
+        ivs = sorted(set(range(self.num_intervals) if intervals is None else intervals))
+        fresh_binding = False
+        if not self._bound:  # the pipeline's ZooKeeper state must be this store's (binding.py)
+            fresh_binding = bind_store(self.leases.zk_client, self.leases.pipeline, table_id=self.store.table_id(),
+                                       root=self.store.layout.root)
+            self._bound = True
+        before = self.leases.held(self.computation)
+        grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
+        try:
+            self._check_coordinator(grants, before=before, fresh_binding=fresh_binding)
+            self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only,
+                             check=check_fences)
+        except BaseException:
+            self.leases.release(self.computation, ivs)
+            raise
+        self._grants.update(grants)
+        rec = recover(self.store, self.computation, ivs) if scan else rebuild(self.computation, ivs, ())
+        if self.cache is not None:
+            self.cache.invalidate(ivs)  # entries of an earlier grant would be misses anyway
+            self._warm(rec, scanned=scan)
+        return rec
+
+    def _check_coordinator(self, grants: Mapping[int, LeaseGrant], *, before: Mapping[int, LeaseGrant],
+                           fresh_binding: bool) -> None:
+        """Refuse to fence when ZooKeeper has forgotten grants the store was written under.
+
+        A grant made by this call carries a sequencer ZooKeeper never issued before; a fence row
+        holding the same or a greater one that ZooKeeper does not account for (at or above its
+        next sequencer) was written under a grant it lost. So is a store with fence rows for a
+        pipeline whose binding this call had to create. Either way ZooKeeper's data was lost
+        (wiped, or restored from an older copy).
+
+        Raises:
+            CoordinatorStateLostError: with what was found and the recovery command.
+        """
+        new = {iv: g for iv, g in grants.items() if before.get(iv) != g}
+        if not new and not fresh_binding:
+            return
+        fences = self.store.fences(self.computation)
+        if not fences:
+            return
+        pipeline = self.leases.pipeline
+        found: list[str] = []
+        if fresh_binding:
+            found.append(f"ZooKeeper had no record of the pipeline's store (/pipelines/{pipeline}/store) although "
+                         f"the store holds fence rows of {self.computation!r} up to sequencer {max(fences.values())}")
+        ahead = {iv: g for iv, g in new.items() if fences.get(iv, -1) >= g.sequencer}
+        if ahead:
+            nxt = next_sequencers(self.leases.zk_client, pipeline=pipeline, computation=self.computation,
+                                  intervals=ahead)
+            for iv, g in sorted(ahead.items()):
+                if fences[iv] == g.sequencer or fences[iv] >= nxt[iv]:
+                    found.append(f"interval {iv}: the store's fence carries sequencer {fences[iv]}, ZooKeeper "
+                                 f"just granted {g.sequencer} and knows no grant above {nxt[iv] - 1}")
+        if found:
+            if fresh_binding:  # not ours to keep: the next start must see the missing binding again
+                self.leases.zk_client.delete(store_path(pipeline))
+                self._bound = False
+            raise CoordinatorStateLostError(
+                f"ZooKeeper lost the coordination state of pipeline {pipeline!r} (wiped, or restored from an "
+                f"older copy): {'; '.join(found[:4])}{' ...' if len(found) > 4 else ''}. Nothing was written: "
+                "writing on would reuse sequencers the store already holds, so a stale writer could not be "
+                "fenced out. Stop every running copy of the pipeline, then run `deltawheel reseed --store "
+                f"{self.store.layout.root} --pipeline {pipeline} --apply` (it re-seeds ZooKeeper's sequencers "
+                "above the store's and records the binding; see docs/coordinator-recovery.md) and start the "
+                "pipeline again.")
+
+    def _warm(self, rec: RecoveredIntervals, *, scanned: bool) -> None:
+        """Cache the scanned rows, those whose timers come first kept when they do not all fit (put
+        last = most recently used: with no watermark known yet, recency breaks the ties). While
+        nothing of an interval is evicted, a key missing from the cache is known to have no row."""
+        cache = self.cache
+        assert cache is not None
+        seqs = self.sequencers
+
+        def soonest(r: KeyRow) -> float:
+            ts = [t.time_ms for t in r.timers]
+            return -min(ts) if ts else float("-inf")
+
+        for r in sorted(rec.rows.values(), key=soonest):
+            cache.put(r.key, r, interval=r.interval, sequencer=seqs[r.interval])
+        if scanned:
+            for iv in rec.intervals:
+                cache.mark_complete(iv, seqs[iv])  # until one of its rows is evicted
+        cache.end_batch()
+
+    def read(self, keys: Iterable[str]) -> dict[str, KeyRow]:
+        """The rows of ``keys`` (keys without a row are absent), from the cache where it can answer,
+        the rest in one table lookup (then cached).
+
+        Raises:
+            NotOwnerError: a key is in an interval this owner does not hold.
+            LeaseLostError / LeaseSuspendedError: a held lease is lost or in doubt (nothing is served).
+        """
+        self.check()
+        seqs = self.sequencers
+        wanted = {k: interval_of(k, self.num_intervals) for k in sorted(set(keys))}
+        for k, iv in wanted.items():
+            if iv not in seqs:
+                raise NotOwnerError(f"key {k!r} is in interval {iv} of {self.computation!r}, which this "
+                                    f"instance does not hold (held: {sorted(seqs)}); its rows are not ours to read")
+        cache = self.cache
+        if cache is None:
+            return self.store.read_keys(self.computation, wanted, num_intervals=self.num_intervals)
+        out: dict[str, KeyRow] = {}
+        missing = []
+        for k, iv in wanted.items():
+            got = cache.lookup(k, interval=iv, sequencer=seqs[iv])
+            if got is MISS:
+                missing.append(k)
+            elif got is not None:
+                out[k] = got
+        if missing:
+            found = self.store.read_keys(self.computation, missing, num_intervals=self.num_intervals)
+            for k in missing:
+                cache.put(k, found.get(k), interval=wanted[k], sequencer=seqs[wanted[k]])
+            out.update(found)
+        return out
+
+    def check(self) -> None:
+        """Raise if any held lease is lost (LeaseLostError); *wait* while they are in doubt.
+
+        While the ZooKeeper connection is SUSPENDED no lease can be trusted, so nothing may be
+        committed; a blip shorter than the session timeout ends with the same session and the
+        leases re-verified, and the caller goes on. This waits for that
+        (:meth:`LeaseManager.await_settled`) and raises LeaseSuspendedError only when the
+        connection is still not back after its bound, LeaseLostError when the session expired
+        meanwhile (the leases are gone: the cause is named in the message).
+        """
+        if not self._grants:
+            raise LeaseLostError(f"no intervals of {self.computation!r} are held; acquire them first")
+        for iv in self._grants:
+            try:
+                self.leases.check_valid(self.computation, iv)
+            except LeaseSuspendedError:
+                if not self.leases.await_settled():
+                    raise
+                self.leases.check_valid(self.computation, iv)
+
+    def commit(self, rows: Sequence[KeyRow], *, deletes: Sequence[tuple[int, str]] = (),
+               commit_id: str | None = None, dry_run: bool = False) -> CommitResult:
+        """One fenced, atomic commit of ``rows`` under the held sequencers.
+
+        On :class:`StaleSequencerError` the grants are dropped here and in the lease
+        manager (they are worthless now: a later :meth:`acquire` takes new ones) and the
+        error propagates: the caller must not deliver anything.
+        """
+        seqs = self.sequencers
+        try:
+            res = self.store.commit(self.computation, rows, sequencers=seqs, deletes=deletes,
+                                    num_intervals=self.num_intervals, commit_id=commit_id,
+                                    lease_check=self.check, dry_run=dry_run)
+        except StaleSequencerError:
+            if self.cache is not None:
+                self.cache.invalidate(self._grants)
+            stale = list(self._grants)
+            self._grants.clear()
+            try:  # the manager must forget them too, or acquire() would hand the stale grants back
+                self.leases.release(self.computation, stale)  # guarded: a newer owner's znodes stay
+            except LeaseSuspendedError:
+                pass  # the session is in doubt: its leases end with it, acquire() re-verifies
+            raise
+        except BaseException:  # not committed, or not known to be: the table is the truth again
+            if self.cache is not None:
+                self.cache.invalidate({r.interval for r in rows} | {iv for iv, _ in deletes})
+            raise
+        if self.cache is not None and not dry_run:
+            for r in res.images:
+                self.cache.put(r.key, r, interval=r.interval, sequencer=seqs[r.interval])
+            for iv, k in deletes:
+                self.cache.put(k, None, interval=iv, sequencer=seqs[iv])
+        return res
+
+    def release(self) -> None:
+        """Give the intervals back (a clean shutdown); a later owner gets higher sequencers."""
+        if self._grants:
+            self.leases.release(self.computation, list(self._grants))
+            if self.cache is not None:
+                self.cache.invalidate(self._grants)
+        self._grants.clear()

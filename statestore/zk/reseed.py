@@ -1,0 +1,118 @@
+"""Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state.
+
+ZooKeeper issues the sequencers that fence every write to the rows table
+(``leases.py``, ``fencing.py``). If its data is lost (a wiped data folder, a
+restore from an older copy), it grants sequencers again that the store's fence
+rows already carry; :meth:`.owner.IntervalOwner.acquire` then refuses with
+:class:`~.exceptions.CoordinatorStateLostError`. :func:`plan_reseed` compares,
+per computation and interval, the highest sequencer in the store (fence rows
+and committed rows) with the next one ZooKeeper would grant; :func:`apply_reseed`
+raises ZooKeeper's sequencers above the store's and records the pipeline's
+store binding (``binding.py``). The next start then takes grants above every
+sequencer in the store and fences as usual (the new fence rows invalidate any
+writer still holding an old sequencer).
+
+Watermarks: ZooKeeper's low and injector watermarks are not in the store, so
+they are not restored; after the re-seed they are *not known* until the
+restarted pipeline publishes them again. That errs on the safe side (an
+unknown watermark fires no event-time timer, so timers fire late, never early)
+and never moves a published watermark backwards (there is none left to move).
+
+Run it with every copy of the pipeline stopped. It only raises counters and
+creates the binding, so running it twice, or by mistake on a healthy ZooKeeper,
+changes nothing a writer relies on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.security import ACL
+
+from ..layout import StoreLayout
+from .binding import bind_store, store_path
+from .leases import next_sequencers, raise_sequencers
+
+__all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
+
+
+@dataclass(frozen=True)
+class ReseedPlan:
+    """What :func:`plan_reseed` found.
+
+    Attributes:
+        pipeline: the pipeline's name.
+        root: the store.
+        bound: ZooKeeper holds the pipeline's store binding.
+        store: per computation, interval -> highest sequencer in the store.
+        zookeeper: per computation, interval -> the sequencer ZooKeeper would grant next.
+        behind: per computation, interval -> the floor ZooKeeper's sequencer must reach
+            (store's highest + 1), for the intervals where ZooKeeper is at or below the store.
+    """
+
+    pipeline: str
+    root: str
+    bound: bool
+    store: dict[str, dict[int, int]] = field(default_factory=dict)
+    zookeeper: dict[str, dict[int, int]] = field(default_factory=dict)
+    behind: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    @property
+    def needed(self) -> bool:
+        """ZooKeeper is behind the store (or has no binding while the store has data)."""
+        return any(self.behind.values()) or (not self.bound and any(self.store.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (interval numbers as strings)."""
+        def keyed(d: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
+            return {c: {str(i): s for i, s in sorted(per.items())} for c, per in sorted(d.items())}
+
+        return {"pipeline": self.pipeline, "store": self.root, "bound": self.bound, "needed": self.needed,
+                "store_sequencers": keyed(self.store), "zookeeper_next": keyed(self.zookeeper),
+                "raise_to": keyed(self.behind)}
+
+
+def store_sequencers(spark: Any, layout: StoreLayout) -> dict[str, dict[int, int]]:
+    """Per computation, interval -> the highest sequencer of any row (fence rows included)."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(layout.rows)
+    out: dict[str, dict[int, int]] = {}
+    for r in (df.where(F.col("sequencer").isNotNull()).groupBy("computation", "interval")
+              .agg(F.max("sequencer").alias("s")).collect()):
+        out.setdefault(str(r["computation"]), {})[int(r["interval"])] = int(r["s"])
+    return out
+
+
+def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipeline: str) -> ReseedPlan:
+    """Compare the store's sequencers with ZooKeeper's (reads only)."""
+    bound = client.exists(store_path(pipeline)) is not None
+    held = store_sequencers(spark, layout)
+    zk: dict[str, dict[int, int]] = {}
+    behind: dict[str, dict[int, int]] = {}
+    for comp, per in sorted(held.items()):
+        zk[comp] = next_sequencers(client, pipeline=pipeline, computation=comp, intervals=per)
+        low = {iv: s + 1 for iv, s in per.items() if zk[comp][iv] <= s}
+        if low:
+            behind[comp] = low
+    return ReseedPlan(pipeline, layout.root, bound, held, zk, behind)
+
+
+def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: ReseedPlan, *,
+                 acls: list[ACL] | None = None) -> dict[str, dict[int, int]]:
+    """Raise ZooKeeper's sequencers as ``plan`` says and record the store binding.
+
+    Returns the next sequencer per computation and interval afterwards.
+
+    Raises:
+        StoreMismatchError: ZooKeeper's binding names another store (nothing is changed).
+    """
+    from ..rowtable.store import RowStore
+
+    bind_store(client, plan.pipeline, table_id=RowStore(spark, layout, writer="reseed").table_id(), root=layout.root)
+    out: dict[str, dict[int, int]] = {}
+    for comp, floors in sorted(plan.behind.items()):
+        out[comp] = raise_sequencers(client, pipeline=plan.pipeline, computation=comp, floors=floors, acls=acls)
+    return out

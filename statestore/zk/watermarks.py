@@ -1,0 +1,610 @@
+"""Low watermarks (MillWheel sections 3.3 and 5.4), held in ZooKeeper.
+
+Connection states: every call that writes needs a live session. While the
+connection is SUSPENDED, writes and reads wait for the reconnect (a blip shorter
+than the session timeout only pauses them; a call cut off mid-way by the drop is
+repeated, re-reading before it writes) and raise :class:`LeaseSuspendedError`
+when the connection is not back within twice the session timeout plus 5 s. :meth:`WatermarkAuthority.last_known` serves, without ZooKeeper, the
+last *published* low watermark this instance saw, flagged ``stale``: safe,
+because published values never move backwards, so a stale value is only ever
+too low (timers fire late, never early). A LOST session loses nothing here
+(every znode is persistent), but a write in flight raises
+:class:`LeaseLostError`: the writer's leases went with the session, so it must
+publish again with the sequencer of a new grant.
+
+Terms (times are epoch milliseconds): the *oldest work* of a key interval is
+the oldest of its unprocessed input, pending event-time timers, undelivered
+productions and watermark holds; the executor owning the interval publishes it
+with its lease sequencer (``None``: nothing pending). An *injector watermark*
+is an estimate the source declares (e.g. min event time of unfinished input, or
+max seen minus a bound); records behind it are late; a finished source
+publishes :data:`END_OF_TIME`. The *low watermark* of ``A`` = min(oldest work of
+every interval of ``A``, low watermarks of its upstream computations and
+injectors), recursively. ``None`` means *not known yet* (an interval or input
+never published, or an upstream not declared yet): fire no event-time timer.
+:data:`END_OF_TIME` means all input is finished and nothing is pending.
+
+Layout below the client's chroot, per pipeline ``p`` (intervals as ``{I:05d}``)::
+
+    /pipelines/{p}/topology/{c}                      {"upstream": ["injector:x", "computation:y"], ...}
+    /pipelines/{p}/watermarks/computations/{c}/{I}   oldest work + the publisher's sequencer
+    /pipelines/{p}/watermarks/injectors/{i}          injector watermark (monotonic)
+    /pipelines/{p}/watermarks/low/{c}                published low watermark (monotonic)
+
+Every update is a compare-and-set on the znode version (concurrent writers
+re-read and retry). A writer whose sequencer is older than the stored one, or
+than the interval's current lease grant, gets :class:`StaleSequencerError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deltawheel.migrations.zk_layout import ensure_zk_layout
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import ZnodeStat
+from kazoo.security import ACL
+
+from ..clock import Clock, SystemClock
+from ..exceptions import CodecError, ConfigError, LeaseSuspendedError, StaleSequencerError
+from ..layout import validate_name
+from .client import zk_errors
+from .leases import MAX_INTERVAL, interval_path, session_timeout_s
+
+__all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream"]
+
+log = logging.getLogger(__name__)
+
+END_OF_TIME = 2**63 - 1
+"""The watermark of a finished input: every event time is behind it."""
+WATERMARK_FORMAT_VERSION = 1
+_KINDS = ("computation", "injector")
+_SYSTEM_CLOCK = SystemClock()
+Raw = dict[str, Any]
+
+
+def parse_upstream(text: str) -> tuple[str, str]:
+    """Split ``'computation:NAME'`` / ``'injector:NAME'`` into (kind, name).
+
+    >>> parse_upstream("injector:clicks")
+    ('injector', 'clicks')
+
+    Raises:
+        ConfigError: no known prefix, or an invalid name.
+    """
+    kind, sep, name = text.partition(":")
+    if not sep or kind not in _KINDS:
+        raise ConfigError(f"upstream {text!r} must be 'computation:NAME' or 'injector:NAME'")
+    return kind, validate_name(kind, name)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The declared inputs (``'kind:name'`` strings) and key-interval count of a computation.
+
+    >>> t = Topology(("injector:src",), 2)
+    >>> Topology.from_payload(t.to_payload()) == t
+    True
+    """
+
+    upstream: tuple[str, ...]
+    num_intervals: int
+
+    def to_payload(self) -> bytes:
+        """JSON for the topology znode (carries ``format_version``)."""
+        return _encode({"upstream": list(self.upstream), "num_intervals": self.num_intervals})
+
+    @classmethod
+    def from_payload(cls, data: bytes) -> Topology:
+        """Decode :meth:`to_payload` output.
+
+        Raises:
+            CodecError: damaged, or written by a newer deltawheel.
+        """
+        raw = _decode(data, "topology")
+        try:
+            return cls(tuple(str(u) for u in raw["upstream"]), int(raw["num_intervals"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CodecError(f"topology payload is damaged: {raw}") from exc
+
+
+@dataclass(frozen=True)
+class LastKnown:
+    """The last published low watermark this instance saw (``None``: none yet).
+
+    ``stale`` is true while the connection is not CONNECTED: a newer value may exist.
+    """
+
+    low_watermark_ms: int | None
+    seen_ms: int | None
+    stale: bool
+
+
+def _encode(fields: Raw) -> bytes:
+    return json.dumps({"format_version": WATERMARK_FORMAT_VERSION, **fields}, sort_keys=True).encode()
+
+
+def _decode(data: bytes, what: str) -> Raw:
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CodecError(f"{what} payload is not JSON: {data[:80]!r}") from exc
+    if not isinstance(raw, dict):
+        raise CodecError(f"{what} payload is not a JSON object: {data[:80]!r}")
+    if raw.get("format_version") != WATERMARK_FORMAT_VERSION:
+        raise CodecError(f"{what} payload has format_version {raw.get('format_version')!r}, this "
+                         f"deltawheel reads {WATERMARK_FORMAT_VERSION}; upgrade deltawheel")
+    return raw
+
+
+def _check_ms(name: str, value: int | None, *, optional: bool) -> None:
+    if (value is not None or not optional) and (not isinstance(value, int) or isinstance(value, bool)
+                                                or not -END_OF_TIME <= value <= END_OF_TIME):
+        raise CodecError(f"{name} must be epoch milliseconds (an int up to END_OF_TIME), got {value!r}")
+
+
+def _min(values: Sequence[int | None]) -> int | None:
+    """Min in which ``None`` (unknown) wins over everything; no values at all give END_OF_TIME."""
+    return None if None in values else min((v for v in values if v is not None), default=END_OF_TIME)
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _zk_errors(what: str) -> Any:
+    return zk_errors(what, expired="acquire the leases again and publish with the new sequencer",
+                     lost="the ZooKeeper connection was lost; retry once it reconnects")
+
+
+_Fence = tuple[str, Callable[[bytes | None, ZnodeStat | None], "tuple[str, int] | None"]]
+
+
+def _got(res: Any) -> tuple[bytes | None, ZnodeStat | None]:
+    """An asynchronous ``get``'s (data, stat); (None, None) for a missing node."""
+    try:
+        return res.get()  # type: ignore[no-any-return]
+    except NoNodeError:
+        return None, None
+
+
+def _stale(what: str, ours: int, theirs: object, where: str) -> StaleSequencerError:
+    return StaleSequencerError(f"{what}: {where} has sequencer {theirs}, newer than ours ({ours}); drop the "
+                               "interval and re-acquire its lease")
+
+
+def _owner_fence(what: str, owner_path: str, sequencer: int, data: bytes | None,
+                 stat: ZnodeStat | None) -> tuple[str, int] | None:
+    """The (path, version) check a publish under ``sequencer`` must carry: the lease owner node
+    while it names our grant; None when no lease is recorded (released, or leases not in use:
+    the stored sequencer decides) or it names an older one. A newer grant raises."""
+    if data is None or stat is None:
+        return None
+    try:
+        theirs = json.loads(data.decode("utf-8")).get("sequencer")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        theirs = None
+    if not isinstance(theirs, int) or theirs > sequencer:
+        raise _stale(what, sequencer, theirs if isinstance(theirs, int) else "(being granted)", "the current lease")
+    return (owner_path, stat.version) if theirs == sequencer else None
+
+
+class WatermarkAuthority:
+    """Publishes oldest work and injector watermarks; computes and publishes low watermarks.
+
+    Args:
+        client: a started kazoo client (see :func:`.zkclient.connect`); the caller owns it.
+        pipeline: pipeline name.
+        clock: stamps ``published_ms`` and measures lag.
+        acls: ACLs for created znodes (:func:`.zkclient.digest_acls`); ``None`` = open.
+    """
+
+    def __init__(self, client: KazooClient, *, pipeline: str, clock: Clock = _SYSTEM_CLOCK,
+                 acls: list[ACL] | None = None) -> None:
+        self._client = client
+        self.pipeline = validate_name("pipeline", pipeline)
+        self._clock = clock
+        self._acls = acls
+        self._base = f"/pipelines/{pipeline}"
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[int | None, int]] = {}
+        ensure_zk_layout(client)
+
+    def _path(self, kind: str, name: str) -> str:
+        folder = {"topology": "topology", "injector": "watermarks/injectors", "low": "watermarks/low",
+                  "computation": "watermarks/computations"}[kind]
+        return f"{self._base}/{folder}/{validate_name('injector' if kind == 'injector' else 'computation', name)}"
+
+    def _connected(self, what: str) -> None:
+        """Wait (bounded: twice the session timeout plus 5 s) for a suspended connection to come back."""
+        deadline = time.monotonic() + 2 * session_timeout_s(self._client) + 5.0
+        while self._client.state != KazooState.CONNECTED:
+            if time.monotonic() >= deadline:
+                raise LeaseSuspendedError(f"{what}: the ZooKeeper connection is suspended; retry once it reconnects")
+            time.sleep(0.05)
+
+    def _resilient(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` after :meth:`_connected`; again when the connection drops during it (every call
+        made this way re-reads before it writes, so a repeat is safe)."""
+        deadline = time.monotonic() + 2 * session_timeout_s(self._client) + 5.0
+        while True:
+            self._connected(what)
+            try:
+                return call()
+            except LeaseSuspendedError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _get(self, path: str) -> tuple[bytes | None, ZnodeStat | None]:
+        try:
+            return self._client.get(path)  # type: ignore[no-any-return]
+        except NoNodeError:
+            return None, None
+
+    def _read(self, path: str, what: str) -> Raw | None:
+        def read() -> bytes | None:
+            with _zk_errors(f"reading {what}"):
+                return self._get(path)[0]
+
+        data = self._resilient(f"reading {what}", read)
+        return None if data is None else _decode(data, what)
+
+    def _cas(self, path: str, what: str, update: Callable[[Raw | None], bytes | None]) -> None:
+        """Read-modify-write ``path`` until no concurrent writer got in between (see :meth:`_cas_many`)."""
+        self._cas_many(what, [(path, update, None)])
+
+    def _cas_many(self, what: str, items: Sequence[tuple[str, Callable[[Raw | None], bytes | None], _Fence | None]]
+                  ) -> None:
+        """Read-modify-write several nodes in one transaction until no concurrent writer got in between.
+
+        Per item (path, update, fence): ``update`` maps the stored payload (``None``: absent) to the
+        new one (``None``: write nothing) and may raise; ``fence`` is None or (node, judge):
+        ``judge(data, stat)`` of that node returns a (path, version) that must still hold when the
+        write commits (or None) and may raise. All reads of a try are one pipelined round; every
+        write of a try commits or none does. A connection lost meanwhile is waited for and the
+        whole read-modify-write repeated (:meth:`_resilient`).
+        """
+        self._resilient(what, lambda: self._cas_loop(what, items))
+
+    def _cas_loop(self, what: str, items: Sequence[tuple[str, Callable[[Raw | None], bytes | None], _Fence | None]]
+                  ) -> None:
+        with _zk_errors(what):
+            while True:
+                reads = [(self._client.get_async(path), None if fence is None else self._client.get_async(fence[0]))
+                         for path, _, fence in items]
+                tx = self._client.transaction()
+                writes = 0
+                for (path, update, fence), (res, fence_res) in zip(items, reads, strict=True):
+                    data, stat = _got(res)
+                    new = update(None if data is None else _decode(data, what))
+                    check = None if fence is None else fence[1](*_got(fence_res))
+                    if new is None:
+                        continue
+                    if check is not None:
+                        tx.check(*check)
+                    if stat is None:
+                        self._client.ensure_path(path.rsplit("/", 1)[0], acl=self._acls)
+                        tx.create(path, new, acl=self._acls)
+                    else:
+                        tx.set_data(path, new, stat.version)
+                    writes += 1
+                if not writes or not any(isinstance(r, Exception) for r in tx.commit()):
+                    return
+                log.debug("%s: concurrent update, retrying", what)
+
+    # --- publishing ---------------------------------------------------------
+
+    def publish_oldest_work(self, computation: str, interval: int, oldest_work_ms: int | None, *,
+                            sequencer: int) -> None:
+        """Publish the oldest pending work of one key interval (step 7 of the batch protocol).
+
+        The value may go down (late data arrived); the published low watermark does not.
+        When the interval's lease owner znode carries our sequencer, the write is
+        conditional on it (a takeover racing this write makes it fail).
+
+        Args:
+            computation: computation name.
+            interval: key interval (below the declared ``num_intervals`` once declared).
+            oldest_work_ms: oldest unprocessed input / timer / production / hold; ``None`` = none.
+            sequencer: the sequencer of this instance's lease grant on the interval.
+
+        Raises:
+            StaleSequencerError: a newer grant exists or has published (this writer is a zombie).
+            ConfigError: bad name, or an interval outside the declared ones.
+            CodecError: ``oldest_work_ms`` is not epoch milliseconds.
+            LeaseSuspendedError: the connection is suspended; retry after the reconnect.
+        """
+        self.publish_oldest_works(computation, {interval: (oldest_work_ms, sequencer)})
+
+    def publish_oldest_works(self, computation: str, works: Mapping[int, tuple[int | None, int]]) -> None:
+        """:meth:`publish_oldest_work` for several intervals of one computation at once:
+        ``works`` maps interval -> (oldest work ms or None, sequencer of our grant). One round
+        of reads (pipelined) and one ZooKeeper transaction: all are written or none (a
+        concurrent update makes it read and try again). Raises as :meth:`publish_oldest_work`."""
+        ivs = sorted(works)
+        if not ivs:
+            return
+        for iv in ivs:
+            _check_ms("oldest_work_ms", works[iv][0], optional=True)
+        owners = {iv: f"{interval_path(self.pipeline, computation, iv)}/owner" for iv in ivs}  # range check
+        topo = self.topology(computation)
+        if topo is not None and ivs[-1] >= topo.num_intervals:
+            raise ConfigError(f"{computation} is declared with {topo.num_intervals} intervals; "
+                              f"interval {ivs[-1]} does not exist")
+        base = self._path("computation", computation)
+        items = []
+        for iv in ivs:
+            oldest, sequencer = works[iv]
+            one = f"publishing oldest work of interval {iv} of {self.pipeline}/{computation}"
+
+            def update(old: Raw | None, one: str = one, sequencer: int = sequencer,
+                       oldest: int | None = oldest) -> bytes:
+                if old is not None and int(old["sequencer"]) > sequencer:
+                    raise _stale(one, sequencer, old["sequencer"], "the published oldest work")
+                return _encode({"sequencer": sequencer, "oldest_work_ms": oldest,
+                                "published_ms": self._clock.now_ms()})
+
+            judge = functools.partial(_owner_fence, one, owners[iv], sequencer)
+            items.append((f"{base}/{iv:05d}", update, (owners[iv], judge)))
+        self._cas_many(f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} "
+                       f"{', '.join(map(str, ivs))} of {self.pipeline}/{computation}", items)
+
+    def publish_injector(self, injector: str, watermark_ms: int, *, sequencer: int = 0) -> int:
+        """Publish a source's low watermark estimate; it never moves backwards.
+
+        The value is whatever the source declares (see the module docstring):
+        records it emits behind it later are late. Publish :data:`END_OF_TIME`
+        when the source is finished.
+
+        Returns:
+            The stored watermark: ``watermark_ms``, or the larger one already stored.
+
+        Raises:
+            StaleSequencerError: the stored value was published with a newer sequencer.
+            CodecError: ``watermark_ms`` is not epoch milliseconds.
+            LeaseSuspendedError: the connection is suspended; retry after the reconnect.
+        """
+        _check_ms("watermark_ms", watermark_ms, optional=False)
+        what = f"publishing the watermark of injector {self.pipeline}/{injector}"
+        stored: list[int] = []
+
+        def update(old: Raw | None) -> bytes | None:
+            before = None if old is None else int(old["watermark_ms"])
+            if old is not None and int(old["sequencer"]) > sequencer:
+                raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
+                                          f"({sequencer}); another instance runs this source, stop this one")
+            stored[:] = [max(watermark_ms, before if before is not None else watermark_ms)]
+            if old is not None and before == stored[0] and int(old["sequencer"]) == sequencer:
+                return None  # never backwards, nothing new
+            return _encode({"sequencer": sequencer, "watermark_ms": stored[0],
+                            "published_ms": self._clock.now_ms()})
+
+        self._cas(self._path("injector", injector), what, update)
+        return stored[0]
+
+    def declare(self, computation: str, *, upstream: Sequence[str], num_intervals: int,
+                replace: bool = False) -> Topology:
+        """Record a computation's inputs and key-interval count (idempotent).
+
+        Args:
+            computation: computation name.
+            upstream: inputs, each ``'computation:NAME'`` or ``'injector:NAME'``.
+            num_intervals: how many key intervals (0..num_intervals-1) it has.
+            replace: overwrite a different earlier declaration (re-sharding, new inputs).
+
+        Raises:
+            ConfigError: bad names or count, a self-loop, or a different declaration
+                exists and ``replace`` is false.
+        """
+        path = self._path("topology", computation)
+        if not 1 <= num_intervals <= MAX_INTERVAL + 1:
+            raise ConfigError(f"num_intervals of {computation} must be 1..{MAX_INTERVAL + 1}, got {num_intervals}")
+        ups = tuple(dict.fromkeys(":".join(parse_upstream(u)) for u in upstream))
+        if f"computation:{computation}" in ups:
+            raise ConfigError(f"{computation} cannot be its own upstream")
+        topo = Topology(ups, num_intervals)
+
+        def update(old: Raw | None) -> bytes | None:
+            have = None if old is None else Topology.from_payload(_encode(old))
+            if have == topo:
+                return None
+            if have is not None and not replace:
+                raise ConfigError(f"{computation} is already declared with upstream {list(have.upstream)} "
+                                  f"and {have.num_intervals} intervals; pass replace=True to change it")
+            return topo.to_payload()
+
+        self._cas(path, f"declaring {self.pipeline}/{computation}", update)
+        return topo
+
+    # --- reading ------------------------------------------------------------
+
+    def topology(self, computation: str) -> Topology | None:
+        """The declared topology of ``computation``, or ``None`` when it is not declared."""
+        raw = self._read(self._path("topology", computation), "topology")
+        return None if raw is None else Topology.from_payload(_encode(raw))
+
+    def injector_watermark(self, injector: str) -> int | None:
+        """The stored watermark of ``injector``; ``None`` when it never published."""
+        raw = self._read(self._path("injector", injector), "injector watermark")
+        return None if raw is None else int(raw["watermark_ms"])
+
+    def published_low_watermark(self, computation: str) -> int | None:
+        """The stored (monotonic) low watermark; ``None`` when never advanced."""
+        raw = self._read(self._path("low", computation), "low watermark")
+        value = None if raw is None else raw["low_watermark_ms"]
+        self._remember(computation, value)
+        return value
+
+    def oldest_work(self, computation: str, num_intervals: int) -> dict[int, Raw | None]:
+        """Published oldest-work payloads of intervals 0..num_intervals-1 (``None``: never published)."""
+        base = self._path("computation", computation)
+        def read() -> dict[int, Raw | None]:
+            out: dict[int, Raw | None] = {}
+            with _zk_errors(f"reading oldest work of {computation}"):
+                pending = [self._client.get_async(f"{base}/{i:05d}") for i in range(num_intervals)]
+                for i, res in enumerate(pending):
+                    try:
+                        out[i] = _decode(res.get()[0], "oldest work")
+                    except NoNodeError:
+                        out[i] = None
+            return out
+
+        return self._resilient(f"reading oldest work of {computation}", read)  # type: ignore[no-any-return]
+
+    def low_watermark(self, computation: str) -> int | None:
+        """The low watermark as MillWheel computes it; may be below the published one.
+
+        Each upstream computation counts with max(its computed, its published)
+        value: downstream may already have acted on the published one.
+
+        Returns:
+            Epoch ms; ``None`` when not known yet; :data:`END_OF_TIME` when all is done.
+
+        Raises:
+            ConfigError: ``computation`` is not declared, or the topology has a cycle.
+            LeaseSuspendedError: the connection is suspended (see :meth:`last_known`).
+        """
+        if self.topology(computation) is None:
+            raise ConfigError(f"{self.pipeline}/{computation} is not declared; declare() it with its "
+                              "upstream and num_intervals first")
+        return self._compute(computation, {}, ())
+
+    def _compute(self, computation: str, memo: dict[str, int | None], path: tuple[str, ...]) -> int | None:
+        if computation in path:
+            cycle = " -> ".join((*path[path.index(computation):], computation))
+            raise ConfigError(f"the topology of {self.pipeline} has a cycle ({cycle}); low watermarks "
+                              "need an acyclic pipeline")
+        topo = self.topology(computation)
+        if topo is None:
+            return None  # declared later (or a typo: snapshot() shows it undeclared)
+        values: list[int | None] = []
+        for kind, name in (parse_upstream(u) for u in topo.upstream):
+            if kind == "injector":
+                values.append(self.injector_watermark(name))
+                continue
+            if name not in memo:
+                computed = self._compute(name, memo, (*path, computation))
+                memo[name] = _max(computed, self.published_low_watermark(name))
+            values.append(memo[name])
+        for raw in self.oldest_work(computation, topo.num_intervals).values():
+            values.append(None if raw is None else
+                          END_OF_TIME if raw["oldest_work_ms"] is None else int(raw["oldest_work_ms"]))
+        return _min(values)
+
+    def advance_low_watermark(self, computation: str) -> int | None:
+        """Compute the low watermark, publish max(computed, published) and return it.
+
+        Late data: records behind the published watermark pull oldest work (and
+        the computed value) below it; the published value stays, and those
+        records are late by definition (the executor counts or routes them).
+
+        Raises:
+            ConfigError: as :meth:`low_watermark`.
+            LeaseSuspendedError: the connection is suspended; retry after the reconnect.
+        """
+        computed = self.low_watermark(computation)
+        result: list[int | None] = [None]
+
+        def update(old: Raw | None) -> bytes | None:
+            before = None if old is None else old["low_watermark_ms"]
+            result[0] = _max(before, computed)
+            if result[0] == before:
+                return None
+            return _encode({"low_watermark_ms": result[0], "computed_ms": computed,
+                            "revision": 0 if old is None else int(old["revision"]) + 1,
+                            "published_ms": self._clock.now_ms()})
+
+        self._cas(self._path("low", computation), f"advancing the low watermark of {computation}", update)
+        self._remember(computation, result[0])
+        return result[0]
+
+    def watermark_lag_ms(self, computation: str) -> int | None:
+        """now - max(computed, published low watermark), at least 0; ``None`` while not known."""
+        low = _max(self.low_watermark(computation), self.published_low_watermark(computation))
+        return None if low is None else max(0, self._clock.now_ms() - low)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every watermark of the pipeline, for the CLI and for inspection.
+
+        Returns:
+            ``{"pipeline", "injectors": {name: {watermark_ms, sequencer, published_ms}},
+            "computations": {name: {declared, upstream, num_intervals, intervals: {I:
+            {oldest_work_ms, sequencer, published_ms} or None}, low_watermark_ms,
+            published_low_watermark_ms}}}``. Computations that published oldest work
+            without being declared appear with ``declared`` false.
+        """
+        self._connected("reading the watermarks")
+        with _zk_errors("reading the watermarks"):
+            injectors = self._children(f"{self._base}/watermarks/injectors")
+            names = sorted(set(self._children(f"{self._base}/topology"))
+                           | set(self._children(f"{self._base}/watermarks/computations")))
+            published = {n: [int(i) for i in self._children(f"{self._base}/watermarks/computations/{n}")]
+                         for n in names}
+        out: dict[str, Any] = {"pipeline": self.pipeline, "injectors": {}, "computations": {}}
+        for name in injectors:
+            raw = self._read(self._path("injector", name), "injector watermark")
+            if raw is not None:
+                out["injectors"][name] = {k: raw[k] for k in ("watermark_ms", "sequencer", "published_ms")}
+        for name in names:
+            topo = self.topology(name)
+            count = topo.num_intervals if topo else max(published[name], default=-1) + 1
+            out["computations"][name] = {
+                "declared": topo is not None,
+                "upstream": list(topo.upstream) if topo else [],
+                "num_intervals": topo.num_intervals if topo else None,
+                "intervals": {i: None if raw is None else {k: raw[k] for k in
+                                                           ("oldest_work_ms", "sequencer", "published_ms")}
+                              for i, raw in self.oldest_work(name, count).items()},
+                "low_watermark_ms": self._compute(name, {}, ()) if topo else None,
+                "published_low_watermark_ms": self.published_low_watermark(name),
+            }
+        return out
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return sorted(self._client.get_children(path))
+        except NoNodeError:
+            return []
+
+    # --- cache and watches --------------------------------------------------
+
+    def _remember(self, computation: str, value: int | None) -> None:
+        with self._lock:
+            self._seen[computation] = (value, self._clock.now_ms())
+
+    def last_known(self, computation: str) -> LastKnown:
+        """The last published low watermark this instance read, wrote or was told of; no ZooKeeper call."""
+        with self._lock:
+            value, seen = self._seen.get(computation, (None, None))
+        return LastKnown(value, seen, stale=self._client.state != KazooState.CONNECTED)
+
+    def watch_low_watermark(self, computation: str, callback: Callable[[int | None], None]) -> None:
+        """Call ``callback(value)`` now and whenever the published low watermark changes.
+
+        The callback runs on kazoo's event thread: it must not block or call
+        ZooKeeper synchronously. kazoo re-registers the watch after a reconnect.
+        """
+        path = self._path("low", computation)
+
+        def on_change(data: bytes | None, _stat: object) -> None:
+            try:
+                value = None if data is None else _decode(data, "low watermark")["low_watermark_ms"]
+            except CodecError:
+                log.exception("ignoring a damaged low watermark at %s", path)
+                return
+            self._remember(computation, value)
+            try:
+                callback(value)
+            except Exception:  # a failing callback must not end the watch
+                log.exception("low watermark callback for %s failed", computation)
+
+        self._client.DataWatch(path, on_change)

@@ -68,13 +68,14 @@ class DeltaWheelEngine:
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None) -> EngineResult:
         """Run the window count on ``data`` through a deltawheel pipeline; returns speed and output check."""
-        from deltawheel import migrations
         from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
         from deltawheel.executor.runtime.sources import ParquetInjector
         from deltawheel.statestore.codecs import get_codec
         from deltawheel.statestore.config import ZkConfig
         from deltawheel.statestore.layout import StoreLayout
         from deltawheel.statestore.zk.server import EmbeddedZooKeeper
+
+        from deltawheel import migrations
 
         base = Path(out_dir) / self.name
         layout = StoreLayout(tempfile.mkdtemp(prefix="store-", dir=_mk(base)))

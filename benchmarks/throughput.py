@@ -12,11 +12,8 @@ under a :class:`~deltawheel.benchmarks.memory.MemorySampler`. Writes
 ``<out>/throughput.json`` and ``<out>/throughput.png``.
 
 Engine registry: :data:`ENGINES` maps a name to a zero-argument factory returning an
-:class:`~deltawheel.benchmarks.engines_spark.Engine`. ``spark_sql`` and ``spark_tws``
-are built in. If the module ``deltawheel.benchmarks.engine_deltawheel`` exists it is
-imported and plugged in: it must define either ``ENGINES`` (a mapping name -> factory,
-merged in) or ``make_engine`` (registered as ``deltawheel``), and may define
-``SPARK_CONF`` (a mapping of extra session settings).
+:class:`~deltawheel.benchmarks.engines_spark.Engine`: Spark's own ``spark_sql`` and
+``spark_tws`` (:mod:`.engines_spark`) and deltawheel's engines (:mod:`.engine_deltawheel`).
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
-import importlib
 import itertools
 import json
 import os
@@ -38,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 from deltawheel.statestore.delta.sparkenv import DELTA_VERSION
 
+from . import engine_deltawheel
 from .args import add_throughput_arguments
 from .engines_spark import (
     SPARK_BENCH_CONF,
@@ -51,38 +48,14 @@ from .memory import MemorySampler
 from .plot import plot_throughput
 from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_workload
 
-__all__ = ["ENGINES", "REGISTRY_NOTES", "WARMUP", "EXTRA_SPARK_CONF", "round_orders", "run_throughput", "format_table", "main"]
-
-PLUGIN_MODULE = "deltawheel.benchmarks.engine_deltawheel"
+__all__ = ["ENGINES", "WARMUP", "round_orders", "run_throughput", "format_table", "main"]
 
 ENGINES: dict[str, Callable[[], Engine]] = {
     "spark_sql": SparkSqlEngine,
     "spark_tws": SparkTwsEngine,
+    **engine_deltawheel.ENGINES,
 }
-EXTRA_SPARK_CONF: dict[str, str] = {}
-REGISTRY_NOTES: list[str] = []
 WARMUP = WorkloadParams(n=4_000, b=2_000, k=500, rate=100)
-
-
-def _load_plugin() -> None:
-    try:
-        mod = importlib.import_module(PLUGIN_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != PLUGIN_MODULE:
-            raise
-        REGISTRY_NOTES.append("engine 'deltawheel' not registered: benchmarks/engine_deltawheel.py is absent")
-        return
-    factories = getattr(mod, "ENGINES", None)
-    if factories is not None:
-        ENGINES.update(dict(factories))
-    elif hasattr(mod, "make_engine"):
-        ENGINES["deltawheel"] = mod.make_engine
-    else:
-        raise WorkloadError(f"{PLUGIN_MODULE} defines neither ENGINES nor make_engine()")
-    EXTRA_SPARK_CONF.update(dict(getattr(mod, "SPARK_CONF", {})))
-
-
-_load_plugin()
 
 
 def _machine_info(spark: Any) -> dict[str, Any]:
@@ -198,8 +171,7 @@ def run_throughput(
     names = list(engines) if engines else list(ENGINES)
     unknown = [n for n in names if n not in ENGINES]
     if unknown:
-        raise WorkloadError(f"unknown engine(s) {unknown}; registered: {sorted(ENGINES)}"
-                            + (f" ({'; '.join(REGISTRY_NOTES)})" if REGISTRY_NOTES else ""))
+        raise WorkloadError(f"unknown engine(s) {unknown}; registered: {sorted(ENGINES)}")
     if rounds < 1:
         raise WorkloadError(f"rounds must be at least 1, got {rounds}")
     out_dir = Path(out_dir)
@@ -211,7 +183,7 @@ def run_throughput(
     say(f"workload {size}: N={data.n:,} in {len(data.files)} files, sha256 {data.content_sha256[:16]}…, "
         f"reference {ref.emitted_rows:,} rows")
 
-    conf = {**SPARK_BENCH_CONF, **EXTRA_SPARK_CONF}
+    conf = dict(SPARK_BENCH_CONF)
     t0 = time.perf_counter()
     if spark is None:
         from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
@@ -272,7 +244,6 @@ def run_throughput(
         "ratios": _ratios(results),
         "warmup": dataclasses.asdict(WARMUP) if warmup else None,
         "rounds": rounds,
-        "registry_notes": list(REGISTRY_NOTES),
     }
     report["process_wall_s"] = round(time.time() - t_proc0, 3)
     (out_dir / "throughput.json").write_text(json.dumps(report, indent=1, default=str))

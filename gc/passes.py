@@ -37,17 +37,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import list_streams
+
+from .exceptions import VacuumRetentionError
 
 __all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "MIN_VACUUM_RETAIN_HOURS"]
 
 MIN_VACUUM_RETAIN_HOURS = 168.0  # Delta's delta.deletedFileRetentionDuration default (one week)
-
-
-class VacuumRetentionError(ConfigError):
-    """A VACUUM retention below Delta's safety minimum was asked for without ``force``."""
 
 
 @dataclass(frozen=True)

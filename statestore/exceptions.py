@@ -31,6 +31,9 @@ __all__ = [
     "ZooKeeperServerError",
     "ConfigError",
     "JarFetchError",
+    "StaleFilesError",
+    "StaleViewError",
+    "ReadOnlySqlError",
 ]
 
 
@@ -137,3 +140,19 @@ class ConfigError(FatalError):
 
 class JarFetchError(FatalError):
     """The Delta Lake jars could not be found or downloaded."""
+
+
+class StaleFilesError(RetryableError):
+    """Someone else committed to partitions whose files a writer was about to replace."""
+
+
+class StaleViewError(RetryableError):
+    """The writer's view of its partitions is out of date (someone else committed to them).
+
+    Raised by the tasks' loading (step 3) or by a write path's commit (step 5); nothing of
+    the batch was committed. Reload the view (which fails typed if the cause was a takeover)
+    and run the batch's steps 3-5 again."""
+
+
+class ReadOnlySqlError(FatalError):
+    """A statement given to the read-only SQL tool would change something (a table, a view, a setting)."""

@@ -7,7 +7,6 @@ and sets ``func`` (taking the parsed args, returning an exit code).
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from typing import Sequence
 
@@ -15,37 +14,19 @@ from deltawheel.statestore.exceptions import DeltaWheelError
 
 __all__ = ["main", "build_parser"]
 
-# Order is the order of --help.
-_MODULES = (
-    "demo",
-    "quickstart",
-    "zk",
-    "migrate",
-    "sql",
-    "leases",
-    "recover",
-    "reseed",
-    "gc",
-    "bench",
-    "scenario",
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``deltawheel`` argument parser, with a subcommand from each CLI module present."""
+    """The ``deltawheel`` argument parser: the subcommands of every module of this package."""
     parser = argparse.ArgumentParser(
         prog="deltawheel",
         description="MillWheel-style exactly-once state engine on Spark, Delta Lake and ZooKeeper.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in _MODULES:
-        try:
-            mod = importlib.import_module(f"deltawheel.executor.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"deltawheel.executor.cli.{name}":
-                continue
-            raise
+    from . import bench, demo, gc, leases, migrate, quickstart, recover, reseed, scenario, sql, zk
+
+    for mod in (demo, quickstart, zk, migrate, sql, leases, recover, reseed, gc, bench, scenario):  # --help order
         mod.register(sub)
     return parser
 

@@ -28,8 +28,9 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deltawheel import migrations
     from deltawheel.gc.passes import run_gc
+
+    from deltawheel import migrations
 
     layout = layout_from(args)
     spark = spark_from(args)

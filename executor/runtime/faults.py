@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from deltawheel.statestore.exceptions import RetryableError
+from ..exceptions import BatchFailedError
 
 __all__ = ["FaultPoint", "BatchFailedError"]
 
@@ -20,7 +20,3 @@ class FaultPoint(StrEnum):
     AFTER_DELIVERY = "after_delivery"  # delivered, checkpoints not cleared yet
     BEFORE_WATERMARK = "before_watermark"
     IN_WEAK_DELIVERY = "in_weak_delivery"  # inside the thread appending weak productions
-
-
-class BatchFailedError(RetryableError):
-    """A micro-batch failed (user code, input, or storage); nothing of it was delivered."""

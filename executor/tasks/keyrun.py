@@ -25,7 +25,7 @@ from typing import NamedTuple, Sequence
 
 from deltawheel.statestore.codecs import Codec, get_codec
 from deltawheel.statestore.rowtable.rows import (
-    _DOMAIN_VALUES,
+    DOMAIN_VALUES,
     KeyRow,
     Production,
     SeenId,
@@ -35,24 +35,12 @@ from deltawheel.statestore.rowtable.rows import (
 
 from ..computation import Computation, ErrorPolicy, Record
 from ..context import Context, TimerCause
+from ..exceptions import UserCodeError
 
 __all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
            "first_timer_seq"]
 
 MAX_TIMER_ROUNDS = 10_000
-
-
-class UserCodeError(Exception):
-    """process_record / process_timer raised; carries the key and what was processed."""
-
-    def __init__(self, computation: str, key: str, what: str, cause: BaseException) -> None:
-        super().__init__(
-            f"{computation}: user code failed for key {key!r} on {what}: {type(cause).__name__}: {cause}. "
-            "The batch was not committed; fix the code (or set error_policy = ErrorPolicy.DEAD_LETTER) "
-            "and restart: the batch is retried.")
-        self.computation = computation
-        self.key = key
-        self.what = what
 
 
 class KeyOutcome(NamedTuple):
@@ -211,7 +199,7 @@ class UserCode:
             # numbered by the key's firing counter: the same timer firing again (re-set at the same
             # time after it fired) produces under new ids; a replayed batch numbers as the first did
             ctx.cause = TimerCause(
-                f"{self._timer_id}{ctx.key}:{_DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}:{seq}", t.time_ms)
+                f"{self._timer_id}{ctx.key}:{DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}:{seq}", t.time_ms)
             seq += 1
             ctx.timer_seq = seq
             try:

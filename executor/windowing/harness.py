@@ -126,8 +126,9 @@ class DeltaBackend:
     """
 
     def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
-        from deltawheel import migrations
         from deltawheel.statestore.rowtable.store import RowStore
+
+        from deltawheel import migrations
 
         migrations.apply(spark, layout, dry_run=False)
         self._store = RowStore(spark, layout, writer="scenario")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from deltawheel.statestore.exceptions import ConfigError
+from ..exceptions import WindowingError
 
 __all__ = [
     "GLOBAL_START_MS",
@@ -45,10 +45,6 @@ __all__ = [
 GLOBAL_START_MS = -(2**61)
 GLOBAL_END_MS = 2**61
 END_OF_INPUT_MS = 2**62
-
-
-class WindowingError(ConfigError):
-    """A windowing strategy (window function, trigger, combiner, scenario) is malformed."""
 
 
 @dataclass(frozen=True, order=True)

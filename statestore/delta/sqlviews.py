@@ -42,7 +42,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from ..codecs import get_codec
-from ..exceptions import CodecError, ConfigError, FatalError
+from ..exceptions import CodecError, ConfigError, ReadOnlySqlError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, KeyRow
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
@@ -57,7 +57,6 @@ __all__ = [
     "run_sql",
     "format_rows",
     "inspect_key",
-    "ReadOnlySqlError",
     "check_read_only",
     "read_only_session",
 ]
@@ -282,10 +281,6 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
     footer = f"({n} row{'s' if n != 1 else ''}"
     footer += "; more rows exist, raise --max-rows)" if truncated else ")"
     return "\n".join(out + [footer]) + "\n"
-
-
-class ReadOnlySqlError(FatalError):
-    """A statement given to the read-only SQL tool would change something (a table, a view, a setting)."""
 
 
 # commands that only read: SHOW ..., DESCRIBE ... (Spark's and Delta's: DESCRIBE HISTORY / DETAIL), EXPLAIN

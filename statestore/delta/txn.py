@@ -35,14 +35,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, unquote
 
+from ..exceptions import StaleFilesError
+from .jvm import jsession
+from .jvm import jvm as jvm_of
 from .log import local_path, read_local
 
 __all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", "local_root", "is_local", "decode_path",
            "write_file", "partition_file_name"]
-
-
-class StaleFilesError(Exception):
-    """Someone else committed to partitions whose files a writer was about to replace."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,7 @@ class FileEntry:
     added_exact: bool = False  # ``added_at`` is that version, not an upper bound (a checkpoint's)
 
     def part(self, name: str) -> str | None:
+        """The file's value of partition column ``name`` (None: not partitioned by it)."""
         return dict(self.partition_values).get(name)
 
 
@@ -113,9 +113,9 @@ class TableLog:
     def __init__(self, spark: Any, path: str) -> None:
         self.spark = spark
         self.path = path
-        jvm = spark._jvm
+        jvm = jvm_of(spark)
         self._jvm = jvm
-        self._js = spark._jsparkSession
+        self._js = jsession(spark)
         self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._js, path)
         self._cc = jvm.scala.jdk.javaapi.CollectionConverters
         utils = jvm.org.apache.spark.util.Utils

@@ -19,9 +19,9 @@ _SCHEMAS: dict[str, Any] = {}
 def spark_type(ddl: str) -> Any:
     """Parsed DDL, cached (parsing is a JVM round trip)."""
     if ddl not in _TYPES:
-        from pyspark.sql.types import _parse_datatype_string
+        from pyspark.sql.types import DataType
 
-        _TYPES[ddl] = _parse_datatype_string(ddl)
+        _TYPES[ddl] = DataType.fromDDL(ddl)
     return _TYPES[ddl]
 
 

@@ -27,6 +27,8 @@ from ..exceptions import BadRecordError
 
 __all__ = [
     "ROW_FORMAT_VERSION",
+    "DOMAINS",
+    "DOMAIN_VALUES",
     "FENCE_KEY",
     "MAX_KEY_BYTES",
     "TimeDomain",
@@ -55,8 +57,11 @@ class TimeDomain(str, Enum):
     PROCESSING_TIME = "processing_time"
 
 
-_DOMAINS = {d.value: d for d in TimeDomain} | {d: d for d in TimeDomain}
-_DOMAIN_VALUES = {d: d.value for d in TimeDomain}  # an enum's .value is a slow descriptor (hot loops use this)
+#: a time domain from its stored name (or from itself)
+DOMAINS = {d.value: d for d in TimeDomain} | {d: d for d in TimeDomain}
+#: a time domain's stored name (an enum's .value is a slow descriptor: hot loops use this)
+DOMAIN_VALUES = {d: d.value for d in TimeDomain}
+_DOMAINS, _DOMAIN_VALUES = DOMAINS, DOMAIN_VALUES
 
 
 class Timer(NamedTuple):
@@ -78,7 +83,7 @@ class Timer(NamedTuple):
     @staticmethod
     def from_row(r: Mapping[str, Any]) -> "Timer":
         """The timer of a ``timers`` column row."""
-        return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=_DOMAINS[r["domain"]])
+        return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=DOMAINS[r["domain"]])
 
 
 def make_timer(time_ms: int, tag: str, domain: TimeDomain) -> Timer:

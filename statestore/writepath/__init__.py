@@ -33,19 +33,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Generic, Mapping, Sequence, TypeVar
 
-from ..exceptions import RetryableError
+from ..exceptions import StaleViewError
 
 __all__ = ["WritePath", "Recovered", "StaleViewError"]
 
 BatchT = TypeVar("BatchT")
-
-
-class StaleViewError(RetryableError):
-    """The writer's view of its partitions is out of date (someone else committed to them).
-
-    Raised by the tasks' loading (step 3) or by :meth:`WritePath.commit` (step 5); nothing of
-    the batch was committed. Call :meth:`WritePath.load` (which fails typed if the cause was a
-    takeover) and run the batch's steps 3-5 again."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,37 @@
+"""Errors raised by the executor: all under deltawheel's one root, :class:`DeltaWheelError`.
+
+Retryable errors (a restart of the query retries the batch) derive from
+:class:`~deltawheel.statestore.exceptions.RetryableError`, configuration and user-code errors
+from :class:`~deltawheel.statestore.exceptions.FatalError`, as in ``statestore.exceptions``.
+"""
+
+from __future__ import annotations
+
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, FatalError, RetryableError
+
+__all__ = ["DeltaWheelError", "BatchFailedError", "UserCodeError", "WindowingError"]
+
+
+class BatchFailedError(RetryableError):
+    """A micro-batch failed (user code, input, or storage); nothing of it was delivered."""
+
+
+class UserCodeError(FatalError):
+    """process_record / process_timer raised; carries the key and what was processed."""
+
+    def __init__(self, computation: str, key: str, what: str, cause: BaseException) -> None:
+        super().__init__(
+            f"{computation}: user code failed for key {key!r} on {what}: {type(cause).__name__}: {cause}. "
+            "The batch was not committed; fix the code (or set error_policy = ErrorPolicy.DEAD_LETTER) "
+            "and restart: the batch is retried.")
+        self.computation = computation
+        self.key = key
+        self.what = what
+        self._cause = cause
+
+    def __reduce__(self) -> tuple[type[UserCodeError], tuple[str, str, str, BaseException]]:
+        return (UserCodeError, (self.computation, self.key, self.what, self._cause))
+
+
+class WindowingError(ConfigError):
+    """A windowing strategy (window function, trigger, combiner, scenario) is malformed."""

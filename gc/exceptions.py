@@ -1,0 +1,11 @@
+"""Errors raised by garbage collection: all under deltawheel's one root, :class:`DeltaWheelError`."""
+
+from __future__ import annotations
+
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
+
+__all__ = ["DeltaWheelError", "VacuumRetentionError"]
+
+
+class VacuumRetentionError(ConfigError):
+    """A VACUUM retention below Delta's safety minimum was asked for without ``force``."""

@@ -23,10 +23,11 @@ def _owner(spark, layout, client, pipeline: str, who: str):  # type: ignore[no-u
 
 def test_another_store_of_the_same_pipeline_is_refused_before_any_lease(spark, migrated_store, zk_config,
                                                                          tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel import migrations
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.binding import store_path
     from deltawheel.statestore.zk.client import connect
+
+    from deltawheel import migrations
 
     other = StoreLayout(str(tmp_path / "other"))
     migrations.apply(spark, other, dry_run=False)

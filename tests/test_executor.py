@@ -92,9 +92,10 @@ def _run(spark, layout, zk_config, *, crash_at=None):  # type: ignore[no-untyped
 @pytest.fixture(scope="module")
 def clean_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     """The outputs and state of the run that never crashed (computed once)."""
-    from deltawheel import migrations
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
+
+    from deltawheel import migrations
 
     layout = StoreLayout(str(tmp_path_factory.mktemp("clean") / "store"))
     migrations.apply(spark, layout, dry_run=False)
@@ -545,7 +546,6 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
     import threading
     import zlib
 
-    from deltawheel import migrations
     from deltawheel.executor.runtime.batch import ComputationExecutor
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
@@ -554,6 +554,8 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
     from deltawheel.statestore.zk.leases import LeaseManager
     from deltawheel.statestore.zk.owner import IntervalOwner
     from executor_util import J
+
+    from deltawheel import migrations
 
     def interval(key: str) -> int:
         return zlib.crc32(key.encode()) % 4

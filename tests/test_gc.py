@@ -88,11 +88,12 @@ def test_gc_apply_on_idle_store_keeps_live_state(spark, zk_server, tmp_path, wri
     user runs it, leaves the rows as they were (Spark and delta-rs read them back), a further run
     works and ends with the rows and outputs of the same runs on a store never gc'ed. (On the image
     path VACUUM deleted every live rows file: their logged paths were URL-quoted.)"""
-    from deltawheel import migrations
     from deltawheel.executor.cli import main
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import state_of, stream_rows
+
+    from deltawheel import migrations
 
     outcome = {}
     for name in ("clean", "gcd"):

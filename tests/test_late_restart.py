@@ -121,9 +121,10 @@ _CLEAN: dict[tuple[str, str], dict[str, Any]] = {}
 def clean_runs(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     """Per (policy, write path): the outputs, state and late data of the run that never crashed
     (computed once, on first use)."""
-    from deltawheel import migrations
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
+
+    from deltawheel import migrations
 
     def get(policy: str, write_path: str) -> dict[str, Any]:
         if (policy, write_path) not in _CLEAN:

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel import migrations
 from deltawheel.migrations import m0001_meta_and_rows
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import KeyRow, Production, SeenId, TimeDomain, Timer, rows_schema_ddl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from deltawheel import migrations
 
 pytestmark = pytest.mark.spark
 

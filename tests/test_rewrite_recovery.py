@@ -66,9 +66,10 @@ def test_a_restart_after_optimize_does_not_give_delivered_checkpoints_again(
 @pytest.mark.parametrize("write_path", ["image", "merge"])
 def test_gc_between_a_startup_crash_and_a_restart_gives_the_clean_rows_without_duplicates(
         spark, migrated_store, zk_config, tmp_path, write_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel import migrations
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
+
+    from deltawheel import migrations
 
     clean_layout = StoreLayout(str(tmp_path / "clean"))
     migrations.apply(spark, clean_layout, dry_run=False)

@@ -59,9 +59,10 @@ def _rest(spark, layout, zk_config, writer):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def clean(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from deltawheel import migrations
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
+
+    from deltawheel import migrations
 
     layout = StoreLayout(str(tmp_path_factory.mktemp("clean") / "store"))
     migrations.apply(spark, layout, dry_run=False)

@@ -88,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "connect": "deltawheel.statestore.zk.client",
     "LeaseManager": "deltawheel.statestore.zk.leases",
     "IntervalOwner": "deltawheel.statestore.zk.owner",
+    "RowStore": "deltawheel.statestore.rowtable.store",
     "WatermarkAuthority": "deltawheel.statestore.zk.watermarks",
     "EmbeddedZooKeeper": "deltawheel.statestore.zk.server",
     # errors: one root, retryable kept apart from fatal
@@ -235,6 +236,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.statestore.rowtable.rows import (  # noqa: F401
         TimeDomain,
+    )
+    from deltawheel.statestore.rowtable.store import (  # noqa: F401
+        RowStore,
     )
     from deltawheel.statestore.zk.client import (  # noqa: F401
         connect,

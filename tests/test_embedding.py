@@ -42,7 +42,7 @@ def test_the_readme_embedding_snippet_fires_event_time_timers(spark, zk_server, 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    counter = _python_block("", "", holding="from deltawheel.executor.computation import Computation\n\nclass BucketCounter")
+    counter = _python_block("", "", holding="from deltawheel import Computation\n\nclass BucketCounter")
     snippet = _python_block("### Embedding it in your Spark job", "from deltawheel")
     settings = {"STORE": str(tmp_path / "store"), "ZK_HOSTS": zk_server.hosts, "EVENTS": str(tmp_path / "events"),
                 "CHECKPOINT": str(tmp_path / "chk")}

@@ -97,6 +97,7 @@ class EngineResult:
     rounds_records_per_s: tuple[float, ...] = ()  # every round's figure, with --rounds (this result: the median)
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready plain types (tuples and mappings as lists and dicts)."""
         d = asdict(self)
         d["settings"] = dict(self.settings)
         d["notes"] = list(self.notes)
@@ -106,6 +107,7 @@ class EngineResult:
         return d
 
     def with_(self, **changes: Any) -> EngineResult:
+        """A copy of this result with the given fields replaced."""
         return replace(self, **changes)
 
 
@@ -115,7 +117,9 @@ class Engine(Protocol):
     name: str
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
-            progress: ProgressFn | None = None) -> EngineResult: ...
+            progress: ProgressFn | None = None) -> EngineResult:
+        """Run the workload ``data`` under ``out_dir`` and judge the output against its reference."""
+        ...
 
 
 def build_result(
@@ -168,18 +172,23 @@ def build_result(
 
 @dataclass(frozen=True)
 class StreamingRun:
+    """A finished streaming query: its wall time and every micro-batch's progress report."""
+
     wall_s: float
     progresses: tuple[dict[str, Any], ...]
 
     @property
     def batches(self) -> int:
+        """The number of micro-batches the query ran."""
         return len(self.progresses)
 
     @property
     def batch_s(self) -> tuple[float, ...]:
+        """Each micro-batch's trigger execution time, in seconds."""
         return tuple(p["durationMs"].get("triggerExecution", 0) / 1000 for p in self.progresses)
 
     def dropped_by_watermark(self) -> int:
+        """Spark's numRowsDroppedByWatermark, summed over all batches and state operators."""
         return sum(int(op.get("numRowsDroppedByWatermark", 0))
                    for p in self.progresses for op in p.get("stateOperators", []))
 
@@ -253,6 +262,7 @@ class SparkSqlEngine:
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
             progress: ProgressFn | None = None) -> EngineResult:
+        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it."""
         from pyspark.sql import functions as F
 
         base = _fresh_dir(Path(out_dir) / self.name)
@@ -341,6 +351,7 @@ class SparkTwsEngine:
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
             progress: ProgressFn | None = None) -> EngineResult:
+        """Run the per-key window count processor over the input files (availableNow) and judge it."""
         base = _fresh_dir(Path(out_dir) / self.name)
         sink, ckpt = base / "output", base / "checkpoint"
         out = (_input_stream(spark, data)

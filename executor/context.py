@@ -193,5 +193,3 @@ class Context:
             return self._state_bytes
         # assigned, or read and possibly changed in place: what user code left is the state
         return None if state is None else self._codec.encode(state)
-
-    _encoded_state = encoded_state  # the image path's key loop (_imagekeys) still calls it so

@@ -238,6 +238,7 @@ class ComputationExecutor:
         self._started = True
 
     def stop(self) -> None:
+        """Settle the delivery still in flight, then give the intervals back (even if settling fails)."""
         try:
             self.inflight.settle()
         finally:
@@ -245,6 +246,7 @@ class ComputationExecutor:
         self._started = False
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        """The ``foreachBatch`` entry point: :meth:`run_batch` on the micro-batch ``df``."""
         self.run_batch(df, batch_id)
 
     # ----------------------------------------------------------- the batch

@@ -59,9 +59,11 @@ class Pipeline:
     computations: tuple[Computation, ...]
 
     def producers(self, stream: str) -> list[str]:
+        """The names of the computations that write ``stream``."""
         return [c.name for c in self.computations if stream in c.outputs]
 
     def upstream(self, comp: Computation) -> list[str]:
+        """The sources feeding ``comp``, sorted: ``injector:<name>``, ``computation:<name>``."""
         names = {i.name for i in self.injectors}
         out: list[str] = []
         for s in comp.inputs:
@@ -92,6 +94,8 @@ class Pipeline:
 
 @dataclass
 class RunSummary:
+    """A finished run: per computation, its batch reports, published low watermark and watermark lag."""
+
     reports: dict[str, list[BatchReport]] = field(default_factory=dict)
     low_watermarks: dict[str, int | None] = field(default_factory=dict)
     lag_ms: dict[str, int | None] = field(default_factory=dict)
@@ -121,6 +125,7 @@ class PipelineRunner:
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
 
     def run(self) -> RunSummary:
+        """Migrate the store, then run rounds until nothing moves (at most ``max_rounds``)."""
         from deltawheel import migrations
 
         # Python workers forked now, while ZooKeeper, the leases and the query start take their time

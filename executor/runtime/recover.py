@@ -51,6 +51,7 @@ class IntervalStatus:
     undelivered: Mapping[str, int]
 
     def to_dict(self) -> dict[str, Any]:
+        """The status as JSON-ready plain types."""
         return {"computation": self.computation, "interval": self.interval, "owner": self.owner,
                 "checkpointed": dict(self.checkpointed), "undelivered": dict(self.undelivered)}
 

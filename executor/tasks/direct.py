@@ -27,6 +27,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+from deltawheel.statestore.delta.jvm import jframe
 from deltawheel.statestore.delta.log import local_path
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
@@ -54,6 +55,7 @@ class DirectSource:
 
     @property
     def columns(self) -> list[str]:
+        """The names of the columns read, in ``types`` order."""
         return [c for c, _t in self.types]
 
 
@@ -80,7 +82,7 @@ def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | 
     import pyarrow.parquet as pq
 
     try:
-        plan = df._jdf.queryExecution().logical()
+        plan = jframe(df).queryExecution().logical()
         if not plan.getClass().getName().endswith(".LogicalRDD"):
             return None
         rdd = plan.rdd()

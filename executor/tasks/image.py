@@ -87,6 +87,7 @@ class ImageSpec:
 
 
 def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The image job's ``mapInArrow`` function: :func:`run_task` on a task's rows, yields its summary."""
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
@@ -204,7 +205,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
     # the duplicates are found with one vectorized lookup, the new lists are assembled below.
     mask = pc.is_in(keys, value_set=pa.array(sorted(touched), pa.string()))
     sub = image.filter(mask)
-    old_ids = _flat_ids(sub, spec.horizon_ms)
+    old_ids = flat_ids(sub, spec.horizon_ms)
     old = OldRows(sub, with_pending=has_pending)
     rest = _trim_ids(image.filter(pc.invert(mask)), spec.horizon_ms)
     if has_pending:
@@ -263,7 +264,7 @@ def _route_late(comp: Computation, recs: Any, image: Any,
     route = late
     if comp.exactly_once:
         lkeys = pc.unique(recs.filter(late).column("key"))
-        held = _flat_ids(image.filter(pc.is_in(image.column("key"), value_set=lkeys)), horizon_ms).table
+        held = flat_ids(image.filter(pc.is_in(image.column("key"), value_set=lkeys)), horizon_ms).table
         if held.num_rows:
             pairs = pc.binary_join_element_wise(recs.column("key"), recs.column("record_id"), "\x00")
             old = pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00")
@@ -333,7 +334,8 @@ class _Ids:
     keys: set[str]
 
 
-def _flat_ids(sub: Any, horizon_ms: int | None) -> _Ids:
+def flat_ids(sub: Any, horizon_ms: int | None) -> _Ids:
+    """The record ids the rows ``sub`` hold, flattened (``.table``: those seen at ``horizon_ms`` or later)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -354,7 +356,7 @@ def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input,
            ids: _Ids) -> tuple[IdBloom | None, list[bool] | None, dict[str, int]]:
     """Step 1 of dedup (MillWheel's): the batch's record ids of this interval against the
     image's Bloom filter; only if one might have been seen, the exact lookup in the stored ids
-    (:func:`_already_seen`). Returns the filter, per input record whether its key's row holds
+    (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
     its id (None: none does), and the filter's counts for the batch report."""
     stats = {"bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0}
     if not spec.comp.exactly_once or not inp.keys:
@@ -364,7 +366,7 @@ def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input,
     stats.update(bloom_checked=len(inp.ids), bloom_maybe=maybe, bloom_bytes=bloom.nbytes)
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
         return bloom, None, stats
-    seen = _already_seen(spec.comp, inp, ids)
+    seen = already_seen(spec.comp, inp, ids)
     stats["bloom_false_pos"] = maybe - (sum(seen) if seen else 0)
     return bloom, seen, stats
 
@@ -392,7 +394,7 @@ def _remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
         _BLOOMS.popitem(last=False)
 
 
-def _already_seen(comp: Computation, inp: Input, ids: _Ids) -> list[bool] | None:
+def already_seen(comp: Computation, inp: Input, ids: _Ids) -> list[bool] | None:
     """Per input record (in ``inp`` order): does the key's row already hold its id?"""
     import pyarrow.compute as pc
 

@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from deltawheel.statestore.delta.jvm import jsession
 from deltawheel.statestore.delta.txn import local_root
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.frames import arrow_schema, spark_type
@@ -263,6 +264,7 @@ class ImageTasks:
         return self._data_cols[1], self._data_cols[2]
 
     def collect(self, out: Any) -> BatchOutput:
+        """Run the batch's tasks and gather their summary rows; a fenced task raises StaleViewError."""
         try:
             rows = out.rdd.collect() if isinstance(out, TaskJob) else out.toArrow().to_pylist()
         except Exception as exc:  # noqa: BLE001 - the fence check in the tasks
@@ -280,7 +282,7 @@ class ImageTasks:
 
         # the JVM session's identity: foreachBatch hands each batch a new Python wrapper
         ivs = tuple(iv for iv, _t in place)
-        key = (session._jsparkSession.hashCode(), ivs)
+        key = (jsession(session).hashCode(), ivs)
         if self._marker_frame is None or self._marker_frame[0] != key:
             cols = [F.lit(None).cast(t).alias(c) for c, t in (d.split() for d in PREP_DDL.split(", "))]
             pick = F.element_at(F.array(*[F.lit(i) for i in ivs]), (F.col("id") + 1).cast("int"))

@@ -58,6 +58,7 @@ def py_list(arr: Any) -> list[Any]:
 
 
 def constant_or_list(col: Any, n: int) -> Any:
+    """The column ``col`` (``n`` rows) as a Python list; a repeated value when it holds only one."""
     import pyarrow.compute as pc
 
     uniq = pc.unique(col)
@@ -98,6 +99,7 @@ class Input:
                 start = end
 
     def row(self, i: int) -> dict[str, Any]:
+        """Record ``i`` (in sorted order) as a dict of every column of the batch table."""
         return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
 
     def records(self) -> list[Record]:
@@ -239,6 +241,7 @@ class KeyLoop:
 
     def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
             old_id_keys: set[str]) -> None:
+        """Run user code for each key of ``touched``; collect its new row, productions and dead letters."""
         comp = self.comp
         wm, now = self.wm, self.now_ms
         exactly_once = comp.exactly_once
@@ -280,16 +283,16 @@ class KeyLoop:
             duplicates += n_seen + n_dups
             late += n_late
             fired += n_fired
-            prods = ctx._productions
+            prods = ctx.productions
             if prods:
                 all_prods.extend(prods)
             if keep_ids and fresh and not self.all_ran:
                 self.id_keys += [key] * len(fresh)
                 self.id_values += fresh
-            state = ctx._encoded_state()
-            timers = tuple(sorted(ctx._timers.values()))
-            new_hold = ctx._hold
-            seq = ctx._timer_seq or 0  # set by the run (a new key: seeded)
+            state = ctx.encoded_state()
+            timers = ctx.timers
+            new_hold = ctx.watermark_hold_ms
+            seq = ctx.timer_seq or 0  # set by the run (a new key: seeded)
             pending = prods if strong else ()
             if state is None and not timers and not pending and new_hold is None:
                 # nothing left: the row stays only for its record ids (old ones still within the
@@ -386,6 +389,7 @@ def records_of(inp: Input, key: str, lo: int, hi: int,
 
 
 def side_row(kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -> dict[str, Any]:
+    """A side-output row (``kind``: dead or late) for the input record ``x`` of ``key``."""
     return {"kind": kind, "record_id": x.get("record_id"), "key": key, "value": x.get("value"),
             "codec": x.get("codec"), "timestamp_ms": x.get("timestamp_ms"), "stream": x.get("stream"),
             "position": x.get("position"), "error": error}

@@ -263,12 +263,14 @@ def _dead(x: dict[str, Any], key: str, error: str) -> dict[str, Any]:
 
 
 def productions_frame(out: Any) -> Any:
+    """The productions the tasks made (one row each, from the ``new_prods`` column of ``out``)."""
     from pyspark.sql import functions as F
 
     return out.select(F.explode("new_prods").alias("p")).select("p.*")
 
 
 def dead_letter_frame(out: Any) -> Any:
+    """The dead letters the tasks produced (one row each, from the ``dead`` column of ``out``)."""
     from pyspark.sql import functions as F
 
     return out.select(F.explode("dead").alias("d")).select("d.*")
@@ -282,6 +284,7 @@ def routed_frame(out: Any) -> Any:
 
 
 def user_error_message(exc: BaseException, computation: str, batch_id: int) -> str:
+    """A one-line message for a batch that failed in a Spark task: the user code's error when it is found."""
     text = str(exc)
     m = re.search(r"UserCodeError: (.*?)(?:\n|$)", text) or re.search(r"(\w+Error: .*?)(?:\n|$)", text)
     detail = m.group(1) if m else text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__

@@ -32,6 +32,8 @@ class TimerEntry:
 
 @dataclass(frozen=True)
 class RecoveredIntervals:
+    """A computation's intervals rebuilt from their rows: rows by key, Bloom filters, timers, pending."""
+
     computation: str
     intervals: tuple[int, ...]
     rows: dict[str, KeyRow]

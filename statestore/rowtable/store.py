@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
+from ..delta.jvm import jframe, jsession
 from ..delta.txn import (
     TableLog,
     is_local,
@@ -372,9 +373,8 @@ class RowStore:
             # The frame may belong to the caller's session; re-home it in ours (JVM side, no Python hop).
             from pyspark.sql import DataFrame
 
-            jframe = frame.select(*df.columns)._jdf
-            moved = DataFrame(self._spark._jsparkSession.createDataFrame(jframe.javaRDD(), jframe.schema()),
-                              self._spark)
+            jdf = jframe(frame.select(*df.columns))
+            moved = DataFrame(jsession(self._spark).createDataFrame(jdf.javaRDD(), jdf.schema()), self._spark)
             df = moved.unionByName(df)
         df.createOrReplaceTempView(view)
         conf = self._spark.conf

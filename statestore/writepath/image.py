@@ -172,9 +172,11 @@ class BatchOutput:
     version: int | None = None  # the rows commit that checkpointed the productions (set by commit)
 
     def total(self, name: str) -> int:
+        """The count ``name`` summed over the intervals' summaries (missing or None: 0)."""
         return sum(int(s.get(name) or 0) for s in self.summaries)
 
     def side(self, kind: str) -> list[dict[str, Any]]:
+        """The side-output rows of ``kind`` (dead, late) of every interval's summary."""
         return [x for s in self.summaries for x in (s.get("side") or ()) if x["kind"] == kind]
 
 
@@ -245,9 +247,11 @@ class ImagePath(WritePath[BatchOutput]):
         return Recovered(appended=appended, merged=len(merge))
 
     def oldest_work(self) -> Mapping[int, int | None]:
+        """Per interval, its oldest pending work, as recovery or the last commit found it."""
         return self._oldest
 
     def next_processing(self) -> Mapping[int, int | None] | None:
+        """Per interval, when it next has work without input, as recovery or the last commit found it."""
         return self._next_proc
 
     def images(self) -> dict[int, tuple[str, ...]]:

@@ -117,6 +117,7 @@ class MergePath(WritePath[MergeBatch]):
         return batch.n_prods
 
     def oldest_work(self) -> Mapping[int, int | None]:
+        """Per owned interval, the oldest work of its keys as tracked from the committed rows."""
         return {iv: min(per.values()) if per else None for iv, per in self._oldest.items()}
 
     def _note(self, interval: int, key: str, timer: int | None, hold: int | None, *, deleted: bool) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..delta.jvm import jcontext, jvm
 from ..delta.log import local_path, local_table_exists
 from ..delta.sqltext import sql_path
 from ..exceptions import ConfigError
@@ -112,13 +113,13 @@ def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
         )
     if spark is None:
         raise ConfigError(f"listing the streams of remote store {layout.root} needs a SparkSession")
-    jvm = spark._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path(layout.streams_root)
-    fs = hpath.getFileSystem(spark._jsc.hadoopConfiguration())
+    hfs = jvm(spark).org.apache.hadoop.fs
+    hpath = hfs.Path(layout.streams_root)
+    fs = hpath.getFileSystem(jcontext(spark).hadoopConfiguration())
     if not fs.exists(hpath):
         return []
     names = []
     for status in fs.listStatus(hpath):
-        if status.isDirectory() and fs.exists(jvm.org.apache.hadoop.fs.Path(status.getPath(), "_delta_log")):
+        if status.isDirectory() and fs.exists(hfs.Path(status.getPath(), "_delta_log")):
             names.append(str(status.getPath().getName()))
     return sorted(names)

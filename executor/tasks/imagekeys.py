@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError
-from deltawheel.statestore.rowtable.rows import _DOMAIN_VALUES, _DOMAINS, TimeDomain, Timer, new_timer
+from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, DOMAINS, TimeDomain, Timer, new_timer
 
 from ..computation import Computation, Record, new_record
 from ..context import Context
@@ -129,7 +129,7 @@ class OldRows:
         timers = sub.column("timers").combine_chunks()
         flat = pc.list_flatten(timers)
         tags: list[str] = py_list(flat.field("tag"))
-        doms = list(map(_DOMAINS.__getitem__, py_list(flat.field("domain"))))
+        doms = list(map(DOMAINS.__getitem__, py_list(flat.field("domain"))))
         # every timer at once, in C; a row's are a slice (stored sorted: insertion order is sorted)
         self._timers = list(map(new_timer, zip(py_list(flat.field("time_ms")), tags, doms, strict=True)))
         self._slots = list(zip(tags, doms, strict=True))
@@ -178,7 +178,7 @@ class NewRows:
         timers = pa.ListArray.from_arrays(
             offsets,
             pa.StructArray.from_arrays([pa.array([t[1] for t in flat], pa.string()),
-                                        pa.array([_DOMAIN_VALUES[t[2]] for t in flat], pa.string()), times],
+                                        pa.array([DOMAIN_VALUES[t[2]] for t in flat], pa.string()), times],
                                        fields=list(tfield.type.value_type)), type=tfield.type)
         prods = [p for ps in pending_lists for p in ps]
         pfield = schema.field("pending")

@@ -158,7 +158,7 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
     """Join input with the rows it needs and run user code per key in tasks (lazy DataFrame)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import _parse_datatype_string
+    from pyspark.sql.types import DataType
 
     n = comp.num_intervals
     ivs = list(intervals)
@@ -182,7 +182,7 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
         recs = owned.groupBy("key", "interval").agg(F.collect_list(F.struct(
             "record_id", "value", "codec", "timestamp_ms", "late", "stream", "position")).alias("recs"))
         joined = recs.join(rows, ["key", "interval"], "full_outer").where(F.col("recs").isNotNull() | due)
-    schema = _parse_datatype_string(OUT_DDL)
+    schema = DataType.fromDDL(OUT_DDL)
     arrow = to_arrow_schema(schema, timezone="UTC")  # type: ignore[arg-type]  # a StructType (parsed from OUT_DDL)
     fn = _task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, arrow, sequencers, commit_id)
     return joined.repartition(partitions, "interval").mapInArrow(fn, schema)

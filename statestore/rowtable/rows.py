@@ -61,7 +61,6 @@ class TimeDomain(str, Enum):
 DOMAINS = {d.value: d for d in TimeDomain} | {d: d for d in TimeDomain}
 #: a time domain's stored name (an enum's .value is a slow descriptor: hot loops use this)
 DOMAIN_VALUES = {d: d.value for d in TimeDomain}
-_DOMAINS, _DOMAIN_VALUES = DOMAINS, DOMAIN_VALUES
 
 
 class Timer(NamedTuple):

@@ -221,11 +221,11 @@ class RowStore:
     def _claim(self, computation: str, sequencers: Mapping[int, int]) -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import _parse_datatype_string
+        from pyspark.sql.types import DataType
 
         now = self.clock.now_ms()
         commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
-        schema = to_arrow_schema(_parse_datatype_string(rows_file_ddl()), timezone="UTC")  # type: ignore[arg-type]
+        schema = to_arrow_schema(DataType.fromDDL(rows_file_ddl()), timezone="UTC")  # type: ignore[arg-type]
         adds = []
         for iv, seq in sorted(sequencers.items()):
             row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()

@@ -24,6 +24,8 @@ import deltawheel
 out = {"root": deltawheel.__file__, "modules": {}, "failed": {}}
 for top in ("deltawheel",):
     for info in pkgutil.walk_packages(deltawheel.__path__, "deltawheel."):
+        if info.name.endswith(".__main__"):  # a command line: run below, not imported
+            continue
         try:
             mod = importlib.import_module(info.name)
         except Exception as exc:  # reported, not raised: the test lists every failure at once
@@ -84,8 +86,12 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     outside = {m: f for m, f in got["modules"].items() if not f.startswith(fresh_site)}
     assert outside == {}, "modules imported from outside the installed wheel"
     assert _source_packages() <= set(got["modules"]) | {"deltawheel"}
+    assert "deltawheel/executor/cli/__main__.py" in names
 
     cli = subprocess.run([str(venv / "bin" / "deltawheel"), "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert cli.returncode == 0, cli.stderr
     for command in ("demo", "sql", "recover", "reseed", "gc", "bench", "migrate", "zk"):
         assert f"    {command} " in cli.stdout
+    module = subprocess.run([str(py), "-m", "deltawheel.executor.cli", "--help"], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert module.returncode == 0 and module.stdout == cli.stdout, module.stderr

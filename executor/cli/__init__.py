@@ -48,6 +48,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     return int(rc or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -361,7 +361,7 @@ class LeaseManager:
                 holder = _decode(data).get("owner")
             except CodecError:
                 holder = "?"
-            raise LeaseHeldError(f"{what} is held by {holder!r} (session 0x{stat.ephemeralOwner:x}); "
+            raise LeaseHeldError(f"{what} is held by {holder!r} (ZooKeeper client id 0x{stat.ephemeralOwner:x}); "
                                  "wait for it to release, or break the lease ('deltawheel leases break')")
 
     def _abandon(self, owner_path: str, session_id: int) -> None:

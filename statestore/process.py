@@ -24,7 +24,7 @@ import psutil
 
 from .exceptions import DeltaWheelError
 
-__all__ = ["DetachedProcess", "port_free"]
+__all__ = ["DetachedProcess", "free_ports", "port_free"]
 
 
 def port_free(host: str, port: int) -> bool:
@@ -36,6 +36,18 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports the OS reports free right now (bound together, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class DetachedProcess:

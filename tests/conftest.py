@@ -68,3 +68,15 @@ def migrated_store(spark, store_layout):  # type: ignore[no-untyped-def]
 
     migrations.apply(spark, store_layout, dry_run=False)
     return store_layout
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble, started
+    once for the tests that ask for it (``deltawheel cluster up``'s LocalCluster)."""
+    from deltawheel.executor.runtime.cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    cluster.up()
+    yield cluster
+    cluster.down()

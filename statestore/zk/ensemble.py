@@ -18,28 +18,14 @@ member comes back.
 from __future__ import annotations
 
 import json
-import socket
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..exceptions import ZooKeeperServerError
+from ..process import free_ports
 from .server import EmbeddedZooKeeper, QuorumPeer, ZkServerStatus
 
-__all__ = ["ZooKeeperEnsemble", "EnsembleStatus", "free_ports"]
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports the OS reports free right now (bound together, then released)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            with closing(s):
-                pass
+__all__ = ["ZooKeeperEnsemble", "EnsembleStatus"]
 
 
 @dataclass(frozen=True)

@@ -130,3 +130,17 @@ def test_losing_a_worker_and_a_zookeeper_server_mid_run_keeps_the_rows(spark, lo
     local_cluster.ensemble.restart(killed["zk"])
     local_cluster.spark.restart_worker(1)
     assert local_cluster.wait_healthy(timeout_s=60)
+
+
+def test_cluster_errors_say_what_to_do(tmp_path: Path) -> None:
+    from deltawheel.executor.exceptions import ClusterError
+    from deltawheel.executor.runtime.cluster import LocalCluster, SparkStandalone
+
+    with pytest.raises(ClusterError, match="nothing to start: both --no-zk and --no-spark"):
+        LocalCluster(tmp_path / "none", zookeeper=False, spark=False).up()
+    spark = SparkStandalone(tmp_path / "spark", workers=1)
+    with pytest.raises(ClusterError, match="Spark worker 1 is not running; start it first"):
+        spark.await_worker(1)
+    with pytest.raises(ClusterError, match=r"Spark master did not come up: no answer within 0.05s; see .*master.log"):
+        spark.start(timeout_s=0.05)
+    assert spark.status().master_pid is None and processes_of(tmp_path / "spark") == []

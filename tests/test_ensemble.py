@@ -146,3 +146,13 @@ def test_cli_lists_leases_through_the_ensemble(ensemble: ZooKeeperEnsemble, clie
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("p "))
     assert line.split()[:4] == ["p", "c", "5", str(seq)] and "cli-owner" in line
+
+
+def test_member_errors_say_what_to_do(tmp_path: Path) -> None:
+    from deltawheel.statestore.zk.server import EmbeddedZooKeeper, QuorumPeer
+
+    peers = [QuorumPeer(1, "127.0.0.1", 1, 2, 3)]
+    with pytest.raises(ZooKeeperServerError, match=r"myid 2 is not one of the ensemble's ids \[1\]"):
+        EmbeddedZooKeeper(tmp_path / "m", quorum=peers, myid=2)
+    with pytest.raises(ZooKeeperServerError, match="ZooKeeper from .* is not running; start it first"):
+        EmbeddedZooKeeper(tmp_path / "m", quorum=peers, myid=1).wait_ready(timeout_s=0.1)

@@ -117,12 +117,15 @@ def test_losing_a_worker_and_a_zookeeper_server_mid_run_keeps_the_rows(spark, lo
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
     out = "".join(log)
+    (tmp_path / "demo.log").write_text(out)
+    print("".join(ln for ln in log if "lost" in ln.lower())[-2000:])
     print(f"demo with a worker and ZooKeeper server {killed.get('zk')} killed at {killed.get('at', 0):.1f}s: "
           f"finished in {time.monotonic() - started:.1f}s, exit {proc.returncode}")
     assert killed and killed["worker"] is not None and killed["zk_pid"] is not None, out[-3000:]
     assert proc.returncode == 0, out[-5000:]
     assert outputs(spark, store) == demo_reference
     assert f"records read by window_counter : {EVENTS}" in out
+    assert "Lost executor" in out  # the job saw the worker go (Spark logs it at ERROR)
     st = local_cluster.status()  # the kills happened: one worker and one server down, a quorum left
     assert [w.pid is None for w in st.spark.workers] == [True, False]
     assert st.zookeeper.quorum and sum(s.running for s in st.zookeeper.servers) == 2

@@ -25,7 +25,7 @@ from typing import Mapping
 from ..exceptions import JarFetchError
 
 __all__ = ["DELTA_JARS", "DELTA_VERSION", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark",
-           "default_jars_dir"]
+           "default_jars_dir", "fetch_maven_jar"]
 
 MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
 
@@ -71,15 +71,51 @@ def _download(url: str, dest: Path) -> None:
     tmp.replace(dest)
 
 
-def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path) -> None:
+def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path, *, coords: str | None = None) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise JarFetchError("mvn is not installed")
     subprocess.run(
-        [mvn, "-q", "dependency:copy", f"-Dartifact={group}:{artifact}:{version}",
+        [mvn, "-q", "dependency:copy", f"-Dartifact={coords or f'{group}:{artifact}:{version}'}",
          f"-DoutputDirectory={dest_dir}"],
         check=True, capture_output=True, timeout=600,
     )
+
+
+def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, classifier: str | None = None,
+                    sha1: str | None = None, quiet: bool = False) -> Path:
+    """The jar ``group:artifact:version[:classifier]`` in ``dest_dir``, fetched once from Maven Central
+    (falling back to ``mvn dependency:copy``) and checked against ``sha1`` when given.
+
+    Raises:
+        JarFetchError: neither Maven Central nor ``mvn`` could provide the jar, or its checksum is wrong.
+    """
+    name = f"{artifact}-{version}{'-' + classifier if classifier else ''}.jar"
+    dest = dest_dir / name
+    if dest.exists():
+        return dest
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{name}"
+    if not quiet:
+        print(f"deltawheel: fetching {name} from Maven Central", file=sys.stderr)
+    try:
+        _download(url, dest)
+    except Exception as first:  # noqa: BLE001 - fall back to mvn, report both
+        try:
+            coords = f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else "")
+            _mvn_copy(group, artifact, version, dest_dir, coords=coords)
+        except Exception as second:  # noqa: BLE001
+            raise JarFetchError(
+                f"could not fetch {name}: download from {url} failed ({first}); mvn dependency:copy failed "
+                f"({second}). Put the jar into {dest_dir} by hand."
+            ) from second
+    if sha1 is not None:
+        got = hashlib.sha1(dest.read_bytes()).hexdigest()  # noqa: S324 (Maven's checksum format)
+        if got != sha1:
+            dest.unlink()
+            raise JarFetchError(f"checksum mismatch for {name}: got {got}, deltawheel pins {sha1}; "
+                                "the download was removed, try again")
+    return dest
 
 
 def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
@@ -170,6 +206,9 @@ class SparkSettings:
     driver_memory: str = "2g"
     log_level: str = "ERROR"
     hive_support: bool = False
+    # the S3A jars (hadoop-aws + AWS SDK modules) on the classpath: True fetches them if missing,
+    # None adds them when they are in the cache (``./dw setup`` puts them there), False leaves them out
+    object_store: bool | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -189,6 +228,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     store_jar = ensure_log_store_jar(jars_dir)
     if store_jar is not None:
         jars.append(store_jar)
+    jars.extend(_object_store_jars(settings.object_store))
     warehouse = Path(tempfile.gettempdir()) / f"deltawheel-warehouse-{os.getpid()}"
     builder = (
         SparkSession.builder.master(settings.master)
@@ -246,6 +286,17 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     # deltawheel creates no managed tables: the (empty) warehouse folder goes with the process
     atexit.register(_remove_if_empty, warehouse)
     return spark
+
+
+def _object_store_jars(wanted: bool | None) -> list[Path]:
+    """The S3A jars for ``SparkSettings.object_store`` (docs/objectstore.md)."""
+    if wanted is False:
+        return []
+    from ..objectstore.s3a import ensure_s3a_jars, s3a_jars_present
+
+    if wanted:
+        return ensure_s3a_jars()
+    return s3a_jars_present() or []
 
 
 def _remove_if_empty(path: Path) -> None:

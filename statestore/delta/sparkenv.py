@@ -152,7 +152,8 @@ LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
 _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
 
 
-def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False,
+                         source: Path | None = None) -> Path | None:
     """The jar of deltawheel's Delta log store for local paths, compiled once from its source.
 
     ``ExclusiveLocalLogStore.java`` (beside this file) makes each commit file with a hard link, so two
@@ -160,7 +161,8 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
     then rename, under a lock of one JVM only). Compiled with ``javac`` against the
     ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the digest of the source
     and of the Delta and Spark versions it was compiled against. Returns None (with a warning) when
-    no ``javac`` is installed.
+    no ``javac`` is installed. ``source``: another log store's source file compiled the same way
+    (deltawheel's object-store log store, statestore/objectstore/ZkS3LogStore.java).
     """
     import zipfile
 
@@ -169,7 +171,8 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
     import pyspark
 
     # a jar compiled against other Delta or Spark jars is not reused, even if it would still link
-    digest = hashlib.sha256(_LOG_STORE_SOURCE.read_bytes())
+    source = source if source is not None else _LOG_STORE_SOURCE
+    digest = hashlib.sha256(source.read_bytes())
     digest.update(f"delta-storage {DELTA_VERSION} pyspark {pyspark.__version__}".encode())
     dest = jars_dir / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
     if dest.exists():
@@ -182,12 +185,12 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
     storage = next(p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith("delta-storage-"))
     cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
     if not quiet:
-        print(f"deltawheel: compiling {_LOG_STORE_SOURCE.name}", file=sys.stderr)
+        print(f"deltawheel: compiling {source.name}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as out:
-        done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(_LOG_STORE_SOURCE)],
+        done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(source)],
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise JarFetchError(f"javac could not compile {_LOG_STORE_SOURCE}: {done.stderr.strip()[-2000:]}")
+            raise JarFetchError(f"javac could not compile {source}: {done.stderr.strip()[-2000:]}")
         tmp = dest.with_suffix(".part")
         with zipfile.ZipFile(tmp, "w") as z:
             for f in sorted(Path(out).rglob("*.class")):
@@ -228,7 +231,8 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     store_jar = ensure_log_store_jar(jars_dir)
     if store_jar is not None:
         jars.append(store_jar)
-    jars.extend(_object_store_jars(settings.object_store))
+    s3_jars = _object_store_jars(settings.object_store)
+    jars.extend(s3_jars)
     warehouse = Path(tempfile.gettempdir()) / f"deltawheel-warehouse-{os.getpid()}"
     builder = (
         SparkSession.builder.master(settings.master)
@@ -274,11 +278,17 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     )
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
+    if s3_jars:  # commits to s3a:// tables: arbitrated by ZooKeeper across processes
+        from ..objectstore.logstore import ZK_LOG_STORE_CLASS
+
+        builder = builder.config("spark.delta.logStore.s3a.impl", ZK_LOG_STORE_CLASS)
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(
             "spark.hadoop.javax.jdo.option.ConnectionURL",
             f"jdbc:derby:memory:deltawheel-{os.getpid()};create=true",
         )
+    for k, v in _object_store_conf().items():
+        builder = builder.config(k, v)
     for k, v in settings.extra.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -292,11 +302,31 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
     """The S3A jars for ``SparkSettings.object_store`` (docs/objectstore.md)."""
     if wanted is False:
         return []
+    from ..objectstore.logstore import ensure_zk_log_store_jar
     from ..objectstore.s3a import ensure_s3a_jars, s3a_jars_present
 
-    if wanted:
-        return ensure_s3a_jars()
-    return s3a_jars_present() or []
+    jars = ensure_s3a_jars() if wanted else s3a_jars_present()
+    if not jars:
+        return []
+    store = ensure_zk_log_store_jar()
+    if store is None:  # no javac: object-store tables are left out rather than committed unsafely
+        return []
+    return [*jars, store]
+
+
+def _object_store_conf() -> dict[str, str]:
+    """S3A settings for every bucket from ``$DELTAWHEEL_S3_ENDPOINT`` and its keys, and the
+    object-store log store's ZooKeeper from ``$DELTAWHEEL_ZK`` (none of them if unset)."""
+    from ..objectstore.logstore import log_store_settings
+    from ..objectstore.s3a import endpoint_from_env, spark_conf
+
+    endpoint = endpoint_from_env()
+    conf = spark_conf(endpoint) if endpoint is not None else {}
+    zk = os.environ.get("DELTAWHEEL_ZK")  # the CLI's ZooKeeper setting arbitrates s3a commits too
+    if zk:
+        chroot = os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel")
+        conf.update({f"spark.hadoop.{k}": v for k, v in log_store_settings(zk, chroot=chroot).items()})
+    return conf
 
 
 def _remove_if_empty(path: Path) -> None:

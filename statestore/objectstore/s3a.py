@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .client import S3Endpoint
 
 __all__ = ["S3A_JARS", "S3PROXY_JAR", "MavenJar", "default_s3_jars_dir", "ensure_jar", "ensure_s3a_jars",
-           "s3a_jars_present", "s3a_settings", "spark_conf", "configure_bucket", "bucket_of"]
+           "s3a_jars_present", "s3a_settings", "spark_conf", "configure_bucket", "bucket_of", "endpoint_from_env",
+           "ENV_ENDPOINT", "ENV_ACCESS_KEY", "ENV_SECRET_KEY"]
+
+# one S3-compatible store for every s3a:// bucket of a process (what 'deltawheel objectstore start' prints)
+ENV_ENDPOINT = "DELTAWHEEL_S3_ENDPOINT"
+ENV_ACCESS_KEY = "DELTAWHEEL_S3_ACCESS_KEY"
+ENV_SECRET_KEY = "DELTAWHEEL_S3_SECRET_KEY"
 
 # (group, artifact, version, classifier, sha1)
 MavenJar = tuple[str, str, str, str | None, str]
@@ -147,7 +153,7 @@ def configure_bucket(spark: Any, endpoint: S3Endpoint, bucket: str) -> None:
     """Make a running session reach ``bucket`` on ``endpoint``.
 
     Sets the per-bucket keys in the session's SQL conf (Delta builds its Hadoop configuration
-    from it) and in the SparkContext's Hadoop configuration (plain ``spark.read`` and the Hadoop
+    from it, keys as they are) and in the SparkContext's Hadoop configuration (plain ``spark.read`` and the Hadoop
     file system API). Hadoop caches one file system object per bucket: settings given after the
     bucket was first used do not apply to it.
     """
@@ -155,8 +161,28 @@ def configure_bucket(spark: Any, endpoint: S3Endpoint, bucket: str) -> None:
 
     conf = jcontext(spark).hadoopConfiguration()
     for k, v in s3a_settings(endpoint, bucket).items():
-        spark.conf.set(f"spark.hadoop.{k}", v)
+        spark.conf.set(k, v)
         conf.set(k, v)
+
+
+def endpoint_from_env(env: Mapping[str, str] | None = None) -> S3Endpoint | None:
+    """The endpoint named by ``$DELTAWHEEL_S3_ENDPOINT`` (with ``..._ACCESS_KEY`` and
+    ``..._SECRET_KEY``), or ``None`` when it is not set. ``build_spark`` applies it to every bucket.
+
+    Raises:
+        ConfigError: the endpoint is set but a key is missing or the URL is not http(s).
+    """
+    env = os.environ if env is None else env
+    url = env.get(ENV_ENDPOINT)
+    if not url:
+        return None
+    access, secret = env.get(ENV_ACCESS_KEY), env.get(ENV_SECRET_KEY)
+    if not access or not secret:
+        from ..exceptions import ConfigError
+
+        raise ConfigError(f"{ENV_ENDPOINT} is set but {ENV_ACCESS_KEY} or {ENV_SECRET_KEY} is not: set both "
+                          "('deltawheel objectstore status' prints the local server's)")
+    return S3Endpoint(url=url, access_key=access, secret_key=secret)
 
 
 def bucket_of(uri: str) -> str | None:

@@ -78,8 +78,11 @@ S3A_JARS: tuple[MavenJar, ...] = (
     ("org.reactivestreams", "reactive-streams", "1.0.4", None, "3864a1320d97d7b045f729a326e1e077661f31b7"),
 )
 
-S3PROXY_JAR: MavenJar = ("org.gaul", "s3proxy", "2.6.0", "jar-with-dependencies",
-                         "cada399d8a8155d40f82f6a3d22f0288c96046d0")
+# 4.1.0, not 2.6.0: 2.6.0's filesystem backend neither answers for nor lists the empty
+# directory marker S3A's mkdirs writes (``dir/``), so a streaming checkpoint on s3a:// fails
+# (Spark lists its just-made ``sources/0`` folder: FileNotFoundException); 4.1.0 does both
+S3PROXY_JAR: MavenJar = ("org.gaul", "s3proxy", "4.1.0", "jar-with-dependencies",
+                         "0a0b89e982bc1b1b5757d45b61109e05a840dd87")
 
 
 def default_s3_jars_dir() -> Path:

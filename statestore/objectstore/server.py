@@ -11,7 +11,7 @@ one data folder::
     <data_dir>/s3proxy.log    the server's stdout/stderr
     <data_dir>/s3proxy.pid    pid of the running server
 
-The jar (``jar-with-dependencies``, 40 MiB) is fetched once from Maven Central into the
+The jar (``jar-with-dependencies``, 55 MiB) is fetched once from Maven Central into the
 per-user cache (:func:`deltawheel.statestore.objectstore.s3a.default_s3_jars_dir`), outside any
 clone. Readiness: the server answers an HTTP request on its port (any S3 reply, even an error).
 """

@@ -1,7 +1,8 @@
 """``deltawheel demo``: the Zeitgeist pipeline on the embedded defaults (the README's main command).
 
 Local Spark, a local Delta store, and a real ZooKeeper started from pyspark's
-jars when none answers. Deterministic for (--events, --seed); re-running the
+jars when none answers. ``--store s3a://BUCKET/PATH`` keeps the tables on an object store (the
+generated input stays in a local folder, ``--input``). Deterministic for (--events, --seed); re-running the
 same command after a kill resumes and finishes with exactly the same rows.
 """
 
@@ -34,6 +35,10 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--events-per-batch", type=int, default=2_000, help="events per generated file = micro-batch")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for leases held by another copy")
+    p.add_argument("--input", default=None,
+                   help="local folder for the generated input files (default: <store>/_input for a local store, "
+                        "data/demo-input for an object-store one, e.g. --store s3a://BUCKET/PATH); on a cluster "
+                        "every worker must see it")
     add_zk_args(p)
     add_spark_args(p)
     p.set_defaults(func=_run, store=None)
@@ -55,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     server: EmbeddedZooKeeper | None = ensure_zookeeper(cfg, layout)
     spark = spark_from(args)
     params = ZeitgeistParams(n_events=args.events, seed=args.seed)
-    injector = GeneratorInjector("queries", os.path.join(layout.root, "_input", f"seed{args.seed}-n{args.events}"),
+    injector = GeneratorInjector("queries", os.path.join(_input_root(args, layout), f"seed{args.seed}-n{args.events}"),
                                  params, events_per_batch=args.events_per_batch)
     pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=computations())
 
@@ -69,6 +74,15 @@ def _run(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
     return 0
+
+
+def _input_root(args: argparse.Namespace, layout: Any) -> str:
+    """The local folder the generated input goes to: ``--input``, else beside a local store's tables."""
+    if args.input is not None:
+        return os.path.abspath(args.input)
+    if layout.is_local:
+        return os.path.join(layout.root, "_input")
+    return os.path.abspath(os.path.join("data", "demo-input"))  # the generator writes local files
 
 
 def _summary(spark: Any, layout: Any, summary: Any, *, events: int) -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import psutil
@@ -92,15 +93,24 @@ def test_demo_on_the_cluster_gives_the_rows_of_a_local_run(spark, local_cluster,
 
 @pytest.mark.slow
 @pytest.mark.spark
+@pytest.mark.objectstore
 @pytest.mark.timeout(1800)
-def test_losing_a_worker_and_a_zookeeper_server_mid_run_keeps_the_rows(spark, local_cluster, tmp_path,
-                                                                       demo_reference) -> None:  # type: ignore[no-untyped-def]
-    """The issue's end-to-end test: SIGKILL one Spark worker (with its executor) and the ZooKeeper
-    leader while the demo runs on the cluster; it still ends with exactly the rows of a local run."""
-    store = tmp_path / "killed"
-    cmd = demo_cmd(store, local_cluster.zk_hosts, "/killed", "--master", local_cluster.master_url)
+def test_losing_a_worker_and_a_zookeeper_server_mid_run_keeps_the_rows(spark, local_cluster, object_store, s3_bucket,
+                                                                       tmp_path, demo_reference) -> None:  # type: ignore[no-untyped-def]
+    """The issue's end-to-end test: the demo on the cluster with its tables on the object store
+    (s3a://, commits arbitrated by the ensemble); SIGKILL one Spark worker (with its executor) and
+    the ZooKeeper leader while it runs; it still ends with exactly the rows of a clean local run."""
+    from conftest import object_store_env
+
+    store = f"s3a://{s3_bucket}/{uuid.uuid4().hex}"
+    # the demo's driver and the cluster's executors reach the server through the global S3A
+    # settings build_spark derives from these variables; the log store uses the ensemble (--zk)
+    env = object_store_env(object_store)
+    cmd = demo_cmd(store, local_cluster.zk_hosts, "/killed", "--master", local_cluster.master_url,
+                   "--input", str(tmp_path / "input"))
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=env)
     assert proc.stdout is not None
     log: list[str] = []
     killed: dict[str, object] = {}

@@ -19,15 +19,15 @@ J = get_codec("json")
 EVENTS, PER_BATCH = 3_000, 1_000
 
 
-def demo_cmd(store: Path, zk_hosts: str, chroot: str, *extra: str) -> list[str]:
+def demo_cmd(store: Path | str, zk_hosts: str, chroot: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "deltawheel.executor.cli", "demo", "--store", str(store), "--events", str(EVENTS),
             "--events-per-batch", str(PER_BATCH), "--zk", zk_hosts, "--zk-chroot", chroot, *extra]
 
 
-def outputs(spark, store: Path) -> dict[str, list[tuple[str, str]]]:  # type: ignore[no-untyped-def]
+def outputs(spark, store: Path | str) -> dict[str, list[tuple[str, str]]]:  # type: ignore[no-untyped-def]
     out = {}
     for stream in ("window_counts", "predictions", "anomalies"):
-        df = spark.read.format("delta").load(str(store / "streams" / stream))
+        df = spark.read.format("delta").load(f"{store}/streams/{stream}")  # a folder or an s3a:// URI
         out[stream] = sorted((r["record_id"], r["key"] + "|" + r["value"].decode()) for r in df.collect())
     return out
 

@@ -19,18 +19,12 @@ clone. Readiness: the server answers an HTTP request on its port (any S3 reply, 
 from __future__ import annotations
 
 import http.client
-import os
 import secrets
-import signal
-import socket
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from ..exceptions import ObjectStoreServerError
+from ..process import DetachedProcess, port_free
 from ..zk.server import find_java
 from .client import S3Client, S3Endpoint
 from .s3a import S3PROXY_JAR, default_s3_jars_dir, ensure_jar
@@ -61,28 +55,6 @@ class ObjectStoreStatus:
     endpoint: S3Endpoint
 
 
-def _alive(pid: int) -> bool:
-    """True if ``pid`` is a live (not zombie) process that runs S3Proxy."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        cmdline = " ".join(proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    return not cmdline or _JAR_NAME in cmdline
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 class S3ProxyServer:
     """An S3Proxy server with a filesystem backend in its own detached process.
 
@@ -102,7 +74,8 @@ class S3ProxyServer:
         self.host = host
         self.identity = identity
         self._jars_dir = jars_dir
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._process = DetachedProcess("S3Proxy", pid_file=self.pid_file, log_file=self.log_file, marker=_JAR_NAME,
+                                        error=ObjectStoreServerError)
 
     @property
     def config_file(self) -> Path:
@@ -146,12 +119,6 @@ class S3ProxyServer:
         """Create ``bucket`` through the S3 API; False if it existed already."""
         return self.client().create_bucket(bucket)
 
-    def _read_pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-
     def _ready(self) -> bool:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=1.0)
         try:
@@ -165,17 +132,11 @@ class S3ProxyServer:
 
     def log_tail(self, lines: int = 20) -> str:
         """The last ``lines`` lines of the server log ('' if there is none)."""
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return self._process.log_tail(lines)
 
     def status(self) -> ObjectStoreStatus:
         """Whether the server of this data folder runs and answers on its port."""
-        pid = self._read_pid()
-        if pid is not None and not _alive(pid):
-            pid = None
+        pid = self._process.pid()
         running = pid is not None and self._ready()
         return ObjectStoreStatus(running=running, pid=pid, port=self.port, data_dir=str(self.data_dir),
                                  endpoint=self.endpoint)
@@ -204,18 +165,18 @@ class S3ProxyServer:
                 process, or the server did not become ready in time (with the end of its log).
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        pid = self._read_pid()
+        pid = self._process.read_pid()
         if pid is not None:
-            if _alive(pid):
-                problem = self._wait_ready(pid, timeout_s)
+            if self._process.alive(pid):
+                problem = self._process.wait_ready(pid, self._ready, timeout_s)
                 if problem is None:
                     return
-                self._kill_group(pid, timeout_s=5.0)
+                self._process.kill_group(pid, timeout_s=5.0)
                 raise ObjectStoreServerError(
                     f"S3Proxy (pid {pid}) from {self.data_dir} did not answer on port {self.port} ({problem}); "
                     f"it was stopped. Log tail:\n{self.log_tail()}")
             self.pid_file.unlink(missing_ok=True)
-        if not _port_free(self.host, self.port):
+        if not port_free(self.host, self.port):
             raise ObjectStoreServerError(
                 f"port {self.port} on {self.host} is in use by another process; stop it or pass another --port")
         try:
@@ -226,31 +187,14 @@ class S3ProxyServer:
         self._write_config()
         cmd = [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", str(jar),
                "--properties", str(self.config_file)]
-        with open(self.log_file, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, close_fds=True, cwd=str(self.data_dir))
-        self.pid_file.write_text(f"{self._proc.pid}\n")
-        problem = self._wait_ready(self._proc.pid, timeout_s)
+        pid = self._process.launch(cmd, cwd=self.data_dir)
+        problem = self._process.wait_ready(pid, self._ready, timeout_s)
         if problem is not None:
-            self._kill_group(self._proc.pid, timeout_s=5.0)
+            self._process.kill_group(pid, timeout_s=5.0)
             self.pid_file.unlink(missing_ok=True)
             raise ObjectStoreServerError(
                 f"S3Proxy did not become ready on {self.host}:{self.port}: {problem}; see {self.log_file}. "
                 f"Log tail:\n{self.log_tail()}")
-
-    def _wait_ready(self, pid: int, timeout_s: float) -> str | None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            own = self._proc is not None and self._proc.pid == pid
-            if own and self._proc is not None and self._proc.poll() is not None:
-                return f"the java process exited with code {self._proc.returncode}"
-            if not own and not _alive(pid):
-                return f"process {pid} is gone"
-            if self._ready():
-                return None
-            if time.monotonic() >= deadline:
-                return f"no answer within {timeout_s:g}s"
-            time.sleep(0.1)
 
     def stop(self, *, timeout_s: float = 15.0) -> bool:
         """Stop the server (SIGTERM to its process group, SIGKILL after ``timeout_s``).
@@ -258,44 +202,4 @@ class S3ProxyServer:
         Returns:
             True if a running server was stopped, False if none was running.
         """
-        pid = self._read_pid()
-        stopped = False
-        if pid is not None and _alive(pid):
-            self._kill_group(pid, timeout_s=timeout_s)
-            stopped = True
-        self.pid_file.unlink(missing_ok=True)
-        return stopped
-
-    def _kill_group(self, pid: int, *, timeout_s: float) -> None:
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                pass
-            except PermissionError as exc:
-                raise ObjectStoreServerError(f"not allowed to signal S3Proxy process {pid}: {exc}") from exc
-            if self._wait_gone(pid, wait_s):
-                return
-        raise ObjectStoreServerError(f"S3Proxy process {pid} survived SIGKILL; kill it by hand")
-
-    def _wait_gone(self, pid: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc is not None and self._proc.pid == pid:
-                try:
-                    self._proc.wait(timeout=0.05)
-                except subprocess.TimeoutExpired:
-                    pass
-            try:
-                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                gone = True
-            if gone:
-                try:
-                    os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+        return self._process.stop(timeout_s=timeout_s)

@@ -102,3 +102,36 @@ def test_objectstore_cli_start_status_bucket_stop(tmp_path: Path) -> None:
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
     after = _cli("objectstore", "status", "--data", data)
     assert after.returncode == 1 and "not running" in after.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(600)
+def test_migrate_on_an_s3a_store_takes_its_zookeeper_from_the_command_line(object_store, s3_bucket,  # type: ignore[no-untyped-def]
+                                                                          zk_server) -> None:
+    from conftest import object_store_env
+    from kazoo.client import KazooClient
+
+    store, chroot = f"s3a://{s3_bucket}/{uuid.uuid4().hex}", f"/cli-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in object_store_env(object_store).items() if not k.startswith("DELTAWHEEL_ZK")}
+
+    def migrate(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "migrate", "--store", store, *args],
+                              capture_output=True, text=True, timeout=500, env=env)
+
+    refused = migrate("--apply")  # no ZooKeeper anywhere: refused before anything is written
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "ConfigError: store s3a://" in refused.stderr and "pass --zk host:port" in refused.stderr
+    done = migrate("--apply", "--zk", zk_server.hosts, "--zk-chroot", chroot)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "store is now at schema version" in done.stdout
+    client = KazooClient(hosts=zk_server.hosts)
+    client.start(timeout=15)
+    try:  # its commits went through that ZooKeeper: the log store's entries are below the chroot
+        def entries(path: str) -> int:
+            return sum(1 + entries(f"{path}/{c}") for c in client.get_children(path))
+
+        assert entries(f"{chroot}/delta-log") >= 2  # at least the _meta and rows tables' first commits
+    finally:
+        client.stop()
+        client.close()

@@ -10,9 +10,11 @@ from typing import Any, Iterator
 
 from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
 from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
-__all__ = ["add_store_arg", "add_zk_args", "add_spark_args", "zk_config_from", "spark_from", "layout_from"]
+__all__ = ["add_store_arg", "add_zk_args", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
+           "layout_from"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -39,6 +41,17 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
                         "stops the run; a killed run's leases stay held this long")
 
 
+def add_log_store_zk_args(p: argparse.ArgumentParser) -> None:
+    """Add ``--zk`` / ``--zk-chroot`` to a command that commits to a store but holds no lease
+    (migrate, gc): on an object store (``s3a://``) its commits are arbitrated by that ZooKeeper."""
+    g = p.add_argument_group("ZooKeeper (object-store stores only)")
+    g.add_argument("--zk", default=os.environ.get("DELTAWHEEL_ZK"),
+                   help="ZooKeeper connection string host:port[,host:port] that arbitrates commits to an "
+                        "s3a:// store: the one its pipelines use (env DELTAWHEEL_ZK)")
+    g.add_argument("--zk-chroot", default=os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel"),
+                   help="the pipelines' ZooKeeper chroot (env DELTAWHEEL_ZK_CHROOT; default /deltawheel)")
+
+
 def add_spark_args(p: argparse.ArgumentParser) -> None:
     """Add the Spark options (master, driver memory) to ``p``."""
     g = p.add_argument_group("Spark")
@@ -59,9 +72,26 @@ def layout_from(args: argparse.Namespace) -> StoreLayout:
 
 
 def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
-    """A Spark session with Delta built from parsed ``args`` (``kw``: more :class:`SparkSettings` fields)."""
-    return build_spark(SparkSettings(master=getattr(args, "master", "local[2]"),
-                                     driver_memory=getattr(args, "driver_memory", "2g"), **kw))
+    """A Spark session with Delta built from parsed ``args`` (``kw``: more :class:`SparkSettings` fields).
+
+    For a store on an object store, the session's commits to it are arbitrated by ``--zk`` (its
+    log store, docs/objectstore.md) with the pipelines' ``--zk-chroot``.
+
+    Raises:
+        ConfigError: the store is on an object store and no ZooKeeper is given.
+    """
+    store = getattr(args, "store", None)
+    remote = store is not None and not layout_from(args).is_local
+    if remote and hasattr(args, "zk") and not args.zk:
+        raise ConfigError(f"store {store} is on an object store: commits to it are arbitrated by ZooKeeper; "
+                          "pass --zk host:port[,host:port] (the one its pipelines use) or set DELTAWHEEL_ZK")
+    spark = build_spark(SparkSettings(master=getattr(args, "master", "local[2]"),
+                                      driver_memory=getattr(args, "driver_memory", "2g"), **kw))
+    if remote and getattr(args, "zk", None):
+        from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+        configure_log_store(spark, args.zk, chroot=getattr(args, "zk_chroot", "/deltawheel"))
+    return spark
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from .common import add_spark_args, add_store_arg, layout_from, spark_from
+from .common import add_log_store_zk_args, add_spark_args, add_store_arg, layout_from, spark_from
 
 __all__ = ["register"]
 
@@ -23,6 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument("--force", action="store_true",
                    help="allow a retention below Delta's 168 h safety minimum (only when no job writes or "
                    "reads the store: a shorter one can delete files they still need)")
+    add_log_store_zk_args(p)
     add_spark_args(p)
     p.set_defaults(func=_run)
 

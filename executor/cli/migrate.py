@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import add_spark_args, add_store_arg, layout_from, spark_from
+from .common import add_log_store_zk_args, add_spark_args, add_store_arg, layout_from, spark_from
 
 __all__ = ["register"]
 
@@ -20,6 +20,7 @@ def register(subparsers: Any) -> None:
     )
     add_store_arg(p)
     p.add_argument("--apply", action="store_true", help="run the pending migrations")
+    add_log_store_zk_args(p)
     add_spark_args(p)
     p.set_defaults(func=_run)
 

@@ -47,6 +47,7 @@ def test_bucket_client_errors_are_typed(object_store) -> None:  # type: ignore[n
         S3Client(S3Endpoint(f"http://127.0.0.1:{free_port()}", "a", "b")).list_buckets()
 
 
+@pytest.mark.slow  # the default suite migrates s3a stores already: the migrate CLI test, migrated_s3_store
 def test_migrations_run_on_the_object_store(spark, s3_store_layout) -> None:  # type: ignore[no-untyped-def]
     ran = migrations.apply(spark, s3_store_layout, dry_run=False)
     assert ran and migrations.check_store(spark, s3_store_layout) == migrations.CODE_SCHEMA_VERSION

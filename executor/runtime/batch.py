@@ -79,6 +79,7 @@ from .faults import BatchFailedError, FaultPoint
 from .inflight import InFlight, OpenDelivery
 from .lateness import ActedMark, read_mark
 from .reports import BatchReport, format_report
+from .rescale import SharedInput
 
 WRITE_PATHS = ("auto", "image", "merge")
 _LOG = logging.getLogger(__name__)
@@ -155,6 +156,9 @@ class ComputationExecutor:
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
+        # set by the pipeline runner when instances share the intervals (``rescale.py``: the skip
+        # rule, the input files each commit records, catch-up)
+        self.shared: SharedInput | None = None
         self._mark: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
         self._started = False
         self.start_s: dict[str, float] = {}
@@ -224,6 +228,10 @@ class ComputationExecutor:
         if self.authority is not None:
             self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
         self._mark = read_mark(self.spark, self.layout.rows, self.comp.name, self.owner.intervals)
+        if self.shared is not None:  # the input files committed for the intervals taken (the skip rule)
+            held = set(self.owner.intervals)
+            self.shared.done = {iv: fs for iv, fs in self.owner.store.input_files(self.comp.name).items()
+                                if iv in held}
         if rec.appended:
             self._log(f"{self.comp.name}: recovery delivered {rec.appended} checkpointed productions of the last "
                       "commit (its delivery had not landed)")
@@ -266,7 +274,7 @@ class ComputationExecutor:
         return min(marks)
 
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
-                  use_authority: bool = True) -> BatchReport:
+                  use_authority: bool = True, input_files: Sequence[str] | None = None) -> BatchReport:
         """Run the per-batch protocol on one micro-batch (``df`` None: timers only).
 
         1. Hold valid leases for the intervals being processed.
@@ -279,6 +287,10 @@ class ComputationExecutor:
         6. Deliver productions to their stream tables idempotently; the checkpoints are
            cleared by the next commit.
         7. Publish the new low watermark for the intervals.
+
+        With :attr:`shared` set (instances share the intervals, ``rescale.py``), step 1 also drops
+        the records an earlier owner of their interval processed (by input file: ``input_files``,
+        default the query's file log for ``batch_id``), and step 5 records the batch's files.
 
         Steps 2-4 are one Spark job (``self.job``); if the write path's view of the rows went
         stale (:class:`StaleViewError`: someone else committed to the partitions), the path
@@ -296,8 +308,13 @@ class ComputationExecutor:
             last[0] = t
 
         comp, path = self.comp, self.path
-        # Step 1: leases.
+        # Step 1: leases (and, with shared intervals, what earlier owners already processed).
         self.owner.check()
+        skipped, files = 0, tuple[str, ...]()
+        if self.shared is not None and df is not None:
+            files = tuple(input_files if input_files is not None else self.shared.batch_files(batch_id))
+            df, skipped = self.shared.skip(df, files, self.owner.intervals)
+        path.input_files = files
         wm_in = self.input_watermark() if use_authority and input_watermark_ms is None else input_watermark_ms
         now = self.clock.now_ms()
         # ids seen before the horizon are dropped: a processing time back from now (each id
@@ -361,6 +378,8 @@ class ComputationExecutor:
                                        "under this writer; restart the query")
         assert run is not None
         commit_s = time.monotonic() - t0
+        if self.shared is not None and files:
+            self.shared.committed(files, self.owner.intervals)
         mark("commit")
         redeliver = functools.partial(path.deliver, run.batch, strong=True)
         if straggler is not None:
@@ -388,7 +407,8 @@ class ComputationExecutor:
                              commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None,
                              direct=prepared.direct is not None, ids_expired=c["ids_expired"],
                              bloom_checked=c.get("bloom_checked", 0), bloom_maybe=c.get("bloom_maybe", 0),
-                             bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0))
+                             bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0),
+                             skipped_moved=skipped)
         self.reports.append(report)
         self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
         return report

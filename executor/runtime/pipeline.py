@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
-from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect, digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager
@@ -40,6 +40,7 @@ from ..computation import RECORD_KEY, Computation
 from ..tasks import worker as _worker
 from .batch import ComputationExecutor, FaultPoint
 from .reports import BatchReport
+from .rescale import CATCH_UP_BATCH, SharedInput, shared_input
 from .sources import (
     DEFAULT_MAX_EVENT_AHEAD_MS,
     BatchStats,
@@ -108,7 +109,12 @@ class PipelineRunner:
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
                  faults: Callable[[FaultPoint, int], None] | None = None, max_rounds: int = 50,
                  end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True,
-                 warm_workers: bool = True) -> None:
+                 warm_workers: bool = True, instance: str | None = None,
+                 intervals: Sequence[int] | None = None) -> None:
+        if instance is not None:
+            validate_name("instance", instance)
+        self.instance = instance
+        self.intervals = None if intervals is None else tuple(intervals)
         self.spark = spark
         self.direct_read = direct_read
         self.write_path = write_path
@@ -156,11 +162,15 @@ class PipelineRunner:
             owner = IntervalOwner(store, leases, comp.name, num_intervals=type(comp).num_intervals)
             ex = ComputationExecutor(self.spark, self.layout, comp, owner=owner, authority=authority,
                                      upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
-                                     progress=self.progress, write_path=self.write_path)
+                                     progress=self.progress, write_path=self.write_path, intervals=self.intervals)
+            if self.instance is not None:  # instances share the intervals: positions per input file
+                stream, parquet = shared_input(comp, injectors)
+                ex.shared = SharedInput(stream, parquet, self._checkpoint(comp), type(comp).num_intervals)
             self.progress(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
             ex.start(wait_s=self.wait_s)
             self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
             execs[comp.name] = ex
+            self._catch_up(ex)
         try:
             for rnd in range(self.max_rounds):
                 moved = 0
@@ -191,6 +201,24 @@ class PipelineRunner:
             summary.low_watermarks[name] = authority.published_low_watermark(name)
             summary.lag_ms[name] = authority.watermark_lag_ms(name)
         return summary
+
+    def _checkpoint(self, comp: Computation) -> str:
+        """The computation's streaming checkpoint: one per pipeline, or per instance when
+        instances share the intervals."""
+        base = f"{self.layout.root}/_checkpoints/{self.pipeline.name}/{comp.name}"
+        return base if self.instance is None else f"{base}/{self.instance}"
+
+    def _catch_up(self, ex: ComputationExecutor) -> BatchReport | None:
+        """The records of the intervals just taken in the files this instance's query consumed
+        before and their earlier owners did not process (``rescale.py``), as one batch."""
+        shared = ex.shared
+        if shared is None:
+            return None
+        files = shared.missing(ex.owner.intervals)
+        if not files:
+            return None
+        self.progress(f"{ex.comp.name}: catching up on {len(files)} input files for intervals taken over")
+        return ex.run_batch(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
 
     def _shutdown(self, execs: dict[str, ComputationExecutor], leases: LeaseManager, *,
                   failing: BaseException | None) -> None:
@@ -230,7 +258,8 @@ class PipelineRunner:
                 df = (self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
                       .load(self.layout.stream(s)))
             frames.append(df.withColumn("stream", F.lit(s)))
-        ex.direct_source = self._direct_source(comp)
+        # (shared intervals: the skip rule filters the frame, so the tasks must not read the files)
+        ex.direct_source = self._direct_source(comp) if ex.shared is None else None
         # each injector's bound on event time ahead of the clock (records of other streams: none)
         ex.event_ahead_ms = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
                              for s in comp.inputs if s in injectors
@@ -239,7 +268,7 @@ class PipelineRunner:
         for f in frames[1:]:
             src = src.unionByName(f)
         before = sum(r.records_in for r in ex.reports)
-        chk = f"{self.layout.root}/_checkpoints/{self.pipeline.name}/{comp.name}"
+        chk = self._checkpoint(comp)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
         failed: list[DeltaWheelError] = []

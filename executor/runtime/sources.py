@@ -399,7 +399,6 @@ class ParquetInjector(_MaxSeenInjector):
                 column missing (see :func:`to_stream_schema`).
         """
         from pyspark.errors import AnalysisException
-        from pyspark.sql import functions as F
 
         footer = _first_footer(self.folder)
         local_schema = _spark_schema(footer)
@@ -413,6 +412,20 @@ class ParquetInjector(_MaxSeenInjector):
                               f"({str(exc).splitlines()[0]}); put at least one Parquet file there") from exc
         raw = (spark.readStream.schema(schema).option("maxFilesPerTrigger", self.max_files_per_trigger)
                .parquet(self.folder))
+        return self._in_stream_schema(raw, schema)
+
+    def files_df(self, spark: SparkSession, names: Sequence[str]) -> DataFrame:
+        """The records of some of the folder's files (by file name), as a batch DataFrame in the
+        stream schema with the same record ids as :meth:`stream_df` gives them: a new owner of a
+        moved interval catches up with it (``executor/runtime/rescale.py``)."""
+        footer = _first_footer(self.folder)
+        schema = _spark_schema(footer) or spark.read.parquet(self.folder).schema
+        raw = spark.read.schema(schema).parquet(*[f"{self.folder.rstrip('/')}/{n}" for n in sorted(names)])
+        return self._in_stream_schema(raw, schema)
+
+    def _in_stream_schema(self, raw: DataFrame, schema: Any) -> DataFrame:
+        from pyspark.sql import functions as F
+
         fname, row = F.col("_metadata.file_name"), F.col("_metadata.row_index").cast("string")
         position = F.concat(F.lit(f"{self.name}/"), fname, F.lit("#"), row)
         if self.record_id_column is not None:

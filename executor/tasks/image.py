@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from deltawheel.statestore.rowtable.bloom import IdBloom
+from deltawheel.statestore.rowtable.inputfiles import union_payloads
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, ROW_FORMAT_VERSION
 from deltawheel.statestore.writepath.image import (
     next_processing,
@@ -84,6 +85,7 @@ class ImageSpec:
     route_late: bool
     summary_schema: Any
     strong: bool  # checkpoint the productions in the rows (strong, or a weak batch's straggler re-run)
+    input_files: tuple[str, ...] = ()  # the batch's input files: added to each rewritten fence row's set
 
 
 def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -170,11 +172,17 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         raise RuntimeError(f"{STALE_MARK}: interval {iv} of {name} is fenced by sequencer "
                            f"{max(fence) if fence else None}, this writer holds {mine}")
     dirty = len(fence) > 1  # a takeover's claim left a second fence row: keep one
-    if dirty:
+    if dirty or spec.input_files:
+        # the kept fence row carries the union of the input-file sets (``inputfiles.py``; a claim's
+        # row has none) plus this batch's files; written only if the image is rewritten below
         fmask = pc.equal(keys, FENCE_KEY)
         fences = image.filter(fmask)
         best = pc.index(fences.column("sequencer"), mine).as_py()
-        image = pa.concat_tables([image.filter(pc.invert(fmask)), fences.slice(best, 1)]).combine_chunks()
+        kept = fences.slice(best, 1)
+        files = union_payloads(fences.column("state").to_pylist(), spec.input_files)
+        kept = kept.set_column(kept.schema.get_field_index("state"), kept.schema.field("state"),
+                               pa.array([files], kept.schema.field("state").type))
+        image = pa.concat_tables([image.filter(pc.invert(fmask)), kept]).combine_chunks()
         keys = image.column("key")
     routed: list[dict[str, Any]] = []
     if spec.route_late and recs.num_rows:
@@ -236,7 +244,8 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         parts.append(_drop_empty(_without_pending(same) if has_pending else same))
     new_image = pa.concat_tables(parts).combine_chunks()
     # Step 4: write the files (invisible until the driver's commit).
-    if loop.written or has_pending or dirty or expired:
+    # (records of the interval in input files to record: the set moves even if all were duplicates)
+    if loop.written or has_pending or dirty or expired or (spec.input_files and inp.runs):
         rel, size = write_interval_image(new_image, spec.rows_root, name, iv)
         _remember((rel,), new_image)
         if bloom is not None:  # the new image's ids: the old image's (a superset) and the new ones

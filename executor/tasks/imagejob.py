@@ -225,7 +225,8 @@ class ImageTasks:
             wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
-            strong=comp.strong_productions if strong is None else strong)
+            strong=comp.strong_productions if strong is None else strong,
+            input_files=tuple(self.path.input_files))
         if direct is not None or prep is None:
             # one task per partition index, each with its intervals of `place`: the tasks read the
             # batch's files themselves, or there is no input (due timers only): one stage

@@ -55,6 +55,7 @@ from ..exceptions import (
     StateTooLargeError,
 )
 from ..layout import StoreLayout, validate_name
+from . import inputfiles
 from .fencing import merge_sql, translate_commit_error
 from .frames import local_frame
 from .rows import (
@@ -176,6 +177,19 @@ class RowStore:
         # a claim (see fence()) can leave two fence rows in an interval until its next rewrite
         return {int(r["interval"]): int(r["s"]) for r in
                 df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
+
+    def input_files(self, computation: str) -> dict[int, frozenset[str]]:
+        """interval -> the input files committed for it (the union of its fence rows' sets,
+        ``inputfiles.py``); intervals without any are absent."""
+        from pyspark.sql import functions as F
+
+        df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY)
+                                 & F.col("state").isNotNull()).select("interval", "state")
+        out: dict[int, frozenset[str]] = {}
+        for r in df.collect():
+            iv = int(r["interval"])
+            out[iv] = out.get(iv, frozenset()) | inputfiles.decode(r["state"])
+        return out
 
     def check_fences(self, computation: str, sequencers: Mapping[int, int]) -> None:
         """Raise :class:`StaleSequencerError` if a fence row carries a greater sequencer than ours."""
@@ -304,7 +318,7 @@ class RowStore:
     def commit_frame(self, computation: str, frame: Any, *, sequencers: Mapping[int, int],
                      intervals: Sequence[int], commit_id: str,
                      lease_check: Callable[[], None] | None = None,
-                     meta: Mapping[str, Any] | None = None) -> CommitResult:
+                     meta: Mapping[str, Any] | None = None, input_files: Sequence[str] = ()) -> CommitResult:
         """Like :meth:`commit`, but the new row images are a Spark DataFrame.
 
         ``frame`` has the rows table's columns plus ``_op`` ('upsert' / 'delete');
@@ -312,12 +326,14 @@ class RowStore:
         materialized (it is read once per attempt). The fence rows of
         ``intervals`` are added here, carrying ``sequencers``. ``meta``: more entries for the
         commit's metadata (the executor records the watermark the batch acted on).
+        ``input_files``: the batch's input files, added to each fence row's set (``inputfiles.py``).
         """
         validate_name("computation", computation)
         for iv in intervals:
             self._require_sequencer(sequencers, iv, FENCE_KEY)
         now = self.clock.now_ms()
-        fences = [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
+        files = inputfiles.encode(input_files) if input_files else None
+        fences = [KeyRow(computation, FENCE_KEY, iv, state=files, sequencer=sequencers[iv], commit_id=commit_id,
                          updated_ms=now).to_row() | {"_op": "upsert"} for iv in intervals]
         return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
                                    commit_id=commit_id, kind="commit", lease_check=lease_check,

@@ -61,6 +61,12 @@ class WritePath(ABC, Generic[BatchT]):
     #: the productions are in their streams
     deliver_in_background: bool = False
 
+    #: the input files of the batch being run (set by the executor before step 3 when instances
+    #: share the computation's intervals): the commit adds them, in the same transaction, to the
+    #: set of committed input files in the fence row of each interval it writes
+    #: (``rowtable/inputfiles.py``); empty: the sets are left as they are
+    input_files: Sequence[str] = ()
+
     @abstractmethod
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
         """Take the intervals' leases, fence them and recover (MillWheel's recovery scan).

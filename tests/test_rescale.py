@@ -158,10 +158,10 @@ def test_one_to_three_to_two_to_one_instances_gives_the_rows_of_one(spark: Any, 
             expected[k] = expected.get(k, 0) + c
         written[0] += 1
 
-    def feed() -> None:  # a file every 2 s while the instances come and go
+    def feed() -> None:  # a file every 3 s while the instances come and go
         while not stop_input.is_set():
             add()
-            stop_input.wait(2.0)
+            stop_input.wait(3.0)
 
     script = str(Path(__file__).with_name("rescale_instance.py"))
     procs: dict[str, subprocess.Popen[str]] = {}

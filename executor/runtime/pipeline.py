@@ -208,10 +208,13 @@ class PipelineRunner:
                     moved += r.timers_fired + r.productions
                 if moved:
                     self.progress(f"round {rnd} done: {moved} records/timers moved")
-                elif self.follow is None or self.follow():
+                if self.follow is None and not moved:
                     break
-                else:
-                    time.sleep(self.poll_s)  # following the input: look again
+                if self.follow is not None:
+                    if self.follow():  # a graceful leave: after the round's batches, not after the backlog
+                        break
+                    if not moved:
+                        time.sleep(self.poll_s)  # following the input: look again
                 rnd += 1
         except BaseException as exc:
             # the cause is what the caller must see: a failure to settle or give the leases back

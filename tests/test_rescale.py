@@ -19,6 +19,8 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import interval_of
 from deltawheel.statestore.rowtable.store import RowStore
 from executor_util import state_of
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark import cloudpickle
 from rescale_instance import KEYS, KeyCount, write_file
 
@@ -233,3 +235,27 @@ def test_one_to_three_to_two_to_one_instances_gives_the_rows_of_one(spark: Any, 
                 p.wait()
         client.stop()
         client.close()
+
+
+# --- the fence row's input-file set -------------------------------------------------------
+
+
+@given(st.lists(st.frozensets(st.text(min_size=1, max_size=12)), max_size=4), st.frozensets(st.text(max_size=12)))
+def test_input_file_sets_round_trip_and_union(sets: list[frozenset[str]], added: frozenset[str]) -> None:
+    from deltawheel.statestore.rowtable import inputfiles
+
+    payloads = [inputfiles.encode(s) if s else None for s in sets]
+    assert [inputfiles.decode(p) for p in payloads] == [s for s in sets]
+    union = inputfiles.union_payloads(payloads, added)
+    want = frozenset().union(*sets, added)
+    assert inputfiles.decode(union) == want and (union is None) == (not want)
+
+
+def test_an_unreadable_input_file_set_is_a_codec_error() -> None:
+    from deltawheel.statestore.exceptions import CodecError
+    from deltawheel.statestore.rowtable import inputfiles
+
+    with pytest.raises(CodecError, match="not JSON"):
+        inputfiles.decode(b"\xff")
+    with pytest.raises(CodecError, match="upgrade deltawheel"):
+        inputfiles.decode(b'{"format_version": 2, "input_files": []}')

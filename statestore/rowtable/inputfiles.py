@@ -36,8 +36,10 @@ _STRUCT = "struct<format_version:int,input_files:array<string>>"
 def encode(files: Iterable[str]) -> bytes:
     """The fence row payload for ``files``.
 
-    >>> decode(encode(["b", "a", "b"]))
-    frozenset({'a', 'b'})
+    >>> encode(["b", "a", "b"])
+    b'{"format_version":1,"input_files":["a","b"]}'
+    >>> sorted(decode(encode(["b", "a"])))
+    ['a', 'b']
     """
     return json.dumps({"format_version": INPUT_FILES_FORMAT_VERSION, "input_files": sorted(set(files))},
                       separators=(",", ":")).encode()

@@ -436,7 +436,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     checkpoint whose delivery did not land is delivered at the restart as that commit's own
     delivery would have been (an append recording its version, its commit id), once; also when its
     file's add is only bounded (folded into a Delta checkpoint): the commit is found by its id."""
-    from deltawheel.statestore.delta.log import read_local
+    from deltawheel.statestore.delta.log import read_snapshot
     from deltawheel.statestore.writepath import image as image_mod
 
     merged: list[int] = []
@@ -465,11 +465,11 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     ex.stop()
     client.stop()
     client.close()
-    rows_version = read_local(migrated_store.rows).version
+    rows_version = read_snapshot(migrated_store.rows).version
     assert len(stream_rows(spark, migrated_store, "counts")) == 2
     ex, client = restart("w3")
     assert merged == []  # appended, not merged: the stream now records that commit's version
-    txns = read_local(migrated_store.stream("counts")).txns
+    txns = read_snapshot(migrated_store.stream("counts")).txns
     assert max(txns.values()) == rows_version
     assert len(stream_rows(spark, migrated_store, "counts")) == 3
     ids = spark.read.format("delta").load(migrated_store.stream("counts")).where("commit_id LIKE 'buckets:1:%'")

@@ -26,6 +26,7 @@ from deltawheel.statestore.delta.sqltext import sql_path, sql_str
 from deltawheel.statestore.delta.txn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.objectstore.errors import probe_store
 
 from . import (
     m0001_meta_and_rows,
@@ -112,7 +113,10 @@ def plan(spark: Any, layout: StoreLayout) -> list[PlannedMigration]:
 
     Raises:
         SchemaTooNewError: the store records a version this code doesn't know.
+        ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: an object store's
+            endpoint, bucket or credentials are wrong (docs/objectstore.md).
     """
+    probe_store(spark, layout)
     done = applied_versions(spark, layout)
     _check_not_too_new(layout, max(done, default=0))
     return [
@@ -178,7 +182,10 @@ def check_store(spark: Any, layout: StoreLayout) -> int:
         NotAStoreError: ``layout.meta`` is not a Delta table.
         SchemaTooNewError: the store was migrated by a newer deltawheel.
         MigrationError: the store is older than this code.
+        ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: an object store's
+            endpoint, bucket or credentials are wrong (docs/objectstore.md).
     """
+    probe_store(spark, layout)
     if not _is_delta_table(spark, layout.meta):
         raise NotAStoreError(
             f"{layout.root} is not a deltawheel store: {layout.meta} is not a Delta table. "

@@ -232,19 +232,25 @@ def test_a_record_without_key_goes_to_dead_letters(spark, migrated_store, zk_con
 
 
 def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """``auto`` takes the image path where Python reaches the store's files (local, ``file:``,
+    ``s3a://``) and the MERGE path elsewhere, saying so; ``image`` elsewhere is refused."""
     from deltawheel.executor.runtime.batch import ComputationExecutor
-    from deltawheel.statestore.delta.txn import is_local
+    from deltawheel.statestore.delta.storefs import supports
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
 
-    assert is_local("/data/store/rows") and is_local("file:/data/store/rows")
-    assert not is_local("s3a://bucket/store/rows") and not is_local("abfss://c@acct.dfs.core.windows.net/s")
-    remote = StoreLayout("s3a://bucket/store")
-    with pytest.raises(ConfigError, match="supports local .* use write_path='merge' or 'auto'"):
+    assert supports("/data/store/rows") and supports("file:/data/store/rows") and supports("s3a://bucket/store/rows")
+    assert not supports("abfss://c@acct.dfs.core.windows.net/s") and not supports("s3://bucket/store/rows")
+    remote = StoreLayout("abfss://c@acct.dfs.core.windows.net/store")
+    with pytest.raises(ConfigError, match="supports local, file: and s3a:// stores only; .* use write_path='merge' "
+                                          "or 'auto'"):
         ComputationExecutor(spark, remote, BucketCounter(), owner=None, write_path="image")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="write_path must be one of auto, image, merge, not 'fast'"):
         ComputationExecutor(spark, remote, BucketCounter(), owner=None, write_path="fast")  # type: ignore[arg-type]
-    assert ComputationExecutor(spark, remote, BucketCounter(), owner=None).write_path == "merge"  # type: ignore[arg-type]
+    fallback = ComputationExecutor(spark, remote, BucketCounter(), owner=None)  # type: ignore[arg-type]
+    assert fallback.write_path == "merge" and "fenced MERGE path" in fallback.write_path_reason
+    s3 = ComputationExecutor(spark, StoreLayout("s3a://bucket/store"), BucketCounter(), owner=None)  # type: ignore[arg-type]
+    assert s3.write_path == "image" and s3.write_path_reason.startswith("auto")
 
 
 @pytest.mark.timeout(600)

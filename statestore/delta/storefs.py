@@ -102,6 +102,13 @@ def _s3(settings: S3Settings) -> Any:
     if fs is None:
         from pyarrow import fs as pafs
 
+        # The AWS SDK's "flexible checksums" (on by default since early 2025) send headers that
+        # S3-compatible servers without them refuse: S3Proxy answers an upload with
+        # XAmzContentSHA256Mismatch and a read with 501 NotImplemented (x-amz-checksum-mode).
+        # "when_required" is the SDK's documented opt-out (AWS S3 itself works either way);
+        # a value the user set is kept.
+        for var in ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"):
+            os.environ.setdefault(var, "when_required")
         with _FS_LOCK:
             fs = _FILESYSTEMS.get(settings)
             if fs is None:

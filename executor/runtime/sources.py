@@ -337,7 +337,7 @@ class ParquetInjector(_MaxSeenInjector):
 
     Files are consumed in modification-time order, ``max_files_per_trigger``
     per micro-batch; the schema is taken from the files present when
-    :meth:`stream_df` is called (in a local folder whose columns have plain
+    :meth:`stream_df` is called (in a local or ``s3a://`` folder whose columns have plain
     types, from the first visible file's footer, read with pyarrow; otherwise
     by Spark's inference). Files whose name starts with ``_`` or ``.``
     are ignored (Spark's rule), so writers can stage files under such names.

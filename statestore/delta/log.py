@@ -101,7 +101,7 @@ def _commit_versions(names: list[str]) -> list[int]:
 
 
 def local_table_exists(path: str | TableFiles) -> bool | None:
-    """True/False for a local table folder (has its first commit or a checkpoint); None if remote."""
+    """True/False for a table folder (has its first commit or a checkpoint); None if remote (a URI string)."""
     listing = _log_names(path)
     if listing is None:
         return None
@@ -109,7 +109,7 @@ def local_table_exists(path: str | TableFiles) -> bool | None:
 
 
 def latest_local_version(path: str | TableFiles) -> int | None:
-    """The newest JSON commit version of a local table; None if remote or it has no JSON commit."""
+    """The newest JSON commit version of a table; None if remote (a URI string) or it has no JSON commit."""
     listing = _log_names(path)
     if listing is None:
         return None

@@ -131,6 +131,10 @@ class PipelineRunner:
         # Python workers forked now, while ZooKeeper, the leases and the query start take their time
         warming = _worker.warm_workers(self.spark, on_error=lambda e: self.progress(
             f"warming the Python workers failed (the tasks start them instead): {e!r}")) if self.warm_workers else None
+        if not self.layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
+            from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+            configure_log_store(self.spark, self.zk.hosts, chroot=self.zk.chroot)
         client = connect(self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently

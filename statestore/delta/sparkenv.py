@@ -310,6 +310,9 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
         return []
     store = ensure_zk_log_store_jar()
     if store is None:  # no javac: object-store tables are left out rather than committed unsafely
+        if wanted:
+            raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with javac: "
+                                "install a JDK (17+) or build the session with SparkSettings(object_store=None)")
         return []
     return [*jars, store]
 

@@ -121,8 +121,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         if (connect == null) {
             if (required) {
                 throw new IOException("no ZooKeeper configured for commits to object-store Delta tables: set "
-                    + CONNECT + " (Spark: spark.hadoop." + CONNECT + "); deltawheel sets it from the "
-                    + "pipeline's ZooKeeper (docs/objectstore.md)");
+                    + CONNECT + " (Spark: spark.hadoop." + CONNECT + "), or DELTAWHEEL_ZK for deltawheel's "
+                    + "command line; the pipeline runner sets it from its ZooKeeper (docs/objectstore.md)");
             }
             return null;
         }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, FatalError, RetryableError
 
-__all__ = ["DeltaWheelError", "BatchFailedError", "UserCodeError", "WindowingError"]
+__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "UserCodeError", "WindowingError"]
 
 
 class BatchFailedError(RetryableError):
@@ -35,3 +35,7 @@ class UserCodeError(FatalError):
 
 class WindowingError(ConfigError):
     """A windowing strategy (window function, trigger, combiner, scenario) is malformed."""
+
+
+class ClusterError(FatalError):
+    """The local Spark standalone cluster (``deltawheel cluster``) could not be started, reached or stopped."""

@@ -21,11 +21,12 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-from deltawheel.statestore.delta.log import local_path, local_table_exists, read_local
+from deltawheel.statestore.delta.log import local_path, local_table_exists, read_snapshot
 from deltawheel.statestore.delta.sqltext import sql_path, sql_str
 from deltawheel.statestore.delta.txn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.objectstore.errors import probe_store
 
 from . import (
     m0001_meta_and_rows,
@@ -71,11 +72,11 @@ def _local_versions(path: str) -> set[int] | None:
     """The ``version`` column of a local ``_meta`` table, read from its files (None: ask Delta)."""
     import pyarrow.parquet as pq
 
-    snap = read_local(path)
+    snap = read_snapshot(path)
     if snap is None or any(a.get("deletionVector") for a in snap.adds):
         return None
     root = local_path(path)
-    assert root is not None  # read_local only reads local tables
+    assert root is not None  # read_snapshot only reads local tables
     out: set[int] = set()
     for a in snap.adds:
         col = pq.read_table(os.path.join(root, decode_path(a["path"])), columns=["version"]).column("version")
@@ -112,7 +113,10 @@ def plan(spark: Any, layout: StoreLayout) -> list[PlannedMigration]:
 
     Raises:
         SchemaTooNewError: the store records a version this code doesn't know.
+        ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: an object store's
+            endpoint, bucket or credentials are wrong (docs/objectstore.md).
     """
+    probe_store(spark, layout)
     done = applied_versions(spark, layout)
     _check_not_too_new(layout, max(done, default=0))
     return [
@@ -178,7 +182,10 @@ def check_store(spark: Any, layout: StoreLayout) -> int:
         NotAStoreError: ``layout.meta`` is not a Delta table.
         SchemaTooNewError: the store was migrated by a newer deltawheel.
         MigrationError: the store is older than this code.
+        ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: an object store's
+            endpoint, bucket or credentials are wrong (docs/objectstore.md).
     """
+    probe_store(spark, layout)
     if not _is_delta_table(spark, layout.meta):
         raise NotAStoreError(
             f"{layout.root} is not a deltawheel store: {layout.meta} is not a Delta table. "

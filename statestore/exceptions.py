@@ -31,6 +31,11 @@ __all__ = [
     "ZooKeeperServerError",
     "ConfigError",
     "JarFetchError",
+    "ObjectStoreError",
+    "ObjectStoreUnreachableError",
+    "BucketMissingError",
+    "ObjectStoreAuthError",
+    "ObjectStoreServerError",
     "StaleFilesError",
     "StaleViewError",
     "ReadOnlySqlError",
@@ -140,6 +145,29 @@ class ConfigError(FatalError):
 
 class JarFetchError(FatalError):
     """The Delta Lake jars could not be found or downloaded."""
+
+
+# --- object storage ---------------------------------------------------------
+
+
+class ObjectStoreError(FatalError):
+    """The object store (S3 through ``s3a://``) refused a request; the message says why."""
+
+
+class ObjectStoreUnreachableError(RetryableError):
+    """No object store answers at the configured endpoint (down, wrong host or port)."""
+
+
+class BucketMissingError(ObjectStoreError):
+    """A store URI names a bucket that does not exist on the object store."""
+
+
+class ObjectStoreAuthError(ObjectStoreError):
+    """The object store refused the configured credentials (wrong access key or secret)."""
+
+
+class ObjectStoreServerError(FatalError):
+    """The local S3-compatible server could not be started, reached or stopped."""
 
 
 class StaleFilesError(RetryableError):

@@ -68,3 +68,79 @@ def migrated_store(spark, store_layout):  # type: ignore[no-untyped-def]
 
     migrations.apply(spark, store_layout, dry_run=False)
     return store_layout
+
+
+S3_TEST_BUCKET = "deltawheel-tests"
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real S3-compatible server (S3Proxy on a filesystem backend) for the whole run."""
+    from deltawheel.statestore.objectstore.server import S3ProxyServer
+
+    server = S3ProxyServer(tmp_path_factory.mktemp("s3"), port=free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(spark, object_store, zk_server) -> str:  # type: ignore[no-untyped-def]
+    """The test bucket, created on ``object_store`` and configured in the shared session.
+
+    The ``spark`` fixture does not start the object store (most tests never touch it): the S3A
+    jars are on its classpath from the start (build_spark adds them when cached), and the
+    bucket's endpoint and credentials are set at run time, per bucket, before its first use.
+    Commits to it are arbitrated by ``zk_server`` (docs/objectstore.md, "Multi-writer commits").
+    """
+    from deltawheel.statestore.objectstore.logstore import configure_log_store
+    from deltawheel.statestore.objectstore.s3a import configure_bucket
+
+    object_store.create_bucket(S3_TEST_BUCKET)
+    configure_bucket(spark, object_store.endpoint, S3_TEST_BUCKET)
+    configure_log_store(spark, zk_server.hosts, chroot="/deltawheel-tests-logstore")
+    return S3_TEST_BUCKET
+
+
+@pytest.fixture
+def s3_store_layout(s3_bucket):  # type: ignore[no-untyped-def]
+    """A fresh, not yet migrated store below the test bucket (``s3a://<bucket>/<uuid>``)."""
+    from deltawheel.statestore.layout import StoreLayout
+
+    return StoreLayout(f"s3a://{s3_bucket}/{uuid.uuid4().hex}")
+
+
+@pytest.fixture
+def migrated_s3_store(spark, s3_store_layout):  # type: ignore[no-untyped-def]
+    """A fresh store on the object store with every migration applied."""
+    from deltawheel import migrations
+
+    migrations.apply(spark, s3_store_layout, dry_run=False)
+    return s3_store_layout
+
+
+@pytest.fixture(params=["local", pytest.param("s3a", marks=pytest.mark.objectstore)])
+def any_migrated_store(request):  # type: ignore[no-untyped-def]
+    """A migrated store in a local folder, then on the object store (the same test runs on both)."""
+    return request.getfixturevalue("migrated_store" if request.param == "local" else "migrated_s3_store")
+
+
+def object_store_env(object_store) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Environment for a child process that builds its own session on ``object_store``."""
+    from deltawheel.statestore.objectstore import s3a
+
+    ep = object_store.endpoint
+    return {**os.environ, s3a.ENV_ENDPOINT: ep.url, s3a.ENV_ACCESS_KEY: ep.access_key,
+            s3a.ENV_SECRET_KEY: ep.secret_key}
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble, started
+    once for the tests that ask for it (``deltawheel cluster up``'s LocalCluster)."""
+    from deltawheel.executor.runtime.cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    cluster.up()
+    yield cluster
+    cluster.down()

@@ -20,11 +20,20 @@ KEYS = 300
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("delay_s", [0.15, pytest.param(0.6, marks=pytest.mark.slow)])
-def test_sigkill_mid_commit_is_all_or_nothing(spark, migrated_store, delay_s: float) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_mid_commit_is_all_or_nothing(spark, any_migrated_store, delay_s: float,  # type: ignore[no-untyped-def]
+                                              request: pytest.FixtureRequest) -> None:
+    migrated_store = any_migrated_store
+    env = None
+    if not migrated_store.is_local:  # the writer's own session reaches the test's object store and ZooKeeper
+        from conftest import object_store_env
+
+        env = {**object_store_env(request.getfixturevalue("object_store")),
+               "DELTAWHEEL_ZK": request.getfixturevalue("zk_server").hosts,
+               "DELTAWHEEL_ZK_CHROOT": "/deltawheel-tests-logstore"}
     writer = Path(__file__).with_name("crash_writer.py")
     proc = subprocess.Popen([sys.executable, str(writer), migrated_store.root, str(KEYS)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     done = 0
     begun = 0
     try:

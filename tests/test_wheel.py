@@ -65,6 +65,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     in_wheel = {n[: -len("/__init__.py")].replace("/", ".") for n in names if n.endswith("/__init__.py")}
     assert _source_packages() - in_wheel == set(), "sub-packages missing from the wheel (pyproject's packages)"
     assert "deltawheel/statestore/delta/ExclusiveLocalLogStore.java" in names
+    assert "deltawheel/statestore/objectstore/ZkS3LogStore.java" in names
     assert "deltawheel/py.typed" in names
 
     venv = tmp_path / "fresh"
@@ -92,6 +93,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     assert cli.returncode == 0, cli.stderr
     for command in ("demo", "sql", "recover", "reseed", "gc", "bench", "migrate", "zk"):
         assert f"    {command} " in cli.stdout
+    assert "    objectstore\n" in cli.stdout  # a long name: argparse puts its help on the next line
     module = subprocess.run([str(py), "-m", "deltawheel.executor.cli", "--help"], capture_output=True, text=True,
                             cwd=tmp_path)
     assert module.returncode == 0 and module.stdout == cli.stdout, module.stderr

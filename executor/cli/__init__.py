@@ -24,9 +24,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from . import bench, demo, gc, leases, migrate, quickstart, rebalance, recover, reseed, scenario, sql, zk
+    from . import (
+        bench,
+        cluster,
+        demo,
+        gc,
+        leases,
+        migrate,
+        objectstore,
+        quickstart,
+        rebalance,
+        recover,
+        reseed,
+        scenario,
+        sql,
+        zk,
+    )
 
-    for mod in (demo, quickstart, zk, migrate, sql, leases, rebalance, recover, reseed, gc, bench, scenario):  # --help order
+    for mod in (demo, quickstart, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover, reseed, gc, bench,
+                scenario):  # --help order
         mod.register(sub)
     return parser
 

@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.delta.damage import check_store
-from deltawheel.statestore.delta.txn import is_local
+from deltawheel.statestore.delta.storefs import supports
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath import StaleViewError, WritePath
@@ -84,7 +84,34 @@ from .rescale import SharedInput
 WRITE_PATHS = ("auto", "image", "merge")
 _LOG = logging.getLogger(__name__)
 
-__all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
+__all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError", "choose_write_path"]
+
+
+def choose_write_path(requested: str, root: str) -> tuple[str, str]:
+    """(the write path, why) for ``write_path=requested`` on the store at ``root``.
+
+    ``"auto"`` takes the image path wherever Python reaches the store's files (a local folder,
+    ``file:`` or ``s3a://``: ``statestore/delta/storefs.py``) and the MERGE path elsewhere.
+
+    >>> choose_write_path("auto", "s3a://bucket/store")[0], choose_write_path("auto", "abfss://c@a/s")
+    ('image', ('merge', 'auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores only; abfss://c@a/s is none of those, so batches take the fenced MERGE path (slower)'))
+
+    Raises:
+        ConfigError: an unknown path, or ``"image"`` on a store the image path cannot reach.
+    """
+    if requested not in WRITE_PATHS:
+        raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {requested!r}")
+    fast = supports(root)
+    if requested == "image" and not fast:
+        raise ConfigError(f"write_path='image' reads and writes the interval images with pyarrow and supports "
+                          f"local, file: and s3a:// stores only; {root} is none of those: use write_path='merge' "
+                          f"or 'auto'")
+    if requested != "auto":
+        return requested, f"{requested}: as asked"
+    if fast:
+        return "image", "auto: the store's files are reachable from Python"
+    return "merge", (f"auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores "
+                     f"only; {root} is none of those, so batches take the fenced MERGE path (slower)")
 
 
 class ComputationExecutor:
@@ -107,8 +134,9 @@ class ComputationExecutor:
         on_batch_end: called with each micro-batch's observed max event time (injectors
             use it to move their watermark estimate).
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
-            ``statestore/writepath/image.py``; local or ``file:`` stores), ``"merge"`` (a fenced MERGE per batch,
-            any store), or ``"auto"`` (image when the store is local, else merge).
+            ``statestore/writepath/image.py``; local, ``file:`` and ``s3a://`` stores), ``"merge"`` (a fenced
+            MERGE per batch, any store), or ``"auto"`` (image where it can, else merge:
+            :func:`choose_write_path`; the start's log line says which and why).
         intervals: the key intervals this instance takes (default: all). Several instances
             (e.g. Spark applications) may split a computation's intervals: each reads the
             whole input and processes the records of its own intervals; a record that becomes
@@ -133,13 +161,7 @@ class ComputationExecutor:
                 raise ConfigError(f"{computation.name}: intervals must be a non-empty subset of 0.."
                                   f"{computation.num_intervals - 1}, got {sorted(set(intervals))}")
         self._wanted = None if intervals is None else tuple(sorted(set(intervals)))
-        if write_path not in WRITE_PATHS:
-            raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {write_path!r}")
-        if write_path == "auto":
-            write_path = "image" if is_local(layout.rows) else "merge"
-        elif write_path == "image" and not is_local(layout.rows):
-            raise ConfigError(f"write_path='image' writes the interval images with pyarrow and supports local "
-                              f"(or file:) stores only; {layout.root} is remote: use write_path='merge' or 'auto'")
+        write_path, self.write_path_reason = choose_write_path(write_path, layout.root)
         self.write_path = write_path
         self.spark = spark
         self.layout = layout
@@ -242,7 +264,9 @@ class ComputationExecutor:
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
         self._log(f"{self.comp.name}: started in {self.start_s['total']:.1f}s (leases, fence and recovery scan "
-                  f"{self.start_s['acquire_fence_recover']:.1f}s)")
+                  f"{self.start_s['acquire_fence_recover']:.1f}s); write path {self.write_path_reason}")
+        if self.write_path == "merge" and self.write_path_reason.startswith("auto"):
+            _LOG.warning("%s: write path %s", self.comp.name, self.write_path_reason)
         self._started = True
 
     def stop(self) -> None:

@@ -14,8 +14,8 @@ the same token as when its last query started (an injector's
 there is nothing new for it to read. Checkpoints live in the store, so re-running the same command after a
 crash resumes where the last commit left off.
 
-A computation whose one input is a Parquet injector that offers a ``direct_source()`` (local folder,
-columns of plain types) and that keys by the injector's key column has its files read by the image tasks
+A computation whose one input is a Parquet injector that offers a ``direct_source()`` (a local or ``s3a://``
+folder, columns of plain types) and that keys by the injector's key column has its files read by the image tasks
 themselves (``_direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
 frame, so it knows the frame is exactly the injector's stream.
 """
@@ -156,6 +156,10 @@ class PipelineRunner:
         # Python workers forked now, while ZooKeeper, the leases and the query start take their time
         warming = _worker.warm_workers(self.spark, on_error=lambda e: self.progress(
             f"warming the Python workers failed (the tasks start them instead): {e!r}")) if self.warm_workers else None
+        if not self.layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
+            from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+            configure_log_store(self.spark, self.zk.hosts, chroot=self.zk.chroot)
         client = connect(self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently

@@ -33,6 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
+from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.bloom import IdBloom
 from deltawheel.statestore.rowtable.inputfiles import union_payloads
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, ROW_FORMAT_VERSION
@@ -71,10 +72,10 @@ class ImageSpec:
     """Everything a task needs, as plain values (pickled to the workers)."""
 
     comp: Computation
-    rows_root: str  # local folder of the rows table
+    rows_root: TableFiles  # the rows table's folder
     images: Mapping[int, tuple[str, ...]]  # interval -> relative (decoded) paths of its live files
     sequencers: Mapping[int, int]
-    stream_roots: Mapping[str, str]
+    stream_roots: Mapping[str, TableFiles]
     wm: int | None
     now_ms: int
     horizon_ms: int | None
@@ -481,20 +482,24 @@ def _load(spec: ImageSpec, iv: int) -> Any:
     if hit is not None:
         _CACHE.move_to_end(paths)
         return hit
-    parts = [_read_rows_file(os.path.join(spec.rows_root, p), spec.rows_schema) for p in paths]
+    parts = [_read_rows_file(spec.rows_root, p, spec.rows_schema) for p in paths]
     table = pa.concat_tables(parts) if parts else spec.rows_schema.empty_table()
     _remember(paths, table)
     return table
 
 
-def _read_rows_file(path: str, schema: Any) -> Any:
+def _read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
     """One rows file in ``schema``; a column the file does not have (written before the migration
     that added it, e.g. ``timer_seq``) is read as nulls, as Delta reads it."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    have = set(pq.read_schema(path).names)
-    t = pq.read_table(path, columns=[n for n in schema.names if n in have])
+    if root.is_local:
+        have = set(root.read_schema(rel).names)
+        t = root.read_parquet(rel, columns=[n for n in schema.names if n in have])
+    else:  # one read of the object: its footer and the columns
+        pf = root.parquet_file(rel)
+        have = set(pf.schema_arrow.names)
+        t = pf.read(columns=[n for n in schema.names if n in have])
     for i, f in enumerate(schema):
         if f.name not in have:
             t = t.add_column(i, f.name, pa.nulls(t.num_rows, f.type))

@@ -25,7 +25,7 @@ from typing import Mapping
 from ..exceptions import JarFetchError
 
 __all__ = ["DELTA_JARS", "DELTA_VERSION", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark",
-           "default_jars_dir"]
+           "default_jars_dir", "fetch_maven_jar"]
 
 MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
 
@@ -71,15 +71,51 @@ def _download(url: str, dest: Path) -> None:
     tmp.replace(dest)
 
 
-def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path) -> None:
+def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path, *, coords: str | None = None) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise JarFetchError("mvn is not installed")
     subprocess.run(
-        [mvn, "-q", "dependency:copy", f"-Dartifact={group}:{artifact}:{version}",
+        [mvn, "-q", "dependency:copy", f"-Dartifact={coords or f'{group}:{artifact}:{version}'}",
          f"-DoutputDirectory={dest_dir}"],
         check=True, capture_output=True, timeout=600,
     )
+
+
+def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, classifier: str | None = None,
+                    sha1: str | None = None, quiet: bool = False) -> Path:
+    """The jar ``group:artifact:version[:classifier]`` in ``dest_dir``, fetched once from Maven Central
+    (falling back to ``mvn dependency:copy``) and checked against ``sha1`` when given.
+
+    Raises:
+        JarFetchError: neither Maven Central nor ``mvn`` could provide the jar, or its checksum is wrong.
+    """
+    name = f"{artifact}-{version}{'-' + classifier if classifier else ''}.jar"
+    dest = dest_dir / name
+    if dest.exists():
+        return dest
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{name}"
+    if not quiet:
+        print(f"deltawheel: fetching {name} from Maven Central", file=sys.stderr)
+    try:
+        _download(url, dest)
+    except Exception as first:  # noqa: BLE001 - fall back to mvn, report both
+        try:
+            coords = f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else "")
+            _mvn_copy(group, artifact, version, dest_dir, coords=coords)
+        except Exception as second:  # noqa: BLE001
+            raise JarFetchError(
+                f"could not fetch {name}: download from {url} failed ({first}); mvn dependency:copy failed "
+                f"({second}). Put the jar into {dest_dir} by hand."
+            ) from second
+    if sha1 is not None:
+        got = hashlib.sha1(dest.read_bytes()).hexdigest()  # noqa: S324 (Maven's checksum format)
+        if got != sha1:
+            dest.unlink()
+            raise JarFetchError(f"checksum mismatch for {name}: got {got}, deltawheel pins {sha1}; "
+                                "the download was removed, try again")
+    return dest
 
 
 def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
@@ -116,7 +152,8 @@ LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
 _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
 
 
-def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False,
+                         source: Path | None = None) -> Path | None:
     """The jar of deltawheel's Delta log store for local paths, compiled once from its source.
 
     ``ExclusiveLocalLogStore.java`` (beside this file) makes each commit file with a hard link, so two
@@ -124,7 +161,8 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
     then rename, under a lock of one JVM only). Compiled with ``javac`` against the
     ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the digest of the source
     and of the Delta and Spark versions it was compiled against. Returns None (with a warning) when
-    no ``javac`` is installed.
+    no ``javac`` is installed. ``source``: another log store's source file compiled the same way
+    (deltawheel's object-store log store, statestore/objectstore/ZkS3LogStore.java).
     """
     import zipfile
 
@@ -133,7 +171,8 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
     import pyspark
 
     # a jar compiled against other Delta or Spark jars is not reused, even if it would still link
-    digest = hashlib.sha256(_LOG_STORE_SOURCE.read_bytes())
+    source = source if source is not None else _LOG_STORE_SOURCE
+    digest = hashlib.sha256(source.read_bytes())
     digest.update(f"delta-storage {DELTA_VERSION} pyspark {pyspark.__version__}".encode())
     dest = jars_dir / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
     if dest.exists():
@@ -146,12 +185,12 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
     storage = next(p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith("delta-storage-"))
     cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
     if not quiet:
-        print(f"deltawheel: compiling {_LOG_STORE_SOURCE.name}", file=sys.stderr)
+        print(f"deltawheel: compiling {source.name}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as out:
-        done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(_LOG_STORE_SOURCE)],
+        done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(source)],
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise JarFetchError(f"javac could not compile {_LOG_STORE_SOURCE}: {done.stderr.strip()[-2000:]}")
+            raise JarFetchError(f"javac could not compile {source}: {done.stderr.strip()[-2000:]}")
         tmp = dest.with_suffix(".part")
         with zipfile.ZipFile(tmp, "w") as z:
             for f in sorted(Path(out).rglob("*.class")):
@@ -170,6 +209,9 @@ class SparkSettings:
     driver_memory: str = "2g"
     log_level: str = "ERROR"
     hive_support: bool = False
+    # the S3A jars (hadoop-aws + AWS SDK modules) on the classpath: True fetches them if missing,
+    # None adds them when they are in the cache (``./dw setup`` puts them there), False leaves them out
+    object_store: bool | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -189,6 +231,8 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     store_jar = ensure_log_store_jar(jars_dir)
     if store_jar is not None:
         jars.append(store_jar)
+    s3_jars = _object_store_jars(settings.object_store)
+    jars.extend(s3_jars)
     warehouse = Path(tempfile.gettempdir()) / f"deltawheel-warehouse-{os.getpid()}"
     builder = (
         SparkSession.builder.master(settings.master)
@@ -234,11 +278,17 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     )
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
+    if s3_jars:  # commits to s3a:// tables: arbitrated by ZooKeeper across processes
+        from ..objectstore.logstore import ZK_LOG_STORE_CLASS
+
+        builder = builder.config("spark.delta.logStore.s3a.impl", ZK_LOG_STORE_CLASS)
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(
             "spark.hadoop.javax.jdo.option.ConnectionURL",
             f"jdbc:derby:memory:deltawheel-{os.getpid()};create=true",
         )
+    for k, v in _object_store_conf().items():
+        builder = builder.config(k, v)
     for k, v in settings.extra.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -246,6 +296,40 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     # deltawheel creates no managed tables: the (empty) warehouse folder goes with the process
     atexit.register(_remove_if_empty, warehouse)
     return spark
+
+
+def _object_store_jars(wanted: bool | None) -> list[Path]:
+    """The S3A jars for ``SparkSettings.object_store`` (docs/objectstore.md)."""
+    if wanted is False:
+        return []
+    from ..objectstore.logstore import ensure_zk_log_store_jar
+    from ..objectstore.s3a import ensure_s3a_jars, s3a_jars_present
+
+    jars = ensure_s3a_jars() if wanted else s3a_jars_present()
+    if not jars:
+        return []
+    store = ensure_zk_log_store_jar()
+    if store is None:  # no javac: object-store tables are left out rather than committed unsafely
+        if wanted:
+            raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with javac: "
+                                "install a JDK (17+) or build the session with SparkSettings(object_store=None)")
+        return []
+    return [*jars, store]
+
+
+def _object_store_conf() -> dict[str, str]:
+    """S3A settings for every bucket from ``$DELTAWHEEL_S3_ENDPOINT`` and its keys, and the
+    object-store log store's ZooKeeper from ``$DELTAWHEEL_ZK`` (none of them if unset)."""
+    from ..objectstore.logstore import log_store_settings
+    from ..objectstore.s3a import endpoint_from_env, spark_conf
+
+    endpoint = endpoint_from_env()
+    conf = spark_conf(endpoint) if endpoint is not None else {}
+    zk = os.environ.get("DELTAWHEEL_ZK")  # the CLI's ZooKeeper setting arbitrates s3a commits too
+    if zk:
+        chroot = os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel")
+        conf.update({f"spark.hadoop.{k}": v for k, v in log_store_settings(zk, chroot=chroot).items()})
+    return conf
 
 
 def _remove_if_empty(path: Path) -> None:

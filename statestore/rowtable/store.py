@@ -39,10 +39,9 @@ from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
 from ..delta.jvm import jframe, jsession
+from ..delta.storefs import TableFiles, table_files
 from ..delta.txn import (
     TableLog,
-    is_local,
-    local_root,
     new_add,
     partition_file_name,
     write_file,
@@ -216,15 +215,16 @@ class RowStore:
         then runs unopposed and brings every fence row of the interval to the
         new sequencer.
 
-        ``claim_only`` (local stores): stop after the claim and check that no fence carries a
+        ``claim_only`` (stores whose files Python writes: local, ``s3a://``): stop after the claim and check that no fence carries a
         greater sequencer. Enough for writers that take the maximum fence row of an interval
         and rewrite its whole partition (the image write path drops the older fence row on
         its first write); the MERGE fence costs seconds. ``check=False`` leaves that check to
         the caller (the image path makes it from the images it reads anyway).
         """
         validate_name("computation", computation)
-        if sequencers and is_local(self.layout.rows):
-            self._claim(computation, sequencers)
+        files = table_files(self._spark, self.layout.rows) if sequencers else None
+        if sequencers and files is not None:
+            self._claim(computation, sequencers, files)
             if claim_only:
                 if check:
                     self.check_fences(computation, sequencers)
@@ -232,7 +232,7 @@ class RowStore:
         return self.commit(computation, [], sequencers=sequencers, kind="fence",
                            conflict_retries=max(self.conflict_retries, self.fence_retries))
 
-    def _claim(self, computation: str, sequencers: Mapping[int, int]) -> None:
+    def _claim(self, computation: str, sequencers: Mapping[int, int], files: TableFiles) -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import DataType
@@ -244,7 +244,7 @@ class RowStore:
         for iv, seq in sorted(sequencers.items()):
             row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
             rel = partition_file_name(computation, iv, "claim")
-            size = write_file(pa.Table.from_pylist([row], schema=schema), local_root(self.layout.rows), rel)
+            size = write_file(pa.Table.from_pylist([row], schema=schema), files, rel)
             adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, size, 1))
         meta = json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "claim", "writer": self.writer,
                            "computation": computation, "commit_id": commit_id,

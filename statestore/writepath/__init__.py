@@ -15,7 +15,7 @@ Dead letters and late records go to their tables through :mod:`.delivery` on eve
 (insert if absent: idempotent, whatever the path).
 
 Two implementations: :class:`~.image.ImagePath` (each task turns an interval's current file
-into a new one; the driver commits all of them in one Delta transaction; local stores) and
+into a new one; the driver commits all of them in one Delta transaction; local and ``s3a://`` stores) and
 :class:`~.merge.MergePath` (a fenced MERGE per batch; any store). A new path implements the
 five methods below and passes ``tests/test_writepath_contract.py``.
 

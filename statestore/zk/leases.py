@@ -16,6 +16,12 @@ a separate thread (never inside kazoo's listener), and ``check_valid`` /
 :meth:`LeaseManager.await_settled` lets a caller *pause* instead of failing on
 SUSPENDED: it returns once the connection is back and every lease re-verified
 (or lost), so a blip shorter than the session timeout only delays commits.
+:meth:`LeaseManager.await_valid` is that pause for a committer, with log lines: an
+ensemble that lost its quorum (or a lone server that is down) answers nobody, so the
+session can neither be confirmed nor expired; ZooKeeper restores sessions with a fresh
+timeout when a quorum serves again, so the committer waits (``max_pause_s``, default: as
+long as the session is not reported expired), logs that commits are paused and why, and
+resumes with the same leases once they are re-verified -- never committing meanwhile.
 
 Layout below the client's chroot, per interval ``I`` (``{I:05d}``)::
 
@@ -175,11 +181,14 @@ class LeaseManager:
         acls: ACLs for lease znodes (:func:`.zkclient.digest_acls`); ``None`` = open.
         on_lost: called with the lost grants and a reason when the session expires.
         keep_grants: grant nodes kept per interval (older ones are pruned).
+        max_pause_s: how long :meth:`await_valid` pauses commits while the leases are in doubt
+            (None: as long as the session is not reported expired).
     """
 
     def __init__(
         self, client: KazooClient, *, pipeline: str, owner: str, clock: Clock = _SYSTEM_CLOCK,
         acls: list[ACL] | None = None, on_lost: OnLost | None = None, keep_grants: int = 5,
+        max_pause_s: float | None = None,
     ) -> None:
         self._client = client
         self.pipeline = validate_name("pipeline", pipeline)
@@ -188,6 +197,7 @@ class LeaseManager:
         self._acls = acls
         self._on_lost = on_lost
         self._keep = max(1, keep_grants)
+        self.max_pause_s = max_pause_s
         self._lock = threading.RLock()
         self._held: dict[str, dict[int, _Held]] = {}
         self._lost: dict[tuple[str, int], str] = {}
@@ -431,6 +441,61 @@ class LeaseManager:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
+
+    def await_valid(self, computation: str, intervals: Iterable[int], *, max_pause_s: float | None = None,
+                    log_every_s: float = 30.0) -> float:
+        """Check the leases of ``intervals`` before a commit; *pause* while they are in doubt.
+
+        While the connection is SUSPENDED (the server went away, the ensemble lost its quorum)
+        no lease can be trusted and nothing may be committed. This waits for the reconnect and
+        the re-verification, logging a warning when the pause starts, every ``log_every_s``
+        while it lasts, and when commits resume.
+
+        Args:
+            computation: whose leases.
+            intervals: the intervals the commit writes.
+            max_pause_s: give up after this long (default: the manager's ``max_pause_s``; None
+                there too: wait as long as the session is not reported expired).
+            log_every_s: seconds between "still paused" log lines.
+
+        Returns:
+            Seconds paused (0.0 when the leases were valid at once).
+
+        Raises:
+            LeaseLostError: a lease is lost (e.g. the session expired during the pause).
+            LeaseSuspendedError: still in doubt after ``max_pause_s``.
+        """
+        ivs = sorted(set(intervals))
+        bound = self.max_pause_s if max_pause_s is None else max_pause_s
+        started: float | None = None
+        next_log = 0.0
+        what = f"commits of {self.pipeline}/{computation}"
+        while True:
+            try:
+                for iv in ivs:
+                    self.check_valid(computation, iv)
+            except LeaseSuspendedError as exc:
+                now = time.monotonic()
+                if started is None:
+                    started, next_log = now, now + log_every_s
+                    log.warning("%s paused: %s (no ZooKeeper server answers, or the ensemble lost its quorum); "
+                                "waiting for it to serve again, nothing is committed meanwhile", what, exc)
+                elif now >= next_log:
+                    next_log = now + log_every_s
+                    log.warning("%s still paused after %.0f s: ZooKeeper does not serve", what, now - started)
+                if bound is not None and now - started >= bound:
+                    raise LeaseSuspendedError(
+                        f"{what} paused for {now - started:.0f} s and ZooKeeper still does not serve ({exc}); "
+                        "nothing was committed. Bring ZooKeeper back (a majority of the ensemble's servers) "
+                        "and run again") from exc
+                self.await_settled(timeout_s=1.0 if bound is None else max(0.05, min(1.0, bound - (now - started))))
+                continue
+            if started is None:
+                return 0.0
+            paused = time.monotonic() - started
+            log.warning("%s resume: ZooKeeper serves again and the leases were re-verified after a pause of "
+                        "%.1f s", what, paused)
+            return paused
 
     def renew(self, computation: str | None = None) -> None:
         """Verify with ZooKeeper that every held lease (of ``computation``, or all) is still ours.

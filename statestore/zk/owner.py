@@ -206,24 +206,18 @@ class IntervalOwner:
         return out
 
     def check(self) -> None:
-        """Raise if any held lease is lost (LeaseLostError); *wait* while they are in doubt.
+        """Raise if any held lease is lost (LeaseLostError); *pause* while they are in doubt.
 
         While the ZooKeeper connection is SUSPENDED no lease can be trusted, so nothing may be
-        committed; a blip shorter than the session timeout ends with the same session and the
-        leases re-verified, and the caller goes on. This waits for that
-        (:meth:`LeaseManager.await_settled`) and raises LeaseSuspendedError only when the
-        connection is still not back after its bound, LeaseLostError when the session expired
-        meanwhile (the leases are gone: the cause is named in the message).
+        committed; a blip, or an ensemble that lost its quorum and regained it, ends with the same
+        session and the leases re-verified, and the caller goes on. This waits for that with log
+        lines (:meth:`LeaseManager.await_valid`) and raises LeaseSuspendedError only after the
+        manager's ``max_pause_s``, LeaseLostError when the session expired meanwhile (the leases
+        are gone: the cause is named in the message).
         """
         if not self._grants:
             raise LeaseLostError(f"no intervals of {self.computation!r} are held; acquire them first")
-        for iv in self._grants:
-            try:
-                self.leases.check_valid(self.computation, iv)
-            except LeaseSuspendedError:
-                if not self.leases.await_settled():
-                    raise
-                self.leases.check_valid(self.computation, iv)
+        self.leases.await_valid(self.computation, self._grants)
 
     def commit(self, rows: Sequence[KeyRow], *, deletes: Sequence[tuple[int, str]] = (),
                commit_id: str | None = None, dry_run: bool = False) -> CommitResult:

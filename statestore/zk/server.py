@@ -1,18 +1,19 @@
-"""An embedded, single-node ZooKeeper server run from the jars in the pyspark wheel.
+"""An embedded ZooKeeper server run from the jars in the pyspark wheel: standalone, or one
+member of an ensemble (:mod:`.ensemble`).
 
-The server is a detached ``java`` process (its own session and process group),
-so ``deltawheel zk start`` can return while the server keeps running. Everything
-it needs lives in one data folder::
+The server is a detached ``java`` process (its own session and process group,
+:class:`~deltawheel.statestore.process.DetachedProcess`), so ``deltawheel zk start`` can
+return while the server keeps running. Everything it needs lives in one data folder::
 
     <data_dir>/zoo.cfg          generated configuration
-    <data_dir>/data/            snapshots and transaction logs
+    <data_dir>/data/            snapshots and transaction logs (and ``myid`` in an ensemble)
     <data_dir>/zookeeper.log    the server's stdout/stderr (log4j2 at INFO)
     <data_dir>/zookeeper.pid    pid of the running server
 
 Readiness is the ``srvr`` four-letter word answered with the server's version
-(``ruok`` answers ``imok`` even while the server is not yet serving). It is meant for
-local development and tests; production deployments point :class:`ZkConfig` at an
-ensemble instead.
+(``ruok`` answers ``imok`` even while the server is not yet serving; an ensemble member
+answers ``srvr`` only while it is part of a quorum). It is meant for local development
+and tests; production deployments point :class:`ZkConfig` at their own ensemble.
 """
 
 from __future__ import annotations
@@ -20,20 +21,19 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
 import socket
-import subprocess
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from ..exceptions import ZooKeeperServerError
+from ..process import DetachedProcess, port_free
 
-__all__ = ["EmbeddedZooKeeper", "ZkServerStatus", "find_java", "pyspark_jars_dir", "four_letter_word"]
+__all__ = ["EmbeddedZooKeeper", "QuorumPeer", "ZkServerStatus", "find_java", "pyspark_jars_dir",
+           "four_letter_word"]
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+_QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 _LOG4J2 = """\
 status = error
 appender.console.type = Console
@@ -55,6 +55,8 @@ class ZkServerStatus:
         port: client port the server is configured for.
         data_dir: the server's data folder.
         hosts: connection string for clients.
+        mode: what ``srvr`` says it is (``standalone``, ``leader``, ``follower``), None when
+            it does not serve.
     """
 
     running: bool
@@ -62,6 +64,26 @@ class ZkServerStatus:
     port: int
     data_dir: str
     hosts: str
+    mode: str | None = None
+
+
+@dataclass(frozen=True)
+class QuorumPeer:
+    """One member of a ZooKeeper ensemble: its id (``myid``), address and three ports.
+
+    >>> QuorumPeer(2, "127.0.0.1", 2182, 2889, 3889).server_line()
+    'server.2=127.0.0.1:2889:3889'
+    """
+
+    myid: int
+    host: str
+    client_port: int
+    peer_port: int
+    election_port: int
+
+    def server_line(self) -> str:
+        """The ``server.N=host:peer:election`` line of every member's ``zoo.cfg``."""
+        return f"server.{self.myid}={self.host}:{self.peer_port}:{self.election_port}"
 
 
 def find_java() -> str:
@@ -112,27 +134,16 @@ def four_letter_word(host: str, port: int, word: str = "ruok", *, timeout_s: flo
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _alive(pid: int) -> bool:
-    """True if ``pid`` is a live (not zombie) process that runs a ZooKeeper server."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        cmdline = " ".join(proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    # An empty command line is a process between exec()s (the java launcher may re-exec itself).
-    return not cmdline or _MAIN_CLASS in cmdline
 
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+def server_mode(host: str, port: int) -> str | None:
+    """The ``Mode:`` line of ``srvr`` (``standalone``, ``leader``, ``follower``); None if not serving."""
+    reply = four_letter_word(host, port, "srvr")
+    if reply is None or not reply.startswith("Zookeeper version"):
+        return None
+    for line in reply.splitlines():
+        if line.startswith("Mode:"):
+            return line.split(":", 1)[1].strip()
+    return None
 
 
 class EmbeddedZooKeeper:
@@ -143,17 +154,29 @@ class EmbeddedZooKeeper:
         port: client port.
         host: address the server listens on.
         jars_dir: folder of jars for the classpath; default: pyspark's ``jars``.
+        quorum: every member of the ensemble this server belongs to (itself included);
+            empty: a standalone server.
+        myid: this server's id among ``quorum`` (required with it).
     """
 
     def __init__(
         self, data_dir: Path | str, *, port: int = 2181, host: str = "127.0.0.1",
-        jars_dir: Path | None = None,
+        jars_dir: Path | None = None, quorum: Sequence[QuorumPeer] = (), myid: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.host = host
         self._jars_dir = jars_dir
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.quorum = tuple(quorum)
+        self.myid = myid
+        if self.quorum and myid not in {p.myid for p in self.quorum}:
+            raise ZooKeeperServerError(f"myid {myid} is not one of the ensemble's ids "
+                                       f"{sorted(p.myid for p in self.quorum)}")
+        main = _QUORUM_MAIN_CLASS if self.quorum else _MAIN_CLASS
+        self._main_class = main
+        self.process = DetachedProcess("ZooKeeper", pid_file=self.data_dir / "zookeeper.pid",
+                                       log_file=self.data_dir / "zookeeper.log", marker=main,
+                                       error=ZooKeeperServerError)
 
     @property
     def hosts(self) -> str:
@@ -163,23 +186,17 @@ class EmbeddedZooKeeper:
     @property
     def pid_file(self) -> Path:
         """The server's pid file (written when it starts)."""
-        return self.data_dir / "zookeeper.pid"
+        return self.process.pid_file
 
     @property
     def log_file(self) -> Path:
         """The server's log file."""
-        return self.data_dir / "zookeeper.log"
+        return self.process.log_file
 
     @property
     def config_file(self) -> Path:
         """The server's configuration file (``zoo.cfg``)."""
         return self.data_dir / "zoo.cfg"
-
-    def _read_pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
 
     def _ready(self) -> bool:
         # ``ruok`` answers ``imok`` before the server serves requests; ``srvr`` does not.
@@ -188,68 +205,58 @@ class EmbeddedZooKeeper:
 
     def log_tail(self, lines: int = 20) -> str:
         """The last ``lines`` lines of the server log ('' if there is none)."""
-        try:
-            text = self.log_file.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return self.process.log_tail(lines)
+
+    def mode(self) -> str | None:
+        """``standalone``, ``leader`` or ``follower`` (from ``srvr``); None while not serving."""
+        return server_mode(self.host, self.port)
 
     def status(self) -> ZkServerStatus:
-        """Whether the server of this data folder runs and answers on its port."""
-        pid = self._read_pid()
-        if pid is not None and not _alive(pid):
-            pid = None
-        running = pid is not None and self._ready()
-        return ZkServerStatus(running=running, pid=pid, port=self.port, data_dir=str(self.data_dir),
-                              hosts=self.hosts)
+        """Whether the server of this data folder runs and answers on its port (and in which mode)."""
+        pid = self.process.pid()
+        mode = self.mode() if pid is not None else None
+        return ZkServerStatus(running=mode is not None, pid=pid, port=self.port, data_dir=str(self.data_dir),
+                              hosts=self.hosts, mode=mode)
 
     def _write_config(self) -> None:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(
-            "\n".join([
-                f"dataDir={self.data_dir / 'data'}",
-                f"clientPort={self.port}",
-                f"clientPortAddress={self.host}",
-                "tickTime=500",
-                "minSessionTimeout=1000",
-                "maxSessionTimeout=60000",
-                "initLimit=10",
-                "syncLimit=5",
-                "maxClientCnxns=0",
-                "4lw.commands.whitelist=ruok,srvr,stat",
-                "admin.enableServer=false",
-                "autopurge.snapRetainCount=3",
-                "autopurge.purgeInterval=1",
-                "",
-            ])
-        )
+        lines = [
+            f"dataDir={self.data_dir / 'data'}",
+            f"clientPort={self.port}",
+            f"clientPortAddress={self.host}",
+            "tickTime=500",
+            "minSessionTimeout=1000",
+            "maxSessionTimeout=60000",
+            "initLimit=10",
+            "syncLimit=5",
+            "maxClientCnxns=0",
+            "4lw.commands.whitelist=ruok,srvr,stat,mntr",
+            "admin.enableServer=false",
+            "autopurge.snapRetainCount=3",
+            "autopurge.purgeInterval=1",
+        ]
+        if self.quorum:
+            lines += [p.server_line() for p in self.quorum]
+            (self.data_dir / "data" / "myid").write_text(f"{self.myid}\n")
+        self.config_file.write_text("\n".join([*lines, ""]))
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
 
-    def start(self, *, timeout_s: float = 30.0) -> None:
-        """Start the server and return once it serves requests.
+    def launch(self) -> int:
+        """Start the server process without waiting for it to serve; returns its pid.
 
-        A no-op when this folder's server already runs on the port; a stale pid
-        file (dead process) is removed first.
+        A no-op returning the running pid when this folder's server already runs; a stale
+        pid file (dead process) is removed first. An ensemble member only serves once a
+        quorum of members runs: start them all, then :meth:`wait_ready` on each.
 
         Raises:
-            ZooKeeperServerError: java or the jars are missing, the port is taken by
-                another process, or the server did not become ready in time (the
-                message carries the end of its log).
+            ZooKeeperServerError: java or the jars are missing, or the port is taken by another process.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        pid = self._read_pid()
-        if pid is not None:
-            if _alive(pid):
-                problem = self._wait_ready(pid, timeout_s)
-                if problem is None:
-                    return
-                self._kill_group(pid, timeout_s=5.0)
-                raise ZooKeeperServerError(
-                    f"ZooKeeper (pid {pid}) from {self.data_dir} did not answer on {self.hosts} ({problem}); "
-                    f"it was stopped. Log tail:\n{self.log_tail()}"
-                )
-            self.pid_file.unlink(missing_ok=True)
-        if not _port_free(self.host, self.port):
+        running = self.process.pid()
+        if running is not None:
+            return running
+        self.pid_file.unlink(missing_ok=True)
+        if not port_free(self.host, self.port):
             raise ZooKeeperServerError(
                 f"port {self.port} on {self.host} is in use by another process; stop it or pass another --port"
             )
@@ -260,37 +267,43 @@ class EmbeddedZooKeeper:
             java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-Dzookeeper.jmx.log4j.disable=true",
-            "-cp", f"{jars}/*", _MAIN_CLASS, str(self.config_file),
+            "-cp", f"{jars}/*", self._main_class, str(self.config_file),
         ]
-        with open(self.log_file, "ab") as log:
-            self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True, cwd=str(self.data_dir),
-            )
-        self.pid_file.write_text(f"{self._proc.pid}\n")
-        problem = self._wait_ready(self._proc.pid, timeout_s)
+        return self.process.launch(cmd, cwd=self.data_dir)
+
+    def wait_ready(self, *, timeout_s: float = 30.0) -> None:
+        """Return once the server serves requests; stop it and raise if it does not in time.
+
+        Raises:
+            ZooKeeperServerError: not running, or not ready within ``timeout_s`` (the message
+                carries the end of its log).
+        """
+        pid = self.process.read_pid()
+        if pid is None:
+            raise ZooKeeperServerError(f"ZooKeeper from {self.data_dir} is not running; start it first")
+        problem = self.process.wait_ready(pid, self._ready, timeout_s)
         if problem is not None:
-            self._kill_group(self._proc.pid, timeout_s=5.0)
+            if self.process.alive(pid):
+                self.process.kill_group(pid, timeout_s=5.0)
             self.pid_file.unlink(missing_ok=True)
             raise ZooKeeperServerError(
                 f"ZooKeeper did not become ready on {self.hosts}: {problem}; "
                 f"see {self.log_file}. Log tail:\n{self.log_tail()}"
             )
 
-    def _wait_ready(self, pid: int, timeout_s: float) -> str | None:
-        """Poll until the server serves requests; return why it did not, or ``None``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            own = self._proc is not None and self._proc.pid == pid
-            if own and self._proc is not None and self._proc.poll() is not None:
-                return f"the java process exited with code {self._proc.returncode}"
-            if not own and not _alive(pid):
-                return f"process {pid} is gone"
-            if self._ready():
-                return None
-            if time.monotonic() >= deadline:
-                return f"no answer within {timeout_s:g}s"
-            time.sleep(0.1)
+    def start(self, *, timeout_s: float = 30.0) -> None:
+        """Start the server and return once it serves requests (:meth:`launch` + :meth:`wait_ready`).
+
+        A no-op when this folder's server already runs on the port; a stale pid
+        file (dead process) is removed first.
+
+        Raises:
+            ZooKeeperServerError: java or the jars are missing, the port is taken by
+                another process, or the server did not become ready in time (the
+                message carries the end of its log).
+        """
+        self.launch()
+        self.wait_ready(timeout_s=timeout_s)
 
     def stop(self, *, timeout_s: float = 15.0) -> bool:
         """Stop the server: SIGTERM to its process group, then SIGKILL after ``timeout_s``.
@@ -298,52 +311,8 @@ class EmbeddedZooKeeper:
         Returns:
             True if a running server was stopped, False if none was running.
         """
-        pid = self._read_pid()
-        stopped = False
-        if pid is not None and _alive(pid):
-            self._kill_group(pid, timeout_s=timeout_s)
-            stopped = True
-        self.pid_file.unlink(missing_ok=True)
-        return stopped
+        return self.process.stop(timeout_s=timeout_s)
 
-    def _kill_group(self, pid: int, *, timeout_s: float) -> None:
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                pass
-            except PermissionError as exc:
-                raise ZooKeeperServerError(f"not allowed to signal ZooKeeper process {pid}: {exc}") from exc
-            if self._wait_gone(pid, wait_s):
-                return
-        raise ZooKeeperServerError(f"ZooKeeper process {pid} survived SIGKILL; kill it by hand")
-
-    def _wait_gone(self, pid: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc is not None and self._proc.pid == pid:
-                try:
-                    self._proc.wait(timeout=0.05)  # reap our own child: no zombie left
-                except subprocess.TimeoutExpired:
-                    pass
-            if not psutil.pid_exists(pid) or _zombie(pid):
-                _reap(pid)
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)  # psutil is untyped: Any
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _reap(pid: int) -> None:
-    """Collect a zombie child of this process (no-op for other processes' children)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+    def kill(self) -> int | None:
+        """SIGKILL the server at once (a crash, for fault tests); returns its pid, or None if not running."""
+        return self.process.kill()

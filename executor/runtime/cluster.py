@@ -1,0 +1,349 @@
+"""A local cluster for trying deltawheel beyond one process: a Spark standalone cluster (one
+master, two workers, each its own process started with pyspark's ``bin/spark-class``) and a
+three-server ZooKeeper ensemble (:class:`~deltawheel.statestore.zk.ensemble.ZooKeeperEnsemble`).
+
+Everything lives in one data folder (``deltawheel cluster up --data DIR``)::
+
+    <data>/cluster.json            ports and settings (so status and down find the processes)
+    <data>/zk/zk<N>/               ZooKeeper server N (zoo.cfg, data, zookeeper.log, zookeeper.pid)
+    <data>/spark/conf/             spark-defaults.conf of the master and workers
+    <data>/spark/master/           master.log, master.pid
+    <data>/spark/worker-<N>/       worker.log, worker.pid, work/ (executor folders: their stdout/stderr)
+
+Ports are chosen free at the first ``up`` and kept in ``cluster.json``. Jobs connect with
+``SparkSettings(master=<master URL>)`` (``--master spark://...``) and
+``ZkConfig(hosts=<connect string>)`` (``--zk h:p1,h:p2,h:p3``). The workers' executors run
+the driver's Python (``spark.executorEnv.PYSPARK_PYTHON``, set by ``build_spark``) and fetch the
+Delta jars from the driver (``spark.jars``), so the cluster needs nothing installed beyond
+pyspark itself; deltawheel must be importable by that Python (same machine, same venv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deltawheel.statestore.exceptions import ZooKeeperServerError
+from deltawheel.statestore.process import DetachedProcess, free_ports
+from deltawheel.statestore.zk.ensemble import EnsembleStatus, ZooKeeperEnsemble
+from deltawheel.statestore.zk.server import find_java
+
+from ..exceptions import ClusterError
+
+__all__ = ["SparkStandalone", "SparkStatus", "WorkerStatus", "LocalCluster", "ClusterStatus", "spark_home"]
+
+_MASTER = "org.apache.spark.deploy.master.Master"
+_WORKER = "org.apache.spark.deploy.worker.Worker"
+_SPARK_DEFAULTS = """\
+# written by deltawheel cluster up
+spark.master.rest.enabled  false
+spark.ui.reverseProxy      false
+spark.worker.cleanup.enabled false
+"""
+
+
+def spark_home() -> Path:
+    """The installed pyspark's folder: a Spark distribution (``bin/spark-class``, ``jars``).
+
+    Raises:
+        ClusterError: pyspark is missing or ships no ``bin/spark-class``.
+    """
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    if not os.access(home / "bin" / "spark-class", os.X_OK):
+        raise ClusterError(f"no executable bin/spark-class in {home}; reinstall pyspark")
+    return home
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One worker: its process and whether the master lists it as ALIVE."""
+
+    index: int
+    pid: int | None
+    port: int
+    registered: bool
+    cores: int | None
+    memory_mb: int | None
+    log: str
+
+
+@dataclass(frozen=True)
+class SparkStatus:
+    """The master (pid, ALIVE per its JSON) and each worker."""
+
+    master_url: str
+    ui_url: str
+    master_pid: int | None
+    master_alive: bool
+    workers: tuple[WorkerStatus, ...]
+    log: str
+
+
+class SparkStandalone:
+    """A Spark standalone master and ``workers`` workers on this machine, each a detached process.
+
+    Args:
+        data_dir: the cluster's Spark folder.
+        ports: ``{"master", "master_ui", "worker_N", "worker_N_ui"}``; free ones when not given.
+        workers: how many workers.
+        worker_cores: cores each worker offers.
+        worker_memory: memory each worker offers its executors (e.g. ``2g``).
+        host: address everything binds to.
+    """
+
+    def __init__(self, data_dir: Path | str, *, ports: dict[str, int] | None = None, workers: int = 2,
+                 worker_cores: int = 1, worker_memory: str = "2g", host: str = "127.0.0.1") -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        self.worker_cores = worker_cores
+        self.worker_memory = worker_memory
+        names = ["master", "master_ui"] + [f"worker_{i}{s}" for i in range(1, workers + 1) for s in ("", "_ui")]
+        if ports is None or not all(n in ports for n in names):
+            ports = dict(zip(names, free_ports(len(names), host), strict=True))
+        self.ports = {n: ports[n] for n in names}
+        self.workers = workers
+        self.master = DetachedProcess("Spark master", pid_file=self.data_dir / "master" / "master.pid",
+                                      log_file=self.data_dir / "master" / "master.log", marker=_MASTER,
+                                      error=ClusterError)
+        self.worker_procs = tuple(
+            DetachedProcess(f"Spark worker {i}", pid_file=self.data_dir / f"worker-{i}" / "worker.pid",
+                            log_file=self.data_dir / f"worker-{i}" / "worker.log", marker=_WORKER, error=ClusterError)
+            for i in range(1, workers + 1))
+
+    @property
+    def master_url(self) -> str:
+        """``spark://host:port``: what a driver's ``--master`` is."""
+        return f"spark://{self.host}:{self.ports['master']}"
+
+    @property
+    def ui_url(self) -> str:
+        """The master's web UI (its ``/json/`` lists the workers and applications)."""
+        return f"http://{self.host}:{self.ports['master_ui']}"
+
+    def master_json(self) -> dict[str, Any] | None:
+        """The master's state from ``<ui>/json/``, or None when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=2.0) as resp:  # noqa: S310 (local http)
+                data = json.loads(resp.read().decode("utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _registered(self) -> dict[int, dict[str, Any]]:
+        """Port -> the master's entry of each ALIVE worker."""
+        state = self.master_json() or {}
+        return {int(w.get("port", -1)): w for w in state.get("workers", []) if w.get("state") == "ALIVE"}
+
+    def _env(self) -> dict[str, str]:
+        conf = self.data_dir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
+        env = dict(os.environ)
+        env.update(SPARK_HOME=str(spark_home()), SPARK_CONF_DIR=str(conf), SPARK_LOCAL_IP=self.host,
+                   SPARK_DAEMON_MEMORY="512m", PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
+                   SPARK_LOG_DIR=str(self.data_dir), SPARK_NO_DAEMONIZE="1")
+        return env
+
+    def _spark_class(self) -> str:
+        find_java()  # a clear error when there is none (spark-class's is terse)
+        return str(spark_home() / "bin" / "spark-class")
+
+    def start(self, *, timeout_s: float = 90.0) -> None:
+        """Start the master, then the workers; return once every worker is registered with the master.
+
+        Processes already running are kept. On failure everything is stopped.
+
+        Raises:
+            ClusterError: java or pyspark is missing, or a process did not come up in time (with its log tail).
+        """
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout_s: float) -> None:
+        spark_class, env = self._spark_class(), self._env()
+        pid = self.master.pid()
+        if pid is None:
+            pid = self.master.launch([spark_class, _MASTER, "--host", self.host, "--port", str(self.ports["master"]),
+                                      "--webui-port", str(self.ports["master_ui"])],
+                                     cwd=self.master.pid_file.parent, env=env)
+        self._await(self.master, pid, lambda: (self.master_json() or {}).get("status") == "ALIVE", timeout_s)
+        for i, proc in enumerate(self.worker_procs, start=1):
+            if proc.pid() is None:
+                work = proc.pid_file.parent / "work"
+                work.mkdir(parents=True, exist_ok=True)
+                proc.launch([spark_class, _WORKER, self.master_url, "--host", self.host,
+                             "--port", str(self.ports[f"worker_{i}"]), "--webui-port", str(self.ports[f"worker_{i}_ui"]),
+                             "--cores", str(self.worker_cores), "--memory", self.worker_memory,
+                             "--work-dir", str(work)], cwd=proc.pid_file.parent, env=env)
+        for i in range(1, len(self.worker_procs) + 1):
+            self.await_worker(i, timeout_s=timeout_s)
+
+    def await_worker(self, index: int, *, timeout_s: float = 90.0) -> None:
+        """Wait until worker ``index`` (1-based) runs and the master lists it ALIVE.
+
+        Raises:
+            ClusterError: it is not running, or not registered in time.
+        """
+        proc = self.worker_procs[index - 1]
+        pid = proc.read_pid()
+        if pid is None:
+            raise ClusterError(f"{proc.name} is not running; start it first")
+        port = self.ports[f"worker_{index}"]
+        self._await(proc, pid, lambda: port in self._registered(), timeout_s)
+
+    def _await(self, proc: DetachedProcess, pid: int, ready: Any, timeout_s: float) -> None:
+        problem = proc.wait_ready(pid, ready, timeout_s)
+        if problem is not None:
+            raise ClusterError(f"{proc.name} did not come up: {problem}; see {proc.log_file}. "
+                               f"Log tail:\n{proc.log_tail()}")
+
+    def stop(self, *, timeout_s: float = 15.0) -> int:
+        """Stop the workers (with their executors), then the master; idempotent. Returns how many ran."""
+        n = sum(1 for w in self.worker_procs if w.stop(timeout_s=timeout_s))
+        return n + int(self.master.stop(timeout_s=timeout_s))
+
+    def kill_worker(self, index: int) -> int | None:
+        """SIGKILL worker ``index`` (1-based) and its executors (a lost machine); returns its pid."""
+        return self.worker_procs[index - 1].kill()
+
+    def restart_worker(self, index: int, *, timeout_s: float = 90.0) -> None:
+        """Start worker ``index`` again (after a kill) and wait until it is registered."""
+        self.start(timeout_s=timeout_s)
+        self.await_worker(index, timeout_s=timeout_s)
+
+    def status(self) -> SparkStatus:
+        """The master's pid and state, each worker's pid and registration."""
+        state = self.master_json()
+        registered = self._registered() if state is not None else {}
+        workers = []
+        for i, proc in enumerate(self.worker_procs, start=1):
+            entry = registered.get(self.ports[f"worker_{i}"])
+            workers.append(WorkerStatus(i, proc.pid(), self.ports[f"worker_{i}"], entry is not None,
+                                        None if entry is None else int(entry.get("cores", 0)),
+                                        None if entry is None else int(entry.get("memory", 0)), str(proc.log_file)))
+        return SparkStatus(self.master_url, self.ui_url, self.master.pid(),
+                           state is not None and state.get("status") == "ALIVE", tuple(workers), str(self.master.log_file))
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What :meth:`LocalCluster.status` found (None for a part the cluster does not have)."""
+
+    zookeeper: EnsembleStatus | None
+    spark: SparkStatus | None
+
+    @property
+    def healthy(self) -> bool:
+        """Every part runs: a ZooKeeper quorum with all servers up, the master and every worker registered."""
+        zk_ok = self.zookeeper is None or (self.zookeeper.quorum and all(s.running for s in self.zookeeper.servers))
+        sp = self.spark
+        spark_ok = sp is None or (sp.master_alive and all(w.pid is not None and w.registered for w in sp.workers))
+        return zk_ok and spark_ok
+
+
+class LocalCluster:
+    """A ZooKeeper ensemble and a Spark standalone cluster under one data folder.
+
+    Args:
+        data_dir: the cluster's folder.
+        zookeeper: run the ensemble (``--no-zk``: off).
+        spark: run the Spark cluster (``--no-spark``: off).
+        workers: Spark workers (1 core each).
+        worker_memory: memory each worker offers.
+        zk_servers: ensemble size (odd).
+
+    An earlier ``up`` in ``data_dir`` fixes the ports and which parts exist (``cluster.json``);
+    the arguments only matter for the first one.
+    """
+
+    def __init__(self, data_dir: Path | str, *, zookeeper: bool = True, spark: bool = True, workers: int = 2,
+                 worker_memory: str = "2g", zk_servers: int = 3, host: str = "127.0.0.1") -> None:
+        self.data_dir = Path(data_dir).resolve()
+        saved = self._saved()
+        if saved is not None:
+            zookeeper, spark = bool(saved.get("zookeeper")), bool(saved.get("spark"))
+            workers = int(saved.get("workers", workers))
+            worker_memory = str(saved.get("worker_memory", worker_memory))
+        self.ensemble = ZooKeeperEnsemble(self.data_dir / "zk", size=zk_servers, host=host) if zookeeper else None
+        ports = saved.get("spark_ports") if saved is not None else None
+        self.spark = (SparkStandalone(self.data_dir / "spark", ports=ports, workers=workers,
+                                      worker_memory=worker_memory, host=host) if spark else None)
+
+    @property
+    def manifest(self) -> Path:
+        """``cluster.json``: which parts run and on which ports."""
+        return self.data_dir / "cluster.json"
+
+    def _saved(self) -> dict[str, Any] | None:
+        try:
+            raw = json.loads(self.manifest.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return raw if isinstance(raw, dict) else None
+
+    @property
+    def master_url(self) -> str | None:
+        """The Spark master's URL (None without Spark)."""
+        return None if self.spark is None else self.spark.master_url
+
+    @property
+    def zk_hosts(self) -> str | None:
+        """The ensemble's connection string (None without ZooKeeper)."""
+        return None if self.ensemble is None else self.ensemble.hosts
+
+    def up(self, *, timeout_s: float = 90.0) -> None:
+        """Start the ensemble and the Spark cluster (what runs already is kept); on failure stop all.
+
+        Raises:
+            ZooKeeperServerError / ClusterError: a part did not come up (the message has its log tail).
+        """
+        if self.ensemble is None and self.spark is None:
+            raise ClusterError("nothing to start: both --no-zk and --no-spark were given")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.manifest.write_text(json.dumps({
+            "format_version": 1, "zookeeper": self.ensemble is not None, "spark": self.spark is not None,
+            "workers": 0 if self.spark is None else self.spark.workers,
+            "worker_memory": None if self.spark is None else self.spark.worker_memory,
+            "spark_ports": None if self.spark is None else self.spark.ports}, indent=2) + "\n")
+        try:
+            if self.ensemble is not None:
+                self.ensemble.start(timeout_s=timeout_s)
+            if self.spark is not None:
+                self.spark.start(timeout_s=timeout_s)
+        except (ZooKeeperServerError, ClusterError, KeyboardInterrupt):
+            self.down()
+            raise
+
+    def down(self) -> int:
+        """Stop everything (Spark first: its jobs may still use ZooKeeper); idempotent. Returns how many ran."""
+        n = 0
+        if self.spark is not None:
+            n += self.spark.stop()
+        if self.ensemble is not None:
+            n += self.ensemble.stop()
+        return n
+
+    def status(self) -> ClusterStatus:
+        """Each process's pid and state (ZooKeeper role, Spark worker registration)."""
+        return ClusterStatus(None if self.ensemble is None else self.ensemble.status(),
+                             None if self.spark is None else self.spark.status())
+
+    def wait_healthy(self, *, timeout_s: float = 60.0) -> bool:
+        """Poll :meth:`status` until every part is healthy; False if not within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.status().healthy:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+        return True

@@ -1,0 +1,355 @@
+package io.deltawheel.storage;
+
+import java.io.FileNotFoundException;
+import java.io.IOException;
+import java.io.InputStream;
+import java.net.URLEncoder;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.FileAlreadyExistsException;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.retry.ExponentialBackoffRetry;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.zookeeper.KeeperException;
+
+import io.delta.storage.HadoopFileSystemLogStore;
+
+/**
+ * Delta log store for object stores ({@code s3a://}) whose commit of version N is exclusive
+ * across processes: ZooKeeper arbitrates it.
+ *
+ * <p>S3 has no atomic put-if-absent that Hadoop's S3A uses for a plain {@code create}: Delta's
+ * {@code S3SingleDriverLogStore} checks and writes under a lock of one JVM, so two Spark
+ * applications can both write {@code _delta_log/N.json}, the later replacing the earlier. This
+ * store follows the protocol of Delta's {@code BaseExternalLogStore} (reference implementation:
+ * the DynamoDB log store), with a ZooKeeper znode as the external entry:
+ * <ol>
+ *   <li>Fail if N.json exists. Make sure N-1.json exists (completing an unfinished commit of
+ *       N-1 from its entry if needed).</li>
+ *   <li>PREPARE: write the actions to a temporary file {@code _delta_log/.tmp/N.json.<uuid>}, then
+ *       create the entry znode {@code <ns>/<table>/N.json} = (temp path, complete=false). The
+ *       create fails with NodeExists if another writer holds version N: that is the mutual
+ *       exclusion, decided by ZooKeeper, whatever the process.</li>
+ *   <li>COMMIT: copy the temporary file to N.json.</li>
+ *   <li>ACKNOWLEDGE: mark the entry complete, with an expiry time.</li>
+ * </ol>
+ * A writer that dies after step 2 leaves an incomplete entry; the next writer (step 1 of N+1) or
+ * reader ({@link #listFrom}) copies its temporary file to N.json and completes the entry, so a
+ * commit whose entry exists is never lost. Complete entries older than their expiry are removed
+ * by later commits (an expired entry only guards against a writer that stalled for longer than
+ * the expiry between its step 1 and step 2; S3 listings are strongly consistent).
+ *
+ * <p>Configuration (Hadoop keys; Spark: {@code spark.hadoop.<key>}):
+ * {@code deltawheel.logstore.zk.connect} (ZooKeeper connect string),
+ * {@code deltawheel.logstore.zk.namespace} (znode prefix, default {@code deltawheel/delta-log}),
+ * {@code deltawheel.logstore.zk.sessionTimeoutMs} (default 20000),
+ * {@code deltawheel.logstore.expirationDelaySeconds} (default 86400, Delta's own).
+ * Reads without a configured ZooKeeper list the log as it is; commits refuse.
+ */
+public class ZkS3LogStore extends HadoopFileSystemLogStore {
+
+    public static final String CONNECT = "deltawheel.logstore.zk.connect";
+    public static final String NAMESPACE = "deltawheel.logstore.zk.namespace";
+    public static final String SESSION_TIMEOUT = "deltawheel.logstore.zk.sessionTimeoutMs";
+    public static final String EXPIRATION = "deltawheel.logstore.expirationDelaySeconds";
+    /** Test hook: exit the JVM right after the entry is created (a writer dying mid-commit). */
+    public static final String CRASH_AFTER_PREPARE = "deltawheel.logstore.test.crashAfterPrepare";
+
+    private static final Pattern DELTA_FILE = Pattern.compile("^(\\d{20})\\.json$");
+    private static final Map<String, CuratorFramework> CLIENTS = new ConcurrentHashMap<>();
+
+    private final Configuration initConf;
+
+    public ZkS3LogStore(Configuration initHadoopConf) {
+        super(initHadoopConf);
+        this.initConf = initHadoopConf;
+    }
+
+    /** An entry of the external store: the temporary file of a commit, and whether it was copied. */
+    static final class Entry {
+        final String tempPath;  // relative to the _delta_log folder
+        final boolean complete;
+        final long expireEpochS;
+
+        Entry(String tempPath, boolean complete, long expireEpochS) {
+            this.tempPath = tempPath;
+            this.complete = complete;
+            this.expireEpochS = expireEpochS;
+        }
+
+        byte[] encode() {
+            return ("v1\n" + tempPath + "\n" + complete + "\n" + expireEpochS).getBytes(StandardCharsets.UTF_8);
+        }
+
+        static Entry decode(byte[] data) throws IOException {
+            String[] f = new String(data, StandardCharsets.UTF_8).split("\n");
+            if (f.length != 4 || !f[0].equals("v1")) {
+                throw new IOException("unknown log store entry format: " + new String(data, StandardCharsets.UTF_8));
+            }
+            return new Entry(f[1], Boolean.parseBoolean(f[2]), Long.parseLong(f[3]));
+        }
+    }
+
+    // --- configuration and ZooKeeper ------------------------------------------------------
+
+    private String setting(Configuration conf, String key, String dflt) {
+        String v = conf != null ? conf.get(key) : null;
+        if (v == null || v.isEmpty()) {
+            v = initConf.get(key);
+        }
+        return v == null || v.isEmpty() ? dflt : v;
+    }
+
+    private CuratorFramework zk(Configuration conf, boolean required) throws IOException {
+        String connect = setting(conf, CONNECT, null);
+        if (connect == null) {
+            if (required) {
+                throw new IOException("no ZooKeeper configured for commits to object-store Delta tables: set "
+                    + CONNECT + " (Spark: spark.hadoop." + CONNECT + "), or DELTAWHEEL_ZK for deltawheel's "
+                    + "command line; the pipeline runner sets it from its ZooKeeper (docs/objectstore.md)");
+            }
+            return null;
+        }
+        String ns = setting(conf, NAMESPACE, "deltawheel/delta-log");
+        int sessionMs = Integer.parseInt(setting(conf, SESSION_TIMEOUT, "20000"));
+        String key = connect + "|" + ns + "|" + sessionMs;
+        CuratorFramework client = CLIENTS.computeIfAbsent(key, k -> {
+            CuratorFramework c = CuratorFrameworkFactory.builder().connectString(connect).namespace(ns)
+                .sessionTimeoutMs(sessionMs).connectionTimeoutMs(15000)
+                .retryPolicy(new ExponentialBackoffRetry(200, 5)).build();
+            c.start();
+            return c;
+        });
+        try {
+            if (!client.blockUntilConnected(30, TimeUnit.SECONDS)) {
+                throw new IOException("ZooKeeper at " + connect + " did not answer within 30 s; Delta commits to "
+                    + "object-store tables wait for it: start it or fix " + CONNECT);
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new IOException("interrupted while connecting to ZooKeeper at " + connect, e);
+        }
+        return client;
+    }
+
+    private static String tableNode(Path tablePath) {
+        return "/" + URLEncoder.encode(tablePath.toString(), StandardCharsets.UTF_8);
+    }
+
+    private static Optional<Entry> getEntry(CuratorFramework zk, Path tablePath, String fileName) throws IOException {
+        try {
+            return Optional.of(Entry.decode(zk.getData().forPath(tableNode(tablePath) + "/" + fileName)));
+        } catch (KeeperException.NoNodeException e) {
+            return Optional.empty();
+        } catch (IOException e) {
+            throw e;
+        } catch (Exception e) {
+            throw new IOException("ZooKeeper read of the log entry " + fileName + " of " + tablePath + " failed", e);
+        }
+    }
+
+    /** Create the entry of version N; FileAlreadyExistsException if another writer holds it. */
+    private static void createEntry(CuratorFramework zk, Path tablePath, String fileName, Entry entry, Path path)
+            throws IOException {
+        try {
+            zk.create().creatingParentsIfNeeded().forPath(tableNode(tablePath) + "/" + fileName, entry.encode());
+        } catch (KeeperException.NodeExistsException e) {
+            throw new FileAlreadyExistsException(path.toString());
+        } catch (Exception e) {
+            throw new IOException("ZooKeeper create of the log entry " + fileName + " of " + tablePath
+                + " failed; nothing was committed", e);
+        }
+    }
+
+    private void completeEntry(CuratorFramework zk, Path tablePath, String fileName, Entry entry, Configuration conf)
+            throws IOException {
+        long expiry = Long.parseLong(setting(conf, EXPIRATION, "86400"));
+        Entry done = new Entry(entry.tempPath, true, System.currentTimeMillis() / 1000 + expiry);
+        try {
+            zk.setData().forPath(tableNode(tablePath) + "/" + fileName, done.encode());
+        } catch (Exception e) {
+            throw new IOException("ZooKeeper update of the log entry " + fileName + " of " + tablePath + " failed", e);
+        }
+    }
+
+    private static List<String> entryNames(CuratorFramework zk, Path tablePath) throws IOException {
+        try {
+            List<String> names = new ArrayList<>(zk.getChildren().forPath(tableNode(tablePath)));
+            names.removeIf(n -> !DELTA_FILE.matcher(n).matches());
+            Collections.sort(names);  // 20-digit zero-padded versions: text order is version order
+            return names;
+        } catch (KeeperException.NoNodeException e) {
+            return Collections.emptyList();
+        } catch (Exception e) {
+            throw new IOException("ZooKeeper listing of the log entries of " + tablePath + " failed", e);
+        }
+    }
+
+    /** Remove complete entries past their expiry (never the newest: it guards the next version). */
+    private static void removeExpired(CuratorFramework zk, Path tablePath, List<String> names) {
+        long now = System.currentTimeMillis() / 1000;
+        for (String name : names.subList(0, Math.max(0, names.size() - 1))) {
+            try {
+                Optional<Entry> e = getEntry(zk, tablePath, name);
+                if (e.isPresent() && e.get().complete && e.get().expireEpochS < now) {
+                    zk.delete().forPath(tableNode(tablePath) + "/" + name);
+                }
+            } catch (Exception ignored) {
+                // another writer removed it, or ZooKeeper is busy: the next commit tries again
+            }
+        }
+    }
+
+    // --- the protocol ---------------------------------------------------------------------
+
+    private static Path logDir(Path resolved) {
+        return resolved.getParent();
+    }
+
+    private static Path tablePathOf(Path resolved) {
+        return resolved.getParent().getParent();
+    }
+
+    /** Copy an unfinished commit's temporary file to its N.json and mark the entry complete. */
+    private void fix(FileSystem fs, CuratorFramework zk, Path tablePath, String fileName, Entry entry,
+                     Configuration conf) throws IOException {
+        if (entry.complete) {
+            return;
+        }
+        Path dir = new Path(tablePath, "_delta_log");
+        Path target = new Path(dir, fileName);
+        IOException last = null;
+        for (int attempt = 0; attempt < 4; attempt++) {
+            try {
+                if (!fs.exists(target)) {
+                    copy(fs, new Path(dir, entry.tempPath), target);
+                }
+                completeEntry(zk, tablePath, fileName, entry, conf);
+                return;
+            } catch (FileAlreadyExistsException e) {
+                // another process completed it first: only the entry's flag is left to set
+                last = e;
+            } catch (IOException e) {
+                last = e;
+            }
+        }
+        throw last;
+    }
+
+    private static void copy(FileSystem fs, Path src, Path dst) throws IOException {
+        try (InputStream in = fs.open(src)) {
+            FSDataOutputStream out = fs.create(dst, false);
+            in.transferTo(out);
+            out.close();  // not closed on error: S3A would upload a partial file
+        } catch (org.apache.hadoop.fs.FileAlreadyExistsException e) {
+            throw new FileAlreadyExistsException(dst.toString());
+        }
+    }
+
+    private static void writeActions(FileSystem fs, Path path, Iterator<String> actions) throws IOException {
+        FSDataOutputStream out = fs.create(path, true);
+        while (actions.hasNext()) {
+            out.write((actions.next() + "\n").getBytes(StandardCharsets.UTF_8));
+        }
+        out.close();
+    }
+
+    @Override
+    public Iterator<FileStatus> listFrom(Path path, Configuration hadoopConf) throws IOException {
+        FileSystem fs = path.getFileSystem(hadoopConf);
+        Path resolved = fs.makeQualified(path);
+        CuratorFramework zk = zk(hadoopConf, false);
+        if (zk != null) {
+            Path tablePath = tablePathOf(resolved);
+            List<String> names = entryNames(zk, tablePath);
+            if (!names.isEmpty()) {
+                String latest = names.get(names.size() - 1);
+                Optional<Entry> e = getEntry(zk, tablePath, latest);
+                if (e.isPresent() && !e.get().complete) {
+                    fix(fs, zk, tablePath, latest, e.get(), hadoopConf);
+                }
+            }
+        }
+        return super.listFrom(path, hadoopConf);
+    }
+
+    @Override
+    public void write(Path path, Iterator<String> actions, Boolean overwrite, Configuration hadoopConf)
+            throws IOException {
+        FileSystem fs = path.getFileSystem(hadoopConf);
+        Path resolved = fs.makeQualified(path);
+        Matcher m = DELTA_FILE.matcher(resolved.getName());
+        if (overwrite || !m.matches()) {
+            // _last_checkpoint, checkpoints, checksums: not arbitrated (as Delta's external stores)
+            if (!overwrite && fs.exists(resolved)) {
+                throw new FileAlreadyExistsException(path.toString());
+            }
+            writeActions(fs, resolved, actions);
+            return;
+        }
+        if (fs.exists(resolved)) {  // Step 0
+            throw new FileAlreadyExistsException(path.toString());
+        }
+        CuratorFramework zk = zk(hadoopConf, true);
+        Path tablePath = tablePathOf(resolved);
+        Path dir = logDir(resolved);
+        long version = Long.parseLong(m.group(1));
+        // Step 1: N-1 must be in the log; finish it from its entry if its writer died
+        if (version > 0) {
+            String prev = String.format("%020d.json", version - 1);
+            Optional<Entry> prevEntry = getEntry(zk, tablePath, prev);
+            if (prevEntry.isPresent() && !prevEntry.get().complete) {
+                fix(fs, zk, tablePath, prev, prevEntry.get(), hadoopConf);
+            } else if (!fs.exists(new Path(dir, prev))) {
+                throw new FileNotFoundException("previous commit " + new Path(dir, prev) + " doesn't exist");
+            }
+        } else {
+            Optional<Entry> e = getEntry(zk, tablePath, resolved.getName());
+            if (e.isPresent() && e.get().complete) {
+                throw new IOException("ZooKeeper holds a completed entry for version 0 of " + tablePath
+                    + " but the table has no 00000000000000000000.json: the table was deleted by hand; "
+                    + "remove the znode " + tableNode(tablePath) + " below the namespace, or use a new path");
+            }
+        }
+        // Step 2: PREPARE - the temporary file, then the entry (exclusive: ZooKeeper decides)
+        String tempName = ".tmp/" + resolved.getName() + "." + UUID.randomUUID();
+        writeActions(fs, new Path(dir, tempName), actions);
+        Entry entry = new Entry(tempName, false, 0);
+        createEntry(zk, tablePath, resolved.getName(), entry, path);
+        if (hadoopConf.getBoolean(CRASH_AFTER_PREPARE, false)) {
+            Runtime.getRuntime().halt(137);
+        }
+        // Steps 3-4: COMMIT (copy to N.json) and ACKNOWLEDGE (entry complete). Version N is ours
+        // from here: a failure leaves an incomplete entry that the next writer or reader completes.
+        try {
+            copy(fs, new Path(dir, tempName), resolved);
+            completeEntry(zk, tablePath, resolved.getName(), entry, hadoopConf);
+        } catch (IOException e) {
+            // recoverable: listFrom / the next commit finishes it from the entry
+        }
+        if (version % 50 == 0) {
+            removeExpired(zk, tablePath, entryNames(zk, tablePath));
+        }
+    }
+
+    @Override
+    public Boolean isPartialWriteVisible(Path path, Configuration hadoopConf) {
+        return false;
+    }
+}

@@ -1,0 +1,94 @@
+"""Object-store failures seen through Spark and Hadoop, turned into deltawheel's typed errors.
+
+S3A reports an unreachable endpoint, a missing bucket and refused credentials as Java
+exceptions (``java.net.ConnectException``, ``org.apache.hadoop.fs.s3a.UnknownStoreException``,
+``java.nio.file.AccessDeniedException``) wrapped by py4j or pyspark. :func:`translate` reads the
+exception's cause chain (or, when pyspark kept only the text, the message) and returns the
+matching :class:`~deltawheel.statestore.exceptions.DeltaWheelError`; :func:`probe_store` checks a
+store's root before deltawheel works on it, so the first error a user sees says what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..exceptions import (
+    BucketMissingError,
+    DeltaWheelError,
+    ObjectStoreAuthError,
+    ObjectStoreUnreachableError,
+)
+from ..layout import StoreLayout
+from .s3a import bucket_of
+
+__all__ = ["translate", "probe_store"]
+
+_UNREACHABLE = ("java.net.ConnectException", "java.net.UnknownHostException", "java.net.NoRouteToHostException",
+                "java.net.SocketTimeoutException", "org.apache.http.conn.HttpHostConnectException",
+                "org.apache.http.conn.ConnectTimeoutException")
+_MISSING = ("org.apache.hadoop.fs.s3a.UnknownStoreException",
+            "software.amazon.awssdk.services.s3.model.NoSuchBucketException")
+_DENIED = ("java.nio.file.AccessDeniedException",)
+
+
+def _chain(exc: BaseException) -> list[tuple[str, str]]:
+    """(Java class name, message) of the Java exception behind ``exc`` and its causes."""
+    out: list[tuple[str, str]] = []
+    je = getattr(exc, "java_exception", None)
+    seen = 0
+    while je is not None and seen < 20:
+        try:
+            out.append((str(je.getClass().getName()), str(je.getMessage())))
+            je = je.getCause()
+        except Exception:  # noqa: BLE001 - a dead gateway: keep what was read
+            break
+        seen += 1
+    return out
+
+
+def translate(exc: BaseException, uri: str) -> DeltaWheelError | None:
+    """The typed error for ``exc`` raised while reaching ``uri``, or ``None`` if it is not an
+    object-store access failure."""
+    chain = _chain(exc)
+    classes = [c for c, _ in chain]
+    text = " ".join(m for _, m in chain) or str(exc)
+    bucket = bucket_of(uri) or "?"
+    if any(c in _MISSING for c in classes) or "NoSuchBucket" in text or "UnknownStoreException" in text:
+        return BucketMissingError(
+            f"bucket {bucket!r} of {uri} does not exist on the object store; create it (for the local "
+            f"server: 'deltawheel objectstore create-bucket {bucket}') or fix the store URI")
+    if any(c in _DENIED for c in classes) or "Status Code: 403" in text or "AccessDeniedException" in text:
+        return ObjectStoreAuthError(
+            f"the object store refused the credentials for {uri} (HTTP 403): set fs.s3a.access.key and "
+            f"fs.s3a.secret.key (or fs.s3a.bucket.{bucket}.*) to the store's identity and credential "
+            "('deltawheel objectstore status' prints the local server's)")
+    if any(c in _UNREACHABLE for c in classes) or "Unable to execute HTTP request" in text:
+        return ObjectStoreUnreachableError(
+            f"no object store answers for {uri} ({chain[-1][1] if chain else text[:200]}): start it "
+            "('deltawheel objectstore start' for the local server) or fix fs.s3a.endpoint "
+            f"(or fs.s3a.bucket.{bucket}.endpoint)")
+    return None
+
+
+def probe_store(spark: Any, layout: StoreLayout) -> None:
+    """Check that the object store of ``layout`` answers, its bucket exists and the credentials are
+    accepted (one metadata request on the store's root). A no-op for local stores.
+
+    Raises:
+        ObjectStoreUnreachableError: nothing answers at the endpoint.
+        BucketMissingError: the bucket does not exist.
+        ObjectStoreAuthError: the store refused the credentials.
+    """
+    if layout.is_local:
+        return
+    from ..delta.jvm import jsession, jvm
+
+    try:
+        path = jvm(spark).org.apache.hadoop.fs.Path(layout.root)
+        conf = jsession(spark).sessionState().newHadoopConf()
+        path.getFileSystem(conf).exists(path)
+    except Exception as exc:
+        typed = translate(exc, layout.root)
+        if typed is None:
+            raise
+        raise typed from exc

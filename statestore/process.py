@@ -1,0 +1,202 @@
+"""A detached service process (a ZooKeeper server, a Spark master or worker) run from a folder.
+
+Each service is one process in its own session and process group, so the command that
+started it can return while it keeps running, and stopping it takes its children with it
+(a Spark worker's executors and their Python workers). What is known about it lives in
+two files: a pid file written at start and a log file with the process's stdout/stderr.
+A pid file whose process is gone, or is some other program now, counts as not running.
+
+``stop`` is SIGTERM to the group, then SIGKILL after a grace period; ``kill`` is SIGKILL
+at once (a crash, for fault tests). Both reap the process when it is our own child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+from .exceptions import DeltaWheelError
+
+__all__ = ["DetachedProcess", "free_ports", "port_free"]
+
+
+def port_free(host: str, port: int) -> bool:
+    """True if nothing listens on ``host:port`` (a bind succeeds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports the OS reports free right now (bound together, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class DetachedProcess:
+    """One service process, known by its pid file and its command line.
+
+    Args:
+        name: what it is, for messages (e.g. ``"ZooKeeper"``, ``"Spark worker 1"``).
+        pid_file: where its pid is kept while it runs.
+        log_file: its stdout and stderr (appended).
+        marker: a string its command line contains (the main class): a pid file pointing
+            at a process without it is stale.
+        error: the error type raised for failures (a :class:`DeltaWheelError`).
+    """
+
+    def __init__(self, name: str, *, pid_file: Path, log_file: Path, marker: str,
+                 error: type[DeltaWheelError]) -> None:
+        self.name = name
+        self.pid_file = pid_file
+        self.log_file = log_file
+        self.marker = marker
+        self._error = error
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def read_pid(self) -> int | None:
+        """The pid in the pid file (alive or not), or None."""
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def alive(self, pid: int) -> bool:
+        """True if ``pid`` is a live (not zombie) process running this service."""
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            cmdline = " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+        # An empty command line is a process between exec()s (the java launcher may re-exec itself).
+        return not cmdline or self.marker in cmdline
+
+    def pid(self) -> int | None:
+        """The pid of the running service, or None (a stale pid file is not a running service)."""
+        pid = self.read_pid()
+        return pid if pid is not None and self.alive(pid) else None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of the log ('' if there is none)."""
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def launch(self, cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None) -> int:
+        """Start ``cmd`` detached (its own session), log to :attr:`log_file`; write and return its pid."""
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            self._proc = subprocess.Popen(
+                list(cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True, cwd=str(cwd),
+                env=None if env is None else dict(env),
+            )
+        self.pid_file.write_text(f"{self._proc.pid}\n")
+        return self._proc.pid
+
+    def wait_ready(self, pid: int, ready: Callable[[], bool], timeout_s: float) -> str | None:
+        """Poll ``ready`` until it holds; return why it did not (process gone, timeout), or None."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            own = self._proc is not None and self._proc.pid == pid
+            if own and self._proc is not None and self._proc.poll() is not None:
+                return f"the process exited with code {self._proc.returncode}"
+            if not own and not self.alive(pid):
+                return f"process {pid} is gone"
+            if ready():
+                return None
+            if time.monotonic() >= deadline:
+                return f"no answer within {timeout_s:g}s"
+            time.sleep(0.1)
+
+    def stop(self, *, timeout_s: float = 15.0) -> bool:
+        """SIGTERM to the process group, SIGKILL after ``timeout_s``; remove the pid file.
+
+        Returns:
+            True if a running process was stopped, False if none was running.
+        """
+        pid = self.pid()
+        if pid is not None:
+            self.kill_group(pid, timeout_s=timeout_s)
+        self.pid_file.unlink(missing_ok=True)
+        return pid is not None
+
+    def kill(self) -> int | None:
+        """SIGKILL the process group at once (a crash); returns the pid killed, or None.
+
+        The pid file stays, as after a real crash: the next start finds it stale.
+        """
+        pid = self.pid()
+        if pid is not None:
+            self.kill_group(pid, timeout_s=0.0)
+        return pid
+
+    def kill_group(self, pid: int, *, timeout_s: float) -> None:
+        """SIGTERM (skipped when ``timeout_s`` is 0) then SIGKILL to ``pid``'s group, until it is gone.
+
+        Raises:
+            the service's error type: not allowed to signal it, or it survived SIGKILL.
+        """
+        steps = ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)) if timeout_s > 0 else ((signal.SIGKILL, 10.0),)
+        for sig, wait_s in steps:
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError as exc:
+                raise self._error(f"not allowed to signal {self.name} process {pid}: {exc}") from exc
+            if self._wait_gone(pid, wait_s):
+                return
+        raise self._error(f"{self.name} process {pid} survived SIGKILL; kill it by hand")
+
+    def _wait_gone(self, pid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc is not None and self._proc.pid == pid:
+                try:  # our own child: gone once reaped (a JVM's main thread can be a zombie while
+                    self._proc.wait(timeout=0.05)  # its other threads still shut down)
+                    return True
+                except subprocess.TimeoutExpired:
+                    pass
+            elif not psutil.pid_exists(pid) or _zombie(pid):
+                _reap(pid)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)  # psutil is untyped: Any
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _reap(pid: int) -> None:
+    """Collect a zombie child of this process (no-op for other processes' children)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

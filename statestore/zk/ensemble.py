@@ -1,0 +1,152 @@
+"""A local ZooKeeper ensemble: three (or any odd number of) servers from pyspark's jars.
+
+For trying deltawheel against a replicated ZooKeeper (``deltawheel cluster up``) and for
+fault tests: each member is an :class:`~.server.EmbeddedZooKeeper` run by ``QuorumPeerMain``
+with its own data folder, ``myid``, client port and peer/election ports, all listed in
+every member's ``zoo.cfg``::
+
+    <data_dir>/ensemble.json     the members' ids and ports (so status/stop find them)
+    <data_dir>/zk<N>/            member N's folder (zoo.cfg, data/myid, zookeeper.log, zookeeper.pid)
+
+Clients connect with :attr:`ZooKeeperEnsemble.hosts` (``h:p1,h:p2,h:p3``, as any
+``ZkConfig(hosts=...)`` / ``--zk``). A majority of members must run for any of them to
+serve: losing one of three leaves a quorum (the survivors elect a leader if needed and
+clients reconnect to them with their sessions); losing two stops every request until a
+member comes back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..exceptions import ZooKeeperServerError
+from ..process import free_ports
+from .server import EmbeddedZooKeeper, QuorumPeer, ZkServerStatus
+
+__all__ = ["ZooKeeperEnsemble", "EnsembleStatus"]
+
+
+@dataclass(frozen=True)
+class EnsembleStatus:
+    """What :meth:`ZooKeeperEnsemble.status` found.
+
+    Attributes:
+        hosts: the client connection string.
+        servers: each member's status, in ``myid`` order (``mode`` leader/follower when serving).
+        quorum: a majority of members serves requests.
+        leader: the ``myid`` of the member that says it leads, or None.
+    """
+
+    hosts: str
+    servers: tuple[ZkServerStatus, ...]
+    quorum: bool
+    leader: int | None
+
+
+class ZooKeeperEnsemble:
+    """Several ZooKeeper servers forming one ensemble on this machine.
+
+    Args:
+        data_dir: the ensemble's folder (one sub-folder per member).
+        size: number of members (odd; 3 tolerates the loss of one).
+        host: address every member listens on.
+        client_ports: the members' client ports (default: the ones recorded by an earlier
+            start in ``data_dir``, else free ports).
+    """
+
+    def __init__(self, data_dir: Path | str, *, size: int = 3, host: str = "127.0.0.1",
+                 client_ports: list[int] | None = None) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        peers = self._recorded()
+        if peers is None or (client_ports is not None and [p.client_port for p in peers] != client_ports):
+            if size < 1 or size % 2 == 0:
+                raise ZooKeeperServerError(f"an ensemble needs an odd number of servers (1, 3, 5), not {size}")
+            if client_ports is not None and len(client_ports) != size:
+                raise ZooKeeperServerError(f"{len(client_ports)} client ports given for {size} servers")
+            ports = free_ports(3 * size, host)
+            cps = client_ports if client_ports is not None else ports[:size]
+            peers = [QuorumPeer(i + 1, host, cps[i], ports[size + i], ports[2 * size + i]) for i in range(size)]
+        self.peers = tuple(peers)
+        self.servers = tuple(
+            EmbeddedZooKeeper(self.data_dir / f"zk{p.myid}", port=p.client_port, host=host, quorum=self.peers,
+                              myid=p.myid)
+            for p in self.peers
+        )
+
+    @property
+    def manifest(self) -> Path:
+        """The file recording the members' ids and ports."""
+        return self.data_dir / "ensemble.json"
+
+    def _recorded(self) -> list[QuorumPeer] | None:
+        try:
+            raw = json.loads(self.manifest.read_text())
+            return [QuorumPeer(int(p["myid"]), str(p["host"]), int(p["client_port"]), int(p["peer_port"]),
+                               int(p["election_port"])) for p in raw["peers"]]
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    @property
+    def hosts(self) -> str:
+        """The clients' connection string: every member's ``host:port``, comma-separated."""
+        return ",".join(s.hosts for s in self.servers)
+
+    def server(self, myid: int) -> EmbeddedZooKeeper:
+        """The member with this ``myid`` (1-based)."""
+        for p, s in zip(self.peers, self.servers, strict=True):
+            if p.myid == myid:
+                return s
+        raise ZooKeeperServerError(f"no server {myid} in this ensemble (ids {[p.myid for p in self.peers]})")
+
+    def start(self, *, timeout_s: float = 60.0) -> None:
+        """Start every member and return once each serves requests (as leader or follower).
+
+        Members already running are kept. On failure every member is stopped.
+
+        Raises:
+            ZooKeeperServerError: a member could not start or the ensemble formed no quorum in
+                time (the message carries the end of its log).
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.manifest.write_text(json.dumps({"format_version": 1, "peers": [
+            {"myid": p.myid, "host": p.host, "client_port": p.client_port, "peer_port": p.peer_port,
+             "election_port": p.election_port} for p in self.peers]}, indent=2) + "\n")
+        try:
+            for s in self.servers:
+                s.launch()
+            for s in self.servers:
+                s.wait_ready(timeout_s=timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, *, timeout_s: float = 15.0) -> int:
+        """Stop every member (idempotent); returns how many were running."""
+        return sum(1 for s in self.servers if s.stop(timeout_s=timeout_s))
+
+    def kill(self, myid: int) -> int | None:
+        """SIGKILL member ``myid`` (a crash); returns its pid, or None if it was not running."""
+        return self.server(myid).kill()
+
+    def restart(self, myid: int, *, timeout_s: float = 60.0) -> None:
+        """Start member ``myid`` again; waits until it serves (it needs a quorum to)."""
+        s = self.server(myid)
+        s.launch()
+        s.wait_ready(timeout_s=timeout_s)
+
+    def leader(self) -> int | None:
+        """The ``myid`` of the member whose ``srvr`` says ``leader``, or None."""
+        for p, s in zip(self.peers, self.servers, strict=True):
+            if s.mode() == "leader":
+                return p.myid
+        return None
+
+    def status(self) -> EnsembleStatus:
+        """Each member's pid and mode, whether a quorum serves, and who leads."""
+        servers = tuple(s.status() for s in self.servers)
+        leader = next((p.myid for p, st in zip(self.peers, servers, strict=True) if st.mode == "leader"), None)
+        serving = sum(1 for st in servers if st.running)
+        return EnsembleStatus(hosts=self.hosts, servers=servers, quorum=serving > len(servers) // 2, leader=leader)

@@ -1,0 +1,86 @@
+"""A second Spark application for the object-store log store tests (its own JVM and session).
+
+Usage: python s3_log_writer.py MODE ARGS...   (S3 endpoint and ZooKeeper from the environment:
+DELTAWHEEL_S3_ENDPOINT/_ACCESS_KEY/_SECRET_KEY, DELTAWHEEL_ZK, DELTAWHEEL_ZK_CHROOT)
+
+Every mode prints READY once its session is up and starts when a line comes on stdin (for
+raw: the start time, as epoch seconds).
+
+  raw LOG_DIR SLOT_S ROUNDS WRITER
+      round r starts at START + r * SLOT_S and writes LOG_DIR/<r>.json through the log
+      store (put-if-absent); prints one JSON line {"won": [...], "lost": [...]} at the end.
+  appends TABLE WRITER COUNT
+      COUNT blind appends of one row (writer, i) to the Delta table, each tagged with
+      userMetadata WRITER-i; prints the tags that returned success as one JSON line.
+  crash TABLE WRITER
+      one append that dies (JVM halt) right after its log entry was created in ZooKeeper,
+      before N.json was written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from deltawheel.statestore.delta.jvm import jcontext, jvm
+from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+from deltawheel.statestore.objectstore.logstore import ZK_LOG_STORE_CLASS
+
+
+def raw(spark, log_dir: str, start: float, slot: float, rounds: int, writer: str) -> None:  # type: ignore[no-untyped-def]
+    from py4j.protocol import Py4JJavaError
+
+    j = jvm(spark)
+    conf = spark._jsparkSession.sessionState().newHadoopConf()  # noqa: SLF001 - the session's Delta conf
+    cls = j
+    for part in ZK_LOG_STORE_CLASS.split("."):
+        cls = getattr(cls, part)
+    store = cls(conf)
+    won, lost = [], []
+    for r in range(rounds):
+        time.sleep(max(0.0, start + r * slot - time.time()))
+        path = j.org.apache.hadoop.fs.Path(f"{log_dir}/{r:020d}.json")
+        try:
+            store.write(path, j.java.util.ArrayList([json.dumps({"writer": writer, "round": r})]).iterator(),
+                        False, conf)
+            won.append(r)
+        except Py4JJavaError as exc:
+            lost.append([r, str(exc.java_exception.getClass().getName())])
+    print(json.dumps({"won": won, "lost": lost}), flush=True)
+
+
+def appends(spark, table: str, writer: str, count: int) -> None:  # type: ignore[no-untyped-def]
+    done = []
+    for i in range(count):
+        tag = f"{writer}-{i}"
+        df = spark.sql(f"SELECT '{writer}' AS writer, {i} AS i")
+        df.write.format("delta").mode("append").option("userMetadata", tag).save(table)
+        done.append(tag)
+    print(json.dumps(done), flush=True)
+
+
+def crash(spark, table: str, writer: str) -> None:  # type: ignore[no-untyped-def]
+    spark.conf.set("deltawheel.logstore.test.crashAfterPrepare", "true")
+    jcontext(spark).hadoopConfiguration().set("deltawheel.logstore.test.crashAfterPrepare", "true")
+    spark.sql(f"SELECT '{writer}' AS writer, 0 AS i").write.format("delta").mode("append") \
+        .option("userMetadata", f"{writer}-crash").save(table)
+    print("NOT REACHED", flush=True)
+
+
+def main() -> None:
+    mode, args = sys.argv[1], sys.argv[2:]
+    spark = build_spark(SparkSettings(app_name=f"s3-log-writer-{mode}", object_store=True))
+    print("READY", flush=True)
+    go = sys.stdin.readline().strip()
+    if mode == "raw":
+        raw(spark, args[0], float(go), float(args[1]), int(args[2]), args[3])
+    elif mode == "appends":
+        appends(spark, args[0], args[1], int(args[2]))
+    elif mode == "crash":
+        crash(spark, args[0], args[1])
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The object store: a real S3-compatible server (S3Proxy), Spark on s3a://, typed errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from deltawheel.statestore.exceptions import (
+    BucketMissingError,
+    ObjectStoreAuthError,
+    ObjectStoreServerError,
+    ObjectStoreUnreachableError,
+)
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.objectstore.client import S3Client, S3Endpoint
+from deltawheel.statestore.objectstore.s3a import configure_bucket
+from deltawheel.statestore.objectstore.server import S3ProxyServer
+
+from deltawheel import migrations
+
+pytestmark = [pytest.mark.objectstore]
+
+
+def test_server_serves_buckets_and_keeps_its_credential(object_store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    st = object_store.status()
+    assert st.running and st.pid is not None
+    name = f"b-{uuid.uuid4().hex[:10]}"
+    assert object_store.create_bucket(name) is True
+    assert object_store.create_bucket(name) is False  # already there, ours
+    assert name in object_store.client().list_buckets()
+    assert object_store.client().bucket_exists(name) and not object_store.client().bucket_exists(name + "-x")
+    # a second server on the same port is refused with the next step
+    other = S3ProxyServer(tmp_path / "other", port=object_store.port)
+    with pytest.raises(ObjectStoreServerError, match="in use by another process"):
+        other.start()
+
+
+def test_bucket_client_errors_are_typed(object_store) -> None:  # type: ignore[no-untyped-def]
+    ep = object_store.endpoint
+    with pytest.raises(ObjectStoreAuthError, match="refused the credentials"):
+        S3Client(S3Endpoint(ep.url, ep.access_key, "wrong")).bucket_exists("deltawheel-tests")
+    with pytest.raises(ObjectStoreUnreachableError, match="deltawheel objectstore start"):
+        S3Client(S3Endpoint(f"http://127.0.0.1:{free_port()}", "a", "b")).list_buckets()
+
+
+def test_migrations_run_on_the_object_store(spark, s3_store_layout) -> None:  # type: ignore[no-untyped-def]
+    ran = migrations.apply(spark, s3_store_layout, dry_run=False)
+    assert ran and migrations.check_store(spark, s3_store_layout) == migrations.CODE_SCHEMA_VERSION
+    assert migrations.apply(spark, s3_store_layout, dry_run=False) == []
+    assert spark.read.format("delta").load(s3_store_layout.rows).count() == 0
+
+
+def test_wrong_credentials_missing_bucket_and_stopped_server_are_typed(spark, object_store, s3_bucket,  # type: ignore[no-untyped-def]
+                                                                       tmp_path: Path) -> None:
+    ep = object_store.endpoint
+    # a missing bucket (Hadoop keeps one file system per bucket: each case gets a bucket of its own)
+    missing = f"missing-{uuid.uuid4().hex[:10]}"
+    configure_bucket(spark, ep, missing)
+    with pytest.raises(BucketMissingError, match=rf"bucket '{missing}' .* does not exist.*create-bucket"):
+        migrations.apply(spark, StoreLayout(f"s3a://{missing}/store"), dry_run=False)
+    # wrong credentials on an existing bucket
+    denied = f"denied-{uuid.uuid4().hex[:10]}"
+    object_store.create_bucket(denied)
+    configure_bucket(spark, S3Endpoint(ep.url, ep.access_key, "not-the-credential"), denied)
+    with pytest.raises(ObjectStoreAuthError, match="refused the credentials.*fs.s3a.secret.key"):
+        migrations.apply(spark, StoreLayout(f"s3a://{denied}/store"), dry_run=False)
+    # a server that was stopped: its own data, its own port
+    gone = S3ProxyServer(tmp_path / "gone", port=free_port())
+    gone.start()
+    down = f"down-{uuid.uuid4().hex[:10]}"
+    gone.create_bucket(down)
+    configure_bucket(spark, gone.endpoint, down)
+    assert gone.stop() is True
+    assert not gone.status().running
+    with pytest.raises(ObjectStoreUnreachableError, match="no object store answers.*objectstore start"):
+        migrations.check_store(spark, StoreLayout(f"s3a://{down}/store"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args],
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_objectstore_cli_start_status_bucket_stop(tmp_path: Path) -> None:
+    data, port = str(tmp_path / "s3"), str(free_port())
+    started = _cli("objectstore", "start", "--data", data, "--port", port)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert f"http://127.0.0.1:{port}" in started.stdout
+        assert "spark.hadoop.fs.s3a.endpoint" in started.stdout and "DELTAWHEEL_S3_SECRET_KEY" in started.stdout
+        status = _cli("objectstore", "status", "--data", data)  # the port is read back from the data folder
+        assert status.returncode == 0 and "running" in status.stdout, status.stdout + status.stderr
+        made = _cli("objectstore", "create-bucket", "trial-bucket", "--data", data)
+        assert made.returncode == 0 and "created bucket 'trial-bucket'" in made.stdout, made.stderr
+        assert (tmp_path / "s3" / "blobs" / "trial-bucket").is_dir()  # the filesystem backend's folder
+    finally:
+        stopped = _cli("objectstore", "stop", "--data", data)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
+    after = _cli("objectstore", "status", "--data", data)
+    assert after.returncode == 1 and "not running" in after.stdout

@@ -1,0 +1,148 @@
+"""Commits on the object store are exclusive across Spark applications (ZooKeeper-arbitrated
+log store): two processes race, never two winners of one version, no lost commit; a writer that
+dies mid-commit is completed by the next reader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import object_store_env
+from deltawheel.statestore.delta.jvm import jsession, jvm
+from deltawheel.statestore.objectstore.logstore import ZK_LOG_STORE_CLASS
+
+pytestmark = [pytest.mark.objectstore, pytest.mark.spark, pytest.mark.zk]
+
+WRITER = Path(__file__).with_name("s3_log_writer.py")
+LOG_STORE_CHROOT = "/deltawheel-tests-logstore"  # the s3_bucket fixture's
+
+
+def _child(object_store, zk_server, *args: str) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    env = {**object_store_env(object_store), "DELTAWHEEL_ZK": zk_server.hosts, "DELTAWHEEL_ZK_CHROOT": LOG_STORE_CHROOT}
+    proc = subprocess.Popen([sys.executable, str(WRITER), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # its session is up
+    assert line.strip() == "READY", line
+    return proc
+
+
+def _go(proc: subprocess.Popen[str], line: str = "go") -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+def _finish(proc: subprocess.Popen[str]) -> Any:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _store(spark):  # type: ignore[no-untyped-def]
+    cls = jvm(spark)
+    for part in ZK_LOG_STORE_CLASS.split("."):
+        cls = getattr(cls, part)
+    return cls(jsession(spark).sessionState().newHadoopConf())
+
+
+def test_the_session_commits_s3a_tables_through_the_zookeeper_store(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    assert spark.conf.get("spark.delta.logStore.s3a.impl") == ZK_LOG_STORE_CLASS
+
+
+@pytest.mark.timeout(900)
+def test_two_processes_racing_one_version_never_both_win(spark, object_store, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """Round r: this process and another Spark application write version r of one log at the
+    same moment (a shared start time). Exactly one wins each round; the file is the winner's."""
+    from py4j.protocol import Py4JJavaError
+
+    rounds, slot = 30, 0.5
+    log_dir = f"s3a://{s3_bucket}/race-{uuid.uuid4().hex[:8]}/_delta_log"
+    child = _child(object_store, zk_server, "raw", log_dir, str(slot), str(rounds), "child")
+    store = _store(spark)
+    conf = jsession(spark).sessionState().newHadoopConf()
+    j = jvm(spark)
+    start = time.time() + 1.0
+    _go(child, repr(start))
+    won: list[int] = []
+    lost: list[tuple[int, str]] = []
+    t0 = time.monotonic()
+    for r in range(rounds):
+        time.sleep(max(0.0, start + r * slot - time.time()))
+        try:
+            store.write(j.org.apache.hadoop.fs.Path(f"{log_dir}/{r:020d}.json"),
+                        j.java.util.ArrayList([json.dumps({"writer": "parent", "round": r})]).iterator(), False, conf)
+            won.append(r)
+        except Py4JJavaError as exc:
+            lost.append((r, str(exc.java_exception.getClass().getName())))
+    theirs = _finish(child)
+    elapsed = time.monotonic() - t0
+    assert sorted(won + theirs["won"]) == list(range(rounds)), (won, theirs)  # one winner per round
+    losses = [c for _, c in lost] + [c for _, c in theirs["lost"]]
+    assert losses == ["java.nio.file.FileAlreadyExistsException"] * rounds
+    fs_path = j.org.apache.hadoop.fs.Path(log_dir)
+    fs = fs_path.getFileSystem(conf)
+    for r in range(rounds):
+        stream = fs.open(j.org.apache.hadoop.fs.Path(f"{log_dir}/{r:020d}.json"))
+        body = j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        stream.close()
+        assert json.loads(body) == {"writer": "parent" if r in won else "child", "round": r}
+    print(f"\n{rounds} rounds in {elapsed:.1f}s: this process won {len(won)}, the other {len(theirs['won'])}")
+
+
+@pytest.mark.timeout(900)
+def test_two_applications_appending_lose_no_commit(spark, object_store, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """This session and another Spark application append to one Delta table at once: every append
+    that returned is in the table and the log once, each writer's in its own order."""
+    count = 12
+    table = f"s3a://{s3_bucket}/appends-{uuid.uuid4().hex[:8]}"
+    spark.sql("SELECT 'init' AS writer, 0 AS i").write.format("delta").save(table)
+    child = _child(object_store, zk_server, "appends", table, "child", str(count))
+    _go(child)
+    ours: list[str] = []
+    t0 = time.monotonic()
+    for i in range(count):
+        spark.sql(f"SELECT 'parent' AS writer, {i} AS i").write.format("delta").mode("append") \
+            .option("userMetadata", f"parent-{i}").save(table)
+        ours.append(f"parent-{i}")
+    theirs = _finish(child)
+    elapsed = time.monotonic() - t0
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "userMetadata", "readVersion").collect()
+    hist.sort(key=lambda r: r.version)
+    assert [r.version for r in hist] == list(range(2 * count + 1))  # no gap, no doubled version
+    tags = [r.userMetadata for r in hist[1:]]
+    assert sorted(tags) == sorted(ours + theirs)  # every returned commit is in the log, once
+    for writer, mine in (("parent", ours), ("child", theirs)):
+        assert [t for t in tags if t.startswith(writer + "-")] == mine  # in the order they returned
+    rows = spark.read.format("delta").load(table).where("writer != 'init'").collect()
+    assert sorted(f"{r.writer}-{r.i}" for r in rows) == sorted(ours + theirs)
+    retried = sum(1 for r in hist[1:] if r.readVersion is not None and r.readVersion < r.version - 1)
+    print(f"\n{2 * count} appends by two applications in {elapsed:.1f}s; {retried} commits retried after losing a version")
+
+
+@pytest.mark.timeout(600)
+def test_a_writer_dying_after_its_entry_is_completed_by_the_next_reader(spark, object_store, zk_server,  # type: ignore[no-untyped-def]
+                                                                         s3_bucket) -> None:
+    table = f"s3a://{s3_bucket}/crash-{uuid.uuid4().hex[:8]}"
+    spark.sql("SELECT 'init' AS writer, 0 AS i").write.format("delta").save(table)
+    child = _child(object_store, zk_server, "crash", table, "dead")
+    _go(child)
+    out, _ = child.communicate(timeout=300)
+    assert child.returncode != 0 and "NOT REACHED" not in out
+    j = jvm(spark)
+    conf = jsession(spark).sessionState().newHadoopConf()
+    v1 = j.org.apache.hadoop.fs.Path(f"{table}/_delta_log/{1:020d}.json")
+    assert not v1.getFileSystem(conf).exists(v1)  # it died between its entry and N.json
+    # the next reader finishes the commit from the entry (its temporary file): nothing is lost
+    rows = spark.read.format("delta").load(table).collect()
+    assert sorted(r.writer for r in rows) == ["dead", "init"]
+    assert v1.getFileSystem(conf).exists(v1)
+    spark.sql("SELECT 'after' AS writer, 1 AS i").write.format("delta").mode("append").save(table)
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "userMetadata").collect()
+    assert sorted((r.version, r.userMetadata) for r in hist) == [(0, None), (1, "dead-crash"), (2, None)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -84,6 +85,13 @@ def test_the_reader_declines_what_it_does_not_read(spark, tmp_path: Path) -> Non
     shutil.copytree(path, multi)
     (multi / "_delta_log" / "00000000000000000002.checkpoint.0000000001.0000000002.parquet").write_bytes(b"")
     assert read_snapshot(str(multi)) is None
+    managed = tmp_path / "managed"  # a catalog-managed table: its commits are the catalog's
+    shutil.copytree(path, managed)
+    protocol = {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                             "readerFeatures": ["catalogManaged"], "writerFeatures": ["catalogManaged"]}}
+    (managed / "_delta_log" / "00000000000000000003.json").write_text(json.dumps(protocol) + "\n")
+    assert read_snapshot(str(managed)) is None
+    assert read_snapshot(str(path)) is not None  # the same log without that protocol commit is read
 
 
 def test_file_level_commits_carry_the_checksum_forward_without_a_spark_job(spark, tmp_path: Path) -> None:

@@ -52,6 +52,10 @@ def _parse(line: str, file: str) -> Any:
     except ValueError as exc:
         raise damaged_entry(file, exc) from exc
 
+# reader features under which the table's commits are the catalog's (Unity Catalog managed tables,
+# Delta 4.4; docs/versions.md): the log folder alone is not the table's state
+CATALOG_FEATURES = frozenset({"catalogManaged", "catalogOwned-preview"})
+
 _JSON = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CP = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
 _OTHER_CP = re.compile(r"^(\d{20})\.checkpoint\..+")  # multi-part or V2 (uuid-named) checkpoints
@@ -161,6 +165,7 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
     txns: dict[str, int] = {}
     added_at: dict[str, int] = {}
     bounded: set[str] = set()
+    reader_features: set[str] = set()
     if cp >= 0:
         table = log.read_parquet(f"{cp:020d}.checkpoint.parquet")
         cols = set(table.column_names)
@@ -176,6 +181,10 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
                 if m is not None:
                     config = dict(_clean(m).get("configuration") or {})
                     table_id = m.get("id")
+        if "protocol" in cols:
+            for pr in table.column("protocol").to_pylist():
+                if pr is not None:
+                    reader_features = set(pr.get("readerFeatures") or ())
         if "txn" in cols:
             for t in table.column("txn").to_pylist():
                 if t is not None:
@@ -202,8 +211,12 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
                 table_id = act["metaData"].get("id")
             elif "txn" in act:
                 txns[str(act["txn"]["appId"])] = int(act["txn"]["version"])
+            elif "protocol" in act:
+                reader_features = set(act["protocol"].get("readerFeatures") or ())
     if any(k.startswith("delta.coordinatedCommits") for k in config):
         return None
+    if reader_features & CATALOG_FEATURES:
+        return None  # the catalog owns the table's commits: its newest version may not be in this folder
     if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in files.values()):
         return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
     version = todo[-1] if todo else cp

@@ -26,6 +26,10 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the engines N times, each engine in each place and right after each other engine "
                         "as equally often as N allows (three engines: N=6 evens both); report each engine's "
                         "median run")
+    p.add_argument("--store-uri", default=None,
+                   help="put each engine's state and output on this store (e.g. s3a://bucket/bench: Spark SQL's "
+                        "state checkpoint and sink, deltawheel's store and streaming checkpoint) instead of the "
+                        "output folder; the input stays in --data-root. Engines that cannot (spark_tws) are refused")
 
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:

@@ -63,11 +63,16 @@ class DeltaWheelEngine:
     """The image write path (the default): interval images + one Delta transaction per batch."""
 
     name = "deltawheel"
-    write_path = "image"
+    write_path = "auto"  # the image path, on a local folder and on s3a:// alike
     direct_read = True
+    takes_store = True  # run(store=...) puts the store (and its streaming checkpoint) there
 
-    def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None) -> EngineResult:
-        """Run the window count on ``data`` through a deltawheel pipeline; returns speed and output check."""
+    def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None,
+            store: str | None = None) -> EngineResult:
+        """Run the window count on ``data`` through a deltawheel pipeline; returns speed and output check.
+        ``store``: a folder URI (e.g. ``s3a://...``) below which the store is made, instead of ``out_dir``
+        (ZooKeeper's data stays in ``out_dir``)."""
+        from deltawheel.executor.runtime.batch import choose_write_path
         from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
         from deltawheel.executor.runtime.sources import ParquetInjector
         from deltawheel.statestore.codecs import get_codec
@@ -78,16 +83,21 @@ class DeltaWheelEngine:
         from deltawheel import migrations
 
         base = Path(out_dir) / self.name
-        layout = StoreLayout(tempfile.mkdtemp(prefix="store-", dir=_mk(base)))
-        migrations.apply(spark, layout, dry_run=False)
+        local = tempfile.mkdtemp(prefix="store-", dir=_mk(base))
+        layout = StoreLayout(local if store is None else f"{store}/{self.name}/{Path(local).name}")
         import socket
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        zk = EmbeddedZooKeeper(Path(layout.root) / "_zk", port=port)
+        zk = EmbeddedZooKeeper(Path(local) / "_zk", port=port)
         zk.start()
         try:
+            if store is not None and store.startswith("s3a://"):  # commits arbitrated by this ZooKeeper
+                from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+                configure_log_store(spark, zk.hosts, chroot="/bench-logstore")
+            migrations.apply(spark, layout, dry_run=False)
             comp = _computation()
             inj = ParquetInjector("events", str(data.input_dir), key_column="key", event_time_column="event_time",
                                   value_columns=[], record_id_column="record_id", max_files_per_trigger=1,
@@ -99,23 +109,26 @@ class DeltaWheelEngine:
             t0 = time.monotonic()
             summary = runner.run()
             wall = time.monotonic() - t0
+            # read while ZooKeeper runs: on s3a:// Delta lists the log through the log store's ZooKeeper
+            codec = get_codec("msgpack")
+            rows = [codec.decode(r["value"]) for r in
+                    spark.read.format("delta").load(layout.stream("windows")).select("value").collect()]
+            from pyspark.sql import functions as F
+
+            state = (spark.read.format("delta").load(layout.rows)
+                     .where((F.col("computation") == "window_count") & F.col("state").isNotNull())
+                     .select("state").collect())
         finally:
             zk.stop()
         reports = summary.reports["window_count"]
-        codec = get_codec("msgpack")
-        rows = [codec.decode(r["value"]) for r in
-                spark.read.format("delta").load(layout.stream("windows")).select("value").collect()]
         out = pa.table({"key": [r[0] for r in rows], "window_start_ms": pa.array([r[1] for r in rows], pa.int64()),
                         "count": pa.array([r[2] for r in rows], pa.int64())})
-        from pyspark.sql import functions as F
-
-        state = (spark.read.format("delta").load(layout.rows)
-                 .where((F.col("computation") == "window_count") & F.col("state").isNotNull()).select("state").collect())
         open_events = sum(sum(codec.decode(r["state"]).values()) for r in state)
         late = sum(r.late for r in reports)
         settings = {"exactly_once": True, "strong_productions": True, "num_intervals": 4, "codec": "msgpack",
+                    "store": layout.root if store is not None else "local folder",
                     "record_value": "none (value_columns=[]: the computation reads key and event time only)",
-                    "write_path": _WRITE_PATHS[self.write_path],
+                    "write_path": _WRITE_PATHS[choose_write_path(self.write_path, layout.root)[0]],
                     "input_read": (f"the files of {sum(r.direct for r in reports if r.records_in)} of "
                                    f"{sum(1 for r in reports if r.records_in)} batches with input read by the image "
                                    "tasks with pyarrow, the others through Spark's scan + shuffle"),

@@ -8,6 +8,9 @@ returns an :class:`EngineResult`. Every engine takes the shared SparkSession
         name: str
         def run(self, data, *, out_dir, spark, progress=None) -> EngineResult
 
+(engines with ``takes_store = True`` also take ``store=`` a folder URI for their state and output:
+``--store-uri``)
+
 :func:`build_result` turns an engine's emitted rows and timings into an
 ``EngineResult`` (multiset comparison with the reference, invariant check), so
 every engine is judged the same way.
@@ -231,6 +234,11 @@ def _read_sink(path: Path) -> pa.Table:
     return pads.dataset(files, format="parquet").to_table()
 
 
+def _read_sink_spark(spark: Any, uri: str) -> pa.Table:
+    """A file sink on another store, read through Spark (its ``_spark_metadata`` log names the files)."""
+    return spark.read.parquet(uri).select("key", "window_start", "count").toArrow()
+
+
 def _spark_settings(spark: Any, **extra: Any) -> dict[str, Any]:
     conf = spark.conf
     keys = ("spark.master", "spark.sql.shuffle.partitions", "spark.driver.memory",
@@ -259,14 +267,22 @@ class SparkSqlEngine:
     """Spark's built-in streaming window aggregation."""
 
     name = "spark_sql"
+    takes_store = True  # run(store=...) puts the state checkpoint and the sink there
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
-            progress: ProgressFn | None = None) -> EngineResult:
-        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it."""
+            progress: ProgressFn | None = None, store: str | None = None) -> EngineResult:
+        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it.
+        ``store``: a folder URI (e.g. ``s3a://...``) for the state checkpoint and the sink, instead
+        of ``out_dir``."""
         from pyspark.sql import functions as F
 
-        base = _fresh_dir(Path(out_dir) / self.name)
-        sink, ckpt = base / "output", base / "checkpoint"
+        sink: Path | str
+        ckpt: Path | str
+        if store is None:
+            base = _fresh_dir(Path(out_dir) / self.name)
+            sink, ckpt = base / "output", base / "checkpoint"
+        else:
+            sink, ckpt = f"{store}/{self.name}/output", f"{store}/{self.name}/checkpoint"
         agg = (_input_stream(spark, data)
                .withWatermark("event_time", "10 seconds")
                .groupBy("key", F.window("event_time", "10 seconds"))
@@ -290,7 +306,10 @@ class SparkSqlEngine:
                                    sink="parquet (file sink, _spark_metadata log)",
                                    trigger="availableNow", maxFilesPerTrigger=1,
                                    operator="groupBy(key, window).count()")
-        return build_result(self.name, data, output=_read_sink(sink), wall_s=run.wall_s,
+        if store is not None:
+            settings["store"] = store
+        output = _read_sink(sink) if isinstance(sink, Path) else _read_sink_spark(spark, sink)
+        return build_result(self.name, data, output=output, wall_s=run.wall_s,
                             settings=settings, open_events_at_end=open_events, batches=run.batches, batch_s=run.batch_s,
                             notes=notes)
 

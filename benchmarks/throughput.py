@@ -138,6 +138,7 @@ def run_throughput(
     spark: Any = None,
     warmup: bool = False,
     rounds: int = 1,
+    store_uri: str | None = None,
     progress: ProgressFn | None = print,
 ) -> dict[str, Any]:
     """Run the selected engines (default: all registered) one after another on the same input.
@@ -158,6 +159,8 @@ def run_throughput(
             so neither a drift of the machine's speed nor the place after the warm-up or after
             another engine falls on one engine more than on another; each engine's reported
             run is its median one, every round's records/s is kept in ``rounds_records_per_s``.
+        store_uri: a folder URI (e.g. ``s3a://bucket/bench``) for every engine's state and output
+            (round ``r`` below ``<store_uri>/round<r>``); the engines must take one (``takes_store``).
         progress: where progress lines go (``None``: silent).
 
     Returns:
@@ -174,6 +177,12 @@ def run_throughput(
         raise WorkloadError(f"unknown engine(s) {unknown}; registered: {sorted(ENGINES)}")
     if rounds < 1:
         raise WorkloadError(f"rounds must be at least 1, got {rounds}")
+    if store_uri is not None:
+        cannot = [n for n in names if not getattr(ENGINES[n], "takes_store", False)]
+        if cannot:
+            raise WorkloadError(f"engine(s) {cannot} cannot keep their state on --store-uri; choose among "
+                                f"{sorted(n for n, e in ENGINES.items() if getattr(e, 'takes_store', False))}")
+        store_uri = store_uri.rstrip("/") + f"/{_dt.datetime.now(_dt.UTC).strftime('%Y%m%dT%H%M%S')}"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -213,7 +222,9 @@ def run_throughput(
             tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
             say(f"engine {name}: running{tag}")
             with MemorySampler(interval_s=1.0) as mem:
-                res = engine.run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session, progress=progress)
+                more = {} if store_uri is None else {"store": f"{store_uri}/round{rnd}"}
+                res = engine.run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session, progress=progress,
+                                 **more)
             res = res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict())
             runs[name].append(res)
             say(f"engine {name}: {res.records_per_s:,.0f} records/s, wall {res.wall_s:.2f} s, "
@@ -244,6 +255,7 @@ def run_throughput(
         "ratios": _ratios(results),
         "warmup": dataclasses.asdict(WARMUP) if warmup else None,
         "rounds": rounds,
+        "store_uri": store_uri,
     }
     report["process_wall_s"] = round(time.time() - t_proc0, 3)
     (out_dir / "throughput.json").write_text(json.dumps(report, indent=1, default=str))
@@ -257,7 +269,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
     report = run_throughput(args.size, out_dir=Path(args.out), engines=engines,
                             data_root=Path(args.data_root) if args.data_root else None,
-                            warmup=bool(getattr(args, "warmup", False)), rounds=int(getattr(args, "rounds", 1)))
+                            warmup=bool(getattr(args, "warmup", False)), rounds=int(getattr(args, "rounds", 1)),
+                            store_uri=getattr(args, "store_uri", None))
     return 0 if all(e["correct"] for e in report["engines"].values()) else 1
 
 

@@ -21,7 +21,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-from deltawheel.statestore.delta.log import local_path, local_table_exists, read_local
+from deltawheel.statestore.delta.log import local_path, local_table_exists, read_snapshot
 from deltawheel.statestore.delta.sqltext import sql_path, sql_str
 from deltawheel.statestore.delta.txn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
@@ -72,11 +72,11 @@ def _local_versions(path: str) -> set[int] | None:
     """The ``version`` column of a local ``_meta`` table, read from its files (None: ask Delta)."""
     import pyarrow.parquet as pq
 
-    snap = read_local(path)
+    snap = read_snapshot(path)
     if snap is None or any(a.get("deletionVector") for a in snap.adds):
         return None
     root = local_path(path)
-    assert root is not None  # read_local only reads local tables
+    assert root is not None  # read_snapshot only reads local tables
     out: set[int] = set()
     for a in snap.adds:
         col = pq.read_table(os.path.join(root, decode_path(a["path"])), columns=["version"]).column("version")

@@ -69,6 +69,15 @@ def test_existing_dataset_is_reused(tiny: wl.WorkloadData) -> None:
     assert not again.verified and again.expected is None
 
 
+def test_store_uri_takes_only_engines_that_keep_their_state_there(tmp_path: Path) -> None:
+    from deltawheel.benchmarks.throughput import run_throughput
+
+    with pytest.raises(WorkloadError, match=r"engine\(s\) \['spark_tws'\] cannot keep their state on --store-uri; "
+                                            r"choose among \['deltawheel', 'deltawheel_jvm_read', 'deltawheel_merge', 'spark_sql'\]"):
+        run_throughput("small", out_dir=tmp_path, engines=["spark_sql", "spark_tws"], store_uri="s3a://b/bench",
+                       progress=None)
+
+
 def test_unknown_size_needs_params(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="unknown workload size 'huge'"):
         ensure_workload("huge", root=tmp_path)

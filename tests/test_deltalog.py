@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -31,7 +32,7 @@ def test_the_python_log_replay_matches_delta_across_checkpoints_removes_and_dele
     """Versions: 0 create, 1-3 appends (checkpoint at 3), 4 DELETE (deletion vectors), 5 a
     partition replaced (removes); with ``appends_after`` = 1 a sixth commit makes a checkpoint
     that holds the deletion vectors, else the removes and vectors are replayed from JSON."""
-    from deltawheel.statestore.delta.log import read_local
+    from deltawheel.statestore.delta.log import read_snapshot
 
     path = str(tmp_path / "t")
     spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, p INT) USING DELTA PARTITIONED BY (p) "
@@ -55,7 +56,7 @@ def test_the_python_log_replay_matches_delta_across_checkpoints_removes_and_dele
     live = sum(1 for _ in spark.read.format("delta").load(path).collect())
     assert live == (15 - 1) + 5 + 3 * appends_after  # p=0 less id 14; p=1 replaced by 5 rows
     # the add JSON kept for a later remove is one Delta parses
-    snap = read_local(path)
+    snap = read_snapshot(path)
     assert snap is not None and snap.configuration.get("delta.checkpointInterval") == "3"
     from deltawheel.statestore.delta.txn import TableLog
 
@@ -67,23 +68,30 @@ def test_the_python_log_replay_matches_delta_across_checkpoints_removes_and_dele
 
 
 def test_the_reader_declines_what_it_does_not_read(spark, tmp_path: Path) -> None:
-    from deltawheel.statestore.delta.log import local_table_exists, read_local
+    from deltawheel.statestore.delta.log import local_table_exists, read_snapshot
 
-    assert read_local("s3a://bucket/table") is None and local_table_exists("s3a://bucket/t") is None
-    assert read_local(str(tmp_path / "none")) is None and local_table_exists(str(tmp_path / "none")) is False
+    assert read_snapshot("s3a://bucket/table") is None and local_table_exists("s3a://bucket/t") is None
+    assert read_snapshot(str(tmp_path / "none")) is None and local_table_exists(str(tmp_path / "none")) is False
     path = tmp_path / "t"
     for i in range(3):
         spark.range(i, i + 1).write.format("delta").mode("append").save(str(path))
     assert local_table_exists(str(path)) is True
-    assert read_local(path.as_uri()) is not None and read_local(path.as_uri()).version == 2  # type: ignore[union-attr]
+    assert read_snapshot(path.as_uri()) is not None and read_snapshot(path.as_uri()).version == 2  # type: ignore[union-attr]
     gap = tmp_path / "gap"
     shutil.copytree(path, gap)
     (gap / "_delta_log" / "00000000000000000001.json").unlink()
-    assert read_local(str(gap)) is None
+    assert read_snapshot(str(gap)) is None
     multi = tmp_path / "multi"
     shutil.copytree(path, multi)
     (multi / "_delta_log" / "00000000000000000002.checkpoint.0000000001.0000000002.parquet").write_bytes(b"")
-    assert read_local(str(multi)) is None
+    assert read_snapshot(str(multi)) is None
+    managed = tmp_path / "managed"  # a catalog-managed table: its commits are the catalog's
+    shutil.copytree(path, managed)
+    protocol = {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                             "readerFeatures": ["catalogManaged"], "writerFeatures": ["catalogManaged"]}}
+    (managed / "_delta_log" / "00000000000000000003.json").write_text(json.dumps(protocol) + "\n")
+    assert read_snapshot(str(managed)) is None
+    assert read_snapshot(str(path)) is not None  # the same log without that protocol commit is read
 
 
 def test_file_level_commits_carry_the_checksum_forward_without_a_spark_job(spark, tmp_path: Path) -> None:

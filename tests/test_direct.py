@@ -69,15 +69,30 @@ def _events(i: int, n: int = 40) -> list[tuple[str | None, str | None, int | Non
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("unit", "record_ids", "values"), [
-    ("us", True, []), ("ms", True, []), ("int", True, []), ("us", False, []), ("us", True, None),
-    ("int", False, ["s", "n", "key"])])
-def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_ids, values) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("unit", "record_ids", "values", "where"), [
+    ("us", True, [], "local"), ("ms", True, [], "local"), ("int", True, [], "local"), ("us", False, [], "local"),
+    ("us", True, None, "local"), ("int", False, ["s", "n", "key"], "local"),
+    pytest.param("us", True, None, "s3a", marks=pytest.mark.objectstore)])
+def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, request, unit, record_ids, values,  # type: ignore[no-untyped-def]
+                                                  where) -> None:
+    """Per batch, what the tasks read from the files equals what the JVM prepares; ``s3a``: the
+    input folder on the object store, read with pyarrow's S3 files."""
     folder = tmp_path / "in"
     folder.mkdir()
     _write(folder / "part-0.parquet", _events(0) + ODD, unit=unit, values=values != [])
     _write(folder / "part 1.parquet", _events(1) + ODD[:3], unit=unit, values=values != [])  # percent-encoded
-    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
+    uri = str(folder)
+    if where == "s3a":
+        import uuid
+
+        from deltawheel.statestore.delta.storefs import table_files
+
+        uri = f"s3a://{request.getfixturevalue('s3_bucket')}/{uuid.uuid4().hex}/in"
+        remote = table_files(spark, uri)
+        assert remote is not None and not remote.is_local
+        for f in folder.iterdir():
+            remote.write_parquet(pq.read_table(f), f.name)
+    inj = ParquetInjector("events", uri, key_column="key", event_time_column="event_time",
                           value_columns=values, record_id_column="record_id" if record_ids else None,
                           max_files_per_trigger=2, watermark_delay_ms=1_000)
     comp = ByRecordKey()
@@ -86,7 +101,7 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_
 
     df = inj.stream_df(spark).withColumn("stream", F.lit("events"))
     source = inj.direct_source()
-    assert source is not None
+    assert source is not None and (source.s3 is None) == (where == "local")
     assert source.value_columns == (("b", "key", "n", "s", "small", "x") if values is None else tuple(sorted(values)))
     seen: list[int] = []
     place = tuple((iv, 0) for iv in range(n))
@@ -99,6 +114,7 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, unit, record_
         jvm = prepare_input(batch, comp, wm).select(*cols).toArrow()
         files = batch_files(batch, source)
         assert files is not None and len(files) == 2
+        assert all(p.startswith("s3a://") == (where == "s3a") for p, _name in files)
         for ivs in ([0, 1, 2, 3], [1, 3], [0]):
             got = direct_table(DirectBatch(source, files, n, wm, ()), ivs)
             marks = got.filter(got.column("_m")).column("interval").to_pylist()
@@ -191,7 +207,7 @@ def _outputs(spark: Any, layout: StoreLayout) -> tuple[Any, ...]:
             sorted(map(tuple, late)), ids)
 
 
-def _run(spark: Any, folder: Path, store: Path, zk_config: Any, *, direct: bool,
+def _run(spark: Any, folder: Path | str, store: Path | str, zk_config: Any, *, direct: bool,
          crash_at: FaultPoint | None = None) -> tuple[tuple[Any, ...], list[bool]]:
     layout = StoreLayout(str(store))
     crashed: list[int] = []

@@ -232,19 +232,25 @@ def test_a_record_without_key_goes_to_dead_letters(spark, migrated_store, zk_con
 
 
 def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """``auto`` takes the image path where Python reaches the store's files (local, ``file:``,
+    ``s3a://``) and the MERGE path elsewhere, saying so; ``image`` elsewhere is refused."""
     from deltawheel.executor.runtime.batch import ComputationExecutor
-    from deltawheel.statestore.delta.txn import is_local
+    from deltawheel.statestore.delta.storefs import supports
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
 
-    assert is_local("/data/store/rows") and is_local("file:/data/store/rows")
-    assert not is_local("s3a://bucket/store/rows") and not is_local("abfss://c@acct.dfs.core.windows.net/s")
-    remote = StoreLayout("s3a://bucket/store")
-    with pytest.raises(ConfigError, match="supports local .* use write_path='merge' or 'auto'"):
+    assert supports("/data/store/rows") and supports("file:/data/store/rows") and supports("s3a://bucket/store/rows")
+    assert not supports("abfss://c@acct.dfs.core.windows.net/s") and not supports("s3://bucket/store/rows")
+    remote = StoreLayout("abfss://c@acct.dfs.core.windows.net/store")
+    with pytest.raises(ConfigError, match="supports local, file: and s3a:// stores only; .* use write_path='merge' "
+                                          "or 'auto'"):
         ComputationExecutor(spark, remote, BucketCounter(), owner=None, write_path="image")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="write_path must be one of auto, image, merge, not 'fast'"):
         ComputationExecutor(spark, remote, BucketCounter(), owner=None, write_path="fast")  # type: ignore[arg-type]
-    assert ComputationExecutor(spark, remote, BucketCounter(), owner=None).write_path == "merge"  # type: ignore[arg-type]
+    fallback = ComputationExecutor(spark, remote, BucketCounter(), owner=None)  # type: ignore[arg-type]
+    assert fallback.write_path == "merge" and "fenced MERGE path" in fallback.write_path_reason
+    s3 = ComputationExecutor(spark, StoreLayout("s3a://bucket/store"), BucketCounter(), owner=None)  # type: ignore[arg-type]
+    assert s3.write_path == "image" and s3.write_path_reason.startswith("auto")
 
 
 @pytest.mark.timeout(600)
@@ -436,7 +442,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     checkpoint whose delivery did not land is delivered at the restart as that commit's own
     delivery would have been (an append recording its version, its commit id), once; also when its
     file's add is only bounded (folded into a Delta checkpoint): the commit is found by its id."""
-    from deltawheel.statestore.delta.log import read_local
+    from deltawheel.statestore.delta.log import read_snapshot
     from deltawheel.statestore.writepath import image as image_mod
 
     merged: list[int] = []
@@ -465,11 +471,11 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     ex.stop()
     client.stop()
     client.close()
-    rows_version = read_local(migrated_store.rows).version
+    rows_version = read_snapshot(migrated_store.rows).version
     assert len(stream_rows(spark, migrated_store, "counts")) == 2
     ex, client = restart("w3")
     assert merged == []  # appended, not merged: the stream now records that commit's version
-    txns = read_local(migrated_store.stream("counts")).txns
+    txns = read_snapshot(migrated_store.stream("counts")).txns
     assert max(txns.values()) == rows_version
     assert len(stream_rows(spark, migrated_store, "counts")) == 3
     ids = spark.read.format("delta").load(migrated_store.stream("counts")).where("commit_id LIKE 'buckets:1:%'")

@@ -183,6 +183,7 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
     from delta.tables import DeltaTable
     from deltawheel.executor.tasks.image import _read_rows_file
     from deltawheel.migrations import m0004_timer_seq
+    from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import rows_file_ddl
 
@@ -204,5 +205,5 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
     schema = arrow_schema(rows_file_ddl())
     for f in files:
         assert "timer_seq" not in pq.read_schema(f).names
-        t = _read_rows_file(str(f), schema)
+        t = _read_rows_file(TableFiles(str(f.parent)), f.name, schema)
         assert t.schema == schema and t.column("timer_seq").null_count == t.num_rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from deltawheel.gc.passes import run_gc
-from deltawheel.statestore.delta.log import read_local
+from deltawheel.statestore.delta.log import read_snapshot
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
@@ -27,10 +27,10 @@ def _pipeline(spark, layout, zk_config, write_path, *, crash_and_gc: bool):  # t
         ex, client = start_executor(spark, layout, zk_config, BucketCounter(), write_path=write_path, writer="w2")
         client.stop()
         client.close()
-        before = read_local(layout.rows)
+        before = read_snapshot(layout.rows)
         report = run_gc(spark, layout, now_ms=0, apply=True)
         assert any("[done] compact" in line and "rows" in line for line in report.lines())
-        after = read_local(layout.rows)
+        after = read_snapshot(layout.rows)
         assert before is not None and after is not None
         # OPTIMIZE did rewrite the rows table's files (otherwise this test shows nothing)
         assert {a["path"] for a in after.adds} != {a["path"] for a in before.adds}

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 from deltawheel.statestore.delta.damage import check_log
-from deltawheel.statestore.delta.log import read_local
+from deltawheel.statestore.delta.log import read_snapshot
 from deltawheel.statestore.exceptions import StoreDamagedError
 from executor_util import BucketCounter, events, state_of, stop_executor, stream_rows
 
@@ -44,7 +44,7 @@ def _first_batch(spark, layout, zk_config) -> str:  # type: ignore[no-untyped-de
     ex, client = _start(spark, layout, zk_config, "w1")
     assert ex.run_batch(events(spark, B1), 0, input_watermark_ms=11_000).productions == 3
     stop_executor(ex, client)  # settles the delivery
-    snap = read_local(layout.rows)
+    snap = read_snapshot(layout.rows)
     assert snap is not None
     return os.path.join(layout.rows, "_delta_log", f"{snap.version:020d}.json")
 

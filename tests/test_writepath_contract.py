@@ -29,12 +29,17 @@ def _batch(ex, spark, items, batch_id: int, wm: int):  # type: ignore[no-untyped
                       commit_id=f"buckets:{batch_id}:{now}", strong=True, mark=lambda _step: None)
 
 
-@pytest.mark.parametrize("write_path", ["image", "merge"])
-def test_both_write_paths_keep_the_contract(spark, migrated_store, zk_config,  # type: ignore[no-untyped-def]
-                                            write_path: str) -> None:
+@pytest.mark.parametrize(("write_path", "store"), [
+    ("image", "local"), ("merge", "local"),
+    pytest.param("image", "s3a", marks=[pytest.mark.objectstore, pytest.mark.timeout(600)]),
+])
+def test_both_write_paths_keep_the_contract(spark, zk_config, request,  # type: ignore[no-untyped-def]
+                                            write_path: str, store: str) -> None:
     """A crash right after a commit: the new owner's acquire delivers the checkpointed
     productions once; the zombie's commit fails typed and lands nothing, its reload refuses;
-    delivering a batch twice adds nothing; a second recovery adds nothing either."""
+    delivering a batch twice adds nothing; a second recovery adds nothing either. The image
+    path keeps it on the object store too (``s3a://``: pyarrow's S3 files, Delta's commits)."""
+    migrated_store = request.getfixturevalue("migrated_store" if store == "local" else "migrated_s3_store")
     crashed: list[int] = []
 
     def faults(point: FaultPoint, batch_id: int) -> None:

@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         migrate,
         objectstore,
         quickstart,
+        rebalance,
         recover,
         reseed,
         scenario,
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         zk,
     )
 
-    for mod in (demo, quickstart, zk, objectstore, cluster, migrate, sql, leases, recover, reseed, gc, bench,
+    for mod in (demo, quickstart, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover, reseed, gc, bench,
                 scenario):  # --help order
         mod.register(sub)
     return parser

@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.delta.damage import check_store
-from deltawheel.statestore.delta.txn import is_local
+from deltawheel.statestore.delta.storefs import supports
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath import StaleViewError, WritePath
@@ -79,11 +79,39 @@ from .faults import BatchFailedError, FaultPoint
 from .inflight import InFlight, OpenDelivery
 from .lateness import ActedMark, read_mark
 from .reports import BatchReport, format_report
+from .rescale import SharedInput
 
 WRITE_PATHS = ("auto", "image", "merge")
 _LOG = logging.getLogger(__name__)
 
-__all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
+__all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError", "choose_write_path"]
+
+
+def choose_write_path(requested: str, root: str) -> tuple[str, str]:
+    """(the write path, why) for ``write_path=requested`` on the store at ``root``.
+
+    ``"auto"`` takes the image path wherever Python reaches the store's files (a local folder,
+    ``file:`` or ``s3a://``: ``statestore/delta/storefs.py``) and the MERGE path elsewhere.
+
+    >>> choose_write_path("auto", "s3a://bucket/store")[0], choose_write_path("auto", "abfss://c@a/s")
+    ('image', ('merge', 'auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores only; abfss://c@a/s is none of those, so batches take the fenced MERGE path (slower)'))
+
+    Raises:
+        ConfigError: an unknown path, or ``"image"`` on a store the image path cannot reach.
+    """
+    if requested not in WRITE_PATHS:
+        raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {requested!r}")
+    fast = supports(root)
+    if requested == "image" and not fast:
+        raise ConfigError(f"write_path='image' reads and writes the interval images with pyarrow and supports "
+                          f"local, file: and s3a:// stores only; {root} is none of those: use write_path='merge' "
+                          f"or 'auto'")
+    if requested != "auto":
+        return requested, f"{requested}: as asked"
+    if fast:
+        return "image", "auto: the store's files are reachable from Python"
+    return "merge", (f"auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores "
+                     f"only; {root} is none of those, so batches take the fenced MERGE path (slower)")
 
 
 class ComputationExecutor:
@@ -106,8 +134,9 @@ class ComputationExecutor:
         on_batch_end: called with each micro-batch's observed max event time (injectors
             use it to move their watermark estimate).
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
-            ``statestore/writepath/image.py``; local or ``file:`` stores), ``"merge"`` (a fenced MERGE per batch,
-            any store), or ``"auto"`` (image when the store is local, else merge).
+            ``statestore/writepath/image.py``; local, ``file:`` and ``s3a://`` stores), ``"merge"`` (a fenced
+            MERGE per batch, any store), or ``"auto"`` (image where it can, else merge:
+            :func:`choose_write_path`; the start's log line says which and why).
         intervals: the key intervals this instance takes (default: all). Several instances
             (e.g. Spark applications) may split a computation's intervals: each reads the
             whole input and processes the records of its own intervals; a record that becomes
@@ -132,13 +161,7 @@ class ComputationExecutor:
                 raise ConfigError(f"{computation.name}: intervals must be a non-empty subset of 0.."
                                   f"{computation.num_intervals - 1}, got {sorted(set(intervals))}")
         self._wanted = None if intervals is None else tuple(sorted(set(intervals)))
-        if write_path not in WRITE_PATHS:
-            raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {write_path!r}")
-        if write_path == "auto":
-            write_path = "image" if is_local(layout.rows) else "merge"
-        elif write_path == "image" and not is_local(layout.rows):
-            raise ConfigError(f"write_path='image' writes the interval images with pyarrow and supports local "
-                              f"(or file:) stores only; {layout.root} is remote: use write_path='merge' or 'auto'")
+        write_path, self.write_path_reason = choose_write_path(write_path, layout.root)
         self.write_path = write_path
         self.spark = spark
         self.layout = layout
@@ -155,6 +178,9 @@ class ComputationExecutor:
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
+        # set by the pipeline runner when instances share the intervals (``rescale.py``: the skip
+        # rule, the input files each commit records, catch-up)
+        self.shared: SharedInput | None = None
         self._mark: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
         self._started = False
         self.start_s: dict[str, float] = {}
@@ -224,6 +250,10 @@ class ComputationExecutor:
         if self.authority is not None:
             self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
         self._mark = read_mark(self.spark, self.layout.rows, self.comp.name, self.owner.intervals)
+        if self.shared is not None:  # the input files committed for the intervals taken (the skip rule)
+            held = set(self.owner.intervals)
+            self.shared.done = {iv: fs for iv, fs in self.owner.store.input_files(self.comp.name).items()
+                                if iv in held}
         if rec.appended:
             self._log(f"{self.comp.name}: recovery delivered {rec.appended} checkpointed productions of the last "
                       "commit (its delivery had not landed)")
@@ -234,7 +264,9 @@ class ComputationExecutor:
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
         self._log(f"{self.comp.name}: started in {self.start_s['total']:.1f}s (leases, fence and recovery scan "
-                  f"{self.start_s['acquire_fence_recover']:.1f}s)")
+                  f"{self.start_s['acquire_fence_recover']:.1f}s); write path {self.write_path_reason}")
+        if self.write_path == "merge" and self.write_path_reason.startswith("auto"):
+            _LOG.warning("%s: write path %s", self.comp.name, self.write_path_reason)
         self._started = True
 
     def stop(self) -> None:
@@ -266,7 +298,7 @@ class ComputationExecutor:
         return min(marks)
 
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
-                  use_authority: bool = True) -> BatchReport:
+                  use_authority: bool = True, input_files: Sequence[str] | None = None) -> BatchReport:
         """Run the per-batch protocol on one micro-batch (``df`` None: timers only).
 
         1. Hold valid leases for the intervals being processed.
@@ -279,6 +311,10 @@ class ComputationExecutor:
         6. Deliver productions to their stream tables idempotently; the checkpoints are
            cleared by the next commit.
         7. Publish the new low watermark for the intervals.
+
+        With :attr:`shared` set (instances share the intervals, ``rescale.py``), step 1 also drops
+        the records an earlier owner of their interval processed (by input file: ``input_files``,
+        default the query's file log for ``batch_id``), and step 5 records the batch's files.
 
         Steps 2-4 are one Spark job (``self.job``); if the write path's view of the rows went
         stale (:class:`StaleViewError`: someone else committed to the partitions), the path
@@ -296,8 +332,13 @@ class ComputationExecutor:
             last[0] = t
 
         comp, path = self.comp, self.path
-        # Step 1: leases.
+        # Step 1: leases (and, with shared intervals, what earlier owners already processed).
         self.owner.check()
+        skipped, files = 0, tuple[str, ...]()
+        if self.shared is not None and df is not None:
+            files = tuple(input_files if input_files is not None else self.shared.batch_files(batch_id))
+            df, skipped = self.shared.skip(df, files, self.owner.intervals)
+        path.input_files = files
         wm_in = self.input_watermark() if use_authority and input_watermark_ms is None else input_watermark_ms
         now = self.clock.now_ms()
         # ids seen before the horizon are dropped: a processing time back from now (each id
@@ -361,6 +402,8 @@ class ComputationExecutor:
                                        "under this writer; restart the query")
         assert run is not None
         commit_s = time.monotonic() - t0
+        if self.shared is not None and files:
+            self.shared.committed(files, self.owner.intervals)
         mark("commit")
         redeliver = functools.partial(path.deliver, run.batch, strong=True)
         if straggler is not None:
@@ -388,7 +431,8 @@ class ComputationExecutor:
                              commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None,
                              direct=prepared.direct is not None, ids_expired=c["ids_expired"],
                              bloom_checked=c.get("bloom_checked", 0), bloom_maybe=c.get("bloom_maybe", 0),
-                             bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0))
+                             bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0),
+                             skipped_moved=skipped)
         self.reports.append(report)
         self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
         return report

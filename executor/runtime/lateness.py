@@ -25,7 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from deltawheel.statestore.delta.log import local_path, newest_commit_info
+from deltawheel.statestore.delta.log import newest_commit_info
+from deltawheel.statestore.delta.storefs import table_files
 
 __all__ = ["ActedMark", "MARK_FORMAT_VERSION", "read_mark"]
 
@@ -80,10 +81,12 @@ def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -
 def read_mark(spark: Any, rows_path: str, computation: str, intervals: Sequence[int]) -> ActedMark | None:
     """The newest mark committed by ``computation`` on any of ``intervals`` (None: none yet).
 
-    A local table's log is read newest first, without Spark; a remote one through Delta's
-    history. Call it while holding the intervals' leases (nobody else commits them then)."""
+    The log is read newest first, without Spark, where Python reaches it (local, ``s3a://``);
+    elsewhere through Delta's history. Call it while holding the intervals' leases (nobody else
+    commits them then)."""
     owned = set(intervals)
-    if local_path(rows_path) is not None:
+    files = table_files(spark, rows_path)
+    if files is not None:
         found: list[ActedMark] = []
 
         def match(info: dict[str, Any]) -> bool:
@@ -92,7 +95,7 @@ def read_mark(spark: Any, rows_path: str, computation: str, intervals: Sequence[
                 found.append(mark)
             return mark is not None
 
-        newest_commit_info(rows_path, match)
+        newest_commit_info(files, match)
         return found[0] if found else None
     hist = spark.sql(f"DESCRIBE HISTORY delta.`{rows_path}`").select("version", "userMetadata")
     for row in hist.where(hist.userMetadata.contains(f'"{_KEY}"')).orderBy(hist.version.desc()).toLocalIterator():

@@ -14,8 +14,8 @@ the same token as when its last query started (an injector's
 there is nothing new for it to read. Checkpoints live in the store, so re-running the same command after a
 crash resumes where the last commit left off.
 
-A computation whose one input is a Parquet injector that offers a ``direct_source()`` (local folder,
-columns of plain types) and that keys by the injector's key column has its files read by the image tasks
+A computation whose one input is a Parquet injector that offers a ``direct_source()`` (a local or ``s3a://``
+folder, columns of plain types) and that keys by the injector's key column has its files read by the image tasks
 themselves (``_direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
 frame, so it knows the frame is exactly the injector's stream.
 """
@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
-from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
+from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect, digest_acls
-from deltawheel.statestore.zk.leases import LeaseManager
+from deltawheel.statestore.zk.leases import LeaseManager, list_leases
+from deltawheel.statestore.zk.members import Membership, target
 from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
@@ -40,6 +42,7 @@ from ..computation import RECORD_KEY, Computation
 from ..tasks import worker as _worker
 from .batch import ComputationExecutor, FaultPoint
 from .reports import BatchReport
+from .rescale import CATCH_UP_BATCH, SharedInput, shared_input
 from .sources import (
     DEFAULT_MAX_EVENT_AHEAD_MS,
     BatchStats,
@@ -47,7 +50,7 @@ from .sources import (
     publish_watermark,
 )
 
-__all__ = ["Pipeline", "PipelineRunner", "RunSummary"]
+__all__ = ["Pipeline", "PipelineRunner", "RunSummary", "MoveTiming"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,17 @@ class Pipeline:
         return [by[n] for n in done]
 
 
+@dataclass(frozen=True)
+class MoveTiming:
+    """An instance's change of intervals between batches: from the first lease given back or
+    taken to the end of the new executor's start (fence, recovery scan, catch-up batch)."""
+
+    computation: str
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    seconds: float
+
+
 @dataclass
 class RunSummary:
     """A finished run: per computation, its batch reports, published low watermark and watermark lag."""
@@ -108,7 +122,18 @@ class PipelineRunner:
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
                  faults: Callable[[FaultPoint, int], None] | None = None, max_rounds: int = 50,
                  end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True,
-                 warm_workers: bool = True) -> None:
+                 warm_workers: bool = True, instance: str | None = None,
+                 intervals: Sequence[int] | None = None, follow: Callable[[], bool] | None = None,
+                 poll_s: float = 1.0) -> None:
+        if instance is not None:
+            validate_name("instance", instance)
+        self.instance = instance
+        self.intervals = None if intervals is None else tuple(intervals)
+        # an instance without a hand-split interval list joins the members and takes its share
+        self.auto_assign = instance is not None and intervals is None
+        self.follow = follow
+        self.poll_s = poll_s
+        self.moves: list[MoveTiming] = []
         self.spark = spark
         self.direct_read = direct_read
         self.write_path = write_path
@@ -151,56 +176,149 @@ class PipelineRunner:
         p = self.pipeline
         leases = LeaseManager(client, pipeline=p.name, owner=self.owner, acls=digest_acls(self.zk))
         authority = WatermarkAuthority(client, pipeline=p.name, acls=digest_acls(self.zk))
-        store = RowStore(self.spark, self.layout, writer=self.owner)
-        injectors = {i.name: i for i in p.injectors}
-        execs: dict[str, ComputationExecutor] = {}
-        for comp in p.ordered():
-            feeding = [injectors[s] for s in comp.inputs if s in injectors]
-            hook = self._injector_hook(authority, feeding) if feeding else None
-            owner = IntervalOwner(store, leases, comp.name, num_intervals=type(comp).num_intervals)
-            ex = ComputationExecutor(self.spark, self.layout, comp, owner=owner, authority=authority,
-                                     upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
-                                     progress=self.progress, write_path=self.write_path)
-            self.progress(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
-            ex.start(wait_s=self.wait_s)
-            self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
-            execs[comp.name] = ex
+        self._ctx = (client, leases, authority, RowStore(self.spark, self.layout, writer=self.owner))
+        self._done_reports: dict[str, list[BatchReport]] = {c.name: [] for c in p.computations}
+        member = None
+        if self.auto_assign:  # a live member: the intervals are split by the live members
+            member = Membership(client, pipeline=p.name, instance=str(self.instance), acls=digest_acls(self.zk))
+            member.join()
+        execs: dict[str, ComputationExecutor | None] = {}
         try:
-            for rnd in range(self.max_rounds):
+            for comp in p.ordered():
+                if self.auto_assign:
+                    execs[comp.name] = None
+                    self._rebalance(comp, execs)
+                else:
+                    execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
+            rnd = 0
+            while self.follow is not None or rnd < self.max_rounds:
                 moved = 0
                 for comp in p.ordered():
+                    if self.auto_assign:
+                        self._rebalance(comp, execs)  # between batches: give back, take free intervals
+                    ex = execs[comp.name]
+                    if ex is None:
+                        continue  # holds no interval of it now
                     # consume, then flush: a stage never acts on a watermark beyond what its
                     # upstream delivered before that watermark was read
-                    moved += self._consume(comp, execs[comp.name])
+                    moved += self._consume(comp, ex)
                     if self.end_of_input:  # its bounded inputs are fully read: watermark to the end
                         for inj in p.injectors:
                             if inj.name in comp.inputs:
                                 inj.finish()
                                 publish_watermark(authority, inj)
-                    r = execs[comp.name].flush()
-                    execs[comp.name].settle()  # its last delivery lands before the next stage reads
+                    r = ex.flush()
+                    ex.settle()  # its last delivery lands before the next stage reads
                     moved += r.timers_fired + r.productions
-                if moved == 0:
+                if moved:
+                    self.progress(f"round {rnd} done: {moved} records/timers moved")
+                if self.follow is None and not moved:
                     break
-                self.progress(f"round {rnd} done: {moved} records/timers moved")
+                if self.follow is not None:
+                    if self.follow():  # a graceful leave: after the round's batches, not after the backlog
+                        break
+                    if not moved:
+                        time.sleep(self.poll_s)  # following the input: look again
+                rnd += 1
         except BaseException as exc:
             # the cause is what the caller must see: a failure to settle or give the leases back
             # on the way out (e.g. over a ZooKeeper session that expired) is only logged
-            self._shutdown(execs, leases, failing=exc)
+            self._shutdown(execs, leases, failing=exc, member=member)
             raise
-        self._shutdown(execs, leases, failing=None)
+        self._shutdown(execs, leases, failing=None, member=member)
         summary = RunSummary()
         for name, ex in execs.items():
-            summary.reports[name] = list(ex.reports)
+            summary.reports[name] = self._done_reports[name] + (list(ex.reports) if ex is not None else [])
             summary.low_watermarks[name] = authority.published_low_watermark(name)
             summary.lag_ms[name] = authority.watermark_lag_ms(name)
         return summary
 
-    def _shutdown(self, execs: dict[str, ComputationExecutor], leases: LeaseManager, *,
-                  failing: BaseException | None) -> None:
+    def _start(self, comp: Computation, intervals: Sequence[int] | None, *, wait_s: float) -> ComputationExecutor:
+        """An executor of ``comp`` holding ``intervals`` (None: all), started and caught up."""
+        _, leases, authority, store = self._ctx
+        p = self.pipeline
+        injectors = {i.name: i for i in p.injectors}
+        feeding = [injectors[s] for s in comp.inputs if s in injectors]
+        hook = self._injector_hook(authority, feeding) if feeding else None
+        owner = IntervalOwner(store, leases, comp.name, num_intervals=type(comp).num_intervals)
+        ex = ComputationExecutor(self.spark, self.layout, comp, owner=owner, authority=authority,
+                                 upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
+                                 progress=self.progress, write_path=self.write_path, intervals=intervals)
+        if self.instance is not None:  # instances share the intervals: positions per input file
+            stream, parquet = shared_input(comp, injectors)
+            ex.shared = SharedInput(stream, parquet, self._checkpoint(comp), type(comp).num_intervals)
+        n = type(comp).num_intervals if intervals is None else len(intervals)
+        self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
+        ex.start(wait_s=wait_s)
+        self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
+        self._catch_up(ex)
+        return ex
+
+    def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
+        """Between batches: hold the intervals the target gives this instance that are free
+        (``members.py``: the live members' split, or the operator's move request). Intervals
+        assigned elsewhere are given back after the last batch's delivery settled (``stop``);
+        a change restarts the executor on the new set (fence, recovery, catch-up)."""
+        client = self._ctx[0]
+        n = type(comp).num_intervals
+        want = set(target(client, self.pipeline.name, comp.name, n).get(str(self.instance), ()))
+        ex = execs.get(comp.name)
+        held = set(ex.owner.intervals) if ex is not None else set()
+        owners = {r["interval"]: r["owner"] for r in list_leases(client, pipeline=self.pipeline.name)
+                  if r["computation"] == comp.name}
+        free = {iv for iv in want - held if owners.get(iv) is None}
+        new = (held & want) | free
+        if new == held:
+            return
+        t0 = time.monotonic()
+        if ex is not None:
+            ex.stop()  # settles its delivery, then gives every lease back
+            self._done_reports[comp.name] += ex.reports
+            execs[comp.name] = None
+        if not new:
+            self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
+            return
+        try:
+            execs[comp.name] = nex = self._start(comp, sorted(new), wait_s=0.0)
+        except LeaseHeldError as exc:  # taken meanwhile by another instance: look again next round
+            self.progress(f"{comp.name}: intervals {sorted(new)} not all free ({exc}); trying again")
+            return
+        self.moves.append(MoveTiming(comp.name, tuple(sorted(held)), tuple(sorted(new)),
+                                     round(time.monotonic() - t0, 3)))
+        self.progress(f"{comp.name}: instance {self.instance} moved from intervals {sorted(held)} to "
+                      f"{sorted(new)} in {time.monotonic() - t0:.1f}s (leases, fence, recovery"
+                      f"{', catch-up' if any(r.batch_id == CATCH_UP_BATCH for r in nex.reports) else ''})")
+
+    def _checkpoint(self, comp: Computation) -> str:
+        """The computation's streaming checkpoint: one per pipeline, or per instance when
+        instances share the intervals."""
+        base = f"{self.layout.root}/_checkpoints/{self.pipeline.name}/{comp.name}"
+        return base if self.instance is None else f"{base}/{self.instance}"
+
+    def _catch_up(self, ex: ComputationExecutor) -> BatchReport | None:
+        """The records of the intervals just taken in the files this instance's query consumed
+        before and their earlier owners did not process (``rescale.py``), as one batch."""
+        shared = ex.shared
+        if shared is None:
+            return None
+        files = shared.missing(ex.owner.intervals)
+        if not files:
+            return None
+        self.progress(f"{ex.comp.name}: catching up on {len(files)} input files for intervals taken over")
+        return ex.run_batch(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
+
+    def _shutdown(self, execs: dict[str, ComputationExecutor | None], leases: LeaseManager, *,
+                  failing: BaseException | None, member: Membership | None = None) -> None:
         """Stop every executor and close the leases; raise the first failure unless ``failing``."""
         first: BaseException | None = None
+        if member is not None:
+            try:  # leave first: the others' target changes as this instance gives its intervals back
+                member.leave()
+            except Exception as exc:  # noqa: BLE001 - the session's end removes it anyway
+                self.progress(f"leaving the members failed: {type(exc).__name__}: {exc}")
         for ex in execs.values():
+            if ex is None:
+                continue
             try:
                 ex.stop()
             except Exception as exc:  # noqa: BLE001 - reported below
@@ -234,7 +352,8 @@ class PipelineRunner:
                 df = (self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
                       .load(self.layout.stream(s)))
             frames.append(df.withColumn("stream", F.lit(s)))
-        ex.direct_source = self._direct_source(comp)
+        # (shared intervals: the skip rule filters the frame, so the tasks must not read the files)
+        ex.direct_source = self._direct_source(comp) if ex.shared is None else None
         # each injector's bound on event time ahead of the clock (records of other streams: none)
         ex.event_ahead_ms = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
                              for s in comp.inputs if s in injectors
@@ -243,7 +362,7 @@ class PipelineRunner:
         for f in frames[1:]:
             src = src.unionByName(f)
         before = sum(r.records_in for r in ex.reports)
-        chk = f"{self.layout.root}/_checkpoints/{self.pipeline.name}/{comp.name}"
+        chk = self._checkpoint(comp)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
         failed: list[DeltaWheelError] = []
@@ -256,7 +375,7 @@ class PipelineRunner:
                 raise
 
         q = (src.writeStream.foreachBatch(batch).trigger(availableNow=True)
-             .option("checkpointLocation", chk).queryName(f"dw_{self.pipeline.name}_{comp.name}").start())
+             .option("checkpointLocation", chk).queryName(f"dw_{self.pipeline.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")).start())
         try:
             q.awaitTermination()
         except Exception as exc:

@@ -38,6 +38,9 @@ class BatchReport:
     bloom_maybe: int = 0
     bloom_false_pos: int = 0
     bloom_bytes: int = 0
+    # records of an interval that moved between instances, dropped because an earlier owner
+    # committed their input file for it (``rescale.py``)
+    skipped_moved: int = 0
 
 
 def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
@@ -58,6 +61,7 @@ def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> st
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
             + (" (straggler: checkpointed)" if r.straggled else "") + (" (files read by the tasks)" if r.direct else "")
             + (f"; {r.ids_expired} ids expired" if r.ids_expired else "")
+            + (f"; {r.skipped_moved} skipped (processed by an earlier owner)" if r.skipped_moved else "")
             + (f"; bloom {r.bloom_maybe}/{r.bloom_checked} maybe ({r.bloom_false_pos} false), "
                f"{r.bloom_bytes / 1e6:.1f} MB" if r.bloom_checked else "") +
             f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from deltawheel.statestore.delta.log import latest_local_version, local_path
+from deltawheel.statestore.delta.storefs import TableFiles, table_files
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import validate_name
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION
@@ -257,16 +258,23 @@ def _local_parquet_schema(folder: str) -> Any | None:
     return _spark_schema(_first_footer(folder))
 
 
-def _first_footer(folder: str) -> Any | None:
-    """The Arrow schema of a local folder's first visible Parquet file (None: remote, none, unreadable)."""
+def _first_footer(folder: str, files: TableFiles | None = None) -> Any | None:
+    """The Arrow schema of a folder's first visible Parquet file (None: none, unreadable, or a remote
+    folder not given as ``files``, the folder as Python reaches it)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    local, files = local_path(folder), local_folder_token(folder)
-    if local is None or not files:
+    if files is not None and not files.is_local:
+        try:
+            names = sorted(n for n, _size, _mtime in files.list_files() or () if not n.startswith(("_", ".")))
+            return files.read_schema(names[0]) if names else None
+        except (OSError, pa.ArrowException):
+            return None
+    local, found = local_path(folder), local_folder_token(folder)
+    if local is None or not found:
         return None
     try:
-        return pq.read_schema(os.path.join(local, files[0][0]))
+        return pq.read_schema(os.path.join(local, found[0][0]))
     except (OSError, pa.ArrowException):
         return None
 
@@ -329,7 +337,7 @@ class ParquetInjector(_MaxSeenInjector):
 
     Files are consumed in modification-time order, ``max_files_per_trigger``
     per micro-batch; the schema is taken from the files present when
-    :meth:`stream_df` is called (in a local folder whose columns have plain
+    :meth:`stream_df` is called (in a local or ``s3a://`` folder whose columns have plain
     types, from the first visible file's footer, read with pyarrow; otherwise
     by Spark's inference). Files whose name starts with ``_`` or ``.``
     are ignored (Spark's rule), so writers can stage files under such names.
@@ -385,7 +393,7 @@ class ParquetInjector(_MaxSeenInjector):
 
     def direct_source(self) -> DirectSource | None:
         """How image tasks can read this folder's files themselves (``executor/tasks/direct.py``), as
-        found by the last :meth:`stream_df`: a local folder, a string key column, a string record
+        found by the last :meth:`stream_df`: a folder Python reaches (local, ``file:``, ``s3a://``), a string key column, a string record
         id column (or none), a UTC timestamp or int event time column and value columns of
         strings, booleans, signed integers or doubles (or none); otherwise None (the JVM reads
         and prepares the batches)."""
@@ -399,13 +407,13 @@ class ParquetInjector(_MaxSeenInjector):
                 column missing (see :func:`to_stream_schema`).
         """
         from pyspark.errors import AnalysisException
-        from pyspark.sql import functions as F
 
-        footer = _first_footer(self.folder)
+        files = table_files(spark, self.folder)
+        footer = _first_footer(self.folder, files)
         local_schema = _spark_schema(footer)
-        self._direct = None if local_schema is None else direct_source(
+        self._direct = None if local_schema is None or files is None else direct_source(
             self.name, footer, key_column=self.key_column, event_time_column=self.event_time_column,
-            record_id_column=self.record_id_column, value_columns=self.value_columns)
+            record_id_column=self.record_id_column, value_columns=self.value_columns, s3=files.s3)
         try:
             schema = local_schema or spark.read.parquet(self.folder).schema
         except AnalysisException as exc:
@@ -413,6 +421,20 @@ class ParquetInjector(_MaxSeenInjector):
                               f"({str(exc).splitlines()[0]}); put at least one Parquet file there") from exc
         raw = (spark.readStream.schema(schema).option("maxFilesPerTrigger", self.max_files_per_trigger)
                .parquet(self.folder))
+        return self._in_stream_schema(raw, schema)
+
+    def files_df(self, spark: SparkSession, names: Sequence[str]) -> DataFrame:
+        """The records of some of the folder's files (by file name), as a batch DataFrame in the
+        stream schema with the same record ids as :meth:`stream_df` gives them: a new owner of a
+        moved interval catches up with it (``executor/runtime/rescale.py``)."""
+        footer = _first_footer(self.folder)
+        schema = _spark_schema(footer) or spark.read.parquet(self.folder).schema
+        raw = spark.read.schema(schema).parquet(*[f"{self.folder.rstrip('/')}/{n}" for n in sorted(names)])
+        return self._in_stream_schema(raw, schema)
+
+    def _in_stream_schema(self, raw: DataFrame, schema: Any) -> DataFrame:
+        from pyspark.sql import functions as F
+
         fname, row = F.col("_metadata.file_name"), F.col("_metadata.row_index").cast("string")
         position = F.concat(F.lit(f"{self.name}/"), fname, F.lit("#"), row)
         if self.record_id_column is not None:

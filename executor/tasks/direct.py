@@ -4,7 +4,8 @@ On the JVM path a batch reaches the image tasks through Spark: the file scan,
 the prepared columns (``_tasks.prepare_input`` and the image plan's
 projection), a shuffle by interval and Arrow to the Python workers -- a map
 stage of one task per input file (one core) before the Python stage can
-start. When a computation's only input is a local :class:`ParquetInjector`
+start. When a computation's only input is a :class:`ParquetInjector` in a folder
+Python reaches (local, ``file:`` or ``s3a://``: ``statestore/delta/storefs.py``)
 keyed by its key column (``RECORD_KEY``), with value columns of plain types
 (or none), each image task instead reads the batch's files with pyarrow and keeps the rows of its
 own intervals: one stage, no shuffle. Which files the batch holds comes from
@@ -16,19 +17,18 @@ record id, event time and late flag, the same checks in the same order for
 dead letters, the same interval hash; the value is the same JSON object (its text may differ
 in form -- number formatting, escapes -- never in what it decodes to). ``tests/test_direct.py`` compares both
 paths row by row and end to end. Anything this module does not recognise (a
-remote folder, a file whose column types differ from the schema's, a file
+folder on another store, a file whose column types differ from the schema's, a file
 read in parts, another plan shape) goes through the JVM path for that batch.
 """
 
 from __future__ import annotations
 
-import os
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from deltawheel.statestore.delta.jvm import jframe
-from deltawheel.statestore.delta.log import local_path
+from deltawheel.statestore.delta.storefs import S3Settings, TableFiles, files_for, local_path
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
 from .image import ImageSpec, run_task
@@ -52,6 +52,7 @@ class DirectSource:
     record_id_column: str | None
     types: tuple[tuple[str, str], ...]
     value_columns: tuple[str, ...] = ()  # sorted, as the JVM orders the value's fields
+    s3: S3Settings | None = None  # how to reach an s3a:// folder's files (None: a local folder)
 
     @property
     def columns(self) -> list[str]:
@@ -64,7 +65,7 @@ class DirectBatch:
     """What the tasks of one batch read: plain values, pickled to the workers."""
 
     source: DirectSource
-    files: tuple[tuple[str, str], ...]  # (local path, the file name as Spark's _metadata.file_name)
+    files: tuple[tuple[str, str], ...]  # (local path or s3a:// URI, the file name as Spark's _metadata.file_name)
     num_intervals: int
     late_before: int | None  # records with an earlier event time are late
     tasks: tuple[tuple[int, ...], ...]  # per task (partition index): its intervals
@@ -72,14 +73,13 @@ class DirectBatch:
 
 
 def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | None:
-    """The local files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None
+    """The files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None
     (the JVM path) when the plan is not a single file scan, a file is read only in part, or a
     file's columns are not those of ``source.types``.
 
     ``foreachBatch`` hands over a frame over the batch's RDD; its lineage ends in the scan's
     ``FileScanRDD``, whose partitions name the files (a few py4j calls, no Spark job)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
         plan = jframe(df).queryExecution().logical()
@@ -105,13 +105,14 @@ def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | 
     want = dict(source.types)
     out = []
     for uri, parts_read in sorted(spans.items()):
-        path = local_path(uri)
-        if path is None:
+        local = local_path(uri)
+        path = urllib.parse.unquote(local if local is not None else uri)
+        file = _file(path, source.s3)
+        if file is None:
             return None
-        path = urllib.parse.unquote(path)
         try:
-            size = os.path.getsize(path)
-            schema = pq.read_schema(path)
+            size = file.size()
+            schema = file.read_schema("")
         except (OSError, pa.ArrowException):
             return None
         end = 0
@@ -128,6 +129,13 @@ def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | 
     return tuple(out)
 
 
+def _file(path: str, s3: S3Settings | None) -> TableFiles | None:
+    """One input file (a local path or an ``s3a://`` URI, with the injector's S3 settings)."""
+    if path.startswith("s3a://") and s3 is None:
+        return None
+    return files_for(path, s3)
+
+
 def _plain(ty: Any) -> str:
     """An Arrow type as compared between files (large strings read as strings)."""
     import pyarrow as pa
@@ -136,7 +144,8 @@ def _plain(ty: Any) -> str:
 
 
 def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event_time_column: str,
-                  record_id_column: str | None, value_columns: Sequence[str] | None) -> DirectSource | None:
+                  record_id_column: str | None, value_columns: Sequence[str] | None,
+                  s3: S3Settings | None = None) -> DirectSource | None:
     """A :class:`DirectSource` for an injector's columns (``value_columns`` as the injector takes
     them: None = every column but the event time and record id ones), or None when a column's type
     is not one the tasks convert exactly as the JVM does: string key and id; UTC timestamp in ms
@@ -168,7 +177,7 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
             or t.is_int64(et) or t.is_int32(et)):
         return None
     return DirectSource(name, key_column, event_time_column, record_id_column,
-                        tuple((c, _plain(fields[c])) for c in cols), values)
+                        tuple((c, _plain(fields[c])) for c in cols), values, s3)
 
 
 # --------------------------------------------------------------------------- task side
@@ -208,10 +217,12 @@ def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
     """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
     columns the JVM path hands a task (``images.PREP_DDL`` + ``interval`` + ``_m``)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    parts = [_prepared(batch, pq.read_table(path, columns=batch.source.columns), name, intervals)
-             for path, name in batch.files]
+    parts = []
+    for path, name in batch.files:
+        file = _file(path, batch.source.s3)
+        assert file is not None  # batch_files checked it
+        parts.append(_prepared(batch, file.read_parquet("", columns=batch.source.columns), name, intervals))
     parts.append(marker_rows(intervals))
     return pa.concat_tables(parts)
 

@@ -33,7 +33,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
+from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.bloom import IdBloom
+from deltawheel.statestore.rowtable.inputfiles import union_payloads
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, ROW_FORMAT_VERSION
 from deltawheel.statestore.writepath.image import (
     next_processing,
@@ -70,10 +72,10 @@ class ImageSpec:
     """Everything a task needs, as plain values (pickled to the workers)."""
 
     comp: Computation
-    rows_root: str  # local folder of the rows table
+    rows_root: TableFiles  # the rows table's folder
     images: Mapping[int, tuple[str, ...]]  # interval -> relative (decoded) paths of its live files
     sequencers: Mapping[int, int]
-    stream_roots: Mapping[str, str]
+    stream_roots: Mapping[str, TableFiles]
     wm: int | None
     now_ms: int
     horizon_ms: int | None
@@ -84,6 +86,7 @@ class ImageSpec:
     route_late: bool
     summary_schema: Any
     strong: bool  # checkpoint the productions in the rows (strong, or a weak batch's straggler re-run)
+    input_files: tuple[str, ...] = ()  # the batch's input files: added to each rewritten fence row's set
 
 
 def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -170,11 +173,17 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         raise RuntimeError(f"{STALE_MARK}: interval {iv} of {name} is fenced by sequencer "
                            f"{max(fence) if fence else None}, this writer holds {mine}")
     dirty = len(fence) > 1  # a takeover's claim left a second fence row: keep one
-    if dirty:
+    if dirty or spec.input_files:
+        # the kept fence row carries the union of the input-file sets (``inputfiles.py``; a claim's
+        # row has none) plus this batch's files; written only if the image is rewritten below
         fmask = pc.equal(keys, FENCE_KEY)
         fences = image.filter(fmask)
         best = pc.index(fences.column("sequencer"), mine).as_py()
-        image = pa.concat_tables([image.filter(pc.invert(fmask)), fences.slice(best, 1)]).combine_chunks()
+        kept = fences.slice(best, 1)
+        files = union_payloads(fences.column("state").to_pylist(), spec.input_files)
+        kept = kept.set_column(kept.schema.get_field_index("state"), kept.schema.field("state"),
+                               pa.array([files], kept.schema.field("state").type))
+        image = pa.concat_tables([image.filter(pc.invert(fmask)), kept]).combine_chunks()
         keys = image.column("key")
     routed: list[dict[str, Any]] = []
     if spec.route_late and recs.num_rows:
@@ -236,7 +245,8 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
         parts.append(_drop_empty(_without_pending(same) if has_pending else same))
     new_image = pa.concat_tables(parts).combine_chunks()
     # Step 4: write the files (invisible until the driver's commit).
-    if loop.written or has_pending or dirty or expired:
+    # (records of the interval in input files to record: the set moves even if all were duplicates)
+    if loop.written or has_pending or dirty or expired or (spec.input_files and inp.runs):
         rel, size = write_interval_image(new_image, spec.rows_root, name, iv)
         _remember((rel,), new_image)
         if bloom is not None:  # the new image's ids: the old image's (a superset) and the new ones
@@ -472,20 +482,24 @@ def _load(spec: ImageSpec, iv: int) -> Any:
     if hit is not None:
         _CACHE.move_to_end(paths)
         return hit
-    parts = [_read_rows_file(os.path.join(spec.rows_root, p), spec.rows_schema) for p in paths]
+    parts = [_read_rows_file(spec.rows_root, p, spec.rows_schema) for p in paths]
     table = pa.concat_tables(parts) if parts else spec.rows_schema.empty_table()
     _remember(paths, table)
     return table
 
 
-def _read_rows_file(path: str, schema: Any) -> Any:
+def _read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
     """One rows file in ``schema``; a column the file does not have (written before the migration
     that added it, e.g. ``timer_seq``) is read as nulls, as Delta reads it."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    have = set(pq.read_schema(path).names)
-    t = pq.read_table(path, columns=[n for n in schema.names if n in have])
+    if root.is_local:
+        have = set(root.read_schema(rel).names)
+        t = root.read_parquet(rel, columns=[n for n in schema.names if n in have])
+    else:  # one read of the object: its footer and the columns
+        pf = root.parquet_file(rel)
+        have = set(pf.schema_arrow.names)
+        t = pf.read(columns=[n for n in schema.names if n in have])
     for i, f in enumerate(schema):
         if f.name not in have:
             t = t.add_column(i, f.name, pa.nulls(t.num_rows, f.type))

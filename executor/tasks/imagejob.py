@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.delta.jvm import jsession
-from deltawheel.statestore.delta.txn import local_root
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.frames import arrow_schema, spark_type
 from deltawheel.statestore.rowtable.rows import rows_file_ddl
@@ -218,14 +217,15 @@ class ImageTasks:
         partitions = self.partitions
         place = self._place(ivs, partitions)
         spec = ImageSpec(
-            comp=comp, rows_root=local_root(self.layout.rows),
+            comp=comp, rows_root=self.path.rows_files,
             images=self.path.images(),
             sequencers=dict(self.path.owner.sequencers),
-            stream_roots={s: local_root(self.layout.stream(s)) for s in comp.outputs},
+            stream_roots={s: self.path.stream_files(s) for s in comp.outputs},
             wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
-            strong=comp.strong_productions if strong is None else strong)
+            strong=comp.strong_productions if strong is None else strong,
+            input_files=tuple(self.path.input_files))
         if direct is not None or prep is None:
             # one task per partition index, each with its intervals of `place`: the tasks read the
             # batch's files themselves, or there is no input (due timers only): one stage

@@ -27,7 +27,7 @@ import re
 from ..exceptions import StoreDamagedError
 from ..layout import StoreLayout
 from ..writepath.streams import list_streams
-from .log import DAMAGE_DOC, damaged_entry, local_path, read_local
+from .log import DAMAGE_DOC, damaged_entry, local_path, read_snapshot
 
 __all__ = ["check_log", "check_store"]
 
@@ -112,7 +112,7 @@ def check_store(layout: StoreLayout) -> None:
         path = layout.stream(stream)
         if check_log(path, table=f"stream {stream!r}") is None:
             continue
-        snap = read_local(path)
+        snap = read_snapshot(path)
         ahead = {app: v for app, v in (snap.txns.items() if snap else ()) if app.startswith("deltawheel.") and v > rows}
         if ahead:
             app, v = max(ahead.items(), key=lambda kv: kv[1])

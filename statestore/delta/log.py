@@ -1,9 +1,11 @@
-"""The live files of a *local* Delta table, read from its log without Spark.
+"""The live files of a Delta table, read from its log without Spark.
 
 Delta's own snapshot read (``DeltaLog.startTransaction().filterFiles``) builds
 the table state with Spark jobs: 1-1.5 s on the benchmark machine even for a
 table of a few files, paid at every executor start and on every schema check.
-For a table in a local folder the log replay is small enough to do here:
+The log replay is small enough to do here, for a table in a local folder (a
+path given as a string) or on any store Python reaches (a
+:class:`~.storefs.TableFiles`: a local folder or an ``s3a://`` prefix):
 
 - the newest *classic single-file* checkpoint (``<v>.checkpoint.parquet``),
   read with pyarrow, then
@@ -13,23 +15,24 @@ For a table in a local folder the log replay is small enough to do here:
   the last one recorded wins.
 
 Anything this reader does not fully understand returns ``None`` and the
-caller goes to Delta: a remote table, multi-part or V2 checkpoints (newer
-than the classic one), coordinated commits, absolute file paths, a gap in
-the commits. Commits only go through Delta (``deltatxn.TableLog``), whose
-conflict checks see everything committed after the version read here.
+caller goes to Delta: a remote table given as a bare URI, multi-part or V2
+checkpoints (newer than the classic one), coordinated commits, absolute file
+paths, a gap in the commits. Commits only go through Delta
+(``deltatxn.TableLog``), whose conflict checks see everything committed after
+the version read here.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..exceptions import StoreDamagedError
+from .storefs import TableFiles, local_path
 
-__all__ = ["LocalSnapshot", "read_local", "local_table_exists", "local_path", "commit_infos", "commit_info",
+__all__ = ["LogSnapshot", "read_snapshot", "log_files", "local_table_exists", "local_path", "commit_infos", "commit_info",
            "json_commit_versions", "damaged_entry", "DAMAGE_DOC",
            "newest_commit_info"]
 
@@ -49,13 +52,17 @@ def _parse(line: str, file: str) -> Any:
     except ValueError as exc:
         raise damaged_entry(file, exc) from exc
 
+# reader features under which the table's commits are the catalog's (Unity Catalog managed tables,
+# Delta 4.4; docs/versions.md): the log folder alone is not the table's state
+CATALOG_FEATURES = frozenset({"catalogManaged", "catalogOwned-preview"})
+
 _JSON = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CP = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
 _OTHER_CP = re.compile(r"^(\d{20})\.checkpoint\..+")  # multi-part or V2 (uuid-named) checkpoints
 
 
 @dataclass(frozen=True)
-class LocalSnapshot:
+class LogSnapshot:
     """A table's version, its live ``add`` actions, configuration and application versions
     (``txn`` actions: app id -> the last version recorded)."""
 
@@ -70,26 +77,26 @@ class LocalSnapshot:
     table_id: str | None = None  # the table's ``metaData.id`` (fixed when the table is created)
 
 
-def local_path(path: str) -> str | None:
-    """The folder of a local table (a plain path or a ``file:`` URI); None for a remote one."""
-    if path.startswith("file://"):
-        return path[len("file://"):]
-    if path.startswith("file:"):
-        return path[len("file:"):]
-    head = path.split("/", 1)[0]
-    return None if ":" in head else path
+def log_files(table: str | TableFiles) -> TableFiles | None:
+    """The files of ``table``'s ``_delta_log`` folder (a string: a local table only; None: remote)."""
+    if isinstance(table, TableFiles):
+        return table.sub("_delta_log")
+    root = local_path(table)
+    return None if root is None else TableFiles(root).sub("_delta_log")
 
 
-def _log_names(path: str) -> tuple[str, list[str]] | None:
+def _log_names(table: str | TableFiles) -> tuple[TableFiles, list[str]] | None:
     """(the table's ``_delta_log`` folder, its file names; none if it is missing); None if remote."""
-    root = local_path(path)
-    if root is None:
+    log = log_files(table)
+    if log is None:
         return None
-    log = os.path.join(root, "_delta_log")
-    try:
-        return log, os.listdir(log)
-    except FileNotFoundError:
-        return log, []
+    return log, log.listdir() or []
+
+
+def _read_json(log: TableFiles, version: int) -> tuple[str, list[str]] | None:
+    """(the file's name for messages, its lines) of JSON commit ``version`` (None: not there)."""
+    text = log.read_text(f"{version:020d}.json")
+    return None if text is None else (log.path(f"{version:020d}.json"), text.splitlines())
 
 
 def _commit_versions(names: list[str]) -> list[int]:
@@ -97,16 +104,16 @@ def _commit_versions(names: list[str]) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := _JSON.match(n)))
 
 
-def local_table_exists(path: str) -> bool | None:
-    """True/False for a local table folder (has its first commit or a checkpoint); None if remote."""
+def local_table_exists(path: str | TableFiles) -> bool | None:
+    """True/False for a table folder (has its first commit or a checkpoint); None if remote (a URI string)."""
     listing = _log_names(path)
     if listing is None:
         return None
     return any(_JSON.match(n) or _CLASSIC_CP.match(n) or _OTHER_CP.match(n) for n in listing[1])
 
 
-def latest_local_version(path: str) -> int | None:
-    """The newest JSON commit version of a local table; None if remote or it has no JSON commit."""
+def latest_local_version(path: str | TableFiles) -> int | None:
+    """The newest JSON commit version of a table; None if remote (a URI string) or it has no JSON commit."""
     listing = _log_names(path)
     if listing is None:
         return None
@@ -135,8 +142,8 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def read_local(path: str) -> LocalSnapshot | None:
-    """The live files of the local Delta table at ``path`` (None: not handled here, ask Delta)."""
+def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
+    """The live files of the Delta table at ``path`` (None: not handled here, ask Delta)."""
     listing = _log_names(path)
     if listing is None:
         return None
@@ -158,10 +165,9 @@ def read_local(path: str) -> LocalSnapshot | None:
     txns: dict[str, int] = {}
     added_at: dict[str, int] = {}
     bounded: set[str] = set()
+    reader_features: set[str] = set()
     if cp >= 0:
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(os.path.join(log, f"{cp:020d}.checkpoint.parquet"))
+        table = log.read_parquet(f"{cp:020d}.checkpoint.parquet")
         cols = set(table.column_names)
         if "add" in cols:
             for a in table.column("add").to_pylist():
@@ -175,63 +181,70 @@ def read_local(path: str) -> LocalSnapshot | None:
                 if m is not None:
                     config = dict(_clean(m).get("configuration") or {})
                     table_id = m.get("id")
+        if "protocol" in cols:
+            for pr in table.column("protocol").to_pylist():
+                if pr is not None:
+                    reader_features = set(pr.get("readerFeatures") or ())
         if "txn" in cols:
             for t in table.column("txn").to_pylist():
                 if t is not None:
                     txns[str(t["appId"])] = int(t["version"])
     for v in todo:
-        file = os.path.join(log, f"{v:020d}.json")
-        with open(file, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                act = _parse(line, file)
-                if "add" in act:
-                    a = act["add"]
-                    files[(a["path"], _dv_id(a.get("deletionVector")))] = a
-                    added_at[a["path"]] = v
-                    bounded.discard(a["path"])
-                elif "remove" in act:
-                    r = act["remove"]
-                    files.pop((r["path"], _dv_id(r.get("deletionVector"))), None)
-                elif "metaData" in act:
-                    config = dict(act["metaData"].get("configuration") or {})
-                    table_id = act["metaData"].get("id")
-                elif "txn" in act:
-                    txns[str(act["txn"]["appId"])] = int(act["txn"]["version"])
+        got = _read_json(log, v)
+        if got is None:
+            return None  # cleaned up meanwhile: ask Delta
+        file, lines = got
+        for line in lines:
+            if not line.strip():
+                continue
+            act = _parse(line, file)
+            if "add" in act:
+                a = act["add"]
+                files[(a["path"], _dv_id(a.get("deletionVector")))] = a
+                added_at[a["path"]] = v
+                bounded.discard(a["path"])
+            elif "remove" in act:
+                r = act["remove"]
+                files.pop((r["path"], _dv_id(r.get("deletionVector"))), None)
+            elif "metaData" in act:
+                config = dict(act["metaData"].get("configuration") or {})
+                table_id = act["metaData"].get("id")
+            elif "txn" in act:
+                txns[str(act["txn"]["appId"])] = int(act["txn"]["version"])
+            elif "protocol" in act:
+                reader_features = set(act["protocol"].get("readerFeatures") or ())
     if any(k.startswith("delta.coordinatedCommits") for k in config):
         return None
+    if reader_features & CATALOG_FEATURES:
+        return None  # the catalog owns the table's commits: its newest version may not be in this folder
     if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in files.values()):
         return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
     version = todo[-1] if todo else cp
-    return LocalSnapshot(version, tuple(files.values()), config, txns, added_at, frozenset(bounded), table_id)
+    return LogSnapshot(version, tuple(files.values()), config, txns, added_at, frozenset(bounded), table_id)
 
 
-def json_commit_versions(path: str) -> list[int] | None:
-    """The versions of the JSON commits still in the local table's log, ascending; None if remote."""
+def json_commit_versions(path: str | TableFiles) -> list[int] | None:
+    """The versions of the JSON commits still in the table's log, ascending; None if remote."""
     listing = _log_names(path)
     return None if listing is None else _commit_versions(listing[1])
 
 
-def commit_info(path: str, version: int) -> dict[str, Any] | None:
-    """The ``commitInfo`` of JSON commit ``version`` of the local table at ``path`` (None: the
+def commit_info(path: str | TableFiles, version: int) -> dict[str, Any] | None:
+    """The ``commitInfo`` of JSON commit ``version`` of the table at ``path`` (None: the
     commit has none, its JSON is gone, or the table is remote)."""
-    root = local_path(path)
-    if root is None:
+    log = log_files(path)
+    got = None if log is None else _read_json(log, version)
+    if got is None:
         return None
-    file = os.path.join(root, "_delta_log", f"{version:020d}.json")
-    try:
-        with open(file, encoding="utf-8") as fh:
-            for line in fh:
-                if '"commitInfo"' in line:
-                    return dict(_parse(line, file)["commitInfo"])
-    except FileNotFoundError:
-        return None
+    file, lines = got
+    for line in lines:
+        if '"commitInfo"' in line:
+            return dict(_parse(line, file)["commitInfo"])
     return None
 
 
-def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:
-    """(version, ``commitInfo``) of each JSON commit of the local table at ``path`` after version
+def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:
+    """(version, ``commitInfo``) of each JSON commit of the table at ``path`` after version
     ``after``, oldest first (a commit without one is left out); None for a remote table."""
     listing = _log_names(path)
     if listing is None:
@@ -241,17 +254,20 @@ def commit_infos(path: str, *, after: int) -> list[tuple[int, dict[str, Any]]] |
     for v in _commit_versions(names):
         if v <= after:
             continue
-        file = os.path.join(log, f"{v:020d}.json")
-        with open(file, encoding="utf-8") as fh:
-            for line in fh:
-                if '"commitInfo"' in line:
-                    out.append((v, _parse(line, file)["commitInfo"]))
-                    break
+        got = _read_json(log, v)
+        if got is None:
+            continue
+        file, lines = got
+        for line in lines:
+            if '"commitInfo"' in line:
+                out.append((v, _parse(line, file)["commitInfo"]))
+                break
     return out
 
 
-def newest_commit_info(path: str, match: Callable[[dict[str, Any]], bool]) -> tuple[int, dict[str, Any]] | None:
-    """(version, ``commitInfo``) of the newest JSON commit of the local table at ``path`` whose
+def newest_commit_info(path: str | TableFiles,
+                       match: Callable[[dict[str, Any]], bool]) -> tuple[int, dict[str, Any]] | None:
+    """(version, ``commitInfo``) of the newest JSON commit of the table at ``path`` whose
     commit info ``match`` accepts, read newest first (stops at the first match); None when there
     is none among the JSON commits left in the log. Raises ``ValueError`` for a remote table."""
     listing = _log_names(path)
@@ -259,15 +275,14 @@ def newest_commit_info(path: str, match: Callable[[dict[str, Any]], bool]) -> tu
         raise ValueError(f"{path} is not a local table")
     log, names = listing
     for v in reversed(_commit_versions(names)):
-        file = os.path.join(log, f"{v:020d}.json")
-        try:
-            with open(file, encoding="utf-8") as fh:
-                for line in fh:
-                    if '"commitInfo"' in line:
-                        info = _parse(line, file)["commitInfo"]
-                        if match(info):
-                            return v, info
-                        break
-        except FileNotFoundError:  # cleaned up meanwhile: older commits are gone as well
+        got = _read_json(log, v)
+        if got is None:  # cleaned up meanwhile: older commits are gone as well
             return None
+        file, lines = got
+        for line in lines:
+            if '"commitInfo"' in line:
+                info = _parse(line, file)["commitInfo"]
+                if match(info):
+                    return v, info
+                break
     return None

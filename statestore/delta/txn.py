@@ -22,9 +22,10 @@ past the one given is skipped. (The executor records the stream as read and
 checks for a takeover once the snapshot is taken: ``writepath.image.ImagePath._deliver_strong``.)
 
 Commits go through the JVM side of Delta (py4j): the log format, checkpoints
-and conflict rules stay Delta's. Only the read of a local table's live files
-may be done in Python (``deltalog.py``), to skip a Spark job per read. Files are plain Parquet
-written with pyarrow, readable by any Delta reader.
+and conflict rules stay Delta's. Only the read of a table's live files may be
+done in Python (``log.py``, for the stores Python reaches: ``storefs.py``), to
+skip a Spark job per read. Files are plain Parquet written with pyarrow
+(:func:`write_file`, whole before a commit names them), readable by any Delta reader.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from urllib.parse import quote, unquote
 from ..exceptions import StaleFilesError
 from .jvm import jsession
 from .jvm import jvm as jvm_of
-from .log import local_path, read_local
+from .log import LogSnapshot, read_snapshot
+from .storefs import TableFiles, table_files
 
-__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", "local_root", "is_local", "decode_path",
+__all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", "decode_path",
            "write_file", "partition_file_name"]
 
 
@@ -59,16 +61,6 @@ class FileEntry:
     def part(self, name: str) -> str | None:
         """The file's value of partition column ``name`` (None: not partitioned by it)."""
         return dict(self.partition_values).get(name)
-
-
-def is_local(table_path: str) -> bool:
-    """True for a plain path or a ``file:`` URI (the image path writes files with pyarrow there)."""
-    return local_path(table_path) is not None
-
-
-def local_root(table_path: str) -> str:
-    """The table's folder as a local path (``file:`` URIs stripped)."""
-    return local_path(table_path) or table_path
 
 
 # what java.net.URI leaves unquoted in a path (besides letters, digits and ``_.-~``)
@@ -117,6 +109,7 @@ class TableLog:
         self._jvm = jvm
         self._js = jsession(spark)
         self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._js, path)
+        self._files = table_files(spark, path)  # the log read in Python (None: only through Delta)
         self._cc = jvm.scala.jdk.javaapi.CollectionConverters
         utils = jvm.org.apache.spark.util.Utils
         self._action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
@@ -174,10 +167,10 @@ class TableLog:
         """(snapshot version, live files matching a partition predicate) — a full snapshot read.
 
         With ``where`` (the same predicate over a file's partition values) a local table's log is
-        replayed in Python (:func:`deltalog.read_local`, no Spark job); otherwise, or when that
+        replayed in Python (:func:`log.read_snapshot`, no Spark job); otherwise, or when that
         reader declines the table, Delta reads its snapshot with ``predicate_sql``."""
         if where is not None:
-            snap = read_local(self.path)
+            snap = self._snapshot()
             if snap is not None:
                 entries = []
                 for a in snap.adds:
@@ -196,6 +189,10 @@ class TableLog:
             out.append(FileEntry(str(a.path()), tuple(sorted((str(k), str(v)) for k, v in pv.items())),
                                  int(a.size()), a.deletionVector() is not None, str(a.json())))
         return int(txn.snapshot().version()), out
+
+    def _snapshot(self) -> LogSnapshot | None:
+        """The table's live files read from its log in Python (None: ask Delta)."""
+        return None if self._files is None else read_snapshot(self._files)
 
     def _touched(self, txn: Any, version: int, partitions: Iterable[Mapping[str, str]]) -> int | None:
         """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata."""
@@ -222,8 +219,8 @@ class TableLog:
 
     def table_id(self) -> str:
         """The table's Delta id (``metaData.id``, fixed when the table was created): from the
-        replayed log of a local table, else from Delta's snapshot."""
-        snap = read_local(self.path)
+        replayed log, else from Delta's snapshot."""
+        snap = self._snapshot()
         if snap is not None and snap.table_id:
             return snap.table_id
         return str(self._log.startTransaction().metadata().id())
@@ -235,11 +232,11 @@ class TableLog:
     def txn_versions(self, app_ids: Iterable[str]) -> dict[str, int]:
         """The version last recorded for each of ``app_ids`` (-1 if none), from one read.
 
-        A local table's log is replayed in Python; otherwise Delta reads them from the snapshot's
+        The log is replayed in Python where it can be; otherwise Delta reads them from the snapshot's
         state (a state reconstruction: Spark jobs, once per snapshot). Not read inside the
         commit's transaction: callers must not rely on Delta to detect a concurrent commit of the
         same app id."""
-        snap = read_local(self.path)
+        snap = self._snapshot()
         if snap is not None and "delta.setTransactionRetentionDuration" not in snap.configuration:
             return {a: snap.txns.get(a, -1) for a in app_ids}
         txn = self._log.startTransaction()
@@ -302,20 +299,13 @@ def partition_file_name(computation: str, interval: int, tag: str) -> str:
     return f"computation={computation}/interval={interval}/part-{uuid.uuid4().hex}-{tag}.snappy.parquet"
 
 
-def write_file(table: Any, root: str, rel: str) -> int:
-    """Write ``table`` as Parquet to ``root/rel`` (a local folder); returns the file's size. The file
-    is invisible to readers until a commit adds it."""
-    import os
-
-    import pyarrow.parquet as pq
-
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+def write_file(table: Any, root: TableFiles, rel: str) -> int:
+    """Write ``table`` as Parquet to ``rel`` below the table folder ``root``; returns the file's
+    size. The file is complete when this returns and invisible to readers until a commit adds it."""
     # dictionary pages only for the low-cardinality columns: on unique strings (keys, record ids)
     # pyarrow builds a dictionary and then falls back, a third of the write time for nothing
     names = set(table.schema.names)
-    pq.write_table(table, path, compression="snappy", use_dictionary=[c for c in _DICT_COLUMNS if c in names])
-    return os.path.getsize(path)
+    return root.write_parquet(table, rel, compression="snappy", use_dictionary=[c for c in _DICT_COLUMNS if c in names])
 
 
 _DICT_COLUMNS = ("codec", "commit_id", "stream", "producer", "computation")

@@ -35,6 +35,7 @@ import re
 from typing import Iterable, Mapping
 
 from ..exceptions import CommitConflictError, StaleSequencerError
+from .inputfiles import union_sql
 
 __all__ = ["STALE_MARKER", "merge_sql", "translate_commit_error"]
 
@@ -60,7 +61,11 @@ def merge_sql(table_path: str, source_view: str, *, computation: str, intervals:
     ivs = ",".join(str(int(i)) for i in sorted(set(intervals)))
     comp = computation.replace("'", "''")
     path = table_path.replace("`", "``")
-    sets = ", ".join(f"t.`{c}` = s.`{c}`" for c in _COLUMNS)
+    # a fence row's state is its interval's set of committed input files (inputfiles.py): merged,
+    # so a commit adds its batch's files and a fence commit (no set) keeps them
+    fence_state = (f"CASE WHEN s.key = concat(char(0), 'fence') THEN {union_sql('t.state', 's.state')} "
+                   "ELSE s.state END")
+    sets = ", ".join(f"t.`{c}` = {fence_state}" if c == "state" else f"t.`{c}` = s.`{c}`" for c in _COLUMNS)
     cols = ", ".join(f"`{c}`" for c in _COLUMNS)
     vals = ", ".join(f"s.`{c}`" for c in _COLUMNS)
     return (

@@ -39,10 +39,9 @@ from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
 from ..delta.jvm import jframe, jsession
+from ..delta.storefs import TableFiles, table_files
 from ..delta.txn import (
     TableLog,
-    is_local,
-    local_root,
     new_add,
     partition_file_name,
     write_file,
@@ -55,6 +54,7 @@ from ..exceptions import (
     StateTooLargeError,
 )
 from ..layout import StoreLayout, validate_name
+from . import inputfiles
 from .fencing import merge_sql, translate_commit_error
 from .frames import local_frame
 from .rows import (
@@ -177,6 +177,19 @@ class RowStore:
         return {int(r["interval"]): int(r["s"]) for r in
                 df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
 
+    def input_files(self, computation: str) -> dict[int, frozenset[str]]:
+        """interval -> the input files committed for it (the union of its fence rows' sets,
+        ``inputfiles.py``); intervals without any are absent."""
+        from pyspark.sql import functions as F
+
+        df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY)
+                                 & F.col("state").isNotNull()).select("interval", "state")
+        out: dict[int, frozenset[str]] = {}
+        for r in df.collect():
+            iv = int(r["interval"])
+            out[iv] = out.get(iv, frozenset()) | inputfiles.decode(r["state"])
+        return out
+
     def check_fences(self, computation: str, sequencers: Mapping[int, int]) -> None:
         """Raise :class:`StaleSequencerError` if a fence row carries a greater sequencer than ours."""
         raise_if_fenced(computation, self.fences(computation), sequencers)
@@ -202,15 +215,16 @@ class RowStore:
         then runs unopposed and brings every fence row of the interval to the
         new sequencer.
 
-        ``claim_only`` (local stores): stop after the claim and check that no fence carries a
+        ``claim_only`` (stores whose files Python writes: local, ``s3a://``): stop after the claim and check that no fence carries a
         greater sequencer. Enough for writers that take the maximum fence row of an interval
         and rewrite its whole partition (the image write path drops the older fence row on
         its first write); the MERGE fence costs seconds. ``check=False`` leaves that check to
         the caller (the image path makes it from the images it reads anyway).
         """
         validate_name("computation", computation)
-        if sequencers and is_local(self.layout.rows):
-            self._claim(computation, sequencers)
+        files = table_files(self._spark, self.layout.rows) if sequencers else None
+        if sequencers and files is not None:
+            self._claim(computation, sequencers, files)
             if claim_only:
                 if check:
                     self.check_fences(computation, sequencers)
@@ -218,7 +232,7 @@ class RowStore:
         return self.commit(computation, [], sequencers=sequencers, kind="fence",
                            conflict_retries=max(self.conflict_retries, self.fence_retries))
 
-    def _claim(self, computation: str, sequencers: Mapping[int, int]) -> None:
+    def _claim(self, computation: str, sequencers: Mapping[int, int], files: TableFiles) -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import DataType
@@ -230,7 +244,7 @@ class RowStore:
         for iv, seq in sorted(sequencers.items()):
             row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
             rel = partition_file_name(computation, iv, "claim")
-            size = write_file(pa.Table.from_pylist([row], schema=schema), local_root(self.layout.rows), rel)
+            size = write_file(pa.Table.from_pylist([row], schema=schema), files, rel)
             adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, size, 1))
         meta = json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "claim", "writer": self.writer,
                            "computation": computation, "commit_id": commit_id,
@@ -304,7 +318,7 @@ class RowStore:
     def commit_frame(self, computation: str, frame: Any, *, sequencers: Mapping[int, int],
                      intervals: Sequence[int], commit_id: str,
                      lease_check: Callable[[], None] | None = None,
-                     meta: Mapping[str, Any] | None = None) -> CommitResult:
+                     meta: Mapping[str, Any] | None = None, input_files: Sequence[str] = ()) -> CommitResult:
         """Like :meth:`commit`, but the new row images are a Spark DataFrame.
 
         ``frame`` has the rows table's columns plus ``_op`` ('upsert' / 'delete');
@@ -312,12 +326,14 @@ class RowStore:
         materialized (it is read once per attempt). The fence rows of
         ``intervals`` are added here, carrying ``sequencers``. ``meta``: more entries for the
         commit's metadata (the executor records the watermark the batch acted on).
+        ``input_files``: the batch's input files, added to each fence row's set (``inputfiles.py``).
         """
         validate_name("computation", computation)
         for iv in intervals:
             self._require_sequencer(sequencers, iv, FENCE_KEY)
         now = self.clock.now_ms()
-        fences = [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
+        files = inputfiles.encode(input_files) if input_files else None
+        fences = [KeyRow(computation, FENCE_KEY, iv, state=files, sequencer=sequencers[iv], commit_id=commit_id,
                          updated_ms=now).to_row() | {"_op": "upsert"} for iv in intervals]
         return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
                                    commit_id=commit_id, kind="commit", lease_check=lease_check,

@@ -15,7 +15,7 @@ Dead letters and late records go to their tables through :mod:`.delivery` on eve
 (insert if absent: idempotent, whatever the path).
 
 Two implementations: :class:`~.image.ImagePath` (each task turns an interval's current file
-into a new one; the driver commits all of them in one Delta transaction; local stores) and
+into a new one; the driver commits all of them in one Delta transaction; local and ``s3a://`` stores) and
 :class:`~.merge.MergePath` (a fenced MERGE per batch; any store). A new path implements the
 five methods below and passes ``tests/test_writepath_contract.py``.
 
@@ -60,6 +60,12 @@ class WritePath(ABC, Generic[BatchT]):
     #: runs (the executor settles them before the next commit); False: step 6 returns once
     #: the productions are in their streams
     deliver_in_background: bool = False
+
+    #: the input files of the batch being run (set by the executor before step 3 when instances
+    #: share the computation's intervals): the commit adds them, in the same transaction, to the
+    #: set of committed input files in the fence row of each interval it writes
+    #: (``rowtable/inputfiles.py``); empty: the sets are left as they are
+    input_files: Sequence[str] = ()
 
     @abstractmethod
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:

@@ -21,14 +21,15 @@ image path keeps the single-row-per-key table and its partitioning by
   (version = the rows commit), so a repeated delivery is skipped by Delta
   itself.
 
-Local (or ``file:``) stores only: the files are written with pyarrow.
+Stores whose files Python reaches (local folders, ``file:`` and ``s3a://`` URIs,
+``statestore/delta/storefs.py``): the files are read and written with pyarrow;
+commits stay Delta's, through the JVM.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 import time
 import uuid
@@ -36,12 +37,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..delta.log import commit_info, commit_infos, json_commit_versions
+from ..delta.storefs import TableFiles, table_files
 from ..delta.txn import (
     FileEntry,
     StaleFilesError,
     TableLog,
     decode_path,
-    local_root,
     new_add,
     partition_file_name,
     write_file,
@@ -68,7 +69,7 @@ _DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, re
 COMMIT_META_VERSION = 1
 
 
-def write_interval_image(image: Any, rows_root: str, computation: str, interval: int) -> tuple[str, int]:
+def write_interval_image(image: Any, rows_root: TableFiles, computation: str, interval: int) -> tuple[str, int]:
     """Write an interval's new image (a pyarrow table of the rows file schema) as a Parquet file in
     its partition folder of the rows table; invisible until :meth:`ImagePath.commit` adds it.
     Runs in the tasks. Returns the file's path relative to the table and its size."""
@@ -77,7 +78,7 @@ def write_interval_image(image: Any, rows_root: str, computation: str, interval:
 
 
 def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
-                           roots: Mapping[str, str], schema: Any, format_version: int) -> list[dict[str, Any]]:
+                           roots: Mapping[str, TableFiles], schema: Any, format_version: int) -> list[dict[str, Any]]:
     """One stream-table Parquet file per stream of ``prods`` (not yet in the stream's log): what a
     strong delivery appends. Runs in the tasks (and in recovery). Returns per file its stream,
     path, size, rows and earliest timestamp."""
@@ -186,7 +187,7 @@ class ImagePath(WritePath[BatchOutput]):
 
     Args:
         spark: the session.
-        layout: the store (local).
+        layout: the store (one whose files Python reaches: :func:`~..delta.storefs.supports`).
         owner: holds the intervals (leases, sequencers, the rows store).
         name: the computation.
         outputs: the computation's output streams.
@@ -200,6 +201,8 @@ class ImagePath(WritePath[BatchOutput]):
                  retention_ms: int | None) -> None:
         self.spark = spark
         self.layout = layout
+        self._rows_files: TableFiles | None = None
+        self._stream_files: dict[str, TableFiles] = {}
         self.owner = owner
         self.name = name
         self.outputs = tuple(outputs)
@@ -218,6 +221,24 @@ class ImagePath(WritePath[BatchOutput]):
         if self._log is None:
             self._log = TableLog(self.spark, self.layout.rows)
         return self._log
+
+    @property
+    def rows_files(self) -> TableFiles:
+        """The rows table's files (what the tasks read and write)."""
+        if self._rows_files is None:
+            files = table_files(self.spark, self.layout.rows)
+            assert files is not None  # the executor picks this path only where storefs.supports the store
+            self._rows_files = files
+        return self._rows_files
+
+    def stream_files(self, stream: str) -> TableFiles:
+        """The files of ``stream``'s table (where the tasks write production files)."""
+        files = self._stream_files.get(stream)
+        if files is None:
+            got = table_files(self.spark, self.layout.stream(stream))
+            assert got is not None  # the same store as the rows table
+            files = self._stream_files[stream] = got
+        return files
 
     def _pred(self, ivs: Sequence[int]) -> str:
         return f"computation = '{self.name}' AND interval IN ({', '.join(str(i) for i in ivs)})"
@@ -292,15 +313,14 @@ class ImagePath(WritePath[BatchOutput]):
         sequencer than this writer's (an even newer owner took the interval)."""
         import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
-        root = local_root(self.layout.rows)
+        root = self.rows_files
         cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending",
                 "commit_id", "record_ids"]
         out = Recovery({}, {}, [], [])
         checkpoints: list[Checkpoint] = []
         for iv, files in sorted(self.files.items()):
-            parts = [pq.read_table(os.path.join(root, decode_path(f.path)), columns=cols) for f in files]
+            parts = [root.read_parquet(decode_path(f.path), columns=cols) for f in files]
             if not parts:
                 out.oldest[iv] = out.next_processing[iv] = None
                 continue
@@ -360,12 +380,12 @@ class ImagePath(WritePath[BatchOutput]):
         the checkpoints of earlier ones)."""
         if c.version is None or c.commit_id is None:
             return False
-        present = set(json_commit_versions(self.layout.rows) or ())
+        present = set(json_commit_versions(self.rows_files) or ())
         for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
             if v not in present:
                 return False  # the log was cleaned up past it: cannot tell
             try:
-                meta = json.loads((commit_info(self.layout.rows, v) or {}).get("userMetadata") or "{}")
+                meta = json.loads((commit_info(self.rows_files, v) or {}).get("userMetadata") or "{}")
             except ValueError:
                 continue
             if isinstance(meta, dict) and meta.get("commit_id") == c.commit_id:
@@ -386,7 +406,7 @@ class ImagePath(WritePath[BatchOutput]):
             assert c.version is not None
             files = write_production_files(
                 c.prods, producer=self.name, commit_id=c.commit_id, iv=c.interval,
-                roots={c.stream: local_root(self.layout.stream(c.stream))},
+                roots={c.stream: self.stream_files(c.stream)},
                 schema=arrow_schema(stream_schema_ddl()), format_version=STREAM_FORMAT_VERSION)
             adds = [new_add(p["path"], {}, p["size"], p["num_rows"]) for p in files]
             self._deliver_strong(c.stream, self._stream_log(c.stream), {self._app(c.interval): adds}, c.version)
@@ -424,7 +444,7 @@ class ImagePath(WritePath[BatchOutput]):
         for iv in ivs:
             part = data.filter(pa.compute.equal(data.column("interval"), iv)).select(schema.names).cast(schema)
             rel = partition_file_name(name, iv, "dw")
-            size = write_file(part, local_root(self.layout.rows), rel)
+            size = write_file(part, self.rows_files, rel)
             add = new_add(rel, {"computation": name, "interval": str(iv)}, size, part.num_rows)
             adds.append(add)
             new[iv] = [FileEntry(rel, (("computation", name), ("interval", str(iv))), size, False, add)]
@@ -550,7 +570,7 @@ class ImagePath(WritePath[BatchOutput]):
         """Raise StaleSequencerError if the rows table holds a claim or fence of this computation
         with a newer sequencer on an owned interval, committed after ``version``."""
         mine = self.owner.sequencers
-        for _v, info in commit_infos(self.layout.rows, after=version) or ():
+        for _v, info in commit_infos(self.rows_files, after=version) or ():
             try:
                 meta = json.loads(info.get("userMetadata") or "{}")
             except ValueError:

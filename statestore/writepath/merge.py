@@ -102,7 +102,7 @@ class MergePath(WritePath[MergeBatch]):
             rows = rows.withColumn("pending", F.col("new_prods"))
         self.owner.store.commit_frame(self.name, rows.select(*ROW_COLUMNS), sequencers=self.owner.sequencers,
                                       intervals=self.owner.intervals, commit_id=commit_id,
-                                      lease_check=self.owner.check, meta=meta)
+                                      lease_check=self.owner.check, meta=meta, input_files=self.input_files)
         if self.track_oldest:
             for r in (batch.changed.select("interval", "key", "next_event_timer_ms", "watermark_hold_ms", "_op")
                       .toArrow().to_pylist()):

@@ -18,6 +18,7 @@ from typing import Any
 from ..delta.jvm import jcontext, jvm
 from ..delta.log import local_path, local_table_exists
 from ..delta.sqltext import sql_path
+from ..delta.storefs import table_files
 from ..exceptions import ConfigError
 from ..layout import StoreLayout, validate_name
 
@@ -80,7 +81,9 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     """
     check_stream_name(name)
     path = layout.stream(name)
-    if local_table_exists(path):  # a local table with its first commit (no Spark statement needed)
+    # a table with its first commit, seen from Python where it can (a local folder, s3a://): no Spark
+    # statement needed (CREATE TABLE IF NOT EXISTS loads the table's snapshot, seconds on s3a://)
+    if local_table_exists(table_files(spark, path) or path):
         return path
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({stream_schema_ddl()}) USING DELTA "

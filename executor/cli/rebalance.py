@@ -1,0 +1,102 @@
+"""``deltawheel rebalance``: who holds a computation's intervals, who should, and operator moves.
+
+Instances that share a pipeline's intervals (``PipelineRunner(instance=...)``) split them by
+their live members (``statestore/zk/members.py``); this command prints the current owners
+against that target, and writes or clears a move request that overrides it. Instances apply a
+request between batches, while every instance it names is live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.leases import list_leases
+from deltawheel.statestore.zk.members import clear_move, live_members, read_move, request_move, target
+
+from .common import add_zk_args, zk_config_from
+
+__all__ = ["register", "parse_assign"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``rebalance``."""
+    p = subparsers.add_parser("rebalance", help="show interval owners vs the target; request a move of intervals")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--computation", help="only this computation (required with --assign / --clear)")
+    p.add_argument("--assign", action="append", default=[], metavar="INSTANCE=I,J-K",
+                   help="the intervals an instance should hold (repeat per instance); writes a move request")
+    p.add_argument("--clear", action="store_true", help="delete the move request: back to the members' split")
+    p.add_argument("--plan", action="store_true", help="print what would change, write nothing")
+    add_zk_args(p)
+    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    p.set_defaults(func=_rebalance)
+
+
+def parse_assign(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """``["a=0,1", "b=2-4"]`` -> ``{"a": (0, 1), "b": (2, 3, 4)}``.
+
+    >>> parse_assign(["a=0,1", "b=2-4"])
+    {'a': (0, 1), 'b': (2, 3, 4)}
+
+    Raises:
+        ConfigError: an item that is not ``INSTANCE=I[,J-K...]``, or an interval named twice.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    seen: set[int] = set()
+    for item in items:
+        name, sep, spec = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            ivs: list[int] = []
+            for part in filter(None, spec.split(",")):
+                lo, _, hi = part.partition("-")
+                ivs += range(int(lo), int(hi or lo) + 1)
+        except ValueError:
+            raise ConfigError(f"--assign {item!r}: write INSTANCE=I,J-K (e.g. a=0,1 b=2-3)") from None
+        if seen & set(ivs):
+            raise ConfigError(f"--assign: intervals {sorted(seen & set(ivs))} are given to two instances")
+        seen |= set(ivs)
+        out[name] = out.get(name, ()) + tuple(ivs)
+    return out
+
+
+def _rebalance(args: argparse.Namespace) -> int:
+    if (args.assign or args.clear) and not args.computation:
+        raise ConfigError("--assign and --clear need --computation (a move request is per computation)")
+    assignment = parse_assign(args.assign)
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+    client = connect(zk_config_from(args), timeout_s=args.zk_timeout)
+    try:
+        live = live_members(client, args.pipeline)
+        print(f"live instances of {args.pipeline}: {', '.join(live) or '(none)'}")
+        rows = [r for r in list_leases(client, pipeline=args.pipeline)
+                if args.computation is None or r["computation"] == args.computation]
+        comps = sorted({r["computation"] for r in rows} | ({args.computation} if args.computation else set()))
+        for comp in comps:
+            mine = [r for r in rows if r["computation"] == comp]
+            n = max((r["interval"] for r in mine), default=-1) + 1
+            want = {iv: m for m, ivs in target(client, args.pipeline, comp, n).items() for iv in ivs}
+            move = read_move(client, args.pipeline, comp)
+            print(f"{comp}: {n} intervals" + (f"; move request {move}" if move else "; no move request"))
+            for r in mine:
+                held = "(free)" if r["owner"] is None else r["owner"]
+                print(f"  interval {r['interval']:>5}: held by {held:<28} target {want.get(r['interval'], '-')}")
+            if assignment and comp == args.computation:
+                if args.plan:
+                    print(f"plan: would request {assignment} (instances apply it between batches)")
+                else:
+                    request_move(client, args.pipeline, comp, assignment)
+                    print(f"requested {assignment}; instances apply it between batches while all named are live")
+            elif args.clear and comp == args.computation:
+                if args.plan:
+                    print("plan: would delete the move request (back to the members' split)")
+                else:
+                    print("move request deleted" if clear_move(client, args.pipeline, comp) else "no move request")
+    finally:
+        client.stop()
+        client.close()
+    return 0

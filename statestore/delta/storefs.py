@@ -1,0 +1,288 @@
+"""A store's files as Python reaches them: a pyarrow file system plus a root.
+
+The fast path reads and writes table files without the JVM: the Delta log
+replay (``log.py``), the image path's Parquet images and production files
+(``writepath/image.py`` and its tasks), and the direct read of a Parquet
+injector's files (``executor/tasks/direct.py``). :class:`TableFiles` is what
+they go through:
+
+- a plain path or a ``file:`` URI: the local folder, read and written with
+  ``os`` and pyarrow's local files exactly as before (the local fast path
+  keeps its speed);
+- an ``s3a://bucket/key`` URI: pyarrow's ``S3FileSystem``, configured from
+  the same Hadoop settings Spark's s3a connector uses (``fs.s3a.endpoint``,
+  the access and secret key, path-style access, SSL, region; per-bucket
+  ``fs.s3a.bucket.<bucket>.*`` first), read from the session's Hadoop
+  configuration by :func:`table_files` (as Delta reads it) -- one source of
+  truth for the endpoint, whoever configured it
+  (``statestore/objectstore/s3a.py`` writes those settings).
+
+Any other scheme (``abfss://``, ``gs://``, ``hdfs://``, ...) is not supported
+here: :func:`files_for` returns None and callers go through Delta and Spark
+(the MERGE write path).
+
+A file is written whole before anything names it: S3's PUT (and a multipart
+upload's completion) is atomic per object, and :meth:`TableFiles.write_parquet`
+returns only once the object is complete, so a Delta commit made afterwards
+never names a partial file.
+
+Values are plain and picklable (the Spark tasks get them); the pyarrow file
+system is built on first use in each process and kept per settings.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+__all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "supports", "local_path", "FAST_PATH_SCHEMES"]
+
+FAST_PATH_SCHEMES = ("file", "s3a")  # plus plain local paths
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """How to reach an S3-compatible server, as Hadoop's s3a connector is configured."""
+
+    endpoint: str | None = None  # host[:port] (None: AWS for ``region``)
+    scheme: str = "https"  # "http" when SSL is off or the endpoint says http://
+    access_key: str | None = None  # None: pyarrow's default credential chain (environment, profile)
+    secret_key: str | None = None
+    path_style: bool = False  # bucket in the path, not in the host name (S3Proxy, MinIO)
+    region: str | None = None
+
+    @classmethod
+    def from_hadoop(cls, get: Callable[[str], str | None], bucket: str) -> S3Settings:
+        """The settings s3a uses for ``bucket``: ``fs.s3a.bucket.<bucket>.<key>`` first, then
+        ``fs.s3a.<key>`` (``get`` reads one Hadoop configuration key, None when unset).
+
+        >>> conf = {"fs.s3a.endpoint": "http://127.0.0.1:9000", "fs.s3a.path.style.access": "true",
+        ...         "fs.s3a.bucket.b.access.key": "k", "fs.s3a.secret.key": "s"}
+        >>> s = S3Settings.from_hadoop(conf.get, "b")
+        >>> (s.endpoint, s.scheme, s.access_key, s.secret_key, s.path_style)
+        ('127.0.0.1:9000', 'http', 'k', 's', True)
+        """
+        def conf(key: str) -> str | None:
+            value = get(f"fs.s3a.bucket.{bucket}.{key}")
+            if value is None or value == "":
+                value = get(f"fs.s3a.{key}")
+            return None if value is None or value.strip() == "" else value.strip()
+
+        ssl = (conf("connection.ssl.enabled") or "true").lower() != "false"
+        endpoint = conf("endpoint")
+        scheme = "https" if ssl else "http"
+        if endpoint is not None and "://" in endpoint:
+            parts = urlsplit(endpoint)
+            scheme, endpoint = parts.scheme or scheme, parts.netloc or None
+        return cls(endpoint=endpoint, scheme=scheme, access_key=conf("access.key"), secret_key=conf("secret.key"),
+                   path_style=(conf("path.style.access") or "false").lower() == "true",
+                   region=conf("endpoint.region") or conf("region"))
+
+
+def local_path(path: str) -> str | None:
+    """The folder of a local table (a plain path or a ``file:`` URI); None for a remote one."""
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    if path.startswith("file:"):
+        return path[len("file:"):]
+    head = path.split("/", 1)[0]
+    return None if ":" in head else path
+
+
+_FILESYSTEMS: dict[S3Settings, Any] = {}
+_FS_LOCK = threading.Lock()
+
+
+def _s3(settings: S3Settings) -> Any:
+    """pyarrow's S3 file system for ``settings`` (one per process and settings)."""
+    fs = _FILESYSTEMS.get(settings)
+    if fs is None:
+        from pyarrow import fs as pafs
+
+        # The AWS SDK's "flexible checksums" (on by default since early 2025) send headers that
+        # S3-compatible servers without them refuse: S3Proxy answers an upload with
+        # XAmzContentSHA256Mismatch and a read with 501 NotImplemented (x-amz-checksum-mode).
+        # "when_required" is the SDK's documented opt-out (AWS S3 itself works either way);
+        # a value the user set is kept.
+        for var in ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"):
+            os.environ.setdefault(var, "when_required")
+        with _FS_LOCK:
+            fs = _FILESYSTEMS.get(settings)
+            if fs is None:
+                fs = _FILESYSTEMS[settings] = pafs.S3FileSystem(
+                    access_key=settings.access_key, secret_key=settings.secret_key,
+                    endpoint_override=settings.endpoint, scheme=settings.scheme,
+                    region=settings.region or "us-east-1",
+                    force_virtual_addressing=not settings.path_style and settings.endpoint is not None,
+                    connect_timeout=10, request_timeout=60)
+    return fs
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    """A folder of a store (a table's root, an injector's folder) and how to reach its files.
+
+    ``root``: the local folder, or ``bucket/key`` on S3 (``s3`` set)."""
+
+    root: str
+    s3: S3Settings | None = None
+
+    @property
+    def is_local(self) -> bool:
+        """True for a local folder."""
+        return self.s3 is None
+
+    @property
+    def fs(self) -> Any:
+        """The pyarrow file system (local or S3)."""
+        if self.s3 is None:
+            from pyarrow import fs as pafs
+
+            return pafs.LocalFileSystem()
+        return _s3(self.s3)
+
+    def path(self, rel: str = "") -> str:
+        """``rel`` below the root, as the file system names it."""
+        if not rel:
+            return self.root
+        return os.path.join(self.root, rel) if self.s3 is None else f"{self.root.rstrip('/')}/{rel.lstrip('/')}"
+
+    def sub(self, rel: str) -> TableFiles:
+        """The folder ``rel`` below this one."""
+        return TableFiles(self.path(rel), self.s3)
+
+    def listdir(self, rel: str = "") -> list[str] | None:
+        """The names in folder ``rel`` (None: it does not exist)."""
+        if self.s3 is None:
+            try:
+                return os.listdir(self.path(rel))
+            except FileNotFoundError:
+                return None
+        files = self.list_files(rel)
+        return None if files is None else [name for name, _size, _mtime in files]
+
+    def list_files(self, rel: str = "") -> list[tuple[str, int, int]] | None:
+        """(name, size, mtime in ns) of the files (not folders) in folder ``rel``; None: no such folder."""
+        from pyarrow import fs as pafs
+
+        selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=False)
+        infos = self.fs.get_file_info(selector)
+        if not infos and self.fs.get_file_info(self.path(rel)).type == pafs.FileType.NotFound:
+            return None
+        return [(i.base_name, int(i.size or 0), int(i.mtime_ns or 0)) for i in infos
+                if i.type == pafs.FileType.File]
+
+    def read_text(self, rel: str) -> str | None:
+        """A text file's content (None: no such file)."""
+        if self.s3 is None:
+            try:
+                with open(self.path(rel), encoding="utf-8") as fh:
+                    return fh.read()
+            except FileNotFoundError:
+                return None
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as fh:
+                return bytes(fh.read()).decode("utf-8")
+        except FileNotFoundError:
+            return None
+
+    def _source(self, rel: str) -> Any:
+        """What pyarrow's Parquet reader takes for ``rel``: the local path, or the S3 object read
+        whole into memory (one GET; a reader seeking in the object makes one request per seek)."""
+        if self.s3 is None:
+            return self.path(rel)
+        import pyarrow as pa
+
+        with self.fs.open_input_stream(self.path(rel)) as fh:
+            return pa.BufferReader(fh.read())
+
+    def read_parquet(self, rel: str, columns: list[str] | None = None) -> Any:
+        """A Parquet file (``columns`` only, if given) as a pyarrow table."""
+        import pyarrow.parquet as pq
+
+        if self.s3 is None:
+            return pq.read_table(self.path(rel), columns=columns)
+        return pq.ParquetFile(self._source(rel)).read(columns=columns)
+
+    def parquet_file(self, rel: str) -> Any:
+        """A ``pyarrow.parquet.ParquetFile`` of ``rel`` (schema and data of one read)."""
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self._source(rel))
+
+    def read_schema(self, rel: str) -> Any:
+        """A Parquet file's Arrow schema (its footer only)."""
+        import pyarrow.parquet as pq
+
+        if self.s3 is None:
+            return pq.read_schema(self.path(rel))
+        with self.fs.open_input_file(self.path(rel)) as fh:
+            return pq.read_schema(fh)
+
+    def size(self, rel: str = "") -> int:
+        """A file's size in bytes (``FileNotFoundError`` if missing)."""
+        if self.s3 is None:
+            return os.path.getsize(self.path(rel))
+        from pyarrow import fs as pafs
+
+        info = self.fs.get_file_info(self.path(rel))
+        if info.type != pafs.FileType.File:
+            raise FileNotFoundError(self.path(rel))
+        return int(info.size or 0)
+
+    def write_parquet(self, table: Any, rel: str, **options: Any) -> int:
+        """Write ``table`` as Parquet to ``rel`` (folders made as needed); returns the file's size.
+        On S3 the object is complete (the PUT acknowledged) when this returns."""
+        import pyarrow.parquet as pq
+
+        if self.s3 is None:
+            path = self.path(rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            pq.write_table(table, path, **options)
+            return os.path.getsize(path)
+        import pyarrow as pa
+
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **options)
+        data = sink.getvalue()
+        with self.fs.open_output_stream(self.path(rel)) as out:  # closing waits for the upload
+            out.write(data)
+        return int(data.size)
+
+
+def supports(uri: str) -> bool:
+    """True when the fast path reaches ``uri``'s files from Python (local, ``file:``, ``s3a://``)."""
+    return local_path(uri) is not None or uri.startswith("s3a://")
+
+
+def files_for(uri: str, s3: S3Settings | None = None) -> TableFiles | None:
+    """:class:`TableFiles` of ``uri`` (a local path, ``file:`` or ``s3a://`` URI; ``s3``: the
+    settings for an ``s3a://`` one, default: unset ones); None for another scheme."""
+    local = local_path(uri)
+    if local is not None:
+        return TableFiles(local)
+    if uri.startswith("s3a://"):
+        parts = urlsplit(uri)
+        return TableFiles(f"{parts.netloc}{parts.path}".rstrip("/"), s3 or S3Settings())
+    return None
+
+
+def table_files(spark: Any, uri: str) -> TableFiles | None:
+    """:func:`files_for` with the S3 settings of ``spark``'s Hadoop configuration (what Spark's
+    s3a connector and Delta use for that bucket: the context's Hadoop configuration with the
+    session's ``spark.hadoop.*`` settings over it); None for an unsupported scheme."""
+    if not uri.startswith("s3a://"):
+        return files_for(uri)
+    from .jvm import jsession
+
+    conf = jsession(spark).sessionState().newHadoopConf()
+    bucket = urlsplit(uri).netloc
+
+    def get(key: str) -> str | None:
+        value = conf.get(key)
+        return None if value is None else str(value)
+
+    return files_for(uri, S3Settings.from_hadoop(get, bucket))

@@ -1,0 +1,86 @@
+"""Per interval, the input files whose records were committed: kept in the fence row's ``state``.
+
+Several job instances may share a computation's intervals, each reading the whole input with
+its own streaming query. When an interval moves, the new owner's input position is not the
+position the interval's rows were committed at. The position is recorded exactly, at file
+granularity (Spark's file source never splits a file across micro-batches): the fence row of
+each interval (``FENCE_KEY``; its ``state`` column is otherwise unused) holds the names of the
+input files processed for the interval, and every commit that writes the interval adds the
+batch's files in the same Delta transaction as its rows. Payload (JSON, UTF-8)::
+
+    {"format_version": 1, "input_files": ["part-0001.parquet", ...]}   # sorted, distinct
+
+Both write paths merge rather than overwrite: the MERGE path's clause for a fence row unions
+the stored set with the source row's (:func:`union_sql`; a fence commit carries none, so a
+takeover keeps the set), the image path's tasks union every fence row of the image
+(:func:`union_payloads`; a takeover's claim adds a second fence row without a set). Readers
+union the fence rows of an interval (:meth:`RowStore.input_files`).
+
+Growth: one name per input file per interval, never pruned (docs/rescaling.md states the
+bound and how to reset it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+from ..exceptions import CodecError
+
+__all__ = ["INPUT_FILES_FORMAT_VERSION", "encode", "decode", "union_payloads", "union_sql"]
+
+INPUT_FILES_FORMAT_VERSION = 1
+_STRUCT = "struct<format_version:int,input_files:array<string>>"
+
+
+def encode(files: Iterable[str]) -> bytes:
+    """The fence row payload for ``files``.
+
+    >>> encode(["b", "a", "b"])
+    b'{"format_version":1,"input_files":["a","b"]}'
+    >>> sorted(decode(encode(["b", "a"])))
+    ['a', 'b']
+    """
+    return json.dumps({"format_version": INPUT_FILES_FORMAT_VERSION, "input_files": sorted(set(files))},
+                      separators=(",", ":")).encode()
+
+
+def decode(payload: bytes | None) -> frozenset[str]:
+    """The files of a fence row payload (None or empty: none).
+
+    Raises:
+        CodecError: not a payload of this format (or written by a newer deltawheel).
+    """
+    if not payload:
+        return frozenset()
+    try:
+        raw = json.loads(bytes(payload).decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CodecError(f"a fence row's input-file set is not JSON ({exc}); the rows table was written by "
+                         "something else than deltawheel, or is damaged (docs/store-damage.md)") from exc
+    if not isinstance(raw, dict) or raw.get("format_version") != INPUT_FILES_FORMAT_VERSION:
+        raise CodecError(f"a fence row's input-file set has format_version "
+                         f"{raw.get('format_version') if isinstance(raw, dict) else None!r}, this deltawheel "
+                         f"reads {INPUT_FILES_FORMAT_VERSION}: upgrade deltawheel")
+    return frozenset(str(f) for f in raw.get("input_files") or ())
+
+
+def union_payloads(payloads: Iterable[bytes | None], added: Iterable[str] = ()) -> bytes | None:
+    """One payload holding every file of ``payloads`` and ``added`` (None: no file at all)."""
+    files: set[str] = set(added)
+    for p in payloads:
+        files |= decode(p)
+    return encode(files) if files else None
+
+
+def union_sql(target: str, source: str) -> str:
+    """A Spark SQL expression: the payload holding the files of the payload columns ``target`` and
+    ``source`` (null when both are null)."""
+    def files(col: str) -> str:
+        return (f"coalesce(from_json(CAST({col} AS STRING), '{_STRUCT}').input_files, "
+                "CAST(array() AS ARRAY<STRING>))")
+
+    both = f"array_sort(array_distinct(concat({files(target)}, {files(source)})))"
+    return (f"CASE WHEN {target} IS NULL AND {source} IS NULL THEN CAST(NULL AS BINARY) ELSE "
+            f"CAST(to_json(named_struct('format_version', {INPUT_FILES_FORMAT_VERSION}, 'input_files', {both})) "
+            "AS BINARY) END")

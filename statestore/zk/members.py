@@ -1,0 +1,153 @@
+"""The live job instances of a pipeline, the intervals each should hold, and operator moves.
+
+Connection states: a member znode is EPHEMERAL, so an instance whose ZooKeeper session is LOST
+(expired) leaves the membership together with its leases; the others see it gone at their next
+look and take its intervals. While SUSPENDED nothing here is trusted more than the leases are:
+an instance only acts on the target through :class:`LeaseManager` (acquire / release), which
+refuses while the session is in doubt.
+
+Layout below the client's chroot (beside the leases, ``leases.py``)::
+
+    /pipelines/{p}/members/{instance}         EPHEMERAL, {"format_version": 1, "instance": ..., "joined_ms": ...}
+    /pipelines/{p}/moves/{computation}        PERSISTENT, a move request (:func:`request_move`)
+
+The target assignment is a pure function of the sorted live members and the number of
+intervals (:func:`assign`); a move request, when every instance it names is live, overrides it
+for its computation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Mapping, Sequence
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from ..exceptions import CodecError, ConfigError
+from ..layout import validate_name
+
+__all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "request_move", "read_move",
+           "clear_move", "target"]
+
+MEMBER_FORMAT_VERSION = 1
+
+
+def _members(pipeline: str) -> str:
+    return f"/pipelines/{pipeline}/members"
+
+
+def _move(pipeline: str, computation: str) -> str:
+    return f"/pipelines/{pipeline}/moves/{computation}"
+
+
+def assign(members: Sequence[str], num_intervals: int) -> dict[str, tuple[int, ...]]:
+    """Contiguous blocks of intervals, in member-name order; sizes differ by at most one.
+
+    >>> assign(["b", "a", "c"], 8)
+    {'a': (0, 1, 2), 'b': (3, 4, 5), 'c': (6, 7)}
+    >>> assign([], 4)
+    {}
+    """
+    names = sorted(set(members))
+    out: dict[str, list[int]] = {m: [] for m in names}
+    for iv in range(num_intervals if names else 0):
+        out[names[iv * len(names) // num_intervals]].append(iv)
+    return {m: tuple(ivs) for m, ivs in out.items()}
+
+
+def live_members(client: KazooClient, pipeline: str) -> list[str]:
+    """The instances with a member znode (a live ZooKeeper session), sorted."""
+    try:
+        return sorted(client.get_children(_members(pipeline)))
+    except NoNodeError:
+        return []
+
+
+def request_move(client: KazooClient, pipeline: str, computation: str,
+                 assignment: Mapping[str, Sequence[int]]) -> None:
+    """Write (or replace) the operator's assignment of ``computation``'s intervals to instances;
+    the instances apply it between batches while all it names are live."""
+    payload = json.dumps({"format_version": MEMBER_FORMAT_VERSION,
+                          "assign": {m: sorted(set(ivs)) for m, ivs in sorted(assignment.items())}}).encode()
+    path = _move(pipeline, computation)
+    try:
+        client.create(path, payload, makepath=True)
+    except NodeExistsError:
+        client.set(path, payload)
+
+
+def read_move(client: KazooClient, pipeline: str, computation: str) -> dict[str, tuple[int, ...]] | None:
+    """The move request for ``computation`` (None: none).
+
+    Raises:
+        CodecError: the znode holds something else (or a newer format).
+    """
+    try:
+        data, _ = client.get(_move(pipeline, computation))
+    except NoNodeError:
+        return None
+    try:
+        raw = json.loads(data.decode())
+        if raw.get("format_version") != MEMBER_FORMAT_VERSION:
+            raise ValueError(f"format_version {raw.get('format_version')!r}")
+        return {str(m): tuple(int(i) for i in ivs) for m, ivs in raw["assign"].items()}
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise CodecError(f"the move request {_move(pipeline, computation)} is unreadable ({exc}); replace it "
+                         "with `deltawheel rebalance` or delete it") from exc
+
+
+def clear_move(client: KazooClient, pipeline: str, computation: str) -> bool:
+    """Delete the move request (back to the automatic assignment); returns whether there was one."""
+    try:
+        client.delete(_move(pipeline, computation))
+        return True
+    except NoNodeError:
+        return False
+
+
+def target(client: KazooClient, pipeline: str, computation: str, num_intervals: int) -> dict[str, tuple[int, ...]]:
+    """Who should hold which interval now: the move request if every instance it names is live and
+    it names each interval at most once, else :func:`assign` over the live members."""
+    live = live_members(client, pipeline)
+    move = read_move(client, pipeline, computation)
+    if move is not None and set(move) <= set(live):
+        named = [iv for ivs in move.values() for iv in ivs]
+        if len(named) == len(set(named)) and all(0 <= iv < num_intervals for iv in named):
+            return {m: move.get(m, ()) for m in live}
+    return assign(live, num_intervals)
+
+
+class Membership:
+    """This instance's member znode (:meth:`join` / :meth:`leave`).
+
+    Raises (join):
+        ConfigError: a live instance already has this name.
+    """
+
+    def __init__(self, client: KazooClient, *, pipeline: str, instance: str, acls: Any = None) -> None:
+        validate_name("instance", instance)
+        self.client, self.pipeline, self.instance, self.acls = client, pipeline, instance, acls
+
+    @property
+    def path(self) -> str:
+        """This instance's member znode."""
+        return f"{_members(self.pipeline)}/{self.instance}"
+
+    def join(self) -> None:
+        """Create the member znode (EPHEMERAL: it ends with this ZooKeeper session)."""
+        payload = json.dumps({"format_version": MEMBER_FORMAT_VERSION, "instance": self.instance,
+                              "joined_ms": int(time.time() * 1000)}).encode()
+        try:
+            self.client.create(self.path, payload, ephemeral=True, makepath=True, acl=self.acls)
+        except NodeExistsError as exc:
+            raise ConfigError(f"instance {self.instance!r} of pipeline {self.pipeline!r} is already running "
+                              "(its member znode exists); give this one another instance name") from exc
+
+    def leave(self) -> None:
+        """Delete the member znode (a graceful leave; gone already: nothing to do)."""
+        try:
+            self.client.delete(self.path)
+        except NoNodeError:
+            pass

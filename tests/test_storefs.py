@@ -1,0 +1,68 @@
+"""The fast path's file-system seam (statestore/delta/storefs.py) on a local folder and on the real
+object store: the same calls, the same answers."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+from deltawheel.statestore.delta.log import commit_info, json_commit_versions, read_snapshot
+from deltawheel.statestore.delta.storefs import S3Settings, TableFiles, files_for, table_files
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(params=["local", pytest.param("s3a", marks=pytest.mark.objectstore)])
+def folder(request, spark, tmp_path) -> TableFiles:  # type: ignore[no-untyped-def]
+    if request.param == "local":
+        return TableFiles(str(tmp_path / "t"))
+    files = table_files(spark, f"s3a://{request.getfixturevalue('s3_bucket')}/{uuid.uuid4().hex}/t")
+    assert files is not None and not files.is_local and files.s3 is not None and files.s3.endpoint
+    return files
+
+
+def test_files_written_are_read_listed_and_sized_alike(folder: TableFiles) -> None:
+    table = pa.table({"key": ["a", "b", "c"], "n": pa.array([1, 2, 3], pa.int64())})
+    size = folder.write_parquet(table, "computation=c/interval=0/part-0.parquet")
+    assert size > 0 and folder.size("computation=c/interval=0/part-0.parquet") == size
+    assert folder.read_parquet("computation=c/interval=0/part-0.parquet").equals(table)
+    assert folder.read_parquet("computation=c/interval=0/part-0.parquet", columns=["n"]).column_names == ["n"]
+    assert folder.read_schema("computation=c/interval=0/part-0.parquet") == table.schema
+    assert folder.parquet_file("computation=c/interval=0/part-0.parquet").read().equals(table)
+    sub = folder.sub("computation=c/interval=0")
+    assert sub.listdir() == ["part-0.parquet"]
+    assert [(n, s) for n, s, _mtime in sub.list_files() or ()] == [("part-0.parquet", size)]
+    assert folder.listdir("missing") is None and folder.read_text("missing.json") is None
+    with pytest.raises(FileNotFoundError):
+        folder.size("missing.parquet")
+
+
+def test_a_delta_log_is_replayed_from_either_store(spark, folder: TableFiles) -> None:  # type: ignore[no-untyped-def]
+    """The log written by Delta (through the JVM) is read back in Python: versions, live files,
+    commit infos."""
+    uri = folder.root if folder.is_local else f"s3a://{folder.root}"
+    spark.range(3).selectExpr("id", "cast(id AS STRING) AS s").write.format("delta").save(uri)
+    spark.range(3, 5).selectExpr("id", "cast(id AS STRING) AS s").write.format("delta").mode("append").save(uri)
+    snap = read_snapshot(folder)
+    assert snap is not None and snap.version == 1 and len(snap.adds) >= 2
+    assert json_commit_versions(folder) == [0, 1]
+    info = commit_info(folder, 1)
+    assert info is not None and info["operation"] == "WRITE"
+    live = {a["path"] for a in snap.adds}
+    assert all(folder.size(p) > 0 for p in live)
+
+
+def test_only_local_and_s3a_stores_are_reached() -> None:
+    assert files_for("abfss://c@acct.dfs.core.windows.net/store") is None
+    assert files_for("s3://bucket/store") is None
+    s3 = files_for("s3a://bucket/store/rows/", S3Settings(endpoint="127.0.0.1:9000", scheme="http"))
+    assert s3 is not None and s3.root == "bucket/store/rows" and s3.path("_delta_log") == "bucket/store/rows/_delta_log"
+    assert files_for("file:///data/store") == TableFiles("/data/store")
+    # per-bucket settings win over the general ones, as in s3a
+    conf = {"fs.s3a.endpoint": "https://s3.example.com", "fs.s3a.bucket.b.endpoint": "http://127.0.0.1:9",
+            "fs.s3a.bucket.b.path.style.access": "true", "fs.s3a.access.key": "general"}
+    b = S3Settings.from_hadoop(conf.get, "b")
+    other = S3Settings.from_hadoop(conf.get, "other")
+    assert (b.endpoint, b.scheme, b.path_style, b.access_key) == ("127.0.0.1:9", "http", True, "general")
+    assert (other.endpoint, other.scheme, other.path_style) == ("s3.example.com", "https", False)

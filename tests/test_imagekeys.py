@@ -22,6 +22,7 @@ from deltawheel.executor.computation import Computation, ErrorPolicy, make_recor
 from deltawheel.executor.tasks.image import SUMMARY_DDL, ImageSpec, _run
 from deltawheel.executor.tasks.imagejob import PREP_DDL
 from deltawheel.executor.tasks.keyrun import run_key
+from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, KeyRow, TimeDomain, rows_file_ddl
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
@@ -191,8 +192,8 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
         wm = None if b < 2 else b * 300 - 400
         now = 1_000 + b
         horizon = now - 2 if b >= 2 else None  # ids seen in the last three batches are kept
-        spec = ImageSpec(comp=comp, rows_root=root, images=dict(images), sequencers={iv: SEQ for iv in range(N_IV)},
-                         stream_roots={"out": os.path.join(root, "out")}, wm=wm, now_ms=now, horizon_ms=horizon,
+        spec = ImageSpec(comp=comp, rows_root=TableFiles(root), images=dict(images), sequencers={iv: SEQ for iv in range(N_IV)},
+                         stream_roots={"out": TableFiles(os.path.join(root, "out"))}, wm=wm, now_ms=now, horizon_ms=horizon,
                          commit_id=f"c{b}", rows_schema=rows_schema, stream_schema=_arrow(stream_schema_ddl()),
                          stream_format_version=1, route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True)
         values = not getattr(comp, "no_values", False)

@@ -124,6 +124,7 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
     from urllib.parse import quote
 
     import pyarrow as pa
+    from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.delta.txn import TableLog, new_add, partition_file_name, write_file
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import ROW_FORMAT_VERSION, rows_file_ddl, rows_schema_ddl
@@ -136,7 +137,7 @@ def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quot
                                "pending": [], "sequencer": 0, "format_version": ROW_FORMAT_VERSION, "timer_seq": 0}],
                               schema=arrow_schema(rows_file_ddl()))
     rel = partition_file_name("c", 1, "dw")
-    add = json.loads(new_add(rel, {"computation": "c", "interval": "1"}, write_file(t, rows, rel), 1))
+    add = json.loads(new_add(rel, {"computation": "c", "interval": "1"}, write_file(t, TableFiles(rows), rel), 1))
     if old_quoting:
         add["add"]["path"] = quote(rel)
     TableLog(spark, rows).commit(add=[json.dumps(add)])

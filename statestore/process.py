@@ -166,7 +166,7 @@ class DetachedProcess:
                 pass
             except PermissionError as exc:
                 raise self._error(f"not allowed to signal {self.name} process {pid}: {exc}") from exc
-            if self._wait_gone(pid, wait_s):
+            if self._wait_gone(pid, wait_s) and _wait_group_gone(pid, wait_s):
                 return
         raise self._error(f"{self.name} process {pid} survived SIGKILL; kill it by hand")
 
@@ -185,6 +185,29 @@ class DetachedProcess:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``."""
+    out = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.info["pid"]) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(int(proc.info["pid"]))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until no process of group ``pgid`` is left: a launcher script's child (e.g. the JVM that
+    ``spark-class`` starts) can outlive the group leader for a moment after the signal."""
+    deadline = time.monotonic() + timeout_s
+    while _group_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _zombie(pid: int) -> bool:

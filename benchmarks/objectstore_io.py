@@ -15,7 +15,7 @@ Median of ``--repeat`` runs per operation, after one unmeasured run. Needs a ses
 reaches the bucket: ``$DELTAWHEEL_S3_ENDPOINT`` and its keys (``deltawheel objectstore status``
 prints them). Prints a table and saves JSON::
 
-    python -m deltawheel.benchmarks.objectstore_io --uri s3a://bucket/io --out /tmp/objectstore_io.json
+    python -m deltawheel.benchmarks.objectstore_io --uri s3a://bucket/io --out bench-out/objectstore_io.json
 """
 
 from __future__ import annotations

@@ -54,10 +54,6 @@ def default_jars_dir() -> Path:
     return Path.home() / ".cache" / "deltawheel" / "jars"
 
 
-def _jar_name(artifact: str, version: str) -> str:
-    return f"{artifact}-{version}.jar"
-
-
 def _download(url: str, dest: Path) -> None:
     with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310 (fixed https URL)
         data = resp.read()
@@ -83,7 +79,7 @@ def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path, *, coords
 
 
 def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, classifier: str | None = None,
-                    sha1: str | None = None, quiet: bool = False) -> Path:
+                    sha1: str | None = None, quiet: bool = False, hint: str = "") -> Path:
     """The jar ``group:artifact:version[:classifier]`` in ``dest_dir``, fetched once from Maven Central
     (falling back to ``mvn dependency:copy``) and checked against ``sha1`` when given.
 
@@ -107,7 +103,7 @@ def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, 
         except Exception as second:  # noqa: BLE001
             raise JarFetchError(
                 f"could not fetch {name}: download from {url} failed ({first}); mvn dependency:copy failed "
-                f"({second}). Put the jar into {dest_dir} by hand."
+                f"({second}). Put the jar into {dest_dir} by hand{hint}."
             ) from second
     if sha1 is not None:
         got = hashlib.sha1(dest.read_bytes()).hexdigest()  # noqa: S324 (Maven's checksum format)
@@ -125,27 +121,9 @@ def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> l
         JarFetchError: neither Maven Central nor ``mvn`` could provide a jar.
     """
     jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
-    jars_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for group, artifact, version in DELTA_JARS:
-        dest = jars_dir / _jar_name(artifact, version)
-        if not dest.exists():
-            url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{dest.name}"
-            if not quiet:
-                print(f"deltawheel: fetching {dest.name} from Maven Central", file=sys.stderr)
-            try:
-                _download(url, dest)
-            except Exception as first:  # noqa: BLE001 - fall back to mvn, report both
-                try:
-                    _mvn_copy(group, artifact, version, jars_dir)
-                except Exception as second:  # noqa: BLE001
-                    raise JarFetchError(
-                        f"could not fetch {dest.name}: download from {url} failed ({first}); "
-                        f"mvn dependency:copy failed ({second}). Put the jar into {jars_dir} by hand "
-                        "or set DELTAWHEEL_JARS_DIR to a folder that has it."
-                    ) from second
-        paths.append(dest)
-    return paths
+    return [fetch_maven_jar(group, artifact, version, jars_dir, quiet=quiet,
+                            hint=" or set DELTAWHEEL_JARS_DIR to a folder that has it")
+            for group, artifact, version in DELTA_JARS]
 
 
 LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"

@@ -42,6 +42,32 @@ def version(spark, layout) -> int:  # type: ignore[no-untyped-def]
     return commit_metadata(spark, layout)[-1][0]
 
 
+def test_fences_are_the_tables_greatest_fence_rows(spark, any_migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """What a start checks ZooKeeper's grants against: per interval the greatest sequencer among
+    the computation's fence rows, as a SQL query over the rows table shows them, through claims
+    (two fence rows in an interval), other computations' fences, and MERGE commits (deletion
+    vectors)."""
+    store = RowStore(spark, any_migrated_store, writer="w1")
+
+    def in_table(computation: str) -> dict[int, int]:
+        got = spark.sql(f"SELECT interval, max(sequencer) AS s FROM delta.`{any_migrated_store.rows}` "
+                        f"WHERE computation = '{computation}' AND key = '{FENCE_KEY}' GROUP BY interval").collect()
+        return {int(r["interval"]): int(r["s"]) for r in got}
+
+    assert store.fences("counter") == {}
+    store.fence("counter", {iv: 3 for iv in range(N)}, claim_only=True)
+    store.fence("other", {0: 9}, claim_only=True)
+    assert store.fences("counter") == in_table("counter") == {iv: 3 for iv in range(N)}
+    store.fence("counter", {0: 5, 1: 6}, claim_only=True)  # a takeover's claim beside the older fence row
+    assert store.fences("counter") == in_table("counter") == {0: 5, 1: 6, 2: 3, 3: 3}
+    assert store.fences("other") == {0: 9}
+    seqs = {0: 5, 1: 6, 2: 3, 3: 3}
+    store.fence("counter", seqs)  # the MERGE fence: every fence row of an interval moved
+    store.commit("counter", [row(f"k{i}", {"n": i}) for i in range(8)], sequencers=seqs, num_intervals=N)
+    store.commit("counter", [row(f"k{i}", {"n": -i}) for i in range(4)], sequencers=seqs, num_intervals=N)
+    assert store.fences("counter") == in_table("counter") == seqs
+
+
 def test_commit_roundtrip_and_fence_rows_hidden(spark, any_migrated_store) -> None:  # type: ignore[no-untyped-def]
     store = RowStore(spark, any_migrated_store, writer="w1")
     keys = [f"k{i}" for i in range(12)]

@@ -39,9 +39,11 @@ from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
 from ..delta.jvm import jframe, jsession
+from ..delta.log import read_snapshot
 from ..delta.storefs import TableFiles, table_files
 from ..delta.txn import (
     TableLog,
+    decode_path,
     new_add,
     partition_file_name,
     write_file,
@@ -131,6 +133,8 @@ class RowStore:
         self.stats = StoreStats()
         self._lock = threading.Lock()
         self._schema = None
+        self._row_files: TableFiles | None = None  # the rows table's files, if reachable from Python
+        self._row_files_known = False
 
     def table_id(self) -> str:
         """The rows table's Delta table id: the store's identity (fixed when it was created)."""
@@ -169,13 +173,53 @@ class RowStore:
         return rows if include_fences else [r for r in rows if not r.is_fence]
 
     def fences(self, computation: str) -> dict[int, int]:
-        """interval -> sequencer of the fence rows of a computation."""
+        """interval -> sequencer of the fence rows of a computation.
+
+        Where the store's files are reachable from Python (a local folder, ``s3a://``) the log is
+        replayed and the fence rows read from the computation's files with pyarrow (no Spark job:
+        every start asks this once); a file with a deletion vector (rows deleted by a MERGE) sends
+        the question to Spark, which applies it."""
+        quick = self._fences_from_files(computation)
+        if quick is not None:
+            return quick
         from pyspark.sql import functions as F
 
         df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY))
         # a claim (see fence()) can leave two fence rows in an interval until its next rewrite
         return {int(r["interval"]): int(r["s"]) for r in
                 df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
+
+    def _fences_from_files(self, computation: str) -> dict[int, int] | None:
+        """:meth:`fences` read in Python, or None where only Spark can answer exactly."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        if not self._row_files_known:
+            self._row_files, self._row_files_known = table_files(self._spark, self.layout.rows), True
+        files = self._row_files
+        if files is None:
+            return None
+        snap = read_snapshot(files)
+        if snap is None:
+            return None
+        out: dict[int, int] = {}
+        for add in snap.adds:
+            pv = add.get("partitionValues") or {}
+            if pv.get("computation") != computation:
+                continue
+            if add.get("deletionVector"):
+                return None
+            rel = decode_path(str(add["path"]))
+            if files.is_local:  # the key column's statistics skip row groups without a fence row
+                table = pq.read_table(files.path(rel), columns=["sequencer"], filters=[("key", "=", FENCE_KEY)])
+            else:
+                table = files.read_parquet(rel, columns=["key", "sequencer"])
+                table = table.filter(pc.equal(table["key"], FENCE_KEY))
+            if table.num_rows:
+                iv = int(pv["interval"])
+                top = pc.max(table["sequencer"]).as_py()
+                out[iv] = max(out.get(iv, top), top)
+        return out
 
     def input_files(self, computation: str) -> dict[int, frozenset[str]]:
         """interval -> the input files committed for it (the union of its fence rows' sets,

@@ -91,6 +91,10 @@ _EXPORTS: dict[str, str] = {
     "RowStore": "deltawheel.statestore.rowtable.store",
     "WatermarkAuthority": "deltawheel.statestore.zk.watermarks",
     "EmbeddedZooKeeper": "deltawheel.statestore.zk.server",
+    # beyond one machine: for local trials and tests (the CLI's `objectstore` and `cluster`)
+    "ZooKeeperEnsemble": "deltawheel.statestore.zk.ensemble",
+    "S3ProxyServer": "deltawheel.statestore.objectstore.server",
+    "LocalCluster": "deltawheel.executor.runtime.cluster",
     # errors: one root, retryable kept apart from fatal
     "DeltaWheelError": "deltawheel.statestore.exceptions",
     "RetryableError": "deltawheel.statestore.exceptions",
@@ -100,7 +104,9 @@ _EXPORTS.update({name: "deltawheel.statestore.exceptions" for name in (
     "LeaseError", "LeaseHeldError", "LeaseLostError", "LeaseSuspendedError", "NotOwnerError",
     "StaleSequencerError", "CommitConflictError", "CodecError", "BadRecordError", "StateTooLargeError",
     "NotAStoreError", "StoreMismatchError", "StoreDamagedError", "CoordinatorStateLostError",
-    "SchemaTooNewError", "MigrationError", "ConfigError", "ZooKeeperServerError", "JarFetchError")})
+    "SchemaTooNewError", "MigrationError", "ConfigError", "ZooKeeperServerError", "JarFetchError",
+    "ObjectStoreError", "ObjectStoreUnreachableError", "BucketMissingError", "ObjectStoreAuthError",
+    "ObjectStoreServerError")})
 _EXPORTS.update({name: "deltawheel.executor.exceptions" for name in (
     "UserCodeError", "BatchFailedError", "WindowingError")})
 
@@ -140,6 +146,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.executor.runtime.batch import (  # noqa: F401
         BatchReport,
         ComputationExecutor,
+    )
+    from deltawheel.executor.runtime.cluster import (  # noqa: F401
+        LocalCluster,
     )
     from deltawheel.executor.runtime.pipeline import (  # noqa: F401
         Pipeline,
@@ -209,6 +218,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.statestore.exceptions import (  # noqa: F401
         BadRecordError,
+        BucketMissingError,
         CodecError,
         CommitConflictError,
         ConfigError,
@@ -223,6 +233,10 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         MigrationError,
         NotAStoreError,
         NotOwnerError,
+        ObjectStoreAuthError,
+        ObjectStoreError,
+        ObjectStoreServerError,
+        ObjectStoreUnreachableError,
         RetryableError,
         SchemaTooNewError,
         StaleSequencerError,
@@ -234,6 +248,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.layout import (  # noqa: F401
         StoreLayout,
     )
+    from deltawheel.statestore.objectstore.server import (  # noqa: F401
+        S3ProxyServer,
+    )
     from deltawheel.statestore.rowtable.rows import (  # noqa: F401
         TimeDomain,
     )
@@ -242,6 +259,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.statestore.zk.client import (  # noqa: F401
         connect,
+    )
+    from deltawheel.statestore.zk.ensemble import (  # noqa: F401
+        ZooKeeperEnsemble,
     )
     from deltawheel.statestore.zk.leases import (  # noqa: F401
         LeaseManager,

@@ -1,5 +1,8 @@
 """Helpers for testing your own computations and pipelines.
 
+* Your computation, without Spark: :class:`ComputationTester` feeds records, moves the
+  watermark and the processing clock, and shows state, timers and output (in memory, or in a
+  Delta store with ``spark=``), through the per-key runner the executor's tasks use.
 * Scenarios (the windowing harness): script a keyed stream with watermark and
   processing-time steps, run a windowed computation through the real per-key runner, and
   compare its panes: :func:`run_scenario`, :func:`load_scenario`, :func:`assert_panes_equal`,
@@ -26,6 +29,7 @@ Example (fixed 10 s windows, the default trigger, a sum per window)::
 from __future__ import annotations
 
 from deltawheel.executor.computation import make_record
+from deltawheel.executor.testkit import ComputationTester, Output
 from deltawheel.executor.windowing.harness import (
     Backend,
     DeltaBackend,
@@ -41,10 +45,12 @@ from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
 __all__ = [
     "Backend",
+    "ComputationTester",
     "DeltaBackend",
     "EmbeddedZooKeeper",
     "ManualClock",
     "MemoryBackend",
+    "Output",
     "Scenario",
     "assert_panes_equal",
     "load_scenario",

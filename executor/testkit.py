@@ -1,0 +1,304 @@
+"""Test a computation without Spark: feed records, move time, look at state, timers and output.
+
+:class:`ComputationTester` drives a :class:`~deltawheel.executor.computation.Computation`
+through the same per-key runner the executor's Spark tasks use
+(:func:`~deltawheel.executor.tasks.keyrun.run_key`: dedup by record id, records in event-time
+order, due timers in time order, the late policy, the error policy), one key at a time, as a
+batch of one record would run. In the spirit of Spark's ``TwsTester`` and Beam's ``TestStream``:
+
+* :meth:`~ComputationTester.add` runs a record now (its key from the computation's key
+  extractor for the stream, or given);
+* :meth:`~ComputationTester.advance_watermark` / :meth:`~ComputationTester.advance_processing_time`
+  move the input low watermark / the processing clock and run every key with a due timer;
+  :meth:`~ComputationTester.finish` moves the watermark to the end of time (bounded input);
+* :meth:`~ComputationTester.state`, :meth:`~ComputationTester.timers`,
+  :meth:`~ComputationTester.output`, :attr:`~ComputationTester.dead_letters`,
+  :attr:`~ComputationTester.late_data` show what the computation holds and produced.
+
+Rows live in memory, or with ``spark=`` in a Delta store (a fresh one in a temporary folder, or
+``store=``), committed by fenced transactions after every call, exactly as an executor batch
+commits: the same test then shows the computation's rows survive the store's codec and schema.
+
+Lateness: a record is late when its event time is behind the watermark the tester last acted
+on (the one :meth:`advance_watermark` fired timers under), as in the executor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from typing import Any, Iterable, NamedTuple
+
+from deltawheel.statestore.rowtable.rows import KeyRow, Timer, interval_of
+from deltawheel.statestore.zk.watermarks import END_OF_TIME
+
+from .computation import Computation, LatePolicy, Record, extract_key
+from .exceptions import WindowingError
+from .tasks.keyrun import codec_of, run_key
+
+__all__ = ["ComputationTester", "Output"]
+
+
+class Output(NamedTuple):
+    """One production of the computation, its value decoded with the computation's codec."""
+
+    stream: str
+    key: str
+    value: Any
+    timestamp_ms: int
+    production_id: str
+
+
+class _MemoryRows:
+    def __init__(self) -> None:
+        self.rows: dict[str, KeyRow] = {}
+
+    def load(self, key: str) -> KeyRow | None:
+        return self.rows.get(key)
+
+    def save(self, key: str, row: KeyRow | None) -> None:
+        if row is None:
+            self.rows.pop(key, None)
+        else:
+            self.rows[key] = row
+
+    def keys(self) -> list[str]:
+        return sorted(self.rows)
+
+    def commit(self) -> None:
+        pass
+
+
+class _DeltaRows:
+    """The computation's rows in a Delta store: read once, every call's changes committed fenced."""
+
+    def __init__(self, spark: Any, store: str | None, comp: Computation) -> None:
+        from deltawheel.statestore.layout import StoreLayout
+        from deltawheel.statestore.rowtable.store import RowStore
+
+        from deltawheel import migrations
+
+        self.layout = StoreLayout(store or tempfile.mkdtemp(prefix="dw-tester-"))
+        migrations.apply(spark, self.layout, dry_run=False)
+        self.comp = comp
+        self.n = type(comp).num_intervals
+        self.store = RowStore(spark, self.layout, writer="tester")
+        fences = self.store.fences(comp.name)
+        self.seqs = {iv: fences.get(iv, 0) + 1 for iv in range(self.n)}  # take every interval over
+        self.store.fence(comp.name, self.seqs)
+        self.rows = {r.key: r for r in self.store.scan_intervals(comp.name, range(self.n))}
+        self.puts: dict[str, KeyRow] = {}
+        self.dels: set[str] = set()
+
+    def load(self, key: str) -> KeyRow | None:
+        return self.rows.get(key)
+
+    def save(self, key: str, row: KeyRow | None) -> None:
+        if row is None:
+            if self.rows.pop(key, None) is not None:
+                self.dels.add(key)
+            self.puts.pop(key, None)
+        else:
+            self.rows[key] = self.puts[key] = row
+            self.dels.discard(key)
+
+    def keys(self) -> list[str]:
+        return sorted(self.rows)
+
+    def commit(self) -> None:
+        if self.puts or self.dels:
+            self.store.commit(self.comp.name, list(self.puts.values()), sequencers=self.seqs,
+                              deletes=[(interval_of(k, self.n), k) for k in sorted(self.dels)],
+                              num_intervals=self.n)
+        self.puts.clear()
+        self.dels.clear()
+
+    def reread(self) -> None:
+        self.rows = {r.key: r for r in self.store.scan_intervals(self.comp.name, range(self.n))}
+
+
+class ComputationTester:
+    """Run a computation key by key, without Spark (or with a Delta store: ``spark=``).
+
+    >>> from deltawheel import Computation
+    >>> class Count(Computation):
+    ...     name = "count"; inputs = {"clicks": "user"}; outputs = ("totals",)
+    ...     def process_record(self, ctx, record):
+    ...         ctx.state = (ctx.state or 0) + 1
+    ...         ctx.set_timer("flush", record.timestamp_ms // 60_000 * 60_000 + 60_000)
+    ...     def process_timer(self, ctx, timer):
+    ...         ctx.produce("totals", ctx.state)
+    ...         ctx.state = None
+    >>> t = ComputationTester(Count())
+    >>> t.add({"user": "ann"}, event_time_ms=1_000); t.add({"user": "ann"}, event_time_ms=2_000)
+    >>> t.state("ann"), [x.time_ms for x in t.timers("ann")]
+    (2, [60000])
+    >>> t.advance_watermark(61_000)
+    >>> [(o.key, o.value) for o in t.output("totals")], t.state("ann")
+    ([('ann', 2)], None)
+
+    Args:
+        computation: the computation under test.
+        spark: a Spark session with Delta: keep the rows in a Delta store instead of memory.
+        store: that store's folder (default: a new temporary one).
+        now_ms: the processing clock's start.
+    """
+
+    def __init__(self, computation: Computation, *, spark: Any = None, store: str | None = None,
+                 now_ms: int = 0) -> None:
+        type(computation).validate()
+        self.computation = computation
+        self._rows: _MemoryRows | _DeltaRows = _MemoryRows() if spark is None else _DeltaRows(spark, store, computation)
+        self.codec = codec_of(computation)
+        self.watermark_ms: int | None = None
+        self.now_ms = now_ms
+        self._acted_ms: int | None = None  # the watermark timers last fired under (lateness)
+        self._ids = itertools.count()
+        self._outputs: list[Output] = []
+        self.dead_letters: list[tuple[Record, str]] = []
+        self.late_data: list[Record] = []
+        self.processed = self.duplicates = self.late = self.timers_fired = 0
+
+    @property
+    def store(self) -> str | None:
+        """The Delta store's folder (None in memory)."""
+        return self._rows.layout.root if isinstance(self._rows, _DeltaRows) else None
+
+    # ------------------------------------------------------------------ input
+
+    def add(self, value: Any, *, event_time_ms: int, stream: str | None = None, key: str | None = None,
+            record_id: str | None = None) -> None:
+        """Run one record now: its key's user code, and that key's due timers.
+
+        Args:
+            value: the record's value (what ``process_record`` gets as ``record.value``).
+            event_time_ms: its event time.
+            stream: the input stream (default: the computation's only input).
+            key: the key (default: the computation's key extractor for ``stream`` applied to ``value``).
+            record_id: its unique id (default: a fresh one); a repeated id is a duplicate and is
+                not processed again (exactly-once computations).
+
+        Raises:
+            WindowingError: the stream is not an input of the computation, or no key can be found.
+        """
+        comp = self.computation
+        inputs = dict(type(comp).inputs)
+        if stream is None:
+            if len(inputs) != 1:
+                raise WindowingError(f"{comp.name} reads {sorted(inputs)}: say which stream the record is from "
+                                     "(stream=...)")
+            stream = next(iter(inputs))
+        elif inputs and stream not in inputs:
+            raise WindowingError(f"{comp.name} does not read stream {stream!r}; its inputs: {sorted(inputs)}")
+        if key is None:
+            extractor = inputs.get(stream)
+            try:
+                got = None if extractor is None or extractor == "@key" else extract_key(extractor, value)
+            except (KeyError, TypeError, IndexError) as exc:
+                raise WindowingError(f"no key for the record of {stream!r}: its extractor {extractor!r} failed "
+                                     f"({exc!r}); pass key=...") from exc
+            if got is None:
+                raise WindowingError(f"no key for the record of {stream!r}: pass key=... (its extractor "
+                                     f"{extractor!r} gave none)")
+            key = str(got)
+        late = self._acted_ms is not None and event_time_ms < self._acted_ms
+        rec = Record(key=key, value=value, timestamp_ms=int(event_time_ms),
+                     record_id=record_id if record_id is not None else f"tester-{next(self._ids)}",
+                     stream=stream, late=late)
+        if late and comp.late_policy is LatePolicy.ROUTE:
+            self.late += 1
+            self.late_data.append(rec)
+            return
+        self._run(key, [rec])
+        self._rows.commit()
+
+    def add_many(self, records: Iterable[tuple[Any, int]], *, stream: str | None = None) -> None:
+        """:meth:`add` for each ``(value, event_time_ms)``."""
+        for value, ts in records:
+            self.add(value, event_time_ms=ts, stream=stream)
+
+    # ------------------------------------------------------------------- time
+
+    def advance_watermark(self, watermark_ms: int) -> None:
+        """Move the input low watermark (never back) and fire the event-time timers before it."""
+        if self.watermark_ms is not None and watermark_ms < self.watermark_ms:
+            raise WindowingError(f"the watermark only moves forward: {watermark_ms} < {self.watermark_ms}")
+        self.watermark_ms = int(watermark_ms)
+        self._fire_due()
+
+    def advance_processing_time(self, now_ms: int) -> None:
+        """Move the processing clock (never back) and fire the processing-time timers due."""
+        if now_ms < self.now_ms:
+            raise WindowingError(f"processing time only moves forward: {now_ms} < {self.now_ms}")
+        self.now_ms = int(now_ms)
+        self._fire_due()
+
+    def finish(self) -> None:
+        """The input is complete: the watermark goes to the end of time (every event-time timer fires)."""
+        self.advance_watermark(END_OF_TIME)
+
+    # ---------------------------------------------------------------- results
+
+    def state(self, key: str) -> Any:
+        """The key's state, decoded (None: none)."""
+        row = self._rows.load(key)
+        return None if row is None or row.state is None else self.codec.decode(row.state)
+
+    def timers(self, key: str) -> list[Timer]:
+        """The key's timers, in firing order."""
+        row = self._rows.load(key)
+        return sorted(row.timers) if row is not None else []
+
+    def keys(self) -> list[str]:
+        """The keys that hold a row (state, timers or seen record ids)."""
+        return self._rows.keys()
+
+    def output(self, stream: str | None = None) -> list[Output]:
+        """Everything produced so far (to ``stream`` only, if given), in production order."""
+        return [o for o in self._outputs if stream is None or o.stream == stream]
+
+    def take_output(self, stream: str | None = None) -> list[Output]:
+        """:meth:`output`, then forget it (so the next call shows only what is new)."""
+        got = self.output(stream)
+        self._outputs = [o for o in self._outputs if o not in got]
+        return got
+
+    def reload(self) -> None:
+        """With a Delta store: read the rows back from the table (what a restarted executor sees)."""
+        if isinstance(self._rows, _DeltaRows):
+            self._rows.reread()
+
+    # --------------------------------------------------------------- running
+
+    def _run(self, key: str, records: list[Record]) -> None:
+        out = run_key(self.computation, key=key, interval=interval_of(key, type(self.computation).num_intervals),
+                      row=self._rows.load(key), records=records, input_watermark_ms=self.watermark_ms,
+                      now_ms=self.now_ms, dedup_horizon_ms=self._horizon())
+        self.processed += out.processed
+        self.duplicates += out.duplicates
+        self.late += out.late
+        self.timers_fired += out.timers_fired
+        self.dead_letters.extend(out.dead_letters)
+        for p in out.productions:
+            self._outputs.append(Output(p.stream, p.key, self.codec.decode(p.value), p.timestamp_ms,
+                                        p.production_id))
+        row = out.row.with_(pending=()) if out.row is not None else None  # delivered at once
+        self._rows.save(key, row)
+
+    def _horizon(self) -> int | None:
+        """Record ids seen before this (processing time) no longer count: the computation's
+        ``dedup_retention``, as the executor sweeps them."""
+        comp = self.computation
+        return self.now_ms - comp.dedup_retention_ms() if comp.exactly_once else None
+
+    def _fire_due(self) -> None:
+        wm, now = self.watermark_ms, self.now_ms
+        for key in self._rows.keys():
+            row = self._rows.load(key)
+            if row is None:
+                continue
+            ev, pt = row.next_event_timer_ms, row.next_processing_timer_ms
+            if (ev is not None and wm is not None and ev < wm) or (pt is not None and pt <= now):
+                self._run(key, [])
+        self._acted_ms = wm
+        self._rows.commit()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_throughput_arguments", "add_cache_arguments", "DEFAULT_CAPACITIES"]
+__all__ = ["add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "DEFAULT_CAPACITIES"]
 
 DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
 
@@ -39,3 +39,12 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacities", default=",".join(str(c) for c in DEFAULT_CAPACITIES),
                    help="comma-separated capacities as shares of the keys the trace touches (0 < c <= 1)")
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
+
+
+def add_watermark_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``bench watermarks`` options."""
+    p.add_argument("--size", default="small", choices=["small", "medium", "big"], help="WORKLOAD.md size")
+    p.add_argument("--out", default="bench-out/watermarks", help="output folder for watermarks.json")
+    p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
+    p.add_argument("--percentiles", default="0.001,0.01",
+                   help="comma-separated shares for the percentile estimates (beside bound and exact)")

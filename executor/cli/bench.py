@@ -4,7 +4,9 @@
 runs the engines on WORKLOAD.md's input and writes ``throughput.json`` and
 ``throughput.png`` into ``--out``, printing each engine's micro-batches as they
 finish. Exit code 1 if an engine's output differs from the reference.
-``deltawheel bench cache --size small --out bench-out/cache`` replays the same
+``deltawheel bench watermarks --size small`` runs the same workload once per injector
+watermark estimate (max seen minus bound, MillWheel's exact and percentile estimates) and reports
+the watermark lag and the late records of each. ``deltawheel bench cache --size small --out bench-out/cache`` replays the same
 workload's row accesses through the row cache (window-aware vs LRU vs the
 offline optimum) and writes ``cache.json`` and ``cache.png``.
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from deltawheel.benchmarks.args import add_cache_arguments, add_throughput_arguments
+from deltawheel.benchmarks.args import add_cache_arguments, add_throughput_arguments, add_watermark_arguments
 
 __all__ = ["register"]
 
@@ -33,6 +35,12 @@ def _cache(args: argparse.Namespace) -> int:
     return int(run_from_args(args))
 
 
+def _watermarks(args: argparse.Namespace) -> int:
+    from deltawheel.benchmarks.watermarks import run_from_args
+
+    return int(run_from_args(args))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``bench`` subcommand and its benchmarks to ``subparsers``."""
     p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache) and save JSON + PNG figures")
@@ -44,3 +52,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     c = sub.add_parser("cache", help="row cache hit rates: window-aware vs LRU vs optimal on the workload's trace")
     add_cache_arguments(c)
     c.set_defaults(func=_cache)
+    w = sub.add_parser("watermarks", help="injector watermark estimates side by side: lag against late records")
+    add_watermark_arguments(w)
+    w.set_defaults(func=_watermarks)

@@ -42,7 +42,7 @@ from ..computation import RECORD_KEY, Computation
 from ..tasks import worker as _worker
 from .batch import ComputationExecutor, FaultPoint
 from .reports import BatchReport
-from .rescale import CATCH_UP_BATCH, SharedInput, shared_input
+from .rescale import CATCH_UP_BATCH, SharedInput, files_read, shared_input
 from .sources import (
     DEFAULT_MAX_EVENT_AHEAD_MS,
     BatchStats,
@@ -239,7 +239,7 @@ class PipelineRunner:
         p = self.pipeline
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
-        hook = self._injector_hook(authority, feeding) if feeding else None
+        hook = self._injector_hook(authority, feeding, self._checkpoint(comp)) if feeding else None
         owner = IntervalOwner(store, leases, comp.name, num_intervals=type(comp).num_intervals)
         ex = ComputationExecutor(self.spark, self.layout, comp, owner=owner, authority=authority,
                                  upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
@@ -328,11 +328,18 @@ class PipelineRunner:
         if first is not None and failing is None:
             raise first
 
-    def _injector_hook(self, authority: WatermarkAuthority,
-                       feeding: Sequence[Injector]) -> Callable[[int | None, int | None], None]:
+    def _injector_hook(self, authority: WatermarkAuthority, feeding: Sequence[Injector],
+                       checkpoint: str) -> Callable[[int | None, int | None], None]:
         def hook(mn: int | None, mx: int | None) -> None:
+            read: frozenset[str] = frozenset()
+            if any(getattr(inj, "tracks_files", False) for inj in feeding):  # every file the query read
+                read = files_read(checkpoint)
             for inj in feeding:
-                inj.observe(BatchStats(count=0 if mx is None else 1, min_event_ms=mn, max_event_ms=mx))
+                stats = BatchStats(count=0 if mx is None else 1, min_event_ms=mn, max_event_ms=mx, sources=read)
+                if getattr(inj, "tracks_files", False):
+                    inj.observe(stats, query=checkpoint)  # type: ignore[call-arg]
+                else:
+                    inj.observe(stats)
                 publish_watermark(authority, inj)
         return hook
 

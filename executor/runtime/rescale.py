@@ -35,7 +35,7 @@ from ..computation import RECORD_KEY, Computation
 from ..tasks.merge import interval_of_key
 from .sources import Injector, ParquetInjector
 
-__all__ = ["SharedInput", "CATCH_UP_BATCH", "source_log_files", "shared_input"]
+__all__ = ["SharedInput", "CATCH_UP_BATCH", "files_read", "source_log_files", "shared_input"]
 
 CATCH_UP_BATCH = -1  # the batch id of a catch-up batch (reports, commit ids)
 _COMPACT = re.compile(r"^(\d+)(\.compact)?$")
@@ -68,6 +68,21 @@ def source_log_files(checkpoint: str, *, source: int = 0, committed_only: bool =
                     if base not in out[bid]:
                         out[bid].append(base)
     return out
+
+
+def files_read(checkpoint: str) -> frozenset[str]:
+    """The names of every file a query's file sources logged (batches run or running), all its
+    sources together: what an injector estimating from its pending files leaves out."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        raise ConfigError(f"watermark_percentile reads the query checkpoint's file log, which must be local for "
+                          f"now; {checkpoint} is not (use watermark_delay_ms alone there)")
+    root = _local(checkpoint)
+    srcs = os.path.join(root, "sources")
+    out: set[str] = set()
+    for src in (int(n) for n in (os.listdir(srcs) if os.path.isdir(srcs) else ()) if n.isdigit()):
+        for names in source_log_files(checkpoint, source=src, committed_only=False).values():
+            out.update(names)
+    return frozenset(out)
 
 
 def _local(uri: str) -> str:

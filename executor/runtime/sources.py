@@ -41,6 +41,7 @@ from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 from ..tasks.direct import DirectSource, direct_source
 from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS
+from .estimates import PendingPercentile, check_percentile
 
 __all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "ParquetInjector", "DeltaTableInjector",
            "publish_watermark", "to_stream_schema", "DEFAULT_MAX_EVENT_AHEAD_MS"]
@@ -317,7 +318,7 @@ class _MaxSeenInjector:
         self.value_columns = None if value_columns is None else tuple(value_columns)
         self.record_id_column = record_id_column
         self.max_files_per_trigger = max_files_per_trigger
-        self._estimate = MaxSeenMinusBound(watermark_delay_ms)
+        self._estimate: MaxSeenMinusBound | PendingPercentile = MaxSeenMinusBound(watermark_delay_ms)
 
     def observe(self, stats: BatchStats) -> None:
         """Advance the estimate with a consumed batch."""
@@ -367,16 +368,23 @@ class ParquetInjector(_MaxSeenInjector):
             processing clock (default one day) become dead letters with the reason and
             do not move the watermark (one record dated 2100 would otherwise close every
             window); None: no bound.
+        watermark_percentile: None: the estimate above. A share ``p`` in [0, 1):
+            MillWheel's estimate from the pending input instead, the ``p``-quantile of the
+            event times of the folder's files no query has read yet (0: their minimum,
+            exact: nothing pending becomes late; above 0: up to that share of pending records
+            may become late, for less lag); max-seen-minus-bound while nothing is pending
+            (:mod:`.estimates`).
 
     Raises:
         ConfigError: an invalid name, a local folder that does not exist, a
-            bad count, delay or bound.
+            bad count, delay, bound or percentile.
     """
 
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None = None, record_id_column: str | None = None,
                  max_files_per_trigger: int = 1, watermark_delay_ms: int,
-                 max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS) -> None:
+                 max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS,
+                 watermark_percentile: float | None = None) -> None:
         super().__init__(name, key_column=key_column, event_time_column=event_time_column,
                          value_columns=value_columns, record_id_column=record_id_column,
                          max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
@@ -386,6 +394,27 @@ class ParquetInjector(_MaxSeenInjector):
                               "(or generate the input) before starting the pipeline")
         self.folder = folder
         self._direct: DirectSource | None = None
+        self.watermark_percentile = watermark_percentile
+        if watermark_percentile is not None:  # checked now; the folder's files are reached at stream_df
+            check_percentile(watermark_percentile)
+
+    @property
+    def tracks_files(self) -> bool:
+        """True when the estimate needs the files each query read (``BatchStats.sources``)."""
+        return self.watermark_percentile is not None
+
+    def observe(self, stats: BatchStats, *, query: str = "") -> None:
+        """Advance the estimate with a consumed batch (``query``: which computation's query read it)."""
+        if isinstance(self._estimate, PendingPercentile):
+            self._estimate.observe(stats, query=query)
+        else:
+            self._estimate.observe(stats)
+
+    def watermark_ms(self) -> int | None:
+        """The estimate: max event time seen minus ``watermark_delay_ms``, or with
+        ``watermark_percentile`` the percentile of the pending files' event times
+        (:mod:`.estimates`); ``None`` while unknown."""
+        return self._estimate.watermark_ms()
 
     def input_token(self) -> tuple[tuple[str, int, int], ...] | None:
         """The folder's visible files with sizes and mtimes (None for a remote folder)."""
@@ -409,6 +438,13 @@ class ParquetInjector(_MaxSeenInjector):
         from pyspark.errors import AnalysisException
 
         files = table_files(spark, self.folder)
+        if self.watermark_percentile is not None and not isinstance(self._estimate, PendingPercentile):
+            if files is None:
+                raise ConfigError(f"injector {self.name}: watermark_percentile reads the pending files' event "
+                                  f"times, which needs a folder Python reaches (local or s3a://); {self.folder} "
+                                  "is not one")
+            self._estimate = PendingPercentile(files, self.event_time_column, self.watermark_percentile,
+                                               floor=self._estimate)
         footer = _first_footer(self.folder, files)
         local_schema = _spark_schema(footer)
         self._direct = None if local_schema is None or files is None else direct_source(

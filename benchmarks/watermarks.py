@@ -1,0 +1,145 @@
+"""Injector watermark estimates side by side: watermark lag against late records.
+
+``deltawheel bench watermarks --size small --out bench-out/watermarks`` runs the workload's
+window count (WORKLOAD.md: 10 s windows, late events dropped and counted) through a deltawheel
+pipeline once per estimate of the Parquet injector's watermark:
+
+* ``bound``: max event time seen minus the declared disorder bound (10 s; Spark's
+  ``withWatermark``, the benchmark's default);
+* ``exact``: MillWheel's exact injector estimate, the oldest event time of the input not read yet;
+* ``p=<share>``: MillWheel's heuristic, that percentile of the pending input's event times.
+
+Per estimate it reports the watermark lag (the newest event time read so far minus the input
+watermark each batch ran under: how far behind the data the windows close; mean and max over the
+batches), the late records (count and share of the input) and the rows emitted. Writes
+``watermarks.json``. Lag and late share depend only on the data and the estimate, not on the
+machine's speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .engine_deltawheel import _computation
+from .workload import WorkloadData, ensure_workload
+
+__all__ = ["ESTIMATES", "run_watermarks", "format_table", "run_from_args"]
+
+ESTIMATES: tuple[tuple[str, float | None], ...] = (("bound", None), ("exact", 0.0), ("p=0.1%", 0.001),
+                                                     ("p=1%", 0.01))
+BOUND_MS = 10_000
+
+
+def _file_max_ms(path: Path) -> int:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    col = pq.read_table(path, columns=["event_time"]).column(0)
+    if pa.types.is_timestamp(col.type):
+        col = pc.cast(pc.cast(col, pa.timestamp("ms", tz=col.type.tz)), pa.int64())
+    return int(pc.max(col).as_py())
+
+
+def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: Path,
+             say: Callable[[str], None]) -> dict[str, Any]:
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
+
+    from deltawheel import migrations
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    local = tempfile.mkdtemp(prefix="store-", dir=out_dir)
+    layout = StoreLayout(local)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    zk = EmbeddedZooKeeper(Path(local) / "_zk", port=port)
+    zk.start()
+    try:
+        migrations.apply(spark, layout, dry_run=False)
+        inj = ParquetInjector("events", str(data.input_dir), key_column="key", event_time_column="event_time",
+                              value_columns=[], record_id_column="record_id", max_files_per_trigger=1,
+                              watermark_delay_ms=BOUND_MS, watermark_percentile=percentile)
+        runner = PipelineRunner(spark, layout, Pipeline("wmbench", (inj,), (_computation(),)),
+                                zk=ZkConfig(hosts=zk.hosts, chroot="/wmbench"), end_of_input=False,
+                                progress=lambda _s: None)
+        t0 = time.monotonic()
+        summary = runner.run()
+        wall = time.monotonic() - t0
+        rows = spark.read.format("delta").load(layout.stream("windows")).count()
+    finally:
+        zk.stop()
+    reports = [r for r in summary.reports["window_count"] if r.records_in]
+    # the files in the order the query read them (modification time, then name: one per batch)
+    files = sorted(data.files, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    lags: list[int] = []
+    newest: int | None = None
+    for i, r in enumerate(reports):
+        if newest is not None and r.input_watermark_ms is not None:
+            lags.append(max(0, newest - r.input_watermark_ms))
+        if i < len(files):
+            m = _file_max_ms(files[i])
+            newest = m if newest is None else max(newest, m)
+    late = sum(r.late + r.late_routed for r in reports)
+    res = {"batches": len(reports), "late": late, "late_share": late / data.n, "rows": rows,
+           "lag_mean_s": round(sum(lags) / len(lags) / 1000, 3) if lags else None,
+           "lag_max_s": round(max(lags) / 1000, 3) if lags else None, "wall_s": round(wall, 2)}
+    return res
+
+
+def run_watermarks(size: str, *, out_dir: Path, data_root: Path | None = None,
+                   estimates: Sequence[tuple[str, float | None]] = ESTIMATES,
+                   progress: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Run every estimate on the workload; returns (and writes ``watermarks.json``) the figures."""
+    from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+
+    say = progress or (lambda _s: None)
+    data = ensure_workload(size, root=data_root)
+    say(f"workload {size}: N={data.n:,} in {len(data.files)} files")
+    spark = build_spark(SparkSettings(app_name="deltawheel-watermarks", log_level="ERROR"))
+    results: dict[str, Any] = {}
+    for i, (name, percentile) in enumerate(estimates):
+        say(f"estimate {name} ({i + 1} of {len(estimates)}): running")
+        results[name] = {"percentile": percentile, **_run_one(spark, data, percentile, out_dir / "runs" / name, say)}
+        r = results[name]
+        say(f"estimate {name}: lag mean {r['lag_mean_s']} s, max {r['lag_max_s']} s; late {r['late']:,} "
+            f"({100 * r['late_share']:.3f} %); {r['rows']:,} rows; {r['wall_s']} s")
+    report = {"size": size, "n": data.n, "bound_ms": BOUND_MS, "estimates": results}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "watermarks.json").write_text(json.dumps(report, indent=1))
+    say(format_table(report))
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The figures as a Markdown table."""
+    lines = ["| estimate | watermark lag mean / max (s) | late records | late share | rows emitted |",
+             "|---|---|---|---|---|"]
+    for name, r in report["estimates"].items():
+        lines.append(f"| {name} | {r['lag_mean_s']} / {r['lag_max_s']} | {r['late']:,} | "
+                     f"{100 * r['late_share']:.3f} % | {r['rows']:,} |")
+    return "\n".join(lines)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """``deltawheel bench watermarks``."""
+    from deltawheel.statestore.exceptions import ConfigError
+
+    try:
+        shares = [float(x) for x in args.percentiles.split(",") if x.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--percentiles takes comma-separated numbers in (0, 1), got {args.percentiles!r}") from exc
+    estimates = [("bound", None), ("exact", 0.0)] + [(f"p={100 * p:g}%", p) for p in shares]
+    run_watermarks(args.size, out_dir=Path(args.out), data_root=Path(args.data_root) if args.data_root else None,
+                   estimates=estimates)
+    return 0

@@ -153,7 +153,9 @@ def run_throughput(
             from it); by default one is built here and its start time reported.
         warmup: first run every engine once, unmeasured, on a 2-file workload (:data:`WARMUP`),
             so that JVM class loading and code generation are not charged to whichever engine
-            runs first. Off by default (WORKLOAD.md section 4 measures a cold query).
+            runs first; with ``store_uri`` it runs there too (the first requests to the store:
+            S3A's and pyarrow's clients and connections). Off by default (WORKLOAD.md section 4
+            measures a cold query).
         rounds: run the engines this many times, the order rotated each round (A B C, B C A,
             C A B, ...; with two engines A B, B A, A B): every engine takes every place in turn,
             so neither a drift of the machine's speed nor the place after the warm-up or after
@@ -212,7 +214,10 @@ def run_throughput(
         for name in names:
             say(f"engine {name}: warm-up on {wdata.n:,} events")
             t_w = time.perf_counter()
-            ENGINES[name]().run(wdata, out_dir=out_dir / "warmup", spark=session, progress=None)
+            # on the store, as the measured runs: the first request to it (S3A's client, pyarrow's,
+            # their connections) must not fall into whichever engine's run comes first
+            more = {} if store_uri is None else {"store": f"{store_uri}/warmup"}
+            ENGINES[name]().run(wdata, out_dir=out_dir / "warmup", spark=session, progress=None, **more)
             say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
 
     runs: dict[str, list[EngineResult]] = {n: [] for n in names}

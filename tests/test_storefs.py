@@ -66,3 +66,21 @@ def test_only_local_and_s3a_stores_are_reached() -> None:
     other = S3Settings.from_hadoop(conf.get, "other")
     assert (b.endpoint, b.scheme, b.path_style, b.access_key) == ("127.0.0.1:9", "http", True, "general")
     assert (other.endpoint, other.scheme, other.path_style) == ("s3.example.com", "https", False)
+
+
+@pytest.mark.objectstore
+def test_an_s3_file_goes_up_in_one_put_and_a_failed_upload_still_raises(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """Files smaller than one part are written with one PUT when the stream closes (no multipart
+    upload: three requests, and on S3Proxy's filesystem backend a stub file made and removed per
+    upload); the upload's failure is then reported by ``write_parquet`` itself, so nothing names a
+    file that did not land."""
+    files = table_files(spark, f"s3a://{s3_bucket}/{uuid.uuid4().hex}/t")
+    assert files is not None
+    options = files.fs.__reduce__()[1][0]
+    assert options["allow_delayed_open"] is True
+    table = pa.table({"n": pa.array([1, 2, 3], pa.int64())})
+    assert files.write_parquet(table, "x.parquet") == files.size("x.parquet") > 0
+    assert files.read_parquet("x.parquet").equals(table)
+    missing = TableFiles(f"no-such-bucket-{uuid.uuid4().hex[:8]}/t", files.s3)
+    with pytest.raises(OSError):
+        missing.write_parquet(table, "x.parquet")

@@ -117,6 +117,11 @@ def _s3(settings: S3Settings) -> Any:
                     endpoint_override=settings.endpoint, scheme=settings.scheme,
                     region=settings.region or "us-east-1",
                     force_virtual_addressing=not settings.path_style and settings.endpoint is not None,
+                    # Opening an output stream starts no multipart upload: a file smaller than one
+                    # part (every image and production file here) goes up in one PUT when the stream
+                    # closes, instead of three requests (create upload, part, complete). A failed
+                    # upload still raises from close(), so write_parquet returns only after it landed.
+                    allow_delayed_open=True,
                     connect_timeout=10, request_timeout=60)
     return fs
 

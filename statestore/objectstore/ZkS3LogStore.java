@@ -46,7 +46,7 @@ import io.delta.storage.HadoopFileSystemLogStore;
  *       create the entry znode {@code <ns>/<table>/N.json} = (temp path, complete=false). The
  *       create fails with NodeExists if another writer holds version N: that is the mutual
  *       exclusion, decided by ZooKeeper, whatever the process.</li>
- *   <li>COMMIT: copy the temporary file to N.json.</li>
+ *   <li>COMMIT: write N.json (the temporary file's bytes, kept in memory: no read back).</li>
  *   <li>ACKNOWLEDGE: mark the entry complete, with an expiry time.</li>
  * </ol>
  * A writer that dies after step 2 leaves an incomplete entry; the next writer (step 1 of N+1) or
@@ -61,6 +61,13 @@ import io.delta.storage.HadoopFileSystemLogStore;
  * {@code deltawheel.logstore.zk.sessionTimeoutMs} (default 20000),
  * {@code deltawheel.logstore.expirationDelaySeconds} (default 86400, Delta's own).
  * Reads without a configured ZooKeeper list the log as it is; commits refuse.
+ *
+ * <p>Requests per commit: existence is probed with {@link FileSystem#isFile} (on S3A one HEAD;
+ * {@code exists} adds a LIST for a directory of that name, which a log entry never is), and the
+ * temporary file and N.json are created without S3A's overwrite probes
+ * ({@code fs.s3a.create.performance}): the temporary name is new (a UUID) and N.json is written
+ * only by the holder of entry N or by a process completing that entry, both with the same bytes.
+ * ZooKeeper, not a probe, decides who commits N; S3A's probe-then-PUT was never atomic anyway.
  */
 public class ZkS3LogStore extends HadoopFileSystemLogStore {
 
@@ -68,6 +75,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     public static final String NAMESPACE = "deltawheel.logstore.zk.namespace";
     public static final String SESSION_TIMEOUT = "deltawheel.logstore.zk.sessionTimeoutMs";
     public static final String EXPIRATION = "deltawheel.logstore.expirationDelaySeconds";
+    /** S3A's create option that skips the overwrite and parent-directory probes (ignored elsewhere). */
+    static final String CREATE_PERFORMANCE = "fs.s3a.create.performance";
     /** Test hook: exit the JVM right after the entry is created (a writer dying mid-commit). */
     public static final String CRASH_AFTER_PREPARE = "deltawheel.logstore.test.crashAfterPrepare";
 
@@ -237,7 +246,7 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         IOException last = null;
         for (int attempt = 0; attempt < 4; attempt++) {
             try {
-                if (!fs.exists(target)) {
+                if (!fs.isFile(target)) {
                     copy(fs, new Path(dir, entry.tempPath), target);
                 }
                 completeEntry(zk, tablePath, fileName, entry, conf);
@@ -260,6 +269,24 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         } catch (org.apache.hadoop.fs.FileAlreadyExistsException e) {
             throw new FileAlreadyExistsException(dst.toString());
         }
+    }
+
+    private static byte[] bytesOf(Iterator<String> actions) {
+        java.io.ByteArrayOutputStream buf = new java.io.ByteArrayOutputStream();
+        while (actions.hasNext()) {
+            buf.writeBytes((actions.next() + "\n").getBytes(StandardCharsets.UTF_8));
+        }
+        return buf.toByteArray();
+    }
+
+    /** Write {@code data} to {@code path} in one PUT, without S3A's existence and directory probes. */
+    @SuppressWarnings({"rawtypes", "unchecked"})
+    private static void put(FileSystem fs, Path path, byte[] data) throws IOException {
+        org.apache.hadoop.fs.FSDataOutputStreamBuilder builder = fs.createFile(path).overwrite(true);
+        builder.opt(CREATE_PERFORMANCE, true);
+        FSDataOutputStream out = (FSDataOutputStream) builder.build();
+        out.write(data);
+        out.close();  // not closed on error: S3A would upload a partial file
     }
 
     private static void writeActions(FileSystem fs, Path path, Iterator<String> actions) throws IOException {
@@ -303,7 +330,7 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             writeActions(fs, resolved, actions);
             return;
         }
-        if (fs.exists(resolved)) {  // Step 0
+        if (fs.isFile(resolved)) {  // Step 0
             throw new FileAlreadyExistsException(path.toString());
         }
         CuratorFramework zk = zk(hadoopConf, true);
@@ -316,7 +343,7 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             Optional<Entry> prevEntry = getEntry(zk, tablePath, prev);
             if (prevEntry.isPresent() && !prevEntry.get().complete) {
                 fix(fs, zk, tablePath, prev, prevEntry.get(), hadoopConf);
-            } else if (!fs.exists(new Path(dir, prev))) {
+            } else if (!fs.isFile(new Path(dir, prev))) {
                 throw new FileNotFoundException("previous commit " + new Path(dir, prev) + " doesn't exist");
             }
         } else {
@@ -329,16 +356,19 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         }
         // Step 2: PREPARE - the temporary file, then the entry (exclusive: ZooKeeper decides)
         String tempName = ".tmp/" + resolved.getName() + "." + UUID.randomUUID();
-        writeActions(fs, new Path(dir, tempName), actions);
+        byte[] data = bytesOf(actions);
+        put(fs, new Path(dir, tempName), data);
         Entry entry = new Entry(tempName, false, 0);
         createEntry(zk, tablePath, resolved.getName(), entry, path);
         if (hadoopConf.getBoolean(CRASH_AFTER_PREPARE, false)) {
             Runtime.getRuntime().halt(137);
         }
-        // Steps 3-4: COMMIT (copy to N.json) and ACKNOWLEDGE (entry complete). Version N is ours
-        // from here: a failure leaves an incomplete entry that the next writer or reader completes.
+        // Steps 3-4: COMMIT (N.json = the temporary file's bytes) and ACKNOWLEDGE (entry complete).
+        // Version N is ours from here: a failure leaves an incomplete entry that the next writer or
+        // reader completes from the temporary file (the same bytes; a completer racing this PUT
+        // writes them too).
         try {
-            copy(fs, new Path(dir, tempName), resolved);
+            put(fs, resolved, data);
             completeEntry(zk, tablePath, resolved.getName(), entry, hadoopConf);
         } catch (IOException e) {
             // recoverable: listFrom / the next commit finishes it from the entry

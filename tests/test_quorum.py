@@ -1,7 +1,7 @@
 """A batch on a real three-server ZooKeeper ensemble that loses its quorum while the batch
 publishes its watermarks (step 7): the batch pauses, commits and publishes nothing meanwhile, and
 completes once a majority serves again, with exactly the rows and watermarks of a run without
-the outage."""
+the outage. ``--max-pause`` / ``PipelineRunner(max_pause_s=...)`` bounds that pause."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from executor_util import BucketCounter, events, state_of, stream_rows
 from kazoo.client import KazooState
 
-# slow: a three-server ensemble, two runs and an 8 s outage take minutes on a busy machine
-pytestmark = [pytest.mark.zk, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.zk, pytest.mark.spark]
 
 B1 = [("r1", "cats", 1_000), ("r2", "dogs", 2_000), ("r3", "cats", 12_000), ("r2", "dogs", 2_000)]
 B2 = [("r4", "cats", 15_000), ("r5", "dogs", 21_000), ("r1", "cats", 1_000)]
@@ -75,6 +74,8 @@ def run_two_batches(spark: Any, layout: Any, client: Any,
     return out
 
 
+@pytest.mark.slow  # a three-server ensemble, two runs and an 8 s outage: about 3 minutes on a busy machine
+@pytest.mark.timeout(400)
 def test_a_batch_pauses_without_quorum_while_publishing_watermarks_and_completes_after(
         spark, migrated_store, store_layout, tmp_path, ensemble, caplog) -> None:  # type: ignore[no-untyped-def]
     from deltawheel import migrations
@@ -118,3 +119,51 @@ def test_a_batch_pauses_without_quorum_while_publishing_watermarks_and_completes
     assert "resumes: ZooKeeper serves again after a pause of" in caplog.text
     for key in ("low0", "oldest0", "productions0", "low1", "oldest1", "productions1", "rows", "state"):
         assert faulted[key] == clean[key], key
+
+
+@pytest.mark.timeout(300)
+def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk_server, zk_config,
+                                                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """PipelineRunner(max_pause_s=...) reaches the batch: ZooKeeper cut off right before step 7 of the
+    first batch, the run stops with LeaseSuspendedError after that pause (not after the session
+    timeout, not never)."""
+    from dataclasses import replace
+
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.statestore.exceptions import LeaseSuspendedError
+    from deltawheel.statestore.layout import StoreLayout
+    from executor_util import ByRecordKey
+    from test_coordinator import _input
+    from test_leases import CutProxy
+
+    proxy = CutProxy(zk_server.port)
+    cut: list[int] = []
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.BEFORE_WATERMARK and not cut:
+            cut.append(batch_id)
+            proxy.cut()
+
+    inj = ParquetInjector("events", str(_input(tmp_path / "in")), key_column="key", event_time_column="event_time",
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)
+    runner = PipelineRunner(spark, StoreLayout(str(tmp_path / "store")), Pipeline("paused", (inj,), (ByRecordKey(),)),
+                            zk=replace(zk_config, hosts=f"127.0.0.1:{proxy.port}"), faults=faults, wait_s=20,
+                            max_pause_s=1.5)
+    try:
+        with pytest.raises(LeaseSuspendedError, match=r"paused for [12] s and ZooKeeper still does not serve.*"
+                                                      r"nothing was written"):
+            runner.run()
+    finally:
+        proxy.restore()
+    assert cut == [0]
+
+
+def test_demo_takes_max_pause_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    from deltawheel.executor.cli import build_parser
+
+    assert build_parser().parse_args(["demo", "--max-pause", "2.5"]).max_pause == 2.5
+    assert build_parser().parse_args(["demo"]).max_pause is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--max-pause", "-1"])
+    assert "expected seconds (a number >= 0), got '-1'" in capsys.readouterr().err

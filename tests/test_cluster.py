@@ -4,15 +4,18 @@ ZooKeeper server with exactly the rows of a local run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -157,3 +160,79 @@ def test_cluster_errors_say_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=r"Spark master did not come up: no answer within 0.05s; see .*master.log"):
         spark.start(timeout_s=0.05)
     assert spark.status().master_pid is None and processes_of(tmp_path / "spark") == []
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(1500)
+def test_a_worker_lost_while_its_task_runs_user_code_keeps_the_rows_exactly_once(
+        spark, zk_config, local_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A batch on the cluster whose task for one key blocks in user code: SIGKILL that task's worker
+    (the Worker JVM with its executor JVM and Python workers: its process group) while the task
+    runs; Spark runs the task again on the other worker and the batch commits exactly the rows of
+    a clean run (no production twice, no record lost)."""
+    import lost_worker_job
+    from deltawheel.statestore.layout import StoreLayout
+    from executor_util import state_of, stream_rows
+
+    clean_markers = tmp_path / "clean-markers"
+    clean_markers.mkdir()
+    (clean_markers / "go").touch()  # never blocks
+    clean_store = str(tmp_path / "clean")
+    lost_worker_job.run_batch(spark, clean_store, zk_config.hosts, zk_config.chroot, str(clean_markers))
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    store = str(tmp_path / "killed")
+    cmd = [sys.executable, lost_worker_job.__file__, "--master", local_cluster.master_url, "--store", store,
+           "--zk", local_cluster.zk_hosts, "--chroot", f"/lost-{uuid.uuid4().hex[:8]}", "--markers", str(markers)]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    killed: dict[str, Any] = {}
+    first = out = None
+    try:
+        deadline = time.monotonic() + 600
+        while not list(markers.glob("running-*")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the blocking task never started"
+            time.sleep(0.2)
+        first = int(next(markers.glob("running-*")).name.split("-", 1)[1])
+        # the task's Python worker <- pyspark's daemon (its own process group) <- the executor JVM <-
+        # the Worker JVM (the executor is in the worker's process group, which kill_worker kills)
+        groups = {w.pid(): i for i, w in enumerate(local_cluster.spark.worker_procs, start=1)}
+        parents = psutil.Process(first).parents()
+        index = next(groups[os.getpgid(p.pid)] for p in parents if os.getpgid(p.pid) in groups)
+        python_group = os.getpgid(first)
+        chain = [f"{p.name()}:{p.pid}" for p in parents[:4]]
+        killed = {"worker": index, "chain": chain}
+        killed.update(worker_pid=local_cluster.spark.kill_worker(index), at=time.monotonic() - started)
+        if python_group not in groups:  # the daemon and its workers: killed with the machine too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(python_group, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(first) and not _gone(first):  # the task died with its worker
+            assert time.monotonic() < deadline, f"the task's process {first} survived its worker"
+            time.sleep(0.1)
+        (markers / "go").touch()  # the task's next attempt runs through
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+        if killed and out is None:  # failed before the end: leave the shared cluster whole anyway
+            local_cluster.spark.restart_worker(killed["worker"])
+    (tmp_path / "job.log").write_text(out or "")
+    attempts = sorted(int(f.name.split("-", 1)[1]) for f in markers.glob("running-*"))
+    print(f"lost worker {killed.get('worker')} (pid {killed.get('worker_pid')}, task in pid {first} under "
+          f"{killed.get('chain')}) at {killed.get('at', 0):.1f}s; the task ran in pids {attempts}; job finished in "
+          f"{time.monotonic() - started:.1f}s, exit {proc.returncode}")
+    print("".join(ln + "\n" for ln in (out or "").splitlines() if "lost" in ln.lower() or "blocking batch" in ln)[-2000:])
+    try:
+        assert proc.returncode == 0 and "lost-worker job: done" in out, (out or "")[-5000:]
+        assert first in attempts and len(attempts) >= 2  # it ran again, in another process
+        assert "Lost executor" in out  # the driver saw the executor go (Spark logs it at ERROR)
+        assert stream_rows(spark, StoreLayout(store), "counts") == stream_rows(spark, StoreLayout(clean_store), "counts")
+        assert state_of(spark, StoreLayout(store), "blocking") == state_of(spark, StoreLayout(clean_store), "blocking")
+        assert len(stream_rows(spark, StoreLayout(store), "counts")) > 0
+    finally:  # leave the shared cluster whole for the next test
+        local_cluster.spark.restart_worker(killed.get("worker", 1))
+        assert local_cluster.wait_healthy(timeout_s=90)

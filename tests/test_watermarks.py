@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import (
     CodecError,
     ConfigError,
+    LeaseLostError,
     LeaseSuspendedError,
     StaleSequencerError,
 )
@@ -313,26 +315,60 @@ def test_watchers_learn_of_advances(wm: WatermarkAuthority) -> None:
     assert wm.last_known("A").low_watermark_ms == 2_000
 
 
-def test_suspended_connection_refuses_writes_and_serves_stale_reads(
-        clients: Callable[..., KazooClient], zk_server: Any, zk_config: ZkConfig) -> None:
+def test_suspended_connection_pauses_calls_until_it_serves_again_and_serves_stale_reads(
+        clients: Callable[..., KazooClient], zk_server: Any, zk_config: ZkConfig,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """While ZooKeeper does not answer, calls pause (logged once) instead of failing, and go on when it
+    serves again -- even past the session timeout; a write under a lease sequencer whose session
+    expired meanwhile raises LeaseLostError instead (nothing of it written)."""
     from test_leases import CutProxy
 
     proxy = CutProxy(zk_server.port)
     client = clients(replace(zk_config, hosts=f"127.0.0.1:{proxy.port}"))
     wm = WatermarkAuthority(client, pipeline=P, clock=ManualClock(10_000))
+    bounded = WatermarkAuthority(client, pipeline=P, clock=ManualClock(10_000), max_pause_s=0.5)
     wm.declare("A", upstream=["injector:src"], num_intervals=1)
     wm.publish_injector("src", 1_000)
     wm.publish_oldest_work("A", 0, None, sequencer=1)
     assert wm.advance_low_watermark("A") == 1_000
+    client.create("/mine", ephemeral=True)  # to see the session expire from another client
+    watcher = clients()
     proxy.cut()
     wait_until(lambda: not client.connected, timeout_s=8)
-    with pytest.raises(LeaseSuspendedError, match="connection is suspended; retry once it reconnects"):
-        wm.publish_injector("src", 2_000)
-    with pytest.raises(LeaseSuspendedError, match="suspended"):
-        wm.low_watermark("A")
+    with pytest.raises(LeaseSuspendedError, match="paused for .* s and ZooKeeper still does not serve"):
+        bounded.publish_injector("src", 2_000)
     last = wm.last_known("A")
     assert (last.low_watermark_ms, last.seen_ms, last.stale) == (1_000, 10_000, True)
-    proxy.restore()
-    wait_until(lambda: client.connected, timeout_s=8)
-    assert wm.publish_injector("src", 2_000) == 2_000 and wm.advance_low_watermark("A") == 2_000
+    caplog.set_level(logging.WARNING, logger="deltawheel.statestore.zk.watermarks")
+    results: dict[str, object] = {}
+
+    def call(name: str, fn: Callable[[], object]) -> None:
+        try:
+            results[name] = fn()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            results[name] = exc
+
+    caplog.clear()
+    threads = [threading.Thread(target=call, args=("injector", lambda: wm.publish_injector("src", 2_000)),
+                                daemon=True),
+               threading.Thread(target=call, args=("oldest", lambda: wm.publish_oldest_work("A", 0, 5_000,
+                                                                                            sequencer=1)),
+                                daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        # the server expires the cut-off session (6 s): the calls still wait, they do not fail
+        wait_until(lambda: watcher.exists("/mine") is None, timeout_s=20)
+        assert all(t.is_alive() for t in threads) and results == {}
+        assert caplog.text.count("publishing the watermark of injector p/src paused") == 1
+    finally:
+        proxy.restore()
+    for t in threads:
+        t.join(timeout=30)
+    assert results["injector"] == 2_000
+    assert isinstance(results["oldest"], LeaseLostError), results
+    assert "session expired while it was paused" in str(results["oldest"])
+    assert "publishing the watermark of injector p/src resumes" in caplog.text
+    assert wm.oldest_work("A", 1)[0]["oldest_work_ms"] is None  # type: ignore[index]
+    assert wm.advance_low_watermark("A") == 2_000
     assert wm.last_known("A").stale is False

@@ -13,7 +13,7 @@ from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
-__all__ = ["add_store_arg", "add_zk_args", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
+__all__ = ["add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
            "layout_from"]
 
 
@@ -39,6 +39,24 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
                    help="ZooKeeper session timeout in seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
                         f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
                         "stops the run; a killed run's leases stay held this long")
+
+
+def add_max_pause_arg(p: argparse.ArgumentParser) -> None:
+    """Add ``--max-pause SECONDS`` (how long a running pipeline pauses while ZooKeeper does not serve)."""
+    p.add_argument("--max-pause", type=_non_negative, default=None, metavar="SECONDS",
+                   help="while ZooKeeper does not serve (the ensemble lost its quorum, the server is down) batches "
+                        "pause, commit nothing, and resume when it serves again; stop the run after this many "
+                        "seconds of pause (default: wait as long as the ZooKeeper session is not reported expired)")
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text!r}")
+    return value
 
 
 def add_log_store_zk_args(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from .common import (
+    add_max_pause_arg,
     add_spark_args,
     add_store_arg,
     add_zk_args,
@@ -40,6 +41,7 @@ def register(sub: Any) -> None:
                         "data/demo-input for an object-store one, e.g. --store s3a://BUCKET/PATH); on a cluster "
                         "every worker must see it")
     add_zk_args(p)
+    add_max_pause_arg(p)
     add_spark_args(p)
     p.set_defaults(func=_run, store=None)
 
@@ -68,7 +70,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
 
     try:
-        summary = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress).run()
+        summary = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress,
+                                 max_pause_s=args.max_pause).run()
         _summary(spark, layout, summary, events=args.events)
     finally:
         if server is not None:

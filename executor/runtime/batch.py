@@ -6,8 +6,11 @@ path; the write path (``statestore/writepath``: the image path or the MERGE path
 (``userjob.py``) runs steps 2-4 in Spark tasks. The steps, as the body's ``# Step N``
 comments number them:
 
-1. Check the leases of the owned intervals (a lost or suspended ZooKeeper
-   session stops the batch before anything happens).
+1. Check the leases of the owned intervals (a lost ZooKeeper session stops the
+   batch before anything happens; while the connection is suspended -- a server
+   down, the ensemble without quorum -- this and every later ZooKeeper call of the
+   batch pause and resume once ZooKeeper serves: ``LeaseManager.await_valid``,
+   ``WatermarkAuthority``, bounded by their ``max_pause_s``).
 2. Drop duplicates: prepare the input in the JVM (key extraction, dead letters for
    records without a usable key, the late flag: event time behind the watermark the last
    committed batch acted on, recorded with its commit: ``lateness.py``); the tasks then

@@ -116,7 +116,13 @@ class RunSummary:
 
 
 class PipelineRunner:
-    """Runs a pipeline's bounded inputs to completion (see the module docstring)."""
+    """Runs a pipeline's bounded inputs to completion (see the module docstring).
+
+    ``max_pause_s`` bounds how long a batch pauses while ZooKeeper does not serve (a lost quorum, a
+    lone server down): its commits and watermark publications wait and resume when ZooKeeper serves
+    again, and give up with ``LeaseSuspendedError`` after that long (None: as long as the session is
+    not reported expired; an expired one stops the run with ``LeaseLostError``).
+    """
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
@@ -124,7 +130,7 @@ class PipelineRunner:
                  end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True,
                  warm_workers: bool = True, instance: str | None = None,
                  intervals: Sequence[int] | None = None, follow: Callable[[], bool] | None = None,
-                 poll_s: float = 1.0) -> None:
+                 poll_s: float = 1.0, max_pause_s: float | None = None) -> None:
         if instance is not None:
             validate_name("instance", instance)
         self.instance = instance
@@ -133,6 +139,8 @@ class PipelineRunner:
         self.auto_assign = instance is not None and intervals is None
         self.follow = follow
         self.poll_s = poll_s
+        # how long a batch pauses while ZooKeeper does not serve (None: while the session lives)
+        self.max_pause_s = max_pause_s
         self.moves: list[MoveTiming] = []
         self.spark = spark
         self.direct_read = direct_read
@@ -174,8 +182,10 @@ class PipelineRunner:
 
     def _run(self, client: Any) -> RunSummary:
         p = self.pipeline
-        leases = LeaseManager(client, pipeline=p.name, owner=self.owner, acls=digest_acls(self.zk))
-        authority = WatermarkAuthority(client, pipeline=p.name, acls=digest_acls(self.zk))
+        leases = LeaseManager(client, pipeline=p.name, owner=self.owner, acls=digest_acls(self.zk),
+                              max_pause_s=self.max_pause_s)
+        authority = WatermarkAuthority(client, pipeline=p.name, acls=digest_acls(self.zk),
+                                       max_pause_s=self.max_pause_s)
         self._ctx = (client, leases, authority, RowStore(self.spark, self.layout, writer=self.owner))
         self._done_reports: dict[str, list[BatchReport]] = {c.name: [] for c in p.computations}
         member = None

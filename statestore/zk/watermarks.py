@@ -1,16 +1,20 @@
 """Low watermarks (MillWheel sections 3.3 and 5.4), held in ZooKeeper.
 
 Connection states: every call that writes needs a live session. While the
-connection is SUSPENDED, writes and reads wait for the reconnect (a blip shorter
-than the session timeout only pauses them; a call cut off mid-way by the drop is
-repeated, re-reading before it writes) and raise :class:`LeaseSuspendedError`
-when the connection is not back within twice the session timeout plus 5 s. :meth:`WatermarkAuthority.last_known` serves, without ZooKeeper, the
+connection is SUSPENDED (a server went away, or the ensemble lost its quorum and
+answers nobody), writes and reads *pause* as commits do
+(:meth:`.LeaseManager.await_valid`): they log once that they are paused and why,
+wait for ZooKeeper to serve again (``max_pause_s``, default: as long as the
+session is not reported expired; then :class:`LeaseSuspendedError`), log that
+they resume, and go on; a call cut off mid-way by the drop is repeated,
+re-reading before it writes. :meth:`WatermarkAuthority.last_known` serves, without ZooKeeper, the
 last *published* low watermark this instance saw, flagged ``stale``: safe,
 because published values never move backwards, so a stale value is only ever
 too low (timers fire late, never early). A LOST session loses nothing here
-(every znode is persistent), but a write in flight raises
-:class:`LeaseLostError`: the writer's leases went with the session, so it must
-publish again with the sequencer of a new grant.
+(every znode is persistent), but a write under a lease sequencer
+(:meth:`WatermarkAuthority.publish_oldest_works`) that was in flight or paused
+when the session expired raises :class:`LeaseLostError`: the writer's leases
+went with the session, so it must publish again with the sequencer of a new grant.
 
 Terms (times are epoch milliseconds): the *oldest work* of a key interval is
 the oldest of its unprocessed input, pending event-time timers, undelivered
@@ -54,10 +58,10 @@ from kazoo.protocol.states import ZnodeStat
 from kazoo.security import ACL
 
 from ..clock import Clock, SystemClock
-from ..exceptions import CodecError, ConfigError, LeaseSuspendedError, StaleSequencerError
+from ..exceptions import CodecError, ConfigError, LeaseLostError, LeaseSuspendedError, StaleSequencerError
 from ..layout import validate_name
 from .client import zk_errors
-from .leases import MAX_INTERVAL, interval_path, session_timeout_s
+from .leases import MAX_INTERVAL, interval_path
 
 __all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream"]
 
@@ -197,6 +201,41 @@ def _owner_fence(what: str, owner_path: str, sequencer: int, data: bytes | None,
     return (owner_path, stat.version) if theirs == sequencer else None
 
 
+class _Pause:
+    """One call's wait for ZooKeeper to serve again, as :meth:`.LeaseManager.await_valid` pauses
+    commits: a warning when it starts (what and why), one every ``log_every_s`` while it lasts,
+    one when it ends; :class:`LeaseSuspendedError` after ``bound`` seconds (None: no bound)."""
+
+    def __init__(self, what: str, bound: float | None, *, log_every_s: float = 30.0) -> None:
+        self.what = what
+        self.bound = bound
+        self.log_every_s = log_every_s
+        self.started: float | None = None
+        self._next_log = 0.0
+
+    def wait(self, why: str) -> None:
+        """Note that ZooKeeper does not serve (``why``), then sleep a moment (or raise past the bound)."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started, self._next_log = now, now + self.log_every_s
+            log.warning("%s paused: %s (no ZooKeeper server answers, or the ensemble lost its quorum); waiting "
+                        "for it to serve again", self.what, why)
+        elif now >= self._next_log:
+            self._next_log = now + self.log_every_s
+            log.warning("%s still paused after %.0f s: ZooKeeper does not serve", self.what, now - self.started)
+        if self.bound is not None and now - self.started >= self.bound:
+            raise LeaseSuspendedError(
+                f"{self.what} paused for {now - self.started:.0f} s and ZooKeeper still does not serve ({why}); "
+                "nothing was written. Bring ZooKeeper back (a majority of the ensemble's servers) and run again")
+        time.sleep(0.05)
+
+    def resumed(self) -> None:
+        """Log the end of the pause, if there was one."""
+        if self.started is not None:
+            log.warning("%s resumes: ZooKeeper serves again after a pause of %.1f s", self.what,
+                        time.monotonic() - self.started)
+
+
 class WatermarkAuthority:
     """Publishes oldest work and injector watermarks; computes and publishes low watermarks.
 
@@ -205,44 +244,73 @@ class WatermarkAuthority:
         pipeline: pipeline name.
         clock: stamps ``published_ms`` and measures lag.
         acls: ACLs for created znodes (:func:`.zkclient.digest_acls`); ``None`` = open.
+        max_pause_s: how long a call waits for a suspended connection to serve again before it
+            raises :class:`LeaseSuspendedError` (None: as long as the session is not reported
+            expired); give it the lease manager's ``max_pause_s``.
     """
 
     def __init__(self, client: KazooClient, *, pipeline: str, clock: Clock = _SYSTEM_CLOCK,
-                 acls: list[ACL] | None = None) -> None:
+                 acls: list[ACL] | None = None, max_pause_s: float | None = None) -> None:
         self._client = client
+        self.max_pause_s = max_pause_s
         self.pipeline = validate_name("pipeline", pipeline)
         self._clock = clock
         self._acls = acls
         self._base = f"/pipelines/{pipeline}"
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[int | None, int]] = {}
+        self._expiries = 0  # sessions of ``client`` reported expired (LOST) so far
         ensure_zk_layout(client)
+        client.add_listener(self._on_state)
+
+    def _on_state(self, state: str) -> None:
+        """kazoo listener: counts expired sessions (never blocks or calls ZooKeeper)."""
+        if state == KazooState.LOST:
+            with self._lock:
+                self._expiries += 1
 
     def _path(self, kind: str, name: str) -> str:
         folder = {"topology": "topology", "injector": "watermarks/injectors", "low": "watermarks/low",
                   "computation": "watermarks/computations"}[kind]
         return f"{self._base}/{folder}/{validate_name('injector' if kind == 'injector' else 'computation', name)}"
 
-    def _connected(self, what: str) -> None:
-        """Wait (bounded: twice the session timeout plus 5 s) for a suspended connection to come back."""
-        deadline = time.monotonic() + 2 * session_timeout_s(self._client) + 5.0
-        while self._client.state != KazooState.CONNECTED:
-            if time.monotonic() >= deadline:
-                raise LeaseSuspendedError(f"{what}: the ZooKeeper connection is suspended; retry once it reconnects")
-            time.sleep(0.05)
+    def _session(self) -> int:
+        """Which session of the client this is (the count of expired ones: kazoo hides the id while
+        the connection is suspended)."""
+        with self._lock:
+            return self._expiries
 
-    def _resilient(self, what: str, call: Callable[[], Any]) -> Any:
+    def _connected(self, what: str, pause: _Pause | None = None, *, session: int | None = None) -> None:
+        """Return once the connection is CONNECTED, *pausing* meanwhile (see :class:`_Pause`).
+
+        ``session``: the session a fenced write started in; a different one when the
+        connection is back means it expired meanwhile (:class:`LeaseLostError`).
+        """
+        own = pause is None
+        pause = pause or _Pause(what, self.max_pause_s)
+        while self._client.state != KazooState.CONNECTED:
+            pause.wait(f"the ZooKeeper connection is {str(self._client.state).lower()}")
+        if session is not None and self._session() != session:
+            raise LeaseLostError(f"{what}: the ZooKeeper session expired while it was paused; acquire the "
+                                 "leases again and publish with the new sequencer")
+        if own:
+            pause.resumed()
+
+    def _resilient(self, what: str, call: Callable[[], Any], *, session: int | None = None) -> Any:
         """``call()`` after :meth:`_connected`; again when the connection drops during it (every call
-        made this way re-reads before it writes, so a repeat is safe)."""
-        deadline = time.monotonic() + 2 * session_timeout_s(self._client) + 5.0
+        made this way re-reads before it writes, so a repeat is safe). One pause for all of it:
+        logged once, bounded by ``max_pause_s``. ``session``: the call writes under lease
+        sequencers granted in that session, so it must not go on in a new one."""
+        pause = _Pause(what, self.max_pause_s)
         while True:
-            self._connected(what)
+            self._connected(what, pause, session=session)
             try:
-                return call()
-            except LeaseSuspendedError:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.1)
+                result = call()
+            except LeaseSuspendedError as exc:
+                pause.wait(str(exc))
+                continue
+            pause.resumed()
+            return result
 
     def _get(self, path: str) -> tuple[bytes | None, ZnodeStat | None]:
         try:
@@ -262,8 +330,8 @@ class WatermarkAuthority:
         """Read-modify-write ``path`` until no concurrent writer got in between (see :meth:`_cas_many`)."""
         self._cas_many(what, [(path, update, None)])
 
-    def _cas_many(self, what: str, items: Sequence[tuple[str, Callable[[Raw | None], bytes | None], _Fence | None]]
-                  ) -> None:
+    def _cas_many(self, what: str, items: Sequence[tuple[str, Callable[[Raw | None], bytes | None], _Fence | None]],
+                  *, session: int | None = None) -> None:
         """Read-modify-write several nodes in one transaction until no concurrent writer got in between.
 
         Per item (path, update, fence): ``update`` maps the stored payload (``None``: absent) to the
@@ -271,9 +339,9 @@ class WatermarkAuthority:
         ``judge(data, stat)`` of that node returns a (path, version) that must still hold when the
         write commits (or None) and may raise. All reads of a try are one pipelined round; every
         write of a try commits or none does. A connection lost meanwhile is waited for and the
-        whole read-modify-write repeated (:meth:`_resilient`).
+        whole read-modify-write repeated (:meth:`_resilient`; ``session``: not in another one).
         """
-        self._resilient(what, lambda: self._cas_loop(what, items))
+        self._resilient(what, lambda: self._cas_loop(what, items), session=session)
 
     def _cas_loop(self, what: str, items: Sequence[tuple[str, Callable[[Raw | None], bytes | None], _Fence | None]]
                   ) -> None:
@@ -330,6 +398,7 @@ class WatermarkAuthority:
         ``works`` maps interval -> (oldest work ms or None, sequencer of our grant). One round
         of reads (pipelined) and one ZooKeeper transaction: all are written or none (a
         concurrent update makes it read and try again). Raises as :meth:`publish_oldest_work`."""
+        session = self._session()  # the sequencers are this session's grants: publish in no other
         ivs = sorted(works)
         if not ivs:
             return
@@ -356,7 +425,7 @@ class WatermarkAuthority:
             judge = functools.partial(_owner_fence, one, owners[iv], sequencer)
             items.append((f"{base}/{iv:05d}", update, (owners[iv], judge)))
         self._cas_many(f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} "
-                       f"{', '.join(map(str, ivs))} of {self.pipeline}/{computation}", items)
+                       f"{', '.join(map(str, ivs))} of {self.pipeline}/{computation}", items, session=session)
 
     def publish_injector(self, injector: str, watermark_ms: int, *, sequencer: int = 0) -> int:
         """Publish a source's low watermark estimate; it never moves backwards.

@@ -59,9 +59,10 @@ Semantics (SCENARIO_FORMAT.md; Beam Java where the model leaves a choice):
   with which the trigger finishes.
 * A finished trigger closes the window: nothing more is emitted for it (not
   even at expiry) and its later elements are dropped (``window_closed``)
-  until the window's GC. Closed windows do not merge. The default trigger
-  never finishes: within the allowed lateness every late element gets a LATE
-  pane.
+  until the window's GC. An element whose new session overlaps a closed
+  session is dropped too (merging with a closed window gives a closed
+  window). The default trigger never finishes: within the allowed lateness
+  every late element gets a LATE pane.
 * A session merge creates the merged window with a new pane sequence (index
   0); accumulators merge with ``CombineFn.merge``; in retracting mode the
   merged-away sessions' last panes are retracted immediately before the
@@ -140,9 +141,9 @@ class WindowedComputation(Computation):
             if wm is not None and wm >= proto.end_ms + s.allowed_lateness_ms:
                 self._drop(ctx, record, value, proto, "too_late")
                 continue
-            ws = st.get(proto.wid)
-            if ws is not None and ws.get("x"):
-                self._drop(ctx, record, value, proto, "window_closed")
+            closed = self._closed_window(st, proto)
+            if closed is not None:
+                self._drop(ctx, record, value, closed, "window_closed")
                 continue
             wid = self._merge_into(ctx, st, proto) if s.window_fn.merging else proto.wid
             if wid not in st:
@@ -192,6 +193,20 @@ class WindowedComputation(Computation):
         return TriggerContext(ws["t"], ctx.input_watermark_ms, ctx.now_ms, Window.from_wid(wid).end_ms)
 
     # --------------------------------------------------------------- merging
+
+    def _closed_window(self, st: dict[str, dict[str, Any]], proto: Window) -> Window | None:
+        """The closed window ``proto`` falls into: the same window, or (merging windows) one it overlaps,
+        since merging with a closed window gives a closed window (Beam)."""
+        ws = st.get(proto.wid)
+        if ws is not None and ws.get("x"):
+            return proto
+        if not self.strategy.window_fn.merging:
+            return None
+        for wid, ws in st.items():
+            w = Window.from_wid(wid)
+            if ws.get("x") and w.start_ms < proto.end_ms and proto.start_ms < w.end_ms:
+                return w
+        return None
 
     def _merge_into(self, ctx: Context, st: dict[str, dict[str, Any]], proto: Window) -> str:
         """Merge ``proto`` with the key's live windows; return the id of the window holding it."""

@@ -34,6 +34,7 @@ from deltawheel.executor.windowing.triggers import (
     AfterEach,
     AfterProcessingTime,
     AfterWatermark,
+    DefaultTrigger,
     OrFinally,
     Repeatedly,
     Trigger,
@@ -151,6 +152,19 @@ def test_after_watermark_early_on_time_late_phases() -> None:
     tc = _tc(plain, wm=100)
     plain.on_fire(tc, 0)
     assert plain.is_finished(tc, 0)
+
+
+def test_default_trigger_fires_from_the_window_end_on_and_never_finishes() -> None:
+    t = DefaultTrigger()
+    tc = _tc(t, wm=50)
+    t.on_element(tc, 0)
+    assert not t.should_fire(tc, 0)
+    tc.watermark_ms = 100
+    for _ in range(3):  # on time, then every late evaluation
+        assert t.should_fire(tc, 0)
+        t.on_fire(tc, 0)
+        assert not t.is_finished(tc, 0)
+    assert trigger_from_spec({"type": "default"}) == DefaultTrigger() != AfterWatermark()
 
 
 def test_after_each_after_all_or_finally() -> None:

@@ -28,6 +28,9 @@ and on every timer of a window, as Beam's ``TriggerStateMachine`` is:
   fires and finishes for good.
 * :class:`Always` fires after every element (``repeatedly(after_count(1))``);
   :class:`Never` never fires (only the window's expiry emits its pane).
+* :class:`DefaultTrigger` is Beam's default, ``Repeatedly.forever(AfterWatermark.pastEndOfWindow())``:
+  it fires whenever the watermark is at or past the window end (ON_TIME, then a LATE pane for every
+  evaluation with new elements within the allowed lateness) and never finishes.
 * Merging (sessions): counts add up, processing-time targets take the
   earliest, finished flags are or-ed; the watermark trigger is back in its
   early phase unless all merged windows were past it and the merged window's
@@ -43,7 +46,7 @@ from .windows import WindowingError
 
 __all__ = [
     "TriggerContext", "Trigger", "AfterWatermark", "AfterCount", "AfterProcessingTime", "Repeatedly",
-    "AfterAny", "AfterAll", "AfterEach", "OrFinally", "Always", "Never", "default_trigger",
+    "AfterAny", "AfterAll", "AfterEach", "OrFinally", "Always", "Never", "DefaultTrigger", "default_trigger",
 ]
 
 NodeState = dict[str, Any]
@@ -440,6 +443,23 @@ class AfterWatermark(Trigger):
                 early[0].clear(tc, early[1])
 
 
+@dataclass(frozen=True)
+class DefaultTrigger(Trigger):
+    """Beam's default trigger: fires whenever the watermark is at or past the window end; never finishes.
+
+    Unlike ``AfterWatermark()`` (which fires once and finishes, closing the window), late elements
+    within the allowed lateness each get a LATE pane.
+    """
+
+    def should_fire(self, tc: TriggerContext, i: int) -> bool:
+        """The watermark has reached the window end."""
+        return tc.end_of_window_reached
+
+    def on_fire(self, tc: TriggerContext, i: int) -> None:
+        """Nothing to do: it keeps no state and never finishes."""
+        pass
+
+
 def default_trigger() -> Trigger:
-    """Beam's default here: the watermark trigger without early or late firings."""
-    return AfterWatermark()
+    """Beam's default trigger, ``Repeatedly.forever(AfterWatermark.pastEndOfWindow())``."""
+    return DefaultTrigger()

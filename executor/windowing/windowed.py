@@ -48,13 +48,21 @@ Semantics (SCENARIO_FORMAT.md; Beam Java where the model leaves a choice):
   watermark passed their end); LATE otherwise (late elements, processing-time
   firings after the end, expiry after the on-time evaluation).
 * A pane is emitted when the trigger fires and the pane has elements since
-  the previous pane; the ON_TIME pane is emitted even when empty.
+  the previous pane; the ON_TIME pane is emitted even when empty only when
+  the trigger fires *because* the watermark reached the window end (it would
+  not fire with the watermark unknown): a trigger without a watermark part
+  emits nothing at the window end.
 * When the watermark passes end + allowed lateness the window expires:
-  buffered data gets a final pane (``is_last``) unless the trigger fires it
-  anyway, then the window's state and timers are removed. ``is_last`` is also
-  set on the pane with which the trigger finishes.
-* A finished trigger closes the window; its later elements are dropped
-  (``window_closed``) until the window's GC. Closed windows do not merge.
+  elements that arrived since the last pane get a final pane (``is_last``)
+  unless the trigger fires it anyway (an empty window gets none), then the
+  window's state and timers are removed. ``is_last`` is also set on the pane
+  with which the trigger finishes.
+* A finished trigger closes the window: nothing more is emitted for it (not
+  even at expiry) and its later elements are dropped (``window_closed``)
+  until the window's GC. An element whose new session overlaps a closed
+  session is dropped too (merging with a closed window gives a closed
+  window). The default trigger never finishes: within the allowed lateness
+  every late element gets a LATE pane.
 * A session merge creates the merged window with a new pane sequence (index
   0); accumulators merge with ``CombineFn.merge``; in retracting mode the
   merged-away sessions' last panes are retracted immediately before the
@@ -133,9 +141,9 @@ class WindowedComputation(Computation):
             if wm is not None and wm >= proto.end_ms + s.allowed_lateness_ms:
                 self._drop(ctx, record, value, proto, "too_late")
                 continue
-            ws = st.get(proto.wid)
-            if ws is not None and ws.get("x"):
-                self._drop(ctx, record, value, proto, "window_closed")
+            closed = self._closed_window(st, proto)
+            if closed is not None:
+                self._drop(ctx, record, value, closed, "window_closed")
                 continue
             wid = self._merge_into(ctx, st, proto) if s.window_fn.merging else proto.wid
             if wid not in st:
@@ -186,6 +194,20 @@ class WindowedComputation(Computation):
 
     # --------------------------------------------------------------- merging
 
+    def _closed_window(self, st: dict[str, dict[str, Any]], proto: Window) -> Window | None:
+        """The closed window ``proto`` falls into: the same window, or (merging windows) one it overlaps,
+        since merging with a closed window gives a closed window (Beam)."""
+        ws = st.get(proto.wid)
+        if ws is not None and ws.get("x"):
+            return proto
+        if not self.strategy.window_fn.merging:
+            return None
+        for wid, ws in st.items():
+            w = Window.from_wid(wid)
+            if ws.get("x") and w.start_ms < proto.end_ms and proto.start_ms < w.end_ms:
+                return w
+        return None
+
     def _merge_into(self, ctx: Context, st: dict[str, dict[str, Any]], proto: Window) -> str:
         """Merge ``proto`` with the key's live windows; return the id of the window holding it."""
         live = [Window.from_wid(wid) for wid, ws in st.items() if not ws.get("x")]
@@ -235,10 +257,14 @@ class WindowedComputation(Computation):
             tc = self._tc(ctx, wid, ws)
             finished = False
             if s.trigger.should_fire(tc, 0):
+                # an empty pane is emitted only when it is the ON_TIME pane of a watermark firing
+                by_watermark = timing is Timing.ON_TIME and not s.trigger.should_fire(
+                    TriggerContext(tc.states, None, tc.now_ms, tc.end_ms), 0)
                 s.trigger.on_fire(tc, 0)
                 finished = s.trigger.is_finished(tc, 0)
-                self._emit(ctx, wid, ws, timing, is_last=finished or expired)
-            elif expired:
+                if ws.get("n") or by_watermark:
+                    self._emit(ctx, wid, ws, timing, is_last=finished or expired)
+            elif expired and ws.get("n"):
                 self._emit(ctx, wid, ws, timing, is_last=True)
             if eow:
                 ws["e"] = 1
@@ -252,8 +278,6 @@ class WindowedComputation(Computation):
 
     def _emit(self, ctx: Context, wid: str, ws: dict[str, Any], timing: Timing, *, is_last: bool) -> None:
         s = self.strategy
-        if not ws.get("n") and timing is not Timing.ON_TIME:
-            return
         value = s.combine.extract(ws["a"] if "a" in ws else s.combine.create())
         index = ws.get("i", 0)
         info = PaneInfo(timing, index, index == 0, is_last)

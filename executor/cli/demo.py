@@ -3,7 +3,8 @@
 Local Spark, a local Delta store, and a real ZooKeeper started from pyspark's
 jars when none answers. ``--store s3a://BUCKET/PATH`` keeps the tables on an object store (the
 generated input stays in a local folder, ``--input``). Deterministic for (--events, --seed); re-running the
-same command after a kill resumes and finishes with exactly the same rows.
+same command after a kill resumes and finishes with exactly the same rows. ``--instance NAME`` runs it as one
+of several job instances sharing the computations' intervals (docs/rescaling.md).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def register(sub: Any) -> None:
                    help="local folder for the generated input files (default: <store>/_input for a local store, "
                         "data/demo-input for an object-store one, e.g. --store s3a://BUCKET/PATH); on a cluster "
                         "every worker must see it")
+    p.add_argument("--instance", default=None, metavar="NAME",
+                   help="run as job instance NAME (letters, digits, _): several instances on one store and one "
+                        "ZooKeeper share every computation's intervals, each taking its share "
+                        "(docs/rescaling.md); an embedded ZooKeeper this instance starts is left running for the "
+                        "others (`deltawheel zk stop --store STORE` stops it)")
     add_zk_args(p)
     add_spark_args(p)
     p.set_defaults(func=_run, store=None)
@@ -68,11 +74,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
 
     try:
-        summary = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress).run()
+        runner = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress,
+                                instance=args.instance)
+        summary = runner.run()
+        for m in runner.moves:
+            progress(f"instance {args.instance}: {m.computation} intervals {list(m.before)} -> {list(m.after)} "
+                     f"in {m.seconds:.1f}s")
         _summary(spark, layout, summary, events=args.events)
     finally:
-        if server is not None:
+        if server is not None and args.instance is None:
             server.stop()
+        elif server is not None:  # other instances may still use it
+            progress(f"the embedded ZooKeeper on {server.hosts} keeps running for the other instances; "
+                     f"stop it with: deltawheel zk stop --store {layout.root}")
     return 0
 
 

@@ -117,13 +117,21 @@ def positions_log(checkpoint: str, *, committed_only: bool = True) -> dict[int, 
     return out
 
 
-def _parquet_of(inj: Injector | None) -> ParquetInjector | None:
-    """The Parquet injector behind ``inj`` (itself, or a generator's ``parquet_injector()``)."""
+def _gives_files(inj: Injector) -> bool:
+    """``inj`` is a Parquet injector, or one that reads through one (a generator's
+    ``parquet_injector()``, called once its files exist)."""
+    return isinstance(inj, ParquetInjector) or callable(getattr(inj, "parquet_injector", None))
+
+
+def _parquet_of(inj: Injector) -> ParquetInjector:
+    """The Parquet injector behind ``inj`` (see :func:`_gives_files`)."""
     if isinstance(inj, ParquetInjector):
         return inj
-    make = getattr(inj, "parquet_injector", None)
-    made = make() if callable(make) else None
-    return made if isinstance(made, ParquetInjector) else None
+    made = inj.parquet_injector()  # type: ignore[attr-defined]
+    if not isinstance(made, ParquetInjector):
+        raise ConfigError(f"injector {inj.name}: parquet_injector() gave a {type(made).__name__}, not a "
+                          "ParquetInjector")
+    return made
 
 
 def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_of: Callable[[str], str],
@@ -136,14 +144,14 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
         ConfigError: ``comp`` reads an input that gives no file positions (an injector other than
             a Parquet or generator injector, or several Parquet injectors).
     """
-    parquet: dict[str, ParquetInjector] = {}
+    parquet: dict[str, Injector] = {}
     tables: dict[str, str] = {}
     for stream in comp.inputs:
         if stream not in injectors:
             tables[stream] = table_of(stream)
             continue
-        inj = _parquet_of(injectors[stream])
-        if inj is None:
+        inj = injectors[stream]
+        if not _gives_files(inj):
             raise ConfigError(
                 f"{comp.name}: instances can share a computation's intervals only when its inputs give file "
                 f"positions: Parquet (or generator) injectors and stream tables; {stream!r} is a "
@@ -170,13 +178,13 @@ class SharedInput:
     """One computation's input when instances share its intervals: what the executor needs for
     the skip rule and catch-up.
 
-    ``parquet``: the Parquet injector it reads, by stream (at most one); ``tables``: the stream
+    ``parquet``: the Parquet (or generator) injector it reads, by stream (at most one); ``tables``: the stream
     tables it reads, stream -> path. ``done``: per interval held, the positions processed for it
     (read from the fence rows when the interval is taken, grown by every commit of this
     instance)."""
 
     comp: Computation
-    parquet: dict[str, ParquetInjector]
+    parquet: dict[str, Injector]
     tables: dict[str, str]
     checkpoint: str
     num_intervals: int
@@ -288,7 +296,7 @@ class SharedInput:
         bare = sorted(p for p in positions if "/" not in p)
         if bare:
             ((stream, inj),) = self.parquet.items()
-            frames.append(inj.files_df(spark, bare).withColumn("stream", F.lit(stream)))
+            frames.append(_parquet_of(inj).files_df(spark, bare).withColumn("stream", F.lit(stream)))
         for stream, path in sorted(self.tables.items()):
             names = sorted(p.split("/", 1)[1] for p in positions if p.startswith(f"{stream}/"))
             if not names:

@@ -43,7 +43,8 @@ def register(sub: Any) -> None:
     p.add_argument("--instance", default=None, metavar="NAME",
                    help="run as job instance NAME (letters, digits, _): several instances on one store and one "
                         "ZooKeeper share every computation's intervals, each taking its share "
-                        "(docs/rescaling.md); an embedded ZooKeeper this instance starts is left running for the "
+                        "(docs/rescaling.md; its limits: the panes of concurrent instances can differ from one "
+                        "instance's); an embedded ZooKeeper this instance starts is left running for the "
                         "others (`deltawheel zk stop --store STORE` stops it)")
     add_zk_args(p)
     add_spark_args(p)

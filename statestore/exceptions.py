@@ -30,6 +30,7 @@ __all__ = [
     "MigrationError",
     "ZooKeeperServerError",
     "ConfigError",
+    "InputGoneError",
     "JarFetchError",
     "ObjectStoreError",
     "ObjectStoreUnreachableError",
@@ -141,6 +142,11 @@ class MigrationError(FatalError):
 
 class ConfigError(FatalError):
     """Configuration is missing or invalid."""
+
+
+class InputGoneError(FatalError):
+    """Input a moved interval's new owner must catch up on is gone (e.g. a stream table's data
+    file removed by VACUUM): the move cannot be made exact."""
 
 
 class JarFetchError(FatalError):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltawheel.executor.computation import RECORD_KEY
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.runtime.rescale import CATCH_UP_BATCH, source_log_files
 from deltawheel.executor.runtime.sources import ParquetInjector
@@ -73,17 +74,18 @@ def test_a_moved_interval_is_neither_skipped_nor_processed_twice(spark: Any, zk_
     assert sorted(f for fs in logged.values() for f in fs) == [f"part-{n:05d}.parquet" for n in range(3)]
 
 
-def test_sharing_needs_a_parquet_injector_keyed_by_its_key_column(spark: Any, zk_config: Any, tmp_path: Path) -> None:
-    class ByField(KeyCount):
-        name = "by_field"
-        inputs = {"events": "key"}
+def test_sharing_needs_at_most_one_parquet_injector(spark: Any, zk_config: Any, tmp_path: Path) -> None:
+    class TwoFolders(KeyCount):
+        name = "two_folders"
+        inputs = {"events": "key", "more": RECORD_KEY}
 
     folder, layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))
     write_file(folder, 0)
-    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t", watermark_delay_ms=1_000)
-    r = PipelineRunner(spark, layout, Pipeline("moves", (inj,), (ByField(),)), zk=zk_config, instance="a",
+    injs = tuple(ParquetInjector(n, str(folder), key_column="key", event_time_column="t", watermark_delay_ms=1_000)
+                 for n in ("events", "more"))
+    r = PipelineRunner(spark, layout, Pipeline("moves", injs, (TwoFolders(),)), zk=zk_config, instance="a",
                        warm_workers=False)
-    with pytest.raises(ConfigError, match="only when it reads one Parquet injector keyed by"):
+    with pytest.raises(ConfigError, match="at most one Parquet injector"):
         r.run()
 
 

@@ -314,7 +314,7 @@ def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, fi
                 raise ConfigError(f"{path} exists with different events (another seed, size or "
                                   "schedule?); generate into a fresh folder")
             continue
-        staged = os.path.join(folder, f".part-{f:05d}.parquet.tmp")
+        staged = os.path.join(folder, f".part-{f:05d}.parquet.{os.getpid()}.tmp")  # instances may write at once
         pq.write_table(chunk, staged)
         os.replace(staged, path)
         os.utime(path, (first_mtime_s + f, first_mtime_s + f))
@@ -369,7 +369,7 @@ class GeneratorInjector:
         manifest: dict[str, Any] = {"params": asdict(self.params), "anomalies": asdict(self.params.windows()),
                                     "events_per_batch": self.events_per_batch,
                                     "files": [os.path.basename(p) for p in paths]}
-        staged = os.path.join(self.folder, "._zeitgeist.json.tmp")
+        staged = os.path.join(self.folder, f"._zeitgeist.json.{os.getpid()}.tmp")
         with open(staged, "w") as fh:
             json.dump(manifest, fh, indent=1, sort_keys=True)
         os.replace(staged, os.path.join(self.folder, "_zeitgeist.json"))

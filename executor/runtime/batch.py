@@ -316,8 +316,8 @@ class ComputationExecutor:
         7. Publish the new low watermark for the intervals.
 
         With :attr:`shared` set (instances share the intervals, ``rescale.py``), step 1 also drops
-        the records an earlier owner of their interval processed (by input file: ``input_files``,
-        default the query's file log for ``batch_id``), and step 5 records the batch's files.
+        the records an earlier owner of their interval processed (by input position: ``input_files``,
+        default those of the query's micro-batch ``batch_id``), and step 5 records the batch's.
 
         Steps 2-4 are one Spark job (``self.job``); if the write path's view of the rows went
         stale (:class:`StaleViewError`: someone else committed to the partitions), the path
@@ -339,8 +339,7 @@ class ComputationExecutor:
         self.owner.check()
         skipped, files = 0, tuple[str, ...]()
         if self.shared is not None and df is not None:
-            files = tuple(input_files if input_files is not None else self.shared.batch_files(batch_id))
-            df, skipped = self.shared.skip(df, files, self.owner.intervals)
+            df, skipped, files = self.shared.apply(df, batch_id, self.owner.intervals, input_files)
         path.input_files = files
         wm_in = self.input_watermark() if use_authority and input_watermark_ms is None else input_watermark_ms
         now = self.clock.now_ms()

@@ -32,6 +32,7 @@ from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.writepath.streams import ensure_stream_table
 from deltawheel.statestore.zk.client import connect, digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager, list_leases
 from deltawheel.statestore.zk.members import Membership, target
@@ -42,7 +43,7 @@ from ..computation import RECORD_KEY, Computation
 from ..tasks import worker as _worker
 from .batch import ComputationExecutor, FaultPoint
 from .reports import BatchReport
-from .rescale import CATCH_UP_BATCH, SharedInput, files_read, shared_input
+from .rescale import CATCH_UP_BATCH, files_read, shared_input
 from .sources import (
     DEFAULT_MAX_EVENT_AHEAD_MS,
     BatchStats,
@@ -255,8 +256,7 @@ class PipelineRunner:
                                  upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
                                  progress=self.progress, write_path=self.write_path, intervals=intervals)
         if self.instance is not None:  # instances share the intervals: positions per input file
-            stream, parquet = shared_input(comp, injectors)
-            ex.shared = SharedInput(stream, parquet, self._checkpoint(comp), type(comp).num_intervals)
+            ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp))
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         ex.start(wait_s=wait_s)
@@ -366,8 +366,11 @@ class PipelineRunner:
             if s in injectors:
                 df = injectors[s].stream_df(self.spark)
             else:
-                df = (self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
-                      .load(self.layout.stream(s)))
+                reader = self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
+                if self.instance is not None:  # the files deliveries added, never a compaction's (rescale.py)
+                    ensure_stream_table(self.spark, self.layout, s)
+                    reader = reader.option("startingVersion", 0)
+                df = reader.load(self.layout.stream(s))
             frames.append(df.withColumn("stream", F.lit(s)))
         # (shared intervals: the skip rule filters the frame, so the tasks must not read the files)
         ex.direct_source = self._direct_source(comp) if ex.shared is None else None

@@ -4,20 +4,39 @@ Several instances (separate Spark applications) may share a computation's interv
 the whole input with its own streaming query (its checkpoint: ``_checkpoints/{pipeline}/{comp}/
 {instance}``) and processes the records of the intervals it holds. When an interval moves from
 A to B, B's input position is not the interval's committed one. Positions are kept exactly, at
-file granularity (Spark's file source reads whole files per micro-batch): each interval's fence
-row holds the input files committed for it (``statestore/rowtable/inputfiles.py``), added by the
-same transaction as the batch's rows, on both write paths. Two rules make a move exact:
+file granularity: each interval's fence row holds the input *positions* committed for it
+(``statestore/rowtable/inputfiles.py``), added by the same transaction as the batch's rows, on
+both write paths. A position is an immutable file of an input:
 
-* **Skip**: a record of interval I whose input file is in I's set was processed by an earlier
-  owner; it is dropped before the batch (counted as ``skipped_moved``). That covers B *behind*.
-* **Catch-up**: on taking intervals, the files B's own query already consumed (its checkpoint's
-  file source log, committed batches only) that are missing from a taken interval's set are
-  read as a batch and processed for that interval only (the skip rule, applied to them) before
-  B's next regular batch. That covers B *ahead*.
+* a Parquet injector's file (also a :class:`GeneratorInjector`'s): its name, as Spark's file
+  source reads whole files per micro-batch (the record's ``commit_id`` names it);
+* a Delta stream table's data file (the productions of an upstream computation):
+  ``{stream}/{file name}`` (Spark's ``input_file_name()`` of the record; Delta's data files are
+  never changed, and a delivery adds its files with ``dataChange=true`` in one version).
 
-Restriction: the computation reads one :class:`ParquetInjector` and keys by its key column
-(``RECORD_KEY``); other inputs (Delta stream tables, Delta injectors: their streaming source
-logs table versions, not files) are refused with :class:`ConfigError`.
+Two rules make a move exact:
+
+* **Skip**: a record of interval I (by the computation's key extractor, the key the executor
+  uses) whose position is in I's set was processed by an earlier owner; it is dropped before
+  the batch (counted as ``skipped_moved``). That covers B *behind*.
+* **Catch-up**: on taking intervals, the positions B's own query already consumed (committed
+  batches only) that are missing from a taken interval's set are read as a batch and processed
+  for that interval only (the skip rule, applied to them) before B's next regular batch. That
+  covers B *ahead*. What a query consumed: its checkpoint's file source log (``sources/0``, a
+  computation reading one Parquet injector only) and the positions log this module keeps beside
+  it (``dw_positions/{batch}``: a batch's positions, written before the batch runs, counted
+  once ``commits/{batch}`` exists).
+
+Stream-table maintenance: ``deltawheel gc``'s ``compact`` rewrites a stream table's files into
+new ones (``dataChange=false``). A running Delta streaming query ignores such files, and the
+queries of instances read the table's change log from its first version (``startingVersion``
+0, never a snapshot), so they only ever see the files deliveries added: a rewritten file never
+looks new. A catch-up reads the original files by path; VACUUM removes them after its
+retention (168 h at least through ``deltawheel gc``): a catch-up needing one then fails with
+:class:`InputGoneError`, and a new instance's query fails at its start.
+
+Refused (:class:`ConfigError`): several Parquet injectors, and any other injector (a
+:class:`DeltaTableInjector` reads a user's table, whose maintenance deltawheel does not control).
 """
 
 from __future__ import annotations
@@ -26,19 +45,22 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import unquote, urlparse
 
-from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.exceptions import ConfigError, InputGoneError
 
-from ..computation import RECORD_KEY, Computation
-from ..tasks.merge import interval_of_key
+from ..computation import Computation
+from ..tasks.merge import interval_of_key, key_expression
 from .sources import Injector, ParquetInjector
 
-__all__ = ["SharedInput", "CATCH_UP_BATCH", "files_read", "source_log_files", "shared_input"]
+__all__ = ["SharedInput", "CATCH_UP_BATCH", "POSITIONS_DIR", "files_read", "source_log_files", "positions_log",
+           "shared_input"]
 
 CATCH_UP_BATCH = -1  # the batch id of a catch-up batch (reports, commit ids)
+POSITIONS_DIR = "dw_positions"  # in a query checkpoint: per batch, the positions it read
 _COMPACT = re.compile(r"^(\d+)(\.compact)?$")
+_POSITION = "_dw_position"
 
 
 def source_log_files(checkpoint: str, *, source: int = 0, committed_only: bool = True) -> dict[int, list[str]]:
@@ -94,22 +116,76 @@ def _local(uri: str) -> str:
     return uri
 
 
-def shared_input(comp: Computation, injectors: Mapping[str, Injector]) -> tuple[str, ParquetInjector]:
-    """(stream, injector) of a computation whose intervals instances may share.
+def positions_log(checkpoint: str, *, committed_only: bool = True) -> dict[int, list[str]]:
+    """Batch id -> the positions this module logged for it in the query checkpoint
+    (``dw_positions/``), for the batches the query committed (every logged one with
+    ``committed_only=False``). A local checkpoint; missing: {}."""
+    root = _local(checkpoint)
+    logdir, commits = os.path.join(root, POSITIONS_DIR), os.path.join(root, "commits")
+    if not os.path.isdir(logdir):
+        return {}
+    done = {int(n) for n in os.listdir(commits) if n.isdigit()} if os.path.isdir(commits) else set()
+    out: dict[int, list[str]] = {}
+    for name in os.listdir(logdir):
+        if name.isdigit() and (int(name) in done or not committed_only):
+            with open(os.path.join(logdir, name), encoding="utf-8") as fh:
+                out[int(name)] = list(json.load(fh)["positions"])
+    return out
+
+
+def _gives_files(inj: Injector) -> bool:
+    """``inj`` is a Parquet injector, or one that reads through one (a generator's
+    ``parquet_injector()``, called once its files exist)."""
+    return isinstance(inj, ParquetInjector) or callable(getattr(inj, "parquet_injector", None))
+
+
+def _parquet_of(inj: Injector) -> ParquetInjector:
+    """The Parquet injector behind ``inj`` (see :func:`_gives_files`)."""
+    if isinstance(inj, ParquetInjector):
+        return inj
+    made = inj.parquet_injector()  # type: ignore[attr-defined]
+    if not isinstance(made, ParquetInjector):
+        raise ConfigError(f"injector {inj.name}: parquet_injector() gave a {type(made).__name__}, not a "
+                          "ParquetInjector")
+    return made
+
+
+def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_of: Callable[[str], str],
+                 checkpoint: str) -> SharedInput:
+    """What the executor of ``comp`` needs when instances share its intervals.
+
+    ``table_of``: a stream's table path (``StoreLayout.stream``).
 
     Raises:
-        ConfigError: it does not read exactly one Parquet injector by its key column.
+        ConfigError: ``comp`` reads an input that gives no file positions (an injector other than
+            a Parquet or generator injector, or several Parquet injectors), or relies on
+            event-time timers (``event_time_timers``: windowed computations).
     """
-    if len(comp.inputs) == 1:
-        ((stream, extractor),) = comp.inputs.items()
-        inj = injectors.get(stream)
-        if isinstance(inj, ParquetInjector) and extractor == RECORD_KEY:
-            return stream, inj
-    raise ConfigError(f"{comp.name}: instances can share a computation's intervals only when it reads one "
-                      f"Parquet injector keyed by the injector's key column (inputs: {dict(comp.inputs)}); the "
-                      "input position of a moved interval is kept per input file, and other sources (Delta "
-                      "stream tables, Delta injectors) give no file positions. Run it as one instance "
-                      "(no instance name), or feed it from a Parquet injector")
+    if getattr(type(comp), "event_time_timers", False):
+        raise ConfigError(
+            f"{comp.name}: instances cannot share the intervals of a computation with event-time timers yet: an "
+            "injector's watermark is one value per pipeline, so an instance reading ahead would close windows "
+            "for the records another instance has not read yet. Run it as one instance (no instance name); "
+            "docs/rescaling.md, 'Limits'")
+    parquet: dict[str, Injector] = {}
+    tables: dict[str, str] = {}
+    for stream in comp.inputs:
+        if stream not in injectors:
+            tables[stream] = table_of(stream)
+            continue
+        inj = injectors[stream]
+        if not _gives_files(inj):
+            raise ConfigError(
+                f"{comp.name}: instances can share a computation's intervals only when its inputs give file "
+                f"positions: Parquet (or generator) injectors and stream tables; {stream!r} is a "
+                f"{type(injectors[stream]).__name__}. Run it as one instance (no instance name), or feed it "
+                "from a Parquet injector")
+        parquet[stream] = inj
+    if len(parquet) > 1:
+        raise ConfigError(f"{comp.name}: instances can share a computation's intervals when it reads at most one "
+                          f"Parquet injector (it reads {sorted(parquet)}); run it as one instance (no instance "
+                          "name), or merge the injectors' folders into one")
+    return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals)
 
 
 def file_column() -> Any:
@@ -125,34 +201,81 @@ class SharedInput:
     """One computation's input when instances share its intervals: what the executor needs for
     the skip rule and catch-up.
 
-    ``done``: per interval held, the files processed for it (read from the fence rows when the
-    interval is taken, grown by every commit of this instance)."""
+    ``parquet``: the Parquet (or generator) injector it reads, by stream (at most one); ``tables``: the stream
+    tables it reads, stream -> path. ``done``: per interval held, the positions processed for it
+    (read from the fence rows when the interval is taken, grown by every commit of this
+    instance)."""
 
-    stream: str
-    injector: ParquetInjector
+    comp: Computation
+    parquet: dict[str, Injector]
+    tables: dict[str, str]
     checkpoint: str
     num_intervals: int
     done: dict[int, frozenset[str]] = field(default_factory=dict)
 
-    def batch_files(self, batch_id: int) -> list[str]:
-        """The files of the query's micro-batch ``batch_id`` (the file source logs a batch before
-        running it); raises if the log does not name it."""
-        files = source_log_files(self.checkpoint, committed_only=False).get(batch_id)
-        if files is None:
-            raise ConfigError(f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}: this "
-                              "executor's batches must come from the query whose checkpoint that is")
-        return files
-
-    def skip(self, df: Any, files: Iterable[str], intervals: Sequence[int]) -> tuple[Any, int]:
-        """(``df`` without the records of an interval whose file is in its set, how many were dropped)."""
+    def position(self) -> Any:
+        """A record's position (see the module docstring), as a column of the query's frame;
+        evaluated where the frame's files are scanned (``input_file_name()``)."""
         from pyspark.sql import functions as F
 
-        files = set(files)
+        pos = None
+        for stream in self.comp.inputs:
+            if stream in self.parquet:
+                e = file_column()
+            else:
+                e = F.concat(F.lit(f"{stream}/"), F.regexp_extract(F.input_file_name(), r"([^/]*)$", 1))
+            cond = F.col("stream") == F.lit(stream)
+            pos = F.when(cond, e) if pos is None else pos.when(cond, e)
+        assert pos is not None
+        return pos
+
+    def apply(self, df: Any, batch_id: int, intervals: Sequence[int],
+              positions: Sequence[str] | None = None) -> tuple[Any, int, tuple[str, ...]]:
+        """(``df`` without the records an earlier owner processed, how many were dropped, the
+        batch's positions): the skip rule on a batch. ``positions``: the batch's (a catch-up's),
+        default those of the query's micro-batch ``batch_id``, logged in the checkpoint."""
+        df = df.withColumn(_POSITION, self.position())
+        if positions is None:
+            positions = self.batch_positions(df, batch_id)
+            self._log_batch(batch_id, positions)
+        kept, skipped = self.skip(df, positions, intervals)
+        return kept.drop(_POSITION), skipped, tuple(positions)
+
+    def batch_positions(self, df: Any, batch_id: int) -> list[str]:
+        """The positions of the query's micro-batch ``batch_id`` (``df``: its frame, with the
+        position column): the file source log's when the one input is a Parquet injector (it
+        logs a batch before running it), else the batch's distinct positions (a Spark job)."""
+        if not self.tables:
+            files = source_log_files(self.checkpoint, committed_only=False).get(batch_id)
+            if files is None:
+                raise ConfigError(f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}: this "
+                                  "executor's batches must come from the query whose checkpoint that is")
+            return files
+        return sorted(r[0] for r in df.select(_POSITION).distinct().collect() if r[0])
+
+    def _log_batch(self, batch_id: int, positions: Sequence[str]) -> None:
+        """Record a query batch's positions in the checkpoint (replaced when the batch runs again)."""
+        if batch_id < 0 or not self.tables:
+            return  # the file source log is enough
+        logdir = os.path.join(_local(self.checkpoint), POSITIONS_DIR)
+        os.makedirs(logdir, exist_ok=True)
+        staged = os.path.join(logdir, f".{batch_id}.tmp")
+        with open(staged, "w", encoding="utf-8") as fh:
+            json.dump({"format_version": 1, "positions": sorted(positions)}, fh)
+        os.replace(staged, os.path.join(logdir, str(batch_id)))
+
+    def skip(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, int]:
+        """(``df`` without the records of an interval whose position is in its set, how many were
+        dropped); ``df`` has the position column."""
+        from pyspark.sql import functions as F
+
+        positions = set(positions)
+        interval = interval_of_key(self.num_intervals, key_expression(self.comp))
         cond = None
         for iv in intervals:
-            seen = sorted(self.done.get(iv, frozenset()) & files)
+            seen = sorted(self.done.get(iv, frozenset()) & positions)
             if seen:
-                c = (interval_of_key(self.num_intervals) == F.lit(iv)) & file_column().isin(seen)
+                c = (interval == F.lit(iv)) & F.col(_POSITION).isin(seen)
                 cond = c if cond is None else cond | c
         if cond is None:
             return df, 0
@@ -160,23 +283,57 @@ class SharedInput:
         skipped = df.where(cond).count()
         return df.where(~cond), skipped
 
-    def committed(self, files: Iterable[str], intervals: Iterable[int]) -> None:
-        """A batch of ``files`` committed for ``intervals``."""
-        files = frozenset(files)
+    def committed(self, positions: Iterable[str], intervals: Iterable[int]) -> None:
+        """A batch of ``positions`` committed for ``intervals``."""
+        positions = frozenset(positions)
         for iv in intervals:
-            self.done[iv] = self.done.get(iv, frozenset()) | files
+            self.done[iv] = self.done.get(iv, frozenset()) | positions
+
+    def consumed(self) -> set[str]:
+        """The positions this instance's query consumed (its committed batches)."""
+        out: set[str] = set().union(*positions_log(self.checkpoint).values())
+        if not self.tables:
+            out |= set().union(*source_log_files(self.checkpoint).values())
+        return out
 
     def missing(self, intervals: Iterable[int]) -> list[str]:
-        """The files this instance's query consumed (committed batches) that some of ``intervals``
-        has not processed: what a catch-up batch reads."""
-        consumed = set().union(*source_log_files(self.checkpoint).values())
+        """The positions this instance's query consumed that some of ``intervals`` has not
+        processed: what a catch-up batch reads."""
+        consumed = self.consumed()
         out: set[str] = set()
         for iv in intervals:
             out |= consumed - self.done.get(iv, frozenset())
         return sorted(out)
 
-    def files_df(self, spark: Any, files: Sequence[str]) -> Any:
-        """The records of ``files`` as the stream frame the query gives (``stream`` column included)."""
+    def files_df(self, spark: Any, positions: Sequence[str]) -> Any:
+        """The records at ``positions`` as the query's frame gives them (``stream`` column
+        included).
+
+        Raises:
+            InputGoneError: a stream table's data file is gone (VACUUM).
+        """
+        from deltawheel.statestore.writepath.streams import stream_schema_ddl
         from pyspark.sql import functions as F
 
-        return self.injector.files_df(spark, files).withColumn("stream", F.lit(self.stream))
+        frames = []
+        bare = sorted(p for p in positions if "/" not in p)
+        if bare:
+            ((stream, inj),) = self.parquet.items()
+            frames.append(_parquet_of(inj).files_df(spark, bare).withColumn("stream", F.lit(stream)))
+        for stream, path in sorted(self.tables.items()):
+            names = sorted(p.split("/", 1)[1] for p in positions if p.startswith(f"{stream}/"))
+            if not names:
+                continue
+            paths = [f"{path.rstrip('/')}/{n}" for n in names]
+            gone = [p for p in paths if "://" not in p and not os.path.exists(p)]
+            if gone:
+                raise InputGoneError(
+                    f"{self.comp.name}: a moved interval's new owner must read {len(gone)} data files of stream "
+                    f"{stream} that are gone (e.g. {gone[0]}; VACUUM removed them after a compaction), so the move "
+                    "cannot be exact. Run the computation as one instance, or move the interval back to an "
+                    "instance whose query is behind those files (docs/rescaling.md)")
+            frames.append(spark.read.schema(stream_schema_ddl()).parquet(*paths).withColumn("stream", F.lit(stream)))
+        out = frames[0]
+        for f in frames[1:]:
+            out = out.unionByName(f)
+        return out

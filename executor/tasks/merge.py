@@ -24,7 +24,7 @@ from .job import BatchRun, Prepared
 from .keyrun import run_key
 
 __all__ = ["prepare_input", "run_in_tasks", "MergeTasks", "productions_frame", "dead_letter_frame",
-           "routed_frame", "user_error_message", "interval_of_key", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS"]
+           "routed_frame", "user_error_message", "interval_of_key", "key_expression", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS"]
 
 _PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, timestamp_ms: BIGINT, codec: STRING>"
 _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRING, position: STRING, "
@@ -37,12 +37,23 @@ _ERR = "\x00!"
 DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the clock are dead letters
 
 
-def interval_of_key(num_intervals: int) -> Any:
-    """The key interval of the ``key`` column, as a Spark column (null for a null key): the one
-    key -> interval mapping of every write path (``zlib.crc32`` of the UTF-8 key, mod n)."""
+def interval_of_key(num_intervals: int, key: Any = None) -> Any:
+    """The key interval of the ``key`` column (or of the column ``key``), as a Spark column (null
+    for a null key): the one key -> interval mapping of every write path (``zlib.crc32`` of the
+    UTF-8 key, mod n)."""
     from pyspark.sql import functions as F
 
-    return F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(num_intervals)).cast("int")
+    k = F.col("key") if key is None else key
+    return F.pmod(F.crc32(k.cast("binary")), F.lit(num_intervals)).cast("int")
+
+
+def key_expression(comp: Computation) -> Any:
+    """The key the executor gives a record of ``comp``'s input frame (a ``stream`` column naming
+    the input), as a Spark column: its key extractor per input, as step 2 prepares it (a bad
+    record's key is an error text there; it becomes a dead letter)."""
+    from pyspark.sql import functions as F
+
+    return _key_expression(comp, F.col("stream"))[0]
 
 
 def _key_udf(extractor: Callable[[Any], Any]) -> Any:
@@ -116,12 +127,10 @@ def ahead_reason(ts_ms: int, bound_ms: int, now_ms: int) -> str:
     return f"{_AHEAD[0]}{ts_ms}{_AHEAD[1].format(bound=bound_ms, now=now_ms)}"
 
 
-def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> tuple[Any, ...]:
+def _key_expression(comp: Computation, stream: Any) -> tuple[Any, bool]:
+    """(the key of a record of ``comp``'s input as a column, whether a Python UDF computes it)."""
     from pyspark.sql import functions as F
 
-    if not has_stream and len(comp.inputs) != 1:
-        raise ConfigError(f"{comp.name} has several inputs, so its batch needs a 'stream' column")
-    stream = F.col("stream") if has_stream else F.lit(next(iter(comp.inputs)))
     key = None
     udf_key = False
     for name, ex in comp.inputs.items():
@@ -137,6 +146,16 @@ def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> t
         key = F.when(cond, e) if key is None else key.when(cond, e)
     assert key is not None
     key = key.otherwise(F.lit(f"{_ERR}record of an undeclared input stream"))
+    return key, udf_key
+
+
+def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> tuple[Any, ...]:
+    from pyspark.sql import functions as F
+
+    if not has_stream and len(comp.inputs) != 1:
+        raise ConfigError(f"{comp.name} has several inputs, so its batch needs a 'stream' column")
+    stream = F.col("stream") if has_stream else F.lit(next(iter(comp.inputs)))
+    key, udf_key = _key_expression(comp, stream)
     k = F.col("_k") if udf_key else key
     bad = (F.when(k.isNull(), F.lit("record without key"))  # a null key column (frames a user embeds)
            .when(k.startswith(_ERR), F.substring(k, 3, 1000))

@@ -89,6 +89,23 @@ def test_sharing_needs_at_most_one_parquet_injector(spark: Any, zk_config: Any, 
         r.run()
 
 
+def test_windowed_computations_are_not_shared_between_instances(spark: Any, zk_config: Any, tmp_path: Path) -> None:
+    """A user who names an instance for a windowed pipeline is told why it cannot be shared,
+    before anything runs (the injector's watermark is one per pipeline)."""
+    from deltawheel import FixedWindows, windowed
+
+    folder, layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))
+    write_file(folder, 0)
+    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t", watermark_delay_ms=1_000)
+    sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
+                    combine="count")
+    r = PipelineRunner(spark, layout, Pipeline("moves", (inj,), (sums,)), zk=zk_config, instance="a",
+                       warm_workers=False)
+    with pytest.raises(ConfigError, match="event-time timers"):
+        r.run()
+    assert not (tmp_path / "store" / "_checkpoints" / "moves" / "sums" / "a" / "commits").exists()
+
+
 # --- membership, target, move requests, the rebalance command --------------------------
 
 

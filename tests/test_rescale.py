@@ -19,7 +19,9 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import interval_of
 from deltawheel.statestore.rowtable.store import RowStore
-from executor_util import state_of
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.members import Membership
+from executor_util import state_of, stream_rows
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark import cloudpickle
@@ -89,21 +91,41 @@ def test_sharing_needs_at_most_one_parquet_injector(spark: Any, zk_config: Any, 
         r.run()
 
 
-def test_windowed_computations_are_not_shared_between_instances(spark: Any, zk_config: Any, tmp_path: Path) -> None:
-    """A user who names an instance for a windowed pipeline is told why it cannot be shared,
-    before anything runs (the injector's watermark is one per pipeline)."""
+@pytest.mark.timeout(600)
+def test_a_windowed_computation_shared_by_instances_gives_the_panes_of_one(spark: Any, zk_config: Any,
+                                                                           tmp_path: Path) -> None:
+    """Instance a reads every file ahead while instance b, a live member, has read nothing: b's
+    intervals' windows must stay open until b's own reading closes them (each instance publishes
+    its own injector estimate; the injector's watermark is the live instances' minimum)."""
     from deltawheel import FixedWindows, windowed
 
-    folder, layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))
-    write_file(folder, 0)
-    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t", watermark_delay_ms=1_000)
-    sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
-                    combine="count")
-    r = PipelineRunner(spark, layout, Pipeline("moves", (inj,), (sums,)), zk=zk_config, instance="a",
-                       warm_workers=False)
-    with pytest.raises(ConfigError, match="event-time timers"):
-        r.run()
-    assert not (tmp_path / "store" / "_checkpoints" / "moves" / "sums" / "a" / "commits").exists()
+    folder = tmp_path / "in"
+    for n in range(3):  # file n: window n (FixedWindows of 10 s from 1,000,000 ms)
+        write_file(folder, n)
+
+    def run(name: str, store: str, instance: str | None) -> list[tuple[Any, ...]]:
+        inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t",
+                              watermark_delay_ms=1_000, max_files_per_trigger=1, max_event_ahead_ms=None)
+        sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
+                        combine="count")
+        layout = StoreLayout(str(tmp_path / store))
+        PipelineRunner(spark, layout, Pipeline(name, (inj,), (sums,)), zk=zk_config, wait_s=20, instance=instance,
+                       warm_workers=False).run()
+        return sorted(row[1:] for row in stream_rows(spark, layout, "sums"))  # (key, value, time): the panes
+
+    single = run("single", "single", None)
+    assert len(single) == 3 * len(KEYS)  # every key in every window
+    client = connect(zk_config)
+    try:
+        b = Membership(client, pipeline="shared", instance="b")
+        b.join()  # b is live and has read nothing: a takes only its half and reads all files ahead
+        run("shared", "shared", "a")
+        b.leave()
+    finally:
+        client.stop()
+        client.close()
+    # b alone now: it takes every interval, skips what a committed, and reads its half from the start
+    assert run("shared", "shared", "b") == single
 
 
 # --- membership, target, move requests, the rebalance command --------------------------

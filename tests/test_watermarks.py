@@ -112,6 +112,44 @@ def test_injector_watermark_never_moves_back(wm: WatermarkAuthority) -> None:
         wm.publish_injector("src", NOT_MS)
 
 
+def test_instances_publish_their_own_estimates_and_the_injector_takes_the_live_minimum(
+        wm: WatermarkAuthority, clients: Callable[..., KazooClient], zk_config: ZkConfig) -> None:
+    from deltawheel.statestore.zk.members import Membership
+
+    a, b = Membership(clients(), pipeline=P, instance="a"), Membership(clients(), pipeline=P, instance="b")
+    a.join()
+    b.join()
+    assert wm.publish_instance_injector("src", "a", 5_000) is None  # b is live and has no estimate: hold
+    assert wm.injector_watermark("src") is None
+    assert wm.publish_instance_injector("src", "b", 2_000) == 2_000
+    assert wm.publish_instance_injector("src", "a", 9_000) == 2_000  # a reading ahead does not move it for b
+    dying = connect(zk_config)
+    c = Membership(dying, pipeline=P, instance="c")
+    c.join()
+    assert wm.publish_instance_injector("src", "c", 1_000) == 2_000  # a joiner behind stalls it, never moves it back
+    assert wm.publish_instance_injector("src", "b", 3_000) == 2_000
+    assert wm.publish_instance_injector("src", "c", 4_000) == 3_000
+    assert wm.publish_instance_injector("src", "c", 100) == 3_000  # an instance's own estimate never moves back
+    b.leave()  # a graceful leave: b no longer counts
+    assert wm.publish_instance_injector("src", "a", 9_000) == 4_000
+    dying.stop()  # c's session ends (its member znode is ephemeral): c no longer counts
+    dying.close()
+    assert wm.publish_instance_injector("src", "a", END_OF_TIME) == END_OF_TIME  # a drained its input
+    assert wm.publish_instance_injector("src", "h", 1_000) == END_OF_TIME  # never back
+    with pytest.raises(CodecError, match="watermark_ms must be epoch milliseconds"):
+        wm.publish_instance_injector("src", "a", NOT_MS)
+    with pytest.raises(ConfigError):
+        wm.publish_instance_injector("src", "no/such", 1_000)
+
+
+def test_an_instance_given_its_intervals_by_hand_counts_itself(wm: WatermarkAuthority) -> None:
+    """No member at all: the publisher's own estimate is the injector's (and the other runs'
+    estimates, of no live member, no longer count)."""
+    assert wm.publish_instance_injector("src", "x", 1_000) == 1_000
+    assert wm.publish_instance_injector("src", "y", 7_000) == 7_000
+    assert wm.publish_instance_injector("src", "x", 2_000) == 7_000
+
+
 def test_stale_sequencer_cannot_move_oldest_work(wm: WatermarkAuthority) -> None:
     wm.publish_injector("src", 10_000)
     wm.publish_oldest_work("A", 0, 100, sequencer=5)

@@ -217,7 +217,7 @@ class PipelineRunner:
                         for inj in p.injectors:
                             if inj.name in comp.inputs:
                                 inj.finish()
-                                publish_watermark(authority, inj)
+                                publish_watermark(authority, inj, instance=self.instance)
                     r = ex.flush()
                     ex.settle()  # its last delivery lands before the next stage reads
                     moved += r.timers_fired + r.productions
@@ -350,7 +350,8 @@ class PipelineRunner:
                     inj.observe(stats, query=checkpoint)  # type: ignore[call-arg]
                 else:
                     inj.observe(stats)
-                publish_watermark(authority, inj)
+                # instances: each publishes its own estimate, the injector's is the live instances' minimum
+                publish_watermark(authority, inj, instance=self.instance)
         return hook
 
     def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:

@@ -33,7 +33,17 @@ Layout below the client's chroot, per pipeline ``p`` (intervals as ``{I:05d}``):
     /pipelines/{p}/topology/{c}                      {"upstream": ["injector:x", "computation:y"], ...}
     /pipelines/{p}/watermarks/computations/{c}/{I}   oldest work + the publisher's sequencer
     /pipelines/{p}/watermarks/injectors/{i}          injector watermark (monotonic)
+    /pipelines/{p}/watermarks/instances/{i}/{n}      instance n's estimate of injector i (monotonic)
     /pipelines/{p}/watermarks/low/{c}                published low watermark (monotonic)
+
+Instances (several job instances sharing a computation's intervals, ``members.py``) each read
+the whole input with their own query, so each has its own estimate of an injector:
+:meth:`WatermarkAuthority.publish_instance_injector` stores it under the instance's name, and the
+injector's watermark (what computations read as ``injector:{i}``) becomes the minimum over the
+*live* members' estimates and the publisher's own, still never moving back. A live member that
+has published nothing yet holds the injector's watermark where it is; a member that left (or
+whose session died) no longer counts; an instance that drained its input counts with
+:data:`END_OF_TIME`.
 
 Every update is a compare-and-set on the znode version (concurrent writers
 re-read and retry). A writer whose sequencer is older than the stored one, or
@@ -459,6 +469,58 @@ class WatermarkAuthority:
 
         self._cas(self._path("injector", injector), what, update)
         return stored[0]
+
+    def publish_instance_injector(self, injector: str, instance: str, watermark_ms: int, *,
+                                  sequencer: int = 0) -> int | None:
+        """Publish one job instance's estimate of a source; the injector's watermark becomes the
+        minimum over the live instances' estimates (never moving back).
+
+        ``instance``'s own estimate is monotonic too (its query resumes from its checkpoint: what
+        it read stays read). The instances that count are the live members of the pipeline
+        (``members.py``, :func:`.live_members`: a graceful leave or a lost session ends one) and
+        ``instance`` itself (an instance given its intervals by hand is no member). A counting
+        instance with no estimate yet holds the injector's watermark where it is: a new member
+        may still have to read records of its intervals behind it (the stall lasts until its
+        first batch is consumed). :data:`END_OF_TIME` (an instance that drained its input) counts
+        as its value.
+
+        Returns:
+            The injector's stored watermark after this call (``None``: still unknown).
+
+        Raises:
+            StaleSequencerError, CodecError, LeaseSuspendedError: as :meth:`publish_injector`.
+            ConfigError: a bad instance name.
+        """
+        from .members import live_members
+
+        _check_ms("watermark_ms", watermark_ms, optional=False)
+        validate_name("instance", instance)
+        what = f"publishing instance {instance}'s watermark of injector {self.pipeline}/{injector}"
+
+        def update(old: Raw | None) -> bytes | None:
+            if old is not None and int(old["sequencer"]) > sequencer:
+                raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
+                                          f"({sequencer}); another run of instance {instance} reads this source, "
+                                          "stop this one")
+            value = watermark_ms if old is None else max(watermark_ms, int(old["watermark_ms"]))
+            if old is not None and value == int(old["watermark_ms"]) and int(old["sequencer"]) == sequencer:
+                return None  # never backwards, nothing new
+            return _encode({"sequencer": sequencer, "watermark_ms": value, "published_ms": self._clock.now_ms()})
+
+        base = f"{self._base}/watermarks/instances/{validate_name('injector', injector)}"
+        self._cas(f"{base}/{instance}", what, update)
+
+        def estimates() -> dict[str, int | None]:
+            with _zk_errors(what):
+                counted = sorted(set(live_members(self._client, self.pipeline)) | {instance})
+                pending = {n: self._client.get_async(f"{base}/{n}") for n in counted}
+                return {n: None if (data := _got(res)[0]) is None else int(_decode(data, what)["watermark_ms"])
+                        for n, res in pending.items()}
+
+        low = _min(list(self._resilient(what, estimates).values()))
+        if low is None:  # a live instance has no estimate yet: hold
+            return self.injector_watermark(injector)
+        return self.publish_injector(injector, low, sequencer=sequencer)
 
     def declare(self, computation: str, *, upstream: Sequence[str], num_intervals: int,
                 replace: bool = False) -> Topology:

@@ -7,7 +7,7 @@ worker and image chain), the filter's check of the batch, the exact lookup it sa
 record is a retry (``_imagetask.already_seen``: ids against the stored ids), the filter's
 false-positive rate over ids never added, and its memory. Prints and saves JSON.
 
-    .venv/bin/python -m deltawheel.benchmarks.bloom_dedup --out /tmp/bloom.json
+    .venv/bin/python -m deltawheel.benchmarks.bloom_dedup --out bench-out/bloom.json
 """
 
 from __future__ import annotations

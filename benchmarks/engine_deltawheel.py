@@ -78,6 +78,7 @@ class DeltaWheelEngine:
         from deltawheel.statestore.codecs import get_codec
         from deltawheel.statestore.config import ZkConfig
         from deltawheel.statestore.layout import StoreLayout
+        from deltawheel.statestore.process import free_ports
         from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
         from deltawheel import migrations
@@ -85,12 +86,7 @@ class DeltaWheelEngine:
         base = Path(out_dir) / self.name
         local = tempfile.mkdtemp(prefix="store-", dir=_mk(base))
         layout = StoreLayout(local if store is None else f"{store}/{self.name}/{Path(local).name}")
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        zk = EmbeddedZooKeeper(Path(local) / "_zk", port=port)
+        zk = EmbeddedZooKeeper(Path(local) / "_zk", port=free_ports(1)[0])
         zk.start()
         try:
             if store is not None and store.startswith("s3a://"):  # commits arbitrated by this ZooKeeper

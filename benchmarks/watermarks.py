@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -53,6 +52,7 @@ def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: 
     from deltawheel.executor.runtime.sources import ParquetInjector
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.process import free_ports
     from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
     from deltawheel import migrations
@@ -60,10 +60,7 @@ def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: 
     out_dir.mkdir(parents=True, exist_ok=True)
     local = tempfile.mkdtemp(prefix="store-", dir=out_dir)
     layout = StoreLayout(local)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    zk = EmbeddedZooKeeper(Path(local) / "_zk", port=port)
+    zk = EmbeddedZooKeeper(Path(local) / "_zk", port=free_ports(1)[0])
     zk.start()
     try:
         migrations.apply(spark, layout, dry_run=False)

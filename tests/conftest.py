@@ -134,6 +134,18 @@ def object_store_env(object_store) -> dict[str, str]:  # type: ignore[no-untyped
             s3a.ENV_SECRET_KEY: ep.secret_key}
 
 
+@pytest.fixture
+def ensemble(tmp_path: Path) -> Iterator[object]:
+    """A three-server ZooKeeper ensemble of this test's own (stopped, every server, after it)."""
+    from deltawheel.statestore.zk.ensemble import ZooKeeperEnsemble
+
+    ens = ZooKeeperEnsemble(tmp_path / "ens")
+    ens.start()
+    yield ens
+    ens.stop()
+    assert ens.status().servers and all(s.pid is None for s in ens.status().servers)
+
+
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble, started

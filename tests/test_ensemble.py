@@ -38,15 +38,6 @@ def suspended(m: LeaseManager) -> bool:
 
 
 @pytest.fixture
-def ensemble(tmp_path: Path) -> Iterator[ZooKeeperEnsemble]:
-    ens = ZooKeeperEnsemble(tmp_path / "ens")
-    ens.start()
-    yield ens
-    ens.stop()
-    assert ens.status().servers and all(s.pid is None for s in ens.status().servers)
-
-
-@pytest.fixture
 def clients(ensemble: ZooKeeperEnsemble) -> Iterator[Callable[[], Any]]:
     made: list[Any] = []
     cfg = ZkConfig(hosts=ensemble.hosts, chroot="/ens", session_timeout_s=6.0)

@@ -8,15 +8,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 from deltawheel.executor.runtime.batch import ComputationExecutor, FaultPoint
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect
-from deltawheel.statestore.zk.ensemble import ZooKeeperEnsemble
 from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
@@ -35,14 +33,6 @@ def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
-
-
-@pytest.fixture
-def ensemble(tmp_path: Path) -> Iterator[ZooKeeperEnsemble]:
-    ens = ZooKeeperEnsemble(tmp_path / "ens")
-    ens.start()
-    yield ens
-    ens.stop()
 
 
 def run_two_batches(spark: Any, layout: Any, client: Any,

@@ -104,9 +104,9 @@ class PendingPercentile:
             times = np.concatenate([self._event_times(*f) for f in pend])
             if times.size == 0:
                 est = self.floor.watermark_ms()
-            else:
-                times.sort()
-                est = int(times[int(self.percentile * (times.size - 1))])  # the lower percentile
+            else:  # the lower percentile: the k-th smallest, without sorting everything pending
+                k = int(self.percentile * (times.size - 1))
+                est = int(np.partition(times, k)[k])
         else:
             est = self.floor.watermark_ms()
         if est is not None and (self._last is None or est > self._last):

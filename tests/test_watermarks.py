@@ -150,6 +150,36 @@ def test_an_instance_given_its_intervals_by_hand_counts_itself(wm: WatermarkAuth
     assert wm.publish_instance_injector("src", "x", 2_000) == 7_000
 
 
+def test_an_instance_that_left_counts_until_its_intervals_are_caught_up(
+        wm: WatermarkAuthority, clients: Callable[..., KazooClient]) -> None:
+    """A leaver's unread records of its intervals are read by the taker's catch-up: the injector's
+    watermark must not pass the leaver's reading position before that catch-up is done."""
+    from deltawheel.statestore.zk.members import Membership
+
+    a, b = Membership(clients(), pipeline=P, instance="a"), Membership(clients(), pipeline=P, instance="b")
+    a.join()
+    b.join()
+    wm.publish_instance_injector("src", "b", 2_000, held={"C": {2: 7, 3: 7}})
+    assert wm.publish_instance_injector("src", "a", 9_000, held={"C": {0: 5, 1: 5}}) == 2_000
+    b.leave()  # b read up to 2,000 and is gone: a takes intervals 2 and 3
+    assert wm.publish_instance_injector("src", "a", 9_500) == 2_000  # not caught up: b still counts
+    wm.record_caught_up("C", {2: 8})
+    assert wm.publish_instance_injector("src", "a", 9_500) == 2_000  # interval 3 is still b's position
+    wm.record_caught_up("C", {3: 7})  # no later owner (the same sequencer): still b's
+    assert wm.publish_instance_injector("src", "a", 9_500) == 2_000
+    wm.record_caught_up("C", {3: 8, 2: 3})  # a later owner of 3 caught up; 2 never moves back
+    assert wm.publish_instance_injector("src", "a", 9_500) == 9_500
+    # an instance lost after taking intervals but before its first estimate holds the watermark
+    c = Membership(clients(), pipeline=P, instance="c")
+    c.join()
+    wm.record_held("src", "c", {"C": {0: 9}})
+    assert wm.publish_instance_injector("src", "a", 9_900) == 9_500  # live, no estimate: hold
+    c.leave()
+    assert wm.publish_instance_injector("src", "a", 9_900) == 9_500  # gone, interval 0 not caught up: hold
+    wm.record_caught_up("C", {0: 10})
+    assert wm.publish_instance_injector("src", "a", 9_900) == 9_900
+
+
 def test_stale_sequencer_cannot_move_oldest_work(wm: WatermarkAuthority) -> None:
     wm.publish_injector("src", 10_000)
     wm.publish_oldest_work("A", 0, 100, sequencer=5)

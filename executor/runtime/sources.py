@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.delta.storefs import TableFiles, table_files
@@ -149,7 +149,7 @@ class Injector(Protocol):
 
 
 def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequencer: int = 0,
-                      instance: str | None = None) -> int | None:
+                      instance: str | None = None, held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
     """Publish ``injector``'s current estimate under its name; with ``instance`` (job instances
     sharing intervals), as that instance's estimate: the injector's watermark is then the minimum
     over the live instances' (:meth:`.WatermarkAuthority.publish_instance_injector`).
@@ -167,7 +167,8 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
     if watermark is None:
         return None
     if instance is not None:
-        return authority.publish_instance_injector(injector.name, instance, watermark, sequencer=sequencer)
+        return authority.publish_instance_injector(injector.name, instance, watermark, sequencer=sequencer,
+                                                   held=held)
     return int(authority.publish_injector(injector.name, watermark, sequencer=sequencer))
 
 

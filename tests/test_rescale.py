@@ -128,6 +128,85 @@ def test_a_windowed_computation_shared_by_instances_gives_the_panes_of_one(spark
     assert run("shared", "shared", "b") == single
 
 
+def write_keys(folder: Path, n: int, keys: list[str], t_ms: int) -> None:
+    """Input file ``n``: one record per key at ``t_ms`` (+ its position), written whole."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".part-{n:05d}.parquet"
+    pq.write_table(pa.table({"key": keys, "t": pa.array([t_ms + i for i in range(len(keys))], pa.int64())}), tmp)
+    os.replace(tmp, folder / f"part-{n:05d}.parquet")
+
+
+@pytest.mark.timeout(600)
+def test_a_leaver_with_nothing_pending_holds_the_watermark_until_its_intervals_are_caught_up(
+        spark: Any, zk_config: Any, tmp_path: Path) -> None:
+    """b reads less than a, closes its windows and leaves; a publishes its estimate (as its next
+    batch would, before it takes b's intervals), then takes them and catches up on the files b
+    never read. Those records must not be late: the panes equal one instance's."""
+    from deltawheel import FixedWindows, windowed
+    from deltawheel.statestore.zk.members import assign
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    folder, t0 = tmp_path / "in", 1_000_000
+    probe = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
+                     combine="count")
+    n = type(probe).num_intervals
+    b_ivs = assign(["a", "b"], n)["b"]
+    a_keys = [k for k in KEYS if interval_of(k, n) not in b_ivs]
+    assert a_keys and len(a_keys) < len(KEYS)
+
+    def run(name: str, store: str, instance: str | None, *, end: bool) -> list[tuple[Any, ...]]:
+        inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t",
+                              watermark_delay_ms=1_000, max_files_per_trigger=1, max_event_ahead_ms=None)
+        sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
+                        combine="count")
+        layout = StoreLayout(str(tmp_path / store))
+        PipelineRunner(spark, layout, Pipeline(name, (inj,), (sums,)), zk=zk_config, wait_s=20, instance=instance,
+                       warm_workers=False, end_of_input=end).run()
+        return sorted(row[1:] for row in stream_rows(spark, layout, "sums"))
+
+    def files_upto(last: int) -> None:
+        plan = [(KEYS, t0), (a_keys, t0 + 25_000), (KEYS, t0 + 30_000), (a_keys, t0 + 65_000)]
+        for i, (keys, t) in enumerate(plan[:last + 1]):
+            if not (folder / f"part-{i:05d}.parquet").exists():
+                write_keys(folder, i, keys, t)
+
+    files_upto(3)
+    single = run("single", "single", None, end=True)
+    assert len(single) == 2 * len(KEYS) + 2 * len(a_keys)  # every record's window, once
+    for i in range(4):
+        (folder / f"part-{i:05d}.parquet").unlink()
+
+    client = connect(zk_config)
+    try:
+        def alone_with(other: str, instance: str) -> None:  # ``other`` live (a member that runs nothing)
+            m = Membership(client, pipeline="shared", instance=other)
+            m.join()
+            run("shared", "shared", instance, end=False)
+            m.leave()
+
+        files_upto(1)
+        alone_with("b", "a")  # a reads files 0 and 1 for its half
+        alone_with("a", "b")  # b reads them for its half: its window 0 closes, nothing of b's is pending
+        files_upto(3)
+        alone_with("b", "a")  # a reads files 2 and 3 ahead for its half; b counts: it is live
+        # b is gone; a's next batch publishes its estimate before it takes b's intervals
+        authority = WatermarkAuthority(client, pipeline="shared")
+        a_estimate = t0 + 65_000 + len(a_keys) - 1 - 1_000
+        authority.publish_instance_injector("events", "a", a_estimate,
+                                            held={"sums": {iv: 1 for iv in range(n) if iv not in b_ivs}})
+        assert authority.injector_watermark("events") == t0 + 25_000 + len(a_keys) - 1 - 1_000  # b's position
+    finally:
+        client.stop()
+        client.close()
+    # a takes b's intervals and catches up on file 2 for them: on time, as for one instance
+    assert run("shared", "shared", "a", end=True) == single
+
+
 # --- membership, target, move requests, the rebalance command --------------------------
 
 

@@ -129,7 +129,8 @@ def test_a_windowed_computation_shared_by_instances_gives_the_panes_of_one(spark
 
 
 def write_keys(folder: Path, n: int, keys: list[str], t_ms: int) -> None:
-    """Input file ``n``: one record per key at ``t_ms`` (+ its position), written whole."""
+    """Input file ``n``: one record per key at ``t_ms`` (+ its position), written whole, with a
+    modification time that orders the files by ``n``."""
     import os
 
     import pyarrow as pa
@@ -139,6 +140,9 @@ def write_keys(folder: Path, n: int, keys: list[str], t_ms: int) -> None:
     tmp = folder / f".part-{n:05d}.parquet"
     pq.write_table(pa.table({"key": keys, "t": pa.array([t_ms + i for i in range(len(keys))], pa.int64())}), tmp)
     os.replace(tmp, folder / f"part-{n:05d}.parquet")
+    # Spark's file source takes files in modification-time order: files written within one tick
+    # of the clock would come in any order (and a file read before an earlier one is late)
+    os.utime(folder / f"part-{n:05d}.parquet", (1_700_000_000 + n, 1_700_000_000 + n))
 
 
 @pytest.mark.timeout(600)

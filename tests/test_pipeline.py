@@ -109,6 +109,21 @@ def test_two_concurrent_copies_never_both_write(spark, zk_server, tmp_path, refe
     _ = time
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_concurrent_instances_share_the_demo_and_give_the_rows_of_one(spark, zk_server, tmp_path,  # type: ignore[no-untyped-def]
+                                                                          reference) -> None:
+    """Two job instances of the windowed demo at once on one store: each takes half of every
+    computation's intervals, reads the input with its own query, and the first to finish gives
+    its intervals to the other (catch-up); the stream tables equal one instance's."""
+    store = tmp_path / "instances"
+    procs = [subprocess.Popen(demo_cmd(store, zk_server.hosts, "/instances", "--wait", "600", "--instance", name),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in ("a", "b")]
+    logs = [p.communicate(timeout=1400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
+    assert outputs(spark, store) == reference
+
+
 @pytest.mark.timeout(600)
 def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
         spark, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -19,7 +19,9 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import interval_of
 from deltawheel.statestore.rowtable.store import RowStore
-from executor_util import state_of
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.members import Membership
+from executor_util import state_of, stream_rows
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark import cloudpickle
@@ -89,21 +91,127 @@ def test_sharing_needs_at_most_one_parquet_injector(spark: Any, zk_config: Any, 
         r.run()
 
 
-def test_windowed_computations_are_not_shared_between_instances(spark: Any, zk_config: Any, tmp_path: Path) -> None:
-    """A user who names an instance for a windowed pipeline is told why it cannot be shared,
-    before anything runs (the injector's watermark is one per pipeline)."""
+@pytest.mark.timeout(600)
+def test_a_windowed_computation_shared_by_instances_gives_the_panes_of_one(spark: Any, zk_config: Any,
+                                                                           tmp_path: Path) -> None:
+    """Instance a reads every file ahead while instance b, a live member, has read nothing: b's
+    intervals' windows must stay open until b's own reading closes them (each instance publishes
+    its own injector estimate; the injector's watermark is the live instances' minimum)."""
     from deltawheel import FixedWindows, windowed
 
-    folder, layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))
-    write_file(folder, 0)
-    inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t", watermark_delay_ms=1_000)
-    sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
-                    combine="count")
-    r = PipelineRunner(spark, layout, Pipeline("moves", (inj,), (sums,)), zk=zk_config, instance="a",
-                       warm_workers=False)
-    with pytest.raises(ConfigError, match="event-time timers"):
-        r.run()
-    assert not (tmp_path / "store" / "_checkpoints" / "moves" / "sums" / "a" / "commits").exists()
+    folder = tmp_path / "in"
+    for n in range(3):  # file n: window n (FixedWindows of 10 s from 1,000,000 ms)
+        write_file(folder, n)
+
+    def run(name: str, store: str, instance: str | None) -> list[tuple[Any, ...]]:
+        inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t",
+                              watermark_delay_ms=1_000, max_files_per_trigger=1, max_event_ahead_ms=None)
+        sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
+                        combine="count")
+        layout = StoreLayout(str(tmp_path / store))
+        PipelineRunner(spark, layout, Pipeline(name, (inj,), (sums,)), zk=zk_config, wait_s=20, instance=instance,
+                       warm_workers=False).run()
+        return sorted(row[1:] for row in stream_rows(spark, layout, "sums"))  # (key, value, time): the panes
+
+    single = run("single", "single", None)
+    assert len(single) == 3 * len(KEYS)  # every key in every window
+    client = connect(zk_config)
+    try:
+        b = Membership(client, pipeline="shared", instance="b")
+        b.join()  # b is live and has read nothing: a takes only its half and reads all files ahead
+        run("shared", "shared", "a")
+        b.leave()
+    finally:
+        client.stop()
+        client.close()
+    # b alone now: it takes every interval, skips what a committed, and reads its half from the start
+    assert run("shared", "shared", "b") == single
+
+
+def write_keys(folder: Path, n: int, keys: list[str], t_ms: int) -> None:
+    """Input file ``n``: one record per key at ``t_ms`` (+ its position), written whole, with a
+    modification time that orders the files by ``n``."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".part-{n:05d}.parquet"
+    pq.write_table(pa.table({"key": keys, "t": pa.array([t_ms + i for i in range(len(keys))], pa.int64())}), tmp)
+    os.replace(tmp, folder / f"part-{n:05d}.parquet")
+    # Spark's file source takes files in modification-time order: files written within one tick
+    # of the clock would come in any order (and a file read before an earlier one is late)
+    os.utime(folder / f"part-{n:05d}.parquet", (1_700_000_000 + n, 1_700_000_000 + n))
+
+
+@pytest.mark.timeout(600)
+def test_a_leaver_holds_the_watermark_until_its_intervals_are_caught_up(
+        spark: Any, zk_config: Any, tmp_path: Path) -> None:
+    """b reads less than a and leaves; a publishes its estimate (as its next batch would, before
+    it takes b's intervals), then takes them and catches up on the files b never read. Those
+    records must not be late (the input watermark must still be b's position): the panes equal
+    one instance's."""
+    from deltawheel import FixedWindows, windowed
+    from deltawheel.statestore.zk.members import assign
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    folder, t0 = tmp_path / "in", 1_000_000
+    probe = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
+                     combine="count")
+    n = type(probe).num_intervals
+    b_ivs = assign(["a", "b"], n)["b"]
+    a_keys = [k for k in KEYS if interval_of(k, n) not in b_ivs]
+    assert a_keys and len(a_keys) < len(KEYS)
+
+    def run(name: str, store: str, instance: str | None, *, end: bool) -> list[tuple[Any, ...]]:
+        inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="t",
+                              watermark_delay_ms=1_000, max_files_per_trigger=1, max_event_ahead_ms=None)
+        sums = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),
+                        combine="count")
+        layout = StoreLayout(str(tmp_path / store))
+        PipelineRunner(spark, layout, Pipeline(name, (inj,), (sums,)), zk=zk_config, wait_s=20, instance=instance,
+                       warm_workers=False, end_of_input=end).run()
+        return sorted(row[1:] for row in stream_rows(spark, layout, "sums"))
+
+    def files_upto(last: int) -> None:
+        plan = [(KEYS, t0), (a_keys, t0 + 25_000), (KEYS, t0 + 30_000), (a_keys, t0 + 65_000)]
+        for i, (keys, t) in enumerate(plan[:last + 1]):
+            if not (folder / f"part-{i:05d}.parquet").exists():
+                write_keys(folder, i, keys, t)
+
+    files_upto(3)
+    single = run("single", "single", None, end=True)
+    assert len(single) == 2 * len(KEYS) + 2 * len(a_keys)  # every record's window, once
+    for i in range(4):
+        (folder / f"part-{i:05d}.parquet").unlink()
+
+    client = connect(zk_config)
+    try:
+        def alone_with(other: str, instance: str) -> None:  # ``other`` live (a member that runs nothing)
+            m = Membership(client, pipeline="shared", instance=other)
+            m.join()
+            run("shared", "shared", instance, end=False)
+            m.leave()
+
+        files_upto(1)
+        alone_with("b", "a")  # a reads files 0 and 1 for its half
+        alone_with("a", "b")  # b reads them for its half
+        files_upto(3)
+        alone_with("b", "a")  # a reads files 2 and 3 ahead for its half; b counts: it is live
+        # b is gone; a's next batch publishes its estimate before it takes b's intervals
+        authority = WatermarkAuthority(client, pipeline="shared")
+        a_estimate = t0 + 65_000 + len(a_keys) - 1 - 1_000
+        authority.publish_instance_injector("events", "a", a_estimate,
+                                            held={"sums": {iv: 1 for iv in range(n) if iv not in b_ivs}})
+        # an instance's estimate counts the records of its own intervals: b's last is in file 0
+        b_position = max(t0 + i for i, k in enumerate(KEYS) if k not in a_keys) - 1_000
+        assert authority.injector_watermark("events") == b_position
+    finally:
+        client.stop()
+        client.close()
+    # a takes b's intervals and catches up on file 2 for them: on time, as for one instance
+    assert run("shared", "shared", "a", end=True) == single
 
 
 # --- membership, target, move requests, the rebalance command --------------------------

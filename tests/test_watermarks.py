@@ -112,6 +112,74 @@ def test_injector_watermark_never_moves_back(wm: WatermarkAuthority) -> None:
         wm.publish_injector("src", NOT_MS)
 
 
+def test_instances_publish_their_own_estimates_and_the_injector_takes_the_live_minimum(
+        wm: WatermarkAuthority, clients: Callable[..., KazooClient], zk_config: ZkConfig) -> None:
+    from deltawheel.statestore.zk.members import Membership
+
+    a, b = Membership(clients(), pipeline=P, instance="a"), Membership(clients(), pipeline=P, instance="b")
+    a.join()
+    b.join()
+    assert wm.publish_instance_injector("src", "a", 5_000) is None  # b is live and has no estimate: hold
+    assert wm.injector_watermark("src") is None
+    assert wm.publish_instance_injector("src", "b", 2_000) == 2_000
+    assert wm.publish_instance_injector("src", "a", 9_000) == 2_000  # a reading ahead does not move it for b
+    dying = connect(zk_config)
+    c = Membership(dying, pipeline=P, instance="c")
+    c.join()
+    assert wm.publish_instance_injector("src", "c", 1_000) == 2_000  # a joiner behind stalls it, never moves it back
+    assert wm.publish_instance_injector("src", "b", 3_000) == 2_000
+    assert wm.publish_instance_injector("src", "c", 4_000) == 3_000
+    assert wm.publish_instance_injector("src", "c", 100) == 3_000  # an instance's own estimate never moves back
+    b.leave()  # a graceful leave: b no longer counts
+    assert wm.publish_instance_injector("src", "a", 9_000) == 4_000
+    dying.stop()  # c's session ends (its member znode is ephemeral): c no longer counts
+    dying.close()
+    assert wm.publish_instance_injector("src", "a", END_OF_TIME) == END_OF_TIME  # a drained its input
+    assert wm.publish_instance_injector("src", "h", 1_000) == END_OF_TIME  # never back
+    with pytest.raises(CodecError, match="watermark_ms must be epoch milliseconds"):
+        wm.publish_instance_injector("src", "a", NOT_MS)
+    with pytest.raises(ConfigError):
+        wm.publish_instance_injector("src", "no/such", 1_000)
+
+
+def test_an_instance_given_its_intervals_by_hand_counts_itself(wm: WatermarkAuthority) -> None:
+    """No member at all: the publisher's own estimate is the injector's (and the other runs'
+    estimates, of no live member, no longer count)."""
+    assert wm.publish_instance_injector("src", "x", 1_000) == 1_000
+    assert wm.publish_instance_injector("src", "y", 7_000) == 7_000
+    assert wm.publish_instance_injector("src", "x", 2_000) == 7_000
+
+
+def test_an_instance_that_left_counts_until_its_intervals_are_caught_up(
+        wm: WatermarkAuthority, clients: Callable[..., KazooClient]) -> None:
+    """A leaver's unread records of its intervals are read by the taker's catch-up: the injector's
+    watermark must not pass the leaver's reading position before that catch-up is done."""
+    from deltawheel.statestore.zk.members import Membership
+
+    a, b = Membership(clients(), pipeline=P, instance="a"), Membership(clients(), pipeline=P, instance="b")
+    a.join()
+    b.join()
+    wm.publish_instance_injector("src", "b", 2_000, held={"C": {2: 7, 3: 7}})
+    assert wm.publish_instance_injector("src", "a", 9_000, held={"C": {0: 5, 1: 5}}) == 2_000
+    b.leave()  # b read up to 2,000 and is gone: a takes intervals 2 and 3
+    assert wm.publish_instance_injector("src", "a", 9_500) == 2_000  # not caught up: b still counts
+    wm.record_caught_up("C", {2: 8})
+    assert wm.publish_instance_injector("src", "a", 9_500) == 2_000  # interval 3 is still b's position
+    wm.record_caught_up("C", {3: 7})  # no later owner (the same sequencer): still b's
+    assert wm.publish_instance_injector("src", "a", 9_500) == 2_000
+    wm.record_caught_up("C", {3: 8, 2: 3})  # a later owner of 3 caught up; 2 never moves back
+    assert wm.publish_instance_injector("src", "a", 9_500) == 9_500
+    # an instance lost after taking intervals but before its first estimate holds the watermark
+    c = Membership(clients(), pipeline=P, instance="c")
+    c.join()
+    wm.record_held("src", "c", {"C": {0: 9}})
+    assert wm.publish_instance_injector("src", "a", 9_900) == 9_500  # live, no estimate: hold
+    c.leave()
+    assert wm.publish_instance_injector("src", "a", 9_900) == 9_500  # gone, interval 0 not caught up: hold
+    wm.record_caught_up("C", {0: 10})
+    assert wm.publish_instance_injector("src", "a", 9_900) == 9_900
+
+
 def test_stale_sequencer_cannot_move_oldest_work(wm: WatermarkAuthority) -> None:
     wm.publish_injector("src", 10_000)
     wm.publish_oldest_work("A", 0, 100, sequencer=5)

@@ -40,6 +40,10 @@ def register(sub: Any) -> None:
                    help="local folder for the generated input files (default: <store>/_input for a local store, "
                         "data/demo-input for an object-store one, e.g. --store s3a://BUCKET/PATH); on a cluster "
                         "every worker must see it")
+    p.add_argument("--instance", default=None, metavar="NAME",
+                   help="run as job instance NAME (letters, digits, _): several instances on one store and one "
+                        "ZooKeeper share every computation's intervals, each taking its share, and give them "
+                        "back when they finish (docs/rescaling.md)")
     add_zk_args(p)
     add_max_pause_arg(p)
     add_spark_args(p)
@@ -70,8 +74,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
 
     try:
-        summary = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress,
-                                 max_pause_s=args.max_pause).run()
+        runner = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress,
+                                max_pause_s=args.max_pause, instance=args.instance)
+        summary = runner.run()
+        for m in runner.moves:
+            progress(f"instance {args.instance}: {m.computation} intervals {list(m.before)} -> {list(m.after)} "
+                     f"in {m.seconds:.1f}s")
         _summary(spark, layout, summary, events=args.events)
     finally:
         if server is not None:

@@ -217,7 +217,7 @@ class PipelineRunner:
                         for inj in p.injectors:
                             if inj.name in comp.inputs:
                                 inj.finish()
-                                publish_watermark(authority, inj)
+                                publish_watermark(authority, inj, instance=self.instance)
                     r = ex.flush()
                     ex.settle()  # its last delivery lands before the next stage reads
                     moved += r.timers_fired + r.productions
@@ -250,8 +250,8 @@ class PipelineRunner:
         p = self.pipeline
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
-        hook = self._injector_hook(authority, feeding, self._checkpoint(comp)) if feeding else None
         owner = IntervalOwner(store, leases, comp.name, num_intervals=type(comp).num_intervals)
+        hook = self._injector_hook(authority, feeding, self._checkpoint(comp), comp.name, owner) if feeding else None
         ex = ComputationExecutor(self.spark, self.layout, comp, owner=owner, authority=authority,
                                  upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
                                  progress=self.progress, write_path=self.write_path, intervals=intervals)
@@ -262,6 +262,12 @@ class PipelineRunner:
         ex.start(wait_s=wait_s)
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
         self._catch_up(ex)
+        if self.instance is not None:
+            # the intervals' input is caught up: an instance that held them before and is gone stops
+            # holding the injectors' watermarks back; this one holds them back if lost from here on
+            authority.record_caught_up(comp.name, owner.sequencers)
+            for inj in feeding:
+                authority.record_held(inj.name, self.instance, {comp.name: owner.sequencers})
         return ex
 
     def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
@@ -338,8 +344,8 @@ class PipelineRunner:
         if first is not None and failing is None:
             raise first
 
-    def _injector_hook(self, authority: WatermarkAuthority, feeding: Sequence[Injector],
-                       checkpoint: str) -> Callable[[int | None, int | None], None]:
+    def _injector_hook(self, authority: WatermarkAuthority, feeding: Sequence[Injector], checkpoint: str,
+                       computation: str, owner: IntervalOwner) -> Callable[[int | None, int | None], None]:
         def hook(mn: int | None, mx: int | None) -> None:
             read: frozenset[str] = frozenset()
             if any(getattr(inj, "tracks_files", False) for inj in feeding):  # every file the query read
@@ -350,7 +356,9 @@ class PipelineRunner:
                     inj.observe(stats, query=checkpoint)  # type: ignore[call-arg]
                 else:
                     inj.observe(stats)
-                publish_watermark(authority, inj)
+                # instances: each publishes its own estimate, the injector's is the live instances' minimum
+                publish_watermark(authority, inj, instance=self.instance,
+                                  held=None if self.instance is None else {computation: owner.sequencers})
         return hook
 
     def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:

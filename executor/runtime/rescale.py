@@ -158,15 +158,8 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
 
     Raises:
         ConfigError: ``comp`` reads an input that gives no file positions (an injector other than
-            a Parquet or generator injector, or several Parquet injectors), or relies on
-            event-time timers (``event_time_timers``: windowed computations).
+            a Parquet or generator injector, or several Parquet injectors).
     """
-    if getattr(type(comp), "event_time_timers", False):
-        raise ConfigError(
-            f"{comp.name}: instances cannot share the intervals of a computation with event-time timers yet: an "
-            "injector's watermark is one value per pipeline, so an instance reading ahead would close windows "
-            "for the records another instance has not read yet. Run it as one instance (no instance name); "
-            "docs/rescaling.md, 'Limits'")
     parquet: dict[str, Injector] = {}
     tables: dict[str, str] = {}
     for stream in comp.inputs:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.delta.storefs import TableFiles, table_files
@@ -148,12 +148,16 @@ class Injector(Protocol):
         ...
 
 
-def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequencer: int = 0) -> int | None:
-    """Publish ``injector``'s current estimate under its name.
+def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequencer: int = 0,
+                      instance: str | None = None, held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
+    """Publish ``injector``'s current estimate under its name; with ``instance`` (job instances
+    sharing intervals), as that instance's estimate: the injector's watermark is then the minimum
+    over the live instances' (:meth:`.WatermarkAuthority.publish_instance_injector`).
 
     Returns:
         The stored watermark (never below an earlier one), or ``None`` when the
-        injector has no estimate yet (nothing is published then).
+        injector has no estimate yet (nothing is published then) or, with ``instance``, while
+        a live instance has none.
 
     Raises:
         StaleSequencerError: another instance published with a newer sequencer.
@@ -162,6 +166,9 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
     watermark = injector.watermark_ms()
     if watermark is None:
         return None
+    if instance is not None:
+        return authority.publish_instance_injector(injector.name, instance, watermark, sequencer=sequencer,
+                                                   held=held)
     return int(authority.publish_injector(injector.name, watermark, sequencer=sequencer))
 
 

@@ -33,7 +33,22 @@ Layout below the client's chroot, per pipeline ``p`` (intervals as ``{I:05d}``):
     /pipelines/{p}/topology/{c}                      {"upstream": ["injector:x", "computation:y"], ...}
     /pipelines/{p}/watermarks/computations/{c}/{I}   oldest work + the publisher's sequencer
     /pipelines/{p}/watermarks/injectors/{i}          injector watermark (monotonic)
+    /pipelines/{p}/watermarks/instances/{i}/{n}      instance n's estimate of injector i (monotonic)
+                                                     + the intervals (and sequencers) n held
+    /pipelines/{p}/watermarks/caught_up/{c}/{I}      the sequencer of the last owner of interval I
+                                                     that caught up on its input (rescaling)
     /pipelines/{p}/watermarks/low/{c}                published low watermark (monotonic)
+
+Instances (several job instances sharing a computation's intervals, ``members.py``) each read
+the whole input with their own query, so each has its own estimate of an injector:
+:meth:`WatermarkAuthority.publish_instance_injector` stores it under the instance's name, and the
+injector's watermark (what computations read as ``injector:{i}``) becomes the minimum over the
+*live* members' estimates and the publisher's own, still never moving back. A live member that
+has published nothing yet holds the injector's watermark where it is; an instance that drained
+its input counts with :data:`END_OF_TIME`. A member that left (or whose session died) counts
+until every interval it held has been caught up by a later owner
+(:meth:`WatermarkAuthority.record_caught_up`): its unread records of those intervals are read by
+the taker's catch-up, which must not find them behind a watermark the leaver never reached.
 
 Every update is a compare-and-set on the znode version (concurrent writers
 re-read and retry). A writer whose sequencer is older than the stored one, or
@@ -47,7 +62,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +173,13 @@ def _check_ms(name: str, value: int | None, *, optional: bool) -> None:
 def _min(values: Sequence[int | None]) -> int | None:
     """Min in which ``None`` (unknown) wins over everything; no values at all give END_OF_TIME."""
     return None if None in values else min((v for v in values if v is not None), default=END_OF_TIME)
+
+
+def _handing_off(held: Mapping[str, Mapping[str, int]], caught: Mapping[str, Mapping[int, int]]) -> bool:
+    """Whether an instance that is gone still holds an injector's watermark back: an interval it
+    held has no later owner that caught up on it (a caught-up sequencer above the one it held)."""
+    return any(caught.get(comp, {}).get(int(i), -1) <= int(seq)
+               for comp, ivs in held.items() for i, seq in ivs.items())
 
 
 def _max(a: int | None, b: int | None) -> int | None:
@@ -459,6 +481,118 @@ class WatermarkAuthority:
 
         self._cas(self._path("injector", injector), what, update)
         return stored[0]
+
+    def publish_instance_injector(self, injector: str, instance: str, watermark_ms: int, *,
+                                  sequencer: int = 0,
+                                  held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
+        """Publish one job instance's estimate of a source; the injector's watermark becomes the
+        minimum over the live instances' estimates (never moving back).
+
+        ``instance``'s own estimate is monotonic too (its query resumes from its checkpoint: what
+        it read stays read). The instances that count are the live members of the pipeline
+        (``members.py``, :func:`.live_members`: a graceful leave or a lost session ends one),
+        ``instance`` itself (an instance given its intervals by hand is no member), and an
+        instance that is no longer live while an interval it held (``held``: computation ->
+        interval -> lease sequencer, as of its last publish or :meth:`record_held`) has not been
+        caught up by a later owner (:meth:`record_caught_up`): until then its unread records of
+        that interval are still to come, at its reading position. A counting
+        instance with no estimate yet holds the injector's watermark where it is: a new member
+        may still have to read records of its intervals behind it (the stall lasts until its
+        first batch is consumed). :data:`END_OF_TIME` (an instance that drained its input) counts
+        as its value.
+
+        Returns:
+            The injector's stored watermark after this call (``None``: still unknown).
+
+        Raises:
+            StaleSequencerError, CodecError, LeaseSuspendedError: as :meth:`publish_injector`.
+            ConfigError: a bad instance name.
+        """
+        from .members import live_members
+
+        _check_ms("watermark_ms", watermark_ms, optional=False)
+        validate_name("instance", instance)
+        what = f"publishing instance {instance}'s watermark of injector {self.pipeline}/{injector}"
+
+        update = self._instance_update(what, instance, watermark_ms, sequencer=sequencer, held=held)
+        base = f"{self._base}/watermarks/instances/{validate_name('injector', injector)}"
+        self._cas(f"{base}/{instance}", what, update)
+
+        def estimates() -> dict[str, int | None]:
+            with _zk_errors(what):
+                live = set(live_members(self._client, self.pipeline)) | {instance}
+                names = set(self._children(base)) | live
+                pending = {n: self._client.get_async(f"{base}/{n}") for n in sorted(names)}
+                stored = {n: None if (data := _got(res)[0]) is None else _decode(data, what)
+                          for n, res in pending.items()}
+                left = {n: raw.get("held") or {} for n, raw in stored.items() if n not in live and raw is not None}
+                caught = self._caught_up({c for held in left.values() for c in held})
+                return {n: None if raw is None or raw.get("watermark_ms") is None else int(raw["watermark_ms"])
+                        for n, raw in stored.items() if n in live or _handing_off(left[n], caught)}
+
+        low = _min(list(self._resilient(what, estimates).values()))
+        if low is None:  # a live instance has no estimate yet: hold
+            return self.injector_watermark(injector)
+        return self.publish_injector(injector, low, sequencer=sequencer)
+
+    def record_held(self, injector: str, instance: str, held: Mapping[str, Mapping[int, int]], *,
+                    sequencer: int = 0) -> None:
+        """Record the intervals ``instance`` holds now (computation -> interval -> lease sequencer)
+        beside its estimate of ``injector``, without publishing one: an instance that took
+        intervals and is lost before its first publish still holds the watermark back for them
+        (:meth:`publish_instance_injector`)."""
+        validate_name("instance", instance)
+        what = f"recording the intervals instance {instance} holds, for injector {self.pipeline}/{injector}"
+        base = f"{self._base}/watermarks/instances/{validate_name('injector', injector)}"
+        self._cas(f"{base}/{instance}", what, self._instance_update(what, instance, None, sequencer=sequencer,
+                                                                   held=held))
+
+    def _instance_update(self, what: str, instance: str, watermark_ms: int | None, *, sequencer: int,
+                         held: Mapping[str, Mapping[int, int]] | None) -> Callable[[Raw | None], bytes | None]:
+        """The compare-and-set update of an instance's znode: its estimate (monotonic; ``None``
+        keeps it) and the intervals it holds per computation (``None`` keeps them)."""
+        def update(old: Raw | None) -> bytes | None:
+            if old is not None and int(old["sequencer"]) > sequencer:
+                raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
+                                          f"({sequencer}); another run of instance {instance} reads this source, "
+                                          "stop this one")
+            before = None if old is None else old.get("watermark_ms")
+            value = _max(None if before is None else int(before), watermark_ms)
+            now_held = dict(old.get("held") or {}) if old is not None else {}
+            if held is not None:
+                now_held.update({c: {str(i): int(s) for i, s in ivs.items()} for c, ivs in held.items()})
+            if old is not None and (value, sequencer, now_held) == (before, int(old["sequencer"]),
+                                                                    old.get("held") or {}):
+                return None  # never backwards, nothing new
+            return _encode({"sequencer": sequencer, "watermark_ms": value, "published_ms": self._clock.now_ms(),
+                            "held": now_held})
+        return update
+
+    def record_caught_up(self, computation: str, sequencers: Mapping[int, int]) -> None:
+        """Record that the owner of these intervals (interval -> its lease sequencer) caught up on
+        their input after taking them (``rescale.py``): an instance that held one of them before
+        and is gone stops holding the injectors' watermarks back for it
+        (:meth:`publish_instance_injector`). Never moves back to an older sequencer."""
+        what = f"recording the catch-up of {self.pipeline}/{computation}"
+        base = f"{self._base}/watermarks/caught_up/{validate_name('computation', computation)}"
+        for interval, seq in sorted(sequencers.items()):
+            def update(old: Raw | None, seq: int = int(seq)) -> bytes | None:
+                if old is not None and int(old["sequencer"]) >= seq:
+                    return None
+                return _encode({"sequencer": seq, "published_ms": self._clock.now_ms()})
+
+            self._cas(f"{base}/{interval:05d}", what, update)
+
+    def _caught_up(self, computations: Iterable[str]) -> dict[str, dict[int, int]]:
+        """computation -> interval -> the sequencer of its last owner that caught up (ZooKeeper
+        calls; the caller handles errors and retries)."""
+        out: dict[str, dict[int, int]] = {}
+        for comp in sorted(computations):
+            base = f"{self._base}/watermarks/caught_up/{comp}"
+            pending = {int(i): self._client.get_async(f"{base}/{i}") for i in self._children(base)}
+            out[comp] = {i: int(_decode(data, base)["sequencer"]) for i, res in pending.items()
+                         if (data := _got(res)[0]) is not None}
+        return out
 
     def declare(self, computation: str, *, upstream: Sequence[str], num_intervals: int,
                 replace: bool = False) -> Topology:

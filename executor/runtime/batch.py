@@ -172,6 +172,9 @@ class ComputationExecutor:
         self.owner = owner
         self.authority = authority
         self.upstream = tuple(upstream)
+        # upstream computation -> the low watermark read before the current query took its
+        # snapshot of that computation's stream table (job instances: PipelineRunner sets it)
+        self.upstream_caps: dict[str, int | None] = {}
         self.manual_watermarks = manual_watermarks
         self._warned_no_watermark = False
         self.clock = clock
@@ -287,7 +290,14 @@ class ComputationExecutor:
     # ----------------------------------------------------------- the batch
 
     def input_watermark(self) -> int | None:
-        """min over upstream low watermarks (None until all are known)."""
+        """min over upstream low watermarks (None until all are known).
+
+        An upstream computation in :attr:`upstream_caps` counts with at most its capped value:
+        the watermark it had before this query took its snapshot of the computation's stream
+        table. Another process (a job instance) may deliver rows and advance that watermark
+        after the snapshot; acting on the newer value would find those rows late when they
+        arrive with the next query.
+        """
         if self.authority is None or not self.upstream:
             return None
         marks = []
@@ -295,6 +305,9 @@ class ComputationExecutor:
             kind, _, name = u.partition(":")
             wm = (self.authority.injector_watermark(name) if kind == "injector"
                   else self.authority.advance_low_watermark(name))
+            if kind == "computation" and name in self.upstream_caps:
+                cap = self.upstream_caps[name]
+                wm = None if wm is None or cap is None else min(wm, cap)
             if wm is None:
                 return None
             marks.append(wm)

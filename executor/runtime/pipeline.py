@@ -366,6 +366,14 @@ class PipelineRunner:
         from pyspark.sql import functions as F
 
         injectors = {i.name: i for i in self.pipeline.injectors}
+        if self.instance is not None and ex.authority is not None:
+            # read before the query pins its snapshot of the upstream stream tables (or before the
+            # check that they did not change since the last one did): another instance may deliver
+            # and advance an upstream's watermark after that, and this query (and the flush after
+            # it) must not act on rows it has not read (ComputationExecutor.input_watermark)
+            ex.upstream_caps = {name: ex.authority.advance_low_watermark(name)
+                                for kind, _, name in (u.partition(":") for u in ex.upstream)
+                                if kind == "computation"}
         last = self._read_upto.get(comp.name)
         if last is not None and self._input_tokens(comp) == last:
             return 0  # every input is as it was when the last query started: it read all of it

@@ -214,6 +214,32 @@ def test_a_leaver_holds_the_watermark_until_its_intervals_are_caught_up(
     assert run("shared", "shared", "a", end=True) == single
 
 
+def test_an_upstream_computations_watermark_is_capped_at_its_value_before_the_query(
+        spark: Any, migrated_store: Any, zk_config: Any) -> None:
+    """Job instances: another instance may deliver rows to an upstream's stream table and advance
+    its watermark after this query pinned its snapshot of the table; the query and the flush
+    after it act on the watermark read before the snapshot (``PipelineRunner`` sets the cap)."""
+    from executor_util import start_executor, stop_executor
+
+    ex, client = start_executor(spark, migrated_store, zk_config, KeyCount(), watermarks=True)
+    try:
+        authority = ex.authority
+        authority.declare("upper", upstream=["injector:src"], num_intervals=1)
+        authority.publish_injector("src", 1_000)
+        authority.publish_oldest_work("upper", 0, None, sequencer=1)
+        ex.upstream = ("computation:upper",)
+        assert ex.input_watermark() == 1_000
+        ex.upstream_caps = {"upper": 1_000}  # read before the snapshot
+        authority.publish_injector("src", 5_000)  # the upstream moves on after it
+        assert ex.input_watermark() == 1_000
+        ex.upstream_caps = {"upper": None}  # unknown before the snapshot: unknown
+        assert ex.input_watermark() is None
+        ex.upstream_caps = {}
+        assert ex.input_watermark() == 5_000
+    finally:
+        stop_executor(ex, client)
+
+
 # --- membership, target, move requests, the rebalance command --------------------------
 
 

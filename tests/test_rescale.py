@@ -152,9 +152,10 @@ def test_a_leaver_holds_the_watermark_until_its_intervals_are_caught_up(
     it takes b's intervals), then takes them and catches up on the files b never read. Those
     records must not be late (the input watermark must still be b's position): the panes equal
     one instance's."""
-    from deltawheel import FixedWindows, windowed
     from deltawheel.statestore.zk.members import assign
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    from deltawheel import FixedWindows, windowed
 
     folder, t0 = tmp_path / "in", 1_000_000
     probe = windowed(name="sums", inputs={"events": RECORD_KEY}, output="sums", windowing=FixedWindows(10_000),

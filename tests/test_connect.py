@@ -219,3 +219,23 @@ def test_no_java_gives_a_typed_error_saying_what_to_install(tmp_path: Path) -> N
     bad_home = subprocess.run([sys.executable, "-c", "import deltawheel; deltawheel.spark_session()"],
                               env={**env, "JAVA_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=120)
     assert f"JAVA_HOME is {tmp_path}, but {tmp_path}/bin/java is not an executable" in bad_home.stderr
+
+
+def test_setup_fills_the_one_jars_cache(tmp_path: Path) -> None:
+    """``deltawheel setup`` (what ``./dw setup`` runs) puts the Delta jars and the compiled log store
+    into ``$DELTAWHEEL_JARS_DIR``, and a second call finds them there without fetching."""
+    jars = tmp_path / "jars"
+    cache = Path(os.environ["DELTAWHEEL_JARS_DIR"])  # the tests' cache: copied, not fetched again
+    jars.mkdir()
+    for jar in cache.glob("*.jar"):
+        if not jar.name.startswith("deltawheel-logstore-"):
+            shutil.copy(jar, jars / jar.name)
+    cli = [str(Path(sys.executable).parent / "deltawheel"), "setup"]
+    env = {**os.environ, "DELTAWHEEL_JARS_DIR": str(jars)}
+    first = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "compiling ExclusiveLocalLogStore.java" in first.stderr
+    assert f"jars ready (Delta Lake and the log stores in {jars})" in first.stderr
+    assert len(list(jars.glob("deltawheel-logstore-*.jar"))) == 1
+    again = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "fetching" not in again.stderr and "compiling" not in again.stderr

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# name -> module that defines it
+# name -> module that defines it (``module:name`` where it is defined under another name)
 _EXPORTS: dict[str, str] = {
     # the core API
     "Computation": "deltawheel.executor.computation",
@@ -86,7 +86,10 @@ _EXPORTS: dict[str, str] = {
     "get_codec": "deltawheel.statestore.codecs",
     "build_spark": "deltawheel.statestore.delta.sparkenv",
     "SparkSettings": "deltawheel.statestore.delta.sparkenv",
-    "connect": "deltawheel.statestore.zk.client",
+    "connect": "deltawheel.executor.runtime.engine",
+    "Engine": "deltawheel.executor.runtime.engine",
+    "spark_session": "deltawheel.statestore.delta.sparkenv",
+    "connect_zk": "deltawheel.statestore.zk.client:connect",  # the kazoo client of a ZkConfig
     "LeaseManager": "deltawheel.statestore.zk.leases",
     "IntervalOwner": "deltawheel.statestore.zk.owner",
     "RowStore": "deltawheel.statestore.rowtable.store",
@@ -106,6 +109,7 @@ _EXPORTS.update({name: "deltawheel.statestore.exceptions" for name in (
     "StaleSequencerError", "CommitConflictError", "CodecError", "BadRecordError", "StateTooLargeError",
     "NotAStoreError", "StoreMismatchError", "StoreDamagedError", "CoordinatorStateLostError",
     "SchemaTooNewError", "MigrationError", "ConfigError", "ZooKeeperServerError", "JarFetchError",
+    "SessionConfigError", "JavaMissingError",
     "ObjectStoreError", "ObjectStoreUnreachableError", "BucketMissingError", "ObjectStoreAuthError",
     "ObjectStoreServerError")})
 _EXPORTS.update({name: "deltawheel.executor.exceptions" for name in (
@@ -118,7 +122,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'deltawheel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module, _, defined = module.partition(":")
+    value = getattr(importlib.import_module(module), defined or name)
     globals()[name] = value
     return value
 
@@ -150,6 +155,10 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.executor.runtime.cluster import (  # noqa: F401
         LocalCluster,
+    )
+    from deltawheel.executor.runtime.engine import (  # noqa: F401
+        Engine,
+        connect,
     )
     from deltawheel.executor.runtime.pipeline import (  # noqa: F401
         Pipeline,
@@ -217,6 +226,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.delta.sparkenv import (  # noqa: F401
         SparkSettings,
         build_spark,
+        spark_session,
     )
     from deltawheel.statestore.exceptions import (  # noqa: F401
         BadRecordError,
@@ -228,6 +238,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         DeltaWheelError,
         FatalError,
         JarFetchError,
+        JavaMissingError,
         LeaseError,
         LeaseHeldError,
         LeaseLostError,
@@ -241,6 +252,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         ObjectStoreUnreachableError,
         RetryableError,
         SchemaTooNewError,
+        SessionConfigError,
         StaleSequencerError,
         StateTooLargeError,
         StoreDamagedError,
@@ -260,7 +272,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         RowStore,
     )
     from deltawheel.statestore.zk.client import (  # noqa: F401
-        connect,
+        connect as connect_zk,
     )
     from deltawheel.statestore.zk.ensemble import (  # noqa: F401
         ZooKeeperEnsemble,

@@ -32,6 +32,8 @@ __all__ = [
     "ConfigError",
     "InputGoneError",
     "JarFetchError",
+    "SessionConfigError",
+    "JavaMissingError",
     "ObjectStoreError",
     "ObjectStoreUnreachableError",
     "BucketMissingError",
@@ -151,6 +153,15 @@ class InputGoneError(FatalError):
 
 class JarFetchError(FatalError):
     """The Delta Lake jars could not be found or downloaded."""
+
+
+class SessionConfigError(ConfigError):
+    """A SparkSession given to deltawheel lacks settings it needs (Delta, the log store, s3a);
+    the message names each missing setting and how to get it."""
+
+
+class JavaMissingError(ConfigError):
+    """No ``java`` executable: Spark (and the embedded ZooKeeper) need a Java 17+ JDK."""
 
 
 # --- object storage ---------------------------------------------------------

@@ -4,6 +4,7 @@ fresh virtual environment, and import everything from there (not from this check
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 # source folder -> the package it is installed as (pyproject.toml's package-dir)
@@ -47,9 +49,9 @@ def _source_packages() -> set[str]:
     return found
 
 
-@pytest.mark.timeout(600)
-def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: Path) -> None:
-    # built from a copy of the sources: an in-tree build/ folder would carry files of earlier builds
+def _build_wheel(tmp_path: Path) -> Path:
+    """The wheel of this checkout, built from a copy of its sources (an in-tree build/ folder would
+    carry files of earlier builds)."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -60,6 +62,12 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "-w", str(dist), str(src)], check=True, cwd=tmp_path)
     (wheel,) = dist.glob("deltawheel-*.whl")
+    return wheel
+
+
+@pytest.mark.timeout(600)
+def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: Path) -> None:
+    wheel = _build_wheel(tmp_path)
 
     names = zipfile.ZipFile(wheel).namelist()
     in_wheel = {n[: -len("/__init__.py")].replace("/", ".") for n in names if n.endswith("/__init__.py")}
@@ -97,3 +105,87 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     module = subprocess.run([str(py), "-m", "deltawheel.executor.cli", "--help"], capture_output=True, text=True,
                             cwd=tmp_path)
     assert module.returncode == 0 and module.stdout == cli.stdout, module.stderr
+
+
+def _user_env(jars: Path) -> dict[str, str]:
+    """A user's environment: nothing of this checkout or its virtual environment (no PYTHONPATH,
+    PYSPARK_PYTHON, DELTAWHEEL_* settings), ``java`` on PATH, and a jars cache of its own."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DELTAWHEEL_", "PYSPARK_", "PYTHON", "VIRTUAL_ENV", "PYTEST_"))}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if str(REPO) not in p)
+    env["DELTAWHEEL_JARS_DIR"] = str(jars)  # empty: the first use fetches and compiles into it
+    return env
+
+
+def _delta_rows(table: Path) -> list[dict[str, object]]:
+    from deltalake import DeltaTable
+
+    return list(DeltaTable(str(table)).to_pyarrow_table().to_pylist())
+
+
+@pytest.mark.slow
+@pytest.mark.zk
+@pytest.mark.timeout(3000)
+def test_the_installed_wheel_runs_the_demo_and_an_embedded_job_outside_the_repository(tmp_path: Path,
+                                                                                       zk_server: object) -> None:
+    """``pip install`` of the built wheel into a fresh virtual environment outside the checkout (its
+    dependencies from PyPI, or pip's cache), then from a folder of its own: ``deltawheel demo`` with
+    nothing else (jars fetched and the log store compiled into the empty cache, with a progress
+    line) ends with the demo's rows, and the README's embedding snippet runs there as written."""
+    import re
+
+    wheel = _build_wheel(tmp_path)
+    venv = tmp_path / "user-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", str(wheel)], check=True, timeout=1800)
+    home = tmp_path / "work"
+    home.mkdir()
+    env = _user_env(tmp_path / "jars")
+    assert not str(venv).startswith(str(REPO)) and not str(home).startswith(str(REPO))
+
+    port = free_port()
+    demo = subprocess.run([str(venv / "bin" / "deltawheel"), "demo", "--zk", f"127.0.0.1:{port}"], cwd=home, env=env,
+                          capture_output=True, text=True, timeout=1500)
+    print(demo.stdout[-2500:])
+    print(demo.stderr[-1500:])
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert "first use: fetching 7 Delta Lake 4.4.0 jars from Maven Central" in demo.stderr
+    assert "compiling ExclusiveLocalLogStore.java" in demo.stderr
+    assert sorted(p.name for p in (tmp_path / "jars").glob("deltawheel-logstore-*.jar"))
+    out = demo.stdout
+    assert "records read by window_counter : 20000\n" in out
+    panes = int(re.search(r"window panes \(window_counts\)\s+: (\d+)", out).group(1))  # type: ignore[union-attr]
+    store = home / "data" / "demo"
+    assert panes > 0 and len(_delta_rows(store / "streams" / "window_counts")) == panes
+    anomalies = [json.loads(bytes(r["value"])) for r in _delta_rows(store / "streams" / "anomalies")]  # type: ignore[arg-type]
+    # the planted spike (query rank 5) and dip (rank 0, absent during the dip) are found
+    from deltawheel.executor.demo.zeitgeist import AnomalySchedule, query_name
+
+    found = {(a["kind"], a["query"]) for a in anomalies}
+    assert {("spike", query_name(AnomalySchedule.spike_rank)), ("dip", query_name(AnomalySchedule.dip_rank))} <= found
+    assert re.search(rf"^anomalies\s+: {len(anomalies)}$", out, flags=re.M)
+
+    # the README's computation and embedding snippet, as a user's script in that environment
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    counter = next(b for b in blocks if "class BucketCounter(Computation)" in b)
+    snippet = next(b for b in blocks if b.startswith("import deltawheel\n"))
+    snippet = re.sub(r"^STORE, ZK = .*$", f"STORE, ZK = 'data/buckets', {zk_server.hosts!r}",  # type: ignore[attr-defined]
+                     snippet, flags=re.M)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (home / "data" / "events").mkdir(parents=True)
+    rows = [{"q": f"k{i % 3}", "ts": i * 1_000} for i in range(40)]
+    pq.write_table(pa.Table.from_pylist(rows), home / "data" / "events" / "part-0.parquet")
+    (home / "job.py").write_text(counter + "\n" + snippet, encoding="utf-8")
+    job = subprocess.run([str(venv / "bin" / "python"), "job.py"], cwd=home, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert job.returncode == 0, job.stderr[-3000:]
+    got = {(r["key"], json.loads(bytes(r["value"]))["start"]): json.loads(bytes(r["value"]))["n"]  # type: ignore[arg-type]
+           for r in _delta_rows(home / "data" / "buckets" / "streams" / "counts")}
+    want: dict[tuple[str, int], int] = {}
+    for r in rows:
+        k = (str(r["q"]), int(r["ts"]) - int(r["ts"]) % 10_000)
+        want[k] = want.get(k, 0) + 1
+    assert got == want

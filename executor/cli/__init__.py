@@ -37,12 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
         recover,
         reseed,
         scenario,
+        setup,
         sql,
         zk,
     )
 
     for mod in (demo, quickstart, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover, reseed, gc, bench,
-                scenario):  # --help order
+                scenario, setup):  # --help order
         mod.register(sub)
     return parser
 

@@ -20,12 +20,13 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
-from ..exceptions import JarFetchError
+from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError
 
 __all__ = ["DELTA_JARS", "DELTA_VERSION", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark",
-           "default_jars_dir", "fetch_maven_jar"]
+           "default_jars_dir", "fetch_maven_jar", "spark_session", "require_java", "check_session", "missing_settings", "session_settings",
+           "setup_jars"]
 
 MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
 
@@ -47,7 +48,9 @@ DELTA_JARS: tuple[tuple[str, str, str], ...] = (
 
 
 def default_jars_dir() -> Path:
-    """Where the Delta jars are cached: ``$DELTAWHEEL_JARS_DIR`` or ``~/.cache/deltawheel/jars``."""
+    """Where the Delta jars and the compiled log stores are cached, one folder per user for every
+    entry point (``./dw``, an installed wheel, your own job): ``$DELTAWHEEL_JARS_DIR`` or
+    ``~/.cache/deltawheel/jars``."""
     env = os.environ.get("DELTAWHEEL_JARS_DIR")
     if env:
         return Path(env)
@@ -121,6 +124,10 @@ def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> l
         JarFetchError: neither Maven Central nor ``mvn`` could provide a jar.
     """
     jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
+    missing = [a for _g, a, v in DELTA_JARS if not (jars_dir / f"{a}-{v}.jar").exists()]
+    if missing and not quiet:
+        print(f"deltawheel: first use: fetching {len(missing)} Delta Lake {DELTA_VERSION} jars from Maven Central "
+              f"into {jars_dir} (once per user; DELTAWHEEL_JARS_DIR moves the cache)", file=sys.stderr)
     return [fetch_maven_jar(group, artifact, version, jars_dir, quiet=quiet,
                             hint=" or set DELTAWHEEL_JARS_DIR to a folder that has it")
             for group, artifact, version in DELTA_JARS]
@@ -199,10 +206,38 @@ CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointin
 DAEMON_MODULE = "deltawheel.executor.tasks.daemon"
 
 
+JAVA_HINT = ("install a Java 17 (or newer) JDK -- e.g. `apt-get install openjdk-17-jdk-headless`, "
+             "`dnf install java-17-openjdk-devel` or `brew install openjdk@17` -- or set JAVA_HOME to one")
+
+
+def require_java() -> str:
+    """The ``java`` Spark will start (``$JAVA_HOME/bin/java``, else the one on ``PATH``).
+
+    Raises:
+        JavaMissingError: there is none; the message says what to install.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if os.access(java, os.X_OK):
+            return java
+        raise JavaMissingError(f"JAVA_HOME is {home}, but {java} is not an executable: {JAVA_HINT}")
+    found = shutil.which("java")
+    if found is None:
+        raise JavaMissingError(f"no `java` on PATH (and JAVA_HOME is not set); Spark runs on Java: {JAVA_HINT}")
+    return found
+
+
 def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
-    """Create (or return the running) SparkSession with Delta Lake configured."""
+    """Create (or return the running) SparkSession with Delta Lake configured.
+
+    Raises:
+        JavaMissingError: no ``java`` to start Spark with.
+        JarFetchError: a jar could not be fetched or compiled.
+    """
     from pyspark.sql import SparkSession
 
+    require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     jars = ensure_delta_jars(jars_dir)
@@ -274,6 +309,111 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     # deltawheel creates no managed tables: the (empty) warehouse folder goes with the process
     atexit.register(_remove_if_empty, warehouse)
     return spark
+
+
+def spark_session(store: str | None = None, *, app_name: str = "deltawheel", master: str | None = None,
+                  **settings: Any) -> Any:
+    """A SparkSession configured for deltawheel, for a job that has none yet (or the running one).
+
+    The session :func:`deltawheel.connect` expects: Delta Lake's extension and catalog, the jars
+    from the per-user cache (:func:`default_jars_dir`, fetched on first use), deltawheel's log store
+    for local tables (compiled once with ``javac``), and for an ``s3a://`` ``store`` the S3A jars
+    and the object-store log store (endpoint and keys from ``$DELTAWHEEL_S3_ENDPOINT`` and its
+    companions, docs/objectstore.md). ``settings``: more :class:`SparkSettings` fields
+    (``driver_memory``, ``shuffle_partitions``, ``extra={conf: value}``, ...).
+
+    Raises:
+        JavaMissingError: no ``java`` to start Spark with.
+        JarFetchError: a jar could not be fetched or compiled.
+    """
+    fields: dict[str, Any] = {"app_name": app_name, **settings}
+    if master is not None:
+        fields["master"] = master
+    if store is not None and store.startswith("s3a://"):
+        fields.setdefault("object_store", True)
+    return build_spark(SparkSettings(**fields))
+
+
+def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]:
+    """Fetch and build every jar into the per-user cache now rather than at first use (``deltawheel
+    setup``): the Delta jars and the local log store, with ``object_store`` the S3A and S3Proxy jars
+    and the object-store log store too. Returns the jars in place.
+
+    Raises:
+        JarFetchError: a jar could not be fetched or compiled.
+    """
+    jars = ensure_delta_jars(quiet=quiet)
+    store = ensure_log_store_jar(quiet=quiet)
+    jars += [store] if store is not None else []
+    if object_store:
+        from ..objectstore import s3a
+        from ..objectstore.logstore import ensure_zk_log_store_jar
+
+        jars += s3a.ensure_s3a_jars()
+        jars.append(s3a.ensure_jar(s3a.S3PROXY_JAR, s3a.default_s3_jars_dir()))
+        zk_store = ensure_zk_log_store_jar(quiet=quiet)
+        jars += [zk_store] if zk_store is not None else []
+    return jars
+
+
+def _conf(spark: Any, key: str) -> str | None:
+    """A setting of a running session: its SparkConf (static settings), else its SQL conf."""
+    value = spark.sparkContext.getConf().get(key, None)
+    return str(value) if value is not None else (None if (v := spark.conf.get(key, None)) is None else str(v))
+
+
+def session_settings(store: str) -> dict[str, str]:
+    """The settings a session needs for a store at ``store`` (a local folder or URI): Delta's
+    extension and catalog, and the log store of the store's scheme (local folders, ``s3a://``).
+
+    >>> sorted(session_settings("s3a://bucket/store"))
+    ['spark.delta.logStore.s3a.impl', 'spark.sql.catalog.spark_catalog', 'spark.sql.extensions']
+    """
+    from ..objectstore.logstore import ZK_LOG_STORE_CLASS
+
+    want = {"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
+    scheme = store.split("://", 1)[0] if "://" in store else "file"
+    if scheme == "file":
+        want["spark.delta.logStore.file.impl"] = LOG_STORE_CLASS
+    elif scheme == "s3a":
+        want["spark.delta.logStore.s3a.impl"] = ZK_LOG_STORE_CLASS
+    return want
+
+
+def missing_settings(have: Mapping[str, str | None], store: str) -> list[str]:
+    """``key=value (it is ...)`` for each of :func:`session_settings` that ``have`` lacks (a
+    comma-separated setting such as ``spark.sql.extensions`` needs the value among its items).
+
+    >>> missing_settings({"spark.sql.extensions": "a.B"}, "s3a://b/s")[0]
+    'spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension (it is a.B)'
+    """
+    missing = []
+    for key, value in session_settings(store).items():
+        current = have.get(key) or ""
+        if value not in [v.strip() for v in current.split(",")]:
+            missing.append(f"{key}={value}" + (f" (it is {current})" if current else " (unset)"))
+    return missing
+
+
+def check_session(spark: Any, store: str) -> None:
+    """Check that ``spark`` has what deltawheel needs for a store at ``store`` (a local folder or URI).
+
+    Raises:
+        SessionConfigError: naming every missing setting, its value, and the two ways to fix it.
+    """
+    missing = missing_settings({k: _conf(spark, k) for k in session_settings(store)}, store)
+    if not missing:
+        return
+    jars = "the Delta jars and deltawheel's log store jar"
+    if store.startswith("s3a://"):
+        jars += ", the S3A jars and deltawheel's s3a log store jar"
+    raise SessionConfigError(
+        f"the SparkSession lacks settings deltawheel needs for the store {store}: {'; '.join(missing)}. "
+        f"Build the session with deltawheel.spark_session(store={store!r}) (module "
+        f"deltawheel.statestore.delta.sparkenv), or set these before the session starts, with {jars} "
+        f"from deltawheel.statestore.delta.sparkenv.setup_jars() in spark.jars (docs/embedding.md, "
+        f"'Session settings')")
 
 
 def _object_store_jars(wanted: bool | None) -> list[Path]:

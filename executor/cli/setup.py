@@ -1,0 +1,32 @@
+"""``deltawheel setup``: fetch and build the jars into the per-user cache now (``./dw setup`` calls it).
+
+Every entry point fetches what it needs on first use anyway; this only does it ahead of time, so a
+first demo or job does not wait for Maven Central.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``setup`` subcommand to ``sub``."""
+    p = sub.add_parser("setup", help="fetch the Delta jars and compile the log store into the per-user cache "
+                                     "(~/.cache/deltawheel/jars, or $DELTAWHEEL_JARS_DIR)")
+    p.add_argument("--object-store", action="store_true",
+                   help="also the S3A and S3Proxy jars and the object-store log store (s3a:// stores)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.delta.sparkenv import default_jars_dir, require_java, setup_jars
+
+    require_java()
+    jars = setup_jars(object_store=args.object_store)
+    print(f"deltawheel: {len(jars)} jars ready (Delta Lake and the log stores in {default_jars_dir()})",
+          file=sys.stderr)
+    return 0

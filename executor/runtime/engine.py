@@ -1,0 +1,296 @@
+"""Embedding in one call: :func:`connect` and the :class:`Engine` it returns.
+
+What a job embedding deltawheel needs besides its computation and its input, wired once::
+
+    with deltawheel.connect(spark, store="s3a://bucket/store", zk="zk1:2181") as engine:
+        engine.run(injector, MyComputation())                 # bounded input, to its end
+        # or: q = df.writeStream.foreachBatch(engine.executor(MyComputation(), upstream=injector))...
+
+:func:`connect` checks the session's settings (``SessionConfigError`` names what is missing),
+reaches ZooKeeper (a local store's embedded server when ``zk`` is None, as the demo does) and
+migrates the store. The engine then composes the objects the executor needs -- one kazoo
+client, a :class:`LeaseManager`, a :class:`WatermarkAuthority`, a :class:`RowStore` -- and per
+computation an :class:`IntervalOwner` and a started :class:`ComputationExecutor` whose injectors'
+watermarks are published after every batch. It does not build Spark (the session is passed in,
+:func:`deltawheel.spark_session` builds one) and adds no protocol of its own: the per-batch
+protocol stays in ``batch.py``.
+
+On ZooKeeper SUSPENDED the executors' batches pause (``max_pause_s`` bounds it); on LOST the
+leases are gone and the next batch fails with ``LeaseLostError``: :meth:`Engine.close` still
+stops everything it started, and the next ``connect`` on the store takes over cleanly.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from typing import Any, Callable, Sequence
+
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.sparkenv import check_session
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.zk.client import connect as connect_zk
+from deltawheel.statestore.zk.client import digest_acls
+from deltawheel.statestore.zk.leases import LeaseManager
+from deltawheel.statestore.zk.owner import IntervalOwner
+from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+from ..computation import RECORD_KEY, Computation
+from .batch import ComputationExecutor
+from .embedded import ensure_zookeeper
+from .reports import BatchReport
+from .rescale import files_read
+from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, BatchStats, Injector, publish_watermark
+
+__all__ = ["connect", "Engine", "injector_hook"]
+
+Upstream = Injector | str
+
+
+def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
+            zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
+            max_pause_s: float | None = None) -> Engine:
+    """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` (close it,
+    or use it as a context manager).
+
+    Args:
+        spark: a session with Delta and deltawheel's log store (:func:`deltawheel.spark_session`).
+        store: the store, a local folder (made absolute) or an ``s3a://`` (or other) URI.
+        zk: ZooKeeper's ``host:port[,host:port]``; None: a local store's embedded server, started
+            when none answers (as ``deltawheel demo`` does) and stopped by :meth:`Engine.close`.
+        pipeline: the pipeline's name: leases, sequencers and watermarks live under it.
+        owner: this process's name on its leases (default ``host:pid``).
+        zk_chroot, zk_digest: as :class:`ZkConfig`'s ``chroot`` and ``digest``.
+        wait_s: how long an executor's start waits for leases another process holds.
+        max_pause_s: how long a batch pauses while ZooKeeper does not serve (None: while the
+            session lives).
+
+    Raises:
+        SessionConfigError: the session lacks a setting (the message names each and the fix).
+        ConfigError: ``zk`` is None for a store that is not a local folder.
+        ZooKeeperServerError: the embedded ZooKeeper could not start.
+        MigrationError, SchemaTooNewError, StoreMismatchError: as the store's migrations raise them.
+    """
+    layout = StoreLayout(os.path.abspath(store) if "://" not in store else store)
+    if zk is None and not layout.is_local:
+        raise ConfigError(f"store {store} is not a local folder, so there is no embedded ZooKeeper for it: pass "
+                          "zk='host:port[,host:port]' (the ZooKeeper every process of this pipeline uses)")
+    check_session(spark, layout.root)
+    cfg = ZkConfig(hosts=zk, chroot=zk_chroot, digest=zk_digest) if zk is not None else \
+        ZkConfig(chroot=zk_chroot, digest=zk_digest)
+    server = ensure_zookeeper(cfg, layout) if zk is None else None  # the demo's embedded server
+    try:
+        if not layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
+            from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+            configure_log_store(spark, cfg.hosts, chroot=cfg.chroot)
+        client = connect_zk(cfg)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    engine = Engine(spark, layout, cfg, client, pipeline=pipeline, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
+                    wait_s=wait_s, max_pause_s=max_pause_s, server=server)
+    try:
+        engine.migrate()
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
+                  checkpoint: str | None) -> Callable[[int | None, int | None], None]:
+    """The ``on_batch_end`` hook of an executor fed by ``feeding``: after each micro-batch, each
+    injector observes the batch's event-time range and its watermark is published.
+
+    Raises:
+        ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
+            ``checkpoint`` (the query's, whose file log says what was read) is given.
+    """
+    tracking = [inj for inj in feeding if getattr(inj, "tracks_files", False)]
+    if tracking and checkpoint is None:
+        raise ConfigError(f"injector {tracking[0].name} estimates its watermark from the files no query has read "
+                          "yet: give the query's checkpoint (engine.executor(..., checkpoint=...))")
+
+    def hook(mn: int | None, mx: int | None) -> None:
+        read = files_read(checkpoint) if tracking and checkpoint is not None else frozenset()
+        for inj in feeding:
+            stats = BatchStats(count=0 if mx is None else 1, min_event_ms=mn, max_event_ms=mx, sources=read)
+            if inj in tracking:
+                inj.observe(stats, query=checkpoint)  # type: ignore[call-arg]
+            else:
+                inj.observe(stats)
+            publish_watermark(authority, inj)
+    return hook
+
+
+class Engine:
+    """A store, its pipeline's ZooKeeper objects and the executors started on them (see the module
+    docstring). Made by :func:`connect`; every method takes the computation as an instance."""
+
+    def __init__(self, spark: Any, layout: StoreLayout, zk: ZkConfig, client: Any, *, pipeline: str, owner: str,
+                 wait_s: float = 60.0, max_pause_s: float | None = None, server: Any | None = None) -> None:
+        self.spark = spark
+        self.layout = layout
+        self.zk = zk
+        self.client = client
+        self.pipeline = pipeline
+        self.owner = owner
+        self.wait_s = wait_s
+        self.server = server  # the embedded ZooKeeper connect() started, if any
+        self.leases = LeaseManager(client, pipeline=pipeline, owner=owner, acls=digest_acls(zk), max_pause_s=max_pause_s)
+        self.authority = WatermarkAuthority(client, pipeline=pipeline, acls=digest_acls(zk), max_pause_s=max_pause_s)
+        self.store = RowStore(spark, layout, writer=owner)
+        self.executors: list[ComputationExecutor] = []
+        self._feeding: dict[int, list[Injector]] = {}  # id(executor) -> the injectors whose watermark it moves
+        self._queries: list[tuple[Any, ComputationExecutor, list[DeltaWheelError]]] = []
+        self._closed = False
+
+    def migrate(self) -> None:
+        """Create the store or run its pending migrations (one process at a time per pipeline)."""
+        from deltawheel import migrations
+
+        with self.client.Lock(f"/locks/migrate/{self.pipeline}", self.owner):
+            migrations.apply(self.spark, self.layout, dry_run=False)
+
+    def executor(self, computation: Computation, *, upstream: Upstream | Sequence[Upstream] = (),
+                 checkpoint: str | None = None, wait_s: float | None = None, **options: Any) -> ComputationExecutor:
+        """A started executor of ``computation``: pass it to ``writeStream.foreachBatch``.
+
+        Args:
+            computation: the computation instance (pickled to the Spark tasks with its instance
+                attributes; its class is imported there: docs/embedding.md).
+            upstream: what feeds it: injectors (their watermarks are moved and published after each
+                batch) and/or ``"injector:NAME"`` / ``"computation:NAME"`` names.
+            checkpoint: the query's checkpoint (needed by injectors estimating from pending files).
+            wait_s: how long to wait for leases another process holds (default: the engine's).
+            options: more :class:`ComputationExecutor` arguments (``write_path``, ``intervals``, ...).
+
+        Raises:
+            ConfigError: a computation with event-time timers and no watermark source, or bad options.
+            LeaseHeldError: another process still holds an interval after ``wait_s``.
+        """
+        self._check_open()
+        items = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
+        feeding = [u for u in items if not isinstance(u, str)]
+        names = sorted({u if isinstance(u, str) else f"injector:{u.name}" for u in items})
+        hook = injector_hook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
+        owner = IntervalOwner(self.store, self.leases, computation.name, num_intervals=type(computation).num_intervals)
+        ex = ComputationExecutor(self.spark, self.layout, computation, owner=owner, authority=self.authority,
+                                 upstream=names, on_batch_end=hook, **options)
+        bounds = {inj.name: getattr(inj, "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) for inj in feeding
+                  if inj.name in computation.inputs}
+        if bounds and "event_ahead_ms" not in options:  # each injector's bound on event time ahead of the clock
+            ex.event_ahead_ms = {s: b for s, b in bounds.items() if b is not None}
+        ex.start(wait_s=self.wait_s if wait_s is None else wait_s)
+        self.executors.append(ex)
+        self._feeding[id(ex)] = feeding
+        return ex
+
+    def start(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
+              available_now: bool = False, upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> Any:
+        """Start a streaming query of ``source`` into ``computation``; returns Spark's ``StreamingQuery``.
+
+        ``source``: an injector (its stream, and its watermark moved after each batch) or a streaming
+        DataFrame in the stream-table schema (give its watermark source as ``upstream``).
+        ``checkpoint``: the query's checkpoint (default ``<store>/_checkpoints/<pipeline>/<computation>``).
+        ``available_now``: read what is there now and stop (then :meth:`finish`); else run until stopped.
+        """
+        chk = checkpoint or f"{self.layout.root}/_checkpoints/{self.pipeline}/{computation.name}"
+        ups = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
+        if isinstance(source, Injector):
+            df, ups = source.stream_df(self.spark), [source, *ups]
+        else:
+            df = source
+        ex = self.executor(computation, upstream=ups, checkpoint=chk, **options)
+        direct = getattr(source, "direct_source", None)  # the tasks read a Parquet injector's files themselves
+        if callable(direct) and list(computation.inputs.values()) == [RECORD_KEY]:
+            ex.direct_source = direct()
+        failed: list[DeltaWheelError] = []
+
+        def batch(frame: Any, batch_id: int) -> None:
+            try:
+                ex(frame, batch_id)
+            except DeltaWheelError as exc:
+                failed.append(exc)
+                raise
+
+        writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", chk) \
+            .queryName(f"dw_{self.pipeline}_{computation.name}")
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        query = writer.start()
+        self._queries.append((query, ex, failed))  # failed: the batches' typed errors, for run()
+        return query
+
+    def run(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
+            upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> list[BatchReport]:
+        """Run ``computation`` over everything ``source`` holds now, to its end (see :meth:`start`):
+        an ``availableNow`` query, then :meth:`finish` (watermarks to the end of time, pending
+        event-time timers fired, the last delivery landed), then the leases are given back.
+        Returns the batch reports.
+
+        Raises:
+            DeltaWheelError: the batch's own typed error (not Spark's wrapper of it).
+        """
+        self.start(source, computation, checkpoint=checkpoint, available_now=True, upstream=upstream, **options)
+        query, ex, failed = self._queries[-1]
+        try:
+            query.awaitTermination()
+        except Exception as exc:
+            if failed:
+                raise failed[-1] from exc
+            raise
+        self.finish(ex)
+        self._stop(ex)
+        return list(ex.reports)
+
+    def finish(self, executor: ComputationExecutor) -> BatchReport:
+        """``executor``'s bounded input is consumed: its injectors' watermarks become END_OF_TIME and
+        are published, the event-time timers still pending fire (``flush``), and the delivery lands."""
+        for inj in self._feeding.get(id(executor), ()):
+            inj.finish()
+            publish_watermark(self.authority, inj)
+        report = executor.flush()
+        executor.settle()
+        return report
+
+    def close(self) -> None:
+        """Stop the queries :meth:`start` started, stop every executor (its last delivery lands, its
+        leases are given back), close the leases and the client, stop the embedded ZooKeeper.
+        Everything is attempted; the first failure is raised after."""
+        if self._closed:
+            return
+        self._closed = True
+        first: BaseException | None = None
+        steps: list[Callable[[], None]] = [q.stop for q, _ex, _failed in self._queries if q.isActive]
+        steps += [functools.partial(self._stop, ex) for ex in list(self.executors)]
+        steps += [self.leases.close, self.client.stop, self.client.close]
+        if self.server is not None:
+            steps.append(self.server.stop)
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - raised below, once everything was tried
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _stop(self, ex: ComputationExecutor) -> None:
+        if ex in self.executors:
+            self.executors.remove(ex)
+            ex.stop()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("this engine is closed: call deltawheel.connect(...) again")

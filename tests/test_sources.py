@@ -416,7 +416,7 @@ def test_bad_json_source_configuration(spark: Any, tmp_path: Path) -> None:
         JsonLinesInjector("p", str(tmp_path / "missing"), **args)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="is not a Spark DDL column list"):
-        JsonLinesInjector("p", str(tmp_path / "empty"), schema="card STRANGE,,", **args)
+        JsonLinesInjector("p", str(tmp_path / "empty"), schema="card STRANGE,,", **args).stream_df(spark)
     with pytest.raises(ConfigError, match="cannot infer a JSON schema from .*empty.*give schema="):
         JsonLinesInjector("p", str(tmp_path / "empty"), **args).stream_df(spark)
     with pytest.raises(ConfigError, match=r"key_column 'card' is not a column of the source \(columns: "):
@@ -457,3 +457,65 @@ def test_json_lines_through_the_executor_dead_letters_say_malformed(
     }
     assert state_of(spark, migrated_store, "by_record_key") == {
         "c1": ({"0": 1}, [("0", 9_999)]), "c2": ({"0": 2}, [("0", 9_999)])}
+
+
+# --- per-partition watermark (Kafka) -------------------------------------------------
+
+
+def test_per_partition_watermark_is_the_minimum_and_idle_partitions_are_left_out() -> None:
+    from deltawheel.executor.runtime.sources_kafka import PerPartitionWatermark
+    from deltawheel.statestore.clock import ManualClock
+
+    clock = ManualClock(0)
+    w = PerPartitionWatermark(1_000, idle_timeout_ms=60_000, clock=clock)
+    w.assign(["t/0", "t/1", "t/2"])
+    w.observe(BatchStats(2, 5_000, 9_000, partitions=(("t/0", 9_000), ("t/1", 5_000))))
+    assert w.watermark_ms() is None  # t/2 has delivered nothing and is not idle yet
+    clock.advance(60_000)  # t/2 silent for the idle timeout; t/0 and t/1 too
+    assert w.watermark_ms() is None  # every partition idle: stays where it was (nothing yet)
+    w.observe(BatchStats(1, 7_000, 7_000, partitions=(("t/1", 7_000),)))
+    assert w.watermark_ms() == 6_000  # only t/1 is active
+    w.observe(BatchStats(1, 12_000, 12_000, partitions=(("t/0", 12_000),)))
+    assert w.watermark_ms() == 6_000  # t/0 active again: min(12 s, 7 s) - 1 s
+    w.observe(BatchStats(1, 2_000, 2_000, partitions=(("t/2", 2_000),)))
+    assert w.watermark_ms() == 6_000  # t/2 wakes up behind: no step back (its older records are late)
+    clock.advance(60_000)
+    assert w.watermark_ms() == 6_000  # all idle again: held
+    w.observe(BatchStats(3, 9_000, 20_000, partitions=(("t/0", 20_000), ("t/1", 15_000), ("t/2", 9_000))))
+    assert w.watermark_ms() == 8_000
+    w.observe(BatchStats(1, 30_000, 30_000))  # no per-partition detail: moves nothing
+    assert w.watermark_ms() == 8_000
+    w.finish()
+    assert w.watermark_ms() == END_OF_TIME
+
+
+def test_per_partition_watermark_never_idle_by_default() -> None:
+    from deltawheel.executor.runtime.sources_kafka import PerPartitionWatermark
+    from deltawheel.statestore.clock import ManualClock
+
+    clock = ManualClock(0)
+    w = PerPartitionWatermark(0, clock=clock)
+    w.assign(["t/0", "t/1"])
+    w.observe(BatchStats(1, 5_000, 5_000, partitions=(("t/0", 5_000),)))
+    clock.advance(10**9)
+    assert w.watermark_ms() is None  # an empty partition holds the watermark back
+    w.observe(BatchStats(1, 4_000, 4_000, partitions=(("t/1", 4_000), ("t/0", None))))
+    assert w.watermark_ms() == 4_000
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: __import__("deltawheel").PerPartitionWatermark(-1), "watermark_delay_ms must be >= 0"),
+    (lambda: __import__("deltawheel").PerPartitionWatermark(0, idle_timeout_ms=0), "idle_timeout_ms must be > 0"),
+    (lambda: __import__("deltawheel").KafkaInjector(
+        "k", bootstrap_servers="h:9092", topic="t", schema=None, key_column=None, event_time_column=None,
+        watermark_delay_ms=0), "a Kafka source needs the messages' schema"),
+    (lambda: __import__("deltawheel").KafkaInjector(
+        "k", bootstrap_servers="", topic="t", schema="a INT", key_column=None, event_time_column=None,
+        watermark_delay_ms=0), "give bootstrap_servers and topic"),
+    (lambda: __import__("deltawheel").KafkaInjector(
+        "bad-name", bootstrap_servers="h:9092", topic="t", schema="a INT", key_column=None,
+        event_time_column=None, watermark_delay_ms=0), "injector name 'bad-name' is not valid"),
+])
+def test_bad_kafka_source_configuration(call: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        call()

@@ -5,7 +5,7 @@ For development and tests of Kafka sources (``sources_kafka.py``); production jo
 The broker is Apache Kafka's own server (``kafka.Kafka``), one process acting as broker and
 controller, started after ``kafka-storage format`` (``kafka.tools.StorageTool``) as Kafka's
 quickstart does. Its jars are :data:`KAFKA_BROKER_JARS` (Kafka's modules and the few
-dependencies the pyspark wheel does not ship: 24 MiB), fetched once with their Maven Central
+dependencies the pyspark wheel does not ship: 19 MiB), fetched once with their Maven Central
 checksums into :func:`default_kafka_jars_dir`; Scala, Jackson, slf4j/log4j, the compression
 codecs, Netty and ZooKeeper's classes come from pyspark's ``jars`` folder, as for the embedded
 ZooKeeper. Everything it writes lives in one folder::
@@ -90,7 +90,7 @@ def ensure_kafka_broker_jars(jars_dir: Path | None = None, *, quiet: bool = Fals
 class KafkaBroker:
     """A single-node Kafka broker + controller (KRaft) in its own detached process.
 
-    >>> KafkaBroker("/tmp/kafka-doc", port=9092).bootstrap_servers
+    >>> KafkaBroker("kafka-data", port=9092, controller_port=9093).bootstrap_servers
     '127.0.0.1:9092'
 
     Args:

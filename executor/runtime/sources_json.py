@@ -111,7 +111,7 @@ class JsonLinesInjector(_MaxSeenInjector):
 
     Raises:
         ConfigError: an invalid name, a local folder that does not exist, a bad count, delay or
-            bound, or a schema that does not parse.
+            bound (a schema that does not parse: at :meth:`stream_df`).
     """
 
     def __init__(self, name: str, folder: str, *, schema: Any = None, key_column: str | None,
@@ -127,7 +127,7 @@ class JsonLinesInjector(_MaxSeenInjector):
             raise ConfigError(f"injector {name}: JSON folder {folder} does not exist; create it "
                               "(or write the input) before starting the pipeline")
         self.folder = folder
-        self.schema = None if schema is None else json_schema(schema)
+        self.schema = schema  # parsed by resolved_schema (a DDL string needs a running Spark session)
         self.timestamp_format = timestamp_format
 
     def input_token(self) -> tuple[tuple[str, int, int], ...] | None:
@@ -138,10 +138,11 @@ class JsonLinesInjector(_MaxSeenInjector):
         """``schema``, or Spark's inference over the files present (without ``_corrupt_record``).
 
         Raises:
-            ConfigError: no schema given and no readable JSON line in the folder.
+            ConfigError: a schema that does not parse, or none given and no readable JSON line in
+                the folder.
         """
         if self.schema is not None:
-            return self.schema
+            return json_schema(self.schema)
         from pyspark.errors import AnalysisException
 
         try:

@@ -166,7 +166,7 @@ class KafkaInjector:
         clock: processing time for idleness (injected for tests).
 
     Raises:
-        ConfigError: an invalid name, schema, delay or timeout, or no topic or servers.
+        ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.
     """
 
     def __init__(self, name: str, *, bootstrap_servers: str, topic: str, schema: Any, key_column: str | None,
@@ -188,7 +188,7 @@ class KafkaInjector:
         self.name = name
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
-        self.schema = json_schema(schema)
+        self.schema = schema  # parsed at stream_df (a DDL string needs a running Spark session)
         self.key_column = key_column
         self.event_time_column = event_time_column
         self.value_columns = None if value_columns is None else tuple(value_columns)
@@ -198,10 +198,6 @@ class KafkaInjector:
         self.max_event_ahead_ms = max_event_ahead_ms
         self.timestamp_format = timestamp_format
         self._estimate = PerPartitionWatermark(watermark_delay_ms, idle_timeout_ms=idle_timeout_ms, clock=clock)
-        for col in (key_column, event_time_column, *(value_columns or ())):
-            if col is not None and col not in self.schema.fieldNames():
-                raise ConfigError(f"injector {name}: {col!r} is not a field of the schema "
-                                  f"({', '.join(self.schema.fieldNames())}); fix the injector's configuration")
 
     @property
     def partitions(self) -> list[str]:
@@ -246,13 +242,19 @@ class KafkaInjector:
         """The topic as a streaming DataFrame in the stream schema (its partitions are listed first).
 
         Raises:
-            ConfigError: Spark's Kafka connector is not on the session's classpath, or the broker
-                cannot be reached.
+            ConfigError: Spark's Kafka connector is not on the session's classpath, the broker
+                cannot be reached, the schema does not parse, or a named field is not in it.
         """
         from pyspark.errors import AnalysisException
         from pyspark.sql import functions as F
 
-        self.discover_partitions(spark)
+        schema = json_schema(self.schema)
+        fields = schema.fields
+        named = [("key_column", self.key_column), ("event_time_column", self.event_time_column)]
+        for what, col in named + [("value_columns", c) for c in self.value_columns or ()]:
+            if col is not None and col not in schema.fieldNames():
+                raise ConfigError(f"injector {self.name}: {what} {col!r} is not a field of the schema "
+                                  f"({', '.join(schema.fieldNames())}); fix the injector's configuration")
         reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", self.bootstrap_servers)
                   .option("subscribe", self.topic).option("startingOffsets", self.starting_offsets)
                   .option("failOnDataLoss", "true"))
@@ -260,6 +262,7 @@ class KafkaInjector:
             reader = reader.option("maxOffsetsPerTrigger", self.max_offsets_per_trigger)
         for k, v in self.options.items():
             reader = reader.option(k, v)
+        self.discover_partitions(spark)
         try:
             raw = reader.load()
         except AnalysisException as exc:
@@ -269,11 +272,10 @@ class KafkaInjector:
                                   "org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version> "
                                   "(docs/sources.md)") from exc
             raise
-        fields = self.schema.fields
         parsed = raw.select(
             "topic", "partition", "offset", F.col("timestamp").alias("_kafka_ts"),
             F.col("key").cast("string").alias("_kafka_key"), parse_json(F.col("value").cast("string"),
-                                                                        self.schema).alias("_j"))
+                                                                        schema).alias("_j"))
         parsed = parsed.select("topic", "partition", "offset", "_kafka_ts", "_kafka_key",
                                *[F.col(f"_j.{f.name}").alias(f.name) for f in fields],
                                F.col(f"_j.{CORRUPT_RECORD}").alias(CORRUPT_RECORD))
@@ -283,12 +285,10 @@ class KafkaInjector:
         where = F.concat(F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
                          F.col("offset").cast("string"))
         internal = ("topic", "partition", "offset", "_kafka_ts", "_kafka_key", CORRUPT_RECORD)
-        # a message that is not JSON (or not a JSON object) has no parse result: its raw value
-        bad = F.when(F.col(CORRUPT_RECORD).isNotNull(), F.col(CORRUPT_RECORD))
         return to_stream_schema(
             parsed, producer=self.name, key_column=key_col, event_time_column=event_col,
             value_columns=self.value_columns, record_id=F.concat(F.lit(f"{self.name}/"), where),
-            commit_id=F.concat(F.lit("kafka="), where), exclude=internal, malformed=bad)
+            commit_id=F.concat(F.lit("kafka="), where), exclude=internal, malformed=F.col(CORRUPT_RECORD))
 
     def stats_of(self, batch_df: DataFrame) -> BatchStats:
         """The batch's stats with per-partition maxima (:func:`partition_stats`)."""

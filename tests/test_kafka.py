@@ -121,3 +121,17 @@ def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path
         ("clicks/clicks/0@0", "u1", {"page": "/a"}, "kafka=clicks/0@0", "json"),
         ("clicks/clicks/0@1", "", {"page": "/b"}, "kafka=clicks/0@1", "json")]
     assert all(r.timestamp_ms is not None and r.timestamp_ms > 1_600_000_000_000 for r in got)
+
+
+def test_broker_errors_say_what_to_do(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
+    from deltawheel.executor.exceptions import KafkaServerError
+    from deltawheel.executor.runtime.kafka_server import KafkaBroker, create_topic
+    from deltawheel.statestore.process import free_ports
+
+    taken = KafkaBroker(tmp_path / "other", port=kafka_broker.port, controller_port=free_ports(1)[0])
+    with pytest.raises(KafkaServerError, match=f"port {kafka_broker.port} on 127.0.0.1 is in use by another "
+                                               "process; stop it or give KafkaBroker other ports"):
+        taken.start()
+    nobody = f"127.0.0.1:{free_ports(1)[0]}"
+    with pytest.raises(KafkaServerError, match=f"could not create topic t on {nobody}: .*is the broker running"):
+        create_topic(spark, nobody, "t", partitions=1, timeout_s=2.0)

@@ -519,3 +519,20 @@ def test_per_partition_watermark_never_idle_by_default() -> None:
 def test_bad_kafka_source_configuration(call: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         call()
+
+
+@pytest.mark.spark
+def test_to_stream_schema_of_any_dataframe_keeps_malformed_raw(spark: Any) -> None:
+    # docs/sources.md, "Any other DataFrame", on a batch frame of lines instead of a socket
+    from pyspark.sql import functions as F
+
+    from deltawheel import to_stream_schema
+
+    raw = spark.createDataFrame([('{"user": "u1", "ts": 7000}',), ("{broken",)], "value STRING")
+    parsed = raw.select(F.from_json("value", "user STRING, ts BIGINT, _corrupt_record STRING",
+                                    {"columnNameOfCorruptRecord": "_corrupt_record"}).alias("j"), "value")
+    df = to_stream_schema(parsed.select("j.*", "value"), producer="socket", key_column="user",
+                          event_time_column="ts", value_columns=["user"], record_id=F.sha2(F.col("value"), 256),
+                          commit_id=F.lit("socket"), malformed=F.col("_corrupt_record"))
+    got = sorted((r.key, r.codec, bytes(r.value).decode(), r.timestamp_ms, r.event_time is None) for r in df.collect())
+    assert got == [("", "malformed", "{broken", None, True), ("u1", "json", '{"user":"u1"}', 7000, False)]

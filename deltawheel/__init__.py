@@ -77,6 +77,11 @@ _EXPORTS: dict[str, str] = {
     "MaxSeenMinusBound": "deltawheel.executor.runtime.sources",
     "BatchStats": "deltawheel.executor.runtime.sources",
     "publish_watermark": "deltawheel.executor.runtime.sources",
+    "to_stream_schema": "deltawheel.executor.runtime.sources",
+    "JsonLinesInjector": "deltawheel.executor.runtime.sources_json",
+    "KafkaInjector": "deltawheel.executor.runtime.sources_kafka",
+    "PerPartitionWatermark": "deltawheel.executor.runtime.sources_kafka",
+    "KafkaBroker": "deltawheel.executor.runtime.kafka_server",
     # the store and its coordination
     "StoreLayout": "deltawheel.statestore.layout",
     "ZkConfig": "deltawheel.statestore.config",
@@ -160,6 +165,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         Engine,
         connect,
     )
+    from deltawheel.executor.runtime.kafka_server import (  # noqa: F401
+        KafkaBroker,
+    )
     from deltawheel.executor.runtime.pipeline import (  # noqa: F401
         Pipeline,
         PipelineRunner,
@@ -171,6 +179,14 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         MaxSeenMinusBound,
         ParquetInjector,
         publish_watermark,
+        to_stream_schema,
+    )
+    from deltawheel.executor.runtime.sources_json import (  # noqa: F401
+        JsonLinesInjector,
+    )
+    from deltawheel.executor.runtime.sources_kafka import (  # noqa: F401
+        KafkaInjector,
+        PerPartitionWatermark,
     )
     from deltawheel.executor.windowing.combiners import (  # noqa: F401
         CombineFn,

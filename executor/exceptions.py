@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, FatalError, RetryableError
 
-__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "UserCodeError", "WindowingError"]
+__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "KafkaServerError", "UserCodeError",
+           "WindowingError"]
 
 
 class BatchFailedError(RetryableError):
@@ -39,3 +40,7 @@ class WindowingError(ConfigError):
 
 class ClusterError(FatalError):
     """The local Spark standalone cluster (``deltawheel cluster``) could not be started, reached or stopped."""
+
+
+class KafkaServerError(FatalError):
+    """The local Kafka broker (``kafka_server.py``) could not be started or reached."""

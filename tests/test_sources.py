@@ -329,3 +329,210 @@ def test_bad_source_configuration(spark: Any, tmp_path: Path) -> None:
     spark.read.parquet(folder).write.format("delta").save(str(tmp_path / "table"))
     with pytest.raises(ConfigError, match="record_id_column 'rid' is not a column"):
         DeltaTableInjector("queries", str(tmp_path / "table"), **args, record_id_column="rid").stream_df(spark)
+
+
+# --- JSON lines ---------------------------------------------------------------------
+
+JSON_LINES = {
+    "a.jsonl": ['{"card": "c1", "amount": 10.5, "ts": 1000}', '{"card": "c2", "amount": 3, "ts": 4000}',
+                '{"card": "c1", "amount": oops', "", '{"card": "c2", "amount": 7.0, "ts": 2000}'],
+    "b.jsonl": ['{"card": "c1", "amount": "ten", "ts": 9000}', '[1, 2]',
+                '{"card": "c3", "amount": 1.0, "ts": "1970-01-01T00:00:12Z"}'],
+}
+
+
+def write_json_lines(folder: Path, files: dict[str, list[str]] = JSON_LINES) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, (name, lines) in enumerate(sorted(files.items())):
+        (folder / name).write_text("\n".join(lines) + "\n")
+        os.utime(folder / name, (1_700_000_000 + i, 1_700_000_000 + i))  # read in this order
+
+
+@pytest.mark.spark
+def test_json_lines_injector_keeps_malformed_lines_raw(spark: Any, tmp_path: Path) -> None:
+    from deltawheel.executor.runtime.sources_json import JsonLinesInjector
+
+    write_json_lines(tmp_path / "in")
+    inj = JsonLinesInjector("payments", str(tmp_path / "in"), schema="card STRING, amount DOUBLE, ts BIGINT",
+                            key_column="card", event_time_column="ts", watermark_delay_ms=500)
+    df = inj.stream_df(spark)
+    want = spark.createDataFrame([], stream_schema_ddl()).schema
+    assert [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in want.fields]
+    batches = run_stream(df, tmp_path / "ck")
+    assert [sorted({r.commit_id.split("#")[0] for r in rows}) for _, rows, _ in batches] == [
+        ["file=a.jsonl"], ["file=b.jsonl"]]
+    rows = {r.record_id: r for _, rs, _ in batches for r in rs}
+    assert all(r.commit_id == "file=" + rid.split("/", 1)[1].replace("#", "#line=") for rid, r in rows.items())
+    good = {rid: (r.key, json.loads(bytes(r.value)), r.timestamp_ms) for rid, r in rows.items() if r.codec == "json"}
+    assert good == {
+        "payments/a.jsonl#1": ("c1", {"amount": 10.5, "card": "c1"}, 1000),
+        "payments/a.jsonl#2": ("c2", {"amount": 3.0, "card": "c2"}, 4000),
+        "payments/a.jsonl#5": ("c2", {"amount": 7.0, "card": "c2"}, 2000),  # the blank line 4 is skipped
+    }
+    bad = {rid: (r.key, bytes(r.value).decode(), r.timestamp_ms, r.event_time) for rid, r in rows.items()
+           if r.codec == "malformed"}
+    assert bad == {  # the raw line, no key, no event time
+        "payments/a.jsonl#3": ("", '{"card": "c1", "amount": oops', None, None),
+        "payments/b.jsonl#1": ("", '{"card": "c1", "amount": "ten", "ts": 9000}', None, None),  # a type mismatch
+        "payments/b.jsonl#2": ("", "[1, 2]", None, None),  # not an object
+        "payments/b.jsonl#3": ("", '{"card": "c3", "amount": 1.0, "ts": "1970-01-01T00:00:12Z"}', None, None),
+    }
+    for _, _, stats in batches:
+        inj.observe(stats)
+    assert inj.watermark_ms() == 4000 - 500  # malformed lines move nothing (b.jsonl's 9000 is one)
+
+    # a STRING event time: ISO 8601 (or timestamp_format); one that does not parse has none
+    write_json_lines(tmp_path / "iso", {"c.jsonl": ['{"card": "c9", "ts": "1970-01-01T00:00:12Z"}',
+                                                    '{"card": "c9", "ts": "12/01/1970 00:00"}',
+                                                    '{"card": "c9", "ts": "yesterday"}']})
+    for fmt, want_ts in ((None, [12_000, None, None]), ("dd/MM/yyyy HH:mm", [None, 950_400_000, None])):
+        iso = JsonLinesInjector("iso", str(tmp_path / "iso"), schema="card STRING, ts STRING", key_column="card",
+                                event_time_column="ts", watermark_delay_ms=0, timestamp_format=fmt)
+        got = [r for _, rs, _ in run_stream(iso.stream_df(spark), tmp_path / f"ck-{fmt is None}") for r in rs]
+        assert [r.timestamp_ms for r in sorted(got, key=lambda r: r.record_id)] == want_ts
+        assert {r.codec for r in got} == {"json"}
+
+
+@pytest.mark.spark
+def test_json_lines_schema_inferred_and_epoch_ms(spark: Any, tmp_path: Path) -> None:
+    from deltawheel.executor.runtime.sources_json import JsonLinesInjector
+
+    write_json_lines(tmp_path / "in", {"a.jsonl": JSON_LINES["a.jsonl"]})
+    inj = JsonLinesInjector("payments", str(tmp_path / "in"), key_column="card", event_time_column="ts",
+                            watermark_delay_ms=0, record_id_column="card")
+    assert inj.resolved_schema(spark).simpleString() == "struct<amount:double,card:string,ts:bigint>"
+    rows = [r for _, rs, _ in run_stream(inj.stream_df(spark), tmp_path / "ck") for r in rs]
+    assert sorted((r.record_id, r.codec, r.timestamp_ms) for r in rows) == [
+        ("c1", "json", 1000), ("c2", "json", 2000), ("c2", "json", 4000), ("payments/a.jsonl#3", "malformed", None)]
+    assert json.loads(bytes(next(r for r in rows if r.timestamp_ms == 1000).value)) == {"amount": 10.5}
+
+
+@pytest.mark.spark
+def test_bad_json_source_configuration(spark: Any, tmp_path: Path) -> None:
+    from deltawheel.executor.runtime.sources_json import JsonLinesInjector
+
+    args: dict[str, Any] = {"key_column": "card", "event_time_column": "ts", "watermark_delay_ms": 0}
+    with pytest.raises(ConfigError, match="JSON folder .*missing does not exist"):
+        JsonLinesInjector("p", str(tmp_path / "missing"), **args)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="is not a Spark DDL column list"):
+        JsonLinesInjector("p", str(tmp_path / "empty"), schema="card STRANGE,,", **args).stream_df(spark)
+    with pytest.raises(ConfigError, match="cannot infer a JSON schema from .*empty.*give schema="):
+        JsonLinesInjector("p", str(tmp_path / "empty"), **args).stream_df(spark)
+    with pytest.raises(ConfigError, match=r"key_column 'card' is not a column of the source \(columns: "):
+        JsonLinesInjector("p", str(tmp_path / "empty"), schema="id STRING, ts BIGINT", **args).stream_df(spark)
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+def test_json_lines_through_the_executor_dead_letters_say_malformed(
+        spark: Any, tmp_path: Path, migrated_store: Any, zk_config: Any) -> None:
+    # as a user would: the public names, a computation keyed by a field, the dead_letters view
+    from deltawheel.statestore.delta.sqlviews import register_views
+
+    import deltawheel
+    from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor
+
+    write_json_lines(tmp_path / "in")
+    events = deltawheel.JsonLinesInjector("events", str(tmp_path / "in"),
+                                          schema="card STRING, amount DOUBLE, ts BIGINT",
+                                          key_column="card", event_time_column="ts", watermark_delay_ms=0)
+    ex, client = start_executor(spark, migrated_store, zk_config, ByRecordKey())
+    try:
+        query = (events.stream_df(spark).writeStream.foreachBatch(ex).trigger(availableNow=True)
+                 .option("checkpointLocation", str(tmp_path / "ck")).start())
+        assert query.awaitTermination(180)
+    finally:
+        stop_executor(ex, client)
+    register_views(spark, migrated_store)
+    dead = {r["source_position"]: (r["raw_value"].decode(), r["error"], r["key"]) for r in spark.sql(
+        "SELECT source_position, raw_value, error, key FROM dead_letters").collect()}
+    malformed = "malformed input: the source could not parse it; raw_value holds the original text"
+    assert dead == {
+        "file=a.jsonl#line=3": ('{"card": "c1", "amount": oops', malformed, ""),
+        "file=b.jsonl#line=1": ('{"card": "c1", "amount": "ten", "ts": 9000}', malformed, ""),
+        "file=b.jsonl#line=2": ("[1, 2]", malformed, ""),
+        # an ISO time string where the schema says BIGINT: Spark's PERMISSIVE parse calls it malformed
+        "file=b.jsonl#line=3": ('{"card": "c3", "amount": 1.0, "ts": "1970-01-01T00:00:12Z"}', malformed, ""),
+    }
+    assert state_of(spark, migrated_store, "by_record_key") == {
+        "c1": ({"0": 1}, [("0", 9_999)]), "c2": ({"0": 2}, [("0", 9_999)])}
+
+
+# --- per-partition watermark (Kafka) -------------------------------------------------
+
+
+def test_per_partition_watermark_is_the_minimum_and_idle_partitions_are_left_out() -> None:
+    from deltawheel.executor.runtime.sources_kafka import PerPartitionWatermark
+    from deltawheel.statestore.clock import ManualClock
+
+    clock = ManualClock(0)
+    w = PerPartitionWatermark(1_000, idle_timeout_ms=60_000, clock=clock)
+    w.assign(["t/0", "t/1", "t/2"])
+    w.observe(BatchStats(2, 5_000, 9_000, partitions=(("t/0", 9_000), ("t/1", 5_000))))
+    assert w.watermark_ms() is None  # t/2 has delivered nothing and is not idle yet
+    clock.advance(60_000)  # t/2 silent for the idle timeout; t/0 and t/1 too
+    assert w.watermark_ms() is None  # every partition idle: stays where it was (nothing yet)
+    w.observe(BatchStats(1, 7_000, 7_000, partitions=(("t/1", 7_000),)))
+    assert w.watermark_ms() == 6_000  # only t/1 is active
+    w.observe(BatchStats(1, 12_000, 12_000, partitions=(("t/0", 12_000),)))
+    assert w.watermark_ms() == 6_000  # t/0 active again: min(12 s, 7 s) - 1 s
+    w.observe(BatchStats(1, 2_000, 2_000, partitions=(("t/2", 2_000),)))
+    assert w.watermark_ms() == 6_000  # t/2 wakes up behind: no step back (its older records are late)
+    clock.advance(60_000)
+    assert w.watermark_ms() == 6_000  # all idle again: held
+    w.observe(BatchStats(3, 9_000, 20_000, partitions=(("t/0", 20_000), ("t/1", 15_000), ("t/2", 9_000))))
+    assert w.watermark_ms() == 8_000
+    w.observe(BatchStats(1, 30_000, 30_000))  # no per-partition detail: moves nothing
+    assert w.watermark_ms() == 8_000
+    w.finish()
+    assert w.watermark_ms() == END_OF_TIME
+
+
+def test_per_partition_watermark_never_idle_by_default() -> None:
+    from deltawheel.executor.runtime.sources_kafka import PerPartitionWatermark
+    from deltawheel.statestore.clock import ManualClock
+
+    clock = ManualClock(0)
+    w = PerPartitionWatermark(0, clock=clock)
+    w.assign(["t/0", "t/1"])
+    w.observe(BatchStats(1, 5_000, 5_000, partitions=(("t/0", 5_000),)))
+    clock.advance(10**9)
+    assert w.watermark_ms() is None  # an empty partition holds the watermark back
+    w.observe(BatchStats(1, 4_000, 4_000, partitions=(("t/1", 4_000), ("t/0", None))))
+    assert w.watermark_ms() == 4_000
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: __import__("deltawheel").PerPartitionWatermark(-1), "watermark_delay_ms must be >= 0"),
+    (lambda: __import__("deltawheel").PerPartitionWatermark(0, idle_timeout_ms=0), "idle_timeout_ms must be > 0"),
+    (lambda: __import__("deltawheel").KafkaInjector(
+        "k", bootstrap_servers="h:9092", topic="t", schema=None, key_column=None, event_time_column=None,
+        watermark_delay_ms=0), "a Kafka source needs the messages' schema"),
+    (lambda: __import__("deltawheel").KafkaInjector(
+        "k", bootstrap_servers="", topic="t", schema="a INT", key_column=None, event_time_column=None,
+        watermark_delay_ms=0), "give bootstrap_servers and topic"),
+    (lambda: __import__("deltawheel").KafkaInjector(
+        "bad-name", bootstrap_servers="h:9092", topic="t", schema="a INT", key_column=None,
+        event_time_column=None, watermark_delay_ms=0), "injector name 'bad-name' is not valid"),
+])
+def test_bad_kafka_source_configuration(call: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        call()
+
+
+@pytest.mark.spark
+def test_to_stream_schema_of_any_dataframe_keeps_malformed_raw(spark: Any) -> None:
+    # docs/sources.md, "Any other DataFrame", on a batch frame of lines instead of a socket
+    from pyspark.sql import functions as F
+
+    from deltawheel import to_stream_schema
+
+    raw = spark.createDataFrame([('{"user": "u1", "ts": 7000}',), ("{broken",)], "value STRING")
+    parsed = raw.select(F.from_json("value", "user STRING, ts BIGINT, _corrupt_record STRING",
+                                    {"columnNameOfCorruptRecord": "_corrupt_record"}).alias("j"), "value")
+    df = to_stream_schema(parsed.select("j.*", "value"), producer="socket", key_column="user",
+                          event_time_column="ts", value_columns=["user"], record_id=F.sha2(F.col("value"), 256),
+                          commit_id=F.lit("socket"), malformed=F.col("_corrupt_record"))
+    got = sorted((r.key, r.codec, bytes(r.value).decode(), r.timestamp_ms, r.event_time is None) for r in df.collect())
+    assert got == [("", "malformed", "{broken", None, True), ("u1", "json", '{"user":"u1"}', 7000, False)]

@@ -19,6 +19,8 @@ def register(sub: Any) -> None:
                                      "(~/.cache/deltawheel/jars, or $DELTAWHEEL_JARS_DIR)")
     p.add_argument("--object-store", action="store_true",
                    help="also the S3A and S3Proxy jars and the object-store log store (s3a:// stores)")
+    p.add_argument("--kafka", action="store_true",
+                   help="also Spark's Kafka connector (KafkaInjector; ~/.cache/deltawheel/kafka-jars)")
     p.set_defaults(func=_run)
 
 
@@ -29,4 +31,9 @@ def _run(args: argparse.Namespace) -> int:
     jars = setup_jars(object_store=args.object_store)
     print(f"deltawheel: {len(jars)} jars ready (Delta Lake and the log stores in {default_jars_dir()})",
           file=sys.stderr)
+    if args.kafka:
+        from deltawheel.statestore.delta import connectors
+
+        kafka = connectors.ensure_kafka_jars()
+        print(f"deltawheel: {len(kafka)} Kafka connector jars ready", file=sys.stderr)
     return 0

@@ -40,7 +40,7 @@ from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 from ..tasks.direct import DirectSource, direct_source
-from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS
+from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MALFORMED_CODEC
 from .estimates import PendingPercentile, check_percentile
 
 __all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "ParquetInjector", "DeltaTableInjector",
@@ -59,12 +59,15 @@ class BatchStats:
         min_event_ms: smallest ``timestamp_ms`` (``None``: empty or all null).
         max_event_ms: largest ``timestamp_ms``.
         sources: the files the rows came from (from ``commit_id``; may be empty).
+        partitions: (source partition, its max event time) for sources with partitions
+            (Kafka's ``topic/partition``; ``sources_kafka.partition_stats``); may be empty.
     """
 
     count: int
     min_event_ms: int | None = None
     max_event_ms: int | None = None
     sources: frozenset[str] = frozenset()
+    partitions: tuple[tuple[str, int | None], ...] = ()
 
     @classmethod
     def of(cls, batch_df: DataFrame) -> BatchStats:
@@ -174,7 +177,7 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
 
 def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, event_time_column: str,
                      value_columns: Sequence[str] | None, record_id: Any, commit_id: Any,
-                     exclude: Sequence[str] = ()) -> DataFrame:
+                     exclude: Sequence[str] = (), malformed: Any = None) -> DataFrame:
     """Map a DataFrame of source rows to the stream-table columns, in the JVM.
 
     Args:
@@ -190,6 +193,10 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
         record_id: Spark Column giving the record id (must be non-null and unique).
         commit_id: Spark Column giving the source position.
         exclude: columns left out of the default ``value_columns``.
+        malformed: a STRING column, the raw text of a record the source could not parse
+            (null for the others; e.g. Spark's ``_corrupt_record``). Such a record keeps that
+            text as its ``value`` with codec ``malformed``, an empty key and no event time: the
+            executor makes it a dead letter saying "malformed", its ``raw_value`` the original text.
 
     Raises:
         ConfigError: a named column does not exist, or the event time column has
@@ -219,11 +226,16 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
     # no value columns (the key and event time are all a computation reads): record.value is None
     value = (F.to_json(F.struct(*[F.col(c) for c in sorted(value_columns)])).cast("binary") if value_columns
              else F.lit(None).cast("binary"))
+    codec = F.lit("json")
+    if malformed is not None:  # the raw text, and no key or event time that could move a watermark
+        bad = malformed.isNotNull()
+        key, value = F.when(bad, F.lit("")).otherwise(key), F.when(bad, malformed.cast("binary")).otherwise(value)
+        codec, ts_ms = F.when(bad, F.lit(MALFORMED_CODEC)).otherwise(codec), F.when(~bad, ts_ms)
     return df.select(
         record_id.cast("string").alias("record_id"),
         key.alias("key"),
         value.alias("value"),
-        F.lit("json").alias("codec"),
+        codec.alias("codec"),
         ts_ms.alias("timestamp_ms"),
         F.timestamp_millis(ts_ms).alias("event_time"),
         F.lit(producer).alias("producer"),

@@ -24,7 +24,8 @@ from .job import BatchRun, Prepared
 from .keyrun import run_key
 
 __all__ = ["prepare_input", "run_in_tasks", "MergeTasks", "productions_frame", "dead_letter_frame",
-           "routed_frame", "user_error_message", "interval_of_key", "key_expression", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS"]
+           "routed_frame", "user_error_message", "interval_of_key", "key_expression", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS",
+           "MALFORMED_CODEC", "MALFORMED_REASON"]
 
 _PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, timestamp_ms: BIGINT, codec: STRING>"
 _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRING, position: STRING, "
@@ -35,6 +36,10 @@ OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prod
            "n_routed INT, ids_expired INT")
 _ERR = "\x00!"
 DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the clock are dead letters
+#: The codec of a record its source could not parse (``sources_json.py``, ``sources_kafka.py``): its
+#: value is the raw input (a JSON line, a Kafka message's value) and it becomes a dead letter.
+MALFORMED_CODEC = "malformed"
+MALFORMED_REASON = "malformed input: the source could not parse it; raw_value holds the original text"
 
 
 def interval_of_key(num_intervals: int, key: Any = None) -> Any:
@@ -157,7 +162,8 @@ def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> t
     stream = F.col("stream") if has_stream else F.lit(next(iter(comp.inputs)))
     key, udf_key = _key_expression(comp, stream)
     k = F.col("_k") if udf_key else key
-    bad = (F.when(k.isNull(), F.lit("record without key"))  # a null key column (frames a user embeds)
+    bad = (F.when(F.col("codec") == MALFORMED_CODEC, F.lit(MALFORMED_REASON))  # a source could not parse it
+           .when(k.isNull(), F.lit("record without key"))  # a null key column (frames a user embeds)
            .when(k.startswith(_ERR), F.substring(k, 3, 1000))
            .when(k == "", F.lit("key extractor returned an empty key"))
            .when(k.startswith("\x00"), F.lit("keys starting with NUL are reserved"))

@@ -197,6 +197,9 @@ class SparkSettings:
     # the S3A jars (hadoop-aws + AWS SDK modules) on the classpath: True fetches them if missing,
     # None adds them when they are in the cache (``./dw setup`` puts them there), False leaves them out
     object_store: bool | None = None
+    # Spark's Kafka connector on the classpath (statestore/delta/connectors.py): True fetches it if
+    # missing, None adds it when it is in the cache (``./dw setup`` puts it there), False leaves it out
+    kafka: bool | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -246,6 +249,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         jars.append(store_jar)
     s3_jars = _object_store_jars(settings.object_store)
     jars.extend(s3_jars)
+    jars.extend(_kafka_jars(settings.kafka))
     warehouse = Path(tempfile.gettempdir()) / f"deltawheel-warehouse-{os.getpid()}"
     builder = (
         SparkSession.builder.master(settings.master)
@@ -433,6 +437,15 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
                                 "install a JDK (17+) or build the session with SparkSettings(object_store=None)")
         return []
     return [*jars, store]
+
+
+def _kafka_jars(wanted: bool | None) -> list[Path]:
+    """Spark's Kafka connector jars for ``SparkSettings.kafka`` (docs/sources.md)."""
+    if wanted is False:
+        return []
+    from .connectors import ensure_kafka_jars, kafka_jars_present
+
+    return ensure_kafka_jars() if wanted else kafka_jars_present()
 
 
 def _object_store_conf() -> dict[str, str]:

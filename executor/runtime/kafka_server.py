@@ -1,0 +1,229 @@
+"""A local single-node Kafka broker in KRaft mode, run from the Kafka jars on Maven Central.
+
+For development and tests of Kafka sources (``sources_kafka.py``); production jobs point
+:class:`~deltawheel.executor.runtime.sources_kafka.KafkaInjector` at their own cluster.
+The broker is Apache Kafka's own server (``kafka.Kafka``), one process acting as broker and
+controller, started after ``kafka-storage format`` (``kafka.tools.StorageTool``) as Kafka's
+quickstart does. Its jars are :data:`KAFKA_BROKER_JARS` (Kafka's modules and the few
+dependencies the pyspark wheel does not ship: 19 MiB), fetched once with their Maven Central
+checksums into :func:`default_kafka_jars_dir`; Scala, Jackson, slf4j/log4j, the compression
+codecs, Netty and ZooKeeper's classes come from pyspark's ``jars`` folder, as for the embedded
+ZooKeeper. Everything it writes lives in one folder::
+
+    <data_dir>/server.properties   generated KRaft configuration (broker + controller)
+    <data_dir>/logs/               the topics' partitions and the metadata log
+    <data_dir>/kafka.log           the broker's stdout/stderr
+    <data_dir>/kafka.pid           pid of the running broker
+
+Readiness: the broker's listener accepts connections and its log says it started
+(``Kafka Server started``), so clients never meet a broker without a controller.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+from deltawheel.statestore.delta.connectors import KAFKA_CLIENTS_VERSION, default_kafka_jars_dir
+from deltawheel.statestore.delta.sparkenv import fetch_maven_jar
+from deltawheel.statestore.process import DetachedProcess, free_ports, port_free
+from deltawheel.statestore.zk.server import find_java, pyspark_jars_dir
+
+from ..exceptions import KafkaServerError
+
+__all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "ensure_kafka_broker_jars", "create_topic"]
+
+#: The broker's version: the kafka-clients version Spark 4.2's Kafka connector declares.
+KAFKA_VERSION = KAFKA_CLIENTS_VERSION
+_K = "org.apache.kafka"
+# kafka_2.13's runtime dependencies (`mvn dependency:tree` on org.apache.kafka:kafka_2.13:3.9.2) minus
+# what pyspark's jars folder ships (scala-library/reflect, jackson core/databind/module-scala, slf4j,
+# log4j, zstd/lz4/snappy, Dropwizard metrics, ZooKeeper, Netty, commons-cli/io). The two Jackson
+# modules are taken at pyspark's Jackson version so that one Jackson is on the classpath.
+KAFKA_BROKER_JARS: tuple[tuple[str, str, str], ...] = (
+    (_K, "kafka_2.13", KAFKA_VERSION), (_K, "kafka-clients", KAFKA_VERSION),
+    (_K, "kafka-server-common", KAFKA_VERSION), (_K, "kafka-server", KAFKA_VERSION),
+    (_K, "kafka-group-coordinator-api", KAFKA_VERSION), (_K, "kafka-group-coordinator", KAFKA_VERSION),
+    (_K, "kafka-transaction-coordinator", KAFKA_VERSION), (_K, "kafka-metadata", KAFKA_VERSION),
+    (_K, "kafka-storage-api", KAFKA_VERSION), (_K, "kafka-storage", KAFKA_VERSION),
+    (_K, "kafka-tools-api", KAFKA_VERSION), (_K, "kafka-raft", KAFKA_VERSION),
+    ("org.pcollections", "pcollections", "4.0.1"),
+    ("com.github.ben-manes.caffeine", "caffeine", "2.9.3"),
+    ("net.sourceforge.argparse4j", "argparse4j", "0.7.0"),
+    ("net.sf.jopt-simple", "jopt-simple", "5.0.4"),
+    ("org.bitbucket.b_c", "jose4j", "0.9.6"),
+    ("com.yammer.metrics", "metrics-core", "2.2.0"),
+    ("org.scala-lang.modules", "scala-collection-compat_2.13", "2.10.0"),
+    ("org.scala-lang.modules", "scala-java8-compat_2.13", "1.0.2"),
+    ("com.typesafe.scala-logging", "scala-logging_2.13", "3.9.5"),
+    ("commons-validator", "commons-validator", "1.10.1"),
+    ("com.fasterxml.jackson.dataformat", "jackson-dataformat-csv", "2.21.2"),
+    ("com.fasterxml.jackson.datatype", "jackson-datatype-jdk8", "2.21.2"),
+)
+_MAIN_CLASS = "kafka.Kafka"
+_STORAGE_TOOL = "kafka.tools.StorageTool"
+_LOG4J = """\
+log4j.rootLogger=WARN, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.server.KafkaRaftServer=INFO
+log4j.logger.kafka.server.BrokerServer=INFO
+"""
+
+
+def ensure_kafka_broker_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
+    """The broker's jars (:data:`KAFKA_BROKER_JARS`), fetched once from Maven Central.
+
+    Raises:
+        JarFetchError: a jar could not be fetched (the message says where to put it by hand).
+    """
+    folder = jars_dir or default_kafka_jars_dir() / f"broker-{KAFKA_VERSION}"
+    return [fetch_maven_jar(g, a, v, folder, quiet=quiet) for g, a, v in KAFKA_BROKER_JARS]
+
+
+class KafkaBroker:
+    """A single-node Kafka broker + controller (KRaft) in its own detached process.
+
+    >>> KafkaBroker("kafka-data", port=9092, controller_port=9093).bootstrap_servers
+    '127.0.0.1:9092'
+
+    Args:
+        data_dir: folder for the configuration, partitions, log and pid file (created).
+        port: the clients' port (None: a free one).
+        controller_port: the KRaft controller's port (None: a free one).
+        host: address it listens on.
+        num_partitions: partitions of a topic created on first use (``auto.create.topics``).
+        jars_dir: folder of the broker's jars (default: :func:`default_kafka_jars_dir`).
+    """
+
+    def __init__(self, data_dir: Path | str, *, port: int | None = None, controller_port: int | None = None,
+                 host: str = "127.0.0.1", num_partitions: int = 1, jars_dir: Path | None = None) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        free = free_ports(2, host) if port is None or controller_port is None else [0, 0]
+        self.port = port if port is not None else free[0]
+        self.controller_port = controller_port if controller_port is not None else free[1]
+        self.host = host
+        self.num_partitions = num_partitions
+        self._jars_dir = jars_dir
+        self.process = DetachedProcess("Kafka broker", pid_file=self.data_dir / "kafka.pid",
+                                       log_file=self.data_dir / "kafka.log", marker=_MAIN_CLASS,
+                                       error=KafkaServerError)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The clients' ``bootstrap.servers`` (``kafka.bootstrap.servers`` for Spark)."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        """The generated ``server.properties``."""
+        return self.data_dir / "server.properties"
+
+    def _classpath(self) -> str:
+        jars = ensure_kafka_broker_jars(self._jars_dir)
+        return os.pathsep.join([*(str(j) for j in jars), f"{pyspark_jars_dir()}/*"])
+
+    def _write_config(self) -> None:
+        lines = [
+            "process.roles=broker,controller", "node.id=1",
+            f"controller.quorum.voters=1@{self.host}:{self.controller_port}",
+            f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}",
+            "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"log.dirs={self.data_dir / 'logs'}", f"num.partitions={self.num_partitions}",
+            "offsets.topic.replication.factor=1", "offsets.topic.num.partitions=1",
+            "transaction.state.log.replication.factor=1", "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0", "auto.create.topics.enable=true",
+        ]
+        self.config_file.write_text("\n".join([*lines, ""]))
+        (self.data_dir / "log4j.properties").write_text(_LOG4J)
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        return [find_java(), "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
+                "-cp", self._classpath(), main, *args]
+
+    def _format(self) -> None:
+        """``kafka-storage format`` of the log folder, once (a formatted folder keeps its cluster id)."""
+        if (self.data_dir / "logs" / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        done = subprocess.run(self._java(_STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(self.config_file)),
+                              capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise KafkaServerError(f"kafka-storage format of {self.data_dir / 'logs'} failed "
+                                   f"(exit {done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}")
+
+    def _ready(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1.0):
+                pass
+        except OSError:
+            return False
+        return "Kafka Server started" in self.process.log_tail(400)
+
+    def start(self, *, timeout_s: float = 90.0) -> None:
+        """Fetch the jars if needed, format the storage, start the broker and wait until it serves.
+
+        A no-op when this folder's broker already runs.
+
+        Raises:
+            KafkaServerError: a port is taken, the format failed, or the broker did not start in
+                time (the message carries the end of its log).
+            JarFetchError: a jar could not be fetched.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.process.pid() is not None:
+            return
+        self.process.pid_file.unlink(missing_ok=True)
+        for p in (self.port, self.controller_port):
+            if not port_free(self.host, p):
+                raise KafkaServerError(f"port {p} on {self.host} is in use by another process; "
+                                       "stop it or give KafkaBroker other ports")
+        self._write_config()
+        self._format()
+        pid = self.process.launch(self._java(_MAIN_CLASS, str(self.config_file)), cwd=self.data_dir)
+        problem = self.process.wait_ready(pid, self._ready, timeout_s)
+        if problem is not None:
+            self.process.stop(timeout_s=5.0)
+            raise KafkaServerError(f"the Kafka broker did not start on {self.bootstrap_servers}: {problem}; "
+                                   f"see {self.process.log_file}. Log tail:\n{self.process.log_tail()}")
+
+    def stop(self, *, timeout_s: float = 20.0) -> bool:
+        """Stop the broker (SIGTERM, SIGKILL after ``timeout_s``); True if one was running."""
+        return self.process.stop(timeout_s=timeout_s)
+
+
+def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,
+                 timeout_s: float = 60.0) -> None:
+    """Create ``topic`` with ``partitions`` partitions (replication 1) through Kafka's admin client in
+    the Spark driver (the Kafka connector's ``kafka-clients`` jar); an existing topic is left as it is.
+
+    Raises:
+        KafkaServerError: the broker refused or did not answer in time.
+    """
+    from deltawheel.statestore.delta.jvm import jvm
+
+    j = jvm(spark)
+    props = j.java.util.Properties()
+    props.setProperty("bootstrap.servers", bootstrap_servers)
+    admin = j.org.apache.kafka.clients.admin.Admin.create(props)
+    try:
+        new = j.org.apache.kafka.clients.admin.NewTopic(topic, j.java.util.Optional.of(partitions),
+                                                        j.java.util.Optional.empty())
+        future = admin.createTopics(j.java.util.Collections.singletonList(new)).all()
+        try:
+            future.get(int(timeout_s * 1000), j.java.util.concurrent.TimeUnit.MILLISECONDS)
+        except Exception as exc:  # noqa: BLE001 - a py4j error wrapping the Java exception
+            if "TopicExistsException" not in str(exc):
+                raise KafkaServerError(f"could not create topic {topic} on {bootstrap_servers}: "
+                                       f"{str(exc).splitlines()[0]}; is the broker running?") from exc
+    finally:
+        admin.close()

@@ -1,0 +1,191 @@
+"""JSON input: a folder of JSON Lines files, and the JSON parse that Kafka messages share.
+
+A line is parsed with Spark's ``from_json`` in ``PERMISSIVE`` mode with a ``_corrupt_record``
+column, as Spark's JSON source does: a line that is not a JSON object of the schema's types
+keeps its raw text there. Such a record goes into the stream with that text as its value and
+codec ``malformed`` (:func:`~.sources.to_stream_schema`), and the executor writes it to the
+``dead_letters`` table with ``error`` starting "malformed input" and ``raw_value`` the original
+line. Blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from deltawheel.statestore.exceptions import ConfigError
+
+from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS
+from .sources import (
+    DataFrame,
+    SparkSession,
+    _MaxSeenInjector,
+    _missing_local_dir,
+    local_folder_token,
+    to_stream_schema,
+)
+
+__all__ = ["CORRUPT_RECORD", "JsonLinesInjector", "json_schema", "parse_json"]
+
+#: Spark's name of the column holding a record that did not parse (``columnNameOfCorruptRecord``).
+CORRUPT_RECORD = "_corrupt_record"
+
+
+def json_schema(schema: Any) -> Any:
+    """A StructType from a DDL string (``"card STRING, amount DOUBLE, ts BIGINT"``) or a StructType,
+    without Spark's ``_corrupt_record`` column.
+
+    Raises:
+        ConfigError: the DDL does not parse, or it is not a struct of columns.
+    """
+    from pyspark.sql.types import DataType, StructType
+
+    if isinstance(schema, str):
+        try:
+            parsed = DataType.fromDDL(schema)
+        except Exception as exc:  # noqa: BLE001 - Spark's parse error, reported with the fix
+            raise ConfigError(f"schema {schema!r} is not a Spark DDL column list ({str(exc).splitlines()[0]}); "
+                              "write it as 'name TYPE, name TYPE', e.g. 'card STRING, amount DOUBLE, ts BIGINT'") from exc
+        schema = parsed
+    if not isinstance(schema, StructType):
+        raise ConfigError(f"schema must be a DDL string or a StructType, got {type(schema).__name__}")
+    return StructType([f for f in schema.fields if f.name != CORRUPT_RECORD])
+
+
+def parse_json(text: Any, schema: Any) -> Any:
+    """``text`` (a STRING column of JSON objects) parsed with ``schema`` in Spark's PERMISSIVE mode: a
+    struct with the schema's fields plus ``_corrupt_record``, the raw text where it did not parse."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    full = StructType([*json_schema(schema).fields, StructField(CORRUPT_RECORD, StringType(), True)])
+    return F.from_json(text, full, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_RECORD})
+
+
+def event_time_of(parsed: DataFrame, column: str, timestamp_format: str | None) -> DataFrame:
+    """Turn a STRING event time column into a TIMESTAMP (``timestamp_format``: Spark's datetime
+    pattern; None: ISO 8601); other types are left for :func:`~.sources.to_stream_schema` to check.
+    A value that does not parse becomes null: the record is a dead letter "record without timestamp"."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    fields = {f.name: f.dataType for f in parsed.schema.fields}
+    if isinstance(fields.get(column), StringType):
+        ts = F.try_to_timestamp(F.col(column)) if timestamp_format is None else F.try_to_timestamp(
+            F.col(column), F.lit(timestamp_format))
+        return parsed.withColumn(column, ts)
+    return parsed
+
+
+class JsonLinesInjector(_MaxSeenInjector):
+    """A folder of JSON Lines files (one JSON object per line) read with Spark's file streaming source.
+
+    Files are consumed in modification-time order, ``max_files_per_trigger`` per micro-batch,
+    each read whole (Spark's ``wholetext``) and split into lines, so every line has its position:
+    ``record_id`` is ``record_id_column`` when given (a null falls back to the position), otherwise
+    ``{name}/{file name}#{line}`` (1-based; deterministic as long as files are never rewritten),
+    and ``commit_id`` is ``file={file name}#line={line}``. A file must fit in one task's memory
+    (split bigger ones). Names starting with ``_`` or ``.`` are ignored (Spark's rule).
+
+    The schema is ``schema`` (a DDL string or a StructType), or when None, inferred by Spark
+    from the files present when :meth:`stream_df` is called (a batch read of the whole folder:
+    give a schema for big folders, and so that a file of other shapes cannot change it). Lines
+    that do not parse with it are malformed: dead letters with their raw text (module docstring).
+
+    Watermark estimate: as :class:`~.sources.ParquetInjector` (max event time seen minus
+    ``watermark_delay_ms``; :data:`END_OF_TIME` after :meth:`finish`); malformed lines have no
+    event time and move nothing.
+
+    Args:
+        name: injector name (``producer`` column, watermark znode).
+        folder: the folder of ``.jsonl`` / ``.json`` files (local path or URI).
+        schema: the lines' columns, e.g. ``"card STRING, amount DOUBLE, ts BIGINT"``; None: inferred.
+        key_column: natural key field, or ``None`` (key ``""``: the computation's key extractor derives it).
+        event_time_column: a TIMESTAMP field, a BIGINT of epoch milliseconds, or a STRING timestamp
+            (ISO 8601, or ``timestamp_format``; one that does not parse makes the record a dead letter).
+        value_columns: fields of the JSON value; ``None``: all but the event time and record id fields.
+        record_id_column: unique id field, or ``None`` (position-based ids).
+        max_files_per_trigger: files per micro-batch.
+        watermark_delay_ms: the declared disorder bound.
+        max_event_ahead_ms: as for :class:`~.sources.ParquetInjector` (default one day; None: no bound).
+        timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
+
+    Raises:
+        ConfigError: an invalid name, a local folder that does not exist, a bad count, delay or
+            bound (a schema that does not parse: at :meth:`stream_df`).
+    """
+
+    def __init__(self, name: str, folder: str, *, schema: Any = None, key_column: str | None,
+                 event_time_column: str, value_columns: Sequence[str] | None = None,
+                 record_id_column: str | None = None, max_files_per_trigger: int = 1, watermark_delay_ms: int,
+                 max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS,
+                 timestamp_format: str | None = None) -> None:
+        super().__init__(name, key_column=key_column, event_time_column=event_time_column,
+                         value_columns=value_columns, record_id_column=record_id_column,
+                         max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
+                         max_event_ahead_ms=max_event_ahead_ms)
+        if _missing_local_dir(folder):
+            raise ConfigError(f"injector {name}: JSON folder {folder} does not exist; create it "
+                              "(or write the input) before starting the pipeline")
+        self.folder = folder
+        self.schema = schema  # parsed by resolved_schema (a DDL string needs a running Spark session)
+        self.timestamp_format = timestamp_format
+
+    def input_token(self) -> tuple[tuple[str, int, int], ...] | None:
+        """The folder's visible files with sizes and mtimes (None for a remote folder)."""
+        return local_folder_token(self.folder)
+
+    def resolved_schema(self, spark: SparkSession) -> Any:
+        """``schema``, or Spark's inference over the files present (without ``_corrupt_record``).
+
+        Raises:
+            ConfigError: a schema that does not parse, or none given and no readable JSON line in
+                the folder.
+        """
+        if self.schema is not None:
+            return json_schema(self.schema)
+        from pyspark.errors import AnalysisException
+
+        try:
+            inferred = spark.read.option("mode", "PERMISSIVE").json(self.folder).schema
+        except AnalysisException as exc:
+            raise ConfigError(f"injector {self.name}: cannot infer a JSON schema from {self.folder} "
+                              f"({str(exc).splitlines()[0]}); put a file there or give schema=") from exc
+        schema = json_schema(inferred)
+        if not schema.fields:
+            raise ConfigError(f"injector {self.name}: no JSON object line in {self.folder} to infer a schema "
+                              "from; give schema=")
+        return schema
+
+    def stream_df(self, spark: SparkSession) -> DataFrame:
+        """The folder as a streaming DataFrame in the stream schema.
+
+        Raises:
+            ConfigError: no schema to use (see :meth:`resolved_schema`), or a named column is missing.
+        """
+        from pyspark.sql import functions as F
+
+        schema = self.resolved_schema(spark)
+        files = (spark.readStream.option("maxFilesPerTrigger", self.max_files_per_trigger)
+                 .text(self.folder, wholetext=True).select(F.col("_metadata.file_name").alias("_file"), "value"))
+        lines = files.select("_file", F.posexplode(F.split(F.col("value"), r"\r?\n")).alias("_pos", "_line"))
+        lines = lines.where(F.trim(F.col("_line")) != "").select(
+            "_file", (F.col("_pos") + 1).alias("_lineno"), "_line", parse_json(F.col("_line"), schema).alias("_j"))
+        parsed = lines.select("_file", "_lineno", *[F.col(f"_j.{f.name}").alias(f.name) for f in schema.fields],
+                              F.col(f"_j.{CORRUPT_RECORD}").alias(CORRUPT_RECORD))
+        parsed = event_time_of(parsed, self.event_time_column, self.timestamp_format)
+        lineno = F.col("_lineno").cast("string")
+        position = F.concat(F.lit(f"{self.name}/"), F.col("_file"), F.lit("#"), lineno)
+        if self.record_id_column is not None:
+            if self.record_id_column not in schema.fieldNames():
+                raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
+                                  f"of the source (columns: {', '.join(sorted(schema.fieldNames()))})")
+            record_id = F.coalesce(F.col(self.record_id_column).cast("string"), position)
+        else:
+            record_id = position
+        exclude = ("_file", "_lineno", CORRUPT_RECORD, *(() if self.record_id_column is None
+                                                         else (self.record_id_column,)))
+        return to_stream_schema(
+            parsed, producer=self.name, key_column=self.key_column, event_time_column=self.event_time_column,
+            value_columns=self.value_columns, record_id=record_id,
+            commit_id=F.concat(F.lit("file="), F.col("_file"), F.lit("#line="), lineno), exclude=exclude,
+            malformed=F.col(CORRUPT_RECORD))

@@ -1,0 +1,322 @@
+"""Kafka input: a topic of JSON messages read with Spark's Kafka source, watermarked per partition.
+
+Spark's Kafka connector is not in the pyspark wheel: ``build_spark`` adds it when it is cached
+(``./dw setup``, or ``SparkSettings(kafka=True)``), a session of your own takes it with
+``spark.jars.packages = org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>``
+(``statestore/delta/connectors.py``).
+
+The injector watermark is per partition, as Flink's and Beam's Kafka sources keep it: each
+partition's estimate is its max event time seen minus ``watermark_delay_ms``, and the
+injector's is the minimum over the partitions (one partition that lags holds it back; records
+within the bound of their own partition are never late, however far the others are ahead).
+A partition that has delivered nothing yet holds it at "unknown". Idle partitions
+(``idle_timeout_ms``, as Flink's ``withIdleness``): a partition that delivered no record for
+that long (processing time) is left out of the minimum until it delivers again; if every
+partition is idle, the estimate stays where it was. Its records that are then behind the
+watermark are late. ``idle_timeout_ms=None`` (default): partitions are never idle, so an empty
+partition holds the watermark back -- right for a topic where every partition gets data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+from deltawheel.statestore.clock import Clock, SystemClock
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
+
+from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS
+from .sources import BatchStats, DataFrame, SparkSession, _check_common, publish_watermark, to_stream_schema
+from .sources_json import CORRUPT_RECORD, event_time_of, json_schema, parse_json
+
+__all__ = ["KafkaInjector", "PerPartitionWatermark", "partition_stats"]
+
+
+class PerPartitionWatermark:
+    """min over partitions of (max event time seen in the partition - ``delay_ms``), with idleness.
+
+    >>> from deltawheel.statestore.clock import ManualClock
+    >>> w = PerPartitionWatermark(1_000, clock=ManualClock(0))
+    >>> w.assign(["t/0", "t/1"])
+    >>> w.observe_partitions({"t/0": 50_000}); w.watermark_ms() is None   # t/1 unknown yet
+    True
+    >>> w.observe_partitions({"t/1": 20_000}); w.watermark_ms()
+    19000
+
+    Args:
+        delay_ms: the declared disorder bound within a partition (>= 0).
+        idle_timeout_ms: processing time without records after which a partition is idle (left
+            out of the minimum); None: never.
+        clock: processing time (injected for tests).
+
+    Raises:
+        ConfigError: a negative bound or timeout.
+    """
+
+    def __init__(self, delay_ms: int, *, idle_timeout_ms: int | None = None, clock: Clock | None = None) -> None:
+        if delay_ms < 0:
+            raise ConfigError(f"watermark_delay_ms must be >= 0, got {delay_ms}")
+        if idle_timeout_ms is not None and idle_timeout_ms <= 0:
+            raise ConfigError(f"idle_timeout_ms must be > 0 (or None: never idle), got {idle_timeout_ms}")
+        self.delay_ms = delay_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self.clock: Clock = clock or SystemClock()
+        self.max_seen: dict[str, int | None] = {}
+        self.last_active_ms: dict[str, int] = {}
+        self.finished = False
+        self._last: int | None = None
+
+    def assign(self, partitions: Iterable[str]) -> None:
+        """Declare partitions (e.g. the topic's, at start): unknown until they deliver or go idle."""
+        now = self.clock.now_ms()
+        for p in partitions:
+            self.max_seen.setdefault(p, None)
+            self.last_active_ms.setdefault(p, now)
+
+    def observe_partitions(self, max_event_ms: Mapping[str, int | None]) -> None:
+        """A batch's max event time per partition that had records (None: none with an event time)."""
+        now = self.clock.now_ms()
+        for p, mx in max_event_ms.items():
+            old = self.max_seen.get(p)
+            self.max_seen[p] = old if mx is None else (int(mx) if old is None else max(old, int(mx)))
+            self.last_active_ms[p] = now
+
+    def observe(self, stats: BatchStats) -> None:
+        """Take a batch's per-partition maxima (``stats.partitions``); a batch without them (a
+        runner that only knows the batch's overall max) moves nothing: the overall max says
+        nothing about the partition that lags."""
+        self.observe_partitions(dict(stats.partitions))
+
+    def finish(self) -> None:
+        """Declare the input exhausted: :data:`END_OF_TIME`."""
+        self.finished = True
+
+    def idle(self, partition: str) -> bool:
+        """True if ``partition`` delivered nothing for ``idle_timeout_ms``."""
+        if self.idle_timeout_ms is None:
+            return False
+        return self.clock.now_ms() - self.last_active_ms.get(partition, 0) >= self.idle_timeout_ms
+
+    def watermark_ms(self) -> int | None:
+        """The estimate (never moves back), or None while an active partition is unknown."""
+        if self.finished:
+            return int(END_OF_TIME)
+        active = [p for p in self.max_seen if not self.idle(p)]
+        if not active:
+            return self._last  # every partition idle (or none known): stays where it was
+        seen = [self.max_seen[p] for p in active]
+        if any(m is None for m in seen):
+            return self._last
+        est = min(int(m) for m in seen if m is not None) - self.delay_ms
+        self._last = est if self._last is None else max(self._last, est)
+        return self._last
+
+
+def partition_stats(batch_df: DataFrame, *, now_ms: int, max_event_ahead_ms: int | None) -> BatchStats:
+    """A Kafka batch's stats with the max event time per partition (``topic/partition``, from the
+    ``commit_id``), in one Spark aggregation. Records more than ``max_event_ahead_ms`` ahead of
+    ``now_ms`` are left out (the executor dead-letters them; they move no watermark)."""
+    from pyspark.sql import functions as F
+
+    ts = F.col("timestamp_ms")
+    if max_event_ahead_ms is not None:
+        ts = F.when(ts <= F.lit(now_ms + max_event_ahead_ms), ts)
+    part = F.regexp_extract("commit_id", r"^kafka=(.*)@\d+$", 1)
+    rows = batch_df.groupBy(part.alias("p")).agg(F.count(F.lit(1)).alias("n"), F.min(ts).alias("lo"),
+                                                 F.max(ts).alias("hi")).collect()
+    maxima = {r["p"]: r["hi"] for r in rows}
+    los = [r["lo"] for r in rows if r["lo"] is not None]
+    return BatchStats(sum(int(r["n"]) for r in rows), min(los) if los else None,
+                      max((h for h in maxima.values() if h is not None), default=None),
+                      partitions=tuple(sorted(maxima.items())))
+
+
+class KafkaInjector:
+    """A Kafka topic of JSON messages, read with Spark's Kafka source, in the stream schema.
+
+    Each message's value is a JSON object parsed with ``schema`` (Spark's PERMISSIVE mode, as for
+    :class:`~.sources_json.JsonLinesInjector`): a value that does not parse keeps its raw text and
+    becomes a dead letter "malformed input". ``record_id`` is ``{name}/{topic}/{partition}@{offset}``
+    (the same on every re-read), ``commit_id`` ``kafka={topic}/{partition}@{offset}``.
+
+    Feed the executor through :meth:`tracking` (``foreachBatch(events.tracking(executor, authority))``)
+    rather than an ``on_batch_end`` hook: the watermark is per partition (module docstring), and the
+    hook only passes the batch's overall event-time range.
+
+    Args:
+        name: injector name (``producer`` column, watermark znode).
+        bootstrap_servers: Kafka's ``bootstrap.servers``.
+        topic: the topic (one; ``options={"subscribePattern": ...}`` is not supported: the
+            partitions are listed from this topic).
+        schema: the messages' JSON columns, a DDL string or a StructType (required: a stream has
+            no files to infer from).
+        key_column: natural key field of the JSON value; ``None``: the Kafka message key (as a
+            string; null: ``""``).
+        event_time_column: a TIMESTAMP / epoch-ms BIGINT / STRING timestamp field of the value;
+            ``None``: the Kafka record's timestamp.
+        value_columns: fields of the JSON value (``None``: all but the event time field).
+        watermark_delay_ms: the declared disorder bound within a partition.
+        idle_timeout_ms: processing time after which a silent partition is idle (None: never).
+        starting_offsets: Spark's ``startingOffsets`` (``"earliest"``, ``"latest"`` or JSON), used
+            when the query's checkpoint is new.
+        max_offsets_per_trigger: Spark's ``maxOffsetsPerTrigger`` (None: all available).
+        options: further ``kafka.*`` / source options (security settings, ``minPartitions``...).
+        max_event_ahead_ms: as for :class:`~.sources.ParquetInjector` (default one day).
+        timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
+        clock: processing time for idleness (injected for tests).
+
+    Raises:
+        ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.
+    """
+
+    def __init__(self, name: str, *, bootstrap_servers: str, topic: str, schema: Any, key_column: str | None,
+                 event_time_column: str | None, value_columns: list[str] | None = None, watermark_delay_ms: int,
+                 idle_timeout_ms: int | None = None, starting_offsets: str = "earliest",
+                 max_offsets_per_trigger: int | None = None, options: Mapping[str, str] | None = None,
+                 max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS, timestamp_format: str | None = None,
+                 clock: Clock | None = None) -> None:
+        _check_common(name, 1)
+        if not bootstrap_servers or not topic:
+            raise ConfigError(f"injector {name}: give bootstrap_servers and topic (got {bootstrap_servers!r}, "
+                              f"{topic!r})")
+        if schema is None:
+            raise ConfigError(f"injector {name}: a Kafka source needs the messages' schema, e.g. "
+                              "schema='card STRING, amount DOUBLE, ts BIGINT'")
+        if max_event_ahead_ms is not None and max_event_ahead_ms < 0:
+            raise ConfigError(f"injector {name}: max_event_ahead_ms must be >= 0 (or None: no bound), "
+                              f"got {max_event_ahead_ms}")
+        self.name = name
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.schema = schema  # parsed at stream_df (a DDL string needs a running Spark session)
+        self.key_column = key_column
+        self.event_time_column = event_time_column
+        self.value_columns = None if value_columns is None else tuple(value_columns)
+        self.starting_offsets = starting_offsets
+        self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.options = dict(options or {})
+        self.max_event_ahead_ms = max_event_ahead_ms
+        self.timestamp_format = timestamp_format
+        self._estimate = PerPartitionWatermark(watermark_delay_ms, idle_timeout_ms=idle_timeout_ms, clock=clock)
+
+    @property
+    def partitions(self) -> list[str]:
+        """The partitions known so far (``topic/partition``)."""
+        return sorted(self._estimate.max_seen)
+
+    def partition_watermarks(self) -> dict[str, int | None]:
+        """Each known partition's own estimate (max seen - bound; None: nothing seen yet)."""
+        d = self._estimate.delay_ms
+        return {p: None if m is None else m - d for p, m in sorted(self._estimate.max_seen.items())}
+
+    def discover_partitions(self, spark: SparkSession) -> list[str]:
+        """List the topic's partitions with Kafka's admin client (in the Spark driver) and declare
+        them to the estimate; returns them. A topic that does not exist yet has none."""
+        from deltawheel.statestore.delta.jvm import jvm
+
+        j = jvm(spark)
+        props = j.java.util.Properties()
+        props.setProperty("bootstrap.servers", self.bootstrap_servers)
+        for k, v in self.options.items():
+            if k.startswith("kafka."):
+                props.setProperty(k[len("kafka."):], v)
+        admin = j.org.apache.kafka.clients.admin.Admin.create(props)
+        try:
+            desc = admin.describeTopics(j.java.util.Collections.singletonList(self.topic)).allTopicNames()
+            try:
+                got = desc.get(60_000, j.java.util.concurrent.TimeUnit.MILLISECONDS)
+            except Exception as exc:  # noqa: BLE001 - a py4j error wrapping Kafka's
+                if "UnknownTopicOrPartition" in str(exc):
+                    return []
+                raise ConfigError(f"injector {self.name}: cannot describe topic {self.topic} on "
+                                  f"{self.bootstrap_servers} ({str(exc).splitlines()[0]}); is the broker "
+                                  "reachable?") from exc
+            n = got.get(self.topic).partitions().size()
+        finally:
+            admin.close()
+        names = [f"{self.topic}/{i}" for i in range(int(n))]
+        self._estimate.assign(names)
+        return names
+
+    def stream_df(self, spark: SparkSession) -> DataFrame:
+        """The topic as a streaming DataFrame in the stream schema (its partitions are listed first).
+
+        Raises:
+            ConfigError: Spark's Kafka connector is not on the session's classpath, the broker
+                cannot be reached, the schema does not parse, or a named field is not in it.
+        """
+        from pyspark.errors import AnalysisException
+        from pyspark.sql import functions as F
+
+        schema = json_schema(self.schema)
+        fields = schema.fields
+        named = [("key_column", self.key_column), ("event_time_column", self.event_time_column)]
+        for what, col in named + [("value_columns", c) for c in self.value_columns or ()]:
+            if col is not None and col not in schema.fieldNames():
+                raise ConfigError(f"injector {self.name}: {what} {col!r} is not a field of the schema "
+                                  f"({', '.join(schema.fieldNames())}); fix the injector's configuration")
+        reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", self.bootstrap_servers)
+                  .option("subscribe", self.topic).option("startingOffsets", self.starting_offsets)
+                  .option("failOnDataLoss", "true"))
+        if self.max_offsets_per_trigger is not None:
+            reader = reader.option("maxOffsetsPerTrigger", self.max_offsets_per_trigger)
+        for k, v in self.options.items():
+            reader = reader.option(k, v)
+        self.discover_partitions(spark)
+        try:
+            raw = reader.load()
+        except AnalysisException as exc:
+            if "kafka" in str(exc).lower() and "find" in str(exc).lower():
+                raise ConfigError("Spark's Kafka connector is not on the session's classpath: build the session "
+                                  "with build_spark(SparkSettings(kafka=True)) or add spark.jars.packages="
+                                  "org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version> "
+                                  "(docs/sources.md)") from exc
+            raise
+        parsed = raw.select(
+            "topic", "partition", "offset", F.col("timestamp").alias("_kafka_ts"),
+            F.col("key").cast("string").alias("_kafka_key"), parse_json(F.col("value").cast("string"),
+                                                                        schema).alias("_j"))
+        parsed = parsed.select("topic", "partition", "offset", "_kafka_ts", "_kafka_key",
+                               *[F.col(f"_j.{f.name}").alias(f.name) for f in fields],
+                               F.col(f"_j.{CORRUPT_RECORD}").alias(CORRUPT_RECORD))
+        event_col = self.event_time_column or "_kafka_ts"
+        parsed = event_time_of(parsed, event_col, self.timestamp_format)
+        key_col = self.key_column or "_kafka_key"
+        where = F.concat(F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
+                         F.col("offset").cast("string"))
+        internal = ("topic", "partition", "offset", "_kafka_ts", "_kafka_key", CORRUPT_RECORD)
+        return to_stream_schema(
+            parsed, producer=self.name, key_column=key_col, event_time_column=event_col,
+            value_columns=self.value_columns, record_id=F.concat(F.lit(f"{self.name}/"), where),
+            commit_id=F.concat(F.lit("kafka="), where), exclude=internal, malformed=F.col(CORRUPT_RECORD))
+
+    def stats_of(self, batch_df: DataFrame) -> BatchStats:
+        """The batch's stats with per-partition maxima (:func:`partition_stats`)."""
+        return partition_stats(batch_df, now_ms=self._estimate.clock.now_ms(),
+                               max_event_ahead_ms=self.max_event_ahead_ms)
+
+    def observe(self, stats: BatchStats) -> None:
+        """Advance the per-partition estimates with a consumed batch's ``stats.partitions``."""
+        self._estimate.observe(stats)
+
+    def finish(self) -> None:
+        """All input available was consumed (an ``availableNow`` query ended): :data:`END_OF_TIME`."""
+        self._estimate.finish()
+
+    def watermark_ms(self) -> int | None:
+        """min over active partitions of (max seen - bound); None while one is unknown."""
+        return self._estimate.watermark_ms()
+
+    def tracking(self, executor: Callable[[Any, int], Any], authority: WatermarkAuthority, *,
+                 sequencer: int = 0) -> Callable[[Any, int], None]:
+        """A ``foreachBatch`` function: the batch's per-partition maxima (one aggregation), then
+        ``executor(batch_df, batch_id)``, then this injector's watermark published to ``authority``
+        (after the batch committed, so a retried batch is judged by the watermark it saw)."""
+
+        def run(batch_df: Any, batch_id: int) -> None:
+            stats = self.stats_of(batch_df)
+            executor(batch_df, batch_id)
+            self.observe(stats)
+            publish_watermark(authority, self, sequencer=sequencer)
+
+        return run

@@ -1,0 +1,137 @@
+"""Kafka: a real single-node broker in KRaft mode (Kafka's jars from Maven Central, started once
+per test session) read through Spark's Kafka connector by a KafkaInjector into a real executor.
+
+The broker's jars (19 MiB) are fetched into ~/.cache/deltawheel/kafka-jars on first use; Spark's
+connector (9.5 MiB) must be on the shared session's classpath from its start, which ``./dw setup``
+arranges (build_spark adds it when cached).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A KRaft broker + controller for the whole run."""
+    from deltawheel.executor.runtime.kafka_server import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def kafka_ready(spark: Any) -> None:
+    from deltawheel.statestore.delta.jvm import jvm
+
+    if not jvm(spark).org.apache.spark.util.Utils.classIsLoadable("org.apache.spark.sql.kafka010.KafkaSourceProvider"):
+        pytest.fail("Spark's Kafka connector is not on the test session's classpath: run ./dw setup "
+                    "(it caches the connector, which build_spark then adds)")
+
+
+def produce(spark: Any, servers: str, topic: str, messages: list[tuple[int, str, str]]) -> None:
+    """Write (partition, key, value) messages in this order with Spark's Kafka sink."""
+    df = spark.createDataFrame(messages, "partition INT, key STRING, value STRING").coalesce(1)
+    df.write.format("kafka").option("kafka.bootstrap.servers", servers).option("topic", topic).save()
+
+
+# partition 0 runs ahead in event time (5 s), partition 1 lags (2.5 s); one malformed message each
+MESSAGES = [
+    (0, "c1", '{"card": "c1", "amount": 10.0, "ts": 1000}'),
+    (0, "c1", '{"card": "c1", "amount": 20.0, "ts": 5000}'),
+    (0, "c1", "not json {"),
+    (0, "c1", '{"card": "c1", "amount": 5.0, "ts": 3000}'),
+    (1, "c2", '{"card": "c2", "amount": 1.0, "ts": 2000}'),
+    (1, "c2", '{"card": "c2", "amount": "lots", "ts": 2200}'),
+    (1, "c2", '{"card": "c2", "amount": 2.0, "ts": 2500}'),
+]
+
+
+@pytest.mark.zk
+def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrated_store: Any, zk_config: Any,
+                                          tmp_path: Path) -> None:
+    from deltawheel.executor.runtime.kafka_server import create_topic
+    from deltawheel.statestore.delta.sqlviews import register_views
+
+    import deltawheel
+    from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor
+
+    kafka_ready(spark)
+    servers = kafka_broker.bootstrap_servers
+    create_topic(spark, servers, "payments", partitions=2)
+    produce(spark, servers, "payments", MESSAGES)
+    events = deltawheel.KafkaInjector("events", bootstrap_servers=servers, topic="payments",
+                                      schema="card STRING, amount DOUBLE, ts BIGINT", key_column="card",
+                                      event_time_column="ts", watermark_delay_ms=500)
+    ex, client = start_executor(spark, migrated_store, zk_config, ByRecordKey(), watermarks=True)
+    try:
+        df = events.stream_df(spark)
+        assert events.partitions == ["payments/0", "payments/1"]
+        query = (df.writeStream.foreachBatch(events.tracking(ex, ex.authority)).trigger(availableNow=True)
+                 .option("checkpointLocation", str(tmp_path / "ck")).start())
+        assert query.awaitTermination(180)
+        # per partition: 5000 - 500 and 2500 - 500; the injector's is their minimum, not 5000 - 500
+        assert events.partition_watermarks() == {"payments/0": 4_500, "payments/1": 2_000}
+        assert events.watermark_ms() == 2_000
+        assert ex.authority.injector_watermark("events") == 2_000
+    finally:
+        stop_executor(ex, client)
+    assert state_of(spark, migrated_store, "by_record_key") == {
+        "c1": ({"0": 3}, [("0", 9_999)]), "c2": ({"0": 2}, [("0", 9_999)])}
+    register_views(spark, migrated_store)
+    dead = sorted((r["source_position"], r["record_id"], bytes(r["raw_value"]).decode(), r["error"])
+                  for r in spark.sql("SELECT * FROM dead_letters").collect())
+    reason = "malformed input: the source could not parse it; raw_value holds the original text"
+    assert dead == [("kafka=payments/0@2", "events/payments/0@2", "not json {", reason),
+                    ("kafka=payments/1@1", "events/payments/1@1", '{"card": "c2", "amount": "lots", "ts": 2200}',
+                     reason)]
+
+
+def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
+    from deltawheel.executor.runtime.kafka_server import create_topic
+    from deltawheel.executor.runtime.sources_kafka import KafkaInjector
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.writepath.streams import stream_schema_ddl
+
+    kafka_ready(spark)
+    servers = kafka_broker.bootstrap_servers
+    with pytest.raises(ConfigError, match=r"key_column 'user' is not a field of the schema \(page\)"):
+        KafkaInjector("clicks", bootstrap_servers=servers, topic="clicks", schema="page STRING", key_column="user",
+                      event_time_column=None, watermark_delay_ms=0).stream_df(spark)
+    create_topic(spark, servers, "clicks", partitions=1)
+    produce(spark, servers, "clicks", [(0, "u1", '{"page": "/a"}'), (0, None, '{"page": "/b"}')])
+    # no key field: the message key; no event time field: the Kafka record timestamp
+    inj = KafkaInjector("clicks", bootstrap_servers=servers, topic="clicks", schema="page STRING", key_column=None,
+                        event_time_column=None, watermark_delay_ms=0)
+    df = inj.stream_df(spark)
+    want = spark.createDataFrame([], stream_schema_ddl()).schema
+    assert [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in want.fields]
+    got: list[Any] = []
+    query = (df.writeStream.foreachBatch(lambda b, _i: got.extend(b.collect())).trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    assert query.awaitTermination(120)
+    assert [(r.record_id, r.key, json.loads(bytes(r.value)), r.commit_id, r.codec) for r in got] == [
+        ("clicks/clicks/0@0", "u1", {"page": "/a"}, "kafka=clicks/0@0", "json"),
+        ("clicks/clicks/0@1", "", {"page": "/b"}, "kafka=clicks/0@1", "json")]
+    assert all(r.timestamp_ms is not None and r.timestamp_ms > 1_600_000_000_000 for r in got)
+
+
+def test_broker_errors_say_what_to_do(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
+    from deltawheel.executor.exceptions import KafkaServerError
+    from deltawheel.executor.runtime.kafka_server import KafkaBroker, create_topic
+    from deltawheel.statestore.process import free_ports
+
+    taken = KafkaBroker(tmp_path / "other", port=kafka_broker.port, controller_port=free_ports(1)[0])
+    with pytest.raises(KafkaServerError, match=f"port {kafka_broker.port} on 127.0.0.1 is in use by another "
+                                               "process; stop it or give KafkaBroker other ports"):
+        taken.start()
+    nobody = f"127.0.0.1:{free_ports(1)[0]}"
+    with pytest.raises(KafkaServerError, match=f"could not create topic t on {nobody}: .*is the broker running"):
+        create_topic(spark, nobody, "t", partitions=1, timeout_s=2.0)

@@ -14,7 +14,7 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
 __all__ = ["add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
-           "layout_from"]
+           "layout_from", "zookeeper_for"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -26,9 +26,10 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
     """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``."""
     g = p.add_argument_group("ZooKeeper")
     g.add_argument(
-        "--zk", default=os.environ.get("DELTAWHEEL_ZK", f"127.0.0.1:{DEFAULT_ZK_PORT}"),
-        help="ZooKeeper connection string host:port[,host:port] (env DELTAWHEEL_ZK; "
-        "default: the embedded server of 'deltawheel zk start')",
+        "--zk", default=os.environ.get("DELTAWHEEL_ZK"),
+        help="ZooKeeper connection string host:port[,host:port] (env DELTAWHEEL_ZK; default: a local "
+        "--store's own embedded server, started or shared on a port of its own, see 'deltawheel zk status "
+        f"--store DIR'; else 127.0.0.1:{DEFAULT_ZK_PORT})",
     )
     g.add_argument("--zk-chroot", default=os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel"),
                    help="znode path all of deltawheel's znodes live below")
@@ -79,9 +80,31 @@ def add_spark_args(p: argparse.ArgumentParser) -> None:
 
 
 def zk_config_from(args: argparse.Namespace) -> ZkConfig:
-    """The ZooKeeper settings of parsed ``args``."""
-    return ZkConfig(hosts=args.zk, chroot=args.zk_chroot, digest=args.zk_digest,
+    """The ZooKeeper settings of parsed ``args``.
+
+    With no ``--zk``: the address of a local ``--store``'s own embedded server when it runs, else
+    127.0.0.1:2181 (a command that uses the store's server gets it from :func:`zookeeper_for`).
+    """
+    hosts = args.zk
+    if hosts is None:
+        hosts = f"127.0.0.1:{DEFAULT_ZK_PORT}"
+        if getattr(args, "store", None):
+            from ..runtime.embedded import StoreZooKeeper
+
+            layout = layout_from(args)
+            running = StoreZooKeeper(layout).running() if layout.is_local else None
+            hosts = running.hosts if running is not None else hosts
+    return ZkConfig(hosts=hosts, chroot=args.zk_chroot, digest=args.zk_digest,
                     session_timeout_s=getattr(args, "zk_session_timeout", ZkConfig.session_timeout_s))
+
+
+def zookeeper_for(args: argparse.Namespace, layout: StoreLayout) -> Any:
+    """The ZooKeeper of a command on ``layout`` (a :class:`~..runtime.embedded.ZooKeeperUse`, to release):
+    with no ``--zk``, a local store's own embedded server (started, or shared with the other processes
+    using the store); an explicit ``--zk`` as given (an embedded server started on it if none answers)."""
+    from ..runtime.embedded import ensure_zookeeper
+
+    return ensure_zookeeper(zk_config_from(args), layout, own=args.zk is None)
 
 
 def layout_from(args: argparse.Namespace) -> StoreLayout:
@@ -100,6 +123,8 @@ def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
     """
     store = getattr(args, "store", None)
     remote = store is not None and not layout_from(args).is_local
+    if remote and getattr(args, "zk", None) is None and hasattr(args, "zk_digest"):
+        args.zk = zk_config_from(args).hosts  # a lease-taking command: its default ZooKeeper arbitrates too
     if remote and hasattr(args, "zk") and not args.zk:
         raise ConfigError(f"store {store} is on an object store: commits to it are arbitrated by ZooKeeper; "
                           "pass --zk host:port[,host:port] (the one its pipelines use) or set DELTAWHEEL_ZK")
@@ -114,24 +139,20 @@ def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
 
 @contextlib.contextmanager
 def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkConfig, Any]]:
-    """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``: a local
-    store's own embedded server is started if none answers (as the demo does) and stopped, and the
-    client closed, when the command is done. ``--zk-timeout`` bounds the wait for ZooKeeper."""
+    """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``: with no
+    ``--zk``, a local store's own embedded server (:func:`zookeeper_for`), released, and the client
+    closed, when the command is done. ``--zk-timeout`` bounds the wait for ZooKeeper."""
     from deltawheel.statestore.zk.client import connect
 
-    from ..runtime.embedded import ensure_zookeeper
-
     layout = layout_from(args)
-    cfg = zk_config_from(args)
-    server = ensure_zookeeper(cfg, layout)
+    use = zookeeper_for(args, layout)
     try:
         logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-        client = connect(cfg, timeout_s=args.zk_timeout)
+        client = connect(use.config, timeout_s=args.zk_timeout)
         try:
-            yield layout, cfg, client
+            yield layout, use.config, client
         finally:
             client.stop()
             client.close()
     finally:
-        if server is not None:
-            server.stop()
+        use.release()

@@ -22,7 +22,7 @@ from .common import (
     add_zk_args,
     layout_from,
     spark_from,
-    zk_config_from,
+    zookeeper_for,
 )
 
 __all__ = ["register"]
@@ -51,19 +51,16 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
-
     from ..demo.pipeline import computations
     from ..demo.zeitgeist import GeneratorInjector, ZeitgeistParams
-    from ..runtime.embedded import ensure_zookeeper
     from ..runtime.pipeline import Pipeline, PipelineRunner
 
     if args.store is None:
         args.store = os.path.join("data", "demo")
     layout = layout_from(args)
-    cfg = zk_config_from(args)
     started = time.monotonic()
-    server: EmbeddedZooKeeper | None = ensure_zookeeper(cfg, layout)
+    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
+    cfg = zookeeper.config
     spark = spark_from(args)
     params = ZeitgeistParams(n_events=args.events, seed=args.seed)
     injector = GeneratorInjector("queries", os.path.join(_input_root(args, layout), f"seed{args.seed}-n{args.events}"),
@@ -82,8 +79,7 @@ def _run(args: argparse.Namespace) -> int:
                      f"in {m.seconds:.1f}s")
         _summary(spark, layout, summary, events=args.events)
     finally:
-        if server is not None:
-            server.stop()
+        zookeeper.release()  # the last process using the store's server stops it
     return 0
 
 

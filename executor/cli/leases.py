@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+from dataclasses import replace
+from typing import Iterator
 
+from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.leases import break_lease, list_leases
 from kazoo.client import KazooClient
 
-from .common import add_zk_args, zk_config_from
+from .common import add_store_arg, add_zk_args, store_zookeeper, zk_config_from
 
 __all__ = ["register"]
 
@@ -23,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     show = sub.add_parser("show", help="every interval with its owner and sequencer")
     show.add_argument("--pipeline", help="only this pipeline")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_store(show)
     add_zk_args(show)
     show.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
     show.set_defaults(func=_show)
@@ -31,28 +36,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     brk.add_argument("--computation", required=True)
     brk.add_argument("--interval", type=int, required=True)
     brk.add_argument("--apply", action="store_true", help="really break it (default: print the plan)")
+    _add_store(brk)
     add_zk_args(brk)
     brk.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
     brk.set_defaults(func=_break)
 
 
-def _connect(args: argparse.Namespace) -> KazooClient:
+def _add_store(p: argparse.ArgumentParser) -> None:
+    add_store_arg(p, required=False)
+    p.set_defaults(store=None)
+    p.description = ("With --store DIR and no --zk: the store's own embedded ZooKeeper (the one its commands use, "
+                     "started for this command when none runs); with neither: 127.0.0.1:2181.")
+
+
+@contextlib.contextmanager
+def _connect(args: argparse.Namespace) -> Iterator[tuple[ZkConfig, KazooClient]]:
     logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI
-    return connect(zk_config_from(args), timeout_s=args.zk_timeout)
-
-
-def _show(args: argparse.Namespace) -> int:
-    client = _connect(args)
+    if args.store is not None:
+        with store_zookeeper(args) as (_, cfg, client):
+            yield cfg, client
+        return
+    cfg = zk_config_from(args)
+    client = connect(cfg, timeout_s=args.zk_timeout)
     try:
-        rows = list_leases(client, pipeline=args.pipeline)
+        yield cfg, client
     finally:
         client.stop()
         client.close()
+
+
+def _show(args: argparse.Namespace) -> int:
+    with _connect(args) as (cfg, client):
+        rows = list_leases(client, pipeline=args.pipeline)
+        others = [] if rows else _pipeline_chroots(cfg, args.pipeline, timeout_s=args.zk_timeout)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print("no leases")
+        what = f"pipeline {args.pipeline!r}" if args.pipeline else "pipelines"
+        print(f"no leases (no {what} under ZooKeeper chroot {cfg.chroot} at {cfg.hosts})")
+        if others:
+            found = ", ".join(f"{chroot} ({', '.join(names)})" for chroot, names in others)
+            print(f"{what} found under other chroots: {found}; pass --zk-chroot {others[0][0]}")
         return 0
     print(f"{'PIPELINE':<16} {'COMPUTATION':<20} {'INTERVAL':>8} {'SEQ':>10} {'LAST_SEQ':>10}  OWNER")
     for r in rows:
@@ -63,14 +88,41 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _break(args: argparse.Namespace) -> int:
-    client = _connect(args)
+def _pipeline_chroots(cfg: ZkConfig, pipeline: str | None, *, timeout_s: float,
+                      max_depth: int = 3, max_nodes: int = 500) -> list[tuple[str, list[str]]]:
+    """The chroots other than ``cfg.chroot`` that hold deltawheel pipelines (``<chroot>/pipelines/<name>``;
+    only ``pipeline`` when given), with their names: a breadth-first walk from the root, ``max_depth``
+    levels and ``max_nodes`` znodes at most."""
+    root = connect(replace(cfg, chroot="/"), timeout_s=timeout_s)
+    found: list[tuple[str, list[str]]] = []
     try:
+        level, seen = [""], 0
+        for _ in range(max_depth):
+            below = []
+            for path in level:
+                for child in sorted(root.get_children(path or "/")):
+                    node = f"{path}/{child}"
+                    seen += 1
+                    if node == "/zookeeper" or seen > max_nodes:
+                        continue
+                    if child == "pipelines" and path and path != cfg.chroot:
+                        names = sorted(root.get_children(node))
+                        names = [n for n in names if pipeline is None or n == pipeline]
+                        if names:
+                            found.append((path, names))
+                    else:
+                        below.append(node)
+            level = below
+    finally:
+        root.stop()
+        root.close()
+    return found
+
+
+def _break(args: argparse.Namespace) -> int:
+    with _connect(args) as (_, client):
         plan = break_lease(client, pipeline=args.pipeline, computation=args.computation,
                            interval=args.interval, apply=args.apply)
-    finally:
-        client.stop()
-        client.close()
     where = f"{args.pipeline}/{args.computation} interval {args.interval}"
     if not plan["held"]:
         print(f"{where}: no owner, nothing to break")

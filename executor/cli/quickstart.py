@@ -26,14 +26,13 @@ from deltawheel.statestore.zk.client import connect, digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.owner import IntervalOwner
 
-from ..runtime.embedded import ensure_zookeeper
 from .common import (
     add_spark_args,
     add_store_arg,
     add_zk_args,
     layout_from,
     spark_from,
-    zk_config_from,
+    zookeeper_for,
 )
 
 __all__ = ["register", "run_quickstart"]
@@ -67,8 +66,8 @@ def run_quickstart(args: argparse.Namespace) -> int:
     from deltawheel import migrations
 
     layout = layout_from(args)
-    cfg = zk_config_from(args)
-    server = ensure_zookeeper(cfg, layout)
+    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
+    cfg = zookeeper.config
     spark = spark_from(args)
     client = connect(cfg)
     try:
@@ -121,6 +120,5 @@ def run_quickstart(args: argparse.Namespace) -> int:
     finally:
         client.stop()
         client.close()
-        if server is not None:
-            server.stop()
+        if zookeeper.release():
             print("deltawheel: stopped the embedded ZooKeeper", file=sys.stderr)

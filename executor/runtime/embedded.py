@@ -1,28 +1,446 @@
-"""The embedded defaults: a local ZooKeeper started from pyspark's jars when none answers."""
+"""The embedded defaults: a store's own ZooKeeper, run from pyspark's jars.
+
+With no ZooKeeper given (no ``--zk``), a local store runs its own embedded server, with
+everything about it beside its data::
+
+    <store>/_zk/server.json   the record: store, port, pid, who started it, whether it stays
+    <store>/_zk/server.lock   flock held while a process starts, joins or leaves the server
+    <store>/_zk/users/*.json  one file per process using it (pid, its start time, command)
+
+The first use picks a free port and records it. Every later use, by this or another process,
+reads the record, checks that the pid is alive and runs this folder's server (its command line
+holds this folder's ``zoo.cfg``) and that it answers, and joins it as a user. A stale record
+(the server was SIGKILLed, or its pid now runs something else) is replaced: the server restarts
+on the recorded port when it is free, else on a new one. Leaving removes the user's file; the
+last user stops the server, unless it was started to stay (``deltawheel zk start``). Users that
+died without leaving (SIGKILL) are pruned by pid liveness, so the next user to leave stops it.
+Two processes starting at once end with one server: start, join and leave hold the lock.
+Another store never connects to it: each store reads its own record.
+
+An explicit ZooKeeper (``--zk``) keeps the plain rule: use it if it answers, else start an
+embedded server on that port in the store's folder, which the caller stops when done. A store on
+an object store (``s3a://``) has no local folder: it uses the ZooKeeper given, by default
+127.0.0.1:2181, which every process writing it must share.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
 import sys
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Iterator
 
+import psutil
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.zk.server import EmbeddedZooKeeper, four_letter_word
+from deltawheel.statestore.process import free_ports, port_free
+from deltawheel.statestore.zk.server import EmbeddedZooKeeper, configured_port, four_letter_word, server_mode
 
-__all__ = ["ensure_zookeeper"]
+__all__ = ["ensure_zookeeper", "ZooKeeperUse", "StoreZooKeeper", "ServerRecord", "ServerUser",
+           "RECORD_FORMAT_VERSION"]
+
+RECORD_FORMAT_VERSION = 1
+_HOST = "127.0.0.1"
 
 
-def ensure_zookeeper(cfg: ZkConfig, layout: StoreLayout, *, embedded: bool = True) -> EmbeddedZooKeeper | None:
-    """Make sure ``cfg.hosts`` answers; start an embedded server for a local single host if allowed.
+@dataclass(frozen=True)
+class ServerRecord:
+    """What ``server.json`` says about a store's own server.
 
-    Returns the server this call started (the caller stops it), or None when one was running.
+    Attributes:
+        store: the store's root.
+        port: the client port it was started on (reused by a restart when free).
+        pid: its process, None once stopped.
+        keep: started to stay running (``zk start``): its last user does not stop it.
+        started_by: the command line that started it.
+        started_at: when (seconds since the epoch).
     """
+
+    store: str
+    port: int
+    pid: int | None
+    keep: bool
+    started_by: str
+    started_at: float
+
+    @property
+    def hosts(self) -> str:
+        """Connection string of the server."""
+        return f"{_HOST}:{self.port}"
+
+    def to_json(self) -> str:
+        """The ``server.json`` text (with its format version)."""
+        return json.dumps({"format_version": RECORD_FORMAT_VERSION, "store": self.store, "host": _HOST,
+                           "port": self.port, "pid": self.pid, "keep": self.keep, "started_by": self.started_by,
+                           "started_at": self.started_at}, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerRecord:
+        """Parse ``server.json`` (raises ValueError/KeyError/TypeError when it is not one)."""
+        d = json.loads(text)
+        return cls(store=str(d["store"]), port=int(d["port"]), pid=None if d["pid"] is None else int(d["pid"]),
+                   keep=bool(d["keep"]), started_by=str(d["started_by"]), started_at=float(d["started_at"]))
+
+
+@dataclass(frozen=True)
+class ServerUser:
+    """One process using a store's server (its file under ``users/``)."""
+
+    pid: int
+    create_time: float
+    command: str
+    since: float
+    file: Path
+
+    def alive(self) -> bool:
+        """The process still runs (same pid and start time, not a zombie)."""
+        try:
+            proc = psutil.Process(self.pid)
+            return abs(proc.create_time() - self.create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+@dataclass(frozen=True)
+class StoreServerStatus:
+    """What :meth:`StoreZooKeeper.status` found: the record, whether the server answers, its users."""
+
+    data_dir: str
+    record: ServerRecord | None
+    pid: int | None
+    running: bool
+    users: tuple[ServerUser, ...]
+
+
+def _command() -> str:
+    """This process's command line, for records and ``zk status`` (``deltawheel ...`` for the CLI)."""
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    prog = "deltawheel" if prog in ("__main__.py", "deltawheel") else prog
+    return " ".join([prog, *sys.argv[1:]])[:300]
+
+
+class StoreZooKeeper:
+    """A local store's own embedded ZooKeeper: its record, lock and users (the files above).
+
+    Args:
+        layout: the store (local).
+        lock_timeout_s: how long to wait for another process starting or stopping the server.
+    """
+
+    def __init__(self, layout: StoreLayout, *, lock_timeout_s: float = 120.0) -> None:
+        if not layout.is_local:
+            raise ZooKeeperServerError(f"store {layout.root} is not local: it has no embedded ZooKeeper; pass --zk")
+        self.layout = layout
+        self.data_dir = Path(layout.zk_data.removeprefix("file://")).resolve()
+        self.lock_timeout_s = lock_timeout_s
+
+    @property
+    def record_file(self) -> Path:
+        """``server.json``."""
+        return self.data_dir / "server.json"
+
+    @property
+    def lock_file(self) -> Path:
+        """``server.lock``."""
+        return self.data_dir / "server.lock"
+
+    @property
+    def users_dir(self) -> Path:
+        """``users/``: one file per process using the server."""
+        return self.data_dir / "users"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's server lock (an exclusive flock; the kernel drops it if we die).
+
+        Raises:
+            ZooKeeperServerError: another process held it for ``lock_timeout_s``.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_file, "a+") as f:
+            deadline = time.monotonic() + self.lock_timeout_s
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise ZooKeeperServerError(
+                            f"another process has held {self.lock_file} for {self.lock_timeout_s:g}s (starting or "
+                            "stopping the store's ZooKeeper); see `deltawheel zk status --store "
+                            f"{self.layout.root}`, end that process or try again") from None
+                    time.sleep(0.1)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def read_record(self) -> ServerRecord | None:
+        """The record, or None (none yet, or unreadable: it is rewritten at the next start)."""
+        try:
+            return ServerRecord.from_json(self.record_file.read_text())
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def _write_record(self, record: ServerRecord) -> None:
+        tmp = self.record_file.with_suffix(".json.tmp")
+        tmp.write_text(record.to_json())
+        tmp.replace(self.record_file)
+
+    def server(self, port: int | None = None) -> EmbeddedZooKeeper:
+        """The server of this folder on ``port`` (default: the port it was last started on)."""
+        if port is None:
+            port = configured_port(self.data_dir) or getattr(self.read_record(), "port", None) or 0
+        return EmbeddedZooKeeper(self.data_dir, port=port, host=_HOST)
+
+    def running(self) -> EmbeddedZooKeeper | None:
+        """This folder's server when its process is alive and it answers, else None (no lock taken)."""
+        server = self.server()
+        if server.process.pid() is None or server_mode(_HOST, server.port) is None:
+            return None
+        return server
+
+    def users(self) -> list[ServerUser]:
+        """Every registered user, alive or not."""
+        out = []
+        for f in sorted(self.users_dir.glob("*.json")):
+            try:
+                d = json.loads(f.read_text())
+                out.append(ServerUser(pid=int(d["pid"]), create_time=float(d["create_time"]),
+                                      command=str(d["command"]), since=float(d["since"]), file=f))
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def _live_users(self) -> list[ServerUser]:
+        """The users still alive; the files of dead ones (SIGKILLed) are removed. Call under the lock."""
+        live = []
+        for u in self.users():
+            if u.alive():
+                live.append(u)
+            else:
+                u.file.unlink(missing_ok=True)
+        return live
+
+    def _register(self) -> ServerUser:
+        self.users_dir.mkdir(parents=True, exist_ok=True)
+        me = psutil.Process(os.getpid())
+        user = ServerUser(pid=me.pid, create_time=me.create_time(), command=_command(), since=time.time(),
+                          file=self.users_dir / f"{me.pid}-{uuid.uuid4().hex[:8]}.json")
+        user.file.write_text(json.dumps({"pid": user.pid, "create_time": user.create_time, "command": user.command,
+                                         "since": user.since}))
+        return user
+
+    def acquire(self, *, keep: bool = False, port: int | None = None, register: bool = True,
+                timeout_s: float = 30.0) -> tuple[EmbeddedZooKeeper, ServerUser | None, bool]:
+        """Find the store's running server or start it; join it as a user (``register``).
+
+        Args:
+            keep: it stays running when its last user leaves (``zk start``).
+            port: the port to start it on (default: the recorded one when free, else a free one).
+            register: record this process as a user (released by :meth:`release`).
+            timeout_s: how long a start may take.
+
+        Returns:
+            (the server, this process's user entry or None, whether this call started it).
+
+        Raises:
+            ZooKeeperServerError: java or the jars are missing, it does not start, or it runs on
+                another port than ``port``.
+        """
+        with self.locked():
+            self._live_users()
+            record = self.read_record()
+            server = self.running()
+            if server is None:
+                pid = self.server().process.pid()
+                if pid is not None:  # alive but not answering: a start in progress, or hung
+                    try:
+                        self.server().wait_ready(timeout_s=timeout_s)  # kills it if it does not answer
+                        server = self.server()
+                    except ZooKeeperServerError:
+                        server = None
+            started = server is None
+            if server is None:
+                server = self._start(record, port, timeout_s)
+                self._write_record(ServerRecord(store=self.layout.root, port=server.port,
+                                                pid=server.process.pid(), keep=keep, started_by=_command(),
+                                                started_at=time.time()))
+                print(f"deltawheel: started the store's embedded ZooKeeper on {server.hosts} (data in "
+                      f"{self.data_dir})", file=sys.stderr)
+            else:
+                if port is not None and port != server.port:
+                    raise ZooKeeperServerError(
+                        f"the store's ZooKeeper already runs on {server.hosts}, not port {port}: use it, or stop it "
+                        f"first (`deltawheel zk stop --store {self.layout.root}`)")
+                if record is None or record.pid != server.process.pid() or (keep and not record.keep):
+                    self._write_record(ServerRecord(  # adopt a server started before records, or pin it
+                        store=self.layout.root, port=server.port, pid=server.process.pid(),
+                        keep=keep or (record is not None and record.keep),
+                        started_by=record.started_by if record else "(unknown)",
+                        started_at=record.started_at if record else time.time()))
+            user = self._register() if register else None
+        return server, user, started
+
+    def _start(self, record: ServerRecord | None, port: int | None, timeout_s: float) -> EmbeddedZooKeeper:
+        """Start the server: on ``port``, else the recorded port when free, else free ports (a few tries:
+        another program may take a free port between the choice and the bind)."""
+        if port is not None:
+            candidates = [port]
+        else:
+            candidates = free_ports(3, _HOST)
+            if record is not None and port_free(_HOST, record.port) and four_letter_word(_HOST, record.port) is None:
+                candidates.insert(0, record.port)
+        problem: ZooKeeperServerError | None = None
+        for candidate in candidates[:3]:
+            server = EmbeddedZooKeeper(self.data_dir, port=candidate, host=_HOST)
+            try:
+                server.start(timeout_s=timeout_s)
+                return server
+            except ZooKeeperServerError as exc:
+                if port is not None or "java not found" in str(exc) or "pyspark" in str(exc):
+                    raise
+                problem = exc
+        assert problem is not None
+        raise problem
+
+    def release(self, user: ServerUser | None) -> bool:
+        """Leave the server (remove ``user``'s file); stop it if no live user is left and it is not kept.
+
+        Returns:
+            True if this call stopped the server.
+        """
+        with self.locked():
+            if user is not None:
+                user.file.unlink(missing_ok=True)
+            if self._live_users():
+                return False
+            record = self.read_record()
+            if record is not None and record.keep:
+                return False
+            return self._stop(record)
+
+    def stop(self, *, force: bool = False) -> bool:
+        """Stop the server (``zk stop``), also when kept; refused while live processes use it, unless ``force``.
+
+        Returns:
+            True if a running server was stopped.
+
+        Raises:
+            ZooKeeperServerError: processes still use it (and not ``force``).
+        """
+        with self.locked():
+            users = self._live_users()
+            if users and not force and self.server().process.pid() is not None:
+                listed = "; ".join(f"pid {u.pid}: {u.command}" for u in users)
+                raise ZooKeeperServerError(
+                    f"{len(users)} process(es) still use the store's ZooKeeper ({listed}); stopping it would cut "
+                    "them off: let them finish or end them, or pass --force")
+            return self._stop(self.read_record())
+
+    def _stop(self, record: ServerRecord | None) -> bool:
+        stopped = self.server().stop()
+        if record is not None:
+            self._write_record(replace(record, pid=None, keep=False))
+        return stopped
+
+    def status(self) -> StoreServerStatus:
+        """The record, the server's pid and whether it answers, and its live users (reads only)."""
+        server = self.server()
+        pid = server.process.pid()
+        running = pid is not None and server_mode(_HOST, server.port) is not None
+        return StoreServerStatus(data_dir=str(self.data_dir), record=self.read_record(), pid=pid, running=running,
+                                 users=tuple(u for u in self.users() if u.alive()))
+
+
+class ZooKeeperUse:
+    """The ZooKeeper a caller uses (:attr:`config`) and what it gives back when done (:meth:`release`).
+
+    A context manager; :meth:`stop` is :meth:`release` (callers used to get the server and stop it).
+
+    Attributes:
+        config: the ZooKeeper settings to connect with (the store's own server's address filled in).
+        server: the embedded server in use (the store's own, or one started on an explicit port), or None.
+        started: this call started ``server``.
+    """
+
+    def __init__(self, config: ZkConfig, *, server: EmbeddedZooKeeper | None = None, started: bool = False,
+                 owner: StoreZooKeeper | None = None, user: ServerUser | None = None) -> None:
+        self.config = config
+        self.server = server
+        self.started = started
+        self._owner = owner
+        self._user = user
+        self._released = False
+
+    @property
+    def hosts(self) -> str:
+        """The connection string (``config.hosts``)."""
+        return self.config.hosts
+
+    def release(self) -> bool:
+        """Done with ZooKeeper: leave the store's server (the last user stops it), or stop the server this
+        call started on an explicit port. Idempotent. Returns True if a server was stopped."""
+        if self._released:
+            return False
+        self._released = True
+        if self._owner is not None:
+            return self._owner.release(self._user)
+        if self.server is not None and self.started:
+            return self.server.stop()
+        return False
+
+    stop = release
+
+    def __enter__(self) -> ZooKeeperUse:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
+def ensure_zookeeper(cfg: ZkConfig, layout: StoreLayout, *, embedded: bool = True,
+                     own: bool = False) -> ZooKeeperUse:
+    """The ZooKeeper for a command on ``layout``; release the returned use when done.
+
+    Args:
+        cfg: the ZooKeeper settings (chroot, digest, session timeout; ``hosts`` unless ``own``).
+        layout: the store.
+        embedded: allow starting an embedded server.
+        own: no ZooKeeper was given: a local store uses its own embedded server (started, or
+            joined when another process runs it; ``cfg.hosts`` is replaced by its address). A
+            store on an object store keeps ``cfg.hosts``.
+
+    With ``own`` false (an explicit ``--zk``): if ``cfg.hosts`` answers it is used as it is;
+    else, for a single local host and a local store, an embedded server is started on that port
+    in the store's folder, and the last caller to release it stops it. A caller that names the
+    store's own running server by its address joins it as a user like any other.
+
+    Raises:
+        ZooKeeperServerError: the server could not start, or (explicit) nothing answers at
+            ``cfg.hosts`` while the store's own server runs on another port.
+    """
+    if own and embedded and layout.is_local:
+        owner = StoreZooKeeper(layout)
+        server, user, started = owner.acquire()
+        return ZooKeeperUse(replace(cfg, hosts=server.hosts), server=server, started=started, owner=owner, user=user)
     first = cfg.hosts.split(",")[0]
-    host, _, port = first.rpartition(":")
-    if four_letter_word(host or "127.0.0.1", int(port)) is not None:
-        return None
-    if not embedded or "," in cfg.hosts or host not in ("127.0.0.1", "localhost") or not layout.is_local:
-        return None  # kazoo will report it cannot connect
-    server = EmbeddedZooKeeper(layout.zk_data, port=int(port), host="127.0.0.1")
-    print(f"deltawheel: starting embedded ZooKeeper on {server.hosts} (data in {layout.zk_data})", file=sys.stderr)
-    server.start()
-    return server
+    host, _, port_text = first.rpartition(":")
+    port = int(port_text)
+    local = embedded and "," not in cfg.hosts and host in (_HOST, "localhost") and layout.is_local
+    if local:
+        owner = StoreZooKeeper(layout)
+        running = owner.running()
+        if (running is not None and running.port == port) or four_letter_word(host, port) is None:
+            server, user, started = owner.acquire(port=port)
+            return ZooKeeperUse(cfg, server=server, started=started, owner=owner, user=user)
+    return ZooKeeperUse(cfg)  # another server answers there; or none, and kazoo will say it cannot connect

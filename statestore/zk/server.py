@@ -30,7 +30,7 @@ from ..exceptions import ZooKeeperServerError
 from ..process import DetachedProcess, port_free
 
 __all__ = ["EmbeddedZooKeeper", "QuorumPeer", "ZkServerStatus", "find_java", "pyspark_jars_dir",
-           "four_letter_word"]
+           "four_letter_word", "configured_port"]
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 _QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -135,6 +135,18 @@ def four_letter_word(host: str, port: int, word: str = "ruok", *, timeout_s: flo
 
 
 
+def configured_port(data_dir: Path | str) -> int | None:
+    """The ``clientPort`` of the last server started in ``data_dir`` (its ``zoo.cfg``), or None."""
+    try:
+        text = (Path(data_dir) / "zoo.cfg").read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("clientPort="):
+            return int(line.split("=", 1)[1])
+    return None
+
+
 def server_mode(host: str, port: int) -> str | None:
     """The ``Mode:`` line of ``srvr`` (``standalone``, ``leader``, ``follower``); None if not serving."""
     reply = four_letter_word(host, port, "srvr")
@@ -174,8 +186,10 @@ class EmbeddedZooKeeper:
                                        f"{sorted(p.myid for p in self.quorum)}")
         main = _QUORUM_MAIN_CLASS if self.quorum else _MAIN_CLASS
         self._main_class = main
+        # the marker is this folder's zoo.cfg (the last argument): a pid now running another
+        # folder's server, e.g. another store's, is not this one
         self.process = DetachedProcess("ZooKeeper", pid_file=self.data_dir / "zookeeper.pid",
-                                       log_file=self.data_dir / "zookeeper.log", marker=main,
+                                       log_file=self.data_dir / "zookeeper.log", marker=str(self.config_file),
                                        error=ZooKeeperServerError)
 
     @property

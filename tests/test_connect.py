@@ -108,6 +108,31 @@ def test_the_readme_embedding_snippet_runs_as_written(spark, zk_server, tmp_path
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_the_readme_snippet_with_no_zookeeper_given_uses_the_stores_own(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ZK = None as the README writes it: connect starts the store's own embedded ZooKeeper (a port
+    recorded beside its data, no other store's server) and closing the engine stops it."""
+    from deltawheel.executor.runtime.embedded import StoreZooKeeper
+
+    counter = _readme_block("## A first computation", "from datetime import timedelta")
+    snippet = _readme_block("### Embedding it in your Spark job", "import deltawheel")
+    store = tmp_path / "store"
+    snippet, n = re.subn(r'^STORE, ZK = "[^"]*", None', f"STORE, ZK = {str(store)!r}, None", snippet, flags=re.M)
+    assert n == 1, "the snippet sets STORE and ZK = None once, at its top"
+    rows = _events(tmp_path / "events")
+    snippet = snippet.replace('"data/events"', repr(str(tmp_path / "events")))
+    ns: dict[str, Any] = {"__name__": "readme_connect_own_zk"}
+    exec(compile(counter, "README.md:BucketCounter", "exec"), ns)  # noqa: S102 - the README's own code
+    exec(compile(snippet, "README.md:embedding", "exec"), ns)  # noqa: S102
+    engine = ns["engine"]
+    assert _counts(spark, engine.layout) == _bucket_counts(rows)
+    own = StoreZooKeeper(engine.layout)
+    record = own.read_record()
+    assert record is not None and engine.zk.hosts == record.hosts  # the engine used the store's own server
+    assert own.running() is None and own.users() == []  # its last user stopped it
+
+
+@pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(600)
 def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -81,7 +81,10 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
     check_session(spark, layout.root)
     cfg = ZkConfig(hosts=zk, chroot=zk_chroot, digest=zk_digest) if zk is not None else \
         ZkConfig(chroot=zk_chroot, digest=zk_digest)
-    server = ensure_zookeeper(cfg, layout) if zk is None else None  # the demo's embedded server
+    # zk None: the store's own embedded server (started, or joined when another process runs it)
+    server = ensure_zookeeper(cfg, layout, own=True) if zk is None else None
+    if server is not None:
+        cfg = server.config
     try:
         if not layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
             from deltawheel.statestore.objectstore.logstore import configure_log_store
@@ -90,7 +93,7 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         client = connect_zk(cfg)
     except BaseException:
         if server is not None:
-            server.stop()
+            server.release()
         raise
     engine = Engine(spark, layout, cfg, client, pipeline=pipeline, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
                     wait_s=wait_s, max_pause_s=max_pause_s, server=server)
@@ -259,6 +262,10 @@ class Engine:
         executor.settle()
         return report
 
+    def _release_zookeeper(self) -> None:
+        if self.server is not None:
+            self.server.release()
+
     def close(self) -> None:
         """Stop the queries :meth:`start` started, stop every executor (its last delivery lands, its
         leases are given back), close the leases and the client, stop the embedded ZooKeeper.
@@ -270,8 +277,8 @@ class Engine:
         steps: list[Callable[[], None]] = [q.stop for q, _ex, _failed in self._queries if q.isActive]
         steps += [functools.partial(self._stop, ex) for ex in list(self.executors)]
         steps += [self.leases.close, self.client.stop, self.client.close]
-        if self.server is not None:
-            steps.append(self.server.stop)
+        if self.server is not None:  # the last process using the store's server stops it
+            steps.append(self._release_zookeeper)
         for step in steps:
             try:
                 step()

@@ -35,7 +35,9 @@ def register(sub: Any) -> None:
     p.add_argument("--events", type=int, default=20_000, help="generated search queries (default 20000)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--events-per-batch", type=int, default=2_000, help="events per generated file = micro-batch")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for leases held by another copy")
+    p.add_argument("--wait", type=float, default=900.0,
+                   help="seconds to wait for leases held by another copy (a second copy started at once waits for "
+                        "the first, then finds its work done; default 900)")
     p.add_argument("--input", default=None,
                    help="local folder for the generated input files (default: <store>/_input for a local store, "
                         "data/demo-input for an object-store one, e.g. --store s3a://BUCKET/PATH); on a cluster "

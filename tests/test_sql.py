@@ -110,7 +110,7 @@ def test_table_format(spark, store) -> None:  # type: ignore[no-untyped-def]
     long_line = next(line for line in lines if line.startswith("long"))
     assert '{"s": "xxxx' in long_line and "..." in long_line and "x" * 100 not in long_line
     assert run_sql(spark, store, "SELECT key FROM state", max_rows=2).splitlines()[-1] == \
-        "(2 rows; more rows exist, raise --max-rows)"
+        "(2 of 4 rows shown; raise --max-rows)"
     assert run_sql(spark, store, "SELECT 1 AS one").splitlines()[-1] == "(1 row)"
 
 

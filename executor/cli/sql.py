@@ -26,10 +26,11 @@ from typing import Any
 from deltawheel.statestore.delta.jvm import jsession, jvm
 from deltawheel.statestore.delta.sqlviews import (
     FORMATS,
+    TABLE_MAX_ROWS,
     inspect_key,
     read_only_session,
     register_views,
-    run_sql,
+    write_sql,
 )
 
 from .common import add_spark_args, add_store_arg, layout_from, spark_from
@@ -46,7 +47,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("query", help='e.g. "SELECT key, state_json FROM state ORDER BY key"')
     p.add_argument("--format", choices=FORMATS, default="table",
                    help="table (for people), csv, or json (JSON Lines, one object per row)")
-    p.add_argument("--max-rows", type=int, default=1000)
+    p.add_argument("--max-rows", type=int, default=None,
+                   help=f"show at most N rows (default: every row for csv and json, {TABLE_MAX_ROWS} for table); "
+                   "a cut is said on stderr with the total")
     p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
     add_spark_args(p)
     p.set_defaults(func=_sql)
@@ -81,13 +84,16 @@ def _sql(args: argparse.Namespace) -> int:
 
     spark = _checked_spark(args)
     try:
-        out = run_sql(spark, layout_from(args), args.query, fmt=args.format, max_rows=args.max_rows,
-                      allow_pickle=args.allow_pickle)
+        got = write_sql(spark, layout_from(args), args.query, sys.stdout, fmt=args.format,
+                        max_rows=args.max_rows, allow_pickle=args.allow_pickle)
     except AnalysisException as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"deltawheel sql: SQL error: {first}", file=sys.stderr)
         return 2
-    sys.stdout.write(out)
+    sys.stdout.flush()
+    if got.cut:
+        print(f"deltawheel sql: showed {got.shown} of {got.total} rows (--max-rows); "
+              "raise --max-rows, or use --format csv|json for every row", file=sys.stderr)
     return 0
 
 

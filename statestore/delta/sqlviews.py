@@ -39,7 +39,8 @@ import decimal
 import io
 import json
 import threading
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence, TextIO
 
 from ..codecs import get_codec
 from ..exceptions import CodecError, ConfigError, ReadOnlySqlError
@@ -54,6 +55,10 @@ __all__ = [
     "decode_value",
     "decode_json_text",
     "register_views",
+    "TABLE_MAX_ROWS",
+    "SqlResult",
+    "sql_frame",
+    "write_sql",
     "run_sql",
     "format_rows",
     "inspect_key",
@@ -235,7 +240,7 @@ def _cut(s: str) -> str:
 
 
 def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: str = "table",
-                truncated: bool = False) -> str:
+                total: int | None = None) -> str:
     """Format query results.
 
     Args:
@@ -246,23 +251,16 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
             RFC 4180 quoting, NULL as an empty field, timestamps ISO 8601,
             binary base64) or ``json`` (JSON Lines: one object per row, no
             enclosing array, so output can be streamed and cut).
-        truncated: add a note to the ``table`` footer that more rows exist.
+        total: the query's row count when ``rows`` are only the first of them: the ``table``
+            footer then says ``(N of TOTAL rows shown; raise --max-rows)``.
 
     Raises:
         ConfigError: unknown ``fmt``.
     """
-    if fmt == "csv":
+    if fmt in ("csv", "json"):
         buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(columns)
-        for r in rows:
-            w.writerow([_text(v, null="") for v in r])
+        _write_rows(columns, rows, buf, fmt)
         return buf.getvalue()
-    if fmt == "json":
-        return "".join(
-            json.dumps({c: _plain(v) for c, v in zip(columns, r, strict=True)}, ensure_ascii=False) + "\n"
-            for r in rows
-        )
     if fmt != "table":
         raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
     cells = [[_cut(_text(v, null="NULL")) for v in r] for r in rows]
@@ -278,8 +276,10 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
     out = [line(list(columns)), "-+-".join("-" * w for w in widths)]
     out += [line(r) for r in cells]
     n = len(rows)
-    footer = f"({n} row{'s' if n != 1 else ''}"
-    footer += "; more rows exist, raise --max-rows)" if truncated else ")"
+    if total is not None and total > n:
+        footer = f"({n} of {total} rows shown; raise --max-rows)"
+    else:
+        footer = f"({n} row{'s' if n != 1 else ''})"
     return "\n".join(out + [footer]) + "\n"
 
 
@@ -374,26 +374,88 @@ def _refuse(plan_name: str) -> None:
         "to the rows table can clobber a running owner's commits or be clobbered by them")
 
 
-def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", max_rows: int = 1000,
-            allow_pickle: bool = False) -> str:
-    """Register the views, check ``query`` only reads (:func:`check_read_only`), run it and format
-    at most ``max_rows`` rows (see :func:`format_rows`).
+TABLE_MAX_ROWS = 1000  # the ``table`` format's default cut (people read it; csv and json are never cut unasked)
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    """What :func:`write_sql` wrote: ``shown`` rows of the query's ``total`` (equal unless cut)."""
+
+    shown: int
+    total: int
+
+    @property
+    def cut(self) -> bool:
+        """Whether rows were left out (``--max-rows``)."""
+        return self.shown < self.total
+
+
+def _write_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO, fmt: str) -> int:
+    """Write ``rows`` as ``csv`` (with its header) or ``json`` lines to ``out`` as they come; the count."""
+    n = 0
+    if fmt == "csv":
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([_text(v, null="") for v in r])
+            n += 1
+        return n
+    for r in rows:
+        out.write(json.dumps({c: _plain(v) for c, v in zip(columns, r, strict=True)}, ensure_ascii=False) + "\n")
+        n += 1
+    return n
+
+
+def sql_frame(spark: Any, layout: StoreLayout, query: str, *, allow_pickle: bool = False) -> Any:
+    """Register the views, check ``query`` only reads (:func:`check_read_only`) and return its DataFrame.
 
     Raises:
         ReadOnlySqlError: ``query`` would change something; nothing was run.
-        ConfigError: unknown ``fmt`` or ``max_rows`` < 1, or a stream named like a built-in view.
-        pyspark.errors.AnalysisException: the query is not valid SQL or names
-            an unknown table/column (``ParseException`` is a subclass).
+        ConfigError: a stream named like a built-in view.
+        pyspark.errors.AnalysisException: the query is not valid SQL or names an unknown table/column.
+    """
+    register_views(spark, layout, allow_pickle=allow_pickle)
+    check_read_only(spark, query)
+    return spark.sql(query)
+
+
+def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: str = "table",
+              max_rows: int | None = None, allow_pickle: bool = False) -> SqlResult:
+    """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (see :func:`format_rows`).
+
+    ``csv`` and ``json`` write every row, streamed from Spark a partition at a time (memory stays
+    flat however many rows), unless ``max_rows`` is given; ``table`` shows at most ``max_rows``
+    (default :data:`TABLE_MAX_ROWS`) and, when it cuts, counts the total so the caller can say so.
+
+    Raises:
+        ConfigError: unknown ``fmt`` or ``max_rows`` < 1; and what :func:`sql_frame` raises.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if max_rows < 1:
-        raise ConfigError(f"max_rows must be at least 1, got {max_rows}")
-    register_views(spark, layout, allow_pickle=allow_pickle)
-    check_read_only(spark, query)
-    df = spark.sql(query)
-    got = df.take(max_rows + 1)
-    return format_rows(df.columns, got[:max_rows], fmt=fmt, truncated=len(got) > max_rows)
+    if max_rows is not None and max_rows < 1:
+        raise ConfigError(f"max_rows must be at least 1, got {max_rows}; leave it out to get every row")
+    df = sql_frame(spark, layout, query, allow_pickle=allow_pickle)
+    if fmt != "table" and max_rows is None:
+        n = _write_rows(df.columns, df.toLocalIterator(), out, fmt)
+        return SqlResult(shown=n, total=n)
+    limit = TABLE_MAX_ROWS if max_rows is None else max_rows
+    got = df.take(limit + 1)
+    shown = got[:limit]
+    total = df.count() if len(got) > limit else len(got)
+    if fmt == "table":
+        out.write(format_rows(df.columns, shown, fmt=fmt, total=total))
+    else:
+        _write_rows(df.columns, shown, out, fmt)
+    return SqlResult(shown=len(shown), total=total)
+
+
+def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", max_rows: int | None = None,
+            allow_pickle: bool = False) -> str:
+    """:func:`write_sql` into a string (``csv``/``json``: every row unless ``max_rows``; ``table``: at
+    most ``max_rows``, default :data:`TABLE_MAX_ROWS`, its footer saying how many of how many)."""
+    buf = io.StringIO()
+    write_sql(spark, layout, query, buf, fmt=fmt, max_rows=max_rows, allow_pickle=allow_pickle)
+    return buf.getvalue()
 
 
 def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,

@@ -33,6 +33,7 @@ from . import (
     m0002_dead_letters_late_data,
     m0003_checkpoint_interval,
     m0004_timer_seq,
+    m0005_column_comments,
 )
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval,
-                                      m0004_timer_seq)
+                                      m0004_timer_seq, m0005_column_comments)
 CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
 
 

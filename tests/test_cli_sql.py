@@ -76,3 +76,41 @@ def test_subprocess_csv_5000_of_5000(big_store, tmp_path) -> None:  # type: igno
     recs = list(csv.DictReader(io.StringIO(proc.stdout)))
     assert len(recs) == N and len({r["record_id"] for r in recs}) == N
     print(f"deltawheel sql --format csv returned {len(recs)} of {N} rows")
+    # no Spark or ZooKeeper log lines without --verbose (the JVM launcher's own line aside)
+    launcher = "WARNING: Using incubator modules: jdk.incubator.vector"
+    assert [ln for ln in proc.stderr.splitlines() if ln != launcher] == [], proc.stderr[-2000:]
+
+
+def test_describe_prints_column_comments(big_store, capsys) -> None:  # type: ignore[no-untyped-def]
+    rc, out, err = _sql(capsys, "--store", big_store.root, "--describe", "state", "--format", "csv")
+    assert rc == 0, err
+    cols = {r["column"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert "n_pending" not in cols
+    assert cols["n_checkpointed"]["type"] == "int" and "not data at risk" in cols["n_checkpointed"]["comment"]
+    assert all(r["comment"] for r in cols.values()), [c for c, r in cols.items() if not r["comment"]]
+    for view in ("rows", "timers", "pending_productions", "fences", "dead_letters", "late_data", "events",
+                 "events_decoded"):
+        rc, out, err = _sql(capsys, "--store", big_store.root, "--describe", view, "--format", "json")
+        assert rc == 0, err
+        got = [json.loads(line) for line in out.splitlines()]
+        assert got and all(r["comment"] for r in got), (view, [r["column"] for r in got if not r["comment"]])
+    rc, out, _ = _sql(capsys, "--store", big_store.root, "--describe", "events")
+    assert "the record's unique id" in out and "..." not in out  # table format: comments not cut
+    rc, _, err = _sql(capsys, "--store", big_store.root, "--describe", "nope")
+    assert rc == 2 and "SQL error" in err
+
+
+def test_several_queries_and_the_shell(big_store, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    rc, out, err = _sql(capsys, "--store", big_store.root, "--format", "json",
+                        "SELECT count(*) AS n FROM events; SELECT 'a;b' AS s", "SELECT 7 AS seven")
+    assert rc == 0, err
+    assert [json.loads(line) for line in out.splitlines()] == [{"n": N}, {"s": "a;b"}, {"seven": 7}]
+    # a statement that would write stops the call before any runs
+    rc, out, err = _sql(capsys, "--store", big_store.root, "SELECT 1 AS one; DELETE FROM state")
+    assert rc == 2 and out == "" and "ReadOnlySqlError" in err
+    monkeypatch.setattr(sys, "stdin", io.StringIO(
+        "SELECT count(*)\n  AS n FROM events;\n\\d\nSELECT nope FROM events;\nSELECT 2 AS two\n\n\\q\nSELECT 3;\n"))
+    rc, out, err = _sql(capsys, "--store", big_store.root, "--format", "json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines[0] == {"n": N} and {"view": "state"} in lines and lines[-1] == {"two": 2}
+    assert rc == 2 and "UNRESOLVED_COLUMN" in err  # the bad statement's error, the others ran

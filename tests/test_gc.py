@@ -170,7 +170,7 @@ def test_gc_refuses_a_retention_below_deltas_minimum(spark, migrated_store, caps
         run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=0)
     with pytest.raises(VacuumRetentionError, match=r"must be >= 0 hours"):
         run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=-1, force=True)
-    assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24"]) == 2
+    assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24"]) == 3
     assert "VacuumRetentionError" in capsys.readouterr().err
     assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24", "--force"]) == 0
     assert "vacuumed files older than 24.0 h" in capsys.readouterr().out

@@ -164,7 +164,7 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     assert main(["sql", "--store", store.root, "SELECT nope FROM state"]) == 2
     assert "UNRESOLVED_COLUMN" in capsys.readouterr().err
     (tmp_path / "plain").mkdir()
-    assert main(["sql", "--store", str(tmp_path / "plain"), "SELECT 1"]) == 2
+    assert main(["sql", "--store", str(tmp_path / "plain"), "SELECT 1"]) == 3
     assert "NotAStoreError: " in capsys.readouterr().err
     assert main(["inspect", "--store", store.root, "--computation", "wc", "--key", "a"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == {"n": 1}
@@ -175,9 +175,9 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     out = capsys.readouterr().out
     assert "pending migrations" in out and "1  meta_and_rows" in out and "dry run" in out
     assert main(["migrate", "--store", new, "--apply"]) == 0
-    assert "store is now at schema version 4" in capsys.readouterr().out
+    assert "store is now at schema version 5" in capsys.readouterr().out
     assert main(["migrate", "--store", new, "--apply"]) == 0
-    assert "is up to date (schema version 4)" in capsys.readouterr().out
+    assert "is up to date (schema version 5)" in capsys.readouterr().out
 
 
 def test_cli_subprocess_csv(store, tmp_path) -> None:  # type: ignore[no-untyped-def]

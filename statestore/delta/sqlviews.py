@@ -7,7 +7,7 @@
 ``state``
     one row per key, decoded: computation, interval, key, codec, state_json,
     next_event_timer, next_processing_timer (TIMESTAMP), n_timers,
-    n_record_ids, n_pending, watermark_hold (TIMESTAMP), sequencer,
+    n_record_ids, n_checkpointed, watermark_hold (TIMESTAMP), sequencer,
     commit_id, updated (TIMESTAMP).
 ``timers``
     one row per timer: computation, key, tag, domain, fire_time (TIMESTAMP), time_ms.
@@ -26,6 +26,9 @@ UDF returning JSON text (bytes inside msgpack values become
 ``{"$bytes_b64": "..."}``). Pickled values are shown as ``<pickle: N bytes>``
 unless ``allow_pickle=True``; undecodable ones as ``<undecodable CODEC: N bytes>``.
 
+Every view's columns carry comments (``statestore/delta/comments.py``; Spark's ``DESCRIBE``,
+``deltawheel sql --describe VIEW``).
+
 The views are defined by SQL text, so each query reads the tables' latest
 Delta version (a long-running ``sql-server`` sees new commits).
 """
@@ -40,13 +43,14 @@ import io
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
 from ..codecs import get_codec
 from ..exceptions import CodecError, ConfigError, ReadOnlySqlError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, KeyRow
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
+from .comments import STREAM, VALUE_JSON, VIEWS, view_columns
 from .jvm import gateway, jsession, jvm
 from .sqltext import sql_path, sql_str
 
@@ -161,8 +165,11 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
 
     views: list[str] = []
 
-    def define(name: str, select: str) -> None:
-        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{name}` AS {select}")
+    def define(name: str, select: str, comments: Mapping[str, str] | None = None) -> None:
+        # a view selecting a table's columns as they are shows the table's column comments;
+        # a derived view names its columns with theirs
+        columns = view_columns(list(comments), comments) if comments else ""
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{name}` {columns} AS {select}")
         views.append(name)
 
     fence = sql_str(FENCE_KEY)
@@ -174,29 +181,31 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
             "timestamp_millis(next_event_timer_ms) AS next_event_timer, "
             "timestamp_millis(next_processing_timer_ms) AS next_processing_timer, "
             "coalesce(size(timers), 0) AS n_timers, coalesce(size(record_ids), 0) AS n_record_ids, "
-            "coalesce(size(pending), 0) AS n_pending, "
+            "coalesce(size(pending), 0) AS n_checkpointed, "
             "timestamp_millis(watermark_hold_ms) AS watermark_hold, sequencer, commit_id, "
             "timestamp_millis(updated_ms) AS updated FROM rows"
-        ))
+        ), VIEWS["state"])
         define("timers", (
             "SELECT computation, key, t.tag, t.domain, timestamp_millis(t.time_ms) AS fire_time, "
             "t.time_ms FROM rows LATERAL VIEW explode(timers) tt AS t"
-        ))
+        ), VIEWS["timers"])
         define("pending_productions", (
             "SELECT computation, key, p.production_id, p.stream, p.key AS out_key, "
             "dw_decode(p.codec, p.value) AS value_json, "
             "timestamp_millis(p.timestamp_ms) AS `timestamp` "
             "FROM rows LATERAL VIEW explode(pending) pp AS p"
-        ))
+        ), VIEWS["pending_productions"])
         define("fences", (
             f"SELECT computation, `interval`, sequencer, commit_id FROM {raw} WHERE key = {fence}"
-        ))
+        ), VIEWS["fences"])
     for name, path in (("dead_letters", layout.dead_letters), ("late_data", layout.late_data)):
         if _is_delta(spark, path):
             define(name, f"SELECT * FROM {sql_path(path)}")
     for name in streams:
         define(name, f"SELECT * FROM {sql_path(layout.stream(name))}")
-        define(f"{name}_decoded", f"SELECT *, dw_decode(codec, value) AS value_json FROM `{name}`")
+        columns = [*spark.table(name).columns, "value_json"]
+        define(f"{name}_decoded", f"SELECT *, dw_decode(codec, value) AS value_json FROM `{name}`",
+               {c: STREAM.get(c, VALUE_JSON if c == "value_json" else "") for c in columns})
     return views
 
 
@@ -240,7 +249,7 @@ def _cut(s: str) -> str:
 
 
 def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: str = "table",
-                total: int | None = None) -> str:
+                total: int | None = None, cut: bool = True) -> str:
     """Format query results.
 
     Args:
@@ -253,6 +262,7 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
             enclosing array, so output can be streamed and cut).
         total: the query's row count when ``rows`` are only the first of them: the ``table``
             footer then says ``(N of TOTAL rows shown; raise --max-rows)``.
+        cut: ``table`` cuts cells longer than 60 characters (False: shows them whole).
 
     Raises:
         ConfigError: unknown ``fmt``.
@@ -263,7 +273,7 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
         return buf.getvalue()
     if fmt != "table":
         raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    cells = [[_cut(_text(v, null="NULL")) for v in r] for r in rows]
+    cells = [[(_cut if cut else str)(_text(v, null="NULL")) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     numeric = [bool(rows) and all(isinstance(r[i], (int, float, decimal.Decimal)) and
                                   not isinstance(r[i], bool) for r in rows if r[i] is not None)
@@ -406,21 +416,23 @@ def _write_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: Text
     return n
 
 
-def sql_frame(spark: Any, layout: StoreLayout, query: str, *, allow_pickle: bool = False) -> Any:
-    """Register the views, check ``query`` only reads (:func:`check_read_only`) and return its DataFrame.
+def sql_frame(spark: Any, layout: StoreLayout, query: str, *, allow_pickle: bool = False,
+              register: bool = True) -> Any:
+    """Register the views (unless ``register`` is False: the caller did), check ``query`` only reads (:func:`check_read_only`) and return its DataFrame.
 
     Raises:
         ReadOnlySqlError: ``query`` would change something; nothing was run.
         ConfigError: a stream named like a built-in view.
         pyspark.errors.AnalysisException: the query is not valid SQL or names an unknown table/column.
     """
-    register_views(spark, layout, allow_pickle=allow_pickle)
+    if register:
+        register_views(spark, layout, allow_pickle=allow_pickle)
     check_read_only(spark, query)
     return spark.sql(query)
 
 
 def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: str = "table",
-              max_rows: int | None = None, allow_pickle: bool = False) -> SqlResult:
+              max_rows: int | None = None, allow_pickle: bool = False, register: bool = True) -> SqlResult:
     """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (see :func:`format_rows`).
 
     ``csv`` and ``json`` write every row, streamed from Spark a partition at a time (memory stays
@@ -434,7 +446,7 @@ def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: 
         raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if max_rows is not None and max_rows < 1:
         raise ConfigError(f"max_rows must be at least 1, got {max_rows}; leave it out to get every row")
-    df = sql_frame(spark, layout, query, allow_pickle=allow_pickle)
+    df = sql_frame(spark, layout, query, allow_pickle=allow_pickle, register=register)
     if fmt != "table" and max_rows is None:
         n = _write_rows(df.columns, df.toLocalIterator(), out, fmt)
         return SqlResult(shown=n, total=n)

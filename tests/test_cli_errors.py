@@ -54,3 +54,15 @@ def test_store_that_is_a_plain_file(tmp_path, capsys) -> None:  # type: ignore[n
         err = capsys.readouterr().err
         assert f"NotAStoreError: --store {plain} is a file, not a folder" in err, err
         assert "Traceback" not in err and "deltawheel migrate --store DIR --apply" in err
+
+
+@pytest.mark.spark
+def test_migrate_shows_a_line_per_step(spark, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel import migrations
+
+    assert main(["migrate", "--store", str(tmp_path / "new"), "--apply"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    n = migrations.CODE_SCHEMA_VERSION
+    assert [line.split(" (")[0] for line in err] == [
+        f"deltawheel migrate: [{i}/{n}] migration {m.VERSION}" for i, m in enumerate(migrations.MIGRATIONS, 1)]
+    assert "s left)" in err[-1] and "s left" not in err[0]

@@ -208,3 +208,23 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
         assert "timer_seq" not in pq.read_schema(f).names
         t = _read_rows_file(TableFiles(str(f.parent)), f.name, schema)
         assert t.schema == schema and t.column("timer_seq").null_count == t.num_rows
+
+
+def test_column_comments_on_existing_tables(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.migrations import m0005_column_comments
+    from deltawheel.statestore.delta import comments
+    from deltawheel.statestore.writepath.streams import ensure_stream_table, stream_schema_ddl
+
+    def commented(path: str) -> dict[str, str]:
+        return {f.name: f.metadata.get("comment", "") for f in spark.read.format("delta").load(path).schema.fields}
+
+    assert commented(migrated_store.rows)["pending"] == comments.ROWS["pending"]
+    assert all(commented(migrated_store.late_data).values())
+    # a stream table written before the comments existed (no comments), and one made now (commented)
+    old = f"{migrated_store.streams_root}/clicks"
+    spark.createDataFrame([], stream_schema_ddl()).write.format("delta").save(old)
+    assert not any(commented(old).values())
+    assert all(commented(ensure_stream_table(spark, migrated_store, "views")).values())
+    m0005_column_comments.apply(spark, migrated_store)
+    assert commented(old) == dict(comments.STREAM)
+    assert comments.comment_table(spark, old, comments.STREAM) == 0  # already commented: no commit

@@ -223,6 +223,11 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
             assert {k: json.loads(v) for k, v in got if k != "c"} == EXPECTED_STATE
             n = conn.execute(text("SELECT count(*) FROM out_decoded")).scalar()
             assert n == 2
+        # BI tools browse the tables through SQLAlchemy's inspector: the views by their names
+        names = sqlalchemy.inspect(engine).get_table_names()
+        assert {"state", "timers", "pending_productions", "fences", "out", "out_decoded"} <= set(names), names
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM state")).scalar() == 4  # other statements as before
         # read-only as the sql tool: a client's writes are refused, the rows table is untouched
         before = _rows_version(store)
         for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`"):
@@ -283,8 +288,10 @@ def test_sql_tool_is_read_only(spark, store, capsys) -> None:  # type: ignore[no
         assert main(["sql", "--store", store.root, q.format(rows=store.rows)]) == 2, q
         err = capsys.readouterr().err
         assert "ReadOnlySqlError" in err and "fenced path" in err, (q, err)
-    assert main(["sql", "--store", store.root, "SELECT 1; DELETE FROM state"]) == 2  # two statements: not parsed
-    assert "SQL error" in capsys.readouterr().err
+    # two statements: each checked before any runs, the DELETE refused, the SELECT not run
+    assert main(["sql", "--store", store.root, "SELECT 1 AS one; DELETE FROM state"]) == 2
+    got = capsys.readouterr()
+    assert "ReadOnlySqlError" in got.err and got.out == ""
     assert version() == before
     assert main(["sql", "--store", store.root, "--format", "json", "SELECT count(*) AS n FROM state"]) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 4

@@ -41,6 +41,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
@@ -340,11 +341,33 @@ def _check_plan(jvm: Any, plan: Any) -> None:
         todo.extend(to_java(node.children()))
 
 
-def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
+_SHOW_TABLES = re.compile(r"\s*SHOW\s+TABLES(\s+(IN|FROM)\s+`?default`?)?\s*;?\s*", re.IGNORECASE)
+
+
+def _show_tables_query(names: Sequence[str]) -> str:
+    """The query ``SHOW TABLES`` stands for in :func:`read_only_session`: the table name first.
+
+    >>> _show_tables_query(["state"])
+    "SELECT * FROM VALUES ('state', '', true) AS t(tableName, namespace, isTemporary)"
+    """
+    if not names:
+        return ("SELECT CAST(NULL AS STRING) AS tableName, CAST(NULL AS STRING) AS namespace, "
+                "CAST(NULL AS BOOLEAN) AS isTemporary WHERE false")
+    values = ", ".join(f"({sql_str(n)}, '', true)" for n in names)
+    return f"SELECT * FROM VALUES {values} AS t(tableName, namespace, isTemporary)"
+
+
+def read_only_session(spark: Any, prepare: Callable[[Any], Any],
+                      table_names: Callable[[], Sequence[str]] | None = None) -> Any:
     """A new session of ``spark``'s application whose every statement is checked, once analysed,
     as :func:`check_read_only` checks a parsed one (an analysis check rule, run in this Python
     process through py4j's callback server): what a JDBC client of ``sql-server`` sends too.
-    ``prepare(session)`` runs first, unchecked (it defines the views)."""
+    ``prepare(session)`` runs first, unchecked (it defines the views).
+
+    With ``table_names``, a plain ``SHOW TABLES`` (``IN default`` too) lists those names in its
+    first column (Spark's puts the namespace first, empty for temporary views: SQLAlchemy's Hive
+    dialect, which BI tools browse with, took that for the names), then the namespace and
+    ``isTemporary`` (a parser that rewrites that one statement and passes everything else on)."""
     from pyspark.java_gateway import ensure_callback_server_started
     from pyspark.sql import SparkSession
 
@@ -367,9 +390,35 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
         class Java:
             implements = ["scala.Function1"]
 
-    # a new session builds its analyser from the application's extensions, this rule included
+    class _Parser:
+        """Spark's parser, but SHOW TABLES names the tables first; every other call passed on."""
+
+        def __init__(self, delegate: Any) -> None:
+            self._delegate = delegate
+
+        def parsePlan(self, text: str) -> Any:  # noqa: N802  (the Java interface's name)
+            if table_names is not None and _SHOW_TABLES.fullmatch(text):
+                text = _show_tables_query(table_names())
+            return self._delegate.parsePlan(text)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._delegate, name)
+
+        class Java:
+            implements = ["org.apache.spark.sql.catalyst.parser.ParserInterface"]
+
+    class _ParserBuilder:
+        def apply(self, _session: Any, delegate: Any) -> Any:
+            return _Parser(delegate)
+
+        class Java:
+            implements = ["scala.Function2"]
+
+    # a new session builds its analyser (and parser) from the application's extensions, these included
     jspark = jsession(spark)
     jspark.extensions().injectCheckRule(_Rule())
+    if table_names is not None:
+        jspark.extensions().injectParser(_ParserBuilder())
     session = SparkSession(spark.sparkContext, jspark.newSession())
     prepare(session)
     armed.set()

@@ -396,13 +396,17 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any],
         def __init__(self, delegate: Any) -> None:
             self._delegate = delegate
 
-        def parsePlan(self, text: str) -> Any:  # noqa: N802  (the Java interface's name)
-            if table_names is not None and _SHOW_TABLES.fullmatch(text):
-                text = _show_tables_query(table_names())
-            return self._delegate.parsePlan(text)
-
         def __getattr__(self, name: str) -> Any:
-            return getattr(self._delegate, name)
+            method = getattr(self._delegate, name)
+            if not name.startswith("parsePlan"):  # parsePlan, parsePlanWithParameters, ...
+                return method
+
+            def parse(text: Any, *rest: Any) -> Any:
+                if table_names is not None and isinstance(text, str) and _SHOW_TABLES.fullmatch(text):
+                    text = _show_tables_query(table_names())
+                return method(text, *rest)
+
+            return parse
 
         class Java:
             implements = ["org.apache.spark.sql.catalyst.parser.ParserInterface"]

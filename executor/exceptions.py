@@ -20,6 +20,8 @@ class BatchFailedError(RetryableError):
 class UserCodeError(FatalError):
     """process_record / process_timer raised; carries the key and what was processed."""
 
+    exit_code = 7
+
     def __init__(self, computation: str, key: str, what: str, cause: BaseException) -> None:
         super().__init__(
             f"{computation}: user code failed for key {key!r} on {what}: {type(cause).__name__}: {cause}. "
@@ -41,6 +43,10 @@ class WindowingError(ConfigError):
 class ClusterError(FatalError):
     """The local Spark standalone cluster (``deltawheel cluster``) could not be started, reached or stopped."""
 
+    exit_code = 8
+
 
 class KafkaServerError(FatalError):
     """The local Kafka broker (``kafka_server.py``) could not be started or reached."""
+
+    exit_code = 8

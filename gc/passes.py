@@ -115,23 +115,51 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                 actions.append(GcAction("paths", name, f"{n} live files recorded under URL-quoted paths", n))
     check = "spark.databricks.delta.retentionDurationCheck.enabled"
     was = spark.conf.get(check, None)
-    if force:  # Delta's own check refuses what the caller forced
+    if force or not apply:  # Delta's own check refuses what the caller forced (and a dry run's 0 h listing)
         spark.conf.set(check, "false")
     try:
         for name, path in tables:
             if apply:
                 removed = spark.sql(f"VACUUM delta.`{path}` RETAIN {vacuum_retain_hours} HOURS").count()
-                actions.append(GcAction("vacuum", name, f"vacuumed files older than {vacuum_retain_hours} h", removed))
+                actions.append(GcAction("vacuum", name, f"vacuumed files older than {vacuum_retain_hours:g} h",
+                                        removed))
             else:
-                n = spark.sql(f"VACUUM delta.`{path}` RETAIN {vacuum_retain_hours} HOURS DRY RUN").count()
-                actions.append(GcAction("vacuum", name, f"{n} unreferenced files older than {vacuum_retain_hours} h", n))
+                old, unreferenced = _vacuum_plan(spark, path, now_ms=now_ms, retain_hours=vacuum_retain_hours)
+                actions.append(GcAction("vacuum", name, _vacuum_detail(old, unreferenced, vacuum_retain_hours), old))
     finally:
-        if force:
+        if force or not apply:
             if was is None:
                 spark.conf.unset(check)
             else:
                 spark.conf.set(check, was)
     return GcReport(apply, tuple(actions))
+
+
+def _vacuum_plan(spark: Any, path: str, *, now_ms: int, retain_hours: float) -> tuple[int, int]:
+    """(unreferenced files older than the retention: what VACUUM would remove now, unreferenced
+    files of any age): one 0-hour DRY RUN listing, aged by the files' times where they are local."""
+    listed = [r[0] for r in spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS DRY RUN").collect()]
+    horizon_s = now_ms / 1000 - retain_hours * 3600
+    try:
+        old = sum(1 for p in listed if os.path.getmtime(p.removeprefix("file:")) < horizon_s)
+    except OSError:  # not local files: ask Delta for the retention's own listing
+        old = spark.sql(f"VACUUM delta.`{path}` RETAIN {retain_hours} HOURS DRY RUN").count()
+    return old, len(listed)
+
+
+def _vacuum_detail(old: int, unreferenced: int, retain_hours: float) -> str:
+    """The dry run's vacuum line: what goes now, and what later once it is old enough.
+
+    >>> _vacuum_detail(0, 12, 168.0)
+    '12 unreferenced files, none older than the retention of 168 h yet: nothing to remove now; a gc after they reach it removes them'
+    """
+    if not unreferenced:
+        return "no unreferenced files"
+    if not old:
+        return (f"{unreferenced} unreferenced files, none older than the retention of {retain_hours:g} h yet: "
+                "nothing to remove now; a gc after they reach it removes them")
+    return (f"{old} unreferenced files older than the retention of {retain_hours:g} h would be removed"
+            + (f" ({unreferenced - old} younger ones stay until they reach it)" if unreferenced > old else ""))
 
 
 def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:

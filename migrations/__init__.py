@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from deltawheel.statestore.delta.log import local_path, local_table_exists, read_snapshot
 from deltawheel.statestore.delta.sqltext import sql_path, sql_str
@@ -33,6 +33,7 @@ from . import (
     m0002_dead_letters_late_data,
     m0003_checkpoint_interval,
     m0004_timer_seq,
+    m0005_column_comments,
 )
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval,
-                                      m0004_timer_seq)
+                                      m0004_timer_seq, m0005_column_comments)
 CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
 
 
@@ -126,12 +127,14 @@ def plan(spark: Any, layout: StoreLayout) -> list[PlannedMigration]:
     ]
 
 
-def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True) -> list[PlannedMigration]:
+def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
+          on_step: Callable[[PlannedMigration, int], None] | None = None) -> list[PlannedMigration]:
     """Run the pending migrations in order; with ``dry_run`` (the default) only return them.
 
     Each migration is recorded in ``_meta`` right after it succeeds, so a run
     that dies half way resumes at the first unrecorded one. Re-running an
-    up-to-date store is a no-op that returns ``[]`` and writes nothing.
+    up-to-date store is a no-op that returns ``[]`` and writes nothing. ``on_step(step, total)``
+    (progress) is called before each migration runs.
 
     Returns:
         The migrations that ran (or, with ``dry_run``, would run).
@@ -145,6 +148,8 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True) -> list[Plan
         return pending
     by_version = {m.VERSION: m for m in MIGRATIONS}
     for step in pending:
+        if on_step is not None:  # progress: the step about to run, of how many
+            on_step(step, len(pending))
         try:
             by_version[step.version].apply(spark, layout)
         except Exception as exc:

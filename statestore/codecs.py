@@ -24,6 +24,11 @@ from .exceptions import CodecError
 __all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "get_codec", "CODEC_NAMES"]
 
 
+# what to do about bytes that do not decode (a value written by another codec, or damaged)
+_DECODE_HINT = ("The value was written with another codec or is damaged: the computation's codec must be the one "
+                "its state and streams were written with; look at the raw value with deltawheel inspect or sql")
+
+
 class Codec(Protocol):
     """How state and production values become bytes and back; ``name`` is stored beside them."""
 
@@ -75,7 +80,7 @@ class JsonCodec:
             # decoding first skips json's encoding detection (measurable at 10^5 records per batch)
             return _JSON_DECODE(data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data)
         except (UnicodeDecodeError, ValueError) as exc:
-            raise CodecError(f"json codec cannot decode {len(data)} bytes: {exc}") from exc
+            raise CodecError(f"json codec cannot decode {len(data)} bytes: {exc}. {_DECODE_HINT}") from exc
 
 
 _JSON_DECODE = json.JSONDecoder().decode
@@ -118,7 +123,7 @@ class MsgpackCodec:
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
         except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.FormatError,
                 msgpack.exceptions.StackError) as exc:
-            raise CodecError(f"msgpack codec cannot decode {len(data)} bytes: {exc}") from exc
+            raise CodecError(f"msgpack codec cannot decode {len(data)} bytes: {exc}. {_DECODE_HINT}") from exc
 
 
 class PickleCodec:
@@ -146,7 +151,7 @@ class PickleCodec:
         try:
             return pickle.loads(data)  # noqa: S301 - opt-in only
         except Exception as exc:  # noqa: BLE001
-            raise CodecError(f"pickle codec cannot decode {len(data)} bytes: {exc}") from exc
+            raise CodecError(f"pickle codec cannot decode {len(data)} bytes: {exc}. {_DECODE_HINT}") from exc
 
 
 _SAFE: dict[str, Codec] = {"json": JsonCodec(), "msgpack": MsgpackCodec()}

@@ -33,9 +33,11 @@ class ZkConfig:
 
     def __post_init__(self) -> None:
         if not self.chroot.startswith("/") or (len(self.chroot) > 1 and self.chroot.endswith("/")):
-            raise ConfigError(f"ZooKeeper chroot must start with '/' and not end with '/': {self.chroot!r}")
+            raise ConfigError(f"ZooKeeper chroot must start with '/' and not end with '/': {self.chroot!r}; "
+                              "pass e.g. --zk-chroot /deltawheel")
         if self.digest is not None and ":" not in self.digest:
-            raise ConfigError("ZooKeeper digest must be 'user:password'")
+            raise ConfigError("ZooKeeper digest must be 'user:password' (--zk-digest or DELTAWHEEL_ZK_DIGEST); "
+                              "pass both parts, separated by ':'")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,11 @@ Messages say what happened and what to do about it.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
+    "EXIT_CODES",
+    "exit_code",
     "DeltaWheelError",
     "RetryableError",
     "FatalError",
@@ -45,12 +49,48 @@ __all__ = [
 ]
 
 
+# The ``deltawheel`` command's exit status per error class: each error class carries its
+# ``exit_code`` (a subclass inherits its base's); docs/operations.md and ``--help`` print this table.
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (0, "done"),
+    (1, "done, found nothing or something is not healthy (inspect: no such key; zk/cluster status: not running)"),
+    (2, "usage: bad arguments, invalid SQL or a statement that would write (ReadOnlySqlError)"),
+    (3, "configuration or store content: ConfigError, NotAStoreError, SchemaTooNewError, MigrationError, "
+        "StoreDamagedError, InputGoneError, CodecError, BadRecordError"),
+    (4, "coordination: LeaseError (held, lost, suspended, not owner), StaleSequencerError, "
+        "CoordinatorStateLostError, ZooKeeperServerError"),
+    (5, "object store: ObjectStoreError (bucket missing, credentials refused), ObjectStoreUnreachableError, "
+        "ObjectStoreServerError"),
+    (6, "StoreMismatchError: the ZooKeeper state belongs to another store"),
+    (7, "UserCodeError: the computation's code raised"),
+    (8, "environment: JarFetchError (Delta jars), JavaMissingError, ClusterError (local Spark cluster), "
+        "KafkaServerError (local Kafka broker)"),
+    (9, "retry: a conflict with a concurrent writer (CommitConflictError, StaleFilesError, StaleViewError, "
+        "BatchFailedError); running the command again may succeed"),
+    (10, "another deltawheel error"),
+    (130, "interrupted (Ctrl-C)"),
+)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit status of the ``deltawheel`` command for ``exc`` (:data:`EXIT_CODES`).
+
+    >>> exit_code(StoreMismatchError("x")), exit_code(LeaseHeldError("x")), exit_code(ValueError())
+    (6, 4, 10)
+    """
+    return int(getattr(exc, "exit_code", 10))
+
+
 class DeltaWheelError(Exception):
     """Root of every error deltawheel raises on purpose."""
+
+    exit_code: ClassVar[int] = 10
 
 
 class RetryableError(DeltaWheelError):
     """The operation may succeed if retried (after re-acquiring what was lost)."""
+
+    exit_code = 9
 
 
 class FatalError(DeltaWheelError):
@@ -62,6 +102,8 @@ class FatalError(DeltaWheelError):
 
 class LeaseError(RetryableError):
     """Base for problems with key-interval leases."""
+
+    exit_code = 4
 
 
 class LeaseHeldError(LeaseError):
@@ -87,6 +129,8 @@ class StaleSequencerError(RetryableError):
     re-acquire them (getting new sequencers) before it writes again.
     """
 
+    exit_code = 4
+
 
 class CommitConflictError(RetryableError):
     """Delta reported a concurrent commit on the same partitions; nothing landed."""
@@ -95,6 +139,8 @@ class CommitConflictError(RetryableError):
 class ZooKeeperServerError(FatalError):
     """The embedded ZooKeeper server could not be started, reached or stopped."""
 
+    exit_code = 4
+
 
 # --- input and storage ------------------------------------------------------
 
@@ -102,9 +148,13 @@ class ZooKeeperServerError(FatalError):
 class CodecError(FatalError):
     """A value could not be encoded or decoded with its declared codec."""
 
+    exit_code = 3
+
 
 class BadRecordError(FatalError):
     """Input that can never be processed: empty or non-string key, bad timestamp, ..."""
+
+    exit_code = 3
 
 
 class StateTooLargeError(BadRecordError):
@@ -114,13 +164,19 @@ class StateTooLargeError(BadRecordError):
 class NotAStoreError(FatalError):
     """The given path is not a deltawheel store (no metadata table)."""
 
+    exit_code = 3
+
 
 class StoreMismatchError(FatalError):
     """A pipeline's ZooKeeper state (leases, sequencers, watermarks) belongs to another store."""
 
+    exit_code = 6
+
 
 class StoreDamagedError(FatalError):
     """A table's Delta log is damaged: a commit is missing, truncated or corrupt (docs/store-damage.md)."""
+
+    exit_code = 3
 
 
 class CoordinatorStateLostError(FatalError):
@@ -133,26 +189,38 @@ class CoordinatorStateLostError(FatalError):
     (docs/coordinator-recovery.md), then start the pipeline again.
     """
 
+    exit_code = 4
+
 
 class SchemaTooNewError(FatalError):
     """The store was migrated by a newer deltawheel than this one."""
+
+    exit_code = 3
 
 
 class MigrationError(FatalError):
     """A schema migration failed or the recorded migrations are inconsistent."""
 
+    exit_code = 3
+
 
 class ConfigError(FatalError):
     """Configuration is missing or invalid."""
+
+    exit_code = 3
 
 
 class InputGoneError(FatalError):
     """Input a moved interval's new owner must catch up on is gone (e.g. a stream table's data
     file removed by VACUUM): the move cannot be made exact."""
 
+    exit_code = 3
+
 
 class JarFetchError(FatalError):
     """The Delta Lake jars could not be found or downloaded."""
+
+    exit_code = 8
 
 
 class SessionConfigError(ConfigError):
@@ -163,6 +231,8 @@ class SessionConfigError(ConfigError):
 class JavaMissingError(ConfigError):
     """No ``java`` executable: Spark (and the embedded ZooKeeper) need a Java 17+ JDK."""
 
+    exit_code = 8
+
 
 # --- object storage ---------------------------------------------------------
 
@@ -170,9 +240,13 @@ class JavaMissingError(ConfigError):
 class ObjectStoreError(FatalError):
     """The object store (S3 through ``s3a://``) refused a request; the message says why."""
 
+    exit_code = 5
+
 
 class ObjectStoreUnreachableError(RetryableError):
     """No object store answers at the configured endpoint (down, wrong host or port)."""
+
+    exit_code = 5
 
 
 class BucketMissingError(ObjectStoreError):
@@ -185,6 +259,8 @@ class ObjectStoreAuthError(ObjectStoreError):
 
 class ObjectStoreServerError(FatalError):
     """The local S3-compatible server could not be started, reached or stopped."""
+
+    exit_code = 5
 
 
 class StaleFilesError(RetryableError):
@@ -201,3 +277,5 @@ class StaleViewError(RetryableError):
 
 class ReadOnlySqlError(FatalError):
     """A statement given to the read-only SQL tool would change something (a table, a view, a setting)."""
+
+    exit_code = 2

@@ -26,6 +26,30 @@ def test_gc_dry_run_then_apply(spark, migrated_store) -> None:  # type: ignore[n
     assert detail["numFiles"] == 1  # compacted
 
 
+def _vacuum_line(report, table: str) -> str:  # type: ignore[no-untyped-def]
+    return next(line for line in report.lines() if "vacuum" in line and f" {table}: " in line)
+
+
+def test_gc_dry_run_in_a_young_store_says_nothing_is_old_enough(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    path = ensure_stream_table(spark, migrated_store, "clicks")
+    ddl = stream_schema_ddl().replace(" NOT NULL", "")
+    for i in range(3):
+        spark.createDataFrame([(f"r{i}", "k", b"1", "json", 1000 * i, None, "p", "c", 1)], ddl) \
+            .write.format("delta").mode("append").save(path)
+    spark.sql(f"OPTIMIZE delta.`{path}`")  # the three files are unreferenced now, and minutes old
+    now = int(time.time() * 1000)
+    line = _vacuum_line(run_gc(spark, migrated_store, now_ms=now), "clicks")
+    n = int(line.split("clicks: ")[1].split()[0])  # the three data files (and their checksum files)
+    assert n >= 3
+    assert line.endswith(f"clicks: {n} unreferenced files, none older than the retention of 168 h yet: nothing to "
+                         "remove now; a gc after they reach it removes them"), line
+    later = _vacuum_line(run_gc(spark, migrated_store, now_ms=now + 8 * 24 * 3_600_000), "clicks")
+    assert later.endswith(f"clicks: {n} unreferenced files older than the retention of 168 h would be removed"), later
+    assert _vacuum_line(run_gc(spark, migrated_store, now_ms=now), "late_data").endswith("no unreferenced files")
+
+
 # --- gc on an idle store: VACUUM keeps every live file --------------------------------------
 
 EIGHT_DAYS_S = 8 * 24 * 3600
@@ -170,7 +194,7 @@ def test_gc_refuses_a_retention_below_deltas_minimum(spark, migrated_store, caps
         run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=0)
     with pytest.raises(VacuumRetentionError, match=r"must be >= 0 hours"):
         run_gc(spark, migrated_store, now_ms=0, apply=True, vacuum_retain_hours=-1, force=True)
-    assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24"]) == 2
+    assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24"]) == 3
     assert "VacuumRetentionError" in capsys.readouterr().err
     assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24", "--force"]) == 0
-    assert "vacuumed files older than 24.0 h" in capsys.readouterr().out
+    assert "vacuumed files older than 24 h" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import Computation, LatePolicy
+from deltawheel.executor.runtime.reports import format_report
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 from pyspark import cloudpickle
 
@@ -176,7 +177,8 @@ def test_a_retry_of_a_record_processed_on_time_is_a_duplicate_not_late_data(
         ex.run_batch(events(spark, [("r3", "cats", 12_000)]), 1, input_watermark_ms=11_000)
         r = ex.run_batch(events(spark, [("r1", "cats", 1_000), ("r9", "cats", 3_000), ("r4", "cats", 13_000)]), 2,
                          input_watermark_ms=11_000)
-        assert (r.processed, r.duplicates, r.late_routed) == (1, 1, 1)
+        assert (r.processed, r.duplicates, r.late, r.late_routed) == (1, 1, 1, 1)
+        assert ", 1 late, " in format_report("routed", r)  # the batch line counts the routed record
         ex.flush(input_watermark_ms=40_000)
     finally:
         stop_executor(ex, client)
@@ -215,7 +217,8 @@ def test_the_pipeline_routes_a_retry_of_an_on_time_record_as_a_duplicate(
                              direct_read=direct, progress=print, end_of_input=False).run()
     reports = [r for r in summary.reports["routed"] if r.records_in]
     assert [r.direct for r in reports] == [direct] * 3
-    assert [(r.processed, r.duplicates, r.late_routed) for r in reports] == [(2, 0, 0), (1, 0, 0), (0, 1, 1)]
+    assert [(r.processed, r.duplicates, r.late, r.late_routed) for r in reports] == \
+        [(2, 0, 0, 0), (1, 0, 0, 0), (0, 1, 1, 1)]
     assert [(row[1], row[4]) for row in _late_rows(spark, migrated_store)] == [("r3", 28_000)]
 
 

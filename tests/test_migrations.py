@@ -29,22 +29,23 @@ def _history_len(spark: Any, path: str) -> int:
 def test_plan_on_empty_store_lists_all_and_dry_run_changes_nothing(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     steps = migrations.plan(spark, store_layout)
     assert [(s.version, s.name) for s in steps] == [(1, "meta_and_rows"), (2, "dead_letters_late_data"),
-                                                 (3, "checkpoint_interval"), (4, "timer_seq")]
+                                                 (3, "checkpoint_interval"), (4, "timer_seq"),
+                                                 (5, "column_comments")]
     assert store_layout.rows in steps[0].description
     assert migrations.apply(spark, store_layout) == steps  # dry run by default
     assert migrations.applied_version(spark, store_layout) == 0
     assert not Path(store_layout.root).exists()
-    assert migrations.CODE_SCHEMA_VERSION == 4
+    assert migrations.CODE_SCHEMA_VERSION == 5
 
 
 def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3, 4]
+    assert [s.version for s in ran] == [1, 2, 3, 4, 5]
     assert migrations.plan(spark, store_layout) == []
-    assert migrations.applied_version(spark, store_layout) == 4
-    assert migrations.check_store(spark, store_layout) == 4
+    assert migrations.applied_version(spark, store_layout) == 5
+    assert migrations.check_store(spark, store_layout) == 5
     meta = {r["version"]: r for r in spark.read.format("delta").load(store_layout.meta).collect()}
-    assert sorted(meta) == [1, 2, 3, 4]
+    assert sorted(meta) == [1, 2, 3, 4, 5]
     assert meta[2]["name"] == "dead_letters_late_data" and meta[2]["deltawheel_version"]
     assert meta[1]["applied_ms"] <= meta[2]["applied_ms"]
 
@@ -73,8 +74,8 @@ def test_resumes_after_a_run_that_died_before_recording(spark, store_layout) -> 
     m0001_meta_and_rows.apply(spark, store_layout)  # tables made, nothing recorded: "died" here
     assert migrations.applied_version(spark, store_layout) == 0
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3, 4]
-    assert migrations.check_store(spark, store_layout) == 4
+    assert [s.version for s in ran] == [1, 2, 3, 4, 5]
+    assert migrations.check_store(spark, store_layout) == 5
 
 
 def test_check_store_on_a_plain_folder(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -89,7 +90,7 @@ def test_store_newer_than_code(spark, migrated_store) -> None:  # type: ignore[n
     spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
                           schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
                           ).write.format("delta").mode("append").save(migrated_store.meta)
-    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 4; upgrade deltawheel"):
+    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 5; upgrade deltawheel"):
         migrations.check_store(spark, migrated_store)
     with pytest.raises(SchemaTooNewError, match="upgrade deltawheel"):
         migrations.apply(spark, migrated_store, dry_run=False)
@@ -99,12 +100,12 @@ def test_store_older_than_code(spark, migrated_store) -> None:  # type: ignore[n
     from delta.tables import DeltaTable
 
     DeltaTable.forPath(spark, migrated_store.meta).delete("version >= 2")
-    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 4; "
+    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 5; "
                        r"run 'deltawheel migrate --store .* --apply'"):
         migrations.check_store(spark, migrated_store)
-    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4]
-    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4]
-    assert migrations.check_store(spark, migrated_store) == 4
+    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4, 5]
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4, 5]
+    assert migrations.check_store(spark, migrated_store) == 5
     props = spark.sql(f"SHOW TBLPROPERTIES delta.`{migrated_store.rows}`").collect()
     assert {r["key"]: r["value"] for r in props}["delta.checkpointInterval"] == "100"
 
@@ -117,7 +118,7 @@ def test_failed_step_is_reported_and_earlier_steps_stay_recorded(spark, store_la
         migrations.apply(spark, store_layout, dry_run=False)
     assert migrations.applied_version(spark, store_layout) == 1
     shutil.rmtree(store_layout.dead_letters)
-    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4]
+    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4, 5]
 
 
 # --- KeyRow round-trips ---------------------------------------------------------
@@ -207,3 +208,23 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
         assert "timer_seq" not in pq.read_schema(f).names
         t = _read_rows_file(TableFiles(str(f.parent)), f.name, schema)
         assert t.schema == schema and t.column("timer_seq").null_count == t.num_rows
+
+
+def test_column_comments_on_existing_tables(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.migrations import m0005_column_comments
+    from deltawheel.statestore.delta import comments
+    from deltawheel.statestore.writepath.streams import ensure_stream_table, stream_schema_ddl
+
+    def commented(path: str) -> dict[str, str]:
+        return {f.name: f.metadata.get("comment", "") for f in spark.read.format("delta").load(path).schema.fields}
+
+    assert commented(migrated_store.rows)["pending"] == comments.ROWS["pending"]
+    assert all(commented(migrated_store.late_data).values())
+    # a stream table written before the comments existed (no comments), and one made now (commented)
+    old = f"{migrated_store.streams_root}/clicks"
+    spark.createDataFrame([], stream_schema_ddl()).write.format("delta").save(old)
+    assert not any(commented(old).values())
+    assert all(commented(ensure_stream_table(spark, migrated_store, "views")).values())
+    m0005_column_comments.apply(spark, migrated_store)
+    assert commented(old) == dict(comments.STREAM)
+    assert comments.comment_table(spark, old, comments.STREAM) == 0  # already commented: no commit

@@ -121,7 +121,7 @@ def test_migrate_on_an_s3a_store_takes_its_zookeeper_from_the_command_line(objec
                               capture_output=True, text=True, timeout=500, env=env)
 
     refused = migrate("--apply")  # no ZooKeeper anywhere: refused before anything is written
-    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.returncode == 3, refused.stdout + refused.stderr
     assert "ConfigError: store s3a://" in refused.stderr and "pass --zk host:port" in refused.stderr
     done = migrate("--apply", "--zk", zk_server.hosts, "--zk-chroot", chroot)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

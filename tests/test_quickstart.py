@@ -38,12 +38,12 @@ def test_quickstart_then_sql_with_embedded_zookeeper(tmp_path: Path) -> None:
     pid = int((store / "_zk" / "zookeeper.pid").read_text())
     try:
         out = dw("sql", "--store", str(store), "--format", "csv",
-                 "SELECT key, state_json, n_timers, n_pending FROM state WHERE computation = 'wordcount' ORDER BY key")
+                 "SELECT key, state_json, n_timers, n_checkpointed FROM state WHERE computation = 'wordcount' ORDER BY key")
         assert out.returncode == 0, out.stdout + out.stderr
         rows = {r["key"]: r for r in csv.DictReader(io.StringIO(out.stdout))}
         assert json.loads(rows["the"]["state_json"]) == {"count": 5}
         assert json.loads(rows["fox"]["state_json"]) == {"count": 2}
-        assert rows["the"]["n_timers"] == "1" and rows["the"]["n_pending"] == "1"
+        assert rows["the"]["n_timers"] == "1" and rows["the"]["n_checkpointed"] == "1"
         table = dw("sql", "--store", str(store), "SELECT key, state_json FROM state WHERE key = 'dog'")
         assert '{"count": 2}' in table.stdout and "(1 row)" in table.stdout
         one = dw("inspect", "--store", str(store), "--computation", "wordcount", "--key", "once")

@@ -116,7 +116,7 @@ def test_recover_cli_shows_then_applies(spark, migrated_store, zk_config, capsys
     assert _windows(spark, migrated_store) == CLOSED
     assert cli_main(["recover", *args]) == 0
     assert "nothing to deliver" in capsys.readouterr().out
-    assert cli_main(["recover", *args, "--computation", "nope"]) == 2
+    assert cli_main(["recover", *args, "--computation", "nope"]) == 3
     assert "no computation 'nope'" in capsys.readouterr().err
 
 

@@ -278,7 +278,7 @@ def test_members_split_the_intervals_and_a_move_request_overrides_it(zk_config: 
         assert main(["rebalance", "--pipeline", "p", "--computation", "c1", "--clear", *zk]) == 0
         assert "move request deleted" in capsys.readouterr().out and read_move(clients[0], "p", "c1") is None
         assert main(["rebalance", "--pipeline", "p", "--computation", "c1", "--assign", "a=0-2", "--assign", "c=2",
-                     *zk]) == 2
+                     *zk]) == 3
         assert "ConfigError: --assign: intervals [2] are given to two instances" in capsys.readouterr().err
         with pytest.raises(ConfigError, match="write INSTANCE=I,J-K"):
             parse_assign(["a:1"])

@@ -110,7 +110,7 @@ def test_table_format(spark, store) -> None:  # type: ignore[no-untyped-def]
     long_line = next(line for line in lines if line.startswith("long"))
     assert '{"s": "xxxx' in long_line and "..." in long_line and "x" * 100 not in long_line
     assert run_sql(spark, store, "SELECT key FROM state", max_rows=2).splitlines()[-1] == \
-        "(2 rows; more rows exist, raise --max-rows)"
+        "(2 of 4 rows shown; raise --max-rows)"
     assert run_sql(spark, store, "SELECT 1 AS one").splitlines()[-1] == "(1 row)"
 
 
@@ -164,7 +164,7 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     assert main(["sql", "--store", store.root, "SELECT nope FROM state"]) == 2
     assert "UNRESOLVED_COLUMN" in capsys.readouterr().err
     (tmp_path / "plain").mkdir()
-    assert main(["sql", "--store", str(tmp_path / "plain"), "SELECT 1"]) == 2
+    assert main(["sql", "--store", str(tmp_path / "plain"), "SELECT 1"]) == 3
     assert "NotAStoreError: " in capsys.readouterr().err
     assert main(["inspect", "--store", store.root, "--computation", "wc", "--key", "a"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == {"n": 1}
@@ -175,9 +175,9 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     out = capsys.readouterr().out
     assert "pending migrations" in out and "1  meta_and_rows" in out and "dry run" in out
     assert main(["migrate", "--store", new, "--apply"]) == 0
-    assert "store is now at schema version 4" in capsys.readouterr().out
+    assert "store is now at schema version 5" in capsys.readouterr().out
     assert main(["migrate", "--store", new, "--apply"]) == 0
-    assert "is up to date (schema version 4)" in capsys.readouterr().out
+    assert "is up to date (schema version 5)" in capsys.readouterr().out
 
 
 def test_cli_subprocess_csv(store, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -223,6 +223,11 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
             assert {k: json.loads(v) for k, v in got if k != "c"} == EXPECTED_STATE
             n = conn.execute(text("SELECT count(*) FROM out_decoded")).scalar()
             assert n == 2
+        # BI tools browse the tables through SQLAlchemy's inspector: the views by their names
+        names = sqlalchemy.inspect(engine).get_table_names()
+        assert {"state", "timers", "pending_productions", "fences", "out", "out_decoded"} <= set(names), names
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM state")).scalar() == 4  # other statements as before
         # read-only as the sql tool: a client's writes are refused, the rows table is untouched
         before = _rows_version(store)
         for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`"):
@@ -283,8 +288,10 @@ def test_sql_tool_is_read_only(spark, store, capsys) -> None:  # type: ignore[no
         assert main(["sql", "--store", store.root, q.format(rows=store.rows)]) == 2, q
         err = capsys.readouterr().err
         assert "ReadOnlySqlError" in err and "fenced path" in err, (q, err)
-    assert main(["sql", "--store", store.root, "SELECT 1; DELETE FROM state"]) == 2  # two statements: not parsed
-    assert "SQL error" in capsys.readouterr().err
+    # two statements: each checked before any runs, the DELETE refused, the SELECT not run
+    assert main(["sql", "--store", store.root, "SELECT 1 AS one; DELETE FROM state"]) == 2
+    got = capsys.readouterr()
+    assert "ReadOnlySqlError" in got.err and got.out == ""
     assert version() == before
     assert main(["sql", "--store", store.root, "--format", "json", "SELECT count(*) AS n FROM state"]) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 4

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from deltawheel.statestore.exceptions import DeltaWheelError
+from deltawheel.statestore.exceptions import EXIT_CODES, DeltaWheelError, exit_code
 
 __all__ = ["main", "build_parser"]
 
@@ -21,7 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="deltawheel",
         description="MillWheel-style exactly-once state engine on Spark, Delta Lake and ZooKeeper.",
+        epilog="exit codes (docs/operations.md, \"The command line\"):\n"
+        + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show Spark's and ZooKeeper's log lines (off by default); may also follow the command")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     from . import (
@@ -51,15 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``deltawheel`` command line ``argv`` (default: the process's); returns the exit status.
 
-    A :class:`DeltaWheelError` is printed as one line and returns 2; Ctrl-C returns 130.
+    A :class:`DeltaWheelError` is printed as one line and returns its class's exit code
+    (:data:`~deltawheel.statestore.exceptions.EXIT_CODES`); usage errors return 2, Ctrl-C 130.
     """
+    from . import logs
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # the global flag is taken wherever it stands (before or after the command)
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.verbose = args.verbose or verbose
+    logs.configure(args.verbose)
     try:
         rc = args.func(args)
     except DeltaWheelError as exc:
         print(f"deltawheel {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     except KeyboardInterrupt:
         print(f"deltawheel {args.command}: interrupted", file=sys.stderr)
         return 130

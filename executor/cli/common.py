@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
 from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
-from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.exceptions import ConfigError, NotAStoreError
 from deltawheel.statestore.layout import StoreLayout
 
 __all__ = ["add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
@@ -108,8 +108,20 @@ def zookeeper_for(args: argparse.Namespace, layout: StoreLayout) -> Any:
 
 
 def layout_from(args: argparse.Namespace) -> StoreLayout:
-    """The store layout of ``--store`` (a local path made absolute)."""
-    return StoreLayout(os.path.abspath(args.store) if "://" not in args.store else args.store)
+    """The store layout of ``--store`` (a local path made absolute).
+
+    Raises:
+        NotAStoreError: ``--store`` names a file, not a folder.
+    """
+    if "://" in args.store:
+        return StoreLayout(args.store)
+    path = os.path.abspath(args.store)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotAStoreError(
+            f"--store {args.store} is a file, not a folder: a store is a folder of Delta tables. Pass the "
+            "store's folder (the one holding rows/ and _meta/), or a path that does not exist yet to "
+            f"create a store there with 'deltawheel migrate --store DIR --apply'")
+    return StoreLayout(path)
 
 
 def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
@@ -128,6 +140,9 @@ def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
     if remote and hasattr(args, "zk") and not args.zk:
         raise ConfigError(f"store {store} is on an object store: commits to it are arbitrated by ZooKeeper; "
                           "pass --zk host:port[,host:port] (the one its pipelines use) or set DELTAWHEEL_ZK")
+    from .logs import spark_log_level
+
+    kw.setdefault("log_level", spark_log_level())
     spark = build_spark(SparkSettings(master=getattr(args, "master", "local[2]"),
                                       driver_memory=getattr(args, "driver_memory", "2g"), **kw))
     if remote and getattr(args, "zk", None):

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .common import add_log_store_zk_args, add_spark_args, add_store_arg, layout_from, spark_from
+from .progress import Progress
 
 __all__ = ["register"]
 
@@ -30,7 +31,14 @@ def _run(args: argparse.Namespace) -> int:
 
     layout = layout_from(args)
     spark = spark_from(args)
-    steps = migrations.apply(spark, layout, dry_run=not args.apply)
+    progress: Progress | None = None
+
+    def on_step(step: migrations.PlannedMigration, total: int) -> None:
+        nonlocal progress
+        progress = progress or Progress("migrate", total)
+        progress.step(f"migration {step.version} ({step.name})")
+
+    steps = migrations.apply(spark, layout, dry_run=not args.apply, on_step=on_step)
     if not steps:
         version = migrations.applied_version(spark, layout)
         print(f"store {layout.root} is up to date (schema version {version})")

@@ -114,7 +114,7 @@ def run_quickstart(args: argparse.Namespace) -> int:
         owner.release()
         leases.close()
         print("\ninspect the state:")
-        print(f'  deltawheel sql --store {layout.root} "SELECT key, state_json, n_timers, n_pending FROM state ORDER BY key"')
+        print(f'  deltawheel sql --store {layout.root} "SELECT key, state_json, n_timers, n_checkpointed FROM state ORDER BY key"')
         print(f"  deltawheel inspect --store {layout.root} --computation {COMPUTATION} --key the")
         return 0
     finally:

@@ -14,6 +14,7 @@ from .common import (
     spark_from,
     store_zookeeper,
 )
+from .progress import Progress
 
 __all__ = ["register"]
 
@@ -46,7 +47,10 @@ def _run(args: argparse.Namespace) -> int:
                          as_json=args.json)
         found = computations_of(client, pipeline=args.pipeline, names=args.computation)
         results = []
+        steps = Progress("recover", len(found))
         for name in sorted(found):
+            if not args.json:
+                steps.step(f"computation {name} ({found[name]} intervals)")
             r = recover(spark, layout, client, pipeline=args.pipeline, computation=name,
                         num_intervals=found[name], wait_s=args.wait,
                         progress=None if args.json else (lambda line: print(line, flush=True)))

@@ -23,30 +23,43 @@ import tempfile
 import threading
 from typing import Any
 
+from deltawheel.statestore.delta.comments import describe as describe_columns
 from deltawheel.statestore.delta.jvm import jsession, jvm
 from deltawheel.statestore.delta.sqlviews import (
     FORMATS,
+    TABLE_MAX_ROWS,
+    check_read_only,
+    format_rows,
     inspect_key,
     read_only_session,
     register_views,
-    run_sql,
+    write_sql,
 )
 
 from .common import add_spark_args, add_store_arg, layout_from, spark_from
+from .sqlshell import shell, split_statements
 
 __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
     """Add the ``sql``, ``inspect`` and ``sql-server`` subcommands."""
-    p = subparsers.add_parser("sql", help="run one SQL query over the store's decoded views",
+    p = subparsers.add_parser("sql", help="run read-only SQL queries over the store's decoded views (a shell "
+                              "without a query)",
                               description="Views: rows, state, timers, pending_productions, fences, "
-                              "dead_letters, late_data, <stream>, <stream>_decoded.")
+                              "dead_letters, late_data, <stream>, <stream>_decoded. Several queries run in "
+                              "one Spark session (repeat QUERY or separate them with ';'); with none, "
+                              "statements are read from stdin (an interactive shell on a terminal).")
     add_store_arg(p)
-    p.add_argument("query", help='e.g. "SELECT key, state_json FROM state ORDER BY key"')
+    p.add_argument("query", nargs="*", metavar="QUERY",
+                   help='e.g. "SELECT key, state_json FROM state ORDER BY key"')
+    p.add_argument("--describe", metavar="VIEW",
+                   help="print the columns of VIEW (or table) with their types and comments, and exit")
     p.add_argument("--format", choices=FORMATS, default="table",
                    help="table (for people), csv, or json (JSON Lines, one object per row)")
-    p.add_argument("--max-rows", type=int, default=1000)
+    p.add_argument("--max-rows", type=int, default=None,
+                   help=f"show at most N rows (default: every row for csv and json, {TABLE_MAX_ROWS} for table); "
+                   "a cut is said on stderr with the total")
     p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
     add_spark_args(p)
     p.set_defaults(func=_sql)
@@ -76,19 +89,60 @@ def _checked_spark(args: argparse.Namespace, **kw: Any) -> Any:
     return spark
 
 
+def _sql_error(exc: Exception) -> int:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"deltawheel sql: SQL error: {first}. Fix the statement (deltawheel sql --describe VIEW lists a "
+          "view's columns)", file=sys.stderr)
+    return 2
+
+
 def _sql(args: argparse.Namespace) -> int:
     from pyspark.errors import AnalysisException
 
     spark = _checked_spark(args)
-    try:
-        out = run_sql(spark, layout_from(args), args.query, fmt=args.format, max_rows=args.max_rows,
-                      allow_pickle=args.allow_pickle)
-    except AnalysisException as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"deltawheel sql: SQL error: {first}", file=sys.stderr)
-        return 2
-    sys.stdout.write(out)
-    return 0
+    layout = layout_from(args)
+    register_views(spark, layout, allow_pickle=args.allow_pickle)
+
+    def run(query: str) -> int:
+        try:
+            got = write_sql(spark, layout, query, sys.stdout, fmt=args.format, max_rows=args.max_rows,
+                            allow_pickle=args.allow_pickle, register=False)
+        except AnalysisException as exc:
+            return _sql_error(exc)
+        sys.stdout.flush()
+        if got.cut:
+            print(f"deltawheel sql: showed {got.shown} of {got.total} rows (--max-rows); "
+                  "raise --max-rows, or use --format csv|json for every row", file=sys.stderr)
+        return 0
+
+    def describe(name: str | None) -> int:
+        if name is None:
+            views = [r["viewName"] for r in spark.sql("SHOW VIEWS").collect() if r["isTemporary"]]
+            sys.stdout.write(format_rows(["view"], [(v,) for v in sorted(views)], fmt=args.format))
+            return 0
+        try:
+            cols = describe_columns(spark, name)
+        except AnalysisException as exc:
+            return _sql_error(exc)
+        sys.stdout.write(format_rows(["column", "type", "comment"], cols, fmt=args.format, cut=False))
+        return 0
+
+    if args.describe:
+        return describe(args.describe)
+    statements = [s for q in args.query for s in split_statements(q)]
+    if not statements:
+        return shell(run, describe, stdin=sys.stdin)
+    for statement in statements:  # all checked first: one that would write stops the call before any runs
+        try:
+            check_read_only(spark, statement)
+        except AnalysisException as exc:
+            return _sql_error(exc)
+    worst = 0
+    for i, statement in enumerate(statements):
+        if i and args.format == "table":
+            print()
+        worst = max(worst, run(statement))
+    return worst
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -120,7 +174,7 @@ def _sql_server(args: argparse.Namespace) -> int:
     views: list[str] = []
     # read-only, as ``sql``: the clients' statements are checked once analysed (writes refused)
     session = read_only_session(spark, lambda s: views.extend(
-        register_views(s, layout_from(args), allow_pickle=args.allow_pickle)))
+        register_views(s, layout_from(args), allow_pickle=args.allow_pickle)), table_names=lambda: views)
     server = jvm(spark).org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
         jsession(session).sqlContext()
     )

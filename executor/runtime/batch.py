@@ -441,7 +441,10 @@ class ComputationExecutor:
         low = self._publish_watermarks() if self.authority is not None else None
         mark("watermarks")
         c = run.counts
-        report = BatchReport(batch_id, c["records_in"], c["processed"], c["duplicates"], c["late"], late_routed,
+        # ``late`` counts every late record: those user code saw or dropped (the tasks' count) and
+        # those routed to late_data (taken out before user code, so not in the tasks' count)
+        report = BatchReport(batch_id, c["records_in"], c["processed"], c["duplicates"], c["late"] + late_routed,
+                             late_routed,
                              c["dead_letters"], c["timers_fired"], c["productions"], c["keys_written"], wm_in, low,
                              commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None,
                              direct=prepared.direct is not None, ids_expired=c["ids_expired"],

@@ -7,7 +7,7 @@
 ``state``
     one row per key, decoded: computation, interval, key, codec, state_json,
     next_event_timer, next_processing_timer (TIMESTAMP), n_timers,
-    n_record_ids, n_pending, watermark_hold (TIMESTAMP), sequencer,
+    n_record_ids, n_checkpointed, watermark_hold (TIMESTAMP), sequencer,
     commit_id, updated (TIMESTAMP).
 ``timers``
     one row per timer: computation, key, tag, domain, fire_time (TIMESTAMP), time_ms.
@@ -26,6 +26,9 @@ UDF returning JSON text (bytes inside msgpack values become
 ``{"$bytes_b64": "..."}``). Pickled values are shown as ``<pickle: N bytes>``
 unless ``allow_pickle=True``; undecodable ones as ``<undecodable CODEC: N bytes>``.
 
+Every view's columns carry comments (``statestore/delta/comments.py``; Spark's ``DESCRIBE``,
+``deltawheel sql --describe VIEW``).
+
 The views are defined by SQL text, so each query reads the tables' latest
 Delta version (a long-running ``sql-server`` sees new commits).
 """
@@ -38,14 +41,17 @@ import datetime as dt
 import decimal
 import io
 import json
+import re
 import threading
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
 from ..codecs import get_codec
 from ..exceptions import CodecError, ConfigError, ReadOnlySqlError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, KeyRow
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
+from .comments import STREAM, VALUE_JSON, VIEWS, view_columns
 from .jvm import gateway, jsession, jvm
 from .sqltext import sql_path, sql_str
 
@@ -54,6 +60,10 @@ __all__ = [
     "decode_value",
     "decode_json_text",
     "register_views",
+    "TABLE_MAX_ROWS",
+    "SqlResult",
+    "sql_frame",
+    "write_sql",
     "run_sql",
     "format_rows",
     "inspect_key",
@@ -156,8 +166,11 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
 
     views: list[str] = []
 
-    def define(name: str, select: str) -> None:
-        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{name}` AS {select}")
+    def define(name: str, select: str, comments: Mapping[str, str] | None = None) -> None:
+        # a view selecting a table's columns as they are shows the table's column comments;
+        # a derived view names its columns with theirs
+        columns = view_columns(list(comments), comments) if comments else ""
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{name}` {columns} AS {select}")
         views.append(name)
 
     fence = sql_str(FENCE_KEY)
@@ -169,29 +182,31 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
             "timestamp_millis(next_event_timer_ms) AS next_event_timer, "
             "timestamp_millis(next_processing_timer_ms) AS next_processing_timer, "
             "coalesce(size(timers), 0) AS n_timers, coalesce(size(record_ids), 0) AS n_record_ids, "
-            "coalesce(size(pending), 0) AS n_pending, "
+            "coalesce(size(pending), 0) AS n_checkpointed, "
             "timestamp_millis(watermark_hold_ms) AS watermark_hold, sequencer, commit_id, "
             "timestamp_millis(updated_ms) AS updated FROM rows"
-        ))
+        ), VIEWS["state"])
         define("timers", (
             "SELECT computation, key, t.tag, t.domain, timestamp_millis(t.time_ms) AS fire_time, "
             "t.time_ms FROM rows LATERAL VIEW explode(timers) tt AS t"
-        ))
+        ), VIEWS["timers"])
         define("pending_productions", (
             "SELECT computation, key, p.production_id, p.stream, p.key AS out_key, "
             "dw_decode(p.codec, p.value) AS value_json, "
             "timestamp_millis(p.timestamp_ms) AS `timestamp` "
             "FROM rows LATERAL VIEW explode(pending) pp AS p"
-        ))
+        ), VIEWS["pending_productions"])
         define("fences", (
             f"SELECT computation, `interval`, sequencer, commit_id FROM {raw} WHERE key = {fence}"
-        ))
+        ), VIEWS["fences"])
     for name, path in (("dead_letters", layout.dead_letters), ("late_data", layout.late_data)):
         if _is_delta(spark, path):
             define(name, f"SELECT * FROM {sql_path(path)}")
     for name in streams:
         define(name, f"SELECT * FROM {sql_path(layout.stream(name))}")
-        define(f"{name}_decoded", f"SELECT *, dw_decode(codec, value) AS value_json FROM `{name}`")
+        columns = [*spark.table(name).columns, "value_json"]
+        define(f"{name}_decoded", f"SELECT *, dw_decode(codec, value) AS value_json FROM `{name}`",
+               {c: STREAM.get(c, VALUE_JSON if c == "value_json" else "") for c in columns})
     return views
 
 
@@ -235,7 +250,7 @@ def _cut(s: str) -> str:
 
 
 def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: str = "table",
-                truncated: bool = False) -> str:
+                total: int | None = None, cut: bool = True) -> str:
     """Format query results.
 
     Args:
@@ -246,26 +261,20 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
             RFC 4180 quoting, NULL as an empty field, timestamps ISO 8601,
             binary base64) or ``json`` (JSON Lines: one object per row, no
             enclosing array, so output can be streamed and cut).
-        truncated: add a note to the ``table`` footer that more rows exist.
+        total: the query's row count when ``rows`` are only the first of them: the ``table``
+            footer then says ``(N of TOTAL rows shown; raise --max-rows)``.
+        cut: ``table`` cuts cells longer than 60 characters (False: shows them whole).
 
     Raises:
         ConfigError: unknown ``fmt``.
     """
-    if fmt == "csv":
+    if fmt in ("csv", "json"):
         buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(columns)
-        for r in rows:
-            w.writerow([_text(v, null="") for v in r])
+        _write_rows(columns, rows, buf, fmt)
         return buf.getvalue()
-    if fmt == "json":
-        return "".join(
-            json.dumps({c: _plain(v) for c, v in zip(columns, r, strict=True)}, ensure_ascii=False) + "\n"
-            for r in rows
-        )
     if fmt != "table":
         raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    cells = [[_cut(_text(v, null="NULL")) for v in r] for r in rows]
+    cells = [[(_cut if cut else str)(_text(v, null="NULL")) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     numeric = [bool(rows) and all(isinstance(r[i], (int, float, decimal.Decimal)) and
                                   not isinstance(r[i], bool) for r in rows if r[i] is not None)
@@ -278,8 +287,10 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
     out = [line(list(columns)), "-+-".join("-" * w for w in widths)]
     out += [line(r) for r in cells]
     n = len(rows)
-    footer = f"({n} row{'s' if n != 1 else ''}"
-    footer += "; more rows exist, raise --max-rows)" if truncated else ")"
+    if total is not None and total > n:
+        footer = f"({n} of {total} rows shown; raise --max-rows)"
+    else:
+        footer = f"({n} row{'s' if n != 1 else ''})"
     return "\n".join(out + [footer]) + "\n"
 
 
@@ -330,11 +341,33 @@ def _check_plan(jvm: Any, plan: Any) -> None:
         todo.extend(to_java(node.children()))
 
 
-def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
+_SHOW_TABLES = re.compile(r"\s*SHOW\s+TABLES(\s+(IN|FROM)\s+`?default`?)?\s*;?\s*", re.IGNORECASE)
+
+
+def _show_tables_query(names: Sequence[str]) -> str:
+    """The query ``SHOW TABLES`` stands for in :func:`read_only_session`: the table name first.
+
+    >>> _show_tables_query(["state"])
+    "SELECT * FROM VALUES ('state', '', true) AS t(tableName, namespace, isTemporary)"
+    """
+    if not names:
+        return ("SELECT CAST(NULL AS STRING) AS tableName, CAST(NULL AS STRING) AS namespace, "
+                "CAST(NULL AS BOOLEAN) AS isTemporary WHERE false")
+    values = ", ".join(f"({sql_str(n)}, '', true)" for n in names)
+    return f"SELECT * FROM VALUES {values} AS t(tableName, namespace, isTemporary)"
+
+
+def read_only_session(spark: Any, prepare: Callable[[Any], Any],
+                      table_names: Callable[[], Sequence[str]] | None = None) -> Any:
     """A new session of ``spark``'s application whose every statement is checked, once analysed,
     as :func:`check_read_only` checks a parsed one (an analysis check rule, run in this Python
     process through py4j's callback server): what a JDBC client of ``sql-server`` sends too.
-    ``prepare(session)`` runs first, unchecked (it defines the views)."""
+    ``prepare(session)`` runs first, unchecked (it defines the views).
+
+    With ``table_names``, a plain ``SHOW TABLES`` (``IN default`` too) lists those names in its
+    first column (Spark's puts the namespace first, empty for temporary views: SQLAlchemy's Hive
+    dialect, which BI tools browse with, took that for the names), then the namespace and
+    ``isTemporary`` (a parser that rewrites that one statement and passes everything else on)."""
     from pyspark.java_gateway import ensure_callback_server_started
     from pyspark.sql import SparkSession
 
@@ -357,9 +390,39 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any]) -> Any:
         class Java:
             implements = ["scala.Function1"]
 
-    # a new session builds its analyser from the application's extensions, this rule included
+    class _Parser:
+        """Spark's parser, but SHOW TABLES names the tables first; every other call passed on."""
+
+        def __init__(self, delegate: Any) -> None:
+            self._delegate = delegate
+
+        def __getattr__(self, name: str) -> Any:
+            method = getattr(self._delegate, name)
+            if not name.startswith("parsePlan"):  # parsePlan, parsePlanWithParameters, ...
+                return method
+
+            def parse(text: Any, *rest: Any) -> Any:
+                if table_names is not None and isinstance(text, str) and _SHOW_TABLES.fullmatch(text):
+                    text = _show_tables_query(table_names())
+                return method(text, *rest)
+
+            return parse
+
+        class Java:
+            implements = ["org.apache.spark.sql.catalyst.parser.ParserInterface"]
+
+    class _ParserBuilder:
+        def apply(self, _session: Any, delegate: Any) -> Any:
+            return _Parser(delegate)
+
+        class Java:
+            implements = ["scala.Function2"]
+
+    # a new session builds its analyser (and parser) from the application's extensions, these included
     jspark = jsession(spark)
     jspark.extensions().injectCheckRule(_Rule())
+    if table_names is not None:
+        jspark.extensions().injectParser(_ParserBuilder())
     session = SparkSession(spark.sparkContext, jspark.newSession())
     prepare(session)
     armed.set()
@@ -374,26 +437,90 @@ def _refuse(plan_name: str) -> None:
         "to the rows table can clobber a running owner's commits or be clobbered by them")
 
 
-def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", max_rows: int = 1000,
-            allow_pickle: bool = False) -> str:
-    """Register the views, check ``query`` only reads (:func:`check_read_only`), run it and format
-    at most ``max_rows`` rows (see :func:`format_rows`).
+TABLE_MAX_ROWS = 1000  # the ``table`` format's default cut (people read it; csv and json are never cut unasked)
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    """What :func:`write_sql` wrote: ``shown`` rows of the query's ``total`` (equal unless cut)."""
+
+    shown: int
+    total: int
+
+    @property
+    def cut(self) -> bool:
+        """Whether rows were left out (``--max-rows``)."""
+        return self.shown < self.total
+
+
+def _write_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO, fmt: str) -> int:
+    """Write ``rows`` as ``csv`` (with its header) or ``json`` lines to ``out`` as they come; the count."""
+    n = 0
+    if fmt == "csv":
+        w = csv.writer(out, lineterminator="\n")
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([_text(v, null="") for v in r])
+            n += 1
+        return n
+    for r in rows:
+        out.write(json.dumps({c: _plain(v) for c, v in zip(columns, r, strict=True)}, ensure_ascii=False) + "\n")
+        n += 1
+    return n
+
+
+def sql_frame(spark: Any, layout: StoreLayout, query: str, *, allow_pickle: bool = False,
+              register: bool = True) -> Any:
+    """Register the views (unless ``register`` is False: the caller did), check ``query`` only reads (:func:`check_read_only`) and return its DataFrame.
 
     Raises:
         ReadOnlySqlError: ``query`` would change something; nothing was run.
-        ConfigError: unknown ``fmt`` or ``max_rows`` < 1, or a stream named like a built-in view.
-        pyspark.errors.AnalysisException: the query is not valid SQL or names
-            an unknown table/column (``ParseException`` is a subclass).
+        ConfigError: a stream named like a built-in view.
+        pyspark.errors.AnalysisException: the query is not valid SQL or names an unknown table/column.
+    """
+    if register:
+        register_views(spark, layout, allow_pickle=allow_pickle)
+    check_read_only(spark, query)
+    return spark.sql(query)
+
+
+def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: str = "table",
+              max_rows: int | None = None, allow_pickle: bool = False, register: bool = True) -> SqlResult:
+    """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (see :func:`format_rows`).
+
+    ``csv`` and ``json`` write every row, streamed from Spark a partition at a time (memory stays
+    flat however many rows), unless ``max_rows`` is given; ``table`` shows at most ``max_rows``
+    (default :data:`TABLE_MAX_ROWS`) and, when it cuts, counts the total so the caller can say so.
+
+    Raises:
+        ConfigError: unknown ``fmt`` or ``max_rows`` < 1; and what :func:`sql_frame` raises.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if max_rows < 1:
-        raise ConfigError(f"max_rows must be at least 1, got {max_rows}")
-    register_views(spark, layout, allow_pickle=allow_pickle)
-    check_read_only(spark, query)
-    df = spark.sql(query)
-    got = df.take(max_rows + 1)
-    return format_rows(df.columns, got[:max_rows], fmt=fmt, truncated=len(got) > max_rows)
+    if max_rows is not None and max_rows < 1:
+        raise ConfigError(f"max_rows must be at least 1, got {max_rows}; leave it out to get every row")
+    df = sql_frame(spark, layout, query, allow_pickle=allow_pickle, register=register)
+    if fmt != "table" and max_rows is None:
+        n = _write_rows(df.columns, df.toLocalIterator(), out, fmt)
+        return SqlResult(shown=n, total=n)
+    limit = TABLE_MAX_ROWS if max_rows is None else max_rows
+    got = df.take(limit + 1)
+    shown = got[:limit]
+    total = df.count() if len(got) > limit else len(got)
+    if fmt == "table":
+        out.write(format_rows(df.columns, shown, fmt=fmt, total=total))
+    else:
+        _write_rows(df.columns, shown, out, fmt)
+    return SqlResult(shown=len(shown), total=total)
+
+
+def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", max_rows: int | None = None,
+            allow_pickle: bool = False) -> str:
+    """:func:`write_sql` into a string (``csv``/``json``: every row unless ``max_rows``; ``table``: at
+    most ``max_rows``, default :data:`TABLE_MAX_ROWS`, its footer saying how many of how many)."""
+    buf = io.StringIO()
+    write_sql(spark, layout, query, buf, fmt=fmt, max_rows=max_rows, allow_pickle=allow_pickle)
+    return buf.getvalue()
 
 
 def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,

@@ -46,7 +46,8 @@ class S3Endpoint:
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             from ..exceptions import ConfigError
 
-            raise ConfigError(f"object store endpoint {self.url!r} is not an http(s)://host:port URL")
+            raise ConfigError(f"object store endpoint {self.url!r} is not an http(s)://host:port URL; set it so "
+                              "(e.g. http://127.0.0.1:9000; 'deltawheel objectstore status' prints the local server's)")
 
     @property
     def host(self) -> str:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..delta.comments import STREAM as STREAM_COMMENTS
 from ..delta.jvm import jcontext, jvm
 from ..delta.log import local_path, local_table_exists
-from ..delta.sqltext import sql_path
+from ..delta.sqltext import sql_path, sql_str
 from ..delta.storefs import table_files
 from ..exceptions import ConfigError
 from ..layout import StoreLayout, validate_name
@@ -53,6 +54,12 @@ def stream_schema_ddl() -> str:
     )
 
 
+def _commented_stream_ddl() -> str:
+    """:func:`stream_schema_ddl` with each column's comment (its columns have no nested types)."""
+    cols = [c.strip() for c in stream_schema_ddl().split(",")]
+    return ", ".join(f"{c} COMMENT {sql_str(STREAM_COMMENTS[c.split()[0]])}" for c in cols)
+
+
 def check_stream_name(name: str) -> str:
     """Return ``name`` if it can name a stream (and its SQL views).
 
@@ -86,7 +93,7 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     if local_table_exists(table_files(spark, path) or path):
         return path
     spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({stream_schema_ddl()}) USING DELTA "
+        f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({_commented_stream_ddl()}) USING DELTA "
         f"TBLPROPERTIES ('deltawheel.table' = 'stream', 'deltawheel.stream' = '{name}', "
         f"'deltawheel.format_version' = '{STREAM_FORMAT_VERSION}', 'delta.checkpointInterval' = '100')"
     )

@@ -239,7 +239,7 @@ def test_no_java_gives_a_typed_error_saying_what_to_install(tmp_path: Path) -> N
     assert "install a Java 17 (or newer) JDK" in done.stderr
     cli = subprocess.run([str(Path(sys.executable).parent / "deltawheel"), "setup"], env=env, capture_output=True,
                          text=True, timeout=120, cwd=tmp_path)
-    assert cli.returncode == 2
+    assert cli.returncode == 8  # environment (docs/operations.md, exit codes)
     assert "deltawheel setup: JavaMissingError: no `java` on PATH" in cli.stderr
     bad_home = subprocess.run([sys.executable, "-c", "import deltawheel; deltawheel.spark_session()"],
                               env={**env, "JAVA_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=120)

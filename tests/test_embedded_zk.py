@@ -144,7 +144,7 @@ def test_a_command_joins_a_running_server_and_does_not_stop_it(stores) -> None: 
         assert shown.returncode == 0 and f"at {hosts}" in shown.stdout, shown.stdout + shown.stderr
         assert zk_processes(store) == [record(store)["pid"]]  # the holder's server still runs
         refused = dw("zk", "stop", "--store", str(store))
-        assert refused.returncode == 2 and "process(es) still use the store's ZooKeeper" in refused.stderr
+        assert refused.returncode == 4 and "process(es) still use the store's ZooKeeper" in refused.stderr
     finally:
         holder.kill()  # SIGKILL: it never releases
         holder.communicate(timeout=30)

@@ -35,14 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
         quickstart,
         rebalance,
         recover,
+        report,
         reseed,
         scenario,
         sql,
+        status,
         zk,
     )
 
     for mod in (demo, quickstart, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover, reseed, gc, bench,
                 scenario):  # --help order
+        mod.register(sub)
+    for mod in (status, report):
         mod.register(sub)
     return parser
 

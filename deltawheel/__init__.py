@@ -77,6 +77,7 @@ _EXPORTS: dict[str, str] = {
     "MaxSeenMinusBound": "deltawheel.executor.runtime.sources",
     "BatchStats": "deltawheel.executor.runtime.sources",
     "publish_watermark": "deltawheel.executor.runtime.sources",
+    "observe_input": "deltawheel.executor.runtime.metrics",
     # the store and its coordination
     "StoreLayout": "deltawheel.statestore.layout",
     "ZkConfig": "deltawheel.statestore.config",
@@ -151,6 +152,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.executor.runtime.cluster import (  # noqa: F401
         LocalCluster,
     )
+    from deltawheel.executor.runtime.metrics import observe_input  # noqa: F401
     from deltawheel.executor.runtime.pipeline import (  # noqa: F401
         Pipeline,
         PipelineRunner,

@@ -42,6 +42,7 @@ def _run_pipeline(spark: Any, layout: Any, zk_config: Any, *, keep_running: bool
     ex.run_batch(events(spark, [("r3", "cats", t0 + 21_000)]).unionByName(_bad_record(spark, "bad1", t0 + 22_000)), 1)
     ex.authority.publish_injector("events", t0 + 40_000)
     ex.run_batch(events(spark, [("r4", "emus", t0 + 41_000), ("r1", "cats", t0 + 1_000)]), 2)
+    assert ex.metrics.flush()  # rows are written in the background
     if not keep_running:
         stop_executor(ex, client)
     return ex, client
@@ -82,6 +83,7 @@ def test_a_metrics_failure_never_fails_the_batch(spark, migrated_store, zk_confi
     try:
         with caplog.at_level("WARNING"):
             r = ex.run_batch(events(spark, [("r1", "cats", 1_000)]), 0, input_watermark_ms=None)
+            assert ex.metrics.flush()  # the row is written (here: fails) in the background
         assert r.processed == 1
         assert any("could not append batch metrics" in m and "the batch itself is committed" in m
                    for m in caplog.messages)

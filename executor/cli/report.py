@@ -131,13 +131,20 @@ def _state(ax: Any, st: StoreStatus) -> None:
 def _dead(ax: Any, st: StoreStatus) -> None:
     from datetime import UTC, datetime
 
+    def at(ms: int) -> datetime:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
     drawn = False
-    for comp, rows in _by_comp([r for r in st.dead_letters if r["recorded_ms"] is not None]).items():
+    dead = [r for r in st.dead_letters if r["recorded_ms"] is not None]
+    for comp, rows in _by_comp(dead).items():
         ts = sorted(r["recorded_ms"] for r in rows)
-        ax.step([datetime.fromtimestamp(t / 1000, tz=UTC) for t in ts], range(1, len(ts) + 1),
-                where="post", marker=".", label=comp)
+        ax.step([at(t) for t in ts], range(1, len(ts) + 1), where="post", marker="o", label=comp)
         drawn = True
     if drawn:
+        lo, hi = min(r["recorded_ms"] for r in dead), max(r["recorded_ms"] for r in dead)
+        if hi - lo < 60_000:  # one moment: a minute either side, not an axis of years
+            ax.set_xlim(at(lo - 60_000), at(hi + 60_000))
+        ax.set_ylim(bottom=0)
         ax.set_ylabel("dead letters (cumulative)")
         ax.legend(fontsize=7)
     else:

@@ -276,11 +276,14 @@ class ComputationExecutor:
         self._started = True
 
     def stop(self) -> None:
-        """Settle the delivery still in flight, then give the intervals back (even if settling fails)."""
+        """Settle the delivery still in flight, then give the intervals back (even if settling fails);
+        wait for the batches' metrics rows."""
         try:
             self.inflight.settle()
         finally:
             self.owner.release()
+            if self.metrics is not None:
+                self.metrics.flush()
         self._started = False
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -522,11 +525,11 @@ class ComputationExecutor:
             return self.authority.advance_low_watermark(self.comp.name)
 
     def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
-        """Append the batch's row to the store's metrics table (never fails the batch: ``metrics.py``)."""
+        """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""
         if self.metrics is None:
             return
         leases = self.owner.leases
-        self.metrics.append(batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=self.comp.name,
+        self.metrics.submit(batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=self.comp.name,
                                       instance=getattr(leases, "owner", None), write_path=self.write_path,
                                       started_ms=started_ms, pending_productions=pending,
                                       state=state_size(getattr(self.path, "files", None))))

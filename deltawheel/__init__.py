@@ -82,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "KafkaInjector": "deltawheel.executor.runtime.sources_kafka",
     "PerPartitionWatermark": "deltawheel.executor.runtime.sources_kafka",
     "KafkaBroker": "deltawheel.executor.runtime.kafka_server",
+    "observe_input": "deltawheel.executor.runtime.metrics",
     # the store and its coordination
     "StoreLayout": "deltawheel.statestore.layout",
     "ZkConfig": "deltawheel.statestore.config",
@@ -168,6 +169,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.executor.runtime.kafka_server import (  # noqa: F401
         KafkaBroker,
     )
+    from deltawheel.executor.runtime.metrics import observe_input  # noqa: F401
     from deltawheel.executor.runtime.pipeline import (  # noqa: F401
         Pipeline,
         PipelineRunner,

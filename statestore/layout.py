@@ -8,6 +8,7 @@ A store is one folder (or object-store prefix) holding Delta tables::
     <root>/dead_letters   records that could not be processed
     <root>/late_data      records behind the watermark, when routed there
     <root>/_zk            data dir of the embedded ZooKeeper (local stores only)
+    <root>/_metrics/batches  one row per computation batch (figures, created on first use)
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class StoreLayout:
     def late_data(self) -> str:
         """The ``late_data`` table: records behind the watermark, when routed there."""
         return f"{self.root}/late_data"
+
+    @property
+    def metrics_batches(self) -> str:
+        """The ``_metrics/batches`` table: one row of figures per computation batch."""
+        return f"{self.root}/_metrics/batches"
 
     @property
     def streams_root(self) -> str:

@@ -40,15 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
         quickstart,
         rebalance,
         recover,
+        report,
         reseed,
         scenario,
         setup,
         sql,
+        status,
         zk,
     )
 
-    for mod in (demo, quickstart, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover, reseed, gc, bench,
-                scenario, setup):  # --help order
+    for mod in (demo, quickstart, status, report, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover,
+                reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser
 

@@ -81,6 +81,7 @@ from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MergeTasks
 from .faults import BatchFailedError, FaultPoint
 from .inflight import InFlight, OpenDelivery
 from .lateness import ActedMark, read_mark
+from .metrics import BatchMetrics, batch_row, state_size
 from .reports import BatchReport, format_report
 from .rescale import SharedInput
 
@@ -184,6 +185,8 @@ class ComputationExecutor:
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
         self.reports: list[BatchReport] = []
+        # one row of figures per committed batch in the store's _metrics/batches (None: off)
+        self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
         # set by the pipeline runner when instances share the intervals (``rescale.py``: the skip
         # rule, the input files each commit records, catch-up)
         self.shared: SharedInput | None = None
@@ -276,11 +279,14 @@ class ComputationExecutor:
         self._started = True
 
     def stop(self) -> None:
-        """Settle the delivery still in flight, then give the intervals back (even if settling fails)."""
+        """Settle the delivery still in flight, then give the intervals back (even if settling fails);
+        wait for the batches' metrics rows."""
         try:
             self.inflight.settle()
         finally:
             self.owner.release()
+            if self.metrics is not None:
+                self.metrics.flush()
         self._started = False
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -453,6 +459,7 @@ class ComputationExecutor:
                              skipped_moved=skipped)
         self.reports.append(report)
         self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
+        self._record_metrics(report, now, pending=c["productions"] if self.inflight.open is not None else 0)
         return report
 
     def flush(self, *, input_watermark_ms: int | None = None) -> BatchReport:
@@ -532,6 +539,16 @@ class ComputationExecutor:
                 works[iv] = (oldest, seq)
             self.authority.publish_oldest_works(self.comp.name, works)  # one ZooKeeper transaction
             return self.authority.advance_low_watermark(self.comp.name)
+
+    def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
+        """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""
+        if self.metrics is None:
+            return
+        leases = self.owner.leases
+        self.metrics.submit(batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=self.comp.name,
+                                      instance=getattr(leases, "owner", None), write_path=self.write_path,
+                                      started_ms=started_ms, pending_productions=pending,
+                                      state=state_size(getattr(self.path, "files", None))))
 
     def _fault(self, point: FaultPoint, batch_id: int) -> None:
         if self.faults is not None:

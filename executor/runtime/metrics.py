@@ -1,0 +1,257 @@
+"""Per-batch figures: the store's ``_metrics/batches`` table, and Spark's observed metrics.
+
+After each committed batch the executor appends one row to ``<store>/_metrics/batches``
+(:class:`BatchMetrics`): which pipeline, computation and instance ran it, its counts (records
+in, processed, duplicates, late, dead letters, timers, productions, productions still being
+delivered), the watermarks it acted on and published, its wall time and the seconds of each
+protocol step, and the size of the state the instance holds (the image path knows it for free).
+``deltawheel status`` and ``deltawheel report`` read it back (:func:`read_batches`).
+
+The table is created on first use, not by a migration: it is observability, not state; no
+batch depends on it, and a store without it is complete (older stores, or metrics turned
+off with ``executor.metrics = None``). Appending must never fail a batch: on stores Python
+reaches (local, ``file:``, ``s3a://``) one Parquet file is written with pyarrow and added by a
+blind Delta append (no read predicate, so it never conflicts with other instances' appends);
+elsewhere through Spark. Any error is logged as a warning and the batch goes on.
+
+Spark's own channel (:func:`observe_input`): ``df.observe("deltawheel", ...)`` on the
+*streaming* input frame, before ``writeStream``, puts per-batch input figures into every
+``StreamingQueryListener``'s ``QueryProgressEvent.progress.observedMetrics["deltawheel"]`` and
+Spark's UI (the SQL plan's CollectMetrics node). An ``observe`` on the frame that
+``foreachBatch`` hands over is not reported there (Spark collects the metrics of the streaming
+query's own plan only), which is why the executor cannot add them itself (docs/watching.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Mapping, Sequence
+
+from deltawheel.statestore.layout import StoreLayout
+
+__all__ = ["METRICS_COLUMNS", "METRICS_FORMAT_VERSION", "BatchMetrics", "batch_row", "read_batches",
+           "observe_input", "OBSERVED_NAME"]
+
+_LOG = logging.getLogger(__name__)
+METRICS_FORMAT_VERSION = 1
+OBSERVED_NAME = "deltawheel"
+METRICS_COLUMNS = (
+    "pipeline STRING, computation STRING, instance STRING, write_path STRING, batch_id BIGINT, "
+    "started_ms BIGINT, recorded_ms BIGINT, wall_s DOUBLE, commit_s DOUBLE, steps_s MAP<STRING, DOUBLE>, "
+    "records_in BIGINT, processed BIGINT, duplicates BIGINT, late BIGINT, late_routed BIGINT, "
+    "dead_letters BIGINT, timers_fired BIGINT, productions BIGINT, pending_productions BIGINT, "
+    "keys_written BIGINT, input_watermark_ms BIGINT, low_watermark_ms BIGINT, state_rows BIGINT, "
+    "state_bytes BIGINT, format_version INT"
+)
+_NAMES = tuple(c.strip().split(" ", 1)[0] for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP").split(","))
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    types = {"STRING": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "INT": pa.int32(),
+             "MAP": pa.map_(pa.string(), pa.float64())}
+    cols = [c.strip().split(" ", 1) for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP").split(",")]
+    return pa.schema([pa.field(n, types[t]) for n, t in cols])
+
+
+def batch_row(report: Any, *, pipeline: str | None, computation: str, instance: str | None, write_path: str,
+              started_ms: int, pending_productions: int = 0, state: tuple[int | None, int | None] = (None, None),
+              recorded_ms: int | None = None) -> dict[str, Any]:
+    """The metrics row of one :class:`~.reports.BatchReport` (steps that ran twice -- a retried
+    commit -- are summed)."""
+    steps: dict[str, float] = {}
+    for name, secs in report.steps_s:
+        steps[name] = round(steps.get(name, 0.0) + float(secs), 3)
+    return {"pipeline": pipeline, "computation": computation, "instance": instance, "write_path": write_path,
+            "batch_id": int(report.batch_id), "started_ms": int(started_ms),
+            "recorded_ms": int(time.time() * 1000) if recorded_ms is None else int(recorded_ms),
+            "wall_s": round(float(report.wall_s), 3), "commit_s": round(float(report.commit_s), 3), "steps_s": steps,
+            "records_in": report.records_in, "processed": report.processed, "duplicates": report.duplicates,
+            "late": report.late, "late_routed": report.late_routed, "dead_letters": report.dead_letters,
+            "timers_fired": report.timers_fired, "productions": report.productions,
+            "pending_productions": int(pending_productions), "keys_written": report.keys_written,
+            "input_watermark_ms": report.input_watermark_ms, "low_watermark_ms": report.low_watermark_ms,
+            "state_rows": state[0], "state_bytes": state[1], "format_version": METRICS_FORMAT_VERSION}
+
+
+def state_size(files: Mapping[int, Sequence[Any]] | None) -> tuple[int | None, int | None]:
+    """(rows, bytes) of the interval images an image path holds (``ImagePath.files``), from the
+    files' sizes and their ``add`` actions' statistics; (None, None) when not known."""
+    if not files:
+        return None, None
+    rows: int | None = 0
+    size = 0
+    for entries in files.values():
+        for f in entries:
+            size += int(f.size)
+            try:
+                n = json.loads(json.loads(f.action_json)["add"]["stats"])["numRecords"]
+            except (KeyError, TypeError, ValueError):
+                n = None
+            rows = None if rows is None or n is None else rows + int(n)
+    return rows, size
+
+
+class BatchMetrics:
+    """Appends the executor's per-batch rows to the store's ``_metrics/batches`` table.
+
+    :meth:`submit` hands a row to one background thread and returns at once, so a batch never
+    waits for its metrics (an append is ~0.1 s, but every tenth Delta commit also writes a
+    checkpoint, seconds on a busy machine); rows are written in order. :meth:`flush` waits
+    for the rows handed over (the executor's ``stop`` calls it)."""
+
+    MAX_QUEUED = 1000  # rows waiting beyond this are dropped (with a warning): the writer is stuck
+
+    def __init__(self, spark: Any, layout: StoreLayout) -> None:
+        self.spark = spark
+        self.layout = layout
+        self._created = False
+        self._log: Any = None  # TableLog of the table (the pyarrow route), built on first use
+        self._files: Any = None
+        self._warned = 0.0
+        self._queue: queue.Queue[Mapping[str, Any]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def path(self) -> str:
+        """The table's path."""
+        return self.layout.metrics_batches
+
+    def submit(self, row: Mapping[str, Any]) -> None:
+        """Append ``row`` in the background (:meth:`append` in the writer thread)."""
+        if self._queue.qsize() >= self.MAX_QUEUED:
+            self._warn(RuntimeError(f"{self.MAX_QUEUED} rows are waiting; dropping batch {row.get('batch_id')}'s"))
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._drain, name="deltawheel-metrics", daemon=True)
+                self._thread.start()
+        self._queue.put(dict(row))
+
+    def flush(self, timeout_s: float | None = 60.0) -> bool:
+        """Wait until every submitted row is written (or failed); False if ``timeout_s`` passed first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _drain(self) -> None:
+        while True:
+            row = self._queue.get()
+            try:
+                self.append(row)
+            finally:
+                self._queue.task_done()
+
+    def append(self, row: Mapping[str, Any]) -> bool:
+        """Append ``row`` (:func:`batch_row`) now; returns whether it was written. Never raises: a
+        failure is logged as a warning (at most once a minute) and the batch goes on."""
+        try:
+            self._append(row)
+            return True
+        except Exception as exc:  # noqa: BLE001 -- observability must not fail a committed batch
+            self._warn(exc)
+            self._created = False
+            self._log = None
+            return False
+
+    def _warn(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._warned > 60:
+            self._warned = now
+            _LOG.warning("deltawheel: could not append batch metrics to %s (%s: %s); the batch itself is "
+                         "committed. Check the store's permissions and space; 'deltawheel status' shows "
+                         "older figures meanwhile", self.path, type(exc).__name__, exc)
+
+    def _append(self, row: Mapping[str, Any]) -> None:
+        if not self._created:
+            self._create()
+        if self._files is None:
+            self._spark_append(row)
+            return
+        import pyarrow as pa
+        from deltawheel.statestore.delta.txn import TableLog, new_add
+
+        table = pa.Table.from_pylist([dict(row)], schema=_arrow_schema())
+        rel = f"part-{uuid.uuid4().hex}-m.snappy.parquet"
+        size = self._files.write_parquet(table, rel, compression="snappy")
+        if self._log is None:
+            self._log = TableLog(self.spark, self.path)
+        self._log.commit(add=[new_add(rel, {}, size, 1)])
+
+    def _create(self) -> None:
+        from deltawheel.statestore.delta.sqltext import sql_path
+        from deltawheel.statestore.delta.storefs import table_files
+
+        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {sql_path(self.path)} ({METRICS_COLUMNS}) USING DELTA "
+                       f"TBLPROPERTIES ('deltawheel.table' = 'metrics_batches', 'delta.checkpointInterval' = '100', "
+                       f"'deltawheel.format_version' = '{METRICS_FORMAT_VERSION}')")
+        self._files = table_files(self.spark, self.path)
+        self._created = True
+
+    def _spark_append(self, row: Mapping[str, Any]) -> None:
+        df = self.spark.createDataFrame([tuple(row.get(n) for n in _NAMES)], schema=METRICS_COLUMNS)
+        df.write.format("delta").mode("append").save(self.path)
+
+
+def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None = None) -> list[dict[str, Any]]:
+    """The metrics rows of ``layout`` (oldest first; ``pipeline``: only its rows); [] when the
+    table does not exist yet. A local store is read without Spark (its Delta log and Parquet
+    files); another one needs ``spark``."""
+    from deltawheel.statestore.delta.log import local_table_exists, read_snapshot
+    from deltawheel.statestore.delta.storefs import local_path
+
+    path = layout.metrics_batches
+    rows: list[dict[str, Any]]
+    local = local_path(path)
+    if local is not None and not local_table_exists(path):
+        return []
+    snap = read_snapshot(path) if local is not None else None
+    if snap is not None:
+        import pyarrow.parquet as pq
+        from deltawheel.statestore.delta.txn import decode_path
+
+        rows = []
+        for add in snap.adds:
+            rows += pq.read_table(f"{local}/{decode_path(add['path'])}").to_pylist()
+    else:
+        if spark is None:
+            raise ValueError(f"reading {path} needs a SparkSession (not a local store)")
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(spark, path):
+            return []
+        rows = [r.asDict(recursive=True) for r in spark.read.format("delta").load(path).collect()]
+    for r in rows:  # pyarrow reads a map as [(k, v), ...]
+        if isinstance(r.get("steps_s"), list):
+            r["steps_s"] = dict(r["steps_s"])
+    if pipeline is not None:
+        rows = [r for r in rows if r["pipeline"] == pipeline]
+    return sorted(rows, key=lambda r: (r["recorded_ms"], r["computation"], r["batch_id"]))
+
+
+def observe_input(df: Any, *, name: str = OBSERVED_NAME, event_time_column: str = "timestamp_ms") -> Any:
+    """``df`` observed as ``name``: per micro-batch ``records``, ``min_event_ms`` and
+    ``max_event_ms`` (of ``event_time_column``) and ``records_without_time`` reach every
+    ``StreamingQueryListener`` as ``event.progress.observedMetrics[name]``.
+
+    Call it on the *streaming* frame before ``writeStream`` (an observe inside ``foreachBatch``
+    is not reported to listeners)::
+
+        q = observe_input(stream).writeStream.foreachBatch(executor).start()
+    """
+    from pyspark.sql import functions as F
+
+    ts = F.col(event_time_column)
+    return df.observe(name, F.count(F.lit(1)).alias("records"), F.min(ts).alias("min_event_ms"),
+                      F.max(ts).alias("max_event_ms"),
+                      F.sum(F.when(ts.isNull(), 1).otherwise(0)).alias("records_without_time"))

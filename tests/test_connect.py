@@ -188,8 +188,8 @@ def test_missing_session_settings_are_named_with_their_values() -> None:
     full = {"spark.sql.extensions": "x.Other, io.delta.sql.DeltaSparkSessionExtension",
             "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
             "spark.delta.logStore.file.impl": "io.deltawheel.storage.ExclusiveLocalLogStore"}
-    assert missing_settings(full, "/tmp/store") == []
-    assert missing_settings({**full, "spark.delta.logStore.file.impl": None}, "/tmp/store") == [
+    assert missing_settings(full, "data/store") == []
+    assert missing_settings({**full, "spark.delta.logStore.file.impl": None}, "data/store") == [
         "spark.delta.logStore.file.impl=io.deltawheel.storage.ExclusiveLocalLogStore (unset)"]
     assert missing_settings(full, "s3a://b/s") == [
         "spark.delta.logStore.s3a.impl=io.deltawheel.storage.ZkS3LogStore (unset)"]

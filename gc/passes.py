@@ -34,6 +34,7 @@ and timers at end + allowed lateness.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,8 +77,11 @@ def _tables(spark: Any, layout: StoreLayout) -> list[tuple[str, str]]:
 
 def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
            stream_retention_ms: int | None = None, vacuum_retain_hours: float = MIN_VACUUM_RETAIN_HOURS,
-           force: bool = False) -> GcReport:
+           force: bool = False, progress: Callable[[str, int], None] | None = None) -> GcReport:
     """Plan (default) or run the GC passes over ``layout``'s tables.
+
+    ``progress(step, total)`` is called as each pass over a table starts (``total``: how many
+    such steps the run has).
 
     Raises:
         VacuumRetentionError: ``vacuum_retain_hours`` below :data:`MIN_VACUUM_RETAIN_HOURS`
@@ -94,21 +98,31 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
             if vacuum_retain_hours >= 0 else f"VACUUM retention must be >= 0 hours, got {vacuum_retain_hours:g}")
     actions: list[GcAction] = []
     tables = _tables(spark, layout)
+    streams = sum(1 for _, path in tables if path.startswith(layout.streams_root))
+    total = (streams if stream_retention_ms is not None else 0) + 3 * len(tables)
+
+    def step(what: str) -> None:
+        if progress is not None:
+            progress(what, total)
+
     if stream_retention_ms is not None:
         cutoff = now_ms - stream_retention_ms
         for name, path in tables:
             if path.startswith(layout.streams_root):
+                step(f"stream retention of {name}")
                 df = spark.read.format("delta").load(path)
                 n = df.where(F.col("timestamp_ms") < cutoff).count()
                 if apply and n:
                     spark.sql(f"DELETE FROM delta.`{path}` WHERE timestamp_ms < {int(cutoff)}")
                 actions.append(GcAction("stream_retention", name, f"{n} records with timestamp < {cutoff}", n))
     for name, path in tables:
+        step(f"{'compacting' if apply else 'counting the files of'} {name}")
         files = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
         if apply:
             spark.sql(f"OPTIMIZE delta.`{path}`")
         actions.append(GcAction("compact", name, f"{files} files before OPTIMIZE", int(files)))
     for name, path in tables:
+        step(f"checking the recorded paths of {name}")
         if name == "rows":
             n = _rerecord_paths(spark, path, apply=apply)
             if n:
@@ -119,6 +133,7 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
         spark.conf.set(check, "false")
     try:
         for name, path in tables:
+            step(f"{'vacuuming' if apply else 'listing unreferenced files of'} {name}")
             if apply:
                 removed = spark.sql(f"VACUUM delta.`{path}` RETAIN {vacuum_retain_hours} HOURS").count()
                 actions.append(GcAction("vacuum", name, f"vacuumed files older than {vacuum_retain_hours:g} h",

@@ -19,8 +19,13 @@ def test_gc_dry_run_then_apply(spark, migrated_store) -> None:  # type: ignore[n
     assert not plan.applied
     assert [a.count for a in plan.actions if a.pass_name == "stream_retention"] == [2]
     assert spark.read.format("delta").load(path).count() == 3  # dry run changed nothing
-    done = run_gc(spark, migrated_store, now_ms=10_000, stream_retention_ms=8_500, apply=True)
+    steps: list[tuple[str, int]] = []
+    done = run_gc(spark, migrated_store, now_ms=10_000, stream_retention_ms=8_500, apply=True,
+                  progress=lambda what, total: steps.append((what, total)))
     assert any("[done] stream_retention" in line and "2 records" in line for line in done.lines())
+    # a progress line per pass over a table, the total known from the start
+    assert steps and len(steps) == steps[0][1] and "stream retention of clicks" in steps[0][0]
+    assert "vacuuming clicks" in [w for w, _ in steps]
     assert sorted(r["record_id"] for r in spark.read.format("delta").load(path).collect()) == ["r2"]
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
     assert detail["numFiles"] == 1  # compacted

@@ -37,8 +37,17 @@ def _run(args: argparse.Namespace) -> int:
     spark = spark_from(args)
     migrations.check_store(spark, layout)
     keep = None if args.stream_retention_hours is None else int(args.stream_retention_hours * 3_600_000)
+    from .progress import Progress
+
+    bar: list[Progress] = []
+
+    def progress(what: str, total: int) -> None:  # a line per pass over a table, with an ETA
+        if not bar:
+            bar.append(Progress("gc", total))
+        bar[0].step(what)
+
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
-                    vacuum_retain_hours=args.vacuum_retain_hours, force=args.force)
+                    vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress)
     for line in report.lines():
         print(line)
     if not args.apply:

@@ -142,6 +142,22 @@ def test_inspect_key(spark, store) -> None:  # type: ignore[no-untyped-def]
     assert inspect_key(spark, store, computation="wc", key="nope") is None
 
 
+def test_inspect_reads_a_local_store_without_spark_as_spark_does(spark, store) -> None:  # type: ignore[no-untyped-def]
+    """``inspect`` answers from the data files of a local store (no JVM start); the row equals
+    what Spark reads."""
+    from deltawheel.statestore.delta.sqlviews import key_row_from_files
+    from deltawheel.statestore.rowtable.rows import KeyRow
+    from pyspark.sql import functions as F
+
+    for key in ("a", "c", "long"):
+        by_spark = spark.read.format("delta").load(store.rows).where(
+            (F.col("computation") == "wc") & (F.col("key") == key)).collect()
+        assert key_row_from_files(store, computation="wc", key=key) == KeyRow.from_row(by_spark[0])
+    assert key_row_from_files(store, computation="wc", key="nope") is None
+    assert key_row_from_files(store, computation="other", key="a") is None
+    assert inspect_key(None, store, computation="wc", key="a") == inspect_key(spark, store, computation="wc", key="a")
+
+
 def test_config_errors(spark, store, migrated_store) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match="stream name 'state' clashes with the built-in SQL view"):
         ensure_stream_table(spark, migrated_store, "state")

@@ -16,6 +16,7 @@ import argparse
 import atexit
 import functools
 import json
+import os
 import shutil
 import signal
 import sys
@@ -146,9 +147,14 @@ def _sql(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    spark = _checked_spark(args)
-    found = inspect_key(spark, layout_from(args), computation=args.computation, key=args.key,
-                        allow_pickle=args.allow_pickle)
+    from deltawheel.statestore.delta.sqlviews import key_row_from_files
+
+    layout = layout_from(args)
+    # a local store's row is read without starting Spark (a JVM start costs 10-30 s)
+    local = key_row_from_files(layout, computation=args.computation, key=args.key) \
+        if layout.is_local and os.path.isdir(layout.rows) else False
+    spark = _checked_spark(args) if local is False else None
+    found = inspect_key(spark, layout, computation=args.computation, key=args.key, allow_pickle=args.allow_pickle)
     if found is None:
         print(f"no row for key {args.key!r} of computation {args.computation!r}", file=sys.stderr)
         return 1

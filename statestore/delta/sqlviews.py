@@ -44,7 +44,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TextIO
 
 from ..codecs import get_codec
 from ..exceptions import CodecError, ConfigError, ReadOnlySqlError
@@ -523,9 +523,41 @@ def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", 
     return buf.getvalue()
 
 
+def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> KeyRow | None | Literal[False]:
+    """One key's row read with pyarrow from the data files the rows table's Delta log names, no
+    Spark: a local store only. Returns the row, None when the key has none, or False where only
+    Spark can answer exactly (not a local folder, an unreadable log, a deletion vector on a file
+    of the computation)."""
+    import pyarrow.parquet as pq
+
+    from .log import read_snapshot
+    from .storefs import files_for
+    from .txn import decode_path
+
+    if not layout.is_local:
+        return False
+    files = files_for(layout.rows)
+    snap = None if files is None else read_snapshot(files)
+    if files is None or snap is None:
+        return False
+    found: list[dict[str, Any]] = []
+    for add in snap.adds:
+        pv = add.get("partitionValues") or {}
+        if pv.get("computation") != computation:
+            continue
+        if add.get("deletionVector"):
+            return False
+        table = pq.read_table(files.path(decode_path(str(add["path"]))), filters=[("key", "=", key)])
+        found += [{**r, "computation": computation, "interval": int(pv["interval"])} for r in table.to_pylist()]
+    return KeyRow.from_row(found[0]) if found else None
+
+
 def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
                 allow_pickle: bool = False) -> dict[str, Any] | None:
     """Everything stored for one key, decoded into plain (JSON-ready) Python values.
+
+    ``spark`` may be None for a local store: the row is then read without Spark
+    (:func:`key_row_from_files`), and a store only Spark can read raises ConfigError.
 
     Returns:
         ``None`` if the key has no row; else a dict with computation, key,
@@ -533,15 +565,20 @@ def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
         decoded), watermark_hold_ms, sequencer, commit_id, updated_ms and
         format_version.
     """
-    from pyspark.sql import functions as F
+    local = key_row_from_files(layout, computation=computation, key=key)
+    if local is False:
+        if spark is None:
+            raise ConfigError(f"{layout.root}: this store's rows can only be read through Spark; pass a session")
+        from pyspark.sql import functions as F
 
-    df = spark.read.format("delta").load(layout.rows).where(
-        (F.col("computation") == F.lit(computation)) & (F.col("key") == F.lit(key))
-    )
-    found = df.collect()
-    if not found:
+        df = spark.read.format("delta").load(layout.rows).where(
+            (F.col("computation") == F.lit(computation)) & (F.col("key") == F.lit(key))
+        )
+        rows = df.collect()
+        local = KeyRow.from_row(rows[0]) if rows else None
+    if local is None:
         return None
-    row = KeyRow.from_row(found[0])
+    row = local
     return {
         "computation": row.computation,
         "key": row.key,

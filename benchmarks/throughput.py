@@ -221,11 +221,16 @@ def run_throughput(
             say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
 
     runs: dict[str, list[EngineResult]] = {n: [] for n in names}
+    total_runs, done_runs, t_runs = len(names) * rounds, 0, time.perf_counter()
     for rnd, order in enumerate(round_orders(names, rounds)):
         for name in order:
             engine = ENGINES[name]()
             tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
-            say(f"engine {name}: running{tag}")
+            # a line per engine run: how many of how many, and an ETA from the runs done so far
+            eta = "" if not done_runs else \
+                f", about {(time.perf_counter() - t_runs) / done_runs * (total_runs - done_runs):.0f} s left"
+            say(f"engine {name}: running{tag} [run {done_runs + 1} of {total_runs}{eta}]")
+            done_runs += 1
             with MemorySampler(interval_s=1.0) as mem:
                 more = {} if store_uri is None else {"store": f"{store_uri}/round{rnd}"}
                 res = engine.run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session, progress=progress,

@@ -180,8 +180,11 @@ def test_rounds_order_the_engines_and_report_each_ones_median(spark, tiny: wl.Wo
 
     monkeypatch.setitem(tp.ENGINES, "a", lambda: Replay("a"))
     monkeypatch.setitem(tp.ENGINES, "b", lambda: Replay("b"))
+    lines: list[str] = []
     report = tp.run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
-                               engines=["a", "b"], spark=spark, rounds=3, progress=None)
+                               engines=["a", "b"], spark=spark, rounds=3, progress=lines.append)
+    starts = [ln for ln in lines if ": running" in ln]  # a line per run, counted, with an ETA after the first
+    assert len(starts) == 6 and "[run 1 of 6]" in starts[0] and "s left]" in starts[-1] and "[run 6 of 6," in starts[-1]
     assert order == [e for o in tp.round_orders(["a", "b"], 3) for e in o] == ["a", "b", "a", "b", "b", "a"]
     a, b = report["engines"]["a"], report["engines"]["b"]
     assert a["wall_s"] == 2.0 and b["wall_s"] == 8.0

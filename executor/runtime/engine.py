@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.sparkenv import check_session
@@ -105,10 +105,14 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
     return engine
 
 
-def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
-                  checkpoint: str | None) -> Callable[[int | None, int | None], None]:
+def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,
+                  instance: str | None = None,
+                  held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
+                  ) -> Callable[[int | None, int | None], None]:
     """The ``on_batch_end`` hook of an executor fed by ``feeding``: after each micro-batch, each
-    injector observes the batch's event-time range and its watermark is published.
+    injector observes the batch's event-time range and its watermark is published (with
+    ``instance``, as that job instance's estimate, beside the intervals ``held()`` returns:
+    :meth:`.WatermarkAuthority.publish_instance_injector`).
 
     Raises:
         ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
@@ -127,7 +131,7 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
                 inj.observe(stats, query=checkpoint)  # type: ignore[call-arg]
             else:
                 inj.observe(stats)
-            publish_watermark(authority, inj)
+            publish_watermark(authority, inj, instance=instance, held=None if held is None else held())
     return hook
 
 

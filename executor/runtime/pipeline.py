@@ -43,10 +43,9 @@ from ..computation import RECORD_KEY, Computation
 from ..tasks import worker as _worker
 from .batch import ComputationExecutor, FaultPoint
 from .reports import BatchReport
-from .rescale import CATCH_UP_BATCH, files_read, shared_input
+from .rescale import CATCH_UP_BATCH, shared_input
 from .sources import (
     DEFAULT_MAX_EVENT_AHEAD_MS,
-    BatchStats,
     Injector,
     publish_watermark,
 )
@@ -346,20 +345,11 @@ class PipelineRunner:
 
     def _injector_hook(self, authority: WatermarkAuthority, feeding: Sequence[Injector], checkpoint: str,
                        computation: str, owner: IntervalOwner) -> Callable[[int | None, int | None], None]:
-        def hook(mn: int | None, mx: int | None) -> None:
-            read: frozenset[str] = frozenset()
-            if any(getattr(inj, "tracks_files", False) for inj in feeding):  # every file the query read
-                read = files_read(checkpoint)
-            for inj in feeding:
-                stats = BatchStats(count=0 if mx is None else 1, min_event_ms=mn, max_event_ms=mx, sources=read)
-                if getattr(inj, "tracks_files", False):
-                    inj.observe(stats, query=checkpoint)  # type: ignore[call-arg]
-                else:
-                    inj.observe(stats)
-                # instances: each publishes its own estimate, the injector's is the live instances' minimum
-                publish_watermark(authority, inj, instance=self.instance,
-                                  held=None if self.instance is None else {computation: owner.sequencers})
-        return hook
+        from .engine import injector_hook
+
+        # instances: each publishes its own estimate, the injector's is the live instances' minimum
+        return injector_hook(authority, feeding, checkpoint=checkpoint, instance=self.instance,
+                             held=None if self.instance is None else lambda: {computation: owner.sequencers})
 
     def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:
         """One availableNow query over the computation's inputs; returns records consumed."""

@@ -168,6 +168,10 @@ def build_html(st: StoreStatus) -> str:
         ax.set_title(title)
         _DRAW[title](ax, st)
         if title in _OVER_TIME:
+            from matplotlib.dates import DateFormatter
+
+            ax.xaxis.set_major_formatter(DateFormatter("%H:%M:%S"))  # not matplotlib's MM:SS.ffffff
+            ax.set_xlabel("UTC")
             fig.autofmt_xdate()
         slug = title.lower().replace(" ", "-")
         figures.append(f'<figure id="{slug}"><figcaption>{html.escape(title)}</figcaption>'

@@ -111,7 +111,7 @@ def test_two_concurrent_copies_never_both_write(spark, zk_server, tmp_path, refe
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_two_concurrent_instances_share_the_demo_and_give_the_rows_of_one(spark, zk_server, tmp_path,  # type: ignore[no-untyped-def]
+def test_two_concurrent_instances_share_the_demo_and_count_every_record_once(spark, zk_server, tmp_path,  # type: ignore[no-untyped-def]
                                                                           reference) -> None:
     """Two job instances of the windowed demo at once on one store: each takes half of every
     computation's intervals, reads the input with its own query, and the first to finish gives

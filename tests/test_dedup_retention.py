@@ -26,7 +26,7 @@ def _ids(spark, layout, key):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])
 def test_retry_six_batches_later_and_after_restart_is_a_duplicate(spark, migrated_store, zk_config,
                                                                   write_path) -> None:  # type: ignore[no-untyped-def]
     """A producer retries record r1 six batches (a few seconds) after it was processed, and again

@@ -260,6 +260,7 @@ def test_a_pipeline_reading_directly_gives_what_the_jvm_read_gives(spark, zk_con
     assert crash_at is not None or got[4] == want[4]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_direct_read_on_separate_executors_gives_the_same(spark, zk_server, tmp_path, jvm_run) -> None:  # type: ignore[no-untyped-def]
     """On ``local-cluster[2,1,1024]`` (executor JVMs with their own Python workers): the tasks read

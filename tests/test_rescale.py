@@ -41,7 +41,7 @@ def runner(spark: Any, layout: StoreLayout, folder: Path, zk_config: Any, *, ins
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])
 def test_a_moved_interval_is_neither_skipped_nor_processed_twice(spark: Any, zk_config: Any, tmp_path: Path,
                                                                   write_path: str) -> None:
     folder, layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))

@@ -22,6 +22,7 @@ def test_scenario(path: Path) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_every_scenario_on_delta_gives_the_same_panes(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """All scenarios through the Delta rows table, in lockstep: one fenced commit per step."""

@@ -279,8 +279,20 @@ def test_report_page_loads_in_headless_chromium_with_every_plot(spark, migrated_
 
 # ------------------------------------------------------------ Spark's own listener channel
 
-def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, migrated_store, zk_config,
-                                                                        tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _spark_jobs(spark: Any) -> dict[int, str]:
+    """Spark's status store (what its UI shows): job id -> description."""
+    jobs = spark._jsc.sc().statusStore().jobsList(None)
+    out = {}
+    for i in range(jobs.size()):
+        j = jobs.apply(i)
+        d = j.description()
+        out[int(j.jobId())] = d.get() if d.isDefined() else ""
+    return out
+
+
+@pytest.mark.parametrize("write_path", ["image", "merge"])
+def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, migrated_store, zk_config, tmp_path,
+                                                                        write_path) -> None:  # type: ignore[no-untyped-def]
     """As docs/watching.md shows: observe_input on the streaming frame, the executor in foreachBatch,
     the user's own StreamingQueryListener."""
     from deltawheel.executor.runtime.metrics import observe_input, read_batches
@@ -290,6 +302,8 @@ def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, mi
     events(spark, [("r1", "cats", 1_000), ("r2", "dogs", 2_000), ("r3", "cats", 12_000)]) \
         .write.format("delta").save(src)
     seen: list[tuple[int, dict[str, Any]]] = []
+    figures: list[tuple[int, int] | None] = []
+    jobs_before = _spark_jobs(spark)
 
     class Mine(StreamingQueryListener):
         def onQueryStarted(self, event):  # type: ignore[no-untyped-def]
@@ -299,6 +313,8 @@ def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, mi
             p = event.progress
             if "deltawheel" in p.observedMetrics:
                 seen.append((p.batchId, p.observedMetrics["deltawheel"].asDict()))
+                done = ex.report(p.batchId)  # what the executor did with the batch (foreachBatch has returned)
+                figures.append((done.processed, done.duplicates) if done is not None else None)
 
         def onQueryIdle(self, event):  # type: ignore[no-untyped-def]
             pass
@@ -308,7 +324,7 @@ def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, mi
 
     listener = Mine()
     spark.streams.addListener(listener)
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path=write_path)
     try:
         stream = observe_input(spark.readStream.format("delta").load(src))
         q = (stream.writeStream.foreachBatch(ex).trigger(availableNow=True)
@@ -321,4 +337,11 @@ def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, mi
         spark.streams.removeListener(listener)
         stop_executor(ex, client)
     assert seen == [(0, {"records": 3, "min_event_ms": 1_000, "max_event_ms": 12_000, "records_without_time": 0})]
+    assert figures == [(3, 0)]
+    # Spark's UI (its status store) names the batch's jobs, with the figures from the commit on
+    ours = [d for j, d in _spark_jobs(spark).items() if j not in jobs_before and d.startswith("deltawheel ")]
+    assert ours and all(d.startswith("deltawheel buckets batch 0") for d in ours), ours
+    with_figures = [d for d in ours if d.startswith("deltawheel buckets batch 0: 3 in, 3 processed, 0 duplicates")]
+    assert bool(with_figures) == (write_path == "merge"), ours  # the image path commits without a Spark job
+    assert spark.sparkContext.getLocalProperty("spark.job.description") is None  # not left behind
     assert [(r["batch_id"], r["records_in"]) for r in read_batches(migrated_store)] == [(0, 3)]

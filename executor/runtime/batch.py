@@ -55,6 +55,7 @@ the same rows and stream records as a run without the crash.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -86,6 +87,8 @@ from .reports import BatchReport, format_report
 from .rescale import SharedInput
 
 WRITE_PATHS = ("auto", "image", "merge")
+JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJobDescription
+REPORTS_KEPT = 10_000  # reports an executor keeps in memory (``ComputationExecutor.reports``)
 _LOG = logging.getLogger(__name__)
 
 __all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError", "choose_write_path"]
@@ -184,7 +187,10 @@ class ComputationExecutor:
         self.progress = progress
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
-        self.reports: list[BatchReport] = []
+        # the newest REPORTS_KEPT batches' reports (a long-running job must not grow without bound);
+        # ``records_in_total`` counts over every batch of this executor
+        self.reports: collections.deque[BatchReport] = collections.deque(maxlen=REPORTS_KEPT)
+        self.records_in_total = 0
         # one row of figures per committed batch in the store's _metrics/batches (None: off)
         self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
         # set by the pipeline runner when instances share the intervals (``rescale.py``: the skip
@@ -341,7 +347,22 @@ class ComputationExecutor:
         Steps 2-4 are one Spark job (``self.job``); if the write path's view of the rows went
         stale (:class:`StaleViewError`: someone else committed to the partitions), the path
         reloads it (failing typed on a takeover) and steps 2-5 run again, at most three times.
+
+        The Spark jobs the batch starts are described "deltawheel <computation> batch <id>" (from
+        the commit on with the batch's figures), so Spark's UI names them; the caller's own job
+        description is restored afterwards.
         """
+        sc = self.spark.sparkContext
+        before = sc.getLocalProperty(JOB_DESCRIPTION)
+        sc.setLocalProperty(JOB_DESCRIPTION, f"deltawheel {self.comp.name} batch {batch_id}")
+        try:
+            return self._run_batch(df, batch_id, input_watermark_ms=input_watermark_ms,
+                                   use_authority=use_authority, input_files=input_files)
+        finally:
+            sc.setLocalProperty(JOB_DESCRIPTION, before)  # None removes it: the caller's jobs are not ours
+
+    def _run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None,
+                   use_authority: bool, input_files: Sequence[str] | None) -> BatchReport:
         if not self._started:
             self.start()
         started = time.monotonic()
@@ -394,6 +415,7 @@ class ComputationExecutor:
                 run = self.job.run(prepared, batch_id=batch_id, wm_in=wm_in, wm_late=wm_late, now=now,
                                    horizon=horizon, commit_id=commit_id, strong=strong, mark=mark)
                 self._warn_if_no_watermark(wm_in, run.event_timer_ms)
+                self._describe_jobs(batch_id, run.counts)
                 self._fault(FaultPoint.AFTER_USER_CODE, batch_id)
                 if run.dead is not None:
                     record_dead_letters(self.spark, self.layout, run.dead, computation=comp.name, batch_id=batch_id)
@@ -458,9 +480,19 @@ class ComputationExecutor:
                              bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0),
                              skipped_moved=skipped)
         self.reports.append(report)
+        self.records_in_total += report.records_in
         self._log(format_report(comp.name, report, now_ms=self.clock.now_ms()))
         self._record_metrics(report, now, pending=c["productions"] if self.inflight.open is not None else 0)
         return report
+
+    def report(self, batch_id: int) -> BatchReport | None:
+        """The report of batch ``batch_id`` (its last run, e.g. a replay), None when this executor
+        did not run it or no longer keeps it (the newest :data:`REPORTS_KEPT` are kept). A
+        ``StreamingQueryListener`` looks up ``event.progress.batchId`` here (docs/watching.md)."""
+        for r in reversed(self.reports):
+            if r.batch_id == batch_id:
+                return r
+        return None
 
     def flush(self, *, input_watermark_ms: int | None = None) -> BatchReport:
         """A batch without input: fire what the (given or published) watermark makes due."""
@@ -468,6 +500,15 @@ class ComputationExecutor:
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
     # -------------------------------------------------------------- helpers
+
+    def _describe_jobs(self, batch_id: int, counts: Mapping[str, int]) -> None:
+        """The batch's figures in the description of its remaining Spark jobs (the commit and the
+        delivery, where the write path runs them in Spark): Spark's UI lists them by it."""
+        self.spark.sparkContext.setLocalProperty(
+            JOB_DESCRIPTION, f"deltawheel {self.comp.name} batch {batch_id}: {counts['records_in']:,} in, "
+                             f"{counts['processed']:,} processed, {counts['duplicates']:,} duplicates, "
+                             f"{counts['late']:,} late, {counts['dead_letters']:,} dead letters, "
+                             f"{counts['productions']:,} productions")
 
     def _has_watermark_source(self) -> bool:
         return self.authority is not None and bool(self.upstream)

@@ -387,7 +387,7 @@ class PipelineRunner:
         src = frames[0]
         for f in frames[1:]:
             src = src.unionByName(f)
-        before = sum(r.records_in for r in ex.reports)
+        before = ex.records_in_total
         chk = self._checkpoint(comp)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
@@ -410,7 +410,7 @@ class PipelineRunner:
             raise
         if None not in tokens:
             self._read_upto[comp.name] = tokens
-        return sum(r.records_in for r in ex.reports) - before
+        return ex.records_in_total - before
 
     def _direct_source(self, comp: Computation) -> Any | None:
         """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column

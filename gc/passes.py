@@ -4,6 +4,10 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
 
 * ``stream_retention``: delete stream records older than a retention (by event
   timestamp). Only run it for streams whose consumers are past that point.
+* ``metrics_retention``: delete rows of the per-batch ``_metrics/batches`` table recorded
+  longer ago than a retention (default :data:`METRICS_RETENTION_HOURS`; ``None`` keeps all).
+  They are observability only (``deltawheel status`` and ``report`` read them); no batch
+  depends on them. Executors append to the table blindly, so this never conflicts with them.
 * ``compact``: ``OPTIMIZE`` every table (the rows table gets many small files
   and deletion vectors from per-batch MERGEs). Data is unchanged; a concurrent
   fenced commit that conflicts is retried by the store. Rewritten rows keep the id
@@ -43,9 +47,11 @@ from deltawheel.statestore.writepath.streams import list_streams
 
 from .exceptions import VacuumRetentionError
 
-__all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "MIN_VACUUM_RETAIN_HOURS"]
+__all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "MIN_VACUUM_RETAIN_HOURS",
+           "METRICS_RETENTION_HOURS"]
 
 MIN_VACUUM_RETAIN_HOURS = 168.0  # Delta's delta.deletedFileRetentionDuration default (one week)
+METRICS_RETENTION_HOURS = 720.0  # rows of _metrics/batches kept by default (30 days)
 
 
 @dataclass(frozen=True)
@@ -72,12 +78,26 @@ class GcReport:
 def _tables(spark: Any, layout: StoreLayout) -> list[tuple[str, str]]:
     out = [("rows", layout.rows), ("dead_letters", layout.dead_letters), ("late_data", layout.late_data)]
     out += [(s, layout.stream(s)) for s in list_streams(spark, layout)]
+    if not layout.is_local or os.path.isdir(os.path.join(layout.metrics_batches, "_delta_log")):
+        if _is_delta(spark, layout.metrics_batches):
+            out.append(("_metrics/batches", layout.metrics_batches))
     return [(n, p) for n, p in out if not layout.is_local or os.path.isdir(os.path.join(p, "_delta_log"))]
+
+
+def _is_delta(spark: Any, path: str) -> bool:
+    """Whether ``path`` holds a Delta table (the metrics table exists only once a batch ran)."""
+    from delta.tables import DeltaTable
+
+    try:
+        return bool(DeltaTable.isDeltaTable(spark, path))
+    except Exception:  # an unreachable or missing folder: no table to collect
+        return False
 
 
 def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
            stream_retention_ms: int | None = None, vacuum_retain_hours: float = MIN_VACUUM_RETAIN_HOURS,
-           force: bool = False, progress: Callable[[str, int], None] | None = None) -> GcReport:
+           force: bool = False, progress: Callable[[str, int], None] | None = None,
+           metrics_retention_ms: int | None = int(METRICS_RETENTION_HOURS * 3_600_000)) -> GcReport:
     """Plan (default) or run the GC passes over ``layout``'s tables.
 
     ``progress(step, total)`` is called as each pass over a table starts (``total``: how many
@@ -99,7 +119,9 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
     actions: list[GcAction] = []
     tables = _tables(spark, layout)
     streams = sum(1 for _, path in tables if path.startswith(layout.streams_root))
-    total = (streams if stream_retention_ms is not None else 0) + 3 * len(tables)
+    metrics = [(n, p) for n, p in tables if p == layout.metrics_batches]
+    total = ((streams if stream_retention_ms is not None else 0) + 3 * len(tables)
+             + (len(metrics) if metrics_retention_ms is not None else 0))
 
     def step(what: str) -> None:
         if progress is not None:
@@ -115,6 +137,18 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                 if apply and n:
                     spark.sql(f"DELETE FROM delta.`{path}` WHERE timestamp_ms < {int(cutoff)}")
                 actions.append(GcAction("stream_retention", name, f"{n} records with timestamp < {cutoff}", n))
+    if metrics_retention_ms is not None:
+        if metrics_retention_ms < 0:
+            raise ValueError(f"the metrics retention must be >= 0, got {metrics_retention_ms} ms")
+        cutoff = now_ms - metrics_retention_ms
+        for name, path in metrics:
+            step("metrics retention")
+            n = spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count()
+            if apply and n:
+                spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}")
+            actions.append(GcAction("metrics_retention", name,
+                                    f"{n} rows recorded before {cutoff} ({metrics_retention_ms / 3_600_000:g} h "
+                                    "ago)", n))
     for name, path in tables:
         step(f"{'compacting' if apply else 'counting the files of'} {name}")
         files = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]

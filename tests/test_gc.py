@@ -203,3 +203,38 @@ def test_gc_refuses_a_retention_below_deltas_minimum(spark, migrated_store, caps
     assert "VacuumRetentionError" in capsys.readouterr().err
     assert main(["gc", "--store", migrated_store.root, "--apply", "--vacuum-retain-hours", "24", "--force"]) == 0
     assert "vacuumed files older than 24 h" in capsys.readouterr().out
+
+
+@pytest.mark.zk
+def test_gc_prunes_old_rows_of_the_metrics_table(spark, migrated_store, zk_config, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The per-batch metrics table grows by a row per batch: gc deletes rows older than its retention
+    (dry run first, as a user runs it), and a bad retention is a usage error."""
+    import time
+
+    from deltawheel.executor.cli import main
+    from deltawheel.executor.runtime.metrics import read_batches
+    from executor_util import BucketCounter, events, start_executor, stop_executor
+
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())
+    try:
+        for b in range(3):
+            ex.run_batch(events(spark, [(f"r{b}", "cats", 1_000 + b)]), b, input_watermark_ms=None)
+            assert ex.metrics.flush()
+            time.sleep(0.05)
+    finally:
+        stop_executor(ex, client)
+    rows = read_batches(migrated_store)
+    assert [r["batch_id"] for r in rows] == [0, 1, 2]
+    keep_ms = 3_600_000
+    now = rows[2]["recorded_ms"] + keep_ms  # batches 0 and 1 were recorded before the cutoff
+    plan = run_gc(spark, migrated_store, now_ms=now, metrics_retention_ms=keep_ms)
+    assert [a.count for a in plan.actions if a.pass_name == "metrics_retention"] == [2]
+    assert len(read_batches(migrated_store)) == 3  # a dry run
+    run_gc(spark, migrated_store, now_ms=now, metrics_retention_ms=keep_ms, apply=True)
+    assert [r["batch_id"] for r in read_batches(migrated_store)] == [2]
+    assert any(a.table == "_metrics/batches" for a in plan.actions if a.pass_name == "compact")
+    # the command line refuses a retention below 0 h before touching anything
+    with pytest.raises(SystemExit) as exit_:
+        main(["gc", "--store", migrated_store.root, "--metrics-retention-hours", "-1"])
+    assert exit_.value.code == 2
+    assert "must be >= 0 hours, got -1" in capsys.readouterr().err

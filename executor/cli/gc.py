@@ -11,6 +11,17 @@ from .common import add_log_store_zk_args, add_spark_args, add_store_arg, layout
 __all__ = ["register"]
 
 
+def _hours(text: str) -> float:
+    """A number of hours >= 0 ('inf' allowed), else a usage error naming the value."""
+    try:
+        h = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of hours: {text!r}") from None
+    if not h >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 hours, got {text}")
+    return h
+
+
 def register(sub: Any) -> None:
     """Add the ``gc`` subcommand to ``sub``."""
     p = sub.add_parser("gc", help="compact and vacuum the store's tables, apply stream retention (dry run by default)")
@@ -18,6 +29,9 @@ def register(sub: Any) -> None:
     p.add_argument("--apply", action="store_true", help="do it (default: print the plan)")
     p.add_argument("--stream-retention-hours", type=float, default=None,
                    help="delete stream records older than this (event time); default: keep all")
+    p.add_argument("--metrics-retention-hours", type=_hours, default=720.0,
+                   help="delete rows of the per-batch metrics table (_metrics/batches, what status and report "
+                   "plot) recorded longer ago than this (default 720 = 30 days; 'inf' keeps all)")
     p.add_argument("--vacuum-retain-hours", type=float, default=168.0,
                    help="VACUUM keeps unreferenced files younger than this (default 168 = Delta's minimum)")
     p.add_argument("--force", action="store_true",
@@ -37,6 +51,8 @@ def _run(args: argparse.Namespace) -> int:
     spark = spark_from(args)
     migrations.check_store(spark, layout)
     keep = None if args.stream_retention_hours is None else int(args.stream_retention_hours * 3_600_000)
+    metrics_keep = (None if args.metrics_retention_hours == float("inf")
+                    else int(args.metrics_retention_hours * 3_600_000))
     from .progress import Progress
 
     bar: list[Progress] = []
@@ -47,7 +63,8 @@ def _run(args: argparse.Namespace) -> int:
         bar[0].step(what)
 
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
-                    vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress)
+                    vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress,
+                    metrics_retention_ms=metrics_keep)
     for line in report.lines():
         print(line)
     if not args.apply:

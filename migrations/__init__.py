@@ -152,6 +152,8 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
             on_step(step, len(pending))
         try:
             by_version[step.version].apply(spark, layout)
+        except MigrationError as exc:  # says what to do itself
+            raise MigrationError(f"migration {step.version} ({step.name}) failed on {layout.root}: {exc}") from exc
         except Exception as exc:
             raise MigrationError(
                 f"migration {step.version} ({step.name}) failed on {layout.root}: {exc}. "

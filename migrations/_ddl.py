@@ -27,6 +27,7 @@ def create_table(
         partitioned_by: partition column names.
         properties: table properties.
     """
+    _refuse_a_half_created_table(spark, path)
     sql = f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({columns}) USING DELTA"
     if partitioned_by:
         sql += " PARTITIONED BY (" + ", ".join(f"`{c}`" for c in partitioned_by) + ")"
@@ -35,6 +36,28 @@ def create_table(
             f"{sql_str(k)} = {sql_str(v)}" for k, v in properties.items()) + ")"
     spark.sql(sql)
     _check_columns(spark, path, columns)
+
+
+def _refuse_a_half_created_table(spark: Any, path: str) -> None:
+    """Raise :class:`MigrationError` when ``path`` has a ``_delta_log`` folder with no commit in it.
+
+    That is what a creation that failed part way leaves (on an object store, typically a Spark
+    session without the store's log store: docs/objectstore.md); Delta then neither creates the
+    table nor reads it. Nothing in it is data, but a creation still in flight looks the same, so
+    it is the user's to remove, not ours."""
+    from deltawheel.statestore.delta.log import local_table_exists
+    from deltawheel.statestore.delta.storefs import table_files
+
+    files = table_files(spark, path)
+    if files is None:
+        return  # a scheme Python does not reach: Delta's own error stands
+    names = files.sub("_delta_log").listdir()  # None: no such folder (an object store lists files only)
+    if names is not None and local_table_exists(files) is False:
+        raise MigrationError(
+            f"{path} has a _delta_log folder without any commit: a table creation "
+            "that failed part way (on an object store, e.g. a Spark session without deltawheel's log store). It "
+            f"holds no data. If no other migration is running, remove {path} and re-run "
+            "'deltawheel migrate --apply'")
 
 
 def _check_columns(spark: Any, path: str, columns: str) -> None:

@@ -228,3 +228,19 @@ def test_column_comments_on_existing_tables(spark, migrated_store) -> None:  # t
     m0005_column_comments.apply(spark, migrated_store)
     assert commented(old) == dict(comments.STREAM)
     assert comments.comment_table(spark, old, comments.STREAM) == 0  # already commented: no commit
+
+
+def test_a_half_created_table_is_named_with_what_to_do(spark, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A _delta_log folder without any commit (a creation that failed part way) stops the migration
+    with the folder to remove; once removed, the migration goes through."""
+    from deltawheel.executor.cli import main
+
+    store = tmp_path / "store"
+    (store / "_meta" / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    assert main(["migrate", "--store", str(store), "--apply"]) == 3
+    err = capsys.readouterr().err
+    assert (f"{store}/_meta has a _delta_log folder without any commit" in err
+            and f"remove {store}/_meta and re-run 'deltawheel migrate --apply'" in err), err
+    shutil.rmtree(store / "_meta")
+    assert main(["migrate", "--store", str(store), "--apply"]) == 0
+    assert migrations.check_store(spark, StoreLayout(str(store))) == migrations.CODE_SCHEMA_VERSION

@@ -14,7 +14,6 @@ runs it).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -23,6 +22,7 @@ from typing import Any, Callable
 
 from deltawheel.statestore.delta.log import local_path, local_table_exists, read_snapshot
 from deltawheel.statestore.delta.sqltext import sql_path, sql_str
+from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
 from deltawheel.statestore.delta.txn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
@@ -62,25 +62,34 @@ class PlannedMigration:
     description: str
 
 
+def _files(spark: Any, path: str) -> str | TableFiles | None:
+    """``path`` as Python reads it: a local table's path, an ``s3a://`` table's files (with the
+    session's S3 settings), None for a scheme only Spark reaches."""
+    return path if local_path(path) is not None else table_files(spark, path)
+
+
 def _is_delta_table(spark: Any, path: str) -> bool:
     from delta.tables import DeltaTable
 
-    local = local_table_exists(path)  # a local folder: look (Delta's check costs a snapshot load)
-    return local if local is not None else bool(DeltaTable.isDeltaTable(spark, path))
+    files = _files(spark, path)  # read by Python where it can: Delta's check costs a snapshot load
+    found = local_table_exists(files) if files is not None else None
+    return found if found is not None else bool(DeltaTable.isDeltaTable(spark, path))
 
 
-def _local_versions(path: str) -> set[int] | None:
-    """The ``version`` column of a local ``_meta`` table, read from its files (None: ask Delta)."""
-    import pyarrow.parquet as pq
-
-    snap = read_snapshot(path)
+def _direct_versions(spark: Any, path: str) -> set[int] | None:
+    """The ``version`` column of a ``_meta`` table, read from its log and files by Python
+    (local or ``s3a://``; None: ask Delta). On an object store this saves the second of a
+    Spark job per start (measured: about 0.7 s per check against S3Proxy)."""
+    files = _files(spark, path)
+    if files is None:
+        return None
+    snap = read_snapshot(files)
     if snap is None or any(a.get("deletionVector") for a in snap.adds):
         return None
-    root = local_path(path)
-    assert root is not None  # read_snapshot only reads local tables
+    table = files_for(files) if isinstance(files, str) else files
     out: set[int] = set()
     for a in snap.adds:
-        col = pq.read_table(os.path.join(root, decode_path(a["path"])), columns=["version"]).column("version")
+        col = table.read_parquet(decode_path(a["path"]), columns=["version"]).column("version")
         out.update(int(v) for v in col.to_pylist() if v is not None)
     return out
 
@@ -94,9 +103,9 @@ def _deltawheel_version() -> str:
 
 def applied_versions(spark: Any, layout: StoreLayout) -> set[int]:
     """The versions recorded in the store's ``_meta`` table (empty if there is none)."""
-    local = _local_versions(layout.meta)  # a local table: its files read directly
-    if local is not None:
-        return local
+    direct = _direct_versions(spark, layout.meta)  # its log and files read by Python
+    if direct is not None:
+        return direct
     if not _is_delta_table(spark, layout.meta):
         return set()
     # a handful of rows: no distinct() (its shuffle costs a second Spark stage on every start)
@@ -153,7 +162,8 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
         try:
             by_version[step.version].apply(spark, layout)
         except MigrationError as exc:  # says what to do itself
-            raise MigrationError(f"migration {step.version} ({step.name}) failed on {layout.root}: {exc}") from exc
+            raise MigrationError(f"migration {step.version} ({step.name}) failed on {layout.root}: {exc} "
+                                 "(the migration resumes at this step)") from exc
         except Exception as exc:
             raise MigrationError(
                 f"migration {step.version} ({step.name}) failed on {layout.root}: {exc}. "

@@ -289,12 +289,13 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         out.close();  // not closed on error: S3A would upload a partial file
     }
 
-    private static void writeActions(FileSystem fs, Path path, Iterator<String> actions) throws IOException {
-        FSDataOutputStream out = fs.create(path, true);
+    private static byte[] actionBytes(Iterator<String> actions) {
+        java.io.ByteArrayOutputStream buf = new java.io.ByteArrayOutputStream();
         while (actions.hasNext()) {
-            out.write((actions.next() + "\n").getBytes(StandardCharsets.UTF_8));
+            byte[] line = (actions.next() + "\n").getBytes(StandardCharsets.UTF_8);
+            buf.write(line, 0, line.length);
         }
-        out.close();
+        return buf.toByteArray();
     }
 
     @Override
@@ -323,11 +324,15 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         Path resolved = fs.makeQualified(path);
         Matcher m = DELTA_FILE.matcher(resolved.getName());
         if (overwrite || !m.matches()) {
-            // _last_checkpoint, checkpoints, checksums: not arbitrated (as Delta's external stores)
-            if (!overwrite && fs.exists(resolved)) {
+            // _last_checkpoint, checksums: not arbitrated (as Delta's external stores). A checksum
+            // (N.crc) is written once, after commit N, from that version's state, so a second
+            // writer of it writes what is there: one PUT without probes, like N.json. Other names
+            // keep the no-overwrite check.
+            boolean checksum = resolved.getName().endsWith(".crc");
+            if (!overwrite && !checksum && fs.isFile(resolved)) {
                 throw new FileAlreadyExistsException(path.toString());
             }
-            writeActions(fs, resolved, actions);
+            put(fs, resolved, actionBytes(actions));
             return;
         }
         if (fs.isFile(resolved)) {  // Step 0

@@ -214,16 +214,21 @@ def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: 
     j = jvm(spark)
     props = j.java.util.Properties()
     props.setProperty("bootstrap.servers", bootstrap_servers)
+    wait_ms = int(timeout_s * 1000)
+    # the client's own deadlines: else a call to a broker that is not there stays pending for
+    # Kafka's default minute, and close() waits for it
+    props.setProperty("default.api.timeout.ms", str(wait_ms))
+    props.setProperty("request.timeout.ms", str(wait_ms))
     admin = j.org.apache.kafka.clients.admin.Admin.create(props)
     try:
         new = j.org.apache.kafka.clients.admin.NewTopic(topic, j.java.util.Optional.of(partitions),
                                                         j.java.util.Optional.empty())
         future = admin.createTopics(j.java.util.Collections.singletonList(new)).all()
         try:
-            future.get(int(timeout_s * 1000), j.java.util.concurrent.TimeUnit.MILLISECONDS)
+            future.get(wait_ms, j.java.util.concurrent.TimeUnit.MILLISECONDS)
         except Exception as exc:  # noqa: BLE001 - a py4j error wrapping the Java exception
             if "TopicExistsException" not in str(exc):
                 raise KafkaServerError(f"could not create topic {topic} on {bootstrap_servers}: "
                                        f"{str(exc).splitlines()[0]}; is the broker running?") from exc
     finally:
-        admin.close()
+        admin.close(j.java.time.Duration.ofMillis(wait_ms))

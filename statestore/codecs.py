@@ -140,7 +140,8 @@ class PickleCodec:
         try:
             return pickle.dumps(value, protocol=5)
         except Exception as exc:  # noqa: BLE001 - pickle raises many types
-            raise CodecError(f"pickle codec cannot encode a {type(value).__name__}: {exc}") from exc
+            raise CodecError(f"pickle codec cannot encode a {type(value).__name__}: {exc}. Keep only picklable "
+                             "values in state (no open files, locks or clients)") from exc
 
     def decode(self, data: bytes) -> Any:
         """The value of pickle ``data``: runs the code the pickle names.

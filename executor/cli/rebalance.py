@@ -58,7 +58,8 @@ def parse_assign(items: list[str]) -> dict[str, tuple[int, ...]]:
         except ValueError:
             raise ConfigError(f"--assign {item!r}: write INSTANCE=I,J-K (e.g. a=0,1 b=2-3)") from None
         if seen & set(ivs):
-            raise ConfigError(f"--assign: intervals {sorted(seen & set(ivs))} are given to two instances")
+            raise ConfigError(f"--assign: intervals {sorted(seen & set(ivs))} are given to two instances; "
+                                  "give each interval to one instance")
         seen |= set(ivs)
         out[name] = out.get(name, ()) + tuple(ivs)
     return out

@@ -73,7 +73,9 @@ def _download(url: str, dest: Path) -> None:
 def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path, *, coords: str | None = None) -> None:
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise JarFetchError("mvn is not installed")
+        raise JarFetchError("fetching over HTTPS failed and mvn is not installed to try Maven's own resolver; "
+                            "install Maven (Debian: apt-get install maven) or fix the network route to Maven "
+                            "Central, then run 'deltawheel setup' again")
     subprocess.run(
         [mvn, "-q", "dependency:copy", f"-Dartifact={coords or f'{group}:{artifact}:{version}'}",
          f"-DoutputDirectory={dest_dir}"],

@@ -129,17 +129,21 @@ class LeaseGrant:
             grant = cls(str(raw["pipeline"]), str(raw["computation"]), int(raw["interval"]),
                         str(raw["owner"]), int(raw["sequencer"]), int(raw["granted_ms"]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise CodecError(f"lease payload is not a complete grant (pending or damaged): {raw}") from exc
+            raise CodecError(f"lease payload is not a complete grant (pending or damaged): {raw}{ZNODE_DAMAGED_HINT}") from exc
         return grant
+
+
+ZNODE_DAMAGED_HINT = ("; the znode was written by something other than deltawheel or is damaged: see "
+            "docs/coordinator-recovery.md ('Lost ZooKeeper data')")
 
 
 def _decode(data: bytes) -> dict[str, Any]:
     try:
         raw = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CodecError(f"lease payload is not JSON: {data[:80]!r}") from exc
+        raise CodecError(f"lease payload is not JSON: {data[:80]!r}{ZNODE_DAMAGED_HINT}") from exc
     if not isinstance(raw, dict):
-        raise CodecError(f"lease payload is not a JSON object: {data[:80]!r}")
+        raise CodecError(f"lease payload is not a JSON object: {data[:80]!r}{ZNODE_DAMAGED_HINT}")
     return raw
 
 

@@ -111,7 +111,9 @@ def pyspark_jars_dir() -> Path:
     """
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
-        raise ZooKeeperServerError("pyspark is not installed; it provides the ZooKeeper jars")
+        raise ZooKeeperServerError("pyspark is not installed; it provides the ZooKeeper jars. Install deltawheel "
+                                       "with its dependencies (pip install deltawheel), or give --zk host:port "
+                                       "of a running ZooKeeper")
     jars = Path(spec.origin).parent / "jars"
     if not any(jars.glob("zookeeper-*.jar")):
         raise ZooKeeperServerError(f"no zookeeper-*.jar in {jars}; reinstall pyspark")

@@ -76,7 +76,7 @@ from ..clock import Clock, SystemClock
 from ..exceptions import CodecError, ConfigError, LeaseLostError, LeaseSuspendedError, StaleSequencerError
 from ..layout import validate_name
 from .client import zk_errors
-from .leases import MAX_INTERVAL, interval_path
+from .leases import MAX_INTERVAL, ZNODE_DAMAGED_HINT, interval_path
 
 __all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream"]
 
@@ -132,7 +132,7 @@ class Topology:
         try:
             return cls(tuple(str(u) for u in raw["upstream"]), int(raw["num_intervals"]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise CodecError(f"topology payload is damaged: {raw}") from exc
+            raise CodecError(f"topology payload is damaged: {raw}{ZNODE_DAMAGED_HINT}") from exc
 
 
 @dataclass(frozen=True)
@@ -155,9 +155,9 @@ def _decode(data: bytes, what: str) -> Raw:
     try:
         raw = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CodecError(f"{what} payload is not JSON: {data[:80]!r}") from exc
+        raise CodecError(f"{what} payload is not JSON: {data[:80]!r}{ZNODE_DAMAGED_HINT}") from exc
     if not isinstance(raw, dict):
-        raise CodecError(f"{what} payload is not a JSON object: {data[:80]!r}")
+        raise CodecError(f"{what} payload is not a JSON object: {data[:80]!r}{ZNODE_DAMAGED_HINT}")
     if raw.get("format_version") != WATERMARK_FORMAT_VERSION:
         raise CodecError(f"{what} payload has format_version {raw.get('format_version')!r}, this "
                          f"deltawheel reads {WATERMARK_FORMAT_VERSION}; upgrade deltawheel")

@@ -244,6 +244,11 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
         assert {"state", "timers", "pending_productions", "fences", "out", "out_decoded"} <= set(names), names
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM state")).scalar() == 4  # other statements as before
+            # the column comments reach JDBC/Thrift clients too (DESCRIBE: name, type, comment)
+            described = {r[0]: r[2] for r in conn.execute(text("DESCRIBE state")).fetchall()}
+        from deltawheel.statestore.delta.comments import VIEWS
+        want = VIEWS["state"]
+        assert want and all(described.get(c) == note for c, note in want.items()), (described, want)
         # read-only as the sql tool: a client's writes are refused, the rows table is untouched
         before = _rows_version(store)
         for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`"):

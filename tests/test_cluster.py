@@ -110,7 +110,7 @@ def test_losing_a_worker_and_a_zookeeper_server_mid_run_keeps_the_rows(spark, lo
     # settings build_spark derives from these variables; the log store uses the ensemble (--zk)
     env = object_store_env(object_store)
     cmd = demo_cmd(store, local_cluster.zk_hosts, "/killed", "--master", local_cluster.master_url,
-                   "--input", str(tmp_path / "input"))
+                   "--input", str(tmp_path / "input"), "--verbose")  # Spark's log: the lost executor
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env=env)

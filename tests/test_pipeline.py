@@ -51,7 +51,8 @@ def reference(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-de
     from deltawheel.statestore.config import ZkConfig
 
     store = tmp_path_factory.mktemp("ref") / "store"
-    out = run_in_process(spark, store, ZkConfig(hosts=zk_server.hosts, chroot="/pipeline-ref"))
+    # a chroot per instance: test_cluster uses this fixture too, so a run of both modules makes two
+    out = run_in_process(spark, store, ZkConfig(hosts=zk_server.hosts, chroot=f"/pipeline-{store.parent.name}"))
     # the pipeline did its job: panes for every query window, the model predicted, the detector ran
     counts = [J.decode(v.split("|", 1)[1].encode()) for _, v in out["window_counts"]]
     assert counts and sum(c["value"] for c in counts if not c["retraction"] and c["timing"] != "LATE") > 0

@@ -126,8 +126,9 @@ def test_file_level_commits_carry_the_checksum_forward_without_a_spark_job(spark
                 log.commit(add=[json.dumps({"add": add})], app_versions={"app": 5})
                 assert log.txn_version("app") == 5
             jobs.append(len(sc.statusTracker().getJobIdsForGroup(f"dw-commit-{i}")))
-        sc.setJobGroup("dw-idle", "idle")
     finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # the session is shared by the test run: leave no job group
+        sc.setLocalProperty("spark.job.description", None)
         spark.conf.set("spark.sql.session.timeZone", tz)
     assert jobs == [0, 0, 0, 0]
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()

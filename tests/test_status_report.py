@@ -343,5 +343,15 @@ def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, mi
     assert ours and all(d.startswith("deltawheel buckets batch 0") for d in ours), ours
     with_figures = [d for d in ours if d.startswith("deltawheel buckets batch 0: 3 in, 3 processed, 0 duplicates")]
     assert bool(with_figures) == (write_path == "merge"), ours  # the image path commits without a Spark job
-    assert spark.sparkContext.getLocalProperty("spark.job.description") is None  # not left behind
     assert [(r["batch_id"], r["records_in"]) for r in read_batches(migrated_store)] == [(0, 3)]
+    # a batch run from the caller's thread leaves the caller's own description as it was
+    sc = spark.sparkContext
+    before = sc.getLocalProperty("spark.job.description")
+    ex2, client2 = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path=write_path)
+    try:
+        sc.setJobDescription("my own job")
+        ex2.run_batch(events(spark, [("r9", "emus", 30_000)]), 1, input_watermark_ms=None)
+        assert sc.getLocalProperty("spark.job.description") == "my own job"
+    finally:
+        sc.setLocalProperty("spark.job.description", before)
+        stop_executor(ex2, client2)

@@ -47,6 +47,9 @@ def write_file(folder: Path, n: int) -> dict[str, int]:
     tmp = folder / f".part-{n:05d}.parquet"
     pq.write_table(pa.table({"key": keys, "t": pa.array(times, pa.int64())}), tmp)
     os.replace(tmp, folder / f"part-{n:05d}.parquet")
+    # Spark's file source takes files in modification-time order: files written within one tick
+    # of the clock come in any order (file 2 read before file 0 makes file 0's records late)
+    os.utime(folder / f"part-{n:05d}.parquet", (1_700_000_000 + n, 1_700_000_000 + n))
     return {k: per for k in KEYS}
 
 

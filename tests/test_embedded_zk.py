@@ -179,6 +179,30 @@ def test_leases_show_names_the_chroots_that_hold_pipelines(zk_server) -> None:  
     assert "pass --zk-chroot" in shown.stdout
 
 
+def test_rebalance_with_store_reaches_the_stores_own_server(stores) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.members import Membership
+
+    store = stores("r")
+    assert dw("zk", "start", "--store", str(store)).returncode == 0
+    hosts = f"127.0.0.1:{record(store)['port']}"
+    client = connect(ZkConfig(hosts=hosts))  # the default chroot, as the store's commands use
+    try:
+        Membership(client, pipeline="fraud", instance="a").join()  # a live instance of "fraud"
+        shown = dw("rebalance", "--pipeline", "fraud", "--store", str(store))
+        planned = dw("rebalance", "--pipeline", "fraud", "--computation", "c", "--assign", "a=0-1", "--plan",
+                     "--store", str(store))
+    finally:
+        client.stop()
+        client.close()
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "live instances of fraud: a\n" in shown.stdout
+    assert planned.returncode == 0 and "plan: would request {'a': (0, 1)}" in planned.stdout, planned.stdout
+    assert zk_processes(store) == [record(store)["pid"]]  # a server started by zk start stays
+    assert dw("zk", "stop", "--store", str(store)).returncode == 0
+
+
 def test_zk_start_without_port_skips_a_taken_default(zk_server, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.cli import zk as zk_cli
 

@@ -14,7 +14,7 @@ from deltawheel.statestore.exceptions import ConfigError, NotAStoreError
 from deltawheel.statestore.layout import StoreLayout
 
 __all__ = ["add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
-           "layout_from", "zookeeper_for"]
+           "layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -171,3 +171,33 @@ def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkC
             client.close()
     finally:
         use.release()
+
+
+def add_optional_store(p: argparse.ArgumentParser) -> None:
+    """Add an optional ``--store`` to a ZooKeeper-only command: with it and no ``--zk`` the command
+    reaches the store's own embedded ZooKeeper (:func:`zk_client`)."""
+    add_store_arg(p, required=False)
+    p.set_defaults(store=None)
+    p.description = ((p.description + " ") if p.description else "") + (
+        "With --store DIR and no --zk: the store's own embedded ZooKeeper (the one its commands use, "
+        f"started for this command when none runs); with neither: 127.0.0.1:{DEFAULT_ZK_PORT}.")
+
+
+@contextlib.contextmanager
+def zk_client(args: argparse.Namespace) -> Iterator[tuple[ZkConfig, Any]]:
+    """(config, connected kazoo client) for a command with :func:`add_optional_store`: the store's
+    ZooKeeper when ``--store`` is given (:func:`store_zookeeper`), else ``--zk``'s."""
+    from deltawheel.statestore.zk.client import connect
+
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI
+    if getattr(args, "store", None) is not None:
+        with store_zookeeper(args) as (_, cfg, client):
+            yield cfg, client
+        return
+    cfg = zk_config_from(args)
+    client = connect(cfg, timeout_s=args.zk_timeout)
+    try:
+        yield cfg, client
+    finally:
+        client.stop()
+        client.close()

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
 from dataclasses import replace
-from typing import Iterator
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.leases import break_lease, list_leases
-from kazoo.client import KazooClient
 
-from .common import add_store_arg, add_zk_args, store_zookeeper, zk_config_from
+from .common import add_optional_store, add_zk_args, zk_client
 
 __all__ = ["register"]
 
@@ -27,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     show = sub.add_parser("show", help="every interval with its owner and sequencer")
     show.add_argument("--pipeline", help="only this pipeline")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    _add_store(show)
+    add_optional_store(show)
     add_zk_args(show)
     show.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
     show.set_defaults(func=_show)
@@ -36,37 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     brk.add_argument("--computation", required=True)
     brk.add_argument("--interval", type=int, required=True)
     brk.add_argument("--apply", action="store_true", help="really break it (default: print the plan)")
-    _add_store(brk)
+    add_optional_store(brk)
     add_zk_args(brk)
     brk.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
     brk.set_defaults(func=_break)
 
 
-def _add_store(p: argparse.ArgumentParser) -> None:
-    add_store_arg(p, required=False)
-    p.set_defaults(store=None)
-    p.description = ("With --store DIR and no --zk: the store's own embedded ZooKeeper (the one its commands use, "
-                     "started for this command when none runs); with neither: 127.0.0.1:2181.")
-
-
-@contextlib.contextmanager
-def _connect(args: argparse.Namespace) -> Iterator[tuple[ZkConfig, KazooClient]]:
-    logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI
-    if args.store is not None:
-        with store_zookeeper(args) as (_, cfg, client):
-            yield cfg, client
-        return
-    cfg = zk_config_from(args)
-    client = connect(cfg, timeout_s=args.zk_timeout)
-    try:
-        yield cfg, client
-    finally:
-        client.stop()
-        client.close()
-
-
 def _show(args: argparse.Namespace) -> int:
-    with _connect(args) as (cfg, client):
+    with zk_client(args) as (cfg, client):
         rows = list_leases(client, pipeline=args.pipeline)
         others = [] if rows else _pipeline_chroots(cfg, args.pipeline, timeout_s=args.zk_timeout)
     if args.json:
@@ -120,7 +93,7 @@ def _pipeline_chroots(cfg: ZkConfig, pipeline: str | None, *, timeout_s: float,
 
 
 def _break(args: argparse.Namespace) -> int:
-    with _connect(args) as (_, client):
+    with zk_client(args) as (_, client):
         plan = break_lease(client, pipeline=args.pipeline, computation=args.computation,
                            interval=args.interval, apply=args.apply)
     where = f"{args.pipeline}/{args.computation} interval {args.interval}"

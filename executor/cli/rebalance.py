@@ -9,14 +9,12 @@ request between batches, while every instance it names is live.
 from __future__ import annotations
 
 import argparse
-import logging
 
 from deltawheel.statestore.exceptions import ConfigError
-from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.leases import list_leases
 from deltawheel.statestore.zk.members import clear_move, live_members, read_move, request_move, target
 
-from .common import add_zk_args, zk_config_from
+from .common import add_optional_store, add_zk_args, zk_client
 
 __all__ = ["register", "parse_assign"]
 
@@ -30,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="the intervals an instance should hold (repeat per instance); writes a move request")
     p.add_argument("--clear", action="store_true", help="delete the move request: back to the members' split")
     p.add_argument("--plan", action="store_true", help="print what would change, write nothing")
+    add_optional_store(p)
     add_zk_args(p)
     p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
     p.set_defaults(func=_rebalance)
@@ -69,9 +68,7 @@ def _rebalance(args: argparse.Namespace) -> int:
     if (args.assign or args.clear) and not args.computation:
         raise ConfigError("--assign and --clear need --computation (a move request is per computation)")
     assignment = parse_assign(args.assign)
-    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-    client = connect(zk_config_from(args), timeout_s=args.zk_timeout)
-    try:
+    with zk_client(args) as (_, client):
         live = live_members(client, args.pipeline)
         print(f"live instances of {args.pipeline}: {', '.join(live) or '(none)'}")
         rows = [r for r in list_leases(client, pipeline=args.pipeline)
@@ -97,7 +94,4 @@ def _rebalance(args: argparse.Namespace) -> int:
                     print("plan: would delete the move request (back to the members' split)")
                 else:
                     print("move request deleted" if clear_move(client, args.pipeline, comp) else "no move request")
-    finally:
-        client.stop()
-        client.close()
     return 0

@@ -28,10 +28,13 @@ def _bad_record(spark: Any, rid: str, ts: int) -> Any:
                                  schema=events(spark, []).schema)
 
 
-def _run_pipeline(spark: Any, layout: Any, zk_config: Any, *, keep_running: bool = False) -> tuple[Any, Any]:
+def _run_pipeline(spark: Any, layout: Any, zk_config: Any, *, keep_running: bool = False,
+                  before_flush: Any = None) -> tuple[Any, Any]:
     """Three batches of BucketCounter fed by injector ``events`` (a dead letter in batch 1),
-    with watermarks declared and published, as a pipeline would."""
+    with watermarks declared and published, as a pipeline would. ``before_flush(ex)`` runs
+    after the batches, before the metrics rows are flushed."""
     ex, client = start_executor(spark, layout, zk_config, BucketCounter(), watermarks=True)
+    ex.metrics.interval_s = 600.0  # the three batches' rows wait for flush (and go in one append)
     now = int(time.time() * 1000)
     ex.authority.declare("buckets", upstream=["injector:events"], num_intervals=4, replace=True)
     ex.upstream = ("injector:events",)
@@ -42,6 +45,8 @@ def _run_pipeline(spark: Any, layout: Any, zk_config: Any, *, keep_running: bool
     ex.run_batch(events(spark, [("r3", "cats", t0 + 21_000)]).unionByName(_bad_record(spark, "bad1", t0 + 22_000)), 1)
     ex.authority.publish_injector("events", t0 + 40_000)
     ex.run_batch(events(spark, [("r4", "emus", t0 + 41_000), ("r1", "cats", t0 + 1_000)]), 2)
+    if before_flush is not None:
+        before_flush(ex)
     assert ex.metrics.flush()  # rows are written in the background
     if not keep_running:
         stop_executor(ex, client)
@@ -58,7 +63,12 @@ def test_each_committed_batch_appends_one_metrics_row(spark, migrated_store, zk_
     from deltawheel.executor.runtime.metrics import read_batches
 
     assert read_batches(migrated_store) == []  # no table yet: nothing recorded, no error
-    ex, _ = _run_pipeline(spark, migrated_store, zk_config)
+    waiting: list[int] = []
+    ex, _ = _run_pipeline(spark, migrated_store, zk_config,
+                          before_flush=lambda ex: waiting.append(ex.metrics._queue.unfinished_tasks))
+    assert waiting == [3]  # gathered, not yet written: one append for the interval's rows
+    log = Path(migrated_store.metrics_batches) / "_delta_log"
+    assert len(list(log.glob("*.json"))) == 2  # the table's creation and the one append of three rows
     rows = read_batches(migrated_store)
     assert [(r["pipeline"], r["computation"], r["instance"], r["batch_id"]) for r in rows] == [
         ("test", "buckets", "w", 0), ("test", "buckets", "w", 1), ("test", "buckets", "w", 2)]

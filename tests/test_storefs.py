@@ -84,3 +84,31 @@ def test_an_s3_file_goes_up_in_one_put_and_a_failed_upload_still_raises(spark, s
     missing = TableFiles(f"no-such-bucket-{uuid.uuid4().hex[:8]}/t", files.s3)
     with pytest.raises(OSError):
         missing.write_parquet(table, "x.parquet")
+
+
+@pytest.mark.objectstore
+def test_background_uploads_are_all_landed_when_the_block_ends(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """Inside ``background_uploads`` the S3 PUTs run while the caller goes on; leaving the block
+    waits for every one, and a failed PUT is raised there (after the others landed), so what
+    follows the block (an image task's summary, the driver's commit) names only complete files."""
+    from deltawheel.statestore.delta.storefs import background_uploads
+
+    files = table_files(spark, f"s3a://{s3_bucket}/{uuid.uuid4().hex}/t")
+    assert files is not None
+    tables = {f"f{i}.parquet": pa.table({"n": pa.array(range(i * 1000, (i + 1) * 1000), pa.int64())})
+              for i in range(6)}
+    with background_uploads():
+        sizes = {rel: files.write_parquet(t, rel) for rel, t in tables.items()}
+    for rel, t in tables.items():  # every file complete, of the size returned inside the block
+        assert files.size(rel) == sizes[rel] and files.read_parquet(rel).equals(t)
+    missing = TableFiles(f"no-such-bucket-{uuid.uuid4().hex[:8]}/t", files.s3)
+    with pytest.raises(OSError), background_uploads():
+        missing.write_parquet(tables["f0.parquet"], "x.parquet")  # returns: its PUT fails later
+        files.write_parquet(tables["f1.parquet"], "after.parquet")
+    assert files.read_parquet("after.parquet").equals(tables["f1.parquet"])  # waited for, though one failed
+    with pytest.raises(ZeroDivisionError), background_uploads():  # the block's own error wins
+        missing.write_parquet(tables["f0.parquet"], "y.parquet")
+        raise ZeroDivisionError
+    # outside the block a write is synchronous again: its failure is raised by the call itself
+    with pytest.raises(OSError):
+        missing.write_parquet(tables["f0.parquet"], "z.parquet")

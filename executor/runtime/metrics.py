@@ -103,10 +103,15 @@ class BatchMetrics:
 
     :meth:`submit` hands a row to one background thread and returns at once, so a batch never
     waits for its metrics (an append is ~0.1 s, but every tenth Delta commit also writes a
-    checkpoint, seconds on a busy machine); rows are written in order. :meth:`flush` waits
-    for the rows handed over (the executor's ``stop`` calls it)."""
+    checkpoint, seconds on a busy machine); rows are written in order. The thread gathers the
+    rows of :attr:`interval_s` (from the first one waiting) into one file and one Delta commit:
+    a commit per batch would compete with the batches for the cores and the store (a per-batch
+    commit on ``s3a://`` cost the streaming query's own offset and commit writes about 15 ms
+    each). :meth:`flush` writes what waits at once and waits for it (the executor's ``stop``
+    calls it); a process killed loses at most its last ``interval_s`` of rows."""
 
     MAX_QUEUED = 1000  # rows waiting beyond this are dropped (with a warning): the writer is stuck
+    interval_s = 5.0  # rows are gathered this long before one append (status and report lag by as much)
 
     def __init__(self, spark: Any, layout: StoreLayout) -> None:
         self.spark = spark
@@ -118,6 +123,7 @@ class BatchMetrics:
         self._queue: queue.Queue[Mapping[str, Any]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._now = threading.Event()  # flush: write what waits without waiting out the interval
 
     @property
     def path(self) -> str:
@@ -139,6 +145,7 @@ class BatchMetrics:
         """Wait until every submitted row is written (or failed); False if ``timeout_s`` passed first."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._queue.unfinished_tasks:
+            self._now.set()
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.02)
@@ -146,17 +153,27 @@ class BatchMetrics:
 
     def _drain(self) -> None:
         while True:
-            row = self._queue.get()
+            rows = [self._queue.get()]
+            self._now.wait(self.interval_s)  # gather the rows of the interval (flush: no wait)
+            self._now.clear()
+            while True:
+                try:
+                    rows.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                self.append(row)
+                self.append(*rows)
             finally:
-                self._queue.task_done()
+                for _ in rows:
+                    self._queue.task_done()
 
-    def append(self, row: Mapping[str, Any]) -> bool:
-        """Append ``row`` (:func:`batch_row`) now; returns whether it was written. Never raises: a
-        failure is logged as a warning (at most once a minute) and the batch goes on."""
+    def append(self, *rows: Mapping[str, Any]) -> bool:
+        """Append ``rows`` (:func:`batch_row`) now, in one commit; returns whether they were written.
+        Never raises: a failure is logged as a warning (at most once a minute) and the batch goes on."""
+        if not rows:
+            return True
         try:
-            self._append(row)
+            self._append(rows)
             return True
         except Exception as exc:  # noqa: BLE001 -- observability must not fail a committed batch
             self._warn(exc)
@@ -172,21 +189,21 @@ class BatchMetrics:
                          "committed. Check the store's permissions and space; 'deltawheel status' shows "
                          "older figures meanwhile", self.path, type(exc).__name__, exc)
 
-    def _append(self, row: Mapping[str, Any]) -> None:
+    def _append(self, rows: Sequence[Mapping[str, Any]]) -> None:
         if not self._created:
             self._create()
         if self._files is None:
-            self._spark_append(row)
+            self._spark_append(rows)
             return
         import pyarrow as pa
         from deltawheel.statestore.delta.txn import TableLog, new_add
 
-        table = pa.Table.from_pylist([dict(row)], schema=_arrow_schema())
+        table = pa.Table.from_pylist([dict(r) for r in rows], schema=_arrow_schema())
         rel = f"part-{uuid.uuid4().hex}-m.snappy.parquet"
         size = self._files.write_parquet(table, rel, compression="snappy")
         if self._log is None:
             self._log = TableLog(self.spark, self.path)
-        self._log.commit(add=[new_add(rel, {}, size, 1)])
+        self._log.commit(add=[new_add(rel, {}, size, table.num_rows)])
 
     def _create(self) -> None:
         from deltawheel.statestore.delta.sqltext import sql_path
@@ -198,8 +215,8 @@ class BatchMetrics:
         self._files = table_files(self.spark, self.path)
         self._created = True
 
-    def _spark_append(self, row: Mapping[str, Any]) -> None:
-        df = self.spark.createDataFrame([tuple(row.get(n) for n in _NAMES)], schema=METRICS_COLUMNS)
+    def _spark_append(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        df = self.spark.createDataFrame([tuple(r.get(n) for n in _NAMES) for r in rows], schema=METRICS_COLUMNS)
         df.write.format("delta").mode("append").save(self.path)
 
 

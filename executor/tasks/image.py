@@ -18,7 +18,8 @@ partition of the rows table. It
    folder and the new productions as one file per stream in the stream
    table's folder, with the write path's functions
    (``statestore/writepath/image.py``) — neither is visible until the driver
-   commits it;
+   commits it; on S3 the uploads run in the background and the task waits
+   for all of them before it returns its summary;
 5. returns one summary row per interval (file paths, counts, oldest work).
 
 Nothing here talks to ZooKeeper or the Delta log; the driver commits.
@@ -33,7 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from deltawheel.statestore.delta.storefs import TableFiles
+from deltawheel.statestore.delta.storefs import TableFiles, background_uploads
 from deltawheel.statestore.rowtable.bloom import IdBloom
 from deltawheel.statestore.rowtable.inputfiles import union_payloads
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, ROW_FORMAT_VERSION
@@ -149,9 +150,12 @@ def _run(spec: ImageSpec, table: Any) -> list[dict[str, Any]]:
     if data.num_rows:
         ivs |= set(py_list(pc.unique(data.column("interval"))))
     out = []
-    for iv in sorted(i for i in ivs if i in spec.sequencers):
-        recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
-        out.append(_interval(spec, iv, recs))
+    # the S3 PUTs of each interval's files overlap the next interval's work; the summary (and
+    # so the driver's commit naming the files) waits for all of them at the block's end
+    with background_uploads():
+        for iv in sorted(i for i in ivs if i in spec.sequencers):
+            recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
+            out.append(_interval(spec, iv, recs))
     # the task's input counts and its dead / late records ride on its first summary row
     head: dict[str, Any] = out[0] if out else {"interval": None, "side": []}
     head.update(records_in=counted, min_ts=lo, max_ts=hi, side=side + head["side"])

@@ -24,7 +24,10 @@ here: :func:`files_for` returns None and callers go through Delta and Spark
 A file is written whole before anything names it: S3's PUT (and a multipart
 upload's completion) is atomic per object, and :meth:`TableFiles.write_parquet`
 returns only once the object is complete, so a Delta commit made afterwards
-never names a partial file.
+never names a partial file. Inside :func:`background_uploads` (the image tasks)
+the PUTs of S3 files run in a small thread pool while the caller goes on, and
+leaving the block waits for every one of them: what runs after the block (a
+task's summary, and so the driver's commit) still names only complete objects.
 
 Values are plain and picklable (the Spark tasks get them); the pyarrow file
 system is built on first use in each process and kept per settings.
@@ -32,13 +35,16 @@ system is built on first use in each process and kept per settings.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-__all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "supports", "local_path", "FAST_PATH_SCHEMES"]
+__all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "supports", "local_path", "FAST_PATH_SCHEMES",
+           "background_uploads"]
 
 FAST_PATH_SCHEMES = ("file", "s3a")  # plus plain local paths
 
@@ -253,9 +259,57 @@ class TableFiles:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, **options)
         data = sink.getvalue()
-        with self.fs.open_output_stream(self.path(rel)) as out:  # closing waits for the upload
-            out.write(data)
+        pending = _UPLOADS.get()
+        if pending is None:
+            _put(self.fs, self.path(rel), data)
+        else:  # background_uploads: the block's end waits for it
+            pending.append(_pool().submit(_put, self.fs, self.path(rel), data))
         return int(data.size)
+
+
+def _put(fs: Any, path: str, data: Any) -> None:
+    with fs.open_output_stream(path) as out:  # closing waits for the upload
+        out.write(data)
+
+
+_UPLOADS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("deltawheel_uploads", default=None)
+_POOL: Any = None
+_POOL_LOCK = threading.Lock()
+UPLOAD_THREADS = 4
+
+
+def _pool() -> Any:
+    """The process's upload threads (made on first use: a forked worker makes its own)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="deltawheel-upload")
+        return _POOL
+
+
+@contextlib.contextmanager
+def background_uploads() -> Iterator[None]:
+    """Within the block, :meth:`TableFiles.write_parquet` on S3 returns once the file is encoded
+    and its PUT runs in the background (local files are written at once, as outside). Leaving
+    the block waits for every PUT started in it, also when the block raised, and then raises
+    the block's error or else the first failed PUT's: nothing after the block may name a file
+    whose PUT has not been acknowledged."""
+    pending: list[Any] = []
+    token = _UPLOADS.set(pending)
+    failed: BaseException | None = None
+    try:
+        yield
+    finally:
+        _UPLOADS.reset(token)
+        for fut in pending:
+            try:
+                fut.result()
+            except BaseException as exc:  # noqa: BLE001 - the first is raised below
+                failed = failed or exc
+    if failed is not None:
+        raise failed
 
 
 def supports(uri: str) -> bool:

@@ -105,9 +105,8 @@ class BatchMetrics:
     waits for its metrics (an append is ~0.1 s, but every tenth Delta commit also writes a
     checkpoint, seconds on a busy machine); rows are written in order. The thread gathers the
     rows of :attr:`interval_s` (from the first one waiting) into one file and one Delta commit:
-    a commit per batch would compete with the batches for the cores and the store (a per-batch
-    commit on ``s3a://`` cost the streaming query's own offset and commit writes about 15 ms
-    each). :meth:`flush` writes what waits at once and waits for it (the executor's ``stop``
+    a commit per batch would compete with the batches for the cores and the store.
+    :meth:`flush` writes what waits at once and waits for it (the executor's ``stop``
     calls it); a process killed loses at most its last ``interval_s`` of rows."""
 
     MAX_QUEUED = 1000  # rows waiting beyond this are dropped (with a warning): the writer is stuck

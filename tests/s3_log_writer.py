@@ -12,9 +12,10 @@ raw: the start time, as epoch seconds).
   appends TABLE WRITER COUNT
       COUNT blind appends of one row (writer, i) to the Delta table, each tagged with
       userMetadata WRITER-i; prints the tags that returned success as one JSON line.
-  crash TABLE WRITER
+  crash TABLE WRITER [INLINE_MAX]
       one append that dies (JVM halt) right after its log entry was created in ZooKeeper,
-      before N.json was written.
+      before N.json was written (INLINE_MAX: the log store's inline limit in bytes; 0 puts
+      the commit's bytes in a temporary file).
 """
 
 from __future__ import annotations
@@ -60,9 +61,13 @@ def appends(spark, table: str, writer: str, count: int) -> None:  # type: ignore
     print(json.dumps(done), flush=True)
 
 
-def crash(spark, table: str, writer: str) -> None:  # type: ignore[no-untyped-def]
-    spark.conf.set("deltawheel.logstore.test.crashAfterPrepare", "true")
-    jcontext(spark).hadoopConfiguration().set("deltawheel.logstore.test.crashAfterPrepare", "true")
+def crash(spark, table: str, writer: str, inline_max: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    settings = {"deltawheel.logstore.test.crashAfterPrepare": "true"}
+    if inline_max is not None:
+        settings["deltawheel.logstore.inlineMaxBytes"] = inline_max
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+        jcontext(spark).hadoopConfiguration().set(k, v)
     spark.sql(f"SELECT '{writer}' AS writer, 0 AS i").write.format("delta").mode("append") \
         .option("userMetadata", f"{writer}-crash").save(table)
     print("NOT REACHED", flush=True)
@@ -78,7 +83,7 @@ def main() -> None:
     elif mode == "appends":
         appends(spark, args[0], args[1], int(args[2]))
     elif mode == "crash":
-        crash(spark, args[0], args[1])
+        crash(spark, args[0], args[1], *args[2:3])
     spark.stop()
 
 

@@ -127,22 +127,92 @@ def test_two_applications_appending_lose_no_commit(spark, object_store, zk_serve
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("entry", ["inline", "temporary file"])
 def test_a_writer_dying_after_its_entry_is_completed_by_the_next_reader(spark, object_store, zk_server,  # type: ignore[no-untyped-def]
-                                                                         s3_bucket) -> None:
+                                                                         s3_bucket, entry) -> None:
+    """The dead writer's bytes wait in its ZooKeeper entry (a small commit) or in a temporary
+    file the entry names (a commit above the inline limit: here the limit is 0)."""
     table = f"s3a://{s3_bucket}/crash-{uuid.uuid4().hex[:8]}"
     spark.sql("SELECT 'init' AS writer, 0 AS i").write.format("delta").save(table)
-    child = _child(object_store, zk_server, "crash", table, "dead")
+    child = _child(object_store, zk_server, "crash", table, "dead", *(["0"] if entry != "inline" else []))
     _go(child)
     out, _ = child.communicate(timeout=300)
     assert child.returncode != 0 and "NOT REACHED" not in out
     j = jvm(spark)
     conf = jsession(spark).sessionState().newHadoopConf()
     v1 = j.org.apache.hadoop.fs.Path(f"{table}/_delta_log/{1:020d}.json")
-    assert not v1.getFileSystem(conf).exists(v1)  # it died between its entry and N.json
-    # the next reader finishes the commit from the entry (its temporary file): nothing is lost
+    fs = v1.getFileSystem(conf)
+    assert not fs.exists(v1)  # it died between its entry and N.json
+    assert len(_temporary_files(spark, table)) == (0 if entry == "inline" else 1)
+    # the next reader finishes the commit from the entry: nothing is lost
     rows = spark.read.format("delta").load(table).collect()
     assert sorted(r.writer for r in rows) == ["dead", "init"]
-    assert v1.getFileSystem(conf).exists(v1)
+    assert fs.exists(v1)
     spark.sql("SELECT 'after' AS writer, 1 AS i").write.format("delta").mode("append").save(table)
     hist = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "userMetadata").collect()
     assert sorted((r.version, r.userMetadata) for r in hist) == [(0, None), (1, "dead-crash"), (2, None)]
+
+
+def _temporary_files(spark, table: str) -> list[str]:  # type: ignore[no-untyped-def]
+    j = jvm(spark)
+    conf = jsession(spark).sessionState().newHadoopConf()
+    tmp = j.org.apache.hadoop.fs.Path(f"{table}/_delta_log/.tmp")
+    fs = tmp.getFileSystem(conf)
+    return [str(s.getPath().getName()) for s in fs.listStatus(tmp)] if fs.exists(tmp) else []
+
+
+@pytest.mark.timeout(600)
+def test_small_commits_write_no_temporary_file_and_their_checksums_land(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """A commit's bytes travel in its ZooKeeper entry: N.json is the only file a small commit
+    PUTs; Delta's checksum of it lands after the call returns (in the background)."""
+    table = f"s3a://{s3_bucket}/inline-{uuid.uuid4().hex[:8]}"
+    for i in range(3):
+        spark.sql(f"SELECT {i} AS i").write.format("delta").mode("append").save(table)
+    assert _temporary_files(spark, table) == []
+    assert sorted(r.i for r in spark.read.format("delta").load(table).collect()) == [0, 1, 2]
+    j = jvm(spark)
+    conf = jsession(spark).sessionState().newHadoopConf()
+    crc = j.org.apache.hadoop.fs.Path(f"{table}/_delta_log/{2:020d}.crc")
+    deadline = time.monotonic() + 30
+    while not crc.getFileSystem(conf).exists(crc):
+        assert time.monotonic() < deadline, "the checksum of version 2 never landed"
+        time.sleep(0.1)
+    stream = crc.getFileSystem(conf).open(crc)
+    body = json.loads(j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    stream.close()
+    assert body["numFiles"] == 3  # Delta's own figures for version 2: one file per append
+
+
+@pytest.mark.timeout(600)
+def test_an_unfinished_entry_of_the_earlier_format_is_still_completed(spark, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """An entry left by the log store's earlier format (temporary file, no inline bytes), e.g.
+    by a writer that died before an upgrade, is completed like today's."""
+    from urllib.parse import quote_plus
+
+    from kazoo.client import KazooClient
+
+    table = f"s3a://{s3_bucket}/v1-{uuid.uuid4().hex[:8]}"
+    spark.sql("SELECT 'init' AS writer").write.format("delta").save(table)
+    j = jvm(spark)
+    conf = jsession(spark).sessionState().newHadoopConf()
+    log = f"{table}/_delta_log"
+    body = "\n".join([json.dumps({"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "WRITE",
+                                                   "userMetadata": "from-v1"}})]) + "\n"
+    tmp_name = f".tmp/{1:020d}.json.{uuid.uuid4()}"
+    path = j.org.apache.hadoop.fs.Path(f"{log}/{tmp_name}")
+    out = path.getFileSystem(conf).create(path, True)
+    out.write(bytearray(body.encode()))
+    out.close()
+    zk = KazooClient(hosts=zk_server.hosts)
+    zk.start()
+    try:
+        node = f"{LOG_STORE_CHROOT}/delta-log/{quote_plus(table)}/{1:020d}.json"
+        zk.create(node, f"v1\n{tmp_name}\nfalse\n0".encode(), makepath=True)
+        spark.sql("SELECT 'after' AS writer").write.format("delta").mode("append").save(table)
+        done, _ = zk.get(node)
+    finally:
+        zk.stop()
+        zk.close()
+    assert done.startswith(b"v2\n") and b"\ntrue\n" in done  # completed, in today's format
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "userMetadata").collect()
+    assert sorted((r.version, r.userMetadata) for r in hist) == [(0, None), (1, "from-v1"), (2, None)]

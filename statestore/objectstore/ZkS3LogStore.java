@@ -41,19 +41,25 @@ import io.delta.storage.HadoopFileSystemLogStore;
  * the DynamoDB log store), with a ZooKeeper znode as the external entry:
  * <ol>
  *   <li>Fail if N.json exists. Make sure N-1.json exists (completing an unfinished commit of
- *       N-1 from its entry if needed).</li>
- *   <li>PREPARE: write the actions to a temporary file {@code _delta_log/.tmp/N.json.<uuid>}, then
- *       create the entry znode {@code <ns>/<table>/N.json} = (temp path, complete=false). The
- *       create fails with NodeExists if another writer holds version N: that is the mutual
- *       exclusion, decided by ZooKeeper, whatever the process.</li>
- *   <li>COMMIT: write N.json (the temporary file's bytes, kept in memory: no read back).</li>
- *   <li>ACKNOWLEDGE: mark the entry complete, with an expiry time.</li>
+ *       N-1 from its entry if needed; a complete entry of N-1 says it exists).</li>
+ *   <li>PREPARE: create the entry znode {@code <ns>/<table>/N.json} = (the commit's bytes,
+ *       complete=false). A commit above the inline limit ({@code deltawheel.logstore.inlineMaxBytes},
+ *       256 KiB) writes its bytes to a temporary file {@code _delta_log/.tmp/N.json.<uuid>} first
+ *       and the entry names that file. The create fails with NodeExists if another writer holds
+ *       version N: that is the mutual exclusion, decided by ZooKeeper, whatever the process.</li>
+ *   <li>COMMIT: write N.json (the bytes, kept in memory: no read back).</li>
+ *   <li>ACKNOWLEDGE: mark the entry complete, with an expiry time (the bytes leave the entry).</li>
  * </ol>
  * A writer that dies after step 2 leaves an incomplete entry; the next writer (step 1 of N+1) or
- * reader ({@link #listFrom}) copies its temporary file to N.json and completes the entry, so a
- * commit whose entry exists is never lost. Complete entries older than their expiry are removed
- * by later commits (an expired entry only guards against a writer that stalled for longer than
- * the expiry between its step 1 and step 2; S3 listings are strongly consistent).
+ * reader ({@link #listFrom}) writes N.json from the entry's bytes (or copies its temporary file)
+ * and completes the entry, so a commit whose entry exists is never lost. Complete entries older
+ * than their expiry are removed by later commits (an expired entry only guards against a writer
+ * that stalled for longer than the expiry between its step 1 and step 2; S3 listings are strongly
+ * consistent).
+ *
+ * <p>Checksum files (N.crc, written by Delta after commit N) are PUT in the background: the commit
+ * does not wait for them, and a reader that finds none rebuilds the version's state from the log
+ * ({@code deltawheel.logstore.syncChecksums=true} writes them before returning).
  *
  * <p>Configuration (Hadoop keys; Spark: {@code spark.hadoop.<key>}):
  * {@code deltawheel.logstore.zk.connect} (ZooKeeper connect string),
@@ -63,11 +69,13 @@ import io.delta.storage.HadoopFileSystemLogStore;
  * Reads without a configured ZooKeeper list the log as it is; commits refuse.
  *
  * <p>Requests per commit: existence is probed with {@link FileSystem#isFile} (on S3A one HEAD;
- * {@code exists} adds a LIST for a directory of that name, which a log entry never is), and the
- * temporary file and N.json are created without S3A's overwrite probes
- * ({@code fs.s3a.create.performance}): the temporary name is new (a UUID) and N.json is written
+ * {@code exists} adds a LIST for a directory of that name, which a log entry never is), and
+ * N.json (and a temporary file) are created without S3A's overwrite probes
+ * ({@code fs.s3a.create.performance}): a temporary name is new (a UUID) and N.json is written
  * only by the holder of entry N or by a process completing that entry, both with the same bytes.
  * ZooKeeper, not a probe, decides who commits N; S3A's probe-then-PUT was never atomic anyway.
+ * A commit under the inline limit makes one HEAD and one PUT on the store, besides Delta's own
+ * listing of the log.
  */
 public class ZkS3LogStore extends HadoopFileSystemLogStore {
 
@@ -81,6 +89,18 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     public static final String CRASH_AFTER_PREPARE = "deltawheel.logstore.test.crashAfterPrepare";
 
     private static final Pattern DELTA_FILE = Pattern.compile("^(\\d{20})\\.json$");
+    /** Commits up to this many bytes travel inside their ZooKeeper entry (no temporary file). */
+    public static final String INLINE_MAX = "deltawheel.logstore.inlineMaxBytes";
+    /** Write checksum files (N.crc) before the commit call returns instead of in the background. */
+    public static final String SYNC_CHECKSUMS = "deltawheel.logstore.syncChecksums";
+    /** Below ZooKeeper's default 1 MiB znode limit (jute.maxbuffer), with room for the header. */
+    static final int DEFAULT_INLINE_MAX = 256 * 1024;
+    private static final java.util.concurrent.ExecutorService CHECKSUM_WRITER =
+        java.util.concurrent.Executors.newSingleThreadExecutor(r -> {
+            Thread t = new Thread(r, "deltawheel-checksum-writer");
+            t.setDaemon(true);
+            return t;
+        });
     private static final Map<String, CuratorFramework> CLIENTS = new ConcurrentHashMap<>();
 
     private final Configuration initConf;
@@ -90,28 +110,62 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         this.initConf = initHadoopConf;
     }
 
-    /** An entry of the external store: the temporary file of a commit, and whether it was copied. */
+    /**
+     * An entry of the external store: where version N's bytes wait until N.json holds them (inline
+     * in the entry, or a temporary file for a commit larger than the inline limit), and whether
+     * N.json was written. A completed entry keeps no bytes.
+     */
     static final class Entry {
-        final String tempPath;  // relative to the _delta_log folder
+        final String tempPath;  // relative to the _delta_log folder; empty when the bytes are inline
         final boolean complete;
         final long expireEpochS;
+        final byte[] inline;    // the commit's bytes (null: in the temporary file, or complete)
 
-        Entry(String tempPath, boolean complete, long expireEpochS) {
+        Entry(String tempPath, boolean complete, long expireEpochS, byte[] inline) {
             this.tempPath = tempPath;
             this.complete = complete;
             this.expireEpochS = expireEpochS;
+            this.inline = inline;
         }
 
         byte[] encode() {
-            return ("v1\n" + tempPath + "\n" + complete + "\n" + expireEpochS).getBytes(StandardCharsets.UTF_8);
+            byte[] head = ("v2\n" + tempPath + "\n" + complete + "\n" + expireEpochS + "\n"
+                + (inline == null ? -1 : inline.length) + "\n").getBytes(StandardCharsets.UTF_8);
+            if (inline == null) {
+                return head;
+            }
+            byte[] all = new byte[head.length + inline.length];
+            System.arraycopy(head, 0, all, 0, head.length);
+            System.arraycopy(inline, 0, all, head.length, inline.length);
+            return all;
         }
 
         static Entry decode(byte[] data) throws IOException {
-            String[] f = new String(data, StandardCharsets.UTF_8).split("\n");
-            if (f.length != 4 || !f[0].equals("v1")) {
-                throw new IOException("unknown log store entry format: " + new String(data, StandardCharsets.UTF_8));
+            // v1 (temporary file only): "v1\n<temp>\n<complete>\n<expiry>"; v2 adds the inline
+            // length and the bytes after the fifth newline
+            List<String> f = new ArrayList<>();
+            int start = 0;
+            for (int i = 0; i < data.length && f.size() < 5; i++) {
+                if (data[i] == '\n') {
+                    f.add(new String(data, start, i - start, StandardCharsets.UTF_8));
+                    start = i + 1;
+                }
             }
-            return new Entry(f[1], Boolean.parseBoolean(f[2]), Long.parseLong(f[3]));
+            if (f.size() == 3 && "v1".equals(f.get(0))) {
+                f.add(new String(data, start, data.length - start, StandardCharsets.UTF_8));
+                return new Entry(f.get(1), Boolean.parseBoolean(f.get(2)), Long.parseLong(f.get(3)), null);
+            }
+            if (f.size() == 5 && "v2".equals(f.get(0))) {
+                int n = Integer.parseInt(f.get(4));
+                if (n >= 0 && data.length - start != n || n < 0 && data.length != start) {
+                    throw new IOException("log store entry of " + (data.length - start) + " bytes after its header "
+                        + "says " + n + ": truncated or damaged");
+                }
+                byte[] inline = n < 0 ? null : java.util.Arrays.copyOfRange(data, start, data.length);
+                return new Entry(f.get(1), Boolean.parseBoolean(f.get(2)), Long.parseLong(f.get(3)), inline);
+            }
+            throw new IOException("unknown log store entry format: "
+                + new String(data, 0, Math.min(data.length, 200), StandardCharsets.UTF_8));
         }
     }
 
@@ -157,6 +211,11 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         return client;
     }
 
+    private int inlineMaxBytes(Configuration conf) {
+        return Math.min(Integer.parseInt(setting(conf, INLINE_MAX, String.valueOf(DEFAULT_INLINE_MAX))),
+                        DEFAULT_INLINE_MAX * 3);
+    }
+
     private static String tableNode(Path tablePath) {
         return "/" + URLEncoder.encode(tablePath.toString(), StandardCharsets.UTF_8);
     }
@@ -189,7 +248,7 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     private void completeEntry(CuratorFramework zk, Path tablePath, String fileName, Entry entry, Configuration conf)
             throws IOException {
         long expiry = Long.parseLong(setting(conf, EXPIRATION, "86400"));
-        Entry done = new Entry(entry.tempPath, true, System.currentTimeMillis() / 1000 + expiry);
+        Entry done = new Entry(entry.tempPath, true, System.currentTimeMillis() / 1000 + expiry, null);
         try {
             zk.setData().forPath(tableNode(tablePath) + "/" + fileName, done.encode());
         } catch (Exception e) {
@@ -247,7 +306,11 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         for (int attempt = 0; attempt < 4; attempt++) {
             try {
                 if (!fs.isFile(target)) {
-                    copy(fs, new Path(dir, entry.tempPath), target);
+                    if (entry.inline != null) {
+                        put(fs, target, entry.inline);  // the same bytes its writer would have written
+                    } else {
+                        copy(fs, new Path(dir, entry.tempPath), target);
+                    }
                 }
                 completeEntry(zk, tablePath, fileName, entry, conf);
                 return;
@@ -332,7 +395,22 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             if (!overwrite && !checksum && fs.isFile(resolved)) {
                 throw new FileAlreadyExistsException(path.toString());
             }
-            put(fs, resolved, actionBytes(actions));
+            byte[] bytes = actionBytes(actions);
+            if (checksum && !hadoopConf.getBoolean(SYNC_CHECKSUMS, false)) {
+                // in the background: the commit is done, and a reader without N.crc (not yet
+                // written, or lost with the JVM) rebuilds the state from the log. One PUT is atomic:
+                // a reader never sees half a checksum.
+                CHECKSUM_WRITER.execute(() -> {
+                    try {
+                        put(fs, resolved, bytes);
+                    } catch (IOException | RuntimeException e) {
+                        System.err.println("deltawheel: checksum " + resolved + " not written (" + e + "); "
+                            + "readers of that version rebuild its state from the log");
+                    }
+                });
+                return;
+            }
+            put(fs, resolved, bytes);
             return;
         }
         if (fs.isFile(resolved)) {  // Step 0
@@ -348,7 +426,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             Optional<Entry> prevEntry = getEntry(zk, tablePath, prev);
             if (prevEntry.isPresent() && !prevEntry.get().complete) {
                 fix(fs, zk, tablePath, prev, prevEntry.get(), hadoopConf);
-            } else if (!fs.isFile(new Path(dir, prev))) {
+            } else if (!prevEntry.isPresent() && !fs.isFile(new Path(dir, prev))) {
+                // (a complete entry is set only after N-1.json was written: no probe needed)
                 throw new FileNotFoundException("previous commit " + new Path(dir, prev) + " doesn't exist");
             }
         } else {
@@ -359,11 +438,17 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
                     + "remove the znode " + tableNode(tablePath) + " below the namespace, or use a new path");
             }
         }
-        // Step 2: PREPARE - the temporary file, then the entry (exclusive: ZooKeeper decides)
-        String tempName = ".tmp/" + resolved.getName() + "." + UUID.randomUUID();
+        // Step 2: PREPARE - the bytes in the entry itself (or, above the inline limit, in a
+        // temporary file written first), then the entry (exclusive: ZooKeeper decides)
         byte[] data = bytesOf(actions);
-        put(fs, new Path(dir, tempName), data);
-        Entry entry = new Entry(tempName, false, 0);
+        Entry entry;
+        if (data.length <= inlineMaxBytes(hadoopConf)) {
+            entry = new Entry("", false, 0, data);
+        } else {
+            String tempName = ".tmp/" + resolved.getName() + "." + UUID.randomUUID();
+            put(fs, new Path(dir, tempName), data);
+            entry = new Entry(tempName, false, 0, null);
+        }
         createEntry(zk, tablePath, resolved.getName(), entry, path);
         if (hadoopConf.getBoolean(CRASH_AFTER_PREPARE, false)) {
             Runtime.getRuntime().halt(137);

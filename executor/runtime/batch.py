@@ -56,6 +56,7 @@ the same rows and stream records as a run without the crash.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import logging
 import threading
@@ -198,6 +199,8 @@ class ComputationExecutor:
         self.shared: SharedInput | None = None
         self._mark: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
         self._started = False
+        self._starting: concurrent.futures.Future[None] | None = None  # start_in_background's
+        self._leased = threading.Event()
         self.start_s: dict[str, float] = {}
         self.recovered: dict[str, int] = {}  # checkpointed productions the start delivered: appended / merged
         self._wm_lock = threading.Lock()
@@ -246,8 +249,6 @@ class ComputationExecutor:
 
     # ------------------------------------------------------------- lifecycle
 
-    # ------------------------------------------------------------- lifecycle
-
     def start(self, *, wait_s: float = 0.0) -> None:
         """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
         if self.comp.event_time_timers and not self.manual_watermarks and not self._has_watermark_source():
@@ -284,9 +285,65 @@ class ComputationExecutor:
             _LOG.warning("%s: write path %s", self.comp.name, self.write_path_reason)
         self._started = True
 
+    def start_in_background(self, *, wait_s: float = 0.0, then: Callable[[], None] | None = None) -> None:
+        """:meth:`start` in a thread, so that the part after the leases (fence, recovery, the
+        stream tables) overlaps what the caller does next. The pipeline runner starts the
+        streaming query meanwhile (its checkpoint, first offsets, the first batch's planning),
+        but only once the leases are held (:meth:`wait_leased`): the leases are what keeps a
+        second copy of the job off the query's checkpoint. The first batch (and :meth:`flush`,
+        :meth:`settle`, :meth:`stop`) waits for the whole start and raises what it raised
+        (:meth:`wait_started`). ``then`` runs in the thread after a successful start."""
+        if self._started or self._starting is not None:
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        leased = threading.Event()  # set when the leases are granted, or when the start ended
+
+        def run() -> None:
+            self.owner.on_granted = leased.set
+            try:
+                self.start(wait_s=wait_s)
+                if then is not None:
+                    then()
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+            finally:
+                self.owner.on_granted = None
+                leased.set()
+
+        self._starting, self._leased = done, leased
+        threading.Thread(target=run, name=f"deltawheel-start-{self.comp.name}", daemon=True).start()
+
+    def wait_leased(self) -> None:
+        """Wait until a :meth:`start_in_background` holds its leases (the rest of the start may
+        still run); raise what the start raised if it ended before (e.g. :class:`LeaseHeldError`)."""
+        done = self._starting
+        if done is None:
+            return
+        self._leased.wait()
+        if done.done() and done.exception() is not None:
+            self.wait_started()  # raises it
+
+    def wait_started(self) -> None:
+        """Wait for a :meth:`start_in_background` still running; raise what the start raised (once:
+        a later batch starts again in its own thread)."""
+        done = self._starting
+        if done is None:
+            return
+        try:
+            done.result()
+        finally:
+            self._starting = None
+
     def stop(self) -> None:
         """Settle the delivery still in flight, then give the intervals back (even if settling fails);
-        wait for the batches' metrics rows."""
+        wait for the batches' metrics rows. A start still running in the background is waited for
+        first (its failure was the first batch's to raise: here it is only logged)."""
+        try:
+            self.wait_started()
+        except Exception as exc:  # noqa: BLE001 - the leases it took are given back below
+            _LOG.warning("%s: the start had failed: %s: %s", self.comp.name, type(exc).__name__, exc)
         try:
             self.inflight.settle()
         finally:
@@ -363,6 +420,7 @@ class ComputationExecutor:
 
     def _run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None,
                    use_authority: bool, input_files: Sequence[str] | None) -> BatchReport:
+        self.wait_started()
         if not self._started:
             self.start()
         started = time.monotonic()
@@ -560,6 +618,7 @@ class ComputationExecutor:
         redeliver from its checkpoint if it failed, then publish the low watermark it held.
         Returns whether there was one. The pipeline runner calls it after each flush, so the
         next stage reads every production of this one."""
+        self.wait_started()
         if self.inflight.open is None:
             return False
         self.inflight.settle()

@@ -258,6 +258,13 @@ class PipelineRunner:
             ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp))
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
+        if self.instance is None:
+            # nothing to catch up: once the leases are held, the rest of the start (fence,
+            # recovery) runs while the query starts, and the first batch waits for it (a failed
+            # start fails that batch, typed: _consume)
+            ex.start_in_background(wait_s=wait_s, then=lambda: self.progress(
+                f"{comp.name}: leases held, sequencers {owner.sequencers}"))
+            return ex
         ex.start(wait_s=wait_s)
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
         self._catch_up(ex)
@@ -391,15 +398,21 @@ class PipelineRunner:
         chk = self._checkpoint(comp)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
-        failed: list[DeltaWheelError] = []
+        failed: list[BaseException] = []
 
         def batch(df: Any, batch_id: int) -> None:
+            try:
+                ex.wait_started()  # the start runs while the query starts (_start)
+            except BaseException as exc:  # whatever it is, it is the cause the caller must see
+                failed.append(exc)
+                raise
             try:
                 ex(df, batch_id)
             except DeltaWheelError as exc:
                 failed.append(exc)
                 raise
 
+        ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
         q = (src.writeStream.foreachBatch(batch).trigger(availableNow=True)
              .option("checkpointLocation", chk).queryName(f"dw_{self.pipeline.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")).start())
         try:

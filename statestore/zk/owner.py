@@ -22,7 +22,7 @@ cached with, so nothing read before a takeover is served after it.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from ..exceptions import (
     CoordinatorStateLostError,
@@ -61,6 +61,9 @@ class IntervalOwner:
         self.cache = cache
         self._grants: dict[int, LeaseGrant] = {}
         self._bound = False
+        # called once ZooKeeper granted the leases of an acquire, before the fence (a caller that
+        # starts in the background waits for it before anything the leases guard, e.g. a query)
+        self.on_granted: Callable[[], None] | None = None
 
     @property
     def sequencers(self) -> dict[int, int]:
@@ -94,6 +97,8 @@ class IntervalOwner:
             self._bound = True
         before = self.leases.held(self.computation)
         grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
+        if self.on_granted is not None:
+            self.on_granted()
         try:
             self._check_coordinator(grants, before=before, fresh_binding=fresh_binding)
             self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only,

@@ -1,0 +1,87 @@
+"""The pipeline runner takes each executor's leases, then runs the rest of its start (fence,
+recovery) while the streaming query starts; the first batch waits for it. What a user sees must
+not change: a start that fails (another owner holds the intervals) stops the run with the typed
+error before any query touched the checkpoint, and loses nothing; the rows of a run are those of
+the same run with the start done first."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.zk]
+
+
+def _input(folder, n: int = 60) -> None:  # type: ignore[no-untyped-def]
+    folder.mkdir()
+    ids = range(n)
+    pq.write_table(pa.table({"record_id": [f"r{i}" for i in ids], "key": [f"k{i % 6}" for i in ids],
+                             "event_time": pa.array([1_000 * i for i in ids], pa.timestamp("ms", "UTC"))}),
+                   folder / "part-0.parquet")
+
+
+def _runner(spark, tmp_path, zk_config, **kw):  # type: ignore[no-untyped-def]
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.statestore.layout import StoreLayout
+    from executor_util import Copier, CopyCounter
+
+    inj = ParquetInjector("events", str(tmp_path / "in"), key_column="key", event_time_column="event_time",
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+    return PipelineRunner(spark, StoreLayout(str(tmp_path / "store")),
+                          Pipeline("starts", (inj,), (Copier(), CopyCounter())), zk=zk_config, **kw)
+
+
+@pytest.mark.timeout(600)
+def test_a_start_that_fails_stops_the_run_typed_and_a_later_run_loses_nothing(
+        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.exceptions import LeaseHeldError
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from executor_util import state_of
+
+    _input(tmp_path / "in")
+    lines: list[str] = []
+    client = connect(zk_config)
+    try:
+        other = LeaseManager(client, pipeline="starts", owner="someone-else")
+        other.acquire("copier", [0])  # another job holds one interval of the first stage
+        with pytest.raises(LeaseHeldError, match="someone-else"):
+            _runner(spark, tmp_path, zk_config, wait_s=0.5, progress=lines.append).run()
+        assert not any("leases held" in line and "copier" in line for line in lines), lines
+        # no query ran without the leases: they keep a second copy of a job off its checkpoint
+        assert not (tmp_path / "store" / "_checkpoints" / "starts" / "copier" / "offsets").exists()
+        other.release("copier", [0])
+    finally:
+        client.stop()
+        client.close()
+    summary = _runner(spark, tmp_path, zk_config).run()  # the same job again, the interval free
+    assert sum(r.records_in for r in summary.reports["copier"]) == 60
+    assert state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter") == {
+        f"k{i}": (10, []) for i in range(6)}
+
+
+@pytest.mark.timeout(600)
+def test_the_rows_are_those_of_a_run_that_started_first(spark, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.layout import StoreLayout
+    from executor_util import state_of
+
+    _input(tmp_path / "in")
+    overlapped = _runner(spark, tmp_path, zk_config).run()
+    first = state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter")
+    assert all(r.batch_id >= 0 for r in overlapped.reports["copier"])
+
+    # the same job on a fresh store, each start done before its query starts
+    monkeypatch.setattr(ComputationExecutor, "start_in_background",
+                        lambda self, *, wait_s=0.0, then=None: (self.start(wait_s=wait_s), then and then()))
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "in").symlink_to(tmp_path / "in")
+    zk2 = ZkConfig(hosts=zk_config.hosts, chroot=zk_config.chroot + "-sync", session_timeout_s=6.0)
+    _runner(spark, again, zk2).run()
+    assert state_of(spark, StoreLayout(str(again / "store")), "copy_counter") == first == {
+        f"k{i}": (10, []) for i in range(6)}

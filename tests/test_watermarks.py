@@ -440,3 +440,20 @@ def test_suspended_connection_pauses_calls_until_it_serves_again_and_serves_stal
     assert wm.oldest_work("A", 1)[0]["oldest_work_ms"] is None  # type: ignore[index]
     assert wm.advance_low_watermark("A") == 2_000
     assert wm.last_known("A").stale is False
+
+
+def test_closed_authorities_leave_no_listener_on_a_long_lived_client(clients, wm: WatermarkAuthority,  # type: ignore[no-untyped-def]
+                                                                     migrated_store) -> None:
+    """A job or a dashboard that polls the watermarks through one client, making an authority
+    (or calling ``status``'s gather) each time, does not make the client keep them all."""
+    from deltawheel.executor.cli.status import gather
+
+    client = clients()
+    before = len(client.state_listeners)
+    for _ in range(3):
+        auth = WatermarkAuthority(client, pipeline=P)
+        assert auth.snapshot() == wm.snapshot()  # it reads the pipeline as any other
+        auth.close()
+    for _ in range(3):
+        assert P in gather(migrated_store, client, pipeline=P).watermarks
+    assert len(client.state_listeners) == before

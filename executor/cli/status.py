@@ -148,7 +148,11 @@ def gather(layout: StoreLayout, client: Any, *, pipeline: str | None = None, spa
         names = [pipeline] if pipeline else (sorted(client.get_children("/pipelines"))
                                              if client.exists("/pipelines") else [])
         for p in names:
-            st.watermarks[p] = WatermarkAuthority(client, pipeline=p).snapshot()
+            authority = WatermarkAuthority(client, pipeline=p)
+            try:
+                st.watermarks[p] = authority.snapshot()
+            finally:
+                authority.close()  # a watching caller polls on one client: leave no listener behind
     st.batches = read_batches(layout, spark=spark, pipeline=pipeline)
     st.dead_letters = read_columns(layout.dead_letters, ["computation", "recorded_ms"], spark=spark)
     st.late = read_columns(layout.late_data, ["computation", "recorded_ms"], spark=spark)

@@ -280,7 +280,7 @@ class Engine:
         first: BaseException | None = None
         steps: list[Callable[[], None]] = [q.stop for q, _ex, _failed in self._queries if q.isActive]
         steps += [functools.partial(self._stop, ex) for ex in list(self.executors)]
-        steps += [self.leases.close, self.client.stop, self.client.close]
+        steps += [self.authority.close, self.leases.close, self.client.stop, self.client.close]
         if self.server is not None:  # the last process using the store's server stops it
             steps.append(self._release_zookeeper)
         for step in steps:

@@ -285,6 +285,12 @@ class WatermarkAuthority:
         ensure_zk_layout(client)
         client.add_listener(self._on_state)
 
+    def close(self) -> None:
+        """Stop listening to the client's connection states (the client stays open). An authority
+        is cheap to make; one made per call on a long-lived client should be closed, or the
+        client keeps it (its listener) alive."""
+        self._client.remove_listener(self._on_state)
+
     def _on_state(self, state: str) -> None:
         """kazoo listener: counts expired sessions (never blocks or calls ZooKeeper)."""
         if state == KazooState.LOST:

@@ -135,3 +135,40 @@ def test_broker_errors_say_what_to_do(spark: Any, kafka_broker: Any, tmp_path: P
     nobody = f"127.0.0.1:{free_ports(1)[0]}"
     with pytest.raises(KafkaServerError, match=f"could not create topic t on {nobody}: .*is the broker running"):
         create_topic(spark, nobody, "t", partitions=1, timeout_s=2.0)
+
+
+@pytest.mark.zk
+def test_the_pipeline_runner_moves_a_kafka_watermark_per_partition(spark: Any, kafka_broker: Any, zk_config: Any,
+                                                                   tmp_path: Path) -> None:
+    """Under PipelineRunner (no hand-wired ``tracking``), a Kafka injector's watermark follows its
+    partitions batch by batch: the lagging partition holds it, not the overall max."""
+    from deltawheel.executor.runtime.kafka_server import create_topic
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    import deltawheel
+    from tests.executor_util import ByRecordKey, state_of
+
+    kafka_ready(spark)
+    servers = kafka_broker.bootstrap_servers
+    create_topic(spark, servers, "runner-payments", partitions=2)
+    produce(spark, servers, "runner-payments", MESSAGES)
+    events = deltawheel.KafkaInjector("events", bootstrap_servers=servers, topic="runner-payments",
+                                      schema="card STRING, amount DOUBLE, ts BIGINT", key_column="card",
+                                      event_time_column="ts", watermark_delay_ms=500)
+    layout = StoreLayout(str(tmp_path / "store"))
+    summary = PipelineRunner(spark, layout, Pipeline("kafka_runner", (events,), (ByRecordKey(),)), zk=zk_config,
+                             end_of_input=False, progress=lambda line: None).run()
+    assert sum(r.records_in for r in summary.reports["by_record_key"]) == len(MESSAGES)
+    assert events.partition_watermarks() == {"runner-payments/0": 4_500, "runner-payments/1": 2_000}
+    client = connect(zk_config)
+    try:
+        assert WatermarkAuthority(client, pipeline="kafka_runner").injector_watermark("events") == 2_000
+    finally:
+        client.stop()
+        client.close()
+    # no timer is due under 2 s: the counts wait in state for their bucket's end
+    assert state_of(spark, layout, "by_record_key") == {
+        "c1": ({"0": 3}, [("0", 9_999)]), "c2": ({"0": 2}, [("0", 9_999)])}

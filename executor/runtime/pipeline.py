@@ -399,6 +399,11 @@ class PipelineRunner:
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
         failed: list[BaseException] = []
+        # injectors whose watermark is per partition (Kafka): the batch's per-partition maxima are
+        # taken before the batch and observed after it, as their ``tracking`` does; the executor's
+        # end-of-batch hook only knows the batch's overall event-time range
+        per_partition = [injectors[s] for s in comp.inputs
+                         if s in injectors and callable(getattr(injectors[s], "stats_of", None))]
 
         def batch(df: Any, batch_id: int) -> None:
             try:
@@ -407,7 +412,13 @@ class PipelineRunner:
                 failed.append(exc)
                 raise
             try:
+                stats = [(inj, inj.stats_of(df.where(F.col("stream") == inj.name))) for inj in per_partition]
                 ex(df, batch_id)
+                for inj, st in stats:
+                    inj.observe(st)
+                    if ex.authority is not None:
+                        publish_watermark(ex.authority, inj, instance=self.instance,
+                                          held=None if self.instance is None else {comp.name: ex.owner.sequencers})
             except DeltaWheelError as exc:
                 failed.append(exc)
                 raise

@@ -216,3 +216,60 @@ def test_an_unfinished_entry_of_the_earlier_format_is_still_completed(spark, zk_
     assert done.startswith(b"v2\n") and b"\ntrue\n" in done  # completed, in today's format
     hist = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "userMetadata").collect()
     assert sorted((r.version, r.userMetadata) for r in hist) == [(0, None), (1, "from-v1"), (2, None)]
+
+
+@pytest.mark.timeout(600)
+def test_with_a_digest_the_entries_are_guarded_and_a_writer_without_it_commits_nothing(
+        spark, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """Pipelines configured with a ZooKeeper digest (``--zk-digest``) get log entries only that
+    user may change; a process without the digest reads them but cannot commit."""
+    from urllib.parse import quote_plus
+
+    from deltawheel.statestore.objectstore.logstore import DIGEST_KEY, NAMESPACE_KEY
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+    from py4j.protocol import Py4JJavaError
+
+    j = jvm(spark)
+    namespace = f"deltawheel-tests-acl-{uuid.uuid4().hex[:8]}/delta-log"
+    table = f"s3a://{s3_bucket}/acl-{uuid.uuid4().hex[:8]}"
+
+    def store(digest: str | None):  # type: ignore[no-untyped-def]
+        conf = jsession(spark).sessionState().newHadoopConf()
+        conf.set(NAMESPACE_KEY, namespace)
+        if digest is None:
+            conf.unset(DIGEST_KEY)
+        else:
+            conf.set(DIGEST_KEY, digest)
+        cls = j
+        for part in ZK_LOG_STORE_CLASS.split("."):
+            cls = getattr(cls, part)
+        return cls(conf), conf
+
+    def write(digest: str | None, version: int) -> None:
+        s, conf = store(digest)
+        s.write(j.org.apache.hadoop.fs.Path(f"{table}/_delta_log/{version:020d}.json"),
+                j.java.util.ArrayList([json.dumps({"writer": digest or "none", "v": version})]).iterator(), False, conf)
+
+    write("dw:secret", 0)
+    zk = KazooClient(hosts=zk_server.hosts)
+    zk.start()
+    try:
+        node = f"/{namespace}/{quote_plus(table)}/{0:020d}.json"
+        acls, _ = zk.get_acls(node)
+        assert sorted((a.id.scheme, a.perms) for a in acls) == [("digest", 31), ("world", 1)]
+        assert zk.get(node)[0].startswith(b"v2\n")  # everyone reads
+        with pytest.raises(NoAuthError):
+            zk.set(node, b"v2\n\nfalse\n0\n-1\n")  # nobody else changes it
+    finally:
+        zk.stop()
+        zk.close()
+    with pytest.raises(Py4JJavaError, match=f"digest ACL.*{DIGEST_KEY}"):
+        write(None, 1)
+    write("dw:secret", 1)
+    path = j.org.apache.hadoop.fs.Path(f"{table}/_delta_log/{1:020d}.json")
+    conf = jsession(spark).sessionState().newHadoopConf()
+    stream = path.getFileSystem(conf).open(path)
+    body = j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    stream.close()
+    assert json.loads(body) == {"writer": "dw:secret", "v": 1}

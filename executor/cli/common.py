@@ -148,7 +148,8 @@ def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
     if remote and getattr(args, "zk", None):
         from deltawheel.statestore.objectstore.logstore import configure_log_store
 
-        configure_log_store(spark, args.zk, chroot=getattr(args, "zk_chroot", "/deltawheel"))
+        configure_log_store(spark, args.zk, chroot=getattr(args, "zk_chroot", "/deltawheel"),
+                            digest=getattr(args, "zk_digest", None))
     return spark
 
 

@@ -89,7 +89,7 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         if not layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
             from deltawheel.statestore.objectstore.logstore import configure_log_store
 
-            configure_log_store(spark, cfg.hosts, chroot=cfg.chroot)
+            configure_log_store(spark, cfg.hosts, chroot=cfg.chroot, digest=cfg.digest)
         client = connect_zk(cfg)
     except BaseException:
         if server is not None:

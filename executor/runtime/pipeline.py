@@ -167,7 +167,7 @@ class PipelineRunner:
         if not self.layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
             from deltawheel.statestore.objectstore.logstore import configure_log_store
 
-            configure_log_store(self.spark, self.zk.hosts, chroot=self.zk.chroot)
+            configure_log_store(self.spark, self.zk.hosts, chroot=self.zk.chroot, digest=self.zk.digest)
         client = connect(self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently

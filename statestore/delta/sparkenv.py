@@ -461,7 +461,9 @@ def _object_store_conf() -> dict[str, str]:
     zk = os.environ.get("DELTAWHEEL_ZK")  # the CLI's ZooKeeper setting arbitrates s3a commits too
     if zk:
         chroot = os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel")
-        conf.update({f"spark.hadoop.{k}": v for k, v in log_store_settings(zk, chroot=chroot).items()})
+        digest = os.environ.get("DELTAWHEEL_ZK_DIGEST") or None
+        conf.update({f"spark.hadoop.{k}": v
+                     for k, v in log_store_settings(zk, chroot=chroot, digest=digest).items()})
     return conf
 
 

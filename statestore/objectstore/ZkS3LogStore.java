@@ -26,7 +26,12 @@ import org.apache.hadoop.fs.FSDataOutputStream;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
+import org.apache.curator.framework.api.ACLProvider;
 import org.apache.zookeeper.KeeperException;
+import org.apache.zookeeper.ZooDefs;
+import org.apache.zookeeper.data.ACL;
+import org.apache.zookeeper.data.Id;
+import org.apache.zookeeper.server.auth.DigestAuthenticationProvider;
 
 import io.delta.storage.HadoopFileSystemLogStore;
 
@@ -65,7 +70,8 @@ import io.delta.storage.HadoopFileSystemLogStore;
  * {@code deltawheel.logstore.zk.connect} (ZooKeeper connect string),
  * {@code deltawheel.logstore.zk.namespace} (znode prefix, default {@code deltawheel/delta-log}),
  * {@code deltawheel.logstore.zk.sessionTimeoutMs} (default 20000),
- * {@code deltawheel.logstore.expirationDelaySeconds} (default 86400, Delta's own).
+ * {@code deltawheel.logstore.expirationDelaySeconds} (default 86400, Delta's own),
+ * {@code deltawheel.logstore.zk.digestSecret} ({@code user:password}: entries carry a digest ACL).
  * Reads without a configured ZooKeeper list the log as it is; commits refuse.
  *
  * <p>Requests per commit: existence is probed with {@link FileSystem#isFile} (on S3A one HEAD;
@@ -83,6 +89,12 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     public static final String NAMESPACE = "deltawheel.logstore.zk.namespace";
     public static final String SESSION_TIMEOUT = "deltawheel.logstore.zk.sessionTimeoutMs";
     public static final String EXPIRATION = "deltawheel.logstore.expirationDelaySeconds";
+    /**
+     * {@code user:password}: the entries carry a digest ACL (all rights to that user, read to
+     * everyone), as the pipelines' lease znodes do. The key says "secret" so that Spark's UI and
+     * logs redact it ({@code spark.redaction.regex}).
+     */
+    public static final String DIGEST = "deltawheel.logstore.zk.digestSecret";
     /** S3A's create option that skips the overwrite and parent-directory probes (ignored elsewhere). */
     static final String CREATE_PERFORMANCE = "fs.s3a.create.performance";
     /** Test hook: exit the JVM right after the entry is created (a writer dying mid-commit). */
@@ -191,11 +203,30 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         }
         String ns = setting(conf, NAMESPACE, "deltawheel/delta-log");
         int sessionMs = Integer.parseInt(setting(conf, SESSION_TIMEOUT, "20000"));
-        String key = connect + "|" + ns + "|" + sessionMs;
+        String digest = setting(conf, DIGEST, null);
+        if (digest != null && digest.indexOf(':') <= 0) {
+            throw new IOException(DIGEST + " must be user:password");
+        }
+        String key = connect + "|" + ns + "|" + sessionMs + "|" + (digest == null ? "" : digest);
         CuratorFramework client = CLIENTS.computeIfAbsent(key, k -> {
-            CuratorFramework c = CuratorFrameworkFactory.builder().connectString(connect).namespace(ns)
+            CuratorFrameworkFactory.Builder b = CuratorFrameworkFactory.builder().connectString(connect).namespace(ns)
                 .sessionTimeoutMs(sessionMs).connectionTimeoutMs(15000)
-                .retryPolicy(new ExponentialBackoffRetry(200, 5)).build();
+                .retryPolicy(new ExponentialBackoffRetry(200, 5));
+            if (digest != null) {
+                List<ACL> acls = digestAcls(digest);
+                b = b.authorization("digest", digest.getBytes(StandardCharsets.UTF_8)).aclProvider(new ACLProvider() {
+                    @Override
+                    public List<ACL> getDefaultAcl() {
+                        return acls;
+                    }
+
+                    @Override
+                    public List<ACL> getAclForPath(String path) {
+                        return acls;
+                    }
+                });
+            }
+            CuratorFramework c = b.build();
             c.start();
             return c;
         });
@@ -214,6 +245,19 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     private int inlineMaxBytes(Configuration conf) {
         return Math.min(Integer.parseInt(setting(conf, INLINE_MAX, String.valueOf(DEFAULT_INLINE_MAX))),
                         DEFAULT_INLINE_MAX * 3);
+    }
+
+    /** All rights to the digest user, read to everyone (deltawheel's ``digest_acls``). */
+    static List<ACL> digestAcls(String digest) {
+        try {
+            // a mutable list: ZooKeeper's ACL check asks contains(null), which List.of refuses
+            List<ACL> acls = new ArrayList<>();
+            acls.add(new ACL(ZooDefs.Perms.ALL, new Id("digest", DigestAuthenticationProvider.generateDigest(digest))));
+            acls.add(new ACL(ZooDefs.Perms.READ, ZooDefs.Ids.ANYONE_ID_UNSAFE));
+            return Collections.unmodifiableList(acls);
+        } catch (java.security.NoSuchAlgorithmException e) {
+            throw new IllegalStateException("no SHA1 for ZooKeeper's digest ACL", e);
+        }
     }
 
     private static String tableNode(Path tablePath) {
@@ -239,6 +283,10 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             zk.create().creatingParentsIfNeeded().forPath(tableNode(tablePath) + "/" + fileName, entry.encode());
         } catch (KeeperException.NodeExistsException e) {
             throw new FileAlreadyExistsException(path.toString());
+        } catch (KeeperException.NoAuthException e) {
+            throw new IOException("ZooKeeper refused the log entry " + fileName + " of " + tablePath + ": the "
+                + "table's entries carry a digest ACL and this process has not the digest (set " + DIGEST
+                + ", or DELTAWHEEL_ZK_DIGEST / --zk-digest as the pipelines that write it); nothing was committed", e);
         } catch (Exception e) {
             throw new IOException("ZooKeeper create of the log entry " + fileName + " of " + tablePath
                 + " failed; nothing was committed", e);

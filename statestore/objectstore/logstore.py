@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ZK_LOG_STORE_CLASS", "ensure_zk_log_store_jar", "configure_log_store", "log_store_settings",
-           "CONNECT_KEY", "NAMESPACE_KEY"]
+           "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
 
 ZK_LOG_STORE_CLASS = "io.deltawheel.storage.ZkS3LogStore"
 CONNECT_KEY = "deltawheel.logstore.zk.connect"
 NAMESPACE_KEY = "deltawheel.logstore.zk.namespace"
+DIGEST_KEY = "deltawheel.logstore.zk.digestSecret"  # "secret": Spark redacts it in its UI and logs
 _SOURCE = Path(__file__).with_name("ZkS3LogStore.java")
 
 
@@ -41,22 +42,30 @@ def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False
     return ensure_log_store_jar(jars_dir, quiet=quiet, source=_SOURCE)
 
 
-def log_store_settings(hosts: str, *, chroot: str = "/deltawheel") -> dict[str, str]:
+def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> dict[str, str]:
     """Hadoop settings that point the log store at ZooKeeper ``hosts``; its entries live below
-    ``<chroot>/delta-log`` (the chroot of the pipelines' ZkConfig)."""
+    ``<chroot>/delta-log`` (the chroot of the pipelines' ZkConfig). ``digest`` (``user:password``,
+    the ZkConfig's): the entries carry a digest ACL, all rights to that user and read to everyone,
+    as the lease znodes; a process without it cannot commit to the tables they guard."""
     namespace = f"{chroot.strip('/')}/delta-log".lstrip("/")
-    return {CONNECT_KEY: hosts, NAMESPACE_KEY: namespace}
+    out = {CONNECT_KEY: hosts, NAMESPACE_KEY: namespace}
+    if digest:
+        out[DIGEST_KEY] = digest
+    return out
 
 
-def configure_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel") -> None:
+def configure_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> None:
     """Point the object-store log store of a running session at ZooKeeper ``hosts``.
 
-    Every process that commits to one table must use the same ZooKeeper and chroot: that is what
-    makes their commits exclusive.
+    Every process that commits to one table must use the same ZooKeeper, chroot and digest: that
+    is what makes their commits exclusive.
     """
     from ..delta.jvm import jcontext
 
     conf = jcontext(spark).hadoopConfiguration()
-    for k, v in log_store_settings(hosts, chroot=chroot).items():
+    for k, v in log_store_settings(hosts, chroot=chroot, digest=digest).items():
         spark.conf.set(k, v)  # the session's SQL conf: Delta's Hadoop configuration copies it as it is
         conf.set(k, v)
+    if not digest:  # a digest set by an earlier call must not outlive it
+        spark.conf.unset(DIGEST_KEY)
+        conf.unset(DIGEST_KEY)

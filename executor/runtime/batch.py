@@ -327,7 +327,7 @@ class ComputationExecutor:
 
     def wait_started(self) -> None:
         """Wait for a :meth:`start_in_background` still running; raise what the start raised (once:
-        a later batch starts again in its own thread)."""
+        a later batch then calls :meth:`start` itself)."""
         done = self._starting
         if done is None:
             return

@@ -54,22 +54,28 @@ MESSAGES = [
 ]
 
 
+def payments_topic(spark: Any, broker: Any, topic: str) -> Any:
+    """A two-partition ``topic`` holding MESSAGES, and the KafkaInjector "events" reading it."""
+    from deltawheel.executor.runtime.kafka_server import create_topic
+
+    import deltawheel
+
+    kafka_ready(spark)
+    create_topic(spark, broker.bootstrap_servers, topic, partitions=2)
+    produce(spark, broker.bootstrap_servers, topic, MESSAGES)
+    return deltawheel.KafkaInjector("events", bootstrap_servers=broker.bootstrap_servers, topic=topic,
+                                    schema="card STRING, amount DOUBLE, ts BIGINT", key_column="card",
+                                    event_time_column="ts", watermark_delay_ms=500)
+
+
 @pytest.mark.zk
 def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrated_store: Any, zk_config: Any,
                                           tmp_path: Path) -> None:
-    from deltawheel.executor.runtime.kafka_server import create_topic
     from deltawheel.statestore.delta.sqlviews import register_views
 
-    import deltawheel
     from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor
 
-    kafka_ready(spark)
-    servers = kafka_broker.bootstrap_servers
-    create_topic(spark, servers, "payments", partitions=2)
-    produce(spark, servers, "payments", MESSAGES)
-    events = deltawheel.KafkaInjector("events", bootstrap_servers=servers, topic="payments",
-                                      schema="card STRING, amount DOUBLE, ts BIGINT", key_column="card",
-                                      event_time_column="ts", watermark_delay_ms=500)
+    events = payments_topic(spark, kafka_broker, "payments")
     ex, client = start_executor(spark, migrated_store, zk_config, ByRecordKey(), watermarks=True)
     try:
         df = events.stream_df(spark)
@@ -142,22 +148,14 @@ def test_the_pipeline_runner_moves_a_kafka_watermark_per_partition(spark: Any, k
                                                                    tmp_path: Path) -> None:
     """Under PipelineRunner (no hand-wired ``tracking``), a Kafka injector's watermark follows its
     partitions batch by batch: the lagging partition holds it, not the overall max."""
-    from deltawheel.executor.runtime.kafka_server import create_topic
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
-    import deltawheel
     from tests.executor_util import ByRecordKey, state_of
 
-    kafka_ready(spark)
-    servers = kafka_broker.bootstrap_servers
-    create_topic(spark, servers, "runner-payments", partitions=2)
-    produce(spark, servers, "runner-payments", MESSAGES)
-    events = deltawheel.KafkaInjector("events", bootstrap_servers=servers, topic="runner-payments",
-                                      schema="card STRING, amount DOUBLE, ts BIGINT", key_column="card",
-                                      event_time_column="ts", watermark_delay_ms=500)
+    events = payments_topic(spark, kafka_broker, "runner-payments")
     layout = StoreLayout(str(tmp_path / "store"))
     summary = PipelineRunner(spark, layout, Pipeline("kafka_runner", (events,), (ByRecordKey(),)), zk=zk_config,
                              end_of_input=False, progress=lambda line: None).run()

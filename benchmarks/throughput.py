@@ -260,7 +260,8 @@ def run_throughput(
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": _machine_info(session),
         "session_start_s": session_start_s,
-        "spark_conf": conf,
+        "spark_conf": {**conf, "spark.sql.streaming.checkpointFileManagerClass":
+                       session.conf.get("spark.sql.streaming.checkpointFileManagerClass", None)},
         "engines": {n: r.to_dict() for n, r in results.items()},
         "ratios": _ratios(results),
         "warmup": dataclasses.asdict(WARMUP) if warmup else None,

@@ -164,7 +164,8 @@ def _temporary_files(spark, table: str) -> list[str]:  # type: ignore[no-untyped
 @pytest.mark.timeout(600)
 def test_small_commits_write_no_temporary_file_and_their_checksums_land(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """A commit's bytes travel in its ZooKeeper entry: N.json is the only file a small commit
-    PUTs; Delta's checksum of it lands after the call returns (in the background)."""
+    PUTs besides Delta's checksum of it (written by Delta's post-commit hook through the
+    checkpoint file manager, or by this store in the background when handed to it)."""
     table = f"s3a://{s3_bucket}/inline-{uuid.uuid4().hex[:8]}"
     for i in range(3):
         spark.sql(f"SELECT {i} AS i").write.format("delta").mode("append").save(table)

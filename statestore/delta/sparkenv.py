@@ -298,9 +298,13 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
     if s3_jars:  # commits to s3a:// tables: arbitrated by ZooKeeper across processes
-        from ..objectstore.logstore import ZK_LOG_STORE_CLASS
+        from ..objectstore.logstore import DIRECT_CHECKPOINT_MANAGER_CLASS, ZK_LOG_STORE_CLASS
 
         builder = builder.config("spark.delta.logStore.s3a.impl", ZK_LOG_STORE_CLASS)
+        # checkpoint files on s3a:// written in place (one PUT), not written and renamed (a copy
+        # and a delete after existence probes): Spark's offset and commit logs, state store files
+        # and Delta's N.crc after every commit; other paths as above (docs/objectstore.md)
+        builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", DIRECT_CHECKPOINT_MANAGER_CLASS)
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(
             "spark.hadoop.javax.jdo.option.ConnectionURL",
@@ -426,7 +430,7 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
     """The S3A jars for ``SparkSettings.object_store`` (docs/objectstore.md)."""
     if wanted is False:
         return []
-    from ..objectstore.logstore import ensure_zk_log_store_jar
+    from ..objectstore.logstore import ensure_checkpoint_manager_jar, ensure_zk_log_store_jar
     from ..objectstore.s3a import ensure_s3a_jars, s3a_jars_present
 
     jars = ensure_s3a_jars() if wanted else s3a_jars_present()
@@ -438,7 +442,8 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
             raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with javac: "
                                 "install a JDK (17+) or build the session with SparkSettings(object_store=None)")
         return []
-    return [*jars, store]
+    manager = ensure_checkpoint_manager_jar()  # compiled by the same javac as the store
+    return [*jars, store] + ([manager] if manager is not None else [])
 
 
 def _kafka_jars(wanted: bool | None) -> list[Path]:

@@ -62,9 +62,12 @@ import io.delta.storage.HadoopFileSystemLogStore;
  * that stalled for longer than the expiry between its step 1 and step 2; S3 listings are strongly
  * consistent).
  *
- * <p>Checksum files (N.crc, written by Delta after commit N) are PUT in the background: the commit
- * does not wait for them, and a reader that finds none rebuilds the version's state from the log
- * ({@code deltawheel.logstore.syncChecksums=true} writes them before returning).
+ * <p>Checksum files (N.crc) handed to this store are PUT in the background: the commit does not
+ * wait for them, and a reader that finds none rebuilds the version's state from the log
+ * ({@code deltawheel.logstore.syncChecksums=true} writes them before returning). Delta 4.4's
+ * post-commit checksum hook does not write through the log store but through Spark's checkpoint
+ * file manager, synchronously; on {@code s3a://} that is {@code DirectCheckpointFileManager} (one
+ * PUT, no rename).
  *
  * <p>Configuration (Hadoop keys; Spark: {@code spark.hadoop.<key>}):
  * {@code deltawheel.logstore.zk.connect} (ZooKeeper connect string),

@@ -25,7 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ZK_LOG_STORE_CLASS", "ensure_zk_log_store_jar", "configure_log_store", "log_store_settings",
+__all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "ensure_zk_log_store_jar",
+           "ensure_checkpoint_manager_jar", "configure_log_store", "log_store_settings",
            "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
 
 ZK_LOG_STORE_CLASS = "io.deltawheel.storage.ZkS3LogStore"
@@ -33,6 +34,10 @@ CONNECT_KEY = "deltawheel.logstore.zk.connect"
 NAMESPACE_KEY = "deltawheel.logstore.zk.namespace"
 DIGEST_KEY = "deltawheel.logstore.zk.digestSecret"  # "secret": Spark redacts it in its UI and logs
 _SOURCE = Path(__file__).with_name("ZkS3LogStore.java")
+# Spark's checkpoint file manager for s3a:// paths (writes in place, no rename): ``build_spark``
+# sets it whenever the S3A jars are on the classpath (docs/objectstore.md, "Checkpoint files")
+DIRECT_CHECKPOINT_MANAGER_CLASS = "io.deltawheel.storage.DirectCheckpointFileManager"
+_CHECKPOINT_SOURCE = Path(__file__).with_name("DirectCheckpointFileManager.java")
 
 
 def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
@@ -40,6 +45,14 @@ def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False
     from ..delta.sparkenv import ensure_log_store_jar
 
     return ensure_log_store_jar(jars_dir, quiet=quiet, source=_SOURCE)
+
+
+def ensure_checkpoint_manager_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The compiled jar of ``DirectCheckpointFileManager.java`` (None, with a warning, when there
+    is no javac)."""
+    from ..delta.sparkenv import ensure_log_store_jar
+
+    return ensure_log_store_jar(jars_dir, quiet=quiet, source=_CHECKPOINT_SOURCE)
 
 
 def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> dict[str, str]:

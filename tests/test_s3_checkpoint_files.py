@@ -1,0 +1,99 @@
+"""Spark's checkpoint files on the object store are written in place (one PUT), not written and
+renamed: a streaming query's offset and commit logs and Delta's checksum files, with the same
+atomicity (a cancelled file never appears) and the same refusal to overwrite."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from py4j.protocol import Py4JJavaError
+
+from deltawheel.statestore.delta.jvm import jsession, jvm
+from deltawheel.statestore.objectstore.logstore import DIRECT_CHECKPOINT_MANAGER_CLASS
+
+pytestmark = [pytest.mark.objectstore, pytest.mark.spark, pytest.mark.zk]
+
+
+def _fs(spark, uri: str):  # type: ignore[no-untyped-def]
+    path = jvm(spark).org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(jsession(spark).sessionState().newHadoopConf())
+
+
+def _stat(fs, name: str) -> int:  # type: ignore[no-untyped-def]
+    v = fs.getStorageStatistics().getLong(name)
+    return int(v) if v is not None else 0
+
+
+def _manager(spark, uri: str):  # type: ignore[no-untyped-def]
+    """The session's checkpoint file manager for ``uri``, as Spark makes it."""
+    j = jvm(spark)
+    mgr = j.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+    return mgr.create(j.org.apache.hadoop.fs.Path(uri), jsession(spark).sessionState().newHadoopConf())
+
+
+def test_a_streaming_query_on_the_object_store_keeps_its_checkpoint_without_renames(
+        spark, s3_bucket, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A user's own query: JSON files in, a Delta table on the store out, its checkpoint on the
+    store. Its logs and the table's checksums land without a single rename or copy, and a
+    restart goes on from the checkpoint (the second run reads only the new file)."""
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == DIRECT_CHECKPOINT_MANAGER_CLASS
+    base = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}"
+    src = tmp_path / "in"
+    src.mkdir()
+    fs = _fs(spark, base)
+
+    def run(name: str, rows: list[dict[str, int]]) -> None:
+        (src / f"{name}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        q = (spark.readStream.schema("k long, v long").json(str(src)).writeStream.format("delta")
+             .option("checkpointLocation", f"{base}/_checkpoint").trigger(availableNow=True).start(f"{base}/out"))
+        q.awaitTermination(300)
+        assert q.exception() is None
+
+    renames, copies = _stat(fs, "op_rename"), _stat(fs, "object_copy_requests")
+    run("a", [{"k": 1, "v": 10}, {"k": 2, "v": 20}])
+    run("b", [{"k": 3, "v": 30}])
+    assert (_stat(fs, "op_rename"), _stat(fs, "object_copy_requests")) == (renames, copies)
+    out = sorted((r.k, r.v) for r in spark.read.format("delta").load(f"{base}/out").collect())
+    assert out == [(1, 10), (2, 20), (3, 30)]  # the second run did not read a.json again
+    for f in ("offsets/0", "offsets/1", "commits/0", "commits/1"):
+        assert fs.exists(jvm(spark).org.apache.hadoop.fs.Path(f"{base}/_checkpoint/{f}")), f
+    crc = jvm(spark).org.apache.hadoop.fs.Path(f"{base}/out/_delta_log/{1:020d}.crc")
+    assert fs.exists(crc)
+
+
+def test_a_cancelled_file_never_appears_and_an_existing_one_is_not_overwritten(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    uri = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}/offsets/0"
+    j = jvm(spark)
+    path = j.org.apache.hadoop.fs.Path(uri)
+    mgr = _manager(spark, uri)
+    assert mgr.getClass().getName() == DIRECT_CHECKPOINT_MANAGER_CLASS
+    out = mgr.createAtomic(path, False)
+    out.write(bytearray(b"half a file"))
+    out.cancel()
+    assert not mgr.exists(path)
+    out = mgr.createAtomic(path, False)
+    out.write(bytearray(b"v1"))
+    out.close()
+    assert mgr.exists(path)
+    with pytest.raises(Py4JJavaError) as err:
+        mgr.createAtomic(path, False)
+    assert "FileAlreadyExistsException" in str(err.value.java_exception.getClass().getName())
+    again = mgr.createAtomic(path, True)  # overwriting is allowed when asked for
+    again.write(bytearray(b"v2"))
+    again.close()
+    stream = mgr.open(path)
+    assert j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8") == "v2"
+    stream.close()
+
+
+def test_a_local_checkpoint_keeps_the_rename(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Other file systems are left as Spark writes them: a temporary file renamed at close."""
+    path = jvm(spark).org.apache.hadoop.fs.Path(f"file://{tmp_path}/offsets/0")
+    out = _manager(spark, str(path)).createAtomic(path, False)
+    try:
+        assert out.getClass().getSimpleName() == "RenameBasedFSDataOutputStream"
+    finally:
+        out.cancel()

@@ -248,7 +248,7 @@ class TableLog:
                read_partitions: Sequence[str] = (), app_versions: Mapping[str, int] | None = None,
                user_metadata: str | None = None,
                untouched_since: tuple[int, Sequence[Mapping[str, str]]] | None = None,
-               check: Callable[[], None] | None = None) -> int | None:
+               check: Callable[[], None] | None = None, known_version: int | None = None) -> int | None:
         """One Delta transaction: remove files, add files (``add`` action JSON), set app versions.
 
         ``read_partitions`` are SQL predicates recorded as read: any concurrent
@@ -257,10 +257,20 @@ class TableLog:
         after ``version`` touched those partitions. ``check`` runs once the transaction has
         taken its snapshot, before anything is committed (raise to abort): what it finds
         absent is then either absent at the commit or committed after the snapshot, where
-        Delta's conflict check sees it. Returns the new version.
+        Delta's conflict check sees it. Returns the new version. ``known_version``: the newest
+        version the caller knows of (its view of the table); if the snapshot this JVM holds is
+        that version, the transaction reads it instead of listing the log for newer versions
+        first (on an object store a LIST and a ZooKeeper read per commit). A commit another
+        process made since is then found by Delta's conflict check at commit time (the attempt
+        at the taken version fails, the winners are checked against what this transaction read,
+        and it goes on at the next version), as for any commit racing another.
         Raises whatever Delta raises (conflicts are translated by the caller).
         """
-        txn = self._log.startTransaction()
+        held = self._log.unsafeVolatileSnapshot() if known_version is not None else None
+        if held is not None and int(held.version()) == known_version:
+            txn = self._log.startTransaction(self._none, self._some(held))
+        else:
+            txn = self._log.startTransaction()
         if check is not None:
             check()
         if untouched_since is not None:

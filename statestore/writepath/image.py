@@ -484,7 +484,8 @@ class ImagePath(WritePath[BatchOutput]):
         try:
             version = self.log.commit(remove=removes, add=list(adds.values()), user_metadata=info,
                                       read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
-                                      untouched_since=(self.version, parts))
+                                      untouched_since=(self.version, parts),
+                                      known_version=self.version)
         except StaleFilesError as exc:
             # a takeover first (a zombie fails typed, never as a mere reload)
             self.owner.store.check_fences(name, seqs)

@@ -634,3 +634,46 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
         assert [d["record_id"] for d in dl] == ["bad"]
     with pytest.raises(ConfigError, match="intervals must be a non-empty subset of 0..3, got \\[4\\]"):
         ComputationExecutor(spark, ref, BucketCounter(), owner=None, intervals=[4])  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(600)
+def test_a_commit_of_another_process_between_batches_is_kept(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """The image path commits on the table snapshot this JVM already holds. Another process
+    commits in between (a commit file this JVM never read, adding a file to another
+    computation's partition): the next batch still commits, on the version after it, and the
+    other commit's file stays in the table."""
+    import json
+    import shutil
+    import time
+    from pathlib import Path
+
+    from deltawheel.statestore.delta.txn import new_add
+
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image")
+    try:
+        ex.run_batch(events(spark, B1), 0, input_watermark_ms=None)
+        v = ex.path.version
+        rows = Path(migrated_store.rows)
+        ours = next(rows.glob("computation=buckets/interval=*/*.parquet"))
+        rel = "computation=other/interval=0/part-00000-from-elsewhere.snappy.parquet"
+        (rows / rel).parent.mkdir(parents=True)
+        shutil.copy(ours, rows / rel)
+        info = {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "WRITE",
+                               "operationParameters": {"mode": "Append"}, "readVersion": v, "isBlindAppend": True}}
+        add = new_add(rel, {"computation": "other", "interval": "0"}, (rows / rel).stat().st_size, 1)
+        (rows / "_delta_log" / f"{v + 1:020d}.json").write_text(json.dumps(info) + "\n" + add + "\n")
+
+        r1 = ex.run_batch(events(spark, B2), 1, input_watermark_ms=11_000)
+        assert (r1.processed, r1.duplicates, r1.timers_fired) == (2, 1, 2)
+        assert ex.path.version == v + 2
+        hist = {r.version: r.readVersion for r in
+                spark.sql(f"DESCRIBE HISTORY delta.`{migrated_store.rows}`").select("version", "readVersion").collect()}
+        assert hist[v + 2] == v  # read on the held snapshot, which had not seen v + 1
+        ex.flush(input_watermark_ms=40_000)
+        ex.settle()
+    finally:
+        stop_executor(ex, client)
+    assert _windows(spark, migrated_store) == ALL_WINDOWS
+    paths = {r.p for r in spark.read.format("delta").load(migrated_store.rows)
+             .where("computation = 'other'").selectExpr("input_file_name() AS p").collect()}
+    assert len(paths) == 1 and next(iter(paths)).endswith("part-00000-from-elsewhere.snappy.parquet")

@@ -105,6 +105,25 @@ def test_objectstore_cli_start_status_bucket_stop(tmp_path: Path) -> None:
     assert after.returncode == 1 and "not running" in after.stdout
 
 
+def test_objectstore_cli_says_when_the_port_belongs_to_another_data_folder(tmp_path: Path) -> None:
+    """A user starts the server with --data A, then asks for a bucket without --data (the default
+    folder, same default port): the answer names the cause instead of a credential error."""
+    a, b, port = str(tmp_path / "a"), str(tmp_path / "b"), str(free_port())
+    nothing = _cli("objectstore", "create-bucket", "early", "--data", b, "--port", port)
+    assert nothing.returncode != 0 and "objectstore start --data" in nothing.stderr, nothing.stderr
+    started = _cli("objectstore", "start", "--data", a, "--port", port)
+    try:
+        assert started.returncode == 0, started.stderr
+        status = _cli("objectstore", "status", "--data", b, "--port", port)
+        assert status.returncode == 1 and "answered by another process" in status.stdout, status.stdout
+        made = _cli("objectstore", "create-bucket", "mine", "--data", b, "--port", port)
+        assert made.returncode != 0, made.stdout
+        assert "ObjectStoreServerError" in made.stderr and "pass the --data folder" in made.stderr, made.stderr
+        assert not (tmp_path / "a" / "blobs" / "mine").exists()
+    finally:
+        _cli("objectstore", "stop", "--data", a)
+
+
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(600)

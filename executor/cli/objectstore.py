@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
+from deltawheel.statestore.exceptions import ObjectStoreServerError
 from deltawheel.statestore.objectstore import s3a
 from deltawheel.statestore.objectstore.server import DEFAULT_OBJECTSTORE_PORT, S3ProxyServer
 
@@ -95,11 +97,28 @@ def _status(args: argparse.Namespace) -> int:
         _print_settings(server)
         return 0
     print(f"not running (port {st.port}, data {st.data_dir})")
+    other = _foreign(server)
+    if other:
+        print(other)
     return 1
+
+
+def _foreign(server: Any) -> str | None:
+    """What to say when this data folder's server does not run but something answers on its port
+    (usually the server of another data folder: its credentials are not this folder's)."""
+    if not server.answers():
+        return None
+    return (f"port {server.port} is answered by another process: not the server of {server.data_dir} (another "
+            "data folder's, whose credentials are not this folder's?); pass the --data folder it was started "
+            "with, or --port to start this one beside it")
 
 
 def _create_bucket(args: argparse.Namespace) -> int:
     server = _server(args)
+    if not server.status().running:
+        other = _foreign(server)
+        raise ObjectStoreServerError(other or f"no server of {server.data_dir} runs on port {server.port}: start "
+                                     f"it with 'deltawheel objectstore start --data {server.data_dir}'")
     if server.create_bucket(args.bucket):
         print(f"created bucket {args.bucket!r}: use s3a://{args.bucket}/PATH")
     else:

@@ -119,6 +119,10 @@ class S3ProxyServer:
         """Create ``bucket`` through the S3 API; False if it existed already."""
         return self.client().create_bucket(bucket)
 
+    def answers(self) -> bool:
+        """Whether anything answers HTTP on this server's port (its own process or another)."""
+        return self._ready()
+
     def _ready(self) -> bool:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=1.0)
         try:

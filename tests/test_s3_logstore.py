@@ -274,3 +274,40 @@ def test_with_a_digest_the_entries_are_guarded_and_a_writer_without_it_commits_n
     body = j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
     stream.close()
     assert json.loads(body) == {"writer": "dw:secret", "v": 1}
+
+
+@pytest.mark.timeout(300)
+def test_a_writer_overtaken_while_creating_a_table_loses_with_file_already_exists(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """Two writers create one table at once. The slow one probes for 00000000000000000000.json
+    before the fast one writes it, and looks at the version's entry after the fast one completed
+    it: it lost the race (FileAlreadyExistsException, which Delta answers by reading the winner),
+    not "the table was deleted by hand"."""
+    import threading
+
+    from py4j.protocol import Py4JJavaError
+
+    j = jvm(spark)
+    log_dir = f"s3a://{s3_bucket}/overtaken-{uuid.uuid4().hex[:8]}/_delta_log"
+    v0 = j.org.apache.hadoop.fs.Path(f"{log_dir}/{0:020d}.json")
+    slow_conf = jsession(spark).sessionState().newHadoopConf()
+    slow_conf.set("deltawheel.logstore.test.pauseAfterProbeMs", "3000")
+    outcome: list[str] = []
+
+    def slow() -> None:
+        try:
+            _store(spark).write(v0, j.java.util.ArrayList([json.dumps({"writer": "slow"})]).iterator(), False,
+                                slow_conf)
+            outcome.append("won")
+        except Py4JJavaError as exc:
+            outcome.append(str(exc.java_exception.getClass().getName()))
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(1.0)  # the slow writer has probed (nothing there) and sleeps
+    conf = jsession(spark).sessionState().newHadoopConf()
+    _store(spark).write(v0, j.java.util.ArrayList([json.dumps({"writer": "fast"})]).iterator(), False, conf)
+    t.join(60)
+    assert outcome == ["java.nio.file.FileAlreadyExistsException"]
+    stream = v0.getFileSystem(conf).open(v0)
+    assert json.loads(j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")) == {"writer": "fast"}
+    stream.close()

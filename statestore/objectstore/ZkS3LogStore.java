@@ -102,6 +102,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     static final String CREATE_PERFORMANCE = "fs.s3a.create.performance";
     /** Test hook: exit the JVM right after the entry is created (a writer dying mid-commit). */
     public static final String CRASH_AFTER_PREPARE = "deltawheel.logstore.test.crashAfterPrepare";
+    /** Test hook: sleep this long after the Step 0 probe (a writer slowed down between steps). */
+    public static final String PAUSE_AFTER_PROBE_MS = "deltawheel.logstore.test.pauseAfterProbeMs";
 
     private static final Pattern DELTA_FILE = Pattern.compile("^(\\d{20})\\.json$");
     /** Commits up to this many bytes travel inside their ZooKeeper entry (no temporary file). */
@@ -467,6 +469,14 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         if (fs.isFile(resolved)) {  // Step 0
             throw new FileAlreadyExistsException(path.toString());
         }
+        long pause = hadoopConf.getLong(PAUSE_AFTER_PROBE_MS, 0L);
+        if (pause > 0) {
+            try {
+                Thread.sleep(pause);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
         CuratorFramework zk = zk(hadoopConf, true);
         Path tablePath = tablePathOf(resolved);
         Path dir = logDir(resolved);
@@ -484,6 +494,10 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         } else {
             Optional<Entry> e = getEntry(zk, tablePath, resolved.getName());
             if (e.isPresent() && e.get().complete) {
+                if (fs.isFile(resolved)) {
+                    // another writer committed version 0 after our Step 0 probe: it won the race
+                    throw new FileAlreadyExistsException(path.toString());
+                }
                 throw new IOException("ZooKeeper holds a completed entry for version 0 of " + tablePath
                     + " but the table has no 00000000000000000000.json: the table was deleted by hand; "
                     + "remove the znode " + tableNode(tablePath) + " below the namespace, or use a new path");

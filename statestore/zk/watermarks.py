@@ -421,11 +421,14 @@ class WatermarkAuthority:
         """
         self.publish_oldest_works(computation, {interval: (oldest_work_ms, sequencer)})
 
-    def publish_oldest_works(self, computation: str, works: Mapping[int, tuple[int | None, int]]) -> None:
+    def publish_oldest_works(self, computation: str, works: Mapping[int, tuple[int | None, int]], *,
+                             topology: Topology | None = None) -> None:
         """:meth:`publish_oldest_work` for several intervals of one computation at once:
         ``works`` maps interval -> (oldest work ms or None, sequencer of our grant). One round
         of reads (pipelined) and one ZooKeeper transaction: all are written or none (a
-        concurrent update makes it read and try again). Raises as :meth:`publish_oldest_work`."""
+        concurrent update makes it read and try again). ``topology``: the computation's, as the
+        caller just read it (:meth:`topology`; else it is read here for the range check).
+        Raises as :meth:`publish_oldest_work`."""
         session = self._session()  # the sequencers are this session's grants: publish in no other
         ivs = sorted(works)
         if not ivs:
@@ -433,7 +436,7 @@ class WatermarkAuthority:
         for iv in ivs:
             _check_ms("oldest_work_ms", works[iv][0], optional=True)
         owners = {iv: f"{interval_path(self.pipeline, computation, iv)}/owner" for iv in ivs}  # range check
-        topo = self.topology(computation)
+        topo = topology if topology is not None else self.topology(computation)
         if topo is not None and ivs[-1] >= topo.num_intervals:
             raise ConfigError(f"{computation} is declared with {topo.num_intervals} intervals; "
                               f"interval {ivs[-1]} does not exist")
@@ -669,11 +672,12 @@ class WatermarkAuthority:
 
         return self._resilient(f"reading oldest work of {computation}", read)  # type: ignore[no-any-return]
 
-    def low_watermark(self, computation: str) -> int | None:
+    def low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
         """The low watermark as MillWheel computes it; may be below the published one.
 
         Each upstream computation counts with max(its computed, its published)
-        value: downstream may already have acted on the published one.
+        value: downstream may already have acted on the published one. ``topology``: the
+        computation's, as the caller just read it (else read here).
 
         Returns:
             Epoch ms; ``None`` when not known yet; :data:`END_OF_TIME` when all is done.
@@ -682,35 +686,69 @@ class WatermarkAuthority:
             ConfigError: ``computation`` is not declared, or the topology has a cycle.
             LeaseSuspendedError: the connection is suspended (see :meth:`last_known`).
         """
-        if self.topology(computation) is None:
+        topo = topology if topology is not None else self.topology(computation)
+        if topo is None:
             raise ConfigError(f"{self.pipeline}/{computation} is not declared; declare() it with its "
                               "upstream and num_intervals first")
-        return self._compute(computation, {}, ())
+        return self._compute(computation, {}, (), topo=topo)
 
-    def _compute(self, computation: str, memo: dict[str, int | None], path: tuple[str, ...]) -> int | None:
+    def _compute(self, computation: str, memo: dict[str, int | None], path: tuple[str, ...], *,
+                 topo: Topology | None = None) -> int | None:
         if computation in path:
             cycle = " -> ".join((*path[path.index(computation):], computation))
             raise ConfigError(f"the topology of {self.pipeline} has a cycle ({cycle}); low watermarks "
                               "need an acyclic pipeline")
-        topo = self.topology(computation)
+        if topo is None:  # (the caller's read of it, for the computation asked about)
+            topo = self.topology(computation)
         if topo is None:
             return None  # declared later (or a typo: snapshot() shows it undeclared)
         values: list[int | None] = []
-        for kind, name in (parse_upstream(u) for u in topo.upstream):
+        upstream = [parse_upstream(u) for u in topo.upstream]
+        # the injectors' watermarks and the intervals' oldest work: one pipelined round
+        injected, oldest = self._inputs_of(computation, [n for k, n in upstream if k == "injector"],
+                                           topo.num_intervals)
+        for kind, name in upstream:
             if kind == "injector":
-                values.append(self.injector_watermark(name))
+                values.append(injected[name])
                 continue
             if name not in memo:
                 computed = self._compute(name, memo, (*path, computation))
                 memo[name] = _max(computed, self.published_low_watermark(name))
             values.append(memo[name])
-        for raw in self.oldest_work(computation, topo.num_intervals).values():
+        for raw in oldest.values():
             values.append(None if raw is None else
                           END_OF_TIME if raw["oldest_work_ms"] is None else int(raw["oldest_work_ms"]))
         return _min(values)
 
-    def advance_low_watermark(self, computation: str) -> int | None:
+    def _inputs_of(self, computation: str, injectors: Sequence[str], num_intervals: int
+                   ) -> tuple[dict[str, int | None], dict[int, Raw | None]]:
+        """(the stored watermark of each of ``injectors``, as :meth:`injector_watermark`; the
+        oldest work of intervals 0..num_intervals-1, as :meth:`oldest_work`), read in one round."""
+        base = self._path("computation", computation)
+
+        def read() -> tuple[dict[str, int | None], dict[int, Raw | None]]:
+            with _zk_errors(f"reading the inputs of {computation}'s low watermark"):
+                inj = {n: self._client.get_async(self._path("injector", n)) for n in injectors}
+                ivs = [self._client.get_async(f"{base}/{i:05d}") for i in range(num_intervals)]
+                marks: dict[str, int | None] = {}
+                for n, res in inj.items():
+                    try:
+                        marks[n] = int(_decode(res.get()[0], "injector watermark")["watermark_ms"])
+                    except NoNodeError:
+                        marks[n] = None
+                out: dict[int, Raw | None] = {}
+                for i, res in enumerate(ivs):
+                    try:
+                        out[i] = _decode(res.get()[0], "oldest work")
+                    except NoNodeError:
+                        out[i] = None
+                return marks, out
+
+        return self._resilient(f"reading the inputs of {computation}'s low watermark", read)  # type: ignore[no-any-return]
+
+    def advance_low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
         """Compute the low watermark, publish max(computed, published) and return it.
+        ``topology``: the computation's, as the caller just read it (else read here).
 
         Late data: records behind the published watermark pull oldest work (and
         the computed value) below it; the published value stays, and those
@@ -720,7 +758,7 @@ class WatermarkAuthority:
             ConfigError: as :meth:`low_watermark`.
             LeaseSuspendedError: the connection is suspended; retry after the reconnect.
         """
-        computed = self.low_watermark(computation)
+        computed = self.low_watermark(computation, topology=topology)
         result: list[int | None] = [None]
 
         def update(old: Raw | None) -> bytes | None:

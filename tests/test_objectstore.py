@@ -120,6 +120,9 @@ def test_objectstore_cli_says_when_the_port_belongs_to_another_data_folder(tmp_p
         assert made.returncode != 0, made.stdout
         assert "ObjectStoreServerError" in made.stderr and "pass the --data folder" in made.stderr, made.stderr
         assert not (tmp_path / "a" / "blobs" / "mine").exists()
+        wrong = _cli("objectstore", "stop", "--data", b, "--port", port)  # stops nothing, and says why
+        assert "answered by another process" in wrong.stdout, wrong.stdout
+        assert _cli("objectstore", "status", "--data", a).returncode == 0  # still running
     finally:
         _cli("objectstore", "stop", "--data", a)
 

@@ -86,6 +86,9 @@ def _stop(args: argparse.Namespace) -> int:
         print(f"stopped S3Proxy (pid {pid}) on port {server.port}")
     else:
         print(f"no S3Proxy running for {server.data_dir}")
+        other = _foreign(server)
+        if other:
+            print(other)
     return 0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 from deltawheel.statestore.exceptions import ObjectStoreServerError
 from deltawheel.statestore.objectstore import s3a
@@ -106,7 +105,7 @@ def _status(args: argparse.Namespace) -> int:
     return 1
 
 
-def _foreign(server: Any) -> str | None:
+def _foreign(server: S3ProxyServer) -> str | None:
     """What to say when this data folder's server does not run but something answers on its port
     (usually the server of another data folder: its credentials are not this folder's)."""
     if not server.answers():

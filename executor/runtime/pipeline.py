@@ -403,7 +403,7 @@ class PipelineRunner:
         # taken before the batch and observed after it, as their ``tracking`` does; the executor's
         # end-of-batch hook only knows the batch's overall event-time range (it still publishes
         # them too: in timers-only batches it is what moves a partition that went idle)
-        per_partition = [injectors[s] for s in comp.inputs
+        per_partition: list[Any] = [injectors[s] for s in comp.inputs
                          if s in injectors and callable(getattr(injectors[s], "stats_of", None))]
 
         def batch(df: Any, batch_id: int) -> None:

@@ -436,14 +436,15 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
     jars = ensure_s3a_jars() if wanted else s3a_jars_present()
     if not jars:
         return []
+    # both compiled by javac (None without one): build_spark names both classes in the session
     store = ensure_zk_log_store_jar()
-    if store is None:  # no javac: object-store tables are left out rather than committed unsafely
+    manager = ensure_checkpoint_manager_jar() if store is not None else None
+    if store is None or manager is None:  # no javac: object-store tables are left out rather than committed unsafely
         if wanted:
             raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with javac: "
                                 "install a JDK (17+) or build the session with SparkSettings(object_store=None)")
         return []
-    manager = ensure_checkpoint_manager_jar()  # compiled by the same javac as the store
-    return [*jars, store] + ([manager] if manager is not None else [])
+    return [*jars, store, manager]
 
 
 def _kafka_jars(wanted: bool | None) -> list[Path]:

@@ -658,19 +658,7 @@ class WatermarkAuthority:
 
     def oldest_work(self, computation: str, num_intervals: int) -> dict[int, Raw | None]:
         """Published oldest-work payloads of intervals 0..num_intervals-1 (``None``: never published)."""
-        base = self._path("computation", computation)
-        def read() -> dict[int, Raw | None]:
-            out: dict[int, Raw | None] = {}
-            with _zk_errors(f"reading oldest work of {computation}"):
-                pending = [self._client.get_async(f"{base}/{i:05d}") for i in range(num_intervals)]
-                for i, res in enumerate(pending):
-                    try:
-                        out[i] = _decode(res.get()[0], "oldest work")
-                    except NoNodeError:
-                        out[i] = None
-            return out
-
-        return self._resilient(f"reading oldest work of {computation}", read)  # type: ignore[no-any-return]
+        return self._inputs_of(computation, (), num_intervals, what=f"reading oldest work of {computation}")[1]
 
     def low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
         """The low watermark as MillWheel computes it; may be below the published one.
@@ -720,14 +708,15 @@ class WatermarkAuthority:
                           END_OF_TIME if raw["oldest_work_ms"] is None else int(raw["oldest_work_ms"]))
         return _min(values)
 
-    def _inputs_of(self, computation: str, injectors: Sequence[str], num_intervals: int
-                   ) -> tuple[dict[str, int | None], dict[int, Raw | None]]:
+    def _inputs_of(self, computation: str, injectors: Sequence[str], num_intervals: int, *,
+                   what: str | None = None) -> tuple[dict[str, int | None], dict[int, Raw | None]]:
         """(the stored watermark of each of ``injectors``, as :meth:`injector_watermark`; the
         oldest work of intervals 0..num_intervals-1, as :meth:`oldest_work`), read in one round."""
         base = self._path("computation", computation)
+        what = what or f"reading the inputs of {computation}'s low watermark"
 
         def read() -> tuple[dict[str, int | None], dict[int, Raw | None]]:
-            with _zk_errors(f"reading the inputs of {computation}'s low watermark"):
+            with _zk_errors(what):
                 inj = {n: self._client.get_async(self._path("injector", n)) for n in injectors}
                 ivs = [self._client.get_async(f"{base}/{i:05d}") for i in range(num_intervals)]
                 marks: dict[str, int | None] = {}
@@ -744,7 +733,7 @@ class WatermarkAuthority:
                         out[i] = None
                 return marks, out
 
-        return self._resilient(f"reading the inputs of {computation}'s low watermark", read)  # type: ignore[no-any-return]
+        return self._resilient(what, read)  # type: ignore[no-any-return]
 
     def advance_low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
         """Compute the low watermark, publish max(computed, published) and return it.

@@ -457,3 +457,65 @@ def test_closed_authorities_leave_no_listener_on_a_long_lived_client(clients, wm
     for _ in range(3):
         assert P in gather(migrated_store, client, pipeline=P).watermarks
     assert len(client.state_listeners) == before
+
+
+def test_publish_and_advance_gives_what_the_two_calls_give_and_fails_whole(
+        clients: Callable[..., KazooClient], wm: WatermarkAuthority) -> None:
+    """The batch's watermark step in one round: the oldest work of the intervals written, the low
+    watermark computed from it (and from the injector and the other intervals), both or neither."""
+    seqs = {iv: g.sequencer for iv, g in LeaseManager(clients(), pipeline=P, owner="me").acquire("A", [0, 1]).items()}
+    assert wm.publish_and_advance("A", {0: (500, seqs[0]), 1: (None, seqs[1])}) is None  # no injector yet
+    wm.publish_injector("src", 2_000)
+    assert wm.publish_and_advance("A", {0: (500, seqs[0]), 1: (None, seqs[1])}) == 500
+    assert wm.published_low_watermark("A") == 500 == wm.low_watermark("A")
+    assert wm.publish_and_advance("A", {0: (None, seqs[0]), 1: (None, seqs[1])}) == 2_000  # only the injector
+    # late work below it: the oldest work goes down, the published low watermark does not
+    assert wm.publish_and_advance("A", {0: (1_200, seqs[0])}) == 2_000
+    assert wm.low_watermark("A") == 1_200 and wm.published_low_watermark("A") == 2_000
+    assert (wm.oldest_work("A", 2)[0] or {}).get("oldest_work_ms") == 1_200
+    # B reads A's published value (downstream may have acted on it)
+    assert wm.publish_and_advance("B", {0: (None, 1), 1: (None, 1)}) == 2_000
+    # a takeover of interval 1: the step fails naming it, and writes neither node
+    break_lease(clients(), pipeline=P, computation="A", interval=1, apply=True)
+    LeaseManager(clients(), pipeline=P, owner="new").acquire("A", [1])
+    wm.publish_injector("src", 9_000)
+    with pytest.raises(StaleSequencerError, match=r"interval 1 of p/A: the current lease has sequencer \d+"):
+        wm.publish_and_advance("A", {0: (8_000, seqs[0]), 1: (8_000, seqs[1])})
+    assert (wm.oldest_work("A", 2)[0] or {}).get("oldest_work_ms") == 1_200
+    assert wm.published_low_watermark("A") == 2_000
+    with pytest.raises(ConfigError, match="declared with 2 intervals; interval 2 does not exist"):
+        wm.publish_and_advance("A", {0: (1, seqs[0]), 2: (1, seqs[0])})
+    with pytest.raises(CodecError):
+        wm.publish_and_advance("A", {0: (NOT_MS, seqs[0])})
+    # an undeclared computation: its oldest work is published, then the low watermark cannot be
+    with pytest.raises(ConfigError, match="not declared"):
+        wm.publish_and_advance("C", {0: (5, 1)})
+    assert (wm.oldest_work("C", 1)[0] or {}).get("oldest_work_ms") == 5
+
+
+def test_publish_and_advance_reads_again_after_a_concurrent_write(clients: Callable[..., KazooClient],
+                                                                  wm: WatermarkAuthority) -> None:
+    """Another writer between the step's reads and its transaction: the step reads again, so
+    the low watermark counts what that writer wrote (and a redeclared topology is followed)."""
+    clock = MeddlingClock(10_000)
+    slow = WatermarkAuthority(clients(), pipeline=P, clock=clock)
+    wm.publish_injector("src", 5_000)
+    wm.publish_oldest_work("A", 1, None, sequencer=1)
+    assert slow.publish_and_advance("A", {0: (4_000, 1)}) == 4_000
+    # another instance's interval 1 gets work at 3 000 between the step's reads and its write: a
+    # low watermark of 4 500 from the stale reads must not land; read again, the step keeps 4 000
+    clock.meddle = lambda: (wm.publish_oldest_work("A", 1, 3_000, sequencer=1), wm.publish_injector("src", 6_000))
+    assert slow.publish_and_advance("A", {0: (4_500, 1)}) == 4_000
+    assert wm.published_low_watermark("A") == 4_000 and wm.low_watermark("A") == 3_000
+    assert (wm.oldest_work("A", 2)[0] or {}).get("oldest_work_ms") == 4_500
+    # the oldest work of interval 0 is rewritten by someone else between the reads and the write
+    clock.meddle = lambda: wm.publish_oldest_work("A", 0, 4_700, sequencer=1)
+    wm.publish_oldest_work("A", 1, None, sequencer=1)
+    assert slow.publish_and_advance("A", {0: (5_500, 1)}) == 5_500
+    assert (wm.oldest_work("A", 2)[0] or {}).get("oldest_work_ms") == 5_500
+    # A is redeclared with three intervals after the step last read its topology: interval 2 counts
+    wm.declare("A", upstream=["injector:src"], num_intervals=3, replace=True)
+    wm.publish_oldest_work("A", 2, 5_200, sequencer=1)
+    assert slow.publish_and_advance("A", {0: (5_900, 1)}) == 5_500  # max(published 5 500, computed 5 200)
+    wm.publish_oldest_work("A", 2, None, sequencer=1)
+    assert slow.publish_and_advance("A", {0: (5_900, 1), 2: (None, 1)}) == 5_900

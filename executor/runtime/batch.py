@@ -637,10 +637,8 @@ class ComputationExecutor:
                 if held is not None:  # undelivered (straggling) productions hold the watermark
                     oldest = held if oldest is None else min(oldest, held)
                 works[iv] = (oldest, seq)
-            # the topology read once for both (its range check, the computation's upstream)
-            topo = self.authority.topology(self.comp.name)
-            self.authority.publish_oldest_works(self.comp.name, works, topology=topo)  # one ZooKeeper transaction
-            return self.authority.advance_low_watermark(self.comp.name, topology=topo)
+            # the oldest work and the low watermark computed from it: one round of reads, one transaction
+            return self.authority.publish_and_advance(self.comp.name, works)
 
     def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
         """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""

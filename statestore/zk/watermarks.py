@@ -281,6 +281,7 @@ class WatermarkAuthority:
         self._base = f"/pipelines/{pipeline}"
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[int | None, int]] = {}
+        self._topologies: dict[str, Topology] = {}  # as publish_and_advance last read them
         self._expiries = 0  # sessions of ``client`` reported expired (LOST) so far
         ensure_zk_layout(client)
         client.add_listener(self._on_state)
@@ -457,6 +458,135 @@ class WatermarkAuthority:
             items.append((f"{base}/{iv:05d}", update, (owners[iv], judge)))
         self._cas_many(f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} "
                        f"{', '.join(map(str, ivs))} of {self.pipeline}/{computation}", items, session=session)
+
+    def publish_and_advance(self, computation: str, works: Mapping[int, tuple[int | None, int]]) -> int | None:
+        """:meth:`publish_oldest_works` then :meth:`advance_low_watermark`, in one pipelined round of
+        reads and one ZooKeeper transaction (step 7 of the batch protocol; the two calls take five
+        rounds and two transactions).
+
+        The low watermark is computed as :meth:`advance_low_watermark` does, from the oldest work
+        being written, the other intervals' and the injectors' as read in the same round. The
+        intervals' oldest work and the low watermark are written at the versions they were read at,
+        each lease owner node is checked at its version, and a new low watermark also checks the
+        other intervals' and the injectors' nodes: else the whole step reads again. So no published
+        value moves back, a takeover racing the write fails it as :meth:`publish_oldest_works` does,
+        and a new low watermark is the minimum of values that all still hold when it lands. The computation's topology is read in the same round
+        (the one read last time says what else to read; a changed one makes the round run again).
+
+        Returns the published low watermark. Raises as the two calls (an undeclared computation
+        gets its oldest work published, then :class:`ConfigError`, as they do).
+        """
+        session = self._session()  # the sequencers are this session's grants: publish in no other
+        ivs = sorted(works)
+        for iv in ivs:
+            _check_ms("oldest_work_ms", works[iv][0], optional=True)
+        what = (f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} {', '.join(map(str, ivs))} "
+                f"of {self.pipeline}/{computation} and advancing its low watermark")
+
+        def step() -> tuple[bool, int | None]:
+            while True:
+                topo = self._topologies.get(computation)
+                if topo is None:
+                    topo = self.topology(computation)
+                    if topo is None:
+                        return False, None
+                    self._topologies[computation] = topo
+                done, low = self._publish_round(computation, works, topo, what)
+                if done:
+                    return True, low
+
+        declared, low = self._resilient(what, step, session=session)
+        if not declared:  # as the two calls do: the second raises ConfigError
+            self.publish_oldest_works(computation, works)
+            return self.advance_low_watermark(computation)
+        self._remember(computation, low)
+        return low
+
+    def _publish_round(self, computation: str, works: Mapping[int, tuple[int | None, int]], topo: Topology,
+                       what: str) -> tuple[bool, int | None]:
+        """One try of :meth:`publish_and_advance` with the topology read last time: (done, low
+        watermark); not done when the topology changed or a concurrent writer got in between."""
+        ivs = sorted(works)
+        if ivs and ivs[-1] >= topo.num_intervals:
+            raise ConfigError(f"{computation} is declared with {topo.num_intervals} intervals; "
+                              f"interval {ivs[-1]} does not exist")
+        upstream = [parse_upstream(u) for u in topo.upstream]
+        memo: dict[str, int | None] = {}
+        for kind, name in upstream:  # upstream computations (other stages): read as advance does
+            if kind == "computation" and name not in memo:
+                memo[name] = _max(self._compute(name, {}, (computation,)), self.published_low_watermark(name))
+        base = self._path("computation", computation)
+        owners = {iv: f"{interval_path(self.pipeline, computation, iv)}/owner" for iv in ivs}
+        low_path = self._path("low", computation)
+        with _zk_errors(what):
+            get = self._client.get_async
+            r_topo = get(self._path("topology", computation))
+            r_inj = {n: get(self._path("injector", n)) for k, n in upstream if k == "injector"}
+            r_ivs = [get(f"{base}/{i:05d}") for i in range(topo.num_intervals)]
+            r_own = {iv: get(owners[iv]) for iv in ivs}
+            r_low = get(low_path)
+            got = {"topo": _got(r_topo), "low": _got(r_low)}
+            inj = {n: _got(r) for n, r in r_inj.items()}
+            olds = [_got(r) for r in r_ivs]
+            own = {iv: _got(r) for iv, r in r_own.items()}
+            data = got["topo"][0]
+            if (None if data is None else Topology.from_payload(data)) != topo:
+                self._topologies.pop(computation, None)  # redeclared (or removed): read it again
+                return False, None
+            tx = self._client.transaction()
+            values: list[int | None] = []
+            for kind, name in upstream:
+                if kind == "computation":
+                    values.append(memo[name])
+                    continue
+                data = inj[name][0]
+                values.append(None if data is None else int(_decode(data, "injector watermark")["watermark_ms"]))
+            writes = 0
+            inputs = [(self._path("injector", n), inj[n][1]) for n in inj]  # what the low watermark reads
+            for i, (data, stat) in enumerate(olds):
+                old = None if data is None else _decode(data, "oldest work")
+                if i not in works:
+                    values.append(None if old is None else END_OF_TIME if old["oldest_work_ms"] is None
+                                  else int(old["oldest_work_ms"]))
+                    inputs.append((f"{base}/{i:05d}", stat))
+                    continue
+                oldest, sequencer = works[i]
+                one = f"publishing oldest work of interval {i} of {self.pipeline}/{computation}"
+                if old is not None and int(old["sequencer"]) > sequencer:
+                    raise _stale(one, sequencer, old["sequencer"], "the published oldest work")
+                check = _owner_fence(one, owners[i], sequencer, *own[i])
+                if check is not None:
+                    tx.check(*check)
+                new = _encode({"sequencer": sequencer, "oldest_work_ms": oldest, "published_ms": self._clock.now_ms()})
+                if stat is None:
+                    self._client.ensure_path(base, acl=self._acls)
+                    tx.create(f"{base}/{i:05d}", new, acl=self._acls)
+                else:
+                    tx.set_data(f"{base}/{i:05d}", new, stat.version)
+                writes += 1
+                values.append(END_OF_TIME if oldest is None else oldest)
+            computed = _min(values)
+            data, stat = got["low"]
+            old = None if data is None else _decode(data, "low watermark")
+            before = None if old is None else old["low_watermark_ms"]
+            low = _max(before, computed)
+            if low != before:
+                new = _encode({"low_watermark_ms": low, "computed_ms": computed,
+                               "revision": 0 if old is None else int(old["revision"]) + 1,
+                               "published_ms": self._clock.now_ms()})
+                if stat is None:
+                    self._client.ensure_path(low_path.rsplit("/", 1)[0], acl=self._acls)
+                    tx.create(low_path, new, acl=self._acls)
+                else:
+                    tx.set_data(low_path, new, stat.version)
+                writes += 1
+                for path, st in inputs:  # a new value is computed from inputs that still hold as it lands
+                    if st is not None:
+                        tx.check(path, st.version)
+            if writes and any(isinstance(r, Exception) for r in tx.commit()):
+                log.debug("%s: concurrent update, retrying", what)
+                return False, None
+            return True, low
 
     def publish_injector(self, injector: str, watermark_ms: int, *, sequencer: int = 0) -> int:
         """Publish a source's low watermark estimate; it never moves backwards.

@@ -270,3 +270,41 @@ def test_a_bloom_filter_answering_maybe_gives_the_exact_results(spark, tmp_path,
     _imagetask._BLOOMS.clear()
     test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed)
     _imagetask._BLOOMS.clear()
+
+
+def test_the_candidates_lookup_matches_the_full_lookup() -> None:
+    """The exact dedup lookup for the few records a Bloom filter flags gives what the lookup of
+    every record gives: a record is a duplicate only when its own key's row holds its id (an id
+    another key holds is not), whatever the filter's false positives."""
+    import numpy as np
+    from deltawheel.executor.tasks.image import _Ids, already_seen
+    from deltawheel.executor.tasks.imagekeys import Input
+
+    rng = random.Random(5)
+    held_keys = [f"k{rng.randint(0, 300)}" for _ in range(4_000)]
+    held_ids = [f"old{i}" for i in range(4_000)]
+    held = pa.table({"key": held_keys, "record_id": held_ids, "seen_ms": pa.array([1] * 4_000, pa.int64())})
+    ids = _Ids(held, held, set(held_keys))
+    recs = []
+    for i in range(300):
+        if i % 50 == 0:  # a retry: the id its key's row holds
+            j = rng.randrange(4_000)
+            recs.append((held_keys[j], held_ids[j]))
+        elif i % 50 == 1:  # an id another key's row holds: not a duplicate of this key
+            j = rng.randrange(4_000)
+            recs.append((held_keys[j] + "x", held_ids[j]))
+        else:
+            recs.append((f"k{rng.randint(0, 300)}", f"new{i}"))
+    n = len(recs)
+    table = pa.table({"record_id": [r[1] for r in recs], "key": [r[0] for r in recs],
+                      "value": pa.array([None] * n, pa.binary()), "codec": ["json"] * n,
+                      "timestamp_ms": pa.array(range(n), pa.int64()), "stream": ["s"] * n,
+                      "late": [False] * n})
+    inp = Input(table)
+    comp = Mixed()
+    full = already_seen(comp, inp, ids)
+    flags = np.array([rid.startswith("old") or rng.random() < 0.05 for rid in inp.ids])  # + false positives
+    assert 8 * int(flags.sum()) < held.num_rows  # the candidates' lookup is the one taken
+    fast = already_seen(comp, inp, ids, maybe=flags)
+    assert full is not None and fast == full
+    assert sum(full) == 6 and all(inp.ids[i].startswith("old") for i, s in enumerate(full) if s)

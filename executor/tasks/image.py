@@ -376,11 +376,12 @@ def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input,
     if not spec.comp.exactly_once or not inp.keys:
         return None, None, stats
     bloom = _bloom(spec, iv, image)
-    maybe = int(bloom.might_contain_many(inp.ids).sum())
+    flags = bloom.might_contain_many(inp.ids)
+    maybe = int(flags.sum())
     stats.update(bloom_checked=len(inp.ids), bloom_maybe=maybe, bloom_bytes=bloom.nbytes)
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
         return bloom, None, stats
-    seen = already_seen(spec.comp, inp, ids)
+    seen = already_seen(spec.comp, inp, ids, maybe=flags)
     stats["bloom_false_pos"] = maybe - (sum(seen) if seen else 0)
     return bloom, seen, stats
 
@@ -408,13 +409,31 @@ def _remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
         _BLOOMS.popitem(last=False)
 
 
-def already_seen(comp: Computation, inp: Input, ids: _Ids) -> list[bool] | None:
-    """Per input record (in ``inp`` order): does the key's row already hold its id?"""
+def already_seen(comp: Computation, inp: Input, ids: _Ids, *, maybe: Any = None) -> list[bool] | None:
+    """Per input record (in ``inp`` order): does the key's row already hold its id?
+
+    ``maybe``: per input record, whether the Bloom filter might hold its id (a filter has no
+    false negatives: the others were not seen). Given and few, the stored ids are scanned for
+    those candidates alone (a hash set of a few ids, not of every stored one)."""
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     held = ids.table  # within the dedup horizon
     if not comp.exactly_once or held.num_rows == 0 or not inp.keys:
         return None
+    if maybe is not None and int(maybe.sum()) * 8 < held.num_rows:
+        cand = np.flatnonzero(maybe).tolist()
+        hit = pc.is_in(held.column("record_id"), value_set=pa.array([inp.ids[i] for i in cand], pa.string()))
+        if not pc.any(hit).as_py():
+            return None
+        hits = held.filter(hit)
+        pairs = set(zip(py_list(hits.column("key")), py_list(hits.column("record_id")), strict=True))
+        seen = [False] * len(inp.ids)
+        for i in cand:
+            if (inp.keys[i], inp.ids[i]) in pairs:
+                seen[i] = True
+        return seen if any(seen) else None
     # ids alone first (no replays: the usual case), then (key, id) pairs
     if not pc.any(pc.is_in(inp.table.column("record_id"), value_set=held.column("record_id"))).as_py():
         return None

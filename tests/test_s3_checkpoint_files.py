@@ -97,3 +97,34 @@ def test_a_local_checkpoint_keeps_the_rename(spark, tmp_path: Path) -> None:  # 
         assert out.getClass().getSimpleName() == "RenameBasedFSDataOutputStream"
     finally:
         out.cancel()
+
+
+def test_a_delta_checksum_file_is_one_put_without_probes(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """Delta's N.crc is written once, after commit N, from that version's state: it is one PUT
+    with no existence probe (a HEAD and a LIST on S3A). Any other file (a query's offset log)
+    keeps the probe that refuses to overwrite it; so does a file in a table's log that is not a
+    checksum."""
+    j = jvm(spark)
+    base = f"s3a://{s3_bucket}/cfm-{uuid.uuid4().hex[:8]}"
+    fs = _fs(spark, base)
+
+    def write(rel: str, body: bytes) -> tuple[int, int, int]:
+        uri = f"{base}/{rel}"
+        counts = ("object_metadata_request", "object_list_request", "object_put_request")
+        before = [_stat(fs, c) for c in counts]
+        out = _manager(spark, uri).createAtomic(j.org.apache.hadoop.fs.Path(uri), False)
+        out.write(bytearray(body))
+        out.close()
+        after = [_stat(fs, c) for c in counts]
+        return after[0] - before[0], after[1] - before[1], after[2] - before[2]
+
+    heads, lists, puts = write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}')
+    assert (heads, lists, puts) == (0, 0, 1)
+    assert write(f"t/_delta_log/{3:020d}.crc", b'{"tableSizeBytes": 1}') == (0, 0, 1)  # rewritten, not refused
+    heads, lists, puts = write("q/offsets/0", b"v1")
+    assert puts == 1 and heads + lists >= 1  # the no-overwrite probe
+    heads, lists, puts = write("t/_delta_log/_last_checkpoint", b"{}")
+    assert puts == 1 and heads + lists >= 1
+    stream = fs.open(j.org.apache.hadoop.fs.Path(f"{base}/t/_delta_log/{3:020d}.crc"))
+    assert j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8") == '{"tableSizeBytes": 1}'
+    stream.close()

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
@@ -311,3 +312,70 @@ def test_a_writer_overtaken_while_creating_a_table_loses_with_file_already_exist
     stream = v0.getFileSystem(conf).open(v0)
     assert json.loads(j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")) == {"writer": "fast"}
     stream.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_writer_that_committed_the_version_before_still_loses_one_another_process_took(
+        spark, object_store, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """This process commits version 0, another application commits 1 (unseen here), and this
+    process then writes 1 as if it were next: it loses (FileAlreadyExistsException, Delta's cue
+    to read the winner) and the file stays the other's. It skips the probes after its own commit
+    of the version before, so ZooKeeper's entry decides; once that shortcut's window has passed
+    (half the entries' expiry), it probes the store again: with the other's entry removed as an
+    expired one would be, the probe still finds the file."""
+    from kazoo.client import KazooClient
+    from py4j.protocol import Py4JJavaError
+
+    j = jvm(spark)
+    name = f"follow-{uuid.uuid4().hex[:8]}"
+    log_dir = f"s3a://{s3_bucket}/{name}/_delta_log"
+    conf = jsession(spark).sessionState().newHadoopConf()
+    short = jsession(spark).sessionState().newHadoopConf()
+    short.set("deltawheel.logstore.expirationDelaySeconds", "2")  # the shortcut's window: 1 s
+    zk = KazooClient(hosts=zk_server.hosts)
+    zk.start()
+    node = (f"{LOG_STORE_CHROOT}/delta-log/"
+            + urllib.parse.quote(f"s3a://{s3_bucket}/{name}", safe=""))
+
+    def write(version: int, c: Any) -> str:
+        try:
+            _store(spark).write(j.org.apache.hadoop.fs.Path(f"{log_dir}/{version:020d}.json"),
+                                j.java.util.ArrayList([json.dumps({"writer": "parent", "v": version})]).iterator(),
+                                False, c)
+            return "won"
+        except Py4JJavaError as exc:
+            return str(exc.java_exception.getClass().getName())
+
+    def body(version: int) -> Any:
+        stream = fs.open(j.org.apache.hadoop.fs.Path(f"{log_dir}/{version:020d}.json"))
+        try:
+            return json.loads(j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    fs = j.org.apache.hadoop.fs.Path(log_dir).getFileSystem(conf)
+    try:
+        slot = 2.0
+        child = _child(object_store, zk_server, "raw", log_dir, str(slot), "4", "child")
+        assert write(0, conf) == "won"
+        start = time.time() + 0.5
+        _go(child, repr(start))
+        time.sleep(max(0.0, start + slot + 0.8 - time.time()))  # the child has won version 1
+        assert write(1, conf) == "java.nio.file.FileAlreadyExistsException"
+        assert body(1) == {"writer": "child", "round": 1}
+        assert write(2, conf) == "won"  # (probing: this process did not commit 1)
+        # this process's entries are complete: 0 before 1 was written, 2 soon after its commit
+        assert zk.get(f"{node}/{0:020d}.json")[0].split(b"\n")[2] == b"true"
+        deadline = time.monotonic() + 10
+        while zk.get(f"{node}/{2:020d}.json")[0].split(b"\n")[2] != b"true":
+            assert time.monotonic() < deadline, "the entry of version 2 was never completed"
+            time.sleep(0.05)
+        theirs = _finish(child)  # round 2 lost to this process, round 3 won
+        assert theirs == {"won": [1, 3], "lost": [[0, "java.nio.file.FileAlreadyExistsException"],
+                                                  [2, "java.nio.file.FileAlreadyExistsException"]]}
+        zk.delete(f"{node}/{3:020d}.json")  # as if version 3's entry had expired and been removed
+        assert write(3, short) == "java.nio.file.FileAlreadyExistsException"  # > 1 s after version 2
+        assert body(3) == {"writer": "child", "round": 3}
+    finally:
+        zk.stop()
+        zk.close()

@@ -14,7 +14,9 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * ({@code s3a://}): {@code createAtomic} writes the file in place instead of writing a temporary
  * file and renaming it. On S3A a rename is a copy and a delete after several existence probes,
  * so the rename-based manager costs 6-8 requests per file; this one costs an existence probe
- * (when the file must not be overwritten) and the PUT.
+ * (when the file must not be overwritten) and the PUT, and Delta's checksum files only the PUT
+ * (a version's checksum is written once, from that version's state: a second writer of it
+ * writes the same content).
  *
  * <p>Every file Spark and Delta write through a checkpoint file manager goes through it: the
  * streaming query's offset and commit logs, the state stores' files, and Delta's checksum file
@@ -34,6 +36,15 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
         return "s3a".equals(fs.getScheme());
     }
 
+    /** S3A's create option that skips the overwrite and parent-directory probes. */
+    static final String PERFORMANCE = "fs.s3a.create.performance";
+
+    /** A Delta checksum file: {@code _delta_log/<20 digits>.crc}. */
+    static boolean checksum(Path path) {
+        Path parent = path.getParent();
+        return parent != null && "_delta_log".equals(parent.getName()) && path.getName().matches("\\d{20}\\.crc");
+    }
+
     public DirectCheckpointFileManager(Path path, Configuration hadoopConf) {
         super(path, hadoopConf);
     }
@@ -45,6 +56,14 @@ public class DirectCheckpointFileManager extends FileSystemBasedCheckpointFileMa
             return super.createAtomic(path, overwriteIfPossible);
         }
         try {
+            if (checksum(path)) {
+                // Delta's N.crc: written once, after commit N, from that version's state; a second
+                // writer of it writes what is there. One PUT without S3A's existence probes (a
+                // HEAD and a LIST), as the log store writes N.json
+                org.apache.hadoop.fs.FSDataOutputStreamBuilder<?, ?> b = fs.createFile(path).overwrite(true);
+                b.opt(PERFORMANCE, true);
+                return new InPlace(b.build(), path);
+            }
             return new InPlace(fs.create(path, overwriteIfPossible), path);
         } catch (IOException e) {
             // FileAlreadyExistsException must reach Spark as it is (its metadata logs report a

@@ -53,8 +53,16 @@ import io.delta.storage.HadoopFileSystemLogStore;
  *       and the entry names that file. The create fails with NodeExists if another writer holds
  *       version N: that is the mutual exclusion, decided by ZooKeeper, whatever the process.</li>
  *   <li>COMMIT: write N.json (the bytes, kept in memory: no read back).</li>
- *   <li>ACKNOWLEDGE: mark the entry complete, with an expiry time (the bytes leave the entry).</li>
+ *   <li>ACKNOWLEDGE: mark the entry complete, with an expiry time (the bytes leave the entry).
+ *       In the background, after the commit returns (N.json is in the log by then); this JVM's
+ *       next commit or listing of the table waits for it first, and another process that reads
+ *       the log meanwhile completes the entry itself ({@code deltawheel.logstore.ackInBackground=false}:
+ *       before returning).</li>
  * </ol>
+ * A commit of N by a JVM whose last commit to the table was N-1, less than half the entries'
+ * expiry ago (at most {@link #FOLLOW_MAX_MS}), skips step 1 and the probe of step 0: N-1.json
+ * is in the log (this JVM wrote it), and another writer's entry of N was created after this
+ * JVM's entry of N-1, so it has not expired and the create of step 2 decides alone.
  * A writer that dies after step 2 leaves an incomplete entry; the next writer (step 1 of N+1) or
  * reader ({@link #listFrom}) writes N.json from the entry's bytes (or copies its temporary file)
  * and completes the entry, so a commit whose entry exists is never lost. Complete entries older
@@ -84,7 +92,7 @@ import io.delta.storage.HadoopFileSystemLogStore;
  * only by the holder of entry N or by a process completing that entry, both with the same bytes.
  * ZooKeeper, not a probe, decides who commits N; S3A's probe-then-PUT was never atomic anyway.
  * A commit under the inline limit makes one HEAD and one PUT on the store, besides Delta's own
- * listing of the log.
+ * listing of the log; one that follows this JVM's previous commit, one PUT.
  */
 public class ZkS3LogStore extends HadoopFileSystemLogStore {
 
@@ -108,6 +116,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     private static final Pattern DELTA_FILE = Pattern.compile("^(\\d{20})\\.json$");
     /** Commits up to this many bytes travel inside their ZooKeeper entry (no temporary file). */
     public static final String INLINE_MAX = "deltawheel.logstore.inlineMaxBytes";
+    /** Complete each entry after its commit returns (default true), instead of before. */
+    public static final String ACK_IN_BACKGROUND = "deltawheel.logstore.ackInBackground";
     /** Write checksum files (N.crc) before the commit call returns instead of in the background. */
     public static final String SYNC_CHECKSUMS = "deltawheel.logstore.syncChecksums";
     /** Below ZooKeeper's default 1 MiB znode limit (jute.maxbuffer), with room for the header. */
@@ -119,6 +129,44 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             return t;
         });
     private static final Map<String, CuratorFramework> CLIENTS = new ConcurrentHashMap<>();
+    /** Acknowledges (completes) this JVM's entries after their commit returned, in order. */
+    private static final java.util.concurrent.ExecutorService ACKNOWLEDGER =
+        java.util.concurrent.Executors.newSingleThreadExecutor(r -> {
+            Thread t = new Thread(r, "deltawheel-log-acknowledger");
+            t.setDaemon(true);
+            return t;
+        });
+    /** Per table: the last version this JVM committed (its N.json written) and its acknowledgement. */
+    private static final Map<String, Written> WRITTEN = new ConcurrentHashMap<>();
+    /** The longest time after this JVM committed N-1 in which its commit of N skips the probes. */
+    static final long FOLLOW_MAX_MS = 3_600_000L;
+
+    /** This JVM's last commit of a table: its version, when its entry was created, its acknowledgement. */
+    static final class Written {
+        final long version;
+        final long createdMs;
+        final java.util.concurrent.Future<?> ack;
+
+        Written(long version, long createdMs, java.util.concurrent.Future<?> ack) {
+            this.version = version;
+            this.createdMs = createdMs;
+            this.ack = ack;
+        }
+
+        /** Wait for the acknowledgement (its failure is recoverable: readers complete the entry). */
+        void awaitAck() {
+            if (ack == null) {
+                return;
+            }
+            try {
+                ack.get(30, TimeUnit.SECONDS);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            } catch (java.util.concurrent.ExecutionException | java.util.concurrent.TimeoutException e) {
+                // an entry left incomplete is completed by the next reader or writer (fix)
+            }
+        }
+    }
 
     private final Configuration initConf;
 
@@ -421,6 +469,10 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         CuratorFramework zk = zk(hadoopConf, false);
         if (zk != null) {
             Path tablePath = tablePathOf(resolved);
+            Written last = WRITTEN.get(tablePath.toString());
+            if (last != null) {
+                last.awaitAck();  // else this JVM would find its own last entry open and complete it again
+            }
             List<String> names = entryNames(zk, tablePath);
             if (!names.isEmpty()) {
                 String latest = names.get(names.size() - 1);
@@ -466,7 +518,21 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             put(fs, resolved, bytes);
             return;
         }
-        if (fs.isFile(resolved)) {  // Step 0
+        CuratorFramework zk = zk(hadoopConf, true);
+        Path tablePath = tablePathOf(resolved);
+        Path dir = logDir(resolved);
+        long version = Long.parseLong(m.group(1));
+        Written last = WRITTEN.get(tablePath.toString());
+        if (last != null) {
+            last.awaitAck();  // this JVM's entries are completed in version order
+        }
+        // This JVM committed N-1 (its N.json written) lately: N-1 is in the log, and any other
+        // writer's entry of N was created after ours of N-1, so it has not expired (its expiry is
+        // counted from its completion) and ZooKeeper alone decides N: no probe is needed
+        long expiryMs = 1000L * Long.parseLong(setting(hadoopConf, EXPIRATION, "86400"));
+        boolean follows = last != null && last.version == version - 1
+            && System.currentTimeMillis() - last.createdMs < Math.min(expiryMs / 2, FOLLOW_MAX_MS);
+        if (!follows && fs.isFile(resolved)) {  // Step 0
             throw new FileAlreadyExistsException(path.toString());
         }
         long pause = hadoopConf.getLong(PAUSE_AFTER_PROBE_MS, 0L);
@@ -477,12 +543,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
                 Thread.currentThread().interrupt();
             }
         }
-        CuratorFramework zk = zk(hadoopConf, true);
-        Path tablePath = tablePathOf(resolved);
-        Path dir = logDir(resolved);
-        long version = Long.parseLong(m.group(1));
         // Step 1: N-1 must be in the log; finish it from its entry if its writer died
-        if (version > 0) {
+        if (version > 0 && !follows) {
             String prev = String.format("%020d.json", version - 1);
             Optional<Entry> prevEntry = getEntry(zk, tablePath, prev);
             if (prevEntry.isPresent() && !prevEntry.get().complete) {
@@ -514,6 +576,7 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             put(fs, new Path(dir, tempName), data);
             entry = new Entry(tempName, false, 0, null);
         }
+        long created = System.currentTimeMillis();
         createEntry(zk, tablePath, resolved.getName(), entry, path);
         if (hadoopConf.getBoolean(CRASH_AFTER_PREPARE, false)) {
             Runtime.getRuntime().halt(137);
@@ -521,13 +584,33 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         // Steps 3-4: COMMIT (N.json = the temporary file's bytes) and ACKNOWLEDGE (entry complete).
         // Version N is ours from here: a failure leaves an incomplete entry that the next writer or
         // reader completes from the temporary file (the same bytes; a completer racing this PUT
-        // writes them too).
+        // writes them too). The acknowledgement runs after the commit returns (N.json is in the
+        // log by then; until it lands, another process's reader completes the entry itself, with
+        // the same bytes); this JVM's next commit or listing of the table waits for it first.
         try {
             put(fs, resolved, data);
-            completeEntry(zk, tablePath, resolved.getName(), entry, hadoopConf);
         } catch (IOException e) {
-            // recoverable: listFrom / the next commit finishes it from the entry
+            return;  // recoverable: listFrom / the next commit finishes it from the entry
         }
+        String name = resolved.getName();
+        java.util.concurrent.Future<?> ack;
+        if (hadoopConf.getBoolean(ACK_IN_BACKGROUND, true)) {
+            ack = ACKNOWLEDGER.submit(() -> {
+                try {
+                    completeEntry(zk, tablePath, name, entry, hadoopConf);
+                } catch (IOException e) {
+                    // recoverable, as above
+                }
+            });
+        } else {
+            ack = null;
+            try {
+                completeEntry(zk, tablePath, name, entry, hadoopConf);
+            } catch (IOException e) {
+                // recoverable, as above
+            }
+        }
+        WRITTEN.put(tablePath.toString(), new Written(version, created, ack));
         if (version % 50 == 0) {
             removeExpired(zk, tablePath, entryNames(zk, tablePath));
         }

@@ -9,10 +9,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from py4j.protocol import Py4JJavaError
-
 from deltawheel.statestore.delta.jvm import jsession, jvm
 from deltawheel.statestore.objectstore.logstore import DIRECT_CHECKPOINT_MANAGER_CLASS
+from py4j.protocol import Py4JJavaError
 
 pytestmark = [pytest.mark.objectstore, pytest.mark.spark, pytest.mark.zk]
 

@@ -495,7 +495,8 @@ class WatermarkAuthority:
                 if done:
                     return True, low
 
-        declared, low = self._resilient(what, step, session=session)
+        got: tuple[bool, int | None] = self._resilient(what, step, session=session)
+        declared, low = got
         if not declared:  # as the two calls do: the second raises ConfigError
             self.publish_oldest_works(computation, works)
             return self.advance_low_watermark(computation)

@@ -60,7 +60,8 @@ import io.delta.storage.HadoopFileSystemLogStore;
  *       before returning).</li>
  * </ol>
  * A commit of N by a JVM whose last commit to the table was N-1, less than half the entries'
- * expiry ago (at most {@link #FOLLOW_MAX_MS}), skips step 1 and the probe of step 0: N-1.json
+ * expiry ago (at most {@link #FOLLOW_MAX_MS}) and acknowledged, skips step 1 and the probe of
+ * step 0 (an entry whose acknowledgement failed is left to step 1, which completes it): N-1.json
  * is in the log (this JVM wrote it), and another writer's entry of N was created after this
  * JVM's entry of N-1, so it has not expired and the create of step 2 decides alone.
  * A writer that dies after step 2 leaves an incomplete entry; the next writer (step 1 of N+1) or
@@ -145,25 +146,24 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     static final class Written {
         final long version;
         final long createdMs;
-        final java.util.concurrent.Future<?> ack;
+        final java.util.concurrent.Future<Boolean> ack;
 
-        Written(long version, long createdMs, java.util.concurrent.Future<?> ack) {
+        Written(long version, long createdMs, java.util.concurrent.Future<Boolean> ack) {
             this.version = version;
             this.createdMs = createdMs;
             this.ack = ack;
         }
 
-        /** Wait for the acknowledgement (its failure is recoverable: readers complete the entry). */
-        void awaitAck() {
-            if (ack == null) {
-                return;
-            }
+        /** Wait for the acknowledgement; whether the entry was completed. Its failure is
+         * recoverable: the next reader or writer that looks at the entry completes it (fix). */
+        boolean awaitAck() {
             try {
-                ack.get(30, TimeUnit.SECONDS);
+                return Boolean.TRUE.equals(ack.get(30, TimeUnit.SECONDS));
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
+                return false;
             } catch (java.util.concurrent.ExecutionException | java.util.concurrent.TimeoutException e) {
-                // an entry left incomplete is completed by the next reader or writer (fix)
+                return false;
             }
         }
     }
@@ -523,14 +523,15 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         Path dir = logDir(resolved);
         long version = Long.parseLong(m.group(1));
         Written last = WRITTEN.get(tablePath.toString());
-        if (last != null) {
-            last.awaitAck();  // this JVM's entries are completed in version order
-        }
-        // This JVM committed N-1 (its N.json written) lately: N-1 is in the log, and any other
-        // writer's entry of N was created after ours of N-1, so it has not expired (its expiry is
-        // counted from its completion) and ZooKeeper alone decides N: no probe is needed
+        // this JVM's entries are completed in version order; one whose completion failed is left
+        // to Step 1, which completes it
+        boolean acked = last != null && last.awaitAck();
+        // This JVM committed N-1 (its N.json written, its entry complete) lately: N-1 is in the
+        // log, and any other writer's entry of N was created after ours of N-1, so it has not
+        // expired (its expiry is counted from its completion) and ZooKeeper alone decides N: no
+        // probe is needed
         long expiryMs = 1000L * Long.parseLong(setting(hadoopConf, EXPIRATION, "86400"));
-        boolean follows = last != null && last.version == version - 1
+        boolean follows = acked && last.version == version - 1
             && System.currentTimeMillis() - last.createdMs < Math.min(expiryMs / 2, FOLLOW_MAX_MS);
         if (!follows && fs.isFile(resolved)) {  // Step 0
             throw new FileAlreadyExistsException(path.toString());
@@ -593,22 +594,21 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
             return;  // recoverable: listFrom / the next commit finishes it from the entry
         }
         String name = resolved.getName();
-        java.util.concurrent.Future<?> ack;
-        if (hadoopConf.getBoolean(ACK_IN_BACKGROUND, true)) {
-            ack = ACKNOWLEDGER.submit(() -> {
-                try {
-                    completeEntry(zk, tablePath, name, entry, hadoopConf);
-                } catch (IOException e) {
-                    // recoverable, as above
-                }
-            });
-        } else {
-            ack = null;
+        java.util.concurrent.Callable<Boolean> complete = () -> {
             try {
                 completeEntry(zk, tablePath, name, entry, hadoopConf);
+                return true;
             } catch (IOException e) {
-                // recoverable, as above
+                return false;  // recoverable, as above
             }
+        };
+        java.util.concurrent.Future<Boolean> ack;
+        if (hadoopConf.getBoolean(ACK_IN_BACKGROUND, true)) {
+            ack = ACKNOWLEDGER.submit(complete);
+        } else {
+            java.util.concurrent.FutureTask<Boolean> now = new java.util.concurrent.FutureTask<>(complete);
+            now.run();
+            ack = now;
         }
         WRITTEN.put(tablePath.toString(), new Written(version, created, ack));
         if (version % 50 == 0) {

@@ -379,3 +379,31 @@ def test_a_writer_that_committed_the_version_before_still_loses_one_another_proc
     finally:
         zk.stop()
         zk.close()
+
+
+def test_a_commit_after_this_process_s_own_makes_one_put_and_no_probe(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+    """Versions 1 and 2 of a log, each written right after this process wrote the one before:
+    one PUT each and no HEAD (ZooKeeper's entry decides); version 0 and a version written with
+    the shortcut's window closed are probed first."""
+    j = jvm(spark)
+    log_dir = f"s3a://{s3_bucket}/own-{uuid.uuid4().hex[:8]}/_delta_log"
+    conf = jsession(spark).sessionState().newHadoopConf()
+    fs = j.org.apache.hadoop.fs.Path(log_dir).getFileSystem(conf)
+
+    def write(version: int, c: Any = conf) -> tuple[int, int]:
+        def stat(name: str) -> int:
+            v = fs.getStorageStatistics().getLong(name)
+            return int(v) if v is not None else 0
+        before = stat("object_metadata_request"), stat("object_put_request")
+        _store(spark).write(j.org.apache.hadoop.fs.Path(f"{log_dir}/{version:020d}.json"),
+                            j.java.util.ArrayList([json.dumps({"v": version})]).iterator(), False, c)
+        return stat("object_metadata_request") - before[0], stat("object_put_request") - before[1]
+
+    heads, puts = write(0)
+    assert heads >= 1 and puts == 1
+    assert write(1) == (0, 1)
+    assert write(2) == (0, 1)
+    closed = jsession(spark).sessionState().newHadoopConf()
+    closed.set("deltawheel.logstore.expirationDelaySeconds", "0")  # no window: probe every time
+    heads, puts = write(3, closed)
+    assert heads >= 1 and puts == 1

@@ -544,13 +544,14 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
                 Thread.currentThread().interrupt();
             }
         }
-        // Step 1: N-1 must be in the log; finish it from its entry if its writer died
-        if (version > 0 && !follows) {
+        // Step 1: N-1 must be in the log; finish it from its entry if its writer died (nothing to
+        // do when this JVM wrote it and completed its entry: follows)
+        if (version > 0) {
             String prev = String.format("%020d.json", version - 1);
-            Optional<Entry> prevEntry = getEntry(zk, tablePath, prev);
+            Optional<Entry> prevEntry = follows ? Optional.empty() : getEntry(zk, tablePath, prev);
             if (prevEntry.isPresent() && !prevEntry.get().complete) {
                 fix(fs, zk, tablePath, prev, prevEntry.get(), hadoopConf);
-            } else if (!prevEntry.isPresent() && !fs.isFile(new Path(dir, prev))) {
+            } else if (!follows && !prevEntry.isPresent() && !fs.isFile(new Path(dir, prev))) {
                 // (a complete entry is set only after N-1.json was written: no probe needed)
                 throw new FileNotFoundException("previous commit " + new Path(dir, prev) + " doesn't exist");
             }

@@ -123,20 +123,19 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     public static final String SYNC_CHECKSUMS = "deltawheel.logstore.syncChecksums";
     /** Below ZooKeeper's default 1 MiB znode limit (jute.maxbuffer), with room for the header. */
     static final int DEFAULT_INLINE_MAX = 256 * 1024;
-    private static final java.util.concurrent.ExecutorService CHECKSUM_WRITER =
-        java.util.concurrent.Executors.newSingleThreadExecutor(r -> {
-            Thread t = new Thread(r, "deltawheel-checksum-writer");
-            t.setDaemon(true);
-            return t;
-        });
+    private static final java.util.concurrent.ExecutorService CHECKSUM_WRITER = daemon("deltawheel-checksum-writer");
     private static final Map<String, CuratorFramework> CLIENTS = new ConcurrentHashMap<>();
     /** Acknowledges (completes) this JVM's entries after their commit returned, in order. */
-    private static final java.util.concurrent.ExecutorService ACKNOWLEDGER =
-        java.util.concurrent.Executors.newSingleThreadExecutor(r -> {
-            Thread t = new Thread(r, "deltawheel-log-acknowledger");
+    private static final java.util.concurrent.ExecutorService ACKNOWLEDGER = daemon("deltawheel-log-acknowledger");
+    /** One background thread, named {@code name}, that does not keep the JVM alive. */
+    private static java.util.concurrent.ExecutorService daemon(String name) {
+        return java.util.concurrent.Executors.newSingleThreadExecutor(r -> {
+            Thread t = new Thread(r, name);
             t.setDaemon(true);
             return t;
         });
+    }
+
     /** Per table: the last version this JVM committed (its N.json written) and its acknowledgement. */
     private static final Map<String, Written> WRITTEN = new ConcurrentHashMap<>();
     /** The longest time after this JVM committed N-1 in which its commit of N skips the probes. */

@@ -388,15 +388,37 @@ class WatermarkAuthority:
                         continue
                     if check is not None:
                         tx.check(*check)
-                    if stat is None:
-                        self._client.ensure_path(path.rsplit("/", 1)[0], acl=self._acls)
-                        tx.create(path, new, acl=self._acls)
-                    else:
-                        tx.set_data(path, new, stat.version)
+                    self._put(tx, path, new, stat)
                     writes += 1
                 if not writes or not any(isinstance(r, Exception) for r in tx.commit()):
                     return
                 log.debug("%s: concurrent update, retrying", what)
+
+    def _put(self, tx: Any, path: str, data: bytes, stat: ZnodeStat | None) -> None:
+        """Add to ``tx`` the write of ``data`` to ``path``: a create where the read found no node
+        (its parent made now), else a set at the version read."""
+        if stat is None:
+            self._client.ensure_path(path.rsplit("/", 1)[0], acl=self._acls)
+            tx.create(path, data, acl=self._acls)
+        else:
+            tx.set_data(path, data, stat.version)
+
+    def _oldest_work_payload(self, what: str, old: Raw | None, oldest: int | None, sequencer: int) -> bytes:
+        """The new oldest-work payload of an interval whose stored one is ``old``; a newer
+        publisher's sequencer there raises :class:`StaleSequencerError`."""
+        if old is not None and int(old["sequencer"]) > sequencer:
+            raise _stale(what, sequencer, old["sequencer"], "the published oldest work")
+        return _encode({"sequencer": sequencer, "oldest_work_ms": oldest, "published_ms": self._clock.now_ms()})
+
+    def _low_payload(self, old: Raw | None, computed: int | None) -> tuple[int | None, bytes | None]:
+        """(max(stored, computed), the new low-watermark payload; None when it does not move)."""
+        before = None if old is None else old["low_watermark_ms"]
+        low = _max(before, computed)
+        if low == before:
+            return low, None
+        return low, _encode({"low_watermark_ms": low, "computed_ms": computed,
+                             "revision": 0 if old is None else int(old["revision"]) + 1,
+                             "published_ms": self._clock.now_ms()})
 
     # --- publishing ---------------------------------------------------------
 
@@ -447,12 +469,7 @@ class WatermarkAuthority:
             oldest, sequencer = works[iv]
             one = f"publishing oldest work of interval {iv} of {self.pipeline}/{computation}"
 
-            def update(old: Raw | None, one: str = one, sequencer: int = sequencer,
-                       oldest: int | None = oldest) -> bytes:
-                if old is not None and int(old["sequencer"]) > sequencer:
-                    raise _stale(one, sequencer, old["sequencer"], "the published oldest work")
-                return _encode({"sequencer": sequencer, "oldest_work_ms": oldest,
-                                "published_ms": self._clock.now_ms()})
+            update = functools.partial(self._oldest_work_payload, one, oldest=oldest, sequencer=sequencer)
 
             judge = functools.partial(_owner_fence, one, owners[iv], sequencer)
             items.append((f"{base}/{iv:05d}", update, (owners[iv], judge)))
@@ -526,12 +543,12 @@ class WatermarkAuthority:
             r_ivs = [get(f"{base}/{i:05d}") for i in range(topo.num_intervals)]
             r_own = {iv: get(owners[iv]) for iv in ivs}
             r_low = get(low_path)
-            got = {"topo": _got(r_topo), "low": _got(r_low)}
+            topo_data, _ = _got(r_topo)
             inj = {n: _got(r) for n, r in r_inj.items()}
             olds = [_got(r) for r in r_ivs]
             own = {iv: _got(r) for iv, r in r_own.items()}
-            data = got["topo"][0]
-            if (None if data is None else Topology.from_payload(data)) != topo:
+            low_data, low_stat = _got(r_low)
+            if (None if topo_data is None else Topology.from_payload(topo_data)) != topo:
                 self._topologies.pop(computation, None)  # redeclared (or removed): read it again
                 return False, None
             tx = self._client.transaction()
@@ -553,33 +570,17 @@ class WatermarkAuthority:
                     continue
                 oldest, sequencer = works[i]
                 one = f"publishing oldest work of interval {i} of {self.pipeline}/{computation}"
-                if old is not None and int(old["sequencer"]) > sequencer:
-                    raise _stale(one, sequencer, old["sequencer"], "the published oldest work")
+                new = self._oldest_work_payload(one, old, oldest, sequencer)
                 check = _owner_fence(one, owners[i], sequencer, *own[i])
                 if check is not None:
                     tx.check(*check)
-                new = _encode({"sequencer": sequencer, "oldest_work_ms": oldest, "published_ms": self._clock.now_ms()})
-                if stat is None:
-                    self._client.ensure_path(base, acl=self._acls)
-                    tx.create(f"{base}/{i:05d}", new, acl=self._acls)
-                else:
-                    tx.set_data(f"{base}/{i:05d}", new, stat.version)
+                self._put(tx, f"{base}/{i:05d}", new, stat)
                 writes += 1
                 values.append(END_OF_TIME if oldest is None else oldest)
-            computed = _min(values)
-            data, stat = got["low"]
-            old = None if data is None else _decode(data, "low watermark")
-            before = None if old is None else old["low_watermark_ms"]
-            low = _max(before, computed)
-            if low != before:
-                new = _encode({"low_watermark_ms": low, "computed_ms": computed,
-                               "revision": 0 if old is None else int(old["revision"]) + 1,
-                               "published_ms": self._clock.now_ms()})
-                if stat is None:
-                    self._client.ensure_path(low_path.rsplit("/", 1)[0], acl=self._acls)
-                    tx.create(low_path, new, acl=self._acls)
-                else:
-                    tx.set_data(low_path, new, stat.version)
+            low, new_low = self._low_payload(None if low_data is None else _decode(low_data, "low watermark"),
+                                             _min(values))
+            if new_low is not None:
+                self._put(tx, low_path, new_low, low_stat)
                 writes += 1
                 for path, st in inputs:  # a new value is computed from inputs that still hold as it lands
                     if st is not None:
@@ -882,13 +883,8 @@ class WatermarkAuthority:
         result: list[int | None] = [None]
 
         def update(old: Raw | None) -> bytes | None:
-            before = None if old is None else old["low_watermark_ms"]
-            result[0] = _max(before, computed)
-            if result[0] == before:
-                return None
-            return _encode({"low_watermark_ms": result[0], "computed_ms": computed,
-                            "revision": 0 if old is None else int(old["revision"]) + 1,
-                            "published_ms": self._clock.now_ms()})
+            result[0], new = self._low_payload(old, computed)
+            return new
 
         self._cas(self._path("low", computation), f"advancing the low watermark of {computation}", update)
         self._remember(computation, result[0])

@@ -109,6 +109,16 @@ def test_background_uploads_are_all_landed_when_the_block_ends(spark, s3_bucket)
     with pytest.raises(ZeroDivisionError), background_uploads():  # the block's own error wins
         missing.write_parquet(tables["f0.parquet"], "y.parquet")
         raise ZeroDivisionError
+    # a block inside another joins it (an image task running its claimed intervals one by one):
+    # the inner block's end does not wait, the outer block's end waits for and raises its PUTs
+    reached = []
+    with pytest.raises(OSError), background_uploads():
+        with background_uploads():
+            missing.write_parquet(tables["f0.parquet"], "n.parquet")
+        reached.append(True)
+        files.write_parquet(tables["f2.parquet"], "nested-after.parquet")
+    assert reached == [True]
+    assert files.read_parquet("nested-after.parquet").equals(tables["f2.parquet"])
     # outside the block a write is synchronous again: its failure is raised by the call itself
     with pytest.raises(OSError):
         missing.write_parquet(tables["f0.parquet"], "z.parquet")

@@ -536,6 +536,7 @@ class ComputationExecutor:
                              direct=prepared.direct is not None, ids_expired=c["ids_expired"],
                              bloom_checked=c.get("bloom_checked", 0), bloom_maybe=c.get("bloom_maybe", 0),
                              bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0),
+                             intervals_run=c.get("intervals_run", 0), images_read=c.get("images_read", 0),
                              skipped_moved=skipped)
         self.reports.append(report)
         self.records_in_total += report.records_in

@@ -38,6 +38,10 @@ class BatchReport:
     bloom_maybe: int = 0
     bloom_false_pos: int = 0
     bloom_bytes: int = 0
+    # image path: the intervals the tasks ran, and how many of their images a task read from the
+    # store (the others its Python worker held: ``executor/tasks/claims.py``)
+    intervals_run: int = 0
+    images_read: int = 0
     # records of an interval that moved between instances, dropped because an earlier owner
     # committed their input file for it (``rescale.py``)
     skipped_moved: int = 0
@@ -63,6 +67,7 @@ def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> st
             + (f"; {r.ids_expired} ids expired" if r.ids_expired else "")
             + (f"; {r.skipped_moved} skipped (processed by an earlier owner)" if r.skipped_moved else "")
             + (f"; bloom {r.bloom_maybe}/{r.bloom_checked} maybe ({r.bloom_false_pos} false), "
-               f"{r.bloom_bytes / 1e6:.1f} MB" if r.bloom_checked else "") +
+               f"{r.bloom_bytes / 1e6:.1f} MB" if r.bloom_checked else "")
+            + (f"; {r.images_read}/{r.intervals_run} images read" if r.intervals_run else "") +
             f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
             f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")

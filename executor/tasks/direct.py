@@ -28,10 +28,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from deltawheel.statestore.delta.jvm import jframe
-from deltawheel.statestore.delta.storefs import S3Settings, TableFiles, files_for, local_path
+from deltawheel.statestore.delta.storefs import (
+    S3Settings,
+    TableFiles,
+    background_uploads,
+    files_for,
+    local_path,
+)
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
-from .image import ImageSpec, run_task
+from .claims import ClaimBoard, claimed_intervals
+from .image import ImageSpec, holds, run_task
 from .merge import (
     _ERR,  # the key extractors' error marker (a key column can hold it too)
     ahead_reason,
@@ -183,22 +190,27 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
 # --------------------------------------------------------------------------- task side
 
 
-def direct_task_fn(spec: ImageSpec, batch: DirectBatch) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+def direct_task_fn(spec: ImageSpec, batch: DirectBatch,
+                   board: ClaimBoard | None = None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
     """The task function of a batch whose tasks read its intervals' rows of the batch's files."""
-    return _per_task_fn(spec, batch.tasks, lambda ivs: direct_table(batch, ivs))
+    return _per_task_fn(spec, batch.tasks, lambda: _Reader(batch).rows_of, board)
 
 
-def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
+                    board: ClaimBoard | None = None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
     """The task function of a batch without input (due timers, checkpoints to clear): each task
     gets only its intervals' marker rows; one stage, no shuffle."""
-    return _per_task_fn(spec, tasks, marker_rows)
+    return _per_task_fn(spec, tasks, lambda: marker_rows, board)
 
 
 def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
-                 rows_of: Callable[[tuple[int, ...]], Any]) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+                 reader: Callable[[], Callable[[tuple[int, ...]], Any]],
+                 board: ClaimBoard | None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
     """The ``mapPartitionsWithIndex`` function over ``tasks``' partitions: task ``t`` runs the image
-    task over ``rows_of`` its intervals and yields its summary rows (as the Arrow path's
-    ``to_pylist()`` would give them)."""
+    task over the rows (``reader()``, made once per task, gives a function of the intervals) of
+    its intervals and yields its summary rows (as the Arrow path's ``to_pylist()`` would give
+    them). With a claim ``board`` (``claims.py``) the task runs the intervals it claims, one by
+    one, instead of its placement's."""
 
     def fn(t: int, _rows: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -206,25 +218,54 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
         from .worker import freeze_spark_zips
 
         freeze_spark_zips()
-        ivs = tasks[t] if t < len(tasks) else ()
-        if ivs:
-            yield from pa.Table.from_pylist(run_task(spec, rows_of(ivs)), schema=spec.summary_schema).to_pylist()
+        planned = tasks[t] if t < len(tasks) else ()
+        if board is None:
+            out = run_task(spec, reader()(planned)) if planned else []
+        else:
+            rows_of = reader()
+            out = []
+            # one upload block for the task: an interval's PUTs overlap the next one's work, and
+            # the summaries leave the task only when all of them landed
+            with background_uploads():
+                for iv in claimed_intervals(board, t, planned, lambda iv: holds(spec, iv)):
+                    out += run_task(spec, rows_of((iv,)))
+        if out:
+            yield from pa.Table.from_pylist(out, schema=spec.summary_schema).to_pylist()
 
     return fn
+
+
+class _Reader:
+    """One task's view of the batch's files: each read, and its keys hashed, once."""
+
+    def __init__(self, batch: DirectBatch) -> None:
+        self.batch = batch
+        self._files: list[tuple[str, Any, Any]] = []
+
+    def _read(self) -> list[tuple[str, Any, Any]]:
+        if not self._files:
+            batch = self.batch
+            for path, name in batch.files:
+                file = _file(path, batch.source.s3)
+                assert file is not None  # batch_files checked it
+                t = file.read_parquet("", columns=batch.source.columns)
+                self._files.append((name, t, _keyed(batch, t)))
+        return self._files
+
+    def rows_of(self, intervals: Sequence[int]) -> Any:
+        """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
+        columns the JVM path hands a task (``images.PREP_DDL`` + ``interval`` + ``_m``)."""
+        import pyarrow as pa
+
+        parts = [_prepared(self.batch, t, keyed, name, intervals) for name, t, keyed in self._read()]
+        parts.append(marker_rows(intervals))
+        return pa.concat_tables(parts)
 
 
 def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
     """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
     columns the JVM path hands a task (``images.PREP_DDL`` + ``interval`` + ``_m``)."""
-    import pyarrow as pa
-
-    parts = []
-    for path, name in batch.files:
-        file = _file(path, batch.source.s3)
-        assert file is not None  # batch_files checked it
-        parts.append(_prepared(batch, file.read_parquet("", columns=batch.source.columns), name, intervals))
-    parts.append(marker_rows(intervals))
-    return pa.concat_tables(parts)
+    return _Reader(batch).rows_of(intervals)
 
 
 def marker_rows(intervals: Sequence[int]) -> Any:
@@ -277,22 +318,40 @@ def _key_facts(keys: Any, num_intervals: int) -> tuple[Any, list[str | None] | N
     return ivs.astype(np.int32), bad
 
 
-def _prepared(batch: DirectBatch, t: Any, name: str, intervals: Sequence[int]) -> Any:
+@dataclass(frozen=True)
+class _Keyed:
+    """A file's keys (nulls as ""), their dictionary codes, and per distinct key its interval and
+    why it is bad (:func:`_key_facts`)."""
+
+    key: Any
+    codes: Any
+    ivs_of: Any
+    bad_of: list[str | None] | None
+
+
+def _keyed(batch: DirectBatch, t: Any) -> _Keyed:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    key = pc.fill_null(t.column(batch.source.key_column).combine_chunks().cast(pa.string()), "")
+    enc = pc.dictionary_encode(key)
+    ivs_of, bad_of = _key_facts(enc.dictionary, batch.num_intervals)
+    return _Keyed(key, enc.indices.to_numpy(), ivs_of, bad_of)
+
+
+def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int]) -> Any:
     """One file's rows of ``intervals``, prepared (see :func:`direct_table`)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     src = batch.source
-    key = pc.fill_null(t.column(src.key_column).combine_chunks().cast(pa.string()), "")
-    enc = pc.dictionary_encode(key)
-    ivs_of, bad_of = _key_facts(enc.dictionary, batch.num_intervals)
-    codes = enc.indices.to_numpy()
+    ivs_of, bad_of, codes = keyed.ivs_of, keyed.bad_of, keyed.codes
     iv = ivs_of[codes] if len(ivs_of) else np.zeros(0, np.int32)
     rows = np.flatnonzero(np.isin(iv, np.asarray(list(intervals), dtype=np.int32)))
     m = len(rows)
     take = pa.array(rows, pa.int64())
-    key = key.take(take)
+    key = keyed.key.take(take)
     codes = codes[rows]
     # the event time in epoch ms: unix_millis (floor) of a timestamp, or the int column itself
     et = t.column(src.event_time_column).combine_chunks().take(take)

@@ -6,8 +6,10 @@ per interval, the paths of the files that make up the interval's current
 partition of the rows table. It
 
 1. loads the image (Parquet, cached per Python worker by file path: files
-   are immutable, so a cached image is never stale) and checks the fence row
-   carries this writer's sequencer — a takeover is noticed before user code;
+   are immutable, so a cached image is never stale; in local mode the tasks of
+   a direct or timers-only batch claim the intervals their worker holds,
+   ``claims.py``) and checks the fence row carries this writer's sequencer —
+   a takeover is noticed before user code;
 2. picks the keys to run: keys with records, keys with due timers;
 3. runs user code per key (``_imagekeys``, through ``keyrun.UserCode``:
    dedup, records in event-time order, timers in timestamp order) and clears
@@ -48,7 +50,7 @@ from deltawheel.statestore.writepath.image import (
 from ..computation import Computation
 from .imagekeys import Input, KeyLoop, OldRows, py_list, side_row
 
-__all__ = ["ImageSpec", "image_task_fn", "run_task", "SUMMARY_DDL", "STALE_MARK"]
+__all__ = ["ImageSpec", "holds", "image_task_fn", "run_task", "SUMMARY_DDL", "STALE_MARK"]
 
 STALE_MARK = "DW_STALE_FENCE"
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
@@ -58,7 +60,7 @@ SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT,
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, oldest_ms BIGINT, "
                "next_proc_ms BIGINT, bloom_checked BIGINT, bloom_maybe BIGINT, bloom_false_pos BIGINT, "
-               "bloom_bytes BIGINT, "
+               "bloom_bytes BIGINT, images_read BIGINT, "
                "min_ts BIGINT, max_ts BIGINT")
 _CACHE: "OrderedDict[tuple[str, ...], Any]" = OrderedDict()
 _CACHE_MAX = 64
@@ -168,6 +170,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
 
     comp = spec.comp
     name = comp.name
+    read = not holds(spec, iv) and bool(spec.images.get(iv))
     image = _load(spec, iv)
     # Step 1: the fence row must carry our sequencer.
     keys = image.column("key")
@@ -205,7 +208,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> dict[str, Any]:
                                "prod_files": [], "side": [], "records_in": 0, "processed": 0, "duplicates": 0,
                                "fired": 0, "late": 0, "n_prods": 0, "n_dead": 0, "keys_written": 0, "ids_expired": 0,
                                "bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0,
-                               "min_ts": None, "max_ts": None}
+                               "images_read": int(read), "min_ts": None, "max_ts": None}
     summary["side"] = routed
     # ids past the dedup horizon: the image is rewritten without them even when none of its keys
     # runs (a key never seen again must not keep its ids, nor its row for them, forever)
@@ -495,6 +498,11 @@ def _drop_empty(t: Any) -> Any:
     empty = pc.and_kleene(empty, pc.not_equal(t.column("key"), FENCE_KEY))
     empty = pc.fill_null(empty, False)
     return t.filter(pc.invert(empty)) if pc.any(empty).as_py() else t
+
+
+def holds(spec: ImageSpec, iv: int) -> bool:
+    """Whether this worker holds interval ``iv``'s current image (no read from the store)."""
+    return tuple(sorted(spec.images.get(iv, ()))) in _CACHE
 
 
 def _load(spec: ImageSpec, iv: int) -> Any:

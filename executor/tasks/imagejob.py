@@ -15,6 +15,7 @@ more intervals (``Computation.num_intervals``).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,6 +31,7 @@ from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, strea
 from ..computation import Computation, LatePolicy
 from ..runtime.faults import BatchFailedError
 from . import merge as _tasks
+from .claims import ClaimBoard, ClaimError, claim_board, drop_board
 from .direct import (
     DirectBatch,
     DirectSource,
@@ -115,6 +117,8 @@ class TaskJob:
     summaries — a trivial two-task job costs ~0.08 s there against ~0.15-0.2 s."""
 
     rdd: Any
+    board: ClaimBoard | None = None  # the tasks claim their intervals (``claims.py``); removed after the job
+    intervals: tuple[int, ...] = ()  # with a board: each must have exactly one summary
 
 
 
@@ -146,6 +150,9 @@ class ImageTasks:
         self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
+        # local mode: the tasks of a direct or timers-only batch claim the intervals their worker
+        # holds (``claims.py``); DELTAWHEEL_TASK_CLAIMS=0 keeps the placement (for comparisons)
+        self.claims = os.environ.get("DELTAWHEEL_TASK_CLAIMS", "1") != "0"
 
     # ------------------------------------------------------------------ the job
 
@@ -173,7 +180,7 @@ class ImageTasks:
         mark("plan")
         try:
             out = self.collect(frame)
-        except StaleViewError:
+        except (StaleViewError, ClaimError):
             raise
         except Exception as exc:  # noqa: BLE001 - user code errors surface here
             raise BatchFailedError(_tasks.user_error_message(exc, self.comp.name, batch_id)) from exc
@@ -190,7 +197,9 @@ class ImageTasks:
                   "late": t("late"), "dead_letters": len(dead), "timers_fired": t("fired"),
                   "productions": t("n_prods"), "keys_written": t("keys_written"), "ids_expired": t("ids_expired"),
                   "bloom_checked": t("bloom_checked"), "bloom_maybe": t("bloom_maybe"),
-                  "bloom_false_pos": t("bloom_false_pos"), "bloom_bytes": t("bloom_bytes")}
+                  "bloom_false_pos": t("bloom_false_pos"), "bloom_bytes": t("bloom_bytes"),
+                  "images_read": t("images_read"),
+                  "intervals_run": sum(1 for s in out.summaries if s.get("interval") is not None)}
         return BatchRun(out, counts,
                         dead=side_frame(session, dead, dead=True) if dead else None,
                         late=side_frame(session, late_rows, dead=False) if late_rows else None,
@@ -230,10 +239,12 @@ class ImageTasks:
             # one task per partition index, each with its intervals of `place`: the tasks read the
             # batch's files themselves, or there is no input (due timers only): one stage
             tasks = tuple(tuple(iv for iv, t in place if t == i) for i in range(partitions))
-            fn = (direct_task_fn(spec, dataclasses.replace(direct, tasks=tasks)) if direct is not None
-                  else markers_task_fn(spec, tasks))
-            return TaskJob(session.sparkContext.parallelize(range(partitions), partitions)
-                           .mapPartitionsWithIndex(fn, preservesPartitioning=True))
+            sc = session.sparkContext
+            board = claim_board(sc.master, ivs) if self.claims else None
+            fn = (direct_task_fn(spec, dataclasses.replace(direct, tasks=tasks), board) if direct is not None
+                  else markers_task_fn(spec, tasks, board))
+            return TaskJob(sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(fn, preservesPartitioning=True),
+                           board, tuple(ivs))
         cols, keep = self._data_columns(place)
         frame = prep.select(*cols)
         if keep is not None:
@@ -271,6 +282,14 @@ class ImageTasks:
             if STALE_MARK in str(exc):
                 raise StaleViewError(str(exc).split(STALE_MARK, 1)[1].splitlines()[0]) from exc
             raise
+        finally:
+            if isinstance(out, TaskJob):
+                drop_board(out.board)
+        if isinstance(out, TaskJob) and out.board is not None:
+            got = sorted(r["interval"] for r in rows if r.get("interval") is not None)
+            if got != list(out.intervals):
+                raise ClaimError(f"the tasks that claimed their intervals returned summaries of intervals {got}, "
+                                 f"expected each of {list(out.intervals)} once (nothing was committed)")
         return BatchOutput(rows)
 
     def _markers(self, session: Any, place: tuple[tuple[int, int], ...]) -> Any:

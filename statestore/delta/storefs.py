@@ -295,7 +295,11 @@ def background_uploads() -> Iterator[None]:
     and its PUT runs in the background (local files are written at once, as outside). Leaving
     the block waits for every PUT started in it, also when the block raised, and then raises
     the block's error or else the first failed PUT's: nothing after the block may name a file
-    whose PUT has not been acknowledged."""
+    whose PUT has not been acknowledged. A block inside another joins it: its PUTs are waited
+    for at the outer block's end (which must come before anything names their files)."""
+    if _UPLOADS.get() is not None:
+        yield
+        return
     pending: list[Any] = []
     token = _UPLOADS.set(pending)
     failed: BaseException | None = None

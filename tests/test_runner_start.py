@@ -85,3 +85,40 @@ def test_the_rows_are_those_of_a_run_that_started_first(spark, zk_config, tmp_pa
     _runner(spark, again, zk2).run()
     assert state_of(spark, StoreLayout(str(again / "store")), "copy_counter") == first == {
         f"k{i}": (10, []) for i in range(6)}
+
+
+@pytest.mark.timeout(600)
+def test_a_stream_table_that_cannot_be_made_fails_the_start_and_gives_the_leases_back(
+        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The stream tables are made beside the claim's commit, once the leases are held. A store
+    where one cannot be made (a file sits where the table's folder belongs) stops the run with
+    that error, the leases are free again at once, and the run after the repair loses nothing."""
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from executor_util import state_of
+
+    _input(tmp_path / "in")
+    blocked = tmp_path / "store" / "streams" / "copies"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a table")
+    lines: list[str] = []
+    with pytest.raises(Exception) as failed:  # noqa: PT011 - Spark's or Delta's error about the path
+        _runner(spark, tmp_path, zk_config, progress=lines.append).run()
+    assert "copies" in str(failed.value)
+    # the start itself failed: no batch ran on a start without its stream tables
+    assert not any("leases held" in line and "copier" in line for line in lines), lines
+    assert not any(line.startswith("copier batch") for line in lines), lines
+    client = connect(zk_config)
+    try:
+        other = LeaseManager(client, pipeline="starts", owner="someone-else")
+        other.acquire("copier", [0, 1])  # no wait: the failed start gave them back
+        other.release("copier", [0, 1])
+    finally:
+        client.stop()
+        client.close()
+    blocked.unlink()
+    summary = _runner(spark, tmp_path, zk_config).run()
+    assert sum(r.records_in for r in summary.reports["copier"]) == 60
+    assert state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter") == {
+        f"k{i}": (10, []) for i in range(6)}

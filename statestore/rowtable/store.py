@@ -40,7 +40,7 @@ from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
 from ..delta.jvm import jframe, jsession
 from ..delta.log import read_snapshot
-from ..delta.storefs import TableFiles, table_files
+from ..delta.storefs import TableFiles, background_uploads, table_files
 from ..delta.txn import (
     TableLog,
     decode_path,
@@ -285,11 +285,12 @@ class RowStore:
         commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
         schema = to_arrow_schema(DataType.fromDDL(rows_file_ddl()), timezone="UTC")  # type: ignore[arg-type]
         adds = []
-        for iv, seq in sorted(sequencers.items()):
-            row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
-            rel = partition_file_name(computation, iv, "claim")
-            size = write_file(pa.Table.from_pylist([row], schema=schema), files, rel)
-            adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, size, 1))
+        with background_uploads():  # on S3 the PUTs run side by side; the commit below waits for all
+            for iv, seq in sorted(sequencers.items()):
+                row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
+                rel = partition_file_name(computation, iv, "claim")
+                size = write_file(pa.Table.from_pylist([row], schema=schema), files, rel)
+                adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, size, 1))
         meta = json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "claim", "writer": self.writer,
                            "computation": computation, "commit_id": commit_id,
                            "sequencers": {str(iv): s for iv, s in sequencers.items()}}, sort_keys=True)

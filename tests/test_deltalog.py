@@ -63,7 +63,7 @@ def test_the_python_log_replay_matches_delta_across_checkpoints_removes_and_dele
     t = TableLog(spark, path)
     _, entries = t.files("true", where=lambda pv: pv.get("p") == "0")
     assert entries and all(e.part("p") == "0" for e in entries)
-    parsed = t._action.fromJson(entries[0].action_json)
+    parsed = t._from_json(entries[0].action_json)
     assert str(parsed.path()) == entries[0].path
 
 

@@ -31,6 +31,7 @@ skip a Spark job per read. Files are plain Parquet written with pyarrow
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -99,50 +100,89 @@ def _memo(cache: dict[str, Any], key: str, make: Callable[[str], Any]) -> Any:
     return value
 
 
+class _DeltaJvm:
+    """The JVM classes and constants a :class:`TableLog` calls, resolved once per JVM: every
+    attribute step of ``jvm.a.b.C`` and every call is a py4j round trip (about twenty here, ~8 ms
+    on an idle driver and several times that beside a starting query)."""
+
+    def __init__(self, jvm: Any) -> None:
+        self.cc = jvm.scala.jdk.javaapi.CollectionConverters
+        utils = jvm.org.apache.spark.util.Utils
+        self.action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
+            .getField("MODULE$").get(None)
+        self.write_op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
+        # Write's constructor grew optional parameters (4 in Delta 4.0, 7 in 4.1-4.2, 9 in 4.3-4.4),
+        # all defaulting to None, and py4j applies no Scala defaults: pad the call to its arity
+        self.write_arity = int(utils.classForName("org.apache.spark.sql.delta.DeltaOperations$Write", True, False)
+                               .getConstructors()[0].getParameterCount())
+        save_mode = jvm.org.apache.spark.sql.SaveMode
+        self.modes = {True: save_mode.Overwrite, False: save_mode.Append}
+        self.array_list = jvm.java.util.ArrayList
+        self.none = jvm.scala.Option.empty()
+        self.some = jvm.scala.Some
+        self.delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
+
+
+_JVMS: dict[int, tuple[Any, _DeltaJvm]] = {}  # id(py4j JVM view) -> (the view, its classes)
+_JVMS_LOCK = threading.Lock()
+
+
+def _delta_jvm(jvm: Any) -> _DeltaJvm:
+    got = _JVMS.get(id(jvm))
+    if got is not None and got[0] is jvm:
+        return got[1]
+    with _JVMS_LOCK:
+        got = _JVMS.get(id(jvm))
+        if got is None or got[0] is not jvm:  # (a stopped session's view: its id may be reused)
+            got = _JVMS[id(jvm)] = (jvm, _DeltaJvm(jvm))
+        return got[1]
+
+
 class TableLog:
-    """File-level reads and commits of one Delta table (driver side)."""
+    """File-level reads and commits of one Delta table (driver side).
+
+    Reads that Python can make from the table's log (:func:`log.read_snapshot`: local and
+    ``s3a://`` tables) make no JVM call; the JVM side (Delta's ``DeltaLog`` and the classes the
+    commits use) is reached on first use."""
 
     def __init__(self, spark: Any, path: str) -> None:
         self.spark = spark
         self.path = path
-        jvm = jvm_of(spark)
-        self._jvm = jvm
-        self._js = jsession(spark)
-        self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self._js, path)
+        self._jvm = jvm_of(spark)
         self._files = table_files(spark, path)  # the log read in Python (None: only through Delta)
-        self._cc = jvm.scala.jdk.javaapi.CollectionConverters
-        utils = jvm.org.apache.spark.util.Utils
-        self._action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
-            .getField("MODULE$").get(None)
-        self._write_op = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
-        # Write's constructor grew optional parameters (4 in Delta 4.0, 7 in 4.1-4.2, 9 in 4.3-4.4),
-        # all defaulting to None, and py4j applies no Scala defaults: pad the call to its arity
-        self._write_arity = int(utils.classForName("org.apache.spark.sql.delta.DeltaOperations$Write", True, False)
-                                .getConstructors()[0].getParameterCount())
-        # JVM classes and constants resolved once: every attribute step of ``jvm.a.b.C`` and every
-        # call is a py4j round trip (a batch's commit made ~70 of them)
-        save_mode = jvm.org.apache.spark.sql.SaveMode
-        self._modes = {True: save_mode.Overwrite, False: save_mode.Append}
-        self._array_list = jvm.java.util.ArrayList
-        self._none = jvm.scala.Option.empty()
-        self._some = jvm.scala.Some
+        self._j: _DeltaJvm | None = None
+        self._jlog: Any = None
         self._parser: Any = None
         self._parsed: dict[str, Any] = {}  # predicate SQL -> parsed expression (immutable, reused)
         self._actions: dict[str, Any] = {}  # action JSON -> Delta action object (see _from_json)
 
+    @property
+    def _d(self) -> _DeltaJvm:
+        if self._j is None:
+            self._j = _delta_jvm(self._jvm)
+        return self._j
+
+    @property
+    def _log(self) -> Any:
+        """Delta's ``DeltaLog`` of the table (Delta caches it per path: a second one is the same)."""
+        if self._jlog is None:
+            self._jlog = self._d.delta_log.forTable(jsession(self.spark), self.path)
+        return self._jlog
+
     # ------------------------------------------------------------ reading
 
     def _seq(self, items: Sequence[Any]) -> Any:
-        return self._cc.asScala(self._array_list(list(items))).toSeq()
+        d = self._d
+        return d.cc.asScala(d.array_list(list(items))).toSeq()
 
     def _from_json(self, action_json: str) -> Any:
         """Delta's action object of ``action_json``; the adds of a commit are kept, since the
         next commit of their partition removes exactly those files (actions are immutable)."""
-        return _memo(self._actions, action_json, self._action.fromJson)
+        return _memo(self._actions, action_json, self._d.action.fromJson)
 
     def _pred(self, sql: str) -> Any:
         if self._parser is None:
-            self._parser = self._js.sessionState().sqlParser()
+            self._parser = jsession(self.spark).sessionState().sqlParser()
         return _memo(self._parsed, sql, self._parser.parseExpression)
 
     def _operation(self, overwrite: bool, predicates: Sequence[str] = (), user_metadata: str | None = None) -> Any:
@@ -157,10 +197,11 @@ class TableLog:
         calling thread's *active* session, which need not be this one (claims made outside a
         streaming batch were committed without it), and a setting is shared by the threads
         committing concurrently (a delivery thread beside a batch)."""
-        none = self._none
-        pred = self._some(" OR ".join(f"({p})" for p in predicates)) if predicates else none
-        meta = self._some(user_metadata) if user_metadata is not None else none
-        return self._write_op(self._modes[overwrite], none, pred, meta, *([none] * (self._write_arity - 4)))
+        d = self._d
+        none = d.none
+        pred = d.some(" OR ".join(f"({p})" for p in predicates)) if predicates else none
+        meta = d.some(user_metadata) if user_metadata is not None else none
+        return d.write_op(d.modes[overwrite], none, pred, meta, *([none] * (d.write_arity - 4)))
 
     def files(self, predicate_sql: str, *,
               where: Callable[[Mapping[str, str]], bool] | None = None) -> tuple[int, list[FileEntry]]:
@@ -182,10 +223,11 @@ class TableLog:
                                                  str(a["path"]) in snap.added_at and str(a["path"]) not in snap.bounded))
                 return snap.version, entries
         txn = self._log.startTransaction()
-        adds = self._cc.asJava(txn.filterFiles(self._seq([self._pred(predicate_sql)]), False))
+        cc = self._d.cc
+        adds = cc.asJava(txn.filterFiles(self._seq([self._pred(predicate_sql)]), False))
         out = []
         for a in adds:
-            pv = self._cc.asJava(a.partitionValues())
+            pv = cc.asJava(a.partitionValues())
             out.append(FileEntry(str(a.path()), tuple(sorted((str(k), str(v)) for k, v in pv.items())),
                                  int(a.size()), a.deletionVector() is not None, str(a.json())))
         return int(txn.snapshot().version()), out
@@ -201,18 +243,19 @@ class TableLog:
         if upto <= version:
             return None
         # getChanges(startVersion, catalogTable, failOnDataLoss): a path-based table has no catalog entry
-        changes = self._log.getChanges(version + 1, self._none, False)
+        cc = self._d.cc
+        changes = self._log.getChanges(version + 1, self._d.none, False)
         while changes.hasNext():
             pair = changes.next()
             v = int(pair._1())
             if v > upto:
                 break
-            for act in self._cc.asJava(pair._2()):
+            for act in cc.asJava(pair._2()):
                 name = act.getClass().getSimpleName()
                 if name in ("Metadata", "Protocol"):
                     return v
                 if name in ("AddFile", "RemoveFile"):
-                    pv = tuple(sorted((str(k), str(x)) for k, x in self._cc.asJava(act.partitionValues()).items()))
+                    pv = tuple(sorted((str(k), str(x)) for k, x in cc.asJava(act.partitionValues()).items()))
                     if pv in wanted:
                         return v
         return None
@@ -268,7 +311,7 @@ class TableLog:
         """
         held = self._log.unsafeVolatileSnapshot() if known_version is not None else None
         if held is not None and int(held.version()) == known_version:
-            txn = self._log.startTransaction(self._none, self._some(held))
+            txn = self._log.startTransaction(self._d.none, self._d.some(held))
         else:
             txn = self._log.startTransaction()
         if check is not None:
@@ -292,7 +335,7 @@ class TableLog:
             actions += [a.removeWithTimestamp(now, True) for a in old]
         actions += [self._from_json(a) for a in add]
         for app, ver in (app_versions or {}).items():
-            actions.append(self._action.fromJson(json.dumps(
+            actions.append(self._d.action.fromJson(json.dumps(
                 {"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})))
         return int(txn.commit(self._seq(actions), self._operation(bool(remove), read_partitions, user_metadata)))
 

@@ -58,7 +58,7 @@ from ..exceptions import (
 from ..layout import StoreLayout, validate_name
 from . import inputfiles
 from .fencing import merge_sql, translate_commit_error
-from .frames import local_frame
+from .frames import arrow_schema, local_frame
 from .rows import (
     FENCE_KEY,
     KeyRow,
@@ -278,12 +278,10 @@ class RowStore:
 
     def _claim(self, computation: str, sequencers: Mapping[int, int], files: TableFiles) -> None:
         import pyarrow as pa
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import DataType
 
         now = self.clock.now_ms()
         commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
-        schema = to_arrow_schema(DataType.fromDDL(rows_file_ddl()), timezone="UTC")  # type: ignore[arg-type]
+        schema = arrow_schema(rows_file_ddl())  # parsed once per process (a JVM round trip)
         adds = []
         with background_uploads():  # on S3 the PUTs run side by side; the commit below waits for all
             for iv, seq in sorted(sequencers.items()):

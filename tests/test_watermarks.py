@@ -519,3 +519,36 @@ def test_publish_and_advance_reads_again_after_a_concurrent_write(clients: Calla
     assert slow.publish_and_advance("A", {0: (5_900, 1)}) == 5_500  # max(published 5 500, computed 5 200)
     wm.publish_oldest_work("A", 2, None, sequencer=1)
     assert slow.publish_and_advance("A", {0: (5_900, 1), 2: (None, 1)}) == 5_900
+
+
+def test_publish_and_advance_publishes_injector_estimates_in_the_same_transaction(
+        clients: Callable[..., KazooClient], wm: WatermarkAuthority) -> None:
+    """The step with ``injectors``: the estimate lands as publish_injector would land it (never
+    backwards, refused under a newer sequencer), and the low watermark counts the stored value."""
+    seqs = {iv: g.sequencer for iv, g in LeaseManager(clients(), pipeline=P, owner="me").acquire("A", [0, 1]).items()}
+    none = {0: (None, seqs[0]), 1: (None, seqs[1])}
+    # no injector node yet: the step creates it and the low watermark is computed from it
+    assert wm.publish_and_advance("A", none, injectors={"src": (3_000, 0)}) == 3_000
+    assert wm.injector_watermark("src") == 3_000 == wm.published_low_watermark("A")
+    # an older estimate does not move it back, and the low watermark uses what is stored
+    assert wm.publish_and_advance("A", {0: (9_000, seqs[0]), 1: (None, seqs[1])},
+                                  injectors={"src": (2_000, 0)}) == 3_000
+    assert wm.injector_watermark("src") == 3_000
+    assert wm.publish_and_advance("A", none, injectors={"src": (4_000, 0)}) == 4_000
+    # an injector no topology names is published too (and does not count for A)
+    assert wm.publish_and_advance("A", none, injectors={"src": (4_500, 0), "other": (7, 0)}) == 4_500
+    assert wm.injector_watermark("other") == 7
+    # a newer publisher of the source: nothing of the step is written
+    wm.publish_injector("src", 5_000, sequencer=3)
+    with pytest.raises(StaleSequencerError, match=r"injector p/src: stored sequencer 3 is newer than ours \(0\)"):
+        wm.publish_and_advance("A", {0: (100, seqs[0]), 1: (None, seqs[1])}, injectors={"src": (6_000, 0)})
+    assert (wm.oldest_work("A", 2)[0] or {}).get("oldest_work_ms") is None
+    assert wm.injector_watermark("src") == 5_000 and wm.published_low_watermark("A") == 4_500
+    with pytest.raises(CodecError):
+        wm.publish_and_advance("A", none, injectors={"src": (NOT_MS, 3)})
+    # another writer moves the injector between the step's reads and its write: the step reads again
+    clock = MeddlingClock(10_000)
+    slow = WatermarkAuthority(clients(), pipeline=P, clock=clock)
+    clock.meddle = lambda: wm.publish_injector("src", 8_000, sequencer=3)
+    assert slow.publish_and_advance("A", none, injectors={"src": (6_000, 3)}) == 8_000
+    assert wm.injector_watermark("src") == 8_000 == wm.published_low_watermark("A")

@@ -81,6 +81,7 @@ from ..tasks.imagejob import ImageTasks
 from ..tasks.job import BatchRun, UserJob
 from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MergeTasks
 from .faults import BatchFailedError, FaultPoint
+from .hooks import InjectorHook
 from .inflight import InFlight, OpenDelivery
 from .lateness import ActedMark, read_mark
 from .metrics import BatchMetrics, batch_row, state_size
@@ -522,9 +523,13 @@ class ComputationExecutor:
         mark("deliver")
         # Step 7: watermarks.
         self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
-        if self.on_batch_end is not None:
-            self.on_batch_end(run.obs_min, run.obs_max)
-        low = self._publish_watermarks() if self.authority is not None else None
+        injectors: dict[str, tuple[int, int]] = {}
+        hook = self.on_batch_end
+        if isinstance(hook, InjectorHook) and hook.authority is self.authority:
+            injectors = hook.observe(run.obs_min, run.obs_max)  # published in the step's transaction
+        elif hook is not None:
+            hook(run.obs_min, run.obs_max)
+        low = self._publish_watermarks(injectors) if self.authority is not None else None
         mark("watermarks")
         c = run.counts
         # ``late`` counts every late record: those user code saw or dropped (the tasks' count) and
@@ -627,7 +632,9 @@ class ComputationExecutor:
             self._publish_watermarks()
         return True
 
-    def _publish_watermarks(self) -> int | None:
+    def _publish_watermarks(self, injectors: Mapping[str, tuple[int, int]] | None = None) -> int | None:
+        """Publish the intervals' oldest work and advance the low watermark (with ``injectors``:
+        publish these injector estimates in the same transaction)."""
         assert self.authority is not None
         with self._wm_lock:  # the batch and its delivery thread both publish
             held = self.inflight.held_ts()
@@ -639,7 +646,7 @@ class ComputationExecutor:
                     oldest = held if oldest is None else min(oldest, held)
                 works[iv] = (oldest, seq)
             # the oldest work and the low watermark computed from it: one round of reads, one transaction
-            return self.authority.publish_and_advance(self.comp.name, works)
+            return self.authority.publish_and_advance(self.comp.name, works, injectors=injectors)
 
     def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
         """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""

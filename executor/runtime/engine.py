@@ -42,8 +42,8 @@ from ..computation import RECORD_KEY, Computation
 from .batch import ComputationExecutor
 from .embedded import ensure_zookeeper
 from .reports import BatchReport
-from .rescale import files_read
-from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, BatchStats, Injector, publish_watermark
+from .hooks import InjectorHook
+from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 
 __all__ = ["connect", "Engine", "injector_hook"]
 
@@ -108,31 +108,18 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
 def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,
                   instance: str | None = None,
                   held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
-                  ) -> Callable[[int | None, int | None], None]:
+                  ) -> InjectorHook:
     """The ``on_batch_end`` hook of an executor fed by ``feeding``: after each micro-batch, each
     injector observes the batch's event-time range and its watermark is published (with
     ``instance``, as that job instance's estimate, beside the intervals ``held()`` returns:
-    :meth:`.WatermarkAuthority.publish_instance_injector`).
+    :meth:`.WatermarkAuthority.publish_instance_injector`). The executor publishes the estimates
+    in its watermark step's own ZooKeeper transaction (:class:`.hooks.InjectorHook`).
 
     Raises:
         ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
             ``checkpoint`` (the query's, whose file log says what was read) is given.
     """
-    tracking = [inj for inj in feeding if getattr(inj, "tracks_files", False)]
-    if tracking and checkpoint is None:
-        raise ConfigError(f"injector {tracking[0].name} estimates its watermark from the files no query has read "
-                          "yet: give the query's checkpoint (engine.executor(..., checkpoint=...))")
-
-    def hook(mn: int | None, mx: int | None) -> None:
-        read = files_read(checkpoint) if tracking and checkpoint is not None else frozenset()
-        for inj in feeding:
-            stats = BatchStats(count=0 if mx is None else 1, min_event_ms=mn, max_event_ms=mx, sources=read)
-            if inj in tracking:
-                inj.observe(stats, query=checkpoint)  # type: ignore[call-arg]
-            else:
-                inj.observe(stats)
-            publish_watermark(authority, inj, instance=instance, held=None if held is None else held())
-    return hook
+    return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
 
 
 class Engine:

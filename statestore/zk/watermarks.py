@@ -476,10 +476,17 @@ class WatermarkAuthority:
         self._cas_many(f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} "
                        f"{', '.join(map(str, ivs))} of {self.pipeline}/{computation}", items, session=session)
 
-    def publish_and_advance(self, computation: str, works: Mapping[int, tuple[int | None, int]]) -> int | None:
+    def publish_and_advance(self, computation: str, works: Mapping[int, tuple[int | None, int]], *,
+                            injectors: Mapping[str, tuple[int, int]] | None = None) -> int | None:
         """:meth:`publish_oldest_works` then :meth:`advance_low_watermark`, in one pipelined round of
         reads and one ZooKeeper transaction (step 7 of the batch protocol; the two calls take five
         rounds and two transactions).
+
+        ``injectors`` (name -> (watermark, sequencer)): publish these injector estimates in the same
+        round and transaction, as :meth:`publish_injector` does each (never backwards; a stored
+        newer sequencer raises :class:`StaleSequencerError` and nothing is written), and compute
+        the low watermark with the values they leave stored (the batch's injector hook, whose
+        own read-modify-write took two more round trips per injector before the step).
 
         The low watermark is computed as :meth:`advance_low_watermark` does, from the oldest work
         being written, the other intervals' and the injectors' as read in the same round. The
@@ -497,6 +504,9 @@ class WatermarkAuthority:
         ivs = sorted(works)
         for iv in ivs:
             _check_ms("oldest_work_ms", works[iv][0], optional=True)
+        pub = dict(injectors or {})
+        for wm_ms, _ in pub.values():
+            _check_ms("watermark_ms", wm_ms, optional=False)
         what = (f"publishing oldest work of interval{'s' if len(ivs) > 1 else ''} {', '.join(map(str, ivs))} "
                 f"of {self.pipeline}/{computation} and advancing its low watermark")
 
@@ -508,20 +518,22 @@ class WatermarkAuthority:
                     if topo is None:
                         return False, None
                     self._topologies[computation] = topo
-                done, low = self._publish_round(computation, works, topo, what)
+                done, low = self._publish_round(computation, works, topo, what, pub)
                 if done:
                     return True, low
 
         got: tuple[bool, int | None] = self._resilient(what, step, session=session)
         declared, low = got
-        if not declared:  # as the two calls do: the second raises ConfigError
+        if not declared:  # as the separate calls do: the last raises ConfigError
+            for name, (wm_ms, seq) in sorted(pub.items()):
+                self.publish_injector(name, wm_ms, sequencer=seq)
             self.publish_oldest_works(computation, works)
             return self.advance_low_watermark(computation)
         self._remember(computation, low)
         return low
 
     def _publish_round(self, computation: str, works: Mapping[int, tuple[int | None, int]], topo: Topology,
-                       what: str) -> tuple[bool, int | None]:
+                       what: str, pub: Mapping[str, tuple[int, int]]) -> tuple[bool, int | None]:
         """One try of :meth:`publish_and_advance` with the topology read last time: (done, low
         watermark); not done when the topology changed or a concurrent writer got in between."""
         ivs = sorted(works)
@@ -539,7 +551,8 @@ class WatermarkAuthority:
         with _zk_errors(what):
             get = self._client.get_async
             r_topo = get(self._path("topology", computation))
-            r_inj = {n: get(self._path("injector", n)) for k, n in upstream if k == "injector"}
+            names = sorted({n for k, n in upstream if k == "injector"} | set(pub))
+            r_inj = {n: get(self._path("injector", n)) for n in names}
             r_ivs = [get(f"{base}/{i:05d}") for i in range(topo.num_intervals)]
             r_own = {iv: get(owners[iv]) for iv in ivs}
             r_low = get(low_path)
@@ -552,15 +565,26 @@ class WatermarkAuthority:
                 self._topologies.pop(computation, None)  # redeclared (or removed): read it again
                 return False, None
             tx = self._client.transaction()
-            values: list[int | None] = []
-            for kind, name in upstream:
-                if kind == "computation":
-                    values.append(memo[name])
-                    continue
-                data = inj[name][0]
-                values.append(None if data is None else int(_decode(data, "injector watermark")["watermark_ms"]))
             writes = 0
-            inputs = [(self._path("injector", n), inj[n][1]) for n in inj]  # what the low watermark reads
+            stored: dict[str, int | None] = {}
+            written: set[str] = set()
+            for name in names:  # the injector estimates this step publishes, then what is stored
+                data, stat = inj[name]
+                old_inj = None if data is None else _decode(data, "injector watermark")
+                if name in pub:
+                    wm_ms, seq = pub[name]
+                    value, new_inj = self._injector_payload(f"publishing the watermark of injector "
+                                                            f"{self.pipeline}/{name}", old_inj, wm_ms, seq)
+                    stored[name] = value
+                    if new_inj is not None:
+                        self._put(tx, self._path("injector", name), new_inj, stat)
+                        written.add(name)
+                        writes += 1
+                else:
+                    stored[name] = None if old_inj is None else int(old_inj["watermark_ms"])
+            values: list[int | None] = [memo[name] if kind == "computation" else stored[name] for kind, name in upstream]
+            # what the low watermark reads (a node this step writes is checked by its own write)
+            inputs = [(self._path("injector", n), inj[n][1]) for n in names if n not in written]
             for i, (data, stat) in enumerate(olds):
                 old = None if data is None else _decode(data, "oldest work")
                 if i not in works:
@@ -610,18 +634,24 @@ class WatermarkAuthority:
         stored: list[int] = []
 
         def update(old: Raw | None) -> bytes | None:
-            before = None if old is None else int(old["watermark_ms"])
-            if old is not None and int(old["sequencer"]) > sequencer:
-                raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
-                                          f"({sequencer}); another instance runs this source, stop this one")
-            stored[:] = [max(watermark_ms, before if before is not None else watermark_ms)]
-            if old is not None and before == stored[0] and int(old["sequencer"]) == sequencer:
-                return None  # never backwards, nothing new
-            return _encode({"sequencer": sequencer, "watermark_ms": stored[0],
-                            "published_ms": self._clock.now_ms()})
+            value, new = self._injector_payload(what, old, watermark_ms, sequencer)
+            stored[:] = [value]
+            return new
 
         self._cas(self._path("injector", injector), what, update)
         return stored[0]
+
+    def _injector_payload(self, what: str, old: Raw | None, watermark_ms: int, sequencer: int) -> tuple[int, bytes | None]:
+        """(the value stored after publishing ``watermark_ms`` over ``old``, the new payload or None
+        when nothing changes): never backwards; a newer stored sequencer raises StaleSequencerError."""
+        before = None if old is None else int(old["watermark_ms"])
+        if old is not None and int(old["sequencer"]) > sequencer:
+            raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
+                                      f"({sequencer}); another instance runs this source, stop this one")
+        value = max(watermark_ms, before if before is not None else watermark_ms)
+        if old is not None and before == value and int(old["sequencer"]) == sequencer:
+            return value, None  # never backwards, nothing new
+        return value, _encode({"sequencer": sequencer, "watermark_ms": value, "published_ms": self._clock.now_ms()})
 
     def publish_instance_injector(self, injector: str, instance: str, watermark_ms: int, *,
                                   sequencer: int = 0,

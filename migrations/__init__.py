@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from deltawheel.statestore.delta.log import local_path, local_table_exists, read_snapshot
 from deltawheel.statestore.delta.sqltext import sql_path, sql_str
@@ -44,6 +44,7 @@ __all__ = [
     "applied_version",
     "plan",
     "apply",
+    "apply_when_pending",
     "check_store",
 ]
 
@@ -171,6 +172,25 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
             ) from exc
         _record(spark, layout, step)
     return pending
+
+
+def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], ContextManager[Any]]) -> list[PlannedMigration]:
+    """:func:`apply` under ``lock()`` (one process at a time per pipeline), taken only when
+    :func:`plan` finds something to run: a start of an up-to-date store takes no lock (the
+    lock's round trips to ZooKeeper were about a third of a start's migration check). A store
+    whose migrations all ran stays so, so a plan that finds none pending needs no lock; one
+    that finds some is made again under the lock (another process may have run them meanwhile).
+
+    Returns:
+        The migrations that ran.
+
+    Raises:
+        As :func:`apply`.
+    """
+    if not plan(spark, layout):
+        return []
+    with lock():
+        return apply(spark, layout, dry_run=False)
 
 
 def _record(spark: Any, layout: StoreLayout, step: PlannedMigration) -> None:

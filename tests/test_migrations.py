@@ -244,3 +244,50 @@ def test_a_half_created_table_is_named_with_what_to_do(spark, tmp_path, capsys) 
     shutil.rmtree(store / "_meta")
     assert main(["migrate", "--store", str(store), "--apply"]) == 0
     assert migrations.check_store(spark, StoreLayout(str(store))) == migrations.CODE_SCHEMA_VERSION
+
+
+def test_two_starts_at_once_migrate_a_new_store_once_and_an_up_to_date_store_takes_no_lock(
+        spark, store_layout, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """``apply_when_pending`` as two pipeline starts call it: on a new store, racing, the migrations
+    run once (each step recorded once); on the migrated store no lock is taken at all."""
+    import threading
+
+    from deltawheel.statestore.zk.client import connect
+
+    taken: list[str] = []
+    clients = [connect(zk_config), connect(zk_config)]
+
+    def lock_of(client: Any, who: str) -> Any:
+        def make() -> Any:
+            taken.append(who)
+            return client.Lock("/locks/migrate/racing", who)
+        return make
+
+    ran: dict[str, list[Any]] = {}
+    errors: list[BaseException] = []
+
+    def start(i: int) -> None:
+        try:
+            ran[f"start{i}"] = migrations.apply_when_pending(spark, store_layout, lock_of(clients[i], f"start{i}"))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors
+        # one start ran every migration, the other found them done under the lock (or before it)
+        assert sorted(len(v) for v in ran.values()) == [0, len(migrations.MIGRATIONS)]
+        versions = [r["version"] for r in spark.read.format("delta").load(store_layout.meta).collect()]
+        assert sorted(versions) == sorted(m.VERSION for m in migrations.MIGRATIONS)  # each recorded once
+        assert 1 <= len(taken) <= 2
+        taken.clear()
+        assert migrations.apply_when_pending(spark, store_layout, lock_of(clients[0], "later")) == []
+        assert taken == []  # up to date: no lock
+    finally:
+        for c in clients:
+            c.stop()
+            c.close()

@@ -148,8 +148,8 @@ class Engine:
         """Create the store or run its pending migrations (one process at a time per pipeline)."""
         from deltawheel import migrations
 
-        with self.client.Lock(f"/locks/migrate/{self.pipeline}", self.owner):
-            migrations.apply(self.spark, self.layout, dry_run=False)
+        migrations.apply_when_pending(self.spark, self.layout,
+                                      lambda: self.client.Lock(f"/locks/migrate/{self.pipeline}", self.owner))
 
     def executor(self, computation: Computation, *, upstream: Upstream | Sequence[Upstream] = (),
                  checkpoint: str | None = None, wait_s: float | None = None, **options: Any) -> ComputationExecutor:

@@ -171,8 +171,8 @@ class PipelineRunner:
         client = connect(self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently
-            with client.Lock(f"/locks/migrate/{self.pipeline.name}", self.owner):
-                migrations.apply(self.spark, self.layout, dry_run=False)
+            migrations.apply_when_pending(self.spark, self.layout,
+                                          lambda: client.Lock(f"/locks/migrate/{self.pipeline.name}", self.owner))
             return self._run(client)
         finally:
             client.stop()

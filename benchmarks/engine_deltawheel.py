@@ -29,14 +29,16 @@ __all__ = ["ENGINES", "DeltaWheelEngine"]
 WIN = 10_000
 
 
-def _computation() -> Any:
+def _computation(intervals: int = 4) -> Any:
+    """The window count; ``intervals``: its key intervals (the units its state is split into,
+    each an image file that one task rewrites per batch)."""
     from deltawheel.executor.computation import RECORD_KEY, Computation
 
     class WindowCount(Computation):
         name = "window_count"
         inputs = {"events": RECORD_KEY}  # the key column the injector fills (as the Spark engines group by)
         outputs = ("windows",)
-        num_intervals = 4
+        num_intervals = intervals
         codec = "msgpack"
 
         def process_record(self, ctx: Any, record: Any) -> None:
@@ -57,6 +59,14 @@ def _computation() -> Any:
             ctx.state = st or None
 
     return WindowCount()
+
+
+def state_partitions(spark: Any) -> int:
+    """How many partitions Spark SQL's aggregation keeps its state in: the session's
+    ``spark.sql.shuffle.partitions`` (2 in the benchmark session, one per core of ``local[2]``).
+    deltawheel's computation gets as many key intervals, so both engines split their state,
+    and their per-batch work on it, into the same number of parts."""
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
 class DeltaWheelEngine:
@@ -94,7 +104,7 @@ class DeltaWheelEngine:
 
                 configure_log_store(spark, zk.hosts, chroot="/bench-logstore")
             migrations.apply(spark, layout, dry_run=False)
-            comp = _computation()
+            comp = _computation(state_partitions(spark))
             inj = ParquetInjector("events", str(data.input_dir), key_column="key", event_time_column="event_time",
                                   value_columns=[], record_id_column="record_id", max_files_per_trigger=1,
                                   watermark_delay_ms=10_000)
@@ -121,7 +131,8 @@ class DeltaWheelEngine:
                         "count": pa.array([r[2] for r in rows], pa.int64())})
         open_events = sum(sum(codec.decode(r["state"]).values()) for r in state)
         late = sum(r.late for r in reports)
-        settings = {"exactly_once": True, "strong_productions": True, "num_intervals": 4, "codec": "msgpack",
+        settings = {"exactly_once": True, "strong_productions": True, "num_intervals": type(comp).num_intervals,
+                    "codec": "msgpack",
                     "store": layout.root if store is not None else "local folder",
                     "record_value": "none (value_columns=[]: the computation reads key and event time only)",
                     "write_path": _WRITE_PATHS[choose_write_path(self.write_path, layout.root)[0]],

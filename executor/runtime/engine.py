@@ -41,8 +41,8 @@ from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from ..computation import RECORD_KEY, Computation
 from .batch import ComputationExecutor
 from .embedded import ensure_zookeeper
-from .reports import BatchReport
 from .hooks import InjectorHook
+from .reports import BatchReport
 from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 
 __all__ = ["connect", "Engine", "injector_hook"]

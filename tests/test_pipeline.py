@@ -184,3 +184,65 @@ def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
     assert sum(r.records_in for r in summary.reports["copy_counter"]) == 100
     assert state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter") == {f"k{i}": (20, []) for i in range(5)}
     assert started == ["dw_rounds_copier", "dw_rounds_copy_counter"] * 2
+
+
+@pytest.mark.timeout(600)
+def test_a_second_copy_waits_for_the_first_computations_leases_before_taking_later_ones(
+        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two copies of a pipeline started at once must not deadlock: a runner takes its
+    computations' leases in the pipeline's order, each before the next. Another owner holds the
+    first stage's intervals; a runner started then waits for them and takes none of the second
+    stage's meanwhile (so the other owner can take those too, as an earlier copy that went first
+    would), then runs normally once both are given back."""
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from executor_util import Copier, CopyCounter, state_of
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(pa.table({"record_id": [f"r{i}" for i in range(40)], "key": [f"k{i % 4}" for i in range(40)],
+                             "event_time": pa.array([1_000 * i for i in range(40)], pa.timestamp("ms", "UTC"))}),
+                   folder / "part-0.parquet")
+    layout = StoreLayout(str(tmp_path / "store"))
+    client = connect(zk_config)
+    other = LeaseManager(client, pipeline="ordered", owner="the-first-copy")
+    other.acquire("copier", range(Copier.num_intervals))
+    lines: list[str] = []
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
+                              value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+        try:
+            result["summary"] = PipelineRunner(spark, layout, Pipeline("ordered", (inj,), (Copier(), CopyCounter())),
+                                               zk=zk_config, wait_s=120, progress=lines.append).run()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            result["error"] = exc
+
+    t = threading.Thread(target=run)
+    try:
+        t.start()
+        deadline = time.monotonic() + 120
+        while not any("copier: waiting for leases" in line for line in lines):
+            assert time.monotonic() < deadline and t.is_alive(), (lines, result)
+            time.sleep(0.1)
+        time.sleep(3.0)  # the runner is waiting for the copier's intervals
+        # the second stage's intervals are still free: the waiting runner took none of them
+        other.acquire("copy_counter", range(CopyCounter.num_intervals), wait_s=0.0)
+        other.release("copy_counter", list(range(CopyCounter.num_intervals)))
+        other.release("copier", list(range(Copier.num_intervals)))
+        t.join(timeout=300)
+        assert not t.is_alive() and "error" not in result, (result, lines[-20:])
+        assert state_of(spark, layout, "copy_counter") == {f"k{i}": (10, []) for i in range(4)}
+    finally:
+        other.close()
+        client.stop()
+        client.close()
+        t.join(timeout=60)

@@ -199,7 +199,11 @@ class PipelineRunner:
                     execs[comp.name] = None
                     self._rebalance(comp, execs)
                 else:
-                    execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
+                    started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
+                    # the computations' leases in the pipeline's order, each before the next (the
+                    # rest of each start goes on in the background): two copies started at once
+                    # must not each take some computations and wait for the other's
+                    started.wait_leased()
             rnd = 0
             while self.follow is not None or rnd < self.max_rounds:
                 moved = 0

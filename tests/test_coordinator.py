@@ -171,6 +171,55 @@ def test_a_wiped_zookeeper_is_refused_at_acquisition_and_reseed_fences_above_the
         client.close()
 
 
+@pytest.mark.timeout(300)
+def test_a_copy_that_bound_the_store_then_waited_accepts_fences_another_copy_wrote_meanwhile(
+        spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """Two copies of a new pipeline started at once: the one that records the store's binding can
+    wait for leases the other holds, which fences the store under that binding. Those fence rows
+    are not a lost ZooKeeper state: the waiting copy takes over when they are given back (only
+    rows the store held before the binding are refused, as the wiped-ZooKeeper test shows)."""
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.binding import store_path
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.owner import IntervalOwner
+
+    client = connect(zk_config)
+    try:
+        other_leases = LeaseManager(client, pipeline="race", owner="second")
+        other_leases.acquire("c", [0, 1])  # the other copy got the leases first
+        first = IntervalOwner(RowStore(spark, migrated_store, writer="first"),
+                              LeaseManager(client, pipeline="race", owner="first"), "c", num_intervals=2)
+        result: dict[str, object] = {}
+
+        def start_first() -> None:
+            try:
+                first.acquire(claim_only=True, wait_s=120)
+                result["sequencers"] = first.sequencers
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                result["error"] = exc
+
+        t = threading.Thread(target=start_first)
+        t.start()
+        deadline = time.monotonic() + 60
+        while client.exists(store_path("race")) is None:  # the first copy recorded the binding
+            assert time.monotonic() < deadline and t.is_alive(), result
+            time.sleep(0.05)
+        second = IntervalOwner(RowStore(spark, migrated_store, writer="second"), other_leases, "c", num_intervals=2)
+        second.acquire(claim_only=True)  # fences both intervals under the first copy's binding
+        fenced = dict(second.sequencers)
+        assert RowStore(spark, migrated_store, writer="x").fences("c") == fenced
+        assert t.is_alive()  # still waiting for the leases
+        second.release()
+        t.join(timeout=120)
+        assert "error" not in result, result
+        assert all(s > fenced[iv] for iv, s in result["sequencers"].items())  # type: ignore[union-attr]
+        first.release()
+    finally:
+        client.stop()
+        client.close()
+
+
 @pytest.mark.slow  # four pipeline runs: about 2.5 minutes per write path
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("write_path", ["image", "merge"])

@@ -90,17 +90,15 @@ class IntervalOwner:
                 it does not know); nothing was fenced, the leases are given back.
         """
         ivs = sorted(set(range(self.num_intervals) if intervals is None else intervals))
-        fresh_binding = False
+        unbound_fences: dict[int, int] | None = None
         if not self._bound:  # the pipeline's ZooKeeper state must be this store's (binding.py)
-            fresh_binding = bind_store(self.leases.zk_client, self.leases.pipeline, table_id=self.store.table_id(),
-                                       root=self.store.layout.root)
-            self._bound = True
+            unbound_fences = self._bind()
         before = self.leases.held(self.computation)
         grants = self.leases.acquire(self.computation, ivs, wait_s=wait_s)
         if self.on_granted is not None:
             self.on_granted()
         try:
-            self._check_coordinator(grants, before=before, fresh_binding=fresh_binding)
+            self._check_coordinator(grants, before=before, unbound_fences=unbound_fences)
             self.store.fence(self.computation, {iv: g.sequencer for iv, g in grants.items()}, claim_only=claim_only,
                              check=check_fences)
         except BaseException:
@@ -113,30 +111,49 @@ class IntervalOwner:
             self._warm(rec, scanned=scan)
         return rec
 
+    def _bind(self) -> dict[int, int] | None:
+        """Record this store as the pipeline's in ZooKeeper (or check it is the one recorded).
+
+        Returns, when this call had to create the binding, the computation's fence rows as they
+        were before it existed (read before creating it: rows another copy fences later, under
+        this binding, are not evidence of lost state); None when the binding was there."""
+        client, pipeline = self.leases.zk_client, self.leases.pipeline
+        before = None if client.exists(store_path(pipeline)) else self.store.fences(self.computation)
+        fresh = bind_store(client, pipeline, table_id=self.store.table_id(), root=self.store.layout.root)
+        self._bound = True
+        if not fresh:
+            return None
+        # the binding was there when checked but gone when created (a refused start deleted it):
+        # read now, which can only over-report (a refusal, never a missed loss)
+        return before if before is not None else self.store.fences(self.computation)
+
     def _check_coordinator(self, grants: Mapping[int, LeaseGrant], *, before: Mapping[int, LeaseGrant],
-                           fresh_binding: bool) -> None:
+                           unbound_fences: dict[int, int] | None) -> None:
         """Refuse to fence when ZooKeeper has forgotten grants the store was written under.
 
         A grant made by this call carries a sequencer ZooKeeper never issued before; a fence row
         holding the same or a greater one that ZooKeeper does not account for (at or above its
-        next sequencer) was written under a grant it lost. So is a store with fence rows for a
-        pipeline whose binding this call had to create. Either way ZooKeeper's data was lost
+        next sequencer) was written under a grant it lost. So is a store that held fence rows
+        before this owner had to create the pipeline's binding (``unbound_fences``; rows another
+        copy fenced since, under that binding, do not count). Either way ZooKeeper's data was lost
         (wiped, or restored from an older copy).
 
         Raises:
             CoordinatorStateLostError: with what was found and the recovery command.
         """
+        fresh_binding = unbound_fences is not None
         new = {iv: g for iv, g in grants.items() if before.get(iv) != g}
-        if not new and not fresh_binding:
+        if not new and not unbound_fences:
             return
         fences = self.store.fences(self.computation)
-        if not fences:
+        if not fences and not unbound_fences:
             return
         pipeline = self.leases.pipeline
         found: list[str] = []
-        if fresh_binding:
+        if unbound_fences:
             found.append(f"ZooKeeper had no record of the pipeline's store (/pipelines/{pipeline}/store) although "
-                         f"the store holds fence rows of {self.computation!r} up to sequencer {max(fences.values())}")
+                         f"the store holds fence rows of {self.computation!r} up to sequencer "
+                         f"{max(unbound_fences.values())}")
         ahead = {iv: g for iv, g in new.items() if fences.get(iv, -1) >= g.sequencer}
         if ahead:
             nxt = next_sequencers(self.leases.zk_client, pipeline=pipeline, computation=self.computation,

@@ -141,7 +141,6 @@ class IntervalOwner:
         Raises:
             CoordinatorStateLostError: with what was found and the recovery command.
         """
-        fresh_binding = unbound_fences is not None
         new = {iv: g for iv, g in grants.items() if before.get(iv) != g}
         if not new and not unbound_fences:
             return
@@ -163,7 +162,7 @@ class IntervalOwner:
                     found.append(f"interval {iv}: the store's fence carries sequencer {fences[iv]}, ZooKeeper "
                                  f"just granted {g.sequencer} and knows no grant above {nxt[iv] - 1}")
         if found:
-            if fresh_binding:  # not ours to keep: the next start must see the missing binding again
+            if unbound_fences is not None:  # this owner created the binding: not ours to keep: the next start must see the missing binding again
                 self.leases.zk_client.delete(store_path(pipeline))
                 self._bound = False
             raise CoordinatorStateLostError(

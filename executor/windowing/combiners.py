@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from .windows import WindowingError
 
-__all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_spec", "negate"]
+__all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_spec"]
 
 
 class CombineFn:
@@ -143,13 +143,3 @@ def combine_fn_from_spec(spec: str | CombineFn) -> CombineFn:
         raise WindowingError(f"unknown combine {spec!r}; use one of {', '.join(_BUILTIN)} or a CombineFn")
     return _BUILTIN[spec]()
 
-
-def negate(value: Any) -> Any:
-    """The value of a retraction pane: ``-value`` for numbers, the value itself otherwise.
-
-    >>> negate(7), negate("x"), negate(None)
-    (-7, 'x', None)
-    """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return -value
-    return value

@@ -72,6 +72,7 @@ Semantics (SCENARIO_FORMAT.md; Beam Java where the model leaves a choice):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, cast
 
@@ -79,7 +80,7 @@ from deltawheel.statestore.rowtable.rows import TimeDomain, Timer
 
 from ..computation import Computation, KeyExtractor, Record
 from ..context import Context
-from .combiners import CombineFn, combine_fn_from_spec, negate
+from .combiners import CombineFn, combine_fn_from_spec
 from .panes import AccumulationMode, Pane, PaneInfo, Timing
 from .triggers import Trigger, TriggerContext, default_trigger
 from .windows import Window, WindowFn, WindowingError
@@ -283,11 +284,12 @@ class WindowedComputation(Computation):
         info = PaneInfo(timing, index, index == 0, is_last)
         window = Window.from_wid(wid)
         if s.accumulation is AccumulationMode.ACCUMULATING_AND_RETRACTING:
+            # a retraction carries the withdrawn pane's value as that pane carried it
             for rwid, rvalue in ws.pop("r", []):
-                self._produce(ctx, Pane(ctx.key, Window.from_wid(rwid), negate(rvalue), info, True))
+                self._produce(ctx, Pane(ctx.key, Window.from_wid(rwid), rvalue, info, True))
             if "l" in ws:
-                self._produce(ctx, Pane(ctx.key, window, negate(ws["l"]), info, True))
-            ws["l"] = value
+                self._produce(ctx, Pane(ctx.key, window, ws["l"], info, True))
+            ws["l"] = _snapshot(value)
         self._produce(ctx, Pane(ctx.key, window, value, info))
         ws["i"] = index + 1
         ws.pop("n", None)
@@ -317,6 +319,15 @@ class WindowedComputation(Computation):
     def _delete_timers(ctx: Context, wid: str) -> None:
         ctx.delete_timer(f"w:{wid}")
         ctx.delete_timer(f"p:{wid}", domain=TimeDomain.PROCESSING_TIME)
+
+
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _snapshot(value: Any) -> Any:
+    """``value`` as it is now: a pane value may be the accumulator itself (``CombineFn.extract``
+    returns it by default), which ``add`` may change in place before the pane is retracted."""
+    return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
 def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, windowing: WindowFn,

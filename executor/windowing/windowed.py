@@ -74,14 +74,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Mapping, cast
 
+from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.rowtable.rows import TimeDomain, Timer
 
-from ..computation import Computation, KeyExtractor, Record
+from ..computation import Computation, ErrorPolicy, KeyExtractor, LatePolicy, Record
 from ..context import Context
 from .combiners import CombineFn, combine_fn_from_spec
 from .panes import AccumulationMode, Pane, PaneInfo, Timing
+from .settings import SETTINGS, ComputationSettings, refuse_unknown
 from .triggers import Trigger, TriggerContext, default_trigger
 from .windows import Window, WindowFn, WindowingError
 
@@ -115,7 +118,7 @@ class WindowedComputation(Computation):
     """Windows, triggers, allowed lateness, accumulation and combining on per-key state and timers.
 
     Build one with :func:`windowed` (which sets the class attributes ``name``,
-    ``inputs`` and ``outputs``).
+    ``inputs``, ``outputs`` and the computation settings it is given).
     """
 
     output: str = "panes"
@@ -124,6 +127,19 @@ class WindowedComputation(Computation):
     def __init__(self, strategy: WindowingStrategy, *, value: Callable[[Any], Any] | None = None) -> None:
         self.strategy = strategy
         self._value = value
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        """Refuse a computation setting as an instance attribute: give it to :func:`windowed`.
+
+        Raises:
+            ConfigError: ``attr`` is one of the computation settings.
+        """
+        if attr in SETTINGS:
+            raise ConfigError(
+                f"{self.name}: {attr} of a windowed computation is given where it is built, "
+                f"windowed(..., {attr}=...); set on the built computation it would reach some parts of "
+                "the executor and not others")
+        super().__setattr__(attr, value)
 
     # ------------------------------------------------------------- callbacks
 
@@ -334,7 +350,15 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
              trigger: Trigger | None = None, allowed_lateness_ms: int = 0,
              accumulation: AccumulationMode | str = AccumulationMode.DISCARDING,
              combine: CombineFn | str = "sum", value: Callable[[Any], Any] | None = None,
-             num_intervals: int = 4) -> WindowedComputation:
+             num_intervals: int = Computation.num_intervals, codec: str = Computation.codec,
+             allow_pickle: bool = Computation.allow_pickle, exactly_once: bool = Computation.exactly_once,
+             dedup_retention: timedelta = Computation.dedup_retention,
+             strong_productions: bool = Computation.strong_productions,
+             straggler_timeout_s: float = Computation.straggler_timeout_s,
+             delivery_timeout_s: float = Computation.delivery_timeout_s,
+             late_policy: LatePolicy | str = Computation.late_policy,
+             error_policy: ErrorPolicy | str = Computation.error_policy,
+             **unknown: Any) -> WindowedComputation:
     """A windowed computation named ``name`` reading ``inputs`` and writing panes to ``output``.
 
     Args:
@@ -347,17 +371,32 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
         accumulation: discarding, accumulating or accumulating_and_retracting.
         combine: a built-in combiner name (sum, count, min, max, mean) or a CombineFn.
         value: maps a record value to the combiner's input (default: the value itself).
-        num_intervals: key intervals of the computation.
+        num_intervals, codec, allow_pickle, exactly_once, dedup_retention, strong_productions,
+            straggler_timeout_s, delivery_timeout_s, late_policy, error_policy: the computation
+            settings, as the :class:`Computation` attributes of the same names (defaults theirs;
+            docs/windowing.md, "Computation settings"). ``codec`` encodes the window state
+            (accumulators included) and the panes.
 
     Raises:
-        ConfigError: invalid names; WindowingError: invalid strategy.
+        ConfigError: invalid names or settings, an unknown keyword argument (the message names
+            the accepted ones); WindowingError: invalid strategy.
     """
+    refuse_unknown(name, unknown, arguments=_ARGUMENTS)
+    settings = ComputationSettings(
+        num_intervals=num_intervals, codec=codec, allow_pickle=allow_pickle, exactly_once=exactly_once,
+        dedup_retention=dedup_retention, strong_productions=strong_productions,
+        straggler_timeout_s=straggler_timeout_s, delivery_timeout_s=delivery_timeout_s,
+        late_policy=late_policy, error_policy=error_policy)
     strategy = WindowingStrategy(window_fn=windowing, trigger=trigger or default_trigger(),
                                  combine=combine_fn_from_spec(combine), allowed_lateness_ms=allowed_lateness_ms,
                                  accumulation=AccumulationMode.parse(accumulation))
     cls = type(f"Windowed_{name}", (WindowedComputation,), {
         "name": name, "inputs": dict(inputs), "outputs": (output, dropped_stream(output)),
-        "output": output, "num_intervals": num_intervals, "codec": "json"})
+        "output": output, **settings.attributes()})
     comp = cast("type[WindowedComputation]", cls)
     comp.validate()
     return comp(strategy, value=value)
+
+
+_ARGUMENTS = ("name", "inputs", "output", "windowing", "trigger", "allowed_lateness_ms", "accumulation", "combine",
+              "value")

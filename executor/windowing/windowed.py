@@ -1,7 +1,7 @@
 """The Dataflow model on the core API: :class:`WindowedComputation` and :func:`windowed`.
 
 A windowed computation is an ordinary :class:`~deltawheel.executor.computation.Computation`:
-everything it keeps lives in the key's JSON state and its timers, so it has
+everything it keeps lives in the key's state and its timers, so it has
 the executor's exactly-once guarantees, and window GC is visible in the rows
 table (a collected window's entry and timers are gone from the key's row).
 
@@ -20,7 +20,7 @@ output-timestamp rule: *end of window*). Dropped elements go to
 reason}`` with reason ``too_late`` (at arrival, watermark >= end + allowed
 lateness) or ``window_closed`` (the window's trigger finished).
 
-JSON state layout (version ``v``)::
+State layout (version ``v``; encoded with the computation's ``codec``, json by default)::
 
     {"v": 1, "w": {"<start>,<end>": {      # "*" for the global window
         "a": <accumulator>,               # absent = combine.create()
@@ -77,12 +77,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Mapping, cast
 
+from deltawheel.statestore.codecs import Codec, get_codec
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.rowtable.rows import TimeDomain, Timer
 
 from ..computation import Computation, ErrorPolicy, KeyExtractor, LatePolicy, Record
 from ..context import Context
-from .combiners import CombineFn, combine_fn_from_spec
+from .combiners import CombineFn, check_encodable, combine_fn_from_spec
 from .panes import AccumulationMode, Pane, PaneInfo, Timing
 from .settings import SETTINGS, ComputationSettings, refuse_unknown
 from .triggers import Trigger, TriggerContext, default_trigger
@@ -127,6 +128,9 @@ class WindowedComputation(Computation):
     def __init__(self, strategy: WindowingStrategy, *, value: Callable[[Any], Any] | None = None) -> None:
         self.strategy = strategy
         self._value = value
+        self._codec: Codec | None = None
+        self._encodable: set[tuple[str, type]] = set()  # (combiner method, type) whose values encoded
+        self._checked("create", strategy.combine.create())  # a combiner the codec cannot store fails here
 
     def __setattr__(self, attr: str, value: Any) -> None:
         """Refuse a computation setting as an instance attribute: give it to :func:`windowed`.
@@ -166,7 +170,7 @@ class WindowedComputation(Computation):
             if wid not in st:
                 st[wid] = self._new_window(Window.from_wid(wid), wm)
             ws = st[wid]
-            ws["a"] = s.combine.add(ws["a"] if "a" in ws else s.combine.create(), value)
+            ws["a"] = self._checked("add", s.combine.add(ws["a"] if "a" in ws else s.combine.create(), value))
             ws["n"] = ws.get("n", 0) + 1
             s.trigger.on_element(self._tc(ctx, wid, ws), 0)
             if wid not in touched:
@@ -182,6 +186,18 @@ class WindowedComputation(Computation):
         if wid in st:
             self._evaluate(ctx, st, wid, _EVENT if timer.domain is TimeDomain.EVENT_TIME else _PROC)
         self._save(ctx, st)
+
+    def _checked(self, method: str, value: Any) -> Any:
+        """``value``, returned by the combiner's ``method``, once its type is known to encode with the
+        computation's codec (checked on the first value of each type, so a combiner the codec cannot
+        store fails naming itself, not deep in the runner's encoding of the state)."""
+        kind = (method, type(value))
+        if kind not in self._encodable:
+            if self._codec is None:
+                self._codec = get_codec(self.codec, allow_pickle=self.allow_pickle)
+            check_encodable(self.strategy.combine, method, value, self._codec)
+            self._encodable.add(kind)
+        return value
 
     # ----------------------------------------------------------------- state
 
@@ -245,7 +261,7 @@ class WindowedComputation(Computation):
         for w in sources:
             self._delete_timers(ctx, w.wid)
         ws = self._new_window(merged, ctx.input_watermark_ms)
-        ws["a"] = s.combine.merge([o["a"] if "a" in o else s.combine.create() for o in olds])
+        ws["a"] = self._checked("merge", s.combine.merge([o["a"] if "a" in o else s.combine.create() for o in olds]))
         n = sum(o.get("n", 0) for o in olds)
         if n:
             ws["n"] = n
@@ -295,7 +311,7 @@ class WindowedComputation(Computation):
 
     def _emit(self, ctx: Context, wid: str, ws: dict[str, Any], timing: Timing, *, is_last: bool) -> None:
         s = self.strategy
-        value = s.combine.extract(ws["a"] if "a" in ws else s.combine.create())
+        value = self._checked("extract", s.combine.extract(ws["a"] if "a" in ws else s.combine.create()))
         index = ws.get("i", 0)
         info = PaneInfo(timing, index, index == 0, is_last)
         window = Window.from_wid(wid)

@@ -1,6 +1,12 @@
 """Properties of accumulating_and_retracting panes over random scenarios (Beam has no such mode to compare with).
 
-* Per window (per key for merging windows), the sum of all pane values, the
+A retraction pane carries the value of the pane it withdraws, unchanged, with
+``retraction: true`` (docs/windowing.md, "The pane record"), whatever the
+combiner. Each property runs with the built-in ``sum`` and with a user
+combiner whose accumulator is a dict changed in place and whose pane value is
+that accumulator itself.
+
+* Per window (per key for merging windows), the total of all pane values, the
   retraction panes counting negatively, equals the discarding run's total.
 * Every non-first pane of a window comes right after the retraction of that
   window's previous pane value.
@@ -11,9 +17,11 @@
 from __future__ import annotations
 
 import random
-from collections import defaultdict
-from typing import Any, Mapping
+from collections import Counter, defaultdict
+from typing import Any, Mapping, Sequence
 
+import pytest
+from deltawheel.executor.windowing.combiners import CombineFn
 from deltawheel.executor.windowing.harness import run_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,20 +32,44 @@ SESSIONS = st.sampled_from([5, 10, 15]).map(lambda g: {"type": "sessions", "gap"
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _scenario(rng: random.Random, windowing: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return scenario_from(rng, name="property", modes=RETRACTING, settle=rng.random() < 0.5,
-                         windowing=dict(windowing) if windowing else None)
+class Tally(CombineFn):
+    """A user combiner: count and sum in a dict accumulator, changed in place; the pane value is the
+    accumulator itself (the default ``extract``)."""
+
+    def create(self) -> Any:
+        return {"n": 0, "sum": 0}
+
+    def add(self, acc: Any, value: Any) -> Any:
+        acc["n"] += 1
+        acc["sum"] += value
+        return acc
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        return {"n": sum(a["n"] for a in accs), "sum": sum(a["sum"] for a in accs)}
+
+
+COMBINERS = pytest.mark.parametrize("combine", ["sum", Tally()], ids=["sum", "user-dict"])
+
+
+def _scenario(rng: random.Random, combine: Any, windowing: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    sc = scenario_from(rng, name="property", modes=RETRACTING, settle=rng.random() < 0.5,
+                       windowing=dict(windowing) if windowing else None)
+    return dict(sc, combine=combine)
 
 
 def _window(p: Mapping[str, Any]) -> tuple[Any, ...]:
     return (p["key"], p["window_start"], p["window_end"])
 
 
-def _totals(panes: list[Mapping[str, Any]], per_key: bool) -> dict[tuple[Any, ...], int]:
-    out: dict[tuple[Any, ...], int] = defaultdict(int)
+def _totals(panes: list[Mapping[str, Any]], per_key: bool) -> dict[tuple[Any, ...], Counter[str]]:
+    """Signed totals (a retraction counts negatively), field by field for dict values."""
+    out: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
     for p in panes:
-        out[(p["key"],) if per_key else _window(p)] += p["value"]
-    return {k: v for k, v in out.items() if v}
+        sign = -1 if p["retraction"] else 1
+        value = p["value"] if isinstance(p["value"], Mapping) else {"": p["value"]}
+        for field, v in value.items():
+            out[(p["key"],) if per_key else _window(p)][field] += sign * v
+    return {k: +c for k, c in out.items() if +c}  # +c: without the fields that total 0
 
 
 def _sum_equals_discarding_total(sc: dict[str, Any]) -> None:
@@ -59,7 +91,7 @@ def _each_pane_follows_the_retraction_of_the_previous(sc: dict[str, Any]) -> Non
         w = _window(p)
         if w in last:
             before = panes[i - 1]
-            assert before["retraction"] and _window(before) == w and before["value"] == -last[w], (i, p, before)
+            assert before["retraction"] and _window(before) == w and before["value"] == last[w], (i, p, before)
         else:
             assert p["is_first"] or i == 0 or not panes[i - 1]["retraction"] or _window(panes[i - 1]) != w
         last[w] = p["value"]
@@ -76,31 +108,37 @@ def _merged_sessions_retracted_once(sc: dict[str, Any]) -> None:
         merged_away = any(k == key and s <= start and end <= e and (s, e) != (start, end)
                           for k, s, e in emitted)
         want = values if merged_away else values[:-1]
-        assert [-v for v in retracted.get(w, [])] == want, (w, values, retracted.get(w))
+        assert retracted.get(w, []) == want, (w, values, retracted.get(w))
     assert set(retracted) <= set(emitted)
 
 
+@COMBINERS
 @SETTINGS
 @given(st.randoms(use_true_random=False))
-def test_retracting_sum_equals_discarding_total(rng: random.Random) -> None:
-    _sum_equals_discarding_total(_scenario(rng))
+def test_retracting_sum_equals_discarding_total(combine: Any, rng: random.Random) -> None:
+    _sum_equals_discarding_total(_scenario(rng, combine))
 
 
+@COMBINERS
 @SETTINGS
 @given(st.randoms(use_true_random=False), SESSIONS)
-def test_retracting_sum_equals_discarding_total_with_sessions(rng: random.Random, sessions: dict[str, Any]) -> None:
-    _sum_equals_discarding_total(_scenario(rng, sessions))
+def test_retracting_sum_equals_discarding_total_with_sessions(combine: Any, rng: random.Random,
+                                                              sessions: dict[str, Any]) -> None:
+    _sum_equals_discarding_total(_scenario(rng, combine, sessions))
 
 
+@COMBINERS
 @SETTINGS
 @given(st.randoms(use_true_random=False))
-def test_every_later_pane_follows_the_retraction_of_the_previous(rng: random.Random) -> None:
-    _each_pane_follows_the_retraction_of_the_previous(_scenario(rng))
+def test_every_later_pane_follows_the_retraction_of_the_previous(combine: Any, rng: random.Random) -> None:
+    _each_pane_follows_the_retraction_of_the_previous(_scenario(rng, combine))
 
 
+@COMBINERS
 @SETTINGS
 @given(st.randoms(use_true_random=False), SESSIONS)
-def test_session_merges_retract_each_merged_away_session_once(rng: random.Random, sessions: dict[str, Any]) -> None:
-    sc = _scenario(rng, sessions)
+def test_session_merges_retract_each_merged_away_session_once(combine: Any, rng: random.Random,
+                                                              sessions: dict[str, Any]) -> None:
+    sc = _scenario(rng, combine, sessions)
     _each_pane_follows_the_retraction_of_the_previous(sc)
     _merged_sessions_retracted_once(sc)

@@ -18,7 +18,6 @@ from deltawheel.executor.windowing.combiners import (
     Min,
     Sum,
     combine_fn_from_spec,
-    negate,
 )
 from deltawheel.executor.windowing.harness import (
     MemoryBackend,
@@ -228,7 +227,7 @@ class Concat(CombineFn):
         return "+".join(acc)
 
 
-def test_builtin_combiners_and_negate() -> None:
+def test_builtin_combiners() -> None:
     def run(fn: CombineFn, values: list[Any]) -> Any:
         accs = [fn.add(fn.create(), v) for v in values]
         return fn.extract(fn.merge(accs)), fn.extract(fn.create())
@@ -238,7 +237,6 @@ def test_builtin_combiners_and_negate() -> None:
     assert run(Min(), [3, 1, 2]) == (1, None)
     assert run(Max(), [3, 1, 2]) == (3, None)
     assert run(Mean(), [1, 2]) == (1.5, None)
-    assert negate(2.5) == -2.5 and negate({"a": 1}) == {"a": 1}
     assert isinstance(combine_fn_from_spec("mean"), Mean)
     with pytest.raises(WindowingError, match="unknown combine 'median'"):
         combine_fn_from_spec("median")
@@ -323,7 +321,7 @@ def test_late_data_merging_two_sessions_retracts_both() -> None:
     assert sorted((p["window_start"], p["value"]) for p in panes) == [(0, 1), (15, 2)]
     row, panes = _run(comp, row, [(4, 8)], wm=100)  # [8,18) bridges [0,10) and [15,25)
     assert [(p["window_start"], p["window_end"], p["value"], p["retraction"]) for p in panes] == [
-        (0, 10, -1, True), (15, 25, -2, True), (0, 25, 7, False)]
+        (0, 10, 1, True), (15, 25, 2, True), (0, 25, 7, False)]
     assert panes[-1]["pane_index"] == 0 and panes[-1]["is_first"] and panes[-1]["timing"] == "LATE"
     assert set(J.decode(row.state)["w"]) == {"0,25"}  # type: ignore[union-attr, arg-type]
     assert {t.tag for t in row.timers} == {"w:0,25"}  # type: ignore[union-attr]
@@ -335,7 +333,55 @@ def test_retraction_precedes_replacing_pane_in_same_window() -> None:
     row, panes = _run(comp, None, [(7, 10)], wm=None)
     row, panes = _run(comp, row, [], wm=100)
     row, panes = _run(comp, row, [(3, 20)], wm=100)
-    assert [(p["value"], p["retraction"], p["pane_index"]) for p in panes] == [(-7, True, 1), (10, False, 1)]
+    assert [(p["value"], p["retraction"], p["pane_index"]) for p in panes] == [(7, True, 1), (10, False, 1)]
+
+
+class Tally(CombineFn):
+    """A user combiner with a dict accumulator changed in place; its pane value is the accumulator itself."""
+
+    def create(self) -> Any:
+        return {"n": 0, "sum": 0}
+
+    def add(self, acc: Any, value: Any) -> Any:
+        acc["n"] += 1
+        acc["sum"] += value
+        return acc
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        return {"n": sum(a["n"] for a in accs), "sum": sum(a["sum"] for a in accs)}
+
+
+class Spread(CombineFn):
+    """A user combiner with a numeric pane value: the largest minus the smallest value."""
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return [value, value] if acc is None else [min(acc[0], value), max(acc[1], value)]
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        present = [a for a in accs if a is not None]
+        return [min(a[0] for a in present), max(a[1] for a in present)] if present else None
+
+    def extract(self, acc: Any) -> Any:
+        return 0 if acc is None else acc[1] - acc[0]
+
+
+@pytest.mark.parametrize("combine", ["sum", "count", "min", "max", "mean", Tally(), Spread()],
+                         ids=["sum", "count", "min", "max", "mean", "user-dict", "user-number"])
+def test_a_retraction_carries_the_withdrawn_value_unchanged_whatever_the_combiner(combine: Any) -> None:
+    """One rule for every combiner: a retraction pane's value is the value of the pane it withdraws,
+    as that pane carried it, flagged ``retraction: true``. Three records of the key in one run (one
+    batch), so a combiner changing its accumulator in place cannot change what is retracted."""
+    comp = _comp(accumulation="accumulating_and_retracting", trigger=Repeatedly(AfterCount(1)), combine=combine)
+    _, panes = _run(comp, None, [(3, 10), (5, 20), (4, 30)])
+    assert [p["retraction"] for p in panes] == [False, True, False, True, False]
+    emitted = [p["value"] for p in panes if not p["retraction"]]
+    assert [p["value"] for p in panes if p["retraction"]] == emitted[:-1]
+    fn = combine_fn_from_spec(combine)
+    assert emitted == [fn.extract(fn.merge([fn.add(fn.create(), v) for v in vs]))
+                       for vs in ([3], [3, 5], [3, 5, 4])]
 
 
 # ------------------------------------------------------------ errors, misc

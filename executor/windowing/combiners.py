@@ -2,8 +2,11 @@
 
 A :class:`CombineFn` has four methods: ``create`` (an empty accumulator),
 ``add`` (fold one input into it), ``merge`` (combine accumulators: session
-merges), ``extract`` (the pane value). Accumulators are stored in the key's
-JSON state, so they must be JSON values (numbers, strings, lists, dicts).
+merges), ``extract`` (the pane value). Accumulators are kept in the key's
+state and pane values are produced, both through the computation's codec
+(``json`` by default), so they must be values it encodes (lists, dicts with
+string keys, str, int, float, bool, None: no sets); :func:`check_encodable`
+refuses one that is not, naming the combiner and the fix.
 
 Built in: :class:`Sum`, :class:`Count`, :class:`Min`, :class:`Max`,
 :class:`Mean` (its accumulator is ``[sum, count]``).
@@ -17,13 +20,18 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from deltawheel.statestore.codecs import Codec
+from deltawheel.statestore.exceptions import CodecError
+
 from .windows import WindowingError
 
-__all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_spec", "negate"]
+__all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_spec", "check_encodable"]
 
 
 class CombineFn:
-    """A user combiner: override all four methods; accumulators must be JSON values."""
+    """A user combiner: override ``create``, ``add`` and ``merge`` (and ``extract`` unless the pane
+    value is the accumulator itself); accumulators and pane values must be values the
+    computation's codec encodes (docs/windowing.md, "Combiners")."""
 
     def create(self) -> Any:
         """A new, empty accumulator."""
@@ -144,12 +152,22 @@ def combine_fn_from_spec(spec: str | CombineFn) -> CombineFn:
     return _BUILTIN[spec]()
 
 
-def negate(value: Any) -> Any:
-    """The value of a retraction pane: ``-value`` for numbers, the value itself otherwise.
+def check_encodable(fn: CombineFn, method: str, value: Any, codec: Codec) -> None:
+    """Refuse ``value``, returned by ``fn``'s ``method``, if ``codec`` cannot encode it.
 
-    >>> negate(7), negate("x"), negate(None)
-    (-7, 'x', None)
+    >>> from deltawheel.statestore.codecs import get_codec
+    >>> check_encodable(Sum(), "add", 3, get_codec("json"))
+
+    Raises:
+        WindowingError: naming the combiner, the method, the value's type and the fix.
     """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return -value
-    return value
+    try:
+        codec.encode(value)
+    except CodecError as exc:
+        why = exc.__cause__ if exc.__cause__ is not None else exc
+        raise WindowingError(
+            f"combiner {type(fn).__name__}: {method}() returned a {type(value).__name__}, which the computation's "
+            f"codec {codec.name!r} cannot encode ({why}). Accumulators and pane values are kept in the key's state "
+            "and produced through the codec: return lists, dicts with string keys, str, int, float, bool or None "
+            "(e.g. a sorted list instead of a set), or build the computation with codec='pickle', "
+            "allow_pickle=True") from None

@@ -5,9 +5,10 @@ the value, and :class:`PaneInfo` (timing EARLY / ON_TIME / LATE, the index
 of the pane in the window's sequence, ``is_first``, ``is_last``). In
 ``ACCUMULATING_AND_RETRACTING`` mode a new pane of a window is preceded by a
 *retraction pane* (``retraction=True``) withdrawing the previously emitted
-value (negated when numeric), and a session merge retracts the panes of the
-sessions it replaces right before the merged session's next pane. A
-retraction pane carries the pane info of the pane it precedes.
+pane: its value is that pane's value, unchanged, whatever the combiner (a
+count of 3 is retracted as 3, a dict as that dict). A session merge retracts
+the panes of the sessions it replaces right before the merged session's next
+pane. A retraction pane carries the pane info of the pane it precedes.
 
 Panes travel as dicts (``Pane.to_dict`` / ``Pane.from_dict``) in epoch ms,
 with the fields of SCENARIO_FORMAT.md's output pane; the global window has

@@ -1,7 +1,7 @@
 """When in processing time: trigger state machines (Beam Java SDK semantics).
 
 A trigger is an immutable tree (frozen dataclasses). Its mutable state lives
-in the key's JSON state as a list of small dicts, one per tree node in
+in the key's state as a list of small dicts, one per tree node in
 pre-order (node ``i``'s first child is ``i + 1``, the next child follows the
 first child's subtree). Keys of a node's dict, all optional: ``f`` finished
 (1), ``n`` element count, ``t`` processing-time target (ms), ``o`` the

@@ -1,7 +1,7 @@
 """The Dataflow model on the core API: :class:`WindowedComputation` and :func:`windowed`.
 
 A windowed computation is an ordinary :class:`~deltawheel.executor.computation.Computation`:
-everything it keeps lives in the key's JSON state and its timers, so it has
+everything it keeps lives in the key's state and its timers, so it has
 the executor's exactly-once guarantees, and window GC is visible in the rows
 table (a collected window's entry and timers are gone from the key's row).
 
@@ -20,7 +20,7 @@ output-timestamp rule: *end of window*). Dropped elements go to
 reason}`` with reason ``too_late`` (at arrival, watermark >= end + allowed
 lateness) or ``window_closed`` (the window's trigger finished).
 
-JSON state layout (version ``v``)::
+State layout (version ``v``; encoded with the computation's ``codec``, json by default)::
 
     {"v": 1, "w": {"<start>,<end>": {      # "*" for the global window
         "a": <accumulator>,               # absent = combine.create()
@@ -72,15 +72,20 @@ Semantics (SCENARIO_FORMAT.md; Beam Java where the model leaves a choice):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Mapping, cast
 
+from deltawheel.statestore.codecs import Codec, get_codec
+from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.rowtable.rows import TimeDomain, Timer
 
-from ..computation import Computation, KeyExtractor, Record
+from ..computation import Computation, ErrorPolicy, KeyExtractor, LatePolicy, Record
 from ..context import Context
-from .combiners import CombineFn, combine_fn_from_spec, negate
+from .combiners import CombineFn, check_encodable, combine_fn_from_spec
 from .panes import AccumulationMode, Pane, PaneInfo, Timing
+from .settings import SETTINGS, ComputationSettings, refuse_unknown
 from .triggers import Trigger, TriggerContext, default_trigger
 from .windows import Window, WindowFn, WindowingError
 
@@ -114,7 +119,7 @@ class WindowedComputation(Computation):
     """Windows, triggers, allowed lateness, accumulation and combining on per-key state and timers.
 
     Build one with :func:`windowed` (which sets the class attributes ``name``,
-    ``inputs`` and ``outputs``).
+    ``inputs``, ``outputs`` and the computation settings it is given).
     """
 
     output: str = "panes"
@@ -123,6 +128,22 @@ class WindowedComputation(Computation):
     def __init__(self, strategy: WindowingStrategy, *, value: Callable[[Any], Any] | None = None) -> None:
         self.strategy = strategy
         self._value = value
+        self._codec: Codec | None = None
+        self._encodable: set[tuple[str, type]] = set()  # (combiner method, type) whose values encoded
+        self._checked("create", strategy.combine.create())  # a combiner the codec cannot store fails here
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        """Refuse a computation setting as an instance attribute: give it to :func:`windowed`.
+
+        Raises:
+            ConfigError: ``attr`` is one of the computation settings.
+        """
+        if attr in SETTINGS:
+            raise ConfigError(
+                f"{self.name}: {attr} of a windowed computation is given where it is built, "
+                f"windowed(..., {attr}=...); set on the built computation it would reach some parts of "
+                "the executor and not others")
+        super().__setattr__(attr, value)
 
     # ------------------------------------------------------------- callbacks
 
@@ -149,7 +170,7 @@ class WindowedComputation(Computation):
             if wid not in st:
                 st[wid] = self._new_window(Window.from_wid(wid), wm)
             ws = st[wid]
-            ws["a"] = s.combine.add(ws["a"] if "a" in ws else s.combine.create(), value)
+            ws["a"] = self._checked("add", s.combine.add(ws["a"] if "a" in ws else s.combine.create(), value))
             ws["n"] = ws.get("n", 0) + 1
             s.trigger.on_element(self._tc(ctx, wid, ws), 0)
             if wid not in touched:
@@ -165,6 +186,18 @@ class WindowedComputation(Computation):
         if wid in st:
             self._evaluate(ctx, st, wid, _EVENT if timer.domain is TimeDomain.EVENT_TIME else _PROC)
         self._save(ctx, st)
+
+    def _checked(self, method: str, value: Any) -> Any:
+        """``value``, returned by the combiner's ``method``, once its type is known to encode with the
+        computation's codec (checked on the first value of each type, so a combiner the codec cannot
+        store fails naming itself, not deep in the runner's encoding of the state)."""
+        kind = (method, type(value))
+        if kind not in self._encodable:
+            if self._codec is None:
+                self._codec = get_codec(self.codec, allow_pickle=self.allow_pickle)
+            check_encodable(self.strategy.combine, method, value, self._codec)
+            self._encodable.add(kind)
+        return value
 
     # ----------------------------------------------------------------- state
 
@@ -228,7 +261,7 @@ class WindowedComputation(Computation):
         for w in sources:
             self._delete_timers(ctx, w.wid)
         ws = self._new_window(merged, ctx.input_watermark_ms)
-        ws["a"] = s.combine.merge([o["a"] if "a" in o else s.combine.create() for o in olds])
+        ws["a"] = self._checked("merge", s.combine.merge([o["a"] if "a" in o else s.combine.create() for o in olds]))
         n = sum(o.get("n", 0) for o in olds)
         if n:
             ws["n"] = n
@@ -278,16 +311,17 @@ class WindowedComputation(Computation):
 
     def _emit(self, ctx: Context, wid: str, ws: dict[str, Any], timing: Timing, *, is_last: bool) -> None:
         s = self.strategy
-        value = s.combine.extract(ws["a"] if "a" in ws else s.combine.create())
+        value = self._checked("extract", s.combine.extract(ws["a"] if "a" in ws else s.combine.create()))
         index = ws.get("i", 0)
         info = PaneInfo(timing, index, index == 0, is_last)
         window = Window.from_wid(wid)
         if s.accumulation is AccumulationMode.ACCUMULATING_AND_RETRACTING:
+            # a retraction carries the withdrawn pane's value as that pane carried it
             for rwid, rvalue in ws.pop("r", []):
-                self._produce(ctx, Pane(ctx.key, Window.from_wid(rwid), negate(rvalue), info, True))
+                self._produce(ctx, Pane(ctx.key, Window.from_wid(rwid), rvalue, info, True))
             if "l" in ws:
-                self._produce(ctx, Pane(ctx.key, window, negate(ws["l"]), info, True))
-            ws["l"] = value
+                self._produce(ctx, Pane(ctx.key, window, ws["l"], info, True))
+            ws["l"] = _snapshot(value)
         self._produce(ctx, Pane(ctx.key, window, value, info))
         ws["i"] = index + 1
         ws.pop("n", None)
@@ -319,11 +353,28 @@ class WindowedComputation(Computation):
         ctx.delete_timer(f"p:{wid}", domain=TimeDomain.PROCESSING_TIME)
 
 
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _snapshot(value: Any) -> Any:
+    """``value`` as it is now: a pane value may be the accumulator itself (``CombineFn.extract``
+    returns it by default), which ``add`` may change in place before the pane is retracted."""
+    return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
+
+
 def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, windowing: WindowFn,
              trigger: Trigger | None = None, allowed_lateness_ms: int = 0,
              accumulation: AccumulationMode | str = AccumulationMode.DISCARDING,
              combine: CombineFn | str = "sum", value: Callable[[Any], Any] | None = None,
-             num_intervals: int = 4) -> WindowedComputation:
+             num_intervals: int = Computation.num_intervals, codec: str = Computation.codec,
+             allow_pickle: bool = Computation.allow_pickle, exactly_once: bool = Computation.exactly_once,
+             dedup_retention: timedelta = Computation.dedup_retention,
+             strong_productions: bool = Computation.strong_productions,
+             straggler_timeout_s: float = Computation.straggler_timeout_s,
+             delivery_timeout_s: float = Computation.delivery_timeout_s,
+             late_policy: LatePolicy | str = Computation.late_policy,
+             error_policy: ErrorPolicy | str = Computation.error_policy,
+             **unknown: Any) -> WindowedComputation:
     """A windowed computation named ``name`` reading ``inputs`` and writing panes to ``output``.
 
     Args:
@@ -336,17 +387,32 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
         accumulation: discarding, accumulating or accumulating_and_retracting.
         combine: a built-in combiner name (sum, count, min, max, mean) or a CombineFn.
         value: maps a record value to the combiner's input (default: the value itself).
-        num_intervals: key intervals of the computation.
+        num_intervals, codec, allow_pickle, exactly_once, dedup_retention, strong_productions,
+            straggler_timeout_s, delivery_timeout_s, late_policy, error_policy: the computation
+            settings, as the :class:`Computation` attributes of the same names (defaults theirs;
+            docs/windowing.md, "Computation settings"). ``codec`` encodes the window state
+            (accumulators included) and the panes.
 
     Raises:
-        ConfigError: invalid names; WindowingError: invalid strategy.
+        ConfigError: invalid names or settings, an unknown keyword argument (the message names
+            the accepted ones); WindowingError: invalid strategy.
     """
+    refuse_unknown(name, unknown, arguments=_ARGUMENTS)
+    settings = ComputationSettings(
+        num_intervals=num_intervals, codec=codec, allow_pickle=allow_pickle, exactly_once=exactly_once,
+        dedup_retention=dedup_retention, strong_productions=strong_productions,
+        straggler_timeout_s=straggler_timeout_s, delivery_timeout_s=delivery_timeout_s,
+        late_policy=late_policy, error_policy=error_policy)
     strategy = WindowingStrategy(window_fn=windowing, trigger=trigger or default_trigger(),
                                  combine=combine_fn_from_spec(combine), allowed_lateness_ms=allowed_lateness_ms,
                                  accumulation=AccumulationMode.parse(accumulation))
     cls = type(f"Windowed_{name}", (WindowedComputation,), {
         "name": name, "inputs": dict(inputs), "outputs": (output, dropped_stream(output)),
-        "output": output, "num_intervals": num_intervals, "codec": "json"})
+        "output": output, **settings.attributes()})
     comp = cast("type[WindowedComputation]", cls)
     comp.validate()
     return comp(strategy, value=value)
+
+
+_ARGUMENTS = ("name", "inputs", "output", "windowing", "trigger", "allowed_lateness_ms", "accumulation", "combine",
+              "value")

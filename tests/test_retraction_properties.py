@@ -1,8 +1,8 @@
 """Properties of accumulating_and_retracting panes over random scenarios (Beam has no such mode to compare with).
 
-A retraction pane carries the value of the pane it withdraws, unchanged, with
-``retraction: true`` (docs/windowing.md, "The pane record"), whatever the
-combiner. Each property runs with the built-in ``sum`` and with a user
+A retraction pane carries the value of the pane it withdraws, negated where
+negation is defined (numbers) and unchanged otherwise, with ``retraction: true``
+(docs/windowing.md, "Retractions"), whatever the combiner. Each property runs with the built-in ``sum`` and with a user
 combiner whose accumulator is a dict changed in place and whose pane value is
 that accumulator itself.
 
@@ -61,12 +61,20 @@ def _window(p: Mapping[str, Any]) -> tuple[Any, ...]:
     return (p["key"], p["window_start"], p["window_end"])
 
 
+def _withdrawn(p: Mapping[str, Any]) -> Any:
+    """The value a retraction pane withdraws (the value of the pane it retracts), by the one rule:
+    numbers are carried negated, anything else unchanged."""
+    v = p["value"]
+    return -v if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
 def _totals(panes: list[Mapping[str, Any]], per_key: bool) -> dict[tuple[Any, ...], Counter[str]]:
     """Signed totals (a retraction counts negatively), field by field for dict values."""
     out: dict[tuple[Any, ...], Counter[str]] = defaultdict(Counter)
     for p in panes:
         sign = -1 if p["retraction"] else 1
-        value = p["value"] if isinstance(p["value"], Mapping) else {"": p["value"]}
+        raw = _withdrawn(p) if p["retraction"] else p["value"]
+        value = raw if isinstance(raw, Mapping) else {"": raw}
         for field, v in value.items():
             out[(p["key"],) if per_key else _window(p)][field] += sign * v
     return {k: +c for k, c in out.items() if +c}  # +c: without the fields that total 0
@@ -91,7 +99,7 @@ def _each_pane_follows_the_retraction_of_the_previous(sc: dict[str, Any]) -> Non
         w = _window(p)
         if w in last:
             before = panes[i - 1]
-            assert before["retraction"] and _window(before) == w and before["value"] == last[w], (i, p, before)
+            assert before["retraction"] and _window(before) == w and _withdrawn(before) == last[w], (i, p, before)
         else:
             assert p["is_first"] or i == 0 or not panes[i - 1]["retraction"] or _window(panes[i - 1]) != w
         last[w] = p["value"]
@@ -102,7 +110,10 @@ def _merged_sessions_retracted_once(sc: dict[str, Any]) -> None:
     emitted: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
     retracted: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
     for p in panes:
-        (retracted if p["retraction"] else emitted)[_window(p)].append(p["value"])
+        if p["retraction"]:
+            retracted[_window(p)].append(_withdrawn(p))
+        else:
+            emitted[_window(p)].append(p["value"])
     for w, values in emitted.items():
         key, start, end = w
         merged_away = any(k == key and s <= start and end <= e and (s, e) != (start, end)

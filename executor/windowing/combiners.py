@@ -25,7 +25,7 @@ from deltawheel.statestore.exceptions import CodecError
 
 from .windows import WindowingError
 
-__all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_spec", "check_encodable"]
+__all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_spec", "check_encodable", "negate"]
 
 
 class CombineFn:
@@ -150,6 +150,21 @@ def combine_fn_from_spec(spec: str | CombineFn) -> CombineFn:
     if spec not in _BUILTIN:
         raise WindowingError(f"unknown combine {spec!r}; use one of {', '.join(_BUILTIN)} or a CombineFn")
     return _BUILTIN[spec]()
+
+
+def negate(value: Any) -> Any:
+    """The value of a retraction pane, by the one rule of every combiner: the withdrawn pane's
+    value negated where negation is defined (an int or a float, not a bool), unchanged otherwise
+    (a dict, a list, a string, None). A downstream sum or count then just adds every pane's value;
+    any other consumer undoes a pane flagged ``retraction``. The scenario format fixes the
+    negation for numbers (SCENARIO_FORMAT.md).
+
+    >>> negate(7), negate(2.5), negate(True), negate({"n": 1}), negate(None)
+    (-7, -2.5, True, {'n': 1}, None)
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return -value
+    return value
 
 
 def check_encodable(fn: CombineFn, method: str, value: Any, codec: Codec) -> None:

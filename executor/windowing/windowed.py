@@ -83,7 +83,7 @@ from deltawheel.statestore.rowtable.rows import TimeDomain, Timer
 
 from ..computation import Computation, ErrorPolicy, KeyExtractor, LatePolicy, Record
 from ..context import Context
-from .combiners import CombineFn, check_encodable, combine_fn_from_spec
+from .combiners import CombineFn, check_encodable, combine_fn_from_spec, negate
 from .panes import AccumulationMode, Pane, PaneInfo, Timing
 from .settings import SETTINGS, ComputationSettings, refuse_unknown
 from .triggers import Trigger, TriggerContext, default_trigger
@@ -316,11 +316,12 @@ class WindowedComputation(Computation):
         info = PaneInfo(timing, index, index == 0, is_last)
         window = Window.from_wid(wid)
         if s.accumulation is AccumulationMode.ACCUMULATING_AND_RETRACTING:
-            # a retraction carries the withdrawn pane's value as that pane carried it
+            # a retraction carries the withdrawn pane's value as that pane carried it, negated where
+            # negation is defined (numbers): ``negate``, the one rule of every combiner
             for rwid, rvalue in ws.pop("r", []):
-                self._produce(ctx, Pane(ctx.key, Window.from_wid(rwid), rvalue, info, True))
+                self._produce(ctx, Pane(ctx.key, Window.from_wid(rwid), negate(rvalue), info, True))
             if "l" in ws:
-                self._produce(ctx, Pane(ctx.key, window, ws["l"], info, True))
+                self._produce(ctx, Pane(ctx.key, window, negate(ws["l"]), info, True))
             ws["l"] = _snapshot(value)
         self._produce(ctx, Pane(ctx.key, window, value, info))
         ws["i"] = index + 1

@@ -4,6 +4,7 @@ What a job embedding deltawheel needs besides its computation and its input, wir
 
     with deltawheel.connect(spark, store="s3a://bucket/store", zk="zk1:2181") as engine:
         engine.run(injector, MyComputation())                 # bounded input, to its end
+        engine.run_pipeline(Pipeline("p", (injector,), (First(), Second())))  # stage after stage
         # or: q = df.writeStream.foreachBatch(engine.executor(MyComputation(), upstream=injector))...
 
 :func:`connect` checks the session's settings (``SessionConfigError`` names what is missing),
@@ -11,7 +12,8 @@ reaches ZooKeeper (a local store's embedded server when ``zk`` is None, as the d
 migrates the store. The engine then composes the objects the executor needs -- one kazoo
 client, a :class:`LeaseManager`, a :class:`WatermarkAuthority`, a :class:`RowStore` -- and per
 computation an :class:`IntervalOwner` and a started :class:`ComputationExecutor` whose injectors'
-watermarks are published after every batch. It does not build Spark (the session is passed in,
+watermarks are published after every batch; a :class:`Pipeline` of several computations runs on
+the same objects through :class:`PipelineRunner` (:meth:`Engine.run_pipeline`). It does not build Spark (the session is passed in,
 :func:`deltawheel.spark_session` builds one) and adds no protocol of its own: the per-batch
 protocol stays in ``batch.py``.
 
@@ -42,6 +44,7 @@ from ..computation import RECORD_KEY, Computation
 from .batch import ComputationExecutor
 from .embedded import ensure_zookeeper
 from .hooks import InjectorHook
+from .pipeline import Pipeline, PipelineRunner, RunSummary, RunWiring
 from .reports import BatchReport
 from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 
@@ -242,6 +245,43 @@ class Engine:
         self.finish(ex)
         self._stop(ex)
         return list(ex.reports)
+
+    def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None,
+                     progress: Callable[[str], None] = print, **options: Any) -> RunSummary:
+        """Run ``pipeline`` over everything its injectors hold now, to its end, stage after stage:
+        each computation's query reads its injectors and the stream tables of the computations
+        producing its inputs, with their watermarks (``injector:NAME``, ``computation:NAME``) as its
+        upstream; rounds repeat until nothing moves (:class:`PipelineRunner`, on this engine's
+        client, leases, authority and store). Returns the :class:`RunSummary`; every lease is given
+        back at the end.
+
+        Args:
+            pipeline: the injectors and computations (named as the engine's pipeline).
+            wait_s: how long to wait for leases another process holds (default: the engine's).
+            progress: where the batch and round lines go (default ``print``).
+            options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``, ...).
+
+        Raises:
+            ConfigError: ``pipeline`` is named otherwise than the engine's pipeline, an option the
+                engine sets is given, a computation reads a stream nothing produces, or the
+                computations form a cycle.
+            DeltaWheelError: a batch's own typed error.
+        """
+        self._check_open()
+        if pipeline.name != self.pipeline:
+            raise ConfigError(f"pipeline {pipeline.name!r} given to an engine connected for pipeline {self.pipeline!r}: "
+                              f"its leases and watermarks live under the engine's; connect with "
+                              f"deltawheel.connect(..., pipeline={pipeline.name!r}) or name the Pipeline "
+                              f"{self.pipeline!r}")
+        fixed = sorted({"zk", "owner", "max_pause_s", "wiring"} & set(options))
+        if fixed:
+            raise ConfigError(f"run_pipeline: {', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} the engine's "
+                              "(give them to deltawheel.connect)")
+        pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
+        runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
+                                wait_s=self.wait_s if wait_s is None else wait_s, progress=progress,
+                                wiring=RunWiring(self.client, self.leases, self.authority, self.store), **options)
+        return runner.run()
 
     def finish(self, executor: ComputationExecutor) -> BatchReport:
         """``executor``'s bounded input is consumed: its injectors' watermarks become END_OF_TIME and

@@ -51,6 +51,20 @@ from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 __all__ = ["connect", "Engine", "injector_hook"]
 
 Upstream = Injector | str
+Progress = bool | Callable[[str], None] | None  # True: print the lines; False / None: none; a callable: each line
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+def _lines(progress: Progress) -> Callable[[str], None] | None:
+    """Where the lines of ``progress`` go (None: nowhere)."""
+    if progress is True:
+        return _print_line
+    if progress is False or progress is None:
+        return None
+    return progress
 
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
@@ -127,7 +141,14 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
 
 class Engine:
     """A store, its pipeline's ZooKeeper objects and the executors started on them (see the module
-    docstring). Made by :func:`connect`; every method takes the computation as an instance."""
+    docstring). Made by :func:`connect`; every method takes the computation as an instance.
+
+    :attr:`progress` says where the executors' lines go (their start, a line per batch, the
+    runner's rounds): ``True`` (the default) prints them, ``False`` keeps them off, a callable gets
+    each line; a call's own ``progress=`` argument overrides it.
+    """
+
+    progress: Progress = True
 
     def __init__(self, spark: Any, layout: StoreLayout, zk: ZkConfig, client: Any, *, pipeline: str, owner: str,
                  wait_s: float = 60.0, max_pause_s: float | None = None, server: Any | None = None) -> None:
@@ -165,7 +186,9 @@ class Engine:
                 batch) and/or ``"injector:NAME"`` / ``"computation:NAME"`` names.
             checkpoint: the query's checkpoint (needed by injectors estimating from pending files).
             wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`ComputationExecutor` arguments (``write_path``, ``intervals``, ...).
+            options: more :class:`ComputationExecutor` arguments (``write_path``, ``intervals``, ...);
+                ``progress``: True (print the executor's lines), False, or a callable (default:
+                the engine's :attr:`progress`).
 
         Raises:
             ConfigError: a computation with event-time timers and no watermark source, or bad options.
@@ -177,6 +200,7 @@ class Engine:
         names = sorted({u if isinstance(u, str) else f"injector:{u.name}" for u in items})
         hook = injector_hook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
         owner = IntervalOwner(self.store, self.leases, computation.name, num_intervals=type(computation).num_intervals)
+        options["progress"] = _lines(options.get("progress", self.progress))
         ex = ComputationExecutor(self.spark, self.layout, computation, owner=owner, authority=self.authority,
                                  upstream=names, on_batch_end=hook, **options)
         bounds = {inj.name: getattr(inj, "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) for inj in feeding
@@ -229,7 +253,8 @@ class Engine:
         """Run ``computation`` over everything ``source`` holds now, to its end (see :meth:`start`):
         an ``availableNow`` query, then :meth:`finish` (watermarks to the end of time, pending
         event-time timers fired, the last delivery landed), then the leases are given back.
-        Returns the batch reports.
+        Returns the batch reports. Prints a line per batch unless ``progress=False`` (or the
+        engine's :attr:`progress` is False; a callable gets the lines instead).
 
         Raises:
             DeltaWheelError: the batch's own typed error (not Spark's wrapper of it).
@@ -246,8 +271,7 @@ class Engine:
         self._stop(ex)
         return list(ex.reports)
 
-    def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None,
-                     progress: Callable[[str], None] = print, **options: Any) -> RunSummary:
+    def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None, **options: Any) -> RunSummary:
         """Run ``pipeline`` over everything its injectors hold now, to its end, stage after stage:
         each computation's query reads its injectors and the stream tables of the computations
         producing its inputs, with their watermarks (``injector:NAME``, ``computation:NAME``) as its
@@ -258,8 +282,9 @@ class Engine:
         Args:
             pipeline: the injectors and computations (named as the engine's pipeline).
             wait_s: how long to wait for leases another process holds (default: the engine's).
-            progress: where the batch and round lines go (default ``print``).
-            options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``, ...).
+            options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``, ...);
+                ``progress``: True (print the batch and round lines), False, or a callable
+                (default: the engine's :attr:`progress`).
 
         Raises:
             ConfigError: ``pipeline`` is named otherwise than the engine's pipeline, an option the
@@ -278,8 +303,10 @@ class Engine:
             raise ConfigError(f"run_pipeline: {', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} the engine's "
                               "(give them to deltawheel.connect)")
         pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
+        lines = _lines(options.pop("progress", self.progress))
         runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
-                                wait_s=self.wait_s if wait_s is None else wait_s, progress=progress,
+                                wait_s=self.wait_s if wait_s is None else wait_s,
+                                progress=lines if lines is not None else (lambda _line: None),
                                 wiring=RunWiring(self.client, self.leases, self.authority, self.store), **options)
         return runner.run()
 

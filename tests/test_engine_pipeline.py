@@ -18,7 +18,7 @@ import pytest
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.client import connect as connect_zk
 from deltawheel.statestore.zk.leases import list_leases
-from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 import deltawheel
 from deltawheel import ZkConfig
@@ -65,7 +65,9 @@ def stream_values(spark: Any, layout: Any, stream: str) -> list[tuple[str, dict[
 
 
 @pytest.mark.timeout(900)
-def test_the_two_stage_example_in_embedding_md_runs_as_written(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_two_stage_example_in_embedding_md_runs_as_written(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The doc's example gives the rows counted without deltawheel, wired with nothing given; it
+    prints its batch lines, whose last one per computation shows the watermark the run ended with."""
     block = doc_block("## Pipelines of several computations", "import deltawheel")
     store = tmp_path / "store"
     block, n = re.subn(r"^STORE, ZK = .*$", f"STORE, ZK = {str(store)!r}, {zk_server.hosts!r}", block, flags=re.M)
@@ -95,6 +97,14 @@ def test_the_two_stage_example_in_embedding_md_runs_as_written(spark, zk_server,
     assert sum(r.records_in for r in summary.reports["minute_totals"]) == len(per_user)
     assert sum(r.late for reps in summary.reports.values() for r in reps) == 0
 
+    # the lines printed: a line per batch, and each computation's last line shows the low
+    # watermark the run ended with (the end of time: its input finished, everything delivered)
+    out = capsys.readouterr().out
+    for name in ("user_minutes", "minute_totals"):
+        assert re.search(rf"^{name} batch 0: ", out, flags=re.M), out[-3000:]
+        lows = re.findall(rf"^{name}\b.*\blow (?:watermark )?([^;\s]+(?: [^;\s]+)?)", out, flags=re.M)
+        assert lows and lows[-1] == "end", (name, lows, out[-3000:])
+        assert summary.low_watermarks[name] == END_OF_TIME
     # wired with nothing given: stage 2's watermark is stage 1's; the leases are given back
     client = connect_zk(ZkConfig(hosts=zk_server.hosts))
     try:

@@ -41,7 +41,7 @@ def doc_block(after: str, first_line: str) -> str:
 
 
 def clicks(folder: Path) -> list[dict[str, Any]]:
-    """6 users, 150 clicks over 5 minutes, in three Parquet files (three micro-batches), shuffled
+    """6 users, 150 clicks over 5 minutes, in two Parquet files (two micro-batches), shuffled
     within each file (less disorder than the injector's delay: no click is late)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -49,8 +49,8 @@ def clicks(folder: Path) -> list[dict[str, Any]]:
     rng = random.Random(39)
     folder.mkdir(parents=True)
     rows = [{"user": f"u{rng.randrange(6)}", "ts": i * 2_000 + rng.randrange(1_000)} for i in range(150)]
-    for part in range(3):
-        chunk = rows[part * 50:(part + 1) * 50]
+    for part in range(2):
+        chunk = rows[part * 75:(part + 1) * 75]
         rng.shuffle(chunk)
         pq.write_table(pa.Table.from_pylist(chunk), folder / f"part-{part}.parquet")
     return rows
@@ -67,7 +67,8 @@ def stream_values(spark: Any, layout: Any, stream: str) -> list[tuple[str, dict[
 @pytest.mark.timeout(900)
 def test_the_two_stage_example_in_embedding_md_runs_as_written(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """The doc's example gives the rows counted without deltawheel, wired with nothing given; it
-    prints its batch lines, whose last one per computation shows the watermark the run ended with."""
+    prints its batch lines, whose last one per computation shows the watermark the run ended with,
+    and its summary prints as one short line."""
     block = doc_block("## Pipelines of several computations", "import deltawheel")
     store = tmp_path / "store"
     block, n = re.subn(r"^STORE, ZK = .*$", f"STORE, ZK = {str(store)!r}, {zk_server.hosts!r}", block, flags=re.M)
@@ -105,6 +106,14 @@ def test_the_two_stage_example_in_embedding_md_runs_as_written(spark, zk_server,
         lows = re.findall(rf"^{name}\b.*\blow (?:watermark )?([^;\s]+(?: [^;\s]+)?)", out, flags=re.M)
         assert lows and lows[-1] == "end", (name, lows, out[-3000:])
         assert summary.low_watermarks[name] == END_OF_TIME
+    # the summary: one short line, the reports behind its attributes
+    text = repr(summary)
+    assert "\n" not in text and len(text) < 400, text[:1000]
+    assert text == str(summary)
+    n_user = len(summary.reports["user_minutes"])
+    assert f"user_minutes: {n_user} batches, {len(rows)} records in, {len(per_user)} produced, low watermark end" \
+        in text, text
+
     # wired with nothing given: stage 2's watermark is stage 1's; the leases are given back
     client = connect_zk(ZkConfig(hosts=zk_server.hosts))
     try:

@@ -42,7 +42,7 @@ from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from ..computation import RECORD_KEY, Computation
 from ..tasks import worker as _worker
 from .batch import ComputationExecutor, FaultPoint
-from .reports import BatchReport
+from .reports import BatchReport, format_watermark
 from .rescale import CATCH_UP_BATCH, shared_input
 from .sources import (
     DEFAULT_MAX_EVENT_AHEAD_MS,
@@ -118,13 +118,22 @@ class RunWiring:
     store: RowStore
 
 
-@dataclass
+@dataclass(repr=False)
 class RunSummary:
-    """A finished run: per computation, its batch reports, published low watermark and watermark lag."""
+    """A finished run: per computation, its batch reports, published low watermark and watermark lag.
+
+    Printed, it is one line (per computation: batches, records in, productions, low watermark);
+    the reports are behind :attr:`reports`."""
 
     reports: dict[str, list[BatchReport]] = field(default_factory=dict)
     low_watermarks: dict[str, int | None] = field(default_factory=dict)
     lag_ms: dict[str, int | None] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        parts = [f"{name}: {len(reps)} batches, {sum(r.records_in for r in reps)} records in, "
+                 f"{sum(r.productions for r in reps)} produced, low watermark "
+                 f"{format_watermark(self.low_watermarks.get(name))}" for name, reps in self.reports.items()]
+        return f"RunSummary({'; '.join(parts)})"
 
 
 class PipelineRunner:

@@ -95,6 +95,9 @@ def test_the_readme_embedding_snippet_runs_as_written(spark, zk_server, tmp_path
     out = capsys.readouterr().out
     assert re.search(r"^buckets: started in ", out, flags=re.M), out[-2000:]
     assert [int(b) for b in re.findall(r"^buckets batch (\d+): ", out, flags=re.M)] == [0, 1, 2], out[-2000:]
+    # the last line with a low watermark shows the one the run ended with: its input finished, all delivered
+    lows = re.findall(r"^buckets\b.*\blow (?:watermark )?([^;\s]+(?: [^;\s]+)?)", out, flags=re.M)
+    assert lows[-1] == "end", out[-2000:]
     assert _counts(spark, engine.layout) == _bucket_counts(rows)
     left = spark.read.format("delta").load(engine.layout.rows).where("computation = 'buckets' AND state IS NOT NULL")
     assert left.count() == 0  # every bucket's timer fired

@@ -13,9 +13,9 @@ migrates the store. The engine then composes the objects the executor needs -- o
 client, a :class:`LeaseManager`, a :class:`WatermarkAuthority`, a :class:`RowStore` -- and per
 computation an :class:`IntervalOwner` and a started :class:`ComputationExecutor` whose injectors'
 watermarks are published after every batch; a :class:`Pipeline` of several computations runs on
-the same objects through :class:`PipelineRunner` (:meth:`Engine.run_pipeline`). It does not build Spark (the session is passed in,
-:func:`deltawheel.spark_session` builds one) and adds no protocol of its own: the per-batch
-protocol stays in ``batch.py``.
+the same objects through :class:`PipelineRunner` (:meth:`Engine.run_pipeline`). It does not
+build Spark (the session is passed in, :func:`deltawheel.spark_session` builds one) and adds no
+protocol of its own: the per-batch protocol stays in ``batch.py``.
 
 On ZooKeeper SUSPENDED the executors' batches pause (``max_pause_s`` bounds it); on LOST the
 leases are gone and the next batch fails with ``LeaseLostError``: :meth:`Engine.close` still

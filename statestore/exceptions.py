@@ -69,6 +69,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
         "BatchFailedError); running the command again may succeed"),
     (10, "another deltawheel error"),
     (130, "interrupted (Ctrl-C)"),
+    (141, "the output's reader went away (`deltawheel status | head`): stopped quietly, as on SIGPIPE"),
 )
 
 

@@ -72,9 +72,10 @@ def _counts(spark: Any, layout: Any) -> dict[tuple[str, int], int]:
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(600)
-def test_the_readme_embedding_snippet_runs_as_written(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_readme_embedding_snippet_runs_as_written(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """The README's BucketCounter and embedding snippet: at most 5 lines beyond the computation and
-    the input (the injector), every bucket counted once, no state left, the leases given back."""
+    the input (the injector), every bucket counted once, no state left, the leases given back;
+    ``engine.run`` prints a line per batch (by default: nothing asked for them)."""
     counter = _readme_block("## A first computation", "from datetime import timedelta")
     snippet = _readme_block("### Embedding it in your Spark job", "import deltawheel")
     code = [ln for ln in snippet.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
@@ -91,6 +92,12 @@ def test_the_readme_embedding_snippet_runs_as_written(spark, zk_server, tmp_path
     exec(compile(snippet, "README.md:embedding", "exec"), ns)  # noqa: S102
     engine = ns["engine"]
     assert ns["spark"] is spark  # spark_session() hands back the running session
+    out = capsys.readouterr().out
+    assert re.search(r"^buckets: started in ", out, flags=re.M), out[-2000:]
+    assert [int(b) for b in re.findall(r"^buckets batch (\d+): ", out, flags=re.M)] == [0, 1, 2], out[-2000:]
+    # the last line with a low watermark shows the one the run ended with: its input finished, all delivered
+    lows = re.findall(r"^buckets\b.*\blow (?:watermark )?([^;\s]+(?: [^;\s]+)?)", out, flags=re.M)
+    assert lows[-1] == "end", out[-2000:]
     assert _counts(spark, engine.layout) == _bucket_counts(rows)
     left = spark.read.format("delta").load(engine.layout.rows).where("computation = 'buckets' AND state IS NOT NULL")
     assert left.count() == 0  # every bucket's timer fired
@@ -135,9 +142,9 @@ def test_the_readme_snippet_with_no_zookeeper_given_uses_the_stores_own(spark, t
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(600)
-def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """The foreachBatch form a user with their own query writes; the computation's instance
-    attribute (set in ``__init__``) reaches the Spark tasks."""
+    attribute (set in ``__init__``) reaches the Spark tasks; ``progress=False`` keeps its lines off."""
     from deltawheel import Computation
 
     class Counter(Computation):
@@ -166,7 +173,7 @@ def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_pat
                                        watermark_delay_ms=5_000)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_server.hosts, pipeline="fb",
                             owner="job-1") as engine:
-        ex = engine.executor(Counter(width_ms=5_000), upstream=events)
+        ex = engine.executor(Counter(width_ms=5_000), upstream=events, progress=False)
         query = (events.stream_df(spark).writeStream.foreachBatch(ex)
                  .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
         query.awaitTermination()
@@ -175,6 +182,8 @@ def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_pat
         assert engine.authority.published_low_watermark("counter") is not None
     assert len(before) < len(_bucket_counts(rows, 5_000))  # the watermark held the newest buckets back
     assert _counts(spark, engine.layout) == _bucket_counts(rows, 5_000)
+    assert [r.batch_id for r in ex.reports] == [0, 1, 2]  # it ran its batches, and printed none of them
+    assert "counter" not in capsys.readouterr().out
 
 
 @pytest.mark.spark

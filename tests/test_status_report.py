@@ -129,6 +129,74 @@ def test_status_shows_owners_watermarks_batches_and_dead_letters(spark, migrated
     assert {r["owner"] for r in data["leases"]} == {None}  # stopped since: leases given back
 
 
+def _status_and_scan(spark: Any, layout: Any, zk_config: Any) -> tuple[str, int, int]:
+    """``status``'s text, and what ``recover``'s dry run finds in the rows and streams: the
+    productions still checkpointed, and how many of them are not in their stream."""
+    from deltawheel.executor.cli.status import gather, render
+    from deltawheel.executor.runtime.recover import scan
+    from deltawheel.statestore.zk.client import connect
+
+    client = connect(zk_config)
+    try:
+        text = render(gather(layout, client))
+        found = scan(spark, layout, client, pipeline="test")
+    finally:
+        client.stop()
+        client.close()
+    print(text)
+    return (text, sum(sum(s.checkpointed.values()) for s in found), sum(sum(s.undelivered.values()) for s in found))
+
+
+def _pending_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("pending productions")]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def test_status_of_a_finished_pipeline_says_its_checkpointed_productions_landed(spark, migrated_store,  # type: ignore[no-untyped-def]
+                                                                                 zk_config) -> None:
+    """Its last batch's delivery was under way when the batch ended (the metrics row says so), and
+    landed when the executor stopped: status must not say it is still being delivered."""
+    from deltawheel.executor.runtime.metrics import read_batches
+
+    _run_pipeline(spark, migrated_store, zk_config)  # stopped: the last delivery landed, the leases given back
+    assert read_batches(migrated_store)[-1]["pending_productions"] > 0  # in flight when the batch ended
+    text, checkpointed, undelivered = _status_and_scan(spark, migrated_store, zk_config)
+    assert checkpointed > 0 and undelivered == 0  # still in the rows (the next commit clears them), all landed
+    assert _pending_line(text) == (f"pending productions none: the {checkpointed} still checkpointed in the rows "
+                                   "are in their streams (the next batch's commit clears them)")
+
+
+class _Died(Exception):
+    pass
+
+
+def test_status_says_to_recover_the_undelivered_productions_of_a_stopped_pipeline(spark, migrated_store,  # type: ignore[no-untyped-def]
+                                                                                  zk_config) -> None:
+    """The process died between a batch's commit and its delivery, and nothing runs now: status
+    names the productions that have not landed and the command that delivers them."""
+
+    def die_after_commit(point: Any, batch_id: int) -> None:
+        from deltawheel.executor.runtime.batch import FaultPoint
+
+        if point is FaultPoint.AFTER_COMMIT and batch_id == 1:
+            raise _Died(point)
+
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), faults=die_after_commit)
+    ex.run_batch(events(spark, [("r1", "cats", 1_000), ("r2", "dogs", 2_000)]), 0, input_watermark_ms=None)
+    with pytest.raises(_Died):  # closes the buckets of r1 and r2: two productions checkpointed, not delivered
+        ex.run_batch(events(spark, [("r3", "cats", 12_000)]), 1, input_watermark_ms=11_000)
+    assert ex.metrics.flush()
+    client.stop()  # its leases go with its session
+    client.close()
+    text, checkpointed, undelivered = _status_and_scan(spark, migrated_store, zk_config)
+    assert checkpointed == undelivered == 2
+    assert _pending_line(text) == (
+        f"pending productions 2 checkpointed have not landed in their streams, and no instance holds an interval: "
+        f"deliver them with `deltawheel recover --store {migrated_store.root} --pipeline test --apply` (or run the "
+        "pipeline again: its start delivers them)")
+
+
 def test_status_of_an_empty_store_says_so(migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     out = _cli("status", "--store", migrated_store.root, "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot)
     assert out.returncode == 0, out.stderr

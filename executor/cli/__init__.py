@@ -7,6 +7,8 @@ and sets ``func`` (taking the parsed args, returning an exit code).
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 from typing import Sequence
 
@@ -14,6 +16,9 @@ from deltawheel.statestore.exceptions import EXIT_CODES, DeltaWheelError, exit_c
 
 __all__ = ["main", "build_parser"]
 
+# the exit status of a command whose output pipe closed (``deltawheel zk status | head``): as a
+# tool the SIGPIPE signal ended (128 + 13)
+CLOSED_PIPE_STATUS = 141  # EXIT_CODES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +65,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     A :class:`DeltaWheelError` is printed as one line and returns its class's exit code
     (:data:`~deltawheel.statestore.exceptions.EXIT_CODES`); usage errors return 2, Ctrl-C 130.
+    When the reader of the output goes away (``deltawheel status | head``), the command stops
+    quietly with 141, as a tool ended by SIGPIPE does.
     """
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # what is still buffered: a closed pipe shows here, not at the exit
+        return rc
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe or socket (ZooKeeper, Spark): a real failure
+        # nothing more can reach the reader: what is still buffered goes nowhere, so that the
+        # interpreter's own flush at the exit does not report the broken pipe again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return CLOSED_PIPE_STATUS
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reading end is closed (poll reports POLLERR for
+    such a pipe's writing end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or no file descriptor behind stdout
+        return False
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from . import logs
 
     argv = list(sys.argv[1:] if argv is None else argv)

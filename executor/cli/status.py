@@ -2,10 +2,11 @@
 
 Per computation: the owners and sequencers of its intervals (ZooKeeper leases), its input and
 output low watermarks and their lag behind the wall clock (the watermark authority), the last
-batches' sizes and step times and the productions still being delivered (the store's
-``_metrics/batches`` table, ``executor/runtime/metrics.py``), and the dead letters and late
-records it has set aside. :func:`gather` collects it all (``deltawheel report`` plots the same);
-a local store is read without starting Spark.
+batches' sizes and step times (the store's ``_metrics/batches`` table,
+``executor/runtime/metrics.py``), the productions checkpointed in its rows and how many of them
+have not landed in their streams (by record id, as ``deltawheel recover`` counts them), and the
+dead letters and late records it has set aside. :func:`gather` collects it all (``deltawheel
+report`` plots the same); a local store is read without starting Spark.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class StoreStatus:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)  # computation, recorded_ms
     late: list[dict[str, Any]] = field(default_factory=list)  # computation, recorded_ms
     state: dict[str, dict[str, int]] = field(default_factory=dict)  # computation -> rows, bytes, files
+    # computation -> productions checkpointed in its rows, and those of them not in their stream;
+    # None: not known (a local rows table with deletion vectors is read only by Spark)
+    pending: dict[str, dict[str, int]] | None = field(default_factory=dict)
 
     def computations(self) -> list[tuple[str, str]]:
         """Every (pipeline, computation) seen anywhere, sorted."""
@@ -135,6 +139,48 @@ def _state_sizes(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]]:
     return out
 
 
+def pending_productions(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]] | None:
+    """Per computation, the productions checkpointed in its rows (``checkpointed``) and how many of
+    them are not in their stream table (``undelivered``, by record id); None when a local table
+    can be read only by Spark (deletion vectors) and ``spark`` is None."""
+    from deltawheel.statestore.delta.log import local_table_exists, read_snapshot
+    from deltawheel.statestore.delta.storefs import local_path
+
+    held: list[tuple[str, str, str]] = []  # computation, stream, production id
+    local = local_path(layout.rows)
+    snap = read_snapshot(layout.rows) if local is not None and local_table_exists(layout.rows) else None
+    if snap is not None and not any(a.get("deletionVector") for a in snap.adds):
+        import pyarrow.parquet as pq
+        from deltawheel.statestore.delta.txn import decode_path
+
+        for a in snap.adds:
+            comp = (a.get("partitionValues") or {}).get("computation") or "-"
+            for lst in pq.read_table(f"{local}/{decode_path(a['path'])}", columns=["pending"]).column(0).to_pylist():
+                held += [(comp, p["stream"], p["production_id"]) for p in lst or ()]
+    elif local is not None and not local_table_exists(layout.rows):
+        return {}
+    elif spark is None:
+        return None
+    else:
+        from pyspark.sql import functions as F
+
+        for r in (spark.read.format("delta").load(layout.rows).select("computation", F.explode("pending").alias("p"))
+                  .select("computation", "p.stream", "p.production_id").collect()):
+            held.append((r[0], r[1], r[2]))
+    landed: set[str] = set()
+    for stream in sorted({st for _, st, _ in held}):
+        try:
+            landed |= {r["record_id"] for r in read_columns(layout.stream(stream), ["record_id"], spark=spark)}
+        except ValueError:  # a local stream table only Spark reads
+            return None
+    out: dict[str, dict[str, int]] = {}
+    for comp, _stream, pid in held:
+        c = out.setdefault(comp, {"checkpointed": 0, "undelivered": 0})
+        c["checkpointed"] += 1
+        c["undelivered"] += pid not in landed
+    return out
+
+
 def gather(layout: StoreLayout, client: Any, *, pipeline: str | None = None, spark: Any = None,
            now_ms: int | None = None) -> StoreStatus:
     """Everything ``status`` and ``report`` show, from the store (``spark`` is needed only for a
@@ -157,6 +203,7 @@ def gather(layout: StoreLayout, client: Any, *, pipeline: str | None = None, spa
     st.dead_letters = read_columns(layout.dead_letters, ["computation", "recorded_ms"], spark=spark)
     st.late = read_columns(layout.late_data, ["computation", "recorded_ms"], spark=spark)
     st.state = _state_sizes(layout, spark)
+    st.pending = pending_productions(layout, spark)
     return st
 
 
@@ -220,13 +267,12 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
             lines.append(f"  state             {size['rows']} rows, {_size(size['bytes'])} in {size['files']} files")
         lines.append(f"  dead letters      {dead}    late records {late} routed to late_data, "
                      f"{late_flagged} flagged late by the batches recorded")
+        lines.append(f"  pending productions {_pending(st, pipeline, comp, running=bool(held))}")
         if not rows:
             lines.append("  batches           none recorded (the store's _metrics/batches table has no row for it)")
             continue
-        last = rows[-1]
         total_in = sum(int(r["records_in"] or 0) for r in rows)
-        lines.append(f"  batches           {len(rows)} recorded, {total_in} records in; pending productions "
-                     f"{last['pending_productions']} (being delivered when batch {last['batch_id']} ended)")
+        lines.append(f"  batches           {len(rows)} recorded, {total_in} records in")
         for r in rows[-batches:]:
             steps = ", ".join(f"{k} {v:.2f}" for k, v in sorted((r["steps_s"] or {}).items(), key=lambda kv: -kv[1]))
             at = time.strftime("%H:%M:%S", time.gmtime(r["recorded_ms"] / 1000))
@@ -234,6 +280,26 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
                          f"{r['duplicates']} dup, {r['late']} late, {r['dead_letters']} dead, "
                          f"{r['productions']} produced; {r['wall_s']:.2f}s ({steps})  [{r['instance']}]")
     return "\n".join(lines)
+
+
+def _pending(st: StoreStatus, pipeline: str, comp: str, *, running: bool) -> str:
+    """What the pending-productions line says: what is checkpointed in the rows, whether it
+    landed, and what to do when it did not and nothing runs."""
+    if st.pending is None:
+        return (f"not known without Spark (the rows table has deletion vectors): `deltawheel recover --store "
+                f"{st.store} --pipeline {pipeline}` lists them")
+    c = st.pending.get(comp, {"checkpointed": 0, "undelivered": 0})
+    todo, n = c["undelivered"], c["checkpointed"]
+    if not n:
+        return "none"
+    if not todo:
+        return f"none: the {n} still checkpointed in the rows are in their streams (the next batch's commit clears them)"
+    if running:
+        return (f"{todo} checkpointed have not landed in their streams yet: the running instance delivers them "
+                "(its next batch waits for them)")
+    return (f"{todo} checkpointed have not landed in their streams, and no instance holds an interval: deliver "
+            f"them with `deltawheel recover --store {st.store} --pipeline {pipeline} --apply` (or run the pipeline "
+            "again: its start delivers them)")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -85,7 +85,7 @@ from .hooks import InjectorHook
 from .inflight import InFlight, OpenDelivery
 from .lateness import ActedMark, read_mark
 from .metrics import BatchMetrics, batch_row, state_size
-from .reports import BatchReport, format_report
+from .reports import BatchReport, format_report, format_watermark
 from .rescale import SharedInput
 
 WRITE_PATHS = ("auto", "image", "merge")
@@ -205,6 +205,7 @@ class ComputationExecutor:
         self.start_s: dict[str, float] = {}
         self.recovered: dict[str, int] = {}  # checkpointed productions the start delivered: appended / merged
         self._wm_lock = threading.Lock()
+        self._low: int | None = None  # the low watermark this executor last published
         self.inflight = InFlight(computation, fault=self._fault, log=self._log,
                                  published=self._publish_watermarks if authority is not None else None)
         # input stream -> how far (ms) a record's event time may be ahead of the processing clock;
@@ -613,7 +614,9 @@ class ComputationExecutor:
 
     def _skipped(self, batch_id: int, wm_in: int | None, started: float) -> BatchReport:
         last = self.reports[-1]
-        report = BatchReport(batch_id, 0, 0, 0, 0, 0, 0, 0, 0, 0, wm_in, last.low_watermark_ms, 0.0,
+        # the low watermark as published now: a delivery that landed since the last batch moved it
+        low = last.low_watermark_ms if self._low is None else self._low
+        report = BatchReport(batch_id, 0, 0, 0, 0, 0, 0, 0, 0, 0, wm_in, low, 0.0,
                              time.monotonic() - started, (("skipped: nothing due", 0.0),))
         self.reports.append(report)
         self._log(format_report(self.comp.name, report, now_ms=self.clock.now_ms()))
@@ -625,11 +628,16 @@ class ComputationExecutor:
         Returns whether there was one. The pipeline runner calls it after each flush, so the
         next stage reads every production of this one."""
         self.wait_started()
-        if self.inflight.open is None:
+        st = self.inflight.open
+        if st is None:
             return False
         self.inflight.settle()
         if self.authority is not None:
-            self._publish_watermarks()
+            low = self._publish_watermarks()
+            shown = self.reports[-1].low_watermark_ms if self.reports else None
+            if low != shown:  # the last batch line showed the watermark its delivery held
+                self._log(f"{self.comp.name}: batch {st.batch_id}'s delivery landed; low watermark "
+                          f"{format_watermark(low, now_ms=self.clock.now_ms())}")
         return True
 
     def _publish_watermarks(self, injectors: Mapping[str, tuple[int, int]] | None = None) -> int | None:
@@ -646,7 +654,10 @@ class ComputationExecutor:
                     oldest = held if oldest is None else min(oldest, held)
                 works[iv] = (oldest, seq)
             # the oldest work and the low watermark computed from it: one round of reads, one transaction
-            return self.authority.publish_and_advance(self.comp.name, works, injectors=injectors)
+            low = self.authority.publish_and_advance(self.comp.name, works, injectors=injectors)
+            if low is not None:
+                self._low = low
+            return low
 
     def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
         """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""

@@ -4,6 +4,7 @@ What a job embedding deltawheel needs besides its computation and its input, wir
 
     with deltawheel.connect(spark, store="s3a://bucket/store", zk="zk1:2181") as engine:
         engine.run(injector, MyComputation())                 # bounded input, to its end
+        engine.run_pipeline(Pipeline("p", (injector,), (First(), Second())))  # stage after stage
         # or: q = df.writeStream.foreachBatch(engine.executor(MyComputation(), upstream=injector))...
 
 :func:`connect` checks the session's settings (``SessionConfigError`` names what is missing),
@@ -11,9 +12,10 @@ reaches ZooKeeper (a local store's embedded server when ``zk`` is None, as the d
 migrates the store. The engine then composes the objects the executor needs -- one kazoo
 client, a :class:`LeaseManager`, a :class:`WatermarkAuthority`, a :class:`RowStore` -- and per
 computation an :class:`IntervalOwner` and a started :class:`ComputationExecutor` whose injectors'
-watermarks are published after every batch. It does not build Spark (the session is passed in,
-:func:`deltawheel.spark_session` builds one) and adds no protocol of its own: the per-batch
-protocol stays in ``batch.py``.
+watermarks are published after every batch; a :class:`Pipeline` of several computations runs on
+the same objects through :class:`PipelineRunner` (:meth:`Engine.run_pipeline`). It does not
+build Spark (the session is passed in, :func:`deltawheel.spark_session` builds one) and adds no
+protocol of its own: the per-batch protocol stays in ``batch.py``.
 
 On ZooKeeper SUSPENDED the executors' batches pause (``max_pause_s`` bounds it); on LOST the
 leases are gone and the next batch fails with ``LeaseLostError``: :meth:`Engine.close` still
@@ -42,12 +44,27 @@ from ..computation import RECORD_KEY, Computation
 from .batch import ComputationExecutor
 from .embedded import ensure_zookeeper
 from .hooks import InjectorHook
+from .pipeline import Pipeline, PipelineRunner, RunSummary, RunWiring
 from .reports import BatchReport
 from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 
 __all__ = ["connect", "Engine", "injector_hook"]
 
 Upstream = Injector | str
+Progress = bool | Callable[[str], None] | None  # True: print the lines; False / None: none; a callable: each line
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+def _lines(progress: Progress) -> Callable[[str], None] | None:
+    """Where the lines of ``progress`` go (None: nowhere)."""
+    if progress is True:
+        return _print_line
+    if progress is False or progress is None:
+        return None
+    return progress
 
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
@@ -124,7 +141,14 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
 
 class Engine:
     """A store, its pipeline's ZooKeeper objects and the executors started on them (see the module
-    docstring). Made by :func:`connect`; every method takes the computation as an instance."""
+    docstring). Made by :func:`connect`; every method takes the computation as an instance.
+
+    :attr:`progress` says where the executors' lines go (their start, a line per batch, the
+    runner's rounds): ``True`` (the default) prints them, ``False`` keeps them off, a callable gets
+    each line; a call's own ``progress=`` argument overrides it.
+    """
+
+    progress: Progress = True
 
     def __init__(self, spark: Any, layout: StoreLayout, zk: ZkConfig, client: Any, *, pipeline: str, owner: str,
                  wait_s: float = 60.0, max_pause_s: float | None = None, server: Any | None = None) -> None:
@@ -162,7 +186,9 @@ class Engine:
                 batch) and/or ``"injector:NAME"`` / ``"computation:NAME"`` names.
             checkpoint: the query's checkpoint (needed by injectors estimating from pending files).
             wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`ComputationExecutor` arguments (``write_path``, ``intervals``, ...).
+            options: more :class:`ComputationExecutor` arguments (``write_path``, ``intervals``, ...);
+                ``progress``: True (print the executor's lines), False, or a callable (default:
+                the engine's :attr:`progress`).
 
         Raises:
             ConfigError: a computation with event-time timers and no watermark source, or bad options.
@@ -174,6 +200,7 @@ class Engine:
         names = sorted({u if isinstance(u, str) else f"injector:{u.name}" for u in items})
         hook = injector_hook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
         owner = IntervalOwner(self.store, self.leases, computation.name, num_intervals=type(computation).num_intervals)
+        options["progress"] = _lines(options.get("progress", self.progress))
         ex = ComputationExecutor(self.spark, self.layout, computation, owner=owner, authority=self.authority,
                                  upstream=names, on_batch_end=hook, **options)
         bounds = {inj.name: getattr(inj, "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) for inj in feeding
@@ -226,7 +253,8 @@ class Engine:
         """Run ``computation`` over everything ``source`` holds now, to its end (see :meth:`start`):
         an ``availableNow`` query, then :meth:`finish` (watermarks to the end of time, pending
         event-time timers fired, the last delivery landed), then the leases are given back.
-        Returns the batch reports.
+        Returns the batch reports. Prints a line per batch unless ``progress=False`` (or the
+        engine's :attr:`progress` is False; a callable gets the lines instead).
 
         Raises:
             DeltaWheelError: the batch's own typed error (not Spark's wrapper of it).
@@ -242,6 +270,45 @@ class Engine:
         self.finish(ex)
         self._stop(ex)
         return list(ex.reports)
+
+    def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None, **options: Any) -> RunSummary:
+        """Run ``pipeline`` over everything its injectors hold now, to its end, stage after stage:
+        each computation's query reads its injectors and the stream tables of the computations
+        producing its inputs, with their watermarks (``injector:NAME``, ``computation:NAME``) as its
+        upstream; rounds repeat until nothing moves (:class:`PipelineRunner`, on this engine's
+        client, leases, authority and store). Returns the :class:`RunSummary`; every lease is given
+        back at the end.
+
+        Args:
+            pipeline: the injectors and computations (named as the engine's pipeline).
+            wait_s: how long to wait for leases another process holds (default: the engine's).
+            options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``, ...);
+                ``progress``: True (print the batch and round lines), False, or a callable
+                (default: the engine's :attr:`progress`).
+
+        Raises:
+            ConfigError: ``pipeline`` is named otherwise than the engine's pipeline, an option the
+                engine sets is given, a computation reads a stream nothing produces, or the
+                computations form a cycle.
+            DeltaWheelError: a batch's own typed error.
+        """
+        self._check_open()
+        if pipeline.name != self.pipeline:
+            raise ConfigError(f"pipeline {pipeline.name!r} given to an engine connected for pipeline {self.pipeline!r}: "
+                              f"its leases and watermarks live under the engine's; connect with "
+                              f"deltawheel.connect(..., pipeline={pipeline.name!r}) or name the Pipeline "
+                              f"{self.pipeline!r}")
+        fixed = sorted({"zk", "owner", "max_pause_s", "wiring"} & set(options))
+        if fixed:
+            raise ConfigError(f"run_pipeline: {', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} the engine's "
+                              "(give them to deltawheel.connect)")
+        pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
+        lines = _lines(options.pop("progress", self.progress))
+        runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
+                                wait_s=self.wait_s if wait_s is None else wait_s,
+                                progress=lines if lines is not None else (lambda _line: None),
+                                wiring=RunWiring(self.client, self.leases, self.authority, self.store), **options)
+        return runner.run()
 
     def finish(self, executor: ComputationExecutor) -> BatchReport:
         """``executor``'s bounded input is consumed: its injectors' watermarks become END_OF_TIME and

@@ -42,7 +42,7 @@ from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from ..computation import RECORD_KEY, Computation
 from ..tasks import worker as _worker
 from .batch import ComputationExecutor, FaultPoint
-from .reports import BatchReport
+from .reports import BatchReport, format_watermark
 from .rescale import CATCH_UP_BATCH, shared_input
 from .sources import (
     DEFAULT_MAX_EVENT_AHEAD_MS,
@@ -50,7 +50,7 @@ from .sources import (
     publish_watermark,
 )
 
-__all__ = ["Pipeline", "PipelineRunner", "RunSummary", "MoveTiming"]
+__all__ = ["Pipeline", "PipelineRunner", "RunSummary", "MoveTiming", "RunWiring"]
 
 
 @dataclass(frozen=True)
@@ -106,13 +106,34 @@ class MoveTiming:
     seconds: float
 
 
-@dataclass
+@dataclass(frozen=True)
+class RunWiring:
+    """The ZooKeeper client and the objects on it that a run uses: an :class:`~.engine.Engine`'s
+    (``engine.run_pipeline``: connected, the store migrated, closed by the engine), or those
+    :meth:`PipelineRunner.run` makes for itself from its ``zk``."""
+
+    client: Any
+    leases: LeaseManager
+    authority: WatermarkAuthority
+    store: RowStore
+
+
+@dataclass(repr=False)
 class RunSummary:
-    """A finished run: per computation, its batch reports, published low watermark and watermark lag."""
+    """A finished run: per computation, its batch reports, published low watermark and watermark lag.
+
+    Printed, it is one line (per computation: batches, records in, productions, low watermark);
+    the reports are behind :attr:`reports`."""
 
     reports: dict[str, list[BatchReport]] = field(default_factory=dict)
     low_watermarks: dict[str, int | None] = field(default_factory=dict)
     lag_ms: dict[str, int | None] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        parts = [f"{name}: {len(reps)} batches, {sum(r.records_in for r in reps)} records in, "
+                 f"{sum(r.productions for r in reps)} produced, low watermark "
+                 f"{format_watermark(self.low_watermarks.get(name))}" for name, reps in self.reports.items()]
+        return f"RunSummary({'; '.join(parts)})"
 
 
 class PipelineRunner:
@@ -122,6 +143,10 @@ class PipelineRunner:
     lone server down): its commits and watermark publications wait and resume when ZooKeeper serves
     again, and give up with ``LeaseSuspendedError`` after that long (None: as long as the session is
     not reported expired; an expired one stops the run with ``LeaseLostError``).
+
+    ``wiring``: run on these ZooKeeper objects (an engine's: ``engine.run_pipeline``) instead of
+    connecting to ``zk`` and migrating the store itself; they are left open (``zk`` then only gives
+    the ACLs of a job instance's membership node, and ``max_pause_s`` is the leases' own).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
@@ -130,7 +155,7 @@ class PipelineRunner:
                  end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True,
                  warm_workers: bool = True, instance: str | None = None,
                  intervals: Sequence[int] | None = None, follow: Callable[[], bool] | None = None,
-                 poll_s: float = 1.0, max_pause_s: float | None = None) -> None:
+                 poll_s: float = 1.0, max_pause_s: float | None = None, wiring: RunWiring | None = None) -> None:
         if instance is not None:
             validate_name("instance", instance)
         self.instance = instance
@@ -155,15 +180,26 @@ class PipelineRunner:
         self.max_rounds = max_rounds
         self.end_of_input = end_of_input
         self.warm_workers = warm_workers
+        self.wiring = wiring
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
 
     def run(self) -> RunSummary:
-        """Migrate the store, then run rounds until nothing moves (at most ``max_rounds``)."""
-        from deltawheel import migrations
-
+        """Migrate the store, then run rounds until nothing moves (at most ``max_rounds``); with
+        ``wiring``, the rounds only."""
         # Python workers forked now, while ZooKeeper, the leases and the query start take their time
         warming = _worker.warm_workers(self.spark, on_error=lambda e: self.progress(
             f"warming the Python workers failed (the tasks start them instead): {e!r}")) if self.warm_workers else None
+        try:
+            if self.wiring is not None:  # an engine's: connected, the store migrated; it closes them
+                return self._run(self.wiring, own=False)
+            return self._connect_and_run()
+        finally:
+            if warming is not None:
+                warming.join()
+
+    def _connect_and_run(self) -> RunSummary:
+        from deltawheel import migrations
+
         if not self.layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
             from deltawheel.statestore.objectstore.logstore import configure_log_store
 
@@ -173,20 +209,22 @@ class PipelineRunner:
             # two copies started at once must not migrate the same store concurrently
             migrations.apply_when_pending(self.spark, self.layout,
                                           lambda: client.Lock(f"/locks/migrate/{self.pipeline.name}", self.owner))
-            return self._run(client)
+            name = self.pipeline.name
+            wiring = RunWiring(client, LeaseManager(client, pipeline=name, owner=self.owner, acls=digest_acls(self.zk),
+                                                    max_pause_s=self.max_pause_s),
+                               WatermarkAuthority(client, pipeline=name, acls=digest_acls(self.zk),
+                                                  max_pause_s=self.max_pause_s),
+                               RowStore(self.spark, self.layout, writer=self.owner))
+            return self._run(wiring, own=True)
         finally:
             client.stop()
             client.close()
-            if warming is not None:
-                warming.join()
 
-    def _run(self, client: Any) -> RunSummary:
+    def _run(self, wiring: RunWiring, *, own: bool) -> RunSummary:
+        """The rounds on ``wiring`` (``own``: the runner's, whose leases it closes at the end)."""
         p = self.pipeline
-        leases = LeaseManager(client, pipeline=p.name, owner=self.owner, acls=digest_acls(self.zk),
-                              max_pause_s=self.max_pause_s)
-        authority = WatermarkAuthority(client, pipeline=p.name, acls=digest_acls(self.zk),
-                                       max_pause_s=self.max_pause_s)
-        self._ctx = (client, leases, authority, RowStore(self.spark, self.layout, writer=self.owner))
+        client, leases, authority = wiring.client, wiring.leases, wiring.authority
+        self._ctx = (client, leases, authority, wiring.store)
         self._done_reports: dict[str, list[BatchReport]] = {c.name: [] for c in p.computations}
         member = None
         if self.auto_assign:  # a live member: the intervals are split by the live members
@@ -237,9 +275,9 @@ class PipelineRunner:
         except BaseException as exc:
             # the cause is what the caller must see: a failure to settle or give the leases back
             # on the way out (e.g. over a ZooKeeper session that expired) is only logged
-            self._shutdown(execs, leases, failing=exc, member=member)
+            self._shutdown(execs, leases if own else None, failing=exc, member=member)
             raise
-        self._shutdown(execs, leases, failing=None, member=member)
+        self._shutdown(execs, leases if own else None, failing=None, member=member)
         summary = RunSummary()
         for name, ex in execs.items():
             summary.reports[name] = self._done_reports[name] + (list(ex.reports) if ex is not None else [])
@@ -333,9 +371,10 @@ class PipelineRunner:
         self.progress(f"{ex.comp.name}: catching up on {len(files)} input files for intervals taken over")
         return ex.run_batch(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
 
-    def _shutdown(self, execs: dict[str, ComputationExecutor | None], leases: LeaseManager, *,
+    def _shutdown(self, execs: dict[str, ComputationExecutor | None], leases: LeaseManager | None, *,
                   failing: BaseException | None, member: Membership | None = None) -> None:
-        """Stop every executor and close the leases; raise the first failure unless ``failing``."""
+        """Stop every executor (each gives its leases back) and close ``leases`` (None: an engine's,
+        left open); raise the first failure unless ``failing``."""
         first: BaseException | None = None
         if member is not None:
             try:  # leave first: the others' target changes as this instance gives its intervals back
@@ -350,7 +389,8 @@ class PipelineRunner:
             except Exception as exc:  # noqa: BLE001 - reported below
                 first = first or exc
                 self.progress(f"{ex.comp.name}: stopping failed: {type(exc).__name__}: {exc}")
-        leases.close()
+        if leases is not None:
+            leases.close()
         if first is not None and failing is None:
             raise first
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
-__all__ = ["BatchReport", "format_report"]
+__all__ = ["BatchReport", "format_report", "format_watermark"]
 
 
 @dataclass(frozen=True)
@@ -47,19 +47,24 @@ class BatchReport:
     skipped_moved: int = 0
 
 
-def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
-    """The batch's progress line. Watermarks show as time of day (UTC) when they fall on the day
-    of ``now_ms`` (the executor's clock), else with their date (a watermark in 2099 must not
-    read like one of today's); without ``now_ms``, always with the date."""
+def format_watermark(ms: int | None, *, now_ms: int | None = None) -> str:
+    """A watermark in a progress line: ``-`` (unknown), ``end`` (the end of time), the time of day
+    (UTC) when it falls on the day of ``now_ms`` (the executor's clock), else with its date (a
+    watermark in 2099 must not read like one of today's); without ``now_ms``, always with the date."""
+    if ms is None:
+        return "-"
+    if ms >= END_OF_TIME:
+        return "end"
+    t = time.gmtime(ms / 1000)
     today = None if now_ms is None else time.gmtime(now_ms / 1000)[:3]
+    return time.strftime("%H:%M:%S" if t[:3] == today else "%Y-%m-%d %H:%M:%S", t)
+
+
+def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
+    """The batch's progress line (watermarks as :func:`format_watermark` shows them)."""
 
     def ts(ms: int | None) -> str:
-        if ms is None:
-            return "-"
-        if ms >= END_OF_TIME:
-            return "end"
-        t = time.gmtime(ms / 1000)
-        return time.strftime("%H:%M:%S" if t[:3] == today else "%Y-%m-%d %H:%M:%S", t)
+        return format_watermark(ms, now_ms=now_ms)
 
     return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"

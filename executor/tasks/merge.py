@@ -62,12 +62,12 @@ def key_expression(comp: Computation) -> Any:
 
 
 def _key_udf(extractor: Callable[[Any], Any]) -> Any:
+    """A callable key extractor as a scalar pandas UDF of (value, codec): the key, or an error text
+    (``_ERR``...: a dead letter) when the extractor raises or returns anything but a string."""
+    import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
-    @pandas_udf("string")  # type: ignore[call-overload]
-    def extract(values: Any, codecs: Any) -> Any:
-        import pandas as pd
-
+    def extract(values: pd.Series, codecs: pd.Series) -> pd.Series:
         from .worker import freeze_spark_zips
 
         freeze_spark_zips()
@@ -80,7 +80,10 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
                 out.append(f"{_ERR}key extractor failed: {type(exc).__name__}: {exc}")
         return pd.Series(out, dtype=object)
 
-    return extract
+    # pandas_udf tells a scalar UDF by its type hints, which this module's postponed annotations
+    # leave as strings naming a local import ("pd.Series"): give it the classes themselves
+    extract.__annotations__ = {"values": pd.Series, "codecs": pd.Series, "return": pd.Series}
+    return pandas_udf(extract, "string")  # type: ignore[call-overload]
 
 
 def prepare_input(df: Any, comp: Computation, wm: int | None, *,

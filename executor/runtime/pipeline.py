@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.sparkenv import require_classic_session
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.rowtable.store import RowStore
@@ -142,6 +143,7 @@ class PipelineRunner:
         # how long a batch pauses while ZooKeeper does not serve (None: while the session lives)
         self.max_pause_s = max_pause_s
         self.moves: list[MoveTiming] = []
+        require_classic_session(spark)
         self.spark = spark
         self.direct_read = direct_read
         self.write_path = write_path

@@ -398,8 +398,11 @@ class ParquetInjector(_MaxSeenInjector):
         value_columns: columns of the JSON value; ``None``: all but the event
             time and record id columns; empty: no value (``record.value`` is None).
         record_id_column: unique id column, or ``None`` (position-based ids).
-        max_files_per_trigger: files per micro-batch.
-        watermark_delay_ms: the declared disorder bound.
+        max_files_per_trigger: files per micro-batch (default 1).
+        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
+            minus it. A record is late when behind the watermark the previous micro-batch acted on,
+            i.e. the newest event time of the batches up to two before its own minus this bound: two
+            files behind with one file per batch (docs/sources.md, "Watermark options").
         max_event_ahead_ms: records whose event time is more than this ahead of the
             processing clock (default one day) become dead letters with the reason and
             do not move the watermark (one record dated 2100 would otherwise close every
@@ -542,8 +545,11 @@ class DeltaTableInjector(_MaxSeenInjector):
         value_columns: columns of the JSON value; ``None``: all but event time and record id;
             empty: no value (``record.value`` is None).
         record_id_column: the unique, stable id column.
-        max_files_per_trigger: data files per micro-batch.
-        watermark_delay_ms: the declared disorder bound.
+        max_files_per_trigger: data files per micro-batch (default 1).
+        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
+            minus it. A record is late when behind the watermark the previous micro-batch acted on,
+            i.e. the newest event time of the batches up to two before its own minus this bound: two
+            files behind with one file per batch (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`ParquetInjector` (default one day; None: no bound).
 
     Raises:

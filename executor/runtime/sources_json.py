@@ -108,8 +108,11 @@ class JsonLinesInjector(_MaxSeenInjector):
             (ISO 8601, or ``timestamp_format``; one that does not parse makes the record a dead letter).
         value_columns: fields of the JSON value; ``None``: all but the event time and record id fields.
         record_id_column: unique id field, or ``None`` (position-based ids).
-        max_files_per_trigger: files per micro-batch.
-        watermark_delay_ms: the declared disorder bound.
+        max_files_per_trigger: files per micro-batch (default 1).
+        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
+            minus it. A record is late when behind the watermark the previous micro-batch acted on,
+            i.e. the newest event time of the batches up to two before its own minus this bound: two
+            files behind with one file per batch (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`~.sources.ParquetInjector` (default one day; None: no bound).
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 

@@ -120,3 +120,24 @@ def test_the_rescale_filter_keys_records_as_the_batch_does(spark: Any) -> None:
         "record_id", "stream", interval_of_key(2, key_expression(comp)).alias("iv")).collect()
         if r["stream"] in KEYED}
     assert got == {(f"{s}-{i}", zlib.crc32(c.encode()) % 2) for s in KEYED for i, c in enumerate(COUNTRIES)}
+
+
+def test_only_a_key_column_extractor_lets_the_tasks_read_parquet_files_themselves(
+        spark: Any, store: StoreLayout, zk_config: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The direct read computes keys from the key column only: a computation keyed by any other
+    form reads the same injector through the JVM's input preparation (above)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.runtime.sources import ParquetInjector
+
+    folder = tmp_path_factory.mktemp("parquet")
+    pq.write_table(pa.table({"country": ["de", "fr"], "t": pa.array([1, 2], pa.int64())}), folder / "part-0.parquet")
+    inj = ParquetInjector("clicks", str(folder), key_column="country", event_time_column="t", watermark_delay_ms=0)
+    inj.stream_df(spark)
+    assert inj.direct_source() is not None
+    for extractor, direct in ((RECORD_KEY, True), ("country", False), (lambda v: v["country"], False),
+                              (country_of, False), (Keys("country").of, False)):
+        comp = type("Clicks", (KeyedCounter,), {"name": "clicks_keyed", "inputs": {"clicks": extractor}})()
+        runner = PipelineRunner(spark, store, Pipeline("direct", (inj,), (comp,)), zk=zk_config)
+        assert (runner._direct_source(comp) is not None) is direct, extractor

@@ -29,6 +29,7 @@ import itertools
 import tempfile
 from typing import Any, Iterable, NamedTuple
 
+from deltawheel.statestore.delta.sparkenv import require_classic_session
 from deltawheel.statestore.rowtable.rows import KeyRow, Timer, interval_of
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
@@ -78,6 +79,7 @@ class _DeltaRows:
 
         from deltawheel import migrations
 
+        require_classic_session(spark)
         self.layout = StoreLayout(store or tempfile.mkdtemp(prefix="dw-tester-"))
         migrations.apply(spark, self.layout, dry_run=False)
         self.comp = comp

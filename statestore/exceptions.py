@@ -38,6 +38,7 @@ __all__ = [
     "JarFetchError",
     "SessionConfigError",
     "JavaMissingError",
+    "SparkConnectSessionError",
     "ObjectStoreError",
     "ObjectStoreUnreachableError",
     "BucketMissingError",
@@ -227,6 +228,11 @@ class JarFetchError(FatalError):
 class SessionConfigError(ConfigError):
     """A SparkSession given to deltawheel lacks settings it needs (Delta, the log store, s3a);
     the message names each missing setting and how to get it."""
+
+
+class SparkConnectSessionError(SessionConfigError):
+    """A Spark Connect session (``SparkSession.builder.remote(...)``) was given to deltawheel, which
+    needs a classic session: its commits go through Delta Lake's JVM API in the driver."""
 
 
 class JavaMissingError(ConfigError):

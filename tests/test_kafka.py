@@ -42,7 +42,8 @@ def produce(spark: Any, servers: str, topic: str, messages: list[tuple[int, str,
     df.write.format("kafka").option("kafka.bootstrap.servers", servers).option("topic", topic).save()
 
 
-# partition 0 runs ahead in event time (5 s), partition 1 lags (2.5 s); one malformed message each
+# partition 0 runs ahead in event time (5 s), partition 1 lags (2.5 s); one malformed message each,
+# and partition 1 one without the key field
 MESSAGES = [
     (0, "c1", '{"card": "c1", "amount": 10.0, "ts": 1000}'),
     (0, "c1", '{"card": "c1", "amount": 20.0, "ts": 5000}'),
@@ -51,6 +52,7 @@ MESSAGES = [
     (1, "c2", '{"card": "c2", "amount": 1.0, "ts": 2000}'),
     (1, "c2", '{"card": "c2", "amount": "lots", "ts": 2200}'),
     (1, "c2", '{"card": "c2", "amount": 2.0, "ts": 2500}'),
+    (1, "c2", '{ "amount": 3.0,  "ts": 2400 }'),
 ]
 
 
@@ -97,7 +99,10 @@ def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrate
     reason = "malformed input: the source could not parse it; raw_value holds the original text"
     assert dead == [("kafka=payments/0@2", "events/payments/0@2", "not json {", reason),
                     ("kafka=payments/1@1", "events/payments/1@1", '{"card": "c2", "amount": "lots", "ts": 2200}',
-                     reason)]
+                     reason),
+                    # no key field: the message's value as it was sent, not its re-encoded fields
+                    ("kafka=payments/1@3", "events/payments/1@3", '{ "amount": 3.0,  "ts": 2400 }',
+                     "key extractor returned an empty key")]
 
 
 def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
@@ -117,7 +122,7 @@ def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path
     inj = KafkaInjector("clicks", bootstrap_servers=servers, topic="clicks", schema="page STRING", key_column=None,
                         event_time_column=None, watermark_delay_ms=0)
     df = inj.stream_df(spark)
-    want = spark.createDataFrame([], stream_schema_ddl()).schema
+    want = spark.createDataFrame([], stream_schema_ddl() + ", raw_value BINARY").schema  # + the message's text
     assert [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in want.fields]
     got: list[Any] = []
     query = (df.writeStream.foreachBatch(lambda b, _i: got.extend(b.collect())).trigger(availableNow=True)

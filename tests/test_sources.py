@@ -356,7 +356,7 @@ def test_json_lines_injector_keeps_malformed_lines_raw(spark: Any, tmp_path: Pat
     inj = JsonLinesInjector("payments", str(tmp_path / "in"), schema="card STRING, amount DOUBLE, ts BIGINT",
                             key_column="card", event_time_column="ts", watermark_delay_ms=500)
     df = inj.stream_df(spark)
-    want = spark.createDataFrame([], stream_schema_ddl()).schema
+    want = spark.createDataFrame([], stream_schema_ddl() + ", raw_value BINARY").schema  # + the line
     assert [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in want.fields]
     batches = run_stream(df, tmp_path / "ck")
     assert [sorted({r.commit_id.split("#")[0] for r in rows}) for _, rows, _ in batches] == [

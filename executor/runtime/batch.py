@@ -65,6 +65,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.delta.damage import check_store
+from deltawheel.statestore.delta.sparkenv import require_classic_session
 from deltawheel.statestore.delta.storefs import supports
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
@@ -163,6 +164,7 @@ class ComputationExecutor:
                  progress: Callable[[str], None] | None = None, partitions: int | None = None,
                  write_path: str = "auto", intervals: Sequence[int] | None = None,
                  event_ahead_ms: Mapping[str, int] | None = None, manual_watermarks: bool = False) -> None:
+        require_classic_session(spark)
         type(computation).validate()
         if intervals is not None:
             bad = sorted(set(intervals) - set(range(computation.num_intervals)))

@@ -30,7 +30,7 @@ import socket
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.delta.sparkenv import check_session
+from deltawheel.statestore.delta.sparkenv import check_session, require_classic_session
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.store import RowStore
@@ -86,11 +86,13 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
             session lives).
 
     Raises:
+        SparkConnectSessionError: ``spark`` is a Spark Connect session (deltawheel needs a classic one).
         SessionConfigError: the session lacks a setting (the message names each and the fix).
         ConfigError: ``zk`` is None for a store that is not a local folder.
         ZooKeeperServerError: the embedded ZooKeeper could not start.
         MigrationError, SchemaTooNewError, StoreMismatchError: as the store's migrations raise them.
     """
+    require_classic_session(spark)
     layout = StoreLayout(os.path.abspath(store) if "://" not in store else store)
     if zk is None and not layout.is_local:
         raise ConfigError(f"store {store} is not a local folder, so there is no embedded ZooKeeper for it: pass "

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.sparkenv import require_classic_session
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.rowtable.store import RowStore
@@ -167,6 +168,7 @@ class PipelineRunner:
         # how long a batch pauses while ZooKeeper does not serve (None: while the session lives)
         self.max_pause_s = max_pause_s
         self.moves: list[MoveTiming] = []
+        require_classic_session(spark)
         self.spark = spark
         self.direct_read = direct_read
         self.write_path = write_path
@@ -406,6 +408,8 @@ class PipelineRunner:
         """One availableNow query over the computation's inputs; returns records consumed."""
         from pyspark.sql import functions as F
 
+        from .sources import union_inputs
+
         injectors = {i.name: i for i in self.pipeline.injectors}
         if self.instance is not None and ex.authority is not None:
             # read before the query pins its snapshot of the upstream stream tables (or before the
@@ -435,9 +439,7 @@ class PipelineRunner:
         ex.event_ahead_ms = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
                              for s in comp.inputs if s in injectors
                              and getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) is not None}
-        src = frames[0]
-        for f in frames[1:]:
-            src = src.unionByName(f)
+        src = union_inputs(frames)  # an injector's frame may have raw_value, a stream table's has not
         before = ex.records_in_total
         chk = self._checkpoint(comp)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files

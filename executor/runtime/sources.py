@@ -40,11 +40,11 @@ from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 from ..tasks.direct import DirectSource, direct_source
-from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MALFORMED_CODEC
+from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MALFORMED_CODEC, RAW_COLUMN
 from .estimates import PendingPercentile, check_percentile
 
 __all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "ParquetInjector", "DeltaTableInjector",
-           "publish_watermark", "to_stream_schema", "DEFAULT_MAX_EVENT_AHEAD_MS"]
+           "publish_watermark", "to_stream_schema", "union_inputs", "DEFAULT_MAX_EVENT_AHEAD_MS"]
 
 DataFrame = Any  # pyspark.sql.DataFrame; pyspark is imported lazily (driver-side only)
 SparkSession = Any
@@ -135,7 +135,8 @@ class Injector(Protocol):
     name: str
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
-        """The input as a streaming DataFrame with exactly the stream-table columns."""
+        """The input as a streaming DataFrame with exactly the stream-table columns (a text source's
+        with ``raw_value`` after them: :func:`to_stream_schema`'s ``raw``)."""
         ...
 
     def observe(self, stats: BatchStats) -> None:
@@ -177,7 +178,7 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
 
 def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, event_time_column: str,
                      value_columns: Sequence[str] | None, record_id: Any, commit_id: Any,
-                     exclude: Sequence[str] = (), malformed: Any = None) -> DataFrame:
+                     exclude: Sequence[str] = (), malformed: Any = None, raw: Any = None) -> DataFrame:
     """Map a DataFrame of source rows to the stream-table columns, in the JVM.
 
     Args:
@@ -197,6 +198,11 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
             (null for the others; e.g. Spark's ``_corrupt_record``). Such a record keeps that
             text as its ``value`` with codec ``malformed``, an empty key and no event time: the
             executor makes it a dead letter saying "malformed", its ``raw_value`` the original text.
+        raw: a STRING or BINARY column, the record's original text (a text source's line or
+            message). Given, the frame has one more column after the stream-table ones,
+            ``raw_value`` (BINARY): every dead letter of the record (no usable key or timestamp,
+            too far ahead, refused by user code, ...) keeps it as its ``raw_value``, where it
+            would otherwise hold ``value`` (the re-encoded columns). Nothing else reads it.
 
     Raises:
         ConfigError: a named column does not exist, or the event time column has
@@ -241,7 +247,18 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
         F.lit(producer).alias("producer"),
         commit_id.cast("string").alias("commit_id"),
         F.lit(STREAM_FORMAT_VERSION).cast("int").alias("format_version"),
+        *([] if raw is None else [raw.cast("binary").alias(RAW_COLUMN)]),
     )
+
+
+def union_inputs(frames: Sequence[DataFrame]) -> DataFrame:
+    """A computation's input frames (each with its ``stream`` column) as one: by column name, an
+    injector's ``raw_value`` (its records' original text, :func:`to_stream_schema`) null in the
+    frames without it (stream tables, binary sources)."""
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f, allowMissingColumns=True)
+    return out
 
 
 def _check_common(name: str, max_files_per_trigger: int) -> None:
@@ -381,8 +398,11 @@ class ParquetInjector(_MaxSeenInjector):
         value_columns: columns of the JSON value; ``None``: all but the event
             time and record id columns; empty: no value (``record.value`` is None).
         record_id_column: unique id column, or ``None`` (position-based ids).
-        max_files_per_trigger: files per micro-batch.
-        watermark_delay_ms: the declared disorder bound.
+        max_files_per_trigger: files per micro-batch (default 1).
+        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
+            minus it. A record is late when behind the watermark the previous micro-batch acted on,
+            i.e. the newest event time of the batches up to two before its own minus this bound: two
+            files behind with one file per batch (docs/sources.md, "Watermark options").
         max_event_ahead_ms: records whose event time is more than this ahead of the
             processing clock (default one day) become dead letters with the reason and
             do not move the watermark (one record dated 2100 would otherwise close every
@@ -525,8 +545,11 @@ class DeltaTableInjector(_MaxSeenInjector):
         value_columns: columns of the JSON value; ``None``: all but event time and record id;
             empty: no value (``record.value`` is None).
         record_id_column: the unique, stable id column.
-        max_files_per_trigger: data files per micro-batch.
-        watermark_delay_ms: the declared disorder bound.
+        max_files_per_trigger: data files per micro-batch (default 1).
+        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
+            minus it. A record is late when behind the watermark the previous micro-batch acted on,
+            i.e. the newest event time of the batches up to two before its own minus this bound: two
+            files behind with one file per batch (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`ParquetInjector` (default one day; None: no bound).
 
     Raises:

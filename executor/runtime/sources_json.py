@@ -5,7 +5,9 @@ column, as Spark's JSON source does: a line that is not a JSON object of the sch
 keeps its raw text there. Such a record goes into the stream with that text as its value and
 codec ``malformed`` (:func:`~.sources.to_stream_schema`), and the executor writes it to the
 ``dead_letters`` table with ``error`` starting "malformed input" and ``raw_value`` the original
-line. Blank lines are skipped.
+line. Every line also keeps its text in the stream's ``raw_value`` column, so any other dead
+letter (no usable key or timestamp, refused by user code, ...) holds the line as written too.
+Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ class JsonLinesInjector(_MaxSeenInjector):
     The schema is ``schema`` (a DDL string or a StructType), or when None, inferred by Spark
     from the files present when :meth:`stream_df` is called (a batch read of the whole folder:
     give a schema for big folders, and so that a file of other shapes cannot change it). Lines
-    that do not parse with it are malformed: dead letters with their raw text (module docstring).
+    that do not parse with it are malformed: dead letters with their raw text (module docstring);
+    the stream has one more column, ``raw_value``, each line's text (for every dead letter's
+    ``raw_value``).
 
     Watermark estimate: as :class:`~.sources.ParquetInjector` (max event time seen minus
     ``watermark_delay_ms``; :data:`END_OF_TIME` after :meth:`finish`); malformed lines have no
@@ -104,8 +108,11 @@ class JsonLinesInjector(_MaxSeenInjector):
             (ISO 8601, or ``timestamp_format``; one that does not parse makes the record a dead letter).
         value_columns: fields of the JSON value; ``None``: all but the event time and record id fields.
         record_id_column: unique id field, or ``None`` (position-based ids).
-        max_files_per_trigger: files per micro-batch.
-        watermark_delay_ms: the declared disorder bound.
+        max_files_per_trigger: files per micro-batch (default 1).
+        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
+            minus it. A record is late when behind the watermark the previous micro-batch acted on,
+            i.e. the newest event time of the batches up to two before its own minus this bound: two
+            files behind with one file per batch (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`~.sources.ParquetInjector` (default one day; None: no bound).
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 
@@ -170,7 +177,7 @@ class JsonLinesInjector(_MaxSeenInjector):
         lines = files.select("_file", F.posexplode(F.split(F.col("value"), r"\r?\n")).alias("_pos", "_line"))
         lines = lines.where(F.trim(F.col("_line")) != "").select(
             "_file", (F.col("_pos") + 1).alias("_lineno"), "_line", parse_json(F.col("_line"), schema).alias("_j"))
-        parsed = lines.select("_file", "_lineno", *[F.col(f"_j.{f.name}").alias(f.name) for f in schema.fields],
+        parsed = lines.select("_file", "_lineno", "_line", *[F.col(f"_j.{f.name}").alias(f.name) for f in schema.fields],
                               F.col(f"_j.{CORRUPT_RECORD}").alias(CORRUPT_RECORD))
         parsed = event_time_of(parsed, self.event_time_column, self.timestamp_format)
         lineno = F.col("_lineno").cast("string")
@@ -182,10 +189,10 @@ class JsonLinesInjector(_MaxSeenInjector):
             record_id = F.coalesce(F.col(self.record_id_column).cast("string"), position)
         else:
             record_id = position
-        exclude = ("_file", "_lineno", CORRUPT_RECORD, *(() if self.record_id_column is None
+        exclude = ("_file", "_lineno", "_line", CORRUPT_RECORD, *(() if self.record_id_column is None
                                                          else (self.record_id_column,)))
         return to_stream_schema(
             parsed, producer=self.name, key_column=self.key_column, event_time_column=self.event_time_column,
             value_columns=self.value_columns, record_id=record_id,
             commit_id=F.concat(F.lit("file="), F.col("_file"), F.lit("#line="), lineno), exclude=exclude,
-            malformed=F.col(CORRUPT_RECORD))
+            malformed=F.col(CORRUPT_RECORD), raw=F.col("_line"))

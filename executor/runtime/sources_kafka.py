@@ -136,8 +136,10 @@ class KafkaInjector:
 
     Each message's value is a JSON object parsed with ``schema`` (Spark's PERMISSIVE mode, as for
     :class:`~.sources_json.JsonLinesInjector`): a value that does not parse keeps its raw text and
-    becomes a dead letter "malformed input". ``record_id`` is ``{name}/{topic}/{partition}@{offset}``
-    (the same on every re-read), ``commit_id`` ``kafka={topic}/{partition}@{offset}``.
+    becomes a dead letter "malformed input"; every message's value as sent is the stream's
+    ``raw_value`` column, the ``raw_value`` of any dead letter it becomes. ``record_id`` is
+    ``{name}/{topic}/{partition}@{offset}`` (the same on every re-read), ``commit_id``
+    ``kafka={topic}/{partition}@{offset}``.
 
     Feed the executor through :meth:`tracking` (``foreachBatch(events.tracking(executor, authority))``)
     rather than an ``on_batch_end`` hook: the watermark is per partition (module docstring), and the
@@ -155,7 +157,9 @@ class KafkaInjector:
         event_time_column: a TIMESTAMP / epoch-ms BIGINT / STRING timestamp field of the value;
             ``None``: the Kafka record's timestamp.
         value_columns: fields of the JSON value (``None``: all but the event time field).
-        watermark_delay_ms: the declared disorder bound within a partition.
+        watermark_delay_ms: the declared disorder bound within a partition. A record is late when
+            behind the watermark the previous micro-batch acted on: this injector's estimate as it
+            was after the batch two before the record's (docs/sources.md, "Watermark options").
         idle_timeout_ms: processing time after which a silent partition is idle (None: never).
         starting_offsets: Spark's ``startingOffsets`` (``"earliest"``, ``"latest"`` or JSON), used
             when the query's checkpoint is new.
@@ -274,9 +278,9 @@ class KafkaInjector:
             raise
         parsed = raw.select(
             "topic", "partition", "offset", F.col("timestamp").alias("_kafka_ts"),
-            F.col("key").cast("string").alias("_kafka_key"), parse_json(F.col("value").cast("string"),
-                                                                        schema).alias("_j"))
-        parsed = parsed.select("topic", "partition", "offset", "_kafka_ts", "_kafka_key",
+            F.col("key").cast("string").alias("_kafka_key"), F.col("value").alias("_kafka_value"),
+            parse_json(F.col("value").cast("string"), schema).alias("_j"))
+        parsed = parsed.select("topic", "partition", "offset", "_kafka_ts", "_kafka_key", "_kafka_value",
                                *[F.col(f"_j.{f.name}").alias(f.name) for f in fields],
                                F.col(f"_j.{CORRUPT_RECORD}").alias(CORRUPT_RECORD))
         event_col = self.event_time_column or "_kafka_ts"
@@ -284,11 +288,12 @@ class KafkaInjector:
         key_col = self.key_column or "_kafka_key"
         where = F.concat(F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
                          F.col("offset").cast("string"))
-        internal = ("topic", "partition", "offset", "_kafka_ts", "_kafka_key", CORRUPT_RECORD)
+        internal = ("topic", "partition", "offset", "_kafka_ts", "_kafka_key", "_kafka_value", CORRUPT_RECORD)
         return to_stream_schema(
             parsed, producer=self.name, key_column=key_col, event_time_column=event_col,
             value_columns=self.value_columns, record_id=F.concat(F.lit(f"{self.name}/"), where),
-            commit_id=F.concat(F.lit("kafka="), where), exclude=internal, malformed=F.col(CORRUPT_RECORD))
+            commit_id=F.concat(F.lit("kafka="), where), exclude=internal, malformed=F.col(CORRUPT_RECORD),
+            raw=F.col("_kafka_value"))
 
     def stats_of(self, batch_df: DataFrame) -> BatchStats:
         """The batch's stats with per-partition maxima (:func:`partition_stats`)."""

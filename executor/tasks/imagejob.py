@@ -167,7 +167,7 @@ class ImageTasks:
                                      None if bound is None else (now, bound))
         prep = (_tasks.prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
                 if df is not None and direct is None else None)
-        return _Prepared(prep, direct=direct, df=df)
+        return _Prepared(prep, direct=direct, df=df, raw=_tasks.original_text(df))
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchOutput]:
@@ -186,10 +186,13 @@ class ImageTasks:
             raise BatchFailedError(_tasks.user_error_message(exc, self.comp.name, batch_id)) from exc
         mark("load_and_user_code")
         dead, late_rows = out.side("dead"), out.side("late")
-        if df is not None and any(r["position"] is None for r in dead):
+        in_tasks = [r for r in dead if r["position"] is None]  # user code's, not input-level ones
+        if df is not None and in_tasks:
             fill_positions(prep if prep is not None else
                            _tasks.prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
                                                 ahead=(now, self.event_ahead_ms)), dead)
+        if in_tasks and prepared.raw is not None:
+            _original_values(prepared.raw, in_tasks)
         t = out.total
         mins = [s["min_ts"] for s in out.summaries if s["min_ts"] is not None]
         maxs = [s["max_ts"] for s in out.summaries if s["max_ts"] is not None]
@@ -352,6 +355,18 @@ class ImageTasks:
 @dataclass
 class _Prepared(Prepared):
     df: Any | None = None  # the micro-batch (the tasks' dead letters look up their positions in it)
+
+
+def _original_values(raw: Any, dead: list[dict[str, Any]]) -> None:
+    """The tasks' dead letters' values replaced by their records' original text (``raw``:
+    :func:`~.merge.original_text` of the micro-batch), where it has one."""
+    from pyspark.sql import functions as F
+
+    ids = sorted({r["record_id"] for r in dead})
+    text = {r["record_id"]: bytes(r[_tasks.RAW_COLUMN]) for r in raw.where(F.col("record_id").isin(ids)).select(
+        "record_id", _tasks.RAW_COLUMN).collect() if r[_tasks.RAW_COLUMN] is not None}
+    for r in dead:
+        r["value"] = text.get(r["record_id"], r["value"])
 
 
 def _prod_min_ts(out: BatchOutput) -> int | None:

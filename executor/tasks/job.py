@@ -21,8 +21,9 @@ BatchT = TypeVar("BatchT")
 class Prepared:
     """The batch's input, prepared (step 2): ``input`` for the tasks (None: timers only or the
     tasks read the files themselves), input-level ``dead`` letters to record (a frame; None:
-    none or recorded from the tasks' output), and ``direct``: the tasks read the batch's files
-    (``_direct.py``)."""
+    none or recorded from the tasks' output), ``direct``: the tasks read the batch's files
+    (``_direct.py``), and ``raw``: the records' original text by record id, where the source kept it
+    (``merge.original_text``: the tasks' dead letters take theirs from it)."""
 
     input: Any | None
     dead: Any | None = None
@@ -31,6 +32,7 @@ class Prepared:
     obs_min: int | None = None
     obs_max: int | None = None
     direct: Any | None = None
+    raw: Any | None = None
 
 
 @dataclass

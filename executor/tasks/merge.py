@@ -25,7 +25,7 @@ from .keyrun import run_key
 
 __all__ = ["prepare_input", "run_in_tasks", "MergeTasks", "productions_frame", "dead_letter_frame",
            "routed_frame", "user_error_message", "interval_of_key", "key_expression", "ahead_reason", "DEFAULT_MAX_EVENT_AHEAD_MS",
-           "MALFORMED_CODEC", "MALFORMED_REASON"]
+           "MALFORMED_CODEC", "MALFORMED_REASON", "RAW_COLUMN", "original_text", "with_original_text"]
 
 _PROD = "STRUCT<production_id: STRING, stream: STRING, key: STRING, value: BINARY, timestamp_ms: BIGINT, codec: STRING>"
 _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRING, position: STRING, "
@@ -40,6 +40,10 @@ DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the
 #: value is the raw input (a JSON line, a Kafka message's value) and it becomes a dead letter.
 MALFORMED_CODEC = "malformed"
 MALFORMED_REASON = "malformed input: the source could not parse it; raw_value holds the original text"
+#: An input frame's optional column (BINARY) beside the stream-table columns: the record's original
+#: text from a text source (a JSON line, a Kafka message's value; ``sources.to_stream_schema``'s
+#: ``raw``). Every dead letter of the record keeps it as its ``raw_value``; nothing else reads it.
+RAW_COLUMN = "raw_value"
 
 
 def interval_of_key(num_intervals: int, key: Any = None) -> Any:
@@ -62,12 +66,12 @@ def key_expression(comp: Computation) -> Any:
 
 
 def _key_udf(extractor: Callable[[Any], Any]) -> Any:
+    """A callable key extractor as a scalar pandas UDF of (value, codec): the key, or an error text
+    (``_ERR``...: a dead letter) when the extractor raises or returns anything but a string."""
+    import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
-    @pandas_udf("string")  # type: ignore[call-overload]
-    def extract(values: Any, codecs: Any) -> Any:
-        import pandas as pd
-
+    def extract(values: pd.Series, codecs: pd.Series) -> pd.Series:
         from .worker import freeze_spark_zips
 
         freeze_spark_zips()
@@ -80,7 +84,10 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
                 out.append(f"{_ERR}key extractor failed: {type(exc).__name__}: {exc}")
         return pd.Series(out, dtype=object)
 
-    return extract
+    # pandas_udf tells a scalar UDF by its type hints, which this module's postponed annotations
+    # leave as strings naming a local import ("pd.Series"): give it the classes themselves
+    extract.__annotations__ = {"values": pd.Series, "codecs": pd.Series, "return": pd.Series}
+    return pandas_udf(extract, "string")  # type: ignore[call-overload]
 
 
 def prepare_input(df: Any, comp: Computation, wm: int | None, *,
@@ -92,14 +99,15 @@ def prepare_input(df: Any, comp: Computation, wm: int | None, *,
     ``ahead``: (processing time now, {input stream: bound in ms}): a record of such a stream
     whose event time is more than the bound ahead of now is a dead letter (:func:`ahead_reason`;
     after the other checks, as ``_direct.py`` orders them).
+    A frame with :data:`RAW_COLUMN` (a text source): a dead letter's ``value`` is that original text.
     Every DataFrame step is analysed eagerly, so the frame is built in as few steps as possible."""
     from pyspark.sql import functions as F
 
     names = set(df.columns)
-    flags = ("stream" in names, "commit_id" in names)
+    flags = ("stream" in names, "commit_id" in names, RAW_COLUMN in names)
     parts = None if cache is None else cache.get(flags)
     if parts is None:
-        parts = _prep_columns(comp, *flags)
+        parts = _prep_columns(comp, *flags[:2])
         if cache is not None:
             cache[flags] = parts
     udf_key, before, after = parts
@@ -118,7 +126,27 @@ def prepare_input(df: Any, comp: Computation, wm: int | None, *,
             far = F.when(cond, why) if far is None else far.when(cond, why)
         assert far is not None
         bad = F.coalesce(after, far)
+    if flags[2]:  # a dead letter's value is its original text, where the source kept it
+        value = F.when(bad.isNotNull(), F.coalesce(F.col(RAW_COLUMN), F.col("value"))).otherwise(F.col("value"))
+        before = [value.alias("value") if i == _VALUE else c for i, c in enumerate(before)]
     return df.select(*before, late.alias("late"), bad.alias("_bad"))
+
+
+def original_text(df: Any | None) -> Any | None:
+    """The micro-batch ``df`` when it carries its records' original text (:data:`RAW_COLUMN`), else
+    None: the tasks' dead letters (user code's) look theirs up in it by record id."""
+    return df if df is not None and RAW_COLUMN in df.columns else None
+
+
+def with_original_text(dead: Any, raw: Any) -> Any:
+    """The tasks' dead letters (a frame with ``record_id`` and ``raw_value``) with ``raw_value`` the
+    original text of their record in ``raw`` (:func:`original_text`; kept where it has none)."""
+    from pyspark.sql import functions as F
+
+    text = raw.select("record_id", F.col(RAW_COLUMN).alias("_raw")).where(F.col("_raw").isNotNull())
+    cols = [F.coalesce(F.col("_raw"), F.col("raw_value")).alias("raw_value") if c == "raw_value" else F.col(c)
+            for c in dead.columns]
+    return dead.join(text.dropDuplicates(["record_id"]), "record_id", "left").select(*cols)
 
 
 _AHEAD = ("event time ", " ms is more than {bound} ms ahead of the processing clock ({now} ms): refused so that it "
@@ -154,6 +182,9 @@ def _key_expression(comp: Computation, stream: Any) -> tuple[Any, bool]:
     return key, udf_key
 
 
+_VALUE = 2  # the value's place among the prepared columns
+
+
 def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> tuple[Any, ...]:
     from pyspark.sql import functions as F
 
@@ -171,7 +202,8 @@ def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> t
            .when(F.col("record_id").isNull() | (F.col("record_id") == ""), F.lit("record without record_id"))
            .when(F.col("timestamp_ms").isNull(), F.lit("record without timestamp")))
     pos = F.col("commit_id") if has_commit_id else F.lit(None).cast("string")
-    before = [F.col("record_id"), k.alias("key"), F.col("value"), F.coalesce("codec", F.lit("json")).alias("codec"),
+    before = [F.col("record_id"), k.alias("key"), F.col("value"),  # at _VALUE
+              F.coalesce("codec", F.lit("json")).alias("codec"),
               F.col("timestamp_ms"), stream.alias("stream"), pos.alias("position")]
     return (key if udf_key else None), before, bad
 
@@ -361,7 +393,8 @@ class MergeTasks:
         # duplicate, not late data)
         return Prepared(prep.where(F.col("_bad").isNull()),
                         dead=prep.where(F.col("_bad").isNotNull()) if dead_in else None,
-                        records_in=int(agg["n"]), dead_in=dead_in, obs_min=agg["mn"], obs_max=agg["mx"])
+                        records_in=int(agg["n"]), dead_in=dead_in, obs_min=agg["mn"], obs_max=agg["mx"],
+                        raw=original_text(df))
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[MergeBatch]:
@@ -387,7 +420,10 @@ class MergeTasks:
                   "late": st["late"], "dead_letters": st["n_dead"] + prepared.dead_in, "timers_fired": st["fired"],
                   "productions": st["n_prods"], "keys_written": st["written"], "ids_expired": st["ids_expired"]}
         batch = MergeBatch(out.where(F.col("_op") != "none"), productions_frame(out), st["written"], st["n_prods"])
-        return BatchRun(batch, counts, dead=dead_letter_frame(out) if st["n_dead"] else None,
+        dead = dead_letter_frame(out) if st["n_dead"] else None
+        if dead is not None and prepared.raw is not None:
+            dead = with_original_text(dead, prepared.raw)
+        return BatchRun(batch, counts, dead=dead,
                         late=routed_frame(out) if st["n_routed"] else None, event_timer_ms=stats["event_timer"],
                         obs_min=prepared.obs_min, obs_max=prepared.obs_max)
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError
+from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError, SparkConnectSessionError
 
-__all__ = ["DELTA_JARS", "DELTA_VERSION", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark",
+__all__ = ["DELTA_JARS", "DELTA_VERSION", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark", "require_classic_session",
            "default_jars_dir", "fetch_maven_jar", "spark_session", "require_java", "check_session", "missing_settings", "session_settings",
            "setup_jars"]
 
@@ -406,12 +406,34 @@ def missing_settings(have: Mapping[str, str | None], store: str) -> list[str]:
     return missing
 
 
+def require_classic_session(spark: Any) -> None:
+    """Refuse a Spark Connect session (``SparkSession.builder.remote(...)``): it has no driver JVM,
+    and deltawheel commits through Delta Lake's JVM API and runs its jobs on the driver's
+    SparkContext. Every public entry that takes a session calls this first.
+
+    Raises:
+        SparkConnectSessionError: ``spark`` is a Spark Connect session.
+    """
+    # a Connect session is an instance of this class, whose module is loaded once one exists
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    if connect is None or not isinstance(spark, connect.SparkSession):
+        return
+    raise SparkConnectSessionError(
+        "deltawheel was given a Spark Connect session (SparkSession.builder.remote(...)); it needs a classic "
+        "SparkSession: a Spark Connect client has no driver JVM, and deltawheel commits its rows through "
+        "Delta Lake's JVM API and runs its jobs on the driver's SparkContext. Build a classic session in this "
+        "process with deltawheel.spark_session() (with SPARK_REMOTE unset), or run the job as a classic Spark "
+        "application (spark-submit without --remote) (docs/embedding.md, 'Session settings')")
+
+
 def check_session(spark: Any, store: str) -> None:
     """Check that ``spark`` has what deltawheel needs for a store at ``store`` (a local folder or URI).
 
     Raises:
+        SparkConnectSessionError: ``spark`` is a Spark Connect session.
         SessionConfigError: naming every missing setting, its value, and the two ways to fix it.
     """
+    require_classic_session(spark)
     missing = missing_settings({k: _conf(spark, k) for k in session_settings(store)}, store)
     if not missing:
         return

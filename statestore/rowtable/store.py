@@ -40,6 +40,7 @@ from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
 from ..delta.jvm import jframe, jsession
 from ..delta.log import read_snapshot
+from ..delta.sparkenv import require_classic_session
 from ..delta.storefs import TableFiles, background_uploads, table_files
 from ..delta.txn import (
     TableLog,
@@ -123,6 +124,7 @@ class RowStore:
         conflict_retries: int = 3,
         fence_retries: int = 60,
     ) -> None:
+        require_classic_session(spark)
         self._spark = spark.newSession()
         self.layout = layout
         self.writer = writer

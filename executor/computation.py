@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from enum import Enum
 from functools import partial
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, NamedTuple, 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import validate_name
-from deltawheel.statestore.rowtable.rows import Timer
+from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, Timer
 
 if TYPE_CHECKING:
     from .context import Context
@@ -178,6 +179,40 @@ class Computation:
         if not 1 <= cls.num_intervals <= 4096:
             raise ConfigError(f"{cls.name}: num_intervals must be 1..4096, got {cls.num_intervals}")
         get_codec(cls.codec, allow_pickle=cls.allow_pickle)
+
+
+def key_or_reason(extractor: KeyExtractor, value: Any) -> tuple[str | None, str | None]:
+    """(the key of a record whose decoded value is ``value``, None) or (None, why it has none), by the
+    rules of a Spark batch's input preparation (``tasks/merge.py``), so the testing harness keys and
+    dead-letters records as the executor does: a field name gives the field's value as text (a
+    number or a nested value as its JSON text; a missing or null field has no key); a callable must
+    return a non-empty string (anything else, or a raise, has no key); an empty key, a key starting
+    with NUL (reserved) or longer than ``MAX_KEY_BYTES`` bytes has none either.
+
+    >>> key_or_reason("q", {"q": "shoes"}), key_or_reason("n", {"n": 5}), key_or_reason("q", {})
+    (('shoes', None), ('5', None), (None, "no field 'q' in the value"))
+    >>> key_or_reason(lambda v: v["n"], {"n": 5})
+    (None, 'key extractor returned int 5')
+    """
+    if isinstance(extractor, str):
+        got = value.get(extractor) if isinstance(value, Mapping) else None
+        if got is None:
+            return None, f"no field {extractor!r} in the value"
+        key = got if isinstance(got, str) else json.dumps(got, separators=(",", ":"))
+    else:
+        try:
+            key = extractor(value)
+        except Exception as exc:  # noqa: BLE001 - user code; the record becomes a dead letter
+            return None, f"key extractor failed: {type(exc).__name__}: {exc}"
+        if not isinstance(key, str):
+            return None, f"key extractor returned {type(key).__name__} {key!r}"
+    if key == "":
+        return None, "key extractor returned an empty key"
+    if key.startswith("\x00"):
+        return None, "keys starting with NUL are reserved"
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        return None, f"key longer than {MAX_KEY_BYTES} bytes"
+    return key, None
 
 
 def extract_key(extractor: KeyExtractor, value: Any) -> Any:

@@ -33,7 +33,7 @@ from deltawheel.statestore.delta.sparkenv import require_classic_session
 from deltawheel.statestore.rowtable.rows import KeyRow, Timer, interval_of
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
-from .computation import Computation, LatePolicy, Record, extract_key
+from .computation import RECORD_KEY, Computation, LatePolicy, Record, key_or_reason
 from .exceptions import WindowingError
 from .tasks.keyrun import codec_of, run_key
 
@@ -176,12 +176,15 @@ class ComputationTester:
             value: the record's value (what ``process_record`` gets as ``record.value``).
             event_time_ms: its event time.
             stream: the input stream (default: the computation's only input).
-            key: the key (default: the computation's key extractor for ``stream`` applied to ``value``).
+            key: the key (default: the computation's key extractor for ``stream`` applied to ``value``,
+                by a Spark batch's rules: a record it gives no usable key goes to
+                :attr:`dead_letters` with the reason a batch would give, and runs nothing).
             record_id: its unique id (default: a fresh one); a repeated id is a duplicate and is
                 not processed again (exactly-once computations).
 
         Raises:
-            WindowingError: the stream is not an input of the computation, or no key can be found.
+            WindowingError: the stream is not an input of the computation, or its extractor is
+                ``RECORD_KEY`` (the producer's key) and no ``key`` is given.
         """
         comp = self.computation
         inputs = dict(type(comp).inputs)
@@ -192,20 +195,22 @@ class ComputationTester:
             stream = next(iter(inputs))
         elif inputs and stream not in inputs:
             raise WindowingError(f"{comp.name} does not read stream {stream!r}; its inputs: {sorted(inputs)}")
+        if record_id is None:
+            record_id = f"tester-{next(self._ids)}"
         if key is None:
             extractor = inputs.get(stream)
-            try:
-                got = None if extractor is None or extractor == "@key" else extract_key(extractor, value)
-            except (KeyError, TypeError, IndexError) as exc:
-                raise WindowingError(f"no key for the record of {stream!r}: its extractor {extractor!r} failed "
-                                     f"({exc!r}); pass key=...") from exc
-            if got is None:
-                raise WindowingError(f"no key for the record of {stream!r}: pass key=... (its extractor "
-                                     f"{extractor!r} gave none)")
-            key = str(got)
+            if extractor is None or extractor == RECORD_KEY:
+                raise WindowingError(f"no key for the record of {stream!r}: its extractor is {extractor!r} (the "
+                                     "producer's key); pass key=...")
+            key, why = key_or_reason(extractor, value)
+            if key is None:  # as a Spark batch does: a dead letter with the reason, nothing run
+                assert why is not None
+                self.dead_letters.append((Record(key="", value=value, timestamp_ms=int(event_time_ms),
+                                                 record_id=record_id, stream=stream), why))
+                return
         late = self._acted_ms is not None and event_time_ms < self._acted_ms
         rec = Record(key=key, value=value, timestamp_ms=int(event_time_ms),
-                     record_id=record_id if record_id is not None else f"tester-{next(self._ids)}",
+                     record_id=record_id,
                      stream=stream, late=late)
         if late and comp.late_policy is LatePolicy.ROUTE:
             self.late += 1

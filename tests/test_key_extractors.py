@@ -112,6 +112,36 @@ def test_every_key_extractor_form_keys_a_spark_batch(spark: Any, store: StoreLay
         (f"raising-{i}", None, "key extractor failed: KeyError: 'region'", i) for i in range(3)]
 
 
+def test_the_testing_harness_keys_and_dead_letters_records_as_a_spark_batch_does(spark: Any,
+                                                                              store: StoreLayout) -> None:
+    """``ComputationTester`` applies the same rules as the batch above (run first in this module): the
+    same state per key and, for an extractor that raises or returns a non-string, a dead letter with
+    the same reason, where it used to raise or turn the int into a key. Also a numeric field, a
+    missing field and an empty key, each as the JVM's preparation decides."""
+    from deltawheel.testing import ComputationTester
+
+    comp = KeyedImage()
+    t = ComputationTester(comp)
+    for s in KeyedCounter.inputs:
+        for i, c in enumerate(COUNTRIES):
+            if s == "by_record_key":
+                t.add({"country": c, "n": i}, event_time_ms=1_000 + i, stream=s, key=c, record_id=f"{s}-{i}")
+            else:
+                t.add({"country": c, "n": i}, event_time_ms=1_000 + i, stream=s, record_id=f"{s}-{i}")
+    assert {k: t.state(k) for k in t.keys()} == {k: v for k, (v, _) in state_of(spark, store, comp.name).items()}
+    spark_dead = sorted((r["record_id"], r["error"]) for r in spark.read.format("delta").load(
+        store.dead_letters).where(f"computation = '{comp.name}'").collect())
+    assert sorted((rec.record_id, why) for rec, why in t.dead_letters) == spark_dead
+
+    fields = type("Fields", (KeyedCounter,), {"name": "fields", "inputs": {"s": "n"}})()
+    u = ComputationTester(fields)
+    for i, v in enumerate(({"n": 5}, {"m": 1}, {"n": ""}, {"n": None})):
+        u.add(v, event_time_ms=1, record_id=f"f{i}")
+    assert u.keys() == ["5"]
+    assert [why for _, why in u.dead_letters] == ["no field 'n' in the value", "key extractor returned an empty key",
+                                                  "no field 'n' in the value"]
+
+
 def test_the_rescale_filter_keys_records_as_the_batch_does(spark: Any) -> None:
     """A new owner of a moved interval drops records by the interval of ``key_expression``
     (``rescale.py``): the same keys, callables included, as the batch gives them."""

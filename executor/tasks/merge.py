@@ -18,7 +18,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, MAX_KEY_BYTES, KeyRow, rows_schema_ddl
 from deltawheel.statestore.writepath.merge import MergeBatch, MergePath
 
-from ..computation import RECORD_KEY, Computation, LatePolicy, Record
+from ..computation import RECORD_KEY, Computation, LatePolicy, Record, key_or_reason
 from ..runtime.faults import BatchFailedError
 from .job import BatchRun, Prepared
 from .keyrun import run_key
@@ -78,10 +78,12 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
         out = []
         for v, c in zip(values, codecs, strict=True):
             try:
-                k = extractor(None if v is None else get_codec(c or "json").decode(v))
-                out.append(k if isinstance(k, str) else f"{_ERR}key extractor returned {type(k).__name__} {k!r}")
-            except Exception as exc:  # noqa: BLE001 - user code; becomes a dead letter
+                decoded = None if v is None else get_codec(c or "json").decode(v)
+            except Exception as exc:  # noqa: BLE001 - an undecodable value; becomes a dead letter
                 out.append(f"{_ERR}key extractor failed: {type(exc).__name__}: {exc}")
+                continue
+            k, why = key_or_reason(extractor, decoded)  # the testing harness keys records by it too
+            out.append(f"{_ERR}{why}" if k is None else k)
         return pd.Series(out, dtype=object)
 
     # pandas_udf tells a scalar UDF by its type hints, which this module's postponed annotations

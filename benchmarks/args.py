@@ -69,8 +69,8 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
                         "(JVM classes, code generation, Python workers; 0: no pre-warm run; default 5)")
     p.add_argument("--seed", type=int, default=7, help="the input schedule's seed (gaps between files, keys)")
     p.add_argument("--keys", type=int, default=50_000, help="distinct keys (default 50,000)")
-    p.add_argument("--generator", default="process", choices=["process", "thread"],
-                   help="run the input generator in a child process (default) or a thread of the driver")
+    p.add_argument("--generator", default="thread", choices=["thread", "process"],
+                   help="run the input generator in a thread of the driver (default) or a child process")
     p.add_argument("--drain-timeout", type=float, default=120.0,
                    help="seconds to wait after the last input file for every record's output (default 120)")
     p.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")

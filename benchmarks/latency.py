@@ -85,7 +85,7 @@ class LatencySettings:
     warmup_s: float = 10.0
     seed: int = 7
     keys: int = 50_000
-    generator: str = "process"
+    generator: str = "thread"
     drain_timeout_s: float = 120.0
     progress_every_s: float = 5.0
     commit_time: str = "mtime"

@@ -66,7 +66,8 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of input at the start left out of the percentiles (default 10)")
     p.add_argument("--prewarm", type=float, default=5.0,
                    help="before each engine's measured run, run it unmeasured on this many seconds of input "
-                        "(JVM classes, code generation, Python workers; 0: no pre-warm run; default 5)")
+                        "at the rate, at most 1,000 records/s (JVM classes, code generation, Python workers; "
+                        "0: no pre-warm run; default 5)")
     p.add_argument("--seed", type=int, default=7, help="the input schedule's seed (gaps between files, keys)")
     p.add_argument("--keys", type=int, default=50_000, help="distinct keys (default 50,000)")
     p.add_argument("--generator", default="thread", choices=["thread", "process"],

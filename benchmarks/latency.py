@@ -70,6 +70,7 @@ ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "floor": lambda _st: FloorEngine(),
 }
 Say = Callable[[str], None]
+PREWARM_MAX_RATE = 1_000.0  # the pre-warm run warms code paths, not the engine's capacity
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,11 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
             if not generating:
                 renamed = gen.read_log().renamed
                 expected = int(schedule.counts[~np.isnan(renamed)].sum())
-                if _drained(schedule, tails, kinds, expected) or now > gen_end + st.drain_timeout_s:
+                if _drained(schedule, tails, kinds, expected):
+                    break
+                if now > gen_end + st.drain_timeout_s:
+                    error = (f"not drained: the output did not hold every input record {st.drain_timeout_s:g} s "
+                             "after the last input file (the engine fell behind the rate; see --drain-timeout)")
                     break
     finally:
         gen.stop()
@@ -317,7 +322,8 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
     prewarm: dict[str, Any] = {}
     for name in st.engines:
         if st.prewarm_s > 0:  # JVM classes, code generation, Python workers: not charged to the first engine
-            warm = replace(st, seconds=st.prewarm_s, warmup_s=0.0, seed=st.seed + 1, watch_log=False,
+            warm = replace(st, rate=min(st.rate, PREWARM_MAX_RATE), seconds=st.prewarm_s, warmup_s=0.0,
+                           seed=st.seed + 1, watch_log=False,
                            progress_every_s=max(st.progress_every_s, st.prewarm_s))
             say(f"[{name}] pre-warm run of {st.prewarm_s:g} s (not measured)")
             w = _run_engine(name, warm, spark=session, work=_fresh(out / "prewarm" / name), say=say)

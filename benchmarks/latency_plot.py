@@ -51,9 +51,10 @@ def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
     over.grid(True, which="both", alpha=0.3)
     over.legend(fontsize=8, loc="upper left")
     m = report.get("machine", {})
-    fig.suptitle(f"latency at {st.get('rate', '?'):,} records/s, {st.get('keys', '?'):,} keys, {st.get('stages', 1)} "
-                 f"stage(s), {st.get('seconds', '?')} s; {m.get('logical_cores', '?')} cores, "
-                 f"load {m.get('loadavg_1m_at_start', '?')} at start", fontsize=10)
+    fig.suptitle(f"latency at {float(st.get('rate', 0)):,.0f} records/s, {int(st.get('keys', 0)):,} keys, "
+                 f"{st.get('stages', 1)} stage(s), {float(st.get('seconds', 0)):g} s of input; "
+                 f"{m.get('logical_cores', '?')} cores, load {m.get('loadavg_1m_at_start', '?')} at start "
+                 f"({report.get('date', '')})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

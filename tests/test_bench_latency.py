@@ -82,6 +82,22 @@ def test_key_count_checks_follow_each_batch_increment() -> None:
     assert "1 of" in _failed(check_key_counts(s, right, file_batch=unread))["files_read"]
 
 
+def test_a_failed_check_is_printed_loudly() -> None:
+    from deltawheel.benchmarks.latency_report import format_table
+
+    lat = {"n": 10, "p50": 1.0, "p95": 1.0, "p99": 1.0, "max": 1.0}
+    common = {"latency_s": lat, "throughput": {"input_records_per_s": 10.0, "output_records_per_s": 10.0},
+              "batches": {"count": 1, "duration_s": {}}}
+    report = {"engines": {
+        "good": {**common, "ok": True, "error": None, "checks": [{"stage": 1, "name": "exactly_once", "ok": True,
+                                                                 "detail": "fine"}]},
+        "bad": {**common, "ok": False, "error": "not drained: ...",
+                "checks": [{"stage": 1, "name": "exactly_once", "ok": False, "detail": "3 missing"}]}}}
+    lines = format_table(report).splitlines()
+    assert [ln.split()[:2] for ln in lines[2:4]] == [["good", "ok"], ["bad", "FAILED"]]
+    assert lines[4:] == ["!!! bad FAILED: not drained: ...", "!!! bad FAILED check exactly_once (stage 1): 3 missing"]
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"stages": 3}, r"--stages 3 needs deltawheel's continuous pipeline runner"),
     ({"source": "kafka"}, r"--source kafka is not available yet"),

@@ -46,8 +46,8 @@ def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
     over.set_xlabel("arrival, s after the schedule's start")
     over.set_ylabel("latency (s, log): median — / max ···")
     over.axvline(float(st.get("warmup_s", 0)), color="gray", linewidth=0.8)
-    over.text(float(st.get("warmup_s", 0)), 1.0, " warm-up ends", transform=over.get_xaxis_transform(),
-              fontsize=8, color="gray", va="top")
+    over.text(float(st.get("warmup_s", 0)), 0.02, " warm-up ends", transform=over.get_xaxis_transform(),
+              fontsize=8, color="gray", va="bottom")
     over.grid(True, which="both", alpha=0.3)
     over.legend(fontsize=8, loc="upper left")
     m = report.get("machine", {})

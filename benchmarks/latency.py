@@ -180,8 +180,12 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
                     mode=st.generator)
     gen.prime()
     t_start = time.time()
-    run: RunningEngine = ENGINES[name](st).start(FileInput(work / "input"), spark=spark, work_dir=work,
-                                               stages=st.stages)
+    try:
+        run: RunningEngine = ENGINES[name](st).start(FileInput(work / "input"), spark=spark, work_dir=work,
+                                                   stages=st.stages)
+    except BaseException:
+        gen.stop()  # a child generator waits for its start
+        raise
     start_s = time.time() - t_start
     say(f"[{name}] started in {start_s:.1f} s; input: {schedule.n_files} files, {schedule.total:,} records over "
         f"{st.seconds:g} s")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "DEFAULT_CAPACITIES"]
+__all__ = ["add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "add_latency_arguments",
+           "DEFAULT_CAPACITIES"]
 
 DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
 
@@ -48,3 +49,35 @@ def add_watermark_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     p.add_argument("--percentiles", default="0.001,0.01",
                    help="comma-separated shares for the percentile estimates (beside bound and exact)")
+
+
+def add_latency_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``bench latency`` options (docs/latency.md)."""
+    p.add_argument("--rate", type=float, default=1000.0, help="records per second arriving (default 1000)")
+    p.add_argument("--seconds", type=float, default=60.0, help="seconds of input (default 60)")
+    p.add_argument("--engines", default="deltawheel,spark_tws,spark_sql,floor",
+                   help="comma-separated, run one after another in this order (default: "
+                        "deltawheel,spark_tws,spark_sql,floor)")
+    p.add_argument("--stages", type=int, default=1, choices=[1, 3], help="pipeline stages (3: not available yet)")
+    p.add_argument("--source", default="files", choices=["files", "kafka"],
+                   help="files: Parquet files renamed into a folder every 100-200 ms (kafka: not available yet)")
+    p.add_argument("--out", default="bench-out/latency", help="output folder for latency.json / latency.png")
+    p.add_argument("--warmup", type=float, default=10.0,
+                   help="seconds of input at the start left out of the percentiles (default 10)")
+    p.add_argument("--prewarm", type=float, default=5.0,
+                   help="before each engine's measured run, run it unmeasured on this many seconds of input "
+                        "at the rate, at most 1,000 records/s (JVM classes, code generation, Python workers; "
+                        "0: no pre-warm run; default 5)")
+    p.add_argument("--seed", type=int, default=7, help="the input schedule's seed (gaps between files, keys)")
+    p.add_argument("--keys", type=int, default=50_000, help="distinct keys (default 50,000)")
+    p.add_argument("--generator", default="thread", choices=["thread", "process"],
+                   help="run the input generator in a thread of the driver (default) or a child process")
+    p.add_argument("--drain-timeout", type=float, default=120.0,
+                   help="seconds to wait after the last input file for every record's output (default 120)")
+    p.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--commit-time", default="mtime", choices=["mtime", "commit_info"],
+                   help="a version's commit time: its <v>.json file's mtime (default) or commitInfo.timestamp")
+    p.add_argument("--zk", default=None,
+                   help="ZooKeeper for the deltawheel engine, host:port[,host:port] (default: a store's embedded server)")
+    p.add_argument("--watch-log", action="store_true",
+                   help="also list each output's _delta_log every 5 ms and report when versions first appear")

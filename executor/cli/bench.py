@@ -9,6 +9,11 @@ watermark estimate (max seen minus bound, MillWheel's exact and percentile estim
 the watermark lag and the late records of each. ``deltawheel bench cache --size small --out bench-out/cache`` replays the same
 workload's row accesses through the row cache (window-aware vs LRU vs the
 offline optimum) and writes ``cache.json`` and ``cache.png``.
+``deltawheel bench latency --rate 1000 --seconds 60 --engines deltawheel,spark_tws,spark_sql,floor``
+feeds records at a fixed rate to each engine's continuous query and measures each record's time
+from arrival to the Delta commit that makes its output readable (docs/latency.md); it writes
+``latency.json`` and ``latency.png`` into ``--out``. Exit code 1 if an engine's output does not
+hold every input record exactly once.
 
 The benchmark modules (pyarrow, matplotlib, the engine registry) are imported
 only when a benchmark runs, so ``deltawheel --help`` stays fast.
@@ -18,7 +23,12 @@ from __future__ import annotations
 
 import argparse
 
-from deltawheel.benchmarks.args import add_cache_arguments, add_throughput_arguments, add_watermark_arguments
+from deltawheel.benchmarks.args import (
+    add_cache_arguments,
+    add_latency_arguments,
+    add_throughput_arguments,
+    add_watermark_arguments,
+)
 
 __all__ = ["register"]
 
@@ -41,9 +51,15 @@ def _watermarks(args: argparse.Namespace) -> int:
     return int(run_from_args(args))
 
 
+def _latency(args: argparse.Namespace) -> int:
+    from deltawheel.benchmarks.latency import run_from_args
+
+    return int(run_from_args(args))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``bench`` subcommand and its benchmarks to ``subparsers``."""
-    p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache) and save JSON + PNG figures")
+    p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache, watermarks, latency) and save JSON + PNG figures")
     sub = p.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     sub.required = True
     t = sub.add_parser("throughput", help="records/s of several engines on the same workload")
@@ -55,3 +71,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     w = sub.add_parser("watermarks", help="injector watermark estimates side by side: lag against late records")
     add_watermark_arguments(w)
     w.set_defaults(func=_watermarks)
+    lat = sub.add_parser("latency", help="per-record latency from arrival to a visible Delta commit, engines side by side")
+    add_latency_arguments(lat)
+    lat.set_defaults(func=_latency)

@@ -1,0 +1,387 @@
+"""Latency benchmark: how long a record takes from its arrival to a durable, readable output.
+
+Usage (or ``deltawheel bench latency``)::
+
+    python -m deltawheel.benchmarks.latency --rate 1000 --seconds 60 \\
+        --engines deltawheel,spark_tws,spark_sql,floor --out bench-out/latency
+
+Records arrive at ``--rate`` records/s as small Parquet files renamed into an input folder every
+100-200 ms (:mod:`.latency_input`). Each engine (:mod:`.latency_engines`,
+:mod:`.latency_deltawheel`) runs as a continuous streaming query on its own copy of the same
+schedule (same seed), one engine after the other in one Spark session. A record's latency is
+the commit time of the first version of the engine's output Delta table that holds its output
+(:mod:`.latency_log`: the ``<v>.json`` file's mtime by default, ``--commit-time commit_info``
+for ``commitInfo.timestamp``) minus its file's rename time; p50/p95/p99/max are taken over the
+records that arrive after ``--warmup`` seconds. Every output is checked to hold every input
+record exactly once (:mod:`.latency_measure`); a failed check fails the engine, the run's exit
+code is 1. Writes ``latency.json``, ``latency.png`` and ``engines/<engine>/records.parquet`` (per
+record: arrival, commit time, batch) into ``--out``; docs/latency.md explains the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .args import add_latency_arguments
+from .latency_deltawheel import DeltaWheelLatencyEngine
+from .latency_engines import (
+    FileInput,
+    FloorEngine,
+    LatencyBenchError,
+    LatencyEngine,
+    RunningEngine,
+    SparkSqlEngine,
+    SparkTwsEngine,
+)
+from .latency_input import Generator, Schedule, file_name
+from .latency_log import DeltaLogTail, LogWatcher, file_batches
+from .latency_measure import (
+    COMMIT_TIME_SOURCES,
+    check_key_counts,
+    check_records,
+    percentiles,
+    record_times,
+    summarize,
+    version_times,
+)
+from .latency_report import engine_extras, format_table, ratios
+from .memory import MemorySampler
+
+__all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args", "main"]
+
+# name -> the engine, made from the run's settings
+ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
+    "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
+    "spark_tws": lambda _st: SparkTwsEngine(),
+    "spark_sql": lambda _st: SparkSqlEngine(),
+    "floor": lambda _st: FloorEngine(),
+}
+Say = Callable[[str], None]
+PREWARM_MAX_RATE = 1_000.0  # the pre-warm run warms code paths, not the engine's capacity
+
+
+@dataclass(frozen=True)
+class LatencySettings:
+    """One latency run's settings (the command line's, parsed once)."""
+
+    rate: float
+    seconds: float
+    engines: tuple[str, ...] = ("deltawheel", "spark_tws", "spark_sql", "floor")
+    out: Path = Path("bench-out/latency")
+    stages: int = 1
+    source: str = "files"
+    warmup_s: float = 10.0
+    seed: int = 7
+    keys: int = 50_000
+    generator: str = "thread"
+    drain_timeout_s: float = 120.0
+    progress_every_s: float = 5.0
+    commit_time: str = "mtime"
+    watch_log: bool = False
+    prewarm_s: float = 5.0
+    zk: str | None = None  # deltawheel's ZooKeeper (host:port[/chroot]); None: the store's embedded server
+
+    def schedule(self) -> Schedule:
+        """The input schedule every engine gets."""
+        return Schedule(rate=self.rate, seconds=self.seconds, seed=self.seed, keys=self.keys)
+
+    def check(self) -> None:
+        """Refuse what this benchmark cannot run (before any engine starts).
+
+        Raises:
+            LatencyBenchError: an unknown engine or option value, a stage count or source not
+                supported yet, or a warm-up that leaves no steady state.
+        """
+        unknown = [e for e in self.engines if e not in ENGINES]
+        if unknown or not self.engines:
+            raise LatencyBenchError(f"unknown engine(s) {unknown or '(none given)'}; choose among {sorted(ENGINES)}")
+        if self.stages not in (1, 3):
+            raise LatencyBenchError(f"--stages must be 1 or 3, not {self.stages}")
+        if self.stages == 3:
+            raise LatencyBenchError(
+                "--stages 3 needs deltawheel's continuous pipeline runner (every stage's query live at once, "
+                "downstream stages reading their upstream stream tables as deliveries land), which deltawheel "
+                "does not have yet; run --stages 1")
+        if self.source == "kafka":
+            raise LatencyBenchError(
+                "--source kafka is not available yet: engine.start takes no Kafka injector (KafkaInjector feeds "
+                "an executor through its own tracking wrapper) and the benchmark has no Kafka producer that "
+                "keeps a 100-200 ms schedule; run --source files")
+        if self.source != "files":
+            raise LatencyBenchError(f"--source must be files or kafka, not {self.source!r}")
+        if self.rate <= 0 or self.seconds <= 0:
+            raise LatencyBenchError(f"--rate and --seconds must be positive (got {self.rate}, {self.seconds})")
+        if self.warmup_s >= self.seconds:
+            raise LatencyBenchError(f"--warmup {self.warmup_s:g} s leaves no steady state in --seconds "
+                                    f"{self.seconds:g}: make the run longer or the warm-up shorter")
+        if self.commit_time not in COMMIT_TIME_SOURCES:
+            raise LatencyBenchError(f"--commit-time must be one of {COMMIT_TIME_SOURCES}, not {self.commit_time!r}")
+        if self.prewarm_s < 0:
+            raise LatencyBenchError(f"--prewarm must be >= 0 seconds, not {self.prewarm_s:g}")
+        if self.generator not in Generator.MODES:
+            raise LatencyBenchError(f"--generator must be one of {Generator.MODES}, not {self.generator!r}")
+
+
+def _fresh(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _drained(schedule: Schedule, tails: Sequence[DeltaLogTail], kinds: Sequence[str], expected: int) -> bool:
+    """Whether the last stage's output accounts for ``expected`` input records."""
+    rows, kind = tails[-1].rows(), kinds[-1]
+    if rows is None:
+        return False
+    if kind == "records":
+        return int(np.unique(rows.column("record_id").to_numpy()).size) >= expected
+    counts = rows.group_by("key").aggregate([("count", "max")])
+    return int(np.asarray(counts.column("count_max").to_numpy()).sum()) >= expected
+
+
+def _file_batch_array(schedule: Schedule, checkpoint: Path) -> np.ndarray:
+    by_name = file_batches(checkpoint)
+    return np.array([by_name.get(file_name(i), -1) for i in range(schedule.n_files)], np.int64)
+
+
+def _progress_line(name: str, elapsed: float, schedule: Schedule, log_renamed: np.ndarray, tail: DeltaLogTail,
+                   new: pa.Table | None, batches: int, window_s: float) -> str:
+    arrived = int(np.nansum(np.where(np.isnan(log_renamed), 0, schedule.counts)))
+    line = f"[{name}] {elapsed:5.1f} s: {arrived:,} records in, {tail.row_count:,} output rows, {batches} batches"
+    if new is not None and new.num_rows and "record_id" in new.column_names:
+        rid = np.asarray(new.column("record_id").to_numpy())
+        ok = (rid >= 0) & (rid < schedule.total)
+        vt = version_times(tail.versions, "mtime")
+        t = np.array([vt[int(v)] for v in np.asarray(new.column("version").to_numpy())[ok]])
+        lat = t - log_renamed[schedule.file_of[rid[ok]]]
+        p = percentiles(lat)
+        if p["n"]:
+            line += f"; last {window_s:.0f} s: p50 {p['p50']:.2f} s, max {p['max']:.2f} s"
+    return line
+
+
+def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: Say) -> dict[str, Any]:
+    schedule = st.schedule()
+    gen = Generator(schedule, folder=work / "input", staging=work / "staging", log=work / "input-log.jsonl",
+                    mode=st.generator)
+    gen.prime()
+    t_start = time.time()
+    try:
+        run: RunningEngine = ENGINES[name](st).start(FileInput(work / "input"), spark=spark, work_dir=work,
+                                                   stages=st.stages)
+    except BaseException:
+        gen.stop()  # a child generator waits for its start
+        raise
+    start_s = time.time() - t_start
+    say(f"[{name}] started in {start_s:.1f} s; input: {schedule.n_files} files, {schedule.total:,} records over "
+        f"{st.seconds:g} s")
+    tails = [DeltaLogTail(o.table, o.normalize) for o in run.outputs]
+    kinds = [o.kind for o in run.outputs]
+    watchers = [LogWatcher(o.table).start() for o in run.outputs] if st.watch_log else []
+    error: str | None = None
+    t0 = gen.start()
+    gen_end = t0 + float(schedule.offsets_s[-1])
+    last_tick = t0
+    try:
+        while True:
+            time.sleep(1.0)
+            now = time.time()
+            generating = gen.running()
+            if generating and now - last_tick < st.progress_every_s:
+                continue
+            run.poll()
+            error = run.error()
+            new = [t.poll() for t in tails][-1]
+            if now - last_tick >= st.progress_every_s or error:
+                say(_progress_line(name, now - t0, schedule, gen.read_log().renamed, tails[-1], new,
+                                   len(run.progress(len(tails))), now - last_tick))
+                last_tick = now
+            if error:
+                break
+            if not generating:
+                renamed = gen.read_log().renamed
+                expected = int(schedule.counts[~np.isnan(renamed)].sum())
+                if _drained(schedule, tails, kinds, expected):
+                    break
+                if now > gen_end + st.drain_timeout_s:
+                    error = (f"not drained: the output did not hold every input record {st.drain_timeout_s:g} s "
+                             "after the last input file (the engine fell behind the rate; see --drain-timeout)")
+                    break
+    finally:
+        gen.stop()
+        try:
+            run.stop()
+        except Exception as exc:  # noqa: BLE001 - reported as the engine's failure
+            error = error or f"stop failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        seen = [w.stop() for w in watchers]
+    for t in tails:
+        t.poll()
+    log = gen.read_log()
+    stages: list[dict[str, Any]] = []
+    commits: list[np.ndarray] = []
+    checks: list[dict[str, Any]] = []
+    for i, (o, tail) in enumerate(zip(run.outputs, tails, strict=True)):
+        fb = _file_batch_array(schedule, o.checkpoint)
+        rows = tail.rows()
+        if o.kind == "records":
+            cks = check_records(schedule, rows, renamed=log.renamed, counted=name != "floor")
+        else:
+            cks = check_key_counts(schedule, rows, file_batch=fb, renamed=log.renamed)
+        checks += [{"stage": o.stage, **c.to_dict()} for c in cks]
+        vt = version_times(tail.versions, st.commit_time)
+        commit, batch = record_times(schedule, rows, kind=o.kind, vtime=vt, file_batch=fb)
+        details = run.batch_details(o.stage)
+        summary = summarize(schedule, log, t0=t0, warmup_s=st.warmup_s, commit=commit, batch=batch,
+                            progress=run.progress(o.stage),
+                            work_s={b: d["wall_s"] for b, d in details.items() if "wall_s" in d})
+        extras = engine_extras(schedule, log, t0=t0, warmup_s=st.warmup_s, commit=commit, batch=batch,
+                               progress=run.progress(o.stage), details=details, versions=tail.versions,
+                               seen=seen[i] if seen else None)
+        stage: dict[str, Any] = {"stage": o.stage, "output": o.name, "kind": o.kind, "table": str(o.table),
+                                 "versions": len(tail.versions), "rows": tail.row_count, **summary, **extras}
+        if commits:
+            arrival = log.renamed[schedule.file_of]
+            steady = arrival >= t0 + st.warmup_s
+            stage["added_latency_s"] = percentiles((commit - commits[-1])[steady])
+        commits.append(commit)
+        stages.append(stage)
+    _save_records(work / "records.parquet", schedule, log.renamed, commits, t0)
+    renamed = ~np.isnan(log.renamed)
+    last = stages[-1]
+    ok = error is None and all(c["ok"] for c in checks)
+    return {"ok": ok, "error": error, "start_s": round(start_s, 3), "checks": checks,
+            "latency_s": last["latency_s"], "throughput": last["throughput"], "batches": last["batches"],
+            "breakdown_s": last["breakdown_s"], "stages": stages,
+            "input": {"files_renamed": int(renamed.sum()), "records": int(schedule.counts[renamed].sum()),
+                      "t0": t0, "generator": st.generator, "rename_lateness": log.lateness()},
+            "settings": run.settings}
+
+
+def _save_records(path: Path, schedule: Schedule, renamed: np.ndarray, commits: Sequence[np.ndarray], t0: float) -> None:
+    cols: dict[str, Any] = {"record_id": np.arange(schedule.total), "file": schedule.file_of,
+                            "arrival_s": renamed[schedule.file_of] - t0}
+    for i, c in enumerate(commits, start=1):
+        cols[f"latency_s_stage{i}"] = c - renamed[schedule.file_of]
+    pq.write_table(pa.table(cols), path)
+
+
+def _machine(spark: Any) -> dict[str, Any]:
+    from .throughput import _machine_info
+
+    info = _machine_info(spark)
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True,
+                                    text=True, check=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        head, dirty = None, None
+    info["commit"] = head
+    info["commit_dirty"] = dirty
+    return info
+
+
+def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None = print) -> dict[str, Any]:
+    """Run ``st.engines`` one after another on the same schedule; write and return the report.
+
+    ``spark``: a session to make the benchmark's child session from (default: one is built).
+
+    Raises:
+        LatencyBenchError: as :meth:`LatencySettings.check`.
+    """
+    st.check()
+    say = progress or (lambda _m: None)
+    from .engines_spark import SPARK_BENCH_CONF
+
+    conf = {**SPARK_BENCH_CONF, "spark.sql.streaming.numRecentProgressUpdates": "10000"}
+    out = Path(st.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    if spark is None:
+        from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+
+        session = build_spark(SparkSettings(app_name="deltawheel-bench-latency", log_level="ERROR", extra=conf))
+    else:
+        session = spark.newSession()
+    for k, v in conf.items():
+        if k.startswith("spark.sql."):
+            session.conf.set(k, v)
+    say(f"spark session ready in {time.perf_counter() - t:.1f} s; engines one after another: {', '.join(st.engines)}")
+    engines: dict[str, dict[str, Any]] = {}
+    prewarm: dict[str, Any] = {}
+    for name in st.engines:
+        if st.prewarm_s > 0:  # JVM classes, code generation, Python workers: not charged to the first engine
+            warm = replace(st, rate=min(st.rate, PREWARM_MAX_RATE), seconds=st.prewarm_s, warmup_s=0.0,
+                           seed=st.seed + 1, watch_log=False,
+                           progress_every_s=max(st.progress_every_s, st.prewarm_s))
+            say(f"[{name}] pre-warm run of {st.prewarm_s:g} s (not measured)")
+            w = _run_engine(name, warm, spark=session, work=_fresh(out / "prewarm" / name), say=say)
+            prewarm[name] = {"ok": w["ok"], "error": w["error"], "latency_s": w["latency_s"]}
+        with MemorySampler(interval_s=1.0) as mem:
+            res = _run_engine(name, st, spark=session, work=_fresh(out / "engines" / name), say=say)
+        res["peak_memory"] = mem.peak.to_dict()
+        engines[name] = res
+        lat = res["latency_s"]
+        say(f"[{name}] {'ok' if res['ok'] else 'FAILED'}: p50 {lat['p50']} s, p99 {lat['p99']} s, max {lat['max']} s "
+            f"over {lat['n']:,} steady-state records")
+    schedule = st.schedule()
+    report: dict[str, Any] = {
+        "benchmark": "latency", "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(st).items()},
+                     "schedule": schedule.to_dict(), "run_order": "one engine at a time, each on its own copy "
+                     "of the same schedule (same seed), in one Spark session",
+                     "latency": "commit time of the output's Delta version (the <v>.json mtime, or commitInfo) "
+                                "minus the input file's rename time"},
+        "machine": _machine(session), "spark_conf": conf, "engines": engines, "ratios": ratios(engines),
+        "prewarm": prewarm,
+    }
+    (out / "latency.json").write_text(json.dumps(report, indent=1, default=str))
+    from .latency_plot import plot_latency
+
+    plot_latency(report, out / "latency.png")
+    say(format_table(report))
+    say(f"wrote {out / 'latency.json'} and {out / 'latency.png'}")
+    return report
+
+
+def settings_from_args(args: argparse.Namespace) -> LatencySettings:
+    """The parsed command line as :class:`LatencySettings`."""
+    return LatencySettings(
+        rate=float(args.rate), seconds=float(args.seconds),
+        engines=tuple(e.strip() for e in str(args.engines).split(",") if e.strip()), out=Path(args.out),
+        stages=int(args.stages), source=str(args.source), warmup_s=float(args.warmup), seed=int(args.seed),
+        keys=int(args.keys), generator=str(args.generator), drain_timeout_s=float(args.drain_timeout),
+        progress_every_s=float(args.progress_every), commit_time=str(args.commit_time),
+        watch_log=bool(args.watch_log), prewarm_s=float(args.prewarm), zk=args.zk)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """``deltawheel bench latency``: 0 if every engine's output passed its checks, else 1."""
+    report = run_latency(settings_from_args(args))
+    return 0 if all(e["ok"] for e in report["engines"].values()) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the latency benchmark from ``argv``."""
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    add_latency_arguments(p)
+    return run_from_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""The latency benchmark's engines: the interface, and Spark's own peers.
+
+An engine starts a continuous streaming query over the input and says which Delta tables to
+measure; the benchmark feeds the input on its schedule, follows the tables' logs and stops it::
+
+    class LatencyEngine(Protocol):
+        name: str
+        stages: tuple[int, ...]          # the --stages it supports
+        def start(self, source, *, spark, work_dir, stages) -> RunningEngine
+
+    class RunningEngine(Protocol):
+        outputs: tuple[StageOutput, ...]  # one per stage, in order: what to measure
+        settings: dict                    # what ran (trigger, sink, limits...) for the JSON
+        def poll(self) -> None            # collect Spark's progress reports so far
+        def progress(self, stage) -> list[dict]   # executed batches' progress reports
+        def batch_details(self, stage) -> dict[int, dict]  # the engine's own per-batch figures
+        def error(self) -> str | None     # the query's failure, if it failed
+        def stop(self) -> None
+
+``source`` is a :class:`FileInput` (a folder of Parquet files in :data:`INPUT_DDL`); a Kafka
+input would be another source type taken by the same ``start``. Each :class:`StageOutput` names
+its Delta table, the query's checkpoint (whose file-source log maps input files to batches:
+``latency_log.file_batches``) and how to turn the table's rows into the benchmark's columns
+(``latency_measure``'s ``records`` or ``key_counts`` kind).
+
+Spark's peers here, each one query with the default trigger (the next micro-batch as soon as
+the previous one ended and new files are listed), every new file per batch (no
+``maxFilesPerTrigger``), in the shared session with the RocksDB state store provider:
+
+* ``floor``: the input copied to a Delta table (Delta sink, append): what a micro-batch costs
+  with no state.
+* ``spark_sql``: ``groupBy(key).count()`` in update mode, each batch's changed rows appended
+  to Delta with the batch id as ``txnVersion`` (idempotent: a replayed batch adds nothing).
+* ``spark_tws``: ``transformWithStateInPandas`` keeping a count per key in a ValueState and
+  emitting one row per input record (record id, key, running count), Delta sink.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltawheel.statestore.exceptions import ConfigError
+
+__all__ = ["LatencyBenchError", "INPUT_DDL", "FileInput", "StageOutput", "RunningEngine", "LatencyEngine", "SparkRun",
+           "FloorEngine", "SparkSqlEngine", "SparkTwsEngine", "records_from_spark", "key_number"]
+
+INPUT_DDL = "record_id string, key string, event_time timestamp"
+DEFAULT_TRIGGER = "default (ProcessingTime(0): the next micro-batch as soon as the last one ended and new input is listed)"
+
+
+class LatencyBenchError(ConfigError):
+    """The latency benchmark cannot run as asked (an unknown engine, a stage count or source an
+    engine does not support yet, settings that leave no steady state)."""
+
+
+@dataclass(frozen=True)
+class FileInput:
+    """The input folder the generator renames files into."""
+
+    folder: Path
+    schema_ddl: str = INPUT_DDL
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """A Delta table to measure: its stage (1..), kind and row normalization, and its query's
+    checkpoint."""
+
+    stage: int
+    name: str
+    table: Path
+    checkpoint: Path
+    kind: str  # "records" or "key_counts" (latency_measure)
+    normalize: Callable[[pa.Table], pa.Table] = field(repr=False)
+
+
+class RunningEngine(Protocol):
+    """A started engine (module docstring)."""
+
+    outputs: tuple[StageOutput, ...]
+    settings: dict[str, Any]
+
+    def poll(self) -> None:
+        """Collect the progress reports Spark has made since the last call."""
+
+    def progress(self, stage: int) -> list[dict[str, Any]]:
+        """The executed micro-batches' progress reports (plain dicts) of ``stage``'s query."""
+
+    def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
+        """The engine's own figures per batch id (e.g. deltawheel's batch reports); may be empty."""
+
+    def error(self) -> str | None:
+        """The query's failure, or None while it runs."""
+
+    def stop(self) -> None:
+        """Stop the queries and release what the engine holds."""
+
+
+class LatencyEngine(Protocol):
+    """What ``bench latency`` runs."""
+
+    name: str
+    stages: tuple[int, ...]
+
+    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> RunningEngine:
+        """Start the engine's queries on ``source``, keeping everything under ``work_dir``."""
+        ...
+
+
+def key_number(keys: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """``k00123`` -> 123."""
+    return pc.cast(pc.utf8_slice_codeunits(keys, 1), pa.int64())
+
+
+def records_from_spark(t: pa.Table) -> pa.Table:
+    """A Spark output of input records (``record_id``, ``key``, optional ``count``) in the
+    ``records`` kind."""
+    count = t.column("count") if "count" in t.column_names else pa.nulls(t.num_rows, pa.int64())
+    return pa.table({"record_id": pc.cast(t.column("record_id"), pa.int64()), "key": key_number(t.column("key")),
+                     "count": pc.cast(count, pa.int64())})
+
+
+def key_counts_from_spark(t: pa.Table) -> pa.Table:
+    """The SQL engine's (``key``, ``count``, ``batch_id``) rows in the ``key_counts`` kind."""
+    return pa.table({"batch_id": pc.cast(t.column("batch_id"), pa.int64()), "key": key_number(t.column("key")),
+                     "count": pc.cast(t.column("count"), pa.int64())})
+
+
+def progress_dicts(query: Any) -> list[dict[str, Any]]:
+    """A query's recent progress reports as plain dicts."""
+    out = []
+    for p in query.recentProgress:
+        raw = getattr(p, "json", None)
+        out.append(json.loads(raw) if isinstance(raw, str) else json.loads(json.dumps(p, default=str)))
+    return out
+
+
+class SparkRun:
+    """One or more started Spark queries (one per stage) and their progress reports."""
+
+    def __init__(self, queries: list[Any], outputs: tuple[StageOutput, ...], settings: Mapping[str, Any]) -> None:
+        self.queries = queries
+        self.outputs = outputs
+        self.settings = dict(settings)
+        self._progress: list[dict[int, dict[str, Any]]] = [{} for _ in queries]
+
+    def poll(self) -> None:
+        """Keep every executed batch's report (idle triggers report no ``addBatch``)."""
+        for q, seen in zip(self.queries, self._progress, strict=True):
+            for p in progress_dicts(q):
+                if "addBatch" in p.get("durationMs", {}):
+                    seen[int(p["batchId"])] = p
+
+    def progress(self, stage: int) -> list[dict[str, Any]]:
+        """Executed batches' reports of ``stage``, by batch id."""
+        return [p for _b, p in sorted(self._progress[stage - 1].items())]
+
+    def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
+        """Spark's engines have no figures of their own beyond the progress reports."""
+        return {}
+
+    def error(self) -> str | None:
+        """The first failed query's exception."""
+        for q in self.queries:
+            exc = q.exception()
+            if exc is not None:
+                return str(exc).splitlines()[0]
+            if not q.isActive:
+                return "the query stopped"
+        return None
+
+    def stop(self) -> None:
+        """Stop every query (after a last poll of their reports)."""
+        self.poll()
+        for q in self.queries:
+            if q.isActive:
+                q.stop()
+
+
+def _settings(spark: Any, **extra: Any) -> dict[str, Any]:
+    return {"trigger": DEFAULT_TRIGGER, "maxFilesPerTrigger": "unset (every new file)",
+            "spark.sql.shuffle.partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+            "state_store": spark.conf.get("spark.sql.streaming.stateStore.providerClass", None), **extra}
+
+
+def _input(spark: Any, source: FileInput) -> Any:
+    return spark.readStream.schema(source.schema_ddl).parquet(str(source.folder))
+
+
+def _check_stages(name: str, stages: int) -> None:
+    if stages != 1:
+        raise LatencyBenchError(f"engine {name} runs 1 stage only (asked {stages})")
+
+
+class FloorEngine:
+    """Parquet -> Delta, no state (module docstring)."""
+
+    name = "floor"
+    stages: tuple[int, ...] = (1,)
+
+    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
+        """Start the copy query."""
+        _check_stages(self.name, stages)
+        out, chk = work_dir / "output", work_dir / "checkpoint"
+        q = (_input(spark, source).writeStream.format("delta").outputMode("append")
+             .option("checkpointLocation", str(chk)).queryName("latency_floor").start(str(out)))
+        outputs = (StageOutput(1, "copy", out, chk, "records", records_from_spark),)
+        return SparkRun([q], outputs, _settings(spark, sink="Delta sink (append; exactly-once by its txn per batch)",
+                                                 operator="none (stateless copy)"))
+
+
+class SparkSqlEngine:
+    """Spark SQL's running count per key (module docstring)."""
+
+    name = "spark_sql"
+    stages: tuple[int, ...] = (1,)
+
+    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
+        """Start ``groupBy(key).count()`` in update mode into a Delta table by foreachBatch."""
+        from pyspark.sql import functions as F
+
+        _check_stages(self.name, stages)
+        out, chk = work_dir / "output", work_dir / "checkpoint"
+        app_id = f"latency-spark-sql-{work_dir.name}"
+
+        def write(df: Any, batch_id: int) -> None:
+            (df.withColumn("batch_id", F.lit(batch_id).cast("long")).write.format("delta").mode("append")
+             .option("txnAppId", app_id).option("txnVersion", batch_id).save(str(out)))
+
+        q = (_input(spark, source).groupBy("key").count().writeStream.outputMode("update")
+             .foreachBatch(write).option("checkpointLocation", str(chk)).queryName("latency_spark_sql").start())
+        outputs = (StageOutput(1, "counts", out, chk, "key_counts", key_counts_from_spark),)
+        return SparkRun([q], outputs, _settings(
+            spark, operator="groupBy(key).count(), output mode update",
+            sink="foreachBatch: each batch's changed (key, count) rows appended to Delta with txnAppId/txnVersion "
+                 "= batch id (exactly-once)"))
+
+
+def _make_processor() -> Any:
+    """The running count as a StatefulProcessor (built lazily: importing this module needs no pyspark)."""
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class RunningCountProcessor(StatefulProcessor):
+        """Per key a ValueState count; one output row per input record with its running count."""
+
+        def init(self, handle: Any) -> None:
+            self._count = handle.getValueState("count", "c long")
+
+        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+            n = int(self._count.get()[0]) if self._count.exists() else 0
+            for pdf in rows:
+                m = len(pdf)
+                yield pd.DataFrame({"record_id": pdf["record_id"].to_numpy(), "key": [key[0]] * m,
+                                    "count": np.arange(n + 1, n + m + 1, dtype=np.int64)})
+                n += m
+            self._count.update((n,))
+
+        def close(self) -> None:
+            pass
+
+    return RunningCountProcessor()
+
+
+class SparkTwsEngine:
+    """transformWithStateInPandas with RocksDB (module docstring)."""
+
+    name = "spark_tws"
+    stages: tuple[int, ...] = (1,)
+
+    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
+        """Start the per-record running count into a Delta sink."""
+        _check_stages(self.name, stages)
+        out, chk = work_dir / "output", work_dir / "checkpoint"
+        df = (_input(spark, source).select("record_id", "key").groupBy("key")
+              .transformWithStateInPandas(statefulProcessor=_make_processor(),
+                                          outputStructType="record_id string, key string, count long",
+                                          outputMode="Append", timeMode="None"))
+        q = (df.writeStream.format("delta").outputMode("append").option("checkpointLocation", str(chk))
+             .queryName("latency_spark_tws").start(str(out)))
+        outputs = (StageOutput(1, "counts", out, chk, "records", records_from_spark),)
+        return SparkRun([q], outputs, _settings(
+            spark, operator="transformWithStateInPandas (ValueState count per key, one row per record)",
+            sink="Delta sink (append; exactly-once by its txn per batch)"))

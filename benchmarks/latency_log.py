@@ -1,0 +1,185 @@
+"""Reading an output Delta table's log as it grows, and a streaming query's file-source log.
+
+:class:`DeltaLogTail` follows ``<table>/_delta_log/<v>.json``: for every new version it keeps
+the commit's times -- ``commitInfo.timestamp`` (the writer's clock when it prepared the commit)
+and the ``<v>.json`` file's mtime (written just before the log store's rename makes the version
+visible) -- and reads the data files the version added (``add`` actions with ``dataChange``),
+turning their rows into the benchmark's columns with the engine's ``normalize`` function plus a
+``version`` column. Compactions (``dataChange: false``) add no rows. It is polled from the
+benchmark's progress loop and once more at the end.
+
+:class:`LogWatcher` lists ``_delta_log`` every few milliseconds in a thread and notes when each
+version file is first seen: the moment the version became readable, within the polling
+interval; it measures which of the two recorded times is closer to it.
+
+:func:`file_batches` reads which micro-batch read each input file from a streaming query's
+checkpoint (Spark's file source log ``sources/0/<batch>``, compacted every 10 batches into
+``<batch>.compact``: one JSON line per file with its ``batchId``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["VersionInfo", "DeltaLogTail", "LogWatcher", "file_batches"]
+
+Normalize = Callable[[pa.Table], pa.Table]
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One version of an output table: its times (seconds since the epoch), operation and rows."""
+
+    version: int
+    commit_info_s: float | None  # commitInfo.timestamp
+    mtime_s: float  # the <v>.json file's modification time
+    operation: str
+    added_files: int
+    rows: int
+    txns: tuple[tuple[str, int], ...]  # (appId, version) of the commit's SetTransaction actions
+
+
+def _data_path(table: Path, path: str) -> Path:
+    if "://" in path:
+        return Path(unquote(urlparse(path).path))
+    if path.startswith("/"):
+        return Path(unquote(path))
+    return table / unquote(path)
+
+
+class DeltaLogTail:
+    """Follows one Delta table's log (module docstring). ``rows()`` holds every row read so far."""
+
+    def __init__(self, table: Path, normalize: Normalize) -> None:
+        self.table = Path(table)
+        self.log_dir = self.table / "_delta_log"
+        self.normalize = normalize
+        self.versions: dict[int, VersionInfo] = {}
+        self._parts: list[pa.Table] = []
+        self._next = 0
+
+    def poll(self) -> pa.Table | None:
+        """Read every version committed since the last poll; returns their rows (None if none)."""
+        new: list[pa.Table] = []
+        while True:
+            f = self.log_dir / f"{self._next:020d}.json"
+            try:
+                mtime = f.stat().st_mtime
+                text = f.read_text()
+            except FileNotFoundError:
+                break
+            info, paths = self._parse(self._next, text, mtime)
+            tables = [self.normalize(pq.read_table(_data_path(self.table, p))) for p in paths]
+            tables = [t for t in tables if t.num_rows]
+            rows = sum(t.num_rows for t in tables)
+            self.versions[self._next] = VersionInfo(
+                version=info.version, commit_info_s=info.commit_info_s, mtime_s=info.mtime_s,
+                operation=info.operation, added_files=info.added_files, rows=rows, txns=info.txns)
+            for t in tables:
+                new.append(t.append_column("version", pa.array([self._next] * t.num_rows, pa.int64())))
+            self._next += 1
+        if not new:
+            return None
+        out = pa.concat_tables(new, promote_options="default")
+        self._parts.append(out)
+        return out
+
+    @staticmethod
+    def _parse(version: int, text: str, mtime: float) -> tuple[VersionInfo, list[str]]:
+        commit_s: float | None = None
+        operation = ""
+        paths: list[str] = []
+        txns: list[tuple[str, int]] = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "commitInfo" in action:
+                ci = action["commitInfo"]
+                ts = ci.get("inCommitTimestamp", ci.get("timestamp"))
+                commit_s = None if ts is None else ts / 1000
+                operation = str(ci.get("operation", ""))
+            elif "add" in action and action["add"].get("dataChange", True):
+                paths.append(action["add"]["path"])
+            elif "txn" in action:
+                txns.append((str(action["txn"]["appId"]), int(action["txn"]["version"])))
+        return VersionInfo(version, commit_s, mtime, operation, len(paths), 0, tuple(txns)), paths
+
+    def rows(self) -> pa.Table | None:
+        """Every row read so far, with its ``version`` (None before the first data)."""
+        if not self._parts:
+            return None
+        if len(self._parts) > 1:
+            self._parts = [pa.concat_tables(self._parts, promote_options="default")]
+        return self._parts[0]
+
+    @property
+    def row_count(self) -> int:
+        """Rows read so far."""
+        return sum(t.num_rows for t in self._parts)
+
+
+class LogWatcher:
+    """Notes when each ``<v>.json`` of a table's log first appears (polling ``interval_s``)."""
+
+    def __init__(self, table: Path, *, interval_s: float = 0.005) -> None:
+        self.log_dir = Path(table) / "_delta_log"
+        self.interval_s = interval_s
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="delta-log-watcher", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                names = os.listdir(self.log_dir)
+            except FileNotFoundError:
+                names = []
+            now = time.time()
+            for n in names:
+                if n.endswith(".json") and len(n) == 25 and n[:20].isdigit():
+                    self.seen.setdefault(int(n[:20]), now)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> LogWatcher:
+        """Start watching in a daemon thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[int, float]:
+        """Stop; returns version -> first seen (seconds since the epoch)."""
+        self._stop.set()
+        self._thread.join()
+        return dict(self.seen)
+
+
+def file_batches(checkpoint: Path, source: int = 0) -> dict[str, int]:
+    """Input file name -> the micro-batch that read it, from a streaming query's checkpoint
+    (Spark's file source log; a file listed twice keeps its first batch)."""
+    d = Path(checkpoint) / "sources" / str(source)
+    out: dict[str, int] = {}
+    if not d.is_dir():
+        return out
+    names = [n for n in os.listdir(d) if not n.startswith(".") and n.split(".")[0].isdigit()]
+    for n in sorted(names, key=lambda s: int(s.split(".")[0])):
+        try:
+            lines = (d / n).read_text().splitlines()
+        except FileNotFoundError:  # compacted away meanwhile
+            continue
+        for line in lines[1:]:  # the first line is the log's version ("v1")
+            if not line.strip():
+                continue
+            e = json.loads(line)
+            name = unquote(str(e["path"]).rsplit("/", 1)[-1])
+            out.setdefault(name, int(e["batchId"]))
+    return out

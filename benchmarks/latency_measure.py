@@ -1,0 +1,264 @@
+"""From an engine's output rows to each record's latency, and the exactly-once checks.
+
+Every input record has an arrival time (its file's rename, :class:`~.latency_input.InputLog`).
+An output table's rows (read from its Delta log by :class:`~.latency_log.DeltaLogTail`) come in
+one of two kinds, normalized by the engine:
+
+* ``records``: one row per input record -- ``record_id``, ``key`` (key number), ``count`` (the
+  running count the engine gave it; null for a stateless engine) and ``version``. The record's
+  output is visible at that version's commit.
+* ``key_counts``: one row per (micro-batch, key) whose count changed -- ``batch_id``, ``key``,
+  ``count``, ``version`` (a stateful SQL aggregation in update mode). A record counts into its
+  key's row of the batch that read its file (:func:`~.latency_log.file_batches`), so its output
+  is visible at the version holding that batch's rows.
+
+:func:`check_records` / :func:`check_key_counts` say whether the output holds every input
+record exactly once (and the counts are right); :func:`record_times` gives each record's commit
+time and batch; :func:`summarize` the percentiles over the steady state (records arriving after
+the warm-up), latency over time and where the time went.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .latency_input import InputLog, Schedule
+
+__all__ = ["Check", "check_records", "check_key_counts", "record_times", "percentiles", "summarize",
+           "version_times", "iso_seconds", "COMMIT_TIME_SOURCES"]
+
+COMMIT_TIME_SOURCES = ("mtime", "commit_info")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of an engine's output: its name, whether it held, and what was found."""
+
+    name: str
+    ok: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+def _col(t: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(t.column(name).to_numpy(zero_copy_only=False))
+
+
+def _ids(schedule: Schedule, rows: pa.Table | None) -> tuple[np.ndarray, int]:
+    """(record ids in range, the number of ids out of range)."""
+    if rows is None or rows.num_rows == 0:
+        return np.zeros(0, np.int64), 0
+    rid = _col(rows, "record_id").astype(np.int64)
+    ok = (rid >= 0) & (rid < schedule.total)
+    return rid[ok], int((~ok).sum())
+
+
+def check_records(schedule: Schedule, rows: pa.Table | None, *, renamed: np.ndarray | None = None,
+                  counted: bool = True) -> list[Check]:
+    """Checks of a ``records`` output: every record renamed into the input (``renamed``: per file,
+    NaN if not; default every file) exactly once, with its own key, and (``counted``) each key's
+    running counts exactly 1..n for its n records."""
+    expected = np.ones(schedule.total, bool) if renamed is None else ~np.isnan(renamed[schedule.file_of])
+    rid, bad = _ids(schedule, rows)
+    seen = np.bincount(rid, minlength=schedule.total)
+    missing = int(((seen == 0) & expected).sum())
+    dup = int((seen > 1).sum())
+    extra = int(((seen > 0) & ~expected).sum()) + bad
+    checks = [Check("exactly_once", missing == 0 and dup == 0 and extra == 0,
+                    f"{int(expected.sum())} input records: {missing} missing, {dup} more than once"
+                    f" ({int((seen[seen > 1] - 1).sum())} extra rows), {extra} unknown ids")]
+    if rows is None or rows.num_rows == 0:
+        return checks
+    keys = _col(rows, "key").astype(np.int64)
+    ok_rows = (_col(rows, "record_id").astype(np.int64) >= 0) & (_col(rows, "record_id").astype(np.int64) < schedule.total)
+    wrong_key = int((keys[ok_rows] != schedule.key_ids[rid]).sum())
+    checks.append(Check("keys", wrong_key == 0, f"{wrong_key} rows with another key than their record's"))
+    if counted:
+        counts = _col(rows, "count").astype(np.int64)
+        order = np.lexsort((counts, keys))
+        k, c = keys[order], counts[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(k)) + 1]
+        rank = np.arange(k.size) - np.repeat(starts, np.diff(np.r_[starts, k.size])) + 1
+        per_key_in = np.bincount(schedule.key_ids[expected], minlength=schedule.keys)
+        per_key_out = np.bincount(k, minlength=schedule.keys) if k.size else np.zeros(schedule.keys, np.int64)
+        bad_rank = int((c != rank).sum())
+        bad_n = int((per_key_in != per_key_out[:schedule.keys]).sum())
+        checks.append(Check("running_counts", bad_rank == 0 and bad_n == 0,
+                            f"{bad_rank} rows whose count is not its rank among its key's rows; "
+                            f"{bad_n} keys whose number of rows differs from their input records"))
+    return checks
+
+
+def check_key_counts(schedule: Schedule, rows: pa.Table | None, *, file_batch: np.ndarray,
+                     renamed: np.ndarray | None = None) -> list[Check]:
+    """Checks of a ``key_counts`` output against the input and the batch that read each file
+    (``file_batch``: per file, -1 if no batch read it): every renamed file read by one batch, one
+    row per (batch, key), each row's count its key's previous count plus the batch's records of
+    that key, and each key's last count its number of input records."""
+    expected_files = np.ones(schedule.n_files, bool) if renamed is None else ~np.isnan(renamed)
+    unread = int(((file_batch < 0) & expected_files).sum())
+    checks = [Check("files_read", unread == 0, f"{unread} of {int(expected_files.sum())} input files read by no batch")]
+    rec_batch = file_batch[schedule.file_of]
+    keep = (rec_batch >= 0) & expected_files[schedule.file_of]
+    want: dict[tuple[int, int], int] = {}
+    pairs, n = np.unique(np.stack([rec_batch[keep], schedule.key_ids[keep]]), axis=1, return_counts=True)
+    for b, k, c in zip(pairs[0].tolist(), pairs[1].tolist(), n.tolist(), strict=True):
+        want[(b, k)] = c
+    if rows is None or rows.num_rows == 0:
+        got_n = 0
+        dup = 0
+        got: dict[tuple[int, int], int] = {}
+        final: dict[int, int] = {}
+    else:
+        b, k, c = (_col(rows, x).astype(np.int64) for x in ("batch_id", "key", "count"))
+        order = np.lexsort((b, k))
+        b, k, c = b[order], k[order], c[order]
+        same = (np.diff(k) == 0) & (np.diff(b) == 0)
+        dup = int(same.sum())
+        prev = np.r_[0, c[:-1]]
+        prev[np.r_[True, np.diff(k) != 0]] = 0
+        got = {}
+        for bb, kk, inc in zip(b.tolist(), k.tolist(), (c - prev).tolist(), strict=True):
+            got[(bb, kk)] = got.get((bb, kk), 0) + inc
+        last = np.r_[np.flatnonzero(np.diff(k)), k.size - 1]
+        final = dict(zip(k[last].tolist(), c[last].tolist(), strict=True))
+        got_n = int(rows.num_rows)
+    checks.append(Check("one_row_per_batch_and_key", dup == 0, f"{dup} (batch, key) rows more than once of {got_n}"))
+    wrong = sum(1 for p in set(want) | set(got) if want.get(p, 0) != got.get(p, 0))
+    checks.append(Check("batch_increments", wrong == 0,
+                        f"{wrong} of {len(want)} (batch, key) pairs whose count increment differs from the "
+                        "batch's input records of that key"))
+    per_key = np.bincount(schedule.key_ids[expected_files[schedule.file_of]], minlength=schedule.keys)
+    bad_final = sum(1 for key in range(schedule.keys) if final.get(key, 0) != int(per_key[key]))
+    checks.append(Check("final_counts", bad_final == 0,
+                        f"{bad_final} of {int((per_key > 0).sum())} keys whose last count differs from their "
+                        "input records"))
+    return checks
+
+
+def version_times(versions: Mapping[int, Any], source: str) -> dict[int, float]:
+    """version -> commit time by ``source``: ``mtime`` (the ``<v>.json`` file's) or ``commit_info``
+    (``commitInfo.timestamp``; the mtime where missing)."""
+    if source not in COMMIT_TIME_SOURCES:
+        raise ValueError(f"commit time source must be one of {COMMIT_TIME_SOURCES}, not {source!r}")
+    out = {}
+    for v, info in versions.items():
+        t = info.commit_info_s if source == "commit_info" and info.commit_info_s is not None else info.mtime_s
+        out[v] = float(t)
+    return out
+
+
+def record_times(schedule: Schedule, rows: pa.Table | None, *, kind: str, vtime: Mapping[int, float],
+                 file_batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(commit time of each record's output -- the earliest, NaN if none --, its batch or -1)."""
+    commit = np.full(schedule.total, np.nan)
+    batch = file_batch[schedule.file_of]
+    if rows is None or rows.num_rows == 0:
+        return commit, batch
+    version = _col(rows, "version").astype(np.int64)
+    t = np.array([vtime[int(v)] for v in version]) if version.size else np.zeros(0)
+    if kind == "records":
+        rid = _col(rows, "record_id").astype(np.int64)
+        ok = (rid >= 0) & (rid < schedule.total)
+        rid, t = rid[ok], t[ok]
+        order = np.argsort(-t)  # earliest last: it wins the assignment
+        commit[rid[order]] = t[order]
+    elif kind == "key_counts":
+        b = _col(rows, "batch_id").astype(np.int64)
+        first: dict[int, float] = {}
+        for bb, tt in zip(b.tolist(), t.tolist(), strict=True):
+            first[bb] = min(tt, first.get(bb, tt))
+        commit = np.array([first.get(int(x), np.nan) for x in batch]) if batch.size else commit
+    else:
+        raise ValueError(f"unknown output kind {kind!r}")
+    return commit, batch
+
+
+def percentiles(values: np.ndarray) -> dict[str, float | int | None]:
+    """n, p50, p95, p99, max and mean of ``values`` (seconds, rounded to ms)."""
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return {"n": 0, "p50": None, "p95": None, "p99": None, "max": None, "mean": None}
+    p50, p95, p99 = np.percentile(v, [50, 95, 99])
+    return {"n": int(v.size), "p50": round(float(p50), 3), "p95": round(float(p95), 3), "p99": round(float(p99), 3),
+            "max": round(float(v.max()), 3), "mean": round(float(v.mean()), 3)}
+
+
+def _batch_durations(progress: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | int | None]]:
+    keys = sorted({k for p in progress for k in p.get("durationMs", {})})
+    return {k: percentiles(np.array([p["durationMs"].get(k, np.nan) / 1000 for p in progress], float)) for k in keys}
+
+
+_BEFORE_BATCH = ("latestOffset", "walCommit", "getBatch", "queryPlanning")
+
+
+def summarize(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, commit: np.ndarray,
+              batch: np.ndarray, progress: Sequence[Mapping[str, Any]], work_s: Mapping[int, float] | None = None,
+              bucket_s: float = 1.0) -> dict[str, Any]:
+    """The figures of one output: latency percentiles (and 101 quantiles) over the steady state,
+    throughput, latency over time (per ``bucket_s`` of arrival), Spark's batch durations and, per
+    record, where the time went (``breakdown_s``, over the steady state). ``work_s``: the engine's
+    own time inside each batch (deltawheel's ``foreachBatch`` call), split out of the rest."""
+    arrival = log.renamed[schedule.file_of]
+    latency = commit - arrival
+    steady = (arrival >= t0 + warmup_s) & ~np.isnan(arrival)
+    lat = latency[steady]
+    out: dict[str, Any] = {"latency_s": percentiles(lat)}
+    done_lat = lat[~np.isnan(lat)]
+    out["quantiles_s"] = [round(float(q), 4) for q in np.percentile(done_lat, np.arange(101))] if done_lat.size else []
+    arrived = steady.sum()
+    span = (np.nanmax(arrival[steady]) - np.nanmin(arrival[steady])) if arrived else 0.0
+    done = commit[steady]
+    done = done[~np.isnan(done)]
+    out["throughput"] = {
+        "input_records_per_s": round(float(arrived / span), 1) if span > 0 else None,
+        "output_records_per_s": round(float(done.size / (done.max() - done.min())), 1) if done.size > 1 and
+        done.max() > done.min() else None,
+        "steady_records": int(arrived), "steady_records_out": int(done.size)}
+    rel = arrival - t0
+    buckets: list[dict[str, Any]] = []
+    if np.any(~np.isnan(rel)):
+        edges = np.arange(np.floor(np.nanmin(rel)), np.nanmax(rel) + bucket_s, bucket_s)
+        idx = np.digitize(rel, edges) - 1
+        for i in range(len(edges)):
+            sel = (idx == i) & ~np.isnan(latency)
+            if sel.any():
+                v = latency[sel]
+                buckets.append({"t": round(float(edges[i]), 3), "n": int(sel.sum()),
+                                "p50": round(float(np.median(v)), 3), "max": round(float(v.max()), 3)})
+    out["over_time"] = buckets
+    prog = sorted({int(p["batchId"]): p for p in progress}.values(), key=lambda p: int(p["batchId"]))
+    out["batches"] = {"count": len(prog), "duration_s": _batch_durations(prog)}
+    # where a record's time went: its batch's trigger start (progress timestamp), Spark's steps
+    # before the batch's data is written (listing, offset log, getBatch, planning), then the rest
+    # to the visible commit
+    start = {int(p["batchId"]): iso_seconds(p["timestamp"]) for p in prog}
+    before = {int(p["batchId"]): sum(p.get("durationMs", {}).get(k, 0) for k in _BEFORE_BATCH) / 1000 for p in prog}
+    ts = np.array([start.get(int(b), np.nan) for b in batch]) if batch.size else np.zeros(0)
+    pre = np.array([before.get(int(b), np.nan) for b in batch]) if batch.size else np.zeros(0)
+    sel = steady & ~np.isnan(latency) & ~np.isnan(ts)
+    out["breakdown_s"] = {
+        "records": int(sel.sum()),
+        "waiting_for_trigger": percentiles((ts - arrival)[sel]),
+        "spark_before_write": percentiles(pre[sel]),
+        "write_to_visible_commit": percentiles((commit - ts - pre)[sel]),
+    }
+    if work_s:
+        work = np.array([work_s.get(int(b), np.nan) for b in batch]) if batch.size else np.zeros(0)
+        out["breakdown_s"]["batch_work"] = percentiles(work[sel])
+        out["breakdown_s"]["after_batch_work_to_visible"] = percentiles((commit - ts - pre - work)[sel])
+    return out
+
+
+def iso_seconds(ts: str) -> float:
+    """A progress report's ISO timestamp as seconds since the epoch."""
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()

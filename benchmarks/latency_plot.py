@@ -1,0 +1,61 @@
+"""The latency benchmark's figure: latency distribution per engine and latency over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["plot_latency"]
+
+COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"]
+
+
+def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
+    """Two panels from the report alone: left, each engine's steady-state latency as a CDF (its
+    101 quantiles, log scale); right, per second of arrival the median (solid) and maximum
+    (dotted) latency. A failed engine is labelled FAILED. Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (cdf, over) = plt.subplots(1, 2, figsize=(12, 4.8))
+    st = report.get("settings", {})
+    for i, (name, e) in enumerate(report["engines"].items()):
+        color = COLORS[i % len(COLORS)]
+        lat = e["latency_s"]
+        label = f"{name}: p50 {lat['p50']} s, p99 {lat['p99']} s" if lat["n"] else f"{name}: no output"
+        if not e["ok"]:
+            label += " (FAILED)"
+        q = e["stages"][-1].get("quantiles_s") or []
+        if q:
+            cdf.plot(q, [i / 100 for i in range(len(q))], color=color, label=label)
+        pts = e["stages"][-1].get("over_time") or []
+        if pts:
+            cdf_t = [p["t"] for p in pts]
+            over.plot(cdf_t, [p["p50"] for p in pts], color=color, label=name)
+            over.plot(cdf_t, [p["max"] for p in pts], color=color, linestyle=":", linewidth=1)
+    cdf.set_xscale("log")
+    cdf.set_xlabel("latency, arrival to visible Delta commit (s, log)")
+    cdf.set_ylabel("share of steady-state records")
+    cdf.grid(True, which="both", alpha=0.3)
+    cdf.legend(fontsize=8, loc="lower right")
+    over.set_yscale("log")
+    over.set_xlabel("arrival, s after the schedule's start")
+    over.set_ylabel("latency (s, log): median — / max ···")
+    over.axvline(float(st.get("warmup_s", 0)), color="gray", linewidth=0.8)
+    over.text(float(st.get("warmup_s", 0)), 0.02, " warm-up ends", transform=over.get_xaxis_transform(),
+              fontsize=8, color="gray", va="bottom")
+    over.grid(True, which="both", alpha=0.3)
+    over.legend(fontsize=8, loc="upper left")
+    m = report.get("machine", {})
+    fig.suptitle(f"latency at {float(st.get('rate', 0)):,.0f} records/s, {int(st.get('keys', 0)):,} keys, "
+                 f"{st.get('stages', 1)} stage(s), {float(st.get('seconds', 0)):g} s of input; "
+                 f"{m.get('logical_cores', '?')} cores, load {m.get('loadavg_1m_at_start', '?')} at start "
+                 f"({report.get('date', '')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

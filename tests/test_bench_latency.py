@@ -1,0 +1,159 @@
+"""``deltawheel bench latency``: the input schedule, the exactly-once checks (they pass on a right
+output and flag a duplicated, missing or miscounted record), what the command refuses, and a
+short real run of deltawheel and the stateless floor (correctness only, never speed; the full
+run of every engine is ``-m benchmark``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from deltawheel.benchmarks.latency import LatencyBenchError, LatencySettings, run_latency
+from deltawheel.benchmarks.latency_input import Schedule
+from deltawheel.benchmarks.latency_log import DeltaLogTail
+from deltawheel.benchmarks.latency_measure import check_key_counts, check_records
+from deltawheel.executor.cli import main as cli_main
+
+
+def _failed(checks: list) -> dict[str, str]:  # type: ignore[type-arg]
+    return {c.name: c.detail for c in checks if not c.ok}
+
+
+def _right_records(s: Schedule) -> pa.Table:
+    """One row per record with the running count a correct engine gives it (in record id order)."""
+    seen: dict[int, int] = {}
+    counts = []
+    for k in s.key_ids.tolist():
+        seen[k] = seen.get(k, 0) + 1
+        counts.append(seen[k])
+    return pa.table({"record_id": pa.array(np.arange(s.total), pa.int64()), "key": pa.array(s.key_ids, pa.int64()),
+                     "count": pa.array(counts, pa.int64()), "version": pa.array(np.zeros(s.total, np.int64))})
+
+
+def test_schedule_holds_every_record_once_at_the_rate() -> None:
+    s = Schedule(rate=500, seconds=4, seed=3, keys=50)
+    gaps = np.diff(s.offsets_s[1:])
+    assert gaps.min() >= 0.1 and gaps.max() <= 0.2 and s.offsets_s[-1] <= 4
+    # ids run 0..total-1 through the files in order, the files after the primer at the rate
+    assert s.first_ids[0] == 0 and np.all(np.diff(s.first_ids) == s.counts[:-1])
+    assert abs(int(s.counts[1:].sum()) - 500 * s.offsets_s[-1]) <= 1
+    assert set(np.unique(s.key_ids)) <= set(range(50)) and len(np.unique(s.key_ids)) == 50
+    assert np.array_equal(Schedule(rate=500, seconds=4, seed=3, keys=50).key_ids, s.key_ids)
+
+
+def test_record_checks_pass_on_a_right_output_and_flag_a_duplicate_a_gap_and_a_wrong_count() -> None:
+    s = Schedule(rate=200, seconds=2, seed=1, keys=20)
+    right = _right_records(s)
+    assert _failed(check_records(s, right)) == {}
+    dup = pa.concat_tables([right, right.slice(5, 1)])
+    assert set(_failed(check_records(s, dup))) == {"exactly_once", "running_counts"}
+    assert "1 more than once" in _failed(check_records(s, dup))["exactly_once"]
+    gap = pa.concat_tables([right.slice(0, 7), right.slice(8)])
+    assert "1 missing" in _failed(check_records(s, gap))["exactly_once"]
+    assert "1 missing" in _failed(check_records(s, gap, counted=False))["exactly_once"]
+    miscounted = right.set_column(2, "count", pa.array(np.ones(s.total, np.int64)))
+    assert set(_failed(check_records(s, miscounted))) == {"running_counts"}
+    # a record whose file was never renamed into the input is not expected
+    renamed = np.zeros(s.n_files)
+    renamed[-1] = np.nan
+    assert "unknown ids" in _failed(check_records(s, right, renamed=renamed))["exactly_once"]
+
+
+def test_key_count_checks_follow_each_batch_increment() -> None:
+    s = Schedule(rate=200, seconds=2, seed=2, keys=10)
+    file_batch = np.arange(s.n_files) // 3  # three files per batch
+    batch = file_batch[s.file_of]
+    rows, total = [], {}
+    for b in np.unique(batch).tolist():
+        for k, n in zip(*np.unique(s.key_ids[batch == b], return_counts=True), strict=True):
+            total[int(k)] = total.get(int(k), 0) + int(n)
+            rows.append({"batch_id": b, "key": int(k), "count": total[int(k)], "version": b})
+    right = pa.Table.from_pylist(rows)
+    assert _failed(check_key_counts(s, right, file_batch=file_batch)) == {}
+    twice = pa.concat_tables([right, right.slice(3, 1)])
+    assert set(_failed(check_key_counts(s, twice, file_batch=file_batch))) == {"one_row_per_batch_and_key"}
+    short = right.slice(0, right.num_rows - 1)  # the last batch's last key never updated
+    assert set(_failed(check_key_counts(s, short, file_batch=file_batch))) == {"batch_increments", "final_counts"}
+    unread = file_batch.copy()
+    unread[4] = -1
+    assert "1 of" in _failed(check_key_counts(s, right, file_batch=unread))["files_read"]
+
+
+def test_a_failed_check_is_printed_loudly() -> None:
+    from deltawheel.benchmarks.latency_report import format_table
+
+    lat = {"n": 10, "p50": 1.0, "p95": 1.0, "p99": 1.0, "max": 1.0}
+    common = {"latency_s": lat, "throughput": {"input_records_per_s": 10.0, "output_records_per_s": 10.0},
+              "batches": {"count": 1, "duration_s": {}}}
+    report = {"engines": {
+        "good": {**common, "ok": True, "error": None, "checks": [{"stage": 1, "name": "exactly_once", "ok": True,
+                                                                 "detail": "fine"}]},
+        "bad": {**common, "ok": False, "error": "not drained: ...",
+                "checks": [{"stage": 1, "name": "exactly_once", "ok": False, "detail": "3 missing"}]}}}
+    lines = format_table(report).splitlines()
+    assert [ln.split()[:2] for ln in lines[2:4]] == [["good", "ok"], ["bad", "FAILED"]]
+    assert lines[4:] == ["!!! bad FAILED: not drained: ...", "!!! bad FAILED check exactly_once (stage 1): 3 missing"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"stages": 3}, r"--stages 3 needs deltawheel's continuous pipeline runner"),
+    ({"source": "kafka"}, r"--source kafka is not available yet"),
+    ({"engines": ("deltawheel", "flink")}, r"unknown engine\(s\) \['flink'\]"),
+    ({"warmup_s": 10.0}, r"--warmup 10 s leaves no steady state in --seconds 5"),
+])
+def test_what_the_benchmark_refuses(change: dict, message: str, tmp_path: Path) -> None:  # type: ignore[type-arg]
+    st = LatencySettings(rate=100, seconds=5, out=tmp_path, **change)
+    with pytest.raises(LatencyBenchError, match=message):
+        run_latency(st, progress=None)
+
+
+def test_the_command_refuses_three_stages_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["bench", "latency", "--stages", "3", "--out", str(tmp_path)]) == 3
+    assert "LatencyBenchError: --stages 3 needs deltawheel's continuous pipeline runner" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(600)
+def test_a_short_run_of_deltawheel_and_the_floor_is_exactly_once(spark, zk_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    st = LatencySettings(rate=100, seconds=4, engines=("deltawheel", "floor"), out=tmp_path / "out", warmup_s=1,
+                         prewarm_s=0, progress_every_s=2, drain_timeout_s=120, zk=zk_server.hosts, keys=500)
+    lines: list[str] = []
+    report = run_latency(st, spark=spark, progress=lines.append)
+    saved = json.loads((tmp_path / "out" / "latency.json").read_text())
+    assert (tmp_path / "out" / "latency.png").stat().st_size > 0
+    assert set(saved["engines"]) == {"deltawheel", "floor"}
+    for name, e in report["engines"].items():
+        assert e["ok"], (name, e["error"], [c for c in e["checks"] if not c["ok"]])
+        assert e["latency_s"]["n"] > 0 and e["latency_s"]["p50"] > 0 and e["batches"]["count"] >= 1
+        assert e["input"]["records"] == st.schedule().total
+    assert {c["name"] for c in report["engines"]["deltawheel"]["checks"]} == {"exactly_once", "keys", "running_counts"}
+    assert any(ln.startswith("[deltawheel]") and "records in" in ln for ln in lines)
+    # the same checks flag the real output once a record is delivered twice or lost
+    s = st.schedule()
+    out = report["engines"]["deltawheel"]["stages"][0]
+    from deltawheel.benchmarks.latency_deltawheel import records_from_stream
+
+    tail = DeltaLogTail(Path(out["table"]), records_from_stream)
+    tail.poll()
+    rows = tail.rows()
+    assert rows is not None and rows.num_rows == s.total
+    assert _failed(check_records(s, rows)) == {}
+    assert "1 more than once" in _failed(check_records(s, pa.concat_tables([rows, rows.slice(0, 1)])))["exactly_once"]
+    assert "1 missing" in _failed(check_records(s, rows.slice(1)))["exactly_once"]
+
+
+@pytest.mark.benchmark
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(1800)
+def test_full_run_of_every_engine(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every engine at 1,000 records/s for 30 s (correctness only; the figures go to the JSON)."""
+    st = LatencySettings(rate=1000, seconds=30, out=tmp_path / "out")
+    report = run_latency(st, spark=spark)
+    failed = {n: [c for c in e["checks"] if not c["ok"]] or e["error"] for n, e in report["engines"].items()
+              if not e["ok"]}
+    assert not failed

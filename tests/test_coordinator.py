@@ -255,6 +255,38 @@ def test_zookeeper_data_loss_is_refused_then_reseed_gives_the_clean_rows(spark, 
     assert _outputs(spark, layout) == want
 
 
+@pytest.mark.timeout(150)
+def test_a_pause_on_a_zookeeper_that_came_back_empty_stops_with_the_data_loss_named(own_zk) -> None:  # type: ignore[no-untyped-def]
+    """The server stopped and an empty one started on its port: it refuses the old session ("has
+    seen zxid ..., our last zxid is 0x0") without ever expiring it, so the client stays SUSPENDED.
+    With the default bound (no max_pause_s given), a paused commit stops with the loss named once
+    paused past the session timeout, instead of waiting as long as no expiry is reported; so does
+    a paused watermark call."""
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    client = connect(ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=4.0))
+    try:
+        leases = LeaseManager(client, pipeline="p", owner="w")
+        leases.acquire("c", [0, 1])
+        authority = WatermarkAuthority(client, pipeline="p")
+        authority.publish_injector("i", 1_000)
+        _wipe(own_zk)
+        with pytest.raises(CoordinatorStateLostError, match=r"commits of p/c: ZooKeeper at 127\.0\.0\.1:\d+ lost its "
+                           r"data: it serves new sessions but refuses this client's, which has seen transaction zxid "
+                           r"0x[0-9a-f]+ while the ensemble's last is 0x[0-9a-f]+ \(its data folder was wiped, or "
+                           r"restored from an older copy\)\. Nothing was committed.*deltawheel reseed --store <its "
+                           r"store> --pipeline p --apply"):
+            leases.await_valid("c", [0, 1])
+        with pytest.raises(CoordinatorStateLostError, match=r"reading injector watermark: ZooKeeper at .* lost its data"):
+            authority.injector_watermark("i")
+        authority.close()
+    finally:
+        client.stop()
+        client.close()
+
+
 def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowers(zk_config) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager, next_sequencers, raise_sequencers

@@ -287,6 +287,73 @@ def test_a_pause_on_a_zookeeper_that_came_back_empty_stops_with_the_data_loss_na
         client.close()
 
 
+@pytest.mark.timeout(150)
+def test_a_binding_deleted_by_a_refused_start_mid_bind_gives_the_refusal_not_a_raw_error(
+        spark, migrated_store, zk_config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two computations start on a ZooKeeper that lost the pipeline (a chroot without it) while the
+    store holds both computations' fence rows. The first creates the store binding, is refused and
+    deletes it; the second's binding step found the node at its create and reads it after the
+    delete (driven here: the second waits between the two until the first was refused). It must
+    be refused too, typed, not fail on kazoo's NoNodeError."""
+    from dataclasses import replace
+    from functools import partial
+
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk import owner as owner_module
+    from deltawheel.statestore.zk.binding import bind_store, store_path
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.owner import IntervalOwner
+
+    def owner(client: Any, computation: str) -> IntervalOwner:
+        return IntervalOwner(RowStore(spark, migrated_store, writer=computation),
+                             LeaseManager(client, pipeline="race", owner=computation), computation, num_intervals=2)
+
+    clients = [connect(zk_config)]
+    try:
+        for comp in ("a", "b"):  # the store's fence rows, written under the ZooKeeper state now lost
+            o = owner(clients[0], comp)
+            o.acquire(claim_only=True)
+            o.release()
+        lost = replace(zk_config, chroot=zk_config.chroot + "-lost")
+        clients += [connect(lost), connect(lost)]
+        first, second = owner(clients[1], "a"), owner(clients[2], "b")
+        at_get, go = threading.Event(), threading.Event()
+
+        def between_create_and_get() -> None:
+            at_get.set()
+            assert go.wait(60)
+
+        monkeypatch.setattr(owner_module, "bind_store", partial(bind_store, on_exists=between_create_and_get))
+        result: dict[str, BaseException] = {}
+
+        def start_second() -> None:
+            try:
+                second.acquire(claim_only=True)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                result["error"] = exc
+
+        t = threading.Thread(target=start_second)
+
+        def granted() -> None:  # the first holds its leases and is about to check the store
+            t.start()
+            assert at_get.wait(60)  # the second's create found the first's binding
+
+        first.on_granted = granted
+        with pytest.raises(CoordinatorStateLostError, match="no record of the pipeline's store"):
+            first.acquire(claim_only=True)
+        assert clients[1].exists(store_path("race")) is None  # the refused start deleted its binding
+        go.set()
+        t.join(60)
+        assert isinstance(result.get("error"), CoordinatorStateLostError), repr(result.get("error"))
+        assert "lost the coordination state of pipeline 'race'" in str(result["error"])
+        assert clients[2].exists(store_path("race")) is None  # not kept by the second either
+    finally:
+        for c in clients:
+            c.stop()
+            c.close()
+
+
 def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowers(zk_config) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager, next_sequencers, raise_sequencers

@@ -141,8 +141,9 @@ def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk
                             zk=replace(zk_config, hosts=f"127.0.0.1:{proxy.port}"), faults=faults, wait_s=20,
                             max_pause_s=1.5)
     try:
-        with pytest.raises(LeaseSuspendedError, match=r"paused for [12] s and ZooKeeper still does not serve.*"
-                                                      r"nothing was written"):
+        with pytest.raises(LeaseSuspendedError, match=r"paused for [12] s and ZooKeeper still does not serve.*: no "
+                           r"server answers \(unreachable, or down\) or the ensemble lost its quorum; nothing was "
+                           r"written"):
             runner.run()
     finally:
         proxy.restore()

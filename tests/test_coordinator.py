@@ -568,13 +568,14 @@ def _demo_rows(spark: Any, root: Path | str) -> dict[str, Any]:
 def test_demo_on_its_embedded_zookeeper_come_back_empty_stops_is_refused_then_reseeded_to_the_clean_rows(
         spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The operator's sequence: the demo runs on its store's embedded ZooKeeper; mid-run that server
-    is stopped (`zk stop --force`), its data folder wiped and an empty one started on the same port
+    is stopped (as `zk stop --force` does), its data folder wiped and an empty one started on the same port
     (`zk start --port`). The run stops, without a --max-pause that would end it, with the lost data
     named (exit 4, coordination); a plain retry is refused, typed (exit 4, not a raw kazoo error);
     after `reseed --apply` the demo ends with exactly the rows of an uninterrupted run: pane flags,
     production ids, state and timers."""
     from deltawheel.executor.demo.pipeline import computations
     from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
+    from deltawheel.executor.runtime.embedded import StoreZooKeeper
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 
     events, per_batch = 3_000, 500
@@ -595,13 +596,15 @@ def test_demo_on_its_embedded_zookeeper_come_back_empty_stops_is_refused_then_re
     assert proc.stdout is not None
     lines: list[str] = []
     try:
-        for line in proc.stdout:  # the first stage's third batch has started: ZooKeeper loses everything
+        # the first stage's batch 2 ended: ZooKeeper loses everything before batch 3, the first whose
+        # input watermark (batch 2's newest event time minus 3 s, past the first windows' end) fires
+        # timers: run without that watermark, it would fire none and the next batch two batches' worth
+        for line in proc.stdout:
             lines.append(line)
-            if "window_counter batch 1" in line:
+            if "window_counter batch 2" in line:
                 break
         record = json.loads((store / "_zk" / "server.json").read_text())
-        stop = _dw("zk", "stop", "--store", str(store), "--force")
-        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert StoreZooKeeper(StoreLayout(str(store))).stop(force=True)  # what `zk stop --force` does
         shutil.rmtree(store / "_zk" / "data")
         deadline = time.monotonic() + 60
         while (start := _dw("zk", "start", "--store", str(store), "--port", str(record["port"]))).returncode != 0:

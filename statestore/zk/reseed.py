@@ -22,9 +22,10 @@ and low watermarks are not restored: each stage publishes them again at the end
 of its first batch, from its own rows (an upstream stage runs before the stages
 it feeds); until then a low watermark is *not known*, which fires no timer.
 
-Run it with every copy of the pipeline stopped. It only raises counters and
-creates the binding, so running it twice, or by mistake on a healthy ZooKeeper,
-changes nothing a writer relies on.
+Run it with every copy of the pipeline stopped. It only raises counters, creates
+the binding and raises injector watermarks to what the store's commits record
+(values their batches publish), so running it twice, or by mistake on a healthy
+ZooKeeper, changes nothing a writer relies on.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from kazoo.security import ACL
 from ..layout import StoreLayout
 from .binding import bind_store, store_path
 from .leases import next_sequencers, raise_sequencers
-from .watermarks import WatermarkAuthority
+from .watermarks import WatermarkAuthority, read_injector_watermark
 
 __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 
@@ -114,11 +115,7 @@ def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipelin
         if low:
             behind[comp] = low
     wanted = dict(injectors or {})
-    authority = WatermarkAuthority(client, pipeline=pipeline)
-    try:
-        current = {name: authority.injector_watermark(name) for name in sorted(wanted)}
-    finally:
-        authority.close()
+    current = {name: read_injector_watermark(client, pipeline=pipeline, injector=name) for name in sorted(wanted)}
     return ReseedPlan(pipeline, layout.root, bound, held, zk, behind, wanted, current)
 
 

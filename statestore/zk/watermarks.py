@@ -80,7 +80,8 @@ from .client import zk_errors
 from .leases import MAX_INTERVAL, ZNODE_DAMAGED_HINT, interval_path
 from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
 
-__all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream"]
+__all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream",
+           "read_injector_watermark"]
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,17 @@ def _decode(data: bytes, what: str) -> Raw:
         raise CodecError(f"{what} payload has format_version {raw.get('format_version')!r}, this "
                          f"deltawheel reads {WATERMARK_FORMAT_VERSION}; upgrade deltawheel")
     return raw
+
+
+def read_injector_watermark(client: KazooClient, *, pipeline: str, injector: str) -> int | None:
+    """The stored watermark of ``injector`` in ``pipeline`` (None: never published), read once and
+    without a :class:`WatermarkAuthority` (which sets up the ZooKeeper layout): for read-only tools."""
+    path = f"/pipelines/{validate_name('pipeline', pipeline)}/watermarks/injectors/{validate_name('injector', injector)}"
+    try:
+        data, _ = client.get(path)
+    except NoNodeError:
+        return None
+    return int(_decode(data, "injector watermark")["watermark_ms"])
 
 
 def _check_ms(name: str, value: int | None, *, optional: bool) -> None:

@@ -99,7 +99,7 @@ def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: 
     A no-op while the client is connected, or paused for less than its session timeout plus
     :data:`PROBE_MARGIN_S` (``final``: the caller gives up now, so probe anyway), or when it
     probed less than :data:`PROBE_EVERY_S` ago. Once found, the loss is raised at once by every
-    later call for the same client.
+    later call for the same client until it is connected again.
 
     Args:
         client: the paused client (its hosts and the last zxid it saw).
@@ -114,10 +114,12 @@ def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: 
     """
     with _LOCK:
         state = _STATE.setdefault(client, _Probing())
+        if client.state == KazooState.CONNECTED:
+            state.lost = None  # (a new session, after the old one was refused and expired)
+            return
         lost = state.lost
         now = time.monotonic()
-        due = (client.state != KazooState.CONNECTED and now >= state.next_at
-               and (final or paused_s >= _session_timeout_s(client) + PROBE_MARGIN_S))
+        due = now >= state.next_at and (final or paused_s >= _session_timeout_s(client) + PROBE_MARGIN_S)
         if lost is None and due:
             state.next_at = now + PROBE_EVERY_S
     if lost is None and due:

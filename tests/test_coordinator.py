@@ -11,7 +11,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -255,6 +260,156 @@ def test_zookeeper_data_loss_is_refused_then_reseed_gives_the_clean_rows(spark, 
     assert _outputs(spark, layout) == want
 
 
+@pytest.mark.timeout(150)
+def test_a_pause_on_a_zookeeper_that_came_back_empty_stops_with_the_data_loss_named(own_zk) -> None:  # type: ignore[no-untyped-def]
+    """The server stopped and an empty one started on its port: it refuses the old session ("has
+    seen zxid ..., our last zxid is 0x0") without ever expiring it, so the client stays SUSPENDED.
+    With the default bound (no max_pause_s given), a paused commit stops with the loss named once
+    paused past the session timeout, instead of waiting as long as no expiry is reported; so does
+    a paused watermark call."""
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    client = connect(ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=4.0))
+    try:
+        leases = LeaseManager(client, pipeline="p", owner="w")
+        leases.acquire("c", [0, 1])
+        authority = WatermarkAuthority(client, pipeline="p")
+        authority.publish_injector("i", 1_000)
+        _wipe(own_zk)
+        with pytest.raises(CoordinatorStateLostError, match=r"commits of p/c: ZooKeeper at 127\.0\.0\.1:\d+ lost its "
+                           r"data: it serves new sessions but refuses this client's, which has seen transaction zxid "
+                           r"0x[0-9a-f]+ while the ensemble's last is 0x[0-9a-f]+ \(its data folder was wiped, or "
+                           r"restored from an older copy\)\. Nothing was committed.*deltawheel reseed --store <its "
+                           r"store> --pipeline p --apply"):
+            leases.await_valid("c", [0, 1])
+        with pytest.raises(CoordinatorStateLostError, match=r"reading injector watermark: ZooKeeper at .* lost its data"):
+            authority.injector_watermark("i")
+        authority.close()
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.mark.timeout(150)
+def test_a_binding_deleted_by_a_refused_start_mid_bind_gives_the_refusal_not_a_raw_error(
+        spark, migrated_store, zk_config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two computations start on a ZooKeeper that lost the pipeline (a chroot without it) while the
+    store holds both computations' fence rows. The first creates the store binding, is refused and
+    deletes it; the second's binding step found the node at its create and reads it after the
+    delete (driven here: the second waits between the two until the first was refused). It must
+    be refused too, typed, not fail on kazoo's NoNodeError."""
+    from dataclasses import replace
+    from functools import partial
+
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk import owner as owner_module
+    from deltawheel.statestore.zk.binding import bind_store, store_path
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.owner import IntervalOwner
+
+    def owner(client: Any, computation: str) -> IntervalOwner:
+        return IntervalOwner(RowStore(spark, migrated_store, writer=computation),
+                             LeaseManager(client, pipeline="race", owner=computation), computation, num_intervals=2)
+
+    clients = [connect(zk_config)]
+    try:
+        for comp in ("a", "b"):  # the store's fence rows, written under the ZooKeeper state now lost
+            o = owner(clients[0], comp)
+            o.acquire(claim_only=True)
+            o.release()
+        lost = replace(zk_config, chroot=zk_config.chroot + "-lost")
+        clients += [connect(lost), connect(lost)]
+        first, second = owner(clients[1], "a"), owner(clients[2], "b")
+        at_get, go = threading.Event(), threading.Event()
+
+        def between_create_and_get() -> None:
+            at_get.set()
+            assert go.wait(60)
+
+        monkeypatch.setattr(owner_module, "bind_store", partial(bind_store, on_exists=between_create_and_get))
+        result: dict[str, BaseException] = {}
+
+        def start_second() -> None:
+            try:
+                second.acquire(claim_only=True)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                result["error"] = exc
+
+        t = threading.Thread(target=start_second)
+
+        def granted() -> None:  # the first holds its leases and is about to check the store
+            t.start()
+            assert at_get.wait(60)  # the second's create found the first's binding
+
+        first.on_granted = granted
+        with pytest.raises(CoordinatorStateLostError, match="no record of the pipeline's store"):
+            first.acquire(claim_only=True)
+        assert clients[1].exists(store_path("race")) is None  # the refused start deleted its binding
+        go.set()
+        t.join(60)
+        assert isinstance(result.get("error"), CoordinatorStateLostError), repr(result.get("error"))
+        assert "lost the coordination state of pipeline 'race'" in str(result["error"])
+        assert clients[2].exists(store_path("race")) is None  # not kept by the second either
+    finally:
+        for c in clients:
+            c.stop()
+            c.close()
+
+
+@pytest.mark.timeout(400)
+def test_reseed_restores_the_injector_watermark_the_lost_zookeeper_held(spark, tmp_path, zk_config, clean,
+                                                                        capsys) -> None:  # type: ignore[no-untyped-def]
+    """A run stopped before the commit of batch 2: ZooKeeper holds the injector watermark batch 1
+    published (its newest event time minus the delay), which batch 2 runs under. ZooKeeper then
+    loses everything (here: the pipeline's chroot is left behind); `reseed --apply` restores the
+    watermark from what the store's commits record, to exactly the value lost."""
+    from dataclasses import replace
+
+    from deltawheel.executor.cli import main
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    folder, _ = clean
+    layout = StoreLayout(str(tmp_path / "store"))
+    crashed: list[int] = []
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.BEFORE_COMMIT and batch_id == 2 and not crashed:
+            crashed.append(batch_id)
+            raise _Crash(point)
+
+    with pytest.raises(Exception, match="_Crash"):
+        _run(spark, folder, layout, zk_config, faults=faults)
+
+    def injector_watermark(zk: ZkConfig) -> int | None:
+        client = connect(zk)
+        try:
+            authority = WatermarkAuthority(client, pipeline=PIPELINE)
+            value = authority.injector_watermark("events")
+            authority.close()
+            return value
+        finally:
+            client.stop()
+            client.close()
+
+    held = injector_watermark(zk_config)
+    assert held == 500 * (2 * 40 - 1) - 2_000  # batch 1's newest event time minus the 2 s delay
+    wiped = replace(zk_config, chroot=zk_config.chroot + "-wiped")
+    assert injector_watermark(wiped) is None
+    args = ["reseed", "--store", layout.root, "--pipeline", PIPELINE, "--zk", zk_config.hosts, "--zk-chroot",
+            wiped.chroot, "--json"]
+    capsys.readouterr()
+    assert main(args) == 0  # the dry run lists it and changes nothing
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["injector_watermarks"] == {"events": held} and plan["zookeeper_injector_watermarks"] == {"events": None}
+    assert injector_watermark(wiped) is None
+    assert main([*args, "--apply"]) == 0
+    assert injector_watermark(wiped) == held
+
+
 def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowers(zk_config) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager, next_sequencers, raise_sequencers
@@ -387,3 +542,96 @@ def test_a_session_expiry_stops_the_run_with_the_cause_named(spark, tmp_path, ow
                        r"\(ZooKeeper session expired\)"):
         _run(spark, folder, layout, zk, faults=faults)
     assert lost
+
+
+def _dw(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _demo_rows(spark: Any, root: Path | str) -> dict[str, Any]:
+    """Every column of the demo's streams that a run decides (not the commit id, which carries the
+    processing time), and every computation's state and timers (not the dedup ids' seen times)."""
+    out: dict[str, Any] = {}
+    for stream in ("window_counts", "predictions", "anomalies"):
+        df = spark.read.format("delta").load(f"{root}/streams/{stream}")
+        out[stream] = sorted((r["record_id"], r["key"], r["value"], r["timestamp_ms"], r["producer"])
+                             for r in df.collect())
+    rows = spark.read.format("delta").load(f"{root}/rows")
+    out["state"] = sorted((r["computation"], r["key"], r["state"], sorted((t["tag"], t["time_ms"]) for t in r["timers"]))
+                          for r in rows.collect() if not r["key"].startswith("\x00"))
+    return out
+
+
+@pytest.mark.slow  # five runs of the demo (four as subprocesses): about 8 minutes on a busy machine
+@pytest.mark.timeout(2400)
+def test_demo_on_its_embedded_zookeeper_come_back_empty_stops_is_refused_then_reseeded_to_the_clean_rows(
+        spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The operator's sequence: the demo runs on its store's embedded ZooKeeper; mid-run that server
+    is stopped (as `zk stop --force` does), its data folder wiped and an empty one started on the same port
+    (`zk start --port`). The run stops, without a --max-pause that would end it, with the lost data
+    named (exit 4, coordination); a plain retry is refused, typed (exit 4, not a raw kazoo error);
+    after `reseed --apply` the demo ends with exactly the rows of an uninterrupted run: pane flags,
+    production ids, state and timers."""
+    from deltawheel.executor.demo.pipeline import computations
+    from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
+    from deltawheel.executor.runtime.embedded import StoreZooKeeper
+    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+
+    events, per_batch = 3_000, 500
+    clean_store = tmp_path / "clean"
+    inj = GeneratorInjector("queries", str(clean_store / "_input"), ZeitgeistParams(n_events=events, seed=7),
+                            events_per_batch=per_batch)
+    PipelineRunner(spark, StoreLayout(str(clean_store)), Pipeline("zeitgeist", (inj,), computations()),
+                   zk=ZkConfig(hosts=zk_server.hosts, chroot=f"/clean-{tmp_path.name}")).run()
+    want = _demo_rows(spark, clean_store)
+    assert want["window_counts"] and want["predictions"]  # something to compare
+
+    store = tmp_path / "store"
+    demo = ["demo", "--store", str(store), "--events", str(events), "--events-per-batch", str(per_batch),
+            "--max-pause", "900", "--wait", "60"]
+    # a short session timeout for the run that loses ZooKeeper (it is found once paused past it)
+    proc = subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", *demo, "--zk-session-timeout", "6"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        # the first stage's batch 2 ended: ZooKeeper loses everything before batch 3, the first whose
+        # input watermark (batch 2's newest event time minus 3 s, past the first windows' end) fires
+        # timers: run without that watermark, it would fire none and the next batch two batches' worth
+        for line in proc.stdout:
+            lines.append(line)
+            if "window_counter batch 2" in line:
+                break
+        record = json.loads((store / "_zk" / "server.json").read_text())
+        assert StoreZooKeeper(StoreLayout(str(store))).stop(force=True)  # what `zk stop --force` does
+        shutil.rmtree(store / "_zk" / "data")
+        deadline = time.monotonic() + 60
+        while (start := _dw("zk", "start", "--store", str(store), "--port", str(record["port"]))).returncode != 0:
+            assert "in use" in start.stdout + start.stderr and time.monotonic() < deadline, start.stdout + start.stderr
+            time.sleep(0.5)
+        lines += proc.stdout.readlines()  # until it ends
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(lines)
+    try:
+        assert proc.returncode == 4, out[-4000:]
+        assert "CoordinatorStateLostError" in out and "lost its data: it serves new sessions but refuses" in out, out[-4000:]
+        assert "deltawheel reseed --store <its store> --pipeline zeitgeist --apply" in out
+
+        retry = _dw(*demo)
+        assert retry.returncode == 4, retry.stdout[-3000:] + retry.stderr[-3000:]
+        assert "CoordinatorStateLostError: ZooKeeper lost the coordination state of pipeline 'zeitgeist'" in retry.stderr
+        assert "NoNodeError" not in retry.stdout + retry.stderr
+
+        reseed = _dw("reseed", "--store", str(store), "--pipeline", "zeitgeist", "--apply")
+        assert reseed.returncode == 0, reseed.stdout + reseed.stderr
+        resumed = _dw(*demo)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        got = _demo_rows(spark, store)
+        for part in want:
+            assert got[part] == want[part], part
+    finally:
+        _dw("zk", "stop", "--store", str(store), "--force")

@@ -233,9 +233,12 @@ def test_the_acted_watermark_mark_round_trips_through_commit_metadata() -> None:
     opt_ms = st.one_of(st.none(), st.integers(-(2**62), 2**62))
 
     @given(st.one_of(st.none(), st.integers(0, 2**40)), opt_ms, opt_ms,
-           st.lists(st.integers(0, 4095), min_size=1, unique=True).map(lambda x: tuple(sorted(x))))
-    def check(batch_id: int | None, late_ms: int | None, input_ms: int | None, ivs: tuple[int, ...]) -> None:
-        mark = ActedMark(batch_id, late_ms, input_ms, ivs)
+           st.lists(st.integers(0, 4095), min_size=1, unique=True).map(lambda x: tuple(sorted(x))),
+           st.dictionaries(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), st.integers(-(2**62), 2**62),
+                           max_size=3))
+    def check(batch_id: int | None, late_ms: int | None, input_ms: int | None, ivs: tuple[int, ...],
+              injectors: dict[str, int]) -> None:
+        mark = ActedMark(batch_id, late_ms, input_ms, ivs, injectors)
         meta = json.dumps({**mark.to_meta(), "computation": "c", "kind": "commit"})
         assert _mark_of(meta, "c", set(ivs)) == mark
         assert _mark_of(meta, "other", set(ivs)) is None

@@ -141,8 +141,9 @@ def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk
                             zk=replace(zk_config, hosts=f"127.0.0.1:{proxy.port}"), faults=faults, wait_s=20,
                             max_pause_s=1.5)
     try:
-        with pytest.raises(LeaseSuspendedError, match=r"paused for [12] s and ZooKeeper still does not serve.*"
-                                                      r"nothing was written"):
+        with pytest.raises(LeaseSuspendedError, match=r"paused for [12] s and ZooKeeper still does not serve.*: no "
+                           r"server answers \(unreachable, or down\) or the ensemble lost its quorum; nothing was "
+                           r"written"):
             runner.run()
     finally:
         proxy.restore()
@@ -151,9 +152,11 @@ def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk
 
 def test_demo_takes_max_pause_in_seconds(capsys: pytest.CaptureFixture[str]) -> None:
     from deltawheel.executor.cli import build_parser
+    from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
     assert build_parser().parse_args(["demo", "--max-pause", "2.5"]).max_pause == 2.5
-    assert build_parser().parse_args(["demo"]).max_pause is None
+    assert build_parser().parse_args(["demo"]).max_pause == DEFAULT_MAX_PAUSE_S == 300.0  # the documented default
+    assert build_parser().parse_args(["demo", "--max-pause", "inf"]).max_pause == float("inf")  # no bound
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--max-pause", "-1"])
     assert "expected seconds (a number >= 0), got '-1'" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
 from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
 from deltawheel.statestore.exceptions import ConfigError, NotAStoreError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
 __all__ = ["add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
            "layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper"]
@@ -44,10 +45,12 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
 
 def add_max_pause_arg(p: argparse.ArgumentParser) -> None:
     """Add ``--max-pause SECONDS`` (how long a running pipeline pauses while ZooKeeper does not serve)."""
-    p.add_argument("--max-pause", type=_non_negative, default=None, metavar="SECONDS",
+    p.add_argument("--max-pause", type=_non_negative, default=DEFAULT_MAX_PAUSE_S, metavar="SECONDS",
                    help="while ZooKeeper does not serve (the ensemble lost its quorum, the server is down) batches "
                         "pause, commit nothing, and resume when it serves again; stop the run after this many "
-                        "seconds of pause (default: wait as long as the ZooKeeper session is not reported expired)")
+                        f"seconds of pause (default {DEFAULT_MAX_PAUSE_S:g}; 'inf': as long as the ZooKeeper session "
+                        "is not reported expired). A ZooKeeper that came back without its data is not waited for: "
+                        "the run stops once paused past the session timeout (CoordinatorStateLostError)")
 
 
 def _non_negative(text: str) -> float:

@@ -1,5 +1,6 @@
 """``deltawheel reseed``: after ZooKeeper lost a pipeline's state, raise its sequencers above the
-store's and record the store binding (``statestore/zk/reseed.py``; docs/coordinator-recovery.md)."""
+store's, record the store binding and restore the injector watermarks the store's commits record
+(``statestore/zk/reseed.py``; docs/coordinator-recovery.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``reseed`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
-        "reseed", help="after ZooKeeper lost its data: re-seed its sequencers above the store's (dry run "
-                       "unless --apply); stop the pipeline first")
+        "reseed", help="after ZooKeeper lost its data: re-seed its sequencers above the store's and restore the "
+                       "injector watermarks the store's commits record (dry run unless --apply); stop the pipeline "
+                       "first")
     add_store_arg(p)
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--apply", action="store_true", help="change ZooKeeper (default: print what would change)")
@@ -34,11 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.zk.client import digest_acls
-    from deltawheel.statestore.zk.reseed import apply_reseed, plan_reseed
+    from deltawheel.statestore.zk.reseed import apply_reseed, plan_reseed, store_sequencers
+
+    from ..runtime.lateness import recorded_injector_watermarks
 
     with store_zookeeper(args) as (layout, cfg, client):
         spark = spark_from(args)
-        plan = plan_reseed(spark, layout, client, pipeline=args.pipeline)
+        held = store_sequencers(spark, layout)
+        recorded = recorded_injector_watermarks(spark, layout.rows, held)
+        plan = plan_reseed(spark, layout, client, pipeline=args.pipeline, injectors=recorded, sequencers=held)
         after = apply_reseed(spark, layout, client, plan, acls=digest_acls(cfg)) if args.apply else None
     if args.json:
         print(json.dumps({**plan.to_dict(), "applied": bool(args.apply),
@@ -51,12 +57,16 @@ def _run(args: argparse.Namespace) -> int:
             nxt = plan.zookeeper[comp][iv]
             state = "ok" if nxt > s else f"BEHIND: raise to {s + 1}"
             print(f"  {comp} interval {iv}: store sequencer {s}, ZooKeeper's next {nxt}  {state}")
+    for name, wm in sorted(plan.injectors.items()):
+        held = plan.zookeeper_injectors.get(name)
+        state = "ok" if held is not None and held >= wm else "restore"
+        print(f"  injector {name}: watermark {wm} in the store's commits, ZooKeeper's {held}  {state}")
     if not plan.needed:
         print("nothing to re-seed: ZooKeeper is ahead of every sequencer in the store")
     elif not args.apply:
         print("dry run: nothing changed. Stop every copy of the pipeline, then run again with --apply")
     else:
-        print("re-seeded: ZooKeeper's sequencers are above the store's and the binding is recorded. Start the "
-              "pipeline again; its first grants fence every interval. Watermarks start as not known and are "
-              "published again by the pipeline.")
+        print("re-seeded: ZooKeeper's sequencers are above the store's, the binding is recorded and the injector "
+              "watermarks are restored. Start the pipeline again; its first grants fence every interval, and each "
+              "stage publishes its low watermark again at the end of its first batch.")
     return 0

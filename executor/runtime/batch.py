@@ -23,7 +23,8 @@ comments number them:
    timestamp order (``keyrun.run_key``); the new row images, productions, dead letters and
    routed records are materialized once.
 5. Commit all changed rows in one fenced Delta transaction (``WritePath.commit``),
-   recording the watermarks the batch acted on.
+   recording the watermarks the batch acted on and the injector watermarks its step 7
+   publishes (``lateness.py``; what ``deltawheel reseed`` restores after ZooKeeper lost them).
 6. Deliver the productions to their stream tables idempotently
    (``WritePath.deliver``). Checkpoints are cleared by the next batch's commit: every
    production still in a row at the start of a batch was delivered.
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import threading
@@ -201,6 +203,7 @@ class ComputationExecutor:
         # rule, the input files each commit records, catch-up)
         self.shared: SharedInput | None = None
         self._mark: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
+        self._injectors_read: dict[str, int] = {}  # the injector watermarks the batch's start read
         self._started = False
         self._starting: concurrent.futures.Future[None] | None = None  # start_in_background's
         self._leased = threading.Event()
@@ -378,6 +381,8 @@ class ComputationExecutor:
             kind, _, name = u.partition(":")
             wm = (self.authority.injector_watermark(name) if kind == "injector"
                   else self.authority.advance_low_watermark(name))
+            if kind == "injector" and wm is not None:
+                self._injectors_read[name] = wm
             if kind == "computation" and name in self.upstream_caps:
                 cap = self.upstream_caps[name]
                 wm = None if wm is None or cap is None else min(wm, cap)
@@ -443,6 +448,7 @@ class ComputationExecutor:
         if self.shared is not None and df is not None:
             df, skipped, files = self.shared.apply(df, batch_id, self.owner.intervals, input_files)
         path.input_files = files
+        self._injectors_read = {}  # filled by input_watermark(): the injector watermarks read now
         wm_in = self.input_watermark() if use_authority and input_watermark_ms is None else input_watermark_ms
         now = self.clock.now_ms()
         # ids seen before the horizon are dropped: a processing time back from now (each id
@@ -490,7 +496,10 @@ class ComputationExecutor:
                         attempt -= 1
                         continue
                 # Step 5: the fenced commit (the previous batch's delivery is settled first: the
-                # commit clears its checkpoint).
+                # commit clears its checkpoint), recording the injector watermarks step 7 publishes.
+                injectors = self._observe_injectors(run.obs_min, run.obs_max)
+                acted = dataclasses.replace(acted, injectors={
+                    n: max(wm, self._injectors_read.get(n, wm)) for n, (wm, _) in injectors.items()})
                 self.inflight.settle()
                 mark("settle")
                 self._fault(FaultPoint.BEFORE_COMMIT, batch_id)
@@ -524,13 +533,11 @@ class ComputationExecutor:
                 redeliver()
             self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
         mark("deliver")
-        # Step 7: watermarks.
+        # Step 7: watermarks (the injector estimates observed before the commit are published in
+        # the step's transaction; a hook that publishes itself runs now).
         self._fault(FaultPoint.BEFORE_WATERMARK, batch_id)
-        injectors: dict[str, tuple[int, int]] = {}
         hook = self.on_batch_end
-        if isinstance(hook, InjectorHook) and hook.authority is self.authority:
-            injectors = hook.observe(run.obs_min, run.obs_max)  # published in the step's transaction
-        elif hook is not None:
+        if hook is not None and not self._hook_observes_early():
             hook(run.obs_min, run.obs_max)
         low = self._publish_watermarks(injectors) if self.authority is not None else None
         mark("watermarks")
@@ -576,6 +583,22 @@ class ComputationExecutor:
                              f"{counts['processed']:,} processed, {counts['duplicates']:,} duplicates, "
                              f"{counts['late']:,} late, {counts['dead_letters']:,} dead letters, "
                              f"{counts['productions']:,} productions")
+
+    def _hook_observes_early(self) -> bool:
+        """The end-of-batch hook is this authority's :class:`InjectorHook` whose estimates step 7
+        publishes in its own transaction (not a job instance's, which publishes them itself after
+        the commit): it observes the batch before the commit, which records the estimates."""
+        hook = self.on_batch_end
+        return isinstance(hook, InjectorHook) and hook.authority is self.authority and hook.instance is None
+
+    def _observe_injectors(self, mn: int | None, mx: int | None) -> dict[str, tuple[int, int]]:
+        """The injectors' estimates after this batch's event-time range (step 7 publishes them);
+        {} when the hook publishes them itself."""
+        hook = self.on_batch_end
+        if not self._hook_observes_early():
+            return {}
+        assert isinstance(hook, InjectorHook)
+        return hook.observe(mn, mx)
 
     def _has_watermark_source(self) -> bool:
         return self.authority is not None and bool(self.upstream)

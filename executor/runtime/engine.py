@@ -38,6 +38,7 @@ from deltawheel.statestore.zk.client import connect as connect_zk
 from deltawheel.statestore.zk.client import digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.owner import IntervalOwner
+from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import RECORD_KEY, Computation
@@ -69,7 +70,7 @@ def _lines(progress: Progress) -> Callable[[str], None] | None:
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
-            max_pause_s: float | None = None) -> Engine:
+            max_pause_s: float | None = DEFAULT_MAX_PAUSE_S) -> Engine:
     """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` (close it,
     or use it as a context manager).
 
@@ -82,8 +83,8 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         owner: this process's name on its leases (default ``host:pid``).
         zk_chroot, zk_digest: as :class:`ZkConfig`'s ``chroot`` and ``digest``.
         wait_s: how long an executor's start waits for leases another process holds.
-        max_pause_s: how long a batch pauses while ZooKeeper does not serve (None: while the
-            session lives).
+        max_pause_s: how long a batch pauses while ZooKeeper does not serve (default 300 s; None:
+            while the session lives); a ZooKeeper that lost its data is not waited for.
 
     Raises:
         SparkConnectSessionError: ``spark`` is a Spark Connect session (deltawheel needs a classic one).
@@ -153,7 +154,8 @@ class Engine:
     progress: Progress = True
 
     def __init__(self, spark: Any, layout: StoreLayout, zk: ZkConfig, client: Any, *, pipeline: str, owner: str,
-                 wait_s: float = 60.0, max_pause_s: float | None = None, server: Any | None = None) -> None:
+                 wait_s: float = 60.0, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S,
+                 server: Any | None = None) -> None:
         self.spark = spark
         self.layout = layout
         self.zk = zk

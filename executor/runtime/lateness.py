@@ -17,18 +17,24 @@ the state it produced, and read back when an executor starts. So:
 A Spark batch is recognised by its id: a new checkpoint location (which numbers
 batches from 0 again) should start on a new store, or its first batch may be
 taken for a replay of the old query's last committed batch of the same id.
+
+The mark also records the watermarks of the injectors feeding the batch as its step 7
+publishes them (:attr:`ActedMark.injectors`: the larger of the value the batch read and the
+estimate after its records). They are ZooKeeper's, but a ZooKeeper that lost its data is
+re-seeded with them (:func:`recorded_injector_watermarks`, ``deltawheel reseed``): the next
+batch then runs under the watermark it would have read from the ZooKeeper that was lost.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from deltawheel.statestore.delta.log import newest_commit_info
 from deltawheel.statestore.delta.storefs import table_files
 
-__all__ = ["ActedMark", "MARK_FORMAT_VERSION", "read_mark"]
+__all__ = ["ActedMark", "MARK_FORMAT_VERSION", "read_mark", "newest_marks", "recorded_injector_watermarks"]
 
 MARK_FORMAT_VERSION = 1
 _KEY = "late"
@@ -42,6 +48,8 @@ class ActedMark:
     late_ms: int | None  # its records with an earlier event time were late
     input_ms: int | None  # the input low watermark its timers fired under
     intervals: tuple[int, ...]  # the intervals the committing instance held
+    # the watermarks of the injectors feeding the batch, as its step 7 publishes them
+    injectors: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def acted_ms(self) -> int | None:
@@ -56,7 +64,8 @@ class ActedMark:
     def to_meta(self) -> dict[str, Any]:
         """The commit metadata entry (``{"late": ...}``)."""
         return {_KEY: {"v": MARK_FORMAT_VERSION, "batch_id": self.batch_id, "late_ms": self.late_ms,
-                       "input_ms": self.input_ms, "intervals": list(self.intervals)}}
+                       "input_ms": self.input_ms, "intervals": list(self.intervals),
+                       "injectors": dict(sorted(self.injectors.items()))}}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ActedMark:
@@ -64,7 +73,8 @@ class ActedMark:
         m = meta[_KEY]
         opt = lambda v: None if v is None else int(v)  # noqa: E731
         return cls(opt(m.get("batch_id")), opt(m.get("late_ms")), opt(m.get("input_ms")),
-                   tuple(int(i) for i in m.get("intervals") or ()))
+                   tuple(int(i) for i in m.get("intervals") or ()),
+                   {str(k): int(v) for k, v in (m.get("injectors") or {}).items()})
 
 
 def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -> ActedMark | None:
@@ -84,22 +94,55 @@ def read_mark(spark: Any, rows_path: str, computation: str, intervals: Sequence[
     The log is read newest first, without Spark, where Python reaches it (local, ``s3a://``);
     elsewhere through Delta's history. Call it while holding the intervals' leases (nobody else
     commits them then)."""
-    owned = set(intervals)
+    found = newest_marks(spark, rows_path, computation, intervals, first_only=True)
+    return found[0] if found else None
+
+
+def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterable[int], *,
+                 first_only: bool = False) -> list[ActedMark]:
+    """Newest first, the marks of ``computation`` that are the newest of one of ``intervals`` (one
+    mark covers every interval its instance held; ``first_only``: the newest one alone)."""
+    left = set(intervals)
+    found: list[ActedMark] = []
+
+    def take(mark: ActedMark) -> bool:
+        """Keep ``mark`` when it is the newest of an interval still left; True once done."""
+        if left & set(mark.intervals):
+            found.append(mark)
+            left.difference_update(mark.intervals)
+        return first_only or not left
+
+    _scan(spark, rows_path, computation, set(intervals), take)
+    return found
+
+
+def _scan(spark: Any, rows_path: str, computation: str, owned: set[int],
+          take: Callable[[ActedMark], bool]) -> None:
+    """Hand ``take`` the marks of ``computation`` on ``owned``, newest first, until it returns True."""
     files = table_files(spark, rows_path)
     if files is not None:
-        found: list[ActedMark] = []
-
         def match(info: dict[str, Any]) -> bool:
             mark = _mark_of(info.get("userMetadata"), computation, owned)
-            if mark is not None:
-                found.append(mark)
-            return mark is not None
+            return mark is not None and take(mark)
 
         newest_commit_info(files, match)
-        return found[0] if found else None
+        return
     hist = spark.sql(f"DESCRIBE HISTORY delta.`{rows_path}`").select("version", "userMetadata")
     for row in hist.where(hist.userMetadata.contains(f'"{_KEY}"')).orderBy(hist.version.desc()).toLocalIterator():
         mark = _mark_of(row["userMetadata"], computation, owned)
-        if mark is not None:
-            return mark
-    return None
+        if mark is not None and take(mark):
+            return
+
+
+def recorded_injector_watermarks(spark: Any, rows_path: str,
+                                 computations: Mapping[str, Iterable[int]]) -> dict[str, int]:
+    """Per injector, its watermark as the newest commits of ``computations`` (name -> their
+    intervals) record it: the largest over the newest mark of every interval. The watermark a
+    ZooKeeper that lost its data held for it, once the last batch's step 7 ran (that batch's
+    replay publishes the same); injectors no mark records are left out."""
+    out: dict[str, int] = {}
+    for comp, ivs in sorted(computations.items()):
+        for mark in newest_marks(spark, rows_path, comp, ivs):
+            for name, wm in mark.injectors.items():
+                out[name] = max(wm, out.get(name, wm))
+    return out

@@ -38,6 +38,7 @@ from deltawheel.statestore.zk.client import connect, digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager, list_leases
 from deltawheel.statestore.zk.members import Membership, target
 from deltawheel.statestore.zk.owner import IntervalOwner
+from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import RECORD_KEY, Computation
@@ -142,8 +143,10 @@ class PipelineRunner:
 
     ``max_pause_s`` bounds how long a batch pauses while ZooKeeper does not serve (a lost quorum, a
     lone server down): its commits and watermark publications wait and resume when ZooKeeper serves
-    again, and give up with ``LeaseSuspendedError`` after that long (None: as long as the session is
-    not reported expired; an expired one stops the run with ``LeaseLostError``).
+    again, and give up with ``LeaseSuspendedError`` after that long (default 300 s; None: as long as the
+    session is not reported expired; an expired one stops the run with ``LeaseLostError``). A ZooKeeper
+    that lost its data refuses the session without expiring it: the run stops with
+    ``CoordinatorStateLostError`` once paused past the session timeout (``statestore/zk/refusal.py``).
 
     ``wiring``: run on these ZooKeeper objects (an engine's: ``engine.run_pipeline``) instead of
     connecting to ``zk`` and migrating the store itself; they are left open (``zk`` then only gives
@@ -156,7 +159,8 @@ class PipelineRunner:
                  end_of_input: bool = True, write_path: str = "auto", direct_read: bool = True,
                  warm_workers: bool = True, instance: str | None = None,
                  intervals: Sequence[int] | None = None, follow: Callable[[], bool] | None = None,
-                 poll_s: float = 1.0, max_pause_s: float | None = None, wiring: RunWiring | None = None) -> None:
+                 poll_s: float = 1.0, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S,
+                 wiring: RunWiring | None = None) -> None:
         if instance is not None:
             validate_name("instance", instance)
         self.instance = instance

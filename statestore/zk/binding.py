@@ -12,15 +12,19 @@ Copies of one store (same table id) may share the state; another store may not.
 
 ZooKeeper SUSPENDED / LOST: the check is one create-or-read before any lease
 is taken; a connection error propagates (kazoo's), nothing is half-written
-(the znode is created whole or not at all).
+(the znode is created whole or not at all). A binding deleted between the
+create that found it and the read (a start that found ZooKeeper's state lost
+deletes the binding it had just created, ``owner.py``) is created again: the
+binding is never read as missing while it is being replaced.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from ..exceptions import StoreMismatchError
 
@@ -34,10 +38,20 @@ def store_path(pipeline: str) -> str:
     return f"/pipelines/{pipeline}/store"
 
 
-def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str) -> bool:
+def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str,
+               on_exists: Callable[[], None] | None = None) -> bool:
     """Record ``table_id`` as the store of ``pipeline``, or check that it is the one recorded.
 
-    Returns True when this call recorded it (the pipeline's first writer).
+    Returns True when this call recorded it (the pipeline's first writer, or the first after the
+    binding was deleted: create and read are repeated until one of them finds it).
+
+    Args:
+        client: a started client (paths below its chroot).
+        pipeline: the pipeline's name.
+        table_id: the rows table's Delta table id.
+        root: the store's root (shown in messages).
+        on_exists: called when the create found the binding, before it is read (tests drive the
+            race with a concurrent delete through it).
 
     Raises:
         StoreMismatchError: the pipeline's ZooKeeper state belongs to another store.
@@ -45,12 +59,19 @@ def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str) 
     path = store_path(pipeline)
     payload = json.dumps({"format_version": BINDING_FORMAT_VERSION, "rows_table_id": table_id, "root": root},
                          sort_keys=True).encode()
-    try:
-        client.create(path, payload, makepath=True)
-        return True
-    except NodeExistsError:
-        pass
-    data, _ = client.get(path)
+    while True:
+        try:
+            client.create(path, payload, makepath=True)
+            return True
+        except NodeExistsError:
+            pass
+        if on_exists is not None:
+            on_exists()
+        try:
+            data, _ = client.get(path)
+            break
+        except NoNodeError:
+            continue  # deleted since the create found it: create it (or read the next one)
     try:
         held = json.loads(data.decode("utf-8"))
         other, other_root = str(held["rows_table_id"]), str(held.get("root", "?"))

@@ -19,9 +19,12 @@ SUSPENDED: it returns once the connection is back and every lease re-verified
 :meth:`LeaseManager.await_valid` is that pause for a committer, with log lines: an
 ensemble that lost its quorum (or a lone server that is down) answers nobody, so the
 session can neither be confirmed nor expired; ZooKeeper restores sessions with a fresh
-timeout when a quorum serves again, so the committer waits (``max_pause_s``, default: as
-long as the session is not reported expired), logs that commits are paused and why, and
-resumes with the same leases once they are re-verified -- never committing meanwhile.
+timeout when a quorum serves again, so the committer waits (``max_pause_s``, default
+:data:`~.refusal.DEFAULT_MAX_PAUSE_S`; None: as long as the session is not reported expired),
+logs that commits are paused and why, and resumes with the same leases once they are
+re-verified -- never committing meanwhile. A server that lost its data refuses the session
+without ever expiring it: paused past the session timeout, the committer probes the ensemble
+and stops with :class:`CoordinatorStateLostError` when it is behind (``refusal.py``).
 
 Layout below the client's chroot, per interval ``I`` (``{I:05d}``)::
 
@@ -82,6 +85,7 @@ from ..exceptions import (
 )
 from ..layout import validate_name
 from .client import zk_errors
+from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
 
 __all__ = ["LeaseGrant", "LeaseManager", "break_lease", "list_leases", "interval_path", "LEASE_FORMAT_VERSION",
            "next_sequencers", "raise_sequencers"]
@@ -186,13 +190,14 @@ class LeaseManager:
         on_lost: called with the lost grants and a reason when the session expires.
         keep_grants: grant nodes kept per interval (older ones are pruned).
         max_pause_s: how long :meth:`await_valid` pauses commits while the leases are in doubt
-            (None: as long as the session is not reported expired).
+            (default :data:`~.refusal.DEFAULT_MAX_PAUSE_S`; None: as long as the session is not
+            reported expired).
     """
 
     def __init__(
         self, client: KazooClient, *, pipeline: str, owner: str, clock: Clock = _SYSTEM_CLOCK,
         acls: list[ACL] | None = None, on_lost: OnLost | None = None, keep_grants: int = 5,
-        max_pause_s: float | None = None,
+        max_pause_s: float | None = DEFAULT_MAX_PAUSE_S,
     ) -> None:
         self._client = client
         self.pipeline = validate_name("pipeline", pipeline)
@@ -453,7 +458,8 @@ class LeaseManager:
         While the connection is SUSPENDED (the server went away, the ensemble lost its quorum)
         no lease can be trusted and nothing may be committed. This waits for the reconnect and
         the re-verification, logging a warning when the pause starts, every ``log_every_s``
-        while it lasts, and when commits resume.
+        while it lasts, and when commits resume. Paused longer than the session timeout, it
+        probes the ensemble (``refusal.py``): one that lost its data is not waited for.
 
         Args:
             computation: whose leases.
@@ -467,7 +473,10 @@ class LeaseManager:
 
         Raises:
             LeaseLostError: a lease is lost (e.g. the session expired during the pause).
-            LeaseSuspendedError: still in doubt after ``max_pause_s``.
+            LeaseSuspendedError: still in doubt after ``max_pause_s`` (no server answers, or the
+                ensemble has no quorum).
+            CoordinatorStateLostError: the ensemble serves, but lost its data (it refuses the
+                session: it is behind the last transaction this client saw).
         """
         ivs = sorted(set(intervals))
         bound = self.max_pause_s if max_pause_s is None else max_pause_s
@@ -487,11 +496,14 @@ class LeaseManager:
                 elif now >= next_log:
                     next_log = now + log_every_s
                     log.warning("%s still paused after %.0f s: ZooKeeper does not serve", what, now - started)
-                if bound is not None and now - started >= bound:
+                final = bound is not None and now - started >= bound
+                # a server that lost its data refuses the session without expiring it: found, not waited for
+                check_refused(self._client, paused_s=now - started, what=what, pipeline=self.pipeline, final=final)
+                if final:
                     raise LeaseSuspendedError(
-                        f"{what} paused for {now - started:.0f} s and ZooKeeper still does not serve ({exc}); "
-                        "nothing was committed. Bring ZooKeeper back (a majority of the ensemble's servers) "
-                        "and run again") from exc
+                        f"{what} paused for {now - started:.0f} s and ZooKeeper still does not serve ({exc}): no "
+                        "server answers (unreachable, or down) or the ensemble lost its quorum; nothing was "
+                        "committed. Bring ZooKeeper back (a majority of the ensemble's servers) and run again") from exc
                 self.await_settled(timeout_s=1.0 if bound is None else max(0.05, min(1.0, bound - (now - started))))
                 continue
             if started is None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Sequence
 
+from kazoo.exceptions import NoNodeError
+
 from ..exceptions import (
     CoordinatorStateLostError,
     LeaseLostError,
@@ -163,7 +165,10 @@ class IntervalOwner:
                                  f"just granted {g.sequencer} and knows no grant above {nxt[iv] - 1}")
         if found:
             if unbound_fences is not None:  # this owner created the binding: not ours to keep: the next start must see the missing binding again
-                self.leases.zk_client.delete(store_path(pipeline))
+                try:
+                    self.leases.zk_client.delete(store_path(pipeline))
+                except NoNodeError:
+                    pass  # another refused start deleted it already
                 self._bound = False
             raise CoordinatorStateLostError(
                 f"ZooKeeper lost the coordination state of pipeline {pipeline!r} (wiped, or restored from an "

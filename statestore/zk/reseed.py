@@ -12,21 +12,26 @@ store binding (``binding.py``). The next start then takes grants above every
 sequencer in the store and fences as usual (the new fence rows invalidate any
 writer still holding an old sequencer).
 
-Watermarks: ZooKeeper's low and injector watermarks are not in the store, so
-they are not restored; after the re-seed they are *not known* until the
-restarted pipeline publishes them again. That errs on the safe side (an
-unknown watermark fires no event-time timer, so timers fire late, never early)
-and never moves a published watermark backwards (there is none left to move).
+Watermarks: every rows commit records the watermarks of the injectors feeding
+its batch as the batch publishes them (``executor/runtime/lateness.py``); the
+caller reads them from the store and hands them over (``injectors``), and
+:func:`apply_reseed` publishes them again, never moving one back. The first batch
+after the re-seed then runs under the watermark it would have read from the
+ZooKeeper that was lost, and fires the same timers. The computations' oldest work
+and low watermarks are not restored: each stage publishes them again at the end
+of its first batch, from its own rows (an upstream stage runs before the stages
+it feeds); until then a low watermark is *not known*, which fires no timer.
 
-Run it with every copy of the pipeline stopped. It only raises counters and
-creates the binding, so running it twice, or by mistake on a healthy ZooKeeper,
-changes nothing a writer relies on.
+Run it with every copy of the pipeline stopped. It only raises counters, creates
+the binding and raises injector watermarks to what the store's commits record
+(values their batches publish), so running it twice, or by mistake on a healthy
+ZooKeeper, changes nothing a writer relies on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from kazoo.client import KazooClient
 from kazoo.security import ACL
@@ -34,6 +39,7 @@ from kazoo.security import ACL
 from ..layout import StoreLayout
 from .binding import bind_store, store_path
 from .leases import next_sequencers, raise_sequencers
+from .watermarks import WatermarkAuthority, read_injector_watermark
 
 __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 
@@ -50,6 +56,8 @@ class ReseedPlan:
         zookeeper: per computation, interval -> the sequencer ZooKeeper would grant next.
         behind: per computation, interval -> the floor ZooKeeper's sequencer must reach
             (store's highest + 1), for the intervals where ZooKeeper is at or below the store.
+        injectors: per injector, its watermark as the store's commits record it (restored).
+        zookeeper_injectors: per injector of ``injectors``, ZooKeeper's watermark (None: none).
     """
 
     pipeline: str
@@ -58,6 +66,8 @@ class ReseedPlan:
     store: dict[str, dict[int, int]] = field(default_factory=dict)
     zookeeper: dict[str, dict[int, int]] = field(default_factory=dict)
     behind: dict[str, dict[int, int]] = field(default_factory=dict)
+    injectors: dict[str, int] = field(default_factory=dict)
+    zookeeper_injectors: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def needed(self) -> bool:
@@ -71,7 +81,8 @@ class ReseedPlan:
 
         return {"pipeline": self.pipeline, "store": self.root, "bound": self.bound, "needed": self.needed,
                 "store_sequencers": keyed(self.store), "zookeeper_next": keyed(self.zookeeper),
-                "raise_to": keyed(self.behind)}
+                "raise_to": keyed(self.behind), "injector_watermarks": dict(sorted(self.injectors.items())),
+                "zookeeper_injector_watermarks": dict(sorted(self.zookeeper_injectors.items()))}
 
 
 def store_sequencers(spark: Any, layout: StoreLayout) -> dict[str, dict[int, int]]:
@@ -86,10 +97,16 @@ def store_sequencers(spark: Any, layout: StoreLayout) -> dict[str, dict[int, int
     return out
 
 
-def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipeline: str) -> ReseedPlan:
-    """Compare the store's sequencers with ZooKeeper's (reads only)."""
+def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipeline: str,
+                injectors: Mapping[str, int] | None = None,
+                sequencers: dict[str, dict[int, int]] | None = None) -> ReseedPlan:
+    """Compare the store's sequencers with ZooKeeper's (reads only).
+
+    ``injectors``: the injector watermarks the store's commits record (the executor's
+    ``recorded_injector_watermarks``), restored by :func:`apply_reseed`. ``sequencers``: the
+    store's, when the caller read them already (:func:`store_sequencers`)."""
     bound = client.exists(store_path(pipeline)) is not None
-    held = store_sequencers(spark, layout)
+    held = store_sequencers(spark, layout) if sequencers is None else sequencers
     zk: dict[str, dict[int, int]] = {}
     behind: dict[str, dict[int, int]] = {}
     for comp, per in sorted(held.items()):
@@ -97,12 +114,15 @@ def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipelin
         low = {iv: s + 1 for iv, s in per.items() if zk[comp][iv] <= s}
         if low:
             behind[comp] = low
-    return ReseedPlan(pipeline, layout.root, bound, held, zk, behind)
+    wanted = dict(injectors or {})
+    current = {name: read_injector_watermark(client, pipeline=pipeline, injector=name) for name in sorted(wanted)}
+    return ReseedPlan(pipeline, layout.root, bound, held, zk, behind, wanted, current)
 
 
 def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: ReseedPlan, *,
                  acls: list[ACL] | None = None) -> dict[str, dict[int, int]]:
-    """Raise ZooKeeper's sequencers as ``plan`` says and record the store binding.
+    """Raise ZooKeeper's sequencers as ``plan`` says, record the store binding, and publish the
+    injector watermarks of ``plan`` (never moving one back).
 
     Returns the next sequencer per computation and interval afterwards.
 
@@ -115,4 +135,10 @@ def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: Res
     out: dict[str, dict[int, int]] = {}
     for comp, floors in sorted(plan.behind.items()):
         out[comp] = raise_sequencers(client, pipeline=plan.pipeline, computation=comp, floors=floors, acls=acls)
+    authority = WatermarkAuthority(client, pipeline=plan.pipeline, acls=acls)
+    try:
+        for name, watermark_ms in sorted(plan.injectors.items()):
+            authority.publish_injector(name, watermark_ms)
+    finally:
+        authority.close()
     return out

@@ -4,9 +4,10 @@ Connection states: every call that writes needs a live session. While the
 connection is SUSPENDED (a server went away, or the ensemble lost its quorum and
 answers nobody), writes and reads *pause* as commits do
 (:meth:`.LeaseManager.await_valid`): they log once that they are paused and why,
-wait for ZooKeeper to serve again (``max_pause_s``, default: as long as the
-session is not reported expired; then :class:`LeaseSuspendedError`), log that
-they resume, and go on; a call cut off mid-way by the drop is repeated,
+wait for ZooKeeper to serve again (``max_pause_s``, default 300 s, None: as long
+as the session is not reported expired; then :class:`LeaseSuspendedError`; a
+server that lost its data: :class:`CoordinatorStateLostError`, ``refusal.py``), log
+that they resume, and go on; a call cut off mid-way by the drop is repeated,
 re-reading before it writes. :meth:`WatermarkAuthority.last_known` serves, without ZooKeeper, the
 last *published* low watermark this instance saw, flagged ``stale``: safe,
 because published values never move backwards, so a stale value is only ever
@@ -77,8 +78,10 @@ from ..exceptions import CodecError, ConfigError, LeaseLostError, LeaseSuspended
 from ..layout import validate_name
 from .client import zk_errors
 from .leases import MAX_INTERVAL, ZNODE_DAMAGED_HINT, interval_path
+from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
 
-__all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream"]
+__all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream",
+           "read_injector_watermark"]
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +167,17 @@ def _decode(data: bytes, what: str) -> Raw:
     return raw
 
 
+def read_injector_watermark(client: KazooClient, *, pipeline: str, injector: str) -> int | None:
+    """The stored watermark of ``injector`` in ``pipeline`` (None: never published), read once and
+    without a :class:`WatermarkAuthority` (which sets up the ZooKeeper layout): for read-only tools."""
+    path = f"/pipelines/{validate_name('pipeline', pipeline)}/watermarks/injectors/{validate_name('injector', injector)}"
+    try:
+        data, _ = client.get(path)
+    except NoNodeError:
+        return None
+    return int(_decode(data, "injector watermark")["watermark_ms"])
+
+
 def _check_ms(name: str, value: int | None, *, optional: bool) -> None:
     if (value is not None or not optional) and (not isinstance(value, int) or isinstance(value, bool)
                                                 or not -END_OF_TIME <= value <= END_OF_TIME):
@@ -226,11 +240,15 @@ def _owner_fence(what: str, owner_path: str, sequencer: int, data: bytes | None,
 class _Pause:
     """One call's wait for ZooKeeper to serve again, as :meth:`.LeaseManager.await_valid` pauses
     commits: a warning when it starts (what and why), one every ``log_every_s`` while it lasts,
-    one when it ends; :class:`LeaseSuspendedError` after ``bound`` seconds (None: no bound)."""
+    one when it ends; :class:`LeaseSuspendedError` after ``bound`` seconds (None: no bound).
+    ``probe(paused_s, final)`` is asked while it lasts (:func:`.refusal.check_refused`: a server
+    that lost its data is not waited for)."""
 
-    def __init__(self, what: str, bound: float | None, *, log_every_s: float = 30.0) -> None:
+    def __init__(self, what: str, bound: float | None, *, log_every_s: float = 30.0,
+                 probe: Callable[[str, float, bool], None] | None = None) -> None:
         self.what = what
         self.bound = bound
+        self.probe = probe
         self.log_every_s = log_every_s
         self.started: float | None = None
         self._next_log = 0.0
@@ -245,10 +263,14 @@ class _Pause:
         elif now >= self._next_log:
             self._next_log = now + self.log_every_s
             log.warning("%s still paused after %.0f s: ZooKeeper does not serve", self.what, now - self.started)
-        if self.bound is not None and now - self.started >= self.bound:
+        final = self.bound is not None and now - self.started >= self.bound
+        if self.probe is not None:
+            self.probe(self.what, now - self.started, final)
+        if final:
             raise LeaseSuspendedError(
-                f"{self.what} paused for {now - self.started:.0f} s and ZooKeeper still does not serve ({why}); "
-                "nothing was written. Bring ZooKeeper back (a majority of the ensemble's servers) and run again")
+                f"{self.what} paused for {now - self.started:.0f} s and ZooKeeper still does not serve ({why}): no "
+                "server answers (unreachable, or down) or the ensemble lost its quorum; nothing was written. Bring "
+                "ZooKeeper back (a majority of the ensemble's servers) and run again")
         time.sleep(0.05)
 
     def resumed(self) -> None:
@@ -267,12 +289,13 @@ class WatermarkAuthority:
         clock: stamps ``published_ms`` and measures lag.
         acls: ACLs for created znodes (:func:`.zkclient.digest_acls`); ``None`` = open.
         max_pause_s: how long a call waits for a suspended connection to serve again before it
-            raises :class:`LeaseSuspendedError` (None: as long as the session is not reported
-            expired); give it the lease manager's ``max_pause_s``.
+            raises :class:`LeaseSuspendedError` (default :data:`.refusal.DEFAULT_MAX_PAUSE_S`;
+            None: as long as the session is not reported expired); give it the lease manager's
+            ``max_pause_s``. A server that lost its data is not waited for (``refusal.py``).
     """
 
     def __init__(self, client: KazooClient, *, pipeline: str, clock: Clock = _SYSTEM_CLOCK,
-                 acls: list[ACL] | None = None, max_pause_s: float | None = None) -> None:
+                 acls: list[ACL] | None = None, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S) -> None:
         self._client = client
         self.max_pause_s = max_pause_s
         self.pipeline = validate_name("pipeline", pipeline)
@@ -316,7 +339,7 @@ class WatermarkAuthority:
         connection is back means it expired meanwhile (:class:`LeaseLostError`).
         """
         own = pause is None
-        pause = pause or _Pause(what, self.max_pause_s)
+        pause = pause or self._pause(what)
         while self._client.state != KazooState.CONNECTED:
             pause.wait(f"the ZooKeeper connection is {str(self._client.state).lower()}")
         if session is not None and self._session() != session:
@@ -330,7 +353,7 @@ class WatermarkAuthority:
         made this way re-reads before it writes, so a repeat is safe). One pause for all of it:
         logged once, bounded by ``max_pause_s``. ``session``: the call writes under lease
         sequencers granted in that session, so it must not go on in a new one."""
-        pause = _Pause(what, self.max_pause_s)
+        pause = self._pause(what)
         while True:
             self._connected(what, pause, session=session)
             try:
@@ -340,6 +363,12 @@ class WatermarkAuthority:
                 continue
             pause.resumed()
             return result
+
+    def _pause(self, what: str) -> _Pause:
+        def probe(what: str, paused_s: float, final: bool) -> None:
+            check_refused(self._client, paused_s=paused_s, what=what, pipeline=self.pipeline, final=final)
+
+        return _Pause(what, self.max_pause_s, probe=probe)
 
     def _get(self, path: str) -> tuple[bytes | None, ZnodeStat | None]:
         try:

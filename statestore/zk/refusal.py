@@ -1,0 +1,142 @@
+"""A paused client whose ZooKeeper lost its data: found, named, and never waited for forever.
+
+ZooKeeper SUSPENDED / LOST: this module acts only while a client is SUSPENDED (kazoo reconnects
+by itself; a session that expired is reported LOST, and the lease and watermark code handles
+that). It never changes the client's state.
+
+A ZooKeeper server refuses to resume a session for a client that has seen a newer transaction
+(zxid) than the server has: "Refusing session request ... as it has seen zxid 0x57 our last zxid
+is 0x0 client must try another server". That server was started on an empty data folder or
+restored from an older copy. kazoo only sees the socket close and retries, SUSPENDED, exactly as
+when no server answers or the ensemble has no quorum; the session is never reported expired, so
+a commit or a watermark call pausing for it (``LeaseManager.await_valid``, the watermark
+authority's pauses) would wait forever.
+
+:func:`check_refused` tells the two apart. Once the client has been paused longer than its
+session timeout plus :data:`PROBE_MARGIN_S` (a server that still had the session would have taken
+it back by then), it opens a short probe session on the same hosts (no chroot, no credentials: it
+only syncs and reads the root's stat) and compares the ensemble's last zxid with the last one the
+client saw. Behind means the ensemble lost its data: :class:`CoordinatorStateLostError`, with the
+recovery. A probe that cannot connect either means ZooKeeper is unreachable or without quorum:
+the caller pauses on, up to its ``max_pause_s`` (:data:`DEFAULT_MAX_PAUSE_S` by default), and
+stops with :class:`LeaseSuspendedError` naming that cause. A probe session is a write to the
+ensemble (ZooKeeper records its creation), so probes are spaced :data:`PROBE_EVERY_S` apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient, KazooState
+
+from ..exceptions import CoordinatorStateLostError
+
+__all__ = ["DEFAULT_MAX_PAUSE_S", "PROBE_MARGIN_S", "PROBE_EVERY_S", "check_refused", "hosts_of"]
+
+log = logging.getLogger(__name__)
+_PROBE_LOG = logging.getLogger(f"{__name__}.probe")  # kazoo's lines about the probe's own connection
+_PROBE_LOG.setLevel(logging.ERROR)
+
+DEFAULT_MAX_PAUSE_S = 300.0
+"""How long a batch pauses by default while ZooKeeper does not serve, before the run stops."""
+PROBE_MARGIN_S = 5.0
+"""Added to the session timeout: how long a paused client waits before it probes the ensemble."""
+PROBE_EVERY_S = 5.0
+"""Seconds between two probes of one client's ensemble."""
+_PROBE_CONNECT_S = 5.0
+
+
+@dataclass
+class _Probing:
+    """What is known about one client's ensemble while it is paused."""
+
+    next_at: float = 0.0
+    lost: str | None = None  # why its data is known lost (the verdict stays for the client's life)
+
+
+_STATE: weakref.WeakKeyDictionary[KazooClient, _Probing] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def hosts_of(client: KazooClient) -> str:
+    """The client's servers as a connection string, without its chroot.
+
+    >>> hosts_of(KazooClient(hosts="127.0.0.1:2181,[::1]:2182/dw"))
+    '127.0.0.1:2181,[::1]:2182'
+    """
+    return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in client.hosts)
+
+
+def _session_timeout_s(client: KazooClient) -> float:
+    return float(getattr(client, "_session_timeout", 10_000)) / 1000.0
+
+
+def _ensemble_zxid(hosts: str) -> int | None:
+    """The ensemble's last zxid as a new session sees it after a sync; None: no server serves."""
+    probe = KazooClient(hosts=hosts, timeout=10.0, connection_retry={"max_tries": 0}, logger=_PROBE_LOG)
+    try:
+        probe.start(timeout=_PROBE_CONNECT_S)
+    except Exception:  # noqa: BLE001 - unreachable, no quorum, refused: not serving, for the caller
+        return None  # (start stopped and closed it)
+    try:
+        probe.sync("/")
+        probe.exists("/")
+        return int(probe.last_zxid)
+    except Exception:  # noqa: BLE001 - lost again meanwhile: not serving
+        return None
+    finally:
+        probe.stop()
+        probe.close()
+
+
+def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: str, final: bool = False) -> None:
+    """Raise when the ensemble of a paused ``client`` lost its data (see the module docstring).
+
+    A no-op while the client is connected, or paused for less than its session timeout plus
+    :data:`PROBE_MARGIN_S` (``final``: the caller gives up now, so probe anyway), or when it
+    probed less than :data:`PROBE_EVERY_S` ago. Once found, the loss is raised at once by every
+    later call for the same client until it is connected again.
+
+    Args:
+        client: the paused client (its hosts and the last zxid it saw).
+        paused_s: how long the caller has been paused.
+        what: what is paused (the message starts with it).
+        pipeline: the pipeline whose state the ensemble held (for the recovery command).
+        final: the caller stops after this call whatever it finds.
+
+    Raises:
+        CoordinatorStateLostError: the ensemble serves a new session but is behind the last
+            transaction this client saw.
+    """
+    with _LOCK:
+        state = _STATE.setdefault(client, _Probing())
+        if client.state == KazooState.CONNECTED:
+            state.lost = None  # (a new session, after the old one was refused and expired)
+            return
+        lost = state.lost
+        now = time.monotonic()
+        due = now >= state.next_at and (final or paused_s >= _session_timeout_s(client) + PROBE_MARGIN_S)
+        if lost is None and due:
+            state.next_at = now + PROBE_EVERY_S
+    if lost is None and due:
+        seen = int(client.last_zxid or 0)
+        hosts = hosts_of(client)
+        theirs = _ensemble_zxid(hosts)
+        log.warning("%s: paused %.0f s; ZooKeeper at %s %s", what, paused_s, hosts,
+                    "does not serve a new session either (unreachable, or without quorum)" if theirs is None else
+                    f"serves a new session at zxid 0x{theirs:x}; this client has seen 0x{seen:x}")
+        if theirs is not None and theirs < seen:
+            lost = (f"ZooKeeper at {hosts} lost its data: it serves new sessions but refuses this client's, "
+                    f"which has seen transaction zxid 0x{seen:x} while the ensemble's last is 0x{theirs:x} (its "
+                    "data folder was wiped, or restored from an older copy)")
+            with _LOCK:
+                state.lost = lost
+    if lost is not None:
+        raise CoordinatorStateLostError(
+            f"{what}: {lost}. Nothing was committed or published since the pause began. Stop every running "
+            f"copy of pipeline {pipeline!r}, then run `deltawheel reseed --store <its store> --pipeline {pipeline} "
+            "--apply` (docs/coordinator-recovery.md, 'Lost ZooKeeper data') and start the pipeline again")

@@ -20,7 +20,7 @@ from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.runtime.sources import ParquetInjector
 from deltawheel.executor.tasks.direct import DirectBatch, batch_files, direct_table
 from deltawheel.executor.tasks.imagejob import ImageTasks
-from deltawheel.executor.tasks.merge import prepare_input
+from deltawheel.executor.tasks.input import prepare_input
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES
 from executor_util import ByRecordKey, RoutedLate, state_of, stream_rows

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, make_record
 from deltawheel.executor.tasks.image import SUMMARY_DDL, ImageSpec, _run
-from deltawheel.executor.tasks.imagejob import PREP_DDL
+from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.tasks.keyrun import run_key
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow

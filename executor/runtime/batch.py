@@ -79,8 +79,9 @@ from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from ..computation import Computation
 from ..tasks.direct import DirectSource
 from ..tasks.imagejob import ImageTasks
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..tasks.job import BatchRun, UserJob
-from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MergeTasks
+from ..tasks.merge.job import MergeTasks
 from .faults import BatchFailedError, FaultPoint
 from .hooks import InjectorHook
 from .inflight import InFlight, OpenDelivery

@@ -40,7 +40,7 @@ from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 from ..tasks.direct import DirectSource, direct_source
-from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MALFORMED_CODEC, RAW_COLUMN
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS, MALFORMED_CODEC, RAW_COLUMN
 from .estimates import PendingPercentile, check_percentile
 
 __all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "ParquetInjector", "DeltaTableInjector",

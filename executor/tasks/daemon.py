@@ -25,7 +25,8 @@ __all__ = ["preload"]
 
 PRELOAD = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
            "deltawheel.executor.tasks.direct", "deltawheel.executor.tasks.image", "deltawheel.executor.tasks.imagekeys",
-           "deltawheel.executor.tasks.keyrun", "deltawheel.executor.tasks.merge", "deltawheel.executor.tasks.worker")
+           "deltawheel.executor.tasks.keyrun", "deltawheel.executor.tasks.input",
+           "deltawheel.executor.tasks.merge.task", "deltawheel.executor.tasks.worker")
 
 
 def preload() -> list[str]:

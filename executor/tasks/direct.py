@@ -1,7 +1,7 @@
 """Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
 
 On the JVM path a batch reaches the image tasks through Spark: the file scan,
-the prepared columns (``_tasks.prepare_input`` and the image plan's
+the prepared columns (``input.prepare_input`` and the image plan's
 projection), a shuffle by interval and Arrow to the Python workers -- a map
 stage of one task per input file (one core) before the Python stage can
 start. When a computation's only input is a :class:`ParquetInjector` in a folder
@@ -39,7 +39,7 @@ from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
 from .claims import ClaimBoard, claimed_intervals
 from .image import ImageSpec, holds, run_task
-from .merge import (
+from .input import (
     _ERR,  # the key extractors' error marker (a key column can hold it too)
     ahead_reason,
 )

@@ -30,7 +30,6 @@ from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, strea
 
 from ..computation import Computation, LatePolicy
 from ..runtime.faults import BatchFailedError
-from . import merge as _tasks
 from .claims import ClaimBoard, ClaimError, claim_board, drop_board
 from .direct import (
     DirectBatch,
@@ -40,13 +39,11 @@ from .direct import (
     markers_task_fn,
 )
 from .image import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn
-from .job import BatchRun, Prepared
-from .merge import interval_of_key
+from .input import PREP_DDL, RAW_COLUMN, interval_of_key, original_text, prepare_input
+from .job import BatchRun, Prepared, user_error_message
 
-__all__ = ["ImageTasks", "PREP_DDL", "place_intervals", "spark_partition_of_int"]
+__all__ = ["ImageTasks", "place_intervals", "spark_partition_of_int"]
 
-PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
-            "position STRING, late BOOLEAN, _bad STRING")
 _PREP_COLUMNS = [c.split()[0] for c in PREP_DDL.split(", ")]
 
 
@@ -165,9 +162,9 @@ class ImageTasks:
                 bound = self.event_ahead_ms.get(self.direct_source.stream)
                 direct = DirectBatch(self.direct_source, files, self.comp.num_intervals, wm_late, (),
                                      None if bound is None else (now, bound))
-        prep = (_tasks.prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
+        prep = (prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
                 if df is not None and direct is None else None)
-        return _Prepared(prep, direct=direct, df=df, raw=_tasks.original_text(df))
+        return _Prepared(prep, direct=direct, df=df, raw=original_text(df))
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchOutput]:
@@ -183,13 +180,13 @@ class ImageTasks:
         except (StaleViewError, ClaimError):
             raise
         except Exception as exc:  # noqa: BLE001 - user code errors surface here
-            raise BatchFailedError(_tasks.user_error_message(exc, self.comp.name, batch_id)) from exc
+            raise BatchFailedError(user_error_message(exc, self.comp.name, batch_id)) from exc
         mark("load_and_user_code")
         dead, late_rows = out.side("dead"), out.side("late")
         in_tasks = [r for r in dead if r["position"] is None]  # user code's, not input-level ones
         if df is not None and in_tasks:
             fill_positions(prep if prep is not None else
-                           _tasks.prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
+                           prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
                                                 ahead=(now, self.event_ahead_ms)), dead)
         if in_tasks and prepared.raw is not None:
             _original_values(prepared.raw, in_tasks)
@@ -363,8 +360,8 @@ def _original_values(raw: Any, dead: list[dict[str, Any]]) -> None:
     from pyspark.sql import functions as F
 
     ids = sorted({r["record_id"] for r in dead})
-    text = {r["record_id"]: bytes(r[_tasks.RAW_COLUMN]) for r in raw.where(F.col("record_id").isin(ids)).select(
-        "record_id", _tasks.RAW_COLUMN).collect() if r[_tasks.RAW_COLUMN] is not None}
+    text = {r["record_id"]: bytes(r[RAW_COLUMN]) for r in raw.where(F.col("record_id").isin(ids)).select(
+        "record_id", RAW_COLUMN).collect() if r[RAW_COLUMN] is not None}
     for r in dead:
         r["value"] = text.get(r["record_id"], r["value"])
 

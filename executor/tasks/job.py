@@ -3,16 +3,17 @@ then dedup, loading the rows and user code in Spark tasks.
 
 A :class:`UserJob` runs the tasks whose output a write path (``statestore/writepath``)
 commits and delivers: :class:`~deltawheel.executor.tasks.imagejob.ImageTasks` for the image path,
-:class:`~deltawheel.executor.tasks.merge.MergeTasks` for the MERGE path. The executor's one
+:class:`~deltawheel.executor.tasks.merge.job.MergeTasks` for the MERGE path. The executor's one
 protocol body (``batch.py``) calls it; it writes nothing itself.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
-__all__ = ["Prepared", "BatchRun", "UserJob"]
+__all__ = ["Prepared", "BatchRun", "UserJob", "user_error_message"]
 
 BatchT = TypeVar("BatchT")
 
@@ -84,3 +85,11 @@ class UserJob(Protocol[BatchT]):
 
     def observe(self, run: BatchRun[BatchT]) -> None:
         """After the commit: remember what the batch cost per interval (task placement)."""
+
+
+def user_error_message(exc: BaseException, computation: str, batch_id: int) -> str:
+    """A one-line message for a batch that failed in a Spark task: the user code's error when it is found."""
+    text = str(exc)
+    m = re.search(r"UserCodeError: (.*?)(?:\n|$)", text) or re.search(r"(\w+Error: .*?)(?:\n|$)", text)
+    detail = m.group(1) if m else text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
+    return f"{computation} batch {batch_id} failed in a Spark task: {detail}"

@@ -1,6 +1,6 @@
 """Running user code for one key in one batch — pure Python, no Spark, no I/O.
 
-``run_key`` runs inside the MERGE path's Spark tasks (``_tasks.py``), in the
+``run_key`` runs inside the MERGE path's Spark tasks (``merge/task.py``), in the
 driver for tests, and under the windowing scenario harness; the image path's
 column-wise key loop (``_imagekeys.py``) does steps 1 and 4 on Arrow columns
 and uses :class:`UserCode` for steps 1-3 like ``run_key`` does, so what

@@ -31,8 +31,8 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
     """Measure the filter against the exact lookup (best of ``rounds``); returns the figures."""
     import pyarrow as pa
     from deltawheel.executor.computation import Computation
-    from deltawheel.executor.tasks import image as _imagetask
-    from deltawheel.executor.tasks.imagekeys import Input
+    from deltawheel.executor.tasks.image import interval as _imagetask
+    from deltawheel.executor.tasks.image.keys import Input
     from deltawheel.statestore.rowtable.bloom import IdBloom
 
     class Comp(Computation):
@@ -69,8 +69,8 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
 
 
 def _build(cls: Any, ids: Any, n: int) -> Any:
-    from deltawheel.executor.tasks import image as _imagetask
-    from deltawheel.executor.tasks.imagekeys import py_list
+    from deltawheel.executor.tasks.image import interval as _imagetask
+    from deltawheel.executor.tasks.image.keys import py_list
 
     bloom = cls(max(2 * n, _imagetask.BLOOM_MIN_CAPACITY), error_rate=_imagetask.BLOOM_ERROR_RATE)
     bloom.add_many(py_list(ids.table.column("record_id")))

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, make_record
-from deltawheel.executor.tasks.image import SUMMARY_DDL, ImageSpec, _run
+from deltawheel.executor.tasks.image.interval import SUMMARY_DDL, ImageSpec, _run
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.tasks.keyrun import run_key
 from deltawheel.statestore.delta.storefs import TableFiles
@@ -263,7 +263,7 @@ def test_a_bloom_filter_answering_maybe_gives_the_exact_results(spark, tmp_path,
     """The dedup Bloom filter only decides when the stored ids are looked at: a filter sized so
     that it answers "maybe" for most ids gives the rows, productions and counts of the exact
     path (the run above compares both with ``run_key``, which has no filter)."""
-    from deltawheel.executor.tasks import image as _imagetask
+    from deltawheel.executor.tasks.image import interval as _imagetask
 
     monkeypatch.setattr(_imagetask, "BLOOM_ERROR_RATE", 0.9)
     monkeypatch.setattr(_imagetask, "BLOOM_MIN_CAPACITY", 1)
@@ -277,8 +277,8 @@ def test_the_candidates_lookup_matches_the_full_lookup() -> None:
     every record gives: a record is a duplicate only when its own key's row holds its id (an id
     another key holds is not), whatever the filter's false positives."""
     import numpy as np
-    from deltawheel.executor.tasks.image import _Ids, already_seen
-    from deltawheel.executor.tasks.imagekeys import Input
+    from deltawheel.executor.tasks.image.interval import _Ids, already_seen
+    from deltawheel.executor.tasks.image.keys import Input
 
     rng = random.Random(5)
     held_keys = [f"k{rng.randint(0, 300)}" for _ in range(4_000)]

@@ -77,8 +77,8 @@ from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import Computation
-from ..tasks.direct import DirectSource
-from ..tasks.imagejob import ImageTasks
+from ..tasks.image.direct import DirectSource
+from ..tasks.image.job import ImageTasks
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..tasks.job import BatchRun, UserJob
 from ..tasks.merge.job import MergeTasks

@@ -2,7 +2,7 @@
 then dedup, loading the rows and user code in Spark tasks.
 
 A :class:`UserJob` runs the tasks whose output a write path (``statestore/writepath``)
-commits and delivers: :class:`~deltawheel.executor.tasks.imagejob.ImageTasks` for the image path,
+commits and delivers: :class:`~deltawheel.executor.tasks.image.job.ImageTasks` for the image path,
 :class:`~deltawheel.executor.tasks.merge.job.MergeTasks` for the MERGE path. The executor's one
 protocol body (``batch.py``) calls it; it writes nothing itself.
 """

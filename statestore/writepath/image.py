@@ -6,7 +6,7 @@ post-commit state) and an insert-only MERGE per delivery the same again. The
 image path keeps the single-row-per-key table and its partitioning by
 (computation, interval), but replaces whole interval partitions:
 
-- the batch's tasks (``executor/tasks/image.py``) read the interval images
+- the batch's tasks (``executor/tasks/image/interval.py``) read the interval images
   (the files of :meth:`ImagePath.images`), and write the new images and the
   productions as Parquet files with :func:`write_interval_image` and
   :func:`write_production_files` (invisible until committed);

@@ -29,9 +29,9 @@ from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError
 from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, DOMAINS, TimeDomain, Timer, new_timer
 
-from ..computation import Computation, Record, new_record
-from ..context import Context
-from .keyrun import UserCode, codec_of
+from ...computation import Computation, Record, new_record
+from ...context import Context
+from ..keyrun import UserCode, codec_of
 
 __all__ = ["Input", "OldRows", "KeyLoop", "side_row", "py_list", "constant_or_list"]
 

@@ -47,8 +47,8 @@ from deltawheel.statestore.writepath.image import (
     write_production_files,
 )
 
-from ..computation import Computation
-from .imagekeys import Input, KeyLoop, OldRows, py_list, side_row
+from ...computation import Computation
+from .keys import Input, KeyLoop, OldRows, py_list, side_row
 
 __all__ = ["ImageSpec", "holds", "image_task_fn", "run_task", "SUMMARY_DDL", "STALE_MARK"]
 
@@ -97,7 +97,7 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from .worker import freeze_spark_zips
+        from ..worker import freeze_spark_zips
 
         freeze_spark_zips()
         got = list(batches)

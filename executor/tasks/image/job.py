@@ -28,8 +28,10 @@ from deltawheel.statestore.writepath.delivery import fill_positions, side_frame
 from deltawheel.statestore.writepath.image import BatchOutput, ImagePath
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
-from ..computation import Computation, LatePolicy
-from ..runtime.faults import BatchFailedError
+from ...computation import Computation, LatePolicy
+from ...runtime.faults import BatchFailedError
+from ..input import PREP_DDL, RAW_COLUMN, interval_of_key, original_text, prepare_input
+from ..job import BatchRun, Prepared, user_error_message
 from .claims import ClaimBoard, ClaimError, claim_board, drop_board
 from .direct import (
     DirectBatch,
@@ -38,9 +40,7 @@ from .direct import (
     direct_task_fn,
     markers_task_fn,
 )
-from .image import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn
-from .input import PREP_DDL, RAW_COLUMN, interval_of_key, original_text, prepare_input
-from .job import BatchRun, Prepared, user_error_message
+from .interval import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn
 
 __all__ = ["ImageTasks", "place_intervals", "spark_partition_of_int"]
 

@@ -37,12 +37,12 @@ from deltawheel.statestore.delta.storefs import (
 )
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
-from .claims import ClaimBoard, claimed_intervals
-from .image import ImageSpec, holds, run_task
-from .input import (
+from ..input import (
     _ERR,  # the key extractors' error marker (a key column can hold it too)
     ahead_reason,
 )
+from .claims import ClaimBoard, claimed_intervals
+from .interval import ImageSpec, holds, run_task
 
 __all__ = ["DirectSource", "DirectBatch", "batch_files", "direct_source", "direct_task_fn", "direct_table"]
 
@@ -215,7 +215,7 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
     def fn(t: int, _rows: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from .worker import freeze_spark_zips
+        from ..worker import freeze_spark_zips
 
         freeze_spark_zips()
         planned = tasks[t] if t < len(tasks) else ()

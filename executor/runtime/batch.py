@@ -71,8 +71,8 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath import StaleViewError, WritePath
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
-from deltawheel.statestore.writepath.image import ImagePath
-from deltawheel.statestore.writepath.merge import MergePath
+from deltawheel.statestore.writepath.image.path import ImagePath
+from deltawheel.statestore.writepath.merge.path import MergePath
 from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
@@ -145,7 +145,7 @@ class ComputationExecutor:
         on_batch_end: called with each micro-batch's observed max event time (injectors
             use it to move their watermark estimate).
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
-            ``statestore/writepath/image.py``; local, ``file:`` and ``s3a://`` stores), ``"merge"`` (a fenced
+            ``statestore/writepath/image/``; local, ``file:`` and ``s3a://`` stores), ``"merge"`` (a fenced
             MERGE per batch, any store), or ``"auto"`` (image where it can, else merge:
             :func:`choose_write_path`; the start's log line says which and why).
         intervals: the key intervals this instance takes (default: all). Several instances

@@ -14,9 +14,9 @@ path at the steps that touch storage:
 Dead letters and late records go to their tables through :mod:`.delivery` on every path
 (insert if absent: idempotent, whatever the path).
 
-Two implementations: :class:`~.image.ImagePath` (each task turns an interval's current file
+Two implementations: :class:`~.image.path.ImagePath` (each task turns an interval's current file
 into a new one; the driver commits all of them in one Delta transaction; local and ``s3a://`` stores) and
-:class:`~.merge.MergePath` (a fenced MERGE per batch; any store). A new path implements the
+:class:`~.merge.path.MergePath` (a fenced MERGE per batch; any store). A new path implements the
 five methods below and passes ``tests/test_writepath_contract.py``.
 
 What every method guarantees is written on it. In short: a write never lands for a writer

@@ -19,7 +19,7 @@ partition of the rows table. It
 4. writes the new image as one Parquet file in the interval's partition
    folder and the new productions as one file per stream in the stream
    table's folder, with the write path's functions
-   (``statestore/writepath/image.py``) — neither is visible until the driver
+   (``statestore/writepath/image/``) — neither is visible until the driver
    commits it; on S3 the uploads run in the background and the task waits
    for all of them before it returns its summary;
 5. returns one summary row per interval (file paths, counts, oldest work).
@@ -40,7 +40,7 @@ from deltawheel.statestore.delta.storefs import TableFiles, background_uploads
 from deltawheel.statestore.rowtable.bloom import IdBloom
 from deltawheel.statestore.rowtable.inputfiles import union_payloads
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, ROW_FORMAT_VERSION
-from deltawheel.statestore.writepath.image import (
+from deltawheel.statestore.writepath.image.path import (
     next_processing,
     oldest_work,
     write_interval_image,

@@ -1,6 +1,6 @@
 """The image write path's Spark job (driver side): steps 2-4 of a batch in one job.
 
-The writes are the write path's (``statestore/writepath/image.py``); this module plans the
+The writes are the write path's (``statestore/writepath/image/``); this module plans the
 one Spark job per batch that runs user code: input preparation, a shuffle by interval and
 the user code in ``mapInArrow`` tasks (``_imagetask.py``). The tasks read the interval
 images the write path names (cached per Python worker by immutable file path), write the
@@ -25,7 +25,7 @@ from deltawheel.statestore.rowtable.frames import arrow_schema, spark_type
 from deltawheel.statestore.rowtable.rows import rows_file_ddl
 from deltawheel.statestore.writepath import StaleViewError
 from deltawheel.statestore.writepath.delivery import fill_positions, side_frame
-from deltawheel.statestore.writepath.image import BatchOutput, ImagePath
+from deltawheel.statestore.writepath.image.path import BatchOutput, ImagePath
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ...computation import Computation, LatePolicy

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY
-from deltawheel.statestore.writepath.merge import MergeBatch, MergePath
+from deltawheel.statestore.writepath.merge.path import MergeBatch, MergePath
 
 from ...computation import Computation
 from ...runtime.faults import BatchFailedError

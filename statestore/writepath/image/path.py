@@ -37,9 +37,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..delta.log import commit_info, commit_infos, json_commit_versions
-from ..delta.storefs import TableFiles, table_files
-from ..delta.txn import (
+from ...delta.log import commit_info, commit_infos, json_commit_versions
+from ...delta.storefs import TableFiles, table_files
+from ...delta.txn import (
     FileEntry,
     StaleFilesError,
     TableLog,
@@ -48,16 +48,16 @@ from ..delta.txn import (
     partition_file_name,
     write_file,
 )
-from ..exceptions import CommitConflictError, StaleSequencerError
-from ..layout import StoreLayout
-from ..rowtable.fencing import translate_commit_error
-from ..rowtable.frames import arrow_schema
-from ..rowtable.rows import FENCE_KEY, Production, rows_file_ddl
-from ..rowtable.store import raise_if_fenced
-from ..zk.owner import IntervalOwner
-from . import Recovered, StaleViewError, WritePath
-from .delivery import deliver_productions
-from .streams import (
+from ...exceptions import CommitConflictError, StaleSequencerError
+from ...layout import StoreLayout
+from ...rowtable.fencing import translate_commit_error
+from ...rowtable.frames import arrow_schema
+from ...rowtable.rows import FENCE_KEY, Production, rows_file_ddl
+from ...rowtable.store import raise_if_fenced
+from ...zk.owner import IntervalOwner
+from .. import Recovered, StaleViewError, WritePath
+from ..delivery import deliver_productions
+from ..streams import (
     STREAM_FORMAT_VERSION,
     ensure_stream_table,
     stream_schema_ddl,
@@ -222,7 +222,7 @@ class ImagePath(WritePath[BatchOutput]):
 
     Args:
         spark: the session.
-        layout: the store (one whose files Python reaches: :func:`~..delta.storefs.supports`).
+        layout: the store (one whose files Python reaches: :func:`~...delta.storefs.supports`).
         owner: holds the intervals (leases, sequencers, the rows store).
         name: the computation.
         outputs: the computation's output streams.

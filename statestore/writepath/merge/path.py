@@ -16,12 +16,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..layout import StoreLayout
-from ..rowtable.rows import Production, rows_schema_ddl
-from ..zk.owner import IntervalOwner
-from . import Recovered, WritePath
-from .delivery import deliver_frame, deliver_productions
-from .streams import ensure_stream_table
+from ...layout import StoreLayout
+from ...rowtable.rows import Production, rows_schema_ddl
+from ...zk.owner import IntervalOwner
+from .. import Recovered, WritePath
+from ..delivery import deliver_frame, deliver_productions
+from ..streams import ensure_stream_table
 
 __all__ = ["MergePath", "MergeBatch", "ROW_COLUMNS"]
 

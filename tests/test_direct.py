@@ -286,12 +286,12 @@ def _fenced_task(_t: int, _rows: Any) -> Any:
 
 
 def test_a_fenced_rdd_task_is_recognized_as_stale(spark) -> None:  # type: ignore[no-untyped-def]
-    """The direct and timers-only batches run as RDD tasks (images.TaskJob): a task that meets a
+    """The direct and timers-only batches run as RDD tasks (``image/task.py``, TaskJob): a task that meets a
     newer fence must still surface as StaleViewError (the driver then checks the fences and stops with
     StaleSequencerError), not as a user-code failure."""
-    from deltawheel.executor.tasks.image.job import TaskJob
+    from deltawheel.executor.tasks.image.task import TaskJob, collect
     from deltawheel.statestore.writepath import StaleViewError
 
     job = TaskJob(spark.sparkContext.parallelize(range(2), 2).mapPartitionsWithIndex(_fenced_task))
     with pytest.raises(StaleViewError, match=r"interval 1 of c is fenced by sequencer 7 \(ours: 3\)"):
-        ImageTasks.collect(None, job)  # type: ignore[arg-type]
+        collect(job)

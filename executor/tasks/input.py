@@ -6,7 +6,8 @@ callable extractor runs as a pandas UDF), the late flag against the watermark, a
 reason a record is a dead letter (no usable key, no record id or timestamp, malformed input, an
 event time too far ahead of the clock: :func:`ahead_reason`). The key -> interval mapping of
 every write path is :func:`interval_of_key`. A text source's original text (:data:`RAW_COLUMN`)
-follows its records' dead letters (:func:`original_text`, :func:`with_original_text`).
+follows its records' dead letters (:func:`original_text`, :func:`with_original_text`,
+:func:`original_texts`); :func:`positions_of` finds records' source positions.
 
 The column expressions built here are the only code of this module shipped to the Python
 workers (the key UDF): they capture plain values, never the session, the store or ZooKeeper.
@@ -14,7 +15,7 @@ workers (the key UDF): they capture plain values, never the session, the store o
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
@@ -23,7 +24,7 @@ from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES
 from ..computation import RECORD_KEY, Computation, key_or_reason
 
 __all__ = ["prepare_input", "interval_of_key", "key_expression", "ahead_reason", "original_text",
-           "with_original_text", "PREP_DDL", "DEFAULT_MAX_EVENT_AHEAD_MS", "MALFORMED_CODEC", "MALFORMED_REASON",
+           "original_texts", "positions_of", "with_original_text", "PREP_DDL", "DEFAULT_MAX_EVENT_AHEAD_MS", "MALFORMED_CODEC", "MALFORMED_REASON",
            "RAW_COLUMN"]
 
 #: The prepared input's columns (:func:`prepare_input`): what the tasks of either path get per record
@@ -135,6 +136,27 @@ def original_text(df: Any | None) -> Any | None:
     """The micro-batch ``df`` when it carries its records' original text (:data:`RAW_COLUMN`), else
     None: the tasks' dead letters (user code's) look theirs up in it by record id."""
     return df if df is not None and RAW_COLUMN in df.columns else None
+
+
+def original_texts(raw: Any, ids: Iterable[str]) -> dict[str, bytes]:
+    """Record id -> its original text in ``raw`` (:func:`original_text` of the micro-batch), for the
+    records of ``ids`` that have one (one small Spark job)."""
+    from pyspark.sql import functions as F
+
+    wanted = sorted(set(ids))
+    return {r["record_id"]: bytes(r[RAW_COLUMN]) for r in raw.where(F.col("record_id").isin(wanted)).select(
+        "record_id", RAW_COLUMN).collect() if r[RAW_COLUMN] is not None}
+
+
+def positions_of(prep: Any, ids: Iterable[str]) -> dict[str, Any]:
+    """Record id -> its source position in the prepared input ``prep`` (:func:`prepare_input`), for
+    the records of ``ids`` (one small Spark job): the image path ships positions to its tasks for
+    input-level dead letters only; the tasks' own dead letters look theirs up here."""
+    from pyspark.sql import functions as F
+
+    wanted = sorted(set(ids))
+    return {r["record_id"]: r["position"] for r in
+            prep.where(F.col("record_id").isin(wanted)).select("record_id", "position").collect()}
 
 
 def with_original_text(dead: Any, raw: Any) -> Any:

@@ -71,17 +71,14 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath import StaleViewError, WritePath
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
-from deltawheel.statestore.writepath.image.path import ImagePath
-from deltawheel.statestore.writepath.merge.path import MergePath
 from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import Computation
 from ..tasks.image.direct import DirectSource
-from ..tasks.image.job import ImageTasks
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..tasks.job import BatchRun, UserJob
-from ..tasks.merge.job import MergeTasks
+from ..tasks.paths import PATHS
 from .faults import BatchFailedError, FaultPoint
 from .hooks import InjectorHook
 from .inflight import InFlight, OpenDelivery
@@ -90,7 +87,7 @@ from .metrics import BatchMetrics, batch_row, state_size
 from .reports import BatchReport, format_report, format_watermark
 from .rescale import SharedInput
 
-WRITE_PATHS = ("auto", "image", "merge")
+WRITE_PATHS = ("auto", *PATHS)  # "auto": choose_write_path picks one
 JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJobDescription
 REPORTS_KEPT = 10_000  # reports an executor keeps in memory (``ComputationExecutor.reports``)
 _LOG = logging.getLogger(__name__)
@@ -217,19 +214,11 @@ class ComputationExecutor:
         ahead: Mapping[str, int] = ({s: DEFAULT_MAX_EVENT_AHEAD_MS for s in computation.inputs}
                                     if event_ahead_ms is None else dict(event_ahead_ms))
         # the write path (every write of the rows and stream tables) and the Spark job whose
-        # output it commits and delivers
+        # output it commits and delivers (``tasks/paths.py``)
         self.path: WritePath[Any]
         self.job: UserJob[Any]
-        if write_path == "image":
-            image = ImagePath(spark, layout, owner, name=computation.name, outputs=computation.outputs,
-                              retention_ms=computation.dedup_retention_ms() if computation.exactly_once else None)
-            self.path, self.job = image, ImageTasks(computation, layout, image, partitions=self.partitions,
-                                                    event_ahead_ms=ahead)
-        else:
-            merge = MergePath(spark, layout, owner, name=computation.name, outputs=computation.outputs,
-                              track_oldest=authority is not None)
-            self.path, self.job = merge, MergeTasks(spark, computation, layout, merge, partitions=self.partitions,
-                                                    event_ahead_ms=ahead)
+        self.path, self.job = PATHS[write_path](spark, layout, computation, owner, partitions=self.partitions,
+                                                event_ahead_ms=ahead, watermarks=authority is not None)
 
     @property
     def direct_source(self) -> DirectSource | None:

@@ -2,8 +2,8 @@
 
 :meth:`ComputationExecutor.run_batch` runs DESIGN's seven steps once, whatever the write
 path; the write path (``statestore/writepath``: the image path or the MERGE path, picked by
-``write_path``) makes every write of the rows and stream tables, and its user job
-(``userjob.py``) runs steps 2-4 in Spark tasks. The steps, as the body's ``# Step N``
+``write_path`` from ``tasks/paths.py``) makes every write of the rows and stream tables, and its
+user job (``tasks/job.py``) runs steps 2-4 in Spark tasks. The steps, as the body's ``# Step N``
 comments number them:
 
 1. Check the leases of the owned intervals (a lost ZooKeeper session stops the
@@ -223,7 +223,7 @@ class ComputationExecutor:
     @property
     def direct_source(self) -> DirectSource | None:
         """Set by the pipeline runner when the input is a Parquet injector the image path's tasks
-        can read themselves (``_direct.py``); a batch that did says so in its report."""
+        can read themselves (``tasks/image/direct.py``); a batch that did says so in its report."""
         return self.job.direct_source
 
     @direct_source.setter

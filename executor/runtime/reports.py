@@ -39,7 +39,7 @@ class BatchReport:
     bloom_false_pos: int = 0
     bloom_bytes: int = 0
     # image path: the intervals the tasks ran, and how many of their images a task read from the
-    # store (the others its Python worker held: ``executor/tasks/image/claims.py``)
+    # store (the others its Python worker held: ``executor/tasks/image/task.py``)
     intervals_run: int = 0
     images_read: int = 0
     # records of an interval that moved between instances, dropped because an earlier owner

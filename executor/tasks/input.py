@@ -98,7 +98,7 @@ def prepare_input(df: Any, comp: Computation, wm: int | None, *,
     (one py4j call each) are then built once, only the late flag (the watermark) per batch.
     ``ahead``: (processing time now, {input stream: bound in ms}): a record of such a stream
     whose event time is more than the bound ahead of now is a dead letter (:func:`ahead_reason`;
-    after the other checks, as ``_direct.py`` orders them).
+    after the other checks, as the direct read, ``image/direct.py``, orders them).
     A frame with :data:`RAW_COLUMN` (a text source): a dead letter's ``value`` is that original text.
     Every DataFrame step is analysed eagerly, so the frame is built in as few steps as possible."""
     from pyspark.sql import functions as F

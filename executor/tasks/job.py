@@ -23,8 +23,8 @@ class Prepared:
     """The batch's input, prepared (step 2): ``input`` for the tasks (None: timers only or the
     tasks read the files themselves), input-level ``dead`` letters to record (a frame; None:
     none or recorded from the tasks' output), ``direct``: the tasks read the batch's files
-    (``_direct.py``), and ``raw``: the records' original text by record id, where the source kept it
-    (``merge.original_text``: the tasks' dead letters take theirs from it)."""
+    (``image/direct.py``), and ``raw``: the records' original text by record id, where the source
+    kept it (``input.original_text``: the tasks' dead letters take theirs from it)."""
 
     input: Any | None
     dead: Any | None = None
@@ -62,7 +62,7 @@ class BatchRun(Generic[BatchT]):
 class UserJob(Protocol[BatchT]):
     """The Spark side of steps 2-4 for one write path."""
 
-    #: the batch's Parquet files the tasks may read themselves (image path; ``_direct.py``)
+    #: the batch's Parquet files the tasks may read themselves (image path; ``image/direct.py``)
     direct_source: Any
     #: per input stream, how far (ms) a record's event time may be ahead of the clock
     event_ahead_ms: Mapping[str, int]

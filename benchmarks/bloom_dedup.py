@@ -4,7 +4,7 @@ An interval image holding ``--keys`` x ``--ids-per-key`` record ids (what a long
 retention keeps), and a batch of ``--batch`` new records of those keys plus ``--retries``
 retried ones. Measured (best of ``--rounds``): building the filter from the image (once per
 worker and image chain), the filter's check of the batch, the exact lookup it saves when no
-record is a retry (``_imagetask.already_seen``: ids against the stored ids), the filter's
+record is a retry (``executor/tasks/image/ids.py``, ``already_seen``: ids against the stored ids), the filter's
 false-positive rate over ids never added, and its memory. Prints and saves JSON.
 
     .venv/bin/python -m deltawheel.benchmarks.bloom_dedup --out bench-out/bloom.json
@@ -31,8 +31,9 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
     """Measure the filter against the exact lookup (best of ``rounds``); returns the figures."""
     import pyarrow as pa
     from deltawheel.executor.computation import Computation
-    from deltawheel.executor.tasks import image as _imagetask
-    from deltawheel.executor.tasks.imagekeys import Input
+    from deltawheel.executor.tasks.image import interval as _interval
+    from deltawheel.executor.tasks.image.ids import already_seen, flat_ids
+    from deltawheel.executor.tasks.image.keys import Input
     from deltawheel.statestore.rowtable.bloom import IdBloom
 
     class Comp(Computation):
@@ -42,7 +43,7 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
     names = [f"k{i:06d}" for i in range(keys)]
     held = [[{"record_id": f"old-{i}-{j}", "seen_ms": 1} for j in range(ids_per_key)] for i in range(keys)]
     image = pa.table({"key": names, "record_ids": held})
-    ids = _imagetask.flat_ids(image, None)
+    ids = flat_ids(image, None)
     n_held = keys * ids_per_key
 
     def batch_of(n_retry: int) -> Any:
@@ -56,23 +57,23 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
     fresh, mixed = batch_of(0), batch_of(retries)
     build_s, bloom = _best(lambda: _build(IdBloom, ids, n_held), rounds)
     check_s, maybe = _best(lambda: bloom.might_contain_many(fresh.ids), rounds)
-    exact_s, seen = _best(lambda: _imagetask.already_seen(Comp(), fresh, ids), rounds)
-    exact_mixed_s, seen_mixed = _best(lambda: _imagetask.already_seen(Comp(), mixed, ids), rounds)
+    exact_s, seen = _best(lambda: already_seen(Comp(), fresh, ids), rounds)
+    exact_mixed_s, seen_mixed = _best(lambda: already_seen(Comp(), mixed, ids), rounds)
     assert seen is None and seen_mixed is not None and sum(seen_mixed) == retries
     retried = [f"old-{i % keys}-0" for i in range(retries)]
     assert bloom.might_contain_many(retried).all()  # no false negatives
     fp = float(maybe.mean())
-    return {"held_ids": n_held, "batch": batch, "retries": retries, "error_rate_target": _imagetask.BLOOM_ERROR_RATE,
+    return {"held_ids": n_held, "batch": batch, "retries": retries, "error_rate_target": _interval.BLOOM_ERROR_RATE,
             "capacity": bloom.capacity, "hashes": bloom.k, "bloom_bytes": bloom.nbytes,
             "false_positive_rate": round(fp, 5), "build_s": round(build_s, 4), "bloom_check_s": round(check_s, 4),
             "exact_lookup_s": round(exact_s, 4), "exact_lookup_with_retries_s": round(exact_mixed_s, 4)}
 
 
 def _build(cls: Any, ids: Any, n: int) -> Any:
-    from deltawheel.executor.tasks import image as _imagetask
-    from deltawheel.executor.tasks.imagekeys import py_list
+    from deltawheel.executor.tasks.image import interval as _interval
+    from deltawheel.executor.tasks.image.keys import py_list
 
-    bloom = cls(max(2 * n, _imagetask.BLOOM_MIN_CAPACITY), error_rate=_imagetask.BLOOM_ERROR_RATE)
+    bloom = cls(max(2 * n, _interval.BLOOM_MIN_CAPACITY), error_rate=_interval.BLOOM_ERROR_RATE)
     bloom.add_many(py_list(ids.table.column("record_id")))
     return bloom
 

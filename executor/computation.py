@@ -183,7 +183,7 @@ class Computation:
 
 def key_or_reason(extractor: KeyExtractor, value: Any) -> tuple[str | None, str | None]:
     """(the key of a record whose decoded value is ``value``, None) or (None, why it has none), by the
-    rules of a Spark batch's input preparation (``tasks/merge.py``), so the testing harness keys and
+    rules of a Spark batch's input preparation (``tasks/input.py``), so the testing harness keys and
     dead-letters records as the executor does: a field name gives the field's value as text (a
     number or a nested value as its JSON text; a missing or null field has no key); a callable must
     return a non-empty string (anything else, or a raise, has no key); an empty key, a key starting

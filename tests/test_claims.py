@@ -1,4 +1,4 @@
-"""Image tasks that claim the intervals their Python worker holds (executor/tasks/claims.py).
+"""Image tasks that claim the intervals their Python worker holds (executor/tasks/image/task.py).
 
 The board is a real folder raced by real processes, and by the tasks of real Spark jobs
 (local mode, the shared session): every interval is run exactly once, a task takes what its
@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from deltawheel.executor.tasks.claims import ClaimBoard, claim_board, claimed_intervals, drop_board
+from deltawheel.executor.tasks.image.task import ClaimBoard, claim_board, claimed_intervals, drop_board
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -127,8 +127,7 @@ def test_in_a_spark_job_each_interval_goes_back_to_the_worker_that_ran_it(spark,
 def test_the_driver_refuses_a_job_that_ran_an_interval_twice_or_never(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """What the tasks of a claimed job return must name each interval once (two attempts of one
     partition at once could both claim); the board's folder is gone afterwards either way."""
-    from deltawheel.executor.tasks.claims import ClaimError
-    from deltawheel.executor.tasks.imagejob import ImageTasks, TaskJob
+    from deltawheel.executor.tasks.image.task import ClaimError, TaskJob, collect
 
     sc = spark.sparkContext
     for got, ok in (([0, 2, 1], True), ([0, 1, 1, 2], False), ([0, 2], False)):
@@ -136,9 +135,8 @@ def test_the_driver_refuses_a_job_that_ran_an_interval_twice_or_never(spark, tmp
         assert board is not None
         job = TaskJob(sc.parallelize([{"interval": iv} for iv in got] + [{"interval": None}], 2), board, (0, 1, 2))
         if ok:
-            assert sorted(s["interval"] for s in ImageTasks.collect(None, job).summaries  # type: ignore[arg-type]
-                          if s["interval"] is not None) == [0, 1, 2]
+            assert sorted(s.interval for s in collect(job).summaries if s.interval is not None) == [0, 1, 2]
         else:
             with pytest.raises(ClaimError, match=r"expected each of \[0, 1, 2\] once"):
-                ImageTasks.collect(None, job)  # type: ignore[arg-type]
+                collect(job)
         assert not os.path.exists(board.folder)

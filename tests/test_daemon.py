@@ -10,7 +10,7 @@ def _worker_facts(_i: int) -> tuple[str, bool, bool]:
     main = sys.modules["__main__"]
     spec = getattr(main, "__spec__", None)
     return (spec.name if spec is not None else "", "pyarrow.parquet" in sys.modules,
-            "deltawheel.executor.tasks.image" in sys.modules)
+            "deltawheel.executor.tasks.image.interval" in sys.modules)
 
 
 def test_python_workers_fork_from_the_preloading_daemon(spark: Any) -> None:

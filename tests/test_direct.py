@@ -1,4 +1,4 @@
-"""The direct read (executor/tasks/direct.py): image tasks reading a Parquet injector's files themselves.
+"""The direct read (executor/tasks/image/direct.py): image tasks reading a Parquet injector's files themselves.
 
 Everything is compared with the JVM path on the same input: the prepared rows a task gets
 (inside a real ``foreachBatch``), and whole pipeline runs (outputs, state, dead letters, late
@@ -18,9 +18,9 @@ import pytest
 from deltawheel.executor.runtime.faults import FaultPoint
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.runtime.sources import ParquetInjector
-from deltawheel.executor.tasks.direct import DirectBatch, batch_files, direct_table
-from deltawheel.executor.tasks.imagejob import ImageTasks
-from deltawheel.executor.tasks.merge import prepare_input
+from deltawheel.executor.tasks.image.direct import DirectBatch, batch_files, direct_table
+from deltawheel.executor.tasks.image.job import ImageTasks
+from deltawheel.executor.tasks.input import prepare_input
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES
 from executor_util import ByRecordKey, RoutedLate, state_of, stream_rows
@@ -279,19 +279,19 @@ def test_the_direct_read_on_separate_executors_gives_the_same(spark, zk_server, 
 
 
 def _fenced_task(_t: int, _rows: Any) -> Any:
-    from deltawheel.executor.tasks.image import STALE_MARK
+    from deltawheel.executor.tasks.image.interval import STALE_MARK
 
     raise RuntimeError(f"{STALE_MARK}: interval 1 of c is fenced by sequencer 7 (ours: 3)")
     yield  # a generator, as the task functions are
 
 
 def test_a_fenced_rdd_task_is_recognized_as_stale(spark) -> None:  # type: ignore[no-untyped-def]
-    """The direct and timers-only batches run as RDD tasks (images.TaskJob): a task that meets a
+    """The direct and timers-only batches run as RDD tasks (``image/task.py``, TaskJob): a task that meets a
     newer fence must still surface as StaleViewError (the driver then checks the fences and stops with
     StaleSequencerError), not as a user-code failure."""
-    from deltawheel.executor.tasks.imagejob import TaskJob
+    from deltawheel.executor.tasks.image.task import TaskJob, collect
     from deltawheel.statestore.writepath import StaleViewError
 
     job = TaskJob(spark.sparkContext.parallelize(range(2), 2).mapPartitionsWithIndex(_fenced_task))
     with pytest.raises(StaleViewError, match=r"interval 1 of c is fenced by sequencer 7 \(ours: 3\)"):
-        ImageTasks.collect(None, job)  # type: ignore[arg-type]
+        collect(job)

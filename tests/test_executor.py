@@ -443,7 +443,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
     delivery would have been (an append recording its version, its commit id), once; also when its
     file's add is only bounded (folded into a Delta checkpoint): the commit is found by its id."""
     from deltawheel.statestore.delta.log import read_snapshot
-    from deltawheel.statestore.writepath import image as image_mod
+    from deltawheel.statestore.writepath.image import path as image_mod
 
     merged: list[int] = []
     real = image_mod.deliver_productions

@@ -19,12 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, make_record
-from deltawheel.executor.tasks.image import SUMMARY_DDL, ImageSpec, _run
-from deltawheel.executor.tasks.imagejob import PREP_DDL
+from deltawheel.executor.tasks.image.interval import ImageSpec, _run
+from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.tasks.keyrun import run_key
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, KeyRow, TimeDomain, rows_file_ddl
+from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 
 N_IV = 2
@@ -197,7 +198,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
                          commit_id=f"c{b}", rows_schema=rows_schema, stream_schema=_arrow(stream_schema_ddl()),
                          stream_format_version=1, route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True)
         values = not getattr(comp, "no_values", False)
-        summaries = _run(spec, _input_table(batch, acted, values))
+        summaries = [s.to_row() for s in _run(spec, _input_table(batch, acted, values))]
         for s in summaries:
             if s.get("new_path"):
                 images[s["interval"]] = (s["new_path"],)
@@ -263,7 +264,7 @@ def test_a_bloom_filter_answering_maybe_gives_the_exact_results(spark, tmp_path,
     """The dedup Bloom filter only decides when the stored ids are looked at: a filter sized so
     that it answers "maybe" for most ids gives the rows, productions and counts of the exact
     path (the run above compares both with ``run_key``, which has no filter)."""
-    from deltawheel.executor.tasks import image as _imagetask
+    from deltawheel.executor.tasks.image import interval as _imagetask
 
     monkeypatch.setattr(_imagetask, "BLOOM_ERROR_RATE", 0.9)
     monkeypatch.setattr(_imagetask, "BLOOM_MIN_CAPACITY", 1)
@@ -277,14 +278,14 @@ def test_the_candidates_lookup_matches_the_full_lookup() -> None:
     every record gives: a record is a duplicate only when its own key's row holds its id (an id
     another key holds is not), whatever the filter's false positives."""
     import numpy as np
-    from deltawheel.executor.tasks.image import _Ids, already_seen
-    from deltawheel.executor.tasks.imagekeys import Input
+    from deltawheel.executor.tasks.image.ids import HeldIds, already_seen
+    from deltawheel.executor.tasks.image.keys import Input
 
     rng = random.Random(5)
     held_keys = [f"k{rng.randint(0, 300)}" for _ in range(4_000)]
     held_ids = [f"old{i}" for i in range(4_000)]
     held = pa.table({"key": held_keys, "record_id": held_ids, "seen_ms": pa.array([1] * 4_000, pa.int64())})
-    ids = _Ids(held, held, set(held_keys))
+    ids = HeldIds(held, held, set(held_keys))
     recs = []
     for i in range(300):
         if i % 50 == 0:  # a retry: the id its key's row holds

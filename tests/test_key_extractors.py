@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation
-from deltawheel.executor.tasks.merge import interval_of_key, key_expression
+from deltawheel.executor.tasks.input import interval_of_key, key_expression
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import stream_schema_ddl

@@ -182,7 +182,7 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
     0, by Spark and by the image path's file reader), and a second run changes nothing."""
     import pyarrow.parquet as pq
     from delta.tables import DeltaTable
-    from deltawheel.executor.tasks.image import _read_rows_file
+    from deltawheel.executor.tasks.image.interval import _read_rows_file
     from deltawheel.migrations import m0004_timer_seq
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from deltawheel.executor.tasks.imagejob import place_intervals, spark_partition_of_int
+from deltawheel.executor.tasks.image.job import place_intervals, spark_partition_of_int
 
 
 def _loads(place: tuple[tuple[int, int], ...], work: dict[int, float], tasks: int) -> list[float]:

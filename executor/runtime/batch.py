@@ -2,8 +2,8 @@
 
 :meth:`ComputationExecutor.run_batch` runs DESIGN's seven steps once, whatever the write
 path; the write path (``statestore/writepath``: the image path or the MERGE path, picked by
-``write_path``) makes every write of the rows and stream tables, and its user job
-(``userjob.py``) runs steps 2-4 in Spark tasks. The steps, as the body's ``# Step N``
+``write_path`` from ``tasks/paths.py``) makes every write of the rows and stream tables, and its
+user job (``tasks/job.py``) runs steps 2-4 in Spark tasks. The steps, as the body's ``# Step N``
 comments number them:
 
 1. Check the leases of the owned intervals (a lost ZooKeeper session stops the
@@ -73,16 +73,14 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath import StaleViewError, WritePath
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
-from deltawheel.statestore.writepath.image import ImagePath
-from deltawheel.statestore.writepath.merge import MergePath
 from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import Computation
-from ..tasks.direct import DirectSource
-from ..tasks.imagejob import ImageTasks
+from ..tasks.image.direct import DirectSource
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..tasks.job import BatchRun, UserJob
-from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MergeTasks
+from ..tasks.paths import PATHS
 from .faults import BatchFailedError, FaultPoint
 from .hooks import InjectorHook
 from .inflight import InFlight, OpenDelivery
@@ -91,7 +89,7 @@ from .metrics import BatchMetrics, batch_row, state_size
 from .reports import BatchReport, format_report, format_watermark
 from .rescale import SharedInput
 
-WRITE_PATHS = ("auto", "image", "merge")
+WRITE_PATHS = ("auto", *PATHS)  # "auto": choose_write_path picks one
 JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJobDescription
 REPORTS_KEPT = 10_000  # reports an executor keeps in memory (``ComputationExecutor.reports``)
 _LOG = logging.getLogger(__name__)
@@ -146,7 +144,7 @@ class ComputationExecutor:
         on_batch_end: called with each micro-batch's observed max event time (injectors
             use it to move their watermark estimate).
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
-            ``statestore/writepath/image.py``; local, ``file:`` and ``s3a://`` stores), ``"merge"`` (a fenced
+            ``statestore/writepath/image/``; local, ``file:`` and ``s3a://`` stores), ``"merge"`` (a fenced
             MERGE per batch, any store), or ``"auto"`` (image where it can, else merge:
             :func:`choose_write_path`; the start's log line says which and why).
         intervals: the key intervals this instance takes (default: all). Several instances
@@ -219,24 +217,16 @@ class ComputationExecutor:
         ahead: Mapping[str, int] = ({s: DEFAULT_MAX_EVENT_AHEAD_MS for s in computation.inputs}
                                     if event_ahead_ms is None else dict(event_ahead_ms))
         # the write path (every write of the rows and stream tables) and the Spark job whose
-        # output it commits and delivers
+        # output it commits and delivers (``tasks/paths.py``)
         self.path: WritePath[Any]
         self.job: UserJob[Any]
-        if write_path == "image":
-            image = ImagePath(spark, layout, owner, name=computation.name, outputs=computation.outputs,
-                              retention_ms=computation.dedup_retention_ms() if computation.exactly_once else None)
-            self.path, self.job = image, ImageTasks(computation, layout, image, partitions=self.partitions,
-                                                    event_ahead_ms=ahead)
-        else:
-            merge = MergePath(spark, layout, owner, name=computation.name, outputs=computation.outputs,
-                              track_oldest=authority is not None)
-            self.path, self.job = merge, MergeTasks(spark, computation, layout, merge, partitions=self.partitions,
-                                                    event_ahead_ms=ahead)
+        self.path, self.job = PATHS[write_path](spark, layout, computation, owner, partitions=self.partitions,
+                                                event_ahead_ms=ahead, watermarks=authority is not None)
 
     @property
     def direct_source(self) -> DirectSource | None:
         """Set by the pipeline runner when the input is a Parquet injector the image path's tasks
-        can read themselves (``_direct.py``); a batch that did says so in its report."""
+        can read themselves (``tasks/image/direct.py``); a batch that did says so in its report."""
         return self.job.direct_source
 
     @direct_source.setter

@@ -16,7 +16,7 @@ crash resumes where the last commit left off.
 
 A computation whose one input is a Parquet injector that offers a ``direct_source()`` (a local or ``s3a://``
 folder, columns of plain types) and that keys by the injector's key column has its files read by the image tasks
-themselves (``_direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
+themselves (``tasks/image/direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
 frame, so it knows the frame is exactly the injector's stream.
 """
 

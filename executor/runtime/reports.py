@@ -30,7 +30,7 @@ class BatchReport:
     wall_s: float
     steps_s: tuple[tuple[str, float], ...] = ()  # seconds per protocol step, in order
     straggled: bool = False  # weak delivery outlived straggler_timeout_s: productions checkpointed
-    direct: bool = False  # the tasks read the input files themselves (executor/tasks/direct.py)
+    direct: bool = False  # the tasks read the input files themselves (executor/tasks/image/direct.py)
     ids_expired: int = 0  # record ids dropped from the rows: seen before the dedup horizon
     # image path: the dedup Bloom filters' first check (records checked, "maybe seen" answers,
     # of which not seen, and the filters' memory)
@@ -39,7 +39,7 @@ class BatchReport:
     bloom_false_pos: int = 0
     bloom_bytes: int = 0
     # image path: the intervals the tasks ran, and how many of their images a task read from the
-    # store (the others its Python worker held: ``executor/tasks/claims.py``)
+    # store (the others its Python worker held: ``executor/tasks/image/task.py``)
     intervals_run: int = 0
     images_read: int = 0
     # records of an interval that moved between instances, dropped because an earlier owner

@@ -39,8 +39,8 @@ from deltawheel.statestore.layout import validate_name
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
-from ..tasks.direct import DirectSource, direct_source
-from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS, MALFORMED_CODEC, RAW_COLUMN
+from ..tasks.image.direct import DirectSource, direct_source
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS, MALFORMED_CODEC, RAW_COLUMN
 from .estimates import PendingPercentile, check_percentile
 
 __all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "ParquetInjector", "DeltaTableInjector",
@@ -460,7 +460,7 @@ class ParquetInjector(_MaxSeenInjector):
         return local_folder_token(self.folder)
 
     def direct_source(self) -> DirectSource | None:
-        """How image tasks can read this folder's files themselves (``executor/tasks/direct.py``), as
+        """How image tasks can read this folder's files themselves (``executor/tasks/image/direct.py``), as
         found by the last :meth:`stream_df`: a folder Python reaches (local, ``file:``, ``s3a://``), a string key column, a string record
         id column (or none), a UTC timestamp or int event time column and value columns of
         strings, booleans, signed integers or doubles (or none); otherwise None (the JVM reads

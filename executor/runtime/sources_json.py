@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from deltawheel.statestore.exceptions import ConfigError
 
-from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from .sources import (
     DataFrame,
     SparkSession,

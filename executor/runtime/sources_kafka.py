@@ -25,7 +25,7 @@ from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
-from ..tasks.merge import DEFAULT_MAX_EVENT_AHEAD_MS
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from .sources import BatchStats, DataFrame, SparkSession, _check_common, publish_watermark, to_stream_schema
 from .sources_json import CORRUPT_RECORD, event_time_of, json_schema, parse_json
 

@@ -11,7 +11,7 @@ a preload that started a Python thread stops the daemon with a message naming th
 unset, since a fork copies only the forking thread. (numpy and pyarrow start native threads —
 OpenBLAS, jemalloc's background thread — which have their own fork handlers.)
 
-The daemon also freezes the finders of Spark's own zip archives (:func:`._worker.freeze_spark_zips`)
+The daemon also freezes the finders of Spark's own zip archives (:func:`.worker.freeze_spark_zips`)
 before it forks: PySpark's worker calls ``importlib.invalidate_caches()`` before every task, which
 on Python 3.11 re-reads each archive's whole directory (~0.1–0.15 s of CPU). The task functions
 freeze them too, but only once they run, so without this a fresh worker's first task paid it.
@@ -24,8 +24,11 @@ import threading
 __all__ = ["preload"]
 
 PRELOAD = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
-           "deltawheel.executor.tasks.direct", "deltawheel.executor.tasks.image", "deltawheel.executor.tasks.imagekeys",
-           "deltawheel.executor.tasks.keyrun", "deltawheel.executor.tasks.merge", "deltawheel.executor.tasks.worker")
+           "deltawheel.executor.tasks.image.task", "deltawheel.executor.tasks.image.direct",
+           "deltawheel.executor.tasks.image.interval", "deltawheel.executor.tasks.image.ids",
+           "deltawheel.executor.tasks.image.keys",
+           "deltawheel.executor.tasks.keyrun", "deltawheel.executor.tasks.input",
+           "deltawheel.executor.tasks.merge.task", "deltawheel.executor.tasks.worker")
 
 
 def preload() -> list[str]:

@@ -2,17 +2,18 @@
 then dedup, loading the rows and user code in Spark tasks.
 
 A :class:`UserJob` runs the tasks whose output a write path (``statestore/writepath``)
-commits and delivers: :class:`~deltawheel.executor.tasks.imagejob.ImageTasks` for the image path,
-:class:`~deltawheel.executor.tasks.merge.MergeTasks` for the MERGE path. The executor's one
+commits and delivers: :class:`~deltawheel.executor.tasks.image.job.ImageTasks` for the image path,
+:class:`~deltawheel.executor.tasks.merge.job.MergeTasks` for the MERGE path. The executor's one
 protocol body (``batch.py``) calls it; it writes nothing itself.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
-__all__ = ["Prepared", "BatchRun", "UserJob"]
+__all__ = ["Prepared", "BatchRun", "UserJob", "user_error_message"]
 
 BatchT = TypeVar("BatchT")
 
@@ -22,8 +23,8 @@ class Prepared:
     """The batch's input, prepared (step 2): ``input`` for the tasks (None: timers only or the
     tasks read the files themselves), input-level ``dead`` letters to record (a frame; None:
     none or recorded from the tasks' output), ``direct``: the tasks read the batch's files
-    (``_direct.py``), and ``raw``: the records' original text by record id, where the source kept it
-    (``merge.original_text``: the tasks' dead letters take theirs from it)."""
+    (``image/direct.py``), and ``raw``: the records' original text by record id, where the source
+    kept it (``input.original_text``: the tasks' dead letters take theirs from it)."""
 
     input: Any | None
     dead: Any | None = None
@@ -61,7 +62,7 @@ class BatchRun(Generic[BatchT]):
 class UserJob(Protocol[BatchT]):
     """The Spark side of steps 2-4 for one write path."""
 
-    #: the batch's Parquet files the tasks may read themselves (image path; ``_direct.py``)
+    #: the batch's Parquet files the tasks may read themselves (image path; ``image/direct.py``)
     direct_source: Any
     #: per input stream, how far (ms) a record's event time may be ahead of the clock
     event_ahead_ms: Mapping[str, int]
@@ -84,3 +85,11 @@ class UserJob(Protocol[BatchT]):
 
     def observe(self, run: BatchRun[BatchT]) -> None:
         """After the commit: remember what the batch cost per interval (task placement)."""
+
+
+def user_error_message(exc: BaseException, computation: str, batch_id: int) -> str:
+    """A one-line message for a batch that failed in a Spark task: the user code's error when it is found."""
+    text = str(exc)
+    m = re.search(r"UserCodeError: (.*?)(?:\n|$)", text) or re.search(r"(\w+Error: .*?)(?:\n|$)", text)
+    detail = m.group(1) if m else text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
+    return f"{computation} batch {batch_id} failed in a Spark task: {detail}"

@@ -1,10 +1,10 @@
 """Running user code for one key in one batch — pure Python, no Spark, no I/O.
 
-``run_key`` runs inside the MERGE path's Spark tasks (``_tasks.py``), in the
+``run_key`` runs inside the MERGE path's Spark tasks (``merge/task.py``), in the
 driver for tests, and under the windowing scenario harness; the image path's
-column-wise key loop (``_imagekeys.py``) does steps 1 and 4 on Arrow columns
-and uses :class:`UserCode` for steps 1-3 like ``run_key`` does, so what
-user code sees lives in one place:
+column-wise key loop (``image/keys.py``) does phases 1 and 4 on Arrow columns
+and uses :class:`UserCode` for phases 1-3 like ``run_key`` does, so what
+user code sees lives in one place. The phases of a key's run:
 
 1. Drop records whose id the key's row already holds, seen within the dedup horizon
    (exactly-once), and duplicates within the batch.
@@ -76,7 +76,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
                   input_watermark_ms=input_watermark_ms, now_ms=now_ms,
                   watermark_hold_ms=row.watermark_hold_ms if row else None,
                   timer_seq=row.timer_seq if row else None)
-    # Step 1 + 2 + 3: dedup against the row's ids and within the batch; records in event-time
+    # Phases 1-3: dedup against the row's ids and within the batch; records in event-time
     # order; due timers in timestamp order.
     exactly_once = comp.exactly_once
     # (the ids seen before the dedup horizon no longer count: they leave the row below)
@@ -87,7 +87,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
                         now_ms=now_ms, fire_timers=fire_timers)
     fresh, dups, late, dead, fired = ran
     produced = ctx.productions
-    # Step 4: the new row image.
+    # Phase 4: the new row image.
     old_ids = row.record_ids if row else ()
     if not exactly_once:
         ids: tuple[SeenId, ...] = ()
@@ -126,7 +126,7 @@ def codec_of(comp: Computation) -> Codec:
 
 
 class Ran(NamedTuple):
-    """What user code did for one key in one batch (steps 1-3 of :func:`run_key`)."""
+    """What user code did for one key in one batch (phases 1-3 of :func:`run_key`)."""
 
     fresh: list[str]  # ids of the records run, in order (dead-lettered ones included: never retried)
     duplicates: int
@@ -137,17 +137,17 @@ class Ran(NamedTuple):
 
 def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *, seen: set[str] | None,
                   input_watermark_ms: int | None, now_ms: int, fire_timers: bool = True) -> Ran:
-    """Steps 1-3 for one key (see :class:`UserCode`, which runs the keys of a batch)."""
+    """Phases 1-3 for one key (see :class:`UserCode`, which runs the keys of a batch)."""
     return Ran(*UserCode(comp, input_watermark_ms=input_watermark_ms, now_ms=now_ms,
                          fire_timers=fire_timers).run(ctx, records, seen))
 
 
 class UserCode:
-    """Steps 1-3 for the keys of one batch: ``process_record`` on a key's ``records`` (already in
+    """Phases 1-3 for the keys of one batch: ``process_record`` on a key's ``records`` (already in
     event-time order) whose id is not in ``seen`` (None: no dedup; the ids run are added to it),
     or one ``process_records`` call with them, then the key's due timers in timestamp order. The
     one implementation of user-code semantics: ``run_key`` and the image path's column-wise key
-    loop (``_imagekeys``) both use it. Built once per batch: what does not change per key is
+    loop (``image/keys.py``) both use it. Built once per batch: what does not change per key is
     looked up here, not for each of the batch's keys."""
 
     def __init__(self, comp: Computation, *, input_watermark_ms: int | None, now_ms: int,

@@ -18,7 +18,7 @@ also puts on the workers' path, 15 MB; they never change while a worker
 lives) so that invalidation skips them; everything else (user ``pyFiles``
 zips, folders) is invalidated as before. The task functions call it first
 thing; the task that runs it pays one last re-read, the following ones none.
-``DELTAWHEEL_FREEZE_SPARK_ZIPS=0`` turns it off. (deltawheel's daemon, ``_daemon.py``, freezes
+``DELTAWHEEL_FREEZE_SPARK_ZIPS=0`` turns it off. (deltawheel's daemon, ``daemon.py``, freezes
 them before it forks, so that even a fresh worker's first task skips the re-read.)
 
 :func:`warm_workers` starts one trivial Python task per task slot in a background thread, so that

@@ -2,8 +2,8 @@
 
 The fast path reads and writes table files without the JVM: the Delta log
 replay (``log.py``), the image path's Parquet images and production files
-(``writepath/image.py`` and its tasks), and the direct read of a Parquet
-injector's files (``executor/tasks/direct.py``). :class:`TableFiles` is what
+(``writepath/image/`` and its tasks), and the direct read of a Parquet
+injector's files (``executor/tasks/image/direct.py``). :class:`TableFiles` is what
 they go through:
 
 - a plain path or a ``file:`` URI: the local folder, read and written with

@@ -19,7 +19,7 @@ Delivery of productions is an append of already written files with one
 ``SetTransaction`` (app id, version) per producing interval: Delta's own
 idempotence for retried appends; an app id whose version is already at or
 past the one given is skipped. (The executor records the stream as read and
-checks for a takeover once the snapshot is taken: ``writepath.image.ImagePath._deliver_strong``.)
+checks for a takeover once the snapshot is taken: ``writepath.image.path.ImagePath._deliver_strong``.)
 
 Commits go through the JVM side of Delta (py4j): the log format, checkpoints
 and conflict rules stay Delta's. Only the read of a table's live files may be

@@ -49,7 +49,7 @@ class IdBloom:
     """A fixed-size Bloom filter of record ids, added and checked many at a time (numpy).
 
     The executor's image path keeps one per interval image in each Python worker, next to the
-    cached image (``executor/tasks/image.py``): a batch's records are checked against it first,
+    cached image (``executor/tasks/image/interval.py``): a batch's records are checked against it first,
     and only when one of them *might* have been seen does the task look the ids up in the
     image's stored ids. Bit positions come from Python's ``hash`` of the id (SipHash, salted per
     process), so a filter means something only in the process that built it: it is never

@@ -1,8 +1,8 @@
 """Reads and fenced, atomic commits of the single-row-per-key table.
 
 :class:`RowStore` makes the fenced MERGE commits of the rows table (the MERGE
-write path, ``writepath/merge.py``, and the fences and claims of every path); the
-image write path (``writepath/image.py``) commits whole interval files. Every
+write path, ``writepath/merge/``, and the fences and claims of every path); the
+image write path (``writepath/image/``) commits whole interval files. Every
 writer of the rows table lives in this package. A commit takes
 the new images of any number of keys of one computation (plus deletions) and
 lands them in **one** Delta transaction together with the fence rows of the

@@ -14,10 +14,11 @@ path at the steps that touch storage:
 Dead letters and late records go to their tables through :mod:`.delivery` on every path
 (insert if absent: idempotent, whatever the path).
 
-Two implementations: :class:`~.image.ImagePath` (each task turns an interval's current file
-into a new one; the driver commits all of them in one Delta transaction; local and ``s3a://`` stores) and
-:class:`~.merge.MergePath` (a fenced MERGE per batch; any store). A new path implements the
-five methods below and passes ``tests/test_writepath_contract.py``.
+Two implementations, a folder each: :class:`~.image.path.ImagePath` (``image/``: each task turns
+an interval's current file into a new one, with the writers of ``image/files.py``; the driver
+commits all of them in one Delta transaction; local and ``s3a://`` stores) and
+:class:`~.merge.path.MergePath` (``merge/``: a fenced MERGE per batch; any store). A new path
+implements the five methods below and passes ``tests/test_writepath_contract.py``.
 
 What every method guarantees is written on it. In short: a write never lands for a writer
 that has been taken over (it fails with :class:`StaleSequencerError` or

@@ -21,8 +21,7 @@ from ..rowtable.frames import local_frame
 from ..rowtable.rows import Production
 from .streams import STREAM_FORMAT_VERSION, ensure_stream_table
 
-__all__ = ["deliver_frame", "deliver_productions", "record_dead_letters", "record_late", "fill_positions",
-           "side_frame"]
+__all__ = ["deliver_frame", "deliver_productions", "record_dead_letters", "record_late"]
 
 _ids = itertools.count()
 _PROD_DDL = ("production_id STRING, stream STRING, key STRING, value BINARY, timestamp_ms BIGINT, codec STRING, "
@@ -122,29 +121,3 @@ def record_late(spark: Any, layout: StoreLayout, frame: Any, *, computation: str
     n = src.count()
     _insert_missing(spark, layout.late_data, src, on="t.computation = s.computation AND t.record_id = s.record_id")
     return int(n)
-
-
-def fill_positions(prep: Any, dead: list[dict[str, Any]]) -> None:
-    """The source positions of the tasks' dead letters (not shipped to the tasks), from the input."""
-    from pyspark.sql import functions as F
-
-    ids = sorted({r["record_id"] for r in dead if r["position"] is None})
-    pos = {r["record_id"]: r["position"] for r in
-           prep.where(F.col("record_id").isin(ids)).select("record_id", "position").collect()}
-    for r in dead:
-        if r["position"] is None:
-            r["position"] = pos.get(r["record_id"])
-
-
-def side_frame(session: Any, rows: list[dict[str, Any]], *, dead: bool) -> Any:
-    """Dead letters / late records returned by the tasks, as a frame for ``delivery.py``."""
-    if dead:
-        return local_frame(
-            session,
-            [(r["record_id"], r["key"], r["value"], r["error"], r["position"], r["timestamp_ms"], r["stream"])
-             for r in rows],
-            "record_id STRING, key STRING, raw_value BINARY, error STRING, position STRING, "
-            "event_time_ms BIGINT, stream STRING")
-    return local_frame(
-        session, [(r["stream"], r["record_id"], r["key"], r["value"], r["codec"], r["timestamp_ms"]) for r in rows],
-        "stream STRING, record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT")

@@ -1,7 +1,7 @@
 """Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
 
 On the JVM path a batch reaches the image tasks through Spark: the file scan,
-the prepared columns (``_tasks.prepare_input`` and the image plan's
+the prepared columns (``input.prepare_input`` and the image plan's
 projection), a shuffle by interval and Arrow to the Python workers -- a map
 stage of one task per input file (one core) before the Python stage can
 start. When a computation's only input is a :class:`ParquetInjector` in a folder
@@ -25,26 +25,23 @@ from __future__ import annotations
 
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
 from deltawheel.statestore.delta.jvm import jframe
 from deltawheel.statestore.delta.storefs import (
     S3Settings,
     TableFiles,
-    background_uploads,
     files_for,
     local_path,
 )
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
-from .claims import ClaimBoard, claimed_intervals
-from .image import ImageSpec, holds, run_task
-from .merge import (
+from ..input import (
     _ERR,  # the key extractors' error marker (a key column can hold it too)
     ahead_reason,
 )
 
-__all__ = ["DirectSource", "DirectBatch", "batch_files", "direct_source", "direct_task_fn", "direct_table"]
+__all__ = ["DirectSource", "DirectBatch", "BatchReader", "batch_files", "direct_source", "direct_table", "marker_rows"]
 
 @dataclass(frozen=True)
 class DirectSource:
@@ -190,52 +187,7 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
 # --------------------------------------------------------------------------- task side
 
 
-def direct_task_fn(spec: ImageSpec, batch: DirectBatch,
-                   board: ClaimBoard | None = None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The task function of a batch whose tasks read its intervals' rows of the batch's files."""
-    return _per_task_fn(spec, batch.tasks, lambda: _Reader(batch).rows_of, board)
-
-
-def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
-                    board: ClaimBoard | None = None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The task function of a batch without input (due timers, checkpoints to clear): each task
-    gets only its intervals' marker rows; one stage, no shuffle."""
-    return _per_task_fn(spec, tasks, lambda: marker_rows, board)
-
-
-def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
-                 reader: Callable[[], Callable[[tuple[int, ...]], Any]],
-                 board: ClaimBoard | None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The ``mapPartitionsWithIndex`` function over ``tasks``' partitions: task ``t`` runs the image
-    task over the rows (``reader()``, made once per task, gives a function of the intervals) of
-    its intervals and yields its summary rows (as the Arrow path's ``to_pylist()`` would give
-    them). With a claim ``board`` (``claims.py``) the task runs the intervals it claims, one by
-    one, instead of its placement's."""
-
-    def fn(t: int, _rows: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        from .worker import freeze_spark_zips
-
-        freeze_spark_zips()
-        planned = tasks[t] if t < len(tasks) else ()
-        if board is None:
-            out = run_task(spec, reader()(planned)) if planned else []
-        else:
-            rows_of = reader()
-            out = []
-            # one upload block for the task: an interval's PUTs overlap the next one's work, and
-            # the summaries leave the task only when all of them landed
-            with background_uploads():
-                for iv in claimed_intervals(board, t, planned, lambda iv: holds(spec, iv)):
-                    out += run_task(spec, rows_of((iv,)))
-        if out:
-            yield from pa.Table.from_pylist(out, schema=spec.summary_schema).to_pylist()
-
-    return fn
-
-
-class _Reader:
+class BatchReader:
     """One task's view of the batch's files: each read, and its keys hashed, once."""
 
     def __init__(self, batch: DirectBatch) -> None:
@@ -254,7 +206,7 @@ class _Reader:
 
     def rows_of(self, intervals: Sequence[int]) -> Any:
         """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
-        columns the JVM path hands a task (``images.PREP_DDL`` + ``interval`` + ``_m``)."""
+        columns the JVM path hands a task (``input.PREP_DDL`` + ``interval`` + ``_m``)."""
         import pyarrow as pa
 
         parts = [_prepared(self.batch, t, keyed, name, intervals) for name, t, keyed in self._read()]
@@ -264,8 +216,8 @@ class _Reader:
 
 def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
     """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
-    columns the JVM path hands a task (``images.PREP_DDL`` + ``interval`` + ``_m``)."""
-    return _Reader(batch).rows_of(intervals)
+    columns the JVM path hands a task (``input.PREP_DDL`` + ``interval`` + ``_m``)."""
+    return BatchReader(batch).rows_of(intervals)
 
 
 def marker_rows(intervals: Sequence[int]) -> Any:

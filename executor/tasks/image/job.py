@@ -1,11 +1,13 @@
 """The image write path's Spark job (driver side): steps 2-4 of a batch in one job.
 
-The writes are the write path's (``statestore/writepath/image.py``); this module plans the
-one Spark job per batch that runs user code: input preparation, a shuffle by interval and
-the user code in ``mapInArrow`` tasks (``_imagetask.py``). The tasks read the interval
-images the write path names (cached per Python worker by immutable file path), write the
-new images and the productions as Parquet files (through the write path's functions), and
-return one summary per interval, which the write path commits and delivers.
+The writes are the write path's (``statestore/writepath/image/``); this module plans the
+one Spark job per batch that runs user code: the input prepared in the JVM (``input.py``),
+a shuffle by interval and the user code in ``mapInArrow`` tasks, or tasks that read the
+batch's files themselves (``direct.py``) or have no input (``task.py``). Each task runs its
+intervals (``interval.py``: the interval images the write path names, cached per Python worker
+by immutable file path; the key loop, ``keys.py``), writes the new images and the productions
+as Parquet files (through the write path's writers), and returns one summary per interval,
+which the write path commits and delivers.
 
 A batch rewrites only the intervals it touched; the cost of a batch grows
 with the size of those intervals, so computations with many keys should use
@@ -24,29 +26,20 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.frames import arrow_schema, spark_type
 from deltawheel.statestore.rowtable.rows import rows_file_ddl
 from deltawheel.statestore.writepath import StaleViewError
-from deltawheel.statestore.writepath.delivery import fill_positions, side_frame
-from deltawheel.statestore.writepath.image import BatchOutput, ImagePath
+from deltawheel.statestore.writepath.image.path import ImagePath
+from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL, BatchOutput, side_frame
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
-from ..computation import Computation, LatePolicy
-from ..runtime.faults import BatchFailedError
-from . import merge as _tasks
-from .claims import ClaimBoard, ClaimError, claim_board, drop_board
-from .direct import (
-    DirectBatch,
-    DirectSource,
-    batch_files,
-    direct_task_fn,
-    markers_task_fn,
-)
-from .image import STALE_MARK, SUMMARY_DDL, ImageSpec, image_task_fn
-from .job import BatchRun, Prepared
-from .merge import interval_of_key
+from ...computation import Computation, LatePolicy
+from ...runtime.faults import BatchFailedError
+from ..input import PREP_DDL, interval_of_key, original_text, original_texts, positions_of, prepare_input
+from ..job import BatchRun, Prepared, user_error_message
+from .direct import DirectBatch, DirectSource, batch_files
+from .interval import ImageSpec
+from .task import ClaimError, collect, image_task_fn, task_job
 
-__all__ = ["ImageTasks", "PREP_DDL", "place_intervals", "spark_partition_of_int"]
+__all__ = ["ImageTasks", "place_intervals", "spark_partition_of_int"]
 
-PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
-            "position STRING, late BOOLEAN, _bad STRING")
 _PREP_COLUMNS = [c.split()[0] for c in PREP_DDL.split(", ")]
 
 
@@ -109,19 +102,6 @@ def spark_partition_of_int(value: int, partitions: int) -> int:
     return signed % partitions  # Python's % of a positive modulus is Spark's pmod
 
 
-@dataclass(frozen=True)
-class TaskJob:
-    """A batch whose tasks need no input rows from Spark (``plan`` with ``direct``, or timers only):
-    one RDD task per partition, its index naming its intervals. Through the RDD API, not
-    ``range().mapInArrow``: no Catalyst planning or Arrow framing of the task indices and
-    summaries — a trivial two-task job costs ~0.08 s there against ~0.15-0.2 s."""
-
-    rdd: Any
-    board: ClaimBoard | None = None  # the tasks claim their intervals (``claims.py``); removed after the job
-    intervals: tuple[int, ...] = ()  # with a board: each must have exactly one summary
-
-
-
 class ImageTasks:
     """Plans and runs the image path's batch job over the files of ``path``.
 
@@ -140,7 +120,7 @@ class ImageTasks:
         self.path = path
         self.partitions = partitions
         self.event_ahead_ms = event_ahead_ms
-        self.direct_source: DirectSource | None = None  # set by the pipeline runner (``_direct.py``)
+        self.direct_source: DirectSource | None = None  # set by the pipeline runner (``direct.py``)
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
         self._spread_values: list[int] | None = None
         # ((JVM session, intervals), frame), (intervals, columns, filter), (placement, routing
@@ -151,7 +131,7 @@ class ImageTasks:
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
         # local mode: the tasks of a direct or timers-only batch claim the intervals their worker
-        # holds (``claims.py``); DELTAWHEEL_TASK_CLAIMS=0 keeps the placement (for comparisons)
+        # holds (``task.py``); DELTAWHEEL_TASK_CLAIMS=0 keeps the placement (for comparisons)
         self.claims = os.environ.get("DELTAWHEEL_TASK_CLAIMS", "1") != "0"
 
     # ------------------------------------------------------------------ the job
@@ -165,9 +145,9 @@ class ImageTasks:
                 bound = self.event_ahead_ms.get(self.direct_source.stream)
                 direct = DirectBatch(self.direct_source, files, self.comp.num_intervals, wm_late, (),
                                      None if bound is None else (now, bound))
-        prep = (_tasks.prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
+        prep = (prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
                 if df is not None and direct is None else None)
-        return _Prepared(prep, direct=direct, df=df, raw=_tasks.original_text(df))
+        return _Prepared(prep, direct=direct, df=df, raw=original_text(df))
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchOutput]:
@@ -179,36 +159,36 @@ class ImageTasks:
                           strong=strong, direct=prepared.direct)
         mark("plan")
         try:
-            out = self.collect(frame)
+            out = collect(frame)
         except (StaleViewError, ClaimError):
             raise
         except Exception as exc:  # noqa: BLE001 - user code errors surface here
-            raise BatchFailedError(_tasks.user_error_message(exc, self.comp.name, batch_id)) from exc
+            raise BatchFailedError(user_error_message(exc, self.comp.name, batch_id)) from exc
         mark("load_and_user_code")
-        dead, late_rows = out.side("dead"), out.side("late")
-        in_tasks = [r for r in dead if r["position"] is None]  # user code's, not input-level ones
-        if df is not None and in_tasks:
-            fill_positions(prep if prep is not None else
-                           _tasks.prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
-                                                ahead=(now, self.event_ahead_ms)), dead)
-        if in_tasks and prepared.raw is not None:
-            _original_values(prepared.raw, in_tasks)
+        dead, late = out.side("dead"), out.side("late")
         t = out.total
-        mins = [s["min_ts"] for s in out.summaries if s["min_ts"] is not None]
-        maxs = [s["max_ts"] for s in out.summaries if s["max_ts"] is not None]
         counts = {"records_in": t("records_in"), "processed": t("processed"), "duplicates": t("duplicates"),
                   "late": t("late"), "dead_letters": len(dead), "timers_fired": t("fired"),
                   "productions": t("n_prods"), "keys_written": t("keys_written"), "ids_expired": t("ids_expired"),
                   "bloom_checked": t("bloom_checked"), "bloom_maybe": t("bloom_maybe"),
                   "bloom_false_pos": t("bloom_false_pos"), "bloom_bytes": t("bloom_bytes"),
-                  "images_read": t("images_read"),
-                  "intervals_run": sum(1 for s in out.summaries if s.get("interval") is not None)}
-        return BatchRun(out, counts,
-                        dead=side_frame(session, dead, dead=True) if dead else None,
-                        late=side_frame(session, late_rows, dead=False) if late_rows else None,
-                        prod_min_ts=_prod_min_ts(out),
-                        event_timer_ms=min((s["oldest_ms"] for s in out.summaries if s.get("oldest_ms") is not None),
-                                           default=None),
+                  "images_read": t("images_read"), "intervals_run": len(out.intervals())}
+        mins = [s.obs_min for s in out.summaries if s.obs_min is not None]
+        maxs = [s.obs_max for s in out.summaries if s.obs_max is not None]
+        oldest = [s.oldest_ms for s in out.summaries if s.oldest_ms is not None]
+        # the tasks' own dead letters (user code's, not input-level ones) carry no source position
+        # (not shipped to the tasks): looked up in the input, with their records' original text
+        in_tasks = {r.record_id for r in dead if r.position is None}
+        if df is not None and in_tasks:
+            pos = positions_of(prep if prep is not None else
+                               prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
+                                             ahead=(now, self.event_ahead_ms)), in_tasks)
+            text = original_texts(prepared.raw, in_tasks) if prepared.raw is not None else {}
+            dead = [dataclasses.replace(r, position=pos.get(r.record_id), value=text.get(r.record_id, r.value))
+                    if r.position is None else r for r in dead]
+        return BatchRun(out, counts, dead=side_frame(session, dead, dead=True) if dead else None,
+                        late=side_frame(session, late, dead=False) if late else None,
+                        prod_min_ts=out.prod_min_ts(), event_timer_ms=min(oldest, default=None),
                         obs_min=min(mins) if mins else None, obs_max=max(maxs) if maxs else None)
 
     def checkpoint(self, run: BatchRun[BatchOutput]) -> bool:
@@ -220,14 +200,12 @@ class ImageTasks:
     def plan(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
              horizon_ms: int | None, commit_id: str, strong: bool | None = None,
              direct: DirectBatch | None = None) -> Any:
-        """The batch's DataFrame (lazy; one Spark job when collected): shuffle by interval, user code
-        per interval image, files written. Few plan nodes, since each one is analyzed eagerly.
-        ``direct``: the tasks read the batch's files themselves (``_direct.py``; ``prep`` unused)."""
-
+        """The batch's job (lazy; one Spark job when collected): the input shuffled by interval to
+        ``mapInArrow`` tasks, or one RDD task per partition when the tasks read the batch's files
+        themselves (``direct``; ``prep`` unused) or there is no input (due timers only)."""
         comp = self.comp
         ivs = sorted(self.path.owner.intervals)
-        partitions = self.partitions
-        place = self._place(ivs, partitions)
+        place = self._place(ivs, self.partitions)
         spec = ImageSpec(
             comp=comp, rows_root=self.path.rows_files,
             images=self.path.images(),
@@ -238,23 +216,21 @@ class ImageTasks:
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong,
             input_files=tuple(self.path.input_files))
-        if direct is not None or prep is None:
-            # one task per partition index, each with its intervals of `place`: the tasks read the
-            # batch's files themselves, or there is no input (due timers only): one stage
-            tasks = tuple(tuple(iv for iv, t in place if t == i) for i in range(partitions))
-            sc = session.sparkContext
-            board = claim_board(sc.master, ivs) if self.claims else None
-            fn = (direct_task_fn(spec, dataclasses.replace(direct, tasks=tasks), board) if direct is not None
-                  else markers_task_fn(spec, tasks, board))
-            return TaskJob(sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(fn, preservesPartitioning=True),
-                           board, tuple(ivs))
+        if direct is None and prep is not None:
+            return self._shuffled(session, prep, place).mapInArrow(image_task_fn(spec), spark_type(SUMMARY_DDL))
+        return task_job(session.sparkContext, spec, place, partitions=self.partitions, direct=direct,
+                        claims=self.claims)
+
+    def _shuffled(self, session: Any, prep: Any, place: tuple[tuple[int, int], ...]) -> Any:
+        """The prepared input of the owned intervals plus one marker row per interval (so every
+        interval gets a task), each row sent to its interval's task of ``place``. Few plan nodes,
+        since each one is analyzed eagerly."""
         cols, keep = self._data_columns(place)
         frame = prep.select(*cols)
         if keep is not None:
             frame = frame.where(keep)
         frame = frame.unionByName(self._markers(session, place))
-        return frame.repartition(partitions, self._spread(session, place, partitions)).mapInArrow(
-            image_task_fn(spec), spark_type(SUMMARY_DDL))
+        return frame.repartition(self.partitions, self._spread(session, place, self.partitions))
 
     def _data_columns(self, place: tuple[tuple[int, int], ...]) -> tuple[list[Any], Any]:
         """The input rows' projection (interval, marker flag) and the filter on owned intervals
@@ -276,24 +252,6 @@ class ImageTasks:
             keep = None if every else F.coalesce(F.col("interval"), F.lit(0)).isin(ivs)
             self._data_cols = (key, cols, keep)
         return self._data_cols[1], self._data_cols[2]
-
-    def collect(self, out: Any) -> BatchOutput:
-        """Run the batch's tasks and gather their summary rows; a fenced task raises StaleViewError."""
-        try:
-            rows = out.rdd.collect() if isinstance(out, TaskJob) else out.toArrow().to_pylist()
-        except Exception as exc:  # noqa: BLE001 - the fence check in the tasks
-            if STALE_MARK in str(exc):
-                raise StaleViewError(str(exc).split(STALE_MARK, 1)[1].splitlines()[0]) from exc
-            raise
-        finally:
-            if isinstance(out, TaskJob):
-                drop_board(out.board)
-        if isinstance(out, TaskJob) and out.board is not None:
-            got = sorted(r["interval"] for r in rows if r.get("interval") is not None)
-            if got != list(out.intervals):
-                raise ClaimError(f"the tasks that claimed their intervals returned summaries of intervals {got}, "
-                                 f"expected each of {list(out.intervals)} once (nothing was committed)")
-        return BatchOutput(rows)
 
     def _markers(self, session: Any, place: tuple[tuple[int, int], ...]) -> Any:
         """One row per owned interval (so every interval gets a task), made once per session.
@@ -318,11 +276,9 @@ class ImageTasks:
 
     def observe(self, run: BatchRun[BatchOutput]) -> None:
         """Remember each interval's work in this batch (for :meth:`_place`)."""
-        for s in run.batch.summaries:
-            if s.get("interval") is not None:
-                iv = int(s["interval"])
-                w = float((s.get("processed") or 0) + (s.get("fired") or 0) + (s.get("duplicates") or 0))
-                self._work[iv] = 0.5 * self._work.get(iv, 0.0) + w
+        for iv, s in run.batch.intervals():
+            w = float(s.processed + s.fired + s.duplicates)
+            self._work[iv] = 0.5 * self._work.get(iv, 0.0) + w
 
     def _spread(self, session: Any, place: tuple[tuple[int, int], ...], partitions: int) -> Any:
         """The routing expression (of the ``interval`` column) whose hash sends each owned interval
@@ -355,21 +311,3 @@ class ImageTasks:
 @dataclass
 class _Prepared(Prepared):
     df: Any | None = None  # the micro-batch (the tasks' dead letters look up their positions in it)
-
-
-def _original_values(raw: Any, dead: list[dict[str, Any]]) -> None:
-    """The tasks' dead letters' values replaced by their records' original text (``raw``:
-    :func:`~.merge.original_text` of the micro-batch), where it has one."""
-    from pyspark.sql import functions as F
-
-    ids = sorted({r["record_id"] for r in dead})
-    text = {r["record_id"]: bytes(r[_tasks.RAW_COLUMN]) for r in raw.where(F.col("record_id").isin(ids)).select(
-        "record_id", _tasks.RAW_COLUMN).collect() if r[_tasks.RAW_COLUMN] is not None}
-    for r in dead:
-        r["value"] = text.get(r["record_id"], r["value"])
-
-
-def _prod_min_ts(out: BatchOutput) -> int | None:
-    """The oldest timestamp among a batch's production files (holds the low watermark)."""
-    return min((int(p["min_ts"]) for s in out.summaries for p in s.get("prod_files") or ()
-                if p.get("min_ts") is not None), default=None)

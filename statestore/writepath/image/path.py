@@ -6,10 +6,11 @@ post-commit state) and an insert-only MERGE per delivery the same again. The
 image path keeps the single-row-per-key table and its partitioning by
 (computation, interval), but replaces whole interval partitions:
 
-- the batch's tasks (``executor/tasks/image.py``) read the interval images
+- the batch's tasks (``executor/tasks/image/``) read the interval images
   (the files of :meth:`ImagePath.images`), and write the new images and the
-  productions as Parquet files with :func:`write_interval_image` and
-  :func:`write_production_files` (invisible until committed);
+  productions as Parquet files with this folder's writers (:mod:`.files`,
+  invisible until committed); they return a summary per interval
+  (:mod:`.summary`);
 - :meth:`ImagePath.commit`: one Delta transaction on the rows table
   (``statestore/delta/txn.py``): remove the replaced files, add the new ones.
   Fenced like every commit: the tasks check the fence row's sequencer, the
@@ -23,7 +24,8 @@ image path keeps the single-row-per-key table and its partitioning by
 
 Stores whose files Python reaches (local folders, ``file:`` and ``s3a://`` URIs,
 ``statestore/delta/storefs.py``): the files are read and written with pyarrow;
-commits stay Delta's, through the JVM.
+commits stay Delta's, through the JVM. On lease acquisition the recovery scan
+(:mod:`.recovery`) reads the images and delivers what they hold checkpointed.
 """
 
 from __future__ import annotations
@@ -33,13 +35,11 @@ import json
 import random
 import threading
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..delta.log import commit_info, commit_infos, json_commit_versions
-from ..delta.storefs import TableFiles, table_files
-from ..delta.txn import (
+from ...delta.log import commit_infos
+from ...delta.storefs import TableFiles, table_files
+from ...delta.txn import (
     FileEntry,
     StaleFilesError,
     TableLog,
@@ -48,139 +48,28 @@ from ..delta.txn import (
     partition_file_name,
     write_file,
 )
-from ..exceptions import CommitConflictError, StaleSequencerError
-from ..layout import StoreLayout
-from ..rowtable.fencing import translate_commit_error
-from ..rowtable.frames import arrow_schema
-from ..rowtable.rows import FENCE_KEY, Production, rows_file_ddl
-from ..rowtable.store import raise_if_fenced
-from ..zk.owner import IntervalOwner
-from . import Recovered, StaleViewError, WritePath
-from .delivery import deliver_productions
-from .streams import (
+from ...exceptions import CommitConflictError, StaleSequencerError
+from ...layout import StoreLayout
+from ...rowtable.fencing import translate_commit_error
+from ...rowtable.frames import arrow_schema
+from ...rowtable.rows import rows_file_ddl
+from ...rowtable.store import raise_if_fenced
+from ...zk.owner import IntervalOwner
+from .. import Recovered, StaleViewError, WritePath
+from ..delivery import deliver_productions
+from ..streams import (
     STREAM_FORMAT_VERSION,
     ensure_stream_table,
     stream_schema_ddl,
 )
+from .files import write_production_files
+from .recovery import Checkpoint, Recovery, resolve, scan
+from .summary import BatchOutput
 
-__all__ = ["ImagePath", "BatchOutput", "write_interval_image", "write_production_files", "oldest_work",
-           "next_processing", "COMMIT_META_VERSION"]
+__all__ = ["ImagePath", "COMMIT_META_VERSION"]
 
 _DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, retried with jitter
 COMMIT_META_VERSION = 1
-
-
-def write_interval_image(image: Any, rows_root: TableFiles, computation: str, interval: int) -> tuple[str, int]:
-    """Write an interval's new image (a pyarrow table of the rows file schema) as a Parquet file in
-    its partition folder of the rows table; invisible until :meth:`ImagePath.commit` adds it.
-    Runs in the tasks. Returns the file's path relative to the table and its size."""
-    rel = partition_file_name(computation, interval, "dw")
-    return rel, write_file(image, rows_root, rel)
-
-
-def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
-                           roots: Mapping[str, TableFiles], schema: Any, format_version: int) -> list[dict[str, Any]]:
-    """One stream-table Parquet file per stream of ``prods`` (not yet in the stream's log): what a
-    strong delivery appends. Runs in the tasks (and in recovery). Returns per file its stream,
-    path, size, rows and earliest timestamp."""
-    import pyarrow as pa
-
-    out = []
-    for stream in sorted({p.stream for p in prods}):
-        ps = [p for p in prods if p.stream == stream]
-        ts = pa.array([p.timestamp_ms for p in ps], pa.int64())
-        table = pa.table({
-            "record_id": pa.array([p.production_id for p in ps], pa.string()),
-            "key": pa.array([p.key for p in ps], pa.string()),
-            "value": pa.array([bytes(p.value) for p in ps], pa.binary()),
-            "codec": pa.array([p.codec for p in ps], pa.string()),
-            "timestamp_ms": ts,
-            "event_time": ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
-            "producer": pa.array([producer] * len(ps), pa.string()),
-            "commit_id": pa.array([commit_id] * len(ps), pa.string()),
-            "format_version": pa.array([format_version] * len(ps), pa.int32()),
-        }).cast(schema)
-        rel = f"part-{uuid.uuid4().hex}-dw-{producer}-{iv}.snappy.parquet"
-        size = write_file(table, roots[stream], rel)
-        out.append({"stream": stream, "path": rel, "size": size, "num_rows": table.num_rows,
-                    "min_ts": min(p.timestamp_ms for p in ps)})
-    return out
-
-
-def next_processing(image: Any, retention_ms: int | None = None) -> int | None:
-    """The earliest processing time at which the image has work without input (None: none): its
-    earliest processing-time timer and, given the dedup ``retention_ms``, the time its oldest
-    record id leaves the dedup horizon (the image is then rewritten without it)."""
-    import pyarrow.compute as pc
-
-    first: int | None = pc.min(image.column("next_processing_timer_ms")).as_py()
-    if retention_ms is not None and image.num_rows:
-        oldest = pc.min(pc.struct_field(pc.list_flatten(image.column("record_ids")), "seen_ms")).as_py()
-        if oldest is not None:
-            first = oldest + retention_ms + 1 if first is None else min(first, oldest + retention_ms + 1)
-    return first
-
-
-def oldest_work(image: Any) -> int | None:
-    """The image's oldest pending work: its earliest event-time timer or watermark hold."""
-    import pyarrow.compute as pc
-
-    user = pc.not_equal(image.column("key"), FENCE_KEY)  # the two columns only, not the whole image
-    marks = [pc.min(image.column(c).filter(user)).as_py() for c in ("next_event_timer_ms", "watermark_hold_ms")]
-    marks = [m for m in marks if m is not None]
-    return min(marks) if marks else None
-
-
-@dataclass
-class Checkpoint:
-    """One interval's checkpointed productions of one stream, found by the recovery scan."""
-
-    stream: str
-    interval: int
-    version: int | None  # the rows commit that checkpointed them (an upper bound unless exact; None: unknown)
-    exact: bool  # ``version`` is that commit's own (looked up by ``commit_id``), not a bound
-    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column;
-    # None: the rows were written by several commits)
-    prods: list[Production]
-
-
-@dataclass
-class Recovery:
-    """What :meth:`ImagePath.recovery` found: per interval the oldest work and the earliest
-    processing-time timer, and the checkpoints to deliver: ``appends`` (of known commits,
-    :meth:`ImagePath.redeliver`) and ``merge`` (the rest: insert-only MERGE by record id)."""
-
-    oldest: dict[int, int | None]
-    next_processing: dict[int, int | None]
-    appends: list[Checkpoint]
-    merge: list[Checkpoint]
-
-    def merge_productions(self) -> list[Production]:
-        return sorted((p for c in self.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
-
-    def merge_commit_ids(self) -> dict[str, str | None]:
-        """production id -> the id of the commit that checkpointed it (None: not known)."""
-        return {p.production_id: c.commit_id for c in self.merge for p in c.prods}
-
-
-
-
-@dataclass
-class BatchOutput:
-    """A batch's new rows and productions on the image path: one summary per interval from the
-    tasks (new image file, production files, counts, oldest work)."""
-
-    summaries: list[dict[str, Any]]
-    version: int | None = None  # the rows commit that checkpointed the productions (set by commit)
-
-    def total(self, name: str) -> int:
-        """The count ``name`` summed over the intervals' summaries (missing or None: 0)."""
-        return sum(int(s.get(name) or 0) for s in self.summaries)
-
-    def side(self, kind: str) -> list[dict[str, Any]]:
-        """The side-output rows of ``kind`` (dead, late) of every interval's summary."""
-        return [x for s in self.summaries for x in (s.get("side") or ()) if x["kind"] == kind]
-
 
 
 class _Beside:
@@ -222,7 +111,7 @@ class ImagePath(WritePath[BatchOutput]):
 
     Args:
         spark: the session.
-        layout: the store (one whose files Python reaches: :func:`~..delta.storefs.supports`).
+        layout: the store (one whose files Python reaches: :func:`~...delta.storefs.supports`).
         owner: holds the intervals (leases, sequencers, the rows store).
         name: the computation.
         outputs: the computation's output streams.
@@ -352,50 +241,14 @@ class ImagePath(WritePath[BatchOutput]):
             self._rewrite(dirty)
 
     def recovery(self) -> Recovery:
-        """The recovery scan from the loaded images (read here, in the driver): the oldest work
-        per interval (event-time timers, watermark holds), the earliest processing-time timer per
-        interval, and the checkpointed productions still to deliver (those whose strong delivery
-        already landed are left out, see below).
+        """The recovery scan from the loaded images (:func:`~.recovery.scan`), with the
+        checkpointed productions still to deliver (those whose strong delivery already landed are
+        left out, see below).
 
         Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
         sequencer than this writer's (an even newer owner took the interval)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        root = self.rows_files
-        cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending",
-                "commit_id", "record_ids"]
-        out = Recovery({}, {}, [], [])
-        checkpoints: list[Checkpoint] = []
-        for iv, files in sorted(self.files.items()):
-            parts = [root.read_parquet(decode_path(f.path), columns=cols) for f in files]
-            if not parts:
-                out.oldest[iv] = out.next_processing[iv] = None
-                continue
-            image = pa.concat_tables(parts, promote_options="permissive")
-            fence = pc.max(image.filter(pc.equal(image.column("key"), FENCE_KEY)).column("sequencer")).as_py()
-            if fence is not None:
-                raise_if_fenced(self.name, {iv: fence}, {iv: self.owner.sequencers[iv]})
-            out.oldest[iv] = oldest_work(image)
-            out.next_processing[iv] = next_processing(image, self.retention_ms)
-            found: dict[str, Checkpoint] = {}
-            for f, part in zip(files, parts, strict=True):
-                has = pc.fill_null(pc.greater(pc.list_value_length(part.column("pending")), 0), False)
-                held = part.filter(has)
-                for lst, cid in zip(held.column("pending").to_pylist(), held.column("commit_id").to_pylist(),
-                                    strict=True):
-                    for row in lst:
-                        prod = Production.from_row(row)
-                        c = found.get(prod.stream)
-                        if c is None:
-                            c = found[prod.stream] = Checkpoint(prod.stream, iv, f.added_at, False, cid, [])
-                        else:
-                            if c.commit_id != cid:
-                                c.commit_id = None  # rows of several commits (not written by this path)
-                            c.version = None if c.version is None or f.added_at is None else \
-                                max(c.version, f.added_at)
-                        c.prods.append(prod)
-            checkpoints += found.values()
+        out, checkpoints = scan(self.rows_files, self.files, name=self.name, sequencers=self.owner.sequencers,
+                                retention_ms=self.retention_ms)
         # Productions already delivered are left out. A strong delivery records, per interval, the
         # version of the rows commit whose productions it carries (and that commit's id in its
         # rows), and a commit is only made once the previous batch's delivery landed (settled).
@@ -403,7 +256,7 @@ class ImagePath(WritePath[BatchOutput]):
         # before the newest add of a file holding the row (``version``, an upper bound: OPTIMIZE,
         # a purge or any rewrite re-adds the rows under a newer version). So: delivered once the
         # stream's version for the interval reached that bound; else the checkpointing commit is
-        # looked up by its id among the commits in between (:meth:`_resolve`).
+        # looked up by its id among the commits in between (:func:`~.recovery.resolve`).
         for stream in sorted({c.stream for c in checkpoints if c.version is not None}):
             self._read_delivered(stream, [self._app(c.interval) for c in checkpoints
                                           if c.stream == stream and c.version is not None])
@@ -411,38 +264,10 @@ class ImagePath(WritePath[BatchOutput]):
             delivered = -1 if c.version is None else self._delivered[(c.stream, self._app(c.interval))]
             if c.version is not None and delivered >= c.version:
                 continue
-            todo = self._resolve(c, delivered)
+            todo = resolve(self.rows_files, c, delivered, name=self.name)
             if todo is not None:
                 (out.appends if todo else out.merge).append(c)
         return out
-
-    def _resolve(self, c: Checkpoint, delivered: int) -> bool | None:
-        """Whether checkpoint ``c`` (not known to be delivered by its bound) is still to deliver:
-        None (no: delivered), True (yes, as its commit's own delivery: ``c.version`` becomes that
-        commit's version, ``c.exact``), False (yes, by insert-only MERGE by record id: the commit
-        is not found in the log, or was not made by this path).
-
-        Its commit is looked up by id in the rows table's log between the stream's version for
-        the interval and the bound. Not there while every commit of that range is: the commit is
-        at or before the delivered version, i.e. delivered (a later commit of the interval clears
-        the checkpoints of earlier ones)."""
-        if c.version is None or c.commit_id is None:
-            return False
-        present = set(json_commit_versions(self.rows_files) or ())
-        for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
-            if v not in present:
-                return False  # the log was cleaned up past it: cannot tell
-            try:
-                meta = json.loads((commit_info(self.rows_files, v) or {}).get("userMetadata") or "{}")
-            except ValueError:
-                continue
-            if isinstance(meta, dict) and meta.get("commit_id") == c.commit_id:
-                if meta.get("kind") == "commit" and meta.get("write_path") == "image" \
-                        and meta.get("computation") == self.name:
-                    c.version, c.exact = v, True
-                    return True
-                return False
-        return None if delivered >= 0 else False
 
     def redeliver(self, checkpoints: Sequence[Checkpoint]) -> int:
         """Deliver checkpoints of known commits as their own deliveries would have: an append
@@ -456,7 +281,7 @@ class ImagePath(WritePath[BatchOutput]):
                 c.prods, producer=self.name, commit_id=c.commit_id, iv=c.interval,
                 roots={c.stream: self.stream_files(c.stream)},
                 schema=arrow_schema(stream_schema_ddl()), format_version=STREAM_FORMAT_VERSION)
-            adds = [new_add(p["path"], {}, p["size"], p["num_rows"]) for p in files]
+            adds = [new_add(p.path, {}, p.size, p.num_rows) for p in files]
             self._deliver_strong(c.stream, self._stream_log(c.stream), {self._app(c.interval): adds}, c.version)
             n += len(c.prods)
         return n
@@ -514,20 +339,20 @@ class ImagePath(WritePath[BatchOutput]):
         on). The intervals' oldest work is taken from the summaries either way. See
         :meth:`WritePath.commit`."""
         name = self.name
-        new = [s for s in out.summaries if s.get("new_path")]
+        new = [(iv, s.image) for iv, s in out.intervals() if s.image is not None]
         self.owner.check()
         if not new:
             self._observe(out)
             return False
-        ivs = sorted(int(s["interval"]) for s in new)
+        ivs = sorted(iv for iv, _image in new)
         seqs = self.owner.sequencers
         info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": "commit",
                            "writer": self.owner.store.writer,
                            "computation": name, "commit_id": commit_id, "write_path": "image",
                            "sequencers": {str(iv): seqs[iv] for iv in ivs}}, sort_keys=True)
         parts = [{"computation": name, "interval": str(iv)} for iv in ivs]
-        adds = {int(s["interval"]): new_add(s["new_path"], {"computation": name, "interval": str(s["interval"])},
-                                            s["new_size"], s["new_rows"]) for s in new}
+        adds = {iv: new_add(image.path, {"computation": name, "interval": str(iv)}, image.size, image.rows)
+                for iv, image in new}
         removes = [f for iv in ivs for f in self.files.get(iv, ())]
         try:
             version = self.log.commit(remove=removes, add=list(adds.values()), user_metadata=info,
@@ -547,20 +372,18 @@ class ImagePath(WritePath[BatchOutput]):
             self.owner.store.check_fences(name, seqs)
             raise StaleViewError(f"concurrent commit on {name}'s partitions: {err}") from exc
         assert version is not None
-        for s in new:
-            iv = int(s["interval"])
-            self.files[iv] = [FileEntry(s["new_path"], (("computation", name), ("interval", str(iv))),
-                                        int(s["new_size"]), False, adds[iv])]
+        for iv, image in new:
+            self.files[iv] = [FileEntry(image.path, (("computation", name), ("interval", str(iv))), image.size, False,
+                                        adds[iv])]
         self.version = out.version = version
         self._observe(out)
         return True
 
     def _observe(self, out: BatchOutput) -> None:
         """The committed images' oldest work (before the delivery thread publishes)."""
-        for s in out.summaries:
-            if s["interval"] is not None:
-                self._oldest[int(s["interval"])] = s["oldest_ms"]
-                self._next_proc[int(s["interval"])] = s["next_proc_ms"]
+        for iv, s in out.intervals():
+            self._oldest[iv] = s.oldest_ms
+            self._next_proc[iv] = s.next_proc_ms
 
     # ------------------------------------------------------------------ step 6
 
@@ -570,12 +393,11 @@ class ImagePath(WritePath[BatchOutput]):
         version = out.version if strong else None
         by_stream: dict[str, dict[str, list[str]]] = {}
         n = 0
-        for s in out.summaries:
-            for p in s.get("prod_files") or ():
-                app = self._app(int(s["interval"]))
-                by_stream.setdefault(p["stream"], {}).setdefault(app, []).append(
-                    new_add(p["path"], {}, p["size"], p["num_rows"]))
-                n += int(p["num_rows"])
+        for iv, s in out.intervals():
+            for p in s.prod_files:
+                app = self._app(iv)
+                by_stream.setdefault(p.stream, {}).setdefault(app, []).append(new_add(p.path, {}, p.size, p.num_rows))
+                n += p.num_rows
         for stream, files in sorted(by_stream.items()):
             log = self._stream_log(stream)
             if version is None:  # weak productions: blind append, consumers dedup by record id

@@ -1,14 +1,14 @@
 """The image path's key loop: one interval's touched keys, column-wise.
 
-``_imagetask`` hands over the interval's input records (Arrow, one run per key)
-and the touched keys' current rows (Arrow); this module runs user code per key
+The per-interval run (``interval.py``) hands over the interval's input records (Arrow, one run
+per key) and the touched keys' current rows (Arrow); this module runs user code per key
 through :class:`keyrun.UserCode` — the one implementation of what user
 code sees (dedup, record order, error policy, timer firing) — and writes the
 new row images straight into column lists. Nothing per key is built that the
 Parquet file does not need: no ``KeyRow``, no ``KeyOutcome``, no record-id
-tuples (ids stay in Arrow: ``_imagetask`` attaches them).
+tuples (ids stay in Arrow: ``interval.py`` attaches them, with ``ids.py``).
 
-Step 4 of ``run_key`` as the image path does it, per key:
+Phase 4 of ``run_key`` as the image path does it, per key:
 
 * a key whose run leaves nothing (no state, timers, pending productions,
   watermark hold) keeps a row only for its record ids: the ids it had within
@@ -23,17 +23,18 @@ from __future__ import annotations
 import json
 from itertools import accumulate, repeat
 from operator import attrgetter
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError
 from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, DOMAINS, TimeDomain, Timer, new_timer
+from deltawheel.statestore.writepath.image.summary import SideRecord
 
-from ..computation import Computation, Record, new_record
-from ..context import Context
-from .keyrun import UserCode, codec_of
+from ...computation import Computation, Record, new_record
+from ...context import Context
+from ..keyrun import UserCode, codec_of
 
-__all__ = ["Input", "OldRows", "KeyLoop", "side_row", "py_list", "constant_or_list"]
+__all__ = ["Input", "OldRows", "KeyLoop", "py_list", "constant_or_list"]
 
 
 def py_list(arr: Any) -> list[Any]:
@@ -233,7 +234,7 @@ class KeyLoop:
         self.rows = NewRows()
         self.unchanged: list[str] = []  # keys kept as they are in the image (record ids untrimmed)
         self.prods: list[Any] = []
-        self.side: list[dict[str, Any]] = []  # dead letters (decoding, or user code by its error policy)
+        self.side: list[SideRecord] = []  # dead letters (decoding, or user code by its error policy)
         self.id_keys: list[str] = []  # the ids run, when not simply all input records (``all_ran``)
         self.id_values: list[str] = []
         self.all_ran = True  # every input record was run (none seen before, repeated or undecodable)
@@ -278,7 +279,8 @@ class KeyLoop:
             fresh, n_dups, n_late, dead_letters, n_fired = run_user(ctx, records, set() if repeats else None)
             if dead_letters:
                 pos = {inp.ids[i]: i for i in range(lo, hi)}
-                self.side.extend(side_row("dead", inp.row(pos[rec.record_id]), key, err) for rec, err in dead_letters)
+                self.side.extend(SideRecord.of_input("dead", inp.row(pos[rec.record_id]), key, err)
+                                 for rec, err in dead_letters)
             processed += len(fresh)
             duplicates += n_seen + n_dups
             late += n_late
@@ -364,10 +366,10 @@ def _decode(codec: str | None, data: bytes | None) -> Any:
 
 
 def records_of(inp: Input, key: str, lo: int, hi: int,
-               seen: list[bool] | None) -> tuple[list[Record], list[dict[str, Any]], int]:
+               seen: list[bool] | None) -> tuple[list[Record], list[SideRecord], int]:
     """The key's records not already seen (in order), its undecodable ones, and how many were seen."""
     out: list[Record] = []
-    dead: list[dict[str, Any]] = []
+    dead: list[SideRecord] = []
     n_seen = 0
     ids, values, codecs, ts, streams, late = inp.ids, inp.values, inp.codecs, inp.ts, inp.streams, inp.late
     if inp.no_values:
@@ -382,14 +384,7 @@ def records_of(inp: Input, key: str, lo: int, hi: int,
         try:
             value = _decode(codecs[i], values[i])  # type: ignore[arg-type]
         except CodecError as exc:
-            dead.append(side_row("dead", inp.row(i), key, f"CodecError: {exc}"))
+            dead.append(SideRecord.of_input("dead", inp.row(i), key, f"CodecError: {exc}"))
             continue
         out.append(new_record((key, value, ts[i], ids[i], streams[i], late[i])))
     return out, dead, n_seen
-
-
-def side_row(kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -> dict[str, Any]:
-    """A side-output row (``kind``: dead or late) for the input record ``x`` of ``key``."""
-    return {"kind": kind, "record_id": x.get("record_id"), "key": key, "value": x.get("value"),
-            "codec": x.get("codec"), "timestamp_ms": x.get("timestamp_ms"), "stream": x.get("stream"),
-            "position": x.get("position"), "error": error}

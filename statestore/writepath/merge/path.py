@@ -1,6 +1,6 @@
 """The MERGE write path: one fenced Delta MERGE per batch (any store).
 
-The batch's tasks (``executor/tasks/merge.py``) join the input with the rows table and return the
+The batch's tasks (``executor/tasks/merge/``) join the input with the rows table and return the
 new row images as a DataFrame; :meth:`MergePath.commit` hands them to
 :meth:`RowStore.commit_frame` (the fenced MERGE, with one fence row per owned interval);
 :meth:`MergePath.deliver` inserts the productions into their streams where their record id is
@@ -16,12 +16,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..layout import StoreLayout
-from ..rowtable.rows import Production, rows_schema_ddl
-from ..zk.owner import IntervalOwner
-from . import Recovered, WritePath
-from .delivery import deliver_frame, deliver_productions
-from .streams import ensure_stream_table
+from ...layout import StoreLayout
+from ...rowtable.rows import Production, rows_schema_ddl
+from ...zk.owner import IntervalOwner
+from .. import Recovered, WritePath
+from ..delivery import deliver_frame, deliver_productions
+from ..streams import ensure_stream_table
 
 __all__ = ["MergePath", "MergeBatch", "ROW_COLUMNS"]
 

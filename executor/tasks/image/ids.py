@@ -1,0 +1,166 @@
+"""The record ids of an interval image, column-wise (the image path's tasks).
+
+A row's record ids (the bulk of a row) stay in Arrow while the keys run: :func:`flat_ids`
+flattens the touched rows' ids, :func:`already_seen` is the exact dedup lookup behind the
+Bloom filter, :func:`with_ids` attaches the retained and the new ids to the new rows, and
+:func:`trim_ids` / :func:`expired_ids` / :func:`drop_empty` drop what passed the dedup horizon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deltawheel.statestore.rowtable.rows import FENCE_KEY
+
+from ...computation import Computation
+from .keys import Input, py_list
+
+__all__ = ["HeldIds", "flat_ids", "already_seen", "with_ids", "trim_ids", "expired_ids", "drop_empty"]
+
+
+@dataclass
+class HeldIds:
+    """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays.
+
+    ``held``: all the rows hold; ``table``: those within the dedup horizon (the dedup lookup
+    uses these, as ``run_key`` does, and the new rows keep them), of the ``keys``."""
+
+    held: Any
+    table: Any
+    keys: set[str]
+
+
+def flat_ids(sub: Any, horizon_ms: int | None) -> HeldIds:
+    """The record ids the rows ``sub`` hold, flattened (``.table``: those seen at ``horizon_ms`` or later)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lst = sub.column("record_ids").combine_chunks()
+    if len(lst) == 0:
+        empty = pa.table({"key": pa.array([], pa.string()), "record_id": pa.array([], pa.string()),
+                          "seen_ms": pa.array([], pa.int64())})
+        return HeldIds(empty, empty, set())
+    parents = pc.list_parent_indices(lst)
+    flat = pc.list_flatten(lst)
+    held = pa.table({"key": sub.column("key").combine_chunks().take(parents),
+                     "record_id": flat.field("record_id"), "seen_ms": flat.field("seen_ms")})
+    table = held if horizon_ms is None else held.filter(pc.greater_equal(held.column("seen_ms"), horizon_ms))
+    return HeldIds(held, table, set(py_list(pc.unique(table.column("key")))))
+
+
+def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = None) -> list[bool] | None:
+    """Per input record (in ``inp`` order): does the key's row already hold its id?
+
+    ``maybe``: per input record, whether the Bloom filter might hold its id (a filter has no
+    false negatives: the others were not seen). Given and few, the stored ids are scanned for
+    those candidates alone (a hash set of a few ids, not of every stored one)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    held = ids.table  # within the dedup horizon
+    if not comp.exactly_once or held.num_rows == 0 or not inp.keys:
+        return None
+    if maybe is not None and int(maybe.sum()) * 8 < held.num_rows:
+        cand = np.flatnonzero(maybe).tolist()
+        hit = pc.is_in(held.column("record_id"), value_set=pa.array([inp.ids[i] for i in cand], pa.string()))
+        if not pc.any(hit).as_py():
+            return None
+        hits = held.filter(hit)
+        pairs = set(zip(py_list(hits.column("key")), py_list(hits.column("record_id")), strict=True))
+        seen = [False] * len(inp.ids)
+        for i in cand:
+            if (inp.keys[i], inp.ids[i]) in pairs:
+                seen[i] = True
+        return seen if any(seen) else None
+    # ids alone first (no replays: the usual case), then (key, id) pairs
+    if not pc.any(pc.is_in(inp.table.column("record_id"), value_set=held.column("record_id"))).as_py():
+        return None
+    pairs = pc.binary_join_element_wise(inp.table.column("key"), inp.table.column("record_id"), "\x00")
+    old = pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00")
+    hit = pc.is_in(pairs, value_set=old)
+    return py_list(hit) if pc.any(hit).as_py() else None
+
+
+def with_ids(rows: Any, old: HeldIds, new: Any | None, seen_ms: int, schema: Any) -> Any:
+    """``rows`` (without record ids) + the record_ids column: retained old ids, then the ``new``
+    ones (a key / record_id table; None: none)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    field = schema.field("record_ids")
+    parts = [old.table]
+    if new is not None and new.num_rows:
+        parts.append(pa.table({"key": new.column("key"), "record_id": new.column("record_id"),
+                               "seen_ms": pa.array(np.full(new.num_rows, seen_ms, dtype=np.int64))}))
+    ids = pa.concat_tables(parts)
+    pos = pc.index_in(ids.column("key"), value_set=rows.column("key"))
+    ids = ids.append_column("pos", pos).append_column("seq", pa.array(np.arange(ids.num_rows), pa.int64()))
+    ids = ids.filter(pc.is_valid(pos))
+    ids = ids.take(pc.sort_indices(ids, sort_keys=[("pos", "ascending"), ("seq", "ascending")]))
+    offsets = _offsets(ids.column("pos").to_numpy(), rows.num_rows)
+    values = pa.StructArray.from_arrays([ids.column("record_id").combine_chunks(),
+                                         ids.column("seen_ms").combine_chunks()], fields=list(field.type.value_type))
+    col = pa.ListArray.from_arrays(offsets, values, type=field.type)
+    out = rows.add_column(schema.get_field_index("record_ids"), field, col)
+    return out.select(schema.names).cast(schema)
+
+
+def trim_ids(t: Any, horizon_ms: int | None) -> Any:
+    """``t`` with the record ids seen before ``horizon_ms`` dropped: the rows of keys not run in
+    this batch keep only what the dedup horizon still needs, as the run keys' new rows do (no
+    sender retries an older id). Vectorized; ``t`` itself when there is nothing to drop."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if horizon_ms is None or t.num_rows == 0:
+        return t
+    idx = t.schema.get_field_index("record_ids")
+    field = t.schema.field(idx)
+    lst = t.column(idx).combine_chunks()
+    flat = pc.list_flatten(lst)
+    if len(flat) == 0:
+        return t
+    keep = pc.greater_equal(flat.field("seen_ms"), horizon_ms)
+    if pc.all(keep).as_py():
+        return t
+    parents = pc.list_parent_indices(lst).filter(keep).to_numpy()
+    col = pa.ListArray.from_arrays(_offsets(parents, t.num_rows), flat.filter(keep), type=field.type,
+                                   mask=lst.is_null() if lst.null_count else None)
+    return t.set_column(idx, field, col)
+
+
+def _offsets(parents: Any, n: int) -> Any:
+    """List offsets for ``n`` lists from the (ascending) list index of each value (numpy ints)."""
+    import numpy as np
+    import pyarrow as pa
+
+    counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, dtype=np.int64)
+    return pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32), pa.int32())
+
+
+def expired_ids(image: Any, horizon_ms: int | None) -> int:
+    """How many record ids of ``image`` were seen before ``horizon_ms`` (they leave it)."""
+    import pyarrow.compute as pc
+
+    if horizon_ms is None or image.num_rows == 0:
+        return 0
+    seen = pc.struct_field(pc.list_flatten(image.column("record_ids")), "seen_ms")
+    return int(pc.sum(pc.less(seen, horizon_ms)).as_py() or 0)
+
+
+def drop_empty(t: Any) -> Any:
+    """``t`` without the rows that hold nothing any more (no state, timers, checkpointed
+    productions, watermark hold or record ids): a key kept only for its ids, once they expired."""
+    import pyarrow.compute as pc
+
+    if t.num_rows == 0:
+        return t
+    empty = pc.and_kleene(pc.is_null(t.column("state")), pc.is_null(t.column("watermark_hold_ms")))
+    for col in ("timers", "pending", "record_ids"):
+        empty = pc.and_kleene(empty, pc.equal(pc.fill_null(pc.list_value_length(t.column(col)), 0), 0))
+    empty = pc.and_kleene(empty, pc.not_equal(t.column("key"), FENCE_KEY))
+    empty = pc.fill_null(empty, False)
+    return t.filter(pc.invert(empty)) if pc.any(empty).as_py() else t

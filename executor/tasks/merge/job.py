@@ -1,0 +1,168 @@
+"""The MERGE path's batch job (driver side): input prepared in the JVM, joined with the rows it
+needs, user code per key in tasks (:mod:`.task`), materialized once; the write path
+(``statestore/writepath/merge/``) commits and delivers what it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.rows import FENCE_KEY
+from deltawheel.statestore.writepath.merge.path import MergeBatch, MergePath
+
+from ...computation import Computation
+from ...runtime.faults import BatchFailedError
+from ..input import interval_of_key, original_text, prepare_input, with_original_text
+from ..job import BatchRun, Prepared, user_error_message
+from .task import OUT_DDL, task_fn
+
+__all__ = ["MergeTasks", "run_in_tasks", "productions_frame", "dead_letter_frame", "routed_frame"]
+
+
+def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any | None, *,
+                 intervals: Sequence[int], input_watermark_ms: int | None, now_ms: int,
+                 dedup_horizon_ms: int | None, partitions: int, sequencers: dict[int, int],
+                 commit_id: str) -> Any:
+    """Join input with the rows it needs and run user code per key in tasks (lazy DataFrame)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import DataType
+
+    n = comp.num_intervals
+    ivs = list(intervals)
+    if prep is not None:  # join within one session: foreachBatch frames live in the query's clone
+        spark = prep.sparkSession
+    rows = (spark.read.format("delta").load(layout.rows)
+            .where((F.col("computation") == comp.name) & F.col("interval").isin(ivs) & (F.col("key") != FENCE_KEY)))
+    due = (F.size("pending") > 0) | (F.col("next_processing_timer_ms") <= F.lit(now_ms))
+    if input_watermark_ms is not None:
+        due = due | (F.col("next_event_timer_ms") < F.lit(input_watermark_ms))
+    if dedup_horizon_ms is not None and comp.exactly_once:
+        # a row holding record ids past the dedup horizon is run too (no records: only its due
+        # timers fire), so its ids are trimmed even when no later batch has records of its key
+        # (otherwise the ids of a key seen once would stay forever)
+        due = due | F.exists("record_ids", lambda x: x["seen_ms"] < F.lit(dedup_horizon_ms))
+    if prep is None:
+        joined = rows.where(due).withColumn("recs", F.lit(None))
+    else:
+        owned = prep.withColumn("interval", interval_of_key(n))
+        owned = owned.where(F.col("interval").isin(ivs))
+        recs = owned.groupBy("key", "interval").agg(F.collect_list(F.struct(
+            "record_id", "value", "codec", "timestamp_ms", "late", "stream", "position")).alias("recs"))
+        joined = recs.join(rows, ["key", "interval"], "full_outer").where(F.col("recs").isNotNull() | due)
+    schema = DataType.fromDDL(OUT_DDL)
+    arrow = to_arrow_schema(schema, timezone="UTC")  # type: ignore[arg-type]  # a StructType (parsed from OUT_DDL)
+    fn = task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, arrow, sequencers, commit_id)
+    return joined.repartition(partitions, "interval").mapInArrow(fn, schema)
+
+def productions_frame(out: Any) -> Any:
+    """The productions the tasks made (one row each, from the ``new_prods`` column of ``out``)."""
+    from pyspark.sql import functions as F
+
+    return out.select(F.explode("new_prods").alias("p")).select("p.*")
+
+
+def dead_letter_frame(out: Any) -> Any:
+    """The dead letters the tasks produced (one row each, from the ``dead`` column of ``out``)."""
+    from pyspark.sql import functions as F
+
+    return out.select(F.explode("dead").alias("d")).select("d.*")
+
+
+def routed_frame(out: Any) -> Any:
+    """The late records the tasks routed to the late-data table (``LatePolicy.ROUTE``)."""
+    from pyspark.sql import functions as F
+
+    return out.select(F.explode("routed").alias("r")).select("r.*")
+
+
+class MergeTasks:
+    """The MERGE path's batch job: input prepared in the JVM, joined with the rows it needs,
+    user code per key in tasks (:func:`run_in_tasks`), materialized once.
+
+    Args:
+        spark: the session.
+        comp: the computation.
+        layout: the store.
+        path: the MERGE write path (its owner's intervals and sequencers).
+        partitions: tasks per batch.
+        event_ahead_ms: per input stream, how far a record's event time may be ahead of the clock.
+    """
+
+    direct_source = None  # the MERGE path's tasks never read the input files themselves
+
+    def __init__(self, spark: Any, comp: Computation, layout: StoreLayout, path: MergePath, *, partitions: int,
+                 event_ahead_ms: Mapping[str, int]) -> None:
+        self.spark = spark
+        self.comp = comp
+        self.layout = layout
+        self.path = path
+        self.partitions = partitions
+        self.event_ahead_ms = event_ahead_ms
+        self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
+
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int) -> Prepared:
+        """The input of the owned intervals, materialized; its input-level dead letters apart."""
+        from pyspark.sql import functions as F
+
+        if df is None:
+            return Prepared(None)
+        comp, owned = self.comp, self.path.owner.intervals
+        prep = prepare_input(df, comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
+        if len(owned) < comp.num_intervals:  # the records of our intervals only
+            iv = interval_of_key(comp.num_intervals)
+            prep = prep.where(F.coalesce(iv, F.lit(0)).isin(list(owned)))
+        prep = prep.localCheckpoint(eager=True)
+        ok_ts = F.when(F.col("_bad").isNull(), F.col("timestamp_ms"))  # dead letters move no watermark
+        agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
+                       F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
+        dead_in = int(agg["bad"] or 0)
+        # late records are routed by the tasks, after dedup (a retry of a record run on time is a
+        # duplicate, not late data)
+        return Prepared(prep.where(F.col("_bad").isNull()),
+                        dead=prep.where(F.col("_bad").isNotNull()) if dead_in else None,
+                        records_in=int(agg["n"]), dead_in=dead_in, obs_min=agg["mn"], obs_max=agg["mx"],
+                        raw=original_text(df))
+
+    def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
+            horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[MergeBatch]:
+        """Load the rows (one join), run user code, materialize once; count what it did."""
+        from pyspark.sql import functions as F
+
+        comp, owner = self.comp, self.path.owner
+        out = run_in_tasks(self.spark, self.layout, comp, prepared.input, intervals=owner.intervals,
+                           input_watermark_ms=wm_in, now_ms=now, dedup_horizon_ms=horizon,
+                           partitions=self.partitions, sequencers=owner.sequencers, commit_id=commit_id)
+        try:
+            out = out.localCheckpoint(eager=True)
+        except Exception as exc:  # noqa: BLE001 - user code errors surface here
+            raise BatchFailedError(user_error_message(exc, comp.name, batch_id)) from exc
+        stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
+                                                       "n_dead", "n_routed", "ids_expired")],
+                        F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written"),
+                        F.min(F.when(F.col("_op") != "delete", F.col("next_event_timer_ms"))).alias("event_timer")
+                        ).collect()[0]
+        st = {k: int(v or 0) for k, v in stats.asDict().items() if k != "event_timer"}
+        mark("load_and_user_code")
+        counts = {"records_in": prepared.records_in, "processed": st["processed"], "duplicates": st["duplicates"],
+                  "late": st["late"], "dead_letters": st["n_dead"] + prepared.dead_in, "timers_fired": st["fired"],
+                  "productions": st["n_prods"], "keys_written": st["written"], "ids_expired": st["ids_expired"]}
+        batch = MergeBatch(out.where(F.col("_op") != "none"), productions_frame(out), st["written"], st["n_prods"])
+        dead = dead_letter_frame(out) if st["n_dead"] else None
+        if dead is not None and prepared.raw is not None:
+            dead = with_original_text(dead, prepared.raw)
+        return BatchRun(batch, counts, dead=dead,
+                        late=routed_frame(out) if st["n_routed"] else None, event_timer_ms=stats["event_timer"],
+                        obs_min=prepared.obs_min, obs_max=prepared.obs_max)
+
+    def checkpoint(self, run: BatchRun[MergeBatch]) -> bool:
+        """The productions are at hand: the commit writes them into the rows' ``pending``."""
+        from pyspark.sql import functions as F
+
+        run.batch.checkpointed = True
+        run.prod_min_ts = run.batch.prods.agg(F.min("timestamp_ms")).collect()[0][0]
+        return True
+
+    def observe(self, run: BatchRun[MergeBatch]) -> None:
+        """Nothing to learn: Spark places the tasks."""

@@ -1,0 +1,61 @@
+"""The write paths an executor can take, registered in one table.
+
+A write path has two halves, each in a folder of its own: its writes of the rows and stream
+tables (a :class:`~deltawheel.statestore.writepath.WritePath`, ``statestore/writepath/<name>/``)
+and the Spark job whose output those writes commit and deliver (a :class:`~.job.UserJob`,
+``executor/tasks/<name>/``). :data:`PATHS` builds both halves of each path for an executor,
+which takes one by name (``write_path``, as ``choose_write_path`` resolves it) and holds no
+branch per path. A new path adds its two folders and one entry here.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping, Protocol
+
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.writepath import WritePath
+from deltawheel.statestore.writepath.image.path import ImagePath
+from deltawheel.statestore.writepath.merge.path import MergePath
+from deltawheel.statestore.zk.owner import IntervalOwner
+
+from ..computation import Computation
+from .image.job import ImageTasks
+from .job import UserJob
+from .merge.job import MergeTasks
+
+__all__ = ["PATHS", "PathKind", "image_path", "merge_path"]
+
+
+class PathKind(Protocol):
+    """Builds one write path and its user job for an executor of ``comp`` over ``owner``'s
+    intervals. ``partitions``: tasks per batch; ``event_ahead_ms``: per input stream, how far a
+    record's event time may be ahead of the clock; ``watermarks``: the executor publishes
+    watermarks (from the oldest work the path reports)."""
+
+    def __call__(self, spark: Any, layout: StoreLayout, comp: Computation, owner: IntervalOwner, *,
+                 partitions: int, event_ahead_ms: Mapping[str, int],
+                 watermarks: bool) -> tuple[WritePath[Any], UserJob[Any]]:
+        """(the write path, the user job feeding it)."""
+
+
+def image_path(spark: Any, layout: StoreLayout, comp: Computation, owner: IntervalOwner, *, partitions: int,
+               event_ahead_ms: Mapping[str, int], watermarks: bool) -> tuple[ImagePath, ImageTasks]:
+    """The image path: each task turns an interval's image into a new one, the driver commits all
+    of them in one Delta transaction (local, ``file:`` and ``s3a://`` stores). Its oldest work
+    comes from the images either way."""
+    path = ImagePath(spark, layout, owner, name=comp.name, outputs=comp.outputs,
+                     retention_ms=comp.dedup_retention_ms() if comp.exactly_once else None)
+    return path, ImageTasks(comp, layout, path, partitions=partitions, event_ahead_ms=event_ahead_ms)
+
+
+def merge_path(spark: Any, layout: StoreLayout, comp: Computation, owner: IntervalOwner, *, partitions: int,
+               event_ahead_ms: Mapping[str, int], watermarks: bool) -> tuple[MergePath, MergeTasks]:
+    """The fenced MERGE path: one Delta MERGE per batch (any store); it tracks its intervals'
+    oldest work only for an executor that publishes watermarks."""
+    path = MergePath(spark, layout, owner, name=comp.name, outputs=comp.outputs, track_oldest=watermarks)
+    return path, MergeTasks(spark, comp, layout, path, partitions=partitions, event_ahead_ms=event_ahead_ms)
+
+
+#: write path name -> how to build it for an executor
+PATHS: Mapping[str, PathKind] = MappingProxyType({"image": image_path, "merge": merge_path})

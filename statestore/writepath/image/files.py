@@ -1,0 +1,79 @@
+"""The image path's file writers and image facts, used by its tasks (and by recovery).
+
+The tasks (``executor/tasks/image/interval.py``) write an interval's new image
+(:func:`write_interval_image`) and its productions (:func:`write_production_files`) as Parquet
+files in the tables' folders, invisible until the driver's commit or delivery adds them to a
+log (:mod:`.path`); :func:`oldest_work` and :func:`next_processing` read what an image still
+has to do (the tasks for each new image, recovery for each current one).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Mapping, Sequence
+
+from ...delta.storefs import TableFiles
+from ...delta.txn import partition_file_name, write_file
+from ...rowtable.rows import FENCE_KEY
+from .summary import ImageFile, ProductionFile
+
+__all__ = ["write_interval_image", "write_production_files", "oldest_work", "next_processing"]
+
+
+def write_interval_image(image: Any, rows_root: TableFiles, computation: str, interval: int) -> ImageFile:
+    """Write an interval's new image (a pyarrow table of the rows file schema) as a Parquet file in
+    its partition folder of the rows table; invisible until :meth:`~.path.ImagePath.commit` adds
+    it. Runs in the tasks."""
+    rel = partition_file_name(computation, interval, "dw")
+    return ImageFile(rel, write_file(image, rows_root, rel), image.num_rows)
+
+
+def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
+                           roots: Mapping[str, TableFiles], schema: Any, format_version: int) -> list[ProductionFile]:
+    """One stream-table Parquet file per stream of ``prods`` (not yet in the stream's log): what a
+    strong delivery appends. Runs in the tasks (and in recovery)."""
+    import pyarrow as pa
+
+    out = []
+    for stream in sorted({p.stream for p in prods}):
+        ps = [p for p in prods if p.stream == stream]
+        ts = pa.array([p.timestamp_ms for p in ps], pa.int64())
+        table = pa.table({
+            "record_id": pa.array([p.production_id for p in ps], pa.string()),
+            "key": pa.array([p.key for p in ps], pa.string()),
+            "value": pa.array([bytes(p.value) for p in ps], pa.binary()),
+            "codec": pa.array([p.codec for p in ps], pa.string()),
+            "timestamp_ms": ts,
+            "event_time": ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
+            "producer": pa.array([producer] * len(ps), pa.string()),
+            "commit_id": pa.array([commit_id] * len(ps), pa.string()),
+            "format_version": pa.array([format_version] * len(ps), pa.int32()),
+        }).cast(schema)
+        rel = f"part-{uuid.uuid4().hex}-dw-{producer}-{iv}.snappy.parquet"
+        size = write_file(table, roots[stream], rel)
+        out.append(ProductionFile(stream, rel, size, table.num_rows, min(p.timestamp_ms for p in ps)))
+    return out
+
+
+def next_processing(image: Any, retention_ms: int | None = None) -> int | None:
+    """The earliest processing time at which the image has work without input (None: none): its
+    earliest processing-time timer and, given the dedup ``retention_ms``, the time its oldest
+    record id leaves the dedup horizon (the image is then rewritten without it)."""
+    import pyarrow.compute as pc
+
+    first: int | None = pc.min(image.column("next_processing_timer_ms")).as_py()
+    if retention_ms is not None and image.num_rows:
+        oldest = pc.min(pc.struct_field(pc.list_flatten(image.column("record_ids")), "seen_ms")).as_py()
+        if oldest is not None:
+            first = oldest + retention_ms + 1 if first is None else min(first, oldest + retention_ms + 1)
+    return first
+
+
+def oldest_work(image: Any) -> int | None:
+    """The image's oldest pending work: its earliest event-time timer or watermark hold."""
+    import pyarrow.compute as pc
+
+    user = pc.not_equal(image.column("key"), FENCE_KEY)  # the two columns only, not the whole image
+    marks = [pc.min(image.column(c).filter(user)).as_py() for c in ("next_event_timer_ms", "watermark_hold_ms")]
+    marks = [m for m in marks if m is not None]
+    return min(marks) if marks else None

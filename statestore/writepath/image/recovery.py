@@ -1,0 +1,133 @@
+"""The image path's recovery scan: what the interval images still hold to do and to deliver.
+
+On lease acquisition :meth:`~.path.ImagePath.acquire` reads the owned intervals' images in the
+driver (:func:`scan`): each interval's oldest work and earliest processing-time work, and the
+productions checkpointed in its rows (a :class:`Checkpoint` per interval and stream). A
+checkpoint whose strong delivery already landed is left out; one that did not is delivered as
+its commit's own delivery would have been (when its commit is found in the rows table's log,
+:func:`resolve`) or by insert-only MERGE by record id (:class:`Recovery`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ...delta.log import commit_info, json_commit_versions
+from ...delta.storefs import TableFiles
+from ...delta.txn import FileEntry, decode_path
+from ...rowtable.rows import FENCE_KEY, Production
+from ...rowtable.store import raise_if_fenced
+from .files import next_processing, oldest_work
+
+__all__ = ["Checkpoint", "Recovery", "scan", "resolve"]
+
+
+@dataclass
+class Checkpoint:
+    """One interval's checkpointed productions of one stream, found by the recovery scan."""
+
+    stream: str
+    interval: int
+    version: int | None  # the rows commit that checkpointed them (an upper bound unless exact; None: unknown)
+    exact: bool  # ``version`` is that commit's own (looked up by ``commit_id``), not a bound
+    commit_id: str | None  # that commit's id (what its delivery writes in the stream's commit_id column;
+    # None: the rows were written by several commits)
+    prods: list[Production]
+
+
+@dataclass
+class Recovery:
+    """What :meth:`~.path.ImagePath.recovery` found: per interval the oldest work and the earliest
+    processing-time timer, and the checkpoints to deliver: ``appends`` (of known commits,
+    :meth:`~.path.ImagePath.redeliver`) and ``merge`` (the rest: insert-only MERGE by record id)."""
+
+    oldest: dict[int, int | None]
+    next_processing: dict[int, int | None]
+    appends: list[Checkpoint]
+    merge: list[Checkpoint]
+
+    def merge_productions(self) -> list[Production]:
+        """The productions of ``merge``, in timestamp order."""
+        return sorted((p for c in self.merge for p in c.prods), key=lambda p: (p.timestamp_ms, p.production_id))
+
+    def merge_commit_ids(self) -> dict[str, str | None]:
+        """production id -> the id of the commit that checkpointed it (None: not known)."""
+        return {p.production_id: c.commit_id for c in self.merge for p in c.prods}
+
+
+def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: str, sequencers: Mapping[int, int],
+         retention_ms: int | None) -> tuple[Recovery, list[Checkpoint]]:
+    """The recovery scan of the interval images ``files`` (read here, in the driver): the oldest
+    work per interval (event-time timers, watermark holds), the earliest processing-time work per
+    interval, and every checkpoint the images hold (delivered or not: :func:`resolve` tells).
+
+    Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
+    sequencer than ``sequencers`` (an even newer owner took the interval)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending",
+            "commit_id", "record_ids"]
+    out = Recovery({}, {}, [], [])
+    checkpoints: list[Checkpoint] = []
+    for iv, entries in sorted(files.items()):
+        parts = [root.read_parquet(decode_path(f.path), columns=cols) for f in entries]
+        if not parts:
+            out.oldest[iv] = out.next_processing[iv] = None
+            continue
+        image = pa.concat_tables(parts, promote_options="permissive")
+        fence = pc.max(image.filter(pc.equal(image.column("key"), FENCE_KEY)).column("sequencer")).as_py()
+        if fence is not None:
+            raise_if_fenced(name, {iv: fence}, {iv: sequencers[iv]})
+        out.oldest[iv] = oldest_work(image)
+        out.next_processing[iv] = next_processing(image, retention_ms)
+        found: dict[str, Checkpoint] = {}
+        for f, part in zip(entries, parts, strict=True):
+            has = pc.fill_null(pc.greater(pc.list_value_length(part.column("pending")), 0), False)
+            held = part.filter(has)
+            for lst, cid in zip(held.column("pending").to_pylist(), held.column("commit_id").to_pylist(),
+                                strict=True):
+                for row in lst:
+                    prod = Production.from_row(row)
+                    c = found.get(prod.stream)
+                    if c is None:
+                        c = found[prod.stream] = Checkpoint(prod.stream, iv, f.added_at, False, cid, [])
+                    else:
+                        if c.commit_id != cid:
+                            c.commit_id = None  # rows of several commits (not written by this path)
+                        c.version = None if c.version is None or f.added_at is None else \
+                            max(c.version, f.added_at)
+                    c.prods.append(prod)
+        checkpoints += found.values()
+    return out, checkpoints
+
+
+def resolve(rows_files: TableFiles, c: Checkpoint, delivered: int, *, name: str) -> bool | None:
+    """Whether checkpoint ``c`` (not known to be delivered by its bound) is still to deliver:
+    None (no: delivered), True (yes, as its commit's own delivery: ``c.version`` becomes that
+    commit's version, ``c.exact``), False (yes, by insert-only MERGE by record id: the commit
+    is not found in the log, or was not made by this path).
+
+    Its commit is looked up by id in the rows table's log between the stream's version for
+    the interval and the bound. Not there while every commit of that range is: the commit is
+    at or before the delivered version, i.e. delivered (a later commit of the interval clears
+    the checkpoints of earlier ones)."""
+    if c.version is None or c.commit_id is None:
+        return False
+    present = set(json_commit_versions(rows_files) or ())
+    for v in range(c.version, delivered, -1):  # newest first: usually the bound itself
+        if v not in present:
+            return False  # the log was cleaned up past it: cannot tell
+        try:
+            meta = json.loads((commit_info(rows_files, v) or {}).get("userMetadata") or "{}")
+        except ValueError:
+            continue
+        if isinstance(meta, dict) and meta.get("commit_id") == c.commit_id:
+            if meta.get("kind") == "commit" and meta.get("write_path") == "image" \
+                    and meta.get("computation") == name:
+                c.version, c.exact = v, True
+                return True
+            return False
+    return None if delivered >= 0 else False

@@ -1,0 +1,201 @@
+"""What the image path's tasks hand to the driver: one summary per interval they ran.
+
+A task of the image job (``executor/tasks/image/``) turns each of its intervals' image into a
+new file and returns an :class:`IntervalSummary` for it: the new image (:class:`ImageFile`), the
+production files (:class:`ProductionFile`), the dead letters and routed late records
+(:class:`SideRecord`), its counts and the interval's oldest work. A task that ran no interval
+returns one summary of no interval, for its input counts. Between the tasks and the driver a
+summary travels as an Arrow row of :data:`SUMMARY_DDL`: :meth:`IntervalSummary.to_row` and
+:meth:`IntervalSummary.from_row` are the one conversion. :class:`BatchOutput` holds a batch's
+summaries; :class:`~.path.ImagePath` commits their new images and delivers their production files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
+
+from ...rowtable.frames import local_frame
+
+__all__ = ["SUMMARY_DDL", "ImageFile", "ProductionFile", "SideRecord", "IntervalSummary", "BatchOutput",
+           "side_frame"]
+
+_SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
+         "stream: STRING, position: STRING, error: STRING>")
+#: The Arrow rows the tasks return (:meth:`IntervalSummary.to_row`)
+SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
+               "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
+               f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
+               "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, oldest_ms BIGINT, "
+               "next_proc_ms BIGINT, bloom_checked BIGINT, bloom_maybe BIGINT, bloom_false_pos BIGINT, "
+               "bloom_bytes BIGINT, images_read BIGINT, "
+               "obs_min BIGINT, obs_max BIGINT")
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    """An interval's new image: a Parquet file in its partition folder of the rows table (path
+    relative to the table), not yet in the table's log."""
+
+    path: str
+    size: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class ProductionFile:
+    """One stream-table Parquet file of productions (path relative to the stream's table), not yet
+    in the stream's log: what a strong delivery appends. ``min_ts``: its earliest timestamp."""
+
+    stream: str
+    path: str
+    size: int
+    num_rows: int
+    min_ts: int | None
+
+    def to_row(self) -> dict[str, Any]:
+        """The file as a ``prod_files`` element of a summary row."""
+        return {"stream": self.stream, "path": self.path, "size": self.size, "num_rows": self.num_rows,
+                "min_ts": self.min_ts}
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ProductionFile:
+        """A ``prod_files`` element of a summary row."""
+        return cls(row["stream"], row["path"], int(row["size"]), int(row["num_rows"]), row.get("min_ts"))
+
+
+@dataclass(frozen=True)
+class SideRecord:
+    """An input record the tasks did not run into the rows: a dead letter (``kind`` "dead", with
+    its ``error``) or a late record routed to the late-data table ("late"). ``position``: its
+    source position (None for the tasks' own dead letters: the driver looks it up)."""
+
+    kind: str
+    record_id: str | None
+    key: str | None
+    value: bytes | None
+    codec: str | None
+    timestamp_ms: int | None
+    stream: str | None
+    position: str | None
+    error: str | None
+
+    @classmethod
+    def of_input(cls, kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -> SideRecord:
+        """The side record of ``kind`` for the input record ``x`` (a prepared row) of ``key``."""
+        return cls(kind, x.get("record_id"), key, x.get("value"), x.get("codec"), x.get("timestamp_ms"),
+                   x.get("stream"), x.get("position"), error)
+
+    def to_row(self) -> dict[str, Any]:
+        """The record as a ``side`` element of a summary row."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> SideRecord:
+        """A ``side`` element of a summary row."""
+        return cls(row["kind"], row.get("record_id"), row.get("key"), row.get("value"), row.get("codec"),
+                   row.get("timestamp_ms"), row.get("stream"), row.get("position"), row.get("error"))
+
+
+_COUNTS = ("records_in", "processed", "duplicates", "fired", "late", "n_prods", "n_dead", "keys_written",
+           "ids_expired", "bloom_checked", "bloom_maybe", "bloom_false_pos", "bloom_bytes", "images_read")
+
+
+@dataclass(frozen=True)
+class IntervalSummary:
+    """What a task did with one interval (``interval`` None: a task that ran none; its input
+    counts only).
+
+    ``image``: the interval's new image (None: unchanged); ``prod_files``: the productions of its
+    keys; ``side``: dead letters and routed late records; the counts of the batch report
+    (``fired``: timers fired, ``n_prods``: productions, ``n_dead``: dead letters of user code and
+    decoding, ``bloom_*``: the dedup filter's checks); ``oldest_ms`` / ``next_proc_ms``: the
+    interval's oldest pending work and earliest processing-time work, as the new image holds
+    them. A task's input counts ride on its first summary: ``records_in`` and ``obs_min`` /
+    ``obs_max``, the event-time range of its records that are no dead letters (what the injectors'
+    watermarks observe)."""
+
+    interval: int | None
+    image: ImageFile | None = None
+    prod_files: tuple[ProductionFile, ...] = ()
+    side: tuple[SideRecord, ...] = ()
+    records_in: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    fired: int = 0
+    late: int = 0
+    n_prods: int = 0
+    n_dead: int = 0
+    keys_written: int = 0
+    ids_expired: int = 0
+    oldest_ms: int | None = None
+    next_proc_ms: int | None = None
+    bloom_checked: int = 0
+    bloom_maybe: int = 0
+    bloom_false_pos: int = 0
+    bloom_bytes: int = 0
+    images_read: int = 0
+    obs_min: int | None = None
+    obs_max: int | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        """The summary as a row of :data:`SUMMARY_DDL`."""
+        img = self.image
+        row: dict[str, Any] = {"interval": self.interval, "new_path": img.path if img else None,
+                               "new_size": img.size if img else None, "new_rows": img.rows if img else None,
+                               "prod_files": [p.to_row() for p in self.prod_files],
+                               "side": [s.to_row() for s in self.side]}
+        row.update((c, getattr(self, c)) for c in _COUNTS)
+        row.update(oldest_ms=self.oldest_ms, next_proc_ms=self.next_proc_ms, obs_min=self.obs_min,
+                   obs_max=self.obs_max)
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> IntervalSummary:
+        """A row of :data:`SUMMARY_DDL` (a missing or null count: 0)."""
+        path = row.get("new_path")
+        return cls(
+            interval=row.get("interval"),
+            image=ImageFile(path, int(row["new_size"]), int(row["new_rows"])) if path else None,
+            prod_files=tuple(ProductionFile.from_row(p) for p in row.get("prod_files") or ()),
+            side=tuple(SideRecord.from_row(s) for s in row.get("side") or ()),
+            oldest_ms=row.get("oldest_ms"), next_proc_ms=row.get("next_proc_ms"), obs_min=row.get("obs_min"),
+            obs_max=row.get("obs_max"), **{c: int(row.get(c) or 0) for c in _COUNTS})
+
+
+@dataclass
+class BatchOutput:
+    """A batch's new rows and productions on the image path: the tasks' summaries (one per
+    interval run, plus one of no interval per task that ran none)."""
+
+    summaries: list[IntervalSummary]
+    version: int | None = None  # the rows commit that checkpointed the productions (set by commit)
+
+    def intervals(self) -> list[tuple[int, IntervalSummary]]:
+        """(interval, its summary) for each summary of an interval."""
+        return [(s.interval, s) for s in self.summaries if s.interval is not None]
+
+    def total(self, name: str) -> int:
+        """The count ``name`` (a count field of :class:`IntervalSummary`) summed over the summaries."""
+        return sum(int(getattr(s, name)) for s in self.summaries)
+
+    def side(self, kind: str) -> list[SideRecord]:
+        """The side records of ``kind`` (dead, late) of every summary."""
+        return [x for s in self.summaries for x in s.side if x.kind == kind]
+
+    def prod_min_ts(self) -> int | None:
+        """The oldest timestamp among the production files (holds the low watermark)."""
+        return min((p.min_ts for s in self.summaries for p in s.prod_files if p.min_ts is not None), default=None)
+
+
+def side_frame(session: Any, records: Sequence[SideRecord], *, dead: bool) -> Any:
+    """Dead letters / late records as a frame for ``writepath/delivery.py``."""
+    if dead:
+        return local_frame(
+            session,
+            [(r.record_id, r.key, r.value, r.error, r.position, r.timestamp_ms, r.stream) for r in records],
+            "record_id STRING, key STRING, raw_value BINARY, error STRING, position STRING, "
+            "event_time_ms BIGINT, stream STRING")
+    return local_frame(
+        session, [(r.stream, r.record_id, r.key, r.value, r.codec, r.timestamp_ms) for r in records],
+        "stream STRING, record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT")

@@ -1,0 +1,2 @@
+"""The MERGE write path: one fenced Delta MERGE per batch (any store).
+"""

@@ -64,7 +64,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from deltawheel.migrations.zk_layout import ensure_zk_layout
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionLoss,
@@ -85,6 +84,7 @@ from ..exceptions import (
 )
 from ..layout import validate_name
 from .client import zk_errors
+from .layout import ensure_zk_layout
 from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
 
 __all__ = ["LeaseGrant", "LeaseManager", "break_lease", "list_leases", "interval_path", "LEASE_FORMAT_VERSION",

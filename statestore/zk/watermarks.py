@@ -67,7 +67,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deltawheel.migrations.zk_layout import ensure_zk_layout
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import ZnodeStat
@@ -77,6 +76,7 @@ from ..clock import Clock, SystemClock
 from ..exceptions import CodecError, ConfigError, LeaseLostError, LeaseSuspendedError, StaleSequencerError
 from ..layout import validate_name
 from .client import zk_errors
+from .layout import ensure_zk_layout
 from .leases import MAX_INTERVAL, ZNODE_DAMAGED_HINT, interval_path
 from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
 

@@ -76,8 +76,8 @@ from ..clock import Clock, SystemClock
 from ..exceptions import CodecError, ConfigError, LeaseLostError, LeaseSuspendedError, StaleSequencerError
 from ..layout import validate_name
 from .client import zk_errors
+from .grants import MAX_INTERVAL, ZNODE_DAMAGED_HINT, interval_path
 from .layout import ensure_zk_layout
-from .leases import MAX_INTERVAL, ZNODE_DAMAGED_HINT, interval_path
 from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
 
 __all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream",

@@ -72,13 +72,13 @@ from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import ZnodeStat
 from kazoo.security import ACL
 
-from ..clock import Clock, SystemClock
-from ..exceptions import CodecError, ConfigError, LeaseLostError, LeaseSuspendedError, StaleSequencerError
-from ..layout import validate_name
-from .client import zk_errors
-from .grants import MAX_INTERVAL, ZNODE_DAMAGED_HINT, interval_path
-from .layout import ensure_zk_layout
-from .refusal import DEFAULT_MAX_PAUSE_S, check_refused
+from ...clock import Clock, SystemClock
+from ...exceptions import CodecError, ConfigError, LeaseLostError, LeaseSuspendedError, StaleSequencerError
+from ...layout import validate_name
+from ..client import zk_errors
+from ..grants import MAX_INTERVAL, ZNODE_DAMAGED_HINT, interval_path
+from ..layout import ensure_zk_layout
+from ..refusal import DEFAULT_MAX_PAUSE_S, check_refused
 
 __all__ = ["END_OF_TIME", "WATERMARK_FORMAT_VERSION", "LastKnown", "Topology", "WatermarkAuthority", "parse_upstream",
            "read_injector_watermark"]
@@ -708,7 +708,7 @@ class WatermarkAuthority:
             StaleSequencerError, CodecError, LeaseSuspendedError: as :meth:`publish_injector`.
             ConfigError: a bad instance name.
         """
-        from .members import live_members
+        from ..members import live_members
 
         _check_ms("watermark_ms", watermark_ms, optional=False)
         validate_name("instance", instance)

@@ -8,7 +8,8 @@ znode, so a LOST session takes nothing of theirs away. Each is safe to repeat:
 
 :func:`list_leases` and :func:`break_lease` serve ``deltawheel leases show|break`` (and the
 status, rebalance and recovery commands); :func:`next_sequencers` and :func:`raise_sequencers`
-compare a store's fences with ZooKeeper's grants and re-seed them (``reseed.py``, ``owner.py``).
+compare a store's fences with ZooKeeper's grants and re-seed them (the interval owner's check at
+acquisition, :func:`.reseed.plan_reseed` and :func:`.reseed.apply_reseed`).
 The lease znodes and the grant protocol: ``grants.py``; the lease manager: ``leases.py``.
 """
 

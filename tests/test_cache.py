@@ -15,7 +15,8 @@ from deltawheel.statestore.rowtable.cache import MISS, RowCache
 from deltawheel.statestore.rowtable.rows import KeyRow, SeenId, TimeDomain, Timer, interval_of
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect
-from deltawheel.statestore.zk.leases import LeaseManager, break_lease
+from deltawheel.statestore.zk.lease_tools import break_lease
+from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.owner import IntervalOwner
 
 J = get_codec("json")

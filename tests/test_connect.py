@@ -21,7 +21,7 @@ import pytest
 from deltawheel.statestore.delta.sparkenv import missing_settings
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.client import connect as connect_zk
-from deltawheel.statestore.zk.leases import list_leases
+from deltawheel.statestore.zk.lease_tools import list_leases
 from executor_util import stream_rows
 
 import deltawheel

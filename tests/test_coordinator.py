@@ -129,7 +129,8 @@ def test_a_wiped_zookeeper_is_refused_at_acquisition_and_reseed_fences_above_the
         spark, migrated_store, own_zk) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect
-    from deltawheel.statestore.zk.leases import LeaseManager, interval_path
+    from deltawheel.statestore.zk.grants import interval_path
+    from deltawheel.statestore.zk.leases import LeaseManager
     from deltawheel.statestore.zk.owner import IntervalOwner
     from deltawheel.statestore.zk.reseed import apply_reseed, plan_reseed
 
@@ -412,7 +413,8 @@ def test_reseed_restores_the_injector_watermark_the_lost_zookeeper_held(spark, t
 
 def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowers(zk_config) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.zk.client import connect
-    from deltawheel.statestore.zk.leases import LeaseManager, next_sequencers, raise_sequencers
+    from deltawheel.statestore.zk.lease_tools import next_sequencers, raise_sequencers
+    from deltawheel.statestore.zk.leases import LeaseManager
 
     client = connect(zk_config)
     try:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.client import connect as connect_zk
-from deltawheel.statestore.zk.leases import list_leases
+from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 import deltawheel

@@ -17,7 +17,8 @@ from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import LeaseHeldError, LeaseSuspendedError, ZooKeeperServerError
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.ensemble import ZooKeeperEnsemble
-from deltawheel.statestore.zk.leases import LeaseManager, list_leases, next_sequencers
+from deltawheel.statestore.zk.lease_tools import list_leases, next_sequencers
+from deltawheel.statestore.zk.leases import LeaseManager
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(120)]
 

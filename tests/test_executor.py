@@ -155,7 +155,7 @@ def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_
     while it was partitioned away): its batch fails with StaleSequencerError, nothing it
     computed is committed or delivered."""
     from deltawheel.statestore.exceptions import StaleSequencerError
-    from deltawheel.statestore.zk.leases import break_lease
+    from deltawheel.statestore.zk.lease_tools import break_lease
 
     old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old",
                                      write_path=write_path)
@@ -302,7 +302,7 @@ def test_a_zombies_delivery_in_flight_at_the_takeover_adds_nothing(spark, migrat
     import threading
 
     from deltawheel.statestore.exceptions import DeltaWheelError
-    from deltawheel.statestore.zk.leases import break_lease
+    from deltawheel.statestore.zk.lease_tools import break_lease
 
     gate = threading.Event()
     old, old_client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="old",

@@ -12,7 +12,6 @@ from dataclasses import replace
 import pytest
 from conftest import free_port
 from deltawheel.executor.cli import main as cli_main
-from deltawheel.migrations.zk_layout import ZK_LAYOUT_VERSION, ensure_zk_layout
 from deltawheel.statestore.clock import ManualClock
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import (
@@ -25,7 +24,10 @@ from deltawheel.statestore.exceptions import (
     ZooKeeperServerError,
 )
 from deltawheel.statestore.zk.client import connect, digest_acls
-from deltawheel.statestore.zk.leases import LeaseGrant, LeaseManager, break_lease, interval_path, list_leases
+from deltawheel.statestore.zk.grants import LeaseGrant, interval_path
+from deltawheel.statestore.zk.layout import ZK_LAYOUT_VERSION, ensure_zk_layout
+from deltawheel.statestore.zk.lease_tools import break_lease, list_leases
+from deltawheel.statestore.zk.leases import LeaseManager
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 

@@ -302,7 +302,7 @@ def test_one_to_three_to_two_to_one_instances_gives_the_rows_of_one(spark: Any, 
     import time
 
     from deltawheel.statestore.zk.client import connect
-    from deltawheel.statestore.zk.leases import list_leases
+    from deltawheel.statestore.zk.lease_tools import list_leases
 
     store, folder = tmp_path / "store", tmp_path / "in"
     expected: dict[str, int] = {}

@@ -21,7 +21,8 @@ from deltawheel.statestore.exceptions import (
     StaleSequencerError,
 )
 from deltawheel.statestore.zk.client import connect
-from deltawheel.statestore.zk.leases import LeaseManager, break_lease
+from deltawheel.statestore.zk.lease_tools import break_lease
+from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, Topology, WatermarkAuthority, parse_upstream
 from kazoo.client import KazooClient
 

@@ -10,7 +10,7 @@ import pytest
 from deltawheel.executor.runtime.batch import FaultPoint
 from deltawheel.statestore.exceptions import LeaseLostError, StaleSequencerError
 from deltawheel.statestore.writepath import WritePath
-from deltawheel.statestore.zk.leases import break_lease
+from deltawheel.statestore.zk.lease_tools import break_lease
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 
 B1 = [("r1", "cats", 1_000), ("r2", "dogs", 2_000), ("r3", "cats", 12_000)]  # 2 windows due at 11 s

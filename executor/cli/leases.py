@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.zk.client import connect
-from deltawheel.statestore.zk.leases import break_lease, list_leases
+from deltawheel.statestore.zk.lease_tools import break_lease, list_leases
 
 from .common import add_optional_store, add_zk_args, zk_client
 

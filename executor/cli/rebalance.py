@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from deltawheel.statestore.exceptions import ConfigError
-from deltawheel.statestore.zk.leases import list_leases
+from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.members import clear_move, live_members, read_move, request_move, target
 
 from .common import add_optional_store, add_zk_args, zk_client

@@ -185,7 +185,7 @@ def gather(layout: StoreLayout, client: Any, *, pipeline: str | None = None, spa
            now_ms: int | None = None) -> StoreStatus:
     """Everything ``status`` and ``report`` show, from the store (``spark`` is needed only for a
     store that is not local) and the ZooKeeper ``client`` (None: the store's figures only)."""
-    from deltawheel.statestore.zk.leases import list_leases
+    from deltawheel.statestore.zk.lease_tools import list_leases
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
     st = StoreStatus(store=layout.root, now_ms=int(time.time() * 1000) if now_ms is None else now_ms)

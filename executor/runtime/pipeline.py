@@ -35,7 +35,8 @@ from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 from deltawheel.statestore.zk.client import connect, digest_acls
-from deltawheel.statestore.zk.leases import LeaseManager, list_leases
+from deltawheel.statestore.zk.lease_tools import list_leases
+from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.members import Membership, target
 from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S

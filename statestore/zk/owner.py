@@ -38,7 +38,9 @@ from ..rowtable.recovery import RecoveredIntervals, rebuild, recover
 from ..rowtable.rows import KeyRow, interval_of
 from ..rowtable.store import CommitResult, RowStore
 from .binding import bind_store, store_path
-from .leases import LeaseGrant, LeaseManager, next_sequencers
+from .grants import LeaseGrant
+from .lease_tools import next_sequencers
+from .leases import LeaseManager
 
 __all__ = ["IntervalOwner"]
 

@@ -38,7 +38,7 @@ from kazoo.security import ACL
 
 from ..layout import StoreLayout
 from .binding import bind_store, store_path
-from .leases import next_sequencers, raise_sequencers
+from .lease_tools import next_sequencers, raise_sequencers
 from .watermarks import WatermarkAuthority, read_injector_watermark
 
 __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]

@@ -1,17 +1,25 @@
 """The ZooKeeper layout version: a ``/layout`` znode below the chroot.
 
+ZooKeeper SUSPENDED / LOST: these are single kazoo calls, neither paused nor retried; a
+connection that drops during one raises kazoo's error to the caller (a
+:class:`~.leases.LeaseManager` or :class:`~.watermarks.WatermarkAuthority` being made). A repeat
+finishes what a cut-off call began (every create tolerates a node that exists). The znodes are
+persistent: a LOST session loses nothing here.
+
 The znode holds ``{"format_version": N}``. :func:`ensure_zk_layout` creates it
 (and the top-level folders) on first use; running it again creates nothing. A
-layout written by a newer deltawheel is refused, never rewritten.
+layout written by a newer deltawheel is refused, never rewritten. It lives beside the
+coordination code that uses it, apart from the schema version of the store's Delta tables.
 """
 
 from __future__ import annotations
 
 import json
 
-from deltawheel.statestore.exceptions import MigrationError
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
+
+from ..exceptions import MigrationError
 
 __all__ = ["ZK_LAYOUT_VERSION", "LAYOUT_PATH", "ensure_zk_layout", "read_zk_layout_version"]
 

@@ -1,0 +1,158 @@
+"""The operator's tools on leases: show them, break one, and read or raise the sequencer floor.
+
+ZooKeeper SUSPENDED / LOST: each tool is a few plain kazoo calls, neither paused nor retried; a
+connection that drops or a session that expires during one raises kazoo's error to the caller,
+who runs the tool again once ZooKeeper serves. None of them holds a lease or an ephemeral
+znode, so a LOST session takes nothing of theirs away. Each is safe to repeat:
+:func:`break_lease` deletes at the version it read, :func:`raise_sequencers` never lowers.
+
+:func:`list_leases` and :func:`break_lease` serve ``deltawheel leases show|break`` (and the
+status, rebalance and recovery commands); :func:`next_sequencers` and :func:`raise_sequencers`
+compare a store's fences with ZooKeeper's grants and re-seed them (the interval owner's check at
+acquisition, :func:`.reseed.plan_reseed` and :func:`.reseed.apply_reseed`).
+The lease znodes and the grant protocol: ``grants.py``; the lease manager: ``leases.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import ACL
+
+from ..exceptions import LeaseHeldError
+from ..layout import validate_name
+from .grants import LEASE_FORMAT_VERSION, decode_lease, grant_path, interval_path, raise_first
+
+__all__ = ["break_lease", "list_leases", "next_sequencers", "raise_sequencers"]
+
+
+def break_lease(client: KazooClient, *, pipeline: str, computation: str, interval: int,
+                apply: bool = False) -> dict[str, Any]:
+    """Take a lease away from its owner (an operator tool; dry run by default).
+
+    Returns:
+        The plan: ``path``, ``held``, and when held the current ``owner``,
+        ``sequencer``, ``session`` and ``version``; ``applied`` tells whether the
+        owner znode was deleted.
+
+    Raises:
+        LeaseHeldError: the lease is protected by an ACL this client lacks, or a
+            grant is in progress (retry).
+    """
+    base = interval_path(validate_name("pipeline", pipeline), validate_name("computation", computation), interval)
+    plan: dict[str, Any] = {"path": f"{base}/owner", "pipeline": pipeline, "computation": computation,
+                            "interval": interval, "held": False, "applied": False}
+    try:
+        data, stat = client.get(f"{base}/owner")
+    except NoNodeError:
+        plan["action"] = "nothing to break: the interval has no owner"
+        return plan
+    raw = decode_lease(data)
+    plan.update(held=True, owner=raw.get("owner"), sequencer=raw.get("sequencer"),
+                session=f"0x{stat.ephemeralOwner:x}", version=stat.version,
+                action="delete the owner znode and its grant node; the owner's next check fails")
+    if not apply:
+        return plan
+    if stat.version == 0 or raw.get("sequencer") is None:
+        raise LeaseHeldError(f"interval {interval} of {pipeline}/{computation} is being granted right now; "
+                             "retry in a moment")
+    tx = client.transaction()
+    tx.delete(f"{base}/owner", stat.version)
+    grant = grant_path(base, int(raw["sequencer"]))
+    if client.exists(grant) is not None:
+        tx.delete(grant, 0)
+    res = tx.commit()
+    if any(isinstance(r, NoAuthError) for r in res):
+        raise LeaseHeldError(f"the lease on interval {interval} of {pipeline}/{computation} is protected by a "
+                             "digest ACL; run with the owners' --zk-digest")
+    if any(isinstance(r, Exception) for r in res):
+        plan["action"] = "the owner changed meanwhile; nothing was deleted, run again"
+        return plan
+    plan["applied"] = True
+    return plan
+
+
+def list_leases(client: KazooClient, *, pipeline: str | None = None) -> list[dict[str, Any]]:
+    """Every known interval with its owner (``None`` when free) and last sequencer."""
+    out: list[dict[str, Any]] = []
+
+    def children(path: str) -> list[str]:
+        try:
+            return sorted(client.get_children(path))
+        except NoNodeError:
+            return []
+
+    for p in [pipeline] if pipeline else children("/pipelines"):
+        for c in children(f"/pipelines/{p}/computations"):
+            for name in children(f"/pipelines/{p}/computations/{c}/intervals"):
+                base = f"/pipelines/{p}/computations/{c}/intervals/{name}"
+                grants = children(f"{base}/grants")
+                row: dict[str, Any] = {"pipeline": p, "computation": c, "interval": int(name), "owner": None,
+                                       "sequencer": None, "session": None, "granted_ms": None,
+                                       "last_sequencer": int(grants[-1].rsplit("g-", 1)[1]) if grants else None}
+                try:
+                    data, stat = client.get(f"{base}/owner")
+                    raw = decode_lease(data)
+                    row.update(owner=raw.get("owner"), sequencer=raw.get("sequencer"),
+                               session=f"0x{stat.ephemeralOwner:x}", granted_ms=raw.get("granted_ms"))
+                except NoNodeError:
+                    pass
+                out.append(row)
+    return out
+
+
+def next_sequencers(client: KazooClient, *, pipeline: str, computation: str,
+                    intervals: Iterable[int]) -> dict[int, int]:
+    """Per interval, one above the highest sequencer ZooKeeper's grant nodes record (0: none).
+
+    Grants are issued in increasing order and the newest grant node of an interval is kept
+    (older ones are pruned), so every grant ZooKeeper made is below this value. A store whose
+    fences carry a sequencer at or above it was written under grants this ZooKeeper no longer
+    knows (its data was lost): see :class:`~.exceptions.CoordinatorStateLostError`. Read-only;
+    usable by any check that compares the store with ZooKeeper.
+    """
+    out: dict[int, int] = {}
+    for iv in sorted(set(intervals)):
+        try:
+            names = client.get_children(f"{interval_path(pipeline, computation, iv)}/grants")
+        except NoNodeError:
+            names = []
+        nums = [int(n.rsplit("g-", 1)[1]) for n in names if n.startswith("g-") and n[2:].isdigit()]
+        out[iv] = max(nums) + 1 if nums else 0
+    return out
+
+
+def raise_sequencers(client: KazooClient, *, pipeline: str, computation: str, floors: Mapping[int, int],
+                     acls: list[ACL] | None = None, ops_per_transaction: int = 500) -> dict[int, int]:
+    """Make every later grant of each interval get a sequencer of at least ``floors[interval]``.
+
+    ZooKeeper numbers the sequential grant nodes from a counter of the ``grants`` node that
+    grows with every child created there. This creates and deletes placeholder children (in
+    transactions of ``ops_per_transaction`` operations) until a sequential node gets a number
+    at or above ``floor - 1``; that node stays, as a grant node marked ``reseed``, so that
+    :func:`next_sequencers` sees it. Never lowers anything; safe to repeat and to run beside
+    running writers. Returns the next sequencer per interval.
+    """
+    out: dict[int, int] = {}
+    marker = json.dumps({"format_version": LEASE_FORMAT_VERSION, "reseed": True}).encode()
+    for iv, floor in sorted(floors.items()):
+        grants = f"{interval_path(pipeline, computation, iv)}/grants"
+        client.ensure_path(grants, acl=acls)
+        while True:
+            probe = client.create(f"{grants}/g-", marker, acl=acls, sequence=True)
+            got = int(str(probe).rsplit("g-", 1)[1])
+            if got + 1 >= floor:
+                out[iv] = got + 1
+                break
+            client.delete(probe)
+            pairs = min(max(1, ops_per_transaction // 2), floor - got - 1)
+            tx = client.transaction()
+            for _ in range(pairs):
+                tx.create(f"{grants}/reseed", b"", acl=acls)
+                tx.delete(f"{grants}/reseed")
+            raise_first(tx.commit())
+    return out

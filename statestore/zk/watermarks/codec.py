@@ -1,0 +1,201 @@
+"""The watermark znodes: where each payload lives, its format version, and how a new one is
+written over the stored one.
+
+ZooKeeper SUSPENDED / LOST: nothing here calls ZooKeeper but :func:`read_injector_watermark`, a
+single read that is neither paused nor retried (for read-only tools): a dropped connection or
+an expired session raises kazoo's error to its caller. The payload rules below are what every
+paused and repeated write (``rounds.py``) applies again to what it re-reads.
+
+Every payload is a JSON object with ``format_version`` (:data:`WATERMARK_FORMAT_VERSION`); one
+written by a newer deltawheel is refused, never rewritten. The rules: an injector's watermark,
+an instance's estimate and a published low watermark never move back; oldest work may (late
+data); a payload stored by a newer sequencer is never overwritten by an older one
+(:class:`StaleSequencerError`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from ...clock import Clock
+from ...exceptions import CodecError, StaleSequencerError
+from ...layout import validate_name
+from ..grants import ZNODE_DAMAGED_HINT, interval_path
+from .low import END_OF_TIME, later
+
+__all__ = ["WATERMARK_FORMAT_VERSION", "Raw", "Znodes", "caught_up_payload", "check_ms", "decode", "encode",
+           "injector_payload", "instance_update", "low_payload", "oldest_work_payload", "read_injector_watermark",
+           "stale"]
+
+WATERMARK_FORMAT_VERSION = 1
+Raw = dict[str, Any]
+_FOLDERS = {"topology": "topology", "injectors": "watermarks/injectors", "low": "watermarks/low",
+            "computations": "watermarks/computations", "instances": "watermarks/instances",
+            "caught_up": "watermarks/caught_up"}
+
+
+@dataclass(frozen=True)
+class Znodes:
+    """The znodes of one pipeline's watermarks (the layout in the package docstring); names given
+    to a method are validated.
+
+    >>> z = Znodes("p")
+    >>> z.interval("c", 3), z.low("c")
+    ('/pipelines/p/watermarks/computations/c/00003', '/pipelines/p/watermarks/low/c')
+    """
+
+    pipeline: str
+
+    def folder(self, kind: str) -> str:
+        """The folder of one kind of znode (``topology``, ``injectors``, ``low``, ``computations``,
+        ``instances``, ``caught_up``); its children are named as stored, unvalidated."""
+        return f"/pipelines/{self.pipeline}/{_FOLDERS[kind]}"
+
+    def topology(self, computation: str) -> str:
+        """The topology znode of a computation."""
+        return f"{self.folder('topology')}/{validate_name('computation', computation)}"
+
+    def injector(self, injector: str) -> str:
+        """The watermark znode of an injector."""
+        return f"{self.folder('injectors')}/{validate_name('injector', injector)}"
+
+    def low(self, computation: str) -> str:
+        """The published low watermark znode of a computation."""
+        return f"{self.folder('low')}/{validate_name('computation', computation)}"
+
+    def computation(self, computation: str) -> str:
+        """The folder of a computation's per-interval oldest work."""
+        return f"{self.folder('computations')}/{validate_name('computation', computation)}"
+
+    def interval(self, computation: str, interval: int) -> str:
+        """The oldest-work znode of one interval of a computation."""
+        return f"{self.computation(computation)}/{interval:05d}"
+
+    def instances(self, injector: str) -> str:
+        """The folder of the instances' estimates of ``injector``."""
+        return f"{self.folder('instances')}/{validate_name('injector', injector)}"
+
+    def caught_up(self, computation: str) -> str:
+        """The folder of a computation's caught-up sequencers (by interval)."""
+        return f"{self.folder('caught_up')}/{validate_name('computation', computation)}"
+
+    def owner(self, computation: str, interval: int) -> str:
+        """The lease owner znode of an interval (``grants.py``); checks the interval's range."""
+        return f"{interval_path(self.pipeline, computation, interval)}/owner"
+
+
+def encode(fields: Raw) -> bytes:
+    """A payload: ``fields`` with the format version, as JSON."""
+    return json.dumps({"format_version": WATERMARK_FORMAT_VERSION, **fields}, sort_keys=True).encode()
+
+
+def decode(data: bytes, what: str) -> Raw:
+    """The fields of a payload.
+
+    Raises:
+        CodecError: not a JSON object, or another format version.
+    """
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CodecError(f"{what} payload is not JSON: {data[:80]!r}{ZNODE_DAMAGED_HINT}") from exc
+    if not isinstance(raw, dict):
+        raise CodecError(f"{what} payload is not a JSON object: {data[:80]!r}{ZNODE_DAMAGED_HINT}")
+    if raw.get("format_version") != WATERMARK_FORMAT_VERSION:
+        raise CodecError(f"{what} payload has format_version {raw.get('format_version')!r}, this "
+                         f"deltawheel reads {WATERMARK_FORMAT_VERSION}; upgrade deltawheel")
+    return raw
+
+
+def check_ms(name: str, value: int | None, *, optional: bool) -> None:
+    """Raise :class:`CodecError` unless ``value`` is epoch milliseconds (or None, if optional)."""
+    if (value is not None or not optional) and (not isinstance(value, int) or isinstance(value, bool)
+                                                or not -END_OF_TIME <= value <= END_OF_TIME):
+        raise CodecError(f"{name} must be epoch milliseconds (an int up to END_OF_TIME), got {value!r}")
+
+
+def read_injector_watermark(client: KazooClient, *, pipeline: str, injector: str) -> int | None:
+    """The stored watermark of ``injector`` in ``pipeline`` (None: never published), read once and
+    without a :class:`~.authority.WatermarkAuthority` (which sets up the ZooKeeper layout): for
+    read-only tools."""
+    path = Znodes(validate_name("pipeline", pipeline)).injector(injector)
+    try:
+        data, _ = client.get(path)
+    except NoNodeError:
+        return None
+    return int(decode(data, "injector watermark")["watermark_ms"])
+
+
+def stale(what: str, ours: int, theirs: object, where: str) -> StaleSequencerError:
+    """The error of a writer whose sequencer ``ours`` is older than ``theirs`` found at ``where``."""
+    return StaleSequencerError(f"{what}: {where} has sequencer {theirs}, newer than ours ({ours}); drop the "
+                               "interval and re-acquire its lease")
+
+
+def oldest_work_payload(what: str, old: Raw | None, oldest: int | None, sequencer: int, *, clock: Clock) -> bytes:
+    """The new oldest-work payload of an interval whose stored one is ``old``; a newer
+    publisher's sequencer there raises :class:`StaleSequencerError`."""
+    if old is not None and int(old["sequencer"]) > sequencer:
+        raise stale(what, sequencer, old["sequencer"], "the published oldest work")
+    return encode({"sequencer": sequencer, "oldest_work_ms": oldest, "published_ms": clock.now_ms()})
+
+
+def low_payload(old: Raw | None, computed: int | None, *, clock: Clock) -> tuple[int | None, bytes | None]:
+    """(max(stored, computed), the new low-watermark payload; None when it does not move)."""
+    before = None if old is None else old["low_watermark_ms"]
+    low = later(before, computed)
+    if low == before:
+        return low, None
+    return low, encode({"low_watermark_ms": low, "computed_ms": computed,
+                        "revision": 0 if old is None else int(old["revision"]) + 1,
+                        "published_ms": clock.now_ms()})
+
+
+def injector_payload(what: str, old: Raw | None, watermark_ms: int, sequencer: int, *,
+                     clock: Clock) -> tuple[int, bytes | None]:
+    """(the value stored after publishing ``watermark_ms`` over ``old``, the new payload or None
+    when nothing changes): never backwards; a newer stored sequencer raises StaleSequencerError."""
+    before = None if old is None else int(old["watermark_ms"])
+    if old is not None and int(old["sequencer"]) > sequencer:
+        raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
+                                  f"({sequencer}); another instance runs this source, stop this one")
+    value = max(watermark_ms, before if before is not None else watermark_ms)
+    if old is not None and before == value and int(old["sequencer"]) == sequencer:
+        return value, None  # never backwards, nothing new
+    return value, encode({"sequencer": sequencer, "watermark_ms": value, "published_ms": clock.now_ms()})
+
+
+def instance_update(what: str, instance: str, watermark_ms: int | None, *, sequencer: int,
+                    held: Mapping[str, Mapping[int, int]] | None, clock: Clock) -> Callable[[Raw | None], bytes | None]:
+    """The compare-and-set update of an instance's znode: its estimate (monotonic; ``None``
+    keeps it) and the intervals it holds per computation (``None`` keeps them)."""
+    def update(old: Raw | None) -> bytes | None:
+        if old is not None and int(old["sequencer"]) > sequencer:
+            raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
+                                      f"({sequencer}); another run of instance {instance} reads this source, "
+                                      "stop this one")
+        before = None if old is None else old.get("watermark_ms")
+        value = later(None if before is None else int(before), watermark_ms)
+        now_held = dict(old.get("held") or {}) if old is not None else {}
+        if held is not None:
+            now_held.update({c: {str(i): int(s) for i, s in ivs.items()} for c, ivs in held.items()})
+        if old is not None and (value, sequencer, now_held) == (before, int(old["sequencer"]),
+                                                                old.get("held") or {}):
+            return None  # never backwards, nothing new
+        return encode({"sequencer": sequencer, "watermark_ms": value, "published_ms": clock.now_ms(),
+                       "held": now_held})
+    return update
+
+
+def caught_up_payload(old: Raw | None, sequencer: int, *, clock: Clock) -> bytes | None:
+    """The caught-up record of an interval's owner with ``sequencer``; None (no write) when the
+    stored one is as new: it never moves back to an older sequencer."""
+    if old is not None and int(old["sequencer"]) >= sequencer:
+        return None
+    return encode({"sequencer": sequencer, "published_ms": clock.now_ms()})

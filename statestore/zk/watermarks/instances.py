@@ -1,0 +1,104 @@
+"""Several job instances reading one injector: each one's estimate, and who still holds it back.
+
+ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`: paused while the
+connection is SUSPENDED, repeated from its reads after a drop. An instance's estimate is a
+persistent znode, so a LOST session loses none; whether the instance still counts is decided by
+its membership (``members.py``: a lost session ends a member) and by the intervals it held.
+
+Instances (several job instances sharing a computation's intervals) each read the whole input
+with their own query, so each has its own estimate of an injector: :meth:`Instances.publish`
+stores it under the instance's name, and the injector's watermark becomes the minimum over the
+instances that count (:func:`.low.instances_low`): the live members, the publisher itself, and
+an instance gone while an interval it held has not been caught up by a later owner
+(:meth:`Instances.record_caught_up`): its unread records of that interval are read by the
+taker's catch-up, which must not find them behind a watermark the leaver never reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ...clock import Clock
+from ...layout import validate_name
+from ..members import live_members
+from .codec import Raw, Znodes, caught_up_payload, check_ms, decode, instance_update
+from .low import gone_holdings, instances_low
+from .pause import zk_call
+from .rounds import Rounds, got
+
+__all__ = ["Instances"]
+
+Held = Mapping[str, Mapping[int, int]]
+"""computation -> interval -> the lease sequencer an instance holds it with."""
+
+
+class Instances:
+    """The instances' estimates of a pipeline's injectors.
+
+    Args:
+        rounds: how calls reach ZooKeeper.
+        znodes: where the pipeline's watermarks live.
+        clock: stamps ``published_ms``.
+    """
+
+    def __init__(self, rounds: Rounds, znodes: Znodes, clock: Clock) -> None:
+        self._rounds = rounds
+        self._znodes = znodes
+        self._clock = clock
+
+    def publish(self, injector: str, instance: str, watermark_ms: int, *, sequencer: int,
+                held: Held | None) -> int | None:
+        """Store ``instance``'s estimate of ``injector`` (monotonic) and the intervals it holds;
+        return the minimum over the instances that count (``None``: one has no estimate yet)."""
+        check_ms("watermark_ms", watermark_ms, optional=False)
+        validate_name("instance", instance)
+        pipeline = self._znodes.pipeline
+        what = f"publishing instance {instance}'s watermark of injector {pipeline}/{injector}"
+        update = instance_update(what, instance, watermark_ms, sequencer=sequencer, held=held, clock=self._clock)
+        base = self._znodes.instances(injector)
+        self._rounds.cas(f"{base}/{instance}", what, update)
+        client = self._rounds.client
+
+        def estimate() -> int | None:
+            with zk_call(what):
+                live = set(live_members(client, pipeline)) | {instance}
+                names = set(self._rounds.children(base)) | live
+                pending = {n: client.get_async(f"{base}/{n}") for n in sorted(names)}
+                stored = {n: None if (data := got(res)[0]) is None else decode(data, what)
+                          for n, res in pending.items()}
+                left = gone_holdings(stored, live=live)
+                caught = self._caught_up({c for held in left.values() for c in held})
+                return instances_low(stored, live=live, caught=caught)
+
+        return self._rounds.connection.resilient(what, estimate)  # type: ignore[no-any-return]
+
+    def record_held(self, injector: str, instance: str, held: Held, *, sequencer: int) -> None:
+        """Store the intervals ``instance`` holds now beside its estimate, keeping the estimate."""
+        validate_name("instance", instance)
+        what = (f"recording the intervals instance {instance} holds, for injector "
+                f"{self._znodes.pipeline}/{injector}")
+        base = self._znodes.instances(injector)
+        self._rounds.cas(f"{base}/{instance}", what, instance_update(what, instance, None, sequencer=sequencer,
+                                                                     held=held, clock=self._clock))
+
+    def record_caught_up(self, computation: str, sequencers: Mapping[int, int]) -> None:
+        """Record, per interval, the sequencer of its owner that caught up (never an older one)."""
+        what = f"recording the catch-up of {self._znodes.pipeline}/{computation}"
+        base = self._znodes.caught_up(computation)
+        for interval, seq in sorted(sequencers.items()):
+            def update(old: Raw | None, seq: int = int(seq)) -> bytes | None:
+                return caught_up_payload(old, seq, clock=self._clock)
+
+            self._rounds.cas(f"{base}/{interval:05d}", what, update)
+
+    def _caught_up(self, computations: Iterable[str]) -> dict[str, dict[int, int]]:
+        """computation -> interval -> the sequencer of its last owner that caught up (ZooKeeper
+        calls; the caller handles errors and retries)."""
+        out: dict[str, dict[int, int]] = {}
+        client = self._rounds.client
+        for comp in sorted(computations):
+            base = f"{self._znodes.folder('caught_up')}/{comp}"
+            pending = {int(i): client.get_async(f"{base}/{i}") for i in self._rounds.children(base)}
+            out[comp] = {i: int(decode(data, base)["sequencer"]) for i, res in pending.items()
+                         if (data := got(res)[0]) is not None}
+        return out

@@ -1,0 +1,157 @@
+"""How a watermark call waits for ZooKeeper: paused while it does not serve, repeated after a drop.
+
+ZooKeeper SUSPENDED / LOST: every call of the authority needs a live session. While the
+connection is SUSPENDED (a server went away, or the ensemble lost its quorum and answers
+nobody), a call *pauses* as commits do (:meth:`.LeaseManager.await_valid`): it logs once that it
+is paused and why, waits for ZooKeeper to serve again (``max_pause_s``, default 300 s, None: as
+long as the session is not reported expired; then :class:`LeaseSuspendedError`; a server that
+lost its data: :class:`CoordinatorStateLostError`, ``refusal.py``), logs that it resumes, and goes
+on; a call cut off mid-way by the drop is repeated, re-reading before it writes. A LOST session
+loses nothing (every watermark znode is persistent), but a write under lease sequencers that was
+in flight or paused when the session expired raises :class:`LeaseLostError`: the writer's leases
+went with the session. :class:`Connection` counts the expired sessions of the client to tell.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+
+from ...exceptions import LeaseLostError, LeaseSuspendedError
+from ..client import zk_errors
+from ..refusal import check_refused
+
+__all__ = ["Connection", "Pause", "zk_call"]
+
+log = logging.getLogger(__name__)
+
+
+def zk_call(what: str) -> Any:
+    """Translate kazoo's session errors of a watermark call (:func:`.client.zk_errors`)."""
+    return zk_errors(what, expired="acquire the leases again and publish with the new sequencer",
+                     lost="the ZooKeeper connection was lost; retry once it reconnects")
+
+
+class Pause:
+    """One call's wait for ZooKeeper to serve again, as :meth:`.LeaseManager.await_valid` pauses
+    commits: a warning when it starts (what and why), one every ``log_every_s`` while it lasts,
+    one when it ends; :class:`LeaseSuspendedError` after ``bound`` seconds (None: no bound).
+    ``probe(paused_s, final)`` is asked while it lasts (:func:`.refusal.check_refused`: a server
+    that lost its data is not waited for)."""
+
+    def __init__(self, what: str, bound: float | None, *, log_every_s: float = 30.0,
+                 probe: Callable[[str, float, bool], None] | None = None) -> None:
+        self.what = what
+        self.bound = bound
+        self.probe = probe
+        self.log_every_s = log_every_s
+        self.started: float | None = None
+        self._next_log = 0.0
+
+    def wait(self, why: str) -> None:
+        """Note that ZooKeeper does not serve (``why``), then sleep a moment (or raise past the bound)."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started, self._next_log = now, now + self.log_every_s
+            log.warning("%s paused: %s (no ZooKeeper server answers, or the ensemble lost its quorum); waiting "
+                        "for it to serve again", self.what, why)
+        elif now >= self._next_log:
+            self._next_log = now + self.log_every_s
+            log.warning("%s still paused after %.0f s: ZooKeeper does not serve", self.what, now - self.started)
+        final = self.bound is not None and now - self.started >= self.bound
+        if self.probe is not None:
+            self.probe(self.what, now - self.started, final)
+        if final:
+            raise LeaseSuspendedError(
+                f"{self.what} paused for {now - self.started:.0f} s and ZooKeeper still does not serve ({why}): no "
+                "server answers (unreachable, or down) or the ensemble lost its quorum; nothing was written. Bring "
+                "ZooKeeper back (a majority of the ensemble's servers) and run again")
+        time.sleep(0.05)
+
+    def resumed(self) -> None:
+        """Log the end of the pause, if there was one."""
+        if self.started is not None:
+            log.warning("%s resumes: ZooKeeper serves again after a pause of %.1f s", self.what,
+                        time.monotonic() - self.started)
+
+
+class Connection:
+    """The client's connection as the authority's calls see it: listens to its states (from
+    construction until :meth:`close`) and runs calls once it serves (:meth:`resilient`).
+
+    Args:
+        client: the started kazoo client.
+        pipeline: named by the lost-data probe.
+        max_pause_s: the bound of every :class:`Pause` (None: none).
+    """
+
+    def __init__(self, client: KazooClient, *, pipeline: str, max_pause_s: float | None) -> None:
+        self.client = client
+        self.pipeline = pipeline
+        self.max_pause_s = max_pause_s
+        self._lock = threading.Lock()
+        self._expiries = 0  # sessions of ``client`` reported expired (LOST) so far
+
+    def listen(self) -> None:
+        """Start counting expired sessions."""
+        self.client.add_listener(self._on_state)
+
+    def close(self) -> None:
+        """Stop listening to the client's connection states (the client stays open)."""
+        self.client.remove_listener(self._on_state)
+
+    def _on_state(self, state: str) -> None:
+        """kazoo listener: counts expired sessions (never blocks or calls ZooKeeper)."""
+        if state == KazooState.LOST:
+            with self._lock:
+                self._expiries += 1
+
+    def session(self) -> int:
+        """Which session of the client this is (the count of expired ones: kazoo hides the id while
+        the connection is suspended)."""
+        with self._lock:
+            return self._expiries
+
+    def connected(self, what: str, pause: Pause | None = None, *, session: int | None = None) -> None:
+        """Return once the connection is CONNECTED, *pausing* meanwhile (see :class:`Pause`).
+
+        ``session``: the session a fenced write started in; a different one when the
+        connection is back means it expired meanwhile (:class:`LeaseLostError`).
+        """
+        own = pause is None
+        pause = pause or self.pause(what)
+        while self.client.state != KazooState.CONNECTED:
+            pause.wait(f"the ZooKeeper connection is {str(self.client.state).lower()}")
+        if session is not None and self.session() != session:
+            raise LeaseLostError(f"{what}: the ZooKeeper session expired while it was paused; acquire the "
+                                 "leases again and publish with the new sequencer")
+        if own:
+            pause.resumed()
+
+    def resilient(self, what: str, call: Callable[[], Any], *, session: int | None = None) -> Any:
+        """``call()`` after :meth:`connected`; again when the connection drops during it (every call
+        made this way re-reads before it writes, so a repeat is safe). One pause for all of it:
+        logged once, bounded by ``max_pause_s``. ``session``: the call writes under lease
+        sequencers granted in that session, so it must not go on in a new one."""
+        pause = self.pause(what)
+        while True:
+            self.connected(what, pause, session=session)
+            try:
+                result = call()
+            except LeaseSuspendedError as exc:
+                pause.wait(str(exc))
+                continue
+            pause.resumed()
+            return result
+
+    def pause(self, what: str) -> Pause:
+        """A new pause for ``what``, bounded by ``max_pause_s``, probing for lost data."""
+        def probe(what: str, paused_s: float, final: bool) -> None:
+            check_refused(self.client, paused_s=paused_s, what=what, pipeline=self.pipeline, final=final)
+
+        return Pause(what, self.max_pause_s, probe=probe)

@@ -90,11 +90,11 @@ _EXPORTS: dict[str, str] = {
     "SystemClock": "deltawheel.statestore.clock",
     "ManualClock": "deltawheel.statestore.clock",
     "get_codec": "deltawheel.statestore.codecs",
-    "build_spark": "deltawheel.statestore.delta.sparkenv",
-    "SparkSettings": "deltawheel.statestore.delta.sparkenv",
+    "build_spark": "deltawheel.statestore.session.sparkenv",
+    "SparkSettings": "deltawheel.statestore.session.sparkenv",
     "connect": "deltawheel.executor.runtime.engine",
     "Engine": "deltawheel.executor.runtime.engine",
-    "spark_session": "deltawheel.statestore.delta.sparkenv",
+    "spark_session": "deltawheel.statestore.session.sparkenv",
     "connect_zk": "deltawheel.statestore.zk.client:connect",  # the kazoo client of a ZkConfig
     "LeaseManager": "deltawheel.statestore.zk.leases",
     "IntervalOwner": "deltawheel.statestore.zk.owner",
@@ -241,11 +241,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.config import (  # noqa: F401
         ZkConfig,
     )
-    from deltawheel.statestore.delta.sparkenv import (  # noqa: F401
-        SparkSettings,
-        build_spark,
-        spark_session,
-    )
     from deltawheel.statestore.exceptions import (  # noqa: F401
         BadRecordError,
         BucketMissingError,
@@ -288,6 +283,11 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.statestore.rowtable.store import (  # noqa: F401
         RowStore,
+    )
+    from deltawheel.statestore.session.sparkenv import (  # noqa: F401
+        SparkSettings,
+        build_spark,
+        spark_session,
     )
     from deltawheel.statestore.zk.client import (  # noqa: F401
         connect as connect_zk,

@@ -42,7 +42,7 @@ _CHECKPOINT_SOURCE = Path(__file__).with_name("DirectCheckpointFileManager.java"
 
 def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The compiled jar of ``ZkS3LogStore.java`` (None, with a warning, when there is no javac)."""
-    from ..delta.sparkenv import ensure_log_store_jar
+    from ..session.sparkenv import ensure_log_store_jar
 
     return ensure_log_store_jar(jars_dir, quiet=quiet, source=_SOURCE)
 
@@ -50,7 +50,7 @@ def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False
 def ensure_checkpoint_manager_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The compiled jar of ``DirectCheckpointFileManager.java`` (None, with a warning, when there
     is no javac)."""
-    from ..delta.sparkenv import ensure_log_store_jar
+    from ..session.sparkenv import ensure_log_store_jar
 
     return ensure_log_store_jar(jars_dir, quiet=quiet, source=_CHECKPOINT_SOURCE)
 

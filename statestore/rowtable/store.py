@@ -40,7 +40,6 @@ from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
 from ..delta.jvm import jframe, jsession
 from ..delta.log import read_snapshot
-from ..delta.sparkenv import require_classic_session
 from ..delta.storefs import TableFiles, background_uploads, table_files
 from ..delta.txn import (
     TableLog,
@@ -57,6 +56,7 @@ from ..exceptions import (
     StateTooLargeError,
 )
 from ..layout import StoreLayout, validate_name
+from ..session.sparkenv import require_classic_session
 from . import inputfiles
 from .fencing import merge_sql, translate_commit_error
 from .frames import arrow_schema, local_frame

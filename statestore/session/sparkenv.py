@@ -199,7 +199,7 @@ class SparkSettings:
     # the S3A jars (hadoop-aws + AWS SDK modules) on the classpath: True fetches them if missing,
     # None adds them when they are in the cache (``./dw setup`` puts them there), False leaves them out
     object_store: bool | None = None
-    # Spark's Kafka connector on the classpath (statestore/delta/connectors.py): True fetches it if
+    # Spark's Kafka connector on the classpath (statestore/session/connectors.py): True fetches it if
     # missing, None adds it when it is in the cache (``./dw setup`` puts it there), False leaves it out
     kafka: bool | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -443,8 +443,8 @@ def check_session(spark: Any, store: str) -> None:
     raise SessionConfigError(
         f"the SparkSession lacks settings deltawheel needs for the store {store}: {'; '.join(missing)}. "
         f"Build the session with deltawheel.spark_session(store={store!r}) (module "
-        f"deltawheel.statestore.delta.sparkenv), or set these before the session starts, with {jars} "
-        f"from deltawheel.statestore.delta.sparkenv.setup_jars() in spark.jars (docs/embedding.md, "
+        f"deltawheel.statestore.session.sparkenv), or set these before the session starts, with {jars} "
+        f"from deltawheel.statestore.session.sparkenv.setup_jars() in spark.jars (docs/embedding.md, "
         f"'Session settings')")
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import psutil
-from deltawheel.statestore.session.sparkenv import DELTA_VERSION
+from deltawheel.statestore.jars import DELTA_VERSION
 
 from . import engine_deltawheel
 from .args import add_throughput_arguments

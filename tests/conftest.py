@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-# the one per-user jars cache every entry point uses (sparkenv.default_jars_dir), named for subprocesses
+# the one per-user jars cache every entry point uses (statestore/jars.py, default_jars_dir), named for subprocesses
 os.environ.setdefault("DELTAWHEEL_JARS_DIR", str(Path.home() / ".cache" / "deltawheel" / "jars"))
 
 

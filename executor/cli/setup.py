@@ -25,7 +25,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deltawheel.statestore.session.sparkenv import default_jars_dir, require_java, setup_jars
+    from deltawheel.statestore.jars import default_jars_dir
+    from deltawheel.statestore.session.sparkenv import require_java, setup_jars
 
     require_java()
     jars = setup_jars(object_store=args.object_store)

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..jars import fetch_maven_jar
 from .client import S3Endpoint
 
 __all__ = ["S3A_JARS", "S3PROXY_JAR", "MavenJar", "default_s3_jars_dir", "ensure_jar", "ensure_s3a_jars",
@@ -103,8 +104,6 @@ def ensure_jar(jar: MavenJar, jars_dir: Path, *, quiet: bool = False) -> Path:
     Raises:
         JarFetchError: it could not be fetched, or its checksum is not the pinned one.
     """
-    from ..session.sparkenv import fetch_maven_jar
-
     group, artifact, version, classifier, sha1 = jar
     return fetch_maven_jar(group, artifact, version, jars_dir, classifier=classifier, sha1=sha1, quiet=quiet)
 

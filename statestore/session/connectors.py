@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .sparkenv import fetch_maven_jar
+from ..jars import fetch_maven_jar
 
 __all__ = ["KAFKA_CLIENTS_VERSION", "default_kafka_jars_dir", "kafka_connector_jars", "ensure_kafka_jars",
            "kafka_jars_present"]

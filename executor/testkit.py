@@ -29,8 +29,8 @@ import itertools
 import tempfile
 from typing import Any, Iterable, NamedTuple
 
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.rowtable.rows import KeyRow, Timer, interval_of
-from deltawheel.statestore.session.sparkenv import require_classic_session
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
 from .computation import RECORD_KEY, Computation, LatePolicy, Record, key_or_reason

@@ -67,10 +67,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.delta.damage import check_store
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.delta.storefs import supports
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.session.sparkenv import require_classic_session
 from deltawheel.statestore.writepath import StaleViewError, WritePath
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
 from deltawheel.statestore.writepath.image import ImagePath

@@ -30,10 +30,11 @@ import socket
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.store import RowStore
-from deltawheel.statestore.session.sparkenv import check_session, require_classic_session
+from deltawheel.statestore.session.sparkenv import check_session
 from deltawheel.statestore.zk.client import connect as connect_zk
 from deltawheel.statestore.zk.client import digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager

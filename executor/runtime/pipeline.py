@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.rowtable.store import RowStore
-from deltawheel.statestore.session.sparkenv import require_classic_session
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 from deltawheel.statestore.zk.client import connect, digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager, list_leases

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
-from ..delta.jvm import jframe, jsession
+from ..delta.jvm import jframe, jsession, require_classic_session
 from ..delta.log import read_snapshot
 from ..delta.storefs import TableFiles, background_uploads, table_files
 from ..delta.txn import (
@@ -56,7 +56,6 @@ from ..exceptions import (
     StateTooLargeError,
 )
 from ..layout import StoreLayout, validate_name
-from ..session.sparkenv import require_classic_session
 from . import inputfiles
 from .fencing import merge_sql, translate_commit_error
 from .frames import arrow_schema, local_frame

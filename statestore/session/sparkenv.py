@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError, SparkConnectSessionError
+from ..delta.jvm import require_classic_session
+from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError
 from ..jars import compile_jar, ensure_delta_jars
 
-__all__ = ["LOG_STORE_CLASS", "SparkSettings", "ensure_log_store_jar", "build_spark", "require_classic_session",
+__all__ = ["LOG_STORE_CLASS", "SparkSettings", "ensure_log_store_jar", "build_spark",
            "spark_session", "require_java", "check_session", "missing_settings", "session_settings", "setup_jars"]
 
 LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
@@ -258,26 +259,6 @@ def missing_settings(have: Mapping[str, str | None], store: str) -> list[str]:
         if value not in [v.strip() for v in current.split(",")]:
             missing.append(f"{key}={value}" + (f" (it is {current})" if current else " (unset)"))
     return missing
-
-
-def require_classic_session(spark: Any) -> None:
-    """Refuse a Spark Connect session (``SparkSession.builder.remote(...)``): it has no driver JVM,
-    and deltawheel commits through Delta Lake's JVM API and runs its jobs on the driver's
-    SparkContext. Every public entry that takes a session calls this first.
-
-    Raises:
-        SparkConnectSessionError: ``spark`` is a Spark Connect session.
-    """
-    # a Connect session is an instance of this class, whose module is loaded once one exists
-    connect = sys.modules.get("pyspark.sql.connect.session")
-    if connect is None or not isinstance(spark, connect.SparkSession):
-        return
-    raise SparkConnectSessionError(
-        "deltawheel was given a Spark Connect session (SparkSession.builder.remote(...)); it needs a classic "
-        "SparkSession: a Spark Connect client has no driver JVM, and deltawheel commits its rows through "
-        "Delta Lake's JVM API and runs its jobs on the driver's SparkContext. Build a classic session in this "
-        "process with deltawheel.spark_session() (with SPARK_REMOTE unset), or run the job as a classic Spark "
-        "application (spark-submit without --remote) (docs/embedding.md, 'Session settings')")
 
 
 def check_session(spark: Any, store: str) -> None:

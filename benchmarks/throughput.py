@@ -197,7 +197,8 @@ def run_throughput(
     conf = dict(SPARK_BENCH_CONF)
     t0 = time.perf_counter()
     if spark is None:
-        from deltawheel.statestore.session.sparkenv import SparkSettings, build_spark
+        from deltawheel.executor.session import build_spark
+        from deltawheel.statestore.session.sparkenv import SparkSettings
 
         session = build_spark(SparkSettings(app_name="deltawheel-bench", log_level="ERROR", extra=conf))
     else:

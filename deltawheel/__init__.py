@@ -90,11 +90,11 @@ _EXPORTS: dict[str, str] = {
     "SystemClock": "deltawheel.statestore.clock",
     "ManualClock": "deltawheel.statestore.clock",
     "get_codec": "deltawheel.statestore.codecs",
-    "build_spark": "deltawheel.statestore.session.sparkenv",
+    "build_spark": "deltawheel.executor.session",
     "SparkSettings": "deltawheel.statestore.session.sparkenv",
     "connect": "deltawheel.executor.runtime.engine",
     "Engine": "deltawheel.executor.runtime.engine",
-    "spark_session": "deltawheel.statestore.session.sparkenv",
+    "spark_session": "deltawheel.executor.session",
     "connect_zk": "deltawheel.statestore.zk.client:connect",  # the kazoo client of a ZkConfig
     "LeaseManager": "deltawheel.statestore.zk.leases",
     "IntervalOwner": "deltawheel.statestore.zk.owner",
@@ -189,6 +189,10 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.executor.runtime.sources_kafka import (  # noqa: F401
         KafkaInjector,
         PerPartitionWatermark,
+    )
+    from deltawheel.executor.session import (  # noqa: F401
+        build_spark,
+        spark_session,
     )
     from deltawheel.executor.windowing.combiners import (  # noqa: F401
         CombineFn,
@@ -286,8 +290,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.statestore.session.sparkenv import (  # noqa: F401
         SparkSettings,
-        build_spark,
-        spark_session,
     )
     from deltawheel.statestore.zk.client import (  # noqa: F401
         connect as connect_zk,

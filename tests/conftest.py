@@ -28,7 +28,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.session.sparkenv import SparkSettings, build_spark
+    from deltawheel.executor.session import build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings
 
     session = build_spark(SparkSettings(master="local[2]", app_name="deltawheel-tests"))
     yield session

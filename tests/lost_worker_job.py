@@ -78,7 +78,8 @@ def run_batch(spark: Any, store: str, zk_hosts: str, chroot: str, markers: str) 
 
 
 def main() -> int:
-    from deltawheel.statestore.session.sparkenv import SparkSettings, build_spark
+    from deltawheel.executor.session import build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings
 
     ap = argparse.ArgumentParser()
     for name in ("--master", "--store", "--zk", "--chroot", "--markers"):

@@ -368,8 +368,8 @@ def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Bac
     elif backend == "delta":
         import tempfile
 
+        from deltawheel.executor.session import build_spark
         from deltawheel.statestore.layout import StoreLayout
-        from deltawheel.statestore.session.sparkenv import build_spark
 
         store = DeltaBackend(build_spark(), StoreLayout(tempfile.mkdtemp(prefix="dw-scenario-")))
     elif isinstance(backend, str):

@@ -5,7 +5,9 @@ downloads the pinned jars once from Maven Central into a cache folder (falling
 back to ``mvn dependency:copy``), and :func:`build_spark` passes them with
 ``spark.jars``, so session start never resolves dependencies over the network.
 Nothing else in deltawheel creates a session: everything takes ``spark`` as a
-parameter.
+parameter. The executor builds its sessions through ``deltawheel.executor.session``, which adds
+its Python worker daemon (``SparkSettings.python_daemon``); :func:`check_session` checks a
+session someone else built.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError
 from ..jars import compile_jar, ensure_delta_jars
 
 __all__ = ["LOG_STORE_CLASS", "SparkSettings", "ensure_log_store_jar", "build_spark",
-           "spark_session", "require_java", "check_session", "missing_settings", "session_settings", "setup_jars"]
+           "require_java", "check_session", "missing_settings", "session_settings", "setup_jars"]
 
 LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
 _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
@@ -57,13 +59,15 @@ class SparkSettings:
     # Spark's Kafka connector on the classpath (statestore/session/connectors.py): True fetches it if
     # missing, None adds it when it is in the cache (``./dw setup`` puts it there), False leaves it out
     kafka: bool | None = None
+    # the module Spark's Python workers fork from (``spark.python.daemon.module``); None leaves
+    # Spark's own. The executor gives its preloading daemon (``deltawheel.executor.session``)
+    python_daemon: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
 # Spark 4.2 moved the checkpoint file managers to ...streaming.checkpointing (the old name fails every
 # streaming query with CANNOT_LOAD_CHECKPOINT_FILE_MANAGER)
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-DAEMON_MODULE = "deltawheel.executor.tasks.daemon"
 
 
 JAVA_HINT = ("install a Java 17 (or newer) JDK -- e.g. `apt-get install openjdk-17-jdk-headless`, "
@@ -145,11 +149,9 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         # and streaming checkpoint files"). Exactly-once does not rest on these files' atomicity: a replayed
         # batch is deduplicated and a second writer is fenced (docs/fencing.md)
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
-        # Python workers forked with pyarrow, numpy and the task modules already imported: a
-        # worker idle for a minute is killed, and a fresh one paid ~0.5 s of imports on its
-        # first task (executor/tasks/daemon.py; docs/performance.md, "Python worker start")
-        .config("spark.python.daemon.module", DAEMON_MODULE)
     )
+    if settings.python_daemon is not None:  # workers forked with the caller's modules imported
+        builder = builder.config("spark.python.daemon.module", settings.python_daemon)
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
     if s3_jars:  # commits to s3a:// tables: arbitrated by ZooKeeper across processes
@@ -174,29 +176,6 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     # deltawheel creates no managed tables: the (empty) warehouse folder goes with the process
     atexit.register(_remove_if_empty, warehouse)
     return spark
-
-
-def spark_session(store: str | None = None, *, app_name: str = "deltawheel", master: str | None = None,
-                  **settings: Any) -> Any:
-    """A SparkSession configured for deltawheel, for a job that has none yet (or the running one).
-
-    The session :func:`deltawheel.connect` expects: Delta Lake's extension and catalog, the jars
-    from the per-user cache (:func:`~deltawheel.statestore.jars.default_jars_dir`, fetched on first use), deltawheel's log store
-    for local tables (compiled once with ``javac``), and for an ``s3a://`` ``store`` the S3A jars
-    and the object-store log store (endpoint and keys from ``$DELTAWHEEL_S3_ENDPOINT`` and its
-    companions, docs/objectstore.md). ``settings``: more :class:`SparkSettings` fields
-    (``driver_memory``, ``shuffle_partitions``, ``extra={conf: value}``, ...).
-
-    Raises:
-        JavaMissingError: no ``java`` to start Spark with.
-        JarFetchError: a jar could not be fetched or compiled.
-    """
-    fields: dict[str, Any] = {"app_name": app_name, **settings}
-    if master is not None:
-        fields["master"] = master
-    if store is not None and store.startswith("s3a://"):
-        fields.setdefault("object_store", True)
-    return build_spark(SparkSettings(**fields))
 
 
 def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]:
@@ -278,7 +257,7 @@ def check_session(spark: Any, store: str) -> None:
     raise SessionConfigError(
         f"the SparkSession lacks settings deltawheel needs for the store {store}: {'; '.join(missing)}. "
         f"Build the session with deltawheel.spark_session(store={store!r}) (module "
-        f"deltawheel.statestore.session.sparkenv), or set these before the session starts, with {jars} "
+        f"deltawheel.executor.session), or set these before the session starts, with {jars} "
         f"from deltawheel.statestore.session.sparkenv.setup_jars() in spark.jars (docs/embedding.md, "
         f"'Session settings')")
 

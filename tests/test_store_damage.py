@@ -8,9 +8,9 @@ import os
 import shutil
 
 import pytest
-from deltawheel.statestore.delta.damage import check_log
 from deltawheel.statestore.delta.log import read_snapshot
 from deltawheel.statestore.exceptions import StoreDamagedError
+from deltawheel.statestore.inspection.damage import check_log
 from executor_util import BucketCounter, events, state_of, stop_executor, stream_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]

@@ -24,9 +24,9 @@ import tempfile
 import threading
 from typing import Any
 
-from deltawheel.statestore.delta.comments import describe as describe_columns
+from deltawheel.statestore.comments import describe as describe_columns
 from deltawheel.statestore.delta.jvm import jsession, jvm
-from deltawheel.statestore.delta.sqlviews import (
+from deltawheel.statestore.inspection.sqlviews import (
     FORMATS,
     TABLE_MAX_ROWS,
     check_read_only,
@@ -147,7 +147,7 @@ def _sql(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from deltawheel.statestore.delta.sqlviews import key_row_from_files
+    from deltawheel.statestore.inspection.sqlviews import key_row_from_files
 
     layout = layout_from(args)
     # a local store's row is read without starting Spark (a JVM start costs 10-30 s)

@@ -26,7 +26,7 @@ UDF returning JSON text (bytes inside msgpack values become
 ``{"$bytes_b64": "..."}``). Pickled values are shown as ``<pickle: N bytes>``
 unless ``allow_pickle=True``; undecodable ones as ``<undecodable CODEC: N bytes>``.
 
-Every view's columns carry comments (``statestore/delta/comments.py``; Spark's ``DESCRIBE``,
+Every view's columns carry comments (``statestore/comments.py``; Spark's ``DESCRIBE``,
 ``deltawheel sql --describe VIEW``).
 
 The views are defined by SQL text, so each query reads the tables' latest
@@ -47,13 +47,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TextIO
 
 from ..codecs import get_codec
+from ..comments import STREAM, VALUE_JSON, VIEWS, view_columns
+from ..delta.jvm import gateway, jsession, jvm
 from ..exceptions import CodecError, ConfigError, ReadOnlySqlError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, KeyRow
+from ..sqltext import sql_path, sql_str
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
-from .comments import STREAM, VALUE_JSON, VIEWS, view_columns
-from .jvm import gateway, jsession, jvm
-from .sqltext import sql_path, sql_str
 
 __all__ = [
     "FORMATS",
@@ -530,9 +530,9 @@ def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> Ke
     of the computation)."""
     import pyarrow.parquet as pq
 
-    from .log import read_snapshot
-    from .storefs import files_for
-    from .txn import decode_path
+    from ..delta.log import read_snapshot
+    from ..delta.storefs import files_for
+    from ..delta.txn import decode_path
 
     if not layout.is_local:
         return False

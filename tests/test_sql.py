@@ -299,7 +299,7 @@ WRITES = [
 def test_sql_tool_is_read_only(spark, store, capsys) -> None:  # type: ignore[no-untyped-def]
     """``deltawheel sql`` runs queries only: every writing statement is refused before it runs,
     with the reason, and the rows table stays at its version (an UPDATE used to commit unfenced)."""
-    from deltawheel.statestore.inspection.sqlviews import ReadOnlySqlError, check_read_only
+    from deltawheel.statestore.inspection.readonly import ReadOnlySqlError, check_read_only
 
     def version() -> int:
         return int(spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").agg({"version": "max"}).first()[0])

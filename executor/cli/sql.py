@@ -26,13 +26,12 @@ from typing import Any
 
 from deltawheel.statestore.comments import describe as describe_columns
 from deltawheel.statestore.delta.jvm import jsession, jvm
+from deltawheel.statestore.inspection.readonly import check_read_only, read_only_session
 from deltawheel.statestore.inspection.sqlviews import (
     FORMATS,
     TABLE_MAX_ROWS,
-    check_read_only,
     format_rows,
     inspect_key,
-    read_only_session,
     register_views,
     write_sql,
 )

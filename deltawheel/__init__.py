@@ -97,7 +97,7 @@ _EXPORTS: dict[str, str] = {
     "spark_session": "deltawheel.executor.session",
     "connect_zk": "deltawheel.statestore.zk.client:connect",  # the kazoo client of a ZkConfig
     "LeaseManager": "deltawheel.statestore.zk.leases",
-    "IntervalOwner": "deltawheel.statestore.zk.owner",
+    "IntervalOwner": "deltawheel.statestore.ownership.owner",
     "RowStore": "deltawheel.statestore.rowtable.store",
     "WatermarkAuthority": "deltawheel.statestore.zk.watermarks",
     "EmbeddedZooKeeper": "deltawheel.statestore.zk.server",
@@ -282,6 +282,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.objectstore.server import (  # noqa: F401
         S3ProxyServer,
     )
+    from deltawheel.statestore.ownership.owner import (  # noqa: F401
+        IntervalOwner,
+    )
     from deltawheel.statestore.rowtable.rows import (  # noqa: F401
         TimeDomain,
     )
@@ -299,9 +302,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.statestore.zk.leases import (  # noqa: F401
         LeaseManager,
-    )
-    from deltawheel.statestore.zk.owner import (  # noqa: F401
-        IntervalOwner,
     )
     from deltawheel.statestore.zk.server import (  # noqa: F401
         EmbeddedZooKeeper,

@@ -11,12 +11,12 @@ from deltawheel.benchmarks.cachebench import build_trace, replay, replay_opt, ru
 from deltawheel.benchmarks.workload import WorkloadParams, ensure_workload
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError, LeaseLostError, NotOwnerError, StaleSequencerError
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.cache import MISS, RowCache
 from deltawheel.statestore.rowtable.rows import KeyRow, SeenId, TimeDomain, Timer, interval_of
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.leases import LeaseManager, break_lease
-from deltawheel.statestore.zk.owner import IntervalOwner
 
 J = get_codec("json")
 

@@ -18,13 +18,13 @@ import time
 from typing import Any
 
 from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.cache import RowCache
 from deltawheel.statestore.rowtable.dedup import Deduplicator
 from deltawheel.statestore.rowtable.rows import KeyRow, Production, SeenId, Timer, interval_of
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect, digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager
-from deltawheel.statestore.zk.owner import IntervalOwner
 
 from .common import (
     add_spark_args,

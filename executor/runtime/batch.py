@@ -71,11 +71,11 @@ from deltawheel.statestore.delta.storefs import supports
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.inspection.damage import check_store
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.writepath import StaleViewError, WritePath
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
 from deltawheel.statestore.writepath.image import ImagePath
 from deltawheel.statestore.writepath.merge import MergePath
-from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import Computation

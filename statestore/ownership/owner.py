@@ -37,8 +37,8 @@ from ..rowtable.cache import MISS, RowCache
 from ..rowtable.recovery import RecoveredIntervals, rebuild, recover
 from ..rowtable.rows import KeyRow, interval_of
 from ..rowtable.store import CommitResult, RowStore
-from .binding import bind_store, store_path
-from .leases import LeaseGrant, LeaseManager, next_sequencers
+from ..zk.binding import bind_store, store_path
+from ..zk.leases import LeaseGrant, LeaseManager, next_sequencers
 
 __all__ = ["IntervalOwner"]
 

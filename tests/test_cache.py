@@ -11,7 +11,7 @@ from deltawheel.benchmarks.cachebench import build_trace, replay, replay_opt, ru
 from deltawheel.benchmarks.workload import WorkloadParams, ensure_workload
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
-from deltawheel.statestore.rowtable.cache import MISS, RowCache
+from deltawheel.statestore.rowtable.eviction import MISS, RowCache
 from deltawheel.statestore.rowtable.rows import KeyRow, TimeDomain, Timer
 
 J = get_codec("json")

@@ -33,7 +33,8 @@ _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
 
 
 def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
-    """The jar of deltawheel's Delta log store for local paths, compiled once (:func:`.jars.compile_jar`).
+    """The jar of deltawheel's Delta log store for local paths, compiled once
+    (:func:`~deltawheel.statestore.jars.compile_jar`).
 
     ``ExclusiveLocalLogStore.java`` (beside this file) makes each commit file with a hard link, so two
     processes can never both commit one version of a table (Delta's local stores check,
@@ -124,7 +125,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.databricks.delta.snapshotPartitions", "2")
-        # Delta's checksum (.crc) file per commit stays on: deltatxn commits as WRITE, so Delta
+        # Delta's checksum (.crc) file per commit stays on: delta/txn.py commits as WRITE, so Delta
         # derives it in memory (no Spark job, ~25 ms to write), and a table loaded from disk
         # takes it from the file instead of rebuilding the table state at its first commit in
         # a session (6 s on a cold session for the demo's rows table). No file list inside it:

@@ -313,7 +313,8 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
     out.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     if spark is None:
-        from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+        from deltawheel.executor.session import build_spark
+        from deltawheel.statestore.session.sparkenv import SparkSettings
 
         session = build_spark(SparkSettings(app_name="deltawheel-bench-latency", log_level="ERROR", extra=conf))
     else:

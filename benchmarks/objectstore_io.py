@@ -143,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--log-files", type=int, default=200, help="JSON commits in the listed _delta_log")
     p.add_argument("--repeat", type=int, default=15, help="timed runs per operation (median reported)")
     args = p.parse_args(argv)
-    from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+    from deltawheel.executor.session import build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings
 
     spark = build_spark(SparkSettings(app_name="deltawheel-objectstore-io", object_store=True))
     report = run(spark, args.uri, rows=[int(r) for r in args.rows.split(",")], log_files=args.log_files,

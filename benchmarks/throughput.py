@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import psutil
-from deltawheel.statestore.delta.sparkenv import DELTA_VERSION
+from deltawheel.statestore.jars import DELTA_VERSION
 
 from . import engine_deltawheel
 from .args import add_throughput_arguments
@@ -197,7 +197,8 @@ def run_throughput(
     conf = dict(SPARK_BENCH_CONF)
     t0 = time.perf_counter()
     if spark is None:
-        from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+        from deltawheel.executor.session import build_spark
+        from deltawheel.statestore.session.sparkenv import SparkSettings
 
         session = build_spark(SparkSettings(app_name="deltawheel-bench", log_level="ERROR", extra=conf))
     else:

@@ -98,7 +98,8 @@ def run_watermarks(size: str, *, out_dir: Path, data_root: Path | None = None,
                    estimates: Sequence[tuple[str, float | None]] = ESTIMATES,
                    progress: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Run every estimate on the workload; returns (and writes ``watermarks.json``) the figures."""
-    from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+    from deltawheel.executor.session import build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings
 
     say = progress or (lambda _s: None)
     data = ensure_workload(size, root=data_root)

@@ -90,14 +90,14 @@ _EXPORTS: dict[str, str] = {
     "SystemClock": "deltawheel.statestore.clock",
     "ManualClock": "deltawheel.statestore.clock",
     "get_codec": "deltawheel.statestore.codecs",
-    "build_spark": "deltawheel.statestore.delta.sparkenv",
-    "SparkSettings": "deltawheel.statestore.delta.sparkenv",
+    "build_spark": "deltawheel.executor.session",
+    "SparkSettings": "deltawheel.statestore.session.sparkenv",
     "connect": "deltawheel.executor.runtime.engine",
     "Engine": "deltawheel.executor.runtime.engine",
-    "spark_session": "deltawheel.statestore.delta.sparkenv",
+    "spark_session": "deltawheel.executor.session",
     "connect_zk": "deltawheel.statestore.zk.client:connect",  # the kazoo client of a ZkConfig
     "LeaseManager": "deltawheel.statestore.zk.leases",
-    "IntervalOwner": "deltawheel.statestore.zk.owner",
+    "IntervalOwner": "deltawheel.statestore.ownership.owner",
     "RowStore": "deltawheel.statestore.rowtable.store",
     "WatermarkAuthority": "deltawheel.statestore.zk.watermarks",
     "EmbeddedZooKeeper": "deltawheel.statestore.zk.server",
@@ -190,6 +190,10 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         KafkaInjector,
         PerPartitionWatermark,
     )
+    from deltawheel.executor.session import (  # noqa: F401
+        build_spark,
+        spark_session,
+    )
     from deltawheel.executor.windowing.combiners import (  # noqa: F401
         CombineFn,
         Count,
@@ -241,11 +245,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.config import (  # noqa: F401
         ZkConfig,
     )
-    from deltawheel.statestore.delta.sparkenv import (  # noqa: F401
-        SparkSettings,
-        build_spark,
-        spark_session,
-    )
     from deltawheel.statestore.exceptions import (  # noqa: F401
         BadRecordError,
         BucketMissingError,
@@ -283,11 +282,17 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.objectstore.server import (  # noqa: F401
         S3ProxyServer,
     )
+    from deltawheel.statestore.ownership.owner import (  # noqa: F401
+        IntervalOwner,
+    )
     from deltawheel.statestore.rowtable.rows import (  # noqa: F401
         TimeDomain,
     )
     from deltawheel.statestore.rowtable.store import (  # noqa: F401
         RowStore,
+    )
+    from deltawheel.statestore.session.sparkenv import (  # noqa: F401
+        SparkSettings,
     )
     from deltawheel.statestore.zk.client import (  # noqa: F401
         connect as connect_zk,
@@ -297,9 +302,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.statestore.zk.leases import (  # noqa: F401
         LeaseManager,
-    )
-    from deltawheel.statestore.zk.owner import (  # noqa: F401
-        IntervalOwner,
     )
     from deltawheel.statestore.zk.server import (  # noqa: F401
         EmbeddedZooKeeper,

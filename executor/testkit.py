@@ -29,7 +29,7 @@ import itertools
 import tempfile
 from typing import Any, Iterable, NamedTuple
 
-from deltawheel.statestore.delta.sparkenv import require_classic_session
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.rowtable.rows import KeyRow, Timer, interval_of
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 

@@ -21,12 +21,12 @@ from types import ModuleType
 from typing import Any, Callable, ContextManager
 
 from deltawheel.statestore.delta.log import local_path, local_table_exists, read_snapshot
-from deltawheel.statestore.delta.sqltext import sql_path, sql_str
 from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
 from deltawheel.statestore.delta.txn import decode_path
 from deltawheel.statestore.exceptions import MigrationError, NotAStoreError, SchemaTooNewError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.objectstore.errors import probe_store
+from deltawheel.statestore.sqltext import sql_path, sql_str
 
 from . import (
     m0001_meta_and_rows,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from deltawheel.statestore.delta.sqltext import sql_path, sql_str
 from deltawheel.statestore.exceptions import MigrationError
+from deltawheel.statestore.sqltext import sql_path, sql_str
 
 __all__ = ["sql_path", "sql_str", "create_table"]
 

@@ -3,7 +3,7 @@
 Sets each column's Delta ``comment`` (schema field metadata) on the rows, dead letters and late
 data tables and on every stream table that exists, one ``ALTER TABLE ... ALTER COLUMN ...
 COMMENT`` commit per table that lacks them (re-running changes nothing). Stream tables created
-later get theirs when they are created. The texts are in ``statestore/delta/comments.py``; the
+later get theirs when they are created. The texts are in ``statestore/comments.py``; the
 SQL views show them (``deltawheel sql --describe VIEW``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deltawheel.statestore.delta import comments
+from deltawheel.statestore import comments
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import list_streams
 

@@ -8,11 +8,14 @@ A pid file whose process is gone, or is some other program now, counts as not ru
 
 ``stop`` is SIGTERM to the group, then SIGKILL after a grace period; ``kill`` is SIGKILL
 at once (a crash, for fault tests). Both reap the process when it is our own child.
+:func:`find_java` is the ``java`` the local servers run on (ZooKeeper, S3Proxy, a Kafka broker,
+a Spark cluster).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,9 +25,26 @@ from pathlib import Path
 
 import psutil
 
-from .exceptions import DeltaWheelError
+from .exceptions import DeltaWheelError, ZooKeeperServerError
 
-__all__ = ["DetachedProcess", "free_ports", "port_free"]
+__all__ = ["DetachedProcess", "find_java", "free_ports", "port_free"]
+
+
+def find_java() -> str:
+    """Path of the ``java`` executable (``$JAVA_HOME/bin/java`` first, then ``PATH``).
+
+    Raises:
+        ZooKeeperServerError: no java was found.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return os.path.join(home, "bin", "java")
+    found = shutil.which("java")
+    if found is None:
+        raise ZooKeeperServerError(
+            "java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or set JAVA_HOME"
+        )
+    return found
 
 
 def port_free(host: str, port: int) -> bool:

@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-# the one per-user jars cache every entry point uses (sparkenv.default_jars_dir), named for subprocesses
+# the one per-user jars cache every entry point uses (statestore/jars.py, default_jars_dir), named for subprocesses
 os.environ.setdefault("DELTAWHEEL_JARS_DIR", str(Path.home() / ".cache" / "deltawheel" / "jars"))
 
 
@@ -28,7 +28,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+    from deltawheel.executor.session import build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings
 
     session = build_spark(SparkSettings(master="local[2]", app_name="deltawheel-tests"))
     yield session

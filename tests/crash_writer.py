@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import sys
 
+from deltawheel.executor.session import build_spark
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import KeyRow, interval_of
 from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.session.sparkenv import SparkSettings
 
 N = 4
 

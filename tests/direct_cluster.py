@@ -13,9 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner  # noqa: E402
 from deltawheel.executor.runtime.sources import ParquetInjector  # noqa: E402
+from deltawheel.executor.session import build_spark  # noqa: E402
 from deltawheel.statestore.config import ZkConfig  # noqa: E402
-from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark  # noqa: E402
 from deltawheel.statestore.layout import StoreLayout  # noqa: E402
+from deltawheel.statestore.session.sparkenv import SparkSettings  # noqa: E402
 from executor_util import RoutedLate  # noqa: E402
 
 

@@ -9,11 +9,11 @@ from typing import Any, Callable
 from deltawheel.executor.computation import RECORD_KEY, Computation, ErrorPolicy, LatePolicy
 from deltawheel.executor.runtime.batch import ComputationExecutor, FaultPoint
 from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.leases import LeaseManager
-from deltawheel.statestore.zk.owner import IntervalOwner
 from pyspark import cloudpickle
 
 J = get_codec("json")

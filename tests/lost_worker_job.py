@@ -53,10 +53,10 @@ def run_batch(spark: Any, store: str, zk_hosts: str, chroot: str, markers: str) 
     from deltawheel.executor.runtime.batch import ComputationExecutor
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
 
     from deltawheel import migrations
 
@@ -78,7 +78,8 @@ def run_batch(spark: Any, store: str, zk_hosts: str, chroot: str, markers: str) 
 
 
 def main() -> int:
-    from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+    from deltawheel.executor.session import build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings
 
     ap = argparse.ArgumentParser()
     for name in ("--master", "--store", "--zk", "--chroot", "--markers"):

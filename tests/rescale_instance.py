@@ -62,9 +62,10 @@ def injector(folder: Path):  # type: ignore[no-untyped-def]
 
 def main(argv: list[str]) -> int:
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.session import build_spark
     from deltawheel.statestore.config import ZkConfig
-    from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
     from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.session.sparkenv import SparkSettings
 
     store, folder, hosts, chroot, instance, stop, write_path = argv
     spark = build_spark(SparkSettings(master="local[1]", app_name=f"rescale-{instance}", driver_memory="1g"))

@@ -24,9 +24,10 @@ import json
 import sys
 import time
 
+from deltawheel.executor.session import build_spark
 from deltawheel.statestore.delta.jvm import jcontext, jvm
-from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
 from deltawheel.statestore.objectstore.logstore import ZK_LOG_STORE_CLASS
+from deltawheel.statestore.session.sparkenv import SparkSettings
 
 
 def raw(spark, log_dir: str, start: float, slot: float, rounds: int, writer: str) -> None:  # type: ignore[no-untyped-def]

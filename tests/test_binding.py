@@ -13,9 +13,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
 
 def _owner(spark, layout, client, pipeline: str, who: str):  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
 
     return IntervalOwner(RowStore(spark, layout, writer=who), LeaseManager(client, pipeline=pipeline, owner=who),
                          "c", num_intervals=2)

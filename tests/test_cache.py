@@ -1,5 +1,5 @@
-"""The row cache: window-aware eviction vs LRU, grants, the owner's cache-first reads on a real
-store, and the cache benchmark's trace checked against the workload's reference."""
+"""The row cache: window-aware eviction vs LRU, grants, and the cache benchmark's trace checked
+against the workload's reference."""
 
 from __future__ import annotations
 
@@ -10,14 +10,9 @@ import pytest
 from deltawheel.benchmarks.cachebench import build_trace, replay, replay_opt, run_cache_bench
 from deltawheel.benchmarks.workload import WorkloadParams, ensure_workload
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.exceptions import ConfigError, LeaseLostError, NotOwnerError, StaleSequencerError
-from deltawheel.statestore.rowtable.cache import MISS, RowCache
-from deltawheel.statestore.rowtable.rows import KeyRow, SeenId, TimeDomain, Timer, interval_of
-from deltawheel.statestore.rowtable.store import RowStore
-from deltawheel.statestore.zk.client import connect
-from deltawheel.statestore.zk.lease_tools import break_lease
-from deltawheel.statestore.zk.leases import LeaseManager
-from deltawheel.statestore.zk.owner import IntervalOwner
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.rowtable.eviction import MISS, RowCache
+from deltawheel.statestore.rowtable.rows import KeyRow, TimeDomain, Timer
 
 J = get_codec("json")
 
@@ -82,54 +77,6 @@ def test_cache_settings_are_checked() -> None:
         RowCache(0)
     with pytest.raises(ConfigError, match=r"unknown cache policy 'mru'; choose one of \['window', 'lru'\]"):
         RowCache(10, policy="mru")
-
-
-@pytest.mark.spark
-@pytest.mark.zk
-def test_owner_reads_cache_first_and_never_serves_a_row_of_a_lost_lease(spark, migrated_store,
-                                                                         zk_config) -> None:  # type: ignore[no-untyped-def]
-    a_client, b_client, admin = connect(zk_config), connect(zk_config), connect(zk_config)
-    try:
-        store = RowStore(spark, migrated_store, writer="a")
-        a = IntervalOwner(store, LeaseManager(a_client, pipeline="p", owner="a"), "c", num_intervals=1,
-                          cache=RowCache(100))
-        a.acquire()
-        a.commit([KeyRow("c", "k1", 0, state=J.encode(1), record_ids=(SeenId("r1", 5),)),
-                  KeyRow("c", "k2", 0, state=J.encode(2), timers=(Timer(9_000, "w"),))])
-        before = store.stats.keys_read
-        got = a.read(["k1", "k2", "nothing"])
-        assert store.stats.keys_read == before  # all three answered from memory (incl. "no row")
-        assert got == store.read_keys("c", ["k1", "k2", "nothing"], num_intervals=1)  # = the table, exactly
-        a.commit([got["k1"].with_(state=J.encode(10))], deletes=[(0, "k2")])
-        assert {k: J.decode(r.state) for k, r in a.read(["k1", "k2"]).items()} == {"k1": 10}
-        assert store.stats.keys_read == before + 3
-
-        # a takeover a does not notice: its lease is broken, b fences and writes k1
-        break_lease(admin, pipeline="p", computation="c", interval=0, apply=True)
-        b_store = RowStore(spark, migrated_store, writer="b")
-        b = IntervalOwner(b_store, LeaseManager(b_client, pipeline="p", owner="b"), "c", num_intervals=1)
-        b.acquire()
-        b.commit([KeyRow("c", "k1", 0, state=J.encode(99))])
-        # the zombie may still read its memory, but nothing it computes from it can land
-        with pytest.raises(StaleSequencerError):
-            a.commit([a.read(["k1"])["k1"].with_(state=J.encode(11))])
-        assert len(a.cache or ()) == 0  # its cache went with its grants
-        with pytest.raises(LeaseLostError, match="no intervals of 'c' are held"):
-            a.read(["k1"])
-        b.release()
-        a.acquire()  # a new grant for a: what it cached before is worthless
-        assert J.decode(a.read(["k1"])["k1"].state) == 99
-        half = IntervalOwner(store, a.leases, "c2", num_intervals=2, cache=RowCache(10))
-        half.acquire([0])
-        other = next(k for k in (f"k{i}" for i in range(100)) if interval_of(k, 2) == 1)
-        with pytest.raises(NotOwnerError, match=f"key '{other}' is in interval 1 of 'c2', which this instance"):
-            half.read([other])
-        a.release()
-        assert len(a.cache or ()) == 0
-    finally:
-        for c in (a_client, b_client, admin):
-            c.stop()
-            c.close()
 
 
 def test_cache_bench_trace_matches_the_workload_and_opt_bounds_both(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from deltawheel.statestore.codecs import CODEC_NAMES, get_codec
-from deltawheel.statestore.delta.sqlviews import decode_json_text, decode_value
 from deltawheel.statestore.exceptions import CodecError
+from deltawheel.statestore.inspection.sqlviews import decode_json_text, decode_value
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

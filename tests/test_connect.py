@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltawheel.statestore.delta.sparkenv import missing_settings
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.session.sparkenv import missing_settings
 from deltawheel.statestore.zk.client import connect as connect_zk
 from deltawheel.statestore.zk.lease_tools import list_leases
 from executor_util import stream_rows

@@ -18,10 +18,10 @@ from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import jcontext, jvm
-from deltawheel.statestore.delta.sparkenv import check_session
 from deltawheel.statestore.exceptions import SessionConfigError, SparkConnectSessionError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.session.sparkenv import check_session
 
 import deltawheel
 

@@ -127,12 +127,12 @@ def _restart(server: Any) -> None:
 @pytest.mark.timeout(300)
 def test_a_wiped_zookeeper_is_refused_at_acquisition_and_reseed_fences_above_the_store(
         spark, migrated_store, own_zk) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.ownership.owner import IntervalOwner
+    from deltawheel.statestore.ownership.reseed import apply_reseed, plan_reseed
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.grants import interval_path
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
-    from deltawheel.statestore.zk.reseed import apply_reseed, plan_reseed
 
     zk = ZkConfig(hosts=own_zk.hosts, chroot="/dw", session_timeout_s=6.0)
 
@@ -184,11 +184,11 @@ def test_a_copy_that_bound_the_store_then_waited_accepts_fences_another_copy_wro
     wait for leases the other holds, which fences the store under that binding. Those fence rows
     are not a lost ZooKeeper state: the waiting copy takes over when they are given back (only
     rows the store held before the binding are refused, as the wiped-ZooKeeper test shows)."""
+    from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.binding import store_path
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
 
     client = connect(zk_config)
     try:
@@ -304,12 +304,12 @@ def test_a_binding_deleted_by_a_refused_start_mid_bind_gives_the_refusal_not_a_r
     from dataclasses import replace
     from functools import partial
 
+    from deltawheel.statestore.ownership import owner as owner_module
+    from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
-    from deltawheel.statestore.zk import owner as owner_module
     from deltawheel.statestore.zk.binding import bind_store, store_path
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
 
     def owner(client: Any, computation: str) -> IntervalOwner:
         return IntervalOwner(RowStore(spark, migrated_store, writer=computation),

@@ -14,7 +14,7 @@ def _worker_facts(_i: int) -> tuple[str, bool, bool]:
 
 
 def test_python_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
-    from deltawheel.statestore.delta.sparkenv import DAEMON_MODULE
+    from deltawheel.executor.session import DAEMON_MODULE
 
     assert spark.sparkContext.getConf().get("spark.python.daemon.module") == DAEMON_MODULE
     # a plain RDD task imports neither pyarrow nor the image task's modules itself

@@ -1,4 +1,4 @@
-"""Bloom-filter dedup (lookups counted) and the recovery scan rebuilt from real rows."""
+"""The recovery scan rebuilt from real rows: rows, timers, pending productions, Bloom filters."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import heapq
 
 import pytest
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.rowtable.bloom import IntervalBloom
-from deltawheel.statestore.rowtable.dedup import Deduplicator
 from deltawheel.statestore.rowtable.recovery import TimerEntry, rebuild, recover
 from deltawheel.statestore.rowtable.rows import KeyRow, Production, SeenId, TimeDomain, Timer, interval_of
 from deltawheel.statestore.rowtable.store import RowStore
@@ -30,7 +28,7 @@ def _rows() -> list[KeyRow]:
 
 
 @pytest.mark.spark
-def test_bloom_fast_path_and_recovery(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+def test_the_recovery_scan_rebuilds_from_real_rows(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
     store = RowStore(spark, migrated_store, writer="w")
     seqs = {iv: 3 for iv in range(N)}
     store.fence("dedup", seqs)
@@ -50,39 +48,6 @@ def test_bloom_fast_path_and_recovery(spark, migrated_store) -> None:  # type: i
         TimerEntry(500, TimeDomain.PROCESSING_TIME, "key0", "p"),
         TimerEntry(501, TimeDomain.PROCESSING_TIME, "key1", "p"),
         TimerEntry(502, TimeDomain.PROCESSING_TIME, "key2", "p")]
-
-    dedup = Deduplicator(store, "dedup", num_intervals=N, blooms=rec.blooms)
-    # 2,000 ids never seen: the filter answers, (almost) no storage lookups
-    lookups = store.stats.key_lookups
-    fresh = [(f"key{i % 40}", f"new-{i}") for i in range(2000)]
-    res = dedup.split(fresh)
-    assert len(res.new) == 2000 and not res.duplicates
-    assert res.bloom_negatives >= 1990  # false-positive rate 0.1 %
-    assert store.stats.key_lookups - lookups == (1 if res.bloom_false_positives else 0)
-
-    # seen ids: the filter says maybe, one batched lookup confirms them
-    lookups = store.stats.key_lookups
-    seen = [(f"key{i}", f"key{i}/r2") for i in range(10)]
-    res = dedup.split(seen + [("key1", "brand-new"), ("key1", "brand-new")])
-    assert set(res.duplicates) == set(seen) | {("key1", "brand-new")}
-    assert res.new == (("key1", "brand-new"),)
-    assert store.stats.key_lookups - lookups == 1 and res.keys_looked_up == 10
-
-    # with the rows at hand (the cache), no lookup at all
-    lookups = store.stats.key_lookups
-    res = dedup.split(seen, known_rows=rec.rows)
-    assert set(res.duplicates) == set(seen) and store.stats.key_lookups == lookups
-
-    # without a filter every id would cost a lookup: what the fast path saves
-    naive = Deduplicator(store, "dedup", num_intervals=N, blooms={iv: AlwaysMaybe() for iv in range(N)})
-    lookups = store.stats.key_lookups
-    res = naive.split(fresh[:100])
-    assert len(res.new) == 100 and res.keys_looked_up == 40 and store.stats.key_lookups - lookups == 1
-
-
-class AlwaysMaybe(IntervalBloom):
-    def might_contain(self, record_id: str) -> bool:
-        return True
 
 
 def test_rebuild_skips_fences_and_orders_timers() -> None:

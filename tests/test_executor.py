@@ -124,10 +124,10 @@ def test_an_owner_whose_sequencer_is_behind_a_fence_fails_at_start_and_gives_the
     recovered, naming the interval and the recovery, and the intervals are free again."""
     from deltawheel.executor.runtime.batch import ComputationExecutor
     from deltawheel.statestore.exceptions import CoordinatorStateLostError
+    from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
 
     RowStore(spark, migrated_store, writer="elsewhere").fence("buckets", {2: 50}, claim_only=True)
     client = connect(zk_config)
@@ -555,10 +555,10 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
     from deltawheel.executor.runtime.batch import ComputationExecutor
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
     from executor_util import J
 
     from deltawheel import migrations

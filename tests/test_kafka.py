@@ -73,7 +73,7 @@ def payments_topic(spark: Any, broker: Any, topic: str) -> Any:
 @pytest.mark.zk
 def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrated_store: Any, zk_config: Any,
                                           tmp_path: Path) -> None:
-    from deltawheel.statestore.delta.sqlviews import register_views
+    from deltawheel.statestore.inspection.sqlviews import register_views
 
     from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor
 

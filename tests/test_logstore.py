@@ -11,7 +11,7 @@ pytestmark = pytest.mark.spark
 
 
 def _store(spark):  # type: ignore[no-untyped-def]
-    from deltawheel.statestore.delta.sparkenv import LOG_STORE_CLASS
+    from deltawheel.statestore.session.sparkenv import LOG_STORE_CLASS
 
     cls = spark._jvm
     for part in LOG_STORE_CLASS.split("."):
@@ -26,7 +26,7 @@ def _write(spark, store, path: Path, lines: list[str], overwrite: bool) -> None:
 
 
 def test_the_session_commits_local_tables_through_the_store(spark, tmp_path: Path) -> None:
-    from deltawheel.statestore.delta.sparkenv import LOG_STORE_CLASS
+    from deltawheel.statestore.session.sparkenv import LOG_STORE_CLASS
 
     assert spark.conf.get("spark.delta.logStore.file.impl") == LOG_STORE_CLASS
     path = str(tmp_path / "t")

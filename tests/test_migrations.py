@@ -212,7 +212,7 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
 
 def test_column_comments_on_existing_tables(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.migrations import m0005_column_comments
-    from deltawheel.statestore.delta import comments
+    from deltawheel.statestore import comments
     from deltawheel.statestore.writepath.streams import ensure_stream_table, stream_schema_ddl
 
     def commented(path: str) -> dict[str, str]:

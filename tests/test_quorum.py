@@ -13,10 +13,10 @@ from typing import Any, Callable
 import pytest
 from deltawheel.executor.runtime.batch import ComputationExecutor, FaultPoint
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.leases import LeaseManager
-from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from executor_util import BucketCounter, events, state_of, stream_rows
 from kazoo.client import KazooState

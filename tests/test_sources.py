@@ -428,7 +428,7 @@ def test_bad_json_source_configuration(spark: Any, tmp_path: Path) -> None:
 def test_json_lines_through_the_executor_dead_letters_say_malformed(
         spark: Any, tmp_path: Path, migrated_store: Any, zk_config: Any) -> None:
     # as a user would: the public names, a computation keyed by a field, the dead_letters view
-    from deltawheel.statestore.delta.sqlviews import register_views
+    from deltawheel.statestore.inspection.sqlviews import register_views
 
     import deltawheel
     from tests.executor_util import ByRecordKey, start_executor, state_of, stop_executor

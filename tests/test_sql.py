@@ -19,8 +19,8 @@ import msgpack
 import pytest
 from conftest import free_port
 from deltawheel.executor.cli import main
-from deltawheel.statestore.delta.sqlviews import inspect_key, register_views, run_sql
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.inspection.sqlviews import inspect_key, register_views, run_sql
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import (
     FENCE_KEY,
@@ -145,7 +145,7 @@ def test_inspect_key(spark, store) -> None:  # type: ignore[no-untyped-def]
 def test_inspect_reads_a_local_store_without_spark_as_spark_does(spark, store) -> None:  # type: ignore[no-untyped-def]
     """``inspect`` answers from the data files of a local store (no JVM start); the row equals
     what Spark reads."""
-    from deltawheel.statestore.delta.sqlviews import key_row_from_files
+    from deltawheel.statestore.inspection.sqlviews import key_row_from_files
     from deltawheel.statestore.rowtable.rows import KeyRow
     from pyspark.sql import functions as F
 
@@ -246,7 +246,7 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
             assert conn.execute(text("SELECT count(*) FROM state")).scalar() == 4  # other statements as before
             # the column comments reach JDBC/Thrift clients too (DESCRIBE: name, type, comment)
             described = {r[0]: r[2] for r in conn.execute(text("DESCRIBE state")).fetchall()}
-        from deltawheel.statestore.delta.comments import VIEWS
+        from deltawheel.statestore.comments import VIEWS
         want = VIEWS["state"]
         assert want and all(described.get(c) == note for c, note in want.items()), (described, want)
         # read-only as the sql tool: a client's writes are refused, the rows table is untouched
@@ -299,7 +299,7 @@ WRITES = [
 def test_sql_tool_is_read_only(spark, store, capsys) -> None:  # type: ignore[no-untyped-def]
     """``deltawheel sql`` runs queries only: every writing statement is refused before it runs,
     with the reason, and the rows table stays at its version (an UPDATE used to commit unfenced)."""
-    from deltawheel.statestore.delta.sqlviews import ReadOnlySqlError, check_read_only
+    from deltawheel.statestore.inspection.readonly import ReadOnlySqlError, check_read_only
 
     def version() -> int:
         return int(spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").agg({"version": "max"}).first()[0])

@@ -8,9 +8,9 @@ import os
 import shutil
 
 import pytest
-from deltawheel.statestore.delta.damage import check_log
 from deltawheel.statestore.delta.log import read_snapshot
 from deltawheel.statestore.exceptions import StoreDamagedError
+from deltawheel.statestore.inspection.damage import check_log
 from executor_util import BucketCounter, events, state_of, stop_executor, stream_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
@@ -22,10 +22,10 @@ B2 = [("r4", "cats", 15_000), ("r5", "dogs", 21_000), ("r1", "cats", 1_000)]
 def _start(spark, layout, zk_config, writer):  # type: ignore[no-untyped-def]
     """start_executor, but a refused start closes its ZooKeeper client before raising."""
     from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
 
     client = connect(zk_config)
     try:

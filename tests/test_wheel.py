@@ -72,7 +72,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     names = zipfile.ZipFile(wheel).namelist()
     in_wheel = {n[: -len("/__init__.py")].replace("/", ".") for n in names if n.endswith("/__init__.py")}
     assert _source_packages() - in_wheel == set(), "sub-packages missing from the wheel (pyproject's packages)"
-    assert "deltawheel/statestore/delta/ExclusiveLocalLogStore.java" in names
+    assert "deltawheel/statestore/session/ExclusiveLocalLogStore.java" in names
     assert "deltawheel/statestore/objectstore/ZkS3LogStore.java" in names
     assert "deltawheel/py.typed" in names
 

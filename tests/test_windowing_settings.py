@@ -158,11 +158,11 @@ def test_settings_act_in_real_spark_batches(spark, migrated_store, zk_config) ->
     from deltawheel.executor.runtime.batch import BatchFailedError, ComputationExecutor, FaultPoint
     from deltawheel.statestore.clock import ManualClock
     from deltawheel.statestore.codecs import get_codec
+    from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.rows import interval_of
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
-    from deltawheel.statestore.zk.owner import IntervalOwner
     from executor_util import events
 
     comp = windowed(name="wsettings", inputs={"events": "q"}, output="panes", windowing=FixedWindows(10_000),

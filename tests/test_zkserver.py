@@ -12,7 +12,8 @@ import psutil
 import pytest
 from conftest import free_port
 from deltawheel.statestore.exceptions import ZooKeeperServerError
-from deltawheel.statestore.zk.server import EmbeddedZooKeeper, find_java, four_letter_word
+from deltawheel.statestore.process import find_java
+from deltawheel.statestore.zk.server import EmbeddedZooKeeper, four_letter_word
 
 pytestmark = pytest.mark.timeout(120)
 

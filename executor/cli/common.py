@@ -8,10 +8,11 @@ import logging
 import os
 from typing import Any, Iterator
 
+from deltawheel.executor.session import build_spark
 from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
-from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
 from deltawheel.statestore.exceptions import ConfigError, NotAStoreError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.session.sparkenv import SparkSettings
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
 __all__ = ["add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",

@@ -1,31 +1,27 @@
-"""``deltawheel quickstart``: write, read and inspect state through the store.
+"""``deltawheel quickstart``: a word count through the store, the way a job runs one.
 
-A word count over a few sentences, run twice over the same input to show
-exactly-once dedup: the second pass finds every record id already applied
-and changes nothing. Every key's state, a timer and a checkpointed
-production land in one fenced Delta commit under ZooKeeper leases. Rows are
-read through the owner's cache (warmed by the recovery scan, updated by each
-commit), so the second pass reads nothing from the table.
+A :class:`WordCount` computation runs on :func:`deltawheel.connect`'s engine: its executor takes
+the ZooKeeper leases of the computation's key intervals and fences them, then runs the same
+micro-batch of words twice (what a source that replays after a failure delivers). The first
+pass counts every word: each key's state, a timer and a checkpointed production land in one
+fenced Delta commit. The second pass finds every record id already applied and changes
+nothing but clearing the first pass's productions from the rows (delivered to the
+``word_counts`` stream by then): exactly-once dedup on a replay.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 from typing import Any
 
+from deltawheel.executor.computation import RECORD_KEY, Computation
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.rowtable.cache import RowCache
-from deltawheel.statestore.rowtable.dedup import Deduplicator
-from deltawheel.statestore.rowtable.rows import KeyRow, Production, SeenId, Timer, interval_of
-from deltawheel.statestore.rowtable.store import RowStore
-from deltawheel.statestore.zk.client import connect, digest_acls
-from deltawheel.statestore.zk.leases import LeaseManager
-from deltawheel.statestore.zk.owner import IntervalOwner
+from deltawheel.statestore.rowtable.rows import TimeDomain
 
+from ..runtime.engine import connect
 from .common import (
     add_spark_args,
     add_store_arg,
@@ -35,7 +31,7 @@ from .common import (
     zookeeper_for,
 )
 
-__all__ = ["register", "run_quickstart"]
+__all__ = ["register", "run_quickstart", "WordCount"]
 
 TEXT = (
     "the quick brown fox jumps over the lazy dog",
@@ -44,11 +40,29 @@ TEXT = (
 )
 COMPUTATION = "wordcount"
 INTERVALS = 4
+REPORT_AFTER_MS = 3_600_000  # the processing-time timer each word sets: an hour out, so it stays pending
+
+
+class WordCount(Computation):
+    """Counts each word (the record's key); produces the new count to ``word_counts`` and keeps a
+    processing-time ``report`` timer per word."""
+
+    name = COMPUTATION
+    inputs = {"words": RECORD_KEY}
+    outputs = ("word_counts",)
+    num_intervals = INTERVALS
+
+    def process_records(self, ctx: Any, records: list[Any]) -> None:
+        """Add the key's new records to its count, produce the count, (re)set its report timer."""
+        count = (ctx.state or {"count": 0})["count"] + len(records)
+        ctx.state = {"count": count}
+        ctx.set_timer("report", records[-1].timestamp_ms + REPORT_AFTER_MS, domain=TimeDomain.PROCESSING_TIME)
+        ctx.produce("word_counts", {"word": ctx.key, "count": count})
 
 
 def register(sub: Any) -> None:
     """Add the ``quickstart`` subcommand to ``sub``."""
-    p = sub.add_parser("quickstart", help="write, read and inspect state through the store (a word count)")
+    p = sub.add_parser("quickstart", help="a word count through the store: leases, fenced commits, dedup on a replay")
     add_store_arg(p, required=False)
     add_zk_args(p)
     add_spark_args(p)
@@ -61,64 +75,44 @@ def _run(args: argparse.Namespace) -> int:
     return run_quickstart(args)
 
 
-def run_quickstart(args: argparse.Namespace) -> int:
-    """Run the quickstart word count on ``args.store`` (twice over the same input); returns 0."""
-    from deltawheel import migrations
+def words_frame(spark: Any, *, now_ms: int) -> Any:
+    """The words of :data:`TEXT` as a micro-batch in the stream-table columns: record id
+    ``s<sentence>-w<word>``, the word as the key, event time ``now_ms``."""
+    codec = get_codec("json")
+    rows = [(f"s{i}-w{j}", w, codec.encode({"word": w}), "json", now_ms)
+            for i, line in enumerate(TEXT) for j, w in enumerate(line.split())]
+    return spark.createDataFrame(rows, "record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT")
 
+
+def run_quickstart(args: argparse.Namespace) -> int:
+    """Run the quickstart word count on ``args.store`` (the same batch twice); returns 0."""
     layout = layout_from(args)
     zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
     cfg = zookeeper.config
     spark = spark_from(args)
-    client = connect(cfg)
     try:
-        for m in migrations.apply(spark, layout, dry_run=False):
-            print(f"migrated: {m.version:04d} {m.name}")
-        owner_name = f"{socket.gethostname()}:{os.getpid()}"
-        leases = LeaseManager(client, pipeline="quickstart", owner=owner_name, acls=digest_acls(cfg))
-        store = RowStore(spark, layout, writer=owner_name)
-        cache = RowCache(1_000)
-        owner = IntervalOwner(store, leases, COMPUTATION, num_intervals=INTERVALS, cache=cache)
-        rec = owner.acquire(wait_s=30)
-        print(f"leases: intervals {owner.intervals} with sequencers {owner.sequencers}")
-        codec = get_codec("json")
-        dedup = Deduplicator(store, COMPUTATION, num_intervals=INTERVALS, blooms=rec.blooms, read=owner.read)
-        records = [(w, f"s{i}-w{j}") for i, line in enumerate(TEXT) for j, w in enumerate(line.split())]
-        for attempt in (1, 2):
-            now = int(time.time() * 1000)
-            cache.begin_batch(watermark_ms=None, now_ms=now)
-            hits, read_before = cache.stats.hits, store.stats.keys_read
-            rows = owner.read({w for w, _ in records})
-            res = dedup.split(records, known_rows=rows)
-            changed: dict[str, KeyRow] = {}
-            for word, rid in res.new:
-                row = changed.get(word) or rows.get(word) or KeyRow(COMPUTATION, word, interval_of(word, INTERVALS))
-                count = (codec.decode(row.state) if row.state else {"count": 0})["count"] + 1
-                row = row.with_(
-                    state=codec.encode({"count": count}),
-                    record_ids=row.record_ids + (SeenId(rid, now),),
-                    timers=(Timer(now + 60_000, "report"),),
-                    pending=(Production(f"{word}/{count}", "word_counts", word,
-                                        codec.encode({"word": word, "count": count}), now),),
-                )
-                changed[word] = row
-            result = owner.commit(list(changed.values()))
-            cache.end_batch()
-            dedup.remember(res.new)
-            print(f"pass {attempt}: {len(records)} records, {len(res.new)} new, {len(res.duplicates)} duplicates "
-                  f"dropped; committed {result.rows_written} rows in one fenced commit ({result.duration_s:.1f} s); "
-                  f"rows: {cache.stats.hits - hits} from the cache, {store.stats.keys_read - read_before} read "
-                  "from the table")
-        top = sorted(((codec.decode(r.state)["count"], k) for k, r in store.read_keys(
-            COMPUTATION, {w for w, _ in records}, num_intervals=INTERVALS).items()), reverse=True)[:5]
-        print("top words: " + ", ".join(f"{k}={c}" for c, k in top))
-        owner.release()
-        leases.close()
+        with connect(spark, store=layout.root, zk=cfg.hosts, pipeline="quickstart", zk_chroot=cfg.chroot,
+                     zk_digest=cfg.digest) as engine:
+            ex = engine.executor(WordCount(), wait_s=30, progress=False)
+            print(f"leases: intervals {ex.owner.intervals} with sequencers {ex.owner.sequencers}")
+            batch = words_frame(spark, now_ms=int(time.time() * 1000))
+            for attempt in (1, 2):
+                ex(batch, attempt - 1)
+                r = ex.reports[-1]
+                print(f"pass {attempt}: {r.records_in} records, {r.processed} new, {r.duplicates} duplicates "
+                      f"dropped, {r.productions} produced; one fenced commit wrote {r.keys_written} rows "
+                      f"({r.commit_s:.1f} s)")
+            ex.settle()  # the last delivery landed
+            words = {w for line in TEXT for w in line.split()}
+            rows = engine.store.read_keys(COMPUTATION, words, num_intervals=INTERVALS)
+            codec = get_codec("json")
+            top = sorted(((codec.decode(r.state)["count"], k) for k, r in rows.items()), reverse=True)[:5]
+            print("top words: " + ", ".join(f"{k}={c}" for c, k in top))
         print("\ninspect the state:")
         print(f'  deltawheel sql --store {layout.root} "SELECT key, state_json, n_timers, n_checkpointed FROM state ORDER BY key"')
         print(f"  deltawheel inspect --store {layout.root} --computation {COMPUTATION} --key the")
+        print(f'  deltawheel sql --store {layout.root} "SELECT key, value_json FROM word_counts_decoded ORDER BY key"')
         return 0
     finally:
-        client.stop()
-        client.close()
         if zookeeper.release():
             print("deltawheel: stopped the embedded ZooKeeper", file=sys.stderr)

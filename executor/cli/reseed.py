@@ -1,6 +1,6 @@
 """``deltawheel reseed``: after ZooKeeper lost a pipeline's state, raise its sequencers above the
 store's, record the store binding and restore the injector watermarks the store's commits record
-(``statestore/zk/reseed.py``; docs/coordinator-recovery.md)."""
+(``statestore/ownership/reseed.py``; docs/coordinator-recovery.md)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.ownership.reseed import apply_reseed, plan_reseed, store_sequencers
     from deltawheel.statestore.zk.client import digest_acls
-    from deltawheel.statestore.zk.reseed import apply_reseed, plan_reseed, store_sequencers
 
     from ..runtime.lateness import recorded_injector_watermarks
 

@@ -25,14 +25,15 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deltawheel.statestore.delta.sparkenv import default_jars_dir, require_java, setup_jars
+    from deltawheel.statestore.jars import default_jars_dir
+    from deltawheel.statestore.session.sparkenv import require_java, setup_jars
 
     require_java()
     jars = setup_jars(object_store=args.object_store)
     print(f"deltawheel: {len(jars)} jars ready (Delta Lake and the log stores in {default_jars_dir()})",
           file=sys.stderr)
     if args.kafka:
-        from deltawheel.statestore.delta import connectors
+        from deltawheel.statestore.session import connectors
 
         kafka = connectors.ensure_kafka_jars()
         print(f"deltawheel: {len(kafka)} Kafka connector jars ready", file=sys.stderr)

@@ -24,15 +24,14 @@ import tempfile
 import threading
 from typing import Any
 
-from deltawheel.statestore.delta.comments import describe as describe_columns
+from deltawheel.statestore.comments import describe as describe_columns
 from deltawheel.statestore.delta.jvm import jsession, jvm
-from deltawheel.statestore.delta.sqlviews import (
+from deltawheel.statestore.inspection.readonly import check_read_only, read_only_session
+from deltawheel.statestore.inspection.sqlviews import (
     FORMATS,
     TABLE_MAX_ROWS,
-    check_read_only,
     format_rows,
     inspect_key,
-    read_only_session,
     register_views,
     write_sql,
 )
@@ -147,7 +146,7 @@ def _sql(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from deltawheel.statestore.delta.sqlviews import key_row_from_files
+    from deltawheel.statestore.inspection.sqlviews import key_row_from_files
 
     layout = layout_from(args)
     # a local store's row is read without starting Spark (a JVM start costs 10-30 s)

@@ -66,14 +66,14 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
-from deltawheel.statestore.delta.damage import check_store
-from deltawheel.statestore.delta.sparkenv import require_classic_session
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.delta.storefs import supports
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.inspection.damage import check_store
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.writepath import StaleViewError, WritePath
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
-from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import Computation
@@ -257,7 +257,7 @@ class ComputationExecutor:
                 "publish_watermark>) (README, 'Embedding it in your Spark job'), or pass manual_watermarks=True "
                 "if you fire them yourself with flush(input_watermark_ms=...)")
         t_start = time.monotonic()
-        check_store(self.layout)  # a lost or torn commit refuses the start (statestore/delta/damage.py)
+        check_store(self.layout)  # a lost or torn commit refuses the start (statestore/inspection/damage.py)
         rec = self.path.acquire(self._wanted, wait_s=wait_s)
         t_acq = time.monotonic()
         if self.authority is not None:

@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from deltawheel.statestore.exceptions import ZooKeeperServerError
-from deltawheel.statestore.process import DetachedProcess, free_ports
+from deltawheel.statestore.process import DetachedProcess, find_java, free_ports
 from deltawheel.statestore.zk.ensemble import EnsembleStatus, ZooKeeperEnsemble
-from deltawheel.statestore.zk.server import find_java
 
 from ..exceptions import ClusterError
 

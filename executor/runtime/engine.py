@@ -30,14 +30,15 @@ import socket
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.delta.sparkenv import check_session, require_classic_session
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.session.sparkenv import check_session
 from deltawheel.statestore.zk.client import connect as connect_zk
 from deltawheel.statestore.zk.client import digest_acls
 from deltawheel.statestore.zk.leases import LeaseManager
-from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 

@@ -205,8 +205,8 @@ class BatchMetrics:
         self._log.commit(add=[new_add(rel, {}, size, table.num_rows)])
 
     def _create(self) -> None:
-        from deltawheel.statestore.delta.sqltext import sql_path
         from deltawheel.statestore.delta.storefs import table_files
+        from deltawheel.statestore.sqltext import sql_path
 
         self.spark.sql(f"CREATE TABLE IF NOT EXISTS {sql_path(self.path)} ({METRICS_COLUMNS}) USING DELTA "
                        f"TBLPROPERTIES ('deltawheel.table' = 'metrics_batches', 'delta.checkpointInterval' = '100', "

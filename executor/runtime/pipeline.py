@@ -29,16 +29,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.delta.sparkenv import require_classic_session
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 from deltawheel.statestore.zk.client import connect, digest_acls
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.members import Membership, target
-from deltawheel.statestore.zk.owner import IntervalOwner
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 

@@ -26,11 +26,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.writepath.streams import list_streams
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
-from deltawheel.statestore.zk.owner import IntervalOwner
 
 from ..computation import RECORD_KEY, Computation
 from .batch import ComputationExecutor

@@ -3,7 +3,7 @@
 Spark's Kafka connector is not in the pyspark wheel: ``build_spark`` adds it when it is cached
 (``./dw setup``, or ``SparkSettings(kafka=True)``), a session of your own takes it with
 ``spark.jars.packages = org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>``
-(``statestore/delta/connectors.py``).
+(``statestore/session/connectors.py``).
 
 The injector watermark is per partition, as Flink's and Beam's Kafka sources keep it: each
 partition's estimate is its max event time seen minus ``watermark_delay_ms``, and the

@@ -17,7 +17,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath import WritePath
 from deltawheel.statestore.writepath.image.path import ImagePath
 from deltawheel.statestore.writepath.merge.path import MergePath
-from deltawheel.statestore.zk.owner import IntervalOwner
+from deltawheel.statestore.ownership.owner import IntervalOwner
 
 from ..computation import Computation
 from .image.job import ImageTasks

@@ -368,7 +368,7 @@ def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Bac
     elif backend == "delta":
         import tempfile
 
-        from deltawheel.statestore.delta.sparkenv import build_spark
+        from deltawheel.executor.session import build_spark
         from deltawheel.statestore.layout import StoreLayout
 
         store = DeltaBackend(build_spark(), StoreLayout(tempfile.mkdtemp(prefix="dw-scenario-")))

@@ -1,4 +1,6 @@
-"""Delta Lake at the protocol level: the Spark session with Delta's jars and deltawheel's log
-store, a Python reader of the Delta log, fenced transactions through Delta's own API,
-the store damage check, and read-only SQL views.
+"""Delta Lake at the protocol level: a Python reader of a table's Delta log (:mod:`.log`), the
+table's files as Python reaches them, local or ``s3a://`` (:mod:`.storefs`), fenced transactions
+through Delta's own API (:mod:`.txn`), and the one seam into pyspark's JVM handles (:mod:`.jvm`).
+It knows nothing of deltawheel's tables: the rows table, the streams and the views are built
+on it, one floor up.
 """

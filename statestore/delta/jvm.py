@@ -3,14 +3,18 @@
 Some of what deltawheel does has no Python API: parsing and checking a SQL plan, Delta's
 commit internals, Hadoop's file system, the Thrift server. Those calls go to the JVM
 objects pyspark keeps behind underscore names (``spark._jvm``, ``spark._jsparkSession``,
-``df._jdf``, ...). They are read here, so a pyspark that renames them is fixed in one file.
+``df._jdf``, ...). They are read here, so a pyspark that renames them is fixed in one file; and a session
+without a driver JVM (Spark Connect) is refused here (:func:`require_classic_session`).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-__all__ = ["jvm", "jsession", "jcontext", "jframe", "gateway"]
+from ..exceptions import SparkConnectSessionError
+
+__all__ = ["jvm", "jsession", "jcontext", "jframe", "gateway", "require_classic_session"]
 
 
 def jvm(spark: Any) -> Any:
@@ -36,3 +40,23 @@ def jframe(df: Any) -> Any:
 def gateway(spark: Any) -> Any:
     """The py4j ``JavaGateway`` of ``spark``'s driver (to start its callback server)."""
     return spark.sparkContext._gateway  # noqa: SLF001 - pyspark has no public accessor
+
+
+def require_classic_session(spark: Any) -> None:
+    """Refuse a Spark Connect session (``SparkSession.builder.remote(...)``): it has no driver JVM,
+    and deltawheel commits through Delta Lake's JVM API and runs its jobs on the driver's
+    SparkContext. Every public entry that takes a session calls this first.
+
+    Raises:
+        SparkConnectSessionError: ``spark`` is a Spark Connect session.
+    """
+    # a Connect session is an instance of this class, whose module is loaded once one exists
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    if connect is None or not isinstance(spark, connect.SparkSession):
+        return
+    raise SparkConnectSessionError(
+        "deltawheel was given a Spark Connect session (SparkSession.builder.remote(...)); it needs a classic "
+        "SparkSession: a Spark Connect client has no driver JVM, and deltawheel commits its rows through "
+        "Delta Lake's JVM API and runs its jobs on the driver's SparkContext. Build a classic session in this "
+        "process with deltawheel.spark_session() (with SPARK_REMOTE unset), or run the job as a classic Spark "
+        "application (spark-submit without --remote) (docs/embedding.md, 'Session settings')")

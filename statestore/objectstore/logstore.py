@@ -25,6 +25,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..jars import compile_jar
+
 __all__ = ["ZK_LOG_STORE_CLASS", "DIRECT_CHECKPOINT_MANAGER_CLASS", "ensure_zk_log_store_jar",
            "ensure_checkpoint_manager_jar", "configure_log_store", "log_store_settings",
            "CONNECT_KEY", "NAMESPACE_KEY", "DIGEST_KEY"]
@@ -42,17 +44,13 @@ _CHECKPOINT_SOURCE = Path(__file__).with_name("DirectCheckpointFileManager.java"
 
 def ensure_zk_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The compiled jar of ``ZkS3LogStore.java`` (None, with a warning, when there is no javac)."""
-    from ..delta.sparkenv import ensure_log_store_jar
-
-    return ensure_log_store_jar(jars_dir, quiet=quiet, source=_SOURCE)
+    return compile_jar(_SOURCE, jars_dir, quiet=quiet)
 
 
 def ensure_checkpoint_manager_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The compiled jar of ``DirectCheckpointFileManager.java`` (None, with a warning, when there
     is no javac)."""
-    from ..delta.sparkenv import ensure_log_store_jar
-
-    return ensure_log_store_jar(jars_dir, quiet=quiet, source=_CHECKPOINT_SOURCE)
+    return compile_jar(_CHECKPOINT_SOURCE, jars_dir, quiet=quiet)
 
 
 def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> dict[str, str]:

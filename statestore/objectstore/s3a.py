@@ -6,7 +6,7 @@ loads (the S3 client, the transfer manager and what they depend on), 12 MiB, ins
 SDK's ~600 MiB ``bundle``. Jars that pyspark already ships (Apache HttpClient, Netty,
 commons-logging/codec, slf4j) are left out. They are fetched once, with pinned SHA-1s, into a
 per-user cache outside any clone (:func:`default_s3_jars_dir`), so a CI clean clone does not
-fetch them again; :func:`deltawheel.statestore.delta.sparkenv.build_spark` adds them to the
+fetch them again; :func:`deltawheel.statestore.session.sparkenv.build_spark` adds them to the
 session when they are there.
 
 The S3A settings of an endpoint are per bucket (``fs.s3a.bucket.<b>.*``): a session can reach
@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..jars import fetch_maven_jar
 from .client import S3Endpoint
 
 __all__ = ["S3A_JARS", "S3PROXY_JAR", "MavenJar", "default_s3_jars_dir", "ensure_jar", "ensure_s3a_jars",
@@ -103,8 +104,6 @@ def ensure_jar(jar: MavenJar, jars_dir: Path, *, quiet: bool = False) -> Path:
     Raises:
         JarFetchError: it could not be fetched, or its checksum is not the pinned one.
     """
-    from ..delta.sparkenv import fetch_maven_jar
-
     group, artifact, version, classifier, sha1 = jar
     return fetch_maven_jar(group, artifact, version, jars_dir, classifier=classifier, sha1=sha1, quiet=quiet)
 

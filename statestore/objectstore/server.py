@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..exceptions import ObjectStoreServerError
-from ..process import DetachedProcess, port_free
-from ..zk.server import find_java
+from ..process import DetachedProcess, find_java, port_free
 from .client import S3Client, S3Endpoint
 from .s3a import S3PROXY_JAR, default_s3_jars_dir, ensure_jar
 

@@ -1,11 +1,12 @@
 """Bloom filters over the record ids a key interval has seen: the dedup fast path.
 
 A filter answers "never seen" with certainty and "maybe seen" with a small
-false-positive rate; only a "maybe" costs a storage lookup (see ``dedup.py``).
-Filters live in memory only: they are rebuilt from the rows on lease
-acquisition (``recovery.py``), never persisted, so they can never disagree
-with the table for long. :class:`IntervalBloom` serves the store-level
-``Deduplicator``; :class:`IdBloom` (vectorized) the executor's image path.
+false-positive rate; only a "maybe" costs a lookup of the key's stored record ids.
+Filters live in memory only: they are rebuilt from the rows, never persisted, so
+they can never disagree with the table for long. :class:`IdBloom` (vectorized) is
+the executor's image path's (``executor/tasks/image.py``); :class:`IntervalBloom`
+is the one the recovery scan rebuilds on lease acquisition (``recovery.py``,
+``RecoveredIntervals.blooms``).
 """
 
 from __future__ import annotations

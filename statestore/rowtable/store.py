@@ -38,9 +38,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
-from ..delta.jvm import jframe, jsession
+from ..delta.jvm import jframe, jsession, require_classic_session
 from ..delta.log import read_snapshot
-from ..delta.sparkenv import require_classic_session
 from ..delta.storefs import TableFiles, background_uploads, table_files
 from ..delta.txn import (
     TableLog,

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..delta.comments import STREAM as STREAM_COMMENTS
+from ..comments import STREAM as STREAM_COMMENTS
 from ..delta.jvm import jcontext, jvm
 from ..delta.log import local_path, local_table_exists
-from ..delta.sqltext import sql_path, sql_str
 from ..delta.storefs import table_files
 from ..exceptions import ConfigError
 from ..layout import StoreLayout, validate_name
+from ..sqltext import sql_path, sql_str
 
 __all__ = [
     "STREAM_FORMAT_VERSION",

@@ -14,7 +14,7 @@ ZooKeeper SUSPENDED / LOST: the check is one create-or-read before any lease
 is taken; a connection error propagates (kazoo's), nothing is half-written
 (the znode is created whole or not at all). A binding deleted between the
 create that found it and the read (a start that found ZooKeeper's state lost
-deletes the binding it had just created, ``owner.py``) is created again: the
+deletes the binding it had just created, ``ownership/owner.py``) is created again: the
 binding is never read as missing while it is being replaced.
 """
 

@@ -19,17 +19,15 @@ and tests; production deployments point :class:`ZkConfig` at their own ensemble.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..exceptions import ZooKeeperServerError
-from ..process import DetachedProcess, port_free
+from ..process import DetachedProcess, find_java, port_free
 
-__all__ = ["EmbeddedZooKeeper", "QuorumPeer", "ZkServerStatus", "find_java", "pyspark_jars_dir",
+__all__ = ["EmbeddedZooKeeper", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir",
            "four_letter_word", "configured_port"]
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -84,23 +82,6 @@ class QuorumPeer:
     def server_line(self) -> str:
         """The ``server.N=host:peer:election`` line of every member's ``zoo.cfg``."""
         return f"server.{self.myid}={self.host}:{self.peer_port}:{self.election_port}"
-
-
-def find_java() -> str:
-    """Path of the ``java`` executable (``$JAVA_HOME/bin/java`` first, then ``PATH``).
-
-    Raises:
-        ZooKeeperServerError: no java was found.
-    """
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
-        return os.path.join(home, "bin", "java")
-    found = shutil.which("java")
-    if found is None:
-        raise ZooKeeperServerError(
-            "java not found (looked in $JAVA_HOME/bin and PATH): install Java 17+ or set JAVA_HOME"
-        )
-    return found
 
 
 def pyspark_jars_dir() -> Path:

@@ -50,11 +50,11 @@ from ...delta.txn import (
 )
 from ...exceptions import CommitConflictError, StaleSequencerError
 from ...layout import StoreLayout
+from ...ownership.owner import IntervalOwner
 from ...rowtable.fencing import translate_commit_error
 from ...rowtable.frames import arrow_schema
 from ...rowtable.rows import rows_file_ddl
 from ...rowtable.store import raise_if_fenced
-from ...zk.owner import IntervalOwner
 from .. import Recovered, StaleViewError, WritePath
 from ..delivery import deliver_productions
 from ..streams import (

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ...layout import StoreLayout
+from ...ownership.owner import IntervalOwner
 from ...rowtable.rows import Production, rows_schema_ddl
-from ...zk.owner import IntervalOwner
 from .. import Recovered, WritePath
 from ..delivery import deliver_frame, deliver_productions
 from ..streams import ensure_stream_table

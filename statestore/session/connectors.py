@@ -6,7 +6,7 @@ names it at pyspark's own version with the jars it needs that pyspark's ``jars``
 provider, ``kafka-clients`` and ``commons-pool2``; Scala, lz4, snappy, zstd, slf4j and the Hadoop
 client come with pyspark): 9 MiB. :func:`ensure_kafka_jars` fetches them (checked against Maven
 Central's SHA-1 files) into ``<kafka jars dir>/spark-<version>``, and
-:func:`~deltawheel.statestore.delta.sparkenv.build_spark` puts them on the session's classpath when
+:func:`~deltawheel.statestore.session.sparkenv.build_spark` puts them on the session's classpath when
 they are there (``SparkSettings(kafka=True)`` fetches them first). A session of your own gets them
 the way Spark documents it: ``.config("spark.jars.packages",
 "org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>")``, or ``spark.jars`` with
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .sparkenv import fetch_maven_jar
+from ..jars import fetch_maven_jar
 
 __all__ = ["KAFKA_CLIENTS_VERSION", "default_kafka_jars_dir", "kafka_connector_jars", "ensure_kafka_jars",
            "kafka_jars_present"]

@@ -1,189 +1,47 @@
 """Building a SparkSession with Delta Lake, in one place.
 
-Delta's jars are not inside the ``delta-spark`` wheel. :func:`ensure_delta_jars`
+Delta's jars are not inside the ``delta-spark`` wheel. :func:`~deltawheel.statestore.jars.ensure_delta_jars`
 downloads the pinned jars once from Maven Central into a cache folder (falling
 back to ``mvn dependency:copy``), and :func:`build_spark` passes them with
 ``spark.jars``, so session start never resolves dependencies over the network.
 Nothing else in deltawheel creates a session: everything takes ``spark`` as a
-parameter.
+parameter. The executor builds its sessions through ``deltawheel.executor.session``, which adds
+its Python worker daemon (``SparkSettings.python_daemon``); :func:`check_session` checks a
+session someone else built.
 """
 
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError, SparkConnectSessionError
+from ..delta.jvm import require_classic_session
+from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError
+from ..jars import compile_jar, ensure_delta_jars
 
-__all__ = ["DELTA_JARS", "DELTA_VERSION", "LOG_STORE_CLASS", "SparkSettings", "ensure_delta_jars", "ensure_log_store_jar", "build_spark", "require_classic_session",
-           "default_jars_dir", "fetch_maven_jar", "spark_session", "require_java", "check_session", "missing_settings", "session_settings",
-           "setup_jars"]
-
-MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
-
-DELTA_VERSION = "4.4.0"
-# (group, artifact, version) of the jars delta-spark 4.4.0 needs on Spark 4.2 / Scala 2.13 that
-# pyspark does not ship: the runtime dependencies that delta-spark_4.2_2.13's POM declares
-# (Spark's own jars, Scala and antlr come with pyspark). The kernel and Unity Catalog jars serve
-# Delta's catalog-managed tables and its Kernel-based reader; deltawheel's path-based tables do not
-# load them, but they are the declared set. docs/versions.md says why this pair.
-DELTA_JARS: tuple[tuple[str, str, str], ...] = (
-    ("io.delta", "delta-spark_4.2_2.13", DELTA_VERSION),
-    ("io.delta", "delta-storage", DELTA_VERSION),
-    ("io.delta", "delta-kernel-api", DELTA_VERSION),
-    ("io.delta", "delta-kernel-defaults", DELTA_VERSION),
-    ("io.delta", "delta-kernel-unitycatalog", DELTA_VERSION),
-    ("io.unitycatalog", "unitycatalog-client", "0.6.0"),
-    ("io.unitycatalog", "unitycatalog-hadoop", "0.6.0"),
-)
-
-
-def default_jars_dir() -> Path:
-    """Where the Delta jars and the compiled log stores are cached, one folder per user for every
-    entry point (``./dw``, an installed wheel, your own job): ``$DELTAWHEEL_JARS_DIR`` or
-    ``~/.cache/deltawheel/jars``."""
-    env = os.environ.get("DELTAWHEEL_JARS_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "deltawheel" / "jars"
-
-
-def _download(url: str, dest: Path) -> None:
-    with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310 (fixed https URL)
-        data = resp.read()
-    with urllib.request.urlopen(url + ".sha1", timeout=60) as resp:  # noqa: S310
-        want = resp.read().decode().split()[0].strip()
-    got = hashlib.sha1(data).hexdigest()  # noqa: S324 (Maven's checksum format)
-    if got != want:
-        raise JarFetchError(f"checksum mismatch for {url}: got {got}, Maven Central says {want}")
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(dest)
-
-
-def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path, *, coords: str | None = None) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise JarFetchError("fetching over HTTPS failed and mvn is not installed to try Maven's own resolver; "
-                            "install Maven (Debian: apt-get install maven) or fix the network route to Maven "
-                            "Central, then run 'deltawheel setup' again")
-    subprocess.run(
-        [mvn, "-q", "dependency:copy", f"-Dartifact={coords or f'{group}:{artifact}:{version}'}",
-         f"-DoutputDirectory={dest_dir}"],
-        check=True, capture_output=True, timeout=600,
-    )
-
-
-def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, classifier: str | None = None,
-                    sha1: str | None = None, quiet: bool = False, hint: str = "") -> Path:
-    """The jar ``group:artifact:version[:classifier]`` in ``dest_dir``, fetched once from Maven Central
-    (falling back to ``mvn dependency:copy``) and checked against ``sha1`` when given.
-
-    Raises:
-        JarFetchError: neither Maven Central nor ``mvn`` could provide the jar, or its checksum is wrong.
-    """
-    name = f"{artifact}-{version}{'-' + classifier if classifier else ''}.jar"
-    dest = dest_dir / name
-    if dest.exists():
-        return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{name}"
-    if not quiet:
-        print(f"deltawheel: fetching {name} from Maven Central", file=sys.stderr)
-    try:
-        _download(url, dest)
-    except Exception as first:  # noqa: BLE001 - fall back to mvn, report both
-        try:
-            coords = f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else "")
-            _mvn_copy(group, artifact, version, dest_dir, coords=coords)
-        except Exception as second:  # noqa: BLE001
-            raise JarFetchError(
-                f"could not fetch {name}: download from {url} failed ({first}); mvn dependency:copy failed "
-                f"({second}). Put the jar into {dest_dir} by hand{hint}."
-            ) from second
-    if sha1 is not None:
-        got = hashlib.sha1(dest.read_bytes()).hexdigest()  # noqa: S324 (Maven's checksum format)
-        if got != sha1:
-            dest.unlink()
-            raise JarFetchError(f"checksum mismatch for {name}: got {got}, deltawheel pins {sha1}; "
-                                "the download was removed, try again")
-    return dest
-
-
-def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
-    """Return the paths of the Delta jars, downloading any that are missing.
-
-    Raises:
-        JarFetchError: neither Maven Central nor ``mvn`` could provide a jar.
-    """
-    jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
-    missing = [a for _g, a, v in DELTA_JARS if not (jars_dir / f"{a}-{v}.jar").exists()]
-    if missing and not quiet:
-        print(f"deltawheel: first use: fetching {len(missing)} Delta Lake {DELTA_VERSION} jars from Maven Central "
-              f"into {jars_dir} (once per user; DELTAWHEEL_JARS_DIR moves the cache)", file=sys.stderr)
-    return [fetch_maven_jar(group, artifact, version, jars_dir, quiet=quiet,
-                            hint=" or set DELTAWHEEL_JARS_DIR to a folder that has it")
-            for group, artifact, version in DELTA_JARS]
-
+__all__ = ["LOG_STORE_CLASS", "SparkSettings", "ensure_log_store_jar", "build_spark",
+           "require_java", "check_session", "missing_settings", "session_settings", "setup_jars"]
 
 LOG_STORE_CLASS = "io.deltawheel.storage.ExclusiveLocalLogStore"
 _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
 
 
-def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False,
-                         source: Path | None = None) -> Path | None:
-    """The jar of deltawheel's Delta log store for local paths, compiled once from its source.
+def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The jar of deltawheel's Delta log store for local paths, compiled once
+    (:func:`~deltawheel.statestore.jars.compile_jar`).
 
     ``ExclusiveLocalLogStore.java`` (beside this file) makes each commit file with a hard link, so two
     processes can never both commit one version of a table (Delta's local stores check,
-    then rename, under a lock of one JVM only). Compiled with ``javac`` against the
-    ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the digest of the source
-    and of the Delta and Spark versions it was compiled against. Returns None (with a warning) when
-    no ``javac`` is installed. ``source``: another log store's source file compiled the same way
-    (deltawheel's object-store log store, statestore/objectstore/ZkS3LogStore.java).
+    then rename, under a lock of one JVM only). Returns None (with a warning) when no ``javac`` is
+    installed.
     """
-    import zipfile
-
-    jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
-    jars_dir.mkdir(parents=True, exist_ok=True)
-    import pyspark
-
-    # a jar compiled against other Delta or Spark jars is not reused, even if it would still link
-    source = source if source is not None else _LOG_STORE_SOURCE
-    digest = hashlib.sha256(source.read_bytes())
-    digest.update(f"delta-storage {DELTA_VERSION} pyspark {pyspark.__version__}".encode())
-    dest = jars_dir / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
-    if dest.exists():
-        return dest
-    javac = shutil.which("javac")
-    if javac is None:
-        print("deltawheel: WARNING: no javac, so Delta's own log store is used for local tables "
-              "(its put-if-absent of commit files holds within one JVM only)", file=sys.stderr)
-        return None
-    storage = next(p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith("delta-storage-"))
-    cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
-    if not quiet:
-        print(f"deltawheel: compiling {source.name}", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as out:
-        done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(source)],
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise JarFetchError(f"javac could not compile {source}: {done.stderr.strip()[-2000:]}")
-        tmp = dest.with_suffix(".part")
-        with zipfile.ZipFile(tmp, "w") as z:
-            for f in sorted(Path(out).rglob("*.class")):
-                z.write(f, f.relative_to(out).as_posix())
-        tmp.replace(dest)
-    return dest
+    return compile_jar(_LOG_STORE_SOURCE, jars_dir, quiet=quiet)
 
 
 @dataclass(frozen=True)
@@ -199,16 +57,18 @@ class SparkSettings:
     # the S3A jars (hadoop-aws + AWS SDK modules) on the classpath: True fetches them if missing,
     # None adds them when they are in the cache (``./dw setup`` puts them there), False leaves them out
     object_store: bool | None = None
-    # Spark's Kafka connector on the classpath (statestore/delta/connectors.py): True fetches it if
+    # Spark's Kafka connector on the classpath (statestore/session/connectors.py): True fetches it if
     # missing, None adds it when it is in the cache (``./dw setup`` puts it there), False leaves it out
     kafka: bool | None = None
+    # the module Spark's Python workers fork from (``spark.python.daemon.module``); None leaves
+    # Spark's own. The executor gives its preloading daemon (``deltawheel.executor.session``)
+    python_daemon: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
 # Spark 4.2 moved the checkpoint file managers to ...streaming.checkpointing (the old name fails every
 # streaming query with CANNOT_LOAD_CHECKPOINT_FILE_MANAGER)
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-DAEMON_MODULE = "deltawheel.executor.tasks.daemon"
 
 
 JAVA_HINT = ("install a Java 17 (or newer) JDK -- e.g. `apt-get install openjdk-17-jdk-headless`, "
@@ -265,7 +125,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.databricks.delta.snapshotPartitions", "2")
-        # Delta's checksum (.crc) file per commit stays on: deltatxn commits as WRITE, so Delta
+        # Delta's checksum (.crc) file per commit stays on: delta/txn.py commits as WRITE, so Delta
         # derives it in memory (no Spark job, ~25 ms to write), and a table loaded from disk
         # takes it from the file instead of rebuilding the table state at its first commit in
         # a session (6 s on a cold session for the demo's rows table). No file list inside it:
@@ -290,11 +150,9 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         # and streaming checkpoint files"). Exactly-once does not rest on these files' atomicity: a replayed
         # batch is deduplicated and a second writer is fenced (docs/fencing.md)
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
-        # Python workers forked with pyarrow, numpy and the task modules already imported: a
-        # worker idle for a minute is killed, and a fresh one paid ~0.5 s of imports on its
-        # first task (executor/tasks/daemon.py; docs/performance.md, "Python worker start")
-        .config("spark.python.daemon.module", DAEMON_MODULE)
     )
+    if settings.python_daemon is not None:  # workers forked with the caller's modules imported
+        builder = builder.config("spark.python.daemon.module", settings.python_daemon)
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
     if s3_jars:  # commits to s3a:// tables: arbitrated by ZooKeeper across processes
@@ -319,29 +177,6 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     # deltawheel creates no managed tables: the (empty) warehouse folder goes with the process
     atexit.register(_remove_if_empty, warehouse)
     return spark
-
-
-def spark_session(store: str | None = None, *, app_name: str = "deltawheel", master: str | None = None,
-                  **settings: Any) -> Any:
-    """A SparkSession configured for deltawheel, for a job that has none yet (or the running one).
-
-    The session :func:`deltawheel.connect` expects: Delta Lake's extension and catalog, the jars
-    from the per-user cache (:func:`default_jars_dir`, fetched on first use), deltawheel's log store
-    for local tables (compiled once with ``javac``), and for an ``s3a://`` ``store`` the S3A jars
-    and the object-store log store (endpoint and keys from ``$DELTAWHEEL_S3_ENDPOINT`` and its
-    companions, docs/objectstore.md). ``settings``: more :class:`SparkSettings` fields
-    (``driver_memory``, ``shuffle_partitions``, ``extra={conf: value}``, ...).
-
-    Raises:
-        JavaMissingError: no ``java`` to start Spark with.
-        JarFetchError: a jar could not be fetched or compiled.
-    """
-    fields: dict[str, Any] = {"app_name": app_name, **settings}
-    if master is not None:
-        fields["master"] = master
-    if store is not None and store.startswith("s3a://"):
-        fields.setdefault("object_store", True)
-    return build_spark(SparkSettings(**fields))
 
 
 def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]:
@@ -406,26 +241,6 @@ def missing_settings(have: Mapping[str, str | None], store: str) -> list[str]:
     return missing
 
 
-def require_classic_session(spark: Any) -> None:
-    """Refuse a Spark Connect session (``SparkSession.builder.remote(...)``): it has no driver JVM,
-    and deltawheel commits through Delta Lake's JVM API and runs its jobs on the driver's
-    SparkContext. Every public entry that takes a session calls this first.
-
-    Raises:
-        SparkConnectSessionError: ``spark`` is a Spark Connect session.
-    """
-    # a Connect session is an instance of this class, whose module is loaded once one exists
-    connect = sys.modules.get("pyspark.sql.connect.session")
-    if connect is None or not isinstance(spark, connect.SparkSession):
-        return
-    raise SparkConnectSessionError(
-        "deltawheel was given a Spark Connect session (SparkSession.builder.remote(...)); it needs a classic "
-        "SparkSession: a Spark Connect client has no driver JVM, and deltawheel commits its rows through "
-        "Delta Lake's JVM API and runs its jobs on the driver's SparkContext. Build a classic session in this "
-        "process with deltawheel.spark_session() (with SPARK_REMOTE unset), or run the job as a classic Spark "
-        "application (spark-submit without --remote) (docs/embedding.md, 'Session settings')")
-
-
 def check_session(spark: Any, store: str) -> None:
     """Check that ``spark`` has what deltawheel needs for a store at ``store`` (a local folder or URI).
 
@@ -443,8 +258,8 @@ def check_session(spark: Any, store: str) -> None:
     raise SessionConfigError(
         f"the SparkSession lacks settings deltawheel needs for the store {store}: {'; '.join(missing)}. "
         f"Build the session with deltawheel.spark_session(store={store!r}) (module "
-        f"deltawheel.statestore.delta.sparkenv), or set these before the session starts, with {jars} "
-        f"from deltawheel.statestore.delta.sparkenv.setup_jars() in spark.jars (docs/embedding.md, "
+        f"deltawheel.executor.session), or set these before the session starts, with {jars} "
+        f"from deltawheel.statestore.session.sparkenv.setup_jars() in spark.jars (docs/embedding.md, "
         f"'Session settings')")
 
 

@@ -1,17 +1,23 @@
-"""The framework cache: owned rows kept in memory, evicted by next expected access.
+"""Window-aware eviction (DESIGN.md, "Cache"): the policy, and the row cache that applies it.
 
-Under a single-writer lease the rows an instance committed *are* the table's
-content for its intervals: any other writer must first take the lease, which
-grants a new sequencer and fences the old one (``fencing.py``). So a copy in
-memory is authoritative while the grant it was made under is held. Every
-entry is tagged with its interval's sequencer and served only to a reader
-that still holds exactly that sequencer (``IntervalOwner.read``); after a
-takeover and a re-acquisition the sequencer differs and the entry is a miss.
+Not on the batch path yet. The executor's batches do not read through this cache: on the
+image path each Python worker keeps whole interval images (``executor/tasks/claims.py``,
+docs/performance.md), the MERGE path reads in SQL. What uses it today is the cache benchmark
+(``benchmarks/cachebench.py``, ``deltawheel bench cache``): it replays a workload's row
+accesses through :class:`RowCache` with this policy, with LRU and with Belady's optimum
+(docs/benchmarks.md, "Cache"). A window-aware cache on the batch path is meant to take the
+policy from here.
 
-Eviction is window-aware (DESIGN.md, "Cache"): the cache may grow while a
-batch runs (the batch's keys are in memory anyway) and :meth:`RowCache.end_batch`
-trims it back to ``capacity`` rows, dropping the rows whose next expected
-access is furthest away, in batches from now:
+Under a single-writer lease the rows an instance committed *are* the table's content for its
+intervals: any other writer must first take the lease, which grants a new sequencer and fences
+the old one (``fencing.py``). So a copy in memory is authoritative while the grant it was made
+under is held. Every entry is tagged with its interval's sequencer and served only to a reader
+that gives exactly that sequencer; after a takeover and a re-acquisition the sequencer differs
+and the entry is a miss.
+
+The policy: the cache may grow while a batch runs (the batch's keys are in memory anyway) and
+:meth:`RowCache.end_batch` trims it back to ``capacity`` rows, dropping the rows whose next
+expected access is furthest away, in batches from now:
 
 - an event-time timer at ``t`` is reached when the input low watermark passes
   it: ``(t - watermark) / (watermark advance per batch)``;

@@ -6,6 +6,8 @@ writepath.streams.ensure_stream_table` for new streams); the views that select a
 columns as they are inherit them, the derived views get theirs in their ``CREATE VIEW``
 column list (:func:`view_columns`). ``deltawheel sql --describe VIEW`` prints them
 (:func:`describe`), as does Spark's ``DESCRIBE`` and every JDBC client of ``sql-server``.
+On statestore's ground floor: the texts are part of the tables' schemas, written by whoever
+creates a table (the write path, the migrations) and read by the views above them.
 """
 
 from __future__ import annotations

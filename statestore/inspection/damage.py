@@ -24,10 +24,10 @@ import json
 import os
 import re
 
+from ..delta.log import DAMAGE_DOC, damaged_entry, local_path, read_snapshot
 from ..exceptions import StoreDamagedError
 from ..layout import StoreLayout
 from ..writepath.streams import list_streams
-from .log import DAMAGE_DOC, damaged_entry, local_path, read_snapshot
 
 __all__ = ["check_log", "check_store"]
 

@@ -1,14 +1,14 @@
 """Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state.
 
 ZooKeeper issues the sequencers that fence every write to the rows table
-(``leases.py``, ``fencing.py``). If its data is lost (a wiped data folder, a
+(``zk/leases.py``, ``rowtable/fencing.py``). If its data is lost (a wiped data folder, a
 restore from an older copy), it grants sequencers again that the store's fence
 rows already carry; :meth:`.owner.IntervalOwner.acquire` then refuses with
 :class:`~.exceptions.CoordinatorStateLostError`. :func:`plan_reseed` compares,
 per computation and interval, the highest sequencer in the store (fence rows
 and committed rows) with the next one ZooKeeper would grant; :func:`apply_reseed`
 raises ZooKeeper's sequencers above the store's and records the pipeline's
-store binding (``binding.py``). The next start then takes grants above every
+store binding (``zk/binding.py``). The next start then takes grants above every
 sequencer in the store and fences as usual (the new fence rows invalidate any
 writer still holding an old sequencer).
 
@@ -37,9 +37,9 @@ from kazoo.client import KazooClient
 from kazoo.security import ACL
 
 from ..layout import StoreLayout
-from .binding import bind_store, store_path
-from .lease_tools import next_sequencers, raise_sequencers
-from .watermarks import WatermarkAuthority, read_injector_watermark
+from ..zk.binding import bind_store, store_path
+from ..zk.lease_tools import next_sequencers, raise_sequencers
+from ..zk.watermarks import WatermarkAuthority, read_injector_watermark
 
 __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 

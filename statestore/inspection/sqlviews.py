@@ -1,4 +1,5 @@
-"""SQL over a store: decoded temporary views, query formatting, one-key inspection.
+"""SQL over a store: decoded temporary views, query formatting, one-key inspection. Every query
+is checked to only read first (:mod:`.readonly`).
 
 :func:`register_views` defines these temporary views on a session:
 
@@ -26,7 +27,7 @@ UDF returning JSON text (bytes inside msgpack values become
 ``{"$bytes_b64": "..."}``). Pickled values are shown as ``<pickle: N bytes>``
 unless ``allow_pickle=True``; undecodable ones as ``<undecodable CODEC: N bytes>``.
 
-Every view's columns carry comments (``statestore/delta/comments.py``; Spark's ``DESCRIBE``,
+Every view's columns carry comments (``statestore/comments.py``; Spark's ``DESCRIBE``,
 ``deltawheel sql --describe VIEW``).
 
 The views are defined by SQL text, so each query reads the tables' latest
@@ -41,19 +42,17 @@ import datetime as dt
 import decimal
 import io
 import json
-import re
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, TextIO
+from typing import Any, Iterable, Literal, Mapping, Sequence, TextIO
 
 from ..codecs import get_codec
-from ..exceptions import CodecError, ConfigError, ReadOnlySqlError
+from ..comments import STREAM, VALUE_JSON, VIEWS, view_columns
+from ..exceptions import CodecError, ConfigError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, KeyRow
+from ..sqltext import sql_path, sql_str
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
-from .comments import STREAM, VALUE_JSON, VIEWS, view_columns
-from .jvm import gateway, jsession, jvm
-from .sqltext import sql_path, sql_str
+from .readonly import check_read_only
 
 __all__ = [
     "FORMATS",
@@ -67,8 +66,6 @@ __all__ = [
     "run_sql",
     "format_rows",
     "inspect_key",
-    "check_read_only",
-    "read_only_session",
 ]
 
 FORMATS = ("table", "csv", "json")
@@ -294,149 +291,6 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: s
     return "\n".join(out + [footer]) + "\n"
 
 
-# commands that only read: SHOW ..., DESCRIBE ... (Spark's and Delta's: DESCRIBE HISTORY / DETAIL), EXPLAIN
-_READ_COMMAND_PREFIXES = ("Show", "Describe")
-# (USE: the current namespace only; JDBC clients send it when they connect)
-_READ_COMMANDS = frozenset({"ExplainCommand", "SetCatalogAndNamespace", "SetNamespaceCommand"})
-# plan nodes that write without being a ``Command`` (statements resolved later: INSERT, RESTORE, ...)
-_WRITE_MARKS = ("Insert", "Statement", "Restore", "Write", "Merge", "Update", "Delete", "Overwrite")
-
-
-def check_read_only(spark: Any, query: str) -> None:
-    """Refuse ``query`` unless it only reads: a query (SELECT, WITH ... SELECT, VALUES, TABLE) or a
-    SHOW, DESCRIBE or EXPLAIN command. Decided on the plan Spark's own parser makes of it (the
-    session's parser, with Delta's statements), not on its text: comments, a CTE in front of an
-    INSERT, odd spacing or case change nothing.
-
-    Raises:
-        ReadOnlySqlError: the statement would write (UPDATE, DELETE, MERGE, INSERT, CREATE, DROP,
-            ALTER, OPTIMIZE, VACUUM, RESTORE, SET, CACHE, ...).
-        pyspark.errors.ParseException: not one valid statement (several ``;``-separated ones included).
-    """
-    from py4j.protocol import Py4JJavaError
-    from pyspark.errors.exceptions.captured import convert_exception
-
-    try:
-        plan = jsession(spark).sessionState().sqlParser().parsePlan(query)
-    except Py4JJavaError as exc:
-        raise convert_exception(exc.java_exception) from None
-    _check_plan(jvm(spark), plan)
-
-
-def _check_plan(jvm: Any, plan: Any) -> None:
-    """Raise :class:`ReadOnlySqlError` unless the (parsed or analysed) logical ``plan`` only reads."""
-    command = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
-    to_java = jvm.scala.jdk.javaapi.CollectionConverters.asJava
-    root = plan.getClass().getSimpleName()
-    if command.isInstance(plan):
-        if root in _READ_COMMANDS or root.startswith(_READ_COMMAND_PREFIXES):
-            return
-        _refuse(root)
-    todo = [plan]
-    while todo:
-        node = todo.pop()
-        name = node.getClass().getSimpleName()
-        if command.isInstance(node) or any(m in name for m in _WRITE_MARKS):
-            _refuse(name)
-        todo.extend(to_java(node.children()))
-
-
-_SHOW_TABLES = re.compile(r"\s*SHOW\s+TABLES(\s+(IN|FROM)\s+`?default`?)?\s*;?\s*", re.IGNORECASE)
-
-
-def _show_tables_query(names: Sequence[str]) -> str:
-    """The query ``SHOW TABLES`` stands for in :func:`read_only_session`: the table name first.
-
-    >>> _show_tables_query(["state"])
-    "SELECT * FROM VALUES ('state', '', true) AS t(tableName, namespace, isTemporary)"
-    """
-    if not names:
-        return ("SELECT CAST(NULL AS STRING) AS tableName, CAST(NULL AS STRING) AS namespace, "
-                "CAST(NULL AS BOOLEAN) AS isTemporary WHERE false")
-    values = ", ".join(f"({sql_str(n)}, '', true)" for n in names)
-    return f"SELECT * FROM VALUES {values} AS t(tableName, namespace, isTemporary)"
-
-
-def read_only_session(spark: Any, prepare: Callable[[Any], Any],
-                      table_names: Callable[[], Sequence[str]] | None = None) -> Any:
-    """A new session of ``spark``'s application whose every statement is checked, once analysed,
-    as :func:`check_read_only` checks a parsed one (an analysis check rule, run in this Python
-    process through py4j's callback server): what a JDBC client of ``sql-server`` sends too.
-    ``prepare(session)`` runs first, unchecked (it defines the views).
-
-    With ``table_names``, a plain ``SHOW TABLES`` (``IN default`` too) lists those names in its
-    first column (Spark's puts the namespace first, empty for temporary views: SQLAlchemy's Hive
-    dialect, which BI tools browse with, took that for the names), then the namespace and
-    ``isTemporary`` (a parser that rewrites that one statement and passes everything else on)."""
-    from pyspark.java_gateway import ensure_callback_server_started
-    from pyspark.sql import SparkSession
-
-    ensure_callback_server_started(gateway(spark))
-    armed = threading.Event()
-    driver_jvm = jvm(spark)
-
-    class _Check:
-        def apply(self, plan: Any) -> None:
-            if armed.is_set():
-                _check_plan(driver_jvm, plan)
-
-        class Java:
-            implements = ["scala.Function1"]
-
-    class _Rule:
-        def apply(self, _session: Any) -> Any:
-            return _Check()
-
-        class Java:
-            implements = ["scala.Function1"]
-
-    class _Parser:
-        """Spark's parser, but SHOW TABLES names the tables first; every other call passed on."""
-
-        def __init__(self, delegate: Any) -> None:
-            self._delegate = delegate
-
-        def __getattr__(self, name: str) -> Any:
-            method = getattr(self._delegate, name)
-            if not name.startswith("parsePlan"):  # parsePlan, parsePlanWithParameters, ...
-                return method
-
-            def parse(text: Any, *rest: Any) -> Any:
-                if table_names is not None and isinstance(text, str) and _SHOW_TABLES.fullmatch(text):
-                    text = _show_tables_query(table_names())
-                return method(text, *rest)
-
-            return parse
-
-        class Java:
-            implements = ["org.apache.spark.sql.catalyst.parser.ParserInterface"]
-
-    class _ParserBuilder:
-        def apply(self, _session: Any, delegate: Any) -> Any:
-            return _Parser(delegate)
-
-        class Java:
-            implements = ["scala.Function2"]
-
-    # a new session builds its analyser (and parser) from the application's extensions, these included
-    jspark = jsession(spark)
-    jspark.extensions().injectCheckRule(_Rule())
-    if table_names is not None:
-        jspark.extensions().injectParser(_ParserBuilder())
-    session = SparkSession(spark.sparkContext, jspark.newSession())
-    prepare(session)
-    armed.set()
-    return session
-
-
-def _refuse(plan_name: str) -> None:
-    raise ReadOnlySqlError(
-        f"the SQL tool only reads (SELECT, WITH, VALUES, TABLE, SHOW, DESCRIBE, EXPLAIN); this statement "
-        f"is a {plan_name}, which would change the store or the session: nothing was run. Changes to state go "
-        "through a fenced path only (the executor under its leases and sequencers): an unfenced write "
-        "to the rows table can clobber a running owner's commits or be clobbered by them")
-
-
 TABLE_MAX_ROWS = 1000  # the ``table`` format's default cut (people read it; csv and json are never cut unasked)
 
 
@@ -530,9 +384,9 @@ def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> Ke
     of the computation)."""
     import pyarrow.parquet as pq
 
-    from .log import read_snapshot
-    from .storefs import files_for
-    from .txn import decode_path
+    from ..delta.log import read_snapshot
+    from ..delta.storefs import files_for
+    from ..delta.txn import decode_path
 
     if not layout.is_local:
         return False

@@ -5,64 +5,49 @@ intervals follows MillWheel's order strictly:
 
 1. acquire the ZooKeeper leases (each grant carries a new sequencer);
 2. *fence*: commit the new sequencers into the intervals' fence rows, which
-   invalidates any older owner's commits from now on (``fencing.py``);
+   invalidates any older owner's commits from now on (``rowtable/fencing.py``);
 3. only then read: the recovery scan rebuilds the Bloom filters, the timer
-   heap and the pending productions (``recovery.py``).
+   heap and the pending productions (``rowtable/recovery.py``).
 
-Every commit afterwards checks the leases locally first (a suspended or lost
-ZooKeeper session stops it before any I/O) and is fenced in Delta anyway, so
-a lease lost between the check and the commit still cannot let a stale
-write land.
-
-With a :class:`~deltawheel.statestore.rowtable.cache.RowCache` the owner reads its keys
-cache first (:meth:`IntervalOwner.read`): the recovery scan warms it, every
-commit updates it, and an entry is served only under the sequencer it was
-cached with, so nothing read before a takeover is served after it.
+Every commit afterwards -- a write path's (``writepath/``), with :meth:`IntervalOwner.check`
+as its lease check -- checks the leases locally first (a suspended or lost ZooKeeper session
+stops it before any I/O) and is fenced in Delta anyway, so a lease lost between the check and
+the commit still cannot let a stale write land.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping
 
 from kazoo.exceptions import NoNodeError
 
-from ..exceptions import (
-    CoordinatorStateLostError,
-    LeaseLostError,
-    LeaseSuspendedError,
-    NotOwnerError,
-    StaleSequencerError,
-)
-from ..rowtable.cache import MISS, RowCache
+from ..exceptions import CoordinatorStateLostError, LeaseLostError
 from ..rowtable.recovery import RecoveredIntervals, rebuild, recover
 from ..rowtable.rows import KeyRow, interval_of
 from ..rowtable.store import CommitResult, RowStore
-from .binding import bind_store, store_path
-from .grants import LeaseGrant
-from .lease_tools import next_sequencers
-from .leases import LeaseManager
+from ..zk.binding import bind_store, store_path
+from ..zk.grants import LeaseGrant
+from ..zk.lease_tools import next_sequencers
+from ..zk.leases import LeaseManager
 
 __all__ = ["IntervalOwner"]
 
 
 class IntervalOwner:
-    """Holds some key intervals of one computation and writes their rows.
+    """Holds some key intervals of one computation: the leases, their sequencers, the fence.
 
     Args:
         store: the rows table.
         leases: this job instance's lease manager.
         computation: the computation's name.
         num_intervals: how many intervals its key space is divided into.
-        cache: rows kept in memory for :meth:`read` (None: every read goes to the table).
     """
 
-    def __init__(self, store: RowStore, leases: LeaseManager, computation: str, *, num_intervals: int,
-                 cache: RowCache | None = None) -> None:
+    def __init__(self, store: RowStore, leases: LeaseManager, computation: str, *, num_intervals: int) -> None:
         self.store = store
         self.leases = leases
         self.computation = computation
         self.num_intervals = num_intervals
-        self.cache = cache
         self._grants: dict[int, LeaseGrant] = {}
         self._bound = False
         # called once ZooKeeper granted the leases of an acquire, before the fence (a caller that
@@ -109,11 +94,7 @@ class IntervalOwner:
             self.leases.release(self.computation, ivs)
             raise
         self._grants.update(grants)
-        rec = recover(self.store, self.computation, ivs) if scan else rebuild(self.computation, ivs, ())
-        if self.cache is not None:
-            self.cache.invalidate(ivs)  # entries of an earlier grant would be misses anyway
-            self._warm(rec, scanned=scan)
-        return rec
+        return recover(self.store, self.computation, ivs) if scan else rebuild(self.computation, ivs, ())
 
     def _bind(self) -> dict[int, int] | None:
         """Record this store as the pipeline's in ZooKeeper (or check it is the one recorded).
@@ -181,58 +162,6 @@ class IntervalOwner:
                 "above the store's and records the binding; see docs/coordinator-recovery.md) and start the "
                 "pipeline again.")
 
-    def _warm(self, rec: RecoveredIntervals, *, scanned: bool) -> None:
-        """Cache the scanned rows, those whose timers come first kept when they do not all fit (put
-        last = most recently used: with no watermark known yet, recency breaks the ties). While
-        nothing of an interval is evicted, a key missing from the cache is known to have no row."""
-        cache = self.cache
-        assert cache is not None
-        seqs = self.sequencers
-
-        def soonest(r: KeyRow) -> float:
-            ts = [t.time_ms for t in r.timers]
-            return -min(ts) if ts else float("-inf")
-
-        for r in sorted(rec.rows.values(), key=soonest):
-            cache.put(r.key, r, interval=r.interval, sequencer=seqs[r.interval])
-        if scanned:
-            for iv in rec.intervals:
-                cache.mark_complete(iv, seqs[iv])  # until one of its rows is evicted
-        cache.end_batch()
-
-    def read(self, keys: Iterable[str]) -> dict[str, KeyRow]:
-        """The rows of ``keys`` (keys without a row are absent), from the cache where it can answer,
-        the rest in one table lookup (then cached).
-
-        Raises:
-            NotOwnerError: a key is in an interval this owner does not hold.
-            LeaseLostError / LeaseSuspendedError: a held lease is lost or in doubt (nothing is served).
-        """
-        self.check()
-        seqs = self.sequencers
-        wanted = {k: interval_of(k, self.num_intervals) for k in sorted(set(keys))}
-        for k, iv in wanted.items():
-            if iv not in seqs:
-                raise NotOwnerError(f"key {k!r} is in interval {iv} of {self.computation!r}, which this "
-                                    f"instance does not hold (held: {sorted(seqs)}); its rows are not ours to read")
-        cache = self.cache
-        if cache is None:
-            return self.store.read_keys(self.computation, wanted, num_intervals=self.num_intervals)
-        out: dict[str, KeyRow] = {}
-        missing = []
-        for k, iv in wanted.items():
-            got = cache.lookup(k, interval=iv, sequencer=seqs[iv])
-            if got is MISS:
-                missing.append(k)
-            elif got is not None:
-                out[k] = got
-        if missing:
-            found = self.store.read_keys(self.computation, missing, num_intervals=self.num_intervals)
-            for k in missing:
-                cache.put(k, found.get(k), interval=wanted[k], sequencer=seqs[wanted[k]])
-            out.update(found)
-        return out
-
     def check(self) -> None:
         """Raise if any held lease is lost (LeaseLostError); *pause* while they are in doubt.
 
@@ -247,44 +176,8 @@ class IntervalOwner:
             raise LeaseLostError(f"no intervals of {self.computation!r} are held; acquire them first")
         self.leases.await_valid(self.computation, self._grants)
 
-    def commit(self, rows: Sequence[KeyRow], *, deletes: Sequence[tuple[int, str]] = (),
-               commit_id: str | None = None, dry_run: bool = False) -> CommitResult:
-        """One fenced, atomic commit of ``rows`` under the held sequencers.
-
-        On :class:`StaleSequencerError` the grants are dropped here and in the lease
-        manager (they are worthless now: a later :meth:`acquire` takes new ones) and the
-        error propagates: the caller must not deliver anything.
-        """
-        seqs = self.sequencers
-        try:
-            res = self.store.commit(self.computation, rows, sequencers=seqs, deletes=deletes,
-                                    num_intervals=self.num_intervals, commit_id=commit_id,
-                                    lease_check=self.check, dry_run=dry_run)
-        except StaleSequencerError:
-            if self.cache is not None:
-                self.cache.invalidate(self._grants)
-            stale = list(self._grants)
-            self._grants.clear()
-            try:  # the manager must forget them too, or acquire() would hand the stale grants back
-                self.leases.release(self.computation, stale)  # guarded: a newer owner's znodes stay
-            except LeaseSuspendedError:
-                pass  # the session is in doubt: its leases end with it, acquire() re-verifies
-            raise
-        except BaseException:  # not committed, or not known to be: the table is the truth again
-            if self.cache is not None:
-                self.cache.invalidate({r.interval for r in rows} | {iv for iv, _ in deletes})
-            raise
-        if self.cache is not None and not dry_run:
-            for r in res.images:
-                self.cache.put(r.key, r, interval=r.interval, sequencer=seqs[r.interval])
-            for iv, k in deletes:
-                self.cache.put(k, None, interval=iv, sequencer=seqs[iv])
-        return res
-
     def release(self) -> None:
         """Give the intervals back (a clean shutdown); a later owner gets higher sequencers."""
         if self._grants:
             self.leases.release(self.computation, list(self._grants))
-            if self.cache is not None:
-                self.cache.invalidate(self._grants)
         self._grants.clear()

@@ -1,0 +1,179 @@
+"""The jars deltawheel fetches or builds, in a per-user cache: the ground floor every jar user shares.
+
+:func:`fetch_maven_jar` downloads one jar from Maven Central (checked against its SHA-1, falling
+back to ``mvn dependency:copy``); :func:`ensure_delta_jars` fetches the pinned Delta Lake jars
+that the ``delta-spark`` wheel does not carry; :func:`compile_jar` compiles deltawheel's own Java
+classes for Delta and Spark (the log stores, the checkpoint file manager) against them. The
+session set-up (``session/sparkenv.py``, ``session/connectors.py``), the object store's S3A and
+log store jars (``objectstore/s3a.py``, ``objectstore/logstore.py``) and the executor's local
+Kafka broker all fetch through here, so none of them imports another to get a jar.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from .exceptions import JarFetchError
+
+__all__ = ["MAVEN_CENTRAL", "DELTA_VERSION", "DELTA_JARS", "default_jars_dir", "fetch_maven_jar", "ensure_delta_jars",
+           "compile_jar"]
+
+MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
+
+DELTA_VERSION = "4.4.0"
+# (group, artifact, version) of the jars delta-spark 4.4.0 needs on Spark 4.2 / Scala 2.13 that
+# pyspark does not ship: the runtime dependencies that delta-spark_4.2_2.13's POM declares
+# (Spark's own jars, Scala and antlr come with pyspark). The kernel and Unity Catalog jars serve
+# Delta's catalog-managed tables and its Kernel-based reader; deltawheel's path-based tables do not
+# load them, but they are the declared set. docs/versions.md says why this pair.
+DELTA_JARS: tuple[tuple[str, str, str], ...] = (
+    ("io.delta", "delta-spark_4.2_2.13", DELTA_VERSION),
+    ("io.delta", "delta-storage", DELTA_VERSION),
+    ("io.delta", "delta-kernel-api", DELTA_VERSION),
+    ("io.delta", "delta-kernel-defaults", DELTA_VERSION),
+    ("io.delta", "delta-kernel-unitycatalog", DELTA_VERSION),
+    ("io.unitycatalog", "unitycatalog-client", "0.6.0"),
+    ("io.unitycatalog", "unitycatalog-hadoop", "0.6.0"),
+)
+
+
+def default_jars_dir() -> Path:
+    """Where the Delta jars and the compiled log stores are cached, one folder per user for every
+    entry point (``./dw``, an installed wheel, your own job): ``$DELTAWHEEL_JARS_DIR`` or
+    ``~/.cache/deltawheel/jars``."""
+    env = os.environ.get("DELTAWHEEL_JARS_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "deltawheel" / "jars"
+
+
+def _download(url: str, dest: Path) -> None:
+    with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310 (fixed https URL)
+        data = resp.read()
+    with urllib.request.urlopen(url + ".sha1", timeout=60) as resp:  # noqa: S310
+        want = resp.read().decode().split()[0].strip()
+    got = hashlib.sha1(data).hexdigest()  # noqa: S324 (Maven's checksum format)
+    if got != want:
+        raise JarFetchError(f"checksum mismatch for {url}: got {got}, Maven Central says {want}")
+    tmp = dest.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+
+
+def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path, *, coords: str | None = None) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarFetchError("fetching over HTTPS failed and mvn is not installed to try Maven's own resolver; "
+                            "install Maven (Debian: apt-get install maven) or fix the network route to Maven "
+                            "Central, then run 'deltawheel setup' again")
+    subprocess.run(
+        [mvn, "-q", "dependency:copy", f"-Dartifact={coords or f'{group}:{artifact}:{version}'}",
+         f"-DoutputDirectory={dest_dir}"],
+        check=True, capture_output=True, timeout=600,
+    )
+
+
+def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, classifier: str | None = None,
+                    sha1: str | None = None, quiet: bool = False, hint: str = "") -> Path:
+    """The jar ``group:artifact:version[:classifier]`` in ``dest_dir``, fetched once from Maven Central
+    (falling back to ``mvn dependency:copy``) and checked against ``sha1`` when given.
+
+    Raises:
+        JarFetchError: neither Maven Central nor ``mvn`` could provide the jar, or its checksum is wrong.
+    """
+    name = f"{artifact}-{version}{'-' + classifier if classifier else ''}.jar"
+    dest = dest_dir / name
+    if dest.exists():
+        return dest
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{name}"
+    if not quiet:
+        print(f"deltawheel: fetching {name} from Maven Central", file=sys.stderr)
+    try:
+        _download(url, dest)
+    except Exception as first:  # noqa: BLE001 - fall back to mvn, report both
+        try:
+            coords = f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else "")
+            _mvn_copy(group, artifact, version, dest_dir, coords=coords)
+        except Exception as second:  # noqa: BLE001
+            raise JarFetchError(
+                f"could not fetch {name}: download from {url} failed ({first}); mvn dependency:copy failed "
+                f"({second}). Put the jar into {dest_dir} by hand{hint}."
+            ) from second
+    if sha1 is not None:
+        got = hashlib.sha1(dest.read_bytes()).hexdigest()  # noqa: S324 (Maven's checksum format)
+        if got != sha1:
+            dest.unlink()
+            raise JarFetchError(f"checksum mismatch for {name}: got {got}, deltawheel pins {sha1}; "
+                                "the download was removed, try again")
+    return dest
+
+
+def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> list[Path]:
+    """Return the paths of the Delta jars, downloading any that are missing.
+
+    Raises:
+        JarFetchError: neither Maven Central nor ``mvn`` could provide a jar.
+    """
+    jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
+    missing = [a for _g, a, v in DELTA_JARS if not (jars_dir / f"{a}-{v}.jar").exists()]
+    if missing and not quiet:
+        print(f"deltawheel: first use: fetching {len(missing)} Delta Lake {DELTA_VERSION} jars from Maven Central "
+              f"into {jars_dir} (once per user; DELTAWHEEL_JARS_DIR moves the cache)", file=sys.stderr)
+    return [fetch_maven_jar(group, artifact, version, jars_dir, quiet=quiet,
+                            hint=" or set DELTAWHEEL_JARS_DIR to a folder that has it")
+            for group, artifact, version in DELTA_JARS]
+
+
+def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
+    """The jar of one of deltawheel's Java classes for Delta and Spark, compiled once from ``source``.
+
+    The sources: the log store for local tables (``session/ExclusiveLocalLogStore.java``), the one
+    for ``s3a://`` tables and the checkpoint file manager for them (``objectstore/ZkS3LogStore.java``,
+    ``objectstore/DirectCheckpointFileManager.java``). Compiled with ``javac`` against the
+    ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the digest of the source
+    and of the Delta and Spark versions it was compiled against. Returns None (with a warning) when
+    no ``javac`` is installed.
+
+    Raises:
+        JarFetchError: ``javac`` failed, or the Delta jars could not be fetched.
+    """
+    import zipfile
+
+    jars_dir = Path(jars_dir) if jars_dir is not None else default_jars_dir()
+    jars_dir.mkdir(parents=True, exist_ok=True)
+    import pyspark
+
+    # a jar compiled against other Delta or Spark jars is not reused, even if it would still link
+    digest = hashlib.sha256(source.read_bytes())
+    digest.update(f"delta-storage {DELTA_VERSION} pyspark {pyspark.__version__}".encode())
+    dest = jars_dir / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
+    if dest.exists():
+        return dest
+    javac = shutil.which("javac")
+    if javac is None:
+        print("deltawheel: WARNING: no javac, so Delta's own log store is used for local tables "
+              "(its put-if-absent of commit files holds within one JVM only)", file=sys.stderr)
+        return None
+    storage = next(p for p in ensure_delta_jars(jars_dir, quiet=quiet) if p.name.startswith("delta-storage-"))
+    cp = os.pathsep.join([str(storage), str(Path(pyspark.__file__).parent / "jars" / "*")])
+    if not quiet:
+        print(f"deltawheel: compiling {source.name}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", out, str(source)],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise JarFetchError(f"javac could not compile {source}: {done.stderr.strip()[-2000:]}")
+        tmp = dest.with_suffix(".part")
+        with zipfile.ZipFile(tmp, "w") as z:
+            for f in sorted(Path(out).rglob("*.class")):
+                z.write(f, f.relative_to(out).as_posix())
+        tmp.replace(dest)
+    return dest

@@ -103,6 +103,23 @@ def _read_json(log: TableFiles, version: int) -> tuple[str, list[str]] | None:
     return None if text is None else (log.path(f"{version:020d}.json"), text.splitlines())
 
 
+# JSON commits read at once from an object store: each is a GET of a few KB, its latency the cost
+# (read one after another, the 90-odd commits after a checkpoint every 100 took twice delta-rs's
+# time on S3Proxy; benchmarks/deltalog_readers.py)
+_CONCURRENT_READS = 8
+
+
+def _read_jsons(log: TableFiles, versions: list[int]) -> list[tuple[str, list[str]] | None]:
+    """:func:`_read_json` of each of ``versions``, in their order: one after another from a local
+    folder, :data:`_CONCURRENT_READS` at a time from an object store."""
+    if log.is_local or len(versions) < 2:
+        return [_read_json(log, v) for v in versions]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(_CONCURRENT_READS, len(versions)), thread_name_prefix="deltawheel-log") as pool:
+        return list(pool.map(lambda v: _read_json(log, v), versions))
+
+
 def _commit_versions(names: list[str]) -> list[int]:
     """The versions of the JSON commits among a ``_delta_log`` folder's file names, ascending."""
     return sorted(int(m.group(1)) for n in names if (m := _JSON.match(n)))
@@ -191,8 +208,7 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
                 state.apply(kind, act, cpv, checkpoint=True)
         except (UnreadableCheckpoint, FileNotFoundError):
             return None  # a sidecar outside the log folder, or cleaned up meanwhile: ask Delta
-    for v in todo:
-        got = _read_json(log, v)
+    for v, got in zip(todo, _read_jsons(log, todo), strict=True):
         if got is None:
             return None  # cleaned up meanwhile: ask Delta
         file, lines = got
@@ -242,10 +258,8 @@ def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[
         return None
     log, names = listing
     out = []
-    for v in _commit_versions(names):
-        if v <= after:
-            continue
-        got = _read_json(log, v)
+    versions = [v for v in _commit_versions(names) if v > after]
+    for v, got in zip(versions, _read_jsons(log, versions), strict=True):
         if got is None:
             continue
         file, lines = got

@@ -7,19 +7,24 @@ The log replay is small enough to do here, for a table in a local folder (a
 path given as a string) or on any store Python reaches (a
 :class:`~.storefs.TableFiles`: a local folder or an ``s3a://`` prefix):
 
-- the newest *classic single-file* checkpoint (``<v>.checkpoint.parquet``),
-  read with pyarrow, then
+- the newest complete checkpoint of any kind Delta writes (classic, multi-part,
+  V2 with sidecars; ``checkpoints.py``), read with pyarrow, then
 - every JSON commit after it, in version order (they must be contiguous),
 - live files keyed by (path, deletion-vector id), as Delta keys them: an
   ``add`` puts, a ``remove`` deletes; application versions (``txn``) by app id,
   the last one recorded wins.
 
 Anything this reader does not fully understand returns ``None`` and the
-caller goes to Delta: a remote table given as a bare URI, multi-part or V2
-checkpoints (newer than the classic one), coordinated commits, absolute file
-paths, a gap in the commits. Commits only go through Delta
-(``deltatxn.TableLog``), whose conflict checks see everything committed after
-the version read here.
+caller goes to Delta: a remote table given as a bare URI, a newer checkpoint
+it cannot use (an incomplete multi-part one, a sidecar outside the log folder),
+coordinated commits or a catalog-managed table, absolute file paths, a gap in
+the commits. Commits only go through Delta (``txn.TableLog``), whose conflict
+checks see everything committed after the version read here.
+
+The ``deltalake`` package (delta-rs) reads the same live files and application
+versions exactly, but not what deltawheel needs beside them (the add actions as
+written, the version that added each file, every application id) and not as
+fast here (docs/architecture-deltalog.md, ``benchmarks/deltalog_readers.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..exceptions import StoreDamagedError
+from .checkpoints import CHECKPOINT_NAME, UnreadableCheckpoint, checkpoint_actions, newest_checkpoint
 from .storefs import TableFiles, local_path
 
 __all__ = ["LogSnapshot", "read_snapshot", "log_files", "local_table_exists", "local_path", "commit_infos", "commit_info",
@@ -57,8 +63,6 @@ def _parse(line: str, file: str) -> Any:
 CATALOG_FEATURES = frozenset({"catalogManaged", "catalogOwned-preview"})
 
 _JSON = re.compile(r"^(\d{20})\.json$")
-_CLASSIC_CP = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
-_OTHER_CP = re.compile(r"^(\d{20})\.checkpoint\..+")  # multi-part or V2 (uuid-named) checkpoints
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,23 @@ def _read_json(log: TableFiles, version: int) -> tuple[str, list[str]] | None:
     return None if text is None else (log.path(f"{version:020d}.json"), text.splitlines())
 
 
+# JSON commits read at once from an object store: each is a GET of a few KB, its latency the cost
+# (read one after another, the 90-odd commits after a checkpoint every 100 took twice delta-rs's
+# time on S3Proxy; benchmarks/deltalog_readers.py)
+_CONCURRENT_READS = 8
+
+
+def _read_jsons(log: TableFiles, versions: list[int]) -> list[tuple[str, list[str]] | None]:
+    """:func:`_read_json` of each of ``versions``, in their order: one after another from a local
+    folder, :data:`_CONCURRENT_READS` at a time from an object store."""
+    if log.is_local or len(versions) < 2:
+        return [_read_json(log, v) for v in versions]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(_CONCURRENT_READS, len(versions)), thread_name_prefix="deltawheel-log") as pool:
+        return list(pool.map(lambda v: _read_json(log, v), versions))
+
+
 def _commit_versions(names: list[str]) -> list[int]:
     """The versions of the JSON commits among a ``_delta_log`` folder's file names, ascending."""
     return sorted(int(m.group(1)) for n in names if (m := _JSON.match(n)))
@@ -109,7 +130,7 @@ def local_table_exists(path: str | TableFiles) -> bool | None:
     listing = _log_names(path)
     if listing is None:
         return None
-    return any(_JSON.match(n) or _CLASSIC_CP.match(n) or _OTHER_CP.match(n) for n in listing[1])
+    return any(_JSON.match(n) or CHECKPOINT_NAME.match(n) for n in listing[1])
 
 
 def latest_local_version(path: str | TableFiles) -> int | None:
@@ -129,17 +150,39 @@ def _dv_id(dv: dict[str, Any] | None) -> str | None:
     return uid if off is None else f"{uid}@{off}"
 
 
-_MAPS = frozenset({"partitionValues", "tags", "configuration", "options"})
+class _Replay:
+    """The table state while its checkpoint and JSON commits are applied, oldest first."""
+
+    def __init__(self) -> None:
+        self.files: dict[tuple[str, str | None], dict[str, Any]] = {}
+        self.config: dict[str, str] = {}
+        self.table_id: str | None = None
+        self.txns: dict[str, int] = {}
+        self.added_at: dict[str, int] = {}
+        self.bounded: set[str] = set()
+        self.reader_features: set[str] = set()
+
+    def apply(self, kind: str, act: dict[str, Any], version: int, *, checkpoint: bool = False) -> None:
+        """Apply one action of ``version`` (``checkpoint``: read from a checkpoint of that version)."""
+        if kind == "add":
+            self.files[(act["path"], _dv_id(act.get("deletionVector")))] = act
+            self.added_at[act["path"]] = version
+            if checkpoint:
+                self.bounded.add(act["path"])
+            else:
+                self.bounded.discard(act["path"])
+        elif kind == "remove":
+            self.files.pop((act["path"], _dv_id(act.get("deletionVector"))), None)
+        elif kind == "metaData":
+            self.config = dict(act.get("configuration") or {})
+            self.table_id = act.get("id")
+        elif kind == "txn":
+            self.txns[str(act["appId"])] = int(act["version"])
+        elif kind == "protocol":
+            self.reader_features = set(act.get("readerFeatures") or ())
 
 
-def _clean(value: Any) -> Any:
-    """A checkpoint struct (pyarrow ``to_pylist``) as the JSON Delta writes: no nulls, maps as objects."""
-    if isinstance(value, dict):
-        return {k: (dict(v) if k in _MAPS else _clean(v)) for k, v in value.items()
-                if v is not None and not k.endswith("_parsed")}
-    if isinstance(value, list):
-        return [_clean(x) for x in value]
-    return value
+_ACTIONS = ("add", "remove", "metaData", "txn", "protocol")
 
 
 def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
@@ -149,48 +192,23 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
         return None
     log, names = listing
     commits = _commit_versions(names)
-    classic = [int(m.group(1)) for n in names if (m := _CLASSIC_CP.match(n))]
-    other = [int(m.group(1)) for n in names if not _CLASSIC_CP.match(n) and (m := _OTHER_CP.match(n))]
-    cp = max(classic, default=-1)
-    if other and max(other) > cp:
-        return None  # a multi-part / V2 checkpoint is the newest: Delta reads those
-    todo = [v for v in commits if v > cp]
-    if not todo and cp < 0:
+    cp, usable = newest_checkpoint(names)
+    if not usable:
+        return None  # a newer checkpoint this reader does not take: Delta reads it
+    cpv = -1 if cp is None else cp.version
+    todo = [v for v in commits if v > cpv]
+    if not todo and cp is None:
         return None
-    if todo and (todo[0] != cp + 1 or todo[-1] - todo[0] + 1 != len(todo)):
+    if todo and (todo[0] != cpv + 1 or todo[-1] - todo[0] + 1 != len(todo)):
         return None  # a gap (cleaned-up history without a usable checkpoint, or a commit in flight)
-    files: dict[tuple[str, str | None], dict[str, Any]] = {}
-    config: dict[str, str] = {}
-    table_id: str | None = None
-    txns: dict[str, int] = {}
-    added_at: dict[str, int] = {}
-    bounded: set[str] = set()
-    reader_features: set[str] = set()
-    if cp >= 0:
-        table = log.read_parquet(f"{cp:020d}.checkpoint.parquet")
-        cols = set(table.column_names)
-        if "add" in cols:
-            for a in table.column("add").to_pylist():
-                if a is not None:
-                    a = _clean(a)
-                    files[(a["path"], _dv_id(a.get("deletionVector")))] = a
-                    added_at[a["path"]] = cp
-                    bounded.add(a["path"])
-        if "metaData" in cols:
-            for m in table.column("metaData").to_pylist():
-                if m is not None:
-                    config = dict(_clean(m).get("configuration") or {})
-                    table_id = m.get("id")
-        if "protocol" in cols:
-            for pr in table.column("protocol").to_pylist():
-                if pr is not None:
-                    reader_features = set(pr.get("readerFeatures") or ())
-        if "txn" in cols:
-            for t in table.column("txn").to_pylist():
-                if t is not None:
-                    txns[str(t["appId"])] = int(t["version"])
-    for v in todo:
-        got = _read_json(log, v)
+    state = _Replay()
+    if cp is not None:
+        try:
+            for kind, act in checkpoint_actions(log, cp):
+                state.apply(kind, act, cpv, checkpoint=True)
+        except (UnreadableCheckpoint, FileNotFoundError):
+            return None  # a sidecar outside the log folder, or cleaned up meanwhile: ask Delta
+    for v, got in zip(todo, _read_jsons(log, todo), strict=True):
         if got is None:
             return None  # cleaned up meanwhile: ask Delta
         file, lines = got
@@ -198,29 +216,18 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
             if not line.strip():
                 continue
             act = _parse(line, file)
-            if "add" in act:
-                a = act["add"]
-                files[(a["path"], _dv_id(a.get("deletionVector")))] = a
-                added_at[a["path"]] = v
-                bounded.discard(a["path"])
-            elif "remove" in act:
-                r = act["remove"]
-                files.pop((r["path"], _dv_id(r.get("deletionVector"))), None)
-            elif "metaData" in act:
-                config = dict(act["metaData"].get("configuration") or {})
-                table_id = act["metaData"].get("id")
-            elif "txn" in act:
-                txns[str(act["txn"]["appId"])] = int(act["txn"]["version"])
-            elif "protocol" in act:
-                reader_features = set(act["protocol"].get("readerFeatures") or ())
-    if any(k.startswith("delta.coordinatedCommits") for k in config):
+            found = next((k for k in _ACTIONS if k in act), None)
+            if found is not None:
+                state.apply(found, act[found], v)
+    if any(k.startswith("delta.coordinatedCommits") for k in state.config):
         return None
-    if reader_features & CATALOG_FEATURES:
+    if state.reader_features & CATALOG_FEATURES:
         return None  # the catalog owns the table's commits: its newest version may not be in this folder
-    if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in files.values()):
+    if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in state.files.values()):
         return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
-    version = todo[-1] if todo else cp
-    return LogSnapshot(version, tuple(files.values()), config, txns, added_at, frozenset(bounded), table_id)
+    version = todo[-1] if todo else cpv
+    return LogSnapshot(version, tuple(state.files.values()), state.config, state.txns, state.added_at,
+                       frozenset(state.bounded), state.table_id)
 
 
 def json_commit_versions(path: str | TableFiles) -> list[int] | None:
@@ -251,10 +258,8 @@ def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[
         return None
     log, names = listing
     out = []
-    for v in _commit_versions(names):
-        if v <= after:
-            continue
-        got = _read_json(log, v)
+    versions = [v for v in _commit_versions(names) if v > after]
+    for v, got in zip(versions, _read_jsons(log, versions), strict=True):
         if got is None:
             continue
         file, lines = got

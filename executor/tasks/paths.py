@@ -14,10 +14,10 @@ from types import MappingProxyType
 from typing import Any, Mapping, Protocol
 
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.writepath import WritePath
 from deltawheel.statestore.writepath.image.path import ImagePath
 from deltawheel.statestore.writepath.merge.path import MergePath
-from deltawheel.statestore.ownership.owner import IntervalOwner
 
 from ..computation import Computation
 from .image.job import ImageTasks

@@ -23,8 +23,7 @@ from kazoo.exceptions import NoNodeError
 
 from ..exceptions import CoordinatorStateLostError, LeaseLostError
 from ..rowtable.recovery import RecoveredIntervals, rebuild, recover
-from ..rowtable.rows import KeyRow, interval_of
-from ..rowtable.store import CommitResult, RowStore
+from ..rowtable.store import RowStore
 from ..zk.binding import bind_store, store_path
 from ..zk.grants import LeaseGrant
 from ..zk.lease_tools import next_sequencers

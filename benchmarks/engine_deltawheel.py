@@ -82,7 +82,7 @@ class DeltaWheelEngine:
         """Run the window count on ``data`` through a deltawheel pipeline; returns speed and output check.
         ``store``: a folder URI (e.g. ``s3a://...``) below which the store is made, instead of ``out_dir``
         (ZooKeeper's data stays in ``out_dir``)."""
-        from deltawheel.executor.runtime.batch import choose_write_path
+        from deltawheel.executor.protocol.executor import choose_write_path
         from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
         from deltawheel.executor.runtime.sources import ParquetInjector
         from deltawheel.statestore.codecs import get_codec

@@ -67,8 +67,8 @@ _EXPORTS: dict[str, str] = {
     "Max": "deltawheel.executor.windowing.combiners",
     "Mean": "deltawheel.executor.windowing.combiners",
     # running it
-    "ComputationExecutor": "deltawheel.executor.runtime.batch",
-    "BatchReport": "deltawheel.executor.runtime.batch",
+    "ComputationExecutor": "deltawheel.executor.protocol.executor",
+    "BatchReport": "deltawheel.executor.protocol.executor",
     "Pipeline": "deltawheel.executor.runtime.pipeline",
     "PipelineRunner": "deltawheel.executor.runtime.pipeline",
     "Injector": "deltawheel.executor.runtime.sources",
@@ -82,7 +82,7 @@ _EXPORTS: dict[str, str] = {
     "KafkaInjector": "deltawheel.executor.runtime.sources_kafka",
     "PerPartitionWatermark": "deltawheel.executor.runtime.sources_kafka",
     "KafkaBroker": "deltawheel.executor.runtime.kafka_server",
-    "observe_input": "deltawheel.executor.runtime.metrics",
+    "observe_input": "deltawheel.executor.protocol.metrics",
     # the store and its coordination
     "StoreLayout": "deltawheel.statestore.layout",
     "ZkConfig": "deltawheel.statestore.config",
@@ -155,10 +155,11 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         UserCodeError,
         WindowingError,
     )
-    from deltawheel.executor.runtime.batch import (  # noqa: F401
+    from deltawheel.executor.protocol.executor import (  # noqa: F401
         BatchReport,
         ComputationExecutor,
     )
+    from deltawheel.executor.protocol.metrics import observe_input  # noqa: F401
     from deltawheel.executor.runtime.cluster import (  # noqa: F401
         LocalCluster,
     )
@@ -169,7 +170,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.executor.runtime.kafka_server import (  # noqa: F401
         KafkaBroker,
     )
-    from deltawheel.executor.runtime.metrics import observe_input  # noqa: F401
     from deltawheel.executor.runtime.pipeline import (  # noqa: F401
         Pipeline,
         PipelineRunner,

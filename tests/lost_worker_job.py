@@ -50,7 +50,7 @@ def blocking_counter(markers: str) -> BucketCounter:
 def run_batch(spark: Any, store: str, zk_hosts: str, chroot: str, markers: str) -> None:
     """Migrate the store, take every interval, run the one batch (input watermark past every
     bucket: every window is produced) and give the intervals back."""
-    from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.ownership.owner import IntervalOwner

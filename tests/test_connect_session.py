@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation
-from deltawheel.executor.runtime.batch import ComputationExecutor
+from deltawheel.executor.protocol.executor import ComputationExecutor
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.config import ZkConfig

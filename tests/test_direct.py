@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltawheel.executor.runtime.faults import FaultPoint
+from deltawheel.executor.protocol.faults import FaultPoint
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.runtime.sources import ParquetInjector
 from deltawheel.executor.tasks.image.direct import DirectBatch, batch_files, direct_table

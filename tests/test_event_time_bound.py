@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltawheel.executor.runtime.reports import BatchReport, format_report
+from deltawheel.executor.protocol.reports import BatchReport, format_report
 
 Y2100_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
 DAY_MS = 86_400_000

@@ -60,7 +60,7 @@ class Crash(Exception):
 def _run(spark, layout, zk_config, *, crash_at=None):  # type: ignore[no-untyped-def]
     """Batches B1, B2 and a final flush; optionally crash once at a fault point of batch 1, then
     restart (new ZooKeeper session and leases, recovery scan) and let Spark replay batch 1."""
-    from deltawheel.executor.runtime.batch import FaultPoint
+    from deltawheel.executor.protocol.executor import FaultPoint
 
     fired = []
 
@@ -109,7 +109,7 @@ def clean_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-de
                                    "after_delivery", "before_watermark"])
 def test_crash_at_each_step_then_restart_gives_the_same_result(spark, migrated_store, zk_config, clean_run,
                                                                point) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.runtime.batch import FaultPoint
+    from deltawheel.executor.protocol.executor import FaultPoint
 
     assert _run(spark, migrated_store, zk_config, crash_at=FaultPoint(point)) == clean_run
 
@@ -122,7 +122,7 @@ def test_an_owner_whose_sequencer_is_behind_a_fence_fails_at_start_and_gives_the
     ZooKeeper granted (e.g. the store was last written under another ZooKeeper ensemble, or its
     data was lost): start fails with CoordinatorStateLostError before anything is written or
     recovered, naming the interval and the recovery, and the intervals are free again."""
-    from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.exceptions import CoordinatorStateLostError
     from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
@@ -183,7 +183,7 @@ def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_
 @pytest.mark.timeout(900)
 def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.computation import ErrorPolicy
-    from deltawheel.executor.runtime.batch import BatchFailedError
+    from deltawheel.executor.protocol.executor import BatchFailedError
     from executor_util import J, Picky
 
     Picky.error_policy = ErrorPolicy.DEAD_LETTER
@@ -234,7 +234,7 @@ def test_a_record_without_key_goes_to_dead_letters(spark, migrated_store, zk_con
 def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # type: ignore[no-untyped-def]
     """``auto`` takes the image path where Python reaches the store's files (local, ``file:``,
     ``s3a://``) and the MERGE path elsewhere, saying so; ``image`` elsewhere is refused."""
-    from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.delta.storefs import supports
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
@@ -260,7 +260,7 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
     a straggler that then fails is redelivered from the checkpoint before it is cleared."""
     import time
 
-    from deltawheel.executor.runtime.batch import FaultPoint
+    from deltawheel.executor.protocol.executor import FaultPoint
     from executor_util import WeakCounter
     from pyspark.sql import functions as F
 
@@ -400,7 +400,7 @@ def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migr
     checkpointed, so a restarted executor redelivers them."""
     import threading
 
-    from deltawheel.executor.runtime.batch import BatchFailedError
+    from deltawheel.executor.protocol.executor import BatchFailedError
 
     impatient = BucketCounter()
     impatient.delivery_timeout_s = 1.0  # read by the driver only
@@ -552,7 +552,7 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
     import threading
     import zlib
 
-    from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.ownership.owner import IntervalOwner

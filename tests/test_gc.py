@@ -212,7 +212,7 @@ def test_gc_prunes_old_rows_of_the_metrics_table(spark, migrated_store, zk_confi
     import time
 
     from deltawheel.executor.cli import main
-    from deltawheel.executor.runtime.metrics import read_batches
+    from deltawheel.executor.protocol.metrics import read_batches
     from executor_util import BucketCounter, events, start_executor, stop_executor
 
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import Computation, LatePolicy
-from deltawheel.executor.runtime.reports import format_report
+from deltawheel.executor.protocol.reports import format_report
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 from pyspark import cloudpickle
 
@@ -77,7 +77,7 @@ def _run(spark: Any, layout: Any, zk_config: Any, *, policy: str, write_path: st
          crash_at: str | None = None) -> dict[str, Any]:
     """The batches and a final flush; optionally a crash at a fault point of batch 2, then a restart
     (new session, leases, recovery) and Spark's replay of batch 2 if its foreachBatch never returned."""
-    from deltawheel.executor.runtime.batch import FaultPoint
+    from deltawheel.executor.protocol.executor import FaultPoint
 
     fired: list[FaultPoint] = []
 
@@ -226,7 +226,7 @@ def test_the_acted_watermark_mark_round_trips_through_commit_metadata() -> None:
     """What a commit records (JSON in the Delta commit's userMetadata) reads back as written."""
     import json
 
-    from deltawheel.executor.runtime.lateness import ActedMark, _mark_of
+    from deltawheel.executor.protocol.lateness import ActedMark, _mark_of
     from hypothesis import given
     from hypothesis import strategies as st
 

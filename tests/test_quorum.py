@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable
 
 import pytest
-from deltawheel.executor.runtime.batch import ComputationExecutor, FaultPoint
+from deltawheel.executor.protocol.executor import ComputationExecutor, FaultPoint
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore

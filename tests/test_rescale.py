@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY
+from deltawheel.executor.protocol.rescale import CATCH_UP_BATCH, source_log_files
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-from deltawheel.executor.runtime.rescale import CATCH_UP_BATCH, source_log_files
 from deltawheel.executor.runtime.sources import ParquetInjector
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation
+from deltawheel.executor.protocol.rescale import CATCH_UP_BATCH, positions_log
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-from deltawheel.executor.runtime.rescale import CATCH_UP_BATCH, positions_log
 from deltawheel.executor.runtime.sources import DeltaTableInjector, ParquetInjector
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout

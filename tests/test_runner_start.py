@@ -65,7 +65,7 @@ def test_a_start_that_fails_stops_the_run_typed_and_a_later_run_loses_nothing(
 
 @pytest.mark.timeout(600)
 def test_the_rows_are_those_of_a_run_that_started_first(spark, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import state_of

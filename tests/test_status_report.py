@@ -60,7 +60,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def test_each_committed_batch_appends_one_metrics_row(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.runtime.metrics import read_batches
+    from deltawheel.executor.protocol.metrics import read_batches
 
     assert read_batches(migrated_store) == []  # no table yet: nothing recorded, no error
     waiting: list[int] = []
@@ -157,7 +157,7 @@ def test_status_of_a_finished_pipeline_says_its_checkpointed_productions_landed(
                                                                                  zk_config) -> None:
     """Its last batch's delivery was under way when the batch ended (the metrics row says so), and
     landed when the executor stopped: status must not say it is still being delivered."""
-    from deltawheel.executor.runtime.metrics import read_batches
+    from deltawheel.executor.protocol.metrics import read_batches
 
     _run_pipeline(spark, migrated_store, zk_config)  # stopped: the last delivery landed, the leases given back
     assert read_batches(migrated_store)[-1]["pending_productions"] > 0  # in flight when the batch ended
@@ -177,7 +177,7 @@ def test_status_says_to_recover_the_undelivered_productions_of_a_stopped_pipelin
     names the productions that have not landed and the command that delivers them."""
 
     def die_after_commit(point: Any, batch_id: int) -> None:
-        from deltawheel.executor.runtime.batch import FaultPoint
+        from deltawheel.executor.protocol.executor import FaultPoint
 
         if point is FaultPoint.AFTER_COMMIT and batch_id == 1:
             raise _Died(point)
@@ -373,7 +373,7 @@ def test_a_users_streaming_query_listener_receives_deltawheels_figures(spark, mi
                                                                         write_path) -> None:  # type: ignore[no-untyped-def]
     """As docs/watching.md shows: observe_input on the streaming frame, the executor in foreachBatch,
     the user's own StreamingQueryListener."""
-    from deltawheel.executor.runtime.metrics import observe_input, read_batches
+    from deltawheel.executor.protocol.metrics import observe_input, read_batches
     from pyspark.sql.streaming import StreamingQueryListener
 
     src = str(tmp_path / "input")

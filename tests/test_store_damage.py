@@ -21,7 +21,7 @@ B2 = [("r4", "cats", 15_000), ("r5", "dogs", 21_000), ("r1", "cats", 1_000)]
 
 def _start(spark, layout, zk_config, writer):  # type: ignore[no-untyped-def]
     """start_executor, but a refused start closes its ZooKeeper client before raising."""
-    from deltawheel.executor.runtime.batch import ComputationExecutor
+    from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
     from deltawheel.statestore.zk.client import connect

@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.ownership.reseed import apply_reseed, plan_reseed, store_sequencers
     from deltawheel.statestore.zk.client import digest_acls
 
-    from ..runtime.lateness import recorded_injector_watermarks
+    from ..protocol.lateness import recorded_injector_watermarks
 
     with store_zookeeper(args) as (layout, cfg, client):
         spark = spark_from(args)

@@ -3,7 +3,7 @@
 Per computation: the owners and sequencers of its intervals (ZooKeeper leases), its input and
 output low watermarks and their lag behind the wall clock (the watermark authority), the last
 batches' sizes and step times (the store's ``_metrics/batches`` table,
-``executor/runtime/metrics.py``), the productions checkpointed in its rows and how many of them
+``executor/protocol/metrics.py``), the productions checkpointed in its rows and how many of them
 have not landed in their streams (by record id, as ``deltawheel recover`` counts them), and the
 dead letters and late records it has set aside. :func:`gather` collects it all (``deltawheel
 report`` plots the same); a local store is read without starting Spark.
@@ -19,7 +19,7 @@ from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
 
-from ..runtime.metrics import read_batches
+from ..protocol.metrics import read_batches
 from .common import add_store_arg, add_zk_args, store_zookeeper
 
 __all__ = ["register", "StoreStatus", "gather", "render", "read_columns"]

@@ -1,3 +1,4 @@
-"""The driver side of a running computation: the per-batch protocol, pipelines, sources and
-injectors, late-data marks, fault points, reports and the recovery tool.
+"""The drivers of a running computation (``connect`` and the engine, pipelines, the recovery
+tool), its sources and injectors, and the local servers; the per-batch protocol is in
+:mod:`deltawheel.executor.protocol`.
 """

@@ -43,11 +43,11 @@ from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import RECORD_KEY, Computation
-from .batch import ComputationExecutor
+from ..protocol.executor import ComputationExecutor
+from ..protocol.hooks import InjectorHook
+from ..protocol.reports import BatchReport
 from .embedded import ensure_zookeeper
-from .hooks import InjectorHook
 from .pipeline import Pipeline, PipelineRunner, RunSummary, RunWiring
-from .reports import BatchReport
 from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 
 __all__ = ["connect", "Engine", "injector_hook"]

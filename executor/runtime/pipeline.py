@@ -43,10 +43,10 @@ from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import RECORD_KEY, Computation
+from ..protocol.executor import ComputationExecutor, FaultPoint
+from ..protocol.reports import BatchReport, format_watermark
+from ..protocol.rescale import CATCH_UP_BATCH, shared_input
 from ..tasks import worker as _worker
-from .batch import ComputationExecutor, FaultPoint
-from .reports import BatchReport, format_watermark
-from .rescale import CATCH_UP_BATCH, shared_input
 from .sources import (
     DEFAULT_MAX_EVENT_AHEAD_MS,
     Injector,

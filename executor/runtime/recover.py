@@ -33,7 +33,7 @@ from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
 
 from ..computation import RECORD_KEY, Computation
-from .batch import ComputationExecutor
+from ..protocol.executor import ComputationExecutor
 
 __all__ = ["IntervalStatus", "RecoverResult", "computations_of", "scan", "recover"]
 

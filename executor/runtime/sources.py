@@ -501,7 +501,7 @@ class ParquetInjector(_MaxSeenInjector):
     def files_df(self, spark: SparkSession, names: Sequence[str]) -> DataFrame:
         """The records of some of the folder's files (by file name), as a batch DataFrame in the
         stream schema with the same record ids as :meth:`stream_df` gives them: a new owner of a
-        moved interval catches up with it (``executor/runtime/rescale.py``)."""
+        moved interval catches up with it (``executor/protocol/rescale.py``)."""
         footer = _first_footer(self.folder)
         schema = _spark_schema(footer) or spark.read.parquet(self.folder).schema
         raw = spark.read.schema(schema).parquet(*[f"{self.folder.rstrip('/')}/{n}" for n in sorted(names)])

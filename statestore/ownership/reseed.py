@@ -13,7 +13,7 @@ sequencer in the store and fences as usual (the new fence rows invalidate any
 writer still holding an old sequencer).
 
 Watermarks: every rows commit records the watermarks of the injectors feeding
-its batch as the batch publishes them (``executor/runtime/lateness.py``); the
+its batch as the batch publishes them (``executor/protocol/lateness.py``); the
 caller reads them from the store and hands them over (``injectors``), and
 :func:`apply_reseed` publishes them again, never moving one back. The first batch
 after the re-seed then runs under the watermark it would have read from the

@@ -31,7 +31,7 @@ from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL, BatchOutp
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ...computation import Computation, LatePolicy
-from ...runtime.faults import BatchFailedError
+from ...exceptions import BatchFailedError
 from ..input import PREP_DDL, interval_of_key, original_text, original_texts, positions_of, prepare_input
 from ..job import BatchRun, Prepared, user_error_message
 from .direct import DirectBatch, DirectSource, batch_files

@@ -12,7 +12,7 @@ from deltawheel.statestore.rowtable.rows import FENCE_KEY
 from deltawheel.statestore.writepath.merge.path import MergeBatch, MergePath
 
 from ...computation import Computation
-from ...runtime.faults import BatchFailedError
+from ...exceptions import BatchFailedError
 from ..input import interval_of_key, original_text, prepare_input, with_original_text
 from ..job import BatchRun, Prepared, user_error_message
 from .task import OUT_DDL, task_fn

@@ -47,7 +47,7 @@ watermark is held at the undelivered productions meanwhile, and the delivery is 
 like a straggler (joined; redelivered from the checkpoint if it failed) before the next
 commit clears that checkpoint, before a timers-only batch decides it has nothing to do, and
 on ``settle()`` / ``stop()``. Both kinds of open delivery are kept by
-:class:`~deltawheel.executor.runtime.inflight.InFlight`.
+:class:`~deltawheel.executor.protocol.inflight.InFlight`.
 
 A crash between or inside any steps followed by a restart (``WritePath.acquire``:
 recovery + redelivery of checkpointed productions, then Spark replaying the batch) gives

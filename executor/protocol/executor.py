@@ -67,7 +67,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.delta.jvm import require_classic_session
-from deltawheel.statestore.delta.storefs import supports
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.inspection.damage import check_store
 from deltawheel.statestore.layout import StoreLayout
@@ -80,7 +79,7 @@ from ..computation import Computation
 from ..tasks.image.direct import DirectSource
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..tasks.job import BatchRun, UserJob
-from ..tasks.paths import PATHS
+from ..tasks.paths import PATHS, choose_write_path
 from .faults import BatchFailedError, FaultPoint
 from .hooks import InjectorHook
 from .inflight import InFlight, OpenDelivery
@@ -89,39 +88,11 @@ from .metrics import BatchMetrics, batch_row, state_size
 from .reports import BatchReport, format_report, format_watermark
 from .rescale import SharedInput
 
-WRITE_PATHS = ("auto", *PATHS)  # "auto": choose_write_path picks one
 JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJobDescription
 REPORTS_KEPT = 10_000  # reports an executor keeps in memory (``ComputationExecutor.reports``)
 _LOG = logging.getLogger(__name__)
 
-__all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError", "choose_write_path"]
-
-
-def choose_write_path(requested: str, root: str) -> tuple[str, str]:
-    """(the write path, why) for ``write_path=requested`` on the store at ``root``.
-
-    ``"auto"`` takes the image path wherever Python reaches the store's files (a local folder,
-    ``file:`` or ``s3a://``: ``statestore/delta/storefs.py``) and the MERGE path elsewhere.
-
-    >>> choose_write_path("auto", "s3a://bucket/store")[0], choose_write_path("auto", "abfss://c@a/s")
-    ('image', ('merge', 'auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores only; abfss://c@a/s is none of those, so batches take the fenced MERGE path (slower)'))
-
-    Raises:
-        ConfigError: an unknown path, or ``"image"`` on a store the image path cannot reach.
-    """
-    if requested not in WRITE_PATHS:
-        raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {requested!r}")
-    fast = supports(root)
-    if requested == "image" and not fast:
-        raise ConfigError(f"write_path='image' reads and writes the interval images with pyarrow and supports "
-                          f"local, file: and s3a:// stores only; {root} is none of those: use write_path='merge' "
-                          f"or 'auto'")
-    if requested != "auto":
-        return requested, f"{requested}: as asked"
-    if fast:
-        return "image", "auto: the store's files are reachable from Python"
-    return "merge", (f"auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores "
-                     f"only; {root} is none of those, so batches take the fenced MERGE path (slower)")
+__all__ = ["ComputationExecutor", "BatchReport", "FaultPoint", "BatchFailedError"]
 
 
 class ComputationExecutor:
@@ -146,7 +117,7 @@ class ComputationExecutor:
         write_path: ``"image"`` (interval images + one Delta transaction per batch,
             ``statestore/writepath/image/``; local, ``file:`` and ``s3a://`` stores), ``"merge"`` (a fenced
             MERGE per batch, any store), or ``"auto"`` (image where it can, else merge:
-            :func:`choose_write_path`; the start's log line says which and why).
+            :func:`~deltawheel.executor.tasks.paths.choose_write_path`; the start's log line says which and why).
         intervals: the key intervals this instance takes (default: all). Several instances
             (e.g. Spark applications) may split a computation's intervals: each reads the
             whole input and processes the records of its own intervals; a record that becomes

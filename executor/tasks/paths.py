@@ -4,8 +4,9 @@ A write path has two halves, each in a folder of its own: its writes of the rows
 tables (a :class:`~deltawheel.statestore.writepath.WritePath`, ``statestore/writepath/<name>/``)
 and the Spark job whose output those writes commit and deliver (a :class:`~.job.UserJob`,
 ``executor/tasks/<name>/``). :data:`PATHS` builds both halves of each path for an executor,
-which takes one by name (``write_path``, as ``choose_write_path`` resolves it) and holds no
-branch per path. A new path adds its two folders and one entry here.
+which takes one by name (``write_path``, as :func:`choose_write_path` resolves it) and holds no
+branch per path. A new path adds its two folders and one entry here (and a rule in
+:func:`choose_write_path` if ``"auto"`` may pick it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping, Protocol
 
+from deltawheel.statestore.delta.storefs import supports
+from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.writepath import WritePath
@@ -24,7 +27,7 @@ from .image.job import ImageTasks
 from .job import UserJob
 from .merge.job import MergeTasks
 
-__all__ = ["PATHS", "PathKind", "image_path", "merge_path"]
+__all__ = ["PATHS", "WRITE_PATHS", "PathKind", "choose_write_path", "image_path", "merge_path"]
 
 
 class PathKind(Protocol):
@@ -59,3 +62,31 @@ def merge_path(spark: Any, layout: StoreLayout, comp: Computation, owner: Interv
 
 #: write path name -> how to build it for an executor
 PATHS: Mapping[str, PathKind] = MappingProxyType({"image": image_path, "merge": merge_path})
+WRITE_PATHS = ("auto", *PATHS)  # "auto": choose_write_path picks one
+
+
+def choose_write_path(requested: str, root: str) -> tuple[str, str]:
+    """(the write path, why) for ``write_path=requested`` on the store at ``root``.
+
+    ``"auto"`` takes the image path wherever Python reaches the store's files (a local folder,
+    ``file:`` or ``s3a://``: ``statestore/delta/storefs.py``) and the MERGE path elsewhere.
+
+    >>> choose_write_path("auto", "s3a://bucket/store")[0], choose_write_path("auto", "abfss://c@a/s")
+    ('image', ('merge', 'auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores only; abfss://c@a/s is none of those, so batches take the fenced MERGE path (slower)'))
+
+    Raises:
+        ConfigError: an unknown path, or ``"image"`` on a store the image path cannot reach.
+    """
+    if requested not in WRITE_PATHS:
+        raise ConfigError(f"write_path must be one of {', '.join(WRITE_PATHS)}, not {requested!r}")
+    fast = supports(root)
+    if requested == "image" and not fast:
+        raise ConfigError(f"write_path='image' reads and writes the interval images with pyarrow and supports "
+                          f"local, file: and s3a:// stores only; {root} is none of those: use write_path='merge' "
+                          f"or 'auto'")
+    if requested != "auto":
+        return requested, f"{requested}: as asked"
+    if fast:
+        return "image", "auto: the store's files are reachable from Python"
+    return "merge", (f"auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores "
+                     f"only; {root} is none of those, so batches take the fenced MERGE path (slower)")

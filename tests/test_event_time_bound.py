@@ -68,7 +68,8 @@ def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, zk_c
 
 def test_batch_lines_print_the_date_of_a_watermark_not_of_today() -> None:
     now = 1_795_000_000_000  # 2026-11-18T...
-    r = BatchReport(3, 1, 1, 0, 0, 0, 0, 0, 0, 1, input_watermark_ms=now - 60_000,
+    r = BatchReport(batch_id=3, records_in=1, processed=1, duplicates=0, late=0, late_routed=0, dead_letters=0,
+                    timers_fired=0, productions=0, keys_written=1, input_watermark_ms=now - 60_000,
                     low_watermark_ms=Y2100_MS - DAY_MS, commit_s=0.1, wall_s=0.2)
     line = format_report("c", r, now_ms=now)
     today = time.strftime("%H:%M:%S", time.gmtime((now - 60_000) / 1000))

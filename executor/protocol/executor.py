@@ -505,10 +505,12 @@ class ComputationExecutor:
         c = run.counts
         # ``late`` counts every late record: those user code saw or dropped (the tasks' count) and
         # those routed to late_data (taken out before user code, so not in the tasks' count)
-        report = BatchReport(batch_id, c["records_in"], c["processed"], c["duplicates"], c["late"] + late_routed,
-                             late_routed,
-                             c["dead_letters"], c["timers_fired"], c["productions"], c["keys_written"], wm_in, low,
-                             commit_s, time.monotonic() - started, tuple(marks), straggled=straggler is not None,
+        report = BatchReport(batch_id=batch_id, records_in=c["records_in"], processed=c["processed"],
+                             duplicates=c["duplicates"], late=c["late"] + late_routed, late_routed=late_routed,
+                             dead_letters=c["dead_letters"], timers_fired=c["timers_fired"],
+                             productions=c["productions"], keys_written=c["keys_written"], input_watermark_ms=wm_in,
+                             low_watermark_ms=low, commit_s=commit_s, wall_s=time.monotonic() - started,
+                             steps_s=tuple(marks), straggled=straggler is not None,
                              direct=prepared.direct is not None, ids_expired=c["ids_expired"],
                              bloom_checked=c.get("bloom_checked", 0), bloom_maybe=c.get("bloom_maybe", 0),
                              bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0),
@@ -602,8 +604,8 @@ class ComputationExecutor:
         last = self.reports[-1]
         # the low watermark as published now: a delivery that landed since the last batch moved it
         low = last.low_watermark_ms if self._low is None else self._low
-        report = BatchReport(batch_id, 0, 0, 0, 0, 0, 0, 0, 0, 0, wm_in, low, 0.0,
-                             time.monotonic() - started, (("skipped: nothing due", 0.0),))
+        report = BatchReport.empty(batch_id, input_watermark_ms=wm_in, low_watermark_ms=low,
+                                   wall_s=time.monotonic() - started, steps_s=(("skipped: nothing due", 0.0),))
         self.reports.append(report)
         self._log(format_report(self.comp.name, report, now_ms=self.clock.now_ms()))
         return report

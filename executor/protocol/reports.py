@@ -10,9 +10,11 @@ from deltawheel.statestore.zk.watermarks import END_OF_TIME
 __all__ = ["BatchReport", "format_report", "format_watermark"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchReport:
-    """What one micro-batch did: record and key counts, watermarks and times (:func:`format_report`)."""
+    """What one micro-batch did: record and key counts, watermarks and times (:func:`format_report`).
+
+    Built by keywords only; :meth:`empty` is the report of a batch that did nothing."""
 
     batch_id: int
     records_in: int
@@ -45,6 +47,15 @@ class BatchReport:
     # records of an interval that moved between instances, dropped because an earlier owner
     # committed their input file for it (``rescale.py``)
     skipped_moved: int = 0
+
+    @classmethod
+    def empty(cls, batch_id: int, *, input_watermark_ms: int | None, low_watermark_ms: int | None, wall_s: float,
+              steps_s: tuple[tuple[str, float], ...] = ()) -> BatchReport:
+        """The report of batch ``batch_id`` that read, ran and wrote nothing (every count 0)."""
+        return cls(batch_id=batch_id, records_in=0, processed=0, duplicates=0, late=0, late_routed=0,
+                   dead_letters=0, timers_fired=0, productions=0, keys_written=0,
+                   input_watermark_ms=input_watermark_ms, low_watermark_ms=low_watermark_ms, commit_s=0.0,
+                   wall_s=wall_s, steps_s=steps_s)
 
 
 def format_watermark(ms: int | None, *, now_ms: int | None = None) -> str:

@@ -68,7 +68,7 @@ _EXPORTS: dict[str, str] = {
     "Mean": "deltawheel.executor.windowing.combiners",
     # running it
     "ComputationExecutor": "deltawheel.executor.protocol.executor",
-    "BatchReport": "deltawheel.executor.protocol.executor",
+    "BatchReport": "deltawheel.executor.protocol.reports",
     "Pipeline": "deltawheel.executor.runtime.pipeline",
     "PipelineRunner": "deltawheel.executor.runtime.pipeline",
     "Injector": "deltawheel.executor.runtime.sources",
@@ -156,10 +156,12 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         WindowingError,
     )
     from deltawheel.executor.protocol.executor import (  # noqa: F401
-        BatchReport,
         ComputationExecutor,
     )
     from deltawheel.executor.protocol.metrics import observe_input  # noqa: F401
+    from deltawheel.executor.protocol.reports import (  # noqa: F401
+        BatchReport,
+    )
     from deltawheel.executor.runtime.cluster import (  # noqa: F401
         LocalCluster,
     )

@@ -7,7 +7,8 @@ import sys
 from typing import Any, Callable
 
 from deltawheel.executor.computation import RECORD_KEY, Computation, ErrorPolicy, LatePolicy
-from deltawheel.executor.protocol.executor import ComputationExecutor, FaultPoint
+from deltawheel.executor.protocol.executor import ComputationExecutor
+from deltawheel.executor.protocol.faults import FaultPoint
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore

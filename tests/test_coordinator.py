@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from conftest import free_port
-from deltawheel.executor.protocol.executor import FaultPoint
+from deltawheel.executor.protocol.faults import FaultPoint
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import CoordinatorStateLostError, LeaseLostError
 from deltawheel.statestore.layout import StoreLayout

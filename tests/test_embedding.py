@@ -33,7 +33,7 @@ def test_event_time_timers_set_without_a_watermark_source_are_warned_about_once(
     lines: list[str] = []
     ex.progress = lines.append
     try:
-        with caplog.at_level(logging.WARNING, logger="deltawheel.executor.protocol.executor"):
+        with caplog.at_level(logging.WARNING, logger="deltawheel.executor.protocol.watermarks"):
             ex.run_batch(events(spark, [("r1", "cats", 1_000)]), 0)
             ex.run_batch(events(spark, [("r2", "dogs", 2_000)]), 1)
     finally:

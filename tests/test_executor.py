@@ -60,7 +60,7 @@ class Crash(Exception):
 def _run(spark, layout, zk_config, *, crash_at=None):  # type: ignore[no-untyped-def]
     """Batches B1, B2 and a final flush; optionally crash once at a fault point of batch 1, then
     restart (new ZooKeeper session and leases, recovery scan) and let Spark replay batch 1."""
-    from deltawheel.executor.protocol.executor import FaultPoint
+    from deltawheel.executor.protocol.faults import FaultPoint
 
     fired = []
 
@@ -109,7 +109,7 @@ def clean_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-de
                                    "after_delivery", "before_watermark"])
 def test_crash_at_each_step_then_restart_gives_the_same_result(spark, migrated_store, zk_config, clean_run,
                                                                point) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.protocol.executor import FaultPoint
+    from deltawheel.executor.protocol.faults import FaultPoint
 
     assert _run(spark, migrated_store, zk_config, crash_at=FaultPoint(point)) == clean_run
 
@@ -183,7 +183,7 @@ def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_
 @pytest.mark.timeout(900)
 def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.computation import ErrorPolicy
-    from deltawheel.executor.protocol.executor import BatchFailedError
+    from deltawheel.executor.protocol.faults import BatchFailedError
     from executor_util import J, Picky
 
     Picky.error_policy = ErrorPolicy.DEAD_LETTER
@@ -260,7 +260,7 @@ def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_conf
     a straggler that then fails is redelivered from the checkpoint before it is cleared."""
     import time
 
-    from deltawheel.executor.protocol.executor import FaultPoint
+    from deltawheel.executor.protocol.faults import FaultPoint
     from executor_util import WeakCounter
     from pyspark.sql import functions as F
 
@@ -400,7 +400,7 @@ def test_a_hung_delivery_fails_the_next_batch_after_delivery_timeout(spark, migr
     checkpointed, so a restarted executor redelivers them."""
     import threading
 
-    from deltawheel.executor.protocol.executor import BatchFailedError
+    from deltawheel.executor.protocol.faults import BatchFailedError
 
     impatient = BucketCounter()
     impatient.delivery_timeout_s = 1.0  # read by the driver only

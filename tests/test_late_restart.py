@@ -77,7 +77,7 @@ def _run(spark: Any, layout: Any, zk_config: Any, *, policy: str, write_path: st
          crash_at: str | None = None) -> dict[str, Any]:
     """The batches and a final flush; optionally a crash at a fault point of batch 2, then a restart
     (new session, leases, recovery) and Spark's replay of batch 2 if its foreachBatch never returned."""
-    from deltawheel.executor.protocol.executor import FaultPoint
+    from deltawheel.executor.protocol.faults import FaultPoint
 
     fired: list[FaultPoint] = []
 

@@ -187,7 +187,7 @@ def test_a_replayed_batch_regenerates_its_weak_productions_ids(spark, migrated_s
     """Weak productions are delivered before the commit: a crash after their delivery and before
     the commit, then a restart replaying the batch, must produce them under the same ids (the
     consumers' dedup drops the second copy), the re-fired panes included."""
-    from deltawheel.executor.protocol.executor import FaultPoint
+    from deltawheel.executor.protocol.faults import FaultPoint
 
     class Crash(Exception):
         pass

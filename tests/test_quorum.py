@@ -11,7 +11,8 @@ import time
 from typing import Any, Callable
 
 import pytest
-from deltawheel.executor.protocol.executor import ComputationExecutor, FaultPoint
+from deltawheel.executor.protocol.executor import ComputationExecutor
+from deltawheel.executor.protocol.faults import FaultPoint
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.rowtable.store import RowStore

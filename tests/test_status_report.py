@@ -177,7 +177,7 @@ def test_status_says_to_recover_the_undelivered_productions_of_a_stopped_pipelin
     names the productions that have not landed and the command that delivers them."""
 
     def die_after_commit(point: Any, batch_id: int) -> None:
-        from deltawheel.executor.protocol.executor import FaultPoint
+        from deltawheel.executor.protocol.faults import FaultPoint
 
         if point is FaultPoint.AFTER_COMMIT and batch_id == 1:
             raise _Died(point)

@@ -155,7 +155,8 @@ def test_settings_act_in_real_spark_batches(spark, migrated_store, zk_config) ->
       0.3 s makes the batch a straggler (the default waits 5 s);
     * ``delivery_timeout_s=1.0``: the next batch gives up on that delivery after 1 s.
     """
-    from deltawheel.executor.protocol.executor import BatchFailedError, ComputationExecutor, FaultPoint
+    from deltawheel.executor.protocol.executor import ComputationExecutor
+    from deltawheel.executor.protocol.faults import BatchFailedError, FaultPoint
     from deltawheel.statestore.clock import ManualClock
     from deltawheel.statestore.codecs import get_codec
     from deltawheel.statestore.ownership.owner import IntervalOwner

@@ -7,7 +7,7 @@ test then calls the path's methods the way the executor's protocol does."""
 from __future__ import annotations
 
 import pytest
-from deltawheel.executor.protocol.executor import FaultPoint
+from deltawheel.executor.protocol.faults import FaultPoint
 from deltawheel.statestore.exceptions import LeaseLostError, StaleSequencerError
 from deltawheel.statestore.writepath import WritePath
 from deltawheel.statestore.zk.lease_tools import break_lease

@@ -1,5 +1,5 @@
 """How a micro-batch fails: the protocol's fault points (where tests inject crashes) and the
-error a failed batch raises. Both are re-exported by :mod:`deltawheel.executor.protocol.executor`."""
+error a failed batch raises (defined in :mod:`deltawheel.executor.exceptions`)."""
 
 from __future__ import annotations
 

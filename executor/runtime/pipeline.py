@@ -43,7 +43,8 @@ from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import RECORD_KEY, Computation
-from ..protocol.executor import ComputationExecutor, FaultPoint
+from ..protocol.executor import ComputationExecutor
+from ..protocol.faults import FaultPoint
 from ..protocol.reports import BatchReport, format_watermark
 from ..protocol.rescale import CATCH_UP_BATCH, shared_input
 from ..tasks import worker as _worker

@@ -1,0 +1,405 @@
+"""The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps on one micro-batch.
+
+:meth:`BatchProtocol.run` runs the steps once, whatever the write path; the write path
+(``statestore/writepath``: the image path or the MERGE path, picked by ``write_path`` from
+``tasks/paths.py``) makes every write of the rows and stream tables, and its user job
+(``tasks/job.py``) runs steps 2-4 in Spark tasks. The executor around it
+(:class:`~.executor.ComputationExecutor`, ``executor.py``) starts, settles and stops. The steps,
+as the body's ``# Step N`` comments number them:
+
+1. Check the leases of the owned intervals (a lost ZooKeeper session stops the
+   batch before anything happens; while the connection is suspended -- a server
+   down, the ensemble without quorum -- this and every later ZooKeeper call of the
+   batch pause and resume once ZooKeeper serves: ``LeaseManager.await_valid``,
+   ``WatermarkAuthority``, bounded by their ``max_pause_s``).
+2. Drop duplicates: prepare the input in the JVM (key extraction, dead letters for
+   records without a usable key, the late flag: event time behind the watermark the last
+   committed batch acted on, recorded with its commit: ``lateness.py``); the tasks then
+   dedup against the key's Bloom filter / stored record ids, and (``LatePolicy.ROUTE``)
+   route the late records that are no duplicates to the late-data table.
+3. Load the rows of the batch's keys and of keys with due timers or
+   delivered-but-not-cleared productions (the image path: the interval images; the MERGE
+   path: one join against the rows table).
+4. Run user code in Spark tasks, per key: records in event-time order, due timers in
+   timestamp order (``keyrun.run_key``); the new row images, productions, dead letters and
+   routed records are materialized once.
+5. Commit all changed rows in one fenced Delta transaction (``WritePath.commit``),
+   recording the watermarks the batch acted on and the injector watermarks its step 7
+   publishes (``lateness.py``; what ``deltawheel reseed`` restores after ZooKeeper lost them).
+6. Deliver the productions to their stream tables idempotently
+   (``WritePath.deliver``). Checkpoints are cleared by the next batch's commit: every
+   production still in a row at the start of a batch was delivered.
+7. Publish the intervals' oldest work and advance the low watermark.
+
+Steps 3-5 (with step 2's dedup in the tasks) run again, at most :data:`STALE_VIEW_ATTEMPTS`
+times, while the write path's view of the rows went stale (:func:`retry_stale_view`).
+
+Weak productions (``strong_productions = False``) are appended to their
+streams before step 5, without a checkpoint, by a thread the batch waits on
+for ``straggler_timeout_s``. A delivery still running then is a *straggler*
+(MillWheel's straggler checkpointing): the batch checkpoints its productions
+in the rows after all (``UserJob.checkpoint``: the image path runs the batch's user code
+once more, the MERGE path writes the productions it already has into ``pending``),
+commits and goes on; the low watermark is held at the straggled productions
+until the next batch has *settled* the straggler (joined it, and redelivered
+from the checkpoint if it failed) before its commit clears the checkpoint.
+
+Where the write path allows it (``deliver_in_background``: the image path) step 6 is
+asynchronous: the productions are checkpointed in the committed rows, so the batch returns
+once their delivery has started, and the next batch's user code overlaps it. The low
+watermark is held at the undelivered productions meanwhile, and the delivery is *settled*
+like a straggler (joined; redelivered from the checkpoint if it failed) before the next
+commit clears that checkpoint, before a timers-only batch decides it has nothing to do, and
+on ``settle()`` / ``stop()``. Both kinds of open delivery are kept by
+:class:`~deltawheel.executor.protocol.inflight.InFlight`.
+
+A crash between or inside any steps followed by a restart (``WritePath.acquire``:
+recovery + redelivery of checkpointed productions, then Spark replaying the batch) gives
+the same rows and stream records as a run without the crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+
+from deltawheel.statestore.writepath import StaleViewError
+from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
+
+from ..tasks.job import BatchRun, Prepared
+from .faults import BatchFailedError, FaultPoint
+from .inflight import OpenDelivery
+from .lateness import ActedMark, read_mark
+from .metrics import batch_row, state_size
+from .reports import BatchReport, format_report
+from .watermarks import BatchWatermarks
+
+if TYPE_CHECKING:
+    from .executor import ComputationExecutor
+
+JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJobDescription
+STALE_VIEW_ATTEMPTS = 3  # runs of steps 3-5 while the write path's view of the rows went stale
+T = TypeVar("T")
+
+__all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPTS", "retry_stale_view"]
+
+
+def retry_stale_view(attempt: Callable[[], T], *, reload: Callable[[], object], attempts: int, failed: str) -> T:
+    """``attempt()``, again while the write path's view of the rows went stale
+    (:class:`StaleViewError`: someone else committed to the partitions), with the view reloaded
+    before each new attempt (``reload``: a takeover fails it typed, a reload lets the next attempt
+    go on); at most ``attempts`` times.
+
+    Raises:
+        BatchFailedError: the view went stale ``attempts`` times (message ``failed``).
+    """
+    for _ in range(attempts):
+        try:
+            return attempt()
+        except StaleViewError:
+            reload()
+    raise BatchFailedError(failed)
+
+
+@dataclass(eq=False)
+class BatchState:
+    """One batch as :meth:`BatchProtocol.run` goes through its steps.
+
+    ``wm_in``: the input watermark its timers fire with; ``wm_late``: the watermark it judges
+    lateness against (``lateness.py``); ``acted``: the mark its commit records; ``horizon``: ids
+    seen before it are dropped; ``skipped`` / ``files``: the records an earlier owner processed
+    and the batch's input files (shared intervals, ``rescale.py``); ``strong``: the productions
+    are checkpointed in the rows (a straggling weak delivery makes it so)."""
+
+    batch_id: int
+    df: Any | None
+    started: float  # time.monotonic() at the batch's start
+    now: int  # the batch's processing time (ms, the executor's clock)
+    wm_in: int | None
+    wm_late: int | None
+    acted: ActedMark
+    horizon: int | None
+    commit_id: str
+    strong: bool
+    skipped: int = 0
+    files: tuple[str, ...] = ()
+    prepared: Prepared | None = None  # step 2's
+    straggler: OpenDelivery | None = None  # the weak delivery that outlived straggler_timeout_s
+    late_routed: int = 0  # late records routed to late_data (not in the tasks' ``late``)
+    injectors: dict[str, tuple[int, int]] = field(default_factory=dict)  # the estimates step 7 publishes
+    commit_s: float = 0.0
+    steps_s: list[tuple[str, float]] = field(default_factory=list)  # seconds per step, in order
+    _last: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._last = self.started
+
+    def mark(self, step: str) -> None:
+        """Record the seconds since the last mark as ``step``'s (the report's ``steps_s``)."""
+        t = time.monotonic()
+        self.steps_s.append((step, round(t - self._last, 3)))
+        self._last = t
+
+
+class BatchProtocol:
+    """DESIGN's seven steps over the parts of one executor (its owner, write path, user job,
+    deliveries in flight, watermark authority, hooks), read at each batch (a caller may set
+    them between batches), and what it keeps from batch to batch: the newest committed batch's
+    lateness mark, and its watermarks (:class:`~.watermarks.BatchWatermarks`)."""
+
+    def __init__(self, executor: ComputationExecutor) -> None:
+        self.ex = executor
+        self.acted: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
+        self.watermarks = BatchWatermarks(executor)
+
+    def run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None, use_authority: bool,
+            input_files: Sequence[str] | None) -> BatchReport:
+        """The seven steps on the micro-batch ``df`` (None: timers only); see the module docstring
+        and :meth:`~.executor.ComputationExecutor.run_batch`."""
+        ex = self.ex
+        started = time.monotonic()
+        # Step 1: leases (and, with shared intervals, what earlier owners already processed).
+        ex.owner.check()
+        df, skipped, files = self._skip_processed(df, batch_id, input_files)
+        wm_in = self._input_watermark(input_watermark_ms, use_authority=use_authority)
+        b = self._open(df, batch_id, started=started, skipped=skipped, files=files, wm_in=wm_in)
+        if df is None and ex.path.next_processing() is not None:
+            ex.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
+            if self._nothing_due(b):
+                return self._skipped(b)
+        # Step 2: drop duplicates: the input prepared in the JVM (its dead letters recorded), the
+        # dedup itself in the tasks of steps 3-4.
+        b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now)
+        self._record_dead_letters(b, b.prepared.dead)
+        if df is not None:
+            b.mark("prepare")
+        self.fault(FaultPoint.AFTER_PREPARE, batch_id)
+        # steps 3-5 (_run_and_commit), from step 3 again while the write path's view of the rows is stale
+        run = retry_stale_view(functools.partial(self._run_and_commit, b), reload=ex.path.load,
+                               attempts=STALE_VIEW_ATTEMPTS,
+                               failed=f"{ex.comp.name} batch {batch_id}: the interval images kept changing "
+                                      "under this writer; restart the query")
+        redeliver = self._committed(b, run)
+        # Step 6: deliver (idempotent); the checkpoints are cleared by the next commit. In the
+        # background where the path allows it (the next batch settles it before its commit).
+        if ex.comp.strong_productions and run.counts["productions"] and ex.path.deliver_in_background:
+            ex.inflight.start(redeliver, batch_id, run.prod_min_ts)
+        else:
+            if ex.comp.strong_productions and run.counts["productions"]:
+                redeliver()
+            self.fault(FaultPoint.AFTER_DELIVERY, batch_id)
+        b.mark("deliver")
+        # Step 7: watermarks (the injector estimates observed before the commit are published in
+        # the step's transaction; a hook that publishes itself runs now).
+        self.fault(FaultPoint.BEFORE_WATERMARK, batch_id)
+        hook = ex.on_batch_end
+        if hook is not None and not self.watermarks.hook_observes_early():
+            hook(run.obs_min, run.obs_max)
+        low = self.watermarks.publish(b.injectors) if ex.authority is not None else None
+        b.mark("watermarks")
+        return self._finish(b, run, low)
+
+    def _run_and_commit(self, b: BatchState) -> BatchRun[Any]:
+        """Steps 3-5 once: user code (twice when a straggling weak delivery makes the batch
+        checkpoint its productions by running it again), then the fenced commit."""
+        ex = self.ex
+        # Step 3 + 4: load the rows, run user code in tasks (with step 2's dedup), materialize once.
+        run = self._user_code(b)
+        if self._straggled(b, run):
+            b.strong = True  # checkpoint after all: the same user code once more
+            run = self._user_code(b)
+        # Step 5: the fenced commit (the previous batch's delivery is settled first: the
+        # commit clears its checkpoint), recording the injector watermarks step 7 publishes.
+        b.injectors = self.watermarks.observe_injectors(run.obs_min, run.obs_max)
+        read = self.watermarks.injectors_read
+        b.acted = dataclasses.replace(b.acted, injectors={
+            n: max(wm, read.get(n, wm)) for n, (wm, _) in b.injectors.items()})
+        ex.inflight.settle()
+        b.mark("settle")
+        self.fault(FaultPoint.BEFORE_COMMIT, b.batch_id)
+        t0 = time.monotonic()
+        if ex.path.commit(run.batch, commit_id=b.commit_id, meta=b.acted.to_meta()):
+            self.acted = b.acted
+        b.commit_s = time.monotonic() - t0
+        return run
+
+    # ------------------------------------------------------------- step 1
+
+    def _skip_processed(self, df: Any | None, batch_id: int,
+                        input_files: Sequence[str] | None) -> tuple[Any | None, int, tuple[str, ...]]:
+        """With :attr:`~.executor.ComputationExecutor.shared` (instances share the intervals,
+        ``rescale.py``): drop the records an earlier owner of their interval processed; (the
+        input, how many were dropped, the batch's input files its commit records)."""
+        ex = self.ex
+        skipped, files = 0, tuple[str, ...]()
+        if ex.shared is not None and df is not None:
+            df, skipped, files = ex.shared.apply(df, batch_id, ex.owner.intervals, input_files)
+        ex.path.input_files = files
+        return df, skipped, files
+
+    def _input_watermark(self, given: int | None, *, use_authority: bool) -> int | None:
+        """The input watermark the batch's timers fire with: ``given``, else (``use_authority``) the
+        one read now (its injector watermarks remembered for step 5), else None."""
+        self.watermarks.injectors_read = {}  # filled by input(): the injector watermarks read now
+        return self.watermarks.input() if use_authority and given is None else given
+
+    def _open(self, df: Any | None, batch_id: int, *, started: float, skipped: int, files: tuple[str, ...],
+              wm_in: int | None) -> BatchState:
+        """The batch's state: its clock, dedup horizon and the watermarks it acts on."""
+        comp = self.ex.comp
+        now = self.ex.clock.now_ms()
+        # ids seen before the horizon are dropped: a processing time back from now (each id
+        # carries when it was seen, so a restart keeps the horizon: Computation.dedup_retention)
+        horizon = now - comp.dedup_retention_ms() if comp.exactly_once else None
+        # A record is late when it is behind the watermark this computation already acted on
+        # (the newest committed batch's: its timers fired up to there); timers now fire with
+        # wm_in. A replay of that batch decides as its first attempt did.
+        wm_late, wm_in = self._lateness(df, batch_id, wm_in)
+        acted = ActedMark(batch_id if df is not None else None, wm_late, wm_in,
+                          tuple(sorted(self.ex.owner.intervals)))
+        return BatchState(batch_id=batch_id, df=df, started=started, now=now, wm_in=wm_in, wm_late=wm_late,
+                          acted=acted, horizon=horizon, commit_id=f"{comp.name}:{batch_id}:{now}",
+                          strong=comp.strong_productions, skipped=skipped, files=files)
+
+    def opened(self) -> None:
+        """After the start took the intervals: the newest committed batch's lateness mark and, with
+        shared intervals, the input files committed for the intervals taken (the skip rule)."""
+        ex = self.ex
+        self.acted = read_mark(ex.spark, ex.layout.rows, ex.comp.name, ex.owner.intervals)
+        if ex.shared is not None:
+            held = set(ex.owner.intervals)
+            ex.shared.done = {iv: fs for iv, fs in ex.owner.store.input_files(ex.comp.name).items() if iv in held}
+
+    def _lateness(self, df: Any | None, batch_id: int, wm_in: int | None) -> tuple[int | None, int | None]:
+        """(the watermark the batch judges lateness against, its input watermark): the newest
+        committed batch's acted watermark and ``wm_in``, or for a replay of that very batch
+        (Spark re-runs it after a crash) the values its first attempt used (``lateness.py``)."""
+        m = self.acted
+        if m is None:
+            return None, wm_in
+        if df is not None and m.batch_id == batch_id:
+            return m.late_ms, m.input_ms
+        return m.acted_ms, wm_in
+
+    def _nothing_due(self, b: BatchState) -> bool:
+        """A timers-only batch has nothing to do: the last batch of this instance ran under the
+        same input watermark (so it fired every event-time timer before it, including ones set
+        while firing), no processing-time timer is due, and no straggler is open."""
+        ex = self.ex
+        if not ex.reports or ex.reports[-1].input_watermark_ms != b.wm_in or ex.inflight.open is not None:
+            return False
+        nexts = ex.path.next_processing()
+        return nexts is not None and all(t is None or t > b.now for t in nexts.values())
+
+    def _skipped(self, b: BatchState) -> BatchReport:
+        """The report of a timers-only batch with nothing due."""
+        last = self.ex.reports[-1]
+        # the low watermark as published now: a delivery that landed since the last batch moved it
+        low = last.low_watermark_ms if self.watermarks.low is None else self.watermarks.low
+        report = BatchReport.empty(b.batch_id, input_watermark_ms=b.wm_in, low_watermark_ms=low,
+                                   wall_s=time.monotonic() - b.started, steps_s=(("skipped: nothing due", 0.0),))
+        self.ex.reports.append(report)
+        self.log(format_report(self.ex.comp.name, report, now_ms=self.ex.clock.now_ms()))
+        return report
+
+    # ---------------------------------------------------------- steps 2-5
+
+    def _user_code(self, b: BatchState) -> BatchRun[Any]:
+        """Steps 3-4 in the tasks (with step 2's dedup), then the side writes of their output."""
+        ex = self.ex
+        assert b.prepared is not None
+        run = ex.job.run(b.prepared, batch_id=b.batch_id, wm_in=b.wm_in, wm_late=b.wm_late, now=b.now,
+                         horizon=b.horizon, commit_id=b.commit_id, strong=b.strong, mark=b.mark)
+        self.watermarks.warn_if_none(b.wm_in, run.event_timer_ms)
+        self._describe_jobs(b.batch_id, run.counts)
+        self.fault(FaultPoint.AFTER_USER_CODE, b.batch_id)
+        self._record_dead_letters(b, run.dead)
+        b.late_routed = (record_late(ex.spark, ex.layout, run.late, computation=ex.comp.name,
+                                     watermark_ms=b.wm_late, batch_id=b.batch_id) if run.late is not None else 0)
+        return run
+
+    def _straggled(self, b: BatchState, run: BatchRun[Any]) -> bool:
+        """Weak productions: start their delivery (``InFlight.weak``, waited on for
+        ``straggler_timeout_s``). True when it straggles and the write path can checkpoint the
+        productions only by running the user code once more (``UserJob.checkpoint``)."""
+        if b.strong or not run.counts["productions"]:
+            return False
+        ex = self.ex
+        b.straggler = ex.inflight.weak(functools.partial(ex.path.deliver, run.batch, strong=False), b.batch_id)
+        return b.straggler is not None and not ex.job.checkpoint(run)
+
+    def _record_dead_letters(self, b: BatchState, dead: Any | None) -> None:
+        if dead is not None:
+            record_dead_letters(self.ex.spark, self.ex.layout, dead, computation=self.ex.comp.name,
+                                batch_id=b.batch_id)
+
+    def _describe_jobs(self, batch_id: int, counts: Mapping[str, int]) -> None:
+        """The batch's figures in the description of its remaining Spark jobs (the commit and the
+        delivery, where the write path runs them in Spark): Spark's UI lists them by it."""
+        self.ex.spark.sparkContext.setLocalProperty(
+            JOB_DESCRIPTION, f"deltawheel {self.ex.comp.name} batch {batch_id}: {counts['records_in']:,} in, "
+                             f"{counts['processed']:,} processed, {counts['duplicates']:,} duplicates, "
+                             f"{counts['late']:,} late, {counts['dead_letters']:,} dead letters, "
+                             f"{counts['productions']:,} productions")
+
+    def _committed(self, b: BatchState, run: BatchRun[Any]) -> Callable[[], object]:
+        """After the commit: the batch's input files recorded as processed (shared intervals), a
+        straggler kept open, the job told; returns the strong (re)delivery of the productions."""
+        ex = self.ex
+        if ex.shared is not None and b.files:
+            ex.shared.committed(b.files, ex.owner.intervals)
+        b.mark("commit")
+        redeliver = functools.partial(ex.path.deliver, run.batch, strong=True)
+        if b.straggler is not None:
+            ex.inflight.adopt(b.straggler, redeliver=redeliver, min_ts=run.prod_min_ts)
+        ex.job.observe(run)
+        self.fault(FaultPoint.AFTER_COMMIT, b.batch_id)
+        return redeliver
+
+    # ------------------------------------------------------------ the report
+
+    def _finish(self, b: BatchState, run: BatchRun[Any], low: int | None) -> BatchReport:
+        """The batch's report: kept, logged, and its metrics row handed over."""
+        ex, c = self.ex, run.counts
+        assert b.prepared is not None
+        # ``late`` counts every late record: those user code saw or dropped (the tasks' count) and
+        # those routed to late_data (taken out before user code, so not in the tasks' count)
+        report = BatchReport(
+            batch_id=b.batch_id, records_in=c["records_in"], processed=c["processed"], duplicates=c["duplicates"],
+            late=c["late"] + b.late_routed, late_routed=b.late_routed, dead_letters=c["dead_letters"],
+            timers_fired=c["timers_fired"], productions=c["productions"], keys_written=c["keys_written"],
+            input_watermark_ms=b.wm_in, low_watermark_ms=low, commit_s=b.commit_s,
+            wall_s=time.monotonic() - b.started, steps_s=tuple(b.steps_s), straggled=b.straggler is not None,
+            direct=b.prepared.direct is not None, ids_expired=c["ids_expired"],
+            bloom_checked=c.get("bloom_checked", 0), bloom_maybe=c.get("bloom_maybe", 0),
+            bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0),
+            intervals_run=c.get("intervals_run", 0), images_read=c.get("images_read", 0), skipped_moved=b.skipped)
+        ex.reports.append(report)
+        ex.records_in_total += report.records_in
+        self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
+        self._record_metrics(report, b.now, pending=c["productions"] if ex.inflight.open is not None else 0)
+        return report
+
+    def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
+        """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""
+        ex = self.ex
+        if ex.metrics is None:
+            return
+        leases = ex.owner.leases
+        ex.metrics.submit(batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=ex.comp.name,
+                                    instance=getattr(leases, "owner", None), write_path=ex.write_path,
+                                    started_ms=started_ms, pending_productions=pending,
+                                    state=state_size(getattr(ex.path, "files", None))))
+
+    def fault(self, point: FaultPoint, batch_id: int) -> None:
+        """The executor's fault injector (tests) at ``point``, if it has one."""
+        if self.ex.faults is not None:
+            self.ex.faults(point, batch_id)
+
+    def log(self, line: str) -> None:
+        """A progress line, if the executor has a ``progress`` callback."""
+        if self.ex.progress is not None:
+            self.ex.progress(line)

@@ -1,0 +1,46 @@
+"""A start that runs in a thread: :class:`BackgroundStart`, behind
+:meth:`.ComputationExecutor.start_in_background`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Callable
+
+from deltawheel.statestore.ownership.owner import IntervalOwner
+
+__all__ = ["BackgroundStart"]
+
+
+class BackgroundStart:
+    """``start()``, then ``then()``, in a daemon thread (:meth:`begin`). ``done`` holds the outcome
+    (what the start raised, if it did); ``leased`` is set once the owner's leases are granted
+    (``IntervalOwner.on_granted``), or when the start ended without them."""
+
+    def __init__(self, start: Callable[[], None], *, owner: IntervalOwner, name: str,
+                 then: Callable[[], None] | None = None) -> None:
+        self.done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.leased = threading.Event()
+        self._start, self._owner, self._name, self._then = start, owner, name, then
+
+    def begin(self) -> None:
+        """Start the thread."""
+        threading.Thread(target=self._run, name=f"deltawheel-start-{self._name}", daemon=True).start()
+
+    def failed(self) -> bool:
+        """The start has ended, and raised."""
+        return self.done.done() and self.done.exception() is not None
+
+    def _run(self) -> None:
+        self._owner.on_granted = self.leased.set
+        try:
+            self._start()
+            if self._then is not None:
+                self._then()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            self.done.set_exception(exc)
+        else:
+            self.done.set_result(None)
+        finally:
+            self._owner.on_granted = None
+            self.leased.set()

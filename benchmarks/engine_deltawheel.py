@@ -84,7 +84,7 @@ class DeltaWheelEngine:
         (ZooKeeper's data stays in ``out_dir``)."""
         from deltawheel.executor.runtime.batch import choose_write_path
         from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-        from deltawheel.executor.runtime.sources import ParquetInjector
+        from deltawheel.executor.sources.parquet import ParquetInjector
         from deltawheel.statestore.codecs import get_codec
         from deltawheel.statestore.config import ZkConfig
         from deltawheel.statestore.layout import StoreLayout

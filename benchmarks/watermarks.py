@@ -49,7 +49,7 @@ def _file_max_ms(path: Path) -> int:
 def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: Path,
              say: Callable[[str], None]) -> dict[str, Any]:
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.process import free_ports

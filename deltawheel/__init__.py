@@ -71,16 +71,16 @@ _EXPORTS: dict[str, str] = {
     "BatchReport": "deltawheel.executor.runtime.batch",
     "Pipeline": "deltawheel.executor.runtime.pipeline",
     "PipelineRunner": "deltawheel.executor.runtime.pipeline",
-    "Injector": "deltawheel.executor.runtime.sources",
-    "ParquetInjector": "deltawheel.executor.runtime.sources",
-    "DeltaTableInjector": "deltawheel.executor.runtime.sources",
-    "MaxSeenMinusBound": "deltawheel.executor.runtime.sources",
-    "BatchStats": "deltawheel.executor.runtime.sources",
-    "publish_watermark": "deltawheel.executor.runtime.sources",
-    "to_stream_schema": "deltawheel.executor.runtime.sources",
-    "JsonLinesInjector": "deltawheel.executor.runtime.sources_json",
-    "KafkaInjector": "deltawheel.executor.runtime.sources_kafka",
-    "PerPartitionWatermark": "deltawheel.executor.runtime.sources_kafka",
+    "Injector": "deltawheel.executor.sources.injector",
+    "ParquetInjector": "deltawheel.executor.sources.parquet",
+    "DeltaTableInjector": "deltawheel.executor.sources.delta",
+    "MaxSeenMinusBound": "deltawheel.executor.sources.injector",
+    "BatchStats": "deltawheel.executor.sources.injector",
+    "publish_watermark": "deltawheel.executor.sources.injector",
+    "to_stream_schema": "deltawheel.executor.sources.schema",
+    "JsonLinesInjector": "deltawheel.executor.sources.jsonl",
+    "KafkaInjector": "deltawheel.executor.sources.kafka",
+    "PerPartitionWatermark": "deltawheel.executor.sources.kafka",
     "KafkaBroker": "deltawheel.executor.runtime.kafka_server",
     "observe_input": "deltawheel.executor.runtime.metrics",
     # the store and its coordination
@@ -174,26 +174,21 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         Pipeline,
         PipelineRunner,
     )
-    from deltawheel.executor.runtime.sources import (  # noqa: F401
-        BatchStats,
-        DeltaTableInjector,
-        Injector,
-        MaxSeenMinusBound,
-        ParquetInjector,
-        publish_watermark,
-        to_stream_schema,
-    )
-    from deltawheel.executor.runtime.sources_json import (  # noqa: F401
-        JsonLinesInjector,
-    )
-    from deltawheel.executor.runtime.sources_kafka import (  # noqa: F401
-        KafkaInjector,
-        PerPartitionWatermark,
-    )
     from deltawheel.executor.session import (  # noqa: F401
         build_spark,
         spark_session,
     )
+    from deltawheel.executor.sources.delta import DeltaTableInjector  # noqa: F401
+    from deltawheel.executor.sources.injector import (  # noqa: F401
+        BatchStats,
+        Injector,
+        MaxSeenMinusBound,
+        publish_watermark,
+    )
+    from deltawheel.executor.sources.jsonl import JsonLinesInjector  # noqa: F401
+    from deltawheel.executor.sources.kafka import KafkaInjector, PerPartitionWatermark  # noqa: F401
+    from deltawheel.executor.sources.parquet import ParquetInjector  # noqa: F401
+    from deltawheel.executor.sources.schema import to_stream_schema  # noqa: F401
     from deltawheel.executor.windowing.combiners import (  # noqa: F401
         CombineFn,
         Count,

@@ -68,7 +68,7 @@ def _input(folder: Path) -> Path:
 def _run(spark: Any, folder: Path, layout: StoreLayout, zk: ZkConfig, *,
          faults: Callable[[FaultPoint, int], None] | None = None, write_path: str = "auto") -> Any:
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.sources.parquet import ParquetInjector
 
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
                           value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.runtime.faults import FaultPoint
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-from deltawheel.executor.runtime.sources import ParquetInjector
+from deltawheel.executor.sources.parquet import ParquetInjector
 from deltawheel.executor.tasks.image.direct import DirectBatch, batch_files, direct_table
 from deltawheel.executor.tasks.image.job import ImageTasks
 from deltawheel.executor.tasks.input import prepare_input

@@ -32,7 +32,7 @@ def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, zk_c
     of the next file are processed on time (before: the watermark jumped to 2099 and every later
     record was late, routed to late_data)."""
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import RoutedLate
 

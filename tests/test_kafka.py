@@ -107,7 +107,7 @@ def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrate
 
 def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
     from deltawheel.executor.runtime.kafka_server import create_topic
-    from deltawheel.executor.runtime.sources_kafka import KafkaInjector
+    from deltawheel.executor.sources.kafka import KafkaInjector
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.writepath.streams import stream_schema_ddl
 

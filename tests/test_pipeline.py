@@ -145,7 +145,7 @@ def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
     import pyarrow as pa
     import pyarrow.parquet as pq
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import Copier, CopyCounter, state_of
     from pyspark.sql.streaming.readwriter import DataStreamWriter
@@ -199,7 +199,7 @@ def test_a_second_copy_waits_for_the_first_computations_leases_before_taking_lat
     import pyarrow as pa
     import pyarrow.parquet as pq
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager

@@ -14,7 +14,7 @@ import pytest
 from deltawheel.executor.computation import RECORD_KEY
 from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.runtime.rescale import CATCH_UP_BATCH, source_log_files
-from deltawheel.executor.runtime.sources import ParquetInjector
+from deltawheel.executor.sources.parquet import ParquetInjector
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import interval_of

@@ -18,8 +18,8 @@ from typing import Callable, Mapping, Sequence
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
+from ..sources.injector import BatchStats, Injector, publish_watermark
 from .rescale import files_read
-from .sources import BatchStats, Injector, publish_watermark
 
 __all__ = ["InjectorHook"]
 

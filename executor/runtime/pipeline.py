@@ -43,15 +43,11 @@ from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import RECORD_KEY, Computation
+from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..tasks import worker as _worker
 from .batch import ComputationExecutor, FaultPoint
 from .reports import BatchReport, format_watermark
 from .rescale import CATCH_UP_BATCH, shared_input
-from .sources import (
-    DEFAULT_MAX_EVENT_AHEAD_MS,
-    Injector,
-    publish_watermark,
-)
 
 __all__ = ["Pipeline", "PipelineRunner", "RunSummary", "MoveTiming", "RunWiring"]
 
@@ -413,7 +409,7 @@ class PipelineRunner:
         """One availableNow query over the computation's inputs; returns records consumed."""
         from pyspark.sql import functions as F
 
-        from .sources import union_inputs
+        from ..sources.schema import union_inputs
 
         injectors = {i.name: i for i in self.pipeline.injectors}
         if self.instance is not None and ex.authority is not None:

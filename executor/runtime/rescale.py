@@ -51,8 +51,9 @@ from urllib.parse import unquote, urlparse
 from deltawheel.statestore.exceptions import ConfigError, InputGoneError
 
 from ..computation import Computation
+from ..sources.injector import Injector
+from ..sources.parquet import ParquetInjector
 from ..tasks.input import interval_of_key, key_expression
-from .sources import Injector, ParquetInjector
 
 __all__ = ["SharedInput", "CATCH_UP_BATCH", "POSITIONS_DIR", "files_read", "source_log_files", "positions_log",
            "shared_input"]

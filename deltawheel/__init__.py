@@ -81,7 +81,7 @@ _EXPORTS: dict[str, str] = {
     "JsonLinesInjector": "deltawheel.executor.sources.jsonl",
     "KafkaInjector": "deltawheel.executor.sources.kafka",
     "PerPartitionWatermark": "deltawheel.executor.sources.kafka",
-    "KafkaBroker": "deltawheel.executor.runtime.kafka_server",
+    "KafkaBroker": "deltawheel.executor.servers.kafka",
     "observe_input": "deltawheel.executor.runtime.metrics",
     # the store and its coordination
     "StoreLayout": "deltawheel.statestore.layout",
@@ -104,7 +104,7 @@ _EXPORTS: dict[str, str] = {
     # beyond one machine: for local trials and tests (the CLI's `objectstore` and `cluster`)
     "ZooKeeperEnsemble": "deltawheel.statestore.zk.ensemble",
     "S3ProxyServer": "deltawheel.statestore.objectstore.server",
-    "LocalCluster": "deltawheel.executor.runtime.cluster",
+    "LocalCluster": "deltawheel.executor.servers.cluster",
     # errors: one root, retryable kept apart from fatal
     "DeltaWheelError": "deltawheel.statestore.exceptions",
     "RetryableError": "deltawheel.statestore.exceptions",
@@ -159,21 +159,17 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         BatchReport,
         ComputationExecutor,
     )
-    from deltawheel.executor.runtime.cluster import (  # noqa: F401
-        LocalCluster,
-    )
     from deltawheel.executor.runtime.engine import (  # noqa: F401
         Engine,
         connect,
-    )
-    from deltawheel.executor.runtime.kafka_server import (  # noqa: F401
-        KafkaBroker,
     )
     from deltawheel.executor.runtime.metrics import observe_input  # noqa: F401
     from deltawheel.executor.runtime.pipeline import (  # noqa: F401
         Pipeline,
         PipelineRunner,
     )
+    from deltawheel.executor.servers.cluster import LocalCluster  # noqa: F401
+    from deltawheel.executor.servers.kafka import KafkaBroker  # noqa: F401
     from deltawheel.executor.session import (  # noqa: F401
         build_spark,
         spark_session,

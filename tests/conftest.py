@@ -152,7 +152,7 @@ def ensemble(tmp_path: Path) -> Iterator[object]:
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble, started
     once for the tests that ask for it (``deltawheel cluster up``'s LocalCluster)."""
-    from deltawheel.executor.runtime.cluster import LocalCluster
+    from deltawheel.executor.servers.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
     cluster.up()

@@ -577,8 +577,8 @@ def test_demo_on_its_embedded_zookeeper_come_back_empty_stops_is_refused_then_re
     production ids, state and timers."""
     from deltawheel.executor.demo.pipeline import computations
     from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
-    from deltawheel.executor.runtime.embedded import StoreZooKeeper
     from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.servers.embedded import StoreZooKeeper
 
     events, per_batch = 3_000, 500
     clean_store = tmp_path / "clean"

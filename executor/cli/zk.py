@@ -1,6 +1,6 @@
 """``deltawheel zk start|stop|status``: the embedded ZooKeeper server for local stores.
 
-With ``--store`` it is the store's own server (:mod:`..runtime.embedded`): the one the store's
+With ``--store`` it is the store's own server (:mod:`..servers.embedded`): the one the store's
 commands use when no ``--zk`` is given, on its recorded port; ``zk start`` keeps it running
 until ``zk stop``. With ``--data-dir`` it is a server of your own, on ``--port``."""
 
@@ -13,7 +13,7 @@ from deltawheel.statestore.config import DEFAULT_ZK_PORT
 from deltawheel.statestore.process import free_ports, port_free
 from deltawheel.statestore.zk.server import EmbeddedZooKeeper, configured_port, four_letter_word
 
-from ..runtime.embedded import StoreZooKeeper
+from ..servers.embedded import StoreZooKeeper
 from .common import layout_from
 
 __all__ = ["register"]

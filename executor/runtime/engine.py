@@ -43,9 +43,9 @@ from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import RECORD_KEY, Computation
+from ..servers.embedded import ensure_zookeeper
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from .batch import ComputationExecutor
-from .embedded import ensure_zookeeper
 from .hooks import InjectorHook
 from .pipeline import Pipeline, PipelineRunner, RunSummary, RunWiring
 from .reports import BatchReport

@@ -69,8 +69,8 @@ _EXPORTS: dict[str, str] = {
     # running it
     "ComputationExecutor": "deltawheel.executor.runtime.batch",
     "BatchReport": "deltawheel.executor.runtime.batch",
-    "Pipeline": "deltawheel.executor.runtime.pipeline",
-    "PipelineRunner": "deltawheel.executor.runtime.pipeline",
+    "Pipeline": "deltawheel.executor.drivers.pipeline",
+    "PipelineRunner": "deltawheel.executor.drivers.runner",
     "Injector": "deltawheel.executor.sources.injector",
     "ParquetInjector": "deltawheel.executor.sources.parquet",
     "DeltaTableInjector": "deltawheel.executor.sources.delta",
@@ -92,8 +92,8 @@ _EXPORTS: dict[str, str] = {
     "get_codec": "deltawheel.statestore.codecs",
     "build_spark": "deltawheel.executor.session",
     "SparkSettings": "deltawheel.statestore.session.sparkenv",
-    "connect": "deltawheel.executor.runtime.engine",
-    "Engine": "deltawheel.executor.runtime.engine",
+    "connect": "deltawheel.executor.drivers.engine",
+    "Engine": "deltawheel.executor.drivers.engine",
     "spark_session": "deltawheel.executor.session",
     "connect_zk": "deltawheel.statestore.zk.client:connect",  # the kazoo client of a ZkConfig
     "LeaseManager": "deltawheel.statestore.zk.leases",
@@ -150,6 +150,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.executor.context import (  # noqa: F401
         Context,
     )
+    from deltawheel.executor.drivers.engine import Engine, connect  # noqa: F401
+    from deltawheel.executor.drivers.pipeline import Pipeline  # noqa: F401
+    from deltawheel.executor.drivers.runner import PipelineRunner  # noqa: F401
     from deltawheel.executor.exceptions import (  # noqa: F401
         BatchFailedError,
         UserCodeError,
@@ -159,15 +162,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
         BatchReport,
         ComputationExecutor,
     )
-    from deltawheel.executor.runtime.engine import (  # noqa: F401
-        Engine,
-        connect,
-    )
     from deltawheel.executor.runtime.metrics import observe_input  # noqa: F401
-    from deltawheel.executor.runtime.pipeline import (  # noqa: F401
-        Pipeline,
-        PipelineRunner,
-    )
     from deltawheel.executor.servers.cluster import LocalCluster  # noqa: F401
     from deltawheel.executor.servers.kafka import KafkaBroker  # noqa: F401
     from deltawheel.executor.session import (  # noqa: F401

@@ -61,7 +61,8 @@ def injector(folder: Path):  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str]) -> int:
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.executor.session import build_spark
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout

@@ -153,7 +153,8 @@ def test_the_pipeline_runner_moves_a_kafka_watermark_per_partition(spark: Any, k
                                                                    tmp_path: Path) -> None:
     """Under PipelineRunner (no hand-wired ``tracking``), a Kafka injector's watermark follows its
     partitions batch by batch: the lagging partition holds it, not the overall max."""
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority

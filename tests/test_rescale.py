@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY
-from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+from deltawheel.executor.drivers.pipeline import Pipeline
+from deltawheel.executor.drivers.runner import PipelineRunner
 from deltawheel.executor.runtime.rescale import CATCH_UP_BATCH, source_log_files
 from deltawheel.executor.sources.parquet import ParquetInjector
 from deltawheel.statestore.exceptions import ConfigError

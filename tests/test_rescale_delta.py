@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation
-from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+from deltawheel.executor.drivers.pipeline import Pipeline
+from deltawheel.executor.drivers.runner import PipelineRunner
 from deltawheel.executor.runtime.rescale import CATCH_UP_BATCH, positions_log
 from deltawheel.executor.sources.delta import DeltaTableInjector
 from deltawheel.executor.sources.parquet import ParquetInjector

@@ -39,7 +39,8 @@ def test_the_exact_estimate_waits_for_a_straggler_a_percentile_does_not(spark, z
     first window. Exact (percentile 0): the watermark never passes the pending straggler, so it is
     counted in its window. Percentile 0.05 and max-seen-minus-5 s: the first window closes before
     the straggler is read; it is late (routed), one record of 41."""
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import RoutedLate, stream_rows

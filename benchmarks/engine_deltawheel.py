@@ -85,12 +85,12 @@ class DeltaWheelEngine:
         from deltawheel.executor.drivers.pipeline import Pipeline
         from deltawheel.executor.drivers.runner import PipelineRunner
         from deltawheel.executor.runtime.batch import choose_write_path
+        from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
         from deltawheel.executor.sources.parquet import ParquetInjector
         from deltawheel.statestore.codecs import get_codec
         from deltawheel.statestore.config import ZkConfig
         from deltawheel.statestore.layout import StoreLayout
         from deltawheel.statestore.process import free_ports
-        from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
         from deltawheel import migrations
 

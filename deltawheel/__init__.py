@@ -100,10 +100,10 @@ _EXPORTS: dict[str, str] = {
     "IntervalOwner": "deltawheel.statestore.ownership.owner",
     "RowStore": "deltawheel.statestore.rowtable.store",
     "WatermarkAuthority": "deltawheel.statestore.zk.watermarks",
-    "EmbeddedZooKeeper": "deltawheel.statestore.zk.server",
+    "EmbeddedZooKeeper": "deltawheel.executor.servers.zookeeper",
     # beyond one machine: for local trials and tests (the CLI's `objectstore` and `cluster`)
-    "ZooKeeperEnsemble": "deltawheel.statestore.zk.ensemble",
-    "S3ProxyServer": "deltawheel.statestore.objectstore.server",
+    "ZooKeeperEnsemble": "deltawheel.executor.servers.ensemble",
+    "S3ProxyServer": "deltawheel.executor.servers.s3proxy",
     "LocalCluster": "deltawheel.executor.servers.cluster",
     # errors: one root, retryable kept apart from fatal
     "DeltaWheelError": "deltawheel.statestore.exceptions",
@@ -164,7 +164,10 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     )
     from deltawheel.executor.runtime.metrics import observe_input  # noqa: F401
     from deltawheel.executor.servers.cluster import LocalCluster  # noqa: F401
+    from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble  # noqa: F401
     from deltawheel.executor.servers.kafka import KafkaBroker  # noqa: F401
+    from deltawheel.executor.servers.s3proxy import S3ProxyServer  # noqa: F401
+    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper  # noqa: F401
     from deltawheel.executor.session import (  # noqa: F401
         build_spark,
         spark_session,
@@ -265,9 +268,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.layout import (  # noqa: F401
         StoreLayout,
     )
-    from deltawheel.statestore.objectstore.server import (  # noqa: F401
-        S3ProxyServer,
-    )
     from deltawheel.statestore.ownership.owner import (  # noqa: F401
         IntervalOwner,
     )
@@ -283,14 +283,8 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.zk.client import (  # noqa: F401
         connect as connect_zk,
     )
-    from deltawheel.statestore.zk.ensemble import (  # noqa: F401
-        ZooKeeperEnsemble,
-    )
     from deltawheel.statestore.zk.leases import (  # noqa: F401
         LeaseManager,
-    )
-    from deltawheel.statestore.zk.server import (  # noqa: F401
-        EmbeddedZooKeeper,
     )
     from deltawheel.statestore.zk.watermarks import (  # noqa: F401
         WatermarkAuthority,

@@ -43,7 +43,7 @@ class _Crash(Exception):
 @pytest.fixture
 def own_zk(tmp_path: Path) -> Iterator[Any]:
     """A ZooKeeper server for this test alone (the shared one must not be stopped or wiped)."""
-    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
+    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
     server.start()

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper, configured_port, four_letter_word
 from deltawheel.statestore.config import DEFAULT_ZK_PORT
 from deltawheel.statestore.process import free_ports, port_free
-from deltawheel.statestore.zk.server import EmbeddedZooKeeper, configured_port, four_letter_word
 
 from ..servers.embedded import StoreZooKeeper
 from .common import layout_from

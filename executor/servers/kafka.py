@@ -29,10 +29,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from deltawheel.executor.servers.zookeeper import pyspark_jars_dir
 from deltawheel.statestore.jars import fetch_maven_jar
 from deltawheel.statestore.process import DetachedProcess, find_java, free_ports, port_free
 from deltawheel.statestore.session.connectors import KAFKA_CLIENTS_VERSION, default_kafka_jars_dir
-from deltawheel.statestore.zk.server import pyspark_jars_dir
 
 from ..exceptions import KafkaServerError
 

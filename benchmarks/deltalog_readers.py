@@ -434,10 +434,10 @@ def _start_s3(spark: Any, work: str, servers: list[Any]) -> str:
     """Start an S3Proxy and a ZooKeeper (the commits' log store) in ``work``; the bucket's root URI."""
     import socket
 
+    from deltawheel.executor.servers.s3proxy import S3ProxyServer
+    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
     from deltawheel.statestore.objectstore.logstore import configure_log_store
     from deltawheel.statestore.objectstore.s3a import configure_bucket
-    from deltawheel.statestore.objectstore.server import S3ProxyServer
-    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
     def port() -> int:
         with socket.socket() as s:

@@ -82,14 +82,15 @@ class DeltaWheelEngine:
         """Run the window count on ``data`` through a deltawheel pipeline; returns speed and output check.
         ``store``: a folder URI (e.g. ``s3a://...``) below which the store is made, instead of ``out_dir``
         (ZooKeeper's data stays in ``out_dir``)."""
-        from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-        from deltawheel.executor.runtime.sources import ParquetInjector
+        from deltawheel.executor.drivers.pipeline import Pipeline
+        from deltawheel.executor.drivers.runner import PipelineRunner
+        from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+        from deltawheel.executor.sources.parquet import ParquetInjector
         from deltawheel.executor.tasks.paths import choose_write_path
         from deltawheel.statestore.codecs import get_codec
         from deltawheel.statestore.config import ZkConfig
         from deltawheel.statestore.layout import StoreLayout
         from deltawheel.statestore.process import free_ports
-        from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
         from deltawheel import migrations
 

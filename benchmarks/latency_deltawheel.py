@@ -97,7 +97,7 @@ class DeltaWheelLatencyEngine:
 
     def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> _DeltaWheelRun:
         """Connect a fresh store under ``work_dir`` and start the computation's query."""
-        from deltawheel.executor.runtime.sources import ParquetInjector
+        from deltawheel.executor.sources.parquet import ParquetInjector
 
         import deltawheel
 

@@ -48,12 +48,13 @@ def _file_max_ms(path: Path) -> int:
 
 def _run_one(spark: Any, data: WorkloadData, percentile: float | None, out_dir: Path,
              say: Callable[[str], None]) -> dict[str, Any]:
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.process import free_ports
-    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
     from deltawheel import migrations
 

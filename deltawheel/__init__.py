@@ -69,19 +69,19 @@ _EXPORTS: dict[str, str] = {
     # running it
     "ComputationExecutor": "deltawheel.executor.protocol.executor",
     "BatchReport": "deltawheel.executor.protocol.reports",
-    "Pipeline": "deltawheel.executor.runtime.pipeline",
-    "PipelineRunner": "deltawheel.executor.runtime.pipeline",
-    "Injector": "deltawheel.executor.runtime.sources",
-    "ParquetInjector": "deltawheel.executor.runtime.sources",
-    "DeltaTableInjector": "deltawheel.executor.runtime.sources",
-    "MaxSeenMinusBound": "deltawheel.executor.runtime.sources",
-    "BatchStats": "deltawheel.executor.runtime.sources",
-    "publish_watermark": "deltawheel.executor.runtime.sources",
-    "to_stream_schema": "deltawheel.executor.runtime.sources",
-    "JsonLinesInjector": "deltawheel.executor.runtime.sources_json",
-    "KafkaInjector": "deltawheel.executor.runtime.sources_kafka",
-    "PerPartitionWatermark": "deltawheel.executor.runtime.sources_kafka",
-    "KafkaBroker": "deltawheel.executor.runtime.kafka_server",
+    "Pipeline": "deltawheel.executor.drivers.pipeline",
+    "PipelineRunner": "deltawheel.executor.drivers.runner",
+    "Injector": "deltawheel.executor.sources.injector",
+    "ParquetInjector": "deltawheel.executor.sources.parquet",
+    "DeltaTableInjector": "deltawheel.executor.sources.delta",
+    "MaxSeenMinusBound": "deltawheel.executor.sources.injector",
+    "BatchStats": "deltawheel.executor.sources.injector",
+    "publish_watermark": "deltawheel.executor.sources.injector",
+    "to_stream_schema": "deltawheel.executor.sources.schema",
+    "JsonLinesInjector": "deltawheel.executor.sources.jsonl",
+    "KafkaInjector": "deltawheel.executor.sources.kafka",
+    "PerPartitionWatermark": "deltawheel.executor.sources.kafka",
+    "KafkaBroker": "deltawheel.executor.servers.kafka",
     "observe_input": "deltawheel.executor.protocol.metrics",
     # the store and its coordination
     "StoreLayout": "deltawheel.statestore.layout",
@@ -92,19 +92,19 @@ _EXPORTS: dict[str, str] = {
     "get_codec": "deltawheel.statestore.codecs",
     "build_spark": "deltawheel.executor.session",
     "SparkSettings": "deltawheel.statestore.session.sparkenv",
-    "connect": "deltawheel.executor.runtime.engine",
-    "Engine": "deltawheel.executor.runtime.engine",
+    "connect": "deltawheel.executor.drivers.engine",
+    "Engine": "deltawheel.executor.drivers.engine",
     "spark_session": "deltawheel.executor.session",
     "connect_zk": "deltawheel.statestore.zk.client:connect",  # the kazoo client of a ZkConfig
     "LeaseManager": "deltawheel.statestore.zk.leases",
     "IntervalOwner": "deltawheel.statestore.ownership.owner",
     "RowStore": "deltawheel.statestore.rowtable.store",
     "WatermarkAuthority": "deltawheel.statestore.zk.watermarks",
-    "EmbeddedZooKeeper": "deltawheel.statestore.zk.server",
+    "EmbeddedZooKeeper": "deltawheel.executor.servers.zookeeper",
     # beyond one machine: for local trials and tests (the CLI's `objectstore` and `cluster`)
-    "ZooKeeperEnsemble": "deltawheel.statestore.zk.ensemble",
-    "S3ProxyServer": "deltawheel.statestore.objectstore.server",
-    "LocalCluster": "deltawheel.executor.runtime.cluster",
+    "ZooKeeperEnsemble": "deltawheel.executor.servers.ensemble",
+    "S3ProxyServer": "deltawheel.executor.servers.s3proxy",
+    "LocalCluster": "deltawheel.executor.servers.cluster",
     # errors: one root, retryable kept apart from fatal
     "DeltaWheelError": "deltawheel.statestore.exceptions",
     "RetryableError": "deltawheel.statestore.exceptions",
@@ -150,52 +150,37 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.executor.context import (  # noqa: F401
         Context,
     )
+    from deltawheel.executor.drivers.engine import Engine, connect  # noqa: F401
+    from deltawheel.executor.drivers.pipeline import Pipeline  # noqa: F401
+    from deltawheel.executor.drivers.runner import PipelineRunner  # noqa: F401
     from deltawheel.executor.exceptions import (  # noqa: F401
         BatchFailedError,
         UserCodeError,
         WindowingError,
     )
-    from deltawheel.executor.protocol.executor import (  # noqa: F401
-        ComputationExecutor,
-    )
+    from deltawheel.executor.protocol.executor import ComputationExecutor  # noqa: F401
     from deltawheel.executor.protocol.metrics import observe_input  # noqa: F401
-    from deltawheel.executor.protocol.reports import (  # noqa: F401
-        BatchReport,
-    )
-    from deltawheel.executor.runtime.cluster import (  # noqa: F401
-        LocalCluster,
-    )
-    from deltawheel.executor.runtime.engine import (  # noqa: F401
-        Engine,
-        connect,
-    )
-    from deltawheel.executor.runtime.kafka_server import (  # noqa: F401
-        KafkaBroker,
-    )
-    from deltawheel.executor.runtime.pipeline import (  # noqa: F401
-        Pipeline,
-        PipelineRunner,
-    )
-    from deltawheel.executor.runtime.sources import (  # noqa: F401
-        BatchStats,
-        DeltaTableInjector,
-        Injector,
-        MaxSeenMinusBound,
-        ParquetInjector,
-        publish_watermark,
-        to_stream_schema,
-    )
-    from deltawheel.executor.runtime.sources_json import (  # noqa: F401
-        JsonLinesInjector,
-    )
-    from deltawheel.executor.runtime.sources_kafka import (  # noqa: F401
-        KafkaInjector,
-        PerPartitionWatermark,
-    )
+    from deltawheel.executor.protocol.reports import BatchReport  # noqa: F401
+    from deltawheel.executor.servers.cluster import LocalCluster  # noqa: F401
+    from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble  # noqa: F401
+    from deltawheel.executor.servers.kafka import KafkaBroker  # noqa: F401
+    from deltawheel.executor.servers.s3proxy import S3ProxyServer  # noqa: F401
+    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper  # noqa: F401
     from deltawheel.executor.session import (  # noqa: F401
         build_spark,
         spark_session,
     )
+    from deltawheel.executor.sources.delta import DeltaTableInjector  # noqa: F401
+    from deltawheel.executor.sources.injector import (  # noqa: F401
+        BatchStats,
+        Injector,
+        MaxSeenMinusBound,
+        publish_watermark,
+    )
+    from deltawheel.executor.sources.jsonl import JsonLinesInjector  # noqa: F401
+    from deltawheel.executor.sources.kafka import KafkaInjector, PerPartitionWatermark  # noqa: F401
+    from deltawheel.executor.sources.parquet import ParquetInjector  # noqa: F401
+    from deltawheel.executor.sources.schema import to_stream_schema  # noqa: F401
     from deltawheel.executor.windowing.combiners import (  # noqa: F401
         CombineFn,
         Count,
@@ -281,9 +266,6 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.layout import (  # noqa: F401
         StoreLayout,
     )
-    from deltawheel.statestore.objectstore.server import (  # noqa: F401
-        S3ProxyServer,
-    )
     from deltawheel.statestore.ownership.owner import (  # noqa: F401
         IntervalOwner,
     )
@@ -299,14 +281,8 @@ if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
     from deltawheel.statestore.zk.client import (  # noqa: F401
         connect as connect_zk,
     )
-    from deltawheel.statestore.zk.ensemble import (  # noqa: F401
-        ZooKeeperEnsemble,
-    )
     from deltawheel.statestore.zk.leases import (  # noqa: F401
         LeaseManager,
-    )
-    from deltawheel.statestore.zk.server import (  # noqa: F401
-        EmbeddedZooKeeper,
     )
     from deltawheel.statestore.zk.watermarks import (  # noqa: F401
         WatermarkAuthority,

@@ -29,6 +29,7 @@ Example (fixed 10 s windows, the default trigger, a sum per window)::
 from __future__ import annotations
 
 from deltawheel.executor.computation import make_record
+from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 from deltawheel.executor.testkit import ComputationTester, Output
 from deltawheel.executor.windowing.harness import (
     Backend,
@@ -41,7 +42,6 @@ from deltawheel.executor.windowing.harness import (
     run_scenarios_lockstep,
 )
 from deltawheel.statestore.clock import ManualClock
-from deltawheel.statestore.zk.server import EmbeddedZooKeeper
 
 __all__ = [
     "Backend",

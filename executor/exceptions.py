@@ -47,6 +47,6 @@ class ClusterError(FatalError):
 
 
 class KafkaServerError(FatalError):
-    """The local Kafka broker (``kafka_server.py``) could not be started or reached."""
+    """The local Kafka broker (``executor/servers/kafka.py``) could not be started or reached."""
 
     exit_code = 8

@@ -11,7 +11,7 @@ included). From the ground up:
   (fetching and building jars), ``sqltext`` and ``comments`` (the SQL text of the tables and
   what each column means, written by whoever creates a table);
 - ``delta/`` (Delta Lake at the protocol level: the log, transactions, files, the JVM seam) and
-  ``zk/`` (coordination in ZooKeeper: leases and sequencers, watermarks, the local servers);
+  ``zk/`` (coordination in ZooKeeper: the client, leases and sequencers, watermarks);
 - ``rowtable/`` (the rows table on Delta) and ``objectstore/`` (S3 through ``s3a://``);
 - ``ownership/`` (lease -> fence -> recovery: ZooKeeper and the rows table together);
 - ``writepath/`` (every write of the rows and stream tables, through an interval owner);

@@ -39,7 +39,7 @@ def spark():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real ZooKeeper server from the jars in the pyspark wheel."""
-    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
+    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path_factory.mktemp("zk"), port=free_port())
     server.start()
@@ -78,7 +78,7 @@ S3_TEST_BUCKET = "deltawheel-tests"
 @pytest.fixture(scope="session")
 def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real S3-compatible server (S3Proxy on a filesystem backend) for the whole run."""
-    from deltawheel.statestore.objectstore.server import S3ProxyServer
+    from deltawheel.executor.servers.s3proxy import S3ProxyServer
 
     server = S3ProxyServer(tmp_path_factory.mktemp("s3"), port=free_port())
     server.start()
@@ -139,7 +139,7 @@ def object_store_env(object_store) -> dict[str, str]:  # type: ignore[no-untyped
 @pytest.fixture
 def ensemble(tmp_path: Path) -> Iterator[object]:
     """A three-server ZooKeeper ensemble of this test's own (stopped, every server, after it)."""
-    from deltawheel.statestore.zk.ensemble import ZooKeeperEnsemble
+    from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble
 
     ens = ZooKeeperEnsemble(tmp_path / "ens")
     ens.start()
@@ -152,7 +152,7 @@ def ensemble(tmp_path: Path) -> Iterator[object]:
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble, started
     once for the tests that ask for it (``deltawheel cluster up``'s LocalCluster)."""
-    from deltawheel.executor.runtime.cluster import LocalCluster
+    from deltawheel.executor.servers.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
     cluster.up()

@@ -11,9 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner  # noqa: E402
-from deltawheel.executor.runtime.sources import ParquetInjector  # noqa: E402
+from deltawheel.executor.drivers.pipeline import Pipeline  # noqa: E402
+from deltawheel.executor.drivers.runner import PipelineRunner  # noqa: E402
 from deltawheel.executor.session import build_spark  # noqa: E402
+from deltawheel.executor.sources.parquet import ParquetInjector  # noqa: E402
 from deltawheel.statestore.config import ZkConfig  # noqa: E402
 from deltawheel.statestore.layout import StoreLayout  # noqa: E402
 from deltawheel.statestore.session.sparkenv import SparkSettings  # noqa: E402

@@ -54,14 +54,15 @@ def write_file(folder: Path, n: int) -> dict[str, int]:
 
 
 def injector(folder: Path):  # type: ignore[no-untyped-def]
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.sources.parquet import ParquetInjector
 
     return ParquetInjector("events", str(folder), key_column="key", event_time_column="t",
                            watermark_delay_ms=1_000, max_files_per_trigger=4, max_event_ahead_ms=None)
 
 
 def main(argv: list[str]) -> int:
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.executor.session import build_spark
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout

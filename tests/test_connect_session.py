@@ -13,8 +13,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation
+from deltawheel.executor.drivers.pipeline import Pipeline
+from deltawheel.executor.drivers.runner import PipelineRunner
 from deltawheel.executor.protocol.executor import ComputationExecutor
-from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import jcontext, jvm

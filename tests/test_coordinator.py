@@ -43,7 +43,7 @@ class _Crash(Exception):
 @pytest.fixture
 def own_zk(tmp_path: Path) -> Iterator[Any]:
     """A ZooKeeper server for this test alone (the shared one must not be stopped or wiped)."""
-    from deltawheel.statestore.zk.server import EmbeddedZooKeeper
+    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 
     server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
     server.start()
@@ -67,8 +67,9 @@ def _input(folder: Path) -> Path:
 
 def _run(spark: Any, folder: Path, layout: StoreLayout, zk: ZkConfig, *,
          faults: Callable[[FaultPoint, int], None] | None = None, write_path: str = "auto") -> Any:
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
 
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
                           value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)
@@ -438,17 +439,17 @@ def test_raise_sequencers_makes_the_next_grant_start_at_the_floor_and_never_lowe
 @pytest.fixture
 def runner_clients(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The kazoo clients the pipeline runner connects (to watch their state, or expire a session)."""
-    from deltawheel.executor.runtime import pipeline
+    from deltawheel.executor.drivers import wiring
 
     got: list[Any] = []
-    real = pipeline.connect
+    real = wiring.connect
 
     def connect(cfg: Any, **kw: Any) -> Any:
         client = real(cfg, **kw)
         got.append(client)
         return client
 
-    monkeypatch.setattr(pipeline, "connect", connect)
+    monkeypatch.setattr(wiring, "connect", connect)
     return got
 
 
@@ -577,8 +578,9 @@ def test_demo_on_its_embedded_zookeeper_come_back_empty_stops_is_refused_then_re
     production ids, state and timers."""
     from deltawheel.executor.demo.pipeline import computations
     from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
-    from deltawheel.executor.runtime.embedded import StoreZooKeeper
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.servers.embedded import StoreZooKeeper
 
     events, per_batch = 3_000, 500
     clean_store = tmp_path / "clean"

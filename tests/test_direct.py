@@ -15,9 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltawheel.executor.drivers.pipeline import Pipeline
+from deltawheel.executor.drivers.runner import PipelineRunner
 from deltawheel.executor.protocol.faults import FaultPoint
-from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-from deltawheel.executor.runtime.sources import ParquetInjector
+from deltawheel.executor.sources.parquet import ParquetInjector
 from deltawheel.executor.tasks.image.direct import DirectBatch, batch_files, direct_table
 from deltawheel.executor.tasks.image.job import ImageTasks
 from deltawheel.executor.tasks.input import prepare_input

@@ -107,7 +107,7 @@ def test_a_stale_record_after_sigkill_is_replaced(stores) -> None:  # type: igno
 
 _HOLDER = textwrap.dedent("""
     import sys, time
-    from deltawheel.executor.runtime.embedded import ensure_zookeeper
+    from deltawheel.executor.servers.embedded import ensure_zookeeper
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
     use = ensure_zookeeper(ZkConfig(), StoreLayout(sys.argv[1]), own=True)

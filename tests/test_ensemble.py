@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterator
 
 import psutil
 import pytest
+from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import LeaseHeldError, LeaseSuspendedError, ZooKeeperServerError
 from deltawheel.statestore.zk.client import connect
-from deltawheel.statestore.zk.ensemble import ZooKeeperEnsemble
 from deltawheel.statestore.zk.lease_tools import list_leases, next_sequencers
 from deltawheel.statestore.zk.leases import LeaseManager
 
@@ -145,7 +145,7 @@ def test_cli_lists_leases_through_the_ensemble(ensemble: ZooKeeperEnsemble, clie
 
 
 def test_member_errors_say_what_to_do(tmp_path: Path) -> None:
-    from deltawheel.statestore.zk.server import EmbeddedZooKeeper, QuorumPeer
+    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper, QuorumPeer
 
     peers = [QuorumPeer(1, "127.0.0.1", 1, 2, 3)]
     with pytest.raises(ZooKeeperServerError, match=r"myid 2 is not one of the ensemble's ids \[1\]"):

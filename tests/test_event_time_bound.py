@@ -31,8 +31,9 @@ def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, zk_c
     record goes to the dead letters with the reason, the watermark stays near now, and the records
     of the next file are processed on time (before: the watermark jumped to 2099 and every later
     record was late, routed to late_data)."""
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import RoutedLate
 

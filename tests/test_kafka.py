@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A KRaft broker + controller for the whole run."""
-    from deltawheel.executor.runtime.kafka_server import KafkaBroker
+    from deltawheel.executor.servers.kafka import KafkaBroker
 
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     broker.start()
@@ -58,7 +58,7 @@ MESSAGES = [
 
 def payments_topic(spark: Any, broker: Any, topic: str) -> Any:
     """A two-partition ``topic`` holding MESSAGES, and the KafkaInjector "events" reading it."""
-    from deltawheel.executor.runtime.kafka_server import create_topic
+    from deltawheel.executor.servers.kafka import create_topic
 
     import deltawheel
 
@@ -106,8 +106,8 @@ def test_kafka_topic_through_the_executor(spark: Any, kafka_broker: Any, migrate
 
 
 def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
-    from deltawheel.executor.runtime.kafka_server import create_topic
-    from deltawheel.executor.runtime.sources_kafka import KafkaInjector
+    from deltawheel.executor.servers.kafka import create_topic
+    from deltawheel.executor.sources.kafka import KafkaInjector
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.writepath.streams import stream_schema_ddl
 
@@ -136,7 +136,7 @@ def test_kafka_rows_in_the_stream_schema(spark: Any, kafka_broker: Any, tmp_path
 
 def test_broker_errors_say_what_to_do(spark: Any, kafka_broker: Any, tmp_path: Path) -> None:
     from deltawheel.executor.exceptions import KafkaServerError
-    from deltawheel.executor.runtime.kafka_server import KafkaBroker, create_topic
+    from deltawheel.executor.servers.kafka import KafkaBroker, create_topic
     from deltawheel.statestore.process import free_ports
 
     taken = KafkaBroker(tmp_path / "other", port=kafka_broker.port, controller_port=free_ports(1)[0])
@@ -153,7 +153,8 @@ def test_the_pipeline_runner_moves_a_kafka_watermark_per_partition(spark: Any, k
                                                                    tmp_path: Path) -> None:
     """Under PipelineRunner (no hand-wired ``tracking``), a Kafka injector's watermark follows its
     partitions batch by batch: the lagging partition holds it, not the overall max."""
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority

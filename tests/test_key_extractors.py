@@ -158,8 +158,9 @@ def test_only_a_key_column_extractor_lets_the_tasks_read_parquet_files_themselve
     form reads the same injector through the JVM's input preparation (above)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
 
     folder = tmp_path_factory.mktemp("parquet")
     pq.write_table(pa.table({"country": ["de", "fr"], "t": pa.array([1, 2], pa.int64())}), folder / "part-0.parquet")

@@ -199,8 +199,9 @@ def test_the_pipeline_routes_a_retry_of_an_on_time_record_as_a_duplicate(
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from executor_util import RoutedLate
 
     folder = tmp_path / "in"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
+from deltawheel.executor.servers.s3proxy import S3ProxyServer
 from deltawheel.statestore.exceptions import (
     BucketMissingError,
     ObjectStoreAuthError,
@@ -18,7 +19,6 @@ from deltawheel.statestore.exceptions import (
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.objectstore.client import S3Client, S3Endpoint
 from deltawheel.statestore.objectstore.s3a import configure_bucket
-from deltawheel.statestore.objectstore.server import S3ProxyServer
 
 from deltawheel import migrations
 

@@ -35,7 +35,8 @@ def outputs(spark, store: Path | str) -> dict[str, list[tuple[str, str]]]:  # ty
 def run_in_process(spark, store: Path, zk_config) -> dict[str, list[tuple[str, str]]]:  # type: ignore[no-untyped-def]
     from deltawheel.executor.demo.pipeline import computations
     from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
 
     layout = StoreLayout(str(store))
@@ -144,8 +145,9 @@ def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
         spark, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import Copier, CopyCounter, state_of
     from pyspark.sql.streaming.readwriter import DataStreamWriter
@@ -198,8 +200,9 @@ def test_a_second_copy_waits_for_the_first_computations_leases_before_taking_lat
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager

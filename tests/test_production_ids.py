@@ -237,7 +237,8 @@ def test_the_demo_pipeline_with_late_events_delivers_every_production_once(spark
 
     from deltawheel.executor.demo.pipeline import computations
     from deltawheel.executor.demo.zeitgeist import GeneratorInjector, ZeitgeistParams
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.statestore.layout import StoreLayout
 
     layout = StoreLayout(str(tmp_path / "store"))

@@ -120,8 +120,9 @@ def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk
     timeout, not never)."""
     from dataclasses import replace
 
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.exceptions import LeaseSuspendedError
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import ByRecordKey

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation, ErrorPolicy
-from deltawheel.executor.runtime.sources_json import JsonLinesInjector
+from deltawheel.executor.sources.jsonl import JsonLinesInjector
 from deltawheel.statestore.layout import StoreLayout
 from pyspark import cloudpickle
 
@@ -132,7 +132,7 @@ def test_every_dead_letter_of_a_json_line_keeps_the_line(spark: Any, store: Stor
 def test_a_text_injector_and_a_stream_table_make_one_input(spark: Any, store: StoreLayout, folder: Path) -> None:
     """The pipeline runner's union of a computation's inputs: a JSON injector's frame has the lines'
     text (``raw_value``), a stream table's has not (null there)."""
-    from deltawheel.executor.runtime.sources import union_inputs
+    from deltawheel.executor.sources.schema import union_inputs
     from deltawheel.statestore.writepath.streams import ensure_stream_table, stream_schema_ddl
     from pyspark.sql import functions as F
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 from deltawheel.executor.cli import main as cli_main
+from deltawheel.executor.drivers.recover import computations_of, recover, scan
 from deltawheel.executor.protocol.faults import FaultPoint
-from deltawheel.executor.runtime.recover import computations_of, recover, scan
 from deltawheel.statestore.exceptions import ConfigError, LeaseHeldError
 from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.leases import LeaseManager

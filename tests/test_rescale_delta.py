@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation
+from deltawheel.executor.drivers.pipeline import Pipeline
+from deltawheel.executor.drivers.runner import PipelineRunner
 from deltawheel.executor.protocol.rescale import CATCH_UP_BATCH, positions_log
-from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-from deltawheel.executor.runtime.sources import DeltaTableInjector, ParquetInjector
+from deltawheel.executor.sources.delta import DeltaTableInjector
+from deltawheel.executor.sources.parquet import ParquetInjector
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import interval_of

@@ -22,8 +22,9 @@ def _input(folder, n: int = 60) -> None:  # type: ignore[no-untyped-def]
 
 
 def _runner(spark, tmp_path, zk_config, **kw):  # type: ignore[no-untyped-def]
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import Copier, CopyCounter
 

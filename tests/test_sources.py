@@ -1,4 +1,4 @@
-"""Injectors (executor/runtime/sources.py) and the Zeitgeist generator (executor/demo/zeitgeist.py).
+"""Injectors (executor/sources/) and the Zeitgeist generator (executor/demo/zeitgeist.py).
 
 Streams are consumed with real Spark file / Delta streaming sources
 (``trigger(availableNow=True)`` into ``foreachBatch``); watermarks are
@@ -24,14 +24,9 @@ from deltawheel.executor.demo.zeitgeist import (
     table_digest,
     write_event_files,
 )
-from deltawheel.executor.runtime.sources import (
-    BatchStats,
-    DeltaTableInjector,
-    Injector,
-    MaxSeenMinusBound,
-    ParquetInjector,
-    publish_watermark,
-)
+from deltawheel.executor.sources.delta import DeltaTableInjector
+from deltawheel.executor.sources.injector import BatchStats, Injector, MaxSeenMinusBound, publish_watermark
+from deltawheel.executor.sources.parquet import ParquetInjector
 from deltawheel.statestore.exceptions import ConfigError, StaleSequencerError
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 from deltawheel.statestore.zk.client import connect
@@ -230,7 +225,7 @@ def test_the_parquet_schema_read_from_a_footer_is_the_one_spark_infers(spark: An
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from deltawheel.executor.runtime.sources import _local_parquet_schema
+    from deltawheel.executor.sources.folders import _local_parquet_schema
 
     simple = pa.table({
         "s": ["a"], "b": pa.array([b"x"]), "i8": pa.array([1], pa.int8()), "i16": pa.array([1], pa.int16()),
@@ -350,7 +345,7 @@ def write_json_lines(folder: Path, files: dict[str, list[str]] = JSON_LINES) -> 
 
 @pytest.mark.spark
 def test_json_lines_injector_keeps_malformed_lines_raw(spark: Any, tmp_path: Path) -> None:
-    from deltawheel.executor.runtime.sources_json import JsonLinesInjector
+    from deltawheel.executor.sources.jsonl import JsonLinesInjector
 
     write_json_lines(tmp_path / "in")
     inj = JsonLinesInjector("payments", str(tmp_path / "in"), schema="card STRING, amount DOUBLE, ts BIGINT",
@@ -395,7 +390,7 @@ def test_json_lines_injector_keeps_malformed_lines_raw(spark: Any, tmp_path: Pat
 
 @pytest.mark.spark
 def test_json_lines_schema_inferred_and_epoch_ms(spark: Any, tmp_path: Path) -> None:
-    from deltawheel.executor.runtime.sources_json import JsonLinesInjector
+    from deltawheel.executor.sources.jsonl import JsonLinesInjector
 
     write_json_lines(tmp_path / "in", {"a.jsonl": JSON_LINES["a.jsonl"]})
     inj = JsonLinesInjector("payments", str(tmp_path / "in"), key_column="card", event_time_column="ts",
@@ -409,7 +404,7 @@ def test_json_lines_schema_inferred_and_epoch_ms(spark: Any, tmp_path: Path) -> 
 
 @pytest.mark.spark
 def test_bad_json_source_configuration(spark: Any, tmp_path: Path) -> None:
-    from deltawheel.executor.runtime.sources_json import JsonLinesInjector
+    from deltawheel.executor.sources.jsonl import JsonLinesInjector
 
     args: dict[str, Any] = {"key_column": "card", "event_time_column": "ts", "watermark_delay_ms": 0}
     with pytest.raises(ConfigError, match="JSON folder .*missing does not exist"):
@@ -463,7 +458,7 @@ def test_json_lines_through_the_executor_dead_letters_say_malformed(
 
 
 def test_per_partition_watermark_is_the_minimum_and_idle_partitions_are_left_out() -> None:
-    from deltawheel.executor.runtime.sources_kafka import PerPartitionWatermark
+    from deltawheel.executor.sources.kafka import PerPartitionWatermark
     from deltawheel.statestore.clock import ManualClock
 
     clock = ManualClock(0)
@@ -490,7 +485,7 @@ def test_per_partition_watermark_is_the_minimum_and_idle_partitions_are_left_out
 
 
 def test_per_partition_watermark_never_idle_by_default() -> None:
-    from deltawheel.executor.runtime.sources_kafka import PerPartitionWatermark
+    from deltawheel.executor.sources.kafka import PerPartitionWatermark
     from deltawheel.statestore.clock import ManualClock
 
     clock = ManualClock(0)

@@ -22,7 +22,7 @@ def _write(path: Path, rows: list[tuple[str, int]], mtime_s: float) -> None:
 
 
 def test_a_percentile_outside_0_1_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.sources.parquet import ParquetInjector
 
     from deltawheel import ConfigError
 
@@ -39,8 +39,9 @@ def test_the_exact_estimate_waits_for_a_straggler_a_percentile_does_not(spark, z
     first window. Exact (percentile 0): the watermark never passes the pending straggler, so it is
     counted in its window. Percentile 0.05 and max-seen-minus-5 s: the first window closes before
     the straggler is read; it is late (routed), one record of 41."""
-    from deltawheel.executor.runtime.pipeline import Pipeline, PipelineRunner
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import RoutedLate, stream_rows
 

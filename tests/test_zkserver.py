@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import free_port
+from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper, four_letter_word
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.process import find_java
-from deltawheel.statestore.zk.server import EmbeddedZooKeeper, four_letter_word
 
 pytestmark = pytest.mark.timeout(120)
 

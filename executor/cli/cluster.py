@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _up(args: argparse.Namespace) -> int:
-    from ..runtime.cluster import LocalCluster
+    from ..servers.cluster import LocalCluster
 
     cluster = LocalCluster(os.path.abspath(args.data), zookeeper=not args.no_zk, spark=not args.no_spark,
                            workers=args.workers, worker_memory=args.worker_memory)
@@ -55,7 +55,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from ..runtime.cluster import LocalCluster
+    from ..servers.cluster import LocalCluster
 
     cluster = LocalCluster(os.path.abspath(args.data))
     if not cluster.manifest.exists():
@@ -68,7 +68,7 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from ..runtime.cluster import LocalCluster
+    from ..servers.cluster import LocalCluster
 
     cluster = LocalCluster(os.path.abspath(args.data))
     if not cluster.manifest.exists():

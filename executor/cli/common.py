@@ -93,7 +93,7 @@ def zk_config_from(args: argparse.Namespace) -> ZkConfig:
     if hosts is None:
         hosts = f"127.0.0.1:{DEFAULT_ZK_PORT}"
         if getattr(args, "store", None):
-            from ..runtime.embedded import StoreZooKeeper
+            from ..servers.embedded import StoreZooKeeper
 
             layout = layout_from(args)
             running = StoreZooKeeper(layout).running() if layout.is_local else None
@@ -103,10 +103,10 @@ def zk_config_from(args: argparse.Namespace) -> ZkConfig:
 
 
 def zookeeper_for(args: argparse.Namespace, layout: StoreLayout) -> Any:
-    """The ZooKeeper of a command on ``layout`` (a :class:`~..runtime.embedded.ZooKeeperUse`, to release):
+    """The ZooKeeper of a command on ``layout`` (a :class:`~..servers.embedded.ZooKeeperUse`, to release):
     with no ``--zk``, a local store's own embedded server (started, or shared with the other processes
     using the store); an explicit ``--zk`` as given (an embedded server started on it if none answers)."""
-    from ..runtime.embedded import ensure_zookeeper
+    from ..servers.embedded import ensure_zookeeper
 
     return ensure_zookeeper(zk_config_from(args), layout, own=args.zk is None)
 

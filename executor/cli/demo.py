@@ -55,7 +55,8 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from ..demo.pipeline import computations
     from ..demo.zeitgeist import GeneratorInjector, ZeitgeistParams
-    from ..runtime.pipeline import Pipeline, PipelineRunner
+    from ..drivers.pipeline import Pipeline
+    from ..drivers.runner import PipelineRunner
 
     if args.store is None:
         args.store = os.path.join("data", "demo")

@@ -6,9 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
+from deltawheel.executor.servers.s3proxy import DEFAULT_OBJECTSTORE_PORT, S3ProxyServer
 from deltawheel.statestore.exceptions import ObjectStoreServerError
 from deltawheel.statestore.objectstore import s3a
-from deltawheel.statestore.objectstore.server import DEFAULT_OBJECTSTORE_PORT, S3ProxyServer
 
 __all__ = ["register"]
 

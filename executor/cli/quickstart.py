@@ -21,7 +21,7 @@ from deltawheel.executor.computation import RECORD_KEY, Computation
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.rowtable.rows import TimeDomain
 
-from ..runtime.engine import connect
+from ..drivers.engine import connect
 from .common import (
     add_spark_args,
     add_store_arg,

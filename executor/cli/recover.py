@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..runtime.recover import computations_of, recover, scan
+    from ..drivers.recover import computations_of, recover, scan
 
     with store_zookeeper(args) as (layout, _cfg, client):
         spark = spark_from(args)

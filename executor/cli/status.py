@@ -186,7 +186,8 @@ def gather(layout: StoreLayout, client: Any, *, pipeline: str | None = None, spa
     """Everything ``status`` and ``report`` show, from the store (``spark`` is needed only for a
     store that is not local) and the ZooKeeper ``client`` (None: the store's figures only)."""
     from deltawheel.statestore.zk.lease_tools import list_leases
-    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    from ..drivers.wiring import watermark_reader
 
     st = StoreStatus(store=layout.root, now_ms=int(time.time() * 1000) if now_ms is None else now_ms)
     if client is not None:
@@ -194,7 +195,7 @@ def gather(layout: StoreLayout, client: Any, *, pipeline: str | None = None, spa
         names = [pipeline] if pipeline else (sorted(client.get_children("/pipelines"))
                                              if client.exists("/pipelines") else [])
         for p in names:
-            authority = WatermarkAuthority(client, pipeline=p)
+            authority = watermark_reader(client, pipeline=p)
             try:
                 st.watermarks[p] = authority.snapshot()
             finally:

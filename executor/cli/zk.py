@@ -1,6 +1,6 @@
 """``deltawheel zk start|stop|status``: the embedded ZooKeeper server for local stores.
 
-With ``--store`` it is the store's own server (:mod:`..runtime.embedded`): the one the store's
+With ``--store`` it is the store's own server (:mod:`..servers.embedded`): the one the store's
 commands use when no ``--zk`` is given, on its recorded port; ``zk start`` keeps it running
 until ``zk stop``. With ``--data-dir`` it is a server of your own, on ``--port``."""
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import time
 
+from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper, configured_port, four_letter_word
 from deltawheel.statestore.config import DEFAULT_ZK_PORT
 from deltawheel.statestore.process import free_ports, port_free
-from deltawheel.statestore.zk.server import EmbeddedZooKeeper, configured_port, four_letter_word
 
-from ..runtime.embedded import StoreZooKeeper
+from ..servers.embedded import StoreZooKeeper
 from .common import layout_from
 
 __all__ = ["register"]

@@ -8,7 +8,7 @@ events) is moved a further ``late_by_ms`` back: those events violate the
 disorder bound on purpose, so consumers see late data.
 
 :class:`GeneratorInjector` writes the events as Parquet files (one per
-micro-batch) and streams them like a :class:`~.sources.ParquetInjector`.
+micro-batch) and streams them like a :class:`~.sources.parquet.ParquetInjector`.
 
 Two anomalies are built in (:class:`AnomalySchedule`, as fractions of the
 generated base-time span) so that an anomaly detector has something to find:
@@ -40,12 +40,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltawheel.statestore.exceptions import ConfigError
 
-from ..runtime.sources import (
-    BatchStats,
-    MaxSeenMinusBound,
-    ParquetInjector,
-    local_folder_token,
-)
+from ..sources.folders import local_folder_token
+from ..sources.injector import BatchStats, MaxSeenMinusBound
+from ..sources.parquet import ParquetInjector
 
 __all__ = [
     "DEFAULT_START_MS",
@@ -328,7 +325,7 @@ class GeneratorInjector:
     ``params`` into ``folder`` (see :func:`write_event_files`; same params,
     same files; a restart rewrites nothing) plus ``_zeitgeist.json`` (the
     parameters and the anomaly windows). The stream is a
-    :class:`~.sources.ParquetInjector` over the folder: key ``query``, value
+    :class:`~.sources.parquet.ParquetInjector` over the folder: key ``query``, value
     ``{"query": ...}``, record ids from the ``record_id`` column,
     ``max_files_per_trigger`` files per micro-batch.
 
@@ -376,7 +373,7 @@ class GeneratorInjector:
         return paths
 
     def parquet_injector(self) -> ParquetInjector:
-        """The :class:`~.sources.ParquetInjector` reading the generated folder."""
+        """The :class:`~.sources.parquet.ParquetInjector` reading the generated folder."""
         return ParquetInjector(self.name, self.folder, key_column="query", event_time_column="event_time",
                                record_id_column="record_id", max_files_per_trigger=self.max_files_per_trigger,
                                watermark_delay_ms=self.params.max_disorder_ms)

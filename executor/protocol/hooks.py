@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
-from ..runtime.sources import BatchStats, Injector, publish_watermark
+from ..sources.injector import BatchStats, Injector, publish_watermark
 from .rescale import files_read
 
 __all__ = ["InjectorHook"]

@@ -51,7 +51,8 @@ from urllib.parse import unquote, urlparse
 from deltawheel.statestore.exceptions import ConfigError, InputGoneError
 
 from ..computation import Computation
-from ..runtime.sources import Injector, ParquetInjector
+from ..sources.injector import Injector
+from ..sources.parquet import ParquetInjector
 from ..tasks.input import interval_of_key, key_expression
 
 __all__ = ["SharedInput", "CATCH_UP_BATCH", "POSITIONS_DIR", "files_read", "source_log_files", "positions_log",

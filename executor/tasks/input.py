@@ -34,13 +34,13 @@ PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp
 
 _ERR = "\x00!"
 DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the clock are dead letters
-#: The codec of a record its source could not parse (``sources_json.py``, ``sources_kafka.py``): its
+#: The codec of a record its source could not parse (``sources/jsonl.py``, ``sources/kafka.py``): its
 #: value is the raw input (a JSON line, a Kafka message's value) and it becomes a dead letter.
 MALFORMED_CODEC = "malformed"
 MALFORMED_REASON = "malformed input: the source could not parse it; raw_value holds the original text"
 #: An input frame's optional column (BINARY) beside the stream-table columns: the record's original
-#: text from a text source (a JSON line, a Kafka message's value; ``sources.to_stream_schema``'s
-#: ``raw``). Every dead letter of the record keeps it as its ``raw_value``; nothing else reads it.
+#: text from a text source (a JSON line, a Kafka message's value; ``to_stream_schema``'s ``raw``,
+#: ``sources/schema.py``). Every dead letter of the record keeps it as its ``raw_value``; nothing else reads it.
 RAW_COLUMN = "raw_value"
 
 

@@ -45,7 +45,7 @@ __all__ = ["DirectSource", "DirectBatch", "BatchReader", "batch_files", "direct_
 
 @dataclass(frozen=True)
 class DirectSource:
-    """A Parquet injector's columns as its stream schema maps them (see ``sources.to_stream_schema``).
+    """A Parquet injector's columns as its stream schema maps them (see ``sources/schema.py``).
 
     ``types``: the Arrow type (``str``) of each read column in the file the stream's schema came
     from; a batch file whose columns differ goes through the JVM path."""

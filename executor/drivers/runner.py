@@ -1,4 +1,4 @@
-"""A pipeline: injectors and computations wired by named streams, run on Spark streaming queries.
+"""The pipeline runner: a :class:`~.pipeline.Pipeline` run on Spark streaming queries.
 
 Each computation is one Structured Streaming query over the union of its
 inputs (an injector's stream, or the Delta tables of streams other
@@ -18,6 +18,10 @@ A computation whose one input is a Parquet injector that offers a ``direct_sourc
 folder, columns of plain types) and that keys by the injector's key column has its files read by the image tasks
 themselves (``tasks/image/direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
 frame, so it knows the frame is exactly the injector's stream.
+
+The runner's ZooKeeper client, leases, watermark authority, row store, interval owners and
+executors are composed by ``wiring.py``: an engine's :class:`~.wiring.Wiring`
+(``engine.run_pipeline``), or one the runner opens from its ``zk`` and closes at the end.
 """
 
 from __future__ import annotations
@@ -25,17 +29,15 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
-from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
+from deltawheel.statestore.exceptions import DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.ownership.owner import IntervalOwner
-from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.writepath.streams import ensure_stream_table
-from deltawheel.statestore.zk.client import connect, digest_acls
+from deltawheel.statestore.zk.client import digest_acls
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.members import Membership, target
@@ -45,99 +47,14 @@ from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from ..computation import RECORD_KEY, Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.faults import FaultPoint
-from ..protocol.reports import BatchReport, format_watermark
+from ..protocol.reports import BatchReport
 from ..protocol.rescale import CATCH_UP_BATCH, shared_input
+from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..tasks import worker as _worker
-from .sources import (
-    DEFAULT_MAX_EVENT_AHEAD_MS,
-    Injector,
-    publish_watermark,
-)
+from .pipeline import MoveTiming, Pipeline, RunSummary
+from .wiring import Wiring, injector_hook, migrate_store, open_client, wire
 
-__all__ = ["Pipeline", "PipelineRunner", "RunSummary", "MoveTiming", "RunWiring"]
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """Injectors and computations; streams are named by injector names and computation outputs."""
-
-    name: str
-    injectors: tuple[Injector, ...]
-    computations: tuple[Computation, ...]
-
-    def producers(self, stream: str) -> list[str]:
-        """The names of the computations that write ``stream``."""
-        return [c.name for c in self.computations if stream in c.outputs]
-
-    def upstream(self, comp: Computation) -> list[str]:
-        """The sources feeding ``comp``, sorted: ``injector:<name>``, ``computation:<name>``."""
-        names = {i.name for i in self.injectors}
-        out: list[str] = []
-        for s in comp.inputs:
-            if s in names:
-                out.append(f"injector:{s}")
-            else:
-                prods = self.producers(s)
-                if not prods:
-                    raise ConfigError(f"{comp.name} reads stream {s!r}, which no injector or computation produces")
-                out += [f"computation:{p}" for p in prods]
-        return sorted(set(out))
-
-    def ordered(self) -> list[Computation]:
-        """Computations in topological order (upstream first)."""
-        done: list[str] = []
-        left = list(self.computations)
-        while left:
-            ready = [c for c in left if all(u.split(":", 1)[1] in done or u.startswith("injector:")
-                                            for u in self.upstream(c))]
-            if not ready:
-                raise ConfigError(f"pipeline {self.name}: the computations {[c.name for c in left]} form a cycle")
-            for c in ready:
-                done.append(c.name)
-                left.remove(c)
-        by = {c.name: c for c in self.computations}
-        return [by[n] for n in done]
-
-
-@dataclass(frozen=True)
-class MoveTiming:
-    """An instance's change of intervals between batches: from the first lease given back or
-    taken to the end of the new executor's start (fence, recovery scan, catch-up batch)."""
-
-    computation: str
-    before: tuple[int, ...]
-    after: tuple[int, ...]
-    seconds: float
-
-
-@dataclass(frozen=True)
-class RunWiring:
-    """The ZooKeeper client and the objects on it that a run uses: an :class:`~.engine.Engine`'s
-    (``engine.run_pipeline``: connected, the store migrated, closed by the engine), or those
-    :meth:`PipelineRunner.run` makes for itself from its ``zk``."""
-
-    client: Any
-    leases: LeaseManager
-    authority: WatermarkAuthority
-    store: RowStore
-
-
-@dataclass(repr=False)
-class RunSummary:
-    """A finished run: per computation, its batch reports, published low watermark and watermark lag.
-
-    Printed, it is one line (per computation: batches, records in, productions, low watermark);
-    the reports are behind :attr:`reports`."""
-
-    reports: dict[str, list[BatchReport]] = field(default_factory=dict)
-    low_watermarks: dict[str, int | None] = field(default_factory=dict)
-    lag_ms: dict[str, int | None] = field(default_factory=dict)
-
-    def __repr__(self) -> str:
-        parts = [f"{name}: {len(reps)} batches, {sum(r.records_in for r in reps)} records in, "
-                 f"{sum(r.productions for r in reps)} produced, low watermark "
-                 f"{format_watermark(self.low_watermarks.get(name))}" for name, reps in self.reports.items()]
-        return f"RunSummary({'; '.join(parts)})"
+__all__ = ["PipelineRunner"]
 
 
 class PipelineRunner:
@@ -162,7 +79,7 @@ class PipelineRunner:
                  warm_workers: bool = True, instance: str | None = None,
                  intervals: Sequence[int] | None = None, follow: Callable[[], bool] | None = None,
                  poll_s: float = 1.0, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S,
-                 wiring: RunWiring | None = None) -> None:
+                 wiring: Wiring | None = None) -> None:
         if instance is not None:
             validate_name("instance", instance)
         self.instance = instance
@@ -206,33 +123,22 @@ class PipelineRunner:
                 warming.join()
 
     def _connect_and_run(self) -> RunSummary:
-        from deltawheel import migrations
-
-        if not self.layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
-            from deltawheel.statestore.objectstore.logstore import configure_log_store
-
-            configure_log_store(self.spark, self.zk.hosts, chroot=self.zk.chroot, digest=self.zk.digest)
-        client = connect(self.zk)
+        client = open_client(self.spark, self.layout, self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently
-            migrations.apply_when_pending(self.spark, self.layout,
-                                          lambda: client.Lock(f"/locks/migrate/{self.pipeline.name}", self.owner))
-            name = self.pipeline.name
-            wiring = RunWiring(client, LeaseManager(client, pipeline=name, owner=self.owner, acls=digest_acls(self.zk),
-                                                    max_pause_s=self.max_pause_s),
-                               WatermarkAuthority(client, pipeline=name, acls=digest_acls(self.zk),
-                                                  max_pause_s=self.max_pause_s),
-                               RowStore(self.spark, self.layout, writer=self.owner))
+            migrate_store(self.spark, self.layout, client, pipeline=self.pipeline.name, owner=self.owner)
+            wiring = wire(self.spark, self.layout, client, pipeline=self.pipeline.name, owner=self.owner, zk=self.zk,
+                          max_pause_s=self.max_pause_s)
             return self._run(wiring, own=True)
         finally:
             client.stop()
             client.close()
 
-    def _run(self, wiring: RunWiring, *, own: bool) -> RunSummary:
+    def _run(self, wiring: Wiring, *, own: bool) -> RunSummary:
         """The rounds on ``wiring`` (``own``: the runner's, whose leases it closes at the end)."""
         p = self.pipeline
         client, leases, authority = wiring.client, wiring.leases, wiring.authority
-        self._ctx = (client, leases, authority, wiring.store)
+        self._wiring = wiring
         self._done_reports: dict[str, list[BatchReport]] = {c.name: [] for c in p.computations}
         member = None
         if self.auto_assign:  # a live member: the intervals are split by the live members
@@ -295,15 +201,16 @@ class PipelineRunner:
 
     def _start(self, comp: Computation, intervals: Sequence[int] | None, *, wait_s: float) -> ComputationExecutor:
         """An executor of ``comp`` holding ``intervals`` (None: all), started and caught up."""
-        _, leases, authority, store = self._ctx
+        wiring = self._wiring
+        authority = wiring.authority
         p = self.pipeline
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
-        owner = IntervalOwner(store, leases, comp.name, num_intervals=type(comp).num_intervals)
+        owner = wiring.owner(comp)
         hook = self._injector_hook(authority, feeding, self._checkpoint(comp), comp.name, owner) if feeding else None
-        ex = ComputationExecutor(self.spark, self.layout, comp, owner=owner, authority=authority,
-                                 upstream=p.upstream(comp), faults=self.faults, on_batch_end=hook,
-                                 progress=self.progress, write_path=self.write_path, intervals=intervals)
+        ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
+                             faults=self.faults, on_batch_end=hook, progress=self.progress,
+                             write_path=self.write_path, intervals=intervals)
         if self.instance is not None:  # instances share the intervals: positions per input file
             ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp))
         n = type(comp).num_intervals if intervals is None else len(intervals)
@@ -331,7 +238,7 @@ class PipelineRunner:
         (``members.py``: the live members' split, or the operator's move request). Intervals
         assigned elsewhere are given back after the last batch's delivery settled (``stop``);
         a change restarts the executor on the new set (fence, recovery, catch-up)."""
-        client = self._ctx[0]
+        client = self._wiring.client
         n = type(comp).num_intervals
         want = set(target(client, self.pipeline.name, comp.name, n).get(str(self.instance), ()))
         ex = execs.get(comp.name)
@@ -404,8 +311,6 @@ class PipelineRunner:
 
     def _injector_hook(self, authority: WatermarkAuthority, feeding: Sequence[Injector], checkpoint: str,
                        computation: str, owner: IntervalOwner) -> Callable[[int | None, int | None], None]:
-        from .engine import injector_hook
-
         # instances: each publishes its own estimate, the injector's is the live instances' minimum
         return injector_hook(authority, feeding, checkpoint=checkpoint, instance=self.instance,
                              held=None if self.instance is None else lambda: {computation: owner.sequencers})
@@ -414,7 +319,7 @@ class PipelineRunner:
         """One availableNow query over the computation's inputs; returns records consumed."""
         from pyspark.sql import functions as F
 
-        from .sources import union_inputs
+        from ..sources.schema import union_inputs
 
         injectors = {i.name: i for i in self.pipeline.injectors}
         if self.instance is not None and ex.authority is not None:

@@ -1,7 +1,7 @@
 """A local single-node Kafka broker in KRaft mode, run from the Kafka jars on Maven Central.
 
-For development and tests of Kafka sources (``sources_kafka.py``); production jobs point
-:class:`~deltawheel.executor.runtime.sources_kafka.KafkaInjector` at their own cluster.
+For development and tests of Kafka sources (``executor/sources/kafka.py``); production jobs point
+:class:`~deltawheel.executor.sources.kafka.KafkaInjector` at their own cluster.
 The broker is Apache Kafka's own server (``kafka.Kafka``), one process acting as broker and
 controller, started after ``kafka-storage format`` (``kafka.tools.StorageTool``) as Kafka's
 quickstart does. Its jars are :data:`KAFKA_BROKER_JARS` (Kafka's modules and the few
@@ -29,10 +29,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from deltawheel.executor.servers.zookeeper import pyspark_jars_dir
 from deltawheel.statestore.jars import fetch_maven_jar
 from deltawheel.statestore.process import DetachedProcess, find_java, free_ports, port_free
 from deltawheel.statestore.session.connectors import KAFKA_CLIENTS_VERSION, default_kafka_jars_dir
-from deltawheel.statestore.zk.server import pyspark_jars_dir
 
 from ..exceptions import KafkaServerError
 

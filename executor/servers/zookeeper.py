@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..exceptions import ZooKeeperServerError
-from ..process import DetachedProcess, find_java, port_free
+from deltawheel.statestore.exceptions import ZooKeeperServerError
+from deltawheel.statestore.process import DetachedProcess, find_java, port_free
 
 __all__ = ["EmbeddedZooKeeper", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir",
            "four_letter_word", "configured_port"]

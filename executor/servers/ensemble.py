@@ -1,7 +1,7 @@
 """A local ZooKeeper ensemble: three (or any odd number of) servers from pyspark's jars.
 
 For trying deltawheel against a replicated ZooKeeper (``deltawheel cluster up``) and for
-fault tests: each member is an :class:`~.server.EmbeddedZooKeeper` run by ``QuorumPeerMain``
+fault tests: each member is an :class:`~.zookeeper.EmbeddedZooKeeper` run by ``QuorumPeerMain``
 with its own data folder, ``myid``, client port and peer/election ports, all listed in
 every member's ``zoo.cfg``::
 
@@ -21,9 +21,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..exceptions import ZooKeeperServerError
-from ..process import free_ports
-from .server import EmbeddedZooKeeper, QuorumPeer, ZkServerStatus
+from deltawheel.statestore.exceptions import ZooKeeperServerError
+from deltawheel.statestore.process import free_ports
+
+from .zookeeper import EmbeddedZooKeeper, QuorumPeer, ZkServerStatus
 
 __all__ = ["ZooKeeperEnsemble", "EnsembleStatus"]
 

@@ -23,10 +23,10 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..exceptions import ObjectStoreServerError
-from ..process import DetachedProcess, find_java, port_free
-from .client import S3Client, S3Endpoint
-from .s3a import S3PROXY_JAR, default_s3_jars_dir, ensure_jar
+from deltawheel.statestore.exceptions import ObjectStoreServerError
+from deltawheel.statestore.objectstore.client import S3Client, S3Endpoint
+from deltawheel.statestore.objectstore.s3a import S3PROXY_JAR, default_s3_jars_dir, ensure_jar
+from deltawheel.statestore.process import DetachedProcess, find_java, port_free
 
 __all__ = ["S3ProxyServer", "ObjectStoreStatus", "DEFAULT_IDENTITY", "DEFAULT_OBJECTSTORE_PORT"]
 

@@ -1,6 +1,6 @@
 """A local cluster for trying deltawheel beyond one process: a Spark standalone cluster (one
 master, two workers, each its own process started with pyspark's ``bin/spark-class``) and a
-three-server ZooKeeper ensemble (:class:`~deltawheel.statestore.zk.ensemble.ZooKeeperEnsemble`).
+three-server ZooKeeper ensemble (:class:`~.ensemble.ZooKeeperEnsemble`).
 
 Everything lives in one data folder (``deltawheel cluster up --data DIR``)::
 
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deltawheel.executor.servers.ensemble import EnsembleStatus, ZooKeeperEnsemble
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.process import DetachedProcess, find_java, free_ports
-from deltawheel.statestore.zk.ensemble import EnsembleStatus, ZooKeeperEnsemble
 
 from ..exceptions import ClusterError
 

@@ -3,7 +3,7 @@
 A line is parsed with Spark's ``from_json`` in ``PERMISSIVE`` mode with a ``_corrupt_record``
 column, as Spark's JSON source does: a line that is not a JSON object of the schema's types
 keeps its raw text there. Such a record goes into the stream with that text as its value and
-codec ``malformed`` (:func:`~.sources.to_stream_schema`), and the executor writes it to the
+codec ``malformed`` (:func:`~.schema.to_stream_schema`), and the executor writes it to the
 ``dead_letters`` table with ``error`` starting "malformed input" and ``raw_value`` the original
 line. Every line also keeps its text in the stream's ``raw_value`` column, so any other dead
 letter (no usable key or timestamp, refused by user code, ...) holds the line as written too.
@@ -17,14 +17,9 @@ from typing import Any, Sequence
 from deltawheel.statestore.exceptions import ConfigError
 
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
-from .sources import (
-    DataFrame,
-    SparkSession,
-    _MaxSeenInjector,
-    _missing_local_dir,
-    local_folder_token,
-    to_stream_schema,
-)
+from .folders import _missing_local_dir, local_folder_token
+from .injector import DataFrame, SparkSession, _MaxSeenInjector
+from .schema import to_stream_schema
 
 __all__ = ["CORRUPT_RECORD", "JsonLinesInjector", "json_schema", "parse_json"]
 
@@ -65,7 +60,7 @@ def parse_json(text: Any, schema: Any) -> Any:
 
 def event_time_of(parsed: DataFrame, column: str, timestamp_format: str | None) -> DataFrame:
     """Turn a STRING event time column into a TIMESTAMP (``timestamp_format``: Spark's datetime
-    pattern; None: ISO 8601); other types are left for :func:`~.sources.to_stream_schema` to check.
+    pattern; None: ISO 8601); other types are left for :func:`~.schema.to_stream_schema` to check.
     A value that does not parse becomes null: the record is a dead letter "record without timestamp"."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
@@ -95,7 +90,7 @@ class JsonLinesInjector(_MaxSeenInjector):
     the stream has one more column, ``raw_value``, each line's text (for every dead letter's
     ``raw_value``).
 
-    Watermark estimate: as :class:`~.sources.ParquetInjector` (max event time seen minus
+    Watermark estimate: as :class:`~.parquet.ParquetInjector` (max event time seen minus
     ``watermark_delay_ms``; :data:`END_OF_TIME` after :meth:`finish`); malformed lines have no
     event time and move nothing.
 
@@ -113,7 +108,7 @@ class JsonLinesInjector(_MaxSeenInjector):
             minus it. A record is late when behind the watermark the previous micro-batch acted on,
             i.e. the newest event time of the batches up to two before its own minus this bound: two
             files behind with one file per batch (docs/sources.md, "Watermark options").
-        max_event_ahead_ms: as for :class:`~.sources.ParquetInjector` (default one day; None: no bound).
+        max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day; None: no bound).
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 
     Raises:

@@ -26,14 +26,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.ownership.owner import IntervalOwner
-from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.writepath.streams import list_streams
 from deltawheel.statestore.zk.lease_tools import list_leases
-from deltawheel.statestore.zk.leases import LeaseManager
 
 from ..computation import RECORD_KEY, Computation
-from ..protocol.executor import ComputationExecutor
+from .wiring import executor_of, recovery_owner
 
 __all__ = ["IntervalStatus", "RecoverResult", "computations_of", "scan", "recover"]
 
@@ -157,10 +154,9 @@ def recover(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, comp
         if progress is not None:
             progress(line)
 
-    leases = LeaseManager(client, pipeline=pipeline, owner=writer)
-    owner = IntervalOwner(RowStore(spark, layout, writer=writer), leases, computation, num_intervals=num_intervals)
     comp = _stand_in(computation, num_intervals, list_streams(spark, layout))
-    ex = ComputationExecutor(spark, layout, comp, owner=owner, progress=note)
+    owner = recovery_owner(spark, layout, client, pipeline=pipeline, writer=writer, computation=comp)
+    ex = executor_of(spark, layout, comp, owner=owner, progress=note)
     ex.start(wait_s=wait_s)
     try:
         seqs = dict(owner.sequencers)

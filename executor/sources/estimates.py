@@ -8,12 +8,12 @@ neighbours keeps the watermark 60 s back until it is read). The heuristic estima
 percentile ``p`` of the pending event times: at most a share ``p`` of the pending records can
 become late, and the watermark no longer waits for the oldest few.
 
-:class:`PendingPercentile` is that estimate for a :class:`~.sources.ParquetInjector`
+:class:`PendingPercentile` is that estimate for a :class:`~.parquet.ParquetInjector`
 (``watermark_percentile=``): it lists the folder, leaves out the files the computations'
 queries already read (``BatchStats.sources``: the pipeline runner takes them from each query's
 file source log), reads the event-time column of the others (each file once: files are
 immutable) and takes the percentile. With nothing pending, it falls back on the max event time
-seen minus the declared bound (:class:`~.sources.MaxSeenMinusBound`): a file arriving later
+seen minus the declared bound (:class:`~.injector.MaxSeenMinusBound`): a file arriving later
 can only be judged by that. It never moves back.
 """
 

@@ -9,13 +9,14 @@ What a job embedding deltawheel needs besides its computation and its input, wir
 
 :func:`connect` checks the session's settings (``SessionConfigError`` names what is missing),
 reaches ZooKeeper (a local store's embedded server when ``zk`` is None, as the demo does) and
-migrates the store. The engine then composes the objects the executor needs -- one kazoo
-client, a :class:`LeaseManager`, a :class:`WatermarkAuthority`, a :class:`RowStore` -- and per
-computation an :class:`IntervalOwner` and a started :class:`ComputationExecutor` whose injectors'
-watermarks are published after every batch; a :class:`Pipeline` of several computations runs on
-the same objects through :class:`PipelineRunner` (:meth:`Engine.run_pipeline`). It does not
-build Spark (the session is passed in, :func:`deltawheel.spark_session` builds one) and adds no
-protocol of its own: the per-batch protocol stays in ``batch.py``.
+migrates the store. The engine then holds the objects the executor needs, composed by
+``wiring.py`` -- one kazoo client, a :class:`LeaseManager`, a :class:`WatermarkAuthority`, a
+:class:`RowStore` -- and per computation an :class:`IntervalOwner` and a started
+:class:`ComputationExecutor` whose injectors' watermarks are published after every batch; a
+:class:`Pipeline` of several computations runs on the same objects through
+:class:`PipelineRunner` (:meth:`Engine.run_pipeline`). It does not build Spark (the session is
+passed in, :func:`deltawheel.spark_session` builds one) and adds no protocol of its own: the
+per-batch protocol stays in ``executor/protocol/``.
 
 On ZooKeeper SUSPENDED the executors' batches pause (``max_pause_s`` bounds it); on LOST the
 leases are gone and the next batch fails with ``LeaseLostError``: :meth:`Engine.close` still
@@ -27,30 +28,25 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.ownership.owner import IntervalOwner
-from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.session.sparkenv import check_session
-from deltawheel.statestore.zk.client import connect as connect_zk
-from deltawheel.statestore.zk.client import digest_acls
-from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
-from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
 from ..computation import RECORD_KEY, Computation
 from ..protocol.executor import ComputationExecutor
-from ..protocol.hooks import InjectorHook
 from ..protocol.reports import BatchReport
-from .embedded import ensure_zookeeper
-from .pipeline import Pipeline, PipelineRunner, RunSummary, RunWiring
-from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
+from ..servers.embedded import ensure_zookeeper
+from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
+from .pipeline import Pipeline, RunSummary
+from .runner import PipelineRunner
+from .wiring import injector_hook, migrate_store, open_client, wire
 
-__all__ = ["connect", "Engine", "injector_hook"]
+__all__ = ["connect", "Engine"]
 
 Upstream = Injector | str
 Progress = bool | Callable[[str], None] | None  # True: print the lines; False / None: none; a callable: each line
@@ -107,11 +103,7 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
     if server is not None:
         cfg = server.config
     try:
-        if not layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
-            from deltawheel.statestore.objectstore.logstore import configure_log_store
-
-            configure_log_store(spark, cfg.hosts, chroot=cfg.chroot, digest=cfg.digest)
-        client = connect_zk(cfg)
+        client = open_client(spark, layout, cfg)
     except BaseException:
         if server is not None:
             server.release()
@@ -124,23 +116,6 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         engine.close()
         raise
     return engine
-
-
-def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,
-                  instance: str | None = None,
-                  held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
-                  ) -> InjectorHook:
-    """The ``on_batch_end`` hook of an executor fed by ``feeding``: after each micro-batch, each
-    injector observes the batch's event-time range and its watermark is published (with
-    ``instance``, as that job instance's estimate, beside the intervals ``held()`` returns:
-    :meth:`.WatermarkAuthority.publish_instance_injector`). The executor publishes the estimates
-    in its watermark step's own ZooKeeper transaction (:class:`.hooks.InjectorHook`).
-
-    Raises:
-        ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
-            ``checkpoint`` (the query's, whose file log says what was read) is given.
-    """
-    return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
 
 
 class Engine:
@@ -165,9 +140,10 @@ class Engine:
         self.owner = owner
         self.wait_s = wait_s
         self.server = server  # the embedded ZooKeeper connect() started, if any
-        self.leases = LeaseManager(client, pipeline=pipeline, owner=owner, acls=digest_acls(zk), max_pause_s=max_pause_s)
-        self.authority = WatermarkAuthority(client, pipeline=pipeline, acls=digest_acls(zk), max_pause_s=max_pause_s)
-        self.store = RowStore(spark, layout, writer=owner)
+        self.wiring = wire(spark, layout, client, pipeline=pipeline, owner=owner, zk=zk, max_pause_s=max_pause_s)
+        self.leases = self.wiring.leases
+        self.authority = self.wiring.authority
+        self.store = self.wiring.store
         self.executors: list[ComputationExecutor] = []
         self._feeding: dict[int, list[Injector]] = {}  # id(executor) -> the injectors whose watermark it moves
         self._queries: list[tuple[Any, ComputationExecutor, list[DeltaWheelError]]] = []
@@ -175,10 +151,7 @@ class Engine:
 
     def migrate(self) -> None:
         """Create the store or run its pending migrations (one process at a time per pipeline)."""
-        from deltawheel import migrations
-
-        migrations.apply_when_pending(self.spark, self.layout,
-                                      lambda: self.client.Lock(f"/locks/migrate/{self.pipeline}", self.owner))
+        migrate_store(self.spark, self.layout, self.client, pipeline=self.pipeline, owner=self.owner)
 
     def executor(self, computation: Computation, *, upstream: Upstream | Sequence[Upstream] = (),
                  checkpoint: str | None = None, wait_s: float | None = None, **options: Any) -> ComputationExecutor:
@@ -204,10 +177,8 @@ class Engine:
         feeding = [u for u in items if not isinstance(u, str)]
         names = sorted({u if isinstance(u, str) else f"injector:{u.name}" for u in items})
         hook = injector_hook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
-        owner = IntervalOwner(self.store, self.leases, computation.name, num_intervals=type(computation).num_intervals)
         options["progress"] = _lines(options.get("progress", self.progress))
-        ex = ComputationExecutor(self.spark, self.layout, computation, owner=owner, authority=self.authority,
-                                 upstream=names, on_batch_end=hook, **options)
+        ex = self.wiring.executor(self.spark, self.layout, computation, upstream=names, on_batch_end=hook, **options)
         bounds = {inj.name: getattr(inj, "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) for inj in feeding
                   if inj.name in computation.inputs}
         if bounds and "event_ahead_ms" not in options:  # each injector's bound on event time ahead of the clock
@@ -312,7 +283,7 @@ class Engine:
         runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
                                 wait_s=self.wait_s if wait_s is None else wait_s,
                                 progress=lines if lines is not None else (lambda _line: None),
-                                wiring=RunWiring(self.client, self.leases, self.authority, self.store), **options)
+                                wiring=self.wiring, **options)
         return runner.run()
 
     def finish(self, executor: ComputationExecutor) -> BatchReport:

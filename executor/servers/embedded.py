@@ -38,11 +38,16 @@ from types import TracebackType
 from typing import Iterator
 
 import psutil
+from deltawheel.executor.servers.zookeeper import (
+    EmbeddedZooKeeper,
+    configured_port,
+    four_letter_word,
+    server_mode,
+)
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.process import free_ports, port_free
-from deltawheel.statestore.zk.server import EmbeddedZooKeeper, configured_port, four_letter_word, server_mode
 
 __all__ = ["ensure_zookeeper", "ZooKeeperUse", "StoreZooKeeper", "ServerRecord", "ServerUser",
            "RECORD_FORMAT_VERSION"]

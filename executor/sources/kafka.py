@@ -26,8 +26,9 @@ from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
-from .sources import BatchStats, DataFrame, SparkSession, _check_common, publish_watermark, to_stream_schema
-from .sources_json import CORRUPT_RECORD, event_time_of, json_schema, parse_json
+from .injector import BatchStats, DataFrame, SparkSession, _check_common, publish_watermark
+from .jsonl import CORRUPT_RECORD, event_time_of, json_schema, parse_json
+from .schema import to_stream_schema
 
 __all__ = ["KafkaInjector", "PerPartitionWatermark", "partition_stats"]
 
@@ -135,7 +136,7 @@ class KafkaInjector:
     """A Kafka topic of JSON messages, read with Spark's Kafka source, in the stream schema.
 
     Each message's value is a JSON object parsed with ``schema`` (Spark's PERMISSIVE mode, as for
-    :class:`~.sources_json.JsonLinesInjector`): a value that does not parse keeps its raw text and
+    :class:`~.jsonl.JsonLinesInjector`): a value that does not parse keeps its raw text and
     becomes a dead letter "malformed input"; every message's value as sent is the stream's
     ``raw_value`` column, the ``raw_value`` of any dead letter it becomes. ``record_id`` is
     ``{name}/{topic}/{partition}@{offset}`` (the same on every re-read), ``commit_id``
@@ -165,7 +166,7 @@ class KafkaInjector:
             when the query's checkpoint is new.
         max_offsets_per_trigger: Spark's ``maxOffsetsPerTrigger`` (None: all available).
         options: further ``kafka.*`` / source options (security settings, ``minPartitions``...).
-        max_event_ahead_ms: as for :class:`~.sources.ParquetInjector` (default one day).
+        max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day).
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
         clock: processing time for idleness (injected for tests).
 

@@ -1,0 +1,87 @@
+"""A pipeline as a value: :class:`Pipeline` (injectors and computations wired by named streams,
+their topological order), and what a run gives back: :class:`RunSummary` and :class:`MoveTiming`.
+:class:`~.runner.PipelineRunner` runs one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deltawheel.statestore.exceptions import ConfigError
+
+from ..computation import Computation
+from ..protocol.reports import BatchReport, format_watermark
+from ..sources.injector import Injector
+
+__all__ = ["Pipeline", "RunSummary", "MoveTiming"]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Injectors and computations; streams are named by injector names and computation outputs."""
+
+    name: str
+    injectors: tuple[Injector, ...]
+    computations: tuple[Computation, ...]
+
+    def producers(self, stream: str) -> list[str]:
+        """The names of the computations that write ``stream``."""
+        return [c.name for c in self.computations if stream in c.outputs]
+
+    def upstream(self, comp: Computation) -> list[str]:
+        """The sources feeding ``comp``, sorted: ``injector:<name>``, ``computation:<name>``."""
+        names = {i.name for i in self.injectors}
+        out: list[str] = []
+        for s in comp.inputs:
+            if s in names:
+                out.append(f"injector:{s}")
+            else:
+                prods = self.producers(s)
+                if not prods:
+                    raise ConfigError(f"{comp.name} reads stream {s!r}, which no injector or computation produces")
+                out += [f"computation:{p}" for p in prods]
+        return sorted(set(out))
+
+    def ordered(self) -> list[Computation]:
+        """Computations in topological order (upstream first)."""
+        done: list[str] = []
+        left = list(self.computations)
+        while left:
+            ready = [c for c in left if all(u.split(":", 1)[1] in done or u.startswith("injector:")
+                                            for u in self.upstream(c))]
+            if not ready:
+                raise ConfigError(f"pipeline {self.name}: the computations {[c.name for c in left]} form a cycle")
+            for c in ready:
+                done.append(c.name)
+                left.remove(c)
+        by = {c.name: c for c in self.computations}
+        return [by[n] for n in done]
+
+
+@dataclass(frozen=True)
+class MoveTiming:
+    """An instance's change of intervals between batches: from the first lease given back or
+    taken to the end of the new executor's start (fence, recovery scan, catch-up batch)."""
+
+    computation: str
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    seconds: float
+
+
+@dataclass(repr=False)
+class RunSummary:
+    """A finished run: per computation, its batch reports, published low watermark and watermark lag.
+
+    Printed, it is one line (per computation: batches, records in, productions, low watermark);
+    the reports are behind :attr:`reports`."""
+
+    reports: dict[str, list[BatchReport]] = field(default_factory=dict)
+    low_watermarks: dict[str, int | None] = field(default_factory=dict)
+    lag_ms: dict[str, int | None] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        parts = [f"{name}: {len(reps)} batches, {sum(r.records_in for r in reps)} records in, "
+                 f"{sum(r.productions for r in reps)} produced, low watermark "
+                 f"{format_watermark(self.low_watermarks.get(name))}" for name, reps in self.reports.items()]
+        return f"RunSummary({'; '.join(parts)})"

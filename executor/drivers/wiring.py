@@ -1,0 +1,130 @@
+"""The one place the engine's objects are composed: the kazoo client, the :class:`LeaseManager`
+and :class:`WatermarkAuthority` on it, the :class:`RowStore`, and per computation an
+:class:`IntervalOwner` and its :class:`ComputationExecutor`.
+
+Every driver builds on it: :func:`~.engine.connect` and the :class:`~.engine.Engine`,
+:class:`~.runner.PipelineRunner` (on an engine's :class:`Wiring`, or one of its own),
+:func:`~.recover.recover` (:func:`recovery_owner`: leases and a row store, no watermark
+authority) and, through
+``connect``, ``deltawheel quickstart``; ``deltawheel status`` reads the watermarks through
+:func:`watermark_reader`. A driver keeps its own order of closing what it opened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.ownership.owner import IntervalOwner
+from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.zk.client import connect, digest_acls
+from deltawheel.statestore.zk.leases import LeaseManager
+from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
+from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+from ..computation import Computation
+from ..protocol.executor import ComputationExecutor
+from ..protocol.hooks import InjectorHook
+from ..sources.injector import Injector
+
+__all__ = ["Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client", "migrate_store",
+           "injector_hook", "watermark_reader"]
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """The ZooKeeper client and the objects on it that a driver's executors run on."""
+
+    client: Any
+    leases: LeaseManager
+    authority: WatermarkAuthority
+    store: RowStore
+
+    def owner(self, computation: Computation) -> IntervalOwner:
+        """The interval owner of ``computation`` (its leases on this wiring's pipeline)."""
+        return owner_of(self.store, self.leases, computation)
+
+    def executor(self, spark: Any, layout: StoreLayout, computation: Computation, *,
+                 owner: IntervalOwner | None = None, **options: Any) -> ComputationExecutor:
+        """An executor of ``computation`` (not started) on ``owner`` (default: a new
+        :meth:`owner`) and this wiring's authority; ``options``: more :class:`ComputationExecutor`
+        arguments."""
+        return executor_of(spark, layout, computation, owner=self.owner(computation) if owner is None else owner,
+                           authority=self.authority, **options)
+
+
+def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str, zk: ZkConfig,
+         max_pause_s: float | None = DEFAULT_MAX_PAUSE_S) -> Wiring:
+    """The leases, the watermark authority and the row store of ``pipeline`` on ``client``,
+    ``owner`` naming this process on the leases and the rows.
+
+    ``zk``: gives the ACLs of the znodes (its digest); ``max_pause_s``: how long a batch pauses
+    while ZooKeeper does not serve (None: while the session lives)."""
+    acls = digest_acls(zk)
+    return Wiring(client, LeaseManager(client, pipeline=pipeline, owner=owner, acls=acls, max_pause_s=max_pause_s),
+                  WatermarkAuthority(client, pipeline=pipeline, acls=acls, max_pause_s=max_pause_s),
+                  RowStore(spark, layout, writer=owner))
+
+
+def owner_of(store: RowStore, leases: LeaseManager, computation: Computation) -> IntervalOwner:
+    """The interval owner of ``computation``: its ``num_intervals`` leases through ``leases``, its
+    rows in ``store``."""
+    return IntervalOwner(store, leases, computation.name, num_intervals=type(computation).num_intervals)
+
+
+def executor_of(spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
+                authority: WatermarkAuthority | None = None, **options: Any) -> ComputationExecutor:
+    """An executor of ``computation`` on ``owner`` (not started); ``authority`` None: it publishes
+    no watermark (:func:`~.recover.recover`)."""
+    return ComputationExecutor(spark, layout, computation, owner=owner, authority=authority, **options)
+
+
+def recovery_owner(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, writer: str,
+                   computation: Computation) -> IntervalOwner:
+    """The interval owner :func:`~.recover.recover` takes ``computation``'s intervals with: leases
+    on ``client`` (ZooKeeper's open ACL) and the rows, both named ``writer``; no watermark
+    authority."""
+    return owner_of(RowStore(spark, layout, writer=writer), LeaseManager(client, pipeline=pipeline, owner=writer),
+                    computation)
+
+
+def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Any:
+    """A started kazoo client of ``zk``; an object store's commits are first given to this
+    ZooKeeper to arbitrate (its log store configured on ``spark``)."""
+    if not layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
+        from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+        configure_log_store(spark, zk.hosts, chroot=zk.chroot, digest=zk.digest)
+    return connect(zk)
+
+
+def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str) -> None:
+    """Create the store or run its pending migrations, one process at a time per pipeline (two
+    copies started at once must not migrate the same store concurrently)."""
+    from deltawheel import migrations
+
+    migrations.apply_when_pending(spark, layout, lambda: client.Lock(f"/locks/migrate/{pipeline}", owner))
+
+
+def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,
+                  instance: str | None = None,
+                  held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
+                  ) -> InjectorHook:
+    """The ``on_batch_end`` hook of an executor fed by ``feeding``: after each micro-batch, each
+    injector observes the batch's event-time range and its watermark is published (with
+    ``instance``, as that job instance's estimate, beside the intervals ``held()`` returns:
+    :meth:`.WatermarkAuthority.publish_instance_injector`). The executor publishes the estimates
+    in its watermark step's own ZooKeeper transaction (:class:`.hooks.InjectorHook`).
+
+    Raises:
+        ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
+            ``checkpoint`` (the query's, whose file log says what was read) is given.
+    """
+    return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
+
+
+def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:
+    """A watermark authority of ``pipeline`` for reading (``deltawheel status``); close it after."""
+    return WatermarkAuthority(client, pipeline=pipeline)

@@ -1,0 +1,81 @@
+"""What the file injectors know of a folder without Spark: its visible files (the token that
+tells the runner nothing changed) and a Parquet folder's schema from its first file's footer."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from deltawheel.statestore.delta.log import local_path
+from deltawheel.statestore.delta.storefs import TableFiles
+
+__all__ = ["local_folder_token"]
+
+
+def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
+    """(name, size, mtime in ns) of the files Spark's file source would read from a local folder
+    (names starting with ``_`` or ``.`` are skipped); None for a remote folder or an unreadable one."""
+    local = local_path(folder)
+    if local is None:
+        return None
+    try:
+        with os.scandir(local) as it:
+            entries = [(e.name, e.stat()) for e in it if not e.name.startswith(("_", ".")) and e.is_file()]
+    except OSError:
+        return None
+    return tuple(sorted((n, st.st_size, st.st_mtime_ns) for n, st in entries))
+
+
+def _missing_local_dir(path: str) -> bool:
+    """True for a local path (or ``file://`` URI) that is not a folder; URIs are not checked."""
+    local = local_path(path)
+    return local is not None and not os.path.isdir(local)
+
+
+def _local_parquet_schema(folder: str) -> Any | None:
+    """The Spark schema of a local Parquet folder read from its first visible file's footer with
+    pyarrow (Spark's inference starts a job, ~0.1 s); ``None`` -- Spark must infer it -- for a
+    remote folder, no readable file, or a column whose Spark type could differ from the plain
+    Arrow mapping (timestamps without UTC adjustment or in nanoseconds, unsigned or nested types)."""
+    return _spark_schema(_first_footer(folder))
+
+
+def _first_footer(folder: str, files: TableFiles | None = None) -> Any | None:
+    """The Arrow schema of a folder's first visible Parquet file (None: none, unreadable, or a remote
+    folder not given as ``files``, the folder as Python reaches it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if files is not None and not files.is_local:
+        try:
+            names = sorted(n for n, _size, _mtime in files.list_files() or () if not n.startswith(("_", ".")))
+            return files.read_schema(names[0]) if names else None
+        except (OSError, pa.ArrowException):
+            return None
+    local, found = local_path(folder), local_folder_token(folder)
+    if local is None or not found:
+        return None
+    try:
+        return pq.read_schema(os.path.join(local, found[0][0]))
+    except (OSError, pa.ArrowException):
+        return None
+
+
+def _spark_schema(arrow: Any | None) -> Any | None:
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    if arrow is None:
+        return None
+    t = pa.types
+    fields = []
+    for f in arrow:
+        ty = f.type
+        simple = (t.is_string(ty) or t.is_binary(ty) or t.is_boolean(ty) or t.is_signed_integer(ty)
+                  or t.is_float32(ty) or t.is_float64(ty) or t.is_date32(ty) or t.is_decimal128(ty)
+                  or (t.is_timestamp(ty) and ty.tz is not None and ty.unit in ("ms", "us")))
+        if not simple:
+            return None
+        fields.append(StructField(f.name, from_arrow_type(ty), True))  # file sources read every column as nullable
+    return StructType(fields)

@@ -1,0 +1,215 @@
+"""The injector contract: what a source of a pipeline gives, and how it estimates its low watermark.
+
+An injector exposes its input as a *streaming DataFrame in the stream-table
+schema* (:func:`deltawheel.statestore.writepath.streams.stream_schema_ddl`): ``value`` is
+a JSON object of the source's columns (codec ``json``), ``record_id`` is unique
+and the same on every re-run, ``timestamp_ms``/``event_time`` carry the event
+time, ``producer`` the injector's name and ``commit_id`` the source position
+(e.g. ``file=part-00003.parquet#row=17``; dead letters quote it).
+
+The executor drives the watermark at the end of every micro-batch::
+
+    injector.observe(BatchStats.of(batch_df))   # or BatchStats(count, min_ms, max_ms)
+    publish_watermark(authority, injector, sequencer=seq)
+    ...
+    injector.finish()                            # an availableNow query ended: input exhausted
+    publish_watermark(authority, injector, sequencer=seq)
+
+Estimates (records an injector emits behind its published watermark are
+late; the authority keeps published values monotonic anyway):
+
+* :class:`ParquetInjector`, :class:`DeltaTableInjector`: *max event time seen
+  minus a declared bound* (``watermark_delay_ms``), like Spark's
+  ``withWatermark``; :data:`END_OF_TIME` after :meth:`finish`.
+* :class:`GeneratorInjector`: the same with the generator's exact disorder
+  bound (``max_disorder_ms``); :data:`END_OF_TIME` once the batch holding its
+  last file was observed (or after :meth:`finish`).
+
+This module holds the contract (:class:`Injector`, :class:`BatchStats`, :func:`publish_watermark`)
+and what the table injectors share; the injectors themselves are in :mod:`.parquet`,
+:mod:`.delta`, :mod:`.jsonl` and :mod:`.kafka`, the mapping of source rows to the stream-table
+columns in :mod:`.schema`, MillWheel's pending-input estimate in :mod:`.estimates`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.layout import validate_name
+from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
+
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
+from .estimates import PendingPercentile
+
+__all__ = ["BatchStats", "Injector", "MaxSeenMinusBound", "publish_watermark", "DEFAULT_MAX_EVENT_AHEAD_MS"]
+
+DataFrame = Any  # pyspark.sql.DataFrame; pyspark is imported lazily (driver-side only)
+SparkSession = Any
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What an injector needs to know about one consumed micro-batch.
+
+    Attributes:
+        count: rows in the batch.
+        min_event_ms: smallest ``timestamp_ms`` (``None``: empty or all null).
+        max_event_ms: largest ``timestamp_ms``.
+        sources: the files the rows came from (from ``commit_id``; may be empty).
+        partitions: (source partition, its max event time) for sources with partitions
+            (Kafka's ``topic/partition``; ``kafka.partition_stats``); may be empty.
+    """
+
+    count: int
+    min_event_ms: int | None = None
+    max_event_ms: int | None = None
+    sources: frozenset[str] = frozenset()
+    partitions: tuple[tuple[str, int | None], ...] = ()
+
+    @classmethod
+    def of(cls, batch_df: DataFrame) -> BatchStats:
+        """Compute the stats of a batch in the stream schema with one Spark aggregation."""
+        from pyspark.sql import functions as F
+
+        row = batch_df.agg(
+            F.count(F.lit(1)).alias("n"), F.min("timestamp_ms").alias("lo"), F.max("timestamp_ms").alias("hi"),
+            F.collect_set(F.regexp_extract("commit_id", r"^file=([^#]*)#", 1)).alias("files"),
+        ).collect()[0]
+        files = frozenset(f for f in (row["files"] or ()) if f)
+        return cls(int(row["n"]), row["lo"], row["hi"], files)
+
+
+class MaxSeenMinusBound:
+    """Watermark estimate *max event time seen minus a bound* (Spark's ``withWatermark``).
+
+    ``None`` until a batch with an event time was observed; never moves
+    backwards (the max only grows); :data:`END_OF_TIME` after :meth:`finish`.
+
+    >>> w = MaxSeenMinusBound(10_000)
+    >>> w.observe(BatchStats(2, 50_000, 60_000)); w.observe(BatchStats(1, 20_000, 20_000))
+    >>> w.watermark_ms()
+    50000
+
+    Args:
+        delay_ms: the declared bound on disorder (>= 0).
+
+    Raises:
+        ConfigError: a negative bound.
+    """
+
+    def __init__(self, delay_ms: int) -> None:
+        if delay_ms < 0:
+            raise ConfigError(f"watermark_delay_ms must be >= 0, got {delay_ms}")
+        self.delay_ms = delay_ms
+        self.max_seen_ms: int | None = None
+        self.finished = False
+
+    def observe(self, stats: BatchStats) -> None:
+        """Take the batch's max event time into account."""
+        if stats.max_event_ms is not None and (self.max_seen_ms is None or stats.max_event_ms > self.max_seen_ms):
+            self.max_seen_ms = int(stats.max_event_ms)
+
+    def finish(self) -> None:
+        """Declare the input exhausted: the watermark becomes :data:`END_OF_TIME`."""
+        self.finished = True
+
+    def watermark_ms(self) -> int | None:
+        """The current estimate (epoch ms), or ``None`` while nothing was seen."""
+        if self.finished:
+            return int(END_OF_TIME)
+        return None if self.max_seen_ms is None else self.max_seen_ms - self.delay_ms
+
+
+@runtime_checkable
+class Injector(Protocol):
+    """A source of a pipeline: a stream in the stream schema plus a watermark estimate.
+
+    Optional: ``input_token() -> Hashable | None``, a cheap summary of the input available now
+    (None: unknown). The pipeline runner skips a later round's query of a computation whose every
+    input still has the token it had when its last query started (nothing new to read).
+    """
+
+    name: str
+
+    def stream_df(self, spark: SparkSession) -> DataFrame:
+        """The input as a streaming DataFrame with exactly the stream-table columns (a text source's
+        with ``raw_value`` after them: :func:`to_stream_schema`'s ``raw``)."""
+        ...
+
+    def observe(self, stats: BatchStats) -> None:
+        """Called by the executor after each micro-batch it consumed."""
+        ...
+
+    def finish(self) -> None:
+        """Called when the query ended because all input available was consumed."""
+        ...
+
+    def watermark_ms(self) -> int | None:
+        """The injector low watermark to publish (epoch ms); ``None``: not known yet."""
+        ...
+
+
+def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequencer: int = 0,
+                      instance: str | None = None, held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
+    """Publish ``injector``'s current estimate under its name; with ``instance`` (job instances
+    sharing intervals), as that instance's estimate: the injector's watermark is then the minimum
+    over the live instances' (:meth:`.WatermarkAuthority.publish_instance_injector`).
+
+    Returns:
+        The stored watermark (never below an earlier one), or ``None`` when the
+        injector has no estimate yet (nothing is published then) or, with ``instance``, while
+        a live instance has none.
+
+    Raises:
+        StaleSequencerError: another instance published with a newer sequencer.
+        LeaseSuspendedError: the ZooKeeper connection is suspended; retry later.
+    """
+    watermark = injector.watermark_ms()
+    if watermark is None:
+        return None
+    if instance is not None:
+        return authority.publish_instance_injector(injector.name, instance, watermark, sequencer=sequencer,
+                                                   held=held)
+    return int(authority.publish_injector(injector.name, watermark, sequencer=sequencer))
+
+
+
+def _check_common(name: str, max_files_per_trigger: int) -> None:
+    validate_name("injector", name)
+    if max_files_per_trigger < 1:
+        raise ConfigError(f"injector {name}: max_files_per_trigger must be >= 1, got {max_files_per_trigger}")
+
+
+class _MaxSeenInjector:
+    """What the table injectors share: their column settings (checked by :func:`to_stream_schema`
+    when the stream is built) and the watermark, :class:`MaxSeenMinusBound` with ``watermark_delay_ms``."""
+
+    def __init__(self, name: str, *, key_column: str | None, event_time_column: str,
+                 value_columns: Sequence[str] | None, record_id_column: str | None, max_files_per_trigger: int,
+                 watermark_delay_ms: int, max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS) -> None:
+        _check_common(name, max_files_per_trigger)
+        if max_event_ahead_ms is not None and max_event_ahead_ms < 0:
+            raise ConfigError(f"injector {name}: max_event_ahead_ms must be >= 0 (or None: no bound), "
+                              f"got {max_event_ahead_ms}")
+        self.max_event_ahead_ms = max_event_ahead_ms
+        self.name = name
+        self.key_column = key_column
+        self.event_time_column = event_time_column
+        self.value_columns = None if value_columns is None else tuple(value_columns)
+        self.record_id_column = record_id_column
+        self.max_files_per_trigger = max_files_per_trigger
+        self._estimate: MaxSeenMinusBound | PendingPercentile = MaxSeenMinusBound(watermark_delay_ms)
+
+    def observe(self, stats: BatchStats) -> None:
+        """Advance the estimate with a consumed batch."""
+        self._estimate.observe(stats)
+
+    def finish(self) -> None:
+        """All input available was consumed: the watermark becomes :data:`END_OF_TIME`."""
+        self._estimate.finish()
+
+    def watermark_ms(self) -> int | None:
+        """Max event time seen minus ``watermark_delay_ms``; ``None`` before the first batch."""
+        return self._estimate.watermark_ms()

@@ -1,0 +1,100 @@
+"""The stream-table columns of a source's rows: :func:`to_stream_schema` (every injector's
+``stream_df`` ends with it; a source of your own calls it too) and :func:`union_inputs` (a
+computation's input frames as one)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION
+
+from ..tasks.input import MALFORMED_CODEC, RAW_COLUMN
+from .injector import DataFrame
+
+__all__ = ["to_stream_schema", "union_inputs"]
+
+
+def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, event_time_column: str,
+                     value_columns: Sequence[str] | None, record_id: Any, commit_id: Any,
+                     exclude: Sequence[str] = (), malformed: Any = None, raw: Any = None) -> DataFrame:
+    """Map a DataFrame of source rows to the stream-table columns, in the JVM.
+
+    Args:
+        df: source rows (batch or streaming).
+        producer: the injector name (``producer`` column).
+        key_column: the natural key, cast to string (null keys become ``""``);
+            ``None``: ``key`` is ``""`` and the consumer's key extractor derives it.
+        event_time_column: a TIMESTAMP column, or a BIGINT/INT of epoch milliseconds.
+        value_columns: columns of the JSON ``value`` object; ``None``: every column
+            except ``event_time_column`` and ``exclude``. Keys come out sorted, as
+            with the ``json`` codec. Empty: no value (``record.value`` is None), for
+            computations that only read the key and the event time.
+        record_id: Spark Column giving the record id (must be non-null and unique).
+        commit_id: Spark Column giving the source position.
+        exclude: columns left out of the default ``value_columns``.
+        malformed: a STRING column, the raw text of a record the source could not parse
+            (null for the others; e.g. Spark's ``_corrupt_record``). Such a record keeps that
+            text as its ``value`` with codec ``malformed``, an empty key and no event time: the
+            executor makes it a dead letter saying "malformed", its ``raw_value`` the original text.
+        raw: a STRING or BINARY column, the record's original text (a text source's line or
+            message). Given, the frame has one more column after the stream-table ones,
+            ``raw_value`` (BINARY): every dead letter of the record (no usable key or timestamp,
+            too far ahead, refused by user code, ...) keeps it as its ``raw_value``, where it
+            would otherwise hold ``value`` (the re-encoded columns). Nothing else reads it.
+
+    Raises:
+        ConfigError: a named column does not exist, or the event time column has
+            an unsupported type.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegerType, LongType, TimestampNTZType, TimestampType
+
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    wanted = [("key_column", key_column), ("event_time_column", event_time_column)]
+    wanted += [("value_columns", c) for c in value_columns or ()]
+    for what, col in wanted:
+        if col is not None and col not in fields:
+            raise ConfigError(f"{producer}: {what} {col!r} is not a column of the source "
+                              f"(columns: {', '.join(sorted(fields))}); fix the injector's configuration")
+    etype = fields[event_time_column]
+    if isinstance(etype, (TimestampType, TimestampNTZType)):
+        ts_ms = F.unix_millis(F.col(event_time_column).cast("timestamp"))
+    elif isinstance(etype, (LongType, IntegerType)):
+        ts_ms = F.col(event_time_column).cast("bigint")
+    else:
+        raise ConfigError(f"{producer}: event_time_column {event_time_column!r} has type {etype.simpleString()}; "
+                          "use a TIMESTAMP or a BIGINT of epoch milliseconds")
+    if value_columns is None:
+        value_columns = [c for c in fields if c != event_time_column and c not in exclude]
+    key = F.lit("") if key_column is None else F.coalesce(F.col(key_column).cast("string"), F.lit(""))
+    # no value columns (the key and event time are all a computation reads): record.value is None
+    value = (F.to_json(F.struct(*[F.col(c) for c in sorted(value_columns)])).cast("binary") if value_columns
+             else F.lit(None).cast("binary"))
+    codec = F.lit("json")
+    if malformed is not None:  # the raw text, and no key or event time that could move a watermark
+        bad = malformed.isNotNull()
+        key, value = F.when(bad, F.lit("")).otherwise(key), F.when(bad, malformed.cast("binary")).otherwise(value)
+        codec, ts_ms = F.when(bad, F.lit(MALFORMED_CODEC)).otherwise(codec), F.when(~bad, ts_ms)
+    return df.select(
+        record_id.cast("string").alias("record_id"),
+        key.alias("key"),
+        value.alias("value"),
+        codec.alias("codec"),
+        ts_ms.alias("timestamp_ms"),
+        F.timestamp_millis(ts_ms).alias("event_time"),
+        F.lit(producer).alias("producer"),
+        commit_id.cast("string").alias("commit_id"),
+        F.lit(STREAM_FORMAT_VERSION).cast("int").alias("format_version"),
+        *([] if raw is None else [raw.cast("binary").alias(RAW_COLUMN)]),
+    )
+
+
+def union_inputs(frames: Sequence[DataFrame]) -> DataFrame:
+    """A computation's input frames (each with its ``stream`` column) as one: by column name, an
+    injector's ``raw_value`` (its records' original text, :func:`to_stream_schema`) null in the
+    frames without it (stream tables, binary sources)."""
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f, allowMissingColumns=True)
+    return out

@@ -1,0 +1,128 @@
+"""The executor's floors: what each of its sub-packages may import (docs/architecture.md).
+
+Every import of every executor module is read with ``ast`` (imports inside functions included)
+and checked: a module imports from its own sub-package and from lower floors only, and nothing
+but the command line imports the benchmarks. statestore, gc and migrations are below the whole
+executor and may be imported from anywhere in it (tests/test_layering.py checks statestore's own
+floors).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+EXECUTOR = Path(__file__).resolve().parents[1] / "executor"
+PACKAGE = "deltawheel.executor"
+
+#: The floors, lowest first. ``<api>`` is the user API directly in executor/ (computation,
+#: context, exceptions, session); ``testkit`` (the test harness of a user's computation) runs
+#: computations with the tasks' key runner and sits with the tools on the top floor.
+FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"<api>"}),
+    frozenset({"tasks", "servers"}),  # what runs inside Spark tasks; local server processes
+    frozenset({"windowing", "sources"}),  # the Dataflow model on the API; the injectors
+    frozenset({"protocol"}),  # the per-batch protocol: ComputationExecutor, BatchProtocol
+    frozenset({"drivers"}),  # connect/Engine, pipelines and their runner, recover: the one wiring
+    frozenset({"demo", "testkit"}),  # the demo pipeline; the test harness of a user's computation
+    frozenset({"cli"}),  # the command line over all of it
+)
+
+#: Modules directly in executor/ that are not on the API floor.
+TOP_MODULES = {"testkit": "testkit"}
+
+
+def _sub_of(module: str, root: Path) -> str:
+    rest = module[len(PACKAGE) + 1:].split(".")
+    if len(rest) == 1 and not (root / rest[0]).is_dir():
+        return TOP_MODULES.get(rest[0], "<api>")
+    return rest[0]
+
+
+def _floor(sub: str) -> int:
+    for n, floor in enumerate(FLOORS):
+        if sub in floor:
+            return n
+    raise AssertionError(f"executor sub-package {sub!r} is on no floor: add it to FLOORS here and to "
+                         "docs/architecture.md")
+
+
+def _module_name(path: Path, root: Path = EXECUTOR) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join([PACKAGE, *parts])
+
+
+def _imports(path: Path, root: Path) -> Iterator[tuple[str, int]]:
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if node.module:
+                yield target, node.lineno
+            else:
+                for alias in node.names:
+                    yield f"{target}.{alias.name}", node.lineno
+
+
+def _executor_target(name: str, root: Path) -> str | None:
+    """The executor sub-package (or API module floor) ``name`` lies in, None outside the executor."""
+    if not name.startswith(PACKAGE + "."):
+        return None
+    first = name[len(PACKAGE) + 1:].split(".")[0]
+    if (root / first).is_dir():
+        return first
+    return TOP_MODULES.get(first, "<api>")
+
+
+def _violations(root: Path = EXECUTOR) -> list[str]:
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(path, root)
+        if module == PACKAGE:
+            continue
+        sub = _sub_of(module, root)
+        for target, line in _imports(path, root):
+            if target.startswith("deltawheel.benchmarks") and sub != "cli":
+                bad.append(f"{module} line {line} imports {target} (only the command line runs benchmarks)")
+            dep = _executor_target(target, root)
+            if dep is None or dep == sub:
+                continue
+            if _floor(dep) >= _floor(sub):
+                bad.append(f"{module} (floor {_floor(sub)}, {sub}) line {line} imports {target} "
+                           f"(floor {_floor(dep)}, {dep})")
+    return bad
+
+
+def test_every_executor_import_goes_down_the_floors() -> None:
+    bad = _violations()
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The check fails on a copy of the executor where the task side imports the protocol."""
+    import shutil
+
+    copy = tmp_path / "executor"
+    shutil.copytree(EXECUTOR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tasks" / "upward.py").write_text("def f():\n    from ..protocol.executor import ComputationExecutor\n"
+                                             "    return ComputationExecutor\n")
+    bad = _violations(copy)
+    assert any("tasks.upward" in b and "protocol.executor" in b for b in bad), bad
+
+
+@pytest.mark.parametrize("sub", sorted(set().union(*FLOORS) - {"<api>", "testkit"}))
+def test_every_floor_named_is_a_package(sub: str) -> None:
+    assert (EXECUTOR / sub / "__init__.py").is_file()

@@ -1,32 +1,31 @@
 """deltawheel: MillWheel's exactly-once per-key state engine for Spark, on Delta Lake and ZooKeeper.
 
-The public API, importable from here::
+The root holds what a user writes: the computation API, windowing, a session and the engine
+(``connect``/``Engine``/``Pipeline``), the sources, and the errors a user catches::
 
     from deltawheel import Computation, windowed, FixedWindows, AfterWatermark, AccumulationMode
 
-The code lives in sub-packages, one per top-level folder of the repository:
-
-* ``deltawheel.statestore`` — durable state: the rows and stream tables and their write paths
-  (``rowtable``, ``writepath``), Delta Lake at the protocol level (``delta``), and coordination
-  in ZooKeeper (``zk``: leases, sequencers, the watermark authority);
-* ``deltawheel.executor`` — running user code: the ``Computation`` API, the per-batch protocol
-  and pipelines (``runtime``), what runs inside Spark tasks (``tasks``), the Dataflow model
-  (``windowing``), the command line (``cli``) and the demo (``demo``);
-* ``deltawheel.gc``, ``deltawheel.migrations``, ``deltawheel.benchmarks``;
-* ``deltawheel.testing`` — helpers for testing your own computations.
+Everything else is imported from the module that defines it (docs/architecture.md lists the
+folders): e.g. ``deltawheel.executor.protocol.executor.ComputationExecutor`` (a hand-wired
+``foreachBatch``), ``deltawheel.executor.drivers.runner.PipelineRunner``, the local servers in
+``deltawheel.executor.servers``, the store's parts in ``deltawheel.statestore``, and every
+error in ``deltawheel.statestore.exceptions`` / ``deltawheel.executor.exceptions``.
+``deltawheel.testing`` has the helpers for testing your own computations.
 
 Names are loaded on first use, so importing ``deltawheel`` (as every Spark task does when it
-imports one of its modules) stays cheap.
+imports one of its modules) stays cheap. Type checkers read ``__init__.pyi``, which
+``tests/test_root_names.py`` holds equal to :func:`_stub_text` (regenerate it with
+``python -c "import deltawheel; print(deltawheel._stub_text(), end='')" > deltawheel/__init__.pyi``).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # name -> module that defines it (``module:name`` where it is defined under another name)
 _EXPORTS: dict[str, str] = {
-    # the core API
+    # the computation API
     "Computation": "deltawheel.executor.computation",
     "Record": "deltawheel.executor.computation",
     "make_record": "deltawheel.executor.computation",
@@ -35,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     "RECORD_KEY": "deltawheel.executor.computation",
     "Context": "deltawheel.executor.context",
     "TimeDomain": "deltawheel.statestore.rowtable.rows",
-    # windowing
+    # windowing (the Dataflow model)
     "windowed": "deltawheel.executor.windowing.windowed",
     "WindowingStrategy": "deltawheel.executor.windowing.windowed",
     "Window": "deltawheel.executor.windowing.windows",
@@ -66,60 +65,41 @@ _EXPORTS: dict[str, str] = {
     "Min": "deltawheel.executor.windowing.combiners",
     "Max": "deltawheel.executor.windowing.combiners",
     "Mean": "deltawheel.executor.windowing.combiners",
-    # running it
-    "ComputationExecutor": "deltawheel.executor.protocol.executor",
-    "BatchReport": "deltawheel.executor.protocol.reports",
+    # running it: a session, the engine, a pipeline
+    "spark_session": "deltawheel.executor.session",
+    "build_spark": "deltawheel.executor.session",
+    "SparkSettings": "deltawheel.statestore.session.sparkenv",
+    "ZkConfig": "deltawheel.statestore.config",
+    "connect": "deltawheel.executor.drivers.engine",
+    "Engine": "deltawheel.executor.drivers.engine",
     "Pipeline": "deltawheel.executor.drivers.pipeline",
-    "PipelineRunner": "deltawheel.executor.drivers.runner",
+    # sources
     "Injector": "deltawheel.executor.sources.injector",
     "ParquetInjector": "deltawheel.executor.sources.parquet",
     "DeltaTableInjector": "deltawheel.executor.sources.delta",
-    "MaxSeenMinusBound": "deltawheel.executor.sources.injector",
-    "BatchStats": "deltawheel.executor.sources.injector",
-    "publish_watermark": "deltawheel.executor.sources.injector",
-    "to_stream_schema": "deltawheel.executor.sources.schema",
     "JsonLinesInjector": "deltawheel.executor.sources.jsonl",
     "KafkaInjector": "deltawheel.executor.sources.kafka",
+    "MaxSeenMinusBound": "deltawheel.executor.sources.injector",
     "PerPartitionWatermark": "deltawheel.executor.sources.kafka",
-    "KafkaBroker": "deltawheel.executor.servers.kafka",
-    "observe_input": "deltawheel.executor.protocol.metrics",
-    # the store and its coordination
-    "StoreLayout": "deltawheel.statestore.layout",
-    "ZkConfig": "deltawheel.statestore.config",
-    "Clock": "deltawheel.statestore.clock",
-    "SystemClock": "deltawheel.statestore.clock",
-    "ManualClock": "deltawheel.statestore.clock",
-    "get_codec": "deltawheel.statestore.codecs",
-    "build_spark": "deltawheel.executor.session",
-    "SparkSettings": "deltawheel.statestore.session.sparkenv",
-    "connect": "deltawheel.executor.drivers.engine",
-    "Engine": "deltawheel.executor.drivers.engine",
-    "spark_session": "deltawheel.executor.session",
-    "connect_zk": "deltawheel.statestore.zk.client:connect",  # the kazoo client of a ZkConfig
-    "LeaseManager": "deltawheel.statestore.zk.leases",
-    "IntervalOwner": "deltawheel.statestore.ownership.owner",
-    "RowStore": "deltawheel.statestore.rowtable.store",
-    "WatermarkAuthority": "deltawheel.statestore.zk.watermarks",
-    "EmbeddedZooKeeper": "deltawheel.executor.servers.zookeeper",
-    # beyond one machine: for local trials and tests (the CLI's `objectstore` and `cluster`)
-    "ZooKeeperEnsemble": "deltawheel.executor.servers.ensemble",
-    "S3ProxyServer": "deltawheel.executor.servers.s3proxy",
-    "LocalCluster": "deltawheel.executor.servers.cluster",
-    # errors: one root, retryable kept apart from fatal
+    "to_stream_schema": "deltawheel.executor.sources.schema",
+    # the errors a user catches (one root; retryable kept apart from fatal)
     "DeltaWheelError": "deltawheel.statestore.exceptions",
     "RetryableError": "deltawheel.statestore.exceptions",
     "FatalError": "deltawheel.statestore.exceptions",
+    "UserCodeError": "deltawheel.executor.exceptions",
+    "BatchFailedError": "deltawheel.executor.exceptions",
+    "WindowingError": "deltawheel.executor.exceptions",
+    "LeaseError": "deltawheel.statestore.exceptions",
+    "LeaseLostError": "deltawheel.statestore.exceptions",
+    "LeaseHeldError": "deltawheel.statestore.exceptions",
+    "ConfigError": "deltawheel.statestore.exceptions",
+    "SessionConfigError": "deltawheel.statestore.exceptions",
+    "StoreDamagedError": "deltawheel.statestore.exceptions",
+    "CoordinatorStateLostError": "deltawheel.statestore.exceptions",
+    "CodecError": "deltawheel.statestore.exceptions",
+    "BadRecordError": "deltawheel.statestore.exceptions",
+    "StateTooLargeError": "deltawheel.statestore.exceptions",
 }
-_EXPORTS.update({name: "deltawheel.statestore.exceptions" for name in (
-    "LeaseError", "LeaseHeldError", "LeaseLostError", "LeaseSuspendedError", "NotOwnerError",
-    "StaleSequencerError", "CommitConflictError", "CodecError", "BadRecordError", "StateTooLargeError",
-    "NotAStoreError", "StoreMismatchError", "StoreDamagedError", "CoordinatorStateLostError",
-    "SchemaTooNewError", "MigrationError", "ConfigError", "ZooKeeperServerError", "JarFetchError",
-    "SessionConfigError", "JavaMissingError",
-    "ObjectStoreError", "ObjectStoreUnreachableError", "BucketMissingError", "ObjectStoreAuthError",
-    "ObjectStoreServerError")})
-_EXPORTS.update({name: "deltawheel.executor.exceptions" for name in (
-    "UserCodeError", "BatchFailedError", "WindowingError")})
 
 __all__ = sorted(_EXPORTS)
 
@@ -138,152 +118,16 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-if TYPE_CHECKING:  # type checkers and IDEs see the same names, imported eagerly
-    from deltawheel.executor.computation import (  # noqa: F401
-        RECORD_KEY,
-        Computation,
-        ErrorPolicy,
-        LatePolicy,
-        Record,
-        make_record,
-    )
-    from deltawheel.executor.context import (  # noqa: F401
-        Context,
-    )
-    from deltawheel.executor.drivers.engine import Engine, connect  # noqa: F401
-    from deltawheel.executor.drivers.pipeline import Pipeline  # noqa: F401
-    from deltawheel.executor.drivers.runner import PipelineRunner  # noqa: F401
-    from deltawheel.executor.exceptions import (  # noqa: F401
-        BatchFailedError,
-        UserCodeError,
-        WindowingError,
-    )
-    from deltawheel.executor.protocol.executor import ComputationExecutor  # noqa: F401
-    from deltawheel.executor.protocol.metrics import observe_input  # noqa: F401
-    from deltawheel.executor.protocol.reports import BatchReport  # noqa: F401
-    from deltawheel.executor.servers.cluster import LocalCluster  # noqa: F401
-    from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble  # noqa: F401
-    from deltawheel.executor.servers.kafka import KafkaBroker  # noqa: F401
-    from deltawheel.executor.servers.s3proxy import S3ProxyServer  # noqa: F401
-    from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper  # noqa: F401
-    from deltawheel.executor.session import (  # noqa: F401
-        build_spark,
-        spark_session,
-    )
-    from deltawheel.executor.sources.delta import DeltaTableInjector  # noqa: F401
-    from deltawheel.executor.sources.injector import (  # noqa: F401
-        BatchStats,
-        Injector,
-        MaxSeenMinusBound,
-        publish_watermark,
-    )
-    from deltawheel.executor.sources.jsonl import JsonLinesInjector  # noqa: F401
-    from deltawheel.executor.sources.kafka import KafkaInjector, PerPartitionWatermark  # noqa: F401
-    from deltawheel.executor.sources.parquet import ParquetInjector  # noqa: F401
-    from deltawheel.executor.sources.schema import to_stream_schema  # noqa: F401
-    from deltawheel.executor.windowing.combiners import (  # noqa: F401
-        CombineFn,
-        Count,
-        Max,
-        Mean,
-        Min,
-        Sum,
-    )
-    from deltawheel.executor.windowing.panes import (  # noqa: F401
-        AccumulationMode,
-        Pane,
-        PaneInfo,
-        Timing,
-    )
-    from deltawheel.executor.windowing.triggers import (  # noqa: F401
-        AfterAll,
-        AfterAny,
-        AfterCount,
-        AfterEach,
-        AfterProcessingTime,
-        AfterWatermark,
-        Always,
-        DefaultTrigger,
-        Never,
-        OrFinally,
-        Repeatedly,
-        Trigger,
-    )
-    from deltawheel.executor.windowing.windowed import (  # noqa: F401
-        WindowingStrategy,
-        windowed,
-    )
-    from deltawheel.executor.windowing.windows import (  # noqa: F401
-        FixedWindows,
-        GlobalWindows,
-        Sessions,
-        SlidingWindows,
-        Window,
-        WindowFn,
-    )
-    from deltawheel.statestore.clock import (  # noqa: F401
-        Clock,
-        ManualClock,
-        SystemClock,
-    )
-    from deltawheel.statestore.codecs import (  # noqa: F401
-        get_codec,
-    )
-    from deltawheel.statestore.config import (  # noqa: F401
-        ZkConfig,
-    )
-    from deltawheel.statestore.exceptions import (  # noqa: F401
-        BadRecordError,
-        BucketMissingError,
-        CodecError,
-        CommitConflictError,
-        ConfigError,
-        CoordinatorStateLostError,
-        DeltaWheelError,
-        FatalError,
-        JarFetchError,
-        JavaMissingError,
-        LeaseError,
-        LeaseHeldError,
-        LeaseLostError,
-        LeaseSuspendedError,
-        MigrationError,
-        NotAStoreError,
-        NotOwnerError,
-        ObjectStoreAuthError,
-        ObjectStoreError,
-        ObjectStoreServerError,
-        ObjectStoreUnreachableError,
-        RetryableError,
-        SchemaTooNewError,
-        SessionConfigError,
-        StaleSequencerError,
-        StateTooLargeError,
-        StoreDamagedError,
-        StoreMismatchError,
-        ZooKeeperServerError,
-    )
-    from deltawheel.statestore.layout import (  # noqa: F401
-        StoreLayout,
-    )
-    from deltawheel.statestore.ownership.owner import (  # noqa: F401
-        IntervalOwner,
-    )
-    from deltawheel.statestore.rowtable.rows import (  # noqa: F401
-        TimeDomain,
-    )
-    from deltawheel.statestore.rowtable.store import (  # noqa: F401
-        RowStore,
-    )
-    from deltawheel.statestore.session.sparkenv import (  # noqa: F401
-        SparkSettings,
-    )
-    from deltawheel.statestore.zk.client import (  # noqa: F401
-        connect as connect_zk,
-    )
-    from deltawheel.statestore.zk.leases import (  # noqa: F401
-        LeaseManager,
-    )
-    from deltawheel.statestore.zk.watermarks import (  # noqa: F401
-        WatermarkAuthority,
-    )
+def _stub_text() -> str:
+    """The text of ``__init__.pyi``: the same names, imported eagerly, for type checkers and IDEs."""
+    by_module: dict[str, list[str]] = {}
+    for name, where in _EXPORTS.items():
+        module, _, defined = where.partition(":")
+        by_module.setdefault(module, []).append(f"{defined} as {name}" if defined else f"{name} as {name}")
+    lines = ['"""Type stub of the package root: generated from ``_EXPORTS`` by ``_stub_text``."""', ""]
+    for module in sorted(by_module):
+        lines.append(f"from {module} import (")
+        lines.extend(f"    {item}," for item in sorted(by_module[module]))
+        lines.append(")")
+    lines += ["", "__all__ = [", *(f"    {name!r}," for name in sorted(_EXPORTS)), "]", ""]
+    return "\n".join(lines)

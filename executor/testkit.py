@@ -77,7 +77,7 @@ class _DeltaRows:
         from deltawheel.statestore.layout import StoreLayout
         from deltawheel.statestore.rowtable.store import RowStore
 
-        from deltawheel import migrations
+        import deltawheel.migrations as migrations
 
         require_classic_session(spark)
         self.layout = StoreLayout(store or tempfile.mkdtemp(prefix="dw-tester-"))

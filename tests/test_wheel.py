@@ -75,6 +75,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     assert "deltawheel/statestore/session/ExclusiveLocalLogStore.java" in names
     assert "deltawheel/statestore/objectstore/ZkS3LogStore.java" in names
     assert "deltawheel/py.typed" in names
+    assert "deltawheel/__init__.pyi" in names
 
     venv = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from deltawheel.gc.passes import run_gc
 
-    from deltawheel import migrations
+    import deltawheel.migrations as migrations
 
     layout = layout_from(args)
     spark = spark_from(args)

@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deltawheel import migrations
+    import deltawheel.migrations as migrations
 
     layout = layout_from(args)
     spark = spark_from(args)

@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
 
 
 def _checked_spark(args: argparse.Namespace, **kw: Any) -> Any:
-    from deltawheel import migrations
+    import deltawheel.migrations as migrations
 
     spark = spark_from(args, **kw)
     migrations.check_store(spark, layout_from(args))

@@ -103,7 +103,7 @@ def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Any:
 def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str) -> None:
     """Create the store or run its pending migrations, one process at a time per pipeline (two
     copies started at once must not migrate the same store concurrently)."""
-    from deltawheel import migrations
+    import deltawheel.migrations as migrations
 
     migrations.apply_when_pending(spark, layout, lambda: client.Lock(f"/locks/migrate/{pipeline}", owner))
 

@@ -128,7 +128,7 @@ class DeltaBackend:
     def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
         from deltawheel.statestore.rowtable.store import RowStore
 
-        from deltawheel import migrations
+        import deltawheel.migrations as migrations
 
         migrations.apply(spark, layout, dry_run=False)
         self._store = RowStore(spark, layout, writer="scenario")

@@ -74,10 +74,9 @@ class _DeltaRows:
     """The computation's rows in a Delta store: read once, every call's changes committed fenced."""
 
     def __init__(self, spark: Any, store: str | None, comp: Computation) -> None:
+        import deltawheel.migrations as migrations
         from deltawheel.statestore.layout import StoreLayout
         from deltawheel.statestore.rowtable.store import RowStore
-
-        import deltawheel.migrations as migrations
 
         require_classic_session(spark)
         self.layout = StoreLayout(store or tempfile.mkdtemp(prefix="dw-tester-"))

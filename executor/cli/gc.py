@@ -43,9 +43,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from deltawheel.gc.passes import run_gc
-
     import deltawheel.migrations as migrations
+    from deltawheel.gc.passes import run_gc
 
     layout = layout_from(args)
     spark = spark_from(args)

@@ -126,9 +126,8 @@ class DeltaBackend:
     """
 
     def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
-        from deltawheel.statestore.rowtable.store import RowStore
-
         import deltawheel.migrations as migrations
+        from deltawheel.statestore.rowtable.store import RowStore
 
         migrations.apply(spark, layout, dry_run=False)
         self._store = RowStore(spark, layout, writer="scenario")

@@ -246,7 +246,7 @@ def _spark_settings(spark: Any, **extra: Any) -> dict[str, Any]:
     for k in keys:
         try:
             d[k] = conf.get(k)
-        except Exception:  # noqa: BLE001 - unset key
+        except Exception:
             d[k] = None
     d["spark_version"] = spark.version
     d.update(extra)
@@ -296,7 +296,7 @@ class SparkSqlEngine:
             st = spark.read.format("statestore").load(str(ckpt))
             open_events = int(st.selectExpr("coalesce(sum(value.count), 0) AS s").first()["s"])
             notes.append("open_events_at_end read from the final state with the statestore data source")
-        except Exception as exc:  # noqa: BLE001 - diagnostics only
+        except Exception as exc:
             notes.append(f"state not readable ({type(exc).__name__}); open events unknown")
         notes.append(f"Spark metric numRowsDroppedByWatermark (counts partially aggregated rows) "
                      f"= {run.dropped_by_watermark()}")

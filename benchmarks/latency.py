@@ -225,7 +225,7 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
         gen.stop()
         try:
             run.stop()
-        except Exception as exc:  # noqa: BLE001 - reported as the engine's failure
+        except Exception as exc:
             error = error or f"stop failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
         seen = [w.stop() for w in watchers]
     for t in tails:

@@ -202,7 +202,7 @@ def key_or_reason(extractor: KeyExtractor, value: Any) -> tuple[str | None, str 
     else:
         try:
             key = extractor(value)
-        except Exception as exc:  # noqa: BLE001 - user code; the record becomes a dead letter
+        except Exception as exc:
             return None, f"key extractor failed: {type(exc).__name__}: {exc}"
         if not isinstance(key, str):
             return None, f"key extractor returned {type(key).__name__} {key!r}"

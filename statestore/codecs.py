@@ -139,7 +139,7 @@ class PickleCodec:
         """
         try:
             return pickle.dumps(value, protocol=5)
-        except Exception as exc:  # noqa: BLE001 - pickle raises many types
+        except Exception as exc:
             raise CodecError(f"pickle codec cannot encode a {type(value).__name__}: {exc}. Keep only picklable "
                              "values in state (no open files, locks or clients)") from exc
 
@@ -150,8 +150,8 @@ class PickleCodec:
             CodecError: ``data`` cannot be unpickled.
         """
         try:
-            return pickle.loads(data)  # noqa: S301 - opt-in only
-        except Exception as exc:  # noqa: BLE001
+            return pickle.loads(data)
+        except Exception as exc:
             raise CodecError(f"pickle codec cannot decode {len(data)} bytes: {exc}. {_DECODE_HINT}") from exc
 
 

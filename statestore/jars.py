@@ -55,11 +55,11 @@ def default_jars_dir() -> Path:
 
 
 def _download(url: str, dest: Path) -> None:
-    with urllib.request.urlopen(url, timeout=120) as resp:  # noqa: S310 (fixed https URL)
+    with urllib.request.urlopen(url, timeout=120) as resp:
         data = resp.read()
-    with urllib.request.urlopen(url + ".sha1", timeout=60) as resp:  # noqa: S310
+    with urllib.request.urlopen(url + ".sha1", timeout=60) as resp:
         want = resp.read().decode().split()[0].strip()
-    got = hashlib.sha1(data).hexdigest()  # noqa: S324 (Maven's checksum format)
+    got = hashlib.sha1(data).hexdigest()
     if got != want:
         raise JarFetchError(f"checksum mismatch for {url}: got {got}, Maven Central says {want}")
     tmp = dest.with_suffix(".part")
@@ -98,17 +98,17 @@ def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, 
         print(f"deltawheel: fetching {name} from Maven Central", file=sys.stderr)
     try:
         _download(url, dest)
-    except Exception as first:  # noqa: BLE001 - fall back to mvn, report both
+    except Exception as first:
         try:
             coords = f"{group}:{artifact}:{version}" + (f":jar:{classifier}" if classifier else "")
             _mvn_copy(group, artifact, version, dest_dir, coords=coords)
-        except Exception as second:  # noqa: BLE001
+        except Exception as second:
             raise JarFetchError(
                 f"could not fetch {name}: download from {url} failed ({first}); mvn dependency:copy failed "
                 f"({second}). Put the jar into {dest_dir} by hand{hint}."
             ) from second
     if sha1 is not None:
-        got = hashlib.sha1(dest.read_bytes()).hexdigest()  # noqa: S324 (Maven's checksum format)
+        got = hashlib.sha1(dest.read_bytes()).hexdigest()
         if got != sha1:
             dest.unlink()
             raise JarFetchError(f"checksum mismatch for {name}: got {got}, deltawheel pins {sha1}; "

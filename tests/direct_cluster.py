@@ -11,14 +11,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from deltawheel.executor.drivers.pipeline import Pipeline  # noqa: E402
-from deltawheel.executor.drivers.runner import PipelineRunner  # noqa: E402
-from deltawheel.executor.session import build_spark  # noqa: E402
-from deltawheel.executor.sources.parquet import ParquetInjector  # noqa: E402
-from deltawheel.statestore.config import ZkConfig  # noqa: E402
-from deltawheel.statestore.layout import StoreLayout  # noqa: E402
-from deltawheel.statestore.session.sparkenv import SparkSettings  # noqa: E402
-from executor_util import RoutedLate  # noqa: E402
+from deltawheel.executor.drivers.pipeline import Pipeline
+from deltawheel.executor.drivers.runner import PipelineRunner
+from deltawheel.executor.session import build_spark
+from deltawheel.executor.sources.parquet import ParquetInjector
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.session.sparkenv import SparkSettings
+from executor_util import RoutedLate
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from pyspark import cloudpickle
 
 sys.path.insert(0, str(Path(__file__).parent))
-from executor_util import BucketCounter, events  # noqa: E402
+from executor_util import BucketCounter, events
 
 # Spark's Python workers cannot import test modules: ship this module's classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

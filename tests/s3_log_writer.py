@@ -34,7 +34,7 @@ def raw(spark, log_dir: str, start: float, slot: float, rounds: int, writer: str
     from py4j.protocol import Py4JJavaError
 
     j = jvm(spark)
-    conf = spark._jsparkSession.sessionState().newHadoopConf()  # noqa: SLF001 - the session's Delta conf
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
     cls = j
     for part in ZK_LOG_STORE_CLASS.split("."):
         cls = getattr(cls, part)

@@ -203,7 +203,7 @@ def test_a_copy_that_bound_the_store_then_waited_accepts_fences_another_copy_wro
             try:
                 first.acquire(claim_only=True, wait_s=120)
                 result["sequencers"] = first.sequencers
-            except BaseException as exc:  # noqa: BLE001 - asserted below
+            except BaseException as exc:
                 result["error"] = exc
 
         t = threading.Thread(target=start_first)
@@ -337,7 +337,7 @@ def test_a_binding_deleted_by_a_refused_start_mid_bind_gives_the_refusal_not_a_r
         def start_second() -> None:
             try:
                 second.acquire(claim_only=True)
-            except BaseException as exc:  # noqa: BLE001 - asserted below
+            except BaseException as exc:
                 result["error"] = exc
 
         t = threading.Thread(target=start_second)

@@ -77,7 +77,7 @@ def test_the_two_stage_example_in_embedding_md_runs_as_written(spark, zk_server,
     assert n == 1, "the example names its input folder once"
     rows = clicks(tmp_path / "input")
     ns: dict[str, Any] = {"__name__": "embedding_two_stages"}  # not importable: classes go to the tasks by value
-    exec(compile(block, "docs/embedding.md:two-stages", "exec"), ns)  # noqa: S102 - the doc's own code
+    exec(compile(block, "docs/embedding.md:two-stages", "exec"), ns)
     engine, summary = ns["engine"], ns["summary"]
 
     # the count without deltawheel: per (user, minute), then per minute

@@ -114,7 +114,7 @@ def test_leases_survive_losing_the_leader_and_pause_without_quorum(ensemble: Zoo
     def committer() -> None:
         try:
             result.append(a.await_valid("c", [0, 1, 2, 3]))
-        except BaseException as exc:  # noqa: BLE001 - asserted below
+        except BaseException as exc:
             result.append(exc)
 
     t = threading.Thread(target=committer, daemon=True)

@@ -602,7 +602,7 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
                     ex.run_batch(df, b, input_watermark_ms=10_000 * b)
                 gate.wait(timeout=120)
                 ex.flush(input_watermark_ms=100_000)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            except BaseException as e:
                 errors.append(e)
                 gate.abort()
 

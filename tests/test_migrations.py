@@ -269,7 +269,7 @@ def test_two_starts_at_once_migrate_a_new_store_once_and_an_up_to_date_store_tak
     def start(i: int) -> None:
         try:
             ran[f"start{i}"] = migrations.apply_when_pending(spark, store_layout, lock_of(clients[i], f"start{i}"))
-        except BaseException as exc:  # noqa: BLE001 - asserted below
+        except BaseException as exc:
             errors.append(exc)
 
     try:

@@ -226,7 +226,7 @@ def test_a_second_copy_waits_for_the_first_computations_leases_before_taking_lat
         try:
             result["summary"] = PipelineRunner(spark, layout, Pipeline("ordered", (inj,), (Copier(), CopyCounter())),
                                                zk=zk_config, wait_s=120, progress=lines.append).run()
-        except BaseException as exc:  # noqa: BLE001 - asserted below
+        except BaseException as exc:
             result["error"] = exc
 
     t = threading.Thread(target=run)

@@ -55,7 +55,7 @@ def test_scenario_alone_on_delta(spark, tmp_path: Path, path: Path) -> None:  # 
     assert on_delta == run_scenario(scenario)
 
 
-def StoreLayout_(tmp_path: Path):  # type: ignore[no-untyped-def]  # noqa: N802
+def StoreLayout_(tmp_path: Path):  # type: ignore[no-untyped-def]
     from deltawheel.statestore.layout import StoreLayout
 
     return StoreLayout(str(tmp_path / "store"))

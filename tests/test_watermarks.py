@@ -414,7 +414,7 @@ def test_suspended_connection_pauses_calls_until_it_serves_again_and_serves_stal
     def call(name: str, fn: Callable[[], object]) -> None:
         try:
             results[name] = fn()
-        except BaseException as exc:  # noqa: BLE001 - asserted below
+        except BaseException as exc:
             results[name] = exc
 
     caplog.clear()

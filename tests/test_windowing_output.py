@@ -45,7 +45,7 @@ def test_the_python_blocks_of_the_windowing_page_run_as_written(monkeypatch: pyt
         if lang != "python":
             continue
         capsys.readouterr()
-        exec(compile(code, f"docs/windowing.md block {i}", "exec"), namespace)  # noqa: S102 - our own docs
+        exec(compile(code, f"docs/windowing.md block {i}", "exec"), namespace)
         printed = capsys.readouterr().out
         if printed:
             assert i + 1 < len(blocks) and blocks[i + 1][0] == "", f"block {i} prints, and no block shows it"

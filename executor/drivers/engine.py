@@ -316,7 +316,7 @@ class Engine:
         for step in steps:
             try:
                 step()
-            except Exception as exc:  # noqa: BLE001 - raised below, once everything was tried
+            except Exception as exc:
                 first = first or exc
         if first is not None:
             raise first

@@ -294,14 +294,14 @@ class PipelineRunner:
         if member is not None:
             try:  # leave first: the others' target changes as this instance gives its intervals back
                 member.leave()
-            except Exception as exc:  # noqa: BLE001 - the session's end removes it anyway
+            except Exception as exc:
                 self.progress(f"leaving the members failed: {type(exc).__name__}: {exc}")
         for ex in execs.values():
             if ex is None:
                 continue
             try:
                 ex.stop()
-            except Exception as exc:  # noqa: BLE001 - reported below
+            except Exception as exc:
                 first = first or exc
                 self.progress(f"{ex.comp.name}: stopping failed: {type(exc).__name__}: {exc}")
         if leases is not None:

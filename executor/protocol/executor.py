@@ -218,7 +218,7 @@ class ComputationExecutor:
         first (its failure was the first batch's to raise: here it is only logged)."""
         try:
             self.wait_started()
-        except Exception as exc:  # noqa: BLE001 - the leases it took are given back below
+        except Exception as exc:
             _LOG.warning("%s: the start had failed: %s: %s", self.comp.name, type(exc).__name__, exc)
         try:
             self.inflight.settle()

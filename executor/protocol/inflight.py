@@ -77,7 +77,7 @@ class InFlight:
             try:
                 self._fault(FaultPoint.IN_WEAK_DELIVERY, batch_id)
                 deliver()
-            except BaseException as exc:  # noqa: BLE001 - reported when the straggler is settled
+            except BaseException as exc:
                 box["error"] = exc
 
         st = OpenDelivery(batch_id, threading.Thread(target=run, name=f"deltawheel-weak-{self.computation}-{batch_id}",
@@ -105,19 +105,19 @@ class InFlight:
         def run() -> None:
             try:
                 deliver()
-            except BaseException as exc:  # noqa: BLE001 - redelivered from the checkpoint on settle
+            except BaseException as exc:
                 box["error"] = exc
                 return
             try:
                 self._fault(FaultPoint.AFTER_DELIVERY, batch_id)
-            except BaseException as exc:  # noqa: BLE001 - a test's crash: surfaces on settle
+            except BaseException as exc:
                 box["crash"] = exc
                 return
             st.delivered = True
             if self._published is not None:
                 try:
                     self._published()
-                except BaseException as exc:  # noqa: BLE001 - the next batch publishes again
+                except BaseException as exc:
                     self._log(f"{self.computation}: publishing the low watermark after batch {batch_id}'s "
                               f"delivery failed ({type(exc).__name__}: {exc}); the next batch retries")
 

@@ -174,7 +174,7 @@ class BatchMetrics:
         try:
             self._append(rows)
             return True
-        except Exception as exc:  # noqa: BLE001 -- observability must not fail a committed batch
+        except Exception as exc:
             self._warn(exc)
             self._created = False
             self._log = None

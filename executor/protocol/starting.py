@@ -37,7 +37,7 @@ class BackgroundStart:
             self._start()
             if self._then is not None:
                 self._then()
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+        except BaseException as exc:
             self.done.set_exception(exc)
         else:
             self.done.set_result(None)

@@ -130,7 +130,7 @@ class SparkStandalone:
     def master_json(self) -> dict[str, Any] | None:
         """The master's state from ``<ui>/json/``, or None when it does not answer."""
         try:
-            with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=2.0) as resp:  # noqa: S310 (local http)
+            with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=2.0) as resp:
                 data = json.loads(resp.read().decode("utf-8"))
         except (OSError, ValueError):
             return None

@@ -226,7 +226,7 @@ def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: 
         future = admin.createTopics(j.java.util.Collections.singletonList(new)).all()
         try:
             future.get(wait_ms, j.java.util.concurrent.TimeUnit.MILLISECONDS)
-        except Exception as exc:  # noqa: BLE001 - a py4j error wrapping the Java exception
+        except Exception as exc:
             if "TopicExistsException" not in str(exc):
                 raise KafkaServerError(f"could not create topic {topic} on {bootstrap_servers}: "
                                        f"{str(exc).splitlines()[0]}; is the broker running?") from exc

@@ -39,7 +39,7 @@ def json_schema(schema: Any) -> Any:
     if isinstance(schema, str):
         try:
             parsed = DataType.fromDDL(schema)
-        except Exception as exc:  # noqa: BLE001 - Spark's parse error, reported with the fix
+        except Exception as exc:
             raise ConfigError(f"schema {schema!r} is not a Spark DDL column list ({str(exc).splitlines()[0]}); "
                               "write it as 'name TYPE, name TYPE', e.g. 'card STRING, amount DOUBLE, ts BIGINT'") from exc
         schema = parsed

@@ -230,7 +230,7 @@ class KafkaInjector:
             desc = admin.describeTopics(j.java.util.Collections.singletonList(self.topic)).allTopicNames()
             try:
                 got = desc.get(60_000, j.java.util.concurrent.TimeUnit.MILLISECONDS)
-            except Exception as exc:  # noqa: BLE001 - a py4j error wrapping Kafka's
+            except Exception as exc:
                 if "UnknownTopicOrPartition" in str(exc):
                     return []
                 raise ConfigError(f"injector {self.name}: cannot describe topic {self.topic} on "

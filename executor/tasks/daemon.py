@@ -39,7 +39,7 @@ def preload() -> list[str]:
     for name in PRELOAD:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a worker imports what it needs itself
+        except Exception:
             continue
         loaded.append(name)
     return loaded

@@ -177,7 +177,7 @@ class UserCode:
                 for r in records:
                     ctx.cause = r  # names what is processed: production ids derive from it
                     process(ctx, r)
-            except Exception as exc:  # noqa: BLE001 - user code
+            except Exception as exc:
                 assert r is not None
                 raise UserCodeError(comp.name, ctx.key, f"record {r.record_id!r} (event time {r.timestamp_ms})",
                                     exc) from exc
@@ -204,7 +204,7 @@ class UserCode:
             ctx.timer_seq = seq
             try:
                 comp.process_timer(ctx, t)
-            except Exception as exc:  # noqa: BLE001 - user code
+            except Exception as exc:
                 raise UserCodeError(comp.name, ctx.key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})",
                                     exc) from exc
             fired += 1
@@ -233,7 +233,7 @@ class UserCode:
             ctx.cause = r
             try:
                 process(ctx, r)
-            except Exception as exc:  # noqa: BLE001 - user code
+            except Exception as exc:
                 if self.dead_letter:
                     ctx.drop_productions_of(r)  # drop what this record produced
                     dead.append((r, f"{type(exc).__name__}: {exc}"))
@@ -271,7 +271,7 @@ class UserCode:
         ctx.cause = TimerCause(f"{comp.name}:{first.record_id}", last.timestamp_ms)
         try:
             comp.process_records(ctx, todo)
-        except Exception as exc:  # noqa: BLE001 - user code
+        except Exception as exc:
             what = (f"{len(todo)} records {first.record_id!r}..{last.record_id!r} "
                     f"(event time {first.timestamp_ms}..{last.timestamp_ms})")
             if not self.dead_letter:

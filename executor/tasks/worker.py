@@ -94,7 +94,7 @@ def warm_workers(spark: Any, *, on_error: Callable[[BaseException], None] | None
     def run() -> None:
         try:
             spark.range(0, slots, 1, slots).mapInArrow(_warm_task, "id long").collect()
-        except BaseException as exc:  # noqa: BLE001 - best effort, reported
+        except BaseException as exc:
             if on_error is not None:
                 on_error(exc)
 

@@ -310,7 +310,7 @@ def background_uploads() -> Iterator[None]:
         for fut in pending:
             try:
                 fut.result()
-            except BaseException as exc:  # noqa: BLE001 - the first is raised below
+            except BaseException as exc:
                 failed = failed or exc
     if failed is not None:
         raise failed

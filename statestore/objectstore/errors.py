@@ -40,7 +40,7 @@ def _chain(exc: BaseException) -> list[tuple[str, str]]:
         try:
             out.append((str(je.getClass().getName()), str(je.getMessage())))
             je = je.getCause()
-        except Exception:  # noqa: BLE001 - a dead gateway: keep what was read
+        except Exception:
             break
         seen += 1
     return out

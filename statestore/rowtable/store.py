@@ -299,7 +299,7 @@ class RowStore:
                 log.commit(add=adds, user_metadata=meta, read_partitions=[
                     f"computation = '{computation}' AND interval = {iv}" for iv in sorted(sequencers)])
                 return
-            except Exception as exc:  # noqa: BLE001 - translated
+            except Exception as exc:
                 err = translate_commit_error(exc, sequencers=sequencers)
                 if not isinstance(err, CommitConflictError) or attempt > 10 * self.fence_retries:
                     raise
@@ -329,7 +329,7 @@ class RowStore:
             CommitConflictError: concurrent commits kept conflicting after retries.
         """
         started = time.monotonic()
-        # Step 1: validate before any I/O.
+        # Phase 1: validate before any I/O.
         validate_name("computation", computation)
         now = self.clock.now_ms()
         commit_id = commit_id or f"{self.writer}:{now}:{next(_view_ids)}"
@@ -346,7 +346,7 @@ class RowStore:
         if dry_run:
             return CommitResult(commit_id, computation, dict(sequencers), len(images), len(deletes), 0,
                                 time.monotonic() - started, True, tuple(plan))
-        # Step 3: the MERGE source: rows, deletions, fences.
+        # Phase 3: the MERGE source: rows, deletions, fences.
         src = [r.to_row() | {"_op": "upsert"} for r in images]
         src += [KeyRow(computation, k, iv, sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row()
                 | {"_op": "delete"} for iv, k in deletes]
@@ -399,14 +399,14 @@ class RowStore:
         with self._lock:
             while True:
                 attempts += 1
-                # Step 2: leases still valid (checked again before every attempt).
+                # Phase 2: leases still valid (checked again before every attempt).
                 if lease_check is not None:
                     lease_check()
                 try:
                     self._merge(src, computation, touched, info, frame=frame)
                     break
-                except Exception as exc:  # noqa: BLE001 - translated below
-                    # Step 5: map failures.
+                except Exception as exc:
+                    # Phase 5: map failures.
                     err = translate_commit_error(exc, sequencers=sequencers)
                     if err is None:
                         raise
@@ -426,7 +426,7 @@ class RowStore:
 
     def _merge(self, src: list[dict[str, Any]], computation: str, intervals: Sequence[int], meta: str,
                *, frame: Any = None) -> None:
-        # Step 4: one MERGE = one Delta transaction, metadata attached.
+        # Phase 4: one MERGE = one Delta transaction, metadata attached.
         view = f"dw_src_{next(_view_ids)}"
         df = local_frame(self._spark, src, _SOURCE_DDL)
         if frame is not None:

@@ -40,7 +40,7 @@ def _insert_missing(spark: Any, target: str, src: Any, *, on: str, retries: int 
             try:
                 spark.sql(sql)
                 return
-            except Exception as exc:  # noqa: BLE001 - conflicts are retried
+            except Exception as exc:
                 err = translate_commit_error(exc, sequencers={})
                 if not isinstance(err, CommitConflictError) or attempt > retries:
                     raise

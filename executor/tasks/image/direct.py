@@ -104,7 +104,7 @@ def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | 
         for i in range(parts.size()):
             for f in parts.apply(i).files():
                 spans.setdefault(f.filePath().toString(), []).append((int(f.start()), int(f.length())))
-    except Exception:  # noqa: BLE001 - another Spark version's internals: the JVM path
+    except Exception:
         return None
     want = dict(source.types)
     out = []

@@ -162,7 +162,7 @@ class ImageTasks:
             out = collect(frame)
         except (StaleViewError, ClaimError):
             raise
-        except Exception as exc:  # noqa: BLE001 - user code errors surface here
+        except Exception as exc:
             raise BatchFailedError(user_error_message(exc, self.comp.name, batch_id)) from exc
         mark("load_and_user_code")
         dead, late = out.side("dead"), out.side("late")

@@ -109,7 +109,7 @@ def collect(out: Any) -> BatchOutput:
     summaries; a fenced task raises StaleViewError."""
     try:
         rows = out.rdd.collect() if isinstance(out, TaskJob) else out.toArrow().to_pylist()
-    except Exception as exc:  # noqa: BLE001 - the fence check in the tasks
+    except Exception as exc:
         if STALE_MARK in str(exc):
             raise StaleViewError(str(exc).split(STALE_MARK, 1)[1].splitlines()[0]) from exc
         raise

@@ -136,7 +136,7 @@ class MergeTasks:
                            partitions=self.partitions, sequencers=owner.sequencers, commit_id=commit_id)
         try:
             out = out.localCheckpoint(eager=True)
-        except Exception as exc:  # noqa: BLE001 - user code errors surface here
+        except Exception as exc:
             raise BatchFailedError(user_error_message(exc, comp.name, batch_id)) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
                                                        "n_dead", "n_routed", "ids_expired")],

@@ -84,7 +84,7 @@ class _Beside:
     def _run(self) -> None:
         try:
             self._fn()
-        except BaseException as exc:  # noqa: BLE001 - raised by join
+        except BaseException as exc:
             self._error = exc
 
     def chain(self, then: Callable[[], None] | None) -> Callable[[], None]:
@@ -363,7 +363,7 @@ class ImagePath(WritePath[BatchOutput]):
             # a takeover first (a zombie fails typed, never as a mere reload)
             self.owner.store.check_fences(name, seqs)
             raise StaleViewError(str(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - Delta's conflict exceptions
+        except Exception as exc:
             err = translate_commit_error(exc, sequencers=seqs)
             if err is None:
                 raise
@@ -425,7 +425,7 @@ class ImagePath(WritePath[BatchOutput]):
                            read_partitions=["true"], check=lambda: self._not_taken_over_since(version))
             except StaleSequencerError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - Delta's conflict exceptions
+            except Exception as exc:
                 err = translate_commit_error(exc, sequencers={})
                 if not isinstance(err, CommitConflictError) or attempt >= _DELIVERY_RETRIES:
                     raise

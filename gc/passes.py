@@ -213,7 +213,7 @@ def _vacuum_detail(old: int, unreferenced: int, retain_hours: float) -> str:
 
 def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
     """The rows table's live files whose logged path is not Delta's form of it (see
-    :func:`deltatxn.delta_path`); with ``apply``, one commit removes them and adds them back
+    :func:`deltawheel.statestore.delta.txn.delta_path`); with ``apply``, one commit removes them and adds them back
     under Delta's form (the same files, ``dataChange`` false). A concurrent fenced commit on
     their partitions makes it fail (run gc again); the owner reloads its images."""
     import json

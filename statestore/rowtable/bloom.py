@@ -4,7 +4,7 @@ A filter answers "never seen" with certainty and "maybe seen" with a small
 false-positive rate; only a "maybe" costs a lookup of the key's stored record ids.
 Filters live in memory only: they are rebuilt from the rows, never persisted, so
 they can never disagree with the table for long. :class:`IdBloom` (vectorized) is
-the executor's image path's (``executor/tasks/image.py``); :class:`IntervalBloom`
+the executor's image path's (``executor/tasks/image/``); :class:`IntervalBloom`
 is the one the recovery scan rebuilds on lease acquisition (``recovery.py``,
 ``RecoveredIntervals.blooms``).
 """

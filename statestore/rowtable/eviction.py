@@ -1,7 +1,7 @@
 """Window-aware eviction (DESIGN.md, "Cache"): the policy, and the row cache that applies it.
 
 Not on the batch path yet. The executor's batches do not read through this cache: on the
-image path each Python worker keeps whole interval images (``executor/tasks/claims.py``,
+image path each Python worker keeps whole interval images (``executor/tasks/image/task.py``,
 docs/performance.md), the MERGE path reads in SQL. What uses it today is the cache benchmark
 (``benchmarks/cachebench.py``, ``deltawheel bench cache``): it replays a workload's row
 accesses through :class:`RowCache` with this policy, with LRU and with Belady's optimum

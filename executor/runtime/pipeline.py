@@ -218,7 +218,7 @@ class PipelineRunner:
                                           lambda: client.Lock(f"/locks/migrate/{self.pipeline.name}", self.owner))
             name = self.pipeline.name
             wiring = RunWiring(client, LeaseManager(client, pipeline=name, owner=self.owner, acls=digest_acls(self.zk),
-                                                    max_pause_s=self.max_pause_s),
+                                                    max_pause_s=self.max_pause_s, instance=self.instance),
                                WatermarkAuthority(client, pipeline=name, acls=digest_acls(self.zk),
                                                   max_pause_s=self.max_pause_s),
                                RowStore(self.spark, self.layout, writer=self.owner))

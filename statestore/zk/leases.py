@@ -26,6 +26,11 @@ re-verified -- never committing meanwhile. A server that lost its data refuses t
 without ever expiring it: paused past the session timeout, the committer probes the ensemble
 and stops with :class:`CoordinatorStateLostError` when it is behind (``refusal.py``).
 
+Each held lease's owner znode is watched: replaced by another session's (a process with this
+instance's name took it over, ``grants.py``), the lease is dropped and ``on_lost`` called, so the
+next :meth:`LeaseManager.check_valid` raises :class:`LeaseLostError` (the fence stops its commits
+anyway).
+
 The lease znodes and the two-phase grant protocol that makes a grant: ``grants.py``. The
 operator's tools (show, break, the sequencer floor of a re-seed): ``lease_tools.py``.
 """

@@ -1,12 +1,13 @@
 """A job for the restart tests: one computation over a Parquet folder, as its own process and
-Spark application, run until it is killed (or to the end of its input with ``--to-end``).
+Spark application, run until it is killed.
 
-    python restart_job.py STORE INPUT ZK_HOSTS CHROOT INSTANCE [--to-end]
+    python restart_job.py STORE INPUT ZK_HOSTS CHROOT INSTANCE
 
-INSTANCE ``-`` runs without an instance name. It prints ``CONNECTED s`` once ``deltawheel.connect``
-returned and the executor's line per committed batch (``seen batch N: ...``), each with the
-seconds since the process started; the test SIGKILLs it while it holds its leases (its ZooKeeper
-session, of ``deltawheel.connect``'s default timeout, outlives it).
+INSTANCE ``-`` runs without an instance name. It prints ``CONNECTED`` once ``deltawheel.connect``
+returned, ``GRANTED`` with the time its leases were granted, and the executor's lines (a line per
+committed batch: ``seen batch N: ...``), each after the seconds since the process started. The
+test SIGKILLs it while it holds its leases (its ZooKeeper session, of ``deltawheel.connect``'s
+default timeout, outlives it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from deltawheel.executor.computation import RECORD_KEY, Computation
 from pyspark import cloudpickle
 
 STARTED = time.monotonic()
+STARTED_WALL = time.time()
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 KEYS = [f"k{i}" for i in range(8)]
@@ -77,17 +79,18 @@ def main(argv: list[str]) -> int:
     import deltawheel
 
     store, folder, hosts, chroot, instance = argv[:5]
-    to_end = "--to-end" in argv[5:]
     spark = build_spark(SparkSettings(master="local[1]", app_name=f"restart-{instance}", driver_memory="1g"))
     engine = deltawheel.connect(spark, store=store, zk=hosts, zk_chroot=chroot, pipeline=PIPELINE,
                                 instance=None if instance == "-" else instance, wait_s=120)
     say("CONNECTED")
-    engine.progress = say
-    if to_end:
-        engine.run(injector(folder), Seen())
-        engine.close()
-        say("DONE")
-        return 0
+
+    def progress(line: str) -> None:
+        say(line)
+        if line.startswith("seen: started"):  # when ZooKeeper granted the leases, by the grants' stamps
+            granted = max(g.granted_ms for g in engine.leases.held("seen").values()) / 1000 - STARTED_WALL
+            print(f"{granted:.2f} GRANTED", flush=True)
+
+    engine.progress = progress
     query = engine.start(injector(folder), Seen())
     query.awaitTermination()
     return 0

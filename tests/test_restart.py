@@ -27,9 +27,8 @@ J = get_codec("json")
 JOB = Path(__file__).with_name("restart_job.py")
 
 
-def start_job(store: Path, folder: Path, hosts: str, chroot: str, instance: str | None,
-              *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(JOB), str(store), str(folder), hosts, chroot, instance or "-", *extra],
+def start_job(store: Path, folder: Path, hosts: str, chroot: str, instance: str | None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(JOB), str(store), str(folder), hosts, chroot, instance or "-"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -189,15 +188,17 @@ def restart_figure(zk_server: Any, root: Path, instance: str | None) -> tuple[fl
         batch = lines_until(again, "seen batch", lines)
     finally:
         kill(again)
-    return connected - t0, batch - t0, [line for line in lines if " seen" in line or "CONNECTED" in line]
+    return connected - t0, batch - t0, [line for line in lines if " seen" in line or line.split()[-1] in
+                                        ("CONNECTED", "GRANTED")]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_restart_to_first_committed_batch_after_sigkill(zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The figure, printed (never asserted): a job SIGKILLed while holding its leases, started
-    again as a new process without an instance name (it waits out the dead ZooKeeper session, 20 s
-    by default) and with its instance name (it takes the leases at once). Run with ``-s``."""
+    again as a new process without an instance name (its leases are free once the dead ZooKeeper
+    session timed out, 20 s after the kill by default) and with its instance name (it takes them
+    at once). The restarted jobs' lines say when the leases were granted. Run with ``-s``."""
     before = restart_figure(zk_server, tmp_path / "before", None)
     after = restart_figure(zk_server, tmp_path / "after", "a")
     print("\nrestart to first committed batch after SIGKILL (connect returned / first batch committed):\n"

@@ -67,7 +67,7 @@ def _lines(progress: Progress) -> Callable[[str], None] | None:
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
-            max_pause_s: float | None = DEFAULT_MAX_PAUSE_S) -> Engine:
+            max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None) -> Engine:
     """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` (close it,
     or use it as a context manager).
 
@@ -78,6 +78,9 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
             when none answers (as ``deltawheel demo`` does) and stopped by :meth:`Engine.close`.
         pipeline: the pipeline's name: leases, sequencers and watermarks live under it.
         owner: this process's name on its leases (default ``host:pid``).
+        instance: this job instance's name, the same across its restarts (letters, digits, ``_``):
+            a restart takes the leases its killed predecessor of that name still holds at once,
+            instead of waiting out its ZooKeeper session (docs/operations.md); None: it waits.
         zk_chroot, zk_digest: as :class:`ZkConfig`'s ``chroot`` and ``digest``.
         wait_s: how long an executor's start waits for leases another process holds.
         max_pause_s: how long a batch pauses while ZooKeeper does not serve (default 300 s; None:
@@ -109,7 +112,7 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
             server.release()
         raise
     engine = Engine(spark, layout, cfg, client, pipeline=pipeline, owner=owner or f"{socket.gethostname()}:{os.getpid()}",
-                    wait_s=wait_s, max_pause_s=max_pause_s, server=server)
+                    wait_s=wait_s, max_pause_s=max_pause_s, server=server, instance=instance)
     try:
         engine.migrate()
     except BaseException:
@@ -131,7 +134,7 @@ class Engine:
 
     def __init__(self, spark: Any, layout: StoreLayout, zk: ZkConfig, client: Any, *, pipeline: str, owner: str,
                  wait_s: float = 60.0, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S,
-                 server: Any | None = None) -> None:
+                 server: Any | None = None, instance: str | None = None) -> None:
         self.spark = spark
         self.layout = layout
         self.zk = zk
@@ -140,7 +143,8 @@ class Engine:
         self.owner = owner
         self.wait_s = wait_s
         self.server = server  # the embedded ZooKeeper connect() started, if any
-        self.wiring = wire(spark, layout, client, pipeline=pipeline, owner=owner, zk=zk, max_pause_s=max_pause_s)
+        self.wiring = wire(spark, layout, client, pipeline=pipeline, owner=owner, zk=zk, max_pause_s=max_pause_s,
+                           instance=instance)
         self.leases = self.wiring.leases
         self.authority = self.wiring.authority
         self.store = self.wiring.store

@@ -128,7 +128,7 @@ class PipelineRunner:
             # two copies started at once must not migrate the same store concurrently
             migrate_store(self.spark, self.layout, client, pipeline=self.pipeline.name, owner=self.owner)
             wiring = wire(self.spark, self.layout, client, pipeline=self.pipeline.name, owner=self.owner, zk=self.zk,
-                          max_pause_s=self.max_pause_s)
+                          max_pause_s=self.max_pause_s, instance=self.instance)
             return self._run(wiring, own=True)
         finally:
             client.stop()

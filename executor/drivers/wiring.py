@@ -56,14 +56,16 @@ class Wiring:
 
 
 def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str, zk: ZkConfig,
-         max_pause_s: float | None = DEFAULT_MAX_PAUSE_S) -> Wiring:
+         max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None) -> Wiring:
     """The leases, the watermark authority and the row store of ``pipeline`` on ``client``,
     ``owner`` naming this process on the leases and the rows.
 
     ``zk``: gives the ACLs of the znodes (its digest); ``max_pause_s``: how long a batch pauses
-    while ZooKeeper does not serve (None: while the session lives)."""
+    while ZooKeeper does not serve (None: while the session lives); ``instance``: the job
+    instance's name, kept across restarts (a restart takes its dead predecessor's leases at once)."""
     acls = digest_acls(zk)
-    return Wiring(client, LeaseManager(client, pipeline=pipeline, owner=owner, acls=acls, max_pause_s=max_pause_s),
+    return Wiring(client, LeaseManager(client, pipeline=pipeline, owner=owner, acls=acls, max_pause_s=max_pause_s,
+                                       instance=instance),
                   WatermarkAuthority(client, pipeline=pipeline, acls=acls, max_pause_s=max_pause_s),
                   RowStore(spark, layout, writer=owner))
 

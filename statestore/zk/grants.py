@@ -27,6 +27,13 @@ Grant protocol, in two phases (no window in which two owners both believe they o
    (``break_lease`` refuses it; session expiry makes phase 2 fail), and the
    session check catches anything else: then both contenders give up.
 
+A restart of the same job instance (``instance``: a name the instance keeps across restarts, recorded
+in the payload) does not wait for its dead predecessor's session to expire: when phase 1 meets a
+granted owner znode of another session that carries this instance's name, one transaction
+``delete(owner, version=1)`` + the two creates of phase 1 replaces it, and phase 2 follows as
+usual. The new grant's sequencer is greater than the predecessor's, so its commits are fenced
+from the takeover on (docs/fencing.md, "Restarts"). A pending owner znode is never taken over.
+
 Release is ``check(our grant node, 0)`` + ``delete(owner, version=1)``, and
 ``break_lease`` (``lease_tools.py``) deletes the owner together with its grant node, so a late
 release of a broken lease cannot delete the next owner's znode. Leases only
@@ -45,7 +52,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss, NoAuthError, NodeExistsError, NoNodeError, SessionExpiredError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+)
 from kazoo.security import ACL
 
 from ..clock import Clock
@@ -64,7 +78,9 @@ MAX_INTERVAL = 99_999
 class LeaseGrant:
     """One grant of a key interval to an owner, with its sequencer.
 
-    >>> g = LeaseGrant("p", "c", 3, "host-1", 17, 1000)
+    ``instance``: the job instance's name, kept across its restarts (None: an unnamed one).
+
+    >>> g = LeaseGrant("p", "c", 3, "host-1", 17, 1000, instance="a")
     >>> LeaseGrant.from_payload(g.to_payload()) == g
     True
     """
@@ -75,6 +91,7 @@ class LeaseGrant:
     owner: str
     sequencer: int
     granted_ms: int
+    instance: str | None = None
 
     def to_payload(self) -> bytes:
         """JSON for the owner znode (carries ``format_version``)."""
@@ -93,7 +110,8 @@ class LeaseGrant:
                              f"deltawheel reads {LEASE_FORMAT_VERSION}; upgrade deltawheel")
         try:
             grant = cls(str(raw["pipeline"]), str(raw["computation"]), int(raw["interval"]),
-                        str(raw["owner"]), int(raw["sequencer"]), int(raw["granted_ms"]))
+                        str(raw["owner"]), int(raw["sequencer"]), int(raw["granted_ms"]),
+                        instance=None if raw.get("instance") is None else str(raw["instance"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CodecError(f"lease payload is not a complete grant (pending or damaged): {raw}{ZNODE_DAMAGED_HINT}") from exc
         return grant
@@ -155,9 +173,10 @@ class HeldGrant:
 
 
 def take_interval(client: KazooClient, *, pipeline: str, computation: str, interval: int, owner: str,
-                  clock: Clock, acls: list[ACL] | None, deadline: float) -> HeldGrant:
+                  clock: Clock, acls: list[ACL] | None, deadline: float, instance: str | None = None) -> HeldGrant:
     """Grant ``interval`` to ``owner`` (the two phases above), waiting until ``deadline``
-    (``time.monotonic()``) for another owner to release it.
+    (``time.monotonic()``) for another owner to release it. A grant of another session carrying
+    ``instance`` (this job instance's earlier process) is taken over at once instead.
 
     Raises:
         LeaseHeldError: still held by another owner at ``deadline``, or protected by a digest ACL
@@ -174,23 +193,30 @@ def take_interval(client: KazooClient, *, pipeline: str, computation: str, inter
         if client_id is None:
             raise LeaseSuspendedError(f"acquiring {what}: not connected to ZooKeeper; retry")
         session_id = int(client_id[0])
-        pending = {"format_version": LEASE_FORMAT_VERSION, "pipeline": pipeline,
-                   "computation": computation, "interval": interval, "owner": owner,
-                   "sequencer": None, "granted_ms": None, "token": uuid.uuid4().hex}
+        pending = json.dumps({"format_version": LEASE_FORMAT_VERSION, "pipeline": pipeline,
+                              "computation": computation, "interval": interval, "owner": owner,
+                              "instance": instance, "sequencer": None, "granted_ms": None,
+                              "token": uuid.uuid4().hex}).encode()
         # Phase 1: owner (pending) + sequential grant node, atomically.
         tx = client.transaction()
-        tx.create(owner_path, json.dumps(pending).encode(), acl=acls, ephemeral=True)
-        tx.create(f"{base}/grants/g-", json.dumps(pending).encode(), acl=acls, sequence=True)
+        tx.create(owner_path, pending, acl=acls, ephemeral=True)
+        tx.create(f"{base}/grants/g-", pending, acl=acls, sequence=True)
         res = tx.commit()
         if isinstance(res[0], NodeExistsError):
-            _wait_for_release(client, owner_path, what, deadline)
-            continue
+            taken = _take_over(client, owner_path, base, pending, acls=acls, instance=instance, session_id=session_id)
+            if taken is None:
+                _wait_for_release(client, owner_path, what, deadline)
+                continue
+            if not any(isinstance(r, NoAuthError) for r in taken) \
+                    and any(isinstance(r, (NoNodeError, BadVersionError, NodeExistsError)) for r in taken):
+                continue  # the owner znode changed meanwhile (released, or taken by someone else): look again
+            res = taken
         if any(isinstance(r, NoAuthError) for r in res):
             raise LeaseHeldError(f"{what} is protected by a digest ACL this client lacks; "
                                  "configure the same --zk-digest as the other instances")
         raise_first(res)
-        sequencer = int(str(res[1]).rsplit("g-", 1)[1])
-        grant = LeaseGrant(pipeline, computation, interval, owner, sequencer, clock.now_ms())
+        sequencer = int(str(res[-1]).rsplit("g-", 1)[1])
+        grant = LeaseGrant(pipeline, computation, interval, owner, sequencer, clock.now_ms(), instance=instance)
         node = grant_path(base, sequencer)
         # Phase 2: write the sequencer into our (still version-0) owner znode.
         tx = client.transaction()
@@ -203,6 +229,36 @@ def take_interval(client: KazooClient, *, pipeline: str, computation: str, inter
             raise LeaseLostError(f"{what} was lost while being granted (broken or session "
                                  "expired); acquire it again")
         return HeldGrant(grant, session_id, node)
+
+
+def _take_over(client: KazooClient, owner_path: str, base: str, pending: bytes, *, acls: list[ACL] | None,
+               instance: str | None, session_id: int) -> list[Any] | None:
+    """Phase 1 over a grant this job instance's earlier process holds: delete its owner znode and
+    make ours in one transaction. Returns the transaction's results, or None when the owner
+    znode is not such a grant (another instance's, a pending one, or ours): then wait as usual."""
+    if instance is None:
+        return None
+    try:
+        data, stat = client.get(owner_path)
+    except NoNodeError:
+        return [NoNodeError()]  # released meanwhile: try again at once
+    try:
+        raw = decode_lease(data)
+    except CodecError:
+        return None
+    if raw.get("instance") != instance or raw.get("sequencer") is None or stat.version != 1 \
+            or stat.ephemeralOwner == session_id:
+        return None
+    tx = client.transaction()
+    tx.delete(owner_path, version=1)
+    tx.create(owner_path, pending, acl=acls, ephemeral=True)
+    tx.create(f"{base}/grants/g-", pending, acl=acls, sequence=True)
+    res: list[Any] = tx.commit()
+    if not any(isinstance(r, Exception) for r in res):
+        log.warning("%s: took over the lease of %r (sequencer %s, ZooKeeper client id 0x%x), an earlier process "
+                    "of instance %r: its commits are fenced from now on", owner_path, raw.get("owner"),
+                    raw.get("sequencer"), stat.ephemeralOwner, instance)
+    return res
 
 
 def _wait_for_release(client: KazooClient, owner_path: str, what: str, deadline: float) -> None:

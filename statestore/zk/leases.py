@@ -26,6 +26,11 @@ re-verified -- never committing meanwhile. A server that lost its data refuses t
 without ever expiring it: paused past the session timeout, the committer probes the ensemble
 and stops with :class:`CoordinatorStateLostError` when it is behind (``refusal.py``).
 
+Each held lease's owner znode is watched: replaced by another session's (a process with this
+instance's name took it over, ``grants.py``), the lease is dropped and ``on_lost`` called, so the
+next :meth:`LeaseManager.check_valid` raises :class:`LeaseLostError` (the fence stops its commits
+anyway).
+
 The lease znodes and the two-phase grant protocol that makes a grant: ``grants.py``. The
 operator's tools (show, break, the sequencer floor of a re-seed): ``lease_tools.py``.
 """
@@ -43,7 +48,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.security import ACL
 
 from ..clock import Clock, SystemClock
-from ..exceptions import LeaseLostError, LeaseSuspendedError
+from ..exceptions import CodecError, LeaseLostError, LeaseSuspendedError
 from ..layout import validate_name
 from .client import zk_errors
 from .grants import HeldGrant, LeaseGrant, decode_lease, interval_path, prune_grants, take_interval
@@ -70,6 +75,9 @@ class LeaseManager:
         client: a started kazoo client (see :func:`.client.connect`); the caller owns it.
         pipeline: pipeline name.
         owner: who this instance is (shown to others, e.g. ``host:pid``).
+        instance: the job instance's name, kept across its restarts (recorded on its leases): a
+            lease of another ZooKeeper session carrying it is this instance's earlier process's, and
+            is taken over at once instead of waited for (``grants.py``); None: never.
         clock: stamps ``granted_ms``.
         acls: ACLs for lease znodes (:func:`.client.digest_acls`); ``None`` = open.
         on_lost: called with the lost grants and a reason when the session expires.
@@ -82,11 +90,12 @@ class LeaseManager:
     def __init__(
         self, client: KazooClient, *, pipeline: str, owner: str, clock: Clock = _SYSTEM_CLOCK,
         acls: list[ACL] | None = None, on_lost: OnLost | None = None, keep_grants: int = 5,
-        max_pause_s: float | None = DEFAULT_MAX_PAUSE_S,
+        max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None,
     ) -> None:
         self._client = client
         self.pipeline = validate_name("pipeline", pipeline)
         self.owner = owner
+        self.instance = None if instance is None else validate_name("instance", instance)
         self._clock = clock
         self._acls = acls
         self._on_lost = on_lost
@@ -211,12 +220,51 @@ class LeaseManager:
         base = interval_path(self.pipeline, computation, interval)
         with _zk_errors(f"acquiring interval {interval} of {self.pipeline}/{computation}"):
             held = take_interval(self._client, pipeline=self.pipeline, computation=computation, interval=interval,
-                                 owner=self.owner, clock=self._clock, acls=self._acls, deadline=deadline)
+                                 owner=self.owner, clock=self._clock, acls=self._acls, deadline=deadline,
+                                 instance=self.instance)
             with self._lock:
                 self._held.setdefault(computation, {})[interval] = held
                 self._lost.pop((computation, interval), None)
+            self._watch(held)
             prune_grants(self._client, f"{base}/grants", keep=self._keep)
             return held.grant
+
+    def _watch(self, held: HeldGrant) -> None:
+        """Watch the owner znode of ``held``: replaced by another session (a takeover by a restart of
+        this instance, ``grants.py``), the lease is dropped at once, so the next commit's lease check
+        fails with :class:`LeaseLostError` (it would be fenced in Delta anyway)."""
+        path = f"{interval_path(held.grant.pipeline, held.grant.computation, held.grant.interval)}/owner"
+
+        def changed(_event: Any) -> None:  # kazoo's thread: only start one
+            self._spawn(self._check_taken, held, path)
+
+        try:
+            self._client.exists(path, watch=changed)
+        except Exception:
+            log.debug("could not watch %s", path, exc_info=True)
+
+    def _check_taken(self, held: HeldGrant, path: str) -> None:
+        g = held.grant
+        with self._lock:
+            if self._closed or self._held.get(g.computation, {}).get(g.interval) is not held:
+                return  # released, lost or replaced meanwhile
+        try:
+            data, stat = self._client.get(path)
+        except NoNodeError:
+            return  # released by us, or the session ends: the state listener and renew see to it
+        except Exception:
+            return
+        if stat.ephemeralOwner == held.session_id:
+            self._watch(held)  # still ours: watch on
+            return
+        reason = _taken_over(data, g.sequencer, self.instance)
+        with self._lock:
+            if self._held.get(g.computation, {}).get(g.interval) is not held:
+                return
+            self._held[g.computation].pop(g.interval, None)
+            self._lost[(g.computation, g.interval)] = reason
+        log.warning("lease on interval %d of %s/%s lost: %s", g.interval, g.pipeline, g.computation, reason)
+        self._notify_lost([g], reason)
 
     # --- verify, release ----------------------------------------------------
 
@@ -354,7 +402,7 @@ class LeaseManager:
                     continue
             seq = decode_lease(data).get("sequencer")
             if stat.ephemeralOwner != h.session_id or session_id != h.session_id or seq != g.sequencer:
-                gone.append((h, f"taken over (owner sequencer {seq}, ours {g.sequencer})"))
+                gone.append((h, _taken_over(data, g.sequencer, self.instance)))
         with self._lock:
             for h, reason in gone:
                 self._held.get(h.grant.computation, {}).pop(h.grant.interval, None)
@@ -403,6 +451,21 @@ class LeaseManager:
             self._held.clear()
             self._closed = True
         self._client.remove_listener(self._on_state)
+
+
+def _taken_over(data: bytes, ours: int, instance: str | None) -> str:
+    """Why a lease whose owner znode now holds ``data`` is no longer ours (``instance``: ours)."""
+    try:
+        raw = decode_lease(data)
+    except CodecError:
+        raw = {}
+    inst = raw.get("instance")
+    same = inst is not None and inst == instance
+    return (f"taken over by {raw.get('owner')!r}" + (f" of instance {inst!r}" if inst is not None else "")
+            + (f" (owner sequencer {raw['sequencer']}, ours {ours})" if raw.get("sequencer") is not None
+               else f" (its grant in progress, ours sequencer {ours})")
+            + ("; a newer process with this instance's name took it: a restart, or two processes started with "
+               "one instance name" if same else ""))
 
 
 def session_timeout_s(client: KazooClient) -> float:

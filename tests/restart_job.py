@@ -1,0 +1,100 @@
+"""A job for the restart tests: one computation over a Parquet folder, as its own process and
+Spark application, run until it is killed.
+
+    python restart_job.py STORE INPUT ZK_HOSTS CHROOT INSTANCE
+
+INSTANCE ``-`` runs without an instance name. It prints ``CONNECTED`` once ``deltawheel.connect``
+returned, ``GRANTED`` with the time its leases were granted, and the executor's lines (a line per
+committed batch: ``seen batch N: ...``), each after the seconds since the process started. The
+test SIGKILLs it while it holds its leases (its ZooKeeper session, of ``deltawheel.connect``'s
+default timeout, outlives it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from deltawheel.executor.computation import RECORD_KEY, Computation
+from pyspark import cloudpickle
+
+STARTED = time.monotonic()
+STARTED_WALL = time.time()
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+KEYS = [f"k{i}" for i in range(8)]
+PER_FILE = 40
+PIPELINE = "restart"
+
+
+class Seen(Computation):
+    """Counts each key's records and produces one row per record with its running count: a record
+    processed twice, or lost, shows in the output (a doubled id, or a gap in a key's counts)."""
+
+    name = "seen"
+    inputs = {"events": RECORD_KEY}
+    outputs = ("seen",)
+    num_intervals = 4
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        n = (ctx.state or 0) + 1
+        ctx.state = n
+        ctx.produce("seen", {"n": n}, timestamp_ms=record.timestamp_ms)
+
+
+def write_files(folder: Path, count: int) -> int:
+    """``count`` input files of PER_FILE records each (every key in every file); returns the records."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(count):
+        keys = [KEYS[i % len(KEYS)] for i in range(PER_FILE)]
+        times = [1_000_000 + n * 10_000 + i for i in range(PER_FILE)]
+        tmp = folder / f".part-{n:05d}.parquet"
+        pq.write_table(pa.table({"key": keys, "t": pa.array(times, pa.int64())}), tmp)
+        os.replace(tmp, folder / f"part-{n:05d}.parquet")
+        # Spark's file source takes files in modification-time order
+        os.utime(folder / f"part-{n:05d}.parquet", (1_700_000_000 + n, 1_700_000_000 + n))
+    return count * PER_FILE
+
+
+def injector(folder: str):  # type: ignore[no-untyped-def]
+    from deltawheel.executor.runtime.sources import ParquetInjector
+
+    return ParquetInjector("events", folder, key_column="key", event_time_column="t", watermark_delay_ms=1_000,
+                           max_files_per_trigger=1, max_event_ahead_ms=None)
+
+
+def say(line: str) -> None:
+    print(f"{time.monotonic() - STARTED:.2f} {line}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    from deltawheel.executor.session import build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings
+
+    import deltawheel
+
+    store, folder, hosts, chroot, instance = argv[:5]
+    spark = build_spark(SparkSettings(master="local[1]", app_name=f"restart-{instance}", driver_memory="1g"))
+    engine = deltawheel.connect(spark, store=store, zk=hosts, zk_chroot=chroot, pipeline=PIPELINE,
+                                instance=None if instance == "-" else instance, wait_s=120)
+    say("CONNECTED")
+
+    def progress(line: str) -> None:
+        say(line)
+        if line.startswith("seen: started"):  # when ZooKeeper granted the leases, by the grants' stamps
+            granted = max(g.granted_ms for g in engine.leases.held("seen").values()) / 1000 - STARTED_WALL
+            print(f"{granted:.2f} GRANTED", flush=True)
+
+    engine.progress = progress
+    query = engine.start(injector(folder), Seen())
+    query.awaitTermination()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -22,8 +22,9 @@ Spark job beside the batches. Notes that arrive while it writes are folded into 
   here, as Delta's hook checkpoints only the version its commit made: two processes writing
   one table never write the same checkpoint file. (After a MERGE the version is the one the
   JVM's ``DeltaLog`` holds once the MERGE returned: the MERGE's own unless another thread of
-  this JVM refreshed that table's snapshot in between; Delta's checkpoint writer accepts a
-  second writer of a file anyway -- it writes the same actions, and a retried task does it.)
+  this JVM refreshed that table's snapshot in between, or, for a MERGE that inserted nothing and
+  so committed nothing, the version its transaction read. Delta's checkpoint writer accepts a
+  second writer of a file anyway: it writes the same actions, as a retried task of it does.)
   Two processes may checkpoint neighbouring versions when both pass the threshold before
   either checkpoint is listed: harmless, a checkpoint more.
 - **Only the switched tables.** A table whose interval is another one keeps Delta's own

@@ -143,7 +143,7 @@ class LogCheckpointer:
             try:
                 self._maybe_checkpoint(spark, path, version)
             except Exception as exc:  # noqa: BLE001 -- maintenance must never stop the notes' thread
-                self._failed(path, version, exc)
+                self._failed(path, version, f"{type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
                     self._busy = False
@@ -169,19 +169,20 @@ class LogCheckpointer:
         sc.setLocalProperty("spark.job.description", f"deltawheel: log checkpoint of {path} at version {version}")
         log.checkpoint(snapshot, d.none)  # Delta logs and swallows its own failures: look for the file
         if files is not None and _newest_checkpoint(files, log) < version:
-            raise RuntimeError(f"Delta wrote no checkpoint of version {version} (its log has the reason)")
+            self._failed(path, version, "Delta wrote no checkpoint file (the driver's log has Delta's reason)")
+            return
         self._known[path] = version
         self.written = [*self.written[-999:], CheckpointWritten(path, version, time.monotonic() - started)]
         _LOG.info("deltawheel: checkpointed %s at version %d in %.2f s", path, version, time.monotonic() - started)
 
-    def _failed(self, path: str, version: int, exc: Exception) -> None:
-        self.failures = [*self.failures[-99:], (path, version, f"{type(exc).__name__}: {exc}")]
+    def _failed(self, path: str, version: int, why: str) -> None:
+        self.failures = [*self.failures[-99:], (path, version, why)]
         now = time.monotonic()
         if now - self._warned > 60:
             self._warned = now
-            _LOG.warning("deltawheel: could not checkpoint the Delta log of %s at version %d (%s: %s); commits go "
+            _LOG.warning("deltawheel: could not checkpoint the Delta log of %s at version %d (%s); commits go "
                          "on, and the next one past the interval tries again. Readers replay more JSON commits "
-                         "meanwhile", path, version, type(exc).__name__, exc)
+                         "meanwhile", path, version, why)
 
 
 class _Hold:

@@ -78,7 +78,7 @@ def _readers_agree(spark: Any, path: str) -> int:
     assert {(f.path, f.size) for f in pfiles} == {(f.path, f.size) for f in jfiles}
     snap = read_snapshot(_files(spark, path))
     assert snap is not None and snap.version == jv
-    log = TableLog(spark, path)._log  # noqa: SLF001 - Delta's own view of the app versions
+    log = TableLog(spark, path)._log  # Delta's own view of the app versions
     txn = log.startTransaction()
     assert {a: int(txn.txnVersion(a)) for a in snap.txns} == snap.txns
     return int(jv)

@@ -47,11 +47,12 @@ Spark job beside the batches. Notes that arrive while it writes are folded into 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from .checkpoints import newest_checkpoint
 from .jvm import jsession
@@ -125,9 +126,17 @@ class LogCheckpointer:
                 self._cond.wait(left)
             return True
 
-    def hold(self) -> _Hold:
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[LogCheckpointer]:
         """A context in which notes wait (no checkpoint is started); they are taken on leaving it."""
-        return _Hold(self)
+        with self._cond:
+            self._held += 1
+        try:
+            yield self
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify_all()
 
     # ------------------------------------------------------------ the thread
 
@@ -142,7 +151,7 @@ class LogCheckpointer:
                 spark = self.spark
             try:
                 self._maybe_checkpoint(spark, path, version)
-            except Exception as exc:  # noqa: BLE001 -- maintenance must never stop the notes' thread
+            except Exception as exc:  # maintenance must never stop the notes' thread
                 self._failed(path, version, f"{type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
@@ -183,21 +192,6 @@ class LogCheckpointer:
             _LOG.warning("deltawheel: could not checkpoint the Delta log of %s at version %d (%s); commits go "
                          "on, and the next one past the interval tries again. Readers replay more JSON commits "
                          "meanwhile", path, version, why)
-
-
-class _Hold:
-    def __init__(self, owner: LogCheckpointer) -> None:
-        self.owner = owner
-
-    def __enter__(self) -> LogCheckpointer:
-        with self.owner._cond:  # noqa: SLF001 - the context is part of the class
-            self.owner._held += 1  # noqa: SLF001
-        return self.owner
-
-    def __exit__(self, *exc: object) -> None:
-        with self.owner._cond:  # noqa: SLF001
-            self.owner._held -= 1  # noqa: SLF001
-            self.owner._cond.notify_all()  # noqa: SLF001
 
 
 class _Classes:
@@ -256,7 +250,13 @@ def note_commit(spark: Any, path: str, version: int) -> None:
 
 def note_merge(spark: Any, path: str) -> None:
     """This thread's MERGE (or other SQL write) into the table at ``path`` just returned: note the
-    version it committed, as the JVM's ``DeltaLog`` of the table holds it (a few py4j calls)."""
-    version = int(_delta_log(spark, path).unsafeVolatileSnapshot().version())
+    version it committed, as the JVM's ``DeltaLog`` of the table holds it (a few py4j calls).
+    Never raises: the write is committed, and a note missed only delays the next checkpoint."""
+    try:
+        version = int(_delta_log(spark, path).unsafeVolatileSnapshot().version())
+    except Exception as exc:  # the MERGE is committed: a lost note must not fail it
+        _LOG.warning("deltawheel: could not read the version just committed to %s (%s: %s); its log "
+                     "checkpoint waits for the next commit", path, type(exc).__name__, exc)
+        return
     if version >= 0:
         note_commit(spark, path, version)

@@ -34,6 +34,7 @@ from . import (
     m0003_checkpoint_interval,
     m0004_timer_seq,
     m0005_column_comments,
+    m0006_background_log_checkpoints,
 )
 
 __all__ = [
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval,
-                                      m0004_timer_seq, m0005_column_comments)
+                                      m0004_timer_seq, m0005_column_comments, m0006_background_log_checkpoints)
 CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
 
 

@@ -30,22 +30,22 @@ def test_plan_on_empty_store_lists_all_and_dry_run_changes_nothing(spark, store_
     steps = migrations.plan(spark, store_layout)
     assert [(s.version, s.name) for s in steps] == [(1, "meta_and_rows"), (2, "dead_letters_late_data"),
                                                  (3, "checkpoint_interval"), (4, "timer_seq"),
-                                                 (5, "column_comments")]
+                                                 (5, "column_comments"), (6, "background_log_checkpoints")]
     assert store_layout.rows in steps[0].description
     assert migrations.apply(spark, store_layout) == steps  # dry run by default
     assert migrations.applied_version(spark, store_layout) == 0
     assert not Path(store_layout.root).exists()
-    assert migrations.CODE_SCHEMA_VERSION == 5
+    assert migrations.CODE_SCHEMA_VERSION == 6
 
 
 def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3, 4, 5]
+    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6]
     assert migrations.plan(spark, store_layout) == []
-    assert migrations.applied_version(spark, store_layout) == 5
-    assert migrations.check_store(spark, store_layout) == 5
+    assert migrations.applied_version(spark, store_layout) == 6
+    assert migrations.check_store(spark, store_layout) == 6
     meta = {r["version"]: r for r in spark.read.format("delta").load(store_layout.meta).collect()}
-    assert sorted(meta) == [1, 2, 3, 4, 5]
+    assert sorted(meta) == [1, 2, 3, 4, 5, 6]
     assert meta[2]["name"] == "dead_letters_late_data" and meta[2]["deltawheel_version"]
     assert meta[1]["applied_ms"] <= meta[2]["applied_ms"]
 
@@ -74,8 +74,8 @@ def test_resumes_after_a_run_that_died_before_recording(spark, store_layout) -> 
     m0001_meta_and_rows.apply(spark, store_layout)  # tables made, nothing recorded: "died" here
     assert migrations.applied_version(spark, store_layout) == 0
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3, 4, 5]
-    assert migrations.check_store(spark, store_layout) == 5
+    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6]
+    assert migrations.check_store(spark, store_layout) == 6
 
 
 def test_check_store_on_a_plain_folder(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -90,7 +90,7 @@ def test_store_newer_than_code(spark, migrated_store) -> None:  # type: ignore[n
     spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
                           schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
                           ).write.format("delta").mode("append").save(migrated_store.meta)
-    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 5; upgrade deltawheel"):
+    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 6; upgrade deltawheel"):
         migrations.check_store(spark, migrated_store)
     with pytest.raises(SchemaTooNewError, match="upgrade deltawheel"):
         migrations.apply(spark, migrated_store, dry_run=False)
@@ -100,14 +100,14 @@ def test_store_older_than_code(spark, migrated_store) -> None:  # type: ignore[n
     from delta.tables import DeltaTable
 
     DeltaTable.forPath(spark, migrated_store.meta).delete("version >= 2")
-    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 5; "
+    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 6; "
                        r"run 'deltawheel migrate --store .* --apply'"):
         migrations.check_store(spark, migrated_store)
-    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4, 5]
-    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4, 5]
-    assert migrations.check_store(spark, migrated_store) == 5
+    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4, 5, 6]
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4, 5, 6]
+    assert migrations.check_store(spark, migrated_store) == 6
     props = spark.sql(f"SHOW TBLPROPERTIES delta.`{migrated_store.rows}`").collect()
-    assert {r["key"]: r["value"] for r in props}["delta.checkpointInterval"] == "100"
+    assert {r["key"]: r["value"] for r in props}["delta.checkpointInterval"] == "2147483647"
 
 
 def test_failed_step_is_reported_and_earlier_steps_stay_recorded(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
@@ -118,7 +118,7 @@ def test_failed_step_is_reported_and_earlier_steps_stay_recorded(spark, store_la
         migrations.apply(spark, store_layout, dry_run=False)
     assert migrations.applied_version(spark, store_layout) == 1
     shutil.rmtree(store_layout.dead_letters)
-    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4, 5]
+    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4, 5, 6]
 
 
 # --- KeyRow round-trips ---------------------------------------------------------
@@ -228,6 +228,35 @@ def test_column_comments_on_existing_tables(spark, migrated_store) -> None:  # t
     m0005_column_comments.apply(spark, migrated_store)
     assert commented(old) == dict(comments.STREAM)
     assert comments.comment_table(spark, old, comments.STREAM) == 0  # already commented: no commit
+
+
+def test_background_log_checkpoints_on_an_existing_store(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """A store at schema version 5 (its tables checkpointed by their commits every 100 versions, a
+    stream table made then): migration 6 moves every one of its tables to background checkpoints,
+    and re-running it commits nothing."""
+    from delta.tables import DeltaTable
+    from deltawheel.migrations import m0006_background_log_checkpoints as m6
+    from deltawheel.statestore.writepath.streams import ensure_stream_table
+
+    def interval(path: str) -> str | None:
+        props = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
+        return {r["key"]: r["value"] for r in props}.get("delta.checkpointInterval")
+
+    made_now = ensure_stream_table(spark, migrated_store, "views")
+    assert interval(made_now) == "2147483647"  # a stream table made now has it from the start
+    old = f"{migrated_store.streams_root}/clicks"  # one made by a store at version 5
+    spark.sql(f"CREATE TABLE delta.`{old}` (record_id STRING) USING DELTA "
+              "TBLPROPERTIES ('delta.checkpointInterval' = '100')")
+    spark.sql(f"ALTER TABLE delta.`{migrated_store.rows}` SET TBLPROPERTIES ('delta.checkpointInterval' = '100')")
+    DeltaTable.forPath(spark, migrated_store.meta).delete("version = 6")
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [6]
+    tables = m6.tables(spark, migrated_store)
+    assert sorted(tables) == sorted([migrated_store.rows, migrated_store.dead_letters, migrated_store.late_data,
+                                     old, made_now])
+    assert {t: interval(t) for t in tables} == {t: "2147483647" for t in tables}
+    history = {t: _history_len(spark, t) for t in tables}
+    m6.apply(spark, migrated_store)
+    assert {t: _history_len(spark, t) for t in tables} == history
 
 
 def test_a_half_created_table_is_named_with_what_to_do(spark, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -22,7 +22,8 @@ past the one given is skipped. (The executor records the stream as read and
 checks for a takeover once the snapshot is taken: ``writepath.image.path.ImagePath._deliver_strong``.)
 
 Commits go through the JVM side of Delta (py4j): the log format, checkpoints
-and conflict rules stay Delta's. Only the read of a table's live files may be
+and conflict rules stay Delta's. A table's log checkpoints are written after its commits, by a
+background thread (``maintenance.py``), not inside them. Only the read of a table's live files may be
 done in Python (``log.py``, for the stores Python reaches: ``storefs.py``), to
 skip a Spark job per read. Files are plain Parquet written with pyarrow
 (:func:`write_file`, whole before a commit names them), readable by any Delta reader.
@@ -41,6 +42,7 @@ from ..exceptions import StaleFilesError
 from .jvm import jsession
 from .jvm import jvm as jvm_of
 from .log import LogSnapshot, read_snapshot
+from .maintenance import note_commit
 from .storefs import TableFiles, table_files
 
 __all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", "decode_path",
@@ -337,7 +339,9 @@ class TableLog:
         for app, ver in (app_versions or {}).items():
             actions.append(self._d.action.fromJson(json.dumps(
                 {"txn": {"appId": app, "version": int(ver), "lastUpdated": now}})))
-        return int(txn.commit(self._seq(actions), self._operation(bool(remove), read_partitions, user_metadata)))
+        version = int(txn.commit(self._seq(actions), self._operation(bool(remove), read_partitions, user_metadata)))
+        note_commit(self.spark, self.path, version)  # its log checkpoint, if due: in the background
+        return version
 
 
 def decode_path(rel: str) -> str:

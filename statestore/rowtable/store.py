@@ -40,6 +40,7 @@ from ..codecs import CODEC_NAMES
 from ..config import StoreLimits
 from ..delta.jvm import jframe, jsession, require_classic_session
 from ..delta.log import read_snapshot
+from ..delta.maintenance import note_merge
 from ..delta.storefs import TableFiles, background_uploads, table_files
 from ..delta.txn import (
     TableLog,
@@ -441,6 +442,7 @@ class RowStore:
         conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)
         try:
             self._spark.sql(merge_sql(self.layout.rows, view, computation=computation, intervals=intervals))
+            note_merge(self._spark, self.layout.rows)  # its log checkpoint, if due: in the background
         finally:
             conf.unset("spark.databricks.delta.commitInfo.userMetadata")
             self._spark.catalog.dropTempView(view)

@@ -14,6 +14,7 @@ import random
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..delta.maintenance import note_merge
 from ..exceptions import CommitConflictError
 from ..layout import StoreLayout
 from ..rowtable.fencing import translate_commit_error
@@ -39,6 +40,7 @@ def _insert_missing(spark: Any, target: str, src: Any, *, on: str, retries: int 
         for attempt in itertools.count(1):
             try:
                 spark.sql(sql)
+                note_merge(spark, target)  # its log checkpoint, if due: in the background
                 return
             except Exception as exc:
                 err = translate_commit_error(exc, sequencers={})

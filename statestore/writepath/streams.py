@@ -3,7 +3,8 @@
 A stream ``clicks`` of the store at ``root`` is the Delta table
 ``<root>/streams/clicks``. Consumers read it with Delta's streaming source;
 producers append to it idempotently (see the delivery code). Every record
-carries :data:`STREAM_FORMAT_VERSION` in its ``format_version`` column.
+carries :data:`STREAM_FORMAT_VERSION` in its ``format_version`` column. Its Delta log is
+checkpointed in the background, not by the deliveries' commits (``delta/maintenance.py``).
 
 Stream names become SQL view names (``clicks`` and ``clicks_decoded``, see
 ``sqlviews.py``), so they must be SQL identifiers and must not clash with the
@@ -18,6 +19,7 @@ from typing import Any
 from ..comments import STREAM as STREAM_COMMENTS
 from ..delta.jvm import jcontext, jvm
 from ..delta.log import local_path, local_table_exists
+from ..delta.maintenance import COMMIT_CHECKPOINT_INTERVAL
 from ..delta.storefs import table_files
 from ..exceptions import ConfigError
 from ..layout import StoreLayout, validate_name
@@ -95,7 +97,8 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({_commented_stream_ddl()}) USING DELTA "
         f"TBLPROPERTIES ('deltawheel.table' = 'stream', 'deltawheel.stream' = '{name}', "
-        f"'deltawheel.format_version' = '{STREAM_FORMAT_VERSION}', 'delta.checkpointInterval' = '100')"
+        f"'deltawheel.format_version' = '{STREAM_FORMAT_VERSION}', "
+        f"'delta.checkpointInterval' = '{COMMIT_CHECKPOINT_INTERVAL}')"  # checkpoints: maintenance.py
     )
     return path
 

@@ -1,0 +1,46 @@
+"""Migration 6: Delta log checkpoints written in the background, not inside the commits.
+
+Sets ``delta.checkpointInterval`` to 2^31 - 1 (``COMMIT_CHECKPOINT_INTERVAL``) on the rows, dead
+letters and late data tables and on every stream table that exists (stream tables created later
+get it when they are created): no commit's version reaches a multiple of it, so Delta's
+post-commit hook never checkpoints them inside a batch's commit (a checkpoint took seconds, the
+batch waiting for it). The driver's background thread checkpoints them instead, every 100
+versions (``statestore/delta/maintenance.py``; docs/performance.md, "Delta commit cost"). A
+table whose property already has that value is left alone (re-running changes nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltawheel.statestore.delta.maintenance import COMMIT_CHECKPOINT_INTERVAL
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.sqltext import sql_path
+from deltawheel.statestore.writepath.streams import list_streams
+
+__all__ = ["VERSION", "NAME", "describe", "apply", "tables"]
+
+VERSION = 6
+NAME = "background_log_checkpoints"
+_KEY = "delta.checkpointInterval"
+
+
+def tables(spark: Any, layout: StoreLayout) -> list[str]:
+    """The tables whose logs are checkpointed in the background: rows, dead letters, late data, streams."""
+    return [layout.rows, layout.dead_letters, layout.late_data,
+            *(layout.stream(s) for s in list_streams(spark, layout))]
+
+
+def describe(layout: StoreLayout) -> str:
+    """One line saying what :func:`apply` does to ``layout``."""
+    return (f"set {_KEY} = {COMMIT_CHECKPOINT_INTERVAL} on {layout.rows}, {layout.dead_letters}, "
+            f"{layout.late_data} and every stream table: their log checkpoints are written in the "
+            "background, not inside the commits")
+
+
+def apply(spark: Any, layout: StoreLayout) -> None:
+    """Set the property where it differs (a table that has it is left alone)."""
+    for path in tables(spark, layout):
+        props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {sql_path(path)}").collect()}
+        if props.get(_KEY) != str(COMMIT_CHECKPOINT_INTERVAL):
+            spark.sql(f"ALTER TABLE {sql_path(path)} SET TBLPROPERTIES ('{_KEY}' = '{COMMIT_CHECKPOINT_INTERVAL}')")

@@ -1,0 +1,262 @@
+"""Delta log checkpoints written by a background thread of the driver, off the commit path.
+
+Delta writes a table's log checkpoint inside the commit whose version is a multiple of the
+table's ``delta.checkpointInterval`` (``OptimisticTransaction``'s post-commit ``CheckpointHook``
+calls ``DeltaLog.checkpoint``): a Spark job that rebuilds the table's state and writes it as
+Parquet, 1-6 s on a busy 2-core machine, while the commit call has not returned. A micro-batch
+whose rows commit, or whose delivery, made that version waited for it: the latency benchmark's
+p99 was that one batch (docs/latency.md).
+
+deltawheel's own tables carry ``delta.checkpointInterval`` = :data:`COMMIT_CHECKPOINT_INTERVAL`
+(2^31 - 1, the largest the property takes: no version reaches a multiple of it, so no commit
+checkpoints; migration 6 sets it, new stream tables get it). After each of its commits this
+process notes the table and the version it committed (:func:`note_commit`; after a MERGE,
+:func:`note_merge`), which costs a dictionary update. One daemon thread per driver (per
+``SparkContext``) takes the notes: when :attr:`LogCheckpointer.every` versions
+(:data:`CHECKPOINT_EVERY`) have passed since the table's newest checkpoint, it checkpoints the
+noted version with the same calls Delta's hook makes (``getSnapshotAt(version)``, then
+``DeltaLog.checkpoint``: the checkpoint file, ``_last_checkpoint``, the log cleanup), in its own
+Spark job beside the batches. Notes that arrive while it writes are folded into one per table.
+
+- **One writer per checkpoint file.** Only versions this process committed are checkpointed
+  here, as Delta's hook checkpoints only the version its commit made: two processes writing
+  one table never write the same checkpoint file. (After a MERGE the version is the one the
+  JVM's ``DeltaLog`` holds once the MERGE returned: the MERGE's own unless another thread of
+  this JVM refreshed that table's snapshot in between, or, for a MERGE that inserted nothing and
+  so committed nothing, the version its transaction read. Delta's checkpoint writer accepts a
+  second writer of a file anyway: it writes the same actions, as a retried task of it does.)
+  Two processes may checkpoint neighbouring versions when both pass the threshold before
+  either checkpoint is listed: harmless, a checkpoint more.
+- **Only the switched tables.** A table whose interval is another one keeps Delta's own
+  checkpoints in its commits (the metrics table, a user's table); the thread leaves it alone.
+- **Readers.** ``log.py`` (and Delta) read the newest *complete* checkpoint, then the JSON
+  commits after it. A checkpoint appears whole or not at all: on a local folder Delta writes it
+  under a hidden temporary name (``.<version>.checkpoint.parquet.<uuid>.tmp``, which no reader
+  lists as a checkpoint) and renames it when complete (deltawheel's local log store says partial
+  writes are visible); on ``s3a://`` it is one object, uploaded at close (the log store says they
+  are not), and an upload cut short never appears. ``_last_checkpoint`` is written after the
+  checkpoint, by the log store (an atomic replacing move locally, a PUT on S3); a reader that
+  finds it older than the newest checkpoint lists the log anyway. So a process stopped or killed
+  during a checkpoint leaves at most a hidden temporary file; its next commits past the
+  threshold checkpoint again.
+- **How often.** Every :data:`CHECKPOINT_EVERY` versions, as the tables' interval was: readers
+  without Spark replay at most that many JSON commits after the checkpoint (plus the ones
+  committed while it is written). A table that no deltawheel process commits to gets no new
+  checkpoint, and needs none: its log does not grow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .checkpoints import newest_checkpoint
+from .jvm import jsession
+from .jvm import jvm as jvm_of
+from .log import log_files
+from .storefs import table_files
+
+__all__ = ["COMMIT_CHECKPOINT_INTERVAL", "CHECKPOINT_EVERY", "CheckpointWritten", "LogCheckpointer",
+           "checkpointer", "note_commit", "note_merge"]
+
+_LOG = logging.getLogger(__name__)
+
+#: ``delta.checkpointInterval`` of deltawheel's tables: no commit's version is a multiple of it,
+#: so Delta's post-commit hook never checkpoints them (the largest value the property takes, an Int)
+COMMIT_CHECKPOINT_INTERVAL = 2_147_483_647
+#: versions between two checkpoints written in the background
+CHECKPOINT_EVERY = 100
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    """A checkpoint the background thread wrote: the table, its version, how long it took."""
+
+    path: str
+    version: int
+    seconds: float
+
+
+class LogCheckpointer:
+    """The background checkpoints of the tables one driver commits to (see the module docstring).
+
+    Made by :func:`checkpointer`, one per ``SparkContext``; the thread starts with the first note.
+    """
+
+    def __init__(self, spark: Any, *, every: int = CHECKPOINT_EVERY) -> None:
+        self.spark = spark
+        self.every = every
+        self.written: list[CheckpointWritten] = []  # newest last (the last 1,000)
+        self.failures: list[tuple[str, int, str]] = []  # (path, version, error), the last 100
+        self._cond = threading.Condition()
+        self._pending: dict[str, int] = {}  # path -> the newest version noted, not yet looked at
+        self._known: dict[str, int] = {}  # path -> its newest checkpoint as last seen (-1: none)
+        self._busy = False
+        self._held = 0  # hold(): notes wait
+        self._thread: threading.Thread | None = None
+        self._warned = 0.0
+
+    # ------------------------------------------------------------ the callers' side
+
+    def committed(self, path: str, version: int, *, spark: Any = None) -> None:
+        """This process committed ``version`` of the table at ``path`` (returns at once)."""
+        with self._cond:
+            if spark is not None:
+                self.spark = spark  # the newest session that committed (a stopped query's may go away)
+            if version > self._pending.get(path, -1):
+                self._pending[path] = version
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="deltawheel-log-checkpoints", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def idle(self, timeout_s: float | None = 60.0) -> bool:
+        """Wait until every note so far is dealt with (its checkpoint written, or not due); False if
+        ``timeout_s`` passed first (or :meth:`hold` holds the notes)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[LogCheckpointer]:
+        """A context in which notes wait (no checkpoint is started); they are taken on leaving it."""
+        with self._cond:
+            self._held += 1
+        try:
+            yield self
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify_all()
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending or self._held:
+                    self._cond.wait()
+                path = next(iter(self._pending))
+                version = self._pending.pop(path)
+                self._busy = True
+                spark = self.spark
+            try:
+                self._maybe_checkpoint(spark, path, version)
+            except Exception as exc:  # maintenance must never stop the notes' thread
+                self._failed(path, version, f"{type(exc).__name__}: {exc}")
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _maybe_checkpoint(self, spark: Any, path: str, version: int) -> None:
+        known = self._known.get(path)
+        if known is not None and version - known < self.every:
+            return
+        files = table_files(spark, path)  # None: a scheme Python does not list; Delta tells
+        log = _delta_log(spark, path)
+        known = _newest_checkpoint(files, log)
+        self._known[path] = known
+        if version - known < self.every:
+            return
+        d = _classes(spark)
+        snapshot = log.getSnapshotAt(version, d.none, d.none, False)
+        if int(log.checkpointInterval(snapshot.metadata())) != COMMIT_CHECKPOINT_INTERVAL:
+            self._known[path] = version  # its commits checkpoint it (Delta's hook): look again in `every`
+            return
+        started = time.monotonic()
+        sc = spark.sparkContext
+        sc.setLocalProperty("spark.job.description", f"deltawheel: log checkpoint of {path} at version {version}")
+        log.checkpoint(snapshot, d.none)  # Delta logs and swallows its own failures: look for the file
+        if files is not None and _newest_checkpoint(files, log) < version:
+            self._failed(path, version, "Delta wrote no checkpoint file (the driver's log has Delta's reason)")
+            return
+        self._known[path] = version
+        self.written = [*self.written[-999:], CheckpointWritten(path, version, time.monotonic() - started)]
+        _LOG.info("deltawheel: checkpointed %s at version %d in %.2f s", path, version, time.monotonic() - started)
+
+    def _failed(self, path: str, version: int, why: str) -> None:
+        self.failures = [*self.failures[-99:], (path, version, why)]
+        now = time.monotonic()
+        if now - self._warned > 60:
+            self._warned = now
+            _LOG.warning("deltawheel: could not checkpoint the Delta log of %s at version %d (%s); commits go "
+                         "on, and the next one past the interval tries again. Readers replay more JSON commits "
+                         "meanwhile", path, version, why)
+
+
+class _Classes:
+    def __init__(self, jvm: Any) -> None:
+        self.delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
+        self.none = jvm.scala.Option.empty()
+
+
+_CLASSES: dict[int, tuple[Any, _Classes]] = {}
+
+
+def _classes(spark: Any) -> _Classes:
+    jvm = jvm_of(spark)
+    got = _CLASSES.get(id(jvm))
+    if got is None or got[0] is not jvm:
+        got = _CLASSES[id(jvm)] = (jvm, _Classes(jvm))
+    return got[1]
+
+
+def _delta_log(spark: Any, path: str) -> Any:
+    return _classes(spark).delta_log.forTable(jsession(spark), path)
+
+
+def _newest_checkpoint(files: Any, log: Any) -> int:
+    """The version of the table's newest complete checkpoint (-1: none), listed by Python where it
+    can (``files``), else as Delta's newest snapshot knows it."""
+    if files is not None:
+        names = log_files(files)
+        cp, _ok = newest_checkpoint((names.listdir() or []) if names is not None else [])
+        return -1 if cp is None else cp.version
+    return int(log.unsafeVolatileSnapshot().checkpointProvider().version())
+
+
+_CHECKPOINTERS: dict[int, tuple[Any, LogCheckpointer]] = {}
+_LOCK = threading.Lock()
+
+
+def checkpointer(spark: Any) -> LogCheckpointer:
+    """The :class:`LogCheckpointer` of ``spark``'s ``SparkContext`` (made on first use)."""
+    sc = spark.sparkContext
+    got = _CHECKPOINTERS.get(id(sc))
+    if got is not None and got[0] is sc:
+        return got[1]
+    with _LOCK:
+        got = _CHECKPOINTERS.get(id(sc))
+        if got is None or got[0] is not sc:  # (a stopped context's id may be reused)
+            got = _CHECKPOINTERS[id(sc)] = (sc, LogCheckpointer(spark))
+        return got[1]
+
+
+def note_commit(spark: Any, path: str, version: int) -> None:
+    """This process committed ``version`` of the table at ``path``: checkpoint it in the
+    background if it is due (see the module docstring)."""
+    checkpointer(spark).committed(path, version, spark=spark)
+
+
+def note_merge(spark: Any, path: str) -> None:
+    """This thread's MERGE (or other SQL write) into the table at ``path`` just returned: note the
+    version it committed, as the JVM's ``DeltaLog`` of the table holds it (a few py4j calls).
+    Never raises: the write is committed, and a note missed only delays the next checkpoint."""
+    try:
+        version = int(_delta_log(spark, path).unsafeVolatileSnapshot().version())
+    except Exception as exc:  # the MERGE is committed: a lost note must not fail it
+        _LOG.warning("deltawheel: could not read the version just committed to %s (%s: %s); its log "
+                     "checkpoint waits for the next commit", path, type(exc).__name__, exc)
+        return
+    if version >= 0:
+        note_commit(spark, path, version)

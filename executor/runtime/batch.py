@@ -183,6 +183,9 @@ class ComputationExecutor:
         # upstream computation -> the low watermark read before the current query took its
         # snapshot of that computation's stream table (job instances: PipelineRunner sets it)
         self.upstream_caps: dict[str, int | None] = {}
+        # a hold on the low watermark for input not read yet (a continuous downstream stage: the
+        # upstream watermark its last batch acted on; ``continuous.py``); None: none
+        self.input_hold_ms: int | None = None
         self.manual_watermarks = manual_watermarks
         self._warned_no_watermark = False
         self.clock = clock
@@ -661,6 +664,8 @@ class ComputationExecutor:
         assert self.authority is not None
         with self._wm_lock:  # the batch and its delivery thread both publish
             held = self.inflight.held_ts()
+            if self.input_hold_ms is not None:  # input not read yet holds it too
+                held = self.input_hold_ms if held is None else min(held, self.input_hold_ms)
             works: dict[int, tuple[int | None, int]] = {}
             path_oldest = self.path.oldest_work()
             for iv, seq in self.owner.sequencers.items():

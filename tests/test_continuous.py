@@ -6,15 +6,25 @@ both streams end up with exactly the rows a count made here gives, each once.
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
 from deltawheel.executor.runtime.continuous import Trigger
+from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.zk.client import connect as connect_zk
 from deltawheel.statestore.zk.lease_tools import list_leases
 
@@ -110,3 +120,148 @@ def test_two_live_stages_the_second_started_first_give_every_row_once(spark, zk_
     stopped = [line for line in lines if "stopped 1 queries after their batch in flight" in line]
     assert len(stopped) == 2 and all("deliveries landed, leases given back" in line for line in stopped), lines[-20:]
 
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_block(after: str, first_line: str) -> str:
+    """The first ```python block after the heading ``after`` that starts with ``first_line``."""
+    text = README.read_text(encoding="utf-8")
+    rest = text[text.index(after):]
+    for block in re.findall(r"```python\n(.*?)```", rest, flags=re.S):
+        if block.lstrip().startswith(first_line):
+            return str(block)
+    raise AssertionError(f"no python block starting with {first_line!r} after {after!r} in the README")
+
+
+@pytest.mark.timeout(600)
+def test_the_readme_continuous_example_runs_until_ctrl_c(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The README's example (after its BucketCounter) runs as written (its store, ZooKeeper, input
+    folder and pipeline name pointed at the test's): both stages live in one call, a file added
+    while it runs is read, and Ctrl-C (SIGINT to this process) stops it gracefully once every
+    closed bucket reached the second stage; every pane reached it once, the leases are back."""
+    counter = readme_block("## A first computation", "from datetime import timedelta")
+    block = readme_block("## Continuous pipelines", "import deltawheel")
+    store, name = tmp_path / "store", f"buckets_{uuid.uuid4().hex[:8]}"
+    block, n = re.subn(r"^STORE, ZK = .*$", f"STORE, ZK = {str(store)!r}, {zk_server.hosts!r}", block, flags=re.M)
+    assert n == 1, "the example sets STORE and ZK once"
+    block, n = re.subn(r'"data/events"', repr(str(tmp_path / "events")), block)
+    assert n == 1, "the example names its input folder once"
+    block, n = re.subn(r'"buckets"', repr(name), block)
+    assert n == 2, "the example names its pipeline twice"
+    rng = random.Random(5)
+    rows = [{"q": rng.choice(["shoes", "hats", "socks"]), "ts": i * 500} for i in range(120)]
+    write_events(tmp_path / "events", "part-0.parquet", rows[:60])
+    want: dict[str, int] = {}
+    panes = set()
+    for r in rows:
+        want[r["q"]] = want.get(r["q"], 0) + 1
+        panes.add((r["q"], r["ts"] - r["ts"] % 10_000))
+    layout = StoreLayout(str(store))
+
+    def totals() -> list[tuple[str, int]]:
+        try:
+            return [(v["q"], v["total"]) for v in map(json.loads, (r["value"].decode() for r in
+                    spark.read.format("delta").load(layout.stream("totals")).collect()))]
+        except Exception:  # noqa: BLE001 - not created yet
+            return []
+
+    def feed_then_interrupt() -> None:
+        while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            time.sleep(0.2)  # the run's handler is not installed yet
+        time.sleep(2.0)
+        write_events(tmp_path / "events", "part-1.parquet", rows[60:])  # arrives while it runs
+        write_events(tmp_path / "events", "part-2.parquet", [{"q": "zz", "ts": 600_000}])  # closes every bucket
+        deadline = time.monotonic() + 300
+        while len(totals()) < len(panes) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+
+    feeder = threading.Thread(target=feed_then_interrupt, daemon=True)
+    feeder.start()
+    ns: dict[str, Any] = {"__name__": "readme_continuous"}  # not importable: its classes go to the tasks by value
+    exec(compile(counter, "README.md:BucketCounter", "exec"), ns)  # noqa: S102 - the README's own code
+    exec(compile(block, "README.md:continuous", "exec"), ns)  # noqa: S102
+    feeder.join()
+    got = totals()
+    assert len(got) == len(panes)  # one running total per pane, each once
+    assert {q: max(t for k, t in got if k == q) for q, _ in got} == want
+    out = capsys.readouterr().out
+    assert re.search(rf"^{name}: stopped 2 queries after their batch in flight \(\d+ batches, \d+ records in this "
+                     r"run\), deliveries landed, leases given back in [\d.]+s$", out, flags=re.M), out[-3000:]
+    assert not ns["engine"].client.connected
+    assert held_leases(ZkConfig(hosts=zk_server.hosts), name) == []
+
+
+def run_cmd(store: Path, zk_config: Any, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "deltawheel.executor.cli", "run", "continuous_pipeline:pipeline", "--store",
+            str(store), "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6",
+            "--trigger", "200 milliseconds", *extra]
+
+
+class Child:
+    """A ``deltawheel run`` child process whose output lines are collected as they come."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def saw(self, pattern: str) -> bool:
+        if self.proc.poll() is not None and not any(re.search(pattern, ln) for ln in self.lines):
+            self._reader.join(5)
+            raise AssertionError(f"exited with {self.proc.returncode}: " + "\n".join(self.lines[-40:]))
+        return any(re.search(pattern, ln) for ln in self.lines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_deltawheel_run_killed_resumes_exactly_once_and_sigterm_stops_it_with_nothing_pending(  # type: ignore[no-untyped-def]
+        spark, zk_config, tmp_path) -> None:
+    """``deltawheel run`` in a child process: SIGKILLed after its first batches, the same command
+    again resumes while files arrive; SIGTERM then stops it within a bounded time with one line,
+    exit status 0; both streams hold every row once and ``recover`` finds nothing to deliver."""
+    from deltawheel.executor.runtime.recover import scan
+
+    rows = click_rows(160)
+    folder, store = tmp_path / "input", tmp_path / "store"
+    write_file(folder, "part-0.parquet", rows[:40])
+    env = {**os.environ, "CLICKS_INPUT": str(folder),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = run_cmd(store, zk_config)
+    first = Child(cmd, env)
+    wait_for("the first run's first batch of stage 1", lambda: first.saw(r"^\[.*\] user_minutes batch 0: "),
+             timeout_s=600)
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(timeout=60)
+    for part in range(1, 4):
+        write_file(folder, f"part-{part}.parquet", rows[part * 40:(part + 1) * 40])
+    write_file(folder, "part-9.parquet", [closing_row(rows)])
+    again = Child(cmd, env)
+    layout = StoreLayout(str(store))
+    want_users, want_totals = expected(rows)
+    wait_for("both streams hold every row", lambda: again.saw("running") and
+             len(outputs(spark, layout)[1]) >= len(want_totals), timeout_s=600)
+    t0 = time.monotonic()
+    os.killpg(again.proc.pid, signal.SIGTERM)
+    assert again.proc.wait(timeout=180) == 0, "\n".join(again.lines[-40:])
+    stopping_s = time.monotonic() - t0
+    again._reader.join(10)
+    assert any(re.search(r"clicks: stopped 2 queries after their batch in flight .* deliveries landed, leases given "
+                         r"back in [\d.]+s$", ln) for ln in again.lines), "\n".join(again.lines[-40:])
+    assert outputs(spark, layout) == (want_users, want_totals)
+    client = connect_zk(zk_config)
+    try:
+        pending = scan(spark, layout, client, pipeline="clicks")
+    finally:
+        client.stop()
+        client.close()
+    assert pending and all(sum(r.undelivered.values()) == 0 and r.owner is None for r in pending), pending
+    print(f"SIGTERM to exit: {stopping_s:.1f}s")

@@ -309,12 +309,13 @@ class ContinuousRun:
             self._ticker.join()
         unfinished: list[str] = []
         stoppers = []
+        deadline = time.monotonic() + timeout_s
         for name, stage in self.stages.items():
             if stage.query is not None and stage.query.isActive:
-                t = threading.Thread(target=self._stop_query, args=(stage,), name=f"deltawheel-stop-{name}", daemon=True)
+                t = threading.Thread(target=self._stop_query, args=(stage, deadline), name=f"deltawheel-stop-{name}",
+                                     daemon=True)
                 t.start()
                 stoppers.append((name, t))
-        deadline = time.monotonic() + timeout_s
         for name, t in stoppers:
             t.join(max(0.0, deadline - time.monotonic()))
             if t.is_alive():
@@ -330,11 +331,18 @@ class ContinuousRun:
         return unfinished
 
     @staticmethod
-    def _stop_query(stage: _Stage) -> None:
+    def _stop_query(stage: _Stage, deadline: float) -> None:
+        """Wait for the batch in flight to end (its commit and delivery), then stop the query:
+        Spark's stop cancels the jobs of a batch still running, so it must not run under one; a
+        batch Spark begins meanwhile is refused (it waits for the lock, sees the stop and raises)."""
+        held = stage.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
         try:
-            stage.query.stop()  # waits for the batch in flight: its foreachBatch returns first
+            stage.query.stop()
         except Exception:  # noqa: BLE001 - a query that failed as it stopped (a refused batch) is stopped
             pass
+        finally:
+            if held:
+                stage.lock.release()
 
     # ---------------------------------------------------------------- one stage
 
@@ -377,7 +385,10 @@ class ContinuousRun:
                          if s in injectors and callable(getattr(injectors[s], "stats_of", None))]
 
         def batch(df: Any, batch_id: int) -> None:
-            with stage.lock:
+            while not stage.lock.acquire(timeout=0.1):  # a tick runs, or the stop holds it
+                if self._stopping.is_set():
+                    raise _Stopping(f"{comp.name} batch {batch_id}: the run is stopping")
+            try:
                 if self._stopping.is_set():
                     raise _Stopping(f"{comp.name} batch {batch_id}: the run is stopping")
                 try:
@@ -402,6 +413,8 @@ class ContinuousRun:
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
                     raise
+            finally:
+                stage.lock.release()
 
         writer = (union_inputs(frames).writeStream.foreachBatch(batch).option("checkpointLocation", chk)
                   .queryName(f"dw_{p.name}_{comp.name}"))

@@ -73,7 +73,7 @@ def _lines(progress: Progress) -> Callable[[str], None] | None:
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
-            max_pause_s: float | None = DEFAULT_MAX_PAUSE_S) -> Engine:
+            max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, zk_session_timeout_s: float | None = None) -> Engine:
     """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` (close it,
     or use it as a context manager).
 
@@ -88,6 +88,8 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         wait_s: how long an executor's start waits for leases another process holds.
         max_pause_s: how long a batch pauses while ZooKeeper does not serve (default 300 s; None:
             while the session lives); a ZooKeeper that lost its data is not waited for.
+        zk_session_timeout_s: the ZooKeeper session timeout (default :class:`ZkConfig`'s): a killed
+            process's leases stay held this long.
 
     Raises:
         SparkConnectSessionError: ``spark`` is a Spark Connect session (deltawheel needs a classic one).
@@ -102,8 +104,9 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         raise ConfigError(f"store {store} is not a local folder, so there is no embedded ZooKeeper for it: pass "
                           "zk='host:port[,host:port]' (the ZooKeeper every process of this pipeline uses)")
     check_session(spark, layout.root)
-    cfg = ZkConfig(hosts=zk, chroot=zk_chroot, digest=zk_digest) if zk is not None else \
-        ZkConfig(chroot=zk_chroot, digest=zk_digest)
+    timeout = {} if zk_session_timeout_s is None else {"session_timeout_s": zk_session_timeout_s}
+    cfg = ZkConfig(hosts=zk, chroot=zk_chroot, digest=zk_digest, **timeout) if zk is not None else \
+        ZkConfig(chroot=zk_chroot, digest=zk_digest, **timeout)
     # zk None: the store's own embedded server (started, or joined when another process runs it)
     server = ensure_zookeeper(cfg, layout, own=True) if zk is None else None
     if server is not None:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import pytest
 from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
+from deltawheel.executor.exceptions import BatchFailedError
 from deltawheel.executor.runtime.continuous import Trigger
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ConfigError
@@ -76,6 +77,33 @@ def test_triggers_parse_and_bad_ones_are_refused() -> None:
         Trigger.parse("5 fortnights")
 
 
+def test_what_a_run_and_deltawheel_run_refuse_before_anything_starts(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.executor.cli.run import load_pipeline
+    from deltawheel.executor.runtime.continuous import ContinuousRun
+
+    (tmp_path / "input").mkdir()
+    pipeline = make(str(tmp_path / "input"))
+    with pytest.raises(ConfigError, match=r"pipeline clicks: no computation to run \(computations=\[\]\)"):
+        ContinuousRun(None, StoreLayout(str(tmp_path)), pipeline, wiring=None, computations=[])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"pipeline clicks has no computation 'other'"):
+        ContinuousRun(None, StoreLayout(str(tmp_path)), pipeline, wiring=None,  # type: ignore[arg-type]
+                      triggers={"other": "1s"})
+    (tmp_path / "myjob.py").write_text("from continuous_pipeline import make\nnot_a_pipeline = 3\n"
+                                       "pipeline = make('input')\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert load_pipeline("myjob:pipeline").name == "clicks"
+    assert load_pipeline(str(tmp_path / "myjob.py") + ":pipeline").name == "clicks"
+    with pytest.raises(ConfigError, match=r"run 'myjob': expected MODULE:PIPELINE, e.g. myjob:pipeline"):
+        load_pipeline("myjob")
+    with pytest.raises(ConfigError, match=r"run 'nosuchjob:p': cannot import 'nosuchjob'"):
+        load_pipeline("nosuchjob:p")
+    with pytest.raises(ConfigError, match=r"run 'myjob:nothing': module 'myjob' has no 'nothing'"):
+        load_pipeline("myjob:nothing")
+    with pytest.raises(ConfigError, match=r"run 'myjob:not_a_pipeline': 'not_a_pipeline' is a int, not a deltawheel "
+                                          r"Pipeline"):
+        load_pipeline("myjob:not_a_pipeline")
+
+
 @pytest.mark.timeout(600)
 def test_two_live_stages_the_second_started_first_give_every_row_once(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Stage 2 starts alone on a processing-time trigger, before stage 1 has delivered anything
@@ -102,14 +130,19 @@ def test_two_live_stages_the_second_started_first_give_every_row_once(spark, zk_
         wait_for("stage 2's query ran a trigger on its empty input", lambda: q2.lastProgress is not None, runs=(second,))
         assert q2.isActive and spark.read.format("delta").load(engine.layout.stream("user_counts")).count() == 0
         first = engine.start_pipeline(pipeline, computations=["user_minutes"])
-        for part in range(1, 4):  # files arriving while both stages run
-            time.sleep(1.0)
-            write_file(folder, f"part-{part}.parquet", rows[part * 40:(part + 1) * 40])
-        write_file(folder, "part-9.parquet", [closing])
-        want_users, want_totals = expected(rows)
-        wait_for("both streams hold every row", lambda: len(outputs(spark, engine.layout)[1]) >= len(want_totals),
+        wait_for("stage 1 read the first file", lambda: first.executors["user_minutes"].records_in_total > 0,
                  runs=(first, second))
-        stop_first, stop_second = first.stop(), second.stop()
+        write_file(folder, "part-1.parquet", rows[40:] + [closing])  # arrives while both stages run
+        want_users, want_totals = expected(rows)
+        totals = second.executors["minute_totals"]
+        wait_for("stage 2 produced every minute's total", lambda: sum(r.productions for r in totals.reports)
+                 >= len(want_totals), runs=(first, second))
+        stop_first = first.stop()
+        second.queries["minute_totals"].stop()  # ended from outside the run
+        with pytest.raises(BatchFailedError, match=r"clicks: the query of minute_totals ended by itself; the same "
+                                                   r"command again resumes it from its checkpoint"):
+            second.check()
+        stop_second = second.stop()
         assert [r.records_in for r in (stop_first, stop_second)] == [len(rows) + 1, len(want_users)]
         got_users, got_totals = outputs(spark, engine.layout)
         assert got_users == want_users
@@ -174,7 +207,7 @@ def test_the_readme_continuous_example_runs_until_ctrl_c(spark, zk_server, tmp_p
         write_events(tmp_path / "events", "part-2.parquet", [{"q": "zz", "ts": 600_000}])  # closes every bucket
         deadline = time.monotonic() + 300
         while len(totals()) < len(panes) and time.monotonic() < deadline:
-            time.sleep(1.0)
+            time.sleep(3.0)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
 
     feeder = threading.Thread(target=feed_then_interrupt, daemon=True)
@@ -265,3 +298,33 @@ def test_deltawheel_run_killed_resumes_exactly_once_and_sigterm_stops_it_with_no
         client.close()
     assert pending and all(sum(r.undelivered.values()) == 0 and r.owner is None for r in pending), pending
     print(f"SIGTERM to exit: {stopping_s:.1f}s")
+
+
+@pytest.mark.timeout(600)
+def test_engine_start_on_a_processing_time_trigger_keeps_the_direct_read(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``engine.start(injector, comp, trigger=...)``: a Parquet injector's files are read by the
+    tasks themselves on a processing-time trigger too, a file added later is read, and closing the
+    engine stops the query; a trigger it cannot parse, or one with ``available_now``, is refused."""
+    from continuous_pipeline import UserMinutes
+
+    rows = click_rows(60)
+    folder = tmp_path / "input"
+    write_file(folder, "part-0.parquet", rows[:30])
+    clicks = deltawheel.ParquetInjector("clicks", str(folder), key_column="user", event_time_column="ts",
+                                        record_id_column="id", watermark_delay_ms=5_000)
+    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                            pipeline="single") as engine:
+        engine.progress = False
+        with pytest.raises(ConfigError, match=r"start: trigger='1 second' and available_now=True: an availableNow "
+                                              r"query reads what is there now and stops"):
+            engine.start(clicks, UserMinutes(), trigger="1 second", available_now=True)
+        with pytest.raises(ConfigError, match=r"trigger 'soon': expected a processing-time interval"):
+            engine.start(clicks, UserMinutes(), trigger="soon")
+        query = engine.start(clicks, UserMinutes(), trigger="300 milliseconds")
+        ex = engine.executors[-1]
+        write_file(folder, "part-1.parquet", rows[30:])
+        wait_for("both files read", lambda: ex.records_in_total == len(rows))
+        assert query.isActive
+        read = [r for r in ex.reports if r.records_in]
+        assert read and all(r.direct for r in read), read
+    assert not query.isActive

@@ -50,6 +50,7 @@ from deltawheel.statestore.writepath.streams import ensure_stream_table
 
 from ..computation import RECORD_KEY, Computation
 from .batch import ComputationExecutor
+from .faults import BatchFailedError
 from .pipeline import Pipeline, RunSummary, RunWiring
 from .sources import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark, union_inputs
 
@@ -189,7 +190,6 @@ class ContinuousRun:
         self._stopping = threading.Event()
         self._ticker: threading.Thread | None = None
         self._stopped: StopReport | None = None
-        self._started_at = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -238,8 +238,9 @@ class ContinuousRun:
             q = stage.query
             if q is not None and not q.isActive:
                 exc = q.exception()
-                raise ConfigError(f"{self.pipeline.name}: the query of {name} ended by itself"
-                                  + (f": {exc}" if exc is not None else ""))
+                raise BatchFailedError(f"{self.pipeline.name}: the query of {name} ended by itself"
+                                       + (f": {exc}" if exc is not None else "")
+                                       + "; the same command again resumes it from its checkpoint")
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Wait until the run is stopped (by :meth:`stop`, from another thread) or a query failed

@@ -405,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--s3", action="store_true", help="also on s3a:// (an S3Proxy and a ZooKeeper for the run)")
     p.add_argument("--no-kinds", action="store_true", help="skip the checkpoint-kinds exactness tables")
     args = p.parse_args(argv)
-    from deltawheel.statestore.delta.sparkenv import SparkSettings, build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings, build_spark
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

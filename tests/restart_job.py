@@ -62,7 +62,7 @@ def write_files(folder: Path, count: int) -> int:
 
 
 def injector(folder: str):  # type: ignore[no-untyped-def]
-    from deltawheel.executor.runtime.sources import ParquetInjector
+    from deltawheel.executor.sources.parquet import ParquetInjector
 
     return ParquetInjector("events", folder, key_column="key", event_time_column="t", watermark_delay_ms=1_000,
                            max_files_per_trigger=1, max_event_ahead_ms=None)

@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         recover,
         report,
         reseed,
+        run,
         scenario,
         setup,
         sql,
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         zk,
     )
 
-    for mod in (demo, quickstart, status, report, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover,
+    for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover,
                 reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser

@@ -5,6 +5,7 @@ What a job embedding deltawheel needs besides its computation and its input, wir
     with deltawheel.connect(spark, store="s3a://bucket/store", zk="zk1:2181") as engine:
         engine.run(injector, MyComputation())                 # bounded input, to its end
         engine.run_pipeline(Pipeline("p", (injector,), (First(), Second())))  # stage after stage
+        run = engine.start_pipeline(pipeline, trigger="500 milliseconds")   # unbounded, every stage live
         # or: q = df.writeStream.foreachBatch(engine.executor(MyComputation(), upstream=injector))...
 
 :func:`connect` checks the session's settings (``SessionConfigError`` names what is missing),
@@ -28,7 +29,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
@@ -42,8 +43,10 @@ from ..protocol.executor import ComputationExecutor
 from ..protocol.reports import BatchReport
 from ..servers.embedded import ensure_zookeeper
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
+from .continuous import ContinuousRun
 from .pipeline import Pipeline, RunSummary
 from .runner import PipelineRunner
+from .triggers import Trigger
 from .wiring import injector_hook, migrate_store, open_client, wire
 
 __all__ = ["connect", "Engine"]
@@ -67,7 +70,8 @@ def _lines(progress: Progress) -> Callable[[str], None] | None:
 
 def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "default", owner: str | None = None,
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
-            max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None) -> Engine:
+            max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None,
+            zk_session_timeout_s: float | None = None) -> Engine:
     """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` (close it,
     or use it as a context manager).
 
@@ -85,6 +89,8 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         wait_s: how long an executor's start waits for leases another process holds.
         max_pause_s: how long a batch pauses while ZooKeeper does not serve (default 300 s; None:
             while the session lives); a ZooKeeper that lost its data is not waited for.
+        zk_session_timeout_s: the ZooKeeper session timeout (default :class:`ZkConfig`'s): a killed
+            process's leases stay held this long.
 
     Raises:
         SparkConnectSessionError: ``spark`` is a Spark Connect session (deltawheel needs a classic one).
@@ -99,8 +105,9 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         raise ConfigError(f"store {store} is not a local folder, so there is no embedded ZooKeeper for it: pass "
                           "zk='host:port[,host:port]' (the ZooKeeper every process of this pipeline uses)")
     check_session(spark, layout.root)
-    cfg = ZkConfig(hosts=zk, chroot=zk_chroot, digest=zk_digest) if zk is not None else \
-        ZkConfig(chroot=zk_chroot, digest=zk_digest)
+    timeout = {} if zk_session_timeout_s is None else {"session_timeout_s": zk_session_timeout_s}
+    cfg = ZkConfig(hosts=zk, chroot=zk_chroot, digest=zk_digest, **timeout) if zk is not None else \
+        ZkConfig(chroot=zk_chroot, digest=zk_digest, **timeout)
     # zk None: the store's own embedded server (started, or joined when another process runs it)
     server = ensure_zookeeper(cfg, layout, own=True) if zk is None else None
     if server is not None:
@@ -151,6 +158,7 @@ class Engine:
         self.executors: list[ComputationExecutor] = []
         self._feeding: dict[int, list[Injector]] = {}  # id(executor) -> the injectors whose watermark it moves
         self._queries: list[tuple[Any, ComputationExecutor, list[DeltaWheelError]]] = []
+        self._runs: list[ContinuousRun] = []  # start_pipeline's, stopped by close()
         self._closed = False
 
     def migrate(self) -> None:
@@ -193,14 +201,24 @@ class Engine:
         return ex
 
     def start(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
-              available_now: bool = False, upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> Any:
+              available_now: bool = False, upstream: Upstream | Sequence[Upstream] = (),
+              trigger: str | float | Trigger | None = None, **options: Any) -> Any:
         """Start a streaming query of ``source`` into ``computation``; returns Spark's ``StreamingQuery``.
 
         ``source``: an injector (its stream, and its watermark moved after each batch) or a streaming
         DataFrame in the stream-table schema (give its watermark source as ``upstream``).
         ``checkpoint``: the query's checkpoint (default ``<store>/_checkpoints/<pipeline>/<computation>``).
-        ``available_now``: read what is there now and stop (then :meth:`finish`); else run until stopped.
+        ``available_now``: read what is there now and stop (then :meth:`finish`); else run until stopped,
+        on ``trigger`` (None: as fast as possible; or a processing-time interval, ``"500 milliseconds"``:
+        :meth:`.Trigger.parse`). A Parquet injector's files are read by the tasks themselves either way.
+
+        Raises:
+            ConfigError: ``trigger`` cannot be parsed, or is given with ``available_now``.
         """
+        when = Trigger.parse(trigger)
+        if available_now and when.interval_ms is not None:
+            raise ConfigError(f"start: trigger={trigger!r} and available_now=True: an availableNow query reads what "
+                              "is there now and stops; give one or the other")
         chk = checkpoint or f"{self.layout.root}/_checkpoints/{self.pipeline}/{computation.name}"
         ups = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
         if isinstance(source, Injector):
@@ -222,8 +240,7 @@ class Engine:
 
         writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", chk) \
             .queryName(f"dw_{self.pipeline}_{computation.name}")
-        if available_now:
-            writer = writer.trigger(availableNow=True)
+        writer = writer.trigger(availableNow=True) if available_now else when.apply(writer)
         query = writer.start()
         self._queries.append((query, ex, failed))  # failed: the batches' typed errors, for run()
         return query
@@ -251,13 +268,19 @@ class Engine:
         self._stop(ex)
         return list(ex.reports)
 
-    def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None, **options: Any) -> RunSummary:
+    def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None, continuous: bool = False,
+                     trigger: str | float | Trigger | None = None, triggers: Mapping[str, Any] | None = None,
+                     seconds: float | None = None, **options: Any) -> RunSummary:
         """Run ``pipeline`` over everything its injectors hold now, to its end, stage after stage:
         each computation's query reads its injectors and the stream tables of the computations
         producing its inputs, with their watermarks (``injector:NAME``, ``computation:NAME``) as its
         upstream; rounds repeat until nothing moves (:class:`PipelineRunner`, on this engine's
         client, leases, authority and store). Returns the :class:`RunSummary`; every lease is given
         back at the end.
+
+        ``continuous=True``: run it unbounded instead, every stage live (:meth:`start_pipeline` with
+        ``trigger`` and ``triggers``) until SIGTERM, Ctrl-C or ``seconds``, then stop gracefully
+        (:meth:`.ContinuousRun.run_until_stopped`); returns the run's summary.
 
         Args:
             pipeline: the injectors and computations (named as the engine's pipeline).
@@ -273,6 +296,56 @@ class Engine:
             DeltaWheelError: a batch's own typed error.
         """
         self._check_open()
+        if continuous:
+            run = self.start_pipeline(pipeline, trigger=trigger, triggers=triggers, wait_s=wait_s, **options)
+            run.run_until_stopped(seconds=seconds)
+            return run.summary()
+        if trigger is not None or triggers is not None or seconds is not None:
+            raise ConfigError("run_pipeline: trigger, triggers and seconds are for continuous=True (a bounded run "
+                              "reads what is there now with availableNow queries)")
+        self._check_pipeline(pipeline, options)
+        lines = _lines(options.pop("progress", self.progress))
+        runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
+                                wait_s=self.wait_s if wait_s is None else wait_s,
+                                progress=lines if lines is not None else (lambda _line: None),
+                                wiring=self.wiring, **options)
+        return runner.run()
+
+    def start_pipeline(self, pipeline: Pipeline, *, trigger: str | float | Trigger | None = None,
+                       triggers: Mapping[str, Any] | None = None, computations: Sequence[str] | None = None,
+                       wait_s: float | None = None, **options: Any) -> ContinuousRun:
+        """Start ``pipeline`` unbounded, every computation's query live at once, and return the
+        :class:`.ContinuousRun` (``stop()``, ``run_until_stopped()``, ``queries``, ``executors``;
+        :meth:`close` stops it too). Each query reads its injectors and the stream tables of the
+        computations producing its other inputs (created now, so any stage can start first), with
+        their watermarks as its upstream (docs/continuous.md).
+
+        Args:
+            pipeline: the injectors and computations (named as the engine's pipeline).
+            trigger: every query's trigger: None (as fast as possible) or a processing-time interval
+                (``"500 milliseconds"``, ``"2 seconds"``, a number of seconds).
+            triggers: per computation name, its own trigger instead.
+            computations: the names of the computations to run here (default: all).
+            wait_s: how long to wait for leases another process holds (default: the engine's).
+            options: ``write_path``, ``direct_read``, ``tick_s`` (how often an idle stage looks for due
+                timers, default 1 s); ``progress`` as for :meth:`run_pipeline`.
+
+        Raises:
+            ConfigError: as :meth:`run_pipeline`, a trigger that cannot be parsed, or an unknown
+                computation name.
+        """
+        self._check_open()
+        self._check_pipeline(pipeline, options)
+        lines = _lines(options.pop("progress", self.progress))
+        run = ContinuousRun(self.spark, self.layout, pipeline,
+                            wiring=self.wiring,
+                            trigger=trigger, triggers=triggers, computations=computations,
+                            wait_s=self.wait_s if wait_s is None else wait_s, progress=lines, **options)
+        run.start()
+        self._runs.append(run)
+        return run
+
+    def _check_pipeline(self, pipeline: Pipeline, options: Mapping[str, Any]) -> None:
         if pipeline.name != self.pipeline:
             raise ConfigError(f"pipeline {pipeline.name!r} given to an engine connected for pipeline {self.pipeline!r}: "
                               f"its leases and watermarks live under the engine's; connect with "
@@ -283,12 +356,6 @@ class Engine:
             raise ConfigError(f"run_pipeline: {', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} the engine's "
                               "(give them to deltawheel.connect)")
         pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
-        lines = _lines(options.pop("progress", self.progress))
-        runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
-                                wait_s=self.wait_s if wait_s is None else wait_s,
-                                progress=lines if lines is not None else (lambda _line: None),
-                                wiring=self.wiring, **options)
-        return runner.run()
 
     def finish(self, executor: ComputationExecutor) -> BatchReport:
         """``executor``'s bounded input is consumed: its injectors' watermarks become END_OF_TIME and
@@ -312,7 +379,8 @@ class Engine:
             return
         self._closed = True
         first: BaseException | None = None
-        steps: list[Callable[[], None]] = [q.stop for q, _ex, _failed in self._queries if q.isActive]
+        steps: list[Callable[[], object]] = [run.stop for run in self._runs]  # gracefully: see ContinuousRun.stop
+        steps += [q.stop for q, _ex, _failed in self._queries if q.isActive]
         steps += [functools.partial(self._stop, ex) for ex in list(self.executors)]
         steps += [self.authority.close, self.leases.close, self.client.stop, self.client.close]
         if self.server is not None:  # the last process using the store's server stops it

@@ -93,12 +93,11 @@ class ComputationExecutor:
         self.spark = spark
         self.layout = layout
         self.comp = computation
-        self.owner = owner
-        self.authority = authority
-        self.upstream = tuple(upstream)
-        # upstream computation -> the low watermark read before the current query took its
-        # snapshot of that computation's stream table (job instances: PipelineRunner sets it)
+        self.owner, self.authority, self.upstream = owner, authority, tuple(upstream)
+        # upstream computation -> its low watermark read before the query's snapshot of its stream
+        # table (PipelineRunner sets it); input_hold_ms: a hold for input not read yet (continuous.py)
         self.upstream_caps: dict[str, int | None] = {}
+        self.input_hold_ms: int | None = None
         self.manual_watermarks = manual_watermarks
         self.clock = clock
         self.faults = faults

@@ -128,6 +128,8 @@ class BatchWatermarks:
         assert ex.authority is not None
         with self._lock:  # the batch and its delivery thread both publish
             held = ex.inflight.held_ts()
+            if ex.input_hold_ms is not None:  # input not read yet holds it too
+                held = ex.input_hold_ms if held is None else min(held, ex.input_hold_ms)
             works: dict[int, tuple[int | None, int]] = {}
             path_oldest = ex.path.oldest_work()
             for iv, seq in ex.owner.sequencers.items():

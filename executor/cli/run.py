@@ -1,0 +1,122 @@
+"""``deltawheel run MODULE:PIPELINE``: a user's own pipeline, unbounded, every stage live, until
+SIGTERM, Ctrl-C or ``--seconds`` (``executor/drivers/continuous.py``; docs/continuous.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from typing import Any
+
+from deltawheel.statestore.exceptions import ConfigError
+
+from .common import (
+    add_max_pause_arg,
+    add_spark_args,
+    add_store_arg,
+    add_zk_args,
+    layout_from,
+    spark_from,
+    zookeeper_for,
+)
+
+__all__ = ["register", "load_pipeline"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``run`` subcommand to ``sub``."""
+    p = sub.add_parser("run", help="run your own pipeline (MODULE:PIPELINE) unbounded, every stage live, until "
+                                   "Ctrl-C or SIGTERM")
+    p.add_argument("target", metavar="MODULE:PIPELINE",
+                   help="an importable module (or a .py file) and the name in it of a Pipeline, or of a function "
+                        "returning one (e.g. myjob:pipeline)")
+    add_store_arg(p)
+    p.add_argument("--trigger", action="append", default=[], metavar="[COMPUTATION=]INTERVAL",
+                   help="when a query starts its next micro-batch: a processing-time interval such as "
+                        "'500 milliseconds' or '2s' (default: as fast as possible); COMPUTATION=INTERVAL for one "
+                        "computation (repeatable)")
+    p.add_argument("--computation", action="append", default=None,
+                   help="run only this computation here (repeatable; default: all)")
+    p.add_argument("--seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for leases another process holds")
+    add_zk_args(p)
+    add_max_pause_arg(p)
+    add_spark_args(p)
+    p.set_defaults(func=_run)
+
+
+def load_pipeline(target: str) -> Any:
+    """The ``Pipeline`` that ``MODULE:NAME`` names (``NAME`` a Pipeline, or a function returning one);
+    ``MODULE`` is imported by name, or loaded from a ``.py`` file. The module's folder goes on
+    ``PYTHONPATH`` before Spark starts, so that Spark's Python workers import it too.
+
+    Raises:
+        ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline.
+    """
+    from ..drivers.pipeline import Pipeline
+
+    module_name, sep, name = target.partition(":")
+    if not sep or not module_name or not name:
+        raise ConfigError(f"run {target!r}: expected MODULE:PIPELINE, e.g. myjob:pipeline (a Pipeline, or a function "
+                          "returning one, named in an importable module or a .py file)")
+    if module_name.endswith(".py"):
+        folder = os.path.dirname(os.path.abspath(module_name))
+        module_name = os.path.basename(module_name)[:-3]
+    else:
+        folder = os.getcwd()
+    sys.path.insert(0, folder)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"run {target!r}: cannot import {module_name!r} ({exc}); run from the folder holding it or "
+                          "put it on PYTHONPATH") from exc
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise ConfigError(f"run {target!r}: module {module_name!r} has no {name!r}")
+    if callable(obj) and not isinstance(obj, Pipeline):
+        obj = obj()
+    if not isinstance(obj, Pipeline):
+        raise ConfigError(f"run {target!r}: {name!r} is a {type(obj).__name__}, not a deltawheel Pipeline (or a "
+                          "function returning one)")
+    return obj
+
+
+def _triggers(specs: list[str]) -> tuple[str | None, dict[str, str]]:
+    default: str | None = None
+    per: dict[str, str] = {}
+    for spec in specs:
+        name, sep, interval = spec.partition("=")
+        if sep:
+            per[name.strip()] = interval.strip()
+        else:
+            default = spec
+    return default, per
+
+
+def _run(args: argparse.Namespace) -> int:
+    import deltawheel
+
+    pipeline = load_pipeline(args.target)
+    trigger, per = _triggers(args.trigger)
+    layout = layout_from(args)
+    started = time.monotonic()
+    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
+    try:
+        spark = spark_from(args)
+
+        def progress(line: str) -> None:
+            print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
+
+        cfg = zookeeper.config
+        with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
+                                pipeline=pipeline.name, wait_s=args.wait, max_pause_s=args.max_pause,
+                                zk_session_timeout_s=args.zk_session_timeout) as engine:
+            engine.progress = progress
+            run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation)
+            run.run_until_stopped(seconds=args.seconds)
+    finally:
+        zookeeper.release()
+    return 0

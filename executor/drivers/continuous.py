@@ -1,0 +1,497 @@
+"""Continuous pipelines: every computation's streaming query live at once, until stopped.
+
+:class:`ContinuousRun` (``engine.start_pipeline``, ``engine.run_pipeline(..., continuous=True)``,
+``deltawheel run``) starts, in one Spark application, one unbounded query per computation of a
+:class:`~.pipeline.Pipeline`: over its injectors' streams and the stream tables of the computations
+producing its other inputs (Delta's streaming source), with their watermarks as its upstream
+(``injector:NAME``, ``computation:NAME``), each query on its own trigger (:class:`Trigger`: as fast
+as possible, or a processing-time interval). The stream tables a computation reads are created up
+front, so any stage can start first; the checkpoints are the bounded runner's
+(``<store>/_checkpoints/<pipeline>/<computation>``), so a bounded and a continuous run of one
+pipeline take over from each other.
+
+Watermarks between live stages. A downstream batch must never act on an upstream computation's
+low watermark beyond what its micro-batch read: the upstream delivers its productions before its
+low watermark passes them, so a watermark read *before* the query takes its snapshot of the stream
+table (Spark plans the next micro-batch only after ``foreachBatch`` returned) covers rows the batch
+holds. The runner reads it at the end of each batch (and before the query starts) and caps the
+next batch with it (:attr:`.ComputationExecutor.upstream_caps`); a batch Spark replays after a
+restart (planned by the process that died) acts with no computation watermark at all (only its
+lateness mark counts). While a query is idle a *tick* fires what became due (processing-time
+timers; event-time timers once the upstream's watermark moved): it uses an upstream's newest
+watermark only when the query's last progress shows it read every version of the upstream's
+stream table that existed after that watermark was read (local stores), else the cap its last
+batch acted on. The computation's own low watermark is held at that cap (:attr:`input_hold_ms`):
+its unread input counts as its oldest work, as in MillWheel.
+
+Stopping (:meth:`ContinuousRun.stop`, SIGTERM or Ctrl-C in :meth:`ContinuousRun.run_until_stopped`):
+the ticks end, each query stops after the batch in flight (a batch Spark begins meanwhile is refused
+before it does anything, and runs again at the next start), then every executor settles its
+delivery and gives its leases back, and one line says what was done. A SIGKILL leaves the
+checkpoints and the rows as after a crash: the same command resumes exactly-once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from deltawheel.statestore.delta.log import latest_local_version, local_path
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.writepath.streams import ensure_stream_table
+
+from ..computation import RECORD_KEY, Computation
+from ..exceptions import BatchFailedError
+from ..protocol.executor import ComputationExecutor
+from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
+from ..sources.schema import union_inputs
+from .pipeline import Pipeline, RunSummary
+from .triggers import Trigger
+from .wiring import Wiring, injector_hook
+
+__all__ = ["ContinuousRun", "StopReport"]
+
+@dataclass(frozen=True)
+class StopReport:
+    """What :meth:`ContinuousRun.stop` did; printed, the one line it also reports."""
+
+    pipeline: str
+    queries: int
+    batches: int
+    records_in: int
+    seconds: float
+    unfinished: tuple[str, ...] = ()  # queries whose batch in flight did not end within the timeout
+
+    def __str__(self) -> str:
+        late = (f"; still running after the timeout: {', '.join(self.unfinished)} (their batch runs again at the "
+                "next start)") if self.unfinished else ""
+        return (f"{self.pipeline}: stopped {self.queries} queries after their batch in flight ({self.batches} batches, "
+                f"{self.records_in} records in this run), deliveries landed, leases given back in "
+                f"{self.seconds:.1f}s{late}")
+
+
+class _Stopping(Exception):
+    """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
+
+
+@dataclass(eq=False)
+class _Stage:
+    """One computation's live query and what its batches and ticks share."""
+
+    comp: Computation
+    ex: ComputationExecutor
+    checkpoint: str
+    trigger: Trigger
+    lock: threading.Lock = field(default_factory=threading.Lock)  # a batch or a tick, never both
+    query: Any = None
+    replay_id: int | None = None  # a batch id the checkpoint planned before this start (-1: unknown)
+    next_caps: dict[str, int | None] = field(default_factory=dict)  # read before the next batch's snapshot
+    acted_caps: dict[str, int | None] = field(default_factory=dict)  # the last batch or tick acted with
+    failed: list[BaseException] = field(default_factory=list)
+    records_in: int = 0
+    batches: int = 0
+
+
+class ContinuousRun:
+    """A pipeline's computations running unbounded (see the module docstring); made by
+    ``engine.start_pipeline`` (``start()`` already called) on the engine's wiring.
+
+    Args:
+        spark, layout, pipeline: the session, the store, the pipeline.
+        wiring: the engine's client, leases, authority and store.
+        trigger: every query's trigger (:meth:`Trigger.parse`); ``triggers``: per computation name.
+        computations: the names of the computations this process runs (default: all; the others
+            run elsewhere on the same store and ZooKeeper).
+        wait_s: how long to wait for leases another process holds.
+        progress: where the lines go (None: nowhere).
+        write_path, direct_read: as :class:`~.pipeline.PipelineRunner`'s.
+        tick_s: how often an idle query's executor looks for timers that became due.
+    """
+
+    def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
+                 trigger: str | float | Trigger | None = None,
+                 triggers: Mapping[str, str | float | Trigger | None] | None = None,
+                 computations: Sequence[str] | None = None, wait_s: float = 60.0,
+                 progress: Callable[[str], None] | None = None, write_path: str = "auto", direct_read: bool = True,
+                 tick_s: float = 1.0) -> None:
+        ordered = pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
+        names = [c.name for c in ordered]
+        wanted = list(names) if computations is None else list(computations)
+        unknown = sorted((set(wanted) | set(triggers or {})) - set(names))
+        if unknown:
+            raise ConfigError(f"pipeline {pipeline.name} has no computation {', '.join(map(repr, unknown))} (it has "
+                              f"{', '.join(names)})")
+        if not wanted:
+            raise ConfigError(f"pipeline {pipeline.name}: no computation to run (computations=[])")
+        default = Trigger.parse(trigger)
+        self._triggers = {n: Trigger.parse((triggers or {})[n]) if n in (triggers or {}) else default for n in names}
+        self.spark, self.layout, self.pipeline, self.wiring = spark, layout, pipeline, wiring
+        self._comps = [c for c in ordered if c.name in wanted]
+        self.wait_s, self.progress, self.write_path, self.direct_read = wait_s, progress, write_path, direct_read
+        self.tick_s = tick_s
+        self.stages: dict[str, _Stage] = {}
+        self._stopping = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._stopped: StopReport | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def queries(self) -> dict[str, Any]:
+        """Computation name -> its Spark ``StreamingQuery``."""
+        return {n: s.query for n, s in self.stages.items() if s.query is not None}
+
+    @property
+    def executors(self) -> dict[str, ComputationExecutor]:
+        """Computation name -> its executor (``reports``, ``settle()``, ...)."""
+        return {n: s.ex for n, s in self.stages.items()}
+
+    def start(self) -> ContinuousRun:
+        """Create the stream tables read, start every executor and query (upstream first), then the ticks.
+        On a failure, what started is stopped and the leases are given back before it is raised."""
+        try:
+            for comp in self.pipeline.ordered():  # any stage may read an upstream's watermark before it started
+                self.wiring.authority.declare(comp.name, upstream=self.pipeline.upstream(comp),
+                                              num_intervals=type(comp).num_intervals)
+            for comp in self._comps:
+                for s in comp.inputs:
+                    if s not in {i.name for i in self.pipeline.injectors}:
+                        ensure_stream_table(self.spark, self.layout, s)  # read before anything is delivered
+            for comp in self._comps:
+                self._start_stage(comp)
+        except BaseException:
+            self._stopping.set()
+            self._shutdown(timeout_s=60.0)
+            raise
+        self._ticker = threading.Thread(target=self._tick_loop, name=f"deltawheel-ticks-{self.pipeline.name}",
+                                        daemon=True)
+        self._ticker.start()
+        self._log(f"{self.pipeline.name}: running {', '.join(f'{n} ({s.trigger})' for n, s in self.stages.items())}"
+                  "; stop with Ctrl-C or SIGTERM")
+        return self
+
+    def check(self) -> None:
+        """Raise the typed error of a failed batch or tick, or Spark's error of a query that ended by itself."""
+        for stage in self.stages.values():
+            if stage.failed:
+                raise stage.failed[-1]
+        if self._stopping.is_set():
+            return
+        for name, stage in self.stages.items():
+            q = stage.query
+            if q is not None and not q.isActive:
+                exc = q.exception()
+                raise BatchFailedError(f"{self.pipeline.name}: the query of {name} ended by itself"
+                                       + (f": {exc}" if exc is not None else "")
+                                       + "; the same command again resumes it from its checkpoint")
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait until the run is stopped (by :meth:`stop`, from another thread) or a query failed
+        (raised: :meth:`check`); False after ``timeout_s`` with the run still going."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._stopped is None:
+            self.check()
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
+    def run_until_stopped(self, *, seconds: float | None = None) -> StopReport:
+        """Block until SIGTERM, Ctrl-C (SIGINT), ``seconds`` or a failure, then :meth:`stop`.
+        Signal handlers are installed only when called from the main thread (and put back after).
+
+        Raises:
+            DeltaWheelError: a batch's own typed error (after the run was stopped).
+        """
+        asked = threading.Event()
+        old: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old[sig] = signal.signal(sig, lambda signum, _frame: asked.set())
+        deadline = None if seconds is None else time.monotonic() + seconds
+        try:
+            while not asked.wait(0.25):
+                self.check()
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+        return self.stop()
+
+    def stop(self, *, timeout_s: float = 120.0) -> StopReport:
+        """Stop gracefully (see the module docstring); returns what was done (also as a progress
+        line). Idempotent. ``timeout_s`` bounds the wait for the batches in flight."""
+        if self._stopped is not None:
+            return self._stopped
+        t0 = time.monotonic()
+        self._stopping.set()
+        unfinished = self._shutdown(timeout_s=timeout_s)
+        self._stopped = StopReport(self.pipeline.name, len(self.queries), sum(s.batches for s in self.stages.values()),
+                                   sum(s.records_in for s in self.stages.values()), time.monotonic() - t0,
+                                   tuple(unfinished))
+        self._log(str(self._stopped))
+        return self._stopped
+
+    def summary(self) -> RunSummary:
+        """Per computation its batch reports (this run's), published low watermark and lag."""
+        out = RunSummary()
+        authority = self.wiring.authority
+        for name, stage in self.stages.items():
+            out.reports[name] = list(stage.ex.reports)
+            out.low_watermarks[name] = authority.published_low_watermark(name)
+            out.lag_ms[name] = authority.watermark_lag_ms(name)
+        return out
+
+    def _shutdown(self, *, timeout_s: float) -> list[str]:
+        """The ticks end, every query stops after its batch in flight (each waited for at most
+        ``timeout_s``), every executor settles and gives its leases back; returns the queries still running."""
+        if self._ticker is not None:
+            self._ticker.join()
+        unfinished: list[str] = []
+        stoppers = []
+        deadline = time.monotonic() + timeout_s
+        for name, stage in self.stages.items():
+            if stage.query is not None and stage.query.isActive:
+                t = threading.Thread(target=self._stop_query, args=(stage, deadline), name=f"deltawheel-stop-{name}",
+                                     daemon=True)
+                t.start()
+                stoppers.append((name, t))
+        for name, t in stoppers:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                unfinished.append(name)
+        first: BaseException | None = None
+        for name, stage in reversed(list(self.stages.items())):
+            try:
+                with stage.lock:  # a tick that began is over (the ticker ended); a batch refused
+                    stage.ex.stop()  # the delivery lands, the leases go back
+            except Exception as exc:
+                first = first or exc
+                self._log(f"{name}: stopping failed: {type(exc).__name__}: {exc}")
+        return unfinished
+
+    @staticmethod
+    def _stop_query(stage: _Stage, deadline: float) -> None:
+        """Wait for the batch in flight to end (its commit and delivery), then stop the query:
+        Spark's stop cancels the jobs of a batch still running, so it must not run under one; a
+        batch Spark begins meanwhile is refused (it waits for the lock, sees the stop and raises)."""
+        held = stage.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            stage.query.stop()
+        except Exception:
+            pass
+        finally:
+            if held:
+                stage.lock.release()
+
+    # ---------------------------------------------------------------- one stage
+
+    def _start_stage(self, comp: Computation) -> None:
+        from pyspark.sql import functions as F
+
+        p, authority = self.pipeline, self.wiring.authority
+        injectors = {i.name: i for i in p.injectors}
+        feeding = [injectors[s] for s in comp.inputs if s in injectors]
+        chk = f"{self.layout.root}/_checkpoints/{p.name}/{comp.name}"
+        hook = injector_hook(authority, feeding, checkpoint=chk) if feeding else None
+        ex = self.wiring.executor(self.spark, self.layout, comp, upstream=p.upstream(comp), on_batch_end=hook,
+                                  progress=self.progress, write_path=self.write_path)
+        ex.event_ahead_ms = {s: b for s in comp.inputs if s in injectors
+                             for b in [getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)]
+                             if b is not None}
+        stage = self.stages[comp.name] = _Stage(comp, ex, chk, self._triggers[comp.name])
+        self._log(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
+        ex.start_in_background(wait_s=self.wait_s, then=lambda: self._log(
+            f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))
+        ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
+        frames = []
+        for s in comp.inputs:
+            if s in injectors:
+                df = injectors[s].stream_df(self.spark)
+            else:
+                df = (self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
+                      .load(self.layout.stream(s)))
+            frames.append(df.withColumn("stream", F.lit(s)))
+        ex.direct_source = self._direct_source(comp)
+        stage.replay_id = _pending_batch(chk)
+        stage.next_caps = self._read_caps(stage)
+        per_partition: list[Any] = [injectors[s] for s in comp.inputs
+                         if s in injectors and callable(getattr(injectors[s], "stats_of", None))]
+
+        def batch(df: Any, batch_id: int) -> None:
+            while not stage.lock.acquire(timeout=0.1):  # a tick runs, or the stop holds it
+                if self._stopping.is_set():
+                    raise _Stopping(f"{comp.name} batch {batch_id}: the run is stopping")
+            try:
+                if self._stopping.is_set():
+                    raise _Stopping(f"{comp.name} batch {batch_id}: the run is stopping")
+                try:
+                    ex.wait_started()
+                    replay = stage.replay_id is not None and batch_id <= stage.replay_id
+                    caps: dict[str, int | None] = ({u: None for u in stage.next_caps} if replay
+                                                   else dict(stage.next_caps))
+                    ex.upstream_caps, ex.input_hold_ms = caps, _hold(caps)
+                    stats = [(inj, inj.stats_of(df.where(F.col("stream") == inj.name))) for inj in per_partition]
+                    before = ex.records_in_total
+                    ex(df, batch_id)
+                    stage.acted_caps = caps
+                    stage.replay_id = None
+                    stage.batches += 1
+                    stage.records_in += ex.records_in_total - before
+                    for inj, st in stats:
+                        inj.observe(st)
+                        publish_watermark(authority, inj)
+                    # read before Spark plans the next micro-batch (its snapshot of the stream tables)
+                    stage.next_caps = self._read_caps(stage)
+                    ex.upstream_caps = stage.next_caps
+                except DeltaWheelError as exc:
+                    stage.failed.append(exc)
+                    raise
+            finally:
+                stage.lock.release()
+
+        writer = (union_inputs(frames).writeStream.foreachBatch(batch).option("checkpointLocation", chk)
+                  .queryName(f"dw_{p.name}_{comp.name}"))
+        stage.query = stage.trigger.apply(writer).start()
+
+    def _direct_source(self, comp: Computation) -> Any | None:
+        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column."""
+        if not self.direct_read or len(comp.inputs) != 1:
+            return None
+        ((stream, extractor),) = comp.inputs.items()
+        inj: Injector | None = next((i for i in self.pipeline.injectors if i.name == stream), None)
+        direct = getattr(inj, "direct_source", None)
+        return direct() if callable(direct) and extractor == RECORD_KEY else None
+
+    def _read_caps(self, stage: _Stage) -> dict[str, int | None]:
+        """The low watermark of each upstream computation now (before the next snapshot)."""
+        authority = self.wiring.authority
+        return {name: authority.advance_low_watermark(name) for kind, _, name in
+                (u.partition(":") for u in stage.ex.upstream) if kind == "computation"}
+
+    def _log(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
+
+    # ----------------------------------------------------------------- the ticks
+
+    def _tick_loop(self) -> None:
+        while not self._stopping.wait(self.tick_s):
+            for stage in list(self.stages.values()):
+                if self._stopping.is_set() or stage.failed or stage.query is None or not stage.query.isActive:
+                    continue
+                if not stage.lock.acquire(blocking=False):
+                    continue  # a batch runs: it fires what is due
+                try:
+                    if not self._stopping.is_set():
+                        self._tick(stage)
+                except DeltaWheelError as exc:
+                    stage.failed.append(exc)
+                    self._log(f"{stage.comp.name}: {type(exc).__name__}: {exc}")
+                except Exception as exc:
+                    self._log(f"{stage.comp.name}: looking for due timers failed: {type(exc).__name__}: {exc}")
+                finally:
+                    stage.lock.release()
+
+    def _tick(self, stage: _Stage) -> None:
+        """Between batches: fire what became due (a timers-only batch), if anything did."""
+        ex = stage.ex
+        if stage.replay_id is not None:
+            return  # the batch Spark replays decides first, as its first attempt did (``lateness.py``)
+        authority = self.wiring.authority
+        caps: dict[str, int | None] = {}
+        for kind, _, name in (u.partition(":") for u in ex.upstream):
+            if kind != "computation":
+                continue
+            wm = authority.advance_low_watermark(name)  # first: then every row before it is in a version read below
+            streams = [s for s in stage.comp.inputs if s in self._outputs_of(name)]
+            caps[name] = wm if all(self._consumed(stage, s) for s in streams) else stage.acted_caps.get(name)
+        ex.upstream_caps = caps
+        try:
+            wm_in = ex.input_watermark()
+            now = ex.clock.now_ms()
+            nexts = ex.path.next_processing()
+            processing_due = nexts is not None and any(t is not None and t <= now for t in nexts.values())
+            last = ex.reports[-1].input_watermark_ms if ex.reports else None
+            if not processing_due and (wm_in is None or wm_in == last):
+                return
+            ex.input_hold_ms = _hold(caps)
+            ex.flush()
+            stage.acted_caps = caps
+        finally:
+            ex.upstream_caps = stage.next_caps
+
+    def _outputs_of(self, computation: str) -> tuple[str, ...]:
+        return next((tuple(c.outputs) for c in self.pipeline.computations if c.name == computation), ())
+
+    def _consumed(self, stage: _Stage, stream: str) -> bool:
+        """Whether the query's last progress shows it read every version ``stream``'s table has now
+        (a table with only its creation commit holds no row)."""
+        path = self.layout.stream(stream)
+        version = latest_local_version(path)
+        if version is None:
+            return False  # not a local table, or unreadable: not known
+        if version == 0:
+            return True
+        end = _end_version(stage.query, local_path(path) or path)
+        return end is not None and end > version
+
+
+def _hold(caps: Mapping[str, int | None]) -> int | None:
+    """The hold on a computation's low watermark for the upstream watermarks it acted on (its
+    unread input is after them): their minimum, an unknown one holding everything (0); None: no
+    upstream computation."""
+    return min((0 if c is None else c) for c in caps.values()) if caps else None
+
+
+def _end_version(query: Any, path: str) -> int | None:
+    """The ``reservoirVersion`` of the Delta source reading ``path`` in ``query``'s last progress:
+    every version before it was read (Delta moves to the next version, index -1, at a version's end)."""
+    progress = query.lastProgress
+    if progress is None:
+        return None
+    sources = getattr(progress, "sources", None)
+    if sources is None:
+        sources = progress.get("sources", []) if isinstance(progress, dict) else []
+    for src in sources:
+        desc = getattr(src, "description", None) or (src.get("description") if isinstance(src, dict) else "")
+        if not desc or not str(desc).rstrip("]").endswith(path.rstrip("/")):
+            continue
+        end = getattr(src, "endOffset", None) if not isinstance(src, dict) else src.get("endOffset")
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                return None
+        if isinstance(end, dict) and "reservoirVersion" in end:
+            return int(end["reservoirVersion"])
+        return None
+    return None
+
+
+def _pending_batch(checkpoint: str) -> int | None:
+    """The id of the micro-batch the checkpoint planned and did not commit (Spark replays it first),
+    None when there is none; for a remote checkpoint (not listed here) a bound above any id, so
+    that the first batch of the start counts as a replay."""
+    local = local_path(checkpoint)
+    if local is None:
+        return 2**62
+    ids = {}
+    for sub in ("offsets", "commits"):
+        try:
+            ids[sub] = [int(n) for n in os.listdir(os.path.join(local, sub)) if n.isdigit()]
+        except OSError:
+            ids[sub] = []
+    planned = max(ids["offsets"], default=None)
+    committed = max(ids["commits"], default=-1)
+    return planned if planned is not None and planned > committed else None

@@ -1,0 +1,125 @@
+"""A two-stage pipeline for the continuous tests: per user and minute of event time the clicks
+(a timer per minute, fired by the injector's watermark), then per minute the users and clicks (a
+timer fired by stage 1's low watermark), over Parquet files of ``user``, ``ts``, ``id``.
+
+``deltawheel run continuous_pipeline:pipeline`` builds it with the input folder of
+``$CLICKS_INPUT`` (the tests' child processes)."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pyspark import cloudpickle
+
+from deltawheel import RECORD_KEY, Computation, ParquetInjector, Pipeline
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
+
+MINUTE = 60_000
+
+
+class UserMinutes(Computation):
+    name = "user_minutes"
+    inputs = {"clicks": RECORD_KEY}
+    outputs = ("user_counts",)
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        start = record.timestamp_ms - record.timestamp_ms % MINUTE
+        st = ctx.state or {}
+        st[str(start)] = st.get(str(start), 0) + 1
+        ctx.state = st
+        ctx.set_timer(str(start), start + MINUTE - 1)
+
+    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
+        st = dict(ctx.state)
+        start = int(timer.tag)
+        ctx.produce("user_counts", {"user": ctx.key, "start": start, "clicks": st.pop(timer.tag)}, key=str(start))
+        ctx.state = st or None
+
+
+class MinuteTotals(Computation):
+    name = "minute_totals"
+    inputs = {"user_counts": RECORD_KEY}
+    outputs = ("totals",)
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        st = ctx.state or {"users": 0, "clicks": 0}
+        st["users"] += 1
+        st["clicks"] += record.value["clicks"]
+        ctx.state = st
+        ctx.set_timer("end", record.timestamp_ms)
+
+    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
+        ctx.produce("totals", {"start": int(ctx.key), **ctx.state})
+        ctx.state = None
+
+
+def make(folder: str, name: str = "clicks") -> Pipeline:
+    """The pipeline over the Parquet files of ``folder``."""
+    clicks = ParquetInjector("clicks", folder, key_column="user", event_time_column="ts", record_id_column="id",
+                             watermark_delay_ms=5_000)
+    return Pipeline(name, injectors=(clicks,), computations=(UserMinutes(), MinuteTotals()))
+
+
+def pipeline() -> Pipeline:
+    """``deltawheel run continuous_pipeline:pipeline``: the input folder is ``$CLICKS_INPUT``."""
+    return make(os.environ["CLICKS_INPUT"])
+
+
+def click_rows(n: int, *, seed: int = 41, minutes: int = 5) -> list[dict[str, Any]]:
+    """``n`` clicks of 6 users over ``minutes`` minutes, in event-time order with a little disorder."""
+    rng = random.Random(seed)
+    step = minutes * MINUTE // n
+    return [{"user": f"u{rng.randrange(6)}", "ts": i * step + rng.randrange(step // 2), "id": f"c{i}"}
+            for i in range(n)]
+
+
+def write_file(folder: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    """One Parquet file, written aside and renamed in (the file source never sees half a file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.tmp"
+    pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([("user", pa.string()), ("ts", pa.int64()),
+                                                                ("id", pa.string())])), tmp)
+    os.replace(tmp, folder / name)
+
+
+def closing_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A click far after the others: its watermark closes every minute before it."""
+    return {"user": "closing", "ts": max(r["ts"] for r in rows) + 10 * MINUTE, "id": "closing"}
+
+
+def expected(rows: list[dict[str, Any]]) -> tuple[list[tuple[str, int, int]], list[tuple[int, int, int]]]:
+    """(user, start, clicks) per user and minute; (start, users, clicks) per minute: counted here."""
+    per_user = Counter((r["user"], r["ts"] - r["ts"] % MINUTE) for r in rows)
+    per_minute: dict[int, list[int]] = {}
+    for (_u, start), n in per_user.items():
+        tot = per_minute.setdefault(start, [0, 0])
+        tot[0] += 1
+        tot[1] += n
+    return (sorted((u, s, n) for (u, s), n in per_user.items()),
+            sorted((s, t[0], t[1]) for s, t in per_minute.items()))
+
+
+def outputs(spark: Any, layout: Any) -> tuple[list[tuple[str, int, int]], list[tuple[int, int, int]]]:
+    """What the two streams hold, as :func:`expected` counts it (every row, duplicates included)."""
+    from deltawheel.statestore.codecs import get_codec
+
+    codec = get_codec("json")
+
+    def values(stream: str) -> list[dict[str, Any]]:
+        try:
+            return [codec.decode(r["value"]) for r in spark.read.format("delta").load(layout.stream(stream)).collect()]
+        except Exception:
+            return []
+
+    users = sorted((v["user"], v["start"], v["clicks"]) for v in values("user_counts") if v["user"] != "closing")
+    totals = sorted((v["start"], v["users"], v["clicks"]) for v in values("totals"))
+    return users, totals

@@ -49,6 +49,9 @@ def test_by_default_a_micro_batch_reads_every_waiting_file(spark: Any, tmp_path:
         (tmp_path / "json" / f"{i}.jsonl").write_text(f'{{"user": "u{i}", "ts": {i}, "id": "j{i}"}}\n')
     lines = JsonLinesInjector("lines", str(tmp_path / "json"), schema=SCHEMA, **ARGS)
     assert [b.count for b in batches_of(lines.stream_df(spark), tmp_path / "ck4")] == [2]
+    (tmp_path / "none").mkdir()  # a JSON Lines injector with a schema starts on an empty folder too
+    empty = JsonLinesInjector("lines", str(tmp_path / "none"), schema=SCHEMA, **ARGS)
+    assert batches_of(empty.stream_df(spark), tmp_path / "ck5") == []
 
 
 @pytest.mark.spark

@@ -62,7 +62,7 @@ class MinuteTotals(Computation):
 def make(folder: str, name: str = "clicks") -> Pipeline:
     """The pipeline over the Parquet files of ``folder``."""
     clicks = ParquetInjector("clicks", folder, key_column="user", event_time_column="ts", record_id_column="id",
-                             watermark_delay_ms=5_000)
+                             watermark_delay_ms=5_000, max_files_per_trigger=1)
     return Pipeline(name, injectors=(clicks,), computations=(UserMinutes(), MinuteTotals()))
 
 

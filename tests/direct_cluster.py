@@ -25,7 +25,7 @@ def main() -> None:
     folder, store, hosts, chroot, master = sys.argv[1:6]
     spark = build_spark(SparkSettings(master=master, app_name="deltawheel-direct-cluster"))
     inj = ParquetInjector("events", folder, key_column="key", event_time_column="event_time", value_columns=[],
-                          record_id_column="record_id", watermark_delay_ms=2_000)
+                          record_id_column="record_id", watermark_delay_ms=2_000, max_files_per_trigger=1)
     summary = PipelineRunner(spark, StoreLayout(store), Pipeline("direct", (inj,), (RoutedLate(),)),
                              zk=ZkConfig(hosts=hosts, chroot=chroot), progress=print, end_of_input=False).run()
     flags = [r.direct for r in summary.reports["routed"] if r.records_in]

@@ -170,7 +170,7 @@ def test_foreach_batch_with_engine_executor_and_finish(spark, zk_server, tmp_pat
 
     rows = _events(tmp_path / "events")
     events = deltawheel.ParquetInjector("events", str(tmp_path / "events"), key_column="q", event_time_column="ts",
-                                       watermark_delay_ms=5_000)
+                                       watermark_delay_ms=5_000, max_files_per_trigger=1)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_server.hosts, pipeline="fb",
                             owner="job-1") as engine:
         ex = engine.executor(Counter(width_ms=5_000), upstream=events, progress=False)

@@ -312,7 +312,7 @@ def test_engine_start_on_a_processing_time_trigger_keeps_the_direct_read(spark, 
     folder = tmp_path / "input"
     write_file(folder, "part-0.parquet", rows[:30])
     clicks = deltawheel.ParquetInjector("clicks", str(folder), key_column="user", event_time_column="ts",
-                                        record_id_column="id", watermark_delay_ms=5_000)
+                                        record_id_column="id", watermark_delay_ms=5_000, max_files_per_trigger=1)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="single") as engine:
         engine.progress = False

@@ -72,7 +72,7 @@ def _run(spark: Any, folder: Path, layout: StoreLayout, zk: ZkConfig, *,
     from deltawheel.executor.sources.parquet import ParquetInjector
 
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
-                          value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000, max_files_per_trigger=1)
     return PipelineRunner(spark, layout, Pipeline(PIPELINE, (inj,), (ByRecordKey(),)), zk=zk, faults=faults,
                           write_path=write_path, wait_s=20).run()
 

@@ -155,7 +155,7 @@ def test_a_file_the_tasks_cannot_read_exactly_goes_through_the_jvm(spark, tmp_pa
     folder.mkdir()
     _write(folder / "part-0.parquet", _events(0), unit="us")
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time", value_columns=[],
-                          record_id_column="record_id", watermark_delay_ms=1_000)
+                          record_id_column="record_id", watermark_delay_ms=1_000, max_files_per_trigger=1)
     from pyspark.sql import functions as F
 
     df = inj.stream_df(spark).withColumn("stream", F.lit("events"))
@@ -174,7 +174,7 @@ def test_a_file_the_tasks_cannot_read_exactly_goes_through_the_jvm(spark, tmp_pa
                        ({"value_columns": None}, True)):
         other = ParquetInjector("events", str(folder), **{"key_column": "key", "event_time_column": "event_time",
                                                           "record_id_column": "record_id", "value_columns": [],
-                                                          "watermark_delay_ms": 1_000, **kw})
+                                                          "watermark_delay_ms": 1_000, **kw}, max_files_per_trigger=1)
         other.stream_df(spark)
         assert (other.direct_source() is not None) == direct, kw
 
@@ -220,7 +220,7 @@ def _run(spark: Any, folder: Path | str, store: Path | str, zk_config: Any, *, d
 
     def runner() -> PipelineRunner:  # a fresh injector, as a restarted process has
         inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
-                              value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)
+                              value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000, max_files_per_trigger=1)
         return PipelineRunner(spark, layout, Pipeline("direct", (inj,), (RoutedLate(),)), zk=zk_config,
                               direct_read=direct, faults=faults, progress=print, end_of_input=False)
 

@@ -49,7 +49,7 @@ def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, zk_c
     layout = StoreLayout(str(tmp_path / "store"))
     migrations.apply(spark, layout, dry_run=False)
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
-                          value_columns=[], record_id_column="record_id", watermark_delay_ms=60_000)
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=60_000, max_files_per_trigger=1)
     summary = PipelineRunner(spark, layout, Pipeline("ahead", (inj,), (RoutedLate(),)), zk=zk_config,
                              write_path=write_path, direct_read=direct, progress=print, end_of_input=False).run()
     reports = [r for r in summary.reports["routed"] if r.records_in]

@@ -60,7 +60,7 @@ def test_a_record_is_late_two_files_behind_with_the_default_settings(spark: Any,
                                                         for ts in times))
         os.utime(folder / f"part-{k}.jsonl", (1_700_000_000 + k, 1_700_000_000 + k))  # read in this order
     clicks = deltawheel.JsonLinesInjector("clicks", str(folder), schema="user STRING, ts BIGINT", key_column=None,
-                                          event_time_column="ts", watermark_delay_ms=DELAY_MS)
+                                          event_time_column="ts", watermark_delay_ms=DELAY_MS, max_files_per_trigger=1)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_server.hosts, pipeline="late") as engine:
         reports = engine.run(clicks, Routed())
         rows = spark.read.format("delta").load(engine.layout.late_data).collect()

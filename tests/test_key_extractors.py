@@ -164,7 +164,7 @@ def test_only_a_key_column_extractor_lets_the_tasks_read_parquet_files_themselve
 
     folder = tmp_path_factory.mktemp("parquet")
     pq.write_table(pa.table({"country": ["de", "fr"], "t": pa.array([1, 2], pa.int64())}), folder / "part-0.parquet")
-    inj = ParquetInjector("clicks", str(folder), key_column="country", event_time_column="t", watermark_delay_ms=0)
+    inj = ParquetInjector("clicks", str(folder), key_column="country", event_time_column="t", watermark_delay_ms=0, max_files_per_trigger=1)
     inj.stream_df(spark)
     assert inj.direct_source() is not None
     for extractor, direct in ((RECORD_KEY, True), ("country", False), (lambda v: v["country"], False),

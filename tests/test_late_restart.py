@@ -213,7 +213,7 @@ def test_the_pipeline_routes_a_retry_of_an_on_time_record_as_a_duplicate(
                                  "event_time": pa.array([t for _r, _k, t in rows], pa.int64())}), path)
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # read in this order, one file a batch
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time", value_columns=[],
-                          record_id_column="record_id", watermark_delay_ms=2_000)
+                          record_id_column="record_id", watermark_delay_ms=2_000, max_files_per_trigger=1)
     summary = PipelineRunner(spark, migrated_store, Pipeline("routing", (inj,), (RoutedLate(),)), zk=zk_config,
                              direct_read=direct, progress=print, end_of_input=False).run()
     reports = [r for r in summary.reports["routed"] if r.records_in]

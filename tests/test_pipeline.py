@@ -177,7 +177,7 @@ def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
             write(1, 50)
 
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
-                          value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000, max_files_per_trigger=1)
     summary = PipelineRunner(spark, StoreLayout(str(tmp_path / "store")),
                              Pipeline("rounds", (inj,), (Copier(), CopyCounter())), zk=zk_config,
                              end_of_input=False, progress=progress).run()
@@ -222,7 +222,7 @@ def test_a_second_copy_waits_for_the_first_computations_leases_before_taking_lat
 
     def run() -> None:
         inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
-                              value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+                              value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000, max_files_per_trigger=1)
         try:
             result["summary"] = PipelineRunner(spark, layout, Pipeline("ordered", (inj,), (Copier(), CopyCounter())),
                                                zk=zk_config, wait_s=120, progress=lines.append).run()

@@ -138,7 +138,7 @@ def test_max_pause_stops_a_pipeline_run_whose_zookeeper_does_not_serve(spark, zk
             proxy.cut()
 
     inj = ParquetInjector("events", str(_input(tmp_path / "in")), key_column="key", event_time_column="event_time",
-                          value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000)
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=2_000, max_files_per_trigger=1)
     runner = PipelineRunner(spark, StoreLayout(str(tmp_path / "store")), Pipeline("paused", (inj,), (ByRecordKey(),)),
                             zk=replace(zk_config, hosts=f"127.0.0.1:{proxy.port}"), faults=faults, wait_s=20,
                             max_pause_s=1.5)

@@ -138,7 +138,7 @@ def test_a_text_injector_and_a_stream_table_make_one_input(spark: Any, store: St
 
     ensure_stream_table(spark, store, "echo")
     lines = JsonLinesInjector("lines", str(folder), schema="user STRING, n BIGINT, ts STRING", key_column="user",
-                              event_time_column="ts", watermark_delay_ms=0).stream_df(spark)
+                              event_time_column="ts", watermark_delay_ms=0, max_files_per_trigger=1).stream_df(spark)
     echo = spark.readStream.format("delta").load(store.stream("echo"))
     stream_columns = [c.split()[0] for c in stream_schema_ddl().split(", ")]
     for frames in ([lines, echo], [echo, lines]):

@@ -84,7 +84,7 @@ def test_sharing_needs_at_most_one_parquet_injector(spark: Any, zk_config: Any, 
 
     folder, layout = tmp_path / "in", StoreLayout(str(tmp_path / "store"))
     write_file(folder, 0)
-    injs = tuple(ParquetInjector(n, str(folder), key_column="key", event_time_column="t", watermark_delay_ms=1_000)
+    injs = tuple(ParquetInjector(n, str(folder), key_column="key", event_time_column="t", watermark_delay_ms=1_000, max_files_per_trigger=1)
                  for n in ("events", "more"))
     r = PipelineRunner(spark, layout, Pipeline("moves", injs, (TwoFolders(),)), zk=zk_config, instance="a",
                        warm_workers=False)

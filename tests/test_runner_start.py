@@ -29,7 +29,7 @@ def _runner(spark, tmp_path, zk_config, **kw):  # type: ignore[no-untyped-def]
     from executor_util import Copier, CopyCounter
 
     inj = ParquetInjector("events", str(tmp_path / "in"), key_column="key", event_time_column="event_time",
-                          value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000, max_files_per_trigger=1)
     return PipelineRunner(spark, StoreLayout(str(tmp_path / "store")),
                           Pipeline("starts", (inj,), (Copier(), CopyCounter())), zk=zk_config, **kw)
 

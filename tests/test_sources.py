@@ -132,7 +132,7 @@ def test_bad_generator_and_estimate_arguments(call: Any, match: str) -> None:
 
 
 def test_max_seen_minus_bound_never_moves_backwards(tmp_path: Path) -> None:
-    inj = ParquetInjector("src", str(tmp_path), key_column="key", event_time_column="t", watermark_delay_ms=10_000)
+    inj = ParquetInjector("src", str(tmp_path), key_column="key", event_time_column="t", watermark_delay_ms=10_000, max_files_per_trigger=1)
     assert isinstance(inj, Injector)
     assert inj.watermark_ms() is None
     inj.observe(BatchStats(0))  # an empty batch tells nothing
@@ -153,14 +153,14 @@ def test_publish_watermark_through_the_authority(tmp_path: Path, zk_config: Any)
     try:
         authority = WatermarkAuthority(client, pipeline="zeitgeist")
         first = ParquetInjector("queries", str(tmp_path), key_column=None, event_time_column="t",
-                                watermark_delay_ms=3_000)
+                                watermark_delay_ms=3_000, max_files_per_trigger=1)
         assert publish_watermark(authority, first, sequencer=1) is None
         assert authority.injector_watermark("queries") is None
         first.observe(BatchStats(10, 20_000, 50_000))
         assert publish_watermark(authority, first, sequencer=1) == 47_000
         # A restarted instance has seen less so far: its estimate is lower, the stored one stays.
         restarted = ParquetInjector("queries", str(tmp_path), key_column=None, event_time_column="t",
-                                    watermark_delay_ms=3_000)
+                                    watermark_delay_ms=3_000, max_files_per_trigger=1)
         restarted.observe(BatchStats(5, 10_000, 40_000))
         assert restarted.watermark_ms() == 37_000
         assert publish_watermark(authority, restarted, sequencer=2) == 47_000
@@ -188,7 +188,7 @@ def test_parquet_injector_streams_exactly_the_input_in_the_stream_schema(spark: 
 
     def make() -> ParquetInjector:
         return ParquetInjector("queries", folder, key_column="query", event_time_column="event_time",
-                               watermark_delay_ms=3_000)
+                               watermark_delay_ms=3_000, max_files_per_trigger=1)
 
     inj = make()
     df = inj.stream_df(spark)
@@ -349,7 +349,7 @@ def test_json_lines_injector_keeps_malformed_lines_raw(spark: Any, tmp_path: Pat
 
     write_json_lines(tmp_path / "in")
     inj = JsonLinesInjector("payments", str(tmp_path / "in"), schema="card STRING, amount DOUBLE, ts BIGINT",
-                            key_column="card", event_time_column="ts", watermark_delay_ms=500)
+                            key_column="card", event_time_column="ts", watermark_delay_ms=500, max_files_per_trigger=1)
     df = inj.stream_df(spark)
     want = spark.createDataFrame([], stream_schema_ddl() + ", raw_value BINARY").schema  # + the line
     assert [(f.name, f.dataType) for f in df.schema.fields] == [(f.name, f.dataType) for f in want.fields]
@@ -382,7 +382,7 @@ def test_json_lines_injector_keeps_malformed_lines_raw(spark: Any, tmp_path: Pat
                                                     '{"card": "c9", "ts": "yesterday"}']})
     for fmt, want_ts in ((None, [12_000, None, None]), ("dd/MM/yyyy HH:mm", [None, 950_400_000, None])):
         iso = JsonLinesInjector("iso", str(tmp_path / "iso"), schema="card STRING, ts STRING", key_column="card",
-                                event_time_column="ts", watermark_delay_ms=0, timestamp_format=fmt)
+                                event_time_column="ts", watermark_delay_ms=0, timestamp_format=fmt, max_files_per_trigger=1)
         got = [r for _, rs, _ in run_stream(iso.stream_df(spark), tmp_path / f"ck-{fmt is None}") for r in rs]
         assert [r.timestamp_ms for r in sorted(got, key=lambda r: r.record_id)] == want_ts
         assert {r.codec for r in got} == {"json"}
@@ -394,7 +394,7 @@ def test_json_lines_schema_inferred_and_epoch_ms(spark: Any, tmp_path: Path) -> 
 
     write_json_lines(tmp_path / "in", {"a.jsonl": JSON_LINES["a.jsonl"]})
     inj = JsonLinesInjector("payments", str(tmp_path / "in"), key_column="card", event_time_column="ts",
-                            watermark_delay_ms=0, record_id_column="card")
+                            watermark_delay_ms=0, record_id_column="card", max_files_per_trigger=1)
     assert inj.resolved_schema(spark).simpleString() == "struct<amount:double,card:string,ts:bigint>"
     rows = [r for _, rs, _ in run_stream(inj.stream_df(spark), tmp_path / "ck") for r in rs]
     assert sorted((r.record_id, r.codec, r.timestamp_ms) for r in rows) == [
@@ -431,7 +431,7 @@ def test_json_lines_through_the_executor_dead_letters_say_malformed(
     write_json_lines(tmp_path / "in")
     events = deltawheel.JsonLinesInjector("events", str(tmp_path / "in"),
                                           schema="card STRING, amount DOUBLE, ts BIGINT",
-                                          key_column="card", event_time_column="ts", watermark_delay_ms=0)
+                                          key_column="card", event_time_column="ts", watermark_delay_ms=0, max_files_per_trigger=1)
     ex, client = start_executor(spark, migrated_store, zk_config, ByRecordKey())
     try:
         query = (events.stream_df(spark).writeStream.foreachBatch(ex).trigger(availableNow=True)

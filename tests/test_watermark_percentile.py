@@ -28,7 +28,7 @@ def test_a_percentile_outside_0_1_is_refused(tmp_path) -> None:  # type: ignore[
 
     with pytest.raises(ConfigError, match=r"watermark_percentile must be in \[0, 1\)"):
         ParquetInjector("events", str(tmp_path), key_column="key", event_time_column="event_time",
-                        watermark_delay_ms=0, watermark_percentile=1.5)
+                        watermark_delay_ms=0, watermark_percentile=1.5, max_files_per_trigger=1)
 
 
 @pytest.mark.spark

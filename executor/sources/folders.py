@@ -8,6 +8,7 @@ from typing import Any
 
 from deltawheel.statestore.delta.log import local_path
 from deltawheel.statestore.delta.storefs import TableFiles
+from deltawheel.statestore.exceptions import ConfigError
 
 __all__ = ["local_folder_token"]
 
@@ -43,22 +44,54 @@ def _local_parquet_schema(folder: str) -> Any | None:
 def _first_footer(folder: str, files: TableFiles | None = None) -> Any | None:
     """The Arrow schema of a folder's first visible Parquet file (None: none, unreadable, or a remote
     folder not given as ``files``, the folder as Python reaches it)."""
+    found = _first_file_footer(folder, files)
+    return None if found is None else found[1]
+
+
+def _first_file_footer(folder: str, files: TableFiles | None = None) -> tuple[str, Any] | None:
+    """The name and Arrow schema of a folder's first visible Parquet file (None as for
+    :func:`_first_footer`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if files is not None and not files.is_local:
         try:
             names = sorted(n for n, _size, _mtime in files.list_files() or () if not n.startswith(("_", ".")))
-            return files.read_schema(names[0]) if names else None
+            return (names[0], files.read_schema(names[0])) if names else None
         except (OSError, pa.ArrowException):
             return None
     local, found = local_path(folder), local_folder_token(folder)
     if local is None or not found:
         return None
     try:
-        return pq.read_schema(os.path.join(local, found[0][0]))
+        return found[0][0], pq.read_schema(os.path.join(local, found[0][0]))
     except (OSError, pa.ArrowException):
         return None
+
+
+def _check_footer(injector: str, file: str, arrow: Any, schema: Any) -> None:
+    """Check a Parquet file's footer against a given Spark schema: every column of ``schema`` must
+    be in the file, with the same Spark type where the file's type maps plainly (:func:`_spark_schema`).
+
+    Raises:
+        ConfigError: a column missing from the file, or of another type.
+    """
+    import pyarrow as pa
+
+    in_file = {f.name: f for f in arrow}
+    problems = []
+    for field in schema.fields:
+        got = in_file.get(field.name)
+        if got is None:
+            problems.append(f"{field.name} is missing")
+            continue
+        spark = _spark_schema(pa.schema([got]))
+        if spark is not None and spark.fields[0].dataType != field.dataType:
+            problems.append(f"{field.name} is {spark.fields[0].dataType.simpleString().upper()} in the file, "
+                            f"{field.dataType.simpleString().upper()} in the schema")
+    if problems:
+        raise ConfigError(f"injector {injector}: file {file} does not match the given schema: {'; '.join(problems)}; "
+                          "fix the schema= or move the file out of the folder")
 
 
 def _spark_schema(arrow: Any | None) -> Any | None:

@@ -176,10 +176,28 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
 
 
 
-def _check_common(name: str, max_files_per_trigger: int) -> None:
+def _check_common(name: str, max_files_per_trigger: int | None, max_bytes_per_trigger: int | None = None) -> None:
     validate_name("injector", name)
-    if max_files_per_trigger < 1:
+    if max_files_per_trigger is not None and max_files_per_trigger < 1:
         raise ConfigError(f"injector {name}: max_files_per_trigger must be >= 1, got {max_files_per_trigger}")
+    if max_bytes_per_trigger is not None and max_bytes_per_trigger < 1:
+        raise ConfigError(f"injector {name}: max_bytes_per_trigger must be >= 1, got {max_bytes_per_trigger}")
+
+
+def read_limit_options(name: str, max_files_per_trigger: int | None,
+                       max_bytes_per_trigger: int | None) -> dict[str, int]:
+    """The file source's per-trigger options: none (every new file in each micro-batch, Spark's
+    default), ``maxFilesPerTrigger`` or ``maxBytesPerTrigger`` (Spark refuses both at once).
+
+    Raises:
+        ConfigError: both limits given.
+    """
+    if max_files_per_trigger is not None and max_bytes_per_trigger is not None:
+        raise ConfigError(f"injector {name}: give max_files_per_trigger or max_bytes_per_trigger, not both "
+                          "(Spark's file source takes one per-trigger limit)")
+    if max_files_per_trigger is not None:
+        return {"maxFilesPerTrigger": max_files_per_trigger}
+    return {} if max_bytes_per_trigger is None else {"maxBytesPerTrigger": max_bytes_per_trigger}
 
 
 class _MaxSeenInjector:
@@ -187,9 +205,11 @@ class _MaxSeenInjector:
     when the stream is built) and the watermark, :class:`MaxSeenMinusBound` with ``watermark_delay_ms``."""
 
     def __init__(self, name: str, *, key_column: str | None, event_time_column: str,
-                 value_columns: Sequence[str] | None, record_id_column: str | None, max_files_per_trigger: int,
-                 watermark_delay_ms: int, max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS) -> None:
-        _check_common(name, max_files_per_trigger)
+                 value_columns: Sequence[str] | None, record_id_column: str | None,
+                 max_files_per_trigger: int | None, watermark_delay_ms: int,
+                 max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS,
+                 max_bytes_per_trigger: int | None = None) -> None:
+        _check_common(name, max_files_per_trigger, max_bytes_per_trigger)
         if max_event_ahead_ms is not None and max_event_ahead_ms < 0:
             raise ConfigError(f"injector {name}: max_event_ahead_ms must be >= 0 (or None: no bound), "
                               f"got {max_event_ahead_ms}")
@@ -200,6 +220,8 @@ class _MaxSeenInjector:
         self.value_columns = None if value_columns is None else tuple(value_columns)
         self.record_id_column = record_id_column
         self.max_files_per_trigger = max_files_per_trigger
+        self.max_bytes_per_trigger = max_bytes_per_trigger
+        self.read_limits = read_limit_options(name, max_files_per_trigger, max_bytes_per_trigger)
         self._estimate: MaxSeenMinusBound | PendingPercentile = MaxSeenMinusBound(watermark_delay_ms)
 
     def observe(self, stats: BatchStats) -> None:

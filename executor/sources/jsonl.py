@@ -76,8 +76,8 @@ def event_time_of(parsed: DataFrame, column: str, timestamp_format: str | None) 
 class JsonLinesInjector(_MaxSeenInjector):
     """A folder of JSON Lines files (one JSON object per line) read with Spark's file streaming source.
 
-    Files are consumed in modification-time order, ``max_files_per_trigger`` per micro-batch,
-    each read whole (Spark's ``wholetext``) and split into lines, so every line has its position:
+    Files are consumed in modification-time order, every new file in each micro-batch unless
+    ``max_files_per_trigger`` or ``max_bytes_per_trigger`` caps it, each read whole (Spark's ``wholetext``) and split into lines, so every line has its position:
     ``record_id`` is ``record_id_column`` when given (a null falls back to the position), otherwise
     ``{name}/{file name}#{line}`` (1-based; deterministic as long as files are never rewritten),
     and ``commit_id`` is ``file={file name}#line={line}``. A file must fit in one task's memory
@@ -103,28 +103,31 @@ class JsonLinesInjector(_MaxSeenInjector):
             (ISO 8601, or ``timestamp_format``; one that does not parse makes the record a dead letter).
         value_columns: fields of the JSON value; ``None``: all but the event time and record id fields.
         record_id_column: unique id field, or ``None`` (position-based ids).
-        max_files_per_trigger: files per micro-batch (default 1).
+        max_files_per_trigger: at most this many files per micro-batch; None (default): every new
+            file (Spark's default), so a backlog never outgrows one batch.
+        max_bytes_per_trigger: instead, at most about this many bytes of files per micro-batch
+            (Spark's ``maxBytesPerTrigger``; at least one file); not with ``max_files_per_trigger``.
         watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
             minus it. A record is late when behind the watermark the previous micro-batch acted on,
             i.e. the newest event time of the batches up to two before its own minus this bound: two
-            files behind with one file per batch (docs/sources.md, "Watermark options").
+            batches behind (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day; None: no bound).
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 
     Raises:
         ConfigError: an invalid name, a local folder that does not exist, a bad count, delay or
-            bound (a schema that does not parse: at :meth:`stream_df`).
+            bound, both per-trigger limits (a schema that does not parse: at :meth:`stream_df`).
     """
 
     def __init__(self, name: str, folder: str, *, schema: Any = None, key_column: str | None,
                  event_time_column: str, value_columns: Sequence[str] | None = None,
-                 record_id_column: str | None = None, max_files_per_trigger: int = 1, watermark_delay_ms: int,
-                 max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS,
-                 timestamp_format: str | None = None) -> None:
+                 record_id_column: str | None = None, max_files_per_trigger: int | None = None,
+                 watermark_delay_ms: int, max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS,
+                 timestamp_format: str | None = None, max_bytes_per_trigger: int | None = None) -> None:
         super().__init__(name, key_column=key_column, event_time_column=event_time_column,
                          value_columns=value_columns, record_id_column=record_id_column,
                          max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
-                         max_event_ahead_ms=max_event_ahead_ms)
+                         max_event_ahead_ms=max_event_ahead_ms, max_bytes_per_trigger=max_bytes_per_trigger)
         if _missing_local_dir(folder):
             raise ConfigError(f"injector {name}: JSON folder {folder} does not exist; create it "
                               "(or write the input) before starting the pipeline")
@@ -167,7 +170,7 @@ class JsonLinesInjector(_MaxSeenInjector):
         from pyspark.sql import functions as F
 
         schema = self.resolved_schema(spark)
-        files = (spark.readStream.option("maxFilesPerTrigger", self.max_files_per_trigger)
+        files = (spark.readStream.options(**self.read_limits)
                  .text(self.folder, wholetext=True).select(F.col("_metadata.file_name").alias("_file"), "value"))
         lines = files.select("_file", F.posexplode(F.split(F.col("value"), r"\r?\n")).alias("_pos", "_line"))
         lines = lines.where(F.trim(F.col("_line")) != "").select(

@@ -11,8 +11,16 @@ from deltawheel.statestore.exceptions import ConfigError
 from ..tasks.image.direct import DirectSource, direct_source
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from .estimates import PendingPercentile, check_percentile
-from .folders import _first_footer, _missing_local_dir, _spark_schema, local_folder_token
+from .folders import (
+    _check_footer,
+    _first_file_footer,
+    _first_footer,
+    _missing_local_dir,
+    _spark_schema,
+    local_folder_token,
+)
 from .injector import BatchStats, DataFrame, SparkSession, _MaxSeenInjector
+from .jsonl import json_schema
 from .schema import to_stream_schema
 
 __all__ = ["ParquetInjector"]
@@ -21,8 +29,10 @@ __all__ = ["ParquetInjector"]
 class ParquetInjector(_MaxSeenInjector):
     """A folder of Parquet files read with Spark's file streaming source.
 
-    Files are consumed in modification-time order, ``max_files_per_trigger``
-    per micro-batch; the schema is taken from the files present when
+    Files are consumed in modification-time order, every new file in each micro-batch unless
+    ``max_files_per_trigger`` or ``max_bytes_per_trigger`` caps it. The schema is ``schema`` when
+    given (the folder may then be empty when :meth:`stream_df` is called; its first file's footer,
+    when there is one, is checked against it), otherwise taken from the files present when
     :meth:`stream_df` is called (in a local or ``s3a://`` folder whose columns have plain
     types, from the first visible file's footer, read with pyarrow; otherwise
     by Spark's inference). Files whose name starts with ``_`` or ``.``
@@ -42,16 +52,21 @@ class ParquetInjector(_MaxSeenInjector):
     Args:
         name: injector name (``producer`` column, watermark znode).
         folder: the Parquet folder (local path or URI).
+        schema: the files' columns, a DDL string (``"user STRING, ts BIGINT"``) or a StructType;
+            None: read from the files present at :meth:`stream_df` (at least one is needed then).
         key_column: natural key column, or ``None`` (key ``""``).
         event_time_column: TIMESTAMP or epoch-ms BIGINT column.
         value_columns: columns of the JSON value; ``None``: all but the event
             time and record id columns; empty: no value (``record.value`` is None).
         record_id_column: unique id column, or ``None`` (position-based ids).
-        max_files_per_trigger: files per micro-batch (default 1).
+        max_files_per_trigger: at most this many files per micro-batch; None (default): every new
+            file (Spark's default), so a backlog never outgrows one batch.
+        max_bytes_per_trigger: instead, at most about this many bytes of files per micro-batch
+            (Spark's ``maxBytesPerTrigger``; at least one file); not with ``max_files_per_trigger``.
         watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
             minus it. A record is late when behind the watermark the previous micro-batch acted on,
             i.e. the newest event time of the batches up to two before its own minus this bound: two
-            files behind with one file per batch (docs/sources.md, "Watermark options").
+            batches behind (docs/sources.md, "Watermark options").
         max_event_ahead_ms: records whose event time is more than this ahead of the
             processing clock (default one day) become dead letters with the reason and
             do not move the watermark (one record dated 2100 would otherwise close every
@@ -65,18 +80,21 @@ class ParquetInjector(_MaxSeenInjector):
 
     Raises:
         ConfigError: an invalid name, a local folder that does not exist, a
-            bad count, delay, bound or percentile.
+            bad count, delay, bound or percentile, both per-trigger limits (a schema that does
+            not parse, or a file that does not match it: at :meth:`stream_df`).
     """
 
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None = None, record_id_column: str | None = None,
-                 max_files_per_trigger: int = 1, watermark_delay_ms: int,
+                 max_files_per_trigger: int | None = None, watermark_delay_ms: int,
                  max_event_ahead_ms: int | None = DEFAULT_MAX_EVENT_AHEAD_MS,
-                 watermark_percentile: float | None = None) -> None:
+                 watermark_percentile: float | None = None, schema: Any = None,
+                 max_bytes_per_trigger: int | None = None) -> None:
         super().__init__(name, key_column=key_column, event_time_column=event_time_column,
                          value_columns=value_columns, record_id_column=record_id_column,
                          max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
-                         max_event_ahead_ms=max_event_ahead_ms)
+                         max_event_ahead_ms=max_event_ahead_ms, max_bytes_per_trigger=max_bytes_per_trigger)
+        self.schema = schema  # parsed at stream_df (a DDL string needs a running Spark session)
         if _missing_local_dir(folder):
             raise ConfigError(f"injector {name}: Parquet folder {folder} does not exist; create it "
                               "(or generate the input) before starting the pipeline")
@@ -120,8 +138,9 @@ class ParquetInjector(_MaxSeenInjector):
         """The folder as a streaming DataFrame in the stream schema.
 
         Raises:
-            ConfigError: no readable Parquet file in the folder, or a named
-                column missing (see :func:`to_stream_schema`).
+            ConfigError: no ``schema`` and no readable Parquet file in the folder, a ``schema`` that
+                does not parse or that the first file does not match, or a named column missing
+                (see :func:`to_stream_schema`).
         """
         from pyspark.errors import AnalysisException
 
@@ -133,26 +152,33 @@ class ParquetInjector(_MaxSeenInjector):
                                   "is not one")
             self._estimate = PendingPercentile(files, self.event_time_column, self.watermark_percentile,
                                                floor=self._estimate)
-        footer = _first_footer(self.folder, files)
-        local_schema = _spark_schema(footer)
-        self._direct = None if local_schema is None or files is None else direct_source(
-            self.name, footer, key_column=self.key_column, event_time_column=self.event_time_column,
+        found = _first_file_footer(self.folder, files)
+        footer = None if found is None else found[1]
+        given = None if self.schema is None else json_schema(self.schema)
+        if given is not None:
+            if found is not None:
+                _check_footer(self.name, found[0], found[1], given)
+            arrow = _given_arrow(given, footer)
+        else:
+            arrow = footer if _spark_schema(footer) is not None else None
+        self._direct = None if arrow is None or files is None else direct_source(
+            self.name, arrow, key_column=self.key_column, event_time_column=self.event_time_column,
             record_id_column=self.record_id_column, value_columns=self.value_columns, s3=files.s3)
         try:
-            schema = local_schema or spark.read.parquet(self.folder).schema
+            schema = given or _spark_schema(footer) or spark.read.parquet(self.folder).schema
         except AnalysisException as exc:
             raise ConfigError(f"injector {self.name}: cannot read a Parquet schema from {self.folder} "
-                              f"({str(exc).splitlines()[0]}); put at least one Parquet file there") from exc
-        raw = (spark.readStream.schema(schema).option("maxFilesPerTrigger", self.max_files_per_trigger)
-               .parquet(self.folder))
+                              f"({str(exc).splitlines()[0]}); put at least one Parquet file there, "
+                              "or give schema=") from exc
+        raw = spark.readStream.schema(schema).options(**self.read_limits).parquet(self.folder)
         return self._in_stream_schema(raw, schema)
 
     def files_df(self, spark: SparkSession, names: Sequence[str]) -> DataFrame:
         """The records of some of the folder's files (by file name), as a batch DataFrame in the
         stream schema with the same record ids as :meth:`stream_df` gives them: a new owner of a
         moved interval catches up with it (``executor/protocol/rescale.py``)."""
-        footer = _first_footer(self.folder)
-        schema = _spark_schema(footer) or spark.read.parquet(self.folder).schema
+        given = None if self.schema is None else json_schema(self.schema)
+        schema = given or _spark_schema(_first_footer(self.folder)) or spark.read.parquet(self.folder).schema
         raw = spark.read.schema(schema).parquet(*[f"{self.folder.rstrip('/')}/{n}" for n in sorted(names)])
         return self._in_stream_schema(raw, schema)
 
@@ -173,3 +199,18 @@ class ParquetInjector(_MaxSeenInjector):
             value_columns=self.value_columns, record_id=record_id,
             commit_id=F.concat(F.lit("file="), fname, F.lit("#row="), row),
             exclude=() if self.record_id_column is None else (self.record_id_column,))
+
+
+def _given_arrow(given: Any, footer: Any | None) -> Any | None:
+    """The Arrow schema the direct read expects under a given schema: the matching file's own types
+    for the given columns (as Spark reads them), or with no file yet the given schema in Arrow; None
+    when it has no Arrow form."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if footer is not None:
+        return pa.schema([footer.field(f.name) for f in given.fields])
+    try:
+        return to_arrow_schema(given)
+    except Exception:  # a type Arrow has no form for: the JVM reads the batches
+        return None

@@ -9,8 +9,8 @@ after its batch's fenced rows commit.
 It runs as users embed it: ``deltawheel.connect(spark, store=...)`` (the store's embedded
 ZooKeeper) and ``engine.start(injector, computation)`` -- one continuous query with the
 default trigger, the tasks reading the input files themselves (the direct read). The
-:class:`ParquetInjector` gets :data:`MAX_FILES_PER_TRIGGER` explicitly: its default of one file
-per micro-batch would let a backlog grow with files arriving every 100-200 ms. It takes its
+:class:`ParquetInjector` reads every new file per micro-batch (its default), so no backlog grows
+with files arriving every 100-200 ms. It takes its
 schema from a file in the folder, so the benchmark puts the first file (the primer) in place
 before starting any engine.
 """
@@ -28,9 +28,8 @@ from deltawheel.executor.computation import RECORD_KEY, Computation
 
 from .latency_engines import DEFAULT_TRIGGER, FileInput, SparkRun, StageOutput, _check_stages, key_number
 
-__all__ = ["RunningCount", "DeltaWheelLatencyEngine", "records_from_stream", "MAX_FILES_PER_TRIGGER"]
+__all__ = ["RunningCount", "DeltaWheelLatencyEngine", "records_from_stream"]
 
-MAX_FILES_PER_TRIGGER = 100_000  # "every new file" until the injector can say so
 
 
 class RunningCount(Computation):
@@ -110,7 +109,7 @@ class DeltaWheelLatencyEngine:
         try:
             inj = ParquetInjector("events", str(source.folder), key_column="key", event_time_column="event_time",
                                   value_columns=[], record_id_column="record_id",
-                                  max_files_per_trigger=MAX_FILES_PER_TRIGGER, watermark_delay_ms=1_000)
+                                  watermark_delay_ms=1_000)
             comp = _computation(intervals)
             query = engine.start(inj, comp, checkpoint=str(chk))
             executor = engine.executors[-1]

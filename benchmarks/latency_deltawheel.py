@@ -118,7 +118,7 @@ class DeltaWheelLatencyEngine:
             raise
         outputs = (StageOutput(1, "counts", Path(engine.layout.stream("counts")), chk, "records",
                                records_from_stream),)
-        settings = {"trigger": DEFAULT_TRIGGER, "max_files_per_trigger": MAX_FILES_PER_TRIGGER,
+        settings = {"trigger": DEFAULT_TRIGGER, "max_files_per_trigger": inj.max_files_per_trigger,
                     "exactly_once": True, "strong_productions": True, "num_intervals": intervals,
                     "codec": RunningCount.codec, "write_path": executor.write_path,
                     "direct_read": executor.direct_source is not None,

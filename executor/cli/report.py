@@ -170,7 +170,7 @@ def build_html(st: StoreStatus) -> str:
         if title in _OVER_TIME:
             from matplotlib.dates import DateFormatter
 
-            ax.xaxis.set_major_formatter(DateFormatter("%H:%M:%S"))  # not matplotlib's MM:SS.ffffff
+            ax.xaxis.set_major_formatter(DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]  # not matplotlib's MM:SS.ffffff
             ax.set_xlabel("UTC")
             fig.autofmt_xdate()
         slug = title.lower().replace(" ", "-")

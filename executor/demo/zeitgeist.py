@@ -190,7 +190,7 @@ def anomaly_windows(n_events: int, *, start_ms: int = DEFAULT_START_MS, rate_per
 
 def _cdf(weights: np.ndarray) -> np.ndarray:
     cdf = np.cumsum(weights)
-    return cdf / cdf[-1]  # type: ignore[no-any-return]
+    return cdf / cdf[-1]
 
 
 def generate_queries(

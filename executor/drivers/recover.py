@@ -97,7 +97,7 @@ def _stand_in(name: str, num_intervals: int, outputs: Sequence[str]) -> Computat
     cls = type(f"Recover_{name}", (Computation,), {
         "name": name, "num_intervals": num_intervals, "outputs": tuple(outputs),
         "inputs": {"recovery_has_no_input": RECORD_KEY}, "__module__": __name__})
-    return cls()  # type: ignore[no-any-return]
+    return cls()
 
 
 def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,

@@ -71,7 +71,10 @@ class ActedMark:
     def from_meta(cls, meta: dict[str, Any]) -> ActedMark:
         """The mark of a commit's metadata entry (:meth:`to_meta`'s inverse)."""
         m = meta[_KEY]
-        opt = lambda v: None if v is None else int(v)  # noqa: E731
+
+        def opt(v: Any) -> int | None:
+            return None if v is None else int(v)
+
         return cls(opt(m.get("batch_id")), opt(m.get("late_ms")), opt(m.get("input_ms")),
                    tuple(int(i) for i in m.get("intervals") or ()),
                    {str(k): int(v) for k, v in (m.get("injectors") or {}).items()})

@@ -72,7 +72,7 @@ def freeze_spark_zips() -> int:
     cache = sys.path_importer_cache
     for key, finder in list(cache.items()):
         if isinstance(finder, zipimport.zipimporter) and _is_spark_archive(finder.archive):
-            cache[key] = _FrozenZipFinder(finder)  # type: ignore[assignment]
+            cache[key] = _FrozenZipFinder(finder)
             n += 1
     return n
 

@@ -49,13 +49,13 @@ def py_list(arr: Any) -> list[Any]:
     t = arr.type
     if not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t) or pa.types.is_string(t)
             or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
-        return arr.to_pylist()  # type: ignore[no-any-return]
+        return arr.to_pylist()
     if arr.null_count and not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
                                or pa.types.is_large_binary(t)):
         vals = pc.fill_null(arr, pa.scalar(0 if not pa.types.is_boolean(t) else False, t))
         valid = pc.is_valid(arr).to_numpy(zero_copy_only=False).tolist()
         return [v if ok else None for v, ok in zip(vals.to_numpy(zero_copy_only=False).tolist(), valid, strict=True)]
-    return arr.to_numpy(zero_copy_only=False).tolist()  # type: ignore[no-any-return]
+    return arr.to_numpy(zero_copy_only=False).tolist()
 
 
 def constant_or_list(col: Any, n: int) -> Any:
@@ -338,7 +338,7 @@ def context_factory(comp: Computation, codec: Any, wm: int | None, now: int
         d["_productions"] = []
         d["_hold"] = hold
         ctx.__dict__ = d
-        return ctx  # type: ignore[no-any-return]
+        return ctx
 
     return make
 
@@ -382,7 +382,7 @@ def records_of(inp: Input, key: str, lo: int, hi: int,
             n_seen += 1
             continue
         try:
-            value = _decode(codecs[i], values[i])  # type: ignore[arg-type]
+            value = _decode(codecs[i], values[i])
         except CodecError as exc:
             dead.append(SideRecord.of_input("dead", inp.row(i), key, f"CodecError: {exc}"))
             continue

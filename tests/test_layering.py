@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from import_graph import imports_of, module_name
 
 STATESTORE = Path(__file__).resolve().parents[1] / "statestore"
 PACKAGE = "deltawheel.statestore"
@@ -45,30 +46,11 @@ def _above_statestore(name: str) -> bool:
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(STATESTORE).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join([PACKAGE, *parts])
+    return module_name(path, STATESTORE, PACKAGE)
 
 
 def _imports(path: Path) -> Iterator[tuple[str, int]]:
-    """(imported module, line) for every import in ``path``, relative ones made absolute; ``from
-    X import y`` gives ``X`` and ``X.y`` (``y`` may be a module)."""
-    name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                target = node.module or ""
-            yield target, node.lineno
-            for alias in node.names:
-                yield f"{target}.{alias.name}", node.lineno
+    return imports_of(path, STATESTORE, PACKAGE)
 
 
 def _graph() -> dict[str, dict[str, int]]:

@@ -9,11 +9,11 @@ floors).
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from import_graph import imports_of, module_name
 
 EXECUTOR = Path(__file__).resolve().parents[1] / "executor"
 PACKAGE = "deltawheel.executor"
@@ -51,30 +51,11 @@ def _floor(sub: str) -> int:
 
 
 def _module_name(path: Path, root: Path = EXECUTOR) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join([PACKAGE, *parts])
+    return module_name(path, root, PACKAGE)
 
 
 def _imports(path: Path, root: Path) -> Iterator[tuple[str, int]]:
-    name = _module_name(path, root)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                target = node.module or ""
-            if node.module:
-                yield target, node.lineno
-            else:
-                for alias in node.names:
-                    yield f"{target}.{alias.name}", node.lineno
+    return imports_of(path, root, PACKAGE)
 
 
 def _executor_target(name: str, root: Path) -> str | None:

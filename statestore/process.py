@@ -8,6 +8,12 @@ A pid file whose process is gone, or is some other program now, counts as not ru
 
 ``stop`` is SIGTERM to the group, then SIGKILL after a grace period; ``kill`` is SIGKILL
 at once (a crash, for fault tests). Both reap the process when it is our own child.
+
+Tied to a process. A detached service outlives the command that started it, on purpose
+(``deltawheel zk start``). A test run or a trial must not leave servers behind when it is killed,
+though: with ``DELTAWHEEL_SERVERS_DIE_WITH=<pid>`` in the environment (the test suite sets its own
+pid), every service started under it gets a small watchdog process that stops the service's group
+(SIGTERM, then SIGKILL) once that pid is gone, however it ended (SIGKILL included).
 :func:`find_java` is the ``java`` the local servers run on (ZooKeeper, S3Proxy, a Kafka broker,
 a Spark cluster).
 """
@@ -19,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,7 +34,36 @@ import psutil
 
 from .exceptions import DeltaWheelError, ZooKeeperServerError
 
-__all__ = ["DetachedProcess", "find_java", "free_ports", "port_free"]
+__all__ = ["DIE_WITH_ENV", "DetachedProcess", "find_java", "free_ports", "port_free"]
+
+DIE_WITH_ENV = "DELTAWHEEL_SERVERS_DIE_WITH"
+
+# The watchdog: argv = [pid to outlive, service pgid]. Polls once a second; stops the service's
+# group when the watched pid is gone (or a zombie); exits when the service is gone by itself.
+_WATCHDOG = """
+import os, signal, sys, time
+import psutil
+watched, group = int(sys.argv[1]), int(sys.argv[2])
+def gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+while True:
+    time.sleep(1.0)
+    if gone(group):
+        sys.exit(0)
+    if gone(watched):
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                sys.exit(0)
+            end = time.monotonic() + wait_s
+            while time.monotonic() < end and not gone(group):
+                time.sleep(0.2)
+        sys.exit(0)
+"""
 
 
 def find_java() -> str:
@@ -133,6 +169,9 @@ class DetachedProcess:
                 env=None if env is None else dict(env),
             )
         self.pid_file.write_text(f"{self._proc.pid}\n")
+        watched = os.environ.get(DIE_WITH_ENV, "").strip()
+        if watched.isdigit():
+            _watch(int(watched), self._proc.pid)
         return self._proc.pid
 
     def wait_ready(self, pid: int, ready: Callable[[], bool], timeout_s: float) -> str | None:
@@ -205,6 +244,15 @@ class DetachedProcess:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
+
+
+def _watch(watched: int, group: int) -> None:
+    """Start the watchdog that stops service group ``group`` once process ``watched`` is gone."""
+    subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(watched), str(group)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True,
+    )
 
 
 def _group_members(pgid: int) -> list[int]:

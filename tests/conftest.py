@@ -18,6 +18,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # the one per-user jars cache every entry point uses (statestore/jars.py, default_jars_dir), named for subprocesses
 os.environ.setdefault("DELTAWHEEL_JARS_DIR", str(Path.home() / ".cache" / "deltawheel" / "jars"))
+# every server a test starts (ZooKeeper, S3Proxy, Kafka, a Spark cluster), here or in a subprocess,
+# is stopped by a watchdog once this run is gone, even when it was SIGKILLed (statestore/process.py)
+os.environ.setdefault("DELTAWHEEL_SERVERS_DIE_WITH", str(os.getpid()))
 
 
 def free_port() -> int:

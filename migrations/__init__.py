@@ -20,6 +20,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, Callable, ContextManager
 
+from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.delta.log import local_path, local_table_exists, read_snapshot
 from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
 from deltawheel.statestore.delta.txn import decode_path
@@ -127,7 +128,9 @@ def plan(spark: Any, layout: StoreLayout) -> list[PlannedMigration]:
         SchemaTooNewError: the store records a version this code doesn't know.
         ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: an object store's
             endpoint, bucket or credentials are wrong (docs/objectstore.md).
+        SparkConnectSessionError: ``spark`` is a Spark Connect session.
     """
+    require_classic_session(spark)
     probe_store(spark, layout)
     done = applied_versions(spark, layout)
     _check_not_too_new(layout, max(done, default=0))

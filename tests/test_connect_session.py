@@ -25,6 +25,7 @@ from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.session.sparkenv import check_session
 
 import deltawheel
+from deltawheel import migrations
 
 pytestmark = pytest.mark.spark
 
@@ -66,6 +67,8 @@ ENTRIES: dict[str, Callable[[Any, Path], Any]] = {
                                                     zk=ZkConfig(hosts="127.0.0.1:1")),
     "RowStore": lambda s, tmp: RowStore(s, StoreLayout(str(tmp / "store")), writer="w"),
     "ComputationTester": lambda s, tmp: ComputationTester(Noop(), spark=s, store=str(tmp / "store")),
+    "migrations.plan": lambda s, tmp: migrations.plan(s, StoreLayout(str(tmp / "store"))),
+    "migrations.apply": lambda s, tmp: migrations.apply(s, StoreLayout(str(tmp / "store")), dry_run=False),
 }
 
 
@@ -77,3 +80,11 @@ def test_a_spark_connect_session_is_refused_at_once(connect_session: Any, tmp_pa
         ENTRIES[entry](connect_session, tmp_path)
     assert isinstance(err.value, SessionConfigError) and err.value.exit_code == 3
     assert not (tmp_path / "store").exists()  # refused before anything was made
+
+
+def test_spark_session_with_spark_remote_set_is_refused_before_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``deltawheel.spark_session()`` in a shell where ``SPARK_REMOTE`` is set (Databricks Connect, a
+    notebook's Connect kernel) would silently build a Connect session: it is refused up front."""
+    monkeypatch.setenv("SPARK_REMOTE", "sc://localhost:15002")
+    with pytest.raises(SparkConnectSessionError, match=r"SPARK_REMOTE is set \(sc://localhost:15002\).*Unset"):
+        deltawheel.spark_session()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..delta.jvm import require_classic_session
-from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError
+from ..exceptions import JarFetchError, JavaMissingError, SessionConfigError, SparkConnectSessionError
 from ..jars import compile_jar, ensure_delta_jars
 
 __all__ = ["LOG_STORE_CLASS", "SparkSettings", "ensure_log_store_jar", "build_spark",
@@ -97,11 +97,19 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     """Create (or return the running) SparkSession with Delta Lake configured.
 
     Raises:
+        SparkConnectSessionError: ``SPARK_REMOTE`` is set, so pyspark would build a Spark Connect
+            session, which deltawheel cannot run on.
         JavaMissingError: no ``java`` to start Spark with.
         JarFetchError: a jar could not be fetched or compiled.
     """
     from pyspark.sql import SparkSession
 
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        raise SparkConnectSessionError(
+            f"SPARK_REMOTE is set ({remote}), so pyspark would build a Spark Connect session; deltawheel "
+            "needs a classic SparkSession (a Connect client has no driver JVM, and deltawheel commits through "
+            "Delta Lake's JVM API). Unset SPARK_REMOTE for this process (docs/embedding.md, 'Session settings')")
     require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

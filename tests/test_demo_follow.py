@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from deltawheel.statestore.codecs import get_codec
-
-pytestmark = [pytest.mark.spark, pytest.mark.zk]
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.layout import StoreLayout
 
 J = get_codec("json")
 STAGES = ("window_counter", "model", "detector")
@@ -35,6 +35,41 @@ def _stream(spark: Any, store: Path, name: str) -> list[dict[str, Any]]:
     return [{"record_id": r["record_id"], **J.decode(r["value"])} for r in rows]
 
 
+def test_what_demo_follow_refuses_before_anything_starts(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.executor.cli import main
+    from deltawheel.executor.demo.follow import check_settings, check_store
+
+    ok = {"rate": 100, "seconds": None, "window_ms": 2_000}
+    local = StoreLayout(str(tmp_path / "s"))
+    with pytest.raises(ConfigError, match=r"demo --follow measures from the store's files: use a local --store "
+                                          r"\(got s3a://bucket/store\)"):
+        check_settings(StoreLayout("s3a://bucket/store"), **ok)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"--instance is for the bounded demo"):
+        check_settings(local, instance="a", **ok)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"--rate must be at least 1 record/s, got 0"):
+        check_settings(local, **{**ok, "rate": 0})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"--seconds must be > 0, got -5"):
+        check_settings(local, **{**ok, "seconds": -5.0})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"--window must be at least 1 second, got 0.5"):
+        check_settings(local, **{**ok, "window_ms": 500})  # type: ignore[arg-type]
+    check_settings(local, **ok)  # type: ignore[arg-type]
+    (tmp_path / "s" / "_input" / "seed7-n20000").mkdir(parents=True)  # the bounded demo ran here
+    with pytest.raises(ConfigError, match=r"holds the input of the bounded demo .*: the live and the bounded demo need "
+                                          r"a store each; pass another --store \(default data/demo-follow\)"):
+        check_settings(local, **ok)  # type: ignore[arg-type]
+    (tmp_path / "t" / "_input" / "follow").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"holds the input of a demo --follow run .*\(default data/demo\)"):
+        check_store(StoreLayout(str(tmp_path / "t")), follow=False)
+    # the command: exit status 3 (a configuration error), the message, nothing started or created
+    assert main(["demo", "--follow", "--rate", "0", "--store", str(tmp_path / "u")]) == 3
+    assert "--rate must be at least 1 record/s, got 0" in capsys.readouterr().err
+    assert main(["demo", "--store", str(tmp_path / "t"), "--events", "10"]) == 3
+    assert "holds the input of a demo --follow run" in capsys.readouterr().err
+    assert not (tmp_path / "u").exists() and not (tmp_path / "t" / "rows").exists()
+
+
+@pytest.mark.spark
+@pytest.mark.zk
 @pytest.mark.timeout(600)
 def test_demo_follow_runs_every_stage_live_and_ends_with_every_event_once(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "live"

@@ -19,8 +19,6 @@ import sys
 import time
 from typing import Any
 
-from deltawheel.statestore.exceptions import ConfigError
-
 from .common import (
     add_max_pause_arg,
     add_spark_args,
@@ -82,7 +80,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.store is None:
         args.store = os.path.join("data", "demo")
     layout = layout_from(args)
-    _refuse_other_input(layout, mine="seed", other="follow", hint="a --follow run")
+    if layout.is_local:
+        from ..demo.follow import check_store
+
+        check_store(layout, follow=False)
     started = time.monotonic()
     zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
     cfg = zookeeper.config
@@ -111,16 +112,15 @@ def _run(args: argparse.Namespace) -> int:
 def _follow(args: argparse.Namespace) -> int:
     import deltawheel
 
-    from ..demo.follow import follow
+    from ..demo.follow import check_settings, follow
     from ..demo.pipeline import computations
 
-    if args.instance is not None:
-        raise ConfigError("demo --follow runs every computation's intervals in one process: --instance is for the "
-                          "bounded demo")
     if args.store is None:
         args.store = os.path.join("data", "demo-follow")
     layout = layout_from(args)
-    _refuse_other_input(layout, mine="follow", other="seed", hint="the bounded demo")
+    window_ms = int(round(args.window * 1000))
+    check_settings(layout, rate=args.rate, seconds=args.seconds, window_ms=window_ms,  # before anything starts
+                   instance=args.instance)
     started = time.monotonic()
     names = tuple(c.name for c in computations())
 
@@ -141,7 +141,7 @@ def _follow(args: argparse.Namespace) -> int:
             engine.progress = runner_lines
             result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
                             seconds=args.seconds, seed=args.seed, every_s=args.every,
-                            window_ms=int(round(args.window * 1000)), say=progress)
+                            window_ms=window_ms, say=progress)
             for name, (n, p50, p99) in result.figures.items():
                 lat = "-" if p50 is None or p99 is None else f"p50 {p50:.2f}s p99 {p99:.2f}s"
                 progress(f"{name} over the run: {n} records, latency {lat}")
@@ -149,15 +149,6 @@ def _follow(args: argparse.Namespace) -> int:
     finally:
         zookeeper.release()
     return 0
-
-
-def _refuse_other_input(layout: Any, *, mine: str, other: str, hint: str) -> None:
-    """A local store holding the other mode's generated input is refused (both share the computations' rows)."""
-    root = os.path.join(layout.root, "_input")
-    if layout.is_local and os.path.isdir(root) and any(n.startswith(other) for n in os.listdir(root)):
-        raise ConfigError(f"store {layout.root} holds the input of {hint} ({root}): the live and the bounded demo "
-                          f"need a store each; pass another --store (the {mine} mode's default is "
-                          f"{'data/demo-follow' if mine == 'follow' else 'data/demo'})")
 
 
 def _input_root(args: argparse.Namespace, layout: Any) -> str:

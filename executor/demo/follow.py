@@ -218,7 +218,7 @@ def follow(engine: Any, folder: str, *, rate: int, seconds: float | None, seed: 
     ``window_ms``: the first stage's window length.
 
     Raises:
-        ConfigError: a bad rate or duration, or a store that is not a local folder.
+        ConfigError: as :func:`check_settings` (before anything starts).
         DeltaWheelError: a failed batch's own error (after the run was stopped).
     """
     from ..drivers.pipeline import Pipeline

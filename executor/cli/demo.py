@@ -4,6 +4,10 @@ Local Spark, a local Delta store, and a real ZooKeeper started from pyspark's
 jars when none answers. ``--store s3a://BUCKET/PATH`` keeps the tables on an object store (the
 generated input stays in a local folder, ``--input``). Deterministic for (--events, --seed); re-running the
 same command after a kill resumes and finishes with exactly the same rows.
+
+``--follow [--rate R] [--seconds S]``: the same three stages live at once on events generated now, at
+R records/s, with a line per stage every few seconds (``executor/demo/follow.py``; docs/continuous.md,
+"The demo, live"); its default store is ``data/demo-follow``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,19 @@ def register(sub: Any) -> None:
                    help="run as job instance NAME (letters, digits, _): several instances on one store and one "
                         "ZooKeeper share every computation's intervals, each taking its share, and give them "
                         "back when they finish (docs/rescaling.md)")
+    g = p.add_argument_group("live (--follow)")
+    g.add_argument("--follow", action="store_true",
+                   help="run the three stages live at once on search events generated now, with a line per stage "
+                        "every few seconds (records/s, watermark lag, latency p50/p99); default store data/demo-follow")
+    g.add_argument("--rate", type=int, default=500, help="with --follow: generated events per second (default 500)")
+    g.add_argument("--seconds", type=float, default=None,
+                   help="with --follow: end the input after this many seconds, drain every stage and stop (default: "
+                        "run until Ctrl-C or SIGTERM)")
+    g.add_argument("--window", type=float, default=10.0, metavar="SECONDS",
+                   help="with --follow: the first stage's window length (default 10; shorter windows bring the model's "
+                        "predictions and the detector sooner)")
+    g.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
+                   help="with --follow: seconds between the per-stage lines (default 5)")
     add_zk_args(p)
     add_max_pause_arg(p)
     add_spark_args(p)
@@ -58,9 +75,15 @@ def _run(args: argparse.Namespace) -> int:
     from ..drivers.pipeline import Pipeline
     from ..drivers.runner import PipelineRunner
 
+    if args.follow:
+        return _follow(args)
     if args.store is None:
         args.store = os.path.join("data", "demo")
     layout = layout_from(args)
+    if layout.is_local:
+        from ..demo.follow import check_store
+
+        check_store(layout, follow=False)
     started = time.monotonic()
     zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
     cfg = zookeeper.config
@@ -83,6 +106,48 @@ def _run(args: argparse.Namespace) -> int:
         _summary(spark, layout, summary, events=args.events)
     finally:
         zookeeper.release()  # the last process using the store's server stops it
+    return 0
+
+
+def _follow(args: argparse.Namespace) -> int:
+    import deltawheel
+
+    from ..demo.follow import check_settings, follow
+    from ..demo.pipeline import computations
+
+    if args.store is None:
+        args.store = os.path.join("data", "demo-follow")
+    layout = layout_from(args)
+    window_ms = int(round(args.window * 1000))
+    check_settings(layout, rate=args.rate, seconds=args.seconds, window_ms=window_ms,  # before anything starts
+                   instance=args.instance)
+    started = time.monotonic()
+    names = tuple(c.name for c in computations())
+
+    def progress(line: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
+
+    def runner_lines(line: str) -> None:
+        if not line.startswith(tuple(f"{n} batch " for n in names)):  # a line per batch is too many here
+            progress(line)
+
+    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
+    try:
+        cfg = zookeeper.config
+        spark = spark_from(args)
+        with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
+                                pipeline="zeitgeist", wait_s=args.wait, max_pause_s=args.max_pause,
+                                zk_session_timeout_s=args.zk_session_timeout) as engine:
+            engine.progress = runner_lines
+            result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
+                            seconds=args.seconds, seed=args.seed, every_s=args.every,
+                            window_ms=window_ms, say=progress)
+            for name, (n, p50, p99) in result.figures.items():
+                lat = "-" if p50 is None or p99 is None else f"p50 {p50:.2f}s p99 {p99:.2f}s"
+                progress(f"{name} over the run: {n} records, latency {lat}")
+            _summary(spark, layout, result.summary, events=result.events)
+    finally:
+        zookeeper.release()
     return 0
 
 

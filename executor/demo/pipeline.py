@@ -32,10 +32,10 @@ DIP_RATIO = 0.25
 MIN_EXPECTED = 4.0
 
 
-def window_counter() -> Computation:
-    """The first stage: counts of each query per 10 s window, refined by late data for 30 s."""
+def window_counter(window_ms: int = WINDOW_MS) -> Computation:
+    """The first stage: counts of each query per 10 s window (``window_ms``), refined by late data for 30 s."""
     return windowed(name="window_counter", inputs={"queries": "query"}, output="window_counts",
-                    windowing=FixedWindows(WINDOW_MS), allowed_lateness_ms=30_000, combine="count")
+                    windowing=FixedWindows(window_ms), allowed_lateness_ms=30_000, combine="count")
 
 
 class Model(Computation):
@@ -45,6 +45,7 @@ class Model(Computation):
     inputs = {"window_counts": RECORD_KEY}
     outputs = ("predictions",)
     num_intervals = 4
+    window_ms = WINDOW_MS  # the first stage's window length (an instance attribute when not the default)
 
     def process_record(self, ctx: Any, record: Any) -> None:
         """For each window since the last one seen, up to this pane's (a window without a pane counts
@@ -58,12 +59,12 @@ class Model(Computation):
         last = st["last"]
         if last is not None and start <= last:
             return
-        gap = [] if last is None else list(range(last + WINDOW_MS, start, WINDOW_MS))
+        gap = [] if last is None else list(range(last + self.window_ms, start, self.window_ms))
         for s in gap + [start]:
             actual = count if s == start else 0
             if st["avg"] is not None and len(st["hist"]) >= 3:
                 ctx.produce("predictions", {"query": ctx.key, "window_start": s, "actual": actual,
-                                            "expected": round(st["avg"], 3)}, timestamp_ms=s + WINDOW_MS)
+                                            "expected": round(st["avg"], 3)}, timestamp_ms=s + self.window_ms)
             st["avg"] = actual if st["avg"] is None else 0.7 * st["avg"] + 0.3 * actual
             st["hist"] = (st["hist"] + [[s, actual]])[-HISTORY:]
         st["last"] = start
@@ -96,6 +97,10 @@ class Detector(Computation):
         ctx.state = st
 
 
-def computations() -> tuple[Computation, ...]:
-    """The demo pipeline's computations, in order: window counter, model, detector."""
-    return (window_counter(), Model(), Detector())
+def computations(*, window_ms: int = WINDOW_MS) -> tuple[Computation, ...]:
+    """The demo pipeline's computations, in order: window counter, model, detector (``window_ms``:
+    the windows' length, 10 s by default; ``demo --follow --window`` sets it)."""
+    model = Model()
+    if window_ms != WINDOW_MS:
+        model.window_ms = window_ms
+    return (window_counter(window_ms), model, Detector())

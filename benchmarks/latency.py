@@ -16,6 +16,11 @@ records that arrive after ``--warmup`` seconds. Every output is checked to hold 
 record exactly once (:mod:`.latency_measure`); a failed check fails the engine, the run's exit
 code is 1. Writes ``latency.json``, ``latency.png`` and ``engines/<engine>/records.parquet`` (per
 record: arrival, commit time, batch) into ``--out``; docs/latency.md explains the figures.
+
+``--stages 3``: each engine runs three stages (the running count, then two pass-through stages
+each reading the previous stage's output table live); every stage's output is measured and
+checked, with the latency each stage added. ``--source kafka``: the schedule is appended to a
+Kafka topic instead (:mod:`.latency_kafka`), a record's arrival its message's append time.
 """
 
 from __future__ import annotations

@@ -13,6 +13,12 @@ default trigger, the tasks reading the input files themselves (the direct read).
 with files arriving every 100-200 ms. It takes its
 schema from a file in the folder, so the benchmark puts the first file (the primer) in place
 before starting any engine.
+
+With ``--stages 3``, or a Kafka topic as the input, it runs a :class:`Pipeline` through
+``engine.start_pipeline`` (the continuous runner): :data:`STAGES` (the running count, then
+:class:`PassOn` twice, each reading its upstream's stream table live), or over Kafka a
+:class:`~deltawheel.KafkaInjector` into :class:`KafkaRunningCount`, whose productions carry the
+benchmark's record id (a Kafka record's own id names its partition and offset).
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ the previous one ended and new files are listed), every new file per batch (no
   to Delta with the batch id as ``txnVersion`` (idempotent: a replayed batch adds nothing).
 * ``spark_tws``: ``transformWithStateInPandas`` keeping a count per key in a ValueState and
   emitting one row per input record (record id, key, running count), Delta sink.
+
+With several stages, each peer's later stages are :func:`chain`: a query per stage reading the
+previous stage's Delta table with Delta's streaming source and appending its rows unchanged.
 """
 
 from __future__ import annotations

@@ -9,14 +9,14 @@ arranges (build_spark adds it when cached).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from deltawheel.executor.computation import RECORD_KEY, Computation
-from pyspark import cloudpickle
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -182,32 +182,6 @@ def test_the_pipeline_runner_moves_a_kafka_watermark_per_partition(spark: Any, k
         "c1": ({"0": 3}, [("0", 9_999)]), "c2": ({"0": 2}, [("0", 9_999)])}
 
 
-class CardCount(Computation):
-    """A running count per card: every message produces its card's new count."""
-
-    name = "card_count"
-    inputs = {"events": RECORD_KEY}
-    outputs = ("card_counts",)
-
-    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
-        n = (ctx.state or 0) + 1
-        ctx.state = n
-        ctx.produce("card_counts", {"card": ctx.key, "n": n})
-
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
-
-
-def card_messages(first: int, count: int, *, lag_ms: int) -> list[tuple[int, str, str]]:
-    """``count`` messages from number ``first`` on, cards c0..c4; partition 1's event times lag
-    partition 0's by ``lag_ms``."""
-    out = []
-    for i in range(first, first + count):
-        part = i % 2
-        ts = 1_000_000 + i * 100 - (lag_ms if part else 0)
-        out.append((part, f"c{i % 5}", json.dumps({"card": f"c{i % 5}", "i": i, "ts": ts})))
-    return out
-
 
 @pytest.mark.zk
 @pytest.mark.timeout(600)
@@ -218,6 +192,7 @@ def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_re
     stop, more messages and a start of a new process's objects on the same store, every message
     has exactly one output with the right running count."""
     from deltawheel.executor.servers.kafka import create_topic
+    from kafka_pipeline import card_counts, card_messages, make, want_counts
 
     import deltawheel
 
@@ -225,17 +200,10 @@ def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_re
     servers = kafka_broker.bootstrap_servers
     create_topic(spark, servers, "live-cards", partitions=2)
     produce(spark, servers, "live-cards", card_messages(0, 20, lag_ms=3_000))
-
-    def pipeline() -> Any:  # what a restarted process builds again
-        events = deltawheel.KafkaInjector("events", bootstrap_servers=servers, topic="live-cards",
-                                          schema="card STRING, i BIGINT, ts BIGINT", key_column="card",
-                                          event_time_column="ts", watermark_delay_ms=500)
-        return events, deltawheel.Pipeline("kafka_live", (events,), (CardCount(),))
-
     store = tmp_path / "store"
     total = 0
     for run_no, (first, count) in enumerate([(20, 30), (50, 40)]):
-        events, p = pipeline()
+        events, p = make(servers, "live-cards")  # what a restarted process builds again
         with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                                 pipeline="kafka_live") as engine:
             engine.progress = False
@@ -252,7 +220,7 @@ def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_re
             assert stop.records_in == want
             total = first + count
             last = first + count - 1
-            # partition 0's newest event (number last-1 or last) is ahead; partition 1 lags 3 s
+            # partition 0 (even numbers) is ahead; partition 1 (odd numbers) lags 3 s
             p0 = max(i for i in range(last + 1) if i % 2 == 0)
             p1 = max(i for i in range(last + 1) if i % 2 == 1)
             marks = events.partition_watermarks()
@@ -260,8 +228,40 @@ def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_re
                              "live-cards/1": 1_000_000 + p1 * 100 - 3_000 - 500}
             assert events.watermark_ms() == marks["live-cards/1"]
             assert engine.authority.injector_watermark("events") == marks["live-cards/1"]
-    rows = spark.read.format("delta").load(str(store / "streams" / "card_counts")).collect()
-    got = sorted((json.loads(bytes(r.value))["card"], json.loads(bytes(r.value))["n"]) for r in rows)
-    assert len({r.record_id for r in rows}) == len(rows) == total
-    per_card = {c: sum(1 for i in range(total) if f"c{i % 5}" == c) for c in {f"c{k}" for k in range(5)}}
-    assert got == sorted((c, n) for c, m in per_card.items() for n in range(1, m + 1))
+    assert card_counts(spark, str(store / "streams" / "card_counts")) == (total, total, want_counts(total))
+
+
+@pytest.mark.slow
+@pytest.mark.zk
+@pytest.mark.timeout(1200)
+def test_deltawheel_run_on_kafka_killed_resumes_exactly_once(spark: Any, kafka_broker: Any, zk_config: Any,
+                                                             tmp_path: Path) -> None:
+    """``deltawheel run`` of a Kafka pipeline in a child process, SIGKILLed after its first batch;
+    messages appended while it is down and after the same command started again: every message has
+    exactly one output with its running count, and SIGTERM stops it with status 0."""
+    from deltawheel.executor.servers.kafka import create_topic
+    from kafka_pipeline import card_counts, card_messages, want_counts
+    from test_continuous import Child, wait_for
+
+    kafka_ready(spark)
+    servers = kafka_broker.bootstrap_servers
+    create_topic(spark, servers, "killed-cards", partitions=2)
+    produce(spark, servers, "killed-cards", card_messages(0, 20, lag_ms=1_000))
+    store = tmp_path / "store"
+    env = {**os.environ, "KAFKA_SERVERS": servers, "KAFKA_TOPIC": "killed-cards",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "run", "kafka_pipeline:pipeline", "--store", str(store),
+           "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6"]
+    first = Child(cmd, env)
+    wait_for("the first run's first batch", lambda: first.saw(r"card_count batch 0: "), timeout_s=600)
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(timeout=60)
+    produce(spark, servers, "killed-cards", card_messages(20, 30, lag_ms=1_000))  # while nothing runs
+    again = Child(cmd, env)
+    wait_for("the restart running", lambda: again.saw("running"), timeout_s=600)
+    produce(spark, servers, "killed-cards", card_messages(50, 20, lag_ms=1_000))  # while it runs
+    table = str(store / "streams" / "card_counts")
+    wait_for("every message has an output", lambda: card_counts(spark, table)[1] >= 70, timeout_s=600)
+    os.killpg(again.proc.pid, signal.SIGTERM)
+    assert again.proc.wait(timeout=180) == 0, "\n".join(again.lines[-40:])
+    assert card_counts(spark, table) == (70, 70, want_counts(70))

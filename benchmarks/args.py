@@ -58,9 +58,14 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engines", default="deltawheel,spark_tws,spark_sql,floor",
                    help="comma-separated, run one after another in this order (default: "
                         "deltawheel,spark_tws,spark_sql,floor)")
-    p.add_argument("--stages", type=int, default=1, choices=[1, 3], help="pipeline stages (3: not available yet)")
+    p.add_argument("--stages", type=int, default=1, choices=[1, 3],
+                   help="pipeline stages: 1, or 3 (the running count, then two pass-through stages each reading "
+                        "the previous stage's output table as a stream)")
     p.add_argument("--source", default="files", choices=["files", "kafka"],
-                   help="files: Parquet files renamed into a folder every 100-200 ms (kafka: not available yet)")
+                   help="files: Parquet files renamed into a folder every 100-200 ms; kafka: the same records "
+                        "appended to a topic (arrival: the broker's append time)")
+    p.add_argument("--kafka", default=None,
+                   help="--source kafka: the broker, host:port (default: a local broker started under --out)")
     p.add_argument("--out", default="bench-out/latency", help="output folder for latency.json / latency.png")
     p.add_argument("--warmup", type=float, default=10.0,
                    help="seconds of input at the start left out of the percentiles (default 10)")

@@ -16,6 +16,11 @@ records that arrive after ``--warmup`` seconds. Every output is checked to hold 
 record exactly once (:mod:`.latency_measure`); a failed check fails the engine, the run's exit
 code is 1. Writes ``latency.json``, ``latency.png`` and ``engines/<engine>/records.parquet`` (per
 record: arrival, commit time, batch) into ``--out``; docs/latency.md explains the figures.
+
+``--stages 3``: each engine runs three stages (the running count, then two pass-through stages
+each reading the previous stage's output table live); every stage's output is measured and
+checked, with the latency each stage added. ``--source kafka``: the schedule is appended to a
+Kafka topic instead (:mod:`.latency_kafka`), a record's arrival its message's append time.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -47,6 +53,8 @@ from .latency_engines import (
     SparkTwsEngine,
 )
 from .latency_input import Generator, Schedule, file_name
+from .latency_kafka import KafkaGenerator, KafkaInput, read_arrivals, record_batches
+from .latency_kafka import create as create_topic
 from .latency_log import DeltaLogTail, LogWatcher, file_batches
 from .latency_measure import (
     COMMIT_TIME_SOURCES,
@@ -93,6 +101,7 @@ class LatencySettings:
     watch_log: bool = False
     prewarm_s: float = 5.0
     zk: str | None = None  # deltawheel's ZooKeeper (host:port[/chroot]); None: the store's embedded server
+    kafka: str | None = None  # --source kafka: the broker (host:port); None: a local broker started under --out
 
     def schedule(self) -> Schedule:
         """The input schedule every engine gets."""
@@ -102,25 +111,15 @@ class LatencySettings:
         """Refuse what this benchmark cannot run (before any engine starts).
 
         Raises:
-            LatencyBenchError: an unknown engine or option value, a stage count or source not
-                supported yet, or a warm-up that leaves no steady state.
+            LatencyBenchError: an unknown engine or option value, a stage count or source it does not
+                know, or a warm-up that leaves no steady state.
         """
         unknown = [e for e in self.engines if e not in ENGINES]
         if unknown or not self.engines:
             raise LatencyBenchError(f"unknown engine(s) {unknown or '(none given)'}; choose among {sorted(ENGINES)}")
         if self.stages not in (1, 3):
             raise LatencyBenchError(f"--stages must be 1 or 3, not {self.stages}")
-        if self.stages == 3:
-            raise LatencyBenchError(
-                "--stages 3 needs deltawheel's continuous pipeline runner (every stage's query live at once, "
-                "downstream stages reading their upstream stream tables as deliveries land), which deltawheel "
-                "does not have yet; run --stages 1")
-        if self.source == "kafka":
-            raise LatencyBenchError(
-                "--source kafka is not available yet: engine.start takes no Kafka injector (KafkaInjector feeds "
-                "an executor through its own tracking wrapper) and the benchmark has no Kafka producer that "
-                "keeps a 100-200 ms schedule; run --source files")
-        if self.source != "files":
+        if self.source not in ("files", "kafka"):
             raise LatencyBenchError(f"--source must be files or kafka, not {self.source!r}")
         if self.rate <= 0 or self.seconds <= 0:
             raise LatencyBenchError(f"--rate and --seconds must be positive (got {self.rate}, {self.seconds})")
@@ -176,13 +175,20 @@ def _progress_line(name: str, elapsed: float, schedule: Schedule, log_renamed: n
 
 def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: Say) -> dict[str, Any]:
     schedule = st.schedule()
-    gen = Generator(schedule, folder=work / "input", staging=work / "staging", log=work / "input-log.jsonl",
-                    mode=st.generator)
+    source: FileInput | KafkaInput
+    gen: Generator | KafkaGenerator
+    if st.source == "kafka":
+        assert st.kafka is not None
+        source = create_topic(spark, st.kafka, f"latency-{name}-{uuid.uuid4().hex[:8]}")
+        gen = KafkaGenerator(schedule, source=source, work=work / "producer", log=work / "input-log.jsonl")
+    else:
+        source = FileInput(work / "input")
+        gen = Generator(schedule, folder=work / "input", staging=work / "staging", log=work / "input-log.jsonl",
+                        mode=st.generator)
     gen.prime()
     t_start = time.time()
     try:
-        run: RunningEngine = ENGINES[name](st).start(FileInput(work / "input"), spark=spark, work_dir=work,
-                                                   stages=st.stages)
+        run: RunningEngine = ENGINES[name](st).start(source, spark=spark, work_dir=work, stages=st.stages)
     except BaseException:
         gen.stop()  # a child generator waits for its start
         raise
@@ -231,19 +237,41 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
     for t in tails:
         t.poll()
     log = gen.read_log()
+    record_batch: Callable[[Path], np.ndarray] | None = None
+    if isinstance(source, KafkaInput):  # arrival: each message's append time; batches: the offset logs
+        arrival, part, off = read_arrivals(spark, source, schedule)
+        log = replace(log, arrival=arrival)
+        topic = source.topic
+        record_batch = lambda chk: record_batches(chk, topic, part, off)  # noqa: E731
     stages: list[dict[str, Any]] = []
     commits: list[np.ndarray] = []
     checks: list[dict[str, Any]] = []
+    first_fb: np.ndarray | None = None
+    first_rb: np.ndarray | None = None
     for i, (o, tail) in enumerate(zip(run.outputs, tails, strict=True)):
-        fb = _file_batch_array(schedule, o.checkpoint)
+        # a later stage reads its upstream's table, not the input: its batches are not mapped to
+        # records (no breakdown); a key_counts row keeps the first stage's batch id
+        fb = np.full(schedule.n_files, -1)
+        rb = None
+        if o.reads_input_files:
+            if record_batch is None:
+                fb = _file_batch_array(schedule, o.checkpoint)
+            else:
+                rb = record_batch(o.checkpoint)
+        first_fb = fb if first_fb is None else first_fb
+        first_rb = rb if i == 0 else first_rb
         rows = tail.rows()
         if o.kind == "records":
             cks = check_records(schedule, rows, renamed=log.renamed, counted=name != "floor")
         else:
-            cks = check_key_counts(schedule, rows, file_batch=fb, renamed=log.renamed)
+            cks = check_key_counts(schedule, rows, file_batch=first_fb, renamed=log.renamed, record_batch=first_rb)
         checks += [{"stage": o.stage, **c.to_dict()} for c in cks]
         vt = version_times(tail.versions, st.commit_time)
-        commit, batch = record_times(schedule, rows, kind=o.kind, vtime=vt, file_batch=fb)
+        commit, _ = record_times(schedule, rows, kind=o.kind, vtime=vt, file_batch=first_fb, record_batch=first_rb)
+        if not o.reads_input_files:
+            batch = np.full(schedule.total, -1)
+        else:
+            batch = first_fb[schedule.file_of] if first_rb is None else first_rb
         details = run.batch_details(o.stage)
         summary = summarize(schedule, log, t0=t0, warmup_s=st.warmup_s, commit=commit, batch=batch,
                             progress=run.progress(o.stage),
@@ -254,28 +282,32 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
         stage: dict[str, Any] = {"stage": o.stage, "output": o.name, "kind": o.kind, "table": str(o.table),
                                  "versions": len(tail.versions), "rows": tail.row_count, **summary, **extras}
         if commits:
-            arrival = log.renamed[schedule.file_of]
-            steady = arrival >= t0 + st.warmup_s
+            steady = log.arrivals(schedule) >= t0 + st.warmup_s
             stage["added_latency_s"] = percentiles((commit - commits[-1])[steady])
         commits.append(commit)
         stages.append(stage)
-    _save_records(work / "records.parquet", schedule, log.renamed, commits, t0)
+    _save_records(work / "records.parquet", schedule, log.arrivals(schedule), commits, t0)
     renamed = ~np.isnan(log.renamed)
     last = stages[-1]
+    if len(stages) > 1:  # end to end is the last stage's latency; per stage what it added
+        stages[0]["added_latency_s"] = stages[0]["latency_s"]
     ok = error is None and all(c["ok"] for c in checks)
     return {"ok": ok, "error": error, "start_s": round(start_s, 3), "checks": checks,
             "latency_s": last["latency_s"], "throughput": last["throughput"], "batches": last["batches"],
             "breakdown_s": last["breakdown_s"], "stages": stages,
             "input": {"files_renamed": int(renamed.sum()), "records": int(schedule.counts[renamed].sum()),
-                      "t0": t0, "generator": st.generator, "rename_lateness": log.lateness()},
+                      "t0": t0, "generator": "kafka producer" if st.source == "kafka" else st.generator,
+                      "rename_lateness": log.lateness(), "source": st.source,
+                      **({"topic": source.topic} if isinstance(source, KafkaInput) else {})},
             "settings": run.settings}
 
 
-def _save_records(path: Path, schedule: Schedule, renamed: np.ndarray, commits: Sequence[np.ndarray], t0: float) -> None:
+def _save_records(path: Path, schedule: Schedule, arrival: np.ndarray, commits: Sequence[np.ndarray],
+                  t0: float) -> None:
     cols: dict[str, Any] = {"record_id": np.arange(schedule.total), "file": schedule.file_of,
-                            "arrival_s": renamed[schedule.file_of] - t0}
+                            "arrival_s": arrival - t0}
     for i, c in enumerate(commits, start=1):
-        cols[f"latency_s_stage{i}"] = c - renamed[schedule.file_of]
+        cols[f"latency_s_stage{i}"] = c - arrival
     pq.write_table(pa.table(cols), path)
 
 
@@ -294,6 +326,28 @@ def _machine(spark: Any) -> dict[str, Any]:
     info["commit"] = head
     info["commit_dirty"] = dirty
     return info
+
+
+def _run_engines(st: LatencySettings, *, session: Any, out: Path, say: Say) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each engine's pre-warm run, then its measured run; (results, pre-warm results) by engine."""
+    engines: dict[str, dict[str, Any]] = {}
+    prewarm: dict[str, Any] = {}
+    for name in st.engines:
+        if st.prewarm_s > 0:  # JVM classes, code generation, Python workers: not charged to the first engine
+            warm = replace(st, rate=min(st.rate, PREWARM_MAX_RATE), seconds=st.prewarm_s, warmup_s=0.0,
+                           seed=st.seed + 1, watch_log=False,
+                           progress_every_s=max(st.progress_every_s, st.prewarm_s))
+            say(f"[{name}] pre-warm run of {st.prewarm_s:g} s (not measured)")
+            w = _run_engine(name, warm, spark=session, work=_fresh(out / "prewarm" / name), say=say)
+            prewarm[name] = {"ok": w["ok"], "error": w["error"], "latency_s": w["latency_s"]}
+        with MemorySampler(interval_s=1.0) as mem:
+            res = _run_engine(name, st, spark=session, work=_fresh(out / "engines" / name), say=say)
+        res["peak_memory"] = mem.peak.to_dict()
+        engines[name] = res
+        lat = res["latency_s"]
+        say(f"[{name}] {'ok' if res['ok'] else 'FAILED'}: p50 {lat['p50']} s, p99 {lat['p99']} s, max {lat['max']} s "
+            f"over {lat['n']:,} steady-state records")
+    return engines, prewarm
 
 
 def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None = print) -> dict[str, Any]:
@@ -316,30 +370,27 @@ def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None 
         from deltawheel.executor.session import build_spark
         from deltawheel.statestore.session.sparkenv import SparkSettings
 
-        session = build_spark(SparkSettings(app_name="deltawheel-bench-latency", log_level="ERROR", extra=conf))
+        session = build_spark(SparkSettings(app_name="deltawheel-bench-latency", log_level="ERROR", extra=conf,
+                                            kafka=True if st.source == "kafka" else None))
     else:
         session = spark.newSession()
     for k, v in conf.items():
         if k.startswith("spark.sql."):
             session.conf.set(k, v)
     say(f"spark session ready in {time.perf_counter() - t:.1f} s; engines one after another: {', '.join(st.engines)}")
-    engines: dict[str, dict[str, Any]] = {}
-    prewarm: dict[str, Any] = {}
-    for name in st.engines:
-        if st.prewarm_s > 0:  # JVM classes, code generation, Python workers: not charged to the first engine
-            warm = replace(st, rate=min(st.rate, PREWARM_MAX_RATE), seconds=st.prewarm_s, warmup_s=0.0,
-                           seed=st.seed + 1, watch_log=False,
-                           progress_every_s=max(st.progress_every_s, st.prewarm_s))
-            say(f"[{name}] pre-warm run of {st.prewarm_s:g} s (not measured)")
-            w = _run_engine(name, warm, spark=session, work=_fresh(out / "prewarm" / name), say=say)
-            prewarm[name] = {"ok": w["ok"], "error": w["error"], "latency_s": w["latency_s"]}
-        with MemorySampler(interval_s=1.0) as mem:
-            res = _run_engine(name, st, spark=session, work=_fresh(out / "engines" / name), say=say)
-        res["peak_memory"] = mem.peak.to_dict()
-        engines[name] = res
-        lat = res["latency_s"]
-        say(f"[{name}] {'ok' if res['ok'] else 'FAILED'}: p50 {lat['p50']} s, p99 {lat['p99']} s, max {lat['max']} s "
-            f"over {lat['n']:,} steady-state records")
+    broker = None
+    if st.source == "kafka" and st.kafka is None:  # a local broker for this run
+        from deltawheel.executor.servers.kafka import KafkaBroker
+
+        broker = KafkaBroker(_fresh(out / "kafka"))
+        broker.start()
+        st = replace(st, kafka=broker.bootstrap_servers)
+        say(f"Kafka broker started on {st.kafka} (data in {out / 'kafka'})")
+    try:
+        engines, prewarm = _run_engines(st, session=session, out=out, say=say)
+    finally:
+        if broker is not None:
+            broker.stop()
     schedule = st.schedule()
     report: dict[str, Any] = {
         "benchmark": "latency", "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -368,7 +419,8 @@ def settings_from_args(args: argparse.Namespace) -> LatencySettings:
         stages=int(args.stages), source=str(args.source), warmup_s=float(args.warmup), seed=int(args.seed),
         keys=int(args.keys), generator=str(args.generator), drain_timeout_s=float(args.drain_timeout),
         progress_every_s=float(args.progress_every), commit_time=str(args.commit_time),
-        watch_log=bool(args.watch_log), prewarm_s=float(args.prewarm), zk=args.zk)
+        watch_log=bool(args.watch_log), prewarm_s=float(args.prewarm), zk=args.zk,
+        kafka=getattr(args, "kafka", None))
 
 
 def run_from_args(args: argparse.Namespace) -> int:

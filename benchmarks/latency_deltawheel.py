@@ -13,6 +13,12 @@ default trigger, the tasks reading the input files themselves (the direct read).
 with files arriving every 100-200 ms. It takes its
 schema from a file in the folder, so the benchmark puts the first file (the primer) in place
 before starting any engine.
+
+With ``--stages 3``, or a Kafka topic as the input, it runs a :class:`Pipeline` through
+``engine.start_pipeline`` (the continuous runner): :data:`STAGES` (the running count, then
+:class:`PassOn` twice, each reading its upstream's stream table live), or over Kafka a
+:class:`~deltawheel.KafkaInjector` into :class:`KafkaRunningCount`, whose productions carry the
+benchmark's record id (a Kafka record's own id names its partition and offset).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pyarrow.compute as pc
 from deltawheel.executor.computation import RECORD_KEY, Computation
 
 from .latency_engines import DEFAULT_TRIGGER, FileInput, SparkRun, StageOutput, _check_stages, key_number
+from .latency_kafka import KafkaInput
 
 __all__ = ["RunningCount", "DeltaWheelLatencyEngine", "records_from_stream"]
 
@@ -47,19 +54,66 @@ class RunningCount(Computation):
         ctx.produce("counts", n)
 
 
-def _computation(intervals: int) -> Computation:
-    if intervals == RunningCount.num_intervals:
-        return RunningCount()
-    cls = type("RunningCount", (RunningCount,), {"num_intervals": intervals, "__module__": __name__})
+class PassOn(Computation):
+    """A later stage: every record of ``counts`` passes its count on to ``counts2`` (no state)."""
+
+    name = "stage2"
+    inputs = {"counts": RECORD_KEY}
+    outputs = ("counts2",)
+    num_intervals = 2
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        """Produce the record's count to the next stream."""
+        ctx.produce(self.outputs[0], record.value)
+
+
+class PassOnAgain(PassOn):
+    """The third stage: ``counts2`` to ``counts3``."""
+
+    name = "stage3"
+    inputs = {"counts2": RECORD_KEY}
+    outputs = ("counts3",)
+
+
+class KafkaRunningCount(RunningCount):
+    """:class:`RunningCount` over a Kafka topic: a Kafka record's id names its partition and offset,
+    so the production carries the benchmark's record id beside the count (``{"r": id, "n": count}``)."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        """Count the record into its key's state and produce its id and the new count."""
+        n = (ctx.state or 0) + 1
+        ctx.state = n
+        ctx.produce("counts", {"r": int(record.value["record_id"]), "n": n})
+
+
+STAGES: tuple[type[Computation], ...] = (RunningCount, PassOn, PassOnAgain)
+
+
+def _computation(intervals: int, base: type[Computation] = RunningCount) -> Computation:
+    if intervals == base.num_intervals:
+        return base()
+    cls = type(base.__name__, (base,), {"num_intervals": intervals, "__module__": __name__})
     return cls()  # type: ignore[no-any-return]
 
 
 def records_from_stream(t: pa.Table) -> pa.Table:
-    """The ``counts`` stream table's rows in the ``records`` kind: the input record id from the
-    production id, the count from the JSON value."""
-    rid = pc.replace_substring_regex(t.column("record_id"), pattern=r"^[^:]*:(\d+)#\d+$", replacement=r"\1")
+    """A stream table's rows (``counts``, or a later stage's) in the ``records`` kind: the input record
+    id from the production id (``running_count:<id>#1``, a later stage's ``stage2:running_count:<id>#1#1``),
+    the count from the JSON value."""
+    rid = pc.replace_substring_regex(t.column("record_id"), pattern=r"^(?:[^:]*:)+(\d+)(?:#\d+)+$",
+                                     replacement=r"\1")
     value = pc.cast(pc.cast(t.column("value"), pa.string()), pa.int64())
     return pa.table({"record_id": pc.cast(rid, pa.int64()), "key": key_number(t.column("key")), "count": value})
+
+
+def records_from_kafka_stream(t: pa.Table) -> pa.Table:
+    """A stream table of :class:`KafkaRunningCount`'s productions (or a later stage's) in the ``records``
+    kind: the record id and the count from the JSON value."""
+    value = pc.cast(t.column("value"), pa.string())
+    rid = pc.struct_field(pc.extract_regex(value, pattern=r'"r":\s*(?P<r>\d+)'), "r")
+    n = pc.struct_field(pc.extract_regex(value, pattern=r'"n":\s*(?P<n>\d+)'), "n")
+    return pa.table({"record_id": pc.cast(rid, pa.int64()), "key": key_number(t.column("key")),
+                     "count": pc.cast(n, pa.int64())})
 
 
 class _DeltaWheelRun(SparkRun):
@@ -85,22 +139,59 @@ class _DeltaWheelRun(SparkRun):
         self.engine.close()
 
 
+class _DeltaWheelPipelineRun(SparkRun):
+    """The stages of a :class:`~deltawheel.executor.drivers.continuous.ContinuousRun`, one query each."""
+
+    def __init__(self, engine: Any, run: Any, names: list[str], outputs: tuple[StageOutput, ...],
+                 settings: dict[str, Any]) -> None:
+        super().__init__([run.queries[n] for n in names], outputs, settings)
+        self.engine, self.run, self.names = engine, run, names
+        self._reports: list[dict[int, dict[str, Any]]] = [{} for _ in names]
+
+    def batch_details(self, stage: int) -> dict[int, dict[str, Any]]:
+        """The stage's executor's batch reports by batch id (steps, records, watermarks)."""
+        seen = self._reports[stage - 1]
+        for r in list(self.run.executors[self.names[stage - 1]].reports):
+            d = asdict(r)
+            d["steps_s"] = dict(r.steps_s)
+            seen[r.batch_id] = d
+        return dict(seen)
+
+    def error(self) -> str | None:
+        """A stage's failed batch (its typed error), or a query that ended."""
+        try:
+            self.run.check()
+        except Exception as exc:
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        return super().error()
+
+    def stop(self) -> None:
+        """Stop the run gracefully (every stage's batch in flight ends, deliveries land, leases go back)."""
+        self.poll()
+        for stage in range(1, len(self.names) + 1):
+            self.batch_details(stage)
+        self.engine.close()
+
+
 class DeltaWheelLatencyEngine:
-    """The running count through ``deltawheel.connect`` + ``engine.start`` (module docstring)."""
+    """The running count through ``deltawheel.connect`` + ``engine.start`` (module docstring); with
+    3 stages, a :class:`Pipeline` of :data:`STAGES` through ``engine.start_pipeline``."""
 
     name = "deltawheel"
-    stages: tuple[int, ...] = (1,)
+    stages: tuple[int, ...] = (1, 3)
 
     def __init__(self, *, zk: str | None = None) -> None:
         self.zk = zk  # host:port[,host:port]; None: the store's embedded ZooKeeper
 
-    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> _DeltaWheelRun:
+    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
         """Connect a fresh store under ``work_dir`` and start the computation's query."""
         from deltawheel.executor.sources.parquet import ParquetInjector
 
         import deltawheel
 
-        _check_stages(self.name, stages)
+        _check_stages(self.name, stages, self.stages)
+        if stages > 1 or isinstance(source, KafkaInput):
+            return self._start_pipeline(source, spark=spark, work_dir=work_dir, stages=stages)
         store, chk = work_dir / "store", work_dir / "checkpoint"
         intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
         # a chroot of this store's own on a shared ZooKeeper (a fresh store: nothing of an earlier run)
@@ -127,3 +218,55 @@ class DeltaWheelLatencyEngine:
                     "operator": "Computation.process_record: state += 1, produce(count) per record",
                     "output": "the counts stream table, one delivery commit per batch after the rows commit"}
         return _DeltaWheelRun(engine, query, executor, outputs, settings)
+
+    def _start_pipeline(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path,
+                        stages: int) -> _DeltaWheelPipelineRun:
+        """``stages`` computations (:data:`STAGES`), every stage's query live at once (``engine.start_pipeline``:
+        as fast as possible, the first stage reading its files directly or its topic through a
+        :class:`~deltawheel.KafkaInjector`, the later ones their upstream's stream table)."""
+        from deltawheel.executor.drivers.pipeline import Pipeline
+        from deltawheel.executor.sources.kafka import KafkaInjector
+        from deltawheel.executor.sources.parquet import ParquetInjector
+
+        import deltawheel
+
+        store = work_dir / "store"
+        intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        engine = deltawheel.connect(spark, store=str(store), pipeline="latency", zk=self.zk,
+                                    zk_chroot=f"/deltawheel-latency-{uuid.uuid4().hex[:12]}")
+        try:
+            engine.progress = False
+            inj: Any
+            bases = list(STAGES[:stages])
+            if isinstance(source, KafkaInput):
+                inj = KafkaInjector("events", bootstrap_servers=source.bootstrap_servers, topic=source.topic,
+                                    schema=source.schema_ddl, key_column="key", event_time_column="event_time",
+                                    value_columns=["record_id"], watermark_delay_ms=1_000)
+                bases[0] = KafkaRunningCount
+            else:
+                inj = ParquetInjector("events", str(source.folder), key_column="key", event_time_column="event_time",
+                                      value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+            comps = tuple(_computation(intervals, base) for base in bases)
+            run = engine.start_pipeline(Pipeline("latency", (inj,), comps))
+        except BaseException:
+            engine.close()
+            raise
+        names = [c.name for c in comps]
+        outputs = tuple(
+            StageOutput(i, c.outputs[0], Path(engine.layout.stream(c.outputs[0])),
+                        Path(f"{engine.layout.root}/_checkpoints/latency/{c.name}"), "records",
+                        records_from_kafka_stream if isinstance(source, KafkaInput) else records_from_stream,
+                        reads_input_files=i == 1)
+            for i, c in enumerate(comps, start=1))
+        first = run.executors[names[0]]
+        settings = {"trigger": DEFAULT_TRIGGER, "runner": "engine.start_pipeline (ContinuousRun: every stage live)",
+                    "max_files_per_trigger": getattr(inj, "max_files_per_trigger", None), "exactly_once": True,
+                    "strong_productions": True, "num_intervals": intervals, "codec": RunningCount.codec,
+                    "write_path": first.write_path, "direct_read": first.direct_source is not None,
+                    "watermark_delay_ms": 1_000,
+                    "zookeeper": "the store's embedded server" if self.zk is None else self.zk,
+                    "operator": "stage 1: Computation.process_record: state += 1, produce(count) per record; "
+                                "stages 2..n: produce the record's count on (no state)",
+                    "output": "each stage's stream table, one delivery commit per batch after the rows commit; "
+                              "a later stage reads its upstream's stream table (Delta source)"}
+        return _DeltaWheelPipelineRun(engine, run, names, outputs, settings)

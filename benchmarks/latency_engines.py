@@ -17,8 +17,8 @@ measure; the benchmark feeds the input on its schedule, follows the tables' logs
         def error(self) -> str | None     # the query's failure, if it failed
         def stop(self) -> None
 
-``source`` is a :class:`FileInput` (a folder of Parquet files in :data:`INPUT_DDL`); a Kafka
-input would be another source type taken by the same ``start``. Each :class:`StageOutput` names
+``source`` is a :class:`FileInput` (a folder of Parquet files in :data:`INPUT_DDL`) or a
+:class:`~.latency_kafka.KafkaInput` (a topic of JSON messages with the same columns). Each :class:`StageOutput` names
 its Delta table, the query's checkpoint (whose file-source log maps input files to batches:
 ``latency_log.file_batches``) and how to turn the table's rows into the benchmark's columns
 (``latency_measure``'s ``records`` or ``key_counts`` kind).
@@ -33,6 +33,9 @@ the previous one ended and new files are listed), every new file per batch (no
   to Delta with the batch id as ``txnVersion`` (idempotent: a replayed batch adds nothing).
 * ``spark_tws``: ``transformWithStateInPandas`` keeping a count per key in a ValueState and
   emitting one row per input record (record id, key, running count), Delta sink.
+
+With several stages, each peer's later stages are :func:`chain`: a query per stage reading the
+previous stage's Delta table with Delta's streaming source and appending its rows unchanged.
 """
 
 from __future__ import annotations
@@ -46,10 +49,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltawheel.statestore.exceptions import ConfigError
 
+from .latency_kafka import KafkaInput
+
 __all__ = ["LatencyBenchError", "INPUT_DDL", "FileInput", "StageOutput", "RunningEngine", "LatencyEngine", "SparkRun",
            "FloorEngine", "SparkSqlEngine", "SparkTwsEngine", "records_from_spark", "key_number"]
 
 INPUT_DDL = "record_id string, key string, event_time timestamp"
+SQL_OUTPUT_DDL = "key string, count long, batch_id long"
+TWS_OUTPUT_DDL = "record_id string, key string, count long"
 DEFAULT_TRIGGER = "default (ProcessingTime(0): the next micro-batch as soon as the last one ended and new input is listed)"
 
 
@@ -77,6 +84,7 @@ class StageOutput:
     checkpoint: Path
     kind: str  # "records" or "key_counts" (latency_measure)
     normalize: Callable[[pa.Table], pa.Table] = field(repr=False)
+    reads_input_files: bool = True  # False: a later stage, reading its upstream's table (no file log)
 
 
 class RunningEngine(Protocol):
@@ -107,7 +115,7 @@ class LatencyEngine(Protocol):
     name: str
     stages: tuple[int, ...]
 
-    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> RunningEngine:
+    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> RunningEngine:
         """Start the engine's queries on ``source``, keeping everything under ``work_dir``."""
         ...
 
@@ -188,45 +196,88 @@ def _settings(spark: Any, **extra: Any) -> dict[str, Any]:
             "state_store": spark.conf.get("spark.sql.streaming.stateStore.providerClass", None), **extra}
 
 
-def _input(spark: Any, source: FileInput) -> Any:
+def _input(spark: Any, source: FileInput | KafkaInput) -> Any:
+    if isinstance(source, KafkaInput):
+        return source.stream(spark)
     return spark.readStream.schema(source.schema_ddl).parquet(str(source.folder))
 
 
-def _check_stages(name: str, stages: int) -> None:
-    if stages != 1:
-        raise LatencyBenchError(f"engine {name} runs 1 stage only (asked {stages})")
+def _check_stages(name: str, stages: int, supported: tuple[int, ...] = (1,)) -> None:
+    if stages not in supported:
+        raise LatencyBenchError(f"engine {name} runs {' or '.join(map(str, supported))} stage(s), not {stages}")
+
+
+def _empty_table(spark: Any, path: Path, ddl: str) -> None:
+    """An empty Delta table at ``path`` (version 0, no rows), so a later stage's query can start
+    reading it before the stage before it has committed anything."""
+    spark.createDataFrame([], ddl).write.format("delta").save(str(path))
+
+
+def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str, stages: int) -> tuple[
+        list[Any], list[StageOutput]]:
+    """Stages 2..``stages`` after ``first``: each a query reading the previous stage's Delta table as
+    a stream (Delta's streaming source, every new version per micro-batch up to its default of
+    1,000 files) and appending its rows unchanged to its own table (Delta sink): a per-record
+    pass-through. ``first``'s table must exist (:func:`_empty_table`) before this starts."""
+    queries, outputs = [], []
+    upstream = first
+    for stage in range(2, stages + 1):
+        out, chk = work_dir / f"output{stage}", work_dir / f"checkpoint{stage}"
+        _empty_table(spark, out, ddl)
+        q = (spark.readStream.format("delta").load(str(upstream.table)).writeStream.format("delta")
+             .outputMode("append").option("checkpointLocation", str(chk)).queryName(f"latency_{name}_{stage}")
+             .start(str(out)))
+        upstream = StageOutput(stage, f"{first.name}{stage}", out, chk, first.kind, first.normalize,
+                               reads_input_files=False)
+        queries.append(q)
+        outputs.append(upstream)
+    return queries, outputs
+
+
+LATER_STAGES = ("stages 2..n: each a query reading the previous stage's Delta table as a stream (Delta source) "
+                "and appending its rows unchanged to its own Delta table (Delta sink): a per-record pass-through")
 
 
 class FloorEngine:
     """Parquet -> Delta, no state (module docstring)."""
 
     name = "floor"
-    stages: tuple[int, ...] = (1,)
+    stages: tuple[int, ...] = (1, 3)
 
-    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
-        """Start the copy query."""
-        _check_stages(self.name, stages)
+    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
+        """Start the copy query (and, for several stages, the copies of its output: :func:`chain`)."""
+        _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
+        first = StageOutput(1, "copy", out, chk, "records", records_from_spark)
+        later: tuple[list[Any], list[StageOutput]] = ([], [])
+        if stages > 1:
+            _empty_table(spark, out, INPUT_DDL)
+            later = chain(spark, first=first, ddl=INPUT_DDL, work_dir=work_dir, name=self.name, stages=stages)
         q = (_input(spark, source).writeStream.format("delta").outputMode("append")
              .option("checkpointLocation", str(chk)).queryName("latency_floor").start(str(out)))
-        outputs = (StageOutput(1, "copy", out, chk, "records", records_from_spark),)
-        return SparkRun([q], outputs, _settings(spark, sink="Delta sink (append; exactly-once by its txn per batch)",
-                                                 operator="none (stateless copy)"))
+        return SparkRun([q, *later[0]], (first, *later[1]), _settings(
+            spark, sink="Delta sink (append; exactly-once by its txn per batch)", operator="none (stateless copy)",
+            **({"later_stages": LATER_STAGES} if stages > 1 else {})))
 
 
 class SparkSqlEngine:
     """Spark SQL's running count per key (module docstring)."""
 
     name = "spark_sql"
-    stages: tuple[int, ...] = (1,)
+    stages: tuple[int, ...] = (1, 3)
 
-    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
+    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
         """Start ``groupBy(key).count()`` in update mode into a Delta table by foreachBatch."""
         from pyspark.sql import functions as F
 
-        _check_stages(self.name, stages)
+        _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
         app_id = f"latency-spark-sql-{work_dir.name}"
+        first = StageOutput(1, "counts", out, chk, "key_counts", key_counts_from_spark)
+        later: tuple[list[Any], list[StageOutput]] = ([], [])
+        if stages > 1:  # the later stages pass each (key, count, batch_id) row on
+            _empty_table(spark, out, SQL_OUTPUT_DDL)
+            later = chain(spark, first=first, ddl=SQL_OUTPUT_DDL, work_dir=work_dir, name=self.name, stages=stages)
 
         def write(df: Any, batch_id: int) -> None:
             (df.withColumn("batch_id", F.lit(batch_id).cast("long")).write.format("delta").mode("append")
@@ -234,11 +285,10 @@ class SparkSqlEngine:
 
         q = (_input(spark, source).groupBy("key").count().writeStream.outputMode("update")
              .foreachBatch(write).option("checkpointLocation", str(chk)).queryName("latency_spark_sql").start())
-        outputs = (StageOutput(1, "counts", out, chk, "key_counts", key_counts_from_spark),)
-        return SparkRun([q], outputs, _settings(
+        return SparkRun([q, *later[0]], (first, *later[1]), _settings(
             spark, operator="groupBy(key).count(), output mode update",
             sink="foreachBatch: each batch's changed (key, count) rows appended to Delta with txnAppId/txnVersion "
-                 "= batch id (exactly-once)"))
+                 "= batch id (exactly-once)", **({"later_stages": LATER_STAGES} if stages > 1 else {})))
 
 
 def _make_processor() -> Any:
@@ -272,19 +322,24 @@ class SparkTwsEngine:
     """transformWithStateInPandas with RocksDB (module docstring)."""
 
     name = "spark_tws"
-    stages: tuple[int, ...] = (1,)
+    stages: tuple[int, ...] = (1, 3)
 
-    def start(self, source: FileInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
-        """Start the per-record running count into a Delta sink."""
-        _check_stages(self.name, stages)
+    def start(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path, stages: int = 1) -> SparkRun:
+        """Start the per-record running count into a Delta sink (and the later stages: :func:`chain`)."""
+        _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
+        first = StageOutput(1, "counts", out, chk, "records", records_from_spark)
+        later: tuple[list[Any], list[StageOutput]] = ([], [])
+        if stages > 1:
+            _empty_table(spark, out, TWS_OUTPUT_DDL)
+            later = chain(spark, first=first, ddl=TWS_OUTPUT_DDL, work_dir=work_dir, name=self.name, stages=stages)
         df = (_input(spark, source).select("record_id", "key").groupBy("key")
               .transformWithStateInPandas(statefulProcessor=_make_processor(),
-                                          outputStructType="record_id string, key string, count long",
+                                          outputStructType=TWS_OUTPUT_DDL,
                                           outputMode="Append", timeMode="None"))
         q = (df.writeStream.format("delta").outputMode("append").option("checkpointLocation", str(chk))
              .queryName("latency_spark_tws").start(str(out)))
-        outputs = (StageOutput(1, "counts", out, chk, "records", records_from_spark),)
-        return SparkRun([q], outputs, _settings(
+        return SparkRun([q, *later[0]], (first, *later[1]), _settings(
             spark, operator="transformWithStateInPandas (ValueState count per key, one row per record)",
-            sink="Delta sink (append; exactly-once by its txn per batch)"))
+            sink="Delta sink (append; exactly-once by its txn per batch)",
+            **({"later_stages": LATER_STAGES} if stages > 1 else {})))

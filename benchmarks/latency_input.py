@@ -176,6 +176,11 @@ class InputLog:
 
     due: np.ndarray
     renamed: np.ndarray  # NaN for a file not renamed (the generator was stopped early)
+    arrival: np.ndarray | None = None  # per record, when not its file's rename (Kafka: the append time)
+
+    def arrivals(self, schedule: Schedule) -> np.ndarray:
+        """Each record's arrival (seconds since the epoch; NaN: it never arrived)."""
+        return self.renamed[schedule.file_of] if self.arrival is None else self.arrival
 
     @classmethod
     def read(cls, path: Path, n_files: int) -> InputLog:

@@ -97,15 +97,24 @@ def check_records(schedule: Schedule, rows: pa.Table | None, *, renamed: np.ndar
 
 
 def check_key_counts(schedule: Schedule, rows: pa.Table | None, *, file_batch: np.ndarray,
-                     renamed: np.ndarray | None = None) -> list[Check]:
+                     renamed: np.ndarray | None = None, record_batch: np.ndarray | None = None) -> list[Check]:
     """Checks of a ``key_counts`` output against the input and the batch that read each file
-    (``file_batch``: per file, -1 if no batch read it): every renamed file read by one batch, one
-    row per (batch, key), each row's count its key's previous count plus the batch's records of
-    that key, and each key's last count its number of input records."""
+    (``file_batch``: per file, -1 if no batch read it; ``record_batch``: per record instead, for a
+    Kafka input): every renamed file (record) read by one batch, one row per (batch, key), each
+    row's count its key's previous count plus the batch's records of that key, and each key's last
+    count its number of input records."""
     expected_files = np.ones(schedule.n_files, bool) if renamed is None else ~np.isnan(renamed)
-    unread = int(((file_batch < 0) & expected_files).sum())
-    checks = [Check("files_read", unread == 0, f"{unread} of {int(expected_files.sum())} input files read by no batch")]
-    rec_batch = file_batch[schedule.file_of]
+    if record_batch is None:
+        unread = int(((file_batch < 0) & expected_files).sum())
+        checks = [Check("files_read", unread == 0,
+                        f"{unread} of {int(expected_files.sum())} input files read by no batch")]
+        rec_batch = file_batch[schedule.file_of]
+    else:
+        wanted = expected_files[schedule.file_of]
+        unread = int(((record_batch < 0) & wanted).sum())
+        checks = [Check("records_read", unread == 0,
+                        f"{unread} of {int(wanted.sum())} input records read by no batch")]
+        rec_batch = record_batch
     keep = (rec_batch >= 0) & expected_files[schedule.file_of]
     want: dict[tuple[int, int], int] = {}
     pairs, n = np.unique(np.stack([rec_batch[keep], schedule.key_ids[keep]]), axis=1, return_counts=True)
@@ -156,10 +165,11 @@ def version_times(versions: Mapping[int, Any], source: str) -> dict[int, float]:
 
 
 def record_times(schedule: Schedule, rows: pa.Table | None, *, kind: str, vtime: Mapping[int, float],
-                 file_batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(commit time of each record's output -- the earliest, NaN if none --, its batch or -1)."""
+                 file_batch: np.ndarray, record_batch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(commit time of each record's output -- the earliest, NaN if none --, its batch or -1);
+    ``record_batch``: each record's batch, where not its file's (a Kafka input)."""
     commit = np.full(schedule.total, np.nan)
-    batch = file_batch[schedule.file_of]
+    batch = file_batch[schedule.file_of] if record_batch is None else record_batch
     if rows is None or rows.num_rows == 0:
         return commit, batch
     version = _col(rows, "version").astype(np.int64)
@@ -206,7 +216,7 @@ def summarize(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, 
     throughput, latency over time (per ``bucket_s`` of arrival), Spark's batch durations and, per
     record, where the time went (``breakdown_s``, over the steady state). ``work_s``: the engine's
     own time inside each batch (deltawheel's ``foreachBatch`` call), split out of the rest."""
-    arrival = log.renamed[schedule.file_of]
+    arrival = log.arrivals(schedule)
     latency = commit - arrival
     steady = (arrival >= t0 + warmup_s) & ~np.isnan(arrival)
     lat = latency[steady]

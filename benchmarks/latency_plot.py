@@ -8,11 +8,13 @@ from typing import Any, Mapping
 __all__ = ["plot_latency"]
 
 COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"]
+STAGE_STYLES = ["--", "-."]
 
 
 def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
     """Two panels from the report alone: left, each engine's steady-state latency as a CDF (its
-    101 quantiles, log scale); right, per second of arrival the median (solid) and maximum
+    101 quantiles, log scale; with several stages each earlier stage's dashed, and the latency each
+    stage added in the legend); right, per second of arrival the median (solid) and maximum
     (dotted) latency. A failed engine is labelled FAILED. Returns ``path``."""
     import matplotlib
 
@@ -32,6 +34,17 @@ def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
         q = e["stages"][-1].get("quantiles_s") or []
         if q:
             cdf.plot(q, [i / 100 for i in range(len(q))], color=color, label=label)
+        for stage in e["stages"][:-1]:  # several stages: each earlier stage's output, dashed thinner
+            sq, added = stage.get("quantiles_s") or [], stage.get("added_latency_s") or {}
+            if sq:
+                cdf.plot(sq, [i / 100 for i in range(len(sq))], color=color, linewidth=0.8,
+                         linestyle=STAGE_STYLES[(stage["stage"] - 1) % len(STAGE_STYLES)],
+                         label=f"  stage {stage['stage']}: p50 {stage['latency_s']['p50']} s, added p50 "
+                               f"{added.get('p50')} / p99 {added.get('p99')} s")
+        if len(e["stages"]) > 1:
+            added = e["stages"][-1].get("added_latency_s") or {}
+            cdf.plot([], [], color=color, label=f"  stage {e['stages'][-1]['stage']} (end to end, solid): added "
+                                                f"p50 {added.get('p50')} / p99 {added.get('p99')} s")
         pts = e["stages"][-1].get("over_time") or []
         if pts:
             cdf_t = [p["t"] for p in pts]

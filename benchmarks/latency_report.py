@@ -9,7 +9,7 @@ import numpy as np
 from .latency_input import InputLog, Schedule
 from .latency_measure import iso_seconds, percentiles
 
-__all__ = ["engine_extras", "ratios", "format_table"]
+__all__ = ["engine_extras", "ratios", "format_table", "stage_lines"]
 
 
 def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, commit: np.ndarray,
@@ -20,7 +20,7 @@ def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: flo
     time, protocol steps, low watermark). Over the steady-state batches: the engine's step times
     and the low watermark's lag behind the batch's end. And how the versions' recorded times
     compare (mtime vs ``commitInfo.timestamp``, and vs when the version was first seen listed)."""
-    arrival = log.renamed[schedule.file_of]
+    arrival = log.arrivals(schedule)
     per_batch: list[dict[str, Any]] = []
     lags: list[float] = []
     steps: dict[str, list[float]] = {}
@@ -43,7 +43,7 @@ def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: flo
             row["engine"] = {k: d[k] for k in ("records_in", "wall_s", "commit_s", "steps_s", "low_watermark_ms",
                                                "input_watermark_ms", "direct") if k in d}
             end = start + dur.get("triggerExecution", 0) / 1000
-            if d.get("low_watermark_ms") is not None:
+            if d.get("low_watermark_ms") is not None and d["low_watermark_ms"] > 0:  # 0: held, upstream unknown
                 lag = end - d["low_watermark_ms"] / 1000
                 row["low_watermark_lag_s"] = round(lag, 3)
                 if steady:
@@ -82,6 +82,23 @@ def ratios(engines: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, floa
     return out
 
 
+def stage_lines(stages: list[Mapping[str, Any]]) -> list[str]:
+    """For a run of several stages, a line per stage: its latency from arrival, what it added to the
+    stage before it (p50 / p99, per record) and its low watermark's lag (deltawheel)."""
+    if len(stages) < 2:
+        return []
+    out = []
+    for s in stages:
+        lat, added = s["latency_s"], s.get("added_latency_s") or {}
+        line = (f"  stage {s['stage']} ({s['output']}): p50 {_f(lat['p50'])} p99 {_f(lat['p99'])}, added p50 "
+                f"{_f(added.get('p50'))} p99 {_f(added.get('p99'))}")
+        lag = s.get("watermark_lag_s")
+        if lag and lag.get("n"):
+            line += f", watermark lag p50 {_f(lag['p50'])} p99 {_f(lag['p99'])}"
+        out.append(line)
+    return out
+
+
 def _f(x: Any) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -99,6 +116,7 @@ def format_table(report: Mapping[str, Any]) -> str:
                      f"{_f(lat['p99']):>9}{_f(lat['max']):>9}{thr['input_records_per_s'] or 0:>9,.0f}"
                      f"{thr['output_records_per_s'] or 0:>9,.0f}{e['batches']['count']:>9}"
                      f"{_f(trig.get('p50')):>10}{lat['n']:>10,}")
+        lines += stage_lines(e.get("stages") or [])
         if not e["ok"]:
             if e.get("error"):
                 failed.append(f"!!! {name} FAILED: {e['error']}")

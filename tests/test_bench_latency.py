@@ -99,8 +99,8 @@ def test_a_failed_check_is_printed_loudly() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"stages": 3}, r"--stages 3 needs deltawheel's continuous pipeline runner"),
-    ({"source": "kafka"}, r"--source kafka is not available yet"),
+    ({"stages": 2}, r"--stages must be 1 or 3, not 2"),
+    ({"source": "pigeons"}, r"--source must be files or kafka, not 'pigeons'"),
     ({"engines": ("deltawheel", "flink")}, r"unknown engine\(s\) \['flink'\]"),
     ({"warmup_s": 10.0}, r"--warmup 10 s leaves no steady state in --seconds 5"),
 ])
@@ -110,9 +110,55 @@ def test_what_the_benchmark_refuses(change: dict, message: str, tmp_path: Path) 
         run_latency(st, progress=None)
 
 
-def test_the_command_refuses_three_stages_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["bench", "latency", "--stages", "3", "--out", str(tmp_path)]) == 3
-    assert "LatencyBenchError: --stages 3 needs deltawheel's continuous pipeline runner" in capsys.readouterr().err
+def test_the_command_refuses_a_run_with_no_steady_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["bench", "latency", "--stages", "3", "--source", "kafka", "--seconds", "5", "--warmup", "5",
+                     "--out", str(tmp_path)]) == 3
+    assert "LatencyBenchError: --warmup 5 s leaves no steady state in --seconds 5" in capsys.readouterr().err
+
+
+def test_later_stages_and_kafka_outputs_name_their_input_record() -> None:
+    from deltawheel.benchmarks.latency_deltawheel import records_from_kafka_stream, records_from_stream
+
+    ids = ["running_count:5#1", "stage2:running_count:6#1#1", "stage3:stage2:running_count:17#1#1#1"]
+    t = pa.table({"record_id": ids, "key": ["k00001", "k00002", "k00003"],
+                  "value": pa.array([b"3", b"1", b"12"], pa.binary())})
+    got = records_from_stream(t).to_pylist()
+    assert got == [{"record_id": 5, "key": 1, "count": 3}, {"record_id": 6, "key": 2, "count": 1},
+                   {"record_id": 17, "key": 3, "count": 12}]
+    kafka = pa.table({"record_id": ["running_count:events/t/0@4#1", "stage2:running_count:events/t/1@0#1#1"],
+                      "key": ["k00007", "k00008"],
+                      "value": pa.array([b'{"r": 12, "n": 3}', b'{"n":4,"r":130}'], pa.binary())})
+    assert records_from_kafka_stream(kafka).to_pylist() == [{"record_id": 12, "key": 7, "count": 3},
+                                                            {"record_id": 130, "key": 8, "count": 4}]
+
+
+def test_a_kafka_records_batch_comes_from_the_offset_log(tmp_path: Path) -> None:
+    """Spark's offset log (``offsets/<batch>``: version, metadata, then each source's end offsets):
+    batch n read each partition up to its end offset there."""
+    from deltawheel.benchmarks.latency_kafka import record_batches
+
+    (tmp_path / "offsets").mkdir()
+    for n, ends in enumerate([{"0": 3, "1": 2}, {"0": 3, "1": 6}, {"0": 5, "1": 6}]):
+        (tmp_path / "offsets" / str(n)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{json.dumps({"t": ends})}')
+    part = np.array([0, 0, 0, 0, 1, 1, 1, 0, -1])
+    off = np.array([0, 2, 3, 4, 1, 2, 5, 5, -1])
+    assert record_batches(tmp_path, "t", part, off).tolist() == [0, 0, 2, 2, 0, 1, 1, -1, -1]
+
+
+def test_key_count_checks_take_each_records_batch() -> None:
+    s = Schedule(rate=200, seconds=2, seed=2, keys=10)
+    record_batch = np.arange(s.total) % 4  # records of one file in several batches, as Kafka partitions do
+    rows, total = [], {}
+    for b in range(4):
+        for k, n in zip(*np.unique(s.key_ids[record_batch == b], return_counts=True), strict=True):
+            total[int(k)] = total.get(int(k), 0) + int(n)
+            rows.append({"batch_id": b, "key": int(k), "count": total[int(k)], "version": b})
+    right = pa.Table.from_pylist(rows)
+    unused = np.full(s.n_files, -1)
+    assert _failed(check_key_counts(s, right, file_batch=unused, record_batch=record_batch)) == {}
+    unread = record_batch.copy()
+    unread[3] = -1
+    assert "1 of" in _failed(check_key_counts(s, right, file_batch=unused, record_batch=unread))["records_read"]
 
 
 @pytest.mark.spark
@@ -157,3 +203,58 @@ def test_full_run_of_every_engine(spark, tmp_path: Path) -> None:  # type: ignor
     failed = {n: [c for c in e["checks"] if not c["ok"]] or e["error"] for n, e in report["engines"].items()
               if not e["ok"]}
     assert not failed
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(1800)
+def test_three_stages_of_every_engine_are_exactly_once_per_stage(spark, zk_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``--stages 3`` at a tiny scale: the three outputs of deltawheel, Spark SQL and the floor checked,
+    each later stage's added latency and deltawheel's watermark lag in the JSON, the stages in the
+    printed table. (transformWithStateInPandas' later stages are the same ``chain`` of queries as the
+    floor's; its Python worker start is what fails first on a loaded machine.)"""
+    st = LatencySettings(rate=100, seconds=4, out=tmp_path / "out", warmup_s=1, prewarm_s=0, progress_every_s=5,
+                         drain_timeout_s=300, zk=zk_server.hosts, keys=200, stages=3,
+                         engines=("deltawheel", "spark_sql", "floor"))
+    lines: list[str] = []
+    report = run_latency(st, spark=spark, progress=lines.append)
+    for name, e in report["engines"].items():
+        assert e["ok"], (name, e["error"], [c for c in e["checks"] if not c["ok"]])
+        assert [s["stage"] for s in e["stages"]] == [1, 2, 3]
+        assert {c["stage"] for c in e["checks"]} == {1, 2, 3}
+        for s in e["stages"]:
+            assert s["added_latency_s"]["n"] > 0 and s["latency_s"]["n"] > 0
+        # a later stage's output comes after its upstream's, record by record
+        assert e["stages"][2]["latency_s"]["p50"] >= e["stages"][0]["latency_s"]["p50"]
+        assert e["latency_s"] == e["stages"][2]["latency_s"]
+    dw = report["engines"]["deltawheel"]["stages"]
+    assert dw[0]["watermark_lag_s"]["n"] > 0  # a later stage's is known once its upstream's watermark was
+    assert all("watermark_lag_s" in s and s["per_batch"] and "engine" in s["per_batch"][0] for s in dw)
+    printed = "\n".join(lines).splitlines()
+    assert sum(ln.startswith("  stage ") for ln in printed) == 3 * len(report["engines"])
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(1800)
+def test_kafka_source_is_exactly_once_with_arrivals_from_the_append_time(spark, zk_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``--source kafka`` at a tiny scale against a broker of its own: every engine's output
+    checked, each record's arrival its message's append time (after its burst was handed over)."""
+    import pyarrow.parquet as pq
+
+    st = LatencySettings(rate=100, seconds=4, out=tmp_path / "out", warmup_s=1, prewarm_s=0, progress_every_s=5,
+                         drain_timeout_s=300, zk=zk_server.hosts, keys=200, source="kafka",
+                         engines=("deltawheel", "spark_sql", "floor"))
+    report = run_latency(st, spark=spark, progress=None)
+    s = st.schedule()
+    for name, e in report["engines"].items():
+        assert e["ok"], (name, e["error"], [c for c in e["checks"] if not c["ok"]])
+        assert e["input"]["source"] == "kafka" and e["input"]["records"] == s.total
+        assert e["breakdown_s"]["records"] > 0  # each record placed in the batch that read it
+        recs = pq.read_table(tmp_path / "out" / "engines" / name / "records.parquet")
+        arrival = np.asarray(recs.column("arrival_s").to_numpy())
+        assert not np.isnan(arrival).any()
+    assert {c["name"] for c in report["engines"]["spark_sql"]["checks"]} >= {"records_read", "final_counts"}

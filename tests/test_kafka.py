@@ -9,6 +9,10 @@ arranges (build_spark adds it when cached).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -176,3 +180,88 @@ def test_the_pipeline_runner_moves_a_kafka_watermark_per_partition(spark: Any, k
     # no timer is due under 2 s: the counts wait in state for their bucket's end
     assert state_of(spark, layout, "by_record_key") == {
         "c1": ({"0": 3}, [("0", 9_999)]), "c2": ({"0": 2}, [("0", 9_999)])}
+
+
+
+@pytest.mark.zk
+@pytest.mark.timeout(600)
+def test_a_kafka_topic_through_a_continuous_pipeline_is_exactly_once_across_a_restart(
+        spark: Any, kafka_broker: Any, zk_config: Any, tmp_path: Path) -> None:
+    """``engine.start_pipeline`` on a KafkaInjector: messages appended while the pipeline runs are
+    read, its watermark is the minimum over the partitions (the lagging one holds it), and after a
+    stop, more messages and a start of a new process's objects on the same store, every message
+    has exactly one output with the right running count."""
+    from deltawheel.executor.servers.kafka import create_topic
+    from kafka_pipeline import card_counts, card_messages, make, want_counts
+
+    import deltawheel
+
+    kafka_ready(spark)
+    servers = kafka_broker.bootstrap_servers
+    create_topic(spark, servers, "live-cards", partitions=2)
+    produce(spark, servers, "live-cards", card_messages(0, 20, lag_ms=3_000))
+    store = tmp_path / "store"
+    total = 0
+    for run_no, (first, count) in enumerate([(20, 30), (50, 40)]):
+        events, p = make(servers, "live-cards")  # what a restarted process builds again
+        with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                                pipeline="kafka_live") as engine:
+            engine.progress = False
+            run = engine.start_pipeline(p)
+            ex = run.executors["card_count"]
+            produce(spark, servers, "live-cards", card_messages(first, count, lag_ms=3_000))  # while it runs
+            want = (first + count) - total
+            deadline = time.monotonic() + 240
+            while ex.records_in_total < want:
+                run.check()
+                assert time.monotonic() < deadline, f"run {run_no}: {ex.records_in_total} of {want} messages read"
+                time.sleep(0.5)
+            stop = run.stop()
+            assert stop.records_in == want
+            total = first + count
+            last = first + count - 1
+            # partition 0 (even numbers) is ahead; partition 1 (odd numbers) lags 3 s
+            p0 = max(i for i in range(last + 1) if i % 2 == 0)
+            p1 = max(i for i in range(last + 1) if i % 2 == 1)
+            marks = events.partition_watermarks()
+            assert marks == {"live-cards/0": 1_000_000 + p0 * 100 - 500,
+                             "live-cards/1": 1_000_000 + p1 * 100 - 3_000 - 500}
+            assert events.watermark_ms() == marks["live-cards/1"]
+            assert engine.authority.injector_watermark("events") == marks["live-cards/1"]
+    assert card_counts(spark, str(store / "streams" / "card_counts")) == (total, total, want_counts(total))
+
+
+@pytest.mark.slow
+@pytest.mark.zk
+@pytest.mark.timeout(1200)
+def test_deltawheel_run_on_kafka_killed_resumes_exactly_once(spark: Any, kafka_broker: Any, zk_config: Any,
+                                                             tmp_path: Path) -> None:
+    """``deltawheel run`` of a Kafka pipeline in a child process, SIGKILLed after its first batch;
+    messages appended while it is down and after the same command started again: every message has
+    exactly one output with its running count, and SIGTERM stops it with status 0."""
+    from deltawheel.executor.servers.kafka import create_topic
+    from kafka_pipeline import card_counts, card_messages, want_counts
+    from test_continuous import Child, wait_for
+
+    kafka_ready(spark)
+    servers = kafka_broker.bootstrap_servers
+    create_topic(spark, servers, "killed-cards", partitions=2)
+    produce(spark, servers, "killed-cards", card_messages(0, 20, lag_ms=1_000))
+    store = tmp_path / "store"
+    env = {**os.environ, "KAFKA_SERVERS": servers, "KAFKA_TOPIC": "killed-cards",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "deltawheel.executor.cli", "run", "kafka_pipeline:pipeline", "--store", str(store),
+           "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--zk-session-timeout", "6"]
+    first = Child(cmd, env)
+    wait_for("the first run's first batch", lambda: first.saw(r"card_count batch 0: "), timeout_s=600)
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(timeout=60)
+    produce(spark, servers, "killed-cards", card_messages(20, 30, lag_ms=1_000))  # while nothing runs
+    again = Child(cmd, env)
+    wait_for("the restart running", lambda: again.saw("running"), timeout_s=600)
+    produce(spark, servers, "killed-cards", card_messages(50, 20, lag_ms=1_000))  # while it runs
+    table = str(store / "streams" / "card_counts")
+    wait_for("every message has an output", lambda: card_counts(spark, table)[1] >= 70, timeout_s=600)
+    os.killpg(again.proc.pid, signal.SIGTERM)
+    assert again.proc.wait(timeout=180) == 0, "\n".join(again.lines[-40:])
+    assert card_counts(spark, table) == (70, 70, want_counts(70))

@@ -75,6 +75,7 @@ from .inflight import OpenDelivery
 from .lateness import ActedMark, read_mark
 from .metrics import batch_row, state_size
 from .reports import BatchReport, format_report
+from .sparkprogress import show_input_rows
 from .watermarks import BatchWatermarks
 
 if TYPE_CHECKING:
@@ -379,6 +380,8 @@ class BatchProtocol:
             intervals_run=c.get("intervals_run", 0), images_read=c.get("images_read", 0), skipped_moved=b.skipped)
         ex.reports.append(report)
         ex.records_in_total += report.records_in
+        if report.direct:  # the batch's DataFrame never ran: Spark's progress would show 0 input rows
+            show_input_rows(ex.spark, report.records_in)
         self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
         self._record_metrics(report, b.now, pending=c["productions"] if ex.inflight.open is not None else 0)
         return report

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from deltawheel.executor.servers.zookeeper import pyspark_jars_dir
 from deltawheel.statestore.jars import fetch_maven_jar
@@ -202,9 +202,11 @@ class KafkaBroker:
 
 
 def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, configs: Mapping[str, str] | None = None) -> None:
     """Create ``topic`` with ``partitions`` partitions (replication 1) through Kafka's admin client in
     the Spark driver (the Kafka connector's ``kafka-clients`` jar); an existing topic is left as it is.
+    ``configs``: topic settings, e.g. ``{"message.timestamp.type": "LogAppendTime"}`` (every record's
+    timestamp the broker's append time).
 
     Raises:
         KafkaServerError: the broker refused or did not answer in time.
@@ -223,6 +225,11 @@ def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: 
     try:
         new = j.org.apache.kafka.clients.admin.NewTopic(topic, j.java.util.Optional.of(partitions),
                                                         j.java.util.Optional.empty())
+        if configs:
+            settings = j.java.util.HashMap()
+            for k, v in configs.items():
+                settings.put(k, v)
+            new = new.configs(settings)
         future = admin.createTopics(j.java.util.Collections.singletonList(new)).all()
         try:
             future.get(wait_ms, j.java.util.concurrent.TimeUnit.MILLISECONDS)

@@ -1,0 +1,45 @@
+"""Spark's progress under the direct read (``executor/protocol/sparkprogress.py``): a batch whose
+tasks read its input files themselves never runs the micro-batch's DataFrame, yet Spark's
+``lastProgress`` (what its UI and listeners show) reports the rows the batch read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from continuous_pipeline import UserMinutes, click_rows, write_file
+
+import deltawheel
+
+pytestmark = [pytest.mark.spark, pytest.mark.zk]
+
+
+def _executed(query: Any) -> list[Any]:
+    return [p for p in query.recentProgress if "addBatch" in p["durationMs"]]
+
+
+@pytest.mark.timeout(600)
+def test_spark_progress_counts_the_rows_a_direct_read_batch_read(spark: Any, zk_config: Any, tmp_path: Path) -> None:
+    rows = click_rows(90)
+    folder = tmp_path / "input"
+    write_file(folder, "part-0.parquet", rows[:50])
+    clicks = deltawheel.ParquetInjector("clicks", str(folder), key_column="user", event_time_column="ts",
+                                        record_id_column="id", watermark_delay_ms=5_000, max_files_per_trigger=1)
+    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                            pipeline="progress") as engine:
+        engine.progress = False
+        query = engine.start(clicks, UserMinutes())
+        ex = engine.executors[-1]
+        query.processAllAvailable()
+        assert query.lastProgress["numInputRows"] == 50
+        assert [s["numInputRows"] for s in query.lastProgress["sources"]] == [50]
+        write_file(folder, "part-1.parquet", rows[50:])
+        query.processAllAvailable()
+        assert query.lastProgress["numInputRows"] == 40 and query.lastProgress["inputRowsPerSecond"] >= 0
+        executed = _executed(query)
+        # every batch read its files in the tasks, and Spark's figure is each batch's own count
+        assert [r.direct for r in ex.reports] == [True] * len(ex.reports)
+        by_batch = {r.batch_id: r.records_in for r in ex.reports}
+        assert {int(p["batchId"]): p["numInputRows"] for p in executed} == by_batch
+        assert sum(by_batch.values()) == len(rows)

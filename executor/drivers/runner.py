@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
-from deltawheel.statestore.exceptions import DeltaWheelError, LeaseHeldError
+from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.writepath.streams import ensure_stream_table
@@ -213,6 +213,12 @@ class PipelineRunner:
                              write_path=self.write_path, intervals=intervals)
         if self.instance is not None:  # instances share the intervals: positions per input file
             ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp))
+        else:  # each commit records its batch's input files (replay); inputs without files: none
+            try:
+                ex.positions = shared_input(comp, injectors, table_of=self.layout.stream,
+                                            checkpoint=self._checkpoint(comp))
+            except ConfigError:
+                ex.positions = None
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         if self.instance is None:

@@ -88,8 +88,9 @@ def test_replay_of_unchanged_code_from_the_middle_gives_an_empty_diff(spark, liv
     rc = main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
                "--from-version", str(ends[0]), "--into", str(into), "--zk", zk.hosts, "--zk-chroot", zk.chroot,
                "--diff-out", str(out)])
-    text = capsys.readouterr().out
-    assert rc == 0, text
+    got = capsys.readouterr()
+    text = got.out
+    assert rc == 0, text + got.err
     d = json.loads(out.read_text())
     assert d["empty"], text
     # it did replay something: the shadow store has the productions of the replayed batches
@@ -98,3 +99,72 @@ def test_replay_of_unchanged_code_from_the_middle_gives_an_empty_diff(spark, liv
     shadow = spark.read.format("delta").load(StoreLayout(str(into)).stream("predictions")).count()
     assert shadow > 0
     assert "no difference" in text
+
+
+def _series(spark: Any, store: Path) -> dict[str, list[tuple[int, int]]]:
+    """Per query, (window start, count) of every window from its first one on (a window without an
+    on-time pane counts 0), from the live window_counts stream: the model's input, read directly."""
+    from deltawheel.executor.demo.pipeline import WINDOW_MS
+
+    panes: dict[str, dict[int, int]] = {}
+    for r in spark.read.format("delta").load(f"{store}/streams/window_counts").collect():
+        v = json.loads(r["value"])
+        if v.get("retraction") or v.get("timing") == "LATE":
+            continue
+        panes.setdefault(r["key"], {}).setdefault(int(v["window_start"]), int(v["value"]))
+    out = {}
+    for q, by_start in panes.items():
+        first, last = min(by_start), max(by_start)
+        out[q] = [(s, by_start.get(s, 0)) for s in range(first, last + WINDOW_MS, WINDOW_MS)]
+    return out
+
+
+def _expected(series: list[tuple[int, int]]) -> dict[int, tuple[float, float]]:
+    """Window start -> (the exponential average's prediction, the 3-window mean's), for every window
+    predicted (three windows known before it)."""
+    out: dict[int, tuple[float, float]] = {}
+    avg = None
+    for i, (s, actual) in enumerate(series):
+        if avg is not None and i >= 3:
+            out[s] = (round(avg, 3), round(sum(a for _, a in series[i - 3:i]) / 3, 3))
+        avg = actual if avg is None else 0.7 * avg + 0.3 * actual
+    return out
+
+
+def test_replay_with_a_changed_moving_average_differs_exactly_where_the_window_matters(  # type: ignore[no-untyped-def]
+        spark, live, tmp_path, capsys) -> None:
+    from deltawheel.executor.demo.pipeline import WINDOW_MS
+    from deltawheel.statestore.layout import StoreLayout
+
+    store, ends, zk = live
+    into, out = tmp_path / "shadow", tmp_path / "diff.json"
+    rc = main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
+               "--from-version", str(ends[0]), "--code", "replay_model:WindowModel", "--into", str(into),
+               "--zk", zk.hosts, "--zk-chroot", zk.chroot, "--diff-out", str(out)])
+    got = capsys.readouterr()
+    text = got.out
+    assert rc == 0, text + got.err
+    d = json.loads(out.read_text())
+    # what the live model predicted after the start version: the productions of its later commits
+    early = {json.loads(r["userMetadata"])["commit_id"] for r in spark.sql(
+        f"DESCRIBE HISTORY delta.`{store}/rows`").collect()
+        if r["userMetadata"] and r["version"] <= ends[0] and json.loads(r["userMetadata"]).get("computation") == "model"}
+    live_preds = {(r["key"], r["timestamp_ms"]): json.loads(r["value"]) for r in spark.read.format("delta").load(
+        f"{store}/streams/predictions").collect() if r["commit_id"] not in early}
+    shadow_preds = {(r["key"], r["timestamp_ms"]): json.loads(r["value"]) for r in spark.read.format("delta").load(
+        StoreLayout(str(into)).stream("predictions")).collect()}
+    assert live_preds and set(shadow_preds) == set(live_preds)  # the same windows predicted, nothing more or less
+    series = _series(spark, store)
+    differs = set()
+    for (q, ts), p in live_preds.items():
+        ema, mean = _expected(series[q])[ts - WINDOW_MS]
+        assert p["expected"] == ema  # the live code's, computed here independently
+        assert shadow_preds[(q, ts)]["expected"] == mean  # the replayed code's
+        if ema != mean:
+            differs.add((q, ts))
+    assert differs  # the window matters somewhere ...
+    assert d["counts"]["productions_changed"] == len(differs)  # ... and exactly there
+    assert d["counts"]["productions_only_a"] == d["counts"]["productions_only_b"] == 0
+    # the state does not depend on how predictions are made: no key differs
+    assert d["counts"]["added"] == d["counts"]["removed"] == d["counts"]["changed"] == 0
+    assert {(s["key"], s["timestamp_ms"]) for s in d["samples"]["productions_changed"]} <= differs

@@ -119,6 +119,7 @@ class ReplayResult:
 def load_code(spec: str, computation: str) -> Computation:
     """The computation ``MODULE:NAME`` names: a :class:`Computation` subclass (instantiated without
     arguments), an instance, or a function returning one; its ``name`` must be ``computation``.
+    The module's code is pickled by value to Spark's workers (they need not import it).
 
     Raises:
         ReplayCodeError: not ``MODULE:NAME``, the module or name does not import, or it is not a
@@ -142,6 +143,11 @@ def load_code(spec: str, computation: str) -> Computation:
     if not isinstance(made, Computation):
         raise ReplayCodeError(f"--code {spec!r} is a {type(made).__name__}, not a Computation: name a subclass "
                               "of deltawheel.Computation")
+    if isinstance(obj, type) or callable(obj):
+        from pyspark import cloudpickle
+
+        # Spark's Python workers may not have the module on their path: its code travels by value
+        cloudpickle.register_pickle_by_value(importlib.import_module(type(made).__module__))
     if made.name != computation:
         raise ReplayCodeError(f"--code {spec!r} is computation {made.name!r}, not {computation!r}: the replayed "
                               f"code must keep the computation's name (set name = {computation!r})")
@@ -308,7 +314,8 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
         raise ReplayUnavailableError(f"rows version {v} of {store.rows} cannot be read ({str(exc).splitlines()[0][:200]}): "
                                      "its files are past Delta's retention (VACUUM); replay from a newer version") from exc
     rows = rows.where((F.col("computation") == plan.computation) & (F.col("key") != FENCE_KEY)) \
-        .withColumn("sequencer", F.lit(0).cast("long"))
+        .withColumn("sequencer", F.lit(0).cast("long")) \
+        .withColumn("pending", F.expr("filter(pending, p -> false)"))  # the live store delivers those
     target_cols = spark.read.format("delta").load(into.rows).columns
     (rows.select(*target_cols).write.format("delta").mode("append")
      .option("userMetadata", json.dumps(meta, sort_keys=True)).save(into.rows))

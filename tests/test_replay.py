@@ -62,6 +62,7 @@ def live(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     return store, ends, zk
 
 
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
 def test_every_batch_commit_records_its_input_positions(spark, live) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.inspection.positions import computation_commits, position_at, replay_horizon
     from deltawheel.statestore.layout import StoreLayout
@@ -82,6 +83,7 @@ def test_every_batch_commit_records_its_input_positions(spark, live) -> None:  #
     assert sorted(f for c in counter for f in c.files or ()) == [f"part-{i:05d}.parquet" for i in range(6)]
 
 
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
 def test_replay_of_unchanged_code_from_the_middle_gives_an_empty_diff(spark, live, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     store, ends, zk = live
     into, out = tmp_path / "shadow", tmp_path / "diff.json"
@@ -131,6 +133,7 @@ def _expected(series: list[tuple[int, int]]) -> dict[int, tuple[float, float]]:
     return out
 
 
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
 def test_replay_with_a_changed_moving_average_differs_exactly_where_the_window_matters(  # type: ignore[no-untyped-def]
         spark, live, tmp_path, capsys) -> None:
     from deltawheel.executor.demo.pipeline import WINDOW_MS
@@ -168,3 +171,133 @@ def test_replay_with_a_changed_moving_average_differs_exactly_where_the_window_m
     # the state does not depend on how predictions are made: no key differs
     assert d["counts"]["added"] == d["counts"]["removed"] == d["counts"]["changed"] == 0
     assert {(s["key"], s["timestamp_ms"]) for s in d["samples"]["productions_changed"]} <= differs
+
+
+def _plan(spark: Any, store: Any, into: Any, **kw: Any) -> Any:
+    from deltawheel.executor.drivers.replay import plan_replay
+    from deltawheel.statestore.layout import StoreLayout
+
+    args = {"pipeline": "zeitgeist", "computation": "model", **kw}
+    return plan_replay(spark, store=StoreLayout(str(store)), into=StoreLayout(str(into)), **args)
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_plan_says_what_it_reads_and_writes(spark, live, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    store, ends, _ = live
+    rc = main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
+               "--from-version", str(ends[1]), "--into", str(tmp_path / "shadow"), "--plan"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"from rows version {ends[1]} up to rows version {ends[2]}" in out
+    assert "input files of 1 batches" in out and "no live lease is taken" in out
+    assert not (tmp_path / "shadow").exists()  # a plan writes nothing
+    plan = _plan(spark, store, tmp_path / "shadow", from_start=True)
+    assert plan.from_version is None and len(plan.batches) >= 3 and plan.input_bytes
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_refusals_name_what_is_wrong(spark, live, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.exceptions import (
+        ConfigError,
+        NotAStoreError,
+        ReplayTargetError,
+        ReplayUnavailableError,
+    )
+
+    store, ends, _ = live
+    into = tmp_path / "shadow"
+    with pytest.raises(NotAStoreError, match="has no rows table"):
+        _plan(spark, tmp_path / "nowhere", into, from_start=True)
+    with pytest.raises(ConfigError, match="pipeline 'other' has never run on store"):
+        _plan(spark, store, into, pipeline="other", from_start=True)
+    with pytest.raises(ConfigError, match="computation 'nope' has no commit"):
+        _plan(spark, store, into, computation="nope", from_start=True)
+    with pytest.raises(ConfigError, match="exactly one of --from-version"):
+        _plan(spark, store, into, from_start=True, from_version=ends[0])
+    with pytest.raises(ReplayUnavailableError, match="rows version 100000 does not exist"):
+        _plan(spark, store, into, from_version=100_000)
+    with pytest.raises(ReplayUnavailableError, match="no version at or before 1000 ms"):
+        _plan(spark, store, into, from_timestamp_ms=1000)
+    with pytest.raises(ReplayTargetError, match="is the live store"):
+        _plan(spark, store, store, from_start=True)
+    into.mkdir()
+    (into / "something").write_text("x")
+    with pytest.raises(ReplayTargetError, match="is not empty: it holds files that are not a replay"):
+        _plan(spark, store, into, from_start=True)
+    (into / "something").unlink()
+    (into / "_replay.json").write_text(json.dumps({"store": os.path.realpath(store), "pipeline": "zeitgeist",
+                                                   "computation": "detector", "from_version": None, "reached": 3}))
+    with pytest.raises(ReplayTargetError, match="computation 'detector'"):
+        _plan(spark, store, into, from_start=True)
+    # the command line: the same refusal, exit status 3, nothing written
+    assert main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model", "--from-start",
+                 "--code", "replay_model:Nope", "--into", str(tmp_path / "s2")]) == 3
+    assert not (tmp_path / "s2").exists()
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_a_replay_needing_input_or_positions_that_are_gone_is_refused_with_the_horizon(  # type: ignore[no-untyped-def]
+        spark, live, tmp_path) -> None:
+    import shutil
+
+    from deltawheel.statestore.exceptions import InputGoneError, ReplayUnavailableError
+    from deltawheel.statestore.inspection.positions import computation_commits
+    from deltawheel.statestore.layout import StoreLayout
+
+    src, ends, _ = live
+    store = tmp_path / "copy" / "store"
+    shutil.copytree(src, store)
+    layout = StoreLayout(str(store))
+    last = computation_commits(spark, layout, "model")[-1]
+    gone = next(f for f in last.files or () if f.startswith("window_counts/"))
+    os.remove(os.path.join(layout.stream("window_counts"), gone.split("/", 1)[1]))
+    with pytest.raises(InputGoneError, match=f"{gone} was removed .* replay from rows version {last.version} or later"):
+        _plan(spark, store, tmp_path / "shadow", from_version=ends[0])
+    shutil.copy(os.path.join(StoreLayout(str(src)).stream("window_counts"), gone.split("/", 1)[1]),
+                layout.stream("window_counts"))
+    # a commit of a tool (no input positions; here it writes a row of another computation) moves the horizon
+    from pyspark.sql import functions as F
+
+    one = spark.read.format("delta").load(layout.rows).limit(1).withColumn("computation", F.lit("zz_tool"))
+    one.write.format("delta").mode("append").option(
+        "userMetadata", json.dumps({"computation": "model", "kind": "repair"})).save(layout.rows)
+    horizon = computation_commits(spark, layout, "model")[-1].version
+    with pytest.raises(ReplayUnavailableError, match=f"replay from version {horizon} or later"):
+        _plan(spark, store, tmp_path / "shadow", from_version=ends[0])
+    with pytest.raises(ReplayUnavailableError, match=f"use --from-version {horizon} or later"):
+        _plan(spark, store, tmp_path / "shadow", from_start=True)
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_diff_of_two_stores_from_the_command_line(spark, live, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    store, ends, _ = live
+    out = tmp_path / "d.json"
+    assert main(["diff", "--store", str(store), "--store", str(store), "--computation", "model",
+                 "--stream", "predictions"]) == 0
+    assert "no difference" in capsys.readouterr().out
+    # the model's state as of the first run's end against its newest: keys changed, none removed
+    rc = main(["diff", "--store", str(store), "--store", str(store), "--computation", "model", "--as-of",
+               str(ends[0]), "--diff-out", str(out)])
+    assert rc == 1
+    d = json.loads(out.read_text())
+    assert d["counts"]["changed"] > 0 and d["counts"]["removed"] == 0
+    s = d["samples"]["changed"][0]
+    assert s["a"]["last"] < s["b"]["last"]  # decoded: the newer state has seen later windows
+
+
+def test_code_must_import_and_be_the_computation_of_that_name() -> None:
+    """``--code`` as a user gives it: MODULE:CLASS, checked before anything runs."""
+    from deltawheel.executor.demo.pipeline import Model
+    from deltawheel.executor.drivers.replay import load_code
+    from deltawheel.statestore.exceptions import ReplayCodeError
+
+    with pytest.raises(ReplayCodeError, match="does not import"):
+        load_code("no_such_module_here:Model", "model")
+    with pytest.raises(ReplayCodeError, match="give MODULE:CLASS"):
+        load_code("replay_model", "model")
+    with pytest.raises(ReplayCodeError, match="not a Computation"):
+        load_code("json:JSONDecoder", "model")
+    with pytest.raises(ReplayCodeError, match="is computation 'detector', not 'model'"):
+        load_code("deltawheel.executor.demo.pipeline:Detector", "model")
+    made = load_code("replay_model:WindowModel", "model")
+    assert isinstance(made, Model) and type(made).__name__ == "WindowModel"

@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import (
     ConfigError,
+    InputGoneError,
     ReplayCodeError,
     ReplayTargetError,
     ReplayUnavailableError,
@@ -265,10 +266,33 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     start = from_version if resume is None else resume
     batches = tuple(commits_after(commits, start, to_version=to_version))
     files = sorted({f for c in batches for f in (c.files or ())})
+    _check_inputs(store, batches)
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
                       from_version=from_version, to_version=to_version if to_version is not None else newest,
                       horizon=horizon, batches=batches, input_files=len(files), input_bytes=_bytes(store, files),
                       resume_after=resume)
+
+
+def _check_inputs(store: StoreLayout, batches: Sequence[ComputationCommit]) -> None:
+    """Refuse a plan whose batches read a stream-table data file that is gone (VACUUM after a
+    compaction), naming the first version a replay can start from.
+
+    Raises:
+        InputGoneError: a data file of a replayed batch is gone.
+    """
+    if not store.is_local:
+        return  # read when the batch runs (files_df raises it then)
+    gone_at = None
+    for c in batches:
+        for f in c.files or ():
+            stream, _, name = f.partition("/")
+            if name and not os.path.exists(os.path.join(store.stream(stream), name)):
+                gone_at = (c, f)
+    if gone_at is not None:
+        c, f = gone_at
+        raise InputGoneError(f"the input of live batch {c.batch_id} (rows version {c.version}) is gone: {f} was removed "
+                             f"from {store.root} (VACUUM after a compaction); replay from rows version {c.version} "
+                             "or later (--from-version)")
 
 
 def _bytes(store: StoreLayout, files: Sequence[str]) -> int | None:

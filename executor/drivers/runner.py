@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
-from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, LeaseHeldError
+from deltawheel.statestore.exceptions import DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.writepath.streams import ensure_stream_table
@@ -52,7 +52,7 @@ from ..protocol.rescale import CATCH_UP_BATCH, shared_input
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..tasks import worker as _worker
 from .pipeline import MoveTiming, Pipeline, RunSummary
-from .wiring import Wiring, injector_hook, migrate_store, open_client, wire
+from .wiring import Wiring, injector_hook, migrate_store, open_client, positions_recorder, wire
 
 __all__ = ["PipelineRunner"]
 
@@ -214,11 +214,7 @@ class PipelineRunner:
         if self.instance is not None:  # instances share the intervals: positions per input file
             ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp))
         else:  # each commit records its batch's input files (replay); inputs without files: none
-            try:
-                ex.positions = shared_input(comp, injectors, table_of=self.layout.stream,
-                                            checkpoint=self._checkpoint(comp))
-            except ConfigError:
-                ex.positions = None
+            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=self._checkpoint(comp))
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         if self.instance is None:

@@ -87,14 +87,23 @@ def test_every_batch_commit_records_its_input_positions(spark, live) -> None:  #
 def test_replay_of_unchanged_code_from_the_middle_gives_an_empty_diff(spark, live, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     store, ends, zk = live
     into, out = tmp_path / "shadow", tmp_path / "diff.json"
-    rc = main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
-               "--from-version", str(ends[0]), "--into", str(into), "--zk", zk.hosts, "--zk-chroot", zk.chroot,
-               "--diff-out", str(out)])
+    argv = ["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
+            "--from-version", str(ends[0]), "--into", str(into), "--zk", zk.hosts, "--zk-chroot", zk.chroot,
+            "--diff-out", str(out)]
+    # up to the second run's end first: compared with the live store as of that version
+    rc = main([*argv, "--to-version", str(ends[1])])
+    got = capsys.readouterr()
+    assert rc == 0, got.out + got.err
+    d = json.loads(out.read_text())
+    assert d["empty"] and d["version_a"] == ends[1], got.out
+    # the same command again, to now: continues with the later batches only
+    rc = main(argv)
     got = capsys.readouterr()
     text = got.out
     assert rc == 0, text + got.err
+    assert f"continues a replay that reached rows version {ends[1]}" in text
     d = json.loads(out.read_text())
-    assert d["empty"], text
+    assert d["empty"] and d["version_a"] == ends[2], text
     # it did replay something: the shadow store has the productions of the replayed batches
     from deltawheel.statestore.layout import StoreLayout
 

@@ -35,6 +35,9 @@ __all__ = [
     "ZooKeeperServerError",
     "ConfigError",
     "InputGoneError",
+    "ReplayUnavailableError",
+    "ReplayTargetError",
+    "ReplayCodeError",
     "JarFetchError",
     "SessionConfigError",
     "JavaMissingError",
@@ -217,6 +220,23 @@ class InputGoneError(FatalError):
     file removed by VACUUM): the move cannot be made exact."""
 
     exit_code = 3
+
+
+class ReplayUnavailableError(FatalError):
+    """What a replay or diff needs is not there: a rows-table version that does not exist or is
+    past Delta's retention, or commits that record no input positions (written before deltawheel
+    recorded them); the message names the horizon (the first version a replay can start from)."""
+
+    exit_code = 3
+
+
+class ReplayTargetError(ConfigError):
+    """A replay's shadow store (``--into``) is the live store, or a non-empty store of another
+    pipeline or computation; or a promotion's source is not a caught-up replay of the computation."""
+
+
+class ReplayCodeError(ConfigError):
+    """A replay's ``--code`` does not import, or is not a Computation of the replayed name."""
 
 
 class JarFetchError(FatalError):

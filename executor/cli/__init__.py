@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         quickstart,
         rebalance,
         recover,
+        replay,
         report,
         reseed,
         run,
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover,
-                reseed, gc, bench, scenario, setup):  # --help order
+                replay, reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser
 

@@ -53,7 +53,7 @@ from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_wat
 from ..sources.schema import union_inputs
 from .pipeline import Pipeline, RunSummary
 from .triggers import Trigger
-from .wiring import Wiring, injector_hook
+from .wiring import Wiring, injector_hook, positions_recorder
 
 __all__ = ["ContinuousRun", "StopReport"]
 
@@ -306,6 +306,7 @@ class ContinuousRun:
         hook = injector_hook(authority, feeding, checkpoint=chk) if feeding else None
         ex = self.wiring.executor(self.spark, self.layout, comp, upstream=p.upstream(comp), on_batch_end=hook,
                                   progress=self.progress, write_path=self.write_path)
+        ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=chk)  # replay
         ex.event_ahead_ms = {s: b for s in comp.inputs if s in injectors
                              for b in [getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)]
                              if b is not None}

@@ -52,7 +52,7 @@ from ..protocol.rescale import CATCH_UP_BATCH, shared_input
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..tasks import worker as _worker
 from .pipeline import MoveTiming, Pipeline, RunSummary
-from .wiring import Wiring, injector_hook, migrate_store, open_client, wire
+from .wiring import Wiring, injector_hook, migrate_store, open_client, positions_recorder, wire
 
 __all__ = ["PipelineRunner"]
 
@@ -213,6 +213,8 @@ class PipelineRunner:
                              write_path=self.write_path, intervals=intervals)
         if self.instance is not None:  # instances share the intervals: positions per input file
             ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp))
+        else:  # each commit records its batch's input files (replay); inputs without files: none
+            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=self._checkpoint(comp))
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         if self.instance is None:

@@ -27,9 +27,10 @@ from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.hooks import InjectorHook
+from ..protocol.rescale import SharedInput, shared_input
 from ..sources.injector import Injector
 
-__all__ = ["Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client", "migrate_store",
+__all__ = ["positions_recorder", "Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client", "migrate_store",
            "injector_hook", "watermark_reader"]
 
 
@@ -130,3 +131,16 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
 def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:
     """A watermark authority of ``pipeline`` for reading (``deltawheel status``); close it after."""
     return WatermarkAuthority(client, pipeline=pipeline)
+
+
+def positions_recorder(computation: Computation, injectors: Mapping[str, Injector], *, layout: StoreLayout,
+                       checkpoint: str) -> SharedInput | None:
+    """What makes each commit of ``computation`` record its batch's input positions (replay,
+    docs/replay.md): set as the executor's ``positions``. None for inputs without file positions
+    (JSON Lines, Delta-table and Kafka injectors, several Parquet injectors): nothing recorded."""
+    from deltawheel.statestore.exceptions import ConfigError
+
+    try:
+        return shared_input(computation, injectors, table_of=layout.stream, checkpoint=checkpoint)
+    except ConfigError:
+        return None

@@ -66,6 +66,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
+from deltawheel.statestore.rowtable.inputfiles import commit_entry
 from deltawheel.statestore.writepath import StaleViewError
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
 
@@ -222,7 +223,10 @@ class BatchProtocol:
         b.mark("settle")
         self.fault(FaultPoint.BEFORE_COMMIT, b.batch_id)
         t0 = time.monotonic()
-        if ex.path.commit(run.batch, commit_id=b.commit_id, meta=b.acted.to_meta()):
+        meta = b.acted.to_meta()
+        if ex.shared is not None or ex.positions is not None:  # the batch's input positions (replay)
+            meta.update(commit_entry(b.batch_id, b.files))
+        if ex.path.commit(run.batch, commit_id=b.commit_id, meta=meta):
             self.acted = b.acted
         b.commit_s = time.monotonic() - t0
         return run
@@ -239,6 +243,9 @@ class BatchProtocol:
         if ex.shared is not None and df is not None:
             df, skipped, files = ex.shared.apply(df, batch_id, ex.owner.intervals, input_files)
         ex.path.input_files = files
+        if ex.shared is None and ex.positions is not None and df is not None:
+            # recorded in the commit's metadata only (replay, ``inputfiles.commit_entry``)
+            files = tuple(input_files) if input_files is not None else ex.positions.record(df, batch_id)
         return df, skipped, files
 
     def _input_watermark(self, given: int | None, *, use_authority: bool) -> int | None:

@@ -114,6 +114,8 @@ class ComputationExecutor:
         # set by the pipeline runner when instances share the intervals (``rescale.py``: the skip
         # rule, the input files each commit records, catch-up)
         self.shared: SharedInput | None = None
+        # records each batch's input positions in its commit (replay; ``rescale.py``'s positions)
+        self.positions: SharedInput | None = None
         self._protocol = BatchProtocol(self)  # the seven steps of each batch (``batch.py``)
         self._started = False
         self._starting: BackgroundStart | None = None  # start_in_background's

@@ -235,6 +235,11 @@ class SharedInput:
         kept, skipped = self.skip(df, positions, intervals)
         return kept.drop(_POSITION), skipped, tuple(positions)
 
+    def record(self, df: Any, batch_id: int) -> tuple[str, ...]:
+        """The positions of the query's micro-batch ``batch_id`` (``df``: its frame), for the
+        commit's record of them alone (replay): nothing skipped, nothing logged."""
+        return tuple(self.batch_positions(df.withColumn(_POSITION, self.position()), batch_id))
+
     def batch_positions(self, df: Any, batch_id: int) -> list[str]:
         """The positions of the query's micro-batch ``batch_id`` (``df``: its frame, with the
         position column): the file source log's when the one input is a Parquet injector (it

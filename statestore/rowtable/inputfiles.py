@@ -27,9 +27,11 @@ from typing import Iterable
 
 from ..exceptions import CodecError
 
-__all__ = ["INPUT_FILES_FORMAT_VERSION", "encode", "decode", "union_payloads", "union_sql"]
+__all__ = ["INPUT_FILES_FORMAT_VERSION", "POSITIONS_KEY", "encode", "decode", "union_payloads", "union_sql",
+           "commit_entry", "entry_of"]
 
 INPUT_FILES_FORMAT_VERSION = 1
+POSITIONS_KEY = "positions"  # the commit metadata entry of a batch's input positions
 _STRUCT = "struct<format_version:int,input_files:array<string>>"
 
 
@@ -84,3 +86,31 @@ def union_sql(target: str, source: str) -> str:
     return (f"CASE WHEN {target} IS NULL AND {source} IS NULL THEN CAST(NULL AS BINARY) ELSE "
             f"CAST(to_json(named_struct('format_version', {INPUT_FILES_FORMAT_VERSION}, 'input_files', {both})) "
             "AS BINARY) END")
+
+
+def commit_entry(batch_id: int, files: Iterable[str]) -> dict[str, object]:
+    """The commit metadata entry recording a batch's input positions (the files it read; none for
+    a timers-only batch): what replay reads back to re-run the batch on the same input.
+
+    >>> commit_entry(3, ["b", "a"])
+    {'positions': {'v': 1, 'batch_id': 3, 'files': ['a', 'b']}}
+    >>> entry_of(commit_entry(3, ["b", "a"]))
+    (3, ('a', 'b'))
+    """
+    return {POSITIONS_KEY: {"v": INPUT_FILES_FORMAT_VERSION, "batch_id": int(batch_id), "files": sorted(set(files))}}
+
+
+def entry_of(meta: object) -> tuple[int, tuple[str, ...]] | None:
+    """(batch id, input files) of a commit's parsed metadata, None when it records no positions
+    (a commit of an older deltawheel, a claim, a repair).
+
+    Raises:
+        CodecError: an entry of a newer format.
+    """
+    if not isinstance(meta, dict) or not isinstance(meta.get(POSITIONS_KEY), dict):
+        return None
+    e = meta[POSITIONS_KEY]
+    if e.get("v") != INPUT_FILES_FORMAT_VERSION:
+        raise CodecError(f"a commit's input positions have format {e.get('v')!r}, this deltawheel reads "
+                         f"{INPUT_FILES_FORMAT_VERSION}: upgrade deltawheel")
+    return int(e["batch_id"]), tuple(str(f) for f in e.get("files") or ())

@@ -1,0 +1,131 @@
+"""``deltawheel replay``: re-run a computation from a past rows version into a shadow store and diff
+it against the live one (``drivers/replay.py``); ``deltawheel diff``: the same diff for any two
+stores (``statestore/inspection/diff.py``). docs/replay.md is the workflow."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from typing import Any
+
+from deltawheel.statestore.exceptions import ReplayCodeError
+
+from .common import add_spark_args, add_zk_args, spark_from
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``replay`` and ``diff`` subcommands to ``subparsers``."""
+    p = subparsers.add_parser(
+        "replay", help="re-run a computation from a past rows version into a shadow store, then diff it against "
+                       "the live store (docs/replay.md)")
+    p.add_argument("--store", required=True, help="the live store (only read)")
+    p.add_argument("--pipeline", required=True, help="the pipeline's name")
+    p.add_argument("--computation", required=True, help="the computation to replay")
+    start = p.add_mutually_exclusive_group(required=True)
+    start.add_argument("--from-version", type=int, help="the rows-table version whose state the replay starts from")
+    start.add_argument("--from-timestamp", help="the newest rows version at or before this time (ISO 8601 or epoch ms)")
+    start.add_argument("--from-start", action="store_true", help="from empty state and the first input")
+    end = p.add_mutually_exclusive_group()
+    end.add_argument("--to-version", type=int, help="replay the live commits up to this rows version")
+    end.add_argument("--to-now", action="store_true", help="up to the newest commit (the default)")
+    p.add_argument("--code", help="MODULE:CLASS of the code to run (default: the live class of the demo pipeline; "
+                                  "other pipelines must name it)")
+    p.add_argument("--into", required=True, help="the shadow store's folder: empty, or an earlier replay's to continue it")
+    p.add_argument("--plan", action="store_true", help="print what it would read and write, and stop")
+    p.add_argument("--diff-out", help="write the diff as JSON to this file")
+    p.add_argument("--write-path", default="auto", choices=("auto", "image", "merge"),
+                   help="the shadow store's write path")
+    add_zk_args(p)
+    add_spark_args(p)
+    p.set_defaults(func=_run_replay)
+
+    d = subparsers.add_parser("diff", help="the difference of one computation's state and productions between "
+                                           "two stores (docs/replay.md)")
+    d.add_argument("--store", action="append", required=True, help="store A, then store B (give it twice)")
+    d.add_argument("--computation", required=True)
+    d.add_argument("--as-of", type=int, help="store A's rows version (default: its newest)")
+    d.add_argument("--as-of-b", type=int, help="store B's rows version (default: its newest)")
+    d.add_argument("--stream", action="append", default=[], help="a stream the computation produces to (repeatable)")
+    d.add_argument("--diff-out", help="write the diff as JSON to this file")
+    add_spark_args(d)
+    d.set_defaults(func=_run_diff)
+
+
+def _timestamp_ms(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        from deltawheel.statestore.exceptions import ConfigError
+
+        raise ConfigError(f"--from-timestamp {text!r}: give ISO 8601 (2026-01-31T12:00:00+00:00) or epoch "
+                          "milliseconds") from exc
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return int(t.timestamp() * 1000)
+
+
+def _code(args: argparse.Namespace) -> Any:
+    from ..drivers.replay import load_code
+
+    if args.code:
+        return load_code(args.code, args.computation)
+    if args.pipeline == "zeitgeist":
+        from ..demo.pipeline import computations
+
+        for c in computations():
+            if c.name == args.computation:
+                return c
+    raise ReplayCodeError(f"the store does not record code: give --code MODULE:CLASS for computation "
+                          f"{args.computation!r} of pipeline {args.pipeline!r}")
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.inspection.diff import format_diff
+
+    from ..drivers.replay import plan_replay, replay, shadow_chroot
+    from .common import layout_from
+
+    store = layout_from(args)
+    into = layout_from(argparse.Namespace(store=args.into))
+    code = _code(args)  # before Spark: a bad --code is refused at once
+    spark = spark_from(args)
+    plan = plan_replay(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
+                       from_version=args.from_version,
+                       from_timestamp_ms=None if args.from_timestamp is None else _timestamp_ms(args.from_timestamp),
+                       from_start=args.from_start, to_version=args.to_version)
+    print(plan.describe(), flush=True)
+    if args.plan:
+        return 0
+    zk = None if args.zk is None else ZkConfig(hosts=args.zk, chroot=shadow_chroot(args.zk_chroot, into),
+                                               digest=args.zk_digest, session_timeout_s=args.zk_session_timeout)
+    result = replay(spark, plan, code=code, zk=zk, write_path=args.write_path,
+                    progress=lambda line: print(line, flush=True))
+    assert result.diff is not None
+    print(format_diff(result.diff))
+    if args.diff_out:
+        with open(args.diff_out, "w", encoding="utf-8") as fh:
+            fh.write(result.diff.to_json())
+    return 0
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.inspection.diff import diff_stores, format_diff
+
+    from .common import layout_from
+
+    if len(args.store) != 2:
+        raise ConfigError(f"give --store exactly twice (store A, then store B); got {len(args.store)}")
+    a, b = (layout_from(argparse.Namespace(store=s)) for s in args.store)
+    spark = spark_from(argparse.Namespace(store=args.store[0], master=args.master, driver_memory=args.driver_memory))
+    d = diff_stores(spark, a, b, args.computation, version_a=args.as_of, version_b=args.as_of_b, streams=args.stream)
+    print(format_diff(d))
+    if args.diff_out:
+        with open(args.diff_out, "w", encoding="utf-8") as fh:
+            fh.write(d.to_json())
+    return 0 if d.empty else 1

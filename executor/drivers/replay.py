@@ -1,0 +1,411 @@
+"""Replay: re-run one computation from a past rows-table version into a shadow store.
+
+A replay of computation C of a live store, from rows-table version V up to version W:
+
+1. **Plan** (:func:`plan_replay`): read the rows table's commit log
+   (``statestore/inspection/positions.py``): C's batch commits after V up to W, each with the
+   input positions it read (the Parquet files of an injector, the data files of the stream tables
+   it reads) and the watermarks it acted on. A commit without positions (an older deltawheel, a
+   tool) before W and after V is refused, naming the first version a replay may start from.
+2. **Seed** the shadow store (``into``, its own ZooKeeper chroot and leases): C's rows as of V
+   (Delta time travel; fence rows left out, sequencers reset) in one commit that carries the
+   acted-watermark mark of C's newest commit up to V (so lateness is judged as the live run did).
+3. **Re-run** each planned batch in order with the same input files and the same input
+   watermark as its live run, through the ordinary executor (the seven steps: dedup, fenced
+   commit, delivery into the shadow store's stream tables). Every shadow commit records its
+   positions too, and ``<into>/_replay.json`` records where the replay stands, so a second
+   ``replay`` into the same folder continues (catch-up) instead of starting over.
+4. **Diff** (``statestore/inspection/diff.py``): the shadow store's state against the live store
+   as of W (the same input position), and the productions of the replayed batches in both.
+
+The live store is only read: no lease of the live pipeline is taken, nothing is written there.
+The replayed code is the live class or the one ``--code`` names (:func:`load_code`), under the
+same computation name.
+
+Inputs: stream tables are read from the live store by file (``{stream}/{file}``); a Parquet (or
+generator) injector's files need the injector (``injectors=``): the command line does not know
+a pipeline's injectors and replays computations that read stream tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.exceptions import (
+    ConfigError,
+    InputGoneError,
+    ReplayCodeError,
+    ReplayTargetError,
+    ReplayUnavailableError,
+)
+from deltawheel.statestore.inspection.diff import StoreDiff, diff_stores
+from deltawheel.statestore.inspection.positions import (
+    ComputationCommit,
+    commits_after,
+    computation_commits,
+    replay_horizon,
+    version_at_timestamp,
+)
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.rows import FENCE_KEY
+
+from ..computation import Computation
+from ..protocol.reports import BatchReport
+from ..protocol.rescale import shared_input
+from ..sources.injector import Injector
+
+__all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot"]
+
+MARKER = "_replay.json"  # in the shadow store: what it replays and how far it got
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What a replay reads and writes (``--plan`` prints it).
+
+    ``from_version``: the live rows version the state is seeded from (None: empty state, from the
+    start); ``to_version``: the newest live version replayed; ``batches``: the live commits
+    re-run; ``input_files`` / ``input_bytes``: how long the input is; ``resume_after``: the live
+    version a previous replay into the same folder reached (its batches are not re-run).
+    """
+
+    store: str
+    into: str
+    pipeline: str
+    computation: str
+    from_version: int | None
+    to_version: int
+    horizon: int | None
+    batches: tuple[ComputationCommit, ...]
+    input_files: int
+    input_bytes: int | None
+    resume_after: int | None = None
+
+    def describe(self) -> str:
+        """The plan as lines for a terminal."""
+        start = "the start (empty state)" if self.from_version is None else f"rows version {self.from_version}"
+        lines = [f"replay {self.computation} of pipeline {self.pipeline} from {start} up to rows version "
+                 f"{self.to_version}",
+                 f"  read:  {self.store} (rows as of the start version; input files of {len(self.batches)} batches: "
+                 f"{self.input_files} files" + (f", {self.input_bytes} bytes" if self.input_bytes is not None else "")
+                 + ")",
+                 f"  write: {self.into} (its own rows, stream tables and ZooKeeper chroot; the live store is "
+                 "not written and no live lease is taken)"]
+        if self.resume_after is not None:
+            lines.append(f"  continues a replay that reached rows version {self.resume_after}")
+        if self.horizon is not None:
+            lines.append(f"  replay possible from rows version {self.horizon} on")
+        for c in self.batches:
+            lines.append(f"  batch {c.batch_id} (live version {c.version}): {len(c.files or ())} input files, "
+                         f"input watermark {c.input_ms}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """A finished replay: its plan, the reports of its batches, the diff against the live store."""
+
+    plan: ReplayPlan
+    reports: tuple[BatchReport, ...]
+    diff: StoreDiff | None
+
+
+def load_code(spec: str, computation: str) -> Computation:
+    """The computation ``MODULE:NAME`` names: a :class:`Computation` subclass (instantiated without
+    arguments), an instance, or a function returning one; its ``name`` must be ``computation``.
+    The module's code is pickled by value to Spark's workers (they need not import it).
+
+    Raises:
+        ReplayCodeError: not ``MODULE:NAME``, the module or name does not import, or it is not a
+            Computation called ``computation``.
+    """
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise ReplayCodeError(f"--code {spec!r}: give MODULE:CLASS (e.g. mypkg.model:FixedModel), importable "
+                              "from the current directory or the Python path")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ReplayCodeError(f"--code {spec!r} does not import ({exc!r}); check the module is on the Python "
+                              "path (PYTHONPATH) and the name is spelled right") from exc
+    try:
+        made = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Computation)) else obj
+    except Exception as exc:
+        raise ReplayCodeError(f"--code {spec!r}: creating it without arguments failed ({exc!r})") from exc
+    if not isinstance(made, Computation):
+        raise ReplayCodeError(f"--code {spec!r} is a {type(made).__name__}, not a Computation: name a subclass "
+                              "of deltawheel.Computation")
+    if isinstance(obj, type) or callable(obj):
+        from pyspark import cloudpickle
+
+        # Spark's Python workers may not have the module on their path: its code travels by value
+        cloudpickle.register_pickle_by_value(importlib.import_module(type(made).__module__))
+    if made.name != computation:
+        raise ReplayCodeError(f"--code {spec!r} is computation {made.name!r}, not {computation!r}: the replayed "
+                              f"code must keep the computation's name (set name = {computation!r})")
+    return made
+
+
+def shadow_chroot(base: str, into: StoreLayout) -> str:
+    """The ZooKeeper chroot of a shadow store: below ``base`` (the live one's), its own per folder."""
+    return f"{base.rstrip('/')}-replay-{hashlib.sha1(into.root.encode()).hexdigest()[:12]}"
+
+
+def _marker(into: StoreLayout) -> dict[str, Any] | None:
+    path = os.path.join(into.root, MARKER)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return dict(json.load(fh))
+
+
+def _write_marker(into: StoreLayout, content: Mapping[str, Any]) -> None:
+    path = os.path.join(into.root, MARKER)
+    staged = path + ".tmp"
+    with open(staged, "w", encoding="utf-8") as fh:
+        json.dump(dict(content), fh, indent=2, sort_keys=True)
+    os.replace(staged, path)
+
+
+def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str,
+                computation: str) -> dict[str, Any] | None:
+    """The marker of a previous replay into ``into`` of the same computation (None: a new one).
+
+    Raises:
+        ReplayTargetError: ``into`` is the live store, is remote, or holds something else.
+    """
+    if not into.is_local:
+        raise ReplayTargetError(f"--into {into.root}: a replay's shadow store must be a local folder for now")
+    if os.path.realpath(into.root) == os.path.realpath(store.root):
+        raise ReplayTargetError(f"--into {into.root} is the live store: a replay writes into a separate folder "
+                                "(its own rows and stream tables) so that the live outputs are never duplicated; "
+                                "give an empty folder")
+    if not os.path.isdir(into.root) or not os.listdir(into.root):
+        return None
+    m = _marker(into)
+    want = {"store": os.path.realpath(store.root), "pipeline": pipeline, "computation": computation}
+    if m is None or {k: m.get(k) for k in want} != want:
+        what = ("a store of pipeline " + repr(m.get("pipeline")) + ", computation " + repr(m.get("computation"))
+                + " of " + str(m.get("store"))) if m is not None else "files that are not a replay of this computation"
+        raise ReplayTargetError(f"--into {into.root} is not empty: it holds {what}. Give an empty folder, or the "
+                                f"folder of an earlier replay of {computation} of pipeline {pipeline} of this store "
+                                "to continue it")
+    return m
+
+
+def _check_source(spark: Any, store: StoreLayout, *, pipeline: str, computation: str) -> list[ComputationCommit]:
+    if store.is_local and not os.path.isdir(os.path.join(store.root, "rows", "_delta_log")):
+        from deltawheel.statestore.exceptions import NotAStoreError
+
+        raise NotAStoreError(f"--store {store.root} has no rows table: not a deltawheel store (or a path typo)")
+    if store.is_local and not os.path.isdir(os.path.join(store.root, "_checkpoints", pipeline)):
+        known = sorted(os.listdir(os.path.join(store.root, "_checkpoints"))) \
+            if os.path.isdir(os.path.join(store.root, "_checkpoints")) else []
+        raise ConfigError(f"pipeline {pipeline!r} has never run on store {store.root} (pipelines that have: "
+                          f"{', '.join(known) or 'none'}); check --pipeline")
+    commits = computation_commits(spark, store, computation)
+    if not commits:
+        raise ConfigError(f"computation {computation!r} has no commit in the rows table of {store.root}; check "
+                          "--computation (deltawheel status --store DIR lists the computations)")
+    return commits
+
+
+def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
+                from_version: int | None = None, from_timestamp_ms: int | None = None, from_start: bool = False,
+                to_version: int | None = None) -> ReplayPlan:
+    """What a replay of ``computation`` would read and write (see the module docstring).
+
+    Exactly one of ``from_version``, ``from_timestamp_ms`` and ``from_start``; ``to_version``
+    None: up to the newest commit now.
+
+    Raises:
+        NotAStoreError: ``store`` has no rows table.
+        ConfigError: the pipeline never ran on ``store``, or ``computation`` has no commit there.
+        ReplayUnavailableError: a version that does not exist or is before the replay horizon.
+        ReplayTargetError: ``into`` is the live store or holds something else.
+    """
+    if sum((from_version is not None, from_timestamp_ms is not None, bool(from_start))) != 1:
+        raise ConfigError("give exactly one of --from-version, --from-timestamp and --from-start")
+    commits = _check_source(spark, store, pipeline=pipeline, computation=computation)
+    marker = _check_into(store, into, pipeline=pipeline, computation=computation)
+    horizon = replay_horizon(commits)
+    newest = commits[-1].version
+    if from_timestamp_ms is not None:
+        from_version = version_at_timestamp(spark, store, from_timestamp_ms)
+    if from_start and horizon is not None:
+        raise ReplayUnavailableError(f"{computation}: commits up to rows version {horizon} record no input positions, "
+                                     f"so a replay cannot start from the start: use --from-version {horizon} or later")
+    if from_version is not None:
+        oldest = _oldest_version(spark, store)
+        if from_version < oldest or from_version > _latest_version(spark, store):
+            raise ReplayUnavailableError(
+                f"rows version {from_version} does not exist in {store.root}: its log keeps versions {oldest} to "
+                f"{_latest_version(spark, store)} (older ones are past Delta's log retention); replay possible "
+                f"from version {max(oldest, horizon or oldest)} on")
+        if horizon is not None and from_version < horizon:
+            raise ReplayUnavailableError(
+                f"{computation}: rows version {from_version} is before the replay horizon: commits up to version "
+                f"{horizon} record no input positions (written by an older deltawheel or a tool); replay from "
+                f"version {horizon} or later")
+    if to_version is not None and (to_version > newest or (from_version is not None and to_version < from_version)):
+        raise ReplayUnavailableError(f"--to-version {to_version} must be between the start version and the newest "
+                                     f"commit of {computation} ({newest})")
+    resume = None if marker is None else int(marker["reached"])
+    if marker is not None and marker.get("from_version") != from_version:
+        raise ReplayTargetError(f"--into {into.root} holds a replay from version {marker.get('from_version')}, not "
+                                f"{from_version}: give the same start to continue it, or an empty folder")
+    start = from_version if resume is None else resume
+    batches = tuple(commits_after(commits, start, to_version=to_version))
+    files = sorted({f for c in batches for f in (c.files or ())})
+    _check_inputs(store, batches)
+    return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
+                      from_version=from_version, to_version=to_version if to_version is not None else newest,
+                      horizon=horizon, batches=batches, input_files=len(files), input_bytes=_bytes(store, files),
+                      resume_after=resume)
+
+
+def _check_inputs(store: StoreLayout, batches: Sequence[ComputationCommit]) -> None:
+    """Refuse a plan whose batches read a stream-table data file that is gone (VACUUM after a
+    compaction), naming the first version a replay can start from.
+
+    Raises:
+        InputGoneError: a data file of a replayed batch is gone.
+    """
+    if not store.is_local:
+        return  # read when the batch runs (files_df raises it then)
+    gone_at = None
+    for c in batches:
+        for f in c.files or ():
+            stream, _, name = f.partition("/")
+            if name and not os.path.exists(os.path.join(store.stream(stream), name)):
+                gone_at = (c, f)
+    if gone_at is not None:
+        c, f = gone_at
+        raise InputGoneError(f"the input of live batch {c.batch_id} (rows version {c.version}) is gone: {f} was removed "
+                             f"from {store.root} (VACUUM after a compaction); replay from rows version {c.version} "
+                             "or later (--from-version)")
+
+
+def _bytes(store: StoreLayout, files: Sequence[str]) -> int | None:
+    if not store.is_local:
+        return None
+    total = 0
+    for f in files:
+        stream, _, name = f.partition("/")
+        p = os.path.join(store.stream(stream), name) if name else None
+        if p is None or not os.path.exists(p):
+            return None  # an injector's file: its folder is the injector's
+        total += os.path.getsize(p)
+    return total
+
+
+def _versions(spark: Any, store: StoreLayout) -> list[int]:
+    return [int(r[0]) for r in spark.sql(f"DESCRIBE HISTORY delta.`{store.rows}`").select("version").collect()]
+
+
+def _oldest_version(spark: Any, store: StoreLayout) -> int:
+    return min(_versions(spark, store))
+
+
+def _latest_version(spark: Any, store: StoreLayout) -> int:
+    return max(_versions(spark, store))
+
+
+def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, commits: Sequence[ComputationCommit]) -> None:
+    """C's rows of the live store as of the start version into the shadow store's rows table, in
+    one commit carrying the mark of C's newest commit up to it."""
+    from pyspark.sql import functions as F
+
+    v = plan.from_version
+    assert v is not None
+    before = [c for c in commits if c.version <= v and isinstance(c.meta.get("late"), dict)]
+    meta: dict[str, Any] = {"deltawheel": 1, "kind": "replay-seed", "computation": plan.computation,
+                            "replay": {"store": plan.store, "from_version": v}}
+    if before:
+        meta["late"] = before[-1].meta["late"]
+    try:
+        rows = spark.read.format("delta").option("versionAsOf", v).load(store.rows)
+    except Exception as exc:
+        raise ReplayUnavailableError(f"rows version {v} of {store.rows} cannot be read ({str(exc).splitlines()[0][:200]}): "
+                                     "its files are past Delta's retention (VACUUM); replay from a newer version") from exc
+    rows = rows.where((F.col("computation") == plan.computation) & (F.col("key") != FENCE_KEY)) \
+        .withColumn("sequencer", F.lit(0).cast("long")) \
+        .withColumn("pending", F.expr("filter(pending, p -> false)"))  # the live store delivers those
+    target_cols = spark.read.format("delta").load(into.rows).columns
+    (rows.select(*target_cols).write.format("delta").mode("append")
+     .option("userMetadata", json.dumps(meta, sort_keys=True)).save(into.rows))
+
+
+def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | None = None,
+           injectors: Sequence[Injector] = (), write_path: str = "auto",
+           progress: Callable[[str], None] | None = None, diff: bool = True) -> ReplayResult:
+    """Run ``plan`` with ``code`` (see the module docstring); returns the reports and the diff.
+
+    ``zk``: the shadow store's ZooKeeper (its chroot must not be the live pipeline's: use
+    :func:`shadow_chroot`); None: the shadow store's own embedded server. ``injectors``: the
+    pipeline's injectors whose files the replayed batches read.
+
+    Raises:
+        ReplayCodeError: ``code`` is not the planned computation.
+        ConfigError: an input is an injector not given in ``injectors``.
+        InputGoneError: an input file of a replayed batch is gone.
+    """
+    from .engine import connect
+
+    if code.name != plan.computation:
+        raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")
+    say = progress or (lambda line: None)
+    store, into = StoreLayout(plan.store), StoreLayout(plan.into)
+    by_name = {i.name: i for i in injectors}
+    missing = [s for s in code.inputs if s not in by_name and not os.path.isdir(store.stream(s)) and store.is_local]
+    if missing:
+        raise ConfigError(f"{plan.computation} reads {missing}, which are not stream tables of {store.root}: pass "
+                          "their injectors (replay(..., injectors=...)); the command line replays computations "
+                          "that read stream tables")
+    inputs = shared_input(code, by_name, table_of=store.stream, checkpoint=os.path.join(into.root, "_unused"))
+    commits = computation_commits(spark, store, plan.computation)
+    os.makedirs(into.root, exist_ok=True)
+    marker = {"store": os.path.realpath(store.root), "pipeline": plan.pipeline, "computation": plan.computation,
+              "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000)}
+    if zk is None:
+        engine = connect(spark, store=into.root, pipeline=plan.pipeline)
+    else:
+        engine = connect(spark, store=into.root, zk=zk.hosts, zk_chroot=zk.chroot, zk_digest=zk.digest,
+                         pipeline=plan.pipeline)
+    reports: list[BatchReport] = []
+    with engine:
+        if plan.resume_after is None:
+            if plan.from_version is not None:
+                say(f"seeding {into.root} with {plan.computation}'s rows as of version {plan.from_version}")
+                _seed(spark, store, into, plan, commits)
+            marker["reached"] = plan.from_version if plan.from_version is not None else -1
+            _write_marker(into, marker)
+        ex = engine.executor(code, write_path=write_path)
+        ex.positions = inputs  # its commits record the same positions
+        for c in plan.batches:
+            files = tuple(c.files or ())
+            df = inputs.files_df(spark, files) if files else None
+            reports.append(ex.run_batch(df, int(c.batch_id if c.batch_id is not None else -2),
+                                        input_watermark_ms=c.input_ms, use_authority=False, input_files=files))
+            ex.settle()
+            marker["reached"] = c.version
+            _write_marker(into, marker)
+            say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records")
+        marker["reached"] = plan.to_version
+        _write_marker(into, marker)
+    result_diff = None
+    if diff:
+        batch_ids = {c.batch_id for c in commits_after(commits, plan.from_version, to_version=plan.to_version)
+                     if c.batch_id is not None}
+        result_diff = diff_stores(spark, store, into, plan.computation, version_a=plan.to_version,
+                                  streams=code.outputs, batch_ids=batch_ids)
+    return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)

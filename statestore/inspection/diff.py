@@ -1,0 +1,242 @@
+"""Read-only: the difference between one computation's state in two stores, and its productions.
+
+:func:`diff_stores` compares the rows of a computation in store A (optionally as of a rows-table
+version: Delta time travel) with store B's newest (optionally as of a version too), key by key:
+
+* **state**: keys only in B (added), only in A (removed), and in both with different state bytes
+  (changed); a sample of each, decoded with the row's codec;
+* **timers** and **pending productions** (checkpointed, not yet delivered): keys whose lists differ;
+* **productions** delivered to the stream tables by the computation (``producer`` column), matched
+  by (stream, key, event time): only in A, only in B, and different values, value by value.
+  ``batch_ids`` restricts both sides to the productions of those batches (a replay compares what
+  its batches produced with what the same live batches produced).
+
+The comparison runs in Spark (a full outer join per table); only the counts and the samples reach
+the driver. Dedup record ids are not compared: they are the input's, not the computation's output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Collection
+
+from ..codecs import get_codec
+from ..exceptions import CodecError, NotAStoreError, ReplayUnavailableError
+from ..layout import StoreLayout
+from ..rowtable.rows import FENCE_KEY
+from ..sqltext import sql_str
+
+__all__ = ["StoreDiff", "diff_stores", "format_diff", "SAMPLE"]
+
+SAMPLE = 5  # samples per kind of difference
+
+
+@dataclass(frozen=True)
+class StoreDiff:
+    """The difference of one computation between store A and store B (see the module docstring).
+
+    ``counts``: kind -> number of keys (state: ``added``, ``removed``, ``changed``; ``timers``,
+    ``pending``) or productions (``productions_only_a``, ``productions_only_b``,
+    ``productions_changed``); ``samples``: kind -> up to :data:`SAMPLE` decoded examples.
+    """
+
+    computation: str
+    store_a: str
+    store_b: str
+    version_a: int | None
+    version_b: int | None
+    counts: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing differs."""
+        return not any(self.counts.values())
+
+    def to_json(self) -> str:
+        """The diff as a JSON document (``--diff-out``)."""
+        return json.dumps({"computation": self.computation, "store_a": self.store_a, "store_b": self.store_b,
+                           "version_a": self.version_a, "version_b": self.version_b, "empty": self.empty,
+                           "counts": self.counts, "samples": self.samples}, indent=2, sort_keys=True, default=str)
+
+
+STATE_KINDS = ("added", "removed", "changed", "timers", "pending")
+PRODUCTION_KINDS = ("productions_only_a", "productions_only_b", "productions_changed")
+
+
+def _decode(value: bytes | None, codec: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return get_codec(codec or "json").decode(bytes(value))
+    except CodecError:
+        return f"<{len(value)} bytes, codec {codec}>"
+
+
+def _read(spark: Any, path: str, version: int | None, what: str) -> Any:
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    try:
+        return reader.load(path)
+    except Exception as exc:  # AnalysisException / Delta's VersionNotFound
+        text = str(exc).splitlines()[0][:300]
+        if version is not None and ("version" in text.lower() or "VERSION" in text):
+            raise ReplayUnavailableError(f"{what}: version {version} of {path} is not available ({text}); "
+                                         "pick a version DESCRIBE HISTORY still lists") from exc
+        raise NotAStoreError(f"{what}: {path} is not a Delta table ({text}); check the store path") from exc
+
+
+def _rows(spark: Any, layout: StoreLayout, computation: str, version: int | None) -> Any:
+    from pyspark.sql import functions as F
+
+    df = _read(spark, layout.rows, version, f"store {layout.root}")
+    return (df.where((F.col("computation") == computation) & (F.col("key") != FENCE_KEY))
+            .select("key", "state", "codec", F.to_json(F.col("timers")).alias("timers"),
+                    F.to_json(F.col("pending")).alias("pending")))
+
+
+def _state_diff(spark: Any, a: Any, b: Any, counts: dict[str, int],
+                samples: dict[str, list[dict[str, Any]]]) -> None:
+    from pyspark.sql import functions as F
+
+    j = a.alias("a").join(b.alias("b"), F.col("a.key") == F.col("b.key"), "full_outer").select(
+        F.coalesce(F.col("a.key"), F.col("b.key")).alias("key"),
+        F.col("a.key").isNull().alias("only_b"), F.col("b.key").isNull().alias("only_a"),
+        F.col("a.state").alias("a_state"), F.col("a.codec").alias("a_codec"),
+        F.col("b.state").alias("b_state"), F.col("b.codec").alias("b_codec"),
+        F.col("a.timers").alias("a_timers"), F.col("b.timers").alias("b_timers"),
+        F.col("a.pending").alias("a_pending"), F.col("b.pending").alias("b_pending"))
+    both = ~F.col("only_a") & ~F.col("only_b")
+    conds = {
+        "added": F.col("only_b"),
+        "removed": F.col("only_a"),
+        "changed": both & ~F.col("a_state").eqNullSafe(F.col("b_state")),
+        "timers": both & ~F.col("a_timers").eqNullSafe(F.col("b_timers")),
+        "pending": both & ~F.col("a_pending").eqNullSafe(F.col("b_pending")),
+    }
+    j = j.withColumn("kinds", F.array(*[F.when(c, F.lit(k)) for k, c in conds.items()])).cache()
+    try:
+        agg = j.select(*[F.sum(F.when(c, 1).otherwise(0)).alias(k) for k, c in conds.items()]).collect()[0]
+        for k in STATE_KINDS:
+            counts[k] = int(agg[k] or 0)
+            if not counts[k]:
+                continue
+            rows = j.where(conds[k]).orderBy("key").limit(SAMPLE).collect()
+            samples[k] = [{
+                "key": r["key"],
+                "a": _decode(r["a_state"], r["a_codec"]) if k != "timers" and k != "pending" else None,
+                "b": _decode(r["b_state"], r["b_codec"]) if k != "timers" and k != "pending" else None,
+                **({"a_timers": r["a_timers"], "b_timers": r["b_timers"]} if k == "timers" else {}),
+                **({"a_pending": r["a_pending"], "b_pending": r["b_pending"]} if k == "pending" else {}),
+            } for r in rows]
+    finally:
+        j.unpersist()
+
+
+def _productions(spark: Any, layout: StoreLayout, computation: str, streams: Collection[str],
+                 batch_ids: Collection[int] | None) -> Any | None:
+    from pyspark.sql import functions as F
+
+    frames = []
+    for s in sorted(streams):
+        try:
+            df = spark.read.format("delta").load(layout.stream(s))
+        except Exception:  # no such stream table in this store: nothing delivered to it
+            continue
+        df = df.where(F.col("producer") == computation)
+        if batch_ids is not None:
+            batch = F.split(F.col("commit_id"), ":").getItem(1).cast("long")
+            df = df.where(batch.isin([int(b) for b in batch_ids]))
+        frames.append(df.select(F.lit(s).alias("stream"), "key", "timestamp_ms", "value", "codec"))
+    if not frames:
+        return None
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    # several productions of one (stream, key, event time): compared as a sorted list of values
+    return out.groupBy("stream", "key", "timestamp_ms").agg(
+        F.array_sort(F.collect_list(F.hex("value"))).alias("values"), F.first("codec").alias("codec"))
+
+
+def _production_diff(a: Any | None, b: Any | None, counts: dict[str, int],
+                     samples: dict[str, list[dict[str, Any]]]) -> None:
+    from pyspark.sql import functions as F
+
+    for k in PRODUCTION_KINDS:
+        counts[k] = 0
+    if a is None or b is None:
+        if a is None and b is None:
+            return
+        one: Any = a if a is not None else b
+        empty = one.limit(0)
+        a = a if a is not None else empty
+        b = b if b is not None else empty
+    on = [F.col("a.stream") == F.col("b.stream"), F.col("a.key") == F.col("b.key"),
+          F.col("a.timestamp_ms") == F.col("b.timestamp_ms")]
+    j = a.alias("a").join(b.alias("b"), on, "full_outer").select(
+        F.coalesce("a.stream", "b.stream").alias("stream"), F.coalesce("a.key", "b.key").alias("key"),
+        F.coalesce("a.timestamp_ms", "b.timestamp_ms").alias("timestamp_ms"),
+        F.col("a.values").alias("a_values"), F.col("b.values").alias("b_values"),
+        F.coalesce("a.codec", "b.codec").alias("codec"))
+    conds = {"productions_only_a": F.col("b_values").isNull(), "productions_only_b": F.col("a_values").isNull(),
+             "productions_changed": F.col("a_values").isNotNull() & F.col("b_values").isNotNull()
+             & ~F.col("a_values").eqNullSafe(F.col("b_values"))}
+    agg = j.select(*[F.sum(F.when(c, 1).otherwise(0)).alias(k) for k, c in conds.items()]).collect()[0]
+
+    def values(hexes: list[str] | None, codec: str | None) -> list[Any] | None:
+        return None if hexes is None else [_decode(bytes.fromhex(h), codec) for h in hexes]
+
+    for k, c in conds.items():
+        counts[k] = int(agg[k] or 0)
+        if counts[k]:
+            samples[k] = [{"stream": r["stream"], "key": r["key"], "timestamp_ms": r["timestamp_ms"],
+                           "a": values(r["a_values"], r["codec"]), "b": values(r["b_values"], r["codec"])}
+                          for r in j.where(c).orderBy("stream", "key", "timestamp_ms").limit(SAMPLE).collect()]
+
+
+def production_keys(spark: Any, layout: StoreLayout, computation: str, streams: Collection[str], *,
+                    batch_ids: Collection[int] | None = None, kind: str = "all") -> list[tuple[str, str, int]]:
+    """(stream, key, event time) of the computation's productions in ``layout``'s stream tables."""
+    df = _productions(spark, layout, computation, streams, batch_ids)
+    return [] if df is None else sorted((r[0], r[1], int(r[2])) for r in df.select(
+        "stream", "key", "timestamp_ms").collect())
+
+
+def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *, version_a: int | None = None,
+                version_b: int | None = None, streams: Collection[str] = (),
+                batch_ids: Collection[int] | None = None) -> StoreDiff:
+    """The difference of ``computation`` between store ``a`` (as of ``version_a``; None: newest) and
+    store ``b`` (as of ``version_b``), its state rows and its productions to ``streams``.
+
+    Raises:
+        NotAStoreError: a store has no rows table.
+        ReplayUnavailableError: a version that does not exist (or is past Delta's retention).
+    """
+    counts: dict[str, int] = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
+    _state_diff(spark, _rows(spark, a, computation, version_a), _rows(spark, b, computation, version_b),
+                counts, samples)
+    _production_diff(_productions(spark, a, computation, streams, batch_ids),
+                     _productions(spark, b, computation, streams, batch_ids), counts, samples)
+    return StoreDiff(computation, a.root, b.root, version_a, version_b, counts, samples)
+
+
+def format_diff(d: StoreDiff) -> str:
+    """The diff as a table of counts, then its samples, for a terminal."""
+    lines = [f"diff of {d.computation}: A = {d.store_a}" + (f" @ v{d.version_a}" if d.version_a is not None else "")
+             + f", B = {d.store_b}" + (f" @ v{d.version_b}" if d.version_b is not None else ""),
+             f"{'what':<22}{'count':>8}"]
+    for k in STATE_KINDS + PRODUCTION_KINDS:
+        lines.append(f"{k:<22}{d.counts.get(k, 0):>8}")
+    lines.append("no difference" if d.empty else "samples (A -> B):")
+    for k, rows in d.samples.items():
+        for r in rows:
+            lines.append(f"  {k}: {json.dumps(r, sort_keys=True, default=str)}")
+    return "\n".join(lines)
+
+
+def sql_of_rows(layout: StoreLayout, computation: str) -> str:
+    """The SQL reading the computation's rows of ``layout`` (for a user checking a diff by hand)."""
+    return f"SELECT * FROM delta.`{layout.rows}` WHERE computation = {sql_str(computation)}"

@@ -1,0 +1,146 @@
+"""Rows-table versions -> input positions: what replay reads back from the commit log.
+
+Every batch commit of a computation records, in its Delta commit's ``userMetadata``, the input
+positions the batch read (``rowtable/inputfiles.py``'s :func:`commit_entry`: the Parquet files of
+its injector, the data files ``{stream}/{name}`` of the stream tables it reads; none for a
+timers-only batch) beside the watermark the batch acted on (its ``late`` mark). A version's input
+position is the union of the positions of the computation's commits up to it; a replay from
+version V re-runs the computation's commits after V, batch by batch, on the same files.
+
+Commits written before positions were recorded (or by a tool: a repair, a reseed) carry none:
+:func:`replay_horizon` is the first version a replay may start from (every later batch commit of
+the computation records its positions). Claims (a new owner's fence rows) change no user row and
+are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..exceptions import NotAStoreError, ReplayUnavailableError
+from ..layout import StoreLayout
+from ..rowtable.inputfiles import entry_of
+
+__all__ = ["ComputationCommit", "computation_commits", "replay_horizon", "position_at", "commits_after",
+           "version_at_timestamp"]
+
+
+@dataclass(frozen=True)
+class ComputationCommit:
+    """One commit of a computation to the rows table.
+
+    ``batch_id`` / ``files``: its recorded input positions (``files`` None: none recorded);
+    ``input_ms`` / ``late_ms``: the watermarks the batch acted on (its ``late`` mark);
+    ``kind``: ``batch``, ``claim`` or what a tool wrote; ``meta``: the parsed metadata.
+    """
+
+    version: int
+    timestamp_ms: int
+    kind: str
+    batch_id: int | None
+    files: tuple[str, ...] | None
+    input_ms: int | None
+    late_ms: int | None
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def replayable(self) -> bool:
+        """It records its input positions, or changes no user row (a claim)."""
+        return self.files is not None or self.kind == "claim"
+
+
+def _history(spark: Any, layout: StoreLayout) -> list[Any]:
+    try:
+        return sorted(spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`")
+                      .select("version", "timestamp", "userMetadata").collect(), key=lambda r: r["version"])
+    except Exception as exc:  # Spark's AnalysisException: not a Delta table
+        raise NotAStoreError(f"{layout.root} has no rows table ({layout.rows}): not a deltawheel store, or not "
+                             f"migrated yet; check --store ({str(exc).splitlines()[0][:200]})") from exc
+
+
+def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> list[ComputationCommit]:
+    """Oldest first, every commit of ``computation`` to the rows table of ``layout``.
+
+    Raises:
+        NotAStoreError: the store has no rows table.
+    """
+    out: list[ComputationCommit] = []
+    for r in _history(spark, layout):
+        try:
+            meta = json.loads(r["userMetadata"]) if r["userMetadata"] else None
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict) or meta.get("computation") != computation:
+            continue
+        entry = entry_of(meta)
+        late_entry = meta.get("late")
+        late: dict[str, Any] = late_entry if isinstance(late_entry, dict) else {}
+        out.append(ComputationCommit(
+            version=int(r["version"]), timestamp_ms=int(r["timestamp"].timestamp() * 1000),
+            kind=str(meta.get("kind", "batch")), batch_id=None if entry is None else entry[0],
+            files=None if entry is None else entry[1],
+            input_ms=None if late.get("input_ms") is None else int(late["input_ms"]),
+            late_ms=None if late.get("late_ms") is None else int(late["late_ms"]), meta=meta))
+    return out
+
+
+def replay_horizon(commits: Sequence[ComputationCommit]) -> int | None:
+    """The first version a replay may start from: every later commit records its positions (the
+    version of the newest commit that records none, since the state as of it is where a replay
+    starts). None: every commit records them (a replay may start from before the first one)."""
+    missing = [c.version for c in commits if not c.replayable]
+    return missing[-1] if missing else None
+
+
+def position_at(commits: Sequence[ComputationCommit], version: int) -> frozenset[str] | None:
+    """The input position as of ``version``: every input file the computation's commits up to it
+    read (None: some commit up to it records no positions)."""
+    out: set[str] = set()
+    for c in commits:
+        if c.version > version:
+            break
+        if not c.replayable:
+            return None
+        out.update(c.files or ())
+    return frozenset(out)
+
+
+def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
+                  to_version: int | None = None) -> list[ComputationCommit]:
+    """The batch commits a replay from ``version`` (None: the start) up to ``to_version`` (None: the
+    newest) re-runs, oldest first.
+
+    Raises:
+        ReplayUnavailableError: one of them records no input positions (names the horizon).
+    """
+    out = []
+    for c in commits:
+        if (version is not None and c.version <= version) or (to_version is not None and c.version > to_version):
+            continue
+        if not c.replayable:
+            h = replay_horizon(commits)
+            raise ReplayUnavailableError(
+                f"version {c.version} of the rows table ({c.meta.get('computation')}, kind {c.kind}) records no "
+                f"input positions (written by an older deltawheel or a tool), so a replay cannot start before it: "
+                f"replay from version {h} or later (--from-version {h})")
+        if c.kind != "claim":
+            out.append(c)
+    return out
+
+
+def version_at_timestamp(spark: Any, layout: StoreLayout, timestamp_ms: int) -> int:
+    """The newest rows-table version committed at or before ``timestamp_ms``.
+
+    Raises:
+        ReplayUnavailableError: every version is newer (names the oldest one and its time).
+    """
+    hist = _history(spark, layout)
+    older = [int(r["version"]) for r in hist if r["timestamp"].timestamp() * 1000 <= timestamp_ms]
+    if not older:
+        first = hist[0]
+        raise ReplayUnavailableError(f"the rows table has no version at or before {timestamp_ms} ms; its oldest "
+                                     f"kept version is {first['version']} ({first['timestamp']}): give a later "
+                                     "--from-timestamp, or --from-version")
+    return max(older)

@@ -1,0 +1,312 @@
+"""Replay (issue 42 items 1-3): input positions per commit, ``deltawheel replay`` into a shadow
+store, and the diff against the live store; real Spark, ZooKeeper and Delta.
+
+The live store: the demo's ``window_counter`` and ``model`` over generated queries, run three times
+on a growing input folder (2, 4, then 6 files), so ``model`` has commits in the middle of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltawheel.executor.cli import main
+
+pytestmark = pytest.mark.spark
+
+EVENTS, PER_FILE = 3_000, 500
+
+
+def _params() -> Any:
+    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams
+
+    return ZeitgeistParams(n_events=EVENTS, seed=11, rate_per_s=20, n_queries=8)
+
+
+def _run_live(spark: Any, store: Path, zk: Any, files: int) -> None:
+    from deltawheel.executor.demo.pipeline import Model, window_counter
+    from deltawheel.executor.demo.zeitgeist import write_event_files
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
+    from deltawheel.statestore.layout import StoreLayout
+
+    params = _params()
+    folder = str(store.parent / "input")
+    write_event_files(params.generate().slice(0, files * PER_FILE), folder, events_per_batch=PER_FILE,
+                      first_mtime_s=params.start_ms // 1000)
+    inj = ParquetInjector("queries", folder, key_column="query", event_time_column="event_time",
+                          record_id_column="record_id", max_files_per_trigger=1,
+                          watermark_delay_ms=params.max_disorder_ms)
+    PipelineRunner(spark, StoreLayout(str(store)), Pipeline("zeitgeist", (inj,), (window_counter(), Model())),
+                   zk=zk, end_of_input=False, progress=lambda line: None).run()
+
+
+@pytest.fixture(scope="module")
+def live(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """(store path, the model's commits after each of the three runs)."""
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.inspection.positions import computation_commits
+    from deltawheel.statestore.layout import StoreLayout
+
+    store = tmp_path_factory.mktemp("replay") / "store"
+    zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/live-{uuid.uuid4().hex[:8]}")
+    ends = []
+    for files in (2, 4, 6):
+        _run_live(spark, store, zk, files)
+        ends.append(computation_commits(spark, StoreLayout(str(store)), "model")[-1].version)
+    return store, ends, zk
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_every_batch_commit_records_its_input_positions(spark, live) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.inspection.positions import computation_commits, position_at, replay_horizon
+    from deltawheel.statestore.layout import StoreLayout
+
+    store, ends, _ = live
+    layout = StoreLayout(str(store))
+    model = [c for c in computation_commits(spark, layout, "model") if c.kind != "claim"]
+    assert replay_horizon(model) is None  # every commit records them: replayable from the start
+    read = [f for c in model for f in (c.files or ())]
+    # the model reads the data files of window_counts: each exactly once over the run
+    assert read and all(f.startswith("window_counts/") for f in read)
+    assert len(read) == len(set(read))
+    delivered = {f"window_counts/{n}" for n in os.listdir(layout.stream("window_counts")) if n.endswith(".parquet")}
+    assert set(read) <= delivered
+    assert position_at(model, ends[0]) < position_at(model, ends[2])  # type: ignore[operator]
+    counter = [c for c in computation_commits(spark, layout, "window_counter") if c.kind != "claim" and c.files]
+    # window_counter reads the injector's files, one per micro-batch
+    assert sorted(f for c in counter for f in c.files or ()) == [f"part-{i:05d}.parquet" for i in range(6)]
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_replay_of_unchanged_code_from_the_middle_gives_an_empty_diff(spark, live, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    store, ends, zk = live
+    into, out = tmp_path / "shadow", tmp_path / "diff.json"
+    argv = ["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
+            "--from-version", str(ends[0]), "--into", str(into), "--zk", zk.hosts, "--zk-chroot", zk.chroot,
+            "--diff-out", str(out)]
+    # up to the second run's end first: compared with the live store as of that version
+    rc = main([*argv, "--to-version", str(ends[1])])
+    got = capsys.readouterr()
+    assert rc == 0, got.out + got.err
+    d = json.loads(out.read_text())
+    assert d["empty"] and d["version_a"] == ends[1], got.out
+    # the same command again, to now: continues with the later batches only
+    rc = main(argv)
+    got = capsys.readouterr()
+    text = got.out
+    assert rc == 0, text + got.err
+    assert f"continues a replay that reached rows version {ends[1]}" in text
+    d = json.loads(out.read_text())
+    assert d["empty"] and d["version_a"] == ends[2], text
+    # it did replay something: the shadow store has the productions of the replayed batches
+    from deltawheel.statestore.layout import StoreLayout
+
+    shadow = spark.read.format("delta").load(StoreLayout(str(into)).stream("predictions")).count()
+    assert shadow > 0
+    assert "no difference" in text
+
+
+def _series(spark: Any, store: Path) -> dict[str, list[tuple[int, int]]]:
+    """Per query, (window start, count) of every window from its first one on (a window without an
+    on-time pane counts 0), from the live window_counts stream: the model's input, read directly."""
+    from deltawheel.executor.demo.pipeline import WINDOW_MS
+
+    panes: dict[str, dict[int, int]] = {}
+    for r in spark.read.format("delta").load(f"{store}/streams/window_counts").collect():
+        v = json.loads(r["value"])
+        if v.get("retraction") or v.get("timing") == "LATE":
+            continue
+        panes.setdefault(r["key"], {}).setdefault(int(v["window_start"]), int(v["value"]))
+    out = {}
+    for q, by_start in panes.items():
+        first, last = min(by_start), max(by_start)
+        out[q] = [(s, by_start.get(s, 0)) for s in range(first, last + WINDOW_MS, WINDOW_MS)]
+    return out
+
+
+def _expected(series: list[tuple[int, int]]) -> dict[int, tuple[float, float]]:
+    """Window start -> (the exponential average's prediction, the 3-window mean's), for every window
+    predicted (three windows known before it)."""
+    out: dict[int, tuple[float, float]] = {}
+    avg = None
+    for i, (s, actual) in enumerate(series):
+        if avg is not None and i >= 3:
+            out[s] = (round(avg, 3), round(sum(a for _, a in series[i - 3:i]) / 3, 3))
+        avg = actual if avg is None else 0.7 * avg + 0.3 * actual
+    return out
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_replay_with_a_changed_moving_average_differs_exactly_where_the_window_matters(  # type: ignore[no-untyped-def]
+        spark, live, tmp_path, capsys) -> None:
+    from deltawheel.executor.demo.pipeline import WINDOW_MS
+    from deltawheel.statestore.layout import StoreLayout
+
+    store, ends, zk = live
+    into, out = tmp_path / "shadow", tmp_path / "diff.json"
+    rc = main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
+               "--from-version", str(ends[0]), "--code", "replay_model:WindowModel", "--into", str(into),
+               "--zk", zk.hosts, "--zk-chroot", zk.chroot, "--diff-out", str(out)])
+    got = capsys.readouterr()
+    text = got.out
+    assert rc == 0, text + got.err
+    d = json.loads(out.read_text())
+    # what the live model predicted after the start version: the productions of its later commits
+    early = {json.loads(r["userMetadata"])["commit_id"] for r in spark.sql(
+        f"DESCRIBE HISTORY delta.`{store}/rows`").collect()
+        if r["userMetadata"] and r["version"] <= ends[0] and json.loads(r["userMetadata"]).get("computation") == "model"}
+    live_preds = {(r["key"], r["timestamp_ms"]): json.loads(r["value"]) for r in spark.read.format("delta").load(
+        f"{store}/streams/predictions").collect() if r["commit_id"] not in early}
+    shadow_preds = {(r["key"], r["timestamp_ms"]): json.loads(r["value"]) for r in spark.read.format("delta").load(
+        StoreLayout(str(into)).stream("predictions")).collect()}
+    assert live_preds and set(shadow_preds) == set(live_preds)  # the same windows predicted, nothing more or less
+    series = _series(spark, store)
+    differs = set()
+    for (q, ts), p in live_preds.items():
+        ema, mean = _expected(series[q])[ts - WINDOW_MS]
+        assert p["expected"] == ema  # the live code's, computed here independently
+        assert shadow_preds[(q, ts)]["expected"] == mean  # the replayed code's
+        if ema != mean:
+            differs.add((q, ts))
+    assert differs  # the window matters somewhere ...
+    assert d["counts"]["productions_changed"] == len(differs)  # ... and exactly there
+    assert d["counts"]["productions_only_a"] == d["counts"]["productions_only_b"] == 0
+    # the state does not depend on how predictions are made: no key differs
+    assert d["counts"]["added"] == d["counts"]["removed"] == d["counts"]["changed"] == 0
+    assert {(s["key"], s["timestamp_ms"]) for s in d["samples"]["productions_changed"]} <= differs
+
+
+def _plan(spark: Any, store: Any, into: Any, **kw: Any) -> Any:
+    from deltawheel.executor.drivers.replay import plan_replay
+    from deltawheel.statestore.layout import StoreLayout
+
+    args = {"pipeline": "zeitgeist", "computation": "model", **kw}
+    return plan_replay(spark, store=StoreLayout(str(store)), into=StoreLayout(str(into)), **args)
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_plan_says_what_it_reads_and_writes(spark, live, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    store, ends, _ = live
+    rc = main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
+               "--from-version", str(ends[1]), "--into", str(tmp_path / "shadow"), "--plan"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"from rows version {ends[1]} up to rows version {ends[2]}" in out
+    assert "input files of 1 batches" in out and "no live lease is taken" in out
+    assert not (tmp_path / "shadow").exists()  # a plan writes nothing
+    plan = _plan(spark, store, tmp_path / "shadow", from_start=True)
+    assert plan.from_version is None and len(plan.batches) >= 3 and plan.input_bytes
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_refusals_name_what_is_wrong(spark, live, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.exceptions import (
+        ConfigError,
+        NotAStoreError,
+        ReplayTargetError,
+        ReplayUnavailableError,
+    )
+
+    store, ends, _ = live
+    into = tmp_path / "shadow"
+    with pytest.raises(NotAStoreError, match="has no rows table"):
+        _plan(spark, tmp_path / "nowhere", into, from_start=True)
+    with pytest.raises(ConfigError, match="pipeline 'other' has never run on store"):
+        _plan(spark, store, into, pipeline="other", from_start=True)
+    with pytest.raises(ConfigError, match="computation 'nope' has no commit"):
+        _plan(spark, store, into, computation="nope", from_start=True)
+    with pytest.raises(ConfigError, match="exactly one of --from-version"):
+        _plan(spark, store, into, from_start=True, from_version=ends[0])
+    with pytest.raises(ReplayUnavailableError, match="rows version 100000 does not exist"):
+        _plan(spark, store, into, from_version=100_000)
+    with pytest.raises(ReplayUnavailableError, match="no version at or before 1000 ms"):
+        _plan(spark, store, into, from_timestamp_ms=1000)
+    with pytest.raises(ReplayTargetError, match="is the live store"):
+        _plan(spark, store, store, from_start=True)
+    into.mkdir()
+    (into / "something").write_text("x")
+    with pytest.raises(ReplayTargetError, match="is not empty: it holds files that are not a replay"):
+        _plan(spark, store, into, from_start=True)
+    (into / "something").unlink()
+    (into / "_replay.json").write_text(json.dumps({"store": os.path.realpath(store), "pipeline": "zeitgeist",
+                                                   "computation": "detector", "from_version": None, "reached": 3}))
+    with pytest.raises(ReplayTargetError, match="computation 'detector'"):
+        _plan(spark, store, into, from_start=True)
+    # the command line: the same refusal, exit status 3, nothing written
+    assert main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model", "--from-start",
+                 "--code", "replay_model:Nope", "--into", str(tmp_path / "s2")]) == 3
+    assert not (tmp_path / "s2").exists()
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_a_replay_needing_input_or_positions_that_are_gone_is_refused_with_the_horizon(  # type: ignore[no-untyped-def]
+        spark, live, tmp_path) -> None:
+    import shutil
+
+    from deltawheel.statestore.exceptions import InputGoneError, ReplayUnavailableError
+    from deltawheel.statestore.inspection.positions import computation_commits
+    from deltawheel.statestore.layout import StoreLayout
+
+    src, ends, _ = live
+    store = tmp_path / "copy" / "store"
+    shutil.copytree(src, store)
+    layout = StoreLayout(str(store))
+    last = computation_commits(spark, layout, "model")[-1]
+    gone = next(f for f in last.files or () if f.startswith("window_counts/"))
+    os.remove(os.path.join(layout.stream("window_counts"), gone.split("/", 1)[1]))
+    with pytest.raises(InputGoneError, match=f"{gone} was removed .* replay from rows version {last.version} or later"):
+        _plan(spark, store, tmp_path / "shadow", from_version=ends[0])
+    shutil.copy(os.path.join(StoreLayout(str(src)).stream("window_counts"), gone.split("/", 1)[1]),
+                layout.stream("window_counts"))
+    # a commit of a tool (no input positions; here it writes a row of another computation) moves the horizon
+    from pyspark.sql import functions as F
+
+    one = spark.read.format("delta").load(layout.rows).limit(1).withColumn("computation", F.lit("zz_tool"))
+    one.write.format("delta").mode("append").option(
+        "userMetadata", json.dumps({"computation": "model", "kind": "repair"})).save(layout.rows)
+    horizon = computation_commits(spark, layout, "model")[-1].version
+    with pytest.raises(ReplayUnavailableError, match=f"replay from version {horizon} or later"):
+        _plan(spark, store, tmp_path / "shadow", from_version=ends[0])
+    with pytest.raises(ReplayUnavailableError, match=f"use --from-version {horizon} or later"):
+        _plan(spark, store, tmp_path / "shadow", from_start=True)
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+def test_diff_of_two_stores_from_the_command_line(spark, live, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    store, ends, _ = live
+    out = tmp_path / "d.json"
+    assert main(["diff", "--store", str(store), "--store", str(store), "--computation", "model",
+                 "--stream", "predictions"]) == 0
+    assert "no difference" in capsys.readouterr().out
+    # the model's state as of the first run's end against its newest: keys changed, none removed
+    rc = main(["diff", "--store", str(store), "--store", str(store), "--computation", "model", "--as-of",
+               str(ends[0]), "--diff-out", str(out)])
+    assert rc == 1
+    d = json.loads(out.read_text())
+    assert d["counts"]["changed"] > 0 and d["counts"]["removed"] == 0
+    s = d["samples"]["changed"][0]
+    assert s["a"]["last"] < s["b"]["last"]  # decoded: the newer state has seen later windows
+
+
+def test_code_must_import_and_be_the_computation_of_that_name() -> None:
+    """``--code`` as a user gives it: MODULE:CLASS, checked before anything runs."""
+    from deltawheel.executor.demo.pipeline import Model
+    from deltawheel.executor.drivers.replay import load_code
+    from deltawheel.statestore.exceptions import ReplayCodeError
+
+    with pytest.raises(ReplayCodeError, match="does not import"):
+        load_code("no_such_module_here:Model", "model")
+    with pytest.raises(ReplayCodeError, match="give MODULE:CLASS"):
+        load_code("replay_model", "model")
+    with pytest.raises(ReplayCodeError, match="not a Computation"):
+        load_code("json:JSONDecoder", "model")
+    with pytest.raises(ReplayCodeError, match="is computation 'detector', not 'model'"):
+        load_code("deltawheel.executor.demo.pipeline:Detector", "model")
+    made = load_code("replay_model:WindowModel", "model")
+    assert isinstance(made, Model) and type(made).__name__ == "WindowModel"

@@ -6,7 +6,8 @@ one marker row per interval it runs, so intervals with only due timers run too) 
 
 1. loads the image (Parquet, cached per Python worker by file path: files
    are immutable, so a cached image is never stale) and checks the fence row
-   carries this writer's sequencer — a takeover is noticed before user code;
+   carries this writer's sequencer — a takeover is noticed before user code: the
+   interval's summary says so (``fenced``) and the task runs nothing more;
 2. picks the keys to run: keys with records, keys with due timers;
 3. runs user code per key (the key loop, ``keys.py``, through ``keyrun.UserCode``:
    dedup, records in event-time order, timers in timestamp order) and clears
@@ -21,7 +22,8 @@ one marker row per interval it runs, so intervals with only due timers run too) 
    commits it; on S3 the uploads run in the background and the task waits
    for all of them before it returns its summaries;
 5. returns one :class:`~deltawheel.statestore.writepath.image.summary.IntervalSummary`
-   per interval (new files, counts, oldest work).
+   per interval (new files, counts, oldest work; or the fence it met: the driver's
+   ``collect`` raises StaleViewError for it).
 
 Nothing here talks to ZooKeeper or the Delta log; the driver commits.
 """
@@ -46,6 +48,7 @@ from deltawheel.statestore.writepath.image.files import (
     write_production_files,
 )
 from deltawheel.statestore.writepath.image.summary import (
+    Fenced,
     ImageFile,
     IntervalSummary,
     ProductionFile,
@@ -56,11 +59,8 @@ from ...computation import Computation
 from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .keys import Input, KeyLoop, OldRows, py_list
 
-__all__ = ["ImageSpec", "holds", "run_task", "STALE_MARK"]
+__all__ = ["ImageSpec", "holds", "run_task"]
 
-#: in the error of a task that found an interval fenced by a newer sequencer (the driver raises
-#: StaleViewError for it)
-STALE_MARK = "DW_STALE_FENCE"
 _CACHE: "OrderedDict[tuple[str, ...], Any]" = OrderedDict()
 _CACHE_MAX = 64
 # the interval images' Bloom filters of record ids, by the image's file paths (as _CACHE)
@@ -140,6 +140,8 @@ def _run(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
         for iv in sorted(i for i in ivs if i in spec.sequencers):
             recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
             out.append(_interval(spec, iv, recs))
+            if out[-1].fenced is not None:  # taken over: the batch cannot commit, run nothing more
+                break
     # the task's input counts and its dead / late records ride on its first summary
     head = out[0] if out else IntervalSummary(None)
     return [replace(head, records_in=counted, obs_min=lo, obs_max=hi, side=(*side, *head.side)), *out[1:]]
@@ -158,8 +160,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     fence = image.filter(pc.equal(keys, FENCE_KEY)).column("sequencer").to_pylist()
     mine = spec.sequencers[iv]
     if not fence or max(fence) != mine:
-        raise RuntimeError(f"{STALE_MARK}: interval {iv} of {name} is fenced by sequencer "
-                           f"{max(fence) if fence else None}, this writer holds {mine}")
+        return IntervalSummary(iv, fenced=Fenced(name, max(fence) if fence else None, mine))
     dirty = len(fence) > 1  # a takeover's claim left a second fence row: keep one
     if dirty or spec.input_files:
         # the kept fence row carries the union of the input-file sets (``inputfiles.py``; a claim's

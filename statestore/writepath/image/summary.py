@@ -206,10 +206,6 @@ class BatchOutput:
         """(interval, its summary) for each summary of an interval."""
         return [(s.interval, s) for s in self.summaries if s.interval is not None]
 
-    def total(self, name: str) -> int:
-        """The count ``name`` (a count field of :class:`IntervalSummary`) summed over the summaries."""
-        return sum(int(getattr(s, name)) for s in self.summaries)
-
     def side(self, kind: str) -> list[SideRecord]:
         """The side records of ``kind`` (dead, late) of every summary."""
         return [x for s in self.summaries for x in s.side if x.kind == kind]

@@ -97,9 +97,8 @@ def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     # which triggers collections that traverse every tracked object (the cached images
     # included), 15-35 % of the task function's time; nearly all of it is freed by reference
     # counting anyway, and the collector resumes (and catches up) when the task ends
-    # (the type ignores: mypy, run over the repo's folders, takes gc/ for this builtin module)
-    was_enabled = gc.isenabled()  # type: ignore[attr-defined]
-    gc.disable()  # type: ignore[attr-defined]
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         if os.environ.get("DELTAWHEEL_TASK_PROFILE"):  # a folder: one cProfile file per task
             import cProfile
@@ -110,7 +109,7 @@ def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
             out = _run(spec, table)
     finally:
         if was_enabled:
-            gc.enable()  # type: ignore[attr-defined]
+            gc.enable()
     return out
 
 
@@ -204,7 +203,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         rest = _without_pending(rest)
     rest = drop_empty(rest)
     loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong)
-    bloom, seen, bstats = _dedup(spec, iv, image, inp, old_ids)
+    bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids)
     loop.run(sorted(touched), inp, old, seen, old_ids.keys)
     if not comp.exactly_once:
         new_ids = None
@@ -238,7 +237,8 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         iv, image=written, prod_files=tuple(prod_files), side=(*routed, *loop.side), processed=loop.processed,
         duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=len(loop.prods), n_dead=len(loop.side),
         keys_written=loop.written, ids_expired=expired, oldest_ms=oldest_work(new_image),
-        next_proc_ms=next_processing(new_image, retention), images_read=int(read), **bstats)
+        next_proc_ms=next_processing(new_image, retention), images_read=int(read), bloom_checked=checks.checked,
+        bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos, bloom_bytes=checks.nbytes)
 
 
 def _route_late(comp: Computation, recs: Any, image: Any,
@@ -281,24 +281,32 @@ def _without_pending(t: Any) -> Any:
     return t.set_column(idx, field, empty)
 
 
+@dataclass(frozen=True)
+class BloomCounts:
+    """One interval's first dedup check (the summary's ``bloom_*``): records checked against
+    the filter, "maybe seen" answers, of which not seen, and the filter's memory."""
+
+    checked: int = 0
+    maybe: int = 0
+    false_pos: int = 0
+    nbytes: int = 0
+
+
 def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input,
-           ids: HeldIds) -> tuple[IdBloom | None, list[bool] | None, dict[str, int]]:
+           ids: HeldIds) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
     """Dedup as MillWheel does it: the batch's record ids of this interval against the
     image's Bloom filter first; only if one might have been seen, the exact lookup in the stored ids
     (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
     its id (None: none does), and the filter's counts for the batch report."""
-    stats = {"bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0}
     if not spec.comp.exactly_once or not inp.keys:
-        return None, None, stats
+        return None, None, BloomCounts()
     bloom = _bloom(spec, iv, image)
     flags = bloom.might_contain_many(inp.ids)
     maybe = int(flags.sum())
-    stats.update(bloom_checked=len(inp.ids), bloom_maybe=maybe, bloom_bytes=bloom.nbytes)
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
-        return bloom, None, stats
+        return bloom, None, BloomCounts(len(inp.ids), 0, 0, bloom.nbytes)
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
-    stats["bloom_false_pos"] = maybe - (sum(seen) if seen else 0)
-    return bloom, seen, stats
+    return bloom, seen, BloomCounts(len(inp.ids), maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
 
 
 def _bloom(spec: ImageSpec, iv: int, image: Any) -> IdBloom:

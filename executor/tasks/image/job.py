@@ -172,14 +172,14 @@ class ImageTasks:
         oldest = [s.oldest_ms for s in out.summaries if s.oldest_ms is not None]
         # the tasks' own dead letters (user code's, not input-level ones) carry no source position
         # (not shipped to the tasks): looked up in the input, with their records' original text
-        in_tasks = {r.record_id for r in dead if r.position is None}
+        in_tasks = {r.record_id for r in dead if r.position is None and r.record_id is not None}
         if df is not None and in_tasks:
             pos = positions_of(prep if prep is not None else
                                prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
                                              ahead=(now, self.event_ahead_ms)), in_tasks)
             text = original_texts(prepared.raw, in_tasks) if prepared.raw is not None else {}
             dead = [dataclasses.replace(r, position=pos.get(r.record_id), value=text.get(r.record_id, r.value))
-                    if r.position is None else r for r in dead]
+                    if r.position is None and r.record_id is not None else r for r in dead]
         return BatchRun(out, counts, dead=side_frame(session, dead, dead=True) if dead else None,
                         late=side_frame(session, late, dead=False) if late else None,
                         prod_min_ts=out.prod_min_ts(), event_timer_ms=min(oldest, default=None),

@@ -90,6 +90,8 @@ def _direct_versions(spark: Any, path: str) -> set[int] | None:
     if snap is None or any(a.get("deletionVector") for a in snap.adds):
         return None
     table = files_for(files) if isinstance(files, str) else files
+    if table is None:  # not met: a path _files gives as a string is a local one
+        return None
     out: set[int] = set()
     for a in snap.adds:
         col = table.read_parquet(decode_path(a["path"]), columns=["version"]).column("version")

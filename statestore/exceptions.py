@@ -299,7 +299,18 @@ class StaleViewError(RetryableError):
 
     Raised by the tasks' loading (step 3) or by a write path's commit (step 5); nothing of
     the batch was committed. Reload the view (which fails typed if the cause was a takeover)
-    and run the batch's steps 3-5 again."""
+    and run the batch's steps 3-5 again.
+
+    When an image task found an interval's fence row carrying another writer's sequencer, the
+    error says which: ``interval``, the fence's ``sequencer`` (None: no fence row) and ``ours``
+    (all None for the other causes)."""
+
+    def __init__(self, message: str, *, interval: int | None = None, sequencer: int | None = None,
+                 ours: int | None = None) -> None:
+        super().__init__(message)
+        self.interval = interval
+        self.sequencer = sequencer
+        self.ours = ours
 
 
 class ReadOnlySqlError(FatalError):

@@ -7,6 +7,7 @@ records), including a crash and a restart that replays a batch from its files.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from pathlib import Path
@@ -279,20 +280,42 @@ def test_the_direct_read_on_separate_executors_gives_the_same(spark, zk_server, 
     assert _outputs(spark, StoreLayout(str(store))) == want
 
 
-def _fenced_task(_t: int, _rows: Any) -> Any:
-    from deltawheel.executor.tasks.image.interval import STALE_MARK
-
-    raise RuntimeError(f"{STALE_MARK}: interval 1 of c is fenced by sequencer 7 (ours: 3)")
-    yield  # a generator, as the task functions are
+class _Named(ByRecordKey):
+    name = "c"
 
 
-def test_a_fenced_rdd_task_is_recognized_as_stale(spark) -> None:  # type: ignore[no-untyped-def]
-    """The direct and timers-only batches run as RDD tasks (``image/task.py``, TaskJob): a task that meets a
-    newer fence must still surface as StaleViewError (the driver then checks the fences and stops with
-    StaleSequencerError), not as a user-code failure."""
-    from deltawheel.executor.tasks.image.task import TaskJob, collect
+@pytest.mark.parametrize("claims", [False, True])
+def test_a_fenced_rdd_task_is_recognized_as_stale(spark, tmp_path, claims) -> None:  # type: ignore[no-untyped-def]
+    """The direct and timers-only batches run as RDD tasks (``image/task.py``, TaskJob): a task that meets
+    another writer's fence returns it in its summary (``fenced``), and the driver's collect raises
+    StaleViewError naming the interval, the fence's sequencer and ours (the driver then checks the
+    fences and stops with StaleSequencerError), not a user-code failure; with claimed intervals too."""
+    from deltawheel.executor.tasks.image.interval import ImageSpec
+    from deltawheel.executor.tasks.image.task import collect, task_job
+    from deltawheel.statestore.delta.storefs import TableFiles
+    from deltawheel.statestore.rowtable.frames import arrow_schema
+    from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
     from deltawheel.statestore.writepath import StaleViewError
+    from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
+    from deltawheel.statestore.writepath.streams import stream_schema_ddl
 
-    job = TaskJob(spark.sparkContext.parallelize(range(2), 2).mapPartitionsWithIndex(_fenced_task))
-    with pytest.raises(StaleViewError, match=r"interval 1 of c is fenced by sequencer 7 \(ours: 3\)"):
+    rows_schema = arrow_schema(rows_file_ddl())
+    for iv, seq in ((0, 3), (1, 7)):  # interval 1 was taken over: its fence carries 7
+        pq.write_table(pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": seq, "record_ids": [], "timers": [],
+                                              "pending": [], "format_version": 1}], schema=rows_schema),
+                       tmp_path / f"fence-{iv}.parquet")
+    spec = ImageSpec(comp=_Named(), rows_root=TableFiles(str(tmp_path)),
+                     images={0: ("fence-0.parquet",), 1: ("fence-1.parquet",)}, sequencers={0: 3, 1: 3},
+                     stream_roots={"counts": TableFiles(str(tmp_path / "counts"))}, wm=None, now_ms=1_000,
+                     horizon_ms=None, commit_id="c:0:1000", rows_schema=rows_schema,
+                     stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=1, route_late=False,
+                     summary_schema=arrow_schema(SUMMARY_DDL), strong=True)
+    job = task_job(spark.sparkContext, spec, ((0, 0), (1, 1)), partitions=2, direct=None, claims=claims)
+    assert (job.board is not None) == claims
+    with pytest.raises(StaleViewError, match=r"interval 1 of c is fenced by sequencer 7 \(ours: 3\)") as info:
         collect(job)
+    assert (info.value.interval, info.value.sequencer, info.value.ours) == (1, 7, 3)
+    # the other interval's fence is ours: the same tasks run it
+    ok = dataclasses.replace(spec, images={0: ("fence-0.parquet",)}, sequencers={0: 3})
+    out = collect(task_job(spark.sparkContext, ok, ((0, 0),), partitions=1, direct=None, claims=claims))
+    assert [iv for iv, _s in out.intervals()] == [0] and out.fenced() is None

@@ -76,7 +76,7 @@ def test_both_write_paths_keep_the_contract(spark, zk_config, request,  # type: 
 
         # commit + deliver; a repeated delivery adds nothing
         run = _batch(new, spark, B2, 1, 22_000)
-        assert run.counts["productions"] == 1
+        assert run.counts.productions == 1
         assert new.path.commit(run.batch, commit_id="buckets:1:contract", meta={}) is True
         assert new.path.deliver(run.batch, strong=True) == 1
         delivered = stream_rows(spark, migrated_store, "counts")

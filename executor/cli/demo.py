@@ -153,8 +153,9 @@ def _follow(args: argparse.Namespace) -> int:
 
 def _input_root(args: argparse.Namespace, layout: Any) -> str:
     """The local folder the generated input goes to: ``--input``, else beside a local store's tables."""
-    if args.input is not None:
-        return os.path.abspath(args.input)
+    given: str | None = args.input
+    if given is not None:
+        return os.path.abspath(given)
     if layout.is_local:
         return os.path.join(layout.root, "_input")
     return os.path.abspath(os.path.join("data", "demo-input"))  # the generator writes local files

@@ -106,7 +106,8 @@ def run_quickstart(args: argparse.Namespace) -> int:
             words = {w for line in TEXT for w in line.split()}
             rows = engine.store.read_keys(COMPUTATION, words, num_intervals=INTERVALS)
             codec = get_codec("json")
-            top = sorted(((codec.decode(r.state)["count"], k) for k, r in rows.items()), reverse=True)[:5]
+            top = sorted(((codec.decode(r.state)["count"], k) for k, r in rows.items() if r.state is not None),
+                         reverse=True)[:5]
             print("top words: " + ", ".join(f"{k}={c}" for c, k in top))
         print("\ninspect the state:")
         print(f'  deltawheel sql --store {layout.root} "SELECT key, state_json, n_timers, n_checkpointed FROM state ORDER BY key"')

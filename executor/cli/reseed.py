@@ -58,9 +58,9 @@ def _run(args: argparse.Namespace) -> int:
             state = "ok" if nxt > s else f"BEHIND: raise to {s + 1}"
             print(f"  {comp} interval {iv}: store sequencer {s}, ZooKeeper's next {nxt}  {state}")
     for name, wm in sorted(plan.injectors.items()):
-        held = plan.zookeeper_injectors.get(name)
-        state = "ok" if held is not None and held >= wm else "restore"
-        print(f"  injector {name}: watermark {wm} in the store's commits, ZooKeeper's {held}  {state}")
+        zk_wm = plan.zookeeper_injectors.get(name)
+        state = "ok" if zk_wm is not None and zk_wm >= wm else "restore"
+        print(f"  injector {name}: watermark {wm} in the store's commits, ZooKeeper's {zk_wm}  {state}")
     if not plan.needed:
         print("nothing to re-seed: ZooKeeper is ahead of every sequencer in the store")
     elif not args.apply:

@@ -190,7 +190,8 @@ def anomaly_windows(n_events: int, *, start_ms: int = DEFAULT_START_MS, rate_per
 
 def _cdf(weights: np.ndarray) -> np.ndarray:
     cdf = np.cumsum(weights)
-    return cdf / cdf[-1]
+    out: np.ndarray = cdf / cdf[-1]  # numpy's division by one of its scalars is typed Any
+    return out
 
 
 def generate_queries(

@@ -26,6 +26,7 @@ stops everything it started, and the next ``connect`` on the store takes over cl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import socket
@@ -105,9 +106,10 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
         raise ConfigError(f"store {store} is not a local folder, so there is no embedded ZooKeeper for it: pass "
                           "zk='host:port[,host:port]' (the ZooKeeper every process of this pipeline uses)")
     check_session(spark, layout.root)
-    timeout = {} if zk_session_timeout_s is None else {"session_timeout_s": zk_session_timeout_s}
-    cfg = ZkConfig(hosts=zk, chroot=zk_chroot, digest=zk_digest, **timeout) if zk is not None else \
-        ZkConfig(chroot=zk_chroot, digest=zk_digest, **timeout)
+    cfg = ZkConfig(hosts=zk, chroot=zk_chroot, digest=zk_digest) if zk is not None else \
+        ZkConfig(chroot=zk_chroot, digest=zk_digest)
+    if zk_session_timeout_s is not None:
+        cfg = dataclasses.replace(cfg, session_timeout_s=zk_session_timeout_s)
     # zk None: the store's own embedded server (started, or joined when another process runs it)
     server = ensure_zookeeper(cfg, layout, own=True) if zk is None else None
     if server is not None:

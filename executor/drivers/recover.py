@@ -97,7 +97,8 @@ def _stand_in(name: str, num_intervals: int, outputs: Sequence[str]) -> Computat
     cls = type(f"Recover_{name}", (Computation,), {
         "name": name, "num_intervals": num_intervals, "outputs": tuple(outputs),
         "inputs": {"recovery_has_no_input": RECORD_KEY}, "__module__": __name__})
-    return cls()
+    comp: Computation = cls()
+    return comp
 
 
 def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,

@@ -64,13 +64,13 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from deltawheel.statestore.rowtable.inputfiles import commit_entry
 from deltawheel.statestore.writepath import StaleViewError
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
 
-from ..tasks.job import BatchRun, Prepared
+from ..tasks.job import BatchCounts, BatchRun, Prepared
 from .faults import BatchFailedError, FaultPoint
 from .inflight import OpenDelivery
 from .lateness import ActedMark, read_mark
@@ -187,10 +187,10 @@ class BatchProtocol:
         redeliver = self._committed(b, run)
         # Step 6: deliver (idempotent); the checkpoints are cleared by the next commit. In the
         # background where the path allows it (the next batch settles it before its commit).
-        if ex.comp.strong_productions and run.counts["productions"] and ex.path.deliver_in_background:
+        if ex.comp.strong_productions and run.counts.productions and ex.path.deliver_in_background:
             ex.inflight.start(redeliver, batch_id, run.prod_min_ts)
         else:
-            if ex.comp.strong_productions and run.counts["productions"]:
+            if ex.comp.strong_productions and run.counts.productions:
                 redeliver()
             self.fault(FaultPoint.AFTER_DELIVERY, batch_id)
         b.mark("deliver")
@@ -333,7 +333,7 @@ class BatchProtocol:
         """Weak productions: start their delivery (``InFlight.weak``, waited on for
         ``straggler_timeout_s``). True when it straggles and the write path can checkpoint the
         productions only by running the user code once more (``UserJob.checkpoint``)."""
-        if b.strong or not run.counts["productions"]:
+        if b.strong or not run.counts.productions:
             return False
         ex = self.ex
         b.straggler = ex.inflight.weak(functools.partial(ex.path.deliver, run.batch, strong=False), b.batch_id)
@@ -344,14 +344,14 @@ class BatchProtocol:
             record_dead_letters(self.ex.spark, self.ex.layout, dead, computation=self.ex.comp.name,
                                 batch_id=b.batch_id)
 
-    def _describe_jobs(self, batch_id: int, counts: Mapping[str, int]) -> None:
+    def _describe_jobs(self, batch_id: int, counts: BatchCounts) -> None:
         """The batch's figures in the description of its remaining Spark jobs (the commit and the
         delivery, where the write path runs them in Spark): Spark's UI lists them by it."""
         self.ex.spark.sparkContext.setLocalProperty(
-            JOB_DESCRIPTION, f"deltawheel {self.ex.comp.name} batch {batch_id}: {counts['records_in']:,} in, "
-                             f"{counts['processed']:,} processed, {counts['duplicates']:,} duplicates, "
-                             f"{counts['late']:,} late, {counts['dead_letters']:,} dead letters, "
-                             f"{counts['productions']:,} productions")
+            JOB_DESCRIPTION, f"deltawheel {self.ex.comp.name} batch {batch_id}: {counts.records_in:,} in, "
+                             f"{counts.processed:,} processed, {counts.duplicates:,} duplicates, "
+                             f"{counts.late:,} late, {counts.dead_letters:,} dead letters, "
+                             f"{counts.productions:,} productions")
 
     def _committed(self, b: BatchState, run: BatchRun[Any]) -> Callable[[], object]:
         """After the commit: the batch's input files recorded as processed (shared intervals), a
@@ -376,21 +376,20 @@ class BatchProtocol:
         # ``late`` counts every late record: those user code saw or dropped (the tasks' count) and
         # those routed to late_data (taken out before user code, so not in the tasks' count)
         report = BatchReport(
-            batch_id=b.batch_id, records_in=c["records_in"], processed=c["processed"], duplicates=c["duplicates"],
-            late=c["late"] + b.late_routed, late_routed=b.late_routed, dead_letters=c["dead_letters"],
-            timers_fired=c["timers_fired"], productions=c["productions"], keys_written=c["keys_written"],
+            batch_id=b.batch_id, records_in=c.records_in, processed=c.processed, duplicates=c.duplicates,
+            late=c.late + b.late_routed, late_routed=b.late_routed, dead_letters=c.dead_letters,
+            timers_fired=c.timers_fired, productions=c.productions, keys_written=c.keys_written,
             input_watermark_ms=b.wm_in, low_watermark_ms=low, commit_s=b.commit_s,
             wall_s=time.monotonic() - b.started, steps_s=tuple(b.steps_s), straggled=b.straggler is not None,
-            direct=b.prepared.direct is not None, ids_expired=c["ids_expired"],
-            bloom_checked=c.get("bloom_checked", 0), bloom_maybe=c.get("bloom_maybe", 0),
-            bloom_false_pos=c.get("bloom_false_pos", 0), bloom_bytes=c.get("bloom_bytes", 0),
-            intervals_run=c.get("intervals_run", 0), images_read=c.get("images_read", 0), skipped_moved=b.skipped)
+            direct=b.prepared.direct is not None, ids_expired=c.ids_expired, bloom_checked=c.bloom_checked,
+            bloom_maybe=c.bloom_maybe, bloom_false_pos=c.bloom_false_pos, bloom_bytes=c.bloom_bytes,
+            intervals_run=c.intervals_run, images_read=c.images_read, skipped_moved=b.skipped)
         ex.reports.append(report)
         ex.records_in_total += report.records_in
         if report.direct:  # the batch's DataFrame never ran: Spark's progress would show 0 input rows
             show_input_rows(ex.spark, report.records_in)
         self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
-        self._record_metrics(report, b.now, pending=c["productions"] if ex.inflight.open is not None else 0)
+        self._record_metrics(report, b.now, pending=c.productions if ex.inflight.open is not None else 0)
         return report
 
     def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:

@@ -134,7 +134,8 @@ class ComputationExecutor:
     def direct_source(self) -> DirectSource | None:
         """Set by the pipeline runner when the input is a Parquet injector the image path's tasks
         can read themselves (``tasks/image/direct.py``); a batch that did says so in its report."""
-        return self.job.direct_source
+        source: DirectSource | None = self.job.direct_source  # UserJob's is Any: the MERGE path has none
+        return source
 
     @direct_source.setter
     def direct_source(self, source: DirectSource | None) -> None:

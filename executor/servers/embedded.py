@@ -109,7 +109,8 @@ class ServerUser:
         """The process still runs (same pid and start time, not a zombie)."""
         try:
             proc = psutil.Process(self.pid)
-            return abs(proc.create_time() - self.create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+            same = abs(proc.create_time() - self.create_time) < 0.01
+            return bool(same and proc.status() != psutil.STATUS_ZOMBIE)  # psutil is unannotated
         except psutil.Error:
             return False
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
-__all__ = ["Prepared", "BatchRun", "UserJob", "user_error_message"]
+__all__ = ["Prepared", "BatchCounts", "BatchRun", "UserJob", "user_error_message"]
 
 BatchT = TypeVar("BatchT")
 
@@ -36,20 +36,48 @@ class Prepared:
     raw: Any | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchCounts:
+    """What the tasks of one batch counted (the batch report's counters).
+
+    ``records_in``: input records; ``processed``: records user code ran; ``duplicates``: records
+    dropped as seen; ``late``: late records the tasks saw (the routed ones are counted by the
+    protocol); ``dead_letters``: of decoding, keying and user code; ``timers_fired``;
+    ``productions``; ``keys_written``: rows changed; ``ids_expired``: record ids dropped past the
+    dedup horizon. The image path only: ``bloom_*`` (the dedup filters' first check: records
+    checked, "maybe seen" answers, of which not seen, the filters' memory), ``intervals_run`` and
+    ``images_read`` (intervals whose image a task read from the store)."""
+
+    records_in: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    late: int = 0
+    dead_letters: int = 0
+    timers_fired: int = 0
+    productions: int = 0
+    keys_written: int = 0
+    ids_expired: int = 0
+    bloom_checked: int = 0
+    bloom_maybe: int = 0
+    bloom_false_pos: int = 0
+    bloom_bytes: int = 0
+    intervals_run: int = 0
+    images_read: int = 0
+
+
 @dataclass
 class BatchRun(Generic[BatchT]):
     """What the tasks of one batch returned (steps 2-4).
 
     ``batch``: the write path's new rows and productions (it commits and delivers them);
-    ``counts``: the batch report's counters (``processed``, ``duplicates``, ``late``,
-    ``dead_letters``, ``timers_fired``, ``productions``, ``keys_written``, ...); ``dead`` /
+    ``counts``: the batch report's counters (:class:`BatchCounts`); ``dead`` /
     ``late``: the tasks' dead letters and routed late records as frames (None: none);
     ``prod_min_ts``: the oldest production timestamp (holds the low watermark while they are
     undelivered; None: not known yet, see :meth:`UserJob.checkpoint`); ``event_timer_ms``:
     the earliest event-time work set (to warn when no watermark will ever fire it)."""
 
     batch: BatchT
-    counts: dict[str, int]
+    counts: BatchCounts
     dead: Any | None = None
     late: Any | None = None
     prod_min_ts: int | None = None

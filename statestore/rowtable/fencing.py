@@ -86,7 +86,14 @@ _STALE_DETAIL = re.compile(STALE_MARKER + r" computation=(\S+) interval=(\d+) cu
 
 
 def translate_commit_error(exc: BaseException, *, sequencers: Mapping[int, int]) -> Exception | None:
-    """Map an exception from a fenced MERGE to a deltawheel error, or None if unrelated."""
+    """Map an exception from a fenced MERGE to a deltawheel error, or None if unrelated.
+
+    The error text is the only channel here: the stale-sequencer check is the MERGE's own first
+    clause (SQL ``raise_error`` evaluated inside Delta's transaction in the JVM), so what reaches
+    Python is a Py4J-wrapped Spark exception (``USER_RAISED_EXCEPTION``) whose one payload is the
+    message built by :func:`merge_sql`; Delta's conflict exceptions arrive the same way, known by
+    their class names in the text. (The image path's tasks, which check the fence in Python,
+    return a typed outcome instead: ``IntervalSummary.fenced``.)"""
     text = str(exc)
     m = _STALE_DETAIL.search(text)
     # Only the raised error counts (with the numbers filled in): other errors quote the

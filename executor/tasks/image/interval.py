@@ -6,7 +6,8 @@ one marker row per interval it runs, so intervals with only due timers run too) 
 
 1. loads the image (Parquet, cached per Python worker by file path: files
    are immutable, so a cached image is never stale) and checks the fence row
-   carries this writer's sequencer — a takeover is noticed before user code;
+   carries this writer's sequencer — a takeover is noticed before user code: the
+   interval's summary says so (``fenced``) and the task runs nothing more;
 2. picks the keys to run: keys with records, keys with due timers;
 3. runs user code per key (the key loop, ``keys.py``, through ``keyrun.UserCode``:
    dedup, records in event-time order, timers in timestamp order) and clears
@@ -21,7 +22,8 @@ one marker row per interval it runs, so intervals with only due timers run too) 
    commits it; on S3 the uploads run in the background and the task waits
    for all of them before it returns its summaries;
 5. returns one :class:`~deltawheel.statestore.writepath.image.summary.IntervalSummary`
-   per interval (new files, counts, oldest work).
+   per interval (new files, counts, oldest work; or the fence it met: the driver's
+   ``collect`` raises StaleViewError for it).
 
 Nothing here talks to ZooKeeper or the Delta log; the driver commits.
 """
@@ -46,6 +48,7 @@ from deltawheel.statestore.writepath.image.files import (
     write_production_files,
 )
 from deltawheel.statestore.writepath.image.summary import (
+    Fenced,
     ImageFile,
     IntervalSummary,
     ProductionFile,
@@ -56,11 +59,8 @@ from ...computation import Computation
 from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .keys import Input, KeyLoop, OldRows, py_list
 
-__all__ = ["ImageSpec", "holds", "run_task", "STALE_MARK"]
+__all__ = ["ImageSpec", "holds", "run_task"]
 
-#: in the error of a task that found an interval fenced by a newer sequencer (the driver raises
-#: StaleViewError for it)
-STALE_MARK = "DW_STALE_FENCE"
 _CACHE: "OrderedDict[tuple[str, ...], Any]" = OrderedDict()
 _CACHE_MAX = 64
 # the interval images' Bloom filters of record ids, by the image's file paths (as _CACHE)
@@ -97,9 +97,8 @@ def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     # which triggers collections that traverse every tracked object (the cached images
     # included), 15-35 % of the task function's time; nearly all of it is freed by reference
     # counting anyway, and the collector resumes (and catches up) when the task ends
-    # (the type ignores: mypy, run over the repo's folders, takes gc/ for this builtin module)
-    was_enabled = gc.isenabled()  # type: ignore[attr-defined]
-    gc.disable()  # type: ignore[attr-defined]
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         if os.environ.get("DELTAWHEEL_TASK_PROFILE"):  # a folder: one cProfile file per task
             import cProfile
@@ -110,7 +109,7 @@ def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
             out = _run(spec, table)
     finally:
         if was_enabled:
-            gc.enable()  # type: ignore[attr-defined]
+            gc.enable()
     return out
 
 
@@ -140,6 +139,8 @@ def _run(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
         for iv in sorted(i for i in ivs if i in spec.sequencers):
             recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
             out.append(_interval(spec, iv, recs))
+            if out[-1].fenced is not None:  # taken over: the batch cannot commit, run nothing more
+                break
     # the task's input counts and its dead / late records ride on its first summary
     head = out[0] if out else IntervalSummary(None)
     return [replace(head, records_in=counted, obs_min=lo, obs_max=hi, side=(*side, *head.side)), *out[1:]]
@@ -158,8 +159,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     fence = image.filter(pc.equal(keys, FENCE_KEY)).column("sequencer").to_pylist()
     mine = spec.sequencers[iv]
     if not fence or max(fence) != mine:
-        raise RuntimeError(f"{STALE_MARK}: interval {iv} of {name} is fenced by sequencer "
-                           f"{max(fence) if fence else None}, this writer holds {mine}")
+        return IntervalSummary(iv, fenced=Fenced(name, max(fence) if fence else None, mine))
     dirty = len(fence) > 1  # a takeover's claim left a second fence row: keep one
     if dirty or spec.input_files:
         # the kept fence row carries the union of the input-file sets (``inputfiles.py``; a claim's
@@ -203,7 +203,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         rest = _without_pending(rest)
     rest = drop_empty(rest)
     loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong)
-    bloom, seen, bstats = _dedup(spec, iv, image, inp, old_ids)
+    bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids)
     loop.run(sorted(touched), inp, old, seen, old_ids.keys)
     if not comp.exactly_once:
         new_ids = None
@@ -237,7 +237,8 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         iv, image=written, prod_files=tuple(prod_files), side=(*routed, *loop.side), processed=loop.processed,
         duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=len(loop.prods), n_dead=len(loop.side),
         keys_written=loop.written, ids_expired=expired, oldest_ms=oldest_work(new_image),
-        next_proc_ms=next_processing(new_image, retention), images_read=int(read), **bstats)
+        next_proc_ms=next_processing(new_image, retention), images_read=int(read), bloom_checked=checks.checked,
+        bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos, bloom_bytes=checks.nbytes)
 
 
 def _route_late(comp: Computation, recs: Any, image: Any,
@@ -280,24 +281,32 @@ def _without_pending(t: Any) -> Any:
     return t.set_column(idx, field, empty)
 
 
+@dataclass(frozen=True)
+class BloomCounts:
+    """One interval's first dedup check (the summary's ``bloom_*``): records checked against
+    the filter, "maybe seen" answers, of which not seen, and the filter's memory."""
+
+    checked: int = 0
+    maybe: int = 0
+    false_pos: int = 0
+    nbytes: int = 0
+
+
 def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input,
-           ids: HeldIds) -> tuple[IdBloom | None, list[bool] | None, dict[str, int]]:
+           ids: HeldIds) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
     """Dedup as MillWheel does it: the batch's record ids of this interval against the
     image's Bloom filter first; only if one might have been seen, the exact lookup in the stored ids
     (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
     its id (None: none does), and the filter's counts for the batch report."""
-    stats = {"bloom_checked": 0, "bloom_maybe": 0, "bloom_false_pos": 0, "bloom_bytes": 0}
     if not spec.comp.exactly_once or not inp.keys:
-        return None, None, stats
+        return None, None, BloomCounts()
     bloom = _bloom(spec, iv, image)
     flags = bloom.might_contain_many(inp.ids)
     maybe = int(flags.sum())
-    stats.update(bloom_checked=len(inp.ids), bloom_maybe=maybe, bloom_bytes=bloom.nbytes)
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
-        return bloom, None, stats
+        return bloom, None, BloomCounts(len(inp.ids), 0, 0, bloom.nbytes)
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
-    stats["bloom_false_pos"] = maybe - (sum(seen) if seen else 0)
-    return bloom, seen, stats
+    return bloom, seen, BloomCounts(len(inp.ids), maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
 
 
 def _bloom(spec: ImageSpec, iv: int, image: Any) -> IdBloom:

@@ -33,7 +33,7 @@ from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, strea
 from ...computation import Computation, LatePolicy
 from ...exceptions import BatchFailedError
 from ..input import PREP_DDL, interval_of_key, original_text, original_texts, positions_of, prepare_input
-from ..job import BatchRun, Prepared, user_error_message
+from ..job import BatchCounts, BatchRun, Prepared, user_error_message
 from .direct import DirectBatch, DirectSource, batch_files
 from .interval import ImageSpec
 from .task import ClaimError, collect, image_task_fn, task_job
@@ -166,26 +166,20 @@ class ImageTasks:
             raise BatchFailedError(user_error_message(exc, self.comp.name, batch_id)) from exc
         mark("load_and_user_code")
         dead, late = out.side("dead"), out.side("late")
-        t = out.total
-        counts = {"records_in": t("records_in"), "processed": t("processed"), "duplicates": t("duplicates"),
-                  "late": t("late"), "dead_letters": len(dead), "timers_fired": t("fired"),
-                  "productions": t("n_prods"), "keys_written": t("keys_written"), "ids_expired": t("ids_expired"),
-                  "bloom_checked": t("bloom_checked"), "bloom_maybe": t("bloom_maybe"),
-                  "bloom_false_pos": t("bloom_false_pos"), "bloom_bytes": t("bloom_bytes"),
-                  "images_read": t("images_read"), "intervals_run": len(out.intervals())}
+        counts = _counts(out, dead_letters=len(dead))
         mins = [s.obs_min for s in out.summaries if s.obs_min is not None]
         maxs = [s.obs_max for s in out.summaries if s.obs_max is not None]
         oldest = [s.oldest_ms for s in out.summaries if s.oldest_ms is not None]
         # the tasks' own dead letters (user code's, not input-level ones) carry no source position
         # (not shipped to the tasks): looked up in the input, with their records' original text
-        in_tasks = {r.record_id for r in dead if r.position is None}
+        in_tasks = {r.record_id for r in dead if r.position is None and r.record_id is not None}
         if df is not None and in_tasks:
             pos = positions_of(prep if prep is not None else
                                prepare_input(df, self.comp, wm_late, cache=self._prep_cache,
                                              ahead=(now, self.event_ahead_ms)), in_tasks)
             text = original_texts(prepared.raw, in_tasks) if prepared.raw is not None else {}
             dead = [dataclasses.replace(r, position=pos.get(r.record_id), value=text.get(r.record_id, r.value))
-                    if r.position is None else r for r in dead]
+                    if r.position is None and r.record_id is not None else r for r in dead]
         return BatchRun(out, counts, dead=side_frame(session, dead, dead=True) if dead else None,
                         late=side_frame(session, late, dead=False) if late else None,
                         prod_min_ts=out.prod_min_ts(), event_timer_ms=min(oldest, default=None),
@@ -306,6 +300,21 @@ class ImageTasks:
             assert col is not None
             self._route = (place, col.otherwise(F.lit(self._spread_values[0])).cast("int"))
         return self._route[1]
+
+
+def _counts(out: BatchOutput, *, dead_letters: int) -> BatchCounts:
+    """The batch's counts: its tasks' summaries summed (a task's input count rides on its first
+    summary); ``dead_letters``: every dead letter the tasks returned (``BatchOutput.side("dead")``:
+    the input's too, which the summaries' ``n_dead``, user code's only, leaves out)."""
+    s = out.summaries
+    return BatchCounts(
+        records_in=sum(x.records_in for x in s), processed=sum(x.processed for x in s),
+        duplicates=sum(x.duplicates for x in s), late=sum(x.late for x in s), dead_letters=dead_letters,
+        timers_fired=sum(x.fired for x in s), productions=sum(x.n_prods for x in s),
+        keys_written=sum(x.keys_written for x in s), ids_expired=sum(x.ids_expired for x in s),
+        bloom_checked=sum(x.bloom_checked for x in s), bloom_maybe=sum(x.bloom_maybe for x in s),
+        bloom_false_pos=sum(x.bloom_false_pos for x in s), bloom_bytes=sum(x.bloom_bytes for x in s),
+        intervals_run=len(out.intervals()), images_read=sum(x.images_read for x in s))
 
 
 @dataclass

@@ -49,13 +49,15 @@ def py_list(arr: Any) -> list[Any]:
     t = arr.type
     if not (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t) or pa.types.is_string(t)
             or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
-        return arr.to_pylist()
+        values: list[Any] = arr.to_pylist()  # pyarrow's methods are unannotated
+        return values
     if arr.null_count and not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
                                or pa.types.is_large_binary(t)):
         vals = pc.fill_null(arr, pa.scalar(0 if not pa.types.is_boolean(t) else False, t))
         valid = pc.is_valid(arr).to_numpy(zero_copy_only=False).tolist()
         return [v if ok else None for v, ok in zip(vals.to_numpy(zero_copy_only=False).tolist(), valid, strict=True)]
-    return arr.to_numpy(zero_copy_only=False).tolist()
+    values = arr.to_numpy(zero_copy_only=False).tolist()
+    return values
 
 
 def constant_or_list(col: Any, n: int) -> Any:

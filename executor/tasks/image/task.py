@@ -10,8 +10,9 @@ The batch job (``job.py``) takes one of two shapes:
 
 Each task runs its intervals (:func:`~.interval.run_task`) and returns their summaries as Arrow
 rows; :func:`collect` runs the job and gathers them in a
-:class:`~deltawheel.statestore.writepath.image.summary.BatchOutput` (a task that met a newer
-fence raises :class:`StaleViewError` there).
+:class:`~deltawheel.statestore.writepath.image.summary.BatchOutput` (a task that met another
+writer's fence says so in its interval's summary, ``fenced``, and stops; :func:`collect` raises
+:class:`StaleViewError` for it).
 
 Claims. An image task keeps the interval images it read or wrote in its Python worker
 (``interval.py``'s cache, by immutable file path), but Spark hands a task to
@@ -54,7 +55,7 @@ from deltawheel.statestore.writepath import StaleViewError
 from deltawheel.statestore.writepath.image.summary import BatchOutput, IntervalSummary
 
 from .direct import BatchReader, DirectBatch, marker_rows
-from .interval import STALE_MARK, ImageSpec, holds, run_task
+from .interval import ImageSpec, holds, run_task
 
 __all__ = ["TaskJob", "image_task_fn", "task_job", "collect", "direct_task_fn", "markers_task_fn", "ClaimBoard",
            "ClaimError", "claim_board", "claimed_intervals", "drop_board"]
@@ -106,22 +107,29 @@ def task_job(sc: Any, spec: ImageSpec, place: tuple[tuple[int, int], ...], *, pa
 
 def collect(out: Any) -> BatchOutput:
     """Run the batch's tasks (a :class:`TaskJob` or the ``mapInArrow`` frame) and gather their
-    summaries; a fenced task raises StaleViewError."""
+    summaries.
+
+    Raises:
+        StaleViewError: a task found an interval fenced by another writer's sequencer (its
+            summary's ``fenced``): the interval, that sequencer and ours.
+        ClaimError: the tasks that claimed their intervals did not return one summary for each.
+    """
     try:
         rows = out.rdd.collect() if isinstance(out, TaskJob) else out.toArrow().to_pylist()
-    except Exception as exc:
-        if STALE_MARK in str(exc):
-            raise StaleViewError(str(exc).split(STALE_MARK, 1)[1].splitlines()[0]) from exc
-        raise
     finally:
         if isinstance(out, TaskJob):
             drop_board(out.board)
+    summaries = [IntervalSummary.from_row(r) for r in rows]
+    fenced = BatchOutput(summaries).fenced()
+    if fenced is not None:
+        iv, f = fenced
+        raise StaleViewError(f.message(iv), interval=iv, sequencer=f.sequencer, ours=f.ours)
     if isinstance(out, TaskJob) and out.board is not None:
         got = sorted(r["interval"] for r in rows if r.get("interval") is not None)
         if got != list(out.intervals):
             raise ClaimError(f"the tasks that claimed their intervals returned summaries of intervals {got}, "
                              f"expected each of {list(out.intervals)} once (nothing was committed)")
-    return BatchOutput([IntervalSummary.from_row(r) for r in rows])
+    return BatchOutput(summaries)
 
 
 def direct_task_fn(spec: ImageSpec, batch: DirectBatch,
@@ -163,6 +171,8 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
             with background_uploads():
                 for iv in claimed_intervals(board, t, planned, lambda iv: holds(spec, iv)):
                     out += run_task(spec, rows_of((iv,)))
+                    if any(s.fenced is not None for s in out):  # taken over: claim nothing more
+                        break
         if out:
             yield from pa.Table.from_pylist([s.to_row() for s in out], schema=spec.summary_schema).to_pylist()
 

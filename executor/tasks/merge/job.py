@@ -14,7 +14,7 @@ from deltawheel.statestore.writepath.merge.path import MergeBatch, MergePath
 from ...computation import Computation
 from ...exceptions import BatchFailedError
 from ..input import interval_of_key, original_text, prepare_input, with_original_text
-from ..job import BatchRun, Prepared, user_error_message
+from ..job import BatchCounts, BatchRun, Prepared, user_error_message
 from .task import OUT_DDL, task_fn
 
 __all__ = ["MergeTasks", "run_in_tasks", "productions_frame", "dead_letter_frame", "routed_frame"]
@@ -145,9 +145,9 @@ class MergeTasks:
                         ).collect()[0]
         st = {k: int(v or 0) for k, v in stats.asDict().items() if k != "event_timer"}
         mark("load_and_user_code")
-        counts = {"records_in": prepared.records_in, "processed": st["processed"], "duplicates": st["duplicates"],
-                  "late": st["late"], "dead_letters": st["n_dead"] + prepared.dead_in, "timers_fired": st["fired"],
-                  "productions": st["n_prods"], "keys_written": st["written"], "ids_expired": st["ids_expired"]}
+        counts = BatchCounts(records_in=prepared.records_in, processed=st["processed"], duplicates=st["duplicates"],
+                             late=st["late"], dead_letters=st["n_dead"] + prepared.dead_in, timers_fired=st["fired"],
+                             productions=st["n_prods"], keys_written=st["written"], ids_expired=st["ids_expired"])
         batch = MergeBatch(out.where(F.col("_op") != "none"), productions_frame(out), st["written"], st["n_prods"])
         dead = dead_letter_frame(out) if st["n_dead"] else None
         if dead is not None and prepared.raw is not None:

@@ -3,8 +3,10 @@
 A task of the image job (``executor/tasks/image/``) turns each of its intervals' image into a
 new file and returns an :class:`IntervalSummary` for it: the new image (:class:`ImageFile`), the
 production files (:class:`ProductionFile`), the dead letters and routed late records
-(:class:`SideRecord`), its counts and the interval's oldest work. A task that ran no interval
-returns one summary of no interval, for its input counts. Between the tasks and the driver a
+(:class:`SideRecord`), its counts and the interval's oldest work. A task that found an interval
+fenced by another writer's sequencer runs nothing of it: its summary carries :class:`Fenced`
+instead (the driver raises :class:`~deltawheel.statestore.exceptions.StaleViewError` for it). A
+task that ran no interval returns one summary of no interval, for its input counts. Between the tasks and the driver a
 summary travels as an Arrow row of :data:`SUMMARY_DDL`: :meth:`IntervalSummary.to_row` and
 :meth:`IntervalSummary.from_row` are the one conversion. :class:`BatchOutput` holds a batch's
 summaries; :class:`~.path.ImagePath` commits their new images and delivers their production files.
@@ -17,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ...rowtable.frames import local_frame
 
-__all__ = ["SUMMARY_DDL", "ImageFile", "ProductionFile", "SideRecord", "IntervalSummary", "BatchOutput",
+__all__ = ["SUMMARY_DDL", "ImageFile", "ProductionFile", "SideRecord", "Fenced", "IntervalSummary", "BatchOutput",
            "side_frame"]
 
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
@@ -29,7 +31,8 @@ SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT,
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, oldest_ms BIGINT, "
                "next_proc_ms BIGINT, bloom_checked BIGINT, bloom_maybe BIGINT, bloom_false_pos BIGINT, "
                "bloom_bytes BIGINT, images_read BIGINT, "
-               "obs_min BIGINT, obs_max BIGINT")
+               "obs_min BIGINT, obs_max BIGINT, "
+               "fenced STRUCT<computation: STRING, sequencer: BIGINT, ours: BIGINT>")
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,22 @@ class SideRecord:
                    row.get("timestamp_ms"), row.get("stream"), row.get("position"), row.get("error"))
 
 
+@dataclass(frozen=True)
+class Fenced:
+    """A task found the interval's fence row carrying a sequencer other than this writer's
+    (``sequencer``; None: no fence row): another writer took the interval over, so the task ran
+    and wrote nothing of it. ``ours``: the sequencer this writer holds."""
+
+    computation: str
+    sequencer: int | None
+    ours: int
+
+    def message(self, interval: int) -> str:
+        """What :class:`~deltawheel.statestore.exceptions.StaleViewError` says for ``interval``."""
+        return (f"interval {interval} of {self.computation} is fenced by sequencer {self.sequencer} "
+                f"(ours: {self.ours}): another writer took it over; nothing of this batch was committed")
+
+
 _COUNTS = ("records_in", "processed", "duplicates", "fired", "late", "n_prods", "n_dead", "keys_written",
            "ids_expired", "bloom_checked", "bloom_maybe", "bloom_false_pos", "bloom_bytes", "images_read")
 
@@ -113,7 +132,7 @@ class IntervalSummary:
     interval's oldest pending work and earliest processing-time work, as the new image holds
     them. A task's input counts ride on its first summary: ``records_in`` and ``obs_min`` /
     ``obs_max``, the event-time range of its records that are no dead letters (what the injectors'
-    watermarks observe)."""
+    watermarks observe). ``fenced``: the task ran nothing of the interval (:class:`Fenced`)."""
 
     interval: int | None
     image: ImageFile | None = None
@@ -137,6 +156,7 @@ class IntervalSummary:
     images_read: int = 0
     obs_min: int | None = None
     obs_max: int | None = None
+    fenced: Fenced | None = None
 
     def to_row(self) -> dict[str, Any]:
         """The summary as a row of :data:`SUMMARY_DDL`."""
@@ -146,21 +166,27 @@ class IntervalSummary:
                                "prod_files": [p.to_row() for p in self.prod_files],
                                "side": [s.to_row() for s in self.side]}
         row.update((c, getattr(self, c)) for c in _COUNTS)
+        f = self.fenced
         row.update(oldest_ms=self.oldest_ms, next_proc_ms=self.next_proc_ms, obs_min=self.obs_min,
-                   obs_max=self.obs_max)
+                   obs_max=self.obs_max,
+                   fenced=None if f is None else {"computation": f.computation, "sequencer": f.sequencer,
+                                                  "ours": f.ours})
         return row
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> IntervalSummary:
         """A row of :data:`SUMMARY_DDL` (a missing or null count: 0)."""
         path = row.get("new_path")
+        f = row.get("fenced")
         return cls(
             interval=row.get("interval"),
             image=ImageFile(path, int(row["new_size"]), int(row["new_rows"])) if path else None,
             prod_files=tuple(ProductionFile.from_row(p) for p in row.get("prod_files") or ()),
             side=tuple(SideRecord.from_row(s) for s in row.get("side") or ()),
             oldest_ms=row.get("oldest_ms"), next_proc_ms=row.get("next_proc_ms"), obs_min=row.get("obs_min"),
-            obs_max=row.get("obs_max"), **{c: int(row.get(c) or 0) for c in _COUNTS})
+            obs_max=row.get("obs_max"),
+            fenced=None if f is None else Fenced(f["computation"], f.get("sequencer"), int(f["ours"])),
+            **{c: int(row.get(c) or 0) for c in _COUNTS})
 
 
 @dataclass
@@ -171,13 +197,14 @@ class BatchOutput:
     summaries: list[IntervalSummary]
     version: int | None = None  # the rows commit that checkpointed the productions (set by commit)
 
+    def fenced(self) -> tuple[int, Fenced] | None:
+        """(interval, what its task found) of the lowest interval a task found fenced, or None."""
+        return min(((s.interval, s.fenced) for s in self.summaries if s.fenced is not None and s.interval is not None),
+                   key=lambda x: x[0], default=None)
+
     def intervals(self) -> list[tuple[int, IntervalSummary]]:
         """(interval, its summary) for each summary of an interval."""
         return [(s.interval, s) for s in self.summaries if s.interval is not None]
-
-    def total(self, name: str) -> int:
-        """The count ``name`` (a count field of :class:`IntervalSummary`) summed over the summaries."""
-        return sum(int(getattr(s, name)) for s in self.summaries)
 
     def side(self, kind: str) -> list[SideRecord]:
         """The side records of ``kind`` (dead, late) of every summary."""

@@ -97,3 +97,31 @@ def test_both_write_paths_keep_the_contract(spark, zk_config, request,  # type: 
             if c is not None:
                 c.stop()
                 c.close()
+
+
+def test_a_strong_delivery_read_before_another_landed_adds_nothing(spark, zk_config, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """The image path remembers which checkpoints a stream already holds. That memory can be older
+    than the delivery's own transaction: a new owner's recovery reads it, then the zombie's
+    in-flight delivery of the same checkpoint lands, then the recovery's transaction takes its
+    snapshot (with the zombie's files in it, so Delta sees no conflict). Here the memory is made
+    stale by hand after a delivery landed; delivering again must add nothing."""
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), writer="w", write_path="image")
+    try:
+        now = ex.clock.now_ms()
+        prepared = ex.job.prepare(events(spark, B1), wm_late=None, now=now)
+        run = ex.job.run(prepared, batch_id=0, wm_in=11_000, wm_late=None, now=now, horizon=None,
+                         commit_id="buckets:0:stale", strong=True, mark=lambda _step: None)
+        assert ex.path.commit(run.batch, commit_id="buckets:0:stale", meta={}) is True
+        assert ex.path.deliver(run.batch, strong=True) == 2
+        delivered = stream_rows(spark, migrated_store, "counts")
+        assert len(delivered) == 2
+        stale = {k: -1 for k in ex.path._delivered}  # as read before the delivery above landed
+        assert stale
+        ex.path._delivered.update(stale)
+        ex.path._load()  # as a new owner's acquire: the images read back, then the recovery scan on that
+        found = ex.path.recovery()  # stale memory: the checkpoints look undelivered
+        assert len(found.appends) == 2
+        ex.path.redeliver(found.appends)  # new production files, as a new owner's recovery writes them
+        assert sorted(stream_rows(spark, migrated_store, "counts")) == sorted(delivered)
+    finally:
+        stop_executor(ex, client)

@@ -69,6 +69,10 @@ from .summary import BatchOutput
 __all__ = ["ImagePath", "COMMIT_META_VERSION"]
 
 _DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, retried with jitter
+
+
+class _DeliveredMeanwhile(Exception):
+    """Aborts a strong delivery's transaction: its checkpoint was delivered since it was last read."""
 COMMIT_META_VERSION = 1
 
 
@@ -414,15 +418,30 @@ class ImagePath(WritePath[BatchOutput]):
         the append is not blind: it records the whole stream as read (a MERGE that inserted
         after the append's snapshot makes it fail; a MERGE that read before the append landed
         fails and re-reads), and once its snapshot is taken it looks for a claim or fence of
-        this computation committed after ``version`` (then the new owner redelivers: raise)."""
+        this computation committed after ``version`` (then the new owner redelivers: raise).
+
+        The versions remembered from an earlier read can be older than the transaction's snapshot:
+        a delivery of the same checkpoint by another writer (the zombie's in-flight one, seen by a
+        new owner's recovery) may land between that read and the snapshot, where Delta's conflict
+        check cannot see it. So once the snapshot is taken, the versions are read again (the log
+        as of now: a delivery after the snapshot is Delta's to find, by the whole-stream read)."""
         for attempt in itertools.count(1):
             self._read_delivered(stream, list(files))  # read once (one replay for all app ids), then remembered
             todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}
             if not todo:
                 return
+
+            def check(todo: Mapping[str, Any] = todo) -> None:
+                self._not_taken_over_since(version)
+                now = log.txn_versions(list(todo))
+                if any(v >= version for v in now.values()):
+                    self._delivered.update({(stream, app): v for app, v in now.items()})
+                    raise _DeliveredMeanwhile
             try:
                 log.commit(add=[a for adds in todo.values() for a in adds], app_versions={a: version for a in todo},
-                           read_partitions=["true"], check=lambda: self._not_taken_over_since(version))
+                           read_partitions=["true"], check=check)
+            except _DeliveredMeanwhile:
+                continue  # the todo is computed again from what was just read
             except StaleSequencerError:
                 raise
             except Exception as exc:

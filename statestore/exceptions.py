@@ -23,6 +23,9 @@ __all__ = [
     "NotOwnerError",
     "StoreMismatchError",
     "StoreDamagedError",
+    "UnknownComputationError",
+    "KeyNeverSeenError",
+    "VersionNotFoundError",
     "CoordinatorStateLostError",
     "StaleSequencerError",
     "CommitConflictError",
@@ -286,3 +289,18 @@ class ReadOnlySqlError(FatalError):
     """A statement given to the read-only SQL tool would change something (a table, a view, a setting)."""
 
     exit_code = 2
+
+
+class UnknownComputationError(ConfigError):
+    """A read-only tool named a computation the store's rows table never held (history, SQL as of)."""
+
+
+class KeyNeverSeenError(FatalError):
+    """``deltawheel history`` named a key its computation never held in any version still in the log."""
+
+    exit_code = 1
+
+
+class VersionNotFoundError(ConfigError):
+    """A version or timestamp asked for (``sql --as-of``) is not in a table's log: before its first
+    commit, after its newest, or cleaned up by log retention."""

@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         cluster,
         demo,
         gc,
+        history,
         leases,
         migrate,
         objectstore,
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         zk,
     )
 
-    for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover,
+    for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases, rebalance, recover,
                 reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser

@@ -66,6 +66,7 @@ __all__ = [
     "run_sql",
     "format_rows",
     "inspect_key",
+    "row_json",
 ]
 
 FORMATS = ("table", "csv", "json")
@@ -432,7 +433,11 @@ def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
         local = KeyRow.from_row(rows[0]) if rows else None
     if local is None:
         return None
-    row = local
+    return row_json(local, allow_pickle=allow_pickle)
+
+
+def row_json(row: KeyRow, *, allow_pickle: bool = False) -> dict[str, Any]:
+    """A key's row decoded into plain (JSON-ready) values, as ``inspect`` and ``history`` show it."""
     return {
         "computation": row.computation,
         "key": row.key,

@@ -57,7 +57,8 @@ __all__ = [
 # ``exit_code`` (a subclass inherits its base's); docs/operations.md and ``--help`` print this table.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "done"),
-    (1, "done, found nothing or something is not healthy (inspect: no such key; zk/cluster status: not running)"),
+    (1, "done, found nothing or something is not healthy (inspect: no such key; history: a key never seen "
+        "(KeyNeverSeenError); zk/cluster status: not running)"),
     (2, "usage: bad arguments, invalid SQL or a statement that would write (ReadOnlySqlError)"),
     (3, "configuration or store content: ConfigError, NotAStoreError, SchemaTooNewError, MigrationError, "
         "StoreDamagedError, InputGoneError, CodecError, BadRecordError"),

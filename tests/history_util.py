@@ -27,14 +27,15 @@ BATCHES: list[list[tuple[str, int, bool]]] = [
 
 
 class Summer(Computation):
-    """A sum and a count per key, an event-time timer at the last record's time + 1,000 s; a
-    reset record forgets the key (at-least-once: no dedup ids keep an empty row)."""
+    """A sum and a count per key, produced to ``sums``, an event-time timer at the last record's
+    time + 1,000 s; a reset record forgets the key (at-least-once: no dedup ids keep an empty row)."""
 
     name = "summer"
     inputs = {"events": "q"}
-    outputs = ()
+    outputs = ("sums",)
     num_intervals = 4
     exactly_once = False
+    strong_productions = False  # delivered at once: no checkpointed productions left in the rows
 
     def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
         if record.value["reset"]:
@@ -44,6 +45,7 @@ class Summer(Computation):
         st = ctx.state or {"sum": 0, "n": 0}
         ctx.state = {"sum": st["sum"] + record.value["v"], "n": st["n"] + 1}
         ctx.set_timer("last", record.timestamp_ms + 1_000_000)
+        ctx.produce("sums", {"q": ctx.key, "sum": ctx.state["sum"]})
 
 
 def frame(spark: Any, batch: int) -> Any:

@@ -133,6 +133,21 @@ def test_typed_errors(ran, tmp_path) -> None:  # type: ignore[no-untyped-def]
         key_history(files, computation="nope", key="a")
     with pytest.raises(NotAStoreError, match="has no Delta log"):
         key_history(TableFiles(str(tmp_path / "missing")), computation="summer", key="a")
+    # an old version's data file vacuumed: said, not a bare FileNotFoundError
+    import shutil
+
+    from deltawheel.statestore.delta.log import read_snapshot
+    from deltawheel.statestore.exceptions import VersionNotFoundError
+
+    copy = tmp_path / "rows"
+    shutil.copytree(layout.rows, copy)
+    live = {a["path"] for a in read_snapshot(str(copy)).adds}  # type: ignore[union-attr]
+    gone = next(p for p in copy.glob("computation=summer/*/*.parquet")
+                if str(p.relative_to(copy)) not in live)
+    gone.unlink()
+    with pytest.raises(VersionNotFoundError, match=r"of an old version of .* is gone \(vacuumed"):
+        for k in "abcdef":
+            key_history(TableFiles(str(copy)), computation="summer", key=k)
 
 
 def test_state_history_view_lists_every_change_decoded(spark, ran) -> None:  # type: ignore[no-untyped-def]

@@ -33,7 +33,13 @@ from ..delta.checkpoints import CHECKPOINT_NAME, checkpoint_actions, newest_chec
 from ..delta.log import _commit_versions, damaged_entry
 from ..delta.storefs import TableFiles
 from ..delta.txn import decode_path
-from ..exceptions import KeyNeverSeenError, NotAStoreError, StoreDamagedError, UnknownComputationError
+from ..exceptions import (
+    KeyNeverSeenError,
+    NotAStoreError,
+    StoreDamagedError,
+    UnknownComputationError,
+    VersionNotFoundError,
+)
 from ..rowtable.rows import FENCE_KEY, KeyRow
 from .deletionvectors import deleted_rows
 
@@ -94,7 +100,13 @@ class _Table:
     def _file(self, path: str) -> Any:
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(self.files.path(decode_path(path)), filesystem=self.files.fs)
+        try:
+            return pq.ParquetFile(self.files.path(decode_path(path)), filesystem=self.files.fs)
+        except FileNotFoundError:
+            raise VersionNotFoundError(
+                f"the data file {path} of an old version of {self.files.root} is gone (vacuumed: deltawheel gc "
+                "--vacuum-retain-hours): the versions before the vacuum can no longer be read. Read the history "
+                "of a store whose old files are kept, or raise the retention before the next gc") from None
 
     def places(self, add: Mapping[str, Any], wanted: frozenset[str] | None) -> dict[str, int]:
         """key -> row index of the live rows of ``add``'s file (only ``wanted`` keys; None: all)."""
@@ -290,6 +302,7 @@ def key_history(rows: TableFiles, *, computation: str, key: str, limit: int | No
 
     Raises:
         NotAStoreError: no rows table there.
+        VersionNotFoundError: a data file of an old version was vacuumed.
         UnknownComputationError: no commit still in the log names ``computation``.
         KeyNeverSeenError: ``computation`` never held ``key`` in a version still in the log.
     """

@@ -57,8 +57,9 @@ def _history(args: argparse.Namespace) -> int:
         raise ConfigError(f"--limit must be at least 1, got {args.limit}; leave it out for every version")
     layout = layout_from(args)
     files = files_for(layout.rows)
-    if files is None:
-        raise ConfigError(f"--store {args.store}: history reads local folders, file: and s3a:// stores only")
+    if files is None or not files.is_local:
+        raise ConfigError(f"--store {args.store}: history reads local folders and file: stores only; for an "
+                          "object store, query the state_history view (deltawheel sql)")
     if files.is_local and files.listdir("_delta_log") is None:
         raise NotAStoreError(f"--store {args.store} holds no rows table ({layout.rows}/_delta_log is missing): "
                              "pass the folder of a store a pipeline has run on")

@@ -126,6 +126,27 @@ VIEWS: Mapping[str, Mapping[str, str]] = {
         "sequencer": "the sequencer of the interval's current owner: commits carrying an older one are refused",
         "commit_id": "the commit that last wrote the fence",
     },
+    "state_history": {
+        "computation": ROWS["computation"],
+        "interval": "the key interval of the row (NULL for a delete)",
+        "key": ROWS["key"],
+        "version": "the rows table's version whose commit wrote this row (Delta's time travel: VERSION AS OF)",
+        "commit_time": "when that version was committed, as Delta's time travel orders them (TIMESTAMP AS OF)",
+        "change": "insert (the key had no row), update, or delete (state and timers emptied: the row went)",
+        "writer": "the job instance that committed the version (NULL: not a deltawheel commit)",
+        "kind": "deltawheel's commit kind (commit, fence, claim) or Delta's operation",
+        "codec": ROWS["codec"],
+        "state_json": "the key's state in that version, decoded by its codec, as JSON text "
+                      "(<pickle: N bytes> unless --allow-pickle; NULL for a delete)",
+        "n_timers": "number of pending timers of the key in that version",
+        "timers": "the key's timers in that version: tag, domain, time_ms",
+        "n_record_ids": "number of input record ids kept for dedup in that version",
+        "n_checkpointed": "productions checkpointed in that version's row",
+        "watermark_hold": "the key's watermark hold in that version",
+        "sequencer": ROWS["sequencer"],
+        "commit_id": ROWS["commit_id"],
+        "updated": "when the row was written (processing time)",
+    },
 }
 
 

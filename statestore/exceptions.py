@@ -23,6 +23,9 @@ __all__ = [
     "NotOwnerError",
     "StoreMismatchError",
     "StoreDamagedError",
+    "UnknownComputationError",
+    "KeyNeverSeenError",
+    "VersionNotFoundError",
     "CoordinatorStateLostError",
     "StaleSequencerError",
     "CommitConflictError",
@@ -57,7 +60,8 @@ __all__ = [
 # ``exit_code`` (a subclass inherits its base's); docs/operations.md and ``--help`` print this table.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "done"),
-    (1, "done, found nothing or something is not healthy (inspect: no such key; zk/cluster status: not running)"),
+    (1, "done, found nothing or something is not healthy (inspect: no such key; history: a key never seen "
+        "(KeyNeverSeenError); zk/cluster status: not running)"),
     (2, "usage: bad arguments, invalid SQL or a statement that would write (ReadOnlySqlError)"),
     (3, "configuration or store content: ConfigError, NotAStoreError, SchemaTooNewError, MigrationError, "
         "StoreDamagedError, InputGoneError, CodecError, BadRecordError"),
@@ -317,3 +321,18 @@ class ReadOnlySqlError(FatalError):
     """A statement given to the read-only SQL tool would change something (a table, a view, a setting)."""
 
     exit_code = 2
+
+
+class UnknownComputationError(ConfigError):
+    """A read-only tool named a computation the store's rows table never held (history, SQL as of)."""
+
+
+class KeyNeverSeenError(FatalError):
+    """``deltawheel history`` named a key its computation never held in any version still in the log."""
+
+    exit_code = 1
+
+
+class VersionNotFoundError(ConfigError):
+    """A version or timestamp asked for (``sql --as-of``) is not in a table's log: before its first
+    commit, after its newest, or cleaned up by log retention."""

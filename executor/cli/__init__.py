@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         cluster,
         demo,
         gc,
+        history,
         leases,
         migrate,
         objectstore,
@@ -56,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         zk,
     )
 
-    for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, leases, rebalance, recover,
-                replay, reseed, gc, bench, scenario, setup):  # --help order
+    for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases,
+                rebalance, recover, replay, reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser
 

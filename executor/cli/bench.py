@@ -14,6 +14,8 @@ feeds records at a fixed rate to each engine's continuous query and measures eac
 from arrival to the Delta commit that makes its output readable (docs/latency.md); it writes
 ``latency.json`` and ``latency.png`` into ``--out``. Exit code 1 if an engine's output does not
 hold every input record exactly once.
+``deltawheel bench history --out bench-out/history`` times a key's history on the image path: the
+log-driven reader against Delta's change data feed and time travel (docs/history.md).
 
 The benchmark modules (pyarrow, matplotlib, the engine registry) are imported
 only when a benchmark runs, so ``deltawheel --help`` stays fast.
@@ -25,6 +27,7 @@ import argparse
 
 from deltawheel.benchmarks.args import (
     add_cache_arguments,
+    add_history_arguments,
     add_latency_arguments,
     add_throughput_arguments,
     add_watermark_arguments,
@@ -57,6 +60,12 @@ def _latency(args: argparse.Namespace) -> int:
     return int(run_from_args(args))
 
 
+def _history(args: argparse.Namespace) -> int:
+    from deltawheel.benchmarks.history import run_from_args
+
+    return int(run_from_args(args))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``bench`` subcommand and its benchmarks to ``subparsers``."""
     p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache, watermarks, latency) and save JSON + PNG figures")
@@ -74,3 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     lat = sub.add_parser("latency", help="per-record latency from arrival to a visible Delta commit, engines side by side")
     add_latency_arguments(lat)
     lat.set_defaults(func=_latency)
+    h = sub.add_parser("history", help="a key's history on the image path: the log-driven reader against Delta's "
+                       "change data feed and time travel (docs/history.md)")
+    add_history_arguments(h)
+    h.set_defaults(func=_history)

@@ -26,6 +26,7 @@ from typing import Any
 
 from deltawheel.statestore.comments import describe as describe_columns
 from deltawheel.statestore.delta.jvm import jsession, jvm
+from deltawheel.statestore.inspection.asof import resolve_as_of, store_tables
 from deltawheel.statestore.inspection.readonly import check_read_only, read_only_session
 from deltawheel.statestore.inspection.sqlviews import (
     FORMATS,
@@ -47,7 +48,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sql", help="run read-only SQL queries over the store's decoded views (a shell "
                               "without a query)",
                               description="Views: rows, state, timers, pending_productions, fences, "
-                              "dead_letters, late_data, <stream>, <stream>_decoded. Several queries run in "
+                              "dead_letters, late_data, state_history, <stream>, <stream>_decoded. Several queries run in "
                               "one Spark session (repeat QUERY or separate them with ';'); with none, "
                               "statements are read from stdin (an interactive shell on a terminal).")
     add_store_arg(p)
@@ -61,6 +62,11 @@ def register(subparsers: Any) -> None:
                    help=f"show at most N rows (default: every row for csv and json, {TABLE_MAX_ROWS} for table); "
                    "a cut is said on stderr with the total")
     p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+    p.add_argument("--as-of", metavar="VERSION|TIMESTAMP",
+                   help="run the views over a past snapshot of every table: a TIMESTAMP (ISO 8601, UTC unless an "
+                   "offset is given) reads each table at its newest version committed by then; a VERSION is the rows "
+                   "table's (as history lists them), the other tables are read as of its commit time "
+                   "(docs/history.md)")
     add_spark_args(p)
     p.set_defaults(func=_sql)
 
@@ -101,7 +107,11 @@ def _sql(args: argparse.Namespace) -> int:
 
     spark = _checked_spark(args)
     layout = layout_from(args)
-    register_views(spark, layout, allow_pickle=args.allow_pickle)
+    as_of = None
+    if args.as_of is not None:
+        as_of = resolve_as_of(spark, layout, args.as_of, store_tables(spark, layout))
+        print(f"deltawheel sql: {as_of.describe(layout)}", file=sys.stderr)
+    register_views(spark, layout, allow_pickle=args.allow_pickle, as_of=as_of)
 
     def run(query: str) -> int:
         try:
@@ -117,7 +127,8 @@ def _sql(args: argparse.Namespace) -> int:
 
     def describe(name: str | None) -> int:
         if name is None:
-            views = [r["viewName"] for r in spark.sql("SHOW VIEWS").collect() if r["isTemporary"]]
+            views = [r["viewName"] for r in spark.sql("SHOW VIEWS").collect()
+                     if r["isTemporary"] and not r["viewName"].startswith("_dw_")]
             sys.stdout.write(format_rows(["view"], [(v,) for v in sorted(views)], fmt=args.format))
             return 0
         try:

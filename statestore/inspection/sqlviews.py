@@ -52,6 +52,7 @@ from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, KeyRow
 from ..sqltext import sql_path, sql_str
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
+from .asof import AsOf
 from .readonly import check_read_only
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "run_sql",
     "format_rows",
     "inspect_key",
+    "row_json",
 ]
 
 FORMATS = ("table", "csv", "json")
@@ -134,10 +136,13 @@ def _is_delta(spark: Any, path: str) -> bool:
     return bool(DeltaTable.isDeltaTable(spark, path))
 
 
-def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = False) -> list[str]:
+def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = False,
+                   as_of: AsOf | None = None) -> list[str]:
     """Register the store's temporary views (and the ``dw_decode`` UDF) on ``spark``.
 
-    Tables that don't exist yet (no rows table, no dead letters) get no view.
+    Tables that don't exist yet (no rows table, no dead letters) get no view. ``as_of``
+    (:func:`.asof.resolve_as_of`): every view reads its table at the version given there
+    (``state_history`` up to the rows table's), a table without one gets no view.
 
     Returns:
         The names of the views registered, built-in ones first, then streams.
@@ -170,9 +175,15 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
         spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{name}` {columns} AS {select}")
         views.append(name)
 
+    def source(path: str) -> str | None:
+        if as_of is None:
+            return sql_path(path) if _is_delta(spark, path) else None
+        v = as_of.version_of(path)
+        return None if v is None else f"{sql_path(path)} VERSION AS OF {v}"
+
     fence = sql_str(FENCE_KEY)
-    if _is_delta(spark, layout.rows):
-        raw = sql_path(layout.rows)
+    raw = source(layout.rows)
+    if raw is not None:
         define("rows", f"SELECT * FROM {raw} WHERE key <> {fence}")
         define("state", (
             "SELECT computation, `interval`, key, codec, dw_decode(codec, state) AS state_json, "
@@ -196,15 +207,41 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
         define("fences", (
             f"SELECT computation, `interval`, sequencer, commit_id FROM {raw} WHERE key = {fence}"
         ), VIEWS["fences"])
+        if _state_history_source(spark, layout, as_of):
+            define("state_history", (
+                "SELECT computation, `interval`, key, version, timestamp_millis(commit_time_ms) AS commit_time, "
+                "change, writer, kind, codec, dw_decode(codec, state) AS state_json, size(timers) AS n_timers, "
+                "timers, n_record_ids, size(pending) AS n_checkpointed, "
+                "timestamp_millis(watermark_hold_ms) AS watermark_hold, sequencer, commit_id, "
+                "timestamp_millis(updated_ms) AS updated FROM _dw_state_history"
+            ), VIEWS["state_history"])
     for name, path in (("dead_letters", layout.dead_letters), ("late_data", layout.late_data)):
-        if _is_delta(spark, path):
-            define(name, f"SELECT * FROM {sql_path(path)}")
+        if (src := source(path)) is not None:
+            define(name, f"SELECT * FROM {src}")
     for name in streams:
-        define(name, f"SELECT * FROM {sql_path(layout.stream(name))}")
+        if (src := source(layout.stream(name))) is None:
+            continue
+        define(name, f"SELECT * FROM {src}")
         columns = [*spark.table(name).columns, "value_json"]
         define(f"{name}_decoded", f"SELECT *, dw_decode(codec, value) AS value_json FROM `{name}`",
                {c: STREAM.get(c, VALUE_JSON if c == "value_json" else "") for c in columns})
     return views
+
+
+def _state_history_source(spark: Any, layout: StoreLayout, as_of: AsOf | None) -> bool:
+    """Register the raw ``_dw_state_history`` view (a Python data source read only when queried);
+    False for a store whose files Python does not reach."""
+    from ..delta.storefs import table_files
+    from .historysource import StateHistorySource, source_options
+
+    files = table_files(spark, layout.rows)
+    if files is None:
+        return False
+    spark.dataSource.register(StateHistorySource)
+    (spark.read.format(StateHistorySource.name())
+     .options(**source_options(files, to_version=None if as_of is None else as_of.rows_version))
+     .load().createOrReplaceTempView("_dw_state_history"))
+    return True
 
 
 # --- formatting ---------------------------------------------------------------
@@ -432,7 +469,11 @@ def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
         local = KeyRow.from_row(rows[0]) if rows else None
     if local is None:
         return None
-    row = local
+    return row_json(local, allow_pickle=allow_pickle)
+
+
+def row_json(row: KeyRow, *, allow_pickle: bool = False) -> dict[str, Any]:
+    """A key's row decoded into plain (JSON-ready) values, as ``inspect`` and ``history`` show it."""
     return {
         "computation": row.computation,
         "key": row.key,

@@ -1,0 +1,83 @@
+"""``deltawheel history``: a key's versions in the rows table, newest first, decoded.
+
+Read-only and without Spark: the rows table's Delta log and the data files it names are read
+with pyarrow (``statestore/inspection/history.py``); no lease is taken, a running pipeline is
+not disturbed. docs/history.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from typing import Any
+
+from deltawheel.statestore.delta.storefs import files_for
+from deltawheel.statestore.exceptions import ConfigError, NotAStoreError
+from deltawheel.statestore.inspection.history import Change, key_history
+from deltawheel.statestore.inspection.sqlviews import format_rows, row_json
+
+from .common import add_store_arg, layout_from
+
+__all__ = ["register", "change_json"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``history`` subcommand."""
+    p = subparsers.add_parser(
+        "history", help="a key's versions, newest first: state decoded, timers, pending productions, writer, "
+        "sequencer, commit version and time",
+        description="Reads the rows table's Delta log and files (no Spark, no lease). A version is listed where "
+        "the key's row changed: its state, timers, dedup ids or pending productions (change: insert, update, or "
+        "delete when its state and timers were emptied).")
+    add_store_arg(p)
+    p.add_argument("--computation", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="the newest N versions only")
+    p.add_argument("--json", action="store_true", help="one JSON object per version (JSON Lines), everything decoded")
+    p.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code!)")
+    p.set_defaults(func=_history)
+
+
+def _iso(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+
+
+def change_json(c: Change, *, allow_pickle: bool = False) -> dict[str, Any]:
+    """One version of a key as plain values: the commit's facts and the row decoded (None: deleted)."""
+    row = None if c.row is None else row_json(c.row, allow_pickle=allow_pickle)
+    return {"version": c.commit.version, "commit_time": _iso(c.commit.timestamp_ms),
+            "commit_time_ms": c.commit.timestamp_ms, "change": c.change, "writer": c.commit.writer,
+            "kind": c.commit.meta.get("kind") or c.commit.operation, "row": row}
+
+
+def _history(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {args.limit}; leave it out for every version")
+    layout = layout_from(args)
+    files = files_for(layout.rows)
+    if files is None or not files.is_local:
+        raise ConfigError(f"--store {args.store}: history reads local folders and file: stores only; for an "
+                          "object store, query the state_history view (deltawheel sql)")
+    if files.is_local and files.listdir("_delta_log") is None:
+        raise NotAStoreError(f"--store {args.store} holds no rows table ({layout.rows}/_delta_log is missing): "
+                             "pass the folder of a store a pipeline has run on")
+    got = key_history(files, computation=args.computation, key=args.key, limit=args.limit)
+    found = [change_json(c, allow_pickle=args.allow_pickle) for c in got.changes]
+    if args.json:
+        for f in found:
+            print(json.dumps(f, ensure_ascii=False))
+        return 0
+    rows = []
+    for f in found:
+        r = f["row"] or {}
+        rows.append((f["version"], f["commit_time"], f["change"], f["writer"], r.get("sequencer"),
+                     None if f["row"] is None else json.dumps(r["state"], sort_keys=True, ensure_ascii=False),
+                     len(r.get("timers", ())), len(r.get("pending", ()))))
+    sys.stdout.write(format_rows(["version", "commit_time", "change", "writer", "sequencer", "state", "timers",
+                                  "pending"], rows))
+    print(f"{args.computation}/{args.key}: {len(found)} version(s) shown; the log holds versions "
+          f"{got.first_version}-{got.latest_version} (--json for timers and pending productions in full)",
+          file=sys.stderr)
+    return 0

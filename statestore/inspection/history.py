@@ -1,0 +1,353 @@
+"""A key's versions (or every key's), read from the rows table's Delta log without Spark.
+
+The rows table keeps one row per (computation, key); Delta keeps every version of it until
+log retention and ``VACUUM`` clean them up. This module walks the log's commits oldest first
+and says, for each commit, which keys got a new row or lost theirs:
+
+- it keeps the live files (``add`` puts, ``remove`` deletes, a re-added file with a deletion
+  vector replaces its entry, :mod:`.deletionvectors` says which of its rows are gone);
+- for each partition (computation, interval) a commit touched, it finds where each key of
+  interest now lives (file, row index): the ``key`` column of each new file only, read once;
+- a key whose place changed is read again only through its stamp columns (``commit_id``,
+  ``updated_ms``, ``sequencer``): a row carried over unchanged (the image path rewrites whole
+  interval files; a MERGE rewrites the files of the keys it touches) keeps its stamps, and is
+  not a new version. Only a key whose stamps changed has its whole row read.
+
+So a history read costs, per commit that touched the key's partition, the ``key`` and stamp
+columns of that partition's new file, and a whole row only where the key changed: never every
+version's full files (docs/history.md has the measurement against Delta's change data feed).
+
+History starts at version 0, or, when log retention cleaned the oldest commits up, at the
+oldest checkpoint still followed by every commit (:attr:`History.first_version`). Local folders
+and any store :mod:`~..delta.storefs` reaches (``s3a://``); the data files of old versions must
+still be there (``deltawheel gc`` vacuums them after its retention).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from ..delta.checkpoints import CHECKPOINT_NAME, checkpoint_actions, newest_checkpoint
+from ..delta.log import _commit_versions, damaged_entry
+from ..delta.storefs import TableFiles
+from ..delta.txn import decode_path
+from ..exceptions import (
+    KeyNeverSeenError,
+    NotAStoreError,
+    StoreDamagedError,
+    UnknownComputationError,
+    VersionNotFoundError,
+)
+from ..rowtable.rows import FENCE_KEY, KeyRow
+from .deletionvectors import deleted_rows
+
+__all__ = ["Commit", "Change", "History", "walk_history", "key_history", "HISTORY_COLUMNS"]
+
+_STAMPS = ("commit_id", "updated_ms", "sequencer")
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit of the rows table: its version, time (the commit file's modification time, as
+    Delta's time travel orders them), Delta's operation and deltawheel's commit metadata
+    (``kind``: commit, fence or claim; ``writer``; ``sequencers``; ``commit_id``; ``write_path``)."""
+
+    version: int
+    timestamp_ms: int
+    operation: str | None
+    meta: Mapping[str, Any]
+
+    @property
+    def writer(self) -> str | None:
+        """The job instance that committed it (None: not a deltawheel commit, e.g. the table's creation)."""
+        w = self.meta.get("writer")
+        return None if w is None else str(w)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A key's new row in a commit: ``insert`` (the key had none), ``update`` or ``delete``
+    (``row`` None: the key's state and timers were emptied, its row removed)."""
+
+    commit: Commit
+    computation: str
+    key: str
+    change: str
+    row: KeyRow | None
+
+
+@dataclass(frozen=True)
+class History:
+    """A key's changes, newest first, and the oldest version the log still holds."""
+
+    computation: str
+    key: str
+    changes: tuple[Change, ...]
+    first_version: int
+    latest_version: int
+
+
+class _Table:
+    """Reads of the rows table's data files, each file's key column read once."""
+
+    def __init__(self, files: TableFiles) -> None:
+        self.files = files
+        self._keys: dict[str, Any] = {}
+        self._dvs: dict[tuple[str, str], frozenset[int]] = {}
+
+    def _file(self, path: str) -> Any:
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(self.files.path(decode_path(path)), filesystem=self.files.fs)
+        except FileNotFoundError:
+            raise VersionNotFoundError(
+                f"the data file {path} of an old version of {self.files.root} is gone (vacuumed: deltawheel gc "
+                "--vacuum-retain-hours): the versions before the vacuum can no longer be read. Read the history "
+                "of a store whose old files are kept, or raise the retention before the next gc") from None
+
+    def places(self, add: Mapping[str, Any], wanted: frozenset[str] | None) -> dict[str, int]:
+        """key -> row index of the live rows of ``add``'s file (only ``wanted`` keys; None: all)."""
+        path = str(add["path"])
+        keys = self._keys.get(path)
+        if keys is None:
+            keys = self._keys[path] = self._file(path).read(columns=["key"]).column("key").to_pylist()
+        dv = add.get("deletionVector")
+        gone: frozenset[int] = frozenset()
+        if dv:
+            dv_id = json.dumps(dv, sort_keys=True)
+            got = self._dvs.get((path, dv_id))
+            if got is None:
+                got = self._dvs[(path, dv_id)] = deleted_rows(self.files, dv)
+            gone = got
+        return {k: i for i, k in enumerate(keys)
+                if k != FENCE_KEY and (wanted is None or k in wanted) and i not in gone}
+
+    def forget(self, live: set[str]) -> None:
+        """Drop what was read of files no longer live (a history of every key reads them all)."""
+        for path in [p for p in self._keys if p not in live]:
+            del self._keys[path]
+
+    def rows(self, path: str, indexes: list[int], *, columns: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        """The rows at ``indexes`` of a file (only ``columns``: None, every column)."""
+        import pyarrow as pa
+
+        table = self._file(path).read(columns=list(columns) if columns else None)
+        return table.take(pa.array(indexes, pa.int64())).to_pylist()  # type: ignore[no-any-return]
+
+
+def _log(files: TableFiles) -> tuple[TableFiles, list[str], dict[str, int]]:
+    log = files.sub("_delta_log")
+    listed = log.list_files()
+    if listed is None:
+        raise NotAStoreError(f"{files.root} has no Delta log: not a deltawheel store's rows table "
+                             "(pass the store's folder, the one holding rows/ and _meta/)")
+    return log, [n for n, _s, _m in listed], {n: m // 1_000_000 for n, _s, m in listed}
+
+
+def _start(log: TableFiles, names: list[str]) -> tuple[int, list[tuple[str, dict[str, Any]]], list[int]]:
+    """(the version history starts at, the actions of its checkpoint or none, the JSON commits after it)."""
+    versions = _commit_versions(names)
+    if versions and versions[0] == 0:
+        return -1, [], versions
+    if not versions:
+        raise StoreDamagedError(f"{log.root} holds no commit; the rows table is damaged (docs/store-damage.md)")
+    by_version: dict[int, list[str]] = {}
+    for n in names:
+        m = CHECKPOINT_NAME.match(n)
+        if m and int(m.group(1)) >= versions[0] - 1:
+            by_version.setdefault(int(m.group(1)), []).append(n)
+    for v in sorted(by_version):
+        cp, usable = newest_checkpoint(by_version[v])
+        if cp is not None and usable:
+            return cp.version, list(checkpoint_actions(log, cp)), [x for x in versions if x > cp.version]
+    raise StoreDamagedError(
+        f"{log.root}: the oldest commits were cleaned up and no checkpoint is followed by every commit "
+        "after it, so no version can be rebuilt from the log (docs/store-damage.md)")
+
+
+def _commit_facts(version: int, lines: list[str], file: str, mtime_ms: int) -> tuple[Commit, list[Any]]:
+    info: dict[str, Any] = {}
+    actions = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            act = json.loads(line)
+        except ValueError as exc:
+            raise damaged_entry(file, exc) from exc
+        if "commitInfo" in act:
+            info = act["commitInfo"]
+        elif "add" in act or "remove" in act:
+            actions.append(act)
+    try:
+        meta = json.loads(info.get("userMetadata") or "{}")
+    except ValueError:
+        meta = {}
+    ts = int(info.get("inCommitTimestamp") or mtime_ms or info.get("timestamp") or 0)
+    return Commit(version, ts, info.get("operation"), meta if isinstance(meta, dict) else {}), actions
+
+
+def walk_history(rows: TableFiles, *, computation: str | None = None, keys: frozenset[str] | None = None,
+                 to_version: int | None = None) -> Iterator[Change]:
+    """Every change of the rows table, oldest commit first (only ``computation``'s, only ``keys``;
+    None: all; only up to ``to_version``). The first version (0, or the oldest checkpoint's)
+    shows each key's row as ``insert``.
+
+    Raises:
+        NotAStoreError: ``rows`` has no Delta log.
+        StoreDamagedError: a log entry or deletion vector cannot be read, or no version can be rebuilt.
+    """
+    log, names, mtimes = _log(rows)
+    start, cp_actions, versions = _start(log, names)
+    table = _Table(rows)
+    live: dict[str, dict[str, Any]] = {}
+    # (computation, interval) -> key -> (file path, row index); key -> its last row's stamps and row
+    where: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
+    last: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+    def part(add: Mapping[str, Any]) -> tuple[str, str] | None:
+        pv = add.get("partitionValues") or {}
+        c = pv.get("computation")
+        return None if c is None or (computation is not None and c != computation) else (c, str(pv.get("interval")))
+
+    def apply(commit: Commit, actions: list[Any]) -> Iterator[Change]:
+        touched: set[tuple[str, str]] = set()
+        for act in actions:
+            if "remove" in act:
+                gone = live.pop(str(act["remove"]["path"]), None)
+                p = part(gone or act["remove"])
+                if p is not None:
+                    touched.add(p)
+        for act in actions:
+            if "add" in act:
+                add = act["add"]
+                live[str(add["path"])] = add
+                p = part(add)
+                if p is not None:
+                    touched.add(p)
+        for p in sorted(touched):
+            now: dict[str, tuple[str, int]] = {}
+            for path, add in live.items():
+                if part(add) == p:
+                    now.update({k: (path, i) for k, i in table.places(add, keys).items()})
+            before = where.get(p, {})
+            where[p] = now
+            moved: dict[str, list[tuple[str, int]]] = {}
+            for k, place in now.items():
+                if before.get(k) != place:
+                    moved.setdefault(place[0], []).append((k, place[1]))
+            for k in sorted(set(before) - set(now)):
+                if (p[0], k) in last and not any(k in where.get(q, {}) for q in where if q[0] == p[0]):
+                    del last[(p[0], k)]
+                    yield Change(commit, p[0], k, "delete", None)
+            for path, found in sorted(moved.items()):
+                stamps = table.rows(path, [i for _k, i in found], columns=_STAMPS)
+                changed = [(k, i) for (k, i), s in zip(found, stamps, strict=True)
+                           if last.get((p[0], k), (None,))[0] != tuple(s[c] for c in _STAMPS)]
+                if not changed:
+                    continue
+                full = table.rows(path, [i for _k, i in changed])
+                for (k, _i), r in zip(changed, full, strict=True):
+                    row = KeyRow.from_row({**r, "computation": p[0], "interval": int(p[1])})
+                    prev = last.get((p[0], k))
+                    last[(p[0], k)] = (tuple(r[c] for c in _STAMPS), row)
+                    if prev is None or prev[1] != row:
+                        yield Change(commit, p[0], k, "insert" if prev is None else "update", row)
+        table.forget(set(live))
+
+    if cp_actions:
+        commit = Commit(start, mtimes.get(f"{start:020d}.json", 0), "CHECKPOINT", {})
+        yield from apply(commit, [{"add": a} for kind, a in cp_actions if kind == "add"])
+    prev_ts = 0
+    for v in versions:
+        if to_version is not None and v > to_version:
+            break
+        name = f"{v:020d}.json"
+        text = log.read_text(name)
+        if text is None:
+            raise StoreDamagedError(f"{log.path(name)} went missing while the history was read (log cleanup); "
+                                    "read it again")
+        commit, actions = _commit_facts(v, text.splitlines(), log.path(name), mtimes.get(name, 0))
+        if commit.timestamp_ms <= prev_ts:  # Delta's time travel keeps commit times increasing likewise
+            commit = Commit(v, prev_ts + 1, commit.operation, commit.meta)
+        prev_ts = commit.timestamp_ms
+        yield from apply(commit, actions)
+
+
+def computations(rows: TableFiles) -> set[str]:
+    """The computations the rows table's log ever named in a partition (an add or a remove)."""
+    log, names, _m = _log(rows)
+    found: set[str] = set()
+    for v in _commit_versions(names):
+        text = log.read_text(f"{v:020d}.json") or ""
+        for line in text.splitlines():
+            if '"partitionValues"' in line:
+                act = json.loads(line)
+                body = act.get("add") or act.get("remove") or {}
+                c = (body.get("partitionValues") or {}).get("computation")
+                if c:
+                    found.add(str(c))
+    start, cp_actions, _v = _start(log, names)
+    for kind, a in cp_actions:
+        if kind == "add" and (a.get("partitionValues") or {}).get("computation"):
+            found.add(str(a["partitionValues"]["computation"]))
+    return found
+
+
+def key_history(rows: TableFiles, *, computation: str, key: str, limit: int | None = None) -> History:
+    """``key``'s changes in ``computation``, newest first (at most ``limit``).
+
+    Raises:
+        NotAStoreError: no rows table there.
+        VersionNotFoundError: a data file of an old version was vacuumed.
+        UnknownComputationError: no commit still in the log names ``computation``.
+        KeyNeverSeenError: ``computation`` never held ``key`` in a version still in the log.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    changes = list(walk_history(rows, computation=computation, keys=frozenset({key})))
+    log, names, _m = _log(rows)
+    versions = _commit_versions(names)
+    start, _cp, _after = _start(log, names)
+    if not changes:
+        known = computations(rows)
+        if computation not in known:
+            raise UnknownComputationError(
+                f"the store's rows table holds no computation {computation!r} in any version still in its log; "
+                f"it holds: {', '.join(sorted(known)) or 'none'}. Check --computation")
+        raise KeyNeverSeenError(
+            f"computation {computation!r} never held key {key!r} in versions {max(start, 0)}-{versions[-1]} of "
+            "the rows table; check --key (keys are case-sensitive; deltawheel sql \"SELECT key FROM state\" lists them)")
+    newest = changes[::-1]
+    return History(computation, key, tuple(newest[:limit] if limit else newest), max(start, 0), versions[-1])
+
+
+#: the columns of the ``state_history`` view (:mod:`.sqlviews`) before decoding
+HISTORY_COLUMNS = (
+    ("computation", "string"), ("interval", "int"), ("key", "string"), ("version", "bigint"),
+    ("commit_time_ms", "bigint"), ("change", "string"), ("writer", "string"), ("kind", "string"),
+    ("codec", "string"), ("state", "binary"),
+    ("timers", "array<struct<tag:string,domain:string,time_ms:bigint>>"),
+    ("n_record_ids", "int"),
+    ("pending", "array<struct<production_id:string,stream:string,key:string,codec:string,value:binary,"
+                "timestamp_ms:bigint>>"),
+    ("watermark_hold_ms", "bigint"), ("sequencer", "bigint"), ("commit_id", "string"), ("updated_ms", "bigint"),
+)
+
+
+def history_tuple(c: Change) -> tuple[Any, ...]:
+    """A change as a row of :data:`HISTORY_COLUMNS`."""
+    r = c.row
+    kind = c.commit.meta.get("kind") or c.commit.operation
+    head = (c.computation, None if r is None else r.interval, c.key, c.commit.version, c.commit.timestamp_ms,
+            c.change, c.commit.writer, kind)
+    if r is None:
+        return head + (None,) * (len(HISTORY_COLUMNS) - len(head))
+    return head + (
+        r.codec, r.state, [t.to_row() for t in r.timers], len(r.record_ids),
+        [{"production_id": p.production_id, "stream": p.stream, "key": p.key, "codec": p.codec,
+          "value": p.value, "timestamp_ms": p.timestamp_ms} for p in r.pending],
+        r.watermark_hold_ms, r.sequencer, r.commit_id, r.updated_ms)

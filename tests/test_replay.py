@@ -310,3 +310,23 @@ def test_code_must_import_and_be_the_computation_of_that_name() -> None:
         load_code("deltawheel.executor.demo.pipeline:Detector", "model")
     made = load_code("replay_model:WindowModel", "model")
     assert isinstance(made, Model) and type(made).__name__ == "WindowModel"
+
+
+def test_a_pipeline_on_an_object_store_records_no_positions_and_runs(tmp_path: Path) -> None:
+    """Positions are read from the query checkpoint's file log, local only: on an object store the
+    driver records none (replay refuses there) instead of failing every batch."""
+    from deltawheel.executor.computation import RECORD_KEY, Computation
+    from deltawheel.executor.drivers.wiring import positions_recorder
+    from deltawheel.statestore.layout import StoreLayout
+
+    class Down(Computation):
+        name = "down"
+        inputs = {"up": RECORD_KEY}
+
+        def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+            pass
+
+    local = StoreLayout(str(tmp_path / "store"))
+    assert positions_recorder(Down(), {}, layout=local, checkpoint=str(tmp_path / "ck")) is not None
+    remote = StoreLayout("s3a://bucket/store")
+    assert positions_recorder(Down(), {}, layout=remote, checkpoint="s3a://bucket/store/_checkpoints/p/down") is None

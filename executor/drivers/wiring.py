@@ -137,9 +137,13 @@ def positions_recorder(computation: Computation, injectors: Mapping[str, Injecto
                        checkpoint: str) -> SharedInput | None:
     """What makes each commit of ``computation`` record its batch's input positions (replay,
     docs/replay.md): set as the executor's ``positions``. None for inputs without file positions
-    (JSON Lines, Delta-table and Kafka injectors, several Parquet injectors): nothing recorded."""
+    (JSON Lines, Delta-table and Kafka injectors, several Parquet injectors) and for a query
+    checkpoint on an object store (the file log is read from a local checkpoint only): nothing
+    recorded, and the batches run as before."""
     from deltawheel.statestore.exceptions import ConfigError
 
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return None
     try:
         return shared_input(computation, injectors, table_of=layout.stream, checkpoint=checkpoint)
     except ConfigError:

@@ -9,7 +9,7 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -27,6 +27,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def restart_zk_server(server: Any) -> None:
+    """Start a stopped ZooKeeper server again on its data (its port may take a moment to be free)."""
+    import time
+
+    from deltawheel.statestore.exceptions import ZooKeeperServerError
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            server.start()
+            return
+        except ZooKeeperServerError as exc:
+            if "in use" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from conftest import free_port
+from conftest import free_port, restart_zk_server
 from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.layout import StoreLayout
@@ -36,20 +36,6 @@ def own_zk(tmp_path: Path) -> Iterator[Any]:
     yield server
     server.stop()
 
-
-def _restart(server: Any) -> None:
-    """Start the stopped server again on its data (its port may take a moment to be free)."""
-    from deltawheel.statestore.exceptions import ZooKeeperServerError
-
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            server.start()
-            return
-        except ZooKeeperServerError as exc:
-            if "in use" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def _wait_for(what: str, check: Callable[[], bool], *, timeout_s: float, runs: tuple[Any, ...] = (),
@@ -87,7 +73,7 @@ def _blip_while_running(spark: Any, tmp_path: Path, server: Any, *, down_s: floa
         # arrives while ZooKeeper is down, with a record that closes every minute
         write_file(folder, "part-1.parquet", rows[80:] + [closing_row(rows)])
         time.sleep(down_s)
-        _restart(server)
+        restart_zk_server(server)
         up = time.time()
         _wait_for("the reconnect", lambda: engine.client.state == KazooState.CONNECTED, timeout_s=30, poll_s=0.05)
         assert engine.client.client_id[0] == session  # the same session: the blip did not end it

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from conftest import free_port
+from conftest import free_port, restart_zk_server
 from deltawheel.executor.protocol.faults import FaultPoint
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import CoordinatorStateLostError, LeaseLostError
@@ -107,22 +107,8 @@ def _wipe(server: Any) -> None:
     """ZooKeeper loses everything: its real process restarted on an empty data folder."""
     server.stop()
     shutil.rmtree(server.data_dir / "data")
-    _restart(server)
+    restart_zk_server(server)
 
-
-def _restart(server: Any) -> None:
-    """Start the stopped server again (its port may take a moment to be free)."""
-    from deltawheel.statestore.exceptions import ZooKeeperServerError
-
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            server.start()
-            return
-        except ZooKeeperServerError as exc:
-            if "in use" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 @pytest.mark.timeout(300)
@@ -477,7 +463,7 @@ def _blip(server: Any, clients: list[Any], *, down_s: float, batch: int = 1
 
             def later() -> None:
                 time.sleep(down_s)
-                _restart(server)
+                restart_zk_server(server)
                 seen["up"] = time.time()
                 _wait_for(lambda: clients[-1].state == KazooState.CONNECTED, "the reconnect")
                 seen["after"] = clients[-1].client_id[0]

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-__all__ = ["plot_latency"]
+__all__ = ["plot_latency", "scheduled_points"]
 
 COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"]
 STAGE_STYLES = ["--", "-."]
+
+
+def scheduled_points(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The over-time points of records the schedule generated (``t`` >= 0): the primer file written
+    before the schedule starts (to start every engine's query) would stretch the axis back by
+    its lead time."""
+    return [p for p in points if float(p["t"]) >= 0]
 
 
 def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
@@ -45,7 +52,7 @@ def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
             added = e["stages"][-1].get("added_latency_s") or {}
             cdf.plot([], [], color=color, label=f"  stage {e['stages'][-1]['stage']} (end to end, solid): added "
                                                 f"p50 {added.get('p50')} / p99 {added.get('p99')} s")
-        pts = e["stages"][-1].get("over_time") or []
+        pts = scheduled_points(e["stages"][-1].get("over_time") or [])
         if pts:
             cdf_t = [p["t"] for p in pts]
             over.plot(cdf_t, [p["p50"] for p in pts], color=color, label=name)

@@ -161,6 +161,21 @@ def test_key_count_checks_take_each_records_batch() -> None:
     assert "1 of" in _failed(check_key_counts(s, right, file_batch=unused, record_batch=unread))["records_read"]
 
 
+def test_the_figure_leaves_out_the_primer_records_written_before_the_schedule(tmp_path: Path) -> None:
+    """The primer file goes in before the schedule starts (t < 0): the latency-over-time panel
+    starts at the schedule's start, not at the primer's lead time."""
+    from deltawheel.benchmarks.latency_plot import plot_latency, scheduled_points
+
+    points = [{"t": -80.0, "p50": 3.0, "max": 4.0}, {"t": 0.0, "p50": 0.5, "max": 0.9},
+              {"t": 1.0, "p50": 0.4, "max": 0.7}]
+    assert [p["t"] for p in scheduled_points(points)] == [0.0, 1.0]
+    stage = {"stage": 1, "latency_s": {"n": 3, "p50": 0.5, "p99": 0.9}, "quantiles_s": [0.4, 0.5, 0.9],
+             "over_time": points}
+    report = {"settings": {"rate": 10, "keys": 5, "seconds": 2, "warmup_s": 0}, "machine": {},
+              "engines": {"deltawheel": {"ok": True, "latency_s": stage["latency_s"], "stages": [stage]}}}
+    assert plot_latency(report, tmp_path / "latency.png").stat().st_size > 0
+
+
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(600)

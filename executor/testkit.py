@@ -18,8 +18,8 @@ batch of one record would run. In the spirit of Spark's ``TwsTester`` and Beam's
   processing clock moved past a key's TTL), in order.
 
 A computation with a ``state_version`` reads rows of an older version through its
-``upgrade_state`` here too: give the tester the store a v1 computation's tester left (``store=``)
-to see the upgrade on first touch.
+``upgrade_state`` here too: :meth:`~ComputationTester.with_computation` runs the rows a v1
+computation left with the v2 code (or give a new tester the store a v1 tester left, ``store=``).
 
 Rows live in memory, or with ``spark=`` in a Delta store (a fresh one in a temporary folder, or
 ``store=``), committed by fenced transactions after every call, exactly as an executor batch
@@ -281,6 +281,24 @@ class ComputationTester:
         got = self.output(stream)
         self._outputs = [o for o in self._outputs if o not in got]
         return got
+
+    def with_computation(self, computation: Computation) -> ComputationTester:
+        """A tester of ``computation`` (e.g. the next version of the code) over this tester's rows,
+        watermark and clock, as a pipeline restarted with new code on the same store: rows of an
+        older ``state_version`` are upgraded as each key is touched.
+
+        Raises:
+            ConfigError: ``computation`` is invalid, or has another name (it would not own these rows).
+        """
+        from deltawheel.statestore.exceptions import ConfigError
+
+        if computation.name != self.computation.name:
+            raise ConfigError(f"with_computation: {computation.name!r} is not {self.computation.name!r}; the rows "
+                              "belong to the computation of that name")
+        other = ComputationTester(computation, now_ms=self.now_ms)
+        other._rows = self._rows
+        other.watermark_ms, other._acted_ms, other._ids = self.watermark_ms, self._acted_ms, self._ids
+        return other
 
     def reload(self) -> None:
         """With a Delta store: read the rows back from the table (what a restarted executor sees)."""

@@ -173,21 +173,41 @@ def test_an_upgrade_that_raises_fails_the_batch_or_dead_letters_the_keys_records
     assert out.productions == () and [s.record_id for s in out.row.record_ids] == ["b1", "b2", "b3"]
 
 
+def test_the_harness_runs_version_1_rows_with_the_version_2_code() -> None:
+    old = ComputationTester(TotalsV1())
+    for user in ("ann", "ann", "bob", "cy", "cy"):
+        old.add({"user": user}, event_time_ms=1_000)
+    new = old.with_computation(TotalsV2())
+    new.add({"user": "ann"}, event_time_ms=5_000)
+    assert [o.value for o in new.output()] == [{"user": "ann", "n": 3}]
+    assert (new.state("ann"), new.state("bob")) == ({"n": 3, "last": 5_000}, 1)  # bob not touched: v1
+    with pytest.raises(UserCodeError, match="cannot upgrade a count of 2"):
+        new.with_computation(TotalsV2Broken()).add({"user": "cy"}, event_time_ms=6_000)
+    dl = new.with_computation(TotalsV2BrokenDeadLetter())
+    dl.add({"user": "cy"}, event_time_ms=6_000)
+    dl.add({"user": "bob"}, event_time_ms=6_000)
+    assert [(r.key, "StateUpgradeError" in why) for r, why in dl.dead_letters] == [("cy", True)]
+    assert (dl.state("cy"), dl.state("bob")) == (2, {"n": 2, "last": 6_000})
+    with pytest.raises(ConfigError, match="'visits' is not 'totals'"):
+        new.with_computation(Visits())
+
+
+@pytest.mark.slow
 def test_the_harness_upgrades_a_stores_version_1_rows_on_first_touch(spark: Any, tmp_path: Any) -> None:
     store = str(tmp_path / "store")
     old = ComputationTester(TotalsV1(), spark=spark, store=store)
-    for user in ("ann", "ann", "bob"):
-        old.add({"user": user}, event_time_ms=1_000)
+    for i, user in enumerate(("ann", "ann", "bob")):
+        old.add({"user": user}, event_time_ms=1_000, record_id=f"old-{i}")
     assert (old.state("ann"), old.state("bob")) == (2, 1)
     new = ComputationTester(TotalsV2(), spark=spark, store=store)
-    new.add({"user": "ann"}, event_time_ms=5_000)
+    new.add({"user": "ann"}, event_time_ms=5_000, record_id="new-0")
     assert [o.value for o in new.output()] == [{"user": "ann", "n": 3}]
     assert new.state("ann") == {"n": 3, "last": 5_000}
     new.reload()
     rows = {r.key: r for r in new._rows.store.scan_intervals("totals", range(TotalsV2.num_intervals))}  # type: ignore[union-attr]
     assert (rows["ann"].codec, rows["bob"].codec) == ("json@2", "json")  # bob was not touched: still v1
     broken = ComputationTester(TotalsV2Broken(), spark=spark, store=store)
-    broken.add({"user": "bob"}, event_time_ms=6_000)  # count 1: upgrades
+    broken.add({"user": "bob"}, event_time_ms=6_000, record_id="new-1")  # count 1: upgrades
     assert broken.state("bob") == {"n": 2, "last": 6_000}
 
 

@@ -232,3 +232,35 @@ def test_a_version_2_computation_without_upgrade_state_says_what_to_define() -> 
 def _rec(key: str, rid: str, *, ts: int = 1) -> Record:
     return Record(key=key, value={"user": key}, timestamp_ms=ts, record_id=rid, stream="clicks")
 
+
+
+def test_the_example_in_embedding_md_runs_as_written() -> None:
+    """docs/embedding.md's "State TTL and state versions" block: its v2 class reads a v1 tester's
+    bare counts through ``upgrade_state`` and forgets a user idle for an hour of event time."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "embedding.md").read_text(encoding="utf-8")
+    rest = text[text.index("### State TTL and state versions"):]
+    block = re.findall(r"```python\n(.*?)```", rest, flags=re.S)[0]
+    ns: dict[str, Any] = {"__name__": "embedding_ttl"}
+    exec(compile(block, "docs/embedding.md:state-ttl", "exec"), ns)
+    visits = ns["Visits"]
+
+    class VisitsV1(visits):  # type: ignore[misc, valid-type]
+        state_version = 1
+
+        def process_record(self, ctx: Any, record: Any) -> None:
+            ctx.state = (ctx.state or 0) + 1
+
+    old = ComputationTester(VisitsV1())
+    old.add({"user": "ann"}, event_time_ms=0)
+    old.add({"user": "bob"}, event_time_ms=0)
+    t = old.with_computation(visits())
+    t.add({"user": "ann"}, event_time_ms=30 * MINUTE)
+    assert [o.value for o in t.output("counts")] == [{"user": "ann", "n": 2}]
+    assert (t.state("ann"), t.state("bob")) == ({"n": 2}, 1)
+    t.advance_watermark(61 * MINUTE)  # bob: idle for an hour
+    assert t.expired == ["bob"] and t.keys() == ["ann"]
+    t.advance_watermark(91 * MINUTE)
+    assert t.expired == ["bob", "ann"]

@@ -56,6 +56,12 @@ def rows_of(spark: Any, store: Path, computation: str) -> dict[str, tuple[Any, s
     return {r["key"]: (J.decode(bytes(r["state"])), r["codec"]) for r in got}
 
 
+def keys_of(spark: Any, store: Path, computation: str) -> set[str]:
+    """The keys the computation's rows table holds a row for (state, timers or record ids)."""
+    df = spark.read.format("delta").load(str(store / "rows"))
+    return {r["key"] for r in df.where(f"computation = '{computation}' AND key != '{FENCE_KEY}'").collect()}
+
+
 def injector(folder: Path) -> ParquetInjector:
     return ParquetInjector("clicks", str(folder), key_column=None, event_time_column="ts", watermark_delay_ms=0,
                            max_files_per_trigger=1)
@@ -79,6 +85,7 @@ def test_idle_keys_expire_in_event_time_with_no_further_records(spark, zk_server
         # batch's watermark (the second file's 5 min): that batch drops them, with no record of theirs
         assert [r.keys_expired for r in reports] == [0, 0, 2]
         assert rows_of(spark, store, "visits") == {"cy": (3, "json")}
+        assert keys_of(spark, store, "visits") == {"cy"}  # their record ids went too: no row is left
     assert sum("2 keys expired (state TTL)" in line for line in lines) == 1
     metrics = read_batches(StoreLayout(str(store)), pipeline="ttl")
     assert sorted(m["keys_expired"] for m in metrics) == [0, 0, 2]
@@ -99,6 +106,7 @@ def test_idle_keys_expire_in_processing_time_in_a_later_run(spark, zk_server, tm
         engine.start(injector(folder), IdleVisits(), available_now=True, clock=clock).awaitTermination()
         assert [r.keys_expired for r in engine.executors[-1].reports] == [2]
         assert rows_of(spark, store, "visits") == {"cy": (2, "json")}
+        assert keys_of(spark, store, "visits") == {"cy"}
 
 
 @pytest.mark.timeout(1500)

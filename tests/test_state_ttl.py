@@ -264,3 +264,17 @@ def test_the_example_in_embedding_md_runs_as_written() -> None:
     assert t.expired == ["bob"] and t.keys() == ["ann"]
     t.advance_watermark(91 * MINUTE)
     assert t.expired == ["bob", "ann"]
+
+
+def test_a_windowing_scenario_with_a_state_ttl_lists_the_keys_it_drops_as_the_watermark_advances() -> None:
+    from deltawheel.executor.windowing.harness import run_scenario
+
+    scenario = {"name": "ttl", "windowing": {"type": "fixed", "size": 600}, "combine": "count", "state_ttl": 120,
+                "steps": [{"key": "ann", "value": 1, "event_time": 10}, {"key": "bob", "value": 1, "event_time": 20},
+                          {"watermark": 100}, {"key": "bob", "value": 1, "event_time": 110},
+                          {"watermark": 131}, {"watermark": 600}]}
+    out = run_scenario(scenario)
+    assert out["expired"] == [{"key": "ann", "after_step": 4}, {"key": "bob", "after_step": 5}]
+    assert out["panes"] == []  # both windows (open until 600 s) went with their keys
+    no_ttl = run_scenario({k: v for k, v in scenario.items() if k != "state_ttl"})
+    assert "expired" not in no_ttl and [p["value"] for p in no_ttl["panes"]] == [1, 2]

@@ -10,7 +10,8 @@ would: ``deltawheel.connect``, a ``ParquetInjector``, ``engine.start`` / ``engin
   second; users of the first run not seen again are dropped in the second.
 * State versions: a run with the v1 class, then the same store with the v2 class: touched users'
   rows are upgraded (and written as ``json@2``), untouched ones stay v1, the counts go on; an
-  upgrade that raises fails the batch (``UserCodeError`` caused by ``StateUpgradeError``).
+  upgrade that raises fails the batch (``BatchFailedError`` naming the key and the
+  ``StateUpgradeError``), nothing committed.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ import pytest
 from deltawheel.executor.protocol.metrics import read_batches
 from deltawheel.statestore.clock import ManualClock
 from deltawheel.statestore.codecs import get_codec
-from deltawheel.statestore.exceptions import CodecError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY
 from ttl_util import IdleVisits, TotalsV1, TotalsV2, TotalsV2Broken, Visits
 
 import deltawheel
-from deltawheel import ParquetInjector, UserCodeError
+from deltawheel import BatchFailedError, ParquetInjector
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
@@ -130,7 +130,26 @@ def test_a_v2_computation_upgrades_the_v1_rows_it_touches_while_the_pipeline_run
     # a v2 whose upgrade raises on bob's count fails the batch that touches bob, naming the key
     write_clicks(folder, "part-2.parquet", [("bob", T + 6_000)], mtime=1_000_200)
     with deltawheel.connect(spark, store=str(store), zk=zk_server.hosts, pipeline="ver") as engine:
-        with pytest.raises(UserCodeError, match=r"key 'bob'.*StateUpgradeError: upgrade_state of totals") as err:
+        with pytest.raises(BatchFailedError, match=r"key 'bob' on its stored state \(json\): StateUpgradeError: "
+                                                   r"upgrade_state of totals from state_version 1 to 2 failed"):
             engine.run(injector(folder), TotalsV2Broken(), progress=False)
-    assert isinstance(err.value, UserCodeError) and not isinstance(err.value, CodecError)
     assert rows_of(spark, store, "totals")["bob"] == (2, "json")  # nothing changed
+
+
+def test_a_metrics_table_of_an_older_deltawheel_gets_the_keys_expired_column(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from deltawheel.executor.protocol.metrics import METRICS_COLUMNS, BatchMetrics, batch_row
+    from deltawheel.executor.protocol.reports import BatchReport
+
+    layout = StoreLayout(str(tmp_path / "store"))
+    old_columns = METRICS_COLUMNS.replace(", keys_expired BIGINT", "")
+    assert old_columns != METRICS_COLUMNS
+    spark.sql(f"CREATE TABLE delta.`{layout.metrics_batches}` ({old_columns}) USING DELTA")
+    report = dataclasses.replace(BatchReport.empty(7, input_watermark_ms=None, low_watermark_ms=None, wall_s=0.1),
+                                 keys_expired=3)
+    metrics = BatchMetrics(spark, layout)
+    assert metrics.append(batch_row(report, pipeline="p", computation="c", instance=None, write_path="image",
+                                    started_ms=0))
+    assert "keys_expired" in spark.read.format("delta").load(layout.metrics_batches).columns
+    assert [(r["batch_id"], r["keys_expired"]) for r in read_batches(layout)] == [(7, 3)]

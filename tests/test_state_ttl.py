@@ -278,3 +278,17 @@ def test_a_windowing_scenario_with_a_state_ttl_lists_the_keys_it_drops_as_the_wa
     assert out["panes"] == []  # both windows (open until 600 s) went with their keys
     no_ttl = run_scenario({k: v for k, v in scenario.items() if k != "state_ttl"})
     assert "expired" not in no_ttl and [p["value"] for p in no_ttl["panes"]] == [1, 2]
+
+
+def test_a_versioned_codec_column_decodes_everywhere_and_a_malformed_one_is_refused() -> None:
+    from deltawheel.statestore.codecs import codec_version, get_codec, versioned_name
+    from deltawheel.statestore.exceptions import CodecError
+    from deltawheel.statestore.inspection.sqlviews import decode_value
+
+    assert versioned_name("msgpack", 2) == "msgpack@2" and codec_version("msgpack@2") == 2
+    assert get_codec("json@3").decode(b'{"n":1}') == {"n": 1}
+    assert decode_value("json@2", b'{"n":1}') == {"n": 1}  # what the SQL views show
+    with pytest.raises(CodecError, match="names state version 'x', not a whole number >= 1"):
+        get_codec("json@x")
+    with pytest.raises(CodecError, match="the pickle codec runs code"):
+        get_codec("pickle@2")

@@ -11,7 +11,8 @@ would: ``deltawheel.connect``, a ``ParquetInjector``, ``engine.start`` / ``engin
 * State versions: a run with the v1 class, then the same store with the v2 class: touched users'
   rows are upgraded (and written as ``json@2``), untouched ones stay v1, the counts go on; an
   upgrade that raises fails the batch (``BatchFailedError`` naming the key and the
-  ``StateUpgradeError``), nothing committed.
+  ``StateUpgradeError``), nothing committed; the same batch with the dead-letter policy sends the
+  key's record to ``dead_letters`` and leaves its row as it was.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from deltawheel.statestore.clock import ManualClock
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY
-from ttl_util import IdleVisits, TotalsV1, TotalsV2, TotalsV2Broken, Visits
+from ttl_util import IdleVisits, TotalsV1, TotalsV2, TotalsV2Broken, TotalsV2BrokenDeadLetter, Visits
 
 import deltawheel
 from deltawheel import BatchFailedError, ParquetInjector
@@ -134,6 +135,13 @@ def test_a_v2_computation_upgrades_the_v1_rows_it_touches_while_the_pipeline_run
                                                    r"upgrade_state of totals from state_version 1 to 2 failed"):
             engine.run(injector(folder), TotalsV2Broken(), progress=False)
     assert rows_of(spark, store, "totals")["bob"] == (2, "json")  # nothing changed
+    # the same batch again with the dead-letter policy: bob's record is a dead letter, its row stays v1
+    with deltawheel.connect(spark, store=str(store), zk=zk_server.hosts, pipeline="ver") as engine:
+        engine.run(injector(folder), TotalsV2BrokenDeadLetter(), progress=False)
+    dead = spark.read.format("delta").load(StoreLayout(str(store)).dead_letters).collect()
+    assert [(r["key"], r["event_time_ms"], "StateUpgradeError: upgrade_state of totals" in r["error"])
+            for r in dead] == [("bob", T + 6_000, True)]
+    assert rows_of(spark, store, "totals")["bob"] == (2, "json")
 
 
 def test_a_metrics_table_of_an_older_deltawheel_gets_the_keys_expired_column(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -134,7 +134,8 @@ def codec_of(comp: Computation) -> Codec:
 
 def state_codec_of(comp: Computation) -> str:
     """The codec column of state the computation writes: its codec, with its state version."""
-    return versioned_name(codec_of(comp).name, comp.state_version)
+    version = comp.state_version
+    return codec_of(comp).name if version == 1 else versioned_name(codec_of(comp).name, version)
 
 
 class Ran(NamedTuple):
@@ -172,7 +173,11 @@ class UserCode:
         self.fire_timers = fire_timers
         self._timer_id = f"timer:{comp.name}:"
         self.known_wm = input_watermark_ms
-        self.ttl_event_ms, self.ttl_processing_ms = type(comp).state_ttl_ms()
+        cls = type(comp)
+        ttls = _TTLS.get(cls)
+        if ttls is None:  # run_key builds one per key: look the class's TTLs up once
+            ttls = _TTLS[cls] = cls.state_ttl_ms()
+        self.ttl_event_ms, self.ttl_processing_ms = ttls
         self.ttl = self.ttl_event_ms is not None or self.ttl_processing_ms is not None
 
     def run(self, ctx: Context, records: Sequence[Record],
@@ -371,6 +376,7 @@ class UserCode:
 _RECORD_ID = attrgetter("record_id")
 _LATE = attrgetter("late")
 _CODECS: dict[tuple[str, bool], Codec] = {}
+_TTLS: dict[type, tuple[int | None, int | None]] = {}  # computation class -> its state TTLs (ms)
 _NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
 
 

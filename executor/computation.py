@@ -123,6 +123,29 @@ class Computation:
     # it was seen), so a restart does not shorten it. Ids past it leave the rows even for keys
     # that never see another record (the executor sweeps them: BatchReport.ids_expired).
     dedup_retention: ClassVar[timedelta] = timedelta(minutes=10)
+    # state TTL (docs/operations.md, "State TTL"): a key not touched (no record of it run, no timer
+    # of it fired) for this span of event time, measured against the input low watermark, is
+    # dropped -- state, timers and record ids -- by the next batch that runs its interval, also
+    # when no record of it ever comes again (the executor keeps a reserved event-time timer per
+    # key for it). None: no TTL. ``state_ttl_processing``: the same in processing time (the
+    # executor's clock). Either, both or neither; each a positive timedelta.
+    state_ttl: ClassVar[timedelta | None] = None
+    state_ttl_processing: ClassVar[timedelta | None] = None
+    # the version of the state's shape (docs/operations.md, "State versions"): a key whose row was
+    # written under an older version is read through :meth:`upgrade_state` the first time a batch
+    # runs it, and written back under this version; keys no batch runs keep their old rows
+    state_version: ClassVar[int] = 1
+
+    def upgrade_state(self, state: Any, from_version: int) -> Any:
+        """Turn ``state``, written under ``state_version`` ``from_version`` (older than the
+        computation's), into the shape of the current version. Called once per key, the first
+        time a batch runs the key after the version changed; what it returns is the key's state
+        (None: the key has none). If it raises, the batch fails naming the key (or, with
+        ``ErrorPolicy.DEAD_LETTER``, the key's records of the batch go to dead letters and its row
+        stays as it was, to be upgraded by a later batch). Default: refuse (raise)."""
+        raise NotImplementedError(f"{self.name} declares state_version {self.state_version} but no upgrade_state "
+                                  f"for state of version {from_version}; define upgrade_state(self, state, "
+                                  f"from_version)")
 
     def process_record(self, ctx: "Context", record: Record) -> None:
         """Handle one record of ``ctx.key``. Default: do nothing."""
@@ -158,6 +181,28 @@ class Computation:
         return int(cls.dedup_retention.total_seconds() * 1000)
 
     @classmethod
+    def state_ttl_ms(cls) -> tuple[int | None, int | None]:
+        """(:attr:`state_ttl`, :attr:`state_ttl_processing`) in milliseconds (None: none)."""
+        return tuple(None if t is None else int(t.total_seconds() * 1000)  # type: ignore[return-value]
+                     for t in (cls.state_ttl, cls.state_ttl_processing))
+
+    def allowed_lateness_ms(self) -> int:
+        """How long after its end a window of this computation takes data (0: none; windowed
+        computations say theirs): a :attr:`state_ttl` shorter than it drops windows still open."""
+        return 0
+
+    def start_warnings(self) -> list[str]:
+        """What the executor (and the testing harness) warn about when they start with this
+        computation: a :attr:`state_ttl` shorter than the allowed lateness."""
+        ttl_ms = type(self).state_ttl_ms()[0]
+        lateness = self.allowed_lateness_ms()
+        if ttl_ms is not None and ttl_ms < lateness:
+            return [f"{self.name}: state_ttl ({ttl_ms} ms) is shorter than the allowed lateness ({lateness} ms): a "
+                    f"key whose windows wait for late data longer than the TTL loses them, with their timers, "
+                    f"before they close; set state_ttl to at least the allowed lateness"]
+        return []
+
+    @classmethod
     def validate(cls) -> None:
         """Check the declaration; raises ConfigError naming what is wrong."""
         validate_name("computation", cls.name)
@@ -168,6 +213,14 @@ class Computation:
         if not isinstance(cls.dedup_retention, timedelta) or cls.dedup_retention <= timedelta(0):
             raise ConfigError(f"{cls.name}: dedup_retention must be a positive timedelta, got "
                               f"{cls.dedup_retention!r}")
+        for attr in ("state_ttl", "state_ttl_processing"):
+            ttl = getattr(cls, attr)
+            if ttl is not None and (not isinstance(ttl, timedelta) or ttl <= timedelta(0)):
+                raise ConfigError(f"{cls.name}: {attr} must be a positive timedelta (or None: no TTL), got "
+                                  f"{ttl!r}; a key untouched for that long is dropped, so it must be > 0")
+        if (isinstance(cls.state_version, bool) or not isinstance(cls.state_version, int)
+                or cls.state_version < 1):
+            raise ConfigError(f"{cls.name}: state_version must be a whole number >= 1, got {cls.state_version!r}")
         if not cls.inputs:
             raise ConfigError(f"computation {cls.name!r} declares no input streams (set `inputs`)")
         for stream, extractor in cls.inputs.items():

@@ -8,10 +8,16 @@ from deltawheel.statestore.codecs import Codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
 from deltawheel.statestore.rowtable.rows import Production, TimeDomain, Timer, make_production, validate_key
 
-__all__ = ["Context", "TimerCause"]
+__all__ = ["Context", "TimerCause", "TTL_TAG"]
 
 _UNSET = object()
 _EVENT = TimeDomain.EVENT_TIME
+_PROCESSING = TimeDomain.PROCESSING_TIME
+
+#: The tag of the timers the executor keeps for a computation's state TTL (one per domain a TTL
+#: is declared in): due, it drops the key. Tags starting with NUL are reserved; user code never
+#: sees these timers (``Context.timers``), the rows and the SQL views do.
+TTL_TAG = "\x00ttl"
 
 
 class TimerCause:
@@ -34,7 +40,8 @@ class Context:
 
     def __init__(self, *, computation: str, key: str, state_bytes: bytes | None, codec: Codec,
                  timers: tuple[Timer, ...], outputs: tuple[str, ...], input_watermark_ms: int | None,
-                 now_ms: int, watermark_hold_ms: int | None, timer_seq: int | None = None) -> None:
+                 now_ms: int, watermark_hold_ms: int | None, timer_seq: int | None = None,
+                 row_codec: str | None = None, state_codec: str | None = None) -> None:
         self.computation = computation
         self.key = key
         self._codec = codec
@@ -53,6 +60,10 @@ class Context:
         self.now_ms = now_ms
         self._hold = watermark_hold_ms
         self._timer_seq = timer_seq  # the key's timer firing counter (None: a new key; keyrun seeds it)
+        self._row_codec = row_codec  # the codec column of the key's stored state (None: no row)
+        # the codec column of state this context encodes: the codec, versioned (``json@2``)
+        self._state_codec = codec.name if state_codec is None else state_codec
+        self.expired = False  # the state TTL dropped the key in this run (:meth:`expire`)
 
     # ---------------------------------------------------------------- state
 
@@ -89,6 +100,9 @@ class Context:
             raise BadRecordError(f"timer time must be an int of epoch ms, got {type(time_ms).__name__}")
         d = domain if domain.__class__ is TimeDomain else TimeDomain(domain)
         tag = tag if tag.__class__ is str else str(tag)
+        if tag[:1] == "\x00":
+            raise ConfigError(f"{self.computation}: timer tag {tag!r} starts with NUL, which is reserved for the "
+                              "executor's own timers (the state TTL's); choose another tag")
         self._timers[(tag, d)] = Timer(time_ms, tag, d)
 
     def delete_timer(self, tag: str, *, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
@@ -97,8 +111,8 @@ class Context:
 
     @property
     def timers(self) -> tuple[Timer, ...]:
-        """The key's timers, sorted by (time, tag, domain)."""
-        return tuple(sorted(self._timers.values()))
+        """The key's timers, sorted by (time, tag, domain) (the state TTL's are not among them)."""
+        return tuple(sorted(t for t in self._timers.values() if t.tag != TTL_TAG))
 
     def hold_watermark(self, time_ms: int | None) -> None:
         """Hold this computation's low watermark at or below ``time_ms`` (None releases it)."""
@@ -179,6 +193,71 @@ class Context:
         t = min(due)
         del self._timers[(t.tag, t.domain)]
         return t
+
+    @property
+    def stored_timers(self) -> tuple[Timer, ...]:
+        """Every timer of the key as its row stores them, the state TTL's included, sorted."""
+        return tuple(sorted(self._timers.values()))
+
+    def touch(self, event_ms: int | None, ttl_event_ms: int | None, now_ms: int, ttl_processing_ms: int | None) -> None:
+        """The key was touched: its state TTL timers move to ``event_ms + ttl_event_ms`` (not when
+        ``event_ms`` is None: unknown) and ``now_ms + ttl_processing_ms`` (None: no TTL there)."""
+        if ttl_event_ms is not None and event_ms is not None:
+            self._timers[(TTL_TAG, _EVENT)] = Timer(event_ms + ttl_event_ms, TTL_TAG, _EVENT)
+        if ttl_processing_ms is not None:
+            self._timers[(TTL_TAG, _PROCESSING)] = Timer(now_ms + ttl_processing_ms, TTL_TAG, _PROCESSING)
+
+    def holds_nothing(self) -> bool:
+        """No state, no timer of user code and no watermark hold (the TTL timers aside)."""
+        if self._hold is not None or any(t.tag != TTL_TAG for t in self._timers.values()):
+            return False
+        state = self._state
+        if self._dirty or state is not _UNSET:
+            return state is None
+        return self._state_bytes is None
+
+    def drop_ttl_timers(self) -> None:
+        """Remove the state TTL's timers (a key that holds nothing needs none)."""
+        self._timers.pop((TTL_TAG, _EVENT), None)
+        self._timers.pop((TTL_TAG, _PROCESSING), None)
+
+    def expire(self) -> None:
+        """The state TTL passed: drop the key's state, timers and watermark hold (its record ids
+        are dropped by the runner)."""
+        self._state = None
+        self._dirty = True
+        self._timers = {}
+        self._hold = None
+        self.expired = True
+
+    def needs_upgrade(self) -> bool:
+        """The stored state was written under another state version than this context encodes."""
+        rc = self._row_codec
+        return rc is not None and self._state_bytes is not None and rc != self._state_codec
+
+    @property
+    def stored_state(self) -> bytes | None:
+        """The key's state as its row stores it (None: none)."""
+        return self._state_bytes
+
+    @property
+    def row_codec(self) -> str | None:
+        """The codec column of the key's stored state (None: no row)."""
+        return self._row_codec
+
+    def set_upgraded(self, state: Any) -> None:
+        """The stored state, upgraded to the current state version (written back as such)."""
+        self._state = state
+        self._dirty = True
+
+    def stored_codec(self) -> str:
+        """The codec column for :meth:`encoded_state`: the stored one while the stored bytes are
+        kept as they are, else the context's (versioned) codec."""
+        rc = self._row_codec
+        state = self._state
+        if rc is not None and not self._dirty and (state is _UNSET or state is None):
+            return rc
+        return self._state_codec
 
     @property
     def has_timers(self) -> bool:

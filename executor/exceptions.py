@@ -7,10 +7,16 @@ from :class:`~deltawheel.statestore.exceptions.FatalError`, as in ``statestore.e
 
 from __future__ import annotations
 
-from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError, FatalError, RetryableError
+from deltawheel.statestore.exceptions import (
+    CodecError,
+    ConfigError,
+    DeltaWheelError,
+    FatalError,
+    RetryableError,
+)
 
 __all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "KafkaServerError", "UserCodeError",
-           "WindowingError"]
+           "WindowingError", "StateUpgradeError"]
 
 
 class BatchFailedError(RetryableError):
@@ -34,6 +40,13 @@ class UserCodeError(FatalError):
 
     def __reduce__(self) -> tuple[type[UserCodeError], tuple[str, str, str, BaseException]]:
         return (UserCodeError, (self.computation, self.key, self.what, self._cause))
+
+
+class StateUpgradeError(CodecError):
+    """A key's stored state is of an older ``state_version`` and the computation's
+    ``upgrade_state`` raised on it (or returned nothing usable, or the stored version is newer
+    than the computation's): by the error policy the batch fails naming the key, or the key's
+    records go to dead letters and its row stays as it was."""
 
 
 class WindowingError(ConfigError):

@@ -13,7 +13,13 @@ batch of one record would run. In the spirit of Spark's ``TwsTester`` and Beam's
   :meth:`~ComputationTester.finish` moves the watermark to the end of time (bounded input);
 * :meth:`~ComputationTester.state`, :meth:`~ComputationTester.timers`,
   :meth:`~ComputationTester.output`, :attr:`~ComputationTester.dead_letters`,
-  :attr:`~ComputationTester.late_data` show what the computation holds and produced.
+  :attr:`~ComputationTester.late_data` show what the computation holds and produced;
+  :attr:`~ComputationTester.expired` the keys the state TTL dropped (when the watermark or the
+  processing clock moved past a key's TTL), in order.
+
+A computation with a ``state_version`` reads rows of an older version through its
+``upgrade_state`` here too: :meth:`~ComputationTester.with_computation` runs the rows a v1
+computation left with the v2 code (or give a new tester the store a v1 tester left, ``store=``).
 
 Rows live in memory, or with ``spark=`` in a Delta store (a fresh one in a temporary folder, or
 ``store=``), committed by fenced transactions after every call, exactly as an executor batch
@@ -26,6 +32,7 @@ on (the one :meth:`advance_watermark` fired timers under), as in the executor.
 from __future__ import annotations
 
 import itertools
+import logging
 import tempfile
 from typing import Any, Iterable, NamedTuple
 
@@ -34,10 +41,13 @@ from deltawheel.statestore.rowtable.rows import KeyRow, Timer, interval_of
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
 from .computation import RECORD_KEY, Computation, LatePolicy, Record, key_or_reason
+from .context import TTL_TAG
 from .exceptions import WindowingError
 from .tasks.keyrun import codec_of, run_key
 
 __all__ = ["ComputationTester", "Output"]
+
+_LOG = logging.getLogger(__name__)
 
 
 class Output(NamedTuple):
@@ -148,6 +158,8 @@ class ComputationTester:
     def __init__(self, computation: Computation, *, spark: Any = None, store: str | None = None,
                  now_ms: int = 0) -> None:
         type(computation).validate()
+        for warning in computation.start_warnings():  # as the executor warns at its start
+            _LOG.warning("%s", warning)
         self.computation = computation
         self._rows: _MemoryRows | _DeltaRows = _MemoryRows() if spark is None else _DeltaRows(spark, store, computation)
         self.codec = codec_of(computation)
@@ -158,6 +170,7 @@ class ComputationTester:
         self._outputs: list[Output] = []
         self.dead_letters: list[tuple[Record, str]] = []
         self.late_data: list[Record] = []
+        self.expired: list[str] = []  # keys the state TTL dropped, in order
         self.processed = self.duplicates = self.late = self.timers_fired = 0
 
     @property
@@ -251,9 +264,9 @@ class ComputationTester:
         return None if row is None or row.state is None else self.codec.decode(row.state)
 
     def timers(self, key: str) -> list[Timer]:
-        """The key's timers, in firing order."""
+        """The key's timers, in firing order (the state TTL's are not among them)."""
         row = self._rows.load(key)
-        return sorted(row.timers) if row is not None else []
+        return sorted(t for t in row.timers if t.tag != TTL_TAG) if row is not None else []
 
     def keys(self) -> list[str]:
         """The keys that hold a row (state, timers or seen record ids)."""
@@ -268,6 +281,24 @@ class ComputationTester:
         got = self.output(stream)
         self._outputs = [o for o in self._outputs if o not in got]
         return got
+
+    def with_computation(self, computation: Computation) -> ComputationTester:
+        """A tester of ``computation`` (e.g. the next version of the code) over this tester's rows,
+        watermark and clock, as a pipeline restarted with new code on the same store: rows of an
+        older ``state_version`` are upgraded as each key is touched.
+
+        Raises:
+            ConfigError: ``computation`` is invalid, or has another name (it would not own these rows).
+        """
+        from deltawheel.statestore.exceptions import ConfigError
+
+        if computation.name != self.computation.name:
+            raise ConfigError(f"with_computation: {computation.name!r} is not {self.computation.name!r}; the rows "
+                              "belong to the computation of that name")
+        other = ComputationTester(computation, now_ms=self.now_ms)
+        other._rows = self._rows
+        other.watermark_ms, other._acted_ms, other._ids = self.watermark_ms, self._acted_ms, self._ids
+        return other
 
     def reload(self) -> None:
         """With a Delta store: read the rows back from the table (what a restarted executor sees)."""
@@ -285,6 +316,8 @@ class ComputationTester:
         self.late += out.late
         self.timers_fired += out.timers_fired
         self.dead_letters.extend(out.dead_letters)
+        if out.keys_expired:
+            self.expired.append(key)
         for p in out.productions:
             self._outputs.append(Output(p.stream, p.key, self.codec.decode(p.value), p.timestamp_ms,
                                         p.production_id))

@@ -6,6 +6,11 @@ knowing the computation's code. JSON and msgpack are always available;
 pickle executes code on load and is only returned when the caller opts in
 with ``allow_pickle=True``.
 
+A computation's state has a version (``Computation.state_version``); a row written under version
+2 or later names its codec with the version, ``json@2`` (:func:`versioned_name`); version 1 is
+the plain name, as rows written before versions existed. :func:`get_codec` takes either form
+and :func:`codec_version` reads the version back.
+
 >>> get_codec("json").decode(get_codec("json").encode({"n": 1}))
 {'n': 1}
 """
@@ -21,7 +26,8 @@ import msgpack
 
 from .exceptions import CodecError
 
-__all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "get_codec", "CODEC_NAMES"]
+__all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "get_codec", "CODEC_NAMES", "base_name",
+           "codec_version", "versioned_name"]
 
 
 # what to do about bytes that do not decode (a value written by another codec, or damaged)
@@ -159,12 +165,47 @@ _SAFE: dict[str, Codec] = {"json": JsonCodec(), "msgpack": MsgpackCodec()}
 CODEC_NAMES = ("json", "msgpack", "pickle")
 
 
+def versioned_name(name: str, version: int) -> str:
+    """The codec column of state written by ``name`` under state version ``version``.
+
+    >>> versioned_name("json", 1), versioned_name("msgpack", 3)
+    ('json', 'msgpack@3')
+    """
+    return name if version == 1 else f"{name}@{version}"
+
+
+def base_name(name: str) -> str:
+    """The codec of a codec column (``json@2`` -> ``json``)."""
+    return name.split("@", 1)[0]
+
+
+def codec_version(name: str | None) -> int:
+    """The state version a codec column names (a plain name: 1).
+
+    >>> codec_version("json"), codec_version("json@2")
+    (1, 2)
+
+    Raises:
+        CodecError: the version is not a whole number >= 1.
+    """
+    if not name or "@" not in name:
+        return 1
+    text = name.split("@", 1)[1]
+    if not text.isdigit() or int(text) < 1:
+        raise CodecError(f"codec {name!r} names state version {text!r}, not a whole number >= 1; the row was "
+                         "not written by deltawheel: look at it with deltawheel inspect or sql")
+    return int(text)
+
+
 def get_codec(name: str, *, allow_pickle: bool = False) -> Codec:
-    """Return the codec called ``name``.
+    """Return the codec called ``name`` (a versioned codec column, ``json@2``, names its codec too).
 
     Raises:
         CodecError: unknown name, or ``pickle`` without ``allow_pickle=True``.
     """
+    if "@" in name:
+        codec_version(name)
+        name = base_name(name)
     if name in _SAFE:
         return _SAFE[name]
     if name == "pickle":

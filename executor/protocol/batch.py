@@ -381,7 +381,8 @@ class BatchProtocol:
             timers_fired=c.timers_fired, productions=c.productions, keys_written=c.keys_written,
             input_watermark_ms=b.wm_in, low_watermark_ms=low, commit_s=b.commit_s,
             wall_s=time.monotonic() - b.started, steps_s=tuple(b.steps_s), straggled=b.straggler is not None,
-            direct=b.prepared.direct is not None, ids_expired=c.ids_expired, bloom_checked=c.bloom_checked,
+            direct=b.prepared.direct is not None, ids_expired=c.ids_expired, keys_expired=c.keys_expired,
+            bloom_checked=c.bloom_checked,
             bloom_maybe=c.bloom_maybe, bloom_false_pos=c.bloom_false_pos, bloom_bytes=c.bloom_bytes,
             intervals_run=c.intervals_run, images_read=c.images_read, skipped_moved=b.skipped)
         ex.reports.append(report)

@@ -94,6 +94,8 @@ class ComputationExecutor:
         self.layout = layout
         self.comp = computation
         self.owner, self.authority, self.upstream = owner, authority, tuple(upstream)
+        for warning in computation.start_warnings():
+            _LOG.warning("%s", warning)
         # upstream computation -> its low watermark read before the query's snapshot of its stream
         # table (PipelineRunner sets it); input_hold_ms: a hold for input not read yet (continuous.py)
         self.upstream_caps: dict[str, int | None] = {}

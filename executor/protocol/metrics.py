@@ -3,7 +3,7 @@
 After each committed batch the executor appends one row to ``<store>/_metrics/batches``
 (:class:`BatchMetrics`): which pipeline, computation and instance ran it, its counts (records
 in, processed, duplicates, late, dead letters, timers, productions, productions still being
-delivered), the watermarks it acted on and published, its wall time and the seconds of each
+delivered, keys the state TTL dropped), the watermarks it acted on and published, its wall time and the seconds of each
 protocol step, and the size of the state the instance holds (the image path knows it for free).
 ``deltawheel status`` and ``deltawheel report`` read it back (:func:`read_batches`).
 
@@ -46,8 +46,10 @@ METRICS_COLUMNS = (
     "records_in BIGINT, processed BIGINT, duplicates BIGINT, late BIGINT, late_routed BIGINT, "
     "dead_letters BIGINT, timers_fired BIGINT, productions BIGINT, pending_productions BIGINT, "
     "keys_written BIGINT, input_watermark_ms BIGINT, low_watermark_ms BIGINT, state_rows BIGINT, "
-    "state_bytes BIGINT, format_version INT"
+    "state_bytes BIGINT, format_version INT, keys_expired BIGINT"
 )
+# columns added after the table's first version: a table created before them gets them on first use
+_ADDED_COLUMNS = ("keys_expired BIGINT",)
 _NAMES = tuple(c.strip().split(" ", 1)[0] for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP").split(","))
 
 
@@ -77,7 +79,8 @@ def batch_row(report: Any, *, pipeline: str | None, computation: str, instance: 
             "timers_fired": report.timers_fired, "productions": report.productions,
             "pending_productions": int(pending_productions), "keys_written": report.keys_written,
             "input_watermark_ms": report.input_watermark_ms, "low_watermark_ms": report.low_watermark_ms,
-            "state_rows": state[0], "state_bytes": state[1], "format_version": METRICS_FORMAT_VERSION}
+            "state_rows": state[0], "state_bytes": state[1], "format_version": METRICS_FORMAT_VERSION,
+            "keys_expired": int(getattr(report, "keys_expired", 0))}
 
 
 def state_size(files: Mapping[int, Sequence[Any]] | None) -> tuple[int | None, int | None]:
@@ -211,6 +214,10 @@ class BatchMetrics:
         self.spark.sql(f"CREATE TABLE IF NOT EXISTS {sql_path(self.path)} ({METRICS_COLUMNS}) USING DELTA "
                        f"TBLPROPERTIES ('deltawheel.table' = 'metrics_batches', 'delta.checkpointInterval' = '100', "
                        f"'deltawheel.format_version' = '{METRICS_FORMAT_VERSION}')")
+        have = {f.name for f in self.spark.read.format("delta").load(self.path).schema.fields}
+        missing = [c for c in _ADDED_COLUMNS if c.split(" ", 1)[0] not in have]
+        if missing:  # a table of an older deltawheel: add the new columns (its old rows read them as null)
+            self.spark.sql(f"ALTER TABLE {sql_path(self.path)} ADD COLUMNS ({', '.join(missing)})")
         self._files = table_files(self.spark, self.path)
         self._created = True
 

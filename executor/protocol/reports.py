@@ -34,6 +34,7 @@ class BatchReport:
     straggled: bool = False  # weak delivery outlived straggler_timeout_s: productions checkpointed
     direct: bool = False  # the tasks read the input files themselves (executor/tasks/image/direct.py)
     ids_expired: int = 0  # record ids dropped from the rows: seen before the dedup horizon
+    keys_expired: int = 0  # keys the state TTL dropped (state, timers and record ids)
     # image path: the dedup Bloom filters' first check (records checked, "maybe seen" answers,
     # of which not seen, and the filters' memory)
     bloom_checked: int = 0
@@ -81,6 +82,7 @@ def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> st
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
             + (" (straggler: checkpointed)" if r.straggled else "") + (" (files read by the tasks)" if r.direct else "")
             + (f"; {r.ids_expired} ids expired" if r.ids_expired else "")
+            + (f"; {r.keys_expired} keys expired (state TTL)" if r.keys_expired else "")
             + (f"; {r.skipped_moved} skipped (processed by an earlier owner)" if r.skipped_moved else "")
             + (f"; bloom {r.bloom_maybe}/{r.bloom_checked} maybe ({r.bloom_false_pos} false), "
                f"{r.bloom_bytes / 1e6:.1f} MB" if r.bloom_checked else "")

@@ -44,7 +44,7 @@ class BatchCounts:
     dropped as seen; ``late``: late records the tasks saw (the routed ones are counted by the
     protocol); ``dead_letters``: of decoding, keying and user code; ``timers_fired``;
     ``productions``; ``keys_written``: rows changed; ``ids_expired``: record ids dropped past the
-    dedup horizon. The image path only: ``bloom_*`` (the dedup filters' first check: records
+    dedup horizon; ``keys_expired``: keys the state TTL dropped. The image path only: ``bloom_*`` (the dedup filters' first check: records
     checked, "maybe seen" answers, of which not seen, the filters' memory), ``intervals_run`` and
     ``images_read`` (intervals whose image a task read from the store)."""
 
@@ -57,6 +57,7 @@ class BatchCounts:
     productions: int = 0
     keys_written: int = 0
     ids_expired: int = 0
+    keys_expired: int = 0
     bloom_checked: int = 0
     bloom_maybe: int = 0
     bloom_false_pos: int = 0

@@ -15,6 +15,11 @@ user code sees lives in one place. The phases of a key's run:
 4. Build the new row image: state, timers, record ids (older than the dedup
    horizon dropped), the new productions appended to the checkpointed ones
    (strong productions), the watermark hold.
+
+Two things happen around user code (:class:`UserCode`): a key whose stored state is of an older
+``state_version`` is upgraded (``Computation.upgrade_state``) before anything runs; and with a
+state TTL, a key user code ran for gets its TTL timers moved (the key was touched), and a key
+whose TTL timer is due is dropped (state, timers, hold and record ids: ``Context.expire``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import hashlib
 from operator import attrgetter
 from typing import NamedTuple, Sequence
 
-from deltawheel.statestore.codecs import Codec, get_codec
+from deltawheel.statestore.codecs import Codec, codec_version, get_codec, versioned_name
 from deltawheel.statestore.rowtable.rows import (
     DOMAIN_VALUES,
     KeyRow,
@@ -34,11 +39,11 @@ from deltawheel.statestore.rowtable.rows import (
 )
 
 from ..computation import Computation, ErrorPolicy, Record
-from ..context import Context, TimerCause
-from ..exceptions import UserCodeError
+from ..context import TTL_TAG, Context, TimerCause
+from ..exceptions import StateUpgradeError, UserCodeError
 
 __all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
-           "first_timer_seq"]
+           "first_timer_seq", "state_codec_of"]
 
 MAX_TIMER_ROUNDS = 10_000
 
@@ -56,6 +61,7 @@ class KeyOutcome(NamedTuple):
     dead_letters: tuple[tuple[Record, str], ...]
     new_record_ids: tuple[str, ...] = ()  # ids of the records processed or dead-lettered in this run
     ids_expired: int = 0  # the row's record ids dropped: seen before the dedup horizon
+    keys_expired: int = 0  # 1: the state TTL dropped the key
 
 
 def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, records: Sequence[Record],
@@ -75,7 +81,8 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
                   timers=row.timers if row else (), outputs=comp.outputs,
                   input_watermark_ms=input_watermark_ms, now_ms=now_ms,
                   watermark_hold_ms=row.watermark_hold_ms if row else None,
-                  timer_seq=row.timer_seq if row else None)
+                  timer_seq=row.timer_seq if row else None, row_codec=row.codec if row else None,
+                  state_codec=state_codec_of(comp))
     # Phases 1-3: dedup against the row's ids and within the batch; records in event-time
     # order; due timers in timestamp order.
     exactly_once = comp.exactly_once
@@ -89,7 +96,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     produced = ctx.productions
     # Phase 4: the new row image.
     old_ids = row.record_ids if row else ()
-    if not exactly_once:
+    if not exactly_once or ctx.expired:
         ids: tuple[SeenId, ...] = ()
     elif keep_ids:
         ids = old_ids + tuple(SeenId(rid, now_ms) for rid in fresh)
@@ -103,7 +110,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     strong = comp.strong_productions if strong is None else strong
     pending = (row.pending if row else ()) + (prods if strong else ())
     state = ctx.encoded_state()
-    timers = ctx.timers
+    timers = ctx.stored_timers
     hold = ctx.watermark_hold_ms
     changed = bool(fresh or fired or prods) or ids != old_ids or (
         row is not None and (state != row.state or timers != row.timers))
@@ -112,9 +119,9 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
         new_row = None
     else:
         base = row or make_row(comp.name, key, interval, None, codec.name, (), None)
-        new_row = updated_row(base, state, codec.name, timers, ids, pending, hold, ctx.timer_seq)
+        new_row = updated_row(base, state, ctx.stored_codec(), timers, ids, pending, hold, ctx.timer_seq)
     return KeyOutcome(new_row, changed or (row is not None and empty), prods, len(fresh), dups, fired, late,
-                      tuple(dead), tuple(fresh) if exactly_once else (), expired)
+                      tuple(dead), tuple(fresh) if exactly_once else (), expired, int(ctx.expired))
 
 
 def codec_of(comp: Computation) -> Codec:
@@ -123,6 +130,12 @@ def codec_of(comp: Computation) -> Codec:
     if codec is None:
         codec = _CODECS[(comp.codec, comp.allow_pickle)] = get_codec(comp.codec, allow_pickle=comp.allow_pickle)
     return codec
+
+
+def state_codec_of(comp: Computation) -> str:
+    """The codec column of state the computation writes: its codec, with its state version."""
+    version = comp.state_version
+    return codec_of(comp).name if version == 1 else versioned_name(codec_of(comp).name, version)
 
 
 class Ran(NamedTuple):
@@ -159,6 +172,13 @@ class UserCode:
         self.now_ms = now_ms
         self.fire_timers = fire_timers
         self._timer_id = f"timer:{comp.name}:"
+        self.known_wm = input_watermark_ms
+        cls = type(comp)
+        ttls = _TTLS.get(cls)
+        if ttls is None:  # run_key builds one per key: look the class's TTLs up once
+            ttls = _TTLS[cls] = cls.state_ttl_ms()
+        self.ttl_event_ms, self.ttl_processing_ms = ttls
+        self.ttl = self.ttl_event_ms is not None or self.ttl_processing_ms is not None
 
     def run(self, ctx: Context, records: Sequence[Record],
             seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
@@ -167,6 +187,10 @@ class UserCode:
         dups = late = 0
         dead: list[tuple[Record, str]] = []
         fresh: list[str]
+        if ctx.needs_upgrade():
+            err = self._upgrade(ctx)
+            if err is not None:  # dead-letter policy: the key's records go, its row stays as it was
+                return self._dead_key(ctx, records, seen, err)
         if self.batch:
             fresh, dups, late, dead = self._run_batch(ctx, records, seen)
         elif seen is None and not self.dead_letter:
@@ -188,7 +212,15 @@ class UserCode:
         seq = ctx.timer_seq
         if seq is None:  # a new key (no row): its firings are numbered from its first record
             seq = ctx.timer_seq = first_timer_seq(fresh[0] if fresh else ctx.key)
+        ttl = self.ttl
+        if ttl and fresh:  # touched: its TTL counts from its latest record (or the watermark, if later)
+            last = records[-1].timestamp_ms
+            wm0 = self.known_wm
+            ctx.touch(last if wm0 is None or last > wm0 else wm0, self.ttl_event_ms, self.now_ms,
+                      self.ttl_processing_ms)
         if not (self.fire_timers and ctx.has_timers):
+            if ttl and ctx.holds_nothing():
+                ctx.drop_ttl_timers()
             return fresh, dups, late, dead, 0
         fired = 0
         wm, now = self.wm, self.now_ms
@@ -196,6 +228,9 @@ class UserCode:
             t = ctx.pop_due_timer(wm, now)
             if t is None:
                 break
+            if t.tag == TTL_TAG:  # not touched for the TTL: the key goes (its earlier timers fired first)
+                ctx.expire()
+                return fresh, dups, late, dead, fired
             # numbered by the key's firing counter: the same timer firing again (re-set at the same
             # time after it fired) produces under new ids; a replayed batch numbers as the first did
             ctx.cause = TimerCause(
@@ -208,9 +243,65 @@ class UserCode:
                 raise UserCodeError(comp.name, ctx.key, f"timer {t.tag!r} at {t.time_ms} ({t.domain.value})",
                                     exc) from exc
             fired += 1
+            if ttl:  # a timer of the key fired: touched
+                ctx.touch(self.known_wm, self.ttl_event_ms, now, self.ttl_processing_ms)
             if not ctx.has_timers:  # the usual end: nothing left that could be due
                 break
+        if ttl and ctx.holds_nothing():
+            ctx.drop_ttl_timers()
         return fresh, dups, late, dead, fired
+
+    def _upgrade(self, ctx: Context) -> str | None:
+        """Read the key's state of an older state version through ``upgrade_state``; None when it
+        is upgraded, the error when it is not and the error policy dead-letters.
+
+        Raises:
+            UserCodeError: it cannot be upgraded and the error policy fails the batch (its cause a
+                :class:`StateUpgradeError`).
+        """
+        comp = self.comp
+        row_codec = ctx.row_codec or ""
+        try:
+            version = codec_version(row_codec)
+            if version == comp.state_version:  # another codec, same version: decoded as before
+                return None
+            if version > comp.state_version:
+                raise StateUpgradeError(
+                    f"the state of key {ctx.key!r} is of state_version {version}, newer than this code's "
+                    f"{comp.state_version}: run the code that wrote it (a downgrade is not done)")
+            old = get_codec(row_codec, allow_pickle=comp.allow_pickle).decode(ctx.stored_state or b"")
+            try:
+                new = comp.upgrade_state(old, version)
+                codec_of(comp).encode(new)
+            except Exception as exc:
+                raise StateUpgradeError(
+                    f"upgrade_state of {comp.name} from state_version {version} to {comp.state_version} failed "
+                    f"for key {ctx.key!r}: {type(exc).__name__}: {exc}; fix upgrade_state (the key's row is "
+                    f"unchanged)") from exc
+        except Exception as exc:
+            if self.dead_letter:
+                return f"{type(exc).__name__}: {exc}"
+            raise UserCodeError(comp.name, ctx.key, f"its stored state ({row_codec})", exc) from exc
+        ctx.set_upgraded(new)
+        return None
+
+    def _dead_key(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
+                  err: str) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
+        """The key's state cannot be read: each of its new records is a dead letter with ``err``
+        (never retried); nothing runs, its row stays as it was."""
+        fresh: list[str] = []
+        dead: list[tuple[Record, str]] = []
+        dups = late = 0
+        for r in records:
+            if seen is not None:
+                if r.record_id in seen:
+                    dups += 1
+                    continue
+                seen.add(r.record_id)
+            fresh.append(r.record_id)
+            late += r.late
+            dead.append((r, err))
+        return fresh, dups, late, dead, 0
 
     def _run_each(self, ctx: Context, records: Sequence[Record],
                   seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
@@ -285,6 +376,7 @@ class UserCode:
 _RECORD_ID = attrgetter("record_id")
 _LATE = attrgetter("late")
 _CODECS: dict[tuple[str, bool], Codec] = {}
+_TTLS: dict[type, tuple[int | None, int | None]] = {}  # computation class -> its state TTLs (ms)
 _NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
 
 

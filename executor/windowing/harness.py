@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -278,7 +279,9 @@ def load_scenario(scenario: Mapping[str, Any] | Path | str) -> Scenario:
         trigger=trigger_from_spec(scenario.get("trigger", {"type": "default"}), unit_ms=_MS),
         allowed_lateness_ms=_ms(scenario.get("allowed_lateness", 0), "allowed_lateness"),
         accumulation=AccumulationMode.parse(scenario.get("accumulation_mode", "discarding")),
-        combine=scenario.get("combine", "sum"), num_intervals=1)
+        combine=scenario.get("combine", "sum"), num_intervals=1,
+        state_ttl=None if scenario.get("state_ttl") is None else timedelta(
+            milliseconds=_ms(scenario["state_ttl"], "state_ttl")))
     wm: int | None = None
     now: int | None = None
     for i, step in enumerate(scenario["steps"]):
@@ -315,11 +318,14 @@ class _Runner:
         self.now = 0
         self.panes: list[dict[str, Any]] = []
         self.dropped: list[dict[str, Any]] = []
+        self.expired: list[dict[str, Any]] = []  # keys the state TTL dropped, after which step
 
     def run(self, key: str, records: list[Record], step: int) -> None:
         row = self.backend.load(self.comp.name, key)
         out = run_key(self.comp, key=key, interval=0, row=row, records=records,
                       input_watermark_ms=self.wm, now_ms=self.now)
+        if out.keys_expired:
+            self.expired.append({"key": key, "after_step": step})
         for p in out.productions:
             value = self.codec.decode(p.value)
             if p.stream == dropped_stream(_OUTPUT):
@@ -352,7 +358,9 @@ class _Runner:
 
 
 def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Backend = "memory") -> dict[str, Any]:
-    """Run a scenario through the per-key runner; return ``{"panes": [...], "dropped": [...]}``.
+    """Run a scenario through the per-key runner; return ``{"panes": [...], "dropped": [...]}``
+    (and ``"expired": [{"key", "after_step"}, ...]`` for a scenario that declares ``state_ttl``,
+    in seconds of event time: the keys the state TTL dropped, in order).
 
     Args:
         scenario: the scenario dict or the path of its JSON file.
@@ -388,6 +396,8 @@ def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Bac
         r.run(key, [], len(sc.steps))
     end()
     panes = sorted(r.panes, key=lambda p: p["key"])  # stable: emission order within a key
+    if sc.computation.state_ttl is not None:  # a scenario with ``state_ttl`` (seconds) also lists expiries
+        return {"panes": panes, "dropped": r.dropped, "expired": r.expired}
     return {"panes": panes, "dropped": r.dropped}
 
 

@@ -47,6 +47,8 @@ class ComputationSettings:
     delivery_timeout_s: float = Computation.delivery_timeout_s
     late_policy: LatePolicy | str = Computation.late_policy
     error_policy: ErrorPolicy | str = Computation.error_policy
+    state_ttl: timedelta | None = Computation.state_ttl
+    state_ttl_processing: timedelta | None = Computation.state_ttl_processing
 
     def __post_init__(self) -> None:
         for flag in ("allow_pickle", "exactly_once", "strong_productions"):

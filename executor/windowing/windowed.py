@@ -132,6 +132,10 @@ class WindowedComputation(Computation):
         self._encodable: set[tuple[str, type]] = set()  # (combiner method, type) whose values encoded
         self._checked("create", strategy.combine.create())  # a combiner the codec cannot store fails here
 
+    def allowed_lateness_ms(self) -> int:
+        """The strategy's allowed lateness (a ``state_ttl`` shorter than it is warned about)."""
+        return self.strategy.allowed_lateness_ms
+
     def __setattr__(self, attr: str, value: Any) -> None:
         """Refuse a computation setting as an instance attribute: give it to :func:`windowed`.
 
@@ -375,6 +379,8 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
              delivery_timeout_s: float = Computation.delivery_timeout_s,
              late_policy: LatePolicy | str = Computation.late_policy,
              error_policy: ErrorPolicy | str = Computation.error_policy,
+             state_ttl: timedelta | None = Computation.state_ttl,
+             state_ttl_processing: timedelta | None = Computation.state_ttl_processing,
              **unknown: Any) -> WindowedComputation:
     """A windowed computation named ``name`` reading ``inputs`` and writing panes to ``output``.
 
@@ -389,7 +395,8 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
         combine: a built-in combiner name (sum, count, min, max, mean) or a CombineFn.
         value: maps a record value to the combiner's input (default: the value itself).
         num_intervals, codec, allow_pickle, exactly_once, dedup_retention, strong_productions,
-            straggler_timeout_s, delivery_timeout_s, late_policy, error_policy: the computation
+            straggler_timeout_s, delivery_timeout_s, late_policy, error_policy, state_ttl,
+            state_ttl_processing: the computation
             settings, as the :class:`Computation` attributes of the same names (defaults theirs;
             docs/windowing.md, "Computation settings"). ``codec`` encodes the window state
             (accumulators included) and the panes.
@@ -403,7 +410,8 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
         num_intervals=num_intervals, codec=codec, allow_pickle=allow_pickle, exactly_once=exactly_once,
         dedup_retention=dedup_retention, strong_productions=strong_productions,
         straggler_timeout_s=straggler_timeout_s, delivery_timeout_s=delivery_timeout_s,
-        late_policy=late_policy, error_policy=error_policy)
+        late_policy=late_policy, error_policy=error_policy, state_ttl=state_ttl,
+        state_ttl_processing=state_ttl_processing)
     strategy = WindowingStrategy(window_fn=windowing, trigger=trigger or default_trigger(),
                                  combine=combine_fn_from_spec(combine), allowed_lateness_ms=allowed_lateness_ms,
                                  accumulation=AccumulationMode.parse(accumulation))

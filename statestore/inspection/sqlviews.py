@@ -45,7 +45,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence, TextIO
 
-from ..codecs import get_codec
+from ..codecs import base_name, get_codec
 from ..comments import STREAM, VALUE_JSON, VIEWS, view_columns
 from ..exceptions import CodecError, ConfigError
 from ..layout import StoreLayout
@@ -92,7 +92,7 @@ def _jsonable(value: Any) -> Any:
 
 def _decode(codec: str, data: bytes, *, allow_pickle: bool) -> tuple[bool, Any]:
     """(True, JSON-friendly value) or (False, a ``<...>`` placeholder string)."""
-    if codec == "pickle" and not allow_pickle:
+    if base_name(codec) == "pickle" and not allow_pickle:
         return False, f"<pickle: {len(data)} bytes>"
     try:
         return True, _jsonable(get_codec(codec, allow_pickle=allow_pickle).decode(data))

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..clock import Clock, SystemClock
-from ..codecs import CODEC_NAMES
+from ..codecs import CODEC_NAMES, base_name
 from ..config import StoreLimits
 from ..delta.jvm import jframe, jsession, require_classic_session
 from ..delta.log import read_snapshot
@@ -465,7 +465,7 @@ class RowStore:
                 f"key {row.key!r} belongs to interval {interval_of(row.key, num_intervals)} "
                 f"of {num_intervals}, the row says {row.interval}")
         self._require_sequencer(sequencers, row.interval, row.key)
-        if row.codec not in CODEC_NAMES:
+        if base_name(row.codec) not in CODEC_NAMES:
             raise BadRecordError(f"row of key {row.key!r} names unknown codec {row.codec!r}")
         size = len(row.state or b"")
         if size > self.limits.max_state_bytes:

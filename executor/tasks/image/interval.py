@@ -213,7 +213,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         new_ids = pa.table({"key": pa.array(loop.id_keys, pa.string()),
                             "record_id": pa.array(loop.id_values, pa.string())})
     new_rows = loop.rows.table(spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids")),
-                               codec=loop.codec.name, sequencer=mine, commit_id=spec.commit_id,
+                               sequencer=mine, commit_id=spec.commit_id,
                                now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION)
     fresh_tbl = with_ids(new_rows, old_ids, new_ids, spec.now_ms, spec.rows_schema)
     parts = [rest, fresh_tbl]
@@ -236,7 +236,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     return IntervalSummary(
         iv, image=written, prod_files=tuple(prod_files), side=(*routed, *loop.side), processed=loop.processed,
         duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=len(loop.prods), n_dead=len(loop.side),
-        keys_written=loop.written, ids_expired=expired, oldest_ms=oldest_work(new_image),
+        keys_written=loop.written, ids_expired=expired, keys_expired=loop.keys_expired, oldest_ms=oldest_work(new_image),
         next_proc_ms=next_processing(new_image, retention), images_read=int(read), bloom_checked=checks.checked,
         bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos, bloom_bytes=checks.nbytes)
 

@@ -312,6 +312,7 @@ def _counts(out: BatchOutput, *, dead_letters: int) -> BatchCounts:
         duplicates=sum(x.duplicates for x in s), late=sum(x.late for x in s), dead_letters=dead_letters,
         timers_fired=sum(x.fired for x in s), productions=sum(x.n_prods for x in s),
         keys_written=sum(x.keys_written for x in s), ids_expired=sum(x.ids_expired for x in s),
+        keys_expired=sum(x.keys_expired for x in s),
         bloom_checked=sum(x.bloom_checked for x in s), bloom_maybe=sum(x.bloom_maybe for x in s),
         bloom_false_pos=sum(x.bloom_false_pos for x in s), bloom_bytes=sum(x.bloom_bytes for x in s),
         intervals_run=len(out.intervals()), images_read=sum(x.images_read for x in s))

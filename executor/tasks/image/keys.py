@@ -32,7 +32,7 @@ from deltawheel.statestore.writepath.image.summary import SideRecord
 
 from ...computation import Computation, Record, new_record
 from ...context import Context
-from ..keyrun import UserCode, codec_of
+from ..keyrun import UserCode, codec_of, state_codec_of
 
 __all__ = ["Input", "OldRows", "KeyLoop", "py_list", "constant_or_list"]
 
@@ -126,6 +126,8 @@ class OldRows:
         n = len(keys)
         self.index = {k: j for j, k in enumerate(keys)}
         self.states: list[bytes | None] = py_list(sub.column("state"))
+        # the codec column: a state version older than the computation's is upgraded when run
+        self.codecs: list[str | None] = constant_or_list(sub.column("codec"), n) if n else []
         self.holds: list[int | None] = constant_or_list(sub.column("watermark_hold_ms"), n) if n else []
         # null: a row written before the counter existed (migration 4) counts from 0
         self.seqs: list[int] = [s or 0 for s in py_list(sub.column("timer_seq"))]
@@ -159,20 +161,19 @@ class NewRows:
     columns once (``table``)."""
 
     def __init__(self) -> None:
-        # (key, state, timers (sorted), watermark hold, pending productions, timer firing counter)
-        # per key, appended by ``KeyLoop.run``
-        self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any, int]] = []
+        # (key, state, timers (sorted), watermark hold, pending productions, timer firing counter,
+        # codec column) per key, appended by ``KeyLoop.run``
+        self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any, int, str]] = []
 
-    def table(self, schema: Any, *, codec: str, sequencer: int, commit_id: str, now_ms: int,
-              format_version: int) -> Any:
+    def table(self, schema: Any, *, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> Any:
         """The Arrow table in ``schema`` (the rows file schema without ``record_ids``)."""
         import pyarrow as pa
 
         n = len(self.rows)
         if n:
-            keys, states, timer_lists, holds, pending_lists, seqs = zip(*self.rows, strict=True)
+            keys, states, timer_lists, holds, pending_lists, seqs, codecs = zip(*self.rows, strict=True)
         else:
-            keys = states = timer_lists = holds = pending_lists = seqs = ()
+            keys = states = timer_lists = holds = pending_lists = seqs = codecs = ()
         flat = [t for ts in timer_lists for t in ts]
         tfield = schema.field("timers")
         offsets = pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32())
@@ -191,7 +192,7 @@ class NewRows:
             pa.StructArray.from_arrays([pa.array(list(map(attrgetter(f.name), prods)), f.type) for f in ptype],
                                        fields=list(ptype)), type=pfield.type)
         next_ev, next_proc = _next_timers(offsets, times, is_event, n)
-        cols = {"key": keys, "state": states, "codec": [codec] * n, "next_event_timer_ms": next_ev,
+        cols = {"key": keys, "state": states, "codec": codecs, "next_event_timer_ms": next_ev,
                 "next_processing_timer_ms": next_proc, "watermark_hold_ms": holds,
                 "sequencer": [sequencer] * n, "commit_id": [commit_id] * n, "updated_ms": [now_ms] * n,
                 "format_version": [format_version] * n, "timer_seq": seqs}
@@ -240,7 +241,7 @@ class KeyLoop:
         self.id_keys: list[str] = []  # the ids run, when not simply all input records (``all_ran``)
         self.id_values: list[str] = []
         self.all_ran = True  # every input record was run (none seen before, repeated or undecodable)
-        self.processed = self.duplicates = self.late = self.fired = self.written = 0
+        self.processed = self.duplicates = self.late = self.fired = self.written = self.keys_expired = 0
 
     def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
             old_id_keys: set[str]) -> None:
@@ -256,6 +257,7 @@ class KeyLoop:
         unchanged = self.unchanged.append
         all_prods = self.prods
         index, states, holds, old_pending, seqs = old.index.get, old.states, old.holds, old.pending, old.seqs
+        codecs = old.codecs
         old_timers, old_slice = old.timers, old.timer_slice
         runs = inp.runs.get
         # the key's records are a slice of the batch's when there is nothing to decode or skip
@@ -263,13 +265,13 @@ class KeyLoop:
         strong = self.strong
         new_ctx = context_factory(comp, self.codec, wm, now)
         run_user = UserCode(comp, input_watermark_ms=wm, now_ms=now).run
-        processed = duplicates = late = fired = written = 0
+        processed = duplicates = late = fired = written = expired = 0
         for key in touched:
             j = index(key)
             if j is None:
-                ctx = new_ctx(key, None, {}, None, None)
+                ctx = new_ctx(key, None, {}, None, None, None)
             else:
-                ctx = new_ctx(key, states[j], old_timers(j), holds[j], seqs[j])
+                ctx = new_ctx(key, states[j], old_timers(j), holds[j], seqs[j], codecs[j])
             lo, hi = runs(key, _NO_RUN)
             if every is not None:
                 records, n_seen = every[lo:hi], 0
@@ -294,22 +296,31 @@ class KeyLoop:
                 self.id_keys += [key] * len(fresh)
                 self.id_values += fresh
             state = ctx.encoded_state()
-            timers = ctx.timers
+            timers = ctx.stored_timers
             new_hold = ctx.watermark_hold_ms
             seq = ctx.timer_seq or 0  # set by the run (a new key: seeded)
             pending = prods if strong else ()
+            codec = ctx.stored_codec()
+            if ctx.expired:  # the state TTL dropped it: no row (so no record ids either)
+                expired += 1
+                if pending:
+                    add((key, None, (), None, pending, seq, codec))
+                    written += 1
+                elif j is not None:
+                    written += 1
+                continue
             if state is None and not timers and not pending and new_hold is None:
                 # nothing left: the row stays only for its record ids (old ones still within the
                 # horizon, the ones run now)
                 if key in old_id_keys or (keep_ids and fresh):
-                    add((key, None, (), None, (), seq))
+                    add((key, None, (), None, (), seq, codec))
                     written += 1
                 elif j is not None:
                     written += 1
                 continue
             if (fresh or n_fired or prods or j is None or key in old_pending or new_hold != holds[j]
-                    or state != states[j] or timers != old_slice(j)):
-                add((key, state, timers, new_hold, pending, seq))
+                    or state != states[j] or timers != old_slice(j) or codec != codecs[j]):
+                add((key, state, timers, new_hold, pending, seq, codec))
                 written += 1
             else:
                 unchanged(key)
@@ -318,22 +329,25 @@ class KeyLoop:
         self.late += late
         self.fired += fired
         self.written += written
+        self.keys_expired += expired
 
 
 def context_factory(comp: Computation, codec: Any, wm: int | None, now: int
-                    ) -> Callable[[str, bytes | None, dict[tuple[str, TimeDomain], Timer], int | None, int | None],
-                                  Context]:
+                    ) -> Callable[[str, bytes | None, dict[tuple[str, TimeDomain], Timer], int | None, int | None,
+                                   str | None], Context]:
     """``Context(...)`` for each key of one batch: the batch-wide attributes copied from a template
     (half the cost of ``Context.__init__``, which runs for every touched key)."""
     base = dict(Context(computation=comp.name, key="", state_bytes=None, codec=codec, timers=(),
-                        outputs=comp.outputs, input_watermark_ms=wm, now_ms=now, watermark_hold_ms=None).__dict__)
+                        outputs=comp.outputs, input_watermark_ms=wm, now_ms=now, watermark_hold_ms=None,
+                        state_codec=state_codec_of(comp)).__dict__)
     new = object.__new__
 
     def make(key: str, state_b: bytes | None, timers: dict[tuple[str, TimeDomain], Timer],
-             hold: int | None, timer_seq: int | None) -> Context:
+             hold: int | None, timer_seq: int | None, row_codec: str | None) -> Context:
         ctx = new(Context)
         d = base.copy()
         d["_timer_seq"] = timer_seq
+        d["_row_codec"] = row_codec
         d["key"] = key
         d["_state_bytes"] = state_b
         d["_timers"] = timers

@@ -139,7 +139,8 @@ class MergeTasks:
         except Exception as exc:
             raise BatchFailedError(user_error_message(exc, comp.name, batch_id)) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
-                                                       "n_dead", "n_routed", "ids_expired")],
+                                                       "n_dead", "n_routed", "ids_expired",
+                                                       "keys_expired")],
                         F.sum(F.when(F.col("_op") != "none", 1).otherwise(0)).alias("written"),
                         F.min(F.when(F.col("_op") != "delete", F.col("next_event_timer_ms"))).alias("event_timer")
                         ).collect()[0]
@@ -147,7 +148,8 @@ class MergeTasks:
         mark("load_and_user_code")
         counts = BatchCounts(records_in=prepared.records_in, processed=st["processed"], duplicates=st["duplicates"],
                              late=st["late"], dead_letters=st["n_dead"] + prepared.dead_in, timers_fired=st["fired"],
-                             productions=st["n_prods"], keys_written=st["written"], ids_expired=st["ids_expired"])
+                             productions=st["n_prods"], keys_written=st["written"], ids_expired=st["ids_expired"],
+                             keys_expired=st["keys_expired"])
         batch = MergeBatch(out.where(F.col("_op") != "none"), productions_frame(out), st["written"], st["n_prods"])
         dead = dead_letter_frame(out) if st["n_dead"] else None
         if dead is not None and prepared.raw is not None:

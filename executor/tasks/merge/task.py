@@ -28,7 +28,7 @@ _DEAD = ("STRUCT<record_id: STRING, key: STRING, raw_value: BINARY, error: STRIN
 _ROUTED = "STRUCT<record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, stream: STRING>"
 OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prods ARRAY<{_PROD}>, dead ARRAY<{_DEAD}>, "
            f"routed ARRAY<{_ROUTED}>, processed INT, duplicates INT, fired INT, late INT, n_prods INT, n_dead INT, "
-           "n_routed INT, ids_expired INT")
+           "n_routed INT, ids_expired INT, keys_expired INT")
 
 
 def task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, arrow_schema: Any,
@@ -98,7 +98,8 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, no
     img.update(sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now, _op=op,
                new_prods=[p.to_row() for p in o.productions], dead=dead, routed=routed, processed=o.processed,
                duplicates=o.duplicates, fired=o.timers_fired, late=o.late, n_prods=len(o.productions),
-               n_dead=len(dead), n_routed=len(routed), ids_expired=o.ids_expired)
+               n_dead=len(dead), n_routed=len(routed), ids_expired=o.ids_expired,
+               keys_expired=o.keys_expired)
     return img
 
 

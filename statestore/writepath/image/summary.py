@@ -28,7 +28,8 @@ _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, co
 SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
-               "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, oldest_ms BIGINT, "
+               "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, "
+               "keys_expired BIGINT, oldest_ms BIGINT, "
                "next_proc_ms BIGINT, bloom_checked BIGINT, bloom_maybe BIGINT, bloom_false_pos BIGINT, "
                "bloom_bytes BIGINT, images_read BIGINT, "
                "obs_min BIGINT, obs_max BIGINT, "
@@ -117,7 +118,7 @@ class Fenced:
 
 
 _COUNTS = ("records_in", "processed", "duplicates", "fired", "late", "n_prods", "n_dead", "keys_written",
-           "ids_expired", "bloom_checked", "bloom_maybe", "bloom_false_pos", "bloom_bytes", "images_read")
+           "ids_expired", "keys_expired", "bloom_checked", "bloom_maybe", "bloom_false_pos", "bloom_bytes", "images_read")
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class IntervalSummary:
     n_dead: int = 0
     keys_written: int = 0
     ids_expired: int = 0
+    keys_expired: int = 0  # keys the state TTL dropped
     oldest_ms: int | None = None
     next_proc_ms: int | None = None
     bloom_checked: int = 0

@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         leases,
         migrate,
         objectstore,
+        promote,
         quickstart,
         rebalance,
         recover,
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases,
-                rebalance, recover, replay, reseed, gc, bench, scenario, setup):  # --help order
+                rebalance, recover, replay, promote, reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser
 

@@ -5,8 +5,8 @@
 1. ``no_wait``: refuse at once (:class:`LeaseHeldError`, nothing changed) when a live owner holds
    one of the intervals. Otherwise post a hand-over request (``zk/handover.py``): a running
    instance gives the named intervals back at its next batch boundary.
-2. Take the intervals' leases (waiting up to ``wait_s`` for them), fence them and run the
-   recovery scan as every new owner does (``writepath/merge/path.py``'s ``acquire``): free
+2. Take the intervals' leases (waiting up to ``wait_s`` for them), fence them (a claim, as the
+   image path's owners do) and run the recovery scan as every new owner does: free
    intervals, and those of a dead owner, are taken as recovery takes them; the old owner's
    checkpointed productions are delivered first, so none is lost by the replacement.
 3. ``build(held)`` returns the intervals' rows as they must be (every key that should exist;
@@ -34,7 +34,7 @@ from ..layout import StoreLayout
 from ..ownership.owner import IntervalOwner
 from ..rowtable.rows import FENCE_KEY, KeyRow
 from ..rowtable.store import RowStore
-from ..writepath.merge.path import MergePath
+from ..writepath.delivery import deliver_productions
 from ..zk.handover import clear_handover, request_handover
 from ..zk.lease_tools import list_leases
 from ..zk.leases import LeaseManager
@@ -158,7 +158,7 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         say(f"{computation}: waiting up to {wait_s:g}s for intervals {list(ivs)} (running owners hand them over "
             "at their next batch boundary)")
         t0 = time.monotonic()
-        MergePath(spark, layout, owner, name=computation, outputs=(), track_oldest=False).acquire(ivs, wait_s=wait_s)
+        _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation)
         seqs = dict(owner.sequencers)
         say(f"{computation}: intervals held after {time.monotonic() - t0:.1f}s, sequencers {seqs}")
         rows = tuple(r for r in store.scan_intervals(computation, ivs) if r.key != FENCE_KEY)
@@ -189,6 +189,18 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
     finally:
         leases.close()  # gives the intervals back: the pipeline's instances take them again
         clear_handover(client, pipeline, computation)
+
+
+def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequence[int], *, wait_s: float,
+             computation: str) -> None:
+    """Take, fence and recover as a new owner does, the old owner's checkpointed productions
+    delivered (insert-if-absent: those already in their stream are skipped). The fence is a claim
+    where Python reaches the store's files (a claim changes no user row: replay skips it, so a
+    replay can still be continued over the tool's hand-over), else a fenced MERGE."""
+    rec = owner.acquire(ivs, wait_s=wait_s, claim_only=True)
+    commit_ids = {p.production_id: rec.rows[k].commit_id if k in rec.rows else None for k, p in rec.pending}
+    if rec.pending:
+        deliver_productions(spark, layout, [p for _, p in rec.pending], producer=computation, commit_ids=commit_ids)
 
 
 def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:

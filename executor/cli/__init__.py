@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         quickstart,
         rebalance,
         recover,
+        repair,
         replay,
         report,
         reseed,
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases,
-                rebalance, recover, replay, promote, reseed, gc, bench, scenario, setup):  # --help order
+                rebalance, recover, replay, promote, repair, reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser
 

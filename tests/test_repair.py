@@ -4,6 +4,7 @@ commit under the leases of the intervals it touches, audited; real Spark, ZooKee
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -93,3 +94,79 @@ def test_repair_as_a_user_runs_it_plan_update_delete_and_refusals(  # type: igno
     ex.run_batch(events(spark, [("r4", "cats", 4_000)]), 1, input_watermark_ms=None)
     stop_executor(ex, client)
     assert state_of(spark, migrated_store, "buckets")["cats"][0] == {"0": 8}
+
+
+@pytest.mark.spark
+@pytest.mark.slow  # a live pipeline, a repair while it runs, and a reference run (minutes)
+@pytest.mark.timeout(2400)
+def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The demo pipeline runs (a thread, following its input folder) while one key of ``model`` is
+    repaired: the pipeline hands the key's interval over at a batch boundary and goes on. Its final
+    rows are an uninterrupted run's (of the model over the panes the live window_counter delivered)
+    with the repair applied (a field the model carries along), its predictions that run's: none
+    twice, none lost."""
+    import threading
+    import time
+    import uuid
+
+    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams, write_event_files
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.layout import StoreLayout
+    from test_promote import PER_FILE, _all_read, _pipeline, _predictions, _state, expected_model
+
+    params = ZeitgeistParams(n_events=6 * PER_FILE, seed=11, rate_per_s=20, n_queries=8)
+    data = params.generate()
+    folder, store = tmp_path / "input", tmp_path / "store"
+    layout = StoreLayout(str(store))
+    zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/repair-{uuid.uuid4().hex[:8]}")
+
+    def files(n: int) -> None:
+        write_event_files(data.slice(0, n * PER_FILE), str(folder), events_per_batch=PER_FILE,
+                          first_mtime_s=params.start_ms // 1000)
+
+    files(2)
+    stop, failed, lines = threading.Event(), [], []
+    runner = PipelineRunner(spark, layout, _pipeline(folder, params.max_disorder_ms), zk=zk, end_of_input=False,
+                            progress=lines.append, follow=stop.is_set, poll_s=0.3)
+
+    def run() -> None:
+        try:
+            runner.run()
+        except BaseException as exc:  # the test fails on it below
+            failed.append(exc)
+
+    t = threading.Thread(target=run, name="live-pipeline")
+    t.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not os.path.isdir(layout.rows) or not _state(spark, layout.rows, "model"):
+            assert time.monotonic() < deadline and not failed, failed
+            time.sleep(1)
+        key = sorted(_state(spark, layout.rows, "model"))[0]
+        files(4)
+        stmt = (f"UPDATE state SET state_json = regexp_replace(state_json, '^[{{]', '{{\"repaired\": 1, ') "
+                f"WHERE key = '{key}'")
+        files(6)  # more input while the repair runs: the pipeline's batch in flight, and after
+        assert main(["repair", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
+                     "--zk", zk.hosts, "--zk-chroot", zk.chroot, "--wait", "600", stmt]) == 0
+        assert "repaired model: 1 keys written" in capsys.readouterr().out
+        deadline = time.monotonic() + 900
+        while not _all_read(spark, layout):
+            assert time.monotonic() < deadline and not failed, failed
+            time.sleep(2)
+    finally:
+        stop.set()
+        t.join(timeout=600)
+    assert not failed, failed
+    assert any("handing intervals over to repair" in line for line in lines), lines[-20:]
+    (audit,) = _sql(spark, layout, "SELECT tool, source, rows_changed, commit_version FROM audit")
+    kinds = {int(h["version"]): json.loads(h["userMetadata"]).get("kind") for h in spark.sql(
+        f"DESCRIBE HISTORY delta.`{layout.rows}`").collect() if h["userMetadata"]}
+    assert audit[:3] == ("repair", stmt, 1) and kinds[audit[3]] == "repair"
+
+    live, (expected, preds) = _state(spark, layout.rows, "model"), expected_model(spark, store)
+    assert live == {**expected, key: {**expected[key], "repaired": 1}}
+    got = _predictions(spark, store)
+    assert len({(k, ts) for k, ts, _ in got}) == len(got)  # none twice
+    assert got == preds  # none lost, the values an uninterrupted run gives

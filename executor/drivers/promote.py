@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ReplayTargetError
-from deltawheel.statestore.inspection.positions import commits_after, computation_commits
+from deltawheel.statestore.inspection.positions import computation_commits
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, KeyRow
 from deltawheel.statestore.surgery.replace import (
@@ -136,7 +136,7 @@ def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline:
     change = plan_replacement(spark, store, computation=computation, num_intervals=num_intervals,
                               build=lambda held: shadow_rows(spark, into, computation))
     return PromotePlan(store.root, into.root, pipeline, computation, reached, commits[-1].version if commits else -1,
-                       len(commits_after(commits, reached)), change)
+                       sum(1 for c in commits if c.version > reached and c.kind != "claim"), change)
 
 
 def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, pipeline: str, code: Computation,
@@ -160,8 +160,9 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
     m = check_replay(store, into, pipeline=pipeline, computation=computation)
     caught_up: list[int] = []
 
-    def behind() -> Sequence[Any]:
-        return commits_after(computation_commits(spark, store, computation), int(read_marker(into)["reached"]))  # type: ignore[index]
+    def behind() -> Sequence[Any]:  # the live commits after the replay's position (claims change no row)
+        reached = int(read_marker(into)["reached"])  # type: ignore[index]
+        return [c for c in computation_commits(spark, store, computation) if c.version > reached and c.kind != "claim"]
 
     if not catch_up and behind():
         raise ReplayTargetError(_not_caught_up(into, len(behind())))

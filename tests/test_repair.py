@@ -42,7 +42,8 @@ def _sql(spark: Any, layout: Any, query: str) -> list[tuple[Any, ...]]:
 
 @pytest.mark.spark
 @pytest.mark.zk
-@pytest.mark.timeout(900)
+@pytest.mark.slow  # five commands, each its own Spark job set: minutes on a loaded machine
+@pytest.mark.timeout(1200)
 def test_repair_as_a_user_runs_it_plan_update_delete_and_refusals(  # type: ignore[no-untyped-def]
         spark, migrated_store, zk_config, capsys) -> None:
     from executor_util import BucketCounter, events, start_executor, state_of, stop_executor

@@ -19,6 +19,12 @@ folder, columns of plain types) and that keys by the injector's key column has i
 themselves (``tasks/image/direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
 frame, so it knows the frame is exactly the injector's stream.
 
+Between rounds a computation whose intervals a tool asked for (``deltawheel promote`` / ``repair``:
+``statestore/zk/handover.py``) hands them over: its executor settles its delivery and gives its leases
+back, the runner waits until the tool's request is gone, then starts it again on the same intervals
+(fence, recovery: the tool's rows). Job instances sharing intervals leave the requested ones out of
+their share meanwhile.
+
 The runner's ZooKeeper client, leases, watermark authority, row store, interval owners and
 executors are composed by ``wiring.py``: an engine's :class:`~.wiring.Wiring`
 (``engine.run_pipeline``), or one the runner opens from its ``zk`` and closes at the end.

@@ -171,3 +171,41 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) ->
     got = _predictions(spark, store)
     assert len({(k, ts) for k, ts, _ in got}) == len(got)  # none twice
     assert got == preds  # none lost, the values an uninterrupted run gives
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.slow  # a continuous run of two stages and a repair while it runs (minutes on a loaded machine)
+@pytest.mark.timeout(1200)
+def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``deltawheel run``'s continuous queries: between batches the stage gives the requested
+    intervals to the repair and takes them again; every output once, the repaired field kept."""
+    from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
+    from test_continuous import wait_for
+    from test_promote import _state
+
+    import deltawheel
+
+    rows = click_rows(160)
+    folder, store = tmp_path / "input", tmp_path / "store"
+    write_file(folder, "part-0.parquet", rows[:80])
+    lines: list[str] = []
+    with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                            pipeline="clicks") as engine:
+        engine.progress = lines.append
+        run = engine.start_pipeline(make(str(folder)))
+        wait_for("user_minutes holds state", lambda: bool(_state(spark, f"{store}/rows", "user_minutes")), runs=(run,))
+        key = sorted(_state(spark, f"{store}/rows", "user_minutes"))[0]
+        stmt = f"UPDATE state SET state_json = regexp_replace(state_json, '^[{{]', '{{\"999\": 5, ') WHERE key = '{key}'"
+        assert main(["repair", "--store", str(store), "--pipeline", "clicks", "--computation", "user_minutes",
+                     "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--wait", "300", stmt]) == 0
+        assert "repaired user_minutes: 1 keys written" in capsys.readouterr().out
+        write_file(folder, "part-1.parquet", rows[80:] + [closing_row(rows)])  # after the repair
+        want_users, want_totals = expected(rows)
+        wait_for("every minute's total", lambda: len(outputs(spark, engine.layout)[1]) >= len(want_totals),
+                 runs=(run,), timeout_s=600)
+        run.stop()
+        got_users, got_totals = outputs(spark, engine.layout)
+    assert any("handing intervals over to repair" in line for line in lines), lines[-20:]
+    assert got_users == want_users and got_totals == want_totals  # every output once
+    assert _state(spark, f"{store}/rows", "user_minutes")[key] == {"999": 5}  # the repaired field, kept

@@ -16,8 +16,11 @@ included). From the ground up:
 - ``ownership/`` (lease -> fence -> recovery: ZooKeeper and the rows table together);
 - ``writepath/`` (every write of the rows and stream tables, through an interval owner);
 - ``inspection/`` (read-only: the SQL views, the damage check);
+- ``surgery/`` (a tool's fenced replacing write of a live computation's rows under its leases, and
+  the audit table: promote, repair);
 - ``session/`` (building and checking a SparkSession for all of the above).
 
 A tool that only reads the tables belongs in ``inspection/``; one that writes them takes the
-leases of what it touches through ``ownership/`` and commits through ``writepath/``.
+leases of what it touches through ``ownership/`` and commits through ``writepath/`` (``surgery/``
+does both for a tool that replaces some intervals' rows).
 """

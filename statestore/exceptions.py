@@ -41,6 +41,7 @@ __all__ = [
     "ReplayUnavailableError",
     "ReplayTargetError",
     "ReplayCodeError",
+    "RepairStatementError",
     "JarFetchError",
     "SessionConfigError",
     "JavaMissingError",
@@ -241,6 +242,11 @@ class ReplayTargetError(ConfigError):
 
 class ReplayCodeError(ConfigError):
     """A replay's ``--code`` does not import, or is not a Computation of the replayed name."""
+
+
+class RepairStatementError(ConfigError):
+    """A repair statement is not an UPDATE, DELETE or MERGE of the ``state`` view, names another
+    computation's rows, or sets a state the computation's codec cannot encode."""
 
 
 class JarFetchError(FatalError):

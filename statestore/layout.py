@@ -77,6 +77,11 @@ class StoreLayout:
         return f"{self.root}/_metrics/batches"
 
     @property
+    def audit(self) -> str:
+        """The ``_audit`` table: one row per change a tool made under the leases (promote, repair)."""
+        return f"{self.root}/_audit"
+
+    @property
     def streams_root(self) -> str:
         """The folder holding one table per stream."""
         return f"{self.root}/streams"

@@ -32,6 +32,7 @@ FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"ownership"}),  # lease -> fence -> recovery: zk and rowtable together
     frozenset({"writepath"}),  # the write paths, through an interval owner
     frozenset({"inspection"}),  # read-only SQL views, the damage check: over every table the writers write
+    frozenset({"surgery"}),  # a tool's fenced replacing write under the leases (promote, repair), the audit table
     frozenset({"session"}),  # building and checking a SparkSession: jars, connectors, log stores, Java
 )
 

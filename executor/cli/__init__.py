@@ -43,9 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         leases,
         migrate,
         objectstore,
+        promote,
         quickstart,
         rebalance,
         recover,
+        repair,
         replay,
         report,
         reseed,
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases,
-                rebalance, recover, replay, reseed, gc, bench, scenario, setup):  # --help order
+                rebalance, recover, replay, promote, repair, reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser
 

@@ -29,6 +29,11 @@ the ticks end, each query stops after the batch in flight (a batch Spark begins 
 before it does anything, and runs again at the next start), then every executor settles its
 delivery and gives its leases back, and one line says what was done. A SIGKILL leaves the
 checkpoints and the rows as after a crash: the same command resumes exactly-once.
+
+Tools (``deltawheel promote`` / ``repair``) get a stage's intervals between its batches: the tick
+sees their hand-over request, gives the leases back and takes them again once the tool is done
+(:meth:`ContinuousRun._hand_over`). Over 500 lines: the run, its stages and their ticks share one
+lock per stage and read as one piece.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
+from deltawheel.statestore.zk.handover import read_handover
 
 from ..computation import RECORD_KEY, Computation
 from ..exceptions import BatchFailedError
@@ -395,6 +401,8 @@ class ContinuousRun:
                     continue  # a batch runs: it fires what is due
                 try:
                     if not self._stopping.is_set():
+                        self._hand_over(stage)
+                    if not self._stopping.is_set():
                         self._tick(stage)
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
@@ -403,6 +411,24 @@ class ContinuousRun:
                     self._log(f"{stage.comp.name}: looking for due timers failed: {type(exc).__name__}: {exc}")
                 finally:
                     stage.lock.release()
+
+    def _hand_over(self, stage: _Stage) -> None:
+        """Between batches (the stage's lock held: no batch runs): a tool asked for intervals the
+        stage holds (``deltawheel promote`` / ``repair``, ``statestore/zk/handover.py``): settle the
+        delivery, give the leases back, wait until the tool's request is gone, take them again
+        (fence, recovery: the tool's rows). The query's next batch waits meanwhile."""
+        ex, client = stage.ex, self.wiring.client
+        asked = read_handover(client, self.pipeline.name, stage.comp.name)
+        if asked is None or not set(asked.intervals) & set(ex.owner.intervals):
+            return
+        t0 = time.monotonic()
+        self._log(f"{stage.comp.name}: handing intervals over to {asked.tool} by {asked.by}")
+        ex.stop()  # settles its delivery, then gives every lease back
+        while read_handover(client, self.pipeline.name, stage.comp.name) is not None:
+            if self._stopping.wait(0.2):
+                return  # the run stops: nothing to take again
+        ex.start(wait_s=self.wait_s)
+        self._log(f"{stage.comp.name}: intervals taken again after {asked.tool} ({time.monotonic() - t0:.1f}s)")
 
     def _tick(self, stage: _Stage) -> None:
         """Between batches: fire what became due (a timers-only batch), if anything did."""

@@ -61,7 +61,8 @@ from ..protocol.reports import BatchReport
 from ..protocol.rescale import shared_input
 from ..sources.injector import Injector
 
-__all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot"]
+__all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
+           "read_marker"]
 
 MARKER = "_replay.json"  # in the shadow store: what it replays and how far it got
 
@@ -158,6 +159,11 @@ def load_code(spec: str, computation: str) -> Computation:
 def shadow_chroot(base: str, into: StoreLayout) -> str:
     """The ZooKeeper chroot of a shadow store: below ``base`` (the live one's), its own per folder."""
     return f"{base.rstrip('/')}-replay-{hashlib.sha1(into.root.encode()).hexdigest()[:12]}"
+
+
+def read_marker(into: StoreLayout) -> dict[str, Any] | None:
+    """What ``<into>/_replay.json`` records (None: not a replay's folder)."""
+    return _marker(into)
 
 
 def _marker(into: StoreLayout) -> dict[str, Any] | None:
@@ -375,7 +381,8 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     commits = computation_commits(spark, store, plan.computation)
     os.makedirs(into.root, exist_ok=True)
     marker = {"store": os.path.realpath(store.root), "pipeline": plan.pipeline, "computation": plan.computation,
-              "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000)}
+              "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000),
+              "code": f"{type(code).__module__}:{type(code).__qualname__}"}  # what promote continues with
     if zk is None:
         engine = connect(spark, store=into.root, pipeline=plan.pipeline)
     else:

@@ -19,6 +19,12 @@ folder, columns of plain types) and that keys by the injector's key column has i
 themselves (``tasks/image/direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
 frame, so it knows the frame is exactly the injector's stream.
 
+Between rounds a computation whose intervals a tool asked for (``deltawheel promote`` / ``repair``:
+``statestore/zk/handover.py``) hands them over: its executor settles its delivery and gives its leases
+back, the runner waits until the tool's request is gone, then starts it again on the same intervals
+(fence, recovery: the tool's rows). Job instances sharing intervals leave the requested ones out of
+their share meanwhile.
+
 The runner's ZooKeeper client, leases, watermark authority, row store, interval owners and
 executors are composed by ``wiring.py``: an engine's :class:`~.wiring.Wiring`
 (``engine.run_pipeline``), or one the runner opens from its ``zk`` and closes at the end.
@@ -38,6 +44,7 @@ from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.ownership.owner import IntervalOwner
 from deltawheel.statestore.writepath.streams import ensure_stream_table
 from deltawheel.statestore.zk.client import digest_acls
+from deltawheel.statestore.zk.handover import read_handover
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.leases import LeaseManager
 from deltawheel.statestore.zk.members import Membership, target
@@ -162,6 +169,8 @@ class PipelineRunner:
                 for comp in p.ordered():
                     if self.auto_assign:
                         self._rebalance(comp, execs)  # between batches: give back, take free intervals
+                    else:
+                        self._hand_over(comp, execs)  # a tool asked for its intervals (promote, repair)
                     ex = execs[comp.name]
                     if ex is None:
                         continue  # holds no interval of it now
@@ -243,6 +252,8 @@ class PipelineRunner:
         client = self._wiring.client
         n = type(comp).num_intervals
         want = set(target(client, self.pipeline.name, comp.name, n).get(str(self.instance), ()))
+        asked = read_handover(client, self.pipeline.name, comp.name)  # a tool's (promote, repair): give back
+        want -= set(asked.intervals) if asked is not None else set()
         ex = execs.get(comp.name)
         held = set(ex.owner.intervals) if ex is not None else set()
         owners = {r["interval"]: r["owner"] for r in list_leases(client, pipeline=self.pipeline.name)
@@ -269,6 +280,26 @@ class PipelineRunner:
         self.progress(f"{comp.name}: instance {self.instance} moved from intervals {sorted(held)} to "
                       f"{sorted(new)} in {time.monotonic() - t0:.1f}s (leases, fence, recovery"
                       f"{', catch-up' if any(r.batch_id == CATCH_UP_BATCH for r in nex.reports) else ''})")
+
+    def _hand_over(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
+        """Between batches: a tool asked for intervals this executor holds (``zk/handover.py``):
+        settle the delivery and give every lease back (``stop``), wait for the tool to finish (its
+        request gone), then start again on the same intervals (fence, recovery: the new rows)."""
+        client, name = self._wiring.client, self.pipeline.name
+        ex = execs.get(comp.name)
+        asked = read_handover(client, name, comp.name)
+        if ex is None or asked is None or not set(asked.intervals) & set(ex.owner.intervals):
+            return
+        t0 = time.monotonic()
+        self.progress(f"{comp.name}: handing intervals over to {asked.tool} by {asked.by}")
+        ex.stop()  # settles its delivery, then gives every lease back
+        self._done_reports[comp.name] += ex.reports
+        execs[comp.name] = None
+        while read_handover(client, name, comp.name) is not None:
+            time.sleep(0.2)
+        started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
+        started.wait_leased()
+        self.progress(f"{comp.name}: intervals taken again after {asked.tool} ({time.monotonic() - t0:.1f}s)")
 
     def _checkpoint(self, comp: Computation) -> str:
         """The computation's streaming checkpoint: one per pipeline, or per instance when

@@ -17,8 +17,8 @@ is checked to only read first (:mod:`.readonly`).
     production_id, stream, out_key, value_json, timestamp (TIMESTAMP).
 ``fences``
     the fence row of each interval: computation, interval, sequencer, commit_id.
-``dead_letters``, ``late_data``
-    those tables as they are.
+``dead_letters``, ``late_data``, ``audit``
+    those tables as they are (``audit``: the changes tools made under the leases, promote and repair).
 ``<stream>`` and ``<stream>_decoded``
     each stream table, and the same with a ``value_json`` column.
 
@@ -215,7 +215,7 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
                 "timestamp_millis(watermark_hold_ms) AS watermark_hold, sequencer, commit_id, "
                 "timestamp_millis(updated_ms) AS updated FROM _dw_state_history"
             ), VIEWS["state_history"])
-    for name, path in (("dead_letters", layout.dead_letters), ("late_data", layout.late_data)):
+    for name, path in (("dead_letters", layout.dead_letters), ("late_data", layout.late_data), ("audit", layout.audit)):
         if (src := source(path)) is not None:
             define(name, f"SELECT * FROM {src}")
     for name in streams:

@@ -320,8 +320,11 @@ class RowStore:
         dry_run: bool = False,
         kind: str = "commit",
         conflict_retries: int | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> CommitResult:
         """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
+
+        ``meta``: more entries for the commit's metadata (a tool's commit names the tool).
 
         Raises:
             BadRecordError / StateTooLargeError: a row is invalid (nothing written).
@@ -356,7 +359,7 @@ class RowStore:
         res = self._commit_source(computation, src, None, sequencers=sequencers, touched=touched,
                                   commit_id=commit_id, kind=kind, lease_check=lease_check,
                                   conflict_retries=conflict_retries, started=started, n_rows=len(images),
-                                  n_deletes=len(deletes))
+                                  n_deletes=len(deletes), meta=meta)
         return CommitResult(res.commit_id, res.computation, res.sequencers, res.rows_written, res.rows_deleted,
                             res.attempts, res.duration_s, False, tuple(plan), tuple(images))
 

@@ -39,7 +39,7 @@ STREAM_FORMAT_VERSION = 1
 
 #: The views ``sqlviews.register_views`` always defines.
 BUILTIN_VIEWS: tuple[str, ...] = (
-    "rows", "state", "timers", "pending_productions", "fences", "dead_letters", "late_data", "state_history",
+    "rows", "state", "timers", "pending_productions", "fences", "dead_letters", "late_data", "state_history", "audit",
 )
 #: Names a stream may not have: a built-in view, or its ``_decoded`` companion.
 RESERVED_STREAM_NAMES: frozenset[str] = frozenset(

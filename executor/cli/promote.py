@@ -1,0 +1,89 @@
+"""``deltawheel promote``: a replay's state replaces the live computation's, in one fenced commit
+under its leases, recorded in the audit table (``drivers/promote.py``; docs/replay.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from deltawheel.statestore.exceptions import ReplayCodeError
+
+from .common import add_spark_args, add_zk_args, layout_from, spark_from, store_zookeeper
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``promote`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "promote", help="replace a live computation's state with a replay's (caught up first, under the leases; "
+                        "docs/replay.md)")
+    p.add_argument("--from", dest="source", required=True, help="the replay's folder (`deltawheel replay --into`)")
+    p.add_argument("--store", required=True, help="the live store")
+    p.add_argument("--pipeline", required=True, help="the pipeline's name")
+    p.add_argument("--computation", required=True, help="the computation the replay replayed")
+    p.add_argument("--code", help="MODULE:CLASS the catch-up runs (default: the code the replay ran)")
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument("--wait", type=float, default=60.0, metavar="S",
+                      help="seconds to wait for the running pipeline to hand the intervals over at its next batch "
+                           "boundary (default 60)")
+    wait.add_argument("--no-wait", action="store_true", help="refuse at once if a running owner holds an interval")
+    p.add_argument("--no-catch-up", action="store_true",
+                   help="refuse a replay behind the live input position instead of continuing it")
+    p.add_argument("--plan", action="store_true", help="print what it would do, change nothing")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_zk_args(p)
+    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_spark_args(p)
+    p.set_defaults(func=_run)
+
+
+def _code(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
+    from ..drivers.replay import load_code
+
+    spec = args.code or marker.get("code")
+    if spec:
+        return load_code(spec, args.computation)
+    if args.pipeline == "zeitgeist":
+        from ..demo.pipeline import computations
+
+        for c in computations():
+            if c.name == args.computation:
+                return c
+    raise ReplayCodeError(f"the replay does not record its code: give --code MODULE:CLASS for computation "
+                          f"{args.computation!r}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.config import ZkConfig
+
+    from ..drivers.promote import check_replay, plan_promote, promote
+    from ..drivers.replay import shadow_chroot
+
+    store = layout_from(args)
+    into = layout_from(argparse.Namespace(store=args.source))
+    marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation)
+    code = _code(args, marker)  # before Spark and ZooKeeper: a bad --code is refused at once
+    spark = spark_from(args)
+    if args.plan:
+        plan = plan_promote(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
+                            num_intervals=type(code).num_intervals)
+        print(plan.describe())
+        return 0
+    with store_zookeeper(args) as (_, cfg, client):
+        shadow = None if args.zk is None else ZkConfig(hosts=cfg.hosts, chroot=shadow_chroot(cfg.chroot, into),
+                                                       digest=cfg.digest, session_timeout_s=cfg.session_timeout_s)
+        say = None if args.json else (lambda line: print(line, flush=True))
+        r = promote(spark, store=store, into=into, client=client, pipeline=args.pipeline, code=code,
+                    shadow_zk=shadow, wait_s=0.0 if args.no_wait else args.wait, no_wait=args.no_wait,
+                    catch_up=not args.no_catch_up, progress=say)
+    if args.json:
+        print(json.dumps({"computation": r.computation, "intervals": list(r.intervals),
+                          "rows_written": len(r.upserted), "rows_deleted": len(r.deleted), "version": r.version,
+                          "audit_id": r.audit_id}, indent=2))
+    else:
+        print(f"promoted {into.root} to {r.computation}: {len(r.upserted)} keys written, {len(r.deleted)} deleted "
+              f"at rows version {r.version}; audit record {r.audit_id} (deltawheel sql --store {store.root} "
+              "\"SELECT * FROM audit\"); the leases are given back, the pipeline goes on from the promoted state")
+    return 0

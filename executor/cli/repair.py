@@ -1,0 +1,72 @@
+"""``deltawheel repair``: an UPDATE or DELETE of the decoded ``state`` view applied to a live
+computation's rows, in one fenced commit under the leases of the intervals it touches, recorded in
+the audit table (``statestore/surgery/repair.py``; docs/operations.md, "Repair")."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_spark_args, add_zk_args, layout_from, spark_from, store_zookeeper
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``repair`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "repair", help="UPDATE or DELETE a live computation's decoded state, fenced, under its leases, audited "
+                       "(docs/operations.md)")
+    p.add_argument("--store", required=True, help="the live store")
+    p.add_argument("--pipeline", required=True, help="the pipeline's name")
+    p.add_argument("--computation", required=True, help="the computation whose rows are repaired")
+    p.add_argument("statement", help="UPDATE state SET state_json = <expr> [WHERE ...] | DELETE FROM state [WHERE ...]")
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument("--wait", type=float, default=60.0, metavar="S",
+                      help="seconds to wait for the running pipeline to hand the intervals over at its next batch "
+                           "boundary (default 60)")
+    wait.add_argument("--no-wait", action="store_true", help="refuse at once if a running owner holds an interval")
+    p.add_argument("--plan", action="store_true", help="print each key's state before and after, change nothing")
+    add_zk_args(p)
+    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_spark_args(p)
+    p.set_defaults(func=_run)
+
+
+def _show(result: object) -> None:
+    from deltawheel.statestore.inspection.sqlviews import decode_json_text
+    from deltawheel.statestore.surgery.replace import SurgeryResult
+
+    assert isinstance(result, SurgeryResult)
+    for r in result.upserted:
+        old = result.before.get(r.key)
+        print(f"  {r.key!r} (interval {r.interval}): "
+              f"{decode_json_text(old.codec, old.state) if old is not None else '(new)'} -> "
+              f"{decode_json_text(r.codec, r.state)}")
+    for iv, k in result.deleted:
+        old = result.before[k]
+        print(f"  {k!r} (interval {iv}): {decode_json_text(old.codec, old.state)} -> (deleted, with its timers)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.surgery.repair import parse_repair, plan_repair, repair
+
+    parse_repair(args.statement)  # before Spark and ZooKeeper: a bad statement is refused at once
+    store = layout_from(args)
+    spark = spark_from(args)
+    if args.plan:
+        plan = plan_repair(spark, store, computation=args.computation, statement=args.statement)
+        print(f"repair of {args.computation} would write {len(plan.upserted)} keys and delete {len(plan.deleted)} "
+              "(nothing changed):")
+        _show(plan)
+        return 0
+    with store_zookeeper(args) as (_, _cfg, client):
+        r = repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
+                   statement=args.statement, wait_s=0.0 if args.no_wait else args.wait, no_wait=args.no_wait,
+                   progress=lambda line: print(line, flush=True))
+    if not r.rows_changed:
+        print(f"the statement changes no key of {args.computation}; nothing was written")
+        return 0
+    print(f"repaired {args.computation}: {len(r.upserted)} keys written, {len(r.deleted)} deleted at rows version "
+          f"{r.version}; audit record {r.audit_id}")
+    _show(r)
+    return 0

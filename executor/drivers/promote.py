@@ -1,0 +1,195 @@
+"""Promote: a replay's state replaces the live computation's, under its leases (``deltawheel promote``).
+
+:func:`promote` on a shadow store made by ``deltawheel replay`` (``replay.py``):
+
+1. **Check** the shadow store is a replay of this store, pipeline and computation
+   (:func:`check_replay`; :class:`ReplayTargetError` otherwise, nothing changed).
+2. **Take the leases** of every interval of the computation (``statestore/surgery/``): the running
+   pipeline finishes its batch in flight (commit and delivery), hands the intervals over at that
+   batch boundary and waits; ``wait_s`` bounds the wait, ``no_wait`` refuses at once while an
+   owner is live. The old owner's checkpointed productions are delivered first.
+3. **Catch up** under the leases: the live input position can no longer move, so the replay is
+   continued (``replay.py``, the same shadow folder and code) over the live commits it has not run,
+   the in-flight batch's included. ``catch_up=False`` refuses a replay that is behind instead.
+4. **Replace** the live rows of the computation with the shadow store's (state, timers, record
+   ids, pending productions not yet delivered in the shadow store) in one fenced commit with the
+   tool's sequencers, record it in the audit table, give the leases back: the pipeline takes them
+   again and goes on from the promoted state. Outputs the live pipeline delivered stay as they are.
+
+:func:`plan_promote` is the dry run (``--plan``): what would be caught up and which keys would
+change, against the shadow store as it is now; no lease taken, nothing written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.exceptions import ReplayTargetError
+from deltawheel.statestore.inspection.positions import computation_commits
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, KeyRow
+from deltawheel.statestore.surgery.replace import (
+    Held,
+    Surgery,
+    SurgeryResult,
+    plan_replacement,
+    replace_intervals,
+)
+
+from ..computation import Computation
+from .replay import plan_replay, read_marker, replay
+
+__all__ = ["PromotePlan", "check_replay", "plan_promote", "promote", "shadow_rows"]
+
+
+@dataclass(frozen=True)
+class PromotePlan:
+    """What a promotion would do: ``reached`` (the live rows version the replay ran up to),
+    ``newest`` (the computation's newest live commit now), ``behind`` (live batches to catch up),
+    ``change``: the keys it would write or delete if the replay were caught up as it is."""
+
+    store: str
+    into: str
+    pipeline: str
+    computation: str
+    reached: int
+    newest: int
+    behind: int
+    change: SurgeryResult
+
+    def describe(self) -> str:
+        """The plan as lines for a terminal."""
+        lines = [f"promote the replay in {self.into} to {self.computation} of pipeline {self.pipeline} in {self.store}",
+                 f"  the replay reached live rows version {self.reached}; the newest live commit of "
+                 f"{self.computation} is {self.newest}" + (f": {self.behind} batches to catch up first, under the "
+                                                           "leases" if self.behind else " (caught up)"),
+                 f"  would take the leases of intervals {list(self.change.intervals)}, write "
+                 f"{len(self.change.upserted)} keys and delete {len(self.change.deleted)} (against the replay as it "
+                 "is now), in one fenced commit recorded in the audit table"]
+        for r in self.change.upserted[:5]:
+            lines.append(f"  write  {r.key!r} (interval {r.interval})")
+        for iv, k in self.change.deleted[:5]:
+            lines.append(f"  delete {k!r} (interval {iv})")
+        return "\n".join(lines)
+
+
+def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, computation: str) -> dict[str, Any]:
+    """The marker of the replay in ``into``, checked to be of ``store``'s ``pipeline`` and
+    ``computation``.
+
+    Raises:
+        ReplayTargetError: ``into`` is no replay, or one of another store, pipeline or computation,
+            or one that never ran.
+    """
+    if os.path.realpath(into.root) == os.path.realpath(store.root):
+        raise ReplayTargetError(f"--from {into.root} is the live store itself: give the folder a `deltawheel "
+                                "replay --into` wrote")
+    m = read_marker(into) if into.is_local else None
+    if m is None:
+        raise ReplayTargetError(f"--from {into.root} is not a replay's folder (no _replay.json): run `deltawheel "
+                                f"replay --store {store.root} --pipeline {pipeline} --computation {computation} "
+                                f"--into {into.root} ...` first")
+    for what, want in (("store", os.path.realpath(store.root)), ("pipeline", pipeline), ("computation", computation)):
+        if m.get(what) != want:
+            raise ReplayTargetError(f"--from {into.root} is a replay of {what} {m.get(what)!r}, not {want!r}: a "
+                                    f"replay promotes only into the {what} it replayed")
+    if m.get("reached") is None:
+        raise ReplayTargetError(f"--from {into.root}: the replay never finished its seeding; run the replay again")
+    return m
+
+
+def shadow_rows(spark: Any, into: StoreLayout, computation: str) -> list[KeyRow]:
+    """The computation's rows in the shadow store, each with only the pending productions the
+    shadow store has not delivered (a promoted checkpoint is delivered by the live pipeline's
+    recovery; one delivered in the shadow store was the replay's output, never the live one's)."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(into.rows).where((F.col("computation") == computation)
+                                                          & (F.col("key") != FENCE_KEY))
+    rows = [KeyRow.from_row(r) for r in df.toArrow().to_pylist()]
+    held: dict[str, set[str]] = {}
+    for r in rows:
+        for p in r.pending:
+            held.setdefault(p.stream, set()).add(p.production_id)
+    delivered: set[tuple[str, str]] = set()
+    for stream, ids in held.items():
+        if os.path.isdir(into.stream(stream)):
+            got = spark.read.format("delta").load(into.stream(stream)).where(F.col("record_id").isin(sorted(ids)))
+            delivered |= {(stream, str(r[0])) for r in got.select("record_id").collect()}
+    return [r.with_(pending=tuple(p for p in r.pending if (p.stream, p.production_id) not in delivered))
+            if r.pending else r for r in rows]
+
+
+def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
+                 num_intervals: int) -> PromotePlan:
+    """The dry run (see the module docstring).
+
+    Raises:
+        ReplayTargetError: as :func:`check_replay`.
+    """
+    m = check_replay(store, into, pipeline=pipeline, computation=computation)
+    commits = computation_commits(spark, store, computation)
+    reached = int(m["reached"])
+    change = plan_replacement(spark, store, computation=computation, num_intervals=num_intervals,
+                              build=lambda held: shadow_rows(spark, into, computation))
+    return PromotePlan(store.root, into.root, pipeline, computation, reached, commits[-1].version if commits else -1,
+                       sum(1 for c in commits if c.version > reached and c.kind != "claim"), change)
+
+
+def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, pipeline: str, code: Computation,
+            shadow_zk: ZkConfig | None = None, wait_s: float = 0.0, no_wait: bool = False, catch_up: bool = True,
+            progress: Callable[[str], None] | None = None,
+            before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
+    """Promote the replay in ``into`` to ``code``'s computation of the live ``store`` (see the
+    module docstring). ``client``: the live pipeline's ZooKeeper; ``shadow_zk``: the shadow
+    store's (None: its embedded server), for the catch-up; ``code``: what the catch-up runs (the
+    replay's code).
+
+    Raises:
+        ReplayTargetError: not a replay of this computation; or ``catch_up=False`` and it is behind
+            the live input position. Nothing changed.
+        LeaseHeldError: ``no_wait`` and the pipeline holds an interval, or still held after
+            ``wait_s``. Nothing changed.
+        StaleSequencerError / LeaseLostError: a takeover raced the promotion; nothing changed.
+    """
+    say = progress or (lambda line: None)
+    computation = code.name
+    m = check_replay(store, into, pipeline=pipeline, computation=computation)
+    caught_up: list[int] = []
+
+    def behind() -> Sequence[Any]:  # the live commits after the replay's position (claims change no row)
+        reached = int(read_marker(into)["reached"])  # type: ignore[index]
+        return [c for c in computation_commits(spark, store, computation) if c.version > reached and c.kind != "claim"]
+
+    if not catch_up and behind():
+        raise ReplayTargetError(_not_caught_up(into, len(behind())))
+
+    def build(held: Held) -> list[KeyRow]:
+        # the leases are held: no live commit of the computation can land until they are given back
+        todo = behind()
+        if todo and not catch_up:
+            raise ReplayTargetError(_not_caught_up(into, len(todo)))
+        if todo:
+            say(f"catching up: {len(todo)} live batches the replay has not run")
+            fv = m.get("from_version")
+            plan = plan_replay(spark, store=store, into=into, pipeline=pipeline, computation=computation,
+                               from_version=fv, from_start=fv is None)
+            replay(spark, plan, code=code, zk=shadow_zk, progress=say, diff=False)
+            caught_up.append(len(plan.batches))
+        return shadow_rows(spark, into, computation)
+
+    return replace_intervals(
+        spark, store, client, pipeline=pipeline, computation=computation, num_intervals=type(code).num_intervals,
+        build=build, wait_s=wait_s, no_wait=no_wait, progress=say, before_commit=before_commit,
+        surgery=Surgery("promote", into.root, detail={"from_version": m.get("from_version"),
+                                                      "code": f"{type(code).__module__}:{type(code).__qualname__}",
+                                                      "caught_up_batches": caught_up}))
+
+
+def _not_caught_up(into: StoreLayout, n: int) -> str:
+    return (f"--from {into.root} is {n} live batches behind the live input position; promote without "
+            "--no-catch-up (it continues the replay under the leases), or run `deltawheel replay` into the same "
+            "folder again first")

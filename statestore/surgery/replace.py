@@ -1,0 +1,215 @@
+"""A tool's fenced replacing write of some intervals of a live computation.
+
+:func:`replace_intervals`, in order:
+
+1. ``no_wait``: refuse at once (:class:`LeaseHeldError`, nothing changed) when a live owner holds
+   one of the intervals. Otherwise post a hand-over request (``zk/handover.py``): a running
+   instance gives the named intervals back at its next batch boundary.
+2. Take the intervals' leases (waiting up to ``wait_s`` for them), fence them (a claim, as the
+   image path's owners do) and run the recovery scan as every new owner does: free
+   intervals, and those of a dead owner, are taken as recovery takes them; the old owner's
+   checkpointed productions are delivered first, so none is lost by the replacement.
+3. ``build(held)`` returns the intervals' rows as they must be (every key that should exist;
+   ``held.rows``: the rows now). The difference is committed in **one** fenced transaction
+   (``RowStore.commit``: keys written or deleted, the fence rows at the tool's sequencers). A
+   takeover racing the tool (a newer fence) fails it with :class:`StaleSequencerError`, or a lost
+   lease with :class:`LeaseLostError`: nothing changed, no audit record.
+4. Append the audit record (``audit.py``), give the leases back and delete the request: the
+   pipeline's instances take the intervals again (fence, recovery: they read the new rows).
+
+:func:`plan_replacement` is the dry run: the same ``build`` over the rows now, no lease taken,
+nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..exceptions import LeaseHeldError
+from ..layout import StoreLayout
+from ..ownership.owner import IntervalOwner
+from ..rowtable.rows import FENCE_KEY, KeyRow
+from ..rowtable.store import RowStore
+from ..writepath.delivery import deliver_productions
+from ..zk.handover import clear_handover, request_handover
+from ..zk.lease_tools import list_leases
+from ..zk.leases import LeaseManager
+from .audit import AuditRecord, append_audit, who
+
+__all__ = ["Surgery", "Held", "SurgeryResult", "row_changes", "replace_intervals", "plan_replacement"]
+
+#: the fields of a row a replacement compares (the writer's bookkeeping is not content)
+_CONTENT = ("state", "codec", "timers", "record_ids", "pending", "watermark_hold_ms", "timer_seq")
+
+
+@dataclass(frozen=True)
+class Surgery:
+    """Who changes what: recorded in the rows commit's metadata and in the audit table.
+
+    ``tool``: the command (``promote``, ``repair``); ``source``: what it applies (the replay's
+    folder, the statement); ``who``: ``user@host`` by default."""
+
+    tool: str
+    source: str
+    who: str = field(default_factory=who)
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What ``build`` gets: the tool's sequencers and the intervals' rows now (no fence rows)."""
+
+    intervals: tuple[int, ...]
+    sequencers: Mapping[int, int]
+    rows: tuple[KeyRow, ...]
+
+
+@dataclass(frozen=True)
+class SurgeryResult:
+    """What a replacement did (or, ``planned``, would do).
+
+    ``upserted``: the rows written (as they are after); ``deleted``: (interval, key) removed;
+    ``before``: the rows those keys had (absent: a new key); ``version``: the rows commit (None:
+    planned, or nothing to change)."""
+
+    computation: str
+    intervals: tuple[int, ...]
+    sequencers: Mapping[int, int]
+    upserted: tuple[KeyRow, ...]
+    deleted: tuple[tuple[int, str], ...]
+    before: Mapping[str, KeyRow]
+    version: int | None
+    audit_id: str | None
+    planned: bool
+
+    @property
+    def rows_changed(self) -> int:
+        """Keys written or deleted."""
+        return len(self.upserted) + len(self.deleted)
+
+
+def row_changes(before: Sequence[KeyRow], after: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[int, str]]]:
+    """The rows of ``after`` that differ from ``before`` (new keys included), and the
+    (interval, key) of ``before``'s keys that ``after`` does not have."""
+    old = {r.key: r for r in before if not r.is_fence}
+    new = {r.key: r for r in after if not r.is_fence}
+    ups = [r for k, r in sorted(new.items())
+           if k not in old or any(getattr(r, f) != getattr(old[k], f) for f in _CONTENT)]
+    dels = [(r.interval, k) for k, r in sorted(old.items()) if k not in new]
+    return ups, dels
+
+
+def _intervals(intervals: Sequence[int] | None, num_intervals: int) -> tuple[int, ...]:
+    return tuple(sorted(set(range(num_intervals) if intervals is None else intervals)))
+
+
+def plan_replacement(spark: Any, layout: StoreLayout, *, computation: str, num_intervals: int,
+                     intervals: Sequence[int] | None = None,
+                     build: Callable[[Held], Sequence[KeyRow]]) -> SurgeryResult:
+    """The dry run of :func:`replace_intervals`: ``build`` over the rows now; no lease, no write."""
+    ivs = _intervals(intervals, num_intervals)
+    rows = tuple(RowStore(spark, layout, writer="plan").scan_intervals(computation, ivs))
+    ups, dels = row_changes(rows, build(Held(ivs, {}, rows)))
+    before = {r.key: r for r in rows}
+    return SurgeryResult(computation, ivs, {}, tuple(ups), tuple(dels),
+                         {r.key: before[r.key] for r in ups if r.key in before} | {k: before[k] for _, k in dels},
+                         None, None, True)
+
+
+def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str,
+                      num_intervals: int, build: Callable[[Held], Sequence[KeyRow]], surgery: Surgery,
+                      intervals: Sequence[int] | None = None, wait_s: float = 0.0, no_wait: bool = False,
+                      progress: Callable[[str], None] | None = None,
+                      before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
+    """Take ``intervals`` (None: all) of ``computation``, commit ``build``'s rows in their place in
+    one fenced transaction, record it, give the intervals back (see the module docstring).
+
+    ``before_commit``: called with the tool's sequencers once ``build`` is done, just before the
+    commit (a test makes a takeover race the commit there).
+
+    Raises:
+        LeaseHeldError: ``no_wait`` and a live owner holds an interval; or still held after
+            ``wait_s`` (its owner does not hand over: an older deltawheel, or a busy batch); or
+            another tool's request is open. Nothing changed.
+        StaleSequencerError / LeaseLostError: a takeover raced the tool; nothing changed.
+        CoordinatorStateLostError, StoreMismatchError: as every owner's acquire.
+    """
+    say = progress or (lambda line: None)
+    ivs = _intervals(intervals, num_intervals)
+    if no_wait:
+        live = {r["interval"]: r["owner"] for r in list_leases(client, pipeline=pipeline)
+                if r["computation"] == computation and r["interval"] in ivs and r["owner"] is not None}
+        if live:
+            raise LeaseHeldError(
+                f"--no-wait: intervals {sorted(live)} of {pipeline}/{computation} are held by a running owner "
+                f"({', '.join(sorted(set(map(str, live.values()))))}); nothing was changed. Give --wait SECONDS to "
+                "let it hand them over at its next batch boundary, or stop the pipeline first")
+    writer = f"deltawheel-{surgery.tool}:{surgery.who}"
+    request_handover(client, pipeline=pipeline, computation=computation, intervals=ivs, tool=surgery.tool,
+                     by=surgery.who)
+    leases = LeaseManager(client, pipeline=pipeline, owner=writer)
+    try:
+        store = RowStore(spark, layout, writer=writer)
+        owner = IntervalOwner(store, leases, computation, num_intervals=num_intervals)
+        say(f"{computation}: waiting up to {wait_s:g}s for intervals {list(ivs)} (running owners hand them over "
+            "at their next batch boundary)")
+        t0 = time.monotonic()
+        _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation)
+        seqs = dict(owner.sequencers)
+        say(f"{computation}: intervals held after {time.monotonic() - t0:.1f}s, sequencers {seqs}")
+        rows = tuple(r for r in store.scan_intervals(computation, ivs) if r.key != FENCE_KEY)
+        ups, dels = row_changes(rows, build(Held(ivs, seqs, rows)))
+        if before_commit is not None:
+            before_commit(seqs)
+        audit_id = uuid.uuid4().hex
+        version = None
+        if ups or dels:
+            commit_id = f"{writer}:{audit_id}"
+            store.commit(computation, ups, sequencers=seqs, deletes=dels, num_intervals=num_intervals,
+                         commit_id=commit_id, lease_check=owner.check, kind=surgery.tool,
+                         meta={"tool": surgery.tool, "audit_id": audit_id, "who": surgery.who,
+                               "source": surgery.source[:2000]})
+            version = _version_of(spark, layout, commit_id)
+            say(f"{computation}: committed {len(ups)} rows written, {len(dels)} deleted at rows version {version}")
+        else:
+            say(f"{computation}: nothing to change (no commit)")
+        append_audit(spark, layout, AuditRecord(
+            audit_id=audit_id, recorded_ms=int(time.time() * 1000), who=surgery.who, tool=surgery.tool,
+            pipeline=pipeline, computation=computation, source=surgery.source, intervals=ivs,
+            rows_upserted=len(ups), rows_deleted=len(dels), commit_version=version, sequencers=seqs,
+            detail=surgery.detail))
+        before = {r.key: r for r in rows}
+        return SurgeryResult(computation, ivs, seqs, tuple(ups), tuple(dels),
+                             {r.key: before[r.key] for r in ups if r.key in before} | {k: before[k] for _, k in dels},
+                             version, audit_id, False)
+    finally:
+        leases.close()  # gives the intervals back: the pipeline's instances take them again
+        clear_handover(client, pipeline, computation)
+
+
+def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequence[int], *, wait_s: float,
+             computation: str) -> None:
+    """Take, fence and recover as a new owner does, the old owner's checkpointed productions
+    delivered (insert-if-absent: those already in their stream are skipped). The fence is a claim
+    where Python reaches the store's files (a claim changes no user row: replay skips it, so a
+    replay can still be continued over the tool's hand-over), else a fenced MERGE."""
+    rec = owner.acquire(ivs, wait_s=wait_s, claim_only=True)
+    commit_ids = {p.production_id: rec.rows[k].commit_id if k in rec.rows else None for k, p in rec.pending}
+    if rec.pending:
+        deliver_productions(spark, layout, [p for _, p in rec.pending], producer=computation, commit_ids=commit_ids)
+
+
+def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:
+    """The rows-table version whose metadata carries ``commit_id`` (among the newest commits)."""
+    for r in spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 50").select("version", "userMetadata").collect():
+        if r["userMetadata"]:
+            try:
+                if json.loads(r["userMetadata"]).get("commit_id") == commit_id:
+                    return int(r["version"])
+            except ValueError:
+                continue
+    return None

@@ -1,0 +1,111 @@
+"""Hand-over requests: a tool asks the running owner of some intervals to give them back at its
+next batch boundary (``statestore/surgery/``: promote, repair).
+
+A request is one EPHEMERAL znode per computation, created by the tool's ZooKeeper session::
+
+    /pipelines/{p}/handover/{computation}   {"format_version": 1, "intervals": [...], "tool": ..., "by": ...,
+                                             "requested_ms": ...}
+
+A running instance that holds one of the named intervals looks at it between batches: it settles
+its delivery, gives those leases back, and takes them again once the request is gone (the tool
+deletes it after its commit and after giving the leases back). Connection states: the znode ends
+with the tool's session, so a tool that dies (its session LOST, expired) leaves no request behind
+and the instances take their intervals again; while the tool's connection is SUSPENDED the request
+stays, and the tool's own commit is fenced by its lease sequencers anyway. An instance that cannot
+read the request (its own connection SUSPENDED) goes on with what it holds: the tool then waits for
+the leases, up to its ``--wait``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from ..exceptions import CodecError, LeaseHeldError
+
+__all__ = ["HANDOVER_FORMAT_VERSION", "HandoverRequest", "handover_path", "request_handover", "read_handover",
+           "clear_handover"]
+
+HANDOVER_FORMAT_VERSION = 1
+
+
+def handover_path(pipeline: str, computation: str) -> str:
+    """The request znode of ``computation``.
+
+    >>> handover_path("p", "c")
+    '/pipelines/p/handover/c'
+    """
+    return f"/pipelines/{pipeline}/handover/{computation}"
+
+
+@dataclass(frozen=True)
+class HandoverRequest:
+    """A tool's request for some intervals of one computation."""
+
+    pipeline: str
+    computation: str
+    intervals: tuple[int, ...]
+    tool: str
+    by: str
+    requested_ms: int
+
+    def to_payload(self) -> bytes:
+        """JSON for the znode (carries ``format_version``)."""
+        return json.dumps({"format_version": HANDOVER_FORMAT_VERSION, "intervals": list(self.intervals),
+                           "tool": self.tool, "by": self.by, "requested_ms": self.requested_ms},
+                          sort_keys=True).encode()
+
+
+def request_handover(client: KazooClient, *, pipeline: str, computation: str, intervals: Sequence[int],
+                     tool: str, by: str) -> HandoverRequest:
+    """Create the request (EPHEMERAL: it ends with ``client``'s session).
+
+    Raises:
+        LeaseHeldError: another tool's request for the computation is open; run one tool at a time.
+    """
+    req = HandoverRequest(pipeline, computation, tuple(sorted(set(intervals))), tool, by, int(time.time() * 1000))
+    path = handover_path(pipeline, computation)
+    try:
+        client.create(path, req.to_payload(), ephemeral=True, makepath=True)
+    except NodeExistsError as exc:
+        other = read_handover(client, pipeline, computation)
+        raise LeaseHeldError(
+            f"another tool is changing {pipeline}/{computation} (its hand-over request {path}"
+            + (f": {other.tool} by {other.by}, intervals {list(other.intervals)}" if other else "")
+            + "); wait for it to finish and run this one again") from exc
+    return req
+
+
+def read_handover(client: KazooClient, pipeline: str, computation: str) -> HandoverRequest | None:
+    """The open request for ``computation`` (None: none).
+
+    Raises:
+        CodecError: the znode holds something else (or a newer format).
+    """
+    path = handover_path(pipeline, computation)
+    try:
+        data, _ = client.get(path)
+    except NoNodeError:
+        return None
+    try:
+        raw = json.loads(data.decode())
+        if raw.get("format_version") != HANDOVER_FORMAT_VERSION:
+            raise ValueError(f"format_version {raw.get('format_version')!r}")
+        return HandoverRequest(pipeline, computation, tuple(int(i) for i in raw["intervals"]), str(raw["tool"]),
+                               str(raw["by"]), int(raw["requested_ms"]))
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise CodecError(f"the hand-over request {path} is unreadable ({exc}); delete it (it is ephemeral: it "
+                         "goes with the session of the tool that made it)") from exc
+
+
+def clear_handover(client: KazooClient, pipeline: str, computation: str) -> None:
+    """Delete the request (gone already: nothing to do)."""
+    try:
+        client.delete(handover_path(pipeline, computation))
+    except NoNodeError:
+        pass

@@ -1,0 +1,149 @@
+"""The surgery piece (``statestore/surgery/``): a tool's fenced replacing write of some intervals under
+their leases, the hand-over request, and the audit table; real Spark, ZooKeeper and Delta."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from deltawheel.statestore.codecs import get_codec
+from deltawheel.statestore.exceptions import LeaseHeldError, LeaseLostError, StaleSequencerError
+from deltawheel.statestore.inspection.sqlviews import sql_frame
+from deltawheel.statestore.rowtable.rows import interval_of
+from deltawheel.statestore.surgery.audit import read_audit
+from deltawheel.statestore.surgery.replace import Held, Surgery, plan_replacement, replace_intervals
+from deltawheel.statestore.zk.client import connect
+from deltawheel.statestore.zk.handover import read_handover
+from deltawheel.statestore.zk.leases import LeaseManager
+from executor_util import BucketCounter, events, start_executor, state_of, stop_executor
+
+pytestmark = [pytest.mark.spark, pytest.mark.zk]
+
+J = get_codec("json")
+B1 = [("r1", "cats", 1_000), ("r2", "dogs", 2_000), ("r3", "cats", 3_000)]
+
+
+def _ran_once(spark: Any, layout: Any, zk_config: Any) -> None:
+    ex, client = start_executor(spark, layout, zk_config, BucketCounter())
+    ex.run_batch(events(spark, B1), 0, input_watermark_ms=None)
+    stop_executor(ex, client)
+
+
+def _fix(held: Held) -> list[Any]:
+    """cats' count set to 99, dogs removed (what a repair of two keys looks like)."""
+    out = []
+    for r in held.rows:
+        if r.key == "cats":
+            out.append(r.with_(state=J.encode({"0": 99})))
+        elif r.key != "dogs":
+            out.append(r)
+    return out
+
+
+def _replace(spark: Any, layout: Any, client: Any, **kw: Any) -> Any:
+    args: dict[str, Any] = {"pipeline": "test", "computation": "buckets", "num_intervals": 4, "build": _fix,
+                            "surgery": Surgery("repair", "set cats, drop dogs", who="tester@here"), **kw}
+    return replace_intervals(spark, layout, client, **args)
+
+
+@pytest.mark.slow  # about 3 min on a loaded machine (two executors, a replacing commit)
+@pytest.mark.timeout(900)
+def test_a_replacing_write_lands_once_is_audited_and_the_next_owner_goes_on_from_it(  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config) -> None:
+    _ran_once(spark, migrated_store, zk_config)
+    before = state_of(spark, migrated_store, "buckets")
+    assert before["cats"][0] == {"0": 2} and "dogs" in before
+    plan = plan_replacement(spark, migrated_store, computation="buckets", num_intervals=4, build=_fix)
+    assert plan.planned and [r.key for r in plan.upserted] == ["cats"] and [k for _, k in plan.deleted] == ["dogs"]
+    assert state_of(spark, migrated_store, "buckets") == before  # the plan wrote nothing
+    client = connect(zk_config)
+    try:
+        r = _replace(spark, migrated_store, client)
+        assert read_handover(client, "test", "buckets") is None  # the request is gone with the tool
+    finally:
+        client.stop()
+        client.close()
+    after = state_of(spark, migrated_store, "buckets")
+    assert after["cats"] == ({"0": 99}, before["cats"][1]) and "dogs" not in after
+    assert r.rows_changed == 2 and r.version is not None
+    # the audit record, as a user reads it
+    got = sql_frame(spark, migrated_store, "SELECT who, tool, source, computation, intervals, rows_changed, "
+                                           "commit_version FROM audit").collect()
+    assert [tuple(x) for x in got] == [("tester@here", "repair", "set cats, drop dogs", "buckets", [0, 1, 2, 3], 2,
+                                        r.version)]
+    hist = {int(h["version"]): json.loads(h["userMetadata"]) for h in spark.sql(
+        f"DESCRIBE HISTORY delta.`{migrated_store.rows}`").collect() if h["userMetadata"]}
+    assert hist[r.version]["kind"] == "repair" and hist[r.version]["audit_id"] == r.audit_id
+    # the pipeline takes the intervals again and goes on from the replaced state
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())
+    ex.run_batch(events(spark, [("r4", "cats", 4_000), ("r5", "dogs", 5_000)]), 1, input_watermark_ms=None)
+    stop_executor(ex, client)
+    final = state_of(spark, migrated_store, "buckets")
+    assert final["cats"][0] == {"0": 100} and final["dogs"][0] == {"0": 1}
+
+
+@pytest.mark.timeout(600)
+def test_a_live_owner_is_refused_at_once_with_no_wait_and_waited_for_otherwise(  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config) -> None:
+    _ran_once(spark, migrated_store, zk_config)
+    before = state_of(spark, migrated_store, "buckets")
+    other = connect(zk_config)
+    client = connect(zk_config)
+    try:
+        live = LeaseManager(other, pipeline="test", owner="running-copy")
+        live.acquire("buckets", [interval_of("cats", 4)])  # an owner that never hands over
+        with pytest.raises(LeaseHeldError, match="--no-wait: intervals .* held by a running owner .running-copy"):
+            _replace(spark, migrated_store, client, no_wait=True)
+        assert read_handover(client, "test", "buckets") is None  # refused before asking anybody
+        with pytest.raises(LeaseHeldError, match="is held by 'running-copy'"):
+            _replace(spark, migrated_store, client, wait_s=1.0)
+        assert read_handover(client, "test", "buckets") is None
+        # a second tool while one's request is open
+        from deltawheel.statestore.zk.handover import request_handover
+
+        request_handover(other, pipeline="test", computation="buckets", intervals=[0], tool="promote", by="x")
+        with pytest.raises(LeaseHeldError, match="another tool is changing test/buckets .*promote by x"):
+            _replace(spark, migrated_store, client)
+        live.close()
+    finally:
+        for c in (other, client):
+            c.stop()
+            c.close()
+    assert state_of(spark, migrated_store, "buckets") == before
+    assert read_audit(spark, migrated_store) == []
+
+
+@pytest.mark.slow  # over a minute on a loaded machine
+@pytest.mark.timeout(900)
+def test_a_takeover_racing_the_tool_is_decided_by_the_fence(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """The lease is broken and a new owner fences the intervals between the tool's build and its
+    commit: the commit fails typed, nothing of it lands, no audit record."""
+    from deltawheel.statestore.ownership.owner import IntervalOwner
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.lease_tools import break_lease
+
+    _ran_once(spark, migrated_store, zk_config)
+    before = state_of(spark, migrated_store, "buckets")
+    other = connect(zk_config)
+    client = connect(zk_config)
+    taken: dict[int, int] = {}
+
+    def take_over(seqs: Any) -> None:
+        for iv in seqs:
+            break_lease(other, pipeline="test", computation="buckets", interval=iv, apply=True)
+        newer = IntervalOwner(RowStore(spark, migrated_store, writer="newer"),
+                              LeaseManager(other, pipeline="test", owner="newer"), "buckets", num_intervals=4)
+        newer.acquire(wait_s=5)
+        taken.update(newer.sequencers)
+
+    try:
+        with pytest.raises((StaleSequencerError, LeaseLostError), match="stale sequencer|taken over|lost|not held"):
+            _replace(spark, migrated_store, client, before_commit=take_over)
+    finally:
+        for c in (other, client):
+            c.stop()
+            c.close()
+    assert taken  # the takeover happened
+    assert state_of(spark, migrated_store, "buckets") == before
+    assert read_audit(spark, migrated_store) == []

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
+from continuous_pipeline import click_rows, closing_rows, expected, make, outputs, write_file
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
@@ -62,8 +62,10 @@ def test_two_instances_of_a_continuous_pipeline_split_its_intervals_and_give_eve
         spark, zk_config, tmp_path) -> None:
     """Instance ``a`` starts alone and takes every interval; ``b`` joins while it runs: ``a`` gives
     back ``b``'s share between batches and ``b`` takes it (catching up on what its query read
-    meanwhile). Files arrive while both run; each stage's rows are exactly the count made here,
-    each once, and every interval is held by one live instance, as the members' split says."""
+    meanwhile). Files arrive while both run (closing records in every interval: each instance's
+    estimate of the injector's watermark comes from the records of its intervals); each stage's
+    rows are exactly the count made here, each once, and every interval is held by one live
+    instance, as the members' split says."""
     rows = click_rows(160)
     folder, store = tmp_path / "input", tmp_path / "store"
     write_file(folder, "part-0.parquet", rows[:40])
@@ -89,7 +91,7 @@ def test_two_instances_of_a_continuous_pipeline_split_its_intervals_and_give_eve
         assert members(zk_config, "clicks") == ["a", "b"]
         wait_for("the intervals split between a and b", lambda: holders(zk_config, "clicks") == SPLIT,
                  runs=(run_a, run_b), timeout_s=180)
-        write_file(folder, "part-1.parquet", rows[40:] + [closing_row(rows)])  # arrives while both run
+        write_file(folder, "part-1.parquet", rows[40:] + closing_rows(rows))  # arrives while both run
         layout = StoreLayout(str(store))
         want_users, want_totals = expected(rows)
         wait_for("both streams hold every row", lambda: len(outputs(spark, layout)[1]) >= len(want_totals),
@@ -142,7 +144,7 @@ def test_instances_of_deltawheel_run_one_killed_and_restarted_under_its_name(  #
         procs.append(restarted)
         wait_for("the restarted b took its share back", lambda: restarted.saw("running")
                  and holders(zk, "clicks") == SPLIT, timeout_s=600)
-        write_file(folder, "part-3.parquet", rows[180:] + [closing_row(rows)])
+        write_file(folder, "part-3.parquet", rows[180:] + closing_rows(rows))
         layout = StoreLayout(str(store))
         want_users, want_totals = expected(rows)
         wait_for("both streams hold every row", lambda: len(outputs(spark, layout)[1]) >= len(want_totals),

@@ -57,6 +57,7 @@ from ..exceptions import BatchFailedError
 from ..protocol.executor import ComputationExecutor
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..sources.schema import union_inputs
+from ..tasks import worker as _worker
 from .pipeline import Pipeline, RunSummary
 from .sharing import Sharing
 from .triggers import Trigger
@@ -167,6 +168,9 @@ class ContinuousRun:
     def start(self) -> ContinuousRun:
         """Create the stream tables read, start every executor and query (upstream first), then the ticks.
         On a failure, what started is stopped and the leases are given back before it is raised."""
+        # Python workers forked now, while ZooKeeper, the leases and the queries' start take their time
+        _worker.warm_workers(self.spark, on_error=lambda e: self._log(
+            f"warming the Python workers failed (the tasks start them instead): {e!r}"))
         try:
             for comp in self.pipeline.ordered():  # any stage may read an upstream's watermark before it started
                 self.wiring.authority.declare(comp.name, upstream=self.pipeline.upstream(comp),

@@ -105,7 +105,8 @@ def main(argv: list[str]) -> int:
             ex = run.executors.get("counts") if run is not None else None
             if ex is not None and ex.reports:
                 r = ex.reports[-1]
-                print("BATCH " + json.dumps({"batch_id": r.batch_id, "records": r.records_in, "wall_s": r.wall_s,
+                print("BATCH " + json.dumps({"batch_id": r.batch_id, "records": r.records_in,
+                                             "skipped_moved": r.skipped_moved, "wall_s": r.wall_s,
                                              "steps_s": dict(r.steps_s)}), flush=True)
 
     run = None

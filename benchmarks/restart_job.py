@@ -7,8 +7,9 @@ run continuously (``engine.start_pipeline``) until killed; INSTANCE ``-``: no in
 prints ``STEP <name> <unix seconds>`` as each step of its start ends (``imported``: Python and
 pyspark imported; ``spark``: the session and its JVM; ``connected``: ZooKeeper and the store's
 check; ``leases``: its intervals granted; ``executor``: fence and recovery scan done;
-``running``: the query started; ``batch``: a micro-batch committed) and ``BATCH <json>`` with
-each committed batch's report (its protocol steps' seconds).
+``running``: the query started; ``commit``: a batch committed, a timers-only one too; ``batch``:
+a micro-batch of input committed) and ``BATCH <json>`` with each committed input batch's report
+(its protocol steps' seconds).
 """
 
 from __future__ import annotations
@@ -101,10 +102,11 @@ def main(argv: list[str]) -> int:
                 seen.add(name)
                 step(name)
         if line.startswith("counts batch"):
-            step("batch")
+            step("commit")  # any batch, a timers-only one too
             ex = run.executors.get("counts") if run is not None else None
-            if ex is not None and ex.reports:
+            if ex is not None and ex.reports and ex.reports[-1].records_in + ex.reports[-1].skipped_moved > 0:
                 r = ex.reports[-1]
+                step("batch")  # a micro-batch of input
                 print("BATCH " + json.dumps({"batch_id": r.batch_id, "records": r.records_in,
                                              "skipped_moved": r.skipped_moved, "wall_s": r.wall_s,
                                              "steps_s": dict(r.steps_s)}), flush=True)

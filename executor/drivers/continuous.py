@@ -432,6 +432,8 @@ class ContinuousRun:
             for stage in list(self.stages.values()):
                 if self._stopping.is_set() or stage.failed or stage.query is None or not stage.query.isActive:
                     continue
+                if stage.query.lastProgress is None:
+                    continue  # its first micro-batch (a replay, or the input waiting) fires what is due first
                 if not stage.lock.acquire(blocking=False):
                     continue  # a batch runs: it fires what is due
                 try:

@@ -96,3 +96,16 @@ def add_history_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-batch", type=int, default=1_000, help="keys touched per batch (default 1,000)")
     p.add_argument("--probe-changes", type=int, default=3, help="batches that change the probe key (default 3)")
     p.add_argument("--repeat", type=int, default=3, help="timings per reader; the median is reported (default 3)")
+
+
+def add_restart_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the restart benchmark's options (input files, when to kill, session timeout, cases) to ``p``."""
+    p.add_argument("--out", default="bench-out/restart", help="output folder for restart.json and the stores")
+    p.add_argument("--files", type=int, default=30, help="input files of 200 records, one per micro-batch (default 30)")
+    p.add_argument("--kill-after", type=int, default=3, help="SIGKILL the job after this many committed batches "
+                   "(default 3)")
+    p.add_argument("--session-timeout", type=float, default=20.0,
+                   help="the job's ZooKeeper session timeout, seconds (default 20, connect's)")
+    p.add_argument("--cases", default="with_instance,without_instance",
+                   help="comma-separated: with_instance (restart under the same instance name), without_instance")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a job's batches (default 900)")

@@ -96,6 +96,21 @@ def closing_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"user": "closing", "ts": max(r["ts"] for r in rows) + 10 * MINUTE, "id": "closing"}
 
 
+def closing_rows(rows: list[dict[str, Any]], num_intervals: int = 4) -> list[dict[str, Any]]:
+    """:func:`closing_row` once per key interval (users ``closing<n>``): instances sharing the
+    intervals each estimate the injector's watermark from the records of their own intervals."""
+    from deltawheel.statestore.rowtable.rows import interval_of
+
+    ts = max(r["ts"] for r in rows) + 10 * MINUTE
+    out: dict[int, dict[str, Any]] = {}
+    n = 0
+    while len(out) < num_intervals:
+        user = f"closing{n}"
+        out.setdefault(interval_of(user, num_intervals), {"user": user, "ts": ts, "id": user})
+        n += 1
+    return [out[iv] for iv in sorted(out)]
+
+
 def expected(rows: list[dict[str, Any]]) -> tuple[list[tuple[str, int, int]], list[tuple[int, int, int]]]:
     """(user, start, clicks) per user and minute; (start, users, clicks) per minute: counted here."""
     per_user = Counter((r["user"], r["ts"] - r["ts"] % MINUTE) for r in rows)
@@ -120,6 +135,7 @@ def outputs(spark: Any, layout: Any) -> tuple[list[tuple[str, int, int]], list[t
         except Exception:
             return []
 
-    users = sorted((v["user"], v["start"], v["clicks"]) for v in values("user_counts") if v["user"] != "closing")
+    users = sorted((v["user"], v["start"], v["clicks"]) for v in values("user_counts")
+                   if not v["user"].startswith("closing"))
     totals = sorted((v["start"], v["users"], v["clicks"]) for v in values("totals"))
     return users, totals

@@ -259,9 +259,15 @@ def test_members_split_the_intervals_and_a_move_request_overrides_it(zk_config: 
         members = [Membership(c, pipeline="p", instance=n) for c, n in zip(clients, "abc", strict=True)]
         for m in members[:2]:
             m.join()
-        with pytest.raises(ConfigError, match="already running"):
-            Membership(clients[2], pipeline="p", instance="a").join()
+        # "a" again from another session (a restart under its name): its member znode is replaced
+        again = Membership(clients[2], pipeline="p", instance="a")
+        again.join()
+        assert again.replaced and not members[1].replaced
+        assert clients[0].exists(again.path).ephemeralOwner == clients[2].client_id[0]
         assert live_members(clients[0], "p") == ["a", "b"]
+        again.leave()
+        members[0].join()  # back to the first session's (the test's "c" is that third client)
+        assert clients[0].exists(members[0].path).ephemeralOwner == clients[0].client_id[0]
         assert target(clients[0], "p", "c1", 4) == {"a": (0, 1), "b": (2, 3)}
         zk = ["--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot]
         assert main(["rebalance", "--pipeline", "p", "--computation", "c1", "--assign", "a=0-2", "--assign", "b=3",

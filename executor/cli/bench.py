@@ -16,6 +16,9 @@ from arrival to the Delta commit that makes its output readable (docs/latency.md
 hold every input record exactly once.
 ``deltawheel bench history --out bench-out/history`` times a key's history on the image path: the
 log-driven reader against Delta's change data feed and time travel (docs/history.md).
+``deltawheel bench restart --out bench-out/restart`` SIGKILLs a continuous job after a few batches,
+restarts it and reports the seconds to its first committed batch and where they went, with and
+without an instance name (``restart.json``; docs/continuous.md).
 
 The benchmark modules (pyarrow, matplotlib, the engine registry) are imported
 only when a benchmark runs, so ``deltawheel --help`` stays fast.
@@ -29,6 +32,7 @@ from deltawheel.benchmarks.args import (
     add_cache_arguments,
     add_history_arguments,
     add_latency_arguments,
+    add_restart_arguments,
     add_throughput_arguments,
     add_watermark_arguments,
 )
@@ -66,6 +70,12 @@ def _history(args: argparse.Namespace) -> int:
     return int(run_from_args(args))
 
 
+def _restart(args: argparse.Namespace) -> int:
+    from deltawheel.benchmarks.restart import run_from_args
+
+    return int(run_from_args(args))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``bench`` subcommand and its benchmarks to ``subparsers``."""
     p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache, watermarks, latency) and save JSON + PNG figures")
@@ -87,3 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        "change data feed and time travel (docs/history.md)")
     add_history_arguments(h)
     h.set_defaults(func=_history)
+    r = sub.add_parser("restart", help="seconds from restarting a SIGKILLed continuous job to its first committed "
+                       "batch, with and without an instance name (docs/continuous.md)")
+    add_restart_arguments(r)
+    r.set_defaults(func=_restart)

@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
                    help="run only this computation here (repeatable; default: all)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for leases another process holds")
+    p.add_argument("--instance", default=None,
+                   help="this job instance's name (letters, digits, _): processes with different names share the "
+                        "intervals; a restart under the same name takes its killed predecessor's leases at once")
     add_zk_args(p)
     add_max_pause_arg(p)
     add_spark_args(p)
@@ -113,6 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         cfg = zookeeper.config
         with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
                                 pipeline=pipeline.name, wait_s=args.wait, max_pause_s=args.max_pause,
+                                instance=args.instance,
                                 zk_session_timeout_s=args.zk_session_timeout) as engine:
             engine.progress = progress
             run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation)

@@ -32,8 +32,13 @@ checkpoints and the rows as after a crash: the same command resumes exactly-once
 
 Tools (``deltawheel promote`` / ``repair``) get a stage's intervals between its batches: the tick
 sees their hand-over request, gives the leases back and takes them again once the tool is done
-(:meth:`ContinuousRun._hand_over`). Over 500 lines: the run, its stages and their ticks share one
-lock per stage and read as one piece.
+(:meth:`ContinuousRun._hand_over`).
+
+Instances (``instance=``): several processes share the intervals as bounded instances do; the
+membership and the moves are ``sharing.py``'s, called before each batch and at each tick.
+
+Over 500 lines: the lifecycle, one stage's batch and the ticks share the stages' locks and caps;
+split, each part would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -57,7 +62,9 @@ from ..exceptions import BatchFailedError
 from ..protocol.executor import ComputationExecutor
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..sources.schema import union_inputs
+from ..tasks import worker as _worker
 from .pipeline import Pipeline, RunSummary
+from .sharing import Sharing
 from .triggers import Trigger
 from .wiring import Wiring, injector_hook, positions_recorder
 
@@ -91,7 +98,7 @@ class _Stage:
     """One computation's live query and what its batches and ticks share."""
 
     comp: Computation
-    ex: ComputationExecutor
+    ex: ComputationExecutor | None  # None: an instance sharing the intervals holds none of this computation now
     checkpoint: str
     trigger: Trigger
     lock: threading.Lock = field(default_factory=threading.Lock)  # a batch or a tick, never both
@@ -118,6 +125,8 @@ class ContinuousRun:
         progress: where the lines go (None: nowhere).
         write_path, direct_read: as :class:`~.pipeline.PipelineRunner`'s.
         tick_s: how often an idle query's executor looks for timers that became due.
+        instance: this job instance's name when several instances share the intervals
+            (``sharing.py``; None: this process holds every interval of the computations it runs).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
@@ -125,7 +134,7 @@ class ContinuousRun:
                  triggers: Mapping[str, str | float | Trigger | None] | None = None,
                  computations: Sequence[str] | None = None, wait_s: float = 60.0,
                  progress: Callable[[str], None] | None = None, write_path: str = "auto", direct_read: bool = True,
-                 tick_s: float = 1.0) -> None:
+                 tick_s: float = 1.0, instance: str | None = None) -> None:
         ordered = pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
         names = [c.name for c in ordered]
         wanted = list(names) if computations is None else list(computations)
@@ -141,6 +150,9 @@ class ContinuousRun:
         self._comps = [c for c in ordered if c.name in wanted]
         self.wait_s, self.progress, self.write_path, self.direct_read = wait_s, progress, write_path, direct_read
         self.tick_s = tick_s
+        self.instance = instance
+        self._sharing = None if instance is None else Sharing(
+            spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
         self.stages: dict[str, _Stage] = {}
         self._stopping = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -156,11 +168,14 @@ class ContinuousRun:
     @property
     def executors(self) -> dict[str, ComputationExecutor]:
         """Computation name -> its executor (``reports``, ``settle()``, ...)."""
-        return {n: s.ex for n, s in self.stages.items()}
+        return {n: s.ex for n, s in self.stages.items() if s.ex is not None}
 
     def start(self) -> ContinuousRun:
         """Create the stream tables read, start every executor and query (upstream first), then the ticks.
         On a failure, what started is stopped and the leases are given back before it is raised."""
+        # Python workers forked now, while ZooKeeper, the leases and the queries' start take their time
+        _worker.warm_workers(self.spark, on_error=lambda e: self._log(
+            f"warming the Python workers failed (the tasks start them instead): {e!r}"))
         try:
             for comp in self.pipeline.ordered():  # any stage may read an upstream's watermark before it started
                 self.wiring.authority.declare(comp.name, upstream=self.pipeline.upstream(comp),
@@ -169,6 +184,8 @@ class ContinuousRun:
                 for s in comp.inputs:
                     if s not in {i.name for i in self.pipeline.injectors}:
                         ensure_stream_table(self.spark, self.layout, s)  # read before anything is delivered
+            if self._sharing is not None:
+                self._sharing.join()
             for comp in self._comps:
                 self._start_stage(comp)
         except BaseException:
@@ -253,7 +270,7 @@ class ContinuousRun:
         out = RunSummary()
         authority = self.wiring.authority
         for name, stage in self.stages.items():
-            out.reports[name] = list(stage.ex.reports)
+            out.reports[name] = list(stage.ex.reports) if stage.ex is not None else []
             out.low_watermarks[name] = authority.published_low_watermark(name)
             out.lag_ms[name] = authority.watermark_lag_ms(name)
         return out
@@ -263,6 +280,8 @@ class ContinuousRun:
         ``timeout_s``), every executor settles and gives its leases back; returns the queries still running."""
         if self._ticker is not None:
             self._ticker.join()
+        if self._sharing is not None:
+            self._sharing.leave()  # first: the others' target changes as the leases go back
         unfinished: list[str] = []
         stoppers = []
         deadline = time.monotonic() + timeout_s
@@ -280,7 +299,8 @@ class ContinuousRun:
         for name, stage in reversed(list(self.stages.items())):
             try:
                 with stage.lock:  # a tick that began is over (the ticker ended); a batch refused
-                    stage.ex.stop()  # the delivery lands, the leases go back
+                    if stage.ex is not None:
+                        stage.ex.stop()  # the delivery lands, the leases go back
             except Exception as exc:
                 first = first or exc
                 self._log(f"{name}: stopping failed: {type(exc).__name__}: {exc}")
@@ -309,28 +329,39 @@ class ContinuousRun:
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
         chk = f"{self.layout.root}/_checkpoints/{p.name}/{comp.name}"
-        hook = injector_hook(authority, feeding, checkpoint=chk) if feeding else None
-        ex = self.wiring.executor(self.spark, self.layout, comp, upstream=p.upstream(comp), on_batch_end=hook,
-                                  progress=self.progress, write_path=self.write_path)
-        ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=chk)  # replay
-        ex.event_ahead_ms = {s: b for s in comp.inputs if s in injectors
-                             for b in [getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)]
-                             if b is not None}
-        stage = self.stages[comp.name] = _Stage(comp, ex, chk, self._triggers[comp.name])
-        self._log(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
-        ex.start_in_background(wait_s=self.wait_s, then=lambda: self._log(
-            f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))
-        ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
+        sharing = self._sharing
+        if sharing is not None:  # instances share the intervals: a query and a checkpoint per instance
+            chk = sharing.checkpoint(chk)
+            stage = self.stages[comp.name] = _Stage(comp, None, chk, self._triggers[comp.name])
+            stage.replay_id = _pending_batch(chk)
+            caps = self._read_caps(stage)
+            stage.ex = sharing.start(comp, chk, wait_s=self.wait_s, caps={u: None for u in caps}, hold=_hold(
+                {u: None for u in caps}))
+        else:
+            hook = injector_hook(authority, feeding, checkpoint=chk) if feeding else None
+            ex = self.wiring.executor(self.spark, self.layout, comp, upstream=p.upstream(comp), on_batch_end=hook,
+                                      progress=self.progress, write_path=self.write_path)
+            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=chk)  # replay
+            ex.event_ahead_ms = {s: b for s in comp.inputs if s in injectors
+                                 for b in [getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)]
+                                 if b is not None}
+            stage = self.stages[comp.name] = _Stage(comp, ex, chk, self._triggers[comp.name])
+            self._log(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
+            ex.start_in_background(wait_s=self.wait_s, then=lambda: self._log(
+                f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))
+            ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
+            ex.direct_source = self._direct_source(comp)
+            stage.replay_id = _pending_batch(chk)
         frames = []
         for s in comp.inputs:
             if s in injectors:
                 df = injectors[s].stream_df(self.spark)
             else:
-                df = (self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
-                      .load(self.layout.stream(s)))
+                reader = self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
+                if sharing is not None:  # the files deliveries added, never a compaction's (rescale.py)
+                    reader = reader.option("startingVersion", 0)
+                df = reader.load(self.layout.stream(s))
             frames.append(df.withColumn("stream", F.lit(s)))
-        ex.direct_source = self._direct_source(comp)
-        stage.replay_id = _pending_batch(chk)
         stage.next_caps = self._read_caps(stage)
         per_partition: list[Any] = [injectors[s] for s in comp.inputs
                          if s in injectors and callable(getattr(injectors[s], "stats_of", None))]
@@ -343,10 +374,19 @@ class ContinuousRun:
                 if self._stopping.is_set():
                     raise _Stopping(f"{comp.name} batch {batch_id}: the run is stopping")
                 try:
-                    ex.wait_started()
                     replay = stage.replay_id is not None and batch_id <= stage.replay_id
                     caps: dict[str, int | None] = ({u: None for u in stage.next_caps} if replay
                                                    else dict(stage.next_caps))
+                    if sharing is not None:  # the target may have changed: give back, take free intervals
+                        stage.ex, _ = sharing.rebalance(comp, chk, stage.ex, caps=caps, hold=_hold(caps))
+                        if stage.ex is None:
+                            sharing.idle_batch(comp, chk, df, batch_id)
+                            stage.replay_id = None
+                            stage.next_caps = self._read_caps(stage)
+                            return
+                    ex = stage.ex
+                    assert ex is not None
+                    ex.wait_started()
                     ex.upstream_caps, ex.input_hold_ms = caps, _hold(caps)
                     stats = [(inj, inj.stats_of(df.where(F.col("stream") == inj.name))) for inj in per_partition]
                     before = ex.records_in_total
@@ -368,7 +408,7 @@ class ContinuousRun:
                 stage.lock.release()
 
         writer = (union_inputs(frames).writeStream.foreachBatch(batch).option("checkpointLocation", chk)
-                  .queryName(f"dw_{p.name}_{comp.name}"))
+                  .queryName(f"dw_{p.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")))
         stage.query = stage.trigger.apply(writer).start()
 
     def _direct_source(self, comp: Computation) -> Any | None:
@@ -384,7 +424,7 @@ class ContinuousRun:
         """The low watermark of each upstream computation now (before the next snapshot)."""
         authority = self.wiring.authority
         return {name: authority.advance_low_watermark(name) for kind, _, name in
-                (u.partition(":") for u in stage.ex.upstream) if kind == "computation"}
+                (u.partition(":") for u in self.pipeline.upstream(stage.comp)) if kind == "computation"}
 
     def _log(self, line: str) -> None:
         if self.progress is not None:
@@ -397,12 +437,18 @@ class ContinuousRun:
             for stage in list(self.stages.values()):
                 if self._stopping.is_set() or stage.failed or stage.query is None or not stage.query.isActive:
                     continue
+                if stage.query.lastProgress is None:
+                    continue  # its first micro-batch (a replay, or the input waiting) fires what is due first
                 if not stage.lock.acquire(blocking=False):
                     continue  # a batch runs: it fires what is due
                 try:
-                    if not self._stopping.is_set():
+                    if not self._stopping.is_set() and stage.ex is not None:
                         self._hand_over(stage)
-                    if not self._stopping.is_set():
+                    if not self._stopping.is_set() and self._sharing is not None and stage.replay_id is None:
+                        caps = stage.acted_caps or {u: None for u in stage.next_caps}  # none acted on: unknown
+                        stage.ex, _ = self._sharing.rebalance(stage.comp, stage.checkpoint, stage.ex,
+                                                              caps=caps, hold=_hold(caps))
+                    if not self._stopping.is_set() and stage.ex is not None:
                         self._tick(stage)
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
@@ -418,6 +464,8 @@ class ContinuousRun:
         delivery, give the leases back, wait until the tool's request is gone, take them again
         (fence, recovery: the tool's rows). The query's next batch waits meanwhile."""
         ex, client = stage.ex, self.wiring.client
+        if ex is None:
+            return  # an instance holding none of this computation's intervals: nothing to hand over
         asked = read_handover(client, self.pipeline.name, stage.comp.name)
         if asked is None or not set(asked.intervals) & set(ex.owner.intervals):
             return
@@ -433,6 +481,8 @@ class ContinuousRun:
     def _tick(self, stage: _Stage) -> None:
         """Between batches: fire what became due (a timers-only batch), if anything did."""
         ex = stage.ex
+        if ex is None:
+            return
         if stage.replay_id is not None:
             return  # the batch Spark replays decides first, as its first attempt did (``lateness.py``)
         authority = self.wiring.authority

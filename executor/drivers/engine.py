@@ -330,15 +330,23 @@ class Engine:
             computations: the names of the computations to run here (default: all).
             wait_s: how long to wait for leases another process holds (default: the engine's).
             options: ``write_path``, ``direct_read``, ``tick_s`` (how often an idle stage looks for due
-                timers, default 1 s); ``progress`` as for :meth:`run_pipeline`.
+                timers, default 1 s); ``progress`` as for :meth:`run_pipeline`; ``instance``: this
+                job instance's name when several processes share the pipeline's intervals
+                (default: the ``instance`` given to :func:`connect`; docs/continuous.md, "Instances").
 
         Raises:
-            ConfigError: as :meth:`run_pipeline`, a trigger that cannot be parsed, or an unknown
-                computation name.
+            ConfigError: as :meth:`run_pipeline`, a trigger that cannot be parsed, an unknown
+                computation name, or an ``instance`` other than the one given to :func:`connect`.
         """
         self._check_open()
         self._check_pipeline(pipeline, options)
         lines = _lines(options.pop("progress", self.progress))
+        named = self.wiring.leases.instance
+        options["instance"] = instance = options.get("instance", named)
+        if named is not None and instance != named:
+            raise ConfigError(f"start_pipeline: instance {instance!r} on an engine connected as instance {named!r}: "
+                              f"an instance's leases carry its name; connect with deltawheel.connect(..., "
+                              f"instance={instance!r}) or leave instance= out")
         run = ContinuousRun(self.spark, self.layout, pipeline,
                             wiring=self.wiring,
                             trigger=trigger, triggers=triggers, computations=computations,

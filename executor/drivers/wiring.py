@@ -42,6 +42,7 @@ class Wiring:
     leases: LeaseManager
     authority: WatermarkAuthority
     store: RowStore
+    acls: Any = None  # the ACLs of the znodes a driver creates itself (a job instance's member znode)
 
     def owner(self, computation: Computation) -> IntervalOwner:
         """The interval owner of ``computation`` (its leases on this wiring's pipeline)."""
@@ -68,7 +69,7 @@ def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: 
     return Wiring(client, LeaseManager(client, pipeline=pipeline, owner=owner, acls=acls, max_pause_s=max_pause_s,
                                        instance=instance),
                   WatermarkAuthority(client, pipeline=pipeline, acls=acls, max_pause_s=max_pause_s),
-                  RowStore(spark, layout, writer=owner))
+                  RowStore(spark, layout, writer=owner), acls)
 
 
 def owner_of(store: RowStore, leases: LeaseManager, computation: Computation) -> IntervalOwner:

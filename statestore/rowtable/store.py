@@ -23,6 +23,10 @@ Commit protocol (one call of :meth:`RowStore.commit`):
    concurrent commit on the same partitions is retried (up to
    ``conflict_retries``) and raises :class:`CommitConflictError` when
    retries run out. On success return a :class:`CommitResult`.
+
+Over 500 lines: the reads of the fence rows (Spark, and pyarrow where the files are reachable)
+sit beside the commits whose invariants they read; split, both halves would share the fence
+layout's private helpers.
 """
 
 from __future__ import annotations
@@ -194,6 +198,21 @@ class RowStore:
     def _fences_from_files(self, computation: str) -> dict[int, int] | None:
         """:meth:`fences` read in Python, or None where only Spark can answer exactly."""
         import pyarrow.compute as pc
+
+        found = self._fence_rows_from_files(computation, "sequencer")
+        if found is None:
+            return None
+        out: dict[int, int] = {}
+        for iv, table in found:
+            top = pc.max(table["sequencer"]).as_py()
+            out[iv] = max(out.get(iv, top), top)
+        return out
+
+    def _fence_rows_from_files(self, computation: str, column: str) -> list[tuple[int, Any]] | None:
+        """(interval, ``column`` of its fence rows as a pyarrow table) per file of ``computation``
+        holding one, read in Python; None where only Spark can answer exactly (not reachable from
+        Python, a deletion vector)."""
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         if not self._row_files_known:
@@ -204,7 +223,7 @@ class RowStore:
         snap = read_snapshot(files)
         if snap is None:
             return None
-        out: dict[int, int] = {}
+        out: list[tuple[int, Any]] = []
         for add in snap.adds:
             pv = add.get("partitionValues") or {}
             if pv.get("computation") != computation:
@@ -213,21 +232,28 @@ class RowStore:
                 return None
             rel = decode_path(str(add["path"]))
             if files.is_local:  # the key column's statistics skip row groups without a fence row
-                table = pq.read_table(files.path(rel), columns=["sequencer"], filters=[("key", "=", FENCE_KEY)])
+                table = pq.read_table(files.path(rel), columns=[column], filters=[("key", "=", FENCE_KEY)])
             else:
-                table = files.read_parquet(rel, columns=["key", "sequencer"])
+                table = files.read_parquet(rel, columns=["key", column])
                 table = table.filter(pc.equal(table["key"], FENCE_KEY))
             if table.num_rows:
-                iv = int(pv["interval"])
-                top = pc.max(table["sequencer"]).as_py()
-                out[iv] = max(out.get(iv, top), top)
+                out.append((int(pv["interval"]), table))
         return out
 
     def input_files(self, computation: str) -> dict[int, frozenset[str]]:
         """interval -> the input files committed for it (the union of its fence rows' sets,
-        ``inputfiles.py``); intervals without any are absent."""
+        ``inputfiles.py``); intervals without any are absent. Read in Python where the files are
+        reachable (as :meth:`fences`: every start of an instance sharing intervals asks it)."""
         from pyspark.sql import functions as F
 
+        found = self._fence_rows_from_files(computation, "state")
+        if found is not None:
+            quick: dict[int, frozenset[str]] = {}
+            for iv, table in found:
+                for state in table["state"].to_pylist():
+                    if state is not None:
+                        quick[iv] = quick.get(iv, frozenset()) | inputfiles.decode(state)
+            return quick
         df = self._table().where((F.col("computation") == computation) & (F.col("key") == FENCE_KEY)
                                  & F.col("state").isNotNull()).select("interval", "state")
         out: dict[int, frozenset[str]] = {}

@@ -92,12 +92,12 @@ def list_leases(client: KazooClient, *, pipeline: str | None = None) -> list[dic
                 base = f"/pipelines/{p}/computations/{c}/intervals/{name}"
                 grants = children(f"{base}/grants")
                 row: dict[str, Any] = {"pipeline": p, "computation": c, "interval": int(name), "owner": None,
-                                       "sequencer": None, "session": None, "granted_ms": None,
+                                       "instance": None, "sequencer": None, "session": None, "granted_ms": None,
                                        "last_sequencer": int(grants[-1].rsplit("g-", 1)[1]) if grants else None}
                 try:
                     data, stat = client.get(f"{base}/owner")
                     raw = decode_lease(data)
-                    row.update(owner=raw.get("owner"), sequencer=raw.get("sequencer"),
+                    row.update(owner=raw.get("owner"), instance=raw.get("instance"), sequencer=raw.get("sequencer"),
                                session=f"0x{stat.ephemeralOwner:x}", granted_ms=raw.get("granted_ms"))
                 except NoNodeError:
                     pass

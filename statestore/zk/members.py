@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from ..exceptions import CodecError, ConfigError
+from ..exceptions import CodecError
 from ..layout import validate_name
 
 __all__ = ["MEMBER_FORMAT_VERSION", "Membership", "assign", "live_members", "request_move", "read_move",
@@ -122,13 +122,17 @@ def target(client: KazooClient, pipeline: str, computation: str, num_intervals: 
 class Membership:
     """This instance's member znode (:meth:`join` / :meth:`leave`).
 
-    Raises (join):
-        ConfigError: a live instance already has this name.
+    A join under a name whose member znode another session holds replaces that znode: the
+    instance restarted under its name (its dead predecessor's session has not expired yet), as
+    its leases are taken over (``grants.py``): the new grants carry higher sequencers, so nothing
+    the predecessor still had in flight can commit. A second *live* process started with the same
+    name by mistake is pushed out the same way (its next batch fails with ``LeaseLostError``).
     """
 
     def __init__(self, client: KazooClient, *, pipeline: str, instance: str, acls: Any = None) -> None:
         validate_name("instance", instance)
         self.client, self.pipeline, self.instance, self.acls = client, pipeline, instance, acls
+        self.replaced = False  # whether the join replaced a predecessor's member znode
 
     @property
     def path(self) -> str:
@@ -136,14 +140,28 @@ class Membership:
         return f"{_members(self.pipeline)}/{self.instance}"
 
     def join(self) -> None:
-        """Create the member znode (EPHEMERAL: it ends with this ZooKeeper session)."""
+        """Create the member znode (EPHEMERAL: it ends with this ZooKeeper session), replacing one
+        of the same name that another session holds (a restart under this instance's name)."""
         payload = json.dumps({"format_version": MEMBER_FORMAT_VERSION, "instance": self.instance,
                               "joined_ms": int(time.time() * 1000)}).encode()
-        try:
-            self.client.create(self.path, payload, ephemeral=True, makepath=True, acl=self.acls)
-        except NodeExistsError as exc:
-            raise ConfigError(f"instance {self.instance!r} of pipeline {self.pipeline!r} is already running "
-                              "(its member znode exists); give this one another instance name") from exc
+        while True:
+            try:
+                self.client.create(self.path, payload, ephemeral=True, makepath=True, acl=self.acls)
+                return
+            except NodeExistsError:
+                pass
+            stat = self.client.exists(self.path)
+            if stat is None:
+                continue  # gone meanwhile: create it
+            if stat.ephemeralOwner == self.client.client_id[0]:
+                return  # this session's already
+            tx = self.client.transaction()
+            tx.delete(self.path, version=stat.version)
+            tx.create(self.path, payload, ephemeral=True, acl=self.acls)
+            if not any(isinstance(r, Exception) for r in tx.commit()):
+                self.replaced = True
+                return
+            # changed meanwhile (another restart of the name replaced it first): look again
 
     def leave(self) -> None:
         """Delete the member znode (a graceful leave; gone already: nothing to do)."""

@@ -1,0 +1,165 @@
+"""Job instances sharing a continuous run's intervals (``ContinuousRun(instance=...)``).
+
+As for bounded runs (``runner.py``, docs/rescaling.md): the instance joins the pipeline's
+members (``statestore/zk/members.py``), each computation's target is the live members' split
+(or an operator's move request), and each instance reads the whole input with its own query
+(checkpoint ``<store>/_checkpoints/<pipeline>/<computation>/<instance>``; stream tables from
+their first version), its executor processing the records of the intervals it holds, with the
+skip rule and the catch-up of ``protocol/rescale.py`` keeping a move exact.
+
+In a continuous run the query never ends, so :meth:`Sharing.rebalance` runs before every
+micro-batch and at every tick of an idle stage (under the stage's lock): when the target
+changed it settles the executor's delivery, gives its leases back and starts an executor on the
+intervals of the target that are free (fence, recovery, catch-up on the files this instance's
+query consumed before). An interval is free when nobody holds it, or when this instance's own
+dead predecessor (same instance name) still does: a restart takes those at once (``grants.py``).
+While an instance holds no interval of a computation its query goes on reading, and its batches
+only log their positions (a later catch-up reads them).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from deltawheel.statestore.exceptions import LeaseHeldError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.zk.lease_tools import list_leases
+from deltawheel.statestore.zk.members import Membership, target
+
+from ..computation import Computation
+from ..protocol.executor import ComputationExecutor
+from ..protocol.rescale import CATCH_UP_BATCH, SharedInput, shared_input
+from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS
+from .pipeline import MoveTiming, Pipeline
+from .wiring import Wiring, injector_hook
+
+__all__ = ["Sharing"]
+
+
+class Sharing:
+    """One job instance's part in sharing a continuous run's intervals (see the module docstring)."""
+
+    def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring, instance: str,
+                 progress: Callable[[str], None], write_path: str) -> None:
+        self.spark, self.layout, self.pipeline, self.wiring = spark, layout, pipeline, wiring
+        self.instance, self.progress, self.write_path = instance, progress, write_path
+        self.member = Membership(wiring.client, pipeline=pipeline.name, instance=instance, acls=wiring.acls)
+        self.moves: list[MoveTiming] = []
+        self._idle: dict[str, SharedInput] = {}  # per computation held by none: its batches' positions
+
+    def join(self) -> None:
+        """Join the members (replacing this instance's dead predecessor's member znode)."""
+        self.member.join()
+        if self.member.replaced:
+            self.progress(f"instance {self.instance}: replaced its predecessor's member znode (a restart)")
+
+    def leave(self) -> None:
+        """Leave the members (first, so that the others' target changes as the leases go back)."""
+        try:
+            self.member.leave()
+        except Exception as exc:
+            self.progress(f"leaving the members failed: {type(exc).__name__}: {exc}")
+
+    def checkpoint(self, base: str) -> str:
+        """The query checkpoint of this instance (one per instance: each reads the whole input)."""
+        return f"{base}/{self.instance}"
+
+    def wanted(self, comp: Computation) -> tuple[set[int], set[int]]:
+        """(the intervals the target gives this instance, those of them free to take now)."""
+        client = self.wiring.client
+        want = set(target(client, self.pipeline.name, comp.name, type(comp).num_intervals).get(self.instance, ()))
+        rows = [r for r in list_leases(client, pipeline=self.pipeline.name) if r["computation"] == comp.name]
+        holders = {r["interval"]: r for r in rows}
+        free = {iv for iv in want if holders.get(iv) is None or holders[iv]["owner"] is None
+                or holders[iv].get("instance") == self.instance}  # its dead predecessor's: taken over at once
+        return want, free
+
+    def start(self, comp: Computation, checkpoint: str, *, wait_s: float,
+              caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor | None:
+        """The executor of ``comp`` on this instance's free share of the target (None: none free)."""
+        _, free = self.wanted(comp)
+        if not free:
+            self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
+            return None
+        return self._executor(comp, checkpoint, sorted(free), wait_s=wait_s, caps=caps, hold=hold)
+
+    def rebalance(self, comp: Computation, checkpoint: str, ex: ComputationExecutor | None, *,
+                  caps: Mapping[str, int | None], hold: int | None) -> tuple[ComputationExecutor | None, bool]:
+        """Between micro-batches: (the executor to go on with, whether it changed). Intervals no
+        longer in the target are given back after the delivery settled; free ones are taken."""
+        n = type(comp).num_intervals
+        want = set(target(self.wiring.client, self.pipeline.name, comp.name, n).get(self.instance, ()))
+        held = set(ex.owner.intervals) if ex is not None else set()
+        if want == held:
+            return ex, False
+        new = held & want
+        if want - held:
+            new |= self.wanted(comp)[1] - held
+        if new == held:
+            return ex, False  # what it lacks is still held by another instance: a later look
+        t0 = time.monotonic()
+        if ex is not None:
+            ex.stop()  # settles its delivery, then gives every lease back
+        if not new:
+            self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
+            return None, True
+        try:
+            nex = self._executor(comp, checkpoint, sorted(new), wait_s=0.0, caps=caps, hold=hold)
+        except LeaseHeldError as exc:  # taken meanwhile by another instance: look again later
+            self.progress(f"{comp.name}: intervals {sorted(new)} not all free ({exc}); trying again")
+            return None, True
+        self.moves.append(MoveTiming(comp.name, tuple(sorted(held)), tuple(sorted(new)),
+                                     round(time.monotonic() - t0, 3)))
+        self.progress(f"{comp.name}: instance {self.instance} moved from intervals {sorted(held)} to {sorted(new)} in "
+                      f"{time.monotonic() - t0:.1f}s (leases, fence, recovery"
+                      f"{', catch-up' if any(r.batch_id == CATCH_UP_BATCH for r in nex.reports) else ''})")
+        return nex, True
+
+    def idle_batch(self, comp: Computation, checkpoint: str, df: Any, batch_id: int) -> None:
+        """A micro-batch while this instance holds no interval of ``comp``: only its positions are
+        logged (what a later catch-up reads)."""
+        shared = self._idle.get(comp.name)
+        if shared is None:
+            shared = self._idle[comp.name] = self._shared(comp, checkpoint)
+        shared.apply(df, batch_id, ())
+
+    def _shared(self, comp: Computation, checkpoint: str) -> SharedInput:
+        return shared_input(comp, {i.name: i for i in self.pipeline.injectors}, table_of=self.layout.stream,
+                            checkpoint=checkpoint)
+
+    def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
+                  caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor:
+        """An executor of ``comp`` on ``intervals``: leases, fence, recovery, then the catch-up on
+        the files this instance's query consumed that their earlier owners did not process."""
+        wiring, p = self.wiring, self.pipeline
+        injectors = {i.name: i for i in p.injectors}
+        feeding = [injectors[s] for s in comp.inputs if s in injectors]
+        owner = wiring.owner(comp)
+        hook = injector_hook(wiring.authority, feeding, checkpoint=checkpoint, instance=self.instance,
+                             held=lambda: {comp.name: owner.sequencers}) if feeding else None
+        ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
+                             on_batch_end=hook, progress=self.progress, write_path=self.write_path,
+                             intervals=intervals)
+        ex.shared = self._shared(comp, checkpoint)
+        ex.event_ahead_ms = {s: b for s in comp.inputs if s in injectors
+                             for b in [getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)]
+                             if b is not None}
+        self.progress(f"{comp.name}: instance {self.instance} waiting for leases on intervals {list(intervals)} ...")
+        ex.start(wait_s=wait_s)
+        self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
+        try:
+            files = ex.shared.missing(ex.owner.intervals)
+            if files:
+                self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
+                ex.upstream_caps, ex.input_hold_ms = dict(caps), hold
+                ex.run_batch(ex.shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
+            # caught up: an instance that held them before and is gone stops holding the injectors'
+            # watermarks back; this one holds them back if lost from here on
+            wiring.authority.record_caught_up(comp.name, owner.sequencers)
+            for inj in feeding:
+                wiring.authority.record_held(inj.name, self.instance, {comp.name: owner.sequencers})
+        except BaseException:
+            ex.stop()
+            raise
+        return ex

@@ -51,6 +51,7 @@ from ..exceptions import BatchFailedError
 from ..protocol.executor import ComputationExecutor
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..sources.schema import union_inputs
+from ..tasks.image.direct import table_source
 from .pipeline import Pipeline, RunSummary
 from .triggers import Trigger
 from .wiring import Wiring, injector_hook, positions_recorder
@@ -366,13 +367,19 @@ class ContinuousRun:
         stage.query = stage.trigger.apply(writer).start()
 
     def _direct_source(self, comp: Computation) -> Any | None:
-        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column."""
+        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column;
+        the stream table's (``tasks/image/direct.py``'s :func:`table_source`) when it reads one
+        upstream stream table by the record's key."""
         if not self.direct_read or len(comp.inputs) != 1:
             return None
         ((stream, extractor),) = comp.inputs.items()
+        if extractor != RECORD_KEY:
+            return None
         inj: Injector | None = next((i for i in self.pipeline.injectors if i.name == stream), None)
+        if inj is None:
+            return table_source(stream, self.layout.stream(stream), checkpoint=self.stages[comp.name].checkpoint)
         direct = getattr(inj, "direct_source", None)
-        return direct() if callable(direct) and extractor == RECORD_KEY else None
+        return direct() if callable(direct) else None
 
     def _read_caps(self, stage: _Stage) -> dict[str, int | None]:
         """The low watermark of each upstream computation now (before the next snapshot)."""

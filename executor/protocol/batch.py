@@ -174,7 +174,7 @@ class BatchProtocol:
                 return self._skipped(b)
         # Step 2: drop duplicates: the input prepared in the JVM (its dead letters recorded), the
         # dedup itself in the tasks of steps 3-4.
-        b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now)
+        b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now, batch_id=batch_id)
         self._record_dead_letters(b, b.prepared.dead)
         if df is not None:
             b.mark("prepare")

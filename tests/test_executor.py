@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
@@ -686,6 +688,9 @@ def test_a_timers_only_batch_whose_watermark_passes_no_timer_publishes_it_withou
     commits nothing, yet the low watermark it moved is published; once it passes a timer the
     batch runs and fires it."""
     from deltawheel.executor.protocol.executor import ComputationExecutor
+    from deltawheel.executor.protocol.hooks import InjectorHook
+    from deltawheel.executor.sources.injector import BatchStats
+    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.delta.log import latest_local_version
     from deltawheel.statestore.ownership.owner import IntervalOwner
     from deltawheel.statestore.rowtable.store import RowStore
@@ -698,8 +703,13 @@ def test_a_timers_only_batch_whose_watermark_passes_no_timer_publishes_it_withou
     authority = WatermarkAuthority(client, pipeline="idle")
     owner = IntervalOwner(RowStore(spark, migrated_store, writer="w"), LeaseManager(client, pipeline="idle", owner="w"),
                           comp.name, num_intervals=comp.num_intervals)
+    folder = migrated_store.root + "/input"
+    os.makedirs(folder)
+    inj = ParquetInjector("events", folder, key_column=None, event_time_column="ts", watermark_delay_ms=0,
+                          schema="q STRING, ts BIGINT")
     ex = ComputationExecutor(spark, migrated_store, comp, owner=owner, authority=authority,
-                             upstream=["injector:events"], progress=print)
+                             upstream=["injector:events"], progress=print,
+                             on_batch_end=InjectorHook(authority, [inj], checkpoint=None))
     try:
         authority.publish_injector("events", 5_000)
         ex.run_batch(events(spark, [("r1", "cats", 1_000)]), 0)  # a timer at 9,999
@@ -714,6 +724,13 @@ def test_a_timers_only_batch_whose_watermark_passes_no_timer_publishes_it_withou
         assert due.timers_fired == 1 and not due.steps_s[0][0].startswith("skipped")
         ex.settle()  # its production's delivery held the low watermark
         assert authority.published_low_watermark(comp.name) == 12_000
+        # the watermark moves again, and the injector's estimate is ahead of it: the batch runs
+        # (its commit records the estimate, its step 7 publishes it)
+        inj.observe(BatchStats(count=1, min_event_ms=30_000, max_event_ms=30_000, sources=frozenset()))
+        authority.publish_injector("events", 15_000)
+        ahead = ex.flush()
+        assert not ahead.steps_s[0][0].startswith("skipped")
+        assert authority.injector_watermark("events") == 30_000
     finally:
         stop_executor(ex, client)
     assert [(k, v) for _, k, v, _ in stream_rows(spark, migrated_store, "counts")] == [

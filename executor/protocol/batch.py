@@ -303,8 +303,8 @@ class BatchProtocol:
         open, and either the last batch of this instance ran under the same input watermark (so it
         fired every event-time timer before it, including ones set while firing) or the watermark
         moved past no interval's oldest work (an event-time timer or hold) in a computation
-        without windowing (no ``event_time_timers``) whose injectors' estimates are published
-        elsewhere (:meth:`_moved_past_nothing`: step 7 still publishes the new low watermark)."""
+        without windowing (no ``event_time_timers``) with no new injector estimate
+        (:meth:`_moved_past_nothing`: step 7 still publishes the new low watermark)."""
         ex = self.ex
         if not ex.reports or ex.inflight.open is not None:
             return False
@@ -317,13 +317,20 @@ class BatchProtocol:
         """The input watermark moved, but no interval has an event-time timer or hold at or before
         it: the batch would fire nothing and change no row (its commit would only move the lateness
         mark, ``lateness.py``: the next batch that commits moves it). Not for a windowed
-        computation, nor one whose step 7 publishes its injectors' estimates (stage 1's). Off
+        computation, nor when its injectors' estimates (observed on no records) are ahead of the
+        watermarks step 1 read: those the batch's commit records and its step 7 publishes (nor
+        with an end-of-batch hook that publishes itself). Off
         with ``DELTAWHEEL_IDLE_SKIP=0`` (for comparisons)."""
         ex = self.ex
-        if (_idle_skip_off() or b.wm_in is None or ex.comp.event_time_timers
-                or self.watermarks.hook_observes_early()):
+        if _idle_skip_off() or b.wm_in is None or ex.comp.event_time_timers:
             return False
-        return all(o is None or o > b.wm_in for o in ex.path.oldest_work().values())
+        if ex.on_batch_end is not None and not self.watermarks.hook_observes_early():
+            return False  # a hook of its own (a job instance's) runs at every batch's end
+        if not all(o is None or o > b.wm_in for o in ex.path.oldest_work().values()):
+            return False
+        read = self.watermarks.injectors_read
+        return all(read.get(n) is not None and wm <= read[n]
+                   for n, (wm, _seq) in self.watermarks.observe_injectors(None, None).items())
 
     def _skipped(self, b: BatchState) -> BatchReport:
         """The report of a timers-only batch with nothing due (the low watermark published again

@@ -367,16 +367,12 @@ class ContinuousRun:
         stage.query = stage.trigger.apply(writer).start()
 
     def _direct_source(self, comp: Computation) -> Any | None:
-        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column;
-        the stream table's (``tasks/image/direct.py``'s :func:`table_source`) when it reads one
-        upstream stream table by the record's key."""
-        if not self.direct_read or len(comp.inputs) != 1:
+        """For one input read by its key column: the injector's ``direct_source()``, or the stream table's."""
+        if not self.direct_read or list(comp.inputs.values()) != [RECORD_KEY]:
             return None
-        ((stream, extractor),) = comp.inputs.items()
-        if extractor != RECORD_KEY:
-            return None
+        stream = next(iter(comp.inputs))
         inj: Injector | None = next((i for i in self.pipeline.injectors if i.name == stream), None)
-        if inj is None:
+        if inj is None:  # an upstream computation's stream table (``tasks/image/direct.py``)
             return table_source(stream, self.layout.stream(stream), checkpoint=self.stages[comp.name].checkpoint)
         direct = getattr(inj, "direct_source", None)
         return direct() if callable(direct) else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
@@ -677,3 +679,59 @@ def test_a_commit_of_another_process_between_batches_is_kept(spark, migrated_sto
     paths = {r.p for r in spark.read.format("delta").load(migrated_store.rows)
              .where("computation = 'other'").selectExpr("input_file_name() AS p").collect()}
     assert len(paths) == 1 and next(iter(paths)).endswith("part-00000-from-elsewhere.snappy.parquet")
+
+
+@pytest.mark.timeout(600)
+def test_a_timers_only_batch_whose_watermark_passes_no_timer_publishes_it_without_a_job(  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config) -> None:
+    """The upstream watermark moves but passes no timer: the timers-only batch runs no Spark job and
+    commits nothing, yet the low watermark it moved is published; once it passes a timer the
+    batch runs and fires it."""
+    from deltawheel.executor.protocol.executor import ComputationExecutor
+    from deltawheel.executor.protocol.hooks import InjectorHook
+    from deltawheel.executor.sources.injector import BatchStats
+    from deltawheel.executor.sources.parquet import ParquetInjector
+    from deltawheel.statestore.delta.log import latest_local_version
+    from deltawheel.statestore.ownership.owner import IntervalOwner
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    comp = BucketCounter()
+    client = connect(zk_config)
+    authority = WatermarkAuthority(client, pipeline="idle")
+    owner = IntervalOwner(RowStore(spark, migrated_store, writer="w"), LeaseManager(client, pipeline="idle", owner="w"),
+                          comp.name, num_intervals=comp.num_intervals)
+    folder = migrated_store.root + "/input"
+    os.makedirs(folder)
+    inj = ParquetInjector("events", folder, key_column=None, event_time_column="ts", watermark_delay_ms=0,
+                          schema="q STRING, ts BIGINT")
+    ex = ComputationExecutor(spark, migrated_store, comp, owner=owner, authority=authority,
+                             upstream=["injector:events"], progress=print,
+                             on_batch_end=InjectorHook(authority, [inj], checkpoint=None))
+    try:
+        authority.publish_injector("events", 5_000)
+        ex.run_batch(events(spark, [("r1", "cats", 1_000)]), 0)  # a timer at 9,999
+        version = latest_local_version(migrated_store.rows)
+        authority.publish_injector("events", 8_000)
+        idle = ex.flush()
+        assert idle.steps_s[0][0] == "skipped: nothing due, low watermark published"
+        assert latest_local_version(migrated_store.rows) == version  # no commit
+        assert authority.published_low_watermark(comp.name) == 8_000
+        authority.publish_injector("events", 12_000)
+        due = ex.flush()
+        assert due.timers_fired == 1 and not due.steps_s[0][0].startswith("skipped")
+        ex.settle()  # its production's delivery held the low watermark
+        assert authority.published_low_watermark(comp.name) == 12_000
+        # the watermark moves again, and the injector's estimate is ahead of it: the batch runs
+        # (its commit records the estimate, its step 7 publishes it)
+        inj.observe(BatchStats(count=1, min_event_ms=30_000, max_event_ms=30_000, sources=frozenset()))
+        authority.publish_injector("events", 15_000)
+        ahead = ex.flush()
+        assert not ahead.steps_s[0][0].startswith("skipped")
+        assert authority.injector_watermark("events") == 30_000
+    finally:
+        stop_executor(ex, client)
+    assert [(k, v) for _, k, v, _ in stream_rows(spark, migrated_store, "counts")] == [
+        ("cats", '{"n": 1, "q": "cats", "start": 0}')]

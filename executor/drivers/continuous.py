@@ -63,6 +63,7 @@ from ..protocol.executor import ComputationExecutor
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..sources.schema import union_inputs
 from ..tasks import worker as _worker
+from ..tasks.image.direct import table_source
 from .pipeline import Pipeline, RunSummary
 from .sharing import Sharing
 from .triggers import Trigger
@@ -412,13 +413,15 @@ class ContinuousRun:
         stage.query = stage.trigger.apply(writer).start()
 
     def _direct_source(self, comp: Computation) -> Any | None:
-        """The injector's ``direct_source()`` when ``comp`` reads one injector by its key column."""
-        if not self.direct_read or len(comp.inputs) != 1:
+        """For one input read by its key column: the injector's ``direct_source()``, or the stream table's."""
+        if not self.direct_read or list(comp.inputs.values()) != [RECORD_KEY]:
             return None
-        ((stream, extractor),) = comp.inputs.items()
+        stream = next(iter(comp.inputs))
         inj: Injector | None = next((i for i in self.pipeline.injectors if i.name == stream), None)
+        if inj is None:  # an upstream computation's stream table (``tasks/image/direct.py``)
+            return table_source(stream, self.layout.stream(stream), checkpoint=self.stages[comp.name].checkpoint)
         direct = getattr(inj, "direct_source", None)
-        return direct() if callable(direct) and extractor == RECORD_KEY else None
+        return direct() if callable(direct) else None
 
     def _read_caps(self, stage: _Stage) -> dict[str, int | None]:
         """The low watermark of each upstream computation now (before the next snapshot)."""

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
@@ -85,6 +86,11 @@ if TYPE_CHECKING:
 JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJobDescription
 STALE_VIEW_ATTEMPTS = 3  # runs of steps 3-5 while the write path's view of the rows went stale
 T = TypeVar("T")
+
+
+def _idle_skip_off() -> bool:
+    """``DELTAWHEEL_IDLE_SKIP=0``: timers-only batches run whenever the watermark moved (for comparisons)."""
+    return os.environ.get("DELTAWHEEL_IDLE_SKIP", "1") == "0"
 
 __all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPTS", "retry_stale_view"]
 
@@ -174,7 +180,7 @@ class BatchProtocol:
                 return self._skipped(b)
         # Step 2: drop duplicates: the input prepared in the JVM (its dead letters recorded), the
         # dedup itself in the tasks of steps 3-4.
-        b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now)
+        b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now, batch_id=batch_id)
         self._record_dead_letters(b, b.prepared.dead)
         if df is not None:
             b.mark("prepare")
@@ -293,22 +299,52 @@ class BatchProtocol:
         return m.acted_ms, wm_in
 
     def _nothing_due(self, b: BatchState) -> bool:
-        """A timers-only batch has nothing to do: the last batch of this instance ran under the
-        same input watermark (so it fired every event-time timer before it, including ones set
-        while firing), no processing-time timer is due, and no straggler is open."""
+        """A timers-only batch has nothing to do: no processing-time timer is due, no straggler is
+        open, and either the last batch of this instance ran under the same input watermark (so it
+        fired every event-time timer before it, including ones set while firing) or the watermark
+        moved past no interval's oldest work (an event-time timer or hold) in a computation
+        without windowing (no ``event_time_timers``) with no new injector estimate
+        (:meth:`_moved_past_nothing`: step 7 still publishes the new low watermark)."""
         ex = self.ex
-        if not ex.reports or ex.reports[-1].input_watermark_ms != b.wm_in or ex.inflight.open is not None:
+        if not ex.reports or ex.inflight.open is not None:
             return False
         nexts = ex.path.next_processing()
-        return nexts is not None and all(t is None or t > b.now for t in nexts.values())
+        if nexts is None or any(t is not None and t <= b.now for t in nexts.values()):
+            return False
+        return ex.reports[-1].input_watermark_ms == b.wm_in or self._moved_past_nothing(b)
+
+    def _moved_past_nothing(self, b: BatchState) -> bool:
+        """The input watermark moved, but no interval has an event-time timer or hold at or before
+        it: the batch would fire nothing and change no row (its commit would only move the lateness
+        mark, ``lateness.py``: the next batch that commits moves it). Not for a windowed
+        computation, nor when its injectors' estimates (observed on no records) are ahead of the
+        watermarks step 1 read: those the batch's commit records and its step 7 publishes (nor
+        with an end-of-batch hook that publishes itself). Off
+        with ``DELTAWHEEL_IDLE_SKIP=0`` (for comparisons)."""
+        ex = self.ex
+        if _idle_skip_off() or b.wm_in is None or ex.comp.event_time_timers:
+            return False
+        if ex.on_batch_end is not None and not self.watermarks.hook_observes_early():
+            return False  # a hook of its own (a job instance's) runs at every batch's end
+        if not all(o is None or o > b.wm_in for o in ex.path.oldest_work().values()):
+            return False
+        read = self.watermarks.injectors_read
+        return all(read.get(n) is not None and wm <= read[n]
+                   for n, (wm, _seq) in self.watermarks.observe_injectors(None, None).items())
 
     def _skipped(self, b: BatchState) -> BatchReport:
-        """The report of a timers-only batch with nothing due."""
-        last = self.ex.reports[-1]
+        """The report of a timers-only batch with nothing due (the low watermark published again
+        when the input watermark moved)."""
+        ex = self.ex
+        last = ex.reports[-1]
+        moved = last.input_watermark_ms != b.wm_in and ex.authority is not None
+        if moved:
+            self.watermarks.publish()
         # the low watermark as published now: a delivery that landed since the last batch moved it
         low = last.low_watermark_ms if self.watermarks.low is None else self.watermarks.low
+        step = "skipped: nothing due, low watermark published" if moved else "skipped: nothing due"
         report = BatchReport.empty(b.batch_id, input_watermark_ms=b.wm_in, low_watermark_ms=low,
-                                   wall_s=time.monotonic() - b.started, steps_s=(("skipped: nothing due", 0.0),))
+                                   wall_s=time.monotonic() - b.started, steps_s=((step, 0.0),))
         self.ex.reports.append(report)
         self.log(format_report(self.ex.comp.name, report, now_ms=self.ex.clock.now_ms()))
         return report

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import unquote, urlparse
 
+from deltawheel.statestore.delta.sourceoffsets import add_file_name, batch_adds
 from deltawheel.statestore.exceptions import ConfigError, InputGoneError
 
 from ..computation import Computation
@@ -238,19 +239,41 @@ class SharedInput:
     def record(self, df: Any, batch_id: int) -> tuple[str, ...]:
         """The positions of the query's micro-batch ``batch_id`` (``df``: its frame), for the
         commit's record of them alone (replay): nothing skipped, nothing logged."""
+        logged = self.table_positions(batch_id) if self.tables else None
+        if logged is not None:
+            return tuple(logged)
         return tuple(self.batch_positions(df.withColumn(_POSITION, self.position()), batch_id))
 
     def batch_positions(self, df: Any, batch_id: int) -> list[str]:
         """The positions of the query's micro-batch ``batch_id`` (``df``: its frame, with the
         position column): the file source log's when the one input is a Parquet injector (it
-        logs a batch before running it), else the batch's distinct positions (a Spark job)."""
+        logs a batch before running it), the offset log's and the Delta logs' when every input
+        is a stream table (:meth:`table_positions`), else the batch's distinct positions (a Spark job)."""
         if not self.tables:
             files = source_log_files(self.checkpoint, committed_only=False).get(batch_id)
             if files is None:
                 raise ConfigError(f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}: this "
                                   "executor's batches must come from the query whose checkpoint that is")
             return files
+        logged = self.table_positions(batch_id)
+        if logged is not None:
+            return logged
         return sorted(r[0] for r in df.select(_POSITION).distinct().collect() if r[0])
+
+    def table_positions(self, batch_id: int) -> list[str] | None:
+        """The positions of the query's micro-batch ``batch_id`` when every input is a stream table:
+        the data files Delta's source read in it, from the query's offset log and each table's
+        Delta log (``statestore/delta/sourceoffsets.py``), no Spark job; None when not known
+        there (a Parquet input beside them, the query's first batch, a non-append commit, ...)."""
+        if self.parquet or batch_id < 0:
+            return None
+        out: set[str] = set()
+        for stream, path in self.tables.items():
+            adds = batch_adds(self.checkpoint, batch_id, path)
+            if adds is None:
+                return None
+            out.update(f"{stream}/{add_file_name(a)}" for a in adds)
+        return sorted(out)
 
     def _log_batch(self, batch_id: int, positions: Sequence[str]) -> None:
         """Record a query batch's positions in the checkpoint (replaced when the batch runs again)."""

@@ -96,8 +96,9 @@ class UserJob(Protocol[BatchT]):
     #: per input stream, how far (ms) a record's event time may be ahead of the clock
     event_ahead_ms: Mapping[str, int]
 
-    def prepare(self, df: Any | None, *, wm_late: int | None, now: int) -> Prepared:
-        """Step 2 in the JVM: keys, dead letters of input without a usable key, the late flag."""
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
+        """Step 2 in the JVM: keys, dead letters of input without a usable key, the late flag
+        (``batch_id``: the query's micro-batch ``df`` is, for a direct read that needs it)."""
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchT]:

@@ -19,6 +19,16 @@ in form -- number formatting, escapes -- never in what it decodes to). ``tests/t
 paths row by row and end to end. Anything this module does not recognise (a
 folder on another store, a file whose column types differ from the schema's, a file
 read in parts, another plan shape) goes through the JVM path for that batch.
+
+A computation whose only input is an upstream computation's stream table, keyed by the record's
+key (``RECORD_KEY``), reads it the same way (:func:`table_source`): the batch's new data files of
+the table are the ``add`` actions Delta's streaming source read in that micro-batch, known from
+the query's offset log and the table's Delta log (``statestore/delta/sourceoffsets.py``, no Spark
+job; a restart re-running a planned batch reads the same offsets, so the same files), and its
+columns are already the prepared ones (record id, key, value, codec, event time): only the
+interval, the late flag and the dead-letter checks are computed, as ``input.prepare_input``
+computes them. A batch whose files that reader does not give (the query's first batch, a
+version cut by a limit, a ``remove``, a deletion vector, a schema change) goes through the JVM.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from deltawheel.statestore.delta.jvm import jframe
+from deltawheel.statestore.delta.sourceoffsets import add_file_name, batch_adds
 from deltawheel.statestore.delta.storefs import (
     S3Settings,
     TableFiles,
@@ -38,10 +49,17 @@ from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
 from ..input import (
     _ERR,  # the key extractors' error marker (a key column can hold it too)
+    MALFORMED_CODEC,
+    MALFORMED_REASON,
     ahead_reason,
 )
 
-__all__ = ["DirectSource", "DirectBatch", "BatchReader", "batch_files", "direct_source", "direct_table", "marker_rows"]
+__all__ = ["DirectSource", "DirectBatch", "BatchReader", "batch_files", "direct_source", "direct_table", "marker_rows",
+           "table_source", "TABLE_TYPES"]
+
+#: A stream table's columns the direct read takes, with their Arrow types (``streams.stream_schema_ddl``)
+TABLE_TYPES = (("record_id", "string"), ("key", "string"), ("value", "binary"), ("codec", "string"),
+               ("timestamp_ms", "int64"), ("commit_id", "string"))
 
 @dataclass(frozen=True)
 class DirectSource:
@@ -57,6 +75,9 @@ class DirectSource:
     types: tuple[tuple[str, str], ...]
     value_columns: tuple[str, ...] = ()  # sorted, as the JVM orders the value's fields
     s3: S3Settings | None = None  # how to reach an s3a:// folder's files (None: a local folder)
+    # a stream table's (:func:`table_source`): its local folder and the reading query's checkpoint
+    table: str | None = None
+    checkpoint: str | None = None
 
     @property
     def columns(self) -> list[str]:
@@ -76,15 +97,19 @@ class DirectBatch:
     ahead: tuple[int, int] | None = None  # (processing time now, bound): later event times are dead letters
 
 
-def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | None:
+def batch_files(df: Any, source: DirectSource, *, batch_id: int | None = None) -> tuple[tuple[str, str], ...] | None:
     """The files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None
     (the JVM path) when the plan is not a single file scan, a file is read only in part, or a
     file's columns are not those of ``source.types``.
 
     ``foreachBatch`` hands over a frame over the batch's RDD; its lineage ends in the scan's
-    ``FileScanRDD``, whose partitions name the files (a few py4j calls, no Spark job)."""
+    ``FileScanRDD``, whose partitions name the files (a few py4j calls, no Spark job). A stream
+    table's (``source.table``): the files its query's micro-batch ``batch_id`` read (the module
+    docstring), whatever ``df``'s plan."""
     import pyarrow as pa
 
+    if source.table is not None:
+        return _table_files(source, batch_id)
     try:
         plan = jframe(df).queryExecution().logical()
         if not plan.getClass().getName().endswith(".LogicalRDD"):
@@ -131,6 +156,44 @@ def batch_files(df: Any, source: DirectSource) -> tuple[tuple[str, str], ...] | 
             return None
         out.append((path, uri.rsplit("/", 1)[-1]))
     return tuple(out)
+
+
+def _table_files(source: DirectSource, batch_id: int | None) -> tuple[tuple[str, str], ...] | None:
+    """The data files of ``source``'s stream table its query read in micro-batch ``batch_id``, each
+    with the table's columns (None: not known here, or a file whose columns differ)."""
+    import os
+
+    import pyarrow as pa
+
+    assert source.table is not None and source.checkpoint is not None
+    adds = None if batch_id is None else batch_adds(source.checkpoint, batch_id, source.table)
+    if adds is None:
+        return None
+    want = dict(source.types)
+    out = []
+    for add in adds:
+        path = os.path.join(source.table, urllib.parse.unquote(add["path"]))
+        file = _file(path, None)
+        if file is None:
+            return None
+        try:
+            got = {f.name: _plain(f.type) for f in file.read_schema("")}
+        except (OSError, pa.ArrowException):
+            return None
+        if any(got.get(c) != t for c, t in want.items()):
+            return None
+        out.append((path, add_file_name(add)))
+    return tuple(out)
+
+
+def table_source(stream: str, table: str, *, checkpoint: str) -> DirectSource | None:
+    """The :class:`DirectSource` of the stream table ``table`` (a local folder; else None) read by
+    the query whose checkpoint is ``checkpoint`` (local too) for the input ``stream``."""
+    folder, chk = local_path(table), local_path(checkpoint)
+    if folder is None or chk is None:
+        return None
+    return DirectSource(stream, "key", "timestamp_ms", "record_id", TABLE_TYPES, (), None, table=folder,
+                        checkpoint=chk)
 
 
 def _file(path: str, s3: S3Settings | None) -> TableFiles | None:
@@ -209,7 +272,8 @@ class BatchReader:
         columns the JVM path hands a task (``input.PREP_DDL`` + ``interval`` + ``_m``)."""
         import pyarrow as pa
 
-        parts = [_prepared(self.batch, t, keyed, name, intervals) for name, t, keyed in self._read()]
+        prep = _prepared_table if self.batch.source.table is not None else _prepared
+        parts = [prep(self.batch, t, keyed, name, intervals) for name, t, keyed in self._read()]
         parts.append(marker_rows(intervals))
         return pa.concat_tables(parts)
 
@@ -348,6 +412,49 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
     return _table(record_id=rid, key=key, value=value, codec=pa.array(["json"] * m, pa.string()), timestamp_ms=ts,
                   stream=pa.array([src.stream] * m, pa.string()), position=position, late=late, _bad=bad,
                   interval=pa.array(iv[rows], pa.int32()), _m=pa.array(np.zeros(m, dtype=bool)))
+
+
+def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int]) -> Any:
+    """One stream-table file's rows of ``intervals``, prepared as ``input.prepare_input`` prepares
+    a stream table's records keyed by ``RECORD_KEY`` (see :func:`direct_table`): the columns as
+    they are (a null codec is JSON), the same dead-letter checks in the same order, the position
+    of a dead letter its ``commit_id``."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    src = batch.source
+    iv = keyed.ivs_of[keyed.codes] if len(keyed.ivs_of) else np.zeros(0, np.int32)
+    rows = np.flatnonzero(np.isin(iv, np.asarray(list(intervals), dtype=np.int32)))
+    m = len(rows)
+    take = pa.array(rows, pa.int64())
+    col = {c: t.column(c).combine_chunks().take(take) for c in ("record_id", "value", "codec", "timestamp_ms",
+                                                                "commit_id")}
+    codec = pc.fill_null(col["codec"].cast(pa.string()), "json")
+    ts = col["timestamp_ms"].cast(pa.int64())
+    ts_null = ts.is_null().to_numpy(zero_copy_only=False)
+    ms = ts.fill_null(0).to_numpy()
+    rid = col["record_id"].cast(pa.string())
+    rid_bad = pc.fill_null(pc.equal(rid, ""), True).to_numpy(zero_copy_only=False)
+    malformed = pc.fill_null(pc.equal(codec, MALFORMED_CODEC), False).to_numpy(zero_copy_only=False)
+    key_bad = [keyed.bad_of[c] for c in keyed.codes[rows].tolist()] if keyed.bad_of else [None] * m
+    far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ~ts_null
+    if malformed.any() or any(x is not None for x in key_bad) or rid_bad.any() or ts_null.any() or far.any():
+        now, bound = batch.ahead or (0, 0)
+        why = [MALFORMED_REASON if mf else kb if kb is not None else "record without record_id" if rb else
+               "record without timestamp" if tn else ahead_reason(t_ms, bound, now) if fa else None
+               for mf, kb, rb, tn, fa, t_ms in zip(malformed.tolist(), key_bad, rid_bad.tolist(), ts_null.tolist(),
+                                                   far.tolist(), ms.tolist(), strict=True)]
+        bad = pa.array(why, pa.string())
+        position = pc.if_else(bad.is_null(), pa.nulls(m, pa.string()), col["commit_id"].cast(pa.string()))
+    else:
+        bad = pa.nulls(m, pa.string())
+        position = pa.nulls(m, pa.string())
+    late = (np.zeros(m, dtype=bool) if batch.late_before is None else (ms < batch.late_before) & ~ts_null)
+    return _table(record_id=rid, key=keyed.key.take(take), value=col["value"].cast(pa.binary()), codec=codec,
+                  timestamp_ms=ts, stream=pa.array([src.stream] * m, pa.string()), position=position,
+                  late=pa.array(late), _bad=bad, interval=pa.array(iv[rows], pa.int32()),
+                  _m=pa.array(np.zeros(m, dtype=bool)))
 
 
 def _json_values(t: Any, columns: Sequence[str], take: Any) -> Any:

@@ -136,11 +136,12 @@ class ImageTasks:
 
     # ------------------------------------------------------------------ the job
 
-    def prepare(self, df: Any | None, *, wm_late: int | None, now: int) -> Prepared:
-        """The input, lazily prepared (or the batch's files, read by the tasks themselves)."""
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
+        """The input, lazily prepared (or the batch's files, read by the tasks themselves;
+        ``batch_id``: the query's micro-batch ``df`` is, for a stream table's files)."""
         direct = None
         if df is not None and self.direct_source is not None:
-            files = batch_files(df, self.direct_source)
+            files = batch_files(df, self.direct_source, batch_id=batch_id)
             if files is not None:
                 bound = self.event_ahead_ms.get(self.direct_source.stream)
                 direct = DirectBatch(self.direct_source, files, self.comp.num_intervals, wm_late, (),

@@ -102,7 +102,7 @@ class MergeTasks:
         self.event_ahead_ms = event_ahead_ms
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
 
-    def prepare(self, df: Any | None, *, wm_late: int | None, now: int) -> Prepared:
+    def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
         """The input of the owned intervals, materialized; its input-level dead letters apart."""
         from pyspark.sql import functions as F
 

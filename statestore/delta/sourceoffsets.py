@@ -1,0 +1,168 @@
+"""What Delta's streaming source read in one micro-batch, from the query checkpoint and the table's log.
+
+A streaming query's offset log (``<checkpoint>/offsets/<batch>``, written by Spark before the
+batch runs: a version line, the batch's metadata, then one line per source in the order of
+``<checkpoint>/sources/<i>``) ends each Delta source's range at a ``DeltaSourceOffset``::
+
+    {"sourceVersion":1,"reservoirId":"<the table's metaData.id>","reservoirVersion":7,"index":-1,
+     "isStartingVersion":false}
+
+and the batch's range starts where the previous batch's ended (``offsets/<batch - 1>``). An offset
+at index -1 stands before every file of ``reservoirVersion``; at ``Long.MaxValue`` (Delta's
+``END_INDEX``) after every file of it. Between two such *version boundaries* Delta's source
+reads, commit after commit, every ``add`` action with ``dataChange`` (an ``OPTIMIZE``'s rewrites
+have none and are skipped), and fails on a ``remove`` with it (the options that ignore those are
+not used on stream tables). :func:`batch_adds` gives those adds from the JSON commits
+(``log.py`` reads the same folder), with no Spark job; a replayed batch (a restart re-runs the
+planned batch) reads the same two offset files, so it gets the same adds.
+
+Anything that is not that plain case gives None, and the caller asks Spark instead (the frame's
+own rows): the query's first batch (its start may be a snapshot), an offset inside a version
+(a per-trigger limit cut it), a snapshot offset (``isStartingVersion``), a commit with a
+``remove`` or a schema change or an ``add`` with a deletion vector, a table with column mapping
+(physical column names differ), partition values, JSON commits already cleaned up, a checkpoint
+or table that is not local. ``DELTAWHEEL_TABLE_LOG_READS=0`` makes every answer None (for
+comparisons: the input positions and the direct read then go through Spark, as before).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from .log import local_path, log_files, read_snapshot
+
+__all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "offset_lines", "batch_adds", "add_file_name"]
+
+BASE_INDEX = -1  # before every file of the offset's version
+END_INDEX = 2**63 - 1  # after every file of the offset's version (Delta's Long.MaxValue sentinel)
+
+_TABLES: dict[str, tuple[str, bool] | None] = {}  # local table root -> (its id, plain enough to read here)
+_TABLES_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SourceOffset:
+    """One Delta source's offset in a micro-batch's offset log line."""
+
+    reservoir_id: str
+    version: int
+    index: int
+    starting: bool  # ``isStartingVersion``: inside the snapshot the query started from
+
+    def boundary(self) -> int | None:
+        """The first version not read yet when the offset is at a version boundary, else None."""
+        if self.starting:
+            return None
+        if self.index == BASE_INDEX:
+            return self.version
+        if self.index == END_INDEX:
+            return self.version + 1
+        return None
+
+
+def offset_lines(checkpoint: str, batch_id: int) -> list[Any] | None:
+    """The source lines of ``offsets/<batch_id>`` of a local query checkpoint, parsed (a source
+    without an offset: None), in the order of the query's sources; None when the file is not
+    there (or not readable here)."""
+    root = local_path(checkpoint)
+    if root is None or batch_id < 0:
+        return None
+    try:
+        with open(os.path.join(root, "offsets", str(batch_id)), encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        return None
+    out: list[Any] = []
+    for line in lines[2:]:
+        try:
+            out.append(None if line.strip() in ("", "-") else json.loads(line))
+        except ValueError:
+            return None
+    return out
+
+
+def _offset(lines: list[Any] | None, table_id: str) -> SourceOffset | None:
+    for entry in lines or ():
+        if isinstance(entry, dict) and entry.get("reservoirId") == table_id:
+            try:
+                return SourceOffset(table_id, int(entry["reservoirVersion"]), int(entry["index"]),
+                                    bool(entry.get("isStartingVersion", False)))
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None
+
+
+def _table(root: str) -> tuple[str, bool] | None:
+    """(the table's id, whether its files read as its columns), once per table root."""
+    with _TABLES_LOCK:
+        if root in _TABLES:
+            return _TABLES[root]
+    snap = read_snapshot(root)
+    got = None
+    if snap is not None and snap.table_id is not None:
+        mapping = snap.configuration.get("delta.columnMapping.mode", "none")
+        got = (snap.table_id, mapping in ("", "none"))
+        with _TABLES_LOCK:
+            _TABLES[root] = got
+    return got
+
+
+def batch_adds(checkpoint: str, batch_id: int, table: str) -> tuple[dict[str, Any], ...] | None:
+    """The ``add`` actions Delta's streaming source over ``table`` read in micro-batch ``batch_id``
+    of the query whose checkpoint is ``checkpoint``, in the order it read them; None when that is
+    not known here (see the module docstring: the caller asks Spark)."""
+    root = local_path(table)
+    if root is None or batch_id < 1 or os.environ.get("DELTAWHEEL_TABLE_LOG_READS", "1") == "0":
+        return None
+    known = _table(root)
+    if known is None or not known[1]:
+        return None
+    end = _offset(offset_lines(checkpoint, batch_id), known[0])
+    start = _offset(offset_lines(checkpoint, batch_id - 1), known[0])
+    if end is None or start is None:
+        return None
+    if end == start:
+        return ()  # the source read nothing new in this batch
+    first, stop = start.boundary(), end.boundary()
+    if first is None or stop is None or stop < first:
+        return None
+    log = log_files(root)
+    if log is None:
+        return None
+    adds: list[dict[str, Any]] = []
+    for v in range(first, stop):
+        text = log.read_text(f"{v:020d}.json")
+        if text is None:
+            return None  # cleaned up (or not written yet): Spark knows
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                act = json.loads(line)
+            except ValueError:
+                return None
+            if "metaData" in act:
+                return None
+            if "remove" in act and act["remove"].get("dataChange", True):
+                return None
+            add = act.get("add")
+            if add is None or not add.get("dataChange", True):
+                continue
+            if add.get("deletionVector") or add.get("partitionValues") or "://" in add["path"] \
+                    or add["path"].startswith("/"):
+                return None
+            adds.append(add)
+    return tuple(adds)
+
+
+def add_file_name(add: dict[str, Any]) -> str:
+    """The data file's name (its last path part, unescaped) of an ``add`` action, as Spark's
+    ``input_file_name()`` ends."""
+    return urllib.parse.unquote(add["path"].rsplit("/", 1)[-1])

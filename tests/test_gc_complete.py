@@ -4,6 +4,7 @@ instances and of finished replays."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -140,3 +141,60 @@ def test_gc_deletes_znodes_of_gone_instances_and_finished_replays(spark, migrate
         client.close()
         root.stop()
         root.close()
+
+
+# --- gc from a running pipeline ----------------------------------------------------------------
+
+
+def test_background_gc_refuses_bad_settings(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.gc.background import BackgroundGc
+    from deltawheel.statestore.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match=r"needs every_batches or every_s"):
+        BackgroundGc(spark, migrated_store)
+    with pytest.raises(ConfigError, match=r"every N > 0 batches or S > 0 seconds, got every_batches=0"):
+        BackgroundGc(spark, migrated_store, every_batches=0)
+    with pytest.raises(ConfigError, match=r"keeps VACUUM's safety minimum of 168 h \(got 24 h\)"):
+        BackgroundGc(spark, migrated_store, every_batches=1, vacuum_retain_hours=24)
+    with pytest.raises(ReplayHorizonError, match=r"--vacuum-retain-hours 168 would cut below the replay horizon"):
+        BackgroundGc(spark, migrated_store, every_batches=1, keep_replay_ms=200 * 3_600_000)
+
+
+@pytest.mark.zk
+def test_a_running_pipeline_runs_gc_in_the_background(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``engine.run_pipeline(pipeline, background_gc=BackgroundGc(..., every_batches=1))``, as a user
+    writes it: gc's passes run beside the batches (the metrics table pruned, every table compacted,
+    the logs checkpointed) and the pipeline's output is the count made without deltawheel."""
+    from collections import Counter
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltawheel.gc.background import BackgroundGc
+    from deltawheel.statestore.layout import StoreLayout
+    from executor_util import BucketCounter, stream_rows
+
+    import deltawheel
+
+    folder = tmp_path / "input"
+    folder.mkdir()
+    rows = [{"q": f"q{i % 4}", "ts": 1_000 * i} for i in range(60)]
+    for part in range(3):
+        pq.write_table(pa.Table.from_pylist(rows[part * 20:(part + 1) * 20]), folder / f"part-{part}.parquet")
+    store = str(tmp_path / "store")
+    events = deltawheel.ParquetInjector("events", str(folder), key_column="q", event_time_column="ts",
+                                        watermark_delay_ms=0)
+    pipeline = deltawheel.Pipeline("bg", injectors=(events,), computations=(BucketCounter(),))
+    background = BackgroundGc(spark, StoreLayout(store), every_batches=1, metrics_retention_ms=0)
+    with deltawheel.connect(spark, store=store, zk=zk_server.hosts, zk_chroot="/bg-gc", pipeline="bg") as engine:
+        engine.run_pipeline(pipeline, background_gc=background, progress=False)
+    assert not background.running and not background.failures, background.failures
+    assert background.reports, "no background gc ran"
+    lines = [line for r in background.reports for line in r.lines()]
+    assert any(line.startswith("[done] compact") and " rows: " in line for line in lines), lines
+    assert any(line.startswith("[done] log") for line in lines), lines
+    want = Counter((r["q"], r["ts"] - r["ts"] % 10_000) for r in rows)
+    got: Counter[tuple[str, int]] = Counter()
+    for _rid, _key, value, _ts in stream_rows(spark, StoreLayout(store), "counts"):
+        v = json.loads(value)
+        got[(v["q"], v["start"])] += v["n"]
+    assert got == want

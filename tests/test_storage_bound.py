@@ -101,6 +101,7 @@ def _figures(layout, zk) -> dict[str, tuple[int, int, int]]:  # type: ignore[no-
     return out
 
 
+@pytest.mark.timeout(3600)
 def test_storage_stays_bounded_as_input_grows_and_a_crash_resumes_exactly(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.cli import main
     from deltawheel.statestore.config import ZkConfig

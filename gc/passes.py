@@ -122,9 +122,6 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
 
     from .logs import checkpoint_newest, clean_log
 
-    keep_ms = check_replay_horizon(vacuum_retain_hours=vacuum_retain_hours, stream_retention_ms=stream_retention_ms,
-                                   log_retention_ms=log_retention_ms, keep_replay_ms=keep_replay_ms)
-
     if vacuum_retain_hours < 0 or (vacuum_retain_hours < MIN_VACUUM_RETAIN_HOURS and not force):
         raise VacuumRetentionError(
             f"VACUUM retention {vacuum_retain_hours:g} h is shorter than Delta's safety minimum of "
@@ -132,6 +129,8 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
             "still needs could be deleted; nothing was changed. Use a retention of at least "
             f"{MIN_VACUUM_RETAIN_HOURS:g} h, or pass --force (force=True) when no job writes or reads the store"
             if vacuum_retain_hours >= 0 else f"VACUUM retention must be >= 0 hours, got {vacuum_retain_hours:g}")
+    keep_ms = check_replay_horizon(vacuum_retain_hours=vacuum_retain_hours, stream_retention_ms=stream_retention_ms,
+                                   log_retention_ms=log_retention_ms, keep_replay_ms=keep_replay_ms)
     actions: list[GcAction] = []
     tables = _tables(spark, layout)
     streams = sum(1 for _, path in tables if path.startswith(layout.streams_root))

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 
-__all__ = ["DeltaWheelError", "VacuumRetentionError"]
+__all__ = ["DeltaWheelError", "ReplayHorizonError", "VacuumRetentionError"]
 
 
 class VacuumRetentionError(ConfigError):
     """A VACUUM retention below Delta's safety minimum was asked for without ``force``."""
+
+
+class ReplayHorizonError(ConfigError):
+    """A retention (stream, VACUUM, log) shorter than the replay horizon the user asked to keep."""

@@ -23,6 +23,14 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
   168 h by default) is refused with :class:`VacuumRetentionError` unless ``force=True``:
   a shorter one can delete files a concurrent writer or a reader of an older snapshot
   still needs.
+* ``log``: checkpoint each table's Delta log at its newest version, and with a log retention
+  delete the log files before the newest checkpoint older than it (``logs.py``).
+* ``replay_horizon``: what the retentions leave replayable: rows-table versions committed
+  within the shortest of the VACUUM, log and stream retentions. With ``keep_replay_ms`` (a
+  horizon the user asked to keep) a retention shorter than it is refused with
+  :class:`ReplayHorizonError` before anything changes.
+
+The ZooKeeper nodes of gone instances and finished replays: ``zknodes.py`` (the command runs both).
 
 What GC never touches: rows of keys (dedup ids, checkpointed productions,
 window state) — those are only written under the owner's lease and fence: the
@@ -38,6 +46,7 @@ and timers at end + allowed lateness.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,10 +54,10 @@ from typing import Any
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import list_streams
 
-from .exceptions import VacuumRetentionError
+from .exceptions import ReplayHorizonError, VacuumRetentionError
 
-__all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "MIN_VACUUM_RETAIN_HOURS",
-           "METRICS_RETENTION_HOURS"]
+__all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "ReplayHorizonError", "MIN_VACUUM_RETAIN_HOURS",
+           "METRICS_RETENTION_HOURS", "check_replay_horizon"]
 
 MIN_VACUUM_RETAIN_HOURS = 168.0  # Delta's delta.deletedFileRetentionDuration default (one week)
 METRICS_RETENTION_HOURS = 720.0  # rows of _metrics/batches kept by default (30 days)
@@ -97,7 +106,8 @@ def _is_delta(spark: Any, path: str) -> bool:
 def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
            stream_retention_ms: int | None = None, vacuum_retain_hours: float = MIN_VACUUM_RETAIN_HOURS,
            force: bool = False, progress: Callable[[str, int], None] | None = None,
-           metrics_retention_ms: int | None = int(METRICS_RETENTION_HOURS * 3_600_000)) -> GcReport:
+           metrics_retention_ms: int | None = int(METRICS_RETENTION_HOURS * 3_600_000),
+           log_retention_ms: int | None = None, keep_replay_ms: int | None = None) -> GcReport:
     """Plan (default) or run the GC passes over ``layout``'s tables.
 
     ``progress(step, total)`` is called as each pass over a table starts (``total``: how many
@@ -106,8 +116,11 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
     Raises:
         VacuumRetentionError: ``vacuum_retain_hours`` below :data:`MIN_VACUUM_RETAIN_HOURS`
             (or negative) and not ``force``; nothing was changed.
+        ReplayHorizonError: a retention shorter than ``keep_replay_ms``; nothing was changed.
     """
     from pyspark.sql import functions as F
+
+    from .logs import checkpoint_newest, clean_log
 
     if vacuum_retain_hours < 0 or (vacuum_retain_hours < MIN_VACUUM_RETAIN_HOURS and not force):
         raise VacuumRetentionError(
@@ -116,11 +129,13 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
             "still needs could be deleted; nothing was changed. Use a retention of at least "
             f"{MIN_VACUUM_RETAIN_HOURS:g} h, or pass --force (force=True) when no job writes or reads the store"
             if vacuum_retain_hours >= 0 else f"VACUUM retention must be >= 0 hours, got {vacuum_retain_hours:g}")
+    keep_ms = check_replay_horizon(vacuum_retain_hours=vacuum_retain_hours, stream_retention_ms=stream_retention_ms,
+                                   log_retention_ms=log_retention_ms, keep_replay_ms=keep_replay_ms)
     actions: list[GcAction] = []
     tables = _tables(spark, layout)
     streams = sum(1 for _, path in tables if path.startswith(layout.streams_root))
     metrics = [(n, p) for n, p in tables if p == layout.metrics_batches]
-    total = ((streams if stream_retention_ms is not None else 0) + 3 * len(tables)
+    total = ((streams if stream_retention_ms is not None else 0) + 4 * len(tables)
              + (len(metrics) if metrics_retention_ms is not None else 0))
 
     def step(what: str) -> None:
@@ -181,7 +196,80 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                 spark.conf.unset(check)
             else:
                 spark.conf.set(check, was)
+    for name, path in tables:
+        step(f"{'checkpointing' if apply else 'looking at'} the log of {name}")
+        cut, oldest = clean_log(path, cutoff_s=(now_ms - (log_retention_ms or 0)) / 1000, apply=False)
+        if apply:
+            at = checkpoint_newest(spark, path)
+            if log_retention_ms is not None:  # "now" as the pass runs: the passes above committed meanwhile
+                later_ms = max(now_ms, int(time.time() * 1000))
+                cut, oldest = clean_log(path, cutoff_s=(later_ms - log_retention_ms) / 1000, apply=True)
+            actions.append(GcAction("log", name, ("checkpointed at version " + str(at) if at is not None
+                                                  else "checkpoint is current")
+                                    + (f"; deleted {cut} log files before version {oldest}" if cut else ""), cut))
+        else:
+            actions.append(GcAction("log", name, "checkpoint at the newest version" + (
+                f"; {cut} log files before version {oldest} are older than the log retention"
+                if log_retention_ms is not None and cut else ""), cut if log_retention_ms is not None else 0))
+    actions.append(_horizon_action(spark, layout, now_ms=now_ms, keep_ms=keep_ms))
     return GcReport(apply, tuple(actions))
+
+
+#: Delta's own log retention (``delta.logRetentionDuration``'s default): the horizon without a
+#: ``log_retention_ms``
+DELTA_LOG_RETENTION_MS = 30 * 24 * 3_600_000
+
+
+def check_replay_horizon(*, vacuum_retain_hours: float, stream_retention_ms: int | None,
+                         log_retention_ms: int | None, keep_replay_ms: int | None) -> int:
+    """The span back from now that a gc with these retentions leaves replayable (ms): the shortest.
+
+    >>> check_replay_horizon(vacuum_retain_hours=168, stream_retention_ms=None, log_retention_ms=None,
+    ...                      keep_replay_ms=None) // 3_600_000
+    168
+
+    Raises:
+        ReplayHorizonError: ``keep_replay_ms`` (a horizon the user asked to keep) is longer than
+            one of them, or a retention is negative.
+    """
+    spans = {"--vacuum-retain-hours": int(vacuum_retain_hours * 3_600_000),
+             "--log-retention-hours": DELTA_LOG_RETENTION_MS if log_retention_ms is None else log_retention_ms}
+    if stream_retention_ms is not None:
+        spans["--stream-retention-hours"] = stream_retention_ms
+    for flag, ms in spans.items():
+        if ms < 0:
+            raise ReplayHorizonError(f"{flag} must be >= 0 hours, got {ms / 3_600_000:g}; nothing was changed")
+    if keep_replay_ms is not None:
+        if keep_replay_ms < 0:
+            raise ReplayHorizonError(f"--keep-replay-hours must be >= 0, got {keep_replay_ms / 3_600_000:g}; "
+                                     "nothing was changed")
+        short = {flag: ms for flag, ms in spans.items() if ms < keep_replay_ms}
+        if short:
+            said = ", ".join(f"{flag} {ms / 3_600_000:g}" for flag, ms in short.items())
+            raise ReplayHorizonError(
+                f"{said} would cut below the replay horizon of {keep_replay_ms / 3_600_000:g} h asked for "
+                "(--keep-replay-hours): versions of the rows table (or stream records) a replay from that far "
+                "back reads would be deleted; nothing was changed. Give retentions of at least "
+                f"{keep_replay_ms / 3_600_000:g} h, or a shorter --keep-replay-hours")
+    return min(spans.values())
+
+
+def _horizon_action(spark: Any, layout: StoreLayout, *, now_ms: int, keep_ms: int) -> GcAction:
+    """The replay horizon the retentions leave: the oldest rows-table version committed within it."""
+    import datetime
+
+    cutoff = now_ms - keep_ms
+    when = datetime.datetime.fromtimestamp(cutoff / 1000, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    try:
+        hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "timestamp").collect()
+    except Exception:  # no rows table yet
+        hist = []
+    within = [int(r["version"]) for r in hist if r["timestamp"].timestamp() * 1000 >= cutoff]
+    oldest = min(within, default=None)
+    return GcAction("replay_horizon", "rows",
+                    f"replay can start from versions committed after {when} ({keep_ms / 3_600_000:g} h back)"
+                    + (f": the oldest is version {oldest}" if oldest is not None else
+                       ": no version of the rows table is that recent"), oldest)
 
 
 def _vacuum_plan(spark: Any, path: str, *, now_ms: int, retain_hours: float) -> tuple[int, int]:

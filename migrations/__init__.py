@@ -48,6 +48,7 @@ __all__ = [
     "apply",
     "apply_when_pending",
     "check_store",
+    "rows_table_id",
 ]
 
 MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval,
@@ -180,22 +181,28 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
     return pending
 
 
-def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], ContextManager[Any]]) -> list[PlannedMigration]:
+def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], ContextManager[Any]], *,
+                       check: Callable[[list[PlannedMigration]], None] | None = None) -> list[PlannedMigration]:
     """:func:`apply` under ``lock()`` (one process at a time per pipeline), taken only when
     :func:`plan` finds something to run: a start of an up-to-date store takes no lock (the
     lock's round trips to ZooKeeper were about a third of a start's migration check). A store
     whose migrations all ran stays so, so a plan that finds none pending needs no lock; one
     that finds some is made again under the lock (another process may have run them meanwhile).
 
+    ``check(pending)`` is called under the lock before any runs (:func:`.live.refuse_while_running`:
+    not while a pipeline of the store runs); it raises to refuse.
+
     Returns:
         The migrations that ran.
 
     Raises:
-        As :func:`apply`.
+        As :func:`apply`, and what ``check`` raises (nothing changed).
     """
     if not plan(spark, layout):
         return []
     with lock():
+        if check is not None:
+            check(plan(spark, layout))
         return apply(spark, layout, dry_run=False)
 
 
@@ -242,3 +249,12 @@ def check_store(spark: Any, layout: StoreLayout) -> int:
             f"{CODE_SCHEMA_VERSION}; run 'deltawheel migrate --store {layout.root} --apply'"
         )
     return version
+
+
+def rows_table_id(spark: Any, layout: StoreLayout) -> str | None:
+    """The Delta table id of the store's rows table (None: no rows table yet, a new store)."""
+    from deltawheel.statestore.delta.txn import TableLog
+
+    if not _is_delta_table(spark, layout.rows):
+        return None
+    return str(TableLog(spark, layout.rows).table_id())

@@ -22,6 +22,7 @@ __all__ = [
     "LeaseSuspendedError",
     "NotOwnerError",
     "StoreMismatchError",
+    "StoreInUseError",
     "StoreDamagedError",
     "UnknownComputationError",
     "KeyNeverSeenError",
@@ -212,6 +213,11 @@ class MigrationError(FatalError):
     """A schema migration failed or the recorded migrations are inconsistent."""
 
     exit_code = 3
+
+
+class StoreInUseError(MigrationError):
+    """A migration was asked for while a pipeline of the store runs (holds leases): it would
+    change the tables under the running job; stop the pipeline first."""
 
 
 class ConfigError(FatalError):

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from typing import Any
 
-from .common import add_log_store_zk_args, add_spark_args, add_store_arg, layout_from, spark_from
+from .common import (
+    add_log_store_zk_args,
+    add_spark_args,
+    add_store_arg,
+    layout_from,
+    spark_from,
+    store_zookeeper,
+)
 
 __all__ = ["register"]
 
@@ -37,7 +45,18 @@ def register(sub: Any) -> None:
     p.add_argument("--force", action="store_true",
                    help="allow a retention below Delta's 168 h safety minimum (only when no job writes or "
                    "reads the store: a shorter one can delete files they still need)")
+    p.add_argument("--log-retention-hours", type=_hours, default=None,
+                   help="delete Delta log files (commits, checkpoints) before the newest checkpoint older than "
+                   "this, after checkpointing each table (default: Delta's own, 720 h); versions before it can "
+                   "no longer be read or replayed")
+    p.add_argument("--keep-replay-hours", type=_hours, default=None,
+                   help="refuse (ReplayHorizonError, nothing changed) a stream, VACUUM or log retention shorter "
+                   "than this: replay must stay possible from this far back")
+    p.add_argument("--skip-zk", action="store_true",
+                   help="leave ZooKeeper alone (default: delete the znodes of gone instances and finished replays)")
     add_log_store_zk_args(p)
+    p.add_argument("--zk-digest", default=None, help="user:password of the pipelines' ZooKeeper ACLs")
+    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
     add_spark_args(p)
     p.set_defaults(func=_run)
 
@@ -61,11 +80,35 @@ def _run(args: argparse.Namespace) -> int:
             bar.append(Progress("gc", total))
         bar[0].step(what)
 
+    def ms(hours: float | None) -> int | None:
+        return None if hours is None else int(hours * 3_600_000)
+
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
                     vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress,
-                    metrics_retention_ms=metrics_keep)
+                    metrics_retention_ms=metrics_keep, log_retention_ms=ms(args.log_retention_hours),
+                    keep_replay_ms=ms(args.keep_replay_hours))
+    if not args.skip_zk:
+        report = replace(report, actions=report.actions + tuple(_zk_actions(args, spark, apply=args.apply)))
     for line in report.lines():
         print(line)
     if not args.apply:
         print("dry run: nothing changed (add --apply)")
     return 0
+
+
+def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool) -> list[Any]:
+    """The ZooKeeper passes (``gc/zknodes.py``) on the pipelines' ZooKeeper: ``--zk``, else a local
+    store's own embedded server."""
+    from deltawheel.gc.zknodes import collect_zk_nodes
+    from deltawheel.statestore.delta.txn import TableLog
+    from deltawheel.statestore.zk.client import connect
+
+    with store_zookeeper(args) as (layout, cfg, client):
+        table_id = TableLog(spark, layout.rows).table_id()
+        root = connect(replace(cfg, chroot="/"), timeout_s=args.zk_timeout) if cfg.chroot != "/" else None
+        try:
+            return collect_zk_nodes(client, root, rows_table_id=table_id, chroot=cfg.chroot, apply=apply)
+        finally:
+            if root is not None:
+                root.stop()
+                root.close()

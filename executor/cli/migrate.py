@@ -20,7 +20,8 @@ def register(subparsers: Any) -> None:
         "doesn't exist yet. Safe to re-run; an interrupted run resumes where it stopped.",
     )
     add_store_arg(p)
-    p.add_argument("--apply", action="store_true", help="run the pending migrations")
+    p.add_argument("--apply", action="store_true", help="run the pending migrations (refused while a pipeline "
+                   "of the store runs, as the pipelines' ZooKeeper shows: --zk, or a local store's own)")
     add_log_store_zk_args(p)
     add_spark_args(p)
     p.set_defaults(func=_run)
@@ -38,6 +39,8 @@ def _run(args: argparse.Namespace) -> int:
         progress = progress or Progress("migrate", total)
         progress.step(f"migration {step.version} ({step.name})")
 
+    if args.apply:
+        _refuse_while_running(args, spark, layout)
     steps = migrations.apply(spark, layout, dry_run=not args.apply, on_step=on_step)
     if not steps:
         version = migrations.applied_version(spark, layout)
@@ -51,3 +54,32 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(f"dry run: nothing changed; run 'deltawheel migrate --store {layout.root} --apply'")
     return 0
+
+
+def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> None:
+    """Refuse (``StoreInUseError``, nothing changed) to migrate a store a pipeline runs on, as its
+    ZooKeeper shows: ``--zk``, else a local store's own embedded server when it runs (none running:
+    no pipeline on it runs)."""
+    import deltawheel.migrations as migrations
+    from deltawheel.migrations.live import refuse_while_running
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.zk.client import connect
+
+    pending = migrations.plan(spark, layout)
+    table_id = migrations.rows_table_id(spark, layout) if pending else None
+    if table_id is None:
+        return
+    hosts = args.zk
+    if hosts is None and layout.is_local:
+        from ..servers.embedded import StoreZooKeeper
+
+        running = StoreZooKeeper(layout).running()
+        hosts = None if running is None else running.hosts
+    if hosts is None:
+        return
+    client = connect(ZkConfig(hosts=hosts, chroot=args.zk_chroot), timeout_s=10.0)
+    try:
+        refuse_while_running(client, layout, rows_table_id=table_id, pending=pending)
+    finally:
+        client.stop()
+        client.close()

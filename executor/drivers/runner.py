@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.jvm import require_classic_session
@@ -60,6 +60,9 @@ from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_wat
 from ..tasks import worker as _worker
 from .pipeline import MoveTiming, Pipeline, RunSummary
 from .wiring import Wiring, injector_hook, migrate_store, open_client, positions_recorder, wire
+
+if TYPE_CHECKING:
+    from deltawheel.gc.background import BackgroundGc
 
 __all__ = ["PipelineRunner"]
 
@@ -86,7 +89,7 @@ class PipelineRunner:
                  warm_workers: bool = True, instance: str | None = None,
                  intervals: Sequence[int] | None = None, follow: Callable[[], bool] | None = None,
                  poll_s: float = 1.0, max_pause_s: float | None = DEFAULT_MAX_PAUSE_S,
-                 wiring: Wiring | None = None) -> None:
+                 wiring: Wiring | None = None, background_gc: BackgroundGc | None = None) -> None:
         if instance is not None:
             validate_name("instance", instance)
         self.instance = instance
@@ -113,6 +116,7 @@ class PipelineRunner:
         self.end_of_input = end_of_input
         self.warm_workers = warm_workers
         self.wiring = wiring
+        self.background_gc = background_gc  # gc's passes every N rounds / S seconds, beside the batches
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
 
     def run(self) -> RunSummary:
@@ -187,6 +191,8 @@ class PipelineRunner:
                     moved += r.timers_fired + r.productions
                 if moved:
                     self.progress(f"round {rnd} done: {moved} records/timers moved")
+                    if self.background_gc is not None and self.background_gc.batch_done():
+                        self.progress(f"round {rnd}: background gc started")
                 if self.follow is None and not moved:
                     break
                 if self.follow is not None:
@@ -201,6 +207,8 @@ class PipelineRunner:
             self._shutdown(execs, leases if own else None, failing=exc, member=member)
             raise
         self._shutdown(execs, leases if own else None, failing=None, member=member)
+        if self.background_gc is not None:  # its Spark jobs end before the caller stops the session
+            self.background_gc.wait()
         summary = RunSummary()
         for name, ex in execs.items():
             summary.reports[name] = self._done_reports[name] + (list(ex.reports) if ex is not None else [])

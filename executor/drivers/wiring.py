@@ -108,8 +108,14 @@ def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str
     """Create the store or run its pending migrations, one process at a time per pipeline (two
     copies started at once must not migrate the same store concurrently)."""
     import deltawheel.migrations as migrations
+    from deltawheel.migrations.live import refuse_while_running
 
-    migrations.apply_when_pending(spark, layout, lambda: client.Lock(f"/locks/migrate/{pipeline}", owner))
+    def check(pending: list[migrations.PlannedMigration]) -> None:  # not under a running pipeline of the store
+        table_id = migrations.rows_table_id(spark, layout) if pending else None
+        if table_id is not None:
+            refuse_while_running(client, layout, rows_table_id=table_id, pending=pending)
+
+    migrations.apply_when_pending(spark, layout, lambda: client.Lock(f"/locks/migrate/{pipeline}", owner), check=check)
 
 
 def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,

@@ -1,0 +1,177 @@
+"""Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes).
+
+Most of a pipeline's znodes are bounded by its configuration: per computation and interval an
+owner (EPHEMERAL: it ends with its session), the newest grant nodes (pruned by every grant), an
+oldest-work and a caught-up record; per computation a topology and a low watermark; per
+injector a watermark; per live instance a member znode (EPHEMERAL). Two kinds grow with time and
+are collected here:
+
+* ``zk_instances``: an instance's estimate of each injector it read
+  (``/pipelines/{p}/watermarks/instances/{i}/{n}``) stays after the instance is gone: one per
+  instance name ever run. One is deleted when the instance is gone (no member znode, no lease
+  owned under its name) and no longer holds a watermark back (every interval it held has a later
+  owner that caught up on it, :func:`~deltawheel.statestore.zk.watermarks.low.handing_off`): the
+  injector's watermark no longer counts it. The delete names the version read, so an estimate
+  the instance published meanwhile (a restart under the same name) is kept.
+* ``zk_replays``: a replay into a shadow store (``deltawheel replay``) with the live pipeline's
+  ZooKeeper keeps its leases and watermarks in a chroot of its own beside the live one
+  (``{chroot}-replay-{hash}``). One whose shadow store is gone (no rows table where its binding
+  says) and that holds no lease is deleted with everything below it.
+
+Only pipelines bound to this store (``/pipelines/{p}/store`` holds its rows table's id) are looked
+at; other stores sharing the chroot are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from deltawheel.statestore.zk.binding import store_path
+from deltawheel.statestore.zk.members import live_members
+from deltawheel.statestore.zk.watermarks.codec import Znodes, decode
+from deltawheel.statestore.zk.watermarks.low import handing_off
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NoNodeError, NotEmptyError
+
+from .passes import GcAction
+
+__all__ = ["collect_zk_nodes", "REPLAY_CHROOT_MARK"]
+
+REPLAY_CHROOT_MARK = "-replay-"  # executor/drivers/replay.py's shadow_chroot: {chroot}-replay-{hash}
+
+
+def _children(client: KazooClient, path: str) -> list[str]:
+    try:
+        return sorted(client.get_children(path))
+    except NoNodeError:
+        return []
+
+
+def _binding(client: KazooClient, path: str) -> dict[str, Any] | None:
+    """The store binding at ``path`` (None: none, or not one)."""
+    try:
+        data, _ = client.get(path)
+        raw = json.loads(data.decode("utf-8"))
+        return raw if isinstance(raw, dict) else None
+    except (NoNodeError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _lease_holders(client: KazooClient, pipeline: str) -> set[str]:
+    """The instance (and owner) names on the pipeline's held leases."""
+    out: set[str] = set()
+    base = f"/pipelines/{pipeline}/computations"
+    for comp in _children(client, base):
+        for iv in _children(client, f"{base}/{comp}/intervals"):
+            try:
+                data, _ = client.get(f"{base}/{comp}/intervals/{iv}/owner")
+                raw = json.loads(data.decode("utf-8"))
+            except (NoNodeError, ValueError, UnicodeDecodeError):
+                continue
+            out.update(str(raw[k]) for k in ("instance", "owner") if raw.get(k))
+    return out
+
+
+def _caught_up(client: KazooClient, znodes: Znodes, computations: set[str]) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {}
+    for comp in sorted(computations):
+        base = f"{znodes.folder('caught_up')}/{comp}"
+        out[comp] = {}
+        for iv in _children(client, base):
+            try:
+                data, _ = client.get(f"{base}/{iv}")
+            except NoNodeError:
+                continue
+            out[comp][int(iv)] = int(decode(data, base)["sequencer"])
+    return out
+
+
+def _gone_instances(client: KazooClient, pipeline: str, *, apply: bool) -> int:
+    znodes = Znodes(pipeline)
+    live = set(live_members(client, pipeline)) | _lease_holders(client, pipeline)
+    removed = 0
+    for injector in _children(client, znodes.folder("instances")):
+        base = f"{znodes.folder('instances')}/{injector}"
+        for name in _children(client, base):
+            if name in live:
+                continue
+            try:
+                data, stat = client.get(f"{base}/{name}")
+            except NoNodeError:
+                continue
+            held = decode(data, f"{base}/{name}").get("held") or {}
+            if handing_off(held, _caught_up(client, znodes, set(held))):
+                continue  # its unread records of an interval are not caught up by a later owner yet
+            if apply:
+                try:
+                    client.delete(f"{base}/{name}", version=stat.version)
+                except (BadVersionError, NoNodeError):
+                    continue  # published again meanwhile (a restart under this name), or gone
+            removed += 1
+    return removed
+
+
+def _finished_replays(client: KazooClient, chroot: str, *, store_exists: Callable[[str], bool],
+                      apply: bool) -> list[str]:
+    """The replay chroots beside ``chroot`` whose shadow store is gone and that hold no lease."""
+    parent, _, leaf = chroot.rstrip("/").rpartition("/")
+    parent = parent or "/"
+    found = []
+    for name in _children(client, parent):
+        if not name.startswith(leaf + REPLAY_CHROOT_MARK):
+            continue
+        root = f"{parent.rstrip('/')}/{name}"
+        pipelines = _children(client, f"{root}/pipelines")
+        bindings = [_binding(client, f"{root}/pipelines/{p}/store") for p in pipelines]
+        stores = [str(b["root"]) for b in bindings if b is not None and b.get("root")]
+        if not stores or any(store_exists(s) for s in stores):
+            continue  # not a shadow store's chroot we can place, or its store is still there
+        if any(_held(client, f"{root}/pipelines/{p}/computations") for p in pipelines):
+            continue  # a replay runs in it
+        if apply:
+            try:
+                client.delete(root, recursive=True)
+            except (NoNodeError, NotEmptyError):
+                continue
+        found.append(root)
+    return found
+
+
+def _held(client: KazooClient, base: str) -> bool:
+    for comp in _children(client, base):
+        for iv in _children(client, f"{base}/{comp}/intervals"):
+            if client.exists(f"{base}/{comp}/intervals/{iv}/owner") is not None:
+                return True
+    return False
+
+
+def _local_store_exists(root: str) -> bool:
+    if "://" in root and not root.startswith("file:"):
+        return True  # an object store's shadow store: not looked into, kept
+    return os.path.isdir(os.path.join(root.removeprefix("file:"), "rows", "_delta_log"))
+
+
+def collect_zk_nodes(client: KazooClient, root: KazooClient | None, *, rows_table_id: str,
+                     chroot: str, apply: bool = False,
+                     store_exists: Callable[[str], bool] = _local_store_exists) -> list[GcAction]:
+    """Plan (default) or delete the ZooKeeper nodes that outlived what they were for (the module
+    docstring): ``client`` is chrooted at the pipelines' ``chroot``; ``root`` (not chrooted; None:
+    skip the replay chroots) reaches the replays' chroots beside it."""
+    actions: list[GcAction] = []
+    verb = "deleted" if apply else "would delete"
+    for pipeline in _children(client, "/pipelines"):
+        bound = _binding(client, store_path(pipeline))
+        if bound is None or str(bound.get("rows_table_id")) != rows_table_id:
+            continue
+        n = _gone_instances(client, pipeline, apply=apply)
+        actions.append(GcAction("zk_instances", f"zk:/pipelines/{pipeline}",
+                                f"{verb} {n} estimates of gone instances that hold no watermark back", n))
+    if root is not None:
+        gone = _finished_replays(root, chroot, store_exists=store_exists, apply=apply)
+        actions.append(GcAction("zk_replays", f"zk:{chroot}{REPLAY_CHROOT_MARK}*",
+                                f"{verb} {len(gone)} chroots of replays whose shadow store is gone"
+                                + (f" ({', '.join(gone)})" if gone else ""), len(gone)))
+    return actions

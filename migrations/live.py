@@ -1,0 +1,71 @@
+"""Migrations on a live store: refused while a pipeline of the store runs.
+
+A migration changes the store's tables (``ALTER TABLE`` of the rows table, its properties, its
+column comments): each is a Delta metadata commit, which fails every concurrent commit of a
+running job with a conflict, and a running job's code was written for the schema it started on
+(the executor checks the store's schema version at start, :func:`~deltawheel.migrations.check_store`).
+So ``deltawheel migrate --apply``, and a pipeline that starts on a store with pending migrations,
+first look in ZooKeeper for a running pipeline of the store: one bound to its rows table
+(``/pipelines/{p}/store``) whose intervals have an owner (a lease is EPHEMERAL: a killed job's
+leases go with its ZooKeeper session, within the session timeout). If there is one, nothing is
+changed and :class:`StoreInUseError` says which pipeline, which instances, and what to do: stop
+them (a stop ends at a batch boundary: every batch is committed or not at all), migrate, and
+start them again on the new deltawheel, which resumes from their last commit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from deltawheel.statestore.exceptions import StoreInUseError
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.zk.binding import store_path
+from deltawheel.statestore.zk.lease_tools import list_leases
+from kazoo.exceptions import NoNodeError
+
+__all__ = ["running_pipelines", "refuse_while_running"]
+
+
+def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]]:
+    """Pipeline -> the owners of its held leases, for the pipelines (below ``client``'s chroot)
+    bound to the store whose rows table has ``rows_table_id`` and holding at least one lease."""
+    try:
+        pipelines = sorted(client.get_children("/pipelines"))
+    except NoNodeError:
+        return {}
+    out: dict[str, list[str]] = {}
+    for p in pipelines:
+        try:
+            data, _ = client.get(store_path(p))
+            bound = json.loads(data.decode("utf-8"))
+        except (NoNodeError, ValueError, UnicodeDecodeError):
+            continue
+        if not isinstance(bound, dict) or str(bound.get("rows_table_id")) != rows_table_id:
+            continue
+        owners = sorted({str(r["owner"]) for r in list_leases(client, pipeline=p) if r["owner"] is not None})
+        if owners:
+            out[p] = owners
+    return out
+
+
+def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str, pending: Sequence[Any]) -> None:
+    """Raise :class:`StoreInUseError` when ``pending`` migrations are to run and a pipeline of the
+    store runs (see the module docstring); nothing is changed either way.
+
+    Raises:
+        StoreInUseError: names the running pipelines and their lease owners, and what to do.
+    """
+    if not pending:
+        return
+    running = running_pipelines(client, rows_table_id=rows_table_id)
+    if not running:
+        return
+    who = "; ".join(f"pipeline {p!r} (lease owners: {', '.join(owners)})" for p, owners in running.items())
+    steps = ", ".join(f"{m.version} ({m.name})" for m in pending)
+    raise StoreInUseError(
+        f"store {layout.root} is in use: {who}. Migrations {steps} change its tables, which a running job "
+        "must not see change under it; nothing was changed. Stop the pipeline (it stops at a batch boundary, "
+        f"every batch committed or not at all), run 'deltawheel migrate --store {layout.root} --apply', then "
+        "start it again with this deltawheel: it resumes from its last commit. A killed job's leases go with "
+        "its ZooKeeper session: wait for the session timeout, or `deltawheel leases break`")

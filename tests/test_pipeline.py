@@ -61,12 +61,13 @@ def reference(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-de
     return out
 
 
-@pytest.mark.slow  # the subprocess tests below compare with the same reference already
+@pytest.mark.slow  # the SIGKILL test below compares with the same reference already
 @pytest.mark.timeout(900)
 def test_demo_is_deterministic(spark, zk_config, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]
     assert run_in_process(spark, tmp_path / "again", zk_config) == reference
 
 
+@pytest.mark.slow  # about 60 s quiet; the demo's SIGKILL test keeps its reference in the default suite
 @pytest.mark.timeout(1200)
 def test_local_cluster_gives_the_same_outputs(spark, zk_server, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]
     """Separate executor JVMs and Python workers: nothing may depend on driver-local state."""
@@ -96,6 +97,7 @@ def test_demo_resumes_after_sigkill_with_exactly_the_same_rows(spark, zk_server,
     assert f"in this run, of {EVENTS} generated" in again.stdout, again.stdout[-2000:]
 
 
+@pytest.mark.slow  # about 60 s quiet; the demo's SIGKILL test keeps its reference in the default suite
 @pytest.mark.timeout(1500)
 def test_two_concurrent_copies_never_both_write(spark, zk_server, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "twice"

@@ -219,6 +219,7 @@ def _wait_for_port(port: int, proc: subprocess.Popen[Any], timeout_s: float) -> 
     raise AssertionError(f"sql-server did not listen on {port} within {timeout_s}s")
 
 
+@pytest.mark.slow  # about 75 s on a quiet machine (a Spark Thrift server); the sql CLI tests stay in the default suite
 def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import sqlalchemy
     from sqlalchemy import text

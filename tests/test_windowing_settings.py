@@ -103,7 +103,7 @@ def test_an_unknown_setting_is_refused_naming_the_accepted_ones() -> None:
                                           r"'event_time_timers'; windowed\(\.\.\.\) accepts the computation settings "
                                           r"num_intervals, codec, allow_pickle, exactly_once, dedup_retention, "
                                           r"strong_productions, straggler_timeout_s, delivery_timeout_s, late_policy, "
-                                          r"error_policy and the arguments name, inputs, .*combine, value"):
+                                          r"error_policy, state_ttl, state_ttl_processing and the arguments name, inputs, .*combine, value"):
         _counts(dedup_retention_ms=5_000, event_time_timers=False)
 
 

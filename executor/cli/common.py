@@ -15,7 +15,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.session.sparkenv import SparkSettings
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
-__all__ = ["add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
+__all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
            "layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper"]
 
 
@@ -42,6 +42,21 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
                    help="ZooKeeper session timeout in seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
                         f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
                         "stops the run; a killed run's leases stay held this long")
+
+
+def add_handover_args(p: argparse.ArgumentParser) -> None:
+    """``--wait S`` / ``--no-wait``: how a tool that changes live state (promote, repair) gets the
+    intervals a running pipeline holds."""
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument("--wait", type=float, default=60.0, metavar="S",
+                      help="seconds to wait for the running pipeline to hand the intervals over at its next batch "
+                           "boundary (default 60)")
+    wait.add_argument("--no-wait", action="store_true", help="refuse at once if a running owner holds an interval")
+
+
+def handover_wait_s(args: argparse.Namespace) -> float:
+    """The seconds :func:`add_handover_args`'s options ask to wait (0 with ``--no-wait``)."""
+    return 0.0 if args.no_wait else float(args.wait)
 
 
 def add_max_pause_arg(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,15 @@ from typing import Any
 
 from deltawheel.statestore.exceptions import ReplayCodeError
 
-from .common import add_spark_args, add_zk_args, layout_from, spark_from, store_zookeeper
+from .common import (
+    add_handover_args,
+    add_spark_args,
+    add_zk_args,
+    handover_wait_s,
+    layout_from,
+    spark_from,
+    store_zookeeper,
+)
 
 __all__ = ["register"]
 
@@ -24,11 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--computation", required=True, help="the computation the replay replayed")
     p.add_argument("--code", help="MODULE:CLASS the catch-up runs (default: the code the replay ran)")
-    wait = p.add_mutually_exclusive_group()
-    wait.add_argument("--wait", type=float, default=60.0, metavar="S",
-                      help="seconds to wait for the running pipeline to hand the intervals over at its next batch "
-                           "boundary (default 60)")
-    wait.add_argument("--no-wait", action="store_true", help="refuse at once if a running owner holds an interval")
+    add_handover_args(p)
     p.add_argument("--no-catch-up", action="store_true",
                    help="refuse a replay behind the live input position instead of continuing it")
     p.add_argument("--plan", action="store_true", help="print what it would do, change nothing")
@@ -76,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
                                                        digest=cfg.digest, session_timeout_s=cfg.session_timeout_s)
         say = None if args.json else (lambda line: print(line, flush=True))
         r = promote(spark, store=store, into=into, client=client, pipeline=args.pipeline, code=code,
-                    shadow_zk=shadow, wait_s=0.0 if args.no_wait else args.wait, no_wait=args.no_wait,
+                    shadow_zk=shadow, wait_s=handover_wait_s(args), no_wait=args.no_wait,
                     catch_up=not args.no_catch_up, progress=say)
     if args.json:
         print(json.dumps({"computation": r.computation, "intervals": list(r.intervals),

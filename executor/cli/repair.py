@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_spark_args, add_zk_args, layout_from, spark_from, store_zookeeper
+from .common import (
+    add_handover_args,
+    add_spark_args,
+    add_zk_args,
+    handover_wait_s,
+    layout_from,
+    spark_from,
+    store_zookeeper,
+)
 
 __all__ = ["register"]
 
@@ -20,11 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--computation", required=True, help="the computation whose rows are repaired")
     p.add_argument("statement", help="UPDATE state SET state_json = <expr> [WHERE ...] | DELETE FROM state [WHERE ...]")
-    wait = p.add_mutually_exclusive_group()
-    wait.add_argument("--wait", type=float, default=60.0, metavar="S",
-                      help="seconds to wait for the running pipeline to hand the intervals over at its next batch "
-                           "boundary (default 60)")
-    wait.add_argument("--no-wait", action="store_true", help="refuse at once if a running owner holds an interval")
+    add_handover_args(p)
     p.add_argument("--plan", action="store_true", help="print each key's state before and after, change nothing")
     add_zk_args(p)
     p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
@@ -61,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     with store_zookeeper(args) as (_, _cfg, client):
         r = repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
-                   statement=args.statement, wait_s=0.0 if args.no_wait else args.wait, no_wait=args.no_wait,
+                   statement=args.statement, wait_s=handover_wait_s(args), no_wait=args.no_wait,
                    progress=lambda line: print(line, flush=True))
     if not r.rows_changed:
         print(f"the statement changes no key of {args.computation}; nothing was written")

@@ -40,6 +40,10 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacities", default=",".join(str(c) for c in DEFAULT_CAPACITIES),
                    help="comma-separated capacities as shares of the keys the trace touches (0 < c <= 1)")
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
+    p.add_argument("--trace", default=None,
+                   help="replay the batch path's image lookups recorded in this folder (a run with "
+                        "DELTAWHEEL_IMAGE_CACHE_TRACE=DIR) instead of the workload's row trace; --capacities are "
+                        "then shares of the trace's peak bytes of live images")
 
 
 def add_watermark_arguments(p: argparse.ArgumentParser) -> None:

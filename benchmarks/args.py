@@ -19,7 +19,7 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder for throughput.json / throughput.png")
     p.add_argument("--engines", default=None,
                    help="comma-separated engine names, run in this order (default: every engine: "
-                   "spark_sql, spark_tws, deltawheel, deltawheel_merge, deltawheel_jvm_read)")
+                   "spark_sql, spark_tws, deltawheel, deltawheel_merge, deltawheel_jvm_read, deltawheel_vector)")
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     p.add_argument("--warmup", action="store_true",
                    help="run each engine once, unmeasured, on a tiny input first (JVM warm-up)")
@@ -40,6 +40,10 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacities", default=",".join(str(c) for c in DEFAULT_CAPACITIES),
                    help="comma-separated capacities as shares of the keys the trace touches (0 < c <= 1)")
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
+    p.add_argument("--trace", default=None,
+                   help="replay the batch path's image lookups recorded in this folder (a run with "
+                        "DELTAWHEEL_IMAGE_CACHE_TRACE=DIR) instead of the workload's row trace; --capacities are "
+                        "then shares of the trace's peak bytes of live images")
 
 
 def add_watermark_arguments(p: argparse.ArgumentParser) -> None:

@@ -241,6 +241,13 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise ConfigError(f"--capacities must be numbers like 0.05,0.1, got {args.capacities!r}") from None
     if not caps or any(not 0 < c <= 1 for c in caps):
         raise ConfigError(f"--capacities must be shares in (0, 1], got {args.capacities!r}")
+    if getattr(args, "trace", None):
+        from .cachetrace import format_trace_table, run_trace_bench
+
+        got = run_trace_bench(Path(args.trace), out=Path(args.out), shares=caps)
+        print(format_trace_table(got))
+        print(f"wrote {Path(args.out) / 'cache_trace.json'}")
+        return 0
     report = run_cache_bench(args.size, out=Path(args.out), capacities=caps,
                              data_root=Path(args.data_root) if args.data_root else None)
     print(format_table(report))

@@ -29,9 +29,11 @@ __all__ = ["ENGINES", "DeltaWheelEngine"]
 WIN = 10_000
 
 
-def _computation(intervals: int = 4) -> Any:
+def _computation(intervals: int = 4, *, vectorised: bool = False) -> Any:
     """The window count; ``intervals``: its key intervals (the units its state is split into,
-    each an image file that one task rewrites per batch)."""
+    each an image file that one task rewrites per batch); ``vectorised``: the same computation
+    declaring the vectorised path (a count per key and window as an Arrow group-by, then one
+    call per key: docs/embedding.md, "The vectorised path")."""
     from deltawheel.executor.computation import RECORD_KEY, Computation
 
     class WindowCount(Computation):
@@ -58,7 +60,26 @@ def _computation(intervals: int = 4) -> Any:
             ctx.produce("windows", [ctx.key, start, st.pop(start, 0)], timestamp_ms=start)
             ctx.state = st or None
 
-    return WindowCount()
+    if not vectorised:
+        return WindowCount()
+
+    class WindowCountVector(WindowCount):
+        def combine(self, records: Any) -> Any:
+            ts = records.column("timestamp_ms").to_numpy()
+            t = pa.table({"key": records.column("key"), "start": ts - ts % WIN})
+            g = t.group_by(["key", "start"], use_threads=False).aggregate([([], "count_all")])
+            return g.sort_by([("key", "ascending"), ("start", "ascending")])
+
+        def process_combined(self, ctx: Any, rows: list[tuple[Any, ...]]) -> None:
+            st = ctx.state or {}
+            for start, n in rows:
+                old = st.get(start)
+                st[start] = n if old is None else old + n
+                if old is None:
+                    ctx.set_timer(str(start), start + WIN - 1)
+            ctx.state = st
+
+    return WindowCountVector()
 
 
 def state_partitions(spark: Any) -> int:
@@ -75,6 +96,7 @@ class DeltaWheelEngine:
     name = "deltawheel"
     write_path = "auto"  # the image path, on a local folder and on s3a:// alike
     direct_read = True
+    vectorised = False  # the computation declares the vectorised path (combine + process_combined)
     takes_store = True  # run(store=...) puts the store (and its streaming checkpoint) there
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None,
@@ -105,7 +127,7 @@ class DeltaWheelEngine:
 
                 configure_log_store(spark, zk.hosts, chroot="/bench-logstore")
             migrations.apply(spark, layout, dry_run=False)
-            comp = _computation(state_partitions(spark))
+            comp = _computation(state_partitions(spark), vectorised=self.vectorised)
             inj = ParquetInjector("events", str(data.input_dir), key_column="key", event_time_column="event_time",
                                   value_columns=[], record_id_column="record_id", max_files_per_trigger=1,
                                   watermark_delay_ms=10_000)
@@ -133,6 +155,8 @@ class DeltaWheelEngine:
         open_events = sum(sum(codec.decode(r["state"]).values()) for r in state)
         late = sum(r.late for r in reports)
         settings = {"exactly_once": True, "strong_productions": True, "num_intervals": type(comp).num_intervals,
+                    "user_code": ("combine (an Arrow group-by per key and window) + process_combined per key"
+                                  if self.vectorised else "process_record per record"),
                     "codec": "msgpack",
                     "store": layout.root if store is not None else "local folder",
                     "record_value": "none (value_columns=[]: the computation reads key and event time only)",
@@ -174,5 +198,13 @@ class DeltaWheelJvmReadEngine(DeltaWheelEngine):
     direct_read = False
 
 
+class DeltaWheelVectorEngine(DeltaWheelEngine):
+    """The image path with the computation declaring the vectorised path (late records, which it
+    drops, still go through ``process_record``)."""
+
+    name = "deltawheel_vector"
+    vectorised = True
+
+
 ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_merge": DeltaWheelMergeEngine,
-           "deltawheel_jvm_read": DeltaWheelJvmReadEngine}
+           "deltawheel_jvm_read": DeltaWheelJvmReadEngine, "deltawheel_vector": DeltaWheelVectorEngine}

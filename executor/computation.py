@@ -38,6 +38,8 @@ from deltawheel.statestore.layout import validate_name
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, Timer
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from .context import Context
 
 __all__ = ["RECORD_KEY", "Record", "make_record", "Computation", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
@@ -170,6 +172,40 @@ class Computation:
     def process_timer(self, ctx: "Context", timer: Timer) -> None:
         """Handle a fired timer of ``ctx.key``. Default: do nothing."""
 
+    # The vectorised path (docs/embedding.md, "The vectorised path"): a computation that overrides
+    # both methods below declares that, for a key's new records of a batch, ``combine`` followed by
+    # ``process_combined`` does exactly what ``process_record`` per record does.
+    def combine(self, records: "pa.Table") -> "pa.Table":
+        """Reduce the new records of many keys of one batch at once, with Arrow / NumPy (optional).
+
+        ``records``: the new (not seen before), on-time records of the keys the vectorised path
+        runs, in one Arrow table ordered by (key, event time, record id), with the columns ``key``
+        (string), ``value`` (the decoded values; all null for an input without value columns),
+        ``timestamp_ms`` (int64), ``record_id`` and ``stream`` (string). Return a table with a
+        ``key`` column and any others (e.g. a count and a sum per key and window: a group-by);
+        each key's rows, in the table's order, go to :meth:`process_combined` as tuples of the
+        other columns. Called once per interval and batch (on the per-key paths and in the
+        testing harness: once per key). Must not keep state of its own: everything lasting goes
+        through the context in :meth:`process_combined`. Default: not declared."""
+        raise NotImplementedError(f"{self.name} declares no combine")
+
+    def process_combined(self, ctx: "Context", rows: list[tuple[Any, ...]]) -> None:
+        """Handle ``ctx.key``'s rows of :meth:`combine` (the columns after ``key``, as tuples, in
+        the combined table's order), in place of :meth:`process_record` over the key's new
+        records: called at most once per key and batch, before the key's due timers, as
+        :meth:`process_records` is (productions made here take their ids from the key's first
+        new record and their default timestamp from its last). A key with a late record among
+        its new ones, and every key of a computation with ``ErrorPolicy.DEAD_LETTER`` or of a
+        batch that carries a record id twice, runs :meth:`process_record` per record instead."""
+        raise NotImplementedError(f"{self.name} declares no process_combined")
+
+    @classmethod
+    def vectorised(cls) -> bool:
+        """Does this computation declare the vectorised path (:meth:`combine` and
+        :meth:`process_combined` both overridden)?"""
+        return (cls.combine is not Computation.combine
+                and cls.process_combined is not Computation.process_combined)
+
     @classmethod
     def batches_records(cls) -> bool:
         """Does this computation override :meth:`process_records` (one call per key and batch)?"""
@@ -221,6 +257,9 @@ class Computation:
         if (isinstance(cls.state_version, bool) or not isinstance(cls.state_version, int)
                 or cls.state_version < 1):
             raise ConfigError(f"{cls.name}: state_version must be a whole number >= 1, got {cls.state_version!r}")
+        if (cls.combine is Computation.combine) != (cls.process_combined is Computation.process_combined):
+            raise ConfigError(f"{cls.name}: the vectorised path needs both combine and process_combined (one is "
+                              "defined without the other); define both, or neither")
         if not cls.inputs:
             raise ConfigError(f"computation {cls.name!r} declares no input streams (set `inputs`)")
         for stream, extractor in cls.inputs.items():

@@ -46,10 +46,10 @@ METRICS_COLUMNS = (
     "records_in BIGINT, processed BIGINT, duplicates BIGINT, late BIGINT, late_routed BIGINT, "
     "dead_letters BIGINT, timers_fired BIGINT, productions BIGINT, pending_productions BIGINT, "
     "keys_written BIGINT, input_watermark_ms BIGINT, low_watermark_ms BIGINT, state_rows BIGINT, "
-    "state_bytes BIGINT, format_version INT, keys_expired BIGINT"
+    "state_bytes BIGINT, format_version INT, keys_expired BIGINT, image_cache_hit_rate DOUBLE"
 )
 # columns added after the table's first version: a table created before them gets them on first use
-_ADDED_COLUMNS = ("keys_expired BIGINT",)
+_ADDED_COLUMNS = ("keys_expired BIGINT", "image_cache_hit_rate DOUBLE")
 _NAMES = tuple(c.strip().split(" ", 1)[0] for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP").split(","))
 
 
@@ -80,7 +80,13 @@ def batch_row(report: Any, *, pipeline: str | None, computation: str, instance: 
             "pending_productions": int(pending_productions), "keys_written": report.keys_written,
             "input_watermark_ms": report.input_watermark_ms, "low_watermark_ms": report.low_watermark_ms,
             "state_rows": state[0], "state_bytes": state[1], "format_version": METRICS_FORMAT_VERSION,
-            "keys_expired": int(getattr(report, "keys_expired", 0))}
+            "keys_expired": int(getattr(report, "keys_expired", 0)),
+            "image_cache_hit_rate": _hit_rate(report)}
+
+
+def _hit_rate(report: Any) -> float | None:
+    rate = getattr(report, "image_cache_hit_rate", None)
+    return None if rate is None else round(float(rate), 4)
 
 
 def state_size(files: Mapping[int, Sequence[Any]] | None) -> tuple[int | None, int | None]:

@@ -49,6 +49,13 @@ class BatchReport:
     # committed their input file for it (``rescale.py``)
     skipped_moved: int = 0
 
+    @property
+    def image_cache_hit_rate(self) -> float | None:
+        """Of the intervals the tasks ran, the share whose image their Python worker held (the
+        image cache, ``executor/tasks/image/cache.py``); None when no interval ran (the MERGE path,
+        an empty batch)."""
+        return 1.0 - self.images_read / self.intervals_run if self.intervals_run else None
+
     @classmethod
     def empty(cls, batch_id: int, *, input_watermark_ms: int | None, low_watermark_ms: int | None, wall_s: float,
               steps_s: tuple[tuple[str, float], ...] = ()) -> BatchReport:
@@ -86,6 +93,7 @@ def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> st
             + (f"; {r.skipped_moved} skipped (processed by an earlier owner)" if r.skipped_moved else "")
             + (f"; bloom {r.bloom_maybe}/{r.bloom_checked} maybe ({r.bloom_false_pos} false), "
                f"{r.bloom_bytes / 1e6:.1f} MB" if r.bloom_checked else "")
-            + (f"; {r.images_read}/{r.intervals_run} images read" if r.intervals_run else "") +
+            + (f"; {r.images_read}/{r.intervals_run} images read (cache hit {100 * (r.image_cache_hit_rate or 0):.0f} %)"
+               if r.intervals_run else "") +
             f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
             f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")

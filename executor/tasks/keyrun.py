@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from operator import attrgetter
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from deltawheel.statestore.codecs import Codec, codec_version, get_codec, versioned_name
 from deltawheel.statestore.rowtable.rows import (
@@ -41,6 +41,7 @@ from deltawheel.statestore.rowtable.rows import (
 from ..computation import Computation, ErrorPolicy, Record
 from ..context import TTL_TAG, Context, TimerCause
 from ..exceptions import StateUpgradeError, UserCodeError
+from .combine import combined_rows, records_table
 
 __all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
            "first_timer_seq", "state_codec_of"]
@@ -164,10 +165,13 @@ class UserCode:
     looked up here, not for each of the batch's keys."""
 
     def __init__(self, comp: Computation, *, input_watermark_ms: int | None, now_ms: int,
-                 fire_timers: bool = True) -> None:
+                 fire_timers: bool = True, combine_per_key: bool = True) -> None:
         self.comp = comp
         self.batch = comp.batches_records()
         self.dead_letter = comp.error_policy is ErrorPolicy.DEAD_LETTER
+        # the vectorised path, one combine per key (the image path's key loop combines an
+        # interval's keys at once and passes each key's rows instead: ``combine_per_key=False``)
+        self.per_key_combine = combine_per_key and comp.vectorised() and not self.dead_letter
         self.wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
         self.now_ms = now_ms
         self.fire_timers = fire_timers
@@ -180,9 +184,11 @@ class UserCode:
         self.ttl_event_ms, self.ttl_processing_ms = ttls
         self.ttl = self.ttl_event_ms is not None or self.ttl_processing_ms is not None
 
-    def run(self, ctx: Context, records: Sequence[Record],
-            seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
-        """(ids run, duplicates, late, dead letters, timers fired): the fields of :class:`Ran`."""
+    def run(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
+            combined: list[tuple[Any, ...]] | None = None) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
+        """(ids run, duplicates, late, dead letters, timers fired): the fields of :class:`Ran`.
+        ``combined``: the key's rows of the computation's ``combine`` over ``records`` (all new,
+        none late), run through ``process_combined`` instead of per record."""
         comp = self.comp
         dups = late = 0
         dead: list[tuple[Record, str]] = []
@@ -191,7 +197,9 @@ class UserCode:
             err = self._upgrade(ctx)
             if err is not None:  # dead-letter policy: the key's records go, its row stays as it was
                 return self._dead_key(ctx, records, seen, err)
-        if self.batch:
+        if combined is not None or self.per_key_combine:
+            fresh, dups, late, dead = self._run_combined(ctx, records, seen, combined)
+        elif self.batch:
             fresh, dups, late, dead = self._run_batch(ctx, records, seen)
         elif seen is None and not self.dead_letter:
             # no dedup, and any user error fails the batch: the loop does only what user code needs
@@ -332,6 +340,44 @@ class UserCode:
                 raise UserCodeError(comp.name, ctx.key, f"record {rid!r} (event time {r.timestamp_ms})",
                                     exc) from exc
         return fresh, dups, late, dead
+
+    def _run_combined(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
+                      rows: list[tuple[Any, ...]] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
+        """The vectorised path: one ``process_combined`` call with the key's ``rows`` of
+        ``combine`` (None: combined here, over the key's new records); a key with a late record
+        among them (or values that fit no Arrow column) runs per record instead."""
+        comp = self.comp
+        dups = 0
+        todo: Sequence[Record]
+        if seen is None:
+            todo = records
+        else:
+            todo = []
+            for r in records:
+                rid = r.record_id
+                if rid in seen:
+                    dups += 1
+                    continue
+                seen.add(rid)
+                todo.append(r)
+        if not todo:
+            return [], dups, 0, []
+        if rows is None:
+            table = None if any(map(_LATE, todo)) else records_table(todo)
+            if table is None:
+                fresh, more, late, dead = (self._run_batch if self.batch else self._run_each)(ctx, todo, None)
+                return fresh, dups + more, late, dead
+            rows = combined_rows(comp, table, [ctx.key])[ctx.key]
+        first, last = todo[0], todo[-1]
+        fresh = list(map(_RECORD_ID, todo))
+        ctx.cause = TimerCause(f"{comp.name}:{first.record_id}", last.timestamp_ms)
+        try:
+            comp.process_combined(ctx, rows)
+        except Exception as exc:
+            raise UserCodeError(comp.name, ctx.key, f"process_combined over {len(todo)} records {first.record_id!r}.."
+                                f"{last.record_id!r} (event time {first.timestamp_ms}..{last.timestamp_ms})",
+                                exc) from exc
+        return fresh, dups, 0, []
 
     def _run_batch(self, ctx: Context, records: Sequence[Record],
                    seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:

@@ -1,12 +1,11 @@
 """Window-aware eviction (DESIGN.md, "Cache"): the policy, and the row cache that applies it.
 
-Not on the batch path yet. The executor's batches do not read through this cache: on the
-image path each Python worker keeps whole interval images (``executor/tasks/image/task.py``,
-docs/performance.md), the MERGE path reads in SQL. What uses it today is the cache benchmark
-(``benchmarks/cachebench.py``, ``deltawheel bench cache``): it replays a workload's row
-accesses through :class:`RowCache` with this policy, with LRU and with Belady's optimum
-(docs/benchmarks.md, "Cache"). A window-aware cache on the batch path is meant to take the
-policy from here.
+The executor's batches do not read rows through this cache: on the image path each Python
+worker keeps whole interval images, with this policy applied to images
+(``executor/tasks/image/cache.py``, docs/performance.md); the MERGE path reads in SQL. What uses
+:class:`RowCache` is ``quickstart`` and the cache benchmark (``benchmarks/cachebench.py``,
+``deltawheel bench cache``): it replays a workload's row accesses through it with this policy,
+with LRU and with Belady's optimum (docs/benchmarks.md, "Cache").
 
 Under a single-writer lease the rows an instance committed *are* the table's content for its
 intervals: any other writer must first take the lease, which grants a new sequencer and fences

@@ -56,13 +56,16 @@ from deltawheel.statestore.writepath.image.summary import (
 )
 
 from ...computation import Computation
+from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_folder
 from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .keys import Input, KeyLoop, OldRows, py_list
 
 __all__ = ["ImageSpec", "holds", "run_task"]
 
-_CACHE: "OrderedDict[tuple[str, ...], Any]" = OrderedDict()
-_CACHE_MAX = 64
+# the worker's images, bounded by bytes and evicted window-aware (``cache.py``)
+_CACHE = ImageCache(max_bytes_from_env())
+_TRACED = traced_folder()  # DELTAWHEEL_IMAGE_CACHE_TRACE: record the lookups (``deltawheel bench cache --trace``)
+_CACHE_MAX = 64  # Bloom filters kept
 # the interval images' Bloom filters of record ids, by the image's file paths (as _CACHE)
 _BLOOMS: "OrderedDict[tuple[str, ...], IdBloom]" = OrderedDict()
 BLOOM_ERROR_RATE = 0.01  # at the filter's capacity
@@ -227,7 +230,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     written: ImageFile | None = None
     if loop.written or has_pending or dirty or expired or (spec.input_files and inp.runs):
         written = write_interval_image(new_image, spec.rows_root, name, iv)
-        _remember((written.path,), new_image)
+        _remember((written.path,), new_image, name, iv, written=True)
         if bloom is not None:  # the new image's ids: the old image's (a superset) and the new ones
             bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
             if not bloom.full():
@@ -345,13 +348,17 @@ def _load(spec: ImageSpec, iv: int) -> Any:
     import pyarrow as pa
 
     paths = tuple(sorted(spec.images.get(iv, ())))
-    hit = _CACHE.get(paths)
-    if hit is not None:
-        _CACHE.move_to_end(paths)
-        return hit
-    parts = [_read_rows_file(spec.rows_root, p, spec.rows_schema) for p in paths]
-    table = pa.concat_tables(parts) if parts else spec.rows_schema.empty_table()
-    _remember(paths, table)
+    name = spec.comp.name
+    _CACHE.observe(name, spec.wm)
+    hit = _CACHE.get(paths, slot=(name, iv), count=bool(paths))
+    table = hit
+    if table is None:
+        parts = [_read_rows_file(spec.rows_root, p, spec.rows_schema) for p in paths]
+        table = pa.concat_tables(parts) if parts else spec.rows_schema.empty_table()
+        _remember(paths, table, name, iv)
+    if _TRACED:
+        trace({"op": "get", "comp": name, "iv": iv, "paths": list(paths), "hit": hit is not None, "wm": spec.wm,
+               "bytes": table.nbytes, "next_ev": image_facts(table)}, traced=_TRACED)
     return table
 
 
@@ -373,11 +380,12 @@ def _read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
     return t.select(schema.names).cast(schema)
 
 
-def _remember(paths: tuple[str, ...], table: Any) -> None:
-    _CACHE[paths] = table
-    _CACHE.move_to_end(paths)
-    while len(_CACHE) > _CACHE_MAX:
-        _CACHE.popitem(last=False)
+def _remember(paths: tuple[str, ...], table: Any, comp: str, iv: int, *, written: bool = False) -> None:
+    next_ev = image_facts(table)
+    _CACHE.put(paths, table, nbytes=table.nbytes, next_ev=next_ev, slot=(comp, iv), group=comp)
+    if written:
+        trace({"op": "put", "comp": comp, "iv": iv, "paths": list(paths), "bytes": table.nbytes, "next_ev": next_ev},
+              traced=_TRACED)
 
 
 def _write_productions(spec: ImageSpec, iv: int, prods: list[Any]) -> list[ProductionFile]:

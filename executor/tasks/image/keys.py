@@ -33,6 +33,7 @@ from deltawheel.statestore.writepath.image.summary import SideRecord
 from ...computation import Computation, Record, new_record
 from ...context import Context
 from ..keyrun import UserCode, codec_of, state_codec_of
+from .vector import KeyRecords, interval_combined, takes_vectorised
 
 __all__ = ["Input", "OldRows", "KeyLoop", "py_list", "constant_or_list"]
 
@@ -264,7 +265,12 @@ class KeyLoop:
         every = inp.records() if inp.no_values and seen is None else None
         strong = self.strong
         new_ctx = context_factory(comp, self.codec, wm, now)
-        run_user = UserCode(comp, input_watermark_ms=wm, now_ms=now).run
+        run_user = UserCode(comp, input_watermark_ms=wm, now_ms=now, combine_per_key=False).run
+        # the vectorised path: one combine over the interval's eligible keys (``vector.py``)
+        combined: dict[str, list[tuple[Any, ...]]] | None = None
+        read: dict[str, KeyRecords] | None = None
+        if takes_vectorised(comp, repeats=inp.repeats):
+            combined, read = interval_combined(comp, inp, touched, seen, every, records_of)
         processed = duplicates = late = fired = written = expired = 0
         for key in touched:
             j = index(key)
@@ -276,11 +282,13 @@ class KeyLoop:
             if every is not None:
                 records, n_seen = every[lo:hi], 0
             else:
-                records, dead, n_seen = records_of(inp, key, lo, hi, seen)
+                records, dead, n_seen = read[key] if read is not None and key in read else records_of(
+                    inp, key, lo, hi, seen)
                 if dead:
                     self.all_ran = False
                     self.side.extend(dead)
-            fresh, n_dups, n_late, dead_letters, n_fired = run_user(ctx, records, set() if repeats else None)
+            fresh, n_dups, n_late, dead_letters, n_fired = run_user(
+                ctx, records, set() if repeats else None, None if combined is None else combined.get(key))
             if dead_letters:
                 pos = {inp.ids[i]: i for i in range(lo, hi)}
                 self.side.extend(SideRecord.of_input("dead", inp.row(pos[rec.record_id]), key, err)

@@ -1,0 +1,219 @@
+"""The Python worker's cache of interval images: bounded by memory, evicted window-aware.
+
+Each Python worker keeps the interval images it last read or wrote (``interval.py``), keyed by the
+image's file paths: files are immutable, so a cached image is never stale, and a task that runs
+an interval whose image this worker holds reads nothing from the store. The cache is bounded by
+the images' bytes in memory (Arrow's ``nbytes``), not by their number: one interval of a
+large-state computation can outweigh a hundred small ones.
+
+When it must drop an image it drops the one whose next expected use is furthest away, counted in
+batches, as the design's framework cache does (DESIGN.md, "Cache"; the row-level policy is
+``statestore/rowtable/eviction.py``):
+
+- the image's earliest event-time timer (``next_event_timer_ms``) is reached when the input
+  low watermark passes it: ``(timer - watermark) / (watermark advance per batch)`` batches;
+  an interval with a timer already due is needed by the next batch of its computation;
+- the next use by its own rhythm: its last use plus its mean gap between uses (the batches of
+  a computation come round to each of its intervals at its own pace);
+
+the earliest of the two counts; images with neither (used once, no timers) go first, least
+recently used first. ``policy="lru"`` ranks by last use only (the baseline).
+
+Every lookup is counted (:attr:`ImageCache.hits`, :attr:`ImageCache.lookups`); the tasks report
+whether each interval's image came from the cache (``IntervalSummary.images_read``), so the batch
+line and the metrics table show the hit rate. :func:`trace` records the lookups, to replay them
+offline (``deltawheel bench cache --trace``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Hashable
+
+from deltawheel.statestore.exceptions import ConfigError
+
+__all__ = ["ImageCache", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV", "TRACE_ENV", "image_facts", "max_bytes_from_env",
+           "trace", "traced_folder"]
+
+DEFAULT_MAX_BYTES = 2 * 2**30  # per Python worker, unless DELTAWHEEL_IMAGE_CACHE_BYTES says otherwise
+MAX_BYTES_ENV = "DELTAWHEEL_IMAGE_CACHE_BYTES"
+#: A folder: each worker appends its lookups there (one JSON line per lookup), for the cache benchmark.
+TRACE_ENV = "DELTAWHEEL_IMAGE_CACHE_TRACE"
+_NEVER = math.inf
+_ALPHA = 0.5  # weight of the newest observation in the moving averages
+
+
+def image_facts(table: Any) -> int | None:
+    """The image's earliest event-time timer (None: it has none)."""
+    import pyarrow.compute as pc
+
+    if "next_event_timer_ms" not in table.column_names or not table.num_rows:
+        return None
+    got = pc.min(table.column("next_event_timer_ms")).as_py()
+    return None if got is None else int(got)
+
+
+class _Entry:
+    __slots__ = ("value", "nbytes", "next_ev", "last", "group", "slot")
+
+    def __init__(self, value: Any, nbytes: int, next_ev: int | None, last: int, group: Hashable,
+                 slot: Hashable | None) -> None:
+        self.value = value
+        self.nbytes = nbytes
+        self.next_ev = next_ev
+        self.last = last
+        self.group = group
+        self.slot = slot
+
+
+class ImageCache:
+    """Interval images (any value with a byte size) by key, at most ``max_bytes`` of them.
+
+    ``group``: what an entry's interval belongs to (its computation): the watermark and its
+    advance per batch are tracked per group (:meth:`observe`)."""
+
+    def __init__(self, max_bytes: int, *, policy: str = "window") -> None:
+        if policy not in ("window", "lru"):
+            raise ConfigError(f"unknown image cache policy {policy!r}; use 'window' or 'lru'")
+        self.max_bytes = max_bytes
+        self.policy = policy
+        self._entries: dict[Hashable, _Entry] = {}
+        self._slot: dict[Hashable, Hashable] = {}  # slot (computation, interval) -> its entry's key
+        self._uses: dict[Hashable, tuple[int, float | None]] = {}  # slot -> (last use, mean gap)
+        self.tick = 0  # uses so far (the clock of "batches from now": a use per interval and batch)
+        self._wm: dict[Hashable, tuple[int, float | None]] = {}  # group -> (watermark, advance per use)
+        self.bytes = 0
+        self.lookups = self.hits = self.evictions = 0
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def observe(self, group: Hashable, wm: int | None) -> None:
+        """The input low watermark of ``group``'s batch now running (None: none yet)."""
+        if wm is None:
+            return
+        old = self._wm.get(group)
+        if old is None:
+            self._wm[group] = (wm, None)
+        elif wm > old[0]:
+            step = float(wm - old[0])
+            self._wm[group] = (wm, step if old[1] is None else _ALPHA * step + (1 - _ALPHA) * old[1])
+
+    def get(self, key: Hashable, *, slot: Hashable | None = None, count: bool = True) -> Any:
+        """The cached value of ``key`` (None: not cached); ``slot``: the interval it is the image of
+        (its rhythm of use is kept across its successive images)."""
+        self.tick += 1
+        if count:
+            self.lookups += 1
+        e = self._entries.get(key)
+        if slot is not None:
+            self._use(slot)
+        if e is None:
+            return None
+        if count:
+            self.hits += 1
+        e.last = self.tick
+        return e.value
+
+    def put(self, key: Hashable, value: Any, *, nbytes: int, next_ev: int | None = None,
+            slot: Hashable | None = None, group: Hashable = None) -> None:
+        """Keep ``value`` (as ``slot``'s current image: its previous one is needed again only if
+        a batch is retried, so it goes first); then drop images by the policy until the cache
+        fits ``max_bytes``."""
+        if slot is not None:
+            self._slot[slot] = key
+        if key in self._entries:
+            self._drop(key)
+        e = _Entry(value, nbytes, next_ev, self.tick, group, slot)
+        self._entries[key] = e
+        self.bytes += nbytes
+        while self.bytes > self.max_bytes and len(self._entries) > 1:
+            self._drop(self._victim(keep=key))
+            self.evictions += 1
+        if self.bytes > self.max_bytes:  # the one image alone is over the bound: not kept
+            self._drop(key)
+            self.evictions += 1
+
+    def clear(self) -> None:
+        """Drop every image (the counters stay)."""
+        self._entries.clear()
+        self._slot.clear()
+        self.bytes = 0
+
+    def _use(self, slot: Hashable) -> None:
+        old = self._uses.get(slot)
+        if old is None:
+            self._uses[slot] = (self.tick, None)
+            return
+        gap = float(self.tick - old[0])
+        self._uses[slot] = (self.tick, gap if old[1] is None else _ALPHA * gap + (1 - _ALPHA) * old[1])
+
+    def _drop(self, key: Hashable) -> None:
+        e = self._entries.pop(key, None)
+        if e is not None:
+            self.bytes -= e.nbytes
+
+    def next_use(self, key: Hashable) -> float:
+        """Uses from now until ``key`` is expected again (inf: no expectation)."""
+        e = self._entries[key]
+        best = _NEVER
+        slot = e.slot
+        per_batch = 1.0
+        if slot is not None:
+            if self._slot.get(slot) != key:  # an interval's earlier image: a retry's only
+                return _NEVER
+            last, gap = self._uses.get(slot, (e.last, None))
+            if gap is not None:
+                best = max(0.0, last + gap - self.tick)
+                per_batch = gap
+        wm = self._wm.get(e.group)
+        if e.next_ev is not None and wm is not None:
+            if e.next_ev < wm[0]:
+                best = 0.0
+            elif wm[1]:
+                best = min(best, (e.next_ev - wm[0]) / wm[1] * per_batch)
+        return best
+
+    def _victim(self, *, keep: Hashable) -> Hashable:
+        cands = [k for k in self._entries if k != keep]
+        if self.policy == "lru":
+            return min(cands, key=lambda k: self._entries[k].last)
+        # furthest next use first; among equals (none expected), least recently used first
+        return max(cands, key=lambda k: (self.next_use(k), -self._entries[k].last))
+
+
+def max_bytes_from_env() -> int:
+    """The bound: ``DELTAWHEEL_IMAGE_CACHE_BYTES`` (bytes, or with a ``k``/``m``/``g`` suffix), else
+    :data:`DEFAULT_MAX_BYTES`."""
+    raw = os.environ.get(MAX_BYTES_ENV, "").strip().lower()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    mult = {"k": 2**10, "m": 2**20, "g": 2**30}.get(raw[-1], 1)
+    try:
+        got = int(float(raw[:-1] if mult != 1 else raw) * mult)
+    except ValueError:
+        got = -1
+    if got <= 0:
+        raise ConfigError(f"{MAX_BYTES_ENV}={raw!r} is not a size: give a positive number of bytes, or one with a "
+                          f"k, m or g suffix (e.g. 512m)")
+    return got
+
+
+def traced_folder() -> str | None:
+    """The folder ``DELTAWHEEL_IMAGE_CACHE_TRACE`` names (None: no trace), read once per worker."""
+    return os.environ.get(TRACE_ENV) or None
+
+
+def trace(event: dict[str, Any], *, traced: str | None) -> None:
+    """Append one event to this worker's trace file in ``traced`` (None: nothing)."""
+    if traced is None:
+        return
+    event = {"t": time.time(), "pid": os.getpid(), **event}
+    with open(os.path.join(traced, f"images-{os.getpid()}.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(event) + "\n")

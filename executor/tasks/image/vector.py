@@ -1,0 +1,76 @@
+"""The vectorised path in the image task: one ``combine`` call over an interval's eligible keys.
+
+The key loop (``keys.py``) asks :func:`interval_combined` before it runs the keys of a
+computation that declares the vectorised path (``Computation.vectorised``). A key is eligible
+when it has new records in the batch and none of them is late; its rows of the combine then go
+to ``process_combined`` (``keyrun.UserCode``), everything else of the key's run (dedup, timers,
+the TTL, the row image, the record ids) is the per-record path's. An input without value columns
+goes to ``combine`` straight from the batch's Arrow columns (no Python object per record); with
+values, the records are decoded as the per-record path decodes them (undecodable ones are dead
+letters) and the table is built from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltawheel.statestore.writepath.image.summary import SideRecord
+
+from ...computation import Computation, ErrorPolicy, Record
+from ..combine import COLUMNS, combined_rows, records_table
+
+__all__ = ["takes_vectorised", "interval_combined", "KeyRecords"]
+
+#: A key's records of the batch as the key loop runs them: (records not seen before, in order;
+#: its undecodable ones; how many were seen before).
+KeyRecords = tuple[list[Record], list[SideRecord], int]
+
+
+def takes_vectorised(comp: Computation, *, repeats: bool) -> bool:
+    """Does this batch of ``comp`` run the vectorised path (declared, no dead-letter policy, no
+    record id twice in the batch)?"""
+    return comp.vectorised() and comp.error_policy is not ErrorPolicy.DEAD_LETTER and not repeats
+
+
+def interval_combined(comp: Computation, inp: Any, touched: list[str], seen: list[bool] | None,
+                      every: list[Record] | None,
+                      records_of: Any) -> tuple[dict[str, list[tuple[Any, ...]]] | None, dict[str, KeyRecords] | None]:
+    """(eligible key -> its combined rows, or None: no key is vectorised; key -> its records,
+    when they had to be read here: the key loop uses them instead of reading them again).
+    ``inp``: the interval's ``keys.Input``; ``every``: all its records when there is nothing to
+    decode or skip; ``records_of``: ``keys.records_of``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    with_records = [k for k in touched if k in inp.runs]
+    if not with_records:
+        return None, None
+    if every is not None:  # no values and nothing seen before: straight from the Arrow columns
+        t = inp.table
+        late = pc.fill_null(t.column("late"), False)
+        if pc.any(late).as_py():
+            late_keys = pc.unique(t.filter(late).column("key"))
+            t = t.filter(pc.invert(pc.is_in(t.column("key"), value_set=late_keys)))
+            gone = set(late_keys.to_pylist())
+            keys = [k for k in with_records if k not in gone]
+        else:
+            keys = with_records
+        if not keys:
+            return None, None
+        table = pa.table([t.column("key"), pa.nulls(t.num_rows), t.column("timestamp_ms"), t.column("record_id"),
+                          pc.fill_null(t.column("stream"), "")], names=list(COLUMNS))
+        return combined_rows(comp, table, keys), None
+    read: dict[str, KeyRecords] = {}
+    picked: list[Record] = []
+    keys = []
+    for key in with_records:
+        lo, hi = inp.runs[key]
+        got = read[key] = records_of(inp, key, lo, hi, seen)
+        recs = got[0]
+        if recs and not any(r.late for r in recs):
+            keys.append(key)
+            picked += recs
+    table = records_table(picked) if keys else None
+    if table is None:
+        return None, read
+    return combined_rows(comp, table, keys), read

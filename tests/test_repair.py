@@ -1,4 +1,5 @@
-"""``deltawheel repair`` (issue 43 item 1): an UPDATE or DELETE of the decoded state view, one fenced
+"""``deltawheel repair`` (issue 43 item 1): an UPDATE or DELETE of the decoded state view (MERGE,
+timers and pending productions: test_repair_merge.py), one fenced
 commit under the leases of the intervals it touches, audited; real Spark, ZooKeeper and Delta."""
 
 from __future__ import annotations
@@ -18,16 +19,13 @@ def test_only_updates_and_deletes_of_the_state_view_are_repairs() -> None:
         parse_repair("INSERT INTO state VALUES (1)")
     with pytest.raises(RepairStatementError, match="not a repair statement: 'SELECT"):
         parse_repair("SELECT * FROM state")
-    with pytest.raises(RepairStatementError, match="timers cannot be repaired by themselves yet"):
-        parse_repair("DELETE FROM timers WHERE key = 'a'")
-    with pytest.raises(RepairStatementError, match="a repair changes the state view, not 'rows'"):
+    with pytest.raises(RepairStatementError, match="a repair changes the state, timers or pending_productions "
+                                                   "view, not 'rows': the raw rows"):
         parse_repair("UPDATE rows SET state = NULL")
     with pytest.raises(RepairStatementError, match="only state_json can be set"):
         parse_repair("UPDATE state SET key = 'b' WHERE key = 'a'")
-    with pytest.raises(RepairStatementError, match="MERGE into the state view is not supported yet"):
-        parse_repair("MERGE INTO state USING src ON state.key = src.key WHEN MATCHED THEN DELETE")
     s = parse_repair("update state set state_json = '{\"n\": 1}' where key = 'a';")
-    assert (s.kind, s.state_expr, s.where) == ("update", "'{\"n\": 1}'", "key = 'a'")
+    assert (s.kind, s.expr, s.where) == ("update", "'{\"n\": 1}'", "key = 'a'")
     assert parse_repair("DELETE FROM state").where is None
     # the command line refuses before it starts Spark: exit status 3, nothing touched
     assert main(["repair", "--store", "/nonexistent/store", "--pipeline", "p", "--computation", "c",

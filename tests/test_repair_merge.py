@@ -110,7 +110,7 @@ def test_merge_as_a_user_bootstraps_and_patches_state_from_a_file(  # type: igno
              "WHEN NOT MATCHED THEN INSERT (key, state_json) VALUES (s.q, to_json(named_struct('0', s.n)))")
 
     # --plan of a pipeline ZooKeeper does not know is refused as the apply is
-    assert main([*base[:4], "nosuch", *base[6:], "--plan", merge]) == 3
+    assert main([*base[:4], "nosuch", *base[5:], "--plan", merge]) == 3
     assert "pipeline 'nosuch' has no computation 'buckets' in ZooKeeper" in capsys.readouterr().err
     assert main([*base, "--plan", merge]) == 0
     out = capsys.readouterr().out

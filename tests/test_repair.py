@@ -98,12 +98,14 @@ def test_repair_as_a_user_runs_it_plan_update_delete_and_refusals(  # type: igno
 @pytest.mark.spark
 @pytest.mark.slow  # a live pipeline, a repair while it runs, and a reference run (minutes)
 @pytest.mark.timeout(2400)
-def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("how", ["update", "merge"])
+def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys, how) -> None:  # type: ignore[no-untyped-def]
     """The demo pipeline runs (a thread, following its input folder) while one key of ``model`` is
-    repaired: the pipeline hands the key's interval over at a batch boundary and goes on. Its final
-    rows are an uninterrupted run's (of the model over the panes the live window_counter delivered)
-    with the repair applied (a field the model carries along), its predictions that run's: none
-    twice, none lost."""
+    repaired (an UPDATE; or a MERGE from a JSON file, which also inserts a key): the pipeline hands
+    the intervals over at a batch boundary and goes on. Its final rows are an uninterrupted run's
+    (of the model over the panes the live window_counter delivered) with the repair applied (a
+    field the model carries along; the inserted key), its predictions that run's: none twice,
+    none lost."""
     import threading
     import time
     import uuid
@@ -146,10 +148,16 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) ->
         files(4)
         stmt = (f"UPDATE state SET state_json = regexp_replace(state_json, '^[{{]', '{{\"repaired\": 1, ') "
                 f"WHERE key = '{key}'")
+        if how == "merge":
+            src = tmp_path / "patch.json"
+            src.write_text(json.dumps({"q": key, "mark": 1}) + "\n" + json.dumps({"q": "zz-merged", "mark": 2}) + "\n")
+            stmt = (f"MERGE INTO state USING json.`{src}` AS p ON state.key = p.q WHEN MATCHED THEN UPDATE SET "
+                    "state_json = regexp_replace(state.state_json, '^[{]', concat('{\"repaired\": ', p.mark, ', ')) "
+                    "WHEN NOT MATCHED THEN INSERT (key, state_json) VALUES (p.q, to_json(named_struct('repaired', p.mark)))")
         files(6)  # more input while the repair runs: the pipeline's batch in flight, and after
         assert main(["repair", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
                      "--zk", zk.hosts, "--zk-chroot", zk.chroot, "--wait", "600", stmt]) == 0
-        assert "repaired model: 1 keys written" in capsys.readouterr().out
+        assert f"repaired model: {1 if how == 'update' else 2} keys written" in capsys.readouterr().out
         deadline = time.monotonic() + 900
         while not _all_read(spark, layout):
             assert time.monotonic() < deadline and not failed, failed
@@ -162,10 +170,11 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) ->
     (audit,) = _sql(spark, layout, "SELECT tool, source, rows_changed, commit_version FROM audit")
     kinds = {int(h["version"]): json.loads(h["userMetadata"]).get("kind") for h in spark.sql(
         f"DESCRIBE HISTORY delta.`{layout.rows}`").collect() if h["userMetadata"]}
-    assert audit[:3] == ("repair", stmt, 1) and kinds[audit[3]] == "repair"
+    assert audit[:3] == ("repair", stmt, 1 if how == "update" else 2) and kinds[audit[3]] == "repair"
 
     live, (expected, preds) = _state(spark, layout.rows, "model"), expected_model(spark, store)
-    assert live == {**expected, key: {**expected[key], "repaired": 1}}
+    merged = {"zz-merged": {"repaired": 2}} if how == "merge" else {}
+    assert live == {**expected, key: {**expected[key], "repaired": 1}, **merged}
     got = _predictions(spark, store)
     assert len({(k, ts) for k, ts, _ in got}) == len(got)  # none twice
     assert got == preds  # none lost, the values an uninterrupted run gives

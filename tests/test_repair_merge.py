@@ -90,6 +90,7 @@ def _seed(spark: Any, layout: Any, zk_config: Any, comp: Any) -> None:
 
 @pytest.mark.spark
 @pytest.mark.zk
+@pytest.mark.slow  # eight commands, each its own Spark jobs, and two batches (minutes on a loaded machine)
 @pytest.mark.timeout(1200)
 def test_merge_as_a_user_bootstraps_and_patches_state_from_a_file(  # type: ignore[no-untyped-def]
         spark, migrated_store, zk_config, tmp_path, capsys) -> None:
@@ -159,6 +160,7 @@ def test_merge_as_a_user_bootstraps_and_patches_state_from_a_file(  # type: igno
 
 @pytest.mark.spark
 @pytest.mark.zk
+@pytest.mark.slow  # four repairs and three batches (minutes on a loaded machine)
 @pytest.mark.timeout(1200)
 def test_timers_repaired_and_the_ttl_timer_refused(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     """A key's stuck timer deleted, another moved (the next-timer columns follow), the state TTL's
@@ -260,3 +262,42 @@ def test_plan_refuses_an_unknown_pipeline_in_the_api(spark, migrated_store, zk_c
     finally:
         client.stop()
         client.close()
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(900)
+def test_merge_inserts_keys_from_a_json_file_with_the_given_codec(  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config, tmp_path) -> None:
+    """A computation with no rows yet: the MERGE needs the codec (refused without it), then
+    inserts each key in its interval with that codec column (msgpack, state version 2)."""
+    from deltawheel.statestore.codecs import get_codec
+    from deltawheel.statestore.rowtable.rows import interval_of
+    from deltawheel.statestore.surgery.repair import repair
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+
+    src = tmp_path / "seed.json"
+    src.write_text('{"q": "a", "n": 1}\n{"q": "b", "n": 2}\n')
+    stmt = (f"MERGE INTO state USING json.`{src}` ON state.key = source.q WHEN NOT MATCHED THEN "
+            "INSERT (key, state_json) VALUES (source.q, to_json(named_struct('n', source.n)))")
+    client = connect(zk_config)
+    try:
+        leases = LeaseManager(client, pipeline="test", owner="seeder")
+        leases.acquire("fresh", list(range(4)), wait_s=10)  # the pipeline's lease znodes: 4 intervals
+        leases.close()
+        with pytest.raises(RepairStatementError, match="has no rows yet, so the codec"):
+            repair(spark, migrated_store, client, pipeline="test", computation="fresh", statement=stmt)
+        with pytest.raises(RepairStatementError, match="--codec pickle"):
+            repair(spark, migrated_store, client, pipeline="test", computation="fresh", statement=stmt,
+                   codec="pickle")
+        r = repair(spark, migrated_store, client, pipeline="test", computation="fresh", statement=stmt,
+                   codec="msgpack@2")
+    finally:
+        client.stop()
+        client.close()
+    assert r.rows_changed == 2 and r.version is not None
+    rows = {x["key"]: x for x in spark.read.format("delta").load(migrated_store.rows)
+            .where("computation = 'fresh' AND key NOT LIKE '\u0000%'").collect()}
+    assert {k: (x["interval"], x["codec"], get_codec("msgpack").decode(x["state"])) for k, x in rows.items()} == {
+        "a": (interval_of("a", 4), "msgpack@2", {"n": 1}), "b": (interval_of("b", 4), "msgpack@2", {"n": 2})}

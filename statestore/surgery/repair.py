@@ -132,13 +132,13 @@ def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], s
     """
     def codec() -> str:
         if given is not None:
+            if base_name(given) == "pickle":
+                raise RepairStatementError("--codec pickle: a repair cannot encode pickled state from JSON; "
+                                           "give json or msgpack (with @<state_version> for a version above 1)")
             try:
                 get_codec(given)
             except CodecError as exc:
                 raise RepairStatementError(f"--codec {given!r}: {exc}") from exc
-            if base_name(given) == "pickle":
-                raise RepairStatementError("--codec pickle: a repair cannot encode pickled state from JSON; "
-                                           "give json or msgpack (with @<state_version> for a version above 1)")
             return given
         seen = Counter(str(r[0]) for r in run_sql(
             spark, f"SELECT codec FROM state WHERE computation = {sql_str(computation)}", what="the state view"))

@@ -66,11 +66,17 @@ def test_repair_as_a_user_runs_it_plan_update_delete_and_refusals(  # type: igno
                       ("UPDATE state SET state_json = nosuchcolumn", "not valid on the state view")):
         assert main([*base, stmt]) == 3
         assert msg in capsys.readouterr().err
-    with pytest.raises(RepairStatementError, match="names rows of computation 'other'"):
-        from deltawheel.statestore.surgery.repair import plan_repair
+    from deltawheel.statestore.surgery.repair import plan_repair
+    from deltawheel.statestore.zk.client import connect
 
-        plan_repair(spark, migrated_store, computation="buckets", statement="DELETE FROM state WHERE "
-                                                                             "computation = 'other'")
+    client = connect(zk_config)
+    try:
+        with pytest.raises(RepairStatementError, match="names rows of computation 'other'"):
+            plan_repair(spark, migrated_store, client, pipeline="test", computation="buckets",
+                        statement="DELETE FROM state WHERE computation = 'other'")
+    finally:
+        client.stop()
+        client.close()
     assert state_of(spark, migrated_store, "buckets") == before
 
     assert main([*base, update]) == 0

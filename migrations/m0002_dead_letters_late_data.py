@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.tabledefs import DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
 
 from ._ddl import create_table
 
@@ -12,16 +13,6 @@ __all__ = ["VERSION", "NAME", "DEAD_LETTERS_COLUMNS", "LATE_DATA_COLUMNS", "desc
 
 VERSION = 2
 NAME = "dead_letters_late_data"
-DEAD_LETTERS_COLUMNS = (
-    "computation STRING, stream STRING, record_id STRING, key STRING, raw_value BINARY, "
-    "error STRING, source_position STRING, event_time_ms BIGINT, batch_id BIGINT, "
-    "recorded_ms BIGINT, format_version INT"
-)
-LATE_DATA_COLUMNS = (
-    "computation STRING, stream STRING, record_id STRING, key STRING, value BINARY, codec STRING, "
-    "event_time_ms BIGINT, watermark_ms BIGINT, reason STRING, batch_id BIGINT, recorded_ms BIGINT, "
-    "format_version INT"
-)
 
 
 def describe(layout: StoreLayout) -> str:

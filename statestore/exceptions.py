@@ -251,8 +251,10 @@ class ReplayCodeError(ConfigError):
 
 
 class RepairStatementError(ConfigError):
-    """A repair statement is not an UPDATE, DELETE or MERGE of the ``state`` view, names another
-    computation's rows, or sets a state the computation's codec cannot encode."""
+    """A repair statement is not an UPDATE, DELETE or MERGE of the ``state`` view (or a DELETE /
+    UPDATE of ``timers``, a DELETE of ``pending_productions``), names another computation's rows,
+    sets a state the computation's codec cannot encode, inserts a key that is not usable or twice,
+    or selects the framework's TTL timer."""
 
 
 class JarFetchError(FatalError):

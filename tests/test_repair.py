@@ -1,4 +1,5 @@
-"""``deltawheel repair`` (issue 43 item 1): an UPDATE or DELETE of the decoded state view, one fenced
+"""``deltawheel repair`` (issue 43 item 1): an UPDATE or DELETE of the decoded state view (MERGE,
+timers and pending productions: test_repair_merge.py), one fenced
 commit under the leases of the intervals it touches, audited; real Spark, ZooKeeper and Delta."""
 
 from __future__ import annotations
@@ -18,16 +19,13 @@ def test_only_updates_and_deletes_of_the_state_view_are_repairs() -> None:
         parse_repair("INSERT INTO state VALUES (1)")
     with pytest.raises(RepairStatementError, match="not a repair statement: 'SELECT"):
         parse_repair("SELECT * FROM state")
-    with pytest.raises(RepairStatementError, match="timers cannot be repaired by themselves yet"):
-        parse_repair("DELETE FROM timers WHERE key = 'a'")
-    with pytest.raises(RepairStatementError, match="a repair changes the state view, not 'rows'"):
+    with pytest.raises(RepairStatementError, match="a repair changes the state, timers or pending_productions "
+                                                   "view, not 'rows': the raw rows"):
         parse_repair("UPDATE rows SET state = NULL")
     with pytest.raises(RepairStatementError, match="only state_json can be set"):
         parse_repair("UPDATE state SET key = 'b' WHERE key = 'a'")
-    with pytest.raises(RepairStatementError, match="MERGE into the state view is not supported yet"):
-        parse_repair("MERGE INTO state USING src ON state.key = src.key WHEN MATCHED THEN DELETE")
     s = parse_repair("update state set state_json = '{\"n\": 1}' where key = 'a';")
-    assert (s.kind, s.state_expr, s.where) == ("update", "'{\"n\": 1}'", "key = 'a'")
+    assert (s.kind, s.expr, s.where) == ("update", "'{\"n\": 1}'", "key = 'a'")
     assert parse_repair("DELETE FROM state").where is None
     # the command line refuses before it starts Spark: exit status 3, nothing touched
     assert main(["repair", "--store", "/nonexistent/store", "--pipeline", "p", "--computation", "c",
@@ -68,11 +66,17 @@ def test_repair_as_a_user_runs_it_plan_update_delete_and_refusals(  # type: igno
                       ("UPDATE state SET state_json = nosuchcolumn", "not valid on the state view")):
         assert main([*base, stmt]) == 3
         assert msg in capsys.readouterr().err
-    with pytest.raises(RepairStatementError, match="names rows of computation 'other'"):
-        from deltawheel.statestore.surgery.repair import plan_repair
+    from deltawheel.statestore.surgery.repair import plan_repair
+    from deltawheel.statestore.zk.client import connect
 
-        plan_repair(spark, migrated_store, computation="buckets", statement="DELETE FROM state WHERE "
-                                                                             "computation = 'other'")
+    client = connect(zk_config)
+    try:
+        with pytest.raises(RepairStatementError, match="names rows of computation 'other'"):
+            plan_repair(spark, migrated_store, client, pipeline="test", computation="buckets",
+                        statement="DELETE FROM state WHERE computation = 'other'")
+    finally:
+        client.stop()
+        client.close()
     assert state_of(spark, migrated_store, "buckets") == before
 
     assert main([*base, update]) == 0
@@ -100,12 +104,14 @@ def test_repair_as_a_user_runs_it_plan_update_delete_and_refusals(  # type: igno
 @pytest.mark.spark
 @pytest.mark.slow  # a live pipeline, a repair while it runs, and a reference run (minutes)
 @pytest.mark.timeout(2400)
-def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("how", ["update", "merge"])
+def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys, how) -> None:  # type: ignore[no-untyped-def]
     """The demo pipeline runs (a thread, following its input folder) while one key of ``model`` is
-    repaired: the pipeline hands the key's interval over at a batch boundary and goes on. Its final
-    rows are an uninterrupted run's (of the model over the panes the live window_counter delivered)
-    with the repair applied (a field the model carries along), its predictions that run's: none
-    twice, none lost."""
+    repaired (an UPDATE; or a MERGE from a JSON file, which also inserts a key): the pipeline hands
+    the intervals over at a batch boundary and goes on. Its final rows are an uninterrupted run's
+    (of the model over the panes the live window_counter delivered) with the repair applied (a
+    field the model carries along; the inserted key), its predictions that run's: none twice,
+    none lost."""
     import threading
     import time
     import uuid
@@ -148,10 +154,16 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) ->
         files(4)
         stmt = (f"UPDATE state SET state_json = regexp_replace(state_json, '^[{{]', '{{\"repaired\": 1, ') "
                 f"WHERE key = '{key}'")
+        if how == "merge":
+            src = tmp_path / "patch.json"
+            src.write_text(json.dumps({"q": key, "mark": 1}) + "\n" + json.dumps({"q": "zz-merged", "mark": 2}) + "\n")
+            stmt = (f"MERGE INTO state USING json.`{src}` AS p ON state.key = p.q WHEN MATCHED THEN UPDATE SET "
+                    "state_json = regexp_replace(state.state_json, '^[{]', concat('{\"repaired\": ', p.mark, ', ')) "
+                    "WHEN NOT MATCHED THEN INSERT (key, state_json) VALUES (p.q, to_json(named_struct('repaired', p.mark)))")
         files(6)  # more input while the repair runs: the pipeline's batch in flight, and after
         assert main(["repair", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
                      "--zk", zk.hosts, "--zk-chroot", zk.chroot, "--wait", "600", stmt]) == 0
-        assert "repaired model: 1 keys written" in capsys.readouterr().out
+        assert f"repaired model: {1 if how == 'update' else 2} keys written" in capsys.readouterr().out
         deadline = time.monotonic() + 900
         while not _all_read(spark, layout):
             assert time.monotonic() < deadline and not failed, failed
@@ -164,10 +176,11 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys) ->
     (audit,) = _sql(spark, layout, "SELECT tool, source, rows_changed, commit_version FROM audit")
     kinds = {int(h["version"]): json.loads(h["userMetadata"]).get("kind") for h in spark.sql(
         f"DESCRIBE HISTORY delta.`{layout.rows}`").collect() if h["userMetadata"]}
-    assert audit[:3] == ("repair", stmt, 1) and kinds[audit[3]] == "repair"
+    assert audit[:3] == ("repair", stmt, 1 if how == "update" else 2) and kinds[audit[3]] == "repair"
 
     live, (expected, preds) = _state(spark, layout.rows, "model"), expected_model(spark, store)
-    assert live == {**expected, key: {**expected[key], "repaired": 1}}
+    merged = {"zz-merged": {"repaired": 2}} if how == "merge" else {}
+    assert live == {**expected, key: {**expected[key], "repaired": 1}, **merged}
     got = _predictions(spark, store)
     assert len({(k, ts) for k, ts, _ in got}) == len(got)  # none twice
     assert got == preds  # none lost, the values an uninterrupted run gives

@@ -71,7 +71,7 @@ def test_register_views_and_streams(spark, store) -> None:  # type: ignore[no-un
     assert list_streams(spark, store) == ["out"]
     assert list_streams(None, store) == ["out"]
     assert register_views(spark, store) == [
-        "rows", "state", "timers", "pending_productions", "fences", "state_history", "dead_letters", "late_data",
+        "rows", "state", "timers", "pending_productions", "fences", "state_history", "dead_letters", "late_data", "audit",
         "out", "out_decoded"]
     keys = sorted(r["key"] for r in spark.sql("SELECT key FROM rows").collect())
     assert keys == ["a", "b", "c", "long"]  # no fence row

@@ -1,5 +1,5 @@
-"""``deltawheel repair``: an UPDATE or DELETE of the decoded ``state`` view applied to a live
-computation's rows, in one fenced commit under the leases of the intervals it touches, recorded in
+"""``deltawheel repair``: an UPDATE, DELETE or MERGE of the decoded ``state`` view (or a DELETE /
+UPDATE of its ``timers``, a DELETE of its ``pending_productions``) applied to a live computation's rows, in one fenced commit under the leases of the intervals it touches, recorded in
 the audit table (``statestore/surgery/repair.py``; docs/operations.md, "Repair")."""
 
 from __future__ import annotations
@@ -22,12 +22,17 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``repair`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
-        "repair", help="UPDATE or DELETE a live computation's decoded state, fenced, under its leases, audited "
+        "repair", help="UPDATE, DELETE or MERGE a live computation's decoded state (or its timers, pending productions), fenced, under its leases, audited "
                        "(docs/operations.md)")
     p.add_argument("--store", required=True, help="the live store")
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--computation", required=True, help="the computation whose rows are repaired")
-    p.add_argument("statement", help="UPDATE state SET state_json = <expr> [WHERE ...] | DELETE FROM state [WHERE ...]")
+    p.add_argument("statement", help="UPDATE state SET state_json = <expr> [WHERE ...] | DELETE FROM state [WHERE ...] | "
+                                      "MERGE INTO state USING parquet.`path` AS s ON state.key = s.col WHEN ... | "
+                                      "DELETE FROM timers [WHERE ...] | UPDATE timers SET time_ms = <expr> [WHERE ...] "
+                                      "| DELETE FROM pending_productions [WHERE ...]")
+    p.add_argument("--codec", default=None,
+                   help="codec of the keys a MERGE inserts, NAME[@STATE_VERSION] (default: the computation's rows')")
     add_handover_args(p)
     p.add_argument("--plan", action="store_true", help="print each key's state before and after, change nothing")
     add_zk_args(p)
@@ -45,7 +50,13 @@ def _show(result: object) -> None:
         old = result.before.get(r.key)
         print(f"  {r.key!r} (interval {r.interval}): "
               f"{decode_json_text(old.codec, old.state) if old is not None else '(new)'} -> "
-              f"{decode_json_text(r.codec, r.state)}")
+              f"{decode_json_text(r.codec, r.state)}" + (f" [{r.codec}]" if old is None else ""))
+        if old is not None and old.timers != r.timers:
+            print(f"    timers {[(t.tag, t.domain.value, t.time_ms) for t in old.timers]} -> "
+                  f"{[(t.tag, t.domain.value, t.time_ms) for t in r.timers]}")
+        if old is not None and old.pending != r.pending:
+            gone = sorted({p.production_id for p in old.pending} - {p.production_id for p in r.pending})
+            print(f"    checkpointed productions dropped: {gone}")
     for iv, k in result.deleted:
         old = result.before[k]
         print(f"  {k!r} (interval {iv}): {decode_json_text(old.codec, old.state)} -> (deleted, with its timers)")
@@ -57,15 +68,16 @@ def _run(args: argparse.Namespace) -> int:
     parse_repair(args.statement)  # before Spark and ZooKeeper: a bad statement is refused at once
     store = layout_from(args)
     spark = spark_from(args)
-    if args.plan:
-        plan = plan_repair(spark, store, computation=args.computation, statement=args.statement)
-        print(f"repair of {args.computation} would write {len(plan.upserted)} keys and delete {len(plan.deleted)} "
-              "(nothing changed):")
-        _show(plan)
-        return 0
     with store_zookeeper(args) as (_, _cfg, client):
+        if args.plan:
+            plan = plan_repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
+                               statement=args.statement, codec=args.codec)
+            print(f"repair of {args.computation} would write {len(plan.upserted)} keys and delete "
+                  f"{len(plan.deleted)} (nothing changed):")
+            _show(plan)
+            return 0
         r = repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
-                   statement=args.statement, wait_s=handover_wait_s(args), no_wait=args.no_wait,
+                   statement=args.statement, wait_s=handover_wait_s(args), no_wait=args.no_wait, codec=args.codec,
                    progress=lambda line: print(line, flush=True))
     if not r.rows_changed:
         print(f"the statement changes no key of {args.computation}; nothing was written")

@@ -51,6 +51,7 @@ from ..exceptions import CodecError, ConfigError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, KeyRow
 from ..sqltext import sql_path, sql_str
+from ..tabledefs import AUDIT_COLUMNS, DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
 from .asof import AsOf
 from .readonly import check_read_only
@@ -140,9 +141,11 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
                    as_of: AsOf | None = None) -> list[str]:
     """Register the store's temporary views (and the ``dw_decode`` UDF) on ``spark``.
 
-    Tables that don't exist yet (no rows table, no dead letters) get no view. ``as_of``
+    Tables that don't exist yet get no view (no rows table: no ``state``), except ``dead_letters``,
+    ``late_data`` and ``audit``: an empty view of their columns. ``as_of``
     (:func:`.asof.resolve_as_of`): every view reads its table at the version given there
-    (``state_history`` up to the rows table's), a table without one gets no view.
+    (``state_history`` up to the rows table's), a table without one gets no view (those three:
+    an empty one).
 
     Returns:
         The names of the views registered, built-in ones first, then streams.
@@ -215,9 +218,14 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
                 "timestamp_millis(watermark_hold_ms) AS watermark_hold, sequencer, commit_id, "
                 "timestamp_millis(updated_ms) AS updated FROM _dw_state_history"
             ), VIEWS["state_history"])
-    for name, path in (("dead_letters", layout.dead_letters), ("late_data", layout.late_data), ("audit", layout.audit)):
+    for name, path, ddl in (("dead_letters", layout.dead_letters, DEAD_LETTERS_COLUMNS),
+                           ("late_data", layout.late_data, LATE_DATA_COLUMNS),
+                           ("audit", layout.audit, AUDIT_COLUMNS)):
         if (src := source(path)) is not None:
             define(name, f"SELECT * FROM {src}")
+        else:  # not written yet (or not at ``as_of``): an empty view of the table's columns
+            spark.createDataFrame([], ddl).createOrReplaceTempView(name)
+            views.append(name)
     for name in streams:
         if (src := source(layout.stream(name))) is None:
             continue

@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..layout import StoreLayout
+from ..tabledefs import AUDIT_COLUMNS
 
 __all__ = ["AUDIT_DDL", "AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who"]
 
 AUDIT_FORMAT_VERSION = 1
 
-AUDIT_DDL = ("audit_id STRING, recorded_ms BIGINT, who STRING, tool STRING, pipeline STRING, computation STRING, "
-             "source STRING, intervals ARRAY<INT>, rows_upserted BIGINT, rows_deleted BIGINT, rows_changed BIGINT, "
-             "commit_version BIGINT, sequencers STRING, detail STRING, format_version INT")
+AUDIT_DDL = AUDIT_COLUMNS
 
 
 def who() -> str:

@@ -1,163 +1,179 @@
-"""Repair: an ``UPDATE`` or ``DELETE`` of the decoded ``state`` view, applied to the live rows in one
-fenced commit under the leases of the intervals it touches (``deltawheel repair``).
+"""Repair: a statement on the decoded ``state``, ``timers`` or ``pending_productions`` view, applied
+to the live rows in one fenced commit under the leases of the intervals it touches (``deltawheel
+repair``; docs/operations.md, "Repair").
 
 - ``UPDATE state SET state_json = <expr> [WHERE <cond>]``: ``<expr>`` is Spark SQL over the view's
   columns giving the new state as JSON text (NULL: no state); it is re-encoded with each key's own
   codec (``json``, ``msgpack``; a pickled state, or a value the codec would not give back as it
   is, is refused);
 - ``DELETE FROM state [WHERE <cond>]``: the keys are removed with their timers, ids and pending
-  productions.
+  productions;
+- ``MERGE INTO state USING <source> ...``: keys patched or inserted from a table or file
+  (``merge.py``); a new key goes to its interval with the computation's codec column;
+- ``DELETE FROM timers ...``, ``UPDATE timers SET time_ms = ...``, ``DELETE FROM
+  pending_productions ...`` (``sideviews.py``).
 
 The statement is evaluated twice: once to find the intervals it touches (whose leases are taken),
-and again under those leases, over the rows as they are then (``replace.py``). Timers and pending
-productions are not edited by themselves yet: a ``DELETE`` removes a key with all of them.
+and again under those leases, over the rows as they are then (``replace.py``).
 """
 
 from __future__ import annotations
 
-import json
 import re
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
-from ..codecs import get_codec
+from ..codecs import base_name, get_codec
 from ..exceptions import CodecError, ConfigError, RepairStatementError
 from ..inspection.sqlviews import register_views
 from ..layout import StoreLayout
 from ..rowtable.rows import KeyRow
 from ..sqltext import sql_str
 from ..zk.lease_tools import list_leases
+from .edits import Edit, Edits, check_computation, encode_state, run_sql
+from .merge import MergeStatement, merge_edits, parse_merge
 from .replace import Held, Surgery, SurgeryResult, plan_replacement, replace_intervals
+from .sideviews import pending_edits, timer_edits
 
-__all__ = ["RepairStatement", "parse_repair", "plan_repair", "repair"]
+__all__ = ["RepairStatement", "parse_repair", "plan_repair", "repair", "pipeline_intervals"]
 
 _FLAGS = re.IGNORECASE | re.DOTALL
 _UPDATE = re.compile(r"^\s*UPDATE\s+(?P<view>[`\w.]+)\s+SET\s+(?P<set>.+?)(?:\s+WHERE\s+(?P<where>.+?))?\s*;?\s*$", _FLAGS)
 _DELETE = re.compile(r"^\s*DELETE\s+FROM\s+(?P<view>[`\w.]+)(?:\s+WHERE\s+(?P<where>.+?))?\s*;?\s*$", _FLAGS)
 _ASSIGN = re.compile(r"^\s*`?(?P<col>\w+)`?\s*=\s*(?P<expr>.+?)\s*$", _FLAGS)
-_NAMED = re.compile(r"computation\s*(?:=|==)\s*'([^']*)'", re.IGNORECASE)
-_OTHER_VIEWS = {"timers": "timers", "pending_productions": "pending productions", "rows": "raw rows",
-                "fences": "fence rows"}
+_NOT_REPAIRABLE = {"rows": "the raw rows (repair the decoded state, timers or pending_productions views)",
+                   "fences": "the fence rows (the framework's: they hold the owners' sequencers)"}
+_ACCEPTED = ("UPDATE state SET state_json = <expr> [WHERE ...], DELETE FROM state [WHERE ...], MERGE INTO state "
+             "USING <source> ..., DELETE FROM timers [WHERE ...], UPDATE timers SET time_ms = <expr> [WHERE ...] "
+             "or DELETE FROM pending_productions [WHERE ...]")
 
 
 @dataclass(frozen=True)
 class RepairStatement:
-    """A parsed repair: ``kind`` ``update`` (with ``state_expr``) or ``delete``; ``where`` None: every key."""
+    """A parsed repair: ``view`` (``state``, ``timers``, ``pending_productions``) and ``kind``
+    (``update``, ``delete``, ``merge``); ``expr`` the SET expression (state_json or time_ms);
+    ``where`` None: every row; ``merge`` the parsed MERGE."""
 
     text: str
+    view: str
     kind: str
-    state_expr: str | None
+    expr: str | None
     where: str | None
+    merge: MergeStatement | None = None
 
 
 def parse_repair(text: str) -> RepairStatement:
-    """Parse an ``UPDATE`` or ``DELETE`` of the ``state`` view (see the module docstring).
+    """Parse a repair statement (see the module docstring).
 
     Raises:
         RepairStatementError: anything else, with what is accepted.
     """
+    if (text.strip().split() or [""])[0].upper() == "MERGE":
+        return RepairStatement(text, "state", "merge", None, None, parse_merge(text))
     upd, dele = _UPDATE.match(text), _DELETE.match(text)
     m = upd or dele
     if m is None:
-        first = (text.strip().split() or [""])[0].upper()
-        if first == "MERGE":
-            raise RepairStatementError("MERGE into the state view is not supported yet: bootstrap keys with "
-                                       "UPDATE ... WHERE key = ... once they exist, or run the pipeline over them")
-        raise RepairStatementError(f"not a repair statement: {text.strip()[:80]!r}. Give UPDATE state SET state_json "
-                                   "= <expr> [WHERE <cond>] or DELETE FROM state [WHERE <cond>]")
+        raise RepairStatementError(f"not a repair statement: {text.strip()[:80]!r}. Give {_ACCEPTED}")
     view = m.group("view").strip("`").lower()
-    if view != "state":
-        what = _OTHER_VIEWS.get(view)
-        raise RepairStatementError(
-            f"a repair changes the state view, not {view!r}" + (
-                f": {what} cannot be repaired by themselves yet (DELETE FROM state WHERE key = ... removes a key "
-                "with its timers and pending productions)" if what else ": write UPDATE state ... or DELETE FROM "
-                "state ..."))
+    if view not in ("state", "timers", "pending_productions"):
+        raise RepairStatementError(f"a repair changes the state, timers or pending_productions view, not {view!r}"
+                                   + (f": {_NOT_REPAIRABLE[view]}" if view in _NOT_REPAIRABLE else ""))
     where = m.group("where")
     if dele is not None:
-        return RepairStatement(text, "delete", None, where)
+        return RepairStatement(text, view, "delete", None, where)
+    if view == "pending_productions":
+        raise RepairStatementError("a checkpointed production cannot be changed, only dropped: DELETE FROM "
+                                   "pending_productions WHERE ...")
+    col = "state_json" if view == "state" else "time_ms"
     a = _ASSIGN.match(m.group("set"))
-    if a is None or a.group("col").lower() != "state_json":
-        raise RepairStatementError(f"UPDATE state SET {m.group('set')[:60]!r}: only state_json can be set (the new "
-                                   "state as JSON text, e.g. SET state_json = '{\"n\": 0}'); the other columns are "
-                                   "the framework's")
-    return RepairStatement(text, "update", a.group("expr"), where)
+    if a is None or a.group("col").lower() != col:
+        raise RepairStatementError(f"UPDATE {view} SET {m.group('set')[:60]!r}: only {col} can be set"
+                                   + (" (the new state as JSON text, e.g. SET state_json = '{\"n\": 0}'); the other "
+                                      "columns are the framework's" if view == "state" else
+                                      " (the timer's new time, epoch milliseconds); to drop it, DELETE FROM timers"))
+    return RepairStatement(text, view, "update", a.group("expr"), where)
 
 
-def _matches(spark: Any, layout: StoreLayout, stmt: RepairStatement, computation: str) -> dict[str, tuple[int, str | None]]:
-    """key -> (interval, its new state as JSON text; None for a delete or a NULL state), read now.
+def _state_edits(spark: Any, stmt: RepairStatement, computation: str) -> Edits:
+    """UPDATE / DELETE of the state view: the keys it selects, with their new state text.
 
     Raises:
-        RepairStatementError: the statement names another computation's rows, or is not valid SQL
-            on the view.
+        RepairStatementError: the statement selects another computation's rows; invalid SQL.
     """
-    register_views(spark, layout)
     cond = stmt.where or "true"
-    others = sorted({c for c in _NAMED.findall(cond) if c != computation})
-    if others:
-        raise RepairStatementError(f"the statement names rows of computation {', '.join(map(repr, others))}, and "
-                                   f"this repair is of {computation!r} (--computation): a repair changes one "
-                                   "computation's rows")
-    try:
-        named = {r[0] for r in spark.sql(f"SELECT DISTINCT computation FROM state WHERE ({cond})").collect()}
-        if "computation" in cond.lower() and named - {computation}:
+    named = {r[0] for r in run_sql(spark, f"SELECT DISTINCT computation FROM state WHERE ({cond})",
+                                   what="the state view")}
+    if "computation" in cond.lower() and named - {computation}:
+        raise RepairStatementError(
+            f"the statement selects rows of computation {', '.join(sorted(map(repr, named - {computation})))}, "
+            f"and this repair is of {computation!r} (--computation): a repair changes one computation's rows")
+    expr = stmt.expr if stmt.kind == "update" else "CAST(NULL AS STRING)"
+    rows = run_sql(spark, f"SELECT key, `interval`, CAST(({expr}) AS STRING) AS new_state FROM state "
+                          f"WHERE computation = {sql_str(computation)} AND ({cond})", what="the state view")
+    return Edits({str(r["key"]): (int(r["interval"]), _set_state(str(r["key"]), r["new_state"],
+                                                                 delete=stmt.kind == "delete")) for r in rows})
+
+
+def _set_state(key: str, text: str | None, *, delete: bool) -> Edit:
+    def edit(row: KeyRow | None) -> KeyRow | None:
+        if row is None or delete:
+            return None
+        return row.with_(state=encode_state(key, text, row.codec))
+    return edit
+
+
+def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], str]:
+    """The codec column of a key a MERGE inserts: ``given`` (``--codec``), else the one of the
+    computation's rows with the newest state version (the most common among those).
+
+    Raises (when called):
+        RepairStatementError: no ``given`` and the computation has no rows; ``given`` unknown or pickle.
+    """
+    def codec() -> str:
+        if given is not None:
+            if base_name(given) == "pickle":
+                raise RepairStatementError("--codec pickle: a repair cannot encode pickled state from JSON; "
+                                           "give json or msgpack (with @<state_version> for a version above 1)")
+            try:
+                get_codec(given)
+            except CodecError as exc:
+                raise RepairStatementError(f"--codec {given!r}: {exc}") from exc
+            return given
+        seen = Counter(str(r[0]) for r in run_sql(
+            spark, f"SELECT codec FROM state WHERE computation = {sql_str(computation)}", what="the state view"))
+        if not seen:
             raise RepairStatementError(
-                f"the statement selects rows of computation {', '.join(sorted(map(repr, named - {computation})))}, "
-                f"and this repair is of {computation!r} (--computation): a repair changes one computation's rows")
-        expr = stmt.state_expr if stmt.kind == "update" else "CAST(NULL AS STRING)"
-        rows = spark.sql(f"SELECT key, `interval`, CAST(({expr}) AS STRING) AS new_state FROM state "
-                         f"WHERE computation = {sql_str(computation)} AND ({cond})").collect()
-    except RepairStatementError:
-        raise
-    except Exception as exc:  # Spark's AnalysisException / ParseException: the user's SQL
-        if type(exc).__name__ not in ("AnalysisException", "ParseException", "IllegalArgumentException"):
-            raise
-        raise RepairStatementError(f"the statement is not valid on the state view: "
-                                   f"{str(exc).strip().splitlines()[0][:300]}") from exc
-    return {str(r["key"]): (int(r["interval"]), r["new_state"]) for r in rows}
+                f"computation {computation!r} has no rows yet, so the codec (and state version) of the keys the "
+                "MERGE inserts is not known: give --codec NAME[@VERSION] (the computation's codec, e.g. json, "
+                "msgpack@2 for state_version 2)")
+        from ..codecs import codec_version
+
+        return max(seen, key=lambda c: (codec_version(c), seen[c], c))
+    return codec
 
 
-def _apply(rows: Sequence[KeyRow], stmt: RepairStatement, edits: Mapping[str, tuple[int, str | None]]) -> list[KeyRow]:
-    """``rows`` with the statement applied to the keys of ``edits``.
+def _edits(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, computation: str, num_intervals: int,
+           codec: str | None) -> Edits:
+    """What ``stmt`` does to each key, evaluated over the rows now."""
+    register_views(spark, layout)
+    check_computation(stmt.text, computation)
+    if stmt.merge is not None:
+        return merge_edits(spark, stmt.merge, computation=computation, num_intervals=num_intervals,
+                           codec=_codec_of(spark, computation, codec))
+    if stmt.view == "timers":
+        return timer_edits(spark, computation=computation, where=stmt.where, time_expr=stmt.expr)
+    if stmt.view == "pending_productions":
+        return pending_edits(spark, computation=computation, where=stmt.where)
+    return _state_edits(spark, stmt, computation)
+
+
+def pipeline_intervals(client: Any, *, pipeline: str, computation: str) -> int:
+    """The number of intervals of ``computation`` in ``pipeline``'s ZooKeeper.
 
     Raises:
-        RepairStatementError: a new state that is not JSON, or that the key's codec cannot encode
-            and give back as it is.
+        ConfigError: the pipeline has no such computation there (no lease znodes).
     """
-    out = []
-    for r in rows:
-        if r.key not in edits:
-            out.append(r)
-            continue
-        if stmt.kind == "delete":
-            continue
-        text = edits[r.key][1]
-        if text is None:
-            out.append(r.with_(state=None))
-            continue
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise RepairStatementError(f"the new state of key {r.key!r} is not JSON ({text[:80]!r}): the SET "
-                                       "expression must give JSON text") from exc
-        if r.codec == "pickle":
-            raise RepairStatementError(f"key {r.key!r} holds pickled state: a repair cannot re-encode it from JSON "
-                                       "(pickle is Python's own); change it with the computation's code")
-        try:
-            codec = get_codec(r.codec)
-            data = codec.encode(value)
-            back = codec.decode(data)
-        except CodecError as exc:
-            raise RepairStatementError(f"the new state of key {r.key!r} cannot be encoded with its codec "
-                                       f"{r.codec!r}: {exc}") from exc
-        if back != value:
-            raise RepairStatementError(f"the new state of key {r.key!r} would not decode as given with codec "
-                                       f"{r.codec!r} ({json.dumps(value)[:80]} -> {back!r:.80}); refused")
-        out.append(r.with_(state=data))
-    return out
-
-
-def _num_intervals(client: Any, *, pipeline: str, computation: str) -> int:
     ivs = [int(r["interval"]) for r in list_leases(client, pipeline=pipeline) if r["computation"] == computation]
     if not ivs:
         raise ConfigError(f"pipeline {pipeline!r} has no computation {computation!r} in ZooKeeper (no lease znodes): "
@@ -165,48 +181,55 @@ def _num_intervals(client: Any, *, pipeline: str, computation: str) -> int:
     return max(ivs) + 1
 
 
-def plan_repair(spark: Any, layout: StoreLayout, *, computation: str, statement: str) -> SurgeryResult:
-    """What :func:`repair` would change (before and after of each key), against the rows now; no
-    lease taken, nothing written.
+def plan_repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str, statement: str,
+                codec: str | None = None) -> SurgeryResult:
+    """What :func:`repair` would change (before and after of each key, new keys included), against
+    the rows now; no lease taken, nothing written.
 
     Raises:
         RepairStatementError: as :func:`repair`.
+        ConfigError: the pipeline has no such computation in ZooKeeper.
     """
     stmt = parse_repair(statement)
-    edits = _matches(spark, layout, stmt, computation)
-    ivs = sorted({iv for iv, _ in edits.values()})
-    return plan_replacement(spark, layout, computation=computation, num_intervals=max(ivs, default=0) + 1,
-                            intervals=ivs, build=lambda held: _apply(held.rows, stmt, edits))
+    n = pipeline_intervals(client, pipeline=pipeline, computation=computation)
+    edits = _edits(spark, layout, stmt, computation=computation, num_intervals=n, codec=codec)
+    return plan_replacement(spark, layout, computation=computation, num_intervals=n, intervals=edits.intervals,
+                            build=lambda held: edits.apply(held.rows))
 
 
 def repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str, statement: str,
-           wait_s: float = 0.0, no_wait: bool = False, progress: Callable[[str], None] | None = None,
+           wait_s: float = 0.0, no_wait: bool = False, codec: str | None = None,
+           progress: Callable[[str], None] | None = None,
            before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
     """Apply ``statement`` to ``computation``'s live rows under the leases of the intervals it
-    touches, in one fenced commit, audited (``replace.py``). A statement that matches no key
-    changes nothing and takes no lease (``rows_changed`` 0, no audit record).
+    touches (a MERGE's new keys' intervals included), in one fenced commit, audited
+    (``replace.py``). A statement that matches no key changes nothing and takes no lease
+    (``rows_changed`` 0, no audit record). ``codec``: the codec column of keys a MERGE inserts
+    (default: the computation's rows').
 
     Raises:
-        RepairStatementError: not an UPDATE/DELETE of the state view, another computation's rows,
-            invalid SQL, a state the codec cannot encode; or, under the leases, keys in intervals
-            it did not take (the state changed meanwhile: run it again). Nothing changed.
+        RepairStatementError: not a repair statement, another computation's rows, invalid SQL, a
+            state the codec cannot encode, a reserved timer; or, under the leases, keys in
+            intervals it did not take (the state changed meanwhile: run it again). Nothing changed.
+        ConfigError: the pipeline has no such computation in ZooKeeper.
         LeaseHeldError, StaleSequencerError, LeaseLostError: as ``replace_intervals``.
     """
     stmt = parse_repair(statement)
-    edits = _matches(spark, layout, stmt, computation)
-    if not edits:
+    n = pipeline_intervals(client, pipeline=pipeline, computation=computation)
+    first = _edits(spark, layout, stmt, computation=computation, num_intervals=n, codec=codec)
+    if not first.by_key:
         return SurgeryResult(computation, (), {}, (), (), {}, None, None, False)
-    n = _num_intervals(client, pipeline=pipeline, computation=computation)
-    ivs = sorted({iv for iv, _ in edits.values()})
 
     def build(held: Held) -> list[KeyRow]:
-        now = _matches(spark, layout, stmt, computation)  # the leases are held: the rows cannot move
-        outside = sorted(k for k, (iv, _) in now.items() if iv not in held.intervals)
+        # the leases are held: the rows cannot move
+        now = _edits(spark, layout, stmt, computation=computation, num_intervals=n, codec=codec)
+        outside = sorted(k for k, (iv, _) in now.by_key.items() if iv not in held.intervals)
         if outside:
             raise RepairStatementError(f"the statement now also matches keys {outside[:5]} in intervals not taken "
                                        "(the state changed meanwhile); nothing was changed: run it again")
-        return _apply(held.rows, stmt, now)
+        return now.apply(held.rows)
 
     return replace_intervals(spark, layout, client, pipeline=pipeline, computation=computation, num_intervals=n,
-                             intervals=ivs, build=build, wait_s=wait_s, no_wait=no_wait, progress=progress,
-                             before_commit=before_commit, surgery=Surgery("repair", statement))
+                             intervals=first.intervals, build=build, wait_s=wait_s, no_wait=no_wait,
+                             progress=progress, before_commit=before_commit, surgery=Surgery("repair", statement),
+                             skip_delivery=first.skip_delivery)

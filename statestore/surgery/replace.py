@@ -124,12 +124,14 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       num_intervals: int, build: Callable[[Held], Sequence[KeyRow]], surgery: Surgery,
                       intervals: Sequence[int] | None = None, wait_s: float = 0.0, no_wait: bool = False,
                       progress: Callable[[str], None] | None = None,
-                      before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
+                      before_commit: Callable[[Mapping[int, int]], None] | None = None,
+                      skip_delivery: frozenset[str] = frozenset()) -> SurgeryResult:
     """Take ``intervals`` (None: all) of ``computation``, commit ``build``'s rows in their place in
     one fenced transaction, record it, give the intervals back (see the module docstring).
 
     ``before_commit``: called with the tool's sequencers once ``build`` is done, just before the
-    commit (a test makes a takeover race the commit there).
+    commit (a test makes a takeover race the commit there). ``skip_delivery``: ids of checkpointed
+    productions the tool's recovery does not deliver (a repair dropping them).
 
     Raises:
         LeaseHeldError: ``no_wait`` and a live owner holds an interval; or still held after
@@ -158,7 +160,7 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         say(f"{computation}: waiting up to {wait_s:g}s for intervals {list(ivs)} (running owners hand them over "
             "at their next batch boundary)")
         t0 = time.monotonic()
-        _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation)
+        _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation, skip=skip_delivery)
         seqs = dict(owner.sequencers)
         say(f"{computation}: intervals held after {time.monotonic() - t0:.1f}s, sequencers {seqs}")
         rows = tuple(r for r in store.scan_intervals(computation, ivs) if r.key != FENCE_KEY)
@@ -192,15 +194,17 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
 
 
 def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequence[int], *, wait_s: float,
-             computation: str) -> None:
+             computation: str, skip: frozenset[str] = frozenset()) -> None:
     """Take, fence and recover as a new owner does, the old owner's checkpointed productions
     delivered (insert-if-absent: those already in their stream are skipped). The fence is a claim
     where Python reaches the store's files (a claim changes no user row: replay skips it, so a
-    replay can still be continued over the tool's hand-over), else a fenced MERGE."""
+    replay can still be continued over the tool's hand-over), else a fenced MERGE. The productions
+    named in ``skip`` are not delivered."""
     rec = owner.acquire(ivs, wait_s=wait_s, claim_only=True)
-    commit_ids = {p.production_id: rec.rows[k].commit_id if k in rec.rows else None for k, p in rec.pending}
-    if rec.pending:
-        deliver_productions(spark, layout, [p for _, p in rec.pending], producer=computation, commit_ids=commit_ids)
+    pending = [(k, p) for k, p in rec.pending if p.production_id not in skip]
+    commit_ids = {p.production_id: rec.rows[k].commit_id if k in rec.rows else None for k, p in pending}
+    if pending:
+        deliver_productions(spark, layout, [p for _, p in pending], producer=computation, commit_ids=commit_ids)
 
 
 def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:

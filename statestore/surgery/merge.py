@@ -1,0 +1,231 @@
+"""``MERGE INTO state``: bootstrap or patch a computation's state from a table or a file
+(``deltawheel repair``, docs/operations.md "Repair")::
+
+    MERGE INTO state USING <source> [AS s] ON state.key = s.<col>
+      [WHEN MATCHED [AND <cond>] THEN UPDATE SET state_json = <expr> | DELETE]
+      [WHEN NOT MATCHED [AND <cond>] THEN INSERT (key, state_json) VALUES (<key expr>, <state expr>)]
+
+``<source>``: ``delta.`path``` (a Delta table), ``parquet.`path```, ``json.`path``` (JSON Lines),
+``csv.`path``` (a header line; column types inferred), ``orc.`path```, each a file or a folder, as
+Spark SQL names files; or the name of a table or view of the Spark session (the API). Without
+``AS`` the source is called ``source``. The state side is the computation's rows only.
+
+A key of the state matched by two source rows, or inserted twice, is refused (as Spark's MERGE
+refuses it); so is an inserted key that the computation already has (the ON condition must be the
+key's equality) and a key that is not a usable key (NULL, empty, starting with NUL).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..exceptions import RepairStatementError
+from ..rowtable.rows import KeyRow
+from ..sqltext import sql_str
+from .edits import Edit, Edits, check_new_key, encode_state, new_key_row, run_sql
+
+__all__ = ["MergeStatement", "parse_merge", "merge_edits"]
+
+_FLAGS = re.IGNORECASE | re.DOTALL
+_MERGE = re.compile(
+    r"^\s*MERGE\s+INTO\s+(?P<view>[`\w.]+)(?:\s+(?:AS\s+)?(?!USING\b)(?P<talias>\w+))?\s+USING\s+"
+    r"(?:(?P<fmt>\w+)\.`(?P<path>[^`]+)`|(?P<name>[\w.]+))(?:\s+(?:AS\s+)?(?!ON\b)(?P<alias>\w+))?\s+"
+    r"ON\s+(?P<on>.+?)\s+(?P<whens>WHEN\s+(?:NOT\s+)?MATCHED\b.*?)\s*;?\s*$", _FLAGS)
+_WHEN = re.compile(r"\bWHEN\s+(?=(?:NOT\s+)?MATCHED\b)", re.IGNORECASE)
+_CLAUSE = re.compile(r"^(?P<which>NOT\s+MATCHED(?:\s+BY\s+(?P<by>TARGET|SOURCE))?|MATCHED)"
+                     r"(?:\s+AND\s+(?P<cond>.+?))?\s+THEN\s+(?P<action>.+?)\s*$", _FLAGS)
+_SET = re.compile(r"^UPDATE\s+SET\s+`?(?P<col>\w+)`?\s*=\s*(?P<expr>.+)$", _FLAGS)
+_INSERT = re.compile(r"^INSERT\s*\((?P<cols>[^)]*)\)\s*VALUES\s*\((?P<vals>.+)\)$", _FLAGS)
+FORMATS = ("delta", "parquet", "json", "csv", "orc")
+_SOURCE_VIEW = "_dw_merge_source"
+_SYNTAX = ("MERGE INTO state USING parquet.`path` AS s ON state.key = s.col WHEN MATCHED THEN UPDATE SET "
+           "state_json = <expr> WHEN NOT MATCHED THEN INSERT (key, state_json) VALUES (s.col, <expr>)")
+
+
+@dataclass(frozen=True)
+class MergeStatement:
+    """A parsed MERGE: the source (``fmt`` and ``path``, or a session ``name``), the aliases, the
+    ON condition, and the clauses (None: absent). ``matched_expr`` None with ``matched`` set: DELETE."""
+
+    target: str
+    fmt: str | None
+    path: str | None
+    name: str | None
+    alias: str
+    on: str
+    matched: bool
+    matched_cond: str | None
+    matched_expr: str | None
+    insert_cond: str | None
+    insert_key: str | None
+    insert_state: str | None
+
+
+def _split_values(text: str) -> list[str]:
+    """``a, f(b, c), 'x,y'`` -> its top-level items."""
+    out: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur).strip())
+    return out
+
+
+def parse_merge(text: str) -> MergeStatement:
+    """Parse a MERGE into the state view (see the module docstring).
+
+    Raises:
+        RepairStatementError: another target, an unknown source format, no WHEN clause, a clause
+            other than UPDATE SET state_json / DELETE / INSERT (key, state_json).
+    """
+    m = _MERGE.match(text)
+    if m is None:
+        raise RepairStatementError(f"not a MERGE this tool reads: {text.strip()[:80]!r}. Write {_SYNTAX}")
+    view = m.group("view").strip("`").lower()
+    if view != "state":
+        raise RepairStatementError(f"a MERGE changes the state view, not {view!r}: write MERGE INTO state ...")
+    fmt = (m.group("fmt") or "").lower() or None
+    if fmt is not None and fmt not in FORMATS:
+        raise RepairStatementError(f"MERGE source format {fmt!r} is not one of {', '.join(FORMATS)} "
+                                   "(e.g. USING parquet.`/data/seed` AS s)")
+    target = m.group("talias") or "state"
+    alias = m.group("alias") or "source"
+    if not re.search(rf"\b{re.escape(target)}\s*\.\s*`?key`?\s*=|=\s*{re.escape(target)}\s*\.\s*`?key`?\b",
+                     m.group("on"), re.IGNORECASE):
+        raise RepairStatementError(f"MERGE ON {m.group('on')[:60]!r}: the condition must be the key's equality, "
+                                   f"{target}.key = {alias}.<column> (a key matched or inserted, never both)")
+    matched = False
+    mcond = mexpr = icond = ikey = istate = None
+    inserted = False
+    for part in [p for p in _WHEN.split(m.group("whens")) if p.strip()]:
+        c = _CLAUSE.match(part.strip())
+        if c is None:
+            raise RepairStatementError(f"MERGE clause WHEN {part.strip()[:60]!r} is not read: write {_SYNTAX}")
+        action = c.group("action")
+        if c.group("which").upper().startswith("NOT"):
+            if (c.group("by") or "TARGET").upper() == "SOURCE":
+                raise RepairStatementError("WHEN NOT MATCHED BY SOURCE is not supported: delete keys with "
+                                           "DELETE FROM state WHERE key NOT IN (SELECT ...) instead")
+            if inserted:
+                raise RepairStatementError("a MERGE takes one WHEN NOT MATCHED clause")
+            ins = _INSERT.match(action)
+            cols = [x.strip().strip("`").lower() for x in ins.group("cols").split(",")] if ins else []
+            vals = _split_values(ins.group("vals")) if ins else []
+            if ins is None or cols != ["key", "state_json"] or len(vals) != 2:
+                raise RepairStatementError(f"WHEN NOT MATCHED THEN {action[:60]!r}: write INSERT (key, state_json) "
+                                           "VALUES (<key expr>, <state JSON expr>) (the other columns are the "
+                                           "framework's)")
+            inserted, icond, (ikey, istate) = True, c.group("cond"), vals
+        else:
+            if matched:
+                raise RepairStatementError("a MERGE takes one WHEN MATCHED clause")
+            matched, mcond = True, c.group("cond")
+            if action.strip().upper() == "DELETE":
+                continue
+            s = _SET.match(action)
+            if s is None or s.group("col").lower() != "state_json":
+                raise RepairStatementError(f"WHEN MATCHED THEN {action[:60]!r}: write UPDATE SET state_json = <expr> "
+                                           "or DELETE (only state_json can be set)")
+            mexpr = s.group("expr")
+    return MergeStatement(target, fmt, m.group("path"), m.group("name"), alias, m.group("on"), matched, mcond,
+                          mexpr, icond, ikey, istate)
+
+
+def _register_source(spark: Any, stmt: MergeStatement) -> str:
+    """The source as a view name the SQL can use.
+
+    Raises:
+        RepairStatementError: the file or table cannot be read.
+    """
+    if stmt.fmt is None:
+        assert stmt.name is not None
+        return stmt.name
+    try:
+        reader = spark.read
+        if stmt.fmt == "csv":
+            reader = reader.option("header", "true").option("inferSchema", "true")
+        reader.format(stmt.fmt).load(stmt.path).createOrReplaceTempView(_SOURCE_VIEW)
+    except Exception as exc:
+        if type(exc).__name__ not in ("AnalysisException", "IllegalArgumentException"):
+            raise
+        raise RepairStatementError(f"the MERGE source {stmt.fmt}.`{stmt.path}` cannot be read: "
+                                   f"{str(exc).strip().splitlines()[0][:300]}") from exc
+    return _SOURCE_VIEW
+
+
+def merge_edits(spark: Any, stmt: MergeStatement, *, computation: str, num_intervals: int,
+                codec: Callable[[], str]) -> Edits:
+    """The keys the MERGE changes, evaluated now over the registered ``state`` view and the source.
+    ``codec()``: the codec column of an inserted key (asked only when one is inserted).
+
+    Raises:
+        RepairStatementError: invalid SQL; a key matched twice or inserted twice; an inserted key
+            the computation has, or that is not usable; a state the codec cannot encode.
+    """
+    src = _register_source(spark, stmt)
+    mine = f"(SELECT * FROM state WHERE computation = {sql_str(computation)}) AS {stmt.target}"
+    what = "the state view and the MERGE source"
+    by_key: dict[str, tuple[int, Edit]] = {}
+    if stmt.matched:
+        expr = "CAST(NULL AS STRING)" if stmt.matched_expr is None else stmt.matched_expr
+        rows = run_sql(spark, f"SELECT {stmt.target}.key AS key, {stmt.target}.`interval` AS iv, "
+                              f"CAST(({expr}) AS STRING) AS new_state FROM {mine} JOIN {src} AS {stmt.alias} "
+                              f"ON ({stmt.on}) WHERE ({stmt.matched_cond or 'true'})", what=what)
+        for r in rows:
+            k = str(r["key"])
+            if k in by_key:
+                raise RepairStatementError(f"the MERGE source has more than one row matching key {k!r}: each key "
+                                           "takes one source row (deduplicate the source)")
+            by_key[k] = (int(r["iv"]), _update(k, r["new_state"], delete=stmt.matched_expr is None))
+    if stmt.insert_key is not None:
+        rows = run_sql(spark, f"SELECT CAST(({stmt.insert_key}) AS STRING) AS key, "
+                              f"CAST(({stmt.insert_state}) AS STRING) AS new_state FROM {src} AS {stmt.alias} "
+                              f"LEFT ANTI JOIN {mine} ON ({stmt.on}) WHERE ({stmt.insert_cond or 'true'})", what=what)
+        if rows:
+            have = {str(r[0]) for r in run_sql(spark, f"SELECT key FROM state WHERE computation = "
+                                                      f"{sql_str(computation)}", what="the state view")}
+            column = codec()
+        for r in rows:
+            k = check_new_key(r["key"])
+            if k in by_key:
+                raise RepairStatementError(f"the MERGE inserts key {k!r} twice: each key takes one source row "
+                                           "(deduplicate the source)")
+            if k in have:
+                raise RepairStatementError(f"the MERGE inserts key {k!r}, which the computation has: the ON "
+                                           "condition must match every existing key (state.key = source.<column>)")
+            row = new_key_row(computation, k, num_intervals=num_intervals,
+                              state=encode_state(k, r["new_state"], column), codec=column)
+            by_key[k] = (row.interval, _insert(row))
+    return Edits(by_key)
+
+
+def _update(key: str, text: str | None, *, delete: bool) -> Edit:
+    def edit(row: KeyRow | None) -> KeyRow | None:
+        if row is None or delete:
+            return None
+        return row.with_(state=encode_state(key, text, row.codec))
+    return edit
+
+
+def _insert(new: KeyRow) -> Edit:
+    def edit(row: KeyRow | None) -> KeyRow | None:
+        if row is not None:
+            raise RepairStatementError(f"key {new.key!r} exists now (the state changed meanwhile); nothing was "
+                                       "changed: run the repair again")
+        return new
+    return edit

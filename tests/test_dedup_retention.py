@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from deltawheel.statestore.clock import ManualClock
+from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
 from executor_util import BucketCounter, events, start_executor, stop_executor
 from pyspark import cloudpickle
 
@@ -19,10 +20,14 @@ T0 = 1_700_000_000_000
 
 
 def _ids(spark, layout, key):  # type: ignore[no-untyped-def]
-    """The record ids the rows table holds for ``key`` of the buckets computation (None: no row)."""
+    """The record ids the rows table holds for ``key`` of the buckets computation (None: no row):
+    in the key's row, or in the record-ids rows of the image path's ids files."""
+    from pyspark.sql import functions as F
+
     rows = spark.read.format("delta").load(layout.rows).where(
-        f"computation = 'buckets' AND key = '{key}'").select("record_ids").collect()
-    return None if not rows else sorted(i["record_id"] for i in rows[0]["record_ids"] or ())
+        (F.col("computation") == "buckets")
+        & F.col("key").isin(key, IDS_KEY_PREFIX + key)).select("record_ids").collect()
+    return None if not rows else sorted(i["record_id"] for r in rows for i in r["record_ids"] or ())
 
 
 @pytest.mark.timeout(600)

@@ -24,7 +24,7 @@ from deltawheel.executor.tasks.image.direct import DirectBatch, batch_files, dir
 from deltawheel.executor.tasks.image.job import ImageTasks
 from deltawheel.executor.tasks.input import prepare_input
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES
+from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX, MAX_KEY_BYTES
 from executor_util import ByRecordKey, RoutedLate, state_of, stream_rows
 from pyspark import cloudpickle
 
@@ -203,7 +203,8 @@ def _outputs(spark: Any, layout: StoreLayout) -> tuple[Any, ...]:
             .select("computation", "stream", "record_id", "key", "value", "codec", "event_time_ms", "watermark_ms",
                     "reason").collect())
     rows = (spark.read.format("delta").load(layout.rows)
-            .where((F.col("computation") == "routed") & ~F.col("key").startswith("\x00")))
+            .where((F.col("computation") == "routed")
+                   & (~F.col("key").startswith("\x00") | F.col("key").startswith(IDS_KEY_PREFIX))))
     ids = sorted(r["record_id"] for r in rows.select(F.explode("record_ids.record_id").alias("record_id")).collect())
     return (stream_rows(spark, layout, "counts"), state_of(spark, layout, "routed"), sorted(map(tuple, dead)),
             sorted(map(tuple, late)), ids)

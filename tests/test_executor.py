@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from executor_util import BucketCounter, events, start_executor, state_of, stop_executor, stream_rows
 
@@ -520,10 +521,13 @@ def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_
     quiet = "cats"
     busy = next(k for k in (f"k{i}" for i in range(1000)) if interval(k) == interval(quiet))
 
-    def ids(key: str) -> list[str]:
+    def ids(key: str) -> list[str]:  # in the key's row, or in the image path's ids files
+        from pyspark.sql import functions as F
+
         rows = spark.read.format("delta").load(migrated_store.rows).where(
-            f"computation = 'buckets' AND key = '{key}'").select("record_ids").collect()
-        return sorted(i["record_id"] for i in rows[0]["record_ids"] or ())
+            (F.col("computation") == "buckets") & F.col("key").isin(key, IDS_KEY_PREFIX + key)).collect()
+        assert any(r["key"] == key for r in rows)
+        return sorted(i["record_id"] for r in rows for i in r["record_ids"] or ())
 
     clock = ManualClock(1_700_000_000_000)
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path=write_path,

@@ -19,12 +19,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, make_record
+from deltawheel.executor.tasks.image.idsfiles import ids_apart
 from deltawheel.executor.tasks.image.interval import ImageSpec, _run
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.tasks.keyrun import run_key
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, KeyRow, TimeDomain, rows_file_ddl
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, KeyRow, TimeDomain, rows_file_ddl
+from deltawheel.statestore.writepath.image.files import is_ids_path
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 
@@ -147,18 +149,28 @@ def _input_table(batch: list[dict[str, Any]], wm_late: int | None, values: bool 
 
 
 def _image_rows(root: str, images: dict[int, tuple[str, ...]], horizon: int | None) -> dict[str, tuple]:
-    out = {}
-    for (rel,) in images.values():
-        for r in pq.read_table(os.path.join(root, rel)).to_pylist():
+    """Per key: state, timers, hold, record ids within the horizon (its row's and those the
+    interval's ids files hold for it), pending productions."""
+    out: dict[str, tuple] = {}
+    apart: dict[str, list[str]] = {}
+    for rels in images.values():
+        for r in (r for rel in rels for r in pq.read_table(os.path.join(root, rel)).to_pylist()):
             if r["key"] == FENCE_KEY:
                 assert r["sequencer"] == SEQ
                 continue
             ids = sorted(i["record_id"] for i in r["record_ids"] if horizon is None or i["seen_ms"] >= horizon)
+            if r["key"].startswith(IDS_KEY_PREFIX):
+                apart.setdefault(r["key"][len(IDS_KEY_PREFIX):], []).extend(ids)
+                continue
             timers = sorted((t["time_ms"], t["tag"], t["domain"]) for t in r["timers"])
             for col, dom in (("next_event_timer_ms", "event_time"), ("next_processing_timer_ms", "processing_time")):
                 assert r[col] == min((t[0] for t in timers if t[2] == dom), default=None), (r["key"], col)
             pending = tuple(sorted(p["production_id"] for p in r["pending"] or ()))
             out[r["key"]] = (r["state"], tuple(timers), r["watermark_hold_ms"], tuple(ids), pending)
+    for key, ids in apart.items():
+        if ids:
+            state, timers, hold, inline, pending = out.get(key, (None, (), None, (), ()))
+            out[key] = (state, timers, hold, tuple(sorted([*inline, *ids])), pending)
     return out
 
 
@@ -199,9 +211,15 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
                          stream_format_version=1, route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True)
         values = not getattr(comp, "no_values", False)
         summaries = [s.to_row() for s in _run(spec, _input_table(batch, acted, values))]
-        for s in summaries:
-            if s.get("new_path"):
-                images[s["interval"]] = (s["new_path"],)
+        for s in summaries:  # the interval's files after the driver's commit
+            if s.get("interval") is None:
+                continue
+            files = list(images[s["interval"]])
+            if s.get("new_path"):  # a new state image replaces every file but the ids files
+                files = [p for p in files if is_ids_path(p)] + [s["new_path"]]
+            files = [p for p in files if p not in (s.get("ids_removed") or ())]
+            files += [s["ids_path"]] if s.get("ids_path") else []
+            images[s["interval"]] = tuple(files)
         got_prods = sorted((r["record_id"], r["key"], r["value"], r["timestamp_ms"])
                            for s in summaries for f in s["prod_files"]
                            for r in pq.read_table(os.path.join(root, "out", f["path"])).to_pylist())
@@ -227,6 +245,11 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
                         records=by_key.get(key, []), input_watermark_ms=wm, now_ms=now, dedup_horizon_ms=horizon)
             if o.row is None:
                 ref.pop(key, None)
+            elif ids_apart() and o.row.state is None and not o.row.timers and not o.row.pending \
+                    and o.row.watermark_hold_ms is None:
+                # record ids apart from the state: a key left with nothing but ids has no row (its
+                # ids are in the interval's ids files), so its timer counter starts afresh
+                ref[key] = o.row.with_(timer_seq=None)
             else:
                 ref[key] = o.row
             ref_prods += [(p.production_id, p.key, p.value, p.timestamp_ms) for p in o.productions]

@@ -30,7 +30,7 @@ from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import ReplayTargetError
 from deltawheel.statestore.inspection.positions import computation_commits
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, KeyRow
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, KeyRow, is_user_key
 from deltawheel.statestore.surgery.replace import (
     Held,
     Surgery,
@@ -109,7 +109,7 @@ def shadow_rows(spark: Any, into: StoreLayout, computation: str) -> list[KeyRow]
 
     df = spark.read.format("delta").load(into.rows).where((F.col("computation") == computation)
                                                           & (F.col("key") != FENCE_KEY))
-    rows = [KeyRow.from_row(r) for r in df.toArrow().to_pylist()]
+    rows = _ids_inline([KeyRow.from_row(r) for r in df.toArrow().to_pylist()])
     held: dict[str, set[str]] = {}
     for r in rows:
         for p in r.pending:
@@ -121,6 +121,21 @@ def shadow_rows(spark: Any, into: StoreLayout, computation: str) -> list[KeyRow]
             delivered |= {(stream, str(r[0])) for r in got.select("record_id").collect()}
     return [r.with_(pending=tuple(p for p in r.pending if (p.stream, p.production_id) not in delivered))
             if r.pending else r for r in rows]
+
+
+def _ids_inline(rows: list[KeyRow]) -> list[KeyRow]:
+    """``rows`` with the record ids of the image path's ids rows folded into their keys' rows (a
+    key with ids alone gets a row for them): the form a surgery commits by key; the image path
+    moves them into an ids file when it next writes the interval."""
+    by_key = {r.key: r for r in rows if is_user_key(r.key)}
+    for r in rows:
+        if not r.key.startswith(IDS_KEY_PREFIX) or not r.record_ids:
+            continue
+        key = r.key[len(IDS_KEY_PREFIX):]
+        old = by_key.get(key) or KeyRow(r.computation, key, r.interval, sequencer=r.sequencer,
+                                        commit_id=r.commit_id, updated_ms=r.updated_ms)
+        by_key[key] = old.with_(record_ids=(*old.record_ids, *r.record_ids))
+    return list(by_key.values())
 
 
 def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,

@@ -26,6 +26,7 @@ __all__ = ["preload"]
 PRELOAD = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
            "deltawheel.executor.tasks.image.task", "deltawheel.executor.tasks.image.direct",
            "deltawheel.executor.tasks.image.interval", "deltawheel.executor.tasks.image.ids",
+           "deltawheel.executor.tasks.image.idsfiles",
            "deltawheel.executor.tasks.image.keys",
            "deltawheel.executor.tasks.keyrun", "deltawheel.executor.tasks.input",
            "deltawheel.executor.tasks.merge.task", "deltawheel.executor.tasks.worker")

@@ -24,7 +24,7 @@ from typing import Any, Collection
 from ..codecs import get_codec
 from ..exceptions import CodecError, NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
-from ..rowtable.rows import FENCE_KEY
+from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from ..sqltext import sql_str
 
 __all__ = ["StoreDiff", "diff_stores", "format_diff", "SAMPLE"]
@@ -92,7 +92,8 @@ def _rows(spark: Any, layout: StoreLayout, computation: str, version: int | None
     from pyspark.sql import functions as F
 
     df = _read(spark, layout.rows, version, f"store {layout.root}")
-    return (df.where((F.col("computation") == computation) & (F.col("key") != FENCE_KEY))
+    return (df.where((F.col("computation") == computation) & (F.col("key") != FENCE_KEY)
+                    & ~F.col("key").startswith(IDS_KEY_PREFIX))
             .select("key", "state", "codec", F.to_json(F.col("timers")).alias("timers"),
                     F.to_json(F.col("pending")).alias("pending")))
 

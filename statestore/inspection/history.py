@@ -40,7 +40,7 @@ from ..exceptions import (
     UnknownComputationError,
     VersionNotFoundError,
 )
-from ..rowtable.rows import FENCE_KEY, KeyRow
+from ..rowtable.rows import KeyRow, is_user_key
 from .deletionvectors import deleted_rows
 
 __all__ = ["Commit", "Change", "History", "walk_history", "key_history", "HISTORY_COLUMNS"]
@@ -123,7 +123,7 @@ class _Table:
                 got = self._dvs[(path, dv_id)] = deleted_rows(self.files, dv)
             gone = got
         return {k: i for i, k in enumerate(keys)
-                if k != FENCE_KEY and (wanted is None or k in wanted) and i not in gone}
+                if is_user_key(k) and (wanted is None or k in wanted) and i not in gone}
 
     def forget(self, live: set[str]) -> None:
         """Drop what was read of files no longer live (a history of every key reads them all)."""

@@ -49,7 +49,7 @@ from ..codecs import base_name, get_codec
 from ..comments import STREAM, VALUE_JSON, VIEWS, view_columns
 from ..exceptions import CodecError, ConfigError
 from ..layout import StoreLayout
-from ..rowtable.rows import FENCE_KEY, KeyRow
+from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, KeyRow
 from ..sqltext import sql_path, sql_str
 from ..tabledefs import AUDIT_COLUMNS, DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
@@ -187,15 +187,20 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
     fence = sql_str(FENCE_KEY)
     raw = source(layout.rows)
     if raw is not None:
-        define("rows", f"SELECT * FROM {raw} WHERE key <> {fence}")
+        # the record-ids rows of the image path's ids files are hidden, their ids counted per key
+        ids = sql_str(IDS_KEY_PREFIX)
+        define("rows", f"SELECT * FROM {raw} WHERE key <> {fence} AND NOT startswith(key, {ids})")
+        held = (f"SELECT computation AS i_c, substr(key, {len(IDS_KEY_PREFIX) + 1}) AS i_k, "
+                f"sum(size(record_ids)) AS i_n FROM {raw} WHERE startswith(key, {ids}) GROUP BY 1, 2")
         define("state", (
             "SELECT computation, `interval`, key, codec, dw_decode(codec, state) AS state_json, "
             "timestamp_millis(next_event_timer_ms) AS next_event_timer, "
             "timestamp_millis(next_processing_timer_ms) AS next_processing_timer, "
-            "coalesce(size(timers), 0) AS n_timers, coalesce(size(record_ids), 0) AS n_record_ids, "
+            "coalesce(size(timers), 0) AS n_timers, "
+            "coalesce(size(record_ids), 0) + coalesce(i_n, 0) AS n_record_ids, "
             "coalesce(size(pending), 0) AS n_checkpointed, "
             "timestamp_millis(watermark_hold_ms) AS watermark_hold, sequencer, commit_id, "
-            "timestamp_millis(updated_ms) AS updated FROM rows"
+            f"timestamp_millis(updated_ms) AS updated FROM rows LEFT JOIN ({held}) ON computation = i_c AND key = i_k"
         ), VIEWS["state"])
         define("timers", (
             "SELECT computation, key, t.tag, t.domain, timestamp_millis(t.time_ms) AS fire_time, "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from .bloom import IntervalBloom
-from .rows import KeyRow, Production, TimeDomain
+from .rows import KeyRow, Production, TimeDomain, is_user_key
 from .store import RowStore
 
 __all__ = ["RecoveredIntervals", "TimerEntry", "recover", "rebuild"]
@@ -54,7 +54,7 @@ def rebuild(computation: str, intervals: Iterable[int], rows: Iterable[KeyRow]) 
     heap: list[TimerEntry] = []
     pending: list[tuple[str, Production]] = []
     for r in rows:
-        if r.is_fence:
+        if not is_user_key(r.key):
             continue
         by_key[r.key] = r
         bloom = blooms.setdefault(r.interval, IntervalBloom())

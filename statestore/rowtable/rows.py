@@ -30,6 +30,9 @@ __all__ = [
     "DOMAINS",
     "DOMAIN_VALUES",
     "FENCE_KEY",
+    "RESERVED_PREFIX",
+    "IDS_KEY_PREFIX",
+    "is_user_key",
     "MAX_KEY_BYTES",
     "TimeDomain",
     "Timer",
@@ -47,6 +50,11 @@ __all__ = [
 
 ROW_FORMAT_VERSION = 2  # 2: timer_seq (migration 4)
 FENCE_KEY = "\x00fence"
+#: keys starting with NUL are deltawheel's own rows (users' keys may not: :func:`validate_key`)
+RESERVED_PREFIX = "\x00"
+#: the rows of an interval's record-ids files (image path): key = this prefix + the user key,
+#: ``record_ids`` = the ids the key ran in one batch (or a compaction of several batches)
+IDS_KEY_PREFIX = "\x00id:"
 MAX_KEY_BYTES = 4096
 
 
@@ -340,6 +348,11 @@ def rows_file_ddl() -> str:
     return rows_schema_ddl().replace("computation STRING NOT NULL, interval INT NOT NULL, ", "")
 
 
+def is_user_key(key: str) -> bool:
+    """Whether ``key`` is a user's key (not a fence row's nor a record-ids row's)."""
+    return not key.startswith(RESERVED_PREFIX)
+
+
 def iter_user_rows(rows: Iterable[KeyRow]) -> Iterable[KeyRow]:
-    """Rows without the fence rows."""
-    return (r for r in rows if not r.is_fence)
+    """Rows without the fence rows and the record-ids rows."""
+    return (r for r in rows if is_user_key(r.key))

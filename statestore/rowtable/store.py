@@ -68,6 +68,7 @@ from .rows import (
     FENCE_KEY,
     KeyRow,
     interval_of,
+    is_user_key,
     rows_file_ddl,
     rows_schema_ddl,
     validate_key,
@@ -170,13 +171,14 @@ class RowStore:
         return {r.key: r for r in self._collect(df)}
 
     def scan_intervals(self, computation: str, intervals: Iterable[int], *, include_fences: bool = False) -> list[KeyRow]:
-        """Every row of the given intervals (the recovery scan reads this)."""
+        """Every row of the given intervals (the recovery scan reads this) but the record-ids rows
+        of the image path's ids files; ``include_fences``: with the fence rows."""
         from pyspark.sql import functions as F
 
         self.stats.interval_scans += 1
         df = self._table().where((F.col("computation") == computation) & F.col("interval").isin(sorted(set(intervals))))
         rows = self._collect(df)
-        return rows if include_fences else [r for r in rows if not r.is_fence]
+        return [r for r in rows if is_user_key(r.key) or (include_fences and r.is_fence)]
 
     def fences(self, computation: str) -> dict[int, int]:
         """interval -> sequencer of the fence rows of a computation.

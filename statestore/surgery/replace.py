@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..exceptions import LeaseHeldError
 from ..layout import StoreLayout
 from ..ownership.owner import IntervalOwner
-from ..rowtable.rows import FENCE_KEY, KeyRow
+from ..rowtable.rows import KeyRow, is_user_key
 from ..rowtable.store import RowStore
 from ..writepath.delivery import deliver_productions
 from ..zk.handover import clear_handover, request_handover
@@ -95,8 +95,8 @@ class SurgeryResult:
 def row_changes(before: Sequence[KeyRow], after: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[int, str]]]:
     """The rows of ``after`` that differ from ``before`` (new keys included), and the
     (interval, key) of ``before``'s keys that ``after`` does not have."""
-    old = {r.key: r for r in before if not r.is_fence}
-    new = {r.key: r for r in after if not r.is_fence}
+    old = {r.key: r for r in before if is_user_key(r.key)}
+    new = {r.key: r for r in after if is_user_key(r.key)}
     ups = [r for k, r in sorted(new.items())
            if k not in old or any(getattr(r, f) != getattr(old[k], f) for f in _CONTENT)]
     dels = [(r.interval, k) for k, r in sorted(old.items()) if k not in new]
@@ -163,7 +163,7 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation, skip=skip_delivery)
         seqs = dict(owner.sequencers)
         say(f"{computation}: intervals held after {time.monotonic() - t0:.1f}s, sequencers {seqs}")
-        rows = tuple(r for r in store.scan_intervals(computation, ivs) if r.key != FENCE_KEY)
+        rows = tuple(r for r in store.scan_intervals(computation, ivs) if is_user_key(r.key))
         ups, dels = row_changes(rows, build(Held(ivs, seqs, rows)))
         if before_commit is not None:
             before_commit(seqs)

@@ -42,6 +42,7 @@ from deltawheel.statestore.rowtable.bloom import IdBloom
 from deltawheel.statestore.rowtable.inputfiles import union_payloads
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, ROW_FORMAT_VERSION
 from deltawheel.statestore.writepath.image.files import (
+    is_ids_path,
     next_processing,
     oldest_work,
     write_interval_image,
@@ -58,6 +59,15 @@ from deltawheel.statestore.writepath.image.summary import (
 from ...computation import Computation
 from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_folder
 from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
+from .idsfiles import (
+    IdsFile,
+    empty_flat,
+    ids_apart,
+    load_ids_file,
+    plan_compaction,
+    split_legacy,
+    write_ids_file,
+)
 from .keys import Input, KeyLoop, OldRows, py_list
 
 __all__ = ["ImageSpec", "holds", "run_task"]
@@ -70,6 +80,7 @@ _CACHE_MAX = 64  # Bloom filters kept
 _BLOOMS: "OrderedDict[tuple[str, ...], IdBloom]" = OrderedDict()
 BLOOM_ERROR_RATE = 0.01  # at the filter's capacity
 BLOOM_MIN_CAPACITY = 4_096  # ids; a filter is sized for twice its image's ids, at least this
+BLOOM_BATCHES = 32  # ... and for at least this many batches of the size of the one that built it
 
 
 @dataclass(frozen=True)
@@ -155,8 +166,15 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
 
     comp = spec.comp
     name = comp.name
-    read = not holds(spec, iv) and bool(spec.images.get(iv))
+    read = not holds(spec, iv) and bool(_state_paths(spec, iv))
     image = _load(spec, iv)
+    apart = comp.exactly_once and ids_apart()
+    # record ids apart from the state (``idsfiles.py``): the interval's ids files, and the ids an
+    # older image holds in its state (moved to an ids file when the interval is next written)
+    image, legacy = split_legacy(image, inline=apart)
+    ids_files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
+    gone = [f for f in ids_files if spec.horizon_ms is not None and f.written_ms < spec.horizon_ms]
+    live = [f for f in ids_files if f not in gone]
     # Phase 1: the fence row must carry our sequencer.
     keys = image.column("key")
     fence = image.filter(pc.equal(keys, FENCE_KEY)).column("sequencer").to_pylist()
@@ -178,7 +196,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         keys = image.column("key")
     routed: list[SideRecord] = []
     if spec.route_late and recs.num_rows:
-        recs, routed = _route_late(comp, recs, image, spec.horizon_ms)
+        recs, routed = _route_late(comp, recs, image, spec.horizon_ms, _apart_held(live, legacy))
     # Phase 2: keys to run.
     due = pc.less_equal(image.column("next_processing_timer_ms"), spec.now_ms)
     if spec.wm is not None:
@@ -192,9 +210,10 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     # runs (a key never seen again must not keep its ids, nor its row for them, forever)
     expired = expired_ids(image, spec.horizon_ms)
     retention = _retention_ms(comp)
-    if not touched and not has_pending and not dirty and not expired:
+    migrate = legacy.num_rows > 0
+    if not touched and not has_pending and not dirty and not expired and not gone and not migrate:
         return IntervalSummary(iv, side=tuple(routed), images_read=int(read), oldest_ms=oldest_work(image),
-                               next_proc_ms=next_processing(image, retention))
+                               next_proc_ms=_next_proc(image, live, retention))
     # Phase 3: user code per key (the key loop). Record ids (the bulk of a row) stay in Arrow:
     # the duplicates are found with one vectorized lookup, the new lists are assembled below.
     mask = pc.is_in(keys, value_set=pa.array(sorted(touched), pa.string()))
@@ -205,8 +224,9 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     if has_pending:
         rest = _without_pending(rest)
     rest = drop_empty(rest)
-    loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong)
-    bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids)
+    loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong, id_rows=not apart)
+    apart_ids = _apart_held(live, legacy)
+    bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids, apart_ids)
     loop.run(sorted(touched), inp, old, seen, old_ids.keys)
     if not comp.exactly_once:
         new_ids = None
@@ -218,7 +238,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     new_rows = loop.rows.table(spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids")),
                                sequencer=mine, commit_id=spec.commit_id,
                                now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION)
-    fresh_tbl = with_ids(new_rows, old_ids, new_ids, spec.now_ms, spec.rows_schema)
+    fresh_tbl = with_ids(new_rows, old_ids, None if apart else new_ids, spec.now_ms, spec.rows_schema)
     parts = [rest, fresh_tbl]
     if loop.unchanged:
         same = sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(loop.unchanged, pa.string())))
@@ -228,29 +248,42 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     # Phase 4: write the files (invisible until the driver's commit).
     # (records of the interval in input files to record: the set moves even if all were duplicates)
     written: ImageFile | None = None
-    if loop.written or has_pending or dirty or expired or (spec.input_files and inp.runs):
+    state_paths = _state_paths(spec, iv)
+    if loop.written or has_pending or dirty or expired or migrate or (spec.input_files and inp.runs):
         written = write_interval_image(new_image, spec.rows_root, name, iv)
-        _remember((written.path,), new_image, name, iv, written=True)
-        if bloom is not None:  # the new image's ids: the old image's (a superset) and the new ones
-            bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
-            if not bloom.full():
-                _remember_bloom((written.path,), bloom)
+        state_paths = (written.path,)
+        _remember(state_paths, new_image, name, iv, written=True)
+    ids_written, taken = None, []
+    fresh_ids = new_ids if apart and new_ids is not None and new_ids.num_rows else None
+    if fresh_ids is not None or migrate:
+        ids_written, live = _write_ids(spec, iv, fresh_ids, legacy, live, retention)
+        taken = [f for f in ids_files if f not in gone and f not in live]
+        live = [*live, ids_written[1]]
+    if bloom is not None and (written is not None or ids_written is not None):
+        # the new files' ids: the old ones (a superset) and the new ones
+        bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
+        if not bloom.full():
+            _remember_bloom(tuple(sorted((*state_paths, *(f.path for f in live)))), bloom)
     prod_files = _write_productions(spec, iv, loop.prods)
     return IntervalSummary(
-        iv, image=written, prod_files=tuple(prod_files), side=(*routed, *loop.side), processed=loop.processed,
+        iv, image=written, ids_file=ids_written[0] if ids_written else None,
+        ids_removed=tuple(f.path for f in (*gone, *taken)), prod_files=tuple(prod_files),
+        side=(*routed, *loop.side), processed=loop.processed,
         duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=len(loop.prods), n_dead=len(loop.side),
-        keys_written=loop.written, ids_expired=expired, keys_expired=loop.keys_expired, oldest_ms=oldest_work(new_image),
-        next_proc_ms=next_processing(new_image, retention), images_read=int(read), bloom_checked=checks.checked,
+        keys_written=loop.written, ids_expired=expired + sum(f.flat.num_rows for f in gone),
+        keys_expired=loop.keys_expired, oldest_ms=oldest_work(new_image),
+        next_proc_ms=_next_proc(new_image, live, retention), images_read=int(read), bloom_checked=checks.checked,
         bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos, bloom_bytes=checks.nbytes)
 
 
 def _route_late(comp: Computation, recs: Any, image: Any,
-                horizon_ms: int | None) -> tuple[Any, list[SideRecord]]:
+                horizon_ms: int | None, apart: Any) -> tuple[Any, list[SideRecord]]:
     """``LatePolicy.ROUTE``, after dedup: (the records to run, the late records routed to the
     late-data table as side records). A late record whose id its key's row holds (seen within the dedup
     horizon, as the key loop's dedup decides) is a retry of a
     record run on time: it stays, and the key loop drops it as a duplicate. A record twice in the
     batch is routed once."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     late = pc.fill_null(recs.column("late"), False)
@@ -260,6 +293,8 @@ def _route_late(comp: Computation, recs: Any, image: Any,
     if comp.exactly_once:
         lkeys = pc.unique(recs.filter(late).column("key"))
         held = flat_ids(image.filter(pc.is_in(image.column("key"), value_set=lkeys)), horizon_ms).table
+        if apart.num_rows:
+            held = pa.concat_tables([held, _within(apart, horizon_ms)])
         if held.num_rows:
             pairs = pc.binary_join_element_wise(recs.column("key"), recs.column("record_id"), "\x00")
             old = pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00")
@@ -295,25 +330,33 @@ class BloomCounts:
     nbytes: int = 0
 
 
-def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input,
-           ids: HeldIds) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
+def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
+           apart: Any) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
     """Dedup as MillWheel does it: the batch's record ids of this interval against the
     image's Bloom filter first; only if one might have been seen, the exact lookup in the stored ids
     (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
-    its id (None: none does), and the filter's counts for the batch report."""
+    its id (None: none does), and the filter's counts for the batch report. ``apart``: the ids of
+    the interval's ids files (and those taken out of an older image), key / record_id / seen_ms."""
+    import pyarrow as pa
+
     if not spec.comp.exactly_once or not inp.keys:
         return None, None, BloomCounts()
-    bloom = _bloom(spec, iv, image)
+    bloom = _bloom(spec, iv, image, apart, len(inp.ids))
     flags = bloom.might_contain_many(inp.ids)
     maybe = int(flags.sum())
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
         return bloom, None, BloomCounts(len(inp.ids), 0, 0, bloom.nbytes)
+    if apart.num_rows:
+        within = _within(apart, spec.horizon_ms)
+        ids = HeldIds(ids.held, pa.concat_tables([ids.table, within]), ids.keys)
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
     return bloom, seen, BloomCounts(len(inp.ids), maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
 
 
-def _bloom(spec: ImageSpec, iv: int, image: Any) -> IdBloom:
-    """The interval image's filter: cached in this worker, else built from the image's ids."""
+def _bloom(spec: ImageSpec, iv: int, image: Any, apart: Any, batch: int) -> IdBloom:
+    """The interval's filter: cached in this worker (by the interval's file paths), else built from
+    the image's and the ids files' ids (``apart``), sized for many batches more (``batch``: the
+    batch's ids) so that the next batches extend it instead of building it again."""
     import pyarrow.compute as pc
 
     paths = tuple(sorted(spec.images.get(iv, ())))
@@ -322,7 +365,8 @@ def _bloom(spec: ImageSpec, iv: int, image: Any) -> IdBloom:
         _BLOOMS.move_to_end(paths)
         return hit
     ids = py_list(pc.struct_field(pc.list_flatten(image.column("record_ids")), "record_id"))
-    bloom = IdBloom(max(2 * len(ids), BLOOM_MIN_CAPACITY), error_rate=BLOOM_ERROR_RATE)
+    ids += py_list(apart.column("record_id"))
+    bloom = IdBloom(max(2 * len(ids), BLOOM_MIN_CAPACITY, BLOOM_BATCHES * batch), error_rate=BLOOM_ERROR_RATE)
     bloom.add_many(ids)
     _remember_bloom(paths, bloom)
     return bloom
@@ -341,13 +385,63 @@ def _retention_ms(comp: Computation) -> int | None:
 
 def holds(spec: ImageSpec, iv: int) -> bool:
     """Whether this worker holds interval ``iv``'s current image (no read from the store)."""
-    return tuple(sorted(spec.images.get(iv, ()))) in _CACHE
+    return _state_paths(spec, iv) in _CACHE
+
+
+def _state_paths(spec: ImageSpec, iv: int) -> tuple[str, ...]:
+    """The interval's live files but its ids files: its state image."""
+    return tuple(sorted(p for p in spec.images.get(iv, ()) if not is_ids_path(p)))
+
+
+def _apart_held(live: list[IdsFile], legacy: Any) -> Any:
+    """The ids of the live ids files and those taken out of an older image (key / record_id / seen_ms)."""
+    import pyarrow as pa
+
+    parts = [f.flat for f in live] + ([legacy] if legacy.num_rows else [])
+    return pa.concat_tables(parts) if parts else empty_flat()
+
+
+def _within(flat: Any, horizon_ms: int | None) -> Any:
+    import pyarrow.compute as pc
+
+    return flat if horizon_ms is None else flat.filter(pc.greater_equal(flat.column("seen_ms"), horizon_ms))
+
+
+def _write_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: list[IdsFile],
+               retention_ms: int | None) -> tuple[tuple[ImageFile, IdsFile], list[IdsFile]]:
+    """Write the batch's ids file: its new ids (``fresh``: key / record_id), those taken out of an
+    older image, and — when compaction says so — those of the live files it takes in. Returns
+    (the file, the live files it leaves)."""
+    import numpy as np
+    import pyarrow as pa
+
+    parts = []
+    if fresh is not None:
+        parts.append(pa.table({"key": fresh.column("key"), "record_id": fresh.column("record_id"),
+                               "seen_ms": pa.array(np.full(fresh.num_rows, spec.now_ms, dtype=np.int64))}))
+    if legacy.num_rows:
+        parts.append(_within(legacy, spec.horizon_ms))
+    level, taken = plan_compaction(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
+    parts += [_within(f.flat, spec.horizon_ms) for f in taken]
+    got = write_ids_file(pa.concat_tables(parts), spec.rows_root, computation=spec.comp.name, interval=iv,
+                         level=level, schema=spec.rows_schema, sequencer=spec.sequencers[iv],
+                         commit_id=spec.commit_id, now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION)
+    return got, [f for f in live if f not in taken]
+
+
+def _next_proc(image: Any, live: list[IdsFile], retention_ms: int | None) -> int | None:
+    """:func:`next_processing` of the state image and the ids files (each leaves the horizon whole)."""
+    first = next_processing(image, retention_ms)
+    if retention_ms is not None and live:
+        drop = min(f.written_ms for f in live) + retention_ms + 1
+        first = drop if first is None else min(first, drop)
+    return first
 
 
 def _load(spec: ImageSpec, iv: int) -> Any:
     import pyarrow as pa
 
-    paths = tuple(sorted(spec.images.get(iv, ())))
+    paths = _state_paths(spec, iv)
     name = spec.comp.name
     _CACHE.observe(name, spec.wm)
     hit = _CACHE.get(paths, slot=(name, iv), count=bool(paths))

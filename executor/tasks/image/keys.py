@@ -229,8 +229,9 @@ def _next_timers(offsets: Any, times: Any, is_event: list[bool], n: int) -> tupl
 class KeyLoop:
     """Runs one interval's touched keys (in key order) and collects the outcome."""
 
-    def __init__(self, comp: Computation, *, wm: int | None, now_ms: int, strong: bool) -> None:
+    def __init__(self, comp: Computation, *, wm: int | None, now_ms: int, strong: bool, id_rows: bool = True) -> None:
         self.comp = comp
+        self.id_rows = id_rows  # a key with nothing else left keeps a row for its record ids (else they live apart)
         self.codec = codec_of(comp)
         self.wm = wm
         self.now_ms = now_ms
@@ -252,6 +253,7 @@ class KeyLoop:
         exactly_once = comp.exactly_once
         repeats = exactly_once and inp.repeats
         keep_ids = exactly_once
+        id_rows = keep_ids and self.id_rows
         if seen is not None or repeats:
             self.all_ran = False
         add = self.rows.rows.append
@@ -320,7 +322,7 @@ class KeyLoop:
             if state is None and not timers and not pending and new_hold is None:
                 # nothing left: the row stays only for its record ids (old ones still within the
                 # horizon, the ones run now)
-                if key in old_id_keys or (keep_ids and fresh):
+                if id_rows and (key in old_id_keys or fresh):
                     add((key, None, (), None, (), seq, codec))
                     written += 1
                 elif j is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.rows import FENCE_KEY
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.merge.path import MergeBatch, MergePath
 
 from ...computation import Computation
@@ -34,7 +34,8 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
     if prep is not None:  # join within one session: foreachBatch frames live in the query's clone
         spark = prep.sparkSession
     rows = (spark.read.format("delta").load(layout.rows)
-            .where((F.col("computation") == comp.name) & F.col("interval").isin(ivs) & (F.col("key") != FENCE_KEY)))
+            .where((F.col("computation") == comp.name) & F.col("interval").isin(ivs) & (F.col("key") != FENCE_KEY)
+                   & ~F.col("key").startswith(IDS_KEY_PREFIX)))
     due = (F.size("pending") > 0) | (F.col("next_processing_timer_ms") <= F.lit(now_ms))
     if input_watermark_ms is not None:
         due = due | (F.col("next_event_timer_ms") < F.lit(input_watermark_ms))

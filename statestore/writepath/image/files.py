@@ -9,15 +9,32 @@ has to do (the tasks for each new image, recovery for each current one).
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any, Mapping, Sequence
 
 from ...delta.storefs import TableFiles
 from ...delta.txn import partition_file_name, write_file
-from ...rowtable.rows import FENCE_KEY
+from ...rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from .summary import ImageFile, ProductionFile
 
-__all__ = ["write_interval_image", "write_production_files", "oldest_work", "next_processing"]
+__all__ = ["write_interval_image", "write_production_files", "oldest_work", "next_processing", "is_ids_path",
+           "IDS_FILE_TAG"]
+
+#: the tag in a record-ids file's name (``executor/tasks/image/idsfiles.py``), followed by its level
+IDS_FILE_TAG = "dwids"
+_IDS_NAME = re.compile(rf"-{IDS_FILE_TAG}(\d+)\.")
+
+
+def is_ids_path(rel: str) -> bool:
+    """Whether the rows table file ``rel`` (decoded) is a record-ids file, by its name."""
+    return _IDS_NAME.search(rel.rsplit("/", 1)[-1]) is not None
+
+
+def ids_level(rel: str) -> int:
+    """A record-ids file's compaction level (0 for any other file)."""
+    m = _IDS_NAME.search(rel.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else 0
 
 
 def write_interval_image(image: Any, rows_root: TableFiles, computation: str, interval: int) -> ImageFile:
@@ -58,12 +75,18 @@ def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: st
 def next_processing(image: Any, retention_ms: int | None = None) -> int | None:
     """The earliest processing time at which the image has work without input (None: none): its
     earliest processing-time timer and, given the dedup ``retention_ms``, the time its oldest
-    record id leaves the dedup horizon (the image is then rewritten without it)."""
+    record id leaves the dedup horizon (the image is then rewritten without it) or its oldest
+    record-ids file does (``updated_ms``, the time it was written: it is then dropped whole)."""
     import pyarrow.compute as pc
 
     first: int | None = pc.min(image.column("next_processing_timer_ms")).as_py()
     if retention_ms is not None and image.num_rows:
-        oldest = pc.min(pc.struct_field(pc.list_flatten(image.column("record_ids")), "seen_ms")).as_py()
+        is_ids = pc.starts_with(image.column("key"), IDS_KEY_PREFIX)
+        inline = image.filter(pc.invert(is_ids)).column("record_ids")
+        oldest = pc.min(pc.struct_field(pc.list_flatten(inline), "seen_ms")).as_py()
+        if pc.any(is_ids).as_py():
+            files = pc.min(image.filter(is_ids).column("updated_ms")).as_py()
+            oldest = files if oldest is None else (oldest if files is None else min(oldest, files))
         if oldest is not None:
             first = oldest + retention_ms + 1 if first is None else min(first, oldest + retention_ms + 1)
     return first

@@ -62,7 +62,7 @@ from ..streams import (
     ensure_stream_table,
     stream_schema_ddl,
 )
-from .files import write_production_files
+from .files import is_ids_path, write_production_files
 from .recovery import Checkpoint, Recovery, resolve, scan
 from .summary import BatchOutput
 
@@ -343,23 +343,32 @@ class ImagePath(WritePath[BatchOutput]):
         on). The intervals' oldest work is taken from the summaries either way. See
         :meth:`WritePath.commit`."""
         name = self.name
-        new = [(iv, s.image) for iv, s in out.intervals() if s.image is not None]
+        new = out.changed()
         self.owner.check()
         if not new:
             self._observe(out)
             return False
-        ivs = sorted(iv for iv, _image in new)
+        ivs = sorted(iv for iv, _s in new)
         seqs = self.owner.sequencers
         info = json.dumps({**(meta or {}), "deltawheel": COMMIT_META_VERSION, "kind": "commit",
                            "writer": self.owner.store.writer,
                            "computation": name, "commit_id": commit_id, "write_path": "image",
                            "sequencers": {str(iv): seqs[iv] for iv in ivs}}, sort_keys=True)
         parts = [{"computation": name, "interval": str(iv)} for iv in ivs]
-        adds = {iv: new_add(image.path, {"computation": name, "interval": str(iv)}, image.size, image.rows)
-                for iv, image in new}
-        removes = [f for iv in ivs for f in self.files.get(iv, ())]
+        adds: dict[int, list[Any]] = {}
+        removes: list[FileEntry] = []
+        kept: dict[int, list[FileEntry]] = {}
+        for iv, s in new:
+            part = {"computation": name, "interval": str(iv)}
+            adds[iv] = [new_add(f.path, part, f.size, f.rows) for f in (s.image, s.ids_file) if f is not None]
+            gone = set(s.ids_removed)
+            # a new image replaces every file of the partition but its ids files; dropped ids files go
+            drop = [f for f in self.files.get(iv, ())
+                    if (s.image is not None and not is_ids_path(decode_path(f.path))) or decode_path(f.path) in gone]
+            removes += drop
+            kept[iv] = [f for f in self.files.get(iv, ()) if f not in drop]
         try:
-            version = self.log.commit(remove=removes, add=list(adds.values()), user_metadata=info,
+            version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]], user_metadata=info,
                                       read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
                                       untouched_since=(self.version, parts),
                                       known_version=self.version)
@@ -376,9 +385,11 @@ class ImagePath(WritePath[BatchOutput]):
             self.owner.store.check_fences(name, seqs)
             raise StaleViewError(f"concurrent commit on {name}'s partitions: {err}") from exc
         assert version is not None
-        for iv, image in new:
-            self.files[iv] = [FileEntry(image.path, (("computation", name), ("interval", str(iv))), image.size, False,
-                                        adds[iv])]
+        for iv, s in new:
+            pv = (("computation", name), ("interval", str(iv)))
+            self.files[iv] = kept[iv] + [FileEntry(f.path, pv, f.size, False, add)
+                                         for f, add in zip([f for f in (s.image, s.ids_file) if f is not None],
+                                                           adds[iv], strict=True)]
         self.version = out.version = version
         self._observe(out)
         return True

@@ -69,7 +69,7 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
     import pyarrow.compute as pc
 
     cols = ["key", "sequencer", "next_event_timer_ms", "next_processing_timer_ms", "watermark_hold_ms", "pending",
-            "commit_id", "record_ids"]
+            "commit_id", "record_ids", "updated_ms"]
     out = Recovery({}, {}, [], [])
     checkpoints: list[Checkpoint] = []
     for iv, entries in sorted(files.items()):

@@ -26,6 +26,7 @@ _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, co
          "stream: STRING, position: STRING, error: STRING>")
 #: The Arrow rows the tasks return (:meth:`IntervalSummary.to_row`)
 SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
+               "ids_path STRING, ids_size BIGINT, ids_rows BIGINT, ids_removed ARRAY<STRING>, "
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, "
@@ -126,7 +127,9 @@ class IntervalSummary:
     """What a task did with one interval (``interval`` None: a task that ran none; its input
     counts only).
 
-    ``image``: the interval's new image (None: unchanged); ``prod_files``: the productions of its
+    ``image``: the interval's new image (None: unchanged); ``ids_file``: its new record-ids file
+    (None: none, ``executor/tasks/image/idsfiles.py``); ``ids_removed``: the ids files it drops
+    (past the dedup horizon, or taken into ``ids_file``); ``prod_files``: the productions of its
     keys; ``side``: dead letters and routed late records; the counts of the batch report
     (``fired``: timers fired, ``n_prods``: productions, ``n_dead``: dead letters of user code and
     decoding, ``bloom_*``: the dedup filter's checks); ``oldest_ms`` / ``next_proc_ms``: the
@@ -137,6 +140,8 @@ class IntervalSummary:
 
     interval: int | None
     image: ImageFile | None = None
+    ids_file: ImageFile | None = None
+    ids_removed: tuple[str, ...] = ()
     prod_files: tuple[ProductionFile, ...] = ()
     side: tuple[SideRecord, ...] = ()
     records_in: int = 0
@@ -162,9 +167,11 @@ class IntervalSummary:
 
     def to_row(self) -> dict[str, Any]:
         """The summary as a row of :data:`SUMMARY_DDL`."""
-        img = self.image
+        img, ids = self.image, self.ids_file
         row: dict[str, Any] = {"interval": self.interval, "new_path": img.path if img else None,
                                "new_size": img.size if img else None, "new_rows": img.rows if img else None,
+                               "ids_path": ids.path if ids else None, "ids_size": ids.size if ids else None,
+                               "ids_rows": ids.rows if ids else None, "ids_removed": list(self.ids_removed),
                                "prod_files": [p.to_row() for p in self.prod_files],
                                "side": [s.to_row() for s in self.side]}
         row.update((c, getattr(self, c)) for c in _COUNTS)
@@ -178,11 +185,13 @@ class IntervalSummary:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> IntervalSummary:
         """A row of :data:`SUMMARY_DDL` (a missing or null count: 0)."""
-        path = row.get("new_path")
+        path, ids = row.get("new_path"), row.get("ids_path")
         f = row.get("fenced")
         return cls(
             interval=row.get("interval"),
             image=ImageFile(path, int(row["new_size"]), int(row["new_rows"])) if path else None,
+            ids_file=ImageFile(ids, int(row["ids_size"]), int(row["ids_rows"])) if ids else None,
+            ids_removed=tuple(row.get("ids_removed") or ()),
             prod_files=tuple(ProductionFile.from_row(p) for p in row.get("prod_files") or ()),
             side=tuple(SideRecord.from_row(s) for s in row.get("side") or ()),
             oldest_ms=row.get("oldest_ms"), next_proc_ms=row.get("next_proc_ms"), obs_min=row.get("obs_min"),
@@ -207,6 +216,12 @@ class BatchOutput:
     def intervals(self) -> list[tuple[int, IntervalSummary]]:
         """(interval, its summary) for each summary of an interval."""
         return [(s.interval, s) for s in self.summaries if s.interval is not None]
+
+    def changed(self) -> list[tuple[int, IntervalSummary]]:
+        """(interval, its summary) for each interval with files to commit (a new image or ids file,
+        ids files to drop)."""
+        return [(iv, s) for iv, s in self.intervals()
+                if s.image is not None or s.ids_file is not None or s.ids_removed]
 
     def side(self, kind: str) -> list[SideRecord]:
         """The side records of ``kind`` (dead, late) of every summary."""

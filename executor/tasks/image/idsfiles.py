@@ -1,0 +1,204 @@
+"""An interval's record ids apart from its state: one small ids file per batch (the image path's tasks).
+
+The dedup horizon (``dedup_retention``) keeps every record id an interval ran for minutes; kept
+in the key rows, each batch's image rewrite carried all of them. Instead each batch that ran
+records adds one *ids file* to the interval's partition of the rows table, in the same Delta
+commit as its new state image (state and ids stay atomic: the exactly-once guarantee). An ids
+file's rows have the key :data:`~deltawheel.statestore.rowtable.rows.IDS_KEY_PREFIX` + the user
+key, ``record_ids`` the ids that key ran, ``updated_ms`` the batch's processing time; every
+other column is null. The views hide them (their keys start with NUL, as the fence row's does).
+
+- The dedup lookup reads the interval's live ids files (immutable: each is read once per
+  Python worker and cached by path, :func:`load_ids_file`), the Bloom filter first, then the
+  exact lookup (``ids.already_seen``).
+- A file is dropped whole (a ``remove`` in a batch commit) once its ``updated_ms`` is past the
+  dedup horizon: every id it holds was seen at or before then.
+- Compaction (:func:`plan_compaction`): files of one time bucket (a quarter of the retention)
+  merge by levels: when :data:`FAN_IN` files of one level would be in the current bucket, the
+  batch's new file takes their ids and becomes one file of the next level. A batch thus
+  writes its own ids plus, amortised, a few times their size; an interval keeps a few files per
+  bucket and level; an id stays at most a bucket longer than the horizon.
+- Old images (ids inline in the key rows, or ids rows inside a state file after a purge) are
+  read as well: :func:`split_legacy` takes those ids out of the state, and the next write moves
+  them into an ids file (the migration happens as an interval is next written).
+
+``DELTAWHEEL_IDS_APART=0`` writes ids in the key rows as before (for side-by-side figures);
+reading handles both formats either way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from deltawheel.statestore.delta.storefs import TableFiles
+from deltawheel.statestore.delta.txn import partition_file_name, write_file
+from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
+from deltawheel.statestore.writepath.image.files import IDS_FILE_TAG, ids_level, is_ids_path
+from deltawheel.statestore.writepath.image.summary import ImageFile
+
+__all__ = ["IdsFile", "ids_apart", "is_ids_path", "load_ids_file", "split_legacy", "empty_flat", "plan_compaction",
+           "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
+
+FAN_IN = 8  # files of one level and bucket merged into one of the next level
+BUCKETS_PER_HORIZON = 4  # time buckets per dedup retention (files of different buckets never merge)
+_FILES: "OrderedDict[str, IdsFile]" = OrderedDict()
+_FILES_MAX = 4_096
+
+
+def ids_apart() -> bool:
+    """Whether new record ids go to ids files (default) or into the key rows (``DELTAWHEEL_IDS_APART=0``)."""
+    return os.environ.get("DELTAWHEEL_IDS_APART", "1") != "0"
+
+
+@dataclass(frozen=True)
+class IdsFile:
+    """One ids file: its path (relative to the rows table, decoded), compaction level, the
+    processing time it was written at (its ids were all seen at or before) and its ids as a
+    flat key / record_id / seen_ms table."""
+
+    path: str
+    level: int
+    written_ms: int
+    flat: Any
+
+    def bucket(self, bucket_ms: int) -> int:
+        """The file's time bucket (buckets of ``bucket_ms``)."""
+        return self.written_ms // bucket_ms
+
+
+def empty_flat() -> Any:
+    """An empty key / record_id / seen_ms table."""
+    import pyarrow as pa
+
+    return pa.table({"key": pa.array([], pa.string()), "record_id": pa.array([], pa.string()),
+                     "seen_ms": pa.array([], pa.int64())})
+
+
+def _flat(t: Any, *, strip: int = 0) -> Any:
+    """The key / record_id / seen_ms table of rows ``t`` (``strip``: characters cut off each key)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lst = t.column("record_ids").combine_chunks()
+    if len(lst) == 0:
+        return empty_flat()
+    parents = pc.list_parent_indices(lst)
+    flat = pc.list_flatten(lst)
+    keys = t.column("key").combine_chunks()
+    if strip:
+        keys = pc.utf8_slice_codeunits(keys, strip)
+    return pa.table({"key": keys.take(parents), "record_id": flat.field("record_id"),
+                     "seen_ms": flat.field("seen_ms")})
+
+
+def load_ids_file(root: TableFiles, rel: str) -> IdsFile:
+    """The ids file ``rel`` (cached per Python worker: files are immutable)."""
+    import pyarrow.compute as pc
+
+    hit = _FILES.get(rel)
+    if hit is not None:
+        _FILES.move_to_end(rel)
+        return hit
+    cols = ["key", "record_ids", "updated_ms"]
+    t = root.read_parquet(rel, columns=cols) if root.is_local else root.parquet_file(rel).read(columns=cols)
+    written = pc.max(t.column("updated_ms")).as_py()
+    got = IdsFile(rel, ids_level(rel), int(written or 0), _flat(t, strip=len(IDS_KEY_PREFIX)))
+    remember_ids_file(got)
+    return got
+
+
+def remember_ids_file(f: IdsFile) -> None:
+    """Keep ``f`` in this worker's cache of ids files (by path)."""
+    _FILES[f.path] = f
+    _FILES.move_to_end(f.path)
+    while len(_FILES) > _FILES_MAX:
+        _FILES.popitem(last=False)
+
+
+def split_legacy(image: Any, *, inline: bool) -> tuple[Any, Any]:
+    """(``image`` without ids rows, and — ``inline`` — with empty ``record_ids``; the ids so
+    taken out as a flat table). ``image`` itself when it holds none (the usual case: cheap)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if image.num_rows == 0:
+        return image, empty_flat()
+    is_ids = pc.starts_with(image.column("key"), IDS_KEY_PREFIX)
+    has_rows = bool(pc.any(is_ids).as_py())
+    n_inline = int(pc.sum(pc.list_value_length(image.column("record_ids"))).as_py() or 0) if inline else 0
+    if not has_rows and not n_inline:
+        return image, empty_flat()
+    parts = []
+    if has_rows:
+        parts.append(_flat(image.filter(is_ids), strip=len(IDS_KEY_PREFIX)))
+        image = image.filter(pc.invert(is_ids))
+    if n_inline:
+        parts.append(_flat(image))
+        idx = image.schema.get_field_index("record_ids")
+        field = image.schema.field(idx)
+        empty = pa.ListArray.from_arrays(pa.array(np.zeros(image.num_rows + 1, dtype=np.int32)),
+                                         pa.array([], field.type.value_type), type=field.type)
+        image = image.set_column(idx, field, empty)
+    return image.combine_chunks(), pa.concat_tables(parts)
+
+
+def plan_compaction(live: Sequence[IdsFile], *, now_ms: int, retention_ms: int) -> tuple[int, list[IdsFile]]:
+    """(the level of the batch's new ids file, the live files it takes in): levels merge while
+    :data:`FAN_IN` files of one level (the new one counted) fall in the current time bucket."""
+    bucket_ms = max(retention_ms // BUCKETS_PER_HORIZON, 1)
+    cur = now_ms // bucket_ms
+    level = 0
+    taken: list[IdsFile] = []
+    while True:
+        group = [f for f in live if f.level == level and f.bucket(bucket_ms) == cur]
+        if len(group) + 1 < FAN_IN:
+            return level, taken
+        taken += group
+        level += 1
+
+
+def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interval: int, level: int,
+                   schema: Any, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> tuple[ImageFile, IdsFile]:
+    """Write the ids ``flat`` (key / record_id / seen_ms) as an ids file of ``level``: one row per
+    key, in the rows file ``schema``; invisible until the driver's commit adds it."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    flat = flat.combine_chunks()
+    order = pc.sort_indices(flat, sort_keys=[("key", "ascending"), ("seen_ms", "ascending")])
+    flat = flat.take(order)
+    ree = pc.run_end_encode(flat.column("key").combine_chunks())
+    keys = ree.values
+    ends = ree.run_ends.to_numpy().astype(np.int32)
+    n = len(keys)
+    field = schema.field("record_ids")
+    values = pa.StructArray.from_arrays([flat.column("record_id").combine_chunks(),
+                                         flat.column("seen_ms").combine_chunks()], fields=list(field.type.value_type))
+    ids = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], ends]).astype(np.int32)), values, type=field.type)
+    cols: dict[str, Any] = {}
+    for f in schema:
+        if f.name == "key":
+            cols[f.name] = pc.binary_join_element_wise(pa.scalar(IDS_KEY_PREFIX), keys, "")
+        elif f.name == "record_ids":
+            cols[f.name] = ids
+        elif f.name == "sequencer":
+            cols[f.name] = pa.array(np.full(n, sequencer, dtype=np.int64))
+        elif f.name == "commit_id":
+            cols[f.name] = pa.array([commit_id] * n, pa.string())
+        elif f.name == "updated_ms":
+            cols[f.name] = pa.array(np.full(n, now_ms, dtype=np.int64))
+        elif f.name == "format_version":
+            cols[f.name] = pa.array(np.full(n, format_version, dtype=np.int32))
+        else:
+            cols[f.name] = pa.nulls(n, f.type)
+    table = pa.table(cols).cast(schema)
+    rel = partition_file_name(computation, interval, f"{IDS_FILE_TAG}{level}")
+    written = ImageFile(rel, write_file(table, rows_root, rel), table.num_rows)
+    got = IdsFile(rel, level, now_ms, flat)
+    remember_ids_file(got)
+    return written, got

@@ -137,3 +137,4 @@ def test_deltawheel_run_gc_every_runs_gc_beside_the_stages(spark, zk_config, tmp
     assert outputs(spark, layout) == (want_users, want_totals)
     assert _checkpointed(layout)
     assert not [ln for ln in child.lines if "background gc #" in ln and "failed" in ln], child.lines[-40:]
+    print("\n".join(ln for ln in child.lines if "background gc #" in ln))

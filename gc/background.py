@@ -82,7 +82,7 @@ def summary(report: GcReport) -> str:
     >>> summary(GcReport(True, (GcAction("compact", "rows", "12 files before OPTIMIZE", 12),
     ...                        GcAction("log", "rows", "checkpointed at version 9; deleted 4 log files before "
     ...                                 "version 9", 4), GcAction("log", "late_data", "checkpoint is current", 0))))
-    'compacted 1 tables (12 files before), vacuumed 0 files, checkpointed 1 logs (rows at 9), deleted 4 log files'
+    'compacted 1 tables (12 files before), vacuumed 0 tables, checkpointed 1 logs (rows at 9), deleted 4 log files'
     """
     by: dict[str, list[Any]] = {}
     for a in report.actions:
@@ -91,7 +91,7 @@ def summary(report: GcReport) -> str:
     logs = [a for a in by.get("log", []) if a.detail.startswith("checkpointed at version ")]
     at = ", ".join(f"{a.table} at {a.detail.split()[3].rstrip(';')}" for a in logs)
     parts = [f"compacted {len(compact)} tables ({sum(a.count or 0 for a in compact)} files before)",
-             f"vacuumed {sum(a.count or 0 for a in by.get('vacuum', []))} files",
+             f"vacuumed {len(by.get('vacuum', []))} tables",
              f"checkpointed {len(logs)} logs" + (f" ({at})" if at else ""),
              f"deleted {sum(a.count or 0 for a in by.get('log', []))} log files"]
     for name, what in (("stream_retention", "stream records"), ("metrics_retention", "metrics rows")):
@@ -200,7 +200,14 @@ class BackgroundGc:
         except Exception as exc:  # a failed run must not stop the pipeline: the next one tries again
             self.failures = [*self.failures[-99:], f"{type(exc).__name__}: {exc}"]
             self._say(f"background gc #{n} failed after {time.monotonic() - t0:.1f}s ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); the pipeline goes on, the next run "
-                      "tries again")
+                      f"{_cause(exc)}); the pipeline goes on, the next run tries again")
             _LOG.warning("deltawheel: background gc of %s failed (%s: %s); the pipeline goes on, the next run "
-                         "tries again", self.layout.root, type(exc).__name__, str(exc).splitlines()[0][:300])
+                         "tries again", self.layout.root, type(exc).__name__, _cause(exc))
+
+
+def _cause(exc: BaseException) -> str:
+    """The first line of ``exc`` that says what happened (a Py4J error's Java exception, not its
+    "An error occurred while calling ..." line), at most 300 characters."""
+    lines = [ln.strip().lstrip(": ") for ln in str(exc).splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
+    return (said or lines or [""])[0][:300]

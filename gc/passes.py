@@ -199,8 +199,8 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                 spark.conf.set(check, was)
     for name, path in tables:
         step(f"{'checkpointing' if apply else 'looking at'} the log of {name}")
-        cut, oldest = clean_log(path, cutoff_s=(now_ms - (log_retention_ms or 0)) / 1000, apply=False, spark=spark)
         if apply:
+            cut, oldest = 0, None  # without a log retention nothing is deleted (the checkpoint only)
             at = checkpoint_newest(spark, path)
             if log_retention_ms is not None:  # "now" as the pass runs: the passes above committed meanwhile
                 later_ms = max(now_ms, int(time.time() * 1000))
@@ -210,6 +210,8 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                                                   else "checkpoint is current")
                                     + (f"; deleted {cut} log files before version {oldest}" if cut else ""), cut))
         else:
+            cut, oldest = clean_log(path, cutoff_s=(now_ms - (log_retention_ms or 0)) / 1000, apply=False,
+                                    spark=spark)
             actions.append(GcAction("log", name, "checkpoint at the newest version" + (
                 f"; {cut} log files before version {oldest} are older than the log retention"
                 if log_retention_ms is not None and cut else ""), cut if log_retention_ms is not None else 0))

@@ -10,13 +10,22 @@ OPTIMIZE that loses to a batch fails and is tried again at the next run), the pa
 with at least Delta's 168 h safety minimum (never ``force``: a shorter one could delete files a
 batch still reads), and the log checkpoint (log cleanup only past a retention given). A run that
 fails is recorded (:attr:`BackgroundGc.failures`) and logged; the pipeline goes on.
+
+The runners (``PipelineRunner``: after each round; ``ContinuousRun``: after each stage's batch, and
+at its ticks for a run due by time) call :meth:`BackgroundGc.batch_done`, and give it their progress
+lines: a line when a run starts and one when it ends, saying what it did (:func:`summary`).
+``--gc-every`` (``deltawheel run``, ``deltawheel demo``) and ``gc_every=`` (``engine.run_pipeline``,
+``engine.start_pipeline``) take ``N`` (batches) or a duration (``30s``, ``10m``, ``1h``):
+:func:`parse_every`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +34,7 @@ from deltawheel.statestore.layout import StoreLayout
 
 from .passes import MIN_VACUUM_RETAIN_HOURS, GcReport, check_replay_horizon, run_gc
 
-__all__ = ["BackgroundGc"]
+__all__ = ["BackgroundGc", "parse_every", "summary"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -36,6 +45,59 @@ class _Options:
     metrics_retention_ms: int | None
     vacuum_retain_hours: float
     log_retention_ms: int | None
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)\s*$")
+_UNIT_S = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_every(every: str | int) -> tuple[int | None, float | None]:
+    """(every_batches, every_s) of a ``--gc-every`` value: a number of batches, or a duration.
+
+    >>> parse_every("50"), parse_every(3), parse_every("10m"), parse_every("30s"), parse_every("1.5h")
+    ((50, None), (3, None), (None, 600.0), (None, 30.0), (None, 5400.0))
+
+    Raises:
+        ConfigError: anything else (zero, negative, another unit); nothing started.
+    """
+    if isinstance(every, int) and not isinstance(every, bool):
+        text = str(every)
+    elif isinstance(every, str):
+        text = every
+    else:
+        text = repr(every)
+    if text.strip().isdigit() and int(text) > 0:
+        return int(text), None
+    m = _DURATION.match(text)
+    if m and float(m.group(1)) > 0:
+        return None, float(m.group(1)) * _UNIT_S[m.group(2)]
+    raise ConfigError(f"--gc-every / gc_every takes a number of batches > 0 (e.g. 50) or a duration > 0 with its unit "
+                      f"(30s, 10m, 1h), got {text!r}; nothing was started")
+
+
+def summary(report: GcReport) -> str:
+    """What a gc run did, in one line (the runners' progress line when a background run ends).
+
+    >>> from deltawheel.gc.passes import GcAction
+    >>> summary(GcReport(True, (GcAction("compact", "rows", "12 files before OPTIMIZE", 12),
+    ...                        GcAction("log", "rows", "checkpointed at version 9; deleted 4 log files before "
+    ...                                 "version 9", 4), GcAction("log", "late_data", "checkpoint is current", 0))))
+    'compacted 1 tables (12 files before), vacuumed 0 tables, checkpointed 1 logs (rows at 9), deleted 4 log files'
+    """
+    by: dict[str, list[Any]] = {}
+    for a in report.actions:
+        by.setdefault(a.pass_name, []).append(a)
+    compact = by.get("compact", [])
+    logs = [a for a in by.get("log", []) if a.detail.startswith("checkpointed at version ")]
+    at = ", ".join(f"{a.table} at {a.detail.split()[3].rstrip(';')}" for a in logs)
+    parts = [f"compacted {len(compact)} tables ({sum(a.count or 0 for a in compact)} files before)",
+             f"vacuumed {len(by.get('vacuum', []))} tables",
+             f"checkpointed {len(logs)} logs" + (f" ({at})" if at else ""),
+             f"deleted {sum(a.count or 0 for a in by.get('log', []))} log files"]
+    for name, what in (("stream_retention", "stream records"), ("metrics_retention", "metrics rows")):
+        if name in by:
+            parts.append(f"deleted {sum(a.count or 0 for a in by[name])} {what}")
+    return ", ".join(parts)
 
 
 class BackgroundGc:
@@ -52,7 +114,7 @@ class BackgroundGc:
                  every_s: float | None = None, stream_retention_ms: int | None = None,
                  metrics_retention_ms: int | None = 720 * 3_600_000,
                  vacuum_retain_hours: float = MIN_VACUUM_RETAIN_HOURS, log_retention_ms: int | None = None,
-                 keep_replay_ms: int | None = None) -> None:
+                 keep_replay_ms: int | None = None, progress: Callable[[str], None] | None = None) -> None:
         if every_batches is None and every_s is None:
             raise ConfigError("background gc needs every_batches or every_s (how often it runs)")
         if (every_batches is not None and every_batches <= 0) or (every_s is not None and not every_s > 0):
@@ -68,6 +130,8 @@ class BackgroundGc:
         self.every_batches, self.every_s = every_batches, every_s
         self._options = _Options(stream_retention_ms, metrics_retention_ms, vacuum_retain_hours, log_retention_ms)
         self.keep_replay_ms = keep_replay_ms
+        self.progress = progress  # a line as a run starts and ends (the runners give theirs when None)
+        self.runs = 0  # the runs started
         self.reports: list[GcReport] = []  # the runs that finished, newest last (the last 100)
         self.failures: list[str] = []  # the runs that failed (the last 100)
         self._batches = 0
@@ -90,6 +154,7 @@ class BackgroundGc:
             if not due or self.running:
                 return False
             self._batches, self._last = 0, time.monotonic()
+            self.runs += 1
             self._thread = threading.Thread(target=self._run, name="deltawheel-background-gc", daemon=True)
             self._thread.start()
             return True
@@ -102,15 +167,47 @@ class BackgroundGc:
             return not t.is_alive()
         return True
 
+    @classmethod
+    def every(cls, spark: Any, layout: StoreLayout, every: str | int, **options: Any) -> BackgroundGc:
+        """The background gc of ``--gc-every`` / ``gc_every`` (:func:`parse_every`); ``options``:
+        as the constructor's.
+
+        Raises:
+            ConfigError: as :func:`parse_every` and the constructor.
+        """
+        batches, seconds = parse_every(every)
+        return cls(spark, layout, every_batches=batches, every_s=seconds, **options)
+
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            try:
+                self.progress(line)
+            except Exception:  # a progress line must never fail the run
+                pass
+
     def _run(self) -> None:
         o = self._options
+        t0 = time.monotonic()
+        n = self.runs
+        self._say(f"background gc #{n} started")
         try:
             report = run_gc(self.spark, self.layout, now_ms=int(time.time() * 1000), apply=True,
                             stream_retention_ms=o.stream_retention_ms, metrics_retention_ms=o.metrics_retention_ms,
                             vacuum_retain_hours=o.vacuum_retain_hours, log_retention_ms=o.log_retention_ms,
                             keep_replay_ms=self.keep_replay_ms)
             self.reports = [*self.reports[-99:], report]
+            self._say(f"background gc #{n} done in {time.monotonic() - t0:.1f}s: {summary(report)}")
         except Exception as exc:  # a failed run must not stop the pipeline: the next one tries again
             self.failures = [*self.failures[-99:], f"{type(exc).__name__}: {exc}"]
+            self._say(f"background gc #{n} failed after {time.monotonic() - t0:.1f}s ({type(exc).__name__}: "
+                      f"{_cause(exc)}); the pipeline goes on, the next run tries again")
             _LOG.warning("deltawheel: background gc of %s failed (%s: %s); the pipeline goes on, the next run "
-                         "tries again", self.layout.root, type(exc).__name__, str(exc).splitlines()[0][:300])
+                         "tries again", self.layout.root, type(exc).__name__, _cause(exc))
+
+
+def _cause(exc: BaseException) -> str:
+    """The first line of ``exc`` that says what happened (a Py4J error's Java exception, not its
+    "An error occurred while calling ..." line), at most 300 characters."""
+    lines = [ln.strip().lstrip(": ") for ln in str(exc).splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
+    return (said or lines or [""])[0][:300]

@@ -10,47 +10,62 @@ checkpoint, past ``delta.logRetentionDuration`` (30 days by default). gc:
   appears whole or not at all, and a second writer of the same file writes the same actions);
 * with a **log retention** (``--log-retention-hours``), deletes the log files (commits, their
   checksums, checkpoints) of versions before the newest checkpoint whose commit is older than the
-  retention, as Delta's own cleanup does, on local tables: versions before that checkpoint can no
-  longer be read, which is the replay horizon gc reports.
+  retention, as Delta's own cleanup does: versions before that checkpoint can no longer be read,
+  which is the replay horizon gc reports.
+
+Both reach the log through the store's file seam (``statestore/delta/storefs.py``): a local folder
+with ``os``, an ``s3a://`` store through pyarrow's S3 file system on the session's s3a settings
+(the endpoint and credentials Spark and Delta use for that bucket). A commit's time is its file's
+modification time (on S3 the object's ``Last-Modified``: when its PUT completed). Deleting log files
+below a checkpoint never races a writer: writers only add versions after the newest, and a reader
+that listed the log before the delete and reads an older version fails as time travel past the
+retention does. Other schemes (``abfss://``, ``gs://``, ...): the checkpoint only, no cleanup.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
 from deltawheel.statestore.delta.checkpoints import newest_checkpoint
 from deltawheel.statestore.delta.jvm import jsession
 from deltawheel.statestore.delta.jvm import jvm as jvm_of
-from deltawheel.statestore.delta.log import local_path
+from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
 
-__all__ = ["checkpoint_newest", "clean_log", "log_entries"]
+__all__ = ["checkpoint_newest", "clean_log", "log_entries", "log_files"]
 
 _VERSIONED = re.compile(r"^(\d{20})\.")  # a commit, its .crc, a checkpoint (of any kind), a compaction
 
 
-def _log_dir(path: str) -> str | None:
-    local = local_path(path)
-    return None if local is None else os.path.join(local, "_delta_log")
+def log_files(path: str, spark: Any | None = None) -> TableFiles | None:
+    """The ``_delta_log`` folder of the table at ``path`` as the file seam reaches it (``spark``:
+    for an ``s3a://`` table, the session whose s3a settings reach its bucket); None: a scheme the
+    seam does not reach."""
+    files = table_files(spark, path) if spark is not None else files_for(path)
+    return None if files is None else files.sub("_delta_log")
 
 
-def log_entries(path: str) -> int:
-    """How many versioned files a local table's ``_delta_log`` holds (commits, checksums,
-    checkpoints); -1 for a table not on the local file system."""
-    folder = _log_dir(path)
+def _listing(folder: TableFiles) -> dict[str, float]:
+    """name -> modification time (epoch seconds) of the log folder's files."""
+    return {name: mtime_ns / 1e9 for name, _size, mtime_ns in folder.list_files() or []}
+
+
+def log_entries(path: str, spark: Any | None = None) -> int:
+    """How many versioned files a table's ``_delta_log`` holds (commits, checksums, checkpoints);
+    -1 for a table the file seam does not reach."""
+    folder = log_files(path, spark)
     if folder is None:
         return -1
-    return sum(1 for n in os.listdir(folder) if _VERSIONED.match(n))
+    return sum(1 for n in folder.listdir() or [] if _VERSIONED.match(n))
 
 
 def checkpoint_newest(spark: Any, path: str) -> int | None:
     """Checkpoint the table at ``path`` at its newest version unless its newest checkpoint is that
     version; returns the version checkpointed (None: it was already)."""
     version = int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
-    folder = _log_dir(path)
+    folder = log_files(path, spark)
     if folder is not None:
-        cp, _ok = newest_checkpoint(os.listdir(folder))
+        cp, _ok = newest_checkpoint(folder.listdir() or [])
         if cp is not None and cp.version >= version:
             return None
     jvm = jvm_of(spark)
@@ -60,21 +75,23 @@ def checkpoint_newest(spark: Any, path: str) -> int | None:
     return version
 
 
-def clean_log(path: str, *, cutoff_s: float, apply: bool) -> tuple[int, int | None]:
+def clean_log(path: str, *, cutoff_s: float, apply: bool, spark: Any | None = None) -> tuple[int, int | None]:
     """(log files of versions before the newest checkpoint whose commit is older than ``cutoff_s``
     (epoch seconds): deleted with ``apply``, else counted; that checkpoint's version, the oldest
-    version readable afterwards, None: no such checkpoint). Local tables only ((0, None) else)."""
-    folder = _log_dir(path)
+    version readable afterwards, None: no such checkpoint). ``spark``: needed for an ``s3a://``
+    table (its bucket's settings); (0, None) for a scheme the file seam does not reach."""
+    folder = log_files(path, spark)
     if folder is None:
         return 0, None
-    names = os.listdir(folder)
+    mtimes = _listing(folder)
+    names = list(mtimes)
 
     def committed_s(version: int) -> float:
-        try:
-            return os.path.getmtime(os.path.join(folder, f"{version:020d}.json"))
-        except OSError:  # its commit is gone already (cleaned): the checkpoint's own time
-            return min(os.path.getmtime(os.path.join(folder, n)) for n in names
-                       if n.startswith(f"{version:020d}."))
+        commit = f"{version:020d}.json"
+        if commit in mtimes:
+            return mtimes[commit]
+        # its commit is gone already (cleaned): the checkpoint's own time
+        return min(t for n, t in mtimes.items() if n.startswith(f"{version:020d}."))
 
     old = [n for n in names if _VERSIONED.match(n) and ".checkpoint." in n]
     versions = sorted({int(n[:20]) for n in old}, reverse=True)
@@ -86,12 +103,8 @@ def clean_log(path: str, *, cutoff_s: float, apply: bool) -> tuple[int, int | No
             break
     if keep_from is None:
         return 0, None
-    doomed = [n for n in names if (m := _VERSIONED.match(n)) and int(m.group(1)) < keep_from]
+    doomed = sorted(n for n in names if (m := _VERSIONED.match(n)) and int(m.group(1)) < keep_from)
     if apply:
-        for n in doomed:
-            for name in (n, f".{n}.crc"):  # the file, and the local file system's checksum beside it
-                try:
-                    os.remove(os.path.join(folder, name))
-                except FileNotFoundError:
-                    pass
+        for n in doomed:  # oldest first: a reader never sees a gap below a version still listed
+            folder.delete(n)
     return len(doomed), keep_from

@@ -24,7 +24,8 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
   a shorter one can delete files a concurrent writer or a reader of an older snapshot
   still needs.
 * ``log``: checkpoint each table's Delta log at its newest version, and with a log retention
-  delete the log files before the newest checkpoint older than it (``logs.py``).
+  delete the log files before the newest checkpoint older than it (``logs.py``; local and ``s3a://``
+  stores).
 * ``replay_horizon``: what the retentions leave replayable: rows-table versions committed
   within the shortest of the VACUUM, log and stream retentions. With ``keep_replay_ms`` (a
   horizon the user asked to keep) a retention shorter than it is refused with
@@ -198,16 +199,19 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                 spark.conf.set(check, was)
     for name, path in tables:
         step(f"{'checkpointing' if apply else 'looking at'} the log of {name}")
-        cut, oldest = clean_log(path, cutoff_s=(now_ms - (log_retention_ms or 0)) / 1000, apply=False)
         if apply:
+            cut, oldest = 0, None  # without a log retention nothing is deleted (the checkpoint only)
             at = checkpoint_newest(spark, path)
             if log_retention_ms is not None:  # "now" as the pass runs: the passes above committed meanwhile
                 later_ms = max(now_ms, int(time.time() * 1000))
-                cut, oldest = clean_log(path, cutoff_s=(later_ms - log_retention_ms) / 1000, apply=True)
+                cut, oldest = clean_log(path, cutoff_s=(later_ms - log_retention_ms) / 1000, apply=True,
+                                        spark=spark)
             actions.append(GcAction("log", name, ("checkpointed at version " + str(at) if at is not None
                                                   else "checkpoint is current")
                                     + (f"; deleted {cut} log files before version {oldest}" if cut else ""), cut))
         else:
+            cut, oldest = clean_log(path, cutoff_s=(now_ms - (log_retention_ms or 0)) / 1000, apply=False,
+                                    spark=spark)
             actions.append(GcAction("log", name, "checkpoint at the newest version" + (
                 f"; {cut} log files before version {oldest} are older than the log retention"
                 if log_retention_ms is not None and cut else ""), cut if log_retention_ms is not None else 0))

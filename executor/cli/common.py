@@ -69,6 +69,26 @@ def add_max_pause_arg(p: argparse.ArgumentParser) -> None:
                         "the run stops once paused past the session timeout (CoordinatorStateLostError)")
 
 
+def add_gc_every_arg(p: Any) -> None:
+    """Add ``--gc-every N|DURATION`` (gc's Delta passes from the running pipeline, ``gc/background.py``)."""
+    p.add_argument("--gc-every", default=None, type=_gc_every, metavar="N|DURATION",
+                   help="run gc's Delta passes (OPTIMIZE, VACUUM past 168 h, log checkpoints, metrics retention 720 h) "
+                        "from the running pipeline every N batches (e.g. 50) or every DURATION (30s, 10m, 1h), in a "
+                        "thread beside the stages: none waits for it; a line says when a run starts and what it did "
+                        "(default: never; `deltawheel gc` for the other passes and settings)")
+
+
+def _gc_every(text: str) -> str:
+    from deltawheel.gc.background import parse_every
+    from deltawheel.statestore.exceptions import ConfigError
+
+    try:
+        parse_every(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _non_negative(text: str) -> float:
     try:
         value = float(text)

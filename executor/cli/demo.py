@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from .common import (
+    add_gc_every_arg,
     add_max_pause_arg,
     add_spark_args,
     add_store_arg,
@@ -63,6 +64,7 @@ def register(sub: Any) -> None:
                         "predictions and the detector sooner)")
     g.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
                    help="with --follow: seconds between the per-stage lines (default 5)")
+    add_gc_every_arg(p)
     add_zk_args(p)
     add_max_pause_arg(p)
     add_spark_args(p)
@@ -96,9 +98,14 @@ def _run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
 
+    background = None
+    if args.gc_every is not None:  # rounds, or a duration
+        from deltawheel.gc.background import BackgroundGc
+
+        background = BackgroundGc.every(spark, layout, args.gc_every)
     try:
         runner = PipelineRunner(spark, layout, pipeline, zk=cfg, wait_s=args.wait, progress=progress,
-                                max_pause_s=args.max_pause, instance=args.instance)
+                                max_pause_s=args.max_pause, instance=args.instance, background_gc=background)
         summary = runner.run()
         for m in runner.moves:
             progress(f"instance {args.instance}: {m.computation} intervals {list(m.before)} -> {list(m.after)} "
@@ -141,7 +148,7 @@ def _follow(args: argparse.Namespace) -> int:
             engine.progress = runner_lines
             result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
                             seconds=args.seconds, seed=args.seed, every_s=args.every,
-                            window_ms=window_ms, say=progress)
+                            window_ms=window_ms, say=progress, gc_every=args.gc_every)
             for name, (n, p50, p99) in result.figures.items():
                 lat = "-" if p50 is None or p99 is None else f"p50 {p50:.2f}s p99 {p99:.2f}s"
                 progress(f"{name} over the run: {n} records, latency {lat}")

@@ -13,6 +13,7 @@ from typing import Any
 from deltawheel.statestore.exceptions import ConfigError
 
 from .common import (
+    add_gc_every_arg,
     add_max_pause_arg,
     add_spark_args,
     add_store_arg,
@@ -44,6 +45,7 @@ def register(sub: Any) -> None:
     p.add_argument("--instance", default=None,
                    help="this job instance's name (letters, digits, _): processes with different names share the "
                         "intervals; a restart under the same name takes its killed predecessor's leases at once")
+    add_gc_every_arg(p)
     add_zk_args(p)
     add_max_pause_arg(p)
     add_spark_args(p)
@@ -119,7 +121,8 @@ def _run(args: argparse.Namespace) -> int:
                                 instance=args.instance,
                                 zk_session_timeout_s=args.zk_session_timeout) as engine:
             engine.progress = progress
-            run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation)
+            run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation,
+                                        gc_every=args.gc_every)
             run.run_until_stopped(seconds=args.seconds)
     finally:
         zookeeper.release()

@@ -37,6 +37,12 @@ sees their hand-over request, gives the leases back and takes them again once th
 Instances (``instance=``): several processes share the intervals as bounded instances do; the
 membership and the moves are ``sharing.py``'s, called before each batch and at each tick.
 
+Background gc (``background_gc=``, ``engine.start_pipeline(..., gc_every=...)``, ``deltawheel run
+--gc-every``): every batch of any stage is counted (:meth:`BackgroundGc.batch_done`, also at the
+ticks, for a run due by time while the stages are idle); a due run of gc's safe Delta passes starts
+in a driver thread and no stage waits for it (``gc/background.py``). Its start and end are progress
+lines; :meth:`ContinuousRun.stop` waits for a run in progress after the stages stopped.
+
 Over 500 lines: the lifecycle, one stage's batch and the ticks share the stages' locks and caps;
 split, each part would reach into the others' state.
 """
@@ -49,7 +55,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
@@ -68,6 +74,9 @@ from .pipeline import Pipeline, RunSummary
 from .sharing import Sharing
 from .triggers import Trigger
 from .wiring import Wiring, injector_hook, positions_recorder
+
+if TYPE_CHECKING:
+    from deltawheel.gc.background import BackgroundGc
 
 __all__ = ["ContinuousRun", "StopReport"]
 
@@ -128,6 +137,8 @@ class ContinuousRun:
         tick_s: how often an idle query's executor looks for timers that became due.
         instance: this job instance's name when several instances share the intervals
             (``sharing.py``; None: this process holds every interval of the computations it runs).
+        background_gc: gc's Delta passes every N batches (of any stage) or S seconds, beside the
+            stages (``gc/background.py``; None: none).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
@@ -135,7 +146,7 @@ class ContinuousRun:
                  triggers: Mapping[str, str | float | Trigger | None] | None = None,
                  computations: Sequence[str] | None = None, wait_s: float = 60.0,
                  progress: Callable[[str], None] | None = None, write_path: str = "auto", direct_read: bool = True,
-                 tick_s: float = 1.0, instance: str | None = None) -> None:
+                 tick_s: float = 1.0, instance: str | None = None, background_gc: BackgroundGc | None = None) -> None:
         ordered = pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
         names = [c.name for c in ordered]
         wanted = list(names) if computations is None else list(computations)
@@ -158,6 +169,9 @@ class ContinuousRun:
         self._stopping = threading.Event()
         self._ticker: threading.Thread | None = None
         self._stopped: StopReport | None = None
+        self.background_gc = background_gc
+        if background_gc is not None and background_gc.progress is None:
+            background_gc.progress = self._log
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -260,6 +274,8 @@ class ContinuousRun:
         t0 = time.monotonic()
         self._stopping.set()
         unfinished = self._shutdown(timeout_s=timeout_s)
+        if self.background_gc is not None and not self.background_gc.wait(timeout_s):  # its Spark jobs end first
+            self._log("background gc still running after the stop's timeout (its next run is at the next start)")
         self._stopped = StopReport(self.pipeline.name, len(self.queries), sum(s.batches for s in self.stages.values()),
                                    sum(s.records_in for s in self.stages.values()), time.monotonic() - t0,
                                    tuple(unfinished))
@@ -396,6 +412,8 @@ class ContinuousRun:
                     stage.replay_id = None
                     stage.batches += 1
                     stage.records_in += ex.records_in_total - before
+                    if self.background_gc is not None:  # starts a due run in its thread; never waits for one
+                        self.background_gc.batch_done()
                     for inj, st in stats:
                         inj.observe(st)
                         publish_watermark(authority, inj)
@@ -437,6 +455,8 @@ class ContinuousRun:
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_s):
+            if self.background_gc is not None:
+                self.background_gc.batch_done(0)  # a run due by time while the stages are idle
             for stage in list(self.stages.values()):
                 if self._stopping.is_set() or stage.failed or stage.query is None or not stage.query.isActive:
                     continue

@@ -287,9 +287,11 @@ class Engine:
         Args:
             pipeline: the injectors and computations (named as the engine's pipeline).
             wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``, ...);
-                ``progress``: True (print the batch and round lines), False, or a callable
-                (default: the engine's :attr:`progress`).
+            options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``,
+                ``background_gc``, ...); ``progress``: True (print the batch and round lines), False,
+                or a callable (default: the engine's :attr:`progress`); ``gc_every``: gc's Delta
+                passes from the running pipeline every N rounds (an int, ``"50"``) or a duration
+                (``"10m"``), with gc's defaults (``BackgroundGc.every``; docs/operations.md).
 
         Raises:
             ConfigError: ``pipeline`` is named otherwise than the engine's pipeline, an option the
@@ -306,6 +308,7 @@ class Engine:
             raise ConfigError("run_pipeline: trigger, triggers and seconds are for continuous=True (a bounded run "
                               "reads what is there now with availableNow queries)")
         self._check_pipeline(pipeline, options)
+        self._gc_every(options)
         lines = _lines(options.pop("progress", self.progress))
         runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
                                 wait_s=self.wait_s if wait_s is None else wait_s,
@@ -332,7 +335,9 @@ class Engine:
             options: ``write_path``, ``direct_read``, ``tick_s`` (how often an idle stage looks for due
                 timers, default 1 s); ``progress`` as for :meth:`run_pipeline`; ``instance``: this
                 job instance's name when several processes share the pipeline's intervals
-                (default: the ``instance`` given to :func:`connect`; docs/continuous.md, "Instances").
+                (default: the ``instance`` given to :func:`connect`; docs/continuous.md, "Instances");
+                ``gc_every``: gc's Delta passes every N batches (of any stage; an int or ``"50"``) or a
+                duration (``"10m"``) in a driver thread, or ``background_gc`` (a ``BackgroundGc``).
 
         Raises:
             ConfigError: as :meth:`run_pipeline`, a trigger that cannot be parsed, an unknown
@@ -340,6 +345,7 @@ class Engine:
         """
         self._check_open()
         self._check_pipeline(pipeline, options)
+        self._gc_every(options)
         lines = _lines(options.pop("progress", self.progress))
         named = self.wiring.leases.instance
         options["instance"] = instance = options.get("instance", named)
@@ -354,6 +360,23 @@ class Engine:
         run.start()
         self._runs.append(run)
         return run
+
+    def _gc_every(self, options: dict[str, Any]) -> None:
+        """``gc_every`` in ``options`` becomes their ``background_gc`` (gc's defaults).
+
+        Raises:
+            ConfigError: both given, or a ``gc_every`` :func:`~deltawheel.gc.background.parse_every`
+                refuses.
+        """
+        every = options.pop("gc_every", None)
+        if every is None:
+            return
+        if options.get("background_gc") is not None:
+            raise ConfigError("gc_every and background_gc both given: give one (gc_every=N builds "
+                              "BackgroundGc.every(spark, layout, N) with gc's defaults)")
+        from deltawheel.gc.background import BackgroundGc
+
+        options["background_gc"] = BackgroundGc.every(self.spark, self.layout, every)
 
     def _check_pipeline(self, pipeline: Pipeline, options: Mapping[str, Any]) -> None:
         if pipeline.name != self.pipeline:

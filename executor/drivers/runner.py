@@ -117,6 +117,8 @@ class PipelineRunner:
         self.warm_workers = warm_workers
         self.wiring = wiring
         self.background_gc = background_gc  # gc's passes every N rounds / S seconds, beside the batches
+        if background_gc is not None and background_gc.progress is None:
+            background_gc.progress = self.progress
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
 
     def run(self) -> RunSummary:
@@ -191,8 +193,8 @@ class PipelineRunner:
                     moved += r.timers_fired + r.productions
                 if moved:
                     self.progress(f"round {rnd} done: {moved} records/timers moved")
-                    if self.background_gc is not None and self.background_gc.batch_done():
-                        self.progress(f"round {rnd}: background gc started")
+                    if self.background_gc is not None:  # its own lines say when a run starts and ends
+                        self.background_gc.batch_done()
                 if self.follow is None and not moved:
                     break
                 if self.follow is not None:

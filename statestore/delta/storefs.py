@@ -244,6 +244,26 @@ class TableFiles:
             raise FileNotFoundError(self.path(rel))
         return int(info.size or 0)
 
+    def delete(self, rel: str) -> bool:
+        """Delete the file ``rel`` (False: there was none). Locally also the Hadoop checksum file
+        beside it (``.{name}.crc``), which the local file system writes with each file."""
+        if self.s3 is None:
+            path = self.path(rel)
+            try:
+                os.remove(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc"))
+            except FileNotFoundError:
+                pass
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                return False
+            return True
+        try:
+            self.fs.delete_file(self.path(rel))
+        except FileNotFoundError:
+            return False
+        return True
+
     def write_parquet(self, table: Any, rel: str, **options: Any) -> int:
         """Write ``table`` as Parquet to ``rel`` (folders made as needed); returns the file's size.
         On S3 the object is complete (the PUT acknowledged) when this returns."""

@@ -62,8 +62,8 @@ class Interval:
         for iv in range(N_IV):
             fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
                                            "pending": [], "format_version": 2}], schema=self.schema)
-            pq.write_table(fence, os.path.join(root, f"init-{iv}.parquet"))
-            self.images[iv] = (f"init-{iv}.parquet",)
+            pq.write_table(fence, os.path.join(root, f"init-{os.path.basename(root)}-{iv}.parquet"))
+            self.images[iv] = (f"init-{os.path.basename(root)}-{iv}.parquet",)
 
     def batch(self, records: list[tuple[str, str]], *, now_ms: int, b: int) -> dict[str, int]:
         """Run ``records`` ((record id, key)) at processing time ``now_ms``; the summed counts."""

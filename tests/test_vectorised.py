@@ -147,8 +147,8 @@ def _run_image(comp: Computation, root: str, batches: list[list[dict[str, Any]]]
     for iv in range(N_IV):
         fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
                                        "pending": [], "format_version": 1}], schema=rows_schema)
-        pq.write_table(fence, os.path.join(root, f"init-{iv}.parquet"))
-        images[iv] = (f"init-{iv}.parquet",)
+        pq.write_table(fence, os.path.join(root, f"init-{os.path.basename(root)}-{iv}.parquet"))
+        images[iv] = (f"init-{os.path.basename(root)}-{iv}.parquet",)
     os.makedirs(os.path.join(root, "out"))
     acted = None
     got = []

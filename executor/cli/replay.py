@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     end = p.add_mutually_exclusive_group()
     end.add_argument("--to-version", type=int, help="replay the live commits up to this rows version")
     end.add_argument("--to-now", action="store_true", help="up to the newest commit (the default)")
+    p.add_argument("--intervals", help="I,J: replay only these key intervals (promote then promotes only them)")
+    p.add_argument("--keys", help="K1,K2: replay only the intervals of these keys, diff only these keys")
     p.add_argument("--code", help="MODULE:CLASS of the code to run (default: the live class of the demo pipeline; "
                                   "other pipelines must name it)")
     p.add_argument("--into", required=True, help="the shadow store's folder: empty, or an earlier replay's to continue it")
@@ -68,6 +70,22 @@ def _timestamp_ms(text: str) -> int:
     return int(t.timestamp() * 1000)
 
 
+def int_list(text: str | None, what: str) -> list[int] | None:
+    """``--intervals I,J`` as integers (None: not given).
+
+    Raises:
+        ConfigError: not a comma-separated list of integers.
+    """
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as exc:
+        from deltawheel.statestore.exceptions import ConfigError
+
+        raise ConfigError(f"{what} {text!r}: give interval numbers separated by commas (e.g. 0,2)") from exc
+
+
 def _code(args: argparse.Namespace) -> Any:
     from ..drivers.replay import load_code
 
@@ -87,17 +105,21 @@ def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.inspection.diff import format_diff
 
-    from ..drivers.replay import plan_replay, replay, shadow_chroot
+    from ..drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
     from .common import layout_from
 
     store = layout_from(args)
     into = layout_from(argparse.Namespace(store=args.into))
     code = _code(args)  # before Spark: a bad --code is refused at once
+    intervals = int_list(args.intervals, "--intervals")
+    keys = None if args.keys is None else [k.strip() for k in args.keys.split(",")]
+    replay_scope(type(code).num_intervals, intervals=intervals, keys=keys)  # so is a bad selection
     spark = spark_from(args)
     plan = plan_replay(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
                        from_version=args.from_version,
                        from_timestamp_ms=None if args.from_timestamp is None else _timestamp_ms(args.from_timestamp),
-                       from_start=args.from_start, to_version=args.to_version)
+                       from_start=args.from_start, to_version=args.to_version, intervals=intervals, keys=keys,
+                       num_intervals=type(code).num_intervals)
     print(plan.describe(), flush=True)
     if args.plan:
         return 0

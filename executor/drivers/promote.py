@@ -161,7 +161,7 @@ def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline:
     change = plan_replacement(spark, store, computation=computation, num_intervals=num_intervals, intervals=ivs,
                               build=lambda held: _within(shadow_rows(spark, into, computation), held.intervals))
     return PromotePlan(store.root, into.root, pipeline, computation, reached, commits[-1].version if commits else -1,
-                       sum(1 for c in commits if c.version > reached and c.kind != "claim"), change)
+                       sum(1 for c in commits if c.version > reached and (c.reruns or not c.replayable)), change)
 
 
 def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, pipeline: str, code: Computation,
@@ -189,9 +189,10 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
     ivs = promote_intervals(m, intervals, type(code).num_intervals, into=into.root)
     caught_up: list[int] = []
 
-    def behind() -> Sequence[Any]:  # the live commits after the replay's position (claims change no row)
+    def behind() -> Sequence[Any]:  # the live batches after the replay's position (claims, fences, tools: no input)
         reached = int(read_marker(into)["reached"])  # type: ignore[index]
-        return [c for c in computation_commits(spark, store, computation) if c.version > reached and c.kind != "claim"]
+        return [c for c in computation_commits(spark, store, computation)
+                if c.version > reached and (c.reruns or not c.replayable)]
 
     if not catch_up and behind():
         raise ReplayTargetError(_not_caught_up(into, len(behind())))

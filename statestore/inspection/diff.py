@@ -38,7 +38,8 @@ class StoreDiff:
 
     ``counts``: kind -> number of keys (state: ``added``, ``removed``, ``changed``; ``timers``,
     ``pending``) or productions (``productions_only_a``, ``productions_only_b``,
-    ``productions_changed``); ``samples``: kind -> up to :data:`SAMPLE` decoded examples.
+    ``productions_changed``); ``samples``: kind -> up to :data:`SAMPLE` decoded examples;
+    ``notes``: what explains a difference (a replay's: a tool's change of the live state).
     """
 
     computation: str
@@ -48,6 +49,7 @@ class StoreDiff:
     version_b: int | None
     counts: dict[str, int] = field(default_factory=dict)
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -58,7 +60,7 @@ class StoreDiff:
         """The diff as a JSON document (``--diff-out``)."""
         return json.dumps({"computation": self.computation, "store_a": self.store_a, "store_b": self.store_b,
                            "version_a": self.version_a, "version_b": self.version_b, "empty": self.empty,
-                           "counts": self.counts, "samples": self.samples}, indent=2, sort_keys=True, default=str)
+                           "counts": self.counts, "samples": self.samples, "notes": list(self.notes)}, indent=2, sort_keys=True, default=str)
 
 
 STATE_KINDS = ("added", "removed", "changed", "timers", "pending")
@@ -258,6 +260,7 @@ def format_diff(d: StoreDiff) -> str:
              f"{'what':<22}{'count':>8}"]
     for k in STATE_KINDS + PRODUCTION_KINDS:
         lines.append(f"{k:<22}{d.counts.get(k, 0):>8}")
+    lines += [f"note: {n}" for n in d.notes]
     lines.append("no difference" if d.empty else "samples (A -> B):")
     for k, rows in d.samples.items():
         for r in rows:

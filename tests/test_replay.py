@@ -28,21 +28,16 @@ def _params() -> Any:
 
 
 def _run_live(spark: Any, store: Path, zk: Any, files: int) -> None:
-    from deltawheel.executor.demo.pipeline import Model, window_counter
     from deltawheel.executor.demo.zeitgeist import write_event_files
-    from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
+    from replay_source import pipeline_for
 
     params = _params()
     folder = str(store.parent / "input")
     write_event_files(params.generate().slice(0, files * PER_FILE), folder, events_per_batch=PER_FILE,
                       first_mtime_s=params.start_ms // 1000)
-    inj = ParquetInjector("queries", folder, key_column="query", event_time_column="event_time",
-                          record_id_column="record_id", max_files_per_trigger=1,
-                          watermark_delay_ms=params.max_disorder_ms)
-    PipelineRunner(spark, StoreLayout(str(store)), Pipeline("zeitgeist", (inj,), (window_counter(), Model())),
+    PipelineRunner(spark, StoreLayout(str(store)), pipeline_for(folder, disorder_ms=params.max_disorder_ms),
                    zk=zk, end_of_input=False, progress=lambda line: None).run()
 
 
@@ -332,7 +327,7 @@ def test_a_pipeline_on_an_object_store_records_no_positions_and_runs(tmp_path: P
     assert positions_recorder(Down(), {}, layout=remote, checkpoint="s3a://bucket/store/_checkpoints/p/down") is None
 
 
-def test_a_selection_of_intervals_or_keys_is_checked_before_anything_runs(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_a_selection_of_intervals_or_keys_is_checked_before_anything_runs(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """``--intervals`` / ``--keys`` as a user gives them: refused before Spark starts, nothing written."""
     from deltawheel.executor.drivers.promote import promote_intervals
     from deltawheel.executor.drivers.replay import replay_scope
@@ -363,7 +358,51 @@ def test_a_selection_of_intervals_or_keys_is_checked_before_anything_runs(tmp_pa
     assert "not both" in capsys.readouterr().err
     assert main([*base, "--intervals", "one"]) == 3
     assert "give interval numbers separated by commas" in capsys.readouterr().err
+    # the Python API needs the computation's number of intervals for a selection; so does a diff
+    from deltawheel.executor.drivers.replay import plan_replay
+    from deltawheel.statestore.inspection.diff import diff_stores
+    from deltawheel.statestore.layout import StoreLayout
+
+    with pytest.raises(ConfigError, match="needs the computation's num_intervals"):
+        plan_replay(None, store=StoreLayout(str(tmp_path / "store")), into=StoreLayout(str(tmp_path / "shadow")),
+                    pipeline="zeitgeist", computation="model", from_start=True, keys=["q1"])
+    with pytest.raises(ConfigError, match="intervals need the computation's num_intervals"):
+        diff_stores(None, StoreLayout("a"), StoreLayout("b"), "model", intervals=[1])
+    # --source names the live pipeline; its computation must be there
+    from replay_source import INPUT_ENV
+
+    monkeypatch.setenv(INPUT_ENV, str(tmp_path / "input"))
+    (tmp_path / "input").mkdir()
+    assert main([*base[:6], "nope", *base[7:], "--source", "replay_source:pipeline"]) == 3
+    assert "has no computation 'nope' (it has window_counter, model)" in capsys.readouterr().err
     assert not (tmp_path / "shadow").exists() and not (tmp_path / "store").exists()
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+@pytest.mark.timeout(2400)
+def test_a_computation_fed_by_an_injector_is_replayed_with_the_live_pipeline_as_source(  # type: ignore[no-untyped-def]
+        spark, live, tmp_path, capsys, monkeypatch) -> None:
+    from deltawheel.statestore.inspection.positions import computation_commits
+    from deltawheel.statestore.layout import StoreLayout
+    from replay_source import INPUT_ENV
+
+    store, ends, zk = live
+    monkeypatch.setenv(INPUT_ENV, str(store.parent / "input"))
+    batches = [c for c in computation_commits(spark, StoreLayout(str(store)), "window_counter") if c.reruns]
+    start = batches[len(batches) // 2].version
+    into, out = tmp_path / "shadow", tmp_path / "diff.json"
+    argv = ["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "window_counter",
+            "--from-version", str(start), "--into", str(into), "--zk", zk.hosts, "--zk-chroot", zk.chroot,
+            "--diff-out", str(out)]
+    assert main(argv) == 3  # an injector feeds it: the command says what to pass
+    assert "give the live pipeline with --source MODULE:PIPELINE" in capsys.readouterr().err
+    assert not into.exists()
+    rc = main([*argv, "--source", "replay_source:pipeline"])
+    got = capsys.readouterr()
+    assert rc == 0, got.out + got.err
+    d = json.loads(out.read_text())
+    assert d["empty"], got.out
+    assert spark.read.format("delta").load(StoreLayout(str(into)).stream("window_counts")).count() > 0
 
 
 def _model_rows(spark: Any, rows: str) -> dict[str, tuple[int, Any]]:
@@ -374,6 +413,7 @@ def _model_rows(spark: Any, rows: str) -> dict[str, tuple[int, Any]]:
 
 
 @pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min); it promotes into it, so it runs last
+@pytest.mark.timeout(2400)  # the live store, two replays and a promotion: over 10 min on a loaded machine
 def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_their_intervals(  # type: ignore[no-untyped-def]
         spark, live, tmp_path, capsys) -> None:
     from deltawheel.executor.demo.pipeline import WINDOW_MS
@@ -405,6 +445,10 @@ def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_t
     d = json.loads(out.read_text())
     # the shadow store holds only the key's interval
     assert {iv for iv, _ in _model_rows(spark, StoreLayout(str(into)).rows).values()} == {interval_of(key, 4)}
+    other = next(i for i in range(4) if i != interval_of(key, 4))
+    with pytest.raises(ReplayTargetError, match=rf"holds a replay of intervals \[{interval_of(key, 4)}\], not \[{other}\]"):
+        plan_replay(spark, store=layout, into=StoreLayout(str(into)), pipeline="zeitgeist", computation="model",
+                    from_version=ends[0], intervals=[other], num_intervals=4)
     # the diff: the key's predictions that differ, nothing of the others
     early = {json.loads(r["userMetadata"])["commit_id"] for r in spark.sql(
         f"DESCRIBE HISTORY delta.`{store}/rows`").collect()

@@ -32,8 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     end.add_argument("--to-now", action="store_true", help="up to the newest commit (the default)")
     p.add_argument("--intervals", help="I,J: replay only these key intervals (promote then promotes only them)")
     p.add_argument("--keys", help="K1,K2: replay only the intervals of these keys, diff only these keys")
-    p.add_argument("--code", help="MODULE:CLASS of the code to run (default: the live class of the demo pipeline; "
-                                  "other pipelines must name it)")
+    p.add_argument("--code", help="MODULE:CLASS of the code to run (default: the live class: the --source "
+                                  "pipeline's, or the demo pipeline's)")
+    p.add_argument("--source", metavar="MODULE:PIPELINE",
+                   help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed a "
+                        "replayed computation that reads one, its class is the default --code")
     p.add_argument("--into", required=True, help="the shadow store's folder: empty, or an earlier replay's to continue it")
     p.add_argument("--plan", action="store_true", help="print what it would read and write, and stop")
     p.add_argument("--diff-out", help="write the diff as JSON to this file")
@@ -86,19 +89,25 @@ def int_list(text: str | None, what: str) -> list[int] | None:
         raise ConfigError(f"{what} {text!r}: give interval numbers separated by commas (e.g. 0,2)") from exc
 
 
-def _code(args: argparse.Namespace) -> Any:
+def _code(args: argparse.Namespace, pipeline: Any = None) -> Any:
     from ..drivers.replay import load_code
 
     if args.code:
         return load_code(args.code, args.computation)
+    if pipeline is not None:
+        for c in pipeline.computations:
+            if c.name == args.computation:
+                return c
+        raise ReplayCodeError(f"--source pipeline {pipeline.name!r} has no computation {args.computation!r} (it has "
+                              f"{', '.join(c.name for c in pipeline.computations)}); check --computation")
     if args.pipeline == "zeitgeist":
         from ..demo.pipeline import computations
 
         for c in computations():
             if c.name == args.computation:
                 return c
-    raise ReplayCodeError(f"the store does not record code: give --code MODULE:CLASS for computation "
-                          f"{args.computation!r} of pipeline {args.pipeline!r}")
+    raise ReplayCodeError(f"the store does not record code: give --source MODULE:PIPELINE (the live pipeline) or "
+                          f"--code MODULE:CLASS for computation {args.computation!r} of pipeline {args.pipeline!r}")
 
 
 def _run_replay(args: argparse.Namespace) -> int:
@@ -110,7 +119,12 @@ def _run_replay(args: argparse.Namespace) -> int:
 
     store = layout_from(args)
     into = layout_from(argparse.Namespace(store=args.into))
-    code = _code(args)  # before Spark: a bad --code is refused at once
+    source = None
+    if args.source:
+        from .run import load_pipeline
+
+        source = load_pipeline(args.source)
+    code = _code(args, source)  # before Spark: a bad --code is refused at once
     intervals = int_list(args.intervals, "--intervals")
     keys = None if args.keys is None else [k.strip() for k in args.keys.split(",")]
     replay_scope(type(code).num_intervals, intervals=intervals, keys=keys)  # so is a bad selection
@@ -126,7 +140,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     zk = None if args.zk is None else ZkConfig(hosts=args.zk, chroot=shadow_chroot(args.zk_chroot, into),
                                                digest=args.zk_digest, session_timeout_s=args.zk_session_timeout)
     result = replay(spark, plan, code=code, zk=zk, write_path=args.write_path,
-                    progress=lambda line: print(line, flush=True))
+                    injectors=() if source is None else source.injectors, progress=lambda line: print(line, flush=True))
     assert result.diff is not None
     print(format_diff(result.diff))
     if args.diff_out:

@@ -29,6 +29,7 @@ a pipeline's injectors and replays computations that read stream tables.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -48,9 +49,11 @@ from deltawheel.statestore.exceptions import (
 from deltawheel.statestore.inspection.diff import StoreDiff, diff_stores
 from deltawheel.statestore.inspection.positions import (
     ComputationCommit,
+    ToolChange,
     commits_after,
     computation_commits,
     replay_horizon,
+    tool_changes,
     version_at_timestamp,
 )
 from deltawheel.statestore.layout import StoreLayout
@@ -90,6 +93,7 @@ class ReplayPlan:
     resume_after: int | None = None
     intervals: tuple[int, ...] | None = None
     keys: tuple[str, ...] | None = None
+    tool_changes: tuple[ToolChange, ...] = ()
 
     def describe(self) -> str:
         """The plan as lines for a terminal."""
@@ -105,6 +109,7 @@ class ReplayPlan:
             lines.append(f"  only intervals {list(self.intervals)}"
                          + (f" (those of keys {list(self.keys)}; the diff compares only these keys)" if self.keys else "")
                          + ": the other intervals' state and records are left out")
+        lines += [f"  note: {t.describe()}" for t in self.tool_changes]
         if self.resume_after is not None:
             lines.append(f"  continues a replay that reached rows version {self.resume_after}")
         if self.horizon is not None:
@@ -320,7 +325,8 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
                       from_version=from_version, to_version=to_version if to_version is not None else newest,
                       horizon=horizon, batches=batches, input_files=len(files), input_bytes=_bytes(store, files),
-                      resume_after=resume, intervals=scope, keys=None if keys is None else tuple(keys))
+                      resume_after=resume, intervals=scope, keys=None if keys is None else tuple(keys),
+                      tool_changes=tuple(tool_changes(commits, from_version, to_version=to_version)))
 
 
 def _check_inputs(store: StoreLayout, batches: Sequence[ComputationCommit]) -> None:
@@ -421,9 +427,9 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     by_name = {i.name: i for i in injectors}
     missing = [s for s in code.inputs if s not in by_name and not os.path.isdir(store.stream(s)) and store.is_local]
     if missing:
-        raise ConfigError(f"{plan.computation} reads {missing}, which are not stream tables of {store.root}: pass "
-                          "their injectors (replay(..., injectors=...)); the command line replays computations "
-                          "that read stream tables")
+        raise ConfigError(f"{plan.computation} reads {missing}, which are not stream tables of {store.root} but "
+                          "injectors: give the live pipeline with --source MODULE:PIPELINE (what `deltawheel run` "
+                          "takes), or pass them to replay(..., injectors=...)")
     inputs = shared_input(code, by_name, table_of=store.stream, checkpoint=os.path.join(into.root, "_unused"))
     commits = computation_commits(spark, store, plan.computation)
     os.makedirs(into.root, exist_ok=True)
@@ -465,4 +471,5 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
         result_diff = diff_stores(spark, store, into, plan.computation, version_a=plan.to_version,
                                   streams=code.outputs, batch_ids=batch_ids, keys=plan.keys,
                                   intervals=plan.intervals, num_intervals=type(code).num_intervals)
+        result_diff = dataclasses.replace(result_diff, notes=tuple(t.describe() for t in plan.tool_changes))
     return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)

@@ -493,3 +493,8 @@ def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_t
     assert {k: v for k, v in after.items() if v[0] == iv} == _model_rows(spark, StoreLayout(str(tagged)).rows)
     audit = [a for a in read_audit(spark, layout) if a["audit_id"] == r.audit_id]
     assert len(audit) == 1 and list(audit[0]["intervals"]) == [iv]
+    # a replay from before the promotion crosses its commit and says the live state has a change it lacks
+    later = plan_replay(spark, store=layout, into=StoreLayout(str(tmp_path / "again")), pipeline="zeitgeist",
+                        computation="model", from_version=ends[0])
+    assert [t.audit_id for t in later.tool_changes] == [r.audit_id] and later.horizon is None
+    assert f"promote change at rows version {r.version} (audit id {r.audit_id})" in later.describe()

@@ -43,7 +43,8 @@ def test_a_commit_without_input_is_crossed_and_a_tool_change_is_named() -> None:
 
 @pytest.mark.spark
 @pytest.mark.zk
-@pytest.mark.timeout(900)
+@pytest.mark.slow  # two executors (merge, then image): minutes on a loaded machine
+@pytest.mark.timeout(1800)
 def test_the_merge_paths_fence_and_the_image_paths_compaction_record_no_input(  # type: ignore[no-untyped-def]
         spark, migrated_store, zk_config, tmp_path) -> None:
     from deltawheel.executor.drivers.wiring import positions_recorder

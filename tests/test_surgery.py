@@ -150,7 +150,8 @@ def test_a_takeover_racing_the_tool_is_decided_by_the_fence(spark, migrated_stor
     assert read_audit(spark, migrated_store) == []
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.slow  # two tool runs after an executor's batch: minutes on a loaded machine
+@pytest.mark.timeout(1800)
 def test_a_tool_dying_between_its_commit_and_its_audit_row_leaves_a_row_the_next_run_appends(  # type: ignore[no-untyped-def]
         spark, migrated_store, zk_config) -> None:
     from deltawheel.statestore.surgery.audit import recover_audit

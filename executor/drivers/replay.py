@@ -23,8 +23,12 @@ The replayed code is the live class or the one ``--code`` names (:func:`load_cod
 same computation name.
 
 Inputs: stream tables are read from the live store by file (``{stream}/{file}``); a Parquet (or
-generator) injector's files need the injector (``injectors=``): the command line does not know
-a pipeline's injectors and replays computations that read stream tables.
+generator) injector's files need the injector (``injectors=``; the command line takes them from
+the live pipeline, ``--source MODULE:PIPELINE``).
+
+Some intervals (``intervals=`` / ``keys=``, :func:`replay_scope`): the seed holds only their rows,
+the executor owns only them (it processes only their records, as a job instance owning some
+intervals does), the diff compares only them (or only the keys).
 """
 
 from __future__ import annotations

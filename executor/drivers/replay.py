@@ -455,7 +455,8 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                 _seed(spark, store, into, plan, commits)
             marker["reached"] = plan.from_version if plan.from_version is not None else -1
             _write_marker(into, marker)
-        ex = engine.executor(code, write_path=write_path, intervals=plan.intervals)
+        # each batch runs with the input watermark its live run had (run_batch below): no authority
+        ex = engine.executor(code, write_path=write_path, intervals=plan.intervals, manual_watermarks=True)
         ex.positions = inputs  # its commits record the same positions
         for c in plan.batches:
             files = tuple(c.files or ())

@@ -34,3 +34,13 @@ class WindowModel(Model):
             st["hist"] = (st["hist"] + [[s, actual]])[-HISTORY:]
         st["last"] = start
         ctx.state = st
+
+
+class TaggedModel(Model):
+    """The demo's model whose state also says which code wrote it (a state change a promotion shows)."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        """As :meth:`Model.process_record`, then tags the key's state."""
+        super().process_record(ctx, record)
+        if ctx.state is not None:
+            ctx.state = {**ctx.state, "tag": "fixed"}

@@ -28,21 +28,16 @@ def _params() -> Any:
 
 
 def _run_live(spark: Any, store: Path, zk: Any, files: int) -> None:
-    from deltawheel.executor.demo.pipeline import Model, window_counter
     from deltawheel.executor.demo.zeitgeist import write_event_files
-    from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
-    from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
+    from replay_source import pipeline_for
 
     params = _params()
     folder = str(store.parent / "input")
     write_event_files(params.generate().slice(0, files * PER_FILE), folder, events_per_batch=PER_FILE,
                       first_mtime_s=params.start_ms // 1000)
-    inj = ParquetInjector("queries", folder, key_column="query", event_time_column="event_time",
-                          record_id_column="record_id", max_files_per_trigger=1,
-                          watermark_delay_ms=params.max_disorder_ms)
-    PipelineRunner(spark, StoreLayout(str(store)), Pipeline("zeitgeist", (inj,), (window_counter(), Model())),
+    PipelineRunner(spark, StoreLayout(str(store)), pipeline_for(folder, disorder_ms=params.max_disorder_ms),
                    zk=zk, end_of_input=False, progress=lambda line: None).run()
 
 
@@ -330,3 +325,176 @@ def test_a_pipeline_on_an_object_store_records_no_positions_and_runs(tmp_path: P
     assert positions_recorder(Down(), {}, layout=local, checkpoint=str(tmp_path / "ck")) is not None
     remote = StoreLayout("s3a://bucket/store")
     assert positions_recorder(Down(), {}, layout=remote, checkpoint="s3a://bucket/store/_checkpoints/p/down") is None
+
+
+def test_a_selection_of_intervals_or_keys_is_checked_before_anything_runs(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``--intervals`` / ``--keys`` as a user gives them: refused before Spark starts, nothing written."""
+    from deltawheel.executor.drivers.promote import promote_intervals
+    from deltawheel.executor.drivers.replay import replay_scope
+    from deltawheel.statestore.exceptions import ConfigError, ReplayTargetError
+    from deltawheel.statestore.rowtable.rows import interval_of
+
+    with pytest.raises(ConfigError, match=r"intervals 0\.\.3; \[4, 9\] out of range"):
+        replay_scope(4, intervals=[1, 4, 9])
+    with pytest.raises(ConfigError, match="give --intervals or --keys, not both"):
+        replay_scope(4, intervals=[1], keys=["q1"])
+    with pytest.raises(ConfigError, match="give one or more non-empty keys"):
+        replay_scope(4, keys=["q1", ""])
+    assert replay_scope(4, keys=["q000001", "q000002"]) == tuple(sorted({interval_of("q000001", 4),
+                                                                         interval_of("q000002", 4)}))
+    assert replay_scope(4, intervals=[3, 1, 3]) == (1, 3) and replay_scope(4) is None
+    # a promotion of a partial replay: only the intervals it replayed
+    assert promote_intervals({"intervals": [1, 3]}, None, 4, into="s") == (1, 3)
+    assert promote_intervals({"intervals": None}, [2], 4, into="s") == (2,)
+    with pytest.raises(ReplayTargetError, match=r"replayed only intervals \[1, 3\], not \[2\]"):
+        promote_intervals({"intervals": [1, 3]}, [1, 2], 4, into="s")
+    with pytest.raises(ConfigError, match=r"intervals 0\.\.3; \[7\] out of range"):
+        promote_intervals({"intervals": None}, [7], 4, into="s")
+    base = ["replay", "--store", str(tmp_path / "store"), "--pipeline", "zeitgeist", "--computation", "model",
+            "--from-start", "--into", str(tmp_path / "shadow")]
+    assert main([*base, "--intervals", "0,4"]) == 3
+    assert "[4] out of range" in capsys.readouterr().err
+    assert main([*base, "--intervals", "0", "--keys", "q1"]) == 3
+    assert "not both" in capsys.readouterr().err
+    assert main([*base, "--intervals", "one"]) == 3
+    assert "give interval numbers separated by commas" in capsys.readouterr().err
+    # the Python API needs the computation's number of intervals for a selection; so does a diff
+    from deltawheel.executor.drivers.replay import plan_replay
+    from deltawheel.statestore.inspection.diff import diff_stores
+    from deltawheel.statestore.layout import StoreLayout
+
+    with pytest.raises(ConfigError, match="needs the computation's num_intervals"):
+        plan_replay(None, store=StoreLayout(str(tmp_path / "store")), into=StoreLayout(str(tmp_path / "shadow")),
+                    pipeline="zeitgeist", computation="model", from_start=True, keys=["q1"])
+    with pytest.raises(ConfigError, match="intervals need the computation's num_intervals"):
+        diff_stores(None, StoreLayout("a"), StoreLayout("b"), "model", intervals=[1])
+    # --source names the live pipeline; its computation must be there
+    from replay_source import INPUT_ENV
+
+    monkeypatch.setenv(INPUT_ENV, str(tmp_path / "input"))
+    (tmp_path / "input").mkdir()
+    assert main([*base[:6], "nope", *base[7:], "--source", "replay_source:pipeline"]) == 3
+    assert "has no computation 'nope' (it has window_counter, model)" in capsys.readouterr().err
+    assert not (tmp_path / "shadow").exists() and not (tmp_path / "store").exists()
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+@pytest.mark.timeout(2400)
+def test_a_computation_fed_by_an_injector_is_replayed_with_the_live_pipeline_as_source(  # type: ignore[no-untyped-def]
+        spark, live, tmp_path, capsys, monkeypatch) -> None:
+    from deltawheel.statestore.inspection.positions import computation_commits
+    from deltawheel.statestore.layout import StoreLayout
+    from replay_source import INPUT_ENV
+
+    store, ends, zk = live
+    monkeypatch.setenv(INPUT_ENV, str(store.parent / "input"))
+    batches = [c for c in computation_commits(spark, StoreLayout(str(store)), "window_counter") if c.reruns]
+    start = batches[len(batches) // 2].version
+    into, out = tmp_path / "shadow", tmp_path / "diff.json"
+    argv = ["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "window_counter",
+            "--from-version", str(start), "--into", str(into), "--zk", zk.hosts, "--zk-chroot", zk.chroot,
+            "--diff-out", str(out)]
+    assert main(argv) == 3  # an injector feeds it: the command says what to pass
+    assert "give the live pipeline with --source MODULE:PIPELINE" in capsys.readouterr().err
+    assert not into.exists()
+    rc = main([*argv, "--source", "replay_source:pipeline"])
+    got = capsys.readouterr()
+    assert rc == 0, got.out + got.err
+    d = json.loads(out.read_text())
+    assert d["empty"], got.out
+    assert spark.read.format("delta").load(StoreLayout(str(into)).stream("window_counts")).count() > 0
+
+
+def _model_rows(spark: Any, rows: str) -> dict[str, tuple[int, Any]]:
+    from deltawheel.statestore.rowtable.rows import FENCE_KEY
+
+    return {r["key"]: (int(r["interval"]), json.loads(r["state"])) for r in spark.read.format("delta").load(rows)
+            .where("computation = 'model'").collect() if r["key"] != FENCE_KEY}
+
+
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min); it promotes into it, so it runs last
+@pytest.mark.timeout(2400)  # the live store, two replays and a promotion: over 10 min on a loaded machine
+def test_a_replay_of_some_keys_diffs_only_them_and_its_promotion_replaces_only_their_intervals(  # type: ignore[no-untyped-def]
+        spark, live, tmp_path, capsys) -> None:
+    from deltawheel.executor.demo.pipeline import WINDOW_MS
+    from deltawheel.executor.drivers.promote import promote
+    from deltawheel.executor.drivers.replay import plan_replay, replay
+    from deltawheel.statestore.exceptions import ReplayTargetError
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.rowtable.rows import interval_of
+    from deltawheel.statestore.surgery.audit import read_audit
+    from deltawheel.statestore.zk.client import connect
+    from replay_model import TaggedModel
+
+    store, ends, zk = live
+    layout = StoreLayout(str(store))
+    before = _model_rows(spark, layout.rows)
+    by_interval: dict[int, list[str]] = {}
+    for k, (iv, _) in before.items():
+        by_interval.setdefault(iv, []).append(k)
+    assert len(by_interval) >= 2
+    key = sorted(before)[0]
+    # the command line: one key, the changed moving average
+    into, out = tmp_path / "one_key", tmp_path / "diff.json"
+    rc = main(["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "model",
+               "--from-version", str(ends[0]), "--keys", key, "--code", "replay_model:WindowModel",
+               "--into", str(into), "--zk", zk.hosts, "--zk-chroot", zk.chroot, "--diff-out", str(out)])
+    got = capsys.readouterr()
+    assert rc == 0, got.out + got.err
+    assert f"only intervals [{interval_of(key, 4)}] (those of keys ['{key}']" in got.out
+    d = json.loads(out.read_text())
+    # the shadow store holds only the key's interval
+    assert {iv for iv, _ in _model_rows(spark, StoreLayout(str(into)).rows).values()} == {interval_of(key, 4)}
+    other = next(i for i in range(4) if i != interval_of(key, 4))
+    with pytest.raises(ReplayTargetError, match=rf"holds a replay of intervals \[{interval_of(key, 4)}\], not \[{other}\]"):
+        plan_replay(spark, store=layout, into=StoreLayout(str(into)), pipeline="zeitgeist", computation="model",
+                    from_version=ends[0], intervals=[other], num_intervals=4)
+    # the diff: the key's predictions that differ, nothing of the others
+    early = {json.loads(r["userMetadata"])["commit_id"] for r in spark.sql(
+        f"DESCRIBE HISTORY delta.`{store}/rows`").collect()
+        if r["userMetadata"] and r["version"] <= ends[0] and json.loads(r["userMetadata"]).get("computation") == "model"}
+    series = _series(spark, store)[key]
+    differs = []
+    for r in spark.read.format("delta").load(f"{store}/streams/predictions").where(f"key = '{key}'").collect():
+        if r["commit_id"] not in early:
+            ema, mean = _expected(series)[r["timestamp_ms"] - WINDOW_MS]
+            differs += [r["timestamp_ms"]] if ema != mean else []
+    assert differs and d["counts"]["productions_changed"] == len(differs)
+    assert d["counts"]["productions_only_a"] == d["counts"]["productions_only_b"] == 0  # other keys left out
+    assert {s["key"] for s in d["samples"]["productions_changed"]} == {key}
+    # the Python API: one interval, a code that changes the state; promoted without the pipeline running
+    iv = next(i for i in sorted(by_interval) if i != interval_of(key, 4))
+    tagged = tmp_path / "tagged"
+    plan = plan_replay(spark, store=layout, into=StoreLayout(str(tagged)), pipeline="zeitgeist", computation="model",
+                       from_version=ends[0], intervals=[iv], num_intervals=4)
+    result = replay(spark, plan, code=TaggedModel(), zk=None)
+    assert result.diff is not None and 0 < result.diff.counts["changed"] <= len(by_interval[iv])
+    assert {s["key"] for s in result.diff.samples["changed"]} <= set(by_interval[iv])
+    with pytest.raises(ReplayTargetError, match=rf"replayed only intervals \[{iv}\], not \[{interval_of(key, 4)}\]"):
+        promote(spark, store=layout, into=StoreLayout(str(tagged)), client=None, pipeline="zeitgeist",
+                code=TaggedModel(), intervals=[interval_of(key, 4)])
+    main_promote = ["promote", "--from", str(tagged), "--store", str(store), "--pipeline", "zeitgeist",
+                    "--computation", "model", "--code", "replay_model:TaggedModel"]
+    assert main([*main_promote, "--intervals", str(interval_of(key, 4)), "--zk", zk.hosts,
+                 "--zk-chroot", zk.chroot]) == 3  # the same refusal from the command line
+    assert _model_rows(spark, layout.rows) == before  # nothing changed
+    client = connect(zk)
+    try:
+        r = promote(spark, store=layout, into=StoreLayout(str(tagged)), client=client, pipeline="zeitgeist",
+                    code=TaggedModel(), wait_s=30)
+    finally:
+        client.stop()
+        client.close()
+    assert r.intervals == (iv,) and r.upserted
+    after = _model_rows(spark, layout.rows)
+    tagged_keys = {k for k, (_, st) in after.items() if st.get("tag") == "fixed"}
+    assert tagged_keys and tagged_keys <= set(by_interval[iv])  # only the replayed interval's keys were written
+    assert {k: v for k, v in after.items() if v[0] != iv} == {k: v for k, v in before.items() if v[0] != iv}
+    assert {k: v for k, v in after.items() if v[0] == iv} == _model_rows(spark, StoreLayout(str(tagged)).rows)
+    audit = [a for a in read_audit(spark, layout) if a["audit_id"] == r.audit_id]
+    assert len(audit) == 1 and list(audit[0]["intervals"]) == [iv]
+    # a replay from before the promotion crosses its commit and says the live state has a change it lacks
+    later = plan_replay(spark, store=layout, into=StoreLayout(str(tmp_path / "again")), pipeline="zeitgeist",
+                        computation="model", from_version=ends[0])
+    assert [t.audit_id for t in later.tool_changes] == [r.audit_id] and later.horizon is None
+    assert f"promote change at rows version {r.version} (audit id {r.audit_id})" in later.describe()

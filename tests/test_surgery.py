@@ -11,6 +11,7 @@ from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import LeaseHeldError, LeaseLostError, StaleSequencerError
 from deltawheel.statestore.inspection.sqlviews import sql_frame
 from deltawheel.statestore.rowtable.rows import interval_of
+from deltawheel.statestore.rowtable.store import commit_metadata
 from deltawheel.statestore.surgery.audit import read_audit
 from deltawheel.statestore.surgery.replace import Held, Surgery, plan_replacement, replace_intervals
 from deltawheel.statestore.zk.client import connect
@@ -147,3 +148,36 @@ def test_a_takeover_racing_the_tool_is_decided_by_the_fence(spark, migrated_stor
     assert taken  # the takeover happened
     assert state_of(spark, migrated_store, "buckets") == before
     assert read_audit(spark, migrated_store) == []
+
+
+@pytest.mark.slow  # two tool runs after an executor's batch: minutes on a loaded machine
+@pytest.mark.timeout(1800)
+def test_a_tool_dying_between_its_commit_and_its_audit_row_leaves_a_row_the_next_run_appends(  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config) -> None:
+    from deltawheel.statestore.surgery.audit import recover_audit
+
+    _ran_once(spark, migrated_store, zk_config)
+
+    def crash(version: int | None) -> None:
+        raise RuntimeError(f"killed after rows version {version}")
+
+    client = connect(zk_config)
+    try:
+        with pytest.raises(RuntimeError, match="killed after rows version"):
+            _replace(spark, migrated_store, client, before_audit=crash)
+        assert state_of(spark, migrated_store, "buckets")["cats"][0] == {"0": 99}  # the commit landed ...
+        assert read_audit(spark, migrated_store) == []  # ... its audit row did not
+        # the next tool run appends it first (here one that changes nothing)
+        r = _replace(spark, migrated_store, client, build=lambda held: list(held.rows))
+    finally:
+        client.stop()
+        client.close()
+    audit = read_audit(spark, migrated_store)
+    assert len(audit) == 2 and audit[1]["audit_id"] == r.audit_id and audit[1]["rows_changed"] == 0
+    lost = audit[0]
+    version = next(v for v, m in commit_metadata(spark, migrated_store) if m and m.get("audit_id") == lost["audit_id"])
+    assert (lost["tool"], lost["who"], lost["pipeline"], lost["computation"], lost["commit_version"]) == (
+        "repair", "tester@here", "test", "buckets", version)
+    assert (lost["rows_upserted"], lost["rows_deleted"], lost["source"]) == (1, 1, "set cats, drop dogs")
+    assert json.loads(lost["detail"])["recovered"] is True
+    assert recover_audit(spark, migrated_store) == [] and len(read_audit(spark, migrated_store)) == 2  # once

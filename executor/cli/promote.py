@@ -32,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--computation", required=True, help="the computation the replay replayed")
     p.add_argument("--code", help="MODULE:CLASS the catch-up runs (default: the code the replay ran)")
+    p.add_argument("--intervals", help="I,J: promote only these intervals (default: all, or those a partial "
+                                       "replay replayed)")
     add_handover_args(p)
     p.add_argument("--no-catch-up", action="store_true",
                    help="refuse a replay behind the live input position instead of continuing it")
@@ -62,17 +64,20 @@ def _code(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
 def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.config import ZkConfig
 
-    from ..drivers.promote import check_replay, plan_promote, promote
+    from ..drivers.promote import check_replay, plan_promote, promote, promote_intervals
     from ..drivers.replay import shadow_chroot
+    from .replay import int_list
 
     store = layout_from(args)
     into = layout_from(argparse.Namespace(store=args.source))
     marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation)
     code = _code(args, marker)  # before Spark and ZooKeeper: a bad --code is refused at once
+    intervals = promote_intervals(marker, int_list(args.intervals, "--intervals"), type(code).num_intervals,
+                                  into=into.root)
     spark = spark_from(args)
     if args.plan:
         plan = plan_promote(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
-                            num_intervals=type(code).num_intervals)
+                            num_intervals=type(code).num_intervals, intervals=intervals)
         print(plan.describe())
         return 0
     with store_zookeeper(args) as (_, cfg, client):
@@ -81,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
         say = None if args.json else (lambda line: print(line, flush=True))
         r = promote(spark, store=store, into=into, client=client, pipeline=args.pipeline, code=code,
                     shadow_zk=shadow, wait_s=handover_wait_s(args), no_wait=args.no_wait,
-                    catch_up=not args.no_catch_up, progress=say)
+                    catch_up=not args.no_catch_up, progress=say, intervals=intervals)
     if args.json:
         print(json.dumps({"computation": r.computation, "intervals": list(r.intervals),
                           "rows_written": len(r.upserted), "rows_deleted": len(r.deleted), "version": r.version,

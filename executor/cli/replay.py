@@ -30,8 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     end = p.add_mutually_exclusive_group()
     end.add_argument("--to-version", type=int, help="replay the live commits up to this rows version")
     end.add_argument("--to-now", action="store_true", help="up to the newest commit (the default)")
-    p.add_argument("--code", help="MODULE:CLASS of the code to run (default: the live class of the demo pipeline; "
-                                  "other pipelines must name it)")
+    p.add_argument("--intervals", help="I,J: replay only these key intervals (promote then promotes only them)")
+    p.add_argument("--keys", help="K1,K2: replay only the intervals of these keys, diff only these keys")
+    p.add_argument("--code", help="MODULE:CLASS of the code to run (default: the live class: the --source "
+                                  "pipeline's, or the demo pipeline's)")
+    p.add_argument("--source", metavar="MODULE:PIPELINE",
+                   help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed a "
+                        "replayed computation that reads one, its class is the default --code")
     p.add_argument("--into", required=True, help="the shadow store's folder: empty, or an earlier replay's to continue it")
     p.add_argument("--plan", action="store_true", help="print what it would read and write, and stop")
     p.add_argument("--diff-out", help="write the diff as JSON to this file")
@@ -68,43 +73,74 @@ def _timestamp_ms(text: str) -> int:
     return int(t.timestamp() * 1000)
 
 
-def _code(args: argparse.Namespace) -> Any:
+def int_list(text: str | None, what: str) -> list[int] | None:
+    """``--intervals I,J`` as integers (None: not given).
+
+    Raises:
+        ConfigError: not a comma-separated list of integers.
+    """
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as exc:
+        from deltawheel.statestore.exceptions import ConfigError
+
+        raise ConfigError(f"{what} {text!r}: give interval numbers separated by commas (e.g. 0,2)") from exc
+
+
+def _code(args: argparse.Namespace, pipeline: Any = None) -> Any:
     from ..drivers.replay import load_code
 
     if args.code:
         return load_code(args.code, args.computation)
+    if pipeline is not None:
+        for c in pipeline.computations:
+            if c.name == args.computation:
+                return c
+        raise ReplayCodeError(f"--source pipeline {pipeline.name!r} has no computation {args.computation!r} (it has "
+                              f"{', '.join(c.name for c in pipeline.computations)}); check --computation")
     if args.pipeline == "zeitgeist":
         from ..demo.pipeline import computations
 
         for c in computations():
             if c.name == args.computation:
                 return c
-    raise ReplayCodeError(f"the store does not record code: give --code MODULE:CLASS for computation "
-                          f"{args.computation!r} of pipeline {args.pipeline!r}")
+    raise ReplayCodeError(f"the store does not record code: give --source MODULE:PIPELINE (the live pipeline) or "
+                          f"--code MODULE:CLASS for computation {args.computation!r} of pipeline {args.pipeline!r}")
 
 
 def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.inspection.diff import format_diff
 
-    from ..drivers.replay import plan_replay, replay, shadow_chroot
+    from ..drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
     from .common import layout_from
 
     store = layout_from(args)
     into = layout_from(argparse.Namespace(store=args.into))
-    code = _code(args)  # before Spark: a bad --code is refused at once
+    source = None
+    if args.source:
+        from .run import load_pipeline
+
+        source = load_pipeline(args.source)
+    code = _code(args, source)  # before Spark: a bad --code is refused at once
+    intervals = int_list(args.intervals, "--intervals")
+    keys = None if args.keys is None else [k.strip() for k in args.keys.split(",")]
+    replay_scope(type(code).num_intervals, intervals=intervals, keys=keys)  # so is a bad selection
     spark = spark_from(args)
     plan = plan_replay(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
                        from_version=args.from_version,
                        from_timestamp_ms=None if args.from_timestamp is None else _timestamp_ms(args.from_timestamp),
-                       from_start=args.from_start, to_version=args.to_version)
+                       from_start=args.from_start, to_version=args.to_version, intervals=intervals, keys=keys,
+                       num_intervals=type(code).num_intervals)
     print(plan.describe(), flush=True)
     if args.plan:
         return 0
     zk = None if args.zk is None else ZkConfig(hosts=args.zk, chroot=shadow_chroot(args.zk_chroot, into),
                                                digest=args.zk_digest, session_timeout_s=args.zk_session_timeout)
     result = replay(spark, plan, code=code, zk=zk, write_path=args.write_path,
-                    progress=lambda line: print(line, flush=True))
+                    injectors=() if source is None else source.injectors, progress=lambda line: print(line, flush=True))
     assert result.diff is not None
     print(format_diff(result.diff))
     if args.diff_out:

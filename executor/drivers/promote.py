@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.exceptions import ReplayTargetError
+from deltawheel.statestore.exceptions import ConfigError, ReplayTargetError
 from deltawheel.statestore.inspection.positions import computation_commits
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, KeyRow, is_user_key
@@ -42,7 +42,7 @@ from deltawheel.statestore.surgery.replace import (
 from ..computation import Computation
 from .replay import plan_replay, read_marker, replay
 
-__all__ = ["PromotePlan", "check_replay", "plan_promote", "promote", "shadow_rows"]
+__all__ = ["PromotePlan", "check_replay", "plan_promote", "promote", "promote_intervals", "shadow_rows"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,30 @@ def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, comput
     return m
 
 
+def promote_intervals(marker: Mapping[str, Any], intervals: Sequence[int] | None, num_intervals: int, *,
+                      into: str) -> tuple[int, ...] | None:
+    """The intervals a promotion takes and replaces: ``intervals`` (checked), else those the
+    replay replayed (its marker's ``intervals``; None: all).
+
+    Raises:
+        ConfigError: an interval outside ``0..num_intervals - 1``, or an empty list.
+        ReplayTargetError: an interval the (partial) replay did not replay.
+    """
+    replayed = marker.get("intervals")
+    if intervals is None:
+        return None if replayed is None else tuple(sorted(int(i) for i in replayed))
+    bad = sorted({i for i in intervals if not 0 <= i < num_intervals})
+    if not intervals or bad:
+        raise ConfigError(f"--intervals {list(intervals)}: the computation has intervals 0..{num_intervals - 1}"
+                          + (f"; {bad} out of range" if bad else "; give at least one"))
+    other = sorted(set(intervals) - set(replayed)) if replayed is not None else []
+    if other and replayed is not None:
+        raise ReplayTargetError(f"--intervals {list(intervals)}: the replay in {into} replayed only intervals "
+                                f"{sorted(replayed)}, not {other}; promote a subset of them, or replay those "
+                                "intervals too (a new replay with --intervals)")
+    return tuple(sorted(set(intervals)))
+
+
 def shadow_rows(spark: Any, into: StoreLayout, computation: str) -> list[KeyRow]:
     """The computation's rows in the shadow store, each with only the pending productions the
     shadow store has not delivered (a promoted checkpoint is delivered by the live pipeline's
@@ -139,29 +163,32 @@ def _ids_inline(rows: list[KeyRow]) -> list[KeyRow]:
 
 
 def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
-                 num_intervals: int) -> PromotePlan:
-    """The dry run (see the module docstring).
+                 num_intervals: int, intervals: Sequence[int] | None = None) -> PromotePlan:
+    """The dry run (see the module docstring); ``intervals`` as :func:`promote`'s.
 
     Raises:
-        ReplayTargetError: as :func:`check_replay`.
+        ReplayTargetError: as :func:`check_replay` and :func:`promote_intervals`.
     """
     m = check_replay(store, into, pipeline=pipeline, computation=computation)
+    ivs = promote_intervals(m, intervals, num_intervals, into=into.root)
     commits = computation_commits(spark, store, computation)
     reached = int(m["reached"])
-    change = plan_replacement(spark, store, computation=computation, num_intervals=num_intervals,
-                              build=lambda held: shadow_rows(spark, into, computation))
+    change = plan_replacement(spark, store, computation=computation, num_intervals=num_intervals, intervals=ivs,
+                              build=lambda held: _within(shadow_rows(spark, into, computation), held.intervals))
     return PromotePlan(store.root, into.root, pipeline, computation, reached, commits[-1].version if commits else -1,
-                       sum(1 for c in commits if c.version > reached and c.kind != "claim"), change)
+                       sum(1 for c in commits if c.version > reached and (c.reruns or not c.replayable)), change)
 
 
 def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, pipeline: str, code: Computation,
             shadow_zk: ZkConfig | None = None, wait_s: float = 0.0, no_wait: bool = False, catch_up: bool = True,
             progress: Callable[[str], None] | None = None,
-            before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
+            before_commit: Callable[[Mapping[int, int]], None] | None = None,
+            intervals: Sequence[int] | None = None) -> SurgeryResult:
     """Promote the replay in ``into`` to ``code``'s computation of the live ``store`` (see the
     module docstring). ``client``: the live pipeline's ZooKeeper; ``shadow_zk``: the shadow
     store's (None: its embedded server), for the catch-up; ``code``: what the catch-up runs (the
-    replay's code).
+    replay's code). ``intervals``: promote only these (their leases only; default: those the
+    replay replayed, all for a full replay).
 
     Raises:
         ReplayTargetError: not a replay of this computation; or ``catch_up=False`` and it is behind
@@ -169,15 +196,18 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
         LeaseHeldError: ``no_wait`` and the pipeline holds an interval, or still held after
             ``wait_s``. Nothing changed.
         StaleSequencerError / LeaseLostError: a takeover raced the promotion; nothing changed.
+        ConfigError: ``intervals`` out of range. Nothing changed.
     """
     say = progress or (lambda line: None)
     computation = code.name
     m = check_replay(store, into, pipeline=pipeline, computation=computation)
+    ivs = promote_intervals(m, intervals, type(code).num_intervals, into=into.root)
     caught_up: list[int] = []
 
-    def behind() -> Sequence[Any]:  # the live commits after the replay's position (claims change no row)
+    def behind() -> Sequence[Any]:  # the live batches after the replay's position (claims, fences, tools: no input)
         reached = int(read_marker(into)["reached"])  # type: ignore[index]
-        return [c for c in computation_commits(spark, store, computation) if c.version > reached and c.kind != "claim"]
+        return [c for c in computation_commits(spark, store, computation)
+                if c.version > reached and (c.reruns or not c.replayable)]
 
     if not catch_up and behind():
         raise ReplayTargetError(_not_caught_up(into, len(behind())))
@@ -191,17 +221,26 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
             say(f"catching up: {len(todo)} live batches the replay has not run")
             fv = m.get("from_version")
             plan = plan_replay(spark, store=store, into=into, pipeline=pipeline, computation=computation,
-                               from_version=fv, from_start=fv is None)
+                               from_version=fv, from_start=fv is None, intervals=m.get("intervals"),
+                               num_intervals=type(code).num_intervals)
             replay(spark, plan, code=code, zk=shadow_zk, progress=say, diff=False)
             caught_up.append(len(plan.batches))
-        return shadow_rows(spark, into, computation)
+        return _within(shadow_rows(spark, into, computation), held.intervals)
 
     return replace_intervals(
         spark, store, client, pipeline=pipeline, computation=computation, num_intervals=type(code).num_intervals,
-        build=build, wait_s=wait_s, no_wait=no_wait, progress=say, before_commit=before_commit,
+        build=build, wait_s=wait_s, no_wait=no_wait, progress=say, before_commit=before_commit, intervals=ivs,
         surgery=Surgery("promote", into.root, detail={"from_version": m.get("from_version"),
                                                       "code": f"{type(code).__module__}:{type(code).__qualname__}",
-                                                      "caught_up_batches": caught_up}))
+                                                      "caught_up_batches": caught_up,
+                                                      "replayed_intervals": m.get("intervals"),
+                                                      "replayed_keys": m.get("keys")}))
+
+
+def _within(rows: Sequence[KeyRow], intervals: Sequence[int]) -> list[KeyRow]:
+    """The rows of ``intervals`` (a promotion of some intervals writes only theirs)."""
+    keep = set(intervals)
+    return [r for r in rows if r.interval in keep]
 
 
 def _not_caught_up(into: StoreLayout, n: int) -> str:

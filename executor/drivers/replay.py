@@ -23,12 +23,17 @@ The replayed code is the live class or the one ``--code`` names (:func:`load_cod
 same computation name.
 
 Inputs: stream tables are read from the live store by file (``{stream}/{file}``); a Parquet (or
-generator) injector's files need the injector (``injectors=``): the command line does not know
-a pipeline's injectors and replays computations that read stream tables.
+generator) injector's files need the injector (``injectors=``; the command line takes them from
+the live pipeline, ``--source MODULE:PIPELINE``).
+
+Some intervals (``intervals=`` / ``keys=``, :func:`replay_scope`): the seed holds only their rows,
+the executor owns only them (it processes only their records, as a job instance owning some
+intervals does), the diff compares only them (or only the keys).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -48,13 +53,15 @@ from deltawheel.statestore.exceptions import (
 from deltawheel.statestore.inspection.diff import StoreDiff, diff_stores
 from deltawheel.statestore.inspection.positions import (
     ComputationCommit,
+    ToolChange,
     commits_after,
     computation_commits,
     replay_horizon,
+    tool_changes,
     version_at_timestamp,
 )
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.rows import FENCE_KEY
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, interval_of
 
 from ..computation import Computation
 from ..protocol.reports import BatchReport
@@ -62,7 +69,7 @@ from ..protocol.rescale import shared_input
 from ..sources.injector import Injector
 
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
-           "read_marker"]
+           "read_marker", "replay_scope"]
 
 MARKER = "_replay.json"  # in the shadow store: what it replays and how far it got
 
@@ -88,6 +95,9 @@ class ReplayPlan:
     input_files: int
     input_bytes: int | None
     resume_after: int | None = None
+    intervals: tuple[int, ...] | None = None
+    keys: tuple[str, ...] | None = None
+    tool_changes: tuple[ToolChange, ...] = ()
 
     def describe(self) -> str:
         """The plan as lines for a terminal."""
@@ -99,6 +109,11 @@ class ReplayPlan:
                  + ")",
                  f"  write: {self.into} (its own rows, stream tables and ZooKeeper chroot; the live store is "
                  "not written and no live lease is taken)"]
+        if self.intervals is not None:
+            lines.append(f"  only intervals {list(self.intervals)}"
+                         + (f" (those of keys {list(self.keys)}; the diff compares only these keys)" if self.keys else "")
+                         + ": the other intervals' state and records are left out")
+        lines += [f"  note: {t.describe()}" for t in self.tool_changes]
         if self.resume_after is not None:
             lines.append(f"  continues a replay that reached rows version {self.resume_after}")
         if self.horizon is not None:
@@ -154,6 +169,30 @@ def load_code(spec: str, computation: str) -> Computation:
         raise ReplayCodeError(f"--code {spec!r} is computation {made.name!r}, not {computation!r}: the replayed "
                               f"code must keep the computation's name (set name = {computation!r})")
     return made
+
+
+def replay_scope(num_intervals: int, *, intervals: Sequence[int] | None = None,
+                 keys: Sequence[str] | None = None) -> tuple[int, ...] | None:
+    """The intervals a partial replay runs: ``intervals`` checked against ``num_intervals``, or
+    the intervals of ``keys`` (None: every interval, a full replay).
+
+    Raises:
+        ConfigError: both given, an empty list, or an interval outside ``0..num_intervals - 1``.
+    """
+    if intervals is not None and keys is not None:
+        raise ConfigError("give --intervals or --keys, not both: keys select their intervals (a key's interval is "
+                          "crc32(key) mod num_intervals)")
+    if keys is not None:
+        if not keys or any(not k for k in keys):
+            raise ConfigError(f"--keys {list(keys)}: give one or more non-empty keys, separated by commas")
+        return tuple(sorted({interval_of(k, num_intervals) for k in keys}))
+    if intervals is None:
+        return None
+    bad = sorted({i for i in intervals if not 0 <= i < num_intervals})
+    if not intervals or bad:
+        raise ConfigError(f"--intervals {list(intervals)}: the computation has intervals 0..{num_intervals - 1}"
+                          + (f"; {bad} out of range" if bad else "; give at least one"))
+    return tuple(sorted(set(intervals)))
 
 
 def shadow_chroot(base: str, into: StoreLayout) -> str:
@@ -227,18 +266,28 @@ def _check_source(spark: Any, store: StoreLayout, *, pipeline: str, computation:
 
 def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
                 from_version: int | None = None, from_timestamp_ms: int | None = None, from_start: bool = False,
-                to_version: int | None = None) -> ReplayPlan:
+                to_version: int | None = None, intervals: Sequence[int] | None = None,
+                keys: Sequence[str] | None = None, num_intervals: int | None = None) -> ReplayPlan:
     """What a replay of ``computation`` would read and write (see the module docstring).
 
     Exactly one of ``from_version``, ``from_timestamp_ms`` and ``from_start``; ``to_version``
-    None: up to the newest commit now.
+    None: up to the newest commit now. ``intervals`` or ``keys`` (with the computation's
+    ``num_intervals``): replay only those intervals (:func:`replay_scope`), or the intervals of
+    those keys and diff only those keys.
 
     Raises:
         NotAStoreError: ``store`` has no rows table.
         ConfigError: the pipeline never ran on ``store``, or ``computation`` has no commit there.
         ReplayUnavailableError: a version that does not exist or is before the replay horizon.
-        ReplayTargetError: ``into`` is the live store or holds something else.
+        ReplayTargetError: ``into`` is the live store or holds something else, or an earlier replay
+            into it of other intervals.
     """
+    scope = None
+    if intervals is not None or keys is not None:
+        if num_intervals is None:
+            raise ConfigError("a replay of some intervals or keys needs the computation's num_intervals "
+                              "(plan_replay(..., num_intervals=type(code).num_intervals))")
+        scope = replay_scope(num_intervals, intervals=intervals, keys=keys)
     if sum((from_version is not None, from_timestamp_ms is not None, bool(from_start))) != 1:
         raise ConfigError("give exactly one of --from-version, --from-timestamp and --from-start")
     commits = _check_source(spark, store, pipeline=pipeline, computation=computation)
@@ -269,6 +318,10 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     if marker is not None and marker.get("from_version") != from_version:
         raise ReplayTargetError(f"--into {into.root} holds a replay from version {marker.get('from_version')}, not "
                                 f"{from_version}: give the same start to continue it, or an empty folder")
+    if marker is not None and marker.get("intervals") != (None if scope is None else list(scope)):
+        raise ReplayTargetError(f"--into {into.root} holds a replay of intervals "
+                                f"{marker.get('intervals') or 'all'}, not {list(scope) if scope else 'all'}: give the "
+                                "same --intervals/--keys to continue it, or an empty folder")
     start = from_version if resume is None else resume
     batches = tuple(commits_after(commits, start, to_version=to_version))
     files = sorted({f for c in batches for f in (c.files or ())})
@@ -276,7 +329,8 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
                       from_version=from_version, to_version=to_version if to_version is not None else newest,
                       horizon=horizon, batches=batches, input_files=len(files), input_bytes=_bytes(store, files),
-                      resume_after=resume)
+                      resume_after=resume, intervals=scope, keys=None if keys is None else tuple(keys),
+                      tool_changes=tuple(tool_changes(commits, from_version, to_version=to_version)))
 
 
 def _check_inputs(store: StoreLayout, batches: Sequence[ComputationCommit]) -> None:
@@ -343,7 +397,10 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
     except Exception as exc:
         raise ReplayUnavailableError(f"rows version {v} of {store.rows} cannot be read ({str(exc).splitlines()[0][:200]}): "
                                      "its files are past Delta's retention (VACUUM); replay from a newer version") from exc
-    rows = rows.where((F.col("computation") == plan.computation) & (F.col("key") != FENCE_KEY)) \
+    rows = rows.where((F.col("computation") == plan.computation) & (F.col("key") != FENCE_KEY))
+    if plan.intervals is not None:
+        rows = rows.where(F.col("interval").isin(list(plan.intervals)))
+    rows = rows \
         .withColumn("sequencer", F.lit(0).cast("long")) \
         .withColumn("pending", F.expr("filter(pending, p -> false)"))  # the live store delivers those
     target_cols = spark.read.format("delta").load(into.rows).columns
@@ -374,15 +431,17 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     by_name = {i.name: i for i in injectors}
     missing = [s for s in code.inputs if s not in by_name and not os.path.isdir(store.stream(s)) and store.is_local]
     if missing:
-        raise ConfigError(f"{plan.computation} reads {missing}, which are not stream tables of {store.root}: pass "
-                          "their injectors (replay(..., injectors=...)); the command line replays computations "
-                          "that read stream tables")
+        raise ConfigError(f"{plan.computation} reads {missing}, which are not stream tables of {store.root} but "
+                          "injectors: give the live pipeline with --source MODULE:PIPELINE (what `deltawheel run` "
+                          "takes), or pass them to replay(..., injectors=...)")
     inputs = shared_input(code, by_name, table_of=store.stream, checkpoint=os.path.join(into.root, "_unused"))
     commits = computation_commits(spark, store, plan.computation)
     os.makedirs(into.root, exist_ok=True)
     marker = {"store": os.path.realpath(store.root), "pipeline": plan.pipeline, "computation": plan.computation,
               "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000),
-              "code": f"{type(code).__module__}:{type(code).__qualname__}"}  # what promote continues with
+              "code": f"{type(code).__module__}:{type(code).__qualname__}",  # what promote continues with
+              "intervals": None if plan.intervals is None else list(plan.intervals),
+              "keys": None if plan.keys is None else list(plan.keys)}
     if zk is None:
         engine = connect(spark, store=into.root, pipeline=plan.pipeline)
     else:
@@ -396,7 +455,8 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                 _seed(spark, store, into, plan, commits)
             marker["reached"] = plan.from_version if plan.from_version is not None else -1
             _write_marker(into, marker)
-        ex = engine.executor(code, write_path=write_path)
+        # each batch runs with the input watermark its live run had (run_batch below): no authority
+        ex = engine.executor(code, write_path=write_path, intervals=plan.intervals, manual_watermarks=True)
         ex.positions = inputs  # its commits record the same positions
         for c in plan.batches:
             files = tuple(c.files or ())
@@ -414,5 +474,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
         batch_ids = {c.batch_id for c in commits_after(commits, plan.from_version, to_version=plan.to_version)
                      if c.batch_id is not None}
         result_diff = diff_stores(spark, store, into, plan.computation, version_a=plan.to_version,
-                                  streams=code.outputs, batch_ids=batch_ids)
+                                  streams=code.outputs, batch_ids=batch_ids, keys=plan.keys,
+                                  intervals=plan.intervals, num_intervals=type(code).num_intervals)
+        result_diff = dataclasses.replace(result_diff, notes=tuple(t.describe() for t in plan.tool_changes))
     return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection
 
 from ..codecs import get_codec
-from ..exceptions import CodecError, NotAStoreError, ReplayUnavailableError
+from ..exceptions import CodecError, ConfigError, NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from ..sqltext import sql_str
@@ -38,7 +38,8 @@ class StoreDiff:
 
     ``counts``: kind -> number of keys (state: ``added``, ``removed``, ``changed``; ``timers``,
     ``pending``) or productions (``productions_only_a``, ``productions_only_b``,
-    ``productions_changed``); ``samples``: kind -> up to :data:`SAMPLE` decoded examples.
+    ``productions_changed``); ``samples``: kind -> up to :data:`SAMPLE` decoded examples;
+    ``notes``: what explains a difference (a replay's: a tool's change of the live state).
     """
 
     computation: str
@@ -48,6 +49,7 @@ class StoreDiff:
     version_b: int | None
     counts: dict[str, int] = field(default_factory=dict)
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -58,7 +60,7 @@ class StoreDiff:
         """The diff as a JSON document (``--diff-out``)."""
         return json.dumps({"computation": self.computation, "store_a": self.store_a, "store_b": self.store_b,
                            "version_a": self.version_a, "version_b": self.version_b, "empty": self.empty,
-                           "counts": self.counts, "samples": self.samples}, indent=2, sort_keys=True, default=str)
+                           "counts": self.counts, "samples": self.samples, "notes": list(self.notes)}, indent=2, sort_keys=True, default=str)
 
 
 STATE_KINDS = ("added", "removed", "changed", "timers", "pending")
@@ -88,10 +90,30 @@ def _read(spark: Any, path: str, version: int | None, what: str) -> Any:
         raise NotAStoreError(f"{what}: {path} is not a Delta table ({text}); check the store path") from exc
 
 
-def _rows(spark: Any, layout: StoreLayout, computation: str, version: int | None) -> Any:
+@dataclass(frozen=True)
+class _Scope:
+    """The keys (or intervals of ``num_intervals``) a diff is limited to (both None: every key)."""
+
+    keys: tuple[str, ...] | None = None
+    intervals: tuple[int, ...] | None = None
+    num_intervals: int | None = None
+
+    def of(self, df: Any, *, by_interval_column: bool) -> Any:
+        from pyspark.sql import functions as F
+
+        if self.keys is not None:
+            df = df.where(F.col("key").isin(list(self.keys)))
+        if self.intervals is not None:
+            iv = F.col("interval") if by_interval_column else \
+                F.pmod(F.crc32(F.col("key").cast("binary")), F.lit(self.num_intervals)).cast("int")
+            df = df.where(iv.isin(list(self.intervals)))
+        return df
+
+
+def _rows(spark: Any, layout: StoreLayout, computation: str, version: int | None, scope: _Scope = _Scope()) -> Any:
     from pyspark.sql import functions as F
 
-    df = _read(spark, layout.rows, version, f"store {layout.root}")
+    df = scope.of(_read(spark, layout.rows, version, f"store {layout.root}"), by_interval_column=True)
     return (df.where((F.col("computation") == computation) & (F.col("key") != FENCE_KEY)
                     & ~F.col("key").startswith(IDS_KEY_PREFIX))
             .select("key", "state", "codec", F.to_json(F.col("timers")).alias("timers"),
@@ -137,7 +159,7 @@ def _state_diff(spark: Any, a: Any, b: Any, counts: dict[str, int],
 
 
 def _productions(spark: Any, layout: StoreLayout, computation: str, streams: Collection[str],
-                 batch_ids: Collection[int] | None) -> Any | None:
+                 batch_ids: Collection[int] | None, scope: _Scope = _Scope()) -> Any | None:
     from pyspark.sql import functions as F
 
     frames = []
@@ -146,7 +168,7 @@ def _productions(spark: Any, layout: StoreLayout, computation: str, streams: Col
             df = spark.read.format("delta").load(layout.stream(s))
         except Exception:  # no such stream table in this store: nothing delivered to it
             continue
-        df = df.where(F.col("producer") == computation)
+        df = scope.of(df.where(F.col("producer") == computation), by_interval_column=False)
         if batch_ids is not None:
             batch = F.split(F.col("commit_id"), ":").getItem(1).cast("long")
             df = df.where(batch.isin([int(b) for b in batch_ids]))
@@ -207,9 +229,13 @@ def production_keys(spark: Any, layout: StoreLayout, computation: str, streams: 
 
 def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *, version_a: int | None = None,
                 version_b: int | None = None, streams: Collection[str] = (),
-                batch_ids: Collection[int] | None = None) -> StoreDiff:
+                batch_ids: Collection[int] | None = None, keys: Collection[str] | None = None,
+                intervals: Collection[int] | None = None, num_intervals: int | None = None) -> StoreDiff:
     """The difference of ``computation`` between store ``a`` (as of ``version_a``; None: newest) and
     store ``b`` (as of ``version_b``), its state rows and its productions to ``streams``.
+
+    ``keys``: only those keys' rows and productions; ``intervals`` (of ``num_intervals``): only
+    the rows of those intervals and the productions whose key falls in them (a partial replay's).
 
     Raises:
         NotAStoreError: a store has no rows table.
@@ -217,10 +243,14 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
     """
     counts: dict[str, int] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
-    _state_diff(spark, _rows(spark, a, computation, version_a), _rows(spark, b, computation, version_b),
+    scope = _Scope(None if keys is None else tuple(keys), None if intervals is None else tuple(intervals),
+                   num_intervals)
+    if scope.intervals is not None and not num_intervals:
+        raise ConfigError("diff_stores: intervals need the computation's num_intervals (num_intervals=...)")
+    _state_diff(spark, _rows(spark, a, computation, version_a, scope), _rows(spark, b, computation, version_b, scope),
                 counts, samples)
-    _production_diff(_productions(spark, a, computation, streams, batch_ids),
-                     _productions(spark, b, computation, streams, batch_ids), counts, samples)
+    _production_diff(_productions(spark, a, computation, streams, batch_ids, scope),
+                     _productions(spark, b, computation, streams, batch_ids, scope), counts, samples)
     return StoreDiff(computation, a.root, b.root, version_a, version_b, counts, samples)
 
 
@@ -231,6 +261,7 @@ def format_diff(d: StoreDiff) -> str:
              f"{'what':<22}{'count':>8}"]
     for k in STATE_KINDS + PRODUCTION_KINDS:
         lines.append(f"{k:<22}{d.counts.get(k, 0):>8}")
+    lines += [f"note: {n}" for n in d.notes]
     lines.append("no difference" if d.empty else "samples (A -> B):")
     for k, rows in d.samples.items():
         for r in rows:

@@ -7,10 +7,13 @@ timers-only batch) beside the watermark the batch acted on (its ``late`` mark). 
 position is the union of the positions of the computation's commits up to it; a replay from
 version V re-runs the computation's commits after V, batch by batch, on the same files.
 
-Commits written before positions were recorded (or by a tool: a repair, a reseed) carry none:
-:func:`replay_horizon` is the first version a replay may start from (every later batch commit of
-the computation records its positions). Claims (a new owner's fence rows) change no user row and
-are skipped.
+Commits that read no input record an entry without a batch (``no_input_entry``): a tool's
+(promote, repair: ``statestore/surgery``), the image path's compaction, the merge path's fence.
+A replay starts from or across them and re-runs nothing for them; a tool's change is not in the
+replay (:func:`tool_changes` lists them, with their audit ids, for the plan and the diff).
+Commits written before positions were recorded carry none: :func:`replay_horizon` is the first
+version a replay may start from (every later commit of the computation records its positions).
+Claims (a new owner's fence rows) change no user row and are skipped.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from ..exceptions import NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
 from ..rowtable.inputfiles import entry_of
 
-__all__ = ["ComputationCommit", "computation_commits", "replay_horizon", "position_at", "commits_after",
-           "version_at_timestamp"]
+__all__ = ["ComputationCommit", "ToolChange", "computation_commits", "replay_horizon", "position_at",
+           "commits_after", "tool_changes", "version_at_timestamp"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,26 @@ class ComputationCommit:
     def replayable(self) -> bool:
         """It records its input positions, or changes no user row (a claim)."""
         return self.files is not None or self.kind == "claim"
+
+    @property
+    def reruns(self) -> bool:
+        """A replay re-runs it: a batch with recorded positions (not a claim, nor a commit that read
+        no input: a tool's, a compaction, a fence)."""
+        return self.files is not None and self.batch_id is not None and self.kind != "claim"
+
+
+@dataclass(frozen=True)
+class ToolChange:
+    """A tool's commit (promote, repair) a replay does not re-run: the live state has its change."""
+
+    version: int
+    tool: str
+    audit_id: str | None
+
+    def describe(self) -> str:
+        """One line for the plan and the diff."""
+        return (f"the live state contains a {self.tool} change at rows version {self.version} (audit id "
+                f"{self.audit_id}) that the replay does not: keys it wrote differ unless later input rewrote them")
 
 
 def _history(spark: Any, layout: StoreLayout) -> list[Any]:
@@ -125,9 +148,19 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
                 f"version {c.version} of the rows table ({c.meta.get('computation')}, kind {c.kind}) records no "
                 f"input positions (written by an older deltawheel or a tool), so a replay cannot start before it: "
                 f"replay from version {h} or later (--from-version {h})")
-        if c.kind != "claim":
+        if c.reruns:
             out.append(c)
     return out
+
+
+def tool_changes(commits: Sequence[ComputationCommit], version: int | None, *,
+                 to_version: int | None = None) -> list[ToolChange]:
+    """The tools' commits (promote, repair) after ``version`` (None: the start) up to ``to_version``:
+    changes of the live state a replay over that range does not make."""
+    return [ToolChange(c.version, str(c.meta.get("tool")), None if c.meta.get("audit_id") is None
+                       else str(c.meta["audit_id"]))
+            for c in commits if c.meta.get("tool") and (version is None or c.version > version)
+            and (to_version is None or c.version <= to_version)]
 
 
 def version_at_timestamp(spark: Any, layout: StoreLayout, timestamp_ms: int) -> int:

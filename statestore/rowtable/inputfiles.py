@@ -28,7 +28,7 @@ from typing import Iterable
 from ..exceptions import CodecError
 
 __all__ = ["INPUT_FILES_FORMAT_VERSION", "POSITIONS_KEY", "encode", "decode", "union_payloads", "union_sql",
-           "commit_entry", "entry_of"]
+           "commit_entry", "no_input_entry", "entry_of"]
 
 INPUT_FILES_FORMAT_VERSION = 1
 POSITIONS_KEY = "positions"  # the commit metadata entry of a batch's input positions
@@ -100,9 +100,21 @@ def commit_entry(batch_id: int, files: Iterable[str]) -> dict[str, object]:
     return {POSITIONS_KEY: {"v": INPUT_FILES_FORMAT_VERSION, "batch_id": int(batch_id), "files": sorted(set(files))}}
 
 
-def entry_of(meta: object) -> tuple[int, tuple[str, ...]] | None:
+def no_input_entry() -> dict[str, object]:
+    """The positions entry of a commit that read no input (a tool's: promote, repair; the image
+    path's compaction; the merge path's fence): no batch, no file. Replay starts from or across
+    it and re-runs nothing for it.
+
+    >>> entry_of(no_input_entry())
+    (None, ())
+    """
+    return {POSITIONS_KEY: {"v": INPUT_FILES_FORMAT_VERSION, "batch_id": None, "files": []}}
+
+
+def entry_of(meta: object) -> tuple[int | None, tuple[str, ...]] | None:
     """(batch id, input files) of a commit's parsed metadata, None when it records no positions
-    (a commit of an older deltawheel, a claim, a repair).
+    (a commit of an older deltawheel, a claim). A batch id None: a commit that read no input
+    (:func:`no_input_entry`).
 
     Raises:
         CodecError: an entry of a newer format.
@@ -113,4 +125,4 @@ def entry_of(meta: object) -> tuple[int, tuple[str, ...]] | None:
     if e.get("v") != INPUT_FILES_FORMAT_VERSION:
         raise CodecError(f"a commit's input positions have format {e.get('v')!r}, this deltawheel reads "
                          f"{INPUT_FILES_FORMAT_VERSION}: upgrade deltawheel")
-    return int(e["batch_id"]), tuple(str(f) for f in e.get("files") or ())
+    return (None if e.get("batch_id") is None else int(e["batch_id"])), tuple(str(f) for f in e.get("files") or ())

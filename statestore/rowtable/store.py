@@ -384,6 +384,8 @@ class RowStore:
                 | {"_op": "delete"} for iv, k in deletes]
         src += [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
                        updated_ms=now).to_row() | {"_op": "upsert"} for iv in touched]
+        if kind == "fence":  # an acquisition reads no input: replay starts from or across it
+            meta = {**inputfiles.no_input_entry(), **(meta or {})}
         res = self._commit_source(computation, src, None, sequencers=sequencers, touched=touched,
                                   commit_id=commit_id, kind=kind, lease_check=lease_check,
                                   conflict_retries=conflict_retries, started=started, n_rows=len(images),

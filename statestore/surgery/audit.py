@@ -2,8 +2,10 @@
 (``<store>/_audit``, a Delta table; the ``audit`` view of ``deltawheel sql``).
 
 A row is appended after the tool's rows commit landed and before it gives the leases back; the
-rows commit carries the same ``audit_id`` in its metadata (``DESCRIBE HISTORY``), so a tool that
-died between the two leaves a commit that names itself.
+rows commit carries the same ``audit_id`` in its metadata (``DESCRIBE HISTORY``) with what the
+row records, so a tool that died between the two leaves a commit that names itself:
+:func:`recover_audit` appends the rows missing for such commits (idempotent by ``audit_id``,
+marked ``"recovered": true`` in ``detail``). Every tool run calls it first, and so does ``gc``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any, Mapping
 from ..layout import StoreLayout
 from ..tabledefs import AUDIT_COLUMNS
 
-__all__ = ["AUDIT_DDL", "AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who"]
+__all__ = ["AUDIT_DDL", "AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who",
+           "commit_meta", "recover_audit"]
 
 AUDIT_FORMAT_VERSION = 1
 
@@ -74,6 +77,51 @@ def append_audit(spark: Any, layout: StoreLayout, record: AuditRecord) -> None:
     """Append ``record`` to the store's audit table (created by the first append)."""
     df = spark.createDataFrame([record.to_row()], AUDIT_DDL)
     df.write.format("delta").mode("append").save(layout.audit)
+
+
+def commit_meta(record: AuditRecord) -> dict[str, Any]:
+    """What a tool's rows commit records of its audit row (:func:`recover_audit` rebuilds the row
+    from it when the tool died before appending the row)."""
+    return {"tool": record.tool, "audit_id": record.audit_id, "who": record.who, "source": record.source[:2000],
+            "pipeline": record.pipeline, "intervals": list(record.intervals),
+            "rows_upserted": record.rows_upserted, "rows_deleted": record.rows_deleted}
+
+
+def recover_audit(spark: Any, layout: StoreLayout) -> list[AuditRecord]:
+    """Append the audit rows missing for tools' rows commits (a tool that died between its commit
+    and its audit row), rebuilt from the commits' metadata; returns them. Idempotent by
+    ``audit_id`` (a MERGE inserting only ids not in the table): two callers append a row once."""
+    from delta.tables import DeltaTable
+
+    from ..rowtable.store import commit_metadata
+
+    have = {str(r["audit_id"]) for r in read_audit(spark, layout)}
+    times = {int(r["version"]): int(r["timestamp"].timestamp() * 1000) for r in spark.sql(
+        f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "timestamp").collect()}
+    missing = []
+    for version, meta in commit_metadata(spark, layout):
+        if not meta or not meta.get("tool") or not meta.get("audit_id") or str(meta["audit_id"]) in have:
+            continue
+        raw = meta.get("sequencers")
+        seqs: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        missing.append(AuditRecord(
+            audit_id=str(meta["audit_id"]), recorded_ms=times.get(version, 0), who=str(meta.get("who", "")),
+            tool=str(meta["tool"]), pipeline=str(meta.get("pipeline", "")),
+            computation=str(meta.get("computation", "")), source=str(meta.get("source", "")),
+            intervals=tuple(int(i) for i in meta.get("intervals") or sorted(int(k) for k in seqs)),
+            rows_upserted=int(meta.get("rows_upserted", 0)), rows_deleted=int(meta.get("rows_deleted", 0)),
+            commit_version=version, sequencers={int(k): int(v) for k, v in seqs.items()},
+            detail={"recovered": True, "why": "the tool stopped between its rows commit and its audit row; "
+                                              "rebuilt from the commit's metadata"}))
+    if not missing:
+        return []
+    df = spark.createDataFrame([r.to_row() for r in missing], AUDIT_DDL)
+    if not DeltaTable.isDeltaTable(spark, layout.audit):
+        df.write.format("delta").mode("append").save(layout.audit)
+    else:
+        (DeltaTable.forPath(spark, layout.audit).alias("t").merge(df.alias("s"), "t.audit_id = s.audit_id")
+         .whenNotMatchedInsertAll().execute())
+    return missing
 
 
 def read_audit(spark: Any, layout: StoreLayout) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ nothing written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -32,13 +33,14 @@ from typing import Any, Callable, Mapping, Sequence
 from ..exceptions import LeaseHeldError
 from ..layout import StoreLayout
 from ..ownership.owner import IntervalOwner
+from ..rowtable.inputfiles import no_input_entry
 from ..rowtable.rows import KeyRow, is_user_key
 from ..rowtable.store import RowStore
 from ..writepath.delivery import deliver_productions
 from ..zk.handover import clear_handover, request_handover
 from ..zk.lease_tools import list_leases
 from ..zk.leases import LeaseManager
-from .audit import AuditRecord, append_audit, who
+from .audit import AuditRecord, append_audit, commit_meta, recover_audit, who
 
 __all__ = ["Surgery", "Held", "SurgeryResult", "row_changes", "replace_intervals", "plan_replacement"]
 
@@ -125,13 +127,16 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       intervals: Sequence[int] | None = None, wait_s: float = 0.0, no_wait: bool = False,
                       progress: Callable[[str], None] | None = None,
                       before_commit: Callable[[Mapping[int, int]], None] | None = None,
-                      skip_delivery: frozenset[str] = frozenset()) -> SurgeryResult:
+                      skip_delivery: frozenset[str] = frozenset(),
+                      before_audit: Callable[[int | None], None] | None = None) -> SurgeryResult:
     """Take ``intervals`` (None: all) of ``computation``, commit ``build``'s rows in their place in
-    one fenced transaction, record it, give the intervals back (see the module docstring).
+    one fenced transaction, record it, give the intervals back (see the module docstring). First
+    the audit rows an earlier tool run left missing are appended (``audit.recover_audit``).
 
     ``before_commit``: called with the tool's sequencers once ``build`` is done, just before the
     commit (a test makes a takeover race the commit there). ``skip_delivery``: ids of checkpointed
-    productions the tool's recovery does not deliver (a repair dropping them).
+    productions the tool's recovery does not deliver (a repair dropping them). ``before_audit``: with
+    the commit's version, between the commit and the audit row (a test crashes the tool there).
 
     Raises:
         LeaseHeldError: ``no_wait`` and a live owner holds an interval; or still held after
@@ -150,6 +155,9 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                 f"--no-wait: intervals {sorted(live)} of {pipeline}/{computation} are held by a running owner "
                 f"({', '.join(sorted(set(map(str, live.values()))))}); nothing was changed. Give --wait SECONDS to "
                 "let it hand them over at its next batch boundary, or stop the pipeline first")
+    for r in recover_audit(spark, layout):
+        say(f"audit: appended the missing row {r.audit_id} of the {r.tool} commit at rows version "
+            f"{r.commit_version} (an earlier tool run stopped before recording it)")
     writer = f"deltawheel-{surgery.tool}:{surgery.who}"
     request_handover(client, pipeline=pipeline, computation=computation, intervals=ivs, tool=surgery.tool,
                      by=surgery.who)
@@ -169,21 +177,24 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
             before_commit(seqs)
         audit_id = uuid.uuid4().hex
         version = None
+        record = AuditRecord(
+            audit_id=audit_id, recorded_ms=int(time.time() * 1000), who=surgery.who, tool=surgery.tool,
+            pipeline=pipeline, computation=computation, source=surgery.source, intervals=ivs,
+            rows_upserted=len(ups), rows_deleted=len(dels), commit_version=None, sequencers=seqs,
+            detail=surgery.detail)
         if ups or dels:
             commit_id = f"{writer}:{audit_id}"
             store.commit(computation, ups, sequencers=seqs, deletes=dels, num_intervals=num_intervals,
                          commit_id=commit_id, lease_check=owner.check, kind=surgery.tool,
-                         meta={"tool": surgery.tool, "audit_id": audit_id, "who": surgery.who,
-                               "source": surgery.source[:2000]})
+                         meta={**commit_meta(record), **no_input_entry()})
             version = _version_of(spark, layout, commit_id)
             say(f"{computation}: committed {len(ups)} rows written, {len(dels)} deleted at rows version {version}")
         else:
             say(f"{computation}: nothing to change (no commit)")
-        append_audit(spark, layout, AuditRecord(
-            audit_id=audit_id, recorded_ms=int(time.time() * 1000), who=surgery.who, tool=surgery.tool,
-            pipeline=pipeline, computation=computation, source=surgery.source, intervals=ivs,
-            rows_upserted=len(ups), rows_deleted=len(dels), commit_version=version, sequencers=seqs,
-            detail=surgery.detail))
+        if before_audit is not None:
+            before_audit(version)
+        append_audit(spark, layout, dataclasses.replace(record, commit_version=version,
+                                                        recorded_ms=int(time.time() * 1000)))
         before = {r.key: r for r in rows}
         return SurgeryResult(computation, ivs, seqs, tuple(ups), tuple(dels),
                              {r.key: before[r.key] for r in ups if r.key in before} | {k: before[k] for _, k in dels},

@@ -53,6 +53,7 @@ from ...layout import StoreLayout
 from ...ownership.owner import IntervalOwner
 from ...rowtable.fencing import translate_commit_error
 from ...rowtable.frames import arrow_schema
+from ...rowtable.inputfiles import no_input_entry
 from ...rowtable.rows import rows_file_ddl
 from ...rowtable.store import raise_if_fenced
 from .. import Recovered, StaleViewError, WritePath
@@ -330,7 +331,7 @@ class ImagePath(WritePath[BatchOutput]):
             remove=removes, add=adds, read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
             untouched_since=(self.version, [{"computation": name, "interval": str(iv)} for iv in ivs]),
             user_metadata=json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "compact", "computation": name,
-                                      "write_path": "image"}, sort_keys=True))
+                                      "write_path": "image", **no_input_entry()}, sort_keys=True))
         assert version is not None
         self.files.update(new)
         self.version = version

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_kafka import kafka_broker  # noqa: F401  (the session broker fixture)
+import test_kafka
+
+kafka_broker = test_kafka.kafka_broker  # the Kafka tests' broker fixture
 
 
 def _offsets(chk: Path, batch: int, line: str) -> None:

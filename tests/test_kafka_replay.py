@@ -56,10 +56,14 @@ def _delete_records(spark: Any, servers: str, topic: str, before: dict[int, int]
     props.setProperty("bootstrap.servers", servers)
     admin = j.org.apache.kafka.clients.admin.Admin.create(props)
     try:
+        # RecordsToDelete.beforeOffset by reflection (py4j does not always find the static method)
+        cls = admin.getClass().getClassLoader().loadClass("org.apache.kafka.clients.admin.RecordsToDelete")
+        (factory,) = [m for m in cls.getMethods() if m.getName() == "beforeOffset"]
         m = j.java.util.HashMap()
         for p, off in before.items():
-            m.put(j.org.apache.kafka.common.TopicPartition(topic, p),
-                  j.org.apache.kafka.clients.admin.RecordsToDelete.beforeOffset(off))
+            args = spark.sparkContext._gateway.new_array(j.java.lang.Object, 1)
+            args[0] = j.java.lang.Long.valueOf(str(off))
+            m.put(j.org.apache.kafka.common.TopicPartition(topic, p), factory.invoke(None, args))
         admin.deleteRecords(m).all().get(60_000, j.java.util.concurrent.TimeUnit.MILLISECONDS)
     finally:
         admin.close()

@@ -251,17 +251,29 @@ class KafkaInjector:
 
     def earliest_offsets(self, spark: SparkSession, partitions: Iterable[str]) -> dict[str, int]:
         """The earliest offset still available (retention, deleted records) of each of the topic's
-        ``partitions`` (numbers as strings), from Kafka's admin client in the Spark driver."""
-        j, admin = self._admin(spark)
+        ``partitions`` (numbers as strings), from a Kafka consumer in the Spark driver (it reads no
+        record)."""
+        from deltawheel.statestore.delta.jvm import jvm
+
+        j = jvm(spark)
+        props = j.java.util.Properties()
+        props.setProperty("bootstrap.servers", self.bootstrap_servers)
+        for k, v in self.options.items():
+            if k.startswith("kafka."):
+                props.setProperty(k[len("kafka."):], v)
+        raw = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
+        props.setProperty("key.deserializer", raw)
+        props.setProperty("value.deserializer", raw)
+        consumer = j.org.apache.kafka.clients.consumer.KafkaConsumer(props)
         try:
-            specs = j.java.util.HashMap()
             tps = {p: j.org.apache.kafka.common.TopicPartition(self.topic, int(p)) for p in partitions}
+            wanted = j.java.util.ArrayList()
             for tp in tps.values():
-                specs.put(tp, j.org.apache.kafka.clients.admin.OffsetSpec.earliest())
-            got = admin.listOffsets(specs).all().get(60_000, j.java.util.concurrent.TimeUnit.MILLISECONDS)
-            return {p: int(got.get(tp).offset()) for p, tp in tps.items()}
+                wanted.add(tp)
+            got = consumer.beginningOffsets(wanted, j.java.time.Duration.ofSeconds(60))
+            return {p: int(got.get(tp)) for p, tp in tps.items()}
         finally:
-            admin.close()
+            consumer.close()
 
     def batch_df(self, spark: SparkSession, ranges: Mapping[str, Any]) -> DataFrame:
         """The records of ``ranges`` (``{partition: (start, end)}`` of the topic, start inclusive,

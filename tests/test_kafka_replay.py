@@ -58,7 +58,7 @@ def _delete_records(spark: Any, servers: str, topic: str, before: dict[int, int]
     try:
         # RecordsToDelete.beforeOffset by reflection (py4j does not always find the static method)
         cls = admin.getClass().getClassLoader().loadClass("org.apache.kafka.clients.admin.RecordsToDelete")
-        (factory,) = [m for m in cls.getMethods() if m.getName() == "beforeOffset"]
+        factory = next(m for m in cls.getMethods() if m.getName() == "beforeOffset" and m.getParameterCount() == 1)
         m = j.java.util.HashMap()
         for p, off in before.items():
             args = spark.sparkContext._gateway.new_array(j.java.lang.Object, 1)

@@ -117,6 +117,10 @@ def test_a_kafka_fed_computation_records_its_ranges_and_is_replayed_from_kafka( 
     assert rc == 0, got.out + got.err
     d = json.loads(out.read_text())
     assert d["empty"], got.out
+    last = batches[-1]
+    assert f"batch {last.batch_id} (live version {last.version}): " in got.out
+    p, (s, e) = sorted(last.kafka[topic].items())[0]  # type: ignore[index]
+    assert f"{topic}/{p} [{s}, {e})" in got.out  # the plan names the ranges it re-reads
     replayed = spark.read.format("delta").load(StoreLayout(str(tmp_path / "shadow")).stream("card_counts")).count()
     assert replayed == sum(e - s for c in batches if c.version > mid for s, e in c.kafka[topic].values())  # type: ignore[index]
     # records deleted (retention) inside the second batch's range of partition 0: a replay needing

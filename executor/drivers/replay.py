@@ -120,8 +120,11 @@ class ReplayPlan:
         if self.horizon is not None:
             lines.append(f"  replay possible from rows version {self.horizon} on")
         for c in self.batches:
-            lines.append(f"  batch {c.batch_id} (live version {c.version}): {len(c.files or ())} input files, "
-                         f"input watermark {c.input_ms}")
+            read = f"{len(c.files or ())} input files"
+            if c.kafka is not None:
+                read = f"{sum(e - s for parts in c.kafka.values() for s, e in parts.values())} Kafka records " \
+                       f"({', '.join(f'{t}/{p} [{s}, {e})' for t, ps in c.kafka.items() for p, (s, e) in ps.items())})"
+            lines.append(f"  batch {c.batch_id} (live version {c.version}): {read}, input watermark {c.input_ms}")
         return "\n".join(lines)
 
 

@@ -65,8 +65,9 @@ from deltawheel.statestore.rowtable.rows import FENCE_KEY, interval_of
 
 from ..computation import Computation
 from ..protocol.reports import BatchReport
-from ..protocol.rescale import shared_input
+from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
+from .replay_kafka import check_kafka, kafka_df
 
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
            "read_marker", "replay_scope"]
@@ -119,8 +120,11 @@ class ReplayPlan:
         if self.horizon is not None:
             lines.append(f"  replay possible from rows version {self.horizon} on")
         for c in self.batches:
-            lines.append(f"  batch {c.batch_id} (live version {c.version}): {len(c.files or ())} input files, "
-                         f"input watermark {c.input_ms}")
+            read = f"{len(c.files or ())} input files"
+            if c.kafka is not None:
+                read = f"{sum(e - s for parts in c.kafka.values() for s, e in parts.values())} Kafka records " \
+                       f"({', '.join(f'{t}/{p} [{s}, {e})' for t, ps in c.kafka.items() for p, (s, e) in ps.items())})"
+            lines.append(f"  batch {c.batch_id} (live version {c.version}): {read}, input watermark {c.input_ms}")
         return "\n".join(lines)
 
 
@@ -434,8 +438,16 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
         raise ConfigError(f"{plan.computation} reads {missing}, which are not stream tables of {store.root} but "
                           "injectors: give the live pipeline with --source MODULE:PIPELINE (what `deltawheel run` "
                           "takes), or pass them to replay(..., injectors=...)")
-    inputs = shared_input(code, by_name, table_of=store.stream, checkpoint=os.path.join(into.root, "_unused"))
+    try:
+        inputs = shared_input(code, by_name, table_of=store.stream, checkpoint=os.path.join(into.root, "_unused"))
+    except ConfigError:
+        kafka = kafka_input(code, by_name, checkpoint=os.path.join(into.root, "_unused"))
+        if kafka is None:
+            raise
+        inputs = kafka
     commits = computation_commits(spark, store, plan.computation)
+    if inputs.kafka:
+        check_kafka(spark, inputs, commits, plan.batches)
     os.makedirs(into.root, exist_ok=True)
     marker = {"store": os.path.realpath(store.root), "pipeline": plan.pipeline, "computation": plan.computation,
               "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000),
@@ -460,7 +472,10 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
         ex.positions = inputs  # its commits record the same positions
         for c in plan.batches:
             files = tuple(c.files or ())
-            df = inputs.files_df(spark, files) if files else None
+            if inputs.kafka and c.kafka is None:
+                raise ReplayUnavailableError(f"live batch {c.batch_id} (rows version {c.version}) of {plan.computation} "
+                                             "records no Kafka offsets: replay from a later version")
+            df = kafka_df(spark, inputs, c.kafka) if inputs.kafka else inputs.files_df(spark, files) if files else None
             reports.append(ex.run_batch(df, int(c.batch_id if c.batch_id is not None else -2),
                                         input_watermark_ms=c.input_ms, use_authority=False, input_files=files))
             ex.settle()
@@ -478,3 +493,4 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                                   intervals=plan.intervals, num_intervals=type(code).num_intervals)
         result_diff = dataclasses.replace(result_diff, notes=tuple(t.describe() for t in plan.tool_changes))
     return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)
+

@@ -27,7 +27,7 @@ from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.hooks import InjectorHook
-from ..protocol.rescale import SharedInput, shared_input
+from ..protocol.rescale import SharedInput, kafka_input, shared_input
 from ..sources.injector import Injector
 
 __all__ = ["positions_recorder", "Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client", "migrate_store",
@@ -144,7 +144,8 @@ def positions_recorder(computation: Computation, injectors: Mapping[str, Injecto
                        checkpoint: str) -> SharedInput | None:
     """What makes each commit of ``computation`` record its batch's input positions (replay,
     docs/replay.md): set as the executor's ``positions``. None for inputs without file positions
-    (JSON Lines, Delta-table and Kafka injectors, several Parquet injectors) and for a query
+    (JSON Lines and Delta-table injectors, several Parquet injectors, Kafka beside other inputs;
+    a computation fed only by Kafka injectors records offset ranges) and for a query
     checkpoint on an object store (the file log is read from a local checkpoint only): nothing
     recorded, and the batches run as before."""
     from deltawheel.statestore.exceptions import ConfigError
@@ -154,4 +155,4 @@ def positions_recorder(computation: Computation, injectors: Mapping[str, Injecto
     try:
         return shared_input(computation, injectors, table_of=layout.stream, checkpoint=checkpoint)
     except ConfigError:
-        return None
+        return kafka_input(computation, injectors, checkpoint=checkpoint)

@@ -48,15 +48,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import unquote, urlparse
 
-from deltawheel.statestore.delta.sourceoffsets import add_file_name, batch_adds
+from deltawheel.statestore.delta.sourceoffsets import add_file_name, batch_adds, kafka_ranges
 from deltawheel.statestore.exceptions import ConfigError, InputGoneError
 
 from ..computation import Computation
 from ..sources.injector import Injector
+from ..sources.kafka import KafkaInjector
 from ..sources.parquet import ParquetInjector
 from ..tasks.input import interval_of_key, key_expression
 
-__all__ = ["SharedInput", "CATCH_UP_BATCH", "POSITIONS_DIR", "files_read", "source_log_files", "positions_log",
+__all__ = ["SharedInput", "kafka_input", "CATCH_UP_BATCH", "POSITIONS_DIR", "files_read", "source_log_files", "positions_log",
            "shared_input"]
 
 CATCH_UP_BATCH = -1  # the batch id of a catch-up batch (reports, commit ids)
@@ -183,6 +184,15 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
     return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals)
 
 
+def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpoint: str) -> SharedInput | None:
+    """The positions of a computation whose every input is a Kafka injector (its batches record
+    offset ranges, replay re-reads them); None otherwise."""
+    if not comp.inputs or any(not isinstance(injectors.get(s), KafkaInjector) for s in comp.inputs):
+        return None
+    return SharedInput(comp, {}, {}, checkpoint, type(comp).num_intervals,
+                       kafka={s: injectors[s] for s in comp.inputs})  # type: ignore[misc]
+
+
 def file_column() -> Any:
     """The input file name of a stream-schema record of a Parquet injector (its ``commit_id``
     is ``file={name}#row={n}``)."""
@@ -207,6 +217,7 @@ class SharedInput:
     checkpoint: str
     num_intervals: int
     done: dict[int, frozenset[str]] = field(default_factory=dict)
+    kafka: dict[str, KafkaInjector] = field(default_factory=dict)  # a Kafka-fed computation's (replay only)
 
     def position(self) -> Any:
         """A record's position (see the module docstring), as a column of the query's frame;
@@ -238,11 +249,28 @@ class SharedInput:
 
     def record(self, df: Any, batch_id: int) -> tuple[str, ...]:
         """The positions of the query's micro-batch ``batch_id`` (``df``: its frame), for the
-        commit's record of them alone (replay): nothing skipped, nothing logged."""
+        commit's record of them alone (replay): nothing skipped, nothing logged. A Kafka-fed
+        computation's are offset ranges (:meth:`kafka_ranges`), not files."""
+        if self.kafka:
+            return ()
         logged = self.table_positions(batch_id) if self.tables else None
         if logged is not None:
             return tuple(logged)
         return tuple(self.batch_positions(df.withColumn(_POSITION, self.position()), batch_id))
+
+    def kafka_ranges(self, batch_id: int) -> dict[str, dict[str, list[int]]] | None:
+        """The Kafka offset ranges the query's micro-batch ``batch_id`` read, ``{topic: {partition:
+        [start, end]}}``, from its offset log (``sourceoffsets.kafka_ranges``); None: no Kafka
+        input, or not known there."""
+        if not self.kafka or batch_id < 0:
+            return None
+        out: dict[str, dict[str, list[int]]] = {}
+        for inj in self.kafka.values():
+            got = kafka_ranges(self.checkpoint, batch_id, inj.topic)
+            if got is None:
+                return None
+            out.update(got)
+        return out
 
     def batch_positions(self, df: Any, batch_id: int) -> list[str]:
         """The positions of the query's micro-batch ``batch_id`` (``df``: its frame, with the

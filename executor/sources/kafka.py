@@ -19,6 +19,7 @@ partition holds the watermark back -- right for a topic where every partition ge
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Iterable, Mapping
 
 from deltawheel.statestore.clock import Clock, SystemClock
@@ -217,15 +218,7 @@ class KafkaInjector:
     def discover_partitions(self, spark: SparkSession) -> list[str]:
         """List the topic's partitions with Kafka's admin client (in the Spark driver) and declare
         them to the estimate; returns them. A topic that does not exist yet has none."""
-        from deltawheel.statestore.delta.jvm import jvm
-
-        j = jvm(spark)
-        props = j.java.util.Properties()
-        props.setProperty("bootstrap.servers", self.bootstrap_servers)
-        for k, v in self.options.items():
-            if k.startswith("kafka."):
-                props.setProperty(k[len("kafka."):], v)
-        admin = j.org.apache.kafka.clients.admin.Admin.create(props)
+        j, admin = self._admin(spark)
         try:
             desc = admin.describeTopics(j.java.util.Collections.singletonList(self.topic)).allTopicNames()
             try:
@@ -243,6 +236,69 @@ class KafkaInjector:
         self._estimate.assign(names)
         return names
 
+    def _admin(self, spark: SparkSession) -> tuple[Any, Any]:
+        """(the JVM, a Kafka admin client in the Spark driver with this injector's ``kafka.*``
+        options); close the client after."""
+        from deltawheel.statestore.delta.jvm import jvm
+
+        j = jvm(spark)
+        props = j.java.util.Properties()
+        props.setProperty("bootstrap.servers", self.bootstrap_servers)
+        for k, v in self.options.items():
+            if k.startswith("kafka."):
+                props.setProperty(k[len("kafka."):], v)
+        return j, j.org.apache.kafka.clients.admin.Admin.create(props)
+
+    def earliest_offsets(self, spark: SparkSession, partitions: Iterable[str]) -> dict[str, int]:
+        """The earliest offset still available (retention, deleted records) of each of the topic's
+        ``partitions`` (numbers as strings), from a Kafka consumer in the Spark driver (it reads no
+        record)."""
+        from deltawheel.statestore.delta.jvm import jvm
+
+        j = jvm(spark)
+        props = j.java.util.Properties()
+        props.setProperty("bootstrap.servers", self.bootstrap_servers)
+        for k, v in self.options.items():
+            if k.startswith("kafka."):
+                props.setProperty(k[len("kafka."):], v)
+        raw = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
+        props.setProperty("key.deserializer", raw)
+        props.setProperty("value.deserializer", raw)
+        consumer = j.org.apache.kafka.clients.consumer.KafkaConsumer(props)
+        try:
+            tps = {p: j.org.apache.kafka.common.TopicPartition(self.topic, int(p)) for p in partitions}
+            wanted = j.java.util.ArrayList()
+            for tp in tps.values():
+                wanted.add(tp)
+            got = consumer.beginningOffsets(wanted, j.java.time.Duration.ofSeconds(60))
+            return {p: int(got.get(tp)) for p, tp in tps.items()}
+        finally:
+            consumer.close()
+
+    def batch_df(self, spark: SparkSession, ranges: Mapping[str, Any]) -> DataFrame:
+        """The records of ``ranges`` (``{partition: (start, end)}`` of the topic, start inclusive,
+        end exclusive: what a batch read, as its commit records it) with a Spark batch read, in the
+        stream schema :meth:`stream_df` gives (replay re-reads a batch's input with it)."""
+        parts = {str(p): r for p, r in ranges.items() if int(r[1]) > int(r[0])}
+        reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap_servers)
+                  .option("subscribe", self.topic)
+                  .option("startingOffsets", json.dumps({self.topic: {p: int(r[0]) for p, r in parts.items()}}))
+                  .option("endingOffsets", json.dumps({self.topic: {p: int(r[1]) for p, r in parts.items()}}))
+                  .option("failOnDataLoss", "true"))
+        for k, v in self.options.items():
+            if k.startswith("kafka."):
+                reader = reader.option(k, v)
+        return self._prepare(reader.load(), self._checked_schema())
+
+    def _checked_schema(self) -> Any:
+        schema = json_schema(self.schema)
+        named = [("key_column", self.key_column), ("event_time_column", self.event_time_column)]
+        for what, col in named + [("value_columns", c) for c in self.value_columns or ()]:
+            if col is not None and col not in schema.fieldNames():
+                raise ConfigError(f"injector {self.name}: {what} {col!r} is not a field of the schema "
+                                  f"({', '.join(schema.fieldNames())}); fix the injector's configuration")
+        return schema
+
     def stream_df(self, spark: SparkSession) -> DataFrame:
         """The topic as a streaming DataFrame in the stream schema (its partitions are listed first).
 
@@ -251,15 +307,8 @@ class KafkaInjector:
                 cannot be reached, the schema does not parse, or a named field is not in it.
         """
         from pyspark.errors import AnalysisException
-        from pyspark.sql import functions as F
 
-        schema = json_schema(self.schema)
-        fields = schema.fields
-        named = [("key_column", self.key_column), ("event_time_column", self.event_time_column)]
-        for what, col in named + [("value_columns", c) for c in self.value_columns or ()]:
-            if col is not None and col not in schema.fieldNames():
-                raise ConfigError(f"injector {self.name}: {what} {col!r} is not a field of the schema "
-                                  f"({', '.join(schema.fieldNames())}); fix the injector's configuration")
+        schema = self._checked_schema()
         reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", self.bootstrap_servers)
                   .option("subscribe", self.topic).option("startingOffsets", self.starting_offsets)
                   .option("failOnDataLoss", "true"))
@@ -277,6 +326,13 @@ class KafkaInjector:
                                   "org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version> "
                                   "(docs/sources.md)") from exc
             raise
+        return self._prepare(raw, schema)
+
+    def _prepare(self, raw: DataFrame, schema: Any) -> DataFrame:
+        """Spark's Kafka rows (streaming or batch) in the stream schema."""
+        from pyspark.sql import functions as F
+
+        fields = schema.fields
         parsed = raw.select(
             "topic", "partition", "offset", F.col("timestamp").alias("_kafka_ts"),
             F.col("key").cast("string").alias("_kafka_key"), F.col("value").alias("_kafka_value"),

@@ -36,7 +36,8 @@ from typing import Any
 
 from .log import local_path, log_files, read_snapshot
 
-__all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "offset_lines", "batch_adds", "add_file_name"]
+__all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "offset_lines", "batch_adds", "add_file_name", "kafka_offsets",
+           "kafka_ranges"]
 
 BASE_INDEX = -1  # before every file of the offset's version
 END_INDEX = 2**63 - 1  # after every file of the offset's version (Delta's Long.MaxValue sentinel)
@@ -166,3 +167,58 @@ def add_file_name(add: dict[str, Any]) -> str:
     """The data file's name (its last path part, unescaped) of an ``add`` action, as Spark's
     ``input_file_name()`` ends."""
     return urllib.parse.unquote(add["path"].rsplit("/", 1)[-1])
+
+
+def kafka_offsets(lines: list[Any] | None, topic: str) -> tuple[int, dict[str, int]] | None:
+    """(the source's index, partition -> next offset) of the Kafka source over ``topic`` in an
+    offset log's source lines (Spark's Kafka source writes ``{"topic":{"0":offset,...}}``); None
+    when no line is one."""
+    for i, entry in enumerate(lines or ()):
+        if isinstance(entry, dict) and set(entry) == {topic} and isinstance(entry[topic], dict):
+            try:
+                return i, {str(p): int(o) for p, o in entry[topic].items()}
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def _initial_kafka(checkpoint: str, source: int, topic: str) -> dict[str, int] | None:
+    """The offsets a Kafka source's first batch started from (``sources/<i>/0``: a version line,
+    then ``{"topic":{"0":offset,...}}``, written by Spark before the first batch)."""
+    root = local_path(checkpoint)
+    if root is None:
+        return None
+    try:
+        with open(os.path.join(root, "sources", str(source), "0"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    start = text.find("{")
+    try:
+        got = kafka_offsets([json.loads(text[start:])] if start >= 0 else None, topic)
+    except ValueError:
+        return None
+    return None if got is None else got[1]
+
+
+def kafka_ranges(checkpoint: str, batch_id: int, topic: str) -> dict[str, dict[str, list[int]]] | None:
+    """``{topic: {partition: [start, end]}}`` (start inclusive, end exclusive) a Kafka source read in
+    micro-batch ``batch_id`` of the query whose local checkpoint is ``checkpoint``: the end from
+    ``offsets/<batch_id>``, the start from ``offsets/<batch_id - 1>`` (the first batch: the source's
+    initial offsets, ``sources/<i>/0``), no Spark job. Partitions that read nothing are left out.
+    None when that is not known here (no such line, a partition without a start, an offset that
+    is not a number)."""
+    if batch_id < 0:
+        return None
+    end = kafka_offsets(offset_lines(checkpoint, batch_id), topic)
+    if end is None:
+        return None
+    index, stop = end
+    if batch_id == 0:
+        first = _initial_kafka(checkpoint, index, topic)
+    else:
+        prev = kafka_offsets(offset_lines(checkpoint, batch_id - 1), topic)
+        first = None if prev is None else prev[1]
+    if first is None or any(p not in first or first[p] < 0 or first[p] > stop[p] for p in stop):
+        return None
+    return {topic: {p: [first[p], stop[p]] for p in sorted(stop, key=int) if stop[p] > first[p]}}

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from ..exceptions import NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
-from ..rowtable.inputfiles import entry_of
+from ..rowtable.inputfiles import entry_of, kafka_of
 
 __all__ = ["ComputationCommit", "ToolChange", "computation_commits", "replay_horizon", "position_at",
            "commits_after", "tool_changes", "version_at_timestamp"]
@@ -36,7 +36,8 @@ class ComputationCommit:
 
     ``batch_id`` / ``files``: its recorded input positions (``files`` None: none recorded);
     ``input_ms`` / ``late_ms``: the watermarks the batch acted on (its ``late`` mark);
-    ``kind``: ``batch``, ``claim`` or what a tool wrote; ``meta``: the parsed metadata.
+    ``kind``: ``batch``, ``claim`` or what a tool wrote; ``meta``: the parsed metadata;
+    ``kafka``: the Kafka offset ranges the batch read (start inclusive, end exclusive), if any.
     """
 
     version: int
@@ -47,6 +48,7 @@ class ComputationCommit:
     input_ms: int | None
     late_ms: int | None
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    kafka: Mapping[str, Mapping[str, tuple[int, int]]] | None = None  # {topic: {partition: (start, end)}}
 
     @property
     def replayable(self) -> bool:
@@ -105,7 +107,7 @@ def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> li
             kind=str(meta.get("kind", "batch")), batch_id=None if entry is None else entry[0],
             files=None if entry is None else entry[1],
             input_ms=None if late.get("input_ms") is None else int(late["input_ms"]),
-            late_ms=None if late.get("late_ms") is None else int(late["late_ms"]), meta=meta))
+            late_ms=None if late.get("late_ms") is None else int(late["late_ms"]), meta=meta, kafka=kafka_of(meta)))
     return out
 
 

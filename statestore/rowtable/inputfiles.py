@@ -23,12 +23,12 @@ bound and how to reset it).
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 from ..exceptions import CodecError
 
 __all__ = ["INPUT_FILES_FORMAT_VERSION", "POSITIONS_KEY", "encode", "decode", "union_payloads", "union_sql",
-           "commit_entry", "no_input_entry", "entry_of"]
+           "commit_entry", "no_input_entry", "entry_of", "kafka_of"]
 
 INPUT_FILES_FORMAT_VERSION = 1
 POSITIONS_KEY = "positions"  # the commit metadata entry of a batch's input positions
@@ -88,16 +88,35 @@ def union_sql(target: str, source: str) -> str:
             "AS BINARY) END")
 
 
-def commit_entry(batch_id: int, files: Iterable[str]) -> dict[str, object]:
+def commit_entry(batch_id: int, files: Iterable[str], *,
+                 kafka: Mapping[str, Mapping[str, Sequence[int]]] | None = None) -> dict[str, object]:
     """The commit metadata entry recording a batch's input positions (the files it read; none for
-    a timers-only batch): what replay reads back to re-run the batch on the same input.
+    a timers-only batch; ``kafka``: the offset ranges it read, ``{topic: {partition: [start, end]}}``,
+    start inclusive, end exclusive): what replay reads back to re-run the batch on the same input.
 
     >>> commit_entry(3, ["b", "a"])
     {'positions': {'v': 1, 'batch_id': 3, 'files': ['a', 'b']}}
     >>> entry_of(commit_entry(3, ["b", "a"]))
     (3, ('a', 'b'))
     """
-    return {POSITIONS_KEY: {"v": INPUT_FILES_FORMAT_VERSION, "batch_id": int(batch_id), "files": sorted(set(files))}}
+    entry: dict[str, object] = {"v": INPUT_FILES_FORMAT_VERSION, "batch_id": int(batch_id), "files": sorted(set(files))}
+    if kafka is not None:  # a field older readers ignore
+        entry["kafka"] = {t: {str(p): [int(r[0]), int(r[1])] for p, r in parts.items()} for t, parts in kafka.items()}
+    return {POSITIONS_KEY: entry}
+
+
+def kafka_of(meta: object) -> dict[str, dict[str, tuple[int, int]]] | None:
+    """The Kafka offset ranges a commit's positions entry records (None: none).
+
+    >>> kafka_of(commit_entry(3, [], kafka={"t": {"0": [5, 9]}}))
+    {'t': {'0': (5, 9)}}
+    """
+    if not isinstance(meta, dict) or not isinstance(meta.get(POSITIONS_KEY), dict):
+        return None
+    got = meta[POSITIONS_KEY].get("kafka")
+    if not isinstance(got, dict):
+        return None
+    return {str(t): {str(p): (int(r[0]), int(r[1])) for p, r in parts.items()} for t, parts in got.items()}
 
 
 def no_input_entry() -> dict[str, object]:

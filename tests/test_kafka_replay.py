@@ -108,6 +108,7 @@ def test_a_kafka_fed_computation_records_its_ranges_and_is_replayed_from_kafka( 
     # a replay of unchanged code from the middle, as a user runs it: an empty diff
     monkeypatch.setenv("KAFKA_SERVERS", servers)
     monkeypatch.setenv("KAFKA_TOPIC", topic)
+    monkeypatch.setenv("PYTHONPATH", "")  # --source puts its module's folder there; undone after the test
     mid = batches[len(batches) // 2 - 1].version
     out = tmp_path / "diff.json"
     rc = main(["replay", "--store", layout.root, "--pipeline", NAME, "--computation", "card_count",

@@ -372,6 +372,7 @@ def test_a_selection_of_intervals_or_keys_is_checked_before_anything_runs(tmp_pa
     from replay_source import INPUT_ENV
 
     monkeypatch.setenv(INPUT_ENV, str(tmp_path / "input"))
+    monkeypatch.setenv("PYTHONPATH", "")  # --source puts its module's folder there; undone after the test
     (tmp_path / "input").mkdir()
     assert main([*base[:6], "nope", *base[7:], "--source", "replay_source:pipeline"]) == 3
     assert "has no computation 'nope' (it has window_counter, model)" in capsys.readouterr().err
@@ -388,6 +389,7 @@ def test_a_computation_fed_by_an_injector_is_replayed_with_the_live_pipeline_as_
 
     store, ends, zk = live
     monkeypatch.setenv(INPUT_ENV, str(store.parent / "input"))
+    monkeypatch.setenv("PYTHONPATH", "")  # --source puts its module's folder there; undone after the test
     batches = [c for c in computation_commits(spark, StoreLayout(str(store)), "window_counter") if c.reruns]
     start = batches[len(batches) // 2].version
     into, out = tmp_path / "shadow", tmp_path / "diff.json"

@@ -49,6 +49,13 @@ def _source_packages() -> set[str]:
     return found
 
 
+def _no_checkout_path() -> dict[str, str]:
+    """This process's environment without ``PYTHONPATH``: a command run in this process (``run``,
+    ``replay --source``) puts a module's folder there for Spark's workers, and pip would then take
+    the checkout for an installed deltawheel."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _build_wheel(tmp_path: Path) -> Path:
     """The wheel of this checkout, built from a copy of its sources (an in-tree build/ folder would
     carry files of earlier builds)."""
@@ -60,7 +67,7 @@ def _build_wheel(tmp_path: Path) -> Path:
         shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(dist), str(src)], check=True, cwd=tmp_path)
+                    "-w", str(dist), str(src)], check=True, cwd=tmp_path, env=_no_checkout_path())
     (wheel,) = dist.glob("deltawheel-*.whl")
     return wheel
 
@@ -80,15 +87,17 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     venv = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
+    clean = _no_checkout_path()
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet", "--no-deps",
-                    "--no-index", str(wheel)], check=True)
+                    "--no-index", str(wheel)], check=True, env=clean)
     # the dependencies (pyspark, kazoo, ...) come from this environment, appended after the fresh
     # site-packages as a plain path: this checkout's editable install is not activated there
     fresh_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                 check=True, capture_output=True, text=True).stdout.strip()
     (Path(fresh_site) / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
-    run = subprocess.run([str(py), "-c", _IMPORT_ALL], check=True, capture_output=True, text=True, cwd=tmp_path)
+    run = subprocess.run([str(py), "-c", _IMPORT_ALL], check=True, capture_output=True, text=True, cwd=tmp_path,
+                         env=clean)
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["failed"] == {}
     assert got["missing_public"] == []
@@ -98,13 +107,14 @@ def test_the_wheel_installs_into_a_fresh_venv_and_imports_everything(tmp_path: P
     assert _source_packages() <= set(got["modules"]) | {"deltawheel"}
     assert "deltawheel/executor/cli/__main__.py" in names
 
-    cli = subprocess.run([str(venv / "bin" / "deltawheel"), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    cli = subprocess.run([str(venv / "bin" / "deltawheel"), "--help"], capture_output=True, text=True, cwd=tmp_path,
+                         env=clean)
     assert cli.returncode == 0, cli.stderr
     listed = {line.split()[0] for line in cli.stdout.splitlines() if line.startswith("    ") and line.split()}
     assert {"demo", "status", "report", "sql", "recover", "reseed", "gc", "bench", "migrate", "zk", "objectstore",
             "cluster", "setup"} <= listed, cli.stdout
     module = subprocess.run([str(py), "-m", "deltawheel.executor.cli", "--help"], capture_output=True, text=True,
-                            cwd=tmp_path)
+                            cwd=tmp_path, env=clean)
     assert module.returncode == 0 and module.stdout == cli.stdout, module.stderr
 
 

@@ -236,17 +236,23 @@ class KafkaInjector:
         self._estimate.assign(names)
         return names
 
+    def _client_props(self, j: Any) -> Any:
+        """java.util.Properties for a Kafka client in the Spark driver: the bootstrap servers and
+        this injector's ``kafka.*`` options."""
+        props = j.java.util.Properties()
+        props.setProperty("bootstrap.servers", self.bootstrap_servers)
+        for k, v in self.options.items():
+            if k.startswith("kafka."):
+                props.setProperty(k[len("kafka."):], v)
+        return props
+
     def _admin(self, spark: SparkSession) -> tuple[Any, Any]:
         """(the JVM, a Kafka admin client in the Spark driver with this injector's ``kafka.*``
         options); close the client after."""
         from deltawheel.statestore.delta.jvm import jvm
 
         j = jvm(spark)
-        props = j.java.util.Properties()
-        props.setProperty("bootstrap.servers", self.bootstrap_servers)
-        for k, v in self.options.items():
-            if k.startswith("kafka."):
-                props.setProperty(k[len("kafka."):], v)
+        props = self._client_props(j)
         return j, j.org.apache.kafka.clients.admin.Admin.create(props)
 
     def earliest_offsets(self, spark: SparkSession, partitions: Iterable[str]) -> dict[str, int]:
@@ -256,11 +262,7 @@ class KafkaInjector:
         from deltawheel.statestore.delta.jvm import jvm
 
         j = jvm(spark)
-        props = j.java.util.Properties()
-        props.setProperty("bootstrap.servers", self.bootstrap_servers)
-        for k, v in self.options.items():
-            if k.startswith("kafka."):
-                props.setProperty(k[len("kafka."):], v)
+        props = self._client_props(j)
         raw = "org.apache.kafka.common.serialization.ByteArrayDeserializer"
         props.setProperty("key.deserializer", raw)
         props.setProperty("value.deserializer", raw)

@@ -352,14 +352,7 @@ class UserCode:
         if seen is None:
             todo = records
         else:
-            todo = []
-            for r in records:
-                rid = r.record_id
-                if rid in seen:
-                    dups += 1
-                    continue
-                seen.add(rid)
-                todo.append(r)
+            todo, dups = _unseen(records, seen)
         if not todo:
             return [], dups, 0, []
         if rows is None:
@@ -387,14 +380,7 @@ class UserCode:
         if seen is None:
             todo = records if isinstance(records, list) else list(records)
         else:
-            todo = []
-            for r in records:
-                rid = r.record_id
-                if rid in seen:
-                    dups += 1
-                    continue
-                seen.add(rid)
-                todo.append(r)
+            todo, dups = _unseen(records, seen)
         if not todo:
             return [], dups, 0, []
         first, last = todo[0], todo[-1]
@@ -442,3 +428,18 @@ def first_timer_seq(record_id: str) -> int:
 
 def _order(r: Record) -> tuple[int, str]:
     return (r.timestamp_ms, r.record_id)
+
+
+def _unseen(records: Sequence[Record], seen: set[str]) -> tuple[list[Record], int]:
+    """The records whose ids ``seen`` does not hold (added to it as they pass), in order, and how
+    many were dropped as duplicates."""
+    todo: list[Record] = []
+    dups = 0
+    for r in records:
+        rid = r.record_id
+        if rid in seen:
+            dups += 1
+            continue
+        seen.add(rid)
+        todo.append(r)
+    return todo, dups

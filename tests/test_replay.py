@@ -307,9 +307,11 @@ def test_code_must_import_and_be_the_computation_of_that_name() -> None:
     assert isinstance(made, Model) and type(made).__name__ == "WindowModel"
 
 
-def test_a_pipeline_on_an_object_store_records_no_positions_and_runs(tmp_path: Path) -> None:
-    """Positions are read from the query checkpoint's file log, local only: on an object store the
-    driver records none (replay refuses there) instead of failing every batch."""
+def test_a_checkpoint_the_readers_do_not_reach_records_no_positions_and_runs(tmp_path: Path) -> None:
+    """Positions are read from the query checkpoint's logs: locally, or on ``s3a://`` with the
+    session's S3 settings (tests/test_s3a_positions.py). Without a session to take them from, or on
+    another object store, the driver records none (replay refuses there) instead of failing every
+    batch."""
     from deltawheel.executor.computation import RECORD_KEY, Computation
     from deltawheel.executor.drivers.wiring import positions_recorder
     from deltawheel.statestore.layout import StoreLayout
@@ -325,6 +327,9 @@ def test_a_pipeline_on_an_object_store_records_no_positions_and_runs(tmp_path: P
     assert positions_recorder(Down(), {}, layout=local, checkpoint=str(tmp_path / "ck")) is not None
     remote = StoreLayout("s3a://bucket/store")
     assert positions_recorder(Down(), {}, layout=remote, checkpoint="s3a://bucket/store/_checkpoints/p/down") is None
+    other = StoreLayout("abfss://c@acct.dfs.core.windows.net/store")
+    assert positions_recorder(Down(), {}, layout=other, spark=object(),
+                              checkpoint="abfss://c@acct.dfs.core.windows.net/store/_checkpoints/p/down") is None
 
 
 def test_a_selection_of_intervals_or_keys_is_checked_before_anything_runs(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -358,7 +358,8 @@ class ContinuousRun:
             hook = injector_hook(authority, feeding, checkpoint=chk) if feeding else None
             ex = self.wiring.executor(self.spark, self.layout, comp, upstream=p.upstream(comp), on_batch_end=hook,
                                       progress=self.progress, write_path=self.write_path)
-            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=chk)  # replay
+            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=chk,  # replay
+                                              spark=self.spark)
             ex.event_ahead_ms = {s: b for s in comp.inputs if s in injectors
                                  for b in [getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)]
                                  if b is not None}

@@ -233,7 +233,8 @@ class PipelineRunner:
         if self.instance is not None:  # instances share the intervals: positions per input file
             ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp))
         else:  # each commit records its batch's input files (replay); inputs without files: none
-            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=self._checkpoint(comp))
+            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=self._checkpoint(comp),
+                                              spark=self.spark)
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         if self.instance is None:

@@ -141,18 +141,26 @@ def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:
 
 
 def positions_recorder(computation: Computation, injectors: Mapping[str, Injector], *, layout: StoreLayout,
-                       checkpoint: str) -> SharedInput | None:
+                       checkpoint: str, spark: Any = None) -> SharedInput | None:
     """What makes each commit of ``computation`` record its batch's input positions (replay,
     docs/replay.md): set as the executor's ``positions``. None for inputs without file positions
     (JSON Lines and Delta-table injectors, several Parquet injectors, Kafka beside other inputs;
-    a computation fed only by Kafka injectors records offset ranges) and for a query
-    checkpoint on an object store (the file log is read from a local checkpoint only): nothing
-    recorded, and the batches run as before."""
+    a computation fed only by Kafka injectors records offset ranges), and for a query checkpoint
+    on an object store the positions readers do not reach (another scheme than ``s3a://``, or no
+    ``spark`` given, whose Hadoop settings say how to reach the bucket): nothing recorded, and the
+    batches run as before. On ``s3a://`` the checkpoint's logs and the stream tables' Delta logs
+    are read with the session's S3 settings (``storefs.files_resolver``)."""
+    from deltawheel.statestore.delta.storefs import files_resolver, supports
     from deltawheel.statestore.exceptions import ConfigError
 
-    if "://" in checkpoint and not checkpoint.startswith("file:"):
+    remote = "://" in checkpoint and not checkpoint.startswith("file:")
+    if remote and (spark is None or not supports(checkpoint)):
         return None
+    got: SharedInput | None
     try:
-        return shared_input(computation, injectors, table_of=layout.stream, checkpoint=checkpoint)
+        got = shared_input(computation, injectors, table_of=layout.stream, checkpoint=checkpoint)
     except ConfigError:
-        return kafka_input(computation, injectors, checkpoint=checkpoint)
+        got = kafka_input(computation, injectors, checkpoint=checkpoint)
+    if got is not None and remote:
+        got.files_of = files_resolver(spark)
+    return got

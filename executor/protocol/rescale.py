@@ -42,13 +42,15 @@ Refused (:class:`ConfigError`): several Parquet injectors, and any other injecto
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import unquote, urlparse
 
-from deltawheel.statestore.delta.sourceoffsets import add_file_name, batch_adds, kafka_ranges
+from deltawheel.statestore.delta.sourceoffsets import Where, add_file_name, batch_adds, kafka_ranges
+from deltawheel.statestore.delta.storefs import TableFiles, local_path
 from deltawheel.statestore.exceptions import ConfigError, InputGoneError
 
 from ..computation import Computation
@@ -58,7 +60,9 @@ from ..sources.parquet import ParquetInjector
 from ..tasks.input import interval_of_key, key_expression
 
 __all__ = ["SharedInput", "kafka_input", "CATCH_UP_BATCH", "POSITIONS_DIR", "files_read", "source_log_files", "positions_log",
-           "shared_input"]
+           "shared_input", "source_batch_files"]
+
+_LOG = logging.getLogger(__name__)
 
 CATCH_UP_BATCH = -1  # the batch id of a catch-up batch (reports, commit ids)
 POSITIONS_DIR = "dw_positions"  # in a query checkpoint: per batch, the positions it read
@@ -93,6 +97,38 @@ def source_log_files(checkpoint: str, *, source: int = 0, committed_only: bool =
                     if base not in out[bid]:
                         out[bid].append(base)
     return out
+
+
+def _entry_names(text: str, batch_id: int) -> list[str]:
+    """The file names a file-source log file (``sources/<i>/<n>[.compact]``) lists for ``batch_id``."""
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue  # the version line ("v1")
+        entry = json.loads(line)
+        if int(entry["batchId"]) == batch_id:
+            base = unquote(os.path.basename(urlparse(entry["path"]).path))
+            if base not in out:
+                out.append(base)
+    return out
+
+
+def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
+    """The names of the files Spark's file source read in micro-batch ``batch_id``, from that
+    batch's file of its log alone (``sources/<source>/<batch_id>``, or ``<batch_id>.compact`` when
+    the batch compacted the log): the reader for a checkpoint on an object store, one GET per
+    batch (two on a compaction batch). None: the batch is not in the log.
+
+    Raises:
+        OSError: the file could not be read (not: it is missing).
+    """
+    logdir = checkpoint.sub(f"sources/{source}")
+    for name in (str(batch_id), f"{batch_id}.compact"):
+        text = logdir.read_text(name)
+        if text is not None:
+            return _entry_names(text, batch_id)
+    return None
 
 
 def files_read(checkpoint: str) -> frozenset[str]:
@@ -218,6 +254,21 @@ class SharedInput:
     num_intervals: int
     done: dict[int, frozenset[str]] = field(default_factory=dict)
     kafka: dict[str, KafkaInjector] = field(default_factory=dict)  # a Kafka-fed computation's (replay only)
+    # how a remote checkpoint's or table's files are reached (``storefs.files_resolver``; None: local only)
+    files_of: Callable[[str], TableFiles | None] | None = None
+    unknown: set[int] = field(default_factory=set)  # batches whose positions could not be read (record())
+
+    def _where(self, uri: str) -> Where:
+        """A checkpoint or table as the readers take it: the local path, or a remote one's files
+        (a remote URI without :attr:`files_of` stays a string: not read)."""
+        if local_path(uri) is not None or self.files_of is None:
+            return uri
+        return self.files_of(uri) or uri
+
+    def _remote(self) -> TableFiles | None:
+        """The query checkpoint's files when it is remote and reachable here (else None)."""
+        where = self._where(self.checkpoint)
+        return where if isinstance(where, TableFiles) and not where.is_local else None
 
     def position(self) -> Any:
         """A record's position (see the module docstring), as a column of the query's frame;
@@ -250,13 +301,34 @@ class SharedInput:
     def record(self, df: Any, batch_id: int) -> tuple[str, ...]:
         """The positions of the query's micro-batch ``batch_id`` (``df``: its frame), for the
         commit's record of them alone (replay): nothing skipped, nothing logged. A Kafka-fed
-        computation's are offset ranges (:meth:`kafka_ranges`), not files."""
+        computation's are offset ranges (:meth:`kafka_ranges`), not files.
+
+        A remote checkpoint's file that cannot be read (or a batch missing from its file-source
+        log) never fails the batch: the batch goes into :attr:`unknown` (its commit records no
+        positions, as an older deltawheel's) and a log line says why."""
+        self.unknown.discard(batch_id)
         if self.kafka:
             return ()
-        logged = self.table_positions(batch_id) if self.tables else None
-        if logged is not None:
-            return tuple(logged)
-        return tuple(self.batch_positions(df.withColumn(_POSITION, self.position()), batch_id))
+        try:
+            if self.tables:
+                logged = self.table_positions(batch_id)
+                return tuple(logged if logged is not None else self._distinct(df.withColumn(_POSITION, self.position())))
+            remote = self._remote()
+            if remote is None:
+                return tuple(self.batch_positions(df.withColumn(_POSITION, self.position()), batch_id))
+            files = source_batch_files(remote, batch_id)
+            if files is not None:
+                return tuple(files)
+            why = f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}"
+        except OSError as exc:
+            why = f"reading the query checkpoint {self.checkpoint} failed ({type(exc).__name__}: {exc})"
+        self._unknown(batch_id, why)
+        return ()
+
+    def _unknown(self, batch_id: int, why: str) -> None:
+        self.unknown.add(batch_id)
+        _LOG.warning("%s: the input positions of micro-batch %d are not recorded (a replay cannot start before "
+                     "its commit): %s", self.comp.name, batch_id, why)
 
     def kafka_ranges(self, batch_id: int) -> dict[str, dict[str, list[int]]] | None:
         """The Kafka offset ranges the query's micro-batch ``batch_id`` read, ``{topic: {partition:
@@ -266,7 +338,12 @@ class SharedInput:
             return None
         out: dict[str, dict[str, list[int]]] = {}
         for inj in self.kafka.values():
-            got = kafka_ranges(self.checkpoint, batch_id, inj.topic)
+            try:
+                got = kafka_ranges(self._where(self.checkpoint), batch_id, inj.topic)
+            except OSError as exc:
+                self._unknown(batch_id, f"reading the query checkpoint {self.checkpoint} failed "
+                                        f"({type(exc).__name__}: {exc})")
+                return None
             if got is None:
                 return None
             out.update(got)
@@ -286,6 +363,11 @@ class SharedInput:
         logged = self.table_positions(batch_id)
         if logged is not None:
             return logged
+        return self._distinct(df)
+
+    @staticmethod
+    def _distinct(df: Any) -> list[str]:
+        """The distinct positions of a frame with the position column (a Spark job)."""
         return sorted(r[0] for r in df.select(_POSITION).distinct().collect() if r[0])
 
     def table_positions(self, batch_id: int) -> list[str] | None:
@@ -297,7 +379,7 @@ class SharedInput:
             return None
         out: set[str] = set()
         for stream, path in self.tables.items():
-            adds = batch_adds(self.checkpoint, batch_id, path)
+            adds = batch_adds(self._where(self.checkpoint), batch_id, self._where(path))
             if adds is None:
                 return None
             out.update(f"{stream}/{add_file_name(a)}" for a in adds)

@@ -21,8 +21,17 @@ own rows): the query's first batch (its start may be a snapshot), an offset insi
 (a per-trigger limit cut it), a snapshot offset (``isStartingVersion``), a commit with a
 ``remove`` or a schema change or an ``add`` with a deletion vector, a table with column mapping
 (physical column names differ), partition values, JSON commits already cleaned up, a checkpoint
-or table that is not local. ``DELTAWHEEL_TABLE_LOG_READS=0`` makes every answer None (for
-comparisons: the input positions and the direct read then go through Spark, as before).
+or table given as a remote URI string. ``DELTAWHEEL_TABLE_LOG_READS=0`` makes every answer None
+(for comparisons: the input positions and the direct read then go through Spark, as before).
+
+Where the files are: a checkpoint or table is a local path (or ``file:`` URI), read with ``open``
+as it always was, or a :class:`~.storefs.TableFiles` (``storefs.table_files(spark, uri)``: a
+local folder or an ``s3a://`` prefix, read with pyarrow's S3 client). Each call reads only the
+batch's files (its two offset files and the table's JSON commits between them; a table's id and
+column mapping once per table), so the cost of a batch does not grow with the run. A remote file
+that is missing reads as not there (None); a remote read that fails (the server unreachable,
+access denied) raises ``OSError`` for the caller to log (the executor then records the batch's
+positions as unknown: ``executor/protocol/rescale.py``).
 """
 
 from __future__ import annotations
@@ -35,14 +44,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .log import local_path, log_files, read_snapshot
+from .storefs import TableFiles
 
-__all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "offset_lines", "batch_adds", "add_file_name", "kafka_offsets",
-           "kafka_ranges"]
+__all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "Where", "offset_lines", "batch_adds", "add_file_name",
+           "kafka_offsets", "kafka_ranges", "files_of"]
 
 BASE_INDEX = -1  # before every file of the offset's version
 END_INDEX = 2**63 - 1  # after every file of the offset's version (Delta's Long.MaxValue sentinel)
 
-_TABLES: dict[str, tuple[str, bool] | None] = {}  # local table root -> (its id, plain enough to read here)
+Where = str | TableFiles  # a checkpoint or table: a local path (a remote URI string: not read here), or its files
+
+_TABLES: dict[TableFiles, tuple[str, bool] | None] = {}  # table root -> (its id, plain enough to read here)
 _TABLES_LOCK = threading.Lock()
 
 
@@ -66,18 +78,42 @@ class SourceOffset:
         return None
 
 
-def offset_lines(checkpoint: str, batch_id: int) -> list[Any] | None:
-    """The source lines of ``offsets/<batch_id>`` of a local query checkpoint, parsed (a source
-    without an offset: None), in the order of the query's sources; None when the file is not
-    there (or not readable here)."""
-    root = local_path(checkpoint)
+def files_of(where: Where) -> TableFiles | None:
+    """The files of a checkpoint or table: ``where`` itself, or a local path's folder (None: a
+    remote URI string, which needs the session's S3 settings: ``storefs.table_files``)."""
+    if isinstance(where, TableFiles):
+        return where
+    root = local_path(where)
+    return None if root is None else TableFiles(root)
+
+
+def _read(where: TableFiles, rel: str) -> str | None:
+    """A small text file of a checkpoint (None: not there; locally also when it is unreadable, as
+    before). A remote read that fails raises ``OSError``."""
+    if where.is_local:
+        try:
+            with open(os.path.join(where.root, rel), encoding="utf-8") as fh:
+                return fh.read()
+        except OSError:
+            return None
+    return where.read_text(rel)
+
+
+def offset_lines(checkpoint: Where, batch_id: int) -> list[Any] | None:
+    """The source lines of ``offsets/<batch_id>`` of a query checkpoint, parsed (a source without
+    an offset: None), in the order of the query's sources; None when the file is not there (or
+    the checkpoint is a remote URI string).
+
+    Raises:
+        OSError: a remote checkpoint's file could not be read (not: it is missing).
+    """
+    root = files_of(checkpoint)
     if root is None or batch_id < 0:
         return None
-    try:
-        with open(os.path.join(root, "offsets", str(batch_id)), encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
+    text = _read(root, f"offsets/{batch_id}")
+    if text is None:
         return None
+    lines = text.splitlines()
     if len(lines) < 2 or not lines[0].startswith("v"):
         return None
     out: list[Any] = []
@@ -100,7 +136,7 @@ def _offset(lines: list[Any] | None, table_id: str) -> SourceOffset | None:
     return None
 
 
-def _table(root: str) -> tuple[str, bool] | None:
+def _table(root: TableFiles) -> tuple[str, bool] | None:
     """(the table's id, whether its files read as its columns), once per table root."""
     with _TABLES_LOCK:
         if root in _TABLES:
@@ -115,11 +151,15 @@ def _table(root: str) -> tuple[str, bool] | None:
     return got
 
 
-def batch_adds(checkpoint: str, batch_id: int, table: str) -> tuple[dict[str, Any], ...] | None:
+def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str, Any], ...] | None:
     """The ``add`` actions Delta's streaming source over ``table`` read in micro-batch ``batch_id``
     of the query whose checkpoint is ``checkpoint``, in the order it read them; None when that is
-    not known here (see the module docstring: the caller asks Spark)."""
-    root = local_path(table)
+    not known here (see the module docstring: the caller asks Spark).
+
+    Raises:
+        OSError: a remote file could not be read (not: it is missing).
+    """
+    root = files_of(table)
     if root is None or batch_id < 1 or os.environ.get("DELTAWHEEL_TABLE_LOG_READS", "1") == "0":
         return None
     known = _table(root)
@@ -182,16 +222,14 @@ def kafka_offsets(lines: list[Any] | None, topic: str) -> tuple[int, dict[str, i
     return None
 
 
-def _initial_kafka(checkpoint: str, source: int, topic: str) -> dict[str, int] | None:
+def _initial_kafka(checkpoint: Where, source: int, topic: str) -> dict[str, int] | None:
     """The offsets a Kafka source's first batch started from (``sources/<i>/0``: a version line,
     then ``{"topic":{"0":offset,...}}``, written by Spark before the first batch)."""
-    root = local_path(checkpoint)
+    root = files_of(checkpoint)
     if root is None:
         return None
-    try:
-        with open(os.path.join(root, "sources", str(source), "0"), encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError:
+    text = _read(root, f"sources/{source}/0")
+    if text is None:
         return None
     start = text.find("{")
     try:
@@ -201,13 +239,17 @@ def _initial_kafka(checkpoint: str, source: int, topic: str) -> dict[str, int] |
     return None if got is None else got[1]
 
 
-def kafka_ranges(checkpoint: str, batch_id: int, topic: str) -> dict[str, dict[str, list[int]]] | None:
+def kafka_ranges(checkpoint: Where, batch_id: int, topic: str) -> dict[str, dict[str, list[int]]] | None:
     """``{topic: {partition: [start, end]}}`` (start inclusive, end exclusive) a Kafka source read in
-    micro-batch ``batch_id`` of the query whose local checkpoint is ``checkpoint``: the end from
+    micro-batch ``batch_id`` of the query whose checkpoint is ``checkpoint``: the end from
     ``offsets/<batch_id>``, the start from ``offsets/<batch_id - 1>`` (the first batch: the source's
     initial offsets, ``sources/<i>/0``), no Spark job. Partitions that read nothing are left out.
     None when that is not known here (no such line, a partition without a start, an offset that
-    is not a number)."""
+    is not a number).
+
+    Raises:
+        OSError: a remote checkpoint's file could not be read (not: it is missing).
+    """
     if batch_id < 0:
         return None
     end = kafka_offsets(offset_lines(checkpoint, batch_id), topic)

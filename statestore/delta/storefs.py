@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-__all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "supports", "local_path", "FAST_PATH_SCHEMES",
-           "background_uploads"]
+__all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "files_resolver", "supports", "local_path",
+           "FAST_PATH_SCHEMES", "background_uploads"]
 
 FAST_PATH_SCHEMES = ("file", "s3a")  # plus plain local paths
 
@@ -369,3 +369,24 @@ def table_files(spark: Any, uri: str) -> TableFiles | None:
         return None if value is None else str(value)
 
     return files_for(uri, S3Settings.from_hadoop(get, bucket))
+
+
+def files_resolver(spark: Any) -> Callable[[str], TableFiles | None]:
+    """:func:`table_files` of ``spark`` for any number of URIs, the session's S3 settings read once
+    per bucket (a caller resolving a path per micro-batch makes no JVM call for it after the
+    first). Not picklable: for the driver."""
+    settings: dict[str, S3Settings | None] = {}
+    lock = threading.Lock()
+
+    def resolve(uri: str) -> TableFiles | None:
+        if not uri.startswith("s3a://"):
+            return files_for(uri)
+        bucket = urlsplit(uri).netloc
+        with lock:
+            if bucket not in settings:
+                got = table_files(spark, uri)
+                settings[bucket] = None if got is None else got.s3
+            s3 = settings[bucket]
+        return files_for(uri, s3)
+
+    return resolve

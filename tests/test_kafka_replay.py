@@ -47,6 +47,39 @@ def test_the_offset_log_gives_each_batchs_kafka_ranges(tmp_path: Path) -> None:
     assert kafka_of(commit_entry(1, ["f"])) is None
 
 
+def test_a_batch_whose_ranges_the_offset_log_does_not_give_records_no_positions(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A partition added to the topic during the run has no start in the previous batch's offsets:
+    the batch's positions are unknown (its commit records none, so a replay's horizon is after it),
+    with a log line, and the batch runs."""
+    import logging
+
+    from deltawheel.executor.computation import Computation
+    from deltawheel.executor.protocol.rescale import kafka_input
+    from deltawheel.executor.sources.kafka import KafkaInjector
+
+    class Cards(Computation):
+        name = "cards"
+        inputs = {"cards": "card"}
+
+        def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+            pass
+
+    chk = tmp_path / "ck"
+    (chk / "sources" / "0").mkdir(parents=True)
+    (chk / "sources" / "0" / "0").write_bytes(b'\x00v1\n{"cards":{"1":0,"0":1}}')
+    _offsets(chk, 0, '{"cards":{"0":4,"1":3}}')
+    _offsets(chk, 1, '{"cards":{"0":9,"1":3,"2":5}}')  # partition 2 appeared
+    inj = KafkaInjector("cards", bootstrap_servers="127.0.0.1:1", topic="cards", schema="card STRING, ts BIGINT", key_column="card",
+                        event_time_column=None, watermark_delay_ms=0)
+    rec = kafka_input(Cards(), {"cards": inj}, checkpoint=str(chk))
+    assert rec is not None
+    assert rec.kafka_ranges(0) == {"cards": {"0": [1, 4], "1": [0, 3]}} and not rec.unknown
+    with caplog.at_level(logging.WARNING, logger="deltawheel.executor.protocol.rescale"):
+        assert rec.kafka_ranges(1) is None
+    assert rec.unknown == {1}
+    assert "input positions of micro-batch 1 are not recorded" in caplog.text and "topic cards" in caplog.text
+
+
 def _delete_records(spark: Any, servers: str, topic: str, before: dict[int, int]) -> None:
     """Kafka's deleteRecords: partition -> the new earliest offset (what retention does)."""
     from deltawheel.statestore.delta.jvm import jvm

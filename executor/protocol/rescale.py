@@ -333,7 +333,8 @@ class SharedInput:
     def kafka_ranges(self, batch_id: int) -> dict[str, dict[str, list[int]]] | None:
         """The Kafka offset ranges the query's micro-batch ``batch_id`` read, ``{topic: {partition:
         [start, end]}}``, from its offset log (``sourceoffsets.kafka_ranges``); None: no Kafka
-        input, or not known there."""
+        input, or not known there (the batch then goes into :attr:`unknown`: its commit records
+        no positions, a log line says why)."""
         if not self.kafka or batch_id < 0:
             return None
         out: dict[str, dict[str, list[int]]] = {}
@@ -344,7 +345,9 @@ class SharedInput:
                 self._unknown(batch_id, f"reading the query checkpoint {self.checkpoint} failed "
                                         f"({type(exc).__name__}: {exc})")
                 return None
-            if got is None:
+            if got is None:  # e.g. a partition without a start (added to the topic during the run)
+                self._unknown(batch_id, f"the offset log of {self.checkpoint} does not give the offset ranges of "
+                                        f"topic {inj.topic} (a partition added during the run has no start there)")
                 return None
             out.update(got)
         return out

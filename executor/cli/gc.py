@@ -83,10 +83,14 @@ def _run(args: argparse.Namespace) -> int:
     def ms(hours: float | None) -> int | None:
         return None if hours is None else int(hours * 3_600_000)
 
+    from deltawheel.statestore.inspection.auditgap import missing_audit_rows
+
+    gap = missing_audit_rows(spark, layout)  # read before a log clean-up drops the commits
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
                     vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress,
                     metrics_retention_ms=metrics_keep, log_retention_ms=ms(args.log_retention_hours),
                     keep_replay_ms=ms(args.keep_replay_hours))
+    report = replace(report, actions=_audit_recovery(spark, layout, gap, apply=args.apply) + report.actions)
     if not args.skip_zk:
         report = replace(report, actions=report.actions + tuple(_zk_actions(args, spark, apply=args.apply)))
     for line in report.lines():
@@ -94,6 +98,20 @@ def _run(args: argparse.Namespace) -> int:
     if not args.apply:
         print("dry run: nothing changed (add --apply)")
     return 0
+
+
+def _audit_recovery(spark: Any, layout: Any, gap: list[dict[str, Any]], *, apply: bool) -> tuple[Any, ...]:
+    """The audit rows a tool that died between its rows commit and its audit row left missing
+    (``gap``, read before the passes: ``statestore/surgery/audit.py``), appended with ``apply``
+    once the passes succeeded (a refused run changes nothing), else counted; no action when none."""
+    from deltawheel.gc.passes import GcAction
+    from deltawheel.statestore.surgery.audit import recover_audit
+
+    ids = [r.audit_id for r in recover_audit(spark, layout, gap)] if apply and gap else [str(r["audit_id"]) for r in gap]
+    if not ids:
+        return ()
+    return (GcAction("audit_recovery", "audit", f"{len(ids)} audit rows missing for tools' rows commits "
+                     f"(ids {', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}), rebuilt from the commits", len(ids)),)
 
 
 def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool) -> list[Any]:

@@ -18,7 +18,9 @@ is checked to only read first (:mod:`.readonly`).
 ``fences``
     the fence row of each interval: computation, interval, sequencer, commit_id.
 ``dead_letters``, ``late_data``, ``audit``
-    those tables as they are (``audit``: the changes tools made under the leases, promote and repair).
+    those tables as they are (``audit``: the changes tools made under the leases, promote and repair;
+    with the rows a tool that died before appending them left missing, computed from its rows
+    commit: ``auditgap.py``, as this module writes nothing).
 ``<stream>`` and ``<stream>_decoded``
     each stream table, and the same with a ``value_json`` column.
 
@@ -54,6 +56,7 @@ from ..sqltext import sql_path, sql_str
 from ..tabledefs import AUDIT_COLUMNS, DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
 from ..writepath.streams import BUILTIN_VIEWS, list_streams
 from .asof import AsOf
+from .auditgap import missing_audit_rows
 from .readonly import check_read_only
 
 __all__ = [
@@ -226,7 +229,14 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
     for name, path, ddl in (("dead_letters", layout.dead_letters, DEAD_LETTERS_COLUMNS),
                            ("late_data", layout.late_data, LATE_DATA_COLUMNS),
                            ("audit", layout.audit, AUDIT_COLUMNS)):
-        if (src := source(path)) is not None:
+        src = source(path)
+        gap = _audit_gap(spark, layout, as_of) if name == "audit" and raw is not None else []
+        if gap:  # rows a tool that died did not append (this tool writes nothing): shown from the commits
+            spark.createDataFrame(gap, ddl).createOrReplaceTempView("_dw_audit_recovered")
+            cols = ", ".join(f"`{c.split()[0]}`" for c in ddl.split(", "))
+            define(name, (f"SELECT {cols} FROM {src} UNION ALL " if src is not None else "")
+                   + f"SELECT {cols} FROM _dw_audit_recovered")
+        elif src is not None:
             define(name, f"SELECT * FROM {src}")
         else:  # not written yet (or not at ``as_of``): an empty view of the table's columns
             spark.createDataFrame([], ddl).createOrReplaceTempView(name)
@@ -239,6 +249,18 @@ def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = Fals
         define(f"{name}_decoded", f"SELECT *, dw_decode(codec, value) AS value_json FROM `{name}`",
                {c: STREAM.get(c, VALUE_JSON if c == "value_json" else "") for c in columns})
     return views
+
+
+def _audit_gap(spark: Any, layout: StoreLayout, as_of: AsOf | None) -> list[dict[str, Any]]:
+    """The audit rows missing for tools' rows commits (``auditgap.py``), as of ``as_of``."""
+    if as_of is None:
+        return missing_audit_rows(spark, layout)
+    rows_v = as_of.version_of(layout.rows)
+    if rows_v is None:
+        return []
+    audit_v = as_of.version_of(layout.audit)
+    return missing_audit_rows(spark, layout, rows_version=rows_v, audit_version=audit_v,
+                              audit_existed=audit_v is not None)
 
 
 def _state_history_source(spark: Any, layout: StoreLayout, as_of: AsOf | None) -> bool:

@@ -5,7 +5,9 @@ A row is appended after the tool's rows commit landed and before it gives the le
 rows commit carries the same ``audit_id`` in its metadata (``DESCRIBE HISTORY``) with what the
 row records, so a tool that died between the two leaves a commit that names itself:
 :func:`recover_audit` appends the rows missing for such commits (idempotent by ``audit_id``,
-marked ``"recovered": true`` in ``detail``). Every tool run calls it first, and so does ``gc``.
+marked ``"recovered": true`` in ``detail``). Every tool run calls it first, and so does ``deltawheel gc
+--apply`` (a dry run counts them); the read-only ``sql`` tool shows them in its ``audit`` view
+(``inspection/auditgap.py`` computes them from the commits).
 """
 
 from __future__ import annotations
@@ -14,15 +16,14 @@ import getpass
 import json
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from ..inspection.auditgap import AUDIT_FORMAT_VERSION, missing_audit_rows
 from ..layout import StoreLayout
 from ..tabledefs import AUDIT_COLUMNS
 
 __all__ = ["AUDIT_DDL", "AUDIT_FORMAT_VERSION", "AuditRecord", "append_audit", "read_audit", "who",
            "commit_meta", "recover_audit"]
-
-AUDIT_FORMAT_VERSION = 1
 
 AUDIT_DDL = AUDIT_COLUMNS
 
@@ -61,6 +62,17 @@ class AuditRecord:
         """Rows written or deleted."""
         return self.rows_upserted + self.rows_deleted
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> AuditRecord:
+        """The record of an audit table row (:meth:`to_row`'s inverse)."""
+        return cls(audit_id=str(row["audit_id"]), recorded_ms=int(row["recorded_ms"]), who=str(row["who"]),
+                   tool=str(row["tool"]), pipeline=str(row["pipeline"]), computation=str(row["computation"]),
+                   source=str(row["source"]), intervals=tuple(int(i) for i in row["intervals"] or ()),
+                   rows_upserted=int(row["rows_upserted"]), rows_deleted=int(row["rows_deleted"]),
+                   commit_version=None if row["commit_version"] is None else int(row["commit_version"]),
+                   sequencers={int(k): int(v) for k, v in json.loads(row["sequencers"] or "{}").items()},
+                   detail=json.loads(row["detail"] or "{}"))
+
     def to_row(self) -> dict[str, Any]:
         """The table row."""
         return {"audit_id": self.audit_id, "recorded_ms": self.recorded_ms, "who": self.who, "tool": self.tool,
@@ -87,41 +99,23 @@ def commit_meta(record: AuditRecord) -> dict[str, Any]:
             "rows_upserted": record.rows_upserted, "rows_deleted": record.rows_deleted}
 
 
-def recover_audit(spark: Any, layout: StoreLayout) -> list[AuditRecord]:
+def recover_audit(spark: Any, layout: StoreLayout, rows: Sequence[Mapping[str, Any]] | None = None) -> list[AuditRecord]:
     """Append the audit rows missing for tools' rows commits (a tool that died between its commit
-    and its audit row), rebuilt from the commits' metadata; returns them. Idempotent by
-    ``audit_id`` (a MERGE inserting only ids not in the table): two callers append a row once."""
+    and its audit row), rebuilt from the commits' metadata (``inspection/auditgap.py``; ``rows``:
+    those computed earlier, e.g. before a log clean-up); returns them. Idempotent by ``audit_id``
+    (a MERGE inserting only ids not in the table): two callers append a row once."""
     from delta.tables import DeltaTable
 
-    from ..rowtable.store import commit_metadata
-
-    have = {str(r["audit_id"]) for r in read_audit(spark, layout)}
-    times = {int(r["version"]): int(r["timestamp"].timestamp() * 1000) for r in spark.sql(
-        f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "timestamp").collect()}
-    missing = []
-    for version, meta in commit_metadata(spark, layout):
-        if not meta or not meta.get("tool") or not meta.get("audit_id") or str(meta["audit_id"]) in have:
-            continue
-        raw = meta.get("sequencers")
-        seqs: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        missing.append(AuditRecord(
-            audit_id=str(meta["audit_id"]), recorded_ms=times.get(version, 0), who=str(meta.get("who", "")),
-            tool=str(meta["tool"]), pipeline=str(meta.get("pipeline", "")),
-            computation=str(meta.get("computation", "")), source=str(meta.get("source", "")),
-            intervals=tuple(int(i) for i in meta.get("intervals") or sorted(int(k) for k in seqs)),
-            rows_upserted=int(meta.get("rows_upserted", 0)), rows_deleted=int(meta.get("rows_deleted", 0)),
-            commit_version=version, sequencers={int(k): int(v) for k, v in seqs.items()},
-            detail={"recovered": True, "why": "the tool stopped between its rows commit and its audit row; "
-                                              "rebuilt from the commit's metadata"}))
-    if not missing:
+    rows = missing_audit_rows(spark, layout) if rows is None else list(rows)
+    if not rows:
         return []
-    df = spark.createDataFrame([r.to_row() for r in missing], AUDIT_DDL)
+    df = spark.createDataFrame(rows, AUDIT_DDL)
     if not DeltaTable.isDeltaTable(spark, layout.audit):
         df.write.format("delta").mode("append").save(layout.audit)
     else:
         (DeltaTable.forPath(spark, layout.audit).alias("t").merge(df.alias("s"), "t.audit_id = s.audit_id")
          .whenNotMatchedInsertAll().execute())
-    return missing
+    return [AuditRecord.from_row(r) for r in rows]
 
 
 def read_audit(spark: Any, layout: StoreLayout) -> list[dict[str, Any]]:

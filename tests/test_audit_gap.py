@@ -1,0 +1,91 @@
+"""The audit row a tool that died after its rows commit left missing (``statestore/surgery/audit.py``,
+``statestore/inspection/auditgap.py``): ``deltawheel gc --apply`` appends it (a dry run and a refused
+run count it and write nothing), and the read-only ``deltawheel sql`` shows it in its ``audit`` view
+from the commit, as of now and not as of before the commit. Real Spark and Delta.
+
+The tool's commit carries its metadata as a tool writes it (``surgery/replace.py``: the audit record,
+``audit.commit_meta``), here on a commit changing no row."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from deltawheel.executor.cli import main
+
+pytestmark = pytest.mark.spark
+
+
+def _tool_commit(spark: Any, layout: Any, audit_id: str) -> int:
+    """A repair's rows commit whose audit row was never appended; its rows version."""
+    from deltawheel.statestore.rowtable.inputfiles import no_input_entry
+    from deltawheel.statestore.surgery.audit import AuditRecord, commit_meta
+
+    record = AuditRecord(audit_id=audit_id, recorded_ms=0, who="tester@here", tool="repair", pipeline="p",
+                         computation="buckets", source="set cats", intervals=(0, 2), rows_upserted=1, rows_deleted=0,
+                         commit_version=None, sequencers={0: 3, 2: 5})
+    meta = {"deltawheel": 1, "kind": "repair", "computation": "buckets", "sequencers": {"0": 3, "2": 5},
+            **commit_meta(record), **no_input_entry()}
+    # a commit carrying that metadata (an empty append makes no commit): a table property set
+    key = "spark.databricks.delta.commitInfo.userMetadata"
+    spark.conf.set(key, json.dumps(meta))
+    try:
+        spark.sql(f"ALTER TABLE delta.`{layout.rows}` SET TBLPROPERTIES ('deltawheel.test.tool' = '{audit_id}')")
+    finally:
+        spark.conf.unset(key)
+    return int(spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 1").collect()[0]["version"])
+
+
+def _audit_view(capsys: Any, store: str, *more: str) -> list[dict[str, Any]]:
+    rc = main(["sql", "--store", store, "--format", "json", *more,
+               "SELECT audit_id, tool, who, computation, intervals, rows_changed, commit_version, sequencers, detail "
+               "FROM audit ORDER BY audit_id"])
+    got = capsys.readouterr()
+    assert rc == 0, got.err
+    return [json.loads(line) for line in got.out.splitlines() if line.strip()]
+
+
+def test_sql_shows_the_missing_audit_row_from_the_commit_without_writing(  # type: ignore[no-untyped-def]
+        spark, migrated_store, capsys) -> None:
+    from deltawheel.statestore.surgery.audit import read_audit, recover_audit
+
+    store = migrated_store.root
+    before = int(spark.sql(f"DESCRIBE HISTORY delta.`{migrated_store.rows}` LIMIT 1").collect()[0]["version"])
+    version = _tool_commit(spark, migrated_store, "lost-1")
+    # sql (read-only): the audit view has the missing row, rebuilt from the commit; nothing written
+    rows = _audit_view(capsys, store)
+    assert [(r["audit_id"], r["tool"], r["who"], r["computation"], r["intervals"], r["rows_changed"],
+             r["commit_version"]) for r in rows] == [("lost-1", "repair", "tester@here", "buckets", [0, 2], 1, version)]
+    assert json.loads(rows[0]["sequencers"]) == {"0": 3, "2": 5} and json.loads(rows[0]["detail"])["recovered"]
+    assert read_audit(spark, migrated_store) == []
+    assert _audit_view(capsys, store, "--as-of", str(before)) == []  # before the tool's commit: none missing
+    # once appended (a tool run's recovery), the view shows the table's row, not a second one
+    assert [r.audit_id for r in recover_audit(spark, migrated_store)] == ["lost-1"]
+    assert recover_audit(spark, migrated_store) == []
+    assert [r["audit_id"] for r in _audit_view(capsys, store)] == ["lost-1"]
+    # a second tool's lost row beside a recorded one: the view has both
+    _tool_commit(spark, migrated_store, "lost-2")
+    assert [r["audit_id"] for r in _audit_view(capsys, store)] == ["lost-1", "lost-2"]
+
+
+@pytest.mark.slow  # three gc runs over every table of the store: minutes on a loaded machine
+@pytest.mark.timeout(1800)
+def test_gc_appends_the_missing_audit_row_once_its_passes_succeeded(spark, migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.surgery.audit import read_audit
+
+    store = migrated_store.root
+    version = _tool_commit(spark, migrated_store, "lost-1")
+    # a dry run and a refused run count it and write nothing
+    assert main(["gc", "--store", store, "--skip-zk"]) == 0
+    out = capsys.readouterr().out
+    assert "[plan] audit_recovery" in out and "1 audit rows missing" in out and "lost-1" in out, out
+    assert main(["gc", "--store", store, "--skip-zk", "--apply", "--vacuum-retain-hours", "24"]) == 3
+    capsys.readouterr()
+    assert read_audit(spark, migrated_store) == []
+    # gc --apply appends it
+    assert main(["gc", "--store", store, "--skip-zk", "--apply"]) == 0
+    assert "[done] audit_recovery" in capsys.readouterr().out
+    audit = read_audit(spark, migrated_store)
+    assert [(a["audit_id"], a["commit_version"], a["rows_upserted"]) for a in audit] == [("lost-1", version, 1)]
+    assert json.loads(audit[0]["detail"])["recovered"] is True

@@ -140,3 +140,72 @@ def test_a_batch_whose_remote_positions_cannot_be_read_runs_with_them_unknown(st
         assert rec.record(None, 3) == ()
     assert rec.unknown == {3}
     assert "reading the query checkpoint" in caplog.text and "failed" in caplog.text, caplog.text
+
+
+def _run_live(spark: Any, store: Any, zk: Any, folder: Path, files: int) -> None:
+    """The demo's first two stages (tests/replay_source.py) on ``store`` over ``files`` input files."""
+    from deltawheel.executor.demo.zeitgeist import ZeitgeistParams, write_event_files
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from replay_source import pipeline_for
+
+    params = ZeitgeistParams(n_events=1_500, seed=11, rate_per_s=20, n_queries=8)
+    write_event_files(params.generate().slice(0, files * 500), str(folder), events_per_batch=500,
+                      first_mtime_s=params.start_ms // 1000)
+    PipelineRunner(spark, store, pipeline_for(str(folder), disorder_ms=params.max_disorder_ms), zk=zk,
+                   end_of_input=False, progress=lambda line: None).run()
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.slow  # two runs of the pipeline on the object store and two replays: minutes
+@pytest.mark.timeout(2400)
+def test_a_pipeline_on_an_s3a_store_records_positions_and_replays_from_the_middle_to_an_empty_diff(  # type: ignore[no-untyped-def]
+        spark, s3_store_layout, zk_server, tmp_path, capsys, monkeypatch) -> None:
+    from deltawheel.executor.cli import main
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.inspection.positions import computation_commits, replay_horizon
+    from deltawheel.statestore.layout import StoreLayout
+    from replay_source import INPUT_ENV
+
+    store = s3_store_layout
+    zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/s3live-{uuid.uuid4().hex[:8]}")
+    folder = tmp_path / "input"  # the injector's files are local; the stream table model reads is on S3
+    ends = []
+    for files in (2, 3):
+        _run_live(spark, store, zk, folder, files)
+        ends.append(computation_commits(spark, store, "model")[-1].version)
+    # every batch commit records its positions: the model's the data files of window_counts (on S3),
+    # the counter's the injector's files, one per micro-batch
+    model = [c for c in computation_commits(spark, store, "model") if c.kind != "claim"]
+    assert replay_horizon(model) is None, [(c.version, c.kind, c.files) for c in model]
+    read = [f for c in model for f in c.files or ()]
+    assert read and all(f.startswith("window_counts/") for f in read) and len(read) == len(set(read))
+    counter = [c for c in computation_commits(spark, store, "window_counter") if c.kind != "claim"]
+    assert replay_horizon(counter) is None
+    assert sorted(f for c in counter for f in c.files or ()) == [f"part-{i:05d}.parquet" for i in range(3)]
+
+    def replay(computation: str, start: int, into: Path, *more: str) -> dict[str, Any]:
+        out = tmp_path / f"{computation}.json"
+        rc = main(["replay", "--store", store.root, "--pipeline", "zeitgeist", "--computation", computation,
+                   "--from-version", str(start), "--into", str(into), "--zk", zk.hosts, "--zk-chroot", zk.chroot,
+                   "--diff-out", str(out), *more])
+        got = capsys.readouterr()
+        assert rc == 0, got.out + got.err
+        return dict(json.loads(out.read_text()))
+
+    # the model from the middle (its input on S3): an empty diff, and it did re-run batches
+    d = replay("model", ends[0], tmp_path / "shadow")
+    assert d["empty"] and d["version_a"] == ends[1], d
+    assert spark.read.format("delta").load(StoreLayout(str(tmp_path / "shadow")).stream("predictions")).count() > 0
+    # the counter from the start (its input local, the live pipeline as --source): empty too
+    monkeypatch.setenv(INPUT_ENV, str(folder))
+    monkeypatch.setenv("PYTHONPATH", "")  # --source puts its module's folder there; undone after the test
+    out = tmp_path / "window_counter.json"
+    rc = main(["replay", "--store", store.root, "--pipeline", "zeitgeist", "--computation", "window_counter",
+               "--from-start", "--into", str(tmp_path / "shadow2"), "--zk", zk.hosts, "--zk-chroot", zk.chroot,
+               "--diff-out", str(out), "--source", "replay_source:pipeline"])
+    got = capsys.readouterr()
+    assert rc == 0, got.out + got.err
+    d = json.loads(out.read_text())
+    assert d["empty"], got.out
+    assert spark.read.format("delta").load(StoreLayout(str(tmp_path / "shadow2")).stream("window_counts")).count() > 0

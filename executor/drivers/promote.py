@@ -40,7 +40,7 @@ from deltawheel.statestore.surgery.replace import (
 )
 
 from ..computation import Computation
-from .replay import plan_replay, read_marker, replay
+from .replay import plan_replay, read_marker, replay, store_id
 
 __all__ = ["PromotePlan", "check_replay", "plan_promote", "promote", "promote_intervals", "shadow_rows"]
 
@@ -84,7 +84,7 @@ def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, comput
         ReplayTargetError: ``into`` is no replay, or one of another store, pipeline or computation,
             or one that never ran.
     """
-    if os.path.realpath(into.root) == os.path.realpath(store.root):
+    if store_id(into) == store_id(store):
         raise ReplayTargetError(f"--from {into.root} is the live store itself: give the folder a `deltawheel "
                                 "replay --into` wrote")
     m = read_marker(into) if into.is_local else None
@@ -92,7 +92,7 @@ def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, comput
         raise ReplayTargetError(f"--from {into.root} is not a replay's folder (no _replay.json): run `deltawheel "
                                 f"replay --store {store.root} --pipeline {pipeline} --computation {computation} "
                                 f"--into {into.root} ...` first")
-    for what, want in (("store", os.path.realpath(store.root)), ("pipeline", pipeline), ("computation", computation)):
+    for what, want in (("store", store_id(store)), ("pipeline", pipeline), ("computation", computation)):
         if m.get(what) != want:
             raise ReplayTargetError(f"--from {into.root} is a replay of {what} {m.get(what)!r}, not {want!r}: a "
                                     f"replay promotes only into the {what} it replayed")

@@ -45,7 +45,6 @@ from typing import Any, Callable, Mapping, Sequence
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.exceptions import (
     ConfigError,
-    InputGoneError,
     ReplayCodeError,
     ReplayTargetError,
     ReplayUnavailableError,
@@ -67,10 +66,11 @@ from ..computation import Computation
 from ..protocol.reports import BatchReport
 from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
+from .replay_inputs import check_inputs, input_bytes, stream_exists
 from .replay_kafka import check_kafka, kafka_df
 
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
-           "read_marker", "replay_scope"]
+           "read_marker", "replay_scope", "store_id"]
 
 MARKER = "_replay.json"  # in the shadow store: what it replays and how far it got
 
@@ -241,7 +241,7 @@ def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str,
     if not os.path.isdir(into.root) or not os.listdir(into.root):
         return None
     m = _marker(into)
-    want = {"store": os.path.realpath(store.root), "pipeline": pipeline, "computation": computation}
+    want = {"store": store_id(store), "pipeline": pipeline, "computation": computation}
     if m is None or {k: m.get(k) for k in want} != want:
         what = ("a store of pipeline " + repr(m.get("pipeline")) + ", computation " + repr(m.get("computation"))
                 + " of " + str(m.get("store"))) if m is not None else "files that are not a replay of this computation"
@@ -249,6 +249,11 @@ def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str,
                                 f"folder of an earlier replay of {computation} of pipeline {pipeline} of this store "
                                 "to continue it")
     return m
+
+
+def store_id(store: StoreLayout) -> str:
+    """How a replay's marker names the live store: a local folder's real path, an object store's URI."""
+    return os.path.realpath(store.root) if store.is_local else store.root
 
 
 def _check_source(spark: Any, store: StoreLayout, *, pipeline: str, computation: str) -> list[ComputationCommit]:
@@ -329,47 +334,12 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     start = from_version if resume is None else resume
     batches = tuple(commits_after(commits, start, to_version=to_version))
     files = sorted({f for c in batches for f in (c.files or ())})
-    _check_inputs(store, batches)
+    sizes = check_inputs(spark, store, batches)
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
                       from_version=from_version, to_version=to_version if to_version is not None else newest,
-                      horizon=horizon, batches=batches, input_files=len(files), input_bytes=_bytes(store, files),
+                      horizon=horizon, batches=batches, input_files=len(files), input_bytes=input_bytes(sizes, files),
                       resume_after=resume, intervals=scope, keys=None if keys is None else tuple(keys),
                       tool_changes=tuple(tool_changes(commits, from_version, to_version=to_version)))
-
-
-def _check_inputs(store: StoreLayout, batches: Sequence[ComputationCommit]) -> None:
-    """Refuse a plan whose batches read a stream-table data file that is gone (VACUUM after a
-    compaction), naming the first version a replay can start from.
-
-    Raises:
-        InputGoneError: a data file of a replayed batch is gone.
-    """
-    if not store.is_local:
-        return  # read when the batch runs (files_df raises it then)
-    gone_at = None
-    for c in batches:
-        for f in c.files or ():
-            stream, _, name = f.partition("/")
-            if name and not os.path.exists(os.path.join(store.stream(stream), name)):
-                gone_at = (c, f)
-    if gone_at is not None:
-        c, f = gone_at
-        raise InputGoneError(f"the input of live batch {c.batch_id} (rows version {c.version}) is gone: {f} was removed "
-                             f"from {store.root} (VACUUM after a compaction); replay from rows version {c.version} "
-                             "or later (--from-version)")
-
-
-def _bytes(store: StoreLayout, files: Sequence[str]) -> int | None:
-    if not store.is_local:
-        return None
-    total = 0
-    for f in files:
-        stream, _, name = f.partition("/")
-        p = os.path.join(store.stream(stream), name) if name else None
-        if p is None or not os.path.exists(p):
-            return None  # an injector's file: its folder is the injector's
-        total += os.path.getsize(p)
-    return total
 
 
 def _versions(spark: Any, store: StoreLayout) -> list[int]:
@@ -433,7 +403,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     say = progress or (lambda line: None)
     store, into = StoreLayout(plan.store), StoreLayout(plan.into)
     by_name = {i.name: i for i in injectors}
-    missing = [s for s in code.inputs if s not in by_name and not os.path.isdir(store.stream(s)) and store.is_local]
+    missing = [s for s in code.inputs if s not in by_name and not stream_exists(spark, store, s)]
     if missing:
         raise ConfigError(f"{plan.computation} reads {missing}, which are not stream tables of {store.root} but "
                           "injectors: give the live pipeline with --source MODULE:PIPELINE (what `deltawheel run` "
@@ -449,7 +419,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     if inputs.kafka:
         check_kafka(spark, inputs, commits, plan.batches)
     os.makedirs(into.root, exist_ok=True)
-    marker = {"store": os.path.realpath(store.root), "pipeline": plan.pipeline, "computation": plan.computation,
+    marker = {"store": store_id(store), "pipeline": plan.pipeline, "computation": plan.computation,
               "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000),
               "code": f"{type(code).__module__}:{type(code).__qualname__}",  # what promote continues with
               "intervals": None if plan.intervals is None else list(plan.intervals),

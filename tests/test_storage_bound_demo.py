@@ -19,7 +19,9 @@ that follow from the configuration, never from a measured figure:
   each computation's keys (at most ``n_queries`` = 50 each: the model's state is its last
   ``HISTORY`` windows, at most ``STATE_BYTES`` a key) and the record ids of ``dedup_retention``
   (10 min, processing time): ``12 x EMPTY_FILE_BYTES + 3 x 50 x STATE_BYTES + ids x ID_BYTES``
-  where ``ids`` is the records the stages ran within that retention before the run ended;
+  where ``ids`` is the records the stages ran within that retention before the run ended (all of
+  them: the runs are shorter); the productions checkpointed with each interval's last batch (until
+  its next commit; fewer than the records) fit in the same ``ID_BYTES`` a record;
 - ``late_data``: the records past the allowed lateness are kept as they came (``late_fraction``
   of the input: nothing collects this table): ``EMPTY_FILE_BYTES + late x LATE_BYTES``;
 - Spark's checkpoint of each stage: the offsets and commits of the last ``minBatchesToRetain``

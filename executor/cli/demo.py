@@ -3,7 +3,8 @@
 Local Spark, a local Delta store, and a real ZooKeeper started from pyspark's
 jars when none answers. ``--store s3a://BUCKET/PATH`` keeps the tables on an object store (the
 generated input stays in a local folder, ``--input``). Deterministic for (--events, --seed); re-running the
-same command after a kill resumes and finishes with exactly the same rows.
+same command after a kill resumes and finishes with exactly the same rows. ``--scale X`` generates X times
+--events (``tests/test_storage_bound_demo.py`` runs it at 1x, 5x and 10x).
 
 ``--follow [--rate R] [--seconds S]``: the same three stages live at once on events generated now, at
 R records/s, with a line per stage every few seconds (``executor/demo/follow.py``; docs/continuous.md,
@@ -30,7 +31,7 @@ from .common import (
     zookeeper_for,
 )
 
-__all__ = ["register"]
+__all__ = ["register", "demo_injector"]
 
 
 def register(sub: Any) -> None:
@@ -38,6 +39,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the Zeitgeist demo pipeline (window counts, model, spike/dip detection)")
     add_store_arg(p, required=False)
     p.add_argument("--events", type=int, default=20_000, help="generated search queries (default 20000)")
+    p.add_argument("--scale", type=float, default=None, metavar="X",
+                   help="generate X times --events (e.g. --scale 10: 200000 queries over ten times the event-time "
+                        "span, in ten times the files); a positive number, refused otherwise")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--events-per-batch", type=int, default=2_000, help="events per generated file = micro-batch")
     p.add_argument("--wait", type=float, default=900.0,
@@ -73,12 +77,20 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ..demo.pipeline import computations
-    from ..demo.zeitgeist import GeneratorInjector, ZeitgeistParams
     from ..drivers.pipeline import Pipeline
     from ..drivers.runner import PipelineRunner
 
     if args.follow:
+        if args.scale is not None:
+            from deltawheel.statestore.exceptions import ConfigError
+
+            raise ConfigError("--scale sizes the generated input of a bounded demo; with --follow the input is "
+                              "generated live: set its size with --rate and --seconds")
         return _follow(args)
+    if args.scale is not None:  # checked before anything starts
+        from ..demo.zeitgeist import scaled_events
+
+        args.events, args.scale = scaled_events(args.events, args.scale), None
     if args.store is None:
         args.store = os.path.join("data", "demo")
     layout = layout_from(args)
@@ -90,9 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
     cfg = zookeeper.config
     spark = spark_from(args)
-    params = ZeitgeistParams(n_events=args.events, seed=args.seed)
-    injector = GeneratorInjector("queries", os.path.join(_input_root(args, layout), f"seed{args.seed}-n{args.events}"),
-                                 params, events_per_batch=args.events_per_batch)
+    injector = demo_injector(args, layout)
     pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=computations())
 
     def progress(line: str) -> None:
@@ -114,6 +124,21 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         zookeeper.release()  # the last process using the store's server stops it
     return 0
+
+
+def demo_injector(args: argparse.Namespace, layout: Any) -> Any:
+    """The generator injector of a bounded demo's parsed ``args``: ``--scale`` times ``--events``
+    search queries, in the folder ``seed{--seed}-n{events}`` under :func:`_input_root`.
+
+    Raises:
+        ConfigError: a ``--scale`` that is not a positive number.
+    """
+    from ..demo.zeitgeist import GeneratorInjector, ZeitgeistParams, scaled_events
+
+    events = args.events if args.scale is None else scaled_events(args.events, args.scale)
+    params = ZeitgeistParams(n_events=events, seed=args.seed)
+    return GeneratorInjector("queries", os.path.join(_input_root(args, layout), f"seed{args.seed}-n{events}"),
+                             params, events_per_batch=args.events_per_batch)
 
 
 def _follow(args: argparse.Namespace) -> int:

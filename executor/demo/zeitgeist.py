@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ __all__ = [
     "table_digest",
     "write_event_files",
     "GeneratorInjector",
+    "scaled_events",
 ]
 
 DEFAULT_START_MS = 1_735_689_600_000
@@ -168,6 +170,28 @@ class ZeitgeistParams:
         """Where the spike and the dip are in base time."""
         return anomaly_windows(self.n_events, start_ms=self.start_ms, rate_per_s=self.rate_per_s,
                                schedule=self.schedule)
+
+
+def scaled_events(events: int, scale: float) -> int:
+    """The number of events of a demo input ``scale`` times ``events`` (``deltawheel demo --scale``).
+
+    >>> scaled_events(20_000, 10), scaled_events(20_000, 0.05)
+    (200000, 1000)
+
+    Raises:
+        ConfigError: ``events`` negative, ``scale`` not a positive finite number, or a product
+            that rounds to no events.
+    """
+    if events < 0:
+        raise ConfigError(f"--events must be >= 0, got {events}: give the number of generated search queries")
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ConfigError(f"--scale must be a positive number (times --events), got {scale!r}: e.g. --scale 10 "
+                          "for ten times the default input")
+    n = int(round(events * scale))
+    if n < 1:
+        raise ConfigError(f"--scale {scale:g} times --events {events} is {events * scale:g} events, which rounds "
+                          "to none: give a larger --scale or --events")
+    return n
 
 
 def anomaly_windows(n_events: int, *, start_ms: int = DEFAULT_START_MS, rate_per_s: int = 100,

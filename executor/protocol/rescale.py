@@ -35,6 +35,11 @@ looks new. A catch-up reads the original files by path; VACUUM removes them afte
 retention (168 h at least through ``deltawheel gc``): a catch-up needing one then fails with
 :class:`InputGoneError`, and a new instance's query fails at its start.
 
+Bounded sets: ``deltawheel gc`` drops from every interval's set, in one fenced commit, the names
+every set holds whose file is gone from its source (``gc/inputsets.py``). The catch-up leaves
+out a consumed position that is gone and in no interval's set (pruned, or deleted before any
+interval ran it); a gone one some set holds is refused (:class:`InputGoneError`).
+
 Refused (:class:`ConfigError`): several Parquet injectors, and any other injector (a
 :class:`DeltaTableInjector` reads a user's table, whose maintenance deltawheel does not control).
 """

@@ -394,8 +394,8 @@ class SharedInput:
         if lost:
             raise InputGoneError(
                 f"{self.comp.name}: a moved interval's new owner must read {len(lost)} input files that are gone "
-                f"from the injector's folder (e.g. {lost[0]}) and that some interval's set lacks: deleted before "
-                "every interval ran them, so the move cannot be exact. Delete input files only once every "
+                f"from the injector's folder (e.g. {lost[0]}): another interval ran them, the interval taken did "
+                "not, and they were deleted meanwhile, so the move cannot be exact. Delete input files only once every "
                 "instance has read them, or run the computation as one instance (docs/rescaling.md)")
         if bare:
             ((stream, inj),) = self.parquet.items()

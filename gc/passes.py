@@ -31,7 +31,9 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
   horizon the user asked to keep) a retention shorter than it is refused with
   :class:`ReplayHorizonError` before anything changes.
 
-The ZooKeeper nodes of gone instances and finished replays: ``zknodes.py`` (the command runs both).
+The ZooKeeper nodes of gone instances and finished replays: ``zknodes.py``; the rescaling
+input-file sets of the intervals' fence rows (``input_sets``, a fenced write under the leases of
+every interval): ``inputsets.py``. The command runs them after these passes (they need ZooKeeper).
 
 What GC never touches: rows of keys (dedup ids, checkpointed productions,
 window state) — those are only written under the owner's lease and fence: the

@@ -38,7 +38,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError, NotEmptyError
 
 from .passes import GcAction
 
-__all__ = ["collect_zk_nodes", "REPLAY_CHROOT_MARK"]
+__all__ = ["bound_pipelines", "collect_zk_nodes", "REPLAY_CHROOT_MARK"]
 
 REPLAY_CHROOT_MARK = "-replay-"  # executor/drivers/replay.py's shadow_chroot: {chroot}-replay-{hash}
 
@@ -152,6 +152,12 @@ def _local_store_exists(root: str) -> bool:
     if "://" in root and not root.startswith("file:"):
         return True  # an object store's shadow store: not looked into, kept
     return os.path.isdir(os.path.join(root.removeprefix("file:"), "rows", "_delta_log"))
+
+
+def bound_pipelines(client: KazooClient, *, rows_table_id: str) -> list[str]:
+    """The pipelines of ``client``'s chroot bound to the store whose rows table is ``rows_table_id``."""
+    return [p for p in _children(client, "/pipelines")
+            if str((_binding(client, store_path(p)) or {}).get("rows_table_id")) == rows_table_id]
 
 
 def collect_zk_nodes(client: KazooClient, root: KazooClient | None, *, rows_table_id: str,

@@ -30,6 +30,17 @@ def _hours(text: str) -> float:
     return h
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds >= 0, else a usage error naming the value."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return v
+
+
 def register(sub: Any) -> None:
     """Add the ``gc`` subcommand to ``sub``."""
     p = sub.add_parser("gc", help="compact and vacuum the store's tables, apply stream retention (dry run by default)")
@@ -53,7 +64,11 @@ def register(sub: Any) -> None:
                    help="refuse (ReplayHorizonError, nothing changed) a stream, VACUUM or log retention shorter "
                    "than this: replay must stay possible from this far back")
     p.add_argument("--skip-zk", action="store_true",
-                   help="leave ZooKeeper alone (default: delete the znodes of gone instances and finished replays)")
+                   help="leave ZooKeeper alone (default: delete the znodes of gone instances and finished replays, "
+                   "and prune the rescaling input-file sets under the intervals' leases)")
+    p.add_argument("--lease-wait", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="the input_sets pass waits this long for running owners to hand their intervals over at "
+                   "a batch boundary (default 60); a computation not handed over is left as it is")
     add_log_store_zk_args(p)
     p.add_argument("--zk-digest", default=None, help="user:password of the pipelines' ZooKeeper ACLs")
     p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
@@ -117,7 +132,8 @@ def _audit_recovery(spark: Any, layout: Any, gap: list[dict[str, Any]], *, apply
 def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool) -> list[Any]:
     """The ZooKeeper passes (``gc/zknodes.py``) on the pipelines' ZooKeeper: ``--zk``, else a local
     store's own embedded server."""
-    from deltawheel.gc.zknodes import collect_zk_nodes
+    from deltawheel.gc.inputsets import prune_input_sets
+    from deltawheel.gc.zknodes import bound_pipelines, collect_zk_nodes
     from deltawheel.statestore.delta.txn import TableLog
     from deltawheel.statestore.zk.client import connect
 
@@ -125,7 +141,9 @@ def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool) -> list[An
         table_id = TableLog(spark, layout.rows).table_id()
         root = connect(replace(cfg, chroot="/"), timeout_s=args.zk_timeout) if cfg.chroot != "/" else None
         try:
-            return collect_zk_nodes(client, root, rows_table_id=table_id, chroot=cfg.chroot, apply=apply)
+            sets = prune_input_sets(spark, layout, client, pipelines=bound_pipelines(client, rows_table_id=table_id),
+                                    apply=apply, wait_s=args.lease_wait)
+            return sets + collect_zk_nodes(client, root, rows_table_id=table_id, chroot=cfg.chroot, apply=apply)
         finally:
             if root is not None:
                 root.stop()

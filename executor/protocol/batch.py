@@ -288,8 +288,9 @@ class BatchProtocol:
         ex = self.ex
         self.acted = read_mark(ex.spark, ex.layout.rows, ex.comp.name, ex.owner.intervals)
         if ex.shared is not None:
-            held = set(ex.owner.intervals)
-            ex.shared.done = {iv: fs for iv, fs in ex.owner.store.input_files(ex.comp.name).items() if iv in held}
+            held, sets = set(ex.owner.intervals), ex.owner.store.input_files(ex.comp.name)
+            ex.shared.done = {iv: fs for iv, fs in sets.items() if iv in held}
+            ex.shared.recorded = frozenset().union(*sets.values())  # every interval's: the catch-up's pruned rule
 
     def _lateness(self, df: Any | None, batch_id: int, wm_in: int | None) -> tuple[int | None, int | None]:
         """(the watermark the batch judges lateness against, its input watermark): the newest

@@ -35,6 +35,11 @@ looks new. A catch-up reads the original files by path; VACUUM removes them afte
 retention (168 h at least through ``deltawheel gc``): a catch-up needing one then fails with
 :class:`InputGoneError`, and a new instance's query fails at its start.
 
+Bounded sets: ``deltawheel gc`` drops from every interval's set, in one fenced commit, the names
+every set holds whose file is gone from its source (``gc/inputsets.py``). The catch-up leaves
+out a consumed position that is gone and in no interval's set (pruned, or deleted before any
+interval ran it); a gone one some set holds is refused (:class:`InputGoneError`).
+
 Refused (:class:`ConfigError`): several Parquet injectors, and any other injector (a
 :class:`DeltaTableInjector` reads a user's table, whose maintenance deltawheel does not control).
 """
@@ -253,6 +258,7 @@ class SharedInput:
     checkpoint: str
     num_intervals: int
     done: dict[int, frozenset[str]] = field(default_factory=dict)
+    recorded: frozenset[str] = frozenset()  # the positions in any interval's set (held or not)
     kafka: dict[str, KafkaInjector] = field(default_factory=dict)  # a Kafka-fed computation's (replay only)
     # how a remote checkpoint's or table's files are reached (``storefs.files_resolver``; None: local only)
     files_of: Callable[[str], TableFiles | None] | None = None
@@ -423,6 +429,7 @@ class SharedInput:
         positions = frozenset(positions)
         for iv in intervals:
             self.done[iv] = self.done.get(iv, frozenset()) | positions
+        self.recorded |= positions
 
     def consumed(self) -> set[str]:
         """The positions this instance's query consumed (its committed batches)."""
@@ -433,25 +440,48 @@ class SharedInput:
 
     def missing(self, intervals: Iterable[int]) -> list[str]:
         """The positions this instance's query consumed that some of ``intervals`` has not
-        processed: what a catch-up batch reads."""
+        processed: what a catch-up batch reads. A consumed position that is gone from its source
+        and in no interval's set is left out: gc pruned it from every set once every interval had
+        run it (``gc/inputsets.py``), or it was deleted before any interval ran it (its records
+        are never processed; docs/rescaling.md)."""
         consumed = self.consumed()
         out: set[str] = set()
         for iv in intervals:
             out |= consumed - self.done.get(iv, frozenset())
-        return sorted(out)
+        return sorted(p for p in out if p in self.recorded or not self.gone(p))
+
+    def gone(self, position: str) -> bool:
+        """Whether the file at ``position`` is gone from its source (a local folder or stream
+        table; a remote one is taken as present)."""
+        if "/" in position:
+            stream, name = position.split("/", 1)
+            folder = self.tables.get(stream)
+        else:
+            name = position
+            folder = next((_parquet_of(inj).folder for inj in self.parquet.values()), None)
+        if folder is None or ("://" in folder and not folder.startswith("file:")):
+            return False
+        return not os.path.exists(os.path.join(_local(folder), name))
 
     def files_df(self, spark: Any, positions: Sequence[str]) -> Any:
         """The records at ``positions`` as the query's frame gives them (``stream`` column
         included).
 
         Raises:
-            InputGoneError: a stream table's data file is gone (VACUUM).
+            InputGoneError: a stream table's data file is gone (VACUUM), or an injector's file.
         """
         from deltawheel.statestore.writepath.streams import stream_schema_ddl
         from pyspark.sql import functions as F
 
         frames = []
         bare = sorted(p for p in positions if "/" not in p)
+        lost = [p for p in bare if self.gone(p)]
+        if lost:
+            raise InputGoneError(
+                f"{self.comp.name}: a moved interval's new owner must read {len(lost)} input files that are gone "
+                f"from the injector's folder (e.g. {lost[0]}): another interval ran them, the interval taken did "
+                "not, and they were deleted meanwhile, so the move cannot be exact. Delete input files only once every "
+                "instance has read them, or run the computation as one instance (docs/rescaling.md)")
         if bare:
             ((stream, inj),) = self.parquet.items()
             frames.append(_parquet_of(inj).files_df(spark, bare).withColumn("stream", F.lit(stream)))

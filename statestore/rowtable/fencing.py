@@ -37,9 +37,10 @@ from typing import Iterable, Mapping
 from ..exceptions import CommitConflictError, StaleSequencerError
 from .inputfiles import union_sql
 
-__all__ = ["STALE_MARKER", "merge_sql", "translate_commit_error"]
+__all__ = ["STALE_MARKER", "REPLACE_FILES_OP", "merge_sql", "translate_commit_error"]
 
 STALE_MARKER = "DELTAWHEEL_STALE_SEQUENCER"
+REPLACE_FILES_OP = "replace_files"  # a source fence row whose input-file set replaces the stored one
 
 _CONFLICT = re.compile(
     r"Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|MetadataChangedException|"
@@ -56,14 +57,17 @@ _COLUMNS = (
 def merge_sql(table_path: str, source_view: str, *, computation: str, intervals: Iterable[int]) -> str:
     """The fenced MERGE of ``source_view`` into the rows table at ``table_path``.
 
-    The source has the rows table's columns plus ``_op`` ('upsert' or 'delete').
+    The source has the rows table's columns plus ``_op`` ('upsert' or 'delete'; a fence row also
+    :data:`REPLACE_FILES_OP`: its ``state``, the interval's input-file set, replaces the stored one).
     """
     ivs = ",".join(str(int(i)) for i in sorted(set(intervals)))
     comp = computation.replace("'", "''")
     path = table_path.replace("`", "``")
     # a fence row's state is its interval's set of committed input files (inputfiles.py): merged,
-    # so a commit adds its batch's files and a fence commit (no set) keeps them
-    fence_state = (f"CASE WHEN s.key = concat(char(0), 'fence') THEN {union_sql('t.state', 's.state')} "
+    # so a commit adds its batch's files and a fence commit (no set) keeps them; a fence row of
+    # op 'replace_files' (gc's pruning of the sets, under every lease) replaces the set instead
+    fence_state = (f"CASE WHEN s.key = concat(char(0), 'fence') AND s._op = '{REPLACE_FILES_OP}' THEN s.state "
+                   f"WHEN s.key = concat(char(0), 'fence') THEN {union_sql('t.state', 's.state')} "
                    "ELSE s.state END")
     sets = ", ".join(f"t.`{c}` = {fence_state}" if c == "state" else f"t.`{c}` = s.`{c}`" for c in _COLUMNS)
     cols = ", ".join(f"`{c}`" for c in _COLUMNS)

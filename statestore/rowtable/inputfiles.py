@@ -16,8 +16,10 @@ takeover keeps the set), the image path's tasks union every fence row of the ima
 (:func:`union_payloads`; a takeover's claim adds a second fence row without a set). Readers
 union the fence rows of an interval (:meth:`RowStore.input_files`).
 
-Growth: one name per input file per interval, never pruned (docs/rescaling.md states the
-bound and how to reset it).
+Growth: one name per input file per interval until ``deltawheel gc`` drops it: a name every
+interval's set holds whose file is gone from its source, from every set in one fenced commit
+(``gc/inputsets.py``; a fence row of op ``replace_files`` replaces the set, ``fencing.py``;
+docs/rescaling.md, "Bounded sets", proves a move stays exact).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ from ..exceptions import (
 )
 from ..layout import StoreLayout, validate_name
 from . import inputfiles
-from .fencing import merge_sql, translate_commit_error
+from .fencing import REPLACE_FILES_OP, merge_sql, translate_commit_error
 from .frames import arrow_schema, local_frame
 from .rows import (
     FENCE_KEY,
@@ -349,10 +349,13 @@ class RowStore:
         kind: str = "commit",
         conflict_retries: int | None = None,
         meta: Mapping[str, Any] | None = None,
+        input_sets: Mapping[int, Iterable[str]] | None = None,
     ) -> CommitResult:
         """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
 
         ``meta``: more entries for the commit's metadata (a tool's commit names the tool).
+        ``input_sets``: interval -> its input-file set *replacing* the stored one (``inputfiles.py``;
+        every other commit only adds to a set): gc's pruning, under the leases of those intervals.
 
         Raises:
             BadRecordError / StateTooLargeError: a row is invalid (nothing written).
@@ -369,7 +372,10 @@ class RowStore:
         for iv, key in deletes:
             validate_key(key)
             self._require_sequencer(sequencers, iv, key)
-        touched = sorted({r.interval for r in images} | {iv for iv, _ in deletes} | (
+        sets = {iv: inputfiles.encode(fs) for iv, fs in (input_sets or {}).items()}
+        for iv in sets:
+            self._require_sequencer(sequencers, iv, FENCE_KEY)
+        touched = sorted({r.interval for r in images} | {iv for iv, _ in deletes} | set(sets) | (
             set(sequencers) if kind == "fence" else set()))
         if not touched:
             return CommitResult(commit_id, computation, dict(sequencers), 0, 0, 0, 0.0, dry_run)
@@ -382,8 +388,9 @@ class RowStore:
         src = [r.to_row() | {"_op": "upsert"} for r in images]
         src += [KeyRow(computation, k, iv, sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row()
                 | {"_op": "delete"} for iv, k in deletes]
-        src += [KeyRow(computation, FENCE_KEY, iv, sequencer=sequencers[iv], commit_id=commit_id,
-                       updated_ms=now).to_row() | {"_op": "upsert"} for iv in touched]
+        src += [KeyRow(computation, FENCE_KEY, iv, state=sets.get(iv), sequencer=sequencers[iv], commit_id=commit_id,
+                       updated_ms=now).to_row() | {"_op": REPLACE_FILES_OP if iv in sets else "upsert"}
+                for iv in touched]
         if kind == "fence":  # an acquisition reads no input: replay starts from or across it
             meta = {**inputfiles.no_input_entry(), **(meta or {})}
         res = self._commit_source(computation, src, None, sequencers=sequencers, touched=touched,

@@ -128,7 +128,9 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       progress: Callable[[str], None] | None = None,
                       before_commit: Callable[[Mapping[int, int]], None] | None = None,
                       skip_delivery: frozenset[str] = frozenset(),
-                      before_audit: Callable[[int | None], None] | None = None) -> SurgeryResult:
+                      before_audit: Callable[[int | None], None] | None = None,
+                      input_sets: Callable[[Mapping[int, frozenset[str]]], Mapping[int, frozenset[str]]] | None = None,
+                      ) -> SurgeryResult:
     """Take ``intervals`` (None: all) of ``computation``, commit ``build``'s rows in their place in
     one fenced transaction, record it, give the intervals back (see the module docstring). First
     the audit rows an earlier tool run left missing are appended (``audit.recover_audit``).
@@ -137,6 +139,9 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
     commit (a test makes a takeover race the commit there). ``skip_delivery``: ids of checkpointed
     productions the tool's recovery does not deliver (a repair dropping them). ``before_audit``: with
     the commit's version, between the commit and the audit row (a test crashes the tool there).
+    ``input_sets``: given the intervals' input-file sets as they are under the leases
+    (``rowtable/inputfiles.py``), the sets that replace them (only the intervals whose set changes):
+    gc's pruning (``gc/inputsets.py``), committed in the same transaction.
 
     Raises:
         LeaseHeldError: ``no_wait`` and a live owner holds an interval; or still held after
@@ -173,6 +178,11 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         say(f"{computation}: intervals held after {time.monotonic() - t0:.1f}s, sequencers {seqs}")
         rows = tuple(r for r in store.scan_intervals(computation, ivs) if is_user_key(r.key))
         ups, dels = row_changes(rows, build(Held(ivs, seqs, rows)))
+        sets: Mapping[int, frozenset[str]] = {}
+        if input_sets is not None:  # read under the leases: no commit of another writer can change them now
+            now_sets = store.input_files(computation)
+            sets = {iv: fs for iv, fs in input_sets({iv: now_sets.get(iv, frozenset()) for iv in ivs}).items()
+                    if iv in ivs and fs != now_sets.get(iv, frozenset())}
         if before_commit is not None:
             before_commit(seqs)
         audit_id = uuid.uuid4().hex
@@ -182,13 +192,15 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
             pipeline=pipeline, computation=computation, source=surgery.source, intervals=ivs,
             rows_upserted=len(ups), rows_deleted=len(dels), commit_version=None, sequencers=seqs,
             detail=surgery.detail)
-        if ups or dels:
+        if ups or dels or sets:
             commit_id = f"{writer}:{audit_id}"
             store.commit(computation, ups, sequencers=seqs, deletes=dels, num_intervals=num_intervals,
                          commit_id=commit_id, lease_check=owner.check, kind=surgery.tool,
-                         meta={**commit_meta(record), **no_input_entry()})
+                         meta={**commit_meta(record), **no_input_entry()}, input_sets=sets or None)
             version = _version_of(spark, layout, commit_id)
-            say(f"{computation}: committed {len(ups)} rows written, {len(dels)} deleted at rows version {version}")
+            say(f"{computation}: committed {len(ups)} rows written, {len(dels)} deleted"
+                + (f", the input-file sets of intervals {sorted(sets)} replaced" if sets else "")
+                + f" at rows version {version}")
         else:
             say(f"{computation}: nothing to change (no commit)")
         if before_audit is not None:

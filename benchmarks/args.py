@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "add_latency_arguments",
+__all__ = ["SIZE_NAMES", "add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "add_latency_arguments",
            "add_history_arguments", "DEFAULT_CAPACITIES"]
 
 DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
+#: the named workload sizes (``workload.SIZES``): WORKLOAD.md's three and ``big-keys``, ``big`` over
+#: ten times the key ranks (docs/benchmarks.md, "The workload")
+SIZE_NAMES = ("small", "medium", "big", "big-keys")
 
 
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
     """Add the throughput benchmark's options (size, output folder, engines, warm-up, rounds) to ``p``."""
-    p.add_argument("--size", default="small", choices=["small", "medium", "big"],
-                   help="WORKLOAD.md size (default small)")
+    p.add_argument("--size", default="small", choices=SIZE_NAMES,
+                   help="workload size: WORKLOAD.md's small, medium, big, or big-keys (big over 500,000 key ranks; "
+                        "default small)")
     p.add_argument("--out", required=True, help="output folder for throughput.json / throughput.png")
     p.add_argument("--engines", default=None,
                    help="comma-separated engine names, run in this order (default: every engine: "
@@ -35,7 +39,7 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:
     """Add the cache benchmark's options (size, output folder, capacities) to ``p``."""
-    p.add_argument("--size", default="small", choices=["small", "medium", "big"], help="WORKLOAD.md size")
+    p.add_argument("--size", default="small", choices=SIZE_NAMES, help="workload size (WORKLOAD.md's, or big-keys)")
     p.add_argument("--out", required=True, help="output folder for cache.json / cache.png")
     p.add_argument("--capacities", default=",".join(str(c) for c in DEFAULT_CAPACITIES),
                    help="comma-separated capacities as shares of the keys the trace touches (0 < c <= 1)")
@@ -48,7 +52,7 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_watermark_arguments(p: argparse.ArgumentParser) -> None:
     """The ``bench watermarks`` options."""
-    p.add_argument("--size", default="small", choices=["small", "medium", "big"], help="WORKLOAD.md size")
+    p.add_argument("--size", default="small", choices=SIZE_NAMES, help="workload size (WORKLOAD.md's, or big-keys)")
     p.add_argument("--out", default="bench-out/watermarks", help="output folder for watermarks.json")
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     p.add_argument("--percentiles", default="0.001,0.01",

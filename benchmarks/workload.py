@@ -5,7 +5,10 @@ workload folder (``WORKLOAD.md`` section 1); this module does not copy it, it
 runs it. The folder is found through ``$DELTAWHEEL_WORKLOAD_DIR`` or, failing
 that, ``<repo>/../shared/workload``. Named sizes (``small``, ``medium``,
 ``big``) are checked against the ``content_sha256`` digests of ``WORKLOAD.md``
-section 1.4; custom sizes (tests) are generated from explicit
+section 1.4; ``big-keys``, a variant beyond WORKLOAD.md (``big`` with ten times
+the key ranks: more state per batch), against the digest recorded here, and its
+section-3 figures are the reference's, checked against ``baseline.py`` once when
+they were recorded; custom sizes (tests) are generated from explicit
 :class:`WorkloadParams` and not checked.
 
 The reference output (section 2) is computed here with pyarrow, in closed
@@ -100,18 +103,22 @@ SIZES: Mapping[str, WorkloadParams] = {
     "small": WorkloadParams(n=200_000, b=10_000, k=50_000, rate=1_000),
     "medium": WorkloadParams(n=500_000, b=100_000, k=50_000, rate=10_000),
     "big": WorkloadParams(n=2_000_000, b=100_000, k=50_000, rate=10_000),
+    # beyond WORKLOAD.md: ``big`` over 500,000 key ranks (262,120 distinct keys present, against 49,706)
+    "big-keys": WorkloadParams(n=2_000_000, b=100_000, k=500_000, rate=10_000),
 }
 
 EXPECTED_SHA256: Mapping[str, str] = {
     "small": "c4af42c336ae8a514df32ff00a202335cf61dad8b67f65fee0aa82d12d96ffe7",
     "medium": "b1de28c701469d2e163eda0077f91e3d6990e18996964d1f8117a09ff5714953",
     "big": "ed541e9cca94d3bd00194ec8cd171bc65c1ed192ac1bb1d94bce91264e5b8918",
+    "big-keys": "f1fc80bf93e83517e1059ca6a34055ecefda6ccb052fcc7be0d22562c021412c",
 }
 
 EXPECTED: Mapping[str, ExpectedFigures] = {
     "small": ExpectedFigures(72_060, 182_331, 188, 17_481, 6_985),
     "medium": ExpectedFigures(66_899, 324_866, 332, 174_802, 36_370),
     "big": ExpectedFigures(363_076, 1_823_419, 1_871, 174_710, 36_221),
+    "big-keys": ExpectedFigures(622_471, 1_823_419, 1_871, 174_710, 60_993),
 }
 
 
@@ -245,7 +252,7 @@ def ensure_workload(
     """Return the dataset for ``size``, generating it under ``root/DATA_<size>`` if absent.
 
     Args:
-        size: ``small``, ``medium`` or ``big``; any other name needs ``params`` (a custom,
+        size: ``small``, ``medium``, ``big`` or ``big-keys``; any other name needs ``params`` (a custom,
             unchecked dataset in ``root/DATA_<size>-<params>``).
         root: parent folder of the datasets (default :func:`default_data_root`).
         params: generator parameters for a custom size.

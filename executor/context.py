@@ -186,13 +186,14 @@ class Context:
         Due: an event-time timer before ``input_watermark_ms``, a processing-time timer at or
         before ``now_ms``.
         """
-        due = [t for t in self._timers.values()
-               if (t.time_ms < input_watermark_ms if t.domain is _EVENT else t.time_ms <= now_ms)]
-        if not due:
+        best = None
+        for t in self._timers.values():  # one pass (no list of the due ones): it runs for every key with timers
+            if (t[0] < input_watermark_ms if t[2] is _EVENT else t[0] <= now_ms) and (best is None or t < best):
+                best = t
+        if best is None:
             return None
-        t = min(due)
-        del self._timers[(t.tag, t.domain)]
-        return t
+        del self._timers[(best[1], best[2])]
+        return best
 
     @property
     def stored_timers(self) -> tuple[Timer, ...]:

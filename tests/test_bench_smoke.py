@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltawheel.benchmarks import workload as wl
 from deltawheel.benchmarks.engines_spark import build_result
@@ -84,6 +85,36 @@ def test_unknown_size_needs_params(tmp_path: Path) -> None:
         ensure_workload("huge", root=tmp_path)
     with pytest.raises(WorkloadError, match="named size with fixed parameters"):
         ensure_workload("small", root=tmp_path, params=TINY)
+
+
+def test_big_keys_is_big_over_ten_times_the_key_ranks(tmp_path: Path) -> None:
+    """``big-keys`` (beyond WORKLOAD.md): generated, checked against its recorded digest, with five
+    times big's distinct keys and big's event times (so big's late and open events)."""
+    data = ensure_workload("big-keys", root=tmp_path)
+    assert data.verified and data.params == wl.WorkloadParams(n=2_000_000, b=100_000, k=500_000, rate=10_000)
+    assert data.content_sha256 == wl.EXPECTED_SHA256["big-keys"] == (
+        "f1fc80bf93e83517e1059ca6a34055ecefda6ccb052fcc7be0d22562c021412c")
+    keys = pa.concat_tables([pq.read_table(f, columns=["key"]) for f in data.files]).column("key")
+    assert len(keys) == 2_000_000 and pc.count_distinct(keys).as_py() == 262_120  # of 500,000 Zipf ranks
+    ref, want, big = data.reference, EXPECTED["big-keys"], EXPECTED["big"]
+    assert (ref.emitted_rows, ref.sum_counts, ref.late_dropped, ref.open_events, ref.open_windows) == (
+        want.emitted_rows, want.sum_counts, want.late_dropped, want.open_events, want.open_windows)
+    assert (want.sum_counts, want.late_dropped, want.open_events) == (big.sum_counts, big.late_dropped,
+                                                                      big.open_events)
+    assert want.emitted_rows > big.emitted_rows and want.open_windows > big.open_windows
+
+
+def test_the_command_takes_big_keys_and_refuses_other_sizes(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from deltawheel.executor.cli import main as cli_main
+
+    # the size is taken (the engine check comes before any input is generated)
+    assert cli_main(["bench", "throughput", "--size", "big-keys", "--engines", "flink", "--out", str(tmp_path)]) != 0
+    assert "unknown engine(s) ['flink']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "throughput", "--size", "huge", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "invalid choice: 'huge' (choose from 'small', 'medium', 'big', 'big-keys')" in capsys.readouterr().err
 
 
 def test_digest_mismatch_is_refused(small: wl.WorkloadData, tmp_path: Path) -> None:

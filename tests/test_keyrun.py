@@ -7,7 +7,7 @@ from deltawheel.executor.computation import Computation, ErrorPolicy, Record
 from deltawheel.executor.tasks.keyrun import UserCodeError, run_key
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
-from deltawheel.statestore.rowtable.rows import KeyRow, SeenId, TimeDomain, Timer
+from deltawheel.statestore.rowtable.rows import KeyRow, SeenId, TimeDomain, Timer, make_row
 
 J = get_codec("json")
 
@@ -280,3 +280,35 @@ def test_process_records_errors_name_the_records_or_dead_letter_the_call() -> No
     assert out.productions == ()  # what the call produced before raising is dropped
     assert {s.record_id for s in out.row.record_ids} == {"r1", "r2"}  # type: ignore[union-attr]  # not retried
     assert Tolerant.batches_records() and not Window.batches_records()
+
+
+class FiringOrder(Computation):
+    """Produces each timer it is given; the event-time timer "b" sets two more while it fires."""
+
+    name = "firing_order"
+    inputs = {"events": "k"}
+    outputs = ("fired",)
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        pass
+
+    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
+        ctx.produce("fired", [timer.time_ms, timer.tag, timer.domain.value])
+        if timer.tag == "b":
+            ctx.set_timer("c", 4)  # behind the watermark: due, fires next
+            ctx.set_timer("z", 50)  # ahead of it: stays
+
+
+def test_due_timers_of_both_domains_fire_by_time_tag_and_domain() -> None:
+    ev, proc = TimeDomain.EVENT_TIME, TimeDomain.PROCESSING_TIME
+    timers = tuple(sorted([Timer(5, "a", proc), Timer(5, "a", ev), Timer(3, "b", ev), Timer(7, "p", proc),
+                           Timer(9, "d", ev), Timer(10, "e", ev)]))
+    row = make_row("firing_order", "a", 0, None, "json", timers, None, timer_seq=1)
+    out = run_key(FiringOrder(), key="a", interval=0, row=row, records=[], input_watermark_ms=10, now_ms=6)
+    # event-time timers before the watermark (10), processing-time ones at or before now (6), in
+    # (time, tag, domain) order; one set while firing that is due fires in its place
+    assert [J.decode(p.value) for p in out.productions] == [
+        [3, "b", "event_time"], [4, "c", "event_time"], [5, "a", "event_time"], [5, "a", "processing_time"],
+        [9, "d", "event_time"]]
+    assert out.timers_fired == 5
+    assert out.row is not None and out.row.timers == (Timer(7, "p", proc), Timer(10, "e", ev), Timer(50, "z", ev))

@@ -121,6 +121,22 @@ class IdBloom:
 
         if not len(ids):
             return np.zeros(0, dtype=bool)
-        pos = self._positions(ids)
-        hit = (self._bits[(pos >> np.uint64(3)).astype(np.int64)] >> (pos & np.uint64(7)).astype(np.uint8)) & 1
-        return hit.all(axis=1)
+        # probe by probe, each over the ids whose earlier probes all hit: a new id (the usual
+        # case) is nearly always rejected by its first probe, so most of the k probes are never
+        # computed (the positions are :meth:`_positions`', column by column)
+        h = np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)).view(np.uint64)
+        h1 = h & np.uint64(0xFFFFFFFF)
+        h2 = (h >> np.uint64(32)) | np.uint64(1)
+        m = np.uint64(self.m)
+        live = np.arange(len(ids))
+        for i in range(self.k):
+            pos = (h1 + np.uint64(i) * h2) % m
+            hit = ((self._bits[(pos >> np.uint64(3)).astype(np.int64)] >> (pos & np.uint64(7)).astype(np.uint8))
+                   & 1).astype(bool)
+            if not hit.all():
+                live, h1, h2 = live[hit], h1[hit], h2[hit]
+                if not len(live):
+                    break
+        out = np.zeros(len(ids), dtype=bool)
+        out[live] = True
+        return out

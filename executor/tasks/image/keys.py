@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import json
 from itertools import accumulate, repeat
-from operator import attrgetter
 from typing import Any, Callable
 
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import CodecError
-from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, DOMAINS, TimeDomain, Timer, new_timer
+from deltawheel.statestore.rowtable.rows import (
+    DOMAIN_VALUES,
+    DOMAINS,
+    Production,
+    TimeDomain,
+    Timer,
+    new_timer,
+)
 from deltawheel.statestore.writepath.image.summary import SideRecord
 
 from ...computation import Computation, Record, new_record
@@ -148,6 +154,8 @@ class OldRows:
     def timers(self, j: int) -> dict[tuple[str, TimeDomain], Timer]:
         """Row ``j``'s timers as a Context holds them (stored sorted: insertion order is sorted)."""
         a, b = self._offs[j], self._offs[j + 1]
+        if b - a == 1:  # the usual row: one timer
+            return {self._slots[a]: self._timers[a]}
         if a == b:
             return {}
         return dict(zip(self._slots[a:b], self._timers[a:b], strict=True))
@@ -178,26 +186,32 @@ class NewRows:
         flat = [t for ts in timer_lists for t in ts]
         tfield = schema.field("timers")
         offsets = pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32())
-        times = pa.array([t[0] for t in flat], pa.int64())
-        is_event = [t[2] is _EVENT for t in flat]
+        # the timers' fields transposed in C (one tuple per field), not a list per field in Python
+        t_times, t_tags, t_doms = zip(*flat, strict=True) if flat else ((), (), ())
+        times = pa.array(t_times, pa.int64())
+        is_event = [d is _EVENT for d in t_doms]
         timers = pa.ListArray.from_arrays(
             offsets,
-            pa.StructArray.from_arrays([pa.array([t[1] for t in flat], pa.string()),
-                                        pa.array([DOMAIN_VALUES[t[2]] for t in flat], pa.string()), times],
+            pa.StructArray.from_arrays([pa.array(t_tags, pa.string()),
+                                        pa.array(list(map(DOMAIN_VALUES.__getitem__, t_doms)), pa.string()), times],
                                        fields=list(tfield.type.value_type)), type=tfield.type)
         prods = [p for ps in pending_lists for p in ps]
         pfield = schema.field("pending")
         ptype = pfield.type.value_type  # the struct's fields are Production's attributes
+        p_cols = dict(zip(Production._fields, zip(*prods, strict=True) if prods else ((),) * len(Production._fields),
+                          strict=True))
         pending = pa.ListArray.from_arrays(
             pa.array(list(accumulate(map(len, pending_lists), initial=0)), pa.int32()),
-            pa.StructArray.from_arrays([pa.array(list(map(attrgetter(f.name), prods)), f.type) for f in ptype],
+            pa.StructArray.from_arrays([pa.array(p_cols[f.name], f.type) for f in ptype],
                                        fields=list(ptype)), type=pfield.type)
         next_ev, next_proc = _next_timers(offsets, times, is_event, n)
         cols = {"key": keys, "state": states, "codec": codecs, "next_event_timer_ms": next_ev,
                 "next_processing_timer_ms": next_proc, "watermark_hold_ms": holds,
-                "sequencer": [sequencer] * n, "commit_id": [commit_id] * n, "updated_ms": [now_ms] * n,
-                "format_version": [format_version] * n, "timer_seq": seqs}
+                "sequencer": sequencer, "commit_id": commit_id, "updated_ms": now_ms,
+                "format_version": format_version, "timer_seq": seqs}
+        constant = ("sequencer", "commit_id", "updated_ms", "format_version")
         arrays = [timers if f.name == "timers" else pending if f.name == "pending" else
+                  pa.repeat(pa.scalar(cols[f.name], f.type), n) if f.name in constant else
                   cols[f.name] if isinstance(cols[f.name], pa.Array) else pa.array(cols[f.name], f.type)
                   for f in schema]
         return pa.Table.from_arrays(arrays, schema=schema)
@@ -355,15 +369,8 @@ def context_factory(comp: Computation, codec: Any, wm: int | None, now: int
     def make(key: str, state_b: bytes | None, timers: dict[tuple[str, TimeDomain], Timer],
              hold: int | None, timer_seq: int | None, row_codec: str | None) -> Context:
         ctx = new(Context)
-        d = base.copy()
-        d["_timer_seq"] = timer_seq
-        d["_row_codec"] = row_codec
-        d["key"] = key
-        d["_state_bytes"] = state_b
-        d["_timers"] = timers
-        d["_productions"] = []
-        d["_hold"] = hold
-        ctx.__dict__ = d
+        ctx.__dict__ = {**base, "_timer_seq": timer_seq, "_row_codec": row_codec, "key": key, "_state_bytes": state_b,
+                        "_timers": timers, "_productions": [], "_hold": hold}
         return ctx
 
     return make

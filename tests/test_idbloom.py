@@ -1,0 +1,36 @@
+"""The image path's Bloom filter of record ids (``IdBloom``): no false negatives, and its answer
+is that of its definition (every one of an id's k bits set), whatever its fill."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from deltawheel.statestore.rowtable.bloom import IdBloom
+
+
+def _by_definition(bloom: IdBloom, ids: list[str]) -> np.ndarray:
+    """Maybe added iff each of the id's k bit positions (those ``add_many`` sets) is set."""
+    pos = bloom._positions(ids)
+    bits = np.unpackbits(bloom._bits, bitorder="little")
+    return bits[pos.astype(np.int64)].astype(bool).all(axis=1)
+
+
+@pytest.mark.parametrize("added", [0, 1, 500, 5_000, 40_000])
+def test_answers_are_the_definitions_and_never_miss_an_added_id(added: int) -> None:
+    bloom = IdBloom(4_096, error_rate=0.01)  # 40,000 ids: ten times over capacity, most bits set
+    ids = [f"r{i}" for i in range(added)]
+    bloom.add_many(ids)
+    probe = ids[::7] + [f"new{i}" for i in range(20_000)]
+    got = bloom.might_contain_many(probe)
+    assert got.dtype == bool and len(got) == len(probe)
+    assert got[: len(ids[::7])].all()  # an added id is always "maybe"
+    assert (got == _by_definition(bloom, probe)).all()
+    fp = got[len(ids[::7]):].mean()
+    if added <= 4_096:
+        assert fp <= 0.02  # at or under capacity: about the error rate
+    if added == 40_000:
+        assert 0.3 < fp < 1.0  # far over it: many false "maybe"s, so many ids pass several probes
+
+
+def test_no_ids_no_answers() -> None:
+    assert IdBloom(10).might_contain_many([]).tolist() == []

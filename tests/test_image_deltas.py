@@ -19,7 +19,12 @@ from deltawheel.executor.tasks.image import deltas, idsfiles
 from deltawheel.executor.tasks.image import interval as _imagetask
 from deltawheel.executor.tasks.image.interval import ImageSpec, _run
 from deltawheel.executor.tasks.input import PREP_DDL
-from deltawheel.statestore.delta.deletionvectors import deleted_rows, inline_descriptor, z85_decode, z85_encode
+from deltawheel.statestore.delta.deletionvectors import (
+    deleted_rows,
+    inline_descriptor,
+    z85_decode,
+    z85_encode,
+)
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
@@ -159,3 +164,59 @@ def test_an_interval_is_rewritten_whole_by_the_compaction_rule(spark, tmp_path) 
     _cold()
     got = store.states()
     assert (got["k0"], got["k1"], got["k9"], got["k39"]) == (4, 5, 3, 3) and len(got) == 40
+
+
+def _rows_adds(layout) -> list[dict]:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.delta.log import read_snapshot
+
+    snap = read_snapshot(layout.rows)
+    assert snap is not None
+    return [a for a in snap.adds if (a.get("partitionValues") or {}).get("computation") == "buckets"]
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(900)
+def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a_restart(
+        spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+    """Through the executor, as a user runs it: batches that change a few keys each add delta files
+    and deletion vectors; Spark's Delta reader and the ``state`` view see one row per key with its
+    newest state; a new writer (its recovery scan and its tasks reading the files and their
+    vectors) drops a retried record and counts on."""
+    from deltawheel.statestore.clock import ManualClock
+    from deltawheel.statestore.inspection.sqlviews import inspect_key, register_views
+    from executor_util import BucketCounter, events, start_executor, stop_executor
+
+    clock = ManualClock(1_700_000_000_000)
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock)
+    try:
+        clock.advance(1_000)
+        ex.run_batch(events(spark, [(f"a{i}", f"q{i}", 1_000) for i in range(24)]), 0, input_watermark_ms=None)
+        for b in range(1, 5):
+            clock.advance(1_000)
+            ex.run_batch(events(spark, [(f"b{b}", f"q{b}", 1_000), (f"c{b}", "q0", 1_000)]), b,
+                         input_watermark_ms=None)
+    finally:
+        stop_executor(ex, client)
+    adds = _rows_adds(migrated_store)
+    assert any(a.get("deletionVector") for a in adds)  # older files carry the changed keys' old rows, marked
+    assert max(json.loads(a["stats"])["numRecords"] for a in adds) > 5 > min(
+        json.loads(a["stats"])["numRecords"] for a in adds)  # small deltas beside the first images
+    rows = spark.read.format("delta").load(migrated_store.rows).where("computation = 'buckets'").collect()
+    keys = [r["key"] for r in rows if not r["key"].startswith("\x00")]
+    assert sorted(keys) == sorted(f"q{i}" for i in range(24))  # one row per key
+    register_views(spark, migrated_store)
+    got = {r["key"]: json.loads(r["state_json"]) for r in spark.sql("SELECT key, state_json FROM state").collect()}
+    assert got["q0"] == {"0": 5} and got["q3"] == {"0": 2} and got["q9"] == {"0": 1} and len(got) == 24
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock,
+                                writer="w2")
+    try:
+        clock.advance(1_000)
+        again = ex.run_batch(events(spark, [("c4", "q0", 1_000), ("d0", "q0", 1_000), ("d1", "q5", 1_000)]), 5,
+                             input_watermark_ms=None)
+        assert (again.processed, again.duplicates) == (2, 1)
+    finally:
+        stop_executor(ex, client)
+    assert inspect_key(spark, migrated_store, computation="buckets", key="q0")["state"] == {"0": 6}
+    assert inspect_key(spark, migrated_store, computation="buckets", key="q5")["state"] == {"0": 2}
+    assert inspect_key(spark, migrated_store, computation="buckets", key="q7")["state"] == {"0": 1}

@@ -29,7 +29,7 @@ from typing import Any
 from ..delta.storefs import TableFiles
 from ..exceptions import StoreDamagedError
 
-__all__ = ["deleted_rows", "z85_decode", "z85_encode", "serialize_rows", "inline_descriptor", "descriptor_id"]
+__all__ = ["deleted_rows", "z85_decode", "z85_encode", "serialize_rows", "inline_descriptor", "descriptor_id", "live_table"]
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
@@ -236,3 +236,17 @@ def deleted_rows(table: TableFiles, dv: dict[str, Any] | None) -> frozenset[int]
             f"deletion vector {dv.get('pathOrInlineDv')!r} of the table {table.root} holds {len(rows)} rows, "
             f"its log entry says {dv['cardinality']}; restore it from a backup of the store (docs/store-damage.md)")
     return rows
+
+
+def live_table(table: TableFiles, rel: str, dv: dict[str, Any] | None, *, columns: list[str] | None = None) -> Any:
+    """The rows of the data file ``rel`` (decoded, below the table ``table``) that its deletion
+    vector ``dv`` (None: none) leaves live, ``columns`` of them (None: all), as a pyarrow table."""
+    import numpy as np
+
+    t = table.read_parquet(rel, columns=columns)
+    if not dv:
+        return t
+    gone = np.fromiter(deleted_rows(table, dv), dtype=np.int64)
+    keep = np.ones(t.num_rows, dtype=bool)
+    keep[gone[gone < t.num_rows]] = False
+    return t.filter(keep)

@@ -50,7 +50,7 @@ class StoreStatus:
     late: list[dict[str, Any]] = field(default_factory=list)  # computation, recorded_ms
     state: dict[str, dict[str, int]] = field(default_factory=dict)  # computation -> rows, bytes, files
     # computation -> productions checkpointed in its rows, and those of them not in their stream;
-    # None: not known (a local rows table with deletion vectors is read only by Spark)
+    # None: not known (a rows table Python cannot read, and no Spark)
     pending: dict[str, dict[str, int]] | None = field(default_factory=dict)
 
     def computations(self) -> list[tuple[str, str]]:
@@ -143,8 +143,8 @@ def _state_sizes(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]]:
 
 def pending_productions(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]] | None:
     """Per computation, the productions checkpointed in its rows (``checkpointed``) and how many of
-    them are not in their stream table (``undelivered``, by record id); None when a local table
-    can be read only by Spark (deletion vectors) and ``spark`` is None."""
+    them are not in their stream table (``undelivered``, by record id); None when the table is
+    not a local one and ``spark`` is None."""
     from deltawheel.statestore.delta.log import local_table_exists, read_snapshot
     from deltawheel.statestore.delta.storefs import local_path
 

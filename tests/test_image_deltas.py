@@ -177,18 +177,31 @@ def _rows_adds(layout) -> list[dict]:  # type: ignore[no-untyped-def]
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(900)
-def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a_restart(
+def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a_crash_and_restart(
         spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     """Through the executor, as a user runs it: batches that change a few keys each add delta files
-    and deletion vectors; Spark's Delta reader and the ``state`` view see one row per key with its
-    newest state; a new writer (its recovery scan and its tasks reading the files and their
-    vectors) drops a retried record and counts on."""
+    and deletion vectors; a writer that dies after its tasks wrote a batch's delta files and before
+    the commit leaves the state as before; Spark's Delta reader and the ``state`` view see one row
+    per key with its newest state; a new writer (its recovery scan and its tasks reading the files
+    and their vectors) runs the batch again, dropping a retried record."""
+    from pathlib import Path
+
+    from deltawheel.executor.protocol.faults import FaultPoint
     from deltawheel.statestore.clock import ManualClock
     from deltawheel.statestore.inspection.sqlviews import inspect_key, register_views
     from executor_util import BucketCounter, events, start_executor, stop_executor
 
+    class Crash(Exception):
+        pass
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.BEFORE_COMMIT and batch_id == 5:
+            raise Crash("killed after the tasks wrote the delta files, before the commit")
+
+    last = [("c4", "q0", 1_000), ("d0", "q0", 1_000), ("d1", "q5", 1_000)]
     clock = ManualClock(1_700_000_000_000)
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock)
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock,
+                                faults=faults)
     try:
         clock.advance(1_000)
         ex.run_batch(events(spark, [(f"a{i}", f"q{i}", 1_000) for i in range(24)]), 0, input_watermark_ms=None)
@@ -196,24 +209,31 @@ def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a
             clock.advance(1_000)
             ex.run_batch(events(spark, [(f"b{b}", f"q{b}", 1_000), (f"c{b}", "q0", 1_000)]), b,
                          input_watermark_ms=None)
+        clock.advance(1_000)
+        with pytest.raises(Crash):
+            ex.run_batch(events(spark, last), 5, input_watermark_ms=None)
     finally:
         stop_executor(ex, client)
     adds = _rows_adds(migrated_store)
     assert any(a.get("deletionVector") for a in adds)  # older files carry the changed keys' old rows, marked
     assert max(json.loads(a["stats"])["numRecords"] for a in adds) > 5 > min(
         json.loads(a["stats"])["numRecords"] for a in adds)  # small deltas beside the first images
+    log = Path(migrated_store.rows, "_delta_log")
+    named = {json.loads(line)["add"]["path"] for f in log.glob("*.json") for line in f.read_text().splitlines()
+             if '"add"' in line and "add" in json.loads(line)}
+    on_disk = {str(f.relative_to(migrated_store.rows)) for f in Path(migrated_store.rows).glob("computation=buckets/*/*.parquet")}
+    assert on_disk - named  # the crashed attempt's files: written, never committed
     rows = spark.read.format("delta").load(migrated_store.rows).where("computation = 'buckets'").collect()
     keys = [r["key"] for r in rows if not r["key"].startswith("\x00")]
     assert sorted(keys) == sorted(f"q{i}" for i in range(24))  # one row per key
     register_views(spark, migrated_store)
     got = {r["key"]: json.loads(r["state_json"]) for r in spark.sql("SELECT key, state_json FROM state").collect()}
-    assert got["q0"] == {"0": 5} and got["q3"] == {"0": 2} and got["q9"] == {"0": 1} and len(got) == 24
+    # the state of batch 4: nothing of the crashed batch 5
+    assert got["q0"] == {"0": 5} and got["q3"] == {"0": 2} and got["q5"] == {"0": 1} and len(got) == 24
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock,
                                 writer="w2")
     try:
-        clock.advance(1_000)
-        again = ex.run_batch(events(spark, [("c4", "q0", 1_000), ("d0", "q0", 1_000), ("d1", "q5", 1_000)]), 5,
-                             input_watermark_ms=None)
+        again = ex.run_batch(events(spark, last), 5, input_watermark_ms=None)
         assert (again.processed, again.duplicates) == (2, 1)
     finally:
         stop_executor(ex, client)

@@ -116,6 +116,15 @@ class Interval:
         return out
 
 
+def test_the_switch_is_read_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.writepath.image.files import IMAGE_DELTAS_ENV, image_deltas
+
+    monkeypatch.setenv(IMAGE_DELTAS_ENV, "0")
+    assert not image_deltas()
+    monkeypatch.setenv(IMAGE_DELTAS_ENV, "1")
+    assert image_deltas()
+
+
 def test_a_deletion_vector_written_here_reads_back_as_the_rows_it_marks() -> None:
     for rows in ([], [0], [3, 1, 3, 70_000, 2**32 + 5], list(range(0, 20_000, 3)), list(range(5_000))):
         dv = inline_descriptor(rows)
@@ -178,7 +187,7 @@ def _rows_adds(layout) -> list[dict]:  # type: ignore[no-untyped-def]
 @pytest.mark.zk
 @pytest.mark.timeout(900)
 def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a_crash_and_restart(
-        spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Through the executor, as a user runs it: batches that change a few keys each add delta files
     and deletion vectors; a writer that dies after its tasks wrote a batch's delta files and before
     the commit leaves the state as before; Spark's Delta reader and the ``state`` view see one row
@@ -198,6 +207,7 @@ def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a
         if point is FaultPoint.BEFORE_COMMIT and batch_id == 5:
             raise Crash("killed after the tasks wrote the delta files, before the commit")
 
+    monkeypatch.setenv("DELTAWHEEL_IMAGE_DELTAS", "1")  # the driver's switch
     last = [("c4", "q0", 1_000), ("d0", "q0", 1_000), ("d1", "q5", 1_000)]
     clock = ManualClock(1_700_000_000_000)
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock,

@@ -74,15 +74,19 @@ class Interval:
         self.files = ["init.parquet"]
         self.summaries: list[dict] = []
 
-    def batch(self, records: list[tuple[str, str]], *, b: int, deltas: bool = True) -> dict:
-        """Run ``records`` ((record id, key)); the interval's summary row."""
+    def spec(self, b: int, *, deltas: bool = True) -> ImageSpec:
+        """The spec of batch ``b``, as the driver would hand it to the tasks."""
         now_ms = 1_700_000_000_000 + b * 1_000
-        spec = ImageSpec(comp=Count(), rows_root=TableFiles(self.root), images={0: tuple(self.files)},
+        return ImageSpec(comp=Count(), rows_root=TableFiles(self.root), images={0: tuple(self.files)},
                          sequencers={0: SEQ}, stream_roots={"out": TableFiles(os.path.join(self.root, "out"))},
                          wm=None, now_ms=now_ms, horizon_ms=now_ms - 60_000, commit_id=f"c{b}",
                          rows_schema=self.schema, stream_schema=_arrow(stream_schema_ddl()), stream_format_version=1,
                          route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True,
                          dvs={p: dv for p, dv in self.dvs.items() if p in self.files}, deltas=deltas)
+
+    def batch(self, records: list[tuple[str, str]], *, b: int, deltas: bool = True) -> dict:
+        """Run ``records`` ((record id, key)); the interval's summary row."""
+        spec = self.spec(b, deltas=deltas)
         schema = _arrow(PREP_DDL).append(pa.field("interval", pa.int32())).append(pa.field("_m", pa.bool_()))
         rows = [{"record_id": rid, "key": key, "value": b"1", "codec": "json", "timestamp_ms": 1_000,
                  "stream": "events", "position": f"p{rid}", "late": False, "_bad": None,
@@ -144,6 +148,12 @@ def test_a_key_changed_in_batch_two_reads_back_from_base_plus_delta_with_a_cold_
     assert [d["path"] for d in second["dvs"]] == [first["new_path"]]
     assert deleted_rows(TableFiles(str(tmp_path)), store.dvs[first["new_path"]]) != frozenset()
     assert len(store.state_files()) == 3
+    _cold()
+    # the image a task reads: one row per key, the changed key's from the delta
+    image, _place = _imagetask._load(store.spec(2), 0)
+    keys = image.column("key").to_pylist()
+    assert len(keys) == len(set(keys)) == 22  # 21 keys and the fence row
+    assert {k: s for k, s in zip(keys, image.column("state").to_pylist(), strict=True)}["k3"] == b"2"
     _cold()
     again = store.batch([("b0", "k3"), ("c0", "k3"), ("c1", "k4")], b=2)  # b0: a retry of batch 1
     assert (again["processed"], again["duplicates"]) == (2, 1)

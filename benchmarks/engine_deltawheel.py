@@ -273,6 +273,14 @@ class DeltaWheelWholeEngine(DeltaWheelEngine):
     image_deltas = False
 
 
-ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_merge": DeltaWheelMergeEngine,
+class DeltaWheelDeltasEngine(DeltaWheelEngine):
+    """The image path writing delta files (``DELTAWHEEL_IMAGE_DELTAS=1``), side by side with
+    ``deltawheel_whole``."""
+
+    name = "deltawheel_deltas"
+    image_deltas = True
+
+
+ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_deltas": DeltaWheelDeltasEngine, "deltawheel_merge": DeltaWheelMergeEngine,
            "deltawheel_jvm_read": DeltaWheelJvmReadEngine, "deltawheel_vector": DeltaWheelVectorEngine,
            "deltawheel_whole": DeltaWheelWholeEngine}

@@ -123,6 +123,8 @@ class Interval:
 def test_the_switch_is_read_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.statestore.writepath.image.files import IMAGE_DELTAS_ENV, image_deltas
 
+    monkeypatch.delenv(IMAGE_DELTAS_ENV, raising=False)
+    assert not image_deltas()  # off by default: whole images
     monkeypatch.setenv(IMAGE_DELTAS_ENV, "0")
     assert not image_deltas()
     monkeypatch.setenv(IMAGE_DELTAS_ENV, "1")

@@ -8,7 +8,7 @@ has to do (the tasks for each new image, recovery for each current one).
 
 An interval's state may be several files: a batch writes only the rows of the keys it changed
 (a delta file) and marks their older rows deleted in the older files with Delta deletion vectors
-(:func:`image_deltas`; the tasks decide when to rewrite the interval whole instead, see
+(when :func:`image_deltas` says so; the tasks decide when to rewrite the interval whole instead, see
 docs/performance.md). :func:`live_rows` reads a file's rows its deletion vector leaves live.
 """
 
@@ -35,14 +35,15 @@ IDS_FILE_TAG = "dwids"
 _IDS_NAME = re.compile(rf"-{IDS_FILE_TAG}(\d+)\.")
 
 
-#: "0": every batch rewrites each interval it changes whole (no delta files, no deletion vectors)
+#: "1": batches write delta files; "0" (the default): every batch rewrites each interval it changes
+#: whole (no delta files, no deletion vectors)
 IMAGE_DELTAS_ENV = "DELTAWHEEL_IMAGE_DELTAS"
 
 
 def image_deltas() -> bool:
-    """Whether batches write delta files (the driver's setting, :data:`IMAGE_DELTAS_ENV`; on by
+    """Whether batches write delta files (the driver's setting, :data:`IMAGE_DELTAS_ENV`; off by
     default). The tasks get it in their spec, never from their own environment."""
-    return os.environ.get(IMAGE_DELTAS_ENV, "1").strip() not in ("0", "false", "off", "no")
+    return os.environ.get(IMAGE_DELTAS_ENV, "0").strip() in ("1", "true", "on", "yes")
 
 
 def deletion_vector(action_json: str) -> dict[str, Any] | None:

@@ -97,6 +97,7 @@ class DeltaWheelEngine:
     write_path = "auto"  # the image path, on a local folder and on s3a:// alike
     direct_read = True
     vectorised = False  # the computation declares the vectorised path (combine + process_combined)
+    image_deltas: bool | None = None  # DELTAWHEEL_IMAGE_DELTAS for the run (None: as the environment says)
     takes_store = True  # run(store=...) puts the store (and its streaming checkpoint) there
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None,
@@ -136,8 +137,10 @@ class DeltaWheelEngine:
                                     progress=progress or (lambda _s: None), write_path=self.write_path,
                                     direct_read=self.direct_read)
             t0 = time.monotonic()
-            summary = runner.run()
+            with _image_deltas(self.image_deltas):
+                summary = runner.run()
             wall = time.monotonic() - t0
+            written = rows_bytes_per_batch(layout.rows)
             # read while ZooKeeper runs: on s3a:// Delta lists the log through the log store's ZooKeeper
             codec = get_codec("msgpack")
             rows = [codec.decode(r["value"]) for r in
@@ -164,11 +167,67 @@ class DeltaWheelEngine:
                     "input_read": (f"the files of {sum(r.direct for r in reports if r.records_in)} of "
                                    f"{sum(1 for r in reports if r.records_in)} batches with input read by the image "
                                    "tasks with pyarrow, the others through Spark's scan + shuffle"),
-                    "trigger": "availableNow", "maxFilesPerTrigger": 1, "master": spark.sparkContext.master}
+                    "trigger": "availableNow", "maxFilesPerTrigger": 1, "master": spark.sparkContext.master,
+                    "image_deltas": self.image_deltas,
+                    # per batch commit: bytes of the state files and of the ids files it added
+                    "rows_state_bytes_per_batch": None if written is None else [w[0] for w in written],
+                    "rows_ids_bytes_per_batch": None if written is None else [w[1] for w in written]}
         return build_result(self.name, data, output=out, wall_s=wall, settings=settings, late_dropped=late,
                             open_events_at_end=open_events, batches=len(reports),
                             batch_s=[r.wall_s for r in reports],
                             notes=["wall_s includes lease acquisition, fencing and the final timers-only step"])
+
+
+def rows_bytes_per_batch(rows: str) -> list[tuple[int, int]] | None:
+    """(state bytes, ids bytes) the rows table's batch commits added, oldest first (from the log's
+    ``add`` sizes; None: not a local table)."""
+    import json
+
+    from deltawheel.statestore.delta.storefs import local_path
+    from deltawheel.statestore.writepath.image.files import is_ids_path
+
+    local = local_path(rows)
+    if local is None:
+        return None
+    out = []
+    for f in sorted(Path(local, "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        try:
+            meta = json.loads(info.get("userMetadata") or "{}")
+        except ValueError:
+            continue
+        if not isinstance(meta, dict) or meta.get("kind") != "commit":
+            continue
+        # a re-added file (a new deletion vector) writes no data: only new files count
+        adds = [a["add"] for a in actions if "add" in a and not a["add"].get("deletionVector")]
+        out.append((sum(int(a["size"]) for a in adds if not is_ids_path(a["path"])),
+                    sum(int(a["size"]) for a in adds if is_ids_path(a["path"]))))
+    return out
+
+
+class _image_deltas:
+    """``DELTAWHEEL_IMAGE_DELTAS`` set for a run (None: left as it is)."""
+
+    def __init__(self, on: bool | None) -> None:
+        self.on = on
+        self.old: str | None = None
+
+    def __enter__(self) -> None:
+        import os
+
+        if self.on is not None:
+            self.old = os.environ.get("DELTAWHEEL_IMAGE_DELTAS")
+            os.environ["DELTAWHEEL_IMAGE_DELTAS"] = "1" if self.on else "0"
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        if self.on is not None:
+            if self.old is None:
+                os.environ.pop("DELTAWHEEL_IMAGE_DELTAS", None)
+            else:
+                os.environ["DELTAWHEEL_IMAGE_DELTAS"] = self.old
 
 
 class DeltaWheelMergeEngine(DeltaWheelEngine):
@@ -206,5 +265,22 @@ class DeltaWheelVectorEngine(DeltaWheelEngine):
     vectorised = True
 
 
-ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_merge": DeltaWheelMergeEngine,
-           "deltawheel_jvm_read": DeltaWheelJvmReadEngine, "deltawheel_vector": DeltaWheelVectorEngine}
+class DeltaWheelWholeEngine(DeltaWheelEngine):
+    """The image path writing each changed interval whole (``DELTAWHEEL_IMAGE_DELTAS=0``), to measure
+    the delta files side by side."""
+
+    name = "deltawheel_whole"
+    image_deltas = False
+
+
+class DeltaWheelDeltasEngine(DeltaWheelEngine):
+    """The image path writing delta files (``DELTAWHEEL_IMAGE_DELTAS=1``), side by side with
+    ``deltawheel_whole``."""
+
+    name = "deltawheel_deltas"
+    image_deltas = True
+
+
+ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_deltas": DeltaWheelDeltasEngine, "deltawheel_merge": DeltaWheelMergeEngine,
+           "deltawheel_jvm_read": DeltaWheelJvmReadEngine, "deltawheel_vector": DeltaWheelVectorEngine,
+           "deltawheel_whole": DeltaWheelWholeEngine}

@@ -50,7 +50,7 @@ class StoreStatus:
     late: list[dict[str, Any]] = field(default_factory=list)  # computation, recorded_ms
     state: dict[str, dict[str, int]] = field(default_factory=dict)  # computation -> rows, bytes, files
     # computation -> productions checkpointed in its rows, and those of them not in their stream;
-    # None: not known (a local rows table with deletion vectors is read only by Spark)
+    # None: not known (a rows table Python cannot read, and no Spark)
     pending: dict[str, dict[str, int]] | None = field(default_factory=dict)
 
     def computations(self) -> list[tuple[str, str]]:
@@ -99,13 +99,15 @@ def read_columns(path: str, columns: list[str], *, spark: Any = None) -> list[di
         if not local_table_exists(path):
             return []
         snap = read_snapshot(path)
-        if snap is not None and not any(a.get("deletionVector") for a in snap.adds):
-            import pyarrow.parquet as pq
+        if snap is not None:
+            from deltawheel.statestore.delta.deletionvectors import live_table
+            from deltawheel.statestore.delta.storefs import TableFiles
             from deltawheel.statestore.delta.txn import decode_path
 
+            root = TableFiles(local)
             out: list[dict[str, Any]] = []
-            for a in snap.adds:
-                out += pq.read_table(f"{local}/{decode_path(a['path'])}", columns=columns).to_pylist()
+            for a in snap.adds:  # (the rows a file's deletion vector leaves live)
+                out += live_table(root, decode_path(a["path"]), a.get("deletionVector"), columns=columns).to_pylist()
             return out
     if spark is None:
         raise ValueError(f"reading {path} needs a SparkSession")
@@ -141,21 +143,24 @@ def _state_sizes(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]]:
 
 def pending_productions(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]] | None:
     """Per computation, the productions checkpointed in its rows (``checkpointed``) and how many of
-    them are not in their stream table (``undelivered``, by record id); None when a local table
-    can be read only by Spark (deletion vectors) and ``spark`` is None."""
+    them are not in their stream table (``undelivered``, by record id); None when the table is
+    not a local one and ``spark`` is None."""
     from deltawheel.statestore.delta.log import local_table_exists, read_snapshot
     from deltawheel.statestore.delta.storefs import local_path
 
     held: list[tuple[str, str, str]] = []  # computation, stream, production id
     local = local_path(layout.rows)
     snap = read_snapshot(layout.rows) if local is not None and local_table_exists(layout.rows) else None
-    if snap is not None and not any(a.get("deletionVector") for a in snap.adds):
-        import pyarrow.parquet as pq
+    if snap is not None and local is not None:
+        from deltawheel.statestore.delta.deletionvectors import live_table
+        from deltawheel.statestore.delta.storefs import TableFiles
         from deltawheel.statestore.delta.txn import decode_path
 
-        for a in snap.adds:
+        root = TableFiles(local)
+        for a in snap.adds:  # (the rows a file's deletion vector leaves live)
             comp = (a.get("partitionValues") or {}).get("computation") or "-"
-            for lst in pq.read_table(f"{local}/{decode_path(a['path'])}", columns=["pending"]).column(0).to_pylist():
+            for lst in live_table(root, decode_path(a["path"]), a.get("deletionVector"),
+                                  columns=["pending"]).column(0).to_pylist():
                 held += [(comp, p["stream"], p["production_id"]) for p in lst or ()]
     elif local is not None and not local_table_exists(layout.rows):
         return {}

@@ -451,11 +451,12 @@ def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", 
 
 def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> KeyRow | None | Literal[False]:
     """One key's row read with pyarrow from the data files the rows table's Delta log names, no
-    Spark: a local store only. Returns the row, None when the key has none, or False where only
-    Spark can answer exactly (not a local folder, an unreadable log, a deletion vector on a file
-    of the computation)."""
+    Spark: a local store only (deletion vectors applied). Returns the row, None when the key has
+    none, or False where only Spark can answer exactly (not a local folder, an unreadable log)."""
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from ..delta.deletionvectors import live_table
     from ..delta.log import read_snapshot
     from ..delta.storefs import files_for
     from ..delta.txn import decode_path
@@ -471,9 +472,12 @@ def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> Ke
         pv = add.get("partitionValues") or {}
         if pv.get("computation") != computation:
             continue
-        if add.get("deletionVector"):
-            return False
-        table = pq.read_table(files.path(decode_path(str(add["path"]))), filters=[("key", "=", key)])
+        rel = decode_path(str(add["path"]))
+        if add.get("deletionVector"):  # the rows its deletion vector leaves live, then the key's
+            table = live_table(files, rel, dict(add["deletionVector"]))
+            table = table.filter(pc.equal(table.column("key"), key))
+        else:
+            table = pq.read_table(files.path(rel), filters=[("key", "=", key)])
         found += [{**r, "computation": computation, "interval": int(pv["interval"])} for r in table.to_pylist()]
     return KeyRow.from_row(found[0]) if found else None
 

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..clock import Clock, SystemClock
 from ..codecs import CODEC_NAMES, base_name
 from ..config import StoreLimits
+from ..delta.deletionvectors import live_table
 from ..delta.jvm import jframe, jsession, require_classic_session
 from ..delta.log import read_snapshot
 from ..delta.maintenance import note_merge
@@ -212,8 +213,8 @@ class RowStore:
 
     def _fence_rows_from_files(self, computation: str, column: str) -> list[tuple[int, Any]] | None:
         """(interval, ``column`` of its fence rows as a pyarrow table) per file of ``computation``
-        holding one, read in Python; None where only Spark can answer exactly (not reachable from
-        Python, a deletion vector)."""
+        holding one, read in Python (the rows a file's deletion vector leaves live); None where only
+        Spark can answer (not reachable from Python)."""
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
@@ -230,10 +231,11 @@ class RowStore:
             pv = add.get("partitionValues") or {}
             if pv.get("computation") != computation:
                 continue
-            if add.get("deletionVector"):
-                return None
             rel = decode_path(str(add["path"]))
-            if files.is_local:  # the key column's statistics skip row groups without a fence row
+            if add.get("deletionVector"):  # an image path delta's older file: its live rows only
+                table = live_table(files, rel, dict(add["deletionVector"]), columns=["key", column])
+                table = table.filter(pc.equal(table["key"], FENCE_KEY))
+            elif files.is_local:  # the key column's statistics skip row groups without a fence row
                 table = pq.read_table(files.path(rel), columns=[column], filters=[("key", "=", FENCE_KEY)])
             else:
                 table = files.read_parquet(rel, columns=["key", column])

@@ -12,7 +12,11 @@ image path keeps the single-row-per-key table and its partitioning by
   invisible until committed); they return a summary per interval
   (:mod:`.summary`);
 - :meth:`ImagePath.commit`: one Delta transaction on the rows table
-  (``statestore/delta/txn.py``): remove the replaced files, add the new ones.
+  (``statestore/delta/txn.py``): remove the replaced files, add the new ones. A batch that
+  wrote an interval's delta (only the rows of the keys it changed, :mod:`.files`) keeps the
+  interval's older files and re-adds those it changed with their new deletion vectors (the
+  old rows of the changed keys marked deleted), as Delta's MERGE with deletion vectors does:
+  the table holds one live row per key at every version.
   Fenced like every commit: the tasks check the fence row's sequencer, the
   transaction records the partitions as read (a concurrent fence fails it)
   and refuses to go on if a commit since this writer's last one touched its
@@ -63,7 +67,7 @@ from ..streams import (
     ensure_stream_table,
     stream_schema_ddl,
 )
-from .files import is_ids_path, write_production_files
+from .files import deletion_vector, image_deltas, is_ids_path, with_deletion_vector, write_production_files
 from .recovery import Checkpoint, Recovery, resolve, scan
 from .summary import BatchOutput
 
@@ -143,6 +147,7 @@ class ImagePath(WritePath[BatchOutput]):
         self._delivered: dict[tuple[str, str], int] = {}
         self._oldest: dict[int, int | None] = {}
         self._next_proc: dict[int, int | None] = {}
+        self.deltas = image_deltas()  # batches may write delta files (else: whole images)
 
     @property
     def log(self) -> TableLog:
@@ -222,6 +227,18 @@ class ImagePath(WritePath[BatchOutput]):
         the tasks load as the interval's rows."""
         return {iv: tuple(decode_path(f.path) for f in self.files.get(iv, ())) for iv in self.owner.intervals}
 
+    def deletion_vectors(self) -> dict[str, dict[str, Any]]:
+        """path (decoded, as in :meth:`images`) -> its ``deletionVector``, for the owned intervals'
+        live files that have one (the rows the tasks must not read)."""
+        out: dict[str, dict[str, Any]] = {}
+        for iv in self.owner.intervals:
+            for f in self.files.get(iv, ()):
+                if f.has_deletion_vector:
+                    dv = deletion_vector(f.action_json)
+                    if dv:
+                        out[decode_path(f.path)] = dv
+        return out
+
     def load(self) -> None:
         """After :class:`StaleViewError`: a newer fence on an owned interval means this writer is
         a zombie (:class:`StaleSequencerError`); else read the partitions' files again."""
@@ -230,8 +247,9 @@ class ImagePath(WritePath[BatchOutput]):
 
     def _load(self) -> None:
         """Read the live files of the owned partitions (a full snapshot read; after a takeover or
-        a conflict). Files carrying deletion vectors (left by MERGE commits) are purged first, so
-        every image is plain Parquet."""
+        a conflict). With delta files off (:func:`~.files.image_deltas`), files carrying deletion
+        vectors (left by MERGE commits or by delta batches) are purged first, so every image is
+        plain Parquet; with them on, the tasks read deletion vectors themselves."""
         ivs = sorted(self.owner.intervals)
         name, wanted = self.name, {str(iv) for iv in ivs}
         version, files = self.log.files(
@@ -240,7 +258,8 @@ class ImagePath(WritePath[BatchOutput]):
         for f in files:
             self.files.setdefault(int(f.part("interval") or -1), []).append(f)
         self.version = version
-        dirty = sorted({iv for iv, fs in self.files.items() if any(f.has_deletion_vector for f in fs)})
+        dirty = [] if self.deltas else \
+            sorted({iv for iv, fs in self.files.items() if any(f.has_deletion_vector for f in fs)})
         if dirty:  # a stale owner must not rewrite (the images' rows are not all live: ask Delta)
             self.owner.store.check_fences(self.name, self.owner.sequencers)
             self._rewrite(dirty)
@@ -359,17 +378,26 @@ class ImagePath(WritePath[BatchOutput]):
         adds: dict[int, list[Any]] = {}
         removes: list[FileEntry] = []
         kept: dict[int, list[FileEntry]] = {}
+        readded: dict[int, list[FileEntry]] = {}
         for iv, s in new:
             part = {"computation": name, "interval": str(iv)}
             adds[iv] = [new_add(f.path, part, f.size, f.rows) for f in (s.image, s.ids_file) if f is not None]
             gone = set(s.ids_removed)
-            # a new image replaces every file of the partition but its ids files; dropped ids files go
+            marked = dict(s.dvs)
+            # a whole new image replaces every file of the partition but its ids files; a delta
+            # keeps them, re-adding those it marks rows deleted in; dropped ids files go
+            whole = s.image is not None and not s.delta
             drop = [f for f in self.files.get(iv, ())
-                    if (s.image is not None and not is_ids_path(decode_path(f.path))) or decode_path(f.path) in gone]
+                    if (whole and not is_ids_path(decode_path(f.path))) or decode_path(f.path) in gone
+                    or decode_path(f.path) in marked]
+            readded[iv] = [FileEntry(f.path, f.partition_values, f.size, True,
+                                     with_deletion_vector(f.action_json, json.loads(marked[decode_path(f.path)])))
+                           for f in drop if decode_path(f.path) in marked]
             removes += drop
             kept[iv] = [f for f in self.files.get(iv, ()) if f not in drop]
         try:
-            version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]], user_metadata=info,
+            version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]]
+                                      + [f.action_json for iv in ivs for f in readded[iv]], user_metadata=info,
                                       read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
                                       untouched_since=(self.version, parts),
                                       known_version=self.version)
@@ -388,7 +416,7 @@ class ImagePath(WritePath[BatchOutput]):
         assert version is not None
         for iv, s in new:
             pv = (("computation", name), ("interval", str(iv)))
-            self.files[iv] = kept[iv] + [FileEntry(f.path, pv, f.size, False, add)
+            self.files[iv] = kept[iv] + readded[iv] + [FileEntry(f.path, pv, f.size, False, add)
                                          for f, add in zip([f for f in (s.image, s.ids_file) if f is not None],
                                                            adds[iv], strict=True)]
         self.version = out.version = version

@@ -25,7 +25,8 @@ __all__ = ["SUMMARY_DDL", "ImageFile", "ProductionFile", "SideRecord", "Fenced",
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
          "stream: STRING, position: STRING, error: STRING>")
 #: The Arrow rows the tasks return (:meth:`IntervalSummary.to_row`)
-SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
+SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, delta BOOLEAN, "
+               "dvs ARRAY<STRUCT<path: STRING, dv: STRING>>, "
                "ids_path STRING, ids_size BIGINT, ids_rows BIGINT, ids_removed ARRAY<STRING>, "
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
@@ -127,7 +128,10 @@ class IntervalSummary:
     """What a task did with one interval (``interval`` None: a task that ran none; its input
     counts only).
 
-    ``image``: the interval's new image (None: unchanged); ``ids_file``: its new record-ids file
+    ``image``: the interval's new image (None: unchanged); ``delta``: ``image`` holds only the
+    rows of the keys the batch changed (the interval's other state files stay, ``dvs`` marks
+    their old rows deleted: (path, the file's new ``deletionVector`` as JSON) per file it
+    changes), else it replaces every state file of the interval; ``ids_file``: its new record-ids file
     (None: none, ``executor/tasks/image/idsfiles.py``); ``ids_removed``: the ids files it drops
     (past the dedup horizon, or taken into ``ids_file``); ``prod_files``: the productions of its
     keys; ``side``: dead letters and routed late records; the counts of the batch report
@@ -140,6 +144,8 @@ class IntervalSummary:
 
     interval: int | None
     image: ImageFile | None = None
+    delta: bool = False
+    dvs: tuple[tuple[str, str], ...] = ()
     ids_file: ImageFile | None = None
     ids_removed: tuple[str, ...] = ()
     prod_files: tuple[ProductionFile, ...] = ()
@@ -170,6 +176,7 @@ class IntervalSummary:
         img, ids = self.image, self.ids_file
         row: dict[str, Any] = {"interval": self.interval, "new_path": img.path if img else None,
                                "new_size": img.size if img else None, "new_rows": img.rows if img else None,
+                               "delta": self.delta, "dvs": [{"path": p, "dv": d} for p, d in self.dvs],
                                "ids_path": ids.path if ids else None, "ids_size": ids.size if ids else None,
                                "ids_rows": ids.rows if ids else None, "ids_removed": list(self.ids_removed),
                                "prod_files": [p.to_row() for p in self.prod_files],
@@ -190,6 +197,7 @@ class IntervalSummary:
         return cls(
             interval=row.get("interval"),
             image=ImageFile(path, int(row["new_size"]), int(row["new_rows"])) if path else None,
+            delta=bool(row.get("delta")), dvs=tuple((d["path"], d["dv"]) for d in row.get("dvs") or ()),
             ids_file=ImageFile(ids, int(row["ids_size"]), int(row["ids_rows"])) if ids else None,
             ids_removed=tuple(row.get("ids_removed") or ()),
             prod_files=tuple(ProductionFile.from_row(p) for p in row.get("prod_files") or ()),
@@ -219,9 +227,9 @@ class BatchOutput:
 
     def changed(self) -> list[tuple[int, IntervalSummary]]:
         """(interval, its summary) for each interval with files to commit (a new image or ids file,
-        ids files to drop)."""
+        ids files to drop, rows to mark deleted)."""
         return [(iv, s) for iv, s in self.intervals()
-                if s.image is not None or s.ids_file is not None or s.ids_removed]
+                if s.image is not None or s.ids_file is not None or s.ids_removed or s.dvs]
 
     def side(self, kind: str) -> list[SideRecord]:
         """The side records of ``kind`` (dead, late) of every summary."""

@@ -1,0 +1,252 @@
+"""Delta deletion vectors without Spark: which rows of a data file a ``deletionVector``
+descriptor marks deleted (:func:`deleted_rows`), and new descriptors (:func:`inline_descriptor`).
+
+The rows table has deletion vectors on (migration 1): a MERGE (the merge write path, fences and
+claims) marks the rows it replaces in a file's new ``add`` instead of rewriting the file, and the
+image write path marks the rows of the keys a batch changed in the interval's older files (the
+batch's new file holds their new rows: ``statestore/writepath/image/``). The history reader
+(``inspection/history.py``) and the image path's tasks read them as Delta's protocol describes
+("Deletion Vector Format"):
+
+- the descriptor's ``storageType``: ``i`` (the bitmap inline, Z85-encoded), ``u`` (a file
+  ``deletion_vector_<uuid>.bin`` below the table, the UUID Z85-encoded after a random prefix
+  that is a folder) or ``p`` (an absolute path);
+- in a file, at ``offset``: a 4-byte big-endian size, then the bitmap, then its CRC;
+- the bitmap: a ``RoaringBitmapArray`` in the portable format: magic 1681511377, the number of
+  32-bit bitmaps (int64), then per bitmap its high 32 bits and a standard portable 32-bit
+  Roaring bitmap (array, bitmap and run containers).
+
+The descriptors written here are inline (``i``: the bitmap rides in the ``add`` action, no file
+to upload); Delta reads them as it reads its own.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from typing import Any
+
+from ..delta.storefs import TableFiles
+from ..exceptions import StoreDamagedError
+
+__all__ = ["deleted_rows", "z85_decode", "z85_encode", "serialize_rows", "inline_descriptor", "descriptor_id", "live_table"]
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
+_MAGIC = 1681511377
+_SERIAL_COOKIE_NO_RUN = 12346
+_SERIAL_COOKIE = 12347
+
+
+def z85_decode(text: str) -> bytes:
+    """Z85 (ZeroMQ's base 85) text as bytes.
+
+    >>> z85_decode("HelloWorld").hex()
+    '864fd26fb559f75b'
+    """
+    if len(text) % 5:
+        raise ValueError(f"Z85 text must be a multiple of 5 characters long, got {len(text)}")
+    out = bytearray()
+    for i in range(0, len(text), 5):
+        n = 0
+        for c in text[i:i + 5]:
+            n = n * 85 + _Z85_VALUE[c]
+        out += n.to_bytes(4, "big")
+    return bytes(out)
+
+
+def z85_encode(data: bytes) -> str:
+    """``data`` as Z85 text, zero-padded to a multiple of 4 bytes first (as Delta's ``Base85Codec``
+    does; the descriptor's ``sizeInBytes`` says how many bytes are data).
+
+    >>> z85_encode(bytes.fromhex("864fd26fb559f75b"))
+    'HelloWorld'
+    """
+    padded = data + b"\0" * (-len(data) % 4)
+    out = []
+    for i in range(0, len(padded), 4):
+        n = int.from_bytes(padded[i:i + 4], "big")
+        chunk = []
+        for _ in range(5):
+            n, r = divmod(n, 85)
+            chunk.append(_Z85[r])
+        out.append("".join(reversed(chunk)))
+    return "".join(out)
+
+
+def _roaring32_bytes(low: Any) -> bytes:
+    """A portable 32-bit Roaring bitmap (no run containers) of the sorted unique uint32 ``low``."""
+    import numpy as np
+
+    highs = (low >> 16).astype(np.uint16)
+    keys, starts = np.unique(highs, return_index=True)
+    ends = [*starts[1:].tolist(), len(low)]
+    head = struct.pack("<II", _SERIAL_COOKIE_NO_RUN, len(keys))
+    descr = b"".join(struct.pack("<HH", int(k), int(e - s) - 1) for k, s, e in zip(keys, starts, ends, strict=True))
+    bodies = []
+    for s, e in zip(starts, ends, strict=True):
+        part = (low[s:e] & 0xFFFF).astype(np.uint16)
+        if len(part) <= 4096:
+            bodies.append(part.astype("<u2").tobytes())
+        else:
+            words = np.zeros(1024, dtype=np.uint64)
+            np.bitwise_or.at(words, part >> 6, np.left_shift(np.uint64(1), (part & 63).astype(np.uint64)))
+            bodies.append(words.astype("<u8").tobytes())
+    offset = len(head) + len(descr) + 4 * len(keys)
+    offsets = []
+    for b in bodies:
+        offsets.append(struct.pack("<I", offset))
+        offset += len(b)
+    return head + descr + b"".join(offsets) + b"".join(bodies)
+
+
+def serialize_rows(rows: Any) -> bytes:
+    """The portable ``RoaringBitmapArray`` of the row indexes ``rows`` (any iterable of ints >= 0)."""
+    import numpy as np
+
+    arr = np.unique(np.asarray(list(rows) if not hasattr(rows, "dtype") else rows, dtype=np.int64))
+    if not len(arr):
+        return struct.pack("<iq", _MAGIC, 0)
+    his = (arr >> 32).astype(np.int64)
+    keys, starts = np.unique(his, return_index=True)
+    ends = [*starts[1:].tolist(), len(arr)]
+    out = [struct.pack("<iq", _MAGIC, len(keys))]
+    for k, s, e in zip(keys, starts, ends, strict=True):
+        out.append(struct.pack("<I", int(k)))
+        out.append(_roaring32_bytes((arr[s:e] & 0xFFFFFFFF).astype(np.uint32)))
+    return b"".join(out)
+
+
+def inline_descriptor(rows: Any) -> dict[str, Any]:
+    """An inline ``deletionVector`` descriptor marking ``rows`` deleted (an ``add`` action's field)."""
+    import numpy as np
+
+    arr = np.unique(np.asarray(list(rows) if not hasattr(rows, "dtype") else rows, dtype=np.int64))
+    data = serialize_rows(arr)
+    return {"storageType": "i", "pathOrInlineDv": z85_encode(data), "sizeInBytes": len(data),
+            "cardinality": int(len(arr))}
+
+
+def descriptor_id(dv: dict[str, Any] | None) -> str:
+    """What tells one deletion vector of a file from another ("" for none): storage, place, offset."""
+    if not dv:
+        return ""
+    uid = f"{dv.get('storageType', '')}{dv.get('pathOrInlineDv', '')}"
+    off = dv.get("offset")
+    return uid if off is None else f"{uid}@{off}"
+
+
+def _roaring32(data: memoryview, pos: int) -> tuple[list[int], int]:
+    """The values of a portable 32-bit Roaring bitmap starting at ``pos``, and the position after it."""
+    (cookie,) = struct.unpack_from("<I", data, pos)
+    pos += 4
+    if cookie & 0xFFFF == _SERIAL_COOKIE:
+        size = (cookie >> 16) + 1
+        nbytes = (size + 7) // 8
+        runs = bytes(data[pos:pos + nbytes])
+        pos += nbytes
+        has_offsets = size >= 4
+    elif cookie == _SERIAL_COOKIE_NO_RUN:
+        (size,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        runs, has_offsets = b"", True
+    else:
+        raise ValueError(f"not a portable Roaring bitmap (cookie {cookie})")
+    heads = [struct.unpack_from("<HH", data, pos + 4 * i) for i in range(size)]
+    pos += 4 * size
+    if has_offsets:
+        pos += 4 * size
+    values: list[int] = []
+    for i, (key, card_minus_one) in enumerate(heads):
+        high = key << 16
+        if runs and runs[i // 8] >> (i % 8) & 1:
+            (n,) = struct.unpack_from("<H", data, pos)
+            pos += 2
+            for j in range(n):
+                start, length = struct.unpack_from("<HH", data, pos + 4 * j)
+                values.extend(range(high | start, (high | start) + length + 1))
+            pos += 4 * n
+        elif card_minus_one + 1 <= 4096:
+            n = card_minus_one + 1
+            values.extend(high | v for v in struct.unpack_from(f"<{n}H", data, pos))
+            pos += 2 * n
+        else:
+            words = struct.unpack_from("<1024Q", data, pos)
+            pos += 8192
+            for w, word in enumerate(words):
+                while word:
+                    low = word & -word
+                    values.append(high | (w * 64 + low.bit_length() - 1))
+                    word ^= low
+    return values, pos
+
+
+def _bitmap_array(data: bytes) -> frozenset[int]:
+    """The row indexes of a serialized ``RoaringBitmapArray`` (portable format)."""
+    view = memoryview(data)
+    magic, count = struct.unpack_from("<iq", view, 0)
+    if magic != _MAGIC:
+        raise ValueError(f"not a deletion vector bitmap (magic {magic})")
+    pos = 12
+    rows: set[int] = set()
+    for _ in range(count):
+        (high,) = struct.unpack_from("<I", view, pos)
+        low, pos = _roaring32(view, pos + 4)
+        rows.update((high << 32) | v for v in low)
+    return frozenset(rows)
+
+
+def _file_bytes(table: TableFiles, dv: dict[str, Any]) -> bytes:
+    kind, where = dv["storageType"], str(dv["pathOrInlineDv"])
+    if kind == "u":
+        prefix, encoded = where[:-20], where[-20:]
+        name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
+        path = table.path(f"{prefix}/{name}" if prefix else name)
+    elif kind == "p":
+        path = where.split("://", 1)[-1] if where.startswith("file:") else where
+        path = path if table.is_local else table.path(where.split("/", 3)[-1])
+    else:
+        raise ValueError(f"unknown deletion vector storage type {kind!r}")
+    offset = int(dv.get("offset") or 1)
+    with table.fs.open_input_file(path) as fh:
+        fh.seek(offset)
+        (size,) = struct.unpack(">i", fh.read(4))
+        return bytes(fh.read(size))
+
+
+def deleted_rows(table: TableFiles, dv: dict[str, Any] | None) -> frozenset[int]:
+    """The indexes of the rows that deletion vector ``dv`` (an ``add`` action's
+    ``deletionVector``, or None) marks deleted in its file of the table at ``table``.
+
+    Raises:
+        StoreDamagedError: the deletion vector cannot be read or is not one; nothing was changed.
+    """
+    if not dv:
+        return frozenset()
+    try:
+        data = z85_decode(str(dv["pathOrInlineDv"])) if dv["storageType"] == "i" else _file_bytes(table, dv)
+        rows = _bitmap_array(data)
+    except (OSError, ValueError, KeyError, struct.error) as exc:
+        raise StoreDamagedError(
+            f"deletion vector {dv.get('pathOrInlineDv')!r} of the table {table.root} cannot be read "
+            f"({type(exc).__name__}: {exc}); restore it from a backup of the store (docs/store-damage.md)"
+        ) from exc
+    if "cardinality" in dv and len(rows) != int(dv["cardinality"]):
+        raise StoreDamagedError(
+            f"deletion vector {dv.get('pathOrInlineDv')!r} of the table {table.root} holds {len(rows)} rows, "
+            f"its log entry says {dv['cardinality']}; restore it from a backup of the store (docs/store-damage.md)")
+    return rows
+
+
+def live_table(table: TableFiles, rel: str, dv: dict[str, Any] | None, *, columns: list[str] | None = None) -> Any:
+    """The rows of the data file ``rel`` (decoded, below the table ``table``) that its deletion
+    vector ``dv`` (None: none) leaves live, ``columns`` of them (None: all), as a pyarrow table."""
+    import numpy as np
+
+    t = table.read_parquet(rel, columns=columns)
+    if not dv:
+        return t
+    gone = np.fromiter(deleted_rows(table, dv), dtype=np.int64)
+    keep = np.ones(t.num_rows, dtype=bool)
+    keep[gone[gone < t.num_rows]] = False
+    return t.filter(keep)

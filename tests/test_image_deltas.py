@@ -1,0 +1,264 @@
+"""Delta files of the image path (``executor/tasks/image/deltas.py``): a batch writes only the rows
+of the keys it changed and marks their older rows deleted with Delta deletion vectors; the tasks
+read an interval from its files and their vectors (also with a cold worker cache), an interval
+is rewritten whole by the compaction rule, and every Delta reader (Spark's, the SQL views) sees
+one row per key."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zlib
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltawheel.executor.computation import Computation
+from deltawheel.executor.tasks.image import deltas, idsfiles
+from deltawheel.executor.tasks.image import interval as _imagetask
+from deltawheel.executor.tasks.image.interval import ImageSpec, _run
+from deltawheel.executor.tasks.input import PREP_DDL
+from deltawheel.statestore.delta.deletionvectors import (
+    deleted_rows,
+    inline_descriptor,
+    z85_decode,
+    z85_encode,
+)
+from deltawheel.statestore.delta.storefs import TableFiles
+from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
+from deltawheel.statestore.writepath.image.files import is_ids_path
+from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
+from deltawheel.statestore.writepath.streams import stream_schema_ddl
+from pyspark import cloudpickle
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
+
+N_IV = 1
+SEQ = 3
+
+
+class Count(Computation):
+    """Counts each key's records."""
+
+    name = "count"
+    inputs = {"events": "k"}
+    outputs = ("out",)
+    num_intervals = N_IV
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        ctx.state = (ctx.state or 0) + 1
+
+
+def _cold() -> None:
+    """A Python worker that never saw the interval (a restart): nothing cached."""
+    _imagetask._CACHE.clear()
+    _imagetask._BLOOMS.clear()
+    idsfiles._FILES.clear()
+
+
+class Interval:
+    """One computation's interval files in a folder, advanced as the driver's commits would (the
+    state files, their deletion vectors)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.schema = _arrow(rows_file_ddl())
+        self.files: list[str] = []
+        self.dvs: dict[str, dict] = {}
+        os.makedirs(os.path.join(root, "out"), exist_ok=True)
+        fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
+                                       "pending": [], "format_version": 2}], schema=self.schema)
+        pq.write_table(fence, os.path.join(root, "init.parquet"))
+        self.files = ["init.parquet"]
+        self.summaries: list[dict] = []
+
+    def spec(self, b: int, *, deltas: bool = True) -> ImageSpec:
+        """The spec of batch ``b``, as the driver would hand it to the tasks."""
+        now_ms = 1_700_000_000_000 + b * 1_000
+        return ImageSpec(comp=Count(), rows_root=TableFiles(self.root), images={0: tuple(self.files)},
+                         sequencers={0: SEQ}, stream_roots={"out": TableFiles(os.path.join(self.root, "out"))},
+                         wm=None, now_ms=now_ms, horizon_ms=now_ms - 60_000, commit_id=f"c{b}",
+                         rows_schema=self.schema, stream_schema=_arrow(stream_schema_ddl()), stream_format_version=1,
+                         route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True,
+                         dvs={p: dv for p, dv in self.dvs.items() if p in self.files}, deltas=deltas)
+
+    def batch(self, records: list[tuple[str, str]], *, b: int, deltas: bool = True) -> dict:
+        """Run ``records`` ((record id, key)); the interval's summary row."""
+        spec = self.spec(b, deltas=deltas)
+        schema = _arrow(PREP_DDL).append(pa.field("interval", pa.int32())).append(pa.field("_m", pa.bool_()))
+        rows = [{"record_id": rid, "key": key, "value": b"1", "codec": "json", "timestamp_ms": 1_000,
+                 "stream": "events", "position": f"p{rid}", "late": False, "_bad": None,
+                 "interval": zlib.crc32(key.encode()) % N_IV, "_m": False} for rid, key in records]
+        rows.append({"interval": 0, "_m": True})
+        out = [s.to_row() for s in _run(spec, pa.Table.from_pylist(rows, schema=schema))]
+        s = [s for s in out if s.get("interval") == 0][0]
+        files = list(self.files)
+        if s.get("new_path") and not s["delta"]:
+            files = [p for p in files if is_ids_path(p)]
+        files = [p for p in files if p not in (s["ids_removed"] or ())]
+        files += [p for p in (s.get("new_path"), s.get("ids_path")) if p]
+        for d in s["dvs"] or ():
+            self.dvs[d["path"]] = json.loads(d["dv"])
+        self.files = files
+        self.summaries.append(s)
+        return s
+
+    def state_files(self) -> list[str]:
+        return [p for p in self.files if not is_ids_path(p)]
+
+    def states(self) -> dict[str, int]:
+        """key -> state, from the files and their deletion vectors, as any Delta reader reads them."""
+        out: dict[str, int] = {}
+        for p in self.state_files():
+            gone = deleted_rows(TableFiles(self.root), self.dvs.get(p))
+            for i, r in enumerate(pq.read_table(os.path.join(self.root, p)).to_pylist()):
+                if i not in gone and r["key"] != FENCE_KEY:
+                    assert r["key"] not in out, f"two live rows of {r['key']}"
+                    out[r["key"]] = int(r["state"])
+        return out
+
+
+def test_the_switch_is_read_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.writepath.image.files import IMAGE_DELTAS_ENV, image_deltas
+
+    monkeypatch.delenv(IMAGE_DELTAS_ENV, raising=False)
+    assert not image_deltas()  # off by default: whole images
+    monkeypatch.setenv(IMAGE_DELTAS_ENV, "0")
+    assert not image_deltas()
+    monkeypatch.setenv(IMAGE_DELTAS_ENV, "1")
+    assert image_deltas()
+
+
+def test_a_deletion_vector_written_here_reads_back_as_the_rows_it_marks() -> None:
+    for rows in ([], [0], [3, 1, 3, 70_000, 2**32 + 5], list(range(0, 20_000, 3)), list(range(5_000))):
+        dv = inline_descriptor(rows)
+        assert dv["cardinality"] == len(set(rows))
+        assert deleted_rows(TableFiles("/nonexistent"), dv) == frozenset(rows)
+    assert z85_encode(z85_decode("HelloWorld")) == "HelloWorld"
+
+
+def test_a_key_changed_in_batch_two_reads_back_from_base_plus_delta_with_a_cold_cache(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = Interval(str(tmp_path))
+    first = store.batch([(f"a{i}", f"k{i}") for i in range(20)], b=0)
+    # a delta beside the interval's first file (the fence row, as a claim writes it), nothing marked
+    assert first["delta"] and first["new_rows"] == 20 and not first["dvs"]
+    second = store.batch([("b0", "k3"), ("b1", "new")], b=1)
+    # the delta holds the changed key's and the new key's rows only (no fence row: no input files here)
+    assert second["delta"] and second["new_rows"] == 2
+    assert [d["path"] for d in second["dvs"]] == [first["new_path"]]
+    assert deleted_rows(TableFiles(str(tmp_path)), store.dvs[first["new_path"]]) != frozenset()
+    assert len(store.state_files()) == 3
+    _cold()
+    # the image a task reads: one row per key, the changed key's from the delta
+    image, _place = _imagetask._load(store.spec(2), 0)
+    keys = image.column("key").to_pylist()
+    assert len(keys) == len(set(keys)) == 22  # 21 keys and the fence row
+    assert {k: s for k, s in zip(keys, image.column("state").to_pylist(), strict=True)}["k3"] == b"2"
+    _cold()
+    again = store.batch([("b0", "k3"), ("c0", "k3"), ("c1", "k4")], b=2)  # b0: a retry of batch 1
+    assert (again["processed"], again["duplicates"]) == (2, 1)
+    assert again["images_read"] == 1  # read from the files, not the worker's cache
+    got = store.states()
+    assert got["k3"] == 3 and got["k4"] == 2 and got["new"] == 1 and got["k0"] == 1
+    assert len(got) == 21
+
+
+def test_an_interval_is_rewritten_whole_by_the_compaction_rule(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = Interval(str(tmp_path))
+    store.batch([(f"a{i}", f"k{i}") for i in range(40)], b=0)
+    # one key a batch: a delta each time, until the next would make more than MAX_FILES files
+    b = 1
+    while len(store.state_files()) < deltas.MAX_FILES:
+        assert store.batch([(f"x{b}", f"k{b}")], b=b)["delta"]
+        b += 1
+    s = store.batch([(f"x{b}", f"k{b}")], b=b)
+    assert not s["delta"] and s["new_rows"] == 41 and len(store.state_files()) == 1
+    # every key changed: 41 of 81 stored rows live, a delta; every key again: 41 of 122, whole
+    assert store.batch([(f"y{i}", f"k{i}") for i in range(40)], b=b + 1)["delta"]
+    s = store.batch([(f"w{i}", f"k{i}") for i in range(40)], b=b + 2)
+    assert not s["delta"] and len(store.state_files()) == 1
+    assert store.batch([("v", "k1")], b=b + 3)["delta"]
+    s = store.batch([("z", "k0")], b=b + 4, deltas=False)  # the switch off: whole images
+    assert not s["delta"] and len(store.state_files()) == 1
+    _cold()
+    got = store.states()
+    assert (got["k0"], got["k1"], got["k9"], got["k39"]) == (4, 5, 3, 3) and len(got) == 40
+
+
+def _rows_adds(layout) -> list[dict]:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.delta.log import read_snapshot
+
+    snap = read_snapshot(layout.rows)
+    assert snap is not None
+    return [a for a in snap.adds if (a.get("partitionValues") or {}).get("computation") == "buckets"]
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(900)
+def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a_crash_and_restart(
+        spark, migrated_store, zk_config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Through the executor, as a user runs it: batches that change a few keys each add delta files
+    and deletion vectors; a writer that dies after its tasks wrote a batch's delta files and before
+    the commit leaves the state as before; Spark's Delta reader and the ``state`` view see one row
+    per key with its newest state; a new writer (its recovery scan and its tasks reading the files
+    and their vectors) runs the batch again, dropping a retried record."""
+    from pathlib import Path
+
+    from deltawheel.executor.protocol.faults import FaultPoint
+    from deltawheel.statestore.clock import ManualClock
+    from deltawheel.statestore.inspection.sqlviews import inspect_key, register_views
+    from executor_util import BucketCounter, events, start_executor, stop_executor
+
+    class Crash(Exception):
+        pass
+
+    def faults(point: FaultPoint, batch_id: int) -> None:
+        if point is FaultPoint.BEFORE_COMMIT and batch_id == 5:
+            raise Crash("killed after the tasks wrote the delta files, before the commit")
+
+    monkeypatch.setenv("DELTAWHEEL_IMAGE_DELTAS", "1")  # the driver's switch
+    last = [("c4", "q0", 1_000), ("d0", "q0", 1_000), ("d1", "q5", 1_000)]
+    clock = ManualClock(1_700_000_000_000)
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock,
+                                faults=faults)
+    try:
+        clock.advance(1_000)
+        ex.run_batch(events(spark, [(f"a{i}", f"q{i}", 1_000) for i in range(24)]), 0, input_watermark_ms=None)
+        for b in range(1, 5):
+            clock.advance(1_000)
+            ex.run_batch(events(spark, [(f"b{b}", f"q{b}", 1_000), (f"c{b}", "q0", 1_000)]), b,
+                         input_watermark_ms=None)
+        clock.advance(1_000)
+        with pytest.raises(Crash):
+            ex.run_batch(events(spark, last), 5, input_watermark_ms=None)
+    finally:
+        stop_executor(ex, client)
+    adds = _rows_adds(migrated_store)
+    assert any(a.get("deletionVector") for a in adds)  # older files carry the changed keys' old rows, marked
+    assert max(json.loads(a["stats"])["numRecords"] for a in adds) > 5 > min(
+        json.loads(a["stats"])["numRecords"] for a in adds)  # small deltas beside the first images
+    log = Path(migrated_store.rows, "_delta_log")
+    named = {json.loads(line)["add"]["path"] for f in log.glob("*.json") for line in f.read_text().splitlines()
+             if '"add"' in line and "add" in json.loads(line)}
+    on_disk = {str(f.relative_to(migrated_store.rows)) for f in Path(migrated_store.rows).glob("computation=buckets/*/*.parquet")}
+    assert on_disk - named  # the crashed attempt's files: written, never committed
+    rows = spark.read.format("delta").load(migrated_store.rows).where("computation = 'buckets'").collect()
+    keys = [r["key"] for r in rows if not r["key"].startswith("\x00")]
+    assert sorted(keys) == sorted(f"q{i}" for i in range(24))  # one row per key
+    register_views(spark, migrated_store)
+    got = {r["key"]: json.loads(r["state_json"]) for r in spark.sql("SELECT key, state_json FROM state").collect()}
+    # the state of batch 4: nothing of the crashed batch 5
+    assert got["q0"] == {"0": 5} and got["q3"] == {"0": 2} and got["q5"] == {"0": 1} and len(got) == 24
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock,
+                                writer="w2")
+    try:
+        again = ex.run_batch(events(spark, last), 5, input_watermark_ms=None)
+        assert (again.processed, again.duplicates) == (2, 1)
+    finally:
+        stop_executor(ex, client)
+    assert inspect_key(spark, migrated_store, computation="buckets", key="q0")["state"] == {"0": 6}
+    assert inspect_key(spark, migrated_store, computation="buckets", key="q5")["state"] == {"0": 2}
+    assert inspect_key(spark, migrated_store, computation="buckets", key="q7")["state"] == {"0": 1}

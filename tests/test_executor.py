@@ -257,7 +257,7 @@ def test_write_path_is_checked_against_the_store(spark, zk_config) -> None:  # t
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_weak_productions_straggler_checkpointing(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
     """A weak delivery outliving straggler_timeout_s makes the batch checkpoint its productions;
     a straggler that then fails is redelivered from the checkpoint before it is cleared."""
@@ -504,7 +504,7 @@ def test_a_restart_after_a_delivered_batch_skips_the_redelivery(spark, migrated_
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_store, zk_config,
                                                                  write_path) -> None:  # type: ignore[no-untyped-def]
     """A key's record ids leave its row once older than the dedup horizon
@@ -547,7 +547,7 @@ def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migrated_store, zk_config, tmp_path,
                                                                    write_path) -> None:  # type: ignore[no-untyped-def]
     """Two executors of one computation, each holding half the intervals, read the same input

@@ -165,7 +165,7 @@ def test_a_crash_at_any_step_of_a_late_heavy_run_gives_the_uncrashed_result(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_a_retry_of_a_record_processed_on_time_is_a_duplicate_not_late_data(
         spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
     """A producer retries r1 after the watermark passed it: r1 was processed on time, so the retry

@@ -118,7 +118,7 @@ def test_the_rows_commit_writes_no_checkpoint_and_the_background_one_is_read_exa
     assert after is not None and after.txns["ckpt-test"] == 100
 
 
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_batches_leave_log_checkpoints_to_the_background_on_both_write_paths(
         spark, migrated_store, zk_config, write_path: str) -> None:  # type: ignore[no-untyped-def]
     """Batches commit rows and deliver productions; with checkpoints due every 3 versions, the

@@ -152,7 +152,7 @@ def _stream_ids(spark, layout, stream):  # type: ignore[no-untyped-def]
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_a_downstream_deduping_by_record_id_receives_every_pane(spark, migrated_store, zk_config,
                                                                 write_path) -> None:  # type: ignore[no-untyped-def]
     """Late records re-open windows whose panes were emitted: every pane reaches the stream under
@@ -181,7 +181,7 @@ def test_a_downstream_deduping_by_record_id_receives_every_pane(spark, migrated_
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_a_replayed_batch_regenerates_its_weak_productions_ids(spark, migrated_store, zk_config,
                                                                write_path) -> None:  # type: ignore[no-untyped-def]
     """Weak productions are delivered before the commit: a crash after their delivery and before

@@ -55,6 +55,7 @@ from deltawheel.statestore.inspection.positions import (
     ToolChange,
     commits_after,
     computation_commits,
+    outside_commit_ids,
     replay_horizon,
     tool_changes,
     version_at_timestamp,
@@ -460,7 +461,9 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                      if c.batch_id is not None}
         result_diff = diff_stores(spark, store, into, plan.computation, version_a=plan.to_version,
                                   streams=code.outputs, batch_ids=batch_ids, keys=plan.keys,
-                                  intervals=plan.intervals, num_intervals=type(code).num_intervals)
+                                  intervals=plan.intervals, num_intervals=type(code).num_intervals,
+                                  exclude_commits=outside_commit_ids(commits, plan.from_version,
+                                                                     to_version=plan.to_version))
         result_diff = dataclasses.replace(result_diff, notes=tuple(t.describe() for t in plan.tool_changes))
     return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)
 

@@ -9,7 +9,10 @@ version: Delta time travel) with store B's newest (optionally as of a version to
 * **productions** delivered to the stream tables by the computation (``producer`` column), matched
   by (stream, key, event time): only in A, only in B, and different values, value by value.
   ``batch_ids`` restricts both sides to the productions of those batches (a replay compares what
-  its batches produced with what the same live batches produced).
+  its batches produced with what the same live batches produced); ``exclude_commits`` leaves out
+  the productions of those commits (by the ``commit_id`` their rows commit records): a flush batch
+  (no input, firing due timers) takes the id the query's next micro-batch takes too, so a batch id
+  alone does not say on which side of a replay's start or end a production falls.
 
 The comparison runs in Spark (a full outer join per table); only the counts and the samples reach
 the driver. Dedup record ids are not compared: they are the input's, not the computation's output.
@@ -159,7 +162,8 @@ def _state_diff(spark: Any, a: Any, b: Any, counts: dict[str, int],
 
 
 def _productions(spark: Any, layout: StoreLayout, computation: str, streams: Collection[str],
-                 batch_ids: Collection[int] | None, scope: _Scope = _Scope()) -> Any | None:
+                 batch_ids: Collection[int] | None, scope: _Scope = _Scope(),
+                 exclude_commits: Collection[str] = ()) -> Any | None:
     from pyspark.sql import functions as F
 
     frames = []
@@ -172,6 +176,8 @@ def _productions(spark: Any, layout: StoreLayout, computation: str, streams: Col
         if batch_ids is not None:
             batch = F.split(F.col("commit_id"), ":").getItem(1).cast("long")
             df = df.where(batch.isin([int(b) for b in batch_ids]))
+        if exclude_commits:
+            df = df.where(~F.col("commit_id").isin(sorted(exclude_commits)))
         frames.append(df.select(F.lit(s).alias("stream"), "key", "timestamp_ms", "value", "codec"))
     if not frames:
         return None
@@ -230,12 +236,14 @@ def production_keys(spark: Any, layout: StoreLayout, computation: str, streams: 
 def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *, version_a: int | None = None,
                 version_b: int | None = None, streams: Collection[str] = (),
                 batch_ids: Collection[int] | None = None, keys: Collection[str] | None = None,
-                intervals: Collection[int] | None = None, num_intervals: int | None = None) -> StoreDiff:
+                intervals: Collection[int] | None = None, num_intervals: int | None = None,
+                exclude_commits: Collection[str] = ()) -> StoreDiff:
     """The difference of ``computation`` between store ``a`` (as of ``version_a``; None: newest) and
     store ``b`` (as of ``version_b``), its state rows and its productions to ``streams``.
 
     ``keys``: only those keys' rows and productions; ``intervals`` (of ``num_intervals``): only
-    the rows of those intervals and the productions whose key falls in them (a partial replay's).
+    the rows of those intervals and the productions whose key falls in them (a partial replay's);
+    ``exclude_commits``: commit ids whose productions are left out (see the module docstring).
 
     Raises:
         NotAStoreError: a store has no rows table.
@@ -249,8 +257,8 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
         raise ConfigError("diff_stores: intervals need the computation's num_intervals (num_intervals=...)")
     _state_diff(spark, _rows(spark, a, computation, version_a, scope), _rows(spark, b, computation, version_b, scope),
                 counts, samples)
-    _production_diff(_productions(spark, a, computation, streams, batch_ids, scope),
-                     _productions(spark, b, computation, streams, batch_ids, scope), counts, samples)
+    _production_diff(_productions(spark, a, computation, streams, batch_ids, scope, exclude_commits),
+                     _productions(spark, b, computation, streams, batch_ids, scope, exclude_commits), counts, samples)
     return StoreDiff(computation, a.root, b.root, version_a, version_b, counts, samples)
 
 

@@ -27,7 +27,7 @@ from ..layout import StoreLayout
 from ..rowtable.inputfiles import entry_of, kafka_of
 
 __all__ = ["ComputationCommit", "ToolChange", "computation_commits", "replay_horizon", "position_at",
-           "commits_after", "tool_changes", "version_at_timestamp"]
+           "commits_after", "tool_changes", "version_at_timestamp", "outside_commit_ids"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,20 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
         if c.reruns:
             out.append(c)
     return out
+
+
+def outside_commit_ids(commits: Sequence[ComputationCommit], version: int | None, *,
+                       to_version: int | None = None) -> frozenset[str]:
+    """The commit ids of the computation's commits outside ``(version, to_version]`` whose batch id
+    a commit inside has too: a flush (a batch without input) takes the id of the query's next
+    micro-batch, so the diff of a replay over that range leaves their productions out by commit
+    id (``diff.py``), where a filter by batch id alone would count them."""
+    def inside(c: ComputationCommit) -> bool:
+        return (version is None or c.version > version) and (to_version is None or c.version <= to_version)
+
+    ids = {c.batch_id for c in commits if c.reruns and inside(c)}
+    return frozenset(str(c.meta["commit_id"]) for c in commits
+                     if c.batch_id in ids and not inside(c) and c.meta.get("commit_id"))
 
 
 def tool_changes(commits: Sequence[ComputationCommit], version: int | None, *,

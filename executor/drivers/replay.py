@@ -68,7 +68,7 @@ from ..protocol.reports import BatchReport
 from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
 from .replay_inputs import check_inputs, input_bytes, stream_exists
-from .replay_kafka import check_kafka, kafka_df
+from .replay_kafka import check_kafka, mixed_df
 
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
            "read_marker", "replay_scope", "store_id"]
@@ -124,7 +124,8 @@ class ReplayPlan:
             read = f"{len(c.files or ())} input files"
             if c.kafka is not None:
                 read = f"{sum(e - s for parts in c.kafka.values() for s, e in parts.values())} Kafka records " \
-                       f"({', '.join(f'{t}/{p} [{s}, {e})' for t, ps in c.kafka.items() for p, (s, e) in ps.items())})"
+                       f"({', '.join(f'{t}/{p} [{s}, {e})' for t, ps in c.kafka.items() for p, (s, e) in ps.items())})" \
+                       + (f" and {len(c.files or ())} input files" if c.files else "")
             lines.append(f"  batch {c.batch_id} (live version {c.version}): {read}, input watermark {c.input_ms}")
         return "\n".join(lines)
 
@@ -412,7 +413,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     try:
         inputs = shared_input(code, by_name, table_of=store.stream, checkpoint=os.path.join(into.root, "_unused"))
     except ConfigError:
-        kafka = kafka_input(code, by_name, checkpoint=os.path.join(into.root, "_unused"))
+        kafka = kafka_input(code, by_name, checkpoint=os.path.join(into.root, "_unused"), table_of=store.stream)
         if kafka is None:
             raise
         inputs = kafka
@@ -446,7 +447,8 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
             if inputs.kafka and c.kafka is None:
                 raise ReplayUnavailableError(f"live batch {c.batch_id} (rows version {c.version}) of {plan.computation} "
                                              "records no Kafka offsets: replay from a later version")
-            df = kafka_df(spark, inputs, c.kafka) if inputs.kafka else inputs.files_df(spark, files) if files else None
+            df = mixed_df(spark, inputs, c.kafka, files) if inputs.kafka else \
+                inputs.files_df(spark, files) if files else None
             reports.append(ex.run_batch(df, int(c.batch_id if c.batch_id is not None else -2),
                                         input_watermark_ms=c.input_ms, use_authority=False, input_files=files))
             ex.settle()

@@ -1,5 +1,6 @@
 """Replay of a Kafka-fed computation: its live batches' recorded offset ranges re-read from the
-topic (docs/replay.md, "Input positions per commit"), refused when the topic no longer has them."""
+topic (docs/replay.md, "Input positions per commit"), refused when the topic no longer has them;
+beside them the files the batch read of a Parquet injector and of stream tables."""
 
 from __future__ import annotations
 
@@ -10,23 +11,30 @@ from deltawheel.statestore.inspection.positions import ComputationCommit
 
 from ..protocol.rescale import SharedInput
 
-__all__ = ["kafka_df", "check_kafka"]
+__all__ = ["mixed_df", "check_kafka"]
 
 
-
-def kafka_df(spark: Any, inputs: SharedInput, ranges: Mapping[str, Mapping[str, tuple[int, int]]] | None) -> Any:
-    """The records a live batch read from its Kafka injectors (its recorded offset ranges), as the
-    query's frame gives them (``stream`` column included); None: it read none."""
+def mixed_df(spark: Any, inputs: SharedInput, ranges: Mapping[str, Mapping[str, tuple[int, int]]] | None,
+             files: Sequence[str]) -> Any:
+    """The records a live batch read from its Kafka injectors (``ranges``) and its Parquet injector
+    and stream tables (``files``), one frame per input unioned in the order of the computation's
+    inputs, as the live query's frame is; None: it read none."""
     from pyspark.sql import functions as F
 
-    frames = [inj.batch_df(spark, ranges[inj.topic]).withColumn("stream", F.lit(stream))
-              for stream, inj in sorted(inputs.kafka.items()) if ranges and ranges.get(inj.topic)]
-    if not frames:
-        return None
-    out = frames[0]
-    for f in frames[1:]:
-        out = out.unionByName(f)
-    return out
+    from ..sources.schema import union_inputs
+
+    frames = []
+    for stream in inputs.comp.inputs:
+        inj = inputs.kafka.get(stream)
+        if inj is not None:
+            if ranges and ranges.get(inj.topic):
+                frames.append(inj.batch_df(spark, ranges[inj.topic]).withColumn("stream", F.lit(stream)))
+            continue
+        mine = [f for f in files if "/" not in f] if stream in inputs.parquet \
+            else [f for f in files if f.startswith(f"{stream}/")]
+        if mine:
+            frames.append(inputs.files_df(spark, mine))
+    return union_inputs(frames) if frames else None
 
 
 def check_kafka(spark: Any, inputs: SharedInput, commits: Sequence[ComputationCommit],

@@ -144,8 +144,8 @@ def positions_recorder(computation: Computation, injectors: Mapping[str, Injecto
                        checkpoint: str, spark: Any = None) -> SharedInput | None:
     """What makes each commit of ``computation`` record its batch's input positions (replay,
     docs/replay.md): set as the executor's ``positions``. None for inputs without file positions
-    (JSON Lines and Delta-table injectors, several Parquet injectors, Kafka beside other inputs;
-    a computation fed only by Kafka injectors records offset ranges), and for a query checkpoint
+    (JSON Lines and Delta-table injectors, several Parquet injectors; a computation fed by Kafka
+    injectors records offset ranges, and the files of a Parquet injector and stream tables beside them), and for a query checkpoint
     on an object store the positions readers do not reach (another scheme than ``s3a://``, or no
     ``spark`` given, whose Hadoop settings say how to reach the bucket): nothing recorded, and the
     batches run as before. On ``s3a://`` the checkpoint's logs and the stream tables' Delta logs
@@ -160,7 +160,7 @@ def positions_recorder(computation: Computation, injectors: Mapping[str, Injecto
     try:
         got = shared_input(computation, injectors, table_of=layout.stream, checkpoint=checkpoint)
     except ConfigError:
-        got = kafka_input(computation, injectors, checkpoint=checkpoint)
+        got = kafka_input(computation, injectors, checkpoint=checkpoint, table_of=layout.stream)
     if got is not None and remote:
         got.files_of = files_resolver(spark)
     return got

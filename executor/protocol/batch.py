@@ -234,6 +234,8 @@ class BatchProtocol:
             # a batch without input (a flush) read no offsets: its id may be the query's next batch's
             kafka = ex.positions.kafka_ranges(b.batch_id) \
                 if ex.shared is None and ex.positions is not None and b.df is not None else None
+            if b.df is None and ex.shared is None and ex.positions is not None and ex.positions.kafka:
+                kafka = {}  # no Kafka record read (told apart from a commit that records no ranges)
             if ex.shared is not None or ex.positions is None or b.batch_id not in ex.positions.unknown:
                 meta.update(commit_entry(b.batch_id, b.files, kafka=kafka))  # (unknown: none recorded)
         if ex.path.commit(run.batch, commit_id=b.commit_id, meta=meta):

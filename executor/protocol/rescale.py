@@ -204,9 +204,27 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
         ConfigError: ``comp`` reads an input that gives no file positions (an injector other than
             a Parquet or generator injector, or several Parquet injectors).
     """
+    parquet, tables = _file_inputs(comp, injectors, comp.inputs, table_of=table_of)
+    return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals,
+                       file_source=_source_index(comp, parquet))
+
+
+def _source_index(comp: Computation, parquet: Mapping[str, Injector]) -> int:
+    """The index of the Parquet injector's source among the query's sources (the frames are
+    unioned in the order of ``comp.inputs``: its ``sources/<i>`` folder in the checkpoint)."""
+    return next((i for i, s in enumerate(comp.inputs) if s in parquet), 0)
+
+
+def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: Iterable[str], *,
+                 table_of: Callable[[str], str]) -> tuple[dict[str, Injector], dict[str, str]]:
+    """(the Parquet injector by stream, the stream tables by stream) of ``streams``.
+
+    Raises:
+        ConfigError: one gives no file positions, or several Parquet injectors.
+    """
     parquet: dict[str, Injector] = {}
     tables: dict[str, str] = {}
-    for stream in comp.inputs:
+    for stream in streams:
         if stream not in injectors:
             tables[stream] = table_of(stream)
             continue
@@ -222,16 +240,34 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
         raise ConfigError(f"{comp.name}: instances can share a computation's intervals when it reads at most one "
                           f"Parquet injector (it reads {sorted(parquet)}); run it as one instance (no instance "
                           "name), or merge the injectors' folders into one")
-    return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals)
+    return parquet, tables
 
 
-def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpoint: str) -> SharedInput | None:
-    """The positions of a computation whose every input is a Kafka injector (its batches record
-    offset ranges, replay re-reads them); None otherwise."""
-    if not comp.inputs or any(not isinstance(injectors.get(s), KafkaInjector) for s in comp.inputs):
+def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpoint: str,
+                table_of: Callable[[str], str] | None = None) -> SharedInput | None:
+    """The positions of a computation reading Kafka injectors (its batches record offset ranges,
+    replay re-reads them), beside at most one Parquet (or generator) injector and stream tables
+    (``table_of``: a stream's table path; their batches record files too); None when it reads no
+    Kafka injector, or another input that gives no positions (or ``table_of`` is not given)."""
+    kafka: dict[str, KafkaInjector] = {}
+    for s in comp.inputs:
+        inj = injectors.get(s)
+        if isinstance(inj, KafkaInjector):
+            kafka[s] = inj
+    if not kafka:
         return None
-    return SharedInput(comp, {}, {}, checkpoint, type(comp).num_intervals,
-                       kafka={s: injectors[s] for s in comp.inputs})  # type: ignore[misc]
+    rest = [s for s in comp.inputs if s not in kafka]
+    parquet: dict[str, Injector] = {}
+    tables: dict[str, str] = {}
+    if rest:
+        if table_of is None:
+            return None
+        try:
+            parquet, tables = _file_inputs(comp, injectors, rest, table_of=table_of)
+        except ConfigError:
+            return None
+    return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals,
+                       kafka=kafka, file_source=_source_index(comp, parquet))
 
 
 def file_column() -> Any:
@@ -259,10 +295,11 @@ class SharedInput:
     num_intervals: int
     done: dict[int, frozenset[str]] = field(default_factory=dict)
     recorded: frozenset[str] = frozenset()  # the positions in any interval's set (held or not)
-    kafka: dict[str, KafkaInjector] = field(default_factory=dict)  # a Kafka-fed computation's (replay only)
+    kafka: dict[str, KafkaInjector] = field(default_factory=dict)  # a computation's Kafka injectors (replay only)
     # how a remote checkpoint's or table's files are reached (``storefs.files_resolver``; None: local only)
     files_of: Callable[[str], TableFiles | None] | None = None
     unknown: set[int] = field(default_factory=set)  # batches whose positions could not be read (record())
+    file_source: int = 0  # the Parquet injector's source index in the query (``sources/<i>``)
 
     def _where(self, uri: str) -> Where:
         """A checkpoint or table as the readers take it: the local path, or a remote one's files
@@ -313,7 +350,7 @@ class SharedInput:
         log) never fails the batch: the batch goes into :attr:`unknown` (its commit records no
         positions, as an older deltawheel's) and a log line says why."""
         self.unknown.discard(batch_id)
-        if self.kafka:
+        if self.kafka and not self.parquet and not self.tables:
             return ()
         try:
             if self.tables:
@@ -322,7 +359,7 @@ class SharedInput:
             remote = self._remote()
             if remote is None:
                 return tuple(self.batch_positions(df.withColumn(_POSITION, self.position()), batch_id))
-            files = source_batch_files(remote, batch_id)
+            files = source_batch_files(remote, batch_id, source=self.file_source)
             if files is not None:
                 return tuple(files)
             why = f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}"
@@ -364,7 +401,7 @@ class SharedInput:
         logs a batch before running it), the offset log's and the Delta logs' when every input
         is a stream table (:meth:`table_positions`), else the batch's distinct positions (a Spark job)."""
         if not self.tables:
-            files = source_log_files(self.checkpoint, committed_only=False).get(batch_id)
+            files = source_log_files(self.checkpoint, source=self.file_source, committed_only=False).get(batch_id)
             if files is None:
                 raise ConfigError(f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}: this "
                                   "executor's batches must come from the query whose checkpoint that is")
@@ -435,7 +472,7 @@ class SharedInput:
         """The positions this instance's query consumed (its committed batches)."""
         out: set[str] = set().union(*positions_log(self.checkpoint).values())
         if not self.tables:
-            out |= set().union(*source_log_files(self.checkpoint).values())
+            out |= set().union(*source_log_files(self.checkpoint, source=self.file_source).values())
         return out
 
     def missing(self, intervals: Iterable[int]) -> list[str]:

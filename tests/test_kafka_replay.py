@@ -38,6 +38,8 @@ def test_the_offset_log_gives_each_batchs_kafka_ranges(tmp_path: Path) -> None:
     assert kafka_ranges(str(chk), 1, "cards") == {"cards": {"0": [4, 9]}}
     _offsets(chk, 2, '{"cards":{"0":9,"1":3,"2":5}}')  # a partition without a start
     assert kafka_ranges(str(chk), 2, "cards") is None
+    # ... started at offset 0 by a source that fails on data loss (the caller says so)
+    assert kafka_ranges(str(chk), 2, "cards", new_partition_start=0) == {"cards": {"2": [0, 5]}}
     assert kafka_ranges(str(chk), 1, "other") is None  # another topic's source
     # the commit entry: old readers see the files, the ranges are a field of their own
     meta = commit_entry(1, [], kafka=kafka_ranges(str(chk), 1, "cards"))
@@ -47,10 +49,12 @@ def test_the_offset_log_gives_each_batchs_kafka_ranges(tmp_path: Path) -> None:
     assert kafka_of(commit_entry(1, ["f"])) is None
 
 
-def test_a_batch_whose_ranges_the_offset_log_does_not_give_records_no_positions(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
-    """A partition added to the topic during the run has no start in the previous batch's offsets:
-    the batch's positions are unknown (its commit records none, so a replay's horizon is after it),
-    with a log line, and the batch runs."""
+def test_a_partition_added_during_the_run_starts_at_zero_unless_the_source_may_skip_data(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A partition added to the topic during the run has no start in the previous batch's offsets.
+    Spark's Kafka source read it from its earliest offset, which with ``failOnDataLoss`` (the
+    default) is 0 or the query failed: the range starts at 0. With ``failOnDataLoss=false`` the
+    start is not known: the batch's positions are unknown (its commit records none, so a replay's
+    horizon is after it), with a log line, and the batch runs."""
     import logging
 
     from deltawheel.executor.computation import Computation
@@ -72,6 +76,13 @@ def test_a_batch_whose_ranges_the_offset_log_does_not_give_records_no_positions(
     inj = KafkaInjector("cards", bootstrap_servers="127.0.0.1:1", topic="cards", schema="card STRING, ts BIGINT", key_column="card",
                         event_time_column=None, watermark_delay_ms=0)
     rec = kafka_input(Cards(), {"cards": inj}, checkpoint=str(chk))
+    assert rec is not None
+    assert rec.kafka_ranges(0) == {"cards": {"0": [1, 4], "1": [0, 3]}} and not rec.unknown
+    assert rec.kafka_ranges(1) == {"cards": {"0": [4, 9], "2": [0, 5]}} and not rec.unknown
+    lossy = KafkaInjector("cards", bootstrap_servers="127.0.0.1:1", topic="cards", schema="card STRING, ts BIGINT",
+                          key_column="card", event_time_column=None, watermark_delay_ms=0,
+                          options={"failOnDataLoss": "false"})
+    rec = kafka_input(Cards(), {"cards": lossy}, checkpoint=str(chk))
     assert rec is not None
     assert rec.kafka_ranges(0) == {"cards": {"0": [1, 4], "1": [0, 3]}} and not rec.unknown
     with caplog.at_level(logging.WARNING, logger="deltawheel.executor.protocol.rescale"):
@@ -176,3 +187,90 @@ def test_a_kafka_fed_computation_records_its_ranges_and_is_replayed_from_kafka( 
                        computation="card_count", from_version=horizon)
     done = replay(spark, plan, code=CardCount(), injectors=[events])
     assert done.diff is not None and done.diff.empty
+
+
+def _add_partitions(spark: Any, servers: str, topic: str, total: int) -> None:
+    """Kafka's createPartitions: ``topic`` grows to ``total`` partitions."""
+    from deltawheel.statestore.delta.jvm import jvm
+
+    j = jvm(spark)
+    props = j.java.util.Properties()
+    props.setProperty("bootstrap.servers", servers)
+    admin = j.org.apache.kafka.clients.admin.Admin.create(props)
+    try:
+        # NewPartitions.increaseTo by reflection (as RecordsToDelete.beforeOffset above)
+        cls = admin.getClass().getClassLoader().loadClass("org.apache.kafka.clients.admin.NewPartitions")
+        factory = next(m for m in cls.getMethods() if m.getName() == "increaseTo" and m.getParameterCount() == 1)
+        args = spark.sparkContext._gateway.new_array(j.java.lang.Object, 1)
+        args[0] = j.java.lang.Integer.valueOf(str(total))
+        m = j.java.util.HashMap()
+        m.put(topic, factory.invoke(None, args))
+        admin.createPartitions(m).all().get(60_000, j.java.util.concurrent.TimeUnit.MILLISECONDS)
+    finally:
+        admin.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.slow  # two runs of a Kafka pipeline, a replay and a refusal: minutes on a loaded machine
+@pytest.mark.timeout(1800)
+def test_a_partition_added_during_the_run_is_replayed_from_before_its_first_batch(  # type: ignore[no-untyped-def]
+        spark, kafka_broker, zk_config, tmp_path, capsys, monkeypatch) -> None:
+    from deltawheel.executor.cli import main
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.replay import plan_replay, replay
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.servers.kafka import create_topic
+    from deltawheel.statestore.exceptions import InputGoneError
+    from deltawheel.statestore.inspection.positions import computation_commits, replay_horizon
+    from deltawheel.statestore.layout import StoreLayout
+    from kafka_pipeline import NAME, CardCount, card_messages
+    from test_kafka import kafka_ready, produce
+
+    import deltawheel
+
+    kafka_ready(spark)
+    servers, topic = kafka_broker.bootstrap_servers, "grown-cards"
+    create_topic(spark, servers, topic, partitions=1)
+    produce(spark, servers, topic, [(0, k, v) for _, k, v in card_messages(0, 8, lag_ms=0)])
+    events = deltawheel.KafkaInjector("events", bootstrap_servers=servers, topic=topic,
+                                      schema="card STRING, i BIGINT, ts BIGINT", key_column="card",
+                                      event_time_column="ts", watermark_delay_ms=500, max_offsets_per_trigger=4)
+    layout = StoreLayout(str(tmp_path / "store"))
+    pipe = Pipeline(NAME, (events,), (CardCount(),))
+    PipelineRunner(spark, layout, pipe, zk=zk_config, end_of_input=False, progress=lambda line: None).run()
+    before = computation_commits(spark, layout, "card_count")[-1].version
+    _add_partitions(spark, servers, topic, 2)
+    produce(spark, servers, topic, card_messages(8, 8, lag_ms=0))  # 4 to each partition
+    PipelineRunner(spark, layout, pipe, zk=zk_config, end_of_input=False, progress=lambda line: None).run()
+    commits = computation_commits(spark, layout, "card_count")
+    batches = [c for c in commits if c.reruns]
+    assert replay_horizon(commits) is None  # every commit records its positions
+    first = next(c for c in batches if "1" in (c.kafka or {}).get(topic, {}))
+    assert first.version > before and first.kafka[topic]["1"][0] == 0  # type: ignore[index]
+    for p, n in (("0", 12), ("1", 4)):  # every offset of each partition in exactly one batch's range
+        covered = [o for c in batches for o in range(*(c.kafka or {}).get(topic, {}).get(p, (0, 0)))]
+        assert sorted(covered) == list(range(n)), (p, [c.kafka for c in batches])
+    # a replay from before the partition's first batch, as a user runs it: an empty diff
+    monkeypatch.setenv("KAFKA_SERVERS", servers)
+    monkeypatch.setenv("KAFKA_TOPIC", topic)
+    monkeypatch.setenv("PYTHONPATH", "")  # --source puts its module's folder there; undone after the test
+    out = tmp_path / "diff.json"
+    rc = main(["replay", "--store", layout.root, "--pipeline", NAME, "--computation", "card_count",
+               "--from-version", str(before), "--into", str(tmp_path / "shadow"), "--zk", zk_config.hosts,
+               "--zk-chroot", zk_config.chroot, "--source", "kafka_pipeline:pipeline", "--diff-out", str(out)])
+    got = capsys.readouterr()
+    assert rc == 0, got.out + got.err
+    assert json.loads(out.read_text())["empty"], got.out
+    assert f"{topic}/1 [0, " in got.out  # the plan names the new partition's range from offset 0
+    replayed = spark.read.format("delta").load(StoreLayout(str(tmp_path / "shadow")).stream("card_counts")).count()
+    assert replayed == 8
+    # the new partition's head gone (retention): a replay needing it is refused, naming it and the horizon
+    _delete_records(spark, servers, topic, {1: 1})
+    plan = plan_replay(spark, store=layout, into=StoreLayout(str(tmp_path / "shadow2")), pipeline=NAME,
+                       computation="card_count", from_version=before)
+    with pytest.raises(InputGoneError, match=rf"{topic}/1 offsets \[0, .*horizon is rows version {first.version}: "
+                                             rf"replay from rows version {first.version} or later"):
+        replay(spark, plan, code=CardCount(), injectors=[events])
+    assert not (tmp_path / "shadow2").exists()

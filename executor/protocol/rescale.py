@@ -383,14 +383,16 @@ class SharedInput:
         out: dict[str, dict[str, list[int]]] = {}
         for inj in self.kafka.values():
             try:
-                got = kafka_ranges(self._where(self.checkpoint), batch_id, inj.topic)
+                got = kafka_ranges(self._where(self.checkpoint), batch_id, inj.topic,
+                                   new_partition_start=0 if inj.fails_on_data_loss else None)
             except OSError as exc:
                 self._unknown(batch_id, f"reading the query checkpoint {self.checkpoint} failed "
                                         f"({type(exc).__name__}: {exc})")
                 return None
-            if got is None:  # e.g. a partition without a start (added to the topic during the run)
+            if got is None:  # e.g. a partition added during the run to a source that may skip its head
                 self._unknown(batch_id, f"the offset log of {self.checkpoint} does not give the offset ranges of "
-                                        f"topic {inj.topic} (a partition added during the run has no start there)")
+                                        f"topic {inj.topic} (a partition added during the run has no start there, "
+                                        "and with failOnDataLoss=false Spark may have started it past offset 0)")
                 return None
             out.update(got)
         return out

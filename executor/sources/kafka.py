@@ -255,6 +255,13 @@ class KafkaInjector:
         props = self._client_props(j)
         return j, j.org.apache.kafka.clients.admin.Admin.create(props)
 
+    @property
+    def fails_on_data_loss(self) -> bool:
+        """Its query fails rather than skip records (Spark's ``failOnDataLoss``, true unless the
+        options say ``false``): then a partition added to the topic during the run was read from
+        offset 0 (replay's positions, ``sourceoffsets.kafka_ranges``)."""
+        return str(self.options.get("failOnDataLoss", "true")).strip().lower() != "false"
+
     def earliest_offsets(self, spark: SparkSession, partitions: Iterable[str]) -> dict[str, int]:
         """The earliest offset still available (retention, deleted records) of each of the topic's
         ``partitions`` (numbers as strings), from a Kafka consumer in the Spark driver (it reads no

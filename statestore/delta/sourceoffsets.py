@@ -239,13 +239,19 @@ def _initial_kafka(checkpoint: Where, source: int, topic: str) -> dict[str, int]
     return None if got is None else got[1]
 
 
-def kafka_ranges(checkpoint: Where, batch_id: int, topic: str) -> dict[str, dict[str, list[int]]] | None:
+def kafka_ranges(checkpoint: Where, batch_id: int, topic: str, *,
+                 new_partition_start: int | None = None) -> dict[str, dict[str, list[int]]] | None:
     """``{topic: {partition: [start, end]}}`` (start inclusive, end exclusive) a Kafka source read in
     micro-batch ``batch_id`` of the query whose checkpoint is ``checkpoint``: the end from
     ``offsets/<batch_id>``, the start from ``offsets/<batch_id - 1>`` (the first batch: the source's
     initial offsets, ``sources/<i>/0``), no Spark job. Partitions that read nothing are left out.
     None when that is not known here (no such line, a partition without a start, an offset that
     is not a number).
+
+    ``new_partition_start``: the start of a partition the end names and the start does not (added
+    to the topic during the run). Spark's Kafka source starts such a partition at its earliest
+    offset when it plans the batch and, with ``failOnDataLoss`` (its default), fails the query
+    unless that is 0: the caller passes 0 for such a source (None: not known, the ranges are None).
 
     Raises:
         OSError: a remote checkpoint's file could not be read (not: it is missing).
@@ -261,6 +267,8 @@ def kafka_ranges(checkpoint: Where, batch_id: int, topic: str) -> dict[str, dict
     else:
         prev = kafka_offsets(offset_lines(checkpoint, batch_id - 1), topic)
         first = None if prev is None else prev[1]
+    if first is not None and new_partition_start is not None:
+        first = {**{p: new_partition_start for p in stop}, **first}
     if first is None or any(p not in first or first[p] < 0 or first[p] > stop[p] for p in stop):
         return None
     return {topic: {p: [first[p], stop[p]] for p in sorted(stop, key=int) if stop[p] > first[p]}}

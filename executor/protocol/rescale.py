@@ -42,6 +42,10 @@ interval ran it); a gone one some set holds is refused (:class:`InputGoneError`)
 
 Refused (:class:`ConfigError`): several Parquet injectors, and any other injector (a
 :class:`DeltaTableInjector` reads a user's table, whose maintenance deltawheel does not control).
+
+Over 500 lines: :class:`SharedInput` is also what replay's positions are read through (a Parquet
+file log, stream tables, Kafka ranges, and Kafka beside files); one object holds the query's
+inputs for both uses.
 """
 
 from __future__ import annotations

@@ -8,8 +8,13 @@ that are safe under a running job run: stream and metrics retention (blind delet
 append to those tables), OPTIMIZE (a fenced commit that conflicts is retried by the store; an
 OPTIMIZE that loses to a batch fails and is tried again at the next run), the path pass, VACUUM
 with at least Delta's 168 h safety minimum (never ``force``: a shorter one could delete files a
-batch still reads), and the log checkpoint (log cleanup only past a retention given). A run that
-fails is recorded (:attr:`BackgroundGc.failures`) and logged; the pipeline goes on.
+batch still reads), the log checkpoint (log cleanup only past a retention given), the late-data and
+dead-letter retentions when given (blind deletes by ``recorded_ms``; batches insert only), and the
+audit recovery (``audit_recovery``, as ``deltawheel gc``: the audit rows of tools that died between
+their rows commit and their audit row), for tools' commits older than ``audit_grace_ms`` (default
+:data:`AUDIT_GRACE_MS`): a younger one may be a tool still running, which appends its row right
+after its commit while it holds the leases. A run that fails is recorded
+(:attr:`BackgroundGc.failures`) and logged; the pipeline goes on.
 
 The runners (``PipelineRunner``: after each round; ``ContinuousRun``: after each stage's batch, and
 at its ticks for a run due by time) call :meth:`BackgroundGc.batch_done`, and give it their progress
@@ -26,15 +31,19 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
-from .passes import MIN_VACUUM_RETAIN_HOURS, GcReport, check_replay_horizon, run_gc
+from .passes import MIN_VACUUM_RETAIN_HOURS, GcAction, GcReport, check_replay_horizon, run_gc
 
-__all__ = ["BackgroundGc", "parse_every", "summary"]
+__all__ = ["BackgroundGc", "parse_every", "summary", "audit_recovery", "AUDIT_GRACE_MS"]
+
+#: a tool's rows commit younger than this is not given a recovered audit row by the background gc
+#: (the tool may be between its commit and its own row)
+AUDIT_GRACE_MS = 10 * 60_000
 
 _LOG = logging.getLogger(__name__)
 
@@ -45,6 +54,8 @@ class _Options:
     metrics_retention_ms: int | None
     vacuum_retain_hours: float
     log_retention_ms: int | None
+    late_data_retention_ms: int | None = None
+    dead_letter_retention_ms: int | None = None
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)\s*$")
@@ -94,9 +105,12 @@ def summary(report: GcReport) -> str:
              f"vacuumed {len(by.get('vacuum', []))} tables",
              f"checkpointed {len(logs)} logs" + (f" ({at})" if at else ""),
              f"deleted {sum(a.count or 0 for a in by.get('log', []))} log files"]
-    for name, what in (("stream_retention", "stream records"), ("metrics_retention", "metrics rows")):
+    for name, what in (("stream_retention", "stream records"), ("metrics_retention", "metrics rows"),
+                       ("late_data_retention", "late records"), ("dead_letter_retention", "dead letters"),
+                       ("audit_recovery", "missing audit rows recovered")):
         if name in by:
-            parts.append(f"deleted {sum(a.count or 0 for a in by[name])} {what}")
+            verb = "" if name == "audit_recovery" else "deleted "
+            parts.append(f"{verb}{sum(a.count or 0 for a in by[name])} {what}")
     return ", ".join(parts)
 
 
@@ -114,7 +128,9 @@ class BackgroundGc:
                  every_s: float | None = None, stream_retention_ms: int | None = None,
                  metrics_retention_ms: int | None = 720 * 3_600_000,
                  vacuum_retain_hours: float = MIN_VACUUM_RETAIN_HOURS, log_retention_ms: int | None = None,
-                 keep_replay_ms: int | None = None, progress: Callable[[str], None] | None = None) -> None:
+                 keep_replay_ms: int | None = None, progress: Callable[[str], None] | None = None,
+                 late_data_retention_ms: int | None = None, dead_letter_retention_ms: int | None = None,
+                 audit_grace_ms: int = AUDIT_GRACE_MS) -> None:
         if every_batches is None and every_s is None:
             raise ConfigError("background gc needs every_batches or every_s (how often it runs)")
         if (every_batches is not None and every_batches <= 0) or (every_s is not None and not every_s > 0):
@@ -128,7 +144,13 @@ class BackgroundGc:
                              log_retention_ms=log_retention_ms, keep_replay_ms=keep_replay_ms)
         self.spark, self.layout = spark, layout
         self.every_batches, self.every_s = every_batches, every_s
-        self._options = _Options(stream_retention_ms, metrics_retention_ms, vacuum_retain_hours, log_retention_ms)
+        for what, ms in (("late_data_retention_ms", late_data_retention_ms),
+                         ("dead_letter_retention_ms", dead_letter_retention_ms), ("audit_grace_ms", audit_grace_ms)):
+            if ms is not None and ms < 0:
+                raise ConfigError(f"background gc's {what} must be >= 0, got {ms}; nothing was started")
+        self._options = _Options(stream_retention_ms, metrics_retention_ms, vacuum_retain_hours, log_retention_ms,
+                                 late_data_retention_ms, dead_letter_retention_ms)
+        self.audit_grace_ms = audit_grace_ms
         self.keep_replay_ms = keep_replay_ms
         self.progress = progress  # a line as a run starts and ends (the runners give theirs when None)
         self.runs = 0  # the runs started
@@ -191,10 +213,14 @@ class BackgroundGc:
         n = self.runs
         self._say(f"background gc #{n} started")
         try:
-            report = run_gc(self.spark, self.layout, now_ms=int(time.time() * 1000), apply=True,
+            now_ms = int(time.time() * 1000)
+            gap = _audit_gap(self.spark, self.layout, before_ms=now_ms - self.audit_grace_ms)  # before a log clean-up
+            report = run_gc(self.spark, self.layout, now_ms=now_ms, apply=True,
                             stream_retention_ms=o.stream_retention_ms, metrics_retention_ms=o.metrics_retention_ms,
                             vacuum_retain_hours=o.vacuum_retain_hours, log_retention_ms=o.log_retention_ms,
-                            keep_replay_ms=self.keep_replay_ms)
+                            keep_replay_ms=self.keep_replay_ms, late_data_retention_ms=o.late_data_retention_ms,
+                            dead_letter_retention_ms=o.dead_letter_retention_ms)
+            report = replace(report, actions=audit_recovery(self.spark, self.layout, gap, apply=True) + report.actions)
             self.reports = [*self.reports[-99:], report]
             self._say(f"background gc #{n} done in {time.monotonic() - t0:.1f}s: {summary(report)}")
         except Exception as exc:  # a failed run must not stop the pipeline: the next one tries again
@@ -203,6 +229,28 @@ class BackgroundGc:
                       f"{_cause(exc)}); the pipeline goes on, the next run tries again")
             _LOG.warning("deltawheel: background gc of %s failed (%s: %s); the pipeline goes on, the next run "
                          "tries again", self.layout.root, type(exc).__name__, _cause(exc))
+
+
+def _audit_gap(spark: Any, layout: StoreLayout, *, before_ms: int) -> list[dict[str, Any]]:
+    """The audit rows missing for tools' rows commits made before ``before_ms``: a younger commit
+    may be a tool that is about to append its own row (it appends right after its commit, while it
+    still holds the leases), which would then be recorded twice."""
+    from deltawheel.statestore.inspection.auditgap import missing_audit_rows
+
+    return [r for r in missing_audit_rows(spark, layout) if int(r["recorded_ms"]) < before_ms]
+
+
+def audit_recovery(spark: Any, layout: StoreLayout, gap: list[dict[str, Any]], *, apply: bool) -> tuple[GcAction, ...]:
+    """The audit rows a tool that died between its rows commit and its audit row left missing
+    (``gap``, read before the passes: ``statestore/surgery/audit.py``), appended with ``apply``
+    once the passes succeeded (a refused run changes nothing), else counted; no action when none."""
+    from deltawheel.statestore.surgery.audit import recover_audit
+
+    ids = [r.audit_id for r in recover_audit(spark, layout, gap)] if apply and gap else [str(r["audit_id"]) for r in gap]
+    if not ids:
+        return ()
+    return (GcAction("audit_recovery", "audit", f"{len(ids)} audit rows missing for tools' rows commits "
+                     f"(ids {', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}), rebuilt from the commits", len(ids)),)
 
 
 def _cause(exc: BaseException) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 
-__all__ = ["DeltaWheelError", "ReplayHorizonError", "VacuumRetentionError"]
+__all__ = ["DeltaWheelError", "ReplayHorizonError", "RetentionError", "VacuumRetentionError"]
 
 
 class VacuumRetentionError(ConfigError):
@@ -13,3 +13,7 @@ class VacuumRetentionError(ConfigError):
 
 class ReplayHorizonError(ConfigError):
     """A retention (stream, VACUUM, log) shorter than the replay horizon the user asked to keep."""
+
+
+class RetentionError(ConfigError):
+    """A retention (metrics, late data, dead letters) below zero."""

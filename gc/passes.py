@@ -8,6 +8,13 @@ Passes, each reporting what it would remove (dry run, the default) or removed:
   longer ago than a retention (default :data:`METRICS_RETENTION_HOURS`; ``None`` keeps all).
   They are observability only (``deltawheel status`` and ``report`` read them); no batch
   depends on them. Executors append to the table blindly, so this never conflicts with them.
+* ``late_data_retention`` / ``dead_letter_retention``: delete rows of ``late_data`` (records
+  later than the allowed lateness) and ``dead_letters`` (records the code could not process)
+  recorded (``recorded_ms``: when the batch routed them there) longer ago than a retention;
+  default ``None``, keep all (they are the only copy of what the pipeline dropped). No batch reads
+  them and replay re-reads the inputs, never these tables, so they do not count towards the replay
+  horizon; a batch that re-runs inserts only the record ids missing, so a re-run after the rows
+  were collected writes them again (a retention shorter than a batch is pointless, not unsafe).
 * ``compact``: ``OPTIMIZE`` every table (the rows table gets many small files
   and deletion vectors from per-batch MERGEs). Data is unchanged; a concurrent
   fenced commit that conflicts is retried by the store. Rewritten rows keep the id
@@ -57,10 +64,10 @@ from typing import Any
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import list_streams
 
-from .exceptions import ReplayHorizonError, VacuumRetentionError
+from .exceptions import ReplayHorizonError, RetentionError, VacuumRetentionError
 
-__all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "ReplayHorizonError", "MIN_VACUUM_RETAIN_HOURS",
-           "METRICS_RETENTION_HOURS", "check_replay_horizon"]
+__all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "ReplayHorizonError", "RetentionError",
+           "MIN_VACUUM_RETAIN_HOURS", "METRICS_RETENTION_HOURS", "check_replay_horizon"]
 
 MIN_VACUUM_RETAIN_HOURS = 168.0  # Delta's delta.deletedFileRetentionDuration default (one week)
 METRICS_RETENTION_HOURS = 720.0  # rows of _metrics/batches kept by default (30 days)
@@ -110,7 +117,8 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
            stream_retention_ms: int | None = None, vacuum_retain_hours: float = MIN_VACUUM_RETAIN_HOURS,
            force: bool = False, progress: Callable[[str, int], None] | None = None,
            metrics_retention_ms: int | None = int(METRICS_RETENTION_HOURS * 3_600_000),
-           log_retention_ms: int | None = None, keep_replay_ms: int | None = None) -> GcReport:
+           log_retention_ms: int | None = None, keep_replay_ms: int | None = None,
+           late_data_retention_ms: int | None = None, dead_letter_retention_ms: int | None = None) -> GcReport:
     """Plan (default) or run the GC passes over ``layout``'s tables.
 
     ``progress(step, total)`` is called as each pass over a table starts (``total``: how many
@@ -120,6 +128,7 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
         VacuumRetentionError: ``vacuum_retain_hours`` below :data:`MIN_VACUUM_RETAIN_HOURS`
             (or negative) and not ``force``; nothing was changed.
         ReplayHorizonError: a retention shorter than ``keep_replay_ms``; nothing was changed.
+        RetentionError: a metrics, late-data or dead-letter retention below 0; nothing was changed.
     """
     from pyspark.sql import functions as F
 
@@ -132,14 +141,23 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
             "still needs could be deleted; nothing was changed. Use a retention of at least "
             f"{MIN_VACUUM_RETAIN_HOURS:g} h, or pass --force (force=True) when no job writes or reads the store"
             if vacuum_retain_hours >= 0 else f"VACUUM retention must be >= 0 hours, got {vacuum_retain_hours:g}")
+    for flag, given in (("metrics", metrics_retention_ms), ("late-data", late_data_retention_ms),
+                        ("dead-letter", dead_letter_retention_ms)):
+        if given is not None and given < 0:
+            raise RetentionError(f"the {flag} retention must be >= 0 hours, got {given / 3_600_000:g}; nothing was "
+                                 f"changed. Give --{flag}-retention-hours 0 or more (or leave it out)")
     keep_ms = check_replay_horizon(vacuum_retain_hours=vacuum_retain_hours, stream_retention_ms=stream_retention_ms,
                                    log_retention_ms=log_retention_ms, keep_replay_ms=keep_replay_ms)
     actions: list[GcAction] = []
     tables = _tables(spark, layout)
     streams = sum(1 for _, path in tables if path.startswith(layout.streams_root))
     metrics = [(n, p) for n, p in tables if p == layout.metrics_batches]
+    recorded = [(pass_name, name, path, ms) for pass_name, name, path, ms in (
+        ("late_data_retention", "late_data", layout.late_data, late_data_retention_ms),
+        ("dead_letter_retention", "dead_letters", layout.dead_letters, dead_letter_retention_ms))
+        if ms is not None and any(p == path for _, p in tables)]
     total = ((streams if stream_retention_ms is not None else 0) + 4 * len(tables)
-             + (len(metrics) if metrics_retention_ms is not None else 0))
+             + (len(metrics) if metrics_retention_ms is not None else 0) + len(recorded))
 
     def step(what: str) -> None:
         if progress is not None:
@@ -155,9 +173,15 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                 if apply and n:
                     spark.sql(f"DELETE FROM delta.`{path}` WHERE timestamp_ms < {int(cutoff)}")
                 actions.append(GcAction("stream_retention", name, f"{n} records with timestamp < {cutoff}", n))
+    for pass_name, name, path, ms in recorded:  # by when a batch routed the record there
+        step(f"{pass_name.replace('_', ' ')} of {name}")
+        cutoff = now_ms - ms
+        n = spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count()
+        if apply and n:
+            spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}")
+        actions.append(GcAction(pass_name, name, f"{n} records recorded before {cutoff} ({ms / 3_600_000:g} h ago)",
+                                n))
     if metrics_retention_ms is not None:
-        if metrics_retention_ms < 0:
-            raise ValueError(f"the metrics retention must be >= 0, got {metrics_retention_ms} ms")
         cutoff = now_ms - metrics_retention_ms
         for name, path in metrics:
             step("metrics retention")

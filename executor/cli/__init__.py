@@ -56,11 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         setup,
         sql,
         status,
+        upgradestate,
         zk,
     )
 
     for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases,
-                rebalance, recover, replay, promote, repair, reseed, gc, bench, scenario, setup):  # --help order
+                rebalance, recover, replay, promote, repair, upgradestate, reseed, gc, bench, scenario, setup):  # --help order
         mod.register(sub)
     return parser
 

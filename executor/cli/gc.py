@@ -51,6 +51,12 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-retention-hours", type=_hours, default=720.0,
                    help="delete rows of the per-batch metrics table (_metrics/batches, what status and report "
                    "plot) recorded longer ago than this (default 720 = 30 days; 'inf' keeps all)")
+    p.add_argument("--late-data-retention-hours", type=_hours, default=None,
+                   help="delete rows of late_data (records later than the allowed lateness) recorded longer ago "
+                   "than this (by recorded_ms; default: keep all)")
+    p.add_argument("--dead-letter-retention-hours", type=_hours, default=None,
+                   help="delete rows of dead_letters (records the code failed on) recorded longer ago than this "
+                   "(by recorded_ms; default: keep all)")
     p.add_argument("--vacuum-retain-hours", type=float, default=168.0,
                    help="VACUUM keeps unreferenced files younger than this (default 168 = Delta's minimum)")
     p.add_argument("--force", action="store_true",
@@ -78,6 +84,7 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     import deltawheel.migrations as migrations
+    from deltawheel.gc.background import audit_recovery
     from deltawheel.gc.passes import run_gc
 
     layout = layout_from(args)
@@ -104,8 +111,10 @@ def _run(args: argparse.Namespace) -> int:
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
                     vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress,
                     metrics_retention_ms=metrics_keep, log_retention_ms=ms(args.log_retention_hours),
-                    keep_replay_ms=ms(args.keep_replay_hours))
-    report = replace(report, actions=_audit_recovery(spark, layout, gap, apply=args.apply) + report.actions)
+                    keep_replay_ms=ms(args.keep_replay_hours),
+                    late_data_retention_ms=ms(_finite(args.late_data_retention_hours)),
+                    dead_letter_retention_ms=ms(_finite(args.dead_letter_retention_hours)))
+    report = replace(report, actions=audit_recovery(spark, layout, gap, apply=args.apply) + report.actions)
     if not args.skip_zk:
         report = replace(report, actions=report.actions + tuple(_zk_actions(args, spark, apply=args.apply)))
     for line in report.lines():
@@ -115,18 +124,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit_recovery(spark: Any, layout: Any, gap: list[dict[str, Any]], *, apply: bool) -> tuple[Any, ...]:
-    """The audit rows a tool that died between its rows commit and its audit row left missing
-    (``gap``, read before the passes: ``statestore/surgery/audit.py``), appended with ``apply``
-    once the passes succeeded (a refused run changes nothing), else counted; no action when none."""
-    from deltawheel.gc.passes import GcAction
-    from deltawheel.statestore.surgery.audit import recover_audit
-
-    ids = [r.audit_id for r in recover_audit(spark, layout, gap)] if apply and gap else [str(r["audit_id"]) for r in gap]
-    if not ids:
-        return ()
-    return (GcAction("audit_recovery", "audit", f"{len(ids)} audit rows missing for tools' rows commits "
-                     f"(ids {', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}), rebuilt from the commits", len(ids)),)
+def _finite(hours: float | None) -> float | None:
+    """``inf`` hours: keep all (None)."""
+    return None if hours == float("inf") else hours
 
 
 def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool) -> list[Any]:

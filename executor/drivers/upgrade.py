@@ -1,0 +1,155 @@
+"""Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel
+upgrade-state``; docs/operations.md, "State versions").
+
+A computation that raised its ``state_version`` upgrades a key's older row the first time a batch
+runs it (``tasks/keyrun.py``); keys never touched again stay in the old version. This tool upgrades
+all of them, while the pipeline runs: it reads the computation's rows, picks the intervals holding
+rows of an older version, and replaces them in **one** fenced commit under those intervals' leases
+(``statestore/surgery/replace.py``, as ``repair`` does: a running owner hands them over at its next
+batch boundary, ``wait_s`` / ``no_wait``), audited with tool ``upgrade-state``. Under the leases
+each such row is decoded with its own codec column, given to ``upgrade_state(state, from_version)``
+and re-encoded with the computation's codec under its ``state_version`` (the codec column becomes
+e.g. ``json@2``); everything else in the row (timers, ids, pending productions) stays.
+
+The running pipeline must already run the new code (the version the tool upgrades to): an instance
+of the old code fails a batch on a newer row (``StateUpgradeError``: a downgrade is not done).
+
+The error policy of the tool: an ``upgrade_state`` that raises for any key refuses the **whole**
+upgrade (:class:`StateUpgradeError` naming the keys), nothing changed, whatever the computation's
+``error_policy``: a tool has no records to send to dead letters, and the keys stay readable (a
+batch that touches one applies the error policy then). The upgrade runs once over the rows now
+(before any lease is taken: a failing upgrade is refused without pausing the pipeline) and again
+under the leases, over the rows as they are then.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from deltawheel.statestore.codecs import codec_version, get_codec
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.rows import KeyRow, is_user_key
+from deltawheel.statestore.rowtable.store import RowStore
+from deltawheel.statestore.surgery.repair import pipeline_intervals
+from deltawheel.statestore.surgery.replace import Held, Surgery, SurgeryResult, replace_intervals
+
+from ..computation import Computation
+from ..exceptions import StateUpgradeError
+from ..tasks.keyrun import codec_of, state_codec_of
+
+__all__ = ["UpgradePlan", "plan_upgrade", "upgrade_all"]
+
+TOOL = "upgrade-state"
+
+
+@dataclass(frozen=True)
+class UpgradePlan:
+    """What :func:`upgrade_all` would do: ``versions``: rows holding a state per stored state
+    version; ``intervals``: those holding older rows; ``sample``: up to ``sample`` (key, from
+    version, state before, state after) of the rows it would upgrade."""
+
+    computation: str
+    to_version: int
+    versions: Mapping[int, int]
+    intervals: tuple[int, ...]
+    sample: tuple[tuple[str, int, Any, Any], ...]
+
+    @property
+    def to_upgrade(self) -> int:
+        """How many rows are of an older version."""
+        return sum(n for v, n in self.versions.items() if v < self.to_version)
+
+
+def _upgraded(code: Computation, rows: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[str, int, Any, Any]]]:
+    """``rows`` with every older-version state upgraded (the others as they are), and (key, from
+    version, before, after) of the upgraded ones.
+
+    Raises:
+        StateUpgradeError: a row of a newer state version than the code's; ``upgrade_state`` raised
+            (or gave a state the codec cannot encode) for some keys: all of them named.
+    """
+    to = code.state_version
+    codec, column = codec_of(code), state_codec_of(code)
+    out: list[KeyRow] = []
+    changed: list[tuple[str, int, Any, Any]] = []
+    failed: list[str] = []
+    for r in rows:
+        if not is_user_key(r.key) or r.state is None:
+            out.append(r)
+            continue
+        version = codec_version(r.codec)
+        if version > to:
+            raise StateUpgradeError(
+                f"key {r.key!r} of {code.name} holds state of state_version {version} ({r.codec}), newer than the "
+                f"code's {to}: give the code that wrote it (--code); a downgrade is not done. Nothing was changed")
+        if version == to:
+            out.append(r)
+            continue
+        try:
+            old = get_codec(r.codec, allow_pickle=code.allow_pickle).decode(r.state)
+            new = code.upgrade_state(old, version)
+            data = codec.encode(new)
+        except Exception as exc:  # the user's upgrade_state: every failing key is named
+            failed.append(f"{r.key!r} ({type(exc).__name__}: {exc})")
+            continue
+        out.append(r.with_(state=data, codec=column))
+        changed.append((r.key, version, old, codec.decode(data)))
+    if failed:
+        raise StateUpgradeError(
+            f"upgrade_state of {code.name} to state_version {to} failed for {len(failed)} keys: "
+            f"{', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}; the whole upgrade is refused and nothing "
+            "was changed: fix upgrade_state and run it again")
+    return out, changed
+
+
+def plan_upgrade(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, code: Computation,
+                 sample: int = 5) -> UpgradePlan:
+    """What :func:`upgrade_all` would do, over the rows now; no lease taken, nothing written.
+
+    Raises:
+        ConfigError: the pipeline has no such computation in ZooKeeper.
+        StateUpgradeError: as :func:`upgrade_all`.
+    """
+    n = pipeline_intervals(client, pipeline=pipeline, computation=code.name)
+    rows = [r for r in RowStore(spark, layout, writer="plan").scan_intervals(code.name, range(n))
+            if is_user_key(r.key) and r.state is not None]
+    versions = Counter(codec_version(r.codec) for r in rows)
+    _, changed = _upgraded(code, rows)
+    ivs = sorted({r.interval for r in rows if codec_version(r.codec) < code.state_version})
+    return UpgradePlan(code.name, code.state_version, dict(sorted(versions.items())), tuple(ivs),
+                       tuple(changed[:sample]))
+
+
+def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, code: Computation,
+                wait_s: float = 0.0, no_wait: bool = False, source: str = "",
+                progress: Callable[[str], None] | None = None,
+                before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
+    """Upgrade every row of ``code``'s computation stored in an older state version to
+    ``code.state_version``, in one fenced commit under the leases of the intervals holding them,
+    audited (tool ``upgrade-state``, ``source``: what code ran). Nothing older: no lease taken,
+    nothing written (``rows_changed`` 0).
+
+    Raises:
+        ConfigError: the pipeline has no such computation in ZooKeeper.
+        StateUpgradeError: a stored version newer than the code's, or ``upgrade_state`` raised for
+            some keys (the whole upgrade refused). Nothing changed.
+        LeaseHeldError, StaleSequencerError, LeaseLostError: as ``replace_intervals``.
+    """
+    plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)
+    if not plan.intervals:
+        return SurgeryResult(code.name, (), {}, (), (), {}, None, None, False)
+    n = pipeline_intervals(client, pipeline=pipeline, computation=code.name)
+
+    def build(held: Held) -> list[KeyRow]:  # the leases are held: the rows cannot change now
+        rows, _ = _upgraded(code, held.rows)
+        return rows
+
+    detail = {"to_version": code.state_version, "from_versions": {str(v): c for v, c in plan.versions.items()
+                                                                   if v < code.state_version}}
+    return replace_intervals(spark, layout, client, pipeline=pipeline, computation=code.name, num_intervals=n,
+                             intervals=plan.intervals, build=build, wait_s=wait_s, no_wait=no_wait, progress=progress,
+                             before_commit=before_commit,
+                             surgery=Surgery(TOOL, source or f"{type(code).__module__}:{type(code).__qualname__} "
+                                             f"state_version {code.state_version}", detail=detail))

@@ -4,26 +4,33 @@ Fast: ``deltawheel demo --scale X`` refuses what is not a positive number, befor
 and generates X times ``--events``.
 
 Slow (``test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly``): the demo as a
-user runs it, ``deltawheel demo --scale X --gc-every 30s``, at X = 1, 5 and 10 (20000, 100000 and
-200000 queries, one store each), then ``deltawheel gc --apply`` on the idle store (stream records
-kept 1 h: the generated event times are in 2025, so none; metrics rows 0 h; VACUUM and the log
-0 h, ``--force``). The figures of every table (live data files, their bytes, versioned log
-entries), of Spark's streaming checkpoints and the ZooKeeper nodes are checked against bounds
-that follow from the configuration, never from a measured figure:
+user runs it, ``deltawheel demo --scale X --dedup-retention 60s --gc-every 30s``, at X = 1, 5 and 10
+(20000, 100000 and 200000 queries, one store each), then ``deltawheel gc --apply`` on the idle
+store (stream records kept 1 h: the generated event times are in 2025, so none; metrics rows 0 h;
+VACUUM and the log 0 h, ``--force``). The figures of every table (live data files, their bytes,
+versioned log entries), of Spark's streaming checkpoints and the ZooKeeper nodes are checked
+against bounds that follow from the configuration, never from a measured figure but the first
+stage's rate:
 
 - data files of a table: one per partition after OPTIMIZE + VACUUM: the rows table is partitioned
   by (computation, interval): ``sum(num_intervals)`` = 12; every other table: 1;
 - log entries of a table: a checkpoint at the newest version, its commit and checksum: 3;
 - bytes: the stream tables, the metrics table and ``window_counts_dropped`` hold no row after
-  the retentions: at most one file holding no row (``EMPTY_FILE_BYTES``); the rows table holds
+  the retentions: at most one file holding no row (``FILE_BYTES``); the rows table holds
   each computation's keys (at most ``n_queries`` = 50 each: the model's state is its last
-  ``HISTORY`` windows, at most ``STATE_BYTES`` a key) and the record ids of ``dedup_retention``
-  (10 min, processing time): ``12 x EMPTY_FILE_BYTES + 3 x 50 x STATE_BYTES + ids x ID_BYTES``
-  where ``ids`` is the records the stages ran within that retention before the run ended (all of
-  them: the runs are shorter); the productions checkpointed with each interval's last batch (until
-  its next commit; fewer than the records) fit in the same ``ID_BYTES`` a record;
+  ``HISTORY`` windows, at most ``STATE_BYTES`` a key) and record ids:
+  ``12 x FILE_BYTES + 3 x 50 x STATE_BYTES + (first + 2 x later) x ID_BYTES`` where
+  ``first`` bounds the first stage's ids (``first_stage_ids_bound``): those seen within the dedup
+  horizon H before its last batch, an ids file staying up to a quarter of H longer (its
+  compaction bucket) and dropped by the next batch after that: at most
+  ``rate x (H + H/4 + 2 batches)``, ``rate`` the first stage's peak rate over a span that long
+  (records/s, from its progress lines): a bound that does not grow with the input; ``later`` =
+  the window panes and predictions, the one batch each later stage runs in a bounded run (the
+  runner runs a later stage on everything its upstream produced), whose ids and checkpointed
+  productions each fit in ``ID_BYTES`` a record: this term grows with the input's event-time span;
+- the first stage's ids in the rows table, counted: at most ``first`` at every scale;
 - ``late_data``: the records past the allowed lateness are kept as they came (``late_fraction``
-  of the input: nothing collects this table): ``EMPTY_FILE_BYTES + late x LATE_BYTES``;
+  of the input: nothing collects this table): ``FILE_BYTES + late x LATE_BYTES``;
 - Spark's checkpoint of each stage: the offsets and commits of the last ``minBatchesToRetain``
   (100) batches and the file source's log (compacted every 10 batches), each file with its
   ``.crc``: ``2 x (2 x 100 + 100 + 10) + 3`` files;
@@ -37,7 +44,9 @@ Then a run killed with SIGKILL (its whole process group, as ``tests/test_crash.p
 middle of its first stage and the same command run again: every stream table, the late records
 and each computation's state equal those of the uninterrupted 1x run.
 
-``DELTAWHEEL_BOUND_SCALES=1,5`` (a comma list) runs other scales (the kill and resume only with 1).
+``DELTAWHEEL_BOUND_SCALES=1,5`` (a comma list) runs other scales (the kill and resume only with 1);
+``DELTAWHEEL_BOUND_RETENTION=30m`` another dedup horizon (a horizon longer than the run keeps every
+id: the first stage's bound then fails at 5x and 10x).
 Prints the figures as it goes.
 """
 
@@ -45,6 +54,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -207,9 +217,42 @@ def gc_args(store: Path, hosts: str, chroot: str) -> list[str]:
             "--log-retention-hours", "0", "--force"]
 
 
+def retention() -> str:
+    """The demo runs' dedup horizon (``--dedup-retention``): shorter than the runs at 5x and 10x."""
+    return os.environ.get("DELTAWHEEL_BOUND_RETENTION", "60s")
+
+
 def demo_args(store: Path, scale: float, hosts: str, chroot: str) -> list[str]:
-    return ["demo", "--store", str(store), "--scale", f"{scale:g}", "--gc-every", "30s", "--zk", hosts,
-            "--zk-chroot", chroot, "--wait", "120", "--zk-session-timeout", "6"]
+    return ["demo", "--store", str(store), "--scale", f"{scale:g}", "--dedup-retention", retention(),
+            "--gc-every", "30s", "--zk", hosts, "--zk-chroot", chroot, "--wait", "120", "--zk-session-timeout", "6"]
+
+
+_BATCH_LINE = re.compile(r"^\[\s*([\d.]+)s\] window_counter batch \d+: (\d+) in,", re.MULTILINE)
+
+
+def first_stage_ids_bound(said: str, horizon_s: float) -> tuple[int, float, float]:
+    """(bound, rate, span) of the first stage's record ids a run leaves, from its progress lines
+    (``[  t s] window_counter batch N: R in, ...``, printed as each batch ends): an id leaves when a
+    batch after its horizon runs, its ids file up to a compaction bucket (H/4) later, so the ids
+    kept are those of the batches that started within ``span = H + H/4 + 2 batches`` (the longest
+    time between two batch lines, once at each end) of the last one; at most ``rate x span``, ``rate``
+    the stage's peak rate over any span that long (records/s)."""
+    ends = [(float(t), int(n)) for t, n in _BATCH_LINE.findall(said)]
+    assert len(ends) >= 2, said[-2000:]
+    batch_s = max(b[0] - a[0] for a, b in zip(ends, ends[1:], strict=False))
+    span = horizon_s * 1.25 + 2 * batch_s
+    bound = max(sum(n for t, n in ends if end - span <= t <= end) for end, _ in ends)
+    return bound, bound / span, span
+
+
+def ids_per_computation(spark, store: Path) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """The record ids the rows table holds, per computation (ids files and key rows alike)."""
+    from deltawheel.statestore.layout import StoreLayout
+    from pyspark.sql import functions as F
+
+    rows = spark.read.format("delta").load(StoreLayout(str(store)).rows)
+    return {r["computation"]: int(r["ids"]) for r in rows.groupBy("computation")
+            .agg(F.sum(F.size("record_ids")).alias("ids")).collect()}
 
 
 def zk_bound(computations: Any, *, injectors: int = 1) -> int:
@@ -253,11 +296,13 @@ def _kill_mid_run(cmd: list[str]) -> None:
 def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spark, zk_server, tmp_path,  # type: ignore[no-untyped-def]
                                                                            capsys) -> None:
     from deltawheel.executor.cli import main
+    from deltawheel.executor.cli.demo import parse_retention
     from deltawheel.executor.demo.pipeline import computations
     from deltawheel.executor.demo.zeitgeist import ZeitgeistParams
     from deltawheel.migrations import MIGRATIONS
 
-    comps = computations()
+    horizon_s = parse_retention(retention()).total_seconds()
+    comps = computations(dedup_retention=parse_retention(retention()))
     partitions = sum(c.num_intervals for c in comps)
     n_queries = ZeitgeistParams(n_events=0, seed=7).n_queries
     retain = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
@@ -276,7 +321,8 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
         out = outputs(spark, store)
         if scale == 1:
             reference = out
-        ran = events + len(out["window_counts"]) + len(out["predictions"])  # the records the stages ran
+        first, rate, span = first_stage_ids_bound(said, horizon_s)
+        later = len(out["window_counts"]) + len(out["predictions"])  # the later stages' one batch each
         late = len(out["late_data"])
         started = time.monotonic()
         assert main(gc_args(store, zk_server.hosts, chroot)) == 0
@@ -285,8 +331,9 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
         figs = {name: table_figures(path) for name, path in sorted(tables(store).items())}
         ckpt = checkpoint_figures(store)
         nodes = zk_paths(zk_server.hosts, chroot)
+        ids = ids_per_computation(spark, store)
         bounds = {name: (partitions if name == "rows" else 1, 3,
-                         partitions * FILE_BYTES + len(comps) * n_queries * STATE_BYTES + ran * ID_BYTES
+                         partitions * FILE_BYTES + len(comps) * n_queries * STATE_BYTES + (first + 2 * later) * ID_BYTES
                          if name == "rows" else FILE_BYTES + late * LATE_BYTES if name == "late_data" else FILE_BYTES)
                   for name in figs}
         # _meta is written by `deltawheel migrate` alone: a file and a commit per migration
@@ -295,7 +342,9 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
                 + "; ".join(f"{t}: {f} files, {b} B, {lg} log (bound {bf}, {bb} B, {bl})"
                             for t, ((f, b, lg), (bf, bl, bb)) in ((t, (figs[t], bounds[t])) for t in figs))
                 + "; checkpoints: " + ", ".join(f"{s} {f} files {b} B" for s, (f, b) in ckpt.items())
-                + f" (bound {checkpoint_bound} files); zookeeper: {len(nodes)} nodes (bound {zk_bound(comps)})")
+                + f" (bound {checkpoint_bound} files); zookeeper: {len(nodes)} nodes (bound {zk_bound(comps)})"
+                + f"; ids {ids} (window_counter bound {first}: {rate:.0f}/s x {span:.0f} s; later stages' batch "
+                  f"{later})")
         report.append(line)
         with capsys.disabled():
             print("\n" + line, flush=True)
@@ -304,6 +353,7 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
             assert files <= bound_files and log <= bound_log and size <= bound_bytes, (scale, t, figs[t], bounds[t])
         assert all(files <= checkpoint_bound for files, _ in ckpt.values()), (scale, ckpt)
         assert len(nodes) <= zk_bound(comps), (scale, nodes)
+        assert ids.get("window_counter", 0) <= first, (scale, ids, first, rate, span)
         if scale == 1:  # a run killed mid-way, then the same command again: the uninterrupted run's rows
             killed = tmp_path / "killed"
             args = demo_args(killed, scale, zk_server.hosts, "/bound-killed")

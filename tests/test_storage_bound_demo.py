@@ -124,6 +124,55 @@ def test_scale_sets_the_generated_input(tmp_path) -> None:  # type: ignore[no-un
         demo_injector(args, layout_from(args))
 
 
+# --- the --dedup-retention option --------------------------------------------------------------
+
+
+def test_dedup_retention_refuses_what_is_not_a_positive_duration_and_starts_nothing(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from deltawheel.executor.cli import main
+    from deltawheel.executor.cli.demo import parse_retention
+    from deltawheel.statestore.exceptions import ConfigError
+
+    assert parse_retention("60s") == timedelta(seconds=60)
+    assert parse_retention("2.5m") == timedelta(seconds=150)
+    assert parse_retention("1h") == timedelta(hours=1)
+    for bad in ("0s", "-5m", "60", "m", "", "ten s", "1d", "nans", "infh"):
+        with pytest.raises(ConfigError, match="--dedup-retention must be a positive duration with its unit"):
+            parse_retention(bad)
+    store = tmp_path / "store"
+    for args in (["--dedup-retention", "0s"], ["--dedup-retention", "90"], ["--follow", "--dedup-retention=-1m"]):
+        capsys.readouterr()
+        assert main(["demo", "--store", str(store), *args]) == 3  # ConfigError's exit code
+        assert "--dedup-retention must be a positive duration" in capsys.readouterr().err
+        assert not store.exists()  # nothing started, nothing written
+
+
+def test_dedup_retention_reaches_every_stage_and_its_spark_tasks(spark) -> None:  # type: ignore[no-untyped-def]
+    """``demo --dedup-retention 90s``: every computation's horizon is 90 s, on the driver and in a
+    Python worker the computations were shipped to (as the executor ships them in its tasks); the
+    demo's classes (other pipelines' computations) keep the default."""
+    from datetime import timedelta
+
+    from deltawheel.executor.cli import build_parser
+    from deltawheel.executor.cli.demo import demo_computations
+    from deltawheel.executor.computation import Computation
+    from deltawheel.executor.demo.pipeline import Detector, Model, computations
+
+    comps = demo_computations(build_parser().parse_args(["demo", "--dedup-retention", "90s"]))
+    assert [c.name for c in comps] == ["window_counter", "model", "detector"]
+    assert [c.dedup_retention_ms() for c in comps] == [90_000] * 3
+    assert isinstance(comps[1], Model) and isinstance(comps[2], Detector)
+    shipped = spark.sparkContext.parallelize([0], 1).map(
+        lambda _: [(c.name, c.dedup_retention_ms()) for c in comps]).collect()
+    assert shipped == [[("window_counter", 90_000), ("model", 90_000), ("detector", 90_000)]]
+    default = Computation.dedup_retention
+    assert Model.dedup_retention == Detector.dedup_retention == default == timedelta(minutes=10)
+    assert [c.dedup_retention for c in demo_computations(build_parser().parse_args(["demo"]))] == [default] * 3
+    live = computations(window_ms=2_000, dedup_retention=timedelta(seconds=5))  # --follow --window 2
+    assert [c.dedup_retention_ms() for c in live] == [5_000] * 3 and live[1].window_ms == 2_000
+
+
 # --- figures -----------------------------------------------------------------------------------
 
 
@@ -344,7 +393,7 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
                 + "; checkpoints: " + ", ".join(f"{s} {f} files {b} B" for s, (f, b) in ckpt.items())
                 + f" (bound {checkpoint_bound} files); zookeeper: {len(nodes)} nodes (bound {zk_bound(comps)})"
                 + f"; ids {ids} (window_counter bound {first}: {rate:.0f}/s x {span:.0f} s; later stages' batch "
-                  f"{later})")
+                  f"{later}); background gc runs {len(re.findall(r'background gc #[0-9]+ done', said))}")
         report.append(line)
         with capsys.disabled():
             print("\n" + line, flush=True)

@@ -23,8 +23,9 @@ stage's rate:
   ``first`` bounds the first stage's ids (``first_stage_ids_bound``): those seen within the dedup
   horizon H before its last batch, an ids file staying up to a quarter of H longer (its
   compaction bucket) and dropped by the next batch after that: at most
-  ``rate x (H + H/4 + 2 batches)``, ``rate`` the first stage's peak rate over a span that long
-  (records/s, from its progress lines): a bound that does not grow with the input; ``later`` =
+  ``rate x (H + H/4 + 2 batches)`` (a batch: the stage's longest), ``rate`` the first stage's peak
+  rate over a span that long (records/s, from its progress lines): a bound that does not grow
+  with the input; ``later`` =
   the window panes and predictions, the one batch each later stage runs in a bounded run (the
   runner runs a later stage on everything its upstream produced), whose ids and checkpointed
   productions each fit in ``ID_BYTES`` a record: this term grows with the input's event-time span;
@@ -276,22 +277,34 @@ def demo_args(store: Path, scale: float, hosts: str, chroot: str) -> list[str]:
             "--gc-every", "30s", "--zk", hosts, "--zk-chroot", chroot, "--wait", "120", "--zk-session-timeout", "6"]
 
 
-_BATCH_LINE = re.compile(r"^\[\s*([\d.]+)s\] window_counter batch \d+: (\d+) in,", re.MULTILINE)
+_BATCH_LINE = re.compile(r"^\[\s*([\d.]+)s\] window_counter batch \d+: (\d+) in,.*; batch ([\d.]+)s", re.MULTILINE)
 
 
 def first_stage_ids_bound(said: str, horizon_s: float) -> tuple[int, float, float]:
     """(bound, rate, span) of the first stage's record ids a run leaves, from its progress lines
-    (``[  t s] window_counter batch N: R in, ...``, printed as each batch ends): an id leaves when a
-    batch after its horizon runs, its ids file up to a compaction bucket (H/4) later, so the ids
-    kept are those of the batches that started within ``span = H + H/4 + 2 batches`` (the longest
-    time between two batch lines, once at each end) of the last one; at most ``rate x span``, ``rate``
-    the stage's peak rate over any span that long (records/s)."""
-    ends = [(float(t), int(n)) for t, n in _BATCH_LINE.findall(said)]
+    (``[  t s] window_counter batch N: R in, ...; batch W s (...)``, printed as each batch ends): an
+    id leaves with the first batch after its horizon that runs its interval, its ids file up to a
+    compaction bucket (H/4) later, so the ids kept are those of the batches that ended within
+    ``span = H + H/4 + 2 batches`` (the longest batch ``W``, once at each end) of the last one that
+    ran; at most ``rate x span``, ``rate`` the stage's peak rate over any span that long (records/s)."""
+    ends = [(float(t), int(n), float(w)) for t, n, w in _BATCH_LINE.findall(said)]
     assert len(ends) >= 2, said[-2000:]
-    batch_s = max(b[0] - a[0] for a, b in zip(ends, ends[1:], strict=False))
-    span = horizon_s * 1.25 + 2 * batch_s
-    bound = max(sum(n for t, n in ends if end - span <= t <= end) for end, _ in ends)
+    span = horizon_s * 1.25 + 2 * max(w for _, _, w in ends)
+    bound = max(sum(n for t, n, _ in ends if end - span <= t <= end) for end, _, _ in ends)
     return bound, bound / span, span
+
+
+def test_first_stage_ids_bound_counts_the_records_of_the_last_span() -> None:
+    """The bound of the slow test below on lines as a run prints them: 40 batches of 2000 records
+    every 10 s (5 s each), then, after the later stages ran, one that only drops expired ids."""
+    lines = [f"[{100 + 10 * i:7.1f}s] window_counter batch {i}: 2000 in, 2000 processed, 0 dup; 50 keys "
+             f"written; wm in - low -; batch 5.0s (prepare 1.0)" for i in range(40)]
+    lines += ["[ 900.0s] model batch 0: 1930 in, 1930 processed; batch 60.0s (plan 1.0)",
+              "[1000.0s] window_counter batch 40: 0 in, 0 processed; 2000 ids expired; batch 44.0s (plan 0.1)"]
+    bound, rate, span = first_stage_ids_bound("\n".join(lines), 60)
+    assert span == 60 * 1.25 + 2 * 44.0  # the longest batch, not the gap while the later stages ran
+    assert bound == 17 * 2000 and rate == pytest.approx(bound / span)  # batches ending in 163 s: 17
+    assert first_stage_ids_bound("\n".join(lines), 3600)[0] == 40 * 2000  # a horizon longer than the run
 
 
 def ids_per_computation(spark, store: Path) -> dict[str, int]:  # type: ignore[no-untyped-def]

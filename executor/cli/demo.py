@@ -4,7 +4,9 @@ Local Spark, a local Delta store, and a real ZooKeeper started from pyspark's
 jars when none answers. ``--store s3a://BUCKET/PATH`` keeps the tables on an object store (the
 generated input stays in a local folder, ``--input``). Deterministic for (--events, --seed); re-running the
 same command after a kill resumes and finishes with exactly the same rows. ``--scale X`` generates X times
---events (``tests/test_storage_bound_demo.py`` runs it at 1x, 5x and 10x).
+--events (``tests/test_storage_bound_demo.py`` runs it at 1x, 5x and 10x). ``--dedup-retention DURATION``
+sets every stage's dedup horizon (``Computation.dedup_retention``, 10 min by default): a run longer than it
+keeps only the record ids of its last DURATION or so.
 
 ``--follow [--rate R] [--seconds S]``: the same three stages live at once on events generated now, at
 R records/s, with a line per stage every few seconds (``executor/demo/follow.py``; docs/continuous.md,
@@ -31,7 +33,9 @@ from .common import (
     zookeeper_for,
 )
 
-__all__ = ["register", "demo_injector"]
+__all__ = ["register", "demo_injector", "demo_computations", "parse_retention"]
+
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
 
 
 def register(sub: Any) -> None:
@@ -68,6 +72,10 @@ def register(sub: Any) -> None:
                         "predictions and the detector sooner)")
     g.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
                    help="with --follow: seconds between the per-stage lines (default 5)")
+    p.add_argument("--dedup-retention", default=None, metavar="DURATION",
+                   help="how long each stage keeps the ids of the records it ran, to drop a record delivered "
+                        "again (exactly-once; Computation.dedup_retention): a duration with its unit (90s, 10m, "
+                        "1h; default 10m); a run longer than it keeps only its last DURATION's ids")
     add_gc_every_arg(p)
     add_zk_args(p)
     add_max_pause_arg(p)
@@ -76,10 +84,10 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..demo.pipeline import computations
     from ..drivers.pipeline import Pipeline
     from ..drivers.runner import PipelineRunner
 
+    demo_computations(args)  # --dedup-retention, checked before anything starts
     if args.follow:
         if args.scale is not None:
             from deltawheel.statestore.exceptions import ConfigError
@@ -103,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = zookeeper.config
     spark = spark_from(args)
     injector = demo_injector(args, layout)
-    pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=computations())
+    pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=demo_computations(args))
 
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
@@ -141,6 +149,44 @@ def demo_injector(args: argparse.Namespace, layout: Any) -> Any:
                              params, events_per_batch=args.events_per_batch)
 
 
+def demo_computations(args: argparse.Namespace, *, window_ms: int | None = None) -> Any:
+    """The demo's computations for the parsed ``args`` (``--dedup-retention``; ``window_ms``: the
+    first stage's window, the default 10 s when None).
+
+    Raises:
+        ConfigError: a ``--dedup-retention`` that is not a positive duration.
+    """
+    from ..demo.pipeline import WINDOW_MS, computations
+
+    retention = None if args.dedup_retention is None else parse_retention(args.dedup_retention)
+    return computations(window_ms=WINDOW_MS if window_ms is None else window_ms, dedup_retention=retention)
+
+
+def parse_retention(text: str) -> Any:
+    """The ``timedelta`` of a ``--dedup-retention`` value: a number > 0 with its unit (s, m or h).
+
+    >>> parse_retention("90s"), parse_retention("1.5m"), parse_retention("1h")
+    (datetime.timedelta(seconds=90), datetime.timedelta(seconds=90), datetime.timedelta(seconds=3600))
+
+    Raises:
+        ConfigError: anything else (no unit, zero, negative, not a number); nothing is started.
+    """
+    import math
+    from datetime import timedelta
+
+    from deltawheel.statestore.exceptions import ConfigError
+
+    unit = text.strip()[-1:]
+    try:
+        value = float(text.strip()[:-1]) if unit in _UNIT_S else math.nan
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--dedup-retention must be a positive duration with its unit (90s, 10m, 1h), got "
+                          f"{text!r}; nothing was started")
+    return timedelta(seconds=value * _UNIT_S[unit])
+
+
 def _follow(args: argparse.Namespace) -> int:
     import deltawheel
 
@@ -173,7 +219,9 @@ def _follow(args: argparse.Namespace) -> int:
             engine.progress = runner_lines
             result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
                             seconds=args.seconds, seed=args.seed, every_s=args.every,
-                            window_ms=window_ms, say=progress, gc_every=args.gc_every)
+                            window_ms=window_ms, say=progress, gc_every=args.gc_every,
+                            dedup_retention=None if args.dedup_retention is None
+                            else parse_retention(args.dedup_retention))
             for name, (n, p50, p99) in result.figures.items():
                 lat = "-" if p50 is None or p99 is None else f"p50 {p50:.2f}s p99 {p99:.2f}s"
                 progress(f"{name} over the run: {n} records, latency {lat}")

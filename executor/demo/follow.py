@@ -32,6 +32,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable
 
 import numpy as np
@@ -213,11 +214,12 @@ class FollowResult:
 
 def follow(engine: Any, folder: str, *, rate: int, seconds: float | None, seed: int, every_s: float = 5.0,
            window_ms: int = WINDOW_MS, say: Say, drain_timeout_s: float = 120.0,
-           gc_every: str | int | None = None) -> FollowResult:
+           gc_every: str | int | None = None, dedup_retention: timedelta | None = None) -> FollowResult:
     """Run the demo live on ``engine`` (its store, its pipeline ``zeitgeist``) with its input in
     ``folder`` until ``seconds`` (then drained), Ctrl-C or SIGTERM (see the module docstring);
     ``window_ms``: the first stage's window length; ``gc_every``: gc's Delta passes from the running
-    pipeline (``engine.start_pipeline(..., gc_every=...)``).
+    pipeline (``engine.start_pipeline(..., gc_every=...)``); ``dedup_retention``: every stage's dedup
+    horizon (None: ``Computation.dedup_retention``).
 
     Raises:
         ConfigError: as :func:`check_settings` (before anything starts).
@@ -231,7 +233,7 @@ def follow(engine: Any, folder: str, *, rate: int, seconds: float | None, seed: 
     gen = LiveGenerator(folder, rate=rate, seed=seed, seconds=seconds)
     os.makedirs(folder, exist_ok=True)
     queries = LiveQueries("queries", folder, max_disorder_ms=gen.params.max_disorder_ms)
-    pipeline = Pipeline("zeitgeist", (queries,), computations(window_ms=window_ms))
+    pipeline = Pipeline("zeitgeist", (queries,), computations(window_ms=window_ms, dedup_retention=dedup_retention))
     run = engine.start_pipeline(pipeline, gc_every=gc_every)
     gen.start()
     until = f"for {seconds:g}s" if seconds else "until stopped"

@@ -17,7 +17,8 @@ available at later stages) and the per-key processing order.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import timedelta
+from typing import Any, TypeVar, cast
 
 from ..computation import RECORD_KEY, Computation
 from ..windowing.windowed import windowed
@@ -32,10 +33,11 @@ DIP_RATIO = 0.25
 MIN_EXPECTED = 4.0
 
 
-def window_counter(window_ms: int = WINDOW_MS) -> Computation:
+def window_counter(window_ms: int = WINDOW_MS, *, dedup_retention: timedelta = Computation.dedup_retention) -> Computation:
     """The first stage: counts of each query per 10 s window (``window_ms``), refined by late data for 30 s."""
     return windowed(name="window_counter", inputs={"queries": "query"}, output="window_counts",
-                    windowing=FixedWindows(window_ms), allowed_lateness_ms=30_000, combine="count")
+                    windowing=FixedWindows(window_ms), allowed_lateness_ms=30_000, combine="count",
+                    dedup_retention=dedup_retention)
 
 
 class Model(Computation):
@@ -97,10 +99,34 @@ class Detector(Computation):
         ctx.state = st
 
 
-def computations(*, window_ms: int = WINDOW_MS) -> tuple[Computation, ...]:
+def computations(*, window_ms: int = WINDOW_MS, dedup_retention: timedelta | None = None) -> tuple[Computation, ...]:
     """The demo pipeline's computations, in order: window counter, model, detector (``window_ms``:
-    the windows' length, 10 s by default; ``demo --follow --window`` sets it)."""
-    model = Model()
+    the windows' length, 10 s by default; ``demo --follow --window`` sets it).
+
+    ``dedup_retention``: each computation's dedup horizon (``Computation.dedup_retention``; None:
+    the default, 10 min; ``demo --dedup-retention`` sets it). A setting of the computation's class:
+    each computation is then a subclass declaring it (as ``windowed()`` builds its classes), which
+    travels to the Spark tasks with the computation; the demo's classes are left as they are.
+
+    Raises:
+        ConfigError: a ``dedup_retention`` that is not a positive timedelta.
+    """
+    if dedup_retention is None:
+        counter, model, detector = window_counter(window_ms), Model(), Detector()
+    else:
+        counter = window_counter(window_ms, dedup_retention=dedup_retention)
+        model, detector = _retained(Model, dedup_retention)(), _retained(Detector, dedup_retention)()
     if window_ms != WINDOW_MS:
         model.window_ms = window_ms
-    return (window_counter(window_ms), model, Detector())
+    return (counter, model, detector)
+
+
+_C = TypeVar("_C", bound=Computation)
+
+
+def _retained(cls: type[_C], dedup_retention: timedelta) -> type[_C]:
+    """A subclass of ``cls`` whose ``dedup_retention`` is the one given (checked by ``validate``)."""
+    sub = cast("type[_C]", type(cls.__name__, (cls,), {"dedup_retention": dedup_retention,
+                                                        "__module__": cls.__module__, "__doc__": cls.__doc__}))
+    sub.validate()
+    return sub

@@ -107,6 +107,7 @@ def test_history_of_a_pipeline_run_on_an_s3a_store(spark, zk_server, migrated_s3
     layout = migrated_s3_store
     zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/t-{uuid.uuid4().hex[:12]}", session_timeout_s=6.0)
     after = run_batches(spark, layout, zk, write_path="image")
+    capsys.readouterr()  # the executor's progress lines
     expected = expected_states()
     _env(monkeypatch, object_store.endpoint)
     rc, out, err = _history(capsys, layout.root, "c", "--json")

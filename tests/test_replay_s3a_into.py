@@ -113,7 +113,7 @@ def test_replay_into_s3a_then_promote_into_an_s3a_store_and_the_pipeline_goes_on
     assert any(st.get("panes") for st in promoted.values())
     run(6)  # the pipeline continues from the promoted state
 
-    assert main(["sql", "--store", store, "--format", "json", *zk_args,
+    assert main(["sql", "--store", store, "--format", "json",
                  "SELECT tool, source, computation, rows_changed, commit_version FROM audit"]) == 0
     (audit,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert audit["tool"] == "promote" and audit["source"] == into.root and audit["computation"] == "model"

@@ -9,6 +9,7 @@ from typing import Any
 from deltawheel.executor.computation import Computation
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.delta.log import latest_local_version
+from deltawheel.statestore.delta.storefs import table_files
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from pyspark import cloudpickle
 
@@ -81,7 +82,7 @@ def run_batches(spark: Any, layout: Any, zk_config: Any, *, write_path: str) -> 
     try:
         for b in range(len(BATCHES)):
             ex.run_batch(frame(spark, b), b, input_watermark_ms=None)
-            v = latest_local_version(layout.rows)
+            v = latest_local_version(table_files(spark, layout.rows) or layout.rows)
             assert v is not None
             versions.append(v)
     finally:

@@ -70,11 +70,12 @@ def _run(args: argparse.Namespace) -> int:
 
     store = layout_from(args)
     into = layout_from(argparse.Namespace(store=args.source))
-    marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation)
+    spark = None if into.is_local else spark_from(args)  # an s3a:// replay is read with the session's settings
+    marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation, spark=spark)
     code = _code(args, marker)  # before Spark and ZooKeeper: a bad --code is refused at once
     intervals = promote_intervals(marker, int_list(args.intervals, "--intervals"), type(code).num_intervals,
                                   into=into.root)
-    spark = spark_from(args)
+    spark = spark or spark_from(args)
     if args.plan:
         plan = plan_promote(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
                             num_intervals=type(code).num_intervals, intervals=intervals)

@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--source", metavar="MODULE:PIPELINE",
                    help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed a "
                         "replayed computation that reads one, its class is the default --code")
-    p.add_argument("--into", required=True, help="the shadow store's folder: empty, or an earlier replay's to continue it")
+    p.add_argument("--into", required=True, help="the shadow store's folder or s3a:// URI (with --zk): empty, or an earlier "
+                   "replay's to continue it")
     p.add_argument("--plan", action="store_true", help="print what it would read and write, and stop")
     p.add_argument("--diff-out", help="write the diff as JSON to this file")
     p.add_argument("--write-path", default="auto", choices=("auto", "image", "merge"),
@@ -112,6 +113,7 @@ def _code(args: argparse.Namespace, pipeline: Any = None) -> Any:
 
 def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.inspection.diff import format_diff
 
     from ..drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
@@ -128,7 +130,14 @@ def _run_replay(args: argparse.Namespace) -> int:
     intervals = int_list(args.intervals, "--intervals")
     keys = None if args.keys is None else [k.strip() for k in args.keys.split(",")]
     replay_scope(type(code).num_intervals, intervals=intervals, keys=keys)  # so is a bad selection
+    if not into.is_local and not args.zk:
+        raise ConfigError(f"--into {args.into} is on an object store: commits to it are arbitrated by ZooKeeper; "
+                          "pass --zk host:port[,host:port] (the one its pipelines use) or set DELTAWHEEL_ZK")
     spark = spark_from(args)
+    if not into.is_local and store.is_local:  # the live store's session does not arbitrate s3a:// commits yet
+        from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+        configure_log_store(spark, args.zk, chroot=args.zk_chroot, digest=args.zk_digest)
     plan = plan_replay(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
                        from_version=args.from_version,
                        from_timestamp_ms=None if args.from_timestamp is None else _timestamp_ms(args.from_timestamp),

@@ -22,11 +22,12 @@ change, against the shadow store as it is now; no lease taken, nothing written.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.log import local_table_exists
+from deltawheel.statestore.delta.storefs import table_files
 from deltawheel.statestore.exceptions import ConfigError, ReplayTargetError
 from deltawheel.statestore.inspection.positions import computation_commits
 from deltawheel.statestore.layout import StoreLayout
@@ -76,9 +77,11 @@ class PromotePlan:
         return "\n".join(lines)
 
 
-def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, computation: str) -> dict[str, Any]:
+def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, computation: str,
+                 spark: Any = None) -> dict[str, Any]:
     """The marker of the replay in ``into``, checked to be of ``store``'s ``pipeline`` and
-    ``computation``.
+    ``computation`` (``spark``: its S3 settings reach an ``s3a://`` ``into``; without it, a local
+    one only).
 
     Raises:
         ReplayTargetError: ``into`` is no replay, or one of another store, pipeline or computation,
@@ -87,7 +90,10 @@ def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, comput
     if store_id(into) == store_id(store):
         raise ReplayTargetError(f"--from {into.root} is the live store itself: give the folder a `deltawheel "
                                 "replay --into` wrote")
-    m = read_marker(into) if into.is_local else None
+    if not into.is_local and spark is None:
+        raise ConfigError(f"--from {into.root} is on an object store: its marker is read with a session's S3 "
+                          "settings (check_replay(..., spark=spark))")
+    m = read_marker(into, spark=spark)
     if m is None:
         raise ReplayTargetError(f"--from {into.root} is not a replay's folder (no _replay.json): run `deltawheel "
                                 f"replay --store {store.root} --pipeline {pipeline} --computation {computation} "
@@ -140,7 +146,7 @@ def shadow_rows(spark: Any, into: StoreLayout, computation: str) -> list[KeyRow]
             held.setdefault(p.stream, set()).add(p.production_id)
     delivered: set[tuple[str, str]] = set()
     for stream, ids in held.items():
-        if os.path.isdir(into.stream(stream)):
+        if local_table_exists(table_files(spark, into.stream(stream)) or into.stream(stream)):
             got = spark.read.format("delta").load(into.stream(stream)).where(F.col("record_id").isin(sorted(ids)))
             delivered |= {(stream, str(r[0])) for r in got.select("record_id").collect()}
     return [r.with_(pending=tuple(p for p in r.pending if (p.stream, p.production_id) not in delivered))
@@ -169,7 +175,7 @@ def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline:
     Raises:
         ReplayTargetError: as :func:`check_replay` and :func:`promote_intervals`.
     """
-    m = check_replay(store, into, pipeline=pipeline, computation=computation)
+    m = check_replay(store, into, pipeline=pipeline, computation=computation, spark=spark)
     ivs = promote_intervals(m, intervals, num_intervals, into=into.root)
     commits = computation_commits(spark, store, computation)
     reached = int(m["reached"])
@@ -200,12 +206,12 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
     """
     say = progress or (lambda line: None)
     computation = code.name
-    m = check_replay(store, into, pipeline=pipeline, computation=computation)
+    m = check_replay(store, into, pipeline=pipeline, computation=computation, spark=spark)
     ivs = promote_intervals(m, intervals, type(code).num_intervals, into=into.root)
     caught_up: list[int] = []
 
     def behind() -> Sequence[Any]:  # the live batches after the replay's position (claims, fences, tools: no input)
-        reached = int(read_marker(into)["reached"])  # type: ignore[index]
+        reached = int(read_marker(into, spark=spark)["reached"])  # type: ignore[index]
         return [c for c in computation_commits(spark, store, computation)
                 if c.version > reached and (c.reruns or not c.replayable)]
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
 from deltawheel.statestore.exceptions import (
     ConfigError,
     ReplayCodeError,
@@ -71,7 +72,7 @@ from .replay_inputs import check_inputs, input_bytes, stream_exists
 from .replay_kafka import check_kafka, mixed_df
 
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
-           "read_marker", "replay_scope", "store_id"]
+           "read_marker", "replay_scope", "store_id", "into_files"]
 
 MARKER = "_replay.json"  # in the shadow store: what it replays and how far it got
 
@@ -206,43 +207,68 @@ def shadow_chroot(base: str, into: StoreLayout) -> str:
     return f"{base.rstrip('/')}-replay-{hashlib.sha1(into.root.encode()).hexdigest()[:12]}"
 
 
-def read_marker(into: StoreLayout) -> dict[str, Any] | None:
-    """What ``<into>/_replay.json`` records (None: not a replay's folder)."""
-    return _marker(into)
+def into_files(spark: Any, into: StoreLayout) -> TableFiles:
+    """The shadow store's folder as Python reaches it: a local folder, or an ``s3a://`` one with
+    ``spark``'s S3 settings for its bucket (None for ``spark``: local only).
+
+    Raises:
+        ReplayTargetError: ``into`` is on a scheme the fast path does not reach.
+    """
+    files = table_files(spark, into.root) if spark is not None else files_for(into.root)
+    if files is None or (spark is None and not files.is_local):
+        raise ReplayTargetError(f"--into {into.root}: a replay's shadow store is a local folder or an s3a:// store")
+    return files
 
 
-def _marker(into: StoreLayout) -> dict[str, Any] | None:
-    path = os.path.join(into.root, MARKER)
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as fh:
-        return dict(json.load(fh))
+def read_marker(into: StoreLayout, *, spark: Any = None) -> dict[str, Any] | None:
+    """What ``<into>/_replay.json`` records (None: not a replay's folder); ``spark`` reaches an
+    ``s3a://`` one."""
+    return _marker(into_files(spark, into))
 
 
-def _write_marker(into: StoreLayout, content: Mapping[str, Any]) -> None:
-    path = os.path.join(into.root, MARKER)
+def _marker(files: TableFiles) -> dict[str, Any] | None:
+    text = files.read_text(MARKER)
+    return None if text is None else dict(json.loads(text))
+
+
+def _write_marker(files: TableFiles, content: Mapping[str, Any]) -> None:
+    text = json.dumps(dict(content), indent=2, sort_keys=True)
+    if not files.is_local:  # one PUT: the object is replaced whole
+        with files.fs.open_output_stream(files.path(MARKER)) as fh:
+            fh.write(text.encode("utf-8"))
+        return
+    path = files.path(MARKER)
     staged = path + ".tmp"
     with open(staged, "w", encoding="utf-8") as fh:
-        json.dump(dict(content), fh, indent=2, sort_keys=True)
+        fh.write(text)
     os.replace(staged, path)
 
 
-def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str,
-                computation: str) -> dict[str, Any] | None:
-    """The marker of a previous replay into ``into`` of the same computation (None: a new one).
+def _is_empty(files: TableFiles) -> bool:
+    """True when the folder does not exist or holds nothing."""
+    if files.is_local:
+        return not os.path.isdir(files.root) or not os.listdir(files.root)
+    from pyarrow import fs as pafs
+
+    return not files.fs.get_file_info(pafs.FileSelector(files.root, allow_not_found=True, recursive=False))
+
+
+def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str, computation: str,
+                spark: Any = None) -> dict[str, Any] | None:
+    """The marker of a previous replay into ``into`` of the same computation (None: a new one);
+    ``spark`` reaches an ``s3a://`` ``into``.
 
     Raises:
-        ReplayTargetError: ``into`` is the live store, is remote, or holds something else.
+        ReplayTargetError: ``into`` is the live store, on a scheme not reached, or holds something else.
     """
-    if not into.is_local:
-        raise ReplayTargetError(f"--into {into.root}: a replay's shadow store must be a local folder for now")
-    if os.path.realpath(into.root) == os.path.realpath(store.root):
+    files = into_files(spark, into)
+    if store_id(into) == store_id(store):
         raise ReplayTargetError(f"--into {into.root} is the live store: a replay writes into a separate folder "
                                 "(its own rows and stream tables) so that the live outputs are never duplicated; "
                                 "give an empty folder")
-    if not os.path.isdir(into.root) or not os.listdir(into.root):
+    if _is_empty(files):
         return None
-    m = _marker(into)
+    m = _marker(files)
     want = {"store": store_id(store), "pipeline": pipeline, "computation": computation}
     if m is None or {k: m.get(k) for k in want} != want:
         what = ("a store of pipeline " + repr(m.get("pipeline")) + ", computation " + repr(m.get("computation"))
@@ -255,7 +281,7 @@ def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str,
 
 def store_id(store: StoreLayout) -> str:
     """How a replay's marker names the live store: a local folder's real path, an object store's URI."""
-    return os.path.realpath(store.root) if store.is_local else store.root
+    return os.path.realpath(store.root) if store.is_local else store.root.rstrip("/")
 
 
 def _check_source(spark: Any, store: StoreLayout, *, pipeline: str, computation: str) -> list[ComputationCommit]:
@@ -302,7 +328,7 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     if sum((from_version is not None, from_timestamp_ms is not None, bool(from_start))) != 1:
         raise ConfigError("give exactly one of --from-version, --from-timestamp and --from-start")
     commits = _check_source(spark, store, pipeline=pipeline, computation=computation)
-    marker = _check_into(store, into, pipeline=pipeline, computation=computation)
+    marker = _check_into(store, into, pipeline=pipeline, computation=computation, spark=spark)
     horizon = replay_horizon(commits)
     newest = commits[-1].version
     if from_timestamp_ms is not None:
@@ -420,7 +446,9 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     commits = computation_commits(spark, store, plan.computation)
     if inputs.kafka:
         check_kafka(spark, inputs, commits, plan.batches)
-    os.makedirs(into.root, exist_ok=True)
+    target = into_files(spark, into)
+    if target.is_local:
+        os.makedirs(into.root, exist_ok=True)
     marker = {"store": store_id(store), "pipeline": plan.pipeline, "computation": plan.computation,
               "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000),
               "code": f"{type(code).__module__}:{type(code).__qualname__}",  # what promote continues with
@@ -438,7 +466,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                 say(f"seeding {into.root} with {plan.computation}'s rows as of version {plan.from_version}")
                 _seed(spark, store, into, plan, commits)
             marker["reached"] = plan.from_version if plan.from_version is not None else -1
-            _write_marker(into, marker)
+            _write_marker(target, marker)
         # each batch runs with the input watermark its live run had (run_batch below): no authority
         ex = engine.executor(code, write_path=write_path, intervals=plan.intervals, manual_watermarks=True)
         ex.positions = inputs  # its commits record the same positions
@@ -453,10 +481,10 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                                         input_watermark_ms=c.input_ms, use_authority=False, input_files=files))
             ex.settle()
             marker["reached"] = c.version
-            _write_marker(into, marker)
+            _write_marker(target, marker)
             say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records")
         marker["reached"] = plan.to_version
-        _write_marker(into, marker)
+        _write_marker(target, marker)
     result_diff = None
     if diff:
         batch_ids = {c.batch_id for c in commits_after(commits, plan.from_version, to_version=plan.to_version)

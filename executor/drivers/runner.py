@@ -231,7 +231,10 @@ class PipelineRunner:
                              faults=self.faults, on_batch_end=hook, progress=self.progress,
                              write_path=self.write_path, intervals=intervals)
         if self.instance is not None:  # instances share the intervals: positions per input file
-            ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp))
+            from deltawheel.statestore.delta.storefs import files_resolver
+
+            ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp),
+                                     files_of=None if self.layout.is_local else files_resolver(self.spark))
         else:  # each commit records its batch's input files (replay); inputs without files: none
             ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=self._checkpoint(comp),
                                               spark=self.spark)

@@ -125,8 +125,11 @@ class Sharing:
         shared.apply(df, batch_id, ())
 
     def _shared(self, comp: Computation, checkpoint: str) -> SharedInput:
+        from deltawheel.statestore.delta.storefs import files_resolver
+
+        # on s3a:// the checkpoint's logs and the tables' are read with the session's S3 settings
         return shared_input(comp, {i.name: i for i in self.pipeline.injectors}, table_of=self.layout.stream,
-                            checkpoint=checkpoint)
+                            checkpoint=checkpoint, files_of=None if self.layout.is_local else files_resolver(self.spark))
 
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
                   caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor:

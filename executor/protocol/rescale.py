@@ -79,33 +79,39 @@ _COMPACT = re.compile(r"^(\d+)(\.compact)?$")
 _POSITION = "_dw_position"
 
 
-def source_log_files(checkpoint: str, *, source: int = 0, committed_only: bool = True) -> dict[int, list[str]]:
+def source_log_files(checkpoint: str | TableFiles, *, source: int = 0,
+                     committed_only: bool = True) -> dict[int, list[str]]:
     """Batch id -> the names of the files Spark's file source read in it, for the batches the
     query *committed* (``<checkpoint>/commits/N``; every logged batch with ``committed_only=False``),
     from ``<checkpoint>/sources/<source>/`` (its JSON-lines log, ``.compact`` files included). A
-    local checkpoint; missing: {}."""
-    root = _local(checkpoint)
-    logdir = os.path.join(root, "sources", str(source))
-    commits = os.path.join(root, "commits")
-    if not os.path.isdir(logdir):
+    local checkpoint (a path), or one's files (``TableFiles``: an ``s3a://`` one is listed and
+    each log file read, one GET each); missing: {}."""
+    root = _files(checkpoint)
+    logdir = root.sub(f"sources/{source}")
+    listed = logdir.listdir()
+    if listed is None:
         return {}
-    done = {int(n) for n in os.listdir(commits) if n.isdigit()} if os.path.isdir(commits) else set()
-    names = [(int(m.group(1)), n) for n in os.listdir(logdir) if (m := _COMPACT.match(n))]
+    done = {int(n) for n in root.listdir("commits") or () if n.isdigit()}
+    names = [(int(m.group(1)), n) for n in listed if (m := _COMPACT.match(n))]
     out: dict[int, list[str]] = {}
     for _, name in sorted(names):
-        with open(os.path.join(logdir, name), encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue  # the version line ("v1")
-                entry = json.loads(line)
-                bid = int(entry["batchId"])
-                if bid in done or not committed_only:
-                    out.setdefault(bid, [])
-                    base = unquote(os.path.basename(urlparse(entry["path"]).path))
-                    if base not in out[bid]:
-                        out[bid].append(base)
+        for line in (logdir.read_text(name) or "").splitlines():
+            line = line.strip()
+            if not line.startswith("{"):
+                continue  # the version line ("v1")
+            entry = json.loads(line)
+            bid = int(entry["batchId"])
+            if bid in done or not committed_only:
+                out.setdefault(bid, [])
+                base = unquote(os.path.basename(urlparse(entry["path"]).path))
+                if base not in out[bid]:
+                    out[bid].append(base)
     return out
+
+
+def _files(checkpoint: str | TableFiles) -> TableFiles:
+    """A checkpoint's files: given, or a local path's (a remote URI string: :func:`_local` refuses)."""
+    return checkpoint if isinstance(checkpoint, TableFiles) else TableFiles(_local(checkpoint))
 
 
 def _entry_names(text: str, batch_id: int) -> list[str]:
@@ -160,24 +166,26 @@ def _local(uri: str) -> str:
         return urlparse(uri).path
     if "://" in uri:
         raise ConfigError(f"sharing intervals between instances reads the query checkpoint's file log, which "
-                          f"must be local for now; {uri} is not")
+                          f"must be local or on s3a:// (read with the session's S3 settings); {uri} is not")
     return uri
 
 
-def positions_log(checkpoint: str, *, committed_only: bool = True) -> dict[int, list[str]]:
+def positions_log(checkpoint: str | TableFiles, *, committed_only: bool = True) -> dict[int, list[str]]:
     """Batch id -> the positions this module logged for it in the query checkpoint
     (``dw_positions/``), for the batches the query committed (every logged one with
-    ``committed_only=False``). A local checkpoint; missing: {}."""
-    root = _local(checkpoint)
-    logdir, commits = os.path.join(root, POSITIONS_DIR), os.path.join(root, "commits")
-    if not os.path.isdir(logdir):
+    ``committed_only=False``). A local checkpoint, or one's files (``s3a://``); missing: {}."""
+    root = _files(checkpoint)
+    logdir = root.sub(POSITIONS_DIR)
+    listed = logdir.listdir()
+    if listed is None:
         return {}
-    done = {int(n) for n in os.listdir(commits) if n.isdigit()} if os.path.isdir(commits) else set()
+    done = {int(n) for n in root.listdir("commits") or () if n.isdigit()}
     out: dict[int, list[str]] = {}
-    for name in os.listdir(logdir):
+    for name in listed:
         if name.isdigit() and (int(name) in done or not committed_only):
-            with open(os.path.join(logdir, name), encoding="utf-8") as fh:
-                out[int(name)] = list(json.load(fh)["positions"])
+            text = logdir.read_text(name)
+            if text is not None:
+                out[int(name)] = list(json.loads(text)["positions"])
     return out
 
 
@@ -199,10 +207,12 @@ def _parquet_of(inj: Injector) -> ParquetInjector:
 
 
 def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_of: Callable[[str], str],
-                 checkpoint: str) -> SharedInput:
+                 checkpoint: str, files_of: Callable[[str], TableFiles | None] | None = None) -> SharedInput:
     """What the executor of ``comp`` needs when instances share its intervals.
 
-    ``table_of``: a stream's table path (``StoreLayout.stream``).
+    ``table_of``: a stream's table path (``StoreLayout.stream``); ``files_of``: how a remote
+    (``s3a://``) checkpoint's and table's files are reached (``storefs.files_resolver(spark)``;
+    None: local ones only).
 
     Raises:
         ConfigError: ``comp`` reads an input that gives no file positions (an injector other than
@@ -210,7 +220,7 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
     """
     parquet, tables = _file_inputs(comp, injectors, comp.inputs, table_of=table_of)
     return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals,
-                       file_source=_source_index(comp, parquet))
+                       file_source=_source_index(comp, parquet), files_of=files_of)
 
 
 def _source_index(comp: Computation, parquet: Mapping[str, Injector]) -> int:
@@ -312,6 +322,10 @@ class SharedInput:
             return uri
         return self.files_of(uri) or uri
 
+    def _checkpoint(self) -> str | TableFiles:
+        """The query checkpoint as the readers take it (:meth:`_where`)."""
+        return self._where(self.checkpoint)
+
     def _remote(self) -> TableFiles | None:
         """The query checkpoint's files when it is remote and reachable here (else None)."""
         where = self._where(self.checkpoint)
@@ -407,7 +421,9 @@ class SharedInput:
         logs a batch before running it), the offset log's and the Delta logs' when every input
         is a stream table (:meth:`table_positions`), else the batch's distinct positions (a Spark job)."""
         if not self.tables:
-            files = source_log_files(self.checkpoint, source=self.file_source, committed_only=False).get(batch_id)
+            remote = self._remote()
+            files = (source_batch_files(remote, batch_id, source=self.file_source) if remote is not None
+                     else source_log_files(self.checkpoint, source=self.file_source, committed_only=False).get(batch_id))
             if files is None:
                 raise ConfigError(f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}: this "
                                   "executor's batches must come from the query whose checkpoint that is")
@@ -441,11 +457,17 @@ class SharedInput:
         """Record a query batch's positions in the checkpoint (replaced when the batch runs again)."""
         if batch_id < 0 or not self.tables:
             return  # the file source log is enough
+        text = json.dumps({"format_version": 1, "positions": sorted(positions)})
+        remote = self._remote()
+        if remote is not None:  # one PUT: the object is replaced whole
+            with remote.fs.open_output_stream(remote.path(f"{POSITIONS_DIR}/{batch_id}")) as fh:
+                fh.write(text.encode("utf-8"))
+            return
         logdir = os.path.join(_local(self.checkpoint), POSITIONS_DIR)
         os.makedirs(logdir, exist_ok=True)
         staged = os.path.join(logdir, f".{batch_id}.tmp")
         with open(staged, "w", encoding="utf-8") as fh:
-            json.dump({"format_version": 1, "positions": sorted(positions)}, fh)
+            fh.write(text)
         os.replace(staged, os.path.join(logdir, str(batch_id)))
 
     def skip(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, int]:
@@ -476,9 +498,10 @@ class SharedInput:
 
     def consumed(self) -> set[str]:
         """The positions this instance's query consumed (its committed batches)."""
-        out: set[str] = set().union(*positions_log(self.checkpoint).values())
+        chk = self._checkpoint()
+        out: set[str] = set().union(*positions_log(chk).values())
         if not self.tables:
-            out |= set().union(*source_log_files(self.checkpoint, source=self.file_source).values())
+            out |= set().union(*source_log_files(chk, source=self.file_source).values())
         return out
 
     def missing(self, intervals: Iterable[int]) -> list[str]:

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..jars import fetch_maven_jar
 from .client import S3Endpoint
 
+if TYPE_CHECKING:
+    from ..delta.storefs import TableFiles
+
 __all__ = ["S3A_JARS", "S3PROXY_JAR", "MavenJar", "default_s3_jars_dir", "ensure_jar", "ensure_s3a_jars",
            "s3a_jars_present", "s3a_settings", "spark_conf", "configure_bucket", "bucket_of", "endpoint_from_env",
+           "files_from_env",
            "ENV_ENDPOINT", "ENV_ACCESS_KEY", "ENV_SECRET_KEY"]
 
 # one S3-compatible store for every s3a:// bucket of a process (what 'deltawheel objectstore start' prints)
@@ -193,3 +197,31 @@ def bucket_of(uri: str) -> str | None:
         if uri.startswith(scheme):
             return uri[len(scheme):].split("/", 1)[0] or None
     return None
+
+
+def files_from_env(uri: str, env: Mapping[str, str] | None = None) -> TableFiles | None:
+    """:func:`~..delta.storefs.files_for` of ``uri`` for a tool that runs without Spark: an
+    ``s3a://`` folder is reached with the settings a session built by ``build_spark`` gives its
+    bucket from ``$DELTAWHEEL_S3_ENDPOINT`` and its keys (:func:`endpoint_from_env`, what
+    'deltawheel objectstore status' prints); with none set, pyarrow's defaults (AWS, its
+    credential chain). None for a scheme the fast path does not reach.
+
+    >>> env = {ENV_ENDPOINT: "http://127.0.0.1:9000", ENV_ACCESS_KEY: "k", ENV_SECRET_KEY: "s"}
+    >>> f = files_from_env("s3a://b/store/rows", env)
+    >>> (f.root, f.s3.endpoint, f.s3.scheme, f.s3.access_key, f.s3.path_style)
+    ('b/store/rows', '127.0.0.1:9000', 'http', 'k', True)
+    >>> files_from_env("/tmp/store/rows", env).is_local
+    True
+
+    Raises:
+        ConfigError: the endpoint is set but a key is missing or the URL is not http(s).
+    """
+    from ..delta.storefs import S3Settings, files_for
+
+    if not uri.startswith("s3a://"):
+        return files_for(uri)
+    endpoint = endpoint_from_env(env)
+    bucket = bucket_of(uri) or ""
+    if endpoint is None:
+        return files_for(uri)
+    return files_for(uri, S3Settings.from_hadoop(s3a_settings(endpoint, bucket).get, bucket))

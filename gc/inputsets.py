@@ -5,7 +5,10 @@ inputfiles.py``; the skip rule and the catch-up of ``executor/protocol/rescale.p
 every commit only adds to it. This pass removes a name from **every** interval's set of a
 computation, in one fenced commit under the leases of all its intervals, when
 
-(a) every interval's set holds it (every interval has run the file), and
+(a) every interval has run the file: its set holds it, or a commit in the rows table's log says
+    a batch that held the interval ran it (:func:`ran_in_log`: the image path records a batch's
+    files only in the intervals it rewrote, those that had records; a shared batch's commit names
+    every interval it held, ``inputfiles.ran_of``), and
 (b) the file is gone from its source: a Parquet injector's file from its folder (its full path read
     from the query checkpoints' file source logs, ``_checkpoints/{pipeline}/{computation}/...``), a
     stream table's data file from the table's folder (VACUUM).
@@ -14,7 +17,10 @@ Why that is exact (the proof in docs/rescaling.md, "Bounded sets"): a gone file 
 input by no query again (names are never reused), so the skip rule never meets it; the catch-up
 leaves out a consumed position that is gone and in no interval's set (``SharedInput.missing``):
 by (a), after the pass exactly the pruned names (and names of files deleted before any interval
-ran them) are such positions.
+ran them) are such positions. The same commit adds to each set the names the log says its interval
+ran (true facts: a set only ever holds names its interval ran), except a gone name no set holds
+(pruned before, or never recorded: adding it to some sets would make a later move of another
+interval refuse with ``InputGoneError``).
 
 Where a name's full path cannot be known (no local checkpoint logged it, a remote store) it stays.
 The commit goes through ``statestore/surgery/replace.py`` (hand-over from a running owner at a
@@ -29,15 +35,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from deltawheel.statestore.delta.log import commit_infos
 from deltawheel.statestore.exceptions import LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.inputfiles import ran_of
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.surgery.replace import Surgery, replace_intervals
 from deltawheel.statestore.zk.lease_tools import list_leases
 
 from .passes import GcAction
 
-__all__ = ["prune_input_sets", "prunable", "logged_paths"]
+__all__ = ["prune_input_sets", "prunable", "logged_paths", "ran_in_log", "with_ran"]
 
 PASS = "input_sets"
 
@@ -67,8 +75,8 @@ def logged_paths(checkpoints: str) -> dict[str, set[str]]:
 
 
 def prunable(sets: Mapping[int, frozenset[str]], num_intervals: int, *, gone: Callable[[str], bool]) -> frozenset[str]:
-    """The names to drop from every set: in the set of each of the ``num_intervals`` intervals,
-    and ``gone`` from their source.
+    """The names to drop from every set: in the set of each of the ``num_intervals`` intervals
+    (``sets``: with what the log says each ran, :func:`with_ran`), and ``gone`` from their source.
 
     >>> sorted(prunable({0: frozenset("ab"), 1: frozenset("abc")}, 2, gone=lambda n: n != "b"))
     ['a']
@@ -77,6 +85,53 @@ def prunable(sets: Mapping[int, frozenset[str]], num_intervals: int, *, gone: Ca
     """
     common = frozenset.intersection(*(sets.get(iv, frozenset()) for iv in range(num_intervals)))
     return frozenset(n for n in common if gone(n))
+
+
+def ran_in_log(rows: str) -> dict[str, dict[int, frozenset[str]]]:
+    """computation -> interval -> the input files the JSON commits of the rows table at ``rows``
+    say a batch holding the interval ran (:func:`~deltawheel.statestore.rowtable.inputfiles.ran_of`);
+    commits removed by a log clean-up say nothing; a table whose log cannot be read: {}."""
+    out: dict[str, dict[int, set[str]]] = {}
+    for _v, info in commit_infos(rows, after=-1) or ():
+        try:
+            meta = json.loads(info.get("userMetadata") or "{}")
+        except ValueError:
+            continue
+        got = ran_of(meta)
+        if got is None or not isinstance(meta.get("computation"), str):
+            continue
+        ivs, files = got
+        comp = out.setdefault(meta["computation"], {})
+        for iv in ivs:
+            comp.setdefault(iv, set()).update(files)
+    return {c: {iv: frozenset(fs) for iv, fs in per.items()} for c, per in out.items()}
+
+
+def with_ran(sets: Mapping[int, frozenset[str]], ran: Mapping[int, frozenset[str]], *,
+             gone: Callable[[str], bool]) -> dict[int, frozenset[str]]:
+    """Each interval's set with the names ``ran`` says it ran, but for a gone name no set of
+    ``sets`` holds (adding it to some sets only would make a move of another interval refuse).
+
+    >>> sorted(with_ran({0: frozenset("a")}, {1: frozenset("ab"), 2: frozenset("c")}, gone=lambda n: n != "c").items())
+    [(0, frozenset({'a'})), (1, frozenset({'a'})), (2, frozenset({'c'}))]
+    """
+    held = frozenset().union(*sets.values()) if sets else frozenset()
+    out = dict(sets)
+    for iv, names in ran.items():
+        add = frozenset(n for n in names if n in held or not gone(n))
+        if add:
+            out[iv] = out.get(iv, frozenset()) | add
+    return out
+
+
+def _merged(*logs: Mapping[str, Mapping[int, frozenset[str]]]) -> dict[str, dict[int, frozenset[str]]]:
+    out: dict[str, dict[int, frozenset[str]]] = {}
+    for log in logs:
+        for comp, per in log.items():
+            mine = out.setdefault(comp, {})
+            for iv, fs in per.items():
+                mine[iv] = mine.get(iv, frozenset()) | fs
+    return out
 
 
 def _gone_test(layout: StoreLayout, pipeline: str, computation: str) -> Callable[[str], bool]:
@@ -98,32 +153,43 @@ def _gone_test(layout: StoreLayout, pipeline: str, computation: str) -> Callable
 
 
 def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines: list[str], apply: bool,
-                     wait_s: float = 60.0, progress: Callable[[str], None] | None = None) -> list[GcAction]:
+                     wait_s: float = 60.0, progress: Callable[[str], None] | None = None,
+                     ran: Mapping[str, Mapping[int, frozenset[str]]] | None = None) -> list[GcAction]:
     """Plan (default) or run the pass over the computations of ``pipelines`` (those bound to the
     store) that keep input-file sets: one action per such computation, its count the names pruned
     (or that would be). A computation whose intervals a running owner does not hand over within
-    ``wait_s`` is left as it is (said in its action); a racing takeover fails the commit likewise."""
+    ``wait_s`` is left as it is (said in its action); a racing takeover fails the commit likewise.
+    ``ran``: :func:`ran_in_log` read earlier (before a log clean-up), merged with the log now."""
     store = RowStore(spark, layout, writer="gc")
     actions: list[GcAction] = []
+    log: Mapping[str, Mapping[int, frozenset[str]]] | None = None
     for pipeline in pipelines:
         comps: dict[str, int] = {}
         for r in list_leases(client, pipeline=pipeline):
             comps[r["computation"]] = max(comps.get(r["computation"], 0), int(r["interval"]) + 1)
         for comp, n in sorted(comps.items()):
-            sets = store.input_files(comp)
-            if not sets:
+            stored = store.input_files(comp)
+            if not stored:
                 continue
+            if log is None:  # read once, for the first computation that keeps sets
+                log = _merged(ran or {}, ran_in_log(layout.rows))
+            gone = _gone_test(layout, pipeline, comp)
+            said = {iv: fs for iv, fs in log.get(comp, {}).items() if 0 <= iv < n}
+            sets = with_ran(stored, said, gone=gone)
             names = len(frozenset().union(*sets.values()))
-            drop = prunable(sets, n, gone=_gone_test(layout, pipeline, comp))
+            drop = prunable(sets, n, gone=gone)
             table = f"{pipeline}/{comp}"
-            what = (f"{len(drop)} of {names} input-file names are gone from their source and in the set of "
+            what = (f"{len(drop)} of {names} input-file names are gone from their source and run by "
                     f"each of the {n} intervals")
             if not apply or not drop:
                 actions.append(GcAction(PASS, table, what + (": would be dropped from every set" if drop else
                                                              ": nothing to drop"), len(drop)))
                 continue
-            def shrink(now: Mapping[int, frozenset[str]], drop: frozenset[str] = drop) -> dict[int, frozenset[str]]:
-                return {iv: fs - drop for iv, fs in now.items()}
+            def shrink(now: Mapping[int, frozenset[str]], drop: frozenset[str] = drop,
+                       said: Mapping[int, frozenset[str]] = said,
+                       gone: Callable[[str], bool] = gone) -> dict[int, frozenset[str]]:
+                # the sets read under the leases, with what the log says each interval ran
+                return {iv: fs - drop for iv, fs in with_ran(now, said, gone=gone).items()}
 
             try:
                 res = replace_intervals(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -108,6 +109,11 @@ def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.inspection.auditgap import missing_audit_rows
 
     gap = missing_audit_rows(spark, layout)  # read before a log clean-up drops the commits
+    ran = None  # likewise what the commits say each interval ran (the input_sets pass)
+    if args.apply and not args.skip_zk and args.log_retention_hours is not None:
+        from deltawheel.gc.inputsets import ran_in_log
+
+        ran = ran_in_log(layout.rows)
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
                     vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress,
                     metrics_retention_ms=metrics_keep, log_retention_ms=ms(args.log_retention_hours),
@@ -116,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
                     dead_letter_retention_ms=ms(_finite(args.dead_letter_retention_hours)))
     report = replace(report, actions=audit_recovery(spark, layout, gap, apply=args.apply) + report.actions)
     if not args.skip_zk:
-        report = replace(report, actions=report.actions + tuple(_zk_actions(args, spark, apply=args.apply)))
+        report = replace(report, actions=report.actions + tuple(_zk_actions(args, spark, apply=args.apply, ran=ran)))
     for line in report.lines():
         print(line)
     if not args.apply:
@@ -129,7 +135,8 @@ def _finite(hours: float | None) -> float | None:
     return None if hours == float("inf") else hours
 
 
-def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool) -> list[Any]:
+def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool,
+                ran: Mapping[str, Mapping[int, frozenset[str]]] | None = None) -> list[Any]:
     """The ZooKeeper passes (``gc/zknodes.py``) on the pipelines' ZooKeeper: ``--zk``, else a local
     store's own embedded server."""
     from deltawheel.gc.inputsets import prune_input_sets
@@ -142,7 +149,7 @@ def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool) -> list[An
         root = connect(replace(cfg, chroot="/"), timeout_s=args.zk_timeout) if cfg.chroot != "/" else None
         try:
             sets = prune_input_sets(spark, layout, client, pipelines=bound_pipelines(client, rows_table_id=table_id),
-                                    apply=apply, wait_s=args.lease_wait)
+                                    apply=apply, wait_s=args.lease_wait, ran=ran)
             return sets + collect_zk_nodes(client, root, rows_table_id=table_id, chroot=cfg.chroot, apply=apply)
         finally:
             if root is not None:

@@ -237,7 +237,9 @@ class BatchProtocol:
             if b.df is None and ex.shared is None and ex.positions is not None and ex.positions.kafka:
                 kafka = {}  # no Kafka record read (told apart from a commit that records no ranges)
             if ex.shared is not None or ex.positions is None or b.batch_id not in ex.positions.unknown:
-                meta.update(commit_entry(b.batch_id, b.files, kafka=kafka))  # (unknown: none recorded)
+                # shared: the intervals the batch held have all run its files (gc's input_sets pass)
+                held = sorted(ex.owner.intervals) if ex.shared is not None else None
+                meta.update(commit_entry(b.batch_id, b.files, kafka=kafka, intervals=held))  # (unknown: none recorded)
         if ex.path.commit(run.batch, commit_id=b.commit_id, meta=meta):
             self.acted = b.acted
         b.commit_s = time.monotonic() - t0

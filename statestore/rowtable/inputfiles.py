@@ -17,9 +17,13 @@ takeover keeps the set), the image path's tasks union every fence row of the ima
 union the fence rows of an interval (:meth:`RowStore.input_files`).
 
 Growth: one name per input file per interval until ``deltawheel gc`` drops it: a name every
-interval's set holds whose file is gone from its source, from every set in one fenced commit
+interval has run whose file is gone from its source, from every set in one fenced commit
 (``gc/inputsets.py``; a fence row of op ``replace_files`` replaces the set, ``fencing.py``;
-docs/rescaling.md, "Bounded sets", proves a move stays exact).
+docs/rescaling.md, "Bounded sets", proves a move stays exact). The image path rewrites (and so
+records the batch's files in) only the intervals that had records; a commit of instances sharing
+the intervals also names the intervals its batch held in its positions entry (:func:`commit_entry`
+``intervals``, read back with :func:`ran_of`): each of them has run the batch's files (it had no
+record there, or its records were processed), which gc adds to the sets when it prunes.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Iterable, Mapping, Sequence
 from ..exceptions import CodecError
 
 __all__ = ["INPUT_FILES_FORMAT_VERSION", "POSITIONS_KEY", "encode", "decode", "union_payloads", "union_sql",
-           "commit_entry", "no_input_entry", "entry_of", "kafka_of"]
+           "commit_entry", "no_input_entry", "entry_of", "kafka_of", "ran_of"]
 
 INPUT_FILES_FORMAT_VERSION = 1
 POSITIONS_KEY = "positions"  # the commit metadata entry of a batch's input positions
@@ -91,20 +95,44 @@ def union_sql(target: str, source: str) -> str:
 
 
 def commit_entry(batch_id: int, files: Iterable[str], *,
-                 kafka: Mapping[str, Mapping[str, Sequence[int]]] | None = None) -> dict[str, object]:
+                 kafka: Mapping[str, Mapping[str, Sequence[int]]] | None = None,
+                 intervals: Iterable[int] | None = None) -> dict[str, object]:
     """The commit metadata entry recording a batch's input positions (the files it read; none for
     a timers-only batch; ``kafka``: the offset ranges it read, ``{topic: {partition: [start, end]}}``,
     start inclusive, end exclusive): what replay reads back to re-run the batch on the same input.
+    ``intervals``: the intervals the batch held (instances sharing the intervals): every one of
+    them has run ``files`` once the commit is made (:func:`ran_of`).
 
     >>> commit_entry(3, ["b", "a"])
     {'positions': {'v': 1, 'batch_id': 3, 'files': ['a', 'b']}}
     >>> entry_of(commit_entry(3, ["b", "a"]))
     (3, ('a', 'b'))
+    >>> ran_of(commit_entry(3, ["a"], intervals=[2, 0]))
+    ((0, 2), ('a',))
     """
     entry: dict[str, object] = {"v": INPUT_FILES_FORMAT_VERSION, "batch_id": int(batch_id), "files": sorted(set(files))}
     if kafka is not None:  # a field older readers ignore
         entry["kafka"] = {t: {str(p): [int(r[0]), int(r[1])] for p, r in parts.items()} for t, parts in kafka.items()}
+    if intervals is not None:  # likewise
+        entry["intervals"] = sorted({int(iv) for iv in intervals})
     return {POSITIONS_KEY: entry}
+
+
+def ran_of(meta: object) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+    """(the intervals a committed batch held, its input files) of a commit's parsed metadata: each
+    of those intervals has run each of those files (the batch processed their records of it, or
+    skipped them as run before, or the file had none). None: the commit does not say which
+    intervals (not a shared batch's, an older deltawheel's, a tool's).
+
+    >>> ran_of(commit_entry(3, ["a"])) is None
+    True
+    """
+    if not isinstance(meta, dict) or not isinstance(meta.get(POSITIONS_KEY), dict):
+        return None
+    e = meta[POSITIONS_KEY]
+    if e.get("v") != INPUT_FILES_FORMAT_VERSION or not isinstance(e.get("intervals"), list):
+        return None
+    return tuple(int(iv) for iv in e["intervals"]), tuple(str(f) for f in e.get("files") or ())
 
 
 def kafka_of(meta: object) -> dict[str, dict[str, tuple[int, int]]] | None:

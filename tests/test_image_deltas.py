@@ -22,10 +22,13 @@ from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.statestore.delta.deletionvectors import (
     deleted_rows,
     inline_descriptor,
+    vector_file_name,
+    write_vectors,
     z85_decode,
     z85_encode,
 )
 from deltawheel.statestore.delta.storefs import TableFiles
+from deltawheel.statestore.exceptions import StoreDamagedError
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
 from deltawheel.statestore.writepath.image.files import is_ids_path
@@ -131,12 +134,42 @@ def test_the_switch_is_read_from_the_environment(monkeypatch) -> None:  # type: 
     assert image_deltas()
 
 
-def test_a_deletion_vector_written_here_reads_back_as_the_rows_it_marks() -> None:
-    for rows in ([], [0], [3, 1, 3, 70_000, 2**32 + 5], list(range(0, 20_000, 3)), list(range(5_000))):
-        dv = inline_descriptor(rows)
+def test_a_deletion_vector_written_here_reads_back_as_the_rows_it_marks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cases = ([0], [3, 1, 3, 70_000, 2**32 + 5], list(range(0, 20_000, 3)), list(range(5_000)))
+    files = TableFiles(str(tmp_path))
+    dvs = write_vectors(files, cases)  # one file, several vectors
+    assert {dv["storageType"] for dv in dvs} == {"u"} and len({dv["pathOrInlineDv"] for dv in dvs}) == 1
+    assert [dv["offset"] for dv in dvs][0] == 1  # after the file's version byte
+    for rows, dv in zip(cases, dvs, strict=True):
         assert dv["cardinality"] == len(set(rows))
+        assert deleted_rows(files, dv) == frozenset(rows)
+    import uuid
+
+    name = vector_file_name(uuid.UUID(bytes=z85_decode(dvs[0]["pathOrInlineDv"])))
+    assert os.listdir(tmp_path) == [name]  # in the table's root folder
+    assert write_vectors(files, []) == [] and os.listdir(tmp_path) == [name]
+    for rows in ([], [0], [3, 1, 3, 70_000, 2**32 + 5]):  # inline vectors (stores written before) still read
+        dv = inline_descriptor(rows)
         assert deleted_rows(TableFiles("/nonexistent"), dv) == frozenset(rows)
     assert z85_encode(z85_decode("HelloWorld")) == "HelloWorld"
+
+
+def test_a_damaged_or_missing_vector_file_is_a_typed_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import uuid
+
+    files = TableFiles(str(tmp_path))
+    dv = write_vectors(files, [[1, 2, 3]])[0]
+    path = tmp_path / vector_file_name(uuid.UUID(bytes=z85_decode(dv["pathOrInlineDv"])))
+    data = bytearray(path.read_bytes())
+    data[dv["offset"] + 4 + 14] ^= 0x01  # a bit of the bitmap flipped
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreDamagedError, match="fails its CRC-32 check.*restore it from a backup"):
+        deleted_rows(files, dv)
+    with pytest.raises(StoreDamagedError, match="its descriptor says 99"):
+        deleted_rows(files, {**dv, "sizeInBytes": 99})
+    path.unlink()
+    with pytest.raises(StoreDamagedError, match="cannot be read.*FileNotFoundError"):
+        deleted_rows(files, dv)
 
 
 def test_a_key_changed_in_batch_two_reads_back_from_base_plus_delta_with_a_cold_cache(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -149,6 +182,7 @@ def test_a_key_changed_in_batch_two_reads_back_from_base_plus_delta_with_a_cold_
     assert second["delta"] and second["new_rows"] == 2
     assert [d["path"] for d in second["dvs"]] == [first["new_path"]]
     assert deleted_rows(TableFiles(str(tmp_path)), store.dvs[first["new_path"]]) != frozenset()
+    assert store.dvs[first["new_path"]]["storageType"] == "u"  # a vector file beside the data
     assert len(store.state_files()) == 3
     _cold()
     # the image a task reads: one row per key, the changed key's from the delta
@@ -262,3 +296,56 @@ def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a
     assert inspect_key(spark, migrated_store, computation="buckets", key="q0")["state"] == {"0": 6}
     assert inspect_key(spark, migrated_store, computation="buckets", key="q5")["state"] == {"0": 2}
     assert inspect_key(spark, migrated_store, computation="buckets", key="q7")["state"] == {"0": 1}
+    # the vectors are files in the table's root folder (``u``), which Spark decoded above; the
+    # crashed attempt's vector file is unreferenced: VACUUM (gc) removes it and keeps the live ones
+    from deltawheel.gc.passes import run_gc
+
+    assert {a["deletionVector"]["storageType"] for a in _rows_adds(migrated_store) if a.get("deletionVector")} == {"u"}
+    before = {f.name for f in Path(migrated_store.rows).glob("deletion_vector_*.bin")}
+    assert before - _vector_files(migrated_store)  # the crashed attempt's (and superseded ones)
+    spark_rows = _spark_states(spark, migrated_store)
+    assert _python_states(migrated_store) == spark_rows  # the Python reader sees what Spark sees
+    run_gc(spark, migrated_store, now_ms=clock.now_ms(), apply=True, vacuum_retain_hours=0, force=True)
+    assert {f.name for f in Path(migrated_store.rows).glob("deletion_vector_*.bin")} == _vector_files(migrated_store)
+    assert _spark_states(spark, migrated_store) == spark_rows == _python_states(migrated_store)
+
+
+def _vector_files(layout) -> set[str]:  # type: ignore[no-untyped-def]
+    """The vector files the rows table's current version names (every computation's)."""
+    import uuid
+
+    from deltawheel.statestore.delta.log import read_snapshot
+
+    snap = read_snapshot(layout.rows)
+    assert snap is not None
+    return {vector_file_name(uuid.UUID(bytes=z85_decode(a["deletionVector"]["pathOrInlineDv"][-20:])))
+            for a in snap.adds if (a.get("deletionVector") or {}).get("storageType") == "u"}
+
+
+def _spark_states(spark, layout) -> list[tuple[int, str, bytes | None]]:  # type: ignore[no-untyped-def]
+    """(interval, key, state) of the live rows (user keys, fence rows, ids rows), sorted, as Spark reads them."""
+    rows = spark.read.format("delta").load(layout.rows).where("computation = 'buckets'").select(
+        "interval", "key", "state").collect()
+    return _one_per_key([(int(r["interval"]), r["key"], None if r["state"] is None else bytes(r["state"])) for r in rows])
+
+
+def _python_states(layout) -> list[tuple[int, str, bytes | None]]:  # type: ignore[no-untyped-def]
+    """The same rows through the Python reader (``live_table``: each file less its vector's rows)."""
+    from deltawheel.statestore.delta.deletionvectors import live_table
+    from deltawheel.statestore.delta.txn import decode_path
+
+    out = []
+    for a in _rows_adds(layout):
+        t = live_table(TableFiles(layout.rows), decode_path(a["path"]), a.get("deletionVector"), columns=["key", "state"])
+        iv = int(a["partitionValues"]["interval"])
+        out += [(iv, k, v) for k, v in zip(t.column("key").to_pylist(), t.column("state").to_pylist(), strict=True)]
+    return _one_per_key(out)
+
+
+def _one_per_key(rows: list[tuple[int, str, bytes | None]]) -> list[tuple[int, str, bytes | None]]:
+    """``rows`` sorted, after checking there is one row per interval and state key (ids rows may repeat)."""
+    from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
+
+    state = [(iv, k) for iv, k, _v in rows if not k.startswith(IDS_KEY_PREFIX)]
+    assert len(state) == len(set(state)) > 24
+    return sorted(rows, key=lambda r: (r[0], r[1], r[2] or b""))

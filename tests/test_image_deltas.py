@@ -8,17 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import zlib
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from deltawheel.executor.computation import Computation
-from deltawheel.executor.tasks.image import deltas, idsfiles
+from deltawheel.executor.tasks.image import deltas
 from deltawheel.executor.tasks.image import interval as _imagetask
-from deltawheel.executor.tasks.image.interval import ImageSpec, _run
-from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.statestore.delta.deletionvectors import (
     deleted_rows,
     inline_descriptor,
@@ -29,97 +22,28 @@ from deltawheel.statestore.delta.deletionvectors import (
 )
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import StoreDamagedError
-from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
-from deltawheel.statestore.writepath.image.files import is_ids_path
-from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
-from deltawheel.statestore.writepath.streams import stream_schema_ddl
-from pyspark import cloudpickle
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
-
-N_IV = 1
-SEQ = 3
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
+from image_util import Interval as _Interval
+from image_util import cold as _cold
 
 
-class Count(Computation):
-    """Counts each key's records."""
+class Interval(_Interval):
+    """The harness over one interval, its batches writing delta files unless told not to."""
 
-    name = "count"
-    inputs = {"events": "k"}
-    outputs = ("out",)
-    num_intervals = N_IV
-
-    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
-        ctx.state = (ctx.state or 0) + 1
-
-
-def _cold() -> None:
-    """A Python worker that never saw the interval (a restart): nothing cached."""
-    _imagetask._CACHE.clear()
-    _imagetask._BLOOMS.clear()
-    idsfiles._FILES.clear()
-
-
-class Interval:
-    """One computation's interval files in a folder, advanced as the driver's commits would (the
-    state files, their deletion vectors)."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.schema = _arrow(rows_file_ddl())
-        self.files: list[str] = []
-        self.dvs: dict[str, dict] = {}
-        os.makedirs(os.path.join(root, "out"), exist_ok=True)
-        fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
-                                       "pending": [], "format_version": 2}], schema=self.schema)
-        pq.write_table(fence, os.path.join(root, "init.parquet"))
-        self.files = ["init.parquet"]
-        self.summaries: list[dict] = []
-
-    def spec(self, b: int, *, deltas: bool = True) -> ImageSpec:
-        """The spec of batch ``b``, as the driver would hand it to the tasks."""
-        now_ms = 1_700_000_000_000 + b * 1_000
-        return ImageSpec(comp=Count(), rows_root=TableFiles(self.root), images={0: tuple(self.files)},
-                         sequencers={0: SEQ}, stream_roots={"out": TableFiles(os.path.join(self.root, "out"))},
-                         wm=None, now_ms=now_ms, horizon_ms=now_ms - 60_000, commit_id=f"c{b}",
-                         rows_schema=self.schema, stream_schema=_arrow(stream_schema_ddl()), stream_format_version=1,
-                         route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True,
-                         dvs={p: dv for p, dv in self.dvs.items() if p in self.files}, deltas=deltas)
+    def spec(self, b: int, *, now_ms: int | None = None, deltas: bool = True):  # type: ignore[no-untyped-def]
+        return super().spec(b, now_ms=now_ms, deltas=deltas)
 
     def batch(self, records: list[tuple[str, str]], *, b: int, deltas: bool = True) -> dict:
         """Run ``records`` ((record id, key)); the interval's summary row."""
-        spec = self.spec(b, deltas=deltas)
-        schema = _arrow(PREP_DDL).append(pa.field("interval", pa.int32())).append(pa.field("_m", pa.bool_()))
-        rows = [{"record_id": rid, "key": key, "value": b"1", "codec": "json", "timestamp_ms": 1_000,
-                 "stream": "events", "position": f"p{rid}", "late": False, "_bad": None,
-                 "interval": zlib.crc32(key.encode()) % N_IV, "_m": False} for rid, key in records]
-        rows.append({"interval": 0, "_m": True})
-        out = [s.to_row() for s in _run(spec, pa.Table.from_pylist(rows, schema=schema))]
-        s = [s for s in out if s.get("interval") == 0][0]
-        files = list(self.files)
-        if s.get("new_path") and not s["delta"]:
-            files = [p for p in files if is_ids_path(p)]
-        files = [p for p in files if p not in (s["ids_removed"] or ())]
-        files += [p for p in (s.get("new_path"), s.get("ids_path")) if p]
-        for d in s["dvs"] or ():
-            self.dvs[d["path"]] = json.loads(d["dv"])
-        self.files = files
-        self.summaries.append(s)
-        return s
-
-    def state_files(self) -> list[str]:
-        return [p for p in self.files if not is_ids_path(p)]
+        return [s for s in self.run(records, b=b, deltas=deltas) if s.get("interval") == 0][0]
 
     def states(self) -> dict[str, int]:
         """key -> state, from the files and their deletion vectors, as any Delta reader reads them."""
         out: dict[str, int] = {}
-        for p in self.state_files():
-            gone = deleted_rows(TableFiles(self.root), self.dvs.get(p))
-            for i, r in enumerate(pq.read_table(os.path.join(self.root, p)).to_pylist()):
-                if i not in gone and r["key"] != FENCE_KEY:
-                    assert r["key"] not in out, f"two live rows of {r['key']}"
-                    out[r["key"]] = int(r["state"])
+        for r in self.rows():
+            if r["key"] != FENCE_KEY and not r["key"].startswith(IDS_KEY_PREFIX):
+                assert r["key"] not in out, f"two live rows of {r['key']}"
+                out[r["key"]] = int(r["state"])
         return out
 
 
@@ -344,8 +268,6 @@ def _python_states(layout) -> list[tuple[int, str, bytes | None]]:  # type: igno
 
 def _one_per_key(rows: list[tuple[int, str, bytes | None]]) -> list[tuple[int, str, bytes | None]]:
     """``rows`` sorted, after checking there is one row per interval and state key (ids rows may repeat)."""
-    from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
-
     state = [(iv, k) for iv, k, _v in rows if not k.startswith(IDS_KEY_PREFIX)]
     assert len(state) == len(set(state)) > 24
     return sorted(rows, key=lambda r: (r[0], r[1], r[2] or b""))

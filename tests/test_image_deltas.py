@@ -96,6 +96,26 @@ def test_a_damaged_or_missing_vector_file_is_a_typed_error(tmp_path) -> None:  #
         deleted_rows(files, dv)
 
 
+@pytest.mark.objectstore
+def test_vector_files_are_written_and_read_on_an_s3a_store(object_store) -> None:  # type: ignore[no-untyped-def]
+    """The vector file goes through the store's file seam (``TableFiles``) on S3 as locally."""
+    import uuid
+
+    from deltawheel.statestore.delta.storefs import S3Settings, files_for
+
+    object_store.create_bucket("dw-vectors")
+    ep = object_store.endpoint
+    settings = S3Settings(endpoint=ep.url.split("://", 1)[1], scheme="http", access_key=ep.access_key,
+                          secret_key=ep.secret_key, path_style=True)
+    table = files_for(f"s3a://dw-vectors/{uuid.uuid4().hex}", settings)
+    assert table is not None and not table.is_local
+    cases = ([5, 9], list(range(0, 70_000, 7)))
+    dvs = write_vectors(table, cases)
+    name = vector_file_name(uuid.UUID(bytes=z85_decode(dvs[0]["pathOrInlineDv"])))
+    assert table.listdir() == [name]
+    assert [deleted_rows(table, dv) for dv in dvs] == [frozenset(c) for c in cases]
+
+
 def test_a_key_changed_in_batch_two_reads_back_from_base_plus_delta_with_a_cold_cache(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = Interval(str(tmp_path))
     first = store.batch([(f"a{i}", f"k{i}") for i in range(20)], b=0)

@@ -6,99 +6,32 @@ bucket merge by levels, and images written with ids in the key rows keep working
 from __future__ import annotations
 
 import os
-import sys
-import zlib
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltawheel.executor.computation import Computation
-from deltawheel.executor.tasks.image import idsfiles
-from deltawheel.executor.tasks.image import interval as _imagetask
-from deltawheel.executor.tasks.image.interval import ImageSpec, _run
-from deltawheel.executor.tasks.input import PREP_DDL
-from deltawheel.statestore.delta.storefs import TableFiles
-from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, rows_file_ddl
-from deltawheel.statestore.writepath.image.files import ids_level, is_ids_path
-from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
-from deltawheel.statestore.writepath.streams import stream_schema_ddl
-from pyspark import cloudpickle
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
+from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
+from deltawheel.statestore.writepath.image.files import ids_level
+from image_util import RETENTION
+from image_util import Interval as _Interval
+from image_util import cold as _cold
 
 N_IV = 2
-SEQ = 3
-RETENTION = 60_000
 
 
-class Count(Computation):
-    """Counts each key's records."""
-
-    name = "count"
-    inputs = {"events": "k"}
-    outputs = ("out",)
-    num_intervals = N_IV
-
-    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
-        ctx.state = (ctx.state or 0) + 1
-
-
-def _cold() -> None:
-    """A Python worker that never saw the interval (a restart): no image, filter or ids file cached."""
-    _imagetask._CACHE.clear()
-    _imagetask._BLOOMS.clear()
-    idsfiles._FILES.clear()
-
-
-class Interval:
-    """One computation's interval files in a folder, advanced as the driver's commits would."""
+class Interval(_Interval):
+    """The harness over two intervals; a batch's counts summed over them."""
 
     def __init__(self, root: str) -> None:
-        self.root = root
-        self.schema = _arrow(rows_file_ddl())
-        self.images: dict[int, tuple[str, ...]] = {}
-        os.makedirs(os.path.join(root, "out"), exist_ok=True)
-        for iv in range(N_IV):
-            fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
-                                           "pending": [], "format_version": 2}], schema=self.schema)
-            pq.write_table(fence, os.path.join(root, f"init-{os.path.basename(root)}-{iv}.parquet"))
-            self.images[iv] = (f"init-{os.path.basename(root)}-{iv}.parquet",)
+        super().__init__(root, N_IV)
 
     def batch(self, records: list[tuple[str, str]], *, now_ms: int, b: int) -> dict[str, int]:
         """Run ``records`` ((record id, key)) at processing time ``now_ms``; the summed counts."""
-        spec = ImageSpec(comp=Count(), rows_root=TableFiles(self.root), images=dict(self.images),
-                         sequencers={iv: SEQ for iv in range(N_IV)},
-                         stream_roots={"out": TableFiles(os.path.join(self.root, "out"))}, wm=None, now_ms=now_ms,
-                         horizon_ms=now_ms - RETENTION, commit_id=f"c{b}", rows_schema=self.schema,
-                         stream_schema=_arrow(stream_schema_ddl()), stream_format_version=1, route_late=False,
-                         summary_schema=_arrow(SUMMARY_DDL), strong=True)
-        schema = _arrow(PREP_DDL).append(pa.field("interval", pa.int32())).append(pa.field("_m", pa.bool_()))
-        rows = [{"record_id": rid, "key": key, "value": b"1", "codec": "json", "timestamp_ms": 1_000,
-                 "stream": "events", "position": f"p{rid}", "late": False, "_bad": None,
-                 "interval": zlib.crc32(key.encode()) % N_IV, "_m": False} for rid, key in records]
-        rows += [{"interval": iv, "_m": True} for iv in range(N_IV)]
         counts = {"processed": 0, "duplicates": 0, "ids_expired": 0, "bloom_maybe": 0, "ids_removed": 0}
-        for s in (s.to_row() for s in _run(spec, pa.Table.from_pylist(rows, schema=schema))):
+        for s in self.run(records, b=b, now_ms=now_ms):
             for c in ("processed", "duplicates", "ids_expired", "bloom_maybe"):
                 counts[c] += s[c] or 0
             counts["ids_removed"] += len(s["ids_removed"] or ())
-            if s.get("interval") is None:
-                continue
-            files = list(self.images[s["interval"]])
-            if s.get("new_path"):
-                files = [p for p in files if is_ids_path(p)] + [s["new_path"]]
-            files = [p for p in files if p not in (s["ids_removed"] or ())]
-            files += [s["ids_path"]] if s.get("ids_path") else []
-            self.images[s["interval"]] = tuple(files)
         return counts
-
-    def ids_files(self) -> list[str]:
-        return [p for files in self.images.values() for p in files if is_ids_path(p)]
-
-    def rows(self) -> list[dict]:
-        return [r for files in self.images.values() for p in files
-                for r in pq.read_table(os.path.join(self.root, p)).to_pylist()]
 
 
 def test_a_redelivered_record_whose_id_is_only_in_an_older_ids_file_is_dropped_with_a_cold_cache(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -8,115 +8,42 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import zlib
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from deltawheel.executor.computation import Computation
-from deltawheel.executor.tasks.image import deltas, idsfiles
+from deltawheel.executor.tasks.image import deltas
 from deltawheel.executor.tasks.image import interval as _imagetask
-from deltawheel.executor.tasks.image.interval import ImageSpec, _run
-from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.statestore.delta.deletionvectors import (
     deleted_rows,
     inline_descriptor,
+    vector_file_name,
+    write_vectors,
     z85_decode,
     z85_encode,
 )
 from deltawheel.statestore.delta.storefs import TableFiles
-from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
-from deltawheel.statestore.writepath.image.files import is_ids_path
-from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
-from deltawheel.statestore.writepath.streams import stream_schema_ddl
-from pyspark import cloudpickle
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
-
-N_IV = 1
-SEQ = 3
+from deltawheel.statestore.exceptions import StoreDamagedError
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
+from image_util import Interval as _Interval
+from image_util import cold as _cold
 
 
-class Count(Computation):
-    """Counts each key's records."""
+class Interval(_Interval):
+    """The harness over one interval, its batches writing delta files unless told not to."""
 
-    name = "count"
-    inputs = {"events": "k"}
-    outputs = ("out",)
-    num_intervals = N_IV
-
-    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
-        ctx.state = (ctx.state or 0) + 1
-
-
-def _cold() -> None:
-    """A Python worker that never saw the interval (a restart): nothing cached."""
-    _imagetask._CACHE.clear()
-    _imagetask._BLOOMS.clear()
-    idsfiles._FILES.clear()
-
-
-class Interval:
-    """One computation's interval files in a folder, advanced as the driver's commits would (the
-    state files, their deletion vectors)."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.schema = _arrow(rows_file_ddl())
-        self.files: list[str] = []
-        self.dvs: dict[str, dict] = {}
-        os.makedirs(os.path.join(root, "out"), exist_ok=True)
-        fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
-                                       "pending": [], "format_version": 2}], schema=self.schema)
-        pq.write_table(fence, os.path.join(root, "init.parquet"))
-        self.files = ["init.parquet"]
-        self.summaries: list[dict] = []
-
-    def spec(self, b: int, *, deltas: bool = True) -> ImageSpec:
-        """The spec of batch ``b``, as the driver would hand it to the tasks."""
-        now_ms = 1_700_000_000_000 + b * 1_000
-        return ImageSpec(comp=Count(), rows_root=TableFiles(self.root), images={0: tuple(self.files)},
-                         sequencers={0: SEQ}, stream_roots={"out": TableFiles(os.path.join(self.root, "out"))},
-                         wm=None, now_ms=now_ms, horizon_ms=now_ms - 60_000, commit_id=f"c{b}",
-                         rows_schema=self.schema, stream_schema=_arrow(stream_schema_ddl()), stream_format_version=1,
-                         route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True,
-                         dvs={p: dv for p, dv in self.dvs.items() if p in self.files}, deltas=deltas)
+    def spec(self, b: int, *, now_ms: int | None = None, deltas: bool = True):  # type: ignore[no-untyped-def]
+        return super().spec(b, now_ms=now_ms, deltas=deltas)
 
     def batch(self, records: list[tuple[str, str]], *, b: int, deltas: bool = True) -> dict:
         """Run ``records`` ((record id, key)); the interval's summary row."""
-        spec = self.spec(b, deltas=deltas)
-        schema = _arrow(PREP_DDL).append(pa.field("interval", pa.int32())).append(pa.field("_m", pa.bool_()))
-        rows = [{"record_id": rid, "key": key, "value": b"1", "codec": "json", "timestamp_ms": 1_000,
-                 "stream": "events", "position": f"p{rid}", "late": False, "_bad": None,
-                 "interval": zlib.crc32(key.encode()) % N_IV, "_m": False} for rid, key in records]
-        rows.append({"interval": 0, "_m": True})
-        out = [s.to_row() for s in _run(spec, pa.Table.from_pylist(rows, schema=schema))]
-        s = [s for s in out if s.get("interval") == 0][0]
-        files = list(self.files)
-        if s.get("new_path") and not s["delta"]:
-            files = [p for p in files if is_ids_path(p)]
-        files = [p for p in files if p not in (s["ids_removed"] or ())]
-        files += [p for p in (s.get("new_path"), s.get("ids_path")) if p]
-        for d in s["dvs"] or ():
-            self.dvs[d["path"]] = json.loads(d["dv"])
-        self.files = files
-        self.summaries.append(s)
-        return s
-
-    def state_files(self) -> list[str]:
-        return [p for p in self.files if not is_ids_path(p)]
+        return [s for s in self.run(records, b=b, deltas=deltas) if s.get("interval") == 0][0]
 
     def states(self) -> dict[str, int]:
         """key -> state, from the files and their deletion vectors, as any Delta reader reads them."""
         out: dict[str, int] = {}
-        for p in self.state_files():
-            gone = deleted_rows(TableFiles(self.root), self.dvs.get(p))
-            for i, r in enumerate(pq.read_table(os.path.join(self.root, p)).to_pylist()):
-                if i not in gone and r["key"] != FENCE_KEY:
-                    assert r["key"] not in out, f"two live rows of {r['key']}"
-                    out[r["key"]] = int(r["state"])
+        for r in self.rows():
+            if r["key"] != FENCE_KEY and not r["key"].startswith(IDS_KEY_PREFIX):
+                assert r["key"] not in out, f"two live rows of {r['key']}"
+                out[r["key"]] = int(r["state"])
         return out
 
 
@@ -131,12 +58,62 @@ def test_the_switch_is_read_from_the_environment(monkeypatch) -> None:  # type: 
     assert image_deltas()
 
 
-def test_a_deletion_vector_written_here_reads_back_as_the_rows_it_marks() -> None:
-    for rows in ([], [0], [3, 1, 3, 70_000, 2**32 + 5], list(range(0, 20_000, 3)), list(range(5_000))):
-        dv = inline_descriptor(rows)
+def test_a_deletion_vector_written_here_reads_back_as_the_rows_it_marks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cases = ([0], [3, 1, 3, 70_000, 2**32 + 5], list(range(0, 20_000, 3)), list(range(5_000)))
+    files = TableFiles(str(tmp_path))
+    dvs = write_vectors(files, cases)  # one file, several vectors
+    assert {dv["storageType"] for dv in dvs} == {"u"} and len({dv["pathOrInlineDv"] for dv in dvs}) == 1
+    assert [dv["offset"] for dv in dvs][0] == 1  # after the file's version byte
+    for rows, dv in zip(cases, dvs, strict=True):
         assert dv["cardinality"] == len(set(rows))
+        assert deleted_rows(files, dv) == frozenset(rows)
+    import uuid
+
+    name = vector_file_name(uuid.UUID(bytes=z85_decode(dvs[0]["pathOrInlineDv"])))
+    assert os.listdir(tmp_path) == [name]  # in the table's root folder
+    assert write_vectors(files, []) == [] and os.listdir(tmp_path) == [name]
+    for rows in ([], [0], [3, 1, 3, 70_000, 2**32 + 5]):  # inline vectors (stores written before) still read
+        dv = inline_descriptor(rows)
         assert deleted_rows(TableFiles("/nonexistent"), dv) == frozenset(rows)
     assert z85_encode(z85_decode("HelloWorld")) == "HelloWorld"
+
+
+def test_a_damaged_or_missing_vector_file_is_a_typed_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import uuid
+
+    files = TableFiles(str(tmp_path))
+    dv = write_vectors(files, [[1, 2, 3]])[0]
+    path = tmp_path / vector_file_name(uuid.UUID(bytes=z85_decode(dv["pathOrInlineDv"])))
+    data = bytearray(path.read_bytes())
+    data[dv["offset"] + 4 + 14] ^= 0x01  # a bit of the bitmap flipped
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreDamagedError, match="fails its CRC-32 check.*restore it from a backup"):
+        deleted_rows(files, dv)
+    with pytest.raises(StoreDamagedError, match="its descriptor says 99"):
+        deleted_rows(files, {**dv, "sizeInBytes": 99})
+    path.unlink()
+    with pytest.raises(StoreDamagedError, match="cannot be read.*FileNotFoundError"):
+        deleted_rows(files, dv)
+
+
+@pytest.mark.objectstore
+def test_vector_files_are_written_and_read_on_an_s3a_store(object_store) -> None:  # type: ignore[no-untyped-def]
+    """The vector file goes through the store's file seam (``TableFiles``) on S3 as locally."""
+    import uuid
+
+    from deltawheel.statestore.delta.storefs import S3Settings, files_for
+
+    object_store.create_bucket("dw-vectors")
+    ep = object_store.endpoint
+    settings = S3Settings(endpoint=ep.url.split("://", 1)[1], scheme="http", access_key=ep.access_key,
+                          secret_key=ep.secret_key, path_style=True)
+    table = files_for(f"s3a://dw-vectors/{uuid.uuid4().hex}", settings)
+    assert table is not None and not table.is_local
+    cases = ([5, 9], list(range(0, 70_000, 7)))
+    dvs = write_vectors(table, cases)
+    name = vector_file_name(uuid.UUID(bytes=z85_decode(dvs[0]["pathOrInlineDv"])))
+    assert table.listdir() == [name]
+    assert [deleted_rows(table, dv) for dv in dvs] == [frozenset(c) for c in cases]
 
 
 def test_a_key_changed_in_batch_two_reads_back_from_base_plus_delta_with_a_cold_cache(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -149,6 +126,7 @@ def test_a_key_changed_in_batch_two_reads_back_from_base_plus_delta_with_a_cold_
     assert second["delta"] and second["new_rows"] == 2
     assert [d["path"] for d in second["dvs"]] == [first["new_path"]]
     assert deleted_rows(TableFiles(str(tmp_path)), store.dvs[first["new_path"]]) != frozenset()
+    assert store.dvs[first["new_path"]]["storageType"] == "u"  # a vector file beside the data
     assert len(store.state_files()) == 3
     _cold()
     # the image a task reads: one row per key, the changed key's from the delta
@@ -262,3 +240,54 @@ def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a
     assert inspect_key(spark, migrated_store, computation="buckets", key="q0")["state"] == {"0": 6}
     assert inspect_key(spark, migrated_store, computation="buckets", key="q5")["state"] == {"0": 2}
     assert inspect_key(spark, migrated_store, computation="buckets", key="q7")["state"] == {"0": 1}
+    # the vectors are files in the table's root folder (``u``), which Spark decoded above; the
+    # crashed attempt's vector file is unreferenced: VACUUM (gc) removes it and keeps the live ones
+    from deltawheel.gc.passes import run_gc
+
+    assert {a["deletionVector"]["storageType"] for a in _rows_adds(migrated_store) if a.get("deletionVector")} == {"u"}
+    before = {f.name for f in Path(migrated_store.rows).glob("deletion_vector_*.bin")}
+    assert before - _vector_files(migrated_store)  # the crashed attempt's (and superseded ones)
+    spark_rows = _spark_states(spark, migrated_store)
+    assert _python_states(migrated_store) == spark_rows  # the Python reader sees what Spark sees
+    run_gc(spark, migrated_store, now_ms=clock.now_ms(), apply=True, vacuum_retain_hours=0, force=True)
+    assert {f.name for f in Path(migrated_store.rows).glob("deletion_vector_*.bin")} == _vector_files(migrated_store)
+    assert _spark_states(spark, migrated_store) == spark_rows == _python_states(migrated_store)
+
+
+def _vector_files(layout) -> set[str]:  # type: ignore[no-untyped-def]
+    """The vector files the rows table's current version names (every computation's)."""
+    import uuid
+
+    from deltawheel.statestore.delta.log import read_snapshot
+
+    snap = read_snapshot(layout.rows)
+    assert snap is not None
+    return {vector_file_name(uuid.UUID(bytes=z85_decode(a["deletionVector"]["pathOrInlineDv"][-20:])))
+            for a in snap.adds if (a.get("deletionVector") or {}).get("storageType") == "u"}
+
+
+def _spark_states(spark, layout) -> list[tuple[int, str, bytes | None]]:  # type: ignore[no-untyped-def]
+    """(interval, key, state) of the live rows (user keys, fence rows, ids rows), sorted, as Spark reads them."""
+    rows = spark.read.format("delta").load(layout.rows).where("computation = 'buckets'").select(
+        "interval", "key", "state").collect()
+    return _one_per_key([(int(r["interval"]), r["key"], None if r["state"] is None else bytes(r["state"])) for r in rows])
+
+
+def _python_states(layout) -> list[tuple[int, str, bytes | None]]:  # type: ignore[no-untyped-def]
+    """The same rows through the Python reader (``live_table``: each file less its vector's rows)."""
+    from deltawheel.statestore.delta.deletionvectors import live_table
+    from deltawheel.statestore.delta.txn import decode_path
+
+    out = []
+    for a in _rows_adds(layout):
+        t = live_table(TableFiles(layout.rows), decode_path(a["path"]), a.get("deletionVector"), columns=["key", "state"])
+        iv = int(a["partitionValues"]["interval"])
+        out += [(iv, k, v) for k, v in zip(t.column("key").to_pylist(), t.column("state").to_pylist(), strict=True)]
+    return _one_per_key(out)
+
+
+def _one_per_key(rows: list[tuple[int, str, bytes | None]]) -> list[tuple[int, str, bytes | None]]:
+    """``rows`` sorted, after checking there is one row per interval and state key (ids rows may repeat)."""
+    state = [(iv, k) for iv, k, _v in rows if not k.startswith(IDS_KEY_PREFIX)]
+    assert len(state) == len(set(state)) > 24
+    return sorted(rows, key=lambda r: (r[0], r[1], r[2] or b""))

@@ -1,5 +1,5 @@
 """Delta deletion vectors without Spark: which rows of a data file a ``deletionVector``
-descriptor marks deleted (:func:`deleted_rows`), and new descriptors (:func:`inline_descriptor`).
+descriptor marks deleted (:func:`deleted_rows`), and new ones (:func:`write_vectors`, :func:`inline_descriptor`).
 
 The rows table has deletion vectors on (migration 1): a MERGE (the merge write path, fences and
 claims) marks the rows it replaces in a file's new ``add`` instead of rewriting the file, and the
@@ -16,26 +16,37 @@ batch's new file holds their new rows: ``statestore/writepath/image/``). The his
   32-bit bitmaps (int64), then per bitmap its high 32 bits and a standard portable 32-bit
   Roaring bitmap (array, bitmap and run containers).
 
-The descriptors written here are inline (``i``: the bitmap rides in the ``add`` action, no file
-to upload); Delta reads them as it reads its own.
+The image path writes its vectors as files (:func:`write_vectors`: ``u``, one file in the table's
+root folder for all the vectors of one write, as Delta's own DELETE and MERGE do): Delta's readers
+read them as their own, and its VACUUM keeps a referenced vector file and removes an unreferenced
+one (a writer that died between writing it and its commit) as it does a data file. VACUUM fails
+(``scala.MatchError``) on a table whose log holds inline (``i``) vectors, so they are no longer
+written (:func:`inline_descriptor` remains for the tests); they are still read.
+
+A vector file (all numbers big-endian): a version byte (1), then per vector its size (int32), the
+serialized bitmap and the bitmap's CRC-32; a descriptor's ``offset`` is where its size starts.
 """
 
 from __future__ import annotations
 
 import struct
 import uuid
-from typing import Any
+import zlib
+from typing import Any, Sequence
 
 from ..delta.storefs import TableFiles
 from ..exceptions import StoreDamagedError
 
-__all__ = ["deleted_rows", "z85_decode", "z85_encode", "serialize_rows", "inline_descriptor", "descriptor_id", "live_table"]
+__all__ = ["deleted_rows", "z85_decode", "z85_encode", "serialize_rows", "inline_descriptor", "descriptor_id", "live_table",
+           "write_vectors", "vector_file_name", "DV_FILE_VERSION"]
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
 _MAGIC = 1681511377
 _SERIAL_COOKIE_NO_RUN = 12346
 _SERIAL_COOKIE = 12347
+#: the version byte that starts a deletion vector file
+DV_FILE_VERSION = 1
 
 
 def z85_decode(text: str) -> bytes:
@@ -127,6 +138,38 @@ def inline_descriptor(rows: Any) -> dict[str, Any]:
             "cardinality": int(len(arr))}
 
 
+def vector_file_name(uid: uuid.UUID) -> str:
+    """The name of the deletion vector file of UUID ``uid`` (in the table's root folder).
+
+    >>> vector_file_name(uuid.UUID("d2c639aa-8816-431a-aaf6-d3fe2512ff61"))
+    'deletion_vector_d2c639aa-8816-431a-aaf6-d3fe2512ff61.bin'
+    """
+    return f"deletion_vector_{uid}.bin"
+
+
+def write_vectors(table: TableFiles, vectors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Write the deletion vectors ``vectors`` (each the row indexes it marks: an iterable of ints
+    >= 0, or a NumPy array) into one new file in the root folder of the table at ``table``; their
+    ``u`` descriptors, in order (none and no file for no vectors). The file is complete (on S3:
+    its PUT acknowledged) when this returns; a log names it only once a commit adds a descriptor."""
+    import numpy as np
+
+    if not vectors:
+        return []
+    uid = uuid.uuid4()
+    out = bytearray(struct.pack(">b", DV_FILE_VERSION))
+    found = []
+    for rows in vectors:
+        arr = np.unique(np.asarray(list(rows) if not hasattr(rows, "dtype") else rows, dtype=np.int64))
+        data = serialize_rows(arr)
+        found.append({"storageType": "u", "pathOrInlineDv": z85_encode(uid.bytes), "offset": len(out),
+                      "sizeInBytes": len(data), "cardinality": int(len(arr))})
+        out += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
+    with table.fs.open_output_stream(table.path(vector_file_name(uid))) as fh:  # closing waits for the upload
+        fh.write(bytes(out))
+    return found
+
+
 def descriptor_id(dv: dict[str, Any] | None) -> str:
     """What tells one deletion vector of a file from another ("" for none): storage, place, offset."""
     if not dv:
@@ -200,7 +243,7 @@ def _file_bytes(table: TableFiles, dv: dict[str, Any]) -> bytes:
     kind, where = dv["storageType"], str(dv["pathOrInlineDv"])
     if kind == "u":
         prefix, encoded = where[:-20], where[-20:]
-        name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
+        name = vector_file_name(uuid.UUID(bytes=z85_decode(encoded)))
         path = table.path(f"{prefix}/{name}" if prefix else name)
     elif kind == "p":
         path = where.split("://", 1)[-1] if where.startswith("file:") else where
@@ -211,7 +254,13 @@ def _file_bytes(table: TableFiles, dv: dict[str, Any]) -> bytes:
     with table.fs.open_input_file(path) as fh:
         fh.seek(offset)
         (size,) = struct.unpack(">i", fh.read(4))
-        return bytes(fh.read(size))
+        data = bytes(fh.read(size))
+        (crc,) = struct.unpack(">I", fh.read(4))
+    if "sizeInBytes" in dv and size != int(dv["sizeInBytes"]):
+        raise ValueError(f"the vector at offset {offset} of {path} is {size} bytes, its descriptor says {dv['sizeInBytes']}")
+    if zlib.crc32(data) != crc:
+        raise ValueError(f"the vector at offset {offset} of {path} fails its CRC-32 check")
+    return data
 
 
 def deleted_rows(table: TableFiles, dv: dict[str, Any] | None) -> frozenset[int]:

@@ -10,9 +10,11 @@ before.
 
 :class:`Placement` is where each live row of the interval's state sits (file, row index), kept
 beside the worker's cached image; :func:`plan_delta` turns the batch's new image and its
-changed keys into the delta's rows and the new deletion vectors, or says to rewrite the
+changed keys into the delta's rows and the rows to mark in each older file, or says to rewrite the
 interval whole (compaction) when, after the batch, it would have more than :data:`MAX_FILES`
-state files or less than :data:`MIN_LIVE` of its stored rows live (docs/performance.md).
+state files or less than :data:`MIN_LIVE` of its stored rows live (docs/performance.md);
+:meth:`DeltaPlan.write_vectors` writes the new deletion vectors (one vector file in the rows
+table's root folder per interval and batch) before the driver's commit names them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from deltawheel.statestore.delta.deletionvectors import descriptor_id, inline_descriptor
+from deltawheel.statestore.delta.deletionvectors import descriptor_id, write_vectors
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.writepath.image.files import live_rows
 
@@ -111,14 +113,21 @@ def read_state(root: TableFiles, paths: Sequence[str], dvs: Mapping[str, Mapping
 
 @dataclass(frozen=True)
 class DeltaPlan:
-    """A batch's delta of one interval: the rows to write (``rows``, possibly none), the new
-    deletion vectors by path (``dvs``) and the placement once the delta file is written."""
+    """A batch's delta of one interval: the rows to write (``rows``, possibly none), the rows each
+    older file's new deletion vector marks (``marks``: path, sorted row indexes; cumulative) and
+    the placement once the delta file is written."""
 
     rows: Any
-    dvs: tuple[tuple[str, dict[str, Any]], ...]
+    marks: tuple[tuple[str, Any], ...]
     place: Placement
     hit: Any  # which rows of the old ``loc`` are gone
     deleted: tuple[Any, ...]  # per file of ``place``, its rows marked deleted after the batch
+
+    def write_vectors(self, root: TableFiles) -> tuple[tuple[str, dict[str, Any]], ...]:
+        """Write the new deletion vectors into one file in the root folder of the rows table at
+        ``root``; (path, its ``u`` descriptor) per marked file."""
+        dvs = write_vectors(root, [rows for _p, rows in self.marks])
+        return tuple((p, dv) for (p, _rows), dv in zip(self.marks, dvs, strict=True))
 
     def placement(self, path: str | None) -> Placement:
         """The interval's placement after the batch, its delta written to ``path`` (None: no rows)."""
@@ -162,12 +171,12 @@ def plan_delta(place: Placement, new_image: Any, changed: Any) -> DeltaPlan | No
     marked = place.loc.filter(hit)
     fidx = marked.column("file").to_numpy()
     pos = marked.column("pos").to_numpy()
-    dvs = []
+    marks = []
     deleted = list(place.deleted)
     for f in np.unique(fidx):
         deleted[int(f)] = np.union1d(place.deleted[int(f)], pos[fidx == f]).astype(np.int64)
-        dvs.append((place.files[int(f)], inline_descriptor(deleted[int(f)])))
-    return DeltaPlan(rows.combine_chunks() if rows.num_rows else pa.concat_tables([rows]), tuple(dvs), place, hit,
+        marks.append((place.files[int(f)], deleted[int(f)]))
+    return DeltaPlan(rows.combine_chunks() if rows.num_rows else pa.concat_tables([rows]), tuple(marks), place, hit,
                      tuple(deleted))
 
 

@@ -268,7 +268,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
             written = write_interval_image(new_image, spec.rows_root, name, iv)
             place = whole_placement(written.path, new_image)
         else:
-            delta, dvs = True, plan.dvs
+            delta, dvs = True, plan.write_vectors(spec.rows_root)
             if plan.rows.num_rows:
                 written = write_interval_image(plan.rows, spec.rows_root, name, iv)
             place = plan.placement(written.path if written is not None else None)

@@ -120,7 +120,17 @@ class _Table:
             dv_id = json.dumps(dv, sort_keys=True)
             got = self._dvs.get((path, dv_id))
             if got is None:
-                got = self._dvs[(path, dv_id)] = deleted_rows(self.files, dv)
+                try:
+                    got = self._dvs[(path, dv_id)] = deleted_rows(self.files, dv)
+                except StoreDamagedError as exc:
+                    if dv.get("storageType") != "u" or not isinstance(exc.__cause__, FileNotFoundError):
+                        raise
+                    # a later commit's cumulative vector replaced this file, and VACUUM removed it
+                    raise VersionNotFoundError(
+                        f"the deletion vector file of {path} in an old version of {self.files.root} is gone "
+                        "(vacuumed: deltawheel gc --vacuum-retain-hours): the versions before the vacuum can no "
+                        "longer be read. Read the history of a store whose old files are kept, or raise the "
+                        "retention before the next gc") from None
             gone = got
         return {k: i for i, k in enumerate(keys)
                 if is_user_key(k) and (wanted is None or k in wanted) and i not in gone}

@@ -98,7 +98,10 @@ def shared(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
 
 # The replay runs every live commit over every interval of its plan (its executor owns them all),
 # not over the intervals the committing instance held (recorded in the commit's ``late`` mark): a
-# file that both instances' batches read is processed twice for every key.
+# file that both instances' batches read is processed twice for every key. Filtering each replayed
+# batch to its commit's intervals leaves the pending productions differing: the live rows keep
+# those of instance a's last batch (its intervals' keys; a has no later commit that clears them),
+# the replay's next commit (b's batch) clears them.
 DOUBLED = pytest.mark.xfail(strict=True, reason="replay ignores the intervals a shared-interval commit held: "
                             "each instance's batch is re-run over every interval, so each input file is processed "
                             "once per instance (every key's count doubled after the start)")

@@ -361,6 +361,7 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                                 "same --intervals/--keys to continue it, or an empty folder")
     start = from_version if resume is None else resume
     batches = tuple(commits_after(commits, start, to_version=to_version))
+    _refuse_shared(computation, commits, batches)
     files = sorted({f for c in batches for f in (c.files or ())})
     sizes = check_inputs(spark, store, batches)
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
@@ -368,6 +369,26 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                       horizon=horizon, batches=batches, input_files=len(files), input_bytes=input_bytes(sizes, files),
                       resume_after=resume, intervals=scope, keys=None if keys is None else tuple(keys),
                       tool_changes=tuple(tool_changes(commits, from_version, to_version=to_version)))
+
+
+def _held(c: Any) -> tuple[int, ...]:
+    late = (c.meta or {}).get("late")
+    return tuple(int(i) for i in late.get("intervals") or ()) if isinstance(late, dict) else ()
+
+
+def _refuse_shared(computation: str, commits: Sequence[Any], batches: Sequence[Any]) -> None:
+    """Refuse a replay whose commits were written by job instances holding part of the intervals
+    (instances sharing them, or intervals moved between instances): the replay runs each commit's
+    batch over every interval of its plan, not over the ones its instance held, so a file that two
+    instances' batches read would be processed once per instance (tests/test_replay_shared.py)."""
+    every = sorted({i for c in commits for i in _held(c)})
+    part = [c for c in batches if _held(c) and list(_held(c)) != every]
+    if part:
+        raise ReplayUnavailableError(
+            f"{computation}: rows versions {part[0].version}-{part[-1].version} were committed by job instances "
+            f"holding part of its intervals (e.g. {list(_held(part[0]))} of {every}): a replay of instances "
+            "sharing intervals is not supported yet (it would run each instance's batch over every interval). "
+            "Replay from a version after the computation last ran as one instance")
 
 
 def _versions(spark: Any, store: StoreLayout) -> list[int]:

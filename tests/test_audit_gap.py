@@ -12,29 +12,10 @@ import json
 from typing import Any
 
 import pytest
+from audit_util import tool_commit
 from deltawheel.executor.cli import main
 
 pytestmark = pytest.mark.spark
-
-
-def _tool_commit(spark: Any, layout: Any, audit_id: str) -> int:
-    """A repair's rows commit whose audit row was never appended; its rows version."""
-    from deltawheel.statestore.rowtable.inputfiles import no_input_entry
-    from deltawheel.statestore.surgery.audit import AuditRecord, commit_meta
-
-    record = AuditRecord(audit_id=audit_id, recorded_ms=0, who="tester@here", tool="repair", pipeline="p",
-                         computation="buckets", source="set cats", intervals=(0, 2), rows_upserted=1, rows_deleted=0,
-                         commit_version=None, sequencers={0: 3, 2: 5})
-    meta = {"deltawheel": 1, "kind": "repair", "computation": "buckets", "sequencers": {"0": 3, "2": 5},
-            **commit_meta(record), **no_input_entry()}
-    # a commit carrying that metadata (an empty append makes no commit): a table property set
-    key = "spark.databricks.delta.commitInfo.userMetadata"
-    spark.conf.set(key, json.dumps(meta))
-    try:
-        spark.sql(f"ALTER TABLE delta.`{layout.rows}` SET TBLPROPERTIES ('deltawheel.test.tool' = '{audit_id}')")
-    finally:
-        spark.conf.unset(key)
-    return int(spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 1").collect()[0]["version"])
 
 
 def _audit_view(capsys: Any, store: str, *more: str) -> list[dict[str, Any]]:
@@ -52,7 +33,7 @@ def test_sql_shows_the_missing_audit_row_from_the_commit_without_writing(  # typ
 
     store = migrated_store.root
     before = int(spark.sql(f"DESCRIBE HISTORY delta.`{migrated_store.rows}` LIMIT 1").collect()[0]["version"])
-    version = _tool_commit(spark, migrated_store, "lost-1")
+    version = tool_commit(spark, migrated_store, "lost-1", sequencers={0: 3, 2: 5})
     # sql (read-only): the audit view has the missing row, rebuilt from the commit; nothing written
     rows = _audit_view(capsys, store)
     assert [(r["audit_id"], r["tool"], r["who"], r["computation"], r["intervals"], r["rows_changed"],
@@ -65,7 +46,7 @@ def test_sql_shows_the_missing_audit_row_from_the_commit_without_writing(  # typ
     assert recover_audit(spark, migrated_store) == []
     assert [r["audit_id"] for r in _audit_view(capsys, store)] == ["lost-1"]
     # a second tool's lost row beside a recorded one: the view has both
-    _tool_commit(spark, migrated_store, "lost-2")
+    tool_commit(spark, migrated_store, "lost-2", sequencers={0: 3, 2: 5})
     assert [r["audit_id"] for r in _audit_view(capsys, store)] == ["lost-1", "lost-2"]
 
 
@@ -75,7 +56,7 @@ def test_gc_appends_the_missing_audit_row_once_its_passes_succeeded(spark, migra
     from deltawheel.statestore.surgery.audit import read_audit
 
     store = migrated_store.root
-    version = _tool_commit(spark, migrated_store, "lost-1")
+    version = tool_commit(spark, migrated_store, "lost-1", sequencers={0: 3, 2: 5})
     # a dry run and a refused run count it and write nothing
     assert main(["gc", "--store", store, "--skip-zk"]) == 0
     out = capsys.readouterr().out

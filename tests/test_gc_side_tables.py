@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from audit_util import tool_commit
 from deltawheel.executor.cli import main
 from deltawheel.gc.passes import RetentionError, run_gc
 from deltawheel.statestore.tabledefs import DEAD_LETTERS_COLUMNS, LATE_DATA_COLUMNS
@@ -71,25 +72,6 @@ def test_gc_refuses_a_negative_side_table_retention(spark, migrated_store, capsy
     assert _ids(spark, migrated_store.late_data) == ["late-1", "late-3", "late-5"]
 
 
-def _tool_commit(spark: Any, layout: Any, audit_id: str) -> int:
-    """A repair's rows commit whose audit row was never appended (as ``test_audit_gap.py``); its version."""
-    from deltawheel.statestore.rowtable.inputfiles import no_input_entry
-    from deltawheel.statestore.surgery.audit import AuditRecord, commit_meta
-
-    record = AuditRecord(audit_id=audit_id, recorded_ms=0, who="tester@here", tool="repair", pipeline="p",
-                         computation="buckets", source="set cats", intervals=(0,), rows_upserted=1, rows_deleted=0,
-                         commit_version=None, sequencers={0: 3})
-    meta = {"deltawheel": 1, "kind": "repair", "computation": "buckets", "sequencers": {"0": 3},
-            **commit_meta(record), **no_input_entry()}
-    key = "spark.databricks.delta.commitInfo.userMetadata"
-    spark.conf.set(key, json.dumps(meta))
-    try:
-        spark.sql(f"ALTER TABLE delta.`{layout.rows}` SET TBLPROPERTIES ('deltawheel.test.tool' = '{audit_id}')")
-    finally:
-        spark.conf.unset(key)
-    return int(spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 1").collect()[0]["version"])
-
-
 @pytest.mark.slow  # three background gc runs over every table: minutes on a loaded machine
 @pytest.mark.timeout(1800)
 def test_background_gc_recovers_a_missing_audit_row_past_its_grace(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
@@ -102,7 +84,7 @@ def test_background_gc_recovers_a_missing_audit_row_past_its_grace(spark, migrat
 
     with pytest.raises(ConfigError, match=r"audit_grace_ms must be >= 0, got -1"):
         BackgroundGc(spark, migrated_store, every_batches=1, audit_grace_ms=-1)
-    version = _tool_commit(spark, migrated_store, "lost-bg")
+    version = tool_commit(spark, migrated_store, "lost-bg", sequencers={0: 3})
     young = BackgroundGc(spark, migrated_store, every_batches=1)  # the default grace: 10 minutes
     assert young.batch_done() and young.wait(600)
     assert not young.failures and young.reports, young.failures

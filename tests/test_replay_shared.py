@@ -1,8 +1,10 @@
-"""Replay of a computation whose job instances share its intervals (docs/replay.md, "Limits"):
-two instances each own half of the intervals and commit their own batches; a replay of unchanged
-code would run every instance's commits in version order, each with its own batch's files, but
-each over every interval instead of the intervals its instance held: not exact yet, so the plan
-refuses it with a typed error naming the versions and intervals. Real Spark, ZooKeeper and Delta.
+"""Replay of a computation whose job instances share its intervals (docs/replay.md, "Instances
+sharing intervals"): two instances each own half of the intervals and commit their own batches;
+the replay runs every live commit in version order, each with its own batch's files and over the
+intervals its instance held, so a replay of unchanged code gives an empty diff (state, timers,
+pending productions, productions) and changed code the expected one. Real Spark, ZooKeeper and
+Delta (slow); the fast tests check which intervals each replayed batch runs, the lateness marks a
+seed carries and the refusal of intervals moved between instances, on commit records.
 
 Instances are pipeline runners with their own instance name and intervals, run one after the
 other in this process on the shared Spark session (as in tests/test_rescale.py).
@@ -90,37 +92,149 @@ def shared(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     return folder, layout, zk, expected, middle
 
 
-# The replay runs every live commit over every interval of its plan (its executor owns them all),
-# not over the intervals the committing instance held (recorded in the commit's ``late`` mark): a
-# file that both instances' batches read would be processed twice for every key (measured before
-# the refusal: every count doubled from the start). Filtering each replayed batch to its commit's
-# intervals leaves the pending productions differing: the live rows keep those of instance a's
-# last batch (its intervals' keys; a has no later commit that clears them), the replay's next
-# commit (b's batch) clears them. Until both are solved the plan refuses such a replay.
+
+def _replay(spark: Any, folder: Path, layout: StoreLayout, zk: ZkConfig, into: Path, *,
+            code: Computation | None = None, **start: Any) -> Any:
+    from deltawheel.executor.drivers.replay import plan_replay, replay, shadow_chroot
+
+    into_layout = StoreLayout(str(into))
+    plan = plan_replay(spark, store=layout, into=into_layout, pipeline="sharing", computation=NAME, **start)
+    return replay(spark, plan, code=code or SharedCount(), injectors=(injector(folder),),
+                  zk=ZkConfig(hosts=zk.hosts, chroot=shadow_chroot(zk.chroot, into_layout)))
 
 
-def _plan(spark: Any, layout: StoreLayout, into: Path, **start: Any) -> Any:
-    from deltawheel.executor.drivers.replay import plan_replay
+def _files_read(spark: Any, layout: StoreLayout, *, after: int | None = None) -> list[tuple[tuple[str, ...], Any]]:
+    """The input files and the held intervals of each commit of a batch with input, in version
+    order (after ``after``)."""
+    return [(tuple(c.files), c.meta["late"]["intervals"]) for c in _live_commits(spark, layout)
+            if c.files and (after is None or c.version > after)]
 
-    return plan_replay(spark, store=layout, into=StoreLayout(str(into)), pipeline="sharing", computation=NAME,
-                       **start)
+
+def _pending(spark: Any, layout: StoreLayout) -> dict[str, int]:
+    """key -> number of pending (checkpointed, not yet cleared) productions of its row."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("delta").load(layout.rows).where(
+        (F.col("computation") == NAME) & ~F.col("key").startswith("\x00"))
+    return {r["key"]: len(r["pending"] or []) for r in df.collect() if r["pending"]}
 
 
-@pytest.mark.slow  # four instance runs, then the plans (about 2 min)
+@pytest.mark.slow  # four instance runs, then a replay (about 2-3 min)
 @pytest.mark.timeout(1500)
-def test_a_replay_of_instances_sharing_intervals_is_refused_not_wrong(  # type: ignore[no-untyped-def]
+def test_replay_of_instances_sharing_intervals_from_the_start_gives_an_empty_diff(  # type: ignore[no-untyped-def]
         spark, shared, tmp_path) -> None:
-    from deltawheel.statestore.exceptions import ReplayUnavailableError
-
-    folder, layout, zk, expected, middle = shared
+    folder, layout, zk, expected, _ = shared
     # the live run is exact, and both instances committed batches of their own intervals
     assert {k: s for k, (s, _) in state_of(spark, layout, NAME).items()} == expected
     live = _live_commits(spark, layout)
     ran = [f for c in live for f in c.files or ()]
     assert sorted(set(ran)) == [f"part-{n:05d}.parquet" for n in range(4)]
     assert len(ran) == 2 * 4  # each file run by each instance's batch: two commits name it
-    for start in ({"from_start": True}, {"from_version": middle}):
-        with pytest.raises(ReplayUnavailableError, match=r"committed by job instances holding part of its "
-                           r"intervals \(e\.g\. \[[0-3], [0-3]\] of \[0, 1, 2, 3\]\).*not supported yet"):
-            _plan(spark, layout, tmp_path / "shadow", **start)
-        assert not (tmp_path / "shadow" / "rows").exists()  # nothing written
+    # instance a left checkpointed productions of its intervals that b's commits did not clear
+    live_pending = _pending(spark, layout)
+    assert live_pending
+    result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_start=True)
+    shadow = StoreLayout(str(tmp_path / "shadow"))
+    # the replay ran the live commits in version order, each with its own files and intervals
+    assert _files_read(spark, shadow) == _files_read(spark, layout)
+    d = result.diff
+    assert d is not None and d.empty, d.to_json()
+    assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected
+    assert _pending(spark, shadow) == live_pending
+    produced = spark.read.format("delta").load(shadow.stream("counts")).count()
+    assert produced == sum(expected.values())  # one production per record, none twice
+
+
+@pytest.mark.slow  # four instance runs, then a replay (about 2-3 min)
+@pytest.mark.timeout(1500)
+def test_replay_of_instances_sharing_intervals_from_the_middle_gives_an_empty_diff(  # type: ignore[no-untyped-def]
+        spark, shared, tmp_path) -> None:
+    folder, layout, zk, expected, middle = shared
+    result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_version=middle)
+    later = [c for c in _live_commits(spark, layout) if c.version > middle]
+    assert sorted({f for c in later for f in c.files or ()}) == ["part-00002.parquet", "part-00003.parquet"]
+    shadow = StoreLayout(str(tmp_path / "shadow"))
+    assert _files_read(spark, shadow) == _files_read(spark, layout, after=middle)
+    d = result.diff
+    assert d is not None and d.empty, d.to_json()
+    assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected
+    assert _pending(spark, shadow) == _pending(spark, layout)
+
+
+class SharedCountTwice(SharedCount):
+    """The changed code: every record counts twice."""
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        ctx.state = (ctx.state or 0) + 2
+        ctx.produce("counts", {"k": ctx.key, "n": ctx.state})
+
+
+@pytest.mark.slow  # four instance runs, then a replay (about 2-3 min)
+@pytest.mark.timeout(1500)
+def test_replay_of_instances_sharing_intervals_with_changed_code_gives_the_expected_diff(  # type: ignore[no-untyped-def]
+        spark, shared, tmp_path) -> None:
+    folder, layout, zk, expected, middle = shared
+    result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_version=middle, code=SharedCountTwice())
+    d = result.diff
+    assert d is not None
+    # every key counted records after the middle (files 2 and 3: 3 and 4 records each)
+    shadow = StoreLayout(str(tmp_path / "shadow"))
+    at_middle = {k: n - 3 - 4 for k, n in expected.items()}
+    assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == \
+        {k: at_middle[k] + 2 * (n - at_middle[k]) for k, n in expected.items()}
+    assert d.counts["changed"] == len(expected), d.to_json()
+    assert d.counts["added"] == d.counts["removed"] == 0
+    # every production after the middle has another count; none is missing or extra
+    assert d.counts["productions_changed"] == len(expected) * (3 + 4), d.to_json()
+    assert d.counts["productions_only_a"] == d.counts["productions_only_b"] == 0
+
+
+# ---------------------------------------------------------------- fast: on commit records
+
+def _commit(version: int, intervals: list[int] | None, *, batch_id: int = 0) -> Any:
+    from deltawheel.statestore.inspection.positions import ComputationCommit
+
+    meta: dict[str, Any] = {"computation": NAME, "kind": "batch", "batch_id": batch_id}
+    if intervals is not None:
+        meta["late"] = {"v": 1, "batch_id": batch_id, "late_ms": version, "input_ms": version,
+                        "intervals": intervals, "injectors": {}}
+    return ComputationCommit(version, 0, "batch", batch_id, ("part-00000.parquet",), version, version, meta)
+
+
+def test_each_replayed_batch_runs_over_the_intervals_its_instance_held() -> None:
+    from deltawheel.executor.drivers.replay_shared import batch_intervals
+
+    a, b, alone = _commit(3, [0, 1]), _commit(4, [2, 3]), _commit(5, [0, 1, 2, 3])
+    assert batch_intervals(a, num_intervals=4) == (0, 1)
+    assert batch_intervals(b, num_intervals=4) == (2, 3)
+    assert batch_intervals(alone, num_intervals=4) is None  # one instance: every interval, as before
+    # a partial replay of intervals 1 and 2: each batch within both
+    assert batch_intervals(a, num_intervals=4, scope=(1, 2)) == (1,)
+    assert batch_intervals(b, num_intervals=4, scope=(1, 2)) == (2,)
+    assert batch_intervals(b, num_intervals=4, scope=(0, 1)) == ()  # not re-run
+    assert batch_intervals(alone, num_intervals=4, scope=(2, 1)) == (1, 2)
+
+
+def test_a_seed_carries_the_newest_lateness_mark_of_every_instance() -> None:
+    from deltawheel.executor.drivers.replay_shared import seed_marks
+
+    commits = [_commit(1, [0, 1]), _commit(2, [2, 3]), _commit(3, [0, 1]), _commit(4, [2, 3]), _commit(5, [0, 1])]
+    # as of version 4: a's newest (3) and b's (4), oldest first (a reader takes the newest on its intervals)
+    assert [m["late_ms"] for m in seed_marks(commits, 4)] == [3, 4]
+    assert [m["late_ms"] for m in seed_marks(commits, 5)] == [4, 5]
+    assert [m["late_ms"] for m in seed_marks([_commit(1, [0, 1, 2, 3]), _commit(2, [0, 1, 2, 3])], 2)] == [2]
+    assert seed_marks(commits, 0) == []
+
+
+def test_a_replay_over_intervals_moved_between_instances_is_refused() -> None:
+    from deltawheel.executor.drivers.replay_shared import refuse_moved
+    from deltawheel.statestore.exceptions import ReplayUnavailableError
+
+    # one instance held every interval, then two split them: their first batches skipped what it ran
+    commits = [_commit(1, [0, 1, 2, 3]), _commit(2, [0, 1]), _commit(3, [2, 3]), _commit(4, [0, 1])]
+    with pytest.raises(ReplayUnavailableError, match=r"rows version 3 was committed by a job instance holding "
+                       r"intervals \[2, 3\], and the commit before it on some of those intervals \(version 1\) by "
+                       r"one holding \[0, 1, 2, 3\]: intervals moved.*Replay from rows version 3 or later"):
+        refuse_moved(NAME, commits, commits[1:])
+    refuse_moved(NAME, commits, commits[3:])  # after the move: the instances kept their intervals
+    refuse_moved(NAME, commits[1:], commits[1:])  # two instances from the start: nothing moved

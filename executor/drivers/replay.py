@@ -65,11 +65,13 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, interval_of
 
 from ..computation import Computation
+from ..protocol.executor import ComputationExecutor
 from ..protocol.reports import BatchReport
 from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
 from .replay_inputs import check_inputs, input_bytes, stream_exists
 from .replay_kafka import check_kafka, mixed_df
+from .replay_shared import batch_intervals, held, refuse_moved, seed_marks
 
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
            "read_marker", "replay_scope", "store_id", "into_files"]
@@ -121,13 +123,15 @@ class ReplayPlan:
             lines.append(f"  continues a replay that reached rows version {self.resume_after}")
         if self.horizon is not None:
             lines.append(f"  replay possible from rows version {self.horizon} on")
+        sets = {held(c) for c in self.batches}
         for c in self.batches:
             read = f"{len(c.files or ())} input files"
             if c.kafka is not None:
                 read = f"{sum(e - s for parts in c.kafka.values() for s, e in parts.values())} Kafka records " \
                        f"({', '.join(f'{t}/{p} [{s}, {e})' for t, ps in c.kafka.items() for p, (s, e) in ps.items())})" \
                        + (f" and {len(c.files or ())} input files" if c.files else "")
-            lines.append(f"  batch {c.batch_id} (live version {c.version}): {read}, input watermark {c.input_ms}")
+            lines.append(f"  batch {c.batch_id} (live version {c.version}): {read}, input watermark {c.input_ms}"
+                         + (f", over intervals {list(held(c))} (those its instance held)" if len(sets) > 1 else ""))
         return "\n".join(lines)
 
 
@@ -361,7 +365,7 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                                 "same --intervals/--keys to continue it, or an empty folder")
     start = from_version if resume is None else resume
     batches = tuple(commits_after(commits, start, to_version=to_version))
-    _refuse_shared(computation, commits, batches)
+    refuse_moved(computation, commits, batches)
     files = sorted({f for c in batches for f in (c.files or ())})
     sizes = check_inputs(spark, store, batches)
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
@@ -369,26 +373,6 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                       horizon=horizon, batches=batches, input_files=len(files), input_bytes=input_bytes(sizes, files),
                       resume_after=resume, intervals=scope, keys=None if keys is None else tuple(keys),
                       tool_changes=tuple(tool_changes(commits, from_version, to_version=to_version)))
-
-
-def _held(c: Any) -> tuple[int, ...]:
-    late = (c.meta or {}).get("late")
-    return tuple(int(i) for i in late.get("intervals") or ()) if isinstance(late, dict) else ()
-
-
-def _refuse_shared(computation: str, commits: Sequence[Any], batches: Sequence[Any]) -> None:
-    """Refuse a replay whose commits were written by job instances holding part of the intervals
-    (instances sharing them, or intervals moved between instances): the replay runs each commit's
-    batch over every interval of its plan, not over the ones its instance held, so a file that two
-    instances' batches read would be processed once per instance (tests/test_replay_shared.py)."""
-    every = sorted({i for c in commits for i in _held(c)})
-    part = [c for c in batches if _held(c) and list(_held(c)) != every]
-    if part:
-        raise ReplayUnavailableError(
-            f"{computation}: rows versions {part[0].version}-{part[-1].version} were committed by job instances "
-            f"holding part of its intervals (e.g. {list(_held(part[0]))} of {every}): a replay of instances "
-            "sharing intervals is not supported yet (it would run each instance's batch over every interval). "
-            "Replay from a version after the computation last ran as one instance")
 
 
 def _versions(spark: Any, store: StoreLayout) -> list[int]:
@@ -410,11 +394,11 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
 
     v = plan.from_version
     assert v is not None
-    before = [c for c in commits if c.version <= v and isinstance(c.meta.get("late"), dict)]
+    marks = seed_marks(commits, v)  # one per set of intervals an instance held (the newest last)
     meta: dict[str, Any] = {"deltawheel": 1, "kind": "replay-seed", "computation": plan.computation,
                             "replay": {"store": plan.store, "from_version": v}}
-    if before:
-        meta["late"] = before[-1].meta["late"]
+    if marks:
+        meta["late"] = marks[0]
     try:
         rows = spark.read.format("delta").option("versionAsOf", v).load(store.rows)
     except Exception as exc:
@@ -429,6 +413,11 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
     target_cols = spark.read.format("delta").load(into.rows).columns
     (rows.select(*target_cols).write.format("delta").mode("append")
      .option("userMetadata", json.dumps(meta, sort_keys=True)).save(into.rows))
+    # the other instances' marks: one empty commit each, so each judges lateness by its own
+    empty = spark.createDataFrame([], rows.select(*target_cols).schema)
+    for mark in marks[1:]:
+        (empty.write.format("delta").mode("append")
+         .option("userMetadata", json.dumps({**meta, "late": mark}, sort_keys=True)).save(into.rows))
 
 
 def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | None = None,
@@ -488,10 +477,23 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                 _seed(spark, store, into, plan, commits)
             marker["reached"] = plan.from_version if plan.from_version is not None else -1
             _write_marker(target, marker)
-        # each batch runs with the input watermark its live run had (run_batch below): no authority
-        ex = engine.executor(code, write_path=write_path, intervals=plan.intervals, manual_watermarks=True)
-        ex.positions = inputs  # its commits record the same positions
+        # each batch runs with the input watermark its live run had (run_batch below): no authority;
+        # and over the intervals its live instance held (replay_shared.py): an executor holding
+        # them, started again when the next batch's instance held others
+        ex: ComputationExecutor | None = None
+        on: tuple[int, ...] | None = ()
+        n = type(code).num_intervals
         for c in plan.batches:
+            run_on = batch_intervals(c, num_intervals=n, scope=plan.intervals)
+            if run_on == ():  # an instance of intervals outside a partial replay's
+                marker["reached"] = c.version
+                continue
+            if ex is None or run_on != on:
+                if ex is not None:
+                    ex.stop()  # its delivery settled, its leases given back
+                    engine.executors.remove(ex)
+                ex, on = engine.executor(code, write_path=write_path, intervals=run_on, manual_watermarks=True), run_on
+                ex.positions = inputs  # its commits record the same positions
             files = tuple(c.files or ())
             if inputs.kafka and c.kafka is None:
                 raise ReplayUnavailableError(f"live batch {c.batch_id} (rows version {c.version}) of {plan.computation} "
@@ -504,6 +506,8 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
             marker["reached"] = c.version
             _write_marker(target, marker)
             say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records")
+        if ex is None:  # no batch re-run: the shadow store is started all the same (leases, fence)
+            engine.executor(code, write_path=write_path, intervals=plan.intervals, manual_watermarks=True)
         marker["reached"] = plan.to_version
         _write_marker(target, marker)
     result_diff = None

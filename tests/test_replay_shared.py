@@ -135,10 +135,10 @@ def test_replay_of_instances_sharing_intervals_from_the_start_gives_an_empty_dif
     assert live_pending
     result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_start=True)
     shadow = StoreLayout(str(tmp_path / "shadow"))
-    # the replay ran the live commits in version order, each with its own files and intervals
-    assert _files_read(spark, shadow) == _files_read(spark, layout)
     d = result.diff
     assert d is not None and d.empty, d.to_json()
+    # the replay ran the live commits in version order, each with its own files and intervals
+    assert _files_read(spark, shadow) == _files_read(spark, layout)
     assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected
     assert _pending(spark, shadow) == live_pending
     produced = spark.read.format("delta").load(shadow.stream("counts")).count()
@@ -154,9 +154,9 @@ def test_replay_of_instances_sharing_intervals_from_the_middle_gives_an_empty_di
     later = [c for c in _live_commits(spark, layout) if c.version > middle]
     assert sorted({f for c in later for f in c.files or ()}) == ["part-00002.parquet", "part-00003.parquet"]
     shadow = StoreLayout(str(tmp_path / "shadow"))
-    assert _files_read(spark, shadow) == _files_read(spark, layout, after=middle)
     d = result.diff
     assert d is not None and d.empty, d.to_json()
+    assert _files_read(spark, shadow) == _files_read(spark, layout, after=middle)
     assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected
     assert _pending(spark, shadow) == _pending(spark, layout)
 

@@ -12,6 +12,8 @@ other in this process on the shared Spark session (as in tests/test_rescale.py).
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,9 +37,10 @@ NAME = "shared_count"
 
 
 class SharedCount(Computation):
-    """Counts every record of its key and produces the running count at the record's time.
-    Without record-id dedup: a record replayed twice, or never, changes the state and the
-    productions."""
+    """Counts every record of its key and produces the running count at the record's time, and
+    whether the record was late. Without record-id dedup: a record replayed twice, or never,
+    changes the state and the productions; a record judged late by another mark than the live
+    instance's changes its production."""
 
     name = NAME
     inputs = {"events": RECORD_KEY}
@@ -47,7 +50,32 @@ class SharedCount(Computation):
 
     def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
         ctx.state = (ctx.state or 0) + 1
-        ctx.produce("counts", {"k": ctx.key, "n": ctx.state})
+        ctx.produce("counts", {"k": ctx.key, "n": ctx.state, "late": record.late})
+
+
+def write_late_file(folder: Path, n: int) -> dict[str, int]:
+    """Input file ``n`` as :func:`write_file` writes it, but with event times before file 0's: every
+    record is behind the watermark the batches before it acted on (late, yet processed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    counts = write_file(folder, n)
+    keys = [k for k, c in sorted(counts.items()) for _ in range(c)]
+    path = folder / f"part-{n:05d}.parquet"
+    stamp = path.stat().st_mtime
+    tmp = folder / f".late-{n:05d}.parquet"
+    pq.write_table(pa.table({"key": keys, "t": pa.array([900_000 + i for i in range(len(keys))], pa.int64())}), tmp)
+    tmp.replace(path)
+    os.utime(path, (stamp, stamp))  # the same place in the file source's order
+    return counts
+
+
+def _late_productions(spark: Any, layout: StoreLayout, *, after: int = 0) -> int:
+    """How many productions of a late record there are, of counts above ``after``."""
+    from executor_util import stream_rows
+
+    return sum(1 for r in stream_rows(spark, layout, "counts") if json.loads(r[2])["late"]
+               and json.loads(r[2])["n"] > after)
 
 
 def injector(folder: Path) -> ParquetInjector:
@@ -64,7 +92,8 @@ def _live_commits(spark: Any, layout: StoreLayout) -> list[Any]:
 @pytest.fixture(scope="module")
 def shared(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     """(folder, layout, ZkConfig, expected counts, the rows version after the first round): instance
-    ``a`` owns intervals 0 and 1, ``b`` owns 2 and 3; each runs over files 0-1, then over 2-3."""
+    ``a`` owns intervals 0 and 1, ``b`` owns 2 and 3; each runs over files 0-1, then over 2-3
+    (file 2 late)."""
     import uuid
 
     base = tmp_path_factory.mktemp("shared")
@@ -73,7 +102,9 @@ def shared(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     expected: dict[str, int] = {}
 
     def add(n: int) -> None:
-        for k, c in write_file(folder, n).items():
+        # file 2 is late: each instance judges it against the mark of its own last batch of the
+        # first round (a replay from the middle must seed both instances' marks)
+        for k, c in (write_late_file if n == 2 else write_file)(folder, n).items():
             expected[k] = expected.get(k, 0) + c
 
     def run(instance: str, intervals: list[int]) -> None:
@@ -133,6 +164,8 @@ def test_replay_of_instances_sharing_intervals_from_the_start_gives_an_empty_dif
     # instance a left checkpointed productions of its intervals that b's commits did not clear
     live_pending = _pending(spark, layout)
     assert live_pending
+    late = _late_productions(spark, layout)
+    assert late >= 3 * len(expected)  # file 2's records at least, in both instances
     result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_start=True)
     shadow = StoreLayout(str(tmp_path / "shadow"))
     d = result.diff
@@ -141,6 +174,7 @@ def test_replay_of_instances_sharing_intervals_from_the_start_gives_an_empty_dif
     assert _files_read(spark, shadow) == _files_read(spark, layout)
     assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected
     assert _pending(spark, shadow) == live_pending
+    assert _late_productions(spark, shadow) == late
     produced = spark.read.format("delta").load(shadow.stream("counts")).count()
     assert produced == sum(expected.values())  # one production per record, none twice
 
@@ -159,6 +193,10 @@ def test_replay_of_instances_sharing_intervals_from_the_middle_gives_an_empty_di
     assert _files_read(spark, shadow) == _files_read(spark, layout, after=middle)
     assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected
     assert _pending(spark, shadow) == _pending(spark, layout)
+    # the late records after the middle (file 2's at least) judged by each instance's own mark
+    late = _late_productions(spark, layout, after=1 + 2)
+    assert late >= 3 * len(expected)
+    assert _late_productions(spark, shadow) == late
 
 
 class SharedCountTwice(SharedCount):
@@ -166,7 +204,7 @@ class SharedCountTwice(SharedCount):
 
     def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
         ctx.state = (ctx.state or 0) + 2
-        ctx.produce("counts", {"k": ctx.key, "n": ctx.state})
+        ctx.produce("counts", {"k": ctx.key, "n": ctx.state, "late": record.late})
 
 
 @pytest.mark.slow  # four instance runs, then a replay (about 2-3 min)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
+from deltawheel.statestore.delta.txn import TableLog
 from deltawheel.statestore.exceptions import (
     ConfigError,
     ReplayCodeError,
@@ -413,11 +414,10 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
     target_cols = spark.read.format("delta").load(into.rows).columns
     (rows.select(*target_cols).write.format("delta").mode("append")
      .option("userMetadata", json.dumps(meta, sort_keys=True)).save(into.rows))
-    # the other instances' marks: one empty commit each, so each judges lateness by its own
-    empty = spark.createDataFrame([], rows.select(*target_cols).schema)
+    # the other instances' marks (newer): one commit each without actions (an empty append
+    # commits nothing), so each instance judges lateness by the newest mark of its intervals
     for mark in marks[1:]:
-        (empty.write.format("delta").mode("append")
-         .option("userMetadata", json.dumps({**meta, "late": mark}, sort_keys=True)).save(into.rows))
+        TableLog(spark, into.rows).commit(user_metadata=json.dumps({**meta, "late": mark}, sort_keys=True))
 
 
 def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | None = None,

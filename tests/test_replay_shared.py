@@ -276,3 +276,18 @@ def test_a_replay_over_intervals_moved_between_instances_is_refused() -> None:
         refuse_moved(NAME, commits, commits[1:])
     refuse_moved(NAME, commits, commits[3:])  # after the move: the instances kept their intervals
     refuse_moved(NAME, commits[1:], commits[1:])  # two instances from the start: nothing moved
+
+
+def test_the_plan_says_which_intervals_each_batch_runs_over() -> None:
+    from deltawheel.executor.drivers.replay import ReplayPlan
+
+    def plan(*batches: Any) -> str:
+        return ReplayPlan(store="live", into="shadow", pipeline="sharing", computation=NAME, from_version=None,
+                          to_version=batches[-1].version, horizon=None, batches=tuple(batches), input_files=1,
+                          input_bytes=None).describe()
+
+    text = plan(_commit(3, [0, 1], batch_id=2), _commit(4, [2, 3], batch_id=2))
+    assert "batch 2 (live version 3): 1 input files, input watermark 3, over intervals [0, 1] (those its " \
+           "instance held)" in text
+    assert "batch 2 (live version 4): 1 input files, input watermark 4, over intervals [2, 3]" in text
+    assert "over intervals" not in plan(_commit(3, [0, 1, 2, 3]), _commit(4, [0, 1, 2, 3]))  # one instance

@@ -18,6 +18,10 @@ A replay of computation C of a live store, from rows-table version V up to versi
 4. **Diff** (``statestore/inspection/diff.py``): the shadow store's state against the live store
    as of W (the same input position), and the productions of the replayed batches in both.
 
+(Over 500 lines: the plan, the seed and the run share the marker and the checks of ``into``;
+the inputs, Kafka and shared-interval parts are in ``replay_inputs.py``, ``replay_kafka.py`` and
+``replay_shared.py``.)
+
 The live store is only read: no lease of the live pipeline is taken, nothing is written there.
 The replayed code is the live class or the one ``--code`` names (:func:`load_code`), under the
 same computation name.
@@ -25,6 +29,10 @@ same computation name.
 Inputs: stream tables are read from the live store by file (``{stream}/{file}``); a Parquet (or
 generator) injector's files need the injector (``injectors=``; the command line takes them from
 the live pipeline, ``--source MODULE:PIPELINE``).
+
+Job instances sharing the intervals (``replay_shared.py``): each batch runs over the intervals its
+live instance held (an executor holding them), the seed carries every instance's lateness mark,
+and intervals moved between instances are refused.
 
 Some intervals (``intervals=`` / ``keys=``, :func:`replay_scope`): the seed holds only their rows,
 the executor owns only them (it processes only their records, as a job instance owning some

@@ -48,7 +48,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
@@ -74,13 +74,15 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, interval_of
 
 from ..computation import Computation
-from ..protocol.executor import ComputationExecutor
 from ..protocol.reports import BatchReport
 from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
 from .replay_inputs import check_inputs, input_bytes, stream_exists
 from .replay_kafka import check_kafka, mixed_df
 from .replay_shared import batch_intervals, held, refuse_moved, seed_marks
+
+if TYPE_CHECKING:
+    from ..protocol.executor import ComputationExecutor
 
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
            "read_marker", "replay_scope", "store_id", "into_files"]

@@ -229,14 +229,15 @@ def test_replay_of_instances_sharing_intervals_with_changed_code_gives_the_expec
 
 # ---------------------------------------------------------------- fast: on commit records
 
-def _commit(version: int, intervals: list[int] | None, *, batch_id: int = 0) -> Any:
+def _commit(version: int, intervals: list[int] | None, *, batch_id: int = 0, files: tuple[int, ...] = (0,)) -> Any:
     from deltawheel.statestore.inspection.positions import ComputationCommit
 
     meta: dict[str, Any] = {"computation": NAME, "kind": "batch", "batch_id": batch_id}
     if intervals is not None:
         meta["late"] = {"v": 1, "batch_id": batch_id, "late_ms": version, "input_ms": version,
                         "intervals": intervals, "injectors": {}}
-    return ComputationCommit(version, 0, "batch", batch_id, ("part-00000.parquet",), version, version, meta)
+    return ComputationCommit(version, 0, "batch", batch_id, tuple(f"part-{n:05d}.parquet" for n in files), version,
+                             version, meta)
 
 
 def test_each_replayed_batch_runs_over_the_intervals_its_instance_held() -> None:
@@ -268,14 +269,23 @@ def test_a_replay_over_intervals_moved_between_instances_is_refused() -> None:
     from deltawheel.executor.drivers.replay_shared import refuse_moved
     from deltawheel.statestore.exceptions import ReplayUnavailableError
 
-    # one instance held every interval, then two split them: their first batches skipped what it ran
-    commits = [_commit(1, [0, 1, 2, 3]), _commit(2, [0, 1]), _commit(3, [2, 3]), _commit(4, [0, 1])]
-    with pytest.raises(ReplayUnavailableError, match=r"rows version 3 was committed by a job instance holding "
-                       r"intervals \[2, 3\], and the commit before it on some of those intervals \(version 1\) by "
-                       r"one holding \[0, 1, 2, 3\]: intervals moved.*Replay from rows version 3 or later"):
-        refuse_moved(NAME, commits, commits[1:])
-    refuse_moved(NAME, commits, commits[3:])  # after the move: the instances kept their intervals
-    refuse_moved(NAME, commits[1:], commits[1:])  # two instances from the start: nothing moved
+    # one instance held every interval over files 0 and 1, then two split them; each read the files
+    # from the start: their batches over files 0 and 1 skipped what the first had processed
+    commits = [_commit(1, [0, 1, 2, 3], files=(0,), batch_id=0), _commit(2, [0, 1, 2, 3], files=(1,), batch_id=1),
+               _commit(3, [0, 1], files=(0,), batch_id=0), _commit(4, [0, 1], files=(1,), batch_id=1),
+               _commit(5, [0, 1], files=(2,), batch_id=2), _commit(6, [2, 3], files=(0, 1), batch_id=0),
+               _commit(7, [2, 3], files=(2,), batch_id=1), _commit(8, [0, 1], files=(3,), batch_id=3)]
+    with pytest.raises(ReplayUnavailableError, match=r"the live batch of rows version 6 \(a job instance holding "
+                       r"intervals \[2, 3\]\) skipped the records of part-00001.parquet for intervals \[2, 3\]: the "
+                       r"commit of version 2 \(intervals \[0, 1, 2, 3\]\).*replay from rows version 6 or later"):
+        refuse_moved(NAME, commits, commits[2:])
+    with pytest.raises(ReplayUnavailableError, match=r"rows version 4 .* version 2 "):
+        refuse_moved(NAME, commits, commits[2:4])  # up to version 4: the last batch that skipped
+    refuse_moved(NAME, commits, commits[6:])  # after the move: nothing skipped since
+    refuse_moved(NAME, commits[2:], commits[2:])  # two instances from the start: nothing skipped
+    # one instance, a batch Spark ran again after its commit (the same id and intervals): replayed as live
+    again = commits[:2] + [_commit(3, [0, 1, 2, 3], files=(1,), batch_id=1)]
+    refuse_moved(NAME, again, again)
 
 
 def test_the_plan_says_which_intervals_each_batch_runs_over() -> None:

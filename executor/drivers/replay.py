@@ -32,7 +32,7 @@ the live pipeline, ``--source MODULE:PIPELINE``).
 
 Job instances sharing the intervals (``replay_shared.py``): each batch runs over the intervals its
 live instance held (an executor holding them), the seed carries every instance's lateness mark,
-and intervals moved between instances are refused.
+and a batch that skipped records live (intervals moved between instances) is refused.
 
 Some intervals (``intervals=`` / ``keys=``, :func:`replay_scope`): the seed holds only their rows,
 the executor owns only them (it processes only their records, as a job instance owning some

@@ -9,10 +9,10 @@ productions of the intervals it held, as the live instance's next commit did). T
 each instance judged lateness against is its own intervals' newest: the seed of a replay from a
 version carries the newest mark of every interval (:func:`seed_marks`).
 
-An interval moved between instances (a commit holding it with other intervals than the commit
-before it that held it) is refused (:func:`refuse_moved`): its new owner skipped the records its
-earlier owner had processed (``protocol/rescale.py``'s skip rule, by the positions committed per
-interval), which the replay does not re-derive.
+A batch whose live run skipped records is refused (:func:`refuse_moved`): an interval moved
+between instances (or taken by an instance reading its input from the start) made its new owner
+skip the records of the input files an earlier commit had processed for it (``protocol/rescale.py``'s
+skip rule, by the positions committed per interval), which the replay does not re-derive.
 """
 
 from __future__ import annotations
@@ -46,32 +46,37 @@ def batch_intervals(c: ComputationCommit, *, num_intervals: int,
 
 def refuse_moved(computation: str, commits: Sequence[ComputationCommit],
                  batches: Sequence[ComputationCommit]) -> None:
-    """Refuse a replay of a batch whose instance took an interval another set of intervals held
-    before (the newest earlier commit holding one of its intervals held other intervals).
+    """Refuse a replay of a batch whose live run skipped records: an earlier commit (of another
+    batch) had processed one of its input files for one of its intervals, so the live instance's
+    skip rule dropped those records (an interval moved between instances, or taken by a new
+    instance reading the input from the start); the replay runs each batch's files whole.
 
     Raises:
-        ReplayUnavailableError: naming the two commits and their intervals, and the version from
-            which a replay is possible (the first commit after the move).
+        ReplayUnavailableError: naming the two commits, the file and the intervals, and the version
+            from which a replay is possible (the last such batch of the range).
     """
-    marked = [c for c in commits if held(c)]
+    seen: dict[str, list[ComputationCommit]] = {}  # input file -> the earlier commits that ran it
     replayed = {c.version for c in batches}
-    moved: tuple[ComputationCommit, ComputationCommit] | None = None
-    for i, c in enumerate(marked):
+    found: tuple[ComputationCommit, ComputationCommit, str] | None = None
+    for c in sorted((c for c in commits if held(c) and c.files), key=lambda c: c.version):
         mine = set(held(c))
-        prev = next((p for p in reversed(marked[:i]) if mine & set(held(p))), None)
-        if prev is not None and set(held(prev)) != mine:
+        for f in c.files or ():
+            ran = seen.setdefault(f, [])
             if c.version in replayed:
-                moved = (prev, c)
-    if moved is None:
+                p = next((p for p in reversed(ran) if mine & set(held(p))
+                          and not (p.batch_id == c.batch_id and set(held(p)) == mine)), None)
+                if p is not None:
+                    found = (p, c, f)
+            ran.append(c)
+    if found is None:
         return
-    prev, c = moved
+    p, c, f = found
     raise ReplayUnavailableError(
-        f"{computation}: rows version {c.version} was committed by a job instance holding intervals {list(held(c))}, "
-        f"and the commit before it on some of those intervals (version {prev.version}) by one holding "
-        f"{list(held(prev))}: intervals moved between instances. The new owner skipped the records its earlier "
-        "owner had processed (by the input positions committed per interval), which a replay does not re-derive. "
-        f"Replay from rows version {c.version} or later (--from-version), once the intervals stayed with their "
-        "instances")
+        f"{computation}: the live batch of rows version {c.version} (a job instance holding intervals "
+        f"{list(held(c))}) skipped the records of {f} for intervals {sorted(set(held(c)) & set(held(p)))}: the "
+        f"commit of version {p.version} (intervals {list(held(p))}) had processed them (intervals moved between "
+        "instances, or an instance that read its input again from the start). A replay runs each batch's files "
+        f"whole and cannot tell what was skipped: replay from rows version {c.version} or later (--from-version)")
 
 
 def seed_marks(commits: Sequence[ComputationCommit], version: int) -> list[dict[str, Any]]:

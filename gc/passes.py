@@ -3,7 +3,10 @@
 Passes, each reporting what it would remove (dry run, the default) or removed:
 
 * ``stream_retention``: delete stream records older than a retention (by event
-  timestamp). Only run it for streams whose consumers are past that point.
+  timestamp). Only run it for streams whose consumers are past that point. A record whose
+  production is still checkpointed in the rows (a restart may redeliver it) is kept until the
+  next batch of its interval cleared it (``streamretention.py``): a production is never
+  delivered twice, whatever retention ran.
 * ``metrics_retention``: delete rows of the per-batch ``_metrics/batches`` table recorded
   longer ago than a retention (default :data:`METRICS_RETENTION_HOURS`; ``None`` keeps all).
   They are observability only (``deltawheel status`` and ``report`` read them); no batch
@@ -65,6 +68,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import list_streams
 
 from .exceptions import ReplayHorizonError, RetentionError, VacuumRetentionError
+from .streamretention import stream_retention
 
 __all__ = ["GcAction", "GcReport", "run_gc", "VacuumRetentionError", "ReplayHorizonError", "RetentionError",
            "MIN_VACUUM_RETAIN_HOURS", "METRICS_RETENTION_HOURS", "check_replay_horizon"]
@@ -168,11 +172,12 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
         for name, path in tables:
             if path.startswith(layout.streams_root):
                 step(f"stream retention of {name}")
-                df = spark.read.format("delta").load(path)
-                n = df.where(F.col("timestamp_ms") < cutoff).count()
-                if apply and n:
-                    spark.sql(f"DELETE FROM delta.`{path}` WHERE timestamp_ms < {int(cutoff)}")
-                actions.append(GcAction("stream_retention", name, f"{n} records with timestamp < {cutoff}", n))
+                found = stream_retention(spark, layout, path, stream=name, cutoff_ms=cutoff, apply=apply,
+                                         rows_table=any(p == layout.rows for _, p in tables))
+                held = (f"; {found.held} older ones kept: their productions are still checkpointed (a restart "
+                        "may redeliver them), the next batch of their interval clears them" if found.held else "")
+                actions.append(GcAction("stream_retention", name,
+                                        f"{found.removed} records with timestamp < {cutoff}{held}", found.removed))
     for pass_name, name, path, ms in recorded:  # by when a batch routed the record there
         step(f"{pass_name.replace('_', ' ')} of {name}")
         cutoff = now_ms - ms

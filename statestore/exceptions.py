@@ -241,6 +241,11 @@ class ReplayUnavailableError(FatalError):
     exit_code = 3
 
 
+class WritePathSwitchError(ConfigError):
+    """A store whose record ids the image write path keeps in ids files was started on the MERGE
+    path, which does not read them (its dedup history would be lost); nothing was changed."""
+
+
 class ReplayTargetError(ConfigError):
     """A replay's shadow store (``--into``) is the live store, or a non-empty store of another
     pipeline or computation; or a promotion's source is not a caught-up replay of the computation."""

@@ -161,8 +161,8 @@ def test_storage_stays_bounded_as_input_grows_and_a_crash_resumes_exactly(spark,
     assert state_of(spark, layout, "buckets") == state_of(spark, stores["clean"], "buckets")
     # the gc'ed store's counts: every one produced since its last gc, once, as the uninterrupted run
     # produced it (its retention of one hour back from the wall clock deleted the earlier ones,
-    # whose event times are in 1970; the last run before that gc's counts come back: delivered but
-    # still checkpointed in the rows until the interval's next commit, the restart delivers them again)
+    # whose event times are in 1970; it kept the counts of the last run before it: delivered but
+    # still checkpointed in the rows until the interval's next commit, a restart may redeliver them)
     last = runs * RUN_BATCHES * 10 * 60_000
     kept = stream_rows(spark, layout, "counts")
     clean = stream_rows(spark, stores["clean"], "counts")

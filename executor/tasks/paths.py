@@ -56,7 +56,8 @@ def merge_path(spark: Any, layout: StoreLayout, comp: Computation, owner: Interv
                event_ahead_ms: Mapping[str, int], watermarks: bool) -> tuple[MergePath, MergeTasks]:
     """The fenced MERGE path: one Delta MERGE per batch (any store); it tracks its intervals'
     oldest work only for an executor that publishes watermarks."""
-    path = MergePath(spark, layout, owner, name=comp.name, outputs=comp.outputs, track_oldest=watermarks)
+    path = MergePath(spark, layout, owner, name=comp.name, outputs=comp.outputs, track_oldest=watermarks,
+                     dedup=comp.exactly_once)
     return path, MergeTasks(spark, comp, layout, path, partitions=partitions, event_ahead_ms=event_ahead_ms)
 
 

@@ -281,7 +281,11 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         ids_written, live = _write_ids(spec, iv, fresh_ids, legacy, live, retention)
         taken = [f for f in ids_files if f not in gone and f not in live]
         live = [*live, ids_written[1]]
-    if bloom is not None and (written is not None or ids_written is not None):
+    if bloom is None and (written is not None or ids_written is not None or gone):
+        # no input: no new id, the new files hold a subset of the old files' ids (expired ones
+        # leave): the old files' filter (if this worker has it) serves them, not rebuilt next batch
+        bloom = _BLOOMS.get(tuple(sorted((*_state_paths(spec, iv), *(f.path for f in ids_files)))))
+    if bloom is not None and (written is not None or ids_written is not None or gone):
         # the new files' ids: the old ones (a superset) and the new ones
         bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
         if not bloom.full():

@@ -8,6 +8,11 @@ absent (``delivery.py``). Recovery is the row store's scan (``statestore/rowtabl
 productions checkpointed in the rows are given to insert-if-absent again.
 
 The fallback for stores the image path cannot write (remote file systems, object stores).
+
+Record ids live in the key rows here. The image path keeps them in ids files (rows keyed
+``IDS_KEY_PREFIX + key``) that this path does not read: an exactly-once computation whose
+intervals hold such rows is refused (:class:`WritePathSwitchError`, the leases given back before
+any write) rather than run without the dedup history they hold.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ...exceptions import WritePathSwitchError
 from ...layout import StoreLayout
 from ...ownership.owner import IntervalOwner
-from ...rowtable.rows import Production, rows_schema_ddl
+from ...rowtable.rows import IDS_KEY_PREFIX, Production, rows_schema_ddl
 from .. import Recovered, WritePath
 from ..delivery import deliver_frame, deliver_productions
 from ..streams import ensure_stream_table
@@ -57,22 +63,32 @@ class MergePath(WritePath[MergeBatch]):
         outputs: the computation's output streams.
         track_oldest: keep each interval's oldest work from the committed rows (one small
             collect per commit; needed when the executor publishes watermarks).
+        dedup: the computation deduplicates record ids (exactly once): intervals holding the
+            image path's ids files are refused (:meth:`acquire`).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, owner: IntervalOwner, *, name: str,
-                 outputs: Sequence[str], track_oldest: bool) -> None:
+                 outputs: Sequence[str], track_oldest: bool, dedup: bool = True) -> None:
         self.spark = spark
         self.layout = layout
         self.owner = owner
         self.name = name
         self.outputs = tuple(outputs)
         self.track_oldest = track_oldest
+        self.dedup = dedup
         self._oldest: dict[int, dict[str, int]] = {}  # per interval: key -> its oldest work
 
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
         """Take the intervals, fence them with a MERGE and run the recovery scan; redeliver every
-        checkpointed production by insert-if-absent. See :meth:`WritePath.acquire`."""
+        checkpointed production by insert-if-absent. See :meth:`WritePath.acquire`.
+
+        Raises:
+            WritePathSwitchError: the computation deduplicates and an owned interval holds ids
+                files of the image path (checked under the leases, which are given back; no row
+                or stream record was written)."""
         rec = self.owner.acquire(intervals, wait_s=wait_s)
+        if self.dedup:
+            self._refuse_ids_files()
         for s in self.outputs:  # created by the owner, after the leases are held
             ensure_stream_table(self.spark, self.layout, s)
         # oldest work per interval, kept from the rows we write (authoritative while we hold the lease)
@@ -85,6 +101,26 @@ class MergePath(WritePath[MergeBatch]):
         if pending:
             deliver_productions(self.spark, self.layout, pending, producer=self.name, commit_ids=commit_ids)
         return Recovered(appended=0, merged=len(pending))
+
+    def _refuse_ids_files(self) -> None:
+        """Raise :class:`WritePathSwitchError` (leases given back) if an owned interval holds
+        record-ids rows of the image path's ids files."""
+        from pyspark.sql import functions as F
+
+        ivs = sorted(self.owner.intervals)
+        found = sorted(int(r["interval"]) for r in (
+            self.spark.read.format("delta").load(self.layout.rows)
+            .where((F.col("computation") == self.name) & F.col("interval").isin(ivs)
+                   & F.col("key").startswith(IDS_KEY_PREFIX))
+            .select("interval").distinct().collect()))
+        if found:
+            self.owner.release()
+            raise WritePathSwitchError(
+                f"computation {self.name!r} of the store at {self.layout.root} keeps record ids for exactly-once "
+                f"dedup in the image write path's ids files (intervals {found}), which the MERGE path does not "
+                "read: run it with write_path='image' (or 'auto'; the command line: --write-path image). To move "
+                "it to the MERGE path, run it on the image path with no new input for its dedup_retention (ids "
+                "files past it are dropped), then switch. No state or stream record was written")
 
     def load(self) -> None:
         """The tasks join the rows table itself each batch: only the fence check is left."""

@@ -83,12 +83,45 @@ def store_layout(tmp_path: Path):  # type: ignore[no-untyped-def]
     return StoreLayout(str(tmp_path / "store"))
 
 
-@pytest.fixture
-def migrated_store(spark, store_layout):  # type: ignore[no-untyped-def]
-    """A fresh store with every migration applied."""
+@pytest.fixture(scope="session")
+def migrated_template(spark, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+    """A store folder with every migration applied, made once per run; never handed to a test
+    (``migrated_store`` copies it)."""
+    from deltawheel.statestore.layout import StoreLayout
+
     from deltawheel import migrations
 
-    migrations.apply(spark, store_layout, dry_run=False)
+    root = tmp_path_factory.mktemp("migrated-template") / "store"
+    migrations.apply(spark, StoreLayout(str(root)), dry_run=False)
+    return root
+
+
+def copy_migrated_store(template: Path, dest: Path) -> None:
+    """Copy a migrated store's folder to ``dest`` as a store of its own: each table gets a new
+    Delta table id (a pipeline's ZooKeeper binding tells stores apart by the rows table's id), and
+    its commit files the copy's time. A copy takes milliseconds where the migrations take seconds."""
+    import json
+    import shutil
+
+    shutil.copytree(template, dest, copy_function=shutil.copyfile, dirs_exist_ok=True)
+    for log in sorted(dest.rglob("_delta_log")):
+        first = log / f"{0:020d}.json"
+        old = next(json.loads(line)["metaData"]["id"] for line in first.read_text().splitlines()
+                   if '"metaData"' in line)
+        fresh = str(uuid.uuid4())
+        for f in sorted(log.iterdir()):
+            if f.name.startswith("."):  # Hadoop's checksum files of the log files: left out, they are optional
+                f.unlink()
+                continue
+            if f.is_file():
+                assert f.suffix in (".json", ".crc"), f"{f}: a log file the store copy does not know"
+                f.write_text(f.read_text().replace(old, fresh))
+
+
+@pytest.fixture
+def migrated_store(store_layout, migrated_template):  # type: ignore[no-untyped-def]
+    """A fresh store with every migration applied (a copy of ``migrated_template``)."""
+    copy_migrated_store(migrated_template, Path(store_layout.root))
     return store_layout
 
 

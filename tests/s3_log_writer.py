@@ -9,6 +9,10 @@ raw: the start time, as epoch seconds).
   raw LOG_DIR SLOT_S ROUNDS WRITER
       round r starts at START + r * SLOT_S and writes LOG_DIR/<r>.json through the log
       store (put-if-absent); prints one JSON line {"won": [...], "lost": [...]} at the end.
+  steps LOG_DIR WRITER
+      a round per line on stdin (the round's number r, after the start line): writes
+      LOG_DIR/<r>.json through the log store and, once that write returned, prints one JSON
+      line {"round": r, "outcome": "won" or the exception's class}; ends when stdin closes.
   appends TABLE WRITER COUNT
       COUNT blind appends of one row (writer, i) to the Delta table, each tagged with
       userMetadata WRITER-i; prints the tags that returned success as one JSON line.
@@ -52,6 +56,27 @@ def raw(spark, log_dir: str, start: float, slot: float, rounds: int, writer: str
     print(json.dumps({"won": won, "lost": lost}), flush=True)
 
 
+def steps(spark, log_dir: str, writer: str) -> None:  # type: ignore[no-untyped-def]
+    from py4j.protocol import Py4JJavaError
+
+    j = jvm(spark)
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    cls = j
+    for part in ZK_LOG_STORE_CLASS.split("."):
+        cls = getattr(cls, part)
+    store = cls(conf)
+    for line in sys.stdin:
+        r = int(line)
+        path = j.org.apache.hadoop.fs.Path(f"{log_dir}/{r:020d}.json")
+        try:
+            store.write(path, j.java.util.ArrayList([json.dumps({"writer": writer, "round": r})]).iterator(),
+                        False, conf)
+            outcome = "won"
+        except Py4JJavaError as exc:
+            outcome = str(exc.java_exception.getClass().getName())
+        print(json.dumps({"round": r, "outcome": outcome}), flush=True)
+
+
 def appends(spark, table: str, writer: str, count: int) -> None:  # type: ignore[no-untyped-def]
     done = []
     for i in range(count):
@@ -81,6 +106,8 @@ def main() -> None:
     go = sys.stdin.readline().strip()
     if mode == "raw":
         raw(spark, args[0], float(go), float(args[1]), int(args[2]), args[3])
+    elif mode == "steps":
+        steps(spark, args[0], args[1])
     elif mode == "appends":
         appends(spark, args[0], args[1], int(args[2]))
     elif mode == "crash":

@@ -25,6 +25,7 @@ def test_bench_restart_refuses_an_unknown_case(tmp_path: Path) -> None:
     assert not (tmp_path / "restart.json").exists()
 
 
+@pytest.mark.slow  # ~80 s (two Spark applications); a restart under the instance name: test_restart.py
 @pytest.mark.timeout(900)
 def test_bench_restart_reports_the_restart_to_the_first_committed_batch(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.cli import main

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import uuid
@@ -44,6 +45,23 @@ def _finish(proc: subprocess.Popen[str]) -> Any:
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _step(proc: subprocess.Popen[str], version: int, timeout: float = 300.0) -> str:
+    """Has a ``steps`` child write ``version`` and waits for its report (sent once its write
+    returned): the outcome, "won" or the exception's class. No timing is assumed."""
+    _go(proc, str(version))
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert box, f"the other process reported nothing on version {version} within {timeout:.0f} s"
+    assert box[0].strip(), f"the other process ended before reporting on version {version} (rc {proc.poll()})"
+    report = json.loads(box[0])
+    assert report["round"] == version, report
+    return str(report["outcome"])
 
 
 def _store(spark):  # type: ignore[no-untyped-def]
@@ -101,7 +119,7 @@ def test_two_processes_racing_one_version_never_both_win(spark, object_store, zk
 def test_two_applications_appending_lose_no_commit(spark, object_store, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """This session and another Spark application append to one Delta table at once: every append
     that returned is in the table and the log once, each writer's in its own order."""
-    count = 12
+    count = 8  # per writer: enough for their commits to race (the retried ones are printed)
     table = f"s3a://{s3_bucket}/appends-{uuid.uuid4().hex[:8]}"
     spark.sql("SELECT 'init' AS writer, 0 AS i").write.format("delta").save(table)
     child = _child(object_store, zk_server, "appends", table, "child", str(count))
@@ -283,16 +301,19 @@ def test_a_writer_overtaken_while_creating_a_table_loses_with_file_already_exist
     before the fast one writes it, and looks at the version's entry after the fast one completed
     it: it lost the race (FileAlreadyExistsException, which Delta answers by reading the winner),
     not "the table was deleted by hand"."""
-    import threading
-
     from py4j.protocol import Py4JJavaError
 
     j = jvm(spark)
     log_dir = f"s3a://{s3_bucket}/overtaken-{uuid.uuid4().hex[:8]}/_delta_log"
     v0 = j.org.apache.hadoop.fs.Path(f"{log_dir}/{0:020d}.json")
     slow_conf = jsession(spark).sessionState().newHadoopConf()
-    slow_conf.set("deltawheel.logstore.test.pauseAfterProbeMs", "3000")
+    slow_conf.set("deltawheel.logstore.test.pauseAfterProbeMs", "5000")
     outcome: list[str] = []
+    fs = v0.getFileSystem(slow_conf)
+
+    def heads() -> int:  # the store's existence probes (HEAD requests) so far
+        v = fs.getStorageStatistics().getLong("object_metadata_request")
+        return int(v) if v is not None else 0
 
     def slow() -> None:
         try:
@@ -302,9 +323,13 @@ def test_a_writer_overtaken_while_creating_a_table_loses_with_file_already_exist
         except Py4JJavaError as exc:
             outcome.append(str(exc.java_exception.getClass().getName()))
 
+    before = heads()
     t = threading.Thread(target=slow)
     t.start()
-    time.sleep(1.0)  # the slow writer has probed (nothing there) and sleeps
+    deadline = time.monotonic() + 120
+    while heads() == before:  # the slow writer has probed (nothing there) and now sleeps 5 s
+        assert time.monotonic() < deadline and t.is_alive(), "the slow writer never probed"
+        time.sleep(0.02)
     conf = jsession(spark).sessionState().newHadoopConf()
     _store(spark).write(v0, j.java.util.ArrayList([json.dumps({"writer": "fast"})]).iterator(), False, conf)
     t.join(60)
@@ -354,29 +379,37 @@ def test_a_writer_that_committed_the_version_before_still_loses_one_another_proc
             stream.close()
 
     fs = j.org.apache.hadoop.fs.Path(log_dir).getFileSystem(conf)
+    lost = "java.nio.file.FileAlreadyExistsException"
+    child = _child(object_store, zk_server, "steps", log_dir, "child")
     try:
-        slot = 2.0
-        child = _child(object_store, zk_server, "raw", log_dir, str(slot), "4", "child")
+        _go(child)
         assert write(0, conf) == "won"
-        start = time.time() + 0.5
-        _go(child, repr(start))
-        time.sleep(max(0.0, start + slot + 0.8 - time.time()))  # the child has won version 1
-        assert write(1, conf) == "java.nio.file.FileAlreadyExistsException"
+        assert _step(child, 0) == lost
+        assert _step(child, 1) == "won"  # reported once its write of version 1 returned
+        assert write(1, conf) == lost
         assert body(1) == {"writer": "child", "round": 1}
         assert write(2, conf) == "won"  # (probing: this process did not commit 1)
+        committed_2 = time.monotonic()
         # this process's entries are complete: 0 before 1 was written, 2 soon after its commit
         assert zk.get(f"{node}/{0:020d}.json")[0].split(b"\n")[2] == b"true"
         deadline = time.monotonic() + 10
         while zk.get(f"{node}/{2:020d}.json")[0].split(b"\n")[2] != b"true":
             assert time.monotonic() < deadline, "the entry of version 2 was never completed"
             time.sleep(0.05)
-        theirs = _finish(child)  # round 2 lost to this process, round 3 won
-        assert theirs == {"won": [1, 3], "lost": [[0, "java.nio.file.FileAlreadyExistsException"],
-                                                  [2, "java.nio.file.FileAlreadyExistsException"]]}
+        assert _step(child, 2) == lost
+        assert _step(child, 3) == "won"
+        out, _ = child.communicate(timeout=300)  # (closes its stdin: it ends)
+        assert child.returncode == 0, out
         zk.delete(f"{node}/{3:020d}.json")  # as if version 3's entry had expired and been removed
-        assert write(3, short) == "java.nio.file.FileAlreadyExistsException"  # > 1 s after version 2
+        # the shortcut's window (1 s after this process's commit of version 2) has closed: a lower
+        # bound, waiting longer changes nothing
+        time.sleep(max(0.0, committed_2 + 1.5 - time.monotonic()))
+        assert write(3, short) == lost
         assert body(3) == {"writer": "child", "round": 3}
     finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
         zk.stop()
         zk.close()
 

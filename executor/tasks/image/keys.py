@@ -313,18 +313,14 @@ class KeyLoop:
             duplicates += n_seen + n_dups
             late += n_late
             fired += n_fired
-            prods = ctx.productions
+            state, timers, new_hold, seq, codec, prods = ctx.outcome()
             if prods:
                 all_prods.extend(prods)
             if keep_ids and fresh and not self.all_ran:
                 self.id_keys += [key] * len(fresh)
                 self.id_values += fresh
-            state = ctx.encoded_state()
-            timers = ctx.stored_timers
-            new_hold = ctx.watermark_hold_ms
-            seq = ctx.timer_seq or 0  # set by the run (a new key: seeded)
+            seq = seq or 0  # set by the run (a new key: seeded)
             pending = prods if strong else ()
-            codec = ctx.stored_codec()
             if ctx.expired:  # the state TTL dropped it: no row (so no record ids either)
                 expired += 1
                 if pending:

@@ -6,7 +6,14 @@ from typing import Any
 
 from deltawheel.statestore.codecs import Codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
-from deltawheel.statestore.rowtable.rows import Production, TimeDomain, Timer, make_production, validate_key
+from deltawheel.statestore.rowtable.rows import (
+    Production,
+    TimeDomain,
+    Timer,
+    make_production,
+    new_timer,
+    validate_key,
+)
 
 __all__ = ["Context", "TimerCause", "TTL_TAG"]
 
@@ -103,7 +110,7 @@ class Context:
         if tag[:1] == "\x00":
             raise ConfigError(f"{self.computation}: timer tag {tag!r} starts with NUL, which is reserved for the "
                               "executor's own timers (the state TTL's); choose another tag")
-        self._timers[(tag, d)] = Timer(time_ms, tag, d)
+        self._timers[(tag, d)] = new_timer((time_ms, tag, d))
 
     def delete_timer(self, tag: str, *, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         """Delete the timer ``tag`` of this key in ``domain`` (nothing if there is none)."""
@@ -264,6 +271,22 @@ class Context:
     def has_timers(self) -> bool:
         """Whether the key has a timer set (cheaper than ``bool(ctx.timers)``)."""
         return bool(self._timers)
+
+    def outcome(self) -> tuple[bytes | None, tuple[Timer, ...], int | None, int | None, str, list[Production]]:
+        """What the runner stores of the key once user code is done, in one call (the image path's
+        key loop reads it for every key): (:meth:`encoded_state`, :attr:`stored_timers`,
+        :attr:`watermark_hold_ms`, :attr:`timer_seq`, :meth:`stored_codec`, :attr:`productions`)."""
+        state = self._state
+        untouched = not self._dirty and (state is _UNSET or state is None)
+        if untouched:
+            data = self._state_bytes
+        else:
+            data = None if state is None else self._codec.encode(state)
+        rc = self._row_codec
+        codec = rc if rc is not None and untouched else self._state_codec
+        timers = self._timers
+        stored = tuple(sorted(timers.values())) if len(timers) > 1 else tuple(timers.values())
+        return data, stored, self._hold, self._timer_seq, codec, self._productions
 
     def encoded_state(self) -> bytes | None:
         """The key's state as stored: the bytes it was read as when user code did not touch it,

@@ -34,3 +34,15 @@ def test_answers_are_the_definitions_and_never_miss_an_added_id(added: int) -> N
 
 def test_no_ids_no_answers() -> None:
     assert IdBloom(10).might_contain_many([]).tolist() == []
+
+
+def test_hashes_computed_once_give_the_same_filter_and_answers() -> None:
+    ids = [f"r{i}" for i in range(3_000)]
+    probe = ids[::5] + [f"new{i}" for i in range(3_000)]
+    a, b = IdBloom(8_192), IdBloom(8_192)
+    a.add_many(ids)
+    b.add_many(ids, hashes=IdBloom.hashes(ids))
+    assert (a._bits == b._bits).all() and a.count == b.count == 3_000
+    assert a._bits.any()
+    got = b.might_contain_many(probe, hashes=IdBloom.hashes(probe))
+    assert (got == a.might_contain_many(probe)).all() and got[:600].all()

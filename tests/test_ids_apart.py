@@ -125,3 +125,25 @@ def test_the_views_show_one_row_per_key_and_count_the_ids_apart(spark, migrated_
     got = {r["key"]: r["n_record_ids"] for r in spark.sql("SELECT key, n_record_ids FROM state").collect()}
     assert got == {"cats": 3, "dogs": 4}
     assert spark.sql("SELECT count(*) AS n FROM rows WHERE key NOT IN ('cats', 'dogs')").collect()[0]["n"] == 0
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_an_ids_file_holds_one_row_per_key_in_key_order_whatever_its_input_order(spark, tmp_path, ordered) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+    from deltawheel.executor.tasks.image.idsfiles import write_ids_file
+    from deltawheel.statestore.delta.storefs import TableFiles
+    from deltawheel.statestore.rowtable.frames import arrow_schema
+    from deltawheel.statestore.rowtable.rows import rows_file_ddl
+
+    rows = [("a", "r1", 5), ("a", "r2", 5), ("b", "r3", 4), ("b", "r4", 6), ("c", "r5", 5)]
+    if not ordered:  # e.g. a compaction's files after the batch's own ids
+        rows = [rows[3], rows[4], rows[0], rows[2], rows[1]]
+    flat = pa.table({"key": [r[0] for r in rows], "record_id": [r[1] for r in rows], "seen_ms": [r[2] for r in rows]})
+    written, got = write_ids_file(flat, TableFiles(str(tmp_path)), computation="c", interval=0, level=0,
+                                  schema=arrow_schema(rows_file_ddl()), sequencer=1, commit_id="x", now_ms=9,
+                                  format_version=1)
+    back = pq.read_table(os.path.join(tmp_path, written.path)).to_pylist()
+    assert [(r["key"], [(i["record_id"], i["seen_ms"]) for i in r["record_ids"]]) for r in back] == [
+        (IDS_KEY_PREFIX + "a", [("r1", 5), ("r2", 5)]), (IDS_KEY_PREFIX + "b", [("r3", 4), ("r4", 6)]),
+        (IDS_KEY_PREFIX + "c", [("r5", 5)])]
+    assert got.flat.column("key").to_pylist() == ["a", "a", "b", "b", "c"]

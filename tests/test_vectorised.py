@@ -275,3 +275,39 @@ def test_the_vectorised_example_in_embedding_md_runs_as_written() -> None:
     a, b = ([(o.key, o.value) for o in t.output("windows")] for t in testers)
     assert a == b and len(a) >= 8
     assert {k: testers[0].state(k) for k in testers[0].keys()} == {k: testers[1].state(k) for k in testers[1].keys()}
+
+
+class WindowSumSeen(WindowSumVector):
+    """:class:`WindowSumVector` noting each ``process_combined`` call's key and rows."""
+
+    seen: list[tuple[str, list[tuple[Any, ...]]]] = []
+
+    def process_combined(self, ctx, rows):  # type: ignore[no-untyped-def]
+        self.seen.append((ctx.key, list(rows)))
+        super().process_combined(ctx, rows)
+
+
+@pytest.mark.parametrize("values", [False, True])
+def test_a_keys_late_records_run_per_record_and_its_others_through_combine(spark, tmp_path, values) -> None:  # type: ignore[no-untyped-def]
+    """A key whose batch holds a late record (behind the last batch's watermark) and on-time ones:
+    the late one runs per record first, the on-time ones through ``combine``; same results as the
+    per-record path."""
+    rec = lambda rid, key, ts: {"record_id": rid, "key": key, "ts": ts, "n": 2, "bad": False}  # noqa: E731
+    batches = [[rec("a1", "hot", 10), rec("a2", "cold", 20)], [rec("b1", "hot", 320)], [rec("c1", "hot", 610)],
+               [rec("d1", "hot", 50), rec("d2", "hot", 905), rec("d3", "hot", 910), rec("d4", "cold", 920),
+                rec("d5", "gone", 60)]]
+    os.makedirs(tmp_path / "a")
+    os.makedirs(tmp_path / "b")
+    per_record = _run_image(WindowSum(), str(tmp_path / "a"), batches, values)
+    WindowSumSeen.seen = []
+    vector = _run_image(WindowSumSeen(), str(tmp_path / "b"), batches, values)
+    assert [x[:2] for x in per_record] == [y[:2] for y in vector]
+    assert [x[2] for x in per_record] == [y[2] for y in vector]
+    assert per_record[-1][2]["late"] == 2  # d1 and d5 (behind the watermark 200 of batch 2)
+    last = [(k, rows) for k, rows in WindowSumSeen.seen[-2:]]
+    # batch 3: "hot" combines its two on-time records (window 900: count 2, sum of n 2 each, 1
+    # without values); d1 ran per record (its note among the productions); "gone" has the late
+    # record alone: per record
+    n = 2 if values else 1
+    assert sorted(last) == [("cold", [(900, 1, n)]), ("hot", [(900, 2, 2 * n)])]
+    assert {"winsum:d1#1", "winsum:d5#1"} <= {p[0] for p in vector[-1][1]}

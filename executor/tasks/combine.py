@@ -5,9 +5,10 @@ records of a batch at once, its output grouped into each key's rows for
 The image path's key loop (``image/keys.py``) builds one table per interval (its eligible keys'
 new records: straight from the batch's Arrow columns when the input has no values); the per-key
 runner (``keyrun.UserCode``: ``run_key``, the MERGE path, the testing harness) builds one per key.
-A key is eligible when none of its new records is late; a computation with the dead-letter error
-policy, or a batch carrying a record id twice, is never vectorised (their per-record semantics
-do not split into a combine).
+A key's late records (all before its on-time ones in event-time order: :func:`late_prefix`) run
+per record first, its other new records through the combine (a key whose late and on-time records
+interleave runs per record); a computation with the dead-letter error policy, or a batch carrying
+a record id twice, is never vectorised (their per-record semantics do not split into a combine).
 """
 
 from __future__ import annotations
@@ -17,10 +18,27 @@ from typing import Any, Sequence
 from ..computation import Computation, Record
 from ..exceptions import UserCodeError
 
-__all__ = ["COLUMNS", "records_table", "combined_rows"]
+__all__ = ["COLUMNS", "records_table", "combined_rows", "late_prefix"]
 
 #: The columns of the table ``combine`` gets, in this order (a :class:`Record`'s fields, less ``late``).
 COLUMNS = ("key", "value", "timestamp_ms", "record_id", "stream")
+
+
+def late_prefix(late: Sequence[bool]) -> int:
+    """How many of a key's new records (their late flags, in event-time order) lead as late ones:
+    those run per record, the rest through ``combine``; -1 when a late record follows an on-time
+    one (the key runs per record). A batch's records are late by one event-time bound, so its
+    late ones come first.
+
+    >>> late_prefix([True, True, False]), late_prefix([False, False]), late_prefix([False, True])
+    (2, 0, -1)
+    """
+    n = 0
+    for flag in late:
+        if not flag:
+            break
+        n += 1
+    return -1 if any(late[n:]) else n
 
 
 def records_table(records: Sequence[Record]) -> Any:

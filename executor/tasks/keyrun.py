@@ -41,7 +41,7 @@ from deltawheel.statestore.rowtable.rows import (
 from ..computation import Computation, ErrorPolicy, Record
 from ..context import TTL_TAG, Context, TimerCause
 from ..exceptions import StateUpgradeError, UserCodeError
-from .combine import combined_rows, records_table
+from .combine import combined_rows, late_prefix, records_table
 
 __all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
            "first_timer_seq", "state_codec_of"]
@@ -344,8 +344,9 @@ class UserCode:
     def _run_combined(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
                       rows: list[tuple[Any, ...]] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
         """The vectorised path: one ``process_combined`` call with the key's ``rows`` of
-        ``combine`` (None: combined here, over the key's new records); a key with a late record
-        among them (or values that fit no Arrow column) runs per record instead."""
+        ``combine`` (None: combined here, over the key's new records). The key's late records run
+        per record first (``rows`` then combine the others); a key whose late and on-time records
+        interleave, or whose values fit no Arrow column, runs per record instead."""
         comp = self.comp
         dups = 0
         todo: Sequence[Record]
@@ -355,14 +356,23 @@ class UserCode:
             todo, dups = _unseen(records, seen)
         if not todo:
             return [], dups, 0, []
+        per_record = self._run_batch if self.batch else self._run_each
+        # (given ``rows``, the image path combined the records after the late ones it checked lead)
+        n_late = 0 if rows is not None and not todo[0].late else late_prefix(list(map(_LATE, todo)))
+        table = None
+        if n_late >= 0 and rows is None and n_late < len(todo):
+            table = records_table(todo[n_late:])
+        if n_late < 0 or n_late == len(todo) or (rows is None and table is None):
+            fresh, more, late, dead = per_record(ctx, todo, None)
+            return fresh, dups + more, late, dead
+        fresh, late, dead = [], 0, []
+        if n_late:  # the late ones first, per record (``rows``: the combine of the others)
+            fresh, _none, late, dead = per_record(ctx, todo[:n_late], None)
+            todo = todo[n_late:]
         if rows is None:
-            table = None if any(map(_LATE, todo)) else records_table(todo)
-            if table is None:
-                fresh, more, late, dead = (self._run_batch if self.batch else self._run_each)(ctx, todo, None)
-                return fresh, dups + more, late, dead
             rows = combined_rows(comp, table, [ctx.key])[ctx.key]
         first, last = todo[0], todo[-1]
-        fresh = list(map(_RECORD_ID, todo))
+        fresh += map(_RECORD_ID, todo)
         ctx.cause = TimerCause(f"{comp.name}:{first.record_id}", last.timestamp_ms)
         try:
             comp.process_combined(ctx, rows)
@@ -370,7 +380,7 @@ class UserCode:
             raise UserCodeError(comp.name, ctx.key, f"process_combined over {len(todo)} records {first.record_id!r}.."
                                 f"{last.record_id!r} (event time {first.timestamp_ms}..{last.timestamp_ms})",
                                 exc) from exc
-        return fresh, dups, 0, []
+        return fresh, dups, late, dead
 
     def _run_batch(self, ctx: Context, records: Sequence[Record],
                    seen: set[str] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:

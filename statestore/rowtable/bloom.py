@@ -95,28 +95,38 @@ class IdBloom:
         new._bits = self._bits.copy()
         return new
 
-    def _positions(self, ids: Sequence[str]) -> Any:
+    @staticmethod
+    def hashes(ids: Sequence[str]) -> Any:
+        """The ids' hashes (a numpy uint64 array): computed once, given to :meth:`add_many` and
+        :meth:`might_contain_many` when both see the same ids."""
         import numpy as np
 
-        h = np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)).view(np.uint64)
+        return np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)).view(np.uint64)
+
+    def _positions(self, ids: Sequence[str], hashes: Any = None) -> Any:
+        import numpy as np
+
+        h = self.hashes(ids) if hashes is None else hashes
         h1 = h & np.uint64(0xFFFFFFFF)
         h2 = (h >> np.uint64(32)) | np.uint64(1)
         steps = np.arange(self.k, dtype=np.uint64)
         return (h1[:, None] + steps[None, :] * h2[:, None]) % np.uint64(self.m)  # (len(ids), k)
 
-    def add_many(self, ids: Sequence[str]) -> None:
-        """Add ``ids`` (each counts towards ``capacity``, repeats included)."""
+    def add_many(self, ids: Sequence[str], *, hashes: Any = None) -> None:
+        """Add ``ids`` (each counts towards ``capacity``, repeats included); ``hashes``: their
+        :meth:`hashes`, when already computed."""
         import numpy as np
 
         if not len(ids):
             return
-        pos = self._positions(ids).ravel()
+        pos = self._positions(ids, hashes).ravel()
         np.bitwise_or.at(self._bits, (pos >> np.uint64(3)).astype(np.int64),
                          (np.uint8(1) << (pos & np.uint64(7)).astype(np.uint8)))
         self.count += len(ids)
 
-    def might_contain_many(self, ids: Sequence[str]) -> Any:
-        """Per id: False = never added (certain); True = maybe added."""
+    def might_contain_many(self, ids: Sequence[str], *, hashes: Any = None) -> Any:
+        """Per id: False = never added (certain); True = maybe added. ``hashes``: their
+        :meth:`hashes`, when already computed."""
         import numpy as np
 
         if not len(ids):
@@ -124,7 +134,7 @@ class IdBloom:
         # probe by probe, each over the ids whose earlier probes all hit: a new id (the usual
         # case) is nearly always rejected by its first probe, so most of the k probes are never
         # computed (the positions are :meth:`_positions`', column by column)
-        h = np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)).view(np.uint64)
+        h = self.hashes(ids) if hashes is None else hashes
         h1 = h & np.uint64(0xFFFFFFFF)
         h2 = (h >> np.uint64(32)) | np.uint64(1)
         m = np.uint64(self.m)

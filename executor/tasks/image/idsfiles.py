@@ -161,6 +161,22 @@ def plan_compaction(live: Sequence[IdsFile], *, now_ms: int, retention_ms: int) 
         level += 1
 
 
+def _ordered(flat: Any) -> bool:
+    """Whether ``flat``'s rows are ordered by (key, seen_ms) already (its stable sort would keep
+    them as they are)."""
+    import pyarrow.compute as pc
+
+    n = flat.num_rows
+    if n < 2:
+        return True
+    k, s = flat.column("key"), flat.column("seen_ms")
+    if k.null_count or s.null_count:
+        return False
+    k0, k1, s0, s1 = k.slice(0, n - 1), k.slice(1), s.slice(0, n - 1), s.slice(1)
+    ok = pc.or_(pc.less(k0, k1), pc.and_(pc.equal(k0, k1), pc.less_equal(s0, s1)))
+    return bool(pc.all(ok).as_py())
+
+
 def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interval: int, level: int,
                    schema: Any, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> tuple[ImageFile, IdsFile]:
     """Write the ids ``flat`` (key / record_id / seen_ms) as an ids file of ``level``: one row per
@@ -170,8 +186,9 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
     import pyarrow.compute as pc
 
     flat = flat.combine_chunks()
-    order = pc.sort_indices(flat, sort_keys=[("key", "ascending"), ("seen_ms", "ascending")])
-    flat = flat.take(order)
+    if not _ordered(flat):  # a batch's own ids come in key order already (the input's sort)
+        order = pc.sort_indices(flat, sort_keys=[("key", "ascending"), ("seen_ms", "ascending")])
+        flat = flat.take(order)
     ree = pc.run_end_encode(flat.column("key").combine_chunks())
     keys = ree.values
     ends = ree.run_ends.to_numpy().astype(np.int32)

@@ -145,21 +145,26 @@ def _run(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     counted = data.num_rows
     lo = hi = None
     bad = pc.is_valid(data.column("_bad"))
+    any_bad = bool(counted) and pc.any(bad).as_py()
     if counted:  # the event times the injectors' watermarks see: of the records that are no dead letters
-        mm = pc.min_max(data.filter(pc.invert(bad)).column("timestamp_ms"))
+        ts = data.column("timestamp_ms")
+        mm = pc.min_max(ts.filter(pc.invert(bad)) if any_bad else ts)
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
     side: list[SideRecord] = []
-    if counted and pc.any(bad).as_py():
+    if any_bad:
         side += [SideRecord.of_input("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
         data = data.filter(pc.invert(bad))
-    if data.num_rows:
-        ivs |= set(py_list(pc.unique(data.column("interval"))))
+    with_data: list[int] = py_list(pc.unique(data.column("interval"))) if data.num_rows else []
+    ivs |= set(with_data)
     out = []
     # the S3 PUTs of each interval's files overlap the next interval's work; the summary (and
     # so the driver's commit naming the files) waits for all of them at the block's end
     with background_uploads():
         for iv in sorted(i for i in ivs if i in spec.sequencers):
-            recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
+            if len(with_data) == 1:  # the usual task: one interval's records, nothing to filter
+                recs = data if iv == with_data[0] else data.slice(0, 0)
+            else:
+                recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
             out.append(_interval(spec, iv, recs))
             if out[-1].fenced is not None:  # taken over: the batch cannot commit, run nothing more
                 break
@@ -211,7 +216,14 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         due = pc.or_kleene(due, pc.less(image.column("next_event_timer_ms"), spec.wm))
     due = pc.fill_null(due, False)
     inp = Input(recs)
-    touched = set(inp.runs) | set(py_list(image.filter(due).column("key")))
+    touched = set(inp.runs)
+    run_keys = list(inp.runs)  # sorted (the input is sorted by key), then the due keys without records
+    if pc.any(due).as_py():
+        more = sorted(set(py_list(image.filter(due).column("key"))) - touched)
+        if more:
+            touched.update(more)
+            run_keys += more
+            run_keys.sort()  # two sorted runs: merged in one pass
     has_pending = bool(pc.any(pc.greater(pc.fill_null(pc.list_value_length(image.column("pending")), 0), 0))
                        .as_py())
     # ids past the dedup horizon: the image is rewritten without them even when none of its keys
@@ -224,7 +236,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
                                next_proc_ms=_next_proc(image, live, retention))
     # Phase 3: user code per key (the key loop). Record ids (the bulk of a row) stay in Arrow:
     # the duplicates are found with one vectorized lookup, the new lists are assembled below.
-    mask = pc.is_in(keys, value_set=pa.array(sorted(touched), pa.string()))
+    mask = pc.is_in(keys, value_set=pa.array(run_keys, pa.string()))
     sub = image.filter(mask)
     old_ids = flat_ids(sub, spec.horizon_ms)
     old = OldRows(sub, with_pending=has_pending)
@@ -235,7 +247,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong, id_rows=not apart)
     apart_ids = _apart_held(live, legacy)
     bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids, apart_ids)
-    loop.run(sorted(touched), inp, old, seen, old_ids.keys)
+    loop.run(run_keys, inp, old, seen, old_ids.keys)
     if not comp.exactly_once:
         new_ids = None
     elif loop.all_ran:
@@ -287,7 +299,10 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         bloom = _BLOOMS.get(tuple(sorted((*_state_paths(spec, iv), *(f.path for f in ids_files)))))
     if bloom is not None and (written is not None or ids_written is not None or gone):
         # the new files' ids: the old ones (a superset) and the new ones
-        bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
+        if new_ids is not None and loop.all_ran and inp.hashes is not None:  # new_ids: the input's, in its order
+            bloom.add_many(inp.ids, hashes=inp.hashes)
+        else:
+            bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
         if not bloom.full():
             _remember_bloom(tuple(sorted((*state_paths, *(f.path for f in live)))), bloom)
     prod_files = _write_productions(spec, iv, loop.prods)
@@ -368,7 +383,8 @@ def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
     if not spec.comp.exactly_once or not inp.keys:
         return None, None, BloomCounts()
     bloom = _bloom(spec, iv, image, apart, len(inp.ids))
-    flags = bloom.might_contain_many(inp.ids)
+    inp.hashes = bloom.hashes(inp.ids)  # again when the batch's ids are added to the filter
+    flags = bloom.might_contain_many(inp.ids, hashes=inp.hashes)
     maybe = int(flags.sum())
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
         return bloom, None, BloomCounts(len(inp.ids), 0, 0, bloom.nbytes)

@@ -21,7 +21,8 @@ Phase 4 of ``run_key`` as the image path does it, per key:
 from __future__ import annotations
 
 import json
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, repeat
+from operator import is_
 from typing import Any, Callable
 
 from deltawheel.statestore.codecs import get_codec
@@ -96,6 +97,7 @@ class Input:
         self.ts: list[int] = py_list(recs.column("timestamp_ms"))
         self.streams: list[str] = constant_or_list(pc.fill_null(recs.column("stream"), ""), n) if n else []
         self.late: list[bool] = py_list(pc.fill_null(recs.column("late"), False))
+        self.hashes: Any = None  # the ids' Bloom filter hashes, once computed (``interval.py``)
         self._records: list[Record] | None = None
         self.runs: dict[str, tuple[int, int]] = {}
         # a record id twice within the batch (a source that repeats itself): only then does
@@ -176,26 +178,30 @@ class NewRows:
 
     def table(self, schema: Any, *, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> Any:
         """The Arrow table in ``schema`` (the rows file schema without ``record_ids``)."""
+        import numpy as np
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         n = len(self.rows)
         if n:
             keys, states, timer_lists, holds, pending_lists, seqs, codecs = zip(*self.rows, strict=True)
         else:
             keys = states = timer_lists = holds = pending_lists = seqs = codecs = ()
-        flat = [t for ts in timer_lists for t in ts]
+        flat = list(chain.from_iterable(timer_lists))
         tfield = schema.field("timers")
         offsets = pa.array(list(accumulate(map(len, timer_lists), initial=0)), pa.int32())
         # the timers' fields transposed in C (one tuple per field), not a list per field in Python
         t_times, t_tags, t_doms = zip(*flat, strict=True) if flat else ((), (), ())
         times = pa.array(t_times, pa.int64())
-        is_event = [d is _EVENT for d in t_doms]
+        is_event = np.fromiter(map(is_, repeat(_EVENT), t_doms), dtype=bool, count=len(t_doms))
+        # the domain column from the flags (two domains), not a string per timer in Python
+        doms = pc.if_else(pa.array(is_event, pa.bool_()), pa.scalar(DOMAIN_VALUES[_EVENT], pa.string()),
+                          pa.scalar(DOMAIN_VALUES[_PROCESSING], pa.string()))
         timers = pa.ListArray.from_arrays(
             offsets,
-            pa.StructArray.from_arrays([pa.array(t_tags, pa.string()),
-                                        pa.array(list(map(DOMAIN_VALUES.__getitem__, t_doms)), pa.string()), times],
+            pa.StructArray.from_arrays([pa.array(t_tags, pa.string()), doms, times],
                                        fields=list(tfield.type.value_type)), type=tfield.type)
-        prods = [p for ps in pending_lists for p in ps]
+        prods = list(chain.from_iterable(pending_lists))
         pfield = schema.field("pending")
         ptype = pfield.type.value_type  # the struct's fields are Production's attributes
         p_cols = dict(zip(Production._fields, zip(*prods, strict=True) if prods else ((),) * len(Production._fields),
@@ -217,7 +223,7 @@ class NewRows:
         return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _next_timers(offsets: Any, times: Any, is_event: list[bool], n: int) -> tuple[Any, Any]:
+def _next_timers(offsets: Any, times: Any, is_event: Any, n: int) -> tuple[Any, Any]:
     """Per row (list ``offsets`` over the flat timer ``times``): the earliest event-time and the
     earliest processing-time timer, or null. A row's timers are sorted by time, so each is the
     first of its domain in the row."""
@@ -313,18 +319,14 @@ class KeyLoop:
             duplicates += n_seen + n_dups
             late += n_late
             fired += n_fired
-            prods = ctx.productions
+            state, timers, new_hold, seq, codec, prods = ctx.outcome()
             if prods:
                 all_prods.extend(prods)
             if keep_ids and fresh and not self.all_ran:
                 self.id_keys += [key] * len(fresh)
                 self.id_values += fresh
-            state = ctx.encoded_state()
-            timers = ctx.stored_timers
-            new_hold = ctx.watermark_hold_ms
-            seq = ctx.timer_seq or 0  # set by the run (a new key: seeded)
+            seq = seq or 0  # set by the run (a new key: seeded)
             pending = prods if strong else ()
-            codec = ctx.stored_codec()
             if ctx.expired:  # the state TTL dropped it: no row (so no record ids either)
                 expired += 1
                 if pending:
@@ -378,6 +380,7 @@ def context_factory(comp: Computation, codec: Any, wm: int | None, now: int
 
 _NO_RUN = (0, 0)
 _EVENT = TimeDomain.EVENT_TIME
+_PROCESSING = TimeDomain.PROCESSING_TIME
 _JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 

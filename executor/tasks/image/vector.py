@@ -2,9 +2,10 @@
 
 The key loop (``keys.py``) asks :func:`interval_combined` before it runs the keys of a
 computation that declares the vectorised path (``Computation.vectorised``). A key is eligible
-when it has new records in the batch and none of them is late; its rows of the combine then go
-to ``process_combined`` (``keyrun.UserCode``), everything else of the key's run (dedup, timers,
-the TTL, the row image, the record ids) is the per-record path's. An input without value columns
+when it has new records in the batch that are not late; its late ones (all before them in
+event-time order, else the key is not eligible) run per record first, its rows of the combine
+then go to ``process_combined`` (``keyrun.UserCode``); everything else of the key's run (dedup,
+timers, the TTL, the row image, the record ids) is the per-record path's. An input without value columns
 goes to ``combine`` straight from the batch's Arrow columns (no Python object per record); with
 values, the records are decoded as the per-record path decodes them (undecodable ones are dead
 letters) and the table is built from them.
@@ -17,7 +18,7 @@ from typing import Any
 from deltawheel.statestore.writepath.image.summary import SideRecord
 
 from ...computation import Computation, ErrorPolicy, Record
-from ..combine import COLUMNS, combined_rows, records_table
+from ..combine import COLUMNS, combined_rows, late_prefix, records_table
 
 __all__ = ["takes_vectorised", "interval_combined", "KeyRecords"]
 
@@ -49,9 +50,19 @@ def interval_combined(comp: Computation, inp: Any, touched: list[str], seen: lis
         t = inp.table
         late = pc.fill_null(t.column("late"), False)
         if pc.any(late).as_py():
-            late_keys = pc.unique(t.filter(late).column("key"))
-            t = t.filter(pc.invert(pc.is_in(t.column("key"), value_set=late_keys)))
-            gone = set(late_keys.to_pylist())
+            # a key's late records (leading its run: ``late_prefix``) run per record, the others
+            # are combined; a key whose late and on-time records interleave, or with late ones
+            # alone, runs per record
+            gone = set()
+            for k in set(pc.unique(t.filter(late).column("key")).to_pylist()):
+                lo, hi = inp.runs[k]
+                n = late_prefix(inp.late[lo:hi])
+                if n < 0 or n == hi - lo:
+                    gone.add(k)
+            keep = pc.invert(late)
+            if gone:
+                keep = pc.and_(keep, pc.invert(pc.is_in(t.column("key"), value_set=pa.array(sorted(gone), pa.string()))))
+            t = t.filter(keep)
             keys = [k for k in with_records if k not in gone]
         else:
             keys = with_records
@@ -67,9 +78,10 @@ def interval_combined(comp: Computation, inp: Any, touched: list[str], seen: lis
         lo, hi = inp.runs[key]
         got = read[key] = records_of(inp, key, lo, hi, seen)
         recs = got[0]
-        if recs and not any(r.late for r in recs):
+        n = late_prefix([r.late for r in recs])
+        if 0 <= n < len(recs):  # the late ones (leading) run per record, the others are combined
             keys.append(key)
-            picked += recs
+            picked += recs[n:]
     table = records_table(picked) if keys else None
     if table is None:
         return None, read

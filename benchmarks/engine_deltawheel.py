@@ -138,6 +138,9 @@ class DeltaWheelEngine:
                                     direct_read=self.direct_read)
             t0 = time.monotonic()
             with _image_deltas(self.image_deltas):
+                from deltawheel.statestore.writepath.image.files import image_deltas
+
+                deltas_on = image_deltas()  # the setting the run had (the environment's when None)
                 summary = runner.run()
             wall = time.monotonic() - t0
             written = rows_bytes_per_batch(layout.rows)
@@ -168,7 +171,7 @@ class DeltaWheelEngine:
                                    f"{sum(1 for r in reports if r.records_in)} batches with input read by the image "
                                    "tasks with pyarrow, the others through Spark's scan + shuffle"),
                     "trigger": "availableNow", "maxFilesPerTrigger": 1, "master": spark.sparkContext.master,
-                    "image_deltas": self.image_deltas,
+                    "image_deltas": deltas_on,
                     # per batch commit: bytes of the state files and of the ids files it added
                     "rows_state_bytes_per_batch": None if written is None else [w[0] for w in written],
                     "rows_ids_bytes_per_batch": None if written is None else [w[1] for w in written]}

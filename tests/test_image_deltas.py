@@ -48,14 +48,20 @@ class Interval(_Interval):
 
 
 def test_the_switch_is_read_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.writepath.image.files import IMAGE_DELTAS_ENV, image_deltas
 
     monkeypatch.delenv(IMAGE_DELTAS_ENV, raising=False)
-    assert not image_deltas()  # off by default: whole images
-    monkeypatch.setenv(IMAGE_DELTAS_ENV, "0")
-    assert not image_deltas()
-    monkeypatch.setenv(IMAGE_DELTAS_ENV, "1")
-    assert image_deltas()
+    assert image_deltas()  # on by default: delta files
+    for off in ("0", "false", " OFF ", "no"):
+        monkeypatch.setenv(IMAGE_DELTAS_ENV, off)
+        assert not image_deltas()
+    for on in ("1", "true", "On", ""):
+        monkeypatch.setenv(IMAGE_DELTAS_ENV, on)
+        assert image_deltas()
+    monkeypatch.setenv(IMAGE_DELTAS_ENV, "whole")
+    with pytest.raises(ConfigError, match="DELTAWHEEL_IMAGE_DELTAS='whole' is not a switch: set it to 1 .* or 0"):
+        image_deltas()
 
 
 def test_a_deletion_vector_written_here_reads_back_as_the_rows_it_marks(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -197,7 +203,7 @@ def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a
         if point is FaultPoint.BEFORE_COMMIT and batch_id == 5:
             raise Crash("killed after the tasks wrote the delta files, before the commit")
 
-    monkeypatch.setenv("DELTAWHEEL_IMAGE_DELTAS", "1")  # the driver's switch
+    monkeypatch.delenv("DELTAWHEEL_IMAGE_DELTAS", raising=False)  # the driver's switch, on by default
     last = [("c4", "q0", 1_000), ("d0", "q0", 1_000), ("d1", "q5", 1_000)]
     clock = ManualClock(1_700_000_000_000)
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock,
@@ -252,6 +258,53 @@ def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a
     run_gc(spark, migrated_store, now_ms=clock.now_ms(), apply=True, vacuum_retain_hours=0, force=True)
     assert {f.name for f in Path(migrated_store.rows).glob("deletion_vector_*.bin")} == _vector_files(migrated_store)
     assert _spark_states(spark, migrated_store) == spark_rows == _python_states(migrated_store)
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(900)
+def test_with_the_switch_off_batches_write_whole_images_and_purge_the_vectors_they_find(
+        spark, migrated_store, zk_config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``DELTAWHEEL_IMAGE_DELTAS=0``, as a user turns the delta files off: a writer taking intervals
+    whose files carry deletion vectors (written with the default, on) rewrites each interval it
+    changes as one file without vectors, and the state is the same as with delta files."""
+    from deltawheel.statestore.clock import ManualClock
+    from deltawheel.statestore.inspection.sqlviews import register_views
+    from deltawheel.statestore.writepath.image.files import is_ids_path
+    from executor_util import BucketCounter, events, start_executor, stop_executor
+
+    def run(writer: str, batches: range) -> None:
+        ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image",
+                                    clock=clock, writer=writer)
+        try:
+            for b in batches:
+                clock.advance(1_000)
+                recs = [(f"a{i}", f"q{i}", 1_000) for i in range(24)] if b == 0 else [
+                    (f"b{b}", f"q{b}", 1_000), (f"c{b}", "q0", 1_000)]
+                ex.run_batch(events(spark, recs), b, input_watermark_ms=None)
+        finally:
+            stop_executor(ex, client)
+
+    def state_files() -> dict[int, list[dict]]:
+        out: dict[int, list[dict]] = {}
+        for a in _rows_adds(migrated_store):
+            if not is_ids_path(a["path"]):
+                out.setdefault(int(a["partitionValues"]["interval"]), []).append(a)
+        return out
+
+    clock = ManualClock(1_700_000_000_000)
+    monkeypatch.delenv("DELTAWHEEL_IMAGE_DELTAS", raising=False)
+    run("w1", range(0, 3))
+    assert any(a.get("deletionVector") for fs in state_files().values() for a in fs)  # the default: delta files
+    monkeypatch.setenv("DELTAWHEEL_IMAGE_DELTAS", "0")
+    run("w2", range(3, 5))
+    files = state_files()
+    assert files and all(len(fs) == 1 and not fs[0].get("deletionVector") for fs in files.values())
+    assert not list(_vector_files(migrated_store))  # no file of the current version names a vector
+    register_views(spark, migrated_store)
+    got = {r["key"]: json.loads(r["state_json"]) for r in spark.sql("SELECT key, state_json FROM state").collect()}
+    assert got["q0"] == {"0": 5} and got["q3"] == {"0": 2} and got["q4"] == {"0": 2} and got["q7"] == {"0": 1}
+    assert len(got) == 24
 
 
 def _vector_files(layout) -> set[str]:  # type: ignore[no-untyped-def]

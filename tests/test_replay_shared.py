@@ -301,3 +301,62 @@ def test_the_plan_says_which_intervals_each_batch_runs_over() -> None:
            "instance held)" in text
     assert "batch 2 (live version 4): 1 input files, input watermark 4, over intervals [2, 3]" in text
     assert "over intervals" not in plan(_commit(3, [0, 1, 2, 3]), _commit(4, [0, 1, 2, 3]))  # one instance
+
+
+def test_the_intervals_no_replayed_batch_held_are_those_whose_pending_the_seed_left_out() -> None:
+    from deltawheel.executor.drivers.replay_shared import unheld_intervals
+
+    a, b, alone = _commit(3, [0, 1]), _commit(4, [2, 3]), _commit(5, [0, 1, 2, 3])
+    assert unheld_intervals([a], num_intervals=4) == (2, 3)  # b makes no commit in the range
+    assert unheld_intervals([a, b], num_intervals=4) == ()
+    assert unheld_intervals([], num_intervals=4) == (0, 1, 2, 3)  # --to-version = the start
+    assert unheld_intervals([alone], num_intervals=4) == ()
+    assert unheld_intervals([b], num_intervals=4, scope=(1, 2)) == (1,)
+
+
+def _write_rows(spark: Any, layout: StoreLayout, rows: dict[str, tuple[int, list[str]]]) -> None:
+    """A rows table version of ``NAME``: key -> (state, the production ids of its pending list)."""
+    from deltawheel.statestore.rowtable.rows import interval_of, rows_schema_ddl
+
+    data = [(NAME, interval_of(k, 4), k, json.dumps(n).encode(), "json", [], None, None, [],
+             [(p, "counts", k, b"1", 0, "json") for p in pending], None, 0, None, 0, 1, 0)
+            for k, (n, pending) in sorted(rows.items())]
+    spark.createDataFrame(data, rows_schema_ddl()).write.format("delta").mode("overwrite").save(layout.rows)
+
+
+def test_a_replay_diff_compares_the_pending_of_intervals_no_replayed_commit_held_with_the_live_at_the_seed(  # type: ignore[no-untyped-def]
+        spark, tmp_path) -> None:
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.inspection.diff import diff_stores
+    from deltawheel.statestore.rowtable.rows import interval_of
+
+    keys = [f"k{i}" for i in range(40)]
+    mine = next(k for k in keys if interval_of(k, 4) in (0, 1))  # instance a's, replayed
+    other = next(k for k in keys if interval_of(k, 4) in (2, 3))  # instance b's: no commit after the seed
+    live, shadow = StoreLayout(str(tmp_path / "live")), StoreLayout(str(tmp_path / "shadow"))
+    # live version 0 (the seed version): both keys hold checkpointed productions; version 1: a's
+    # commit cleared its key's and checkpointed a new one, b's key is as it was
+    _write_rows(spark, live, {mine: (1, ["p1"]), other: (1, ["p2"])})
+    _write_rows(spark, live, {mine: (2, ["p3"]), other: (1, ["p2"])})
+    # the replay: the seed left every pending production out; a's batch re-ran, b's intervals not
+    _write_rows(spark, shadow, {mine: (2, ["p3"]), other: (1, [])})
+
+    def diff(**seed: Any) -> Any:
+        return diff_stores(spark, live, shadow, NAME, version_a=1, **seed)
+
+    assert diff().counts["pending"] == 1  # without the seed's pending: b's key differs
+    d = diff(seed_version=0, seed_intervals=(2, 3))
+    assert d.empty, d.to_json()
+    # still able to fail: a live commit after the seed that changed b's key's pending ...
+    _write_rows(spark, live, {mine: (2, ["p3"]), other: (1, ["p4"])})
+    d = diff_stores(spark, live, shadow, NAME, version_a=2, seed_version=0, seed_intervals=(2, 3))
+    assert d.counts["pending"] == 1 and d.samples["pending"][0]["key"] == other, d.to_json()
+    # ... or a shadow that wrote pending productions of its own into those intervals
+    _write_rows(spark, shadow, {mine: (2, ["p3"]), other: (1, ["p5"])})
+    assert diff(seed_version=0, seed_intervals=(2, 3)).counts["pending"] == 1
+    # the replayed intervals are compared as they are: a's key without its pending differs
+    _write_rows(spark, shadow, {mine: (2, []), other: (1, [])})
+    d = diff(seed_version=0, seed_intervals=(2, 3))
+    assert d.counts["pending"] == 1 and d.samples["pending"][0]["key"] == mine, d.to_json()
+    with pytest.raises(ConfigError, match=r"seed_intervals need the version B was seeded from"):
+        diff(seed_intervals=(2, 3))

@@ -79,7 +79,7 @@ from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
 from .replay_inputs import check_inputs, input_bytes, stream_exists
 from .replay_kafka import check_kafka, mixed_df
-from .replay_shared import batch_intervals, held, refuse_moved, seed_marks
+from .replay_shared import batch_intervals, held, refuse_moved, seed_marks, unheld_intervals
 
 if TYPE_CHECKING:
     from ..protocol.executor import ComputationExecutor
@@ -522,13 +522,18 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
         _write_marker(target, marker)
     result_diff = None
     if diff:
-        batch_ids = {c.batch_id for c in commits_after(commits, plan.from_version, to_version=plan.to_version)
-                     if c.batch_id is not None}
+        replayed = commits_after(commits, plan.from_version, to_version=plan.to_version)
+        batch_ids = {c.batch_id for c in replayed if c.batch_id is not None}
+        # intervals no replayed commit held keep the live pending productions of before the start,
+        # which the seed left out: compared as the live store's at the start (replay_shared.py)
+        unheld = () if plan.from_version is None else \
+            unheld_intervals(replayed, num_intervals=type(code).num_intervals, scope=plan.intervals)
         result_diff = diff_stores(spark, store, into, plan.computation, version_a=plan.to_version,
                                   streams=code.outputs, batch_ids=batch_ids, keys=plan.keys,
                                   intervals=plan.intervals, num_intervals=type(code).num_intervals,
                                   exclude_commits=outside_commit_ids(commits, plan.from_version,
-                                                                     to_version=plan.to_version))
+                                                                     to_version=plan.to_version),
+                                  seed_version=plan.from_version if unheld else None, seed_intervals=unheld)
         result_diff = dataclasses.replace(result_diff, notes=tuple(t.describe() for t in plan.tool_changes))
     return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)
 

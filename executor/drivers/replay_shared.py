@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from deltawheel.statestore.exceptions import ReplayUnavailableError
 from deltawheel.statestore.inspection.positions import ComputationCommit
 
-__all__ = ["held", "batch_intervals", "refuse_moved", "seed_marks"]
+__all__ = ["held", "batch_intervals", "refuse_moved", "seed_marks", "unheld_intervals"]
 
 
 def held(c: ComputationCommit) -> tuple[int, ...]:
@@ -42,6 +42,18 @@ def batch_intervals(c: ComputationCommit, *, num_intervals: int,
     if not h or set(h) == set(range(num_intervals)):
         return None if scope is None else tuple(sorted(scope))
     return tuple(i for i in h if scope is None or i in scope)
+
+
+def unheld_intervals(batches: Sequence[ComputationCommit], *, num_intervals: int,
+                     scope: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The intervals of ``scope`` (None: all) that no replayed batch of ``batches`` runs over: their
+    pending productions stay as the live commit before the replay's start left them (the seed
+    leaves them out; the diff compares them as the live store's at the seed version)."""
+    run: set[int] = set()
+    for c in batches:
+        on = batch_intervals(c, num_intervals=num_intervals, scope=scope)
+        run |= set(range(num_intervals) if scope is None else scope) if on is None else set(on)
+    return tuple(i for i in (range(num_intervals) if scope is None else sorted(scope)) if i not in run)
 
 
 def refuse_moved(computation: str, commits: Sequence[ComputationCommit],

@@ -14,6 +14,13 @@ version: Delta time travel) with store B's newest (optionally as of a version to
   (no input, firing due timers) takes the id the query's next micro-batch takes too, so a batch id
   alone does not say on which side of a replay's start or end a production falls.
 
+A replay from rows version V (``seed_version``) seeds B without pending productions (the live
+store delivered them). For an interval no replayed commit held (``seed_intervals``), the live rows
+at the end still hold the pending productions of its last commit before V, and nothing in B
+cleared or replaced them: B's pending productions of those rows are compared as A's at V, where B
+has none (B's own, if it wrote any there, are compared as they are). A's pending at the end must
+then equal A's at V: a commit after V that changed them shows as a ``pending`` difference.
+
 The comparison runs in Spark (a full outer join per table); only the counts and the samples reach
 the driver. Dedup record ids are not compared: they are the input's, not the computation's output.
 """
@@ -119,8 +126,23 @@ def _rows(spark: Any, layout: StoreLayout, computation: str, version: int | None
     df = scope.of(_read(spark, layout.rows, version, f"store {layout.root}"), by_interval_column=True)
     return (df.where((F.col("computation") == computation) & (F.col("key") != FENCE_KEY)
                     & ~F.col("key").startswith(IDS_KEY_PREFIX))
-            .select("key", "state", "codec", F.to_json(F.col("timers")).alias("timers"),
+            .select("key", "interval", "state", "codec", F.to_json(F.col("timers")).alias("timers"),
                     F.to_json(F.col("pending")).alias("pending")))
+
+
+def _with_seed_pending(spark: Any, a: StoreLayout, b_rows: Any, computation: str, *, version: int,
+                       intervals: Collection[int], scope: _Scope) -> Any:
+    """``b_rows`` with, in rows of ``intervals`` that hold no pending production, A's pending
+    productions of the key as of ``version`` (what a replay's seed left out; see the module
+    docstring)."""
+    from pyspark.sql import functions as F
+
+    seed = _rows(spark, a, computation, version, scope).select("key", F.col("pending").alias("seed_pending"))
+    none = F.col("pending").isNull() | (F.col("pending") == F.lit("[]"))
+    return (b_rows.join(seed, "key", "left")
+            .withColumn("pending", F.when(F.col("interval").isin([int(i) for i in intervals]) & none,
+                                          F.col("seed_pending")).otherwise(F.col("pending")))
+            .drop("seed_pending"))
 
 
 def _state_diff(spark: Any, a: Any, b: Any, counts: dict[str, int],
@@ -237,13 +259,17 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
                 version_b: int | None = None, streams: Collection[str] = (),
                 batch_ids: Collection[int] | None = None, keys: Collection[str] | None = None,
                 intervals: Collection[int] | None = None, num_intervals: int | None = None,
-                exclude_commits: Collection[str] = ()) -> StoreDiff:
+                exclude_commits: Collection[str] = (), seed_version: int | None = None,
+                seed_intervals: Collection[int] = ()) -> StoreDiff:
     """The difference of ``computation`` between store ``a`` (as of ``version_a``; None: newest) and
     store ``b`` (as of ``version_b``), its state rows and its productions to ``streams``.
 
     ``keys``: only those keys' rows and productions; ``intervals`` (of ``num_intervals``): only
     the rows of those intervals and the productions whose key falls in them (a partial replay's);
-    ``exclude_commits``: commit ids whose productions are left out (see the module docstring).
+    ``exclude_commits``: commit ids whose productions are left out (see the module docstring);
+    ``seed_version`` / ``seed_intervals``: B is a replay seeded from A at that version, and no
+    replayed commit held those intervals: B's missing pending productions there are A's at
+    ``seed_version`` (see the module docstring).
 
     Raises:
         NotAStoreError: a store has no rows table.
@@ -255,8 +281,14 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
                    num_intervals)
     if scope.intervals is not None and not num_intervals:
         raise ConfigError("diff_stores: intervals need the computation's num_intervals (num_intervals=...)")
-    _state_diff(spark, _rows(spark, a, computation, version_a, scope), _rows(spark, b, computation, version_b, scope),
-                counts, samples)
+    if seed_intervals and seed_version is None:
+        raise ConfigError("diff_stores: seed_intervals need the version B was seeded from (seed_version=...)")
+    b_rows = _rows(spark, b, computation, version_b, scope)
+    if seed_intervals:
+        assert seed_version is not None
+        b_rows = _with_seed_pending(spark, a, b_rows, computation, version=seed_version, intervals=seed_intervals,
+                                    scope=scope)
+    _state_diff(spark, _rows(spark, a, computation, version_a, scope), b_rows, counts, samples)
     _production_diff(_productions(spark, a, computation, streams, batch_ids, scope, exclude_commits),
                      _productions(spark, b, computation, streams, batch_ids, scope, exclude_commits), counts, samples)
     return StoreDiff(computation, a.root, b.root, version_a, version_b, counts, samples)

@@ -199,6 +199,46 @@ def test_replay_of_instances_sharing_intervals_from_the_middle_gives_an_empty_di
     assert _late_productions(spark, shadow) == late
 
 
+def _pending_as_of(spark: Any, layout: StoreLayout, version: int | None) -> dict[str, int]:
+    """:func:`_pending` of the rows as of ``version`` (None: newest)."""
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    df = reader.load(layout.rows).where((F.col("computation") == NAME) & ~F.col("key").startswith("\x00"))
+    return {r["key"]: len(r["pending"] or []) for r in df.collect() if r["pending"]}
+
+
+@pytest.mark.slow  # four instance runs, then two replays (about 3-4 min)
+@pytest.mark.timeout(1500)
+def test_replay_up_to_a_version_before_the_other_instances_next_commit_gives_an_empty_diff(  # type: ignore[no-untyped-def]
+        spark, shared, tmp_path) -> None:
+    from deltawheel.statestore.rowtable.rows import interval_of
+
+    folder, layout, zk, expected, middle = shared
+    later = [c for c in _live_commits(spark, layout) if c.version > middle]
+    b_next = min(c.version for c in later if c.meta.get("late", {}).get("intervals") == [2, 3])
+    to = max(c.version for c in later if c.version < b_next)  # a's last commit before b's next one
+    assert any(c.files for c in later if c.version <= to)
+    # at that version, b's keys still hold the productions b's commit up to the middle checkpointed
+    live_pending = _pending_as_of(spark, layout, to)
+    assert any(interval_of(k, 4) in (2, 3) for k in live_pending), live_pending
+    result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_version=middle, to_version=to)
+    d = result.diff
+    assert d is not None and d.empty, d.to_json()
+    shadow = StoreLayout(str(tmp_path / "shadow"))
+    # the shadow has a's replayed pending productions, none of b's (the seed left them out)
+    assert _pending(spark, shadow) == {k: n for k, n in live_pending.items() if interval_of(k, 4) in (0, 1)}
+    assert _files_read(spark, shadow) == [(tuple(c.files), c.meta["late"]["intervals"]) for c in later
+                                          if c.files and c.version <= to]
+    # --to-version at the start: nothing replayed, every interval's pending compared with the start's
+    result = _replay(spark, folder, layout, zk, tmp_path / "shadow-0", from_version=middle, to_version=middle)
+    assert not result.reports
+    d = result.diff
+    assert d is not None and d.empty, d.to_json()
+
+
 class SharedCountTwice(SharedCount):
     """The changed code: every record counts twice."""
 

@@ -52,11 +52,11 @@ def test_the_switch_is_read_from_the_environment(monkeypatch) -> None:  # type: 
     from deltawheel.statestore.writepath.image.files import IMAGE_DELTAS_ENV, image_deltas
 
     monkeypatch.delenv(IMAGE_DELTAS_ENV, raising=False)
-    assert image_deltas()  # on by default: delta files
-    for off in ("0", "false", " OFF ", "no"):
+    assert not image_deltas()  # off by default: whole images
+    for off in ("0", "false", " OFF ", "no", ""):
         monkeypatch.setenv(IMAGE_DELTAS_ENV, off)
         assert not image_deltas()
-    for on in ("1", "true", "On", ""):
+    for on in ("1", "true", "On", " yes "):
         monkeypatch.setenv(IMAGE_DELTAS_ENV, on)
         assert image_deltas()
     monkeypatch.setenv(IMAGE_DELTAS_ENV, "whole")
@@ -203,7 +203,7 @@ def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a
         if point is FaultPoint.BEFORE_COMMIT and batch_id == 5:
             raise Crash("killed after the tasks wrote the delta files, before the commit")
 
-    monkeypatch.delenv("DELTAWHEEL_IMAGE_DELTAS", raising=False)  # the driver's switch, on by default
+    monkeypatch.setenv("DELTAWHEEL_IMAGE_DELTAS", "1")  # the driver's switch, as a user turns the delta files on
     last = [("c4", "q0", 1_000), ("d0", "q0", 1_000), ("d1", "q5", 1_000)]
     clock = ManualClock(1_700_000_000_000)
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", clock=clock,
@@ -266,7 +266,7 @@ def test_delta_batches_show_one_row_per_key_to_spark_and_the_views_and_survive_a
 def test_with_the_switch_off_batches_write_whole_images_and_purge_the_vectors_they_find(
         spark, migrated_store, zk_config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """``DELTAWHEEL_IMAGE_DELTAS=0``, as a user turns the delta files off: a writer taking intervals
-    whose files carry deletion vectors (written with the default, on) rewrites each interval it
+    whose files carry deletion vectors (written with the switch on) rewrites each interval it
     changes as one file without vectors, and the state is the same as with delta files."""
     from deltawheel.statestore.clock import ManualClock
     from deltawheel.statestore.inspection.sqlviews import register_views
@@ -293,9 +293,9 @@ def test_with_the_switch_off_batches_write_whole_images_and_purge_the_vectors_th
         return out
 
     clock = ManualClock(1_700_000_000_000)
-    monkeypatch.delenv("DELTAWHEEL_IMAGE_DELTAS", raising=False)
+    monkeypatch.setenv("DELTAWHEEL_IMAGE_DELTAS", "1")
     run("w1", range(0, 3))
-    assert any(a.get("deletionVector") for fs in state_files().values() for a in fs)  # the default: delta files
+    assert any(a.get("deletionVector") for fs in state_files().values() for a in fs)  # switched on: delta files
     monkeypatch.setenv("DELTAWHEEL_IMAGE_DELTAS", "0")
     run("w2", range(3, 5))
     files = state_files()

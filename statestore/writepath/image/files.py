@@ -36,26 +36,28 @@ IDS_FILE_TAG = "dwids"
 _IDS_NAME = re.compile(rf"-{IDS_FILE_TAG}(\d+)\.")
 
 
-#: "1" (the default): batches write delta files; "0": every batch rewrites each interval it changes
+#: "1": batches write delta files; "0" or unset (the default): every batch rewrites each interval it changes
 #: whole (no delta files, no deletion vectors; a writer taking intervals purges the vectors it finds)
 IMAGE_DELTAS_ENV = "DELTAWHEEL_IMAGE_DELTAS"
 
 
 def image_deltas() -> bool:
-    """Whether batches write delta files (the driver's setting, :data:`IMAGE_DELTAS_ENV`: on when
-    unset or empty, ``1``/``true``/``on``/``yes``; off with ``0``/``false``/``off``/``no``). The tasks
-    get it in their spec, never from their own environment.
+    """Whether batches write delta files (the driver's setting, :data:`IMAGE_DELTAS_ENV`: on with
+    ``1``/``true``/``on``/``yes``; off when unset or empty, or with ``0``/``false``/``off``/``no``:
+    each batch rewrites the intervals it changes whole, which measured faster and smaller in memory
+    on the benchmark's workloads, docs/benchmarks.md). The tasks get it in their spec, never from
+    their own environment.
 
     Raises:
         ConfigError: the variable holds anything else.
     """
     value = os.environ.get(IMAGE_DELTAS_ENV, "").strip().lower()
-    if value in ("", "1", "true", "on", "yes"):
+    if value in ("1", "true", "on", "yes"):
         return True
-    if value in ("0", "false", "off", "no"):
+    if value in ("", "0", "false", "off", "no"):
         return False
-    raise ConfigError(f"{IMAGE_DELTAS_ENV}={value!r} is not a switch: set it to 1 (delta files, the default) "
-                      "or 0 (each batch rewrites the intervals it changes whole), or unset it")
+    raise ConfigError(f"{IMAGE_DELTAS_ENV}={value!r} is not a switch: set it to 1 (delta files) "
+                      "or 0 (each batch rewrites the intervals it changes whole, the default), or unset it")
 
 
 def deletion_vector(action_json: str) -> dict[str, Any] | None:

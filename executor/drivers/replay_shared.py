@@ -9,10 +9,12 @@ productions of the intervals it held, as the live instance's next commit did). T
 each instance judged lateness against is its own intervals' newest: the seed of a replay from a
 version carries the newest mark of every interval (:func:`seed_marks`).
 
-A batch whose live run skipped records is refused (:func:`refuse_moved`): an interval moved
-between instances (or taken by an instance reading its input from the start) made its new owner
-skip the records of the input files an earlier commit had processed for it (``protocol/rescale.py``'s
-skip rule, by the positions committed per interval), which the replay does not re-derive.
+An interval moved between instances (or taken by an instance reading its input from the start)
+made its new owner skip the records of the input files an earlier commit had processed for it
+(``protocol/rescale.py``'s skip rule, by the positions committed per interval). The replay drops
+the same records before running the batch: the sets the live instance skipped by are rebuilt
+from the commit log (:func:`skip_sets`). A batch whose live run skipped records of another
+batch's files is still refused (:func:`refuse_moved`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any, Sequence
 
 from deltawheel.statestore.exceptions import ReplayUnavailableError
 from deltawheel.statestore.inspection.positions import ComputationCommit
+from deltawheel.statestore.rowtable.inputfiles import ran_of
 
-__all__ = ["held", "batch_intervals", "refuse_moved", "seed_marks", "unheld_intervals"]
+__all__ = ["held", "batch_intervals", "refuse_moved", "skip_sets", "seed_marks", "unheld_intervals"]
 
 
 def held(c: ComputationCommit) -> tuple[int, ...]:
@@ -54,6 +57,34 @@ def unheld_intervals(batches: Sequence[ComputationCommit], *, num_intervals: int
         on = batch_intervals(c, num_intervals=num_intervals, scope=scope)
         run |= set(range(num_intervals) if scope is None else scope) if on is None else set(on)
     return tuple(i for i in (range(num_intervals) if scope is None else sorted(scope)) if i not in run)
+
+
+def skip_sets(commits: Sequence[ComputationCommit],
+              batches: Sequence[ComputationCommit]) -> list[dict[int, frozenset[str]] | None]:
+    """Per replayed batch of ``batches`` (in their order), what its live instance's skip rule
+    dropped: interval -> the input files the commits before it (any of ``commits``, the seeded ones
+    too) ran for that interval (``inputfiles.ran_of``: each interval its batch held ran each of
+    its files). None for a batch whose instance ran without the skip rule (a single instance:
+    its commit names no intervals), which never skips.
+
+    The live set of an interval is the union of these records (docs/rescaling.md, "why a move
+    stays exact": a set grows only in a commit of a batch that held the interval; a name gc added
+    is one such a commit ran; a name gc dropped is a gone file, refused by the replay's read).
+    A record is dropped by its interval's set, and a file with no record of an interval changes
+    nothing, so the replayed batch drops exactly what the live one did (a Spark re-run of a
+    committed batch too: everything)."""
+    ran = sorted(((c.version, got) for c in commits if (got := ran_of(c.meta)) is not None), key=lambda r: r[0])
+    sets: dict[int, frozenset[str]] = {}
+    out: dict[int, dict[int, frozenset[str]] | None] = {}
+    i = 0
+    for c in sorted(batches, key=lambda c: c.version):
+        while i < len(ran) and ran[i][0] < c.version:
+            ivs, files = ran[i][1]
+            for iv in ivs:
+                sets[iv] = sets.get(iv, frozenset()) | frozenset(files)
+            i += 1
+        out[c.version] = dict(sets) if ran_of(c.meta) is not None else None
+    return [out[c.version] for c in batches]
 
 
 def refuse_moved(computation: str, commits: Sequence[ComputationCommit],

@@ -269,6 +269,62 @@ def test_replay_of_instances_sharing_intervals_with_changed_code_gives_the_expec
     assert d.counts["productions_only_a"] == d.counts["productions_only_b"] == 0
 
 
+@pytest.fixture(scope="module")
+def moved(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """(folder, layout, ZkConfig, expected counts, the rows version of the first instance's last
+    commit): instance ``solo`` holds every interval over files 0-1; then ``a`` (intervals 0, 1) and
+    ``b`` (2, 3), new instances reading the input from the start, run over files 0-2: their
+    batches over files 0 and 1 skip every record (solo processed them)."""
+    import uuid
+
+    base = tmp_path_factory.mktemp("moved")
+    folder, layout = base / "in", StoreLayout(str(base / "store"))
+    zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/moved-{uuid.uuid4().hex[:8]}")
+    expected: dict[str, int] = {}
+
+    def add(n: int) -> None:
+        for k, c in write_file(folder, n).items():
+            expected[k] = expected.get(k, 0) + c
+
+    def run(instance: str, intervals: list[int]) -> None:
+        PipelineRunner(spark, layout, Pipeline("sharing", (injector(folder),), (SharedCount(),)), zk=zk, wait_s=20,
+                       instance=instance, intervals=intervals, warm_workers=False).run()
+
+    for n in (0, 1):
+        add(n)
+    run("solo", [0, 1, 2, 3])
+    middle = _live_commits(spark, layout)[-1].version
+    add(2)
+    run("a", [0, 1])
+    run("b", [2, 3])
+    return folder, layout, zk, expected, middle
+
+
+@pytest.mark.slow  # three instance runs, then two replays (about 3-4 min)
+@pytest.mark.timeout(1500)
+def test_replay_over_intervals_moved_between_instances_gives_an_empty_diff(  # type: ignore[no-untyped-def]
+        spark, moved, tmp_path) -> None:
+    folder, layout, zk, expected, middle = moved
+    # the live run is exact: a and b ran files 0 and 1 again and skipped every record of them (a
+    # batch with nothing to commit, file 1's, makes no commit; file 0's clears solo's pending)
+    assert {k: s for k, (s, _) in state_of(spark, layout, NAME).items()} == expected
+    later = [c for c in _live_commits(spark, layout) if c.version > middle and c.files]
+    assert {"part-00000.parquet", "part-00002.parquet"} <= {f for c in later for f in c.files}
+    assert {tuple(c.meta["late"]["intervals"]) for c in later} == {(0, 1), (2, 3)}
+    live_produced = spark.read.format("delta").load(layout.stream("counts")).count()
+    assert live_produced == sum(expected.values())  # one production per record, none twice
+    for name, start in (("from-start", {"from_start": True}), ("from-middle", {"from_version": middle})):
+        result = _replay(spark, folder, layout, zk, tmp_path / name, **start)
+        d = result.diff
+        assert d is not None and d.empty, (name, d.to_json())
+        shadow = StoreLayout(str(tmp_path / name))
+        assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected, name
+        assert _pending(spark, shadow) == _pending(spark, layout), name
+        produced = spark.read.format("delta").load(shadow.stream("counts")).count()
+        # from the start: every record once; from the middle: file 2's records (three per key) once
+        assert produced == (sum(expected.values()) if name == "from-start" else 3 * len(expected)), name
+
+
 # ---------------------------------------------------------------- fast: on commit records
 
 def _commit(version: int, intervals: list[int] | None, *, batch_id: int = 0, files: tuple[int, ...] = (0,),
@@ -376,29 +432,6 @@ def test_the_skip_drops_the_records_of_the_files_each_interval_ran_from_real_par
     assert counts == {k: n - (per[0][k] if interval_of(k, 4) == 0 else 0) for k, n in total.items()}
     # nothing run before: nothing dropped
     assert kept({}, [0, 1, 2, 3])[:2] == (total, 0)
-
-
-def test_a_replay_over_intervals_moved_between_instances_is_refused() -> None:
-    from deltawheel.executor.drivers.replay_shared import refuse_moved
-    from deltawheel.statestore.exceptions import ReplayUnavailableError
-
-    # one instance held every interval over files 0 and 1, then two split them; each read the files
-    # from the start: their batches over files 0 and 1 skipped what the first had processed
-    commits = [_commit(1, [0, 1, 2, 3], files=(0,), batch_id=0), _commit(2, [0, 1, 2, 3], files=(1,), batch_id=1),
-               _commit(3, [0, 1], files=(0,), batch_id=0), _commit(4, [0, 1], files=(1,), batch_id=1),
-               _commit(5, [0, 1], files=(2,), batch_id=2), _commit(6, [2, 3], files=(0, 1), batch_id=0),
-               _commit(7, [2, 3], files=(2,), batch_id=1), _commit(8, [0, 1], files=(3,), batch_id=3)]
-    with pytest.raises(ReplayUnavailableError, match=r"the live batch of rows version 6 \(a job instance holding "
-                       r"intervals \[2, 3\]\) skipped the records of part-00001.parquet for intervals \[2, 3\]: the "
-                       r"commit of version 2 \(intervals \[0, 1, 2, 3\]\).*replay from rows version 6 or later"):
-        refuse_moved(NAME, commits, commits[2:])
-    with pytest.raises(ReplayUnavailableError, match=r"rows version 4 .* version 2 "):
-        refuse_moved(NAME, commits, commits[2:4])  # up to version 4: the last batch that skipped
-    refuse_moved(NAME, commits, commits[6:])  # after the move: nothing skipped since
-    refuse_moved(NAME, commits[2:], commits[2:])  # two instances from the start: nothing skipped
-    # one instance, a batch Spark ran again after its commit (the same id and intervals): replayed as live
-    again = commits[:2] + [_commit(3, [0, 1, 2, 3], files=(1,), batch_id=1)]
-    refuse_moved(NAME, again, again)
 
 
 def test_the_plan_says_which_intervals_each_batch_runs_over() -> None:

@@ -80,7 +80,7 @@ from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
 from .replay_inputs import check_inputs, input_bytes, stream_exists
 from .replay_kafka import check_kafka, mixed_df
-from .replay_shared import batch_intervals, held, refuse_moved, seed_marks, skip_sets, unheld_intervals
+from .replay_shared import batch_intervals, held, seed_marks, skip_sets, unheld_intervals
 
 if TYPE_CHECKING:
     from ..protocol.executor import ComputationExecutor
@@ -377,7 +377,6 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                                 "same --intervals/--keys to continue it, or an empty folder")
     start = from_version if resume is None else resume
     batches = tuple(commits_after(commits, start, to_version=to_version))
-    refuse_moved(computation, commits, batches)
     files = sorted({f for c in batches for f in (c.files or ())})
     sizes = check_inputs(spark, store, batches)
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,

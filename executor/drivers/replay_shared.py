@@ -13,19 +13,17 @@ An interval moved between instances (or taken by an instance reading its input f
 made its new owner skip the records of the input files an earlier commit had processed for it
 (``protocol/rescale.py``'s skip rule, by the positions committed per interval). The replay drops
 the same records before running the batch: the sets the live instance skipped by are rebuilt
-from the commit log (:func:`skip_sets`). A batch whose live run skipped records of another
-batch's files is still refused (:func:`refuse_moved`).
+from the commit log (:func:`skip_sets`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from deltawheel.statestore.exceptions import ReplayUnavailableError
 from deltawheel.statestore.inspection.positions import ComputationCommit
 from deltawheel.statestore.rowtable.inputfiles import ran_of
 
-__all__ = ["held", "batch_intervals", "refuse_moved", "skip_sets", "seed_marks", "unheld_intervals"]
+__all__ = ["held", "batch_intervals", "skip_sets", "seed_marks", "unheld_intervals"]
 
 
 def held(c: ComputationCommit) -> tuple[int, ...]:
@@ -85,41 +83,6 @@ def skip_sets(commits: Sequence[ComputationCommit],
             i += 1
         out[c.version] = dict(sets) if ran_of(c.meta) is not None else None
     return [out[c.version] for c in batches]
-
-
-def refuse_moved(computation: str, commits: Sequence[ComputationCommit],
-                 batches: Sequence[ComputationCommit]) -> None:
-    """Refuse a replay of a batch whose live run skipped records: an earlier commit (of another
-    batch) had processed one of its input files for one of its intervals, so the live instance's
-    skip rule dropped those records (an interval moved between instances, or taken by a new
-    instance reading the input from the start); the replay runs each batch's files whole.
-
-    Raises:
-        ReplayUnavailableError: naming the two commits, the file and the intervals, and the version
-            from which a replay is possible (the last such batch of the range).
-    """
-    seen: dict[str, list[ComputationCommit]] = {}  # input file -> the earlier commits that ran it
-    replayed = {c.version for c in batches}
-    found: tuple[ComputationCommit, ComputationCommit, str] | None = None
-    for c in sorted((c for c in commits if held(c) and c.files), key=lambda c: c.version):
-        mine = set(held(c))
-        for f in c.files or ():
-            ran = seen.setdefault(f, [])
-            if c.version in replayed:
-                p = next((p for p in reversed(ran) if mine & set(held(p))
-                          and not (p.batch_id == c.batch_id and set(held(p)) == mine)), None)
-                if p is not None:
-                    found = (p, c, f)
-            ran.append(c)
-    if found is None:
-        return
-    p, c, f = found
-    raise ReplayUnavailableError(
-        f"{computation}: the live batch of rows version {c.version} (a job instance holding intervals "
-        f"{list(held(c))}) skipped the records of {f} for intervals {sorted(set(held(c)) & set(held(p)))}: the "
-        f"commit of version {p.version} (intervals {list(held(p))}) had processed them (intervals moved between "
-        "instances, or an instance that read its input again from the start). A replay runs each batch's files "
-        f"whole and cannot tell what was skipped: replay from rows version {c.version} or later (--from-version)")
 
 
 def seed_marks(commits: Sequence[ComputationCommit], version: int) -> list[dict[str, Any]]:

@@ -3,8 +3,10 @@ sharing intervals"): two instances each own half of the intervals and commit the
 the replay runs every live commit in version order, each with its own batch's files and over the
 intervals its instance held, so a replay of unchanged code gives an empty diff (state, timers,
 pending productions, productions) and changed code the expected one. Real Spark, ZooKeeper and
-Delta (slow); the fast tests check which intervals each replayed batch runs, the lateness marks a
-seed carries and the refusal of intervals moved between instances, on commit records.
+Delta (slow); intervals moved between instances (one instance, then two reading the input from
+the start) replay with the records their live batches skipped dropped again: an empty diff. The
+fast tests check which intervals each replayed batch runs, the lateness marks a seed carries and
+the skip sets on commit records, and the skip on real Parquet files.
 
 Instances are pipeline runners with their own instance name and intervals, run one after the
 other in this process on the shared Spark session (as in tests/test_rescale.py).
@@ -267,17 +269,78 @@ def test_replay_of_instances_sharing_intervals_with_changed_code_gives_the_expec
     assert d.counts["productions_only_a"] == d.counts["productions_only_b"] == 0
 
 
+@pytest.fixture(scope="module")
+def moved(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """(folder, layout, ZkConfig, expected counts, the rows version of the first instance's last
+    commit): instance ``solo`` holds every interval over files 0-1; then ``a`` (intervals 0, 1) and
+    ``b`` (2, 3), new instances reading the input from the start, run over files 0-2: their
+    batches over files 0 and 1 skip every record (solo processed them)."""
+    import uuid
+
+    base = tmp_path_factory.mktemp("moved")
+    folder, layout = base / "in", StoreLayout(str(base / "store"))
+    zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/moved-{uuid.uuid4().hex[:8]}")
+    expected: dict[str, int] = {}
+
+    def add(n: int) -> None:
+        for k, c in write_file(folder, n).items():
+            expected[k] = expected.get(k, 0) + c
+
+    def run(instance: str, intervals: list[int]) -> None:
+        PipelineRunner(spark, layout, Pipeline("sharing", (injector(folder),), (SharedCount(),)), zk=zk, wait_s=20,
+                       instance=instance, intervals=intervals, warm_workers=False).run()
+
+    for n in (0, 1):
+        add(n)
+    run("solo", [0, 1, 2, 3])
+    middle = _live_commits(spark, layout)[-1].version
+    add(2)
+    run("a", [0, 1])
+    run("b", [2, 3])
+    return folder, layout, zk, expected, middle
+
+
+@pytest.mark.slow  # three instance runs, then two replays (about 3-4 min)
+@pytest.mark.timeout(1500)
+def test_replay_over_intervals_moved_between_instances_gives_an_empty_diff(  # type: ignore[no-untyped-def]
+        spark, moved, tmp_path) -> None:
+    folder, layout, zk, expected, middle = moved
+    # the live run is exact: a and b ran files 0 and 1 again and skipped every record of them (a
+    # batch with nothing to commit, file 1's, makes no commit; file 0's clears solo's pending)
+    assert {k: s for k, (s, _) in state_of(spark, layout, NAME).items()} == expected
+    later = [c for c in _live_commits(spark, layout) if c.version > middle and c.files]
+    assert {"part-00000.parquet", "part-00002.parquet"} <= {f for c in later for f in c.files}
+    assert {tuple(c.meta["late"]["intervals"]) for c in later} == {(0, 1), (2, 3)}
+    live_produced = spark.read.format("delta").load(layout.stream("counts")).count()
+    assert live_produced == sum(expected.values())  # one production per record, none twice
+    for name, start in (("from-start", {"from_start": True}), ("from-middle", {"from_version": middle})):
+        result = _replay(spark, folder, layout, zk, tmp_path / name, **start)
+        d = result.diff
+        assert d is not None and d.empty, (name, d.to_json())
+        shadow = StoreLayout(str(tmp_path / name))
+        assert {k: s for k, (s, _) in state_of(spark, shadow, NAME).items()} == expected, name
+        assert _pending(spark, shadow) == _pending(spark, layout), name
+        produced = spark.read.format("delta").load(shadow.stream("counts")).count()
+        # from the start: every record once; from the middle: file 2's records (three per key) once
+        assert produced == (sum(expected.values()) if name == "from-start" else 3 * len(expected)), name
+
+
 # ---------------------------------------------------------------- fast: on commit records
 
-def _commit(version: int, intervals: list[int] | None, *, batch_id: int = 0, files: tuple[int, ...] = (0,)) -> Any:
+def _commit(version: int, intervals: list[int] | None, *, batch_id: int = 0, files: tuple[int, ...] = (0,),
+            ran: bool = True) -> Any:
+    """A batch commit's record; ``ran``: its positions name the intervals held (an instance with the
+    skip rule on, ``inputfiles.ran_of``; not: a single instance's)."""
     from deltawheel.statestore.inspection.positions import ComputationCommit
+    from deltawheel.statestore.rowtable.inputfiles import commit_entry
 
+    names = tuple(f"part-{n:05d}.parquet" for n in files)
     meta: dict[str, Any] = {"computation": NAME, "kind": "batch", "batch_id": batch_id}
     if intervals is not None:
         meta["late"] = {"v": 1, "batch_id": batch_id, "late_ms": version, "input_ms": version,
                         "intervals": intervals, "injectors": {}}
-    return ComputationCommit(version, 0, "batch", batch_id, tuple(f"part-{n:05d}.parquet" for n in files), version,
-                             version, meta)
+        meta.update(commit_entry(batch_id, names, intervals=intervals if ran else None))
+    return ComputationCommit(version, 0, "batch", batch_id, names, version, version, meta)
 
 
 def test_each_replayed_batch_runs_over_the_intervals_its_instance_held() -> None:
@@ -305,27 +368,70 @@ def test_a_seed_carries_the_newest_lateness_mark_of_every_instance() -> None:
     assert seed_marks(commits, 0) == []
 
 
-def test_a_replay_over_intervals_moved_between_instances_is_refused() -> None:
-    from deltawheel.executor.drivers.replay_shared import refuse_moved
-    from deltawheel.statestore.exceptions import ReplayUnavailableError
+def test_each_replayed_batch_skips_what_the_commits_before_it_ran_for_its_intervals() -> None:
+    from deltawheel.executor.drivers.replay_shared import skip_sets
 
+    f0, f1, f2, f3 = (f"part-{n:05d}.parquet" for n in range(4))
     # one instance held every interval over files 0 and 1, then two split them; each read the files
     # from the start: their batches over files 0 and 1 skipped what the first had processed
     commits = [_commit(1, [0, 1, 2, 3], files=(0,), batch_id=0), _commit(2, [0, 1, 2, 3], files=(1,), batch_id=1),
                _commit(3, [0, 1], files=(0,), batch_id=0), _commit(4, [0, 1], files=(1,), batch_id=1),
                _commit(5, [0, 1], files=(2,), batch_id=2), _commit(6, [2, 3], files=(0, 1), batch_id=0),
                _commit(7, [2, 3], files=(2,), batch_id=1), _commit(8, [0, 1], files=(3,), batch_id=3)]
-    with pytest.raises(ReplayUnavailableError, match=r"the live batch of rows version 6 \(a job instance holding "
-                       r"intervals \[2, 3\]\) skipped the records of part-00001.parquet for intervals \[2, 3\]: the "
-                       r"commit of version 2 \(intervals \[0, 1, 2, 3\]\).*replay from rows version 6 or later"):
-        refuse_moved(NAME, commits, commits[2:])
-    with pytest.raises(ReplayUnavailableError, match=r"rows version 4 .* version 2 "):
-        refuse_moved(NAME, commits, commits[2:4])  # up to version 4: the last batch that skipped
-    refuse_moved(NAME, commits, commits[6:])  # after the move: nothing skipped since
-    refuse_moved(NAME, commits[2:], commits[2:])  # two instances from the start: nothing skipped
-    # one instance, a batch Spark ran again after its commit (the same id and intervals): replayed as live
+    both = frozenset({f0, f1})
+    sets = skip_sets(commits, commits[2:])
+    assert sets[0] == {0: both, 1: both, 2: both, 3: both}  # version 3: file 0 skipped whole
+    assert sets[2] == sets[0]  # version 5: file 2 not run before: nothing skipped
+    assert sets[3] == {0: both | {f2}, 1: both | {f2}, 2: both, 3: both}  # version 6: files 0 and 1 skipped
+    assert sets[4][2] == both  # version 7: file 2 ran for intervals 0 and 1 only: processed for 2 and 3
+    assert sets[5] == {iv: both | {f2} for iv in range(4)}  # version 8: file 3 is new everywhere
+    # the seeded commits count as well as the replayed ones: a replay from version 5 sees the same
+    assert skip_sets(commits, commits[5:]) == sets[3:]
+    # two instances from the start: nothing before their first batches
+    assert skip_sets(commits[2:], commits[2:])[0] == {}
+    # a batch Spark ran again after its commit (the same id and intervals): everything skipped, as live
     again = commits[:2] + [_commit(3, [0, 1, 2, 3], files=(1,), batch_id=1)]
-    refuse_moved(NAME, again, again)
+    assert skip_sets(again, again)[2] == {iv: both for iv in range(4)}
+    # a single instance (its commits name no intervals) never skips, nor do its commits count
+    alone = [_commit(1, [0, 1, 2, 3], files=(0,), ran=False), _commit(2, [0, 1, 2, 3], files=(0,), ran=False)]
+    assert skip_sets(alone, alone) == [None, None]
+    assert skip_sets(alone + commits[2:3], commits[2:3]) == [{}]
+
+
+def test_the_skip_drops_the_records_of_the_files_each_interval_ran_from_real_parquet_files(  # type: ignore[no-untyped-def]
+        spark, tmp_path) -> None:
+    from deltawheel.executor.protocol.rescale import shared_input
+    from deltawheel.statestore.rowtable.rows import interval_of
+
+    folder = tmp_path / "in"
+    per = {n: write_file(folder, n) for n in (0, 1)}  # each key once in file 0, twice in file 1
+    f0, f1 = "part-00000.parquet", "part-00001.parquet"
+    inputs = shared_input(SharedCount(), {"events": injector(folder)}, table_of=lambda s: str(tmp_path / s),
+                          checkpoint=str(tmp_path / "unused"))
+    df = inputs.files_df(spark, [f0, f1])
+
+    def kept(done: dict[int, frozenset[str]], intervals: list[int]) -> tuple[dict[str, int], int, list[str]]:
+        inputs.done = done
+        out, skipped = inputs.skip_frame(df, [f0, f1], intervals)
+        rows = out.collect()
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["key"]] = counts.get(r["key"], 0) + 1
+        return counts, skipped, out.columns
+
+    total = {k: per[0][k] + per[1][k] for k in per[0]}
+    counts, skipped, columns = kept({0: frozenset({f0}), 2: frozenset({f0, f1}), 3: frozenset({"other"})}, [0, 1, 2, 3])
+    assert columns == df.columns  # the position column is dropped again
+    want = {k: n - (per[0][k] if interval_of(k, 4) == 0 else 0) - (n if interval_of(k, 4) == 2 else 0)
+            for k, n in total.items()}
+    assert counts == {k: n for k, n in want.items() if n}
+    assert skipped == sum(total.values()) - sum(want.values()) > 0
+    # only the intervals the batch held are skipped (the executor leaves the others' records out)
+    counts, skipped, _ = kept({0: frozenset({f0}), 2: frozenset({f0, f1})}, [0, 1])
+    assert skipped == sum(per[0][k] for k in total if interval_of(k, 4) == 0)
+    assert counts == {k: n - (per[0][k] if interval_of(k, 4) == 0 else 0) for k, n in total.items()}
+    # nothing run before: nothing dropped
+    assert kept({}, [0, 1, 2, 3])[:2] == (total, 0)
 
 
 def test_the_plan_says_which_intervals_each_batch_runs_over() -> None:

@@ -32,7 +32,8 @@ the live pipeline, ``--source MODULE:PIPELINE``).
 
 Job instances sharing the intervals (``replay_shared.py``): each batch runs over the intervals its
 live instance held (an executor holding them), the seed carries every instance's lateness mark,
-and a batch that skipped records live (intervals moved between instances) is refused.
+and a batch drops the records its live run skipped (intervals moved between instances: the skip
+rule's sets rebuilt from the commit log).
 
 Some intervals (``intervals=`` / ``keys=``, :func:`replay_scope`): the seed holds only their rows,
 the executor owns only them (it processes only their records, as a job instance owning some
@@ -79,7 +80,7 @@ from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
 from .replay_inputs import check_inputs, input_bytes, stream_exists
 from .replay_kafka import check_kafka, mixed_df
-from .replay_shared import batch_intervals, held, refuse_moved, seed_marks, unheld_intervals
+from .replay_shared import batch_intervals, held, seed_marks, skip_sets, unheld_intervals
 
 if TYPE_CHECKING:
     from ..protocol.executor import ComputationExecutor
@@ -376,7 +377,6 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                                 "same --intervals/--keys to continue it, or an empty folder")
     start = from_version if resume is None else resume
     batches = tuple(commits_after(commits, start, to_version=to_version))
-    refuse_moved(computation, commits, batches)
     files = sorted({f for c in batches for f in (c.files or ())})
     sizes = check_inputs(spark, store, batches)
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
@@ -493,7 +493,8 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
         ex: ComputationExecutor | None = None
         on: tuple[int, ...] | None = ()
         n = type(code).num_intervals
-        for c in plan.batches:
+        # what each batch's live run skipped (intervals moved between instances): dropped before it runs
+        for c, done in zip(plan.batches, skip_sets(commits, plan.batches), strict=True):
             run_on = batch_intervals(c, num_intervals=n, scope=plan.intervals)
             if run_on == ():  # an instance of intervals outside a partial replay's
                 marker["reached"] = c.version
@@ -510,12 +511,17 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                                              "records no Kafka offsets: replay from a later version")
             df = mixed_df(spark, inputs, c.kafka, files) if inputs.kafka else \
                 inputs.files_df(spark, files) if files else None
+            skipped = 0
+            if df is not None and done is not None:
+                inputs.done = done  # the live SharedInput.apply, without its checkpoint log
+                df, skipped = inputs.skip_frame(df, files, range(n) if run_on is None else run_on)
             reports.append(ex.run_batch(df, int(c.batch_id if c.batch_id is not None else -2),
                                         input_watermark_ms=c.input_ms, use_authority=False, input_files=files))
             ex.settle()
             marker["reached"] = c.version
             _write_marker(target, marker)
-            say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records")
+            say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records"
+                + (f" ({skipped} skipped as live: run before for their intervals)" if skipped else ""))
         if ex is None:  # no batch re-run: the shadow store is started all the same (leases, fence)
             engine.executor(code, write_path=write_path, intervals=plan.intervals, manual_watermarks=True)
         marker["reached"] = plan.to_version

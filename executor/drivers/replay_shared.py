@@ -9,20 +9,21 @@ productions of the intervals it held, as the live instance's next commit did). T
 each instance judged lateness against is its own intervals' newest: the seed of a replay from a
 version carries the newest mark of every interval (:func:`seed_marks`).
 
-A batch whose live run skipped records is refused (:func:`refuse_moved`): an interval moved
-between instances (or taken by an instance reading its input from the start) made its new owner
-skip the records of the input files an earlier commit had processed for it (``protocol/rescale.py``'s
-skip rule, by the positions committed per interval), which the replay does not re-derive.
+An interval moved between instances (or taken by an instance reading its input from the start)
+made its new owner skip the records of the input files an earlier commit had processed for it
+(``protocol/rescale.py``'s skip rule, by the positions committed per interval). The replay drops
+the same records before running the batch: the sets the live instance skipped by are rebuilt
+from the commit log (:func:`skip_sets`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from deltawheel.statestore.exceptions import ReplayUnavailableError
 from deltawheel.statestore.inspection.positions import ComputationCommit
+from deltawheel.statestore.rowtable.inputfiles import ran_of
 
-__all__ = ["held", "batch_intervals", "refuse_moved", "seed_marks", "unheld_intervals"]
+__all__ = ["held", "batch_intervals", "skip_sets", "seed_marks", "unheld_intervals"]
 
 
 def held(c: ComputationCommit) -> tuple[int, ...]:
@@ -56,39 +57,32 @@ def unheld_intervals(batches: Sequence[ComputationCommit], *, num_intervals: int
     return tuple(i for i in (range(num_intervals) if scope is None else sorted(scope)) if i not in run)
 
 
-def refuse_moved(computation: str, commits: Sequence[ComputationCommit],
-                 batches: Sequence[ComputationCommit]) -> None:
-    """Refuse a replay of a batch whose live run skipped records: an earlier commit (of another
-    batch) had processed one of its input files for one of its intervals, so the live instance's
-    skip rule dropped those records (an interval moved between instances, or taken by a new
-    instance reading the input from the start); the replay runs each batch's files whole.
+def skip_sets(commits: Sequence[ComputationCommit],
+              batches: Sequence[ComputationCommit]) -> list[dict[int, frozenset[str]] | None]:
+    """Per replayed batch of ``batches`` (in their order), what its live instance's skip rule
+    dropped: interval -> the input files the commits before it (any of ``commits``, the seeded ones
+    too) ran for that interval (``inputfiles.ran_of``: each interval its batch held ran each of
+    its files). None for a batch whose instance ran without the skip rule (a single instance:
+    its commit names no intervals), which never skips.
 
-    Raises:
-        ReplayUnavailableError: naming the two commits, the file and the intervals, and the version
-            from which a replay is possible (the last such batch of the range).
-    """
-    seen: dict[str, list[ComputationCommit]] = {}  # input file -> the earlier commits that ran it
-    replayed = {c.version for c in batches}
-    found: tuple[ComputationCommit, ComputationCommit, str] | None = None
-    for c in sorted((c for c in commits if held(c) and c.files), key=lambda c: c.version):
-        mine = set(held(c))
-        for f in c.files or ():
-            ran = seen.setdefault(f, [])
-            if c.version in replayed:
-                p = next((p for p in reversed(ran) if mine & set(held(p))
-                          and not (p.batch_id == c.batch_id and set(held(p)) == mine)), None)
-                if p is not None:
-                    found = (p, c, f)
-            ran.append(c)
-    if found is None:
-        return
-    p, c, f = found
-    raise ReplayUnavailableError(
-        f"{computation}: the live batch of rows version {c.version} (a job instance holding intervals "
-        f"{list(held(c))}) skipped the records of {f} for intervals {sorted(set(held(c)) & set(held(p)))}: the "
-        f"commit of version {p.version} (intervals {list(held(p))}) had processed them (intervals moved between "
-        "instances, or an instance that read its input again from the start). A replay runs each batch's files "
-        f"whole and cannot tell what was skipped: replay from rows version {c.version} or later (--from-version)")
+    The live set of an interval is the union of these records (docs/rescaling.md, "why a move
+    stays exact": a set grows only in a commit of a batch that held the interval; a name gc added
+    is one such a commit ran; a name gc dropped is a gone file, refused by the replay's read).
+    A record is dropped by its interval's set, and a file with no record of an interval changes
+    nothing, so the replayed batch drops exactly what the live one did (a Spark re-run of a
+    committed batch too: everything)."""
+    ran = sorted(((c.version, got) for c in commits if (got := ran_of(c.meta)) is not None), key=lambda r: r[0])
+    sets: dict[int, frozenset[str]] = {}
+    out: dict[int, dict[int, frozenset[str]] | None] = {}
+    i = 0
+    for c in sorted(batches, key=lambda c: c.version):
+        while i < len(ran) and ran[i][0] < c.version:
+            ivs, files = ran[i][1]
+            for iv in ivs:
+                sets[iv] = sets.get(iv, frozenset()) | frozenset(files)
+            i += 1
+        out[c.version] = dict(sets) if ran_of(c.meta) is not None else None
+    return [out[c.version] for c in batches]
 
 
 def seed_marks(commits: Sequence[ComputationCommit], version: int) -> list[dict[str, Any]]:

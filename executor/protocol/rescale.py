@@ -489,6 +489,12 @@ class SharedInput:
         skipped = df.where(cond).count()
         return df.where(~cond), skipped
 
+    def skip_frame(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, int]:
+        """:meth:`skip` on a frame of the query's schema (replay: :attr:`done` from the commit log;
+        nothing logged): (``df`` without the records :attr:`done` names, how many were dropped)."""
+        kept, skipped = self.skip(df.withColumn(_POSITION, self.position()), positions, intervals)
+        return kept.drop(_POSITION), skipped
+
     def committed(self, positions: Iterable[str], intervals: Iterable[int]) -> None:
         """A batch of ``positions`` committed for ``intervals``."""
         positions = frozenset(positions)

@@ -34,7 +34,9 @@ from deltawheel.statestore.objectstore.logstore import ZK_LOG_STORE_CLASS
 from deltawheel.statestore.session.sparkenv import SparkSettings
 
 
-def raw(spark, log_dir: str, start: float, slot: float, rounds: int, writer: str) -> None:  # type: ignore[no-untyped-def]
+def _write_round(spark, log_dir: str, writer: str):  # type: ignore[no-untyped-def]
+    """A function writing round ``r``'s log entry through the ZooKeeper log store: "won", or the
+    name of the Java exception that refused it."""
     from py4j.protocol import Py4JJavaError
 
     j = jvm(spark)
@@ -43,38 +45,37 @@ def raw(spark, log_dir: str, start: float, slot: float, rounds: int, writer: str
     for part in ZK_LOG_STORE_CLASS.split("."):
         cls = getattr(cls, part)
     store = cls(conf)
-    won, lost = [], []
-    for r in range(rounds):
-        time.sleep(max(0.0, start + r * slot - time.time()))
+
+    def write(r: int) -> str:
         path = j.org.apache.hadoop.fs.Path(f"{log_dir}/{r:020d}.json")
         try:
             store.write(path, j.java.util.ArrayList([json.dumps({"writer": writer, "round": r})]).iterator(),
                         False, conf)
-            won.append(r)
+            return "won"
         except Py4JJavaError as exc:
-            lost.append([r, str(exc.java_exception.getClass().getName())])
+            return str(exc.java_exception.getClass().getName())
+
+    return write
+
+
+def raw(spark, log_dir: str, start: float, slot: float, rounds: int, writer: str) -> None:  # type: ignore[no-untyped-def]
+    write = _write_round(spark, log_dir, writer)
+    won, lost = [], []
+    for r in range(rounds):
+        time.sleep(max(0.0, start + r * slot - time.time()))
+        outcome = write(r)
+        if outcome == "won":
+            won.append(r)
+        else:
+            lost.append([r, outcome])
     print(json.dumps({"won": won, "lost": lost}), flush=True)
 
 
 def steps(spark, log_dir: str, writer: str) -> None:  # type: ignore[no-untyped-def]
-    from py4j.protocol import Py4JJavaError
-
-    j = jvm(spark)
-    conf = spark._jsparkSession.sessionState().newHadoopConf()
-    cls = j
-    for part in ZK_LOG_STORE_CLASS.split("."):
-        cls = getattr(cls, part)
-    store = cls(conf)
+    write = _write_round(spark, log_dir, writer)
     for line in sys.stdin:
         r = int(line)
-        path = j.org.apache.hadoop.fs.Path(f"{log_dir}/{r:020d}.json")
-        try:
-            store.write(path, j.java.util.ArrayList([json.dumps({"writer": writer, "round": r})]).iterator(),
-                        False, conf)
-            outcome = "won"
-        except Py4JJavaError as exc:
-            outcome = str(exc.java_exception.getClass().getName())
-        print(json.dumps({"round": r, "outcome": outcome}), flush=True)
+        print(json.dumps({"round": r, "outcome": write(r)}), flush=True)
 
 
 def appends(spark, table: str, writer: str, count: int) -> None:  # type: ignore[no-untyped-def]

@@ -91,38 +91,44 @@ def _live_commits(spark: Any, layout: StoreLayout) -> list[Any]:
     return [c for c in computation_commits(spark, layout, NAME) if c.kind != "claim"]
 
 
+class _SharingRun:
+    """A live run of the sharing pipeline: its input folder, store and ZooKeeper chroot, and the
+    count per key of every file added."""
+
+    def __init__(self, spark: Any, zk_server: Any, base: Path) -> None:
+        import uuid
+
+        self.spark, self.folder, self.layout = spark, base / "in", StoreLayout(str(base / "store"))
+        self.zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/{base.name}-{uuid.uuid4().hex[:8]}")
+        self.expected: dict[str, int] = {}
+
+    def add(self, n: int, *, late: bool = False) -> None:
+        for k, c in (write_late_file if late else write_file)(self.folder, n).items():
+            self.expected[k] = self.expected.get(k, 0) + c
+
+    def run(self, instance: str, intervals: list[int]) -> None:
+        PipelineRunner(self.spark, self.layout, Pipeline("sharing", (injector(self.folder),), (SharedCount(),)),
+                       zk=self.zk, wait_s=20, instance=instance, intervals=intervals, warm_workers=False).run()
+
+
 @pytest.fixture(scope="module")
 def shared(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     """(folder, layout, ZkConfig, expected counts, the rows version after the first round): instance
     ``a`` owns intervals 0 and 1, ``b`` owns 2 and 3; each runs over files 0-1, then over 2-3
     (file 2 late)."""
-    import uuid
-
-    base = tmp_path_factory.mktemp("shared")
-    folder, layout = base / "in", StoreLayout(str(base / "store"))
-    zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/shared-{uuid.uuid4().hex[:8]}")
-    expected: dict[str, int] = {}
-
-    def add(n: int) -> None:
-        # file 2 is late: each instance judges it against the mark of its own last batch of the
-        # first round (a replay from the middle must seed both instances' marks)
-        for k, c in (write_late_file if n == 2 else write_file)(folder, n).items():
-            expected[k] = expected.get(k, 0) + c
-
-    def run(instance: str, intervals: list[int]) -> None:
-        PipelineRunner(spark, layout, Pipeline("sharing", (injector(folder),), (SharedCount(),)), zk=zk, wait_s=20,
-                       instance=instance, intervals=intervals, warm_workers=False).run()
-
+    live = _SharingRun(spark, zk_server, tmp_path_factory.mktemp("shared"))
     for n in (0, 1):
-        add(n)
-    run("a", [0, 1])
-    run("b", [2, 3])
-    middle = _live_commits(spark, layout)[-1].version
-    for n in (2, 3):
-        add(n)
-    run("a", [0, 1])
-    run("b", [2, 3])
-    return folder, layout, zk, expected, middle
+        live.add(n)
+    live.run("a", [0, 1])
+    live.run("b", [2, 3])
+    middle = _live_commits(spark, live.layout)[-1].version
+    # file 2 is late: each instance judges it against the mark of its own last batch of the
+    # first round (a replay from the middle must seed both instances' marks)
+    live.add(2, late=True)
+    live.add(3)
+    live.run("a", [0, 1])
+    live.run("b", [2, 3])
+    return live.folder, live.layout, live.zk, live.expected, middle
 
 
 
@@ -275,29 +281,15 @@ def moved(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     commit): instance ``solo`` holds every interval over files 0-1; then ``a`` (intervals 0, 1) and
     ``b`` (2, 3), new instances reading the input from the start, run over files 0-2: their
     batches over files 0 and 1 skip every record (solo processed them)."""
-    import uuid
-
-    base = tmp_path_factory.mktemp("moved")
-    folder, layout = base / "in", StoreLayout(str(base / "store"))
-    zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/moved-{uuid.uuid4().hex[:8]}")
-    expected: dict[str, int] = {}
-
-    def add(n: int) -> None:
-        for k, c in write_file(folder, n).items():
-            expected[k] = expected.get(k, 0) + c
-
-    def run(instance: str, intervals: list[int]) -> None:
-        PipelineRunner(spark, layout, Pipeline("sharing", (injector(folder),), (SharedCount(),)), zk=zk, wait_s=20,
-                       instance=instance, intervals=intervals, warm_workers=False).run()
-
+    live = _SharingRun(spark, zk_server, tmp_path_factory.mktemp("moved"))
     for n in (0, 1):
-        add(n)
-    run("solo", [0, 1, 2, 3])
-    middle = _live_commits(spark, layout)[-1].version
-    add(2)
-    run("a", [0, 1])
-    run("b", [2, 3])
-    return folder, layout, zk, expected, middle
+        live.add(n)
+    live.run("solo", [0, 1, 2, 3])
+    middle = _live_commits(spark, live.layout)[-1].version
+    live.add(2)
+    live.run("a", [0, 1])
+    live.run("b", [2, 3])
+    return live.folder, live.layout, live.zk, live.expected, middle
 
 
 @pytest.mark.slow  # three instance runs, then two replays (about 3-4 min)

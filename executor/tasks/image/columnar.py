@@ -17,9 +17,9 @@ state that is not packed pairs), runs through the key loop as on the per-record 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from deltawheel.statestore.codecs import int64map_blobs, int64map_columns
+from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
 from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain, make_production
 
 from ...computation import ColumnBatch, ColumnResult, Computation, ErrorPolicy
@@ -94,6 +94,8 @@ class ColumnarLoop:
         self._counts = [0, 0, 0, 0]  # processed, duplicates, fired, written
         self._by_key: dict[int, list[Any]] = {}  # key (its place in the keys run) -> its productions
         self._all_ran = True
+        self._pre: dict[str, _Pre] = {}
+        self._late = 0  # keys whose late records ran per record first
         self.unchanged: list[str] = []
         self.prods: list[Any] = []
         self.side: list[Any] = []
@@ -118,7 +120,7 @@ class ColumnarLoop:
         self.duplicates = k.duplicates + self._counts[1]
         self.fired = k.fired + self._counts[2]
         self.written = k.written + self._counts[3]
-        self.late = k.late
+        self.late = k.late + self._late
         self.keys_expired = k.keys_expired
 
     def _run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
@@ -135,12 +137,18 @@ class ColumnarLoop:
         odd = pc.or_(odd, pc.is_valid(sub.column("next_processing_timer_ms")))
         slow = set(py_list(sub.column("key").filter(odd)))
         t = inp.table
+        late = None
         if t.num_rows:
             late = pc.fill_null(t.column("late"), False)
             if pc.any(late).as_py():
-                slow.update(py_list(pc.unique(t.column("key").filter(late))))
+                # a key's late records (leading its new ones) run per record first, before the call
+                slow |= self._late_first(sorted(set(py_list(pc.unique(t.column("key").filter(late)))) - slow),
+                                         inp, old, seen)
+            else:
+                late = None
         if not _packed(sub, slow):  # some state that is not packed pairs: the whole interval per key
             slow = set(touched)
+            self._pre, self._late = {}, 0
         if slow:
             self.per_key.run([k for k in touched if k in slow], inp, old, seen, old_id_keys)
         keys = [k for k in touched if k not in slow]
@@ -150,6 +158,8 @@ class ColumnarLoop:
         karr = pa.array(keys, pa.string())
         # the keys' new records (not seen before)
         take = pc.is_in(t.column("key"), value_set=karr) if slow else None
+        if late is not None:  # those ran per record (``_late_first``)
+            take = pc.invert(late) if take is None else pc.and_(take, pc.invert(late))
         if seen is not None:
             fresh_mask = pa.array(~np.asarray(seen, dtype=bool))
             take = fresh_mask if take is None else pc.and_(take, fresh_mask)
@@ -161,11 +171,18 @@ class ColumnarLoop:
                             "stream": pc.fill_null(recs.column("stream"), "")})
         self._counts[0] = records.num_rows
         self._all_ran = seen is None
+        pre = self._pre
+        self._counts[0] += sum(len(p.fresh) for p in pre.values())
         if not (self.per_key.all_ran and self._all_ran):
             self._id_keys = py_list(records.column("key"))
             self._id_values = py_list(records.column("record_id"))
+            for key, p in pre.items():
+                self._id_keys += [key] * len(p.fresh)
+                self._id_values += p.fresh
         mine = sub.filter(pc.is_in(sub.column("key"), value_set=karr)) if slow else sub
         state, timers = _old_columns(mine)
+        if pre:  # the state and timers the late records left
+            state, timers = _with_pre(state, timers, pre)
         batch = ColumnBatch(keys=karr, records=records, state=state, timers=timers, watermark_ms=self.wm)
         what = f"process_columns over {records.num_rows} records of {len(keys)} keys"
         try:
@@ -174,6 +191,42 @@ class ColumnarLoop:
             raise UserCodeError(self.comp.name, keys[0], what, exc) from exc
         _check(self.comp, keys[0], what, out)
         self._finish(keys, karr, records, mine, out, old_id_keys)
+
+    def _late_first(self, keys: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> set[str]:
+        """Run each of ``keys``' late records per record (no timer fires), as the per-record path
+        runs them first; the outcome goes into the columnar call as the key's state and timers.
+        Returns the keys that run per record instead: late and on-time records interleaved, or an
+        outcome the call cannot read (a hold, a processing-time timer, state not packed pairs)."""
+        from ..combine import late_prefix
+        from ..keyrun import UserCode
+        from .keys import context_factory, records_of
+
+        out: set[str] = set()
+        if not keys:
+            return out
+        comp = self.comp
+        new_ctx = context_factory(comp, codec_of(comp), self.wm, self.now_ms)
+        run_user = UserCode(comp, input_watermark_ms=self.wm, now_ms=self.now_ms, fire_timers=False,
+                            combine_per_key=False).run
+        for key in keys:
+            lo, hi = inp.runs[key]
+            recs, dead, _n_seen = records_of(inp, key, lo, hi, seen)
+            n = late_prefix([r.late for r in recs])
+            if n < 0 or dead:
+                out.add(key)
+                continue
+            j = old.index.get(key)
+            ctx = (new_ctx(key, None, {}, None, None, None) if j is None else
+                   new_ctx(key, old.states[j], old.timers(j), old.holds[j], old.seqs[j], old.codecs[j]))
+            fresh, _dups, n_late, _dead, _fired = run_user(ctx, recs[:n], None)
+            state, timers, hold, seq, _codec, prods = ctx.outcome()
+            if (hold is not None or any(tm.domain is not TimeDomain.EVENT_TIME for tm in timers)
+                    or (state is not None and state[:8] != INT64MAP_HEADER)):
+                out.add(key)
+                continue
+            self._pre[key] = _Pre(fresh, n_late, state, timers, seq or 0, prods)
+            self._late += n_late
+        return out
 
     def _finish(self, keys: list[str], karr: Any, records: Any, mine: Any, out: ColumnResult,
                 old_id_keys: set[str]) -> None:
@@ -211,6 +264,15 @@ class ColumnarLoop:
         rec_ids = records.column("record_id")
         for i in np.flatnonzero(old_at < 0).tolist():
             seqs[i] = first_timer_seq(rec_ids[int(first_rec[i])].as_py() if n_recs[i] else keys[i])
+        pre = self._pre
+        pre_fresh = np.zeros(n, dtype=np.int64)
+        if pre:
+            at = dict(zip(keys, range(n), strict=True))
+            for key, p in pre.items():
+                i = at[key]
+                seqs[i] = p.seq  # a new key's counter is seeded from its first record, a late one
+                pre_fresh[i] = len(p.fresh)
+        n_recs = n_recs + pre_fresh
         fired = out.fired
         f_rows = pc.index_in(fired.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
         n_fired = np.bincount(f_rows, minlength=n) if len(f_rows) else np.zeros(n, np.int64)
@@ -242,9 +304,11 @@ class ColumnarLoop:
         keep_state = np.where(id_only, False, has_state)
         state_col = pc.if_else(pa.array(keep_state), blobs, pa.scalar(None, pa.binary())).take(idx)
         t_off = np.where(id_only, 0, n_timers)
-        flat_take = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in rows.tolist() if t_off[i]] or
-                                   [np.zeros(0, np.int64)]).astype(np.int64)
-        sel_off = np.concatenate([[0], np.cumsum(t_off[rows])]).astype(np.int32)
+        counts = t_off[rows]
+        sel_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        # each written row's timers: its first timer's place + 0, 1, ... (one arange, not one per row)
+        flat_take = (np.repeat(offsets[:-1][rows].astype(np.int64) - sel_off[:-1], counts)
+                     + np.arange(int(sel_off[-1]), dtype=np.int64))
         flat_t = tm.take(pa.array(flat_take, pa.int64()))
         timers_arr = pa.ListArray.from_arrays(
             pa.array(sel_off, pa.int32()),
@@ -268,7 +332,15 @@ class ColumnarLoop:
         import pyarrow as pa
 
         counts = np.zeros(n, dtype=np.int64)
+        if self._pre:  # the late records' productions come first (records run before timers fire)
+            place_of = dict(zip(keys, range(n), strict=True))
+            for key, pk in self._pre.items():
+                if pk.prods:
+                    self._by_key[place_of[key]] = list(pk.prods)
+                    counts[place_of[key]] += len(pk.prods)
         if not prods.num_rows:
+            for k in sorted(self._by_key):
+                self._prods.extend(self._by_key[k])
             return counts
         codec = codec_of(self.comp)
         # each firing's number: its key's counter + its place among the key's firings
@@ -320,6 +392,40 @@ class ColumnarLoop:
         for lst in lists:
             offs.append(offs[-1] + len(lst))
         return pa.ListArray.from_arrays(pa.array(offs, pa.int32()), struct, type=ptype)
+
+
+class _Pre(NamedTuple):
+    """A key's late records, run per record before the columnar call."""
+
+    fresh: list[str]  # their ids run
+    late: int
+    state: bytes | None
+    timers: tuple[Any, ...]
+    seq: int
+    prods: list[Any]
+
+
+def _with_pre(state: Any, timers: Any, pre: dict[str, _Pre]) -> tuple[Any, Any]:
+    """The columnar call's state and timers tables with ``pre``'s keys' outcomes in place of their rows'."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    gone = pa.array(sorted(pre), pa.string())
+    codec = get_codec("int64map")
+    s_rows = [(k, mk, mv) for k, p in pre.items() if p.state is not None for mk, mv in codec.decode(p.state).items()]
+    t_rows = [(k, tm.tag, tm.time_ms) for k, p in pre.items() for tm in p.timers]
+    s_new = pa.table({"key": pa.array([r[0] for r in s_rows], pa.string()),
+                      "map_key": pa.array([r[1] for r in s_rows], pa.int64()),
+                      "map_value": pa.array([r[2] for r in s_rows], pa.int64())})
+    t_new = pa.table({"key": pa.array([r[0] for r in t_rows], pa.string()),
+                      "tag": pa.array([r[1] for r in t_rows], pa.string()),
+                      "time_ms": pa.array([r[2] for r in t_rows], pa.int64())})
+    state = pa.concat_tables([state.filter(pc.invert(pc.is_in(state.column("key"), value_set=gone))),
+                              s_new.cast(state.schema)]).sort_by([("key", "ascending"), ("map_key", "ascending")])
+    timers = pa.concat_tables([timers.filter(pc.invert(pc.is_in(timers.column("key"), value_set=gone))),
+                               t_new.cast(timers.schema)]).sort_by([("key", "ascending"), ("time_ms", "ascending"),
+                                                                    ("tag", "ascending")])
+    return state, timers
 
 
 def _packed(sub: Any, slow: set[str]) -> bool:

@@ -228,6 +228,26 @@ def test_a_store_written_by_one_path_continues_under_the_other(spark, tmp_path) 
     _same(per_record, _run_image(mixed, str(_mk(tmp_path / "b")), batches))
 
 
+def test_a_keys_late_records_run_per_record_before_the_call(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Keys whose batch holds late records (behind the last batch's watermark) before on-time ones,
+    among them a new key whose first record is late (its timer counter is seeded from that one):
+    the same rows, productions and counts as the per-record path, and the keys still go through
+    the call."""
+    rec = lambda rid, key, ts: {"record_id": rid, "key": key, "ts": ts}  # noqa: E731
+    batches = [[rec("a1", "hot", 10), rec("a2", "cold", 20)], [rec("b1", "hot", 320)], [rec("c1", "hot", 610)],
+               [rec("d1", "hot", 50), rec("d2", "hot", 905), rec("d3", "hot", 910), rec("d4", "cold", 920),
+                rec("d5", "new", 60), rec("d6", "new", 930)], [rec("e1", "hot", 1210)], [rec("f1", "cold", 1500)]]
+    per_record = _run_image([WindowCount()] * len(batches), str(_mk(tmp_path / "a")), batches)
+    WindowCountColumns.calls.update(calls=0, keys=0)
+    columnar = _run_image([WindowCountColumns()] * len(batches), str(_mk(tmp_path / "b")), batches)
+    _same(per_record, columnar)
+    assert per_record[3][2]["late"] == 2  # d1 and d5 (behind the watermark 200 of batch 2)
+    fired_new = [p for p in columnar[-1][1] if p[1] == "new"]
+    assert len(fired_new) == 1 and fired_new[0][0].startswith("timer:wincount:new:event_time:900:999:")
+    assert {"wincount:d1#1", "wincount:d5#1"} <= {p[0] for p in columnar[3][1]}
+    assert WindowCountColumns.calls["keys"] >= 9  # hot, cold and new went through the call
+
+
 def test_state_in_another_codec_runs_per_record(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Rows an older msgpack computation wrote (not packed pairs) go through the per-record path."""
 

@@ -46,7 +46,7 @@ def _files(folder: str) -> list[str]:
 def warm(spec: Any, table: Any) -> None:
     """Load the task's intervals' images, ids files and Bloom filters into this process's caches."""
     import pyarrow.compute as pc
-    from deltawheel.executor.tasks.image.interval import warm as warm_interval
+    from deltawheel.executor.tasks.image.capture import warm as warm_interval
 
     ivs = set(pc.unique(table.column("interval")).to_pylist()) if table.num_rows else set()
     batch = max(1, table.num_rows // max(1, len(ivs)))

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import ColumnBatch, ColumnResult
 from deltawheel.executor.exceptions import UserCodeError
-from deltawheel.executor.tasks.image.interval import ImageSpec, _run
+from deltawheel.executor.tasks.image.interval import ImageSpec, run_task
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
@@ -171,7 +171,7 @@ def _run_image(comps: list[Computation], root: str, batches: list[list[dict[str,
                          horizon_ms=now - 3 if b >= 3 else None, commit_id=f"c{b}", rows_schema=rows_schema,
                          stream_schema=_arrow(stream_schema_ddl()), stream_format_version=1, route_late=False,
                          summary_schema=_arrow(SUMMARY_DDL), strong=True)
-        summaries = [s.to_row() for s in _run(spec, _input_table(batch, acted))]
+        summaries = [s.to_row() for s in run_task(spec, _input_table(batch, acted))]
         for s in summaries:
             if s.get("new_path"):
                 images[s["interval"]] = (s["new_path"],)
@@ -328,6 +328,26 @@ def test_the_columnar_example_in_embedding_md_runs_as_written(spark, tmp_path) -
     t.advance_watermark(100_000)
     t.finish()
     assert [o.value for o in t.output(doc_cls.outputs[0])] == [["u1", 0, 1]]
+
+
+def test_captured_tasks_run_again_with_the_bench_tasks_command(spark, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``DELTAWHEEL_TASK_CAPTURE=DIR`` leaves each image task in DIR; ``deltawheel bench tasks
+    --captured DIR`` runs them again in one process: the same counts per task, CPU seconds."""
+    import json
+
+    from deltawheel.executor.cli import main
+
+    batches = _batches(random.Random(6), 6)
+    monkeypatch.setenv("DELTAWHEEL_TASK_CAPTURE", str(tmp_path / "cap"))
+    got = _run_image([WindowCountColumns()] * len(batches), str(_mk(tmp_path / "a")), batches)
+    monkeypatch.delenv("DELTAWHEEL_TASK_CAPTURE")
+    assert len(os.listdir(tmp_path / "cap")) == len(batches)
+    assert main(["bench", "tasks", "--captured", str(tmp_path / "cap"), "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [t["processed"] for t in report["tasks"]] == [c["processed"] for _, _, c in got]
+    assert [t["fired"] for t in report["tasks"]] == [c["fired"] for _, _, c in got]
+    assert sum(c["fired"] for _, _, c in got) > 0 and report["total_cpu_s"] > 0
+    assert f"{len(batches)} tasks (captured): " in capsys.readouterr().out
 
 
 def _mk(p: Path) -> Path:

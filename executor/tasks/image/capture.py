@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-__all__ = ["ENV", "capture_folder", "capture", "load_captured"]
+__all__ = ["ENV", "capture_folder", "capture", "load_captured", "warm"]
 
 ENV = "DELTAWHEEL_TASK_CAPTURE"
 _SEQ = itertools.count()
@@ -46,3 +46,18 @@ def load_captured(path: str) -> tuple[Any, Any]:
     with open(path, "rb") as f:
         spec, table = pickle.load(f)
     return spec, table
+
+
+def warm(spec: Any, iv: int, batch: int) -> None:
+    """Load interval ``iv``'s image, ids files and Bloom filter (sized for ``batch`` ids) into this
+    process's caches, as the worker that wrote them holds them (a replay's untimed step)."""
+    from deltawheel.statestore.writepath.image.files import is_ids_path
+
+    from .idsfiles import ids_apart, load_ids_file, split_legacy
+    from .interval import _apart_held, _bloom, _load
+
+    image, _place = _load(spec, iv)
+    image, legacy = split_legacy(image, inline=spec.comp.exactly_once and ids_apart())
+    files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
+    if spec.comp.exactly_once:
+        _bloom(spec, iv, image, _apart_held(files, legacy), batch)

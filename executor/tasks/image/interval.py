@@ -78,7 +78,7 @@ from .idsfiles import (
 )
 from .keys import Input, OldRows, py_list
 
-__all__ = ["ImageSpec", "holds", "run_task", "warm"]
+__all__ = ["ImageSpec", "holds", "run_task"]
 
 # the worker's images, bounded by bytes and evicted window-aware (``cache.py``)
 _CACHE = ImageCache(max_bytes_from_env())
@@ -424,16 +424,6 @@ def _remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
     _BLOOMS.move_to_end(paths)
     while len(_BLOOMS) > _CACHE_MAX:
         _BLOOMS.popitem(last=False)
-
-
-def warm(spec: ImageSpec, iv: int, batch: int) -> None:
-    """Load interval ``iv``'s image, ids files and Bloom filter (sized for ``batch`` ids) into this
-    worker's caches, as the worker that wrote them holds them (``deltawheel bench tasks``)."""
-    image, _place = _load(spec, iv)
-    image, legacy = split_legacy(image, inline=spec.comp.exactly_once and ids_apart())
-    files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
-    if spec.comp.exactly_once:
-        _bloom(spec, iv, image, _apart_held(files, legacy), batch)
 
 
 def _retention_ms(comp: Computation) -> int | None:

@@ -17,6 +17,7 @@ state that is not packed pairs), runs through the key loop as on the per-record 
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
@@ -95,7 +96,9 @@ class ColumnarLoop:
         self._by_key: dict[int, list[Any]] = {}  # key (its place in the keys run) -> its productions
         self._all_ran = True
         self._pre: dict[str, _Pre] = {}
-        self._late = 0  # keys whose late records ran per record first
+        self._late = 0
+        self._columns: tuple[Any, ...] | None = None  # the productions as Arrow columns, when all are the call's
+        self._n_prods: Any = None  # keys whose late records ran per record first
         self.unchanged: list[str] = []
         self.prods: list[Any] = []
         self.side: list[Any] = []
@@ -276,7 +279,7 @@ class ColumnarLoop:
         fired = out.fired
         f_rows = pc.index_in(fired.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
         n_fired = np.bincount(f_rows, minlength=n) if len(f_rows) else np.zeros(n, np.int64)
-        n_prods = self._productions(keys, fired, f_rows, seqs, out.productions, n)
+        n_prods = self._n_prods = self._productions(keys, fired, f_rows, seqs, out.productions, n)
         new_seqs = seqs + n_fired
         # which keys get a row: the key loop's rule (``keys.py``), per column
         has_state = pc.is_valid(blobs).to_numpy(zero_copy_only=False)
@@ -330,6 +333,7 @@ class ColumnarLoop:
         """The productions (ids as the per-record path gives them); returns how many per key."""
         import numpy as np
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         counts = np.zeros(n, dtype=np.int64)
         if self._pre:  # the late records' productions come first (records run before timers fire)
@@ -347,32 +351,48 @@ class ColumnarLoop:
         order = np.argsort(f_rows, kind="stable")
         place = np.empty(len(f_rows), dtype=np.int64)
         sorted_rows = f_rows[order]
-        starts = np.searchsorted(sorted_rows, sorted_rows, side="left")
-        place[order] = np.arange(len(f_rows)) - starts
-        f_seq = (seqs[f_rows] + place).tolist()
-        f_key, f_tag, f_time = f_rows.tolist(), py_list(fired.column("tag")), py_list(fired.column("time_ms"))
-        which = py_list(prods.column("fired"))
-        streams = py_list(prods.column("stream"))
-        vcol = prods.column("value")
-        values = py_list(vcol) if pa.types.is_binary(vcol.type) else [codec.encode(v) for v in vcol.to_pylist()]
-        ts = py_list(prods.column("timestamp_ms")) if "timestamp_ms" in prods.column_names else [None] * len(which)
-        outputs = self.comp.outputs
-        base = f"timer:{self.comp.name}:"
-        nth: dict[int, int] = {}
+        place[order] = np.arange(len(f_rows)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
+        f_seq = seqs[f_rows] + place
+        m = prods.num_rows
+        which = pc.fill_null(prods.column("fired"), -1).to_numpy().astype(np.int64)
+        if (which < 0).any() or (which >= len(f_rows)).any():
+            raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
+                f"ColumnResult.productions.fired must name rows of ColumnResult.fired (0..{len(f_rows) - 1})"))
+        bad = pc.invert(pc.is_in(prods.column("stream"), value_set=pa.array(list(self.comp.outputs), pa.string())))
+        if pc.any(bad).as_py():
+            stream = prods.column("stream").filter(bad)[0].as_py()
+            raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
+                f"a production to {stream!r}, which is not among the outputs {list(self.comp.outputs)}; "
+                "add it to `outputs`"))
+        pk = f_rows[which]
         # in firing order per key (``fired``'s order), each firing's in the table's order
-        at = sorted(range(len(which)), key=lambda i: (f_key[which[i]], which[i], i))
-        for i in at:
-            f, stream, value, t = which[i], streams[i], values[i], ts[i]
-            if stream not in outputs:
-                raise UserCodeError(self.comp.name, keys[f_key[f]], "process_columns", ValueError(
-                    f"a production to {stream!r}, which is not among the outputs {list(outputs)}; add it to `outputs`"))
-            k = f_key[f]
-            c = nth[f] = nth.get(f, 0) + 1
-            key = keys[k]
-            pid = f"{base}{key}:{_EVENT}:{f_tag[f]}:{f_time[f]}:{f_seq[f]}#{c}"
-            p = make_production(pid, stream, key, value, f_time[f] if t is None else int(t), codec.name)
+        at = np.lexsort((np.arange(m), which, pk))
+        w, k_of = which[at], pk[at]
+        new_firing = np.concatenate([[True], w[1:] != w[:-1]]) if m else np.zeros(0, bool)
+        nth = np.arange(m) - np.maximum.accumulate(np.where(new_firing, np.arange(m), 0)) + 1
+        idx = pa.array(w)
+        karr = pa.array(keys, pa.string())
+        key_col = karr.take(pa.array(k_of))
+        times = fired.column("time_ms").combine_chunks().take(idx)
+        pid = pc.binary_join_element_wise(
+            pc.binary_join_element_wise(f"timer:{self.comp.name}", key_col, _EVENT,
+                                        fired.column("tag").combine_chunks().take(idx), pc.cast(times, pa.string()),
+                                        pa.array(f_seq[w]).cast(pa.string()), ":"),
+            pa.array(nth).cast(pa.string()), "#")
+        vcol = prods.column("value").combine_chunks().take(pa.array(at))
+        values = py_list(vcol) if pa.types.is_binary(vcol.type) else [codec.encode(v) for v in vcol.to_pylist()]
+        ts = (pc.fill_null(prods.column("timestamp_ms").combine_chunks().take(pa.array(at)).cast(pa.int64()), times)
+              if "timestamp_ms" in prods.column_names else times)
+        streams = prods.column("stream").combine_chunks().take(pa.array(at))
+        made = list(map(make_production, py_list(pid), py_list(streams), py_list(key_col), values, py_list(ts),
+                        repeat(codec.name, m)))
+        np.add.at(counts, k_of, 1)
+        if not self._by_key:  # no late record produced: the timers' productions, in key order
+            self._prods.extend(made)
+            self._columns = (pid, streams, key_col, pa.array(values, pa.binary()), ts)
+            return counts
+        for k, p in zip(k_of.tolist(), made, strict=True):
             self._by_key.setdefault(k, []).append(p)
-            counts[k] += 1
         for k in sorted(self._by_key):
             self._prods.extend(self._by_key[k])
         return counts
@@ -383,6 +403,16 @@ class ColumnarLoop:
         from deltawheel.statestore.rowtable.rows import Production
 
         ptype = self.sub.schema.field("pending").type
+        if self._columns is not None and self.strong:  # every production, in key order: one per written key
+            import numpy as np
+
+            pid, streams, key_col, values, ts = self._columns
+            fields = {"production_id": pid, "stream": streams, "key": key_col, "value": values, "timestamp_ms": ts,
+                      "codec": pa.repeat(pa.scalar(codec_of(self.comp).name, pa.string()), len(pid))}
+            struct = pa.StructArray.from_arrays([fields[f.name].cast(f.type) for f in ptype.value_type],
+                                                fields=list(ptype.value_type))
+            ends = np.concatenate([[0], np.cumsum(self._n_prods[rows])]).astype(np.int32)
+            return pa.ListArray.from_arrays(pa.array(ends), struct, type=ptype)
         lists = [self._by_key.get(i, []) if self.strong else [] for i in rows.tolist()]
         flat = [p for lst in lists for p in lst]
         cols = list(zip(*flat, strict=True)) if flat else [()] * len(Production._fields)

@@ -300,6 +300,31 @@ def test_a_result_without_a_column_fails_naming_it(spark, tmp_path) -> None:  # 
         _run_image([BadResult()], str(_mk(tmp_path / "a")), batches)
 
 
+class BadProductions(WindowCountColumns):
+    """Productions naming a fired row that is not there, or a stream that is not an output."""
+
+    fired_row = 0
+    stream = "out"
+
+    def process_columns(self, batch):  # type: ignore[no-untyped-def]
+        key = batch.keys[0].as_py()
+        fired = pa.table({"key": [key], "tag": ["x"], "time_ms": pa.array([0], pa.int64())})
+        prods = pa.table({"fired": pa.array([self.fired_row], pa.int64()), "stream": [self.stream],
+                          "value": pa.array([b"\x01"], pa.binary())})
+        return ColumnResult(state=batch.state, timers=batch.timers, fired=fired, productions=prods)
+
+
+@pytest.mark.parametrize("fired_row,stream,match", [
+    (3, "out", "ColumnResult.productions.fired must name rows of ColumnResult.fired \\(0..0\\)"),
+    (0, "nope", "a production to 'nope', which is not among the outputs \\['out'\\]")])
+def test_a_production_naming_no_fired_row_or_an_unknown_stream_fails(spark, tmp_path, fired_row, stream,  # type: ignore[no-untyped-def]
+                                                                     match) -> None:
+    comp = BadProductions()
+    comp.fired_row, comp.stream = fired_row, stream
+    with pytest.raises(UserCodeError, match=match):
+        _run_image([comp], str(_mk(tmp_path / "a")), [[{"record_id": "r1", "key": "k1", "ts": 10}]])
+
+
 def test_the_columnar_example_in_embedding_md_runs_as_written(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """docs/embedding.md's example: with its columnar path and with ``process_record`` alone, the
     image task gives the same rows and productions; the testing harness runs it per record."""

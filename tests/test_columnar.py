@@ -147,7 +147,7 @@ def _image_rows(root: str, images: dict[int, tuple[str, ...]]) -> dict[str, tupl
 
 
 def _run_image(comps: list[Computation], root: str, batches: list[list[dict[str, Any]]],
-               scale: int = 1) -> list[tuple[Any, ...]]:
+               scale: int = 1, strong: bool = True) -> list[tuple[Any, ...]]:
     """Batch ``b`` through the image task with ``comps[b]``; per batch (rows, productions, counts).
     ``scale``: event times are so many times longer than the 100 ms windows' (the watermarks too)."""
     os.environ["DELTAWHEEL_IDS_APART"] = "0"  # the record ids in the rows: compared with the state
@@ -170,7 +170,7 @@ def _run_image(comps: list[Computation], root: str, batches: list[list[dict[str,
                          wm=wm, now_ms=now,
                          horizon_ms=now - 3 if b >= 3 else None, commit_id=f"c{b}", rows_schema=rows_schema,
                          stream_schema=_arrow(stream_schema_ddl()), stream_format_version=1, route_late=False,
-                         summary_schema=_arrow(SUMMARY_DDL), strong=True)
+                         summary_schema=_arrow(SUMMARY_DDL), strong=strong)
         summaries = [s.to_row() for s in run_task(spec, _input_table(batch, acted))]
         for s in summaries:
             if s.get("new_path"):
@@ -203,12 +203,13 @@ def _same(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> None:
         assert x[2] == y[2], f"batch {n}: counts"
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_columnar_path_gives_the_per_record_results(spark, tmp_path, seed) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("seed,strong", [(1, True), (2, True), (3, False)])
+def test_the_columnar_path_gives_the_per_record_results(spark, tmp_path, seed, strong) -> None:  # type: ignore[no-untyped-def]
+    """``strong``: productions checkpointed in the rows (else only written to the stream's files)."""
     batches = _batches(random.Random(seed), 16)
-    per_record = _run_image([WindowCount()] * len(batches), str(_mk(tmp_path / "a")), batches)
+    per_record = _run_image([WindowCount()] * len(batches), str(_mk(tmp_path / "a")), batches, strong=strong)
     WindowCountColumns.calls.update(calls=0, keys=0)
-    columnar = _run_image([WindowCountColumns()] * len(batches), str(_mk(tmp_path / "b")), batches)
+    columnar = _run_image([WindowCountColumns()] * len(batches), str(_mk(tmp_path / "b")), batches, strong=strong)
     # one call per interval and batch (not per key), most keys through it
     assert 0 < WindowCountColumns.calls["calls"] <= N_IV * len(batches)
     assert WindowCountColumns.calls["keys"] > 3 * WindowCountColumns.calls["calls"]

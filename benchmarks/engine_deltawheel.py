@@ -24,16 +24,18 @@ import pyarrow as pa
 from .engines_spark import EngineResult, ProgressFn, build_result
 from .workload import WorkloadData
 
-__all__ = ["ENGINES", "DeltaWheelEngine"]
+__all__ = ["ENGINES", "DeltaWheelEngine", "window_count"]
 
 WIN = 10_000
 
 
-def _computation(intervals: int = 4, *, vectorised: bool = False) -> Any:
+def _computation(intervals: int = 4, *, vectorised: bool = False, columnar: bool = False) -> Any:
     """The window count; ``intervals``: its key intervals (the units its state is split into,
     each an image file that one task rewrites per batch); ``vectorised``: the same computation
     declaring the vectorised path (a count per key and window as an Arrow group-by, then one
-    call per key: docs/embedding.md, "The vectorised path")."""
+    call per key: docs/embedding.md, "The vectorised path"); ``columnar``: declaring the columnar
+    path (state with the int64map codec; one ``process_columns`` call per interval and batch:
+    docs/embedding.md, "The columnar path")."""
     from deltawheel.executor.computation import RECORD_KEY, Computation
 
     class WindowCount(Computation):
@@ -60,6 +62,8 @@ def _computation(intervals: int = 4, *, vectorised: bool = False) -> Any:
             ctx.produce("windows", [ctx.key, start, st.pop(start, 0)], timestamp_ms=start)
             ctx.state = st or None
 
+    if columnar:
+        return _columnar(WindowCount)()
     if not vectorised:
         return WindowCount()
 
@@ -82,6 +86,52 @@ def _computation(intervals: int = 4, *, vectorised: bool = False) -> Any:
     return WindowCountVector()
 
 
+def window_count(intervals: int = 4, *, vectorised: bool = False, columnar: bool = False) -> Any:
+    """The benchmark's computation (:func:`_computation`): per record, vectorised or columnar."""
+    return _computation(intervals, vectorised=vectorised, columnar=columnar)
+
+
+def _columnar(base: Any) -> Any:
+    """The window count declaring the columnar path (``base``: the per-record class)."""
+    from deltawheel.executor.computation import ColumnBatch, ColumnResult
+    from deltawheel.statestore.codecs import get_codec
+
+    class WindowCountColumnar(base):  # type: ignore[misc, valid-type]
+        codec = "int64map"  # {window_start: count} as packed int64 pairs; productions as msgpack
+
+        def process_columns(self, batch: ColumnBatch) -> ColumnResult:
+            import pyarrow.compute as pc
+
+            recs = batch.records
+            ts = recs.column("timestamp_ms").to_numpy()
+            new = pa.table({"key": recs.column("key"), "map_key": ts - ts % WIN})
+            new = new.group_by(["key", "map_key"], use_threads=False).aggregate([([], "count_all")])
+            new = pa.table({"key": new.column("key"), "map_key": new.column("map_key"),
+                            "map_value": new.column("count_all").cast(pa.int64())})
+            st = pa.concat_tables([batch.state, new]).group_by(["key", "map_key"], use_threads=False) \
+                .aggregate([("map_value", "sum")])
+            st = pa.table({"key": st.column("key"), "map_key": st.column("map_key"),
+                           "map_value": st.column("map_value_sum")})
+            ends = pc.add(st.column("map_key"), WIN - 1)
+            wm = batch.watermark_ms
+            due = pc.less(ends, wm) if wm is not None else pa.repeat(pa.scalar(False), st.num_rows)
+            timers = pa.table({"key": st.column("key"), "tag": pc.cast(st.column("map_key"), pa.string()),
+                               "time_ms": ends})
+            fired = timers.filter(due).sort_by([("key", "ascending"), ("time_ms", "ascending")])
+            gone = st.filter(due).sort_by([("key", "ascending"), ("map_key", "ascending")])
+            enc = get_codec("msgpack").encode
+            values = [enc([k, s, c]) for k, s, c in zip(gone.column("key").to_pylist(),
+                                                        gone.column("map_key").to_pylist(),
+                                                        gone.column("map_value").to_pylist(), strict=True)]
+            prods = pa.table({"fired": pa.array(range(fired.num_rows), pa.int64()),
+                              "stream": pa.repeat(pa.scalar("windows"), fired.num_rows),
+                              "value": pa.array(values, pa.binary()), "timestamp_ms": gone.column("map_key")})
+            keep = pc.invert(due)
+            return ColumnResult(state=st.filter(keep), timers=timers.filter(keep), fired=fired, productions=prods)
+
+    return WindowCountColumnar
+
+
 def state_partitions(spark: Any) -> int:
     """How many partitions Spark SQL's aggregation keeps its state in: the session's
     ``spark.sql.shuffle.partitions`` (2 in the benchmark session, one per core of ``local[2]``).
@@ -97,6 +147,7 @@ class DeltaWheelEngine:
     write_path = "auto"  # the image path, on a local folder and on s3a:// alike
     direct_read = True
     vectorised = False  # the computation declares the vectorised path (combine + process_combined)
+    columnar = False  # the computation declares the columnar path (process_columns)
     image_deltas: bool | None = None  # DELTAWHEEL_IMAGE_DELTAS for the run (None: as the environment says)
     takes_store = True  # run(store=...) puts the store (and its streaming checkpoint) there
 
@@ -128,7 +179,7 @@ class DeltaWheelEngine:
 
                 configure_log_store(spark, zk.hosts, chroot="/bench-logstore")
             migrations.apply(spark, layout, dry_run=False)
-            comp = _computation(state_partitions(spark), vectorised=self.vectorised)
+            comp = _computation(state_partitions(spark), vectorised=self.vectorised, columnar=self.columnar)
             inj = ParquetInjector("events", str(data.input_dir), key_column="key", event_time_column="event_time",
                                   value_columns=[], record_id_column="record_id", max_files_per_trigger=1,
                                   watermark_delay_ms=10_000)
@@ -145,7 +196,7 @@ class DeltaWheelEngine:
             wall = time.monotonic() - t0
             written = rows_bytes_per_batch(layout.rows)
             # read while ZooKeeper runs: on s3a:// Delta lists the log through the log store's ZooKeeper
-            codec = get_codec("msgpack")
+            codec = get_codec("int64map" if self.columnar else "msgpack")  # int64map reads msgpack too
             rows = [codec.decode(r["value"]) for r in
                     spark.read.format("delta").load(layout.stream("windows")).select("value").collect()]
             from pyspark.sql import functions as F
@@ -161,9 +212,10 @@ class DeltaWheelEngine:
         open_events = sum(sum(codec.decode(r["state"]).values()) for r in state)
         late = sum(r.late for r in reports)
         settings = {"exactly_once": True, "strong_productions": True, "num_intervals": type(comp).num_intervals,
-                    "user_code": ("combine (an Arrow group-by per key and window) + process_combined per key"
+                    "user_code": ("process_columns per interval and batch (Arrow group-bys)" if self.columnar else
+                                  "combine (an Arrow group-by per key and window) + process_combined per key"
                                   if self.vectorised else "process_record per record"),
-                    "codec": "msgpack",
+                    "codec": "int64map" if self.columnar else "msgpack",
                     "store": layout.root if store is not None else "local folder",
                     "record_value": "none (value_columns=[]: the computation reads key and event time only)",
                     "write_path": _WRITE_PATHS[choose_write_path(self.write_path, layout.root)[0]],
@@ -268,6 +320,14 @@ class DeltaWheelVectorEngine(DeltaWheelEngine):
     vectorised = True
 
 
+class DeltaWheelColumnarEngine(DeltaWheelEngine):
+    """The image path with the computation declaring the columnar path (``process_columns`` over an
+    interval's keys; keys with late records run per record)."""
+
+    name = "deltawheel_columnar"
+    columnar = True
+
+
 class DeltaWheelWholeEngine(DeltaWheelEngine):
     """The image path writing each changed interval whole (``DELTAWHEEL_IMAGE_DELTAS=0``), to measure
     the delta files side by side."""
@@ -286,4 +346,5 @@ class DeltaWheelDeltasEngine(DeltaWheelEngine):
 
 ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_deltas": DeltaWheelDeltasEngine, "deltawheel_merge": DeltaWheelMergeEngine,
            "deltawheel_jvm_read": DeltaWheelJvmReadEngine, "deltawheel_vector": DeltaWheelVectorEngine,
+           "deltawheel_columnar": DeltaWheelColumnarEngine,
            "deltawheel_whole": DeltaWheelWholeEngine}

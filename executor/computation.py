@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from functools import partial
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
     from .context import Context
 
-__all__ = ["RECORD_KEY", "Record", "make_record", "Computation", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
+__all__ = ["RECORD_KEY", "Record", "make_record", "Computation", "ColumnBatch", "ColumnResult", "LatePolicy", "ErrorPolicy", "KeyExtractor", "extract_key"]
 
 KeyExtractor = Union[str, Callable[[Any], Any]]
 
@@ -74,6 +75,47 @@ def make_record(key: str, value: Any, timestamp_ms: int, record_id: str, stream:
 
 #: ``Record`` from a field tuple, in C (``map(new_record, zip(...))`` builds a batch's records).
 new_record = partial(tuple.__new__, Record)
+
+
+@dataclass(frozen=True)
+class ColumnBatch:
+    """What :meth:`Computation.process_columns` gets: one interval's keys of one batch, as Arrow tables.
+
+    ``keys``: the keys run (string array, sorted): keys with new records and keys with due timers.
+    ``records``: their new (not seen before), on-time records, ordered by (key, event time, record
+    id), columns ``key``, ``timestamp_ms`` (int64), ``record_id``, ``stream`` (string).
+    ``state``: their state as the ``int64map`` codec stores it, one row per entry of a key's dict,
+    columns ``key``, ``map_key``, ``map_value`` (int64), sorted by (key, map_key); a key without
+    state has no row. ``timers``: their event-time timers, columns ``key``, ``tag``, ``time_ms``
+    (sorted by key, time, tag). ``watermark_ms``: the input low watermark (None: none yet; no
+    event-time timer is due): a timer with ``time_ms < watermark_ms`` is due."""
+
+    keys: "pa.Array"
+    records: "pa.Table"
+    state: "pa.Table"
+    timers: "pa.Table"
+    watermark_ms: int | None
+
+
+@dataclass(frozen=True)
+class ColumnResult:
+    """What :meth:`Computation.process_columns` returns: the keys' whole new state and timers, the
+    timers fired, and the productions they made.
+
+    ``state``: ``key``, ``map_key``, ``map_value`` (int64), at most one row per (key, map_key); a
+    key without rows has no state left. ``timers``: ``key``, ``tag``, ``time_ms``: each key's
+    event-time timers after the batch (at most one per key and tag). ``fired``: ``key``, ``tag``,
+    ``time_ms``: the timers fired, in firing order per key (timestamp order, as the per-record
+    path fires them). ``productions``: ``fired`` (int64: the row of ``fired`` whose firing made
+    it), ``stream``, ``value`` (binary: the value as the computation's codec encodes it; any
+    other type: its Python values, which the framework encodes) and optionally ``timestamp_ms``
+    (null or absent: the timer's time), in production order per firing. Productions come from
+    timers only (a computation whose records produce runs per record)."""
+
+    state: "pa.Table"
+    timers: "pa.Table"
+    fired: "pa.Table"
+    productions: "pa.Table"
 
 
 class LatePolicy(str, Enum):
@@ -199,6 +241,26 @@ class Computation:
         batch that carries a record id twice, runs :meth:`process_record` per record instead."""
         raise NotImplementedError(f"{self.name} declares no process_combined")
 
+    # The columnar path (docs/embedding.md, "The columnar path"): a computation that overrides
+    # ``process_columns`` (and keeps its state with the ``int64map`` codec: a dict of int64 ->
+    # int64 per key) declares that one call over an interval's keys does exactly what
+    # ``process_record`` per record and ``process_timer`` per due timer do.
+    def process_columns(self, batch: ColumnBatch) -> ColumnResult:
+        """Run one interval's keys of one batch at once, over Arrow columns (optional): their new
+        on-time records, their state and timers in; their new state and timers, the timers fired
+        and the productions out (:class:`ColumnBatch`, :class:`ColumnResult`). The framework does
+        the rest as on the per-record path: dedup, record ids, late records (a key with one runs
+        per record), production ids, the row image, the commit. Taken when the computation keeps
+        no processing-time timers, holds or state TTL, has no dead-letter policy, its input has no
+        value columns and no record id repeats within the batch; keys with late records or rows
+        not in the ``int64map`` shape run per record. Default: not declared."""
+        raise NotImplementedError(f"{self.name} declares no process_columns")
+
+    @classmethod
+    def columnar(cls) -> bool:
+        """Does this computation declare the columnar path (:meth:`process_columns` overridden)?"""
+        return cls.process_columns is not Computation.process_columns
+
     @classmethod
     def vectorised(cls) -> bool:
         """Does this computation declare the vectorised path (:meth:`combine` and
@@ -260,6 +322,9 @@ class Computation:
         if (cls.combine is Computation.combine) != (cls.process_combined is Computation.process_combined):
             raise ConfigError(f"{cls.name}: the vectorised path needs both combine and process_combined (one is "
                               "defined without the other); define both, or neither")
+        if cls.columnar() and cls.codec != "int64map":
+            raise ConfigError(f"{cls.name}: the columnar path (process_columns) reads and writes state with the "
+                              f"int64map codec, the computation declares codec={cls.codec!r}; set codec = 'int64map'")
         if not cls.inputs:
             raise ConfigError(f"computation {cls.name!r} declares no input streams (set `inputs`)")
         for stream, extractor in cls.inputs.items():

@@ -69,9 +69,9 @@ def test_decode_for_display_never_raises_and_is_json(value: Any) -> None:
 
 
 def test_unknown_codec() -> None:
-    with pytest.raises(CodecError, match="unknown codec 'avro'; choose one of json, msgpack, pickle"):
+    with pytest.raises(CodecError, match="unknown codec 'avro'; choose one of json, msgpack, pickle, int64map"):
         get_codec("avro")
-    assert CODEC_NAMES == ("json", "msgpack", "pickle")
+    assert CODEC_NAMES == ("json", "msgpack", "pickle", "int64map")
 
 
 def test_pickle_needs_opt_in() -> None:

@@ -36,6 +36,7 @@ from deltawheel.benchmarks.args import (
     add_throughput_arguments,
     add_watermark_arguments,
 )
+from deltawheel.benchmarks.taskreplay import add_tasks_arguments
 
 __all__ = ["register"]
 
@@ -76,6 +77,12 @@ def _restart(args: argparse.Namespace) -> int:
     return int(run_from_args(args))
 
 
+def _tasks(args: argparse.Namespace) -> int:
+    from deltawheel.benchmarks.taskreplay import run_from_args
+
+    return int(run_from_args(args))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``bench`` subcommand and its benchmarks to ``subparsers``."""
     p = subparsers.add_parser("bench", help="run benchmarks (throughput, cache, watermarks, latency) and save JSON + PNG figures")
@@ -101,3 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        "batch, with and without an instance name (docs/continuous.md)")
     add_restart_arguments(r)
     r.set_defaults(func=_restart)
+    k = sub.add_parser("tasks", help="run image tasks captured with DELTAWHEEL_TASK_CAPTURE=DIR again in one "
+                       "process and print their CPU seconds")
+    add_tasks_arguments(k)
+    k.set_defaults(func=_tasks)

@@ -63,6 +63,8 @@ from deltawheel.statestore.writepath.image.summary import (
 
 from ...computation import Computation
 from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_folder
+from .capture import capture, capture_folder
+from .columnar import key_loop
 from .deltas import Placement, changed_keys, plan_delta, read_state, token, whole_placement
 from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .idsfiles import (
@@ -74,7 +76,7 @@ from .idsfiles import (
     split_legacy,
     write_ids_file,
 )
-from .keys import Input, KeyLoop, OldRows, py_list
+from .keys import Input, OldRows, py_list
 
 __all__ = ["ImageSpec", "holds", "run_task"]
 
@@ -119,6 +121,9 @@ def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     # which triggers collections that traverse every tracked object (the cached images
     # included), 15-35 % of the task function's time; nearly all of it is freed by reference
     # counting anyway, and the collector resumes (and catches up) when the task ends
+    folder = capture_folder()  # DELTAWHEEL_TASK_CAPTURE: the task's spec and input, to replay it
+    if folder:
+        capture(folder, spec, table)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -244,7 +249,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     if has_pending:
         rest = _without_pending(rest)
     rest = drop_empty(rest)
-    loop = KeyLoop(comp, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong, id_rows=not apart)
+    loop = key_loop(comp, inp, sub, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong, id_rows=not apart)
     apart_ids = _apart_held(live, legacy)
     bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids, apart_ids)
     loop.run(run_keys, inp, old, seen, old_ids.keys)

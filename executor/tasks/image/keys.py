@@ -21,6 +21,7 @@ Phase 4 of ``run_key`` as the image path does it, per key:
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from itertools import accumulate, chain, repeat
 from operator import is_
 from typing import Any, Callable
@@ -90,13 +91,7 @@ class Input:
         n = recs.num_rows
         self.keys: list[str] = py_list(recs.column("key"))
         self.ids: list[str] = py_list(recs.column("record_id"))
-        vcol = recs.column("value")
-        self.no_values = vcol.null_count == n  # an injector without value columns: nothing to decode
-        self.values: list[bytes | None] = [] if self.no_values else py_list(vcol)
-        self.codecs: list[str | None] = constant_or_list(recs.column("codec"), n) if n else []
-        self.ts: list[int] = py_list(recs.column("timestamp_ms"))
-        self.streams: list[str] = constant_or_list(pc.fill_null(recs.column("stream"), ""), n) if n else []
-        self.late: list[bool] = py_list(pc.fill_null(recs.column("late"), False))
+        self.no_values = recs.column("value").null_count == n  # an injector without value columns: nothing to decode
         self.hashes: Any = None  # the ids' Bloom filter hashes, once computed (``interval.py``)
         self._records: list[Record] | None = None
         self.runs: dict[str, tuple[int, int]] = {}
@@ -109,6 +104,38 @@ class Input:
             for key, end in zip(py_list(ree.values), py_list(ree.run_ends), strict=True):
                 self.runs[key] = (start, end)
                 start = end
+
+    # the other columns as Python lists, when the key loop asks (the columnar path does not)
+    @cached_property
+    def values(self) -> list[bytes | None]:
+        """The records' encoded values (empty: the input has no value columns)."""
+        return [] if self.no_values else py_list(self.table.column("value"))
+
+    @cached_property
+    def codecs(self) -> list[str | None]:
+        """The values' codecs."""
+        n = self.table.num_rows
+        return constant_or_list(self.table.column("codec"), n) if n else []
+
+    @cached_property
+    def ts(self) -> list[int]:
+        """The records' event times."""
+        return py_list(self.table.column("timestamp_ms"))
+
+    @cached_property
+    def streams(self) -> list[str]:
+        """The records' streams."""
+        import pyarrow.compute as pc
+
+        n = self.table.num_rows
+        return constant_or_list(pc.fill_null(self.table.column("stream"), ""), n) if n else []
+
+    @cached_property
+    def late(self) -> list[bool]:
+        """The records' late flags."""
+        import pyarrow.compute as pc
+
+        return py_list(pc.fill_null(self.table.column("late"), False))
 
     def row(self, i: int) -> dict[str, Any]:
         """Record ``i`` (in sorted order) as a dict of every column of the batch table."""

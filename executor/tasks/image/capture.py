@@ -1,0 +1,63 @@
+"""``DELTAWHEEL_TASK_CAPTURE=DIR``: each image task pickles its spec and input table into ``DIR``,
+to run again in one process without Spark (``deltawheel bench tasks --captured DIR``,
+``benchmarks/taskreplay.py``).
+
+A captured file is ``<ns>-<pid>-<n>.pkl`` (``ns``: the task's start, so the files sort in the
+run's order), holding ``(spec, table)`` pickled with cloudpickle (the computation's class may be
+defined in a function, as the benchmark's is). The spec names the store's files by path: a
+replay needs the store as the run left it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+__all__ = ["ENV", "capture_folder", "capture", "load_captured", "warm"]
+
+ENV = "DELTAWHEEL_TASK_CAPTURE"
+_SEQ = itertools.count()
+
+
+def capture_folder() -> str | None:
+    """The folder the tasks capture into (None: capture is off)."""
+    return os.environ.get(ENV) or None
+
+
+def capture(folder: str, spec: Any, table: Any) -> str:
+    """Pickle one task's ``(spec, table)`` into ``folder``; returns the file's path."""
+    from pyspark import cloudpickle
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{time.time_ns()}-{os.getpid()}-{next(_SEQ)}.pkl")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        cloudpickle.dump((spec, table), f)
+    os.replace(tmp, path)  # a reader never sees half a file
+    return path
+
+
+def load_captured(path: str) -> tuple[Any, Any]:
+    """One captured task's ``(spec, table)``."""
+    import pickle
+
+    with open(path, "rb") as f:
+        spec, table = pickle.load(f)
+    return spec, table
+
+
+def warm(spec: Any, iv: int, batch: int) -> None:
+    """Load interval ``iv``'s image, ids files and Bloom filter (sized for ``batch`` ids) into this
+    process's caches, as the worker that wrote them holds them (a replay's untimed step)."""
+    from deltawheel.statestore.writepath.image.files import is_ids_path
+
+    from .idsfiles import ids_apart, load_ids_file, split_legacy
+    from .interval import _apart_held, _bloom, _load
+
+    image, _place = _load(spec, iv)
+    image, legacy = split_legacy(image, inline=spec.comp.exactly_once and ids_apart())
+    files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
+    if spec.comp.exactly_once:
+        _bloom(spec, iv, image, _apart_held(files, legacy), batch)

@@ -1,0 +1,529 @@
+"""The columnar path in the image task: one ``process_columns`` call over an interval's keys.
+
+A computation that declares :meth:`~deltawheel.executor.computation.Computation.process_columns`
+(state kept with the ``int64map`` codec) gets, per interval and batch, its keys' new on-time
+records, state and event-time timers as Arrow tables, and returns their new state, timers, the
+timers it fired and the productions (docs/embedding.md, "The columnar path"). No Python object
+is built per key or record, but for the few that need one: a new key's first timer firing number
+(a hash of its first record id), a production's id and encoded value.
+
+:class:`ColumnarLoop` has the key loop's outputs (``keys.KeyLoop``: new rows, unchanged keys,
+productions, ids run, counts), so the rest of the interval's run (``interval.py``: the record
+ids, the image, the Bloom filter, the production files) is the per-record path's. The batch
+takes the path only where it is exact (:func:`takes_columnar`); a key with a late record, or
+whose row is not in the shape the path reads (another codec, a processing-time timer, a hold,
+state that is not packed pairs), runs through the key loop as on the per-record path.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Any, NamedTuple
+
+from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
+from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain, make_production
+
+from ...computation import ColumnBatch, ColumnResult, Computation, ErrorPolicy
+from ...exceptions import UserCodeError
+from ..keyrun import codec_of, first_timer_seq, state_codec_of
+from .keys import Input, KeyLoop, OldRows, py_list
+
+__all__ = ["takes_columnar", "ColumnarLoop", "key_loop"]
+
+_EVENT = DOMAIN_VALUES[TimeDomain.EVENT_TIME]
+
+
+def takes_columnar(comp: Computation, inp: Input) -> bool:
+    """Does this interval batch of ``comp`` run the columnar path (declared, int64map state, no
+    dead-letter policy, no state TTL, no other state version, an input without value columns, no
+    record id twice in the batch)?"""
+    return (comp.columnar() and comp.codec == "int64map" and comp.error_policy is not ErrorPolicy.DEAD_LETTER
+            and type(comp).state_ttl_ms() == (None, None) and comp.state_version == 1
+            and inp.no_values and not (comp.exactly_once and inp.repeats))
+
+
+def key_loop(comp: Computation, inp: Input, sub: Any, *, wm: int | None, now_ms: int, strong: bool,
+             id_rows: bool) -> "KeyLoop | ColumnarLoop":
+    """The loop that runs an interval's keys: columnar where :func:`takes_columnar`, else the key loop.
+    ``sub``: the touched keys' current rows (Arrow)."""
+    if takes_columnar(comp, inp):
+        return ColumnarLoop(comp, sub, wm=wm, now_ms=now_ms, strong=strong, id_rows=id_rows)
+    return KeyLoop(comp, wm=wm, now_ms=now_ms, strong=strong, id_rows=id_rows)
+
+
+class _Rows:
+    """``KeyLoop.rows`` of the columnar loop: the key loop's new rows and the columnar ones."""
+
+    def __init__(self, loop: KeyLoop) -> None:
+        self.loop = loop
+        self.columnar: Any = None  # the columnar keys' new rows (Arrow, without the constant columns)
+
+    def table(self, schema: Any, *, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> Any:
+        import pyarrow as pa
+
+        per_key = self.loop.rows.table(schema, sequencer=sequencer, commit_id=commit_id, now_ms=now_ms,
+                                       format_version=format_version)
+        if self.columnar is None or not self.columnar.num_rows:
+            return per_key
+        t = self.columnar
+        n = t.num_rows
+        const = {"sequencer": sequencer, "commit_id": commit_id, "updated_ms": now_ms, "format_version": format_version}
+        arrays = [pa.repeat(pa.scalar(const[f.name], f.type), n) if f.name in const else
+                  t.column(f.name).cast(f.type) for f in schema]
+        return pa.concat_tables([per_key, pa.Table.from_arrays(arrays, schema=schema)])
+
+
+class ColumnarLoop:
+    """Runs one interval's touched keys: ``process_columns`` over the keys it can take, the key
+    loop over the others; the same outputs as :class:`~.keys.KeyLoop`."""
+
+    def __init__(self, comp: Computation, sub: Any, *, wm: int | None, now_ms: int, strong: bool,
+                 id_rows: bool) -> None:
+        self.comp = comp
+        self.sub = sub
+        self.wm = wm
+        self.now_ms = now_ms
+        self.strong = strong
+        self.id_rows = id_rows
+        self.per_key = KeyLoop(comp, wm=wm, now_ms=now_ms, strong=strong, id_rows=id_rows)
+        self.rows = _Rows(self.per_key)
+        self.columnar_keys = 0  # keys the columnar call ran
+        self._unchanged: list[str] = []
+        self._prods: list[Any] = []
+        self._id_keys: list[str] = []
+        self._id_values: list[str] = []
+        self._counts = [0, 0, 0, 0]  # processed, duplicates, fired, written
+        self._by_key: dict[int, list[Any]] = {}  # key (its place in the keys run) -> its productions
+        self._all_ran = True
+        self._pre: dict[str, _Pre] = {}
+        self._late = 0
+        self._columns: tuple[Any, ...] | None = None  # the productions as Arrow columns, when all are the call's
+        self._n_prods: Any = None  # keys whose late records ran per record first
+        self.unchanged: list[str] = []
+        self.prods: list[Any] = []
+        self.side: list[Any] = []
+        self.all_ran = True
+        self.id_keys: list[str] = []
+        self.id_values: list[str] = []
+        self.processed = self.duplicates = self.fired = self.written = self.late = self.keys_expired = 0
+
+    def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
+            old_id_keys: set[str]) -> None:
+        """Run ``touched`` (the key loop's :meth:`~.keys.KeyLoop.run`); the outputs are the key
+        loop's attributes, both parts together."""
+        self._run(touched, inp, old, seen, old_id_keys)
+        k = self.per_key
+        self.unchanged = k.unchanged + self._unchanged
+        self.prods = k.prods + self._prods
+        self.side = k.side
+        self.all_ran = k.all_ran and self._all_ran
+        self.id_keys = k.id_keys + self._id_keys
+        self.id_values = k.id_values + self._id_values
+        self.processed = k.processed + self._counts[0]
+        self.duplicates = k.duplicates + self._counts[1]
+        self.fired = k.fired + self._counts[2]
+        self.written = k.written + self._counts[3]
+        self.late = k.late + self._late
+        self.keys_expired = k.keys_expired
+
+    def _run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
+             old_id_keys: set[str]) -> None:
+        """Run ``touched``: the keys the columnar call cannot take through the key loop first."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        sub = self.sub
+        # keys whose row is not in the shape the columnar call reads, or with a late record
+        odd = pc.fill_null(pc.not_equal(sub.column("codec"), "int64map"), True)
+        odd = pc.or_(odd, pc.is_valid(sub.column("watermark_hold_ms")))
+        odd = pc.or_(odd, pc.is_valid(sub.column("next_processing_timer_ms")))
+        slow = set(py_list(sub.column("key").filter(odd)))
+        t = inp.table
+        late = None
+        if t.num_rows:
+            late = pc.fill_null(t.column("late"), False)
+            if pc.any(late).as_py():
+                # a key's late records (leading its new ones) run per record first, before the call
+                slow |= self._late_first(sorted(set(py_list(pc.unique(t.column("key").filter(late)))) - slow),
+                                         inp, old, seen)
+            else:
+                late = None
+        if not _packed(sub, slow):  # some state that is not packed pairs: the whole interval per key
+            slow = set(touched)
+            self._pre, self._late = {}, 0
+        if slow:
+            self.per_key.run([k for k in touched if k in slow], inp, old, seen, old_id_keys)
+        keys = [k for k in touched if k not in slow]
+        if not keys:
+            return
+        self.columnar_keys = len(keys)
+        karr = pa.array(keys, pa.string())
+        # the keys' new records (not seen before)
+        take = pc.is_in(t.column("key"), value_set=karr) if slow else None
+        if late is not None:  # those ran per record (``_late_first``)
+            take = pc.invert(late) if take is None else pc.and_(take, pc.invert(late))
+        if seen is not None:
+            fresh_mask = pa.array(~np.asarray(seen, dtype=bool))
+            take = fresh_mask if take is None else pc.and_(take, fresh_mask)
+            self._counts[1] = int(np.asarray(seen, dtype=bool)[
+                np.asarray(pc.is_in(t.column("key"), value_set=karr).to_numpy(zero_copy_only=False), dtype=bool)].sum())
+        recs = t if take is None else t.filter(take)
+        records = pa.table({"key": recs.column("key"), "timestamp_ms": recs.column("timestamp_ms"),
+                            "record_id": recs.column("record_id"),
+                            "stream": pc.fill_null(recs.column("stream"), "")})
+        self._counts[0] = records.num_rows
+        self._all_ran = seen is None
+        pre = self._pre
+        self._counts[0] += sum(len(p.fresh) for p in pre.values())
+        if not (self.per_key.all_ran and self._all_ran):
+            self._id_keys = py_list(records.column("key"))
+            self._id_values = py_list(records.column("record_id"))
+            for key, p in pre.items():
+                self._id_keys += [key] * len(p.fresh)
+                self._id_values += p.fresh
+        mine = sub.filter(pc.is_in(sub.column("key"), value_set=karr)) if slow else sub
+        state, timers = _old_columns(mine)
+        if pre:  # the state and timers the late records left
+            state, timers = _with_pre(state, timers, pre)
+        batch = ColumnBatch(keys=karr, records=records, state=state, timers=timers, watermark_ms=self.wm)
+        what = f"process_columns over {records.num_rows} records of {len(keys)} keys"
+        try:
+            out = self.comp.process_columns(batch)
+        except Exception as exc:
+            raise UserCodeError(self.comp.name, keys[0], what, exc) from exc
+        _check(self.comp, keys[0], what, out)
+        self._finish(keys, karr, records, mine, out, old_id_keys)
+
+    def _late_first(self, keys: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> set[str]:
+        """Run each of ``keys``' late records per record (no timer fires), as the per-record path
+        runs them first; the outcome goes into the columnar call as the key's state and timers.
+        Returns the keys that run per record instead: late and on-time records interleaved, or an
+        outcome the call cannot read (a hold, a processing-time timer, state not packed pairs)."""
+        from ..combine import late_prefix
+        from ..keyrun import UserCode
+        from .keys import context_factory, records_of
+
+        out: set[str] = set()
+        if not keys:
+            return out
+        comp = self.comp
+        new_ctx = context_factory(comp, codec_of(comp), self.wm, self.now_ms)
+        run_user = UserCode(comp, input_watermark_ms=self.wm, now_ms=self.now_ms, fire_timers=False,
+                            combine_per_key=False).run
+        for key in keys:
+            lo, hi = inp.runs[key]
+            recs, dead, _n_seen = records_of(inp, key, lo, hi, seen)
+            n = late_prefix([r.late for r in recs])
+            if n < 0 or dead:
+                out.add(key)
+                continue
+            j = old.index.get(key)
+            ctx = (new_ctx(key, None, {}, None, None, None) if j is None else
+                   new_ctx(key, old.states[j], old.timers(j), old.holds[j], old.seqs[j], old.codecs[j]))
+            fresh, _dups, n_late, _dead, _fired = run_user(ctx, recs[:n], None)
+            state, timers, hold, seq, _codec, prods = ctx.outcome()
+            if (hold is not None or any(tm.domain is not TimeDomain.EVENT_TIME for tm in timers)
+                    or (state is not None and state[:8] != INT64MAP_HEADER)):
+                out.add(key)
+                continue
+            self._pre[key] = _Pre(fresh, n_late, state, timers, seq or 0, prods)
+            self._late += n_late
+        return out
+
+    def _finish(self, keys: list[str], karr: Any, records: Any, mine: Any, out: ColumnResult,
+                old_id_keys: set[str]) -> None:
+        """The keys' new rows, productions and counts from the call's result."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(keys)
+        comp = self.comp
+        # per key (in ``keys`` order): its row in the image (-1: a new key), its new records
+        old_at = np.full(n, -1, dtype=np.int64)
+        if mine.num_rows:
+            pos = pc.index_in(mine.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+            old_at[pos] = np.arange(mine.num_rows)
+        n_recs = _per_key(records.column("key"), karr, n)
+        # the new state, as blobs
+        st = out.state.sort_by([("key", "ascending"), ("map_key", "ascending")])
+        st_rows = pc.index_in(st.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+        blobs = int64map_blobs(st_rows, st.column("map_key").to_numpy(), st.column("map_value").to_numpy(), n)
+        # the timers, sorted per key as a row stores them
+        tm = out.timers.sort_by([("key", "ascending"), ("time_ms", "ascending"), ("tag", "ascending")])
+        tm_rows = pc.index_in(tm.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+        n_timers = np.bincount(tm_rows, minlength=n) if len(tm_rows) else np.zeros(n, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(n_timers)]).astype(np.int32)
+        first_ev = np.zeros(n, dtype=np.int64)
+        has_timer = n_timers > 0
+        first_ev[has_timer] = tm.column("time_ms").to_numpy()[offsets[:-1][has_timer]]
+        # timer firing numbers: an old row's counter, a new key's seeded from its first record
+        seqs = np.zeros(n, dtype=np.int64)
+        if mine.num_rows:
+            old_seq = pc.fill_null(mine.column("timer_seq"), 0).to_numpy()
+            seqs[old_at >= 0] = old_seq[old_at[old_at >= 0]]
+        first_rec = np.concatenate([[0], np.cumsum(n_recs)])[:-1]
+        rec_ids = records.column("record_id")
+        for i in np.flatnonzero(old_at < 0).tolist():
+            seqs[i] = first_timer_seq(rec_ids[int(first_rec[i])].as_py() if n_recs[i] else keys[i])
+        pre = self._pre
+        pre_fresh = np.zeros(n, dtype=np.int64)
+        if pre:
+            at = dict(zip(keys, range(n), strict=True))
+            for key, p in pre.items():
+                i = at[key]
+                seqs[i] = p.seq  # a new key's counter is seeded from its first record, a late one
+                pre_fresh[i] = len(p.fresh)
+        n_recs = n_recs + pre_fresh
+        fired = out.fired
+        f_rows = pc.index_in(fired.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+        n_fired = np.bincount(f_rows, minlength=n) if len(f_rows) else np.zeros(n, np.int64)
+        n_prods = self._n_prods = self._productions(keys, fired, f_rows, seqs, out.productions, n)
+        new_seqs = seqs + n_fired
+        # which keys get a row: the key loop's rule (``keys.py``), per column
+        has_state = pc.is_valid(blobs).to_numpy(zero_copy_only=False)
+        pend = n_prods > 0 if self.strong else np.zeros(n, dtype=bool)
+        empty = ~has_state & ~has_timer & ~pend
+        old_ids = np.fromiter((k in old_id_keys for k in keys), dtype=bool, count=n) if old_id_keys else np.zeros(n, bool)
+        id_only = empty & (self.id_rows & (old_ids | (n_recs > 0)))
+        is_new = old_at < 0
+        had_pending = np.zeros(n, dtype=bool)
+        if mine.num_rows:
+            lens = pc.fill_null(pc.list_value_length(mine.column("pending")), 0).to_numpy(zero_copy_only=False)
+            had_pending[old_at >= 0] = lens[old_at[old_at >= 0]] > 0
+        changed = (n_recs > 0) | (n_fired > 0) | (n_prods > 0) | is_new | had_pending
+        maybe_same = ~changed & ~empty
+        if maybe_same.any():  # keys that ran nothing: the same state and timers as before?
+            changed |= maybe_same & ~_same(mine, old_at, blobs, tm, offsets, maybe_same)
+        write = id_only | (~empty & changed)
+        self._counts[2] = int(n_fired.sum())
+        self._counts[3] = int((write | (empty & ~is_new & ~id_only)).sum())
+        self._unchanged = [keys[i] for i in np.flatnonzero(~empty & ~changed).tolist()]
+        rows = np.flatnonzero(write)
+        if not len(rows):
+            return
+        idx = pa.array(rows)
+        keep_state = np.where(id_only, False, has_state)
+        state_col = pc.if_else(pa.array(keep_state), blobs, pa.scalar(None, pa.binary())).take(idx)
+        t_off = np.where(id_only, 0, n_timers)
+        counts = t_off[rows]
+        sel_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        # each written row's timers: its first timer's place + 0, 1, ... (one arange, not one per row)
+        flat_take = (np.repeat(offsets[:-1][rows].astype(np.int64) - sel_off[:-1], counts)
+                     + np.arange(int(sel_off[-1]), dtype=np.int64))
+        flat_t = tm.take(pa.array(flat_take, pa.int64()))
+        timers_arr = pa.ListArray.from_arrays(
+            pa.array(sel_off, pa.int32()),
+            pa.StructArray.from_arrays([flat_t.column("tag").combine_chunks(),
+                                        pa.repeat(pa.scalar(_EVENT, pa.string()), flat_t.num_rows),
+                                        flat_t.column("time_ms").combine_chunks().cast(pa.int64())],
+                                       names=["tag", "domain", "time_ms"]))
+        next_ev = pa.array(first_ev[rows], pa.int64(), mask=~(has_timer[rows] & ~id_only[rows]))
+        pending = self._pending(keys, rows, id_only)
+        self.rows.columnar = pa.table({
+            "key": karr.take(idx), "state": state_col,
+            "codec": pa.repeat(pa.scalar(state_codec_of(comp), pa.string()), len(rows)),
+            "timers": timers_arr, "next_event_timer_ms": next_ev,
+            "next_processing_timer_ms": pa.nulls(len(rows), pa.int64()),
+            "watermark_hold_ms": pa.nulls(len(rows), pa.int64()), "pending": pending,
+            "timer_seq": pa.array(new_seqs[rows], pa.int64())})
+
+    def _productions(self, keys: list[str], fired: Any, f_rows: Any, seqs: Any, prods: Any, n: int) -> Any:
+        """The productions (ids as the per-record path gives them); returns how many per key."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        counts = np.zeros(n, dtype=np.int64)
+        if self._pre:  # the late records' productions come first (records run before timers fire)
+            place_of = dict(zip(keys, range(n), strict=True))
+            for key, pk in self._pre.items():
+                if pk.prods:
+                    self._by_key[place_of[key]] = list(pk.prods)
+                    counts[place_of[key]] += len(pk.prods)
+        if not prods.num_rows:
+            for k in sorted(self._by_key):
+                self._prods.extend(self._by_key[k])
+            return counts
+        codec = codec_of(self.comp)
+        # each firing's number: its key's counter + its place among the key's firings
+        order = np.argsort(f_rows, kind="stable")
+        place = np.empty(len(f_rows), dtype=np.int64)
+        sorted_rows = f_rows[order]
+        place[order] = np.arange(len(f_rows)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
+        f_seq = seqs[f_rows] + place
+        m = prods.num_rows
+        which = pc.fill_null(prods.column("fired"), -1).to_numpy().astype(np.int64)
+        if (which < 0).any() or (which >= len(f_rows)).any():
+            raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
+                f"ColumnResult.productions.fired must name rows of ColumnResult.fired (0..{len(f_rows) - 1})"))
+        bad = pc.invert(pc.is_in(prods.column("stream"), value_set=pa.array(list(self.comp.outputs), pa.string())))
+        if pc.any(bad).as_py():
+            stream = prods.column("stream").filter(bad)[0].as_py()
+            raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
+                f"a production to {stream!r}, which is not among the outputs {list(self.comp.outputs)}; "
+                "add it to `outputs`"))
+        pk = f_rows[which]
+        # in firing order per key (``fired``'s order), each firing's in the table's order
+        at = np.lexsort((np.arange(m), which, pk))
+        w, k_of = which[at], pk[at]
+        new_firing = np.concatenate([[True], w[1:] != w[:-1]]) if m else np.zeros(0, bool)
+        nth = np.arange(m) - np.maximum.accumulate(np.where(new_firing, np.arange(m), 0)) + 1
+        idx = pa.array(w)
+        karr = pa.array(keys, pa.string())
+        key_col = karr.take(pa.array(k_of))
+        times = fired.column("time_ms").combine_chunks().take(idx)
+        pid = pc.binary_join_element_wise(
+            pc.binary_join_element_wise(f"timer:{self.comp.name}", key_col, _EVENT,
+                                        fired.column("tag").combine_chunks().take(idx), pc.cast(times, pa.string()),
+                                        pa.array(f_seq[w]).cast(pa.string()), ":"),
+            pa.array(nth).cast(pa.string()), "#")
+        vcol = prods.column("value").combine_chunks().take(pa.array(at))
+        values = py_list(vcol) if pa.types.is_binary(vcol.type) else [codec.encode(v) for v in vcol.to_pylist()]
+        ts = (pc.fill_null(prods.column("timestamp_ms").combine_chunks().take(pa.array(at)).cast(pa.int64()), times)
+              if "timestamp_ms" in prods.column_names else times)
+        streams = prods.column("stream").combine_chunks().take(pa.array(at))
+        made = list(map(make_production, py_list(pid), py_list(streams), py_list(key_col), values, py_list(ts),
+                        repeat(codec.name, m)))
+        np.add.at(counts, k_of, 1)
+        if not self._by_key:  # no late record produced: the timers' productions, in key order
+            self._prods.extend(made)
+            self._columns = (pid, streams, key_col, pa.array(values, pa.binary()), ts)
+            return counts
+        for k, p in zip(k_of.tolist(), made, strict=True):
+            self._by_key.setdefault(k, []).append(p)
+        for k in sorted(self._by_key):
+            self._prods.extend(self._by_key[k])
+        return counts
+
+    def _pending(self, keys: list[str], rows: Any, id_only: Any) -> Any:
+        """The ``pending`` column of the written rows: a key's productions when strong."""
+        import pyarrow as pa
+        from deltawheel.statestore.rowtable.rows import Production
+
+        ptype = self.sub.schema.field("pending").type
+        if self._columns is not None and self.strong:  # every production, in key order: one per written key
+            import numpy as np
+
+            pid, streams, key_col, values, ts = self._columns
+            fields = {"production_id": pid, "stream": streams, "key": key_col, "value": values, "timestamp_ms": ts,
+                      "codec": pa.repeat(pa.scalar(codec_of(self.comp).name, pa.string()), len(pid))}
+            struct = pa.StructArray.from_arrays([fields[f.name].cast(f.type) for f in ptype.value_type],
+                                                fields=list(ptype.value_type))
+            ends = np.concatenate([[0], np.cumsum(self._n_prods[rows])]).astype(np.int32)
+            return pa.ListArray.from_arrays(pa.array(ends), struct, type=ptype)
+        lists = [self._by_key.get(i, []) if self.strong else [] for i in rows.tolist()]
+        flat = [p for lst in lists for p in lst]
+        cols = list(zip(*flat, strict=True)) if flat else [()] * len(Production._fields)
+        struct = pa.StructArray.from_arrays([pa.array(cols[Production._fields.index(f.name)], f.type)
+                                             for f in ptype.value_type], fields=list(ptype.value_type))
+        offs = [0]
+        for lst in lists:
+            offs.append(offs[-1] + len(lst))
+        return pa.ListArray.from_arrays(pa.array(offs, pa.int32()), struct, type=ptype)
+
+
+class _Pre(NamedTuple):
+    """A key's late records, run per record before the columnar call."""
+
+    fresh: list[str]  # their ids run
+    late: int
+    state: bytes | None
+    timers: tuple[Any, ...]
+    seq: int
+    prods: list[Any]
+
+
+def _with_pre(state: Any, timers: Any, pre: dict[str, _Pre]) -> tuple[Any, Any]:
+    """The columnar call's state and timers tables with ``pre``'s keys' outcomes in place of their rows'."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    gone = pa.array(sorted(pre), pa.string())
+    codec = get_codec("int64map")
+    s_rows = [(k, mk, mv) for k, p in pre.items() if p.state is not None for mk, mv in codec.decode(p.state).items()]
+    t_rows = [(k, tm.tag, tm.time_ms) for k, p in pre.items() for tm in p.timers]
+    s_new = pa.table({"key": pa.array([r[0] for r in s_rows], pa.string()),
+                      "map_key": pa.array([r[1] for r in s_rows], pa.int64()),
+                      "map_value": pa.array([r[2] for r in s_rows], pa.int64())})
+    t_new = pa.table({"key": pa.array([r[0] for r in t_rows], pa.string()),
+                      "tag": pa.array([r[1] for r in t_rows], pa.string()),
+                      "time_ms": pa.array([r[2] for r in t_rows], pa.int64())})
+    state = pa.concat_tables([state.filter(pc.invert(pc.is_in(state.column("key"), value_set=gone))),
+                              s_new.cast(state.schema)]).sort_by([("key", "ascending"), ("map_key", "ascending")])
+    timers = pa.concat_tables([timers.filter(pc.invert(pc.is_in(timers.column("key"), value_set=gone))),
+                               t_new.cast(timers.schema)]).sort_by([("key", "ascending"), ("time_ms", "ascending"),
+                                                                    ("tag", "ascending")])
+    return state, timers
+
+
+def _packed(sub: Any, slow: set[str]) -> bool:
+    """Whether every row the columnar call would read holds packed pairs (or no state)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = sub if not slow else sub.filter(pc.invert(pc.is_in(sub.column("key"), value_set=pa.array(sorted(slow), pa.string()))))
+    return int64map_columns(rows.column("state")) is not None
+
+
+def _old_columns(mine: Any) -> tuple[Any, Any]:
+    """The rows' state (key, map_key, map_value) and event-time timers (key, tag, time_ms)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    got = int64map_columns(mine.column("state"))
+    assert got is not None  # checked by ``_packed``
+    rows, k, v = got
+    state = pa.table({"key": mine.column("key").take(pa.array(rows, pa.int64())), "map_key": pa.array(k, pa.int64()),
+                      "map_value": pa.array(v, pa.int64())})
+    lists = mine.column("timers").combine_chunks()
+    flat = pc.list_flatten(lists)
+    parents = pc.list_parent_indices(lists)
+    timers = pa.table({"key": mine.column("key").take(parents), "tag": flat.field("tag"),
+                       "time_ms": flat.field("time_ms")})
+    return state, timers
+
+
+def _per_key(col: Any, karr: Any, n: int) -> Any:
+    """How many of ``col``'s values are each of the ``n`` keys of ``karr``."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if not len(col):
+        return np.zeros(n, dtype=np.int64)
+    at = pc.index_in(col, value_set=karr).to_numpy(zero_copy_only=False)
+    return np.bincount(at, minlength=n)
+
+
+def _same(mine: Any, old_at: Any, blobs: Any, tm: Any, offsets: Any, which: Any) -> Any:
+    """Per key (``which`` marks the ones asked): state and timers equal to its old row's."""
+    import numpy as np
+
+    out = np.zeros(len(which), dtype=bool)
+    states = mine.column("state")
+    timers = mine.column("timers")
+    tags, times = tm.column("tag"), tm.column("time_ms")
+    for i in np.flatnonzero(which).tolist():
+        j = int(old_at[i])
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        new_t = [{"tag": tags[x].as_py(), "domain": _EVENT, "time_ms": times[x].as_py()} for x in range(a, b)]
+        out[i] = states[j].as_py() == blobs[i].as_py() and timers[j].as_py() == new_t
+    return out
+
+
+def _check(comp: Computation, key: str, what: str, out: Any) -> None:
+    """The result's shape; raises UserCodeError naming what is missing."""
+    import pyarrow as pa
+
+    need = {"state": ("key", "map_key", "map_value"), "timers": ("key", "tag", "time_ms"),
+            "fired": ("key", "tag", "time_ms"), "productions": ("fired", "stream", "value")}
+    if not isinstance(out, ColumnResult):
+        raise UserCodeError(comp.name, key, what, TypeError(
+            f"process_columns must return a ColumnResult, got {type(out).__name__}"))
+    for name, cols in need.items():
+        t = getattr(out, name)
+        if not isinstance(t, pa.Table) or any(c not in t.column_names for c in cols):
+            got = type(t).__name__ if not isinstance(t, pa.Table) else f"a table with columns {t.column_names}"
+            raise UserCodeError(comp.name, key, what, TypeError(
+                f"ColumnResult.{name} must be a pyarrow.Table with the columns {list(cols)}, got {got}"))

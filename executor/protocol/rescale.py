@@ -373,10 +373,10 @@ class SharedInput:
         try:
             if self.tables:
                 logged = self.table_positions(batch_id)
-                return tuple(logged if logged is not None else self._distinct(df.withColumn(_POSITION, self.position())))
+                return tuple(logged if logged is not None else self._distinct(df))
             remote = self._remote()
             if remote is None:
-                return tuple(self.batch_positions(df.withColumn(_POSITION, self.position()), batch_id))
+                return tuple(self.batch_positions(df, batch_id))
             files = source_batch_files(remote, batch_id, source=self.file_source)
             if files is not None:
                 return tuple(files)
@@ -419,7 +419,9 @@ class SharedInput:
         """The positions of the query's micro-batch ``batch_id`` (``df``: its frame, with the
         position column): the file source log's when the one input is a Parquet injector (it
         logs a batch before running it), the offset log's and the Delta logs' when every input
-        is a stream table (:meth:`table_positions`), else the batch's distinct positions (a Spark job)."""
+        is a stream table (:meth:`table_positions`), else the batch's distinct positions (a Spark job;
+        the position column is added to ``df`` only then, if it lacks it: building it costs some
+        thirty py4j calls and an analysis of the frame, each batch)."""
         if not self.tables:
             remote = self._remote()
             files = (source_batch_files(remote, batch_id, source=self.file_source) if remote is not None
@@ -433,9 +435,10 @@ class SharedInput:
             return logged
         return self._distinct(df)
 
-    @staticmethod
-    def _distinct(df: Any) -> list[str]:
-        """The distinct positions of a frame with the position column (a Spark job)."""
+    def _distinct(self, df: Any) -> list[str]:
+        """The distinct positions of a frame (a Spark job), its position column added if it lacks one."""
+        if _POSITION not in df.columns:
+            df = df.withColumn(_POSITION, self.position())
         return sorted(r[0] for r in df.select(_POSITION).distinct().collect() if r[0])
 
     def table_positions(self, batch_id: int) -> list[str] | None:

@@ -1,0 +1,98 @@
+"""The benchmarks' memory sampler: the whole process tree, per process and role, at its peak.
+
+Real child processes (a Python child holding memory, the embedded ZooKeeper's JVM), sampled as
+the throughput benchmark samples an engine run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from deltawheel.benchmarks.memory import MemorySampler, process_role
+from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+from kazoo.client import KazooClient
+
+pytestmark = pytest.mark.timeout(120)
+
+_HOLD = """
+import sys, time
+block = bytearray(int(sys.argv[1]) * 2**20)
+for i in range(0, len(block), 4096):  # touch every page: resident, not only reserved
+    block[i] = 1
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _child(mib: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(mib)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_the_peak_names_each_process_of_the_tree_and_what_started_during_the_run() -> None:
+    before = _child(8)  # left by an earlier run: in the tree, not new
+    try:
+        with MemorySampler(interval_s=0.05) as mem:
+            big = _child(96)
+            time.sleep(0.3)
+            big.kill()
+            big.wait()
+            time.sleep(0.2)
+    finally:
+        before.kill()
+        before.wait()
+    peak = mem.peak
+    by_pid = {p.pid: p for p in peak.at_peak}
+    assert big.pid in by_pid and before.pid in by_pid  # the peak is the sample with the big child
+    assert by_pid[big.pid].role == "other_python" and by_pid[big.pid].pss_bytes > 96 * 2**20
+    assert peak.is_new(by_pid[big.pid]) and not peak.is_new(by_pid[before.pid])
+    assert peak.pss_bytes == sum(p.pss_bytes for p in peak.at_peak)
+    assert dict(peak.role_peaks_bytes)["other_python"] > 104 * 2**20
+
+    d = json.loads(json.dumps(peak.to_dict()))  # JSON as throughput.json holds it
+    row = next(r for r in d["at_peak"] if r["pid"] == big.pid)
+    assert row["new"] is True and row["role"] == "other_python" and row["pss_mib"] > 96
+    assert d["at_peak_by_role_pss_mib"]["driver_python"] > 0
+    assert d["at_peak_new_pss_mib"] > 96 and d["pss_mib"] > d["at_peak_new_pss_mib"]
+    assert d["loadavg_1m_at_peak"] is not None and d["samples"] >= 3
+
+
+def test_roles_of_spark_and_deltawheel_processes() -> None:
+    daemon = ["python3", "-m", "deltawheel.executor.tasks.daemon", "pyspark.worker"]
+    assert process_role(daemon) == "python_daemon"
+    assert process_role(daemon, parent_role="python_daemon") == "python_worker"  # a forked worker
+    assert process_role(["java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "pyspark-shell"]) == "driver_jvm"
+    assert process_role(["/usr/bin/java", "-jar", "s3proxy"]) == "s3proxy_jvm"
+    assert process_role(["java", "-cp", "x", "Other"]) == "other_jvm"
+    assert process_role(["anything"], is_root=True) == "driver_python"
+
+
+def test_the_embedded_zookeeper_serves_from_a_small_heap(tmp_path: Path) -> None:
+    """The ZooKeeper JVM a pipeline starts is one process of the benchmark's tree: labelled as such,
+    serving, and small (its initial heap is not 1/64 of the machine's memory)."""
+    server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
+    with MemorySampler(interval_s=0.2) as mem:
+        server.start()
+        try:
+            client = KazooClient(hosts=server.hosts)
+            client.start(timeout=20)
+            try:
+                for i in range(200):
+                    client.create(f"/m/n{i}", b"v" * 512, makepath=True, ephemeral=i % 2 == 0)
+                assert len(client.get_children("/m")) == 200
+            finally:
+                client.stop()
+                client.close()
+            time.sleep(0.5)
+            mem.sample()
+        finally:
+            server.stop()
+    zk = dict(mem.peak.role_peaks_bytes)["zookeeper_jvm"]
+    assert 20 * 2**20 < zk < 110 * 2**20, f"ZooKeeper's PSS {zk / 2**20:.0f} MiB"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from deltawheel.benchmarks.memory import MemorySampler, process_role
+from deltawheel.benchmarks.memory import MemorySampler, process_role, tree_processes
 from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 from kazoo.client import KazooClient
 
@@ -78,21 +78,20 @@ def test_the_embedded_zookeeper_serves_from_a_small_heap(tmp_path: Path) -> None
     """The ZooKeeper JVM a pipeline starts is one process of the benchmark's tree: labelled as such,
     serving, and small (its initial heap is not 1/64 of the machine's memory)."""
     server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
-    with MemorySampler(interval_s=0.2) as mem:
-        server.start()
+    server.start()
+    try:
+        client = KazooClient(hosts=server.hosts)
+        client.start(timeout=20)
         try:
-            client = KazooClient(hosts=server.hosts)
-            client.start(timeout=20)
-            try:
-                for i in range(200):
-                    client.create(f"/m/n{i}", b"v" * 512, makepath=True, ephemeral=i % 2 == 0)
-                assert len(client.get_children("/m")) == 200
-            finally:
-                client.stop()
-                client.close()
-            time.sleep(0.5)
-            mem.sample()
+            for i in range(200):
+                client.create(f"/m/n{i}", b"v" * 512, makepath=True, ephemeral=i % 2 == 0)
+            assert len(client.get_children("/m")) == 200
         finally:
-            server.stop()
-    zk = dict(mem.peak.role_peaks_bytes)["zookeeper_jvm"]
-    assert 20 * 2**20 < zk < 110 * 2**20, f"ZooKeeper's PSS {zk / 2**20:.0f} MiB"
+            client.stop()
+            client.close()
+        time.sleep(0.5)
+        ours = [p for p in tree_processes() if p.pid == server.status().pid]  # other tests' servers aside
+    finally:
+        server.stop()
+    assert [p.role for p in ours] == ["zookeeper_jvm"]
+    assert 20 * 2**20 < ours[0].pss_bytes < 110 * 2**20, f"ZooKeeper's PSS {ours[0].pss_bytes / 2**20:.0f} MiB"

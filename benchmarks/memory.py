@@ -33,6 +33,7 @@ import psutil
 __all__ = ["MemoryPeak", "MemorySampler", "ProcessMemory", "process_role", "tree_memory", "tree_processes"]
 
 _MIB = 2**20
+_IDLE_CPU_S = 0.1  # a process that used less CPU than this up to the peak sat idle
 #: Java main classes (or jar names) that name a JVM's role, first match wins.
 _JVM_ROLES = (
     ("org.apache.zookeeper.server", "zookeeper_jvm"),
@@ -89,6 +90,7 @@ class ProcessMemory:
     pss_bytes: int
     rss_bytes: int
     uss_bytes: int  # pages of this process alone (what ending it would free)
+    cpu_s: float = 0.0  # its CPU time (user + system) so far
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,16 @@ class MemoryPeak:
     loadavg_1m_at_peak: float | None = None
     loadavg_1m_at_start: float | None = None
     preexisting: tuple[int, ...] = ()  # pids of the tree when the sampler was made
+    cpu_first: tuple[tuple[int, float], ...] = ()  # (pid, its CPU time when first sampled)
 
     def is_new(self, p: ProcessMemory) -> bool:
         """``p`` started while sampling (not the sampling process, nor one an earlier run left)."""
         return p.pid not in self.preexisting
+
+    def cpu_in_run(self, p: ProcessMemory) -> float:
+        """The CPU seconds ``p`` used from its first sample to the peak (about 0: it sat idle, e.g. a
+        Python worker an earlier engine's run left)."""
+        return round(p.cpu_s - dict(self.cpu_first).get(p.pid, p.cpu_s), 2)
 
     def by_role(self) -> dict[str, int]:
         """PSS at the peak summed per role (bytes), largest first."""
@@ -122,16 +130,20 @@ class MemoryPeak:
         """The peaks as JSON-ready data, in MiB (``*_mib`` instead of ``*_bytes``); the processes at
         the peak as ``at_peak`` (largest PSS first; ``new``: started while sampling, not left by what
         ran before), their sum per role as ``at_peak_by_role_pss_mib``, the sum of the new ones as
-        ``at_peak_new_pss_mib``, each role's own peak as ``role_peaks_pss_mib``."""
+        ``at_peak_new_pss_mib``, the sum of those that sat idle until the peak (``cpu_s_in_run`` under
+        0.1 s: left by what ran before, or not used by this run) as ``at_peak_idle_pss_mib``, each
+        role's own peak as ``role_peaks_pss_mib``."""
         d = asdict(self)
         for k in ("pss_bytes", "rss_bytes", "max_single_rss_bytes", "driver_maxrss_bytes"):
             d[k.replace("_bytes", "_mib")] = round(d.pop(k) / _MIB, 1)
         d["at_peak"] = [{"pid": p.pid, "role": p.role, "pss_mib": round(p.pss_bytes / _MIB, 1),
                          "rss_mib": round(p.rss_bytes / _MIB, 1), "uss_mib": round(p.uss_bytes / _MIB, 1),
-                         "new": self.is_new(p)}
+                         "new": self.is_new(p), "cpu_s_in_run": self.cpu_in_run(p)}
                         for p in sorted(self.at_peak, key=lambda p: -p.pss_bytes)]
         d["at_peak_new_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak if self.is_new(p)) / _MIB, 1)
-        del d["preexisting"]
+        del d["preexisting"], d["cpu_first"]
+        d["at_peak_idle_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak
+                                              if self.cpu_in_run(p) < _IDLE_CPU_S) / _MIB, 1)
         d["at_peak_by_role_pss_mib"] = {r: round(b / _MIB, 1) for r, b in self.by_role().items()}
         d["role_peaks_pss_mib"] = {r: round(b / _MIB, 1) for r, b in
                                    sorted(self.role_peaks_bytes, key=lambda rb: -rb[1])}
@@ -185,16 +197,18 @@ def tree_processes(root: psutil.Process | None = None, *,
             info = p.memory_full_info()
             r = int(info.rss)
             pss, uss = int(getattr(info, "pss", r)), int(getattr(info, "uss", r))
+            cpu = p.cpu_times()
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
         except psutil.AccessDenied:
             try:
                 r = pss = uss = int(p.memory_info().rss)
+                cpu = p.cpu_times()
             except psutil.Error:
                 continue
         except psutil.Error:
             continue
-        out.append(ProcessMemory(p.pid, _role_of(p, root=root, roles=roles), pss, r, uss))
+        out.append(ProcessMemory(p.pid, _role_of(p, root=root, roles=roles), pss, r, uss, float(cpu.user + cpu.system)))
     return out
 
 
@@ -221,6 +235,7 @@ class MemorySampler:
         self._roles: dict[tuple[int, float], str] = {}
         self._at_peak: tuple[ProcessMemory, ...] = ()
         self._role_peaks: dict[str, int] = {}
+        self._cpu_first: dict[int, float] = {}
         self._t0 = time.monotonic()
         try:
             self._preexisting = tuple(sorted([self._root.pid, *(c.pid for c in self._root.children(recursive=True))]))
@@ -243,6 +258,8 @@ class MemorySampler:
                 self._at_peak = tuple(procs)
                 self._at_peak_s = round(time.monotonic() - self._t0, 1)
                 self._load_at_peak = round(os.getloadavg()[0], 2)
+            for p in procs:
+                self._cpu_first.setdefault(p.pid, p.cpu_s)
             for role, b in per_role.items():
                 self._role_peaks[role] = max(self._role_peaks.get(role, 0), b)
             self._rss = max(self._rss, sum(p.rss_bytes for p in procs))
@@ -279,7 +296,7 @@ class MemorySampler:
                               self._samples, self._procs, at_peak=self._at_peak,
                               role_peaks_bytes=tuple(self._role_peaks.items()), at_peak_s=self._at_peak_s,
                               loadavg_1m_at_peak=self._load_at_peak, loadavg_1m_at_start=self._load_at_start,
-                              preexisting=self._preexisting)
+                              preexisting=self._preexisting, cpu_first=tuple(self._cpu_first.items()))
 
     def __enter__(self) -> MemorySampler:
         return self.start()

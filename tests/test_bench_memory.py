@@ -22,6 +22,9 @@ pytestmark = pytest.mark.timeout(120)
 
 _HOLD = """
 import sys, time
+end = time.process_time() + float(sys.argv[2])
+while time.process_time() < end:  # busy first (sampled while it works), then holding memory
+    pass
 block = bytearray(int(sys.argv[1]) * 2**20)
 for i in range(0, len(block), 4096):  # touch every page: resident, not only reserved
     block[i] = 1
@@ -30,17 +33,17 @@ time.sleep(60)
 """
 
 
-def _child(mib: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(mib)], stdout=subprocess.PIPE, text=True)
+def _child(mib: int, *, busy_s: float = 0.0) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(mib), str(busy_s)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
 
-def test_the_peak_names_each_process_of_the_tree_and_what_started_during_the_run() -> None:
+def test_the_peak_names_each_process_of_the_tree_what_started_and_what_sat_idle() -> None:
     before = _child(8)  # left by an earlier run: in the tree, not new
     try:
         with MemorySampler(interval_s=0.05) as mem:
-            big = _child(96)
+            big = _child(96, busy_s=0.5)
             time.sleep(0.3)
             big.kill()
             big.wait()
@@ -53,6 +56,7 @@ def test_the_peak_names_each_process_of_the_tree_and_what_started_during_the_run
     assert big.pid in by_pid and before.pid in by_pid  # the peak is the sample with the big child
     assert by_pid[big.pid].role == "other_python" and by_pid[big.pid].pss_bytes > 96 * 2**20
     assert peak.is_new(by_pid[big.pid]) and not peak.is_new(by_pid[before.pid])
+    assert peak.cpu_in_run(by_pid[big.pid]) >= 0.3 and peak.cpu_in_run(by_pid[before.pid]) < 0.1
     assert peak.pss_bytes == sum(p.pss_bytes for p in peak.at_peak)
     assert dict(peak.role_peaks_bytes)["other_python"] > 104 * 2**20
 
@@ -61,6 +65,9 @@ def test_the_peak_names_each_process_of_the_tree_and_what_started_during_the_run
     assert row["new"] is True and row["role"] == "other_python" and row["pss_mib"] > 96
     assert d["at_peak_by_role_pss_mib"]["driver_python"] > 0
     assert d["at_peak_new_pss_mib"] > 96 and d["pss_mib"] > d["at_peak_new_pss_mib"]
+    idle = next(r for r in d["at_peak"] if r["pid"] == before.pid)
+    assert idle["cpu_s_in_run"] < 0.1 and row["cpu_s_in_run"] >= 0.3
+    assert idle["pss_mib"] <= d["at_peak_idle_pss_mib"] <= d["pss_mib"] - row["pss_mib"]  # the idle one, not the busy
     assert d["loadavg_1m_at_peak"] is not None and d["samples"] >= 3
 
 

@@ -10,6 +10,13 @@ and keeps the peaks. Use one sampler per engine run::
     with MemorySampler() as mem:
         engine.run(...)
     mem.peak.pss_bytes
+
+Where the peak is: each sample also names every process of the tree by its role
+(:func:`process_role`: the driver's Python, the driver JVM, the Python daemon and
+workers Spark forks, an embedded ZooKeeper or S3Proxy JVM, ...). The sample with the
+highest sum is kept whole (:attr:`MemoryPeak.at_peak`, one :class:`ProcessMemory`
+per process), and each role's own highest sum over the run
+(:attr:`MemoryPeak.role_peaks_bytes`: the roles need not peak at the same moment).
 """
 
 from __future__ import annotations
@@ -23,7 +30,67 @@ from typing import Any
 
 import psutil
 
-__all__ = ["MemoryPeak", "MemorySampler", "tree_memory"]
+__all__ = ["MemoryPeak", "MemorySampler", "ProcessMemory", "process_role", "tree_memory", "tree_processes"]
+
+_MIB = 2**20
+_IDLE_CPU_S = 0.1  # a process that used less CPU than this up to the peak sat idle
+#: Java main classes (or jar names) that name a JVM's role, first match wins.
+_JVM_ROLES = (
+    ("org.apache.zookeeper.server", "zookeeper_jvm"),
+    ("org.gaul.s3proxy", "s3proxy_jvm"),
+    ("s3proxy", "s3proxy_jvm"),
+    ("kafka.Kafka", "kafka_jvm"),
+    ("org.apache.spark.deploy.SparkSubmit", "driver_jvm"),
+    ("pyspark-shell", "driver_jvm"),
+)
+
+
+def process_role(cmdline: list[str], *, is_root: bool = False, parent_role: str | None = None) -> str:
+    """What a process of a benchmark's tree is, from its command line.
+
+    ``driver_python`` (the sampled root), ``driver_jvm`` (Spark's JVM), ``zookeeper_jvm``,
+    ``s3proxy_jvm``, ``kafka_jvm``, ``python_daemon`` (``pyspark.daemon`` or deltawheel's
+    ``spark.python.daemon.module``, which forks the workers), ``python_worker`` (its children), ``other_jvm``,
+    ``other_python``, else the program's name.
+
+    >>> process_role(["java", "-Xmx256m", "-cp", "j/*", "org.apache.zookeeper.server.ZooKeeperServerMain", "z"])
+    'zookeeper_jvm'
+    >>> process_role(["python3", "-m", "pyspark.daemon"])
+    'python_daemon'
+    >>> process_role(["python3", "-m", "deltawheel.executor.tasks.daemon", "pyspark.worker"])
+    'python_daemon'
+    >>> process_role(["python3", "-m", "pyspark.daemon"], parent_role="python_daemon")
+    'python_worker'
+    """
+    if is_root:
+        return "driver_python"
+    prog = os.path.basename(cmdline[0]) if cmdline else ""
+    joined = " ".join(cmdline)
+    if prog == "java" or prog.startswith("java"):
+        for needle, role in _JVM_ROLES:
+            if needle in joined:
+                return role
+        return "other_jvm"
+    if "python" in prog:
+        if parent_role in ("python_daemon", "python_worker"):
+            return "python_worker"
+        if "pyspark.daemon" in joined or "tasks.daemon" in joined:
+            return "python_daemon"
+        if "pyspark.worker" in joined:
+            return "python_worker"
+        return "other_python"
+    return prog or "unknown"
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process of the tree in one sample."""
+    pid: int
+    role: str  # see process_role
+    pss_bytes: int
+    rss_bytes: int
+    uss_bytes: int  # pages of this process alone (what ending it would free)
+    cpu_s: float = 0.0  # its CPU time (user + system) so far
 
 
 @dataclass(frozen=True)
@@ -35,13 +102,114 @@ class MemoryPeak:
     driver_maxrss_bytes: int  # getrusage(RUSAGE_SELF).ru_maxrss of this Python process
     samples: int
     max_processes: int
+    at_peak: tuple[ProcessMemory, ...] = ()  # every process in the sample with the highest PSS sum
+    role_peaks_bytes: tuple[tuple[str, int], ...] = ()  # (role, its own highest PSS sum over the run)
+    at_peak_s: float | None = None  # seconds from the start of sampling to that sample
+    loadavg_1m_at_peak: float | None = None
+    loadavg_1m_at_start: float | None = None
+    preexisting: tuple[int, ...] = ()  # pids of the tree when the sampler was made
+    cpu_first: tuple[tuple[int, float], ...] = ()  # (pid, its CPU time when first sampled)
+
+    def is_new(self, p: ProcessMemory) -> bool:
+        """``p`` started while sampling (not the sampling process, nor one an earlier run left)."""
+        return p.pid not in self.preexisting
+
+    def cpu_in_run(self, p: ProcessMemory) -> float:
+        """The CPU seconds ``p`` used from its first sample to the peak (about 0: it sat idle, e.g. a
+        Python worker an earlier engine's run left)."""
+        return round(p.cpu_s - dict(self.cpu_first).get(p.pid, p.cpu_s), 2)
+
+    def by_role(self) -> dict[str, int]:
+        """PSS at the peak summed per role (bytes), largest first."""
+        out: dict[str, int] = {}
+        for p in self.at_peak:
+            out[p.role] = out.get(p.role, 0) + p.pss_bytes
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def to_dict(self) -> dict[str, Any]:
-        """The peaks as JSON-ready data, in MiB (``*_mib`` instead of ``*_bytes``)."""
+        """The peaks as JSON-ready data, in MiB (``*_mib`` instead of ``*_bytes``); the processes at
+        the peak as ``at_peak`` (largest PSS first; ``new``: started while sampling, not left by what
+        ran before), their sum per role as ``at_peak_by_role_pss_mib``, the sum of the new ones as
+        ``at_peak_new_pss_mib``, the sum of those that sat idle until the peak (``cpu_s_in_run`` under
+        0.1 s: left by what ran before, or not used by this run) as ``at_peak_idle_pss_mib``, each
+        role's own peak as ``role_peaks_pss_mib``."""
         d = asdict(self)
         for k in ("pss_bytes", "rss_bytes", "max_single_rss_bytes", "driver_maxrss_bytes"):
-            d[k.replace("_bytes", "_mib")] = round(d.pop(k) / 2**20, 1)
+            d[k.replace("_bytes", "_mib")] = round(d.pop(k) / _MIB, 1)
+        d["at_peak"] = [{"pid": p.pid, "role": p.role, "pss_mib": round(p.pss_bytes / _MIB, 1),
+                         "rss_mib": round(p.rss_bytes / _MIB, 1), "uss_mib": round(p.uss_bytes / _MIB, 1),
+                         "new": self.is_new(p), "cpu_s_in_run": self.cpu_in_run(p)}
+                        for p in sorted(self.at_peak, key=lambda p: -p.pss_bytes)]
+        d["at_peak_new_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak if self.is_new(p)) / _MIB, 1)
+        del d["preexisting"], d["cpu_first"]
+        d["at_peak_idle_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak
+                                              if self.cpu_in_run(p) < _IDLE_CPU_S) / _MIB, 1)
+        d["at_peak_by_role_pss_mib"] = {r: round(b / _MIB, 1) for r, b in self.by_role().items()}
+        d["role_peaks_pss_mib"] = {r: round(b / _MIB, 1) for r, b in
+                                   sorted(self.role_peaks_bytes, key=lambda rb: -rb[1])}
+        del d["role_peaks_bytes"]
         return d
+
+
+def _role_of(p: psutil.Process, *, root: psutil.Process, roles: dict[tuple[int, float], str]) -> str:
+    """``p``'s role, looked up once per process (pid and start time) in ``roles``."""
+    try:
+        key = (p.pid, p.create_time())
+    except psutil.Error:
+        return "unknown"
+    got = roles.get(key)
+    if got is None:
+        parent_role = None
+        try:
+            ppid = p.ppid()
+            parent_role = next((r for (pid, _), r in roles.items() if pid == ppid), None)
+            cmd = p.cmdline()
+        except psutil.Error:
+            cmd = []
+        got = roles[key] = process_role(cmd, is_root=p.pid == root.pid, parent_role=parent_role)
+    return got
+
+
+def tree_processes(root: psutil.Process | None = None, *,
+                   roles: dict[tuple[int, float], str] | None = None) -> list[ProcessMemory]:
+    """Every process of ``root``'s tree (itself and its descendants) with its role and memory.
+
+    ``roles``: a cache of roles by (pid, start time) kept between calls. Processes that vanish mid-sample are
+    skipped; one whose smaps cannot be read counts its RSS as PSS and USS.
+    """
+    root = root or psutil.Process(os.getpid())
+    roles = {} if roles is None else roles
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        procs = [root]
+
+    def started(p: psutil.Process) -> float:
+        try:
+            return float(p.create_time())
+        except psutil.Error:
+            return 0.0
+
+    procs.sort(key=started)  # a parent before its children: a forked worker is named after its daemon
+    out = []
+    for p in procs:
+        try:
+            info = p.memory_full_info()
+            r = int(info.rss)
+            pss, uss = int(getattr(info, "pss", r)), int(getattr(info, "uss", r))
+            cpu = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            try:
+                r = pss = uss = int(p.memory_info().rss)
+                cpu = p.cpu_times()
+            except psutil.Error:
+                continue
+        except psutil.Error:
+            continue
+        out.append(ProcessMemory(p.pid, _role_of(p, root=root, roles=roles), pss, r, uss, float(cpu.user + cpu.system)))
+    return out
 
 
 def tree_memory(root: psutil.Process | None = None) -> tuple[int, int, int, int]:
@@ -49,33 +217,9 @@ def tree_memory(root: psutil.Process | None = None) -> tuple[int, int, int, int]
 
     Processes that vanish or cannot be read mid-sample are skipped.
     """
-    root = root or psutil.Process(os.getpid())
-    try:
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        procs = [root]
-    pss = rss = top = n = 0
-    for p in procs:
-        try:
-            info = p.memory_full_info()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-        except psutil.AccessDenied:
-            try:
-                r = p.memory_info().rss
-            except psutil.Error:
-                continue
-            rss += r
-            pss += r
-            top = max(top, r)
-            n += 1
-            continue
-        r = int(info.rss)
-        rss += r
-        pss += int(getattr(info, "pss", r))
-        top = max(top, r)
-        n += 1
-    return pss, rss, top, n
+    procs = tree_processes(root)
+    return (sum(p.pss_bytes for p in procs), sum(p.rss_bytes for p in procs),
+            max((p.rss_bytes for p in procs), default=0), len(procs))
 
 
 class MemorySampler:
@@ -88,15 +232,39 @@ class MemorySampler:
         self._thread: threading.Thread | None = None
         self._pss = self._rss = self._top = self._samples = self._procs = 0
         self._root = psutil.Process(os.getpid())
+        self._roles: dict[tuple[int, float], str] = {}
+        self._at_peak: tuple[ProcessMemory, ...] = ()
+        self._role_peaks: dict[str, int] = {}
+        self._cpu_first: dict[int, float] = {}
+        self._t0 = time.monotonic()
+        try:
+            self._preexisting = tuple(sorted([self._root.pid, *(c.pid for c in self._root.children(recursive=True))]))
+        except psutil.Error:
+            self._preexisting = (self._root.pid,)
+        self._at_peak_s: float | None = None
+        self._load_at_peak: float | None = None
+        self._load_at_start = round(os.getloadavg()[0], 2)
 
     def sample(self) -> None:
         """Take one sample now and update the peaks."""
-        pss, rss, top, n = tree_memory(self._root)
+        procs = tree_processes(self._root, roles=self._roles)
+        pss = sum(p.pss_bytes for p in procs)
+        per_role: dict[str, int] = {}
+        for p in procs:
+            per_role[p.role] = per_role.get(p.role, 0) + p.pss_bytes
         with self._lock:
-            self._pss = max(self._pss, pss)
-            self._rss = max(self._rss, rss)
-            self._top = max(self._top, top)
-            self._procs = max(self._procs, n)
+            if pss > self._pss or not self._at_peak:
+                self._pss = pss
+                self._at_peak = tuple(procs)
+                self._at_peak_s = round(time.monotonic() - self._t0, 1)
+                self._load_at_peak = round(os.getloadavg()[0], 2)
+            for p in procs:
+                self._cpu_first.setdefault(p.pid, p.cpu_s)
+            for role, b in per_role.items():
+                self._role_peaks[role] = max(self._role_peaks.get(role, 0), b)
+            self._rss = max(self._rss, sum(p.rss_bytes for p in procs))
+            self._top = max([self._top, *(p.rss_bytes for p in procs)])
+            self._procs = max(self._procs, len(procs))
             self._samples += 1
 
     def _loop(self) -> None:
@@ -125,7 +293,10 @@ class MemorySampler:
         maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         with self._lock:
             return MemoryPeak(self._pss, self._rss, self._top, int(maxrss_kib) * 1024,
-                              self._samples, self._procs)
+                              self._samples, self._procs, at_peak=self._at_peak,
+                              role_peaks_bytes=tuple(self._role_peaks.items()), at_peak_s=self._at_peak_s,
+                              loadavg_1m_at_peak=self._load_at_peak, loadavg_1m_at_start=self._load_at_start,
+                              preexisting=self._preexisting, cpu_first=tuple(self._cpu_first.items()))
 
     def __enter__(self) -> MemorySampler:
         return self.start()

@@ -50,6 +50,20 @@ def test_an_interval_used_every_batch_is_kept_over_one_used_once() -> None:
     assert cache.hits == 2 and cache.lookups == 8
 
 
+def test_an_intervals_images_before_its_previous_one_are_dropped_though_there_is_room() -> None:
+    """A worker keeps an interval's current image and the one before it (a retried batch reads
+    that), not every image the interval had: the bound is far from reached."""
+    cache = ImageCache(2**30)
+    cache.put(("iv1-b0",), "other", nbytes=100, slot=("c", 1), group="c")
+    for b in range(4):
+        key = (f"iv0-b{b}",)
+        assert cache.get(key, slot=("c", 0)) is None
+        cache.put(key, f"b{b}", nbytes=100, slot=("c", 0), group="c")
+    assert [b for b in range(4) if (f"iv0-b{b}",) in cache] == [2, 3]
+    assert ("iv1-b0",) in cache and cache.bytes == 300 and cache.evictions == 0
+    assert cache.get(("iv0-b3",), slot=("c", 0)) == "b3" and cache.get(("iv0-b2",), slot=("c", 0)) == "b2"
+
+
 def test_an_image_alone_over_the_bound_is_not_kept_and_a_bad_bound_is_refused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     cache = ImageCache(50)
     cache.put(("big",), "x", nbytes=80, slot=("c", 0), group="c")

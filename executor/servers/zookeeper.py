@@ -27,11 +27,15 @@ from pathlib import Path
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.process import DetachedProcess, find_java, port_free
 
-__all__ = ["EmbeddedZooKeeper", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir",
+__all__ = ["EmbeddedZooKeeper", "JVM_FLAGS", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir",
            "four_letter_word", "configured_port"]
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 _QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+#: The server's JVM: a heap that starts small (the default initial heap is 1/64 of the machine's memory
+#: up to -Xmx, and its pages stay resident once touched: ~50 MiB more for a server that holds a few
+#: hundred znodes), one serial collector, the client compiler only.
+JVM_FLAGS = ("-Xms16m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 _LOG4J2 = """\
 status = error
 appender.console.type = Console
@@ -261,7 +265,7 @@ class EmbeddedZooKeeper:
         jars = self._jars_dir or pyspark_jars_dir()
         self._write_config()
         cmd = [
-            java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            java, *JVM_FLAGS,
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-Dzookeeper.jmx.log4j.disable=true",
             "-cp", f"{jars}/*", self._main_class, str(self.config_file),

@@ -124,10 +124,14 @@ class ImageCache:
     def put(self, key: Hashable, value: Any, *, nbytes: int, next_ev: int | None = None,
             slot: Hashable | None = None, group: Hashable = None) -> None:
         """Keep ``value`` (as ``slot``'s current image: its previous one is needed again only if
-        a batch is retried, so it goes first); then drop images by the policy until the cache
-        fits ``max_bytes``."""
+        a batch is retried, so it goes first, and the ones before that are dropped now: no batch
+        reads them again); then drop images by the policy until the cache fits ``max_bytes``."""
         if slot is not None:
+            prev = self._slot.get(slot)
             self._slot[slot] = key
+            if prev is not None and prev != key:
+                for old in [k for k, e in self._entries.items() if e.slot == slot and k not in (key, prev)]:
+                    self._drop(old)
         if key in self._entries:
             self._drop(key)
         e = _Entry(value, nbytes, next_ev, self.tick, group, slot)

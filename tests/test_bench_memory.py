@@ -1,0 +1,104 @@
+"""The benchmarks' memory sampler: the whole process tree, per process and role, at its peak.
+
+Real child processes (a Python child holding memory, the embedded ZooKeeper's JVM), sampled as
+the throughput benchmark samples an engine run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from deltawheel.benchmarks.memory import MemorySampler, process_role, tree_processes
+from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+from kazoo.client import KazooClient
+
+pytestmark = pytest.mark.timeout(120)
+
+_HOLD = """
+import sys, time
+end = time.process_time() + float(sys.argv[2])
+while time.process_time() < end:  # busy first (sampled while it works), then holding memory
+    pass
+block = bytearray(int(sys.argv[1]) * 2**20)
+for i in range(0, len(block), 4096):  # touch every page: resident, not only reserved
+    block[i] = 1
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _child(mib: int, *, busy_s: float = 0.0) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(mib), str(busy_s)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_the_peak_names_each_process_of_the_tree_what_started_and_what_sat_idle() -> None:
+    before = _child(8)  # left by an earlier run: in the tree, not new
+    try:
+        with MemorySampler(interval_s=0.05) as mem:
+            big = _child(96, busy_s=0.5)
+            time.sleep(0.3)
+            big.kill()
+            big.wait()
+            time.sleep(0.2)
+    finally:
+        before.kill()
+        before.wait()
+    peak = mem.peak
+    by_pid = {p.pid: p for p in peak.at_peak}
+    assert big.pid in by_pid and before.pid in by_pid  # the peak is the sample with the big child
+    assert by_pid[big.pid].role == "other_python" and by_pid[big.pid].pss_bytes > 96 * 2**20
+    assert peak.is_new(by_pid[big.pid]) and not peak.is_new(by_pid[before.pid])
+    assert peak.cpu_in_run(by_pid[big.pid]) >= 0.3 and peak.cpu_in_run(by_pid[before.pid]) < 0.1
+    assert peak.pss_bytes == sum(p.pss_bytes for p in peak.at_peak)
+    assert dict(peak.role_peaks_bytes)["other_python"] > 104 * 2**20
+
+    d = json.loads(json.dumps(peak.to_dict()))  # JSON as throughput.json holds it
+    row = next(r for r in d["at_peak"] if r["pid"] == big.pid)
+    assert row["new"] is True and row["role"] == "other_python" and row["pss_mib"] > 96
+    assert d["at_peak_by_role_pss_mib"]["driver_python"] > 0
+    assert d["at_peak_new_pss_mib"] > 96 and d["pss_mib"] > d["at_peak_new_pss_mib"]
+    idle = next(r for r in d["at_peak"] if r["pid"] == before.pid)
+    assert idle["cpu_s_in_run"] < 0.1 and row["cpu_s_in_run"] >= 0.3
+    assert idle["pss_mib"] <= d["at_peak_idle_pss_mib"] <= d["pss_mib"] - row["pss_mib"]  # the idle one, not the busy
+    assert d["loadavg_1m_at_peak"] is not None and d["samples"] >= 3
+
+
+def test_roles_of_spark_and_deltawheel_processes() -> None:
+    daemon = ["python3", "-m", "deltawheel.executor.tasks.daemon", "pyspark.worker"]
+    assert process_role(daemon) == "python_daemon"
+    assert process_role(daemon, parent_role="python_daemon") == "python_worker"  # a forked worker
+    assert process_role(["java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "pyspark-shell"]) == "driver_jvm"
+    assert process_role(["/usr/bin/java", "-jar", "s3proxy"]) == "s3proxy_jvm"
+    assert process_role(["java", "-cp", "x", "Other"]) == "other_jvm"
+    assert process_role(["anything"], is_root=True) == "driver_python"
+
+
+def test_the_embedded_zookeeper_serves_from_a_small_heap(tmp_path: Path) -> None:
+    """The ZooKeeper JVM a pipeline starts is one process of the benchmark's tree: labelled as such,
+    serving, and small (its initial heap is not 1/64 of the machine's memory)."""
+    server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
+    server.start()
+    try:
+        client = KazooClient(hosts=server.hosts)
+        client.start(timeout=20)
+        try:
+            for i in range(200):
+                client.create(f"/m/n{i}", b"v" * 512, makepath=True, ephemeral=i % 2 == 0)
+            assert len(client.get_children("/m")) == 200
+        finally:
+            client.stop()
+            client.close()
+        time.sleep(0.5)
+        ours = [p for p in tree_processes() if p.pid == server.status().pid]  # other tests' servers aside
+    finally:
+        server.stop()
+    assert [p.role for p in ours] == ["zookeeper_jvm"]
+    assert 20 * 2**20 < ours[0].pss_bytes < 110 * 2**20, f"ZooKeeper's PSS {ours[0].pss_bytes / 2**20:.0f} MiB"

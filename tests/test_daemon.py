@@ -58,3 +58,34 @@ def test_warm_workers_runs_a_python_task_per_slot(spark: Any) -> None:
     tasks = sum(spark.sparkContext.statusTracker().getStageInfo(s).numCompletedTasks for s in stages
                 if spark.sparkContext.statusTracker().getStageInfo(s) is not None)
     assert tasks == spark.sparkContext.defaultParallelism
+
+
+def _daemon_pid(_i: Any) -> int:
+    import os
+
+    return os.getppid()  # a worker is forked by its pool's daemon
+
+
+def _daemon_pids_arrow(batches: Any) -> Any:
+    import os
+
+    import pyarrow as pa
+
+    for _b in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"pid": [os.getppid()]})
+
+
+def test_rdd_and_sql_python_tasks_share_one_worker_pool(spark: Any) -> None:
+    # Spark keeps a pool of Python workers (a daemon and its forks) per task environment, and gives
+    # its SQL Python tasks (mapInArrow: the warm-up, the shuffled image tasks) a variable the RDD
+    # tasks (the direct and timers-only image tasks) lack: two pools, the warm-up warming the other
+    from deltawheel.executor.tasks.worker import one_worker_pool
+
+    sc = spark.sparkContext
+    sc.environment.pop("SPARK_SIMPLIFIED_TRACEBACK", None)
+    sql = set(r.pid for r in spark.range(0, 2, 1, 2).mapInArrow(_daemon_pids_arrow, "pid long").collect())
+    apart = set(sc.parallelize(range(2), 2).map(_daemon_pid).collect())
+    assert len(sql) == 1 and sql.isdisjoint(apart)  # without the match: another daemon
+    one_worker_pool(spark, again=True)
+    assert set(sc.parallelize(range(2), 2).map(_daemon_pid).collect()) == sql

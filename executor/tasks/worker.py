@@ -24,6 +24,15 @@ them before it forks, so that even a fresh worker's first task skips the re-read
 :func:`warm_workers` starts one trivial Python task per task slot in a background thread, so that
 the Python workers are forked (and their first-task costs paid) while the driver is still taking
 leases and planning its first query, not on the first micro-batch.
+
+:func:`one_worker_pool` gives the session's RDD tasks (the image path's direct and timers-only
+tasks) the environment Spark gives its SQL Python tasks (``mapInArrow``: the warm-up, the shuffled
+image tasks). Spark keeps one pool of Python workers (a daemon and its forked workers) per
+environment, and adds ``SPARK_SIMPLIFIED_TRACEBACK=1`` to the SQL tasks' when
+``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` is on (the default): without the
+same variable on the RDD tasks, a run kept two pools (two daemons, two sets of workers, ~130 MiB
+more on 2 cores) and the warm-up warmed the pool the image tasks did not use. The variable only
+shortens the tracebacks of errors in user code to the user's frames.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-__all__ = ["freeze_spark_zips", "warm_workers"]
+__all__ = ["freeze_spark_zips", "warm_workers", "one_worker_pool"]
 
 
 class _FrozenZipFinder:
@@ -84,12 +93,33 @@ def _warm_task(batches: Any) -> Any:
     return iter(())
 
 
+_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
+
+
+_MATCHED: set[int] = set()  # the contexts' environments already matched (a py4j call saved per batch)
+
+
+def one_worker_pool(spark: Any, *, again: bool = False) -> None:
+    """Make the RDD tasks' Python environment (``SparkContext.environment``) the one Spark gives SQL's
+    Python tasks, so that both run in one pool of workers (module docstring). Once per context
+    unless ``again`` (the warm-up, at each run's start, reads the setting again)."""
+    env = spark.sparkContext.environment
+    if id(env) in _MATCHED and not again:
+        return
+    _MATCHED.add(id(env))
+    if str(spark.conf.get(_TRACEBACK_CONF, "true")).lower() == "true":
+        env["SPARK_SIMPLIFIED_TRACEBACK"] = "1"
+    else:
+        env.pop("SPARK_SIMPLIFIED_TRACEBACK", None)
+
+
 def warm_workers(spark: Any, *, on_error: Callable[[BaseException], None] | None = None) -> threading.Thread:
     """Run one no-op ``mapInArrow`` task per default task slot in a daemon thread (started; join it
     to wait). Best effort: Spark places the tasks (on a cluster, not necessarily one per
     executor), and a failure only goes to ``on_error`` — the real tasks fork their workers
     themselves."""
     slots = max(1, int(spark.sparkContext.defaultParallelism))
+    one_worker_pool(spark, again=True)
 
     def run() -> None:
         try:

@@ -34,6 +34,7 @@ from ...computation import Computation, LatePolicy
 from ...exceptions import BatchFailedError
 from ..input import PREP_DDL, interval_of_key, original_text, original_texts, positions_of, prepare_input
 from ..job import BatchCounts, BatchRun, Prepared, user_error_message
+from ..worker import one_worker_pool
 from .direct import DirectBatch, DirectSource, batch_files
 from .interval import ImageSpec
 from .task import ClaimError, collect, image_task_fn, task_job
@@ -213,6 +214,7 @@ class ImageTasks:
             input_files=tuple(self.path.input_files), dvs=self.path.deletion_vectors(), deltas=self.path.deltas)
         if direct is None and prep is not None:
             return self._shuffled(session, prep, place).mapInArrow(image_task_fn(spec), spark_type(SUMMARY_DDL))
+        one_worker_pool(session)  # the RDD tasks in the pool of the SQL tasks (``worker.py``)
         return task_job(session.sparkContext, spec, place, partitions=self.partitions, direct=direct,
                         claims=self.claims)
 

@@ -89,14 +89,16 @@ def _ratios(results: Mapping[str, EngineResult]) -> dict[str, float]:
 def format_table(report: Mapping[str, Any]) -> str:
     """The printed summary: one line per engine, then the ratios."""
     hdr = f"{'engine':<16}{'records/s':>12}{'wall_s':>10}{'correct':>9}{'rows':>9}{'late':>7}" \
-          f"{'open':>8}{'PSS MiB':>9}{'RSS MiB':>9}"
+          f"{'open':>8}{'PSS MiB':>9}{'RSS MiB':>9}{'idle MiB':>10}"
     lines = [hdr, "-" * len(hdr)]
     for name, e in report["engines"].items():
         mem = e.get("peak_memory") or {}
         lines.append(
             f"{name:<16}{e['records_per_s']:>12,.0f}{e['wall_s']:>10.2f}{str(e['correct']):>9}"
             f"{e['emitted_rows']:>9}{str(e['late_dropped']):>7}{str(e['open_events_at_end']):>8}"
-            f"{mem.get('pss_mib', float('nan')):>9.0f}{mem.get('rss_mib', float('nan')):>9.0f}")
+            f"{mem.get('pss_mib', float('nan')):>9.0f}{mem.get('rss_mib', float('nan')):>9.0f}"
+            # the PSS at the peak of processes that sat idle (left by an engine run before this one)
+            f"{mem.get('at_peak_idle_pss_mib', float('nan')):>10.0f}")
     if report.get("ratios"):
         lines.append("ratios (records/s): " + ", ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()))
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import free_port
+from conftest import copy_migrated_store, free_port
 from deltawheel.executor.cli import main
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.inspection.sqlviews import inspect_key, register_views, run_sql
@@ -51,11 +51,9 @@ ENV = {**os.environ, "DELTAWHEEL_JARS_DIR": os.environ["DELTAWHEEL_JARS_DIR"]}
 
 
 @pytest.fixture(scope="module")
-def store(spark, tmp_path_factory) -> StoreLayout:  # type: ignore[no-untyped-def]
-    from deltawheel import migrations
-
+def store(spark, tmp_path_factory, migrated_template) -> StoreLayout:  # type: ignore[no-untyped-def]
     layout = StoreLayout(str(tmp_path_factory.mktemp("sql") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    copy_migrated_store(migrated_template, Path(layout.root))
     (spark.createDataFrame([r.to_row() for r in ROWS], schema=rows_schema_ddl())
      .write.format("delta").mode("append").save(layout.rows))
     path = ensure_stream_table(spark, layout, "out")

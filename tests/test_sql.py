@@ -194,6 +194,10 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     assert "is up to date (schema version 6)" in capsys.readouterr().out
 
 
+# a Spark application of its own (about 30 s); in the default run the same query's csv is checked in
+# process (test_csv_parses_back_to_decoded_state) and `deltawheel sql --format csv` as a child process
+# in test_cli_sql.py (test_subprocess_csv_5000_of_5000) and test_quickstart.py
+@pytest.mark.slow
 def test_cli_subprocess_csv(store, tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.run(
         [sys.executable, "-m", "deltawheel.executor.cli", "sql", "--store", store.root, "--format", "csv",

@@ -85,7 +85,8 @@ def test_local_cluster_gives_the_same_outputs(spark, zk_server, tmp_path, refere
 @pytest.mark.timeout(1500)
 def test_demo_resumes_after_sigkill_with_exactly_the_same_rows(spark, zk_server, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "killed"
-    cmd = demo_cmd(store, zk_server.hosts, "/killed", "--wait", "120")
+    # the killed run's leases stay held for its ZooKeeper session: 6 s instead of the default 20 s
+    cmd = demo_cmd(store, zk_server.hosts, "/killed", "--wait", "120", "--zk-session-timeout", "6")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # kill it in the middle of the first stage's batches

@@ -182,7 +182,8 @@ def test_a_running_pipeline_runs_gc_in_the_background(spark, migrated_store, zk_
     rows = [{"q": f"q{i % 4}", "ts": 1_000 * i} for i in range(60)]
     for part in range(3):
         pq.write_table(pa.Table.from_pylist(rows[part * 20:(part + 1) * 20]), folder / f"part-{part}.parquet")
-    store = migrated_store.root  # a migrated copy (connect migrating a new store: test_migrations.py)
+    # a migrated copy: connect on a new store (migrated at the start) runs in test_connect.py
+    store = migrated_store.root
     events = deltawheel.ParquetInjector("events", str(folder), key_column="q", event_time_column="ts",
                                         watermark_delay_ms=0)
     pipeline = deltawheel.Pipeline("bg", injectors=(events,), computations=(BucketCounter(),))

@@ -53,8 +53,8 @@ def reference(spark, zk_server, tmp_path_factory, migrated_template):  # type: i
     from deltawheel.statestore.config import ZkConfig
 
     store = tmp_path_factory.mktemp("ref") / "store"
-    # a migrated copy: a runner migrating a new store is tested in test_migrations.py, and the demo
-    # command below migrates its own new store
+    # a migrated copy: the migration a start runs on a new store is tested in test_migrations.py
+    # (apply_when_pending), and the demo command of the SIGKILL test below migrates its own new store
     copy_migrated_store(migrated_template, store)
     # a chroot per instance: test_cluster uses this fixture too, so a run of both modules makes two
     out = run_in_process(spark, store, ZkConfig(hosts=zk_server.hosts, chroot=f"/pipeline-{store.parent.name}"))

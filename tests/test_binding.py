@@ -21,16 +21,15 @@ def _owner(spark, layout, client, pipeline: str, who: str):  # type: ignore[no-u
                          "c", num_intervals=2)
 
 
-def test_another_store_of_the_same_pipeline_is_refused_before_any_lease(spark, migrated_store, zk_config,
-                                                                         tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_another_store_of_the_same_pipeline_is_refused_before_any_lease(
+        spark, migrated_store, migrated_template, zk_config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from conftest import copy_migrated_store
     from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.binding import store_path
     from deltawheel.statestore.zk.client import connect
 
-    from deltawheel import migrations
-
     other = StoreLayout(str(tmp_path / "other"))
-    migrations.apply(spark, other, dry_run=False)
+    copy_migrated_store(migrated_template, tmp_path / "other")
     a_client, b_client, c_client = connect(zk_config), connect(zk_config), connect(zk_config)
     try:
         a = _owner(spark, migrated_store, a_client, "p", "a")

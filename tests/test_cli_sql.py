@@ -7,9 +7,11 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import copy_migrated_store
 from deltawheel.executor.cli import main
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table, stream_schema_ddl
@@ -20,11 +22,9 @@ N = 5_000
 
 
 @pytest.fixture(scope="module")
-def big_store(spark, tmp_path_factory) -> StoreLayout:  # type: ignore[no-untyped-def]
-    from deltawheel import migrations
-
+def big_store(spark, tmp_path_factory, migrated_template) -> StoreLayout:  # type: ignore[no-untyped-def]
     layout = StoreLayout(str(tmp_path_factory.mktemp("clisql") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    copy_migrated_store(migrated_template, Path(layout.root))
     path = ensure_stream_table(spark, layout, "events")
     rows = [(f"id{i}", f"k{i % 7}", json.dumps({"n": i}).encode(), "json", 1000 + i, None, "src", "c1", 1)
             for i in range(N)]

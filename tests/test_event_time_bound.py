@@ -25,8 +25,8 @@ def _write(path: Path, rows: list[tuple[str, str, int]], mtime_s: float) -> None
 @pytest.mark.zk
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("write_path", "direct"), [("image", True), ("image", False), ("merge", False)])
-def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, zk_config, tmp_path, write_path,
-                                                                      direct) -> None:  # type: ignore[no-untyped-def]
+def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, migrated_store, zk_config, tmp_path,
+                                                                      write_path, direct) -> None:  # type: ignore[no-untyped-def]
     """A Parquet injector's input with one record dated 2100 among records of the last hour: that
     record goes to the dead letters with the reason, the watermark stays near now, and the records
     of the next file are processed on time (before: the watermark jumped to 2099 and every later
@@ -34,10 +34,7 @@ def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, zk_c
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.executor.sources.parquet import ParquetInjector
-    from deltawheel.statestore.layout import StoreLayout
     from executor_util import RoutedLate
-
-    from deltawheel import migrations
 
     now = int(time.time() * 1000)
     folder = tmp_path / "in"
@@ -46,8 +43,7 @@ def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, zk_c
     _write(folder / "part-0.parquet", first[:10] + [("future", "k1", Y2100_MS)] + first[10:], time.time() - 60)
     _write(folder / "part-1.parquet", [(f"b{j}", f"k{j % 5}", now - 3_000_000 + j * 10_000) for j in range(20)],
            time.time() - 30)
-    layout = StoreLayout(str(tmp_path / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    layout = migrated_store
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
                           value_columns=[], record_id_column="record_id", watermark_delay_ms=60_000, max_files_per_trigger=1)
     summary = PipelineRunner(spark, layout, Pipeline("ahead", (inj,), (RoutedLate(),)), zk=zk_config,

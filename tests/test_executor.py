@@ -93,15 +93,16 @@ def _run(spark, layout, zk_config, *, crash_at=None):  # type: ignore[no-untyped
 
 
 @pytest.fixture(scope="module")
-def clean_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+def clean_run(spark, zk_server, tmp_path_factory, migrated_template):  # type: ignore[no-untyped-def]
     """The outputs and state of the run that never crashed (computed once)."""
+    from pathlib import Path
+
+    from conftest import copy_migrated_store
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
 
-    from deltawheel import migrations
-
     layout = StoreLayout(str(tmp_path_factory.mktemp("clean") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    copy_migrated_store(migrated_template, Path(layout.root))
     want = _run(spark, layout, ZkConfig(hosts=zk_server.hosts, chroot="/clean-run", session_timeout_s=6.0))
     assert len(want[0]) == 4
     return want
@@ -548,8 +549,8 @@ def test_dedup_ids_of_keys_not_run_are_trimmed_past_the_horizon(spark, migrated_
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
-def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migrated_store, zk_config, tmp_path,
-                                                                   write_path) -> None:  # type: ignore[no-untyped-def]
+def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migrated_store, migrated_template, zk_config,
+                                                                   tmp_path, write_path) -> None:  # type: ignore[no-untyped-def]
     """Two executors of one computation, each holding half the intervals, read the same input
     and run each batch at the same time (two job instances): together they write exactly what
     one executor holding all of them writes — each key's records processed once, by its
@@ -558,6 +559,7 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
     import threading
     import zlib
 
+    from conftest import copy_migrated_store
     from deltawheel.executor.protocol.executor import ComputationExecutor
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
@@ -566,8 +568,6 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
     from executor_util import J
-
-    from deltawheel import migrations
 
     def interval(key: str) -> int:
         return zlib.crc32(key.encode()) % 4
@@ -627,7 +627,7 @@ def test_two_instances_splitting_the_intervals_give_the_rows_of_one(spark, migra
                 stop_executor(ex, client)
 
     ref = StoreLayout(str(tmp_path / "ref"))
-    migrations.apply(spark, ref, dry_run=False)
+    copy_migrated_store(migrated_template, tmp_path / "ref")
     one = run(ref, [None])
     two = run(migrated_store, [[0, 1], [2, 3]])
     assert _windows(spark, migrated_store) == _windows(spark, ref) and len(_windows(spark, ref)) == 3 * len(keys)

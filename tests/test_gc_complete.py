@@ -162,7 +162,8 @@ def test_background_gc_refuses_bad_settings(spark, migrated_store) -> None:  # t
 
 
 @pytest.mark.zk
-def test_a_running_pipeline_runs_gc_in_the_background(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_running_pipeline_runs_gc_in_the_background(spark, migrated_store, zk_server,
+                                                      tmp_path) -> None:  # type: ignore[no-untyped-def]
     """``engine.run_pipeline(pipeline, background_gc=BackgroundGc(..., every_batches=1))``, as a user
     writes it: gc's passes run beside the batches (the metrics table pruned, every table compacted,
     the logs checkpointed) and the pipeline's output is the count made without deltawheel."""
@@ -181,7 +182,8 @@ def test_a_running_pipeline_runs_gc_in_the_background(spark, zk_server, tmp_path
     rows = [{"q": f"q{i % 4}", "ts": 1_000 * i} for i in range(60)]
     for part in range(3):
         pq.write_table(pa.Table.from_pylist(rows[part * 20:(part + 1) * 20]), folder / f"part-{part}.parquet")
-    store = str(tmp_path / "store")
+    # a migrated copy: connect on a new store (migrated at the start) runs in test_connect.py
+    store = migrated_store.root
     events = deltawheel.ParquetInjector("events", str(folder), key_column="q", event_time_column="ts",
                                         watermark_delay_ms=0)
     pipeline = deltawheel.Pipeline("bg", injectors=(events,), computations=(BucketCounter(),))

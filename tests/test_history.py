@@ -30,16 +30,17 @@ def _batch_of(version: int, after: list[int]) -> int:
 
 # the merge path (its deletion vectors) takes several minutes on a loaded machine: in the slow run
 @pytest.fixture(scope="module", params=["image", pytest.param("merge", marks=pytest.mark.slow)])
-def ran(request, spark, zk_server, tmp_path_factory) -> tuple[Any, list[int], str]:  # type: ignore[no-untyped-def]
+def ran(request, spark, zk_server, tmp_path_factory,
+        migrated_template) -> tuple[Any, list[int], str]:  # type: ignore[no-untyped-def]
     import uuid
+    from pathlib import Path
 
+    from conftest import copy_migrated_store
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
 
-    from deltawheel import migrations
-
     layout = StoreLayout(str(tmp_path_factory.mktemp(f"hist-{request.param}") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    copy_migrated_store(migrated_template, Path(layout.root))
     zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/t-{uuid.uuid4().hex[:12]}", session_timeout_s=6.0)
     return layout, run_batches(spark, layout, zk, write_path=request.param), request.param
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import sys
 import zlib
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import copy_migrated_store
 from deltawheel.executor.computation import RECORD_KEY, Computation
 from deltawheel.executor.tasks.input import interval_of_key, key_expression
 from deltawheel.statestore.codecs import get_codec
@@ -87,11 +89,9 @@ def frame(spark: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def store(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> StoreLayout:
-    from deltawheel import migrations
-
+def store(spark: Any, tmp_path_factory: pytest.TempPathFactory, migrated_template: Path) -> StoreLayout:
     layout = StoreLayout(str(tmp_path_factory.mktemp("keys") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    copy_migrated_store(migrated_template, Path(layout.root))
     return layout
 
 

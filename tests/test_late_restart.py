@@ -119,18 +119,19 @@ _CLEAN: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 @pytest.fixture(scope="module")
-def clean_runs(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+def clean_runs(spark, zk_server, tmp_path_factory, migrated_template):  # type: ignore[no-untyped-def]
     """Per (policy, write path): the outputs, state and late data of the run that never crashed
     (computed once, on first use)."""
+    from pathlib import Path
+
+    from conftest import copy_migrated_store
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
-
-    from deltawheel import migrations
 
     def get(policy: str, write_path: str) -> dict[str, Any]:
         if (policy, write_path) not in _CLEAN:
             layout = StoreLayout(str(tmp_path_factory.mktemp(f"clean-{policy}-{write_path}") / "store"))
-            migrations.apply(spark, layout, dry_run=False)
+            copy_migrated_store(migrated_template, Path(layout.root))
             zk = ZkConfig(hosts=zk_server.hosts, chroot=f"/clean-late-{policy}-{write_path}", session_timeout_s=6.0)
             _CLEAN[(policy, write_path)] = _run(spark, layout, zk, policy=policy, write_path=write_path)
         return _CLEAN[(policy, write_path)]

@@ -48,10 +48,14 @@ def run_in_process(spark, store: Path, zk_config) -> dict[str, list[tuple[str, s
 
 
 @pytest.fixture(scope="module")
-def reference(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+def reference(spark, zk_server, tmp_path_factory, migrated_template):  # type: ignore[no-untyped-def]
+    from conftest import copy_migrated_store
     from deltawheel.statestore.config import ZkConfig
 
     store = tmp_path_factory.mktemp("ref") / "store"
+    # a migrated copy: the migration a start runs on a new store is tested in test_migrations.py
+    # (apply_when_pending), and the demo command of the SIGKILL test below migrates its own new store
+    copy_migrated_store(migrated_template, store)
     # a chroot per instance: test_cluster uses this fixture too, so a run of both modules makes two
     out = run_in_process(spark, store, ZkConfig(hosts=zk_server.hosts, chroot=f"/pipeline-{store.parent.name}"))
     # the pipeline did its job: panes for every query window, the model predicted, the detector ran
@@ -81,7 +85,8 @@ def test_local_cluster_gives_the_same_outputs(spark, zk_server, tmp_path, refere
 @pytest.mark.timeout(1500)
 def test_demo_resumes_after_sigkill_with_exactly_the_same_rows(spark, zk_server, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "killed"
-    cmd = demo_cmd(store, zk_server.hosts, "/killed", "--wait", "120")
+    # the killed run's leases stay held for its ZooKeeper session: 6 s instead of the default 20 s
+    cmd = demo_cmd(store, zk_server.hosts, "/killed", "--wait", "120", "--zk-session-timeout", "6")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # kill it in the middle of the first stage's batches
@@ -144,13 +149,12 @@ def test_two_concurrent_instances_share_the_demo_and_count_every_record_once(spa
 
 @pytest.mark.timeout(600)
 def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
-        spark, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import pyarrow as pa
     import pyarrow.parquet as pq
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.executor.sources.parquet import ParquetInjector
-    from deltawheel.statestore.layout import StoreLayout
     from executor_util import Copier, CopyCounter, state_of
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
@@ -180,19 +184,18 @@ def test_a_later_round_reads_new_input_and_starts_no_query_when_nothing_changed(
 
     inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
                           value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000, max_files_per_trigger=1)
-    summary = PipelineRunner(spark, StoreLayout(str(tmp_path / "store")),
-                             Pipeline("rounds", (inj,), (Copier(), CopyCounter())), zk=zk_config,
-                             end_of_input=False, progress=progress).run()
+    summary = PipelineRunner(spark, migrated_store, Pipeline("rounds", (inj,), (Copier(), CopyCounter())),
+                             zk=zk_config, end_of_input=False, progress=progress).run()
     # round 0 read part-0, round 1 part-1 (its folder changed) and the copies; round 2 started nothing
     assert sum(r.records_in for r in summary.reports["copier"]) == 100
     assert sum(r.records_in for r in summary.reports["copy_counter"]) == 100
-    assert state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter") == {f"k{i}": (20, []) for i in range(5)}
+    assert state_of(spark, migrated_store, "copy_counter") == {f"k{i}": (20, []) for i in range(5)}
     assert started == ["dw_rounds_copier", "dw_rounds_copy_counter"] * 2
 
 
 @pytest.mark.timeout(600)
 def test_a_second_copy_waits_for_the_first_computations_leases_before_taking_later_ones(
-        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Two copies of a pipeline started at once must not deadlock: a runner takes its
     computations' leases in the pipeline's order, each before the next. Another owner holds the
     first stage's intervals; a runner started then waits for them and takes none of the second
@@ -205,7 +208,6 @@ def test_a_second_copy_waits_for_the_first_computations_leases_before_taking_lat
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.executor.sources.parquet import ParquetInjector
-    from deltawheel.statestore.layout import StoreLayout
     from deltawheel.statestore.zk.client import connect
     from deltawheel.statestore.zk.leases import LeaseManager
     from executor_util import Copier, CopyCounter, state_of
@@ -215,7 +217,7 @@ def test_a_second_copy_waits_for_the_first_computations_leases_before_taking_lat
     pq.write_table(pa.table({"record_id": [f"r{i}" for i in range(40)], "key": [f"k{i % 4}" for i in range(40)],
                              "event_time": pa.array([1_000 * i for i in range(40)], pa.timestamp("ms", "UTC"))}),
                    folder / "part-0.parquet")
-    layout = StoreLayout(str(tmp_path / "store"))
+    layout = migrated_store
     client = connect(zk_config)
     other = LeaseManager(client, pipeline="ordered", owner="the-first-copy")
     other.acquire("copier", range(Copier.num_intervals))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import copy_migrated_store
 from deltawheel.executor.computation import RECORD_KEY, Computation, ErrorPolicy
 from deltawheel.executor.sources.jsonl import JsonLinesInjector
 from deltawheel.statestore.layout import StoreLayout
@@ -69,11 +70,9 @@ class CounterMerge(Counter):
 
 
 @pytest.fixture(scope="module")
-def store(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> StoreLayout:
-    from deltawheel import migrations
-
+def store(spark: Any, tmp_path_factory: pytest.TempPathFactory, migrated_template: Path) -> StoreLayout:
     layout = StoreLayout(str(tmp_path_factory.mktemp("raw") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    copy_migrated_store(migrated_template, Path(layout.root))
     return layout
 
 

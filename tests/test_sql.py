@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import free_port
+from conftest import copy_migrated_store, free_port
 from deltawheel.executor.cli import main
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.inspection.sqlviews import inspect_key, register_views, run_sql
@@ -51,11 +51,9 @@ ENV = {**os.environ, "DELTAWHEEL_JARS_DIR": os.environ["DELTAWHEEL_JARS_DIR"]}
 
 
 @pytest.fixture(scope="module")
-def store(spark, tmp_path_factory) -> StoreLayout:  # type: ignore[no-untyped-def]
-    from deltawheel import migrations
-
+def store(spark, tmp_path_factory, migrated_template) -> StoreLayout:  # type: ignore[no-untyped-def]
     layout = StoreLayout(str(tmp_path_factory.mktemp("sql") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    copy_migrated_store(migrated_template, Path(layout.root))
     (spark.createDataFrame([r.to_row() for r in ROWS], schema=rows_schema_ddl())
      .write.format("delta").mode("append").save(layout.rows))
     path = ensure_stream_table(spark, layout, "out")
@@ -196,6 +194,10 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     assert "is up to date (schema version 6)" in capsys.readouterr().out
 
 
+# a Spark application of its own (about 30 s); in the default run the same query's csv is checked in
+# process (test_csv_parses_back_to_decoded_state) and `deltawheel sql --format csv` as a child process
+# in test_cli_sql.py (test_subprocess_csv_5000_of_5000) and test_quickstart.py
+@pytest.mark.slow
 def test_cli_subprocess_csv(store, tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.run(
         [sys.executable, "-m", "deltawheel.executor.cli", "sql", "--store", store.root, "--format", "csv",

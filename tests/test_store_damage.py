@@ -58,14 +58,15 @@ def _rest(spark, layout, zk_config, writer):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def clean(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+def clean(spark, zk_server, tmp_path_factory, migrated_template):  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from conftest import copy_migrated_store
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.layout import StoreLayout
 
-    from deltawheel import migrations
-
     layout = StoreLayout(str(tmp_path_factory.mktemp("clean") / "store"))
-    migrations.apply(spark, layout, dry_run=False)
+    copy_migrated_store(migrated_template, Path(layout.root))
     zk = ZkConfig(hosts=zk_server.hosts, chroot="/damage-clean", session_timeout_s=6.0)
     _first_batch(spark, layout, zk)
     return _rest(spark, layout, zk, "w2")

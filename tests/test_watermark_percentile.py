@@ -34,18 +34,18 @@ def test_a_percentile_outside_0_1_is_refused(tmp_path) -> None:  # type: ignore[
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(900)
-def test_the_exact_estimate_waits_for_a_straggler_a_percentile_does_not(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_exact_estimate_waits_for_a_straggler_a_percentile_does_not(spark, migrated_template, zk_config,
+                                                                        tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Four files read one per batch; the last holds a record 29 s behind its file, 1 s into the
     first window. Exact (percentile 0): the watermark never passes the pending straggler, so it is
     counted in its window. Percentile 0.05 and max-seen-minus-5 s: the first window closes before
     the straggler is read; it is late (routed), one record of 41."""
+    from conftest import copy_migrated_store
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
     from deltawheel.executor.sources.parquet import ParquetInjector
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import RoutedLate, stream_rows
-
-    from deltawheel import migrations
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -59,7 +59,7 @@ def test_the_exact_estimate_waits_for_a_straggler_a_percentile_does_not(spark, z
 
     def run(name: str, percentile: float | None) -> tuple[int, dict[int, int], list[int | None]]:
         layout = StoreLayout(str(tmp_path / f"store-{name}"))
-        migrations.apply(spark, layout, dry_run=False)
+        copy_migrated_store(migrated_template, tmp_path / f"store-{name}")
         inj = ParquetInjector("events", str(folder), key_column="key", event_time_column="event_time",
                               value_columns=[], record_id_column="record_id", watermark_delay_ms=5 * S,
                               max_files_per_trigger=1, watermark_percentile=percentile)

@@ -13,6 +13,10 @@ ids, the image, the Bloom filter, the production files) is the per-record path's
 takes the path only where it is exact (:func:`takes_columnar`); a key with a late record, or
 whose row is not in the shape the path reads (another codec, a processing-time timer, a hold,
 state that is not packed pairs), runs through the key loop as on the per-record path.
+
+(Over 500 lines: the path mirrors each step of the key loop it replaces — timer firing numbers,
+production ids, the rows' columns — and keeping them side by side in one module is what lets a
+reader check them against ``keys.py`` and ``keyrun.py``.)
 """
 
 from __future__ import annotations

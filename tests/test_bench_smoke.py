@@ -74,7 +74,7 @@ def test_store_uri_takes_only_engines_that_keep_their_state_there(tmp_path: Path
     from deltawheel.benchmarks.throughput import run_throughput
 
     with pytest.raises(WorkloadError, match=r"engine\(s\) \['spark_tws'\] cannot keep their state on --store-uri; "
-                                            r"choose among \['deltawheel', 'deltawheel_deltas', 'deltawheel_jvm_read', 'deltawheel_merge', 'deltawheel_vector', 'deltawheel_whole', "
+                                            r"choose among \['deltawheel', 'deltawheel_columnar', 'deltawheel_deltas', 'deltawheel_jvm_read', 'deltawheel_merge', 'deltawheel_vector', 'deltawheel_whole', "
                                             r"'spark_sql'\]"):
         run_throughput("small", out_dir=tmp_path, engines=["spark_sql", "spark_tws"], store_uri="s3a://b/bench",
                        progress=None)

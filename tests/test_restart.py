@@ -27,8 +27,11 @@ J = get_codec("json")
 JOB = Path(__file__).with_name("restart_job.py")
 
 
-def start_job(store: Path, folder: Path, hosts: str, chroot: str, instance: str | None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(JOB), str(store), str(folder), hosts, chroot, instance or "-"],
+def start_job(store: Path, folder: Path, hosts: str, chroot: str, instance: str | None, *,
+              columnar: bool = False) -> subprocess.Popen[str]:
+    """``columnar``: the job runs ``restart_job.WinCount`` (the columnar path), else ``Seen``."""
+    return subprocess.Popen([sys.executable, str(JOB), str(store), str(folder), hosts, chroot, instance or "-"]
+                            + (["--columnar"] if columnar else []),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

@@ -1,9 +1,11 @@
 """A job for the restart tests: one computation over a Parquet folder, as its own process and
 Spark application, run until it is killed.
 
-    python restart_job.py STORE INPUT ZK_HOSTS CHROOT INSTANCE
+    python restart_job.py STORE INPUT ZK_HOSTS CHROOT INSTANCE [--columnar]
 
-INSTANCE ``-`` runs without an instance name. It prints ``CONNECTED`` once ``deltawheel.connect``
+INSTANCE ``-`` runs without an instance name. ``--columnar`` runs :class:`WinCount` (a count per
+key and 10-s window on the columnar path; it leaves a file per ``process_columns`` call in
+``STORE``'s sibling ``columnar-calls``) instead of :class:`Seen`. It prints ``CONNECTED`` once ``deltawheel.connect``
 returned, ``GRANTED`` with the time its leases were granted, and the executor's lines (a line per
 committed batch: ``seen batch N: ...``), each after the seconds since the process started. The
 test SIGKILLs it while it holds its leases (its ZooKeeper session, of ``deltawheel.connect``'s
@@ -16,8 +18,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from deltawheel.executor.computation import RECORD_KEY, Computation
+from deltawheel.executor.computation import RECORD_KEY, ColumnBatch, ColumnResult, Computation
 from pyspark import cloudpickle
 
 STARTED = time.monotonic()
@@ -44,6 +47,70 @@ class Seen(Computation):
         ctx.produce("seen", {"n": n}, timestamp_ms=record.timestamp_ms)
 
 
+WIN = 10_000
+
+
+class WinCount(Computation):
+    """A count per key and 10-s window in ``int64map`` state ({window_start: count}), produced to
+    ``counts`` as ``[key, start, count]`` when the watermark passes the window's end; declares the
+    columnar path, with ``process_record``/``process_timer`` as its definition."""
+
+    name = "wincount"
+    inputs = {"events": RECORD_KEY}
+    outputs = ("counts",)
+    num_intervals = 4
+    codec = "int64map"
+    witness: str | None = None  # a folder: a file per process_columns call (the path ran)
+
+    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+        start = record.timestamp_ms - record.timestamp_ms % WIN
+        st = ctx.state or {}
+        if start not in st:
+            ctx.set_timer(str(start), start + WIN - 1)
+        st[start] = st.get(start, 0) + 1
+        ctx.state = st
+
+    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
+        st = dict(ctx.state)
+        start = int(timer.tag)
+        ctx.produce("counts", [ctx.key, start, st.pop(start)], timestamp_ms=start)
+        ctx.state = st or None
+
+    def process_columns(self, batch: ColumnBatch) -> ColumnResult:
+        import uuid
+
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from deltawheel.statestore.codecs import get_codec
+
+        if self.witness is not None:
+            os.makedirs(self.witness, exist_ok=True)
+            Path(self.witness, uuid.uuid4().hex).touch()
+        ts = batch.records.column("timestamp_ms").to_numpy()
+        new = (pa.table({"key": batch.records.column("key"), "map_key": ts - ts % WIN})
+               .group_by(["key", "map_key"], use_threads=False).aggregate([([], "count_all")]))
+        new = pa.table({"key": new.column("key"), "map_key": new.column("map_key"),
+                        "map_value": new.column("count_all").cast(pa.int64())})
+        st = (pa.concat_tables([batch.state, new])
+              .group_by(["key", "map_key"], use_threads=False).aggregate([("map_value", "sum")])
+              .rename_columns(["key", "map_key", "map_value"]))
+        ends = pc.add(st.column("map_key"), WIN - 1)
+        timers = pa.table({"key": st.column("key"), "tag": pc.cast(st.column("map_key"), pa.string()),
+                           "time_ms": ends})
+        wm = batch.watermark_ms
+        due = pc.less(ends, wm) if wm is not None else pa.repeat(pa.scalar(False), st.num_rows)
+        fired = timers.filter(due).sort_by([("key", "ascending"), ("time_ms", "ascending")])
+        done = st.filter(due).sort_by([("key", "ascending"), ("map_key", "ascending")])
+        enc = get_codec("int64map").encode
+        cols = (done.column(c).to_pylist() for c in ("key", "map_key", "map_value"))
+        values = [enc([k, s, n]) for k, s, n in zip(*cols, strict=True)]
+        prods = pa.table({"fired": pa.array(range(fired.num_rows), pa.int64()),
+                          "stream": pa.repeat(pa.scalar("counts"), fired.num_rows),
+                          "value": pa.array(values, pa.binary()), "timestamp_ms": done.column("map_key")})
+        keep = pc.invert(due)
+        return ColumnResult(state=st.filter(keep), timers=timers.filter(keep), fired=fired, productions=prods)
+
+
 def write_files(folder: Path, count: int) -> int:
     """``count`` input files of PER_FILE records each (every key in every file); returns the records."""
     import pyarrow as pa
@@ -61,11 +128,22 @@ def write_files(folder: Path, count: int) -> int:
     return count * PER_FILE
 
 
-def injector(folder: str):  # type: ignore[no-untyped-def]
+def injector(folder: str, *, columnar: bool = False):  # type: ignore[no-untyped-def]
+    """``columnar``: records without a value (the columnar path takes only those)."""
     from deltawheel.executor.sources.parquet import ParquetInjector
 
     return ParquetInjector("events", folder, key_column="key", event_time_column="t", watermark_delay_ms=1_000,
-                           max_files_per_trigger=1, max_event_ahead_ms=None)
+                           max_files_per_trigger=1, max_event_ahead_ms=None,
+                           value_columns=[] if columnar else None)
+
+
+def computation(store: str, *, columnar: bool) -> Any:
+    """The job's computation: :class:`Seen`, or :class:`WinCount` leaving its witness beside ``store``."""
+    if not columnar:
+        return Seen()
+    comp = WinCount()
+    comp.witness = str(Path(store).parent / "columnar-calls")
+    return comp
 
 
 def say(line: str) -> None:
@@ -79,6 +157,8 @@ def main(argv: list[str]) -> int:
     import deltawheel
 
     store, folder, hosts, chroot, instance = argv[:5]
+    columnar = "--columnar" in argv[5:]
+    comp = computation(store, columnar=columnar)
     spark = build_spark(SparkSettings(master="local[1]", app_name=f"restart-{instance}", driver_memory="1g"))
     engine = deltawheel.connect(spark, store=store, zk=hosts, zk_chroot=chroot, pipeline=PIPELINE,
                                 instance=None if instance == "-" else instance, wait_s=120)
@@ -86,12 +166,12 @@ def main(argv: list[str]) -> int:
 
     def progress(line: str) -> None:
         say(line)
-        if line.startswith("seen: started"):  # when ZooKeeper granted the leases, by the grants' stamps
-            granted = max(g.granted_ms for g in engine.leases.held("seen").values()) / 1000 - STARTED_WALL
+        if line.startswith(f"{comp.name}: started"):  # when ZooKeeper granted the leases, by the grants' stamps
+            granted = max(g.granted_ms for g in engine.leases.held(comp.name).values()) / 1000 - STARTED_WALL
             print(f"{granted:.2f} GRANTED", flush=True)
 
     engine.progress = progress
-    query = engine.start(injector(folder), Seen())
+    query = engine.start(injector(folder, columnar=columnar), comp)
     query.awaitTermination()
     return 0
 

@@ -27,8 +27,11 @@ J = get_codec("json")
 JOB = Path(__file__).with_name("restart_job.py")
 
 
-def start_job(store: Path, folder: Path, hosts: str, chroot: str, instance: str | None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(JOB), str(store), str(folder), hosts, chroot, instance or "-"],
+def start_job(store: Path, folder: Path, hosts: str, chroot: str, instance: str | None, *,
+              columnar: bool = False) -> subprocess.Popen[str]:
+    """``columnar``: the job runs ``restart_job.WinCount`` (the columnar path), else ``Seen``."""
+    return subprocess.Popen([sys.executable, str(JOB), str(store), str(folder), hosts, chroot, instance or "-"]
+                            + (["--columnar"] if columnar else []),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -107,13 +110,17 @@ def test_a_killed_instance_restarted_under_its_name_takes_over_at_once_and_count
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("columnar", [False, True], ids=["per-record", "columnar"])
 def test_an_older_process_with_the_same_instance_name_commits_nothing_after_the_takeover(  # type: ignore[no-untyped-def]
-        spark, zk_server, tmp_path, chroot) -> None:
+        spark, zk_server, tmp_path, chroot, columnar) -> None:
     """Two live processes started with one instance name by mistake: the newer takes the
     intervals, the older's next batch fails with LeaseLostError (its lease check, before any
-    I/O) and, past that check, its commit is fenced (StaleSequencerError): nothing of it lands."""
+    I/O) and, past that check, its commit is fenced (StaleSequencerError): nothing of it lands.
+    ``columnar``: ``WinCount`` on the columnar path (records without values), its counts in the rows."""
     from deltawheel.statestore.exceptions import LeaseLostError, StaleSequencerError
     from executor_util import stream_rows
+    from pyspark.sql import functions as F
+    from restart_job import WinCount
 
     import deltawheel
 
@@ -122,7 +129,7 @@ def test_an_older_process_with_the_same_instance_name_commits_nothing_after_the_
     def frame(keys: list[str], base: int) -> Any:
         from deltawheel.statestore.writepath.streams import stream_schema_ddl
 
-        rows = [{"record_id": f"r{base + i}", "key": k, "value": J.encode({}), "codec": "json",
+        rows = [{"record_id": f"r{base + i}", "key": k, "value": None if columnar else J.encode({}), "codec": "json",
                  "timestamp_ms": base + i, "event_time": None, "producer": "test", "commit_id": f"pos-{base + i}",
                  "format_version": 1} for i, k in enumerate(keys)]
         return spark.createDataFrame(rows, schema=stream_schema_ddl().replace(" NOT NULL", ""))
@@ -133,16 +140,31 @@ def test_an_older_process_with_the_same_instance_name_commits_nothing_after_the_
         engine.progress = False
         return engine
 
+    def comp() -> Any:
+        if not columnar:
+            return Seen()
+        c = WinCount()
+        c.witness = str(tmp_path / "calls")
+        return c
+
+    def landed(engine: Any) -> Any:
+        """Seen's stream rows, or WinCount's counts per key in the rows (it produces nothing here)."""
+        if not columnar:
+            return stream_rows(spark, engine.layout, "seen")
+        rows = spark.read.format("delta").load(engine.layout.rows).where(
+            (F.col("computation") == WinCount.name) & ~F.col("key").startswith("\x00")).collect()
+        return sorted((r["key"], sorted(get_codec("int64map").decode(r["state"]).items())) for r in rows)
+
     older = connect("older")
     newer = None
     try:
-        old = older.executor(Seen())
+        old = older.executor(comp())
         old.run_batch(frame(KEYS, 1_000), 0)
         old.settle()
         newer = connect("newer")
-        new = newer.executor(Seen())  # takes the intervals at once: the older is alive, same name
+        new = newer.executor(comp())  # takes the intervals at once: the older is alive, same name
         assert min(new.owner.sequencers.values()) > max(old.owner.sequencers.values())
-        before = stream_rows(spark, older.layout, "seen")
+        before = landed(older)
         deadline = time.monotonic() + 30  # the older's owner-znode watch drops its leases
         while older.leases.held("seen") and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -153,11 +175,15 @@ def test_an_older_process_with_the_same_instance_name_commits_nothing_after_the_
         old.owner.check = lambda: None  # type: ignore[method-assign]
         with pytest.raises(StaleSequencerError):
             old.run_batch(frame(KEYS, 2_000), 1)
-        assert stream_rows(spark, older.layout, "seen") == before
+        assert landed(older) == before
         new.run_batch(frame(KEYS, 2_000), 1)
         new.settle()
-        counts = [J.decode(r[2].encode())["n"] for r in stream_rows(spark, older.layout, "seen")]
-        assert sorted(counts) == [1] * len(KEYS) + [2] * len(KEYS)
+        if columnar:  # one record per key from each process's landed batch, in window 0
+            assert landed(older) == [(k, [(0, 2)]) for k in KEYS]
+            assert os.listdir(tmp_path / "calls")
+        else:
+            counts = [J.decode(r[2].encode())["n"] for r in stream_rows(spark, older.layout, "seen")]
+            assert sorted(counts) == [1] * len(KEYS) + [2] * len(KEYS)
     finally:
         if newer is not None:
             newer.close()

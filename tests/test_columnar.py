@@ -34,6 +34,7 @@ from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
+from image_fences import fence_images
 
 from deltawheel import Computation
 
@@ -152,12 +153,7 @@ def _run_image(comps: list[Computation], root: str, batches: list[list[dict[str,
     ``scale``: event times are so many times longer than the 100 ms windows' (the watermarks too)."""
     os.environ["DELTAWHEEL_IDS_APART"] = "0"  # the record ids in the rows: compared with the state
     rows_schema = _arrow(rows_file_ddl())
-    images: dict[int, tuple[str, ...]] = {}
-    for iv in range(N_IV):
-        fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
-                                       "pending": [], "format_version": 1}], schema=rows_schema)
-        pq.write_table(fence, os.path.join(root, f"init-{iv}.parquet"))
-        images[iv] = (f"init-{iv}.parquet",)
+    images = fence_images(root, N_IV, SEQ)
     os.makedirs(os.path.join(root, "out"))
     acted = None
     got = []

@@ -31,6 +31,7 @@ from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
+from image_fences import fence_images
 
 from deltawheel import Computation
 
@@ -143,12 +144,7 @@ def _run_image(comp: Computation, root: str, batches: list[list[dict[str, Any]]]
                values: bool) -> list[tuple[Any, ...]]:
     """Every batch through the image task; per batch (rows, productions, counts)."""
     rows_schema = _arrow(rows_file_ddl())
-    images: dict[int, tuple[str, ...]] = {}
-    for iv in range(N_IV):
-        fence = pa.Table.from_pylist([{"key": FENCE_KEY, "sequencer": SEQ, "record_ids": [], "timers": [],
-                                       "pending": [], "format_version": 1}], schema=rows_schema)
-        pq.write_table(fence, os.path.join(root, f"init-{os.path.basename(root)}-{iv}.parquet"))
-        images[iv] = (f"init-{os.path.basename(root)}-{iv}.parquet",)
+    images = fence_images(root, N_IV, SEQ, prefix=f"init-{os.path.basename(root)}")
     os.makedirs(os.path.join(root, "out"))
     acted = None
     got = []

@@ -126,6 +126,7 @@ def migrated_store(store_layout, migrated_template):  # type: ignore[no-untyped-
 
 
 S3_TEST_BUCKET = "deltawheel-tests"
+S3_TEST_LOGSTORE_CHROOT = "/deltawheel-tests-logstore"  # the chroot arbitrating the test bucket's commits
 
 
 @pytest.fixture(scope="session")
@@ -153,7 +154,7 @@ def s3_bucket(spark, object_store, zk_server) -> str:  # type: ignore[no-untyped
 
     object_store.create_bucket(S3_TEST_BUCKET)
     configure_bucket(spark, object_store.endpoint, S3_TEST_BUCKET)
-    configure_log_store(spark, zk_server.hosts, chroot="/deltawheel-tests-logstore")
+    configure_log_store(spark, zk_server.hosts, chroot=S3_TEST_LOGSTORE_CHROOT)
     return S3_TEST_BUCKET
 
 

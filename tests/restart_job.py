@@ -5,7 +5,8 @@ Spark application, run until it is killed.
 
 INSTANCE ``-`` runs without an instance name. ``--columnar`` runs :class:`WinCount` (a count per
 key and 10-s window on the columnar path; it leaves a file per ``process_columns`` call in
-``STORE``'s sibling ``columnar-calls``) instead of :class:`Seen`. It prints ``CONNECTED`` once ``deltawheel.connect``
+``STORE``'s sibling ``columnar-calls``, or ``$RESTART_WITNESS`` for a store on an object store)
+instead of :class:`Seen`. It prints ``CONNECTED`` once ``deltawheel.connect``
 returned, ``GRANTED`` with the time its leases were granted, and the executor's lines (a line per
 committed batch: ``seen batch N: ...``), each after the seconds since the process started. The
 test SIGKILLs it while it holds its leases (its ZooKeeper session, of ``deltawheel.connect``'s
@@ -138,11 +139,12 @@ def injector(folder: str, *, columnar: bool = False):  # type: ignore[no-untyped
 
 
 def computation(store: str, *, columnar: bool) -> Any:
-    """The job's computation: :class:`Seen`, or :class:`WinCount` leaving its witness beside ``store``."""
+    """The job's computation: :class:`Seen`, or :class:`WinCount` leaving its witness beside ``store``
+    (a store on an object store: in the local folder ``$RESTART_WITNESS``)."""
     if not columnar:
         return Seen()
     comp = WinCount()
-    comp.witness = str(Path(store).parent / "columnar-calls")
+    comp.witness = os.environ.get("RESTART_WITNESS") or str(Path(store).parent / "columnar-calls")
     return comp
 
 

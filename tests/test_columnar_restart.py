@@ -54,30 +54,48 @@ def fired_and_open(spark: Any, layout: Any) -> tuple[list[tuple[str, int, int]],
 
 
 @pytest.mark.timeout(900)
+# on the object store in the slow run: the same kill and restart with the rows, the streams and the
+# query's checkpoint on S3Proxy (commits arbitrated by the job's ZooKeeper chroot)
+@pytest.mark.parametrize("where", ["local", pytest.param("s3a", marks=[pytest.mark.objectstore, pytest.mark.slow])])
 def test_a_columnar_job_killed_and_restarted_counts_every_window_once(  # type: ignore[no-untyped-def]
-        spark, zk_server, tmp_path) -> None:
+        spark, zk_server, tmp_path, where: str, request: pytest.FixtureRequest) -> None:
     import uuid
 
     import deltawheel
 
     chroot = f"/colrestart-{uuid.uuid4().hex[:10]}"
-    store, folder = tmp_path / "store", tmp_path / "input"
+    folder = tmp_path / "input"
+    store: Path | str = tmp_path / "store"
+    env = None
+    if where == "s3a":
+        from conftest import object_store_env
+
+        store = request.getfixturevalue("s3_store_layout").root  # a fresh store below the test bucket
+        env = {**object_store_env(request.getfixturevalue("object_store")),
+               "RESTART_WITNESS": str(tmp_path / "columnar-calls")}
     records = write_files(folder, 8)
-    proc = start_job(store, folder, zk_server.hosts, chroot, "a", columnar=True)
+    proc = start_job(store, folder, zk_server.hosts, chroot, "a", columnar=True, env=env)
     seen: list[str] = []
     try:
         lines_until(proc, "wincount batch 3:", seen)  # window 0 fired in batch 3 (its end behind the watermark)
     finally:
         kill(proc)
-    with deltawheel.connect(spark, store=str(store), zk=zk_server.hosts, zk_chroot=chroot, pipeline=PIPELINE,
-                            instance="a", owner="restarted", wait_s=0) as engine:
-        engine.progress = False
-        _, _, at_kill, timers_at_kill = fired_and_open(spark, engine.layout)  # what the killed job committed
-        comp = WinCount()
-        comp.witness = str(tmp_path / "restart-calls")
-        reports = engine.run(injector(str(folder), columnar=True), comp)
-        assert 0 < sum(r.processed for r in reports) < records  # the killed one's commits were kept
-        fired, ids, state, timers = fired_and_open(spark, engine.layout)
+    try:  # (connect arbitrates the object store's commits by the job's chroot: the killed job's too)
+        with deltawheel.connect(spark, store=str(store), zk=zk_server.hosts, zk_chroot=chroot, pipeline=PIPELINE,
+                                instance="a", owner="restarted", wait_s=0) as engine:
+            engine.progress = False
+            _, _, at_kill, timers_at_kill = fired_and_open(spark, engine.layout)  # what the killed job committed
+            comp = WinCount()
+            comp.witness = str(tmp_path / "restart-calls")
+            reports = engine.run(injector(str(folder), columnar=True), comp)
+            assert 0 < sum(r.processed for r in reports) < records  # the killed one's commits were kept
+            fired, ids, state, timers = fired_and_open(spark, engine.layout)
+    finally:
+        if where == "s3a":  # the session's other object-store tests: the bucket's own chroot again
+            from conftest import S3_TEST_LOGSTORE_CHROOT
+            from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+            configure_log_store(spark, zk_server.hosts, chroot=S3_TEST_LOGSTORE_CHROOT)
     # the killed job's batches fired windows before the kill, the restarted one's after
     killed_produced = sum(int(m) for m in re.findall(r"wincount batch \d+: .*?, (\d+) produced", "".join(seen)))
     assert killed_produced > 0, "".join(seen)

@@ -27,11 +27,12 @@ J = get_codec("json")
 JOB = Path(__file__).with_name("restart_job.py")
 
 
-def start_job(store: Path, folder: Path, hosts: str, chroot: str, instance: str | None, *,
-              columnar: bool = False) -> subprocess.Popen[str]:
-    """``columnar``: the job runs ``restart_job.WinCount`` (the columnar path), else ``Seen``."""
+def start_job(store: Path | str, folder: Path, hosts: str, chroot: str, instance: str | None, *,
+              columnar: bool = False, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``columnar``: the job runs ``restart_job.WinCount`` (the columnar path), else ``Seen``;
+    ``env``: the job's environment (e.g. an object store's endpoint), else this process's."""
     return subprocess.Popen([sys.executable, str(JOB), str(store), str(folder), hosts, chroot, instance or "-"]
-                            + (["--columnar"] if columnar else []),
+                            + (["--columnar"] if columnar else []), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

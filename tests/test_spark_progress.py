@@ -53,7 +53,6 @@ def test_a_direct_read_batch_shows_its_rows_in_a_few_py4j_calls_once_the_query_i
     import threading
 
     import py4j.java_gateway as gateway
-
     from deltawheel.executor.protocol import batch
 
     counting = threading.local()

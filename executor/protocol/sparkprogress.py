@@ -29,7 +29,7 @@ __all__ = ["QUERY_ID_PROPERTY", "show_input_rows"]
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 _LOG = logging.getLogger(__name__)
-_QUERIES_KEPT = 16  # the queries whose stream execution and scan leaf are remembered
+_QUERIES_KEPT = 8  # the queries whose stream execution and scan leaf are remembered (each holds its last plan)
 # query id (unique in the JVM) -> (the query's StreamExecution, its scan's leaf index)
 _queries: dict[str, tuple[Any, int]] = {}
 _lock = threading.Lock()

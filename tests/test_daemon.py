@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -89,3 +90,62 @@ def test_rdd_and_sql_python_tasks_share_one_worker_pool(spark: Any) -> None:
     assert len(sql) == 1 and sql.isdisjoint(apart)  # without the match: another daemon
     one_worker_pool(spark, again=True)
     assert set(sc.parallelize(range(2), 2).map(_daemon_pid).collect()) == sql
+
+
+def _worker_memory_facts(_i: int) -> tuple[str, bool, str]:
+    import pyarrow as pa
+
+    trims = getattr(sys.modules["pyspark.daemon"], "worker", None)
+    return (pa.default_memory_pool().backend_name, "pandas" in sys.modules, getattr(trims, "__qualname__", ""))
+
+
+def test_workers_allocate_arrow_from_the_c_heap_share_pandas_and_trim_after_each_task(spark: Any) -> None:
+    # a plain RDD task imports neither pandas nor pyarrow's pools itself: what it sees is the daemon's
+    got = spark.sparkContext.parallelize(range(2), 2).map(_worker_memory_facts).collect()
+    assert got == [("system", True, "trim_after.<locals>.run")] * 2
+
+
+def test_the_arrow_pool_is_the_c_heap_unless_the_user_chose_one(monkeypatch: Any) -> None:
+    from deltawheel.executor.tasks.daemon import POOL_ENV, choose_pool
+
+    monkeypatch.delenv(POOL_ENV, raising=False)
+    assert choose_pool() == "system" and os.environ[POOL_ENV] == "system"
+    monkeypatch.setenv(POOL_ENV, "mimalloc")
+    assert choose_pool() == "mimalloc"
+
+
+def _rss_anon_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+
+
+def test_trim_heap_returns_the_c_heaps_free_pages(monkeypatch: Any) -> None:
+    import ctypes
+
+    from deltawheel.executor.tasks.daemon import TRIM_ENV, trim_after, trim_heap
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def freed_block() -> list[int]:
+        # 128 MiB in 64 KiB chunks (under malloc's mmap threshold: on the heap), touched; every
+        # other one freed: 64 MiB of free holes between live chunks, which free() cannot give back
+        chunks = [libc.malloc(64 * 1024) for _ in range(2048)]
+        for c in chunks:
+            ctypes.memset(c, 1, 64 * 1024)
+        for c in chunks[::2]:
+            libc.free(c)
+        return chunks[1::2]
+
+    pinned = freed_block()
+    held = _rss_anon_kib()
+    monkeypatch.setenv(TRIM_ENV, "0")
+    assert trim_heap() is False and _rss_anon_kib() > held - 16 * 1024  # off: the pages stay
+    monkeypatch.delenv(TRIM_ENV)
+    calls: list[int] = []
+    assert trim_after(lambda *a: calls.append(len(a)) or 0)(1, 2) == 0 and calls == [2]
+    assert _rss_anon_kib() < held - 32 * 1024  # at least half of the freed 64 MiB went back
+    for c in pinned:
+        libc.free(c)

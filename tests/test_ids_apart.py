@@ -58,6 +58,23 @@ def test_a_redelivered_record_whose_id_is_only_in_an_older_ids_file_is_dropped_w
     assert state["k0"] == b"5"  # r0, r3, r6, r9 and r12 once each
 
 
+def test_a_worker_forgets_the_ids_files_a_compaction_took_in_and_still_drops_their_redeliveries(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from deltawheel.executor.tasks.image import idsfiles
+
+    store = Interval(str(tmp_path))
+    t0 = 1_700_000_000_000
+    _cold()
+    for b in range(12):
+        store.batch([(f"r{b}", f"k{b % 3}")], now_ms=t0 + b * 1_000, b=b)
+    live = set(store.ids_files())
+    folders = {p.rsplit("/", 1)[0] for p in live}
+    cached = {p for p in idsfiles._FILES if p.rsplit("/", 1)[0] in folders}
+    assert any(ids_level(p) >= 1 for p in live)
+    assert cached == live  # every live file, and none of the level-0 files merged into a level-1 one
+    again = store.batch([(f"r{b}", f"k{b % 3}") for b in range(12)] + [("r12", "k0")], now_ms=t0 + 12_000, b=12)
+    assert (again["processed"], again["duplicates"]) == (1, 12)
+
+
 def test_ids_files_past_the_dedup_horizon_are_dropped_whole(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000

@@ -50,18 +50,39 @@ def test_an_interval_used_every_batch_is_kept_over_one_used_once() -> None:
     assert cache.hits == 2 and cache.lookups == 8
 
 
+def _held(cache: ImageCache, iv: int, n: int) -> list[int]:
+    return [b for b in range(n) if (f"iv{iv}-b{b}",) in cache]
+
+
 def test_an_intervals_images_before_its_previous_one_are_dropped_though_there_is_room() -> None:
     """A worker keeps an interval's current image and the one before it (a retried batch reads
     that), not every image the interval had: the bound is far from reached."""
     cache = ImageCache(2**30)
     cache.put(("iv1-b0",), "other", nbytes=100, slot=("c", 1), group="c")
-    for b in range(4):
-        key = (f"iv0-b{b}",)
-        assert cache.get(key, slot=("c", 0)) is None
-        cache.put(key, f"b{b}", nbytes=100, slot=("c", 0), group="c")
-    assert [b for b in range(4) if (f"iv0-b{b}",) in cache] == [2, 3]
+    for b in range(4):  # images put without a lookup in between
+        cache.put((f"iv0-b{b}",), f"b{b}", nbytes=100, slot=("c", 0), group="c")
+    assert _held(cache, 0, 4) == [2, 3]
     assert ("iv1-b0",) in cache and cache.bytes == 300 and cache.evictions == 0
-    assert cache.get(("iv0-b3",), slot=("c", 0)) == "b3" and cache.get(("iv0-b2",), slot=("c", 0)) == "b2"
+
+
+def test_the_previous_image_goes_when_the_next_batch_looks_up_the_current_and_a_retry_reads_it() -> None:
+    """Batch b reads the image batch b-1 wrote and writes its own; the image before (kept for a
+    retry of batch b-1) goes at that lookup: batch b-1 has committed. A retry of batch b reads
+    batch b-1's image again, and batch b's own (never committed) goes."""
+    cache = ImageCache(2**30)
+    cache.put(("iv1-b0",), "other", nbytes=100, slot=("c", 1), group="c")
+    cache.put(("iv0-b0",), "b0", nbytes=100, slot=("c", 0), group="c")
+    for b in range(1, 4):
+        assert cache.get((f"iv0-b{b - 1}",), slot=("c", 0)) == f"b{b - 1}"
+        assert _held(cache, 0, 4) == [b - 1]
+        cache.put((f"iv0-b{b}",), f"b{b}", nbytes=100, slot=("c", 0), group="c")
+        assert _held(cache, 0, 4) == [b - 1, b]
+    assert cache.get(("iv0-b2",), slot=("c", 0)) == "b2"  # batch 3 did not commit: its retry
+    assert _held(cache, 0, 4) == [2] and cache.get(("iv0-b2",), slot=("c", 0)) == "b2"
+    cache.put(("iv0-b3",), "b3 again", nbytes=100, slot=("c", 0), group="c")
+    assert cache.get(("iv0-b3",), slot=("c", 0)) == "b3 again" and _held(cache, 0, 4) == [3]
+    assert ("iv1-b0",) in cache and cache.bytes == 200 and cache.evictions == 0
+    assert cache.hits == 6 and cache.lookups == 6
 
 
 def test_an_image_alone_over_the_bound_is_not_kept_and_a_bad_bound_is_refused(monkeypatch) -> None:  # type: ignore[no-untyped-def]

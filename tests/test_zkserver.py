@@ -128,3 +128,42 @@ def test_cli_store_uses_its_zk_folder(tmp_path: Path) -> None:
     status = _cli("zk", "status", "--store", str(tmp_path / "store"), "--port", str(free_port()))
     assert status.returncode == 1
     assert str(tmp_path / "store" / "_zk") in status.stdout
+
+
+def test_the_server_runs_from_zookeepers_own_jars_and_serves_a_client(tmp_path: Path) -> None:
+    # the whole pyspark jars folder on the classpath cost the server ~20 MiB of heap (each opened
+    # jar's central directory); it runs from ZooKeeper's own jars and its logging's
+    from kazoo.client import KazooClient
+
+    server = EmbeddedZooKeeper(tmp_path / "zk", port=free_port())
+    server.start()
+    try:
+        st = server.status()
+        assert st.pid is not None
+        cmd = psutil.Process(st.pid).cmdline()
+        cp = cmd[cmd.index("-cp") + 1].split(":")
+        names = sorted(os.path.basename(j) for j in cp)
+        assert not any(j.endswith("*") for j in cp) and len(names) < 20
+        assert any(n.startswith("zookeeper-jute-") for n in names) and not any(n.startswith("spark-") for n in names)
+        client = KazooClient(hosts=server.hosts)
+        client.start(timeout=20)
+        try:
+            client.create("/w/a", b"one", makepath=True)
+            client.set("/w/a", b"two")
+            assert client.get("/w/a")[0] == b"two" and client.get_children("/w") == ["a"]
+        finally:
+            client.stop()
+            client.close()
+        assert "ERROR" not in (tmp_path / "zk" / "zookeeper.log").read_text()
+    finally:
+        server.stop()
+
+
+def test_a_jars_folder_laid_out_otherwise_goes_on_the_classpath_whole(tmp_path: Path) -> None:
+    from deltawheel.executor.servers.zookeeper import pyspark_jars_dir, server_classpath
+
+    (tmp_path / "zookeeper-all-3.9.jar").write_bytes(b"")
+    (tmp_path / "log4j-core-2.jar").write_bytes(b"")
+    assert server_classpath(tmp_path) == f"{tmp_path}/*"
+    picked = server_classpath(pyspark_jars_dir()).split(":")
+    assert all(os.path.exists(j) for j in picked) and len(picked) < 20

@@ -27,7 +27,7 @@ from pathlib import Path
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.process import DetachedProcess, find_java, port_free
 
-__all__ = ["EmbeddedZooKeeper", "JVM_FLAGS", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir",
+__all__ = ["EmbeddedZooKeeper", "JVM_FLAGS", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir", "server_classpath",
            "four_letter_word", "configured_port"]
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -103,6 +103,23 @@ def pyspark_jars_dir() -> Path:
     if not any(jars.glob("zookeeper-*.jar")):
         raise ZooKeeperServerError(f"no zookeeper-*.jar in {jars}; reinstall pyspark")
     return jars
+
+
+#: The jars the server loads classes from (by name): ZooKeeper, its logging and metrics. The whole
+#: pyspark ``jars`` folder (~250 jars) on the classpath cost ~20 MiB of heap: the JVM keeps each
+#: opened jar's central directory, and log4j's plugin scan opened most of them.
+SERVER_JARS = ("zookeeper-", "slf4j-api-", "log4j-", "metrics-core-", "snappy-java-", "commons-io-", "commons-cli-")
+
+
+def server_classpath(jars: Path) -> str:
+    """The server's classpath: the :data:`SERVER_JARS` of ``jars``; the whole folder when it has no
+    ``zookeeper-jute`` jar beside the server's (a folder laid out otherwise)."""
+    picked = sorted(j for j in jars.glob("*.jar") if j.name.startswith(SERVER_JARS))
+    names = [j.name for j in picked]
+    if not any(n.startswith("zookeeper-jute-") for n in names) or not any(
+            n.startswith("zookeeper-") and not n.startswith("zookeeper-jute-") for n in names):
+        return f"{jars}/*"
+    return ":".join(str(j) for j in picked)
 
 
 def four_letter_word(host: str, port: int, word: str = "ruok", *, timeout_s: float = 1.0) -> str | None:
@@ -268,7 +285,7 @@ class EmbeddedZooKeeper:
             java, *JVM_FLAGS,
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-Dzookeeper.jmx.log4j.disable=true",
-            "-cp", f"{jars}/*", self._main_class, str(self.config_file),
+            "-cp", server_classpath(jars), self._main_class, str(self.config_file),
         ]
         return self.process.launch(cmd, cwd=self.data_dir)
 

@@ -24,16 +24,32 @@ modules' ~50,000 objects each time (on the benchmark's ``medium`` batches ~9 % o
 to their headers, copying the daemon's shared pages into each worker. Frozen objects are still
 freed by reference counting; only a reference cycle made of them alone would stay (module-level
 objects that live as long as the worker anyway).
+
+Memory (docs/performance.md, "Memory"), three settings of the workers, each with its variable:
+
+- Arrow's buffers come from the C library's allocator (``ARROW_DEFAULT_MEMORY_POOL=system``, set
+  here unless the variable is set already): pyarrow's default, mimalloc, kept ~45-90 MiB more per
+  worker of freed pages resident between and during tasks, for no measurable time.
+- ``pandas`` is preloaded: pyarrow imports it in every worker on the first ``pa.scalar`` of a task
+  (its pandas shim), ~36 MiB per worker; imported once here, the workers share its pages.
+- After each task the worker returns the C heap's free pages to the system (``malloc_trim``;
+  ``DELTAWHEEL_WORKER_TRIM=0`` turns it off): an idle worker (Spark keeps one alive for a minute,
+  beside the next query's) holds its live data only, not the last task's peak.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
+from typing import Any, Callable
 
-__all__ = ["preload"]
+__all__ = ["choose_pool", "preload", "trim_after", "trim_heap", "POOL_ENV", "TRIM_ENV"]
 
-PRELOAD = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
+POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"  # pyarrow's own variable: the daemon sets "system" unless it is set
+TRIM_ENV = "DELTAWHEEL_WORKER_TRIM"  # "0": the workers keep the C heap's free pages after a task
+
+PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
            "deltawheel.executor.tasks.image.task", "deltawheel.executor.tasks.image.direct",
            "deltawheel.executor.tasks.image.interval", "deltawheel.executor.tasks.image.ids",
            "deltawheel.executor.tasks.image.idsfiles",
@@ -56,7 +72,43 @@ def preload() -> list[str]:
     return loaded
 
 
+def choose_pool() -> str:
+    """Arrow's allocator for the workers: ``ARROW_DEFAULT_MEMORY_POOL`` if set, else ``system``
+    (set in the environment, where pyarrow reads it when it first allocates)."""
+    return os.environ.setdefault(POOL_ENV, "system")
+
+
+def trim_heap() -> bool:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``); False where there is
+    no such call (another C library) or ``DELTAWHEEL_WORKER_TRIM=0``."""
+    if os.environ.get(TRIM_ENV, "1") == "0":
+        return False
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
+
+
+def trim_after(worker: Callable[..., int]) -> Callable[..., int]:
+    """PySpark's per-task ``daemon.worker`` function, then :func:`trim_heap` (~3-4 ms of CPU on a
+    worker of the benchmark's ``medium``; PySpark's own ``gc.collect()`` follows: the cycles it
+    frees go back at the next task's end)."""
+
+    def run(*args: Any, **kwargs: Any) -> int:
+        try:
+            return worker(*args, **kwargs)
+        finally:
+            trim_heap()
+
+    return run
+
+
 if __name__ == "__main__":
+    choose_pool()  # before pyarrow allocates (module docstring)
     preload()
     if threading.active_count() != 1:  # pragma: no cover - a module started a thread: fork is unsafe
         raise SystemExit("deltawheel daemon: a preloaded module started a thread; unset spark.python.daemon.module")
@@ -66,4 +118,5 @@ if __name__ == "__main__":
 
     freeze_spark_zips()  # after every import above: each imported package of the zip has its own finder
     gc.freeze()  # after every import: the workers' collections skip what the daemon loaded (module docstring)
+    daemon.worker = trim_after(daemon.worker)  # manager() calls it per task
     daemon.manager()

@@ -19,6 +19,11 @@ batches, as the design's framework cache does (DESIGN.md, "Cache"; the row-level
 the earliest of the two counts; images with neither (used once, no timers) go first, least
 recently used first. ``policy="lru"`` ranks by last use only (the baseline).
 
+An interval's images: its current one and, until the next batch of the interval looks it up,
+the one before it (a retried batch reads it again); the older ones are dropped as the next is put,
+the previous one at that next lookup (:meth:`ImageCache.get`), so a running task holds one image
+per interval it runs beside the one it writes.
+
 Every lookup is counted (:attr:`ImageCache.hits`, :attr:`ImageCache.lookups`); the tasks report
 whether each interval's image came from the cache (``IntervalSummary.images_read``), so the batch
 line and the metrics table show the hit rate. :func:`trace` records the lookups, to replay them
@@ -107,13 +112,17 @@ class ImageCache:
 
     def get(self, key: Hashable, *, slot: Hashable | None = None, count: bool = True) -> Any:
         """The cached value of ``key`` (None: not cached); ``slot``: the interval it is the image of
-        (its rhythm of use is kept across its successive images)."""
+        (its rhythm of use is kept across its successive images). A lookup names the slot's
+        committed image: its other images are dropped now (the previous one was kept for a retry
+        of the batch that wrote ``key``, which has committed since; an image a failed batch wrote
+        was never committed)."""
         self.tick += 1
         if count:
             self.lookups += 1
-        e = self._entries.get(key)
         if slot is not None:
             self._use(slot)
+            self._keep_only(slot, key)
+        e = self._entries.get(key)
         if e is None:
             return None
         if count:
@@ -143,6 +152,15 @@ class ImageCache:
         if self.bytes > self.max_bytes:  # the one image alone is over the bound: not kept
             self._drop(key)
             self.evictions += 1
+
+    def _keep_only(self, slot: Hashable, key: Hashable) -> None:
+        """Drop ``slot``'s images but ``key``."""
+        for old in [k for k, e in self._entries.items() if e.slot == slot and k != key]:
+            self._drop(old)
+        if self._slot.get(slot) not in self._entries:
+            self._slot.pop(slot, None)
+        if key in self._entries:
+            self._slot[slot] = key
 
     def clear(self) -> None:
         """Drop every image (the counters stay)."""

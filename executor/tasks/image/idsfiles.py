@@ -10,7 +10,10 @@ other column is null. The views hide them (their keys start with NUL, as the fen
 
 - The dedup lookup reads the interval's live ids files (immutable: each is read once per
   Python worker and cached by path, :func:`load_ids_file`), the Bloom filter first, then the
-  exact lookup (``ids.already_seen``).
+  exact lookup (``ids.already_seen``). A file written by a compaction (level 1 and up) holds the
+  ids of the interval's lower-level files it took in: the worker forgets its cached files of
+  lower levels of that interval then (a lower-level file of an earlier bucket, still live, is read
+  again once), so that it does not hold those ids twice.
 - A file is dropped whole (a ``remove`` in a batch commit) once its ``updated_ms`` is past the
   dedup horizon: every id it holds was seen at or before then.
 - Compaction (:func:`plan_compaction`): files of one time bucket (a quarter of the retention)
@@ -39,7 +42,7 @@ from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.image.files import IDS_FILE_TAG, ids_level, is_ids_path
 from deltawheel.statestore.writepath.image.summary import ImageFile
 
-__all__ = ["IdsFile", "ids_apart", "is_ids_path", "load_ids_file", "split_legacy", "empty_flat", "plan_compaction",
+__all__ = ["IdsFile", "forget_below", "ids_apart", "is_ids_path", "load_ids_file", "split_legacy", "empty_flat", "plan_compaction",
            "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
@@ -217,5 +220,17 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
     rel = partition_file_name(computation, interval, f"{IDS_FILE_TAG}{level}")
     written = ImageFile(rel, write_file(table, rows_root, rel), table.num_rows)
     got = IdsFile(rel, level, now_ms, flat)
+    if level:
+        forget_below(rel, level)
     remember_ids_file(got)
     return written, got
+
+
+def forget_below(rel: str, level: int) -> int:
+    """Forget this worker's cached ids files of ``rel``'s interval (its partition folder) below
+    ``level``: a compaction's file of ``level`` holds their ids. Returns how many it forgot."""
+    folder = rel.rsplit("/", 1)[0]
+    gone = [p for p, f in _FILES.items() if f.level < level and p.rsplit("/", 1)[0] == folder]
+    for p in gone:
+        del _FILES[p]
+    return len(gone)

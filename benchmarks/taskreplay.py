@@ -11,7 +11,7 @@ the worker that wrote them held them); the files a replayed task writes go besid
 store's folders and are never committed. ``--computation`` swaps the captured computation for
 one of the benchmark's variants (``record``: per record, ``vector``: combine + process_combined,
 ``columnar``: process_columns), to compare the paths on the same tasks; ``--profile FILE`` writes a
-cProfile of all tasks' runs (without the warming).
+cProfile of all tasks' runs (CPU time, without the warming).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def replay(folder: str, *, computation: str = "captured", repeat: int = 1,
     files = _files(folder)
     tasks = [load_captured(p) for p in files]
     tasks = [(_variant(spec, computation), table) for spec, table in tasks]
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall: robust to load
     best: list[float] = [float("inf")] * len(tasks)
     out: list[dict[str, Any]] = []
     for _ in range(max(1, repeat)):

@@ -29,7 +29,7 @@ from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain, make_
 
 from ...computation import ColumnBatch, ColumnResult, Computation, ErrorPolicy
 from ...exceptions import UserCodeError
-from ..keyrun import codec_of, first_timer_seq, state_codec_of
+from ..keyrun import codec_of, first_timer_seqs, state_codec_of
 from .keys import Input, KeyLoop, OldRows, py_list
 
 __all__ = ["takes_columnar", "ColumnarLoop", "key_loop"]
@@ -150,7 +150,7 @@ class ColumnarLoop:
             if pc.any(late).as_py():
                 # a key's late records (leading its new ones) run per record first, before the call
                 slow |= self._late_first(sorted(set(py_list(pc.unique(t.column("key").filter(late)))) - slow),
-                                         inp, old, seen)
+                                         inp, seen)
             else:
                 late = None
         if not _packed(sub, slow):  # some state that is not packed pairs: the whole interval per key
@@ -199,27 +199,34 @@ class ColumnarLoop:
         _check(self.comp, keys[0], what, out)
         self._finish(keys, karr, records, mine, out, old_id_keys)
 
-    def _late_first(self, keys: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> set[str]:
+    def _late_first(self, keys: list[str], inp: Input, seen: list[bool] | None) -> set[str]:
         """Run each of ``keys``' late records per record (no timer fires), as the per-record path
         runs them first; the outcome goes into the columnar call as the key's state and timers.
         Returns the keys that run per record instead: late and on-time records interleaved, or an
         outcome the call cannot read (a hold, a processing-time timer, state not packed pairs)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         from ..combine import late_prefix
         from ..keyrun import UserCode
-        from .keys import context_factory, records_of
+        from .keys import context_factory
 
         out: set[str] = set()
         if not keys:
             return out
         comp = self.comp
+        # only these keys' rows and records become Python objects (not the interval's)
+        old = OldRows(self.sub.filter(pc.is_in(self.sub.column("key"), value_set=pa.array(keys, pa.string()))),
+                      with_pending=False)
         new_ctx = context_factory(comp, codec_of(comp), self.wm, self.now_ms)
         run_user = UserCode(comp, input_watermark_ms=self.wm, now_ms=self.now_ms, fire_timers=False,
                             combine_per_key=False).run
         for key in keys:
             lo, hi = inp.runs[key]
-            recs, dead, _n_seen = records_of(inp, key, lo, hi, seen)
+            every = inp.run_records(lo, hi)  # no values to decode (``takes_columnar``)
+            recs = every if seen is None else [r for r, s in zip(every, seen[lo:hi], strict=True) if not s]
             n = late_prefix([r.late for r in recs])
-            if n < 0 or dead:
+            if n < 0:
                 out.add(key)
                 continue
             j = old.index.get(key)
@@ -267,10 +274,16 @@ class ColumnarLoop:
         if mine.num_rows:
             old_seq = pc.fill_null(mine.column("timer_seq"), 0).to_numpy()
             seqs[old_at >= 0] = old_seq[old_at[old_at >= 0]]
-        first_rec = np.concatenate([[0], np.cumsum(n_recs)])[:-1]
-        rec_ids = records.column("record_id")
-        for i in np.flatnonzero(old_at < 0).tolist():
-            seqs[i] = first_timer_seq(rec_ids[int(first_rec[i])].as_py() if n_recs[i] else keys[i])
+        # a new key's counter: seeded from its first record's id (its name if it has none)
+        new_keys = np.flatnonzero(old_at < 0)
+        if len(new_keys):
+            first_rec = np.concatenate([[0], np.cumsum(n_recs)])[:-1]
+            with_rec = new_keys[n_recs[new_keys] > 0]
+            firsts = py_list(records.column("record_id").take(pa.array(first_rec[with_rec], pa.int64())))
+            seqs[with_rec] = first_timer_seqs(firsts)
+            without = new_keys[n_recs[new_keys] == 0]
+            if len(without):
+                seqs[without] = first_timer_seqs([keys[i] for i in without.tolist()])
         pre = self._pre
         pre_fresh = np.zeros(n, dtype=np.int64)
         if pre:

@@ -60,7 +60,7 @@ def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = No
     import pyarrow.compute as pc
 
     held = ids.table  # within the dedup horizon
-    if not comp.exactly_once or held.num_rows == 0 or not inp.keys:
+    if not comp.exactly_once or held.num_rows == 0 or not inp.n:
         return None
     if maybe is not None and int(maybe.sum()) * 8 < held.num_rows:
         cand = np.flatnonzero(maybe).tolist()

@@ -385,7 +385,7 @@ def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
     the interval's ids files (and those taken out of an older image), key / record_id / seen_ms."""
     import pyarrow as pa
 
-    if not spec.comp.exactly_once or not inp.keys:
+    if not spec.comp.exactly_once or not inp.n:
         return None, None, BloomCounts()
     bloom = _bloom(spec, iv, image, apart, len(inp.ids))
     inp.hashes = bloom.hashes(inp.ids)  # again when the batch's ids are added to the filter

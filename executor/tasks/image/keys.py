@@ -88,9 +88,7 @@ class Input:
 
         recs = recs.sort_by([("key", "ascending"), ("timestamp_ms", "ascending"), ("record_id", "ascending")])
         self.table = recs
-        n = recs.num_rows
-        self.keys: list[str] = py_list(recs.column("key"))
-        self.ids: list[str] = py_list(recs.column("record_id"))
+        n = self.n = recs.num_rows
         self.no_values = recs.column("value").null_count == n  # an injector without value columns: nothing to decode
         self.hashes: Any = None  # the ids' Bloom filter hashes, once computed (``interval.py``)
         self._records: list[Record] | None = None
@@ -105,7 +103,17 @@ class Input:
                 self.runs[key] = (start, end)
                 start = end
 
-    # the other columns as Python lists, when the key loop asks (the columnar path does not)
+    # the columns as Python lists, when the key loop asks (the columnar path does not)
+    @cached_property
+    def keys(self) -> list[str]:
+        """The records' keys."""
+        return py_list(self.table.column("key"))
+
+    @cached_property
+    def ids(self) -> list[str]:
+        """The records' ids."""
+        return py_list(self.table.column("record_id"))
+
     @cached_property
     def values(self) -> list[bytes | None]:
         """The records' encoded values (empty: the input has no value columns)."""
@@ -141,6 +149,18 @@ class Input:
         """Record ``i`` (in sorted order) as a dict of every column of the batch table."""
         return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
 
+    def run_records(self, lo: int, hi: int) -> list[Record]:
+        """Records ``lo``..``hi`` (a key's run; no values to decode), built from that slice alone:
+        :meth:`records` builds every record of the batch."""
+        import pyarrow.compute as pc
+
+        if self._records is not None:
+            return self._records[lo:hi]
+        t = self.table.slice(lo, hi - lo)
+        return list(map(new_record, zip(py_list(t.column("key")), repeat(None), py_list(t.column("timestamp_ms")),
+                                        py_list(t.column("record_id")), py_list(pc.fill_null(t.column("stream"), "")),
+                                        py_list(pc.fill_null(t.column("late"), False)))))
+
     def records(self) -> list[Record]:
         """Every record (no values to decode), built at once in C; a key's are a slice."""
         if self._records is None:
@@ -156,42 +176,71 @@ class OldRows:
     batch can commit, so they are only cleared)."""
 
     def __init__(self, sub: Any, *, with_pending: bool) -> None:
+        self.sub = sub  # each column becomes Python lists when first asked (the columnar path asks for few)
+        self.n = sub.num_rows
+        self.with_pending = with_pending
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Key -> its row's place."""
+        return {k: j for j, k in enumerate(py_list(self.sub.column("key")))}
+
+    @cached_property
+    def states(self) -> list[bytes | None]:
+        """The rows' state blobs."""
+        return py_list(self.sub.column("state"))
+
+    @cached_property
+    def codecs(self) -> list[str | None]:
+        """The codec column: a state version older than the computation's is upgraded when run."""
+        return constant_or_list(self.sub.column("codec"), self.n) if self.n else []
+
+    @cached_property
+    def holds(self) -> list[int | None]:
+        """The rows' watermark holds."""
+        return constant_or_list(self.sub.column("watermark_hold_ms"), self.n) if self.n else []
+
+    @cached_property
+    def seqs(self) -> list[int]:
+        """The timer firing counters (null: a row written before the counter existed, migration 4, counts from 0)."""
+        return [s or 0 for s in py_list(self.sub.column("timer_seq"))]
+
+    @cached_property
+    def pending(self) -> set[str]:
+        """The keys whose rows hold pending productions (read only when the image has some)."""
         import pyarrow.compute as pc
 
-        keys = py_list(sub.column("key"))
-        n = len(keys)
-        self.index = {k: j for j, k in enumerate(keys)}
-        self.states: list[bytes | None] = py_list(sub.column("state"))
-        # the codec column: a state version older than the computation's is upgraded when run
-        self.codecs: list[str | None] = constant_or_list(sub.column("codec"), n) if n else []
-        self.holds: list[int | None] = constant_or_list(sub.column("watermark_hold_ms"), n) if n else []
-        # null: a row written before the counter existed (migration 4) counts from 0
-        self.seqs: list[int] = [s or 0 for s in py_list(sub.column("timer_seq"))]
-        timers = sub.column("timers").combine_chunks()
+        if not self.with_pending:
+            return set()
+        has = pc.fill_null(pc.greater(pc.list_value_length(self.sub.column("pending")), 0), False)
+        return set(py_list(self.sub.column("key").filter(has)))
+
+    @cached_property
+    def _timer_lists(self) -> tuple[list[Timer], list[tuple[str, TimeDomain]], list[int]]:
+        import pyarrow.compute as pc
+
+        timers = self.sub.column("timers").combine_chunks()
         flat = pc.list_flatten(timers)
         tags: list[str] = py_list(flat.field("tag"))
         doms = list(map(DOMAINS.__getitem__, py_list(flat.field("domain"))))
         # every timer at once, in C; a row's are a slice (stored sorted: insertion order is sorted)
-        self._timers = list(map(new_timer, zip(py_list(flat.field("time_ms")), tags, doms, strict=True)))
-        self._slots = list(zip(tags, doms, strict=True))
-        self._offs: list[int] = py_list(timers.offsets)
-        self.pending: set[str] = set()
-        if with_pending:
-            has = pc.fill_null(pc.greater(pc.list_value_length(sub.column("pending")), 0), False)
-            self.pending = set(py_list(sub.column("key").filter(has)))
+        return (list(map(new_timer, zip(py_list(flat.field("time_ms")), tags, doms, strict=True))),
+                list(zip(tags, doms, strict=True)), py_list(timers.offsets))
 
     def timers(self, j: int) -> dict[tuple[str, TimeDomain], Timer]:
         """Row ``j``'s timers as a Context holds them (stored sorted: insertion order is sorted)."""
-        a, b = self._offs[j], self._offs[j + 1]
+        all_timers, slots, offs = self._timer_lists
+        a, b = offs[j], offs[j + 1]
         if b - a == 1:  # the usual row: one timer
-            return {self._slots[a]: self._timers[a]}
+            return {slots[a]: all_timers[a]}
         if a == b:
             return {}
-        return dict(zip(self._slots[a:b], self._timers[a:b], strict=True))
+        return dict(zip(slots[a:b], all_timers[a:b], strict=True))
 
     def timer_slice(self, j: int) -> tuple[Timer, ...]:
         """Row ``j``'s timers, sorted (as they were before user code ran)."""
-        return tuple(self._timers[self._offs[j]:self._offs[j + 1]])
+        all_timers, _slots, offs = self._timer_lists
+        return tuple(all_timers[offs[j]:offs[j + 1]])
 
 
 class NewRows:

@@ -31,7 +31,9 @@ from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_bl
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import CodecError, ConfigError
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
+from deltawheel.executor.tasks.image.prodcols import production_table, write_production_table
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, make_production, rows_file_ddl
+from deltawheel.statestore.writepath.image.files import write_production_files
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from image_fences import fence_images
@@ -273,6 +275,24 @@ def test_the_int64map_codec_packs_int_dicts_and_reads_them_as_columns() -> None:
     assert int64map_columns(pa.array([get_codec("msgpack").encode({1: 2})], pa.binary())) is None
     with pytest.raises(CodecError, match="packed pairs need 8 \\+ 16n bytes"):
         c.decode(INT64MAP_HEADER + b"\x00" * 8)
+
+
+def test_the_production_table_writes_the_files_the_per_record_writer_writes(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the columnar path's productions never become tuples: its writer must give the same files,
+    # row for row and column for column, as the per-record path's for the same productions
+    prods = [make_production(f"timer:c:k{i % 3}:e:{i}:1#1", "b" if i % 4 else "a", f"k{i % 3}", bytes([i]), 1000 - i,
+                             "msgpack") for i in range(9)]
+    schema = _arrow(stream_schema_ddl())
+    roots = {s: TableFiles(str(tmp_path / s)) for s in ("a", "b")}
+    common = {"producer": "c", "commit_id": "c7", "iv": 1, "roots": roots, "schema": schema, "format_version": 2}
+    want = write_production_files(prods, **common)
+    got = write_production_table(production_table(prods), **common)
+    assert [(f.stream, f.num_rows, f.min_ts) for f in got] == [(f.stream, f.num_rows, f.min_ts) for f in want] \
+        == [("a", 3, 992), ("b", 6, 993)]
+    for g, w in zip(got, want, strict=True):
+        assert g.path != w.path and g.path.endswith("-dw-c-1.snappy.parquet")
+        assert pq.read_table(tmp_path / g.stream / g.path).equals(pq.read_table(tmp_path / w.stream / w.path))
+    assert write_production_table(production_table([]), **common) == []
 
 
 def test_a_columnar_computation_needs_the_int64map_codec() -> None:

@@ -21,16 +21,16 @@ reader check them against ``keys.py`` and ``keyrun.py``.)
 
 from __future__ import annotations
 
-from itertools import repeat
 from typing import Any, NamedTuple
 
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
-from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain, make_production
+from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain
 
 from ...computation import ColumnBatch, ColumnResult, Computation, ErrorPolicy
 from ...exceptions import UserCodeError
 from ..keyrun import codec_of, first_timer_seqs, state_codec_of
 from .keys import Input, KeyLoop, OldRows, py_list
+from .prodcols import columns_table, production_table
 
 __all__ = ["takes_columnar", "ColumnarLoop", "key_loop"]
 
@@ -93,18 +93,16 @@ class ColumnarLoop:
         self.rows = _Rows(self.per_key)
         self.columnar_keys = 0  # keys the columnar call ran
         self._unchanged: list[str] = []
-        self._prods: list[Any] = []
         self._id_keys: list[str] = []
         self._id_values: list[str] = []
         self._counts = [0, 0, 0, 0]  # processed, duplicates, fired, written
-        self._by_key: dict[int, list[Any]] = {}  # key (its place in the keys run) -> its productions
         self._all_ran = True
         self._pre: dict[str, _Pre] = {}
         self._late = 0
-        self._columns: tuple[Any, ...] | None = None  # the productions as Arrow columns, when all are the call's
-        self._n_prods: Any = None  # keys whose late records ran per record first
+        self._ptable: Any = None  # the columnar keys' productions (``prodcols.production_table``), in key order
+        self._n_prods: Any = None  # per columnar key, how many
         self.unchanged: list[str] = []
-        self.prods: list[Any] = []
+        self.prod_table: Any = None  # all productions, the key loop's first (``prodcols``): no tuple per production
         self.side: list[Any] = []
         self.all_ran = True
         self.id_keys: list[str] = []
@@ -114,11 +112,15 @@ class ColumnarLoop:
     def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
             old_id_keys: set[str]) -> None:
         """Run ``touched`` (the key loop's :meth:`~.keys.KeyLoop.run`); the outputs are the key
-        loop's attributes, both parts together."""
+        loop's attributes, both parts together (the productions as :attr:`prod_table`)."""
+        import pyarrow as pa
+
         self._run(touched, inp, old, seen, old_id_keys)
         k = self.per_key
         self.unchanged = k.unchanged + self._unchanged
-        self.prods = k.prods + self._prods
+        mine = self._ptable
+        self.prod_table = (production_table(k.prods) if mine is None else
+                           mine if not k.prods else pa.concat_tables([production_table(k.prods), mine]))
         self.side = k.side
         self.all_ran = k.all_ran and self._all_ran
         self.id_keys = k.id_keys + self._id_keys
@@ -347,98 +349,88 @@ class ColumnarLoop:
             "timer_seq": pa.array(new_seqs[rows], pa.int64())})
 
     def _productions(self, keys: list[str], fired: Any, f_rows: Any, seqs: Any, prods: Any, n: int) -> Any:
-        """The productions (ids as the per-record path gives them); returns how many per key."""
+        """The productions (ids as the per-record path gives them), as one table in key order (a
+        key's late records' first, then its firings' in firing order); returns how many per key."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
         counts = np.zeros(n, dtype=np.int64)
+        parts, places = [], []
         if self._pre:  # the late records' productions come first (records run before timers fire)
             place_of = dict(zip(keys, range(n), strict=True))
-            for key, pk in self._pre.items():
-                if pk.prods:
-                    self._by_key[place_of[key]] = list(pk.prods)
-                    counts[place_of[key]] += len(pk.prods)
-        if not prods.num_rows:
-            for k in sorted(self._by_key):
-                self._prods.extend(self._by_key[k])
+            pre = [(place_of[key], p) for key, pk in self._pre.items() for p in pk.prods]
+            if pre:
+                parts.append(production_table([p for _k, p in pre]))
+                places.append(np.fromiter((k for k, _p in pre), dtype=np.int64, count=len(pre)))
+        if prods.num_rows:
+            codec = codec_of(self.comp)
+            # each firing's number: its key's counter + its place among the key's firings
+            order = np.argsort(f_rows, kind="stable")
+            place = np.empty(len(f_rows), dtype=np.int64)
+            sorted_rows = f_rows[order]
+            place[order] = np.arange(len(f_rows)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
+            f_seq = seqs[f_rows] + place
+            m = prods.num_rows
+            which = pc.fill_null(prods.column("fired"), -1).to_numpy().astype(np.int64)
+            if (which < 0).any() or (which >= len(f_rows)).any():
+                raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
+                    f"ColumnResult.productions.fired must name rows of ColumnResult.fired (0..{len(f_rows) - 1})"))
+            bad = pc.invert(pc.is_in(prods.column("stream"), value_set=pa.array(list(self.comp.outputs), pa.string())))
+            if pc.any(bad).as_py():
+                stream = prods.column("stream").filter(bad)[0].as_py()
+                raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
+                    f"a production to {stream!r}, which is not among the outputs {list(self.comp.outputs)}; "
+                    "add it to `outputs`"))
+            pk = f_rows[which]
+            # in firing order per key (``fired``'s order), each firing's in the table's order
+            at = np.lexsort((np.arange(m), which, pk))
+            w, k_of = which[at], pk[at]
+            new_firing = np.concatenate([[True], w[1:] != w[:-1]]) if m else np.zeros(0, bool)
+            nth = np.arange(m) - np.maximum.accumulate(np.where(new_firing, np.arange(m), 0)) + 1
+            idx = pa.array(w)
+            key_col = pa.array(keys, pa.string()).take(pa.array(k_of))
+            times = fired.column("time_ms").combine_chunks().take(idx)
+            pid = pc.binary_join_element_wise(
+                pc.binary_join_element_wise(f"timer:{self.comp.name}", key_col, _EVENT,
+                                            fired.column("tag").combine_chunks().take(idx),
+                                            pc.cast(times, pa.string()), pa.array(f_seq[w]).cast(pa.string()), ":"),
+                pa.array(nth).cast(pa.string()), "#")
+            vcol = prods.column("value").combine_chunks().take(pa.array(at))
+            values = vcol if pa.types.is_binary(vcol.type) else pa.array(
+                [codec.encode(v) for v in vcol.to_pylist()], pa.binary())
+            ts = (pc.fill_null(prods.column("timestamp_ms").combine_chunks().take(pa.array(at)).cast(pa.int64()),
+                               times) if "timestamp_ms" in prods.column_names else times)
+            streams = prods.column("stream").combine_chunks().take(pa.array(at))
+            parts.append(columns_table(pid, streams, key_col, values, ts,
+                                       pa.repeat(pa.scalar(codec.name, pa.string()), m)))
+            places.append(k_of)
+        if not parts:
             return counts
-        codec = codec_of(self.comp)
-        # each firing's number: its key's counter + its place among the key's firings
-        order = np.argsort(f_rows, kind="stable")
-        place = np.empty(len(f_rows), dtype=np.int64)
-        sorted_rows = f_rows[order]
-        place[order] = np.arange(len(f_rows)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
-        f_seq = seqs[f_rows] + place
-        m = prods.num_rows
-        which = pc.fill_null(prods.column("fired"), -1).to_numpy().astype(np.int64)
-        if (which < 0).any() or (which >= len(f_rows)).any():
-            raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
-                f"ColumnResult.productions.fired must name rows of ColumnResult.fired (0..{len(f_rows) - 1})"))
-        bad = pc.invert(pc.is_in(prods.column("stream"), value_set=pa.array(list(self.comp.outputs), pa.string())))
-        if pc.any(bad).as_py():
-            stream = prods.column("stream").filter(bad)[0].as_py()
-            raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
-                f"a production to {stream!r}, which is not among the outputs {list(self.comp.outputs)}; "
-                "add it to `outputs`"))
-        pk = f_rows[which]
-        # in firing order per key (``fired``'s order), each firing's in the table's order
-        at = np.lexsort((np.arange(m), which, pk))
-        w, k_of = which[at], pk[at]
-        new_firing = np.concatenate([[True], w[1:] != w[:-1]]) if m else np.zeros(0, bool)
-        nth = np.arange(m) - np.maximum.accumulate(np.where(new_firing, np.arange(m), 0)) + 1
-        idx = pa.array(w)
-        karr = pa.array(keys, pa.string())
-        key_col = karr.take(pa.array(k_of))
-        times = fired.column("time_ms").combine_chunks().take(idx)
-        pid = pc.binary_join_element_wise(
-            pc.binary_join_element_wise(f"timer:{self.comp.name}", key_col, _EVENT,
-                                        fired.column("tag").combine_chunks().take(idx), pc.cast(times, pa.string()),
-                                        pa.array(f_seq[w]).cast(pa.string()), ":"),
-            pa.array(nth).cast(pa.string()), "#")
-        vcol = prods.column("value").combine_chunks().take(pa.array(at))
-        values = py_list(vcol) if pa.types.is_binary(vcol.type) else [codec.encode(v) for v in vcol.to_pylist()]
-        ts = (pc.fill_null(prods.column("timestamp_ms").combine_chunks().take(pa.array(at)).cast(pa.int64()), times)
-              if "timestamp_ms" in prods.column_names else times)
-        streams = prods.column("stream").combine_chunks().take(pa.array(at))
-        made = list(map(make_production, py_list(pid), py_list(streams), py_list(key_col), values, py_list(ts),
-                        repeat(codec.name, m)))
-        np.add.at(counts, k_of, 1)
-        if not self._by_key:  # no late record produced: the timers' productions, in key order
-            self._prods.extend(made)
-            self._columns = (pid, streams, key_col, pa.array(values, pa.binary()), ts)
-            return counts
-        for k, p in zip(k_of.tolist(), made, strict=True):
-            self._by_key.setdefault(k, []).append(p)
-        for k in sorted(self._by_key):
-            self._prods.extend(self._by_key[k])
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        k_all = np.concatenate(places) if len(places) > 1 else places[0]
+        if len(parts) > 1:  # the late records' and the firings' productions, each key's together (stable)
+            table = table.take(pa.array(np.argsort(k_all, kind="stable")))
+        self._ptable = table
+        np.add.at(counts, k_all, 1)
         return counts
 
     def _pending(self, keys: list[str], rows: Any, id_only: Any) -> Any:
-        """The ``pending`` column of the written rows: a key's productions when strong."""
+        """The ``pending`` column of the written rows: a key's productions when strong (every key
+        with productions is written then, so the table, in key order, is the rows' lists in order)."""
+        import numpy as np
         import pyarrow as pa
-        from deltawheel.statestore.rowtable.rows import Production
 
         ptype = self.sub.schema.field("pending").type
-        if self._columns is not None and self.strong:  # every production, in key order: one per written key
-            import numpy as np
-
-            pid, streams, key_col, values, ts = self._columns
-            fields = {"production_id": pid, "stream": streams, "key": key_col, "value": values, "timestamp_ms": ts,
-                      "codec": pa.repeat(pa.scalar(codec_of(self.comp).name, pa.string()), len(pid))}
-            struct = pa.StructArray.from_arrays([fields[f.name].cast(f.type) for f in ptype.value_type],
-                                                fields=list(ptype.value_type))
+        if self.strong and self._ptable is not None:
+            t = self._ptable
+            struct = pa.StructArray.from_arrays([t.column(f.name).combine_chunks().cast(f.type)
+                                                 for f in ptype.value_type], fields=list(ptype.value_type))
             ends = np.concatenate([[0], np.cumsum(self._n_prods[rows])]).astype(np.int32)
             return pa.ListArray.from_arrays(pa.array(ends), struct, type=ptype)
-        lists = [self._by_key.get(i, []) if self.strong else [] for i in rows.tolist()]
-        flat = [p for lst in lists for p in lst]
-        cols = list(zip(*flat, strict=True)) if flat else [()] * len(Production._fields)
-        struct = pa.StructArray.from_arrays([pa.array(cols[Production._fields.index(f.name)], f.type)
-                                             for f in ptype.value_type], fields=list(ptype.value_type))
-        offs = [0]
-        for lst in lists:
-            offs.append(offs[-1] + len(lst))
-        return pa.ListArray.from_arrays(pa.array(offs, pa.int32()), struct, type=ptype)
+        struct = pa.StructArray.from_arrays([pa.array([], f.type) for f in ptype.value_type],
+                                            fields=list(ptype.value_type))
+        return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, dtype=np.int32)), struct, type=ptype)
 
 
 class _Pre(NamedTuple):

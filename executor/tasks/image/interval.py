@@ -64,7 +64,7 @@ from deltawheel.statestore.writepath.image.summary import (
 from ...computation import Computation
 from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_folder
 from .capture import capture, capture_folder
-from .columnar import key_loop
+from .columnar import ColumnarLoop, key_loop
 from .deltas import Placement, changed_keys, plan_delta, read_state, token, whole_placement
 from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .idsfiles import (
@@ -77,6 +77,7 @@ from .idsfiles import (
     write_ids_file,
 )
 from .keys import Input, OldRows, py_list
+from .prodcols import write_production_table
 
 __all__ = ["ImageSpec", "holds", "run_task"]
 
@@ -310,12 +311,18 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
             bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
         if not bloom.full():
             _remember_bloom(tuple(sorted((*state_paths, *(f.path for f in live)))), bloom)
-    prod_files = _write_productions(spec, iv, loop.prods)
+    if isinstance(loop, ColumnarLoop):  # the columnar path's productions: a table, no tuple per production
+        prod_files = write_production_table(loop.prod_table, producer=name, commit_id=spec.commit_id, iv=iv,
+                                            roots=spec.stream_roots, schema=spec.stream_schema,
+                                            format_version=spec.stream_format_version)
+        n_prods = loop.prod_table.num_rows
+    else:
+        prod_files, n_prods = _write_productions(spec, iv, loop.prods), len(loop.prods)
     return IntervalSummary(
         iv, image=written, delta=delta, dvs=tuple((p, json.dumps(d)) for p, d in dvs), ids_file=ids_written[0] if ids_written else None,
         ids_removed=tuple(f.path for f in (*gone, *taken)), prod_files=tuple(prod_files),
         side=(*routed, *loop.side), processed=loop.processed,
-        duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=len(loop.prods), n_dead=len(loop.side),
+        duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=n_prods, n_dead=len(loop.side),
         keys_written=loop.written, ids_expired=expired + sum(f.flat.num_rows for f in gone),
         keys_expired=loop.keys_expired, oldest_ms=oldest_work(new_image),
         next_proc_ms=_next_proc(new_image, live, retention), images_read=int(read), bloom_checked=checks.checked,

@@ -25,13 +25,13 @@ import pytest
 from deltawheel.executor.computation import ColumnBatch, ColumnResult
 from deltawheel.executor.exceptions import UserCodeError
 from deltawheel.executor.tasks.image.interval import ImageSpec, run_task
+from deltawheel.executor.tasks.image.prodcols import production_table, write_production_table
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import CodecError, ConfigError
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
-from deltawheel.executor.tasks.image.prodcols import production_table, write_production_table
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, make_production, rows_file_ddl
 from deltawheel.statestore.writepath.image.files import write_production_files
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL

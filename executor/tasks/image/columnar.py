@@ -259,13 +259,13 @@ class ColumnarLoop:
             pos = pc.index_in(mine.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
             old_at[pos] = np.arange(mine.num_rows)
         n_recs = _per_key(records.column("key"), karr, n)
-        # the new state, as blobs
-        st = out.state.sort_by([("key", "ascending"), ("map_key", "ascending")])
-        st_rows = pc.index_in(st.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
-        blobs = int64map_blobs(st_rows, st.column("map_key").to_numpy(), st.column("map_value").to_numpy(), n)
+        # the new state, as blobs (sorted by the keys' places: ``keys`` is sorted, so that is key order)
+        st_rows = pc.index_in(out.state.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+        mk, mv = out.state.column("map_key").to_numpy(), out.state.column("map_value").to_numpy()
+        by = np.lexsort((mk, st_rows))
+        blobs = int64map_blobs(st_rows[by], mk[by], mv[by], n)
         # the timers, sorted per key as a row stores them
-        tm = out.timers.sort_by([("key", "ascending"), ("time_ms", "ascending"), ("tag", "ascending")])
-        tm_rows = pc.index_in(tm.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+        tm, tm_rows = _sorted_timers(out.timers, karr)
         n_timers = np.bincount(tm_rows, minlength=n) if len(tm_rows) else np.zeros(n, np.int64)
         offsets = np.concatenate([[0], np.cumsum(n_timers)]).astype(np.int32)
         first_ev = np.zeros(n, dtype=np.int64)
@@ -495,14 +495,37 @@ def _old_columns(mine: Any) -> tuple[Any, Any]:
 
 
 def _per_key(col: Any, karr: Any, n: int) -> Any:
-    """How many of ``col``'s values are each of the ``n`` keys of ``karr``."""
+    """How many of ``col``'s values (sorted: each key's are one run) are each of the ``n`` keys of
+    ``karr`` (the runs' keys looked up, not every value)."""
     import numpy as np
     import pyarrow.compute as pc
 
     if not len(col):
         return np.zeros(n, dtype=np.int64)
-    at = pc.index_in(col, value_set=karr).to_numpy(zero_copy_only=False)
-    return np.bincount(at, minlength=n)
+    runs = pc.run_end_encode(col.combine_chunks() if hasattr(col, "combine_chunks") else col)
+    lengths = np.diff(runs.run_ends.to_numpy(), prepend=0)
+    at = pc.index_in(runs.values, value_set=karr).to_numpy(zero_copy_only=False)
+    return np.bincount(at, weights=lengths, minlength=n).astype(np.int64)
+
+
+def _sorted_timers(timers: Any, karr: Any) -> tuple[Any, Any]:
+    """``timers`` (key, tag, time_ms) sorted by key, time and tag as a row stores them, and each
+    one's key's place in ``karr`` (sorted keys): integers sorted, the tags ranked once."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    order = [("key", "ascending"), ("time_ms", "ascending"), ("tag", "ascending")]
+    if not timers.num_rows or timers.column("tag").null_count or timers.column("time_ms").null_count:
+        tm = timers.sort_by(order)
+        return tm, pc.index_in(tm.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+    rows = pc.index_in(timers.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+    enc = pc.dictionary_encode(timers.column("tag")).combine_chunks()
+    by_name = pc.sort_indices(enc.dictionary).to_numpy()
+    rank = np.empty(len(by_name), dtype=np.int64)
+    rank[by_name] = np.arange(len(by_name), dtype=np.int64)
+    by = np.lexsort((rank[enc.indices.to_numpy()], timers.column("time_ms").to_numpy(), rows))
+    return timers.take(pa.array(by)), rows[by]
 
 
 def _same(mine: Any, old_at: Any, blobs: Any, tm: Any, offsets: Any, which: Any) -> Any:

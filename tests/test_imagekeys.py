@@ -339,8 +339,8 @@ def test_the_bloom_filters_id_hashes_match_their_reference_on_any_column(monkeyp
     # its neighbours (lengths, chunks, slices, blocks), or a filter built from an image would miss
     # the same id checked from a batch (a duplicate run twice)
     import numpy as np
-    from deltawheel.executor.tasks.image import ids as ids_mod
-    from deltawheel.executor.tasks.image.ids import id_hash, id_hashes
+    from deltawheel.executor.tasks.image import idhash as ids_mod
+    from deltawheel.executor.tasks.image.idhash import id_hash, id_hashes
 
     rng = random.Random(7)
     values = ["", "a", "abcdefgh", "abcdefgh\x00", "é∂𝄞", "x" * 40] + [

@@ -66,7 +66,8 @@ from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_fo
 from .capture import capture, capture_folder
 from .columnar import ColumnarLoop, key_loop
 from .deltas import Placement, changed_keys, plan_delta, read_state, token, whole_placement
-from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, id_hashes, trim_ids, with_ids
+from .idhash import id_hashes
+from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .idsfiles import (
     IdsFile,
     empty_flat,
@@ -397,7 +398,6 @@ def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
         return None, None, BloomCounts()
     bloom = _bloom(spec, iv, image, apart, inp.n)
     # the filters hash ids with ``id_hashes`` (from the column's buffers, no Python string per id)
-    inp.hashes = id_hashes(inp.table.column("record_id"))  # again when the batch's ids are added to the filter
     flags = bloom.might_contain_many(inp.hashes, hashes=inp.hashes)
     maybe = int(flags.sum())
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at

@@ -41,6 +41,7 @@ from deltawheel.statestore.writepath.image.summary import SideRecord
 from ...computation import Computation, Record, new_record
 from ...context import Context
 from ..keyrun import UserCode, codec_of, state_codec_of
+from .idhash import id_hashes
 from .vector import KeyRecords, interval_combined, takes_vectorised
 
 __all__ = ["Input", "OldRows", "KeyLoop", "py_list", "constant_or_list"]
@@ -117,24 +118,25 @@ class Input:
     record id): each key's records are one contiguous, already ordered run."""
 
     def __init__(self, recs: Any) -> None:
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         recs = sort_records(recs)
         self.table = recs
         n = self.n = recs.num_rows
         self.no_values = recs.column("value").null_count == n  # an injector without value columns: nothing to decode
-        self.hashes: Any = None  # the ids' Bloom filter hashes, once computed (``interval.py``)
+        # the ids' hashes (the Bloom filters', ``interval.py``): a repeat is looked for among them first
+        self.hashes: Any = id_hashes(recs.column("record_id")) if n else None
         self._records: list[Record] | None = None
         self.runs: dict[str, tuple[int, int]] = {}
         # a record id twice within the batch (a source that repeats itself): only then does
         # each key's run need a set of the ids it ran
-        self.repeats = bool(n) and pc.count_distinct(recs.column("record_id")).as_py() < n
+        self.repeats = bool(n) and (pc.count_distinct(pa.array(self.hashes)).as_py() < n
+                                    and pc.count_distinct(recs.column("record_id")).as_py() < n)
         if n:
             ree = pc.run_end_encode(recs.column("key").combine_chunks())
-            start = 0
-            for key, end in zip(py_list(ree.values), py_list(ree.run_ends), strict=True):
-                self.runs[key] = (start, end)
-                start = end
+            ends = py_list(ree.run_ends)
+            self.runs = dict(zip(py_list(ree.values), zip([0, *ends[:-1]], ends, strict=True), strict=True))
 
     # the columns as Python lists, when the key loop asks (the columnar path does not)
     @cached_property

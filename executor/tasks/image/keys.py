@@ -118,7 +118,6 @@ class Input:
     record id): each key's records are one contiguous, already ordered run."""
 
     def __init__(self, recs: Any) -> None:
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         recs = sort_records(recs)
@@ -129,14 +128,22 @@ class Input:
         self.hashes: Any = id_hashes(recs.column("record_id")) if n else None
         self._records: list[Record] | None = None
         self.runs: dict[str, tuple[int, int]] = {}
-        # a record id twice within the batch (a source that repeats itself): only then does
-        # each key's run need a set of the ids it ran
-        self.repeats = bool(n) and (pc.count_distinct(pa.array(self.hashes)).as_py() < n
-                                    and pc.count_distinct(recs.column("record_id")).as_py() < n)
         if n:
             ree = pc.run_end_encode(recs.column("key").combine_chunks())
             ends = py_list(ree.run_ends)
             self.runs = dict(zip(py_list(ree.values), zip([0, *ends[:-1]], ends, strict=True), strict=True))
+
+    @cached_property
+    def repeats(self) -> bool:
+        """A record id twice within the batch (a source that repeats itself): only then does each
+        key's run need a set of the ids it ran. Two equal hashes first, then the ids themselves."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        if self.n < 2:
+            return False
+        h = np.sort(self.hashes)
+        return bool((h[1:] == h[:-1]).any()) and pc.count_distinct(self.table.column("record_id")).as_py() < self.n
 
     # the columns as Python lists, when the key loop asks (the columnar path does not)
     @cached_property

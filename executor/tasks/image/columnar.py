@@ -5,7 +5,7 @@ A computation that declares :meth:`~deltawheel.executor.computation.Computation.
 records, state and event-time timers as Arrow tables, and returns their new state, timers, the
 timers it fired and the productions (docs/embedding.md, "The columnar path"). No Python object
 is built per key or record, but for the few that need one: a new key's first timer firing number
-(a hash of its first record id), a production's id and encoded value.
+(a digest of its first record id); the productions stay one Arrow table (``prodcols.py``).
 
 :class:`ColumnarLoop` has the key loop's outputs (``keys.KeyLoop``: new rows, unchanged keys,
 productions, ids run, counts), so the rest of the interval's run (``interval.py``: the record

@@ -206,10 +206,10 @@ class ColumnarLoop:
         runs them first; the outcome goes into the columnar call as the key's state and timers.
         Returns the keys that run per record instead: late and on-time records interleaved, or an
         outcome the call cannot read (a hold, a processing-time timer, state not packed pairs)."""
+        import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from ..combine import late_prefix
         from ..keyrun import UserCode
         from .keys import context_factory
 
@@ -223,18 +223,23 @@ class ColumnarLoop:
         new_ctx = context_factory(comp, codec_of(comp), self.wm, self.now_ms)
         run_user = UserCode(comp, input_watermark_ms=self.wm, now_ms=self.now_ms, fire_timers=False,
                             combine_per_key=False).run
+        # the late flags and the seen marks as arrays: only a key's late records become Python records
+        late = pc.fill_null(inp.table.column("late"), False).to_numpy(zero_copy_only=False).astype(bool)
+        unseen = None if seen is None else ~np.asarray(seen, dtype=bool)
         for key in keys:
             lo, hi = inp.runs[key]
-            every = inp.run_records(lo, hi)  # no values to decode (``takes_columnar``)
-            recs = every if seen is None else [r for r, s in zip(every, seen[lo:hi], strict=True) if not s]
-            n = late_prefix([r.late for r in recs])
-            if n < 0:
+            at = np.arange(lo, hi) if unseen is None else lo + np.flatnonzero(unseen[lo:hi])
+            flags = late[at]
+            n = len(flags) if flags.all() else int(np.argmin(flags))  # the late ones leading the run
+            if flags[n:].any():  # a late record after an on-time one: the key runs per record
                 out.add(key)
                 continue
+            # (no values to decode: ``takes_columnar``)
+            recs = inp.run_records(lo, lo + n) if unseen is None else inp.records_at(at[:n])
             j = old.index.get(key)
             ctx = (new_ctx(key, None, {}, None, None, None) if j is None else
                    new_ctx(key, old.states[j], old.timers(j), old.holds[j], old.seqs[j], old.codecs[j]))
-            fresh, _dups, n_late, _dead, _fired = run_user(ctx, recs[:n], None)
+            fresh, _dups, n_late, _dead, _fired = run_user(ctx, recs, None)
             state, timers, hold, seq, _codec, prods = ctx.outcome()
             if (hold is not None or any(tm.domain is not TimeDomain.EVENT_TIME for tm in timers)
                     or (state is not None and state[:8] != INT64MAP_HEADER)):

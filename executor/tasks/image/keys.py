@@ -194,11 +194,22 @@ class Input:
     def run_records(self, lo: int, hi: int) -> list[Record]:
         """Records ``lo``..``hi`` (a key's run; no values to decode), built from that slice alone:
         :meth:`records` builds every record of the batch."""
-        import pyarrow.compute as pc
-
         if self._records is not None:
             return self._records[lo:hi]
-        t = self.table.slice(lo, hi - lo)
+        return self._built(self.table.slice(lo, hi - lo))
+
+    def records_at(self, at: Any) -> list[Record]:
+        """The records at the places ``at`` (numpy ints; no values to decode)."""
+        import pyarrow as pa
+
+        if self._records is not None:
+            return [self._records[i] for i in at.tolist()]
+        return self._built(self.table.take(pa.array(at, pa.int64())))
+
+    @staticmethod
+    def _built(t: Any) -> list[Record]:
+        import pyarrow.compute as pc
+
         return list(map(new_record, zip(py_list(t.column("key")), repeat(None), py_list(t.column("timestamp_ms")),
                                         py_list(t.column("record_id")), py_list(pc.fill_null(t.column("stream"), "")),
                                         py_list(pc.fill_null(t.column("late"), False)))))

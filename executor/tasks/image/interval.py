@@ -226,7 +226,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     touched = set(inp.runs)
     run_keys = list(inp.runs)  # sorted (the input is sorted by key), then the due keys without records
     if pc.any(due).as_py():
-        more = sorted(set(py_list(image.filter(due).column("key"))) - touched)
+        more = sorted(set(py_list(keys.filter(due))) - touched)  # the key column alone, not the rows
         if more:
             touched.update(more)
             run_keys += more

@@ -155,7 +155,8 @@ class ColumnarLoop:
                                          inp, seen)
             else:
                 late = None
-        if not _packed(sub, slow):  # some state that is not packed pairs: the whole interval per key
+        packed = _packed(sub, slow)  # the other keys' state as pairs (decoded once)
+        if packed is None:  # some state that is not packed pairs: the whole interval per key
             slow = set(touched)
             self._pre, self._late = {}, 0
         if slow:
@@ -189,7 +190,7 @@ class ColumnarLoop:
                 self._id_keys += [key] * len(p.fresh)
                 self._id_values += p.fresh
         mine = sub.filter(pc.is_in(sub.column("key"), value_set=karr)) if slow else sub
-        state, timers = _old_columns(mine)
+        state, timers = _old_columns(mine, packed)
         if pre:  # the state and timers the late records left
             state, timers = _with_pre(state, timers, pre)
         batch = ColumnBatch(keys=karr, records=records, state=state, timers=timers, watermark_ms=self.wm)
@@ -472,22 +473,22 @@ def _with_pre(state: Any, timers: Any, pre: dict[str, _Pre]) -> tuple[Any, Any]:
     return state, timers
 
 
-def _packed(sub: Any, slow: set[str]) -> bool:
-    """Whether every row the columnar call would read holds packed pairs (or no state)."""
+def _packed(sub: Any, slow: set[str]) -> Any:
+    """The pairs of the rows the columnar call would read (those of the keys not in ``slow``, in
+    ``sub``'s order: ``int64map_columns``), or None when one holds state that is not packed pairs."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     rows = sub if not slow else sub.filter(pc.invert(pc.is_in(sub.column("key"), value_set=pa.array(sorted(slow), pa.string()))))
-    return int64map_columns(rows.column("state")) is not None
+    return int64map_columns(rows.column("state"))
 
 
-def _old_columns(mine: Any) -> tuple[Any, Any]:
+def _old_columns(mine: Any, got: Any) -> tuple[Any, Any]:
     """The rows' state (key, map_key, map_value) and event-time timers (key, tag, time_ms)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    got = int64map_columns(mine.column("state"))
-    assert got is not None  # checked by ``_packed``
+    assert got is not None  # checked by ``_packed``, which decoded the same rows
     rows, k, v = got
     state = pa.table({"key": mine.column("key").take(pa.array(rows, pa.int64())), "map_key": pa.array(k, pa.int64()),
                       "map_value": pa.array(v, pa.int64())})

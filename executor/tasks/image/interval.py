@@ -435,9 +435,10 @@ def bloom_paths(spec: ImageSpec, iv: int) -> tuple[str, ...]:
     return tuple(sorted((*_state_paths(spec, iv), *(p for p in spec.images.get(iv, ()) if is_ids_path(p)))))
 
 
-def cached_bloom(paths: tuple[str, ...]) -> IdBloom | None:
-    """The filter this worker holds for the files ``paths`` (:func:`bloom_paths`), if any."""
-    return _BLOOMS.get(paths)
+def cached_bloom(paths: tuple[str, ...], *, forget: bool = False) -> IdBloom | None:
+    """The filter this worker holds for the files ``paths`` (:func:`bloom_paths`), if any;
+    ``forget``: and drop it (the next task builds it from the files)."""
+    return _BLOOMS.pop(paths, None) if forget else _BLOOMS.get(paths)
 
 
 def remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:

@@ -25,13 +25,15 @@ import pytest
 from deltawheel.executor.computation import ColumnBatch, ColumnResult
 from deltawheel.executor.exceptions import UserCodeError
 from deltawheel.executor.tasks.image.interval import ImageSpec, run_task
+from deltawheel.executor.tasks.image.prodcols import production_table, write_production_table
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import CodecError, ConfigError
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, make_production, rows_file_ddl
+from deltawheel.statestore.writepath.image.files import write_production_files
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from image_fences import fence_images
@@ -275,6 +277,24 @@ def test_the_int64map_codec_packs_int_dicts_and_reads_them_as_columns() -> None:
         c.decode(INT64MAP_HEADER + b"\x00" * 8)
 
 
+def test_the_production_table_writes_the_files_the_per_record_writer_writes(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the columnar path's productions never become tuples: its writer must give the same files,
+    # row for row and column for column, as the per-record path's for the same productions
+    prods = [make_production(f"timer:c:k{i % 3}:e:{i}:1#1", "b" if i % 4 else "a", f"k{i % 3}", bytes([i]), 1000 - i,
+                             "msgpack") for i in range(9)]
+    schema = _arrow(stream_schema_ddl())
+    roots = {s: TableFiles(str(tmp_path / s)) for s in ("a", "b")}
+    common = {"producer": "c", "commit_id": "c7", "iv": 1, "roots": roots, "schema": schema, "format_version": 2}
+    want = write_production_files(prods, **common)
+    got = write_production_table(production_table(prods), **common)
+    assert [(f.stream, f.num_rows, f.min_ts) for f in got] == [(f.stream, f.num_rows, f.min_ts) for f in want] \
+        == [("a", 3, 992), ("b", 6, 993)]
+    for g, w in zip(got, want, strict=True):
+        assert g.path != w.path and g.path.endswith("-dw-c-1.snappy.parquet")
+        assert pq.read_table(tmp_path / g.stream / g.path).equals(pq.read_table(tmp_path / w.stream / w.path))
+    assert write_production_table(production_table([]), **common) == []
+
+
 def test_a_columnar_computation_needs_the_int64map_codec() -> None:
     class Json(WindowCountColumns):
         name = "jsoncols"
@@ -370,6 +390,14 @@ def test_captured_tasks_run_again_with_the_bench_tasks_command(spark, tmp_path, 
     assert [t["fired"] for t in report["tasks"]] == [c["fired"] for _, _, c in got]
     assert sum(c["fired"] for _, _, c in got) > 0 and report["total_cpu_s"] > 0
     assert f"{len(batches)} tasks (captured): " in capsys.readouterr().out
+    # run again: each task finds its Bloom filters as the run did (a task adds its batch's ids to
+    # the filter it found: without them put back, a second round would find every id "maybe seen")
+    assert main(["bench", "tasks", "--captured", str(tmp_path / "cap"), "--repeat", "2",
+                 "--json", str(tmp_path / "r2.json")]) == 0
+    again = json.loads((tmp_path / "r2.json").read_text())
+    assert [t["bloom_maybe"] for t in again["tasks"]] == [t["bloom_maybe"] for t in report["tasks"]]
+    assert [t["processed"] for t in again["tasks"]] == [t["processed"] for t in report["tasks"]]
+    assert sum(t["records"] for t in report["tasks"]) > 2 * sum(t["bloom_maybe"] for t in report["tasks"])
 
 
 def _mk(p: Path) -> Path:

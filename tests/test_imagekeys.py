@@ -332,3 +332,29 @@ def test_the_candidates_lookup_matches_the_full_lookup() -> None:
     fast = already_seen(comp, inp, ids, maybe=flags)
     assert full is not None and fast == full
     assert sum(full) == 6 and all(inp.ids[i].startswith("old") for i, s in enumerate(full) if s)
+
+
+def test_the_bloom_filters_id_hashes_match_their_reference_on_any_column(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # the interval filters hash ids from the column's buffers; a value's hash must not depend on
+    # its neighbours (lengths, chunks, slices, blocks), or a filter built from an image would miss
+    # the same id checked from a batch (a duplicate run twice)
+    import numpy as np
+    from deltawheel.executor.tasks.image import idhash as ids_mod
+    from deltawheel.executor.tasks.image.idhash import id_hash, id_hashes
+
+    rng = random.Random(7)
+    values = ["", "a", "abcdefgh", "abcdefgh\x00", "é∂𝄞", "x" * 40] + [
+        "".join(rng.choice("ab0é") for _ in range(rng.randint(0, 30))) for _ in range(300)]
+    want = [id_hash(v) for v in values]
+    arr = pa.array(values)
+    assert id_hashes(arr).tolist() == want
+    assert id_hashes(pa.chunked_array([arr.slice(0, 100), arr.slice(100)])).tolist() == want
+    assert id_hashes(arr.slice(5, 50)).tolist() == want[5:55]
+    assert id_hashes(arr.cast(pa.large_string())).tolist() == want
+    assert id_hashes(pa.array(["r1", None, "r2"])).tolist() == [id_hash("r1"), id_hash(""), id_hash("r2")]
+    fixed = [f"e{i:010d}" for i in range(2_000)]
+    monkeypatch.setattr(ids_mod, "_BLOCK_BYTES", 1)  # blocks of 1,024 rows
+    assert id_hashes(pa.array(fixed)).tolist() == [id_hash(v) for v in fixed]
+    assert id_hashes(pa.array([])).dtype == np.uint64 and len(id_hashes(pa.array([], pa.string()))) == 0
+    distinct = set(values)
+    assert len({id_hash(v) for v in distinct}) == len(distinct)  # no collision among these

@@ -5,7 +5,7 @@ A computation that declares :meth:`~deltawheel.executor.computation.Computation.
 records, state and event-time timers as Arrow tables, and returns their new state, timers, the
 timers it fired and the productions (docs/embedding.md, "The columnar path"). No Python object
 is built per key or record, but for the few that need one: a new key's first timer firing number
-(a hash of its first record id), a production's id and encoded value.
+(a digest of its first record id); the productions stay one Arrow table (``prodcols.py``).
 
 :class:`ColumnarLoop` has the key loop's outputs (``keys.KeyLoop``: new rows, unchanged keys,
 productions, ids run, counts), so the rest of the interval's run (``interval.py``: the record
@@ -21,16 +21,16 @@ reader check them against ``keys.py`` and ``keyrun.py``.)
 
 from __future__ import annotations
 
-from itertools import repeat
 from typing import Any, NamedTuple
 
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
-from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain, make_production
+from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain
 
 from ...computation import ColumnBatch, ColumnResult, Computation, ErrorPolicy
 from ...exceptions import UserCodeError
-from ..keyrun import codec_of, first_timer_seq, state_codec_of
+from ..keyrun import codec_of, first_timer_seqs, state_codec_of
 from .keys import Input, KeyLoop, OldRows, py_list
+from .prodcols import columns_table, production_table
 
 __all__ = ["takes_columnar", "ColumnarLoop", "key_loop"]
 
@@ -93,18 +93,16 @@ class ColumnarLoop:
         self.rows = _Rows(self.per_key)
         self.columnar_keys = 0  # keys the columnar call ran
         self._unchanged: list[str] = []
-        self._prods: list[Any] = []
         self._id_keys: list[str] = []
         self._id_values: list[str] = []
         self._counts = [0, 0, 0, 0]  # processed, duplicates, fired, written
-        self._by_key: dict[int, list[Any]] = {}  # key (its place in the keys run) -> its productions
         self._all_ran = True
         self._pre: dict[str, _Pre] = {}
         self._late = 0
-        self._columns: tuple[Any, ...] | None = None  # the productions as Arrow columns, when all are the call's
-        self._n_prods: Any = None  # keys whose late records ran per record first
+        self._ptable: Any = None  # the columnar keys' productions (``prodcols.production_table``), in key order
+        self._n_prods: Any = None  # per columnar key, how many
         self.unchanged: list[str] = []
-        self.prods: list[Any] = []
+        self.prod_table: Any = None  # all productions, the key loop's first (``prodcols``): no tuple per production
         self.side: list[Any] = []
         self.all_ran = True
         self.id_keys: list[str] = []
@@ -114,11 +112,15 @@ class ColumnarLoop:
     def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
             old_id_keys: set[str]) -> None:
         """Run ``touched`` (the key loop's :meth:`~.keys.KeyLoop.run`); the outputs are the key
-        loop's attributes, both parts together."""
+        loop's attributes, both parts together (the productions as :attr:`prod_table`)."""
+        import pyarrow as pa
+
         self._run(touched, inp, old, seen, old_id_keys)
         k = self.per_key
         self.unchanged = k.unchanged + self._unchanged
-        self.prods = k.prods + self._prods
+        mine = self._ptable
+        self.prod_table = (production_table(k.prods) if mine is None else
+                           mine if not k.prods else pa.concat_tables([production_table(k.prods), mine]))
         self.side = k.side
         self.all_ran = k.all_ran and self._all_ran
         self.id_keys = k.id_keys + self._id_keys
@@ -150,10 +152,11 @@ class ColumnarLoop:
             if pc.any(late).as_py():
                 # a key's late records (leading its new ones) run per record first, before the call
                 slow |= self._late_first(sorted(set(py_list(pc.unique(t.column("key").filter(late)))) - slow),
-                                         inp, old, seen)
+                                         inp, seen)
             else:
                 late = None
-        if not _packed(sub, slow):  # some state that is not packed pairs: the whole interval per key
+        packed = _packed(sub, slow)  # the other keys' state as pairs (decoded once)
+        if packed is None:  # some state that is not packed pairs: the whole interval per key
             slow = set(touched)
             self._pre, self._late = {}, 0
         if slow:
@@ -187,7 +190,7 @@ class ColumnarLoop:
                 self._id_keys += [key] * len(p.fresh)
                 self._id_values += p.fresh
         mine = sub.filter(pc.is_in(sub.column("key"), value_set=karr)) if slow else sub
-        state, timers = _old_columns(mine)
+        state, timers = _old_columns(mine, packed)
         if pre:  # the state and timers the late records left
             state, timers = _with_pre(state, timers, pre)
         batch = ColumnBatch(keys=karr, records=records, state=state, timers=timers, watermark_ms=self.wm)
@@ -199,33 +202,45 @@ class ColumnarLoop:
         _check(self.comp, keys[0], what, out)
         self._finish(keys, karr, records, mine, out, old_id_keys)
 
-    def _late_first(self, keys: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> set[str]:
+    def _late_first(self, keys: list[str], inp: Input, seen: list[bool] | None) -> set[str]:
         """Run each of ``keys``' late records per record (no timer fires), as the per-record path
         runs them first; the outcome goes into the columnar call as the key's state and timers.
         Returns the keys that run per record instead: late and on-time records interleaved, or an
         outcome the call cannot read (a hold, a processing-time timer, state not packed pairs)."""
-        from ..combine import late_prefix
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         from ..keyrun import UserCode
-        from .keys import context_factory, records_of
+        from .keys import context_factory
 
         out: set[str] = set()
         if not keys:
             return out
         comp = self.comp
+        # only these keys' rows and records become Python objects (not the interval's)
+        old = OldRows(self.sub.filter(pc.is_in(self.sub.column("key"), value_set=pa.array(keys, pa.string()))),
+                      with_pending=False)
         new_ctx = context_factory(comp, codec_of(comp), self.wm, self.now_ms)
         run_user = UserCode(comp, input_watermark_ms=self.wm, now_ms=self.now_ms, fire_timers=False,
                             combine_per_key=False).run
+        # the late flags and the seen marks as arrays: only a key's late records become Python records
+        late = pc.fill_null(inp.table.column("late"), False).to_numpy(zero_copy_only=False).astype(bool)
+        unseen = None if seen is None else ~np.asarray(seen, dtype=bool)
         for key in keys:
             lo, hi = inp.runs[key]
-            recs, dead, _n_seen = records_of(inp, key, lo, hi, seen)
-            n = late_prefix([r.late for r in recs])
-            if n < 0 or dead:
+            at = np.arange(lo, hi) if unseen is None else lo + np.flatnonzero(unseen[lo:hi])
+            flags = late[at]
+            n = len(flags) if flags.all() else int(np.argmin(flags))  # the late ones leading the run
+            if flags[n:].any():  # a late record after an on-time one: the key runs per record
                 out.add(key)
                 continue
+            # (no values to decode: ``takes_columnar``)
+            recs = inp.run_records(lo, lo + n) if unseen is None else inp.records_at(at[:n])
             j = old.index.get(key)
             ctx = (new_ctx(key, None, {}, None, None, None) if j is None else
                    new_ctx(key, old.states[j], old.timers(j), old.holds[j], old.seqs[j], old.codecs[j]))
-            fresh, _dups, n_late, _dead, _fired = run_user(ctx, recs[:n], None)
+            fresh, _dups, n_late, _dead, _fired = run_user(ctx, recs, None)
             state, timers, hold, seq, _codec, prods = ctx.outcome()
             if (hold is not None or any(tm.domain is not TimeDomain.EVENT_TIME for tm in timers)
                     or (state is not None and state[:8] != INT64MAP_HEADER)):
@@ -250,13 +265,13 @@ class ColumnarLoop:
             pos = pc.index_in(mine.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
             old_at[pos] = np.arange(mine.num_rows)
         n_recs = _per_key(records.column("key"), karr, n)
-        # the new state, as blobs
-        st = out.state.sort_by([("key", "ascending"), ("map_key", "ascending")])
-        st_rows = pc.index_in(st.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
-        blobs = int64map_blobs(st_rows, st.column("map_key").to_numpy(), st.column("map_value").to_numpy(), n)
+        # the new state, as blobs (sorted by the keys' places: ``keys`` is sorted, so that is key order)
+        st_rows = pc.index_in(out.state.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+        mk, mv = out.state.column("map_key").to_numpy(), out.state.column("map_value").to_numpy()
+        by = np.lexsort((mk, st_rows))
+        blobs = int64map_blobs(st_rows[by], mk[by], mv[by], n)
         # the timers, sorted per key as a row stores them
-        tm = out.timers.sort_by([("key", "ascending"), ("time_ms", "ascending"), ("tag", "ascending")])
-        tm_rows = pc.index_in(tm.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+        tm, tm_rows = _sorted_timers(out.timers, karr)
         n_timers = np.bincount(tm_rows, minlength=n) if len(tm_rows) else np.zeros(n, np.int64)
         offsets = np.concatenate([[0], np.cumsum(n_timers)]).astype(np.int32)
         first_ev = np.zeros(n, dtype=np.int64)
@@ -267,10 +282,16 @@ class ColumnarLoop:
         if mine.num_rows:
             old_seq = pc.fill_null(mine.column("timer_seq"), 0).to_numpy()
             seqs[old_at >= 0] = old_seq[old_at[old_at >= 0]]
-        first_rec = np.concatenate([[0], np.cumsum(n_recs)])[:-1]
-        rec_ids = records.column("record_id")
-        for i in np.flatnonzero(old_at < 0).tolist():
-            seqs[i] = first_timer_seq(rec_ids[int(first_rec[i])].as_py() if n_recs[i] else keys[i])
+        # a new key's counter: seeded from its first record's id (its name if it has none)
+        new_keys = np.flatnonzero(old_at < 0)
+        if len(new_keys):
+            first_rec = np.concatenate([[0], np.cumsum(n_recs)])[:-1]
+            with_rec = new_keys[n_recs[new_keys] > 0]
+            firsts = py_list(records.column("record_id").take(pa.array(first_rec[with_rec], pa.int64())))
+            seqs[with_rec] = first_timer_seqs(firsts)
+            without = new_keys[n_recs[new_keys] == 0]
+            if len(without):
+                seqs[without] = first_timer_seqs([keys[i] for i in without.tolist()])
         pre = self._pre
         pre_fresh = np.zeros(n, dtype=np.int64)
         if pre:
@@ -334,98 +355,88 @@ class ColumnarLoop:
             "timer_seq": pa.array(new_seqs[rows], pa.int64())})
 
     def _productions(self, keys: list[str], fired: Any, f_rows: Any, seqs: Any, prods: Any, n: int) -> Any:
-        """The productions (ids as the per-record path gives them); returns how many per key."""
+        """The productions (ids as the per-record path gives them), as one table in key order (a
+        key's late records' first, then its firings' in firing order); returns how many per key."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
         counts = np.zeros(n, dtype=np.int64)
+        parts, places = [], []
         if self._pre:  # the late records' productions come first (records run before timers fire)
             place_of = dict(zip(keys, range(n), strict=True))
-            for key, pk in self._pre.items():
-                if pk.prods:
-                    self._by_key[place_of[key]] = list(pk.prods)
-                    counts[place_of[key]] += len(pk.prods)
-        if not prods.num_rows:
-            for k in sorted(self._by_key):
-                self._prods.extend(self._by_key[k])
+            pre = [(place_of[key], p) for key, pk in self._pre.items() for p in pk.prods]
+            if pre:
+                parts.append(production_table([p for _k, p in pre]))
+                places.append(np.fromiter((k for k, _p in pre), dtype=np.int64, count=len(pre)))
+        if prods.num_rows:
+            codec = codec_of(self.comp)
+            # each firing's number: its key's counter + its place among the key's firings
+            order = np.argsort(f_rows, kind="stable")
+            place = np.empty(len(f_rows), dtype=np.int64)
+            sorted_rows = f_rows[order]
+            place[order] = np.arange(len(f_rows)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
+            f_seq = seqs[f_rows] + place
+            m = prods.num_rows
+            which = pc.fill_null(prods.column("fired"), -1).to_numpy().astype(np.int64)
+            if (which < 0).any() or (which >= len(f_rows)).any():
+                raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
+                    f"ColumnResult.productions.fired must name rows of ColumnResult.fired (0..{len(f_rows) - 1})"))
+            bad = pc.invert(pc.is_in(prods.column("stream"), value_set=pa.array(list(self.comp.outputs), pa.string())))
+            if pc.any(bad).as_py():
+                stream = prods.column("stream").filter(bad)[0].as_py()
+                raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
+                    f"a production to {stream!r}, which is not among the outputs {list(self.comp.outputs)}; "
+                    "add it to `outputs`"))
+            pk = f_rows[which]
+            # in firing order per key (``fired``'s order), each firing's in the table's order
+            at = np.lexsort((np.arange(m), which, pk))
+            w, k_of = which[at], pk[at]
+            new_firing = np.concatenate([[True], w[1:] != w[:-1]]) if m else np.zeros(0, bool)
+            nth = np.arange(m) - np.maximum.accumulate(np.where(new_firing, np.arange(m), 0)) + 1
+            idx = pa.array(w)
+            key_col = pa.array(keys, pa.string()).take(pa.array(k_of))
+            times = fired.column("time_ms").combine_chunks().take(idx)
+            pid = pc.binary_join_element_wise(
+                pc.binary_join_element_wise(f"timer:{self.comp.name}", key_col, _EVENT,
+                                            fired.column("tag").combine_chunks().take(idx),
+                                            pc.cast(times, pa.string()), pa.array(f_seq[w]).cast(pa.string()), ":"),
+                pa.array(nth).cast(pa.string()), "#")
+            vcol = prods.column("value").combine_chunks().take(pa.array(at))
+            values = vcol if pa.types.is_binary(vcol.type) else pa.array(
+                [codec.encode(v) for v in vcol.to_pylist()], pa.binary())
+            ts = (pc.fill_null(prods.column("timestamp_ms").combine_chunks().take(pa.array(at)).cast(pa.int64()),
+                               times) if "timestamp_ms" in prods.column_names else times)
+            streams = prods.column("stream").combine_chunks().take(pa.array(at))
+            parts.append(columns_table(pid, streams, key_col, values, ts,
+                                       pa.repeat(pa.scalar(codec.name, pa.string()), m)))
+            places.append(k_of)
+        if not parts:
             return counts
-        codec = codec_of(self.comp)
-        # each firing's number: its key's counter + its place among the key's firings
-        order = np.argsort(f_rows, kind="stable")
-        place = np.empty(len(f_rows), dtype=np.int64)
-        sorted_rows = f_rows[order]
-        place[order] = np.arange(len(f_rows)) - np.searchsorted(sorted_rows, sorted_rows, side="left")
-        f_seq = seqs[f_rows] + place
-        m = prods.num_rows
-        which = pc.fill_null(prods.column("fired"), -1).to_numpy().astype(np.int64)
-        if (which < 0).any() or (which >= len(f_rows)).any():
-            raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
-                f"ColumnResult.productions.fired must name rows of ColumnResult.fired (0..{len(f_rows) - 1})"))
-        bad = pc.invert(pc.is_in(prods.column("stream"), value_set=pa.array(list(self.comp.outputs), pa.string())))
-        if pc.any(bad).as_py():
-            stream = prods.column("stream").filter(bad)[0].as_py()
-            raise UserCodeError(self.comp.name, keys[0], "process_columns", ValueError(
-                f"a production to {stream!r}, which is not among the outputs {list(self.comp.outputs)}; "
-                "add it to `outputs`"))
-        pk = f_rows[which]
-        # in firing order per key (``fired``'s order), each firing's in the table's order
-        at = np.lexsort((np.arange(m), which, pk))
-        w, k_of = which[at], pk[at]
-        new_firing = np.concatenate([[True], w[1:] != w[:-1]]) if m else np.zeros(0, bool)
-        nth = np.arange(m) - np.maximum.accumulate(np.where(new_firing, np.arange(m), 0)) + 1
-        idx = pa.array(w)
-        karr = pa.array(keys, pa.string())
-        key_col = karr.take(pa.array(k_of))
-        times = fired.column("time_ms").combine_chunks().take(idx)
-        pid = pc.binary_join_element_wise(
-            pc.binary_join_element_wise(f"timer:{self.comp.name}", key_col, _EVENT,
-                                        fired.column("tag").combine_chunks().take(idx), pc.cast(times, pa.string()),
-                                        pa.array(f_seq[w]).cast(pa.string()), ":"),
-            pa.array(nth).cast(pa.string()), "#")
-        vcol = prods.column("value").combine_chunks().take(pa.array(at))
-        values = py_list(vcol) if pa.types.is_binary(vcol.type) else [codec.encode(v) for v in vcol.to_pylist()]
-        ts = (pc.fill_null(prods.column("timestamp_ms").combine_chunks().take(pa.array(at)).cast(pa.int64()), times)
-              if "timestamp_ms" in prods.column_names else times)
-        streams = prods.column("stream").combine_chunks().take(pa.array(at))
-        made = list(map(make_production, py_list(pid), py_list(streams), py_list(key_col), values, py_list(ts),
-                        repeat(codec.name, m)))
-        np.add.at(counts, k_of, 1)
-        if not self._by_key:  # no late record produced: the timers' productions, in key order
-            self._prods.extend(made)
-            self._columns = (pid, streams, key_col, pa.array(values, pa.binary()), ts)
-            return counts
-        for k, p in zip(k_of.tolist(), made, strict=True):
-            self._by_key.setdefault(k, []).append(p)
-        for k in sorted(self._by_key):
-            self._prods.extend(self._by_key[k])
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        k_all = np.concatenate(places) if len(places) > 1 else places[0]
+        if len(parts) > 1:  # the late records' and the firings' productions, each key's together (stable)
+            table = table.take(pa.array(np.argsort(k_all, kind="stable")))
+        self._ptable = table
+        np.add.at(counts, k_all, 1)
         return counts
 
     def _pending(self, keys: list[str], rows: Any, id_only: Any) -> Any:
-        """The ``pending`` column of the written rows: a key's productions when strong."""
+        """The ``pending`` column of the written rows: a key's productions when strong (every key
+        with productions is written then, so the table, in key order, is the rows' lists in order)."""
+        import numpy as np
         import pyarrow as pa
-        from deltawheel.statestore.rowtable.rows import Production
 
         ptype = self.sub.schema.field("pending").type
-        if self._columns is not None and self.strong:  # every production, in key order: one per written key
-            import numpy as np
-
-            pid, streams, key_col, values, ts = self._columns
-            fields = {"production_id": pid, "stream": streams, "key": key_col, "value": values, "timestamp_ms": ts,
-                      "codec": pa.repeat(pa.scalar(codec_of(self.comp).name, pa.string()), len(pid))}
-            struct = pa.StructArray.from_arrays([fields[f.name].cast(f.type) for f in ptype.value_type],
-                                                fields=list(ptype.value_type))
+        if self.strong and self._ptable is not None:
+            t = self._ptable
+            struct = pa.StructArray.from_arrays([t.column(f.name).combine_chunks().cast(f.type)
+                                                 for f in ptype.value_type], fields=list(ptype.value_type))
             ends = np.concatenate([[0], np.cumsum(self._n_prods[rows])]).astype(np.int32)
             return pa.ListArray.from_arrays(pa.array(ends), struct, type=ptype)
-        lists = [self._by_key.get(i, []) if self.strong else [] for i in rows.tolist()]
-        flat = [p for lst in lists for p in lst]
-        cols = list(zip(*flat, strict=True)) if flat else [()] * len(Production._fields)
-        struct = pa.StructArray.from_arrays([pa.array(cols[Production._fields.index(f.name)], f.type)
-                                             for f in ptype.value_type], fields=list(ptype.value_type))
-        offs = [0]
-        for lst in lists:
-            offs.append(offs[-1] + len(lst))
-        return pa.ListArray.from_arrays(pa.array(offs, pa.int32()), struct, type=ptype)
+        struct = pa.StructArray.from_arrays([pa.array([], f.type) for f in ptype.value_type],
+                                            fields=list(ptype.value_type))
+        return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, dtype=np.int32)), struct, type=ptype)
 
 
 class _Pre(NamedTuple):
@@ -462,22 +473,22 @@ def _with_pre(state: Any, timers: Any, pre: dict[str, _Pre]) -> tuple[Any, Any]:
     return state, timers
 
 
-def _packed(sub: Any, slow: set[str]) -> bool:
-    """Whether every row the columnar call would read holds packed pairs (or no state)."""
+def _packed(sub: Any, slow: set[str]) -> Any:
+    """The pairs of the rows the columnar call would read (those of the keys not in ``slow``, in
+    ``sub``'s order: ``int64map_columns``), or None when one holds state that is not packed pairs."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     rows = sub if not slow else sub.filter(pc.invert(pc.is_in(sub.column("key"), value_set=pa.array(sorted(slow), pa.string()))))
-    return int64map_columns(rows.column("state")) is not None
+    return int64map_columns(rows.column("state"))
 
 
-def _old_columns(mine: Any) -> tuple[Any, Any]:
+def _old_columns(mine: Any, got: Any) -> tuple[Any, Any]:
     """The rows' state (key, map_key, map_value) and event-time timers (key, tag, time_ms)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    got = int64map_columns(mine.column("state"))
-    assert got is not None  # checked by ``_packed``
+    assert got is not None  # checked by ``_packed``, which decoded the same rows
     rows, k, v = got
     state = pa.table({"key": mine.column("key").take(pa.array(rows, pa.int64())), "map_key": pa.array(k, pa.int64()),
                       "map_value": pa.array(v, pa.int64())})
@@ -490,14 +501,37 @@ def _old_columns(mine: Any) -> tuple[Any, Any]:
 
 
 def _per_key(col: Any, karr: Any, n: int) -> Any:
-    """How many of ``col``'s values are each of the ``n`` keys of ``karr``."""
+    """How many of ``col``'s values (sorted: each key's are one run) are each of the ``n`` keys of
+    ``karr`` (the runs' keys looked up, not every value)."""
     import numpy as np
     import pyarrow.compute as pc
 
     if not len(col):
         return np.zeros(n, dtype=np.int64)
-    at = pc.index_in(col, value_set=karr).to_numpy(zero_copy_only=False)
-    return np.bincount(at, minlength=n)
+    runs = pc.run_end_encode(col.combine_chunks() if hasattr(col, "combine_chunks") else col)
+    lengths = np.diff(runs.run_ends.to_numpy(), prepend=0)
+    at = pc.index_in(runs.values, value_set=karr).to_numpy(zero_copy_only=False)
+    return np.bincount(at, weights=lengths, minlength=n).astype(np.int64)
+
+
+def _sorted_timers(timers: Any, karr: Any) -> tuple[Any, Any]:
+    """``timers`` (key, tag, time_ms) sorted by key, time and tag as a row stores them, and each
+    one's key's place in ``karr`` (sorted keys): integers sorted, the tags ranked once."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    order = [("key", "ascending"), ("time_ms", "ascending"), ("tag", "ascending")]
+    if not timers.num_rows or timers.column("tag").null_count or timers.column("time_ms").null_count:
+        tm = timers.sort_by(order)
+        return tm, pc.index_in(tm.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+    rows = pc.index_in(timers.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
+    enc = pc.dictionary_encode(timers.column("tag")).combine_chunks()
+    by_name = pc.sort_indices(enc.dictionary).to_numpy()
+    rank = np.empty(len(by_name), dtype=np.int64)
+    rank[by_name] = np.arange(len(by_name), dtype=np.int64)
+    by = np.lexsort((rank[enc.indices.to_numpy()], timers.column("time_ms").to_numpy(), rows))
+    return timers.take(pa.array(by)), rows[by]
 
 
 def _same(mine: Any, old_at: Any, blobs: Any, tm: Any, offsets: Any, which: Any) -> Any:

@@ -18,7 +18,6 @@ from .keys import Input, py_list
 
 __all__ = ["HeldIds", "flat_ids", "already_seen", "with_ids", "trim_ids", "expired_ids", "drop_empty"]
 
-
 @dataclass
 class HeldIds:
     """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays.
@@ -60,7 +59,7 @@ def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = No
     import pyarrow.compute as pc
 
     held = ids.table  # within the dedup horizon
-    if not comp.exactly_once or held.num_rows == 0 or not inp.keys:
+    if not comp.exactly_once or held.num_rows == 0 or not inp.n:
         return None
     if maybe is not None and int(maybe.sum()) * 8 < held.num_rows:
         cand = np.flatnonzero(maybe).tolist()

@@ -64,8 +64,9 @@ from deltawheel.statestore.writepath.image.summary import (
 from ...computation import Computation
 from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_folder
 from .capture import capture, capture_folder
-from .columnar import key_loop
+from .columnar import ColumnarLoop, key_loop
 from .deltas import Placement, changed_keys, plan_delta, read_state, token, whole_placement
+from .idhash import id_hashes
 from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .idsfiles import (
     IdsFile,
@@ -77,8 +78,9 @@ from .idsfiles import (
     write_ids_file,
 )
 from .keys import Input, OldRows, py_list
+from .prodcols import write_production_table
 
-__all__ = ["ImageSpec", "holds", "run_task"]
+__all__ = ["ImageSpec", "holds", "run_task", "bloom_paths", "cached_bloom", "remember_bloom"]
 
 # the worker's images, bounded by bytes and evicted window-aware (``cache.py``)
 _CACHE = ImageCache(max_bytes_from_env())
@@ -224,7 +226,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     touched = set(inp.runs)
     run_keys = list(inp.runs)  # sorted (the input is sorted by key), then the due keys without records
     if pc.any(due).as_py():
-        more = sorted(set(py_list(image.filter(due).column("key"))) - touched)
+        more = sorted(set(py_list(keys.filter(due))) - touched)  # the key column alone, not the rows
         if more:
             touched.update(more)
             run_keys += more
@@ -305,17 +307,24 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     if bloom is not None and (written is not None or ids_written is not None or gone):
         # the new files' ids: the old ones (a superset) and the new ones
         if new_ids is not None and loop.all_ran and inp.hashes is not None:  # new_ids: the input's, in its order
-            bloom.add_many(inp.ids, hashes=inp.hashes)
-        else:
-            bloom.add_many(py_list(new_ids.column("record_id")) if new_ids is not None else [])
+            bloom.add_many(inp.hashes, hashes=inp.hashes)
+        elif new_ids is not None:
+            hashes = id_hashes(new_ids.column("record_id"))
+            bloom.add_many(hashes, hashes=hashes)
         if not bloom.full():
-            _remember_bloom(tuple(sorted((*state_paths, *(f.path for f in live)))), bloom)
-    prod_files = _write_productions(spec, iv, loop.prods)
+            remember_bloom(tuple(sorted((*state_paths, *(f.path for f in live)))), bloom)
+    if isinstance(loop, ColumnarLoop):  # the columnar path's productions: a table, no tuple per production
+        prod_files = write_production_table(loop.prod_table, producer=name, commit_id=spec.commit_id, iv=iv,
+                                            roots=spec.stream_roots, schema=spec.stream_schema,
+                                            format_version=spec.stream_format_version)
+        n_prods = loop.prod_table.num_rows
+    else:
+        prod_files, n_prods = _write_productions(spec, iv, loop.prods), len(loop.prods)
     return IntervalSummary(
         iv, image=written, delta=delta, dvs=tuple((p, json.dumps(d)) for p, d in dvs), ids_file=ids_written[0] if ids_written else None,
         ids_removed=tuple(f.path for f in (*gone, *taken)), prod_files=tuple(prod_files),
         side=(*routed, *loop.side), processed=loop.processed,
-        duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=len(loop.prods), n_dead=len(loop.side),
+        duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=n_prods, n_dead=len(loop.side),
         keys_written=loop.written, ids_expired=expired + sum(f.flat.num_rows for f in gone),
         keys_expired=loop.keys_expired, oldest_ms=oldest_work(new_image),
         next_proc_ms=_next_proc(new_image, live, retention), images_read=int(read), bloom_checked=checks.checked,
@@ -385,19 +394,19 @@ def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
     the interval's ids files (and those taken out of an older image), key / record_id / seen_ms."""
     import pyarrow as pa
 
-    if not spec.comp.exactly_once or not inp.keys:
+    if not spec.comp.exactly_once or not inp.n:
         return None, None, BloomCounts()
-    bloom = _bloom(spec, iv, image, apart, len(inp.ids))
-    inp.hashes = bloom.hashes(inp.ids)  # again when the batch's ids are added to the filter
-    flags = bloom.might_contain_many(inp.ids, hashes=inp.hashes)
+    bloom = _bloom(spec, iv, image, apart, inp.n)
+    # the filters hash ids with ``id_hashes`` (from the column's buffers, no Python string per id)
+    flags = bloom.might_contain_many(inp.hashes, hashes=inp.hashes)
     maybe = int(flags.sum())
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
-        return bloom, None, BloomCounts(len(inp.ids), 0, 0, bloom.nbytes)
+        return bloom, None, BloomCounts(inp.n, 0, 0, bloom.nbytes)
     if apart.num_rows:
         within = _within(apart, spec.horizon_ms)
         ids = HeldIds(ids.held, pa.concat_tables([ids.table, within]), ids.keys)
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
-    return bloom, seen, BloomCounts(len(inp.ids), maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
+    return bloom, seen, BloomCounts(inp.n, maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
 
 
 def _bloom(spec: ImageSpec, iv: int, image: Any, apart: Any, batch: int) -> IdBloom:
@@ -406,20 +415,34 @@ def _bloom(spec: ImageSpec, iv: int, image: Any, apart: Any, batch: int) -> IdBl
     batch's ids) so that the next batches extend it instead of building it again."""
     import pyarrow.compute as pc
 
-    paths = tuple(sorted((*_state_paths(spec, iv), *(p for p in spec.images.get(iv, ()) if is_ids_path(p)))))
+    paths = bloom_paths(spec, iv)
     hit = _BLOOMS.get(paths)
     if hit is not None:
         _BLOOMS.move_to_end(paths)
         return hit
-    ids = py_list(pc.struct_field(pc.list_flatten(image.column("record_ids")), "record_id"))
-    ids += py_list(apart.column("record_id"))
-    bloom = IdBloom(max(2 * len(ids), BLOOM_MIN_CAPACITY, BLOOM_BATCHES * batch), error_rate=BLOOM_ERROR_RATE)
-    bloom.add_many(ids)
-    _remember_bloom(paths, bloom)
+    import numpy as np
+
+    hashes: Any = np.concatenate([id_hashes(pc.struct_field(pc.list_flatten(image.column("record_ids")), "record_id")),
+                             id_hashes(apart.column("record_id"))])
+    bloom = IdBloom(max(2 * len(hashes), BLOOM_MIN_CAPACITY, BLOOM_BATCHES * batch), error_rate=BLOOM_ERROR_RATE)
+    bloom.add_many(hashes, hashes=hashes)
+    remember_bloom(paths, bloom)
     return bloom
 
 
-def _remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
+def bloom_paths(spec: ImageSpec, iv: int) -> tuple[str, ...]:
+    """What interval ``iv``'s Bloom filter is cached by: its state and ids files."""
+    return tuple(sorted((*_state_paths(spec, iv), *(p for p in spec.images.get(iv, ()) if is_ids_path(p)))))
+
+
+def cached_bloom(paths: tuple[str, ...], *, forget: bool = False) -> IdBloom | None:
+    """The filter this worker holds for the files ``paths`` (:func:`bloom_paths`), if any;
+    ``forget``: and drop it (the next task builds it from the files)."""
+    return _BLOOMS.pop(paths, None) if forget else _BLOOMS.get(paths)
+
+
+def remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
+    """Keep ``bloom`` as the filter of the files ``paths`` (the oldest beyond ``_CACHE_MAX`` leave)."""
     _BLOOMS[paths] = bloom
     _BLOOMS.move_to_end(paths)
     while len(_BLOOMS) > _CACHE_MAX:

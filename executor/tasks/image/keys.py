@@ -41,6 +41,7 @@ from deltawheel.statestore.writepath.image.summary import SideRecord
 from ...computation import Computation, Record, new_record
 from ...context import Context
 from ..keyrun import UserCode, codec_of, state_codec_of
+from .idhash import id_hashes
 from .vector import KeyRecords, interval_combined, takes_vectorised
 
 __all__ = ["Input", "OldRows", "KeyLoop", "py_list", "constant_or_list"]
@@ -79,6 +80,39 @@ def constant_or_list(col: Any, n: int) -> Any:
     return py_list(col)
 
 
+# the task's own columns (``task.py``, ``interval.py``): not needed once an interval's records are picked
+_TASK_COLUMNS = ("_bad", "_m", "interval")
+
+
+def sort_records(recs: Any) -> Any:
+    """``recs`` sorted by (key, event time, record id), without the task's own columns. The keys
+    are ranked once as their distinct values (a batch has several records per key) and packed
+    with the event time into one int64 (rank << 40 | time - the batch's earliest: 40 bits is 34
+    years of milliseconds), so the sort compares integers and the ids only on ties: the same
+    order as sorting the three columns, in about two thirds of the time."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    recs = recs.drop_columns([c for c in _TASK_COLUMNS if c in recs.column_names])
+    order = [("key", "ascending"), ("timestamp_ms", "ascending"), ("record_id", "ascending")]
+    keys, ts = recs.column("key"), recs.column("timestamp_ms")
+    if recs.num_rows < 2 or keys.null_count or ts.null_count:
+        return recs.sort_by(order)
+    t = ts.to_numpy()
+    lo = int(t.min())
+    enc = pc.dictionary_encode(keys).combine_chunks()
+    if int(t.max()) - lo >= 1 << 40 or len(enc.dictionary) >= 1 << 22:
+        return recs.sort_by(order)
+    by_name = pc.sort_indices(enc.dictionary).to_numpy()
+    rank = np.empty(len(by_name), dtype=np.int64)
+    rank[by_name] = np.arange(len(by_name), dtype=np.int64)
+    packed = (rank[enc.indices.to_numpy()] << 40) | (t - lo)
+    idx = pc.sort_indices(pa.table({"k": packed, "r": recs.column("record_id")}),
+                          sort_keys=[("k", "ascending"), ("r", "ascending")])
+    return recs.take(idx)
+
+
 class Input:
     """One interval's records of the batch as Python lists, sorted by (key, event time,
     record id): each key's records are one contiguous, already ordered run."""
@@ -86,26 +120,42 @@ class Input:
     def __init__(self, recs: Any) -> None:
         import pyarrow.compute as pc
 
-        recs = recs.sort_by([("key", "ascending"), ("timestamp_ms", "ascending"), ("record_id", "ascending")])
+        recs = sort_records(recs)
         self.table = recs
-        n = recs.num_rows
-        self.keys: list[str] = py_list(recs.column("key"))
-        self.ids: list[str] = py_list(recs.column("record_id"))
+        n = self.n = recs.num_rows
         self.no_values = recs.column("value").null_count == n  # an injector without value columns: nothing to decode
-        self.hashes: Any = None  # the ids' Bloom filter hashes, once computed (``interval.py``)
+        # the ids' hashes (the Bloom filters', ``interval.py``): a repeat is looked for among them first
+        self.hashes: Any = id_hashes(recs.column("record_id")) if n else None
         self._records: list[Record] | None = None
         self.runs: dict[str, tuple[int, int]] = {}
-        # a record id twice within the batch (a source that repeats itself): only then does
-        # each key's run need a set of the ids it ran
-        self.repeats = bool(n) and pc.count_distinct(recs.column("record_id")).as_py() < n
         if n:
             ree = pc.run_end_encode(recs.column("key").combine_chunks())
-            start = 0
-            for key, end in zip(py_list(ree.values), py_list(ree.run_ends), strict=True):
-                self.runs[key] = (start, end)
-                start = end
+            ends = py_list(ree.run_ends)
+            self.runs = dict(zip(py_list(ree.values), zip([0, *ends[:-1]], ends, strict=True), strict=True))
 
-    # the other columns as Python lists, when the key loop asks (the columnar path does not)
+    @cached_property
+    def repeats(self) -> bool:
+        """A record id twice within the batch (a source that repeats itself): only then does each
+        key's run need a set of the ids it ran. Two equal hashes first, then the ids themselves."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        if self.n < 2:
+            return False
+        h = np.sort(self.hashes)
+        return bool((h[1:] == h[:-1]).any()) and pc.count_distinct(self.table.column("record_id")).as_py() < self.n
+
+    # the columns as Python lists, when the key loop asks (the columnar path does not)
+    @cached_property
+    def keys(self) -> list[str]:
+        """The records' keys."""
+        return py_list(self.table.column("key"))
+
+    @cached_property
+    def ids(self) -> list[str]:
+        """The records' ids."""
+        return py_list(self.table.column("record_id"))
+
     @cached_property
     def values(self) -> list[bytes | None]:
         """The records' encoded values (empty: the input has no value columns)."""
@@ -141,6 +191,29 @@ class Input:
         """Record ``i`` (in sorted order) as a dict of every column of the batch table."""
         return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
 
+    def run_records(self, lo: int, hi: int) -> list[Record]:
+        """Records ``lo``..``hi`` (a key's run; no values to decode), built from that slice alone:
+        :meth:`records` builds every record of the batch."""
+        if self._records is not None:
+            return self._records[lo:hi]
+        return self._built(self.table.slice(lo, hi - lo))
+
+    def records_at(self, at: Any) -> list[Record]:
+        """The records at the places ``at`` (numpy ints; no values to decode)."""
+        import pyarrow as pa
+
+        if self._records is not None:
+            return [self._records[i] for i in at.tolist()]
+        return self._built(self.table.take(pa.array(at, pa.int64())))
+
+    @staticmethod
+    def _built(t: Any) -> list[Record]:
+        import pyarrow.compute as pc
+
+        return list(map(new_record, zip(py_list(t.column("key")), repeat(None), py_list(t.column("timestamp_ms")),
+                                        py_list(t.column("record_id")), py_list(pc.fill_null(t.column("stream"), "")),
+                                        py_list(pc.fill_null(t.column("late"), False)))))
+
     def records(self) -> list[Record]:
         """Every record (no values to decode), built at once in C; a key's are a slice."""
         if self._records is None:
@@ -156,42 +229,71 @@ class OldRows:
     batch can commit, so they are only cleared)."""
 
     def __init__(self, sub: Any, *, with_pending: bool) -> None:
+        self.sub = sub  # each column becomes Python lists when first asked (the columnar path asks for few)
+        self.n = sub.num_rows
+        self.with_pending = with_pending
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Key -> its row's place."""
+        return {k: j for j, k in enumerate(py_list(self.sub.column("key")))}
+
+    @cached_property
+    def states(self) -> list[bytes | None]:
+        """The rows' state blobs."""
+        return py_list(self.sub.column("state"))
+
+    @cached_property
+    def codecs(self) -> list[str | None]:
+        """The codec column: a state version older than the computation's is upgraded when run."""
+        return constant_or_list(self.sub.column("codec"), self.n) if self.n else []
+
+    @cached_property
+    def holds(self) -> list[int | None]:
+        """The rows' watermark holds."""
+        return constant_or_list(self.sub.column("watermark_hold_ms"), self.n) if self.n else []
+
+    @cached_property
+    def seqs(self) -> list[int]:
+        """The timer firing counters (null: a row written before the counter existed, migration 4, counts from 0)."""
+        return [s or 0 for s in py_list(self.sub.column("timer_seq"))]
+
+    @cached_property
+    def pending(self) -> set[str]:
+        """The keys whose rows hold pending productions (read only when the image has some)."""
         import pyarrow.compute as pc
 
-        keys = py_list(sub.column("key"))
-        n = len(keys)
-        self.index = {k: j for j, k in enumerate(keys)}
-        self.states: list[bytes | None] = py_list(sub.column("state"))
-        # the codec column: a state version older than the computation's is upgraded when run
-        self.codecs: list[str | None] = constant_or_list(sub.column("codec"), n) if n else []
-        self.holds: list[int | None] = constant_or_list(sub.column("watermark_hold_ms"), n) if n else []
-        # null: a row written before the counter existed (migration 4) counts from 0
-        self.seqs: list[int] = [s or 0 for s in py_list(sub.column("timer_seq"))]
-        timers = sub.column("timers").combine_chunks()
+        if not self.with_pending:
+            return set()
+        has = pc.fill_null(pc.greater(pc.list_value_length(self.sub.column("pending")), 0), False)
+        return set(py_list(self.sub.column("key").filter(has)))
+
+    @cached_property
+    def _timer_lists(self) -> tuple[list[Timer], list[tuple[str, TimeDomain]], list[int]]:
+        import pyarrow.compute as pc
+
+        timers = self.sub.column("timers").combine_chunks()
         flat = pc.list_flatten(timers)
         tags: list[str] = py_list(flat.field("tag"))
         doms = list(map(DOMAINS.__getitem__, py_list(flat.field("domain"))))
         # every timer at once, in C; a row's are a slice (stored sorted: insertion order is sorted)
-        self._timers = list(map(new_timer, zip(py_list(flat.field("time_ms")), tags, doms, strict=True)))
-        self._slots = list(zip(tags, doms, strict=True))
-        self._offs: list[int] = py_list(timers.offsets)
-        self.pending: set[str] = set()
-        if with_pending:
-            has = pc.fill_null(pc.greater(pc.list_value_length(sub.column("pending")), 0), False)
-            self.pending = set(py_list(sub.column("key").filter(has)))
+        return (list(map(new_timer, zip(py_list(flat.field("time_ms")), tags, doms, strict=True))),
+                list(zip(tags, doms, strict=True)), py_list(timers.offsets))
 
     def timers(self, j: int) -> dict[tuple[str, TimeDomain], Timer]:
         """Row ``j``'s timers as a Context holds them (stored sorted: insertion order is sorted)."""
-        a, b = self._offs[j], self._offs[j + 1]
+        all_timers, slots, offs = self._timer_lists
+        a, b = offs[j], offs[j + 1]
         if b - a == 1:  # the usual row: one timer
-            return {self._slots[a]: self._timers[a]}
+            return {slots[a]: all_timers[a]}
         if a == b:
             return {}
-        return dict(zip(self._slots[a:b], self._timers[a:b], strict=True))
+        return dict(zip(slots[a:b], all_timers[a:b], strict=True))
 
     def timer_slice(self, j: int) -> tuple[Timer, ...]:
         """Row ``j``'s timers, sorted (as they were before user code ran)."""
-        return tuple(self._timers[self._offs[j]:self._offs[j + 1]])
+        all_timers, _slots, offs = self._timer_lists
+        return tuple(all_timers[offs[j]:offs[j + 1]])
 
 
 class NewRows:

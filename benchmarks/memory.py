@@ -119,6 +119,14 @@ class MemoryPeak:
         Python worker an earlier engine's run left)."""
         return round(p.cpu_s - dict(self.cpu_first).get(p.pid, p.cpu_s), 2)
 
+    def is_idle(self, p: ProcessMemory) -> bool:
+        """``p`` sat idle until the peak (under 0.1 CPU-s since sampling began: left by what ran
+        before, or not used by this run). PySpark's worker daemon only forks the Python workers, so
+        it is in use whenever one of them worked."""
+        if p.role == "python_daemon":
+            return not any(q.role == "python_worker" and self.cpu_in_run(q) >= _IDLE_CPU_S for q in self.at_peak)
+        return self.cpu_in_run(p) < _IDLE_CPU_S
+
     def by_role(self) -> dict[str, int]:
         """PSS at the peak summed per role (bytes), largest first."""
         out: dict[str, int] = {}
@@ -130,8 +138,8 @@ class MemoryPeak:
         """The peaks as JSON-ready data, in MiB (``*_mib`` instead of ``*_bytes``); the processes at
         the peak as ``at_peak`` (largest PSS first; ``new``: started while sampling, not left by what
         ran before), their sum per role as ``at_peak_by_role_pss_mib``, the sum of the new ones as
-        ``at_peak_new_pss_mib``, the sum of those that sat idle until the peak (``cpu_s_in_run`` under
-        0.1 s: left by what ran before, or not used by this run) as ``at_peak_idle_pss_mib``, each
+        ``at_peak_new_pss_mib``, the sum of those that sat idle until the peak (:meth:`is_idle`) as
+        ``at_peak_idle_pss_mib``, each
         role's own peak as ``role_peaks_pss_mib``."""
         d = asdict(self)
         for k in ("pss_bytes", "rss_bytes", "max_single_rss_bytes", "driver_maxrss_bytes"):
@@ -142,8 +150,7 @@ class MemoryPeak:
                         for p in sorted(self.at_peak, key=lambda p: -p.pss_bytes)]
         d["at_peak_new_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak if self.is_new(p)) / _MIB, 1)
         del d["preexisting"], d["cpu_first"]
-        d["at_peak_idle_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak
-                                              if self.cpu_in_run(p) < _IDLE_CPU_S) / _MIB, 1)
+        d["at_peak_idle_pss_mib"] = round(sum(p.pss_bytes for p in self.at_peak if self.is_idle(p)) / _MIB, 1)
         d["at_peak_by_role_pss_mib"] = {r: round(b / _MIB, 1) for r, b in self.by_role().items()}
         d["role_peaks_pss_mib"] = {r: round(b / _MIB, 1) for r, b in
                                    sorted(self.role_peaks_bytes, key=lambda rb: -rb[1])}

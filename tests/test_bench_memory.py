@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from deltawheel.benchmarks.memory import MemorySampler, process_role, tree_processes
+from deltawheel.benchmarks.memory import MemoryPeak, MemorySampler, ProcessMemory, process_role, tree_processes
 from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 from kazoo.client import KazooClient
 
@@ -69,6 +69,24 @@ def test_the_peak_names_each_process_of_the_tree_what_started_and_what_sat_idle(
     assert idle["cpu_s_in_run"] < 0.1 and row["cpu_s_in_run"] >= 0.3
     assert idle["pss_mib"] <= d["at_peak_idle_pss_mib"] <= d["pss_mib"] - row["pss_mib"]  # the idle one, not the busy
     assert d["loadavg_1m_at_peak"] is not None and d["samples"] >= 3
+
+
+def test_the_worker_daemon_is_idle_only_when_no_python_worker_worked() -> None:
+    mib = 2**20
+
+    def peak(worker_cpu_s: float) -> dict[str, float]:
+        procs = (ProcessMemory(1, "driver_jvm", 900 * mib, 900 * mib, 900 * mib, cpu_s=9.0),
+                 ProcessMemory(2, "python_daemon", 50 * mib, 60 * mib, 40 * mib, cpu_s=0.3),
+                 ProcessMemory(3, "python_worker", 200 * mib, 220 * mib, 180 * mib, cpu_s=1.0 + worker_cpu_s))
+        p = MemoryPeak(pss_bytes=1150 * mib, rss_bytes=1180 * mib, max_single_rss_bytes=900 * mib,
+                       driver_maxrss_bytes=0, samples=3, max_processes=3, at_peak=procs,
+                       cpu_first=((1, 1.0), (2, 0.3), (3, 1.0)))
+        return p.to_dict()  # type: ignore[no-any-return]
+
+    # an engine that ran Python tasks: its workers and the daemon that forked them are its own
+    assert peak(worker_cpu_s=2.0)["at_peak_idle_pss_mib"] == 0
+    # an engine after it that ran none (Spark SQL): the workers and the daemon were left to it
+    assert peak(worker_cpu_s=0.0)["at_peak_idle_pss_mib"] == 250
 
 
 def test_roles_of_spark_and_deltawheel_processes() -> None:

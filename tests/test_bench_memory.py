@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from deltawheel.benchmarks.memory import MemoryPeak, MemorySampler, ProcessMemory, process_role, tree_processes
+from deltawheel.benchmarks.memory import (
+    MemoryPeak,
+    MemorySampler,
+    ProcessMemory,
+    process_role,
+    tree_processes,
+)
 from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
 from kazoo.client import KazooClient
 

@@ -182,7 +182,8 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
 
 
 def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], ContextManager[Any]], *,
-                       check: Callable[[list[PlannedMigration]], None] | None = None) -> list[PlannedMigration]:
+                       check: Callable[[list[PlannedMigration]], None] | None = None,
+                       planned: list[PlannedMigration] | None = None) -> list[PlannedMigration]:
     """:func:`apply` under ``lock()`` (one process at a time per pipeline), taken only when
     :func:`plan` finds something to run: a start of an up-to-date store takes no lock (the
     lock's round trips to ZooKeeper were about a third of a start's migration check). A store
@@ -190,7 +191,8 @@ def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], Conte
     that finds some is made again under the lock (another process may have run them meanwhile).
 
     ``check(pending)`` is called under the lock before any runs (:func:`.live.refuse_while_running`:
-    not while a pipeline of the store runs); it raises to refuse.
+    not while a pipeline of the store runs); it raises to refuse. ``planned``: what :func:`plan`
+    returned for the store just now (e.g. made while ZooKeeper connected), instead of planning here.
 
     Returns:
         The migrations that ran.
@@ -198,7 +200,7 @@ def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], Conte
     Raises:
         As :func:`apply`, and what ``check`` raises (nothing changed).
     """
-    if not plan(spark, layout):
+    if not (plan(spark, layout) if planned is None else planned):
         return []
     with lock():
         if check is not None:

@@ -123,3 +123,66 @@ def test_a_stream_table_that_cannot_be_made_fails_the_start_and_gives_the_leases
     assert sum(r.records_in for r in summary.reports["copier"]) == 60
     assert state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter") == {
         f"k{i}": (10, []) for i in range(6)}
+
+
+@pytest.mark.timeout(600)
+def test_a_store_newer_than_the_code_stops_the_run_typed_with_nothing_written(
+        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The store's migrations are planned while ZooKeeper connects: a store a newer deltawheel
+    wrote still stops the run with that error before any lease is taken or anything written."""
+    from deltawheel.statestore.delta.log import latest_local_version
+    from deltawheel.statestore.exceptions import SchemaTooNewError
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+
+    from deltawheel import migrations
+
+    _input(tmp_path / "in")
+    layout = StoreLayout(str(tmp_path / "store"))
+    migrations.apply(spark, layout, dry_run=False)
+    spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
+                          schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
+                          ).write.format("delta").mode("append").save(layout.meta)
+    rows_version = latest_local_version(layout.rows)
+    lines: list[str] = []
+    with pytest.raises(SchemaTooNewError, match="schema version 99, .* upgrade deltawheel"):
+        _runner(spark, tmp_path, zk_config, progress=lines.append).run()
+    assert not any("waiting for leases" in line for line in lines), lines
+    assert latest_local_version(layout.rows) == rows_version  # no claim, no batch
+    client = connect(zk_config)
+    try:
+        other = LeaseManager(client, pipeline="starts", owner="someone-else")
+        other.acquire("copier", [0, 1])  # free: the refused run took none
+        other.release("copier", [0, 1])
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_topology_declared_otherwise_stops_the_run_typed_before_any_batch(
+        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The computation's topology is declared while its leases are taken: a different declaration
+    in ZooKeeper stops the run with ConfigError before any batch ran, and the leases are free
+    again."""
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.watermarks import WatermarkAuthority
+
+    _input(tmp_path / "in")
+    client = connect(zk_config)
+    try:
+        WatermarkAuthority(client, pipeline="starts").declare("copier", upstream=["injector:other"], num_intervals=2)
+        lines: list[str] = []
+        with pytest.raises(ConfigError, match=r"copier is already declared with upstream \['injector:other'\]"):
+            _runner(spark, tmp_path, zk_config, progress=lines.append).run()
+        assert not any(line.startswith(("copier batch", "copy_counter batch")) for line in lines), lines
+        assert not (tmp_path / "store" / "_checkpoints" / "starts" / "copier" / "commits" / "0").exists()
+        other = LeaseManager(client, pipeline="starts", owner="someone-else")
+        other.acquire("copier", [0, 1])  # no wait: the failed start gave them back
+        other.release("copier", [0, 1])
+    finally:
+        client.stop()
+        client.close()

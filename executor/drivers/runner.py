@@ -59,7 +59,7 @@ from ..protocol.rescale import CATCH_UP_BATCH, shared_input
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..tasks import worker as _worker
 from .pipeline import MoveTiming, Pipeline, RunSummary
-from .wiring import Wiring, injector_hook, migrate_store, open_client, positions_recorder, wire
+from .wiring import Wiring, injector_hook, migrate_store, open_client_planned, positions_recorder, wire
 
 if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
@@ -136,10 +136,12 @@ class PipelineRunner:
                 warming.join()
 
     def _connect_and_run(self) -> RunSummary:
-        client = open_client(self.spark, self.layout, self.zk)
+        # the store's migrations are planned while ZooKeeper connects
+        client, planned = open_client_planned(self.spark, self.layout, self.zk)
         try:
             # two copies started at once must not migrate the same store concurrently
-            migrate_store(self.spark, self.layout, client, pipeline=self.pipeline.name, owner=self.owner)
+            migrate_store(self.spark, self.layout, client, pipeline=self.pipeline.name, owner=self.owner,
+                          planned=planned)
             wiring = wire(self.spark, self.layout, client, pipeline=self.pipeline.name, owner=self.owner, zk=self.zk,
                           max_pause_s=self.max_pause_s, instance=self.instance)
             return self._run(wiring, own=True)
@@ -159,7 +161,8 @@ class PipelineRunner:
             member.join()
         execs: dict[str, ComputationExecutor | None] = {}
         try:
-            for comp in p.ordered():
+            ordered = p.ordered()
+            for i, comp in enumerate(ordered):
                 if self.auto_assign:
                     execs[comp.name] = None
                     self._rebalance(comp, execs)
@@ -167,8 +170,11 @@ class PipelineRunner:
                     started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
                     # the computations' leases in the pipeline's order, each before the next (the
                     # rest of each start goes on in the background): two copies started at once
-                    # must not each take some computations and wait for the other's
-                    started.wait_leased()
+                    # must not each take some computations and wait for the other's. The last
+                    # one's are waited for before its query starts (_consume), so its input's
+                    # frames are built meanwhile
+                    if i < len(ordered) - 1:
+                        started.wait_leased()
             rnd = 0
             while self.follow is not None or rnd < self.max_rounds:
                 moved = 0
@@ -437,6 +443,10 @@ class PipelineRunner:
             if failed:  # the typed cause (e.g. LeaseLostError), not Spark's wrapper around its text
                 raise failed[-1] from exc
             raise
+        if ex.metrics is not None:
+            # the batches' metrics rows waiting are written now, while the flush and the next
+            # queries run, instead of all at the end (stop waits for the rest): no wait here
+            ex.metrics.flush(timeout_s=0)
         if None not in tokens:
             self._read_upto[comp.name] = tokens
         return ex.records_in_total - before

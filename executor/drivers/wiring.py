@@ -12,8 +12,9 @@ authority) and, through
 
 from __future__ import annotations
 
+import concurrent.futures
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.layout import StoreLayout
@@ -28,9 +29,14 @@ from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.hooks import InjectorHook
 from ..protocol.rescale import SharedInput, kafka_input, shared_input
+from ..protocol.starting import beside
 from ..sources.injector import Injector
 
-__all__ = ["positions_recorder", "Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client", "migrate_store",
+if TYPE_CHECKING:
+    from deltawheel.migrations import PlannedMigration
+
+__all__ = ["positions_recorder", "Wiring", "wire", "owner_of", "executor_of", "recovery_owner", "open_client",
+           "open_client_planned", "migrate_store",
            "injector_hook", "watermark_reader"]
 
 
@@ -66,10 +72,23 @@ def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: 
     while ZooKeeper does not serve (None: while the session lives); ``instance``: the job
     instance's name, kept across restarts (a restart takes its dead predecessor's leases at once)."""
     acls = digest_acls(zk)
-    return Wiring(client, LeaseManager(client, pipeline=pipeline, owner=owner, acls=acls, max_pause_s=max_pause_s,
-                                       instance=instance),
-                  WatermarkAuthority(client, pipeline=pipeline, acls=acls, max_pause_s=max_pause_s),
-                  RowStore(spark, layout, writer=owner), acls)
+    # each checks ZooKeeper's layout znodes (round trips of their own): both at once
+    making = beside(lambda: WatermarkAuthority(client, pipeline=pipeline, acls=acls, max_pause_s=max_pause_s),
+                    name="authority")
+    try:
+        leases = LeaseManager(client, pipeline=pipeline, owner=owner, acls=acls, max_pause_s=max_pause_s,
+                              instance=instance)
+    except BaseException:
+        concurrent.futures.wait([making])
+        if making.exception() is None:
+            making.result().close()
+        raise
+    try:
+        authority = making.result()
+    except BaseException:
+        leases.close()
+        raise
+    return Wiring(client, leases, authority, RowStore(spark, layout, writer=owner), acls)
 
 
 def owner_of(store: RowStore, leases: LeaseManager, computation: Computation) -> IntervalOwner:
@@ -104,9 +123,38 @@ def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Any:
     return connect(zk)
 
 
-def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str) -> None:
+def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, list[PlannedMigration]]:
+    """:func:`open_client`, and the store's pending migrations (``migrations.plan``: a read of its
+    ``_meta`` table) planned while ZooKeeper connects; give them to :func:`migrate_store`.
+
+    Raises:
+        What connecting raises (e.g. ``ZooKeeperServerError``), else what planning raises (e.g.
+        ``SchemaTooNewError``; the client is closed then).
+    """
+    import deltawheel.migrations as migrations
+
+    if not layout.is_local:  # the log store is configured before the plan reads the store
+        from deltawheel.statestore.objectstore.logstore import configure_log_store
+
+        configure_log_store(spark, zk.hosts, chroot=zk.chroot, digest=zk.digest)
+    planning = beside(lambda: migrations.plan(spark, layout), name="plan-migrations")
+    try:
+        client = connect(zk)
+    finally:
+        concurrent.futures.wait([planning])  # its own failure is not the cause when connecting failed
+    try:
+        return client, planning.result()
+    except BaseException:
+        client.stop()
+        client.close()
+        raise
+
+
+def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str,
+                  planned: list[PlannedMigration] | None = None) -> None:
     """Create the store or run its pending migrations, one process at a time per pipeline (two
-    copies started at once must not migrate the same store concurrently)."""
+    copies started at once must not migrate the same store concurrently). ``planned``: the
+    store's plan as :func:`open_client_planned` made it (None: planned here)."""
     import deltawheel.migrations as migrations
     from deltawheel.migrations.live import refuse_while_running
 
@@ -115,7 +163,8 @@ def migrate_store(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str
         if table_id is not None:
             refuse_while_running(client, layout, rows_table_id=table_id, pending=pending)
 
-    migrations.apply_when_pending(spark, layout, lambda: client.Lock(f"/locks/migrate/{pipeline}", owner), check=check)
+    migrations.apply_when_pending(spark, layout, lambda: client.Lock(f"/locks/migrate/{pipeline}", owner), check=check,
+                                  planned=planned)
 
 
 def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,

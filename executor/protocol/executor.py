@@ -8,6 +8,7 @@ redelivery), is the ``foreachBatch`` entry whose every micro-batch runs DESIGN's
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import logging
 import time
@@ -31,7 +32,7 @@ from .inflight import InFlight
 from .metrics import BatchMetrics
 from .reports import BatchReport
 from .rescale import SharedInput
-from .starting import BackgroundStart
+from .starting import BackgroundStart, beside
 
 REPORTS_KEPT = 10_000  # reports an executor keeps in memory (``ComputationExecutor.reports``)
 _LOG = logging.getLogger(__name__)
@@ -160,11 +161,22 @@ class ComputationExecutor:
         """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
         self._protocol.watermarks.require_source()
         t_start = time.monotonic()
-        check_store(self.layout)  # a lost or torn commit refuses the start (statestore/inspection/damage.py)
-        rec = self.path.acquire(self._wanted, wait_s=wait_s)
+        authority = self.authority
+        # the computation's topology (ZooKeeper round trips of their own) is declared while the
+        # leases are taken and fenced; a declaration that fails (another topology recorded) fails
+        # the start after the acquisition, before any batch, as when it followed it
+        declaring = None if authority is None else beside(functools.partial(
+            authority.declare, self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals),
+            name=f"declare-{self.comp.name}")
+        try:
+            check_store(self.layout)  # a lost or torn commit refuses the start (statestore/inspection/damage.py)
+            rec = self.path.acquire(self._wanted, wait_s=wait_s)
+        finally:
+            if declaring is not None:
+                concurrent.futures.wait([declaring])
         t_acq = time.monotonic()
-        if self.authority is not None:
-            self.authority.declare(self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals)
+        if declaring is not None:
+            declaring.result()
         self._protocol.opened()
         if rec.appended:
             self._log(f"{self.comp.name}: recovery delivered {rec.appended} checkpointed productions of the last "

@@ -1,15 +1,35 @@
 """A start that runs in a thread: :class:`BackgroundStart`, behind
-:meth:`.ComputationExecutor.start_in_background`."""
+:meth:`.ComputationExecutor.start_in_background`; :func:`beside`: one step of a start in a thread
+while the caller goes on with the next (its outcome waited for where the start needs it)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import threading
-from typing import Callable
+from typing import Callable, TypeVar
 
 from deltawheel.statestore.ownership.owner import IntervalOwner
 
-__all__ = ["BackgroundStart"]
+__all__ = ["BackgroundStart", "beside"]
+
+T = TypeVar("T")
+
+
+def beside(fn: Callable[[], T], *, name: str) -> concurrent.futures.Future[T]:
+    """``fn()`` in a daemon thread named ``deltawheel-<name>``; the future holds what it returned
+    or raised (``result()`` waits, then returns it or raises it)."""
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            got = fn()
+        except BaseException as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(got)
+
+    threading.Thread(target=run, name=f"deltawheel-{name}", daemon=True).start()
+    return done
 
 
 class BackgroundStart:

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.paths import normpath
 from kazoo.security import ACL, make_acl, make_digest_acl
 
 from ..config import ZkConfig
@@ -59,17 +60,20 @@ def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
     Raises:
         ZooKeeperServerError: no server answered within ``timeout_s``.
     """
+    client = _start(cfg.hosts, cfg, timeout_s)
     if cfg.chroot != "/":
-        root = _start(cfg.hosts, cfg, timeout_s)
+        # one session: the chroot is made with paths from the root, then the client's chroot is set.
+        # kazoo prefixes every request's path with ``client.chroot`` when it is sent (and strips it
+        # from watch events), so setting it before any request below it or watch is the same as
+        # connecting to ``hosts + chroot``; a second session only for this took ~0.05 s of a start
         try:
-            root.ensure_path(cfg.chroot)
-        finally:
-            root.stop()
-            root.close()
-        hosts = cfg.hosts + cfg.chroot
-    else:
-        hosts = cfg.hosts
-    return _start(hosts, cfg, timeout_s)
+            client.ensure_path(cfg.chroot)
+        except BaseException:
+            client.stop()
+            client.close()
+            raise
+        client.chroot = normpath(cfg.chroot)
+    return client
 
 
 def digest_acls(cfg: ZkConfig) -> list[ACL] | None:

@@ -286,9 +286,13 @@ def _abandon(client: KazooClient, owner_path: str, session_id: int) -> None:
         log.exception("could not clean up %s", owner_path)
 
 
-def prune_grants(client: KazooClient, grants_dir: str, *, keep: int) -> None:
+def prune_grants(client: KazooClient, grants_dir: str, *, keep: int, sequencer: int | None = None) -> None:
     """Delete all but the newest ``keep`` grant nodes of ``grants_dir`` (housekeeping: gives up
-    quietly when the connection drops; the next grant prunes again)."""
+    quietly when the connection drops; the next grant prunes again). ``sequencer``: the newest
+    grant's; below ``keep`` there cannot be more than ``keep`` grant nodes (a sequence number
+    counts every child made or deleted before it), so nothing is listed (a round trip less)."""
+    if sequencer is not None and sequencer < keep:
+        return
     try:
         old = sorted(client.get_children(grants_dir))[:-keep]
         for name in old:

@@ -226,7 +226,7 @@ class LeaseManager:
                 self._held.setdefault(computation, {})[interval] = held
                 self._lost.pop((computation, interval), None)
             self._watch(held)
-            prune_grants(self._client, f"{base}/grants", keep=self._keep)
+            prune_grants(self._client, f"{base}/grants", keep=self._keep, sequencer=held.grant.sequencer)
             return held.grant
 
     def _watch(self, held: HeldGrant) -> None:

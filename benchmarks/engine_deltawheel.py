@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from .engines_spark import EngineResult, ProgressFn, build_result
+from .memory import measured_run_ended
 from .workload import WorkloadData
 
 __all__ = ["ENGINES", "DeltaWheelEngine", "window_count"]
@@ -194,6 +195,7 @@ class DeltaWheelEngine:
                 deltas_on = image_deltas()  # the setting the run had (the environment's when None)
                 summary = runner.run()
             wall = time.monotonic() - t0
+            measured_run_ended()  # reading the output to check it is not the run's memory
             written = rows_bytes_per_batch(layout.rows)
             # read while ZooKeeper runs: on s3a:// Delta lists the log through the log store's ZooKeeper
             codec = get_codec("int64map" if self.columnar else "msgpack")  # int64map reads msgpack too

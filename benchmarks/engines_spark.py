@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from .memory import measured_run_ended
 from .workload import WIN_MS, WorkloadData, check_output
 
 __all__ = [
@@ -218,6 +219,7 @@ def run_streaming_query(writer: Any, *, name: str, progress: ProgressFn | None) 
         if done:
             break
     wall = time.perf_counter() - t0
+    measured_run_ended()  # reading the output to check it is not the run's memory
     exc = q.exception()
     if exc is not None:
         raise RuntimeError(f"{name}: streaming query failed: {exc}")

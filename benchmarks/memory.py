@@ -30,7 +30,8 @@ from typing import Any
 
 import psutil
 
-__all__ = ["MemoryPeak", "MemorySampler", "ProcessMemory", "process_role", "tree_memory", "tree_processes"]
+__all__ = ["MemoryPeak", "MemorySampler", "ProcessMemory", "measured_run_ended", "process_role", "tree_memory",
+           "tree_processes"]
 
 _MIB = 2**20
 _IDLE_CPU_S = 0.1  # a process that used less CPU than this up to the peak sat idle
@@ -284,15 +285,26 @@ class MemorySampler:
         """Start sampling in a daemon thread; returns ``self``."""
         self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
         self._thread.start()
+        _ACTIVE.append(self)
         return self
 
     def stop(self) -> MemoryPeak:
-        """Stop sampling (after one last sample) and return the peaks."""
+        """Stop sampling (after one last sample, unless :meth:`end` took it) and return the peaks."""
+        if not self._stop.is_set():
+            self.end()
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        return self.peak
+
+    def end(self) -> None:
+        """Take one last sample now and sample no more: what the process does after (e.g. reading an
+        engine's output to check it) is not the measured run's. Once only."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.sample()  # one last sample so short runs have at least two
-        return self.peak
 
     @property
     def peak(self) -> MemoryPeak:
@@ -310,3 +322,14 @@ class MemorySampler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_ACTIVE: list[MemorySampler] = []  # the samplers started and not yet stopped, oldest first
+
+
+def measured_run_ended() -> None:
+    """An engine's measured run (its ``wall_s``) has ended: every running :class:`MemorySampler`
+    takes its last sample now, so checking the engine's output afterwards is not charged to its
+    peak memory. Without a running sampler it does nothing."""
+    for sampler in list(_ACTIVE):
+        sampler.end()

@@ -18,6 +18,7 @@ from deltawheel.benchmarks.memory import (
     MemoryPeak,
     MemorySampler,
     ProcessMemory,
+    measured_run_ended,
     process_role,
     tree_processes,
 )
@@ -73,8 +74,23 @@ def test_the_peak_names_each_process_of_the_tree_what_started_and_what_sat_idle(
     assert d["at_peak_new_pss_mib"] > 96 and d["pss_mib"] > d["at_peak_new_pss_mib"]
     idle = next(r for r in d["at_peak"] if r["pid"] == before.pid)
     assert idle["cpu_s_in_run"] < 0.1 and row["cpu_s_in_run"] >= 0.3
-    assert idle["pss_mib"] <= d["at_peak_idle_pss_mib"] <= d["pss_mib"] - row["pss_mib"]  # the idle one, not the busy
+    # the idle one, not the busy (each figure rounded to 0.1 MiB on its own)
+    assert idle["pss_mib"] <= d["at_peak_idle_pss_mib"] <= d["pss_mib"] - row["pss_mib"] + 0.15
     assert d["loadavg_1m_at_peak"] is not None and d["samples"] >= 3
+
+
+def test_what_follows_the_measured_run_is_not_sampled() -> None:
+    with MemorySampler(interval_s=0.05) as mem:
+        time.sleep(0.2)
+        measured_run_ended()  # as an engine says when its wall time ends (then it reads its output)
+        samples = mem.peak.samples
+        late = _child(96)  # sampled, it would make the peak (the test process alone is far smaller)
+        time.sleep(0.3)
+    late.kill()
+    late.wait()
+    assert samples >= 2 and mem.peak.samples == samples  # no sample after the end
+    assert late.pid not in {p.pid for p in mem.peak.at_peak}
+    measured_run_ended()  # no sampler running: nothing happens
 
 
 def test_the_worker_daemon_is_idle_only_when_no_python_worker_worked() -> None:

@@ -52,10 +52,11 @@ class IdBloom:
     The executor's image path keeps one per interval image in each Python worker, next to the
     cached image (``executor/tasks/image/interval.py``): a batch's records are checked against it first,
     and only when one of them *might* have been seen does the task look the ids up in the
-    image's stored ids. Bit positions come from Python's ``hash`` of the id (SipHash, salted per
-    process), so a filter means something only in the process that built it: it is never
-    persisted or shipped, and a worker without one (a new process, a lease just acquired)
-    builds it from the image it loads.
+    image's stored ids. Bit positions come from the hashes the caller passes (the image path's
+    own hash of the id column's buffers, the same in every process:
+    ``executor/tasks/image/idhash.py``), or by default from Python's ``hash`` of each id (SipHash,
+    salted per process); either way a filter is never persisted or shipped, and a worker without
+    one (a new process, a lease just acquired) builds it from the ids it loads.
 
     Args:
         capacity: the number of ids it is sized for (at ``error_rate``); more can be added, at a

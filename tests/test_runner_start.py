@@ -21,6 +21,22 @@ def _input(folder, n: int = 60) -> None:  # type: ignore[no-untyped-def]
                    folder / "part-0.parquet")
 
 
+def _assert_copier_leases_free(zk_config) -> None:  # type: ignore[no-untyped-def]
+    """Another owner takes the ``copier`` intervals at once (raises if any is still held), then
+    gives them back."""
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+
+    client = connect(zk_config)
+    try:
+        other = LeaseManager(client, pipeline="starts", owner="someone-else")
+        other.acquire("copier", [0, 1])
+        other.release("copier", [0, 1])
+    finally:
+        client.stop()
+        client.close()
+
+
 def _runner(spark, tmp_path, zk_config, **kw):  # type: ignore[no-untyped-def]
     from deltawheel.executor.drivers.pipeline import Pipeline
     from deltawheel.executor.drivers.runner import PipelineRunner
@@ -95,8 +111,6 @@ def test_a_stream_table_that_cannot_be_made_fails_the_start_and_gives_the_leases
     where one cannot be made (a file sits where the table's folder belongs) stops the run with
     that error, the leases are free again at once, and the run after the repair loses nothing."""
     from deltawheel.statestore.layout import StoreLayout
-    from deltawheel.statestore.zk.client import connect
-    from deltawheel.statestore.zk.leases import LeaseManager
     from executor_util import state_of
 
     _input(tmp_path / "in")
@@ -110,14 +124,7 @@ def test_a_stream_table_that_cannot_be_made_fails_the_start_and_gives_the_leases
     # the start itself failed: no batch ran on a start without its stream tables
     assert not any("leases held" in line and "copier" in line for line in lines), lines
     assert not any(line.startswith("copier batch") for line in lines), lines
-    client = connect(zk_config)
-    try:
-        other = LeaseManager(client, pipeline="starts", owner="someone-else")
-        other.acquire("copier", [0, 1])  # no wait: the failed start gave them back
-        other.release("copier", [0, 1])
-    finally:
-        client.stop()
-        client.close()
+    _assert_copier_leases_free(zk_config)  # no wait: the failed start gave them back
     blocked.unlink()
     summary = _runner(spark, tmp_path, zk_config).run()
     assert sum(r.records_in for r in summary.reports["copier"]) == 60
@@ -133,8 +140,6 @@ def test_a_store_newer_than_the_code_stops_the_run_typed_with_nothing_written(
     from deltawheel.statestore.delta.log import latest_local_version
     from deltawheel.statestore.exceptions import SchemaTooNewError
     from deltawheel.statestore.layout import StoreLayout
-    from deltawheel.statestore.zk.client import connect
-    from deltawheel.statestore.zk.leases import LeaseManager
 
     from deltawheel import migrations
 
@@ -150,14 +155,7 @@ def test_a_store_newer_than_the_code_stops_the_run_typed_with_nothing_written(
         _runner(spark, tmp_path, zk_config, progress=lines.append).run()
     assert not any("waiting for leases" in line for line in lines), lines
     assert latest_local_version(layout.rows) == rows_version  # no claim, no batch
-    client = connect(zk_config)
-    try:
-        other = LeaseManager(client, pipeline="starts", owner="someone-else")
-        other.acquire("copier", [0, 1])  # free: the refused run took none
-        other.release("copier", [0, 1])
-    finally:
-        client.stop()
-        client.close()
+    _assert_copier_leases_free(zk_config)  # the refused run took none
 
 
 @pytest.mark.timeout(600)
@@ -168,7 +166,6 @@ def test_a_topology_declared_otherwise_stops_the_run_typed_before_any_batch(
     again."""
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.zk.client import connect
-    from deltawheel.statestore.zk.leases import LeaseManager
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
 
     _input(tmp_path / "in")
@@ -180,9 +177,7 @@ def test_a_topology_declared_otherwise_stops_the_run_typed_before_any_batch(
             _runner(spark, tmp_path, zk_config, progress=lines.append).run()
         assert not any(line.startswith(("copier batch", "copy_counter batch")) for line in lines), lines
         assert not (tmp_path / "store" / "_checkpoints" / "starts" / "copier" / "commits" / "0").exists()
-        other = LeaseManager(client, pipeline="starts", owner="someone-else")
-        other.acquire("copier", [0, 1])  # no wait: the failed start gave them back
-        other.release("copier", [0, 1])
+        _assert_copier_leases_free(zk_config)  # no wait: the failed start gave them back
     finally:
         client.stop()
         client.close()

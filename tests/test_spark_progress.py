@@ -15,6 +15,12 @@ import deltawheel
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
 
+def _clicks(folder: Path) -> Any:
+    """The clicks in ``folder``'s Parquet files, a file per batch."""
+    return deltawheel.ParquetInjector("clicks", str(folder), key_column="user", event_time_column="ts",
+                                      record_id_column="id", watermark_delay_ms=5_000, max_files_per_trigger=1)
+
+
 def _executed(query: Any) -> list[Any]:
     return [p for p in query.recentProgress if "addBatch" in p["durationMs"]]
 
@@ -24,8 +30,7 @@ def test_spark_progress_counts_the_rows_a_direct_read_batch_read(spark: Any, zk_
     rows = click_rows(90)
     folder = tmp_path / "input"
     write_file(folder, "part-0.parquet", rows[:50])
-    clicks = deltawheel.ParquetInjector("clicks", str(folder), key_column="user", event_time_column="ts",
-                                        record_id_column="id", watermark_delay_ms=5_000, max_files_per_trigger=1)
+    clicks = _clicks(folder)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="progress") as engine:
         engine.progress = False
@@ -81,8 +86,7 @@ def test_a_direct_read_batch_shows_its_rows_in_a_few_py4j_calls_once_the_query_i
     folder = tmp_path / "input"
     for i, part in enumerate((rows[:30], rows[30:60], rows[60:])):
         write_file(folder, f"part-{i}.parquet", part)
-    clicks = deltawheel.ParquetInjector("clicks", str(folder), key_column="user", event_time_column="ts",
-                                        record_id_column="id", watermark_delay_ms=5_000, max_files_per_trigger=1)
+    clicks = _clicks(folder)
     with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="progress_calls") as engine:
         engine.progress = False

@@ -116,11 +116,17 @@ def recovery_owner(spark: Any, layout: StoreLayout, client: Any, *, pipeline: st
 def open_client(spark: Any, layout: StoreLayout, zk: ZkConfig) -> Any:
     """A started kazoo client of ``zk``; an object store's commits are first given to this
     ZooKeeper to arbitrate (its log store configured on ``spark``)."""
-    if not layout.is_local:  # commits to object-store tables: arbitrated by this ZooKeeper
+    _arbitrate_commits(spark, layout, zk)
+    return connect(zk)
+
+
+def _arbitrate_commits(spark: Any, layout: StoreLayout, zk: ZkConfig) -> None:
+    """An object store's commits: first given to ``zk`` to arbitrate (its log store configured on
+    ``spark``); a local store's need nothing."""
+    if not layout.is_local:
         from deltawheel.statestore.objectstore.logstore import configure_log_store
 
         configure_log_store(spark, zk.hosts, chroot=zk.chroot, digest=zk.digest)
-    return connect(zk)
 
 
 def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[Any, list[PlannedMigration]]:
@@ -133,10 +139,7 @@ def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[
     """
     import deltawheel.migrations as migrations
 
-    if not layout.is_local:  # the log store is configured before the plan reads the store
-        from deltawheel.statestore.objectstore.logstore import configure_log_store
-
-        configure_log_store(spark, zk.hosts, chroot=zk.chroot, digest=zk.digest)
+    _arbitrate_commits(spark, layout, zk)  # before the plan reads the store
     planning = beside(lambda: migrations.plan(spark, layout), name="plan-migrations")
     try:
         client = connect(zk)

@@ -18,6 +18,7 @@ from .keys import Input, py_list
 
 __all__ = ["HeldIds", "flat_ids", "already_seen", "with_ids", "trim_ids", "expired_ids", "drop_empty"]
 
+
 @dataclass
 class HeldIds:
     """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays.

@@ -28,8 +28,8 @@ from ...rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from .summary import ImageFile, ProductionFile
 
 __all__ = ["IMAGE_DELTAS_ENV", "image_deltas", "live_rows", "deletion_vector", "with_deletion_vector",
-           "write_interval_image", "write_production_files", "oldest_work", "next_processing", "is_ids_path",
-           "IDS_FILE_TAG"]
+           "write_interval_image", "write_production_files", "write_production_table", "production_table",
+           "oldest_work", "next_processing", "is_ids_path", "IDS_FILE_TAG"]
 
 #: the tag in a record-ids file's name (``executor/tasks/image/idsfiles.py``), followed by its level
 IDS_FILE_TAG = "dwids"
@@ -112,30 +112,62 @@ def write_interval_image(image: Any, rows_root: TableFiles, computation: str, in
     return ImageFile(rel, write_file(image, rows_root, rel), image.num_rows)
 
 
-def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
-                           roots: Mapping[str, TableFiles], schema: Any, format_version: int) -> list[ProductionFile]:
-    """One stream-table Parquet file per stream of ``prods`` (not yet in the stream's log): what a
-    strong delivery appends. Runs in the tasks (and in recovery)."""
+def _production_schema() -> Any:
     import pyarrow as pa
 
-    out = []
-    for stream in sorted({p.stream for p in prods}):
-        ps = [p for p in prods if p.stream == stream]
-        ts = pa.array([p.timestamp_ms for p in ps], pa.int64())
+    return pa.schema([("production_id", pa.string()), ("stream", pa.string()), ("key", pa.string()),
+                      ("value", pa.binary()), ("timestamp_ms", pa.int64()), ("codec", pa.string())])
+
+
+def production_table(prods: Sequence[Any]) -> Any:
+    """``prods`` (``Production`` tuples) as one Arrow table of their fields, in their order
+    (``production_id, stream, key, value, timestamp_ms, codec``)."""
+    import pyarrow as pa
+
+    schema = _production_schema()
+    cols = list(zip(*prods, strict=True)) if prods else [()] * len(schema)
+    return pa.table([pa.array(c, f.type) for c, f in zip(cols, schema, strict=True)], schema=schema)
+
+
+def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
+                           roots: Mapping[str, TableFiles], schema: Any, format_version: int) -> list[ProductionFile]:
+    """One stream-table Parquet file per stream of ``prods`` (``Production`` tuples; not yet in the
+    stream's log): what a strong delivery appends. Runs in the tasks (and in recovery)."""
+    return write_production_table(production_table(prods), producer=producer, commit_id=commit_id, iv=iv,
+                                  roots=roots, schema=schema, format_version=format_version)
+
+
+def write_production_table(prods: Any, *, producer: str, commit_id: str | None, iv: int,
+                           roots: Mapping[str, TableFiles], schema: Any, format_version: int) -> list[ProductionFile]:
+    """:func:`write_production_files` of a :func:`production_table` (the columnar path keeps its
+    productions as one): one file per stream, each with that stream's productions in the table's
+    order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out: list[ProductionFile] = []
+    if not prods.num_rows:
+        return out
+    streams = prods.column("stream")
+    names = sorted(pc.unique(streams).to_pylist())
+    for stream in names:
+        ps = prods.filter(pc.equal(streams, stream)) if len(names) > 1 else prods
+        n = ps.num_rows
+        ts = ps.column("timestamp_ms").combine_chunks()
         table = pa.table({
-            "record_id": pa.array([p.production_id for p in ps], pa.string()),
-            "key": pa.array([p.key for p in ps], pa.string()),
-            "value": pa.array([bytes(p.value) for p in ps], pa.binary()),
-            "codec": pa.array([p.codec for p in ps], pa.string()),
+            "record_id": ps.column("production_id"),
+            "key": ps.column("key"),
+            "value": ps.column("value"),
+            "codec": ps.column("codec"),
             "timestamp_ms": ts,
             "event_time": ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
-            "producer": pa.array([producer] * len(ps), pa.string()),
-            "commit_id": pa.array([commit_id] * len(ps), pa.string()),
-            "format_version": pa.array([format_version] * len(ps), pa.int32()),
+            "producer": pa.repeat(pa.scalar(producer, pa.string()), n),
+            "commit_id": pa.repeat(pa.scalar(commit_id, pa.string()), n),
+            "format_version": pa.repeat(pa.scalar(format_version, pa.int32()), n),
         }).cast(schema)
         rel = f"part-{uuid.uuid4().hex}-dw-{producer}-{iv}.snappy.parquet"
         size = write_file(table, roots[stream], rel)
-        out.append(ProductionFile(stream, rel, size, table.num_rows, min(p.timestamp_ms for p in ps)))
+        out.append(ProductionFile(stream, rel, size, n, pc.min(ts).as_py()))
     return out
 
 

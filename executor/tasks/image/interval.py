@@ -133,6 +133,7 @@ def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
             import cProfile
             prof = cProfile.Profile()
             out = prof.runcall(_run, spec, table)
+            os.makedirs(os.environ["DELTAWHEEL_TASK_PROFILE"], exist_ok=True)
             prof.dump_stats(os.path.join(os.environ["DELTAWHEEL_TASK_PROFILE"], f"task-{uuid.uuid4().hex}.prof"))
         else:
             out = _run(spec, table)

@@ -11,6 +11,10 @@ A computation's state has a version (``Computation.state_version``); a row writt
 the plain name, as rows written before versions existed. :func:`get_codec` takes either form
 and :func:`codec_version` reads the version back.
 
+Arrow columns in and out, for the columnar path: :func:`int64map_columns` / :func:`int64map_blobs`
+read and write many keys' ``int64map`` states at once, :func:`msgpack_rows` encodes rows of
+columns as the msgpack codec encodes lists (production values without a Python call each).
+
 >>> get_codec("json").decode(get_codec("json").encode({"n": 1}))
 {'n': 1}
 """
@@ -27,7 +31,7 @@ import msgpack
 from .exceptions import CodecError
 
 __all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "Int64MapCodec", "INT64MAP_HEADER",
-           "int64map_columns", "int64map_blobs", "get_codec", "CODEC_NAMES", "base_name",
+           "int64map_columns", "int64map_blobs", "msgpack_rows", "get_codec", "CODEC_NAMES", "base_name",
            "codec_version", "versioned_name"]
 
 
@@ -274,6 +278,143 @@ def int64map_blobs(rows: Any, keys: Any, values: Any, n: int) -> Any:
     validity = pa.array(has).buffers()[1] if not has.all() else None
     return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets.tobytes()), pa.py_buffer(out.tobytes())],
                                  null_count=int(n - has.sum()))
+
+
+def msgpack_rows(*columns: Any) -> Any:
+    """Row i of ``columns`` as one msgpack array ``[c1[i], c2[i], ...]``, byte for byte what the
+    msgpack codec's ``encode`` gives that list, for every row at once: each column's values as
+    msgpack from its Arrow buffers with NumPy (tag and big-endian bytes per row, kept by one mask),
+    the row's parts joined by Arrow; no Python call per row. So a columnar computation produces its
+    values without a Python call per production (docs/embedding.md, "The columnar path"); the
+    ``int64map`` codec encodes such a list as msgpack too.
+
+    Columns (Arrow arrays or chunked arrays, all of one length): integers (int8..64, uint8..64),
+    float16/32/64 (as msgpack float64, as Python floats are), bool, string and binary (large too),
+    null; any of them with nulls (msgpack nil). msgpack's smallest form, as its packer picks it.
+
+    >>> import pyarrow as pa
+    >>> rows = msgpack_rows(pa.array(["k", None]), pa.array([1, -300]))
+    >>> [get_codec("msgpack").decode(b) for b in rows.to_pylist()]
+    [['k', 1], [None, -300]]
+    >>> rows[1].as_py() == get_codec("msgpack").encode([None, -300])
+    True
+
+    Returns:
+        A ``pyarrow.BinaryArray`` without nulls, one value per row.
+
+    Raises:
+        TypeError: a column of a type it does not encode (named); cast it to one it does.
+        ValueError: no columns, columns of different lengths, or 2 GiB of rows or more.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not columns:
+        raise ValueError("msgpack_rows needs at least one column (a row is the array of the columns' values)")
+    arrs = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    for c in arrs:
+        if not isinstance(c, pa.Array):
+            raise TypeError(f"msgpack_rows takes pyarrow arrays, got a {type(c).__name__}: pass pa.array(values)")
+    n = len(arrs[0])
+    if any(len(c) != n for c in arrs):
+        raise ValueError(f"msgpack_rows: columns of different lengths {[len(c) for c in arrs]}; a row takes one value "
+                         "of each")
+    k = len(arrs)
+    head = bytes([0x90 | k]) if k < 16 else (b"\xdc" + k.to_bytes(2, "big") if k < 2**16 else b"\xdd" + k.to_bytes(4, "big"))
+    parts = [p for c in arrs for p in _msgpack_parts(c)]
+    size = n * len(head) + sum(p.nbytes - (n + 1) * 4 for p in parts)  # data bytes (no validity: none null)
+    if size >= 2**31:
+        raise ValueError(f"msgpack_rows: about {size} bytes of rows, over a binary array's 2 GiB; encode fewer rows "
+                         "at once")
+    return pc.binary_join_element_wise(pa.scalar(head, pa.binary()), *parts, pa.scalar(b"", pa.binary()))
+
+
+def _msgpack_parts(arr: Any) -> list[Any]:
+    """One column's values as msgpack: binary arrays (no nulls) whose values, joined per row, are
+    each row's bytes (a string's or binary's data is its own part, as Arrow holds it)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = arr.type
+    n = len(arr)
+    valid = (np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if arr.null_count
+             else np.ones(n, dtype=bool))
+    tag = np.full(n, 0xC0, dtype=np.uint8)  # nil where null
+    width = np.zeros(n, dtype=np.int64)  # bytes after the tag: the last ones of ``tail``'s row
+    tail: Any = None  # per row 8 big-endian bytes (n x 8)
+    if pa.types.is_null(t):
+        pass
+    elif pa.types.is_integer(t):
+        unsigned = pa.types.is_unsigned_integer(t)
+        v = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False).astype(np.uint64 if unsigned else np.int64)
+        tail = v.astype(">u8" if unsigned else ">i8").view(np.uint8).reshape(n, 8)
+        # msgpack's smallest form: the value's place among the bounds of its forms
+        bounds = np.array(_INT_BOUNDS_U, np.uint64) if unsigned else np.array(_INT_BOUNDS, np.int64)
+        cat = np.searchsorted(bounds, v, side="right") + (4 if unsigned else 0)
+        # fixint: the value is its own tag (its low byte: a uint8 cast wraps)
+        tags = np.where(cat == 4, v.astype(np.uint8), np.frombuffer(_INT_TAGS, np.uint8)[cat])
+        tag[valid] = tags[valid]
+        width[valid] = np.array(_INT_WIDTHS, np.int64)[cat][valid]
+    elif pa.types.is_floating(t):
+        v = pc.fill_null(arr.cast(pa.float64()), 0.0).to_numpy(zero_copy_only=False)
+        tail = v.astype(">f8").view(np.uint8).reshape(n, 8)
+        tag[valid], width[valid] = 0xCB, 8
+    elif pa.types.is_boolean(t):
+        v = np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
+        tag[valid] = np.where(v, 0xC3, 0xC2)[valid]
+    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        text = pa.types.is_string(t) or pa.types.is_large_string(t)
+        data = pc.fill_null(arr.cast(pa.binary()), b"")
+        size = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(np.int64)
+        if text:  # fixstr, str8, str16, str32 by UTF-8 length
+            tags = np.select([size < 32, size < 2**8, size < 2**16], [0xA0 | np.minimum(size, 31), 0xD9, 0xDA], 0xDB)
+            widths = np.select([size < 32, size < 2**8, size < 2**16], [0, 1, 2], 4)
+        else:  # bin8, bin16, bin32
+            tags = np.select([size < 2**8, size < 2**16], [0xC4, 0xC5], 0xC6)
+            widths = np.select([size < 2**8, size < 2**16], [1, 2], 4)
+        tail = size.astype(">u8").view(np.uint8).reshape(n, 8)
+        tag[valid], width[valid] = tags[valid].astype(np.uint8), widths[valid]
+        return [_tagged(tag, width, tail), data]
+    else:
+        raise TypeError(f"msgpack_rows cannot encode a column of type {t}: it takes integers, floats, bool, string, "
+                        "binary and null columns; cast the column to one of them (or encode its values with the "
+                        "msgpack codec)")
+    return [_tagged(tag, width, tail)]
+
+
+# msgpack's integer forms by the value's place among these bounds (``searchsorted``, right): int64,
+# int32, int16, int8, fixint (positive or negative), uint8, uint16, uint32, uint64 (an unsigned
+# column's places start at fixint's)
+_INT_BOUNDS = [-(2**31), -(2**15), -(2**7), -(2**5), 2**7, 2**8, 2**16, 2**32]
+_INT_BOUNDS_U = [2**7, 2**8, 2**16, 2**32]
+_INT_TAGS = bytes([0xD3, 0xD2, 0xD1, 0xD0, 0x00, 0xCC, 0xCD, 0xCE, 0xCF])
+_INT_WIDTHS = [8, 4, 2, 1, 0, 1, 2, 4, 8]
+
+
+def _tagged(tag: Any, width: Any, tail: Any) -> Any:
+    """Per row ``tag`` and the last ``width`` bytes of ``tail``'s row, as a binary array: the rows
+    laid out as [tag, 8 bytes] with the tag moved up to just before its bytes, kept by one mask."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(tag)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(1 + width, out=offsets[1:])
+    if tail is None or not n or not width.any():
+        data = tag
+    elif (width == width[0]).all():  # one width (a column of timestamps, of floats): no mask
+        mat = np.empty((n, 1 + int(width[0])), dtype=np.uint8)
+        mat[:, 0] = tag
+        mat[:, 1:] = tail[:, 8 - int(width[0]):]
+        data = mat.reshape(-1)
+    else:
+        mat = np.empty((n, 9), dtype=np.uint8)
+        mat[:, 1:] = tail
+        first = 8 - width
+        mat[np.arange(n), first] = tag
+        data = mat[np.arange(9) >= first[:, None]]
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 _HEADER_WORD = int.from_bytes(INT64MAP_HEADER, "little", signed=True)

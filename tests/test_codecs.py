@@ -144,3 +144,98 @@ def test_msgpack_encoder_is_reusable_after_an_error_and_across_threads() -> None
     for t in threads:
         t.join()
     assert bad == []
+
+
+# msgpack_rows: every row byte for byte the codec's encode of the row's list
+_INT_EDGES = [0, 1, 31, 32, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, -1, -31, -32, -33, -127,
+              -128, -129, -32767, -32768, -32769, -(2**31) + 1, -(2**31), -(2**31) - 1, -(2**63) + 1, -(2**63)]
+_STR_EDGES = ["", "a" * 31, "a" * 32, "b" * 255, "c" * 256, "d" * 65535, "e" * 65536, "é", "日本語" * 11, "\U0001f600" * 8,
+              "é" * 16]  # non-ASCII: the UTF-8 length decides (é * 16: 32 bytes, str8)
+
+
+def _codec_rows(*columns: list[Any]) -> list[bytes]:
+    enc = get_codec("msgpack").encode
+    return [enc(list(row)) for row in zip(*columns, strict=True)]
+
+
+def test_msgpack_rows_gives_the_codecs_bytes_at_every_boundary() -> None:
+    import random
+
+    import pyarrow as pa
+    from deltawheel.statestore.codecs import msgpack_rows
+
+    rng = random.Random(7)
+    n = 600
+    cols: dict[str, tuple[list[Any], Any]] = {
+        "int64": ([rng.choice([*_INT_EDGES, None]) for _ in range(n)], pa.int64()),
+        "int8": ([rng.choice([0, 127, -128, -32, -33, 5, None]) for _ in range(n)], pa.int8()),
+        "int32": ([rng.choice([2**31 - 1, -(2**31), 65536, -32769, None]) for _ in range(n)], pa.int32()),
+        "uint64": ([rng.choice([0, 127, 128, 2**32, 2**63, 2**64 - 1, None]) for _ in range(n)], pa.uint64()),
+        "uint8": ([rng.choice([0, 127, 128, 255]) for _ in range(n)], pa.uint8()),
+        "string": ([rng.choice([*_STR_EDGES, None]) for _ in range(n)], pa.string()),
+        "large_string": ([rng.choice(["", "x" * 40, None]) for _ in range(n)], pa.large_string()),
+        "binary": ([rng.choice([b"", b"\x00" * 255, b"\xff" * 256, b"z" * 65536, None]) for _ in range(n)], pa.binary()),
+        "float64": ([rng.choice([0.0, -0.0, 1.5, -1e300, float("inf"), 5e-324, None]) for _ in range(n)], pa.float64()),
+        "bool": ([rng.choice([True, False, None]) for _ in range(n)], pa.bool_()),
+        "null": ([None] * n, pa.null()),
+    }
+    arrays = {name: pa.array(values, t) for name, (values, t) in cols.items()}
+    got = msgpack_rows(*arrays.values())
+    assert got.type == pa.binary() and got.null_count == 0
+    assert got.to_pylist() == _codec_rows(*(v for v, _ in cols.values()))
+    # each column alone, every value (all the boundaries, no random gaps); a column twice
+    for name, (values, _t) in cols.items():
+        assert msgpack_rows(arrays[name]).to_pylist() == _codec_rows(values), name
+    edges = pa.array(_INT_EDGES, pa.int64())
+    assert msgpack_rows(edges, edges).to_pylist() == _codec_rows(_INT_EDGES, _INT_EDGES)
+    strs = pa.array(_STR_EDGES)
+    assert msgpack_rows(strs).to_pylist() == _codec_rows(_STR_EDGES)
+    # float32: the Python float it holds, as float64; slices and chunked arrays
+    f32 = pa.array([1.1, None, -2.5], pa.float32())
+    assert msgpack_rows(f32).to_pylist() == _codec_rows(f32.to_pylist())
+    sl = arrays["string"].slice(7, 100)
+    assert msgpack_rows(sl, arrays["int64"].slice(3, 100)).to_pylist() == _codec_rows(
+        cols["string"][0][7:107], cols["int64"][0][3:103])
+    chunked = pa.chunked_array([pa.array(["a", None]), pa.array(["bc"])])
+    assert msgpack_rows(chunked).to_pylist() == _codec_rows(["a", None, "bc"])
+
+
+def test_msgpack_rows_array_headers_and_empty_input() -> None:
+    import pyarrow as pa
+    from deltawheel.statestore.codecs import msgpack_rows
+
+    for k in (1, 15, 16, 17):  # fixarray up to 15, then array16
+        cols = [pa.array([i, -i], pa.int64()) for i in range(k)]
+        assert msgpack_rows(*cols).to_pylist() == _codec_rows(*([i, -i] for i in range(k)))
+    empty = msgpack_rows(pa.array([], pa.string()), pa.array([], pa.int64()))
+    assert empty.type == pa.binary() and len(empty) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.none() | st.integers(-(2**63), 2**63 - 1), st.none() | _text,
+                          st.none() | st.binary(max_size=300), st.none() | st.booleans(), st.none() | _float),
+                max_size=40))
+def test_msgpack_rows_equals_the_codec_on_random_rows(rows: list[tuple[Any, ...]]) -> None:
+    import pyarrow as pa
+    from deltawheel.statestore.codecs import msgpack_rows
+
+    types = [pa.int64(), pa.string(), pa.binary(), pa.bool_(), pa.float64()]
+    columns = [[r[i] for r in rows] for i in range(len(types))]
+    got = msgpack_rows(*(pa.array(c, t) for c, t in zip(columns, types, strict=True)))
+    assert got.to_pylist() == _codec_rows(*columns)
+
+
+def test_msgpack_rows_refuses_what_it_cannot_encode() -> None:
+    import pyarrow as pa
+    from deltawheel.statestore.codecs import msgpack_rows
+
+    with pytest.raises(TypeError, match=r"msgpack_rows cannot encode a column of type timestamp\[ms\].*cast the column"):
+        msgpack_rows(pa.array([1], pa.int64()), pa.array([1], pa.timestamp("ms")))
+    with pytest.raises(TypeError, match=r"cannot encode a column of type list<item: int64>"):
+        msgpack_rows(pa.array([[1]]))
+    with pytest.raises(TypeError, match="msgpack_rows takes pyarrow arrays, got a list"):
+        msgpack_rows([1, 2])
+    with pytest.raises(ValueError, match=r"columns of different lengths \[2, 1\]"):
+        msgpack_rows(pa.array([1, 2]), pa.array([1]))
+    with pytest.raises(ValueError, match="needs at least one column"):
+        msgpack_rows()

@@ -95,7 +95,7 @@ def window_count(intervals: int = 4, *, vectorised: bool = False, columnar: bool
 def _columnar(base: Any) -> Any:
     """The window count declaring the columnar path (``base``: the per-record class)."""
     from deltawheel.executor.computation import ColumnBatch, ColumnResult
-    from deltawheel.statestore.codecs import get_codec
+    from deltawheel.statestore.codecs import msgpack_rows
 
     class WindowCountColumnar(base):  # type: ignore[misc, valid-type]
         codec = "int64map"  # {window_start: count} as packed int64 pairs; productions as msgpack
@@ -120,13 +120,11 @@ def _columnar(base: Any) -> Any:
                                "time_ms": ends})
             fired = timers.filter(due).sort_by([("key", "ascending"), ("time_ms", "ascending")])
             gone = st.filter(due).sort_by([("key", "ascending"), ("map_key", "ascending")])
-            enc = get_codec("msgpack").encode
-            values = [enc([k, s, c]) for k, s, c in zip(gone.column("key").to_pylist(),
-                                                        gone.column("map_key").to_pylist(),
-                                                        gone.column("map_value").to_pylist(), strict=True)]
+            # [key, start, count] per window, the bytes the msgpack codec gives the list (no Python per window)
+            values = msgpack_rows(gone.column("key"), gone.column("map_key"), gone.column("map_value"))
             prods = pa.table({"fired": pa.array(range(fired.num_rows), pa.int64()),
                               "stream": pa.repeat(pa.scalar("windows"), fired.num_rows),
-                              "value": pa.array(values, pa.binary()), "timestamp_ms": gone.column("map_key")})
+                              "value": values, "timestamp_ms": gone.column("map_key")})
             keep = pc.invert(due)
             return ColumnResult(state=st.filter(keep), timers=timers.filter(keep), fired=fired, productions=prods)
 

@@ -403,3 +403,22 @@ def test_captured_tasks_run_again_with_the_bench_tasks_command(spark, tmp_path, 
 def _mk(p: Path) -> Path:
     os.makedirs(p)
     return p
+
+
+def test_the_benchmarks_columnar_values_are_the_per_record_engines_bytes(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The benchmark's columnar window count produces its values with ``msgpack_rows`` (no Python
+    per window): the stream's rows hold the bytes the per-record window count's msgpack codec gives."""
+    from deltawheel.benchmarks.engine_deltawheel import WIN as BENCH_WIN
+    from deltawheel.benchmarks.engine_deltawheel import window_count
+
+    scale = BENCH_WIN // WIN
+    batches = [[{**r, "ts": r["ts"] * scale} for r in b] for b in _batches(random.Random(21), 12)]
+    a = _run_image([window_count(N_IV)] * len(batches), str(_mk(tmp_path / "a")), batches, scale)
+    b = _run_image([window_count(N_IV, columnar=True)] * len(batches), str(_mk(tmp_path / "b")), batches, scale)
+    per_record = [p[:4] for r in a for p in r[1]]  # (record id, key, value, timestamp): not the codec's name
+    columnar = [p[:4] for r in b for p in r[1]]
+    assert {p[4] for r in a for p in r[1]} == {"msgpack"} and {p[4] for r in b for p in r[1]} == {"int64map"}
+    assert len(per_record) > 10 and columnar == per_record
+    values = [get_codec("msgpack").decode(p[2]) for p in columnar]
+    assert all(v[0] == p[1] and v[1] == p[3] and v[1] % BENCH_WIN == 0 and v[2] > 0
+               for v, p in zip(values, columnar, strict=True))

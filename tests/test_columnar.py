@@ -422,3 +422,97 @@ def test_the_benchmarks_columnar_values_are_the_per_record_engines_bytes(spark, 
     values = [get_codec("msgpack").decode(p[2]) for p in columnar]
     assert all(v[0] == p[1] and v[1] == p[3] and v[1] % BENCH_WIN == 0 and v[2] > 0
                for v, p in zip(values, columnar, strict=True))
+
+
+def _rows_computation() -> Any:
+    """:class:`WinCountRows`, a class of a function's: Spark's Python workers take it by value (a
+    module-level class of this file would be imported there, with this file's imports)."""
+
+    class WinCountRows(Computation):
+        """A user's columnar computation producing its values with ``msgpack_rows``: per key and 10-s
+        window ``[key, start, count, end]`` (end as a float: a float column too), leaving a file per
+        ``process_columns`` call in ``witness`` (the tasks run in Spark's Python workers)."""
+
+        name = "wincount_rows"
+        inputs = {"events": "@key"}
+        outputs = ("counts",)
+        num_intervals = 2
+        codec = "int64map"
+        witness = ""
+
+        def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+            start = record.timestamp_ms - record.timestamp_ms % 10_000
+            st = ctx.state or {}
+            if start not in st:
+                ctx.set_timer(str(start), start + 9_999)
+            st[start] = st.get(start, 0) + 1
+            ctx.state = st
+
+        def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
+            st = dict(ctx.state)
+            start = int(timer.tag)
+            ctx.produce("counts", [ctx.key, start, st.pop(start), float(timer.time_ms)], timestamp_ms=start)
+            ctx.state = st or None
+
+        def process_columns(self, batch: ColumnBatch) -> ColumnResult:
+            import uuid
+
+            from deltawheel.statestore.codecs import msgpack_rows
+
+            Path(self.witness, uuid.uuid4().hex).touch()
+            ts = batch.records.column("timestamp_ms").to_numpy()
+            new = (pa.table({"key": batch.records.column("key"), "map_key": ts - ts % 10_000})
+                   .group_by(["key", "map_key"], use_threads=False).aggregate([([], "count_all")]))
+            new = pa.table({"key": new.column("key"), "map_key": new.column("map_key"),
+                            "map_value": new.column("count_all").cast(pa.int64())})
+            st = (pa.concat_tables([batch.state, new])
+                  .group_by(["key", "map_key"], use_threads=False).aggregate([("map_value", "sum")])
+                  .rename_columns(["key", "map_key", "map_value"]))
+            ends = pc.add(st.column("map_key"), 9_999)
+            timers = pa.table({"key": st.column("key"), "tag": pc.cast(st.column("map_key"), pa.string()), "time_ms": ends})
+            wm = batch.watermark_ms
+            due = pc.less(ends, wm) if wm is not None else pa.repeat(pa.scalar(False), st.num_rows)
+            fired = timers.filter(due).sort_by([("key", "ascending"), ("time_ms", "ascending")])
+            done = st.filter(due).sort_by([("key", "ascending"), ("map_key", "ascending")])
+            values = msgpack_rows(done.column("key"), done.column("map_key"), done.column("map_value"),
+                                  pc.cast(fired.column("time_ms"), pa.float64()))
+            prods = pa.table({"fired": pa.array(range(fired.num_rows), pa.int64()),
+                              "stream": pa.repeat(pa.scalar("counts"), fired.num_rows),
+                              "value": values, "timestamp_ms": done.column("map_key")})
+            keep = pc.invert(due)
+            return ColumnResult(state=st.filter(keep), timers=timers.filter(keep), fired=fired, productions=prods)
+
+    return WinCountRows
+
+
+@pytest.mark.zk
+@pytest.mark.timeout(600)
+def test_a_columnar_job_producing_with_msgpack_rows_writes_values_that_decode(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A job on the columnar path whose values come from ``msgpack_rows``: the stream's rows decode
+    (with the computation's codec, as any reader does) to each window's key, start, count and end."""
+    import uuid
+
+    from restart_job import injector, write_files
+    from test_columnar_restart import reference
+
+    import deltawheel
+
+    folder = tmp_path / "input"
+    write_files(folder, 6)
+    comp = _rows_computation()()
+    comp.witness = str(_mk(tmp_path / "calls"))
+    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                            pipeline=f"rows_{uuid.uuid4().hex[:6]}") as engine:
+        engine.progress = False
+        reports = engine.run(injector(str(folder), columnar=True), comp)
+        assert sum(r.processed for r in reports) > 0
+        rows = spark.read.format("delta").load(engine.layout.stream("counts")).collect()
+    assert os.listdir(tmp_path / "calls")  # the columnar path ran
+    ref = reference(folder)
+    got = [(r["key"], r["timestamp_ms"], r["codec"], get_codec(r["codec"]).decode(r["value"])) for r in rows]
+    assert len(got) >= 3 * 8  # windows of several files fired, every key's
+    for key, ts, codec, value in got:
+        assert codec == "int64map"
+        assert value == [key, ts, ref[(key, ts)], float(ts + 9_999)]
+        assert isinstance(value[3], float) and isinstance(value[2], int)
+    assert len({(k, ts) for k, ts, _, _ in got}) == len(got)  # each window once

@@ -372,6 +372,19 @@ def test_the_columnar_example_in_embedding_md_runs_as_written(spark, tmp_path) -
     assert [o.value for o in t.output(doc_cls.outputs[0])] == [["u1", 0, 1]]
 
 
+def test_the_msgpack_rows_example_in_embedding_md_holds() -> None:
+    """docs/embedding.md's ``msgpack_rows`` example (a doctest block in the columnar section)."""
+    import doctest
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "embedding.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text[text.index("### The columnar path"):], flags=re.S)
+              if b.startswith(">>>") and "msgpack_rows" in b]
+    assert len(blocks) == 1
+    test = doctest.DocTestParser().get_doctest(blocks[0], {}, "embedding.md:msgpack_rows", None, 0)
+    result = doctest.DocTestRunner().run(test)
+    assert result.attempted >= 3 and result.failed == 0
+
+
 def test_captured_tasks_run_again_with_the_bench_tasks_command(spark, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """``DELTAWHEEL_TASK_CAPTURE=DIR`` leaves each image task in DIR; ``deltawheel bench tasks
     --captured DIR`` runs them again in one process: the same counts per task, CPU seconds."""

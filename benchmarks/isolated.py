@@ -41,7 +41,7 @@ from .engines_spark import EngineResult, ProgressFn
 from .memory import MemoryPeak, MemorySampler, measured_run_ended, on_measured_run_end
 from .workload import WorkloadData, WorkloadError
 
-__all__ = ["IsolatedRun", "RunSpec", "build_bench_session", "run_isolated"]
+__all__ = ["IsolatedRun", "RunSpec", "build_bench_session", "child_main", "run_isolated"]
 
 _TAIL_LINES = 30
 
@@ -189,8 +189,8 @@ def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None =
                        peak=sampler.peak)
 
 
-def _child(spec_path: str, to_parent_fd: int, from_parent_fd: int) -> int:
-    """The child's side of the protocol (module docstring)."""
+def child_main(spec_path: str, to_parent_fd: int, from_parent_fd: int) -> int:
+    """The child's side of the protocol (module docstring): ``python -m deltawheel.benchmarks.isolated`` runs it."""
     from .throughput import ENGINES  # the registry (throughput imports this module)
 
     spec, result_path = pickle.loads(Path(spec_path).read_bytes())
@@ -232,6 +232,6 @@ def _child(spec_path: str, to_parent_fd: int, from_parent_fd: int) -> int:
 
 if __name__ == "__main__":
     # through the package's module, not __main__: the spec was pickled as deltawheel.benchmarks.isolated.RunSpec
-    from deltawheel.benchmarks.isolated import _child as child
+    from deltawheel.benchmarks.isolated import child_main
 
-    sys.exit(child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+    sys.exit(child_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))

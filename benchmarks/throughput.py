@@ -96,7 +96,8 @@ def format_table(report: Mapping[str, Any]) -> str:
     run before this one), which an engine alone in its process does not have."""
     isolated = report.get("mode") == "isolated"
     last, last_w = ("start_s", 9) if isolated else ("idle MiB", 10)
-    hdr = f"{'engine':<16}{'records/s':>12}{'wall_s':>10}{'correct':>9}{'rows':>9}{'late':>7}" \
+    w = max([16, *(len(n) + 2 for n in report["engines"])])  # deltawheel_columnar is longer than 16
+    hdr = f"{'engine':<{w}}{'records/s':>12}{'wall_s':>10}{'correct':>9}{'rows':>9}{'late':>7}" \
           f"{'open':>8}{'PSS MiB':>9}{'RSS MiB':>9}{last:>{last_w}}"
     lines = [hdr, "-" * len(hdr)]
     for name, e in report["engines"].items():
@@ -104,7 +105,7 @@ def format_table(report: Mapping[str, Any]) -> str:
         tail = (f"{e.get('session_start_s') or float('nan'):>9.1f}" if isolated
                 else f"{mem.get('at_peak_idle_pss_mib', float('nan')):>10.0f}")
         lines.append(
-            f"{name:<16}{e['records_per_s']:>12,.0f}{e['wall_s']:>10.2f}{str(e['correct']):>9}"
+            f"{name:<{w}}{e['records_per_s']:>12,.0f}{e['wall_s']:>10.2f}{str(e['correct']):>9}"
             f"{e['emitted_rows']:>9}{str(e['late_dropped']):>7}{str(e['open_events_at_end']):>8}"
             f"{mem.get('pss_mib', float('nan')):>9.0f}{mem.get('rss_mib', float('nan')):>9.0f}{tail}")
     if report.get("ratios"):

@@ -16,7 +16,7 @@ SIZE_NAMES = ("small", "medium", "big", "big-keys")
 
 
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the throughput benchmark's options (size, output folder, engines, warm-up, rounds) to ``p``."""
+    """Add the throughput benchmark's options (size, output folder, engines, warm-up, rounds, isolation) to ``p``."""
     p.add_argument("--size", default="small", choices=SIZE_NAMES,
                    help="workload size: WORKLOAD.md's small, medium, big, or big-keys (big over 500,000 key ranks; "
                         "default small)")
@@ -26,7 +26,8 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
                    "spark_sql, spark_tws, deltawheel, deltawheel_merge, deltawheel_jvm_read, deltawheel_vector, deltawheel_deltas, deltawheel_whole)")
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     p.add_argument("--warmup", action="store_true",
-                   help="run each engine once, unmeasured, on a tiny input first (JVM warm-up)")
+                   help="run each engine once, unmeasured, on a tiny input first (JVM warm-up; isolated: in each "
+                        "run's own process, before its measured run)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the engines N times, each engine in each place and right after each other engine "
                         "as equally often as N allows (three engines: N=6 evens both); report each engine's "
@@ -35,6 +36,10 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
                    help="put each engine's state and output on this store (e.g. s3a://bucket/bench: Spark SQL's "
                         "state checkpoint and sink, deltawheel's store and streaming checkpoint) instead of the "
                         "output folder; the input stays in --data-root. Engines that cannot (spark_tws) are refused")
+    p.add_argument("--shared-session", action="store_true",
+                   help="run every engine in this process and one Spark session (default: each engine run in a "
+                        "process of its own, with its own session, JVM and Python workers; peak memory is that "
+                        "process tree's during the measured run)")
 
 
 def add_cache_arguments(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,11 @@ workers Spark forks, an embedded ZooKeeper or S3Proxy JVM, ...). The sample with
 highest sum is kept whole (:attr:`MemoryPeak.at_peak`, one :class:`ProcessMemory`
 per process), and each role's own highest sum over the run
 (:attr:`MemoryPeak.role_peaks_bytes`: the roles need not peak at the same moment).
+
+Another process's tree: ``MemorySampler(root_pid=pid)`` samples a child (the throughput
+benchmark's engine run in its own process, :mod:`.isolated`); that child says when its measured
+run ends through :func:`measured_run_ended`, which also calls the hooks
+:func:`on_measured_run_end` registered in it.
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ import resource
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
-__all__ = ["MemoryPeak", "MemorySampler", "ProcessMemory", "measured_run_ended", "process_role", "tree_memory",
-           "tree_processes"]
+__all__ = ["MemoryPeak", "MemorySampler", "ProcessMemory", "measured_run_ended", "on_measured_run_end",
+           "process_role", "tree_memory", "tree_processes"]
 
 _MIB = 2**20
 _IDLE_CPU_S = 0.1  # a process that used less CPU than this up to the peak sat idle
@@ -100,7 +105,7 @@ class MemoryPeak:
     pss_bytes: int  # peak of the sum of PSS over the tree
     rss_bytes: int  # peak of the sum of RSS over the tree (double-counts shared pages)
     max_single_rss_bytes: int  # largest RSS of one process seen (what `time -v` reports)
-    driver_maxrss_bytes: int  # getrusage(RUSAGE_SELF).ru_maxrss of this Python process
+    driver_maxrss_bytes: int  # the tree root's own peak RSS (getrusage's ru_maxrss, or a child's VmHWM)
     samples: int
     max_processes: int
     at_peak: tuple[ProcessMemory, ...] = ()  # every process in the sample with the highest PSS sum
@@ -230,16 +235,33 @@ def tree_memory(root: psutil.Process | None = None) -> tuple[int, int, int, int]
             max((p.rss_bytes for p in procs), default=0), len(procs))
 
 
-class MemorySampler:
-    """Context manager sampling :func:`tree_memory` every ``interval_s`` seconds in a thread."""
+def _vm_hwm_bytes(pid: int) -> int:
+    """The peak RSS (``VmHWM``) of process ``pid`` so far, 0 if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
-    def __init__(self, *, interval_s: float = 1.0) -> None:
+
+class MemorySampler:
+    """Context manager sampling :func:`tree_memory` every ``interval_s`` seconds in a thread.
+
+    ``root_pid``: the tree's root (default this process), e.g. a child process running one engine.
+    """
+
+    def __init__(self, *, interval_s: float = 1.0, root_pid: int | None = None) -> None:
         self._interval = interval_s
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pss = self._rss = self._top = self._samples = self._procs = 0
-        self._root = psutil.Process(os.getpid())
+        self._root = psutil.Process(os.getpid() if root_pid is None else root_pid)
+        self._foreign = self._root.pid != os.getpid()
+        self._hwm = 0
         self._roles: dict[tuple[int, float], str] = {}
         self._at_peak: tuple[ProcessMemory, ...] = ()
         self._role_peaks: dict[str, int] = {}
@@ -256,6 +278,7 @@ class MemorySampler:
     def sample(self) -> None:
         """Take one sample now and update the peaks."""
         procs = tree_processes(self._root, roles=self._roles)
+        hwm = _vm_hwm_bytes(self._root.pid) if self._foreign else 0
         pss = sum(p.pss_bytes for p in procs)
         per_role: dict[str, int] = {}
         for p in procs:
@@ -273,6 +296,7 @@ class MemorySampler:
             self._rss = max(self._rss, sum(p.rss_bytes for p in procs))
             self._top = max([self._top, *(p.rss_bytes for p in procs)])
             self._procs = max(self._procs, len(procs))
+            self._hwm = max(self._hwm, hwm)
             self._samples += 1
 
     def _loop(self) -> None:
@@ -308,10 +332,11 @@ class MemorySampler:
 
     @property
     def peak(self) -> MemoryPeak:
-        """The peaks so far (``driver_maxrss_bytes`` read now)."""
+        """The peaks so far (``driver_maxrss_bytes`` read now, or a child root's at its last sample)."""
         maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         with self._lock:
-            return MemoryPeak(self._pss, self._rss, self._top, int(maxrss_kib) * 1024,
+            maxrss = self._hwm if self._foreign else int(maxrss_kib) * 1024
+            return MemoryPeak(self._pss, self._rss, self._top, maxrss,
                               self._samples, self._procs, at_peak=self._at_peak,
                               role_peaks_bytes=tuple(self._role_peaks.items()), at_peak_s=self._at_peak_s,
                               loadavg_1m_at_peak=self._load_at_peak, loadavg_1m_at_start=self._load_at_start,
@@ -325,11 +350,23 @@ class MemorySampler:
 
 
 _ACTIVE: list[MemorySampler] = []  # the samplers started and not yet stopped, oldest first
+_END_HOOKS: list[Callable[[], None]] = []  # called once each by the next measured_run_ended()
+
+
+def on_measured_run_end(hook: Callable[[], None]) -> None:
+    """Call ``hook`` (once) when the next :func:`measured_run_ended` comes: a child process running
+    one engine tells its parent, which samples the child's tree, that the measured run ended."""
+    _END_HOOKS.append(hook)
 
 
 def measured_run_ended() -> None:
     """An engine's measured run (its ``wall_s``) has ended: every running :class:`MemorySampler`
-    takes its last sample now, so checking the engine's output afterwards is not charged to its
-    peak memory. Without a running sampler it does nothing."""
+    takes its last sample now, and every hook of :func:`on_measured_run_end` is called (then
+    forgotten), so checking the engine's output afterwards is not charged to its peak memory.
+    Without a running sampler or a hook it does nothing."""
     for sampler in list(_ACTIVE):
         sampler.end()
+    hooks = list(_END_HOOKS)
+    _END_HOOKS.clear()
+    for hook in hooks:
+        hook()

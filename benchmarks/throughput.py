@@ -1,15 +1,17 @@
-"""Throughput benchmark: run several engines on the same workload in one process.
+"""Throughput benchmark: run several engines on the same workload, each run in its own process.
 
 Usage (or ``deltawheel bench throughput``)::
 
     python -m deltawheel.benchmarks.throughput --size small --out bench-out/small \\
         --engines spark_sql,spark_tws
 
-The SparkSession is built once (RocksDB state store, log level ERROR, see
-:data:`~deltawheel.benchmarks.engines_spark.SPARK_BENCH_CONF`) and handed to every
-engine; its start time is reported once as ``session_start_s``. Each engine runs
-under a :class:`~deltawheel.benchmarks.memory.MemorySampler`. Writes
-``<out>/throughput.json`` and ``<out>/throughput.png``.
+Each (engine, round) run is a child process (:mod:`.isolated`) that builds its own SparkSession
+(RocksDB state store, log level ERROR, see
+:data:`~deltawheel.benchmarks.engines_spark.SPARK_BENCH_CONF`), warms the engine up when asked,
+then runs it measured; this process samples the child's whole tree with a
+:class:`~deltawheel.benchmarks.memory.MemorySampler` during the measured run only, so neither
+speed nor peak memory carries another engine's leftovers. ``--shared-session`` runs every engine
+in this process and one session instead. Writes ``<out>/throughput.json`` and ``<out>/throughput.png``.
 
 Engine registry: :data:`ENGINES` maps a name to a zero-argument factory returning an
 :class:`~deltawheel.benchmarks.engines_spark.Engine`: Spark's own ``spark_sql`` and
@@ -44,6 +46,7 @@ from .engines_spark import (
     SparkSqlEngine,
     SparkTwsEngine,
 )
+from .isolated import RunSpec, build_bench_session, run_isolated
 from .memory import MemorySampler
 from .plot import plot_throughput
 from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_workload
@@ -58,7 +61,7 @@ ENGINES: dict[str, Callable[[], Engine]] = {
 WARMUP = WorkloadParams(n=4_000, b=2_000, k=500, rate=100)
 
 
-def _machine_info(spark: Any) -> dict[str, Any]:
+def _machine_info(spark_version: str) -> dict[str, Any]:
     import pandas
     import pyarrow
 
@@ -69,7 +72,7 @@ def _machine_info(spark: Any) -> dict[str, Any]:
         "memory_total_mib": round(vm.total / 2**20),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "spark": spark.version,  # every engine runs in this one session, so on this Spark
+        "spark": spark_version,  # every engine runs on this Spark (its own session of it, or the shared one)
         "delta": DELTA_VERSION,
         "pyarrow": pyarrow.__version__,
         "pandas": pandas.__version__,
@@ -87,18 +90,24 @@ def _ratios(results: Mapping[str, EngineResult]) -> dict[str, float]:
 
 
 def format_table(report: Mapping[str, Any]) -> str:
-    """The printed summary: one line per engine, then the ratios."""
-    hdr = f"{'engine':<16}{'records/s':>12}{'wall_s':>10}{'correct':>9}{'rows':>9}{'late':>7}" \
-          f"{'open':>8}{'PSS MiB':>9}{'RSS MiB':>9}{'idle MiB':>10}"
+    """The printed summary: one line per engine, then the ratios. PSS and RSS: the engine run's
+    process tree at its peak. Isolated runs add the run's session start (``start_s``); a shared
+    session adds the PSS at the peak of processes that sat idle (``idle MiB``: left by an engine
+    run before this one), which an engine alone in its process does not have."""
+    isolated = report.get("mode") == "isolated"
+    last, last_w = ("start_s", 9) if isolated else ("idle MiB", 10)
+    w = max([16, *(len(n) + 2 for n in report["engines"])])  # deltawheel_columnar is longer than 16
+    hdr = f"{'engine':<{w}}{'records/s':>12}{'wall_s':>10}{'correct':>9}{'rows':>9}{'late':>7}" \
+          f"{'open':>8}{'PSS MiB':>9}{'RSS MiB':>9}{last:>{last_w}}"
     lines = [hdr, "-" * len(hdr)]
     for name, e in report["engines"].items():
         mem = e.get("peak_memory") or {}
+        tail = (f"{e.get('session_start_s') or float('nan'):>9.1f}" if isolated
+                else f"{mem.get('at_peak_idle_pss_mib', float('nan')):>10.0f}")
         lines.append(
-            f"{name:<16}{e['records_per_s']:>12,.0f}{e['wall_s']:>10.2f}{str(e['correct']):>9}"
+            f"{name:<{w}}{e['records_per_s']:>12,.0f}{e['wall_s']:>10.2f}{str(e['correct']):>9}"
             f"{e['emitted_rows']:>9}{str(e['late_dropped']):>7}{str(e['open_events_at_end']):>8}"
-            f"{mem.get('pss_mib', float('nan')):>9.0f}{mem.get('rss_mib', float('nan')):>9.0f}"
-            # the PSS at the peak of processes that sat idle (left by an engine run before this one)
-            f"{mem.get('at_peak_idle_pss_mib', float('nan')):>10.0f}")
+            f"{mem.get('pss_mib', float('nan')):>9.0f}{mem.get('rss_mib', float('nan')):>9.0f}{tail}")
     if report.get("ratios"):
         lines.append("ratios (records/s): " + ", ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()))
     return "\n".join(lines)
@@ -130,6 +139,85 @@ def round_orders(names: Sequence[str], rounds: int, *, search_limit: int = 50_00
     return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)]
 
 
+_Runs = dict[str, list[tuple[EngineResult, dict[str, Any]]]]  # per engine, every round's result and facts
+
+
+def _progress_line(name: str, rnd: int, rounds: int, done_runs: int, total_runs: int, t_runs: float) -> str:
+    """A line per engine run: how many of how many, and an ETA from the runs done so far."""
+    tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
+    eta = "" if not done_runs else \
+        f", about {(time.perf_counter() - t_runs) / done_runs * (total_runs - done_runs):.0f} s left"
+    return f"engine {name}: running{tag} [run {done_runs + 1} of {total_runs}{eta}]"
+
+
+def _done_line(name: str, res: EngineResult, rnd: int, rounds: int) -> str:
+    tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
+    return f"engine {name}: {res.records_per_s:,.0f} records/s, wall {res.wall_s:.2f} s, correct={res.correct}{tag}"
+
+
+def _shared_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata: WorkloadData | None,
+                 conf: Mapping[str, str], out_dir: Path, store_uri: str | None, spark: Any,
+                 progress: ProgressFn | None) -> tuple[_Runs, dict[str, Any]]:
+    """Every run in this process and one session (``--shared-session``), each under a sampler of this
+    process's tree: it carries what earlier runs left (the JVM's heap, idle Python workers)."""
+    say = progress or (lambda _msg: None)
+    session, session_start_s = build_bench_session(conf, spark=spark)
+    say(f"spark session ready in {session_start_s:.1f} s")
+    if wdata is not None:
+        for name in names:
+            say(f"engine {name}: warm-up on {wdata.n:,} events")
+            t_w = time.perf_counter()
+            # on the store, as the measured runs: the first request to it (S3A's client, pyarrow's,
+            # their connections) must not fall into whichever engine's run comes first
+            more = {} if store_uri is None else {"store": f"{store_uri}/warmup"}
+            ENGINES[name]().run(wdata, out_dir=out_dir / "warmup", spark=session, progress=None, **more)
+            say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
+    runs: _Runs = {n: [] for n in names}
+    total_runs, done_runs, t_runs = len(names) * rounds, 0, time.perf_counter()
+    for rnd, order in enumerate(round_orders(names, rounds)):
+        for name in order:
+            engine = ENGINES[name]()
+            say(_progress_line(name, rnd, rounds, done_runs, total_runs, t_runs))
+            done_runs += 1
+            with MemorySampler(interval_s=1.0) as mem:
+                more = {} if store_uri is None else {"store": f"{store_uri}/round{rnd}"}
+                res = engine.run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session, progress=progress,
+                                 **more)
+            res = res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict())
+            runs[name].append((res, {"run": done_runs, "round": rnd + 1, "pid": os.getpid()}))
+            say(_done_line(name, res, rnd, rounds))
+    return runs, {"spark_version": session.version, "session_start_s": session_start_s,
+                  "checkpoint_file_manager": session.conf.get("spark.sql.streaming.checkpointFileManagerClass", None)}
+
+
+def _isolated_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata: WorkloadData | None,
+                   conf: Mapping[str, str], out_dir: Path, store_uri: str | None,
+                   progress: ProgressFn | None) -> tuple[_Runs, dict[str, Any]]:
+    """Every (engine, round) run in a process of its own (:mod:`.isolated`), its warm-up first in that
+    process; peak memory is the child's whole tree during the measured run alone."""
+    say = progress or (lambda _msg: None)
+    runs: _Runs = {n: [] for n in names}
+    total_runs, done_runs, t_runs = len(names) * rounds, 0, time.perf_counter()
+    facts: dict[str, Any] = {}
+    for rnd, order in enumerate(round_orders(names, rounds)):
+        for name in order:
+            say(_progress_line(name, rnd, rounds, done_runs, total_runs, t_runs))
+            done_runs += 1
+            spec = RunSpec(engine=name, data=data, out_dir=out_dir / "engines" / f"round{rnd}", conf=conf,
+                           store=None if store_uri is None else f"{store_uri}/round{rnd}", warmup=wdata,
+                           warmup_out_dir=out_dir / "warmup" / f"round{rnd}",
+                           warmup_store=None if store_uri is None else f"{store_uri}/warmup/round{rnd}")
+            got = run_isolated(spec, work_dir=out_dir / "processes" / f"round{rnd}", progress=progress)
+            res = got.result.with_(name=name, session_start_s=got.session_start_s, peak_memory=got.peak.to_dict())
+            runs[name].append((res, {"run": done_runs, "round": rnd + 1, "pid": got.pid, "warmup_s": got.warmup_s}))
+            facts.setdefault("spark_version", got.spark_version)
+            facts.setdefault("checkpoint_file_manager", got.checkpoint_file_manager)
+            say(_done_line(name, res, rnd, rounds))
+    starts = sorted(r.session_start_s or 0.0 for rs in runs.values() for r, _ in rs)
+    facts["session_start_s"] = starts[(len(starts) - 1) // 2]
+    return runs, facts
+
+
 def run_throughput(
     size: str,
     *,
@@ -141,6 +229,7 @@ def run_throughput(
     warmup: bool = False,
     rounds: int = 1,
     store_uri: str | None = None,
+    isolate: bool | None = None,
     progress: ProgressFn | None = print,
 ) -> dict[str, Any]:
     """Run the selected engines (default: all registered) one after another on the same input.
@@ -151,9 +240,11 @@ def run_throughput(
         engines: registry names, in run order.
         data_root: where datasets live (default ``<repo>/bench-out/data``).
         params: generator parameters of a custom size.
-        spark: an existing session to use (a child session with the benchmark settings is made
-            from it); by default one is built here and its start time reported.
-        warmup: first run every engine once, unmeasured, on a 2-file workload (:data:`WARMUP`),
+        spark: an existing session to share (a child session with the benchmark settings is made
+            from it; implies ``isolate=False``); by default one is built per process and its start
+            time reported.
+        warmup: first run every engine once, unmeasured, on a 2-file workload (:data:`WARMUP`)
+            (isolated: in each run's own process, before its measured run),
             so that JVM class loading and code generation are not charged to whichever engine
             runs first; with ``store_uri`` it runs there too (the first requests to the store:
             S3A's and pyarrow's clients and connections). Off by default (WORKLOAD.md section 4
@@ -165,13 +256,17 @@ def run_throughput(
             run is its median one, every round's records/s is kept in ``rounds_records_per_s``.
         store_uri: a folder URI (e.g. ``s3a://bucket/bench``) for every engine's state and output
             (round ``r`` below ``<store_uri>/round<r>``); the engines must take one (``takes_store``).
+        isolate: run every (engine, round) in a process of its own, with its own session, JVM and
+            Python workers (:mod:`.isolated`); ``False``: all in this process and one session. Default:
+            isolated unless ``spark`` is given.
         progress: where progress lines go (``None``: silent).
 
     Returns:
         The report written to ``throughput.json``.
 
     Raises:
-        WorkloadError: unknown engine, or the input cannot be produced/verified.
+        WorkloadError: unknown engine, the input cannot be produced/verified, ``isolate`` with ``spark``,
+            or an isolated run's process failed (its last lines in the message).
     """
     t_proc0 = psutil.Process().create_time()
     say = progress or (lambda _msg: None)
@@ -181,6 +276,10 @@ def run_throughput(
         raise WorkloadError(f"unknown engine(s) {unknown}; registered: {sorted(ENGINES)}")
     if rounds < 1:
         raise WorkloadError(f"rounds must be at least 1, got {rounds}")
+    if isolate and spark is not None:
+        raise WorkloadError("an isolated run builds a session in each engine's process; pass spark= only "
+                            "with isolate=False (--shared-session)")
+    isolate = spark is None if isolate is None else isolate
     if store_uri is not None:
         cannot = [n for n in names if not getattr(ENGINES[n], "takes_store", False)]
         if cannot:
@@ -197,57 +296,19 @@ def run_throughput(
         f"reference {ref.emitted_rows:,} rows")
 
     conf = dict(SPARK_BENCH_CONF)
-    t0 = time.perf_counter()
-    if spark is None:
-        from deltawheel.executor.session import build_spark
-        from deltawheel.statestore.session.sparkenv import SparkSettings
-
-        session = build_spark(SparkSettings(app_name="deltawheel-bench", log_level="ERROR", extra=conf))
+    wdata = ensure_workload("warmup", root=data_root, params=WARMUP) if warmup else None
+    if isolate:
+        runs, facts = _isolated_runs(names, rounds, data=data, wdata=wdata, conf=conf, out_dir=out_dir,
+                                     store_uri=store_uri, progress=progress)
     else:
-        session = spark.newSession()
-        session.sparkContext.setLogLevel("ERROR")
-    for k, v in conf.items():
-        if k.startswith("spark.sql."):
-            session.conf.set(k, v)
-    session_start_s = round(time.perf_counter() - t0, 3)
-    say(f"spark session ready in {session_start_s:.1f} s")
-
-    if warmup:
-        wdata = ensure_workload("warmup", root=data_root, params=WARMUP)
-        for name in names:
-            say(f"engine {name}: warm-up on {wdata.n:,} events")
-            t_w = time.perf_counter()
-            # on the store, as the measured runs: the first request to it (S3A's client, pyarrow's,
-            # their connections) must not fall into whichever engine's run comes first
-            more = {} if store_uri is None else {"store": f"{store_uri}/warmup"}
-            ENGINES[name]().run(wdata, out_dir=out_dir / "warmup", spark=session, progress=None, **more)
-            say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
-
-    runs: dict[str, list[EngineResult]] = {n: [] for n in names}
-    total_runs, done_runs, t_runs = len(names) * rounds, 0, time.perf_counter()
-    for rnd, order in enumerate(round_orders(names, rounds)):
-        for name in order:
-            engine = ENGINES[name]()
-            tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
-            # a line per engine run: how many of how many, and an ETA from the runs done so far
-            eta = "" if not done_runs else \
-                f", about {(time.perf_counter() - t_runs) / done_runs * (total_runs - done_runs):.0f} s left"
-            say(f"engine {name}: running{tag} [run {done_runs + 1} of {total_runs}{eta}]")
-            done_runs += 1
-            with MemorySampler(interval_s=1.0) as mem:
-                more = {} if store_uri is None else {"store": f"{store_uri}/round{rnd}"}
-                res = engine.run(data, out_dir=out_dir / "engines" / f"round{rnd}", spark=session, progress=progress,
-                                 **more)
-            res = res.with_(name=name, session_start_s=session_start_s, peak_memory=mem.peak.to_dict())
-            runs[name].append(res)
-            say(f"engine {name}: {res.records_per_s:,.0f} records/s, wall {res.wall_s:.2f} s, "
-                f"correct={res.correct}{tag}")
-    results: dict[str, EngineResult] = {}
+        runs, facts = _shared_runs(names, rounds, data=data, wdata=wdata, conf=conf, out_dir=out_dir,
+                                   store_uri=store_uri, spark=spark, progress=progress)
+    results: dict[str, tuple[EngineResult, Mapping[str, Any]]] = {}
     for name, rs in runs.items():
-        med = sorted(rs, key=lambda r: r.records_per_s)[(len(rs) - 1) // 2]
+        med = sorted(rs, key=lambda r: r[0].records_per_s)[(len(rs) - 1) // 2]
         # every round must be correct for the engine to count as correct
-        results[name] = med.with_(correct=all(r.correct for r in rs),
-                                  rounds_records_per_s=tuple(r.records_per_s for r in rs))
+        results[name] = (med[0].with_(correct=all(r.correct for r, _ in rs),
+                                      rounds_records_per_s=tuple(r.records_per_s for r, _ in rs)), med[1])
 
     report: dict[str, Any] = {
         "workload": "zeitgeist-window-count",
@@ -261,12 +322,17 @@ def run_throughput(
                       "late_dropped": ref.late_dropped, "open_events_at_end": ref.open_events,
                       "open_windows_at_end": ref.open_windows},
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "machine": _machine_info(session),
-        "session_start_s": session_start_s,
-        "spark_conf": {**conf, "spark.sql.streaming.checkpointFileManagerClass":
-                       session.conf.get("spark.sql.streaming.checkpointFileManagerClass", None)},
-        "engines": {n: r.to_dict() for n, r in results.items()},
-        "ratios": _ratios(results),
+        "machine": _machine_info(str(facts["spark_version"])),
+        "mode": "isolated" if isolate else "shared_session",
+        # isolated: the median of the runs' own session starts (each run's in engines.*.session_start_s)
+        "session_start_s": facts["session_start_s"],
+        "spark_conf": {**conf, "spark.sql.streaming.checkpointFileManagerClass": facts["checkpoint_file_manager"]},
+        "engines": {n: {**r.to_dict(), **info} for n, (r, info) in results.items()},
+        "ratios": _ratios({n: r for n, (r, _) in results.items()}),
+        # every run in run order: its process, session start and figures (engines.* keeps the median's)
+        "runs": sorted(({"engine": n, **info, "session_start_s": r.session_start_s, "records_per_s": r.records_per_s,
+                         "correct": r.correct, "pss_mib": (r.peak_memory or {}).get("pss_mib")}
+                        for n, rs in runs.items() for r, info in rs), key=lambda d: int(d["run"])),
         "warmup": dataclasses.asdict(WARMUP) if warmup else None,
         "rounds": rounds,
         "store_uri": store_uri,
@@ -284,7 +350,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     report = run_throughput(args.size, out_dir=Path(args.out), engines=engines,
                             data_root=Path(args.data_root) if args.data_root else None,
                             warmup=bool(getattr(args, "warmup", False)), rounds=int(getattr(args, "rounds", 1)),
-                            store_uri=getattr(args, "store_uri", None))
+                            store_uri=getattr(args, "store_uri", None),
+                            isolate=not bool(getattr(args, "shared_session", False)))
     return 0 if all(e["correct"] for e in report["engines"].values()) else 1
 
 

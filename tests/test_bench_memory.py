@@ -19,6 +19,7 @@ from deltawheel.benchmarks.memory import (
     MemorySampler,
     ProcessMemory,
     measured_run_ended,
+    on_measured_run_end,
     process_role,
     tree_processes,
 )
@@ -142,3 +143,27 @@ def test_the_embedded_zookeeper_serves_from_a_small_heap(tmp_path: Path) -> None
         server.stop()
     assert [p.role for p in ours] == ["zookeeper_jvm"]
     assert 20 * 2**20 < ours[0].pss_bytes < 110 * 2**20, f"ZooKeeper's PSS {ours[0].pss_bytes / 2**20:.0f} MiB"
+
+
+def test_a_child_process_tree_is_sampled_from_outside() -> None:
+    """``root_pid``: the throughput benchmark samples an engine's own process from its parent; the
+    child's tree alone (not the sampling process), its peak RSS read from /proc (VmHWM)."""
+    child = _child(64)
+    try:
+        with MemorySampler(interval_s=0.05, root_pid=child.pid) as mem:
+            time.sleep(0.3)
+    finally:
+        child.kill()
+        child.wait()
+    peak = mem.peak
+    assert [p.pid for p in peak.at_peak] == [child.pid] and peak.at_peak[0].role == "driver_python"
+    assert peak.pss_bytes > 64 * 2**20 and peak.driver_maxrss_bytes > 64 * 2**20
+    assert peak.samples >= 3
+
+
+def test_the_end_hooks_are_called_once_by_the_next_end() -> None:
+    calls: list[str] = []
+    on_measured_run_end(lambda: calls.append("ended"))
+    measured_run_ended()
+    measured_run_ended()
+    assert calls == ["ended"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -180,6 +182,7 @@ def test_spark_engine_smoke(engine: str, spark, tiny: wl.WorkloadData, tmp_path:
                             engines=[engine], spark=spark, progress=None)
     res = report["engines"][engine]
     ref = tiny.reference
+    assert report["mode"] == "shared_session" and res["pid"] == os.getpid()  # a session handed in is shared
     assert res["correct"], res["notes"]
     assert (res["emitted_rows"], res["sum_counts"]) == (ref.emitted_rows, ref.sum_counts)
     assert res["late_dropped"] == ref.late_dropped and res["open_events_at_end"] == ref.open_events
@@ -280,3 +283,71 @@ def test_deltawheel_and_sql_split_their_state_alike_and_both_emit_the_reference(
     assert report["engines"]["deltawheel_vector"]["settings"]["user_code"].startswith("combine")
     assert report["engines"]["spark_sql"]["settings"]["spark.sql.shuffle.partitions"] == "3"
     assert report["ratios"]["deltawheel/spark_sql"] > 0
+
+
+@pytest.mark.spark
+def test_each_engine_run_is_measured_in_a_process_of_its_own(tiny: wl.WorkloadData, tmp_path: Path) -> None:
+    """The default (isolated) run as a user starts it, deltawheel beside Spark SQL with a warm-up: each
+    run came from its own process (not this one), each emits the reference, and each one's peak memory
+    is its own tree during the measured run: a driver JVM (and deltawheel's ZooKeeper), no session start."""
+    import psutil
+    from deltawheel.benchmarks.throughput import run_throughput
+
+    lines: list[str] = []
+    report = run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
+                            engines=["deltawheel", "spark_sql"], warmup=True, progress=lines.append)
+    assert report["mode"] == "isolated"
+    runs = report["runs"]
+    assert [r["engine"] for r in runs] == ["deltawheel", "spark_sql"]
+    pids = {r["pid"] for r in runs}
+    assert len(pids) == 2 and os.getpid() not in pids
+    ref = tiny.reference
+    for run in runs:
+        res = report["engines"][run["engine"]]
+        assert res["correct"], res["notes"]
+        assert (res["emitted_rows"], res["sum_counts"]) == (ref.emitted_rows, ref.sum_counts)
+        assert res["pid"] == run["pid"] and res["session_start_s"] > 0 and res["warmup_s"] > 0
+        mem = res["peak_memory"]
+        assert mem["pss_mib"] > 200 and run["pss_mib"] == mem["pss_mib"]
+        roles = {p["role"]: p["pid"] for p in mem["at_peak"]}
+        assert roles["driver_python"] == run["pid"] and "driver_jvm" in roles  # the child's own tree
+        assert mem["at_peak_by_role_pss_mib"]["driver_jvm"] > 100
+        assert not psutil.pid_exists(run["pid"])  # the process ended with its run
+    assert "zookeeper_jvm" in report["engines"]["deltawheel"]["peak_memory"]["at_peak_by_role_pss_mib"]
+    assert report["machine"]["spark"] and report["spark_conf"]["spark.sql.streaming.checkpointFileManagerClass"]
+    assert json.loads((tmp_path / "throughput.json").read_text())["runs"] == runs
+    assert any("[run 1 of 2]" in ln for ln in lines) and any("[run 2 of 2, about" in ln for ln in lines)
+    assert sum("spark session ready" in ln for ln in lines) == 2 and sum("warm-up took" in ln for ln in lines) == 2
+    table = next(ln for ln in lines if ln.startswith("engine ") and "records/s" in ln and "start_s" in ln)
+    assert "idle MiB" not in table
+
+
+def test_a_failing_engine_process_ends_the_benchmark_with_its_error(tiny: wl.WorkloadData, tmp_path: Path) -> None:
+    from deltawheel.benchmarks.engines_spark import SPARK_BENCH_CONF
+    from deltawheel.benchmarks.isolated import RunSpec, run_isolated
+    from deltawheel.benchmarks.throughput import run_throughput
+
+    spec = RunSpec(engine="no_such_engine", data=tiny, out_dir=tmp_path / "run", conf=SPARK_BENCH_CONF)
+    with pytest.raises(WorkloadError, match=re.compile(
+            r"engine no_such_engine: its process \d+ failed \(exit 1\); full stderr in .*KeyError: 'no_such_engine'",
+            re.S)):
+        run_isolated(spec, work_dir=tmp_path / "procs", progress=None)
+    with pytest.raises(WorkloadError, match=r"pass spark= only with isolate=False \(--shared-session\)"):
+        run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path, engines=["spark_sql"],
+                       spark=object(), isolate=True, progress=None)
+
+
+def test_the_command_isolates_unless_told_to_share_a_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltawheel.benchmarks import throughput as tp
+    from deltawheel.executor.cli import main as cli_main
+
+    asked: list[object] = []
+
+    def record(*_a: object, **kw: object) -> dict[str, object]:
+        asked.append(kw["isolate"])
+        return {"engines": {}}
+
+    monkeypatch.setattr(tp, "run_throughput", record)
+    assert cli_main(["bench", "throughput", "--size", "small", "--out", str(tmp_path)]) == 0
+    assert cli_main(["bench", "throughput", "--size", "small", "--shared-session", "--out", str(tmp_path)]) == 0
+    assert asked == [True, False]

@@ -1,7 +1,8 @@
 """``deltawheel bench``: the benchmark scripts of ``benchmarks/`` as subcommands.
 
 ``deltawheel bench throughput --size small --out bench-out/small --engines spark_sql,spark_tws``
-runs the engines on WORKLOAD.md's input and writes ``throughput.json`` and
+runs the engines on WORKLOAD.md's input, each run in a process of its own (``--shared-session``:
+all in this one), and writes ``throughput.json`` and
 ``throughput.png`` into ``--out``, printing each engine's micro-batches as they
 finish. Exit code 1 if an engine's output differs from the reference.
 ``deltawheel bench watermarks --size small`` runs the same workload once per injector

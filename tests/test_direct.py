@@ -151,6 +151,42 @@ def _decoded(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "value": value}
 
 
+def test_keys_read_as_the_files_dictionary_give_the_rows_of_keys_encoded_by_the_task(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A key column without nulls is read as the Parquet file's dictionary (one per row group,
+    unified); one with a null key is encoded by the task (the path the JVM comparison above covers
+    with ``ODD``'s null key). Both give the same rows: bad keys, empty and null ids, null and
+    ahead-of-time event times included, over several row groups."""
+    from deltawheel.executor.tasks.image.direct import direct_source
+
+    rows = _events(0, 60) + [r for r in ODD if r[1] is not None] + _events(1, 30)
+    null_key = ("ok-null", None, 5_000_010)
+    plain, mixed = tmp_path / "plain.parquet", tmp_path / "mixed.parquet"
+    _write(plain, rows, unit="us")
+    _write(mixed, rows + [null_key], unit="us")
+    for f in (plain, mixed):  # several row groups: a dictionary per row group
+        pq.write_table(pq.read_table(f), f, row_group_size=16)
+    source = direct_source("events", pq.read_schema(plain), key_column="key", event_time_column="event_time",
+                           record_id_column="record_id", value_columns=[])
+    assert source is not None
+    assert pq.read_table(plain, read_dictionary=["key"]).column("key").num_chunks > 1
+    assert pq.read_table(mixed, read_dictionary=["key"]).column("key").null_count == 1
+    for ivs in ([0, 1, 2, 3], [2], [1, 3]):
+        got = [direct_table(DirectBatch(source, ((str(f), "part-0.parquet"),), 4, 5_000, (), ahead=(9_000, 0)), ivs)
+               for f in (plain, mixed)]
+        # the mixed file's one more row: its null key (an empty key, a dead letter), if its interval is read
+        extra = got[1].filter(pa.compute.equal(got[1].column("record_id"), "ok-null")).to_pylist()
+        assert [r["_bad"] for r in extra] == (["key extractor returned an empty key"] if len(ivs) == 4 else [])[:len(extra)]
+        same = got[1].filter(pa.compute.fill_null(pa.compute.not_equal(got[1].column("record_id"), "ok-null"), True))
+        assert same.to_pylist() == got[0].to_pylist()
+        if len(ivs) == 4:
+            assert len(extra) == 1
+            bad = {r["_bad"] for r in got[0].to_pylist() if r["_bad"] is not None}
+            assert {"keys starting with NUL are reserved", "extractor said no", "key extractor returned an empty key",
+                    f"key longer than {MAX_KEY_BYTES} bytes", "record without record_id",
+                    "record without timestamp"} < bad  # and the ones too far ahead of the clock
+        assert got[0].filter(got[0].column("_m")).column("interval").to_pylist() == ivs
+
+
 def test_a_file_the_tasks_cannot_read_exactly_goes_through_the_jvm(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     folder = tmp_path / "in"
     folder.mkdir()

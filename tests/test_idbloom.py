@@ -46,3 +46,14 @@ def test_hashes_computed_once_give_the_same_filter_and_answers() -> None:
     assert a._bits.any()
     got = b.might_contain_many(probe, hashes=IdBloom.hashes(probe))
     assert (got == a.might_contain_many(probe)).all() and got[:600].all()
+
+
+@pytest.mark.parametrize("m", [64, 959, 19_170_117, 2**30 - 3, 2**30 + 7, 2**40 + 1])
+def test_bit_positions_are_the_double_hashing_formula(m: int) -> None:
+    """Probe i of an id is (h1 + i * h2) % m (h1, h2: the hash's low and high halves, h2 made odd),
+    in the int32 and the int64 range of m alike (a filter's bits are not needed: none allocated)."""
+    bloom = object.__new__(IdBloom)
+    bloom.m, bloom.k = m, 9
+    hashes = np.array([0, 1, 2**32 - 1, 2**32, 2**63 + 12_345, 2**64 - 1, 0x9E3779B97F4A7C15], dtype=np.uint64)
+    want = [[((h & 0xFFFFFFFF) + i * ((h >> 32) | 1)) % m for i in range(9)] for h in map(int, hashes)]
+    assert bloom._positions([""] * len(hashes), hashes).tolist() == want

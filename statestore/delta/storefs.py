@@ -210,13 +210,15 @@ class TableFiles:
         with self.fs.open_input_stream(self.path(rel)) as fh:
             return pa.BufferReader(fh.read())
 
-    def read_parquet(self, rel: str, columns: list[str] | None = None) -> Any:
-        """A Parquet file (``columns`` only, if given) as a pyarrow table."""
+    def read_parquet(self, rel: str, columns: list[str] | None = None, *,
+                     read_dictionary: list[str] | None = None) -> Any:
+        """A Parquet file (``columns`` only, if given) as a pyarrow table; ``read_dictionary``: the
+        columns read as Arrow dictionaries (as pyarrow's ``read_table`` takes them)."""
         import pyarrow.parquet as pq
 
         if self.s3 is None:
-            return pq.read_table(self.path(rel), columns=columns)
-        return pq.ParquetFile(self._source(rel)).read(columns=columns)
+            return pq.read_table(self.path(rel), columns=columns, read_dictionary=read_dictionary)
+        return pq.ParquetFile(self._source(rel), read_dictionary=read_dictionary).read(columns=columns)
 
     def parquet_file(self, rel: str) -> Any:
         """A ``pyarrow.parquet.ParquetFile`` of ``rel`` (schema and data of one read)."""

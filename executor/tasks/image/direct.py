@@ -263,7 +263,8 @@ class BatchReader:
             for path, name in batch.files:
                 file = _file(path, batch.source.s3)
                 assert file is not None  # batch_files checked it
-                t = file.read_parquet("", columns=batch.source.columns)
+                # the key column as a dictionary: its distinct keys hashed and checked once (:func:`_keyed`)
+                t = file.read_parquet("", columns=batch.source.columns, read_dictionary=[batch.source.key_column])
                 self._files.append((name, t, _keyed(batch, t)))
         return self._files
 
@@ -336,23 +337,56 @@ def _key_facts(keys: Any, num_intervals: int) -> tuple[Any, list[str | None] | N
 
 @dataclass(frozen=True)
 class _Keyed:
-    """A file's keys (nulls as ""), their dictionary codes, and per distinct key its interval and
-    why it is bad (:func:`_key_facts`)."""
+    """A file's keys as a dictionary (nulls as ""): the distinct keys (a string array, a key may
+    repeat), each row's code in it (numpy), and per distinct key its interval and why it is bad
+    (:func:`_key_facts`; ``is_bad``: the same as a numpy mask, None when no key is)."""
 
-    key: Any
+    keys: Any
     codes: Any
     ivs_of: Any
     bad_of: list[str | None] | None
+    is_bad: Any
+
+    def rows_of(self, intervals: Sequence[int], num_intervals: int) -> Any:
+        """The row numbers (numpy int64, ascending) whose key falls in ``intervals``."""
+        import numpy as np
+
+        wanted = np.zeros(num_intervals, dtype=bool)
+        wanted[[i for i in intervals if 0 <= i < num_intervals]] = True
+        return np.flatnonzero(wanted[self.ivs_of][self.codes]) if len(self.ivs_of) else np.zeros(0, np.int64)
+
+    def key(self, codes: Any) -> Any:
+        """The keys of ``codes`` (a string array)."""
+        import pyarrow as pa
+
+        return self.keys.take(pa.array(codes))
+
+    def bad(self, codes: Any) -> list[str | None] | None:
+        """Why each key of ``codes`` is bad (None each that is not), or None when none is."""
+        if self.is_bad is None or not self.is_bad[codes].any():
+            return None
+        bad_of = self.bad_of
+        assert bad_of is not None
+        return [bad_of[c] for c in codes.tolist()]
 
 
 def _keyed(batch: DirectBatch, t: Any) -> _Keyed:
+    """A file's keys: the Parquet column's own dictionary when it was read as one without nulls
+    (a row group's dictionary per chunk, unified), else the column dictionary-encoded here."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    key = pc.fill_null(t.column(batch.source.key_column).combine_chunks().cast(pa.string()), "")
-    enc = pc.dictionary_encode(key)
-    ivs_of, bad_of = _key_facts(enc.dictionary, batch.num_intervals)
-    return _Keyed(key, enc.indices.to_numpy(), ivs_of, bad_of)
+    col = t.column(batch.source.key_column)
+    if pa.types.is_dictionary(col.type) and col.null_count == 0 and col.num_chunks:
+        enc = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        keys = enc.dictionary.cast(pa.string())
+    else:
+        enc = pc.dictionary_encode(pc.fill_null(pc.cast(col, pa.string()).combine_chunks(), ""))
+        keys = enc.dictionary
+    ivs_of, bad_of = _key_facts(keys, batch.num_intervals)
+    is_bad = None if bad_of is None else np.array([b is not None for b in bad_of], dtype=bool)
+    return _Keyed(keys, enc.indices.to_numpy(zero_copy_only=False), ivs_of, bad_of, is_bad)
 
 
 def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int]) -> Any:
@@ -362,16 +396,13 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
     import pyarrow.compute as pc
 
     src = batch.source
-    ivs_of, bad_of, codes = keyed.ivs_of, keyed.bad_of, keyed.codes
-    iv = ivs_of[codes] if len(ivs_of) else np.zeros(0, np.int32)
-    rows = np.flatnonzero(np.isin(iv, np.asarray(list(intervals), dtype=np.int32)))
+    rows = keyed.rows_of(intervals, batch.num_intervals)
     m = len(rows)
     take = pa.array(rows, pa.int64())
-    key = keyed.key.take(take)
-    codes = codes[rows]
+    codes = keyed.codes[rows]
     # the event time in epoch ms: unix_millis (floor) of a timestamp, or the int column itself
     et = t.column(src.event_time_column).combine_chunks().take(take)
-    ts_null = et.is_null().to_numpy(zero_copy_only=False)
+    ts_null = et.is_null().to_numpy(zero_copy_only=False) if et.null_count else None
     if pa.types.is_timestamp(et.type):
         raw = et.cast(pa.int64()).fill_null(0).to_numpy()
         ms = raw // 1000 if et.type.unit == "us" else raw
@@ -385,18 +416,20 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
             ids = rid.to_pylist()
             rid = pa.array([f"{src.stream}/{name}#{r}" if x is None else x for x, r in zip(ids, rows.tolist(), strict=True)],
                            pa.string())
+        rid_empty = pc.equal(rid, "").to_numpy(zero_copy_only=False)
     else:
         rid = pa.array([f"{src.stream}/{name}#{r}" for r in rows.tolist()], pa.string())
+        rid_empty = np.zeros(m, dtype=bool)  # a position is never empty
     # dead letters: the first failing check, as prepare_input orders them
-    key_bad = [bad_of[c] for c in codes.tolist()] if bad_of else [None] * m
-    rid_empty = pc.equal(rid, "").to_numpy(zero_copy_only=False)
-    why: list[str | None] = key_bad
-    far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ~ts_null
-    if any(x is not None for x in key_bad) or rid_empty.any() or ts_null.any() or far.any():
+    key_bad = keyed.bad(codes)
+    ok = ~ts_null if ts_null is not None else True
+    far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ok
+    if key_bad is not None or rid_empty.any() or ts_null is not None or far.any():
         now, bound = batch.ahead or (0, 0)
+        nulls = ts_null.tolist() if ts_null is not None else [False] * m
         why = [kb if kb is not None else "record without record_id" if re else
                "record without timestamp" if tn else ahead_reason(t_ms, bound, now) if fa else None
-               for kb, re, tn, fa, t_ms in zip(key_bad, rid_empty.tolist(), ts_null.tolist(), far.tolist(),
+               for kb, re, tn, fa, t_ms in zip(key_bad or [None] * m, rid_empty.tolist(), nulls, far.tolist(),
                                                ms.tolist(), strict=True)]
         bad = pa.array(why, pa.string())
         position = pa.array([None if w is None else f"file={name}#row={r}" for w, r in zip(why, rows.tolist(), strict=True)],
@@ -405,13 +438,17 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
         bad = pa.nulls(m, pa.string())
         position = pa.nulls(m, pa.string())
     value = _json_values(t, src.value_columns, take) if src.value_columns else pa.nulls(m, pa.binary())
-    if batch.late_before is None:
-        late = pa.array(np.zeros(m, dtype=bool))
-    else:
-        late = pa.array((ms < batch.late_before) & ~ts_null)
-    return _table(record_id=rid, key=key, value=value, codec=pa.array(["json"] * m, pa.string()), timestamp_ms=ts,
-                  stream=pa.array([src.stream] * m, pa.string()), position=position, late=late, _bad=bad,
-                  interval=pa.array(iv[rows], pa.int32()), _m=pa.array(np.zeros(m, dtype=bool)))
+    late = np.zeros(m, dtype=bool) if batch.late_before is None else (ms < batch.late_before) & ok
+    return _table(record_id=rid, key=keyed.key(codes), value=value, codec=_repeat("json", m), timestamp_ms=ts,
+                  stream=_repeat(src.stream, m), position=position, late=pa.array(late), _bad=bad,
+                  interval=pa.array(keyed.ivs_of[codes], pa.int32()), _m=pa.array(np.zeros(m, dtype=bool)))
+
+
+def _repeat(text: str, n: int) -> Any:
+    """A string array of ``n`` times ``text``."""
+    import pyarrow as pa
+
+    return pa.repeat(pa.scalar(text, pa.string()), n)
 
 
 def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int]) -> Any:
@@ -424,10 +461,10 @@ def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, interv
     import pyarrow.compute as pc
 
     src = batch.source
-    iv = keyed.ivs_of[keyed.codes] if len(keyed.ivs_of) else np.zeros(0, np.int32)
-    rows = np.flatnonzero(np.isin(iv, np.asarray(list(intervals), dtype=np.int32)))
+    rows = keyed.rows_of(intervals, batch.num_intervals)
     m = len(rows)
     take = pa.array(rows, pa.int64())
+    codes = keyed.codes[rows]
     col = {c: t.column(c).combine_chunks().take(take) for c in ("record_id", "value", "codec", "timestamp_ms",
                                                                 "commit_id")}
     codec = pc.fill_null(col["codec"].cast(pa.string()), "json")
@@ -437,13 +474,13 @@ def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, interv
     rid = col["record_id"].cast(pa.string())
     rid_bad = pc.fill_null(pc.equal(rid, ""), True).to_numpy(zero_copy_only=False)
     malformed = pc.fill_null(pc.equal(codec, MALFORMED_CODEC), False).to_numpy(zero_copy_only=False)
-    key_bad = [keyed.bad_of[c] for c in keyed.codes[rows].tolist()] if keyed.bad_of else [None] * m
+    key_bad = keyed.bad(codes)
     far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ~ts_null
-    if malformed.any() or any(x is not None for x in key_bad) or rid_bad.any() or ts_null.any() or far.any():
+    if malformed.any() or key_bad is not None or rid_bad.any() or ts_null.any() or far.any():
         now, bound = batch.ahead or (0, 0)
         why = [MALFORMED_REASON if mf else kb if kb is not None else "record without record_id" if rb else
                "record without timestamp" if tn else ahead_reason(t_ms, bound, now) if fa else None
-               for mf, kb, rb, tn, fa, t_ms in zip(malformed.tolist(), key_bad, rid_bad.tolist(), ts_null.tolist(),
+               for mf, kb, rb, tn, fa, t_ms in zip(malformed.tolist(), key_bad or [None] * m, rid_bad.tolist(), ts_null.tolist(),
                                                    far.tolist(), ms.tolist(), strict=True)]
         bad = pa.array(why, pa.string())
         position = pc.if_else(bad.is_null(), pa.nulls(m, pa.string()), col["commit_id"].cast(pa.string()))
@@ -451,9 +488,9 @@ def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, interv
         bad = pa.nulls(m, pa.string())
         position = pa.nulls(m, pa.string())
     late = (np.zeros(m, dtype=bool) if batch.late_before is None else (ms < batch.late_before) & ~ts_null)
-    return _table(record_id=rid, key=keyed.key.take(take), value=col["value"].cast(pa.binary()), codec=codec,
-                  timestamp_ms=ts, stream=pa.array([src.stream] * m, pa.string()), position=position,
-                  late=pa.array(late), _bad=bad, interval=pa.array(iv[rows], pa.int32()),
+    return _table(record_id=rid, key=keyed.key(codes), value=col["value"].cast(pa.binary()), codec=codec,
+                  timestamp_ms=ts, stream=_repeat(src.stream, m), position=position,
+                  late=pa.array(late), _bad=bad, interval=pa.array(keyed.ivs_of[codes], pa.int32()),
                   _m=pa.array(np.zeros(m, dtype=bool)))
 
 

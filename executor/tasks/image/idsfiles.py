@@ -209,7 +209,7 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
         elif f.name == "sequencer":
             cols[f.name] = pa.array(np.full(n, sequencer, dtype=np.int64))
         elif f.name == "commit_id":
-            cols[f.name] = pa.array([commit_id] * n, pa.string())
+            cols[f.name] = pa.repeat(pa.scalar(commit_id, pa.string()), n)
         elif f.name == "updated_ms":
             cols[f.name] = pa.array(np.full(n, now_ms, dtype=np.int64))
         elif f.name == "format_version":

@@ -148,8 +148,12 @@ def _run(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     import pyarrow.compute as pc
 
     marker = pc.fill_null(table.column("_m"), False)
-    ivs = set(table.filter(marker).column("interval").to_pylist())
-    data = table.filter(pc.invert(marker))
+    ivs = set(table.column("interval").filter(marker).to_pylist())
+    records = table.num_rows - len(ivs)
+    if not pc.any(marker.slice(0, records)).as_py():  # the markers trail the records (the direct read's
+        data = table.slice(0, records)                # tables): the records without a copy
+    else:
+        data = table.filter(pc.invert(marker))
     counted = data.num_rows
     lo = hi = None
     bad = pc.is_valid(data.column("_bad"))

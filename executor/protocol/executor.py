@@ -157,8 +157,11 @@ class ComputationExecutor:
 
     # ------------------------------------------------------------- lifecycle
 
-    def start(self, *, wait_s: float = 0.0) -> None:
-        """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
+    def start(self, *, wait_s: float = 0.0, streams_ready: bool = True) -> None:
+        """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints.
+        ``streams_ready``: return once the output streams' tables exist too (False: they may
+        still be being made; the first batch's plan, or ``path.streams_ready()``, waits for them
+        and raises a failure to make one; the leases are given back by :meth:`stop`)."""
         self._protocol.watermarks.require_source()
         t_start = time.monotonic()
         authority = self.authority
@@ -184,6 +187,12 @@ class ComputationExecutor:
         if rec.merged:
             self._log(f"{self.comp.name}: recovery redelivered {rec.merged} checkpointed productions "
                       "(records already in their streams are skipped)")
+        if streams_ready:
+            try:
+                self.path.streams_ready()
+            except BaseException:
+                self.owner.release()
+                raise
         self.recovered = {"appended": rec.appended, "merged": rec.merged}
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}
@@ -194,8 +203,10 @@ class ComputationExecutor:
         self._started = True
 
     def start_in_background(self, *, wait_s: float = 0.0, then: Callable[[], None] | None = None) -> None:
-        """:meth:`start` in a thread, so that the part after the leases (fence, recovery, the
-        stream tables) overlaps what the caller does next. The pipeline runner starts the
+        """:meth:`start` in a thread, so that the part after the leases (fence, recovery) overlaps
+        what the caller does next; the output streams' tables, made beside the claim, are waited
+        for where one is first needed (the first batch's plan, ``path.streams_ready()``), not by
+        the start (``streams_ready=False``). The pipeline runner starts the
         streaming query meanwhile (its checkpoint, first offsets, the first batch's planning),
         but only once the leases are held (:meth:`wait_leased`): the leases are what keeps a
         second copy of the job off the query's checkpoint. The first batch (and :meth:`flush`,
@@ -203,8 +214,8 @@ class ComputationExecutor:
         (:meth:`wait_started`). ``then`` runs in the thread after a successful start."""
         if self._started or self._starting is not None:
             return
-        self._starting = BackgroundStart(functools.partial(self.start, wait_s=wait_s), owner=self.owner,
-                                         name=self.comp.name, then=then)
+        self._starting = BackgroundStart(functools.partial(self.start, wait_s=wait_s, streams_ready=False),
+                                         owner=self.owner, name=self.comp.name, then=then)
         self._starting.begin()
 
     def wait_leased(self) -> None:

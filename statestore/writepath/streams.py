@@ -21,7 +21,7 @@ from ..delta.jvm import jcontext, jvm
 from ..delta.log import local_path, local_table_exists
 from ..delta.maintenance import COMMIT_CHECKPOINT_INTERVAL
 from ..delta.storefs import table_files
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, DeltaWheelError
 from ..layout import StoreLayout, validate_name
 from ..sqltext import sql_path, sql_str
 
@@ -86,20 +86,30 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
     Idempotent: an existing table is left as it is.
 
     Raises:
-        ConfigError: ``name`` cannot name a stream (see :func:`check_stream_name`).
+        ConfigError: ``name`` cannot name a stream (see :func:`check_stream_name`), or its table
+            cannot be made (e.g. a plain file sits where its folder belongs); the message says where.
     """
     check_stream_name(name)
     path = layout.stream(name)
-    # a table with its first commit, seen from Python where it can (a local folder, s3a://): no Spark
-    # statement needed (CREATE TABLE IF NOT EXISTS loads the table's snapshot, seconds on s3a://)
-    if local_table_exists(table_files(spark, path) or path):
-        return path
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({_commented_stream_ddl()}) USING DELTA "
-        f"TBLPROPERTIES ('deltawheel.table' = 'stream', 'deltawheel.stream' = '{name}', "
-        f"'deltawheel.format_version' = '{STREAM_FORMAT_VERSION}', "
-        f"'delta.checkpointInterval' = '{COMMIT_CHECKPOINT_INTERVAL}')"  # checkpoints: maintenance.py
-    )
+    try:
+        # a table with its first commit, seen from Python where it can (a local folder, s3a://): no Spark
+        # statement needed (CREATE TABLE IF NOT EXISTS loads the table's snapshot, seconds on s3a://)
+        if local_table_exists(table_files(spark, path) or path):
+            return path
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({_commented_stream_ddl()}) USING DELTA "
+            f"TBLPROPERTIES ('deltawheel.table' = 'stream', 'deltawheel.stream' = '{name}', "
+            f"'deltawheel.format_version' = '{STREAM_FORMAT_VERSION}', "
+            f"'delta.checkpointInterval' = '{COMMIT_CHECKPOINT_INTERVAL}')"  # checkpoints: maintenance.py
+        )
+    except DeltaWheelError:
+        raise
+    except Exception as exc:
+        cause = type(exc).__name__ + (f": {str(exc).strip().splitlines()[0]}" if str(exc).strip() else "")
+        raise ConfigError(
+            f"the table of stream {name!r} cannot be made at {path}: {cause}; clear that path (nothing "
+            "but the stream's Delta table belongs there) and run again"
+        ) from exc
     return path
 
 

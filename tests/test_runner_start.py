@@ -243,3 +243,49 @@ def test_a_topology_declared_otherwise_stops_the_run_typed_before_any_batch(
     finally:
         client.stop()
         client.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_synchronous_start_returns_with_its_stream_tables_made_or_fails_typed(
+        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``ComputationExecutor.start`` (engines, recovery, instances) still returns once the output
+    streams' tables exist; one that cannot be made fails the start with ConfigError and the
+    leases are given back."""
+    from pathlib import Path
+
+    from deltawheel.executor.protocol.executor import ComputationExecutor
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.ownership.owner import IntervalOwner
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from executor_util import Copier
+
+    from deltawheel import migrations
+
+    layout = StoreLayout(str(tmp_path / "store"))
+    migrations.apply(spark, layout, dry_run=False)
+    blocked = Path(layout.stream("copies"))
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a table")
+    client = connect(zk_config)
+    try:
+        def executor() -> ComputationExecutor:
+            owner = IntervalOwner(RowStore(spark, layout, writer="w"), LeaseManager(client, pipeline="starts", owner="w"),
+                                  "copier", num_intervals=2)
+            return ComputationExecutor(spark, layout, Copier(), owner=owner, progress=print)
+
+        with pytest.raises(ConfigError, match=r"the table of stream 'copies' cannot be made"):
+            executor().start(wait_s=5)
+        _assert_copier_leases_free(zk_config)
+        blocked.unlink()
+        ex = executor()
+        ex.start(wait_s=5)
+        try:
+            assert (blocked / "_delta_log" / f"{0:020d}.json").exists()
+        finally:
+            ex.stop()
+    finally:
+        client.stop()
+        client.close()

@@ -174,6 +174,12 @@ class ComputationExecutor:
         try:
             check_store(self.layout)  # a lost or torn commit refuses the start (statestore/inspection/damage.py)
             rec = self.path.acquire(self._wanted, wait_s=wait_s)
+            if streams_ready:  # (else a batch waits for them where it needs one)
+                try:
+                    self.path.streams_ready()
+                except BaseException:
+                    self.owner.release()
+                    raise
         finally:
             if declaring is not None:
                 concurrent.futures.wait([declaring])
@@ -187,12 +193,6 @@ class ComputationExecutor:
         if rec.merged:
             self._log(f"{self.comp.name}: recovery redelivered {rec.merged} checkpointed productions "
                       "(records already in their streams are skipped)")
-        if streams_ready:
-            try:
-                self.path.streams_ready()
-            except BaseException:
-                self.owner.release()
-                raise
         self.recovered = {"appended": rec.appended, "merged": rec.merged}
         self.start_s = {"acquire_fence_recover": round(t_acq - t_start, 3),
                         "total": round(time.monotonic() - t_start, 3)}

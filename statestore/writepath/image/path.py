@@ -37,9 +37,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ...delta.log import commit_infos
 from ...delta.storefs import TableFiles, table_files
@@ -67,6 +66,7 @@ from ..streams import (
     ensure_stream_table,
     stream_schema_ddl,
 )
+from .beside import Beside
 from .files import deletion_vector, image_deltas, is_ids_path, with_deletion_vector, write_production_files
 from .recovery import Checkpoint, Recovery, resolve, scan
 from .summary import BatchOutput
@@ -79,50 +79,6 @@ _DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, re
 class _DeliveredMeanwhile(Exception):
     """Aborts a strong delivery's transaction: its checkpoint was delivered since it was last read."""
 COMMIT_META_VERSION = 1
-
-
-class _Beside:
-    """``fn`` in a thread started by :meth:`chain`'s callback; :meth:`join` waits for it (and runs
-    it in the caller's thread if it was never started). Any number of threads may join, any
-    number of times: ``fn`` runs once; each join raises what it raised."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn = fn
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._ran = False  # ran in a joining thread (never started)
-        self._error: BaseException | None = None
-
-    def _run(self) -> None:
-        try:
-            self._fn()
-        except BaseException as exc:
-            self._error = exc
-
-    def chain(self, then: Callable[[], None] | None) -> Callable[[], None]:
-        """A callback that starts ``fn``'s thread, then calls ``then``."""
-        def start() -> None:
-            with self._lock:
-                if self._thread is None and not self._ran:
-                    self._thread = threading.Thread(target=self._run, name="deltawheel-beside", daemon=True)
-                    self._thread.start()
-            if then is not None:
-                then()
-        return start
-
-    def join(self, *, raise_error: bool = True, run: bool = True) -> None:
-        """Wait for ``fn``; ``run``: run it here if its thread was never started (else return)."""
-        with self._lock:
-            thread = self._thread
-            if thread is None and not self._ran:
-                if not run:
-                    return
-                self._run()
-                self._ran = True
-        if thread is not None:
-            thread.join()
-        if raise_error and self._error is not None:
-            raise self._error
 
 
 class ImagePath(WritePath[BatchOutput]):
@@ -158,7 +114,7 @@ class ImagePath(WritePath[BatchOutput]):
         self._oldest: dict[int, int | None] = {}
         self._next_proc: dict[int, int | None] = {}
         self.deltas = image_deltas()  # batches may write delta files (else: whole images)
-        self._tables: _Beside | None = None  # the output streams' tables being made (streams_ready)
+        self._tables: Beside | None = None  # the output streams' tables being made (streams_ready)
 
     @property
     def log(self) -> TableLog:
@@ -201,7 +157,7 @@ class ImagePath(WritePath[BatchOutput]):
         # the stream tables are created by the owner, after the leases are held: beside the claim's
         # commit (both wait on the store, a new table ~0.15 s through Spark, the claim ~0.1 s on
         # s3a://), and waited for where a table is first needed (streams_ready), not here
-        self._tables = tables = _Beside(lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
+        self._tables = tables = Beside(lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
         granted, self.owner.on_granted = self.owner.on_granted, tables.chain(self.owner.on_granted)
         try:
             self.owner.acquire(intervals, wait_s=wait_s, claim_only=True, scan=False, check_fences=False)
@@ -234,7 +190,7 @@ class ImagePath(WritePath[BatchOutput]):
         are made here."""
         tables = self._tables
         if tables is None:
-            tables = self._tables = _Beside(
+            tables = self._tables = Beside(
                 lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
         tables.join()
 

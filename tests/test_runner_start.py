@@ -6,6 +6,8 @@ the same run with the start done first."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -104,32 +106,92 @@ def test_the_rows_are_those_of_a_run_that_started_first(spark, zk_config, tmp_pa
         f"k{i}": (10, []) for i in range(6)}
 
 
+def _copies(spark, layout) -> list[str]:  # type: ignore[no-untyped-def]
+    """The ids of the records the copier delivered to ``copies``, one entry per stream row."""
+    from executor_util import stream_rows
+
+    return sorted(json.loads(value)["id"] for _rid, _key, value, _ts in stream_rows(spark, layout, "copies"))
+
+
 @pytest.mark.timeout(600)
-def test_a_stream_table_that_cannot_be_made_fails_the_start_and_gives_the_leases_back(
+def test_a_stream_table_that_cannot_be_made_fails_the_first_batch_typed_and_a_later_run_loses_nothing(
         spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The stream tables are made beside the claim's commit, once the leases are held. A store
-    where one cannot be made (a file sits where the table's folder belongs) stops the run with
-    that error, the leases are free again at once, and the run after the repair loses nothing."""
+    """The stream tables are made beside the claim's commit, once the leases are held, and waited
+    for by the first batch that needs one. A store where one cannot be made (a file sits where the
+    table's folder belongs) stops the run with ConfigError at that batch, before it committed
+    anything; the leases are free again at once, and the run after the repair delivers every
+    record exactly once."""
+    from deltawheel.statestore.delta.log import commit_infos
+    from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.layout import StoreLayout
     from executor_util import state_of
 
+    from deltawheel import migrations
+
     _input(tmp_path / "in")
+    layout = StoreLayout(str(tmp_path / "store"))
+    migrations.apply(spark, layout, dry_run=False)
     blocked = tmp_path / "store" / "streams" / "copies"
     blocked.parent.mkdir(parents=True)
     blocked.write_text("not a table")
     lines: list[str] = []
-    with pytest.raises(Exception) as failed:
+    with pytest.raises(ConfigError, match=r"the table of stream 'copies' cannot be made at .*copies: .*clear that"):
         _runner(spark, tmp_path, zk_config, progress=lines.append).run()
-    assert "copies" in str(failed.value)
-    # the start itself failed: no batch ran on a start without its stream tables
-    assert not any("leases held" in line and "copier" in line for line in lines), lines
-    assert not any(line.startswith("copier batch") for line in lines), lines
-    _assert_copier_leases_free(zk_config)  # no wait: the failed start gave them back
+    # the start held the leases; the first batch failed where it needed the table, before its commit
+    assert any("leases held" in line and "copier" in line for line in lines), lines
+    assert not any(line.startswith(("copier batch", "copy_counter batch")) for line in lines), lines
+    kinds = [json.loads(info.get("userMetadata") or "{}").get("kind")
+             for _v, info in commit_infos(layout.rows, after=-1) or ()]
+    assert "claim" in kinds and "commit" not in kinds, kinds
+    _assert_copier_leases_free(zk_config)  # no wait: the failed run gave them back
+    assert blocked.read_text() == "not a table"  # nothing was written over it
     blocked.unlink()
     summary = _runner(spark, tmp_path, zk_config).run()
     assert sum(r.records_in for r in summary.reports["copier"]) == 60
-    assert state_of(spark, StoreLayout(str(tmp_path / "store")), "copy_counter") == {
-        f"k{i}": (10, []) for i in range(6)}
+    assert _copies(spark, layout) == sorted(f"r{i}" for i in range(60))  # each once
+    assert state_of(spark, layout, "copy_counter") == {f"k{i}": (10, []) for i in range(6)}
+
+
+def _splitter():  # type: ignore[no-untyped-def]
+    from deltawheel.executor.computation import RECORD_KEY, Computation
+
+    class Splitter(Computation):
+        """Sends each record to ``evens`` or ``odds`` by the number in its id."""
+
+        name = "splitter"
+        inputs = {"events": RECORD_KEY}
+        outputs = ("evens", "odds")
+        num_intervals = 2
+
+        def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
+            n = int(record.record_id[1:])
+            ctx.produce("evens" if n % 2 == 0 else "odds", {"id": record.record_id}, timestamp_ms=record.timestamp_ms)
+
+    return Splitter()
+
+
+@pytest.mark.timeout(600)
+def test_a_pipeline_with_two_output_streams_on_a_new_store_fills_both_tables(
+        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Both output tables are made during the start, waited for by the first batch: each gets
+    exactly its records, and both are stream tables (their properties) Delta reads."""
+    from deltawheel.executor.drivers.pipeline import Pipeline
+    from deltawheel.executor.drivers.runner import PipelineRunner
+    from deltawheel.executor.sources.parquet import ParquetInjector
+    from deltawheel.statestore.layout import StoreLayout
+    from executor_util import stream_rows
+
+    _input(tmp_path / "in")
+    layout = StoreLayout(str(tmp_path / "store"))
+    inj = ParquetInjector("events", str(tmp_path / "in"), key_column="key", event_time_column="event_time",
+                          value_columns=[], record_id_column="record_id", watermark_delay_ms=1_000)
+    summary = PipelineRunner(spark, layout, Pipeline("split", (inj,), (_splitter(),)), zk=zk_config).run()
+    assert sum(r.records_in for r in summary.reports["splitter"]) == 60
+    for stream, rest in (("evens", 0), ("odds", 1)):
+        got = sorted(json.loads(value)["id"] for _rid, _key, value, _ts in stream_rows(spark, layout, stream))
+        assert got == sorted(f"r{i}" for i in range(60) if i % 2 == rest), stream
+        props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{layout.stream(stream)}`").collect()}
+        assert props["deltawheel.table"] == "stream" and props["deltawheel.stream"] == stream, props
 
 
 @pytest.mark.timeout(600)
@@ -178,6 +240,52 @@ def test_a_topology_declared_otherwise_stops_the_run_typed_before_any_batch(
         assert not any(line.startswith(("copier batch", "copy_counter batch")) for line in lines), lines
         assert not (tmp_path / "store" / "_checkpoints" / "starts" / "copier" / "commits" / "0").exists()
         _assert_copier_leases_free(zk_config)  # no wait: the failed start gave them back
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_synchronous_start_returns_with_its_stream_tables_made_or_fails_typed(
+        spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``ComputationExecutor.start`` (engines, recovery, instances) still returns once the output
+    streams' tables exist; one that cannot be made fails the start with ConfigError and the
+    leases are given back."""
+    from pathlib import Path
+
+    from deltawheel.executor.protocol.executor import ComputationExecutor
+    from deltawheel.statestore.exceptions import ConfigError
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.ownership.owner import IntervalOwner
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from executor_util import Copier
+
+    from deltawheel import migrations
+
+    layout = StoreLayout(str(tmp_path / "store"))
+    migrations.apply(spark, layout, dry_run=False)
+    blocked = Path(layout.stream("copies"))
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a table")
+    client = connect(zk_config)
+    try:
+        def executor() -> ComputationExecutor:
+            owner = IntervalOwner(RowStore(spark, layout, writer="w"), LeaseManager(client, pipeline="starts", owner="w"),
+                                  "copier", num_intervals=2)
+            return ComputationExecutor(spark, layout, Copier(), owner=owner, progress=print)
+
+        with pytest.raises(ConfigError, match=r"the table of stream 'copies' cannot be made"):
+            executor().start(wait_s=5)
+        _assert_copier_leases_free(zk_config)
+        blocked.unlink()
+        ex = executor()
+        ex.start(wait_s=5)
+        try:
+            assert (blocked / "_delta_log" / f"{0:020d}.json").exists()
+        finally:
+            ex.stop()
     finally:
         client.stop()
         client.close()

@@ -196,6 +196,9 @@ class PipelineRunner:
                                 publish_watermark(authority, inj, instance=self.instance)
                     r = ex.flush()
                     ex.settle()  # its last delivery lands before the next stage reads
+                    # its stream tables (made beside its start) exist before the next stage reads
+                    # them, even when no batch of it needed one
+                    ex.path.streams_ready()
                     moved += r.timers_fired + r.productions
                 if moved:
                     self.progress(f"round {rnd} done: {moved} records/timers moved")

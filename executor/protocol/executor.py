@@ -157,8 +157,11 @@ class ComputationExecutor:
 
     # ------------------------------------------------------------- lifecycle
 
-    def start(self, *, wait_s: float = 0.0) -> None:
-        """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints."""
+    def start(self, *, wait_s: float = 0.0, streams_ready: bool = True) -> None:
+        """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints.
+        ``streams_ready``: return once the output streams' tables exist too (False: they may
+        still be being made; the first batch's plan, or ``path.streams_ready()``, waits for them
+        and raises a failure to make one; the leases are given back by :meth:`stop`)."""
         self._protocol.watermarks.require_source()
         t_start = time.monotonic()
         authority = self.authority
@@ -171,6 +174,12 @@ class ComputationExecutor:
         try:
             check_store(self.layout)  # a lost or torn commit refuses the start (statestore/inspection/damage.py)
             rec = self.path.acquire(self._wanted, wait_s=wait_s)
+            if streams_ready:  # (else a batch waits for them where it needs one)
+                try:
+                    self.path.streams_ready()
+                except BaseException:
+                    self.owner.release()
+                    raise
         finally:
             if declaring is not None:
                 concurrent.futures.wait([declaring])
@@ -194,8 +203,10 @@ class ComputationExecutor:
         self._started = True
 
     def start_in_background(self, *, wait_s: float = 0.0, then: Callable[[], None] | None = None) -> None:
-        """:meth:`start` in a thread, so that the part after the leases (fence, recovery, the
-        stream tables) overlaps what the caller does next. The pipeline runner starts the
+        """:meth:`start` in a thread, so that the part after the leases (fence, recovery) overlaps
+        what the caller does next; the output streams' tables, made beside the claim, are waited
+        for where one is first needed (the first batch's plan, ``path.streams_ready()``), not by
+        the start (``streams_ready=False``). The pipeline runner starts the
         streaming query meanwhile (its checkpoint, first offsets, the first batch's planning),
         but only once the leases are held (:meth:`wait_leased`): the leases are what keeps a
         second copy of the job off the query's checkpoint. The first batch (and :meth:`flush`,
@@ -203,8 +214,8 @@ class ComputationExecutor:
         (:meth:`wait_started`). ``then`` runs in the thread after a successful start."""
         if self._started or self._starting is not None:
             return
-        self._starting = BackgroundStart(functools.partial(self.start, wait_s=wait_s), owner=self.owner,
-                                         name=self.comp.name, then=then)
+        self._starting = BackgroundStart(functools.partial(self.start, wait_s=wait_s, streams_ready=False),
+                                         owner=self.owner, name=self.comp.name, then=then)
         self._starting.begin()
 
     def wait_leased(self) -> None:

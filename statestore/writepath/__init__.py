@@ -124,3 +124,11 @@ class WritePath(ABC, Generic[BatchT]):
         """Per owned interval, its earliest processing-time timer in the committed rows; None:
         this path does not track them (a timers-only batch then always runs)."""
         return None
+
+    def streams_ready(self) -> None:
+        """Wait until the tables of the computation's output streams exist (a path may have
+        :meth:`acquire` return while they are still being made, and wait for them where one is
+        first needed).
+
+        Must guarantee: once this returns, every output stream's table exists; a table that
+        cannot be made raises :class:`ConfigError` (nothing was delivered to it)."""

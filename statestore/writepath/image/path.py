@@ -37,9 +37,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ...delta.log import commit_infos
 from ...delta.storefs import TableFiles, table_files
@@ -67,6 +66,7 @@ from ..streams import (
     ensure_stream_table,
     stream_schema_ddl,
 )
+from .beside import Beside
 from .files import deletion_vector, image_deltas, is_ids_path, with_deletion_vector, write_production_files
 from .recovery import Checkpoint, Recovery, resolve, scan
 from .summary import BatchOutput
@@ -79,40 +79,6 @@ _DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, re
 class _DeliveredMeanwhile(Exception):
     """Aborts a strong delivery's transaction: its checkpoint was delivered since it was last read."""
 COMMIT_META_VERSION = 1
-
-
-class _Beside:
-    """``fn`` in a thread started by :meth:`chain`'s callback; :meth:`join` waits for it (and runs
-    it in the caller's thread if it was never started)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn = fn
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def _run(self) -> None:
-        try:
-            self._fn()
-        except BaseException as exc:
-            self._error = exc
-
-    def chain(self, then: Callable[[], None] | None) -> Callable[[], None]:
-        """A callback that starts ``fn``'s thread, then calls ``then``."""
-        def start() -> None:
-            self._thread = threading.Thread(target=self._run, name="deltawheel-beside", daemon=True)
-            self._thread.start()
-            if then is not None:
-                then()
-        return start
-
-    def join(self, *, raise_error: bool = True) -> None:
-        if self._thread is None:
-            if raise_error:
-                self._fn()
-            return
-        self._thread.join()
-        if raise_error and self._error is not None:
-            raise self._error
 
 
 class ImagePath(WritePath[BatchOutput]):
@@ -148,6 +114,7 @@ class ImagePath(WritePath[BatchOutput]):
         self._oldest: dict[int, int | None] = {}
         self._next_proc: dict[int, int | None] = {}
         self.deltas = image_deltas()  # batches may write delta files (else: whole images)
+        self._tables: Beside | None = None  # the output streams' tables being made (streams_ready)
 
     @property
     def log(self) -> TableLog:
@@ -166,7 +133,10 @@ class ImagePath(WritePath[BatchOutput]):
         return self._rows_files
 
     def stream_files(self, stream: str) -> TableFiles:
-        """The files of ``stream``'s table (where the tasks write production files)."""
+        """The files of ``stream``'s table (where the tasks write production files): once its
+        table exists (:meth:`streams_ready`; a folder holding files before Delta's first commit
+        could not become the table)."""
+        self.streams_ready()
         files = self._stream_files.get(stream)
         if files is None:
             got = table_files(self.spark, self.layout.stream(stream))
@@ -185,21 +155,17 @@ class ImagePath(WritePath[BatchOutput]):
         row of an interval and rewrites its whole partition), and the fence rows are checked
         in the images read here. See :meth:`WritePath.acquire`."""
         # the stream tables are created by the owner, after the leases are held: beside the claim's
-        # commit (both wait on the store, a new table ~0.1 s, the claim ~0.1 s on s3a://)
-        streams = _Beside(lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
-        granted, self.owner.on_granted = self.owner.on_granted, streams.chain(self.owner.on_granted)
+        # commit (both wait on the store, a new table ~0.15 s through Spark, the claim ~0.1 s on
+        # s3a://), and waited for where a table is first needed (streams_ready), not here
+        self._tables = tables = Beside(lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
+        granted, self.owner.on_granted = self.owner.on_granted, tables.chain(self.owner.on_granted)
         try:
             self.owner.acquire(intervals, wait_s=wait_s, claim_only=True, scan=False, check_fences=False)
         except BaseException:
-            streams.join(raise_error=False)
+            tables.join(raise_error=False, run=False)
             raise
         finally:
             self.owner.on_granted = granted
-        try:
-            streams.join()
-        except BaseException:
-            self.owner.release()
-            raise
         try:
             self._load()
             found = self.recovery()
@@ -210,9 +176,23 @@ class ImagePath(WritePath[BatchOutput]):
             raise
         merge = found.merge_productions()
         if merge:
+            self.streams_ready()
             deliver_productions(self.spark, self.layout, merge, producer=self.name,
                                 commit_ids=found.merge_commit_ids())
         return Recovered(appended=appended, merged=len(merge))
+
+    def streams_ready(self) -> None:
+        """Wait until the output streams' tables exist: :meth:`acquire` has them made beside the
+        claim's commit, and the first use of a table waits here (recovery that reads or delivers
+        to a stream, the first batch's plan: its tasks write production files into the tables'
+        folders, a delivery). A table that cannot be made raises its :class:`ConfigError` at
+        every call (nothing was written to its stream); before any :meth:`acquire`, the tables
+        are made here."""
+        tables = self._tables
+        if tables is None:
+            tables = self._tables = Beside(
+                lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
+        tables.join()
 
     def oldest_work(self) -> Mapping[int, int | None]:
         """Per interval, its oldest pending work, as recovery or the last commit found it."""
@@ -315,6 +295,7 @@ class ImagePath(WritePath[BatchOutput]):
         return f"deltawheel.{self.name}.{iv}"
 
     def _stream_log(self, stream: str) -> TableLog:
+        self.streams_ready()
         log = self._streams.get(stream)
         if log is None:
             log = self._streams[stream] = TableLog(self.spark, self.layout.stream(stream))

@@ -29,7 +29,9 @@ as the body's ``# Step N`` comments number them:
 6. Deliver the productions to their stream tables idempotently
    (``WritePath.deliver``). Checkpoints are cleared by the next batch's commit: every
    production still in a row at the start of a batch was delivered.
-7. Publish the intervals' oldest work and advance the low watermark.
+7. Publish the intervals' oldest work and advance the low watermark (for a streaming query's
+   batch, in the background: the next batch joins it before it reads a watermark, and raises
+   its failure; ``settle()`` / ``stop()`` join it too: ``watermarks.py``).
 
 Steps 3-5 (with step 2's dedup in the tasks) run again, at most :data:`STALE_VIEW_ATTEMPTS`
 times, while the write path's view of the rows went stale (:func:`retry_stale_view`).

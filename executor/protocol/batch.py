@@ -29,7 +29,9 @@ as the body's ``# Step N`` comments number them:
 6. Deliver the productions to their stream tables idempotently
    (``WritePath.deliver``). Checkpoints are cleared by the next batch's commit: every
    production still in a row at the start of a batch was delivered.
-7. Publish the intervals' oldest work and advance the low watermark.
+7. Publish the intervals' oldest work and advance the low watermark (for a streaming query's
+   batch, in the background: the next batch joins it before it reads a watermark, and raises
+   its failure; ``settle()`` / ``stop()`` join it too: ``watermarks.py``).
 
 Steps 3-5 (with step 2's dedup in the tasks) run again, at most :data:`STALE_VIEW_ATTEMPTS`
 times, while the write path's view of the rows went stale (:func:`retry_stale_view`).
@@ -164,11 +166,15 @@ class BatchProtocol:
         self.watermarks = BatchWatermarks(executor)
 
     def run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None, use_authority: bool,
-            input_files: Sequence[str] | None) -> BatchReport:
+            input_files: Sequence[str] | None, background: bool = False) -> BatchReport:
         """The seven steps on the micro-batch ``df`` (None: timers only); see the module docstring
-        and :meth:`~.executor.ComputationExecutor.run_batch`."""
+        and :meth:`~.executor.ComputationExecutor.run_batch`. ``background``: a batch with input
+        runs step 7 in the background (the caller, a streaming query's ``foreachBatch``, discards
+        the report it returns: the executor's ``reports`` get the published low watermark when
+        step 7 lands, and its progress line and metrics row are handed over then)."""
         ex = self.ex
         started = time.monotonic()
+        self.watermarks.join()  # the previous batch's step 7 (raising its failure) before any watermark is read
         # Step 1: leases (and, with shared intervals, what earlier owners already processed).
         ex.owner.check()
         df, skipped, files = self._skip_processed(df, batch_id, input_files)
@@ -206,6 +212,12 @@ class BatchProtocol:
         hook = ex.on_batch_end
         if hook is not None and not self.watermarks.hook_observes_early():
             hook(run.obs_min, run.obs_max)
+        if ex.authority is not None and background and df is not None:
+            b.mark("watermarks")
+            report = self._finish(b, run, self.watermarks.low, pending=True)
+            self.watermarks.publish_later(b.injectors,
+                                          landed=functools.partial(self._landed, report, b.now, run.counts.productions))
+            return report
         low = self.watermarks.publish(b.injectors) if ex.authority is not None else None
         b.mark("watermarks")
         return self._finish(b, run, low)
@@ -287,10 +299,18 @@ class BatchProtocol:
                           strong=comp.strong_productions, skipped=skipped, files=files)
 
     def opened(self) -> None:
-        """After the start took the intervals: the newest committed batch's lateness mark and, with
-        shared intervals, the input files committed for the intervals taken (the skip rule)."""
+        """After the start took the intervals: the newest committed batch's lateness mark (and the
+        injector watermarks it recorded, published again), and, with shared intervals, the input
+        files committed for the intervals taken (the skip rule)."""
         ex = self.ex
         self.acted = read_mark(ex.spark, ex.layout.rows, ex.comp.name, ex.owner.intervals)
+        if ex.authority is not None and self.acted is not None and self.watermarks.hook_observes_early():
+            # the newest committed batch's step 7 may not have landed (in a streaming query it runs in
+            # the background, after the query counted the batch done): the injector watermarks its
+            # commit recorded are published again before any batch reads them (a no-op when it landed:
+            # an injector's watermark never moves back)
+            for name, wm in sorted(self.acted.injectors.items()):
+                ex.authority.publish_injector(name, wm)
         if ex.shared is not None:
             held, sets = set(ex.owner.intervals), ex.owner.store.input_files(ex.comp.name)
             ex.shared.done = {iv: fs for iv, fs in sets.items() if iv in held}
@@ -414,8 +434,9 @@ class BatchProtocol:
 
     # ------------------------------------------------------------ the report
 
-    def _finish(self, b: BatchState, run: BatchRun[Any], low: int | None) -> BatchReport:
-        """The batch's report: kept, logged, and its metrics row handed over."""
+    def _finish(self, b: BatchState, run: BatchRun[Any], low: int | None, *, pending: bool = False) -> BatchReport:
+        """The batch's report: kept, logged, and its metrics row handed over (``pending``: step 7 still
+        runs, ``low`` is the low watermark published before it; :meth:`_landed` logs and hands over)."""
         ex, c = self.ex, run.counts
         assert b.prepared is not None
         # ``late`` counts every late record: those user code saw or dropped (the tasks' count) and
@@ -434,9 +455,20 @@ class BatchProtocol:
         ex.records_in_total += report.records_in
         if report.direct:  # the batch's DataFrame never ran: Spark's progress would show 0 input rows
             show_input_rows(ex.spark, report.records_in)
-        self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
-        self._record_metrics(report, b.now, pending=c.productions if ex.inflight.open is not None else 0)
+        if not pending:
+            self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
+            self._record_metrics(report, b.now, pending=c.productions if ex.inflight.open is not None else 0)
         return report
+
+    def _landed(self, report: BatchReport, started_ms: int, productions: int, low: int | None) -> None:
+        """Step 7 of ``report``'s batch landed in the background (publishing ``low``): the kept report
+        gets it, then is logged and its metrics row handed over."""
+        ex = self.ex
+        report = dataclasses.replace(report, low_watermark_ms=low)
+        if ex.reports and ex.reports[-1].batch_id == report.batch_id:  # (no batch runs before the join)
+            ex.reports[-1] = report
+        self.log(format_report(ex.comp.name, report, now_ms=ex.clock.now_ms()))
+        self._record_metrics(report, started_ms, pending=productions if ex.inflight.open is not None else 0)
 
     def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
         """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""

@@ -248,7 +248,10 @@ class ComputationExecutor:
         except Exception as exc:
             _LOG.warning("%s: the start had failed: %s: %s", self.comp.name, type(exc).__name__, exc)
         try:
-            self.inflight.settle()
+            try:
+                self._protocol.watermarks.join()  # the last batch's step 7, if it runs in the background
+            finally:
+                self.inflight.settle()
         finally:
             self.owner.release()
             if self.metrics is not None:
@@ -256,8 +259,10 @@ class ComputationExecutor:
         self._started = False
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        """The ``foreachBatch`` entry point: :meth:`run_batch` on the micro-batch ``df``."""
-        self.run_batch(df, batch_id)
+        """The ``foreachBatch`` entry point: :meth:`run_batch` on the micro-batch ``df``, its step 7
+        in the background (overlapping Spark's bookkeeping between micro-batches; joined before the
+        next batch reads a watermark, and on :meth:`settle` / :meth:`stop`: ``watermarks.py``)."""
+        self._run(df, batch_id, background=True)
 
     # ----------------------------------------------------------- the batches
 
@@ -282,6 +287,12 @@ class ComputationExecutor:
         Its Spark jobs are described "deltawheel <computation> batch <id>" (from the commit on with
         the batch's figures) for Spark's UI; the caller's own job description is restored afterwards.
         """
+        return self._run(df, batch_id, input_watermark_ms=input_watermark_ms, use_authority=use_authority,
+                         input_files=input_files)
+
+    def _run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
+             use_authority: bool = True, input_files: Sequence[str] | None = None,
+             background: bool = False) -> BatchReport:
         sc = self.spark.sparkContext
         before = sc.getLocalProperty(JOB_DESCRIPTION)
         sc.setLocalProperty(JOB_DESCRIPTION, f"deltawheel {self.comp.name} batch {batch_id}")
@@ -290,7 +301,7 @@ class ComputationExecutor:
             if not self._started:
                 self.start()
             return self._protocol.run(df, batch_id, input_watermark_ms=input_watermark_ms,
-                                      use_authority=use_authority, input_files=input_files)
+                                      use_authority=use_authority, input_files=input_files, background=background)
         finally:
             sc.setLocalProperty(JOB_DESCRIPTION, before)  # None removes it: the caller's jobs are not ours
 
@@ -314,6 +325,7 @@ class ComputationExecutor:
         Returns whether there was one. The pipeline runner calls it after each flush, so the
         next stage reads every production of this one."""
         self.wait_started()
+        self._protocol.watermarks.join()  # the last batch's step 7, if it runs in the background
         st = self.inflight.open
         if st is None:
             return False

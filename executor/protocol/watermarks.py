@@ -4,6 +4,13 @@ What a batch reads at step 1 (the input watermark: the minimum over its upstream
 computations), and what step 7 publishes (the intervals' oldest work, the low watermark computed
 from it, and the injector estimates an :class:`~.hooks.InjectorHook` observed before the commit,
 in one ZooKeeper transaction); also when a delivery that held the low watermark has landed.
+
+In a streaming query step 7 runs in the background (:meth:`BatchWatermarks.publish_later`), so its
+ZooKeeper round overlaps Spark's own bookkeeping between micro-batches; it is joined
+(:meth:`BatchWatermarks.join`) before the next batch reads any watermark, and on ``settle()`` /
+``stop()``. Publishing later is safe: the values are lower bounds, each publish computes them from
+the executor's state when it runs (under one lock with the delivery thread's publish), and a
+failure (a lost lease, a zombie's stale sequencer) is raised, typed, by the join.
 An executor without a watermark source fires event-time timers only when its caller passes
 ``input_watermark_ms``: its start refuses a computation with event-time timers unless the caller
 says so (``manual_watermarks``), and a batch that sets such timers warns once.
@@ -12,8 +19,9 @@ says so (``manual_watermarks``), and a batch that sets such timers warns once.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from deltawheel.statestore.exceptions import ConfigError
 
@@ -39,6 +47,9 @@ class BatchWatermarks:
         self.injectors_read: dict[str, int] = {}
         self._warned = False
         self._lock = threading.Lock()
+        # step 7 running in the background: (set when it is done, where it leaves its failure)
+        self._pending: tuple[threading.Event, dict[str, BaseException]] | None = None
+        self._worker = _Worker(f"deltawheel-watermarks-{executor.comp.name}")
 
     def has_source(self) -> bool:
         """An authority and upstream entries: the input watermark can become known."""
@@ -124,31 +135,121 @@ class BatchWatermarks:
     def publish(self, injectors: Mapping[str, tuple[int, int]] | None = None) -> int | None:
         """Publish the intervals' oldest work and advance the low watermark (with ``injectors``:
         publish these injector estimates in the same transaction)."""
-        ex = self.ex
-        assert ex.authority is not None
         with self._lock:  # the batch and its delivery thread both publish
-            held = ex.inflight.held_ts()
-            if ex.input_hold_ms is not None:  # input not read yet holds it too
-                held = ex.input_hold_ms if held is None else min(held, ex.input_hold_ms)
-            works: dict[int, tuple[int | None, int]] = {}
-            path_oldest = ex.path.oldest_work()
-            for iv, seq in ex.owner.sequencers.items():
-                oldest = path_oldest.get(iv)
-                if held is not None:  # undelivered (straggling) productions hold the watermark
-                    oldest = held if oldest is None else min(oldest, held)
-                works[iv] = (oldest, seq)
-            # the oldest work and the low watermark computed from it: one round of reads, one transaction
-            low = ex.authority.publish_and_advance(ex.comp.name, works, injectors=injectors)
-            if low is not None:
-                self.low = low
-            return low
+            return self._send(self._works(), injectors)
+
+    def _works(self) -> dict[int, tuple[int | None, int]]:
+        """interval -> (its oldest work, our sequencer), as the executor holds them now (under the lock)."""
+        ex = self.ex
+        held = ex.inflight.held_ts()
+        if ex.input_hold_ms is not None:  # input not read yet holds it too
+            held = ex.input_hold_ms if held is None else min(held, ex.input_hold_ms)
+        works: dict[int, tuple[int | None, int]] = {}
+        path_oldest = ex.path.oldest_work()
+        for iv, seq in ex.owner.sequencers.items():
+            oldest = path_oldest.get(iv)
+            if held is not None:  # undelivered (straggling) productions hold the watermark
+                oldest = held if oldest is None else min(oldest, held)
+            works[iv] = (oldest, seq)
+        return works
+
+    def _send(self, works: Mapping[int, tuple[int | None, int]],
+              injectors: Mapping[str, tuple[int, int]] | None) -> int | None:
+        """The oldest work and the low watermark computed from it: one round of reads, one transaction."""
+        assert self.ex.authority is not None
+        low = self.ex.authority.publish_and_advance(self.ex.comp.name, works, injectors=injectors)
+        if low is not None:
+            self.low = low
+        return low
+
+    def publish_later(self, injectors: Mapping[str, tuple[int, int]], *, landed: Callable[[int | None], None]) -> None:
+        """:meth:`publish` with its ZooKeeper round in the background (the batch returns meanwhile),
+        then ``landed(low)``; joined by :meth:`join`, which raises what either raised. The values are
+        taken now, and the lock is held until they land: a publish after this one (the delivery
+        thread's, the next batch's) computes and lands after it."""
+        self.join()
+        box: dict[str, BaseException] = {}
+        done = threading.Event()
+        self._lock.acquire()  # released by the worker, once the round landed
+        try:
+            works = self._works()
+        except BaseException:
+            self._lock.release()
+            raise
+
+        def run() -> None:
+            try:
+                try:
+                    low = self._send(works, injectors)
+                finally:
+                    self._lock.release()
+                landed(low)
+            except BaseException as exc:  # raised by join(), in the caller's thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+        self._pending = (done, box)
+        self._worker.submit(run)
+
+    def join(self) -> None:
+        """Wait for the step 7 running in the background, if any (bounded as every ZooKeeper call
+        is: the authority's ``max_pause_s``).
+
+        Raises:
+            DeltaWheelError: what that step 7 raised (e.g. :class:`LeaseLostError`,
+                :class:`StaleSequencerError`: the executor's leases are gone).
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        done, box = pending
+        done.wait()
+        if "error" in box:
+            raise box["error"]
 
     def settled(self, batch_id: int) -> None:
         """After the executor settled batch ``batch_id``'s delivery: publish the low watermark it
         held, and say so when it is not the one the last batch line showed."""
         ex = self.ex
+        self.join()
         low = self.publish()
         shown = ex.reports[-1].low_watermark_ms if ex.reports else None
         if low != shown and ex.progress is not None:  # the last batch line showed the watermark its delivery held
             ex.progress(f"{ex.comp.name}: batch {batch_id}'s delivery landed; low watermark "
                         f"{format_watermark(low, now_ms=ex.clock.now_ms())}")
+
+
+class _Worker:
+    """One daemon thread running the functions handed to it, in order; it ends after
+    :attr:`IDLE_S` without any and is started again by the next. (A thread started per batch
+    cost the batch thread milliseconds on a busy machine: ``Thread.start`` waits until the new
+    thread runs.)"""
+
+    IDLE_S = 30.0
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the thread (after those handed over before it); it must not raise."""
+        with self._lock:
+            self._queue.put(fn)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                fn = self._queue.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
+            fn()

@@ -109,6 +109,7 @@ class _DeltaJvm:
 
     def __init__(self, jvm: Any) -> None:
         self.cc = jvm.scala.jdk.javaapi.CollectionConverters
+        self.as_scala = self.cc.asScala  # (each attribute step of a class is a reflection round trip)
         utils = jvm.org.apache.spark.util.Utils
         self.action = utils.classForName("org.apache.spark.sql.delta.actions.Action$", True, False) \
             .getField("MODULE$").get(None)
@@ -156,6 +157,8 @@ class TableLog:
         self._jlog: Any = None
         self._parser: Any = None
         self._parsed: dict[str, Any] = {}  # predicate SQL -> parsed expression (immutable, reused)
+        self._seqs: dict[str, Any] = {}  # predicates (one a line) -> the Seq of them parsed (immutable)
+        self._somes: dict[str, Any] = {}  # the operation's OR of predicates -> its Some (immutable)
         self._actions: dict[str, Any] = {}  # action JSON -> Delta action object (see _from_json)
 
     @property
@@ -174,8 +177,13 @@ class TableLog:
     # ------------------------------------------------------------ reading
 
     def _seq(self, items: Sequence[Any]) -> Any:
+        """A Scala ``Seq`` of ``items``: len(items) + 3 round trips (the list, its elements, the
+        conversion, ``toSeq``)."""
         d = self._d
-        return d.cc.asScala(d.array_list(list(items))).toSeq()
+        lst = d.array_list()
+        for item in items:
+            lst.add(item)
+        return d.as_scala(lst).toSeq()
 
     def _from_json(self, action_json: str) -> Any:
         """Delta's action object of ``action_json``; the adds of a commit are kept, since the
@@ -186,6 +194,11 @@ class TableLog:
         if self._parser is None:
             self._parser = jsession(self.spark).sessionState().sqlParser()
         return _memo(self._parsed, sql, self._parser.parseExpression)
+
+    def _preds(self, predicates: Sequence[str]) -> Any:
+        """The Scala ``Seq`` of the parsed ``predicates`` (kept: a writer reads the same partitions
+        batch after batch, and a ``Seq`` of parsed expressions is immutable)."""
+        return _memo(self._seqs, "\n".join(predicates), lambda _k: self._seq([self._pred(p) for p in predicates]))
 
     def _operation(self, overwrite: bool, predicates: Sequence[str] = (), user_metadata: str | None = None) -> Any:
         """The commit's operation: a Delta ``WRITE`` (``Append``, or ``Overwrite`` of the partitions
@@ -201,7 +214,7 @@ class TableLog:
         committing concurrently (a delivery thread beside a batch)."""
         d = self._d
         none = d.none
-        pred = d.some(" OR ".join(f"({p})" for p in predicates)) if predicates else none
+        pred = _memo(self._somes, " OR ".join(f"({p})" for p in predicates), d.some) if predicates else none
         meta = d.some(user_metadata) if user_metadata is not None else none
         return d.write_op(d.modes[overwrite], none, pred, meta, *([none] * (d.write_arity - 4)))
 
@@ -238,10 +251,13 @@ class TableLog:
         """The table's live files read from its log in Python (None: ask Delta)."""
         return None if self._files is None else read_snapshot(self._files)
 
-    def _touched(self, txn: Any, version: int, partitions: Iterable[Mapping[str, str]]) -> int | None:
-        """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata."""
+    def _touched(self, txn: Any, version: int, partitions: Iterable[Mapping[str, str]], *,
+                 upto: int | None = None) -> int | None:
+        """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata
+        (``upto``: the snapshot's version when the caller knows it)."""
         wanted = {tuple(sorted(p.items())) for p in partitions}
-        upto = int(txn.snapshot().version())
+        if upto is None:
+            upto = int(txn.snapshot().version())
         if upto <= version:
             return None
         # getChanges(startVersion, catalogTable, failOnDataLoss): a path-based table has no catalog entry
@@ -312,14 +328,16 @@ class TableLog:
         Raises whatever Delta raises (conflicts are translated by the caller).
         """
         held = self._log.unsafeVolatileSnapshot() if known_version is not None else None
+        at: int | None = None  # the transaction's snapshot version, when known without asking
         if held is not None and int(held.version()) == known_version:
             txn = self._log.startTransaction(self._d.none, self._d.some(held))
+            at = known_version
         else:
             txn = self._log.startTransaction()
         if check is not None:
             check()
         if untouched_since is not None:
-            v = self._touched(txn, *untouched_since)
+            v = self._touched(txn, *untouched_since, upto=at)
             if v is not None:
                 raise StaleFilesError(f"commit {v} of {self.path} changed partitions this writer holds images of")
         if read_partitions:
@@ -328,7 +346,7 @@ class TableLog:
             # when another commit landed after this snapshot, in any partition) evaluated it over
             # the winner's add actions and failed with an AnalysisException instead of either
             # committing or raising ConcurrentAppendException (test_deltalog, "racing").
-            txn.trackReadPredicates(self._seq([self._pred(p) for p in read_partitions]), True, True)
+            txn.trackReadPredicates(self._preds(read_partitions), True, True)
         now = int(time.time() * 1000)
         actions = []
         if remove:

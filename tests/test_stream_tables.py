@@ -57,6 +57,14 @@ def test_a_stream_table_made_from_python_is_the_table_spark_makes(spark, tmp_pat
     params = [{**c["commitInfo"]["operationParameters"],
                "properties": json.loads(c["commitInfo"]["operationParameters"]["properties"])} for c in (mine, theirs)]
     assert params[0] == params[1]
+    # the checksum file beside it is Delta's (what lets the first writer of a session skip rebuilding
+    # the table's state with a Spark job): the same content but the table's id, times and txnId
+    crcs = [json.loads(Path(lay.stream("clicks"), "_delta_log", f"{0:020d}.crc").read_text()) for lay in (py, sp)]
+    assert crcs[0]["txnId"] == mine["commitInfo"]["txnId"]
+    for crc, commit in zip(crcs, (mine, theirs), strict=True):
+        assert crc["metadata"] == commit["metaData"] and crc["protocol"] == commit["protocol"]
+        del crc["txnId"], crc["metadata"], crc["protocol"]
+    assert crcs[0] == crcs[1]
     assert _detail(spark, py.stream("clicks")) == _detail(spark, sp.stream("clicks"))
     schema = spark.read.format("delta").load(py.stream("clicks")).schema
     assert schema == spark.read.format("delta").load(sp.stream("clicks")).schema  # with the comments

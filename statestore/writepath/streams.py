@@ -103,7 +103,7 @@ def _create_local(spark: Any, folder: str, name: str) -> bool:
         return False
     props = _stream_properties(name)
     now = int(time.time() * 1000)
-    actions = [
+    actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE", "operationParameters": {
             "partitionBy": "[]", "clusterBy": "[]", "description": None, "isManaged": "false",
             "properties": json.dumps(props, separators=(",", ":"))},

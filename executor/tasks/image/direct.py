@@ -29,6 +29,9 @@ columns are already the prepared ones (record id, key, value, codec, event time)
 interval, the late flag and the dead-letter checks are computed, as ``input.prepare_input``
 computes them. A batch whose files that reader does not give (the query's first batch, a
 version cut by a limit, a ``remove``, a deletion vector, a schema change) goes through the JVM.
+
+(A little over 500 lines: both readers share the prepared columns' checks, kept in one module so
+that the files and the stream tables compute them one way.)
 """
 
 from __future__ import annotations

@@ -408,6 +408,16 @@ def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
         return bloom, None, BloomCounts(inp.n, 0, 0, bloom.nbytes)
     if apart.num_rows:
+        if maybe * 8 < apart.num_rows:
+            # few candidates (the filter's false positives, a replay's ids): only the stored ids equal to
+            # one of them can be a hit, so those are picked first (one pass over the ids files' ids), and
+            # the horizon applied to what is left -- not a filtered copy of every id within the horizon,
+            # whose cost grew with the horizon's ids batch after batch
+            import numpy as np
+            import pyarrow.compute as pc
+
+            cand = pa.array([inp.ids[i] for i in np.flatnonzero(flags).tolist()], pa.string())
+            apart = apart.filter(pc.is_in(apart.column("record_id"), value_set=cand))
         within = _within(apart, spec.horizon_ms)
         ids = HeldIds(ids.held, pa.concat_tables([ids.table, within]), ids.keys)
     seen = already_seen(spec.comp, inp, ids, maybe=flags)

@@ -157,3 +157,28 @@ def state_of(spark: Any, layout: Any, computation: str) -> dict[str, Any]:
         (F.col("computation") == computation) & ~F.col("key").startswith("\x00"))
     return {r["key"]: (None if r["state"] is None else J.decode(r["state"]),
                        sorted((t["tag"], t["time_ms"]) for t in r["timers"])) for r in df.collect()}
+
+
+def columnar_window_count(batch: Any, win: int) -> tuple[Any, Any, Any, Any, Any]:
+    """The tests' columnar window count over a ``ColumnBatch`` (windows of ``win`` ms, a count per
+    key and window, a timer at each window's end): (state, timers, due, fired, done) -- the new
+    state and timers, which of them the watermark closes, the fired timers and the closed windows'
+    state rows, both in key order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ts = batch.records.column("timestamp_ms").to_numpy()
+    new = (pa.table({"key": batch.records.column("key"), "map_key": ts - ts % win})
+           .group_by(["key", "map_key"], use_threads=False).aggregate([([], "count_all")]))
+    new = pa.table({"key": new.column("key"), "map_key": new.column("map_key"),
+                    "map_value": new.column("count_all").cast(pa.int64())})
+    st = (pa.concat_tables([batch.state, new])
+          .group_by(["key", "map_key"], use_threads=False).aggregate([("map_value", "sum")])
+          .rename_columns(["key", "map_key", "map_value"]))
+    ends = pc.add(st.column("map_key"), win - 1)
+    timers = pa.table({"key": st.column("key"), "tag": pc.cast(st.column("map_key"), pa.string()), "time_ms": ends})
+    wm = batch.watermark_ms
+    due = pc.less(ends, wm) if wm is not None else pa.repeat(pa.scalar(False), st.num_rows)
+    fired = timers.filter(due).sort_by([("key", "ascending"), ("time_ms", "ascending")])
+    done = st.filter(due).sort_by([("key", "ascending"), ("map_key", "ascending")])
+    return st, timers, due, fired, done

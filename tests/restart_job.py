@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from deltawheel.executor.computation import RECORD_KEY, ColumnBatch, ColumnResult, Computation
+from executor_util import columnar_window_count  # tests/: the script's own folder
 from pyspark import cloudpickle
 
 STARTED = time.monotonic()
@@ -87,21 +88,7 @@ class WinCount(Computation):
         if self.witness is not None:
             os.makedirs(self.witness, exist_ok=True)
             Path(self.witness, uuid.uuid4().hex).touch()
-        ts = batch.records.column("timestamp_ms").to_numpy()
-        new = (pa.table({"key": batch.records.column("key"), "map_key": ts - ts % WIN})
-               .group_by(["key", "map_key"], use_threads=False).aggregate([([], "count_all")]))
-        new = pa.table({"key": new.column("key"), "map_key": new.column("map_key"),
-                        "map_value": new.column("count_all").cast(pa.int64())})
-        st = (pa.concat_tables([batch.state, new])
-              .group_by(["key", "map_key"], use_threads=False).aggregate([("map_value", "sum")])
-              .rename_columns(["key", "map_key", "map_value"]))
-        ends = pc.add(st.column("map_key"), WIN - 1)
-        timers = pa.table({"key": st.column("key"), "tag": pc.cast(st.column("map_key"), pa.string()),
-                           "time_ms": ends})
-        wm = batch.watermark_ms
-        due = pc.less(ends, wm) if wm is not None else pa.repeat(pa.scalar(False), st.num_rows)
-        fired = timers.filter(due).sort_by([("key", "ascending"), ("time_ms", "ascending")])
-        done = st.filter(due).sort_by([("key", "ascending"), ("map_key", "ascending")])
+        st, timers, due, fired, done = columnar_window_count(batch, WIN)
         enc = get_codec("int64map").encode
         cols = (done.column(c).to_pylist() for c in ("key", "map_key", "map_value"))
         values = [enc([k, s, n]) for k, s, n in zip(*cols, strict=True)]

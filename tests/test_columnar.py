@@ -440,6 +440,7 @@ def test_the_benchmarks_columnar_values_are_the_per_record_engines_bytes(spark, 
 def _rows_computation() -> Any:
     """:class:`WinCountRows`, a class of a function's: Spark's Python workers take it by value (a
     module-level class of this file would be imported there, with this file's imports)."""
+    from executor_util import columnar_window_count  # by value too (executor_util registers itself so)
 
     class WinCountRows(Computation):
         """A user's columnar computation producing its values with ``msgpack_rows``: per key and 10-s
@@ -473,20 +474,7 @@ def _rows_computation() -> Any:
             from deltawheel.statestore.codecs import msgpack_rows
 
             Path(self.witness, uuid.uuid4().hex).touch()
-            ts = batch.records.column("timestamp_ms").to_numpy()
-            new = (pa.table({"key": batch.records.column("key"), "map_key": ts - ts % 10_000})
-                   .group_by(["key", "map_key"], use_threads=False).aggregate([([], "count_all")]))
-            new = pa.table({"key": new.column("key"), "map_key": new.column("map_key"),
-                            "map_value": new.column("count_all").cast(pa.int64())})
-            st = (pa.concat_tables([batch.state, new])
-                  .group_by(["key", "map_key"], use_threads=False).aggregate([("map_value", "sum")])
-                  .rename_columns(["key", "map_key", "map_value"]))
-            ends = pc.add(st.column("map_key"), 9_999)
-            timers = pa.table({"key": st.column("key"), "tag": pc.cast(st.column("map_key"), pa.string()), "time_ms": ends})
-            wm = batch.watermark_ms
-            due = pc.less(ends, wm) if wm is not None else pa.repeat(pa.scalar(False), st.num_rows)
-            fired = timers.filter(due).sort_by([("key", "ascending"), ("time_ms", "ascending")])
-            done = st.filter(due).sort_by([("key", "ascending"), ("map_key", "ascending")])
+            st, timers, due, fired, done = columnar_window_count(batch, 10_000)
             values = msgpack_rows(done.column("key"), done.column("map_key"), done.column("map_value"),
                                   pc.cast(fired.column("time_ms"), pa.float64()))
             prods = pa.table({"fired": pa.array(range(fired.num_rows), pa.int64()),

@@ -36,6 +36,9 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
                    help="put each engine's state and output on this store (e.g. s3a://bucket/bench: Spark SQL's "
                         "state checkpoint and sink, deltawheel's store and streaming checkpoint) instead of the "
                         "output folder; the input stays in --data-root. Engines that cannot (spark_tws) are refused")
+    p.add_argument("--conf", action="append", metavar="KEY=VALUE",
+                   help="a Spark setting for every engine alike, on top of the benchmark's (repeatable; e.g. "
+                        "spark.driver.memory=1g); recorded in throughput.json's spark_conf")
     p.add_argument("--shared-session", action="store_true",
                    help="run every engine in this process and one Spark session (default: each engine run in a "
                         "process of its own, with its own session, JVM and Python workers; peak memory is that "

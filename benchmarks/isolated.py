@@ -71,6 +71,7 @@ class IsolatedRun:
     spark_version: str
     checkpoint_file_manager: str | None
     peak: MemoryPeak
+    conf_applied: Mapping[str, str | None] | None = None  # the spec's conf as the child's session holds it
 
 
 def build_bench_session(conf: Mapping[str, str], *, spark: Any = None) -> tuple[Any, float]:
@@ -186,7 +187,7 @@ def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None =
     return IsolatedRun(result=_result_from_dict(got["result"]), pid=int(got["pid"]),
                        session_start_s=float(got["session_start_s"]), warmup_s=got["warmup_s"],
                        spark_version=str(got["spark_version"]), checkpoint_file_manager=got["checkpoint_file_manager"],
-                       peak=sampler.peak)
+                       peak=sampler.peak, conf_applied=got.get("conf_applied"))
 
 
 def child_main(spec_path: str, to_parent_fd: int, from_parent_fd: int) -> int:
@@ -225,6 +226,7 @@ def child_main(spec_path: str, to_parent_fd: int, from_parent_fd: int) -> int:
         "result": res.to_dict(), "pid": os.getpid(), "session_start_s": start_s, "warmup_s": warmup_s,
         "spark_version": session.version,
         "checkpoint_file_manager": session.conf.get("spark.sql.streaming.checkpointFileManagerClass", None),
+        "conf_applied": {k: session.sparkContext.getConf().get(k, None) for k in spec.conf},
     }, default=str))
     told.close()
     return 0

@@ -209,7 +209,8 @@ def _isolated_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wda
                            warmup_store=None if store_uri is None else f"{store_uri}/warmup/round{rnd}")
             got = run_isolated(spec, work_dir=out_dir / "processes" / f"round{rnd}", progress=progress)
             res = got.result.with_(name=name, session_start_s=got.session_start_s, peak_memory=got.peak.to_dict())
-            runs[name].append((res, {"run": done_runs, "round": rnd + 1, "pid": got.pid, "warmup_s": got.warmup_s}))
+            runs[name].append((res, {"run": done_runs, "round": rnd + 1, "pid": got.pid, "warmup_s": got.warmup_s,
+                                     "conf_applied": dict(got.conf_applied or {})}))
             facts.setdefault("spark_version", got.spark_version)
             facts.setdefault("checkpoint_file_manager", got.checkpoint_file_manager)
             say(_done_line(name, res, rnd, rounds))
@@ -230,6 +231,7 @@ def run_throughput(
     rounds: int = 1,
     store_uri: str | None = None,
     isolate: bool | None = None,
+    conf: Mapping[str, str] | None = None,
     progress: ProgressFn | None = print,
 ) -> dict[str, Any]:
     """Run the selected engines (default: all registered) one after another on the same input.
@@ -259,6 +261,9 @@ def run_throughput(
         isolate: run every (engine, round) in a process of its own, with its own session, JVM and
             Python workers (:mod:`.isolated`); ``False``: all in this process and one session. Default:
             isolated unless ``spark`` is given.
+        conf: Spark settings added to :data:`SPARK_BENCH_CONF` for every engine alike (``--conf``;
+            settings read at JVM start, e.g. ``spark.driver.extraJavaOptions``, need ``isolate``);
+            recorded in the report's ``spark_conf``.
         progress: where progress lines go (``None``: silent).
 
     Returns:
@@ -286,6 +291,11 @@ def run_throughput(
             raise WorkloadError(f"engine(s) {cannot} cannot keep their state on --store-uri; choose among "
                                 f"{sorted(n for n, e in ENGINES.items() if getattr(e, 'takes_store', False))}")
         store_uri = store_uri.rstrip("/") + f"/{_dt.datetime.now(_dt.UTC).strftime('%Y%m%dT%H%M%S')}"
+    extra = dict(conf or {})
+    if not isolate and any(not k.startswith("spark.sql.") for k in extra):
+        raise WorkloadError("--conf with --shared-session takes spark.sql.* settings only (the session's "
+                            "JVM is started already); run isolated for the others")
+    conf = {**SPARK_BENCH_CONF, **extra}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -295,7 +305,6 @@ def run_throughput(
     say(f"workload {size}: N={data.n:,} in {len(data.files)} files, sha256 {data.content_sha256[:16]}…, "
         f"reference {ref.emitted_rows:,} rows")
 
-    conf = dict(SPARK_BENCH_CONF)
     wdata = ensure_workload("warmup", root=data_root, params=WARMUP) if warmup else None
     if isolate:
         runs, facts = _isolated_runs(names, rounds, data=data, wdata=wdata, conf=conf, out_dir=out_dir,
@@ -345,13 +354,33 @@ def run_throughput(
     return report
 
 
+def parse_conf(items: Sequence[str]) -> dict[str, str]:
+    """``--conf KEY=VALUE`` items as a mapping.
+
+    >>> parse_conf(["spark.driver.memory=1g", "spark.driver.extraJavaOptions=-XX:+UseSerialGC -Xss1m"])
+    {'spark.driver.memory': '1g', 'spark.driver.extraJavaOptions': '-XX:+UseSerialGC -Xss1m'}
+    >>> parse_conf(["spark.driver.memory"])
+    Traceback (most recent call last):
+    ...
+    deltawheel.benchmarks.workload.WorkloadError: --conf takes KEY=VALUE (a Spark setting), got 'spark.driver.memory'
+    """
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise WorkloadError(f"--conf takes KEY=VALUE (a Spark setting), got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
     report = run_throughput(args.size, out_dir=Path(args.out), engines=engines,
                             data_root=Path(args.data_root) if args.data_root else None,
                             warmup=bool(getattr(args, "warmup", False)), rounds=int(getattr(args, "rounds", 1)),
                             store_uri=getattr(args, "store_uri", None),
-                            isolate=not bool(getattr(args, "shared_session", False)))
+                            isolate=not bool(getattr(args, "shared_session", False)),
+                            conf=parse_conf(getattr(args, "conf", None) or []))
     return 0 if all(e["correct"] for e in report["engines"].values()) else 1
 
 

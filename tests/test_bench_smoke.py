@@ -82,6 +82,20 @@ def test_store_uri_takes_only_engines_that_keep_their_state_there(tmp_path: Path
                        progress=None)
 
 
+def test_conf_takes_spark_settings_and_a_shared_session_only_sql_ones(tmp_path: Path) -> None:
+    from deltawheel.benchmarks.throughput import parse_conf, run_throughput
+
+    assert parse_conf(["spark.driver.memory=1g", "spark.driver.extraJavaOptions=-Da=b -Dc=d=e"]) == {
+        "spark.driver.memory": "1g", "spark.driver.extraJavaOptions": "-Da=b -Dc=d=e"}
+    for bad in ("spark.driver.memory", "driver.memory=1g", "=1g"):
+        with pytest.raises(WorkloadError, match="--conf takes KEY=VALUE"):
+            parse_conf([bad])
+    with pytest.raises(WorkloadError, match=r"--conf with --shared-session takes spark\.sql\.\* settings only"):
+        run_throughput("small", out_dir=tmp_path, engines=["spark_sql"], isolate=False,
+                       conf={"spark.driver.memory": "1g"}, progress=None)
+    assert not (tmp_path / "throughput.json").exists()
+
+
 def test_unknown_size_needs_params(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="unknown workload size 'huge'"):
         ensure_workload("huge", root=tmp_path)
@@ -294,9 +308,14 @@ def test_each_engine_run_is_measured_in_a_process_of_its_own(tiny: wl.WorkloadDa
     from deltawheel.benchmarks.throughput import run_throughput
 
     lines: list[str] = []
+    probe = {"spark.driver.extraJavaOptions": "-Ddeltawheel.bench.probe=1"}  # --conf: read when the JVM starts
     report = run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
-                            engines=["deltawheel", "spark_sql"], warmup=True, progress=lines.append)
+                            engines=["deltawheel", "spark_sql"], warmup=True, progress=lines.append, conf=probe)
     assert report["mode"] == "isolated"
+    assert report["spark_conf"]["spark.driver.extraJavaOptions"] == "-Ddeltawheel.bench.probe=1"
+    # as each child's session holds it (Spark adds its own options to the JVM's)
+    assert [r["conf_applied"]["spark.driver.extraJavaOptions"].split()[-1] for r in report["runs"]] == [
+        "-Ddeltawheel.bench.probe=1"] * 2
     runs = report["runs"]
     assert [r["engine"] for r in runs] == ["deltawheel", "spark_sql"]
     pids = {r["pid"] for r in runs}

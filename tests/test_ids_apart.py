@@ -164,3 +164,36 @@ def test_an_ids_file_holds_one_row_per_key_in_key_order_whatever_its_input_order
         (IDS_KEY_PREFIX + "a", [("r1", 5), ("r2", 5)]), (IDS_KEY_PREFIX + "b", [("r3", 4), ("r4", 6)]),
         (IDS_KEY_PREFIX + "c", [("r5", 5)])]
     assert got.flat.column("key").to_pylist() == ["a", "a", "b", "b", "c"]
+
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_picking_candidate_ids_by_hash_bucket_finds_exactly_what_a_full_scan_finds(seed) -> None:  # type: ignore[no-untyped-def]
+    """pick_ids (each ids file's rows in the candidates' hash buckets, then the exact comparison)
+    against a scan of every stored id: same rows, for candidates held once, in several files, under
+    several keys, not at all; for empty, tiny and larger files."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltawheel.executor.tasks.image.idhash import id_hashes
+    from deltawheel.executor.tasks.image.idsfiles import IdsFile, pick_ids
+
+    rnd = random.Random(seed)
+    files = []
+    for n in (0, 1, 7, rnd.randint(50, 400), rnd.randint(1_000, 5_000)):
+        ids = [f"id-{rnd.randint(0, 20_000)}" for _ in range(n)]
+        flat = pa.table({"key": pa.array([rnd.choice("abcdef") for _ in ids], pa.string()),
+                         "record_id": pa.array(ids, pa.string()),
+                         "seen_ms": pa.array([rnd.randint(0, 99) for _ in ids], pa.int64())})
+        files.append(IdsFile(f"c/interval=0/part-{seed}-{n}-dwids0.parquet", 0, 1, flat))
+    stored = [r for f in files for r in f.flat.column("record_id").to_pylist()]
+    cand = sorted(set(rnd.sample(stored, min(30, len(stored))) + [f"absent-{i}" for i in range(10)]))
+    cand_arr = pa.array(cand, pa.string())
+    got = pick_ids(files, cand_arr, id_hashes(cand_arr))
+    every = pa.concat_tables([f.flat for f in files])
+    want = every.filter(pc.is_in(every.column("record_id"), value_set=cand_arr))
+    as_set = lambda t: sorted(zip(*(t.column(c).to_pylist() for c in ("key", "record_id", "seen_ms")), strict=True))  # noqa: E731
+    assert as_set(got) == as_set(want)
+    assert got.num_rows == want.num_rows > 0
+    assert pick_ids(files, pa.array([], pa.string()), id_hashes(pa.array([], pa.string()))).num_rows == 0

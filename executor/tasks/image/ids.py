@@ -63,15 +63,17 @@ def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = No
     if not comp.exactly_once or held.num_rows == 0 or not inp.n:
         return None
     if maybe is not None and int(maybe.sum()) * 8 < held.num_rows:
-        cand = np.flatnonzero(maybe).tolist()
-        hit = pc.is_in(held.column("record_id"), value_set=pa.array([inp.ids[i] for i in cand], pa.string()))
+        # the candidates' ids and keys taken from the columns: no Python list of the batch's ids
+        at = pa.array(np.flatnonzero(maybe))
+        cand_ids = inp.table.column("record_id").take(at).combine_chunks()
+        hit = pc.is_in(held.column("record_id"), value_set=cand_ids)
         if not pc.any(hit).as_py():
             return None
         hits = held.filter(hit)
         pairs = set(zip(py_list(hits.column("key")), py_list(hits.column("record_id")), strict=True))
-        seen = [False] * len(inp.ids)
-        for i in cand:
-            if (inp.keys[i], inp.ids[i]) in pairs:
+        seen = [False] * inp.n
+        for i, k, r in zip(at.to_pylist(), py_list(inp.table.column("key").take(at)), py_list(cand_ids), strict=True):
+            if (k, r) in pairs:
                 seen[i] = True
         return seen if any(seen) else None
     # ids alone first (no replays: the usual case), then (key, id) pairs

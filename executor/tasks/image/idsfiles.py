@@ -42,13 +42,16 @@ from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.image.files import IDS_FILE_TAG, ids_level, is_ids_path
 from deltawheel.statestore.writepath.image.summary import ImageFile
 
-__all__ = ["IdsFile", "forget_below", "ids_apart", "is_ids_path", "load_ids_file", "split_legacy", "empty_flat", "plan_compaction",
-           "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
+__all__ = ["IdsFile", "forget_below", "ids_apart", "is_ids_path", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
+           "plan_compaction", "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
 BUCKETS_PER_HORIZON = 4  # time buckets per dedup retention (files of different buckets never merge)
 _FILES: "OrderedDict[str, IdsFile]" = OrderedDict()
 _FILES_MAX = 4_096
+#: per ids file (by path): its rows in the order of their ids' hash buckets, and each bucket's start
+_INDEX: "OrderedDict[str, tuple[Any, Any, int]]" = OrderedDict()
+_ROWS_PER_BUCKET = 4  # a file of n ids gets about n / 4 buckets (at most 2**16)
 
 
 def ids_apart() -> bool:
@@ -118,7 +121,61 @@ def remember_ids_file(f: IdsFile) -> None:
     _FILES[f.path] = f
     _FILES.move_to_end(f.path)
     while len(_FILES) > _FILES_MAX:
-        _FILES.popitem(last=False)
+        gone, _ = _FILES.popitem(last=False)
+        _INDEX.pop(gone, None)
+
+
+def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
+    """``f``'s rows grouped by their id's hash bucket (the top bits of ``id_hashes``): (row numbers
+    in bucket order, uint32; each bucket's first position, n_buckets + 1 of them; the bits). Made
+    on the file's first lookup in this worker (a counting sort: linear in its ids), kept with it."""
+    import numpy as np
+
+    from .idhash import id_hashes
+
+    hit = _INDEX.get(f.path)
+    if hit is not None:
+        _INDEX.move_to_end(f.path)
+        return hit
+    n = f.flat.num_rows
+    bits = int(min(16, max(1, np.ceil(np.log2(max(n, 1) / _ROWS_PER_BUCKET + 1)))))
+    top = (id_hashes(f.flat.column("record_id")) >> np.uint64(64 - bits)).astype(np.uint16)
+    order = np.argsort(top, kind="stable").astype(np.uint32)  # NumPy sorts 16-bit keys by radix
+    starts = np.zeros((1 << bits) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(top, minlength=1 << bits), out=starts[1:])
+    got = (order, starts, bits)
+    _INDEX[f.path] = got
+    while len(_INDEX) > _FILES_MAX:
+        _INDEX.popitem(last=False)
+    return got
+
+
+def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any) -> Any:
+    """The rows of the ids files ``files`` (key / record_id / seen_ms) whose record id is one of
+    ``ids`` (a string array; ``hashes``: their ``id_hashes``): each file's rows in the candidates'
+    hash buckets, then the exact comparison. Its cost grows with the candidates (a batch's Bloom
+    false positives, a replay's ids), not with the ids the files hold."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not len(ids):
+        return empty_flat()
+    parts = []
+    for f in files:
+        if not f.flat.num_rows:
+            continue
+        order, starts, bits = _hash_index(f)
+        b = (np.asarray(hashes, dtype=np.uint64) >> np.uint64(64 - bits)).astype(np.int64)
+        lo, hi = starts[b], starts[b + 1]
+        lens = hi - lo
+        total = int(lens.sum())
+        if not total:
+            continue
+        pos = np.repeat(lo - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(total)
+        rows = f.flat.take(pa.array(np.unique(order[pos])))
+        parts.append(rows.filter(pc.is_in(rows.column("record_id"), value_set=ids)))
+    return pa.concat_tables(parts) if parts else empty_flat()
 
 
 def split_legacy(image: Any, *, inline: bool) -> tuple[Any, Any]:
@@ -233,4 +290,5 @@ def forget_below(rel: str, level: int) -> int:
     gone = [p for p, f in _FILES.items() if f.level < level and p.rsplit("/", 1)[0] == folder]
     for p in gone:
         del _FILES[p]
+        _INDEX.pop(p, None)
     return len(gone)

@@ -73,6 +73,7 @@ from .idsfiles import (
     empty_flat,
     ids_apart,
     load_ids_file,
+    pick_ids,
     plan_compaction,
     split_legacy,
     write_ids_file,
@@ -257,8 +258,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         rest = _without_pending(rest)
     rest = drop_empty(rest)
     loop = key_loop(comp, inp, sub, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong, id_rows=not apart)
-    apart_ids = _apart_held(live, legacy)
-    bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids, apart_ids)
+    bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids, live, legacy)
     loop.run(run_keys, inp, old, seen, old_ids.keys)
     if not comp.exactly_once:
         new_ids = None
@@ -391,37 +391,51 @@ class BloomCounts:
 
 
 def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
-           apart: Any) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
+           live: list[IdsFile], legacy: Any) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
     """Dedup as MillWheel does it: the batch's record ids of this interval against the
     image's Bloom filter first; only if one might have been seen, the exact lookup in the stored ids
     (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
-    its id (None: none does), and the filter's counts for the batch report. ``apart``: the ids of
-    the interval's ids files (and those taken out of an older image), key / record_id / seen_ms."""
+    its id (None: none does), and the filter's counts for the batch report. ``live``: the
+    interval's ids files; ``legacy``: the ids taken out of an older image (key / record_id / seen_ms)."""
     import pyarrow as pa
 
     if not spec.comp.exactly_once or not inp.n:
         return None, None, BloomCounts()
+    paths = bloom_paths(spec, iv)
+    apart = None if paths in _BLOOMS else _apart_held(live, legacy)  # all the ids: to build the filter
     bloom = _bloom(spec, iv, image, apart, inp.n)
     # the filters hash ids with ``id_hashes`` (from the column's buffers, no Python string per id)
     flags = bloom.might_contain_many(inp.hashes, hashes=inp.hashes)
     maybe = int(flags.sum())
     if not maybe:  # certain: none of them was seen; the stored ids are not looked at
         return bloom, None, BloomCounts(inp.n, 0, 0, bloom.nbytes)
-    if apart.num_rows:
-        if maybe * 8 < apart.num_rows:
+    n_apart = sum(f.flat.num_rows for f in live) + legacy.num_rows
+    if n_apart:
+        if maybe * 8 < n_apart:
             # few candidates (the filter's false positives, a replay's ids): only the stored ids equal to
-            # one of them can be a hit, so those are picked first (one pass over the ids files' ids), and
-            # the horizon applied to what is left -- not a filtered copy of every id within the horizon,
-            # whose cost grew with the horizon's ids batch after batch
+            # one of them can be a hit, so those are picked first -- from each ids file's hash buckets
+            # (pick_ids), a cost that grows with the candidates, not with the horizon's ids -- and the
+            # horizon applied to what is left
             import numpy as np
             import pyarrow.compute as pc
 
-            cand = pa.array([inp.ids[i] for i in np.flatnonzero(flags).tolist()], pa.string())
-            apart = apart.filter(pc.is_in(apart.column("record_id"), value_set=cand))
+            at = np.flatnonzero(flags)
+            cand = _column(inp.table, "record_id").take(pa.array(at))
+            apart = pick_ids(live, cand, inp.hashes[at])
+            if legacy.num_rows:
+                apart = pa.concat_tables([apart, legacy.filter(pc.is_in(legacy.column("record_id"), value_set=cand))])
+        elif apart is None:
+            apart = _apart_held(live, legacy)
         within = _within(apart, spec.horizon_ms)
         ids = HeldIds(ids.held, pa.concat_tables([ids.table, within]), ids.keys)
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
     return bloom, seen, BloomCounts(inp.n, maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
+
+
+def _column(t: Any, name: str) -> Any:
+    """``t``'s column ``name`` as one array."""
+    col = t.column(name)
+    return col.combine_chunks() if hasattr(col, "combine_chunks") else col
 
 
 def _bloom(spec: ImageSpec, iv: int, image: Any, apart: Any, batch: int) -> IdBloom:
@@ -492,9 +506,15 @@ def _apart_held(live: list[IdsFile], legacy: Any) -> Any:
 
 
 def _within(flat: Any, horizon_ms: int | None) -> Any:
+    """``flat``'s ids seen at or after ``horizon_ms`` (``flat`` itself when all are: no copy)."""
     import pyarrow.compute as pc
 
-    return flat if horizon_ms is None else flat.filter(pc.greater_equal(flat.column("seen_ms"), horizon_ms))
+    if horizon_ms is None or not flat.num_rows:
+        return flat
+    seen = flat.column("seen_ms")
+    if not seen.null_count and pc.min(seen).as_py() >= horizon_ms:
+        return flat
+    return flat.filter(pc.greater_equal(seen, horizon_ms))
 
 
 def _write_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: list[IdsFile],

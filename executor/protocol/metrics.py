@@ -53,6 +53,34 @@ _ADDED_COLUMNS = ("keys_expired BIGINT", "image_cache_hit_rate DOUBLE")
 _NAMES = tuple(c.strip().split(" ", 1)[0] for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP").split(","))
 
 
+METRICS_PROPERTIES = {"deltawheel.table": "metrics_batches", "delta.checkpointInterval": "100",
+                      "deltawheel.format_version": str(METRICS_FORMAT_VERSION)}
+
+
+def metrics_schema_json() -> str:
+    """The table's schema as Delta records it (``schemaString``) for :data:`METRICS_COLUMNS`."""
+    from deltawheel.statestore.delta.create import spark_type_json
+
+    cols = [c.strip().split(" ", 1) for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP<STRING;DOUBLE>").split(",")]
+    fields = [{"name": n, "type": spark_type_json(t.replace(";", ",")), "nullable": True, "metadata": {}} for n, t in cols]
+    return json.dumps({"type": "struct", "fields": fields}, separators=(",", ":"))
+
+
+def _first_columns(folder: str) -> set[str] | None:
+    """The column names the local table's first commit gave it (None: that commit is gone)."""
+    import os
+
+    try:
+        with open(os.path.join(folder, "_delta_log", f"{0:020d}.json"), encoding="utf-8") as f:
+            for line in f:
+                meta = json.loads(line).get("metaData") if line.strip() else None
+                if meta:
+                    return {c["name"] for c in json.loads(meta["schemaString"])["fields"]}
+    except (OSError, ValueError, KeyError):
+        return None
+    return None
+
+
 def _arrow_schema() -> Any:
     import pyarrow as pa
 
@@ -214,13 +242,26 @@ class BatchMetrics:
         self._log.commit(add=[new_add(rel, {}, size, table.num_rows)])
 
     def _create(self) -> None:
+        from deltawheel.statestore.delta.create import create_local_table
+        from deltawheel.statestore.delta.log import local_path, local_table_exists
         from deltawheel.statestore.delta.storefs import table_files
-        from deltawheel.statestore.sqltext import sql_path
+        from deltawheel.statestore.sqltext import sql_path, sql_str
 
-        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {sql_path(self.path)} ({METRICS_COLUMNS}) USING DELTA "
-                       f"TBLPROPERTIES ('deltawheel.table' = 'metrics_batches', 'delta.checkpointInterval' = '100', "
-                       f"'deltawheel.format_version' = '{METRICS_FORMAT_VERSION}')")
-        have = {f.name for f in self.spark.read.format("delta").load(self.path).schema.fields}
+        # a local store's table is made and its columns read from Python: a Spark statement here
+        # (~1 s of JVM work) ran beside the batches a few seconds into every run (the first append)
+        folder = local_path(self.path)
+        have: set[str] | None = None
+        if folder is not None and (local_table_exists(self.path)
+                                   or create_local_table(self.spark, folder, schema_json=metrics_schema_json(),
+                                                         properties=METRICS_PROPERTIES)):
+            have = _first_columns(folder)
+            if have is not None and any(c.split(" ", 1)[0] not in have for c in _ADDED_COLUMNS):
+                have = None  # made by an older deltawheel (altered since or not): Spark reads the schema
+        if have is None:
+            props = ", ".join(f"{sql_str(k)} = {sql_str(v)}" for k, v in METRICS_PROPERTIES.items())
+            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {sql_path(self.path)} ({METRICS_COLUMNS}) USING DELTA "
+                           f"TBLPROPERTIES ({props})")
+            have = {f.name for f in self.spark.read.format("delta").load(self.path).schema.fields}
         missing = [c for c in _ADDED_COLUMNS if c.split(" ", 1)[0] not in have]
         if missing:  # a table of an older deltawheel: add the new columns (its old rows read them as null)
             self.spark.sql(f"ALTER TABLE {sql_path(self.path)} ADD COLUMNS ({', '.join(missing)})")
@@ -263,6 +304,8 @@ def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None
     for r in rows:  # pyarrow reads a map as [(k, v), ...]
         if isinstance(r.get("steps_s"), list):
             r["steps_s"] = dict(r["steps_s"])
+        for n in _NAMES:  # a file written before a column was added has none: null, as Spark reads it
+            r.setdefault(n, None)
     if pipeline is not None:
         rows = [r for r in rows if r["pipeline"] == pipeline]
     return sorted(rows, key=lambda r: (r["recorded_ms"], r["computation"], r["batch_id"]))

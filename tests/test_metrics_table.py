@@ -72,7 +72,12 @@ def test_the_metrics_table_made_from_python_is_the_one_spark_makes_and_takes_row
 def test_an_older_metrics_table_gets_the_columns_added_since(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A table made by a deltawheel before ``keys_expired`` and ``image_cache_hit_rate``: the first
     append adds them (through Spark, which reads the table's schema); its old rows read them as null."""
-    from deltawheel.executor.protocol.metrics import _ADDED_COLUMNS, METRICS_COLUMNS, BatchMetrics, read_batches
+    from deltawheel.executor.protocol.metrics import (
+        _ADDED_COLUMNS,
+        METRICS_COLUMNS,
+        BatchMetrics,
+        read_batches,
+    )
     from deltawheel.statestore.layout import StoreLayout
 
     layout = StoreLayout(str(tmp_path / "old"))

@@ -111,7 +111,7 @@ class Interval:
             if s.get("new_path") and not s["delta"]:
                 files = [p for p in files if is_ids_path(p)]
             files = [p for p in files if p not in (s["ids_removed"] or ())]
-            files += [p for p in (s.get("new_path"), s.get("ids_path")) if p]
+            files += [p for p in (s.get("new_path"), s.get("ids_path"), s.get("merged_path")) if p]
             for d in s["dvs"] or ():
                 self.dvs[d["path"]] = json.loads(d["dv"])
             self.images[s["interval"]] = files

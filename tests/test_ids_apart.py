@@ -197,3 +197,64 @@ def test_picking_candidate_ids_by_hash_bucket_finds_exactly_what_a_full_scan_fin
     assert as_set(got) == as_set(want)
     assert got.num_rows == want.num_rows > 0
     assert pick_ids(files, pa.array([], pa.string()), id_hashes(pa.array([], pa.string()))).num_rows == 0
+
+
+def _ids_of(store: Interval) -> list[tuple[str, str]]:
+    """Every (key, record id) the live ids files hold, sorted (with repeats)."""
+    return sorted((r["key"][len(IDS_KEY_PREFIX):], i["record_id"]) for p in store.ids_files()
+                  for r in pq.read_table(os.path.join(store.root, p)).to_pylist() for i in r["record_ids"])
+
+
+@pytest.mark.parametrize("background", ["1", "0"])
+def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_ids(spark, tmp_path, monkeypatch, background) -> None:  # type: ignore[no-untyped-def]
+    """With the background merge on, the batch that compacts commits the merge its worker prepared
+    after the batch before (a level-1 file) and a level-0 file of its own ids, and removes the files
+    merged; off, it writes one level-1 file with everything. Either way the live files hold every id
+    once, and a redelivery of every record is dropped whole."""
+    from deltawheel.executor.tasks.image import idsmerge
+
+    monkeypatch.setenv(idsmerge.BACKGROUND_ENV, background)
+    store = Interval(str(tmp_path))
+    t0 = 1_700_000_000_000
+    _cold()
+    idsmerge._PREPARED.clear()
+    records = [(f"r{b}-{i}", f"k{(b + i) % 5}") for b in range(20) for i in range(6)]
+    merged = []
+    for b in range(20):
+        out = store.run(records[6 * b:6 * b + 6], b=b, now_ms=t0 + b * 1_000)
+        merged += [s["merged_path"] for s in out if s.get("merged_path")]
+        for s in out:
+            if s.get("merged_path"):  # committed beside the batch's own ids, the files merged removed
+                assert ids_level(s["merged_path"]) == 1 and ids_level(s["ids_path"]) == 0
+                assert len(s["ids_removed"]) == 7
+    if background == "1":
+        assert len(merged) >= 2  # each interval's compaction at least once
+    else:
+        assert merged == []
+    assert any(ids_level(p) >= 1 for p in store.ids_files())
+    want = sorted((k, r) for r, k in records)
+    assert _ids_of(store) == want  # every id once: none lost, none twice
+    again = store.batch(records + [("new", "k0")], now_ms=t0 + 20_000, b=20)
+    assert (again["processed"], again["duplicates"]) == (1, len(records))
+
+
+def test_a_prepared_merge_that_no_longer_fits_is_not_used(spark, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The next batch's task merges itself when the prepared merge is not what the compaction would
+    write: another sequencer (a takeover between the two batches), or none in this worker."""
+    from deltawheel.executor.tasks.image import idsmerge
+
+    monkeypatch.setenv(idsmerge.BACKGROUND_ENV, "1")
+    store = Interval(str(tmp_path))
+    t0 = 1_700_000_000_000
+    _cold()
+    idsmerge._PREPARED.clear()
+    records = [(f"r{b}-{i}", f"k{(b + i) % 5}") for b in range(9) for i in range(6)]
+    for b in range(7):
+        store.run(records[6 * b:6 * b + 6], b=b, now_ms=t0 + b * 1_000)
+    assert idsmerge._PREPARED  # the next batch compacts: prepared for it
+    for prep in idsmerge._PREPARED.values():
+        prep.sequencer += 1  # as if prepared under an earlier lease
+    out = store.run(records[42:48], b=7, now_ms=t0 + 7_000)
+    compacted = [s for s in out if s.get("ids_removed")]
+    assert compacted and all(not s.get("merged_path") and ids_level(s["ids_path"]) == 1 for s in compacted)
+    assert _ids_of(store) == sorted((k, r) for r, k in records[:48])

@@ -218,7 +218,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
             if s.get("new_path"):  # a new state image replaces every file but the ids files
                 files = [p for p in files if is_ids_path(p)] + [s["new_path"]]
             files = [p for p in files if p not in (s.get("ids_removed") or ())]
-            files += [s["ids_path"]] if s.get("ids_path") else []
+            files += [p for p in (s.get("ids_path"), s.get("merged_path")) if p]
             images[s["interval"]] = tuple(files)
         got_prods = sorted((r["record_id"], r["key"], r["value"], r["timestamp_ms"])
                            for s in summaries for f in s["prod_files"]

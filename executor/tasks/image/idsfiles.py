@@ -42,7 +42,7 @@ from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.image.files import IDS_FILE_TAG, ids_level, is_ids_path
 from deltawheel.statestore.writepath.image.summary import ImageFile
 
-__all__ = ["IdsFile", "forget_below", "ids_apart", "is_ids_path", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
+__all__ = ["IdsFile", "adopt", "forget_below", "ids_apart", "is_ids_path", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
            "plan_compaction", "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
@@ -238,9 +238,11 @@ def _ordered(flat: Any) -> bool:
 
 
 def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interval: int, level: int,
-                   schema: Any, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> tuple[ImageFile, IdsFile]:
+                   schema: Any, sequencer: int, commit_id: str, now_ms: int, format_version: int,
+                   remember: bool = True) -> tuple[ImageFile, IdsFile]:
     """Write the ids ``flat`` (key / record_id / seen_ms) as an ids file of ``level``: one row per
-    key, in the rows file ``schema``; invisible until the driver's commit adds it."""
+    key, in the rows file ``schema``; invisible until the driver's commit adds it. ``remember``:
+    and keep it in this worker's cache (:func:`adopt`; False from a thread other than the task's)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -277,10 +279,17 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
     rel = partition_file_name(computation, interval, f"{IDS_FILE_TAG}{level}")
     written = ImageFile(rel, write_file(table, rows_root, rel), table.num_rows)
     got = IdsFile(rel, level, now_ms, flat)
-    if level:
-        forget_below(rel, level)
-    remember_ids_file(got)
+    if remember:
+        adopt(got)
     return written, got
+
+
+def adopt(f: IdsFile) -> None:
+    """Keep the new ids file ``f`` in this worker's cache; a compaction's (level 1 and up): and
+    forget the lower-level files of its interval it holds the ids of."""
+    if f.level:
+        forget_below(f.path, f.level)
+    remember_ids_file(f)
 
 
 def forget_below(rel: str, level: int) -> int:

@@ -40,7 +40,7 @@ import os
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from deltawheel.statestore.delta.storefs import TableFiles, background_uploads
 from deltawheel.statestore.rowtable.bloom import IdBloom
@@ -62,6 +62,7 @@ from deltawheel.statestore.writepath.image.summary import (
 )
 
 from ...computation import Computation
+from . import idsmerge
 from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_folder
 from .capture import capture, capture_folder
 from .columnar import ColumnarLoop, key_loop
@@ -300,11 +301,15 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         state_paths = tuple(sorted(token(p, None if plan is None else now_dvs.get(p)) for p in place.files))
         _remember(state_paths, new_image, place, name, iv, written=True)
     ids_written, taken = None, []
+    ids_all: list[tuple[ImageFile, IdsFile]] = []
     fresh_ids = new_ids if apart and new_ids is not None and new_ids.num_rows else None
     if fresh_ids is not None or migrate:
-        ids_written, live = _write_ids(spec, iv, fresh_ids, legacy, live, retention)
+        ids_all, live = _write_ids(spec, iv, fresh_ids, legacy, live, retention)
+        ids_written = ids_all[0]
         taken = [f for f in ids_files if f not in gone and f not in live]
-        live = [*live, ids_written[1]]
+        live = [*live, *(f for _, f in ids_all)]
+    if apart:
+        _prepare_merge(spec, iv, live, retention)
     if bloom is None and (written is not None or ids_written is not None or gone):
         # no input: no new id, the new files hold a subset of the old files' ids (expired ones
         # leave): the old files' filter (if this worker has it) serves them, not rebuilt next batch
@@ -327,6 +332,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         prod_files, n_prods = _write_productions(spec, iv, loop.prods), len(loop.prods)
     return IntervalSummary(
         iv, image=written, delta=delta, dvs=tuple((p, json.dumps(d)) for p, d in dvs), ids_file=ids_written[0] if ids_written else None,
+        ids_merged=ids_all[1][0] if ids_written and len(ids_all) > 1 else None,
         ids_removed=tuple(f.path for f in (*gone, *taken)), prod_files=tuple(prod_files),
         side=(*routed, *loop.side), processed=loop.processed,
         duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=n_prods, n_dead=len(loop.side),
@@ -518,10 +524,11 @@ def _within(flat: Any, horizon_ms: int | None) -> Any:
 
 
 def _write_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: list[IdsFile],
-               retention_ms: int | None) -> tuple[tuple[ImageFile, IdsFile], list[IdsFile]]:
+               retention_ms: int | None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
     """Write the batch's ids file: its new ids (``fresh``: key / record_id), those taken out of an
-    older image, and — when compaction says so — those of the live files it takes in. Returns
-    (the file, the live files it leaves)."""
+    older image, and — when compaction says so — those of the live files it takes in (or, when
+    this worker prepared that merge, ``idsmerge.py``, the batch's ids alone beside the prepared
+    file). Returns (the files written, the live files it leaves)."""
     import numpy as np
     import pyarrow as pa
 
@@ -532,11 +539,36 @@ def _write_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: l
     if legacy.num_rows:
         parts.append(_within(legacy, spec.horizon_ms))
     level, taken = plan_compaction(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
-    parts += [_within(f.flat, spec.horizon_ms) for f in taken]
+    merged = idsmerge.take(spec.comp.name, iv, taken, level=level, sequencer=spec.sequencers[iv]) if taken else None
+    own_level = 0 if merged is not None else level
+    if merged is None:
+        parts += [_within(f.flat, spec.horizon_ms) for f in taken]
     got = write_ids_file(pa.concat_tables(parts), spec.rows_root, computation=spec.comp.name, interval=iv,
-                         level=level, schema=spec.rows_schema, sequencer=spec.sequencers[iv],
+                         level=own_level, schema=spec.rows_schema, sequencer=spec.sequencers[iv],
                          commit_id=spec.commit_id, now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION)
-    return got, [f for f in live if f not in taken]
+    return [got, *([merged] if merged is not None else [])], [f for f in live if f not in taken]
+
+
+def _prepare_merge(spec: ImageSpec, iv: int, live: list[IdsFile], retention_ms: int | None) -> None:
+    """When the interval's next batch would compact its ids files, merge them now in a thread
+    (``idsmerge.py``) -- unless that merge is already prepared or under way."""
+    if not idsmerge.background() or retention_ms is None:
+        return
+    level, files = idsmerge.plan_next(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
+    if not files or idsmerge.pending(spec.comp.name, iv) == frozenset(f.path for f in files):
+        return
+    horizon, seq = spec.horizon_ms, spec.sequencers[iv]
+
+    def merge(files: Sequence[IdsFile]) -> tuple[ImageFile, IdsFile]:
+        import pyarrow as pa
+
+        ordered = sorted(files, key=lambda f: (f.written_ms, -f.level))
+        return write_ids_file(pa.concat_tables([_within(f.flat, horizon) for f in ordered]), spec.rows_root,
+                              computation=spec.comp.name, interval=iv, level=level, schema=spec.rows_schema,
+                              sequencer=seq, commit_id=spec.commit_id, now_ms=spec.now_ms,
+                              format_version=ROW_FORMAT_VERSION, remember=False)
+
+    idsmerge.prepare(spec.comp.name, iv, files, level=level, sequencer=seq, merge=merge)
 
 
 def _next_proc(image: Any, live: list[IdsFile], retention_ms: int | None) -> int | None:

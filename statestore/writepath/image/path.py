@@ -362,7 +362,7 @@ class ImagePath(WritePath[BatchOutput]):
         readded: dict[int, list[FileEntry]] = {}
         for iv, s in new:
             part = {"computation": name, "interval": str(iv)}
-            adds[iv] = [new_add(f.path, part, f.size, f.rows) for f in (s.image, s.ids_file) if f is not None]
+            adds[iv] = [new_add(f.path, part, f.size, f.rows) for f in (s.image, s.ids_file, s.ids_merged) if f is not None]
             gone = set(s.ids_removed)
             marked = dict(s.dvs)
             # a whole new image replaces every file of the partition but its ids files; a delta
@@ -398,7 +398,7 @@ class ImagePath(WritePath[BatchOutput]):
         for iv, s in new:
             pv = (("computation", name), ("interval", str(iv)))
             self.files[iv] = kept[iv] + readded[iv] + [FileEntry(f.path, pv, f.size, False, add)
-                                         for f, add in zip([f for f in (s.image, s.ids_file) if f is not None],
+                                         for f, add in zip([f for f in (s.image, s.ids_file, s.ids_merged) if f is not None],
                                                            adds[iv], strict=True)]
         self.version = out.version = version
         self._observe(out)

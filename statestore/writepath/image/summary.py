@@ -28,6 +28,7 @@ _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, co
 SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, delta BOOLEAN, "
                "dvs ARRAY<STRUCT<path: STRING, dv: STRING>>, "
                "ids_path STRING, ids_size BIGINT, ids_rows BIGINT, ids_removed ARRAY<STRING>, "
+               "merged_path STRING, merged_size BIGINT, merged_rows BIGINT, "
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
                f"side ARRAY<{_SIDE}>, records_in BIGINT, processed BIGINT, duplicates BIGINT, fired BIGINT, "
                "late BIGINT, n_prods BIGINT, n_dead BIGINT, keys_written BIGINT, ids_expired BIGINT, "
@@ -133,7 +134,9 @@ class IntervalSummary:
     their old rows deleted: (path, the file's new ``deletionVector`` as JSON) per file it
     changes), else it replaces every state file of the interval; ``ids_file``: its new record-ids file
     (None: none, ``executor/tasks/image/idsfiles.py``); ``ids_removed``: the ids files it drops
-    (past the dedup horizon, or taken into ``ids_file``); ``prod_files``: the productions of its
+    (past the dedup horizon, or taken into ``ids_file`` or ``ids_merged``); ``ids_merged``: a
+    compaction's file its worker prepared in the background beside ``ids_file``
+    (``executor/tasks/image/idsmerge.py``); ``prod_files``: the productions of its
     keys; ``side``: dead letters and routed late records; the counts of the batch report
     (``fired``: timers fired, ``n_prods``: productions, ``n_dead``: dead letters of user code and
     decoding, ``bloom_*``: the dedup filter's checks); ``oldest_ms`` / ``next_proc_ms``: the
@@ -148,6 +151,7 @@ class IntervalSummary:
     dvs: tuple[tuple[str, str], ...] = ()
     ids_file: ImageFile | None = None
     ids_removed: tuple[str, ...] = ()
+    ids_merged: ImageFile | None = None
     prod_files: tuple[ProductionFile, ...] = ()
     side: tuple[SideRecord, ...] = ()
     records_in: int = 0
@@ -173,12 +177,14 @@ class IntervalSummary:
 
     def to_row(self) -> dict[str, Any]:
         """The summary as a row of :data:`SUMMARY_DDL`."""
-        img, ids = self.image, self.ids_file
+        img, ids, m = self.image, self.ids_file, self.ids_merged
         row: dict[str, Any] = {"interval": self.interval, "new_path": img.path if img else None,
                                "new_size": img.size if img else None, "new_rows": img.rows if img else None,
                                "delta": self.delta, "dvs": [{"path": p, "dv": d} for p, d in self.dvs],
                                "ids_path": ids.path if ids else None, "ids_size": ids.size if ids else None,
                                "ids_rows": ids.rows if ids else None, "ids_removed": list(self.ids_removed),
+                               "merged_path": m.path if m else None, "merged_size": m.size if m else None,
+                               "merged_rows": m.rows if m else None,
                                "prod_files": [p.to_row() for p in self.prod_files],
                                "side": [s.to_row() for s in self.side]}
         row.update((c, getattr(self, c)) for c in _COUNTS)
@@ -200,6 +206,8 @@ class IntervalSummary:
             delta=bool(row.get("delta")), dvs=tuple((d["path"], d["dv"]) for d in row.get("dvs") or ()),
             ids_file=ImageFile(ids, int(row["ids_size"]), int(row["ids_rows"])) if ids else None,
             ids_removed=tuple(row.get("ids_removed") or ()),
+            ids_merged=ImageFile(row["merged_path"], int(row["merged_size"]), int(row["merged_rows"]))
+            if row.get("merged_path") else None,
             prod_files=tuple(ProductionFile.from_row(p) for p in row.get("prod_files") or ()),
             side=tuple(SideRecord.from_row(s) for s in row.get("side") or ()),
             oldest_ms=row.get("oldest_ms"), next_proc_ms=row.get("next_proc_ms"), obs_min=row.get("obs_min"),
@@ -229,7 +237,7 @@ class BatchOutput:
         """(interval, its summary) for each interval with files to commit (a new image or ids file,
         ids files to drop, rows to mark deleted)."""
         return [(iv, s) for iv, s in self.intervals()
-                if s.image is not None or s.ids_file is not None or s.ids_removed or s.dvs]
+                if s.image is not None or s.ids_file is not None or s.ids_merged is not None or s.ids_removed or s.dvs]
 
     def side(self, kind: str) -> list[SideRecord]:
         """The side records of ``kind`` (dead, late) of every summary."""

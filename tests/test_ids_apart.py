@@ -258,3 +258,35 @@ def test_a_prepared_merge_that_no_longer_fits_is_not_used(spark, tmp_path, monke
     compacted = [s for s in out if s.get("ids_removed")]
     assert compacted and all(not s.get("merged_path") and ids_level(s["ids_path"]) == 1 for s in compacted)
     assert _ids_of(store) == sorted((k, r) for r, k in records[:48])
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_the_index_kept_from_the_inputs_hashes_is_the_one_made_from_the_file(spark, tmp_path, ordered) -> None:  # type: ignore[no-untyped-def]
+    """A batch's own ids file keeps the hash-bucket index made from the input's hashes (in the
+    ids' order, reordered with them when the file sorts them): the same index a worker makes from
+    the file's ids at its first lookup, so the lookups find the same rows."""
+    import numpy as np
+    import pyarrow as pa
+    from deltawheel.executor.tasks.image import idsfiles
+    from deltawheel.executor.tasks.image.idhash import id_hashes
+    from deltawheel.statestore.delta.storefs import TableFiles
+    from deltawheel.statestore.rowtable.frames import arrow_schema
+    from deltawheel.statestore.rowtable.rows import rows_file_ddl
+
+    keys = [f"k{i % 37:02d}" for i in range(500)]
+    ids = [f"id-{i}" for i in range(500)]
+    pairs = sorted(zip(keys, ids, strict=True)) if ordered else list(zip(keys, ids, strict=True))
+    flat = pa.table({"key": [k for k, _ in pairs], "record_id": [r for _, r in pairs], "seen_ms": [7] * len(pairs)})
+    hashes = id_hashes(flat.column("record_id"))
+    _, got = idsfiles.write_ids_file(flat, TableFiles(str(tmp_path)), computation="c", interval=0, level=0,
+                                     schema=arrow_schema(rows_file_ddl()), sequencer=1, commit_id="x", now_ms=9,
+                                     format_version=1, hashes=hashes)
+    kept = idsfiles._INDEX[got.path]
+    fresh = idsfiles.hash_index(got.flat.num_rows, id_hashes(got.flat.column("record_id")))
+    assert kept[2] == fresh[2] and np.array_equal(kept[0], fresh[0]) and np.array_equal(kept[1], fresh[1])
+    cand = pa.array(["id-3", "id-250", "nope"])
+    assert sorted(idsfiles.pick_ids([got], cand, id_hashes(cand)).column("record_id").to_pylist()) == ["id-250", "id-3"]
+    with pytest.raises(ValueError, match="3 hashes for 500 ids"):
+        idsfiles.write_ids_file(flat, TableFiles(str(tmp_path)), computation="c", interval=0, level=0,
+                                schema=arrow_schema(rows_file_ddl()), sequencer=1, commit_id="x", now_ms=9,
+                                format_version=1, hashes=hashes[:3])

@@ -42,7 +42,7 @@ from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.image.files import IDS_FILE_TAG, ids_level, is_ids_path
 from deltawheel.statestore.writepath.image.summary import ImageFile
 
-__all__ = ["IdsFile", "adopt", "forget_below", "ids_apart", "is_ids_path", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
+__all__ = ["IdsFile", "adopt", "forget_below", "hash_index", "keep_index", "ids_apart", "is_ids_path", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
            "plan_compaction", "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
@@ -125,28 +125,39 @@ def remember_ids_file(f: IdsFile) -> None:
         _INDEX.pop(gone, None)
 
 
-def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
-    """``f``'s rows grouped by their id's hash bucket (the top bits of ``id_hashes``): (row numbers
-    in bucket order, uint32; each bucket's first position, n_buckets + 1 of them; the bits). Made
-    on the file's first lookup in this worker (a counting sort: linear in its ids), kept with it."""
+def hash_index(n: int, hashes: Any) -> tuple[Any, Any, int]:
+    """The hash-bucket index of a file's ``n`` ids whose ``id_hashes`` are ``hashes`` (in its rows'
+    order): (row numbers in bucket order, uint32; each bucket's first position, n_buckets + 1 of
+    them; the bucket bits, about four ids a bucket). A counting sort: linear in the ids."""
     import numpy as np
 
+    bits = int(min(16, max(1, np.ceil(np.log2(max(n, 1) / _ROWS_PER_BUCKET + 1)))))
+    top = (np.asarray(hashes, dtype=np.uint64) >> np.uint64(64 - bits)).astype(np.uint16)
+    order = np.argsort(top, kind="stable").astype(np.uint32)  # NumPy sorts 16-bit keys by radix
+    starts = np.zeros((1 << bits) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(top, minlength=1 << bits), out=starts[1:])
+    return order, starts, bits
+
+
+def keep_index(path: str, index: tuple[Any, Any, int]) -> None:
+    """Keep ``index`` (:func:`hash_index`) as the ids file ``path``'s (the task's thread only)."""
+    _INDEX[path] = index
+    _INDEX.move_to_end(path)
+    while len(_INDEX) > _FILES_MAX:
+        _INDEX.popitem(last=False)
+
+
+def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
+    """``f``'s :func:`hash_index`: kept from when this worker wrote it, else made on the file's
+    first lookup here (its ids hashed: ~25 ms for 450,000) and kept with it."""
     from .idhash import id_hashes
 
     hit = _INDEX.get(f.path)
     if hit is not None:
         _INDEX.move_to_end(f.path)
         return hit
-    n = f.flat.num_rows
-    bits = int(min(16, max(1, np.ceil(np.log2(max(n, 1) / _ROWS_PER_BUCKET + 1)))))
-    top = (id_hashes(f.flat.column("record_id")) >> np.uint64(64 - bits)).astype(np.uint16)
-    order = np.argsort(top, kind="stable").astype(np.uint32)  # NumPy sorts 16-bit keys by radix
-    starts = np.zeros((1 << bits) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(top, minlength=1 << bits), out=starts[1:])
-    got = (order, starts, bits)
-    _INDEX[f.path] = got
-    while len(_INDEX) > _FILES_MAX:
-        _INDEX.popitem(last=False)
+    got = hash_index(f.flat.num_rows, id_hashes(f.flat.column("record_id")))
+    keep_index(f.path, got)
     return got
 
 
@@ -239,18 +250,23 @@ def _ordered(flat: Any) -> bool:
 
 def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interval: int, level: int,
                    schema: Any, sequencer: int, commit_id: str, now_ms: int, format_version: int,
-                   remember: bool = True) -> tuple[ImageFile, IdsFile]:
+                   remember: bool = True, hashes: Any = None) -> tuple[ImageFile, IdsFile]:
     """Write the ids ``flat`` (key / record_id / seen_ms) as an ids file of ``level``: one row per
     key, in the rows file ``schema``; invisible until the driver's commit adds it. ``remember``:
-    and keep it in this worker's cache (:func:`adopt`; False from a thread other than the task's)."""
+    and keep it in this worker's cache (:func:`adopt`; False from a thread other than the task's).
+    ``hashes``: the ids' ``id_hashes`` in ``flat``'s order (the input's, for a batch's own ids):
+    its :func:`hash_index` is kept with it then (``remember``), not made at its first lookup."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     flat = flat.combine_chunks()
+    if hashes is not None and len(hashes) != flat.num_rows:
+        raise ValueError(f"{len(hashes)} hashes for {flat.num_rows} ids")
     if not _ordered(flat):  # a batch's own ids come in key order already (the input's sort)
         order = pc.sort_indices(flat, sort_keys=[("key", "ascending"), ("seen_ms", "ascending")])
         flat = flat.take(order)
+        hashes = None if hashes is None else np.asarray(hashes)[order.to_numpy()]
     ree = pc.run_end_encode(flat.column("key").combine_chunks())
     keys = ree.values
     ends = ree.run_ends.to_numpy().astype(np.int32)
@@ -280,16 +296,19 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
     written = ImageFile(rel, write_file(table, rows_root, rel), table.num_rows)
     got = IdsFile(rel, level, now_ms, flat)
     if remember:
-        adopt(got)
+        adopt(got, None if hashes is None else hash_index(flat.num_rows, hashes))
     return written, got
 
 
-def adopt(f: IdsFile) -> None:
-    """Keep the new ids file ``f`` in this worker's cache; a compaction's (level 1 and up): and
-    forget the lower-level files of its interval it holds the ids of."""
+def adopt(f: IdsFile, index: tuple[Any, Any, int] | None = None) -> None:
+    """Keep the new ids file ``f`` (and its ``index``, :func:`hash_index`, if made) in this
+    worker's cache; a compaction's (level 1 and up): and forget the lower-level files of its
+    interval it holds the ids of."""
     if f.level:
         forget_below(f.path, f.level)
     remember_ids_file(f)
+    if index is not None:
+        keep_index(f.path, index)
 
 
 def forget_below(rel: str, level: int) -> int:

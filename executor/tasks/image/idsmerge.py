@@ -4,7 +4,8 @@ A compaction merges the :data:`~.idsfiles.FAN_IN` files of a level into one file
 ~60 CPU-ms a task for eight ``big`` batches' ids: the batch that did it took ~0.3 s instead of
 ~0.2. The files it will take are known a batch ahead: when a task leaves an interval one file
 short of a compaction (:func:`plan_next`), its worker merges them in a thread after the task
-(:func:`prepare`), while the driver commits and Spark plans the next batch. The next task of the
+(:func:`prepare`), while the driver commits and Spark plans the next batch, and makes its
+hash-bucket index for the dedup's lookups (``idsfiles.hash_index``) there too. The next task of the
 interval in that worker takes the prepared file (:func:`take`) if it is still what the compaction
 would write — the same files taken in, the same level, the same sequencer — and writes only the
 batch's own ids as a level-0 file beside it: that batch commits both files and removes the ones
@@ -24,11 +25,12 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.writepath.image.summary import ImageFile
 
-from .idsfiles import IdsFile, adopt, plan_compaction
+from .idhash import id_hashes
+from .idsfiles import IdsFile, adopt, hash_index, plan_compaction
 
 __all__ = ["BACKGROUND_ENV", "background", "plan_next", "prepare", "take", "pending"]
 
@@ -42,6 +44,7 @@ class _Prepared:
     sequencer: int
     thread: threading.Thread | None = None
     result: tuple[ImageFile, IdsFile] | None = None
+    index: tuple[Any, Any, int] | None = None  # the merged file's hash_index, made in the thread too
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -78,6 +81,8 @@ def prepare(computation: str, interval: int, files: Sequence[IdsFile], *, level:
     def run() -> None:
         try:
             prep.result = merge(files)
+            flat = prep.result[1].flat
+            prep.index = hash_index(flat.num_rows, id_hashes(flat.column("record_id")))
         except BaseException as exc:  # the next task merges itself
             prep.error = exc
         finally:
@@ -102,5 +107,5 @@ def take(computation: str, interval: int, taken: Sequence[IdsFile], *, level: in
     prep.done.wait()
     if prep.error is not None or prep.result is None:
         return None
-    adopt(prep.result[1])
+    adopt(prep.result[1], prep.index)
     return prep.result

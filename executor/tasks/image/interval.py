@@ -304,7 +304,10 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     ids_all: list[tuple[ImageFile, IdsFile]] = []
     fresh_ids = new_ids if apart and new_ids is not None and new_ids.num_rows else None
     if fresh_ids is not None or migrate:
-        ids_all, live = _write_ids(spec, iv, fresh_ids, legacy, live, retention)
+        # the input's hashes are the batch's own ids' (in their order) when every record ran
+        fresh_hashes = inp.hashes if fresh_ids is not None and loop.all_ran and new_ids is not None \
+            and inp.hashes is not None and len(inp.hashes) == fresh_ids.num_rows else None
+        ids_all, live = _write_ids(spec, iv, fresh_ids, legacy, live, retention, fresh_hashes)
         ids_written = ids_all[0]
         taken = [f for f in ids_files if f not in gone and f not in live]
         live = [*live, *(f for _, f in ids_all)]
@@ -524,7 +527,7 @@ def _within(flat: Any, horizon_ms: int | None) -> Any:
 
 
 def _write_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: list[IdsFile],
-               retention_ms: int | None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
+               retention_ms: int | None, fresh_hashes: Any = None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
     """Write the batch's ids file: its new ids (``fresh``: key / record_id), those taken out of an
     older image, and — when compaction says so — those of the live files it takes in (or, when
     this worker prepared that merge, ``idsmerge.py``, the batch's ids alone beside the prepared
@@ -543,9 +546,11 @@ def _write_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: l
     own_level = 0 if merged is not None else level
     if merged is None:
         parts += [_within(f.flat, spec.horizon_ms) for f in taken]
+    only_fresh = fresh is not None and len(parts) == 1  # the batch's own ids alone: their hashes are known
     got = write_ids_file(pa.concat_tables(parts), spec.rows_root, computation=spec.comp.name, interval=iv,
                          level=own_level, schema=spec.rows_schema, sequencer=spec.sequencers[iv],
-                         commit_id=spec.commit_id, now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION)
+                         commit_id=spec.commit_id, now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION,
+                         hashes=fresh_hashes if only_fresh else None)
     return [got, *([merged] if merged is not None else [])], [f for f in live if f not in taken]
 
 

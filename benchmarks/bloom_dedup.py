@@ -31,7 +31,7 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
     """Measure the filter against the exact lookup (best of ``rounds``); returns the figures."""
     import pyarrow as pa
     from deltawheel.executor.computation import Computation
-    from deltawheel.executor.tasks.image import interval as _interval
+    from deltawheel.executor.tasks.image import dedup as _dedup
     from deltawheel.executor.tasks.image.ids import already_seen, flat_ids
     from deltawheel.executor.tasks.image.keys import Input
     from deltawheel.statestore.rowtable.bloom import IdBloom
@@ -63,17 +63,17 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
     retried = [f"old-{i % keys}-0" for i in range(retries)]
     assert bloom.might_contain_many(retried).all()  # no false negatives
     fp = float(maybe.mean())
-    return {"held_ids": n_held, "batch": batch, "retries": retries, "error_rate_target": _interval.BLOOM_ERROR_RATE,
+    return {"held_ids": n_held, "batch": batch, "retries": retries, "error_rate_target": _dedup.BLOOM_ERROR_RATE,
             "capacity": bloom.capacity, "hashes": bloom.k, "bloom_bytes": bloom.nbytes,
             "false_positive_rate": round(fp, 5), "build_s": round(build_s, 4), "bloom_check_s": round(check_s, 4),
             "exact_lookup_s": round(exact_s, 4), "exact_lookup_with_retries_s": round(exact_mixed_s, 4)}
 
 
 def _build(cls: Any, ids: Any, n: int) -> Any:
-    from deltawheel.executor.tasks.image import interval as _interval
+    from deltawheel.executor.tasks.image import dedup as _dedup
     from deltawheel.executor.tasks.image.keys import py_list
 
-    bloom = cls(max(2 * n, _interval.BLOOM_MIN_CAPACITY), error_rate=_interval.BLOOM_ERROR_RATE)
+    bloom = cls(max(2 * n, _dedup.BLOOM_MIN_CAPACITY), error_rate=_dedup.BLOOM_ERROR_RATE)
     bloom.add_many(py_list(ids.table.column("record_id")))
     return bloom
 

@@ -287,13 +287,13 @@ def test_a_bloom_filter_answering_maybe_gives_the_exact_results(spark, tmp_path,
     """The dedup Bloom filter only decides when the stored ids are looked at: a filter sized so
     that it answers "maybe" for most ids gives the rows, productions and counts of the exact
     path (the run above compares both with ``run_key``, which has no filter)."""
-    from deltawheel.executor.tasks.image import interval as _imagetask
+    from deltawheel.executor.tasks.image import dedup
 
-    monkeypatch.setattr(_imagetask, "BLOOM_ERROR_RATE", 0.9)
-    monkeypatch.setattr(_imagetask, "BLOOM_MIN_CAPACITY", 1)
-    _imagetask._BLOOMS.clear()
+    monkeypatch.setattr(dedup, "BLOOM_ERROR_RATE", 0.9)
+    monkeypatch.setattr(dedup, "BLOOM_MIN_CAPACITY", 1)
+    dedup._BLOOMS.clear()
     test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed)
-    _imagetask._BLOOMS.clear()
+    dedup._BLOOMS.clear()
 
 
 def test_the_candidates_lookup_matches_the_full_lookup() -> None:

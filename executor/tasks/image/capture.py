@@ -53,11 +53,12 @@ def warm(spec: Any, iv: int, batch: int) -> None:
     process's caches, as the worker that wrote them holds them (a replay's untimed step)."""
     from deltawheel.statestore.writepath.image.files import is_ids_path
 
-    from .idsfiles import ids_apart, load_ids_file, split_legacy
-    from .interval import _apart_held, _bloom, _load
+    from .dedup import _bloom
+    from .idsfiles import apart_held, ids_apart, load_ids_file, split_legacy
+    from .interval import _load, bloom_paths
 
     image, _place = _load(spec, iv)
     image, legacy = split_legacy(image, inline=spec.comp.exactly_once and ids_apart())
     files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
     if spec.comp.exactly_once:
-        _bloom(spec, iv, image, _apart_held(files, legacy), batch)
+        _bloom(bloom_paths(spec, iv), image, apart_held(files, legacy), batch)

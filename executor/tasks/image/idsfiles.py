@@ -42,7 +42,7 @@ from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.image.files import IDS_FILE_TAG, ids_level, is_ids_path
 from deltawheel.statestore.writepath.image.summary import ImageFile
 
-__all__ = ["IdsFile", "adopt", "forget_below", "hash_index", "keep_index", "ids_apart", "is_ids_path", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
+__all__ = ["IdsFile", "adopt", "apart_held", "forget_below", "hash_index", "keep_index", "within", "ids_apart", "is_ids_path", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
            "plan_compaction", "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
@@ -320,3 +320,23 @@ def forget_below(rel: str, level: int) -> int:
         del _FILES[p]
         _INDEX.pop(p, None)
     return len(gone)
+
+
+def apart_held(live: list[IdsFile], legacy: Any) -> Any:
+    """The ids of the live ids files and those taken out of an older image (key / record_id / seen_ms)."""
+    import pyarrow as pa
+
+    parts = [f.flat for f in live] + ([legacy] if legacy.num_rows else [])
+    return pa.concat_tables(parts) if parts else empty_flat()
+
+
+def within(flat: Any, horizon_ms: int | None) -> Any:
+    """``flat``'s ids seen at or after ``horizon_ms`` (``flat`` itself when all are: no copy)."""
+    import pyarrow.compute as pc
+
+    if horizon_ms is None or not flat.num_rows:
+        return flat
+    seen = flat.column("seen_ms")
+    if not seen.null_count and pc.min(seen).as_py() >= horizon_ms:
+        return flat
+    return flat.filter(pc.greater_equal(seen, horizon_ms))

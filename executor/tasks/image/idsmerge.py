@@ -1,4 +1,5 @@
-"""The ids files' compaction prepared in the background (``idsfiles.py``, "Compaction").
+"""A batch's ids files (:func:`write_batch_ids`) and their compaction prepared in the background
+(``idsfiles.py``, "Compaction").
 
 A compaction merges the :data:`~.idsfiles.FAN_IN` files of a level into one file of the next,
 ~60 CPU-ms a task for eight ``big`` batches' ids: the batch that did it took ~0.3 s instead of
@@ -25,14 +26,18 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from deltawheel.statestore.rowtable.rows import ROW_FORMAT_VERSION
 from deltawheel.statestore.writepath.image.summary import ImageFile
 
 from .idhash import id_hashes
-from .idsfiles import IdsFile, adopt, hash_index, plan_compaction
+from .idsfiles import IdsFile, adopt, hash_index, plan_compaction, within, write_ids_file
 
-__all__ = ["BACKGROUND_ENV", "background", "plan_next", "prepare", "take", "pending"]
+if TYPE_CHECKING:
+    from .interval import ImageSpec
+
+__all__ = ["BACKGROUND_ENV", "background", "pending", "plan_next", "prepare", "prepare_next", "take", "write_batch_ids"]
 
 BACKGROUND_ENV = "DELTAWHEEL_IDS_BACKGROUND_MERGE"
 
@@ -109,3 +114,53 @@ def take(computation: str, interval: int, taken: Sequence[IdsFile], *, level: in
         return None
     adopt(prep.result[1], prep.index)
     return prep.result
+
+
+def write_batch_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: list[IdsFile],
+               retention_ms: int | None, fresh_hashes: Any = None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
+    """Write the batch's ids file: its new ids (``fresh``: key / record_id), those taken out of an
+    older image, and — when compaction says so — those of the live files it takes in (or, when
+    this worker prepared that merge, ``idsmerge.py``, the batch's ids alone beside the prepared
+    file). Returns (the files written, the live files it leaves)."""
+    import numpy as np
+    import pyarrow as pa
+
+    parts = []
+    if fresh is not None:
+        parts.append(pa.table({"key": fresh.column("key"), "record_id": fresh.column("record_id"),
+                               "seen_ms": pa.array(np.full(fresh.num_rows, spec.now_ms, dtype=np.int64))}))
+    if legacy.num_rows:
+        parts.append(within(legacy, spec.horizon_ms))
+    level, taken = plan_compaction(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
+    merged = take(spec.comp.name, iv, taken, level=level, sequencer=spec.sequencers[iv]) if taken else None
+    own_level = 0 if merged is not None else level
+    if merged is None:
+        parts += [within(f.flat, spec.horizon_ms) for f in taken]
+    only_fresh = fresh is not None and len(parts) == 1  # the batch's own ids alone: their hashes are known
+    got = write_ids_file(pa.concat_tables(parts), spec.rows_root, computation=spec.comp.name, interval=iv,
+                         level=own_level, schema=spec.rows_schema, sequencer=spec.sequencers[iv],
+                         commit_id=spec.commit_id, now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION,
+                         hashes=fresh_hashes if only_fresh else None)
+    return [got, *([merged] if merged is not None else [])], [f for f in live if f not in taken]
+
+
+def prepare_next(spec: ImageSpec, iv: int, live: list[IdsFile], retention_ms: int | None) -> None:
+    """When the interval's next batch would compact its ids files, merge them now in a thread
+    (``idsmerge.py``) -- unless that merge is already prepared or under way."""
+    if not background() or retention_ms is None:
+        return
+    level, files = plan_next(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
+    if not files or pending(spec.comp.name, iv) == frozenset(f.path for f in files):
+        return
+    horizon, seq = spec.horizon_ms, spec.sequencers[iv]
+
+    def merge(files: Sequence[IdsFile]) -> tuple[ImageFile, IdsFile]:
+        import pyarrow as pa
+
+        ordered = sorted(files, key=lambda f: (f.written_ms, -f.level))
+        return write_ids_file(pa.concat_tables([within(f.flat, horizon) for f in ordered]), spec.rows_root,
+                              computation=spec.comp.name, interval=iv, level=level, schema=spec.rows_schema,
+                              sequencer=seq, commit_id=spec.commit_id, now_ms=spec.now_ms,
+                              format_version=ROW_FORMAT_VERSION, remember=False)
+
+    prepare(spec.comp.name, iv, files, level=level, sequencer=seq, merge=merge)

@@ -27,9 +27,10 @@ one marker row per interval it runs, so intervals with only due timers run too) 
    per interval (new files, counts, oldest work; or the fence it met: the driver's
    ``collect`` raises StaleViewError for it).
 
-Nothing here talks to ZooKeeper or the Delta log; the driver commits. (Over 500 lines: the
-phases of one interval's run read best in one place; the file layout is in ``deltas.py``, the
-record ids in ``ids.py`` / ``idsfiles.py``.)
+Nothing here talks to ZooKeeper or the Delta log; the driver commits. The phases of one
+interval's run are here; the file layout is in ``deltas.py``, the dedup (Bloom filters, exact
+lookup) in ``dedup.py``, the record ids in ``ids.py`` / ``idsfiles.py``, the batch's ids files and
+their compaction in ``idsmerge.py``.
 """
 
 from __future__ import annotations
@@ -38,12 +39,10 @@ import gc
 import json
 import os
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from deltawheel.statestore.delta.storefs import TableFiles, background_uploads
-from deltawheel.statestore.rowtable.bloom import IdBloom
 from deltawheel.statestore.rowtable.inputfiles import union_payloads
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, ROW_FORMAT_VERSION
 from deltawheel.statestore.writepath.image.files import (
@@ -66,18 +65,17 @@ from . import idsmerge
 from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_folder
 from .capture import capture, capture_folder
 from .columnar import ColumnarLoop, key_loop
+from .dedup import _BLOOMS, bloom_key, cached_bloom, dedup, remember_bloom
 from .deltas import Placement, changed_keys, plan_delta, read_state, token, whole_placement
 from .idhash import id_hashes
-from .ids import HeldIds, already_seen, drop_empty, expired_ids, flat_ids, trim_ids, with_ids
+from .ids import drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .idsfiles import (
     IdsFile,
-    empty_flat,
+    apart_held,
     ids_apart,
     load_ids_file,
-    pick_ids,
-    plan_compaction,
     split_legacy,
-    write_ids_file,
+    within,
 )
 from .keys import Input, OldRows, py_list
 from .prodcols import write_production_table
@@ -87,12 +85,6 @@ __all__ = ["ImageSpec", "holds", "run_task", "bloom_paths", "cached_bloom", "rem
 # the worker's images, bounded by bytes and evicted window-aware (``cache.py``)
 _CACHE = ImageCache(max_bytes_from_env())
 _TRACED = traced_folder()  # DELTAWHEEL_IMAGE_CACHE_TRACE: record the lookups (``deltawheel bench cache --trace``)
-_CACHE_MAX = 64  # Bloom filters kept
-# the interval images' Bloom filters of record ids, by the image's file paths (as _CACHE)
-_BLOOMS: "OrderedDict[tuple[str, ...], IdBloom]" = OrderedDict()
-BLOOM_ERROR_RATE = 0.01  # at the filter's capacity
-BLOOM_MIN_CAPACITY = 4_096  # ids; a filter is sized for twice its image's ids, at least this
-BLOOM_BATCHES = 32  # ... and for at least this many batches of the size of the one that built it
 
 
 @dataclass(frozen=True)
@@ -223,7 +215,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         keys = image.column("key")
     routed: list[SideRecord] = []
     if spec.route_late and recs.num_rows:
-        recs, routed = _route_late(comp, recs, image, spec.horizon_ms, _apart_held(live, legacy))
+        recs, routed = _route_late(comp, recs, image, spec.horizon_ms, apart_held(live, legacy))
     # Phase 2: keys to run.
     due = pc.less_equal(image.column("next_processing_timer_ms"), spec.now_ms)
     if spec.wm is not None:
@@ -259,7 +251,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         rest = _without_pending(rest)
     rest = drop_empty(rest)
     loop = key_loop(comp, inp, sub, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong, id_rows=not apart)
-    bloom, seen, checks = _dedup(spec, iv, image, inp, old_ids, live, legacy)
+    bloom, seen, checks = dedup(spec, iv, image, inp, old_ids, live, legacy, state_paths=_state_paths(spec, iv))
     loop.run(run_keys, inp, old, seen, old_ids.keys)
     if not comp.exactly_once:
         new_ids = None
@@ -307,12 +299,12 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         # the input's hashes are the batch's own ids' (in their order) when every record ran
         fresh_hashes = inp.hashes if fresh_ids is not None and loop.all_ran and new_ids is not None \
             and inp.hashes is not None and len(inp.hashes) == fresh_ids.num_rows else None
-        ids_all, live = _write_ids(spec, iv, fresh_ids, legacy, live, retention, fresh_hashes)
+        ids_all, live = idsmerge.write_batch_ids(spec, iv, fresh_ids, legacy, live, retention, fresh_hashes)
         ids_written = ids_all[0]
         taken = [f for f in ids_files if f not in gone and f not in live]
         live = [*live, *(f for _, f in ids_all)]
     if apart:
-        _prepare_merge(spec, iv, live, retention)
+        idsmerge.prepare_next(spec, iv, live, retention)
     if bloom is None and (written is not None or ids_written is not None or gone):
         # no input: no new id, the new files hold a subset of the old files' ids (expired ones
         # leave): the old files' filter (if this worker has it) serves them, not rebuilt next batch
@@ -363,7 +355,7 @@ def _route_late(comp: Computation, recs: Any, image: Any,
         lkeys = pc.unique(recs.filter(late).column("key"))
         held = flat_ids(image.filter(pc.is_in(image.column("key"), value_set=lkeys)), horizon_ms).table
         if apart.num_rows:
-            held = pa.concat_tables([held, _within(apart, horizon_ms)])
+            held = pa.concat_tables([held, within(apart, horizon_ms)])
         if held.num_rows:
             pairs = pc.binary_join_element_wise(recs.column("key"), recs.column("record_id"), "\x00")
             old = pc.binary_join_element_wise(held.column("key"), held.column("record_id"), "\x00")
@@ -388,103 +380,9 @@ def _without_pending(t: Any) -> Any:
     return t.set_column(idx, field, empty)
 
 
-@dataclass(frozen=True)
-class BloomCounts:
-    """One interval's first dedup check (the summary's ``bloom_*``): records checked against
-    the filter, "maybe seen" answers, of which not seen, and the filter's memory."""
-
-    checked: int = 0
-    maybe: int = 0
-    false_pos: int = 0
-    nbytes: int = 0
-
-
-def _dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
-           live: list[IdsFile], legacy: Any) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
-    """Dedup as MillWheel does it: the batch's record ids of this interval against the
-    image's Bloom filter first; only if one might have been seen, the exact lookup in the stored ids
-    (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
-    its id (None: none does), and the filter's counts for the batch report. ``live``: the
-    interval's ids files; ``legacy``: the ids taken out of an older image (key / record_id / seen_ms)."""
-    import pyarrow as pa
-
-    if not spec.comp.exactly_once or not inp.n:
-        return None, None, BloomCounts()
-    paths = bloom_paths(spec, iv)
-    apart = None if paths in _BLOOMS else _apart_held(live, legacy)  # all the ids: to build the filter
-    bloom = _bloom(spec, iv, image, apart, inp.n)
-    # the filters hash ids with ``id_hashes`` (from the column's buffers, no Python string per id)
-    flags = bloom.might_contain_many(inp.hashes, hashes=inp.hashes)
-    maybe = int(flags.sum())
-    if not maybe:  # certain: none of them was seen; the stored ids are not looked at
-        return bloom, None, BloomCounts(inp.n, 0, 0, bloom.nbytes)
-    n_apart = sum(f.flat.num_rows for f in live) + legacy.num_rows
-    if n_apart:
-        if maybe * 8 < n_apart:
-            # few candidates (the filter's false positives, a replay's ids): only the stored ids equal to
-            # one of them can be a hit, so those are picked first -- from each ids file's hash buckets
-            # (pick_ids), a cost that grows with the candidates, not with the horizon's ids -- and the
-            # horizon applied to what is left
-            import numpy as np
-            import pyarrow.compute as pc
-
-            at = np.flatnonzero(flags)
-            cand = _column(inp.table, "record_id").take(pa.array(at))
-            apart = pick_ids(live, cand, inp.hashes[at])
-            if legacy.num_rows:
-                apart = pa.concat_tables([apart, legacy.filter(pc.is_in(legacy.column("record_id"), value_set=cand))])
-        elif apart is None:
-            apart = _apart_held(live, legacy)
-        within = _within(apart, spec.horizon_ms)
-        ids = HeldIds(ids.held, pa.concat_tables([ids.table, within]), ids.keys)
-    seen = already_seen(spec.comp, inp, ids, maybe=flags)
-    return bloom, seen, BloomCounts(inp.n, maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
-
-
-def _column(t: Any, name: str) -> Any:
-    """``t``'s column ``name`` as one array."""
-    col = t.column(name)
-    return col.combine_chunks() if hasattr(col, "combine_chunks") else col
-
-
-def _bloom(spec: ImageSpec, iv: int, image: Any, apart: Any, batch: int) -> IdBloom:
-    """The interval's filter: cached in this worker (by the interval's file paths), else built from
-    the image's and the ids files' ids (``apart``), sized for many batches more (``batch``: the
-    batch's ids) so that the next batches extend it instead of building it again."""
-    import pyarrow.compute as pc
-
-    paths = bloom_paths(spec, iv)
-    hit = _BLOOMS.get(paths)
-    if hit is not None:
-        _BLOOMS.move_to_end(paths)
-        return hit
-    import numpy as np
-
-    hashes: Any = np.concatenate([id_hashes(pc.struct_field(pc.list_flatten(image.column("record_ids")), "record_id")),
-                             id_hashes(apart.column("record_id"))])
-    bloom = IdBloom(max(2 * len(hashes), BLOOM_MIN_CAPACITY, BLOOM_BATCHES * batch), error_rate=BLOOM_ERROR_RATE)
-    bloom.add_many(hashes, hashes=hashes)
-    remember_bloom(paths, bloom)
-    return bloom
-
-
 def bloom_paths(spec: ImageSpec, iv: int) -> tuple[str, ...]:
-    """What interval ``iv``'s Bloom filter is cached by: its state and ids files."""
-    return tuple(sorted((*_state_paths(spec, iv), *(p for p in spec.images.get(iv, ()) if is_ids_path(p)))))
-
-
-def cached_bloom(paths: tuple[str, ...], *, forget: bool = False) -> IdBloom | None:
-    """The filter this worker holds for the files ``paths`` (:func:`bloom_paths`), if any;
-    ``forget``: and drop it (the next task builds it from the files)."""
-    return _BLOOMS.pop(paths, None) if forget else _BLOOMS.get(paths)
-
-
-def remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
-    """Keep ``bloom`` as the filter of the files ``paths`` (the oldest beyond ``_CACHE_MAX`` leave)."""
-    _BLOOMS[paths] = bloom
-    _BLOOMS.move_to_end(paths)
-    while len(_BLOOMS) > _CACHE_MAX:
-        _BLOOMS.popitem(last=False)
+    """What interval ``iv``'s Bloom filter is cached by (``dedup.bloom_key``): its state and ids files."""
+    return bloom_key(_state_paths(spec, iv), spec.images.get(iv, ()))
 
 
 def _retention_ms(comp: Computation) -> int | None:
@@ -504,76 +402,6 @@ def _state_files(spec: ImageSpec, iv: int) -> tuple[str, ...]:
 def _state_paths(spec: ImageSpec, iv: int) -> tuple[str, ...]:
     """The interval's state files with their deletion vectors (:func:`~.deltas.token`): the cache key."""
     return tuple(token(p, spec.dvs.get(p)) for p in _state_files(spec, iv))
-
-
-def _apart_held(live: list[IdsFile], legacy: Any) -> Any:
-    """The ids of the live ids files and those taken out of an older image (key / record_id / seen_ms)."""
-    import pyarrow as pa
-
-    parts = [f.flat for f in live] + ([legacy] if legacy.num_rows else [])
-    return pa.concat_tables(parts) if parts else empty_flat()
-
-
-def _within(flat: Any, horizon_ms: int | None) -> Any:
-    """``flat``'s ids seen at or after ``horizon_ms`` (``flat`` itself when all are: no copy)."""
-    import pyarrow.compute as pc
-
-    if horizon_ms is None or not flat.num_rows:
-        return flat
-    seen = flat.column("seen_ms")
-    if not seen.null_count and pc.min(seen).as_py() >= horizon_ms:
-        return flat
-    return flat.filter(pc.greater_equal(seen, horizon_ms))
-
-
-def _write_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: list[IdsFile],
-               retention_ms: int | None, fresh_hashes: Any = None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
-    """Write the batch's ids file: its new ids (``fresh``: key / record_id), those taken out of an
-    older image, and — when compaction says so — those of the live files it takes in (or, when
-    this worker prepared that merge, ``idsmerge.py``, the batch's ids alone beside the prepared
-    file). Returns (the files written, the live files it leaves)."""
-    import numpy as np
-    import pyarrow as pa
-
-    parts = []
-    if fresh is not None:
-        parts.append(pa.table({"key": fresh.column("key"), "record_id": fresh.column("record_id"),
-                               "seen_ms": pa.array(np.full(fresh.num_rows, spec.now_ms, dtype=np.int64))}))
-    if legacy.num_rows:
-        parts.append(_within(legacy, spec.horizon_ms))
-    level, taken = plan_compaction(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
-    merged = idsmerge.take(spec.comp.name, iv, taken, level=level, sequencer=spec.sequencers[iv]) if taken else None
-    own_level = 0 if merged is not None else level
-    if merged is None:
-        parts += [_within(f.flat, spec.horizon_ms) for f in taken]
-    only_fresh = fresh is not None and len(parts) == 1  # the batch's own ids alone: their hashes are known
-    got = write_ids_file(pa.concat_tables(parts), spec.rows_root, computation=spec.comp.name, interval=iv,
-                         level=own_level, schema=spec.rows_schema, sequencer=spec.sequencers[iv],
-                         commit_id=spec.commit_id, now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION,
-                         hashes=fresh_hashes if only_fresh else None)
-    return [got, *([merged] if merged is not None else [])], [f for f in live if f not in taken]
-
-
-def _prepare_merge(spec: ImageSpec, iv: int, live: list[IdsFile], retention_ms: int | None) -> None:
-    """When the interval's next batch would compact its ids files, merge them now in a thread
-    (``idsmerge.py``) -- unless that merge is already prepared or under way."""
-    if not idsmerge.background() or retention_ms is None:
-        return
-    level, files = idsmerge.plan_next(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
-    if not files or idsmerge.pending(spec.comp.name, iv) == frozenset(f.path for f in files):
-        return
-    horizon, seq = spec.horizon_ms, spec.sequencers[iv]
-
-    def merge(files: Sequence[IdsFile]) -> tuple[ImageFile, IdsFile]:
-        import pyarrow as pa
-
-        ordered = sorted(files, key=lambda f: (f.written_ms, -f.level))
-        return write_ids_file(pa.concat_tables([_within(f.flat, horizon) for f in ordered]), spec.rows_root,
-                              computation=spec.comp.name, interval=iv, level=level, schema=spec.rows_schema,
-                              sequencer=seq, commit_id=spec.commit_id, now_ms=spec.now_ms,
-                              format_version=ROW_FORMAT_VERSION, remember=False)
-
-    idsmerge.prepare(spec.comp.name, iv, files, level=level, sequencer=seq, merge=merge)
 
 
 def _next_proc(image: Any, live: list[IdsFile], retention_ms: int | None) -> int | None:

@@ -1,0 +1,134 @@
+"""The image task's dedup: each interval's Bloom filter of record ids, then the exact lookup.
+
+MillWheel's dedup (DESIGN.md): a batch's record ids of an interval are checked against the
+interval's Bloom filter first (kept per Python worker by the interval's file paths, extended by
+each batch with its new ids instead of built again); only a "maybe" (a false positive, or a
+replayed id) looks at the stored ids: those of the key rows and, for the few candidates, the
+rows of the interval's ids files in the candidates' hash buckets (``idsfiles.pick_ids``), the
+dedup horizon applied to what is found (``ids.already_seen`` decides per record).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from deltawheel.statestore.rowtable.bloom import IdBloom
+from deltawheel.statestore.writepath.image.files import is_ids_path
+
+from .idhash import id_hashes
+from .ids import HeldIds, already_seen
+from .idsfiles import IdsFile, apart_held, pick_ids, within
+from .keys import Input
+
+if TYPE_CHECKING:
+    from .interval import ImageSpec
+
+__all__ = ["BLOOMS_MAX", "BloomCounts", "bloom_key", "cached_bloom", "dedup", "remember_bloom"]
+
+BLOOMS_MAX = 64  # Bloom filters kept
+# the interval images' Bloom filters of record ids, by the image's file paths (as the image cache)
+_BLOOMS: "OrderedDict[tuple[str, ...], IdBloom]" = OrderedDict()
+BLOOM_ERROR_RATE = 0.01  # at the filter's capacity
+BLOOM_MIN_CAPACITY = 4_096  # ids; a filter is sized for twice its image's ids, at least this
+BLOOM_BATCHES = 32  # ... and for at least this many batches of the size of the one that built it
+
+
+@dataclass(frozen=True)
+class BloomCounts:
+    """One interval's first dedup check (the summary's ``bloom_*``): records checked against
+    the filter, "maybe seen" answers, of which not seen, and the filter's memory."""
+
+    checked: int = 0
+    maybe: int = 0
+    false_pos: int = 0
+    nbytes: int = 0
+
+
+def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
+          live: list[IdsFile], legacy: Any, *, state_paths: tuple[str, ...]) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
+    """Dedup as MillWheel does it: the batch's record ids of this interval against the
+    image's Bloom filter first; only if one might have been seen, the exact lookup in the stored ids
+    (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
+    its id (None: none does), and the filter's counts for the batch report. ``live``: the
+    interval's ids files; ``legacy``: the ids taken out of an older image (key / record_id / seen_ms)."""
+    import pyarrow as pa
+
+    if not spec.comp.exactly_once or not inp.n:
+        return None, None, BloomCounts()
+    paths = bloom_key(state_paths, spec.images.get(iv, ()))
+    apart = None if paths in _BLOOMS else apart_held(live, legacy)  # all the ids: to build the filter
+    bloom = _bloom(paths, image, apart, inp.n)
+    # the filters hash ids with ``id_hashes`` (from the column's buffers, no Python string per id)
+    flags = bloom.might_contain_many(inp.hashes, hashes=inp.hashes)
+    maybe = int(flags.sum())
+    if not maybe:  # certain: none of them was seen; the stored ids are not looked at
+        return bloom, None, BloomCounts(inp.n, 0, 0, bloom.nbytes)
+    n_apart = sum(f.flat.num_rows for f in live) + legacy.num_rows
+    if n_apart:
+        if maybe * 8 < n_apart:
+            # few candidates (the filter's false positives, a replay's ids): only the stored ids equal to
+            # one of them can be a hit, so those are picked first -- from each ids file's hash buckets
+            # (pick_ids), a cost that grows with the candidates, not with the horizon's ids -- and the
+            # horizon applied to what is left
+            import numpy as np
+            import pyarrow.compute as pc
+
+            at = np.flatnonzero(flags)
+            cand = _column(inp.table, "record_id").take(pa.array(at))
+            apart = pick_ids(live, cand, inp.hashes[at])
+            if legacy.num_rows:
+                apart = pa.concat_tables([apart, legacy.filter(pc.is_in(legacy.column("record_id"), value_set=cand))])
+        elif apart is None:
+            apart = apart_held(live, legacy)
+        held = within(apart, spec.horizon_ms)
+        ids = HeldIds(ids.held, pa.concat_tables([ids.table, held]), ids.keys)
+    seen = already_seen(spec.comp, inp, ids, maybe=flags)
+    return bloom, seen, BloomCounts(inp.n, maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
+
+
+def _column(t: Any, name: str) -> Any:
+    """``t``'s column ``name`` as one array."""
+    col = t.column(name)
+    return col.combine_chunks() if hasattr(col, "combine_chunks") else col
+
+
+def _bloom(paths: tuple[str, ...], image: Any, apart: Any, batch: int) -> IdBloom:
+    """The interval's filter: cached in this worker (by the interval's file ``paths``), else built from
+    the image's and the ids files' ids (``apart``), sized for many batches more (``batch``: the
+    batch's ids) so that the next batches extend it instead of building it again."""
+    import pyarrow.compute as pc
+
+    hit = _BLOOMS.get(paths)
+    if hit is not None:
+        _BLOOMS.move_to_end(paths)
+        return hit
+    import numpy as np
+
+    hashes: Any = np.concatenate([id_hashes(pc.struct_field(pc.list_flatten(image.column("record_ids")), "record_id")),
+                             id_hashes(apart.column("record_id"))])
+    bloom = IdBloom(max(2 * len(hashes), BLOOM_MIN_CAPACITY, BLOOM_BATCHES * batch), error_rate=BLOOM_ERROR_RATE)
+    bloom.add_many(hashes, hashes=hashes)
+    remember_bloom(paths, bloom)
+    return bloom
+
+
+def bloom_key(state_paths: tuple[str, ...], files: Sequence[str]) -> tuple[str, ...]:
+    """What an interval's Bloom filter is cached by: its state files (``state_paths``, with their
+    deletion vectors) and its ids files (among its live ``files``)."""
+    return tuple(sorted((*state_paths, *(p for p in files if is_ids_path(p)))))
+
+
+def cached_bloom(paths: tuple[str, ...], *, forget: bool = False) -> IdBloom | None:
+    """The filter this worker holds for the files ``paths`` (:func:`bloom_key`), if any;
+    ``forget``: and drop it (the next task builds it from the files)."""
+    return _BLOOMS.pop(paths, None) if forget else _BLOOMS.get(paths)
+
+
+def remember_bloom(paths: tuple[str, ...], bloom: IdBloom) -> None:
+    """Keep ``bloom`` as the filter of the files ``paths`` (the oldest beyond ``BLOOMS_MAX`` leave)."""
+    _BLOOMS[paths] = bloom
+    _BLOOMS.move_to_end(paths)
+    while len(_BLOOMS) > BLOOMS_MAX:
+        _BLOOMS.popitem(last=False)

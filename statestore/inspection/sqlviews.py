@@ -34,6 +34,10 @@ Every view's columns carry comments (``statestore/comments.py``; Spark's ``DESCR
 
 The views are defined by SQL text, so each query reads the tables' latest
 Delta version (a long-running ``sql-server`` sees new commits).
+
+(Over 500 lines: the views' SQL text, the decoding UDF they call and the formatting of their
+results are one contract, read together when a view changes; the as-of reads, the audit gap and
+the read-only check already live beside it.)
 """
 
 from __future__ import annotations

@@ -3,11 +3,10 @@ Spark's ``CREATE TABLE`` makes, appended to and read back; an older table gets t
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from delta_util import assert_made_as_spark_makes, detail, first_commit
 
 pytestmark = [pytest.mark.spark]
 
@@ -19,17 +18,6 @@ def _row(batch: int, **more: Any) -> dict[str, Any]:
                            "records_in": 10, "processed": 10, "format_version": 1}
     row.update(more)
     return row
-
-
-def _first_commit(path: str) -> dict[str, Any]:
-    lines = Path(path, "_delta_log", f"{0:020d}.json").read_text().splitlines()
-    return {k: v for a in map(json.loads, lines) for k, v in a.items()}
-
-
-def _detail(spark: Any, path: str) -> dict[str, Any]:
-    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0].asDict()
-    return {k: row[k] for k in ("format", "partitionColumns", "properties", "minReaderVersion", "minWriterVersion",
-                                "tableFeatures")}
 
 
 @pytest.mark.timeout(600)
@@ -47,14 +35,9 @@ def test_the_metrics_table_made_from_python_is_the_one_spark_makes_and_takes_row
     monkeypatch.setattr(create, "create_local_table", lambda *a, **k: False)  # Spark's CREATE TABLE
     assert BatchMetrics(spark, sp).append(_row(0), _row(1))
 
-    mine, theirs = _first_commit(py.metrics_batches), _first_commit(sp.metrics_batches)
-    assert mine["commitInfo"]["engineInfo"] == "deltawheel"
-    assert theirs["commitInfo"]["engineInfo"].startswith("Apache-Spark")
-    assert mine["protocol"] == theirs["protocol"]
-    drop = ("id", "createdTime")
-    assert {k: v for k, v in mine["metaData"].items() if k not in drop} == \
-        {k: v for k, v in theirs["metaData"].items() if k not in drop}
-    assert _detail(spark, py.metrics_batches) == _detail(spark, sp.metrics_batches)
+    mine, theirs = first_commit(py.metrics_batches), first_commit(sp.metrics_batches)
+    assert_made_as_spark_makes(mine, theirs)
+    assert detail(spark, py.metrics_batches) == detail(spark, sp.metrics_batches)
     assert spark.read.format("delta").load(py.metrics_batches).schema == \
         spark.read.format("delta").load(sp.metrics_batches).schema
 
@@ -65,7 +48,7 @@ def test_the_metrics_table_made_from_python_is_the_one_spark_makes_and_takes_row
     assert [r["batch_id"] for r in read_batches(py)] == [0, 1, 2]
     got = {r["batch_id"]: r for r in spark.read.format("delta").load(py.metrics_batches).collect()}
     assert got[2]["steps_s"] == {"plan": 0.01, "commit": 0.01} and got[2]["image_cache_hit_rate"] == 0.5
-    assert _first_commit(py.metrics_batches) == mine  # an existing table is left as it is
+    assert first_commit(py.metrics_batches) == mine  # an existing table is left as it is
 
 
 @pytest.mark.timeout(600)

@@ -10,19 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from delta_util import DETAIL_KEYS, assert_made_as_spark_makes, detail, first_commit
 
 pytestmark = [pytest.mark.spark]
 
 
 def _first_commit(layout: Any, stream: str) -> dict[str, Any]:
-    lines = Path(layout.stream(stream), "_delta_log", f"{0:020d}.json").read_text().splitlines()
-    return {k: v for line in lines for k, v in json.loads(line).items()}
+    return first_commit(layout.stream(stream))
 
 
 def _detail(spark: Any, path: str) -> dict[str, Any]:
-    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0].asDict()
-    return {k: row[k] for k in ("format", "partitionColumns", "properties", "minReaderVersion", "minWriterVersion",
-                                "tableFeatures", "numFiles")}
+    return detail(spark, path, (*DETAIL_KEYS, "numFiles"))
 
 
 @pytest.mark.timeout(600)
@@ -46,12 +44,7 @@ def test_a_stream_table_made_from_python_is_the_table_spark_makes(spark, tmp_pat
     streams.ensure_stream_table(spark, sp, "clicks")
 
     mine, theirs = _first_commit(py, "clicks"), _first_commit(sp, "clicks")
-    assert mine["commitInfo"]["engineInfo"] == "deltawheel"
-    assert theirs["commitInfo"]["engineInfo"].startswith("Apache-Spark")
-    assert mine["protocol"] == theirs["protocol"]
-    drop = ("id", "createdTime")
-    assert {k: v for k, v in mine["metaData"].items() if k not in drop} == \
-        {k: v for k, v in theirs["metaData"].items() if k not in drop}
+    assert_made_as_spark_makes(mine, theirs)
     for key in ("operation", "isBlindAppend"):
         assert mine["commitInfo"][key] == theirs["commitInfo"][key], key
     params = [{**c["commitInfo"]["operationParameters"],

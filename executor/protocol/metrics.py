@@ -50,7 +50,16 @@ METRICS_COLUMNS = (
 )
 # columns added after the table's first version: a table created before them gets them on first use
 _ADDED_COLUMNS = ("keys_expired BIGINT", "image_cache_hit_rate DOUBLE")
-_NAMES = tuple(c.strip().split(" ", 1)[0] for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP").split(","))
+
+
+def _columns() -> list[tuple[str, str]]:
+    """(name, Spark SQL type) of each of :data:`METRICS_COLUMNS` (its one ``MAP<STRING, DOUBLE>``'s
+    comma not taken for a column's end)."""
+    cols = METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP<STRING;DOUBLE>").split(",")
+    return [(n, t.replace(";", ", ")) for n, t in (c.strip().split(" ", 1) for c in cols)]
+
+
+_NAMES = tuple(n for n, _ in _columns())
 
 
 METRICS_PROPERTIES = {"deltawheel.table": "metrics_batches", "delta.checkpointInterval": "100",
@@ -61,8 +70,7 @@ def metrics_schema_json() -> str:
     """The table's schema as Delta records it (``schemaString``) for :data:`METRICS_COLUMNS`."""
     from deltawheel.statestore.delta.create import spark_type_json
 
-    cols = [c.strip().split(" ", 1) for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP<STRING;DOUBLE>").split(",")]
-    fields = [{"name": n, "type": spark_type_json(t.replace(";", ",")), "nullable": True, "metadata": {}} for n, t in cols]
+    fields = [{"name": n, "type": spark_type_json(t), "nullable": True, "metadata": {}} for n, t in _columns()]
     return json.dumps({"type": "struct", "fields": fields}, separators=(",", ":"))
 
 
@@ -85,9 +93,8 @@ def _arrow_schema() -> Any:
     import pyarrow as pa
 
     types = {"STRING": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "INT": pa.int32(),
-             "MAP": pa.map_(pa.string(), pa.float64())}
-    cols = [c.strip().split(" ", 1) for c in METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP").split(",")]
-    return pa.schema([pa.field(n, types[t]) for n, t in cols])
+             "MAP<STRING, DOUBLE>": pa.map_(pa.string(), pa.float64())}
+    return pa.schema([pa.field(n, types[t]) for n, t in _columns()])
 
 
 def batch_row(report: Any, *, pipeline: str | None, computation: str, instance: str | None, write_path: str,

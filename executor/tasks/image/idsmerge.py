@@ -4,7 +4,7 @@
 A compaction merges the :data:`~.idsfiles.FAN_IN` files of a level into one file of the next,
 ~60 CPU-ms a task for eight ``big`` batches' ids: the batch that did it took ~0.3 s instead of
 ~0.2. The files it will take are known a batch ahead: when a task leaves an interval one file
-short of a compaction (:func:`plan_next`), its worker merges them in a thread after the task
+short of a compaction (``plan_compaction`` with the next batch's file counted), its worker merges them in a thread after the task
 (:func:`prepare`), while the driver commits and Spark plans the next batch, and makes its
 hash-bucket index for the dedup's lookups (``idsfiles.hash_index``) there too. The next task of the
 interval in that worker takes the prepared file (:func:`take`) if it is still what the compaction
@@ -37,7 +37,7 @@ from .idsfiles import IdsFile, adopt, hash_index, plan_compaction, within, write
 if TYPE_CHECKING:
     from .interval import ImageSpec
 
-__all__ = ["BACKGROUND_ENV", "background", "pending", "plan_next", "prepare", "prepare_next", "take", "write_batch_ids"]
+__all__ = ["BACKGROUND_ENV", "background", "pending", "prepare", "prepare_next", "take", "write_batch_ids"]
 
 BACKGROUND_ENV = "DELTAWHEEL_IDS_BACKGROUND_MERGE"
 
@@ -61,12 +61,6 @@ _LOCK = threading.Lock()
 def background() -> bool:
     """Whether compactions are prepared in the background (default) or done in their batch's task."""
     return os.environ.get(BACKGROUND_ENV, "1") != "0"
-
-
-def plan_next(live: Sequence[IdsFile], *, now_ms: int, retention_ms: int) -> tuple[int, list[IdsFile]]:
-    """(level, files) of the compaction the interval's next batch would make if it ran now
-    (its new file counted): no files, none."""
-    return plan_compaction(live, now_ms=now_ms, retention_ms=retention_ms)
 
 
 def pending(computation: str, interval: int) -> frozenset[str] | None:
@@ -149,7 +143,8 @@ def prepare_next(spec: ImageSpec, iv: int, live: list[IdsFile], retention_ms: in
     (``idsmerge.py``) -- unless that merge is already prepared or under way."""
     if not background() or retention_ms is None:
         return
-    level, files = plan_next(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
+    # what the next batch would take in if it ran now (its new file counted): none, no merge
+    level, files = plan_compaction(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
     if not files or pending(spec.comp.name, iv) == frozenset(f.path for f in files):
         return
     horizon, seq = spec.horizon_ms, spec.sequencers[iv]

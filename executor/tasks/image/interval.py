@@ -71,9 +71,9 @@ from .idhash import id_hashes
 from .ids import drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .idsfiles import (
     IdsFile,
-    apart_held,
     ids_apart,
     load_ids_file,
+    pick_ids,
     split_legacy,
     within,
 )
@@ -215,7 +215,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         keys = image.column("key")
     routed: list[SideRecord] = []
     if spec.route_late and recs.num_rows:
-        recs, routed = _route_late(comp, recs, image, spec.horizon_ms, apart_held(live, legacy))
+        recs, routed = _route_late(comp, recs, image, spec.horizon_ms, live, legacy)
     # Phase 2: keys to run.
     due = pc.less_equal(image.column("next_processing_timer_ms"), spec.now_ms)
     if spec.wm is not None:
@@ -297,8 +297,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     fresh_ids = new_ids if apart and new_ids is not None and new_ids.num_rows else None
     if fresh_ids is not None or migrate:
         # the input's hashes are the batch's own ids' (in their order) when every record ran
-        fresh_hashes = inp.hashes if fresh_ids is not None and loop.all_ran and new_ids is not None \
-            and inp.hashes is not None and len(inp.hashes) == fresh_ids.num_rows else None
+        fresh_hashes = inp.hashes if fresh_ids is not None and loop.all_ran else None
         ids_all, live = idsmerge.write_batch_ids(spec, iv, fresh_ids, legacy, live, retention, fresh_hashes)
         ids_written = ids_all[0]
         taken = [f for f in ids_files if f not in gone and f not in live]
@@ -337,8 +336,8 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos, bloom_bytes=checks.nbytes)
 
 
-def _route_late(comp: Computation, recs: Any, image: Any,
-                horizon_ms: int | None, apart: Any) -> tuple[Any, list[SideRecord]]:
+def _route_late(comp: Computation, recs: Any, image: Any, horizon_ms: int | None,
+                live: list[IdsFile], legacy: Any) -> tuple[Any, list[SideRecord]]:
     """``LatePolicy.ROUTE``, after dedup: (the records to run, the late records routed to the
     late-data table as side records). A late record whose id its key's row holds (seen within the dedup
     horizon, as the key loop's dedup decides) is a retry of a
@@ -352,8 +351,14 @@ def _route_late(comp: Computation, recs: Any, image: Any,
         return recs, []
     route = late
     if comp.exactly_once:
-        lkeys = pc.unique(recs.filter(late).column("key"))
+        lrecs = recs.filter(late)
+        lkeys = pc.unique(lrecs.column("key"))
         held = flat_ids(image.filter(pc.is_in(image.column("key"), value_set=lkeys)), horizon_ms).table
+        # of the ids files, only the rows of the late records' ids can match (their hash buckets)
+        lids = lrecs.column("record_id").combine_chunks()
+        apart = pick_ids(live, lids, id_hashes(lids))
+        if legacy.num_rows:
+            apart = pa.concat_tables([apart, legacy.filter(pc.is_in(legacy.column("record_id"), value_set=lids))])
         if apart.num_rows:
             held = pa.concat_tables([held, within(apart, horizon_ms)])
         if held.num_rows:

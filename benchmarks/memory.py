@@ -18,6 +18,12 @@ highest sum is kept whole (:attr:`MemoryPeak.at_peak`, one :class:`ProcessMemory
 per process), and each role's own highest sum over the run
 (:attr:`MemoryPeak.role_peaks_bytes`: the roles need not peak at the same moment).
 
+CPU: each sample also reads every process's CPU time, so the peak also says how many CPU seconds
+the tree used while sampled (:attr:`MemoryPeak.cpu_by_role`: a process that started while sampling
+counts from zero, one that was there from its first sample; one that ended between two samples
+loses at most ``interval_s`` of its CPU). Unlike wall time, that figure hardly moves when other
+work shares the machine, so it tells an engine's own cost apart from a noisy neighbour's.
+
 Another process's tree: ``MemorySampler(root_pid=pid)`` samples a child (the throughput
 benchmark's engine run in its own process, :mod:`.isolated`); that child says when its measured
 run ends through :func:`measured_run_ended`, which also calls the hooks
@@ -114,15 +120,16 @@ class MemoryPeak:
     loadavg_1m_at_peak: float | None = None
     loadavg_1m_at_start: float | None = None
     preexisting: tuple[int, ...] = ()  # pids of the tree when the sampler was made
-    cpu_first: tuple[tuple[int, float], ...] = ()  # (pid, its CPU time when first sampled)
+    cpu_first: tuple[tuple[int, float], ...] = ()  # (pid, its CPU time when sampling began: 0 if it started since)
+    cpu_by_role: tuple[tuple[str, float], ...] = ()  # (role, CPU seconds its processes used while sampled)
 
     def is_new(self, p: ProcessMemory) -> bool:
         """``p`` started while sampling (not the sampling process, nor one an earlier run left)."""
         return p.pid not in self.preexisting
 
     def cpu_in_run(self, p: ProcessMemory) -> float:
-        """The CPU seconds ``p`` used from its first sample to the peak (about 0: it sat idle, e.g. a
-        Python worker an earlier engine's run left)."""
+        """The CPU seconds ``p`` used from the start of sampling (or its own, if later) to the peak
+        (about 0: it sat idle, e.g. a Python worker an earlier engine's run left)."""
         return round(p.cpu_s - dict(self.cpu_first).get(p.pid, p.cpu_s), 2)
 
     def is_idle(self, p: ProcessMemory) -> bool:
@@ -146,7 +153,8 @@ class MemoryPeak:
         ran before), their sum per role as ``at_peak_by_role_pss_mib``, the sum of the new ones as
         ``at_peak_new_pss_mib``, the sum of those that sat idle until the peak (:meth:`is_idle`) as
         ``at_peak_idle_pss_mib``, each
-        role's own peak as ``role_peaks_pss_mib``."""
+        role's own peak as ``role_peaks_pss_mib``; the CPU seconds the tree used while sampled as
+        ``cpu_s`` and per role as ``cpu_s_by_role``."""
         d = asdict(self)
         for k in ("pss_bytes", "rss_bytes", "max_single_rss_bytes", "driver_maxrss_bytes"):
             d[k.replace("_bytes", "_mib")] = round(d.pop(k) / _MIB, 1)
@@ -161,6 +169,9 @@ class MemoryPeak:
         d["role_peaks_pss_mib"] = {r: round(b / _MIB, 1) for r, b in
                                    sorted(self.role_peaks_bytes, key=lambda rb: -rb[1])}
         del d["role_peaks_bytes"]
+        d["cpu_s"] = round(sum(c for _, c in self.cpu_by_role), 2)
+        d["cpu_s_by_role"] = {r: round(c, 2) for r, c in sorted(self.cpu_by_role, key=lambda rc: -rc[1])}
+        del d["cpu_by_role"]
         return d
 
 
@@ -266,6 +277,7 @@ class MemorySampler:
         self._at_peak: tuple[ProcessMemory, ...] = ()
         self._role_peaks: dict[str, int] = {}
         self._cpu_first: dict[int, float] = {}
+        self._cpu_last: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU time at its last sample)
         self._t0 = time.monotonic()
         try:
             self._preexisting = tuple(sorted([self._root.pid, *(c.pid for c in self._root.children(recursive=True))]))
@@ -289,8 +301,9 @@ class MemorySampler:
                 self._at_peak = tuple(procs)
                 self._at_peak_s = round(time.monotonic() - self._t0, 1)
                 self._load_at_peak = round(os.getloadavg()[0], 2)
-            for p in procs:
-                self._cpu_first.setdefault(p.pid, p.cpu_s)
+            for p in procs:  # a process started since sampling began counts its CPU from zero
+                self._cpu_first.setdefault(p.pid, p.cpu_s if p.pid in self._preexisting else 0.0)
+                self._cpu_last[p.pid] = (p.role, p.cpu_s)
             for role, b in per_role.items():
                 self._role_peaks[role] = max(self._role_peaks.get(role, 0), b)
             self._rss = max(self._rss, sum(p.rss_bytes for p in procs))
@@ -340,7 +353,15 @@ class MemorySampler:
                               self._samples, self._procs, at_peak=self._at_peak,
                               role_peaks_bytes=tuple(self._role_peaks.items()), at_peak_s=self._at_peak_s,
                               loadavg_1m_at_peak=self._load_at_peak, loadavg_1m_at_start=self._load_at_start,
-                              preexisting=self._preexisting, cpu_first=tuple(self._cpu_first.items()))
+                              preexisting=self._preexisting, cpu_first=tuple(self._cpu_first.items()),
+                              cpu_by_role=tuple(self._cpu_roles().items()))
+
+    def _cpu_roles(self) -> dict[str, float]:
+        """CPU seconds per role used while sampled (under the lock)."""
+        out: dict[str, float] = {}
+        for pid, (role, last) in self._cpu_last.items():
+            out[role] = out.get(role, 0.0) + max(0.0, last - self._cpu_first.get(pid, last))
+        return out
 
     def __enter__(self) -> MemorySampler:
         return self.start()

@@ -93,12 +93,14 @@ def format_table(report: Mapping[str, Any]) -> str:
     """The printed summary: one line per engine, then the ratios. PSS and RSS: the engine run's
     process tree at its peak. Isolated runs add the run's session start (``start_s``); a shared
     session adds the PSS at the peak of processes that sat idle (``idle MiB``: left by an engine
-    run before this one), which an engine alone in its process does not have."""
+    run before this one), which an engine alone in its process does not have. ``CPU s``: the CPU
+    seconds of the engine run's process tree while sampled (:mod:`.memory`), which a busy machine
+    moves far less than wall time."""
     isolated = report.get("mode") == "isolated"
     last, last_w = ("start_s", 9) if isolated else ("idle MiB", 10)
     w = max([16, *(len(n) + 2 for n in report["engines"])])  # deltawheel_columnar is longer than 16
     hdr = f"{'engine':<{w}}{'records/s':>12}{'wall_s':>10}{'correct':>9}{'rows':>9}{'late':>7}" \
-          f"{'open':>8}{'PSS MiB':>9}{'RSS MiB':>9}{last:>{last_w}}"
+          f"{'open':>8}{'PSS MiB':>9}{'RSS MiB':>9}{'CPU s':>8}{last:>{last_w}}"
     lines = [hdr, "-" * len(hdr)]
     for name, e in report["engines"].items():
         mem = e.get("peak_memory") or {}
@@ -107,7 +109,8 @@ def format_table(report: Mapping[str, Any]) -> str:
         lines.append(
             f"{name:<{w}}{e['records_per_s']:>12,.0f}{e['wall_s']:>10.2f}{str(e['correct']):>9}"
             f"{e['emitted_rows']:>9}{str(e['late_dropped']):>7}{str(e['open_events_at_end']):>8}"
-            f"{mem.get('pss_mib', float('nan')):>9.0f}{mem.get('rss_mib', float('nan')):>9.0f}{tail}")
+            f"{mem.get('pss_mib', float('nan')):>9.0f}{mem.get('rss_mib', float('nan')):>9.0f}"
+            f"{mem.get('cpu_s', float('nan')):>8.1f}{tail}")
     if report.get("ratios"):
         lines.append("ratios (records/s): " + ", ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()))
     return "\n".join(lines)
@@ -340,7 +343,8 @@ def run_throughput(
         "ratios": _ratios({n: r for n, (r, _) in results.items()}),
         # every run in run order: its process, session start and figures (engines.* keeps the median's)
         "runs": sorted(({"engine": n, **info, "session_start_s": r.session_start_s, "records_per_s": r.records_per_s,
-                         "correct": r.correct, "pss_mib": (r.peak_memory or {}).get("pss_mib")}
+                         "correct": r.correct, "pss_mib": (r.peak_memory or {}).get("pss_mib"),
+                         "cpu_s": (r.peak_memory or {}).get("cpu_s")}
                         for n, rs in runs.items() for r, info in rs), key=lambda d: int(d["run"])),
         "warmup": dataclasses.asdict(WARMUP) if warmup else None,
         "rounds": rounds,

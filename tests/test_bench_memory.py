@@ -80,6 +80,25 @@ def test_the_peak_names_each_process_of_the_tree_what_started_and_what_sat_idle(
     assert d["loadavg_1m_at_peak"] is not None and d["samples"] >= 3
 
 
+def test_the_cpu_seconds_are_those_the_tree_used_while_sampled() -> None:
+    """A child started while sampling counts its CPU from zero (here all of it falls before its first
+    sample); one there before counts only what it used since."""
+    before = _child(8, busy_s=0.4)  # its 0.4 CPU-s come before sampling
+    try:
+        with MemorySampler(interval_s=60.0) as mem:
+            time.sleep(0.2)  # the thread's first sample: without the child
+            new = _child(8, busy_s=0.6)  # busy and done before it is first sampled
+            mem.sample()
+            new.kill()
+            new.wait()
+    finally:
+        before.kill()
+        before.wait()
+    d = json.loads(json.dumps(mem.peak.to_dict()))
+    assert 0.55 <= d["cpu_s_by_role"]["other_python"] < 0.85, d["cpu_s_by_role"]
+    assert d["cpu_s"] == pytest.approx(sum(d["cpu_s_by_role"].values()), abs=0.05)
+
+
 def test_what_follows_the_measured_run_is_not_sampled() -> None:
     with MemorySampler(interval_s=0.05) as mem:
         time.sleep(0.2)

@@ -94,7 +94,8 @@ VIEWS: Mapping[str, Mapping[str, str]] = {
         "next_event_timer": "earliest event-time timer of the key",
         "next_processing_timer": "earliest processing-time timer of the key",
         "n_timers": "number of pending timers of the key (the timers view lists them)",
-        "n_record_ids": "number of input record ids kept for dedup",
+        "n_record_ids": "number of input record ids the store holds for the key's dedup: in its row and in "
+                        "its interval's ids files (the image path)",
         "n_checkpointed": "productions checkpointed by the row's last commit, delivered or not: not data at risk. "
                           "A commit clears the previous batch's (delivered by then), so a stopped pipeline "
                           "shows its last batch's here; 'deltawheel recover' counts those not in their stream",
@@ -140,7 +141,9 @@ VIEWS: Mapping[str, Mapping[str, str]] = {
                       "(<pickle: N bytes> unless --allow-pickle; NULL for a delete)",
         "n_timers": "number of pending timers of the key in that version",
         "timers": "the key's timers in that version: tag, domain, time_ms",
-        "n_record_ids": "number of input record ids kept for dedup in that version",
+        "n_record_ids": "number of input record ids the store held for the key's dedup at that version, in its "
+                        "row and in its interval's ids files (a delete too: the ids stay); later drops of ids "
+                        "files past the dedup horizon show in the state view, not here",
         "n_checkpointed": "productions checkpointed in that version's row",
         "watermark_hold": "the key's watermark hold in that version",
         "sequencer": ROWS["sequencer"],

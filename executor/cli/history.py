@@ -37,11 +37,12 @@ __all__ = ["register", "change_json"]
 def register(subparsers: Any) -> None:
     """Add the ``history`` subcommand."""
     p = subparsers.add_parser(
-        "history", help="a key's versions, newest first: state decoded, timers, pending productions, writer, "
-        "sequencer, commit version and time",
+        "history", help="a key's versions, newest first: state decoded, timers, pending productions, dedup ids held, "
+        "writer, sequencer, commit version and time",
         description="Reads the rows table's Delta log and files (no Spark, no lease). A version is listed where "
         "the key's row changed: its state, timers, dedup ids or pending productions (change: insert, update, or "
-        "delete when its state and timers were emptied).")
+        "delete when its state and timers were emptied). ids: the dedup ids the store held for the key at that "
+        "version, in its row or in its interval's ids files (the image path).")
     add_store_arg(p)
     p.add_argument("--computation", required=True)
     p.add_argument("--key", required=True)
@@ -56,11 +57,13 @@ def _iso(ms: int) -> str:
 
 
 def change_json(c: Change, *, allow_pickle: bool = False) -> dict[str, Any]:
-    """One version of a key as plain values: the commit's facts and the row decoded (None: deleted)."""
+    """One version of a key as plain values: the commit's facts, the record ids the store held for
+    the key then (in its row and, on the image path, in its interval's ids files) and the row
+    decoded (None: deleted; its ``record_ids`` lists those in the row only)."""
     row = None if c.row is None else row_json(c.row, allow_pickle=allow_pickle)
     return {"version": c.commit.version, "commit_time": _iso(c.commit.timestamp_ms),
             "commit_time_ms": c.commit.timestamp_ms, "change": c.change, "writer": c.commit.writer,
-            "kind": c.commit.meta.get("kind") or c.commit.operation, "row": row}
+            "kind": c.commit.meta.get("kind") or c.commit.operation, "n_record_ids": c.n_record_ids, "row": row}
 
 
 # pyarrow's S3 errors name the AWS error kind ("AWS Error ACCESS_DENIED during ListObjectsV2 ...")
@@ -139,9 +142,9 @@ def _history(args: argparse.Namespace) -> int:
         r = f["row"] or {}
         rows.append((f["version"], f["commit_time"], f["change"], f["writer"], r.get("sequencer"),
                      None if f["row"] is None else json.dumps(r["state"], sort_keys=True, ensure_ascii=False),
-                     len(r.get("timers", ())), len(r.get("pending", ()))))
+                     len(r.get("timers", ())), len(r.get("pending", ())), f["n_record_ids"]))
     sys.stdout.write(format_rows(["version", "commit_time", "change", "writer", "sequencer", "state", "timers",
-                                  "pending"], rows))
+                                  "pending", "ids"], rows))
     print(f"{args.computation}/{args.key}: {len(found)} version(s) shown; the log holds versions "
           f"{got.first_version}-{got.latest_version} (--json for timers and pending productions in full)",
           file=sys.stderr)

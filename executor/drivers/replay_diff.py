@@ -130,8 +130,7 @@ def diff_replay(spark: Any, a: StoreLayout, b: StoreLayout, of: ReplayOf, *, com
             newest is what the marker describes), or the replay has not reached a live version yet.
     """
     if of.num_intervals is None or of.outputs is None:  # an older deltawheel's marker
-        d = diff_stores(spark, a, b, computation, version_a=of.reached if version_a is None else version_a,
-                        version_b=version_b, streams=streams)
+        d = diff_stores(spark, a, b, computation, version_a=version_a, version_b=version_b, streams=streams)
         return dataclasses.replace(d, notes=(
             f"B is {of.describe()}, but its marker (_replay.json, an older deltawheel's) does not record the "
             "computation's intervals and outputs: compared as two plain stores, so `pending` counts the keys of "

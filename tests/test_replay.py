@@ -473,10 +473,13 @@ def test_a_replay_whose_input_file_was_deleted_is_refused_with_what_to_do(  # ty
 
 
 def _model_rows(spark: Any, rows: str) -> dict[str, tuple[int, Any]]:
-    from deltawheel.statestore.rowtable.rows import FENCE_KEY
+    """key -> (interval, decoded state) of the model's rows (not the fence row, nor the rows of its
+    dedup ids files: no state)."""
+    from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 
     return {r["key"]: (int(r["interval"]), json.loads(r["state"])) for r in spark.read.format("delta").load(rows)
-            .where("computation = 'model'").collect() if r["key"] != FENCE_KEY}
+            .where("computation = 'model'").collect()
+            if r["key"] != FENCE_KEY and not r["key"].startswith(IDS_KEY_PREFIX)}
 
 
 @pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min); it promotes into it, so it runs last

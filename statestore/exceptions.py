@@ -227,8 +227,9 @@ class ConfigError(FatalError):
 
 
 class InputGoneError(FatalError):
-    """Input a moved interval's new owner must catch up on is gone (e.g. a stream table's data
-    file removed by VACUUM): the move cannot be made exact."""
+    """Input that must be read again is gone (e.g. a stream table's data file removed by VACUUM, an
+    injector's file deleted, Kafka offsets past retention): a moved interval's new owner cannot
+    catch up exactly, or a replay cannot re-run a batch (its message names where to start instead)."""
 
     exit_code = 3
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -412,11 +413,73 @@ def test_a_computation_fed_by_an_injector_is_replayed_with_the_live_pipeline_as_
     assert spark.read.format("delta").load(StoreLayout(str(into)).stream("window_counts")).count() > 0
 
 
+@pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min)
+@pytest.mark.timeout(2400)
+def test_a_replay_whose_input_file_was_deleted_is_refused_with_what_to_do(  # type: ignore[no-untyped-def]
+        spark, live, tmp_path, capsys, monkeypatch) -> None:
+    import shutil
+
+    from deltawheel.executor.drivers.replay import plan_replay, replay
+    from deltawheel.statestore.exceptions import InputGoneError
+    from deltawheel.statestore.inspection.positions import computation_commits
+    from deltawheel.statestore.layout import StoreLayout
+    from replay_source import INPUT_ENV, pipeline_for
+
+    store, _, zk = live
+    layout = StoreLayout(str(store))
+    batches = [c for c in computation_commits(spark, layout, "window_counter") if c.reruns]
+    start = batches[len(batches) // 2].version
+    later = [c for c in batches if c.version > start and c.files]
+    assert len(later) >= 2
+    folder = tmp_path / "input"  # the live input, one file of the newest batch deleted
+    shutil.copytree(store.parent / "input", folder)
+    gone = later[-1].files[0]  # type: ignore[index]
+    (folder / gone).unlink()
+    monkeypatch.setenv(INPUT_ENV, str(folder))
+    monkeypatch.setenv("PYTHONPATH", "")  # --source puts its module's folder there; undone after the test
+    into = tmp_path / "shadow"
+    argv = ["replay", "--store", str(store), "--pipeline", "zeitgeist", "--computation", "window_counter",
+            "--from-version", str(start), "--into", str(into), "--source", "replay_source:pipeline"]
+    said = (rf"window_counter: the input of live batch {later[-1].batch_id} \(rows version {later[-1].version}\) is "
+            rf"gone: 1 of its input files \(e.g. {gone}\) are no longer in {folder}\. A replay re-reads the input "
+            rf"files of every batch it re-runs: restore them there \(the same names; .*\), or replay from rows "
+            rf"version {later[-1].version} or later \(--from-version {later[-1].version}\)")
+    # the command, with --plan or without: refused before anything is written, the replay's advice
+    for extra in (["--plan"], ["--zk", zk.hosts, "--zk-chroot", zk.chroot]):
+        assert main([*argv, *extra]) == 3
+        err = capsys.readouterr().err
+        assert re.search(said, err), err
+        assert "moved interval" not in err
+        assert not into.exists()
+    # a file gone while the replay runs: refused before the batch reading it, with the same advice
+    (folder / gone).write_bytes((store.parent / "input" / gone).read_bytes())
+    second = later[1].files[0]  # type: ignore[index]
+    plan = plan_replay(spark, store=layout, into=StoreLayout(str(into)), pipeline="zeitgeist",
+                       computation="window_counter", from_version=start)
+    ran: list[str] = []
+
+    def progress(line: str) -> None:
+        ran.append(line)
+        if line.startswith("batch ") and (folder / second).exists():
+            (folder / second).unlink()  # after the first replayed batch
+
+    with pytest.raises(InputGoneError, match=rf"live batch {later[1].batch_id} \(rows version {later[1].version}\) "
+                                             rf"is gone: 1 of its input files \(e\.g\. {second}\)"):
+        replay(spark, plan, code=pipeline_for(str(folder)).computations[0], zk=None,
+               injectors=pipeline_for(str(folder)).injectors, progress=progress)
+    assert any(line.startswith("batch ") for line in ran)
+    marker = json.loads((into / "_replay.json").read_text())
+    assert start <= marker["reached"] < later[1].version  # where a second run continues
+
+
 def _model_rows(spark: Any, rows: str) -> dict[str, tuple[int, Any]]:
-    from deltawheel.statestore.rowtable.rows import FENCE_KEY
+    """key -> (interval, decoded state) of the model's rows (not the fence row, nor the rows of its
+    dedup ids files: no state)."""
+    from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 
     return {r["key"]: (int(r["interval"]), json.loads(r["state"])) for r in spark.read.format("delta").load(rows)
-            .where("computation = 'model'").collect() if r["key"] != FENCE_KEY}
+            .where("computation = 'model'").collect()
+            if r["key"] != FENCE_KEY and not r["key"].startswith(IDS_KEY_PREFIX)}
 
 
 @pytest.mark.slow  # the live store: three runs of the pipeline (about 3 min); it promotes into it, so it runs last

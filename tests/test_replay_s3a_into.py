@@ -18,7 +18,8 @@ PER_FILE = 500
 
 
 def test_an_s3a_into_is_checked_as_a_local_one(spark, s3_bucket, object_store, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.drivers.replay import MARKER, _check_into, _write_marker, into_files, read_marker
+    from deltawheel.executor.drivers.replay import MARKER, _check_into, into_files, read_marker
+    from deltawheel.executor.drivers.replay_marker import write_marker
     from deltawheel.statestore.layout import StoreLayout
 
     live = StoreLayout(f"s3a://{s3_bucket}/{uuid.uuid4().hex}")
@@ -35,11 +36,11 @@ def test_an_s3a_into_is_checked_as_a_local_one(spark, s3_bucket, object_store, t
     with pytest.raises(ReplayTargetError, match="is not empty: it holds files that are not a replay of this"):
         _check_into(live, into, **check)
     marker = {"store": live.root, "pipeline": "other", "computation": "model", "reached": 3, "from_version": 1}
-    _write_marker(files, marker)
+    write_marker(files, marker)
     assert read_marker(into, spark=spark) == marker and files.read_text(MARKER) is not None
     with pytest.raises(ReplayTargetError, match="it holds a store of pipeline 'other', computation 'model'"):
         _check_into(live, into, **check)
-    _write_marker(files, {**marker, "pipeline": "zeitgeist"})  # an earlier replay of this one: continued
+    write_marker(files, {**marker, "pipeline": "zeitgeist"})  # an earlier replay of this one: continued
     assert _check_into(live, into, **check) == {**marker, "pipeline": "zeitgeist"}
     # a replay of another store (a local one) into it: refused, the marker names the store it holds
     with pytest.raises(ReplayTargetError, match=f"computation 'model' of {live.root}. Give an empty folder"):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltawheel.executor.cli import main
 from deltawheel.executor.computation import RECORD_KEY, Computation
 from deltawheel.executor.drivers.pipeline import Pipeline
 from deltawheel.executor.drivers.runner import PipelineRunner
@@ -245,6 +246,34 @@ def test_replay_up_to_a_version_before_the_other_instances_next_commit_gives_an_
     assert not result.reports
     d = result.diff
     assert d is not None and d.empty, d.to_json()
+    # `deltawheel diff` of the live store against each shadow store: empty as the replay's own; the
+    # two stores compared as they are (--plain) differ in b's pending productions the seed left out
+    for name in ("shadow", "shadow-0"):
+        argv = ["diff", "--store", str(layout.root), "--store", str(tmp_path / name), "--computation", NAME,
+                "--diff-out", str(tmp_path / "d.json")]
+        assert main(argv) == 0, (name, (tmp_path / "d.json").read_text())
+        assert main([*argv, "--plain", "--as-of", str(to if name == "shadow" else middle)]) == 1
+        assert json.loads((tmp_path / "d.json").read_text())["counts"]["pending"] > 0, name
+
+
+@pytest.mark.slow  # four instance runs, then a replay (about 2-3 min)
+@pytest.mark.timeout(1500)
+def test_the_stand_alone_diff_of_a_replay_with_changed_code_is_the_replays_own(  # type: ignore[no-untyped-def]
+        spark, shared, tmp_path) -> None:
+    folder, layout, zk, expected, middle = shared
+    later = [c for c in _live_commits(spark, layout) if c.version > middle]
+    b_next = min(c.version for c in later if c.meta.get("late", {}).get("intervals") == [2, 3])
+    to = max(c.version for c in later if c.version < b_next)  # b's intervals: no replayed commit held them
+    result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_version=middle, to_version=to,
+                     code=SharedCountTwice())
+    d = result.diff
+    assert d is not None and d.counts["changed"] > 0 and d.counts["productions_changed"] > 0, d.to_json()
+    out = tmp_path / "d.json"
+    assert main(["diff", "--store", str(layout.root), "--store", str(tmp_path / "shadow"), "--computation", NAME,
+                 "--diff-out", str(out)]) == 1
+    got = json.loads(out.read_text())
+    assert got["counts"] == d.counts and got["version_a"] == to
+    assert got["samples"] == json.loads(d.to_json())["samples"]
 
 
 class SharedCountTwice(SharedCount):
@@ -305,6 +334,14 @@ def test_replay_over_intervals_moved_between_instances_gives_an_empty_diff(  # t
     assert {tuple(c.meta["late"]["intervals"]) for c in later} == {(0, 1), (2, 3)}
     live_produced = spark.read.format("delta").load(layout.stream("counts")).count()
     assert live_produced == sum(expected.values())  # one production per record, none twice
+    # the plan says which records of which files each batch drops, as its live run did
+    from deltawheel.executor.drivers.replay import plan_replay
+
+    text = plan_replay(spark, store=layout, into=StoreLayout(str(tmp_path / "plan")), pipeline="sharing",
+                       computation=NAME, from_start=True).describe()
+    for ivs in ([0, 1], [2, 3]):
+        assert f"skips the records of intervals {ivs} in part-00000.parquet" in text, text
+    assert "reads part-00002.parquet" in text and "in part-00002" not in text, text
     for name, start in (("from-start", {"from_start": True}), ("from-middle", {"from_version": middle})):
         result = _replay(spark, folder, layout, zk, tmp_path / name, **start)
         d = result.diff
@@ -441,6 +478,89 @@ def test_the_plan_says_which_intervals_each_batch_runs_over() -> None:
     assert "over intervals" not in plan(_commit(3, [0, 1, 2, 3]), _commit(4, [0, 1, 2, 3]))  # one instance
 
 
+def test_the_plan_says_which_files_each_batch_reads_and_which_records_it_skips() -> None:
+    from deltawheel.executor.drivers.replay import ReplayPlan
+    from deltawheel.executor.drivers.replay_shared import skip_sets, skipped_files
+
+    f0, f1, f2 = (f"part-{n:05d}.parquet" for n in range(3))
+    # one instance held every interval over files 0 and 1; then a (0, 1) and b (2, 3) read the
+    # input from the start: their batches over files 0 and 1 skip what the first had processed
+    commits = [_commit(1, [0, 1, 2, 3], files=(0,), batch_id=0), _commit(2, [0, 1, 2, 3], files=(1,), batch_id=1),
+               _commit(3, [0, 1], files=(0, 1, 2), batch_id=0), _commit(4, [2, 3], files=(0, 1, 2, 3, 4), batch_id=0)]
+
+    def plan(batches: list[Any], scope: tuple[int, ...] | None = None) -> str:
+        skips = tuple(skipped_files(c, done, scope=scope) for c, done in
+                      zip(batches, skip_sets(commits, batches), strict=True))
+        return ReplayPlan(store="live", into="shadow", pipeline="sharing", computation=NAME, from_version=2,
+                          to_version=batches[-1].version, horizon=None, batches=tuple(batches), input_files=5,
+                          input_bytes=None, intervals=scope, skips=skips).describe()
+
+    text = plan(commits[2:])
+    assert f"batch 0 (live version 3): 3 input files, input watermark 3, over intervals [0, 1] (those its " \
+           f"instance held)\n    reads {f0}, {f1}, {f2}\n    skips the records of intervals [0, 1] in {f0}, {f1}: " \
+           "earlier commits processed them for those intervals (the live batch skipped them too)\n" in text
+    # many files: the first few named, the rest counted; file 2 ran for a's intervals only
+    assert f"    reads 5 files: {f0}, {f1}, {f2} and 2 more\n    skips the records of intervals [2, 3] in {f0}, {f1}: " \
+        in text
+    # a partial replay of interval 1: a's batch skips only its records, b's batch is not re-run
+    text = plan(commits[2:], scope=(1,))
+    assert f"skips the records of intervals [1] in {f0}, {f1}" in text
+    assert "batch 0 (live version 4): not re-run: its instance held intervals [2, 3], none of the replay's" in text
+    assert "intervals [2, 3] in" not in text
+    # a single instance (its commits name no intervals) skips nothing
+    alone = [_commit(5, [0, 1, 2, 3], files=(0,), ran=False)]
+    assert "skips" not in plan(alone) and f"reads {f0}" in plan(alone)
+
+
+def test_the_stand_alone_diff_of_a_replay_compares_as_the_replay_does(spark, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``deltawheel diff --store LIVE --store SHADOW`` of a replay's shadow store (its marker names
+    the live store): the pending productions of the intervals no replayed commit held are compared
+    with the live ones at the start, as the replay's own diff does; a changed state still shows."""
+    from deltawheel.executor.drivers.replay_marker import MARKER
+    from deltawheel.statestore.rowtable.rows import interval_of
+
+    keys = [f"k{i}" for i in range(40)]
+    mine = next(k for k in keys if interval_of(k, 4) in (0, 1))  # instance a's, replayed
+    other = next(k for k in keys if interval_of(k, 4) in (2, 3))  # instance b's: no commit after the start
+    live, shadow = tmp_path / "live", tmp_path / "shadow"
+    # live version 0: b's batch (both keys hold checkpointed productions); version 1: a's batch
+    _write_rows(spark, StoreLayout(str(live)), {mine: (1, ["p1"]), other: (1, ["p2"])},
+                meta={**_commit(0, [2, 3], batch_id=0).meta, "commit_id": f"{NAME}:0:b"})
+    _write_rows(spark, StoreLayout(str(live)), {mine: (2, ["p3"]), other: (1, ["p2"])},
+                meta={**_commit(1, [0, 1], batch_id=1).meta, "commit_id": f"{NAME}:1:a"})
+    # the replay from version 0 to 1: the seed left every pending production out, a's batch re-ran
+    _write_rows(spark, StoreLayout(str(shadow)), {mine: (2, ["p3"]), other: (1, [])})
+    marker = {"store": os.path.realpath(live), "pipeline": "sharing", "computation": NAME, "from_version": 0,
+              "reached": 1, "intervals": None, "keys": None, "num_intervals": 4, "outputs": ["counts"]}
+    (shadow / MARKER).write_text(json.dumps(marker))
+    out = tmp_path / "d.json"
+    argv = ["diff", "--store", str(live), "--store", str(shadow), "--computation", NAME, "--diff-out", str(out)]
+    rc = main(argv)
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "store B is a replay from rows version 0 up to rows version 1 of store A" in text
+    assert json.loads(out.read_text())["version_a"] == 1
+    # the stores as they are: b's key lacks the pending productions the seed left out
+    assert main([*argv, "--plain"]) == 1
+    assert json.loads(out.read_text())["counts"]["pending"] == 1
+    # the shadow store first: compared as they are, saying which order compares as the replay does
+    assert main(["diff", "--store", str(shadow), "--store", str(live), "--computation", NAME]) == 1
+    assert "store A is a replay of store B: compared as they are (give the live store first" in capsys.readouterr().out
+    # another version than the one the replay reached: refused, saying what to give
+    assert main([*argv, "--as-of", "0"]) == 3
+    assert "compares A as of that version; leave --as-of out (or give --as-of 1)" in capsys.readouterr().err
+    # a changed computation still shows: a's key's state, and b's key's pending when the replay wrote one
+    _write_rows(spark, StoreLayout(str(shadow)), {mine: (3, ["p3"]), other: (1, ["p9"])})
+    assert main(argv) == 1
+    counts = json.loads(out.read_text())["counts"]
+    assert counts["changed"] == 1 and counts["pending"] == 1, counts
+    # a marker of an older deltawheel (no intervals nor outputs): the plain comparison, with a note
+    (shadow / MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k not in ("num_intervals", "outputs")}))
+    _write_rows(spark, StoreLayout(str(shadow)), {mine: (2, ["p3"]), other: (1, [])})
+    assert main(argv) == 1
+    assert "its marker (_replay.json, an older deltawheel's) does not record" in capsys.readouterr().out
+
+
 def test_the_intervals_no_replayed_batch_held_are_those_whose_pending_the_seed_left_out() -> None:
     from deltawheel.executor.drivers.replay_shared import unheld_intervals
 
@@ -452,14 +572,19 @@ def test_the_intervals_no_replayed_batch_held_are_those_whose_pending_the_seed_l
     assert unheld_intervals([b], num_intervals=4, scope=(1, 2)) == (1,)
 
 
-def _write_rows(spark: Any, layout: StoreLayout, rows: dict[str, tuple[int, list[str]]]) -> None:
-    """A rows table version of ``NAME``: key -> (state, the production ids of its pending list)."""
+def _write_rows(spark: Any, layout: StoreLayout, rows: dict[str, tuple[int, list[str]]],
+                meta: dict[str, Any] | None = None) -> None:
+    """A rows table version of ``NAME``: key -> (state, the production ids of its pending list);
+    ``meta``: its commit's metadata (a batch commit's: :func:`_commit`)."""
     from deltawheel.statestore.rowtable.rows import interval_of, rows_schema_ddl
 
     data = [(NAME, interval_of(k, 4), k, json.dumps(n).encode(), "json", [], None, None, [],
              [(p, "counts", k, b"1", 0, "json") for p in pending], None, 0, None, 0, 1, 0)
             for k, (n, pending) in sorted(rows.items())]
-    spark.createDataFrame(data, rows_schema_ddl()).write.format("delta").mode("overwrite").save(layout.rows)
+    writer = spark.createDataFrame(data, rows_schema_ddl()).write.format("delta").mode("overwrite")
+    if meta is not None:
+        writer = writer.option("userMetadata", json.dumps(meta))
+    writer.save(layout.rows)
 
 
 def test_a_replay_diff_compares_the_pending_of_intervals_no_replayed_commit_held_with_the_live_at_the_seed(  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """``deltawheel replay``: re-run a computation from a past rows version into a shadow store and diff
-it against the live one (``drivers/replay.py``); ``deltawheel diff``: the same diff for any two
-stores (``statestore/inspection/diff.py``). docs/replay.md is the workflow."""
+it against the live one (``drivers/replay.py``); ``deltawheel diff``: the diff of any two stores
+(``statestore/inspection/diff.py``), of a replay's shadow store against its live store the
+replay's own (``drivers/replay_diff.py``). docs/replay.md is the workflow."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     d.add_argument("--as-of-b", type=int, help="store B's rows version (default: its newest)")
     d.add_argument("--stream", action="append", default=[], help="a stream the computation produces to (repeatable)")
     d.add_argument("--diff-out", help="write the diff as JSON to this file")
+    d.add_argument("--plain", action="store_true",
+                   help="compare the two stores as they are, also when store B is a replay of store A (without "
+                        "it, such a pair is compared as the replay's own diff compares it: docs/replay.md)")
     add_spark_args(d)
     d.set_defaults(func=_run_diff)
 
@@ -142,7 +146,8 @@ def _run_replay(args: argparse.Namespace) -> int:
                        from_version=args.from_version,
                        from_timestamp_ms=None if args.from_timestamp is None else _timestamp_ms(args.from_timestamp),
                        from_start=args.from_start, to_version=args.to_version, intervals=intervals, keys=keys,
-                       num_intervals=type(code).num_intervals)
+                       num_intervals=type(code).num_intervals, code=code,
+                       injectors=() if source is None else source.injectors)
     print(plan.describe(), flush=True)
     if args.plan:
         return 0
@@ -162,13 +167,24 @@ def _run_diff(args: argparse.Namespace) -> int:
     from deltawheel.statestore.exceptions import ConfigError
     from deltawheel.statestore.inspection.diff import diff_stores, format_diff
 
+    from ..drivers.replay_diff import diff_replay, replay_of
     from .common import layout_from
 
     if len(args.store) != 2:
         raise ConfigError(f"give --store exactly twice (store A, then store B); got {len(args.store)}")
     a, b = (layout_from(argparse.Namespace(store=s)) for s in args.store)
     spark = spark_from(argparse.Namespace(store=args.store[0], master=args.master, driver_memory=args.driver_memory))
-    d = diff_stores(spark, a, b, args.computation, version_a=args.as_of, version_b=args.as_of_b, streams=args.stream)
+    of = None if args.plain else replay_of(spark, a, b, args.computation)
+    if of is None:
+        if not args.plain and replay_of(spark, b, a, args.computation) is not None:
+            print("store A is a replay of store B: compared as they are (give the live store first, --store LIVE "
+                  "--store SHADOW, for the replay's comparison)")
+        d = diff_stores(spark, a, b, args.computation, version_a=args.as_of, version_b=args.as_of_b,
+                        streams=args.stream)
+    else:
+        print(f"store B is {of.describe()} of store A: compared as the replay compares (--plain: as they are)")
+        d = diff_replay(spark, a, b, of, computation=args.computation, version_a=args.as_of,
+                        version_b=args.as_of_b, streams=args.stream)
     print(format_diff(d))
     if args.diff_out:
         with open(args.diff_out, "w", encoding="utf-8") as fh:

@@ -15,12 +15,12 @@ A replay of computation C of a live store, from rows-table version V up to versi
    commit, delivery into the shadow store's stream tables). Every shadow commit records its
    positions too, and ``<into>/_replay.json`` records where the replay stands, so a second
    ``replay`` into the same folder continues (catch-up) instead of starting over.
-4. **Diff** (``statestore/inspection/diff.py``): the shadow store's state against the live store
-   as of W (the same input position), and the productions of the replayed batches in both.
+4. **Diff** (``replay_diff.py`` over ``statestore/inspection/diff.py``): the shadow store's state
+   against the live store as of W (the same input position), and the productions of the replayed
+   batches in both; ``deltawheel diff`` of the two stores makes the same comparison.
 
-(Over 500 lines: the plan, the seed and the run share the marker and the checks of ``into``;
-the inputs, Kafka and shared-interval parts are in ``replay_inputs.py``, ``replay_kafka.py`` and
-``replay_shared.py``.)
+(The inputs, Kafka, shared-interval, marker and diff parts are in ``replay_inputs.py``,
+``replay_kafka.py``, ``replay_shared.py``, ``replay_marker.py`` and ``replay_diff.py``.)
 
 The live store is only read: no lease of the live pipeline is taken, nothing is written there.
 The replayed code is the live class or the one ``--code`` names (:func:`load_code`), under the
@@ -42,17 +42,16 @@ intervals does), the diff compares only them (or only the keys).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
 import json
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
+from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.delta.txn import TableLog
 from deltawheel.statestore.exceptions import (
     ConfigError,
@@ -60,13 +59,12 @@ from deltawheel.statestore.exceptions import (
     ReplayTargetError,
     ReplayUnavailableError,
 )
-from deltawheel.statestore.inspection.diff import StoreDiff, diff_stores
+from deltawheel.statestore.inspection.diff import StoreDiff
 from deltawheel.statestore.inspection.positions import (
     ComputationCommit,
     ToolChange,
     commits_after,
     computation_commits,
-    outside_commit_ids,
     replay_horizon,
     tool_changes,
     version_at_timestamp,
@@ -76,11 +74,12 @@ from deltawheel.statestore.rowtable.rows import FENCE_KEY, interval_of
 
 from ..computation import Computation
 from ..protocol.reports import BatchReport
-from ..protocol.rescale import kafka_input, shared_input
 from ..sources.injector import Injector
-from .replay_inputs import check_inputs, input_bytes, stream_exists
+from .replay_diff import replay_diff
+from .replay_inputs import check_files, check_inputs, input_bytes, replay_input
 from .replay_kafka import check_kafka, mixed_df
-from .replay_shared import batch_intervals, held, seed_marks, skip_sets, unheld_intervals
+from .replay_marker import MARKER, into_files, marker_of, read_marker, store_id, write_marker
+from .replay_shared import batch_intervals, held, seed_marks, skip_sets, skipped_files
 
 if TYPE_CHECKING:
     from ..protocol.executor import ComputationExecutor
@@ -88,7 +87,15 @@ if TYPE_CHECKING:
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
            "read_marker", "replay_scope", "store_id", "into_files"]
 
-MARKER = "_replay.json"  # in the shadow store: what it replays and how far it got
+BatchSkips = tuple[tuple[tuple[int, ...], tuple[str, ...]], ...]  # (intervals, files): replay_shared.skipped_files
+SHOWN = 3  # input file names the plan shows per batch and kind (the rest counted)
+
+
+def _some(names: Sequence[str]) -> str:
+    """``names`` for a terminal line: all of a few, else the first :data:`SHOWN` and a count."""
+    if len(names) <= SHOWN:
+        return ", ".join(names)
+    return f"{len(names)} files: {', '.join(names[:SHOWN])} and {len(names) - SHOWN} more"
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,9 @@ class ReplayPlan:
     ``from_version``: the live rows version the state is seeded from (None: empty state, from the
     start); ``to_version``: the newest live version replayed; ``batches``: the live commits
     re-run; ``input_files`` / ``input_bytes``: how long the input is; ``resume_after``: the live
-    version a previous replay into the same folder reached (its batches are not re-run).
+    version a previous replay into the same folder reached (its batches are not re-run);
+    ``skips``: per batch, the input files whose records of some intervals it drops (the live
+    batch's skip rule: ``replay_shared.skipped_files``; empty: none known).
     """
 
     store: str
@@ -115,6 +124,7 @@ class ReplayPlan:
     intervals: tuple[int, ...] | None = None
     keys: tuple[str, ...] | None = None
     tool_changes: tuple[ToolChange, ...] = ()
+    skips: tuple[BatchSkips, ...] = ()
 
     def describe(self) -> str:
         """The plan as lines for a terminal."""
@@ -136,14 +146,25 @@ class ReplayPlan:
         if self.horizon is not None:
             lines.append(f"  replay possible from rows version {self.horizon} on")
         sets = {held(c) for c in self.batches}
-        for c in self.batches:
+        skips = self.skips or ((),) * len(self.batches)
+        for c, skipped in zip(self.batches, skips, strict=True):
+            h = held(c)
+            if self.intervals is not None and h and not set(h) & set(self.intervals):
+                lines.append(f"  batch {c.batch_id} (live version {c.version}): not re-run: its instance held "
+                             f"intervals {list(h)}, none of the replay's")
+                continue
             read = f"{len(c.files or ())} input files"
             if c.kafka is not None:
                 read = f"{sum(e - s for parts in c.kafka.values() for s, e in parts.values())} Kafka records " \
                        f"({', '.join(f'{t}/{p} [{s}, {e})' for t, ps in c.kafka.items() for p, (s, e) in ps.items())})" \
                        + (f" and {len(c.files or ())} input files" if c.files else "")
             lines.append(f"  batch {c.batch_id} (live version {c.version}): {read}, input watermark {c.input_ms}"
-                         + (f", over intervals {list(held(c))} (those its instance held)" if len(sets) > 1 else ""))
+                         + (f", over intervals {list(h)} (those its instance held)" if len(sets) > 1 else ""))
+            if c.files:
+                lines.append(f"    reads {_some(c.files)}")
+            for ivs, files in skipped:
+                lines.append(f"    skips the records of intervals {list(ivs)} in {_some(files)}: earlier commits "
+                             "processed them for those intervals (the live batch skipped them too)")
         return "\n".join(lines)
 
 
@@ -223,43 +244,6 @@ def shadow_chroot(base: str, into: StoreLayout) -> str:
     return f"{base.rstrip('/')}-replay-{hashlib.sha1(into.root.encode()).hexdigest()[:12]}"
 
 
-def into_files(spark: Any, into: StoreLayout) -> TableFiles:
-    """The shadow store's folder as Python reaches it: a local folder, or an ``s3a://`` one with
-    ``spark``'s S3 settings for its bucket (None for ``spark``: local only).
-
-    Raises:
-        ReplayTargetError: ``into`` is on a scheme the fast path does not reach.
-    """
-    files = table_files(spark, into.root) if spark is not None else files_for(into.root)
-    if files is None or (spark is None and not files.is_local):
-        raise ReplayTargetError(f"--into {into.root}: a replay's shadow store is a local folder or an s3a:// store")
-    return files
-
-
-def read_marker(into: StoreLayout, *, spark: Any = None) -> dict[str, Any] | None:
-    """What ``<into>/_replay.json`` records (None: not a replay's folder); ``spark`` reaches an
-    ``s3a://`` one."""
-    return _marker(into_files(spark, into))
-
-
-def _marker(files: TableFiles) -> dict[str, Any] | None:
-    text = files.read_text(MARKER)
-    return None if text is None else dict(json.loads(text))
-
-
-def _write_marker(files: TableFiles, content: Mapping[str, Any]) -> None:
-    text = json.dumps(dict(content), indent=2, sort_keys=True)
-    if not files.is_local:  # one PUT: the object is replaced whole
-        with files.fs.open_output_stream(files.path(MARKER)) as fh:
-            fh.write(text.encode("utf-8"))
-        return
-    path = files.path(MARKER)
-    staged = path + ".tmp"
-    with open(staged, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(staged, path)
-
-
 def _is_empty(files: TableFiles) -> bool:
     """True when the folder does not exist or holds nothing."""
     if files.is_local:
@@ -284,7 +268,7 @@ def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str, computa
                                 "give an empty folder")
     if _is_empty(files):
         return None
-    m = _marker(files)
+    m = marker_of(files)
     want = {"store": store_id(store), "pipeline": pipeline, "computation": computation}
     if m is None or {k: m.get(k) for k in want} != want:
         what = ("a store of pipeline " + repr(m.get("pipeline")) + ", computation " + repr(m.get("computation"))
@@ -293,11 +277,6 @@ def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str, computa
                                 f"folder of an earlier replay of {computation} of pipeline {pipeline} of this store "
                                 "to continue it")
     return m
-
-
-def store_id(store: StoreLayout) -> str:
-    """How a replay's marker names the live store: a local folder's real path, an object store's URI."""
-    return os.path.realpath(store.root) if store.is_local else store.root.rstrip("/")
 
 
 def _check_source(spark: Any, store: StoreLayout, *, pipeline: str, computation: str) -> list[ComputationCommit]:
@@ -320,13 +299,15 @@ def _check_source(spark: Any, store: StoreLayout, *, pipeline: str, computation:
 def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
                 from_version: int | None = None, from_timestamp_ms: int | None = None, from_start: bool = False,
                 to_version: int | None = None, intervals: Sequence[int] | None = None,
-                keys: Sequence[str] | None = None, num_intervals: int | None = None) -> ReplayPlan:
+                keys: Sequence[str] | None = None, num_intervals: int | None = None,
+                code: Computation | None = None, injectors: Sequence[Injector] = ()) -> ReplayPlan:
     """What a replay of ``computation`` would read and write (see the module docstring).
 
     Exactly one of ``from_version``, ``from_timestamp_ms`` and ``from_start``; ``to_version``
     None: up to the newest commit now. ``intervals`` or ``keys`` (with the computation's
     ``num_intervals``): replay only those intervals (:func:`replay_scope`), or the intervals of
-    those keys and diff only those keys.
+    those keys and diff only those keys. ``code`` and ``injectors`` (what :func:`replay` will
+    take): the injectors' input files are checked too (without: when the replay starts).
 
     Raises:
         NotAStoreError: ``store`` has no rows table.
@@ -334,6 +315,9 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
         ReplayUnavailableError: a version that does not exist or is before the replay horizon.
         ReplayTargetError: ``into`` is the live store or holds something else, or an earlier replay
             into it of other intervals.
+        InputGoneError: an input file of a planned batch is gone (a stream table's; with ``code``,
+            an injector's too).
+        ConfigError: with ``code``, an input is an injector not given in ``injectors``.
     """
     scope = None
     if intervals is not None or keys is not None:
@@ -379,11 +363,15 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     batches = tuple(commits_after(commits, start, to_version=to_version))
     files = sorted({f for c in batches for f in (c.files or ())})
     sizes = check_inputs(spark, store, batches)
+    if code is not None:
+        check_files(replay_input(spark, store, into, code, injectors), batches)
     return ReplayPlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
                       from_version=from_version, to_version=to_version if to_version is not None else newest,
                       horizon=horizon, batches=batches, input_files=len(files), input_bytes=input_bytes(sizes, files),
                       resume_after=resume, intervals=scope, keys=None if keys is None else tuple(keys),
-                      tool_changes=tuple(tool_changes(commits, from_version, to_version=to_version)))
+                      tool_changes=tuple(tool_changes(commits, from_version, to_version=to_version)),
+                      skips=tuple(skipped_files(c, done, scope=scope)
+                                  for c, done in zip(batches, skip_sets(commits, batches), strict=True)))
 
 
 def _versions(spark: Any, store: StoreLayout) -> list[int]:
@@ -442,7 +430,8 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     Raises:
         ReplayCodeError: ``code`` is not the planned computation.
         ConfigError: an input is an injector not given in ``injectors``.
-        InputGoneError: an input file of a replayed batch is gone.
+        InputGoneError: an input file of a replayed batch is gone: refused before anything is
+            written, or (gone meanwhile) before that batch runs, the marker at the batch before it.
     """
     from .engine import connect
 
@@ -450,22 +439,11 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
         raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")
     say = progress or (lambda line: None)
     store, into = StoreLayout(plan.store), StoreLayout(plan.into)
-    by_name = {i.name: i for i in injectors}
-    missing = [s for s in code.inputs if s not in by_name and not stream_exists(spark, store, s)]
-    if missing:
-        raise ConfigError(f"{plan.computation} reads {missing}, which are not stream tables of {store.root} but "
-                          "injectors: give the live pipeline with --source MODULE:PIPELINE (what `deltawheel run` "
-                          "takes), or pass them to replay(..., injectors=...)")
-    try:
-        inputs = shared_input(code, by_name, table_of=store.stream, checkpoint=os.path.join(into.root, "_unused"))
-    except ConfigError:
-        kafka = kafka_input(code, by_name, checkpoint=os.path.join(into.root, "_unused"), table_of=store.stream)
-        if kafka is None:
-            raise
-        inputs = kafka
+    inputs = replay_input(spark, store, into, code, injectors)
     commits = computation_commits(spark, store, plan.computation)
     if inputs.kafka:
         check_kafka(spark, inputs, commits, plan.batches)
+    check_files(inputs, plan.batches)  # before anything is written
     target = into_files(spark, into)
     if target.is_local:
         os.makedirs(into.root, exist_ok=True)
@@ -473,7 +451,9 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
               "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000),
               "code": f"{type(code).__module__}:{type(code).__qualname__}",  # what promote continues with
               "intervals": None if plan.intervals is None else list(plan.intervals),
-              "keys": None if plan.keys is None else list(plan.keys)}
+              "keys": None if plan.keys is None else list(plan.keys),
+              # what `deltawheel diff` of the live store against this one needs to compare as the replay does
+              "num_intervals": type(code).num_intervals, "outputs": list(code.outputs)}
     if zk is None:
         engine = connect(spark, store=into.root, pipeline=plan.pipeline)
     else:
@@ -486,7 +466,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                 say(f"seeding {into.root} with {plan.computation}'s rows as of version {plan.from_version}")
                 _seed(spark, store, into, plan, commits)
             marker["reached"] = plan.from_version if plan.from_version is not None else -1
-            _write_marker(target, marker)
+            write_marker(target, marker)
         # each batch runs with the input watermark its live run had (run_batch below): no authority;
         # and over the intervals its live instance held (replay_shared.py): an executor holding
         # them, started again when the next batch's instance held others
@@ -509,6 +489,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
             if inputs.kafka and c.kafka is None:
                 raise ReplayUnavailableError(f"live batch {c.batch_id} (rows version {c.version}) of {plan.computation} "
                                              "records no Kafka offsets: replay from a later version")
+            check_files(inputs, (c,))  # gone since the start: refused with the replay's advice, not files_df's
             df = mixed_df(spark, inputs, c.kafka, files) if inputs.kafka else \
                 inputs.files_df(spark, files) if files else None
             skipped = 0
@@ -519,27 +500,17 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
                                         input_watermark_ms=c.input_ms, use_authority=False, input_files=files))
             ex.settle()
             marker["reached"] = c.version
-            _write_marker(target, marker)
+            write_marker(target, marker)
             say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records"
                 + (f" ({skipped} skipped as live: run before for their intervals)" if skipped else ""))
         if ex is None:  # no batch re-run: the shadow store is started all the same (leases, fence)
             engine.executor(code, write_path=write_path, intervals=plan.intervals, manual_watermarks=True)
         marker["reached"] = plan.to_version
-        _write_marker(target, marker)
+        write_marker(target, marker)
     result_diff = None
     if diff:
-        replayed = commits_after(commits, plan.from_version, to_version=plan.to_version)
-        batch_ids = {c.batch_id for c in replayed if c.batch_id is not None}
-        # intervals no replayed commit held keep the live pending productions of before the start,
-        # which the seed left out: compared as the live store's at the start (replay_shared.py)
-        unheld = () if plan.from_version is None else \
-            unheld_intervals(replayed, num_intervals=type(code).num_intervals, scope=plan.intervals)
-        result_diff = diff_stores(spark, store, into, plan.computation, version_a=plan.to_version,
-                                  streams=code.outputs, batch_ids=batch_ids, keys=plan.keys,
-                                  intervals=plan.intervals, num_intervals=type(code).num_intervals,
-                                  exclude_commits=outside_commit_ids(commits, plan.from_version,
-                                                                     to_version=plan.to_version),
-                                  seed_version=plan.from_version if unheld else None, seed_intervals=unheld)
-        result_diff = dataclasses.replace(result_diff, notes=tuple(t.describe() for t in plan.tool_changes))
+        result_diff = replay_diff(spark, store, into, computation=plan.computation, from_version=plan.from_version,
+                                  to_version=plan.to_version, num_intervals=type(code).num_intervals,
+                                  streams=code.outputs, intervals=plan.intervals, keys=plan.keys, commits=commits)
     return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)
 

@@ -1,16 +1,25 @@
-"""What a replay's input is: the live store's stream tables (local or on an object store) and
-the data files its planned batches read (``drivers/replay.py``)."""
+"""What a replay's input is: the live store's stream tables (local or on an object store), the
+live pipeline's injectors, and the data files its planned batches read (``drivers/replay.py``).
+
+A replay re-reads every input file of each batch it re-runs: a file gone from its folder or stream
+table is refused before anything is written (:func:`check_inputs` for stream tables at the plan,
+:func:`check_files` for every input once the injectors are known), naming the version a replay
+can start from instead: the one of the last batch that read a gone file."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Sequence
 
-from deltawheel.statestore.exceptions import InputGoneError
+from deltawheel.statestore.exceptions import ConfigError, InputGoneError
 from deltawheel.statestore.inspection.positions import ComputationCommit
 from deltawheel.statestore.layout import StoreLayout
 
-__all__ = ["stream_exists", "check_inputs", "input_bytes"]
+from ..computation import Computation
+from ..protocol.rescale import SharedInput, kafka_input, shared_input
+from ..sources.injector import Injector
+
+__all__ = ["stream_exists", "check_inputs", "input_bytes", "replay_input", "check_files", "input_gone"]
 
 
 def stream_exists(spark: Any, store: StoreLayout, stream: str) -> bool:
@@ -67,6 +76,57 @@ def check_inputs(spark: Any, store: StoreLayout, batches: Sequence[ComputationCo
                              f"from {store.root} (VACUUM after a compaction); replay from rows version {c.version} "
                              "or later (--from-version)")
     return sizes
+
+
+def replay_input(spark: Any, store: StoreLayout, into: StoreLayout, code: Computation,
+                 injectors: Sequence[Injector]) -> SharedInput:
+    """The input of a replay of ``code``: its stream tables in ``store``, its injectors among
+    ``injectors`` (the live pipeline's), read by file (and Kafka offset range).
+
+    Raises:
+        ConfigError: an input is an injector not given in ``injectors``, or one without positions.
+    """
+    by_name = {i.name: i for i in injectors}
+    missing = [s for s in code.inputs if s not in by_name and not stream_exists(spark, store, s)]
+    if missing:
+        raise ConfigError(f"{code.name} reads {missing}, which are not stream tables of {store.root} but "
+                          "injectors: give the live pipeline with --source MODULE:PIPELINE (what `deltawheel run` "
+                          "takes), or pass them to replay(..., injectors=...)")
+    unused = os.path.join(into.root, "_unused")  # the replay reads no query checkpoint
+    try:
+        return shared_input(code, by_name, table_of=store.stream, checkpoint=unused)
+    except ConfigError:
+        kafka = kafka_input(code, by_name, checkpoint=unused, table_of=store.stream)
+        if kafka is None:
+            raise
+        return kafka
+
+
+def input_gone(computation: str, c: ComputationCommit, lost: Sequence[str], folder: str | None) -> InputGoneError:
+    """The replay's refusal of live batch ``c``, whose input files ``lost`` are gone from ``folder``."""
+    return InputGoneError(
+        f"{computation}: the input of live batch {c.batch_id} (rows version {c.version}) is gone: {len(lost)} of its "
+        f"input files (e.g. {lost[0]}) are no longer in {folder or 'its input'}. A replay re-reads the input files of "
+        f"every batch it re-runs: restore them there (the same names; a replay stopped here continues when run "
+        f"again), or replay from rows version {c.version} or later (--from-version {c.version})")
+
+
+def check_files(inputs: SharedInput, batches: Sequence[ComputationCommit]) -> None:
+    """Refuse a replay whose ``batches`` read an input file that is gone from its folder or stream
+    table (a local one; a remote one is read when the batch runs), naming the version of the last
+    batch that read one (the state as of it is where a replay can start).
+
+    Raises:
+        InputGoneError: see :func:`input_gone`.
+    """
+    gone_at = None
+    for c in batches:
+        lost = [f for f in c.files or () if inputs.gone(f)]
+        if lost:
+            gone_at = (c, lost)
+    if gone_at is not None:
+        c, lost = gone_at
+        raise input_gone(inputs.comp.name, c, lost, inputs.folder_of(lost[0])[0])
 
 
 def input_bytes(sizes: dict[str, dict[str, int]] | None, files: Sequence[str]) -> int | None:

@@ -18,12 +18,12 @@ from the commit log (:func:`skip_sets`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from deltawheel.statestore.inspection.positions import ComputationCommit
 from deltawheel.statestore.rowtable.inputfiles import ran_of
 
-__all__ = ["held", "batch_intervals", "skip_sets", "seed_marks", "unheld_intervals"]
+__all__ = ["held", "batch_intervals", "skip_sets", "skipped_files", "seed_marks", "unheld_intervals"]
 
 
 def held(c: ComputationCommit) -> tuple[int, ...]:
@@ -83,6 +83,26 @@ def skip_sets(commits: Sequence[ComputationCommit],
             i += 1
         out[c.version] = dict(sets) if ran_of(c.meta) is not None else None
     return [out[c.version] for c in batches]
+
+
+def skipped_files(c: ComputationCommit, done: Mapping[int, frozenset[str]] | None, *,
+                  scope: Sequence[int] | None = None) -> tuple[tuple[tuple[int, ...], tuple[str, ...]], ...]:
+    """What the replay of batch commit ``c`` drops (``done``: its :func:`skip_sets` entry), for the
+    plan: (intervals, the files of ``c`` whose records of those intervals an earlier commit ran),
+    grouped by intervals; () when it drops nothing. ``scope``: a partial replay's intervals.
+
+    The batch runs over the intervals its instance held within ``scope`` (:func:`batch_intervals`:
+    every interval when it held them all, which for the skip are those ``done`` names)."""
+    if not done:
+        return ()
+    h = held(c)
+    on = [i for i in h if scope is None or i in scope] if h else list(scope if scope is not None else sorted(done))
+    by_ivs: dict[tuple[int, ...], list[str]] = {}
+    for f in c.files or ():
+        ivs = tuple(i for i in sorted(on) if f in done.get(i, frozenset()))
+        if ivs:
+            by_ivs.setdefault(ivs, []).append(f)
+    return tuple((ivs, tuple(sorted(files))) for ivs, files in sorted(by_ivs.items()))
 
 
 def seed_marks(commits: Sequence[ComputationCommit], version: int) -> list[dict[str, Any]]:

@@ -525,15 +525,18 @@ class SharedInput:
             out |= consumed - self.done.get(iv, frozenset())
         return sorted(p for p in out if p in self.recorded or not self.gone(p))
 
+    def folder_of(self, position: str) -> tuple[str | None, str]:
+        """(the folder or stream table holding the file at ``position``, its name there); None:
+        no input of this computation holds it."""
+        if "/" in position:
+            stream, name = position.split("/", 1)
+            return self.tables.get(stream), name
+        return next((_parquet_of(inj).folder for inj in self.parquet.values()), None), position
+
     def gone(self, position: str) -> bool:
         """Whether the file at ``position`` is gone from its source (a local folder or stream
         table; a remote one is taken as present)."""
-        if "/" in position:
-            stream, name = position.split("/", 1)
-            folder = self.tables.get(stream)
-        else:
-            name = position
-            folder = next((_parquet_of(inj).folder for inj in self.parquet.values()), None)
+        folder, name = self.folder_of(position)
         if folder is None or ("://" in folder and not folder.startswith("file:")):
             return False
         return not os.path.exists(os.path.join(_local(folder), name))

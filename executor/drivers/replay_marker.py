@@ -1,0 +1,63 @@
+"""A replay's marker ``<into>/_replay.json`` in its shadow store: what it replays (the live
+store, pipeline, computation, start version, intervals or keys, the code, the computation's
+number of intervals and outputs) and how far it got (``reached``, the newest live version
+replayed). ``replay`` writes it whole at each step (a local folder: a rename; an ``s3a://`` one:
+one PUT); ``replay`` continuing into the folder, ``promote`` and ``deltawheel diff`` read it."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from deltawheel.statestore.delta.storefs import TableFiles, files_for, table_files
+from deltawheel.statestore.exceptions import ReplayTargetError
+from deltawheel.statestore.layout import StoreLayout
+
+__all__ = ["MARKER", "store_id", "into_files", "read_marker", "marker_of", "write_marker"]
+
+MARKER = "_replay.json"  # in the shadow store: what it replays and how far it got
+
+
+def store_id(store: StoreLayout) -> str:
+    """How a replay's marker names the live store: a local folder's real path, an object store's URI."""
+    return os.path.realpath(store.root) if store.is_local else store.root.rstrip("/")
+
+
+def into_files(spark: Any, into: StoreLayout) -> TableFiles:
+    """The shadow store's folder as Python reaches it: a local folder, or an ``s3a://`` one with
+    ``spark``'s S3 settings for its bucket (None for ``spark``: local only).
+
+    Raises:
+        ReplayTargetError: ``into`` is on a scheme the fast path does not reach.
+    """
+    files = table_files(spark, into.root) if spark is not None else files_for(into.root)
+    if files is None or (spark is None and not files.is_local):
+        raise ReplayTargetError(f"--into {into.root}: a replay's shadow store is a local folder or an s3a:// store")
+    return files
+
+
+def read_marker(into: StoreLayout, *, spark: Any = None) -> dict[str, Any] | None:
+    """What ``<into>/_replay.json`` records (None: not a replay's folder); ``spark`` reaches an
+    ``s3a://`` one."""
+    return marker_of(into_files(spark, into))
+
+
+def marker_of(files: TableFiles) -> dict[str, Any] | None:
+    """The marker in the shadow store's folder ``files`` (None: none there)."""
+    text = files.read_text(MARKER)
+    return None if text is None else dict(json.loads(text))
+
+
+def write_marker(files: TableFiles, content: Mapping[str, Any]) -> None:
+    """Write the marker ``content`` into the shadow store's folder ``files``, whole."""
+    text = json.dumps(dict(content), indent=2, sort_keys=True)
+    if not files.is_local:  # one PUT: the object is replaced whole
+        with files.fs.open_output_stream(files.path(MARKER)) as fh:
+            fh.write(text.encode("utf-8"))
+        return
+    path = files.path(MARKER)
+    staged = path + ".tmp"
+    with open(staged, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(staged, path)

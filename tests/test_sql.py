@@ -183,7 +183,11 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     assert main(["inspect", "--store", store.root, "--computation", "wc", "--key", "a"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == {"n": 1}
     assert main(["inspect", "--store", store.root, "--computation", "wc", "--key", "zz"]) == 1
-    assert "no row for key 'zz' of computation 'wc'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no row for key 'zz' of computation 'wc': the key holds no state" in err
+    # what to do next: the computation's keys, and the key's past versions
+    assert f"deltawheel sql --store {store.root} \"SELECT key FROM state WHERE computation = 'wc'\"" in err
+    assert f"deltawheel history --store {store.root} --computation wc --key zz" in err
     new = str(tmp_path / "new")
     assert main(["migrate", "--store", new]) == 0
     out = capsys.readouterr().out

@@ -258,7 +258,9 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
         assert want and all(described.get(c) == note for c, note in want.items()), (described, want)
         # read-only as the sql tool: a client's writes are refused, the rows table is untouched
         before = _rows_version(store)
-        for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`"):
+        for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`",
+                  # on a view: refused as the sql tool refuses it, before Delta's analysis fails it
+                  "DELETE FROM state", "UPDATE state SET state_json = '{{}}'"):
             with engine.connect() as conn, pytest.raises(Exception, match=r"(?s)ReadOnlySqlError.*fenced path"):
                 conn.execute(text(q.format(rows=store.rows)))
         with engine.connect() as conn:

@@ -193,7 +193,7 @@ def _sql_server(args: argparse.Namespace) -> int:
     }
     spark = _checked_spark(args, hive_support=True, extra=extra)
     views: list[str] = []
-    # read-only, as ``sql``: the clients' statements are checked once analysed (writes refused)
+    # read-only, as ``sql``: the clients' statements are checked once parsed and once analysed (writes refused)
     session = read_only_session(spark, lambda s: views.extend(
         register_views(s, layout_from(args), allow_pickle=args.allow_pickle)), table_names=lambda: views)
     server = jvm(spark).org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(

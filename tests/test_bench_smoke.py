@@ -8,6 +8,8 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -370,3 +372,24 @@ def test_the_command_isolates_unless_told_to_share_a_session(tmp_path: Path, mon
     assert cli_main(["bench", "throughput", "--size", "small", "--out", str(tmp_path)]) == 0
     assert cli_main(["bench", "throughput", "--size", "small", "--shared-session", "--out", str(tmp_path)]) == 0
     assert asked == [True, False]
+
+
+def test_the_command_prints_each_progress_line_as_it_goes(small: wl.WorkloadData, tmp_path: Path) -> None:
+    """`deltawheel bench ... | tee log`: a benchmark's first progress line reaches the pipe while it
+    still runs (before it writes its figures), not in one block with the others at its end."""
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # Python's default: a pipe buffers
+    child = subprocess.Popen([sys.executable, "-m", "deltawheel.executor.cli", "bench", "cache", "--size", "small",
+                              "--data-root", str(small.data_dir.parent), "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert child.stdout is not None
+        first = child.stdout.readline()
+        written_before = (out / "cache.json").exists()
+        rest = child.stdout.read()
+        assert child.wait(timeout=300) == 0
+    finally:
+        child.kill()
+    assert first.startswith("trace: 21 batches"), first
+    assert not written_before     # the line came while the capacities were still being replayed
+    assert "capacity" in rest and (out / "cache.json").exists()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+from pathlib import Path
+
 import pytest
 from deltawheel.executor.cli import build_parser, main
 from deltawheel.executor.exceptions import ClusterError, UserCodeError
@@ -42,6 +46,19 @@ def test_help_lists_the_exit_codes(capsys) -> None:  # type: ignore[no-untyped-d
     with pytest.raises(SystemExit) as bad:
         build_parser().parse_args(["sql", "--no-such-flag"])
     assert bad.value.code == 2
+
+
+def test_the_repository_wrapper_help_lists_the_subcommands() -> None:
+    """`./dw --help` (what the README points a new user to) shows deltawheel's subcommands and exit
+    codes after the wrapper's own lines, not the wrapper's lines alone."""
+    dw = Path(__file__).resolve().parents[1] / "dw"
+    done = subprocess.run([str(dw), "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "./dw test" in done.stdout                      # the wrapper's own lines
+    assert "usage: deltawheel" in done.stdout              # then deltawheel's
+    for sub in ("demo", "status", "upgrade-state", "gc", "bench"):
+        assert re.search(rf"\n    {sub}\s", done.stdout), sub
+    assert "exit codes" in done.stdout
 
 
 def test_store_that_is_a_plain_file(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -347,6 +347,20 @@ def test_a_binding_deleted_by_a_refused_start_mid_bind_gives_the_refusal_not_a_r
             c.close()
 
 
+def test_the_reseed_plan_shows_injector_watermarks_as_times() -> None:
+    """The dry run's injector line reads as a time, or the end of time after a bounded run, not as
+    a bare 9223372036854775807."""
+    from deltawheel.executor.cli.reseed import injector_line
+    from deltawheel.statestore.zk.watermarks import END_OF_TIME
+
+    assert injector_line("events", END_OF_TIME, END_OF_TIME) == (
+        "  injector events: watermark end of time in the store's commits, ZooKeeper's end of time  ok")
+    assert injector_line("events", 1_735_689_600_000, None) == (
+        "  injector events: watermark 2025-01-01 00:00:00 UTC (1735689600000 ms) in the store's commits, "
+        "ZooKeeper's none  restore")
+    assert "9223372036854775807" not in injector_line("events", END_OF_TIME, 0)
+
+
 @pytest.mark.timeout(400)
 def test_reseed_restores_the_injector_watermark_the_lost_zookeeper_held(spark, tmp_path, zk_config, clean,
                                                                         capsys) -> None:  # type: ignore[no-untyped-def]

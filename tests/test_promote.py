@@ -61,6 +61,31 @@ def test_a_folder_that_is_no_replay_of_this_computation_is_refused(tmp_path: Pat
     assert not os.path.exists(store.root)
 
 
+def test_a_plan_counts_the_keys_it_does_not_name() -> None:
+    """A plan names five keys written and five deleted; the others are counted, with the command
+    that compares them all, so a long plan does not read as complete."""
+    from deltawheel.executor.drivers.promote import PromotePlan
+    from deltawheel.statestore.rowtable.rows import KeyRow
+    from deltawheel.statestore.surgery.replace import SurgeryResult
+
+    def plan(written: int, deleted: int) -> str:
+        change = SurgeryResult(computation="model", intervals=(0, 1), sequencers={0: 1, 1: 1},
+                               upserted=tuple(KeyRow("model", f"k{i}", i % 2) for i in range(written)),
+                               deleted=tuple((i % 2, f"d{i}") for i in range(deleted)), before={},
+                               version=None, audit_id=None, planned=True)
+        return PromotePlan(store="/live", into="/shadow", pipeline="zeitgeist", computation="model", reached=3,
+                           newest=3, behind=0, change=change).describe()
+
+    out = plan(8, 6)
+    assert "write 8 keys and delete 6" in out
+    assert [line.split("'")[1] for line in out.splitlines() if line.startswith("  write  ")] == \
+        ["k0", "k1", "k2", "k3", "k4"]
+    assert out.count("  delete ") == 5
+    assert out.splitlines()[-1] == ("  ... and 4 more keys: deltawheel diff --store /live --store /shadow "
+                                    "--computation model compares them all")
+    assert "more keys" not in plan(5, 5)        # every key named: nothing to count
+
+
 @pytest.mark.zk
 @pytest.mark.timeout(900)
 def test_a_replay_behind_the_live_position_is_refused_without_catch_up(  # type: ignore[no-untyped-def]

@@ -183,7 +183,11 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     assert main(["inspect", "--store", store.root, "--computation", "wc", "--key", "a"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == {"n": 1}
     assert main(["inspect", "--store", store.root, "--computation", "wc", "--key", "zz"]) == 1
-    assert "no row for key 'zz' of computation 'wc'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no row for key 'zz' of computation 'wc': the key holds no state" in err
+    # what to do next: the computation's keys, and the key's past versions
+    assert f"deltawheel sql --store {store.root} \"SELECT key FROM state WHERE computation = 'wc'\"" in err
+    assert f"deltawheel history --store {store.root} --computation wc --key zz" in err
     new = str(tmp_path / "new")
     assert main(["migrate", "--store", new]) == 0
     out = capsys.readouterr().out
@@ -254,7 +258,9 @@ def test_sql_server_with_sqlalchemy(store, tmp_path) -> None:  # type: ignore[no
         assert want and all(described.get(c) == note for c, note in want.items()), (described, want)
         # read-only as the sql tool: a client's writes are refused, the rows table is untouched
         before = _rows_version(store)
-        for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`"):
+        for q in (WRITES[0], WRITES[1], WRITES[9], "-- hi\n  /* x */ OPTIMIZE delta.`{rows}`",
+                  # on a view: refused as the sql tool refuses it, before Delta's analysis fails it
+                  "DELETE FROM state", "UPDATE state SET state_json = '{{}}'"):
             with engine.connect() as conn, pytest.raises(Exception, match=r"(?s)ReadOnlySqlError.*fenced path"):
                 conn.execute(text(q.format(rows=store.rows)))
         with engine.connect() as conn:

@@ -203,6 +203,19 @@ def test_status_of_an_empty_store_says_so(migrated_store, zk_config) -> None:  #
     assert "no pipeline has run on this store yet" in out.stdout
 
 
+
+def test_status_and_report_of_a_store_that_does_not_exist_say_so(tmp_path: Path) -> None:
+    """A mistyped --store is refused (NotAStoreError, exit 3) instead of being reported as a store no
+    pipeline ran on, and no folder (nor an embedded ZooKeeper's) is made there."""
+    missing = tmp_path / "no-such-store"
+    for cmd in (["status"], ["report", "--out", str(tmp_path / "r.html")]):
+        out = _cli(*cmd, "--store", str(missing))
+        assert out.returncode == 3, (cmd, out.stdout, out.stderr)
+        assert f"NotAStoreError: --store {missing} does not exist" in out.stderr, out.stderr
+        assert not missing.exists()
+    assert not (tmp_path / "r.html").exists()
+
+
 # ------------------------------------------------------------------ the report in Chromium
 
 def _chromium() -> str | None:

@@ -22,12 +22,18 @@ restarts it and reports the seconds to its first committed batch and where they 
 without an instance name (``restart.json``; docs/continuous.md).
 
 The benchmark modules (pyarrow, matplotlib, the engine registry) are imported
-only when a benchmark runs, so ``deltawheel --help`` stays fast.
+only when a benchmark runs, so ``deltawheel --help`` stays fast. Their progress lines reach a
+pipe or a file as they are printed (``| tee``), not in one block at the end: a benchmark's
+standard output is line-buffered.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import io
+import sys
+from typing import Callable
 
 from deltawheel.benchmarks.args import (
     add_cache_arguments,
@@ -40,6 +46,19 @@ from deltawheel.benchmarks.args import (
 from deltawheel.benchmarks.taskreplay import add_tasks_arguments
 
 __all__ = ["register"]
+
+
+def _by_line(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``run`` with standard output line-buffered: Python buffers a pipe's or a file's output in
+    blocks, which would hold a benchmark's progress lines back until it ends (minutes)."""
+
+    @functools.wraps(run)
+    def lines(args: argparse.Namespace) -> int:
+        if isinstance(sys.stdout, io.TextIOWrapper):
+            sys.stdout.reconfigure(line_buffering=True)
+        return run(args)
+
+    return lines
 
 
 def _throughput(args: argparse.Namespace) -> int:
@@ -91,25 +110,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sub.required = True
     t = sub.add_parser("throughput", help="records/s of several engines on the same workload")
     add_throughput_arguments(t)
-    t.set_defaults(func=_throughput)
+    t.set_defaults(func=_by_line(_throughput))
     c = sub.add_parser("cache", help="row cache hit rates: window-aware vs LRU vs optimal on the workload's trace")
     add_cache_arguments(c)
-    c.set_defaults(func=_cache)
+    c.set_defaults(func=_by_line(_cache))
     w = sub.add_parser("watermarks", help="injector watermark estimates side by side: lag against late records")
     add_watermark_arguments(w)
-    w.set_defaults(func=_watermarks)
+    w.set_defaults(func=_by_line(_watermarks))
     lat = sub.add_parser("latency", help="per-record latency from arrival to a visible Delta commit, engines side by side")
     add_latency_arguments(lat)
-    lat.set_defaults(func=_latency)
+    lat.set_defaults(func=_by_line(_latency))
     h = sub.add_parser("history", help="a key's history on the image path: the log-driven reader against Delta's "
                        "change data feed and time travel (docs/history.md)")
     add_history_arguments(h)
-    h.set_defaults(func=_history)
+    h.set_defaults(func=_by_line(_history))
     r = sub.add_parser("restart", help="seconds from restarting a SIGKILLed continuous job to its first committed "
                        "batch, with and without an instance name (docs/continuous.md)")
     add_restart_arguments(r)
-    r.set_defaults(func=_restart)
+    r.set_defaults(func=_by_line(_restart))
     k = sub.add_parser("tasks", help="run image tasks captured with DELTAWHEEL_TASK_CAPTURE=DIR again in one "
                        "process and print their CPU seconds")
     add_tasks_arguments(k)
-    k.set_defaults(func=_tasks)
+    k.set_defaults(func=_by_line(_tasks))

@@ -16,7 +16,7 @@ from deltawheel.statestore.session.sparkenv import SparkSettings
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
 __all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
-           "layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper"]
+           "layout_from", "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -161,6 +161,20 @@ def layout_from(args: argparse.Namespace) -> StoreLayout:
             "store's folder (the one holding rows/ and _meta/), or a path that does not exist yet to "
             f"create a store there with 'deltawheel migrate --store DIR --apply'")
     return StoreLayout(path)
+
+
+def existing_layout_from(args: argparse.Namespace) -> StoreLayout:
+    """:func:`layout_from` for a command that only looks at a store: a local ``--store`` that does not
+    exist is refused before anything (a ZooKeeper of its own included) is made there for a typo.
+
+    Raises:
+        NotAStoreError: ``--store`` names a file, or a local folder that does not exist.
+    """
+    layout = layout_from(args)
+    if layout.is_local and not os.path.isdir(layout.root):
+        raise NotAStoreError(f"--store {args.store} does not exist ({layout.root}): pass the folder of a "
+                             "pipeline's store (the one holding rows/ and _meta/)")
+    return layout
 
 
 def spark_from(args: argparse.Namespace, **kw: Any) -> Any:

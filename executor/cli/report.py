@@ -201,9 +201,9 @@ def write_report(st: StoreStatus, out: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .common import layout_from, spark_from
+    from .common import existing_layout_from, spark_from
 
-    layout = layout_from(args)
+    layout = existing_layout_from(args)
     spark = None if layout.is_local else spark_from(args)
     with store_zookeeper(args) as (layout, _cfg, client):
         st = gather(layout, client, pipeline=args.pipeline, spark=spark)

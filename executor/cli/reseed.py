@@ -15,7 +15,7 @@ from .common import (
     store_zookeeper,
 )
 
-__all__ = ["register"]
+__all__ = ["injector_line", "register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,6 +32,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
     add_spark_args(p)
     p.set_defaults(func=_run)
+
+
+def _watermark(ms: int | None) -> str:
+    """A watermark as the plan shows it: ``end of time``, or the UTC time with the epoch ms."""
+    from ..protocol.reports import format_watermark
+
+    if ms is None:
+        return "none"
+    shown = format_watermark(ms)
+    return "end of time" if shown == "end" else f"{shown} UTC ({ms} ms)"
+
+
+def injector_line(name: str, recorded_ms: int, zookeeper_ms: int | None) -> str:
+    """The plan's line for one injector: the watermark the store's commits record against
+    ZooKeeper's, and whether it is restored."""
+    state = "ok" if zookeeper_ms is not None and zookeeper_ms >= recorded_ms else "restore"
+    return (f"  injector {name}: watermark {_watermark(recorded_ms)} in the store's commits, ZooKeeper's "
+            f"{_watermark(zookeeper_ms)}  {state}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -58,9 +76,7 @@ def _run(args: argparse.Namespace) -> int:
             state = "ok" if nxt > s else f"BEHIND: raise to {s + 1}"
             print(f"  {comp} interval {iv}: store sequencer {s}, ZooKeeper's next {nxt}  {state}")
     for name, wm in sorted(plan.injectors.items()):
-        zk_wm = plan.zookeeper_injectors.get(name)
-        state = "ok" if zk_wm is not None and zk_wm >= wm else "restore"
-        print(f"  injector {name}: watermark {wm} in the store's commits, ZooKeeper's {zk_wm}  {state}")
+        print(injector_line(name, wm, plan.zookeeper_injectors.get(name)))
     if not plan.needed:
         print("nothing to re-seed: ZooKeeper is ahead of every sequencer in the store")
     elif not args.apply:

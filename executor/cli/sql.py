@@ -166,7 +166,12 @@ def _inspect(args: argparse.Namespace) -> int:
     spark = _checked_spark(args) if local is False else None
     found = inspect_key(spark, layout, computation=args.computation, key=args.key, allow_pickle=args.allow_pickle)
     if found is None:
-        print(f"no row for key {args.key!r} of computation {args.computation!r}", file=sys.stderr)
+        c, k = args.computation, args.key
+        print(f"no row for key {k!r} of computation {c!r}: the key holds no state, timers or pending "
+              "productions now (names and keys are case-sensitive); "
+              f"deltawheel sql --store {layout.root} \"SELECT key FROM state WHERE computation = '{c}'\" lists the "
+              f"computation's keys, deltawheel history --store {layout.root} --computation {c} --key {k} shows a "
+              "key's past versions", file=sys.stderr)
         return 1
     print(json.dumps(found, indent=2, ensure_ascii=False))
     return 0
@@ -188,7 +193,7 @@ def _sql_server(args: argparse.Namespace) -> int:
     }
     spark = _checked_spark(args, hive_support=True, extra=extra)
     views: list[str] = []
-    # read-only, as ``sql``: the clients' statements are checked once analysed (writes refused)
+    # read-only, as ``sql``: the clients' statements are checked once parsed and once analysed (writes refused)
     session = read_only_session(spark, lambda s: views.extend(
         register_views(s, layout_from(args), allow_pickle=args.allow_pickle)), table_names=lambda: views)
     server = jvm(spark).org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(

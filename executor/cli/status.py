@@ -309,9 +309,9 @@ def _pending(st: StoreStatus, pipeline: str, comp: str, *, running: bool) -> str
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .common import layout_from, spark_from
+    from .common import existing_layout_from, spark_from
 
-    layout = layout_from(args)
+    layout = existing_layout_from(args)
     spark = None if layout.is_local else spark_from(args)
     with store_zookeeper(args) as (layout, _cfg, client):
         st = gather(layout, client, pipeline=args.pipeline, spark=spark)

@@ -43,6 +43,9 @@ from deltawheel.statestore.surgery.replace import (
 from ..computation import Computation
 from .replay import plan_replay, read_marker, replay, store_id
 
+# keys written (and deleted) a plan names one by one; the rest are counted
+_SHOWN = 5
+
 __all__ = ["PromotePlan", "check_replay", "plan_promote", "promote", "promote_intervals", "shadow_rows"]
 
 
@@ -70,10 +73,14 @@ class PromotePlan:
                  f"  would take the leases of intervals {list(self.change.intervals)}, write "
                  f"{len(self.change.upserted)} keys and delete {len(self.change.deleted)} (against the replay as it "
                  "is now), in one fenced commit recorded in the audit table"]
-        for r in self.change.upserted[:5]:
+        for r in self.change.upserted[:_SHOWN]:
             lines.append(f"  write  {r.key!r} (interval {r.interval})")
-        for iv, k in self.change.deleted[:5]:
+        for iv, k in self.change.deleted[:_SHOWN]:
             lines.append(f"  delete {k!r} (interval {iv})")
+        more = max(0, len(self.change.upserted) - _SHOWN) + max(0, len(self.change.deleted) - _SHOWN)
+        if more:
+            lines.append(f"  ... and {more} more keys: deltawheel diff --store {self.store} --store {self.into} "
+                         f"--computation {self.computation} compares them all")
         return "\n".join(lines)
 
 

@@ -84,10 +84,13 @@ def _show_tables_query(names: Sequence[str]) -> str:
 
 def read_only_session(spark: Any, prepare: Callable[[Any], Any],
                       table_names: Callable[[], Sequence[str]] | None = None) -> Any:
-    """A new session of ``spark``'s application whose every statement is checked, once analysed,
-    as :func:`check_read_only` checks a parsed one (an analysis check rule, run in this Python
-    process through py4j's callback server): what a JDBC client of ``sql-server`` sends too.
-    ``prepare(session)`` runs first, unchecked (it defines the views).
+    """A new session of ``spark``'s application whose every statement is checked as
+    :func:`check_read_only` checks one: once parsed (a parser wrapping Spark's, so that a write is
+    refused with :class:`ReadOnlySqlError` before Spark or Delta analyse it: a DELETE on a view
+    would otherwise fail analysis first, with Delta's error) and again once analysed (an analysis
+    check rule), both run in this Python process through py4j's callback server: what a JDBC
+    client of ``sql-server`` sends too. ``prepare(session)`` runs first, unchecked (it defines the
+    views).
 
     With ``table_names``, a plain ``SHOW TABLES`` (``IN default`` too) lists those names in its
     first column (Spark's puts the namespace first, empty for temporary views: SQLAlchemy's Hive
@@ -116,7 +119,8 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any],
             implements = ["scala.Function1"]
 
     class _Parser:
-        """Spark's parser, but SHOW TABLES names the tables first; every other call passed on."""
+        """Spark's parser, each parsed plan checked (once armed); SHOW TABLES names the tables
+        first; every other call passed on."""
 
         def __init__(self, delegate: Any) -> None:
             self._delegate = delegate
@@ -129,7 +133,10 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any],
             def parse(text: Any, *rest: Any) -> Any:
                 if table_names is not None and isinstance(text, str) and _SHOW_TABLES.fullmatch(text):
                     text = _show_tables_query(table_names())
-                return method(text, *rest)
+                plan = method(text, *rest)
+                if armed.is_set():
+                    _check_plan(driver_jvm, plan)
+                return plan
 
             return parse
 
@@ -146,8 +153,7 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any],
     # a new session builds its analyser (and parser) from the application's extensions, these included
     jspark = jsession(spark)
     jspark.extensions().injectCheckRule(_Rule())
-    if table_names is not None:
-        jspark.extensions().injectParser(_ParserBuilder())
+    jspark.extensions().injectParser(_ParserBuilder())
     session = SparkSession(spark.sparkContext, jspark.newSession())
     prepare(session)
     armed.set()

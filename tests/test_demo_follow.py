@@ -100,6 +100,9 @@ def test_demo_follow_runs_every_stage_live_and_ends_with_every_event_once(spark,
     reader.join(10)
     out = "\n".join(lines)
     assert running, "status and report ran after the demo had ended: " + out[-3000:]
+    # the seconds of the JVM's start are announced, not silent
+    starting = next(i for i, ln in enumerate(lines) if ln.startswith("deltawheel: starting Spark (local["))
+    assert any(ln.startswith("deltawheel: Spark ready in ") for ln in lines[starting:]), out[:3000]
     assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
     assert all(name in status.stdout for name in STAGES), status.stdout
     assert report.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, report.stderr[-2000:]

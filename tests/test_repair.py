@@ -56,7 +56,7 @@ def test_repair_as_a_user_runs_it_plan_update_delete_and_refusals(  # type: igno
     update = "UPDATE state SET state_json = '{\"0\": 7}' WHERE key = 'cats'"
     assert main([*base, "--plan", update]) == 0
     out = capsys.readouterr().out
-    assert "would write 1 keys and delete 0" in out and """'cats' (interval""" in out
+    assert "would write 1 key and delete 0" in out and """'cats' (interval""" in out
     assert """{"0": 2} -> {"0": 7}""" in out
     assert state_of(spark, migrated_store, "buckets") == before  # the plan changed nothing
 

@@ -14,6 +14,7 @@ other in this process on the shared Spark session (as in tests/test_rescale.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -472,10 +473,27 @@ def test_the_plan_says_which_intervals_each_batch_runs_over() -> None:
                           input_bytes=None).describe()
 
     text = plan(_commit(3, [0, 1], batch_id=2), _commit(4, [2, 3], batch_id=2))
-    assert "batch 2 (live version 3): 1 input files, input watermark 3, over intervals [0, 1] (those its " \
-           "instance held)" in text
-    assert "batch 2 (live version 4): 1 input files, input watermark 4, over intervals [2, 3]" in text
+    assert "batch 2 (live version 3): 1 input files, input watermark 1970-01-01 00:00:00 UTC (3 ms), over " \
+           "intervals [0, 1] (those its instance held)" in text
+    assert "batch 2 (live version 4): 1 input files, input watermark 1970-01-01 00:00:00 UTC (4 ms), over " \
+           "intervals [2, 3]" in text
     assert "over intervals" not in plan(_commit(3, [0, 1, 2, 3]), _commit(4, [0, 1, 2, 3]))  # one instance
+
+
+def test_the_plan_shows_watermarks_as_times_and_the_end_of_time_as_such() -> None:
+    """A bounded run's last batch has the input watermark at the end of time (Long.MaxValue): the plan
+    says so instead of printing the number."""
+    from deltawheel.executor.drivers.replay import ReplayPlan
+    from deltawheel.executor.protocol.reports import describe_watermark
+    from deltawheel.statestore.zk.watermarks import END_OF_TIME
+
+    last = dataclasses.replace(_commit(5, [0, 1, 2, 3], batch_id=3), input_ms=END_OF_TIME)
+    text = ReplayPlan(store="live", into="shadow", pipeline="sharing", computation=NAME, from_version=None,
+                      to_version=5, horizon=None, batches=(last,), input_files=1, input_bytes=None).describe()
+    assert "batch 3 (live version 5): 1 input files, input watermark end of time" in text
+    assert str(END_OF_TIME) not in text
+    assert describe_watermark(1_735_689_696_647) == "2025-01-01 00:01:36 UTC (1735689696647 ms)"
+    assert describe_watermark(None) == "none"
 
 
 def test_the_plan_says_which_files_each_batch_reads_and_which_records_it_skips() -> None:
@@ -496,8 +514,8 @@ def test_the_plan_says_which_files_each_batch_reads_and_which_records_it_skips()
                           input_bytes=None, intervals=scope, skips=skips).describe()
 
     text = plan(commits[2:])
-    assert f"batch 0 (live version 3): 3 input files, input watermark 3, over intervals [0, 1] (those its " \
-           f"instance held)\n    reads {f0}, {f1}, {f2}\n    skips the records of intervals [0, 1] in {f0}, {f1}: " \
+    assert f"batch 0 (live version 3): 3 input files, input watermark 1970-01-01 00:00:00 UTC (3 ms), over " \
+           f"intervals [0, 1] (those its instance held)\n    reads {f0}, {f1}, {f2}\n    skips the records of intervals [0, 1] in {f0}, {f1}: " \
            "earlier commits processed them for those intervals (the live batch skipped them too)\n" in text
     # many files: the first few named, the rest counted; file 2 ran for a's intervals only
     assert f"    reads 5 files: {f0}, {f1}, {f2} and 2 more\n    skips the records of intervals [2, 3] in {f0}, {f1}: " \

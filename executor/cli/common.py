@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import logging
 import os
+import sys
+import time
 from typing import Any, Iterator
 
 from deltawheel.executor.session import build_spark
@@ -177,8 +179,10 @@ def existing_layout_from(args: argparse.Namespace) -> StoreLayout:
     return layout
 
 
-def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
+def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -> Any:
     """A Spark session with Delta built from parsed ``args`` (``kw``: more :class:`SparkSettings` fields).
+    ``announce``: say on stderr when a JVM starts and when it is ready (a long-running command's
+    seconds of silence otherwise; the tools' output stays free of such lines without --verbose).
 
     For a store on an object store, the session's commits to it are arbitrated by ``--zk`` (its
     log store, docs/objectstore.md) with the pipelines' ``--zk-chroot``.
@@ -196,14 +200,27 @@ def spark_from(args: argparse.Namespace, **kw: Any) -> Any:
     from .logs import spark_log_level
 
     kw.setdefault("log_level", spark_log_level())
-    spark = build_spark(SparkSettings(master=getattr(args, "master", "local[2]"),
-                                      driver_memory=getattr(args, "driver_memory", "2g"), **kw))
+    master = getattr(args, "master", "local[2]")
+    fresh = announce and _no_session()
+    if fresh:  # a JVM to start: seconds, up to half a minute on a busy machine, with nothing else printed
+        print(f"deltawheel: starting Spark ({master}) ...", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    spark = build_spark(SparkSettings(master=master, driver_memory=getattr(args, "driver_memory", "2g"), **kw))
+    if fresh:
+        print(f"deltawheel: Spark ready in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     if remote and getattr(args, "zk", None):
         from deltawheel.statestore.objectstore.logstore import configure_log_store
 
         configure_log_store(spark, args.zk, chroot=getattr(args, "zk_chroot", "/deltawheel"),
                             digest=getattr(args, "zk_digest", None))
     return spark
+
+
+def _no_session() -> bool:
+    """No SparkContext runs in this process yet (building the session starts a JVM)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is None
 
 
 @contextlib.contextmanager

@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
     cfg = zookeeper.config
-    spark = spark_from(args)
+    spark = spark_from(args, announce=True)
     injector = demo_injector(args, layout)
     pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=demo_computations(args))
 
@@ -212,7 +212,7 @@ def _follow(args: argparse.Namespace) -> int:
     zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
     try:
         cfg = zookeeper.config
-        spark = spark_from(args)
+        spark = spark_from(args, announce=True)
         with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
                                 pipeline="zeitgeist", wait_s=args.wait, max_pause_s=args.max_pause,
                                 zk_session_timeout_s=args.zk_session_timeout) as engine:

@@ -72,7 +72,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.plan:
             plan = plan_repair(spark, store, client, pipeline=args.pipeline, computation=args.computation,
                                statement=args.statement, codec=args.codec)
-            print(f"repair of {args.computation} would write {len(plan.upserted)} keys and delete "
+            n = len(plan.upserted)
+            print(f"repair of {args.computation} would write {n} {'key' if n == 1 else 'keys'} and delete "
                   f"{len(plan.deleted)} (nothing changed):")
             _show(plan)
             return 0

@@ -34,22 +34,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=_run)
 
 
-def _watermark(ms: int | None) -> str:
-    """A watermark as the plan shows it: ``end of time``, or the UTC time with the epoch ms."""
-    from ..protocol.reports import format_watermark
-
-    if ms is None:
-        return "none"
-    shown = format_watermark(ms)
-    return "end of time" if shown == "end" else f"{shown} UTC ({ms} ms)"
-
-
 def injector_line(name: str, recorded_ms: int, zookeeper_ms: int | None) -> str:
     """The plan's line for one injector: the watermark the store's commits record against
     ZooKeeper's, and whether it is restored."""
+    from ..protocol.reports import describe_watermark
+
     state = "ok" if zookeeper_ms is not None and zookeeper_ms >= recorded_ms else "restore"
-    return (f"  injector {name}: watermark {_watermark(recorded_ms)} in the store's commits, ZooKeeper's "
-            f"{_watermark(zookeeper_ms)}  {state}")
+    return (f"  injector {name}: watermark {describe_watermark(recorded_ms)} in the store's commits, ZooKeeper's "
+            f"{describe_watermark(zookeeper_ms)}  {state}")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
     try:
-        spark = spark_from(args)
+        spark = spark_from(args, announce=True)
 
         def progress(line: str) -> None:
             print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)

@@ -73,7 +73,7 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, interval_of
 
 from ..computation import Computation
-from ..protocol.reports import BatchReport
+from ..protocol.reports import BatchReport, describe_watermark
 from ..sources.injector import Injector
 from .replay_diff import replay_diff
 from .replay_inputs import check_files, check_inputs, input_bytes, replay_input
@@ -158,7 +158,8 @@ class ReplayPlan:
                 read = f"{sum(e - s for parts in c.kafka.values() for s, e in parts.values())} Kafka records " \
                        f"({', '.join(f'{t}/{p} [{s}, {e})' for t, ps in c.kafka.items() for p, (s, e) in ps.items())})" \
                        + (f" and {len(c.files or ())} input files" if c.files else "")
-            lines.append(f"  batch {c.batch_id} (live version {c.version}): {read}, input watermark {c.input_ms}"
+            lines.append(f"  batch {c.batch_id} (live version {c.version}): {read}, "
+                         f"input watermark {describe_watermark(c.input_ms)}"
                          + (f", over intervals {list(h)} (those its instance held)" if len(sets) > 1 else ""))
             if c.files:
                 lines.append(f"    reads {_some(c.files)}")

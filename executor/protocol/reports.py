@@ -79,6 +79,15 @@ def format_watermark(ms: int | None, *, now_ms: int | None = None) -> str:
     return time.strftime("%H:%M:%S" if t[:3] == today else "%Y-%m-%d %H:%M:%S", t)
 
 
+def describe_watermark(ms: int | None) -> str:
+    """A watermark in a plan or report line meant to be read: ``none``, ``end of time``, or the UTC
+    time with the epoch milliseconds (what the tables and ZooKeeper hold)."""
+    if ms is None:
+        return "none"
+    shown = format_watermark(ms)
+    return "end of time" if shown == "end" else f"{shown} UTC ({ms} ms)"
+
+
 def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
     """The batch's progress line (watermarks as :func:`format_watermark` shows them)."""
 

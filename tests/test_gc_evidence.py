@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 from deltawheel.gc.inputsets import prune_input_sets
-from deltawheel.gc.ranlog import RAN_LOG_FORMAT_VERSION, ran_in_log, read_ran, saved_path
+from deltawheel.gc.ranlog import RAN_LOG_FORMAT_VERSION, ran_in_log, read_ran, save_ran, saved_path
 from deltawheel.statestore.delta.log import json_commit_versions
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.delta.txn import TableLog
+from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.inputfiles import commit_entry
 from deltawheel.statestore.rowtable.rows import interval_of
 from deltawheel.statestore.zk.client import connect
@@ -150,3 +151,61 @@ def test_gc_reads_the_commits_since_the_last_gc_and_decides_as_a_read_of_every_c
     m.add(3)
     m.run("a", None)
     assert m.counts() == m.expected
+
+
+def _log_of(root: Path, versions: range, *, first_file: int = 0) -> StoreLayout:
+    """A store whose rows table's log holds JSON commits ``versions``, each a shared batch's of
+    computation ``c`` naming intervals 0-1 and one file (written as files: the reader reads files)."""
+    layout = StoreLayout(str(root))
+    log = Path(layout.rows) / "_delta_log"
+    log.mkdir(parents=True, exist_ok=True)
+    for v in versions:
+        meta = {"computation": "c", **commit_entry(v, [f"f{first_file + v}"], intervals=[0, 1])}
+        (log / f"{v:020d}.json").write_text(json.dumps({"commitInfo": {"userMetadata": json.dumps(meta)}}) + "\n")
+    return layout
+
+
+def test_kept_evidence_is_used_only_for_the_log_it_was_read_from(tmp_path: Path) -> None:
+    """The kept read is used while its last commit is in the log with the same bytes; otherwise
+    (that commit cleaned up, the log rewritten or shorter, another format) every commit is read.
+    A read continued from an earlier one (``since``, the CLI's read before its log clean-up) reads
+    the commits after it that are still there."""
+    layout = _log_of(tmp_path / "s", range(5))
+    first = read_ran(layout)
+    assert (first.upto, first.read) == (4, 5) and save_ran(layout, first)
+    _log_of(tmp_path / "s", range(5, 8))
+    on = read_ran(layout)
+    assert (on.upto, on.read, on.ran) == (7, 4, ran_in_log(layout.rows))  # the check, then 5-7
+    assert on.ran == {"c": {0: frozenset(f"f{v}" for v in range(8)), 1: frozenset(f"f{v}" for v in range(8))}}
+    log = Path(layout.rows) / "_delta_log"
+    # the same versions written again with other content (a store restored, a table made again)
+    _log_of(tmp_path / "s", range(5), first_file=100)
+    again = read_ran(layout)
+    assert again.read == 1 + 8 and again.ran == ran_in_log(layout.rows)
+    assert "f0" not in again.ran["c"][0] and "f100" in again.ran["c"][0]
+    # commits before the kept one cleaned up: the kept read still holds their facts (true ones)
+    assert save_ran(layout, again)
+    for v in range(5):
+        (log / f"{v:020d}.json").unlink()
+    kept_on = read_ran(layout)
+    assert (kept_on.read, kept_on.ran) == (1, again.ran) and ran_in_log(layout.rows)["c"][0] < again.ran["c"][0]
+    # the kept commit itself cleaned up: every commit left is read; a read continued from an
+    # earlier one of this run (``since``: not checked) reads the commits after it still there
+    other = _log_of(tmp_path / "t", range(5))
+    before = read_ran(other)
+    assert save_ran(other, before)
+    _log_of(tmp_path / "t", range(5, 8))
+    for v in range(6):  # a clean-up below a checkpoint at version 6
+        (Path(other.rows) / "_delta_log" / f"{v:020d}.json").unlink()
+    cleaned = read_ran(other)
+    assert (cleaned.read, cleaned.ran) == (1 + 2, ran_in_log(other.rows))
+    continued = read_ran(other, since=before)
+    assert (continued.read, continued.upto) == (2, 7)
+    assert continued.ran["c"][0] == frozenset({"f0", "f1", "f2", "f3", "f4", "f6", "f7"})
+    # another format version: not read
+    kept = Path(str(saved_path(layout)))
+    kept.write_text(kept.read_text().replace(f'"format_version":{RAN_LOG_FORMAT_VERSION}', '"format_version":99'))
+    assert read_ran(layout).read == 3  # versions 5-7, no check
+    # a remote store keeps nothing (its log is not read here)
+    assert saved_path(StoreLayout("s3a://bucket/store")) is None
+    assert not save_ran(StoreLayout("s3a://bucket/store"), on)

@@ -2,7 +2,7 @@
 batches or minutes, in a background thread of the driver.
 
 The pipeline does not wait for it: :meth:`BackgroundGc.batch_done` (called by the runner after each
-round of batches) only counts and, when a run is due and none is running, starts one in a daemon
+batch of any stage) only counts and, when a run is due and none is running, starts one in a daemon
 thread; its Spark jobs run beside the batches (they share the machine, not a lock). Only the passes
 that are safe under a running job run: stream and metrics retention (blind deletes; executors only
 append to those tables), OPTIMIZE (a fenced commit that conflicts is retried by the store; an
@@ -16,9 +16,11 @@ their rows commit and their audit row), for tools' commits older than ``audit_gr
 after its commit while it holds the leases. A run that fails is recorded
 (:attr:`BackgroundGc.failures`) and logged; the pipeline goes on.
 
-The runners (``PipelineRunner``: after each round; ``ContinuousRun``: after each stage's batch, and
-at its ticks for a run due by time) call :meth:`BackgroundGc.batch_done`, and give it their progress
-lines: a line when a run starts and one when it ends, saying what it did (:func:`summary`).
+The runners call :meth:`BackgroundGc.batch_done` after each batch of any stage (``PipelineRunner``:
+each micro-batch of a stage's bounded query; ``ContinuousRun``: each micro-batch of a live stage),
+and with ``n=0`` for a run due by time (``PipelineRunner``: after each stage's timer flush;
+``ContinuousRun``: at its ticks), and give it their progress lines: a line when a run starts and
+one when it ends, saying what it did (:func:`summary`).
 ``--gc-every`` (``deltawheel run``, ``deltawheel demo``) and ``gc_every=`` (``engine.run_pipeline``,
 ``engine.start_pipeline``) take ``N`` (batches) or a duration (``30s``, ``10m``, ``1h``):
 :func:`parse_every`.
@@ -115,7 +117,7 @@ def summary(report: GcReport) -> str:
 
 
 class BackgroundGc:
-    """gc's passes every ``every_batches`` rounds of batches and/or ``every_s`` seconds (the first
+    """gc's passes every ``every_batches`` batches and/or ``every_s`` seconds (the first
     that comes), in the background (see the module docstring).
 
     Raises:
@@ -167,7 +169,7 @@ class BackgroundGc:
         return self._thread is not None and self._thread.is_alive()
 
     def batch_done(self, n: int = 1) -> bool:
-        """``n`` more batches (rounds) ran: start a run when one is due and none runs (returns at
+        """``n`` more batches ran (0: only look at the time): start a run when one is due and none runs (returns at
         once; True: one was started)."""
         with self._lock:
             self._batches += n

@@ -6,7 +6,8 @@ every commit only adds to it. This pass removes a name from **every** interval's
 computation, in one fenced commit under the leases of all its intervals, when
 
 (a) every interval has run the file: its set holds it, or a commit in the rows table's log says
-    a batch that held the interval ran it (:func:`ran_in_log`: the image path records a batch's
+    a batch that held the interval ran it (``ranlog.py``: read from where the last gc's read
+    ended, see there why that is the full read's evidence; the image path records a batch's
     files only in the intervals it rewrote, those that had records; a shared batch's commit names
     every interval it held, ``inputfiles.ran_of``), and
 (b) the file is gone from its source: a Parquet injector's file from its folder (its full path read
@@ -35,17 +36,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from deltawheel.statestore.delta.log import commit_infos
 from deltawheel.statestore.exceptions import LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.inputfiles import ran_of
 from deltawheel.statestore.rowtable.store import RowStore
 from deltawheel.statestore.surgery.replace import Surgery, replace_intervals
 from deltawheel.statestore.zk.lease_tools import list_leases
 
 from .passes import GcAction
+from .ranlog import RanLog, ran_in_log, read_ran, save_ran
 
-__all__ = ["prune_input_sets", "prunable", "logged_paths", "ran_in_log", "with_ran"]
+__all__ = ["prune_input_sets", "prunable", "logged_paths", "ran_in_log", "with_ran", "RanLog"]
 
 PASS = "input_sets"
 
@@ -87,26 +87,6 @@ def prunable(sets: Mapping[int, frozenset[str]], num_intervals: int, *, gone: Ca
     return frozenset(n for n in common if gone(n))
 
 
-def ran_in_log(rows: str) -> dict[str, dict[int, frozenset[str]]]:
-    """computation -> interval -> the input files the JSON commits of the rows table at ``rows``
-    say a batch holding the interval ran (:func:`~deltawheel.statestore.rowtable.inputfiles.ran_of`);
-    commits removed by a log clean-up say nothing; a table whose log cannot be read: {}."""
-    out: dict[str, dict[int, set[str]]] = {}
-    for _v, info in commit_infos(rows, after=-1) or ():
-        try:
-            meta = json.loads(info.get("userMetadata") or "{}")
-        except ValueError:
-            continue
-        got = ran_of(meta)
-        if got is None or not isinstance(meta.get("computation"), str):
-            continue
-        ivs, files = got
-        comp = out.setdefault(meta["computation"], {})
-        for iv in ivs:
-            comp.setdefault(iv, set()).update(files)
-    return {c: {iv: frozenset(fs) for iv, fs in per.items()} for c, per in out.items()}
-
-
 def with_ran(sets: Mapping[int, frozenset[str]], ran: Mapping[int, frozenset[str]], *,
              gone: Callable[[str], bool]) -> dict[int, frozenset[str]]:
     """Each interval's set with the names ``ran`` says it ran, but for a gone name no set of
@@ -121,16 +101,6 @@ def with_ran(sets: Mapping[int, frozenset[str]], ran: Mapping[int, frozenset[str
         add = frozenset(n for n in names if n in held or not gone(n))
         if add:
             out[iv] = out.get(iv, frozenset()) | add
-    return out
-
-
-def _merged(*logs: Mapping[str, Mapping[int, frozenset[str]]]) -> dict[str, dict[int, frozenset[str]]]:
-    out: dict[str, dict[int, frozenset[str]]] = {}
-    for log in logs:
-        for comp, per in log.items():
-            mine = out.setdefault(comp, {})
-            for iv, fs in per.items():
-                mine[iv] = mine.get(iv, frozenset()) | fs
     return out
 
 
@@ -154,15 +124,18 @@ def _gone_test(layout: StoreLayout, pipeline: str, computation: str) -> Callable
 
 def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines: list[str], apply: bool,
                      wait_s: float = 60.0, progress: Callable[[str], None] | None = None,
-                     ran: Mapping[str, Mapping[int, frozenset[str]]] | None = None) -> list[GcAction]:
+                     ran: RanLog | None = None) -> list[GcAction]:
     """Plan (default) or run the pass over the computations of ``pipelines`` (those bound to the
     store) that keep input-file sets: one action per such computation, its count the names pruned
     (or that would be). A computation whose intervals a running owner does not hand over within
     ``wait_s`` is left as it is (said in its action); a racing takeover fails the commit likewise.
-    ``ran``: :func:`ran_in_log` read earlier (before a log clean-up), merged with the log now."""
+    ``ran``: :func:`~.ranlog.read_ran` read earlier (before a log clean-up), read on from there;
+    else from the evidence the last gc kept. With ``apply`` the evidence read is kept for the next
+    gc (:func:`~.ranlog.save_ran`), without the names pruned."""
     store = RowStore(spark, layout, writer="gc")
     actions: list[GcAction] = []
-    log: Mapping[str, Mapping[int, frozenset[str]]] | None = None
+    got: RanLog | None = None  # the log's evidence, read once for the first computation that keeps sets
+    pruned: dict[str, frozenset[str]] = {}  # per computation, the names a commit dropped from every set
     for pipeline in pipelines:
         comps: dict[str, int] = {}
         for r in list_leases(client, pipeline=pipeline):
@@ -171,10 +144,10 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
             stored = store.input_files(comp)
             if not stored:
                 continue
-            if log is None:  # read once, for the first computation that keeps sets
-                log = _merged(ran or {}, ran_in_log(layout.rows))
+            if got is None:
+                got = read_ran(layout, since=ran)
             gone = _gone_test(layout, pipeline, comp)
-            said = {iv: fs for iv, fs in log.get(comp, {}).items() if 0 <= iv < n}
+            said = {iv: fs for iv, fs in got.ran.get(comp, {}).items() if 0 <= iv < n}
             sets = with_ran(stored, said, gone=gone)
             names = len(frozenset().union(*sets.values()))
             drop = prunable(sets, n, gone=gone)
@@ -200,6 +173,9 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
             except LeaseHeldError as exc:
                 actions.append(GcAction(PASS, table, what + f"; left as they are: {exc}", 0))
                 continue
+            pruned[comp] = pruned.get(comp, frozenset()) | drop
             actions.append(GcAction(PASS, table, what + f": dropped from every set at rows version {res.version}",
                                     len(drop)))
+    if apply and got is not None:  # the next gc reads on from here
+        save_ran(layout, got, forget=pruned)
     return actions

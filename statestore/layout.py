@@ -9,6 +9,7 @@ A store is one folder (or object-store prefix) holding Delta tables::
     <root>/late_data      records behind the watermark, when routed there
     <root>/_zk            data dir of the embedded ZooKeeper (local stores only)
     <root>/_metrics/batches  one row per computation batch (figures, created on first use)
+    <root>/_gc/ran_in_log.json  what ``deltawheel gc --apply`` read of the rows table's log (local stores)
 """
 
 from __future__ import annotations

@@ -164,9 +164,10 @@ def test_background_gc_refuses_bad_settings(spark, migrated_store) -> None:  # t
 @pytest.mark.zk
 def test_a_running_pipeline_runs_gc_in_the_background(spark, migrated_store, zk_server,
                                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """``engine.run_pipeline(pipeline, background_gc=BackgroundGc(..., every_batches=1))``, as a user
-    writes it: gc's passes run beside the batches (the metrics table pruned, every table compacted,
-    the logs checkpointed) and the pipeline's output is the count made without deltawheel."""
+    """``engine.run_pipeline(pipeline, background_gc=BackgroundGc(..., every_batches=2))``, as a user
+    writes it, a bounded run of three batches (one file each) in one round: gc's passes run beside
+    the batches, every 2 of them (the metrics table pruned, every table compacted, the logs
+    checkpointed) and the pipeline's output is the count made without deltawheel."""
     from collections import Counter
 
     import pyarrow as pa
@@ -185,11 +186,16 @@ def test_a_running_pipeline_runs_gc_in_the_background(spark, migrated_store, zk_
     # a migrated copy: connect on a new store (migrated at the start) runs in test_connect.py
     store = migrated_store.root
     events = deltawheel.ParquetInjector("events", str(folder), key_column="q", event_time_column="ts",
-                                        watermark_delay_ms=0)
+                                        watermark_delay_ms=0, max_files_per_trigger=1)
     pipeline = deltawheel.Pipeline("bg", injectors=(events,), computations=(BucketCounter(),))
-    background = BackgroundGc(spark, StoreLayout(store), every_batches=1, metrics_retention_ms=0)
+    background = BackgroundGc(spark, StoreLayout(store), every_batches=2, metrics_retention_ms=0)
+    said: list[str] = []
     with deltawheel.connect(spark, store=store, zk=zk_server.hosts, zk_chroot="/bg-gc", pipeline="bg") as engine:
-        engine.run_pipeline(pipeline, background_gc=background, progress=False)
+        summary = engine.run_pipeline(pipeline, background_gc=background, progress=said.append)
+    assert [r.records_in for r in summary.reports["buckets"] if r.records_in] == [20, 20, 20]
+    # counted per batch: the first run starts after the second batch, before the round ends
+    assert [ln for ln in said if ln == "background gc #1 started" or ln.startswith("round 0 done")] == [
+        "background gc #1 started", next(ln for ln in said if ln.startswith("round 0 done"))], said
     assert not background.running and not background.failures, background.failures
     assert background.reports, "no background gc ran"
     lines = [line for r in background.reports for line in r.lines()]

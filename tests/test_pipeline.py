@@ -102,6 +102,41 @@ def test_demo_resumes_after_sigkill_with_exactly_the_same_rows(spark, zk_server,
     assert f"in this run, of {EVENTS} generated" in again.stdout, again.stdout[-2000:]
 
 
+@pytest.mark.slow  # about 4 min on a loaded 2-core machine (gc's passes beside the batches); the API-level
+@pytest.mark.timeout(1200)  # check is test_gc_complete.py's test_a_running_pipeline_runs_gc_in_the_background
+def test_bounded_demo_with_gc_every_2_runs_gc_beside_its_batches(spark, zk_server, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]
+    """``deltawheel demo --gc-every 2`` without ``--follow`` (a bounded run of 3 input batches, then
+    the later stages): gc's Delta passes run from the pipeline, every 2 batches of any stage, and
+    the streams hold exactly the rows of a run without gc. Shown by the command's own lines and by
+    the store: an OPTIMIZE in the rows table's history and a checkpoint in the log of a table whose
+    few commits Delta would not checkpoint itself (``late_data``, ``dead_letters``)."""
+    import re
+
+    from deltawheel.statestore.layout import StoreLayout
+
+    store = tmp_path / "gc_every"
+    proc = subprocess.run(demo_cmd(store, zk_server.hosts, "/gc-every", "--gc-every", "2"),
+                          capture_output=True, text=True, timeout=1100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    said = [ln for ln in lines if "background gc #" in ln]
+    batches = [ln for ln in lines if re.search(r"\] \w+ batch \d+: ", ln)]
+    print("\n".join(said), f"\n{len(batches)} batches")
+    done = [ln for ln in said if re.search(r"background gc #\d+ done in [\d.]+s: compacted \d+ tables", ln)]
+    assert done, "\n".join(lines[-40:])
+    # the first run starts within the first round, once its batches are counted (not at a round's end)
+    first = next(i for i, ln in enumerate(lines) if ln.endswith("background gc #1 started"))
+    round0 = next(i for i, ln in enumerate(lines) if "round 0 done:" in ln)
+    assert first < round0, "\n".join(lines[:round0 + 1])
+    assert not [ln for ln in said if "failed" in ln], said
+    assert outputs(spark, store) == reference
+    layout = StoreLayout(str(store))
+    hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("operation").collect()
+    assert any(r["operation"] == "OPTIMIZE" for r in hist), [r["operation"] for r in hist]
+    for path in (layout.late_data, layout.dead_letters):
+        assert any(".checkpoint." in n for n in os.listdir(os.path.join(path, "_delta_log"))), path
+
+
 @pytest.mark.slow  # about 60 s quiet; the demo's SIGKILL test keeps its reference in the default suite
 @pytest.mark.timeout(1500)
 def test_two_concurrent_copies_never_both_write(spark, zk_server, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]

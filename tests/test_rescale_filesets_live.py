@@ -10,6 +10,7 @@ records it, the commit of its batch names the other intervals the batch held.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -41,6 +42,10 @@ def test_deltawheel_gc_prunes_the_input_sets_of_a_running_continuous_pipeline(  
     folder, store = tmp_path / "input", tmp_path / "store"
     write_file(folder, "part-0.parquet", rows[:n0])
     write_file(folder, "part-1.parquet", rows[n0:n0 + 50])
+    # the file source takes files by modification time (one per batch): part 0 first, whatever the
+    # listing order of two files written in the same millisecond
+    stamp = (folder / "part-1.parquet").stat().st_mtime - 10
+    os.utime(folder / "part-0.parquet", (stamp, stamp))
     layout = StoreLayout(str(store))
     lines: list[str] = []
 

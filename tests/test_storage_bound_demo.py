@@ -379,8 +379,8 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
         events = int(round(DEFAULT_EVENTS * scale))
         said = capsys.readouterr().out
         assert f"records read by window_counter : {events}\n" in said, said[-2000:]
-        # gc ran from the pipeline too (after the first round: a run may fail on a conflict with
-        # a batch that drops expired ids files of the same rows partition; logged, the pipeline goes on)
+        # gc ran from the pipeline too (every 30 s, looked at after each batch: a run may fail on a
+        # conflict with a batch's commit to the same rows partition; logged, the pipeline goes on)
         assert "background gc #1 started" in said, said[-3000:]
         out = outputs(spark, store)
         if scale == 1:

@@ -117,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
 
     background = None
-    if args.gc_every is not None:  # rounds, or a duration
+    if args.gc_every is not None:  # batches of any stage, or a duration
         from deltawheel.gc.background import BackgroundGc
 
         background = BackgroundGc.every(spark, layout, args.gc_every)

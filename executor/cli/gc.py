@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import (
     add_log_store_zk_args,
@@ -16,6 +15,9 @@ from .common import (
     spark_from,
     store_zookeeper,
 )
+
+if TYPE_CHECKING:
+    from deltawheel.gc.ranlog import RanLog
 
 __all__ = ["register"]
 
@@ -111,9 +113,9 @@ def _run(args: argparse.Namespace) -> int:
     gap = missing_audit_rows(spark, layout)  # read before a log clean-up drops the commits
     ran = None  # likewise what the commits say each interval ran (the input_sets pass)
     if args.apply and not args.skip_zk and args.log_retention_hours is not None:
-        from deltawheel.gc.inputsets import ran_in_log
+        from deltawheel.gc.ranlog import read_ran
 
-        ran = ran_in_log(layout.rows)
+        ran = read_ran(layout)
     report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
                     vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress,
                     metrics_retention_ms=metrics_keep, log_retention_ms=ms(args.log_retention_hours),
@@ -135,8 +137,7 @@ def _finite(hours: float | None) -> float | None:
     return None if hours == float("inf") else hours
 
 
-def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool,
-                ran: Mapping[str, Mapping[int, frozenset[str]]] | None = None) -> list[Any]:
+def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool, ran: RanLog | None = None) -> list[Any]:
     """The ZooKeeper passes (``gc/zknodes.py``) on the pipelines' ZooKeeper: ``--zk``, else a local
     store's own embedded server."""
     from deltawheel.gc.inputsets import prune_input_sets

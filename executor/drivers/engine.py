@@ -290,8 +290,8 @@ class Engine:
             options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``,
                 ``background_gc``, ...); ``progress``: True (print the batch and round lines), False,
                 or a callable (default: the engine's :attr:`progress`); ``gc_every``: gc's Delta
-                passes from the running pipeline every N rounds (an int, ``"50"``) or a duration
-                (``"10m"``), with gc's defaults (``BackgroundGc.every``; docs/operations.md).
+                passes from the running pipeline every N batches of any stage (an int, ``"50"``) or a
+                duration (``"10m"``), with gc's defaults (``BackgroundGc.every``; docs/operations.md).
 
         Raises:
             ConfigError: ``pipeline`` is named otherwise than the engine's pipeline, an option the

@@ -25,6 +25,12 @@ back, the runner waits until the tool's request is gone, then starts it again on
 (fence, recovery: the tool's rows). Job instances sharing intervals leave the requested ones out of
 their share meanwhile.
 
+Background gc (``background_gc=``, ``engine.run_pipeline(..., gc_every=...)``, ``deltawheel demo
+--gc-every``): every micro-batch of any stage's query is counted (:meth:`BackgroundGc.batch_done`),
+and a run due by time is looked at after each stage's timer flush too, as the continuous runner
+does; a due run of gc's safe Delta passes starts in a driver thread beside the batches
+(``gc/background.py``), and the run waits at its end for one in progress.
+
 The runner's ZooKeeper client, leases, watermark authority, row store, interval owners and
 executors are composed by ``wiring.py``: an engine's :class:`~.wiring.Wiring`
 (``engine.run_pipeline``), or one the runner opens from its ``zk`` and closes at the end.
@@ -116,7 +122,7 @@ class PipelineRunner:
         self.end_of_input = end_of_input
         self.warm_workers = warm_workers
         self.wiring = wiring
-        self.background_gc = background_gc  # gc's passes every N rounds / S seconds, beside the batches
+        self.background_gc = background_gc  # gc's passes every N batches / S seconds, beside the batches
         if background_gc is not None and background_gc.progress is None:
             background_gc.progress = self.progress
         self._read_upto: dict[str, list[Any]] = {}  # per computation: its inputs' tokens at its last query start
@@ -200,10 +206,10 @@ class PipelineRunner:
                     # them, even when no batch of it needed one
                     ex.path.streams_ready()
                     moved += r.timers_fired + r.productions
+                    if self.background_gc is not None:  # a run due by time (its batches count in _consume)
+                        self.background_gc.batch_done(0)
                 if moved:
                     self.progress(f"round {rnd} done: {moved} records/timers moved")
-                    if self.background_gc is not None:  # its own lines say when a run starts and ends
-                        self.background_gc.batch_done()
                 if self.follow is None and not moved:
                     break
                 if self.follow is not None:
@@ -433,6 +439,8 @@ class PipelineRunner:
                     if ex.authority is not None:
                         publish_watermark(ex.authority, inj, instance=self.instance,
                                           held=None if self.instance is None else {comp.name: ex.owner.sequencers})
+                if self.background_gc is not None:  # starts a due run in its thread; never waits for one
+                    self.background_gc.batch_done()
             except DeltaWheelError as exc:
                 failed.append(exc)
                 raise

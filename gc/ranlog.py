@@ -1,0 +1,196 @@
+"""What the rows table's log says each interval ran: the ``input_sets`` pass's evidence, read once.
+
+A commit of instances sharing a computation's intervals names the intervals its batch held and the
+batch's input files (``statestore/rowtable/inputfiles.py``, ``ran_of``): each of those intervals
+has run each of those files. That evidence lives only in the JSON commits of the rows table, one
+file per commit, so reading all of them (:func:`ran_in_log`) costs the table's whole history at
+every gc. The evidence only grows with the log (a commit is never changed), so ``deltawheel gc
+--apply`` keeps what it read in the store, ``<store>/_gc/ran_in_log.json`` (:func:`save_ran`): the
+evidence of the commits up to version ``upto`` and a fingerprint of that commit (the SHA-256 of its
+JSON). The next gc (:func:`read_ran`) starts from it and opens only the commits after ``upto``.
+
+Why the result is the full read's:
+
+* **Valid only for the same log.** The saved evidence is used when commit ``upto`` is still in the
+  log with the same bytes; a rows table made again, a store restored from an older copy, a
+  ``upto`` newer than the log, a JSON commit cleaned up meanwhile, an unreadable or unknown file:
+  the full read instead (and a new file from it). Delta's log only appends, so the commits up to
+  ``upto`` are the ones read then, and evidence plus the commits after ``upto`` is the full read's
+  evidence. Once a log clean-up dropped commits the saved evidence still holds theirs: true facts
+  (an interval ran a file whoever reads the log later), as ``deltawheel gc`` keeps the evidence it
+  read before its own log clean-up.
+* **Forgetting pruned names.** A name gc dropped from every set of a computation (its file gone,
+  every interval ran it) is left out of that computation's saved evidence after the commit
+  succeeded: such a name is in no set afterwards and no later commit records it (its file is
+  gone; docs/rescaling.md, "Bounded sets", 1.), so the pass adds it to no set
+  (:func:`~deltawheel.gc.inputsets.with_ran` skips a gone name no set holds) and never drops it
+  again: the evidence of it decides nothing. What is kept is bounded by the names the sets hold
+  and the files still in their source.
+
+Local stores only, as the evidence read itself (a remote table's log is not read here: no name is
+dropped there). The file carries a format version; another one is not read (the full read
+instead). Two gc runs writing it at once each write a valid one (written aside, then renamed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deltawheel.statestore.delta.log import damaged_entry, json_commit_versions, log_files
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.inputfiles import ran_of
+
+__all__ = ["RanLog", "ran_in_log", "read_ran", "save_ran", "saved_path", "RAN_LOG_FORMAT_VERSION"]
+
+RAN_LOG_FORMAT_VERSION = 1
+
+_LOG = logging.getLogger(__name__)
+
+Ran = Mapping[str, Mapping[int, frozenset[str]]]  # computation -> interval -> input files it ran
+
+
+@dataclass(frozen=True)
+class RanLog:
+    """The evidence (``ran``: computation -> interval -> the files it ran) of the rows table's JSON
+    commits up to version ``upto`` (-1: none), ``fingerprint`` the SHA-256 of that commit's JSON;
+    ``read``: how many JSON commits the read that made it opened (its cost)."""
+
+    ran: Ran
+    upto: int = -1
+    fingerprint: str | None = None
+    read: int = 0
+
+
+def saved_path(layout: StoreLayout) -> str | None:
+    """Where gc keeps the evidence it read (None: not a local store)."""
+    root = _local_root(layout)
+    return None if root is None else os.path.join(root, "_gc", "ran_in_log.json")
+
+
+def ran_in_log(rows: str) -> dict[str, dict[int, frozenset[str]]]:
+    """computation -> interval -> the input files the JSON commits of the rows table at ``rows``
+    say a batch holding the interval ran (``ran_of``), every commit read; commits removed by a log
+    clean-up say nothing; a table whose log cannot be read: {}."""
+    return {c: dict(per) for c, per in _read(rows, after=-1, ran={}).ran.items()}
+
+
+def read_ran(layout: StoreLayout, *, since: RanLog | None = None) -> RanLog:
+    """The evidence of the rows table's log: ``since`` (read earlier by this run, e.g. before its
+    log clean-up) or else the saved one (:func:`save_ran`) where it is valid for this log (see the
+    module docstring), plus the commits after its ``upto``; with neither, every commit."""
+    start = since if since is not None else _load(layout)
+    return _read(layout.rows, after=start.upto, ran=start.ran, fingerprint=start.fingerprint,
+                 read=start.read if since is None else 0)
+
+
+def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[str]] | None = None) -> bool:
+    """Keep ``got`` in the store for the next gc, without the names ``forget`` gives per
+    computation (pruned from every set by a commit that succeeded). False: not kept (a remote
+    store, nothing read, or the file could not be written: the next gc reads every commit)."""
+    path = saved_path(layout)
+    if path is None or got.upto < 0 or got.fingerprint is None:
+        return False
+    drop = {c: frozenset(names) for c, names in (forget or {}).items()}
+    ran = {c: {str(iv): sorted(fs - drop.get(c, frozenset())) for iv, fs in sorted(per.items())}
+           for c, per in sorted(got.ran.items())}
+    doc = {"format_version": RAN_LOG_FORMAT_VERSION, "upto": got.upto, "fingerprint": got.fingerprint, "ran": ran}
+    staged = f"{path}.{uuid.uuid4().hex}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(staged, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, separators=(",", ":"))
+        os.replace(staged, path)
+    except OSError as exc:  # only a cost: the next gc reads every commit
+        _LOG.warning("deltawheel gc: could not keep the input_sets evidence in %s (%s); the next gc reads every "
+                     "commit of the rows table's log", path, exc)
+        try:
+            os.unlink(staged)
+        except OSError:
+            pass
+        return False
+    return True
+
+
+def _local_root(layout: StoreLayout) -> str | None:
+    if not layout.is_local:
+        return None
+    return layout.root.removeprefix("file://").removeprefix("file:")
+
+
+def _fingerprint(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _load(layout: StoreLayout) -> RanLog:
+    """The saved evidence when it is valid for the rows table's log now, else none (upto -1);
+    ``read`` counts the commit opened to check it."""
+    path = saved_path(layout)
+    log = log_files(layout.rows)
+    if path is None or log is None:
+        return RanLog({})
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        if not isinstance(doc, dict) or doc.get("format_version") != RAN_LOG_FORMAT_VERSION:
+            return RanLog({})
+        upto, fingerprint = int(doc["upto"]), str(doc["fingerprint"])
+        ran = {str(c): {int(iv): frozenset(str(n) for n in names) for iv, names in per.items()}
+               for c, per in doc["ran"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not ours: the full read
+        return RanLog({})
+    text = log.read_text(f"{upto:020d}.json")
+    if text is None or _fingerprint(text) != fingerprint:  # another log, or that commit cleaned up
+        return RanLog({}, read=1)
+    return RanLog(ran, upto, fingerprint, read=1)
+
+
+def _read(rows: str, *, after: int, ran: Ran, fingerprint: str | None = None, read: int = 0) -> RanLog:
+    """``ran`` plus the evidence of the JSON commits of ``rows`` after version ``after``."""
+    log = log_files(rows)
+    versions = json_commit_versions(rows)
+    if log is None or versions is None:  # a remote table: its log is not read here
+        return RanLog(ran, after, fingerprint, read)
+    out: dict[str, dict[int, set[str]]] = {c: {iv: set(fs) for iv, fs in per.items()} for c, per in ran.items()}
+    upto = after
+    for v in (v for v in versions if v > after):
+        name = f"{v:020d}.json"
+        text = log.read_text(name)
+        if text is None:  # cleaned up since the listing: it says nothing (as a commit cleaned before)
+            continue
+        read += 1
+        upto, fingerprint = v, _fingerprint(text)
+        _fold(out, _commit_info(text, log.path(name)))
+    return RanLog({c: {iv: frozenset(fs) for iv, fs in per.items()} for c, per in out.items()}, upto, fingerprint,
+                  read)
+
+
+def _commit_info(text: str, file: str) -> dict[str, Any] | None:
+    for line in text.splitlines():
+        if '"commitInfo"' in line:
+            try:
+                return dict(json.loads(line)["commitInfo"])
+            except ValueError as exc:
+                raise damaged_entry(file, exc) from exc
+    return None
+
+
+def _fold(out: dict[str, dict[int, set[str]]], info: Mapping[str, Any] | None) -> None:
+    """Add what one commit's ``commitInfo`` says its batch's intervals ran."""
+    try:
+        meta = json.loads((info or {}).get("userMetadata") or "{}")
+    except ValueError:
+        return
+    got = ran_of(meta)
+    if got is None or not isinstance(meta.get("computation"), str):
+        return
+    ivs, files = got
+    comp = out.setdefault(meta["computation"], {})
+    for iv in ivs:
+        comp.setdefault(iv, set()).update(files)

@@ -177,14 +177,14 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
                 held = (f"; {found.held} older ones kept: their productions are still checkpointed (a restart "
                         "may redeliver them), the next batch of their interval clears them" if found.held else "")
                 actions.append(GcAction("stream_retention", name,
-                                        f"{found.removed} records with timestamp < {cutoff}{held}", found.removed))
+                                        f"{found.removed} records with timestamp before {_utc(cutoff)}{held}", found.removed))
     for pass_name, name, path, ms in recorded:  # by when a batch routed the record there
         step(f"{pass_name.replace('_', ' ')} of {name}")
         cutoff = now_ms - ms
         n = spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count()
         if apply and n:
             spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}")
-        actions.append(GcAction(pass_name, name, f"{n} records recorded before {cutoff} ({ms / 3_600_000:g} h ago)",
+        actions.append(GcAction(pass_name, name, f"{n} records recorded before {_utc(cutoff)} ({ms / 3_600_000:g} h ago)",
                                 n))
     if metrics_retention_ms is not None:
         cutoff = now_ms - metrics_retention_ms
@@ -194,7 +194,7 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
             if apply and n:
                 spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}")
             actions.append(GcAction("metrics_retention", name,
-                                    f"{n} rows recorded before {cutoff} ({metrics_retention_ms / 3_600_000:g} h "
+                                    f"{n} rows recorded before {_utc(cutoff)} ({metrics_retention_ms / 3_600_000:g} h "
                                     "ago)", n))
     for name, path in tables:
         step(f"{'compacting' if apply else 'counting the files of'} {name}")
@@ -354,3 +354,8 @@ def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
             adds.append(json.dumps({"add": add}))
         log.commit(remove=odd, add=adds, user_metadata=json.dumps({"deltawheel": 1, "kind": "gc_paths"}))
     return len(odd)
+
+
+def _utc(ms: int) -> str:
+    """A cutoff in a plan line: the UTC time, with its epoch milliseconds (what the tables hold)."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(ms / 1000))} UTC ({ms} ms)"

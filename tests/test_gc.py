@@ -23,6 +23,8 @@ def test_gc_dry_run_then_apply(spark, migrated_store) -> None:  # type: ignore[n
     done = run_gc(spark, migrated_store, now_ms=10_000, stream_retention_ms=8_500, apply=True,
                   progress=lambda what, total: steps.append((what, total)))
     assert any("[done] stream_retention" in line and "2 records" in line for line in done.lines())
+    # the cutoff (now 10,000 ms - 8,500 ms) as a time a person reads, with the milliseconds the table holds
+    assert any("2 records with timestamp before 1970-01-01 00:00:01 UTC (1500 ms)" in line for line in done.lines())
     # a progress line per pass over a table, the total known from the start
     assert steps and len(steps) == steps[0][1] and "stream retention of clicks" in steps[0][0]
     assert "vacuuming clicks" in [w for w, _ in steps]

@@ -5,6 +5,7 @@ Real Spark and Delta; the side tables' rows are written with their own columns."
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -43,6 +44,8 @@ def test_gc_deletes_late_data_and_dead_letters_past_their_retention(spark, migra
     assert main(["gc", "--store", store, "--skip-zk", *flags]) == 0
     out = capsys.readouterr().out
     assert "[plan] late_data_retention late_data: 2 records recorded before" in out, out
+    assert re.search(r"late_data: 2 records recorded before \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ ms\) \(2 h ago\)",
+                     out), out
     assert "[plan] dead_letter_retention dead_letters: 1 records recorded before" in out, out
     assert _ids(spark, migrated_store.late_data) == ["late-1", "late-3", "late-5"]
     assert _ids(spark, migrated_store.dead_letters) == ["dead-1", "dead-50"]

@@ -39,6 +39,7 @@ from typing import Any
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.layout import StoreLayout
 
+from .auditmark import checked_upto, save_checked
 from .passes import MIN_VACUUM_RETAIN_HOURS, GcAction, GcReport, check_replay_horizon, run_gc
 
 __all__ = ["BackgroundGc", "parse_every", "summary", "audit_recovery", "AUDIT_GRACE_MS"]
@@ -216,13 +217,14 @@ class BackgroundGc:
         self._say(f"background gc #{n} started")
         try:
             now_ms = int(time.time() * 1000)
-            gap = _audit_gap(self.spark, self.layout, before_ms=now_ms - self.audit_grace_ms)  # before a log clean-up
+            gap, settled = _audit_gap(self.spark, self.layout, before_ms=now_ms - self.audit_grace_ms)  # before a log clean-up
             report = run_gc(self.spark, self.layout, now_ms=now_ms, apply=True,
                             stream_retention_ms=o.stream_retention_ms, metrics_retention_ms=o.metrics_retention_ms,
                             vacuum_retain_hours=o.vacuum_retain_hours, log_retention_ms=o.log_retention_ms,
                             keep_replay_ms=self.keep_replay_ms, late_data_retention_ms=o.late_data_retention_ms,
                             dead_letter_retention_ms=o.dead_letter_retention_ms)
             report = replace(report, actions=audit_recovery(self.spark, self.layout, gap, apply=True) + report.actions)
+            save_checked(self.layout, settled)  # every tool commit up to it has its row now
             self.reports = [*self.reports[-99:], report]
             self._say(f"background gc #{n} done in {time.monotonic() - t0:.1f}s: {summary(report)}")
         except Exception as exc:  # a failed run must not stop the pipeline: the next one tries again
@@ -233,13 +235,18 @@ class BackgroundGc:
                          "tries again", self.layout.root, type(exc).__name__, _cause(exc))
 
 
-def _audit_gap(spark: Any, layout: StoreLayout, *, before_ms: int) -> list[dict[str, Any]]:
-    """The audit rows missing for tools' rows commits made before ``before_ms``: a younger commit
-    may be a tool that is about to append its own row (it appends right after its commit, while it
-    still holds the leases), which would then be recorded twice."""
-    from deltawheel.statestore.inspection.auditgap import missing_audit_rows
+def _audit_gap(spark: Any, layout: StoreLayout, *, before_ms: int) -> tuple[list[dict[str, Any]], int]:
+    """The audit rows missing for tools' rows commits made before ``before_ms`` (a younger commit
+    may be a tool that is about to append its own row: it appends right after its commit, while it
+    still holds the leases, and would then be recorded twice), read from the commits after the last
+    gc's :func:`~.auditmark.checked_upto`; and the version up to which every tool commit has its
+    row once those are appended (before the first younger one's)."""
+    from deltawheel.statestore.inspection.auditgap import audit_gap
 
-    return [r for r in missing_audit_rows(spark, layout) if int(r["recorded_ms"]) < before_ms]
+    got = audit_gap(spark, layout, after_version=checked_upto(layout))
+    young = [int(r["commit_version"]) for r in got.rows if int(r["recorded_ms"]) >= before_ms]
+    return ([r for r in got.rows if int(r["recorded_ms"]) < before_ms],
+            min(young) - 1 if young else got.upto)
 
 
 def audit_recovery(spark: Any, layout: StoreLayout, gap: list[dict[str, Any]], *, apply: bool) -> tuple[GcAction, ...]:

@@ -47,7 +47,8 @@ from deltawheel.statestore.delta.log import damaged_entry, json_commit_versions,
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.inputfiles import ran_of
 
-__all__ = ["RanLog", "ran_in_log", "read_ran", "save_ran", "saved_path", "RAN_LOG_FORMAT_VERSION"]
+__all__ = ["RanLog", "commit_fingerprint", "local_root", "ran_in_log", "read_ran", "save_ran", "saved_path",
+           "RAN_LOG_FORMAT_VERSION"]
 
 RAN_LOG_FORMAT_VERSION = 1
 
@@ -70,7 +71,7 @@ class RanLog:
 
 def saved_path(layout: StoreLayout) -> str | None:
     """Where gc keeps the evidence it read (None: not a local store)."""
-    root = _local_root(layout)
+    root = local_root(layout)
     return None if root is None else os.path.join(root, "_gc", "ran_in_log.json")
 
 
@@ -118,13 +119,15 @@ def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[
     return True
 
 
-def _local_root(layout: StoreLayout) -> str | None:
+def local_root(layout: StoreLayout) -> str | None:
+    """The folder of a local store (None: a remote one)."""
     if not layout.is_local:
         return None
     return layout.root.removeprefix("file://").removeprefix("file:")
 
 
-def _fingerprint(text: str) -> str:
+def commit_fingerprint(text: str) -> str:
+    """The SHA-256 of a JSON commit's text: the same commit of the same log, or not."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -146,7 +149,7 @@ def _load(layout: StoreLayout) -> RanLog:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not ours: the full read
         return RanLog({})
     text = log.read_text(f"{upto:020d}.json")
-    if text is None or _fingerprint(text) != fingerprint:  # another log, or that commit cleaned up
+    if text is None or commit_fingerprint(text) != fingerprint:  # another log, or that commit cleaned up
         return RanLog({}, read=1)
     return RanLog(ran, upto, fingerprint, read=1)
 
@@ -165,7 +168,7 @@ def _read(rows: str, *, after: int, ran: Ran, fingerprint: str | None = None, re
         if text is None:  # cleaned up since the listing: it says nothing (as a commit cleaned before)
             continue
         read += 1
-        upto, fingerprint = v, _fingerprint(text)
+        upto, fingerprint = v, commit_fingerprint(text)
         _fold(out, _commit_info(text, log.path(name)))
     return RanLog({c: {iv: frozenset(fs) for iv, fs in per.items()} for c, per in out.items()}, upto, fingerprint,
                   read)

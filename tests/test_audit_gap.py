@@ -50,6 +50,43 @@ def test_sql_shows_the_missing_audit_row_from_the_commit_without_writing(  # typ
     assert [r["audit_id"] for r in _audit_view(capsys, store)] == ["lost-1", "lost-2"]
 
 
+def test_the_audit_check_reads_only_the_commits_after_the_last_gcs(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """After a gc appended the missing rows it keeps the version it read up to (``gc/auditmark.py``);
+    the next check opens only the commits after it and finds what a read of every commit finds. A
+    kept version whose commit is not this log's any more is not used."""
+    from deltawheel.gc.auditmark import checked_upto, mark_path, save_checked
+    from deltawheel.statestore.inspection.auditgap import audit_gap
+    from deltawheel.statestore.surgery.audit import recover_audit
+
+    v1 = tool_commit(spark, migrated_store, "lost-1", sequencers={0: 3})
+    assert checked_upto(migrated_store) is None  # no gc yet: every commit
+    first = audit_gap(spark, migrated_store, after_version=checked_upto(migrated_store))
+    assert [r["audit_id"] for r in first.rows] == ["lost-1"] and first.upto == v1 and first.read == v1 + 1
+    assert [r.audit_id for r in recover_audit(spark, migrated_store, first.rows)] == ["lost-1"]
+    assert save_checked(migrated_store, first.upto) and checked_upto(migrated_store) == v1
+    for n in range(2):  # commits of no tool
+        spark.sql(f"ALTER TABLE delta.`{migrated_store.rows}` SET TBLPROPERTIES ('deltawheel.test.n' = '{n}')")
+    v2 = tool_commit(spark, migrated_store, "lost-2", sequencers={1: 4})
+    got = audit_gap(spark, migrated_store, after_version=checked_upto(migrated_store))
+    assert (got.read, got.upto) == (3, v2)  # the three commits after v1, not the log's v2 + 1
+    full = audit_gap(spark, migrated_store)  # DESCRIBE HISTORY: every commit
+    assert full.read == v2 + 1
+
+    def same(r: dict[str, Any]) -> dict[str, Any]:  # the commit's time: commitInfo's vs the history's
+        return {k: v for k, v in r.items() if k != "recorded_ms"}
+
+    assert [same(r) for r in got.rows] == [same(r) for r in full.rows] and [r["audit_id"] for r in got.rows] == ["lost-2"]
+    assert abs(got.rows[0]["recorded_ms"] - full.rows[0]["recorded_ms"]) < 60_000
+    # the kept version's commit is not this log's (e.g. the rows table made again): not used
+    path = mark_path(migrated_store)
+    assert path is not None
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({**doc, "fingerprint": "0" * 64}, fh)
+    assert checked_upto(migrated_store) is None
+
+
 @pytest.mark.slow  # three gc runs over every table of the store: minutes on a loaded machine
 @pytest.mark.timeout(1800)
 def test_gc_appends_the_missing_audit_row_once_its_passes_succeeded(spark, migrated_store, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -70,3 +107,7 @@ def test_gc_appends_the_missing_audit_row_once_its_passes_succeeded(spark, migra
     audit = read_audit(spark, migrated_store)
     assert [(a["audit_id"], a["commit_version"], a["rows_upserted"]) for a in audit] == [("lost-1", version, 1)]
     assert json.loads(audit[0]["detail"])["recovered"] is True
+    # the next gc starts its check after the version this one read (a dry run keeps nothing)
+    from deltawheel.gc.auditmark import checked_upto
+
+    assert (checked_upto(migrated_store) or -1) >= version

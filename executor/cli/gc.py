@@ -108,9 +108,12 @@ def _run(args: argparse.Namespace) -> int:
     def ms(hours: float | None) -> int | None:
         return None if hours is None else int(hours * 3_600_000)
 
-    from deltawheel.statestore.inspection.auditgap import missing_audit_rows
+    from deltawheel.gc.auditmark import checked_upto, save_checked
+    from deltawheel.statestore.inspection.auditgap import audit_gap
 
-    gap = missing_audit_rows(spark, layout)  # read before a log clean-up drops the commits
+    # read before a log clean-up drops the commits; only those after the last gc's check
+    audit = audit_gap(spark, layout, after_version=checked_upto(layout))
+    gap = audit.rows
     ran = None  # likewise what the commits say each interval ran (the input_sets pass)
     if args.apply and not args.skip_zk and args.log_retention_hours is not None:
         from deltawheel.gc.ranlog import read_ran
@@ -123,6 +126,8 @@ def _run(args: argparse.Namespace) -> int:
                     late_data_retention_ms=ms(_finite(args.late_data_retention_hours)),
                     dead_letter_retention_ms=ms(_finite(args.dead_letter_retention_hours)))
     report = replace(report, actions=audit_recovery(spark, layout, gap, apply=args.apply) + report.actions)
+    if args.apply:  # every tool commit read has its audit row now
+        save_checked(layout, audit.upto)
     if not args.skip_zk:
         report = replace(report, actions=report.actions + tuple(_zk_actions(args, spark, apply=args.apply, ran=ran)))
     for line in report.lines():

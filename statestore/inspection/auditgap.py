@@ -7,16 +7,22 @@ two leaves a commit whose row is missing: :func:`missing_audit_rows` rebuilds th
 commits (marked ``"recovered": true`` in ``detail``). ``surgery.audit.recover_audit`` appends them
 (every tool run and ``deltawheel gc --apply`` call it); the ``sql`` tool, which writes nothing,
 shows them in its ``audit`` view beside the table's rows (``sqlviews.register_views``).
+
+:func:`audit_gap` reads only the commits after a version (``after_version``) on a local store, from
+the JSON commits themselves: garbage collection keeps the version up to which every tool commit
+has its row (``gc/auditmark.py``), so its check costs the commits since the last gc, not the rows
+table's whole history (``DESCRIBE HISTORY`` opens every commit still in the log).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ..layout import StoreLayout
 
-__all__ = ["RECOVERED_DETAIL", "missing_audit_rows", "AUDIT_FORMAT_VERSION"]
+__all__ = ["RECOVERED_DETAIL", "AuditGap", "audit_gap", "missing_audit_rows", "AUDIT_FORMAT_VERSION"]
 
 AUDIT_FORMAT_VERSION = 1
 
@@ -36,6 +42,17 @@ def _audit_ids(spark: Any, layout: StoreLayout, version: int | None) -> set[str]
     return {str(r[0]) for r in reader.load(layout.audit).select("audit_id").collect()}
 
 
+@dataclass(frozen=True)
+class AuditGap:
+    """What :func:`audit_gap` found: the missing rows (``rows``, oldest commit first), the newest
+    rows version it read (``upto``; -1: none) and how many commits' entries it opened (``read``:
+    every commit still in the log when it read ``DESCRIBE HISTORY``)."""
+
+    rows: list[dict[str, Any]]
+    upto: int
+    read: int
+
+
 def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | None = None,
                        audit_version: int | None = None, audit_existed: bool = True) -> list[dict[str, Any]]:
     """The audit table's rows (its columns, ``tabledefs.AUDIT_COLUMNS``) missing for the tools'
@@ -44,15 +61,36 @@ def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | N
     as of those versions (``sql --as-of``); default their newest; ``audit_existed`` False: the
     audit table did not exist then (every tool commit's row is missing). Commits whose JSON entries
     are past the log's retention are not seen (``DESCRIBE HISTORY`` does not list them)."""
+    return audit_gap(spark, layout, rows_version=rows_version, audit_version=audit_version,
+                     audit_existed=audit_existed).rows
+
+
+def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = None, rows_version: int | None = None,
+              audit_version: int | None = None, audit_existed: bool = True) -> AuditGap:
+    """:func:`missing_audit_rows` of the commits after ``after_version`` (None: all), with the
+    newest version read. On a local store with ``after_version`` the JSON commits after it are
+    read directly (their ``commitInfo``: its metadata and time); otherwise ``DESCRIBE HISTORY``."""
     have = (_audit_ids(spark, layout, audit_version) if audit_existed else None) or set()
-    hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "timestamp", "userMetadata").collect()
+    commits, read = None, 0
+    if after_version is not None:
+        from ..delta.log import commit_infos
+
+        infos = commit_infos(layout.rows, after=after_version)
+        if infos is not None:
+            commits = [(v, int(i.get("timestamp") or 0), i.get("userMetadata")) for v, i in infos]
+            read = len(infos)
+    if commits is None:  # every commit's commitInfo opened
+
+        hist = spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}`").select("version", "timestamp",
+                                                                           "userMetadata").collect()
+        commits = [(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"]) for r in hist
+                   if after_version is None or int(r["version"]) > after_version]
+        read = len(hist)
+    commits = sorted(c for c in commits if rows_version is None or c[0] <= rows_version)
     out = []
-    for r in sorted(hist, key=lambda r: int(r["version"])):
-        version = int(r["version"])
-        if rows_version is not None and version > rows_version:
-            continue
+    for version, ts_ms, text in commits:
         try:
-            meta = json.loads(r["userMetadata"]) if r["userMetadata"] else None
+            meta = json.loads(text) if text else None
         except ValueError:
             continue  # another writer's free text
         if not isinstance(meta, dict) or not meta.get("tool") or not meta.get("audit_id") \
@@ -62,7 +100,7 @@ def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | N
         seqs: dict[str, Any] = raw if isinstance(raw, dict) else {}
         upserted, deleted = int(meta.get("rows_upserted", 0)), int(meta.get("rows_deleted", 0))
         out.append({
-            "audit_id": str(meta["audit_id"]), "recorded_ms": int(r["timestamp"].timestamp() * 1000),
+            "audit_id": str(meta["audit_id"]), "recorded_ms": ts_ms,
             "who": str(meta.get("who", "")), "tool": str(meta["tool"]), "pipeline": str(meta.get("pipeline", "")),
             "computation": str(meta.get("computation", "")), "source": str(meta.get("source", "")),
             "intervals": [int(i) for i in meta.get("intervals") or sorted(int(k) for k in seqs)],
@@ -71,4 +109,5 @@ def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | N
             "sequencers": json.dumps({str(k): int(v) for k, v in sorted(seqs.items(), key=lambda kv: int(kv[0]))}),
             "detail": json.dumps(RECOVERED_DETAIL, sort_keys=True), "format_version": AUDIT_FORMAT_VERSION})
         have.add(str(meta["audit_id"]))
-    return out
+    return AuditGap(out, max((c[0] for c in commits), default=after_version if after_version is not None else -1),
+                    read)

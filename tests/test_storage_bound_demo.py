@@ -4,7 +4,7 @@ Fast: ``deltawheel demo --scale X`` refuses what is not a positive number, befor
 and generates X times ``--events``.
 
 Slow (``test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly``): the demo as a
-user runs it, ``deltawheel demo --scale X --dedup-retention 60s --gc-every 30s``, at X = 1, 5 and 10
+user runs it, ``deltawheel demo --scale X --dedup-retention 60s --gc-every 5s``, at X = 1, 5 and 10
 (20000, 100000 and 200000 queries, one store each), then ``deltawheel gc --apply`` on the idle
 store (stream records kept 1 h: the generated event times are in 2025, so none; metrics rows 0 h;
 VACUUM and the log 0 h, ``--force``). The figures of every table (live data files, their bytes,
@@ -274,7 +274,7 @@ def retention() -> str:
 
 def demo_args(store: Path, scale: float, hosts: str, chroot: str) -> list[str]:
     return ["demo", "--store", str(store), "--scale", f"{scale:g}", "--dedup-retention", retention(),
-            "--gc-every", "30s", "--zk", hosts, "--zk-chroot", chroot, "--wait", "120", "--zk-session-timeout", "6"]
+            "--gc-every", "5s", "--zk", hosts, "--zk-chroot", chroot, "--wait", "120", "--zk-session-timeout", "6"]
 
 
 _BATCH_LINE = re.compile(r"^\[\s*([\d.]+)s\] window_counter batch \d+: (\d+) in,.*; batch ([\d.]+)s", re.MULTILINE)
@@ -379,7 +379,7 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
         events = int(round(DEFAULT_EVENTS * scale))
         said = capsys.readouterr().out
         assert f"records read by window_counter : {events}\n" in said, said[-2000:]
-        # gc ran from the pipeline too (every 30 s, looked at after each batch: a run may fail on a
+        # gc ran from the pipeline too (every 5 s: a 1x run may end within 15 s; looked at after each batch: a run may fail on a
         # conflict with a batch's commit to the same rows partition; logged, the pipeline goes on)
         assert "background gc #1 started" in said, said[-3000:]
         out = outputs(spark, store)

@@ -15,8 +15,12 @@ stage's rate:
 - data files of a table: one per partition after OPTIMIZE + VACUUM: the rows table is partitioned
   by (computation, interval): ``sum(num_intervals)`` = 12; every other table: 1;
 - log entries of a table: a checkpoint at the newest version, its commit and checksum: 3;
-- bytes: the stream tables, the metrics table and ``window_counts_dropped`` hold no row after
-  the retentions: at most one file holding no row (``FILE_BYTES``); the rows table holds
+- bytes: the metrics table and ``window_counts_dropped`` hold no row after the retentions: at
+  most one file holding no row (``FILE_BYTES``); a stream table holds only the records whose
+  productions are still checkpointed in the rows (stream retention keeps them: a restart may
+  redeliver them; the next batch of their interval clears them, and a bounded run's last batch
+  has no next): at most those, ``FILE_BYTES + pending x RECORD_BYTES``, ``pending`` the
+  stream's checkpointed productions counted in the rows table; the rows table holds
   each computation's keys (at most ``n_queries`` = 50 each: the model's state is its last
   ``HISTORY`` windows, at most ``STATE_BYTES`` a key) and record ids:
   ``12 x FILE_BYTES + 3 x 50 x STATE_BYTES + (first + 2 x later) x ID_BYTES`` where
@@ -254,6 +258,7 @@ FILE_BYTES = 16 * 1024  # a Parquet file's own cost: magic, schema, footer, row 
 STATE_BYTES = 1024  # a key's row: the model's last HISTORY windows (12 x [start, count]) and its average, a timer
 ID_BYTES = 48  # a record id ("q7-0000123456"), its key and seen time, uncompressed
 LATE_BYTES = 512  # a late record as routed: its id, key, value, times and reason, uncompressed
+RECORD_BYTES = 256  # a stream record: its production id, key, value, times, producer and commit id, uncompressed
 
 
 def scales() -> tuple[float, ...]:
@@ -315,6 +320,16 @@ def ids_per_computation(spark, store: Path) -> dict[str, int]:  # type: ignore[n
     rows = spark.read.format("delta").load(StoreLayout(str(store)).rows)
     return {r["computation"]: int(r["ids"]) for r in rows.groupBy("computation")
             .agg(F.sum(F.size("record_ids")).alias("ids")).collect()}
+
+
+def pending_per_stream(spark, store: Path) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """The productions the rows table still holds checkpointed, per stream table (``streams/S``)."""
+    from deltawheel.statestore.layout import StoreLayout
+    from pyspark.sql import functions as F
+
+    rows = spark.read.format("delta").load(StoreLayout(str(store)).rows)
+    return {f"streams/{r['stream']}": int(r["n"]) for r in rows.select(F.explode("pending").alias("p"))
+            .groupBy(F.col("p.stream").alias("stream")).agg(F.count("*").alias("n")).collect()}
 
 
 def zk_bound(computations: Any, *, injectors: int = 1) -> int:
@@ -396,10 +411,16 @@ def test_demo_storage_stays_bounded_at_1x_5x_10x_and_a_kill_resumes_exactly(spar
         ckpt = checkpoint_figures(store)
         nodes = zk_paths(zk_server.hosts, chroot)
         ids = ids_per_computation(spark, store)
+        pending = pending_per_stream(spark, store)
         bounds = {name: (partitions if name == "rows" else 1, 3,
                          partitions * FILE_BYTES + len(comps) * n_queries * STATE_BYTES + (first + 2 * later) * ID_BYTES
-                         if name == "rows" else FILE_BYTES + late * LATE_BYTES if name == "late_data" else FILE_BYTES)
+                         if name == "rows" else FILE_BYTES + late * LATE_BYTES if name == "late_data"
+                         else FILE_BYTES + pending.get(name, 0) * RECORD_BYTES)
                   for name in figs}
+        # a stream table keeps only the records still checkpointed (stream retention's rule)
+        for name in (t for t in figs if t.startswith("streams/")):
+            kept = spark.read.format("delta").load(str(tables(store)[name])).count()
+            assert kept <= pending.get(name, 0), (scale, name, kept, pending)
         # _meta is written by `deltawheel migrate` alone: a file and a commit per migration
         bounds["_meta"] = (len(MIGRATIONS), 2 * (len(MIGRATIONS) + 1), len(MIGRATIONS) * FILE_BYTES)
         line = (f"{scale:g}x ({events} queries; demo {ran_s:.0f} s, gc {gc_s:.0f} s, load {os.getloadavg()[0]:.1f}): "

@@ -18,20 +18,16 @@ read by ``DESCRIBE HISTORY``). Written aside, then renamed.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import uuid
 
 from deltawheel.statestore.delta.log import log_files
 from deltawheel.statestore.layout import StoreLayout
 
-from .ranlog import commit_fingerprint, local_root
+from .ranlog import commit_fingerprint, keep_json, local_root
 
 __all__ = ["AUDIT_MARK_FORMAT_VERSION", "checked_upto", "mark_path", "save_checked"]
 
 AUDIT_MARK_FORMAT_VERSION = 1
-
-_LOG = logging.getLogger(__name__)
 
 
 def mark_path(layout: StoreLayout) -> str | None:
@@ -71,18 +67,4 @@ def save_checked(layout: StoreLayout, upto: int) -> bool:
     if text is None:
         return False
     doc = {"format_version": AUDIT_MARK_FORMAT_VERSION, "upto": upto, "fingerprint": commit_fingerprint(text)}
-    staged = f"{path}.{uuid.uuid4().hex}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(staged, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh)
-        os.replace(staged, path)
-    except OSError as exc:  # only a cost: the next gc reads every commit
-        _LOG.warning("deltawheel gc: could not keep the audit check's version in %s (%s); the next gc reads "
-                     "every commit of the rows table's log", path, exc)
-        try:
-            os.unlink(staged)
-        except OSError:
-            pass
-        return False
-    return True
+    return keep_json(path, doc, what="the audit check's version")

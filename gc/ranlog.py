@@ -47,7 +47,7 @@ from deltawheel.statestore.delta.log import damaged_entry, json_commit_versions,
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.rowtable.inputfiles import ran_of
 
-__all__ = ["RanLog", "commit_fingerprint", "local_root", "ran_in_log", "read_ran", "save_ran", "saved_path",
+__all__ = ["RanLog", "commit_fingerprint", "keep_json", "local_root", "ran_in_log", "read_ran", "save_ran", "saved_path",
            "RAN_LOG_FORMAT_VERSION"]
 
 RAN_LOG_FORMAT_VERSION = 1
@@ -102,15 +102,22 @@ def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[
     ran = {c: {str(iv): sorted(fs - drop.get(c, frozenset())) for iv, fs in sorted(per.items())}
            for c, per in sorted(got.ran.items())}
     doc = {"format_version": RAN_LOG_FORMAT_VERSION, "upto": got.upto, "fingerprint": got.fingerprint, "ran": ran}
+    return keep_json(path, doc, what="the input_sets evidence")
+
+
+def keep_json(path: str, doc: Mapping[str, Any], *, what: str) -> bool:
+    """Write ``doc`` to ``path`` (written aside, then renamed: a reader sees the old file or the new
+    one); False, with a warning naming ``what``, when it could not be written (only a cost: the
+    next gc reads every commit)."""
     staged = f"{path}.{uuid.uuid4().hex}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(staged, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, separators=(",", ":"))
         os.replace(staged, path)
-    except OSError as exc:  # only a cost: the next gc reads every commit
-        _LOG.warning("deltawheel gc: could not keep the input_sets evidence in %s (%s); the next gc reads every "
-                     "commit of the rows table's log", path, exc)
+    except OSError as exc:
+        _LOG.warning("deltawheel gc: could not keep %s in %s (%s); the next gc reads every commit of the rows "
+                     "table's log", what, path, exc)
         try:
             os.unlink(staged)
         except OSError:

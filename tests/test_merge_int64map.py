@@ -11,56 +11,22 @@ import dataclasses
 import sys
 
 import pytest
-from deltawheel.executor.computation import ColumnBatch, ColumnResult
 from deltawheel.statestore.codecs import get_codec
-from executor_util import columnar_window_count, events, start_executor, stop_executor
+from executor_util import events, start_executor, stop_executor
 from pyspark import cloudpickle
-
-from deltawheel import Computation
+from restart_job import WinCount
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
 
-WIN = 10_000
 
-
-class PackedCount(Computation):
-    """Counts per key and 10-s window in ``int64map`` state; a window's count is produced when the
-    watermark passes its end. Declares the columnar path too (used where the write path has one)."""
+class PackedCount(WinCount):
+    """restart_job's count per key and 10-s window in ``int64map`` state (declaring the columnar path
+    too), over the executor tests' events, keyed by their query ``q``."""
 
     name = "packed"
     inputs = {"events": "q"}
-    outputs = ("counts",)
     num_intervals = 2
-    codec = "int64map"
-
-    def process_record(self, ctx, record):  # type: ignore[no-untyped-def]
-        start = record.timestamp_ms - record.timestamp_ms % WIN
-        st = ctx.state or {}
-        if start not in st:
-            ctx.set_timer(str(start), start + WIN - 1)
-        st[start] = st.get(start, 0) + 1
-        ctx.state = st
-
-    def process_timer(self, ctx, timer):  # type: ignore[no-untyped-def]
-        st = dict(ctx.state)
-        start = int(timer.tag)
-        ctx.produce("counts", [ctx.key, start, st.pop(start)], timestamp_ms=start)
-        ctx.state = st or None
-
-    def process_columns(self, batch: ColumnBatch) -> ColumnResult:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        st, timers, due, fired, done = columnar_window_count(batch, WIN)
-        values = [get_codec("int64map").encode([k, s, c]) for k, s, c in zip(
-            done.column("key").to_pylist(), done.column("map_key").to_pylist(), done.column("map_value").to_pylist(),
-            strict=True)]
-        prods = pa.table({"fired": pa.array(range(fired.num_rows), pa.int64()),
-                          "stream": pa.repeat(pa.scalar("counts"), fired.num_rows),
-                          "value": pa.array(values, pa.binary()), "timestamp_ms": done.column("map_key")})
-        keep = pc.invert(due)
-        return ColumnResult(state=st.filter(keep), timers=timers.filter(keep), fired=fired, productions=prods)
 
 
 BATCHES: list[tuple[list[tuple[str, str, int]], int | None]] = [

@@ -220,6 +220,14 @@ def _pending_as_of(spark: Any, layout: StoreLayout, version: int | None) -> dict
     return {r["key"]: len(r["pending"] or []) for r in df.collect() if r["pending"]}
 
 
+def _before_b_next(spark: Any, layout: Any, middle: int) -> tuple[list[Any], int]:
+    """The live commits after ``middle`` and the newest version before b's (intervals 2-3) next
+    commit after it: a replay up to there holds none of b's intervals after the middle."""
+    later = [c for c in _live_commits(spark, layout) if c.version > middle]
+    b_next = min(c.version for c in later if c.meta.get("late", {}).get("intervals") == [2, 3])
+    return later, max(c.version for c in later if c.version < b_next)
+
+
 @pytest.mark.slow  # four instance runs, then two replays (about 3-4 min)
 @pytest.mark.timeout(1500)
 def test_replay_up_to_a_version_before_the_other_instances_next_commit_gives_an_empty_diff(  # type: ignore[no-untyped-def]
@@ -227,9 +235,7 @@ def test_replay_up_to_a_version_before_the_other_instances_next_commit_gives_an_
     from deltawheel.statestore.rowtable.rows import interval_of
 
     folder, layout, zk, expected, middle = shared
-    later = [c for c in _live_commits(spark, layout) if c.version > middle]
-    b_next = min(c.version for c in later if c.meta.get("late", {}).get("intervals") == [2, 3])
-    to = max(c.version for c in later if c.version < b_next)  # a's last commit before b's next one
+    later, to = _before_b_next(spark, layout, middle)  # a's last commit before b's next one
     assert any(c.files for c in later if c.version <= to)
     # at that version, b's keys still hold the productions b's commit up to the middle checkpointed
     live_pending = _pending_as_of(spark, layout, to)
@@ -262,9 +268,7 @@ def test_replay_up_to_a_version_before_the_other_instances_next_commit_gives_an_
 def test_the_stand_alone_diff_of_a_replay_with_changed_code_is_the_replays_own(  # type: ignore[no-untyped-def]
         spark, shared, tmp_path) -> None:
     folder, layout, zk, expected, middle = shared
-    later = [c for c in _live_commits(spark, layout) if c.version > middle]
-    b_next = min(c.version for c in later if c.meta.get("late", {}).get("intervals") == [2, 3])
-    to = max(c.version for c in later if c.version < b_next)  # b's intervals: no replayed commit held them
+    _later, to = _before_b_next(spark, layout, middle)  # b's intervals: no replayed commit held them
     result = _replay(spark, folder, layout, zk, tmp_path / "shadow", from_version=middle, to_version=to,
                      code=SharedCountTwice())
     d = result.diff

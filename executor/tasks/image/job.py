@@ -157,8 +157,8 @@ class ImageTasks:
         assert isinstance(prepared, _Prepared)
         df, prep = prepared.df, prepared.input
         session = df.sparkSession if df is not None else self.path.spark
-        frame = self.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
-                          strong=strong, direct=prepared.direct)
+        frame = self.plan(session, prep, wm=wm_in, wm_late=wm_late, now_ms=now, horizon_ms=horizon,
+                          commit_id=commit_id, strong=strong, direct=prepared.direct)
         mark("plan")
         try:
             out = collect(frame)
@@ -193,7 +193,7 @@ class ImageTasks:
 
     # ------------------------------------------------------------------ steps 3 + 4
 
-    def plan(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
+    def plan(self, session: Any, prep: Any | None, *, wm: int | None, wm_late: int | None, now_ms: int,
              horizon_ms: int | None, commit_id: str, strong: bool | None = None,
              direct: DirectBatch | None = None) -> Any:
         """The batch's job (lazy; one Spark job when collected): the input shuffled by interval to
@@ -207,7 +207,7 @@ class ImageTasks:
             images=self.path.images(),
             sequencers=dict(self.path.owner.sequencers),
             stream_roots={s: self.path.stream_files(s) for s in comp.outputs},
-            wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
+            wm=wm, wm_late=wm_late, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong,

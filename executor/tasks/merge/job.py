@@ -21,7 +21,8 @@ __all__ = ["MergeTasks", "run_in_tasks", "productions_frame", "dead_letter_frame
 
 
 def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any | None, *,
-                 intervals: Sequence[int], input_watermark_ms: int | None, now_ms: int,
+                 intervals: Sequence[int], input_watermark_ms: int | None, record_watermark_ms: int | None,
+                 now_ms: int,
                  dedup_horizon_ms: int | None, partitions: int, sequencers: dict[int, int],
                  commit_id: str) -> Any:
     """Join input with the rows it needs and run user code per key in tasks (lazy DataFrame)."""
@@ -54,7 +55,8 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
         joined = recs.join(rows, ["key", "interval"], "full_outer").where(F.col("recs").isNotNull() | due)
     schema = DataType.fromDDL(OUT_DDL)
     arrow = to_arrow_schema(schema, timezone="UTC")  # type: ignore[arg-type]  # a StructType (parsed from OUT_DDL)
-    fn = task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, arrow, sequencers, commit_id)
+    fn = task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, arrow, sequencers, commit_id,
+                 wm_late=record_watermark_ms)
     return joined.repartition(partitions, "interval").mapInArrow(fn, schema)
 
 def productions_frame(out: Any) -> Any:
@@ -133,7 +135,8 @@ class MergeTasks:
 
         comp, owner = self.comp, self.path.owner
         out = run_in_tasks(self.spark, self.layout, comp, prepared.input, intervals=owner.intervals,
-                           input_watermark_ms=wm_in, now_ms=now, dedup_horizon_ms=horizon,
+                           input_watermark_ms=wm_in, record_watermark_ms=wm_late, now_ms=now,
+                           dedup_horizon_ms=horizon,
                            partitions=self.partitions, sequencers=owner.sequencers, commit_id=commit_id)
         try:
             out = out.localCheckpoint(eager=True)

@@ -1,0 +1,148 @@
+"""The output must not depend on where a batch boundary or a stop falls.
+
+A record delivered downstream but not yet consumed is the downstream's pending work: it holds the
+downstream's watermark, and a record is late only against the watermark that held before the batch
+that carries it. The tests run the bank pipeline (``bank_pipeline.py``) as a user would and compare
+its panes with a reference computed in plain Python.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from pathlib import Path
+
+import bank_pipeline
+import pytest
+from bank_pipeline import (
+    DELAY_MS,
+    LATENESS_MS,
+    closing,
+    expected_panes,
+    make,
+    pane_table,
+    panes,
+    read_stream,
+    transactions,
+    write_files,
+)
+from test_continuous import wait_for
+
+import deltawheel
+
+pytestmark = [pytest.mark.spark, pytest.mark.zk]
+
+
+def on_time(rows: list[dict]) -> dict[tuple[str, int], list[tuple[str, int, int]]]:  # type: ignore[type-arg]
+    """What an uncut run gives: one ON_TIME pane per account and window, its value the window's sum."""
+    return {k: [("ON_TIME", 0, v)] for k, v in expected_panes(rows).items()}
+
+
+@pytest.mark.timeout(600)
+def test_a_windowed_stage_started_after_its_upstream_read_a_backlog_drops_no_on_time_record(
+        spark, zk_config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Stage 1 runs alone over 30 s of input; then both stages start, and stage 2's first batch
+    holds the whole backlog stage 1 delivered meanwhile (its upstream's watermark long past it).
+    No on-time record is dropped, and every window has the ON_TIME pane of the uncut run."""
+    rows = transactions(30)
+    last = closing(rows)
+    write_files(tmp_path / "input", [rows[i:i + 60] for i in range(0, len(rows), 60)] + [[last]])
+    pipeline = make(str(tmp_path / "input"))
+    with deltawheel.connect(spark, store=str(tmp_path / "store"), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                            pipeline="bank") as engine:
+        first = engine.start_pipeline(pipeline, computations=["balance"])
+        wait_for("stage 1 read every file", lambda: first.executors["balance"].records_in_total == len(rows) + 1,
+                 runs=(first,))
+        first.stop()
+        both = engine.start_pipeline(pipeline)
+        sums = both.executors["window_sums"]
+        closed = last["ts"] - DELAY_MS  # the watermark the closing record brings: every window expired
+        wait_for("stage 2 acted on the closing watermark",
+                 lambda: any((r.input_watermark_ms or 0) >= closed for r in sums.reports), runs=(both,))
+        both.stop()
+        dropped = read_stream(spark, engine.layout, "sums_dropped")
+        got = pane_table(panes(spark, engine.layout))
+    assert closed > max(r["ts"] for r in rows) + LATENESS_MS
+    assert [d for d in dropped if d["key"] != "zclose"] == []
+    assert got == on_time(rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The property: the same input cut into micro-batches any way gives the same output.
+
+
+def cuts_of(n: int, bounds: list[int]) -> list[list[int]]:
+    """The file indexes 0..n-1 cut before each of ``bounds`` into consecutive groups."""
+    edges = [0, *sorted(set(b for b in bounds if 0 < b < n)), n]
+    return [list(range(a, b)) for a, b in pairwise(edges)]
+
+
+def run_cut(spark, zk_config, root: Path, chunks: list[list[dict]], cut: list[list[int]] | None,  # type: ignore[no-untyped-def,type-arg]
+            restarts: set[int]) -> dict:  # type: ignore[type-arg]
+    """The bank pipeline, bounded, over ``chunks`` (one file each): ``cut`` None reads all files
+    at once, one file per batch; else each group of ``cut`` is written and read as one batch (a run
+    that keeps the watermark), a new engine after the groups in ``restarts``; the closing file last.
+    Returns what a user compares: the panes, the dropped records, the moves and the balances."""
+    from executor_util import state_of
+
+    folder, store = root / "input", root / "store"
+    mtime = 1_000_000.0  # the file source reads by modification time: the files' order, whatever the cut
+
+    def write(indexes: list[int]) -> None:
+        for i in indexes:
+            bank_pipeline.write_file(folder, f"part-{i:04d}.parquet", chunks[i], mtime_s=mtime + i)
+
+    def engine():  # type: ignore[no-untyped-def]
+        return deltawheel.connect(spark, store=str(store), zk=zk_config.hosts,
+                                  zk_chroot=f"{zk_config.chroot}-{root.name}", pipeline="bank")
+
+    eng = engine()
+    try:
+        if cut is None:
+            write(list(range(len(chunks))))
+            eng.run_pipeline(make(str(folder), files_per_batch=1), progress=False)
+        else:
+            for g, group in enumerate(cut):
+                write(group)
+                eng.run_pipeline(make(str(folder), files_per_batch=None), end_of_input=g == len(cut) - 1, progress=False)
+                if g in restarts:
+                    eng.close()
+                    eng = engine()
+        layout = eng.layout
+        moves = sorted((m["account"], m["amount"], m["ts"]) for m in read_stream(spark, layout, "moves"))
+        return {"panes": pane_table(panes(spark, layout)),
+                "dropped": sorted((d["key"], d["event_time"]) for d in read_stream(spark, layout, "sums_dropped")),
+                "moves": moves,
+                "balances": {k: v[0] for k, v in state_of(spark, layout, "balance").items()}}
+    finally:
+        eng.close()
+
+
+def scenario(seed: int, files: int) -> list[list[dict]]:  # type: ignore[type-arg]
+    """``files`` chunks of transactions (about 4 s of event time each), the closing record last."""
+    rows = transactions(4 * files, seed=seed)
+    size = len(rows) // files
+    chunks = [rows[i * size:(i + 1) * size] for i in range(files - 1)] + [rows[(files - 1) * size:]]
+    return [*chunks, [closing(rows)]]
+
+
+def check_invariant(spark, zk_config, root: Path, chunks: list[list[dict]],  # type: ignore[no-untyped-def,type-arg]
+                    cuts: list[tuple[list[list[int]], set[int]]]) -> None:
+    rows = [r for c in chunks[:-1] for r in c]
+    reference = run_cut(spark, zk_config, root / "per-file", chunks, None, set())
+    assert reference["panes"] == on_time(rows)  # the run reading one file per batch: nothing late
+    assert reference["dropped"] == []
+    assert len(reference["moves"]) == len(rows) + 1
+    for n, (cut, restarts) in enumerate(cuts):
+        got = run_cut(spark, zk_config, root / f"cut-{n}", chunks, cut, restarts)
+        for what in ("panes", "dropped", "moves", "balances"):
+            assert got[what] == reference[what], f"{what} differ for the cut {cut} (restarts after {restarts})"
+
+
+@pytest.mark.timeout(900)
+def test_the_output_does_not_depend_on_how_the_input_is_cut_into_batches(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A fixed sample: everything in one batch, and a random cut with a restart between two batches,
+    each equal to the run that reads one file per batch, pane by pane."""
+    chunks = scenario(seed=11, files=5)
+    n = len(chunks)
+    check_invariant(spark, zk_config, tmp_path, chunks,
+                    [([list(range(n))], set()), (cuts_of(n, [2, 3]), {0})])

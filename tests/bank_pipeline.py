@@ -18,7 +18,16 @@ from typing import Any
 
 from pyspark import cloudpickle
 
-from deltawheel import RECORD_KEY, Computation, FixedWindows, ParquetInjector, Pipeline, windowed
+from deltawheel import (
+    RECORD_KEY,
+    Computation,
+    DeltaTableInjector,
+    FixedWindows,
+    JsonLinesInjector,
+    ParquetInjector,
+    Pipeline,
+    windowed,
+)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import test modules
 
@@ -37,7 +46,7 @@ class Balance(Computation):
         st["n"] += 1
         st["balance"] += record.value["amount"]
         ctx.state = st
-        ctx.produce("moves", {"account": ctx.key, "amount": record.value["amount"], "n": st["n"]})
+        ctx.produce("moves", {"account": ctx.key, "amount": record.value["amount"], "n": st["n"], "late": record.late})
 
 
 def amount(v: Any) -> Any:
@@ -50,11 +59,23 @@ def window_sums() -> Computation:
                     allowed_lateness_ms=LATENESS_MS, value=amount)
 
 
-def make(folder: str, *, files_per_batch: int | None = 1, name: str = "bank") -> Pipeline:
-    """The pipeline over the Parquet files of ``folder`` (``files_per_batch``: the injector's
-    ``max_files_per_trigger``, None: every new file in one batch)."""
-    tx = ParquetInjector("tx", folder, key_column="account", event_time_column="ts", record_id_column="id",
-                         watermark_delay_ms=DELAY_MS, max_files_per_trigger=files_per_batch)
+SOURCES = ("parquet", "jsonl", "delta")
+
+
+def make(folder: str, *, files_per_batch: int | None = 1, name: str = "bank", source: str = "parquet") -> Pipeline:
+    """The pipeline over the input of ``folder`` (``files_per_batch``: the injector's
+    ``max_files_per_trigger``, None: every new file in one batch; ``source``: Parquet files, JSON
+    Lines files or a Delta table's commits, as :func:`write_file` writes them)."""
+    common: dict[str, Any] = {"key_column": "account", "event_time_column": "ts", "record_id_column": "id",
+                              "watermark_delay_ms": DELAY_MS}
+    tx: Any
+    if source == "jsonl":
+        tx = JsonLinesInjector("tx", folder, schema="account STRING, ts BIGINT, id STRING, amount BIGINT",
+                               max_files_per_trigger=files_per_batch, **common)
+    elif source == "delta":
+        tx = DeltaTableInjector("tx", folder, max_files_per_trigger=files_per_batch or 1_000_000, **common)
+    else:
+        tx = ParquetInjector("tx", folder, max_files_per_trigger=files_per_batch, **common)
     return Pipeline(name, injectors=(tx,), computations=(Balance(), window_sums()))
 
 
@@ -82,15 +103,28 @@ def closing(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"account": "zclose", "ts": max(r["ts"] for r in rows) + 10 * LATENESS_MS, "id": "closing", "amount": 0}
 
 
-def write_file(folder: Path, name: str, rows: list[dict[str, Any]], *, mtime_s: float | None = None) -> None:
-    """One Parquet file, written aside and renamed in; ``mtime_s`` orders files written in one instant."""
+def write_file(folder: Path, name: str, rows: list[dict[str, Any]], *, mtime_s: float | None = None,
+               source: str = "parquet") -> None:
+    """One input file, written aside and renamed in (``mtime_s`` orders files written in one
+    instant); for ``source="delta"`` one commit appending ``rows`` to the table ``folder``."""
+    import json
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    schema = pa.schema([("account", pa.string()), ("ts", pa.int64()), ("id", pa.string()), ("amount", pa.int64())])
+    if source == "delta":
+        from deltalake import write_deltalake
+
+        write_deltalake(str(folder), pa.Table.from_pylist(rows, schema=schema), mode="append")
+        return
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{name}.tmp"
-    schema = pa.schema([("account", pa.string()), ("ts", pa.int64()), ("id", pa.string()), ("amount", pa.int64())])
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
+    if source == "jsonl":
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        name = name.replace(".parquet", ".jsonl")
+    else:
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
     if mtime_s is not None:
         os.utime(tmp, (mtime_s, mtime_s))
     os.replace(tmp, folder / name)

@@ -34,9 +34,9 @@ class DeltaTableInjector(_MaxSeenInjector):
         record_id_column: the unique, stable id column.
         max_files_per_trigger: data files per micro-batch (default 1).
         watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
-            minus it. A record is late when behind the watermark the previous micro-batch acted on,
-            i.e. the newest event time of the batches up to two before its own minus this bound: two
-            files behind with one file per batch (docs/sources.md, "Watermark options").
+            minus it. A record is late when behind the watermark computed at the end of the batch
+            before its own: the newest event time of the earlier batches minus this bound, as
+            Spark's own operators judge it (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`ParquetInjector` (default one day; None: no bound).
 
     Raises:

@@ -108,9 +108,9 @@ class JsonLinesInjector(_MaxSeenInjector):
         max_bytes_per_trigger: instead, at most about this many bytes of files per micro-batch
             (Spark's ``maxBytesPerTrigger``; at least one file); not with ``max_files_per_trigger``.
         watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
-            minus it. A record is late when behind the watermark the previous micro-batch acted on,
-            i.e. the newest event time of the batches up to two before its own minus this bound: two
-            batches behind (docs/sources.md, "Watermark options").
+            minus it. A record is late when behind the watermark computed at the end of the batch
+            before its own: the newest event time of the earlier batches minus this bound, as
+            Spark's own operators judge it (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day; None: no bound).
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 

@@ -19,7 +19,7 @@ from deltawheel.statestore.exceptions import ConfigError
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from .folders import _missing_local_dir, local_folder_token
 from .injector import DataFrame, SparkSession, _MaxSeenInjector
-from .schema import to_stream_schema
+from .schema import record_id_of, to_stream_schema
 
 __all__ = ["CORRUPT_RECORD", "JsonLinesInjector", "json_schema", "parse_json"]
 
@@ -78,7 +78,8 @@ class JsonLinesInjector(_MaxSeenInjector):
 
     Files are consumed in modification-time order, every new file in each micro-batch unless
     ``max_files_per_trigger`` or ``max_bytes_per_trigger`` caps it, each read whole (Spark's ``wholetext``) and split into lines, so every line has its position:
-    ``record_id`` is ``record_id_column`` when given (a null falls back to the position), otherwise
+    ``record_id`` is ``record_id_column`` when given (a line without it, or with an empty one, is a
+    dead letter "record without record_id"), otherwise
     ``{name}/{file name}#{line}`` (1-based; deterministic as long as files are never rewritten),
     and ``commit_id`` is ``file={file name}#line={line}``. A file must fit in one task's memory
     (split bigger ones). Names starting with ``_`` or ``.`` are ignored (Spark's rule).
@@ -184,7 +185,9 @@ class JsonLinesInjector(_MaxSeenInjector):
             if self.record_id_column not in schema.fieldNames():
                 raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
                                   f"of the source (columns: {', '.join(sorted(schema.fieldNames()))})")
-            record_id = F.coalesce(F.col(self.record_id_column).cast("string"), position)
+            # none: a dead letter, not a position; a malformed line (a dead letter anyway) keeps its position
+            record_id = F.when(F.col(CORRUPT_RECORD).isNotNull(), position).otherwise(
+                record_id_of(self.record_id_column))
         else:
             record_id = position
         exclude = ("_file", "_lineno", "_line", CORRUPT_RECORD, *(() if self.record_id_column is None

@@ -21,7 +21,7 @@ from .folders import (
 )
 from .injector import BatchStats, DataFrame, SparkSession, _MaxSeenInjector
 from .jsonl import json_schema
-from .schema import to_stream_schema
+from .schema import record_id_of, to_stream_schema
 
 __all__ = ["ParquetInjector"]
 
@@ -38,10 +38,10 @@ class ParquetInjector(_MaxSeenInjector):
     by Spark's inference). Files whose name starts with ``_`` or ``.``
     are ignored (Spark's rule), so writers can stage files under such names.
 
-    ``record_id`` is ``record_id_column`` when given (a null falls back to the
-    position), otherwise ``{name}/{file name}#{row index}``: deterministic as
-    long as files are never rewritten. ``commit_id`` is
-    ``file={file name}#row={row index}``.
+    ``record_id`` is ``record_id_column`` when given, otherwise
+    ``{name}/{file name}#{row index}``: deterministic as long as files are never rewritten. Under
+    ``record_id_column`` a record whose id is null or empty is a dead letter "record without
+    record_id". ``commit_id`` is ``file={file name}#row={row index}``.
 
     Watermark estimate: :class:`MaxSeenMinusBound` with ``watermark_delay_ms``,
     i.e. the max event time seen minus the declared disorder bound; records
@@ -191,7 +191,7 @@ class ParquetInjector(_MaxSeenInjector):
             if self.record_id_column not in schema.fieldNames():
                 raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
                                   f"of the source (columns: {', '.join(sorted(schema.fieldNames()))})")
-            record_id = F.coalesce(F.col(self.record_id_column).cast("string"), position)
+            record_id = record_id_of(self.record_id_column)  # none: a dead letter, not a position
         else:
             record_id = position
         return to_stream_schema(

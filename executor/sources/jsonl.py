@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from deltawheel.statestore.exceptions import ConfigError
 
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
-from .folders import _missing_local_dir, local_folder_token
+from .folders import local_folder_token, make_local_dir
 from .injector import DataFrame, SparkSession, _MaxSeenInjector
 from .schema import record_id_of, to_stream_schema
 
@@ -115,9 +115,12 @@ class JsonLinesInjector(_MaxSeenInjector):
         max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day; None: no bound).
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 
+    A local folder that does not exist yet is made when the stream is built (:meth:`stream_df`), so
+    a job module can build the injector before its input is there.
+
     Raises:
-        ConfigError: an invalid name, a local folder that does not exist, a bad count, delay or
-            bound, both per-trigger limits (a schema that does not parse: at :meth:`stream_df`).
+        ConfigError: an invalid name, a bad count, delay or bound, both per-trigger limits (a schema
+            that does not parse: at :meth:`stream_df`).
     """
 
     def __init__(self, name: str, folder: str, *, schema: Any = None, key_column: str | None,
@@ -129,10 +132,7 @@ class JsonLinesInjector(_MaxSeenInjector):
                          value_columns=value_columns, record_id_column=record_id_column,
                          max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
                          max_event_ahead_ms=max_event_ahead_ms, max_bytes_per_trigger=max_bytes_per_trigger)
-        if _missing_local_dir(folder):
-            raise ConfigError(f"injector {name}: JSON folder {folder} does not exist; create it "
-                              "(or write the input) before starting the pipeline")
-        self.folder = folder
+        self.folder = folder  # a local folder that does not exist yet is made at stream_df
         self.schema = schema  # parsed by resolved_schema (a DDL string needs a running Spark session)
         self.timestamp_format = timestamp_format
 
@@ -170,6 +170,7 @@ class JsonLinesInjector(_MaxSeenInjector):
         """
         from pyspark.sql import functions as F
 
+        make_local_dir(self.folder)
         schema = self.resolved_schema(spark)
         files = (spark.readStream.options(**self.read_limits)
                  .text(self.folder, wholetext=True).select(F.col("_metadata.file_name").alias("_file"), "value"))

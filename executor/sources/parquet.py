@@ -15,9 +15,9 @@ from .folders import (
     _check_footer,
     _first_file_footer,
     _first_footer,
-    _missing_local_dir,
     _spark_schema,
     local_folder_token,
+    make_local_dir,
 )
 from .injector import BatchStats, DataFrame, SparkSession, _MaxSeenInjector
 from .jsonl import json_schema
@@ -78,10 +78,13 @@ class ParquetInjector(_MaxSeenInjector):
             may become late, for less lag); max-seen-minus-bound while nothing is pending
             (:mod:`.estimates`).
 
+    A local folder that does not exist yet is made when the stream is built (:meth:`stream_df`,
+    when the pipeline starts), so a job module can build the injector before its input is there.
+
     Raises:
-        ConfigError: an invalid name, a local folder that does not exist, a
-            bad count, delay, bound or percentile, both per-trigger limits (a schema that does
-            not parse, or a file that does not match it: at :meth:`stream_df`).
+        ConfigError: an invalid name, a bad count, delay, bound or percentile, both per-trigger
+            limits (a schema that does not parse, or a file that does not match it: at
+            :meth:`stream_df`).
     """
 
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
@@ -95,10 +98,7 @@ class ParquetInjector(_MaxSeenInjector):
                          max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
                          max_event_ahead_ms=max_event_ahead_ms, max_bytes_per_trigger=max_bytes_per_trigger)
         self.schema = schema  # parsed at stream_df (a DDL string needs a running Spark session)
-        if _missing_local_dir(folder):
-            raise ConfigError(f"injector {name}: Parquet folder {folder} does not exist; create it "
-                              "(or generate the input) before starting the pipeline")
-        self.folder = folder
+        self.folder = folder  # a local folder that does not exist yet is made at stream_df
         self._direct: DirectSource | None = None
         self.watermark_percentile = watermark_percentile
         if watermark_percentile is not None:  # checked now; the folder's files are reached at stream_df
@@ -144,6 +144,7 @@ class ParquetInjector(_MaxSeenInjector):
         """
         from pyspark.errors import AnalysisException
 
+        make_local_dir(self.folder)
         files = table_files(spark, self.folder)
         if self.watermark_percentile is not None and not isinstance(self._estimate, PendingPercentile):
             if files is None:

@@ -63,6 +63,7 @@ the same rows and stream records as a run without the crash.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import os
 import time
@@ -74,6 +75,7 @@ from deltawheel.statestore.writepath import StaleViewError
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
 
 from ..tasks.job import BatchCounts, BatchRun, Prepared
+from .exporter import active_exporter
 from .faults import BatchFailedError, FaultPoint
 from .inflight import OpenDelivery
 from .lateness import ActedMark, read_mark
@@ -114,6 +116,21 @@ def retry_stale_view(attempt: Callable[[], T], *, reload: Callable[[], object], 
     raise BatchFailedError(failed)
 
 
+class BatchStatus(enum.Enum):
+    """Where a batch is in the protocol; :meth:`BatchState.advance` allows only these moves:
+    started -> prepared -> committed -> delivered, and any of them -> failed."""
+
+    STARTED = "started"
+    PREPARED = "prepared"  # step 2 done: the input prepared, dead letters recorded
+    COMMITTED = "committed"  # step 5 done: the fenced commit returned
+    DELIVERED = "delivered"  # step 6 done (or handed to the background delivery)
+    FAILED = "failed"
+
+
+_NEXT = {BatchStatus.STARTED: BatchStatus.PREPARED, BatchStatus.PREPARED: BatchStatus.COMMITTED,
+         BatchStatus.COMMITTED: BatchStatus.DELIVERED}
+
+
 @dataclass(eq=False)
 class BatchState:
     """One batch as :meth:`BatchProtocol.run` goes through its steps.
@@ -142,10 +159,25 @@ class BatchState:
     injectors: dict[str, tuple[int, int]] = field(default_factory=dict)  # the estimates step 7 publishes
     commit_s: float = 0.0
     steps_s: list[tuple[str, float]] = field(default_factory=list)  # seconds per step, in order
+    status: BatchStatus = BatchStatus.STARTED
     _last: float = field(init=False)
 
     def __post_init__(self) -> None:
         self._last = self.started
+
+    def advance(self, to: BatchStatus) -> None:
+        """Move to ``to``: the next status, or FAILED from any but FAILED.
+
+        Raises:
+            RuntimeError: any other move (a step run out of its order: a bug in the protocol).
+        """
+        if to is BatchStatus.FAILED and self.status is not BatchStatus.FAILED:
+            self.status = to
+            return
+        if _NEXT.get(self.status) is not to:
+            raise RuntimeError(f"batch {self.batch_id}: {to.value} after {self.status.value}: the protocol's "
+                               "steps ran out of order")
+        self.status = to
 
     def mark(self, step: str) -> None:
         """Record the seconds since the last mark as ``step``'s (the report's ``steps_s``)."""
@@ -180,6 +212,15 @@ class BatchProtocol:
         df, skipped, files = self._skip_processed(df, batch_id, input_files)
         wm_in = self._input_watermark(input_watermark_ms, use_authority=use_authority)
         b = self._open(df, batch_id, started=started, skipped=skipped, files=files, wm_in=wm_in)
+        try:
+            return self._steps(b, background=background)
+        except BaseException:
+            b.advance(BatchStatus.FAILED)
+            raise
+
+    def _steps(self, b: BatchState, *, background: bool) -> BatchReport:
+        """Steps 2-7 of the batch ``b`` step 1 opened."""
+        ex, df, batch_id = self.ex, b.df, b.batch_id
         if df is None and ex.path.next_processing() is not None:
             ex.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
             if self._nothing_due(b):
@@ -188,6 +229,7 @@ class BatchProtocol:
         # dedup itself in the tasks of steps 3-4.
         b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now, batch_id=batch_id)
         self._record_dead_letters(b, b.prepared.dead)
+        b.advance(BatchStatus.PREPARED)
         if df is not None:
             b.mark("prepare")
         self.fault(FaultPoint.AFTER_PREPARE, batch_id)
@@ -205,6 +247,7 @@ class BatchProtocol:
             if ex.comp.strong_productions and run.counts.productions:
                 redeliver()
             self.fault(FaultPoint.AFTER_DELIVERY, batch_id)
+        b.advance(BatchStatus.DELIVERED)
         b.mark("deliver")
         # Step 7: watermarks (the injector estimates observed before the commit are published in
         # the step's transaction; a hook that publishes itself runs now).
@@ -254,6 +297,7 @@ class BatchProtocol:
                 meta.update(commit_entry(b.batch_id, b.files, kafka=kafka, intervals=held))  # (unknown: none recorded)
         if ex.path.commit(run.batch, commit_id=b.commit_id, meta=meta):
             self.acted = b.acted
+        b.advance(BatchStatus.COMMITTED)
         b.commit_s = time.monotonic() - t0
         return run
 
@@ -485,13 +529,18 @@ class BatchProtocol:
     def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
         """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""
         ex = self.ex
-        if ex.metrics is None:
+        exporter = active_exporter()  # the process's Prometheus endpoint (``exporter.py``), if started
+        if ex.metrics is None and exporter is None:
             return
         leases = ex.owner.leases
-        ex.metrics.submit(batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=ex.comp.name,
-                                    instance=getattr(leases, "owner", None), write_path=ex.write_path,
-                                    started_ms=started_ms, pending_productions=pending,
-                                    state=state_size(getattr(ex.path, "files", None))))
+        row = batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=ex.comp.name,
+                        instance=getattr(leases, "owner", None), write_path=ex.write_path,
+                        started_ms=started_ms, pending_productions=pending,
+                        state=state_size(getattr(ex.path, "files", None)))
+        if ex.metrics is not None:
+            ex.metrics.submit(row)
+        if exporter is not None:
+            exporter.observe(row, ex)
 
     def fault(self, point: FaultPoint, batch_id: int) -> None:
         """The executor's fault injector (tests) at ``point``, if it has one."""

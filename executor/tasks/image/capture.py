@@ -57,7 +57,7 @@ def warm(spec: Any, iv: int, batch: int) -> None:
     from .idsfiles import apart_held, ids_apart, load_ids_file, split_legacy
     from .interval import _load, bloom_paths
 
-    image, _place = _load(spec, iv)
+    image = _load(spec, iv)
     image, legacy = split_legacy(image, inline=spec.comp.exactly_once and ids_apart())
     files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
     if spec.comp.exactly_once:

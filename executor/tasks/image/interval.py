@@ -16,9 +16,7 @@ one marker row per interval it runs, so intervals with only due timers run too) 
    when a record's id *might* have been seen are the stored ids looked at
    (``ids.py``);
 4. writes the new image as one Parquet file in the interval's partition
-   folder — with delta files on (``spec.deltas``), only the rows of the keys the batch changed,
-   the older rows of those keys marked deleted in the older files (``deltas.py``), unless the
-   compaction rule says to rewrite the interval whole — and the new productions as one file per stream in the stream
+   folder and the new productions as one file per stream in the stream
    table's folder, with the write path's writers
    (``statestore/writepath/image/files.py``) — neither is visible until the driver
    commits it; on S3 the uploads run in the background and the task waits
@@ -28,7 +26,7 @@ one marker row per interval it runs, so intervals with only due timers run too) 
    ``collect`` raises StaleViewError for it).
 
 Nothing here talks to ZooKeeper or the Delta log; the driver commits. The phases of one
-interval's run are here; the file layout is in ``deltas.py``, the dedup (Bloom filters, exact
+interval's run are here; the dedup (Bloom filters, exact
 lookup) in ``dedup.py``, the record ids in ``ids.py`` / ``idsfiles.py``, the batch's ids files and
 their compaction in ``idsmerge.py``.
 """
@@ -36,10 +34,9 @@ their compaction in ``idsmerge.py``.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from deltawheel.statestore.delta.storefs import TableFiles, background_uploads
@@ -67,7 +64,6 @@ from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_fo
 from .capture import capture, capture_folder
 from .columnar import ColumnarLoop, key_loop
 from .dedup import _BLOOMS, bloom_key, cached_bloom, dedup, remember_bloom
-from .deltas import Placement, changed_keys, plan_delta, read_state, token, whole_placement
 from .idhash import id_hashes
 from .ids import drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .idsfiles import (
@@ -108,8 +104,6 @@ class ImageSpec:
     summary_schema: Any  # pyarrow schema of the summaries (``SUMMARY_DDL``)
     strong: bool  # checkpoint the productions in the rows (strong, or a weak batch's straggler re-run)
     input_files: tuple[str, ...] = ()  # the batch's input files: added to each rewritten fence row's set
-    dvs: Mapping[str, Any] = field(default_factory=dict)  # path -> its deletion vector (files that have one)
-    deltas: bool = False  # write only the changed rows of an interval (``deltas.py``), else whole images
     # the records' watermark: the one before the batch's input (lateness; ``keyrun.UserCode``)
     wm_late: int | None | SameAsInput = AS_INPUT
 
@@ -189,7 +183,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     comp = spec.comp
     name = comp.name
     read = not holds(spec, iv) and bool(_state_paths(spec, iv))
-    image, place = _load(spec, iv)
+    image = _load(spec, iv)
     apart = comp.exactly_once and ids_apart()
     # record ids apart from the state (``idsfiles.py``): the interval's ids files, and the ids an
     # older image holds in its state (moved to an ids file when the interval is next written)
@@ -278,25 +272,11 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     # Phase 4: write the files (invisible until the driver's commit).
     # (records of the interval in input files to record: the set moves even if all were duplicates)
     written: ImageFile | None = None
-    dvs: tuple[tuple[str, dict[str, Any]], ...] = ()
-    delta = False
     state_paths = _state_paths(spec, iv)
     if loop.written or has_pending or dirty or expired or migrate or (spec.input_files and inp.runs):
-        # with delta files on: only the changed keys' rows (new rows, cleared checkpoints, the
-        # fence row); rows whose inline ids expire or move out are not tracked: rewritten whole
-        plan = None if not spec.deltas or expired or migrate else \
-            plan_delta(place, new_image, changed_keys(fresh_tbl, image, has_pending, dirty or bool(spec.input_files)))
-        if plan is None:
-            written = write_interval_image(new_image, spec.rows_root, name, iv)
-            place = whole_placement(written.path, new_image)
-        else:
-            delta, dvs = True, plan.write_vectors(spec.rows_root)
-            if plan.rows.num_rows:
-                written = write_interval_image(plan.rows, spec.rows_root, name, iv)
-            place = plan.placement(written.path if written is not None else None)
-        now_dvs = {**spec.dvs, **dict(dvs)}
-        state_paths = tuple(sorted(token(p, None if plan is None else now_dvs.get(p)) for p in place.files))
-        _remember(state_paths, new_image, place, name, iv, written=True)
+        written = write_interval_image(new_image, spec.rows_root, name, iv)
+        state_paths = (written.path,)
+        _remember(state_paths, new_image, name, iv, written=True)
     ids_written, taken = None, []
     ids_all: list[tuple[ImageFile, IdsFile]] = []
     fresh_ids = new_ids if apart and new_ids is not None and new_ids.num_rows else None
@@ -330,7 +310,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     else:
         prod_files, n_prods = _write_productions(spec, iv, loop.prods), len(loop.prods)
     return IntervalSummary(
-        iv, image=written, delta=delta, dvs=tuple((p, json.dumps(d)) for p, d in dvs), ids_file=ids_written[0] if ids_written else None,
+        iv, image=written, ids_file=ids_written[0] if ids_written else None,
         ids_merged=ids_all[1][0] if ids_written and len(ids_all) > 1 else None,
         ids_removed=tuple(f.path for f in (*gone, *taken)), prod_files=tuple(prod_files),
         side=(*routed, *loop.side), processed=loop.processed,
@@ -410,8 +390,8 @@ def _state_files(spec: ImageSpec, iv: int) -> tuple[str, ...]:
 
 
 def _state_paths(spec: ImageSpec, iv: int) -> tuple[str, ...]:
-    """The interval's state files with their deletion vectors (:func:`~.deltas.token`): the cache key."""
-    return tuple(token(p, spec.dvs.get(p)) for p in _state_files(spec, iv))
+    """The interval's state files: the cache key."""
+    return _state_files(spec, iv)
 
 
 def _next_proc(image: Any, live: list[IdsFile], retention_ms: int | None) -> int | None:
@@ -423,22 +403,23 @@ def _next_proc(image: Any, live: list[IdsFile], retention_ms: int | None) -> int
     return first
 
 
-def _load(spec: ImageSpec, iv: int) -> tuple[Any, Placement]:
-    """The interval's state image (its files' live rows) and where its rows sit (cached per worker)."""
+def _load(spec: ImageSpec, iv: int) -> Any:
+    """The interval's state image: its state files' rows (cached per worker)."""
+    import pyarrow as pa
+
     paths = _state_paths(spec, iv)
     name = spec.comp.name
     _CACHE.observe(name, spec.wm)
-    hit = _CACHE.get(paths, slot=(name, iv), count=bool(paths))
-    if hit is None:
-        table, place = read_state(spec.rows_root, _state_files(spec, iv), spec.dvs, read=_read_rows_file,
-                                  schema=spec.rows_schema)
-        _remember(paths, table, place, name, iv)
-    else:
-        table, place = hit
+    table = _CACHE.get(paths, slot=(name, iv), count=bool(paths))
+    hit = table is not None
+    if table is None:
+        parts = [_read_rows_file(spec.rows_root, p, spec.rows_schema) for p in paths]
+        table = pa.concat_tables(parts) if parts else spec.rows_schema.empty_table()
+        _remember(paths, table, name, iv)
     if _TRACED:
-        trace({"op": "get", "comp": name, "iv": iv, "paths": list(paths), "hit": hit is not None, "wm": spec.wm,
+        trace({"op": "get", "comp": name, "iv": iv, "paths": list(paths), "hit": hit, "wm": spec.wm,
                "bytes": table.nbytes, "next_ev": image_facts(table)}, traced=_TRACED)
-    return table, place
+    return table
 
 
 def _read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
@@ -459,11 +440,9 @@ def _read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
     return t.select(schema.names).cast(schema)
 
 
-def _remember(paths: tuple[str, ...], table: Any, place: Placement, comp: str, iv: int, *,
-              written: bool = False) -> None:
+def _remember(paths: tuple[str, ...], table: Any, comp: str, iv: int, *, written: bool = False) -> None:
     next_ev = image_facts(table)
-    _CACHE.put(paths, (table, place), nbytes=table.nbytes + place.nbytes, next_ev=next_ev, slot=(comp, iv),
-               group=comp)
+    _CACHE.put(paths, table, nbytes=table.nbytes, next_ev=next_ev, slot=(comp, iv), group=comp)
     if written:
         trace({"op": "put", "comp": comp, "iv": iv, "paths": list(paths), "bytes": table.nbytes, "next_ev": next_ev},
               traced=_TRACED)

@@ -211,7 +211,7 @@ class ImageTasks:
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong,
-            input_files=tuple(self.path.input_files), dvs=self.path.deletion_vectors(), deltas=self.path.deltas)
+            input_files=tuple(self.path.input_files))
         if direct is None and prep is not None:
             return self._shuffled(session, prep, place).mapInArrow(image_task_fn(spec), spark_type(SUMMARY_DDL))
         one_worker_pool(session)  # the RDD tasks in the pool of the SQL tasks (``worker.py``)

@@ -91,15 +91,27 @@ def test_ids_files_past_the_dedup_horizon_are_dropped_whole(spark, tmp_path) -> 
     assert (again["processed"], again["duplicates"]) == (1, 1)
 
 
-def test_an_image_holding_ids_in_its_key_rows_is_read_and_migrated(spark, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_image_holding_ids_in_its_key_rows_is_read_and_migrated(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An image written before the ids files (each key's ids in its row): its ids dedup, and the
+    interval's next write moves them into an ids file."""
+    import pyarrow as pa
+    from deltawheel.statestore.rowtable.frames import arrow_schema
+    from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
+
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
-    monkeypatch.setenv("DELTAWHEEL_IDS_APART", "0")
-    for b in range(2):
-        store.batch([(f"r{b}", "k0"), (f"s{b}", "k1")], now_ms=t0 + b * 1_000, b=b)
+    for iv in range(N_IV):  # each interval's keys of two batches, their ids in their rows
+        keys = [k for k in ("k0", "k1") if store_interval(k) == iv]
+        ids = {"k0": ["r0", "r1"], "k1": ["s0", "s1"]}
+        old = [{"key": FENCE_KEY, "sequencer": 3, "record_ids": [], "timers": [], "pending": [], "format_version": 2}]
+        old += [{"key": k, "state": b"2", "codec": "json", "sequencer": 3, "timers": [], "pending": [],
+                 "record_ids": [{"record_id": r, "seen_ms": t0 + n * 1_000} for n, r in enumerate(ids[k])],
+                 "format_version": 2} for k in keys]
+        name = f"old-{iv}.parquet"
+        pq.write_table(pa.Table.from_pylist(old, schema=arrow_schema(rows_file_ddl())), os.path.join(store.root, name))
+        store.images[iv] = [name]
     assert not store.ids_files()
     assert sorted(i["record_id"] for r in store.rows() for i in r["record_ids"]) == ["r0", "r1", "s0", "s1"]
-    monkeypatch.setenv("DELTAWHEEL_IDS_APART", "1")
     _cold()
     again = store.batch([("r0", "k0"), ("x", "k2")], now_ms=t0 + 2_000, b=2)
     assert (again["processed"], again["duplicates"]) == (1, 1)
@@ -109,6 +121,13 @@ def test_an_image_holding_ids_in_its_key_rows_is_read_and_migrated(spark, tmp_pa
     assert moved == ["r0", "r1", "s0", "s1", "x"]
     _cold()
     assert store.batch([("s1", "k1")], now_ms=t0 + 3_000, b=3)["duplicates"] == 1
+
+
+def store_interval(key: str) -> int:
+    """The interval the harness gives ``key`` (``image_util.Interval.run``)."""
+    import zlib
+
+    return zlib.crc32(key.encode()) % N_IV
 
 
 @pytest.mark.spark

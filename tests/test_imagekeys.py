@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, make_record
-from deltawheel.executor.tasks.image.idsfiles import ids_apart
 from deltawheel.executor.tasks.image.interval import ImageSpec, _run
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.tasks.keyrun import run_key
@@ -245,7 +244,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
                         records=by_key.get(key, []), input_watermark_ms=wm, now_ms=now, dedup_horizon_ms=horizon)
             if o.row is None:
                 ref.pop(key, None)
-            elif ids_apart() and o.row.state is None and not o.row.timers and not o.row.pending \
+            elif o.row.state is None and not o.row.timers and not o.row.pending \
                     and o.row.watermark_hold_ms is None:
                 # record ids apart from the state: a key left with nothing but ids has no row (its
                 # ids are in the interval's ids files), so its timer counter starts afresh
@@ -308,7 +307,7 @@ def test_the_candidates_lookup_matches_the_full_lookup() -> None:
     held_keys = [f"k{rng.randint(0, 300)}" for _ in range(4_000)]
     held_ids = [f"old{i}" for i in range(4_000)]
     held = pa.table({"key": held_keys, "record_id": held_ids, "seen_ms": pa.array([1] * 4_000, pa.int64())})
-    ids = HeldIds(held, held, set(held_keys))
+    ids = HeldIds(held, held)
     recs = []
     for i in range(300):
         if i % 50 == 0:  # a retry: the id its key's row holds

@@ -54,11 +54,11 @@ def warm(spec: Any, iv: int, batch: int) -> None:
     from deltawheel.statestore.writepath.image.files import is_ids_path
 
     from .dedup import _bloom
-    from .idsfiles import apart_held, ids_apart, load_ids_file, split_legacy
+    from .idsfiles import apart_held, load_ids_file, split_legacy
     from .interval import _load, bloom_paths
 
     image = _load(spec, iv)
-    image, legacy = split_legacy(image, inline=spec.comp.exactly_once and ids_apart())
+    image, legacy = split_legacy(image, inline=spec.comp.exactly_once)
     files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
     if spec.comp.exactly_once:
         _bloom(bloom_paths(spec, iv), image, apart_held(files, legacy), batch)

@@ -47,13 +47,13 @@ def takes_columnar(comp: Computation, inp: Input) -> bool:
 
 
 def key_loop(comp: Computation, inp: Input, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
-             strong: bool, id_rows: bool) -> "KeyLoop | ColumnarLoop":
+             strong: bool) -> "KeyLoop | ColumnarLoop":
     """The loop that runs an interval's keys: columnar where :func:`takes_columnar`, else the key loop.
     ``sub``: the touched keys' current rows (Arrow); ``wm``: the timers' watermark, ``wm_late``: the
     records' (the one before the batch's input)."""
     if takes_columnar(comp, inp):
-        return ColumnarLoop(comp, sub, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
-    return KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
+        return ColumnarLoop(comp, sub, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
+    return KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
 
 
 class _Rows:
@@ -83,15 +83,14 @@ class ColumnarLoop:
     loop over the others; the same outputs as :class:`~.keys.KeyLoop`."""
 
     def __init__(self, comp: Computation, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
-                 strong: bool, id_rows: bool) -> None:
+                 strong: bool) -> None:
         self.comp = comp
         self.sub = sub
         self.wm = wm
         self.wm_late = wm_late
         self.now_ms = now_ms
         self.strong = strong
-        self.id_rows = id_rows
-        self.per_key = KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
+        self.per_key = KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
         self.rows = _Rows(self.per_key)
         self.columnar_keys = 0  # keys the columnar call ran
         self._unchanged: list[str] = []
@@ -111,13 +110,12 @@ class ColumnarLoop:
         self.id_values: list[str] = []
         self.processed = self.duplicates = self.fired = self.written = self.late = self.keys_expired = 0
 
-    def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
-            old_id_keys: set[str]) -> None:
+    def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> None:
         """Run ``touched`` (the key loop's :meth:`~.keys.KeyLoop.run`); the outputs are the key
         loop's attributes, both parts together (the productions as :attr:`prod_table`)."""
         import pyarrow as pa
 
-        self._run(touched, inp, old, seen, old_id_keys)
+        self._run(touched, inp, old, seen)
         k = self.per_key
         self.unchanged = k.unchanged + self._unchanged
         mine = self._ptable
@@ -134,8 +132,7 @@ class ColumnarLoop:
         self.late = k.late + self._late
         self.keys_expired = k.keys_expired
 
-    def _run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
-             old_id_keys: set[str]) -> None:
+    def _run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> None:
         """Run ``touched``: the keys the columnar call cannot take through the key loop first."""
         import numpy as np
         import pyarrow as pa
@@ -162,7 +159,7 @@ class ColumnarLoop:
             slow = set(touched)
             self._pre, self._late = {}, 0
         if slow:
-            self.per_key.run([k for k in touched if k in slow], inp, old, seen, old_id_keys)
+            self.per_key.run([k for k in touched if k in slow], inp, old, seen)
         keys = [k for k in touched if k not in slow]
         if not keys:
             return
@@ -202,7 +199,7 @@ class ColumnarLoop:
         except Exception as exc:
             raise UserCodeError(self.comp.name, keys[0], what, exc) from exc
         _check(self.comp, keys[0], what, out)
-        self._finish(keys, karr, records, mine, out, old_id_keys)
+        self._finish(keys, karr, records, mine, out)
 
     def _late_first(self, keys: list[str], inp: Input, seen: list[bool] | None) -> set[str]:
         """Run each of ``keys``' late records per record (no timer fires), as the per-record path
@@ -252,8 +249,7 @@ class ColumnarLoop:
             self._late += n_late
         return out
 
-    def _finish(self, keys: list[str], karr: Any, records: Any, mine: Any, out: ColumnResult,
-                old_id_keys: set[str]) -> None:
+    def _finish(self, keys: list[str], karr: Any, records: Any, mine: Any, out: ColumnResult) -> None:
         """The keys' new rows, productions and counts from the call's result."""
         import numpy as np
         import pyarrow as pa
@@ -312,8 +308,6 @@ class ColumnarLoop:
         has_state = pc.is_valid(blobs).to_numpy(zero_copy_only=False)
         pend = n_prods > 0 if self.strong else np.zeros(n, dtype=bool)
         empty = ~has_state & ~has_timer & ~pend
-        old_ids = np.fromiter((k in old_id_keys for k in keys), dtype=bool, count=n) if old_id_keys else np.zeros(n, bool)
-        id_only = empty & (self.id_rows & (old_ids | (n_recs > 0)))
         is_new = old_at < 0
         had_pending = np.zeros(n, dtype=bool)
         if mine.num_rows:
@@ -323,18 +317,16 @@ class ColumnarLoop:
         maybe_same = ~changed & ~empty
         if maybe_same.any():  # keys that ran nothing: the same state and timers as before?
             changed |= maybe_same & ~_same(mine, old_at, blobs, tm, offsets, maybe_same)
-        write = id_only | (~empty & changed)
+        write = ~empty & changed
         self._counts[2] = int(n_fired.sum())
-        self._counts[3] = int((write | (empty & ~is_new & ~id_only)).sum())
+        self._counts[3] = int((write | (empty & ~is_new)).sum())
         self._unchanged = [keys[i] for i in np.flatnonzero(~empty & ~changed).tolist()]
         rows = np.flatnonzero(write)
         if not len(rows):
             return
         idx = pa.array(rows)
-        keep_state = np.where(id_only, False, has_state)
-        state_col = pc.if_else(pa.array(keep_state), blobs, pa.scalar(None, pa.binary())).take(idx)
-        t_off = np.where(id_only, 0, n_timers)
-        counts = t_off[rows]
+        state_col = blobs.take(idx)
+        counts = n_timers[rows]
         sel_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
         # each written row's timers: its first timer's place + 0, 1, ... (one arange, not one per row)
         flat_take = (np.repeat(offsets[:-1][rows].astype(np.int64) - sel_off[:-1], counts)
@@ -346,8 +338,8 @@ class ColumnarLoop:
                                         pa.repeat(pa.scalar(_EVENT, pa.string()), flat_t.num_rows),
                                         flat_t.column("time_ms").combine_chunks().cast(pa.int64())],
                                        names=["tag", "domain", "time_ms"]))
-        next_ev = pa.array(first_ev[rows], pa.int64(), mask=~(has_timer[rows] & ~id_only[rows]))
-        pending = self._pending(keys, rows, id_only)
+        next_ev = pa.array(first_ev[rows], pa.int64(), mask=~has_timer[rows])
+        pending = self._pending(rows)
         self.rows.columnar = pa.table({
             "key": karr.take(idx), "state": state_col,
             "codec": pa.repeat(pa.scalar(state_codec_of(comp), pa.string()), len(rows)),
@@ -423,7 +415,7 @@ class ColumnarLoop:
         np.add.at(counts, k_all, 1)
         return counts
 
-    def _pending(self, keys: list[str], rows: Any, id_only: Any) -> Any:
+    def _pending(self, rows: Any) -> Any:
         """The ``pending`` column of the written rows: a key's productions when strong (every key
         with productions is written then, so the table, in key order, is the rows' lists in order)."""
         import numpy as np

@@ -83,7 +83,7 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
         elif apart is None:
             apart = apart_held(live, legacy)
         held = within(apart, spec.horizon_ms)
-        ids = HeldIds(ids.held, pa.concat_tables([ids.table, held]), ids.keys)
+        ids = HeldIds(ids.held, pa.concat_tables([ids.table, held]))
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
     return bloom, seen, BloomCounts(inp.n, maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
 

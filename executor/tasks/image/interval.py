@@ -68,7 +68,6 @@ from .idhash import id_hashes
 from .ids import drop_empty, expired_ids, flat_ids, trim_ids, with_ids
 from .idsfiles import (
     IdsFile,
-    ids_apart,
     load_ids_file,
     pick_ids,
     split_legacy,
@@ -184,10 +183,9 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     name = comp.name
     read = not holds(spec, iv) and bool(_state_paths(spec, iv))
     image = _load(spec, iv)
-    apart = comp.exactly_once and ids_apart()
     # record ids apart from the state (``idsfiles.py``): the interval's ids files, and the ids an
     # older image holds in its state (moved to an ids file when the interval is next written)
-    image, legacy = split_legacy(image, inline=apart)
+    image, legacy = split_legacy(image, inline=comp.exactly_once)
     ids_files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
     gone = [f for f in ids_files if spec.horizon_ms is not None and f.written_ms < spec.horizon_ms]
     live = [f for f in ids_files if f not in gone]
@@ -248,10 +246,9 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         rest = _without_pending(rest)
     rest = drop_empty(rest)
     wm_late = spec.wm if isinstance(spec.wm_late, SameAsInput) else spec.wm_late
-    loop = key_loop(comp, inp, sub, wm=spec.wm, wm_late=wm_late, now_ms=spec.now_ms, strong=spec.strong,
-                    id_rows=not apart)
+    loop = key_loop(comp, inp, sub, wm=spec.wm, wm_late=wm_late, now_ms=spec.now_ms, strong=spec.strong)
     bloom, seen, checks = dedup(spec, iv, image, inp, old_ids, live, legacy, state_paths=_state_paths(spec, iv))
-    loop.run(run_keys, inp, old, seen, old_ids.keys)
+    loop.run(run_keys, inp, old, seen)
     if not comp.exactly_once:
         new_ids = None
     elif loop.all_ran:
@@ -262,7 +259,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     new_rows = loop.rows.table(spec.rows_schema.remove(spec.rows_schema.get_field_index("record_ids")),
                                sequencer=mine, commit_id=spec.commit_id,
                                now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION)
-    fresh_tbl = with_ids(new_rows, old_ids, None if apart else new_ids, spec.now_ms, spec.rows_schema)
+    fresh_tbl = with_ids(new_rows, old_ids, spec.rows_schema)
     parts = [rest, fresh_tbl]
     if loop.unchanged:
         same = sub.filter(pc.is_in(sub.column("key"), value_set=pa.array(loop.unchanged, pa.string())))
@@ -279,7 +276,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         _remember(state_paths, new_image, name, iv, written=True)
     ids_written, taken = None, []
     ids_all: list[tuple[ImageFile, IdsFile]] = []
-    fresh_ids = new_ids if apart and new_ids is not None and new_ids.num_rows else None
+    fresh_ids = new_ids if new_ids is not None and new_ids.num_rows else None
     if fresh_ids is not None or migrate:
         # the input's hashes are the batch's own ids' (in their order) when every record ran
         fresh_hashes = inp.hashes if fresh_ids is not None and loop.all_ran else None
@@ -287,8 +284,7 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
         ids_written = ids_all[0]
         taken = [f for f in ids_files if f not in gone and f not in live]
         live = [*live, *(f for _, f in ids_all)]
-    if apart:
-        idsmerge.prepare_next(spec, iv, live, retention)
+    idsmerge.prepare_next(spec, iv, live, retention)
     if bloom is None and (written is not None or ids_written is not None or gone):
         # no input: no new id, the new files hold a subset of the old files' ids (expired ones
         # leave): the old files' filter (if this worker has it) serves them, not rebuilt next batch

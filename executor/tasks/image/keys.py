@@ -11,8 +11,7 @@ tuples (ids stay in Arrow: ``interval.py`` attaches them, with ``ids.py``).
 Phase 4 of ``run_key`` as the image path does it, per key:
 
 * a key whose run leaves nothing (no state, timers, pending productions,
-  watermark hold) keeps a row only for its record ids: the ids it had within
-  the dedup horizon and, with exactly-once, the ids it ran now;
+  watermark hold) has no row (its record ids are in the interval's ids files);
 * a key that changed (ran records, fired timers, produced, or had its
   previous checkpoint cleared) gets its new row;
 * any other key keeps its row as it is in the image.
@@ -381,10 +380,9 @@ def _next_timers(offsets: Any, times: Any, is_event: Any, n: int) -> tuple[Any, 
 class KeyLoop:
     """Runs one interval's touched keys (in key order) and collects the outcome."""
 
-    def __init__(self, comp: Computation, *, wm: int | None, now_ms: int, strong: bool, id_rows: bool = True,
+    def __init__(self, comp: Computation, *, wm: int | None, now_ms: int, strong: bool,
                  wm_late: int | None | SameAsInput = AS_INPUT) -> None:
         self.comp = comp
-        self.id_rows = id_rows  # a key with nothing else left keeps a row for its record ids (else they live apart)
         self.codec = codec_of(comp)
         self.wm = wm
         self.wm_late = wm_late  # the records' watermark (``keyrun.UserCode``)
@@ -399,15 +397,13 @@ class KeyLoop:
         self.all_ran = True  # every input record was run (none seen before, repeated or undecodable)
         self.processed = self.duplicates = self.late = self.fired = self.written = self.keys_expired = 0
 
-    def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
-            old_id_keys: set[str]) -> None:
+    def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> None:
         """Run user code for each key of ``touched``; collect its new row, productions and dead letters."""
         comp = self.comp
         wm, now = self.wm, self.now_ms
         exactly_once = comp.exactly_once
         repeats = exactly_once and inp.repeats
         keep_ids = exactly_once
-        id_rows = keep_ids and self.id_rows
         if seen is not None or repeats:
             self.all_ran = False
         add = self.rows.rows.append
@@ -471,12 +467,7 @@ class KeyLoop:
                     written += 1
                 continue
             if state is None and not timers and not pending and new_hold is None:
-                # nothing left: the row stays only for its record ids (old ones still within the
-                # horizon, the ones run now)
-                if id_rows and (key in old_id_keys or fresh):
-                    add((key, None, (), None, (), seq, codec))
-                    written += 1
-                elif j is not None:
+                if j is not None:  # nothing left: no row
                     written += 1
                 continue
             if (fresh or n_fired or prods or j is None or key in old_pending or new_hold != holds[j]

@@ -17,7 +17,6 @@ more intervals (``Computation.num_intervals``).
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -131,9 +130,6 @@ class ImageTasks:
         self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
-        # local mode: the tasks of a direct or timers-only batch claim the intervals their worker
-        # holds (``task.py``); DELTAWHEEL_TASK_CLAIMS=0 keeps the placement (for comparisons)
-        self.claims = os.environ.get("DELTAWHEEL_TASK_CLAIMS", "1") != "0"
 
     # ------------------------------------------------------------------ the job
 
@@ -215,8 +211,7 @@ class ImageTasks:
         if direct is None and prep is not None:
             return self._shuffled(session, prep, place).mapInArrow(image_task_fn(spec), spark_type(SUMMARY_DDL))
         one_worker_pool(session)  # the RDD tasks in the pool of the SQL tasks (``worker.py``)
-        return task_job(session.sparkContext, spec, place, partitions=self.partitions, direct=direct,
-                        claims=self.claims)
+        return task_job(session.sparkContext, spec, place, partitions=self.partitions, direct=direct)
 
     def _shuffled(self, session: Any, prep: Any, place: tuple[tuple[int, int], ...]) -> Any:
         """The prepared input of the owned intervals plus one marker row per interval (so every

@@ -92,13 +92,13 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 
 def task_job(sc: Any, spec: ImageSpec, place: tuple[tuple[int, int], ...], *, partitions: int,
-             direct: DirectBatch | None, claims: bool) -> TaskJob:
+             direct: DirectBatch | None) -> TaskJob:
     """The RDD job of a batch whose tasks read its files themselves (``direct``) or have no input
-    (due timers only): one task per partition index, each with its intervals of ``place``; with
-    ``claims``, the tasks claim their intervals where the master allows it (:func:`claim_board`)."""
+    (due timers only): one task per partition index, each with its intervals of ``place``; the
+    tasks claim their intervals where the master allows it (:func:`claim_board`)."""
     ivs = [iv for iv, _t in place]
     tasks = tuple(tuple(iv for iv, t in place if t == i) for i in range(partitions))
-    board = claim_board(sc.master, ivs) if claims else None
+    board = claim_board(sc.master, ivs)
     fn = (direct_task_fn(spec, dataclasses.replace(direct, tasks=tasks), board) if direct is not None
           else markers_task_fn(spec, tasks, board))
     return TaskJob(sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(fn, preservesPartitioning=True),

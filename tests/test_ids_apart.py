@@ -224,15 +224,12 @@ def _ids_of(store: Interval) -> list[tuple[str, str]]:
                   for r in pq.read_table(os.path.join(store.root, p)).to_pylist() for i in r["record_ids"])
 
 
-@pytest.mark.parametrize("background", ["1", "0"])
-def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_ids(spark, tmp_path, monkeypatch, background) -> None:  # type: ignore[no-untyped-def]
-    """With the background merge on, the batch that compacts commits the merge its worker prepared
-    after the batch before (a level-1 file) and a level-0 file of its own ids, and removes the files
-    merged; off, it writes one level-1 file with everything. Either way the live files hold every id
-    once, and a redelivery of every record is dropped whole."""
+def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_ids(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The batch that compacts commits the merge its worker prepared after the batch before (a
+    level-1 file) and a level-0 file of its own ids, and removes the files merged; the live files
+    hold every id once, and a redelivery of every record is dropped whole."""
     from deltawheel.executor.tasks.image import idsmerge
 
-    monkeypatch.setenv(idsmerge.BACKGROUND_ENV, background)
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
     _cold()
@@ -246,10 +243,7 @@ def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_i
             if s.get("merged_path"):  # committed beside the batch's own ids, the files merged removed
                 assert ids_level(s["merged_path"]) == 1 and ids_level(s["ids_path"]) == 0
                 assert len(s["ids_removed"]) == 7
-    if background == "1":
-        assert len(merged) >= 2  # each interval's compaction at least once
-    else:
-        assert merged == []
+    assert len(merged) >= 2  # each interval's compaction at least once
     assert any(ids_level(p) >= 1 for p in store.ids_files())
     want = sorted((k, r) for r, k in records)
     assert _ids_of(store) == want  # every id once: none lost, none twice
@@ -257,12 +251,11 @@ def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_i
     assert (again["processed"], again["duplicates"]) == (1, len(records))
 
 
-def test_a_prepared_merge_that_no_longer_fits_is_not_used(spark, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_prepared_merge_that_no_longer_fits_is_not_used(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The next batch's task merges itself when the prepared merge is not what the compaction would
     write: another sequencer (a takeover between the two batches), or none in this worker."""
     from deltawheel.executor.tasks.image import idsmerge
 
-    monkeypatch.setenv(idsmerge.BACKGROUND_ENV, "1")
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
     _cold()

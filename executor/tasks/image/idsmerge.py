@@ -17,13 +17,10 @@ file of the rows table, removed by gc's vacuum like a failed task's.
 The merged file's ``updated_ms`` is the preparing batch's time (its ids were all seen by then:
 it is dropped past the horizon a batch sooner than the task's own merge would have, never
 before its last id expires); its rows' ``commit_id`` is the preparing batch's.
-
-``DELTAWHEEL_IDS_BACKGROUND_MERGE=0`` turns it off (each compaction in its batch's task).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -37,9 +34,7 @@ from .idsfiles import IdsFile, adopt, hash_index, plan_compaction, within, write
 if TYPE_CHECKING:
     from .interval import ImageSpec
 
-__all__ = ["BACKGROUND_ENV", "background", "pending", "prepare", "prepare_next", "take", "write_batch_ids"]
-
-BACKGROUND_ENV = "DELTAWHEEL_IDS_BACKGROUND_MERGE"
+__all__ = ["pending", "prepare", "prepare_next", "take", "write_batch_ids"]
 
 
 @dataclass
@@ -56,11 +51,6 @@ class _Prepared:
 
 _PREPARED: dict[tuple[str, int], _Prepared] = {}  # (computation, interval) -> its prepared merge
 _LOCK = threading.Lock()
-
-
-def background() -> bool:
-    """Whether compactions are prepared in the background (default) or done in their batch's task."""
-    return os.environ.get(BACKGROUND_ENV, "1") != "0"
 
 
 def pending(computation: str, interval: int) -> frozenset[str] | None:
@@ -141,7 +131,7 @@ def write_batch_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, li
 def prepare_next(spec: ImageSpec, iv: int, live: list[IdsFile], retention_ms: int | None) -> None:
     """When the interval's next batch would compact its ids files, merge them now in a thread
     (``idsmerge.py``) -- unless that merge is already prepared or under way."""
-    if not background() or retention_ms is None:
+    if retention_ms is None:
         return
     # what the next batch would take in if it ran now (its new file counted): none, no merge
     level, files = plan_compaction(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)

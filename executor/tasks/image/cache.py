@@ -8,7 +8,7 @@ large-state computation can outweigh a hundred small ones.
 
 When it must drop an image it drops the one whose next expected use is furthest away, counted in
 batches, as the design's framework cache does (DESIGN.md, "Cache"; the row-level policy is
-``statestore/rowtable/eviction.py``):
+``benchmarks/rowcache.py``):
 
 - the image's earliest event-time timer (``next_event_timer_ms``) is reached when the input
   low watermark passes it: ``(timer - watermark) / (watermark advance per batch)`` batches;

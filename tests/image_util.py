@@ -13,13 +13,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltawheel.executor.computation import Computation
-from deltawheel.executor.tasks.image import idsfiles
-from deltawheel.executor.tasks.image import interval as _imagetask
-from deltawheel.executor.tasks.image.interval import ImageSpec, _run
+from deltawheel.executor.tasks.image import cache, dedup
+from deltawheel.executor.tasks.image.spec import ImageSpec
+from deltawheel.executor.tasks.image.task import run_intervals
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
+from deltawheel.statestore.writepath.image import idsfiles
 from deltawheel.statestore.writepath.image.files import is_ids_path
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
@@ -51,8 +52,8 @@ def counter(intervals: int) -> Computation:
 
 def cold() -> None:
     """A Python worker that never saw the interval (a restart): no image, filter or ids file cached."""
-    _imagetask._CACHE.clear()
-    _imagetask._BLOOMS.clear()
+    cache._IMAGES.clear()
+    dedup._BLOOMS.clear()
     idsfiles._FILES.clear()
 
 
@@ -96,7 +97,7 @@ class Interval:
                  "stream": "events", "position": f"p{rid}", "late": False, "_bad": None,
                  "interval": zlib.crc32(key.encode()) % self.n_iv, "_m": False} for rid, key in records]
         rows += [{"interval": iv, "_m": True} for iv in range(self.n_iv)]
-        out = [s.to_row() for s in _run(spec, pa.Table.from_pylist(rows, schema=schema))]
+        out = [s.to_row() for s in run_intervals(spec, pa.Table.from_pylist(rows, schema=schema))]
         for s in out:
             if s.get("interval") is None:
                 continue

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import ColumnBatch, ColumnResult
 from deltawheel.executor.exceptions import UserCodeError
-from deltawheel.executor.tasks.image.interval import ImageSpec, run_task
-from deltawheel.executor.tasks.image.prodcols import production_table, write_production_table
+from deltawheel.executor.tasks.image.spec import ImageSpec
+from deltawheel.executor.tasks.image.task import run_task
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
@@ -33,7 +33,12 @@ from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import CodecError, ConfigError
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, make_production, rows_file_ddl
-from deltawheel.statestore.writepath.image.files import is_ids_path, write_production_files
+from deltawheel.statestore.writepath.image.files import (
+    is_ids_path,
+    production_table,
+    write_production_files,
+    write_production_table,
+)
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from image_fences import fence_images
@@ -405,9 +410,9 @@ def test_captured_tasks_run_again_with_the_bench_tasks_command(spark, tmp_path, 
     assert len(os.listdir(tmp_path / "cap")) == len(batches)
     assert main(["bench", "tasks", "--captured", str(tmp_path / "cap"), "--json", str(tmp_path / "r.json")]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    assert [t["processed"] for t in report["tasks"]] == [c["processed"] for _, _, c in got]
-    assert [t["fired"] for t in report["tasks"]] == [c["fired"] for _, _, c in got]
-    assert sum(c["fired"] for _, _, c in got) > 0 and report["total_cpu_s"] > 0
+    assert [t["processed"] for t in report["tasks"]] == [c["processed"] for _, _, c, _ids in got]
+    assert [t["fired"] for t in report["tasks"]] == [c["fired"] for _, _, c, _ids in got]
+    assert sum(c["fired"] for _, _, c, _ids in got) > 0 and report["total_cpu_s"] > 0
     assert f"{len(batches)} tasks (captured): " in capsys.readouterr().out
     # run again: each task finds its Bloom filters as the run did (a task adds its batch's ids to
     # the filter it found: without them put back, a second round would find every id "maybe seen")

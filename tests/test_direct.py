@@ -327,7 +327,7 @@ def test_a_fenced_rdd_task_is_recognized_as_stale(spark, tmp_path) -> None:  # t
     StaleViewError naming the interval, the fence's sequencer and ours (the driver then checks the
     fences and stops with StaleSequencerError), not a user-code failure; with claimed intervals
     (two, local mode) and with the placement's (one: nothing to claim)."""
-    from deltawheel.executor.tasks.image.interval import ImageSpec
+    from deltawheel.executor.tasks.image.spec import ImageSpec
     from deltawheel.executor.tasks.image.task import collect, task_job
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema

@@ -1,4 +1,4 @@
-"""Record ids apart from the state (``executor/tasks/image/idsfiles.py``): each batch adds a small
+"""Record ids apart from the state (``statestore/writepath/image/idsfiles.py``): each batch adds a small
 ids file per interval, the key rows no longer carry ids, the dedup reads the ids files (also
 with a cold worker cache), files past the dedup horizon are dropped whole, files of one time
 bucket merge by levels, and images written with ids in the key rows keep working."""
@@ -59,7 +59,7 @@ def test_a_redelivered_record_whose_id_is_only_in_an_older_ids_file_is_dropped_w
 
 
 def test_a_worker_forgets_the_ids_files_a_compaction_took_in_and_still_drops_their_redeliveries(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.tasks.image import idsfiles
+    from deltawheel.statestore.writepath.image import idsfiles
 
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
@@ -166,10 +166,10 @@ def test_the_views_show_one_row_per_key_and_count_the_ids_apart(spark, migrated_
 @pytest.mark.parametrize("ordered", [True, False])
 def test_an_ids_file_holds_one_row_per_key_in_key_order_whatever_its_input_order(spark, tmp_path, ordered) -> None:  # type: ignore[no-untyped-def]
     import pyarrow as pa
-    from deltawheel.executor.tasks.image.idsfiles import write_ids_file
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import rows_file_ddl
+    from deltawheel.statestore.writepath.image.idsfiles import write_ids_file
 
     rows = [("a", "r1", 5), ("a", "r2", 5), ("b", "r3", 4), ("b", "r4", 6), ("c", "r5", 5)]
     if not ordered:  # e.g. a compaction's files after the batch's own ids
@@ -195,8 +195,8 @@ def test_picking_candidate_ids_by_hash_bucket_finds_exactly_what_a_full_scan_fin
 
     import pyarrow as pa
     import pyarrow.compute as pc
-    from deltawheel.executor.tasks.image.idhash import id_hashes
-    from deltawheel.executor.tasks.image.idsfiles import IdsFile, pick_ids
+    from deltawheel.statestore.writepath.image.idhash import id_hashes
+    from deltawheel.statestore.writepath.image.idsfiles import IdsFile, pick_ids
 
     rnd = random.Random(seed)
     files = []
@@ -228,7 +228,7 @@ def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_i
     """The batch that compacts commits the merge its worker prepared after the batch before (a
     level-1 file) and a level-0 file of its own ids, and removes the files merged; the live files
     hold every id once, and a redelivery of every record is dropped whole."""
-    from deltawheel.executor.tasks.image import idsmerge
+    from deltawheel.statestore.writepath.image import idsmerge
 
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
@@ -254,7 +254,7 @@ def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_i
 def test_a_prepared_merge_that_no_longer_fits_is_not_used(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The next batch's task merges itself when the prepared merge is not what the compaction would
     write: another sequencer (a takeover between the two batches), or none in this worker."""
-    from deltawheel.executor.tasks.image import idsmerge
+    from deltawheel.statestore.writepath.image import idsmerge
 
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
@@ -279,11 +279,11 @@ def test_the_index_kept_from_the_inputs_hashes_is_the_one_made_from_the_file(spa
     the file's ids at its first lookup, so the lookups find the same rows."""
     import numpy as np
     import pyarrow as pa
-    from deltawheel.executor.tasks.image import idsfiles
-    from deltawheel.executor.tasks.image.idhash import id_hashes
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import rows_file_ddl
+    from deltawheel.statestore.writepath.image import idsfiles
+    from deltawheel.statestore.writepath.image.idhash import id_hashes
 
     keys = [f"k{i % 37:02d}" for i in range(500)]
     ids = [f"id-{i}" for i in range(500)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, Record
-from deltawheel.executor.tasks.keyrun import UserCodeError, run_key
+from deltawheel.executor.tasks.usercode.keyrun import UserCodeError, run_key
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
 from deltawheel.statestore.rowtable.rows import KeyRow, SeenId, TimeDomain, Timer, make_row

@@ -183,11 +183,11 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
     0, by Spark and by the image path's file reader), and a second run changes nothing."""
     import pyarrow.parquet as pq
     from delta.tables import DeltaTable
-    from deltawheel.executor.tasks.image.interval import _read_rows_file
     from deltawheel.migrations import m0004_timer_seq
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import rows_file_ddl
+    from deltawheel.statestore.writepath.image.files import read_rows_file
 
     layout = StoreLayout(str(tmp_path_factory.mktemp("v1") / "store"))
     old_ddl = rows_schema_ddl().replace(", timer_seq BIGINT", "")
@@ -207,7 +207,7 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
     schema = arrow_schema(rows_file_ddl())
     for f in files:
         assert "timer_seq" not in pq.read_schema(f).names
-        t = _read_rows_file(TableFiles(str(f.parent)), f.name, schema)
+        t = read_rows_file(TableFiles(str(f.parent)), f.name, schema)
         assert t.schema == schema and t.column("timer_seq").null_count == t.num_rows
 
 

@@ -51,9 +51,9 @@ POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"  # pyarrow's own variable: the daemon set
 PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
            "deltawheel.executor.tasks.image.task", "deltawheel.executor.tasks.image.direct",
            "deltawheel.executor.tasks.image.interval", "deltawheel.executor.tasks.image.ids",
-           "deltawheel.executor.tasks.image.idsfiles",
-           "deltawheel.executor.tasks.image.keys",
-           "deltawheel.executor.tasks.keyrun", "deltawheel.executor.tasks.input",
+           "deltawheel.statestore.writepath.image.idsfiles",
+           "deltawheel.executor.tasks.usercode.keys",
+           "deltawheel.executor.tasks.usercode.keyrun", "deltawheel.executor.tasks.input",
            "deltawheel.executor.tasks.merge.task", "deltawheel.executor.tasks.worker")
 
 

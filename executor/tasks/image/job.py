@@ -5,7 +5,7 @@ one Spark job per batch that runs user code: the input prepared in the JVM (``in
 a shuffle by interval and the user code in ``mapInArrow`` tasks, or tasks that read the
 batch's files themselves (``direct.py``) or have no input (``task.py``). Each task runs its
 intervals (``interval.py``: the interval images the write path names, cached per Python worker
-by immutable file path; the key loop, ``keys.py``), writes the new images and the productions
+by immutable file path; the key loop, ``usercode/keys.py``), writes the new images and the productions
 as Parquet files (through the write path's writers), and returns one summary per interval,
 which the write path commits and delivers.
 
@@ -35,7 +35,7 @@ from ..input import PREP_DDL, interval_of_key, original_text, original_texts, po
 from ..job import BatchCounts, BatchRun, Prepared, user_error_message
 from ..worker import one_worker_pool
 from .direct import DirectBatch, DirectSource, batch_files
-from .interval import ImageSpec
+from .spec import ImageSpec
 from .task import ClaimError, collect, image_task_fn, task_job
 
 __all__ = ["ImageTasks", "place_intervals", "spark_partition_of_int"]

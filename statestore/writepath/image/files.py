@@ -1,10 +1,13 @@
-"""The image path's file writers and image facts, used by its tasks (and by recovery).
+"""The image path's files: an interval's state file and production files, written and read by
+its tasks (and by recovery).
 
-The tasks (``executor/tasks/image/interval.py``) write an interval's new image
-(:func:`write_interval_image`) and its productions (:func:`write_production_files`) as Parquet
-files in the tables' folders, invisible until the driver's commit or delivery adds them to a
-log (:mod:`.path`); :func:`oldest_work` and :func:`next_processing` read what an image still
-has to do (the tasks for each new image, recovery for each current one).
+The tasks (``executor/tasks/image/interval.py``) read an interval's state files
+(:func:`read_rows_file`) and write its new image (:func:`write_interval_image`) and its
+productions (:func:`write_production_files`, or :func:`write_production_table` of a
+:func:`production_table`) as Parquet files in the tables' folders, invisible until the driver's
+commit or delivery adds them to a log (:mod:`.path`); :func:`oldest_work` and
+:func:`next_processing` read what an image still has to do (the tasks for each new image,
+recovery for each current one). The record-ids files beside a state file are :mod:`.idsfiles`'.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from ...rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from .summary import ImageFile, ProductionFile
 
 __all__ = ["write_interval_image", "write_production_files", "write_production_table", "production_table",
-           "oldest_work", "next_processing", "is_ids_path", "IDS_FILE_TAG"]
+           "columns_table", "read_rows_file", "oldest_work", "next_processing", "is_ids_path", "ids_level",
+           "IDS_FILE_TAG"]
 
-#: the tag in a record-ids file's name (``executor/tasks/image/idsfiles.py``), followed by its level
+#: the tag in a record-ids file's name (:mod:`.idsfiles`), followed by its level
 IDS_FILE_TAG = "dwids"
 _IDS_NAME = re.compile(rf"-{IDS_FILE_TAG}(\d+)\.")
 
@@ -35,6 +39,24 @@ def ids_level(rel: str) -> int:
     """A record-ids file's compaction level (0 for any other file)."""
     m = _IDS_NAME.search(rel.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else 0
+
+
+def read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
+    """One rows file in ``schema``; a column the file does not have (written before the migration
+    that added it, e.g. ``timer_seq``) is read as nulls, as Delta reads it."""
+    import pyarrow as pa
+
+    if root.is_local:
+        have = set(root.read_schema(rel).names)
+        t = root.read_parquet(rel, columns=[n for n in schema.names if n in have])
+    else:  # one read of the object: its footer and the columns
+        pf = root.parquet_file(rel)
+        have = set(pf.schema_arrow.names)
+        t = pf.read(columns=[n for n in schema.names if n in have])
+    for i, f in enumerate(schema):
+        if f.name not in have:
+            t = t.add_column(i, f.name, pa.nulls(t.num_rows, f.type))
+    return t.select(schema.names).cast(schema)
 
 
 def write_interval_image(image: Any, rows_root: TableFiles, computation: str, interval: int) -> ImageFile:
@@ -60,6 +82,16 @@ def production_table(prods: Sequence[Any]) -> Any:
     schema = _production_schema()
     cols = list(zip(*prods, strict=True)) if prods else [()] * len(schema)
     return pa.table([pa.array(c, f.type) for c, f in zip(cols, schema, strict=True)], schema=schema)
+
+
+def columns_table(pid: Any, stream: Any, key: Any, value: Any, ts: Any, codec: Any) -> Any:
+    """A production table from its columns (Arrow arrays), as :func:`production_table` types them
+    (the columnar path keeps its productions so: no Python object per production)."""
+    import pyarrow as pa
+
+    schema = _production_schema()
+    return pa.table([c.cast(f.type) for c, f in zip((pid, stream, key, value, ts, codec), schema, strict=True)],
+                    schema=schema)
 
 
 def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,

@@ -130,10 +130,10 @@ class IntervalSummary:
 
     ``image``: the interval's new image, replacing every state file of the interval (None:
     unchanged); ``ids_file``: its new record-ids file
-    (None: none, ``executor/tasks/image/idsfiles.py``); ``ids_removed``: the ids files it drops
+    (None: none, :mod:`.idsfiles`); ``ids_removed``: the ids files it drops
     (past the dedup horizon, or taken into ``ids_file`` or ``ids_merged``); ``ids_merged``: a
     compaction's file its worker prepared in the background beside ``ids_file``
-    (``executor/tasks/image/idsmerge.py``); ``prod_files``: the productions of its
+    (:mod:`.idsmerge`); ``prod_files``: the productions of its
     keys; ``side``: dead letters and routed late records; the counts of the batch report
     (``fired``: timers fired, ``n_prods``: productions, ``n_dead``: dead letters of user code and
     decoding, ``bloom_*``: the dedup filter's checks); ``oldest_ms`` / ``next_proc_ms``: the

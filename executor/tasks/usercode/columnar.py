@@ -5,10 +5,11 @@ A computation that declares :meth:`~deltawheel.executor.computation.Computation.
 records, state and event-time timers as Arrow tables, and returns their new state, timers, the
 timers it fired and the productions (docs/embedding.md, "The columnar path"). No Python object
 is built per key or record, but for the few that need one: a new key's first timer firing number
-(a digest of its first record id); the productions stay one Arrow table (``prodcols.py``).
+(a digest of its first record id); the productions stay one Arrow table (``files.production_table``
+of ``statestore/writepath/image/``).
 
 :class:`ColumnarLoop` has the key loop's outputs (``keys.KeyLoop``: new rows, unchanged keys,
-productions, ids run, counts), so the rest of the interval's run (``interval.py``: the record
+productions, ids run, counts), so the rest of the interval's run (``executor/tasks/image/interval.py``: the record
 ids, the image, the Bloom filter, the production files) is the per-record path's. The batch
 takes the path only where it is exact (:func:`takes_columnar`); a key with a late record, or
 whose row is not in the shape the path reads (another codec, a processing-time timer, a hold,
@@ -25,12 +26,12 @@ from typing import Any, NamedTuple
 
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
 from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain
+from deltawheel.statestore.writepath.image.files import columns_table, production_table
 
 from ...computation import ColumnBatch, ColumnResult, Computation, ErrorPolicy
 from ...exceptions import UserCodeError
-from ..keyrun import codec_of, first_timer_seqs, state_codec_of
+from .keyrun import codec_of, first_timer_seqs, state_codec_of
 from .keys import Input, KeyLoop, OldRows, py_list
-from .prodcols import columns_table, production_table
 
 __all__ = ["takes_columnar", "ColumnarLoop", "key_loop"]
 
@@ -100,10 +101,10 @@ class ColumnarLoop:
         self._all_ran = True
         self._pre: dict[str, _Pre] = {}
         self._late = 0
-        self._ptable: Any = None  # the columnar keys' productions (``prodcols.production_table``), in key order
+        self._ptable: Any = None  # the columnar keys' productions (``production_table``), in key order
         self._n_prods: Any = None  # per columnar key, how many
         self.unchanged: list[str] = []
-        self.prod_table: Any = None  # all productions, the key loop's first (``prodcols``): no tuple per production
+        self.prod_table: Any = None  # all productions, the key loop's first (``production_table``): no tuple per production
         self.side: list[Any] = []
         self.all_ran = True
         self.id_keys: list[str] = []
@@ -210,7 +211,7 @@ class ColumnarLoop:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from ..keyrun import UserCode
+        from .keyrun import UserCode
         from .keys import context_factory
 
         out: set[str] = set()

@@ -1,12 +1,12 @@
 """The image path's key loop: one interval's touched keys, column-wise.
 
-The per-interval run (``interval.py``) hands over the interval's input records (Arrow, one run
+The image path's per-interval run (``executor/tasks/image/interval.py``) hands over the interval's input records (Arrow, one run
 per key) and the touched keys' current rows (Arrow); this module runs user code per key
 through :class:`keyrun.UserCode` — the one implementation of what user
 code sees (dedup, record order, error policy, timer firing) — and writes the
 new row images straight into column lists. Nothing per key is built that the
 Parquet file does not need: no ``KeyRow``, no ``KeyOutcome``, no record-id
-tuples (ids stay in Arrow: ``interval.py`` attaches them, with ``ids.py``).
+tuples (ids stay in Arrow: the interval's run attaches them, with ``image/ids.py``).
 
 Phase 4 of ``run_key`` as the image path does it, per key:
 
@@ -38,12 +38,12 @@ from deltawheel.statestore.rowtable.rows import (
     Timer,
     new_timer,
 )
+from deltawheel.statestore.writepath.image.idhash import id_hashes
 from deltawheel.statestore.writepath.image.summary import SideRecord
 
 from ...computation import Computation, Record, new_record
 from ...context import Context
-from ..keyrun import AS_INPUT, SameAsInput, UserCode, codec_of, state_codec_of
-from .idhash import id_hashes
+from .keyrun import AS_INPUT, SameAsInput, UserCode, codec_of, state_codec_of
 from .vector import KeyRecords, interval_combined, takes_vectorised
 
 __all__ = ["Input", "OldRows", "KeyLoop", "py_list", "constant_or_list"]
@@ -82,7 +82,7 @@ def constant_or_list(col: Any, n: int) -> Any:
     return py_list(col)
 
 
-# the task's own columns (``task.py``, ``interval.py``): not needed once an interval's records are picked
+# the image task's own columns (``image/task.py``): not needed once an interval's records are picked
 _TASK_COLUMNS = ("_bad", "_m", "interval")
 
 
@@ -126,7 +126,7 @@ class Input:
         self.table = recs
         n = self.n = recs.num_rows
         self.no_values = recs.column("value").null_count == n  # an injector without value columns: nothing to decode
-        # the ids' hashes (the Bloom filters', ``interval.py``): a repeat is looked for among them first
+        # the ids' hashes (the Bloom filters', ``image/dedup.py``): a repeat is looked for among them first
         self.hashes: Any = id_hashes(recs.column("record_id")) if n else None
         self._records: list[Record] | None = None
         self.runs: dict[str, tuple[int, int]] = {}

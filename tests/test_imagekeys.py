@@ -302,7 +302,7 @@ def test_the_candidates_lookup_matches_the_full_lookup() -> None:
     another key holds is not), whatever the filter's false positives."""
     import numpy as np
     from deltawheel.executor.tasks.image.ids import HeldIds, already_seen
-    from deltawheel.executor.tasks.usercode.keys import Input
+    from deltawheel.executor.tasks.usercode.columns import Input
 
     rng = random.Random(5)
     held_keys = [f"k{rng.randint(0, 300)}" for _ in range(4_000)]

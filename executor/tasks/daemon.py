@@ -52,7 +52,7 @@ PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "
            "deltawheel.executor.tasks.image.task", "deltawheel.executor.tasks.image.direct",
            "deltawheel.executor.tasks.image.interval", "deltawheel.executor.tasks.image.ids",
            "deltawheel.statestore.writepath.image.idsfiles",
-           "deltawheel.executor.tasks.usercode.keys",
+           "deltawheel.executor.tasks.usercode.columns", "deltawheel.executor.tasks.usercode.keys",
            "deltawheel.executor.tasks.usercode.keyrun", "deltawheel.executor.tasks.input",
            "deltawheel.executor.tasks.merge.task", "deltawheel.executor.tasks.worker")
 

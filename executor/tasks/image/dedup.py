@@ -18,7 +18,7 @@ from deltawheel.statestore.rowtable.bloom import IdBloom
 from deltawheel.statestore.writepath.image.idhash import id_hashes
 from deltawheel.statestore.writepath.image.idsfiles import IdsFile, apart_held, pick_ids, within
 
-from ..usercode.keys import Input
+from ..usercode.columns import Input
 from .ids import HeldIds, already_seen
 from .spec import ImageSpec
 

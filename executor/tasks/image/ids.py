@@ -14,7 +14,7 @@ from typing import Any
 from deltawheel.statestore.rowtable.rows import FENCE_KEY
 
 from ...computation import Computation
-from ..usercode.keys import Input, py_list
+from ..usercode.columns import Input, py_list
 
 __all__ = ["HeldIds", "flat_ids", "already_seen", "with_ids", "trim_ids", "expired_ids", "drop_empty"]
 

@@ -60,7 +60,8 @@ from deltawheel.statestore.writepath.image.summary import (
 
 from ...computation import Computation
 from ..usercode.columnar import ColumnarLoop, key_loop
-from ..usercode.keys import Input, KeyLoop, OldRows, py_list
+from ..usercode.columns import Input, OldRows, py_list
+from ..usercode.keys import KeyLoop
 from .cache import keep_image, load_image
 from .dedup import BloomCounts, bloom_paths, carry_bloom, dedup
 from .ids import HeldIds, drop_empty, expired_ids, flat_ids, trim_ids, with_ids

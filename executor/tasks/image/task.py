@@ -55,7 +55,7 @@ from deltawheel.statestore.delta.storefs import background_uploads
 from deltawheel.statestore.writepath import StaleViewError
 from deltawheel.statestore.writepath.image.summary import BatchOutput, IntervalSummary, SideRecord
 
-from ..usercode.keys import py_list
+from ..usercode.columns import py_list
 from .cache import holds
 from .capture import capture, capture_folder
 from .direct import BatchReader, DirectBatch, marker_rows

@@ -1,6 +1,6 @@
 """64-bit hashes of record ids straight from an Arrow column's buffers (the interval Bloom
 filters', ``executor/tasks/image/dedup.py``, the ids files' buckets, ``idsfiles.py``, and the input's
-repeat check, ``executor/tasks/usercode/keys.py``): no Python string per id."""
+repeat check, ``executor/tasks/usercode/columns.py``): no Python string per id."""
 
 from __future__ import annotations
 

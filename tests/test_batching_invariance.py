@@ -26,13 +26,14 @@ from bank_pipeline import (
     transactions,
     write_files,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from test_continuous import wait_for
 
 import deltawheel
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)  # an example runs for minutes: report it as found
 
 
 def on_time(rows: list[dict]) -> dict[tuple[str, int], list[tuple[str, int, int]]]:  # type: ignore[type-arg]
@@ -96,7 +97,7 @@ def run_cut(spark, zk_config, root: Path, chunks: list[list[dict]], cut: list[li
 
     def engine():  # type: ignore[no-untyped-def]
         return deltawheel.connect(spark, store=str(store), zk=zk_config.hosts,
-                                  zk_chroot=f"{zk_config.chroot}-{root.name}", pipeline="bank")
+                                  zk_chroot=f"{zk_config.chroot}-{root.parent.name}-{root.name}", pipeline="bank")
 
     eng = engine()
     try:
@@ -154,7 +155,7 @@ def test_the_output_does_not_depend_on_how_the_input_is_cut_into_batches(spark, 
 
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), phases=NO_SHRINK, print_blob=True)
 @given(seed=st.integers(0, 10_000), files=st.integers(3, 7), source=st.sampled_from(bank_pipeline.SOURCES),
        data=st.data())
 def test_random_cuts_and_restarts_give_the_output_of_one_file_per_batch(  # type: ignore[no-untyped-def]
@@ -184,7 +185,7 @@ def feed(folder: Path, chunks: list[list[dict]], upto: int, start: int, *, t0: f
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), phases=NO_SHRINK, print_blob=True)
 @given(seed=st.integers(0, 10_000), disorder_ms=st.sampled_from([1_500, 6_000]), data=st.data())
 def test_a_windowed_stage_stopped_and_restarted_mid_flow_gives_the_uncut_panes(  # type: ignore[no-untyped-def]
         spark, zk_config, tmp_path, seed, disorder_ms, data) -> None:
@@ -205,7 +206,7 @@ def test_a_windowed_stage_stopped_and_restarted_mid_flow_gives_the_uncut_panes( 
     written = feed(folder, chunks, 1, 0, t0=t0)
     pipeline = make(str(folder))
     with deltawheel.connect(spark, store=str(root / "store"), zk=zk_config.hosts,
-                            zk_chroot=f"{zk_config.chroot}-{root.name}", pipeline="bank") as engine:
+                            zk_chroot=f"{zk_config.chroot}-{root.parent.name}-{root.name}", pipeline="bank") as engine:
         engine.progress = None
         first = engine.start_pipeline(pipeline, computations=["balance"], trigger="200 milliseconds")
         second = engine.start_pipeline(pipeline, computations=["window_sums"], trigger="200 milliseconds")

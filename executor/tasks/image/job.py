@@ -30,9 +30,8 @@ from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL, BatchOutp
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ...computation import Computation, LatePolicy
-from ...exceptions import BatchFailedError
 from ..input import PREP_DDL, interval_of_key, original_text, original_texts, positions_of, prepare_input
-from ..job import BatchCounts, BatchRun, Prepared, user_error_message
+from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from ..worker import one_worker_pool
 from .direct import DirectBatch, DirectSource, batch_files
 from .spec import ImageSpec
@@ -161,7 +160,7 @@ class ImageTasks:
         except (StaleViewError, ClaimError):
             raise
         except Exception as exc:
-            raise BatchFailedError(user_error_message(exc, self.comp.name, batch_id)) from exc
+            raise task_failure(exc, self.comp.name, batch_id) from exc
         mark("load_and_user_code")
         dead, late = out.side("dead"), out.side("late")
         counts = _counts(out, dead_letters=len(dead))

@@ -12,9 +12,8 @@ from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.merge.path import MergeBatch, MergePath
 
 from ...computation import Computation
-from ...exceptions import BatchFailedError
 from ..input import interval_of_key, original_text, prepare_input, with_original_text
-from ..job import BatchCounts, BatchRun, Prepared, user_error_message
+from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from .task import OUT_DDL, task_fn
 
 __all__ = ["MergeTasks", "run_in_tasks", "productions_frame", "dead_letter_frame", "routed_frame"]
@@ -116,7 +115,10 @@ class MergeTasks:
         if len(owned) < comp.num_intervals:  # the records of our intervals only
             iv = interval_of_key(comp.num_intervals)
             prep = prep.where(F.coalesce(iv, F.lit(0)).isin(list(owned)))
-        prep = prep.localCheckpoint(eager=True)
+        try:
+            prep = prep.localCheckpoint(eager=True)
+        except Exception as exc:  # the input's read (or a key extractor) failed in a task
+            raise task_failure(exc, comp.name, batch_id) from exc
         ok_ts = F.when(F.col("_bad").isNull(), F.col("timestamp_ms"))  # dead letters move no watermark
         agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
                        F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
@@ -141,7 +143,7 @@ class MergeTasks:
         try:
             out = out.localCheckpoint(eager=True)
         except Exception as exc:
-            raise BatchFailedError(user_error_message(exc, comp.name, batch_id)) from exc
+            raise task_failure(exc, comp.name, batch_id) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
                                                        "n_dead", "n_routed", "ids_expired",
                                                        "keys_expired")],

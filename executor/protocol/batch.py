@@ -65,7 +65,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
@@ -91,10 +90,6 @@ JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJo
 STALE_VIEW_ATTEMPTS = 3  # runs of steps 3-5 while the write path's view of the rows went stale
 T = TypeVar("T")
 
-
-def _idle_skip_off() -> bool:
-    """``DELTAWHEEL_IDLE_SKIP=0``: timers-only batches run whenever the watermark moved (for comparisons)."""
-    return os.environ.get("DELTAWHEEL_IDLE_SKIP", "1") == "0"
 
 __all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPTS", "retry_stale_view"]
 
@@ -404,10 +399,9 @@ class BatchProtocol:
         mark, ``lateness.py``: the next batch that commits moves it). Not for a windowed
         computation, nor when its injectors' estimates (observed on no records) are ahead of the
         watermarks step 1 read: those the batch's commit records and its step 7 publishes (nor
-        with an end-of-batch hook that publishes itself). Off
-        with ``DELTAWHEEL_IDLE_SKIP=0`` (for comparisons)."""
+        with an end-of-batch hook that publishes itself)."""
         ex = self.ex
-        if _idle_skip_off() or b.wm_in is None or ex.comp.event_time_timers:
+        if b.wm_in is None or ex.comp.event_time_timers:
             return False
         if ex.on_batch_end is not None and not self.watermarks.hook_observes_early():
             return False  # a hook of its own (a job instance's) runs at every batch's end

@@ -189,7 +189,7 @@ class ContinuousRun:
             if self._sharing is not None:
                 self._sharing.join()
             self._handover = HandoverWatch(self.wiring.client, self.pipeline.name, [c.name for c in self._comps],
-                                           wake=self._wake)
+                                           wake=self._wake, stopping=self._stopping)
             for comp in self._comps:
                 self._start_stage(comp)
         except BaseException:

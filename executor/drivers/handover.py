@@ -28,12 +28,14 @@ __all__ = ["HandoverWatch", "hand_over"]
 
 class HandoverWatch:
     """Which of ``computations`` have an open hand-over request, kept by ZooKeeper watches;
-    ``wake`` is set whenever one appears or goes (and by whoever else wants the waiter up)."""
+    ``wake`` is set whenever one appears or goes (and by whoever else wants the waiter up). The
+    watches end at the first event after ``stopping`` is set (the run's client outlives the run)."""
 
     def __init__(self, client: Any, pipeline: str, computations: Sequence[str], *,
-                 wake: threading.Event | None = None) -> None:
+                 wake: threading.Event | None = None, stopping: threading.Event | None = None) -> None:
         self.client, self.pipeline = client, pipeline
         self.wake = wake or threading.Event()
+        self._stopping = stopping or threading.Event()
         self._asked: set[str] = set()
         self._lock = threading.Lock()
         for name in computations:
@@ -47,7 +49,7 @@ class HandoverWatch:
                 else:
                     self._asked.add(name)
             self.wake.set()
-            return True  # keep watching
+            return not self._stopping.is_set()  # False: kazoo drops the watch
         return changed
 
     def asked(self, computation: str) -> bool:

@@ -13,8 +13,8 @@ recorded as read (a concurrent commit there fails it as it fails a MERGE) and no
 them since the files were listed. Files holding no matched row stay as they are (the image path's
 record-ids files, another interval's image).
 
-Measured against the MERGE on the same commits (a tool's one-key repair on a running pipeline's
-store, 2-core machine): docs/operations.md, "Repair".
+What a tool's one-key repair on a running pipeline then pauses the stage for (measured, 2-core
+machine): docs/operations.md, "Repair".
 """
 
 from __future__ import annotations

@@ -104,7 +104,18 @@ def test_several_queries_and_the_shell(big_store, capsys, monkeypatch) -> None: 
     rc, out, err = _sql(capsys, "--store", big_store.root, "--format", "json",
                         "SELECT count(*) AS n FROM events; SELECT 'a;b' AS s", "SELECT 7 AS seven")
     assert rc == 0, err
-    assert [json.loads(line) for line in out.splitlines()] == [{"n": N}, {"s": "a;b"}, {"seven": 7}]
+    # each line says which statement it answers (a statement's row may look like another's)
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"query": 1, "row": {"n": N}}, {"query": 2, "row": {"s": "a;b"}}, {"query": 3, "row": {"seven": 7}}]
+    rc, out, err = _sql(capsys, "--store", big_store.root, "--format", "json",
+                        "SELECT key, count(*) AS n FROM events GROUP BY key ORDER BY key LIMIT 2",
+                        "SELECT 'k9' AS key, 0 AS n WHERE false", "SELECT key, 1 AS n FROM events ORDER BY key LIMIT 1")
+    assert rc == 0, err
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"query": 1, "row": {"key": "k0", "n": N // 7 + 1}}, {"query": 1, "row": {"key": "k1", "n": N // 7 + 1}},
+        {"query": 3, "row": {"key": "k0", "n": 1}}]
+    rc, out, err = _sql(capsys, "--store", big_store.root, "--format", "json", "SELECT 7 AS seven")
+    assert [json.loads(line) for line in out.splitlines()] == [{"seven": 7}]  # one statement: its rows as they are
     # a statement that would write stops the call before any runs
     rc, out, err = _sql(capsys, "--store", big_store.root, "SELECT 1 AS one; DELETE FROM state")
     assert rc == 2 and out == "" and "ReadOnlySqlError" in err
@@ -112,5 +123,6 @@ def test_several_queries_and_the_shell(big_store, capsys, monkeypatch) -> None: 
         "SELECT count(*)\n  AS n FROM events;\n\\d\nSELECT nope FROM events;\nSELECT 2 AS two\n\n\\q\nSELECT 3;\n"))
     rc, out, err = _sql(capsys, "--store", big_store.root, "--format", "json")
     lines = [json.loads(line) for line in out.splitlines()]
-    assert lines[0] == {"n": N} and {"view": "state"} in lines and lines[-1] == {"two": 2}
+    assert lines[0] == {"query": 1, "row": {"n": N}} and {"view": "state"} in lines
+    assert lines[-1] == {"query": 3, "row": {"two": 2}}  # the bad statement 2 wrote no row
     assert rc == 2 and "UNRESOLVED_COLUMN" in err  # the bad statement's error, the others ran

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import pytest
@@ -192,7 +193,11 @@ def test_repair_racing_a_running_pipeline(spark, zk_server, tmp_path, capsys, ho
 @pytest.mark.timeout(1200)
 def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """``deltawheel run``'s continuous queries: between batches the stage gives the requested
-    intervals to the repair and takes them again; every output once, the repaired field kept."""
+    intervals to the repair and takes them again; every output once, the repaired field kept. The
+    run's ticks are an hour apart: the request itself wakes the idle stage (a ZooKeeper watch),
+    which hands over at once, not at a tick that finds it idle; the tool gives the intervals back
+    as soon as its commit landed, before its audit row. (The run then stops, and one with the usual
+    ticks goes on: an idle stage's timers fire at its ticks.)"""
     from continuous_pipeline import click_rows, closing_row, expected, make, outputs, write_file
     from test_continuous import wait_for
     from test_promote import _state
@@ -206,19 +211,28 @@ def test_a_continuous_run_hands_intervals_over_to_a_repair(spark, zk_config, tmp
     with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
                             pipeline="clicks") as engine:
         engine.progress = lines.append
-        run = engine.start_pipeline(make(str(folder)))
+        run = engine.start_pipeline(make(str(folder)), tick_s=3600.0)
         wait_for("user_minutes holds state", lambda: bool(_state(spark, f"{store}/rows", "user_minutes")), runs=(run,))
         key = sorted(_state(spark, f"{store}/rows", "user_minutes"))[0]
         stmt = f"UPDATE state SET state_json = regexp_replace(state_json, '^[{{]', '{{\"999\": 5, ') WHERE key = '{key}'"
         assert main(["repair", "--store", str(store), "--pipeline", "clicks", "--computation", "user_minutes",
                      "--zk", zk_config.hosts, "--zk-chroot", zk_config.chroot, "--wait", "300", stmt]) == 0
-        assert "repaired user_minutes: 1 keys written" in capsys.readouterr().out
+        said = capsys.readouterr().out
+        assert "repaired user_minutes: 1 keys written" in said
+        assert re.search(r"user_minutes: committed 1 rows written, 0 deleted at rows version \d+; intervals given back "
+                         r"after [\d.]+s \(held [\d.]+s\)", said), said
+        run.stop()
+        run = engine.start_pipeline(make(str(folder)))
         write_file(folder, "part-1.parquet", rows[80:] + [closing_row(rows)])  # after the repair
         want_users, want_totals = expected(rows)
         wait_for("every minute's total", lambda: len(outputs(spark, engine.layout)[1]) >= len(want_totals),
                  runs=(run,), timeout_s=600)
         run.stop()
         got_users, got_totals = outputs(spark, engine.layout)
-    assert any("handing intervals over to repair" in line for line in lines), lines[-20:]
+    # one hand-over: the stage paused at one batch boundary, not once per batch or tick
+    handed = [line for line in lines if line.startswith("user_minutes: handing intervals over to repair")]
+    back = [line for line in lines if line.startswith("user_minutes: intervals taken again after repair")]
+    assert len(handed) == 1 and len(back) == 1, lines[-20:]
+    print(back[0], said, sep="\n")  # the pause's figures (pytest -rP shows them)
     assert got_users == want_users and got_totals == want_totals  # every output once
     assert _state(spark, f"{store}/rows", "user_minutes")[key] == {"999": 5}  # the repaired field, kept

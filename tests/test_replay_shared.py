@@ -497,7 +497,7 @@ def test_the_plan_shows_watermarks_as_times_and_the_end_of_time_as_such() -> Non
     assert "batch 3 (live version 5): 1 input files, input watermark end of time" in text
     assert str(END_OF_TIME) not in text
     assert describe_watermark(1_735_689_696_647) == "2025-01-01 00:01:36 UTC (1735689696647 ms)"
-    assert describe_watermark(None) == "none"
+    assert describe_watermark(None) == "unknown" and describe_watermark(0) == "unknown (0 ms)"
 
 
 def test_the_plan_says_which_files_each_batch_reads_and_which_records_it_skips() -> None:

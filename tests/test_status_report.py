@@ -119,6 +119,14 @@ def test_status_shows_owners_watermarks_batches_and_dead_letters(spark, migrated
     assert "input watermark" in text and "lag " in text
     assert time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(low / 1000)) in text  # the output watermark
     assert "dead letters      1 " in text
+    # keys, not physical rows (each interval's fence row and the record-id rows are rows too)
+    from pyspark.sql import functions as F
+
+    rows = spark.read.format("delta").load(migrated_store.rows).where("computation = 'buckets'")
+    keys, physical = rows.where(~F.col("key").startswith("\x00")).count(), rows.count()
+    assert 0 < keys < physical
+    assert (f"state             {keys} key{'' if keys == 1 else 's'} ({physical} physical rows with the fence and "
+            "record-id rows, ") in text
     assert "batches           3 recorded, 6 records in" in text
     assert "batch     2 at" in text and "1 dup" in text
     # --json carries the same figures for scripts
@@ -126,6 +134,7 @@ def test_status_shows_owners_watermarks_batches_and_dead_letters(spark, migrated
               "--json")
     data = json.loads(js.stdout)
     assert len(data["batches"]) == 3 and len(data["dead_letters"]) == 1
+    assert (data["state"]["buckets"]["keys"], data["state"]["buckets"]["rows"]) == (keys, physical)
     assert {r["owner"] for r in data["leases"]} == {None}  # stopped since: leases given back
 
 

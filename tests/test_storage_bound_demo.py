@@ -282,12 +282,12 @@ def demo_args(store: Path, scale: float, hosts: str, chroot: str) -> list[str]:
             "--gc-every", "5s", "--zk", hosts, "--zk-chroot", chroot, "--wait", "120", "--zk-session-timeout", "6"]
 
 
-_BATCH_LINE = re.compile(r"^\[\s*([\d.]+)s\] window_counter batch \d+: (\d+) in,.*; batch ([\d.]+)s", re.MULTILINE)
+_BATCH_LINE = re.compile(r"^\[\s*([\d.]+)s\] window_counter batch \d+: (\d+) in,.*; took ([\d.]+)s", re.MULTILINE)
 
 
 def first_stage_ids_bound(said: str, horizon_s: float) -> tuple[int, float, float]:
     """(bound, rate, span) of the first stage's record ids a run leaves, from its progress lines
-    (``[  t s] window_counter batch N: R in, ...; batch W s (...)``, printed as each batch ends): an
+    (``[  t s] window_counter batch N: R in, ...; took W s (...)``, printed as each batch ends): an
     id leaves with the first batch after its horizon that runs its interval, its ids file up to a
     compaction bucket (H/4) later, so the ids kept are those of the batches that ended within
     ``span = H + H/4 + 2 batches`` (the longest batch ``W``, once at each end) of the last one that
@@ -303,9 +303,9 @@ def test_first_stage_ids_bound_counts_the_records_of_the_last_span() -> None:
     """The bound of the slow test below on lines as a run prints them: 40 batches of 2000 records
     every 10 s (5 s each), then, after the later stages ran, one that only drops expired ids."""
     lines = [f"[{100 + 10 * i:7.1f}s] window_counter batch {i}: 2000 in, 2000 processed, 0 dup; 50 keys "
-             f"written; wm in - low -; batch 5.0s (prepare 1.0)" for i in range(40)]
-    lines += ["[ 900.0s] model batch 0: 1930 in, 1930 processed; batch 60.0s (plan 1.0)",
-              "[1000.0s] window_counter batch 40: 0 in, 0 processed; 2000 ids expired; batch 44.0s (plan 0.1)"]
+             f"written; wm in unknown low unknown; took 5.0s (prepare 1.0)" for i in range(40)]
+    lines += ["[ 900.0s] model batch 0: 1930 in, 1930 processed; took 60.0s (plan 1.0)",
+              "[1000.0s] window_counter batch 40: 0 in, 0 processed; 2000 ids expired; took 44.0s (plan 0.1)"]
     bound, rate, span = first_stage_ids_bound("\n".join(lines), 60)
     assert span == 60 * 1.25 + 2 * 44.0  # the longest batch, not the gap while the later stages ran
     assert bound == 17 * 2000 and rate == pytest.approx(bound / span)  # batches ending in 163 s: 17

@@ -181,3 +181,73 @@ def test_a_tool_dying_between_its_commit_and_its_audit_row_leaves_a_row_the_next
     assert (lost["rows_upserted"], lost["rows_deleted"], lost["source"]) == (1, 1, "set cats, drop dogs")
     assert json.loads(lost["detail"])["recovered"] is True
     assert recover_audit(spark, migrated_store) == [] and len(read_audit(spark, migrated_store)) == 2  # once
+
+
+@pytest.mark.slow  # an executor's batch and a replacing commit: minutes on a loaded machine
+@pytest.mark.timeout(1200)
+def test_a_replacement_writes_no_empty_rows_and_gives_the_intervals_back_before_its_audit_row(  # type: ignore[no-untyped-def]
+        spark, migrated_store, zk_config) -> None:
+    """A promote wrote a row for every key the replay's state TTL had dropped (record ids alone):
+    such a row for a key that has none is not written; one that empties an existing key is. The
+    pipeline gets the intervals back as soon as the commit landed (the request gone, no owner)
+    while the audit row is still to append. The recovery scan the tool ran on (read in Python)
+    holds what Spark reads; the old owner's checkpointed productions already in their stream are
+    not delivered again, and the rows it writes no longer hold them (the owner's recovery would
+    deliver them again)."""
+    from deltawheel.statestore.rowtable.rows import KeyRow, Production, SeenId
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.writepath.delivery import deliver_productions, undelivered
+
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter())
+    ex.run_batch(events(spark, B1), 0, input_watermark_ms=None)
+    ex.run_batch(events(spark, [("r4", "cats", 15_000)]), 1, input_watermark_ms=12_000)  # fires cats', dogs' 0 s
+    stop_executor(ex, client)  # their productions delivered, still checkpointed in the rows
+    held = {r.key: r for r in RowStore(spark, migrated_store, writer="t").scan_intervals("buckets", range(4))}
+    assert held["cats"].pending and held["dogs"].pending
+    # the rows of the intervals as the recovery scan reads them (Python) and as Spark reads them
+    store = RowStore(spark, migrated_store, writer="t")
+    scanned = store.scan_intervals("buckets", range(4), include_fences=True)
+    by_spark = [KeyRow.from_row(r) for r in spark.read.format("delta").load(migrated_store.rows)
+                .where("computation = 'buckets'").collect()]
+    def rows(got: list[Any]) -> list[str]:
+        return sorted(json.dumps(r.to_row(), sort_keys=True, default=repr) for r in got)
+
+    assert rows(scanned) == rows([r for r in by_spark if not r.key.startswith("\x00id:")])
+    assert {r.key for r in scanned} >= {"cats", "dogs"} and any(r.is_fence for r in scanned)
+    # productions: one in its stream already, one not
+    landed, missing = (Production(f"p-{i}", "counts", "cats", J.encode({"n": i}), 5_000, "json") for i in (1, 2))
+    deliver_productions(spark, migrated_store, [landed], producer="buckets")
+    assert undelivered(spark, migrated_store, [landed, missing]) == [missing]
+
+    seen: dict[str, Any] = {}
+
+    def empty_ghost(held: Held) -> list[Any]:
+        # cats emptied (no state, no timers): an existing key's change, written
+        out = [r.with_(state=None, timers=()) if r.key == "cats" else r for r in held.rows]
+        ghost = KeyRow("buckets", "ghost", interval_of("ghost", 4), record_ids=(SeenId("r9", 1),))
+        return out + [ghost]  # ids alone, for a key with no row: not written
+
+    client = connect(zk_config)
+
+    def at_audit(version: int | None) -> None:
+        from deltawheel.statestore.zk.lease_tools import list_leases
+
+        seen["request"] = read_handover(client, "test", "buckets")
+        seen["owners"] = {x["owner"] for x in list_leases(client, pipeline="test") if x["computation"] == "buckets"}
+        seen["version"] = version
+
+    try:
+        r = _replace(spark, migrated_store, client, build=empty_ghost, before_audit=at_audit)
+    finally:
+        client.stop()
+        client.close()
+    # given back before the audit row: no request, no owner
+    assert seen == {"request": None, "owners": {None}, "version": r.version} and r.version is not None
+    assert [x.key for x in r.upserted] == ["cats"] and r.deleted == ()
+    after = state_of(spark, migrated_store, "buckets")
+    assert "ghost" not in after and after["cats"] == (None, [])
+    now = {x.key: x for x in RowStore(spark, migrated_store, writer="t").scan_intervals("buckets", range(4))}
+    assert now["cats"].pending == () and now["dogs"].pending == held["dogs"].pending  # only the row written
+    ids = [x["record_id"] for x in spark.read.format("delta").load(migrated_store.stream("counts")).collect()]
+    assert sorted(ids) == sorted({*ids}) and {p.production_id for p in held["cats"].pending} <= set(ids)
+    assert [a["audit_id"] for a in read_audit(spark, migrated_store)] == [r.audit_id]

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
+from ..protocol.reports import watermark_known
 from .common import add_store_arg, add_zk_args, store_zookeeper
 from .status import StoreStatus, gather, render
 
@@ -71,7 +72,7 @@ def _lag(ax: Any, st: StoreStatus) -> None:
     for comp, rows in _by_comp(st.batches).items():
         for col, style in (("low_watermark_ms", "-"), ("input_watermark_ms", ":")):
             pts = [(t, (r["recorded_ms"] - r[col]) / 1000) for t, r in zip(_times(rows), rows, strict=True)
-                   if r[col] is not None and r[col] < END_OF_TIME]
+                   if watermark_known(r[col]) and r[col] < END_OF_TIME]
             if pts:
                 drawn = True
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=".",
@@ -119,12 +120,12 @@ def _state(ax: Any, st: StoreStatus) -> None:
         _empty(ax, "the rows table holds no state")
         return
     comps = sorted(st.state)
-    rows = [st.state[c]["rows"] for c in comps]
-    bars = ax.bar(comps, rows, color="#4c72b0")
+    keys = [st.state[c]["keys"] for c in comps]
+    bars = ax.bar(comps, keys, color="#4c72b0")
     for b, c in zip(bars, comps, strict=True):
         ax.annotate(f"{st.state[c]['bytes'] / 1024:.0f} KB", (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=7)
-    ax.set_ylabel("rows (label: bytes)")
+    ax.set_ylabel("keys (label: bytes)")
     ax.tick_params(axis="x", labelrotation=20, labelsize=7)
 
 

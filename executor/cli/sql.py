@@ -57,7 +57,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--describe", metavar="VIEW",
                    help="print the columns of VIEW (or table) with their types and comments, and exit")
     p.add_argument("--format", choices=FORMATS, default="table",
-                   help="table (for people), csv, or json (JSON Lines, one object per row)")
+                   help="table (for people), csv, or json (JSON Lines, one object per row; with several "
+                   "statements, or a shell, each line is {\"query\": N, \"row\": {...}}: N counts the statements "
+                   "from 1)")
     p.add_argument("--max-rows", type=int, default=None,
                    help=f"show at most N rows (default: every row for csv and json, {TABLE_MAX_ROWS} for table); "
                    "a cut is said on stderr with the total")
@@ -95,6 +97,14 @@ def _checked_spark(args: argparse.Namespace, **kw: Any) -> Any:
     return spark
 
 
+def _reading_session(args: argparse.Namespace) -> dict[str, Any]:
+    """The session settings of a tool that only reads a local store: no object-store or Kafka jars
+    (fewer jars for the JVM to open; a remote store, or a query naming an ``s3a://`` path, gets them)."""
+    if layout_from(args).is_local and not any("s3a://" in q for q in args.query):
+        return {"object_store": False, "kafka": False}
+    return {"kafka": False}
+
+
 def _sql_error(exc: Exception) -> int:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     print(f"deltawheel sql: SQL error: {first}. Fix the statement (deltawheel sql --describe VIEW lists a "
@@ -103,20 +113,30 @@ def _sql_error(exc: Exception) -> int:
 
 
 def _sql(args: argparse.Namespace) -> int:
+    from deltawheel.statestore.inspection.views import StoreViews
     from pyspark.errors import AnalysisException
 
-    spark = _checked_spark(args)
+    spark = _checked_spark(args, **_reading_session(args))
     layout = layout_from(args)
     as_of = None
     if args.as_of is not None:
         as_of = resolve_as_of(spark, layout, args.as_of, store_tables(spark, layout))
         print(f"deltawheel sql: {as_of.describe(layout)}", file=sys.stderr)
-    register_views(spark, layout, allow_pickle=args.allow_pickle, as_of=as_of)
+    # each view is defined when a statement first names it (the audit view reads the rows table's
+    # commits, state_history starts a Python data source: a query of the state view needs neither)
+    views = StoreViews(spark, layout, allow_pickle=args.allow_pickle, as_of=as_of)
+    statements = [s for q in args.query for s in split_statements(q)]
+    # several statements (or a shell): each json line says which statement it answers
+    numbered = args.format == "json" and (len(statements) > 1 or not statements) and not args.describe
+    count = [0]
 
     def run(query: str) -> int:
+        count[0] += 1
         try:
+            views.for_statement(query)
             got = write_sql(spark, layout, query, sys.stdout, fmt=args.format, max_rows=args.max_rows,
-                            allow_pickle=args.allow_pickle, register=False)
+                            allow_pickle=args.allow_pickle, register=False,
+                            number=count[0] if numbered else None)
         except AnalysisException as exc:
             return _sql_error(exc)
         sys.stdout.flush()
@@ -127,10 +147,9 @@ def _sql(args: argparse.Namespace) -> int:
 
     def describe(name: str | None) -> int:
         if name is None:
-            views = [r["viewName"] for r in spark.sql("SHOW VIEWS").collect()
-                     if r["isTemporary"] and not r["viewName"].startswith("_dw_")]
-            sys.stdout.write(format_rows(["view"], [(v,) for v in sorted(views)], fmt=args.format))
+            sys.stdout.write(format_rows(["view"], [(v,) for v in sorted(views.ensure_all())], fmt=args.format))
             return 0
+        views.ensure([name])
         try:
             cols = describe_columns(spark, name)
         except AnalysisException as exc:
@@ -140,7 +159,6 @@ def _sql(args: argparse.Namespace) -> int:
 
     if args.describe:
         return describe(args.describe)
-    statements = [s for q in args.query for s in split_statements(q)]
     if not statements:
         return shell(run, describe, stdin=sys.stdin)
     for statement in statements:  # all checked first: one that would write stops the call before any runs

@@ -48,7 +48,8 @@ class StoreStatus:
     batches: list[dict[str, Any]] = field(default_factory=list)  # metrics rows, oldest first
     dead_letters: list[dict[str, Any]] = field(default_factory=list)  # computation, recorded_ms
     late: list[dict[str, Any]] = field(default_factory=list)  # computation, recorded_ms
-    state: dict[str, dict[str, int]] = field(default_factory=dict)  # computation -> rows, bytes, files
+    # computation -> keys (user keys with a row), rows (physical: with fence and record-id rows), bytes, files
+    state: dict[str, dict[str, int]] = field(default_factory=dict)
     # computation -> productions checkpointed in its rows, and those of them not in their stream;
     # None: not known (a rows table Python cannot read, and no Spark)
     pending: dict[str, dict[str, int]] | None = field(default_factory=dict)
@@ -119,25 +120,40 @@ def read_columns(path: str, columns: list[str], *, spark: Any = None) -> list[di
 
 
 def _state_sizes(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]]:
-    """rows / bytes / files of each computation in the rows table, from its log (no data read)."""
+    """Per computation in the rows table: ``keys`` (the user keys holding a row), ``rows`` (every
+    physical row: the keys', the fence rows and the image path's record-ids rows), ``bytes`` and
+    ``files``. A local table: the key column read with pyarrow, the rest from its log; another one:
+    keys and rows counted by Spark (bytes and files 0: not read)."""
+    import pyarrow.compute as pc
     from deltawheel.statestore.delta.log import read_snapshot
     from deltawheel.statestore.delta.storefs import local_path
+    from deltawheel.statestore.rowtable.rows import RESERVED_PREFIX
 
     out: dict[str, dict[str, int]] = {}
-    snap = read_snapshot(layout.rows) if local_path(layout.rows) is not None else None
-    if snap is not None:
+    local = local_path(layout.rows)
+    snap = read_snapshot(layout.rows) if local is not None else None
+    if snap is not None and local is not None:
+        from deltawheel.statestore.delta.deletionvectors import live_table
+        from deltawheel.statestore.delta.storefs import TableFiles
+        from deltawheel.statestore.delta.txn import decode_path
+
+        root = TableFiles(local)
         for a in snap.adds:
             comp = (a.get("partitionValues") or {}).get("computation") or "-"
-            s = out.setdefault(comp, {"rows": 0, "bytes": 0, "files": 0})
-            try:
-                s["rows"] += int(json.loads(a.get("stats") or "{}").get("numRecords", 0))
-            except (TypeError, ValueError):
-                pass
+            s = out.setdefault(comp, {"keys": 0, "rows": 0, "bytes": 0, "files": 0})
+            keys = live_table(root, decode_path(a["path"]), a.get("deletionVector"), columns=["key"]).column(0)
+            s["rows"] += len(keys)
+            if len(keys):
+                s["keys"] += len(keys) - int(pc.sum(pc.starts_with(keys, RESERVED_PREFIX)).as_py())
             s["bytes"] += int(a.get("size", 0))
             s["files"] += 1
     elif spark is not None:
-        for r in spark.read.format("delta").load(layout.rows).groupBy("computation").count().collect():
-            out[r["computation"]] = {"rows": int(r["count"]), "bytes": 0, "files": 0}
+        from pyspark.sql import functions as F
+
+        user = (~F.col("key").startswith(RESERVED_PREFIX)).cast("int")
+        for r in (spark.read.format("delta").load(layout.rows).groupBy("computation")
+                  .agg(F.count("*").alias("rows"), F.sum(user).alias("keys")).collect()):
+            out[r["computation"]] = {"keys": int(r["keys"] or 0), "rows": int(r["rows"]), "bytes": 0, "files": 0}
     return out
 
 
@@ -216,8 +232,10 @@ def gather(layout: StoreLayout, client: Any, *, pipeline: str | None = None, spa
 def _ts(ms: int | None, now_ms: int) -> str:
     from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
-    if ms is None:
-        return "unknown"
+    from ..protocol.reports import UNKNOWN, watermark_known
+
+    if ms is None or not watermark_known(ms):  # none yet, or held at 0 for an upstream watermark not known yet
+        return UNKNOWN
     if ms >= END_OF_TIME:
         return "end of time (input finished)"
     lag = (now_ms - ms) / 1000
@@ -233,6 +251,10 @@ def _dur(s: float) -> str:
     if s < 172800:
         return f"{s / 3600:.1f}h"
     return f"{s / 86400:.1f}d"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _size(n: int) -> str:
@@ -270,7 +292,9 @@ def render(st: StoreStatus, *, batches: int = 3) -> str:
         late_flagged = sum(int(r["late"] or 0) for r in rows)
         size = st.state.get(comp)
         if size:
-            lines.append(f"  state             {size['rows']} rows, {_size(size['bytes'])} in {size['files']} files")
+            lines.append(f"  state             {_plural(size['keys'], 'key')} ({_plural(size['rows'], 'physical row')} "
+                         f"with the fence and record-id rows, {_size(size['bytes'])} in "
+                         f"{_plural(size['files'], 'file')})")
         lines.append(f"  dead letters      {dead}    late records {late} routed to late_data, "
                      f"{late_flagged} flagged late by the batches recorded")
         lines.append(f"  pending productions {_pending(st, pipeline, comp, running=bool(held))}")

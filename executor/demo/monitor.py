@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from deltawheel.statestore.layout import StoreLayout
 
+from ..protocol.reports import UNKNOWN, watermark_known
+
 __all__ = ["StageFigures", "StageMonitor", "percentiles", "files_read"]
 
 
@@ -207,7 +209,7 @@ class StageMonitor:
             n, p50, p99 = percentiles(fig.interval)
             fig.interval = []
             low = authority.published_low_watermark(name)
-            lag = "-" if not low else f"{(now_ms - low) / 1000:5.1f}s"  # 0: held (an upstream not known yet)
+            lag = UNKNOWN if not watermark_known(low) else f"{(now_ms - low) / 1000:5.1f}s"  # 0: held
             lat = "-" if p50 is None or p99 is None else f"p50 {p50:5.2f}s p99 {p99:5.2f}s"
             out.append(f"{name:14s} {n / max(elapsed_s, 1e-3):7.0f} records/s  watermark lag {lag}  "
                        f"latency {lat}")

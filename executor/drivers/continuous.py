@@ -30,9 +30,9 @@ before it does anything, and runs again at the next start), then every executor 
 delivery and gives its leases back, and one line says what was done. A SIGKILL leaves the
 checkpoints and the rows as after a crash: the same command resumes exactly-once.
 
-Tools (``deltawheel promote`` / ``repair``) get a stage's intervals between its batches: the tick
-sees their hand-over request, gives the leases back and takes them again once the tool is done
-(:meth:`ContinuousRun._hand_over`).
+Tools (``deltawheel promote`` / ``repair``) get a stage's intervals at its next batch boundary: a
+watch on their hand-over request wakes the run, the batch in flight (or the tick, when none runs)
+gives the leases back and takes them again as soon as the tool's request is gone (``handover.py``).
 
 Instances (``instance=``): several processes share the intervals as bounded instances do; the
 membership and the moves are ``sharing.py``'s, called before each batch and at each tick.
@@ -62,7 +62,6 @@ from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.writepath.streams import ensure_stream_table
-from deltawheel.statestore.zk.handover import read_handover
 
 from ..computation import RECORD_KEY, Computation
 from ..exceptions import BatchFailedError
@@ -71,6 +70,7 @@ from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_wat
 from ..sources.schema import union_inputs
 from ..tasks import worker as _worker
 from ..tasks.image.direct import table_source
+from .handover import HandoverWatch, hand_over
 from .pipeline import Pipeline, RunSummary, StopReport
 from .sharing import Sharing
 from .triggers import Trigger
@@ -152,6 +152,8 @@ class ContinuousRun:
             spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
         self.stages: dict[str, _Stage] = {}
         self._stopping = threading.Event()
+        self._wake = threading.Event()  # the ticks wait on it: a tool's hand-over request, or the stop
+        self._handover: HandoverWatch | None = None
         self._ticker: threading.Thread | None = None
         self._stopped: StopReport | None = None
         self.background_gc = background_gc
@@ -186,6 +188,8 @@ class ContinuousRun:
                         ensure_stream_table(self.spark, self.layout, s)  # read before anything is delivered
             if self._sharing is not None:
                 self._sharing.join()
+            self._handover = HandoverWatch(self.wiring.client, self.pipeline.name, [c.name for c in self._comps],
+                                           wake=self._wake, stopping=self._stopping)
             for comp in self._comps:
                 self._start_stage(comp)
         except BaseException:
@@ -274,6 +278,7 @@ class ContinuousRun:
             return self._stopped
         t0 = time.monotonic()
         self._stopping.set()
+        self._wake.set()
         unfinished = self._shutdown(timeout_s=timeout_s)
         if self.background_gc is not None and not self.background_gc.wait(timeout_s):  # its Spark jobs end first
             self._log("background gc still running after the stop's timeout (its next run is at the next start)")
@@ -393,6 +398,7 @@ class ContinuousRun:
                 if self._stopping.is_set():
                     raise _Stopping(f"{comp.name} batch {batch_id}: the run is stopping")
                 try:
+                    self._hand_over(stage)  # a tool's request that came between batches
                     replay = stage.replay_id is not None and batch_id <= stage.replay_id
                     caps: dict[str, int | None] = ({u: None for u in stage.next_caps} if replay
                                                    else dict(stage.next_caps))
@@ -422,6 +428,7 @@ class ContinuousRun:
                     # read before Spark plans the next micro-batch (its snapshot of the stream tables)
                     stage.next_caps = self._read_caps(stage)
                     ex.upstream_caps = stage.next_caps
+                    self._hand_over(stage)  # a tool's request that came during the batch: at its end
                 except DeltaWheelError as exc:
                     stage.failed.append(exc)
                     raise
@@ -456,7 +463,11 @@ class ContinuousRun:
     # ----------------------------------------------------------------- the ticks
 
     def _tick_loop(self) -> None:
-        while not self._stopping.wait(self.tick_s):
+        assert self._handover is not None
+        while not self._stopping.is_set():
+            self._handover.wait(self.tick_s)  # a tick, or woken by a tool's request (or the stop)
+            if self._stopping.is_set():
+                break
             if self.background_gc is not None:
                 self.background_gc.batch_done(0)  # a run due by time while the stages are idle
             for stage in list(self.stages.values()):
@@ -484,24 +495,12 @@ class ContinuousRun:
                     stage.lock.release()
 
     def _hand_over(self, stage: _Stage) -> None:
-        """Between batches (the stage's lock held: no batch runs): a tool asked for intervals the
-        stage holds (``deltawheel promote`` / ``repair``, ``statestore/zk/handover.py``): settle the
-        delivery, give the leases back, wait until the tool's request is gone, take them again
-        (fence, recovery: the tool's rows). The query's next batch waits meanwhile."""
-        ex, client = stage.ex, self.wiring.client
-        if ex is None:
-            return  # an instance holding none of this computation's intervals: nothing to hand over
-        asked = read_handover(client, self.pipeline.name, stage.comp.name)
-        if asked is None or not set(asked.intervals) & set(ex.owner.intervals):
-            return
-        t0 = time.monotonic()
-        self._log(f"{stage.comp.name}: handing intervals over to {asked.tool} by {asked.by}")
-        ex.stop()  # settles its delivery, then gives every lease back
-        while read_handover(client, self.pipeline.name, stage.comp.name) is not None:
-            if self._stopping.wait(0.2):
-                return  # the run stops: nothing to take again
-        ex.start(wait_s=self.wait_s)
-        self._log(f"{stage.comp.name}: intervals taken again after {asked.tool} ({time.monotonic() - t0:.1f}s)")
+        """At a batch boundary (the stage's lock held): a tool asked for intervals the stage holds
+        (``handover.py``): give them back and take them again once it is done. The query's next
+        batch waits meanwhile."""
+        if self._handover is not None and self._handover.asked(stage.comp.name):
+            hand_over(stage.ex, self._handover, stage.comp.name, stopping=self._stopping, wait_s=self.wait_s,
+                      log=self._log)
 
     def _tick(self, stage: _Stage) -> None:
         """Between batches: fire what became due (a timers-only batch), if anything did."""

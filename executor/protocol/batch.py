@@ -423,7 +423,7 @@ class BatchProtocol:
         low = last.low_watermark_ms if self.watermarks.low is None else self.watermarks.low
         step = "skipped: nothing due, low watermark published" if moved else "skipped: nothing due"
         report = BatchReport.empty(b.batch_id, input_watermark_ms=b.wm_in, low_watermark_ms=low,
-                                   wall_s=time.monotonic() - b.started, steps_s=((step, 0.0),))
+                                   wall_s=time.monotonic() - b.started, steps_s=((step, 0.0),), timers_only=b.df is None)
         self.ex.reports.append(report)
         self.log(format_report(self.ex.comp.name, report, now_ms=self.ex.clock.now_ms()))
         return report
@@ -500,7 +500,7 @@ class BatchProtocol:
             direct=b.prepared.direct is not None, ids_expired=c.ids_expired, keys_expired=c.keys_expired,
             bloom_checked=c.bloom_checked,
             bloom_maybe=c.bloom_maybe, bloom_false_pos=c.bloom_false_pos, bloom_bytes=c.bloom_bytes,
-            intervals_run=c.intervals_run, images_read=c.images_read, skipped_moved=b.skipped)
+            intervals_run=c.intervals_run, images_read=c.images_read, skipped_moved=b.skipped, timers_only=b.df is None)
         ex.reports.append(report)
         ex.records_in_total += report.records_in
         if report.direct:  # the batch's DataFrame never ran: Spark's progress would show 0 input rows

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
-__all__ = ["BatchReport", "format_report", "format_watermark"]
+__all__ = ["BatchReport", "UNKNOWN", "format_report", "format_watermark", "describe_watermark", "watermark_known"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +48,9 @@ class BatchReport:
     # records of an interval that moved between instances, dropped because an earlier owner
     # committed their input file for it (``rescale.py``)
     skipped_moved: int = 0
+    # a batch without input (the executor's flush: timers the watermark made due). Its id is the
+    # one the query's next micro-batch will carry, so its line names no batch id (format_report)
+    timers_only: bool = False
 
     @property
     def image_cache_hit_rate(self) -> float | None:
@@ -58,20 +61,40 @@ class BatchReport:
 
     @classmethod
     def empty(cls, batch_id: int, *, input_watermark_ms: int | None, low_watermark_ms: int | None, wall_s: float,
-              steps_s: tuple[tuple[str, float], ...] = ()) -> BatchReport:
+              steps_s: tuple[tuple[str, float], ...] = (), timers_only: bool = False) -> BatchReport:
         """The report of batch ``batch_id`` that read, ran and wrote nothing (every count 0)."""
         return cls(batch_id=batch_id, records_in=0, processed=0, duplicates=0, late=0, late_routed=0,
                    dead_letters=0, timers_fired=0, productions=0, keys_written=0,
                    input_watermark_ms=input_watermark_ms, low_watermark_ms=low_watermark_ms, commit_s=0.0,
-                   wall_s=wall_s, steps_s=steps_s)
+                   wall_s=wall_s, steps_s=steps_s, timers_only=timers_only)
+
+
+#: how every line shows a watermark that is not known
+UNKNOWN = "unknown"
+
+
+def watermark_known(ms: int | None) -> bool:
+    """Whether ``ms`` is a watermark, not "unknown": None is not, and neither is a value at or before
+    the epoch, which is what a computation publishes while an upstream watermark it waits for is not
+    known yet (``drivers/continuous.py``: an unknown cap holds its low watermark at 0).
+
+    >>> [watermark_known(v) for v in (None, 0, -5_000, 1)]
+    [False, False, False, True]
+    """
+    return ms is not None and ms > 0
 
 
 def format_watermark(ms: int | None, *, now_ms: int | None = None) -> str:
-    """A watermark in a progress line: ``-`` (unknown), ``end`` (the end of time), the time of day
-    (UTC) when it falls on the day of ``now_ms`` (the executor's clock), else with its date (a
-    watermark in 2099 must not read like one of today's); without ``now_ms``, always with the date."""
-    if ms is None:
-        return "-"
+    """A watermark in a progress line: ``unknown`` (:func:`watermark_known`), ``end`` (the end of
+    time), the time of day (UTC) when it falls on the day of ``now_ms`` (the executor's clock), else
+    with its date (a watermark in 2099 must not read like one of today's); without ``now_ms``, always
+    with the date.
+
+    >>> format_watermark(None), format_watermark(0), format_watermark(1_764_633_600_000)
+    ('unknown', 'unknown', '2025-12-02 00:00:00')
+    """
+    if ms is None or not watermark_known(ms):
+        return UNKNOWN
     if ms >= END_OF_TIME:
         return "end"
     t = time.gmtime(ms / 1000)
@@ -80,21 +103,31 @@ def format_watermark(ms: int | None, *, now_ms: int | None = None) -> str:
 
 
 def describe_watermark(ms: int | None) -> str:
-    """A watermark in a plan or report line meant to be read: ``none``, ``end of time``, or the UTC
-    time with the epoch milliseconds (what the tables and ZooKeeper hold)."""
+    """A watermark in a plan or report line meant to be read: ``unknown`` (:func:`watermark_known`;
+    with the milliseconds held, if any), ``end of time``, or the UTC time with the epoch
+    milliseconds (what the tables and ZooKeeper hold).
+
+    >>> describe_watermark(None), describe_watermark(0)
+    ('unknown', 'unknown (0 ms)')
+    """
     if ms is None:
-        return "none"
+        return UNKNOWN
     shown = format_watermark(ms)
+    if shown == UNKNOWN:
+        return f"{UNKNOWN} ({ms} ms)"
     return "end of time" if shown == "end" else f"{shown} UTC ({ms} ms)"
 
 
 def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
-    """The batch's progress line (watermarks as :func:`format_watermark` shows them)."""
+    """The batch's progress line (watermarks as :func:`format_watermark` shows them). A batch of
+    the query names its id once; a batch without input (``timers_only``: the executor's flush of
+    what became due) names none, as its id is the one the query's next batch carries."""
 
     def ts(ms: int | None) -> str:
         return format_watermark(ms, now_ms=now_ms)
 
-    return (f"{name} batch {r.batch_id}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
+    what = f"{name} timers (no input)" if r.timers_only else f"{name} batch {r.batch_id}"
+    return (f"{what}: {r.records_in} in, {r.processed} processed, {r.duplicates} dup, "
             f"{r.late} late, {r.dead_letters} dead, {r.timers_fired} timers, {r.productions} produced"
             + (" (straggler: checkpointed)" if r.straggled else "") + (" (files read by the tasks)" if r.direct else "")
             + (f"; {r.ids_expired} ids expired" if r.ids_expired else "")
@@ -105,4 +138,4 @@ def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> st
             + (f"; {r.images_read}/{r.intervals_run} images read (cache hit {100 * (r.image_cache_hit_rate or 0):.0f} %)"
                if r.intervals_run else "") +
             f"; {r.keys_written} keys written; wm in {ts(r.input_watermark_ms)} low {ts(r.low_watermark_ms)}; "
-            f"batch {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")
+            f"took {r.wall_s:.1f}s (" + ", ".join(f"{k} {v:.1f}" for k, v in r.steps_s) + ")")

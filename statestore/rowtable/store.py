@@ -18,7 +18,9 @@ Commit protocol (one call of :meth:`RowStore.commit`):
 3. Build the MERGE source: changed rows, deletions, and one fence row per
    touched interval, all carrying this writer's sequencer.
 4. Run the fenced MERGE with the commit metadata (writer, sequencers,
-   commit id) as the Delta commit's ``userMetadata``.
+   commit id) as the Delta commit's ``userMetadata``: where the store's files are reachable from
+   Python, evaluated in Python over the partitions' files and committed as Delta's MERGE commits
+   (``filecommit.py``: no Spark job); else Delta's MERGE.
 5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a
    concurrent commit on the same partitions is retried (up to
    ``conflict_retries``) and raises :class:`CommitConflictError` when
@@ -64,6 +66,8 @@ from ..exceptions import (
 from ..layout import StoreLayout, validate_name
 from . import inputfiles
 from .fencing import REPLACE_FILES_OP, merge_sql, translate_commit_error
+from .filecommit import merge_files
+from .filescan import interval_rows
 from .frames import arrow_schema, local_frame
 from .rows import (
     FENCE_KEY,
@@ -150,6 +154,12 @@ class RowStore:
 
     # ------------------------------------------------------------------ reads
 
+    def _files(self) -> TableFiles | None:
+        """The rows table's files where Python reaches them (None: only Spark does)."""
+        if not self._row_files_known:
+            self._row_files, self._row_files_known = table_files(self._spark, self.layout.rows), True
+        return self._row_files
+
     def _table(self) -> Any:
         return self._spark.read.format("delta").load(self.layout.rows)
 
@@ -173,12 +183,16 @@ class RowStore:
 
     def scan_intervals(self, computation: str, intervals: Iterable[int], *, include_fences: bool = False) -> list[KeyRow]:
         """Every row of the given intervals (the recovery scan reads this) but the record-ids rows
-        of the image path's ids files; ``include_fences``: with the fence rows."""
+        of the image path's ids files; ``include_fences``: with the fence rows. Read in Python
+        where the store's files are reachable (``filescan.py``: no Spark job), else by Spark."""
         from pyspark.sql import functions as F
 
         self.stats.interval_scans += 1
-        df = self._table().where((F.col("computation") == computation) & F.col("interval").isin(sorted(set(intervals))))
-        rows = self._collect(df)
+        ivs = sorted(set(intervals))
+        files = self._files()
+        rows = None if files is None else interval_rows(files, computation, ivs)
+        if rows is None:
+            rows = self._collect(self._table().where((F.col("computation") == computation) & F.col("interval").isin(ivs)))
         return [r for r in rows if is_user_key(r.key) or (include_fences and r.is_fence)]
 
     def fences(self, computation: str) -> dict[int, int]:
@@ -218,9 +232,7 @@ class RowStore:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        if not self._row_files_known:
-            self._row_files, self._row_files_known = table_files(self._spark, self.layout.rows), True
-        files = self._row_files
+        files = self._files()
         if files is None:
             return None
         snap = read_snapshot(files)
@@ -446,7 +458,11 @@ class RowStore:
                 if lease_check is not None:
                     lease_check()
                 try:
-                    self._merge(src, computation, touched, info, frame=frame)
+                    if frame is None and (files := self._files()) is not None:  # the MERGE evaluated in Python
+                        merge_files(TableLog(self._spark, self.layout.rows), files, src, computation=computation,
+                                    intervals=touched, meta=info)
+                    else:
+                        self._merge(src, computation, touched, info, frame=frame)
                     break
                 except Exception as exc:
                     # Phase 5: map failures.

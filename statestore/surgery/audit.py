@@ -1,8 +1,8 @@
 """The audit table: one row per change a tool made to a live computation's rows under its leases
 (``<store>/_audit``, a Delta table; the ``audit`` view of ``deltawheel sql``).
 
-A row is appended after the tool's rows commit landed and before it gives the leases back; the
-rows commit carries the same ``audit_id`` in its metadata (``DESCRIBE HISTORY``) with what the
+A row is appended after the tool's rows commit landed (and it gave the leases back: the pipeline
+does not wait for the row); the rows commit carries the same ``audit_id`` in its metadata (``DESCRIBE HISTORY``) with what the
 row records, so a tool that died between the two leaves a commit that names itself:
 :func:`recover_audit` appends the rows missing for such commits (idempotent by ``audit_id``,
 marked ``"recovered": true`` in ``detail``). Every tool run calls it first, and so does ``deltawheel gc

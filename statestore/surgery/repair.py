@@ -14,7 +14,13 @@ repair``; docs/operations.md, "Repair").
   pending_productions ...`` (``sideviews.py``).
 
 The statement is evaluated twice: once to find the intervals it touches (whose leases are taken),
-and again under those leases, over the rows as they are then (``replace.py``).
+and again under those leases, over the rows as they are then (``replace.py``). Everything the
+first evaluation can refuse is refused before the running pipeline is asked for the intervals.
+Under the leases a statement that reads only the rows it changes (no subquery, no ``computation``
+named) runs over the computation's rows read in Python (``rowtable/filescan.py``), the
+pipeline's intervals among them as the tool's recovery scan found them, not over the Delta
+table: no Spark job reads the store while the pipeline waits. Any other statement runs over the
+store's views again.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 from ..codecs import base_name, get_codec
 from ..exceptions import CodecError, ConfigError, RepairStatementError
-from ..inspection.sqlviews import register_views
+from ..inspection.views import StoreViews, named_views
 from ..layout import StoreLayout
 from ..rowtable.rows import KeyRow
 from ..sqltext import sql_str
@@ -123,6 +129,30 @@ def _set_state(key: str, text: str | None, *, delete: bool) -> Edit:
     return edit
 
 
+_ROW_LOCAL = re.compile(r"\b(select|computation)\b", re.IGNORECASE)
+#: above this many rows the computation's rows are not copied into the session: Spark reads the table
+_LOCAL_ROWS_MAX = 50_000
+
+
+def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, computation: str,
+                num_intervals: int) -> StoreViews:
+    """The views a statement is evaluated over under the leases: for one that reads only the rows
+    it changes (no subquery, no ``computation`` named), the computation's rows read in Python now
+    (the tool's intervals: as under its leases), every view over them; else (or for a computation
+    of more than :data:`_LOCAL_ROWS_MAX` rows) the store's views."""
+    from ..delta.storefs import table_files
+    from ..rowtable.filescan import interval_rows
+    from ..rowtable.frames import local_frame
+    from ..rowtable.rows import rows_schema_ddl
+
+    files = None if _ROW_LOCAL.search(stmt.text) else table_files(spark, layout.rows)
+    rows = None if files is None else interval_rows(files, computation, range(num_intervals))
+    if rows is None or len(rows) > _LOCAL_ROWS_MAX:
+        return StoreViews(spark, layout)
+    local_frame(spark, [r.to_row() for r in rows], rows_schema_ddl()).createOrReplaceTempView("_dw_repair_rows")
+    return StoreViews(spark, layout, rows_source="`_dw_repair_rows`")
+
+
 def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], str]:
     """The codec column of a key a MERGE inserts: ``given`` (``--codec``), else the one of the
     computation's rows with the newest state version (the most common among those).
@@ -153,10 +183,10 @@ def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], s
     return codec
 
 
-def _edits(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, computation: str, num_intervals: int,
+def _edits(spark: Any, views: StoreViews, stmt: RepairStatement, *, computation: str, num_intervals: int,
            codec: str | None) -> Edits:
-    """What ``stmt`` does to each key, evaluated over the rows now."""
-    register_views(spark, layout)
+    """What ``stmt`` does to each key, evaluated over ``views`` (the rows now)."""
+    views.ensure(["rows", "state", "timers", "pending_productions", *named_views(stmt.text, views.candidates())])
     check_computation(stmt.text, computation)
     if stmt.merge is not None:
         return merge_edits(spark, stmt.merge, computation=computation, num_intervals=num_intervals,
@@ -192,7 +222,7 @@ def plan_repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
     """
     stmt = parse_repair(statement)
     n = pipeline_intervals(client, pipeline=pipeline, computation=computation)
-    edits = _edits(spark, layout, stmt, computation=computation, num_intervals=n, codec=codec)
+    edits = _edits(spark, StoreViews(spark, layout), stmt, computation=computation, num_intervals=n, codec=codec)
     return plan_replacement(spark, layout, computation=computation, num_intervals=n, intervals=edits.intervals,
                             build=lambda held: edits.apply(held.rows))
 
@@ -216,13 +246,14 @@ def repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, compu
     """
     stmt = parse_repair(statement)
     n = pipeline_intervals(client, pipeline=pipeline, computation=computation)
-    first = _edits(spark, layout, stmt, computation=computation, num_intervals=n, codec=codec)
+    first = _edits(spark, StoreViews(spark, layout), stmt, computation=computation, num_intervals=n, codec=codec)
     if not first.by_key:
         return SurgeryResult(computation, (), {}, (), (), {}, None, None, False)
 
     def build(held: Held) -> list[KeyRow]:
-        # the leases are held: the rows cannot move
-        now = _edits(spark, layout, stmt, computation=computation, num_intervals=n, codec=codec)
+        # the leases are held: the rows of those intervals cannot move
+        views = _held_views(spark, layout, stmt, computation=computation, num_intervals=n)
+        now = _edits(spark, views, stmt, computation=computation, num_intervals=n, codec=codec)
         outside = sorted(k for k, (iv, _) in now.by_key.items() if iv not in held.intervals)
         if outside:
             raise RepairStatementError(f"the statement now also matches keys {outside[:5]} in intervals not taken "

@@ -1,21 +1,30 @@
 """A tool's fenced replacing write of some intervals of a live computation.
 
-:func:`replace_intervals`, in order:
+:func:`replace_intervals`, in order (what can be checked without the leases comes first: the
+pipeline waits only for phases 2-4):
 
 1. ``no_wait``: refuse at once (:class:`LeaseHeldError`, nothing changed) when a live owner holds
-   one of the intervals. Otherwise post a hand-over request (``zk/handover.py``): a running
-   instance gives the named intervals back at its next batch boundary.
+   one of the intervals. Append the audit rows an earlier tool run left missing. Then post a
+   hand-over request (``zk/handover.py``): a running instance gives the named intervals back at
+   its next batch boundary.
 2. Take the intervals' leases (waiting up to ``wait_s`` for them), fence them (a claim, as the
-   image path's owners do) and run the recovery scan as every new owner does: free
-   intervals, and those of a dead owner, are taken as recovery takes them; the old owner's
-   checkpointed productions are delivered first, so none is lost by the replacement.
+   image path's owners do) and run the recovery scan as every new owner does (the rows read in
+   Python where the store's files are reachable: ``rowtable/filescan.py``): free intervals, and
+   those of a dead owner, are taken as recovery takes them; the old owner's checkpointed
+   productions not in their streams yet are delivered first, so none is lost by the replacement
+   (and the rows the tool writes no longer hold them: the owner's recovery does not deliver them
+   again).
 3. ``build(held)`` returns the intervals' rows as they must be (every key that should exist;
-   ``held.rows``: the rows now). The difference is committed in **one** fenced transaction
-   (``RowStore.commit``: keys written or deleted, the fence rows at the tool's sequencers). A
-   takeover racing the tool (a newer fence) fails it with :class:`StaleSequencerError`, or a lost
-   lease with :class:`LeaseLostError`: nothing changed, no audit record.
-4. Append the audit record (``audit.py``), give the leases back and delete the request: the
-   pipeline's instances take the intervals again (fence, recovery: they read the new rows).
+   ``held.rows``: the rows now, as the recovery scan read them). The difference is committed in
+   **one** fenced transaction (``RowStore.commit``: keys written or deleted, the fence rows at the
+   tool's sequencers). A row holding nothing (no state, timers, pending productions or watermark
+   hold) for a key that has no row is not written (:func:`row_changes`). A takeover racing the
+   tool (a newer fence) fails it with :class:`StaleSequencerError`, or a lost lease with
+   :class:`LeaseLostError`: nothing changed, no audit record.
+4. Give the leases back and delete the request as soon as the commit landed: the pipeline's
+   instances take the intervals again (fence, recovery: they read the new rows).
+5. Append the audit record (``audit.py``). A tool that dies before it leaves a commit naming its
+   record, which the next tool run or gc appends (``audit.recover_audit``).
 
 :func:`plan_replacement` is the dry run: the same ``build`` over the rows now, no lease taken,
 nothing written.
@@ -30,19 +39,22 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from ..delta.log import commit_infos, latest_local_version
 from ..exceptions import LeaseHeldError
 from ..layout import StoreLayout
 from ..ownership.owner import IntervalOwner
 from ..rowtable.inputfiles import no_input_entry
+from ..rowtable.recovery import RecoveredIntervals
 from ..rowtable.rows import KeyRow, is_user_key
 from ..rowtable.store import RowStore
-from ..writepath.delivery import deliver_productions
+from ..writepath.delivery import deliver_productions, undelivered
 from ..zk.handover import clear_handover, request_handover
 from ..zk.lease_tools import list_leases
 from ..zk.leases import LeaseManager
 from .audit import AuditRecord, append_audit, commit_meta, recover_audit, who
 
-__all__ = ["Surgery", "Held", "SurgeryResult", "row_changes", "replace_intervals", "plan_replacement"]
+__all__ = ["Surgery", "Held", "SurgeryResult", "holds_nothing", "row_changes", "replace_intervals",
+           "plan_replacement"]
 
 #: the fields of a row a replacement compares (the writer's bookkeeping is not content)
 _CONTENT = ("state", "codec", "timers", "record_ids", "pending", "watermark_hold_ms", "timer_seq")
@@ -94,11 +106,22 @@ class SurgeryResult:
         return len(self.upserted) + len(self.deleted)
 
 
+def holds_nothing(row: KeyRow) -> bool:
+    """Whether ``row`` holds nothing of a key's own: no state, timers, checkpointed productions or
+    watermark hold (record ids alone: a key the state TTL dropped, whose ids a replay's ids files
+    still held)."""
+    return row.state is None and not row.timers and not row.pending and row.watermark_hold_ms is None
+
+
 def row_changes(before: Sequence[KeyRow], after: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[int, str]]]:
     """The rows of ``after`` that differ from ``before`` (new keys included), and the
-    (interval, key) of ``before``'s keys that ``after`` does not have."""
+    (interval, key) of ``before``'s keys that ``after`` does not have. A row of ``after`` that
+    :func:`holds_nothing` for a key ``before`` has no row of is not a key to write: a promote
+    wrote such rows for every key the replay's TTL had dropped (record ids alone, which the live
+    store's own ids files hold: on the image path a key's ids leave with the ids files, not with
+    the key; on the MERGE path a dropped key's ids go with its row)."""
     old = {r.key: r for r in before if is_user_key(r.key)}
-    new = {r.key: r for r in after if is_user_key(r.key)}
+    new = {r.key: r for r in after if is_user_key(r.key) and (r.key in old or not holds_nothing(r))}
     ups = [r for k, r in sorted(new.items())
            if k not in old or any(getattr(r, f) != getattr(old[k], f) for f in _CONTENT)]
     dels = [(r.interval, k) for k, r in sorted(old.items()) if k not in new]
@@ -164,20 +187,37 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         say(f"audit: appended the missing row {r.audit_id} of the {r.tool} commit at rows version "
             f"{r.commit_version} (an earlier tool run stopped before recording it)")
     writer = f"deltawheel-{surgery.tool}:{surgery.who}"
+    store = RowStore(spark, layout, writer=writer)
     request_handover(client, pipeline=pipeline, computation=computation, intervals=ivs, tool=surgery.tool,
                      by=surgery.who)
     leases = LeaseManager(client, pipeline=pipeline, owner=writer)
+    given_back = False
+
+    def give_back() -> None:  # the pipeline's instances take the intervals again
+        nonlocal given_back
+        if not given_back:
+            given_back = True
+            try:
+                leases.close()
+            finally:
+                clear_handover(client, pipeline, computation)
+
     try:
-        store = RowStore(spark, layout, writer=writer)
         owner = IntervalOwner(store, leases, computation, num_intervals=num_intervals)
         say(f"{computation}: waiting up to {wait_s:g}s for intervals {list(ivs)} (running owners hand them over "
             "at their next batch boundary)")
         t0 = time.monotonic()
-        _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation, skip=skip_delivery)
+        rec = _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation, skip=skip_delivery)
         seqs = dict(owner.sequencers)
-        say(f"{computation}: intervals held after {time.monotonic() - t0:.1f}s, sequencers {seqs}")
-        rows = tuple(r for r in store.scan_intervals(computation, ivs) if is_user_key(r.key))
+        t_held = time.monotonic()
+        say(f"{computation}: intervals held after {t_held - t0:.1f}s, sequencers {seqs}")
+        rows = tuple(r for r in rec.rows.values() if is_user_key(r.key))  # the recovery scan's, under the leases
         ups, dels = row_changes(rows, build(Held(ivs, seqs, rows)))
+        # the old owner's checkpoints are all in their streams now (_acquire): a row written
+        # drops them, as the owner's next commit would (else its recovery delivers them again)
+        landed = {p.production_id for _, p in rec.pending} - skip_delivery
+        ups = [r.with_(pending=tuple(p for p in r.pending if p.production_id not in landed))
+               if any(p.production_id in landed for p in r.pending) else r for r in ups]
         sets: Mapping[int, frozenset[str]] = {}
         if input_sets is not None:  # read under the leases: no commit of another writer can change them now
             now_sets = store.input_files(computation)
@@ -194,15 +234,19 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
             detail=surgery.detail)
         if ups or dels or sets:
             commit_id = f"{writer}:{audit_id}"
+            last = latest_local_version(layout.rows)  # the commit is after it (None: not a local table)
             store.commit(computation, ups, sequencers=seqs, deletes=dels, num_intervals=num_intervals,
                          commit_id=commit_id, lease_check=owner.check, kind=surgery.tool,
                          meta={**commit_meta(record), **no_input_entry()}, input_sets=sets or None)
-            version = _version_of(spark, layout, commit_id)
+            give_back()
+            version = _version_of(spark, layout, commit_id, after=last)
             say(f"{computation}: committed {len(ups)} rows written, {len(dels)} deleted"
                 + (f", the input-file sets of intervals {sorted(sets)} replaced" if sets else "")
-                + f" at rows version {version}")
+                + f" at rows version {version}; intervals given back after {time.monotonic() - t0:.1f}s "
+                f"(held {time.monotonic() - t_held:.1f}s)")
         else:
-            say(f"{computation}: nothing to change (no commit)")
+            give_back()
+            say(f"{computation}: nothing to change (no commit); intervals given back")
         if before_audit is not None:
             before_audit(version)
         append_audit(spark, layout, dataclasses.replace(record, commit_version=version,
@@ -212,31 +256,44 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                              {r.key: before[r.key] for r in ups if r.key in before} | {k: before[k] for _, k in dels},
                              version, audit_id, False)
     finally:
-        leases.close()  # gives the intervals back: the pipeline's instances take them again
-        clear_handover(client, pipeline, computation)
+        give_back()
 
 
 def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequence[int], *, wait_s: float,
-             computation: str, skip: frozenset[str] = frozenset()) -> None:
+             computation: str, skip: frozenset[str] = frozenset()) -> RecoveredIntervals:
     """Take, fence and recover as a new owner does, the old owner's checkpointed productions
-    delivered (insert-if-absent: those already in their stream are skipped). The fence is a claim
-    where Python reaches the store's files (a claim changes no user row: replay skips it, so a
-    replay can still be continued over the tool's hand-over), else a fenced MERGE. The productions
-    named in ``skip`` are not delivered."""
+    delivered (those already in their stream are skipped: read in Python where the files are
+    reachable, else by the insert-if-absent delivery). The fence is a claim where Python reaches
+    the store's files (a claim changes no user row: replay skips it, so a replay can still be
+    continued over the tool's hand-over), else a fenced MERGE. The productions named in ``skip``
+    are not delivered. Returns the recovery scan (the intervals' rows under the leases)."""
     rec = owner.acquire(ivs, wait_s=wait_s, claim_only=True)
     pending = [(k, p) for k, p in rec.pending if p.production_id not in skip]
+    todo = {p.production_id for p in undelivered(spark, layout, [p for _, p in pending])}
+    pending = [(k, p) for k, p in pending if p.production_id in todo]
     commit_ids = {p.production_id: rec.rows[k].commit_id if k in rec.rows else None for k, p in pending}
     if pending:
         deliver_productions(spark, layout, [p for _, p in pending], producer=computation, commit_ids=commit_ids)
+    return rec
 
 
-def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:
-    """The rows-table version whose metadata carries ``commit_id`` (among the newest commits)."""
+def _version_of(spark: Any, layout: StoreLayout, commit_id: str, *, after: int | None) -> int | None:
+    """The rows-table version whose metadata carries ``commit_id``: on a local table among the JSON
+    commits after version ``after`` (read in Python), else among the newest 50 (``DESCRIBE HISTORY``)."""
+    if after is not None:
+        infos = commit_infos(layout.rows, after=after)
+        for v, info in infos or ():
+            if _commit_id(info.get("userMetadata")) == commit_id:
+                return v
     for r in spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 50").select("version", "userMetadata").collect():
-        if r["userMetadata"]:
-            try:
-                if json.loads(r["userMetadata"]).get("commit_id") == commit_id:
-                    return int(r["version"])
-            except ValueError:
-                continue
+        if _commit_id(r["userMetadata"]) == commit_id:
+            return int(r["version"])
     return None
+
+
+def _commit_id(meta: str | None) -> str | None:
+    try:
+        got = json.loads(meta) if meta else None
+    except ValueError:
+        return None  # another writer's free text
+    return str(got.get("commit_id")) if isinstance(got, dict) and got.get("commit_id") else None

@@ -22,7 +22,7 @@ from ..rowtable.frames import local_frame
 from ..rowtable.rows import Production
 from .streams import STREAM_FORMAT_VERSION, ensure_stream_table
 
-__all__ = ["deliver_frame", "deliver_productions", "record_dead_letters", "record_late"]
+__all__ = ["deliver_frame", "deliver_productions", "undelivered", "record_dead_letters", "record_late"]
 
 _ids = itertools.count()
 _PROD_DDL = ("production_id STRING, stream STRING, key STRING, value BINARY, timestamp_ms BIGINT, codec STRING, "
@@ -86,6 +86,35 @@ def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Product
     df = local_frame(spark, rows, _PROD_DDL)
     deliver_frame(spark, layout, df, streams=sorted({r["stream"] for r in rows}), producer=producer)
     return len(rows)
+
+
+def undelivered(spark: Any, layout: StoreLayout, prods: Sequence[Production]) -> list[Production]:
+    """``prods`` without those whose record id is in their stream table already, in their order. A
+    stream whose files Python reaches is read here (its record ids, no Spark job); another one's
+    productions are all returned (:func:`deliver_productions` inserts only the missing ones)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from ..delta.deletionvectors import live_table
+    from ..delta.log import read_snapshot
+    from ..delta.storefs import table_files
+    from ..delta.txn import decode_path
+
+    landed: set[str] = set()
+    unknown: set[str] = set()
+    for stream in sorted({p.stream for p in prods}):
+        files = table_files(spark, layout.stream(stream))
+        snap = None if files is None else read_snapshot(files)
+        if files is None or snap is None:
+            unknown.add(stream)
+            continue
+        ids = pa.array(sorted({p.production_id for p in prods if p.stream == stream}), pa.string())
+        for add in snap.adds:
+            dv = add.get("deletionVector")
+            col = live_table(files, decode_path(str(add["path"])), dict(dv) if dv else None,
+                             columns=["record_id"]).column(0)
+            landed.update(col.filter(pc.is_in(col, value_set=ids)).to_pylist())
+    return [p for p in prods if p.stream in unknown or p.production_id not in landed]
 
 
 #: What makes a dead letter the same one again (a retried batch adds no second row): its record id,

@@ -30,9 +30,9 @@ before it does anything, and runs again at the next start), then every executor 
 delivery and gives its leases back, and one line says what was done. A SIGKILL leaves the
 checkpoints and the rows as after a crash: the same command resumes exactly-once.
 
-Tools (``deltawheel promote`` / ``repair``) get a stage's intervals between its batches: the tick
-sees their hand-over request, gives the leases back and takes them again once the tool is done
-(:meth:`ContinuousRun._hand_over`).
+Tools (``deltawheel promote`` / ``repair``) get a stage's intervals between its batches: the end of
+each batch, and the tick of an idle stage, look for their hand-over request, give the leases back
+and take them again once the tool is done (:meth:`ContinuousRun._hand_over`).
 
 Instances (``instance=``): several processes share the intervals as bounded instances do; the
 membership and the moves are ``sharing.py``'s, called before each batch and at each tick.
@@ -418,6 +418,8 @@ class ContinuousRun:
                     for inj, st in stats:
                         inj.observe(st)
                         publish_watermark(authority, inj)
+                    if not self._stopping.is_set():  # a tool's request, at this boundary (a tick may never
+                        self._hand_over(stage)  # find the lock free between batches that follow each other)
                     # read before Spark plans the next micro-batch (its snapshot of the stream tables)
                     stage.next_caps = self._read_caps(stage)
                     ex.upstream_caps = stage.next_caps

@@ -36,7 +36,7 @@ def stopped_between_logs(checkpoint: Path, folder: Path, name: str) -> None:
     (logdir / str(last + 1)).write_text("v1\n" + json.dumps(entry) + "\n")
 
 
-def test_a_stop_between_the_file_source_log_and_the_offset_log_loses_no_batch_in_replay(  # type: ignore[no-untyped-def]
+def test_a_stop_between_the_file_source_log_and_the_offset_log_loses_no_batch_in_replay_or_promote(  # type: ignore[no-untyped-def]
         spark, zk_config, tmp_path, capsys, monkeypatch) -> None:
     from balance_pipeline import INPUT_ENV, Balance, payment_rows, write_payments
     from deltawheel.executor.drivers.pipeline import Pipeline
@@ -83,3 +83,12 @@ def test_a_stop_between_the_file_source_log_and_the_offset_log_loses_no_batch_in
                  str(diff_out), *zk]) == 0
     got: Any = json.loads(diff_out.read_text())
     assert got["empty"], capsys.readouterr().out[-3000:]
+    capsys.readouterr()
+    # and its promotion changes no key
+    assert main(["promote", "--from", str(into), "--store", str(store), "--pipeline", "payments",
+                 "--computation", "balance", "--verbose", *zk]) == 0
+    out = capsys.readouterr().out
+    assert "promoted" in out and ": 0 keys written, 0 deleted (no commit" in out, out[-3000:]
+    # --verbose: where the time went, and the window the live stage (stopped here) would have waited
+    assert "proof: the replay ran every live commit up to the version replaced" in out
+    assert "(paused)" in out and "the live stage was paused" in out, out[-3000:]

@@ -118,11 +118,14 @@ class Timeline:
             return None
         return (self._paused[1] - self._paused[0]) / 1000
 
+    def pause_line(self) -> str | None:
+        """How long the live stage was paused, from when to when (None: it was not)."""
+        if self._paused is None or self._paused[1] is None:
+            return None
+        start, end = self._paused
+        return f"the live stage was paused {(end - start) / 1000:.1f}s (from +{start / 1000:.1f}s to +{end / 1000:.1f}s)"
+
     def describe(self) -> str:
         """Every phase, a line each, then the pause."""
-        lines = [p.describe() for p in self.phases]
-        pause = self.pause_s()
-        if pause is not None and self._paused is not None and self._paused[1] is not None:
-            lines.append(f"the live stage was paused {pause:.1f}s (from +{self._paused[0] / 1000:.1f}s to "
-                         f"+{self._paused[1] / 1000:.1f}s)")
-        return "\n".join(lines)
+        pause = self.pause_line()
+        return "\n".join([p.describe() for p in self.phases] + ([pause] if pause else []))

@@ -12,6 +12,10 @@ folders): e.g. ``deltawheel.executor.protocol.executor.ComputationExecutor`` (a 
 error in ``deltawheel.statestore.exceptions`` / ``deltawheel.executor.exceptions``.
 ``deltawheel.testing`` has the helpers for testing your own computations.
 
+The names the root held before it was narrowed (``PipelineRunner``, ``StoreLayout``, ...) still
+import from here for one release, with a DeprecationWarning naming their module (:data:`_MOVED`;
+the README's "Changes" lists them).
+
 Names are loaded on first use, so importing ``deltawheel`` (as every Spark task does when it
 imports one of its modules) stays cheap. Type checkers read ``__init__.pyi``, which
 ``tests/test_root_names.py`` holds equal to :func:`_stub_text` (regenerate it with
@@ -21,6 +25,7 @@ imports one of its modules) stays cheap. Type checkers read ``__init__.pyi``, wh
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 # name -> module that defines it (``module:name`` where it is defined under another name)
@@ -104,12 +109,53 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
+#: Names the root held before it was narrowed to :data:`_EXPORTS`, and where they live now. Each
+#: still imports from the root for one release, with a DeprecationWarning naming its module. They
+#: are in neither ``__all__`` nor the stub. Remove this table in the release after.
+_MOVED: dict[str, str] = {
+    "BatchReport": "deltawheel.executor.protocol.reports",
+    "BatchStats": "deltawheel.executor.sources.injector",
+    "Clock": "deltawheel.statestore.clock",
+    "ComputationExecutor": "deltawheel.executor.protocol.executor",
+    "EmbeddedZooKeeper": "deltawheel.executor.servers.zookeeper",
+    "IntervalOwner": "deltawheel.statestore.ownership.owner",
+    "KafkaBroker": "deltawheel.executor.servers.kafka",
+    "LeaseManager": "deltawheel.statestore.zk.leases",
+    "LocalCluster": "deltawheel.executor.servers.cluster",
+    "ManualClock": "deltawheel.statestore.clock",
+    "PipelineRunner": "deltawheel.executor.drivers.runner",
+    "RowStore": "deltawheel.statestore.rowtable.store",
+    "S3ProxyServer": "deltawheel.executor.servers.s3proxy",
+    "StoreLayout": "deltawheel.statestore.layout",
+    "SystemClock": "deltawheel.statestore.clock",
+    "WatermarkAuthority": "deltawheel.statestore.zk.watermarks",
+    "ZooKeeperEnsemble": "deltawheel.executor.servers.ensemble",
+    "connect_zk": "deltawheel.statestore.zk.client:connect",
+    "get_codec": "deltawheel.statestore.codecs",
+    "observe_input": "deltawheel.executor.protocol.metrics",
+    "publish_watermark": "deltawheel.executor.sources.injector",
+}
+_MOVED.update({name: "deltawheel.statestore.exceptions" for name in (
+    "BucketMissingError", "CommitConflictError", "JarFetchError", "JavaMissingError", "LeaseSuspendedError",
+    "MigrationError", "NotAStoreError", "NotOwnerError", "ObjectStoreAuthError", "ObjectStoreError",
+    "ObjectStoreServerError", "ObjectStoreUnreachableError", "SchemaTooNewError", "StaleSequencerError",
+    "StoreMismatchError", "ZooKeeperServerError")})
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
+    moved = module is None and name in _MOVED
+    if moved:
+        module = _MOVED[name]
     if module is None:
         raise AttributeError(f"module 'deltawheel' has no attribute {name!r}")
     module, _, defined = module.partition(":")
     value = getattr(importlib.import_module(module), defined or name)
+    if moved:  # not cached: every use warns (Python shows each place once)
+        spelled = f"from {module} import {defined} as {name}" if defined else f"from {module} import {name}"
+        warnings.warn(f"deltawheel.{name} left the package root; write '{spelled}'. The root name goes in the "
+                      "next release (README, \"Changes\").", DeprecationWarning, stacklevel=2)
+        return value
     globals()[name] = value
     return value
 

@@ -63,6 +63,9 @@ class Context:
         self.cause: Any = TimerCause("", 0)
         self._counted: Any = None  # whose productions self._n counts
         self._n = 0
+        #: The input low watermark (None until one is known). While records run: the watermark
+        #: that held before the batch's input, the one lateness is judged against (a record's own
+        #: delivery never moves it). While timers fire: the watermark they fire under.
         self.input_watermark_ms = input_watermark_ms
         self.now_ms = now_ms
         self._hold = watermark_hold_ms

@@ -7,6 +7,9 @@ from :class:`~deltawheel.statestore.exceptions.FatalError`, as in ``statestore.e
 
 from __future__ import annotations
 
+import ast
+import re
+
 from deltawheel.statestore.exceptions import (
     CodecError,
     ConfigError,
@@ -15,8 +18,8 @@ from deltawheel.statestore.exceptions import (
     RetryableError,
 )
 
-__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "KafkaServerError", "UserCodeError",
-           "WindowingError", "StateUpgradeError"]
+__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "InputSchemaError", "KafkaServerError",
+           "UserCodeError", "WindowingError", "StateUpgradeError"]
 
 
 class BatchFailedError(RetryableError):
@@ -38,8 +41,48 @@ class UserCodeError(FatalError):
         self.what = what
         self._cause = cause
 
-    def __reduce__(self) -> tuple[type[UserCodeError], tuple[str, str, str, BaseException]]:
-        return (UserCodeError, (self.computation, self.key, self.what, self._cause))
+    def __reduce__(self) -> tuple[object, tuple[str, str, str, BaseException, str]]:
+        return (_user_code_error, (self.computation, self.key, self.what, self._cause, str(self)))
+
+    @classmethod
+    def from_task(cls, text: str) -> UserCodeError | None:
+        """The user-code error a Spark task failed with, rebuilt from the text of the task's failure
+        (a task's exception reaches the driver as text only); None: the task failed otherwise.
+        Its message is the task's.
+
+        >>> err = UserCodeError.from_task("... UserCodeError: c: user code failed for key 'k' on record 'r1' "
+        ...                               "(event time 5): ValueError: no. The batch was not committed; ...")
+        >>> err.computation, err.key, err.what, str(err)
+        ('c', 'k', "record 'r1' (event time 5)", "c: user code failed for key 'k' on record 'r1' (event time 5): ValueError: no. The batch was not committed; ...")
+        """
+        m = _IN_TASK.search(text)
+        if m is None:
+            return None
+        try:
+            key = str(ast.literal_eval(m["key"]))
+        except (ValueError, SyntaxError):
+            key = m["key"]
+        # the task's cause as text: its type and message ("ValueError: no")
+        return _user_code_error(m["computation"], key, m["what"], RuntimeError(m["cause"]),
+                                m[0][len("UserCodeError: "):])
+
+
+# A UserCodeError's message as a task's failure text holds it, up to the end of its advice
+_IN_TASK = re.compile(r"UserCodeError: (?P<computation>[^\n:]+): user code failed for key "
+                      r"(?P<key>'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\") on (?P<what>[^\n]*?): "
+                      r"(?P<cause>[A-Za-z_][\w.]*: (?s:.*?))\. The batch was not committed[^\n]*")
+
+
+def _user_code_error(computation: str, key: str, what: str, cause: BaseException, message: str) -> UserCodeError:
+    """A UserCodeError with ``message`` as its text (a rebuilt or unpickled one keeps the original's)."""
+    err = UserCodeError(computation, key, what, cause)
+    err.args = (message,)
+    return err
+
+
+class InputSchemaError(ConfigError):
+    """An input file has a column of another type than the injector reads it as: the batch cannot
+    read it, and retrying cannot help. Names the file, the column and both types."""
 
 
 class StateUpgradeError(CodecError):

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.fencing import is_conflict
 from deltawheel.statestore.writepath.streams import list_streams
 
 from .exceptions import ReplayHorizonError, RetentionError, VacuumRetentionError
@@ -200,7 +201,7 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
         step(f"{'compacting' if apply else 'counting the files of'} {name}")
         files = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
         if apply:
-            spark.sql(f"OPTIMIZE delta.`{path}`")
+            _optimize(spark, path)
         actions.append(GcAction("compact", name, f"{files} files before OPTIMIZE", int(files)))
     for name, path in tables:
         step(f"checking the recorded paths of {name}")
@@ -354,6 +355,18 @@ def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
             adds.append(json.dumps({"add": add}))
         log.commit(remove=odd, add=adds, user_metadata=json.dumps({"deltawheel": 1, "kind": "gc_paths"}))
     return len(odd)
+
+
+def _optimize(spark: Any, path: str, *, attempts: int = 3) -> None:
+    """``OPTIMIZE`` the table, again when a concurrent commit (a batch removing files the compaction
+    read) made Delta refuse it: it plans anew from the newest version."""
+    for attempt in range(attempts):
+        try:
+            spark.sql(f"OPTIMIZE delta.`{path}`")
+            return
+        except Exception as exc:
+            if attempt == attempts - 1 or not is_conflict(exc):
+                raise
 
 
 def _utc(ms: int) -> str:

@@ -59,16 +59,26 @@ class MinuteTotals(Computation):
         ctx.state = None
 
 
-def make(folder: str, name: str = "clicks") -> Pipeline:
-    """The pipeline over the Parquet files of ``folder``."""
+SCHEMA = "user STRING, ts BIGINT, id STRING"
+
+
+def make(folder: str, name: str = "clicks", *, schema: str | None = None) -> Pipeline:
+    """The pipeline over the Parquet files of ``folder`` (``schema``: given, so the folder may be
+    empty or missing at the start)."""
     clicks = ParquetInjector("clicks", folder, key_column="user", event_time_column="ts", record_id_column="id",
-                             watermark_delay_ms=5_000, max_files_per_trigger=1)
+                             watermark_delay_ms=5_000, max_files_per_trigger=1, schema=schema)
     return Pipeline(name, injectors=(clicks,), computations=(UserMinutes(), MinuteTotals()))
 
 
 def pipeline() -> Pipeline:
     """``deltawheel run continuous_pipeline:pipeline``: the input folder is ``$CLICKS_INPUT``."""
     return make(os.environ["CLICKS_INPUT"])
+
+
+def pipeline_with_schema() -> Pipeline:
+    """``deltawheel run continuous_pipeline:pipeline_with_schema``: the same with its schema given,
+    so the folder ``$CLICKS_INPUT`` need not exist yet."""
+    return make(os.environ["CLICKS_INPUT"], schema=SCHEMA)
 
 
 def click_rows(n: int, *, seed: int = 41, minutes: int = 5) -> list[dict[str, Any]]:

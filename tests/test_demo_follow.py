@@ -133,6 +133,9 @@ def test_demo_follow_runs_every_stage_live_and_ends_with_every_event_once(spark,
     for p in panes:
         got[(p["key"], p["window_start"])] += -p["value"] if p["retraction"] else p["value"]
     assert +got == want
+    # the summary says what the later stages' late records are: the LATE panes, counted
+    n_late = sum(1 for p in panes if p["timing"] == "LATE")
+    assert f"emitted for them ({n_late} in window_counts)" in out, out[-3000:]
 
     # the model read every on-time pane once: one prediction per query and window, its actual count the pane's
     on_time = {(p["key"], p["window_start"]): p["value"] for p in panes

@@ -31,9 +31,9 @@ from pyspark import cloudpickle
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-# every check prepare_input makes, plus the cases that are not bad: a null record id (the
-# position becomes the id), a key with non-ASCII characters, sub-millisecond event times
-# before 1970 (floored, as unix_millis does)
+# every check prepare_input makes (a null or empty record id included: under record_id_column a
+# dead letter, never a position id), plus the cases that are not bad: a key with non-ASCII
+# characters, sub-millisecond event times before 1970 (floored, as unix_millis does)
 ODD = [("ok-1", "k1", 5_000_000), (None, "k2", 5_000_001), ("", "k3", 5_000_002), ("ok-2", "", 5_000_003),
        ("ok-3", None, 5_000_004), ("ok-4", "\x00nul", 5_000_005), ("ok-5", "\x00!extractor said no", 5_000_006),
        ("ok-6", "x" * (MAX_KEY_BYTES + 1), 5_000_007), ("ok-7", "k4", None), ("ok-8", "ключ", -1_500),
@@ -130,7 +130,7 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, request, unit
         why = {"key extractor returned an empty key", "keys starting with NUL are reserved", "extractor said no",
                f"key longer than {MAX_KEY_BYTES} bytes", "record without timestamp"}
         assert set(bad) == why | ({"record without record_id"} if record_ids else set())
-        assert len(bad) == (8 if record_ids else 6)  # a null key is an empty one; file 2's empty id
+        assert len(bad) == (10 if record_ids else 6)  # a null key is an empty one; both files' null and empty ids
         seen.append(batch_id)
 
     q = (df.writeStream.foreachBatch(check).trigger(availableNow=True)
@@ -242,7 +242,7 @@ def _outputs(spark: Any, layout: StoreLayout) -> tuple[Any, ...]:
             .where((F.col("computation") == "routed")
                    & (~F.col("key").startswith("\x00") | F.col("key").startswith(IDS_KEY_PREFIX))))
     ids = sorted(r["record_id"] for r in rows.select(F.explode("record_ids.record_id").alias("record_id")).collect())
-    return (stream_rows(spark, layout, "counts"), state_of(spark, layout, "routed"), sorted(map(tuple, dead)),
+    return (stream_rows(spark, layout, "counts"), state_of(spark, layout, "routed"), sorted(map(tuple, dead), key=repr),
             sorted(map(tuple, late)), ids)
 
 

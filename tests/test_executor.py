@@ -187,7 +187,7 @@ def test_zombie_executor_lands_nothing_after_takeover(spark, migrated_store, zk_
 @pytest.mark.timeout(900)
 def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, migrated_store, zk_config) -> None:  # type: ignore[no-untyped-def]
     from deltawheel.executor.computation import ErrorPolicy
-    from deltawheel.executor.protocol.faults import BatchFailedError
+    from deltawheel.executor.exceptions import UserCodeError
     from executor_util import J, Picky
 
     Picky.error_policy = ErrorPolicy.DEAD_LETTER
@@ -210,7 +210,7 @@ def test_bad_records_go_to_dead_letters_and_user_errors_name_the_record(spark, m
     assert spark.read.format("delta").load(migrated_store.dead_letters).count() == 3
     # with the default policy a user exception fails the batch, naming key and record
     Picky.error_policy = ErrorPolicy.FAIL
-    with pytest.raises(BatchFailedError, match=r"key 'dogs' on record 'boom2'.*no booms here"):
+    with pytest.raises(UserCodeError, match=r"key 'dogs' on record 'boom2'.*no booms here"):
         ex.run_batch(events(spark, []).unionByName(spark.createDataFrame(
             [("boom2", "", J.encode({"q": "dogs", "boom": True}), "json", 5_000, None, "t", "p", 1)],
             schema=events(spark, []).schema)), 1, input_watermark_ms=None)

@@ -241,3 +241,14 @@ def test_gc_prunes_old_rows_of_the_metrics_table(spark, migrated_store, zk_confi
         main(["gc", "--store", migrated_store.root, "--metrics-retention-hours", "-1"])
     assert exit_.value.code == 2
     assert "must be >= 0 hours, got -1" in capsys.readouterr().err
+
+
+def test_a_commit_conflict_is_told_apart_from_other_failures() -> None:
+    """gc's compaction plans again after Delta refused it for a concurrent commit (a batch removing
+    files it read); any other failure is raised."""
+    from deltawheel.statestore.rowtable.fencing import is_conflict
+
+    assert is_conflict(RuntimeError("io.delta.exceptions.ConcurrentDeleteReadException: This transaction "
+                                    "attempted to read one or more files that were deleted"))
+    assert is_conflict(RuntimeError("[DELTA_CONCURRENT_APPEND] Files were added"))
+    assert not is_conflict(RuntimeError("java.io.FileNotFoundException: part-0001.parquet"))

@@ -223,7 +223,8 @@ def test_the_pipeline_routes_a_retry_of_an_on_time_record_as_a_duplicate(
     assert [r.direct for r in reports] == [direct] * 3
     assert [(r.processed, r.duplicates, r.late, r.late_routed) for r in reports] == \
         [(2, 0, 0, 0), (1, 0, 0, 0), (0, 1, 1, 1)]
-    assert [(row[1], row[4]) for row in _late_rows(spark, migrated_store)] == [("r3", 28_000)]
+    # judged against the watermark computed at the end of the batch before: file 1's 31 s - 2 s
+    assert [(row[1], row[4]) for row in _late_rows(spark, migrated_store)] == [("r3", 29_000)]
 
 
 def test_the_acted_watermark_mark_round_trips_through_commit_metadata() -> None:

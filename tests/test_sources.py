@@ -299,8 +299,14 @@ def test_bad_source_configuration(spark: Any, tmp_path: Path) -> None:
     folder = str(tmp_path / "events")
     GeneratorInjector("queries", folder, SMALL, events_per_batch=100).prepare()
     args: dict[str, Any] = {"key_column": "query", "event_time_column": "event_time", "watermark_delay_ms": 0}
-    with pytest.raises(ConfigError, match=r"Parquet folder .*missing does not exist; create it"):
-        ParquetInjector("queries", str(tmp_path / "missing"), **args)
+    # a folder that does not exist yet: made when the stream is built, without a schema then refused empty
+    missing = ParquetInjector("queries", str(tmp_path / "missing"), **args)
+    with pytest.raises(ConfigError, match="cannot read a Parquet schema from .*missing.*or give schema="):
+        missing.stream_df(spark)
+    assert (tmp_path / "missing").is_dir()
+    (tmp_path / "a_file").write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"input folder .*a_file is not a folder and cannot be made one"):
+        ParquetInjector("queries", str(tmp_path / "a_file"), **args).stream_df(spark)
     with pytest.raises(ConfigError, match="injector name 'bad-name' is not valid"):
         ParquetInjector("bad-name", folder, **args)
     with pytest.raises(ConfigError, match="max_files_per_trigger must be >= 1, got 0"):
@@ -407,8 +413,10 @@ def test_bad_json_source_configuration(spark: Any, tmp_path: Path) -> None:
     from deltawheel.executor.sources.jsonl import JsonLinesInjector
 
     args: dict[str, Any] = {"key_column": "card", "event_time_column": "ts", "watermark_delay_ms": 0}
-    with pytest.raises(ConfigError, match="JSON folder .*missing does not exist"):
-        JsonLinesInjector("p", str(tmp_path / "missing"), **args)
+    missing = JsonLinesInjector("p", str(tmp_path / "missing"), **args)  # made when the stream is built
+    with pytest.raises(ConfigError, match="cannot infer a JSON schema from .*missing.*give schema="):
+        missing.stream_df(spark)
+    assert (tmp_path / "missing").is_dir()
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="is not a Spark DDL column list"):
         JsonLinesInjector("p", str(tmp_path / "empty"), schema="card STRANGE,,", **args).stream_df(spark)

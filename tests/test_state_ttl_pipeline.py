@@ -10,7 +10,7 @@ would: ``deltawheel.connect``, a ``ParquetInjector``, ``engine.start`` / ``engin
   second; users of the first run not seen again are dropped in the second.
 * State versions: a run with the v1 class, then the same store with the v2 class: touched users'
   rows are upgraded (and written as ``json@2``), untouched ones stay v1, the counts go on; an
-  upgrade that raises fails the batch (``BatchFailedError`` naming the key and the
+  upgrade that raises fails the batch (``UserCodeError`` naming the key and the
   ``StateUpgradeError``), nothing committed; the same batch with the dead-letter policy sends the
   key's record to ``dead_letters`` and leaves its row as it was.
 """
@@ -30,7 +30,7 @@ from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from ttl_util import IdleVisits, TotalsV1, TotalsV2, TotalsV2Broken, TotalsV2BrokenDeadLetter, Visits
 
 import deltawheel
-from deltawheel import BatchFailedError, ParquetInjector
+from deltawheel import ParquetInjector, UserCodeError
 
 pytestmark = [pytest.mark.spark, pytest.mark.zk]
 
@@ -135,7 +135,7 @@ def test_a_v2_computation_upgrades_the_v1_rows_it_touches_while_the_pipeline_run
     # a v2 whose upgrade raises on bob's count fails the batch that touches bob, naming the key
     write_clicks(folder, "part-2.parquet", [("bob", T + 6_000)], mtime=1_000_200)
     with deltawheel.connect(spark, store=str(store), zk=zk_server.hosts, pipeline="ver") as engine:
-        with pytest.raises(BatchFailedError, match=r"key 'bob' on its stored state \(json\): StateUpgradeError: "
+        with pytest.raises(UserCodeError, match=r"key 'bob' on its stored state \(json\): StateUpgradeError: "
                                                    r"upgrade_state of totals from state_version 1 to 2 failed"):
             engine.run(injector(folder), TotalsV2Broken(), progress=False)
     assert rows_of(spark, store, "totals")["bob"] == (2, "json")  # nothing changed

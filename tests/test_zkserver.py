@@ -154,7 +154,11 @@ def test_the_server_runs_from_zookeepers_own_jars_and_serves_a_client(tmp_path: 
         finally:
             client.stop()
             client.close()
-        assert "ERROR" not in (tmp_path / "zk" / "zookeeper.log").read_text()
+        # (a readiness probe that gave up on a slow reply under load makes the server log that it
+        # could not close the probe's command socket: benign, and the only ERROR allowed)
+        errors = [ln for ln in (tmp_path / "zk" / "zookeeper.log").read_text().splitlines()
+                  if "ERROR" in ln and "Error closing a command socket" not in ln]
+        assert errors == []
     finally:
         server.stop()
 

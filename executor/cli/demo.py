@@ -261,7 +261,11 @@ def _summary(spark: Any, layout: Any, summary: Any, *, events: int) -> None:
     for a in anomalies:
         print(f"  {a['kind']:5s} {a['query']:>14s} window {time.strftime('%H:%M:%S', time.gmtime(a['window_start'] / 1000))}"
               f"  actual {a['actual']}  expected {a['expected']}")
+    late_panes = counts.where(counts.value.cast("string").contains('"timing":"LATE"')).count()
     print("late records per stage         : " + json.dumps(late) + (" (this run)" if resumed else ""))
+    print("  (window_counter's are the generator's deliberately late events; a LATE pane window_counter\n"
+          f"   emitted for them ({late_panes} in window_counts) carries its window's end, behind the watermark\n"
+          "   it already published: late data stays late downstream, where a later stage had read that far)")
     print("watermark lag per stage (ms)   : " + json.dumps(summary.lag_ms))
     print("\nquery the results:")
     print(f'  deltawheel sql --store {layout.root} "SELECT * FROM anomalies_decoded ORDER BY timestamp_ms"')

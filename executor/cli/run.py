@@ -1,5 +1,6 @@
 """``deltawheel run MODULE:PIPELINE``: a user's own pipeline, unbounded, every stage live, until
-SIGTERM, Ctrl-C or ``--seconds`` (``executor/drivers/continuous.py``; docs/continuous.md)."""
+SIGTERM, Ctrl-C or ``--seconds`` (``executor/drivers/continuous.py``; docs/continuous.md); with
+``--drain`` that stop is the end of the input (``executor/drivers/drain.py``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--computation", action="append", default=None,
                    help="run only this computation here (repeatable; default: all)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this many seconds (default: run until stopped)")
+    p.add_argument("--drain", action="store_true",
+                   help="the stop (--seconds, SIGTERM, Ctrl-C) is the end of the input: read every source to its end, "
+                        "move the watermarks to the end of time, fire and deliver everything, then exit")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for leases another process holds")
     p.add_argument("--instance", default=None,
                    help="this job instance's name (letters, digits, _): processes with different names share the "
@@ -123,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
             engine.progress = progress
             run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation,
                                         gc_every=args.gc_every)
-            run.run_until_stopped(seconds=args.seconds)
+            run.run_until_stopped(seconds=args.seconds, drain=args.drain)
     finally:
         zookeeper.release()
     return 0

@@ -57,6 +57,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.log import latest_local_version, local_path
 from deltawheel.statestore.exceptions import ConfigError, DeltaWheelError
 from deltawheel.statestore.layout import StoreLayout
@@ -70,7 +71,7 @@ from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_wat
 from ..sources.schema import union_inputs
 from ..tasks import worker as _worker
 from ..tasks.image.direct import table_source
-from .pipeline import Pipeline, RunSummary
+from .pipeline import Pipeline, RunSummary, StopReport
 from .sharing import Sharing
 from .triggers import Trigger
 from .wiring import Wiring, injector_hook, positions_recorder
@@ -79,25 +80,6 @@ if TYPE_CHECKING:
     from deltawheel.gc.background import BackgroundGc
 
 __all__ = ["ContinuousRun", "StopReport"]
-
-@dataclass(frozen=True)
-class StopReport:
-    """What :meth:`ContinuousRun.stop` did; printed, the one line it also reports."""
-
-    pipeline: str
-    queries: int
-    batches: int
-    records_in: int
-    seconds: float
-    unfinished: tuple[str, ...] = ()  # queries whose batch in flight did not end within the timeout
-
-    def __str__(self) -> str:
-        late = (f"; still running after the timeout: {', '.join(self.unfinished)} (their batch runs again at the "
-                "next start)") if self.unfinished else ""
-        return (f"{self.pipeline}: stopped {self.queries} queries after their batch in flight ({self.batches} batches, "
-                f"{self.records_in} records in this run), deliveries landed, leases given back in "
-                f"{self.seconds:.1f}s{late}")
-
 
 class _Stopping(Exception):
     """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
@@ -139,6 +121,7 @@ class ContinuousRun:
             (``sharing.py``; None: this process holds every interval of the computations it runs).
         background_gc: gc's Delta passes every N batches (of any stage) or S seconds, beside the
             stages (``gc/background.py``; None: none).
+        zk: the engine's ZooKeeper settings, for :meth:`drain`.
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
@@ -146,7 +129,8 @@ class ContinuousRun:
                  triggers: Mapping[str, str | float | Trigger | None] | None = None,
                  computations: Sequence[str] | None = None, wait_s: float = 60.0,
                  progress: Callable[[str], None] | None = None, write_path: str = "auto", direct_read: bool = True,
-                 tick_s: float = 1.0, instance: str | None = None, background_gc: BackgroundGc | None = None) -> None:
+                 tick_s: float = 1.0, instance: str | None = None, background_gc: BackgroundGc | None = None,
+                 zk: ZkConfig | None = None) -> None:
         ordered = pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
         names = [c.name for c in ordered]
         wanted = list(names) if computations is None else list(computations)
@@ -163,6 +147,7 @@ class ContinuousRun:
         self.wait_s, self.progress, self.write_path, self.direct_read = wait_s, progress, write_path, direct_read
         self.tick_s = tick_s
         self.instance = instance
+        self.zk = zk
         self._sharing = None if instance is None else Sharing(
             spark, layout, pipeline, wiring=wiring, instance=instance, progress=self._log, write_path=write_path)
         self.stages: dict[str, _Stage] = {}
@@ -240,9 +225,10 @@ class ContinuousRun:
             time.sleep(0.2)
         return True
 
-    def run_until_stopped(self, *, seconds: float | None = None) -> StopReport:
-        """Block until SIGTERM, Ctrl-C (SIGINT), ``seconds`` or a failure, then :meth:`stop`.
-        Signal handlers are installed only when called from the main thread (and put back after).
+    def run_until_stopped(self, *, seconds: float | None = None, drain: bool = False) -> StopReport:
+        """Block until SIGTERM, Ctrl-C (SIGINT), ``seconds`` or a failure, then :meth:`stop`
+        (``drain``: that is the end of the input: :meth:`drain` instead). Signal handlers are
+        installed only when called from the main thread (and put back after).
 
         Raises:
             DeltaWheelError: a batch's own typed error (after the run was stopped).
@@ -264,7 +250,22 @@ class ContinuousRun:
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+        if drain:
+            self.drain()
         return self.stop()
+
+    def drain(self) -> RunSummary:
+        """The input has ended: stop, then read every source to its end, move the injectors'
+        watermarks to the end of time and fire and deliver everything, stage after stage
+        (``drain.py``). Returns the summary of that, once every stage is idle with nothing pending.
+
+        Raises:
+            ConfigError: an instance sharing its intervals, or a run of only some computations.
+            DeltaWheelError: a batch's own typed error.
+        """
+        from .drain import drain
+
+        return drain(self)
 
     def stop(self, *, timeout_s: float = 120.0) -> StopReport:
         """Stop gracefully (see the module docstring); returns what was done (also as a progress

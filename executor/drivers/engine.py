@@ -356,7 +356,7 @@ class Engine:
         run = ContinuousRun(self.spark, self.layout, pipeline,
                             wiring=self.wiring,
                             trigger=trigger, triggers=triggers, computations=computations,
-                            wait_s=self.wait_s if wait_s is None else wait_s, progress=lines, **options)
+                            wait_s=self.wait_s if wait_s is None else wait_s, progress=lines, zk=self.zk, **options)
         run.start()
         self._runs.append(run)
         return run

@@ -1,5 +1,6 @@
 """A pipeline as a value: :class:`Pipeline` (injectors and computations wired by named streams,
-their topological order), and what a run gives back: :class:`RunSummary` and :class:`MoveTiming`.
+their topological order), and what a run gives back: :class:`RunSummary`, :class:`MoveTiming` and
+a continuous run's :class:`StopReport`.
 :class:`~.runner.PipelineRunner` runs one.
 """
 
@@ -13,7 +14,7 @@ from ..computation import Computation
 from ..protocol.reports import BatchReport, format_watermark
 from ..sources.injector import Injector
 
-__all__ = ["Pipeline", "RunSummary", "MoveTiming"]
+__all__ = ["Pipeline", "RunSummary", "MoveTiming", "StopReport"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +86,22 @@ class RunSummary:
                  f"{sum(r.productions for r in reps)} produced, low watermark "
                  f"{format_watermark(self.low_watermarks.get(name))}" for name, reps in self.reports.items()]
         return f"RunSummary({'; '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What :meth:`ContinuousRun.stop` did; printed, the one line it also reports."""
+
+    pipeline: str
+    queries: int
+    batches: int
+    records_in: int
+    seconds: float
+    unfinished: tuple[str, ...] = ()  # queries whose batch in flight did not end within the timeout
+
+    def __str__(self) -> str:
+        late = (f"; still running after the timeout: {', '.join(self.unfinished)} (their batch runs again at the "
+                "next start)") if self.unfinished else ""
+        return (f"{self.pipeline}: stopped {self.queries} queries after their batch in flight ({self.batches} batches, "
+                f"{self.records_in} records in this run), deliveries landed, leases given back in "
+                f"{self.seconds:.1f}s{late}")

@@ -278,6 +278,7 @@ class BatchProtocol:
         """The input watermark the batch's timers fire with: ``given``, else (``use_authority``) the
         one read now (its injector watermarks remembered for step 5), else None."""
         self.watermarks.injectors_read = {}  # filled by input(): the injector watermarks read now
+        self.watermarks.computations_read = None
         return self.watermarks.input() if use_authority and given is None else given
 
     def _open(self, df: Any | None, batch_id: int, *, started: float, skipped: int, files: tuple[str, ...],
@@ -291,9 +292,9 @@ class BatchProtocol:
         # A record is late when it is behind the watermark this computation already acted on
         # (the newest committed batch's: its timers fired up to there); timers now fire with
         # wm_in. A replay of that batch decides as its first attempt did.
-        wm_late, wm_in = self._lateness(df, batch_id, wm_in)
+        wm_late, wm_in, computations = self._lateness(df, batch_id, wm_in)
         acted = ActedMark(batch_id if df is not None else None, wm_late, wm_in,
-                          tuple(sorted(self.ex.owner.intervals)))
+                          tuple(sorted(self.ex.owner.intervals)), computations_ms=computations)
         return BatchState(batch_id=batch_id, df=df, started=started, now=now, wm_in=wm_in, wm_late=wm_late,
                           acted=acted, horizon=horizon, commit_id=f"{comp.name}:{batch_id}:{now}",
                           strong=comp.strong_productions, skipped=skipped, files=files)
@@ -316,16 +317,27 @@ class BatchProtocol:
             ex.shared.done = {iv: fs for iv, fs in sets.items() if iv in held}
             ex.shared.recorded = frozenset().union(*sets.values())  # every interval's: the catch-up's pruned rule
 
-    def _lateness(self, df: Any | None, batch_id: int, wm_in: int | None) -> tuple[int | None, int | None]:
-        """(the watermark the batch judges lateness against, its input watermark): the newest
-        committed batch's acted watermark and ``wm_in``, or for a replay of that very batch
-        (Spark re-runs it after a crash) the values its first attempt used (``lateness.py``)."""
+    def _lateness(self, df: Any | None, batch_id: int,
+                  wm_in: int | None) -> tuple[int | None, int | None, int | None]:
+        """(the watermark the batch judges lateness against, its input watermark, the upstream
+        computations' part of it): for a replay of the newest committed batch (Spark re-runs it
+        after a crash) the values its first attempt used; else the watermark that held before the
+        batch's input (``lateness.py``): for upstream computations the one the newest committed
+        batch acted on (the rows this batch holds may have moved their watermark when delivered),
+        for injectors the one read now (computed from the batches before this one)."""
         m = self.acted
-        if m is None:
-            return None, wm_in
-        if df is not None and m.batch_id == batch_id:
-            return m.late_ms, m.input_ms
-        return m.acted_ms, wm_in
+        wms = self.watermarks
+        if m is not None and df is not None and m.batch_id == batch_id:
+            return m.late_ms, m.input_ms, m.computations_ms
+        late = m.acted_ms if m is not None else None
+        injectors = wms.injector_part() if wm_in is not None else None
+        if injectors is not None:
+            if wms.has_computation_upstream():  # mixed: the computations' part as the last batch acted on it
+                before = m.computations_ms if m is not None else None
+                injectors = None if before is None else min(injectors, before)
+            if injectors is not None:
+                late = injectors if late is None else max(late, injectors)
+        return late, wm_in, wms.computations_read
 
     def _nothing_due(self, b: BatchState) -> bool:
         """A timers-only batch has nothing to do: no processing-time timer is due, no straggler is

@@ -50,6 +50,8 @@ class ActedMark:
     intervals: tuple[int, ...]  # the intervals the committing instance held
     # the watermarks of the injectors feeding the batch, as its step 7 publishes them
     injectors: Mapping[str, int] = field(default_factory=dict)
+    # the upstream computations' part of ``input_ms`` (their minimum; None: none, or not recorded)
+    computations_ms: int | None = None
 
     @property
     def acted_ms(self) -> int | None:
@@ -59,13 +61,15 @@ class ActedMark:
 
     def next_batch(self, batch_id: int | None, input_ms: int | None, intervals: Sequence[int]) -> ActedMark:
         """The mark of the batch after this one (which judges lateness against ``acted_ms``)."""
-        return ActedMark(batch_id, self.acted_ms, input_ms, tuple(sorted(intervals)))
+        return ActedMark(batch_id, self.acted_ms, input_ms, tuple(sorted(intervals)),
+                         computations_ms=self.computations_ms)
 
     def to_meta(self) -> dict[str, Any]:
         """The commit metadata entry (``{"late": ...}``)."""
         return {_KEY: {"v": MARK_FORMAT_VERSION, "batch_id": self.batch_id, "late_ms": self.late_ms,
                        "input_ms": self.input_ms, "intervals": list(self.intervals),
-                       "injectors": dict(sorted(self.injectors.items()))}}
+                       "injectors": dict(sorted(self.injectors.items())),
+                       "computations_ms": self.computations_ms}}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ActedMark:
@@ -77,7 +81,8 @@ class ActedMark:
 
         return cls(opt(m.get("batch_id")), opt(m.get("late_ms")), opt(m.get("input_ms")),
                    tuple(int(i) for i in m.get("intervals") or ()),
-                   {str(k): int(v) for k, v in (m.get("injectors") or {}).items()})
+                   {str(k): int(v) for k, v in (m.get("injectors") or {}).items()},
+                   opt(m.get("computations_ms")))
 
 
 def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -> ActedMark | None:

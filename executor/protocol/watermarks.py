@@ -45,11 +45,25 @@ class BatchWatermarks:
         self.ex = executor
         self.low: int | None = None
         self.injectors_read: dict[str, int] = {}
+        self.computations_read: int | None = None  # min over the upstream computations :meth:`input` read
         self._warned = False
         self._lock = threading.Lock()
         # step 7 running in the background: (set when it is done, where it leaves its failure)
         self._pending: tuple[threading.Event, dict[str, BaseException]] | None = None
         self._worker = _Worker(f"deltawheel-watermarks-{executor.comp.name}")
+
+    def injector_part(self) -> int | None:
+        """The minimum of the injector watermarks :meth:`input` read, when every upstream is known
+        and at least one is an injector (None otherwise)."""
+        ex = self.ex
+        names = [name for kind, _, name in (u.partition(":") for u in ex.upstream) if kind == "injector"]
+        if not names or any(n not in self.injectors_read for n in names):
+            return None
+        return min(self.injectors_read[n] for n in names)
+
+    def has_computation_upstream(self) -> bool:
+        """An upstream computation feeds the executor."""
+        return any(u.startswith("computation:") for u in self.ex.upstream)
 
     def has_source(self) -> bool:
         """An authority and upstream entries: the input watermark can become known."""
@@ -74,7 +88,8 @@ class BatchWatermarks:
 
     def input(self) -> int | None:
         """min over upstream low watermarks (None until all are known); remembers the injector
-        watermarks it read in :attr:`injectors_read` (step 5 records them).
+        watermarks it read in :attr:`injectors_read` (step 5 records them) and the minimum over the
+        upstream computations in :attr:`computations_read` (the batch's lateness mark records it).
 
         An upstream computation in :attr:`~.executor.ComputationExecutor.upstream_caps` counts with
         at most its capped value: the watermark it had before this query took its snapshot of the
@@ -83,9 +98,11 @@ class BatchWatermarks:
         when they arrive with the next query.
         """
         ex = self.ex
+        self.computations_read = None
         if ex.authority is None or not ex.upstream:
             return None
         marks = []
+        computations = []
         for u in ex.upstream:
             kind, _, name = u.partition(":")
             wm = (ex.authority.injector_watermark(name) if kind == "injector"
@@ -98,6 +115,9 @@ class BatchWatermarks:
             if wm is None:
                 return None
             marks.append(wm)
+            if kind == "computation":
+                computations.append(wm)
+        self.computations_read = min(computations) if computations else None
         return min(marks)
 
     def warn_if_none(self, wm_in: int | None, event_timer_ms: int | None) -> None:

@@ -9,7 +9,7 @@ from deltawheel.statestore.exceptions import ConfigError
 
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
 from .injector import DataFrame, SparkSession, _MaxSeenInjector
-from .schema import to_stream_schema
+from .schema import record_id_of, to_stream_schema
 
 __all__ = ["DeltaTableInjector"]
 
@@ -19,7 +19,9 @@ class DeltaTableInjector(_MaxSeenInjector):
 
     Delta's streaming source exposes neither file names nor row positions, so
     a ``record_id_column`` is required, and ``commit_id`` is
-    ``delta={record id}`` (the id locates the row in the table).
+    ``delta={record id}`` (the id locates the row in the table). A row whose id is null or empty
+    is a dead letter "record without record_id"; its ``commit_id`` is
+    ``delta=sha256:{hash of the row's columns as JSON}``.
 
     Watermark estimate: as :class:`ParquetInjector` (max event time seen minus
     ``watermark_delay_ms``; :data:`END_OF_TIME` after :meth:`finish`).
@@ -34,9 +36,9 @@ class DeltaTableInjector(_MaxSeenInjector):
         record_id_column: the unique, stable id column.
         max_files_per_trigger: data files per micro-batch (default 1).
         watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
-            minus it. A record is late when behind the watermark the previous micro-batch acted on,
-            i.e. the newest event time of the batches up to two before its own minus this bound: two
-            files behind with one file per batch (docs/sources.md, "Watermark options").
+            minus it. A record is late when behind the watermark computed at the end of the batch
+            before its own: the newest event time of the earlier batches minus this bound, as
+            Spark's own operators judge it (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`ParquetInjector` (default one day; None: no bound).
 
     Raises:
@@ -80,8 +82,10 @@ class DeltaTableInjector(_MaxSeenInjector):
         if self.record_id_column not in columns:
             raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
                               f"of the source (columns: {', '.join(sorted(columns))})")
-        rid = F.col(self.record_id_column).cast("string")
+        rid = record_id_of(self.record_id_column)
+        # a row without an id is a dead letter; its position is the hash of its columns (no file positions here)
+        row_hash = F.concat(F.lit("sha256:"), F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns])), 256))
         return to_stream_schema(
             raw, producer=self.name, key_column=self.key_column, event_time_column=self.event_time_column,
-            value_columns=self.value_columns, record_id=rid, commit_id=F.concat(F.lit("delta="), rid),
+            value_columns=self.value_columns, record_id=rid, commit_id=F.concat(F.lit("delta="), F.coalesce(rid, row_hash)),
             exclude=(self.record_id_column,))

@@ -10,7 +10,7 @@ from deltawheel.statestore.delta.log import local_path
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import ConfigError
 
-__all__ = ["local_folder_token"]
+__all__ = ["local_folder_token", "make_local_dir"]
 
 
 def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
@@ -27,10 +27,21 @@ def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
     return tuple(sorted((n, st.st_size, st.st_mtime_ns) for n, st in entries))
 
 
-def _missing_local_dir(path: str) -> bool:
-    """True for a local path (or ``file://`` URI) that is not a folder; URIs are not checked."""
+def make_local_dir(path: str) -> None:
+    """Make a local folder (or ``file://`` URI) that does not exist yet; a remote one is left to
+    the file system (Spark's file source reads nothing from a missing folder until it is there).
+
+    Raises:
+        ConfigError: the path exists and is not a folder, or cannot be made.
+    """
     local = local_path(path)
-    return local is not None and not os.path.isdir(local)
+    if local is None or os.path.isdir(local):
+        return
+    try:
+        os.makedirs(local, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"input folder {path} is not a folder and cannot be made one ({exc}); point the "
+                          "injector at a folder") from exc
 
 
 def _local_parquet_schema(folder: str) -> Any | None:

@@ -17,9 +17,9 @@ from typing import Any, Sequence
 from deltawheel.statestore.exceptions import ConfigError
 
 from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
-from .folders import _missing_local_dir, local_folder_token
+from .folders import local_folder_token, make_local_dir
 from .injector import DataFrame, SparkSession, _MaxSeenInjector
-from .schema import to_stream_schema
+from .schema import record_id_of, to_stream_schema
 
 __all__ = ["CORRUPT_RECORD", "JsonLinesInjector", "json_schema", "parse_json"]
 
@@ -78,7 +78,8 @@ class JsonLinesInjector(_MaxSeenInjector):
 
     Files are consumed in modification-time order, every new file in each micro-batch unless
     ``max_files_per_trigger`` or ``max_bytes_per_trigger`` caps it, each read whole (Spark's ``wholetext``) and split into lines, so every line has its position:
-    ``record_id`` is ``record_id_column`` when given (a null falls back to the position), otherwise
+    ``record_id`` is ``record_id_column`` when given (a line without it, or with an empty one, is a
+    dead letter "record without record_id"), otherwise
     ``{name}/{file name}#{line}`` (1-based; deterministic as long as files are never rewritten),
     and ``commit_id`` is ``file={file name}#line={line}``. A file must fit in one task's memory
     (split bigger ones). Names starting with ``_`` or ``.`` are ignored (Spark's rule).
@@ -108,15 +109,18 @@ class JsonLinesInjector(_MaxSeenInjector):
         max_bytes_per_trigger: instead, at most about this many bytes of files per micro-batch
             (Spark's ``maxBytesPerTrigger``; at least one file); not with ``max_files_per_trigger``.
         watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
-            minus it. A record is late when behind the watermark the previous micro-batch acted on,
-            i.e. the newest event time of the batches up to two before its own minus this bound: two
-            batches behind (docs/sources.md, "Watermark options").
+            minus it. A record is late when behind the watermark computed at the end of the batch
+            before its own: the newest event time of the earlier batches minus this bound, as
+            Spark's own operators judge it (docs/sources.md, "Watermark options").
         max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day; None: no bound).
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 
+    A local folder that does not exist yet is made when the stream is built (:meth:`stream_df`), so
+    a job module can build the injector before its input is there.
+
     Raises:
-        ConfigError: an invalid name, a local folder that does not exist, a bad count, delay or
-            bound, both per-trigger limits (a schema that does not parse: at :meth:`stream_df`).
+        ConfigError: an invalid name, a bad count, delay or bound, both per-trigger limits (a schema
+            that does not parse: at :meth:`stream_df`).
     """
 
     def __init__(self, name: str, folder: str, *, schema: Any = None, key_column: str | None,
@@ -128,10 +132,7 @@ class JsonLinesInjector(_MaxSeenInjector):
                          value_columns=value_columns, record_id_column=record_id_column,
                          max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
                          max_event_ahead_ms=max_event_ahead_ms, max_bytes_per_trigger=max_bytes_per_trigger)
-        if _missing_local_dir(folder):
-            raise ConfigError(f"injector {name}: JSON folder {folder} does not exist; create it "
-                              "(or write the input) before starting the pipeline")
-        self.folder = folder
+        self.folder = folder  # a local folder that does not exist yet is made at stream_df
         self.schema = schema  # parsed by resolved_schema (a DDL string needs a running Spark session)
         self.timestamp_format = timestamp_format
 
@@ -169,6 +170,7 @@ class JsonLinesInjector(_MaxSeenInjector):
         """
         from pyspark.sql import functions as F
 
+        make_local_dir(self.folder)
         schema = self.resolved_schema(spark)
         files = (spark.readStream.options(**self.read_limits)
                  .text(self.folder, wholetext=True).select(F.col("_metadata.file_name").alias("_file"), "value"))
@@ -184,7 +186,9 @@ class JsonLinesInjector(_MaxSeenInjector):
             if self.record_id_column not in schema.fieldNames():
                 raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
                                   f"of the source (columns: {', '.join(sorted(schema.fieldNames()))})")
-            record_id = F.coalesce(F.col(self.record_id_column).cast("string"), position)
+            # none: a dead letter, not a position; a malformed line (a dead letter anyway) keeps its position
+            record_id = F.when(F.col(CORRUPT_RECORD).isNotNull(), position).otherwise(
+                record_id_of(self.record_id_column))
         else:
             record_id = position
         exclude = ("_file", "_lineno", "_line", CORRUPT_RECORD, *(() if self.record_id_column is None

@@ -160,8 +160,8 @@ class KafkaInjector:
             ``None``: the Kafka record's timestamp.
         value_columns: fields of the JSON value (``None``: all but the event time field).
         watermark_delay_ms: the declared disorder bound within a partition. A record is late when
-            behind the watermark the previous micro-batch acted on: this injector's estimate as it
-            was after the batch two before the record's (docs/sources.md, "Watermark options").
+            behind this injector's estimate as it was after the batch before the record's
+            (docs/sources.md, "Watermark options").
         idle_timeout_ms: processing time after which a silent partition is idle (None: never).
         starting_offsets: Spark's ``startingOffsets`` (``"earliest"``, ``"latest"`` or JSON), used
             when the query's checkpoint is new.

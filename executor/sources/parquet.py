@@ -15,13 +15,13 @@ from .folders import (
     _check_footer,
     _first_file_footer,
     _first_footer,
-    _missing_local_dir,
     _spark_schema,
     local_folder_token,
+    make_local_dir,
 )
 from .injector import BatchStats, DataFrame, SparkSession, _MaxSeenInjector
 from .jsonl import json_schema
-from .schema import to_stream_schema
+from .schema import record_id_of, to_stream_schema
 
 __all__ = ["ParquetInjector"]
 
@@ -38,10 +38,10 @@ class ParquetInjector(_MaxSeenInjector):
     by Spark's inference). Files whose name starts with ``_`` or ``.``
     are ignored (Spark's rule), so writers can stage files under such names.
 
-    ``record_id`` is ``record_id_column`` when given (a null falls back to the
-    position), otherwise ``{name}/{file name}#{row index}``: deterministic as
-    long as files are never rewritten. ``commit_id`` is
-    ``file={file name}#row={row index}``.
+    ``record_id`` is ``record_id_column`` when given, otherwise
+    ``{name}/{file name}#{row index}``: deterministic as long as files are never rewritten. Under
+    ``record_id_column`` a record whose id is null or empty is a dead letter "record without
+    record_id". ``commit_id`` is ``file={file name}#row={row index}``.
 
     Watermark estimate: :class:`MaxSeenMinusBound` with ``watermark_delay_ms``,
     i.e. the max event time seen minus the declared disorder bound; records
@@ -64,9 +64,9 @@ class ParquetInjector(_MaxSeenInjector):
         max_bytes_per_trigger: instead, at most about this many bytes of files per micro-batch
             (Spark's ``maxBytesPerTrigger``; at least one file); not with ``max_files_per_trigger``.
         watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
-            minus it. A record is late when behind the watermark the previous micro-batch acted on,
-            i.e. the newest event time of the batches up to two before its own minus this bound: two
-            batches behind (docs/sources.md, "Watermark options").
+            minus it. A record is late when behind the watermark computed at the end of the batch
+            before its own: the newest event time of the earlier batches minus this bound, as
+            Spark's own operators judge it (docs/sources.md, "Watermark options").
         max_event_ahead_ms: records whose event time is more than this ahead of the
             processing clock (default one day) become dead letters with the reason and
             do not move the watermark (one record dated 2100 would otherwise close every
@@ -78,10 +78,13 @@ class ParquetInjector(_MaxSeenInjector):
             may become late, for less lag); max-seen-minus-bound while nothing is pending
             (:mod:`.estimates`).
 
+    A local folder that does not exist yet is made when the stream is built (:meth:`stream_df`,
+    when the pipeline starts), so a job module can build the injector before its input is there.
+
     Raises:
-        ConfigError: an invalid name, a local folder that does not exist, a
-            bad count, delay, bound or percentile, both per-trigger limits (a schema that does
-            not parse, or a file that does not match it: at :meth:`stream_df`).
+        ConfigError: an invalid name, a bad count, delay, bound or percentile, both per-trigger
+            limits (a schema that does not parse, or a file that does not match it: at
+            :meth:`stream_df`).
     """
 
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
@@ -95,10 +98,7 @@ class ParquetInjector(_MaxSeenInjector):
                          max_files_per_trigger=max_files_per_trigger, watermark_delay_ms=watermark_delay_ms,
                          max_event_ahead_ms=max_event_ahead_ms, max_bytes_per_trigger=max_bytes_per_trigger)
         self.schema = schema  # parsed at stream_df (a DDL string needs a running Spark session)
-        if _missing_local_dir(folder):
-            raise ConfigError(f"injector {name}: Parquet folder {folder} does not exist; create it "
-                              "(or generate the input) before starting the pipeline")
-        self.folder = folder
+        self.folder = folder  # a local folder that does not exist yet is made at stream_df
         self._direct: DirectSource | None = None
         self.watermark_percentile = watermark_percentile
         if watermark_percentile is not None:  # checked now; the folder's files are reached at stream_df
@@ -144,6 +144,7 @@ class ParquetInjector(_MaxSeenInjector):
         """
         from pyspark.errors import AnalysisException
 
+        make_local_dir(self.folder)
         files = table_files(spark, self.folder)
         if self.watermark_percentile is not None and not isinstance(self._estimate, PendingPercentile):
             if files is None:
@@ -191,7 +192,7 @@ class ParquetInjector(_MaxSeenInjector):
             if self.record_id_column not in schema.fieldNames():
                 raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
                                   f"of the source (columns: {', '.join(sorted(schema.fieldNames()))})")
-            record_id = F.coalesce(F.col(self.record_id_column).cast("string"), position)
+            record_id = record_id_of(self.record_id_column)  # none: a dead letter, not a position
         else:
             record_id = position
         return to_stream_schema(

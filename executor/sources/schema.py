@@ -12,7 +12,7 @@ from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION
 from ..tasks.input import MALFORMED_CODEC, RAW_COLUMN
 from .injector import DataFrame
 
-__all__ = ["to_stream_schema", "union_inputs"]
+__all__ = ["record_id_of", "to_stream_schema", "union_inputs"]
 
 
 def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, event_time_column: str,
@@ -88,6 +88,18 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
         F.lit(STREAM_FORMAT_VERSION).cast("int").alias("format_version"),
         *([] if raw is None else [raw.cast("binary").alias(RAW_COLUMN)]),
     )
+
+
+def record_id_of(column: str) -> Any:
+    """The record id from a source's id column (``record_id_column``), as a STRING column.
+
+    A null or empty id stays null: the executor makes such a record a dead letter "record without
+    record_id" (its raw text, its source position), never a record under some other id. An id made
+    up from a file position would not be the id the producer sends again on a retry, so the retry
+    would be processed twice."""
+    from pyspark.sql import functions as F
+
+    return F.nullif(F.col(column).cast("string"), F.lit(""))
 
 
 def union_inputs(frames: Sequence[DataFrame]) -> DataFrame:

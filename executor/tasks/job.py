@@ -10,10 +10,20 @@ protocol body (``batch.py``) calls it; it writes nothing itself.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
-__all__ = ["Prepared", "BatchCounts", "BatchRun", "UserJob", "user_error_message"]
+from deltawheel.statestore.delta.jvm import java_errors
+from deltawheel.statestore.delta.log import local_path
+from deltawheel.statestore.exceptions import DeltaWheelError
+
+from ..exceptions import BatchFailedError, InputSchemaError, UserCodeError
+
+__all__ = ["Prepared", "BatchCounts", "BatchRun", "UserJob", "task_failure", "user_error_message"]
+
+#: Spark's error condition for a Parquet column it cannot read as the schema's type
+PARQUET_TYPE_MISMATCH = "FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH"
 
 BatchT = TypeVar("BatchT")
 
@@ -117,9 +127,31 @@ class UserJob(Protocol[BatchT]):
         """After the commit: remember what the batch cost per interval (task placement)."""
 
 
-def user_error_message(exc: BaseException, computation: str, batch_id: int) -> str:
+def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> DeltaWheelError:
+    """The typed error of a batch whose Spark job failed: the user code's (:class:`UserCodeError`,
+    rebuilt from the task's text: exit 7), an input file with a column of another type than the
+    injector reads (:class:`InputSchemaError`: exit 3), otherwise :class:`BatchFailedError` (retry).
+    Retrying helps neither of the first two."""
+    user = UserCodeError.from_task(str(exc))
+    if user is not None:
+        return user
+    batch = f"{computation} batch {'?' if batch_id is None else batch_id}"
+    for condition, params in java_errors(exc):
+        if condition == PARQUET_TYPE_MISMATCH:
+            uri, column = params.get("path", "?"), params.get("column", "?").strip("[]")
+            path = urllib.parse.unquote(local_path(uri) or uri)
+            expected, found = params.get("expectedType", "?").upper(), params.get("actualType", "?").upper()
+            return InputSchemaError(
+                f"{batch}: input file {path} has column {column} as Parquet {found}, "
+                f"where the injector reads {expected} (its schema=, or its folder's first file's); the batch was "
+                f"not committed. Write the file again with {column} as {expected} under the same name, then run "
+                "the same command again: the batch reads it again")
+    return BatchFailedError(user_error_message(exc, computation, batch_id))
+
+
+def user_error_message(exc: BaseException, computation: str, batch_id: int | None) -> str:
     """A one-line message for a batch that failed in a Spark task: the user code's error when it is found."""
     text = str(exc)
     m = re.search(r"UserCodeError: (.*?)(?:\n|$)", text) or re.search(r"(\w+Error: .*?)(?:\n|$)", text)
     detail = m.group(1) if m else text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
-    return f"{computation} batch {batch_id} failed in a Spark task: {detail}"
+    return f"{computation} batch {'?' if batch_id is None else batch_id} failed in a Spark task: {detail}"

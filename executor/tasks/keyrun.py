@@ -8,7 +8,9 @@ user code sees lives in one place. The phases of a key's run:
 
 1. Drop records whose id the key's row already holds, seen within the dedup horizon
    (exactly-once), and duplicates within the batch.
-2. Run ``process_record`` on the rest in event-time order (ties by record id).
+2. Run ``process_record`` on the rest in event-time order (ties by record id), with
+   ``ctx.input_watermark_ms`` the watermark that held before the batch's input (the record
+   watermark: what lateness is judged against).
 3. Fire due timers in timestamp order: event-time timers with
    ``time < input low watermark``, processing-time timers with
    ``time <= now``; timers set while firing that are due fire too.
@@ -25,6 +27,7 @@ whose TTL timer is due is dropped (state, timers, hold and record ids: ``Context
 from __future__ import annotations
 
 import hashlib
+from enum import Enum
 from operator import attrgetter
 from typing import Any, NamedTuple, Sequence
 
@@ -43,10 +46,21 @@ from ..context import TTL_TAG, Context, TimerCause
 from ..exceptions import StateUpgradeError, UserCodeError
 from .combine import combined_rows, late_prefix, records_table
 
-__all__ = ["KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
+__all__ = ["AS_INPUT", "SameAsInput", "KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
            "first_timer_seq", "first_timer_seqs", "state_codec_of"]
 
 MAX_TIMER_ROUNDS = 10_000
+
+
+class SameAsInput(Enum):
+    """The type of :data:`AS_INPUT`."""
+
+    AS_INPUT = "as_input"
+
+
+#: ``record_watermark_ms`` default: records run under the input watermark itself (callers that move
+#: the watermark between their own calls, as the test harnesses do).
+AS_INPUT = SameAsInput.AS_INPUT
 
 
 class KeyOutcome(NamedTuple):
@@ -68,8 +82,12 @@ class KeyOutcome(NamedTuple):
 def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, records: Sequence[Record],
             input_watermark_ms: int | None, now_ms: int, dedup_horizon_ms: int | None = None,
             fire_timers: bool = True, presorted: bool = False, keep_ids: bool = True,
-            strong: bool | None = None) -> KeyOutcome:
+            strong: bool | None = None, record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> KeyOutcome:
     """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
+
+    Timers fire under ``input_watermark_ms``; records run under ``record_watermark_ms``, the
+    watermark that held before the batch's input (the executor passes the one its last committed
+    batch acted on; default: ``input_watermark_ms``).
 
     ``presorted``: the records are already in (event time, record id) order. ``keep_ids``:
     False leaves the row's record ids as they were and only reports the new ones in
@@ -92,7 +110,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     seen = {s.record_id for s in row.record_ids if s.seen_ms >= horizon} if (row and exactly_once) else set()
     ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_order),
                         seen=seen if exactly_once else None, input_watermark_ms=input_watermark_ms,
-                        now_ms=now_ms, fire_timers=fire_timers)
+                        now_ms=now_ms, fire_timers=fire_timers, record_watermark_ms=record_watermark_ms)
     fresh, dups, late, dead, fired = ran
     produced = ctx.productions
     # Phase 4: the new row image.
@@ -150,22 +168,25 @@ class Ran(NamedTuple):
 
 
 def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *, seen: set[str] | None,
-                  input_watermark_ms: int | None, now_ms: int, fire_timers: bool = True) -> Ran:
+                  input_watermark_ms: int | None, now_ms: int, fire_timers: bool = True,
+                  record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> Ran:
     """Phases 1-3 for one key (see :class:`UserCode`, which runs the keys of a batch)."""
-    return Ran(*UserCode(comp, input_watermark_ms=input_watermark_ms, now_ms=now_ms,
-                         fire_timers=fire_timers).run(ctx, records, seen))
+    return Ran(*UserCode(comp, input_watermark_ms=input_watermark_ms, now_ms=now_ms, fire_timers=fire_timers,
+                         record_watermark_ms=record_watermark_ms).run(ctx, records, seen))
 
 
 class UserCode:
     """Phases 1-3 for the keys of one batch: ``process_record`` on a key's ``records`` (already in
     event-time order) whose id is not in ``seen`` (None: no dedup; the ids run are added to it),
-    or one ``process_records`` call with them, then the key's due timers in timestamp order. The
-    one implementation of user-code semantics: ``run_key`` and the image path's column-wise key
+    or one ``process_records`` call with them, then the key's due timers in timestamp order.
+    Records see ``record_watermark_ms`` as ``ctx.input_watermark_ms`` (the watermark before the
+    batch's input), timers ``input_watermark_ms``. The one implementation of user-code semantics: ``run_key`` and the image path's column-wise key
     loop (``image/keys.py``) both use it. Built once per batch: what does not change per key is
     looked up here, not for each of the batch's keys."""
 
     def __init__(self, comp: Computation, *, input_watermark_ms: int | None, now_ms: int,
-                 fire_timers: bool = True, combine_per_key: bool = True) -> None:
+                 fire_timers: bool = True, combine_per_key: bool = True,
+                 record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> None:
         self.comp = comp
         self.batch = comp.batches_records()
         self.dead_letter = comp.error_policy is ErrorPolicy.DEAD_LETTER
@@ -177,6 +198,7 @@ class UserCode:
         self.fire_timers = fire_timers
         self._timer_id = f"timer:{comp.name}:"
         self.known_wm = input_watermark_ms
+        self.record_wm = input_watermark_ms if isinstance(record_watermark_ms, SameAsInput) else record_watermark_ms
         cls = type(comp)
         ttls = _TTLS.get(cls)
         if ttls is None:  # run_key builds one per key: look the class's TTLs up once
@@ -193,6 +215,7 @@ class UserCode:
         dups = late = 0
         dead: list[tuple[Record, str]] = []
         fresh: list[str]
+        ctx.input_watermark_ms = self.record_wm  # records: the watermark before the batch's input
         if ctx.needs_upgrade():
             err = self._upgrade(ctx)
             if err is not None:  # dead-letter policy: the key's records go, its row stays as it was
@@ -232,6 +255,7 @@ class UserCode:
             return fresh, dups, late, dead, 0
         fired = 0
         wm, now = self.wm, self.now_ms
+        ctx.input_watermark_ms = self.known_wm  # timers: the watermark they fire under
         for _ in range(MAX_TIMER_ROUNDS):
             t = ctx.pop_due_timer(wm, now)
             if t is None:

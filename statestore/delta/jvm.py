@@ -14,7 +14,7 @@ from typing import Any
 
 from ..exceptions import SparkConnectSessionError
 
-__all__ = ["jvm", "jsession", "jcontext", "jframe", "gateway", "require_classic_session"]
+__all__ = ["jvm", "jsession", "jcontext", "jframe", "gateway", "require_classic_session", "java_errors"]
 
 
 def jvm(spark: Any) -> Any:
@@ -60,3 +60,37 @@ def require_classic_session(spark: Any) -> None:
         "Delta Lake's JVM API and runs its jobs on the driver's SparkContext. Build a classic session in this "
         "process with deltawheel.spark_session() (with SPARK_REMOTE unset), or run the job as a classic Spark "
         "application (spark-submit without --remote) (docs/embedding.md, 'Session settings')")
+
+
+def java_errors(exc: BaseException) -> list[tuple[str, dict[str, str]]]:
+    """The Spark errors behind a Python exception a py4j call raised, outermost first: each Java
+    throwable's error condition (``FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH``, ...) and
+    message parameters. Java throwables without a condition are left out; none: an empty list.
+
+    The Java exception is ``java_exception`` of a py4j error, or the ``_origin`` pyspark keeps
+    behind an error it converted (no public accessor); its causes are walked with ``getCause``.
+    """
+    out: list[tuple[str, dict[str, str]]] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    jexc = None
+    while cur is not None and id(cur) not in seen and jexc is None:
+        seen.add(id(cur))
+        jexc = getattr(cur, "java_exception", None) or getattr(cur, "_origin", None)
+        cur = cur.__cause__ or cur.__context__
+    for _ in range(50):  # a cause chain is short; a cycle is not followed forever
+        if jexc is None:
+            break
+        try:
+            condition = jexc.getCondition()
+            params = jexc.getMessageParameters()
+            if condition:
+                out.append((str(condition), {str(k): str(v) for k, v in dict(params or {}).items()}))
+        except Exception:  # a plain Java exception: no condition
+            pass
+        try:
+            jexc = jexc.getCause()
+        except Exception:
+            break
+    return out
+

@@ -37,7 +37,7 @@ from typing import Iterable, Mapping
 from ..exceptions import CommitConflictError, StaleSequencerError
 from .inputfiles import union_sql
 
-__all__ = ["STALE_MARKER", "REPLACE_FILES_OP", "merge_sql", "translate_commit_error"]
+__all__ = ["STALE_MARKER", "REPLACE_FILES_OP", "merge_sql", "translate_commit_error", "is_conflict"]
 
 STALE_MARKER = "DELTAWHEEL_STALE_SEQUENCER"
 REPLACE_FILES_OP = "replace_files"  # a source fence row whose input-file set replaces the stored one
@@ -52,6 +52,11 @@ _COLUMNS = (
     "next_processing_timer_ms", "record_ids", "pending", "watermark_hold_ms", "sequencer",
     "commit_id", "updated_ms", "format_version", "timer_seq",
 )
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """``exc`` is Delta's refusal of a commit that lost to a concurrent one (re-planning may win)."""
+    return _CONFLICT.search(f"{type(exc).__name__}: {exc}") is not None
 
 
 def merge_sql(table_path: str, source_view: str, *, computation: str, intervals: Iterable[int]) -> str:

@@ -88,8 +88,15 @@ def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Product
     return len(rows)
 
 
+#: What makes a dead letter the same one again (a retried batch adds no second row): its record id,
+#: or for a record without one (null or empty) its stream and source position.
+_DEAD_LETTER_ID = ("coalesce(nullif({t}.record_id, ''), "
+                   "concat('no record_id ', {t}.stream, ' ', {t}.source_position))")
+
+
 def record_dead_letters(spark: Any, layout: StoreLayout, frame: Any, *, computation: str, batch_id: int) -> None:
-    """Write dead letters (idempotent on computation + record id).
+    """Write dead letters (idempotent on computation + record id; a record without an id: on its
+    stream and source position).
 
     ``frame`` is either prepared input (``_bad`` column) or the tasks' dead letters.
     """
@@ -105,7 +112,8 @@ def record_dead_letters(spark: Any, layout: StoreLayout, frame: Any, *, computat
                        F.lit(int(time.time() * 1000)).cast("bigint").alias("recorded_ms"),
                        F.lit(1).alias("format_version"))
     _insert_missing(spark, layout.dead_letters, src,
-                    on="t.computation = s.computation AND t.record_id = s.record_id")
+                    on=f"t.computation = s.computation AND {_DEAD_LETTER_ID.format(t='t')} = "
+                       f"{_DEAD_LETTER_ID.format(t='s')}")
 
 
 def record_late(spark: Any, layout: StoreLayout, frame: Any, *, computation: str, watermark_ms: int | None,

@@ -46,13 +46,14 @@ def takes_columnar(comp: Computation, inp: Input) -> bool:
             and inp.no_values and not (comp.exactly_once and inp.repeats))
 
 
-def key_loop(comp: Computation, inp: Input, sub: Any, *, wm: int | None, now_ms: int, strong: bool,
-             id_rows: bool) -> "KeyLoop | ColumnarLoop":
+def key_loop(comp: Computation, inp: Input, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
+             strong: bool, id_rows: bool) -> "KeyLoop | ColumnarLoop":
     """The loop that runs an interval's keys: columnar where :func:`takes_columnar`, else the key loop.
-    ``sub``: the touched keys' current rows (Arrow)."""
+    ``sub``: the touched keys' current rows (Arrow); ``wm``: the timers' watermark, ``wm_late``: the
+    records' (the one before the batch's input)."""
     if takes_columnar(comp, inp):
-        return ColumnarLoop(comp, sub, wm=wm, now_ms=now_ms, strong=strong, id_rows=id_rows)
-    return KeyLoop(comp, wm=wm, now_ms=now_ms, strong=strong, id_rows=id_rows)
+        return ColumnarLoop(comp, sub, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
+    return KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
 
 
 class _Rows:
@@ -81,15 +82,16 @@ class ColumnarLoop:
     """Runs one interval's touched keys: ``process_columns`` over the keys it can take, the key
     loop over the others; the same outputs as :class:`~.keys.KeyLoop`."""
 
-    def __init__(self, comp: Computation, sub: Any, *, wm: int | None, now_ms: int, strong: bool,
-                 id_rows: bool) -> None:
+    def __init__(self, comp: Computation, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
+                 strong: bool, id_rows: bool) -> None:
         self.comp = comp
         self.sub = sub
         self.wm = wm
+        self.wm_late = wm_late
         self.now_ms = now_ms
         self.strong = strong
         self.id_rows = id_rows
-        self.per_key = KeyLoop(comp, wm=wm, now_ms=now_ms, strong=strong, id_rows=id_rows)
+        self.per_key = KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
         self.rows = _Rows(self.per_key)
         self.columnar_keys = 0  # keys the columnar call ran
         self._unchanged: list[str] = []
@@ -223,7 +225,7 @@ class ColumnarLoop:
                       with_pending=False)
         new_ctx = context_factory(comp, codec_of(comp), self.wm, self.now_ms)
         run_user = UserCode(comp, input_watermark_ms=self.wm, now_ms=self.now_ms, fire_timers=False,
-                            combine_per_key=False).run
+                            combine_per_key=False, record_watermark_ms=self.wm_late).run
         # the late flags and the seen marks as arrays: only a key's late records become Python records
         late = pc.fill_null(inp.table.column("late"), False).to_numpy(zero_copy_only=False).astype(bool)
         unseen = None if seen is None else ~np.asarray(seen, dtype=bool)

@@ -412,14 +412,13 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
     else:
         ms = et.cast(pa.int64()).fill_null(0).to_numpy()
     ts = pa.array(ms, pa.int64(), mask=ts_null)
-    # the record id: the column, or (null, or no column) the position "{injector}/{file}#{row}"
+    # the record id: the column (null or empty: a dead letter, as sources/schema.py's record_id_of
+    # makes it), or with no column the position "{injector}/{file}#{row}"
     if src.record_id_column is not None:
         rid = t.column(src.record_id_column).combine_chunks().take(take).cast(pa.string())
-        if rid.null_count:
-            ids = rid.to_pylist()
-            rid = pa.array([f"{src.stream}/{name}#{r}" if x is None else x for x, r in zip(ids, rows.tolist(), strict=True)],
-                           pa.string())
-        rid_empty = pc.equal(rid, "").to_numpy(zero_copy_only=False)
+        rid_empty = pc.fill_null(pc.equal(rid, ""), True).to_numpy(zero_copy_only=False)
+        if rid_empty.any():
+            rid = pc.if_else(pa.array(rid_empty), pa.nulls(m, pa.string()), rid)
     else:
         rid = pa.array([f"{src.stream}/{name}#{r}" for r in rows.tolist()], pa.string())
         rid_empty = np.zeros(m, dtype=bool)  # a position is never empty

@@ -61,6 +61,7 @@ from deltawheel.statestore.writepath.image.summary import (
 )
 
 from ...computation import Computation
+from ..keyrun import AS_INPUT, SameAsInput
 from . import idsmerge
 from .cache import ImageCache, image_facts, max_bytes_from_env, trace, traced_folder
 from .capture import capture, capture_folder
@@ -96,7 +97,7 @@ class ImageSpec:
     images: Mapping[int, tuple[str, ...]]  # interval -> relative (decoded) paths of its live files
     sequencers: Mapping[int, int]
     stream_roots: Mapping[str, TableFiles]
-    wm: int | None
+    wm: int | None  # the timers' watermark
     now_ms: int
     horizon_ms: int | None
     commit_id: str
@@ -109,6 +110,8 @@ class ImageSpec:
     input_files: tuple[str, ...] = ()  # the batch's input files: added to each rewritten fence row's set
     dvs: Mapping[str, Any] = field(default_factory=dict)  # path -> its deletion vector (files that have one)
     deltas: bool = False  # write only the changed rows of an interval (``deltas.py``), else whole images
+    # the records' watermark: the one before the batch's input (lateness; ``keyrun.UserCode``)
+    wm_late: int | None | SameAsInput = AS_INPUT
 
 
 def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
@@ -250,7 +253,9 @@ def _interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     if has_pending:
         rest = _without_pending(rest)
     rest = drop_empty(rest)
-    loop = key_loop(comp, inp, sub, wm=spec.wm, now_ms=spec.now_ms, strong=spec.strong, id_rows=not apart)
+    wm_late = spec.wm if isinstance(spec.wm_late, SameAsInput) else spec.wm_late
+    loop = key_loop(comp, inp, sub, wm=spec.wm, wm_late=wm_late, now_ms=spec.now_ms, strong=spec.strong,
+                    id_rows=not apart)
     bloom, seen, checks = dedup(spec, iv, image, inp, old_ids, live, legacy, state_paths=_state_paths(spec, iv))
     loop.run(run_keys, inp, old, seen, old_ids.keys)
     if not comp.exactly_once:

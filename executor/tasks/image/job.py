@@ -31,9 +31,8 @@ from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL, BatchOutp
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION, stream_schema_ddl
 
 from ...computation import Computation, LatePolicy
-from ...exceptions import BatchFailedError
 from ..input import PREP_DDL, interval_of_key, original_text, original_texts, positions_of, prepare_input
-from ..job import BatchCounts, BatchRun, Prepared, user_error_message
+from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from ..worker import one_worker_pool
 from .direct import DirectBatch, DirectSource, batch_files
 from .interval import ImageSpec
@@ -157,15 +156,15 @@ class ImageTasks:
         assert isinstance(prepared, _Prepared)
         df, prep = prepared.df, prepared.input
         session = df.sparkSession if df is not None else self.path.spark
-        frame = self.plan(session, prep, wm=wm_in, now_ms=now, horizon_ms=horizon, commit_id=commit_id,
-                          strong=strong, direct=prepared.direct)
+        frame = self.plan(session, prep, wm=wm_in, wm_late=wm_late, now_ms=now, horizon_ms=horizon,
+                          commit_id=commit_id, strong=strong, direct=prepared.direct)
         mark("plan")
         try:
             out = collect(frame)
         except (StaleViewError, ClaimError):
             raise
         except Exception as exc:
-            raise BatchFailedError(user_error_message(exc, self.comp.name, batch_id)) from exc
+            raise task_failure(exc, self.comp.name, batch_id) from exc
         mark("load_and_user_code")
         dead, late = out.side("dead"), out.side("late")
         counts = _counts(out, dead_letters=len(dead))
@@ -193,7 +192,7 @@ class ImageTasks:
 
     # ------------------------------------------------------------------ steps 3 + 4
 
-    def plan(self, session: Any, prep: Any | None, *, wm: int | None, now_ms: int,
+    def plan(self, session: Any, prep: Any | None, *, wm: int | None, wm_late: int | None, now_ms: int,
              horizon_ms: int | None, commit_id: str, strong: bool | None = None,
              direct: DirectBatch | None = None) -> Any:
         """The batch's job (lazy; one Spark job when collected): the input shuffled by interval to
@@ -207,7 +206,7 @@ class ImageTasks:
             images=self.path.images(),
             sequencers=dict(self.path.owner.sequencers),
             stream_roots={s: self.path.stream_files(s) for s in comp.outputs},
-            wm=wm, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
+            wm=wm, wm_late=wm_late, now_ms=now_ms, horizon_ms=horizon_ms, commit_id=commit_id, rows_schema=arrow_schema(rows_file_ddl()),
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong,

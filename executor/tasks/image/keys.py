@@ -43,7 +43,7 @@ from deltawheel.statestore.writepath.image.summary import SideRecord
 
 from ...computation import Computation, Record, new_record
 from ...context import Context
-from ..keyrun import UserCode, codec_of, state_codec_of
+from ..keyrun import AS_INPUT, SameAsInput, UserCode, codec_of, state_codec_of
 from .idhash import id_hashes
 from .vector import KeyRecords, interval_combined, takes_vectorised
 
@@ -381,11 +381,13 @@ def _next_timers(offsets: Any, times: Any, is_event: Any, n: int) -> tuple[Any, 
 class KeyLoop:
     """Runs one interval's touched keys (in key order) and collects the outcome."""
 
-    def __init__(self, comp: Computation, *, wm: int | None, now_ms: int, strong: bool, id_rows: bool = True) -> None:
+    def __init__(self, comp: Computation, *, wm: int | None, now_ms: int, strong: bool, id_rows: bool = True,
+                 wm_late: int | None | SameAsInput = AS_INPUT) -> None:
         self.comp = comp
         self.id_rows = id_rows  # a key with nothing else left keeps a row for its record ids (else they live apart)
         self.codec = codec_of(comp)
         self.wm = wm
+        self.wm_late = wm_late  # the records' watermark (``keyrun.UserCode``)
         self.now_ms = now_ms
         self.strong = strong
         self.rows = NewRows()
@@ -419,7 +421,8 @@ class KeyLoop:
         every = inp.records() if inp.no_values and seen is None else None
         strong = self.strong
         new_ctx = context_factory(comp, self.codec, wm, now)
-        run_user = UserCode(comp, input_watermark_ms=wm, now_ms=now, combine_per_key=False).run
+        run_user = UserCode(comp, input_watermark_ms=wm, now_ms=now, combine_per_key=False,
+                            record_watermark_ms=self.wm_late).run
         # the vectorised path: one combine over the interval's eligible keys (``vector.py``)
         combined: dict[str, list[tuple[Any, ...]]] | None = None
         read: dict[str, KeyRecords] | None = None

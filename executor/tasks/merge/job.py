@@ -12,16 +12,16 @@ from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from deltawheel.statestore.writepath.merge.path import MergeBatch, MergePath
 
 from ...computation import Computation
-from ...exceptions import BatchFailedError
 from ..input import interval_of_key, original_text, prepare_input, with_original_text
-from ..job import BatchCounts, BatchRun, Prepared, user_error_message
+from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from .task import OUT_DDL, task_fn
 
 __all__ = ["MergeTasks", "run_in_tasks", "productions_frame", "dead_letter_frame", "routed_frame"]
 
 
 def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any | None, *,
-                 intervals: Sequence[int], input_watermark_ms: int | None, now_ms: int,
+                 intervals: Sequence[int], input_watermark_ms: int | None, record_watermark_ms: int | None,
+                 now_ms: int,
                  dedup_horizon_ms: int | None, partitions: int, sequencers: dict[int, int],
                  commit_id: str) -> Any:
     """Join input with the rows it needs and run user code per key in tasks (lazy DataFrame)."""
@@ -54,7 +54,8 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
         joined = recs.join(rows, ["key", "interval"], "full_outer").where(F.col("recs").isNotNull() | due)
     schema = DataType.fromDDL(OUT_DDL)
     arrow = to_arrow_schema(schema, timezone="UTC")  # type: ignore[arg-type]  # a StructType (parsed from OUT_DDL)
-    fn = task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, arrow, sequencers, commit_id)
+    fn = task_fn(comp, input_watermark_ms, now_ms, dedup_horizon_ms, arrow, sequencers, commit_id,
+                 wm_late=record_watermark_ms)
     return joined.repartition(partitions, "interval").mapInArrow(fn, schema)
 
 def productions_frame(out: Any) -> Any:
@@ -114,7 +115,10 @@ class MergeTasks:
         if len(owned) < comp.num_intervals:  # the records of our intervals only
             iv = interval_of_key(comp.num_intervals)
             prep = prep.where(F.coalesce(iv, F.lit(0)).isin(list(owned)))
-        prep = prep.localCheckpoint(eager=True)
+        try:
+            prep = prep.localCheckpoint(eager=True)
+        except Exception as exc:  # the input's read (or a key extractor) failed in a task
+            raise task_failure(exc, comp.name, batch_id) from exc
         ok_ts = F.when(F.col("_bad").isNull(), F.col("timestamp_ms"))  # dead letters move no watermark
         agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
                        F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
@@ -133,12 +137,13 @@ class MergeTasks:
 
         comp, owner = self.comp, self.path.owner
         out = run_in_tasks(self.spark, self.layout, comp, prepared.input, intervals=owner.intervals,
-                           input_watermark_ms=wm_in, now_ms=now, dedup_horizon_ms=horizon,
+                           input_watermark_ms=wm_in, record_watermark_ms=wm_late, now_ms=now,
+                           dedup_horizon_ms=horizon,
                            partitions=self.partitions, sequencers=owner.sequencers, commit_id=commit_id)
         try:
             out = out.localCheckpoint(eager=True)
         except Exception as exc:
-            raise BatchFailedError(user_error_message(exc, comp.name, batch_id)) from exc
+            raise task_failure(exc, comp.name, batch_id) from exc
         stats = out.agg(*[F.sum(c).alias(c) for c in ("processed", "duplicates", "fired", "late", "n_prods",
                                                        "n_dead", "n_routed", "ids_expired",
                                                        "keys_expired")],

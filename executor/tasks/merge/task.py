@@ -32,9 +32,9 @@ OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prod
 
 
 def task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, arrow_schema: Any,
-             sequencers: dict[int, int], commit_id: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+            sequencers: dict[int, int], commit_id: str, *, wm_late: int | None) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function: each input row (a key's records and its row) to its output row
-    (:data:`OUT_DDL`)."""
+    (:data:`OUT_DDL`). ``wm``: the timers' watermark; ``wm_late``: the records' (before the batch)."""
     name = comp.name
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
@@ -44,13 +44,14 @@ def task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, ar
 
         freeze_spark_zips()
         for b in batches:
-            out = [_one_key(comp, name, r, wm, now, horizon, sequencers, commit_id) for r in b.to_pylist()]
+            out = [_one_key(comp, name, r, (wm, wm_late), now, horizon, sequencers, commit_id)
+                   for r in b.to_pylist()]
             yield pa.RecordBatch.from_pylist(out, schema=arrow_schema)
 
     return fn
 
 
-def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, now: int,
+def _one_key(comp: Computation, name: str, r: dict[str, Any], wms: tuple[int | None, int | None], now: int,
              horizon: int | None, sequencers: dict[int, int], commit_id: str) -> dict[str, Any]:
     key, iv = r["key"], int(r["interval"])
     row = None
@@ -85,8 +86,8 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wm: int | None, no
             dead.append(_dead(x, key, f"CodecError: {exc}"))
             continue
         records.append(Record(key, value, int(x["timestamp_ms"]), x["record_id"], x["stream"] or "", bool(x["late"])))
-    o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=wm, now_ms=now,
-                dedup_horizon_ms=horizon)
+    o = run_key(comp, key=key, interval=iv, row=row, records=records, input_watermark_ms=wms[0],
+                record_watermark_ms=wms[1], now_ms=now, dedup_horizon_ms=horizon)
     by_id = {x["record_id"]: x for x in recs}
     dead += [_dead(by_id[rec.record_id], key, err) for rec, err in o.dead_letters]
     if o.row is None:

@@ -1,4 +1,4 @@
-"""A two-stage pipeline for the promote and replay property tests (issue 59, items 2 and 8): per
+"""A two-stage pipeline for the promote and replay property tests: per
 account a running balance (``n`` payments, their ``sum``, the last payment's id; a production per
 payment with its sequence number ``seq``; an event-time state TTL), then per 10 s of event time the
 sum of the payments (``windowed``, accumulating, allowed lateness 30 s) over stage 1's stream.

@@ -1,4 +1,4 @@
-"""``deltawheel promote`` while the pipeline runs, of a stage fed by input files (issue 59 item 2):
+"""``deltawheel promote`` while the pipeline runs, of a stage fed by input files:
 everything a tool can check is checked before the live stage hands its intervals over, the replay
 is caught up while the stage runs, the stage pauses only for the hand-over, the few batches it made
 meanwhile and the fenced commit, and goes on from the promoted state exactly once; real Spark,
@@ -120,7 +120,7 @@ def test_promote_of_a_stage_fed_by_input_files_while_the_pipeline_runs(  # type:
                 with pytest.raises(ReplayBehindError, match=r"has not run \d+ live commits of balance up to rows "
                                                             r"version \d+.*made by an older deltawheel"):
                     promote(spark, injectors=injectors, **args)  # type: ignore[arg-type]
-                # a replay that reached past a live commit it did not re-run (what item 8's replay did)
+                # a replay that reached past a live commit it did not re-run (a replay that read the wrong files did)
                 skipped = json.loads(marker)
                 missed = skipped["ran"].pop()
                 (into / "_replay.json").write_text(json.dumps(skipped))

@@ -1,4 +1,4 @@
-"""Issue 59 item 8: a stop between Spark's file-source log and the query's offset log made every later
+"""A stop between Spark's file-source log and the query's offset log made every later
 batch of a Parquet-fed computation record the input file of the batch before it, so a replay (and a
 promotion of it) missed the live pipeline's last batch; real Spark, ZooKeeper and Delta.
 

@@ -140,9 +140,9 @@ class ReplayRun:
     def run(self, batches: Sequence[ComputationCommit], commits: Sequence[ComputationCommit]) -> list[BatchReport]:
         """Re-run the live commits ``batches`` in order (``commits``: every commit of the computation,
         for what each batch's live run skipped), each with the input watermark its live run had (no
-        authority) and over the intervals its live instance held (``replay_shared.py``: an executor
-        holding them, started again when the next batch's instance held others). The marker is
-        written after each.
+        authority) and the watermark it judged lateness against, and over the intervals its live
+        instance held (``replay_shared.py``: an executor holding them, started again when the next
+        batch's instance held others). The marker is written after each.
 
         Raises:
             ReplayUnavailableError: a Kafka-fed batch records no offsets.
@@ -171,7 +171,8 @@ class ReplayRun:
                 inputs.done = done  # the live SharedInput.apply, without its checkpoint log
                 df, skipped = inputs.skip_frame(df, files, range(n) if run_on is None else run_on)
             reports.append(ex.run_batch(df, int(c.batch_id if c.batch_id is not None else -2),
-                                        input_watermark_ms=c.input_ms, use_authority=False, input_files=files))
+                                        input_watermark_ms=c.input_ms, use_authority=False, input_files=files,
+                                        late_watermark_ms=c.late_ms))
             ex.settle()
             self._reached(c.version, ran=True)
             self.say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records"

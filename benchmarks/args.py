@@ -23,7 +23,7 @@ def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder for throughput.json / throughput.png")
     p.add_argument("--engines", default=None,
                    help="comma-separated engine names, run in this order (default: every engine: "
-                   "spark_sql, spark_tws, deltawheel, deltawheel_merge, deltawheel_jvm_read, deltawheel_vector, deltawheel_deltas, deltawheel_whole)")
+                   "spark_sql, spark_tws, deltawheel, deltawheel_merge, deltawheel_jvm_read, deltawheel_vector, deltawheel_columnar)")
     p.add_argument("--data-root", default=None, help="dataset folder (default <repo>/bench-out/data)")
     p.add_argument("--warmup", action="store_true",
                    help="run each engine once, unmeasured, on a tiny input first (JVM warm-up; isolated: in each "

@@ -33,7 +33,7 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
     from deltawheel.executor.computation import Computation
     from deltawheel.executor.tasks.image import dedup as _dedup
     from deltawheel.executor.tasks.image.ids import already_seen, flat_ids
-    from deltawheel.executor.tasks.image.keys import Input
+    from deltawheel.executor.tasks.usercode.columns import Input
     from deltawheel.statestore.rowtable.bloom import IdBloom
 
     class Comp(Computation):
@@ -71,7 +71,7 @@ def run(*, keys: int, ids_per_key: int, batch: int, retries: int, rounds: int) -
 
 def _build(cls: Any, ids: Any, n: int) -> Any:
     from deltawheel.executor.tasks.image import dedup as _dedup
-    from deltawheel.executor.tasks.image.keys import py_list
+    from deltawheel.executor.tasks.usercode.columns import py_list
 
     bloom = cls(max(2 * n, _dedup.BLOOM_MIN_CAPACITY), error_rate=_dedup.BLOOM_ERROR_RATE)
     bloom.add_many(py_list(ids.table.column("record_id")))

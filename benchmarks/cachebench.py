@@ -6,7 +6,7 @@ every key with a record in the file and of every key with a timer the
 watermark ``wm_k`` makes due (a window with ``window_end <= wm_k``), then
 writes them back with their next timer (the earliest open window's end - 1
 ms, or none). A final batch without input fires what the final watermark
-makes due. The trace is replayed through :class:`~deltawheel.statestore.rowtable.eviction.RowCache`
+makes due. The trace is replayed through :class:`~.rowcache.RowCache`
 with each policy at several capacities (rows kept between batches, as a share
 of the keys the trace touches), and through Belady's offline optimum (evict
 the rows needed furthest in the future: the bound no online policy beats).
@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from deltawheel.statestore.rowtable.eviction import MISS, RowCache
-
 from .args import DEFAULT_CAPACITIES, add_cache_arguments
+from .rowcache import MISS, RowCache
 from .workload import DELAY_MS, WIN_MS, WorkloadParams, ensure_workload
 
 __all__ = ["Batch", "Trace", "build_trace", "replay", "replay_opt", "run_cache_bench", "format_table", "main",

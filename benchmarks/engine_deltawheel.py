@@ -147,7 +147,6 @@ class DeltaWheelEngine:
     direct_read = True
     vectorised = False  # the computation declares the vectorised path (combine + process_combined)
     columnar = False  # the computation declares the columnar path (process_columns)
-    image_deltas: bool | None = None  # DELTAWHEEL_IMAGE_DELTAS for the run (None: as the environment says)
     takes_store = True  # run(store=...) puts the store (and its streaming checkpoint) there
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None,
@@ -187,11 +186,7 @@ class DeltaWheelEngine:
                                     progress=progress or (lambda _s: None), write_path=self.write_path,
                                     direct_read=self.direct_read)
             t0 = time.monotonic()
-            with _image_deltas(self.image_deltas):
-                from deltawheel.statestore.writepath.image.files import image_deltas
-
-                deltas_on = image_deltas()  # the setting the run had (the environment's when None)
-                summary = runner.run()
+            summary = runner.run()
             wall = time.monotonic() - t0
             measured_run_ended()  # reading the output to check it is not the run's memory
             written = rows_bytes_per_batch(layout.rows)
@@ -223,7 +218,6 @@ class DeltaWheelEngine:
                                    f"{sum(1 for r in reports if r.records_in)} batches with input read by the image "
                                    "tasks with pyarrow, the others through Spark's scan + shuffle"),
                     "trigger": "availableNow", "maxFilesPerTrigger": 1, "master": spark.sparkContext.master,
-                    "image_deltas": deltas_on,
                     # per batch commit: bytes of the state files and of the ids files it added
                     "rows_state_bytes_per_batch": None if written is None else [w[0] for w in written],
                     "rows_ids_bytes_per_batch": None if written is None else [w[1] for w in written]}
@@ -254,35 +248,11 @@ def rows_bytes_per_batch(rows: str) -> list[tuple[int, int]] | None:
             continue
         if not isinstance(meta, dict) or meta.get("kind") != "commit":
             continue
-        # a re-added file (a new deletion vector) writes no data: only new files count
+        # a re-added file (a MERGE's new deletion vector) writes no data: only new files count
         adds = [a["add"] for a in actions if "add" in a and not a["add"].get("deletionVector")]
         out.append((sum(int(a["size"]) for a in adds if not is_ids_path(a["path"])),
                     sum(int(a["size"]) for a in adds if is_ids_path(a["path"]))))
     return out
-
-
-class _image_deltas:
-    """``DELTAWHEEL_IMAGE_DELTAS`` set for a run (None: left as it is)."""
-
-    def __init__(self, on: bool | None) -> None:
-        self.on = on
-        self.old: str | None = None
-
-    def __enter__(self) -> None:
-        import os
-
-        if self.on is not None:
-            self.old = os.environ.get("DELTAWHEEL_IMAGE_DELTAS")
-            os.environ["DELTAWHEEL_IMAGE_DELTAS"] = "1" if self.on else "0"
-
-    def __exit__(self, *exc: object) -> None:
-        import os
-
-        if self.on is not None:
-            if self.old is None:
-                os.environ.pop("DELTAWHEEL_IMAGE_DELTAS", None)
-            else:
-                os.environ["DELTAWHEEL_IMAGE_DELTAS"] = self.old
 
 
 class DeltaWheelMergeEngine(DeltaWheelEngine):
@@ -328,23 +298,6 @@ class DeltaWheelColumnarEngine(DeltaWheelEngine):
     columnar = True
 
 
-class DeltaWheelWholeEngine(DeltaWheelEngine):
-    """The image path writing each changed interval whole (``DELTAWHEEL_IMAGE_DELTAS=0``), to measure
-    the delta files side by side."""
-
-    name = "deltawheel_whole"
-    image_deltas = False
-
-
-class DeltaWheelDeltasEngine(DeltaWheelEngine):
-    """The image path writing delta files (``DELTAWHEEL_IMAGE_DELTAS=1``), side by side with
-    ``deltawheel_whole``."""
-
-    name = "deltawheel_deltas"
-    image_deltas = True
-
-
-ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_deltas": DeltaWheelDeltasEngine, "deltawheel_merge": DeltaWheelMergeEngine,
+ENGINES = {"deltawheel": DeltaWheelEngine, "deltawheel_merge": DeltaWheelMergeEngine,
            "deltawheel_jvm_read": DeltaWheelJvmReadEngine, "deltawheel_vector": DeltaWheelVectorEngine,
-           "deltawheel_columnar": DeltaWheelColumnarEngine,
-           "deltawheel_whole": DeltaWheelWholeEngine}
+           "deltawheel_columnar": DeltaWheelColumnarEngine}

@@ -50,29 +50,29 @@ def warm(spec: Any, table: Any, first: set[tuple[str, ...]]) -> dict[tuple[str, 
     task adds its batch's ids to the filter it found, so without them a task run again would find
     every id of its batch "maybe seen" and take the exact lookup the run did not take)."""
     import pyarrow.compute as pc
-    from deltawheel.executor.tasks.image import interval
+    from deltawheel.executor.tasks.image import dedup
     from deltawheel.executor.tasks.image.capture import warm as warm_interval
 
     ivs = set(pc.unique(table.column("interval")).to_pylist()) if table.num_rows else set()
     batch = max(1, table.num_rows // max(1, len(ivs)))
     kept = {}
     for iv in sorted(i for i in ivs if i in spec.sequencers):
-        paths = interval.bloom_paths(spec, iv)
+        paths = dedup.bloom_paths(spec, iv)
         if paths not in first:  # built from the files the first time (a filter of the run itself,
             first.add(paths)    # in this process, holds the ids that batch added)
-            interval.cached_bloom(paths, forget=True)
+            dedup.cached_bloom(paths, forget=True)
         warm_interval(spec, iv, batch)
-        bloom = interval.cached_bloom(paths)
+        bloom = dedup.cached_bloom(paths)
         if bloom is not None:
             kept[paths] = bloom.copy()
     return kept
 
 
 def _restore(kept: dict[tuple[str, ...], Any]) -> None:
-    from deltawheel.executor.tasks.image import interval
+    from deltawheel.executor.tasks.image import dedup
 
     for paths, bloom in kept.items():
-        interval.remember_bloom(paths, bloom)
+        dedup.remember_bloom(paths, bloom)
 
 
 def _variant(spec: Any, which: str) -> Any:
@@ -97,7 +97,7 @@ def replay(folder: str, *, computation: str = "captured", repeat: int = 1,
     import time
 
     from deltawheel.executor.tasks.image.capture import load_captured
-    from deltawheel.executor.tasks.image.interval import run_task
+    from deltawheel.executor.tasks.image.task import run_task
 
     files = _files(folder)
     tasks = [load_captured(p) for p in files]

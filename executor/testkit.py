@@ -2,7 +2,7 @@
 
 :class:`ComputationTester` drives a :class:`~deltawheel.executor.computation.Computation`
 through the same per-key runner the executor's Spark tasks use
-(:func:`~deltawheel.executor.tasks.keyrun.run_key`: dedup by record id, records in event-time
+(:func:`~deltawheel.executor.tasks.usercode.keyrun.run_key`: dedup by record id, records in event-time
 order, due timers in time order, the late policy, the error policy), one key at a time, as a
 batch of one record would run. In the spirit of Spark's ``TwsTester`` and Beam's ``TestStream``:
 
@@ -43,7 +43,7 @@ from deltawheel.statestore.zk.watermarks import END_OF_TIME
 from .computation import RECORD_KEY, Computation, LatePolicy, Record, key_or_reason
 from .context import TTL_TAG
 from .exceptions import WindowingError
-from .tasks.keyrun import codec_of, run_key
+from .tasks.usercode.keyrun import codec_of, run_key
 
 __all__ = ["ComputationTester", "Output"]
 

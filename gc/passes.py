@@ -135,25 +135,10 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
         ReplayHorizonError: a retention shorter than ``keep_replay_ms``; nothing was changed.
         RetentionError: a metrics, late-data or dead-letter retention below 0; nothing was changed.
     """
-    from pyspark.sql import functions as F
-
-    from .logs import checkpoint_newest, clean_log
-
-    if vacuum_retain_hours < 0 or (vacuum_retain_hours < MIN_VACUUM_RETAIN_HOURS and not force):
-        raise VacuumRetentionError(
-            f"VACUUM retention {vacuum_retain_hours:g} h is shorter than Delta's safety minimum of "
-            f"{MIN_VACUUM_RETAIN_HOURS:g} h: files a running writer or a reader of an older version "
-            "still needs could be deleted; nothing was changed. Use a retention of at least "
-            f"{MIN_VACUUM_RETAIN_HOURS:g} h, or pass --force (force=True) when no job writes or reads the store"
-            if vacuum_retain_hours >= 0 else f"VACUUM retention must be >= 0 hours, got {vacuum_retain_hours:g}")
-    for flag, given in (("metrics", metrics_retention_ms), ("late-data", late_data_retention_ms),
-                        ("dead-letter", dead_letter_retention_ms)):
-        if given is not None and given < 0:
-            raise RetentionError(f"the {flag} retention must be >= 0 hours, got {given / 3_600_000:g}; nothing was "
-                                 f"changed. Give --{flag}-retention-hours 0 or more (or leave it out)")
+    _check_retentions(vacuum_retain_hours, force=force, metrics_ms=metrics_retention_ms,
+                      late_ms=late_data_retention_ms, dead_ms=dead_letter_retention_ms)
     keep_ms = check_replay_horizon(vacuum_retain_hours=vacuum_retain_hours, stream_retention_ms=stream_retention_ms,
                                    log_retention_ms=log_retention_ms, keep_replay_ms=keep_replay_ms)
-    actions: list[GcAction] = []
     tables = _tables(spark, layout)
     streams = sum(1 for _, path in tables if path.startswith(layout.streams_root))
     metrics = [(n, p) for n, p in tables if p == layout.metrics_batches]
@@ -161,94 +146,136 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
         ("late_data_retention", "late_data", layout.late_data, late_data_retention_ms),
         ("dead_letter_retention", "dead_letters", layout.dead_letters, dead_letter_retention_ms))
         if ms is not None and any(p == path for _, p in tables)]
-    total = ((streams if stream_retention_ms is not None else 0) + 4 * len(tables)
-             + (len(metrics) if metrics_retention_ms is not None else 0) + len(recorded))
-
-    def step(what: str) -> None:
-        if progress is not None:
-            progress(what, total)
-
+    if metrics_retention_ms is not None:
+        recorded += [("metrics_retention", name, path, metrics_retention_ms) for name, path in metrics]
+    total = (streams if stream_retention_ms is not None else 0) + 4 * len(tables) + len(recorded)
+    run = _Run(spark, layout, now_ms, apply, tables, total, progress)
     if stream_retention_ms is not None:
-        cutoff = now_ms - stream_retention_ms
-        for name, path in tables:
-            if path.startswith(layout.streams_root):
-                step(f"stream retention of {name}")
-                found = stream_retention(spark, layout, path, stream=name, cutoff_ms=cutoff, apply=apply,
-                                         rows_table=any(p == layout.rows for _, p in tables))
+        run.stream_retention(now_ms - stream_retention_ms)
+    for pass_name, name, path, ms in recorded:  # by when a batch routed the record there
+        run.recorded_retention(pass_name, name, path, ms)
+    run.compact()
+    run.vacuum(vacuum_retain_hours, force=force)
+    run.logs(log_retention_ms)
+    run.actions.append(_horizon_action(spark, layout, now_ms=now_ms, keep_ms=keep_ms))
+    return GcReport(apply, tuple(run.actions))
+
+
+def _check_retentions(vacuum_retain_hours: float, *, force: bool, metrics_ms: int | None, late_ms: int | None,
+                      dead_ms: int | None) -> None:
+    if vacuum_retain_hours < 0 or (vacuum_retain_hours < MIN_VACUUM_RETAIN_HOURS and not force):
+        raise VacuumRetentionError(
+            f"VACUUM retention {vacuum_retain_hours:g} h is shorter than Delta's safety minimum of "
+            f"{MIN_VACUUM_RETAIN_HOURS:g} h: files a running writer or a reader of an older version "
+            "still needs could be deleted; nothing was changed. Use a retention of at least "
+            f"{MIN_VACUUM_RETAIN_HOURS:g} h, or pass --force (force=True) when no job writes or reads the store"
+            if vacuum_retain_hours >= 0 else f"VACUUM retention must be >= 0 hours, got {vacuum_retain_hours:g}")
+    for flag, given in (("metrics", metrics_ms), ("late-data", late_ms), ("dead-letter", dead_ms)):
+        if given is not None and given < 0:
+            raise RetentionError(f"the {flag} retention must be >= 0 hours, got {given / 3_600_000:g}; nothing was "
+                                 f"changed. Give --{flag}-retention-hours 0 or more (or leave it out)")
+
+
+@dataclass
+class _Run:
+    """One gc run's passes over ``tables``, each adding its :class:`GcAction`."""
+
+    spark: Any
+    layout: StoreLayout
+    now_ms: int
+    apply: bool
+    tables: list[tuple[str, str]]
+    total: int
+    progress: Callable[[str, int], None] | None
+    actions: list[GcAction] = field(default_factory=list)
+
+    def step(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress(what, self.total)
+
+    def stream_retention(self, cutoff: int) -> None:
+        rows_table = any(p == self.layout.rows for _, p in self.tables)
+        for name, path in self.tables:
+            if path.startswith(self.layout.streams_root):
+                self.step(f"stream retention of {name}")
+                found = stream_retention(self.spark, self.layout, path, stream=name, cutoff_ms=cutoff,
+                                         apply=self.apply, rows_table=rows_table)
                 held = (f"; {found.held} older ones kept: their productions are still checkpointed (a restart "
                         "may redeliver them), the next batch of their interval clears them" if found.held else "")
-                actions.append(GcAction("stream_retention", name,
-                                        f"{found.removed} records with timestamp before {_utc(cutoff)}{held}", found.removed))
-    for pass_name, name, path, ms in recorded:  # by when a batch routed the record there
-        step(f"{pass_name.replace('_', ' ')} of {name}")
-        cutoff = now_ms - ms
-        n = spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count()
-        if apply and n:
-            spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}")
-        actions.append(GcAction(pass_name, name, f"{n} records recorded before {_utc(cutoff)} ({ms / 3_600_000:g} h ago)",
-                                n))
-    if metrics_retention_ms is not None:
-        cutoff = now_ms - metrics_retention_ms
-        for name, path in metrics:
-            step("metrics retention")
-            n = spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count()
-            if apply and n:
-                spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}")
-            actions.append(GcAction("metrics_retention", name,
-                                    f"{n} rows recorded before {_utc(cutoff)} ({metrics_retention_ms / 3_600_000:g} h "
-                                    "ago)", n))
-    for name, path in tables:
-        step(f"{'compacting' if apply else 'counting the files of'} {name}")
-        files = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
-        if apply:
-            _optimize(spark, path)
-        actions.append(GcAction("compact", name, f"{files} files before OPTIMIZE", int(files)))
-    for name, path in tables:
-        step(f"checking the recorded paths of {name}")
-        if name == "rows":
-            n = _rerecord_paths(spark, path, apply=apply)
-            if n:
-                actions.append(GcAction("paths", name, f"{n} live files recorded under URL-quoted paths", n))
-    check = "spark.databricks.delta.retentionDurationCheck.enabled"
-    was = spark.conf.get(check, None)
-    if force or not apply:  # Delta's own check refuses what the caller forced (and a dry run's 0 h listing)
-        spark.conf.set(check, "false")
-    try:
-        for name, path in tables:
-            step(f"{'vacuuming' if apply else 'listing unreferenced files of'} {name}")
-            if apply:
-                removed = spark.sql(f"VACUUM delta.`{path}` RETAIN {vacuum_retain_hours} HOURS").count()
-                actions.append(GcAction("vacuum", name, f"vacuumed files older than {vacuum_retain_hours:g} h",
-                                        removed))
-            else:
-                old, unreferenced = _vacuum_plan(spark, path, now_ms=now_ms, retain_hours=vacuum_retain_hours)
-                actions.append(GcAction("vacuum", name, _vacuum_detail(old, unreferenced, vacuum_retain_hours), old))
-    finally:
-        if force or not apply:
-            if was is None:
-                spark.conf.unset(check)
-            else:
-                spark.conf.set(check, was)
-    for name, path in tables:
-        step(f"{'checkpointing' if apply else 'looking at'} the log of {name}")
-        if apply:
+                self.actions.append(GcAction("stream_retention", name, f"{found.removed} records with timestamp "
+                                             f"before {_utc(cutoff)}{held}", found.removed))
+
+    def recorded_retention(self, pass_name: str, name: str, path: str, ms: int) -> None:
+        """Late data, dead letters and metrics: rows by when a batch recorded them."""
+        from pyspark.sql import functions as F
+
+        self.step("metrics retention" if pass_name == "metrics_retention"
+                  else f"{pass_name.replace('_', ' ')} of {name}")
+        cutoff = self.now_ms - ms
+        n = self.spark.read.format("delta").load(path).where(F.col("recorded_ms") < cutoff).count()
+        if self.apply and n:
+            self.spark.sql(f"DELETE FROM delta.`{path}` WHERE recorded_ms < {int(cutoff)}")
+        what = "rows" if pass_name == "metrics_retention" else "records"
+        self.actions.append(GcAction(pass_name, name, f"{n} {what} recorded before {_utc(cutoff)} "
+                                     f"({ms / 3_600_000:g} h ago)", n))
+
+    def compact(self) -> None:
+        for name, path in self.tables:
+            self.step(f"{'compacting' if self.apply else 'counting the files of'} {name}")
+            files = self.spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["numFiles"]
+            if self.apply:
+                _optimize(self.spark, path)
+            self.actions.append(GcAction("compact", name, f"{files} files before OPTIMIZE", int(files)))
+        for name, path in self.tables:
+            self.step(f"checking the recorded paths of {name}")
+            if name == "rows":
+                n = _rerecord_paths(self.spark, path, apply=self.apply)
+                if n:
+                    self.actions.append(GcAction("paths", name, f"{n} live files recorded under URL-quoted paths", n))
+
+    def vacuum(self, retain_hours: float, *, force: bool) -> None:
+        check = "spark.databricks.delta.retentionDurationCheck.enabled"
+        was = self.spark.conf.get(check, None)
+        if force or not self.apply:  # Delta's own check refuses what the caller forced (and a dry run's 0 h listing)
+            self.spark.conf.set(check, "false")
+        try:
+            for name, path in self.tables:
+                self.step(f"{'vacuuming' if self.apply else 'listing unreferenced files of'} {name}")
+                if self.apply:
+                    removed = self.spark.sql(f"VACUUM delta.`{path}` RETAIN {retain_hours} HOURS").count()
+                    self.actions.append(GcAction("vacuum", name, f"vacuumed files older than {retain_hours:g} h",
+                                                 removed))
+                else:
+                    old, unreferenced = _vacuum_plan(self.spark, path, now_ms=self.now_ms, retain_hours=retain_hours)
+                    self.actions.append(GcAction("vacuum", name, _vacuum_detail(old, unreferenced, retain_hours), old))
+        finally:
+            if force or not self.apply:
+                if was is None:
+                    self.spark.conf.unset(check)
+                else:
+                    self.spark.conf.set(check, was)
+
+    def logs(self, log_retention_ms: int | None) -> None:
+        from .logs import checkpoint_newest, clean_log
+
+        for name, path in self.tables:
+            self.step(f"{'checkpointing' if self.apply else 'looking at'} the log of {name}")
+            if not self.apply:
+                cut, oldest = clean_log(path, cutoff_s=(self.now_ms - (log_retention_ms or 0)) / 1000, apply=False,
+                                        spark=self.spark)
+                self.actions.append(GcAction("log", name, "checkpoint at the newest version" + (
+                    f"; {cut} log files before version {oldest} are older than the log retention"
+                    if log_retention_ms is not None and cut else ""), cut if log_retention_ms is not None else 0))
+                continue
             cut, oldest = 0, None  # without a log retention nothing is deleted (the checkpoint only)
-            at = checkpoint_newest(spark, path)
+            at = checkpoint_newest(self.spark, path)
             if log_retention_ms is not None:  # "now" as the pass runs: the passes above committed meanwhile
-                later_ms = max(now_ms, int(time.time() * 1000))
+                later_ms = max(self.now_ms, int(time.time() * 1000))
                 cut, oldest = clean_log(path, cutoff_s=(later_ms - log_retention_ms) / 1000, apply=True,
-                                        spark=spark)
-            actions.append(GcAction("log", name, ("checkpointed at version " + str(at) if at is not None
-                                                  else "checkpoint is current")
-                                    + (f"; deleted {cut} log files before version {oldest}" if cut else ""), cut))
-        else:
-            cut, oldest = clean_log(path, cutoff_s=(now_ms - (log_retention_ms or 0)) / 1000, apply=False,
-                                    spark=spark)
-            actions.append(GcAction("log", name, "checkpoint at the newest version" + (
-                f"; {cut} log files before version {oldest} are older than the log retention"
-                if log_retention_ms is not None and cut else ""), cut if log_retention_ms is not None else 0))
-    actions.append(_horizon_action(spark, layout, now_ms=now_ms, keep_ms=keep_ms))
-    return GcReport(apply, tuple(actions))
+                                        spark=self.spark)
+            self.actions.append(GcAction("log", name, ("checkpointed at version " + str(at) if at is not None
+                                                       else "checkpoint is current")
+                                         + (f"; deleted {cut} log files before version {oldest}" if cut else ""), cut))
 
 
 #: Delta's own log retention (``delta.logRetentionDuration``'s default): the horizon without a

@@ -36,6 +36,7 @@ from . import (
     m0004_timer_seq,
     m0005_column_comments,
     m0006_background_log_checkpoints,
+    m0007_fold_delta_files,
 )
 
 __all__ = [
@@ -52,7 +53,8 @@ __all__ = [
 ]
 
 MIGRATIONS: tuple[ModuleType, ...] = (m0001_meta_and_rows, m0002_dead_letters_late_data, m0003_checkpoint_interval,
-                                      m0004_timer_seq, m0005_column_comments, m0006_background_log_checkpoints)
+                                      m0004_timer_seq, m0005_column_comments, m0006_background_log_checkpoints,
+                                      m0007_fold_delta_files)
 CODE_SCHEMA_VERSION: int = max(m.VERSION for m in MIGRATIONS)
 
 

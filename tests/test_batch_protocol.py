@@ -65,3 +65,25 @@ def test_other_errors_are_not_retried() -> None:
         retry_stale_view(attempt, reload=lambda: calls.append("reload"), attempts=STALE_VIEW_ATTEMPTS,
                          failed="unused")
     assert calls == ["attempt"]
+
+
+def test_a_batch_moves_through_its_statuses_in_order_only() -> None:
+    from deltawheel.executor.protocol.batch import BatchState, BatchStatus
+    from deltawheel.executor.protocol.lateness import ActedMark
+
+    def fresh() -> BatchState:
+        return BatchState(batch_id=7, df=None, started=0.0, now=0, wm_in=None, wm_late=None,
+                          acted=ActedMark(None, None, None, ()), horizon=None, commit_id="c:7:0", strong=False)
+
+    b = fresh()
+    for to in (BatchStatus.PREPARED, BatchStatus.COMMITTED, BatchStatus.DELIVERED):
+        b.advance(to)
+        assert b.status is to
+    with pytest.raises(RuntimeError, match=r"batch 7: committed after delivered: the protocol's steps ran out of order"):
+        b.advance(BatchStatus.COMMITTED)
+    b = fresh()
+    with pytest.raises(RuntimeError, match="batch 7: committed after started"):
+        b.advance(BatchStatus.COMMITTED)  # a commit before its input was prepared
+    b.advance(BatchStatus.FAILED)
+    with pytest.raises(RuntimeError, match="failed after failed"):
+        b.advance(BatchStatus.FAILED)

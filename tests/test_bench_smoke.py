@@ -78,7 +78,7 @@ def test_store_uri_takes_only_engines_that_keep_their_state_there(tmp_path: Path
     from deltawheel.benchmarks.throughput import run_throughput
 
     with pytest.raises(WorkloadError, match=r"engine\(s\) \['spark_tws'\] cannot keep their state on --store-uri; "
-                                            r"choose among \['deltawheel', 'deltawheel_columnar', 'deltawheel_deltas', 'deltawheel_jvm_read', 'deltawheel_merge', 'deltawheel_vector', 'deltawheel_whole', "
+                                            r"choose among \['deltawheel', 'deltawheel_columnar', 'deltawheel_jvm_read', 'deltawheel_merge', 'deltawheel_vector', "
                                             r"'spark_sql'\]"):
         run_throughput("small", out_dir=tmp_path, engines=["spark_sql", "spark_tws"], store_uri="s3a://b/bench",
                        progress=None)
@@ -278,14 +278,12 @@ def test_round_orders_fall_back_to_rotation_beyond_the_search() -> None:
 def test_deltawheel_and_sql_split_their_state_alike_and_both_emit_the_reference(
         spark, tiny: wl.WorkloadData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """The throughput benchmark as a user runs it, deltawheel beside Spark SQL: both emit exactly
-    the reference rows (deltawheel's vectorised variant and its delta-files variant too), and deltawheel's computation gets as
-    many key intervals as the session has shuffle partitions (SQL's state partitions), recorded in its settings with
-    whether it wrote delta files."""
+    the reference rows (deltawheel's vectorised variant too), and deltawheel's computation gets as many key
+    intervals as the session has shuffle partitions (SQL's state partitions), recorded in its settings."""
     from deltawheel.benchmarks import throughput as tp
 
-    monkeypatch.delenv("DELTAWHEEL_IMAGE_DELTAS", raising=False)
     monkeypatch.setattr(tp, "SPARK_BENCH_CONF", {**tp.SPARK_BENCH_CONF, "spark.sql.shuffle.partitions": "3"})
-    names = ("deltawheel", "deltawheel_vector", "deltawheel_deltas", "spark_sql")
+    names = ("deltawheel", "deltawheel_vector", "spark_sql")
     report = tp.run_throughput("tiny", params=TINY, data_root=tiny.data_dir.parent, out_dir=tmp_path,
                                engines=list(names), spark=spark, progress=None)
     ref = tiny.reference
@@ -294,8 +292,6 @@ def test_deltawheel_and_sql_split_their_state_alike_and_both_emit_the_reference(
         assert res["correct"], res["notes"]
         assert (res["emitted_rows"], res["sum_counts"]) == (ref.emitted_rows, ref.sum_counts)
     assert report["engines"]["deltawheel"]["settings"]["num_intervals"] == 3
-    assert report["engines"]["deltawheel"]["settings"]["image_deltas"] is False  # the default: whole images
-    assert report["engines"]["deltawheel_deltas"]["settings"]["image_deltas"] is True
     assert report["engines"]["deltawheel_vector"]["settings"]["user_code"].startswith("combine")
     assert report["engines"]["spark_sql"]["settings"]["spark.sql.shuffle.partitions"] == "3"
     assert report["ratios"]["deltawheel/spark_sql"] > 0

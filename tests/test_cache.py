@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from deltawheel.benchmarks.cachebench import build_trace, replay, replay_opt, run_cache_bench
+from deltawheel.benchmarks.rowcache import MISS, RowCache
 from deltawheel.benchmarks.workload import WorkloadParams, ensure_workload
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
-from deltawheel.statestore.rowtable.eviction import MISS, RowCache
 from deltawheel.statestore.rowtable.rows import KeyRow, TimeDomain, Timer
 
 J = get_codec("json")

@@ -5,7 +5,7 @@ The same randomised batches (replays of earlier record ids, late records, event-
 firing windows, keys with due timers only) run through the image task's ``_run`` on real Parquet
 images twice: with a per-record windowed count, and with the same computation declaring the
 columnar path. After every batch both hold the same rows (state blobs, timers, timer counters,
-record ids, pending productions), made the same productions (ids included) and counts. A store
+pending productions) and record ids, made the same productions (ids included) and counts. A store
 written by one path continues under the other; the docs' example runs as written.
 """
 
@@ -24,16 +24,21 @@ import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import ColumnBatch, ColumnResult
 from deltawheel.executor.exceptions import UserCodeError
-from deltawheel.executor.tasks.image.interval import ImageSpec, run_task
-from deltawheel.executor.tasks.image.prodcols import production_table, write_production_table
+from deltawheel.executor.tasks.image.spec import ImageSpec
+from deltawheel.executor.tasks.image.task import run_task
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import CodecError, ConfigError
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, make_production, rows_file_ddl
-from deltawheel.statestore.writepath.image.files import write_production_files
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, make_production, rows_file_ddl
+from deltawheel.statestore.writepath.image.files import (
+    is_ids_path,
+    production_table,
+    write_production_files,
+    write_production_table,
+)
 from deltawheel.statestore.writepath.image.summary import SUMMARY_DDL
 from deltawheel.statestore.writepath.streams import stream_schema_ddl
 from image_fences import fence_images
@@ -139,7 +144,7 @@ def _image_rows(root: str, images: dict[int, tuple[str, ...]]) -> dict[str, tupl
     for paths in images.values():
         for rel in paths:
             for r in pq.read_table(os.path.join(root, rel)).to_pylist():
-                if r["key"] == FENCE_KEY or "record_ids" not in r:
+                if r["key"] == FENCE_KEY or r["key"].startswith(IDS_KEY_PREFIX) or "record_ids" not in r:
                     continue
                 out[r["key"]] = (r["state"], r["codec"],
                                  tuple((t["time_ms"], t["tag"], t["domain"]) for t in r["timers"]),
@@ -149,11 +154,26 @@ def _image_rows(root: str, images: dict[int, tuple[str, ...]]) -> dict[str, tupl
     return out
 
 
+def _ids(root: str, images: dict[int, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """The (key, record id) pairs the interval images' ids files hold, sorted."""
+    return sorted((r["key"][len(IDS_KEY_PREFIX):], i["record_id"]) for paths in images.values() for rel in paths
+                  if is_ids_path(rel) for r in pq.read_table(os.path.join(root, rel)).to_pylist()
+                  for i in r["record_ids"])
+
+
+def _committed(images: dict[int, tuple[str, ...]], s: dict[str, Any]) -> tuple[str, ...]:
+    """Interval ``s["interval"]``'s files after the driver commits its summary ``s``: a new image
+    replaces every file but the ids files; the ids files it drops go, its new ones come."""
+    files = [p for p in images[s["interval"]] if not s.get("new_path") or is_ids_path(p)]
+    files = [p for p in files if p not in (s["ids_removed"] or ())]
+    return (*files, *(p for p in (s.get("new_path"), s.get("ids_path"), s.get("merged_path")) if p))
+
+
 def _run_image(comps: list[Computation], root: str, batches: list[list[dict[str, Any]]],
                scale: int = 1, strong: bool = True) -> list[tuple[Any, ...]]:
-    """Batch ``b`` through the image task with ``comps[b]``; per batch (rows, productions, counts).
-    ``scale``: event times are so many times longer than the 100 ms windows' (the watermarks too)."""
-    os.environ["DELTAWHEEL_IDS_APART"] = "0"  # the record ids in the rows: compared with the state
+    """Batch ``b`` through the image task with ``comps[b]``; per batch (rows, productions, counts,
+    the ids files' ids). ``scale``: event times are so many times longer than the 100 ms windows'
+    (the watermarks too)."""
     rows_schema = _arrow(rows_file_ddl())
     images = fence_images(root, N_IV, SEQ)
     os.makedirs(os.path.join(root, "out"))
@@ -171,27 +191,17 @@ def _run_image(comps: list[Computation], root: str, batches: list[list[dict[str,
                          summary_schema=_arrow(SUMMARY_DDL), strong=strong)
         summaries = [s.to_row() for s in run_task(spec, _input_table(batch, acted))]
         for s in summaries:
-            if s.get("new_path"):
-                images[s["interval"]] = (s["new_path"],)
+            if s.get("interval") is not None:
+                images[s["interval"]] = _committed(images, s)
         prods = sorted((r["record_id"], r["key"], r["value"], r["timestamp_ms"], r["codec"])
                        for s in summaries for f in s["prod_files"]
                        for r in pq.read_table(os.path.join(root, "out", f["path"])).to_pylist())
         counts = {c: sum(s[c] for s in summaries) for c in ("processed", "duplicates", "fired", "late", "n_dead",
                                                             "n_prods", "keys_written")}
-        got.append((_image_rows(root, images), prods, counts))
+        got.append((_image_rows(root, images), prods, counts, _ids(root, images)))
         if wm is not None:
             acted = wm if acted is None else max(acted, wm)
     return got
-
-
-@pytest.fixture(autouse=True)
-def _ids_in_rows():  # type: ignore[no-untyped-def]
-    old = os.environ.get("DELTAWHEEL_IDS_APART")
-    yield
-    if old is None:
-        os.environ.pop("DELTAWHEEL_IDS_APART", None)
-    else:
-        os.environ["DELTAWHEEL_IDS_APART"] = old
 
 
 def _same(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> None:
@@ -199,6 +209,7 @@ def _same(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> None:
         assert x[0] == y[0], f"batch {n}: rows"
         assert x[1] == y[1], f"batch {n}: productions"
         assert x[2] == y[2], f"batch {n}: counts"
+        assert x[3] == y[3], f"batch {n}: record ids"
 
 
 @pytest.mark.parametrize("seed,strong", [(1, True), (2, True), (3, False)])
@@ -399,9 +410,9 @@ def test_captured_tasks_run_again_with_the_bench_tasks_command(spark, tmp_path, 
     assert len(os.listdir(tmp_path / "cap")) == len(batches)
     assert main(["bench", "tasks", "--captured", str(tmp_path / "cap"), "--json", str(tmp_path / "r.json")]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    assert [t["processed"] for t in report["tasks"]] == [c["processed"] for _, _, c in got]
-    assert [t["fired"] for t in report["tasks"]] == [c["fired"] for _, _, c in got]
-    assert sum(c["fired"] for _, _, c in got) > 0 and report["total_cpu_s"] > 0
+    assert [t["processed"] for t in report["tasks"]] == [c["processed"] for _, _, c, _ids in got]
+    assert [t["fired"] for t in report["tasks"]] == [c["fired"] for _, _, c, _ids in got]
+    assert sum(c["fired"] for _, _, c, _ids in got) > 0 and report["total_cpu_s"] > 0
     assert f"{len(batches)} tasks (captured): " in capsys.readouterr().out
     # run again: each task finds its Bloom filters as the run did (a task adds its batch's ids to
     # the filter it found: without them put back, a second round would find every id "maybe seen")

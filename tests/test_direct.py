@@ -321,13 +321,13 @@ class _Named(ByRecordKey):
     name = "c"
 
 
-@pytest.mark.parametrize("claims", [False, True])
-def test_a_fenced_rdd_task_is_recognized_as_stale(spark, tmp_path, claims) -> None:  # type: ignore[no-untyped-def]
+def test_a_fenced_rdd_task_is_recognized_as_stale(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The direct and timers-only batches run as RDD tasks (``image/task.py``, TaskJob): a task that meets
     another writer's fence returns it in its summary (``fenced``), and the driver's collect raises
     StaleViewError naming the interval, the fence's sequencer and ours (the driver then checks the
-    fences and stops with StaleSequencerError), not a user-code failure; with claimed intervals too."""
-    from deltawheel.executor.tasks.image.interval import ImageSpec
+    fences and stops with StaleSequencerError), not a user-code failure; with claimed intervals
+    (two, local mode) and with the placement's (one: nothing to claim)."""
+    from deltawheel.executor.tasks.image.spec import ImageSpec
     from deltawheel.executor.tasks.image.task import collect, task_job
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema
@@ -347,12 +347,14 @@ def test_a_fenced_rdd_task_is_recognized_as_stale(spark, tmp_path, claims) -> No
                      horizon_ms=None, commit_id="c:0:1000", rows_schema=rows_schema,
                      stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=1, route_late=False,
                      summary_schema=arrow_schema(SUMMARY_DDL), strong=True)
-    job = task_job(spark.sparkContext, spec, ((0, 0), (1, 1)), partitions=2, direct=None, claims=claims)
-    assert (job.board is not None) == claims
+    job = task_job(spark.sparkContext, spec, ((0, 0), (1, 1)), partitions=2, direct=None)
+    assert job.board is not None
     with pytest.raises(StaleViewError, match=r"interval 1 of c is fenced by sequencer 7 \(ours: 3\)") as info:
         collect(job)
     assert (info.value.interval, info.value.sequencer, info.value.ours) == (1, 7, 3)
     # the other interval's fence is ours: the same tasks run it
     ok = dataclasses.replace(spec, images={0: ("fence-0.parquet",)}, sequencers={0: 3})
-    out = collect(task_job(spark.sparkContext, ok, ((0, 0),), partitions=1, direct=None, claims=claims))
+    one = task_job(spark.sparkContext, ok, ((0, 0),), partitions=1, direct=None)
+    assert one.board is None
+    out = collect(one)
     assert [iv for iv, _s in out.intervals()] == [0] and out.fenced() is None

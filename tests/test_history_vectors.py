@@ -8,10 +8,11 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltawheel.statestore.delta.deletionvectors import vector_file_name, write_vectors, z85_decode
+from deltawheel.statestore.delta.deletionvectors import vector_file_name, z85_decode
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.exceptions import StoreDamagedError, VersionNotFoundError
 from deltawheel.statestore.inspection.history import _Table
+from dv_util import write_vectors
 
 
 def _table(tmp_path) -> tuple[TableFiles, dict[str, object]]:  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""Record ids apart from the state (``executor/tasks/image/idsfiles.py``): each batch adds a small
+"""Record ids apart from the state (``statestore/writepath/image/idsfiles.py``): each batch adds a small
 ids file per interval, the key rows no longer carry ids, the dedup reads the ids files (also
 with a cold worker cache), files past the dedup horizon are dropped whole, files of one time
 bucket merge by levels, and images written with ids in the key rows keep working."""
@@ -59,7 +59,7 @@ def test_a_redelivered_record_whose_id_is_only_in_an_older_ids_file_is_dropped_w
 
 
 def test_a_worker_forgets_the_ids_files_a_compaction_took_in_and_still_drops_their_redeliveries(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.tasks.image import idsfiles
+    from deltawheel.statestore.writepath.image import idsfiles
 
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
@@ -91,15 +91,27 @@ def test_ids_files_past_the_dedup_horizon_are_dropped_whole(spark, tmp_path) -> 
     assert (again["processed"], again["duplicates"]) == (1, 1)
 
 
-def test_an_image_holding_ids_in_its_key_rows_is_read_and_migrated(spark, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_image_holding_ids_in_its_key_rows_is_read_and_migrated(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An image written before the ids files (each key's ids in its row): its ids dedup, and the
+    interval's next write moves them into an ids file."""
+    import pyarrow as pa
+    from deltawheel.statestore.rowtable.frames import arrow_schema
+    from deltawheel.statestore.rowtable.rows import FENCE_KEY, rows_file_ddl
+
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
-    monkeypatch.setenv("DELTAWHEEL_IDS_APART", "0")
-    for b in range(2):
-        store.batch([(f"r{b}", "k0"), (f"s{b}", "k1")], now_ms=t0 + b * 1_000, b=b)
+    for iv in range(N_IV):  # each interval's keys of two batches, their ids in their rows
+        keys = [k for k in ("k0", "k1") if store_interval(k) == iv]
+        ids = {"k0": ["r0", "r1"], "k1": ["s0", "s1"]}
+        old = [{"key": FENCE_KEY, "sequencer": 3, "record_ids": [], "timers": [], "pending": [], "format_version": 2}]
+        old += [{"key": k, "state": b"2", "codec": "json", "sequencer": 3, "timers": [], "pending": [],
+                 "record_ids": [{"record_id": r, "seen_ms": t0 + n * 1_000} for n, r in enumerate(ids[k])],
+                 "format_version": 2} for k in keys]
+        name = f"old-{iv}.parquet"
+        pq.write_table(pa.Table.from_pylist(old, schema=arrow_schema(rows_file_ddl())), os.path.join(store.root, name))
+        store.images[iv] = [name]
     assert not store.ids_files()
     assert sorted(i["record_id"] for r in store.rows() for i in r["record_ids"]) == ["r0", "r1", "s0", "s1"]
-    monkeypatch.setenv("DELTAWHEEL_IDS_APART", "1")
     _cold()
     again = store.batch([("r0", "k0"), ("x", "k2")], now_ms=t0 + 2_000, b=2)
     assert (again["processed"], again["duplicates"]) == (1, 1)
@@ -109,6 +121,13 @@ def test_an_image_holding_ids_in_its_key_rows_is_read_and_migrated(spark, tmp_pa
     assert moved == ["r0", "r1", "s0", "s1", "x"]
     _cold()
     assert store.batch([("s1", "k1")], now_ms=t0 + 3_000, b=3)["duplicates"] == 1
+
+
+def store_interval(key: str) -> int:
+    """The interval the harness gives ``key`` (``image_util.Interval.run``)."""
+    import zlib
+
+    return zlib.crc32(key.encode()) % N_IV
 
 
 @pytest.mark.spark
@@ -147,10 +166,10 @@ def test_the_views_show_one_row_per_key_and_count_the_ids_apart(spark, migrated_
 @pytest.mark.parametrize("ordered", [True, False])
 def test_an_ids_file_holds_one_row_per_key_in_key_order_whatever_its_input_order(spark, tmp_path, ordered) -> None:  # type: ignore[no-untyped-def]
     import pyarrow as pa
-    from deltawheel.executor.tasks.image.idsfiles import write_ids_file
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import rows_file_ddl
+    from deltawheel.statestore.writepath.image.idsfiles import write_ids_file
 
     rows = [("a", "r1", 5), ("a", "r2", 5), ("b", "r3", 4), ("b", "r4", 6), ("c", "r5", 5)]
     if not ordered:  # e.g. a compaction's files after the batch's own ids
@@ -176,8 +195,8 @@ def test_picking_candidate_ids_by_hash_bucket_finds_exactly_what_a_full_scan_fin
 
     import pyarrow as pa
     import pyarrow.compute as pc
-    from deltawheel.executor.tasks.image.idhash import id_hashes
-    from deltawheel.executor.tasks.image.idsfiles import IdsFile, pick_ids
+    from deltawheel.statestore.writepath.image.idhash import id_hashes
+    from deltawheel.statestore.writepath.image.idsfiles import IdsFile, pick_ids
 
     rnd = random.Random(seed)
     files = []
@@ -205,15 +224,12 @@ def _ids_of(store: Interval) -> list[tuple[str, str]]:
                   for r in pq.read_table(os.path.join(store.root, p)).to_pylist() for i in r["record_ids"])
 
 
-@pytest.mark.parametrize("background", ["1", "0"])
-def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_ids(spark, tmp_path, monkeypatch, background) -> None:  # type: ignore[no-untyped-def]
-    """With the background merge on, the batch that compacts commits the merge its worker prepared
-    after the batch before (a level-1 file) and a level-0 file of its own ids, and removes the files
-    merged; off, it writes one level-1 file with everything. Either way the live files hold every id
-    once, and a redelivery of every record is dropped whole."""
-    from deltawheel.executor.tasks.image import idsmerge
+def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_ids(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The batch that compacts commits the merge its worker prepared after the batch before (a
+    level-1 file) and a level-0 file of its own ids, and removes the files merged; the live files
+    hold every id once, and a redelivery of every record is dropped whole."""
+    from deltawheel.statestore.writepath.image import idsmerge
 
-    monkeypatch.setenv(idsmerge.BACKGROUND_ENV, background)
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
     _cold()
@@ -227,10 +243,7 @@ def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_i
             if s.get("merged_path"):  # committed beside the batch's own ids, the files merged removed
                 assert ids_level(s["merged_path"]) == 1 and ids_level(s["ids_path"]) == 0
                 assert len(s["ids_removed"]) == 7
-    if background == "1":
-        assert len(merged) >= 2  # each interval's compaction at least once
-    else:
-        assert merged == []
+    assert len(merged) >= 2  # each interval's compaction at least once
     assert any(ids_level(p) >= 1 for p in store.ids_files())
     want = sorted((k, r) for r, k in records)
     assert _ids_of(store) == want  # every id once: none lost, none twice
@@ -238,12 +251,11 @@ def test_a_compaction_prepared_in_the_background_commits_beside_the_batchs_own_i
     assert (again["processed"], again["duplicates"]) == (1, len(records))
 
 
-def test_a_prepared_merge_that_no_longer_fits_is_not_used(spark, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_prepared_merge_that_no_longer_fits_is_not_used(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The next batch's task merges itself when the prepared merge is not what the compaction would
     write: another sequencer (a takeover between the two batches), or none in this worker."""
-    from deltawheel.executor.tasks.image import idsmerge
+    from deltawheel.statestore.writepath.image import idsmerge
 
-    monkeypatch.setenv(idsmerge.BACKGROUND_ENV, "1")
     store = Interval(str(tmp_path))
     t0 = 1_700_000_000_000
     _cold()
@@ -267,11 +279,11 @@ def test_the_index_kept_from_the_inputs_hashes_is_the_one_made_from_the_file(spa
     the file's ids at its first lookup, so the lookups find the same rows."""
     import numpy as np
     import pyarrow as pa
-    from deltawheel.executor.tasks.image import idsfiles
-    from deltawheel.executor.tasks.image.idhash import id_hashes
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import rows_file_ddl
+    from deltawheel.statestore.writepath.image import idsfiles
+    from deltawheel.statestore.writepath.image.idhash import id_hashes
 
     keys = [f"k{i % 37:02d}" for i in range(500)]
     ids = [f"id-{i}" for i in range(500)]

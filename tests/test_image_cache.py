@@ -133,13 +133,13 @@ def test_bench_cache_replays_the_batch_paths_recorded_trace(spark, tmp_path, mon
     import random
 
     from deltawheel.benchmarks.cachebench import main
-    from deltawheel.executor.tasks.image import interval
+    from deltawheel.executor.tasks.image import cache
     from test_vectorised import WindowSum, _batches, _run_image
 
     folder = tmp_path / "trace"
     folder.mkdir()
-    monkeypatch.setattr(interval, "_TRACED", str(folder))
-    interval._CACHE.clear()
+    monkeypatch.setattr(cache, "_TRACED", str(folder))
+    cache._IMAGES.clear()
     os.makedirs(tmp_path / "run")
     _run_image(WindowSum(), str(tmp_path / "run"), _batches(random.Random(3), 8), True)
     events = [json.loads(line) for f in folder.glob("images-*.jsonl") for line in f.read_text().splitlines()]

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, make_record
-from deltawheel.executor.tasks.image.idsfiles import ids_apart
-from deltawheel.executor.tasks.image.interval import ImageSpec, _run
+from deltawheel.executor.tasks.image.spec import ImageSpec
+from deltawheel.executor.tasks.image.task import run_intervals
 from deltawheel.executor.tasks.input import PREP_DDL
-from deltawheel.executor.tasks.keyrun import run_key
+from deltawheel.executor.tasks.usercode.keyrun import run_key
 from deltawheel.statestore.delta.storefs import TableFiles
 from deltawheel.statestore.rowtable.frames import arrow_schema as _arrow
 from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, KeyRow, TimeDomain, rows_file_ddl
@@ -210,7 +210,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
                          commit_id=f"c{b}", rows_schema=rows_schema, stream_schema=_arrow(stream_schema_ddl()),
                          stream_format_version=1, route_late=False, summary_schema=_arrow(SUMMARY_DDL), strong=True)
         values = not getattr(comp, "no_values", False)
-        summaries = [s.to_row() for s in _run(spec, _input_table(batch, acted, values))]
+        summaries = [s.to_row() for s in run_intervals(spec, _input_table(batch, acted, values))]
         for s in summaries:  # the interval's files after the driver's commit
             if s.get("interval") is None:
                 continue
@@ -245,7 +245,7 @@ def test_image_key_loop_matches_run_key(spark, tmp_path, comp_cls, seed) -> None
                         records=by_key.get(key, []), input_watermark_ms=wm, now_ms=now, dedup_horizon_ms=horizon)
             if o.row is None:
                 ref.pop(key, None)
-            elif ids_apart() and o.row.state is None and not o.row.timers and not o.row.pending \
+            elif o.row.state is None and not o.row.timers and not o.row.pending \
                     and o.row.watermark_hold_ms is None:
                 # record ids apart from the state: a key left with nothing but ids has no row (its
                 # ids are in the interval's ids files), so its timer counter starts afresh
@@ -302,13 +302,13 @@ def test_the_candidates_lookup_matches_the_full_lookup() -> None:
     another key holds is not), whatever the filter's false positives."""
     import numpy as np
     from deltawheel.executor.tasks.image.ids import HeldIds, already_seen
-    from deltawheel.executor.tasks.image.keys import Input
+    from deltawheel.executor.tasks.usercode.columns import Input
 
     rng = random.Random(5)
     held_keys = [f"k{rng.randint(0, 300)}" for _ in range(4_000)]
     held_ids = [f"old{i}" for i in range(4_000)]
     held = pa.table({"key": held_keys, "record_id": held_ids, "seen_ms": pa.array([1] * 4_000, pa.int64())})
-    ids = HeldIds(held, held, set(held_keys))
+    ids = HeldIds(held, held)
     recs = []
     for i in range(300):
         if i % 50 == 0:  # a retry: the id its key's row holds
@@ -339,8 +339,8 @@ def test_the_bloom_filters_id_hashes_match_their_reference_on_any_column(monkeyp
     # its neighbours (lengths, chunks, slices, blocks), or a filter built from an image would miss
     # the same id checked from a batch (a duplicate run twice)
     import numpy as np
-    from deltawheel.executor.tasks.image import idhash as ids_mod
-    from deltawheel.executor.tasks.image.idhash import id_hash, id_hashes
+    from deltawheel.statestore.writepath.image import idhash as ids_mod
+    from deltawheel.statestore.writepath.image.idhash import id_hash, id_hashes
 
     rng = random.Random(7)
     values = ["", "a", "abcdefgh", "abcdefgh\x00", "é∂𝄞", "x" * 40] + [

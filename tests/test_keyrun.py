@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from deltawheel.executor.computation import Computation, ErrorPolicy, Record
-from deltawheel.executor.tasks.keyrun import UserCodeError, run_key
+from deltawheel.executor.tasks.usercode.keyrun import UserCodeError, run_key
 from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
 from deltawheel.statestore.rowtable.rows import KeyRow, SeenId, TimeDomain, Timer, make_row
@@ -191,8 +191,6 @@ def test_spark_zip_finders_skip_invalidation_other_zips_do_not(tmp_path, monkeyp
     assert paths["pyspark.zip"] not in reads and paths[core_jar] not in reads
     frozen = sys.path_importer_cache[paths["pyspark.zip"]]
     assert frozen.find_spec("dw_frozen_probe") is not None and frozen.archive == paths["pyspark.zip"]
-    monkeypatch.setenv("DELTAWHEEL_FREEZE_SPARK_ZIPS", "0")
-    assert _worker.freeze_spark_zips() == 0
     for m in ("dw_frozen_probe", "dw_jar_probe", "dw_user_probe"):
         sys.modules.pop(m, None)
     for p in paths.values():

@@ -34,6 +34,16 @@ FLOORS: tuple[frozenset[str], ...] = (
 #: Modules directly in executor/ that are not on the API floor.
 TOP_MODULES = {"testkit": "testkit"}
 
+#: Inside ``tasks/`` (what runs in Spark tasks), lowest first: the Python workers' set-up and the
+#: shared job contract and input preparation, with the loops that run user code; a folder per
+#: write path; the table that pairs them. A write path's folder does not import another's.
+TASK_FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"worker"}),  # the Python workers' per-task overhead removed
+    frozenset({"usercode", "input", "job", "daemon"}),  # user code's loops; the input; the user-job contract
+    frozenset({"image", "merge"}),  # a folder per write path: its job and its tasks
+    frozenset({"paths"}),  # PATHS: each write path's WritePath and user job
+)
+
 
 def _sub_of(module: str, root: Path) -> str:
     rest = module[len(PACKAGE) + 1:].split(".")
@@ -85,6 +95,54 @@ def _violations(root: Path = EXECUTOR) -> list[str]:
                 bad.append(f"{module} (floor {_floor(sub)}, {sub}) line {line} imports {target} "
                            f"(floor {_floor(dep)}, {dep})")
     return bad
+
+
+def _task_part(module: str) -> str | None:
+    """The part of ``tasks/`` (a sub-package or a module directly in it) ``module`` lies in."""
+    rest = module[len(PACKAGE) + 1:].split(".")
+    return rest[1] if rest[0] == "tasks" and len(rest) > 1 else None
+
+
+def _task_floor(part: str) -> int:
+    for n, floor in enumerate(TASK_FLOORS):
+        if part in floor:
+            return n
+    raise AssertionError(f"tasks/{part} is on no floor of tasks/: add it to TASK_FLOORS here and to "
+                         "docs/architecture.md")
+
+
+def _task_violations(root: Path = EXECUTOR) -> list[str]:
+    bad = []
+    for path in sorted((root / "tasks").rglob("*.py")):
+        module = _module_name(path, root)
+        part = _task_part(module)
+        if part is None:
+            continue
+        for target, line in _imports(path, root):
+            dep = _task_part(target) if target.startswith(PACKAGE + ".tasks.") else None
+            if dep is None or dep == part or not ((root / "tasks" / dep).is_dir()
+                                                  or (root / "tasks" / f"{dep}.py").is_file()):
+                continue
+            if _task_floor(dep) >= _task_floor(part):
+                bad.append(f"{module} (tasks floor {_task_floor(part)}, {part}) line {line} imports {target} "
+                           f"(tasks floor {_task_floor(dep)}, {dep})")
+    return bad
+
+
+def test_inside_the_tasks_imports_go_down_their_floors() -> None:
+    bad = _task_violations()
+    assert not bad, "\n".join(bad)
+
+
+def test_the_tasks_check_sees_a_write_path_importing_another(tmp_path: Path) -> None:
+    """The check fails on a copy of the executor where the loops of user code import the image path."""
+    import shutil
+
+    copy = tmp_path / "executor"
+    shutil.copytree(EXECUTOR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tasks" / "usercode" / "upward.py").write_text("from ..image.spec import ImageSpec\n")
+    bad = _task_violations(copy)
+    assert any("usercode.upward" in b and "image.spec" in b for b in bad), bad
 
 
 def test_every_executor_import_goes_down_the_floors() -> None:

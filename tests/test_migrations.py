@@ -30,22 +30,23 @@ def test_plan_on_empty_store_lists_all_and_dry_run_changes_nothing(spark, store_
     steps = migrations.plan(spark, store_layout)
     assert [(s.version, s.name) for s in steps] == [(1, "meta_and_rows"), (2, "dead_letters_late_data"),
                                                  (3, "checkpoint_interval"), (4, "timer_seq"),
-                                                 (5, "column_comments"), (6, "background_log_checkpoints")]
+                                                 (5, "column_comments"), (6, "background_log_checkpoints"),
+                                                 (7, "fold_delta_files")]
     assert store_layout.rows in steps[0].description
     assert migrations.apply(spark, store_layout) == steps  # dry run by default
     assert migrations.applied_version(spark, store_layout) == 0
     assert not Path(store_layout.root).exists()
-    assert migrations.CODE_SCHEMA_VERSION == 6
+    assert migrations.CODE_SCHEMA_VERSION == 7
 
 
 def test_apply_creates_tables_and_records_each_step(spark, store_layout) -> None:  # type: ignore[no-untyped-def]
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6]
+    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6, 7]
     assert migrations.plan(spark, store_layout) == []
-    assert migrations.applied_version(spark, store_layout) == 6
-    assert migrations.check_store(spark, store_layout) == 6
+    assert migrations.applied_version(spark, store_layout) == 7
+    assert migrations.check_store(spark, store_layout) == 7
     meta = {r["version"]: r for r in spark.read.format("delta").load(store_layout.meta).collect()}
-    assert sorted(meta) == [1, 2, 3, 4, 5, 6]
+    assert sorted(meta) == [1, 2, 3, 4, 5, 6, 7]
     assert meta[2]["name"] == "dead_letters_late_data" and meta[2]["deltawheel_version"]
     assert meta[1]["applied_ms"] <= meta[2]["applied_ms"]
 
@@ -74,8 +75,8 @@ def test_resumes_after_a_run_that_died_before_recording(spark, store_layout) -> 
     m0001_meta_and_rows.apply(spark, store_layout)  # tables made, nothing recorded: "died" here
     assert migrations.applied_version(spark, store_layout) == 0
     ran = migrations.apply(spark, store_layout, dry_run=False)
-    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6]
-    assert migrations.check_store(spark, store_layout) == 6
+    assert [s.version for s in ran] == [1, 2, 3, 4, 5, 6, 7]
+    assert migrations.check_store(spark, store_layout) == 7
 
 
 def test_check_store_on_a_plain_folder(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -90,7 +91,7 @@ def test_store_newer_than_code(spark, migrated_store) -> None:  # type: ignore[n
     spark.createDataFrame([(99, "from_the_future", 0, "9.9.9")],
                           schema="version INT, name STRING, applied_ms BIGINT, deltawheel_version STRING"
                           ).write.format("delta").mode("append").save(migrated_store.meta)
-    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 6; upgrade deltawheel"):
+    with pytest.raises(SchemaTooNewError, match="schema version 99, .* up to 7; upgrade deltawheel"):
         migrations.check_store(spark, migrated_store)
     with pytest.raises(SchemaTooNewError, match="upgrade deltawheel"):
         migrations.apply(spark, migrated_store, dry_run=False)
@@ -100,12 +101,12 @@ def test_store_older_than_code(spark, migrated_store) -> None:  # type: ignore[n
     from delta.tables import DeltaTable
 
     DeltaTable.forPath(spark, migrated_store.meta).delete("version >= 2")
-    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 6; "
+    with pytest.raises(MigrationError, match=r"schema version 1, this deltawheel needs 7; "
                        r"run 'deltawheel migrate --store .* --apply'"):
         migrations.check_store(spark, migrated_store)
-    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4, 5, 6]
-    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4, 5, 6]
-    assert migrations.check_store(spark, migrated_store) == 6
+    assert [s.version for s in migrations.plan(spark, migrated_store)] == [2, 3, 4, 5, 6, 7]
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [2, 3, 4, 5, 6, 7]
+    assert migrations.check_store(spark, migrated_store) == 7
     props = spark.sql(f"SHOW TBLPROPERTIES delta.`{migrated_store.rows}`").collect()
     assert {r["key"]: r["value"] for r in props}["delta.checkpointInterval"] == "2147483647"
 
@@ -118,7 +119,7 @@ def test_failed_step_is_reported_and_earlier_steps_stay_recorded(spark, store_la
         migrations.apply(spark, store_layout, dry_run=False)
     assert migrations.applied_version(spark, store_layout) == 1
     shutil.rmtree(store_layout.dead_letters)
-    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4, 5, 6]
+    assert [s.version for s in migrations.apply(spark, store_layout, dry_run=False)] == [2, 3, 4, 5, 6, 7]
 
 
 # --- KeyRow round-trips ---------------------------------------------------------
@@ -182,11 +183,11 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
     0, by Spark and by the image path's file reader), and a second run changes nothing."""
     import pyarrow.parquet as pq
     from delta.tables import DeltaTable
-    from deltawheel.executor.tasks.image.interval import _read_rows_file
     from deltawheel.migrations import m0004_timer_seq
     from deltawheel.statestore.delta.storefs import TableFiles
     from deltawheel.statestore.rowtable.frames import arrow_schema
     from deltawheel.statestore.rowtable.rows import rows_file_ddl
+    from deltawheel.statestore.writepath.image.files import read_rows_file
 
     layout = StoreLayout(str(tmp_path_factory.mktemp("v1") / "store"))
     old_ddl = rows_schema_ddl().replace(", timer_seq BIGINT", "")
@@ -206,7 +207,7 @@ def test_rows_written_before_the_timer_seq_migration_read_back_with_a_zero_count
     schema = arrow_schema(rows_file_ddl())
     for f in files:
         assert "timer_seq" not in pq.read_schema(f).names
-        t = _read_rows_file(TableFiles(str(f.parent)), f.name, schema)
+        t = read_rows_file(TableFiles(str(f.parent)), f.name, schema)
         assert t.schema == schema and t.column("timer_seq").null_count == t.num_rows
 
 
@@ -257,6 +258,56 @@ def test_background_log_checkpoints_on_an_existing_store(spark, migrated_store) 
     history = {t: _history_len(spark, t) for t in tables}
     m6.apply(spark, migrated_store)
     assert {t: _history_len(spark, t) for t in tables} == history
+
+
+def test_delta_files_are_folded_into_one_file_per_interval(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
+    """A store at schema version 6 as the image path's delta files left it (an interval of two
+    files, older rows marked by a deletion vector, beside a file of the changed keys): the dry run
+    plans migration 7 and changes nothing; migration 7 rewrites each such interval as one plain
+    file with the same rows, leaves a one-file interval alone, and re-running commits nothing."""
+    import pyarrow.parquet as pq
+    from delta.tables import DeltaTable
+    from deltawheel.migrations import m0007_fold_delta_files as m7
+    from deltawheel.statestore.delta.log import read_snapshot
+    from deltawheel.statestore.delta.txn import decode_path
+    from dv_util import mark_deleted
+
+    rows = migrated_store.rows
+    # interval 0: a's and b's rows, then a delta file of a's new row and c's; interval 1: one file
+    for iv, keys in ((0, (("a", b"a"), ("b", b"b"))), (0, (("a", b"\xff"), ("c", b"c"))), (1, (("x", b"x"),))):
+        data = [KeyRow(computation="c", key=k, interval=iv, state=v).to_row() for k, v in keys]
+        spark.createDataFrame(data, schema=rows_schema_ddl()).coalesce(1).write.format("delta").mode(
+            "append").save(rows)
+    for a in read_snapshot(rows).adds:  # a's old row marked deleted in the older file
+        keys = pq.read_table(f"{rows}/{decode_path(a['path'])}", columns=["key"]).column("key").to_pylist()
+        if "b" in keys:
+            mark_deleted(spark, rows, a["path"], [keys.index("a")])
+
+    def files() -> dict[int, list[dict[str, Any]]]:
+        snap = read_snapshot(rows)
+        assert snap is not None
+        out: dict[int, list[dict[str, Any]]] = {}
+        for a in snap.adds:
+            out.setdefault(int(a["partitionValues"]["interval"]), []).append(a)
+        return out
+
+    def states() -> list[tuple[int, str, bytes]]:
+        got = spark.read.format("delta").load(rows).select("interval", "key", "state").collect()
+        return sorted((r["interval"], r["key"], bytes(r["state"])) for r in got)
+
+    before, held = files(), states()
+    assert len(before[0]) == 2 and any(a.get("deletionVector") for a in before[0])
+    assert held == [(0, "a", b"\xff"), (0, "b", b"b"), (0, "c", b"c"), (1, "x", b"x")]
+    DeltaTable.forPath(spark, migrated_store.meta).delete("version = 7")
+    assert [s.version for s in migrations.apply(spark, migrated_store)] == [7]  # the dry run
+    assert files() == before and sorted(m7.to_fold(spark, migrated_store)[1]["c"]) == [0]
+    assert [s.version for s in migrations.apply(spark, migrated_store, dry_run=False)] == [7]
+    after = files()
+    assert len(after[0]) == 1 and not after[0][0].get("deletionVector") and after[1] == before[1]
+    assert states() == held
+    versions = _history_len(spark, rows)
+    m7.apply(spark, migrated_store)
+    assert _history_len(spark, rows) == versions and m7.to_fold(spark, migrated_store)[1] == {}
 
 
 def test_a_half_created_table_is_named_with_what_to_do(spark, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 from deltawheel.executor.computation import RECORD_KEY, Computation, Record
-from deltawheel.executor.tasks.keyrun import run_key
+from deltawheel.executor.tasks.usercode.keyrun import run_key
 from deltawheel.statestore.codecs import get_codec
 from executor_util import BucketCounter, WeakCounter, events, start_executor, stop_executor
 from pyspark import cloudpickle

@@ -296,18 +296,22 @@ def test_with_a_digest_the_entries_are_guarded_and_a_writer_without_it_commits_n
 
 
 @pytest.mark.timeout(300)
-def test_a_writer_overtaken_while_creating_a_table_loses_with_file_already_exists(spark, s3_bucket) -> None:  # type: ignore[no-untyped-def]
+def test_a_writer_overtaken_while_creating_a_table_loses_with_file_already_exists(spark, s3_bucket, zk_server
+                                                                                 ) -> None:  # type: ignore[no-untyped-def]
     """Two writers create one table at once. The slow one probes for 00000000000000000000.json
     before the fast one writes it, and looks at the version's entry after the fast one completed
     it: it lost the race (FileAlreadyExistsException, which Delta answers by reading the winner),
     not "the table was deleted by hand"."""
+    from kazoo.client import KazooClient
     from py4j.protocol import Py4JJavaError
 
     j = jvm(spark)
     log_dir = f"s3a://{s3_bucket}/overtaken-{uuid.uuid4().hex[:8]}/_delta_log"
     v0 = j.org.apache.hadoop.fs.Path(f"{log_dir}/{0:020d}.json")
     slow_conf = jsession(spark).sessionState().newHadoopConf()
-    slow_conf.set("deltawheel.logstore.test.pauseAfterProbeMs", "5000")
+    release = j.org.apache.hadoop.fs.Path(f"{log_dir}/../release-{uuid.uuid4().hex[:8]}")
+    slow_conf.set("deltawheel.logstore.test.pauseAfterProbeMs", "600000")  # until released
+    slow_conf.set("deltawheel.logstore.test.pauseReleasePath", str(release))
     outcome: list[str] = []
     fs = v0.getFileSystem(slow_conf)
 
@@ -327,12 +331,24 @@ def test_a_writer_overtaken_while_creating_a_table_loses_with_file_already_exist
     t = threading.Thread(target=slow)
     t.start()
     deadline = time.monotonic() + 120
-    while heads() == before:  # the slow writer has probed (nothing there) and now sleeps 5 s
+    while heads() == before:  # the slow writer has probed (nothing there) and now waits for release
         assert time.monotonic() < deadline and t.is_alive(), "the slow writer never probed"
         time.sleep(0.02)
     conf = jsession(spark).sessionState().newHadoopConf()
     _store(spark).write(v0, j.java.util.ArrayList([json.dumps({"writer": "fast"})]).iterator(), False, conf)
-    t.join(60)
+    zk = KazooClient(hosts=zk_server.hosts)
+    zk.start()
+    try:  # the fast writer's entry is complete (its acknowledgement runs after the write returned)
+        node = f"{LOG_STORE_CHROOT}/delta-log/" + urllib.parse.quote(log_dir.rsplit("/_delta_log", 1)[0], safe="")
+        deadline = time.monotonic() + 120
+        while zk.get(f"{node}/{0:020d}.json")[0].split(b"\n")[2] != b"true":
+            assert time.monotonic() < deadline, "the fast writer's entry was never completed"
+            time.sleep(0.05)
+    finally:
+        zk.stop()
+        zk.close()
+    release.getFileSystem(conf).create(release, True).close()  # the slow writer goes on now
+    t.join(120)
     assert outcome == ["java.nio.file.FileAlreadyExistsException"]
     stream = v0.getFileSystem(conf).open(v0)
     assert json.loads(j.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")) == {"writer": "fast"}

@@ -193,9 +193,9 @@ def test_cli_in_process(store, tmp_path, capsys) -> None:  # type: ignore[no-unt
     out = capsys.readouterr().out
     assert "pending migrations" in out and "1  meta_and_rows" in out and "dry run" in out
     assert main(["migrate", "--store", new, "--apply"]) == 0
-    assert "store is now at schema version 6" in capsys.readouterr().out
+    assert "store is now at schema version 7" in capsys.readouterr().out
     assert main(["migrate", "--store", new, "--apply"]) == 0
-    assert "is up to date (schema version 6)" in capsys.readouterr().out
+    assert "is up to date (schema version 7)" in capsys.readouterr().out
 
 
 # a Spark application of its own (about 30 s); in the default run the same query's csv is checked in

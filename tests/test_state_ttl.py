@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from deltawheel.executor.context import TTL_TAG
 from deltawheel.executor.exceptions import StateUpgradeError
-from deltawheel.executor.tasks.keyrun import run_key
+from deltawheel.executor.tasks.usercode.keyrun import run_key
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.rowtable.rows import TimeDomain
 from ttl_util import IdleVisits, TotalsV1, TotalsV2, TotalsV2Broken, TotalsV2BrokenDeadLetter, Visits

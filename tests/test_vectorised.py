@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltawheel.executor.exceptions import UserCodeError
-from deltawheel.executor.tasks.image.interval import ImageSpec, _run
+from deltawheel.executor.tasks.image.spec import ImageSpec
+from deltawheel.executor.tasks.image.task import run_intervals
 from deltawheel.executor.tasks.input import PREP_DDL
 from deltawheel.executor.testkit import ComputationTester
 from deltawheel.statestore.delta.storefs import TableFiles
@@ -157,7 +158,7 @@ def _run_image(comp: Computation, root: str, batches: list[list[dict[str, Any]]]
                          horizon_ms=now - 3 if b >= 3 else None, commit_id=f"c{b}", rows_schema=rows_schema,
                          stream_schema=_arrow(stream_schema_ddl()), stream_format_version=1, route_late=False,
                          summary_schema=_arrow(SUMMARY_DDL), strong=True)
-        summaries = [s.to_row() for s in _run(spec, _input_table(batch, acted, values))]
+        summaries = [s.to_row() for s in run_intervals(spec, _input_table(batch, acted, values))]
         for s in summaries:
             if s.get("new_path"):
                 images[s["interval"]] = (s["new_path"],)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import pytest
 from deltawheel.executor.cli import main as cli_main
 from deltawheel.executor.computation import Record
-from deltawheel.executor.tasks.keyrun import UserCodeError, run_key
+from deltawheel.executor.tasks.usercode.keyrun import UserCodeError, run_key
 from deltawheel.executor.windowing.combiners import (
     CombineFn,
     Count,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
-from deltawheel.executor.tasks.keyrun import UserCodeError
+from deltawheel.executor.tasks.usercode.keyrun import UserCodeError
 from deltawheel.executor.windowing.combiners import CombineFn
 from deltawheel.executor.windowing.windowed import WindowedComputation, windowed
 from deltawheel.executor.windowing.windows import FixedWindows, Sessions, WindowingError

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from deltawheel.executor.computation import ErrorPolicy, LatePolicy
-from deltawheel.executor.tasks.keyrun import UserCodeError
+from deltawheel.executor.tasks.usercode.keyrun import UserCodeError
 from deltawheel.executor.windowing.settings import SETTINGS
 from deltawheel.executor.windowing.triggers import AfterCount, Repeatedly
 from deltawheel.executor.windowing.windowed import WindowedComputation, windowed

@@ -49,6 +49,9 @@ def register(sub: Any) -> None:
     p.add_argument("--instance", default=None,
                    help="this job instance's name (letters, digits, _): processes with different names share the "
                         "intervals; a restart under the same name takes its killed predecessor's leases at once")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve the computations' figures for Prometheus at http://HOST:PORT/metrics (0: a free port, "
+                        "printed at the start; docs/watching.md)")
     add_gc_every_arg(p)
     add_zk_args(p)
     add_max_pause_arg(p)
@@ -126,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
                                 zk_session_timeout_s=args.zk_session_timeout) as engine:
             engine.progress = progress
             run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation,
-                                        gc_every=args.gc_every)
+                                        gc_every=args.gc_every, metrics_port=args.metrics_port)
             run.run_until_stopped(seconds=args.seconds, drain=args.drain)
     finally:
         zookeeper.release()

@@ -309,6 +309,7 @@ class Engine:
                               "reads what is there now with availableNow queries)")
         self._check_pipeline(pipeline, options)
         self._gc_every(options)
+        self._metrics_port(options)
         lines = _lines(options.pop("progress", self.progress))
         runner = PipelineRunner(self.spark, self.layout, pipeline, zk=self.zk, owner=self.owner,
                                 wait_s=self.wait_s if wait_s is None else wait_s,
@@ -337,7 +338,9 @@ class Engine:
                 job instance's name when several processes share the pipeline's intervals
                 (default: the ``instance`` given to :func:`connect`; docs/continuous.md, "Instances");
                 ``gc_every``: gc's Delta passes every N batches (of any stage; an int or ``"50"``) or a
-                duration (``"10m"``) in a driver thread, or ``background_gc`` (a ``BackgroundGc``).
+                duration (``"10m"``) in a driver thread, or ``background_gc`` (a ``BackgroundGc``);
+                ``metrics_port``: serve the executors' figures for Prometheus on this port (0: a
+                free one; docs/watching.md).
 
         Raises:
             ConfigError: as :meth:`run_pipeline`, a trigger that cannot be parsed, an unknown
@@ -346,6 +349,7 @@ class Engine:
         self._check_open()
         self._check_pipeline(pipeline, options)
         self._gc_every(options)
+        self._metrics_port(options)
         lines = _lines(options.pop("progress", self.progress))
         named = self.wiring.leases.instance
         options["instance"] = instance = options.get("instance", named)
@@ -360,6 +364,19 @@ class Engine:
         run.start()
         self._runs.append(run)
         return run
+
+    def _metrics_port(self, options: dict[str, Any]) -> None:
+        """``metrics_port`` in ``options``: the process's Prometheus endpoint on that port (0: a free
+        one; ``exporter.py``), started before the run; it serves every executor of the process."""
+        port = options.pop("metrics_port", None)
+        if port is None:
+            return
+        from ..protocol.exporter import start_metrics_server
+
+        exporter = start_metrics_server(int(port))
+        say = _lines(options.get("progress", self.progress))
+        if say is not None:
+            say(f"metrics for Prometheus: http://{socket.gethostname()}:{exporter.port}/metrics")
 
     def _gc_every(self, options: dict[str, Any]) -> None:
         """``gc_every`` in ``options`` becomes their ``background_gc`` (gc's defaults).

@@ -167,47 +167,10 @@ class PipelineRunner:
             member.join()
         execs: dict[str, ComputationExecutor | None] = {}
         try:
-            ordered = p.ordered()
-            for i, comp in enumerate(ordered):
-                if self.auto_assign:
-                    execs[comp.name] = None
-                    self._rebalance(comp, execs)
-                else:
-                    started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
-                    # the computations' leases in the pipeline's order, each before the next (the
-                    # rest of each start goes on in the background): two copies started at once
-                    # must not each take some computations and wait for the other's. The last
-                    # one's are waited for before its query starts (_consume), so its input's
-                    # frames are built meanwhile
-                    if i < len(ordered) - 1:
-                        started.wait_leased()
+            self._start_all(execs)
             rnd = 0
             while self.follow is not None or rnd < self.max_rounds:
-                moved = 0
-                for comp in p.ordered():
-                    if self.auto_assign:
-                        self._rebalance(comp, execs)  # between batches: give back, take free intervals
-                    else:
-                        self._hand_over(comp, execs)  # a tool asked for its intervals (promote, repair)
-                    ex = execs[comp.name]
-                    if ex is None:
-                        continue  # holds no interval of it now
-                    # consume, then flush: a stage never acts on a watermark beyond what its
-                    # upstream delivered before that watermark was read
-                    moved += self._consume(comp, ex)
-                    if self.end_of_input:  # its bounded inputs are fully read: watermark to the end
-                        for inj in p.injectors:
-                            if inj.name in comp.inputs:
-                                inj.finish()
-                                publish_watermark(authority, inj, instance=self.instance)
-                    r = ex.flush()
-                    ex.settle()  # its last delivery lands before the next stage reads
-                    # its stream tables (made beside its start) exist before the next stage reads
-                    # them, even when no batch of it needed one
-                    ex.path.streams_ready()
-                    moved += r.timers_fired + r.productions
-                    if self.background_gc is not None:  # a run due by time (its batches count in _consume)
-                        self.background_gc.batch_done(0)
+                moved = self._round(execs, authority)
                 if moved:
                     self.progress(f"round {rnd} done: {moved} records/timers moved")
                 if self.follow is None and not moved:
@@ -232,6 +195,53 @@ class PipelineRunner:
             summary.low_watermarks[name] = authority.published_low_watermark(name)
             summary.lag_ms[name] = authority.watermark_lag_ms(name)
         return summary
+
+    def _start_all(self, execs: dict[str, ComputationExecutor | None]) -> None:
+        """An executor per computation, in the pipeline's order (auto-assigned: as the members split)."""
+        ordered = self.pipeline.ordered()
+        for i, comp in enumerate(ordered):
+            if self.auto_assign:
+                execs[comp.name] = None
+                self._rebalance(comp, execs)
+            else:
+                started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
+                # the computations' leases in the pipeline's order, each before the next (the
+                # rest of each start goes on in the background): two copies started at once
+                # must not each take some computations and wait for the other's. The last
+                # one's are waited for before its query starts (_consume), so its input's
+                # frames are built meanwhile
+                if i < len(ordered) - 1:
+                    started.wait_leased()
+
+    def _round(self, execs: dict[str, ComputationExecutor | None], authority: Any) -> int:
+        """One round: each computation consumes its input, then flushes; the records and timers moved."""
+        p = self.pipeline
+        moved = 0
+        for comp in p.ordered():
+            if self.auto_assign:
+                self._rebalance(comp, execs)  # between batches: give back, take free intervals
+            else:
+                self._hand_over(comp, execs)  # a tool asked for its intervals (promote, repair)
+            ex = execs[comp.name]
+            if ex is None:
+                continue  # holds no interval of it now
+            # consume, then flush: a stage never acts on a watermark beyond what its
+            # upstream delivered before that watermark was read
+            moved += self._consume(comp, ex)
+            if self.end_of_input:  # its bounded inputs are fully read: watermark to the end
+                for inj in p.injectors:
+                    if inj.name in comp.inputs:
+                        inj.finish()
+                        publish_watermark(authority, inj, instance=self.instance)
+            r = ex.flush()
+            ex.settle()  # its last delivery lands before the next stage reads
+            # its stream tables (made beside its start) exist before the next stage reads
+            # them, even when no batch of it needed one
+            ex.path.streams_ready()
+            moved += r.timers_fired + r.productions
+            if self.background_gc is not None:  # a run due by time (its batches count in _consume)
+                self.background_gc.batch_done(0)
+        return moved
 
     def _start(self, comp: Computation, intervals: Sequence[int] | None, *, wait_s: float) -> ComputationExecutor:
         """An executor of ``comp`` holding ``intervals`` (None: all), started and caught up."""

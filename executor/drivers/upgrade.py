@@ -2,7 +2,7 @@
 upgrade-state``; docs/operations.md, "State versions").
 
 A computation that raised its ``state_version`` upgrades a key's older row the first time a batch
-runs it (``tasks/keyrun.py``); keys never touched again stay in the old version. This tool upgrades
+runs it (``tasks/usercode/keyrun.py``); keys never touched again stay in the old version. This tool upgrades
 all of them, while the pipeline runs: it reads the computation's rows, picks the intervals holding
 rows of an older version, and replaces them in **one** fenced commit under those intervals' leases
 (``statestore/surgery/replace.py``, as ``repair`` does: a running owner hands them over at its next
@@ -37,7 +37,7 @@ from deltawheel.statestore.surgery.replace import Held, Surgery, SurgeryResult, 
 
 from ..computation import Computation
 from ..exceptions import StateUpgradeError
-from ..tasks.keyrun import codec_of, state_codec_of
+from ..tasks.usercode.keyrun import codec_of, state_codec_of
 
 __all__ = ["UpgradePlan", "plan_upgrade", "upgrade_all"]
 

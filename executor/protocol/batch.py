@@ -63,8 +63,8 @@ the same rows and stream records as a run without the crash.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
-import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
@@ -74,6 +74,7 @@ from deltawheel.statestore.writepath import StaleViewError
 from deltawheel.statestore.writepath.delivery import record_dead_letters, record_late
 
 from ..tasks.job import BatchCounts, BatchRun, Prepared
+from .exporter import active_exporter
 from .faults import BatchFailedError, FaultPoint
 from .inflight import OpenDelivery
 from .lateness import ActedMark, read_mark
@@ -89,10 +90,6 @@ JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJo
 STALE_VIEW_ATTEMPTS = 3  # runs of steps 3-5 while the write path's view of the rows went stale
 T = TypeVar("T")
 
-
-def _idle_skip_off() -> bool:
-    """``DELTAWHEEL_IDLE_SKIP=0``: timers-only batches run whenever the watermark moved (for comparisons)."""
-    return os.environ.get("DELTAWHEEL_IDLE_SKIP", "1") == "0"
 
 __all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPTS", "retry_stale_view"]
 
@@ -112,6 +109,21 @@ def retry_stale_view(attempt: Callable[[], T], *, reload: Callable[[], object], 
         except StaleViewError:
             reload()
     raise BatchFailedError(failed)
+
+
+class BatchStatus(enum.Enum):
+    """Where a batch is in the protocol; :meth:`BatchState.advance` allows only these moves:
+    started -> prepared -> committed -> delivered, and any of them -> failed."""
+
+    STARTED = "started"
+    PREPARED = "prepared"  # step 2 done: the input prepared, dead letters recorded
+    COMMITTED = "committed"  # step 5 done: the fenced commit returned
+    DELIVERED = "delivered"  # step 6 done (or handed to the background delivery)
+    FAILED = "failed"
+
+
+_NEXT = {BatchStatus.STARTED: BatchStatus.PREPARED, BatchStatus.PREPARED: BatchStatus.COMMITTED,
+         BatchStatus.COMMITTED: BatchStatus.DELIVERED}
 
 
 @dataclass(eq=False)
@@ -142,10 +154,25 @@ class BatchState:
     injectors: dict[str, tuple[int, int]] = field(default_factory=dict)  # the estimates step 7 publishes
     commit_s: float = 0.0
     steps_s: list[tuple[str, float]] = field(default_factory=list)  # seconds per step, in order
+    status: BatchStatus = BatchStatus.STARTED
     _last: float = field(init=False)
 
     def __post_init__(self) -> None:
         self._last = self.started
+
+    def advance(self, to: BatchStatus) -> None:
+        """Move to ``to``: the next status, or FAILED from any but FAILED.
+
+        Raises:
+            RuntimeError: any other move (a step run out of its order: a bug in the protocol).
+        """
+        if to is BatchStatus.FAILED and self.status is not BatchStatus.FAILED:
+            self.status = to
+            return
+        if _NEXT.get(self.status) is not to:
+            raise RuntimeError(f"batch {self.batch_id}: {to.value} after {self.status.value}: the protocol's "
+                               "steps ran out of order")
+        self.status = to
 
     def mark(self, step: str) -> None:
         """Record the seconds since the last mark as ``step``'s (the report's ``steps_s``)."""
@@ -182,6 +209,15 @@ class BatchProtocol:
         wm_in = self._input_watermark(input_watermark_ms, use_authority=use_authority)
         b = self._open(df, batch_id, started=started, skipped=skipped, files=files, wm_in=wm_in,
                        wm_late=late_watermark_ms)
+        try:
+            return self._steps(b, background=background)
+        except BaseException:
+            b.advance(BatchStatus.FAILED)
+            raise
+
+    def _steps(self, b: BatchState, *, background: bool) -> BatchReport:
+        """Steps 2-7 of the batch ``b`` step 1 opened."""
+        ex, df, batch_id = self.ex, b.df, b.batch_id
         if df is None and ex.path.next_processing() is not None:
             ex.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
             if self._nothing_due(b):
@@ -190,6 +226,7 @@ class BatchProtocol:
         # dedup itself in the tasks of steps 3-4.
         b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now, batch_id=batch_id)
         self._record_dead_letters(b, b.prepared.dead)
+        b.advance(BatchStatus.PREPARED)
         if df is not None:
             b.mark("prepare")
         self.fault(FaultPoint.AFTER_PREPARE, batch_id)
@@ -207,6 +244,7 @@ class BatchProtocol:
             if ex.comp.strong_productions and run.counts.productions:
                 redeliver()
             self.fault(FaultPoint.AFTER_DELIVERY, batch_id)
+        b.advance(BatchStatus.DELIVERED)
         b.mark("deliver")
         # Step 7: watermarks (the injector estimates observed before the commit are published in
         # the step's transaction; a hook that publishes itself runs now).
@@ -256,6 +294,7 @@ class BatchProtocol:
                 meta.update(commit_entry(b.batch_id, b.files, kafka=kafka, intervals=held))  # (unknown: none recorded)
         if ex.path.commit(run.batch, commit_id=b.commit_id, meta=meta):
             self.acted = b.acted
+        b.advance(BatchStatus.COMMITTED)
         b.commit_s = time.monotonic() - t0
         return run
 
@@ -366,10 +405,9 @@ class BatchProtocol:
         mark, ``lateness.py``: the next batch that commits moves it). Not for a windowed
         computation, nor when its injectors' estimates (observed on no records) are ahead of the
         watermarks step 1 read: those the batch's commit records and its step 7 publishes (nor
-        with an end-of-batch hook that publishes itself). Off
-        with ``DELTAWHEEL_IDLE_SKIP=0`` (for comparisons)."""
+        with an end-of-batch hook that publishes itself)."""
         ex = self.ex
-        if _idle_skip_off() or b.wm_in is None or ex.comp.event_time_timers:
+        if b.wm_in is None or ex.comp.event_time_timers:
             return False
         if ex.on_batch_end is not None and not self.watermarks.hook_observes_early():
             return False  # a hook of its own (a job instance's) runs at every batch's end
@@ -491,13 +529,18 @@ class BatchProtocol:
     def _record_metrics(self, report: BatchReport, started_ms: int, *, pending: int) -> None:
         """Hand the batch's row to the metrics writer (in the background; never fails the batch: ``metrics.py``)."""
         ex = self.ex
-        if ex.metrics is None:
+        exporter = active_exporter()  # the process's Prometheus endpoint (``exporter.py``), if started
+        if ex.metrics is None and exporter is None:
             return
         leases = ex.owner.leases
-        ex.metrics.submit(batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=ex.comp.name,
-                                    instance=getattr(leases, "owner", None), write_path=ex.write_path,
-                                    started_ms=started_ms, pending_productions=pending,
-                                    state=state_size(getattr(ex.path, "files", None))))
+        row = batch_row(report, pipeline=getattr(leases, "pipeline", None), computation=ex.comp.name,
+                        instance=getattr(leases, "owner", None), write_path=ex.write_path,
+                        started_ms=started_ms, pending_productions=pending,
+                        state=state_size(getattr(ex.path, "files", None)))
+        if ex.metrics is not None:
+            ex.metrics.submit(row)
+        if exporter is not None:
+            exporter.observe(row, ex)
 
     def fault(self, point: FaultPoint, batch_id: int) -> None:
         """The executor's fault injector (tests) at ``point``, if it has one."""

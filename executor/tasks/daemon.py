@@ -25,15 +25,15 @@ to their headers, copying the daemon's shared pages into each worker. Frozen obj
 freed by reference counting; only a reference cycle made of them alone would stay (module-level
 objects that live as long as the worker anyway).
 
-Memory (docs/performance.md, "Memory"), three settings of the workers, each with its variable:
+Memory (docs/performance.md, "Memory"), three settings of the workers:
 
 - Arrow's buffers come from the C library's allocator (``ARROW_DEFAULT_MEMORY_POOL=system``, set
   here unless the variable is set already): pyarrow's default, mimalloc, kept ~45-90 MiB more per
   worker of freed pages resident between and during tasks, for no measurable time.
 - ``pandas`` is preloaded: pyarrow imports it in every worker on the first ``pa.scalar`` of a task
   (its pandas shim), ~36 MiB per worker; imported once here, the workers share its pages.
-- After each task the worker returns the C heap's free pages to the system (``malloc_trim``;
-  ``DELTAWHEEL_WORKER_TRIM=0`` turns it off): an idle worker (Spark keeps one alive for a minute,
+- After each task the worker returns the C heap's free pages to the system (``malloc_trim``): an
+  idle worker (Spark keeps one alive for a minute,
   beside the next query's) holds its live data only, not the last task's peak.
 """
 
@@ -44,17 +44,16 @@ import os
 import threading
 from typing import Any, Callable
 
-__all__ = ["choose_pool", "preload", "trim_after", "trim_heap", "POOL_ENV", "TRIM_ENV"]
+__all__ = ["choose_pool", "preload", "trim_after", "trim_heap", "POOL_ENV"]
 
 POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"  # pyarrow's own variable: the daemon sets "system" unless it is set
-TRIM_ENV = "DELTAWHEEL_WORKER_TRIM"  # "0": the workers keep the C heap's free pages after a task
 
 PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.compute", "pyarrow.parquet", "msgpack",
            "deltawheel.executor.tasks.image.task", "deltawheel.executor.tasks.image.direct",
            "deltawheel.executor.tasks.image.interval", "deltawheel.executor.tasks.image.ids",
-           "deltawheel.executor.tasks.image.idsfiles",
-           "deltawheel.executor.tasks.image.keys",
-           "deltawheel.executor.tasks.keyrun", "deltawheel.executor.tasks.input",
+           "deltawheel.statestore.writepath.image.idsfiles",
+           "deltawheel.executor.tasks.usercode.columns", "deltawheel.executor.tasks.usercode.keys",
+           "deltawheel.executor.tasks.usercode.keyrun", "deltawheel.executor.tasks.input",
            "deltawheel.executor.tasks.merge.task", "deltawheel.executor.tasks.worker")
 
 
@@ -80,9 +79,7 @@ def choose_pool() -> str:
 
 def trim_heap() -> bool:
     """Return the C heap's free pages to the system (glibc's ``malloc_trim``); False where there is
-    no such call (another C library) or ``DELTAWHEEL_WORKER_TRIM=0``."""
-    if os.environ.get(TRIM_ENV, "1") == "0":
-        return False
+    no such call (another C library)."""
     try:
         import ctypes
 

@@ -17,9 +17,9 @@ costs ~170 ms, frozen 0.1 ms (docs/versions.md).
 also puts on the workers' path, 15 MB; they never change while a worker
 lives) so that invalidation skips them; everything else (user ``pyFiles``
 zips, folders) is invalidated as before. The task functions call it first
-thing; the task that runs it pays one last re-read, the following ones none.
-``DELTAWHEEL_FREEZE_SPARK_ZIPS=0`` turns it off. (deltawheel's daemon, ``daemon.py``, freezes
-them before it forks, so that even a fresh worker's first task skips the re-read.)
+thing; the task that runs it pays one last re-read, the following ones none. (deltawheel's
+daemon, ``daemon.py``, freezes them before it forks, so that even a fresh worker's first task
+skips the re-read.)
 
 :func:`warm_workers` starts one trivial Python task per task slot in a background thread, so that
 the Python workers are forked (and their first-task costs paid) while the driver is still taking
@@ -73,8 +73,6 @@ def _is_spark_archive(path: str) -> bool:
 
 def freeze_spark_zips() -> int:
     """Wrap the path finders of Spark's own zip archives; returns how many were wrapped now."""
-    if os.environ.get("DELTAWHEEL_FREEZE_SPARK_ZIPS", "1") == "0":
-        return 0
     import zipimport
 
     n = 0

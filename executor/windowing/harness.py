@@ -4,7 +4,7 @@ A scenario (``SCENARIO_FORMAT.md`` in the shared docs; seconds) lists elements,
 watermark advances and processing-time advances in arrival order. The
 harness turns it into a :func:`~deltawheel.executor.windowing.windowed.windowed`
 computation and drives the real per-key runner,
-:func:`~deltawheel.executor.tasks.keyrun.run_key`, exactly as the executor does:
+:func:`~deltawheel.executor.tasks.usercode.keyrun.run_key`, exactly as the executor does:
 
 * an element: ``run_key`` for its key with that one record, at the current
   watermark and processing time;
@@ -39,7 +39,7 @@ from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.rowtable.rows import KeyRow
 
 from ..computation import Record
-from ..tasks.keyrun import run_key
+from ..tasks.usercode.keyrun import run_key
 from .panes import AccumulationMode
 from .triggers import (
     AfterAll,

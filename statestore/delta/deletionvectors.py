@@ -1,12 +1,10 @@
 """Delta deletion vectors without Spark: which rows of a data file a ``deletionVector``
-descriptor marks deleted (:func:`deleted_rows`), and new ones (:func:`write_vectors`, :func:`inline_descriptor`).
+descriptor marks deleted (:func:`deleted_rows`).
 
 The rows table has deletion vectors on (migration 1): a MERGE (the merge write path, fences and
-claims) marks the rows it replaces in a file's new ``add`` instead of rewriting the file, and the
-image write path marks the rows of the keys a batch changed in the interval's older files (the
-batch's new file holds their new rows: ``statestore/writepath/image/``). The history reader
-(``inspection/history.py``) and the image path's tasks read them as Delta's protocol describes
-("Deletion Vector Format"):
+claims) marks the rows it replaces in a file's new ``add`` instead of rewriting the file. The
+history reader (``inspection/history.py``), the views and the status read them as Delta's
+protocol describes ("Deletion Vector Format"):
 
 - the descriptor's ``storageType``: ``i`` (the bitmap inline, Z85-encoded), ``u`` (a file
   ``deletion_vector_<uuid>.bin`` below the table, the UUID Z85-encoded after a random prefix
@@ -15,13 +13,6 @@ batch's new file holds their new rows: ``statestore/writepath/image/``). The his
 - the bitmap: a ``RoaringBitmapArray`` in the portable format: magic 1681511377, the number of
   32-bit bitmaps (int64), then per bitmap its high 32 bits and a standard portable 32-bit
   Roaring bitmap (array, bitmap and run containers).
-
-The image path writes its vectors as files (:func:`write_vectors`: ``u``, one file in the table's
-root folder for all the vectors of one write, as Delta's own DELETE and MERGE do): Delta's readers
-read them as their own, and its VACUUM keeps a referenced vector file and removes an unreferenced
-one (a writer that died between writing it and its commit) as it does a data file. VACUUM fails
-(``scala.MatchError``) on a table whose log holds inline (``i``) vectors, so they are no longer
-written (:func:`inline_descriptor` remains for the tests); they are still read.
 
 A vector file (all numbers big-endian): a version byte (1), then per vector its size (int32), the
 serialized bitmap and the bitmap's CRC-32; a descriptor's ``offset`` is where its size starts.
@@ -32,21 +23,18 @@ from __future__ import annotations
 import struct
 import uuid
 import zlib
-from typing import Any, Sequence
+from typing import Any
 
 from ..delta.storefs import TableFiles
 from ..exceptions import StoreDamagedError
 
-__all__ = ["deleted_rows", "z85_decode", "z85_encode", "serialize_rows", "inline_descriptor", "descriptor_id", "live_table",
-           "write_vectors", "vector_file_name", "DV_FILE_VERSION"]
+__all__ = ["deleted_rows", "z85_decode", "live_table", "vector_file_name"]
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
 _MAGIC = 1681511377
 _SERIAL_COOKIE_NO_RUN = 12346
 _SERIAL_COOKIE = 12347
-#: the version byte that starts a deletion vector file
-DV_FILE_VERSION = 1
 
 
 def z85_decode(text: str) -> bytes:
@@ -66,78 +54,6 @@ def z85_decode(text: str) -> bytes:
     return bytes(out)
 
 
-def z85_encode(data: bytes) -> str:
-    """``data`` as Z85 text, zero-padded to a multiple of 4 bytes first (as Delta's ``Base85Codec``
-    does; the descriptor's ``sizeInBytes`` says how many bytes are data).
-
-    >>> z85_encode(bytes.fromhex("864fd26fb559f75b"))
-    'HelloWorld'
-    """
-    padded = data + b"\0" * (-len(data) % 4)
-    out = []
-    for i in range(0, len(padded), 4):
-        n = int.from_bytes(padded[i:i + 4], "big")
-        chunk = []
-        for _ in range(5):
-            n, r = divmod(n, 85)
-            chunk.append(_Z85[r])
-        out.append("".join(reversed(chunk)))
-    return "".join(out)
-
-
-def _roaring32_bytes(low: Any) -> bytes:
-    """A portable 32-bit Roaring bitmap (no run containers) of the sorted unique uint32 ``low``."""
-    import numpy as np
-
-    highs = (low >> 16).astype(np.uint16)
-    keys, starts = np.unique(highs, return_index=True)
-    ends = [*starts[1:].tolist(), len(low)]
-    head = struct.pack("<II", _SERIAL_COOKIE_NO_RUN, len(keys))
-    descr = b"".join(struct.pack("<HH", int(k), int(e - s) - 1) for k, s, e in zip(keys, starts, ends, strict=True))
-    bodies = []
-    for s, e in zip(starts, ends, strict=True):
-        part = (low[s:e] & 0xFFFF).astype(np.uint16)
-        if len(part) <= 4096:
-            bodies.append(part.astype("<u2").tobytes())
-        else:
-            words = np.zeros(1024, dtype=np.uint64)
-            np.bitwise_or.at(words, part >> 6, np.left_shift(np.uint64(1), (part & 63).astype(np.uint64)))
-            bodies.append(words.astype("<u8").tobytes())
-    offset = len(head) + len(descr) + 4 * len(keys)
-    offsets = []
-    for b in bodies:
-        offsets.append(struct.pack("<I", offset))
-        offset += len(b)
-    return head + descr + b"".join(offsets) + b"".join(bodies)
-
-
-def serialize_rows(rows: Any) -> bytes:
-    """The portable ``RoaringBitmapArray`` of the row indexes ``rows`` (any iterable of ints >= 0)."""
-    import numpy as np
-
-    arr = np.unique(np.asarray(list(rows) if not hasattr(rows, "dtype") else rows, dtype=np.int64))
-    if not len(arr):
-        return struct.pack("<iq", _MAGIC, 0)
-    his = (arr >> 32).astype(np.int64)
-    keys, starts = np.unique(his, return_index=True)
-    ends = [*starts[1:].tolist(), len(arr)]
-    out = [struct.pack("<iq", _MAGIC, len(keys))]
-    for k, s, e in zip(keys, starts, ends, strict=True):
-        out.append(struct.pack("<I", int(k)))
-        out.append(_roaring32_bytes((arr[s:e] & 0xFFFFFFFF).astype(np.uint32)))
-    return b"".join(out)
-
-
-def inline_descriptor(rows: Any) -> dict[str, Any]:
-    """An inline ``deletionVector`` descriptor marking ``rows`` deleted (an ``add`` action's field)."""
-    import numpy as np
-
-    arr = np.unique(np.asarray(list(rows) if not hasattr(rows, "dtype") else rows, dtype=np.int64))
-    data = serialize_rows(arr)
-    return {"storageType": "i", "pathOrInlineDv": z85_encode(data), "sizeInBytes": len(data),
-            "cardinality": int(len(arr))}
-
-
 def vector_file_name(uid: uuid.UUID) -> str:
     """The name of the deletion vector file of UUID ``uid`` (in the table's root folder).
 
@@ -145,38 +61,6 @@ def vector_file_name(uid: uuid.UUID) -> str:
     'deletion_vector_d2c639aa-8816-431a-aaf6-d3fe2512ff61.bin'
     """
     return f"deletion_vector_{uid}.bin"
-
-
-def write_vectors(table: TableFiles, vectors: Sequence[Any]) -> list[dict[str, Any]]:
-    """Write the deletion vectors ``vectors`` (each the row indexes it marks: an iterable of ints
-    >= 0, or a NumPy array) into one new file in the root folder of the table at ``table``; their
-    ``u`` descriptors, in order (none and no file for no vectors). The file is complete (on S3:
-    its PUT acknowledged) when this returns; a log names it only once a commit adds a descriptor."""
-    import numpy as np
-
-    if not vectors:
-        return []
-    uid = uuid.uuid4()
-    out = bytearray(struct.pack(">b", DV_FILE_VERSION))
-    found = []
-    for rows in vectors:
-        arr = np.unique(np.asarray(list(rows) if not hasattr(rows, "dtype") else rows, dtype=np.int64))
-        data = serialize_rows(arr)
-        found.append({"storageType": "u", "pathOrInlineDv": z85_encode(uid.bytes), "offset": len(out),
-                      "sizeInBytes": len(data), "cardinality": int(len(arr))})
-        out += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
-    with table.fs.open_output_stream(table.path(vector_file_name(uid))) as fh:  # closing waits for the upload
-        fh.write(bytes(out))
-    return found
-
-
-def descriptor_id(dv: dict[str, Any] | None) -> str:
-    """What tells one deletion vector of a file from another ("" for none): storage, place, offset."""
-    if not dv:
-        return ""
-    uid = f"{dv.get('storageType', '')}{dv.get('pathOrInlineDv', '')}"
-    off = dv.get("offset")
-    return uid if off is None else f"{uid}@{off}"
 
 
 def _roaring32(data: memoryview, pos: int) -> tuple[list[int], int]:

@@ -21,8 +21,7 @@ own rows): the query's first batch (its start may be a snapshot), an offset insi
 (a per-trigger limit cut it), a snapshot offset (``isStartingVersion``), a commit with a
 ``remove`` or a schema change or an ``add`` with a deletion vector, a table with column mapping
 (physical column names differ), partition values, JSON commits already cleaned up, a checkpoint
-or table given as a remote URI string. ``DELTAWHEEL_TABLE_LOG_READS=0`` makes every answer None
-(for comparisons: the input positions and the direct read then go through Spark, as before).
+or table given as a remote URI string.
 
 Where the files are: a checkpoint or table is a local path (or ``file:`` URI), read with ``open``
 as it always was, or a :class:`~.storefs.TableFiles` (``storefs.table_files(spark, uri)``: a
@@ -160,7 +159,7 @@ def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str
         OSError: a remote file could not be read (not: it is missing).
     """
     root = files_of(table)
-    if root is None or batch_id < 1 or os.environ.get("DELTAWHEEL_TABLE_LOG_READS", "1") == "0":
+    if root is None or batch_id < 1:
         return None
     known = _table(root)
     if known is None or not known[1]:

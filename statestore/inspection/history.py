@@ -256,6 +256,110 @@ def _commit_facts(version: int, lines: list[str], file: str, mtime_ms: int) -> t
     return Commit(version, ts, info.get("operation"), meta if isinstance(meta, dict) else {}), actions
 
 
+class _Walk:
+    """The live files of the rows table while its log is replayed, and each key's last row: one
+    commit's actions in, that commit's changes out (:meth:`apply`)."""
+
+    def __init__(self, rows: TableFiles, computation: str | None, keys: frozenset[str] | None) -> None:
+        self.table = _Table(rows)
+        self.computation = computation
+        self.keys = keys
+        self.live: dict[str, dict[str, Any]] = {}
+        # (computation, interval) -> key -> (file path, row index); key -> its last row's stamps and row
+        self.where: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
+        self.last: dict[tuple[str, str], tuple[Any, ...]] = {}
+        # the record ids held apart from the rows: per live file, user key -> count; per (computation, key), the sum
+        self.apart_of: dict[str, tuple[str, dict[str, int]]] = {}
+        self.apart: dict[tuple[str, str], int] = {}
+
+    def part(self, add: Mapping[str, Any]) -> tuple[str, str] | None:
+        pv = add.get("partitionValues") or {}
+        c = pv.get("computation")
+        if c is None or (self.computation is not None and c != self.computation):
+            return None
+        return (c, str(pv.get("interval")))
+
+    def held_apart(self, path: str, add: Mapping[str, Any] | None) -> None:
+        """Take off what the file ``path`` held apart, and count what ``add`` (its new entry) holds."""
+        old = self.apart_of.pop(path, None)
+        if old is not None:
+            for k, n in old[1].items():
+                left = self.apart[(old[0], k)] - n
+                if left:
+                    self.apart[(old[0], k)] = left
+                else:
+                    del self.apart[(old[0], k)]
+        p = None if add is None else self.part(add)
+        if add is None or p is None:
+            return
+        got = self.table.ids_apart(add, self.keys)
+        if got:
+            self.apart_of[path] = (p[0], got)
+            for k, n in got.items():
+                self.apart[(p[0], k)] = self.apart.get((p[0], k), 0) + n
+
+    def _touched(self, actions: list[Any]) -> set[tuple[str, str]]:
+        """Apply the removes, then the adds; the partitions they touched."""
+        touched: set[tuple[str, str]] = set()
+        for act in actions:
+            if "remove" in act:
+                gone = self.live.pop(str(act["remove"]["path"]), None)
+                self.held_apart(str(act["remove"]["path"]), None)
+                p = self.part(gone or act["remove"])
+                if p is not None:
+                    touched.add(p)
+        for act in actions:
+            if "add" in act:
+                add = act["add"]
+                self.live[str(add["path"])] = add
+                self.held_apart(str(add["path"]), add)
+                p = self.part(add)
+                if p is not None:
+                    touched.add(p)
+        return touched
+
+    def apply(self, commit: Commit, actions: list[Any]) -> Iterator[Change]:
+        for p in sorted(self._touched(actions)):
+            yield from self._partition(commit, p)
+        self.table.forget(set(self.live))
+
+    def _partition(self, commit: Commit, p: tuple[str, str]) -> Iterator[Change]:
+        """The changes of partition ``p``: keys gone from every interval, rows moved and changed."""
+        now: dict[str, tuple[str, int]] = {}
+        for path, add in self.live.items():
+            if self.part(add) == p:
+                now.update({k: (path, i) for k, i in self.table.places(add, self.keys).items()})
+        before = self.where.get(p, {})
+        self.where[p] = now
+        moved: dict[str, list[tuple[str, int]]] = {}
+        for k, place in now.items():
+            if before.get(k) != place:
+                moved.setdefault(place[0], []).append((k, place[1]))
+        for k in sorted(set(before) - set(now)):
+            if (p[0], k) in self.last and not any(k in self.where.get(q, {}) for q in self.where if q[0] == p[0]):
+                del self.last[(p[0], k)]
+                yield Change(commit, p[0], k, "delete", None, self.apart.get((p[0], k), 0))
+        for path, found in sorted(moved.items()):
+            yield from self._moved(commit, p, path, found)
+
+    def _moved(self, commit: Commit, p: tuple[str, str], path: str, found: list[tuple[str, int]]
+               ) -> Iterator[Change]:
+        """Keys whose row now lives at ``path``: an insert or update where the row changed."""
+        stamps = self.table.rows(path, [i for _k, i in found], columns=_STAMPS)
+        changed = [(k, i) for (k, i), s in zip(found, stamps, strict=True)
+                   if self.last.get((p[0], k), (None,))[0] != tuple(s[c] for c in _STAMPS)]
+        if not changed:
+            return
+        full = self.table.rows(path, [i for _k, i in changed])
+        for (k, _i), r in zip(changed, full, strict=True):
+            row = KeyRow.from_row({**r, "computation": p[0], "interval": int(p[1])})
+            prev = self.last.get((p[0], k))
+            self.last[(p[0], k)] = (tuple(r[c] for c in _STAMPS), row)
+            if prev is None or prev[1] != row:
+                yield Change(commit, p[0], k, "insert" if prev is None else "update", row,
+                             self.apart.get((p[0], k), 0))
+
+
 def walk_history(rows: TableFiles, *, computation: str | None = None, keys: frozenset[str] | None = None,
                  to_version: int | None = None) -> Iterator[Change]:
     """Every change of the rows table, oldest commit first (only ``computation``'s, only ``keys``;
@@ -268,91 +372,10 @@ def walk_history(rows: TableFiles, *, computation: str | None = None, keys: froz
     """
     log, names, mtimes = _log(rows)
     start, cp_actions, versions = _start(log, names)
-    table = _Table(rows)
-    live: dict[str, dict[str, Any]] = {}
-    # (computation, interval) -> key -> (file path, row index); key -> its last row's stamps and row
-    where: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
-    last: dict[tuple[str, str], tuple[Any, ...]] = {}
-
-    def part(add: Mapping[str, Any]) -> tuple[str, str] | None:
-        pv = add.get("partitionValues") or {}
-        c = pv.get("computation")
-        return None if c is None or (computation is not None and c != computation) else (c, str(pv.get("interval")))
-
-    # the record ids held apart from the rows: per live file, user key -> count; per (computation, key), the sum
-    apart_of: dict[str, tuple[str, dict[str, int]]] = {}
-    apart: dict[tuple[str, str], int] = {}
-
-    def held_apart(path: str, add: Mapping[str, Any] | None) -> None:
-        """Take off what the file ``path`` held apart, and count what ``add`` (its new entry) holds."""
-        old = apart_of.pop(path, None)
-        if old is not None:
-            for k, n in old[1].items():
-                left = apart[(old[0], k)] - n
-                if left:
-                    apart[(old[0], k)] = left
-                else:
-                    del apart[(old[0], k)]
-        p = None if add is None else part(add)
-        if add is None or p is None:
-            return
-        got = table.ids_apart(add, keys)
-        if got:
-            apart_of[path] = (p[0], got)
-            for k, n in got.items():
-                apart[(p[0], k)] = apart.get((p[0], k), 0) + n
-
-    def apply(commit: Commit, actions: list[Any]) -> Iterator[Change]:
-        touched: set[tuple[str, str]] = set()
-        for act in actions:
-            if "remove" in act:
-                gone = live.pop(str(act["remove"]["path"]), None)
-                held_apart(str(act["remove"]["path"]), None)
-                p = part(gone or act["remove"])
-                if p is not None:
-                    touched.add(p)
-        for act in actions:
-            if "add" in act:
-                add = act["add"]
-                live[str(add["path"])] = add
-                held_apart(str(add["path"]), add)
-                p = part(add)
-                if p is not None:
-                    touched.add(p)
-        for p in sorted(touched):
-            now: dict[str, tuple[str, int]] = {}
-            for path, add in live.items():
-                if part(add) == p:
-                    now.update({k: (path, i) for k, i in table.places(add, keys).items()})
-            before = where.get(p, {})
-            where[p] = now
-            moved: dict[str, list[tuple[str, int]]] = {}
-            for k, place in now.items():
-                if before.get(k) != place:
-                    moved.setdefault(place[0], []).append((k, place[1]))
-            for k in sorted(set(before) - set(now)):
-                if (p[0], k) in last and not any(k in where.get(q, {}) for q in where if q[0] == p[0]):
-                    del last[(p[0], k)]
-                    yield Change(commit, p[0], k, "delete", None, apart.get((p[0], k), 0))
-            for path, found in sorted(moved.items()):
-                stamps = table.rows(path, [i for _k, i in found], columns=_STAMPS)
-                changed = [(k, i) for (k, i), s in zip(found, stamps, strict=True)
-                           if last.get((p[0], k), (None,))[0] != tuple(s[c] for c in _STAMPS)]
-                if not changed:
-                    continue
-                full = table.rows(path, [i for _k, i in changed])
-                for (k, _i), r in zip(changed, full, strict=True):
-                    row = KeyRow.from_row({**r, "computation": p[0], "interval": int(p[1])})
-                    prev = last.get((p[0], k))
-                    last[(p[0], k)] = (tuple(r[c] for c in _STAMPS), row)
-                    if prev is None or prev[1] != row:
-                        yield Change(commit, p[0], k, "insert" if prev is None else "update", row,
-                                     apart.get((p[0], k), 0))
-        table.forget(set(live))
-
+    walk = _Walk(rows, computation, keys)
     if cp_actions:
         commit = Commit(start, mtimes.get(f"{start:020d}.json", 0), "CHECKPOINT", {})
-        yield from apply(commit, [{"add": a} for kind, a in cp_actions if kind == "add"])
+        yield from walk.apply(commit, [{"add": a} for kind, a in cp_actions if kind == "add"])
     prev_ts = 0
     for v in versions:
         if to_version is not None and v > to_version:
@@ -366,7 +389,7 @@ def walk_history(rows: TableFiles, *, computation: str | None = None, keys: froz
         if commit.timestamp_ms <= prev_ts:  # Delta's time travel keeps commit times increasing likewise
             commit = Commit(v, prev_ts + 1, commit.operation, commit.meta)
         prev_ts = commit.timestamp_ms
-        yield from apply(commit, actions)
+        yield from walk.apply(commit, actions)
 
 
 def computations(rows: TableFiles) -> set[str]:

@@ -113,6 +113,8 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
     public static final String CRASH_AFTER_PREPARE = "deltawheel.logstore.test.crashAfterPrepare";
     /** Test hook: sleep this long after the Step 0 probe (a writer slowed down between steps). */
     public static final String PAUSE_AFTER_PROBE_MS = "deltawheel.logstore.test.pauseAfterProbeMs";
+    /** Test hook: the pause after the probe ends early once a file exists at this path. */
+    public static final String PAUSE_RELEASE_PATH = "deltawheel.logstore.test.pauseReleasePath";
 
     private static final Pattern DELTA_FILE = Pattern.compile("^(\\d{20})\\.json$");
     /** Commits up to this many bytes travel inside their ZooKeeper entry (no temporary file). */
@@ -537,8 +539,16 @@ public class ZkS3LogStore extends HadoopFileSystemLogStore {
         }
         long pause = hadoopConf.getLong(PAUSE_AFTER_PROBE_MS, 0L);
         if (pause > 0) {
+            // with a release path the pause ends as soon as that file exists (a test says when)
+            String release = hadoopConf.get(PAUSE_RELEASE_PATH);
+            long until = System.currentTimeMillis() + pause;
             try {
-                Thread.sleep(pause);
+                while (System.currentTimeMillis() < until) {
+                    if (release != null && fs.exists(new Path(release))) {
+                        break;
+                    }
+                    Thread.sleep(release == null ? Math.max(1L, until - System.currentTimeMillis()) : 20L);
+                }
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
             }

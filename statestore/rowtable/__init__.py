@@ -1,5 +1,3 @@
 """The rows table (one row per key): the row schema, fence rows, Arrow frames of rows, the
-row store behind the MERGE path, the recovery scan, the Bloom filters of dedup ids, and the
-window-aware eviction policy with its row cache (:mod:`.eviction`: the cache benchmark's; not on
-the batch path yet).
+row store behind the MERGE path, the recovery scan, the Bloom filters of dedup ids.
 """

@@ -59,11 +59,11 @@ class IdBloom:
     """A fixed-size Bloom filter of record ids, added and checked many at a time (numpy).
 
     The executor's image path keeps one per interval image in each Python worker, next to the
-    cached image (``executor/tasks/image/interval.py``): a batch's records are checked against it first,
+    cached image (``executor/tasks/image/dedup.py``): a batch's records are checked against it first,
     and only when one of them *might* have been seen does the task look the ids up in the
     image's stored ids. Bit positions come from the hashes the caller passes (the image path's
     own hash of the id column's buffers, the same in every process:
-    ``executor/tasks/image/idhash.py``), or by default from Python's ``hash`` of each id (SipHash,
+    ``statestore/writepath/image/idhash.py``), or by default from Python's ``hash`` of each id (SipHash,
     salted per process); either way a filter is never persisted or shipped, and a worker without
     one (a new process, a lease just acquired) builds it from the ids it loads.
 

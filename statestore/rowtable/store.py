@@ -232,7 +232,7 @@ class RowStore:
             if pv.get("computation") != computation:
                 continue
             rel = decode_path(str(add["path"]))
-            if add.get("deletionVector"):  # an image path delta's older file: its live rows only
+            if add.get("deletionVector"):  # a file a MERGE marked rows of: its live rows only
                 table = live_table(files, rel, dict(add["deletionVector"]), columns=["key", column])
                 table = table.filter(pc.equal(table["key"], FENCE_KEY))
             elif files.is_local:  # the key column's statistics skip row groups without a fence row

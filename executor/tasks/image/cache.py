@@ -1,14 +1,15 @@
 """The Python worker's cache of interval images: bounded by memory, evicted window-aware.
 
-Each Python worker keeps the interval images it last read or wrote (``interval.py``), keyed by the
-image's file paths: files are immutable, so a cached image is never stale, and a task that runs
-an interval whose image this worker holds reads nothing from the store. The cache is bounded by
+Each Python worker keeps the interval images it last read or wrote (:func:`load_image`,
+:func:`keep_image`), keyed by the image's file paths: files are immutable, so a cached image is
+never stale, and a task that runs an interval whose image this worker holds reads nothing from
+the store. The cache is bounded by
 the images' bytes in memory (Arrow's ``nbytes``), not by their number: one interval of a
 large-state computation can outweigh a hundred small ones.
 
 When it must drop an image it drops the one whose next expected use is furthest away, counted in
 batches, as the design's framework cache does (DESIGN.md, "Cache"; the row-level policy is
-``statestore/rowtable/eviction.py``):
+``benchmarks/rowcache.py``):
 
 - the image's earliest event-time timer (``next_event_timer_ms``) is reached when the input
   low watermark passes it: ``(timer - watermark) / (watermark advance per batch)`` batches;
@@ -39,9 +40,12 @@ import time
 from typing import Any, Hashable
 
 from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.writepath.image.files import read_rows_file
+
+from .spec import ImageSpec
 
 __all__ = ["ImageCache", "DEFAULT_MAX_BYTES", "MAX_BYTES_ENV", "TRACE_ENV", "image_facts", "max_bytes_from_env",
-           "trace", "traced_folder"]
+           "trace", "traced_folder", "load_image", "keep_image", "holds"]
 
 DEFAULT_MAX_BYTES = 2 * 2**30  # per Python worker, unless DELTAWHEEL_IMAGE_CACHE_BYTES says otherwise
 MAX_BYTES_ENV = "DELTAWHEEL_IMAGE_CACHE_BYTES"
@@ -239,3 +243,43 @@ def trace(event: dict[str, Any], *, traced: str | None) -> None:
     event = {"t": time.time(), "pid": os.getpid(), **event}
     with open(os.path.join(traced, f"images-{os.getpid()}.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps(event) + "\n")
+
+
+# the worker's images, bounded by bytes and evicted window-aware
+_IMAGES = ImageCache(max_bytes_from_env())
+_TRACED = traced_folder()  # DELTAWHEEL_IMAGE_CACHE_TRACE: record the lookups (``deltawheel bench cache --trace``)
+
+
+def holds(spec: ImageSpec, iv: int) -> bool:
+    """Whether this worker holds interval ``iv``'s current image (no read from the store)."""
+    return spec.state_files(iv) in _IMAGES
+
+
+def load_image(spec: ImageSpec, iv: int) -> tuple[Any, bool]:
+    """(interval ``iv``'s state image: its state files' rows, whether they were read from the
+    store): this worker's copy if it holds one, else read and kept."""
+    import pyarrow as pa
+
+    paths = spec.state_files(iv)
+    name = spec.comp.name
+    _IMAGES.observe(name, spec.wm)
+    table = _IMAGES.get(paths, slot=(name, iv), count=bool(paths))
+    hit = table is not None
+    if table is None:
+        parts = [read_rows_file(spec.rows_root, p, spec.rows_schema) for p in paths]
+        table = pa.concat_tables(parts) if parts else spec.rows_schema.empty_table()
+        keep_image(paths, table, name, iv)
+    if _TRACED:
+        trace({"op": "get", "comp": name, "iv": iv, "paths": list(paths), "hit": hit, "wm": spec.wm,
+               "bytes": table.nbytes, "next_ev": image_facts(table)}, traced=_TRACED)
+    return table, not hit and bool(paths)
+
+
+def keep_image(paths: tuple[str, ...], table: Any, comp: str, iv: int, *, written: bool = False) -> None:
+    """Keep ``table`` as interval ``iv``'s image, the files ``paths`` (``written``: by this task,
+    traced as such)."""
+    next_ev = image_facts(table)
+    _IMAGES.put(paths, table, nbytes=table.nbytes, next_ev=next_ev, slot=(comp, iv), group=comp)
+    if written:
+        trace({"op": "put", "comp": comp, "iv": iv, "paths": list(paths), "bytes": table.nbytes, "next_ev": next_ev},
+              traced=_TRACED)

@@ -15,6 +15,12 @@ import os
 import time
 from typing import Any
 
+from deltawheel.statestore.writepath.image.idsfiles import apart_held, load_ids_file, split_legacy
+
+from .cache import load_image
+from .dedup import bloom_for, bloom_paths
+from .spec import ImageSpec
+
 __all__ = ["ENV", "capture_folder", "capture", "load_captured", "warm"]
 
 ENV = "DELTAWHEEL_TASK_CAPTURE"
@@ -48,17 +54,11 @@ def load_captured(path: str) -> tuple[Any, Any]:
     return spec, table
 
 
-def warm(spec: Any, iv: int, batch: int) -> None:
+def warm(spec: ImageSpec, iv: int, batch: int) -> None:
     """Load interval ``iv``'s image, ids files and Bloom filter (sized for ``batch`` ids) into this
     process's caches, as the worker that wrote them holds them (a replay's untimed step)."""
-    from deltawheel.statestore.writepath.image.files import is_ids_path
-
-    from .dedup import _bloom
-    from .idsfiles import apart_held, ids_apart, load_ids_file, split_legacy
-    from .interval import _load, bloom_paths
-
-    image, _place = _load(spec, iv)
-    image, legacy = split_legacy(image, inline=spec.comp.exactly_once and ids_apart())
-    files = [load_ids_file(spec.rows_root, p) for p in sorted(spec.images.get(iv, ())) if is_ids_path(p)]
+    image, _read = load_image(spec, iv)
+    image, legacy = split_legacy(image, inline=spec.comp.exactly_once)
+    files = [load_ids_file(spec.rows_root, p) for p in spec.ids_files(iv)]
     if spec.comp.exactly_once:
-        _bloom(bloom_paths(spec, iv), image, apart_held(files, legacy), batch)
+        bloom_for(bloom_paths(spec, iv), image, apart_held(files, legacy), batch)

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any
 
 from deltawheel.statestore.rowtable.bloom import IdBloom
-from deltawheel.statestore.writepath.image.files import is_ids_path
+from deltawheel.statestore.writepath.image.idhash import id_hashes
+from deltawheel.statestore.writepath.image.idsfiles import IdsFile, apart_held, pick_ids, within
 
-from .idhash import id_hashes
+from ..usercode.columns import Input
 from .ids import HeldIds, already_seen
-from .idsfiles import IdsFile, apart_held, pick_ids, within
-from .keys import Input
+from .spec import ImageSpec
 
-if TYPE_CHECKING:
-    from .interval import ImageSpec
-
-__all__ = ["BLOOMS_MAX", "BloomCounts", "bloom_key", "cached_bloom", "dedup", "remember_bloom"]
+__all__ = ["BLOOMS_MAX", "BloomCounts", "bloom_paths", "bloom_for", "cached_bloom", "carry_bloom", "dedup",
+           "remember_bloom"]
 
 BLOOMS_MAX = 64  # Bloom filters kept
 # the interval images' Bloom filters of record ids, by the image's file paths (as the image cache)
@@ -47,7 +45,7 @@ class BloomCounts:
 
 
 def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
-          live: list[IdsFile], legacy: Any, *, state_paths: tuple[str, ...]) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
+          live: list[IdsFile], legacy: Any) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
     """Dedup as MillWheel does it: the batch's record ids of this interval against the
     image's Bloom filter first; only if one might have been seen, the exact lookup in the stored ids
     (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
@@ -57,9 +55,9 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
 
     if not spec.comp.exactly_once or not inp.n:
         return None, None, BloomCounts()
-    paths = bloom_key(state_paths, spec.images.get(iv, ()))
+    paths = bloom_paths(spec, iv)
     apart = None if paths in _BLOOMS else apart_held(live, legacy)  # all the ids: to build the filter
-    bloom = _bloom(paths, image, apart, inp.n)
+    bloom = bloom_for(paths, image, apart, inp.n)
     # the filters hash ids with ``id_hashes`` (from the column's buffers, no Python string per id)
     flags = bloom.might_contain_many(inp.hashes, hashes=inp.hashes)
     maybe = int(flags.sum())
@@ -83,7 +81,7 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
         elif apart is None:
             apart = apart_held(live, legacy)
         held = within(apart, spec.horizon_ms)
-        ids = HeldIds(ids.held, pa.concat_tables([ids.table, held]), ids.keys)
+        ids = HeldIds(ids.held, pa.concat_tables([ids.table, held]))
     seen = already_seen(spec.comp, inp, ids, maybe=flags)
     return bloom, seen, BloomCounts(inp.n, maybe, maybe - (sum(seen) if seen else 0), bloom.nbytes)
 
@@ -94,7 +92,7 @@ def _column(t: Any, name: str) -> Any:
     return col.combine_chunks() if hasattr(col, "combine_chunks") else col
 
 
-def _bloom(paths: tuple[str, ...], image: Any, apart: Any, batch: int) -> IdBloom:
+def bloom_for(paths: tuple[str, ...], image: Any, apart: Any, batch: int) -> IdBloom:
     """The interval's filter: cached in this worker (by the interval's file ``paths``), else built from
     the image's and the ids files' ids (``apart``), sized for many batches more (``batch``: the
     batch's ids) so that the next batches extend it instead of building it again."""
@@ -114,14 +112,30 @@ def _bloom(paths: tuple[str, ...], image: Any, apart: Any, batch: int) -> IdBloo
     return bloom
 
 
-def bloom_key(state_paths: tuple[str, ...], files: Sequence[str]) -> tuple[str, ...]:
-    """What an interval's Bloom filter is cached by: its state files (``state_paths``, with their
-    deletion vectors) and its ids files (among its live ``files``)."""
-    return tuple(sorted((*state_paths, *(p for p in files if is_ids_path(p)))))
+def bloom_paths(spec: ImageSpec, iv: int) -> tuple[str, ...]:
+    """What interval ``iv``'s Bloom filter is cached by: its state files and its ids files."""
+    return tuple(sorted((*spec.state_files(iv), *spec.ids_files(iv))))
+
+
+def carry_bloom(bloom: IdBloom | None, old_paths: tuple[str, ...], new_paths: tuple[str, ...],
+                new_hashes: Any) -> None:
+    """Keep the filter of the interval's old files ``old_paths`` as the filter of its new files
+    ``new_paths``, extended by the batch's new ids (``new_hashes``, their ``id_hashes``; None:
+    none): the new files' ids are the old ones (expired ones leave: a subset still answers
+    "maybe") and the new ones, so the next batch does not build it again. ``bloom``: the filter
+    the batch's dedup used (None: the batch had no input, the one this worker holds, if any)."""
+    if bloom is None:
+        bloom = cached_bloom(old_paths)
+    if bloom is None:
+        return
+    if new_hashes is not None:
+        bloom.add_many(new_hashes, hashes=new_hashes)
+    if not bloom.full():
+        remember_bloom(new_paths, bloom)
 
 
 def cached_bloom(paths: tuple[str, ...], *, forget: bool = False) -> IdBloom | None:
-    """The filter this worker holds for the files ``paths`` (:func:`bloom_key`), if any;
+    """The filter this worker holds for the files ``paths`` (:func:`bloom_paths`), if any;
     ``forget``: and drop it (the next task builds it from the files)."""
     return _BLOOMS.pop(paths, None) if forget else _BLOOMS.get(paths)
 

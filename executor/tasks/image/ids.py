@@ -14,7 +14,7 @@ from typing import Any
 from deltawheel.statestore.rowtable.rows import FENCE_KEY
 
 from ...computation import Computation
-from .keys import Input, py_list
+from ..usercode.columns import Input, py_list
 
 __all__ = ["HeldIds", "flat_ids", "already_seen", "with_ids", "trim_ids", "expired_ids", "drop_empty"]
 
@@ -24,11 +24,10 @@ class HeldIds:
     """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays.
 
     ``held``: all the rows hold; ``table``: those within the dedup horizon (the dedup lookup
-    uses these, as ``run_key`` does, and the new rows keep them), of the ``keys``."""
+    uses these, as ``run_key`` does, and the new rows keep them)."""
 
     held: Any
     table: Any
-    keys: set[str]
 
 
 def flat_ids(sub: Any, horizon_ms: int | None) -> HeldIds:
@@ -40,13 +39,13 @@ def flat_ids(sub: Any, horizon_ms: int | None) -> HeldIds:
     if len(lst) == 0:
         empty = pa.table({"key": pa.array([], pa.string()), "record_id": pa.array([], pa.string()),
                           "seen_ms": pa.array([], pa.int64())})
-        return HeldIds(empty, empty, set())
+        return HeldIds(empty, empty)
     parents = pc.list_parent_indices(lst)
     flat = pc.list_flatten(lst)
     held = pa.table({"key": sub.column("key").combine_chunks().take(parents),
                      "record_id": flat.field("record_id"), "seen_ms": flat.field("seen_ms")})
     table = held if horizon_ms is None else held.filter(pc.greater_equal(held.column("seen_ms"), horizon_ms))
-    return HeldIds(held, table, set(py_list(pc.unique(table.column("key")))))
+    return HeldIds(held, table)
 
 
 def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = None) -> list[bool] | None:
@@ -85,19 +84,15 @@ def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = No
     return py_list(hit) if pc.any(hit).as_py() else None
 
 
-def with_ids(rows: Any, old: HeldIds, new: Any | None, seen_ms: int, schema: Any) -> Any:
-    """``rows`` (without record ids) + the record_ids column: retained old ids, then the ``new``
-    ones (a key / record_id table; None: none)."""
+def with_ids(rows: Any, old: HeldIds, schema: Any) -> Any:
+    """``rows`` (without record ids) + the record_ids column: the old ids they held, within the
+    dedup horizon (an image written before the ids files; new ids go to an ids file)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     field = schema.field("record_ids")
-    parts = [old.table]
-    if new is not None and new.num_rows:
-        parts.append(pa.table({"key": new.column("key"), "record_id": new.column("record_id"),
-                               "seen_ms": pa.array(np.full(new.num_rows, seen_ms, dtype=np.int64))}))
-    ids = pa.concat_tables(parts)
+    ids = old.table
     pos = pc.index_in(ids.column("key"), value_set=rows.column("key"))
     ids = ids.append_column("pos", pos).append_column("seq", pa.array(np.arange(ids.num_rows), pa.int64()))
     ids = ids.filter(pc.is_valid(pos))

@@ -5,7 +5,7 @@ one Spark job per batch that runs user code: the input prepared in the JVM (``in
 a shuffle by interval and the user code in ``mapInArrow`` tasks, or tasks that read the
 batch's files themselves (``direct.py``) or have no input (``task.py``). Each task runs its
 intervals (``interval.py``: the interval images the write path names, cached per Python worker
-by immutable file path; the key loop, ``keys.py``), writes the new images and the productions
+by immutable file path; the key loop, ``usercode/keys.py``), writes the new images and the productions
 as Parquet files (through the write path's writers), and returns one summary per interval,
 which the write path commits and delivers.
 
@@ -17,7 +17,6 @@ more intervals (``Computation.num_intervals``).
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,7 +34,7 @@ from ..input import PREP_DDL, interval_of_key, original_text, original_texts, po
 from ..job import BatchCounts, BatchRun, Prepared, task_failure
 from ..worker import one_worker_pool
 from .direct import DirectBatch, DirectSource, batch_files
-from .interval import ImageSpec
+from .spec import ImageSpec
 from .task import ClaimError, collect, image_task_fn, task_job
 
 __all__ = ["ImageTasks", "place_intervals", "spark_partition_of_int"]
@@ -130,9 +129,6 @@ class ImageTasks:
         self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
-        # local mode: the tasks of a direct or timers-only batch claim the intervals their worker
-        # holds (``task.py``); DELTAWHEEL_TASK_CLAIMS=0 keeps the placement (for comparisons)
-        self.claims = os.environ.get("DELTAWHEEL_TASK_CLAIMS", "1") != "0"
 
     # ------------------------------------------------------------------ the job
 
@@ -210,12 +206,11 @@ class ImageTasks:
             stream_schema=arrow_schema(stream_schema_ddl()), stream_format_version=STREAM_FORMAT_VERSION,
             route_late=comp.late_policy is LatePolicy.ROUTE, summary_schema=arrow_schema(SUMMARY_DDL),
             strong=comp.strong_productions if strong is None else strong,
-            input_files=tuple(self.path.input_files), dvs=self.path.deletion_vectors(), deltas=self.path.deltas)
+            input_files=tuple(self.path.input_files))
         if direct is None and prep is not None:
             return self._shuffled(session, prep, place).mapInArrow(image_task_fn(spec), spark_type(SUMMARY_DDL))
         one_worker_pool(session)  # the RDD tasks in the pool of the SQL tasks (``worker.py``)
-        return task_job(session.sparkContext, spec, place, partitions=self.partitions, direct=direct,
-                        claims=self.claims)
+        return task_job(session.sparkContext, spec, place, partitions=self.partitions, direct=direct)
 
     def _shuffled(self, session: Any, prep: Any, place: tuple[tuple[int, int], ...]) -> Any:
         """The prepared input of the owned intervals plus one marker row per interval (so every

@@ -8,14 +8,14 @@ The batch job (``job.py``) takes one of two shapes:
   files, ``direct.py``, or due timers only): one RDD task per partition (:func:`task_job`), its
   index naming its intervals, or the tasks claim their intervals (below).
 
-Each task runs its intervals (:func:`~.interval.run_task`) and returns their summaries as Arrow
-rows; :func:`collect` runs the job and gathers them in a
+Each task runs its intervals (:func:`run_task`: each one's run is ``interval.py``'s) and returns
+their summaries as Arrow rows; :func:`collect` runs the job and gathers them in a
 :class:`~deltawheel.statestore.writepath.image.summary.BatchOutput` (a task that met another
 writer's fence says so in its interval's summary, ``fenced``, and stops; :func:`collect` raises
 :class:`StaleViewError` for it).
 
 Claims. An image task keeps the interval images it read or wrote in its Python worker
-(``interval.py``'s cache, by immutable file path), but Spark hands a task to
+(``cache.py``, by immutable file path), but Spark hands a task to
 whichever worker is free, so with a fixed interval-to-task placement about
 half of a batch's intervals meet a worker that does not hold their image: it
 reads the image from the store again and rebuilds its Bloom filter.
@@ -43,6 +43,7 @@ The folder is per job and removed by the driver when the job ends.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import shutil
 import tempfile
@@ -52,13 +53,17 @@ from typing import Any, Callable, Iterator, Sequence
 
 from deltawheel.statestore.delta.storefs import background_uploads
 from deltawheel.statestore.writepath import StaleViewError
-from deltawheel.statestore.writepath.image.summary import BatchOutput, IntervalSummary
+from deltawheel.statestore.writepath.image.summary import BatchOutput, IntervalSummary, SideRecord
 
+from ..usercode.columns import py_list
+from .cache import holds
+from .capture import capture, capture_folder
 from .direct import BatchReader, DirectBatch, marker_rows
-from .interval import ImageSpec, holds, run_task
+from .interval import run_interval
+from .spec import ImageSpec
 
-__all__ = ["TaskJob", "image_task_fn", "task_job", "collect", "direct_task_fn", "markers_task_fn", "ClaimBoard",
-           "ClaimError", "claim_board", "claimed_intervals", "drop_board"]
+__all__ = ["TaskJob", "image_task_fn", "task_job", "collect", "direct_task_fn", "markers_task_fn", "run_task",
+           "run_intervals", "ClaimBoard", "ClaimError", "claim_board", "claimed_intervals", "drop_board"]
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,8 @@ class TaskJob:
 
 
 def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The image job's ``mapInArrow`` function: :func:`~.interval.run_task` on a task's rows, yields
-    its summaries."""
+    """The image job's ``mapInArrow`` function: :func:`run_task` on a task's rows, yields its
+    summaries."""
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
@@ -92,13 +97,13 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 
 def task_job(sc: Any, spec: ImageSpec, place: tuple[tuple[int, int], ...], *, partitions: int,
-             direct: DirectBatch | None, claims: bool) -> TaskJob:
+             direct: DirectBatch | None) -> TaskJob:
     """The RDD job of a batch whose tasks read its files themselves (``direct``) or have no input
-    (due timers only): one task per partition index, each with its intervals of ``place``; with
-    ``claims``, the tasks claim their intervals where the master allows it (:func:`claim_board`)."""
+    (due timers only): one task per partition index, each with its intervals of ``place``; the
+    tasks claim their intervals where the master allows it (:func:`claim_board`)."""
     ivs = [iv for iv, _t in place]
     tasks = tuple(tuple(iv for iv, t in place if t == i) for i in range(partitions))
-    board = claim_board(sc.master, ivs) if claims else None
+    board = claim_board(sc.master, ivs)
     fn = (direct_task_fn(spec, dataclasses.replace(direct, tasks=tasks), board) if direct is not None
           else markers_task_fn(spec, tasks, board))
     return TaskJob(sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(fn, preservesPartitioning=True),
@@ -177,6 +182,84 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
             yield from pa.Table.from_pylist([s.to_row() for s in out], schema=spec.summary_schema).to_pylist()
 
     return fn
+
+
+def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
+    """:func:`run_intervals` without cyclic garbage collection (and captured or profiled when asked)."""
+    # no cyclic garbage collection while the task runs: it allocates ~10 objects per record,
+    # which triggers collections that traverse every tracked object (the cached images
+    # included), 15-35 % of the task function's time; nearly all of it is freed by reference
+    # counting anyway, and the collector resumes (and catches up) when the task ends
+    folder = capture_folder()  # DELTAWHEEL_TASK_CAPTURE: the task's spec and input, to replay it
+    if folder:
+        capture(folder, spec, table)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        profile = os.environ.get("DELTAWHEEL_TASK_PROFILE")  # a folder: one cProfile file per task
+        if not profile:
+            return run_intervals(spec, table)
+        import cProfile
+
+        prof = cProfile.Profile()
+        out: list[IntervalSummary] = prof.runcall(run_intervals, spec, table)
+        os.makedirs(profile, exist_ok=True)
+        prof.dump_stats(os.path.join(profile, f"task-{uuid.uuid4().hex}.prof"))
+        return out
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def run_intervals(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
+    """One task: the input rows (Arrow, prepared columns + interval + marker flag) of some
+    intervals, each interval run (:func:`~.interval.run_interval`); a summary per interval."""
+    import pyarrow.compute as pc
+
+    marker = pc.fill_null(table.column("_m"), False)
+    ivs = set(table.column("interval").filter(marker).to_pylist())
+    records = table.num_rows - len(ivs)
+    if not pc.any(marker.slice(0, records)).as_py():  # the markers trail the records (the direct read's
+        data = table.slice(0, records)                # tables): the records without a copy
+    else:
+        data = table.filter(pc.invert(marker))
+    counted = data.num_rows
+    data, side, (lo, hi) = _dead_letters(data)
+    with_data: list[int] = py_list(pc.unique(data.column("interval"))) if data.num_rows else []
+    ivs |= set(with_data)
+    out = []
+    # the S3 PUTs of each interval's files overlap the next interval's work; the summary (and
+    # so the driver's commit naming the files) waits for all of them at the block's end
+    with background_uploads():
+        for iv in sorted(i for i in ivs if i in spec.sequencers):
+            if len(with_data) == 1:  # the usual task: one interval's records, nothing to filter
+                recs = data if iv == with_data[0] else data.slice(0, 0)
+            else:
+                recs = data.filter(pc.equal(data.column("interval"), iv)) if data.num_rows else data
+            out.append(run_interval(spec, iv, recs))
+            if out[-1].fenced is not None:  # taken over: the batch cannot commit, run nothing more
+                break
+    # the task's input counts and its dead / late records ride on its first summary
+    head = out[0] if out else IntervalSummary(None)
+    return [dataclasses.replace(head, records_in=counted, obs_min=lo, obs_max=hi, side=(*side, *head.side)),
+            *out[1:]]
+
+
+def _dead_letters(data: Any) -> tuple[Any, list[SideRecord], tuple[int | None, int | None]]:
+    """(the records that are no dead letters of the input, those as side records, the event-time
+    range of the others: what the injectors' watermarks see)."""
+    import pyarrow.compute as pc
+
+    if not data.num_rows:
+        return data, [], (None, None)
+    bad = pc.is_valid(data.column("_bad"))
+    any_bad = pc.any(bad).as_py()
+    ts = data.column("timestamp_ms")
+    mm = pc.min_max(ts.filter(pc.invert(bad)) if any_bad else ts)
+    if not any_bad:
+        return data, [], (mm["min"].as_py(), mm["max"].as_py())
+    side = [SideRecord.of_input("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
+    return data.filter(pc.invert(bad)), side, (mm["min"].as_py(), mm["max"].as_py())
 
 
 # --------------------------------------------------------------------------- claims

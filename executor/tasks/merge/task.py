@@ -18,7 +18,7 @@ from deltawheel.statestore.exceptions import CodecError
 from deltawheel.statestore.rowtable.rows import KeyRow, rows_schema_ddl
 
 from ...computation import Computation, LatePolicy, Record
-from ..keyrun import run_key
+from ..usercode.keyrun import run_key
 
 __all__ = ["task_fn", "OUT_DDL"]
 

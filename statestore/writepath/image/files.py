@@ -1,96 +1,33 @@
-"""The image path's file writers and image facts, used by its tasks (and by recovery).
+"""The image path's files: an interval's state file and production files, written and read by
+its tasks (and by recovery).
 
-The tasks (``executor/tasks/image/interval.py``) write an interval's new image
-(:func:`write_interval_image`) and its productions (:func:`write_production_files`) as Parquet
-files in the tables' folders, invisible until the driver's commit or delivery adds them to a
-log (:mod:`.path`); :func:`oldest_work` and :func:`next_processing` read what an image still
-has to do (the tasks for each new image, recovery for each current one).
-
-An interval's state may be several files: a batch writes only the rows of the keys it changed
-(a delta file) and marks their older rows deleted in the older files with Delta deletion vectors
-(when :func:`image_deltas` says so; the tasks decide when to rewrite the interval whole instead, see
-docs/performance.md). :func:`live_rows` reads a file's rows its deletion vector leaves live.
+The tasks (``executor/tasks/image/interval.py``) read an interval's state files
+(:func:`read_rows_file`) and write its new image (:func:`write_interval_image`) and its
+productions (:func:`write_production_files`, or :func:`write_production_table` of a
+:func:`production_table`) as Parquet files in the tables' folders, invisible until the driver's
+commit or delivery adds them to a log (:mod:`.path`); :func:`oldest_work` and
+:func:`next_processing` read what an image still has to do (the tasks for each new image,
+recovery for each current one). The record-ids files beside a state file are :mod:`.idsfiles`'.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import uuid
 from typing import Any, Mapping, Sequence
 
-from ...delta.deletionvectors import deleted_rows
 from ...delta.storefs import TableFiles
 from ...delta.txn import partition_file_name, write_file
-from ...exceptions import ConfigError
 from ...rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
 from .summary import ImageFile, ProductionFile
 
-__all__ = ["IMAGE_DELTAS_ENV", "image_deltas", "live_rows", "deletion_vector", "with_deletion_vector",
-           "write_interval_image", "write_production_files", "write_production_table", "production_table",
-           "oldest_work", "next_processing", "is_ids_path", "IDS_FILE_TAG"]
+__all__ = ["write_interval_image", "write_production_files", "write_production_table", "production_table",
+           "columns_table", "read_rows_file", "oldest_work", "next_processing", "is_ids_path", "ids_level",
+           "IDS_FILE_TAG"]
 
-#: the tag in a record-ids file's name (``executor/tasks/image/idsfiles.py``), followed by its level
+#: the tag in a record-ids file's name (:mod:`.idsfiles`), followed by its level
 IDS_FILE_TAG = "dwids"
 _IDS_NAME = re.compile(rf"-{IDS_FILE_TAG}(\d+)\.")
-
-
-#: "1": batches write delta files; "0" or unset (the default): every batch rewrites each interval it changes
-#: whole (no delta files, no deletion vectors; a writer taking intervals purges the vectors it finds)
-IMAGE_DELTAS_ENV = "DELTAWHEEL_IMAGE_DELTAS"
-
-
-def image_deltas() -> bool:
-    """Whether batches write delta files (the driver's setting, :data:`IMAGE_DELTAS_ENV`: on with
-    ``1``/``true``/``on``/``yes``; off when unset or empty, or with ``0``/``false``/``off``/``no``:
-    each batch rewrites the intervals it changes whole, which measured faster and smaller in memory
-    on the benchmark's workloads, docs/benchmarks.md). The tasks get it in their spec, never from
-    their own environment.
-
-    Raises:
-        ConfigError: the variable holds anything else.
-    """
-    value = os.environ.get(IMAGE_DELTAS_ENV, "").strip().lower()
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value in ("", "0", "false", "off", "no"):
-        return False
-    raise ConfigError(f"{IMAGE_DELTAS_ENV}={value!r} is not a switch: set it to 1 (delta files) "
-                      "or 0 (each batch rewrites the intervals it changes whole, the default), or unset it")
-
-
-def deletion_vector(action_json: str) -> dict[str, Any] | None:
-    """The ``deletionVector`` of an ``add`` action's JSON (None: the file has none)."""
-    dv = json.loads(action_json).get("add", {}).get("deletionVector")
-    return dict(dv) if dv else None
-
-
-def with_deletion_vector(action_json: str, dv: dict[str, Any]) -> str:
-    """The ``add`` action ``action_json`` re-adding its file with deletion vector ``dv`` (as Delta's
-    own DELETE and MERGE with deletion vectors do: the old entry is removed in the same commit).
-    Its statistics no longer bound the live rows tightly (``tightBounds``: false, as Delta requires)."""
-    add = dict(json.loads(action_json)["add"])
-    add["deletionVector"] = dv
-    add["dataChange"] = True
-    stats = json.loads(add.get("stats") or "{}")
-    stats["tightBounds"] = False
-    add["stats"] = json.dumps(stats)
-    return json.dumps({"add": add})
-
-
-def live_rows(root: TableFiles, table: Any, dv: dict[str, Any] | None) -> tuple[Any, Any]:
-    """(the rows of ``table`` — one data file of ``root``, read whole — that deletion vector ``dv``
-    leaves live, their row indexes in the file as a NumPy array)."""
-    import numpy as np
-
-    every = np.arange(table.num_rows, dtype=np.int64)
-    if not dv:
-        return table, every
-    gone = np.fromiter(deleted_rows(root, dv), dtype=np.int64)
-    keep = np.ones(table.num_rows, dtype=bool)
-    keep[gone[gone < table.num_rows]] = False
-    return table.filter(keep), every[keep]
 
 
 def is_ids_path(rel: str) -> bool:
@@ -102,6 +39,24 @@ def ids_level(rel: str) -> int:
     """A record-ids file's compaction level (0 for any other file)."""
     m = _IDS_NAME.search(rel.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else 0
+
+
+def read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
+    """One rows file in ``schema``; a column the file does not have (written before the migration
+    that added it, e.g. ``timer_seq``) is read as nulls, as Delta reads it."""
+    import pyarrow as pa
+
+    if root.is_local:
+        have = set(root.read_schema(rel).names)
+        t = root.read_parquet(rel, columns=[n for n in schema.names if n in have])
+    else:  # one read of the object: its footer and the columns
+        pf = root.parquet_file(rel)
+        have = set(pf.schema_arrow.names)
+        t = pf.read(columns=[n for n in schema.names if n in have])
+    for i, f in enumerate(schema):
+        if f.name not in have:
+            t = t.add_column(i, f.name, pa.nulls(t.num_rows, f.type))
+    return t.select(schema.names).cast(schema)
 
 
 def write_interval_image(image: Any, rows_root: TableFiles, computation: str, interval: int) -> ImageFile:
@@ -127,6 +82,16 @@ def production_table(prods: Sequence[Any]) -> Any:
     schema = _production_schema()
     cols = list(zip(*prods, strict=True)) if prods else [()] * len(schema)
     return pa.table([pa.array(c, f.type) for c, f in zip(cols, schema, strict=True)], schema=schema)
+
+
+def columns_table(pid: Any, stream: Any, key: Any, value: Any, ts: Any, codec: Any) -> Any:
+    """A production table from its columns (Arrow arrays), as :func:`production_table` types them
+    (the columnar path keeps its productions so: no Python object per production)."""
+    import pyarrow as pa
+
+    schema = _production_schema()
+    return pa.table([c.cast(f.type) for c, f in zip((pid, stream, key, value, ts, codec), schema, strict=True)],
+                    schema=schema)
 
 
 def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,

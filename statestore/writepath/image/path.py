@@ -12,11 +12,7 @@ image path keeps the single-row-per-key table and its partitioning by
   invisible until committed); they return a summary per interval
   (:mod:`.summary`);
 - :meth:`ImagePath.commit`: one Delta transaction on the rows table
-  (``statestore/delta/txn.py``): remove the replaced files, add the new ones. A batch that
-  wrote an interval's delta (only the rows of the keys it changed, :mod:`.files`) keeps the
-  interval's older files and re-adds those it changed with their new deletion vectors (the
-  old rows of the changed keys marked deleted), as Delta's MERGE with deletion vectors does:
-  the table holds one live row per key at every version.
+  (``statestore/delta/txn.py``): remove the replaced files, add the new ones.
   Fenced like every commit: the tasks check the fence row's sequencer, the
   transaction records the partitions as read (a concurrent fence fails it)
   and refuses to go on if a commit since this writer's last one touched its
@@ -48,17 +44,13 @@ from ...delta.txn import (
     TableLog,
     decode_path,
     new_add,
-    partition_file_name,
-    write_file,
 )
 from ...exceptions import CommitConflictError, StaleSequencerError
 from ...layout import StoreLayout
 from ...ownership.owner import IntervalOwner
 from ...rowtable.fencing import translate_commit_error
 from ...rowtable.frames import arrow_schema
-from ...rowtable.inputfiles import no_input_entry
-from ...rowtable.rows import rows_file_ddl
-from ...rowtable.store import raise_if_fenced
+from ...rowtable.store import COMMIT_META_VERSION, raise_if_fenced
 from .. import Recovered, StaleViewError, WritePath
 from ..delivery import deliver_productions
 from ..streams import (
@@ -67,18 +59,18 @@ from ..streams import (
     stream_schema_ddl,
 )
 from .beside import Beside
-from .files import deletion_vector, image_deltas, is_ids_path, with_deletion_vector, write_production_files
+from .files import is_ids_path, write_production_files
+from .fold import fold_intervals
 from .recovery import Checkpoint, Recovery, resolve, scan
 from .summary import BatchOutput
 
-__all__ = ["ImagePath", "COMMIT_META_VERSION"]
+__all__ = ["ImagePath"]
 
 _DELIVERY_RETRIES = 20  # conflicts with other deliveries to the same stream, retried with jitter
 
 
 class _DeliveredMeanwhile(Exception):
     """Aborts a strong delivery's transaction: its checkpoint was delivered since it was last read."""
-COMMIT_META_VERSION = 1
 
 
 class ImagePath(WritePath[BatchOutput]):
@@ -113,7 +105,6 @@ class ImagePath(WritePath[BatchOutput]):
         self._delivered: dict[tuple[str, str], int] = {}
         self._oldest: dict[int, int | None] = {}
         self._next_proc: dict[int, int | None] = {}
-        self.deltas = image_deltas()  # batches may write delta files (else: whole images)
         self._tables: Beside | None = None  # the output streams' tables being made (streams_ready)
 
     @property
@@ -207,18 +198,6 @@ class ImagePath(WritePath[BatchOutput]):
         the tasks load as the interval's rows."""
         return {iv: tuple(decode_path(f.path) for f in self.files.get(iv, ())) for iv in self.owner.intervals}
 
-    def deletion_vectors(self) -> dict[str, dict[str, Any]]:
-        """path (decoded, as in :meth:`images`) -> its ``deletionVector``, for the owned intervals'
-        live files that have one (the rows the tasks must not read)."""
-        out: dict[str, dict[str, Any]] = {}
-        for iv in self.owner.intervals:
-            for f in self.files.get(iv, ()):
-                if f.has_deletion_vector:
-                    dv = deletion_vector(f.action_json)
-                    if dv:
-                        out[decode_path(f.path)] = dv
-        return out
-
     def load(self) -> None:
         """After :class:`StaleViewError`: a newer fence on an owned interval means this writer is
         a zombie (:class:`StaleSequencerError`); else read the partitions' files again."""
@@ -227,9 +206,8 @@ class ImagePath(WritePath[BatchOutput]):
 
     def _load(self) -> None:
         """Read the live files of the owned partitions (a full snapshot read; after a takeover or
-        a conflict). With delta files off (:func:`~.files.image_deltas`), files carrying deletion
-        vectors (left by MERGE commits or by delta batches) are purged first, so every image is
-        plain Parquet; with them on, the tasks read deletion vectors themselves."""
+        a conflict). Files carrying deletion vectors (left by MERGE commits) are purged first, so
+        every image is plain Parquet."""
         ivs = sorted(self.owner.intervals)
         name, wanted = self.name, {str(iv) for iv in ivs}
         version, files = self.log.files(
@@ -238,8 +216,7 @@ class ImagePath(WritePath[BatchOutput]):
         for f in files:
             self.files.setdefault(int(f.part("interval") or -1), []).append(f)
         self.version = version
-        dirty = [] if self.deltas else \
-            sorted({iv for iv, fs in self.files.items() if any(f.has_deletion_vector for f in fs)})
+        dirty = sorted({iv for iv, fs in self.files.items() if any(f.has_deletion_vector for f in fs)})
         if dirty:  # a stale owner must not rewrite (the images' rows are not all live: ask Delta)
             self.owner.store.check_fences(self.name, self.owner.sequencers)
             self._rewrite(dirty)
@@ -309,32 +286,10 @@ class ImagePath(WritePath[BatchOutput]):
                 self._delivered[(stream, app)] = v
 
     def _rewrite(self, ivs: list[int]) -> None:
-        """Replace the files of ``ivs`` by one plain Parquet file each, same rows (Delta's
-        ``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair)."""
-        import pyarrow as pa
-        from pyspark.sql import functions as F
-
-        name = self.name
-        schema = arrow_schema(rows_file_ddl())
-        data = (self.spark.read.format("delta").option("versionAsOf", self.version).load(self.layout.rows)
-                .where((F.col("computation") == name) & F.col("interval").isin(ivs)).toArrow())
-        adds, new = [], {}
-        for iv in ivs:
-            part = data.filter(pa.compute.equal(data.column("interval"), iv)).select(schema.names).cast(schema)
-            rel = partition_file_name(name, iv, "dw")
-            size = write_file(part, self.rows_files, rel)
-            add = new_add(rel, {"computation": name, "interval": str(iv)}, size, part.num_rows)
-            adds.append(add)
-            new[iv] = [FileEntry(rel, (("computation", name), ("interval", str(iv))), size, False, add)]
-        removes = [f for iv in ivs for f in self.files.get(iv, ())]
-        version = self.log.commit(
-            remove=removes, add=adds, read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
-            untouched_since=(self.version, [{"computation": name, "interval": str(iv)} for iv in ivs]),
-            user_metadata=json.dumps({"deltawheel": COMMIT_META_VERSION, "kind": "compact", "computation": name,
-                                      "write_path": "image", **no_input_entry()}, sort_keys=True))
-        assert version is not None
+        """Replace the files of ``ivs`` by one plain Parquet file each, same rows (:mod:`.fold`)."""
+        self.version, new = fold_intervals(self.spark, self.log, self.rows_files, name=self.name,
+                                           files={iv: self.files.get(iv, []) for iv in ivs}, version=self.version)
         self.files.update(new)
-        self.version = version
 
     # ------------------------------------------------------------------ step 5
 
@@ -359,26 +314,17 @@ class ImagePath(WritePath[BatchOutput]):
         adds: dict[int, list[Any]] = {}
         removes: list[FileEntry] = []
         kept: dict[int, list[FileEntry]] = {}
-        readded: dict[int, list[FileEntry]] = {}
         for iv, s in new:
             part = {"computation": name, "interval": str(iv)}
             adds[iv] = [new_add(f.path, part, f.size, f.rows) for f in (s.image, s.ids_file, s.ids_merged) if f is not None]
             gone = set(s.ids_removed)
-            marked = dict(s.dvs)
-            # a whole new image replaces every file of the partition but its ids files; a delta
-            # keeps them, re-adding those it marks rows deleted in; dropped ids files go
-            whole = s.image is not None and not s.delta
+            # a new image replaces every file of the partition but its ids files; dropped ids files go
             drop = [f for f in self.files.get(iv, ())
-                    if (whole and not is_ids_path(decode_path(f.path))) or decode_path(f.path) in gone
-                    or decode_path(f.path) in marked]
-            readded[iv] = [FileEntry(f.path, f.partition_values, f.size, True,
-                                     with_deletion_vector(f.action_json, json.loads(marked[decode_path(f.path)])))
-                           for f in drop if decode_path(f.path) in marked]
+                    if (s.image is not None and not is_ids_path(decode_path(f.path))) or decode_path(f.path) in gone]
             removes += drop
             kept[iv] = [f for f in self.files.get(iv, ()) if f not in drop]
         try:
-            version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]]
-                                      + [f.action_json for iv in ivs for f in readded[iv]], user_metadata=info,
+            version = self.log.commit(remove=removes, add=[a for iv in ivs for a in adds[iv]], user_metadata=info,
                                       read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],
                                       untouched_since=(self.version, parts),
                                       known_version=self.version)
@@ -397,7 +343,7 @@ class ImagePath(WritePath[BatchOutput]):
         assert version is not None
         for iv, s in new:
             pv = (("computation", name), ("interval", str(iv)))
-            self.files[iv] = kept[iv] + readded[iv] + [FileEntry(f.path, pv, f.size, False, add)
+            self.files[iv] = kept[iv] + [FileEntry(f.path, pv, f.size, False, add)
                                          for f, add in zip([f for f in (s.image, s.ids_file, s.ids_merged) if f is not None],
                                                            adds[iv], strict=True)]
         self.version = out.version = version

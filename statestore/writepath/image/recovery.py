@@ -19,7 +19,7 @@ from ...delta.storefs import TableFiles
 from ...delta.txn import FileEntry, decode_path
 from ...rowtable.rows import FENCE_KEY, Production
 from ...rowtable.store import raise_if_fenced
-from .files import deletion_vector, live_rows, next_processing, oldest_work
+from .files import next_processing, oldest_work
 
 __all__ = ["Checkpoint", "Recovery", "scan", "resolve"]
 
@@ -73,9 +73,8 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
     out = Recovery({}, {}, [], [])
     checkpoints: list[Checkpoint] = []
     for iv, entries in sorted(files.items()):
-        # (a file's rows its deletion vector leaves live: an interval may be older files plus deltas)
-        parts = [live_rows(root, root.read_parquet(decode_path(f.path), columns=cols),
-                           deletion_vector(f.action_json) if f.has_deletion_vector else None)[0] for f in entries]
+        # (plain files: :meth:`~.path.ImagePath.acquire` purged any deletion vector before the scan)
+        parts = [root.read_parquet(decode_path(f.path), columns=cols) for f in entries]
         if not parts:
             out.oldest[iv] = out.next_processing[iv] = None
             continue

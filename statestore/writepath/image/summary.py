@@ -25,8 +25,7 @@ __all__ = ["SUMMARY_DDL", "ImageFile", "ProductionFile", "SideRecord", "Fenced",
 _SIDE = ("STRUCT<kind: STRING, record_id: STRING, key: STRING, value: BINARY, codec: STRING, timestamp_ms: BIGINT, "
          "stream: STRING, position: STRING, error: STRING>")
 #: The Arrow rows the tasks return (:meth:`IntervalSummary.to_row`)
-SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, delta BOOLEAN, "
-               "dvs ARRAY<STRUCT<path: STRING, dv: STRING>>, "
+SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT, "
                "ids_path STRING, ids_size BIGINT, ids_rows BIGINT, ids_removed ARRAY<STRING>, "
                "merged_path STRING, merged_size BIGINT, merged_rows BIGINT, "
                "prod_files ARRAY<STRUCT<stream: STRING, path: STRING, size: BIGINT, num_rows: BIGINT, min_ts: BIGINT>>, "
@@ -129,14 +128,12 @@ class IntervalSummary:
     """What a task did with one interval (``interval`` None: a task that ran none; its input
     counts only).
 
-    ``image``: the interval's new image (None: unchanged); ``delta``: ``image`` holds only the
-    rows of the keys the batch changed (the interval's other state files stay, ``dvs`` marks
-    their old rows deleted: (path, the file's new ``deletionVector`` as JSON) per file it
-    changes), else it replaces every state file of the interval; ``ids_file``: its new record-ids file
-    (None: none, ``executor/tasks/image/idsfiles.py``); ``ids_removed``: the ids files it drops
+    ``image``: the interval's new image, replacing every state file of the interval (None:
+    unchanged); ``ids_file``: its new record-ids file
+    (None: none, :mod:`.idsfiles`); ``ids_removed``: the ids files it drops
     (past the dedup horizon, or taken into ``ids_file`` or ``ids_merged``); ``ids_merged``: a
     compaction's file its worker prepared in the background beside ``ids_file``
-    (``executor/tasks/image/idsmerge.py``); ``prod_files``: the productions of its
+    (:mod:`.idsmerge`); ``prod_files``: the productions of its
     keys; ``side``: dead letters and routed late records; the counts of the batch report
     (``fired``: timers fired, ``n_prods``: productions, ``n_dead``: dead letters of user code and
     decoding, ``bloom_*``: the dedup filter's checks); ``oldest_ms`` / ``next_proc_ms``: the
@@ -147,8 +144,6 @@ class IntervalSummary:
 
     interval: int | None
     image: ImageFile | None = None
-    delta: bool = False
-    dvs: tuple[tuple[str, str], ...] = ()
     ids_file: ImageFile | None = None
     ids_removed: tuple[str, ...] = ()
     ids_merged: ImageFile | None = None
@@ -180,7 +175,6 @@ class IntervalSummary:
         img, ids, m = self.image, self.ids_file, self.ids_merged
         row: dict[str, Any] = {"interval": self.interval, "new_path": img.path if img else None,
                                "new_size": img.size if img else None, "new_rows": img.rows if img else None,
-                               "delta": self.delta, "dvs": [{"path": p, "dv": d} for p, d in self.dvs],
                                "ids_path": ids.path if ids else None, "ids_size": ids.size if ids else None,
                                "ids_rows": ids.rows if ids else None, "ids_removed": list(self.ids_removed),
                                "merged_path": m.path if m else None, "merged_size": m.size if m else None,
@@ -203,7 +197,6 @@ class IntervalSummary:
         return cls(
             interval=row.get("interval"),
             image=ImageFile(path, int(row["new_size"]), int(row["new_rows"])) if path else None,
-            delta=bool(row.get("delta")), dvs=tuple((d["path"], d["dv"]) for d in row.get("dvs") or ()),
             ids_file=ImageFile(ids, int(row["ids_size"]), int(row["ids_rows"])) if ids else None,
             ids_removed=tuple(row.get("ids_removed") or ()),
             ids_merged=ImageFile(row["merged_path"], int(row["merged_size"]), int(row["merged_rows"]))
@@ -235,9 +228,9 @@ class BatchOutput:
 
     def changed(self) -> list[tuple[int, IntervalSummary]]:
         """(interval, its summary) for each interval with files to commit (a new image or ids file,
-        ids files to drop, rows to mark deleted)."""
+        ids files to drop)."""
         return [(iv, s) for iv, s in self.intervals()
-                if s.image is not None or s.ids_file is not None or s.ids_merged is not None or s.ids_removed or s.dvs]
+                if s.image is not None or s.ids_file is not None or s.ids_merged is not None or s.ids_removed]
 
     def side(self, kind: str) -> list[SideRecord]:
         """The side records of ``kind`` (dead, late) of every summary."""

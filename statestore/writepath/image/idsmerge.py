@@ -17,29 +17,44 @@ file of the rows table, removed by gc's vacuum like a failed task's.
 The merged file's ``updated_ms`` is the preparing batch's time (its ids were all seen by then:
 it is dropped past the horizon a batch sooner than the task's own merge would have, never
 before its last id expires); its rows' ``commit_id`` is the preparing batch's.
-
-``DELTAWHEEL_IDS_BACKGROUND_MERGE=0`` turns it off (each compaction in its batch's task).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from deltawheel.statestore.rowtable.rows import ROW_FORMAT_VERSION
-from deltawheel.statestore.writepath.image.summary import ImageFile
-
+from ...delta.storefs import TableFiles
+from ...rowtable.rows import ROW_FORMAT_VERSION
 from .idhash import id_hashes
 from .idsfiles import IdsFile, adopt, hash_index, plan_compaction, within, write_ids_file
+from .summary import ImageFile
 
-if TYPE_CHECKING:
-    from .interval import ImageSpec
+__all__ = ["IdsBatch", "pending", "prepare", "prepare_next", "take", "write_batch_ids"]
 
-__all__ = ["BACKGROUND_ENV", "background", "pending", "prepare", "prepare_next", "take", "write_batch_ids"]
 
-BACKGROUND_ENV = "DELTAWHEEL_IDS_BACKGROUND_MERGE"
+@dataclass(frozen=True, kw_only=True)
+class IdsBatch:
+    """One interval's ids files as a batch writes them: the rows table's files and its rows file
+    ``schema`` (pyarrow), the writer (``computation``, ``interval``, ``sequencer``, ``commit_id``),
+    the batch's processing time and its dedup horizon (None: no dedup)."""
+
+    rows_root: TableFiles
+    schema: Any
+    computation: str
+    interval: int
+    sequencer: int
+    commit_id: str
+    now_ms: int
+    horizon_ms: int | None
+
+    def write(self, flat: Any, *, level: int, remember: bool = True, hashes: Any = None) -> tuple[ImageFile, IdsFile]:
+        """:func:`~.idsfiles.write_ids_file` of the ids ``flat`` as this batch's file of ``level``."""
+        return write_ids_file(flat, self.rows_root, computation=self.computation, interval=self.interval,
+                              level=level, schema=self.schema, sequencer=self.sequencer, commit_id=self.commit_id,
+                              now_ms=self.now_ms, format_version=ROW_FORMAT_VERSION, remember=remember,
+                              hashes=hashes)
 
 
 @dataclass
@@ -56,11 +71,6 @@ class _Prepared:
 
 _PREPARED: dict[tuple[str, int], _Prepared] = {}  # (computation, interval) -> its prepared merge
 _LOCK = threading.Lock()
-
-
-def background() -> bool:
-    """Whether compactions are prepared in the background (default) or done in their batch's task."""
-    return os.environ.get(BACKGROUND_ENV, "1") != "0"
 
 
 def pending(computation: str, interval: int) -> frozenset[str] | None:
@@ -110,52 +120,46 @@ def take(computation: str, interval: int, taken: Sequence[IdsFile], *, level: in
     return prep.result
 
 
-def write_batch_ids(spec: ImageSpec, iv: int, fresh: Any | None, legacy: Any, live: list[IdsFile],
-               retention_ms: int | None, fresh_hashes: Any = None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
+def write_batch_ids(batch: IdsBatch, fresh: Any | None, legacy: Any, live: list[IdsFile], retention_ms: int | None,
+                    fresh_hashes: Any = None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
     """Write the batch's ids file: its new ids (``fresh``: key / record_id), those taken out of an
     older image, and — when compaction says so — those of the live files it takes in (or, when
-    this worker prepared that merge, ``idsmerge.py``, the batch's ids alone beside the prepared
-    file). Returns (the files written, the live files it leaves)."""
+    this worker prepared that merge, the batch's ids alone beside the prepared file). Returns (the
+    files written, the live files it leaves)."""
     import numpy as np
     import pyarrow as pa
 
     parts = []
     if fresh is not None:
         parts.append(pa.table({"key": fresh.column("key"), "record_id": fresh.column("record_id"),
-                               "seen_ms": pa.array(np.full(fresh.num_rows, spec.now_ms, dtype=np.int64))}))
+                               "seen_ms": pa.array(np.full(fresh.num_rows, batch.now_ms, dtype=np.int64))}))
     if legacy.num_rows:
-        parts.append(within(legacy, spec.horizon_ms))
-    level, taken = plan_compaction(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
-    merged = take(spec.comp.name, iv, taken, level=level, sequencer=spec.sequencers[iv]) if taken else None
+        parts.append(within(legacy, batch.horizon_ms))
+    level, taken = plan_compaction(live, now_ms=batch.now_ms, retention_ms=retention_ms or 1)
+    merged = take(batch.computation, batch.interval, taken, level=level, sequencer=batch.sequencer) if taken else None
     own_level = 0 if merged is not None else level
     if merged is None:
-        parts += [within(f.flat, spec.horizon_ms) for f in taken]
+        parts += [within(f.flat, batch.horizon_ms) for f in taken]
     only_fresh = fresh is not None and len(parts) == 1  # the batch's own ids alone: their hashes are known
-    got = write_ids_file(pa.concat_tables(parts), spec.rows_root, computation=spec.comp.name, interval=iv,
-                         level=own_level, schema=spec.rows_schema, sequencer=spec.sequencers[iv],
-                         commit_id=spec.commit_id, now_ms=spec.now_ms, format_version=ROW_FORMAT_VERSION,
-                         hashes=fresh_hashes if only_fresh else None)
+    got = batch.write(pa.concat_tables(parts), level=own_level, hashes=fresh_hashes if only_fresh else None)
     return [got, *([merged] if merged is not None else [])], [f for f in live if f not in taken]
 
 
-def prepare_next(spec: ImageSpec, iv: int, live: list[IdsFile], retention_ms: int | None) -> None:
+def prepare_next(batch: IdsBatch, live: list[IdsFile], retention_ms: int | None) -> None:
     """When the interval's next batch would compact its ids files, merge them now in a thread
-    (``idsmerge.py``) -- unless that merge is already prepared or under way."""
-    if not background() or retention_ms is None:
+    -- unless that merge is already prepared or under way."""
+    if retention_ms is None:
         return
     # what the next batch would take in if it ran now (its new file counted): none, no merge
-    level, files = plan_compaction(live, now_ms=spec.now_ms, retention_ms=retention_ms or 1)
-    if not files or pending(spec.comp.name, iv) == frozenset(f.path for f in files):
+    level, files = plan_compaction(live, now_ms=batch.now_ms, retention_ms=retention_ms or 1)
+    if not files or pending(batch.computation, batch.interval) == frozenset(f.path for f in files):
         return
-    horizon, seq = spec.horizon_ms, spec.sequencers[iv]
 
     def merge(files: Sequence[IdsFile]) -> tuple[ImageFile, IdsFile]:
         import pyarrow as pa
 
         ordered = sorted(files, key=lambda f: (f.written_ms, -f.level))
-        return write_ids_file(pa.concat_tables([within(f.flat, horizon) for f in ordered]), spec.rows_root,
-                              computation=spec.comp.name, interval=iv, level=level, schema=spec.rows_schema,
-                              sequencer=seq, commit_id=spec.commit_id, now_ms=spec.now_ms,
-                              format_version=ROW_FORMAT_VERSION, remember=False)
+        return batch.write(pa.concat_tables([within(f.flat, batch.horizon_ms) for f in ordered]), level=level,
+                           remember=False)
 
-    prepare(spec.comp.name, iv, files, level=level, sequencer=seq, merge=merge)
+    prepare(batch.computation, batch.interval, files, level=level, sequencer=batch.sequencer, merge=merge)

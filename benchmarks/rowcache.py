@@ -1,11 +1,10 @@
-"""Window-aware eviction (DESIGN.md, "Cache"): the policy, and the row cache that applies it.
+"""Window-aware eviction (DESIGN.md, "Cache") of single rows: the row cache the cache benchmark
+replays a workload's row accesses through (``cachebench.py``, ``deltawheel bench cache``), with
+this policy, with LRU and with Belady's optimum (docs/benchmarks.md, "Cache").
 
-The executor's batches do not read rows through this cache: on the image path each Python
+The executor's batches do not read rows through a row cache: on the image path each Python
 worker keeps whole interval images, with this policy applied to images
-(``executor/tasks/image/cache.py``, docs/performance.md); the MERGE path reads in SQL. What uses
-:class:`RowCache` is ``quickstart`` and the cache benchmark (``benchmarks/cachebench.py``,
-``deltawheel bench cache``): it replays a workload's row accesses through it with this policy,
-with LRU and with Belady's optimum (docs/benchmarks.md, "Cache").
+(``executor/tasks/image/cache.py``, docs/performance.md); the MERGE path reads in SQL.
 
 Under a single-writer lease the rows an instance committed *are* the table's content for its
 intervals: any other writer must first take the lease, which grants a new sequencer and fences
@@ -37,8 +36,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..exceptions import ConfigError
-from .rows import KeyRow
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.rowtable.rows import KeyRow
 
 __all__ = ["RowCache", "CacheStats", "MISS", "POLICIES"]
 

@@ -18,7 +18,7 @@ from typing import Any
 from deltawheel.statestore.writepath.image.summary import SideRecord
 
 from ...computation import Computation, ErrorPolicy, Record
-from ..combine import COLUMNS, combined_rows, late_prefix, records_table
+from .combine import COLUMNS, combined_rows, late_prefix, records_table
 
 __all__ = ["takes_vectorised", "interval_combined", "KeyRecords"]
 

@@ -1,5 +1,6 @@
 """64-bit hashes of record ids straight from an Arrow column's buffers (the interval Bloom
-filters', ``interval.py``, and the input's repeat check, ``keys.py``): no Python string per id."""
+filters', ``executor/tasks/image/dedup.py``, the ids files' buckets, ``idsfiles.py``, and the input's
+repeat check, ``executor/tasks/usercode/columns.py``): no Python string per id."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ _BLOCK_BYTES = 1 << 24  # the padded ids of one block of rows (bounds the tempor
 
 def id_hashes(col: Any) -> Any:
     """64-bit hashes of a string column's values (numpy uint64), straight from its buffers: the
-    interval Bloom filters' (``interval.py``), with no Python string per id.
+    interval Bloom filters', with no Python string per id.
 
     Each value's bytes, zero-padded to a multiple of 8 (at least 8), are read as little-endian 64-bit words
     and folded FNV-style (xor, multiply) from the length, then mixed (MurmurHash3's 64-bit

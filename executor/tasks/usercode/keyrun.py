@@ -2,7 +2,7 @@
 
 ``run_key`` runs inside the MERGE path's Spark tasks (``merge/task.py``), in the
 driver for tests, and under the windowing scenario harness; the image path's
-column-wise key loop (``image/keys.py``) does phases 1 and 4 on Arrow columns
+column-wise key loop (``keys.py``) does phases 1 and 4 on Arrow columns
 and uses :class:`UserCode` for phases 1-3 like ``run_key`` does, so what
 user code sees lives in one place. The phases of a key's run:
 
@@ -41,9 +41,9 @@ from deltawheel.statestore.rowtable.rows import (
     updated_row,
 )
 
-from ..computation import Computation, ErrorPolicy, Record
-from ..context import TTL_TAG, Context, TimerCause
-from ..exceptions import StateUpgradeError, UserCodeError
+from ...computation import Computation, ErrorPolicy, Record
+from ...context import TTL_TAG, Context, TimerCause
+from ...exceptions import StateUpgradeError, UserCodeError
 from .combine import combined_rows, late_prefix, records_table
 
 __all__ = ["AS_INPUT", "SameAsInput", "KeyOutcome", "run_key", "run_user_code", "UserCode", "codec_of", "UserCodeError", "MAX_TIMER_ROUNDS",
@@ -181,7 +181,7 @@ class UserCode:
     or one ``process_records`` call with them, then the key's due timers in timestamp order.
     Records see ``record_watermark_ms`` as ``ctx.input_watermark_ms`` (the watermark before the
     batch's input), timers ``input_watermark_ms``. The one implementation of user-code semantics: ``run_key`` and the image path's column-wise key
-    loop (``image/keys.py``) both use it. Built once per batch: what does not change per key is
+    loop (``keys.py``) both use it. Built once per batch: what does not change per key is
     looked up here, not for each of the batch's keys."""
 
     def __init__(self, comp: Computation, *, input_watermark_ms: int | None, now_ms: int,

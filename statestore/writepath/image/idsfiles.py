@@ -1,4 +1,4 @@
-"""An interval's record ids apart from its state: one small ids file per batch (the image path's tasks).
+"""An interval's record ids apart from its state: one small ids file per batch, written and read by the image path's tasks.
 
 The dedup horizon (``dedup_retention``) keeps every record id an interval ran for minutes; kept
 in the key rows, each batch's image rewrite carried all of them. Instead each batch that ran
@@ -24,25 +24,22 @@ other column is null. The views hide them (their keys start with NUL, as the fen
 - Old images (ids inline in the key rows, or ids rows inside a state file after a purge) are
   read as well: :func:`split_legacy` takes those ids out of the state, and the next write moves
   them into an ids file (the migration happens as an interval is next written).
-
-``DELTAWHEEL_IDS_APART=0`` writes ids in the key rows as before (for side-by-side figures);
-reading handles both formats either way.
 """
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from deltawheel.statestore.delta.storefs import TableFiles
-from deltawheel.statestore.delta.txn import partition_file_name, write_file
-from deltawheel.statestore.rowtable.rows import IDS_KEY_PREFIX
-from deltawheel.statestore.writepath.image.files import IDS_FILE_TAG, ids_level, is_ids_path
-from deltawheel.statestore.writepath.image.summary import ImageFile
+from ...delta.storefs import TableFiles
+from ...delta.txn import partition_file_name, write_file
+from ...rowtable.rows import IDS_KEY_PREFIX
+from .files import IDS_FILE_TAG, ids_level
+from .idhash import id_hashes
+from .summary import ImageFile
 
-__all__ = ["IdsFile", "adopt", "apart_held", "forget_below", "hash_index", "keep_index", "within", "ids_apart", "is_ids_path", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
+__all__ = ["IdsFile", "adopt", "apart_held", "forget_below", "hash_index", "keep_index", "within", "load_ids_file", "pick_ids", "split_legacy", "empty_flat",
            "plan_compaction", "write_ids_file", "FAN_IN", "BUCKETS_PER_HORIZON"]
 
 FAN_IN = 8  # files of one level and bucket merged into one of the next level
@@ -52,11 +49,6 @@ _FILES_MAX = 4_096
 #: per ids file (by path): its rows in the order of their ids' hash buckets, and each bucket's start
 _INDEX: "OrderedDict[str, tuple[Any, Any, int]]" = OrderedDict()
 _ROWS_PER_BUCKET = 4  # a file of n ids gets about n / 4 buckets (at most 2**16)
-
-
-def ids_apart() -> bool:
-    """Whether new record ids go to ids files (default) or into the key rows (``DELTAWHEEL_IDS_APART=0``)."""
-    return os.environ.get("DELTAWHEEL_IDS_APART", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -150,8 +142,6 @@ def keep_index(path: str, index: tuple[Any, Any, int]) -> None:
 def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
     """``f``'s :func:`hash_index`: kept from when this worker wrote it, else made on the file's
     first lookup here (its ids hashed: ~25 ms for 450,000) and kept with it."""
-    from .idhash import id_hashes
-
     hit = _INDEX.get(f.path)
     if hit is not None:
         _INDEX.move_to_end(f.path)

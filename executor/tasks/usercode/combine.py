@@ -2,7 +2,7 @@
 records of a batch at once, its output grouped into each key's rows for
 :meth:`Computation.process_combined` (docs/embedding.md, "The vectorised path").
 
-The image path's key loop (``image/keys.py``) builds one table per interval (its eligible keys'
+The image path's key loop (``keys.py``) builds one table per interval (its eligible keys'
 new records: straight from the batch's Arrow columns when the input has no values); the per-key
 runner (``keyrun.UserCode``: ``run_key``, the MERGE path, the testing harness) builds one per key.
 A key's late records (all before its on-time ones in event-time order: :func:`late_prefix`) run
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..computation import Computation, Record
-from ..exceptions import UserCodeError
+from ...computation import Computation, Record
+from ...exceptions import UserCodeError
 
 __all__ = ["COLUMNS", "records_table", "combined_rows", "late_prefix"]
 

@@ -5,32 +5,42 @@ A computation that declares :meth:`~deltawheel.executor.computation.Computation.
 records, state and event-time timers as Arrow tables, and returns their new state, timers, the
 timers it fired and the productions (docs/embedding.md, "The columnar path"). No Python object
 is built per key or record, but for the few that need one: a new key's first timer firing number
-(a digest of its first record id); the productions stay one Arrow table (``prodcols.py``).
+(a digest of its first record id); the productions stay one Arrow table (``files.production_table``
+of ``statestore/writepath/image/``).
 
 :class:`ColumnarLoop` has the key loop's outputs (``keys.KeyLoop``: new rows, unchanged keys,
-productions, ids run, counts), so the rest of the interval's run (``interval.py``: the record
-ids, the image, the Bloom filter, the production files) is the per-record path's. The batch
+productions, ids run, counts), so the rest of the interval's run (``executor/tasks/image/``: the
+record ids, the image, the Bloom filter, the production files) is the per-record path's. The batch
 takes the path only where it is exact (:func:`takes_columnar`); a key with a late record, or
 whose row is not in the shape the path reads (another codec, a processing-time timer, a hold,
 state that is not packed pairs), runs through the key loop as on the per-record path.
 
-(Over 500 lines: the path mirrors each step of the key loop it replaces — timer firing numbers,
-production ids, the rows' columns — and keeping them side by side in one module is what lets a
-reader check them against ``keys.py`` and ``keyrun.py``.)
+The tables the call reads and returns are ``coltables.py``'s.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
-from deltawheel.statestore.codecs import INT64MAP_HEADER, get_codec, int64map_blobs, int64map_columns
+from deltawheel.statestore.codecs import INT64MAP_HEADER, int64map_blobs
 from deltawheel.statestore.rowtable.rows import DOMAIN_VALUES, TimeDomain
+from deltawheel.statestore.writepath.image.files import columns_table, production_table
 
 from ...computation import ColumnBatch, ColumnResult, Computation, ErrorPolicy
 from ...exceptions import UserCodeError
-from ..keyrun import codec_of, first_timer_seqs, state_codec_of
-from .keys import Input, KeyLoop, OldRows, py_list
-from .prodcols import columns_table, production_table
+from .coltables import (
+    LateFirst,
+    check_result,
+    old_columns,
+    packed_pairs,
+    per_key,
+    same_rows,
+    sorted_timers,
+    with_late_first,
+)
+from .columns import Input, OldRows, py_list
+from .keyrun import UserCode, codec_of, first_timer_seqs, state_codec_of
+from .keys import KeyLoop, context_factory
 
 __all__ = ["takes_columnar", "ColumnarLoop", "key_loop"]
 
@@ -47,13 +57,13 @@ def takes_columnar(comp: Computation, inp: Input) -> bool:
 
 
 def key_loop(comp: Computation, inp: Input, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
-             strong: bool, id_rows: bool) -> "KeyLoop | ColumnarLoop":
+             strong: bool) -> "KeyLoop | ColumnarLoop":
     """The loop that runs an interval's keys: columnar where :func:`takes_columnar`, else the key loop.
     ``sub``: the touched keys' current rows (Arrow); ``wm``: the timers' watermark, ``wm_late``: the
     records' (the one before the batch's input)."""
     if takes_columnar(comp, inp):
-        return ColumnarLoop(comp, sub, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
-    return KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
+        return ColumnarLoop(comp, sub, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
+    return KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
 
 
 class _Rows:
@@ -83,15 +93,14 @@ class ColumnarLoop:
     loop over the others; the same outputs as :class:`~.keys.KeyLoop`."""
 
     def __init__(self, comp: Computation, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
-                 strong: bool, id_rows: bool) -> None:
+                 strong: bool) -> None:
         self.comp = comp
         self.sub = sub
         self.wm = wm
         self.wm_late = wm_late
         self.now_ms = now_ms
         self.strong = strong
-        self.id_rows = id_rows
-        self.per_key = KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong, id_rows=id_rows)
+        self.per_key = KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
         self.rows = _Rows(self.per_key)
         self.columnar_keys = 0  # keys the columnar call ran
         self._unchanged: list[str] = []
@@ -99,25 +108,24 @@ class ColumnarLoop:
         self._id_values: list[str] = []
         self._counts = [0, 0, 0, 0]  # processed, duplicates, fired, written
         self._all_ran = True
-        self._pre: dict[str, _Pre] = {}
+        self._pre: dict[str, LateFirst] = {}
         self._late = 0
-        self._ptable: Any = None  # the columnar keys' productions (``prodcols.production_table``), in key order
+        self._ptable: Any = None  # the columnar keys' productions (``production_table``), in key order
         self._n_prods: Any = None  # per columnar key, how many
         self.unchanged: list[str] = []
-        self.prod_table: Any = None  # all productions, the key loop's first (``prodcols``): no tuple per production
+        self.prod_table: Any = None  # all productions, the key loop's first (``production_table``): no tuple per production
         self.side: list[Any] = []
         self.all_ran = True
         self.id_keys: list[str] = []
         self.id_values: list[str] = []
         self.processed = self.duplicates = self.fired = self.written = self.late = self.keys_expired = 0
 
-    def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
-            old_id_keys: set[str]) -> None:
+    def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> None:
         """Run ``touched`` (the key loop's :meth:`~.keys.KeyLoop.run`); the outputs are the key
         loop's attributes, both parts together (the productions as :attr:`prod_table`)."""
         import pyarrow as pa
 
-        self._run(touched, inp, old, seen, old_id_keys)
+        self._run(touched, inp, old, seen)
         k = self.per_key
         self.unchanged = k.unchanged + self._unchanged
         mine = self._ptable
@@ -134,8 +142,7 @@ class ColumnarLoop:
         self.late = k.late + self._late
         self.keys_expired = k.keys_expired
 
-    def _run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None,
-             old_id_keys: set[str]) -> None:
+    def _run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> None:
         """Run ``touched``: the keys the columnar call cannot take through the key loop first."""
         import numpy as np
         import pyarrow as pa
@@ -157,12 +164,12 @@ class ColumnarLoop:
                                          inp, seen)
             else:
                 late = None
-        packed = _packed(sub, slow)  # the other keys' state as pairs (decoded once)
+        packed = packed_pairs(sub, slow)  # the other keys' state as pairs (decoded once)
         if packed is None:  # some state that is not packed pairs: the whole interval per key
             slow = set(touched)
             self._pre, self._late = {}, 0
         if slow:
-            self.per_key.run([k for k in touched if k in slow], inp, old, seen, old_id_keys)
+            self.per_key.run([k for k in touched if k in slow], inp, old, seen)
         keys = [k for k in touched if k not in slow]
         if not keys:
             return
@@ -192,17 +199,17 @@ class ColumnarLoop:
                 self._id_keys += [key] * len(p.fresh)
                 self._id_values += p.fresh
         mine = sub.filter(pc.is_in(sub.column("key"), value_set=karr)) if slow else sub
-        state, timers = _old_columns(mine, packed)
+        state, timers = old_columns(mine, packed)
         if pre:  # the state and timers the late records left
-            state, timers = _with_pre(state, timers, pre)
+            state, timers = with_late_first(state, timers, pre)
         batch = ColumnBatch(keys=karr, records=records, state=state, timers=timers, watermark_ms=self.wm)
         what = f"process_columns over {records.num_rows} records of {len(keys)} keys"
         try:
             out = self.comp.process_columns(batch)
         except Exception as exc:
             raise UserCodeError(self.comp.name, keys[0], what, exc) from exc
-        _check(self.comp, keys[0], what, out)
-        self._finish(keys, karr, records, mine, out, old_id_keys)
+        check_result(self.comp, keys[0], what, out)
+        self._finish(keys, karr, records, mine, out)
 
     def _late_first(self, keys: list[str], inp: Input, seen: list[bool] | None) -> set[str]:
         """Run each of ``keys``' late records per record (no timer fires), as the per-record path
@@ -212,9 +219,6 @@ class ColumnarLoop:
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
-
-        from ..keyrun import UserCode
-        from .keys import context_factory
 
         out: set[str] = set()
         if not keys:
@@ -248,12 +252,11 @@ class ColumnarLoop:
                     or (state is not None and state[:8] != INT64MAP_HEADER)):
                 out.add(key)
                 continue
-            self._pre[key] = _Pre(fresh, n_late, state, timers, seq or 0, prods)
+            self._pre[key] = LateFirst(fresh, n_late, state, timers, seq or 0, prods)
             self._late += n_late
         return out
 
-    def _finish(self, keys: list[str], karr: Any, records: Any, mine: Any, out: ColumnResult,
-                old_id_keys: set[str]) -> None:
+    def _finish(self, keys: list[str], karr: Any, records: Any, mine: Any, out: ColumnResult) -> None:
         """The keys' new rows, productions and counts from the call's result."""
         import numpy as np
         import pyarrow as pa
@@ -266,14 +269,14 @@ class ColumnarLoop:
         if mine.num_rows:
             pos = pc.index_in(mine.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
             old_at[pos] = np.arange(mine.num_rows)
-        n_recs = _per_key(records.column("key"), karr, n)
+        n_recs = per_key(records.column("key"), karr, n)
         # the new state, as blobs (sorted by the keys' places: ``keys`` is sorted, so that is key order)
         st_rows = pc.index_in(out.state.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
         mk, mv = out.state.column("map_key").to_numpy(), out.state.column("map_value").to_numpy()
         by = np.lexsort((mk, st_rows))
         blobs = int64map_blobs(st_rows[by], mk[by], mv[by], n)
         # the timers, sorted per key as a row stores them
-        tm, tm_rows = _sorted_timers(out.timers, karr)
+        tm, tm_rows = sorted_timers(out.timers, karr)
         n_timers = np.bincount(tm_rows, minlength=n) if len(tm_rows) else np.zeros(n, np.int64)
         offsets = np.concatenate([[0], np.cumsum(n_timers)]).astype(np.int32)
         first_ev = np.zeros(n, dtype=np.int64)
@@ -312,8 +315,6 @@ class ColumnarLoop:
         has_state = pc.is_valid(blobs).to_numpy(zero_copy_only=False)
         pend = n_prods > 0 if self.strong else np.zeros(n, dtype=bool)
         empty = ~has_state & ~has_timer & ~pend
-        old_ids = np.fromiter((k in old_id_keys for k in keys), dtype=bool, count=n) if old_id_keys else np.zeros(n, bool)
-        id_only = empty & (self.id_rows & (old_ids | (n_recs > 0)))
         is_new = old_at < 0
         had_pending = np.zeros(n, dtype=bool)
         if mine.num_rows:
@@ -322,19 +323,17 @@ class ColumnarLoop:
         changed = (n_recs > 0) | (n_fired > 0) | (n_prods > 0) | is_new | had_pending
         maybe_same = ~changed & ~empty
         if maybe_same.any():  # keys that ran nothing: the same state and timers as before?
-            changed |= maybe_same & ~_same(mine, old_at, blobs, tm, offsets, maybe_same)
-        write = id_only | (~empty & changed)
+            changed |= maybe_same & ~same_rows(mine, old_at, blobs, tm, offsets, maybe_same)
+        write = ~empty & changed
         self._counts[2] = int(n_fired.sum())
-        self._counts[3] = int((write | (empty & ~is_new & ~id_only)).sum())
+        self._counts[3] = int((write | (empty & ~is_new)).sum())
         self._unchanged = [keys[i] for i in np.flatnonzero(~empty & ~changed).tolist()]
         rows = np.flatnonzero(write)
         if not len(rows):
             return
         idx = pa.array(rows)
-        keep_state = np.where(id_only, False, has_state)
-        state_col = pc.if_else(pa.array(keep_state), blobs, pa.scalar(None, pa.binary())).take(idx)
-        t_off = np.where(id_only, 0, n_timers)
-        counts = t_off[rows]
+        state_col = blobs.take(idx)
+        counts = n_timers[rows]
         sel_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
         # each written row's timers: its first timer's place + 0, 1, ... (one arange, not one per row)
         flat_take = (np.repeat(offsets[:-1][rows].astype(np.int64) - sel_off[:-1], counts)
@@ -346,8 +345,8 @@ class ColumnarLoop:
                                         pa.repeat(pa.scalar(_EVENT, pa.string()), flat_t.num_rows),
                                         flat_t.column("time_ms").combine_chunks().cast(pa.int64())],
                                        names=["tag", "domain", "time_ms"]))
-        next_ev = pa.array(first_ev[rows], pa.int64(), mask=~(has_timer[rows] & ~id_only[rows]))
-        pending = self._pending(keys, rows, id_only)
+        next_ev = pa.array(first_ev[rows], pa.int64(), mask=~has_timer[rows])
+        pending = self._pending(rows)
         self.rows.columnar = pa.table({
             "key": karr.take(idx), "state": state_col,
             "codec": pa.repeat(pa.scalar(state_codec_of(comp), pa.string()), len(rows)),
@@ -423,7 +422,7 @@ class ColumnarLoop:
         np.add.at(counts, k_all, 1)
         return counts
 
-    def _pending(self, keys: list[str], rows: Any, id_only: Any) -> Any:
+    def _pending(self, rows: Any) -> Any:
         """The ``pending`` column of the written rows: a key's productions when strong (every key
         with productions is written then, so the table, in key order, is the rows' lists in order)."""
         import numpy as np
@@ -439,131 +438,3 @@ class ColumnarLoop:
         struct = pa.StructArray.from_arrays([pa.array([], f.type) for f in ptype.value_type],
                                             fields=list(ptype.value_type))
         return pa.ListArray.from_arrays(pa.array(np.zeros(len(rows) + 1, dtype=np.int32)), struct, type=ptype)
-
-
-class _Pre(NamedTuple):
-    """A key's late records, run per record before the columnar call."""
-
-    fresh: list[str]  # their ids run
-    late: int
-    state: bytes | None
-    timers: tuple[Any, ...]
-    seq: int
-    prods: list[Any]
-
-
-def _with_pre(state: Any, timers: Any, pre: dict[str, _Pre]) -> tuple[Any, Any]:
-    """The columnar call's state and timers tables with ``pre``'s keys' outcomes in place of their rows'."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    gone = pa.array(sorted(pre), pa.string())
-    codec = get_codec("int64map")
-    s_rows = [(k, mk, mv) for k, p in pre.items() if p.state is not None for mk, mv in codec.decode(p.state).items()]
-    t_rows = [(k, tm.tag, tm.time_ms) for k, p in pre.items() for tm in p.timers]
-    s_new = pa.table({"key": pa.array([r[0] for r in s_rows], pa.string()),
-                      "map_key": pa.array([r[1] for r in s_rows], pa.int64()),
-                      "map_value": pa.array([r[2] for r in s_rows], pa.int64())})
-    t_new = pa.table({"key": pa.array([r[0] for r in t_rows], pa.string()),
-                      "tag": pa.array([r[1] for r in t_rows], pa.string()),
-                      "time_ms": pa.array([r[2] for r in t_rows], pa.int64())})
-    state = pa.concat_tables([state.filter(pc.invert(pc.is_in(state.column("key"), value_set=gone))),
-                              s_new.cast(state.schema)]).sort_by([("key", "ascending"), ("map_key", "ascending")])
-    timers = pa.concat_tables([timers.filter(pc.invert(pc.is_in(timers.column("key"), value_set=gone))),
-                               t_new.cast(timers.schema)]).sort_by([("key", "ascending"), ("time_ms", "ascending"),
-                                                                    ("tag", "ascending")])
-    return state, timers
-
-
-def _packed(sub: Any, slow: set[str]) -> Any:
-    """The pairs of the rows the columnar call would read (those of the keys not in ``slow``, in
-    ``sub``'s order: ``int64map_columns``), or None when one holds state that is not packed pairs."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    rows = sub if not slow else sub.filter(pc.invert(pc.is_in(sub.column("key"), value_set=pa.array(sorted(slow), pa.string()))))
-    return int64map_columns(rows.column("state"))
-
-
-def _old_columns(mine: Any, got: Any) -> tuple[Any, Any]:
-    """The rows' state (key, map_key, map_value) and event-time timers (key, tag, time_ms)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    assert got is not None  # checked by ``_packed``, which decoded the same rows
-    rows, k, v = got
-    state = pa.table({"key": mine.column("key").take(pa.array(rows, pa.int64())), "map_key": pa.array(k, pa.int64()),
-                      "map_value": pa.array(v, pa.int64())})
-    lists = mine.column("timers").combine_chunks()
-    flat = pc.list_flatten(lists)
-    parents = pc.list_parent_indices(lists)
-    timers = pa.table({"key": mine.column("key").take(parents), "tag": flat.field("tag"),
-                       "time_ms": flat.field("time_ms")})
-    return state, timers
-
-
-def _per_key(col: Any, karr: Any, n: int) -> Any:
-    """How many of ``col``'s values (sorted: each key's are one run) are each of the ``n`` keys of
-    ``karr`` (the runs' keys looked up, not every value)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    if not len(col):
-        return np.zeros(n, dtype=np.int64)
-    runs = pc.run_end_encode(col.combine_chunks() if hasattr(col, "combine_chunks") else col)
-    lengths = np.diff(runs.run_ends.to_numpy(), prepend=0)
-    at = pc.index_in(runs.values, value_set=karr).to_numpy(zero_copy_only=False)
-    return np.bincount(at, weights=lengths, minlength=n).astype(np.int64)
-
-
-def _sorted_timers(timers: Any, karr: Any) -> tuple[Any, Any]:
-    """``timers`` (key, tag, time_ms) sorted by key, time and tag as a row stores them, and each
-    one's key's place in ``karr`` (sorted keys): integers sorted, the tags ranked once."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    order = [("key", "ascending"), ("time_ms", "ascending"), ("tag", "ascending")]
-    if not timers.num_rows or timers.column("tag").null_count or timers.column("time_ms").null_count:
-        tm = timers.sort_by(order)
-        return tm, pc.index_in(tm.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
-    rows = pc.index_in(timers.column("key"), value_set=karr).to_numpy(zero_copy_only=False)
-    enc = pc.dictionary_encode(timers.column("tag")).combine_chunks()
-    by_name = pc.sort_indices(enc.dictionary).to_numpy()
-    rank = np.empty(len(by_name), dtype=np.int64)
-    rank[by_name] = np.arange(len(by_name), dtype=np.int64)
-    by = np.lexsort((rank[enc.indices.to_numpy()], timers.column("time_ms").to_numpy(), rows))
-    return timers.take(pa.array(by)), rows[by]
-
-
-def _same(mine: Any, old_at: Any, blobs: Any, tm: Any, offsets: Any, which: Any) -> Any:
-    """Per key (``which`` marks the ones asked): state and timers equal to its old row's."""
-    import numpy as np
-
-    out = np.zeros(len(which), dtype=bool)
-    states = mine.column("state")
-    timers = mine.column("timers")
-    tags, times = tm.column("tag"), tm.column("time_ms")
-    for i in np.flatnonzero(which).tolist():
-        j = int(old_at[i])
-        a, b = int(offsets[i]), int(offsets[i + 1])
-        new_t = [{"tag": tags[x].as_py(), "domain": _EVENT, "time_ms": times[x].as_py()} for x in range(a, b)]
-        out[i] = states[j].as_py() == blobs[i].as_py() and timers[j].as_py() == new_t
-    return out
-
-
-def _check(comp: Computation, key: str, what: str, out: Any) -> None:
-    """The result's shape; raises UserCodeError naming what is missing."""
-    import pyarrow as pa
-
-    need = {"state": ("key", "map_key", "map_value"), "timers": ("key", "tag", "time_ms"),
-            "fired": ("key", "tag", "time_ms"), "productions": ("fired", "stream", "value")}
-    if not isinstance(out, ColumnResult):
-        raise UserCodeError(comp.name, key, what, TypeError(
-            f"process_columns must return a ColumnResult, got {type(out).__name__}"))
-    for name, cols in need.items():
-        t = getattr(out, name)
-        if not isinstance(t, pa.Table) or any(c not in t.column_names for c in cols):
-            got = type(t).__name__ if not isinstance(t, pa.Table) else f"a table with columns {t.column_names}"
-            raise UserCodeError(comp.name, key, what, TypeError(
-                f"ColumnResult.{name} must be a pyarrow.Table with the columns {list(cols)}, got {got}"))

@@ -41,6 +41,7 @@ __all__ = [
     "InputGoneError",
     "ReplayUnavailableError",
     "ReplayTargetError",
+    "ReplayBehindError",
     "ReplayCodeError",
     "RepairStatementError",
     "JarFetchError",
@@ -251,6 +252,12 @@ class WritePathSwitchError(ConfigError):
 class ReplayTargetError(ConfigError):
     """A replay's shadow store (``--into``) is the live store, or a non-empty store of another
     pipeline or computation; or a promotion's source is not a caught-up replay of the computation."""
+
+
+class ReplayBehindError(ReplayTargetError):
+    """A promotion's replay has not run every live commit of the computation up to the rows version
+    it would replace (a batch, a flush, a commit without recorded input positions): its state would
+    be behind what the live store committed. The message names the versions; nothing was changed."""
 
 
 class ReplayCodeError(ConfigError):

@@ -57,6 +57,11 @@ def _tree(root: Path) -> None:
     for b in range(9):
         _write(log / str(b), f"v1\n{entry(b)}")
     _write(log / "9.compact", "v1\n" + "\n".join(entry(b) for b in range(10)))
+    # a query reading that folder alone: its offsets name the file source's entries (``logOffset``)
+    files = root / "filechk"
+    for b in range(10):
+        _write(files / "offsets" / str(b), f'v1\n{{}}\n{{"logOffset":{b}}}')
+        _write(files / "sources" / "0" / str(b), f"v1\n{entry(b)}")
 
 
 @pytest.fixture
@@ -79,7 +84,7 @@ def stores(object_store, tmp_path: Path) -> tuple[Path, str, S3Settings]:  # typ
 
 
 def test_the_readers_over_the_object_store_give_what_they_give_locally(stores) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.protocol.rescale import source_batch_files, source_log_files
+    from deltawheel.executor.protocol.rescale import query_batch_files, source_batch_files, source_log_files
 
     local, uri, settings = stores
     chk, table = files_for(f"{uri}/chk", settings), files_for(f"{uri}/table", settings)
@@ -99,6 +104,11 @@ def test_the_readers_over_the_object_store_give_what_they_give_locally(stores) -
     for b in range(10):  # batch 9 from the compacted file, its own entries only
         assert source_batch_files(chk, b) == logged[b] == [f"part-{b:05d} x.parquet"]
     assert source_batch_files(chk, 10) is None
+    files = files_for(f"{uri}/filechk", settings)
+    assert files is not None
+    for b in range(10):  # a micro-batch's files: the entries its offsets span
+        assert query_batch_files(files, b) == query_batch_files(str(local / "filechk"), b) == [f"part-{b:05d} x.parquet"]
+    assert query_batch_files(files, 10) is None
 
 
 def _recorder(uri: str, resolve: Any) -> Any:
@@ -115,7 +125,7 @@ def _recorder(uri: str, resolve: Any) -> Any:
 
     inj = ParquetInjector("queries", "s3a://in/folder", key_column="query", event_time_column="t",
                           watermark_delay_ms=0)
-    got = shared_input(Counter(), {"queries": inj}, table_of=lambda s: f"{uri}/{s}", checkpoint=f"{uri}/chk")
+    got = shared_input(Counter(), {"queries": inj}, table_of=lambda s: f"{uri}/{s}", checkpoint=f"{uri}/filechk")
     got.files_of = resolve
     return got
 
@@ -130,7 +140,7 @@ def test_a_batch_whose_remote_positions_cannot_be_read_runs_with_them_unknown(st
         assert rec.record(None, 12) == ()
     assert rec.unknown == {12}
     assert "input positions of micro-batch 12 are not recorded" in caplog.text
-    assert "micro-batch 12 is not in the file source log" in caplog.text
+    assert "the offsets or file source log of micro-batch 12 are not in" in caplog.text
     assert rec.record(None, 4) == ("part-00004 x.parquet",) and rec.unknown == {12}
     # a server that refuses the reads (a wrong secret key): the batch's positions are unknown, logged
     bad = dataclasses.replace(settings, secret_key="not-the-key")

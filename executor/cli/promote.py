@@ -27,11 +27,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "promote", help="replace a live computation's state with a replay's (caught up first, under the leases; "
                         "docs/replay.md)")
-    p.add_argument("--from", dest="source", required=True, help="the replay's folder (`deltawheel replay --into`)")
+    p.add_argument("--from", dest="source_folder", required=True, help="the replay's folder (`deltawheel replay --into`)")
     p.add_argument("--store", required=True, help="the live store")
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--computation", required=True, help="the computation the replay replayed")
     p.add_argument("--code", help="MODULE:CLASS the catch-up runs (default: the code the replay ran)")
+    p.add_argument("--source", metavar="MODULE:PIPELINE",
+                   help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed the "
+                        "catch-up of a computation that reads one (default: the one `deltawheel replay --source` "
+                        "recorded)")
     p.add_argument("--intervals", help="I,J: promote only these intervals (default: all, or those a partial "
                                        "replay replayed)")
     add_handover_args(p)
@@ -45,37 +49,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=_run)
 
 
-def _code(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
+def _code(args: argparse.Namespace, marker: dict[str, Any], source: Any) -> Any:
+    """What the catch-up runs: ``--code``, else the code the replay recorded, else the live
+    pipeline's class (``--source``, or the one the replay recorded; the demo's)."""
     from ..drivers.replay import load_code
 
     spec = args.code or marker.get("code")
     if spec:
         return load_code(spec, args.computation)
+    for c in source.computations if source is not None else ():
+        if c.name == args.computation:
+            return c
     if args.pipeline == "zeitgeist":
         from ..demo.pipeline import computations
 
         for c in computations():
             if c.name == args.computation:
                 return c
-    raise ReplayCodeError(f"the replay does not record its code: give --code MODULE:CLASS for computation "
-                          f"{args.computation!r}")
+    raise ReplayCodeError(f"the replay does not record its code: give --code MODULE:CLASS, or --source "
+                          f"MODULE:PIPELINE (the live pipeline), for computation {args.computation!r}")
+
+
+def _source(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
+    """The live pipeline: ``--source``'s, else the one the replay recorded (None: none given)."""
+    spec = args.source or marker.get("source")
+    if not spec:
+        return None
+    from .run import load_pipeline
+
+    return load_pipeline(spec)
 
 
 def _run(args: argparse.Namespace) -> int:
     from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.surgery.timeline import Timeline
 
     from ..drivers.promote import check_replay, plan_promote, promote, promote_intervals
     from ..drivers.replay import shadow_chroot
     from .replay import int_list
 
-    store = layout_from(args)
-    into = layout_from(argparse.Namespace(store=args.source))
-    spark = None if into.is_local else spark_from(args)  # an s3a:// replay is read with the session's settings
-    marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation, spark=spark)
-    code = _code(args, marker)  # before Spark and ZooKeeper: a bad --code is refused at once
-    intervals = promote_intervals(marker, int_list(args.intervals, "--intervals"), type(code).num_intervals,
-                                  into=into.root)
-    spark = spark or spark_from(args)
+    timeline = Timeline(say=(lambda line: print(line, flush=True)) if args.verbose and not args.json else None)
+    with timeline.phase("the tool's start: the replay's marker, its code, Spark"):
+        store = layout_from(args)
+        into = layout_from(argparse.Namespace(store=args.source_folder))
+        spark = None if into.is_local else spark_from(args)  # an s3a:// replay is read with the session's settings
+        marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation, spark=spark)
+        source = _source(args, marker)  # before Spark and ZooKeeper: a --source that does not import is
+        code = _code(args, marker, source)  # refused at once, and so is a bad --code
+        injectors = () if source is None else tuple(source.injectors)
+        intervals = promote_intervals(marker, int_list(args.intervals, "--intervals"), type(code).num_intervals,
+                                      into=into.root)
+        spark = spark or spark_from(args)
     if args.plan:
         plan = plan_promote(spark, store=store, into=into, pipeline=args.pipeline, computation=args.computation,
                             num_intervals=type(code).num_intervals, intervals=intervals)
@@ -86,14 +110,21 @@ def _run(args: argparse.Namespace) -> int:
                                                        digest=cfg.digest, session_timeout_s=cfg.session_timeout_s)
         say = None if args.json else (lambda line: print(line, flush=True))
         r = promote(spark, store=store, into=into, client=client, pipeline=args.pipeline, code=code,
-                    shadow_zk=shadow, wait_s=handover_wait_s(args), no_wait=args.no_wait,
-                    catch_up=not args.no_catch_up, progress=say, intervals=intervals)
+                    injectors=injectors, shadow_zk=shadow, wait_s=handover_wait_s(args), no_wait=args.no_wait,
+                    catch_up=not args.no_catch_up, progress=say, intervals=intervals, timeline=timeline)
     if args.json:
         print(json.dumps({"computation": r.computation, "intervals": list(r.intervals),
                           "rows_written": len(r.upserted), "rows_deleted": len(r.deleted), "version": r.version,
-                          "audit_id": r.audit_id}, indent=2))
+                          "audit_id": r.audit_id, "paused_s": timeline.pause_s(),
+                          "phases": [{"phase": p.name, "start_s": p.start_ms / 1000,
+                                      "seconds": (p.end_ms - p.start_ms) / 1000, "paused": p.paused}
+                                     for p in timeline.phases]}, indent=2))
     else:
+        where = (f"at rows version {r.version}; audit record {r.audit_id} (deltawheel sql --store {store.root} "
+                 "\"SELECT * FROM audit\")") if r.version is not None else \
+            f"(no commit: the replay's rows equal the live ones); audit record {r.audit_id}"
         print(f"promoted {into.root} to {r.computation}: {len(r.upserted)} keys written, {len(r.deleted)} deleted "
-              f"at rows version {r.version}; audit record {r.audit_id} (deltawheel sql --store {store.root} "
-              "\"SELECT * FROM audit\"); the leases are given back, the pipeline goes on from the promoted state")
+              f"{where}; the leases are given back, the pipeline goes on from the promoted state")
+        if args.verbose and timeline.pause_line():  # (each phase was printed as it ended)
+            print(timeline.pause_line())
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 from typing import Any
 
 from deltawheel.statestore.exceptions import ReplayCodeError
@@ -115,6 +116,14 @@ def _code(args: argparse.Namespace, pipeline: Any = None) -> Any:
                           f"--code MODULE:CLASS for computation {args.computation!r} of pipeline {args.pipeline!r}")
 
 
+def _source_spec(spec: str | None) -> str | None:
+    """``--source`` as the marker records it for ``promote``: a ``.py`` file by its absolute path."""
+    if spec is None:
+        return None
+    module, sep, name = spec.partition(":")
+    return f"{os.path.abspath(module)}{sep}{name}" if module.endswith(".py") else spec
+
+
 def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.exceptions import ConfigError
@@ -154,7 +163,8 @@ def _run_replay(args: argparse.Namespace) -> int:
     zk = None if args.zk is None else ZkConfig(hosts=args.zk, chroot=shadow_chroot(args.zk_chroot, into),
                                                digest=args.zk_digest, session_timeout_s=args.zk_session_timeout)
     result = replay(spark, plan, code=code, zk=zk, write_path=args.write_path,
-                    injectors=() if source is None else source.injectors, progress=lambda line: print(line, flush=True))
+                    injectors=() if source is None else source.injectors, progress=lambda line: print(line, flush=True),
+                    source=_source_spec(args.source), code_spec=args.code)
     assert result.diff is not None
     print(format_diff(result.diff))
     if args.diff_out:

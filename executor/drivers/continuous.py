@@ -425,6 +425,8 @@ class ContinuousRun:
                     for inj, st in stats:
                         inj.observe(st)
                         publish_watermark(authority, inj)
+                    if not self._stopping.is_set():  # a tool's request, at this boundary (a tick may never
+                        self._hand_over(stage)  # find the lock free between batches that follow each other)
                     # read before Spark plans the next micro-batch (its snapshot of the stream tables)
                     stage.next_caps = self._read_caps(stage)
                     ex.upstream_caps = stage.next_caps

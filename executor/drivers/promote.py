@@ -1,20 +1,29 @@
 """Promote: a replay's state replaces the live computation's, under its leases (``deltawheel promote``).
 
-:func:`promote` on a shadow store made by ``deltawheel replay`` (``replay.py``):
+:func:`promote` on a shadow store made by ``deltawheel replay`` (``replay.py``), in phases (a
+:class:`~deltawheel.statestore.surgery.timeline.Timeline` records them; ``--verbose`` prints it):
 
-1. **Check** the shadow store is a replay of this store, pipeline and computation
-   (:func:`check_replay`; :class:`ReplayTargetError` otherwise, nothing changed).
-2. **Take the leases** of every interval of the computation (``statestore/surgery/``): the running
-   pipeline finishes its batch in flight (commit and delivery), hands the intervals over at that
-   batch boundary and waits; ``wait_s`` bounds the wait, ``no_wait`` refuses at once while an
-   owner is live. The old owner's checkpointed productions are delivered first.
-3. **Catch up** under the leases: the live input position can no longer move, so the replay is
-   continued (``replay.py``, the same shadow folder and code) over the live commits it has not run,
-   the in-flight batch's included. ``catch_up=False`` refuses a replay that is behind instead.
-4. **Replace** the live rows of the computation with the shadow store's (state, timers, record
-   ids, pending productions not yet delivered in the shadow store) in one fenced commit with the
-   tool's sequencers, record it in the audit table, give the leases back: the pipeline takes them
-   again and goes on from the promoted state. Outputs the live pipeline delivered stay as they are.
+1. **Check** everything that can be checked while the pipeline runs: the shadow store is a replay
+   of this store, pipeline and computation (:func:`check_replay`), the intervals, the catch-up's
+   input (the live pipeline's injectors for a computation fed by one, ``injectors=``), the live
+   commits it must re-run (their input positions, their files), that it re-ran every live commit
+   up to where it reached (``promote_checks.py``), no other tool at work. A refusal changes
+   nothing and the live stage never paused.
+2. **Catch up before the hand-over**: the replay is continued (``replay_run.py``, the same shadow
+   folder and code) over the live commits it has not run, while the pipeline runs on.
+3. **Take the leases** of the intervals (``statestore/surgery/``): the running pipeline finishes
+   its batch in flight, hands the intervals over at that batch boundary and waits; ``wait_s``
+   bounds the wait, ``no_wait`` refuses at once while an owner is live. The old owner's
+   checkpointed productions are delivered first.
+4. **Catch up under the leases**: the few live commits made since step 2 (the in-flight batch),
+   through the replay's executor still open; then **prove** that the replay re-ran every live
+   commit of the intervals up to the version it replaces (``promote_checks.prove_caught_up``:
+   :class:`ReplayBehindError` otherwise). ``catch_up=False`` refuses a replay that is behind instead.
+5. **Replace** the live rows of the computation with the shadow store's (state, timers, pending
+   productions not yet delivered in the shadow store; the live rows' record ids kept) in one fenced
+   commit with the tool's sequencers, give the leases back: the pipeline takes them again and goes
+   on from the promoted state. Then the audit record. Outputs the live pipeline delivered stay as
+   they are. A key whose replayed row equals its live row is not written.
 
 :func:`plan_promote` is the dry run (``--plan``): what would be caught up and which keys would
 change, against the shadow store as it is now; no lease taken, nothing written.
@@ -22,26 +31,36 @@ change, against the shadow store as it is now; no lease taken, nothing written.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.delta.log import local_table_exists
-from deltawheel.statestore.delta.storefs import table_files
-from deltawheel.statestore.exceptions import ConfigError, ReplayTargetError
-from deltawheel.statestore.inspection.positions import computation_commits
+from deltawheel.statestore.exceptions import ConfigError, LeaseHeldError, ReplayTargetError
+from deltawheel.statestore.inspection.positions import (
+    commits_after,
+    commits_since,
+    computation_commits,
+)
 from deltawheel.statestore.layout import StoreLayout
-from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, KeyRow, is_user_key
+from deltawheel.statestore.rowtable.rows import KeyRow
 from deltawheel.statestore.surgery.replace import (
     Held,
     Surgery,
     SurgeryResult,
     plan_replacement,
+    refuse_live_owners,
     replace_intervals,
 )
+from deltawheel.statestore.surgery.timeline import Timeline
+from deltawheel.statestore.zk.handover import read_handover
 
 from ..computation import Computation
-from .replay import plan_replay, read_marker, replay, store_id
+from ..sources.injector import Injector
+from .promote_checks import behind, prove_caught_up
+from .promote_rows import promoted_rows, shadow_rows
+from .replay import plan_replay, read_marker, store_id
+from .replay_run import ReplayRun
 
 # keys written (and deleted) a plan names one by one; the rest are counted
 _SHOWN = 5
@@ -138,43 +157,6 @@ def promote_intervals(marker: Mapping[str, Any], intervals: Sequence[int] | None
     return tuple(sorted(set(intervals)))
 
 
-def shadow_rows(spark: Any, into: StoreLayout, computation: str) -> list[KeyRow]:
-    """The computation's rows in the shadow store, each with only the pending productions the
-    shadow store has not delivered (a promoted checkpoint is delivered by the live pipeline's
-    recovery; one delivered in the shadow store was the replay's output, never the live one's)."""
-    from pyspark.sql import functions as F
-
-    df = spark.read.format("delta").load(into.rows).where((F.col("computation") == computation)
-                                                          & (F.col("key") != FENCE_KEY))
-    rows = _ids_inline([KeyRow.from_row(r) for r in df.toArrow().to_pylist()])
-    held: dict[str, set[str]] = {}
-    for r in rows:
-        for p in r.pending:
-            held.setdefault(p.stream, set()).add(p.production_id)
-    delivered: set[tuple[str, str]] = set()
-    for stream, ids in held.items():
-        if local_table_exists(table_files(spark, into.stream(stream)) or into.stream(stream)):
-            got = spark.read.format("delta").load(into.stream(stream)).where(F.col("record_id").isin(sorted(ids)))
-            delivered |= {(stream, str(r[0])) for r in got.select("record_id").collect()}
-    return [r.with_(pending=tuple(p for p in r.pending if (p.stream, p.production_id) not in delivered))
-            if r.pending else r for r in rows]
-
-
-def _ids_inline(rows: list[KeyRow]) -> list[KeyRow]:
-    """``rows`` with the record ids of the image path's ids rows folded into their keys' rows (a
-    key with ids alone gets a row for them): the form a surgery commits by key; the image path
-    moves them into an ids file when it next writes the interval."""
-    by_key = {r.key: r for r in rows if is_user_key(r.key)}
-    for r in rows:
-        if not r.key.startswith(IDS_KEY_PREFIX) or not r.record_ids:
-            continue
-        key = r.key[len(IDS_KEY_PREFIX):]
-        old = by_key.get(key) or KeyRow(r.computation, key, r.interval, sequencer=r.sequencer,
-                                        commit_id=r.commit_id, updated_ms=r.updated_ms)
-        by_key[key] = old.with_(record_ids=(*old.record_ids, *r.record_ids))
-    return list(by_key.values())
-
-
 def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
                  num_intervals: int, intervals: Sequence[int] | None = None) -> PromotePlan:
     """The dry run (see the module docstring); ``intervals`` as :func:`promote`'s.
@@ -187,73 +169,126 @@ def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline:
     commits = computation_commits(spark, store, computation)
     reached = int(m["reached"])
     change = plan_replacement(spark, store, computation=computation, num_intervals=num_intervals, intervals=ivs,
-                              build=lambda held: _within(shadow_rows(spark, into, computation), held.intervals))
+                              build=lambda held: promoted_rows(shadow_rows(spark, into, computation,
+                                                                           intervals=held.intervals),
+                                                               {r.key: r for r in held.rows}))
     return PromotePlan(store.root, into.root, pipeline, computation, reached, commits[-1].version if commits else -1,
-                       sum(1 for c in commits if c.version > reached and (c.reruns or not c.replayable)), change)
+                       len(behind(commits, reached)), change)
 
 
 def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, pipeline: str, code: Computation,
-            shadow_zk: ZkConfig | None = None, wait_s: float = 0.0, no_wait: bool = False, catch_up: bool = True,
-            progress: Callable[[str], None] | None = None,
+            injectors: Sequence[Injector] = (), shadow_zk: ZkConfig | None = None, wait_s: float = 0.0,
+            no_wait: bool = False, catch_up: bool = True, progress: Callable[[str], None] | None = None,
             before_commit: Callable[[Mapping[int, int]], None] | None = None,
-            intervals: Sequence[int] | None = None) -> SurgeryResult:
+            intervals: Sequence[int] | None = None, timeline: Timeline | None = None) -> SurgeryResult:
     """Promote the replay in ``into`` to ``code``'s computation of the live ``store`` (see the
     module docstring). ``client``: the live pipeline's ZooKeeper; ``shadow_zk``: the shadow
     store's (None: its embedded server), for the catch-up; ``code``: what the catch-up runs (the
-    replay's code). ``intervals``: promote only these (their leases only; default: those the
-    replay replayed, all for a full replay).
+    replay's code); ``injectors``: the live pipeline's (``pipeline.injectors``), which a
+    computation fed by one needs for its catch-up. ``intervals``: promote only these (their
+    leases only; default: those the replay replayed, all for a full replay). ``timeline``: where
+    the phases are recorded (``--verbose`` prints it).
 
     Raises:
         ReplayTargetError: not a replay of this computation; or ``catch_up=False`` and it is behind
             the live input position. Nothing changed.
-        LeaseHeldError: ``no_wait`` and the pipeline holds an interval, or still held after
-            ``wait_s``. Nothing changed.
+        ReplayBehindError: the replay did not re-run every live commit up to the version it would
+            replace. Nothing changed.
+        ConfigError: ``intervals`` out of range; an input is an injector not in ``injectors``.
+            Nothing changed, checked before the hand-over.
+        ReplayUnavailableError, InputGoneError: a live commit to catch up records no input
+            positions, or its input is gone. Nothing changed.
+        LeaseHeldError: ``no_wait`` and the pipeline holds an interval, still held after
+            ``wait_s``, or another tool is at work. Nothing changed.
         StaleSequencerError / LeaseLostError: a takeover raced the promotion; nothing changed.
-        ConfigError: ``intervals`` out of range. Nothing changed.
     """
     say = progress or (lambda line: None)
-    computation = code.name
-    m = check_replay(store, into, pipeline=pipeline, computation=computation, spark=spark)
-    ivs = promote_intervals(m, intervals, type(code).num_intervals, into=into.root)
-    caught_up: list[int] = []
-
-    def behind() -> Sequence[Any]:  # the live batches after the replay's position (claims, fences, tools: no input)
-        reached = int(read_marker(into, spark=spark)["reached"])  # type: ignore[index]
-        return [c for c in computation_commits(spark, store, computation)
-                if c.version > reached and (c.reruns or not c.replayable)]
-
-    if not catch_up and behind():
-        raise ReplayTargetError(_not_caught_up(into, len(behind())))
-
-    def build(held: Held) -> list[KeyRow]:
-        # the leases are held: no live commit of the computation can land until they are given back
-        todo = behind()
+    tl = timeline or Timeline()
+    computation, num = code.name, type(code).num_intervals
+    with tl.phase("checks: the replay, the intervals, the live commits to catch up, their input"):
+        m = check_replay(store, into, pipeline=pipeline, computation=computation, spark=spark)
+        ivs = promote_intervals(m, intervals, num, into=into.root)
+        if no_wait:
+            refuse_live_owners(client, pipeline=pipeline, computation=computation,
+                               intervals=range(num) if ivs is None else ivs)
+        _refuse_other_tool(client, pipeline=pipeline, computation=computation)
+        commits = computation_commits(spark, store, computation)
+        todo = behind(commits, int(m["reached"]))
         if todo and not catch_up:
             raise ReplayTargetError(_not_caught_up(into, len(todo)))
-        if todo:
-            say(f"catching up: {len(todo)} live batches the replay has not run")
-            fv = m.get("from_version")
-            plan = plan_replay(spark, store=store, into=into, pipeline=pipeline, computation=computation,
-                               from_version=fv, from_start=fv is None, intervals=m.get("intervals"),
-                               num_intervals=type(code).num_intervals)
-            replay(spark, plan, code=code, zk=shadow_zk, progress=say, diff=False)
-            caught_up.append(len(plan.batches))
-        return _within(shadow_rows(spark, into, computation), held.intervals)
+        fv = m.get("from_version")
+        plan = plan_replay(spark, store=store, into=into, pipeline=pipeline, computation=computation,
+                           from_version=fv, from_start=fv is None, intervals=m.get("intervals"),
+                           num_intervals=num, code=code if catch_up else None,
+                           injectors=injectors) if catch_up else None
+        # what the replay ran so far must be complete (an older marker, a commit without positions)
+        prove_caught_up(commits, m, into=into.root, computation=computation, num_intervals=num, intervals=ivs,
+                        upto=int(m["reached"]))
+    with contextlib.ExitStack() as stack:
+        run = None
+        if plan is not None:
+            with tl.phase("the replay's shadow store opened (its ZooKeeper, its leases)"):
+                run = ReplayRun(spark, plan, code=code, zk=shadow_zk, injectors=injectors, write_path="auto",
+                                progress=say, seed=_no_seed, old=m, source=m.get("source"))
+                run.check(commits, plan.batches)
+                stack.enter_context(run)
+            with tl.phase(f"catch-up before the hand-over: {len(plan.batches)} live batches"):
+                if plan.batches:
+                    say(f"catching up before the hand-over: {len(plan.batches)} live batches the replay has not run")
+                run.run(plan.batches, commits)
+                run.finish(plan.to_version)  # its executor started: a catch-up under the leases only runs batches
+        seen = commits[-1].version if commits else -1
+        caught: list[int] = [len(plan.batches)] if plan is not None else [0]
 
-    return replace_intervals(
-        spark, store, client, pipeline=pipeline, computation=computation, num_intervals=type(code).num_intervals,
-        build=build, wait_s=wait_s, no_wait=no_wait, progress=say, before_commit=before_commit, intervals=ivs,
-        surgery=Surgery("promote", into.root, detail={"from_version": m.get("from_version"),
-                                                      "code": f"{type(code).__module__}:{type(code).__qualname__}",
-                                                      "caught_up_batches": caught_up,
-                                                      "replayed_intervals": m.get("intervals"),
-                                                      "replayed_keys": m.get("keys")}))
+        def build(held: Held) -> list[KeyRow]:
+            # the leases are held: no live commit of these intervals can land until they are given back
+            with tl.phase("catch-up under the leases: the live commits since the check"):
+                newer = commits_since(spark, store, computation, after=seen)
+                marker = run.marker if run is not None else m
+                late = behind(newer, int(marker["reached"]))
+                if late and run is None:
+                    raise ReplayTargetError(_not_caught_up(into, len(late)))
+                if late and run is not None:
+                    batches = commits_after([*commits, *newer], int(marker["reached"]))
+                    say(f"catching up under the leases: {len(batches)} live batches")
+                    run.check([*commits, *newer], batches)
+                    run.run(batches, [*commits, *newer])
+                    caught.append(len(batches))
+                if run is not None and newer:
+                    run.finish(newer[-1].version)
+            with tl.phase("proof: the replay ran every live commit up to the version replaced"):
+                prove_caught_up([*commits, *newer], marker, into=into.root, computation=computation,
+                                num_intervals=num, intervals=held.intervals)
+            with tl.phase("the replayed rows read and compared"):
+                return promoted_rows(shadow_rows(spark, into, computation, intervals=held.intervals),
+                                     {r.key: r for r in held.rows})
+
+        result = replace_intervals(
+            spark, store, client, pipeline=pipeline, computation=computation, num_intervals=num,
+            build=build, wait_s=wait_s, no_wait=False, progress=say, before_commit=before_commit, intervals=ivs,
+            timeline=tl,
+            surgery=Surgery("promote", into.root, detail={"from_version": m.get("from_version"),
+                                                          "code": f"{type(code).__module__}:{type(code).__qualname__}",
+                                                          "caught_up_batches": caught,
+                                                          "replayed_intervals": m.get("intervals"),
+                                                          "replayed_keys": m.get("keys")}))
+    return result
 
 
-def _within(rows: Sequence[KeyRow], intervals: Sequence[int]) -> list[KeyRow]:
-    """The rows of ``intervals`` (a promotion of some intervals writes only theirs)."""
-    keep = set(intervals)
-    return [r for r in rows if r.interval in keep]
+def _no_seed() -> None:
+    raise AssertionError("a promotion continues a replay: it never seeds one")
+
+
+def _refuse_other_tool(client: Any, *, pipeline: str, computation: str) -> None:
+    """Refuse at once while another tool's hand-over request for the computation is open.
+
+    Raises:
+        LeaseHeldError: naming the tool; nothing was changed.
+    """
+    other = read_handover(client, pipeline, computation)
+    if other is not None:
+        raise LeaseHeldError(f"another tool is changing {pipeline}/{computation} ({other.tool} by {other.by}, "
+                             f"intervals {list(other.intervals)}); wait for it to finish and run this one again")
 
 
 def _not_caught_up(into: StoreLayout, n: int) -> str:

@@ -20,7 +20,8 @@ A replay of computation C of a live store, from rows-table version V up to versi
    batches in both; ``deltawheel diff`` of the two stores makes the same comparison.
 
 (The inputs, Kafka, shared-interval, marker and diff parts are in ``replay_inputs.py``,
-``replay_kafka.py``, ``replay_shared.py``, ``replay_marker.py`` and ``replay_diff.py``.)
+``replay_kafka.py``, ``replay_shared.py``, ``replay_marker.py`` and ``replay_diff.py``; the open
+replay that re-runs the batches, also kept open by ``promote``, in ``replay_run.py``.)
 
 The live store is only read: no lease of the live pipeline is taken, nothing is written there.
 The replayed code is the live class or the one ``--code`` names (:func:`load_code`), under the
@@ -46,9 +47,8 @@ import hashlib
 import importlib
 import json
 import os
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from deltawheel.statestore.config import ZkConfig
 from deltawheel.statestore.delta.storefs import TableFiles
@@ -77,12 +77,9 @@ from ..protocol.reports import BatchReport, describe_watermark
 from ..sources.injector import Injector
 from .replay_diff import replay_diff
 from .replay_inputs import check_files, check_inputs, input_bytes, replay_input
-from .replay_kafka import check_kafka, mixed_df
-from .replay_marker import MARKER, into_files, marker_of, read_marker, store_id, write_marker
-from .replay_shared import batch_intervals, held, seed_marks, skip_sets, skipped_files
-
-if TYPE_CHECKING:
-    from ..protocol.executor import ComputationExecutor
+from .replay_marker import MARKER, into_files, marker_of, read_marker, store_id
+from .replay_run import ReplayRun
+from .replay_shared import held, seed_marks, skip_sets, skipped_files
 
 __all__ = ["ReplayPlan", "ReplayResult", "MARKER", "plan_replay", "replay", "load_code", "shadow_chroot",
            "read_marker", "replay_scope", "store_id", "into_files"]
@@ -421,12 +418,16 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
 
 def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | None = None,
            injectors: Sequence[Injector] = (), write_path: str = "auto",
-           progress: Callable[[str], None] | None = None, diff: bool = True) -> ReplayResult:
+           progress: Callable[[str], None] | None = None, diff: bool = True, source: str | None = None,
+           code_spec: str | None = None) -> ReplayResult:
     """Run ``plan`` with ``code`` (see the module docstring); returns the reports and the diff.
 
     ``zk``: the shadow store's ZooKeeper (its chroot must not be the live pipeline's: use
     :func:`shadow_chroot`); None: the shadow store's own embedded server. ``injectors``: the
-    pipeline's injectors whose files the replayed batches read.
+    pipeline's injectors whose files the replayed batches read; ``source``: the live pipeline as
+    ``MODULE:PIPELINE`` and ``code_spec``: ``code`` as ``MODULE:CLASS`` (default: its class, when
+    that imports back), recorded in the marker so that ``promote`` runs the same code over the same
+    injectors.
 
     Raises:
         ReplayCodeError: ``code`` is not the planned computation.
@@ -434,84 +435,20 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
         InputGoneError: an input file of a replayed batch is gone: refused before anything is
             written, or (gone meanwhile) before that batch runs, the marker at the batch before it.
     """
-    from .engine import connect
-
     if code.name != plan.computation:
         raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")
-    say = progress or (lambda line: None)
     store, into = StoreLayout(plan.store), StoreLayout(plan.into)
-    inputs = replay_input(spark, store, into, code, injectors)
     commits = computation_commits(spark, store, plan.computation)
-    if inputs.kafka:
-        check_kafka(spark, inputs, commits, plan.batches)
-    check_files(inputs, plan.batches)  # before anything is written
-    target = into_files(spark, into)
-    if target.is_local:
-        os.makedirs(into.root, exist_ok=True)
-    marker = {"store": store_id(store), "pipeline": plan.pipeline, "computation": plan.computation,
-              "from_version": plan.from_version, "reached": plan.resume_after, "started_ms": int(time.time() * 1000),
-              "code": f"{type(code).__module__}:{type(code).__qualname__}",  # what promote continues with
-              "intervals": None if plan.intervals is None else list(plan.intervals),
-              "keys": None if plan.keys is None else list(plan.keys),
-              # what `deltawheel diff` of the live store against this one needs to compare as the replay does
-              "num_intervals": type(code).num_intervals, "outputs": list(code.outputs)}
-    if zk is None:
-        engine = connect(spark, store=into.root, pipeline=plan.pipeline)
-    else:
-        engine = connect(spark, store=into.root, zk=zk.hosts, zk_chroot=zk.chroot, zk_digest=zk.digest,
-                         pipeline=plan.pipeline)
-    reports: list[BatchReport] = []
-    with engine:
-        if plan.resume_after is None:
-            if plan.from_version is not None:
-                say(f"seeding {into.root} with {plan.computation}'s rows as of version {plan.from_version}")
-                _seed(spark, store, into, plan, commits)
-            marker["reached"] = plan.from_version if plan.from_version is not None else -1
-            write_marker(target, marker)
-        # each batch runs with the input watermark its live run had (run_batch below): no authority;
-        # and over the intervals its live instance held (replay_shared.py): an executor holding
-        # them, started again when the next batch's instance held others
-        ex: ComputationExecutor | None = None
-        on: tuple[int, ...] | None = ()
-        n = type(code).num_intervals
-        # what each batch's live run skipped (intervals moved between instances): dropped before it runs
-        for c, done in zip(plan.batches, skip_sets(commits, plan.batches), strict=True):
-            run_on = batch_intervals(c, num_intervals=n, scope=plan.intervals)
-            if run_on == ():  # an instance of intervals outside a partial replay's
-                marker["reached"] = c.version
-                continue
-            if ex is None or run_on != on:
-                if ex is not None:
-                    ex.stop()  # its delivery settled, its leases given back
-                    engine.executors.remove(ex)
-                ex, on = engine.executor(code, write_path=write_path, intervals=run_on, manual_watermarks=True), run_on
-                ex.positions = inputs  # its commits record the same positions
-            files = tuple(c.files or ())
-            if inputs.kafka and c.kafka is None:
-                raise ReplayUnavailableError(f"live batch {c.batch_id} (rows version {c.version}) of {plan.computation} "
-                                             "records no Kafka offsets: replay from a later version")
-            check_files(inputs, (c,))  # gone since the start: refused with the replay's advice, not files_df's
-            df = mixed_df(spark, inputs, c.kafka, files) if inputs.kafka else \
-                inputs.files_df(spark, files) if files else None
-            skipped = 0
-            if df is not None and done is not None:
-                inputs.done = done  # the live SharedInput.apply, without its checkpoint log
-                df, skipped = inputs.skip_frame(df, files, range(n) if run_on is None else run_on)
-            reports.append(ex.run_batch(df, int(c.batch_id if c.batch_id is not None else -2),
-                                        input_watermark_ms=c.input_ms, use_authority=False, input_files=files))
-            ex.settle()
-            marker["reached"] = c.version
-            write_marker(target, marker)
-            say(f"batch {c.batch_id} (live version {c.version}): {reports[-1].records_in} records"
-                + (f" ({skipped} skipped as live: run before for their intervals)" if skipped else ""))
-        if ex is None:  # no batch re-run: the shadow store is started all the same (leases, fence)
-            engine.executor(code, write_path=write_path, intervals=plan.intervals, manual_watermarks=True)
-        marker["reached"] = plan.to_version
-        write_marker(target, marker)
+    run = ReplayRun(spark, plan, code=code, zk=zk, injectors=injectors, write_path=write_path, progress=progress,
+                    seed=lambda: _seed(spark, store, into, plan, commits), source=source, code_spec=code_spec,
+                    old=None if plan.resume_after is None else read_marker(into, spark=spark))
+    run.check(commits, plan.batches)  # before anything is written
+    with run:
+        reports = run.run(plan.batches, commits)
+        run.finish(plan.to_version)
     result_diff = None
     if diff:
         result_diff = replay_diff(spark, store, into, computation=plan.computation, from_version=plan.from_version,
                                   to_version=plan.to_version, num_intervals=type(code).num_intervals,
                                   streams=code.outputs, intervals=plan.intervals, keys=plan.keys, commits=commits)
     return ReplayResult(plan=plan, reports=tuple(reports), diff=result_diff)
-

@@ -193,7 +193,8 @@ class BatchProtocol:
         self.watermarks = BatchWatermarks(executor)
 
     def run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None, use_authority: bool,
-            input_files: Sequence[str] | None, background: bool = False) -> BatchReport:
+            input_files: Sequence[str] | None, background: bool = False,
+            late_watermark_ms: int | None = None) -> BatchReport:
         """The seven steps on the micro-batch ``df`` (None: timers only); see the module docstring
         and :meth:`~.executor.ComputationExecutor.run_batch`. ``background``: a batch with input
         runs step 7 in the background (the caller, a streaming query's ``foreachBatch``, discards
@@ -206,7 +207,8 @@ class BatchProtocol:
         ex.owner.check()
         df, skipped, files = self._skip_processed(df, batch_id, input_files)
         wm_in = self._input_watermark(input_watermark_ms, use_authority=use_authority)
-        b = self._open(df, batch_id, started=started, skipped=skipped, files=files, wm_in=wm_in)
+        b = self._open(df, batch_id, started=started, skipped=skipped, files=files, wm_in=wm_in,
+                       wm_late=late_watermark_ms)
         try:
             return self._steps(b, background=background)
         except BaseException:
@@ -321,8 +323,9 @@ class BatchProtocol:
         return self.watermarks.input() if use_authority and given is None else given
 
     def _open(self, df: Any | None, batch_id: int, *, started: float, skipped: int, files: tuple[str, ...],
-              wm_in: int | None) -> BatchState:
-        """The batch's state: its clock, dedup horizon and the watermarks it acts on."""
+              wm_in: int | None, wm_late: int | None = None) -> BatchState:
+        """The batch's state: its clock, dedup horizon and the watermarks it acts on (``wm_late``:
+        a replay's lateness watermark, its live batch's)."""
         comp = self.ex.comp
         now = self.ex.clock.now_ms()
         # ids seen before the horizon are dropped: a processing time back from now (each id
@@ -331,7 +334,10 @@ class BatchProtocol:
         # A record is late when it is behind the watermark this computation already acted on
         # (the newest committed batch's: its timers fired up to there); timers now fire with
         # wm_in. A replay of that batch decides as its first attempt did.
-        wm_late, wm_in, computations = self._lateness(df, batch_id, wm_in)
+        if wm_late is None:
+            wm_late, wm_in, computations = self._lateness(df, batch_id, wm_in)
+        else:  # a replay of a live batch: lateness as that batch judged it
+            computations = None
         acted = ActedMark(batch_id if df is not None else None, wm_late, wm_in,
                           tuple(sorted(self.ex.owner.intervals)), computations_ms=computations)
         return BatchState(batch_id=batch_id, df=df, started=started, now=now, wm_in=wm_in, wm_late=wm_late,

@@ -272,7 +272,8 @@ class ComputationExecutor:
         return self._protocol.watermarks.input()
 
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
-                  use_authority: bool = True, input_files: Sequence[str] | None = None) -> BatchReport:
+                  use_authority: bool = True, input_files: Sequence[str] | None = None,
+                  late_watermark_ms: int | None = None) -> BatchReport:
         """Run DESIGN's seven steps (:class:`~.batch.BatchProtocol`) on one micro-batch (``df``
         None: timers only), after the start if it has not run yet.
 
@@ -286,13 +287,16 @@ class ComputationExecutor:
 
         Its Spark jobs are described "deltawheel <computation> batch <id>" (from the commit on with
         the batch's figures) for Spark's UI; the caller's own job description is restored afterwards.
+
+        ``late_watermark_ms``: a replay's, the watermark the live batch judged lateness against (its
+        commit's mark), so the replay judges as it did; None: decided here (``lateness.py``).
         """
         return self._run(df, batch_id, input_watermark_ms=input_watermark_ms, use_authority=use_authority,
-                         input_files=input_files)
+                         input_files=input_files, late_watermark_ms=late_watermark_ms)
 
     def _run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
              use_authority: bool = True, input_files: Sequence[str] | None = None,
-             background: bool = False) -> BatchReport:
+             background: bool = False, late_watermark_ms: int | None = None) -> BatchReport:
         sc = self.spark.sparkContext
         before = sc.getLocalProperty(JOB_DESCRIPTION)
         sc.setLocalProperty(JOB_DESCRIPTION, f"deltawheel {self.comp.name} batch {batch_id}")
@@ -301,7 +305,8 @@ class ComputationExecutor:
             if not self._started:
                 self.start()
             return self._protocol.run(df, batch_id, input_watermark_ms=input_watermark_ms,
-                                      use_authority=use_authority, input_files=input_files, background=background)
+                                      use_authority=use_authority, input_files=input_files, background=background,
+                                      late_watermark_ms=late_watermark_ms)
         finally:
             sc.setLocalProperty(JOB_DESCRIPTION, before)  # None removes it: the caller's jobs are not ours
 

@@ -58,7 +58,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import unquote, urlparse
 
-from deltawheel.statestore.delta.sourceoffsets import Where, add_file_name, batch_adds, kafka_ranges
+from deltawheel.statestore.delta.sourceoffsets import (
+    Where,
+    add_file_name,
+    batch_adds,
+    file_source_range,
+    kafka_ranges,
+)
 from deltawheel.statestore.delta.storefs import TableFiles, local_path
 from deltawheel.statestore.exceptions import ConfigError, InputGoneError
 
@@ -69,7 +75,7 @@ from ..sources.parquet import ParquetInjector
 from ..tasks.input import interval_of_key, key_expression
 
 __all__ = ["SharedInput", "kafka_input", "CATCH_UP_BATCH", "POSITIONS_DIR", "files_read", "source_log_files", "positions_log",
-           "shared_input", "source_batch_files"]
+           "shared_input", "source_batch_files", "query_batch_files"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -81,17 +87,25 @@ _POSITION = "_dw_position"
 
 def source_log_files(checkpoint: str | TableFiles, *, source: int = 0,
                      committed_only: bool = True) -> dict[int, list[str]]:
-    """Batch id -> the names of the files Spark's file source read in it, for the batches the
-    query *committed* (``<checkpoint>/commits/N``; every logged batch with ``committed_only=False``),
-    from ``<checkpoint>/sources/<source>/`` (its JSON-lines log, ``.compact`` files included). A
-    local checkpoint (a path), or one's files (``TableFiles``: an ``s3a://`` one is listed and
-    each log file read, one GET each); missing: {}."""
+    """File-source log entry -> the names of the files Spark's file source listed in it, for the
+    entries the query's *committed* batches read (up to the source's ``logOffset`` in the offsets
+    of the newest ``<checkpoint>/commits/N``; every entry with ``committed_only=False``), from
+    ``<checkpoint>/sources/<source>/`` (its JSON-lines log, ``.compact`` files included). The
+    entries are the file source's own numbering, not the query's batch ids
+    (:func:`query_batch_files` maps a micro-batch to its entries). A local checkpoint (a path), or
+    one's files (``TableFiles``: an ``s3a://`` one is listed and each log file read, one GET
+    each); missing: {}."""
     root = _files(checkpoint)
     logdir = root.sub(f"sources/{source}")
     listed = logdir.listdir()
     if listed is None:
         return {}
-    done = {int(n) for n in root.listdir("commits") or () if n.isdigit()}
+    committed = [int(n) for n in root.listdir("commits") or () if n.isdigit()]
+    top = None
+    if committed_only and committed:
+        rng = file_source_range(root, max(committed), source=source)
+        top = None if rng is None else rng[1]
+    done = set(committed) if top is None else set(range(top + 1))  # (an older checkpoint: entry = batch)
     names = [(int(m.group(1)), n) for n in listed if (m := _COMPACT.match(n))]
     out: dict[int, list[str]] = {}
     for _, name in sorted(names):
@@ -143,7 +157,38 @@ def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0
         text = logdir.read_text(name)
         if text is not None:
             return _entry_names(text, batch_id)
+    # Spark deletes an entry's own file some minutes after a later compaction took it in: the
+    # first compacted file at or after it lists it
+    later = sorted(int(m.group(1)) for n in logdir.listdir() or () if (m := _COMPACT.match(n)) and m.group(2)
+                   and int(m.group(1)) > batch_id)
+    if later:
+        text = logdir.read_text(f"{later[0]}.compact")
+        if text is not None:
+            return _entry_names(text, batch_id)
     return None
+
+
+def query_batch_files(checkpoint: str | TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
+    """The names of the files micro-batch ``batch_id`` of the query read through its file source
+    ``source``: those of the file-source log entries its offsets span
+    (``sourceoffsets.file_source_range``: usually one entry; two or more after a stop between the
+    file source's log and the query's offset log). A local checkpoint (a path), or one's files;
+    None when not known (its offsets or an entry missing).
+
+    Raises:
+        OSError: a remote file could not be read (not: it is missing).
+    """
+    root = _files(checkpoint)
+    span = file_source_range(root, batch_id, source=source)
+    if span is None:
+        return None
+    out: list[str] = []
+    for entry in range(span[0], span[1] + 1):
+        names = source_batch_files(root, entry, source=source)
+        if names is None:
+            return None
+        out += [n for n in names if n not in out]
+    return out
 
 
 def files_read(checkpoint: str) -> frozenset[str]:
@@ -374,13 +419,10 @@ class SharedInput:
             if self.tables:
                 logged = self.table_positions(batch_id)
                 return tuple(logged if logged is not None else self._distinct(df))
-            remote = self._remote()
-            if remote is None:
-                return tuple(self.batch_positions(df, batch_id))
-            files = source_batch_files(remote, batch_id, source=self.file_source)
+            files = self._query_files(batch_id)
             if files is not None:
                 return tuple(files)
-            why = f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}"
+            why = f"the offsets or file source log of micro-batch {batch_id} are not in {self.checkpoint}"
         except OSError as exc:
             why = f"reading the query checkpoint {self.checkpoint} failed ({type(exc).__name__}: {exc})"
         self._unknown(batch_id, why)
@@ -390,6 +432,14 @@ class SharedInput:
         self.unknown.add(batch_id)
         _LOG.warning("%s: the input positions of micro-batch %d are not recorded (a replay cannot start before "
                      "its commit): %s", self.comp.name, batch_id, why)
+
+    def _query_files(self, batch_id: int) -> list[str] | None:
+        """The files the query's micro-batch ``batch_id`` read through the Parquet injector's file
+        source (:func:`query_batch_files`); None: not known (or a remote checkpoint not reached)."""
+        where = self._checkpoint()
+        if isinstance(where, str) and local_path(where) is None:
+            return None
+        return query_batch_files(where, batch_id, source=self.file_source)
 
     def kafka_ranges(self, batch_id: int) -> dict[str, dict[str, list[int]]] | None:
         """The Kafka offset ranges the query's micro-batch ``batch_id`` read, ``{topic: {partition:
@@ -423,9 +473,7 @@ class SharedInput:
         the position column is added to ``df`` only then, if it lacks it: building it costs some
         thirty py4j calls and an analysis of the frame, each batch)."""
         if not self.tables:
-            remote = self._remote()
-            files = (source_batch_files(remote, batch_id, source=self.file_source) if remote is not None
-                     else source_log_files(self.checkpoint, source=self.file_source, committed_only=False).get(batch_id))
+            files = self._query_files(batch_id)
             if files is None:
                 raise ConfigError(f"micro-batch {batch_id} is not in the file source log of {self.checkpoint}: this "
                                   "executor's batches must come from the query whose checkpoint that is")

@@ -46,7 +46,7 @@ from .log import local_path, log_files, read_snapshot
 from .storefs import TableFiles
 
 __all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "Where", "offset_lines", "batch_adds", "add_file_name",
-           "kafka_offsets", "kafka_ranges", "files_of"]
+           "kafka_offsets", "kafka_ranges", "files_of", "file_source_range"]
 
 BASE_INDEX = -1  # before every file of the offset's version
 END_INDEX = 2**63 - 1  # after every file of the offset's version (Delta's Long.MaxValue sentinel)
@@ -206,6 +206,53 @@ def add_file_name(add: dict[str, Any]) -> str:
     """The data file's name (its last path part, unescaped) of an ``add`` action, as Spark's
     ``input_file_name()`` ends."""
     return urllib.parse.unquote(add["path"].rsplit("/", 1)[-1])
+
+
+def file_source_range(checkpoint: Where, batch_id: int, *, source: int) -> tuple[int, int] | None:
+    """(first, last) of the entries of Spark's file-source log (``sources/<source>/``, numbered by
+    the file source itself) that micro-batch ``batch_id`` of the query read: after the source's
+    ``logOffset`` in ``offsets/<batch_id - 1>`` (the query's first batch: after -1), up to the one
+    in ``offsets/<batch_id>``; first > last: none. None when that is not known here (an offset file
+    or line missing, or not a file source's).
+
+    The file source numbers its log entries apart from the query's batches: it writes the entry
+    of the next batch's files before the query writes that batch's offsets, so a stop between the
+    two (SIGTERM, SIGKILL) leaves an entry no batch planned, and the next batch reads it with its
+    own (the entries of micro-batch N are then not entry N).
+
+    >>> import tempfile, os
+    >>> chk = tempfile.mkdtemp(); os.makedirs(f"{chk}/offsets")
+    >>> for b, k in ((0, 0), (1, 2)):
+    ...     _ = open(f"{chk}/offsets/{b}", "w").write("\\n".join(["v1", "{}", '{"logOffset":%d}' % k]))
+    >>> file_source_range(chk, 0, source=0), file_source_range(chk, 1, source=0), file_source_range(chk, 2, source=0)
+    ((0, 0), (1, 2), None)
+
+    Raises:
+        OSError: a remote checkpoint's file could not be read (not: it is missing).
+    """
+    if batch_id < 0:
+        return None
+    end = _log_offset(offset_lines(checkpoint, batch_id), source)
+    start = -1 if batch_id == 0 else _log_offset(offset_lines(checkpoint, batch_id - 1), source)
+    if end is None or start is None:
+        return None
+    return start + 1, end
+
+
+def _log_offset(lines: list[Any] | None, source: int) -> int | None:
+    """The file source's ``logOffset`` in an offset log's source lines (a source without an offset
+    yet: -1); None when not known (no such file or line, or not a file source's)."""
+    if lines is None or source >= len(lines):
+        return None
+    entry = lines[source]
+    if entry is None:
+        return -1
+    if not isinstance(entry, dict) or set(entry) != {"logOffset"}:
+        return None
+    try:
+        return int(entry["logOffset"])
+    except (TypeError, ValueError):
+        return None
 
 
 def kafka_offsets(lines: list[Any] | None, topic: str) -> tuple[int, dict[str, int]] | None:

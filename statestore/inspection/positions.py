@@ -26,7 +26,7 @@ from ..exceptions import NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
 from ..rowtable.inputfiles import entry_of, kafka_of
 
-__all__ = ["ComputationCommit", "ToolChange", "computation_commits", "replay_horizon", "position_at",
+__all__ = ["ComputationCommit", "ToolChange", "computation_commits", "commits_since", "replay_horizon", "position_at",
            "commits_after", "tool_changes", "version_at_timestamp", "outside_commit_ids"]
 
 
@@ -93,22 +93,52 @@ def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> li
     """
     out: list[ComputationCommit] = []
     for r in _history(spark, layout):
-        try:
-            meta = json.loads(r["userMetadata"]) if r["userMetadata"] else None
-        except ValueError:
-            meta = None
-        if not isinstance(meta, dict) or meta.get("computation") != computation:
-            continue
-        entry = entry_of(meta)
-        late_entry = meta.get("late")
-        late: dict[str, Any] = late_entry if isinstance(late_entry, dict) else {}
-        out.append(ComputationCommit(
-            version=int(r["version"]), timestamp_ms=int(r["timestamp"].timestamp() * 1000),
-            kind=str(meta.get("kind", "batch")), batch_id=None if entry is None else entry[0],
-            files=None if entry is None else entry[1],
-            input_ms=None if late.get("input_ms") is None else int(late["input_ms"]),
-            late_ms=None if late.get("late_ms") is None else int(late["late_ms"]), meta=meta, kafka=kafka_of(meta)))
+        c = _commit(int(r["version"]), int(r["timestamp"].timestamp() * 1000), r["userMetadata"], computation)
+        if c is not None:
+            out.append(c)
     return out
+
+
+def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: int) -> list[ComputationCommit]:
+    """Oldest first, the commits of ``computation`` after rows version ``after``: read from the
+    log's JSON commits with Python where it reaches them (a local or ``s3a://`` store: no Spark
+    job, only the commits after ``after`` opened), else from Delta's history.
+
+    Raises:
+        NotAStoreError: the store has no rows table.
+    """
+    from ..delta.log import commit_infos
+    from ..delta.storefs import table_files
+
+    files = table_files(spark, layout.rows)
+    infos = None if files is None else commit_infos(files, after=after)
+    if infos is None:
+        return [c for c in computation_commits(spark, layout, computation) if c.version > after]
+    out = []
+    for v, info in infos:
+        c = _commit(v, int(info.get("timestamp") or 0), info.get("userMetadata"), computation)
+        if c is not None:
+            out.append(c)
+    return out
+
+
+def _commit(version: int, timestamp_ms: int, user_metadata: object, computation: str) -> ComputationCommit | None:
+    """The commit of ``computation`` a rows-table version is (None: another's, or not deltawheel's)."""
+    try:
+        meta = json.loads(user_metadata) if isinstance(user_metadata, str) and user_metadata else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("computation") != computation:
+        return None
+    entry = entry_of(meta)
+    late_entry = meta.get("late")
+    late: dict[str, Any] = late_entry if isinstance(late_entry, dict) else {}
+    return ComputationCommit(
+        version=version, timestamp_ms=timestamp_ms,
+        kind=str(meta.get("kind", "batch")), batch_id=None if entry is None else entry[0],
+        files=None if entry is None else entry[1],
+        input_ms=None if late.get("input_ms") is None else int(late["input_ms"]),
+        late_ms=None if late.get("late_ms") is None else int(late["late_ms"]), meta=meta, kafka=kafka_of(meta))
 
 
 def replay_horizon(commits: Sequence[ComputationCommit]) -> int | None:

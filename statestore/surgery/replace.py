@@ -39,7 +39,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..delta.log import commit_infos, latest_local_version
+from ..delta.log import newest_commit_info
+from ..delta.storefs import table_files
 from ..exceptions import LeaseHeldError
 from ..layout import StoreLayout
 from ..ownership.owner import IntervalOwner
@@ -52,9 +53,10 @@ from ..zk.handover import clear_handover, request_handover
 from ..zk.lease_tools import list_leases
 from ..zk.leases import LeaseManager
 from .audit import AuditRecord, append_audit, commit_meta, recover_audit, who
+from .timeline import Timeline
 
 __all__ = ["Surgery", "Held", "SurgeryResult", "holds_nothing", "row_changes", "replace_intervals",
-           "plan_replacement"]
+           "plan_replacement", "refuse_live_owners"]
 
 #: the fields of a row a replacement compares (the writer's bookkeeping is not content)
 _CONTENT = ("state", "codec", "timers", "record_ids", "pending", "watermark_hold_ms", "timer_seq")
@@ -153,10 +155,15 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       skip_delivery: frozenset[str] = frozenset(),
                       before_audit: Callable[[int | None], None] | None = None,
                       input_sets: Callable[[Mapping[int, frozenset[str]]], Mapping[int, frozenset[str]]] | None = None,
-                      ) -> SurgeryResult:
+                      timeline: Timeline | None = None) -> SurgeryResult:
     """Take ``intervals`` (None: all) of ``computation``, commit ``build``'s rows in their place in
-    one fenced transaction, record it, give the intervals back (see the module docstring). First
+    one fenced transaction, give the intervals back, record it (see the module docstring). First
     the audit rows an earlier tool run left missing are appended (``audit.recover_audit``).
+
+    The live stage is paused from its hand-over until the intervals are given back: in between
+    only the fence and recovery scan, ``build`` and the commit run (the rows ``build`` gets are the
+    recovery scan's); the commit's version and the audit row are written after the intervals are
+    given back (a tool that dies there leaves the row to the next run's ``recover_audit``).
 
     ``before_commit``: called with the tool's sequencers once ``build`` is done, just before the
     commit (a test makes a takeover race the commit there). ``skip_delivery``: ids of checkpointed
@@ -164,7 +171,8 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
     the commit's version, between the commit and the audit row (a test crashes the tool there).
     ``input_sets``: given the intervals' input-file sets as they are under the leases
     (``rowtable/inputfiles.py``), the sets that replace them (only the intervals whose set changes):
-    gc's pruning (``gc/inputsets.py``), committed in the same transaction.
+    gc's pruning (``gc/inputsets.py``), committed in the same transaction. ``timeline``: records
+    each phase and the pause (``timeline.py``).
 
     Raises:
         LeaseHeldError: ``no_wait`` and a live owner holds an interval; or still held after
@@ -174,45 +182,44 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         CoordinatorStateLostError, StoreMismatchError: as every owner's acquire.
     """
     say = progress or (lambda line: None)
+    tl = timeline or Timeline()
     ivs = _intervals(intervals, num_intervals)
     if no_wait:
-        live = {r["interval"]: r["owner"] for r in list_leases(client, pipeline=pipeline)
-                if r["computation"] == computation and r["interval"] in ivs and r["owner"] is not None}
-        if live:
-            raise LeaseHeldError(
-                f"--no-wait: intervals {sorted(live)} of {pipeline}/{computation} are held by a running owner "
-                f"({', '.join(sorted(set(map(str, live.values()))))}); nothing was changed. Give --wait SECONDS to "
-                "let it hand them over at its next batch boundary, or stop the pipeline first")
-    for r in recover_audit(spark, layout):
-        say(f"audit: appended the missing row {r.audit_id} of the {r.tool} commit at rows version "
-            f"{r.commit_version} (an earlier tool run stopped before recording it)")
+        refuse_live_owners(client, pipeline=pipeline, computation=computation, intervals=ivs)
+    with tl.phase("audit rows left by earlier tool runs"):
+        for r in recover_audit(spark, layout):
+            say(f"audit: appended the missing row {r.audit_id} of the {r.tool} commit at rows version "
+                f"{r.commit_version} (an earlier tool run stopped before recording it)")
     writer = f"deltawheel-{surgery.tool}:{surgery.who}"
-    store = RowStore(spark, layout, writer=writer)
     request_handover(client, pipeline=pipeline, computation=computation, intervals=ivs, tool=surgery.tool,
                      by=surgery.who)
     leases = LeaseManager(client, pipeline=pipeline, owner=writer)
-    given_back = False
-
-    def give_back() -> None:  # the pipeline's instances take the intervals again
-        nonlocal given_back
-        if not given_back:
-            given_back = True
-            try:
-                leases.close()
-            finally:
-                clear_handover(client, pipeline, computation)
-
+    audit_id = uuid.uuid4().hex
+    commit_id = None
     try:
+        store = RowStore(spark, layout, writer=writer)
         owner = IntervalOwner(store, leases, computation, num_intervals=num_intervals)
         say(f"{computation}: waiting up to {wait_s:g}s for intervals {list(ivs)} (running owners hand them over "
             "at their next batch boundary)")
         t0 = time.monotonic()
-        rec = _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation, skip=skip_delivery)
+        phase = [tl.begin("the hand-over: the live stage ends its batch in flight and gives the intervals back")]
+
+        def on_granted() -> None:  # the live stage waits from here on
+            tl.end(phase[0])
+            tl.paused_from()
+            phase[0] = tl.begin("the leases taken: fence and recovery scan (the old owner's checkpoints delivered)")
+
+        owner.on_granted = on_granted
+        try:
+            rec = _acquire(spark, layout, owner, ivs, wait_s=wait_s, computation=computation, skip=skip_delivery)
+        finally:
+            tl.end(phase[0])
         seqs = dict(owner.sequencers)
         t_held = time.monotonic()
         say(f"{computation}: intervals held after {t_held - t0:.1f}s, sequencers {seqs}")
-        rows = tuple(r for r in rec.rows.values() if is_user_key(r.key))  # the recovery scan's, under the leases
-        ups, dels = row_changes(rows, build(Held(ivs, seqs, rows)))
+        rows = tuple(r for r in rec.rows.values() if is_user_key(r.key))
+        new_rows = build(Held(ivs, seqs, rows))
+        ups, dels = row_changes(rows, new_rows)
         # the old owner's checkpoints are all in their streams now (_acquire): a row written
         # drops them, as the owner's next commit would (else its recovery delivers them again)
         landed = {p.production_id for _, p in rec.pending} - skip_delivery
@@ -225,38 +232,55 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                     if iv in ivs and fs != now_sets.get(iv, frozenset())}
         if before_commit is not None:
             before_commit(seqs)
-        audit_id = uuid.uuid4().hex
-        version = None
         record = AuditRecord(
             audit_id=audit_id, recorded_ms=int(time.time() * 1000), who=surgery.who, tool=surgery.tool,
             pipeline=pipeline, computation=computation, source=surgery.source, intervals=ivs,
             rows_upserted=len(ups), rows_deleted=len(dels), commit_version=None, sequencers=seqs,
             detail=surgery.detail)
         if ups or dels or sets:
-            commit_id = f"{writer}:{audit_id}"
-            last = latest_local_version(layout.rows)  # the commit is after it (None: not a local table)
-            store.commit(computation, ups, sequencers=seqs, deletes=dels, num_intervals=num_intervals,
-                         commit_id=commit_id, lease_check=owner.check, kind=surgery.tool,
-                         meta={**commit_meta(record), **no_input_entry()}, input_sets=sets or None)
-            give_back()
-            version = _version_of(spark, layout, commit_id, after=last)
+            with tl.phase(f"fenced commit: {len(ups)} keys written, {len(dels)} deleted"):
+                commit_id = f"{writer}:{audit_id}"
+                store.commit(computation, ups, sequencers=seqs, deletes=dels, num_intervals=num_intervals,
+                             commit_id=commit_id, lease_check=owner.check, kind=surgery.tool,
+                             meta={**commit_meta(record), **no_input_entry()}, input_sets=sets or None)
+        else:
+            say(f"{computation}: nothing to change (no commit)")
+    finally:
+        with tl.phase("the intervals given back"):
+            leases.close()  # gives the intervals back: the pipeline's instances take them again
+            clear_handover(client, pipeline, computation)
+        t_back = time.monotonic()
+        tl.paused_until()
+    with tl.phase("the audit record"):
+        version = None if commit_id is None else _version_of(spark, layout, commit_id)
+        if commit_id is not None:
             say(f"{computation}: committed {len(ups)} rows written, {len(dels)} deleted"
                 + (f", the input-file sets of intervals {sorted(sets)} replaced" if sets else "")
-                + f" at rows version {version}; intervals given back after {time.monotonic() - t0:.1f}s "
-                f"(held {time.monotonic() - t_held:.1f}s)")
-        else:
-            give_back()
-            say(f"{computation}: nothing to change (no commit); intervals given back")
+                + f" at rows version {version}; intervals given back after {t_back - t0:.1f}s "
+                f"(held {t_back - t_held:.1f}s)")
         if before_audit is not None:
             before_audit(version)
         append_audit(spark, layout, dataclasses.replace(record, commit_version=version,
                                                         recorded_ms=int(time.time() * 1000)))
-        before = {r.key: r for r in rows}
-        return SurgeryResult(computation, ivs, seqs, tuple(ups), tuple(dels),
-                             {r.key: before[r.key] for r in ups if r.key in before} | {k: before[k] for _, k in dels},
-                             version, audit_id, False)
-    finally:
-        give_back()
+    before = {r.key: r for r in rows}
+    return SurgeryResult(computation, ivs, seqs, tuple(ups), tuple(dels),
+                         {r.key: before[r.key] for r in ups if r.key in before} | {k: before[k] for _, k in dels},
+                         version, audit_id, False)
+
+
+def refuse_live_owners(client: Any, *, pipeline: str, computation: str, intervals: Sequence[int]) -> None:
+    """``--no-wait``: refuse at once while a live owner holds one of ``intervals``.
+
+    Raises:
+        LeaseHeldError: naming the intervals and their owners; nothing was changed.
+    """
+    live = {r["interval"]: r["owner"] for r in list_leases(client, pipeline=pipeline)
+            if r["computation"] == computation and r["interval"] in intervals and r["owner"] is not None}
+    if live:
+        raise LeaseHeldError(
+            f"--no-wait: intervals {sorted(live)} of {pipeline}/{computation} are held by a running owner "
+            f"({', '.join(sorted(set(map(str, live.values()))))}); nothing was changed. Give --wait SECONDS to "
+            "let it hand them over at its next batch boundary, or stop the pipeline first")
 
 
 def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequence[int], *, wait_s: float,
@@ -277,23 +301,29 @@ def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequenc
     return rec
 
 
-def _version_of(spark: Any, layout: StoreLayout, commit_id: str, *, after: int | None) -> int | None:
-    """The rows-table version whose metadata carries ``commit_id``: on a local table among the JSON
-    commits after version ``after`` (read in Python), else among the newest 50 (``DESCRIBE HISTORY``)."""
-    if after is not None:
-        infos = commit_infos(layout.rows, after=after)
-        for v, info in infos or ():
-            if _commit_id(info.get("userMetadata")) == commit_id:
-                return v
-    for r in spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 50").select("version", "userMetadata").collect():
+def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:
+    """The rows-table version whose metadata carries ``commit_id``: read newest first from the log's
+    JSON commits where Python reaches them, else among the newest commits of Delta's history."""
+    files = table_files(spark, layout.rows)
+    if files is not None:
+        try:
+            found = newest_commit_info(files, lambda info: _commit_id(info.get("userMetadata")) == commit_id)
+        except ValueError:
+            found = None
+        if found is not None:
+            return found[0]
+    for r in spark.sql(f"DESCRIBE HISTORY delta.`{layout.rows}` LIMIT 200").select("version", "userMetadata").collect():
         if _commit_id(r["userMetadata"]) == commit_id:
             return int(r["version"])
     return None
 
 
-def _commit_id(meta: str | None) -> str | None:
+def _commit_id(meta: object) -> object:
+    """The ``commit_id`` of a commit's ``userMetadata`` (None: none, or not deltawheel's JSON)."""
+    if not isinstance(meta, str) or not meta:
+        return None
     try:
-        got = json.loads(meta) if meta else None
+        parsed = json.loads(meta)
     except ValueError:
-        return None  # another writer's free text
-    return str(got.get("commit_id")) if isinstance(got, dict) and got.get("commit_id") else None
+        return None
+    return parsed.get("commit_id") if isinstance(parsed, dict) else None

@@ -1,0 +1,109 @@
+"""What a promotion proves before it commits: that the replay ran every live commit it replaces.
+
+A promotion replaces the live rows of some intervals with a replay's (``promote.py``). That must
+never put a key behind what the live store committed, so before its commit, under the leases
+(no live commit of those intervals can land any more), :func:`prove_caught_up` checks the live
+commit log against the replay's marker: every commit of the computation after the replay's seed
+version that changed user rows of the promoted intervals is one the replay re-ran (the marker's
+``ran``: ``replay_run.py`` records each live version it re-runs). That covers batches with input,
+flushes and timers-only commits (a batch without input, a batch run while the pipeline stopped),
+whatever made the replay miss one; a commit that records no input positions cannot have been
+re-run, and is refused too. Commits that change no user row pass: claims and fences (a new
+owner's), compactions; so do tools' commits (promote, repair), which a replay never re-runs: the
+plan and the diff name them.
+
+:func:`behind` is the same walk for what a catch-up still has to run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from deltawheel.statestore.exceptions import ReplayBehindError
+from deltawheel.statestore.inspection.positions import ComputationCommit
+
+from .replay_shared import batch_intervals
+
+__all__ = ["unproven", "prove_caught_up", "behind"]
+
+_NAMED = 5  # versions a refusal names one by one; the rest are counted
+
+
+def _changes_rows(c: ComputationCommit) -> bool:
+    """Whether commit ``c`` can change user rows a replay must have made too: a batch (with or
+    without input), or a commit that records no positions (what it did is not known)."""
+    return not c.replayable or c.reruns
+
+
+def unproven(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *, num_intervals: int,
+             intervals: Sequence[int] | None = None, upto: int | None = None) -> list[tuple[ComputationCommit, str]]:
+    """The live commits of ``commits`` the replay whose marker is ``marker`` has not re-run, each with
+    why: those after the replay's seed version (up to ``upto``; None: all) that change user rows
+    of ``intervals`` (None: every interval the replay replayed).
+
+    >>> from deltawheel.statestore.rowtable.inputfiles import commit_entry, no_input_entry
+    >>> def c(v, kind="commit", meta=None):
+    ...     meta = commit_entry(v, ["f"]) if meta is None else meta
+    ...     return ComputationCommit(v, 0, kind, meta.get("positions", {}).get("batch_id"),
+    ...                              None if "positions" not in meta else tuple(meta["positions"]["files"]),
+    ...                              None, None, meta)
+    >>> commits = [c(3), c(4, "claim", {}), c(5), c(6, "promote", no_input_entry()), c(7, meta={}), c(8)]
+    >>> [(x.version, why) for x, why in unproven(commits, {"from_version": 3, "ran": [5]}, num_intervals=4)]
+    [(7, 'records no input positions'), (8, 'not re-run by the replay')]
+    """
+    seed = marker.get("from_version")
+    ran = marker.get("ran")
+    done = set() if ran is None else {int(v) for v in ran}
+    scope = intervals if intervals is not None else marker.get("intervals")
+    out = []
+    for c in commits:
+        if (seed is not None and c.version <= int(seed)) or (upto is not None and c.version > upto):
+            continue
+        if not _changes_rows(c) or batch_intervals(c, num_intervals=num_intervals, scope=scope) == ():
+            continue
+        if not c.replayable:
+            out.append((c, "records no input positions"))
+        elif ran is None:
+            out.append((c, "the replay's marker does not say which live commits it re-ran"))
+        elif c.version not in done:
+            out.append((c, "not re-run by the replay"))
+    return out
+
+
+def prove_caught_up(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *, into: str, computation: str,
+                    num_intervals: int, intervals: Sequence[int] | None = None, upto: int | None = None) -> None:
+    """Refuse unless the replay re-ran every live commit :func:`unproven` looks at.
+
+    Raises:
+        ReplayBehindError: naming the versions not re-run and what to do; nothing was changed.
+    """
+    missing = unproven(commits, marker, num_intervals=num_intervals, intervals=intervals, upto=upto)
+    if not missing:
+        return
+    newest = max(c.version for c in commits if upto is None or c.version <= upto)
+    named = "; ".join(f"{c.version} ({_what(c)}: {why})" for c, why in missing[:_NAMED])
+    more = f"; and {len(missing) - _NAMED} more" if len(missing) > _NAMED else ""
+    if any(why == "records no input positions" for _, why in missing):
+        todo = ("a commit without input positions cannot be replayed: replay from the newest such version or "
+                "later into an empty folder, then promote that replay")
+    elif marker.get("ran") is None:
+        todo = ("that replay was made by an older deltawheel: replay again into an empty folder, then promote "
+                "that replay")
+    else:
+        todo = (f"continue the replay into {into} (deltawheel replay with the same arguments) and promote again")
+    raise ReplayBehindError(
+        f"the replay in {into} has not run {len(missing)} live commits of {computation} up to rows version "
+        f"{newest}, the state it would replace: {named}{more}. Promoting it would put keys behind what the live "
+        f"store committed; nothing was changed. What to do: {todo}")
+
+
+def _what(c: ComputationCommit) -> str:
+    if c.batch_id is None:
+        return f"kind {c.kind}"
+    return f"batch {c.batch_id}" + ("" if c.files else ", without input")
+
+
+def behind(commits: Sequence[ComputationCommit], reached: int) -> list[ComputationCommit]:
+    """The live commits after ``reached`` (the newest live version the replay ran) a catch-up re-runs,
+    or must refuse (no positions): claims, fences and tools' commits left out."""
+    return [c for c in commits if c.version > reached and _changes_rows(c)]

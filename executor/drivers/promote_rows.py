@@ -1,0 +1,80 @@
+"""The rows a promotion commits (``promote.py``): the shadow store's, each compared with the live row
+of its key, so that a key the replay left as the live store has it is not written.
+
+A replayed row is the live row's equal when its state, codec, timers, watermark hold and timer
+sequence are, and it holds no production its own store has not delivered (the live row's
+checkpoints were delivered by the tool's recovery when it took the leases). Record ids are not
+content here: a caught-up replay ran the same records, so the live row's ids (the dedup history,
+with the times the live pipeline saw them) are kept; a key only the replay has gets the replay's
+(on the image path they live in the record-ids rows, folded into the key's row: the form a fenced
+commit writes by key). A key only the replay's record-ids rows name (its state expired there, as
+live) gets no row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from deltawheel.statestore.delta.log import local_table_exists
+from deltawheel.statestore.delta.storefs import table_files
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX, KeyRow, is_user_key
+
+__all__ = ["shadow_rows", "promoted_rows", "same_content"]
+
+#: the fields a promotion compares (record ids and pending productions apart: see the module docstring)
+_COMPARED = ("state", "codec", "timers", "watermark_hold_ms", "timer_seq")
+
+
+def shadow_rows(spark: Any, into: StoreLayout, computation: str, *,
+                intervals: Sequence[int] | None = None) -> list[KeyRow]:
+    """The computation's rows in the shadow store (of ``intervals``; None: all), record-ids rows
+    included, each with only the pending productions the shadow store has not delivered (a
+    promoted checkpoint is delivered by the live pipeline's recovery; one delivered in the shadow
+    store was the replay's output, never the live one's)."""
+    from pyspark.sql import functions as F
+
+    cond = (F.col("computation") == computation) & (F.col("key") != FENCE_KEY)
+    if intervals is not None:
+        cond = cond & F.col("interval").isin(sorted(set(intervals)))
+    rows = [KeyRow.from_row(r) for r in spark.read.format("delta").load(into.rows).where(cond).toArrow().to_pylist()]
+    held: dict[str, set[str]] = {}
+    for r in rows:
+        for p in r.pending:
+            held.setdefault(p.stream, set()).add(p.production_id)
+    delivered: set[tuple[str, str]] = set()
+    for stream, ids in held.items():
+        if local_table_exists(table_files(spark, into.stream(stream)) or into.stream(stream)):
+            got = spark.read.format("delta").load(into.stream(stream)).where(F.col("record_id").isin(sorted(ids)))
+            delivered |= {(stream, str(r[0])) for r in got.select("record_id").collect()}
+    return [r.with_(pending=tuple(p for p in r.pending if (p.stream, p.production_id) not in delivered))
+            if r.pending else r for r in rows]
+
+
+def same_content(replayed: KeyRow, live: KeyRow) -> bool:
+    """Whether the replayed row changes nothing of the live one (see the module docstring)."""
+    return (all(getattr(replayed, f) == getattr(live, f) for f in _COMPARED)
+            and (not replayed.pending or replayed.pending == live.pending))
+
+
+def promoted_rows(shadow: Sequence[KeyRow], live: Mapping[str, KeyRow]) -> list[KeyRow]:
+    """The rows a promotion leaves in the intervals (every key that should exist), from the shadow
+    store's rows ``shadow`` (record-ids rows included) and the live rows ``live`` by key: a live
+    row where the replayed one is its equal, else the replayed row with the live row's record ids
+    (a key only the replay has: its own)."""
+    ids: dict[str, list[Any]] = {}
+    for r in shadow:
+        if r.key.startswith(IDS_KEY_PREFIX) and r.record_ids:
+            ids.setdefault(r.key[len(IDS_KEY_PREFIX):], []).extend(r.record_ids)
+    out = []
+    for r in shadow:
+        if not is_user_key(r.key):
+            continue
+        now = live.get(r.key)
+        if now is None:
+            out.append(r.with_(record_ids=(*r.record_ids, *ids.get(r.key, ()))))
+        elif same_content(r, now):
+            out.append(now)
+        else:
+            out.append(r.with_(record_ids=now.record_ids))
+    return out

@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _code(args: argparse.Namespace, marker: dict[str, Any], source: Any) -> Any:
     """What the catch-up runs: ``--code``, else the code the replay recorded, else the live
     pipeline's class (``--source``, or the one the replay recorded; the demo's)."""
-    from ..drivers.replay import load_code
+    from ..drivers.replay import load_code, registered_computation
 
     spec = args.code or marker.get("code")
     if spec:
@@ -60,12 +60,9 @@ def _code(args: argparse.Namespace, marker: dict[str, Any], source: Any) -> Any:
     for c in source.computations if source is not None else ():
         if c.name == args.computation:
             return c
-    if args.pipeline == "zeitgeist":
-        from ..demo.pipeline import computations
-
-        for c in computations():
-            if c.name == args.computation:
-                return c
+    registered = registered_computation(args.pipeline, args.computation)  # a package's (the demo's)
+    if registered is not None:
+        return registered
     raise ReplayCodeError(f"the replay does not record its code: give --code MODULE:CLASS, or --source "
                           f"MODULE:PIPELINE (the live pipeline), for computation {args.computation!r}")
 

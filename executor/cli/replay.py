@@ -96,7 +96,7 @@ def int_list(text: str | None, what: str) -> list[int] | None:
 
 
 def _code(args: argparse.Namespace, pipeline: Any = None) -> Any:
-    from ..drivers.replay import load_code
+    from ..drivers.replay import load_code, registered_computation
 
     if args.code:
         return load_code(args.code, args.computation)
@@ -106,12 +106,9 @@ def _code(args: argparse.Namespace, pipeline: Any = None) -> Any:
                 return c
         raise ReplayCodeError(f"--source pipeline {pipeline.name!r} has no computation {args.computation!r} (it has "
                               f"{', '.join(c.name for c in pipeline.computations)}); check --computation")
-    if args.pipeline == "zeitgeist":
-        from ..demo.pipeline import computations
-
-        for c in computations():
-            if c.name == args.computation:
-                return c
+    registered = registered_computation(args.pipeline, args.computation)  # a package's (the demo's)
+    if registered is not None:
+        return registered
     raise ReplayCodeError(f"the store does not record code: give --source MODULE:PIPELINE (the live pipeline) or "
                           f"--code MODULE:CLASS for computation {args.computation!r} of pipeline {args.pipeline!r}")
 

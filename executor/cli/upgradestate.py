@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--computation", required=True, help="the computation whose state is upgraded")
     p.add_argument("--code", help="MODULE:CLASS of the computation's new code (its state_version and upgrade_state; "
-                                  "default: the demo's, for pipeline zeitgeist)")
+                                  "default: the code a package registered for the pipeline, e.g. the demo's)")
     add_handover_args(p)
     p.add_argument("--plan", action="store_true",
                    help="print the rows per state version and a sample of upgrades (before and after), change nothing")
@@ -50,16 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _code(args: argparse.Namespace) -> Any:
     from deltawheel.statestore.exceptions import ReplayCodeError
 
-    from ..drivers.replay import load_code
+    from ..drivers.replay import load_code, registered_computation
 
     if args.code:
         return load_code(args.code, args.computation)
-    if args.pipeline == "zeitgeist":
-        from ..demo.pipeline import computations
-
-        for c in computations():
-            if c.name == args.computation:
-                return c
+    registered = registered_computation(args.pipeline, args.computation)  # a package's (the demo's)
+    if registered is not None:
+        return registered
     raise ReplayCodeError(f"give --code MODULE:CLASS: the computation {args.computation!r} of pipeline "
                           f"{args.pipeline!r} with the new state_version and its upgrade_state (the store does "
                           "not record code)")

@@ -175,6 +175,25 @@ class ReplayResult:
     diff: StoreDiff | None
 
 
+#: the entry-point group where a package names its pipelines' computations for the tools
+#: (``pyproject.toml``: ``[project.entry-points."deltawheel.pipelines"] NAME = "module:function"``,
+#: the function returning the pipeline's computations); the demo registers itself there
+PIPELINES_GROUP = "deltawheel.pipelines"
+
+
+def registered_computation(pipeline: str, computation: str) -> Computation | None:
+    """The computation ``computation`` of a pipeline an installed package registered under the name
+    ``pipeline`` (:data:`PIPELINES_GROUP`), or None when none is registered or it has no such one."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=PIPELINES_GROUP):
+        if ep.name == pipeline:
+            for c in ep.load()():
+                if c.name == computation:
+                    return c  # type: ignore[no-any-return]
+    return None
+
+
 def load_code(spec: str, computation: str) -> Computation:
     """The computation ``MODULE:NAME`` names: a :class:`Computation` subclass (instantiated without
     arguments), an instance, or a function returning one; its ``name`` must be ``computation``.

@@ -72,6 +72,7 @@ from ..tasks import worker as _worker
 from ..tasks.image.direct import table_source
 from .handover import HandoverWatch, hand_over
 from .pipeline import Pipeline, RunSummary, StopReport
+from .querystart import clear_unstarted
 from .sharing import Sharing
 from .triggers import Trigger
 from .wiring import Wiring, injector_hook, positions_recorder
@@ -437,6 +438,7 @@ class ContinuousRun:
             finally:
                 stage.lock.release()
 
+        clear_unstarted(chk)  # a first write a stop cut short would block every start
         writer = (union_inputs(frames).writeStream.foreachBatch(batch).option("checkpointLocation", chk)
                   .queryName(f"dw_{p.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")))
         stage.query = stage.trigger.apply(writer).start()

@@ -65,6 +65,7 @@ from ..protocol.rescale import CATCH_UP_BATCH, shared_input
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
 from ..tasks import worker as _worker
 from .pipeline import MoveTiming, Pipeline, RunSummary
+from .querystart import clear_unstarted
 from .wiring import Wiring, injector_hook, migrate_store, open_client_planned, positions_recorder, wire
 
 if TYPE_CHECKING:
@@ -456,6 +457,7 @@ class PipelineRunner:
                 raise
 
         ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
+        clear_unstarted(chk)  # a first write a stop cut short would block every start
         q = (src.writeStream.foreachBatch(batch).trigger(availableNow=True)
              .option("checkpointLocation", chk).queryName(f"dw_{self.pipeline.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")).start())
         try:

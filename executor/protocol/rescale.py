@@ -43,9 +43,8 @@ interval ran it); a gone one some set holds is refused (:class:`InputGoneError`)
 Refused (:class:`ConfigError`): several Parquet injectors, and any other injector (a
 :class:`DeltaTableInjector` reads a user's table, whose maintenance deltawheel does not control).
 
-Over 500 lines: :class:`SharedInput` is also what replay's positions are read through (a Parquet
-file log, stream tables, Kafka ranges, and Kafka beside files); one object holds the query's
-inputs for both uses.
+:class:`SharedInput` is also what replay's positions are read through (a Parquet file log, stream
+tables, Kafka ranges, and Kafka beside files); the checkpoint's logs are read in ``querylog.py``.
 """
 
 from __future__ import annotations
@@ -53,16 +52,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
-from urllib.parse import unquote, urlparse
 
 from deltawheel.statestore.delta.sourceoffsets import (
     Where,
     add_file_name,
     batch_adds,
-    file_source_range,
     kafka_ranges,
 )
 from deltawheel.statestore.delta.storefs import TableFiles, local_path
@@ -73,6 +69,15 @@ from ..sources.injector import Injector
 from ..sources.kafka import KafkaInjector
 from ..sources.parquet import ParquetInjector
 from ..tasks.input import interval_of_key, key_expression
+from .querylog import (
+    POSITIONS_DIR,
+    files_read,
+    local_folder,
+    positions_log,
+    query_batch_files,
+    source_batch_files,
+    source_log_files,
+)
 
 __all__ = ["SharedInput", "kafka_input", "CATCH_UP_BATCH", "POSITIONS_DIR", "files_read", "source_log_files", "positions_log",
            "shared_input", "source_batch_files", "query_batch_files"]
@@ -80,158 +85,7 @@ __all__ = ["SharedInput", "kafka_input", "CATCH_UP_BATCH", "POSITIONS_DIR", "fil
 _LOG = logging.getLogger(__name__)
 
 CATCH_UP_BATCH = -1  # the batch id of a catch-up batch (reports, commit ids)
-POSITIONS_DIR = "dw_positions"  # in a query checkpoint: per batch, the positions it read
-_COMPACT = re.compile(r"^(\d+)(\.compact)?$")
 _POSITION = "_dw_position"
-
-
-def source_log_files(checkpoint: str | TableFiles, *, source: int = 0,
-                     committed_only: bool = True) -> dict[int, list[str]]:
-    """File-source log entry -> the names of the files Spark's file source listed in it, for the
-    entries the query's *committed* batches read (up to the source's ``logOffset`` in the offsets
-    of the newest ``<checkpoint>/commits/N``; every entry with ``committed_only=False``), from
-    ``<checkpoint>/sources/<source>/`` (its JSON-lines log, ``.compact`` files included). The
-    entries are the file source's own numbering, not the query's batch ids
-    (:func:`query_batch_files` maps a micro-batch to its entries). A local checkpoint (a path), or
-    one's files (``TableFiles``: an ``s3a://`` one is listed and each log file read, one GET
-    each); missing: {}."""
-    root = _files(checkpoint)
-    logdir = root.sub(f"sources/{source}")
-    listed = logdir.listdir()
-    if listed is None:
-        return {}
-    committed = [int(n) for n in root.listdir("commits") or () if n.isdigit()]
-    top = None
-    if committed_only and committed:
-        rng = file_source_range(root, max(committed), source=source)
-        top = None if rng is None else rng[1]
-    done = set(committed) if top is None else set(range(top + 1))  # (an older checkpoint: entry = batch)
-    names = [(int(m.group(1)), n) for n in listed if (m := _COMPACT.match(n))]
-    out: dict[int, list[str]] = {}
-    for _, name in sorted(names):
-        for line in (logdir.read_text(name) or "").splitlines():
-            line = line.strip()
-            if not line.startswith("{"):
-                continue  # the version line ("v1")
-            entry = json.loads(line)
-            bid = int(entry["batchId"])
-            if bid in done or not committed_only:
-                out.setdefault(bid, [])
-                base = unquote(os.path.basename(urlparse(entry["path"]).path))
-                if base not in out[bid]:
-                    out[bid].append(base)
-    return out
-
-
-def _files(checkpoint: str | TableFiles) -> TableFiles:
-    """A checkpoint's files: given, or a local path's (a remote URI string: :func:`_local` refuses)."""
-    return checkpoint if isinstance(checkpoint, TableFiles) else TableFiles(_local(checkpoint))
-
-
-def _entry_names(text: str, batch_id: int) -> list[str]:
-    """The file names a file-source log file (``sources/<i>/<n>[.compact]``) lists for ``batch_id``."""
-    out: list[str] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue  # the version line ("v1")
-        entry = json.loads(line)
-        if int(entry["batchId"]) == batch_id:
-            base = unquote(os.path.basename(urlparse(entry["path"]).path))
-            if base not in out:
-                out.append(base)
-    return out
-
-
-def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
-    """The names of the files Spark's file source read in micro-batch ``batch_id``, from that
-    batch's file of its log alone (``sources/<source>/<batch_id>``, or ``<batch_id>.compact`` when
-    the batch compacted the log): the reader for a checkpoint on an object store, one GET per
-    batch (two on a compaction batch). None: the batch is not in the log.
-
-    Raises:
-        OSError: the file could not be read (not: it is missing).
-    """
-    logdir = checkpoint.sub(f"sources/{source}")
-    for name in (str(batch_id), f"{batch_id}.compact"):
-        text = logdir.read_text(name)
-        if text is not None:
-            return _entry_names(text, batch_id)
-    # Spark deletes an entry's own file some minutes after a later compaction took it in: the
-    # first compacted file at or after it lists it
-    later = sorted(int(m.group(1)) for n in logdir.listdir() or () if (m := _COMPACT.match(n)) and m.group(2)
-                   and int(m.group(1)) > batch_id)
-    if later:
-        text = logdir.read_text(f"{later[0]}.compact")
-        if text is not None:
-            return _entry_names(text, batch_id)
-    return None
-
-
-def query_batch_files(checkpoint: str | TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
-    """The names of the files micro-batch ``batch_id`` of the query read through its file source
-    ``source``: those of the file-source log entries its offsets span
-    (``sourceoffsets.file_source_range``: usually one entry; two or more after a stop between the
-    file source's log and the query's offset log). A local checkpoint (a path), or one's files;
-    None when not known (its offsets or an entry missing).
-
-    Raises:
-        OSError: a remote file could not be read (not: it is missing).
-    """
-    root = _files(checkpoint)
-    span = file_source_range(root, batch_id, source=source)
-    if span is None:
-        return None
-    out: list[str] = []
-    for entry in range(span[0], span[1] + 1):
-        names = source_batch_files(root, entry, source=source)
-        if names is None:
-            return None
-        out += [n for n in names if n not in out]
-    return out
-
-
-def files_read(checkpoint: str) -> frozenset[str]:
-    """The names of every file a query's file sources logged (batches run or running), all its
-    sources together: what an injector estimating from its pending files leaves out."""
-    if "://" in checkpoint and not checkpoint.startswith("file:"):
-        raise ConfigError(f"watermark_percentile reads the query checkpoint's file log, which must be local for "
-                          f"now; {checkpoint} is not (use watermark_delay_ms alone there)")
-    root = _local(checkpoint)
-    srcs = os.path.join(root, "sources")
-    out: set[str] = set()
-    for src in (int(n) for n in (os.listdir(srcs) if os.path.isdir(srcs) else ()) if n.isdigit()):
-        for names in source_log_files(checkpoint, source=src, committed_only=False).values():
-            out.update(names)
-    return frozenset(out)
-
-
-def _local(uri: str) -> str:
-    if uri.startswith("file:"):
-        return urlparse(uri).path
-    if "://" in uri:
-        raise ConfigError(f"sharing intervals between instances reads the query checkpoint's file log, which "
-                          f"must be local or on s3a:// (read with the session's S3 settings); {uri} is not")
-    return uri
-
-
-def positions_log(checkpoint: str | TableFiles, *, committed_only: bool = True) -> dict[int, list[str]]:
-    """Batch id -> the positions this module logged for it in the query checkpoint
-    (``dw_positions/``), for the batches the query committed (every logged one with
-    ``committed_only=False``). A local checkpoint, or one's files (``s3a://``); missing: {}."""
-    root = _files(checkpoint)
-    logdir = root.sub(POSITIONS_DIR)
-    listed = logdir.listdir()
-    if listed is None:
-        return {}
-    done = {int(n) for n in root.listdir("commits") or () if n.isdigit()}
-    out: dict[int, list[str]] = {}
-    for name in listed:
-        if name.isdigit() and (int(name) in done or not committed_only):
-            text = logdir.read_text(name)
-            if text is not None:
-                out[int(name)] = list(json.loads(text)["positions"])
-    return out
 
 
 def _gives_files(inj: Injector) -> bool:
@@ -514,7 +368,7 @@ class SharedInput:
             with remote.fs.open_output_stream(remote.path(f"{POSITIONS_DIR}/{batch_id}")) as fh:
                 fh.write(text.encode("utf-8"))
             return
-        logdir = os.path.join(_local(self.checkpoint), POSITIONS_DIR)
+        logdir = os.path.join(local_folder(self.checkpoint), POSITIONS_DIR)
         os.makedirs(logdir, exist_ok=True)
         staged = os.path.join(logdir, f".{batch_id}.tmp")
         with open(staged, "w", encoding="utf-8") as fh:
@@ -587,7 +441,7 @@ class SharedInput:
         folder, name = self.folder_of(position)
         if folder is None or ("://" in folder and not folder.startswith("file:")):
             return False
-        return not os.path.exists(os.path.join(_local(folder), name))
+        return not os.path.exists(os.path.join(local_folder(folder), name))
 
     def files_df(self, spark: Any, positions: Sequence[str]) -> Any:
         """The records at ``positions`` as the query's frame gives them (``stream`` column

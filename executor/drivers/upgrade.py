@@ -139,7 +139,8 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
     """
     plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)
     if not plan.intervals:
-        return SurgeryResult(code.name, (), {}, (), (), {}, None, None, False)
+        return SurgeryResult(computation=code.name, intervals=(), sequencers={}, upserted=(), deleted=(), before={}, version=None,
+                             audit_id=None, planned=False)
     n = pipeline_intervals(client, pipeline=pipeline, computation=code.name)
 
     def build(held: Held) -> list[KeyRow]:  # the leases are held: the rows cannot change now

@@ -33,6 +33,7 @@ layout's private helpers.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -97,7 +98,7 @@ class StoreStats:
     conflicts: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CommitResult:
     """What a commit wrote."""
 
@@ -316,7 +317,8 @@ class RowStore:
             if claim_only:
                 if check:
                     self.check_fences(computation, sequencers)
-                return CommitResult(f"{self.writer}:claim", computation, dict(sequencers), 0, 0, 0, 0.0, False)
+                return CommitResult(commit_id=f"{self.writer}:claim", computation=computation, sequencers=dict(sequencers),
+                                    rows_written=0, rows_deleted=0, attempts=0, duration_s=0.0)
         return self.commit(computation, [], sequencers=sequencers, kind="fence",
                            conflict_retries=max(self.conflict_retries, self.fence_retries))
 
@@ -392,12 +394,14 @@ class RowStore:
         touched = sorted({r.interval for r in images} | {iv for iv, _ in deletes} | set(sets) | (
             set(sequencers) if kind == "fence" else set()))
         if not touched:
-            return CommitResult(commit_id, computation, dict(sequencers), 0, 0, 0, 0.0, dry_run)
+            return CommitResult(commit_id=commit_id, computation=computation, sequencers=dict(sequencers), rows_written=0,
+                                rows_deleted=0, attempts=0, duration_s=0.0, dry_run=dry_run)
         plan = [f"upsert {r.key!r} (interval {r.interval})" for r in images] + [
             f"delete {k!r} (interval {iv})" for iv, k in deletes]
         if dry_run:
-            return CommitResult(commit_id, computation, dict(sequencers), len(images), len(deletes), 0,
-                                time.monotonic() - started, True, tuple(plan))
+            return CommitResult(commit_id=commit_id, computation=computation, sequencers=dict(sequencers),
+                                rows_written=len(images), rows_deleted=len(deletes), attempts=0,
+                                duration_s=time.monotonic() - started, dry_run=True, plan=tuple(plan))
         # Phase 3: the MERGE source: rows, deletions, fences.
         src = [r.to_row() | {"_op": "upsert"} for r in images]
         src += [KeyRow(computation, k, iv, sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row()
@@ -411,8 +415,7 @@ class RowStore:
                                   commit_id=commit_id, kind=kind, lease_check=lease_check,
                                   conflict_retries=conflict_retries, started=started, n_rows=len(images),
                                   n_deletes=len(deletes), meta=meta)
-        return CommitResult(res.commit_id, res.computation, res.sequencers, res.rows_written, res.rows_deleted,
-                            res.attempts, res.duration_s, False, tuple(plan), tuple(images))
+        return dataclasses.replace(res, dry_run=False, plan=tuple(plan), images=tuple(images))
 
     def commit_frame(self, computation: str, frame: Any, *, sequencers: Mapping[int, int],
                      intervals: Sequence[int], commit_id: str,
@@ -478,8 +481,9 @@ class RowStore:
                             continue
                     raise err from None
         self.stats.commits += 1
-        return CommitResult(commit_id, computation, {iv: sequencers[iv] for iv in touched}, n_rows,
-                            n_deletes, attempts, time.monotonic() - started, False)
+        return CommitResult(commit_id=commit_id, computation=computation,
+                            sequencers={iv: sequencers[iv] for iv in touched}, rows_written=n_rows,
+                            rows_deleted=n_deletes, attempts=attempts, duration_s=time.monotonic() - started)
 
     # -------------------------------------------------------------- internals
 

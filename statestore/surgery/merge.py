@@ -44,7 +44,7 @@ _SYNTAX = ("MERGE INTO state USING parquet.`path` AS s ON state.key = s.col WHEN
            "state_json = <expr> WHEN NOT MATCHED THEN INSERT (key, state_json) VALUES (s.col, <expr>)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MergeStatement:
     """A parsed MERGE: the source (``fmt`` and ``path``, or a session ``name``), the aliases, the
     ON condition, and the clauses (None: absent). ``matched_expr`` None with ``matched`` set: DELETE."""
@@ -142,8 +142,9 @@ def parse_merge(text: str) -> MergeStatement:
                 raise RepairStatementError(f"WHEN MATCHED THEN {action[:60]!r}: write UPDATE SET state_json = <expr> "
                                            "or DELETE (only state_json can be set)")
             mexpr = s.group("expr")
-    return MergeStatement(target, fmt, m.group("path"), m.group("name"), alias, m.group("on"), matched, mcond,
-                          mexpr, icond, ikey, istate)
+    return MergeStatement(target=target, fmt=fmt, path=m.group("path"), name=m.group("name"), alias=alias,
+                          on=m.group("on"), matched=matched, matched_cond=mcond, matched_expr=mexpr, insert_cond=icond,
+                          insert_key=ikey, insert_state=istate)
 
 
 def _register_source(spark: Any, stmt: MergeStatement) -> str:

@@ -248,7 +248,8 @@ def repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, compu
     n = pipeline_intervals(client, pipeline=pipeline, computation=computation)
     first = _edits(spark, StoreViews(spark, layout), stmt, computation=computation, num_intervals=n, codec=codec)
     if not first.by_key:
-        return SurgeryResult(computation, (), {}, (), (), {}, None, None, False)
+        return SurgeryResult(computation=computation, intervals=(), sequencers={}, upserted=(), deleted=(), before={}, version=None,
+                             audit_id=None, planned=False)
 
     def build(held: Held) -> list[KeyRow]:
         # the leases are held: the rows of those intervals cannot move

@@ -84,7 +84,7 @@ class Held:
     rows: tuple[KeyRow, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SurgeryResult:
     """What a replacement did (or, ``planned``, would do).
 
@@ -142,9 +142,9 @@ def plan_replacement(spark: Any, layout: StoreLayout, *, computation: str, num_i
     rows = tuple(RowStore(spark, layout, writer="plan").scan_intervals(computation, ivs))
     ups, dels = row_changes(rows, build(Held(ivs, {}, rows)))
     before = {r.key: r for r in rows}
-    return SurgeryResult(computation, ivs, {}, tuple(ups), tuple(dels),
-                         {r.key: before[r.key] for r in ups if r.key in before} | {k: before[k] for _, k in dels},
-                         None, None, True)
+    return SurgeryResult(computation=computation, intervals=ivs, sequencers={}, upserted=tuple(ups),
+                         deleted=tuple(dels), before=_before(before, ups, dels), version=None, audit_id=None,
+                         planned=True)
 
 
 def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str,
@@ -263,9 +263,15 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         append_audit(spark, layout, dataclasses.replace(record, commit_version=version,
                                                         recorded_ms=int(time.time() * 1000)))
     before = {r.key: r for r in rows}
-    return SurgeryResult(computation, ivs, seqs, tuple(ups), tuple(dels),
-                         {r.key: before[r.key] for r in ups if r.key in before} | {k: before[k] for _, k in dels},
-                         version, audit_id, False)
+    return SurgeryResult(computation=computation, intervals=ivs, sequencers=seqs, upserted=tuple(ups),
+                         deleted=tuple(dels), before=_before(before, ups, dels), version=version,
+                         audit_id=audit_id, planned=False)
+
+
+def _before(rows: Mapping[str, KeyRow], ups: Sequence[KeyRow], dels: Sequence[tuple[int, str]]
+            ) -> dict[str, KeyRow]:
+    """The rows the changed keys had (a new key: absent)."""
+    return {r.key: rows[r.key] for r in ups if r.key in rows} | {k: rows[k] for _, k in dels}
 
 
 def refuse_live_owners(client: Any, *, pipeline: str, computation: str, intervals: Sequence[int]) -> None:

@@ -70,12 +70,12 @@ def test_what_demo_follow_refuses_before_anything_starts(tmp_path, capsys) -> No
 
 @pytest.mark.spark
 @pytest.mark.zk
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_demo_follow_runs_every_stage_live_and_ends_with_every_event_once(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "live"
     zk = ("--zk", zk_server.hosts, "--zk-chroot", "/follow")
     proc = subprocess.Popen(_cli("demo", "--follow", "--rate", "200", "--seconds", "20", "--window", "2", "--every",
-                                 "3", "--store", str(store), *zk),
+                                 "3", "--drain-timeout", "900", "--store", str(store), *zk),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
 
@@ -96,7 +96,7 @@ def test_demo_follow_runs_every_stage_live_and_ends_with_every_event_once(spark,
     report = subprocess.run(_cli("report", "--store", str(store), "--out", str(tmp_path / "report.html"), *zk),
                             capture_output=True, text=True, timeout=300)
     running = proc.poll() is None
-    assert proc.wait(timeout=400) == 0, "\n".join(lines[-60:])  # it stops by itself
+    assert proc.wait(timeout=1200) == 0, "\n".join(lines[-60:])  # it stops by itself (a bound, not a wait)
     reader.join(10)
     out = "\n".join(lines)
     assert running, "status and report ran after the demo had ended: " + out[-3000:]

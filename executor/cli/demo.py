@@ -70,6 +70,9 @@ def register(sub: Any) -> None:
     g.add_argument("--window", type=float, default=10.0, metavar="SECONDS",
                    help="with --follow: the first stage's window length (default 10; shorter windows bring the model's "
                         "predictions and the detector sooner)")
+    g.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="with --follow --seconds: how long the drain at the end of the input may take before the demo "
+                        "stops as it is (default 120)")
     g.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
                    help="with --follow: seconds between the per-stage lines (default 5)")
     p.add_argument("--dedup-retention", default=None, metavar="DURATION",
@@ -220,6 +223,7 @@ def _follow(args: argparse.Namespace) -> int:
             result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
                             seconds=args.seconds, seed=args.seed, every_s=args.every,
                             window_ms=window_ms, say=progress, gc_every=args.gc_every,
+                            drain_timeout_s=args.drain_timeout,
                             dedup_retention=None if args.dedup_retention is None
                             else parse_retention(args.dedup_retention))
             for name, (n, p50, p99) in result.figures.items():

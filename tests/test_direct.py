@@ -283,7 +283,11 @@ def jvm_run(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("crash_at", [None, FaultPoint.AFTER_USER_CODE, FaultPoint.AFTER_COMMIT])
+# the default run keeps the crash after the commit (the recovery delivers, the retry reads again);
+# no crash and a crash after user code: slow suite (time)
+@pytest.mark.parametrize("crash_at", [pytest.param(None, marks=pytest.mark.slow),
+                                      pytest.param(FaultPoint.AFTER_USER_CODE, marks=pytest.mark.slow),
+                                      FaultPoint.AFTER_COMMIT])
 def test_a_pipeline_reading_directly_gives_what_the_jvm_read_gives(spark, zk_config, tmp_path, jvm_run,
                                                                      crash_at) -> None:  # type: ignore[no-untyped-def]
     folder, want = jvm_run

@@ -24,7 +24,9 @@ def _write(path: Path, rows: list[tuple[str, str, int]], mtime_s: float) -> None
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("write_path", "direct"), [("image", True), ("image", False), ("merge", False)])
+# the default run keeps the direct read on the image path; the JVM read and the MERGE path: slow suite (time)
+@pytest.mark.parametrize(("write_path", "direct"), [("image", True), pytest.param("image", False, marks=pytest.mark.slow),
+                                                    pytest.param("merge", False, marks=pytest.mark.slow)])
 def test_a_record_dated_2100_is_a_dead_letter_and_moves_no_watermark(spark, migrated_store, zk_config, tmp_path,
                                                                       write_path, direct) -> None:  # type: ignore[no-untyped-def]
     """A Parquet injector's input with one record dated 2100 among records of the last hour: that

@@ -88,7 +88,7 @@ def _injector(kind: str, folder: Path) -> Any:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("kind", "computation", "write_path"), [
-    ("jsonl", Clicks, "auto"), ("parquet", Clicks, "auto"), ("parquet", ClicksByField, "merge"),
+    ("jsonl", Clicks, "auto"), ("parquet", Clicks, "auto"), pytest.param("parquet", ClicksByField, "merge", marks=pytest.mark.slow),
     ("delta", Clicks, "auto")])
 def test_a_record_without_its_id_is_a_dead_letter_and_a_retried_id_counts_once(  # type: ignore[no-untyped-def]
         spark, migrated_store, zk_config, tmp_path, kind, computation, write_path) -> None:

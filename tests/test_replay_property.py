@@ -4,10 +4,10 @@ unchanged code from any version holds what the live store holds (an empty diff),
 such a replay changes no key; real Spark, ZooKeeper and Delta, ``deltawheel run`` in child processes,
 ``deltawheel replay`` and ``promote`` as a user runs them.
 
-The default suite plays one fixed scenario (a crash and a graceful stop) and replays from a sample
-of versions (stage 1 from the start and from before its last batch, stage 2 from the start: about
-9 min on a machine loaded by other Spark runs); the slow suite plays more scenarios and replays
-from every version of both stages.
+Both are in the slow suite (live runs, replays and a promotion take minutes): one fixed scenario
+(a crash and a graceful stop) replayed from a sample of versions, and random scenarios replayed
+from every version of both stages. The proof's refusals are tested quickly in
+``test_promote_checks.py``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def sample(spark, zk_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     return interrupted_runs(sc, tmp_path_factory.mktemp("interrupted"), zk, spark) | {"zk": zk}
 
 
+@pytest.mark.slow  # live runs killed and stopped, then replays and a promotion: minutes (the proof's refusals: test_promote_checks.py)
 @pytest.mark.timeout(3600)
 def test_replays_of_interrupted_runs_give_empty_diffs_and_their_promotion_changes_nothing(  # type: ignore[no-untyped-def]
         spark, sample, tmp_path, capsys, monkeypatch) -> None:

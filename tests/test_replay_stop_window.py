@@ -36,6 +36,7 @@ def stopped_between_logs(checkpoint: Path, folder: Path, name: str) -> None:
     (logdir / str(last + 1)).write_text("v1\n" + json.dumps(entry) + "\n")
 
 
+@pytest.mark.slow  # a replay and a promotion over a hand-made stop; the range rule itself: sourceoffsets' doctest
 def test_a_stop_between_the_file_source_log_and_the_offset_log_loses_no_batch_in_replay_or_promote(  # type: ignore[no-untyped-def]
         spark, zk_config, tmp_path, capsys, monkeypatch) -> None:
     from balance_pipeline import INPUT_ENV, Balance, payment_rows, write_payments

@@ -30,7 +30,7 @@ def _batch(ex, spark, items, batch_id: int, wm: int):  # type: ignore[no-untyped
 
 
 @pytest.mark.parametrize(("write_path", "store"), [
-    ("image", "local"), ("merge", "local"),
+    ("image", "local"), pytest.param("merge", "local", marks=pytest.mark.slow),  # merge: slow suite (time)
     pytest.param("image", "s3a", marks=[pytest.mark.objectstore, pytest.mark.timeout(600)]),
 ])
 def test_both_write_paths_keep_the_contract(spark, zk_config, request,  # type: ignore[no-untyped-def]

@@ -14,13 +14,14 @@ import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from test_continuous import Child as ContinuousChild
 
 TESTS = Path(__file__).parent
 PER_FILE = 40
@@ -55,20 +56,9 @@ def scenario(seed: int, *, runs: int, files: int) -> Scenario:
     return Scenario(seed, tuple(Stop(k, rng.randint(1, 4), round(rng.uniform(0, 1.0), 2)) for k in kinds), files)
 
 
-class Child:
-    """A ``deltawheel run`` child process whose output lines are collected as they come."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+class Child(ContinuousChild):
+    """A ``deltawheel run`` child process (``test_continuous.Child``: its output lines collected as
+    they come), counted in batches and ended by a signal."""
 
     def batches(self, computation: str = "balance") -> int:
         """Batches with input the child's ``computation`` committed so far."""

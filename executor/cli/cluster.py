@@ -25,12 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         ("down", _down, "stop every process of the cluster (idempotent)"),
         ("status", _status, "each process: pid, alive, ZooKeeper role, workers registered; exit 0 if all run"),
         ("exec", _exec, "run a command on one host of the --hosts test bed: cluster exec HOST -- CMD ..."),
+        ("env", _env, "print shell exports for the --hosts test bed: DW_MASTER, DW_SPARK_PYTHON, DW_CLIENT, "
+                "DELTAWHEEL_ZK, DELTAWHEEL_S3_*"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--data", default=None,
                        help=f"the cluster's folder: configuration, logs, pid files (default {DEFAULT_DATA}, "
                             f"with --hosts {DEFAULT_HOSTS_DATA})")
-        p.add_argument("--hosts", action="store_true", default=name == "exec",
+        p.add_argument("--hosts", action="store_true", default=name in ("exec", "env"),
                        help="separate hosts on this machine (network and mount namespaces; root only): "
                             "s3, zk1-zk3, master, worker1, worker2, client (docs/cluster.md)")
         if name == "exec":
@@ -42,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             p.add_argument("--workers", type=int, default=2, help="Spark workers, 1 core each (default 2)")
             p.add_argument("--worker-memory", default="2g", help="memory each worker offers (default 2g)")
             p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each part")
+            p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first "
+                                                                "(ZooKeeper's, the buckets, the logs)")
         p.set_defaults(func=func)
 
 
@@ -77,7 +81,7 @@ def _hosts_up(args: argparse.Namespace) -> int:
     services = [s for s, off in (("s3", False), ("zk", args.no_zk), ("spark", args.no_spark)) if not off]
     cluster = HostsCluster(_data(args), services=services, worker_memory=args.worker_memory)
     started = time.monotonic()
-    cluster.up(timeout_s=args.timeout)
+    cluster.up(timeout_s=args.timeout, fresh=args.fresh)
     print(f"hosts up in {time.monotonic() - started:.1f}s (data in {cluster.data_dir})")
     for name, host in cluster.hosts.items():
         print(f"  {name:<8s} {host.address:<12s} namespace {host.netns}")
@@ -115,6 +119,22 @@ def _exec(args: argparse.Namespace) -> int:
         return 2
     prefix = cluster.client_prefix() if args.host == "client" else cluster.isolated(args.host)
     return subprocess.run([*prefix, *cmd]).returncode
+
+
+def _env(args: argparse.Namespace) -> int:
+    import shlex
+
+    from deltawheel.statestore.objectstore import s3a
+
+    from ..servers.hosts import HostsCluster
+
+    cluster = HostsCluster(_data(args))
+    ep = cluster.s3_endpoint
+    for k, v in (("DW_MASTER", cluster.master_url), ("DW_SPARK_PYTHON", str(cluster.spark_python)),
+                 ("DW_CLIENT", cluster.hosts["client"].address), ("DELTAWHEEL_ZK", cluster.zk_hosts),
+                 (s3a.ENV_ENDPOINT, ep.url), (s3a.ENV_ACCESS_KEY, ep.access_key), (s3a.ENV_SECRET_KEY, ep.secret_key)):
+        print(f"export {k}={shlex.quote(v)}")
+    return 0
 
 
 def _down(args: argparse.Namespace) -> int:

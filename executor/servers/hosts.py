@@ -46,7 +46,8 @@ HOST_NAMES = tuple(_LAST)
 ZK_PORT, MASTER_PORT, MASTER_UI, WORKER_PORT, WORKER_UI, S3_PORT = 2181, 7077, 8080, 7078, 8081, 9000
 _MASTER = "org.apache.spark.deploy.master.Master"
 _WORKER = "org.apache.spark.deploy.worker.Worker"
-_SPARK_DEFAULTS = "spark.master.rest.enabled false\nspark.worker.cleanup.enabled false\n"
+_SPARK_DEFAULTS = ("spark.master.rest.enabled false\nspark.worker.cleanup.enabled false\n"
+                   "spark.worker.timeout 10\n")  # a lost host is declared dead (its driver relaunched) in 10 s
 
 
 def host_python() -> Path:
@@ -90,7 +91,7 @@ class HostsCluster:
     """
 
     def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,
-                 services: Sequence[str] | None = None, worker_memory: str = "1g") -> None:
+                 services: Sequence[str] | None = None, worker_memory: str = "2g") -> None:
         self.data_dir = Path(data_dir).resolve()
         saved = self._saved()
         if saved is not None:
@@ -182,9 +183,10 @@ class HostsCluster:
                                env=extra)
 
     def client_env(self) -> dict[str, str]:
-        """What a driver on the client host needs in its environment (its address for Spark)."""
-        a = self.hosts["client"].address
-        return {"SPARK_LOCAL_IP": a, "SPARK_LOCAL_HOSTNAME": a}
+        """What a command on the client host gets in its environment besides the caller's: nothing.
+        Spark finds the host's address itself (the only interface besides loopback), and a
+        ``SPARK_LOCAL_IP`` here would travel with a cluster-mode submission to the driver's host."""
+        return {}
 
     def on_client(self, cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` on the client host (the machine's files, the client's network); text output."""
@@ -218,14 +220,22 @@ class HostsCluster:
         stamp.write_text(want + "\n")
         return self.spark_dir
 
-    def up(self, *, timeout_s: float = 120.0) -> None:
+    def up(self, *, timeout_s: float = 120.0, fresh: bool = False) -> None:
         """Make the network and the hosts, then start the services; on failure take everything down.
+
+        ``fresh``: first delete every host's folder (ZooKeeper's data, the buckets, the logs; not the
+        Spark installation): a test bed as new. Refused while a service of it runs.
 
         Raises:
             HostsUnavailableError: namespaces cannot be made on this machine (why, in the message).
             ClusterError / ZooKeeperServerError / ObjectStoreServerError: a service did not come up
                 (which host, which address, its log tail).
         """
+        if fresh:
+            if leftovers():
+                raise ClusterError("--fresh: the test bed is up; take it down first (deltawheel cluster down --hosts)")
+            for name in HOST_NAMES:
+                shutil.rmtree(self.dir(name), ignore_errors=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.manifest.write_text(json.dumps({"format_version": 1, "subnet": self.subnet,
                                              "services": list(self.services)}, indent=2) + "\n")
@@ -272,7 +282,7 @@ class HostsCluster:
             if proc.pid() is None:
                 (self.dir(name) / "work").mkdir(exist_ok=True)
                 proc.launch([spark_class, _WORKER, self.master_url, "--host", self.hosts[name].address,
-                             "--port", str(WORKER_PORT), "--webui-port", str(WORKER_UI), "--cores", "1",
+                             "--port", str(WORKER_PORT), "--webui-port", str(WORKER_UI), "--cores", "2",
                              "--memory", self.worker_memory, "--work-dir", str(self.dir(name) / "work")],
                             cwd=self.dir(name))
         for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
@@ -318,6 +328,20 @@ class HostsCluster:
                 services[name] = [("Spark worker", w.pid())]
             registered = len(self.registered_workers())
         return HostsStatus(services, registered, zk_modes)
+
+    def kill_host(self, host: str) -> list[int]:
+        """SIGKILL every process on ``host`` at once (the machine lost); returns their pids. Its
+        namespace stays: :meth:`up` starts its services again."""
+        import os
+        import signal
+
+        pids = self.network.pids(self.hosts[host])
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
 
     def down(self) -> tuple[int, list[str]]:
         """Stop every service, kill whatever else runs on a host, delete the namespaces, veths and

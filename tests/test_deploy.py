@@ -144,3 +144,27 @@ def test_executors_on_other_hosts_run_from_the_archive_only(hosts_available: Non
     finally:
         _, left = cluster.down()
     assert left == []
+
+
+def test_cluster_mode_bundles_jars_archive_and_a_launcher(tmp_path: Path) -> None:
+    from deltawheel.executor.drivers.deploy import LAUNCHER, submit_args
+    from deltawheel.statestore.exceptions import ConfigError
+
+    archive = tmp_path / "env.tar.gz"
+    archive.write_bytes(b"not really an archive")
+    job = REPO / "examples" / "clicks_job.py"
+    with pytest.raises(ConfigError, match="cluster mode on a standalone cluster needs --job, --bundle"):
+        submit_args(deploy_mode="cluster", archive=str(archive), job=job)
+    bundle = tmp_path / "bundle"
+    sa = submit_args(deploy_mode="cluster", archive=str(archive), job=job, bundle=bundle,
+                     base_url="http://10.61.0.30:8000/", driver_python="/cluster/python")
+    words = sa.argv()
+    assert words[-6:] == ["--class", "org.apache.spark.deploy.PythonRunner", f"http://10.61.0.30:8000/{LAUNCHER}",
+                          LAUNCHER, LAUNCHER, "clicks_job"]
+    jars = words[words.index("--jars") + 1].split(",")
+    assert all(j.startswith("http://10.61.0.30:8000/") and (bundle / j.rsplit("/", 1)[1]).exists() for j in jars)
+    assert words[words.index("--archives") + 1] == "http://10.61.0.30:8000/env.tar.gz#environment"
+    assert "spark.pyspark.driver.python=/cluster/python" in words
+    with zipfile.ZipFile(bundle / LAUNCHER) as z:
+        assert sorted(z.namelist()) == ["__main__.py", "clicks_job.py"]
+        assert "runpy.run_module(job" in z.read("__main__.py").decode()

@@ -17,10 +17,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--archive", default=None, help="the packed environment (pack-env): executors run its Python")
     p.add_argument("--deploy-mode", choices=("client", "cluster"), default="client",
                    help="client: the driver runs here on this Python (default); cluster: on the archive's")
-    p.add_argument("--zk", default=None, help="ZooKeeper host:port[,...] for the s3a:// log store")
-    p.add_argument("--s3-endpoint", default=None, help="the object store's URL (with --s3-access-key/--s3-secret-key)")
+    p.add_argument("--zk", default=None, help="ZooKeeper host:port[,...] for the s3a:// log store "
+                                              "(default $DELTAWHEEL_ZK)")
+    p.add_argument("--s3-endpoint", default=None, help="the object store's URL (with --s3-access-key/--s3-secret-key; "
+                                                       "default $DELTAWHEEL_S3_ENDPOINT and its keys)")
     p.add_argument("--s3-access-key", default="")
     p.add_argument("--s3-secret-key", default="")
+    p.add_argument("--driver-python", default=None, help="the driver's Python (client mode: default this one; "
+                                                         "cluster mode: the cluster's, with pyspark)")
+    p.add_argument("--job", default=None, help="cluster mode: the job's .py file (carried by the launcher)")
+    p.add_argument("--bundle", default=None, help="cluster mode: folder to copy the jars, archive and launcher "
+                                                  "into, for an HTTP server the hosts reach")
+    p.add_argument("--base-url", default=None, help="cluster mode: the URL that serves --bundle")
     p.add_argument("--words", action="store_true", help="one word per line (for scripts) instead of shell lines")
     p.set_defaults(func=_submit_args)
     q = subparsers.add_parser("pack-env", help="pack a virtual environment with deltawheel for spark-submit "
@@ -36,14 +44,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _submit_args(args: argparse.Namespace) -> int:
+    import os
+
     from deltawheel.statestore.objectstore.client import S3Endpoint
+    from deltawheel.statestore.objectstore.s3a import endpoint_from_env
 
     from ..drivers.deploy import submit_args
 
     endpoint = (S3Endpoint(url=args.s3_endpoint, access_key=args.s3_access_key, secret_key=args.s3_secret_key)
-                if args.s3_endpoint else None)
+                if args.s3_endpoint else endpoint_from_env())
     sa = submit_args(object_store=args.object_store, archive=args.archive, deploy_mode=args.deploy_mode,
-                     endpoint=endpoint, zk=args.zk)
+                     endpoint=endpoint, zk=args.zk or os.environ.get("DELTAWHEEL_ZK") or None,
+                     driver_python=args.driver_python, job=Path(args.job).resolve() if args.job else None,
+                     bundle=Path(args.bundle).resolve() if args.bundle else None, base_url=args.base_url)
     print("\n".join(sa.argv()) if args.words else sa.lines())
     return 0
 

@@ -18,6 +18,7 @@ cluster's Spark puts its own on every Python worker's path (400 MB less to ship 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -45,9 +46,11 @@ ARCHIVE_ALIAS = "environment"
 class SubmitArgs:
     """``spark-submit`` options: jars, settings and the archive, in order."""
 
-    jars: tuple[Path, ...]
+    jars: tuple[Path | str, ...]
     conf: dict[str, str] = field(default_factory=dict)
     archive: str | None = None
+    #: cluster mode: ``--class``, its value, the launcher's URL and PythonRunner's own arguments
+    main: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
         """The options as a list of words."""
@@ -56,18 +59,21 @@ class SubmitArgs:
             words += ["--archives", f"{self.archive}#{ARCHIVE_ALIAS}"]
         for k, v in self.conf.items():
             words += ["--conf", f"{k}={v}"]
-        return words
+        return words + list(self.main)
 
     def lines(self) -> str:
         """The options one per line, shell-quoted, each line but the last ending in `` \\``."""
-        words = self.argv()
+        words = self.argv()[: len(self.argv()) - len(self.main)]
         pairs = [f"{words[i]} {shlex.quote(words[i + 1])}" for i in range(0, len(words), 2)]
+        if self.main:
+            pairs += [f"{self.main[0]} {self.main[1]}", " ".join(shlex.quote(w) for w in self.main[2:])]
         return " \\\n".join(pairs)
 
 
 def submit_args(*, object_store: bool = False, archive: str | None = None, deploy_mode: str = "client",
                 driver_python: str | None = None, endpoint: S3Endpoint | None = None,
-                zk: str | None = None, zk_chroot: str = "/deltawheel") -> SubmitArgs:
+                zk: str | None = None, zk_chroot: str = "/deltawheel", job: Path | None = None,
+                bundle: Path | None = None, base_url: str | None = None) -> SubmitArgs:
     """The ``spark-submit`` options a deltawheel job needs; jars are fetched or built if missing.
 
     Args:
@@ -78,9 +84,15 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
             ``cluster``: the driver runs the archive's Python too.
         endpoint: the object store's URL and keys (``spark.hadoop.fs.s3a.*``).
         zk: ZooKeeper's connect string for the ``s3a://`` log store.
+        job, bundle, base_url: cluster mode on a standalone cluster (which refuses Python
+            applications there): the jars, the archive and a launcher carrying ``job`` are copied
+            into ``bundle``, which an HTTP server at ``base_url`` serves to the hosts; the options
+            name them by URL and end with the launcher (:func:`launcher`), so the job's own
+            arguments follow. ``driver_python`` is then the cluster's Python with pyspark.
 
     Raises:
-        ConfigError: an unknown deploy mode, or an archive in cluster mode without... none needed.
+        ConfigError: an unknown deploy mode, or cluster mode without job, bundle, base URL and
+            the cluster's Python.
         JarFetchError: a jar could not be fetched or compiled.
     """
     from deltawheel.statestore.jars import ensure_delta_jars
@@ -122,7 +134,62 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
         conf["spark.pyspark.python"] = f"./{ARCHIVE_ALIAS}/bin/python"
         if deploy_mode == "client":  # the driver runs here, where the archive is not unpacked
             conf["spark.pyspark.driver.python"] = driver_python or sys.executable
-    return SubmitArgs(tuple(jars), conf, archive)
+    if deploy_mode == "client" or job is None and bundle is None and base_url is None:
+        return SubmitArgs(tuple(jars), conf, archive)
+    if job is None or bundle is None or base_url is None or driver_python is None or archive is None:
+        raise ConfigError("cluster mode on a standalone cluster needs --job, --bundle, --base-url, --archive and "
+                          "--driver-python (the cluster's Python with pyspark): Spark runs a Python driver there "
+                          "only through its PythonRunner, from files the workers fetch over HTTP")
+    conf["spark.pyspark.driver.python"] = driver_python
+    return _bundled(SubmitArgs(tuple(jars), conf, archive), job=job, bundle=bundle, base_url=base_url.rstrip("/"))
+
+
+_LAUNCHER_MAIN = """\
+# deltawheel's launcher of a Python job in cluster mode (written by deltawheel submit-args).
+# Spark's PythonRunner runs this zip with the cluster's Python; the session's start unpacks
+# spark.archives, whose site-packages then go on sys.path before the job module runs.
+import glob, os, runpy, site, sys
+from pyspark import SparkFiles
+from pyspark.sql import SparkSession
+
+SparkSession.builder.getOrCreate()
+for folder in glob.glob(os.path.join(SparkFiles.getRootDirectory(), "environment", "lib", "python*", "site-packages")):
+    site.addsitedir(folder)
+job = sys.argv[1]
+sys.argv = [job + ".py", *sys.argv[2:]]
+runpy.run_module(job, run_name="__main__", alter_sys=True)
+"""
+LAUNCHER = "deltawheel-launch.jar"
+
+
+def launcher(job: Path, dest: Path) -> Path:
+    """A zip (named ``.jar``: Spark's standalone submission wants one) that Python runs: its
+    ``__main__.py`` starts the session, puts the shipped environment on ``sys.path`` and runs ``job``."""
+    import zipfile
+
+    with zipfile.ZipFile(dest, "w") as z:
+        z.writestr("__main__.py", _LAUNCHER_MAIN)
+        z.write(job, job.name)
+    return dest
+
+
+def _bundled(sa: SubmitArgs, *, job: Path, bundle: Path, base_url: str) -> SubmitArgs:
+    import shutil
+
+    bundle.mkdir(parents=True, exist_ok=True)
+    urls = []
+    for j in sa.jars:
+        jar = Path(j)
+        if not (bundle / jar.name).exists() or (bundle / jar.name).stat().st_size != jar.stat().st_size:
+            shutil.copy2(jar, bundle / jar.name)
+        urls.append(f"{base_url}/{jar.name}")
+    archive = Path(str(sa.archive))
+    if not (bundle / archive.name).exists() or (bundle / archive.name).stat().st_mtime < archive.stat().st_mtime:
+        shutil.copy2(archive, bundle / archive.name)
+    launcher(job, bundle / LAUNCHER)
+    return SubmitArgs(tuple(urls), sa.conf, f"{base_url}/{archive.name}",
+                      main=("--class", "org.apache.spark.deploy.PythonRunner", f"{base_url}/{LAUNCHER}",
+                            LAUNCHER, LAUNCHER, job.stem))
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -169,16 +236,27 @@ def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | Non
 
     Raises:
         ConfigError: no wheel and no source tree, or a build, install or pack step failed (its output).
+
+    An archive packed from this source tree with the same arguments and newer than every source
+    file is kept as it is.
     """
     try:
         import venv_pack
     except ImportError as exc:
         raise ConfigError("packing needs venv-pack: pip install 'deltawheel[deploy]' (or venv-pack)") from exc
     started = time.monotonic()
+    stamp = dest.with_name(dest.name + ".json")
+    want = json.dumps({"python": python, "wheel": str(wheel), "extra": list(extra), "keep_pyspark": keep_pyspark})
+    root = source_tree()
+    if wheel is None and root is not None and dest.exists() and stamp.exists() and stamp.read_text() == want:
+        newest = max(p.stat().st_mtime for folder in ("deltawheel", "statestore", "executor", "gc", "migrations")
+                     for p in (root / folder).rglob("*") if p.suffix in (".py", ".java", ".pyi"))
+        if dest.stat().st_mtime > max(newest, (root / "pyproject.toml").stat().st_mtime):
+            print(f"deltawheel: {dest} is up to date (newer than the sources it was packed from)", file=sys.stderr)
+            return dest
     base = str(python or getattr(sys, "_base_executable", None) or sys.executable)
     with tempfile.TemporaryDirectory(prefix="deltawheel-pack-") as tmp:
         if wheel is None:
-            root = source_tree()
             if root is None:
                 raise ConfigError("no wheel of deltawheel given (--wheel) and no source tree to build one from")
             _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--no-deps", "-w", tmp,
@@ -193,6 +271,7 @@ def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | Non
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.unlink(missing_ok=True)
         venv_pack.pack(prefix=str(env), output=str(dest), compress_level=1)
+        stamp.write_text(want)
     print(f"deltawheel: packed {dest} ({os.path.getsize(dest) / 2**20:.0f} MiB) in "
           f"{time.monotonic() - started:.0f}s", file=sys.stderr)
     return dest

@@ -93,13 +93,13 @@ def test_deploy_md_client_then_cluster_mode(hosts_available: None) -> None:
             assert time.time() < deadline, drivers()
             time.sleep(1.0)
         ((_, again),) = [(w, d) for w, d in drivers() if w != worker]
-        assert again["id"] == first  # the same driver, relaunched
+        assert again["id"] != first and again["mainclass"] == entry["mainclass"]  # relaunched under a new id
         more = bed.on_client([sys.executable, "examples/clicks_job.py", "make-input", "--input",
                               "s3a://deltawheel/clicks-input", "--first", "4"], cwd=REPO, capture_output=True,
                              env={**os.environ, **_s3_env()}, timeout=300)
         assert more.returncode == 0, more.stderr
         figures["cluster: host killed to first batch of the relaunched driver"] = (
-            _wait_relaunched_first_batch(first, lost, timeout_s=900) - killed_at)
+            wait_first_batch(str(again["id"]), timeout_s=900) - killed_at)
     finally:
         down = run_block(b["down"], timeout=300)
         print("\n".join(f"{k}: {v:.1f} s" for k, v in figures.items()))
@@ -111,16 +111,3 @@ def _s3_env() -> dict[str, str]:
     done = subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "cluster", "env"], cwd=REPO,
                           capture_output=True, text=True, check=True)
     return dict(re.findall(r"export (\w+)=(\S+)", done.stdout))
-
-
-def _wait_relaunched_first_batch(driver_id: str, lost: str, *, timeout_s: float) -> float:
-    """The first batch of the driver's run on the host that was not ``lost``."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        for out in HOSTS.glob(f"worker*/work/{driver_id}/stdout"):
-            if lost not in str(out):
-                m = FIRST.search(out.read_text(errors="replace"))
-                if m:
-                    return float(m.group(1))
-        time.sleep(1.0)
-    raise AssertionError(f"the relaunched {driver_id} committed no batch within {timeout_s}s")

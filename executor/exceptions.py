@@ -18,7 +18,7 @@ from deltawheel.statestore.exceptions import (
     RetryableError,
 )
 
-__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "InputSchemaError", "KafkaServerError",
+__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "HostsUnavailableError", "InputSchemaError", "KafkaServerError",
            "UserCodeError", "WindowingError", "StateUpgradeError"]
 
 
@@ -100,6 +100,11 @@ class ClusterError(FatalError):
     """The local Spark standalone cluster (``deltawheel cluster``) could not be started, reached or stopped."""
 
     exit_code = 8
+
+
+class HostsUnavailableError(ClusterError):
+    """The test bed of separate hosts cannot be made here: no network or mount namespaces (not root,
+    no ``ip`` or ``unshare``, or the kernel refused); the message says which and why."""
 
 
 class KafkaServerError(FatalError):

@@ -22,12 +22,15 @@ from pathlib import Path
 
 from .exceptions import JarFetchError
 
-__all__ = ["MAVEN_CENTRAL", "DELTA_VERSION", "DELTA_JARS", "default_jars_dir", "fetch_maven_jar", "ensure_delta_jars",
+__all__ = ["MAVEN_CENTRAL", "DELTA_VERSION", "BUNDLED_JARS_DIR", "DELTA_JARS", "default_jars_dir", "fetch_maven_jar", "ensure_delta_jars",
            "compile_jar"]
 
 MAVEN_CENTRAL = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
 
 DELTA_VERSION = "4.4.0"
+#: Where a built wheel carries the compiled log store jars (setup.py's build step); absent in an
+#: editable install, where :func:`compile_jar` compiles them on first use.
+BUNDLED_JARS_DIR = Path(__file__).resolve().parent / "lib"
 # (group, artifact, version) of the jars delta-spark 4.4.0 needs on Spark 4.2 / Scala 2.13 that
 # pyspark does not ship: the runtime dependencies that delta-spark_4.2_2.13's POM declares
 # (Spark's own jars, Scala and antlr come with pyspark). The kernel and Unity Catalog jars serve
@@ -139,7 +142,8 @@ def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = Fal
     for ``s3a://`` tables and the checkpoint file manager for them (``objectstore/ZkS3LogStore.java``,
     ``objectstore/DirectCheckpointFileManager.java``). Compiled with ``javac`` against the
     ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the digest of the source
-    and of the Delta and Spark versions it was compiled against. Returns None (with a warning) when
+    and of the Delta and Spark versions it was compiled against. A wheel carries these jars, built
+    when the wheel was (``lib/`` beside this module): one of the same name is used as it is. Returns None (with a warning) when
     no ``javac`` is installed.
 
     Raises:
@@ -155,6 +159,9 @@ def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = Fal
     digest = hashlib.sha256(source.read_bytes())
     digest.update(f"delta-storage {DELTA_VERSION} pyspark {pyspark.__version__}".encode())
     dest = jars_dir / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
+    bundled = BUNDLED_JARS_DIR / dest.name  # built into the wheel (setup.py): no javac needed
+    if bundled.exists():
+        return bundled
     if dest.exists():
         return dest
     javac = shutil.which("javac")

@@ -116,11 +116,14 @@ class DetachedProcess:
         marker: a string its command line contains (the main class): a pid file pointing
             at a process without it is stale.
         error: the error type raised for failures (a :class:`DeltaWheelError`).
+        prefix: words put before every command launched (e.g. ``ip netns exec NS ...``: the service
+            runs on a test host of its own); its ``exec`` chain keeps the pid.
     """
 
     def __init__(self, name: str, *, pid_file: Path, log_file: Path, marker: str,
-                 error: type[DeltaWheelError]) -> None:
+                 error: type[DeltaWheelError], prefix: Sequence[str] = ()) -> None:
         self.name = name
+        self.prefix = tuple(prefix)
         self.pid_file = pid_file
         self.log_file = log_file
         self.marker = marker
@@ -164,7 +167,7 @@ class DetachedProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
             self._proc = subprocess.Popen(
-                list(cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                [*self.prefix, *cmd], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True, cwd=str(cwd),
                 env=None if env is None else dict(env),
             )

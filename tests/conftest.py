@@ -212,3 +212,18 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     cluster.up()
     yield cluster
     cluster.down()
+
+
+@pytest.fixture
+def hosts_available() -> None:
+    """Skip, with the reason, where this machine cannot make namespaces."""
+    from deltawheel.executor.exceptions import HostsUnavailableError
+    from deltawheel.executor.servers.netns import check_namespaces, leftovers
+
+    try:
+        check_namespaces()
+    except HostsUnavailableError as exc:
+        pytest.skip(str(exc))
+    if leftovers():
+        pytest.skip(f"a hosts test bed is already up on this machine ({'; '.join(leftovers())}); "
+                    "take it down with: deltawheel cluster down --hosts")

@@ -61,7 +61,7 @@ def _build_wheel(tmp_path: Path) -> Path:
     carry files of earlier builds)."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
     for folder in FOLDERS:
         shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench,
         cluster,
         demo,
+        deploy,
         gc,
         history,
         leases,
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases,
-                rebalance, recover, replay, promote, repair, upgradestate, reseed, gc, bench, scenario, setup):  # --help order
+                rebalance, recover, replay, promote, repair, upgradestate, reseed, gc, bench, scenario, setup,
+                deploy):  # --help order
         mod.register(sub)
     return parser
 

@@ -1,4 +1,6 @@
-"""``deltawheel cluster up|down|status``: a local Spark standalone cluster and ZooKeeper ensemble."""
+"""``deltawheel cluster up|down|status [--hosts]``: a local Spark standalone cluster and ZooKeeper
+ensemble; with ``--hosts``, the same on separate hosts made of namespaces (``cluster exec`` runs a
+command on one of them)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import time
 __all__ = ["register"]
 
 DEFAULT_DATA = os.path.join("data", "cluster")
+DEFAULT_HOSTS_DATA = os.path.join("data", "hosts")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,23 +24,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         ("up", _up, "start everything in the background; prints the master URL and the --zk connect string"),
         ("down", _down, "stop every process of the cluster (idempotent)"),
         ("status", _status, "each process: pid, alive, ZooKeeper role, workers registered; exit 0 if all run"),
+        ("exec", _exec, "run a command on one host of the --hosts test bed: cluster exec HOST -- CMD ..."),
+        ("env", _env, "print shell exports for the --hosts test bed: DW_MASTER, DW_SPARK_PYTHON, DW_CLIENT, "
+                "DELTAWHEEL_ZK, DELTAWHEEL_S3_*"),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--data", default=DEFAULT_DATA,
-                       help=f"the cluster's folder: configuration, logs, pid files (default {DEFAULT_DATA})")
+        p.add_argument("--data", default=None,
+                       help=f"the cluster's folder: configuration, logs, pid files (default {DEFAULT_DATA}, "
+                            f"with --hosts {DEFAULT_HOSTS_DATA})")
+        p.add_argument("--hosts", action="store_true", default=name in ("exec", "env"),
+                       help="separate hosts on this machine (network and mount namespaces; root only): "
+                            "s3, zk1-zk3, master, worker1, worker2, client (docs/cluster.md)")
+        if name == "exec":
+            p.add_argument("host", help="s3, zk1, zk2, zk3, master, worker1, worker2 or client")
+            p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
         if name == "up":
             p.add_argument("--no-spark", action="store_true", help="only the ZooKeeper ensemble")
             p.add_argument("--no-zk", action="store_true", help="only the Spark cluster")
             p.add_argument("--workers", type=int, default=2, help="Spark workers, 1 core each (default 2)")
             p.add_argument("--worker-memory", default="2g", help="memory each worker offers (default 2g)")
             p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each part")
+            p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first "
+                                                                "(ZooKeeper's, the buckets, the logs)")
         p.set_defaults(func=func)
+
+
+def _data(args: argparse.Namespace) -> str:
+    return os.path.abspath(args.data or (DEFAULT_HOSTS_DATA if args.hosts else DEFAULT_DATA))
 
 
 def _up(args: argparse.Namespace) -> int:
     from ..servers.cluster import LocalCluster
 
-    cluster = LocalCluster(os.path.abspath(args.data), zookeeper=not args.no_zk, spark=not args.no_spark,
+    if args.hosts:
+        return _hosts_up(args)
+    cluster = LocalCluster(_data(args), zookeeper=not args.no_zk, spark=not args.no_spark,
                            workers=args.workers, worker_memory=args.worker_memory)
     started = time.monotonic()
     cluster.up(timeout_s=args.timeout)
@@ -50,14 +71,78 @@ def _up(args: argparse.Namespace) -> int:
     extra = [f"--master {cluster.master_url}" if cluster.master_url else "",
              f"--zk {cluster.zk_hosts}" if cluster.zk_hosts else ""]
     print(f"run a job on it: deltawheel demo --store DIR {' '.join(e for e in extra if e)}")
-    print(f"stop it with:    deltawheel cluster down --data {args.data}")
+    print(f"stop it with:    deltawheel cluster down --data {args.data or DEFAULT_DATA}")
+    return 0
+
+
+def _hosts_up(args: argparse.Namespace) -> int:
+    from ..servers.hosts import HostsCluster
+
+    services = [s for s, off in (("s3", False), ("zk", args.no_zk), ("spark", args.no_spark)) if not off]
+    cluster = HostsCluster(_data(args), services=services, worker_memory=args.worker_memory)
+    started = time.monotonic()
+    cluster.up(timeout_s=args.timeout, fresh=args.fresh)
+    print(f"hosts up in {time.monotonic() - started:.1f}s (data in {cluster.data_dir})")
+    for name, host in cluster.hosts.items():
+        print(f"  {name:<8s} {host.address:<12s} namespace {host.netns}")
+    print(f"Spark master: {cluster.master_url}  (web UI {cluster.master_ui})")
+    print(f"ZooKeeper:    {cluster.zk_hosts}")
+    ep = cluster.s3_endpoint
+    print(f"S3:           {ep.url}  access key {ep.access_key}  secret key {ep.secret_key}")
+    print("run on a host: deltawheel cluster exec client -- CMD ...;  stop: deltawheel cluster down --hosts")
+    return 0
+
+
+def _hosts_down(args: argparse.Namespace) -> int:
+    from ..servers.hosts import HostsCluster
+
+    n, left = HostsCluster(_data(args)).down()
+    print(f"stopped {n} process{'es' if n != 1 else ''}; namespaces, veths and the bridge deleted")
+    if left:
+        print("STILL THERE: " + "; ".join(left))
+        return 1
+    return 0
+
+
+def _exec(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from ..servers.hosts import HostsCluster
+
+    cluster = HostsCluster(_data(args))
+    if args.host not in cluster.hosts:
+        print(f"no host {args.host!r}: choose among {', '.join(cluster.hosts)}")
+        return 2
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("give the command after --, e.g. deltawheel cluster exec client -- hostname -I")
+        return 2
+    prefix = cluster.client_prefix() if args.host == "client" else cluster.isolated(args.host)
+    return subprocess.run([*prefix, *cmd]).returncode
+
+
+def _env(args: argparse.Namespace) -> int:
+    import shlex
+
+    from deltawheel.statestore.objectstore import s3a
+
+    from ..servers.hosts import HostsCluster
+
+    cluster = HostsCluster(_data(args))
+    ep = cluster.s3_endpoint
+    for k, v in (("DW_MASTER", cluster.master_url), ("DW_SPARK_PYTHON", str(cluster.spark_python)),
+                 ("DW_CLIENT", cluster.hosts["client"].address), ("DELTAWHEEL_ZK", cluster.zk_hosts),
+                 (s3a.ENV_ENDPOINT, ep.url), (s3a.ENV_ACCESS_KEY, ep.access_key), (s3a.ENV_SECRET_KEY, ep.secret_key)):
+        print(f"export {k}={shlex.quote(v)}")
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
     from ..servers.cluster import LocalCluster
 
-    cluster = LocalCluster(os.path.abspath(args.data))
+    if args.hosts:
+        return _hosts_down(args)
+    cluster = LocalCluster(_data(args))
     if not cluster.manifest.exists():
         print(f"no cluster in {cluster.data_dir}")
         return 0
@@ -67,12 +152,29 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hosts_status(args: argparse.Namespace) -> int:
+    from ..servers.hosts import HostsCluster
+
+    cluster = HostsCluster(_data(args))
+    st = cluster.status()
+    for name, services in st.services.items():
+        for what, pid in services:
+            mode = st.zk_modes.get(name)
+            print(f"  {name:<8s} {cluster.hosts[name].address:<12s} {what:<13s} "
+                  f"{'pid ' + str(pid) if pid else 'NOT RUNNING'}{'  ' + mode if mode else ''}")
+    print(f"workers registered with the master: {st.workers_registered}")
+    print("healthy" if st.healthy else "NOT healthy: see the lines above")
+    return 0 if st.healthy else 1
+
+
 def _status(args: argparse.Namespace) -> int:
     from ..servers.cluster import LocalCluster
 
-    cluster = LocalCluster(os.path.abspath(args.data))
+    if args.hosts:
+        return _hosts_status(args)
+    cluster = LocalCluster(_data(args))
     if not cluster.manifest.exists():
-        print(f"no cluster in {cluster.data_dir} (start one with: deltawheel cluster up --data {args.data})")
+        print(f"no cluster in {cluster.data_dir} (start one with: deltawheel cluster up --data {args.data or DEFAULT_DATA})")
         return 1
     st = cluster.status()
 

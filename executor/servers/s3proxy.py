@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import http.client
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,17 +65,20 @@ class S3ProxyServer:
         identity: the access key clients use; the credential (secret key) is generated at the
             first start and kept in the configuration file, so a restart keeps it.
         jars_dir: where the S3Proxy jar is cached (default: the per-user S3 jar cache).
+        prefix: words before the server's command: run it on a test host of its own
+            (:mod:`.hosts`); its port is then not checked from here (another network).
     """
 
     def __init__(self, data_dir: Path | str, *, port: int = DEFAULT_OBJECTSTORE_PORT, host: str = "127.0.0.1",
-                 identity: str = DEFAULT_IDENTITY, jars_dir: Path | None = None) -> None:
+                 identity: str = DEFAULT_IDENTITY, jars_dir: Path | None = None,
+                 prefix: Sequence[str] = ()) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.host = host
         self.identity = identity
         self._jars_dir = jars_dir
         self._process = DetachedProcess("S3Proxy", pid_file=self.pid_file, log_file=self.log_file, marker=_JAR_NAME,
-                                        error=ObjectStoreServerError)
+                                        error=ObjectStoreServerError, prefix=prefix)
 
     @property
     def config_file(self) -> Path:
@@ -179,7 +183,7 @@ class S3ProxyServer:
                     f"S3Proxy (pid {pid}) from {self.data_dir} did not answer on port {self.port} ({problem}); "
                     f"it was stopped. Log tail:\n{self.log_tail()}")
             self.pid_file.unlink(missing_ok=True)
-        if not port_free(self.host, self.port):
+        if not self._process.prefix and not port_free(self.host, self.port):
             raise ObjectStoreServerError(
                 f"port {self.port} on {self.host} is in use by another process; stop it or pass another --port")
         try:

@@ -173,11 +173,14 @@ class EmbeddedZooKeeper:
         quorum: every member of the ensemble this server belongs to (itself included);
             empty: a standalone server.
         myid: this server's id among ``quorum`` (required with it).
+        prefix: words before the server's command: run it on a test host of its own
+            (:mod:`.hosts`); its port is then not checked from here (another network).
     """
 
     def __init__(
         self, data_dir: Path | str, *, port: int = 2181, host: str = "127.0.0.1",
         jars_dir: Path | None = None, quorum: Sequence[QuorumPeer] = (), myid: int | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
@@ -194,7 +197,7 @@ class EmbeddedZooKeeper:
         # folder's server, e.g. another store's, is not this one
         self.process = DetachedProcess("ZooKeeper", pid_file=self.data_dir / "zookeeper.pid",
                                        log_file=self.data_dir / "zookeeper.log", marker=str(self.config_file),
-                                       error=ZooKeeperServerError)
+                                       error=ZooKeeperServerError, prefix=prefix)
 
     @property
     def hosts(self) -> str:
@@ -274,7 +277,7 @@ class EmbeddedZooKeeper:
         if running is not None:
             return running
         self.pid_file.unlink(missing_ok=True)
-        if not port_free(self.host, self.port):
+        if not self.process.prefix and not port_free(self.host, self.port):
             raise ZooKeeperServerError(
                 f"port {self.port} on {self.host} is in use by another process; stop it or pass another --port"
             )

@@ -1,0 +1,277 @@
+"""Deploying a deltawheel job the Spark way: what ``spark-submit`` needs, and the job's Python
+environment packed for the executors.
+
+:func:`submit_args` gives the ``--jars`` (the Delta jars, deltawheel's log store jars, with
+``object_store`` the S3A jars: the same set ``build_spark`` puts in ``spark.jars``) and the ``--conf``
+settings a session needs (Delta's extension and catalog, the log stores, the checkpoint file
+manager, the object store's endpoint, the log store's ZooKeeper), and with an archive the
+``--archives env.tar.gz#environment`` and ``spark.pyspark.python=./environment/bin/python`` that
+make every executor run the shipped environment, as Spark's "Python Package Management" page
+describes. A job submitted so builds its session with ``SparkSession.builder.getOrCreate()`` and
+hands it to :func:`deltawheel.connect`.
+
+:func:`pack_environment` builds that archive: a wheel of deltawheel (from its source tree, or one
+given), installed with its dependencies into a fresh virtual environment of a Python that the
+cluster's hosts have at the same path, packed by ``venv-pack``. pyspark itself is left out: the
+cluster's Spark puts its own on every Python worker's path (400 MB less to ship and unpack).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deltawheel.statestore.exceptions import ConfigError
+from deltawheel.statestore.objectstore.client import S3Endpoint
+from deltawheel.statestore.session.sparkenv import (
+    CHECKPOINT_FILE_MANAGER,
+    LOG_STORE_CLASS,
+    ensure_log_store_jar,
+)
+
+__all__ = ["SubmitArgs", "submit_args", "pack_environment", "ARCHIVE_ALIAS"]
+
+#: The folder name the archive is unpacked as in each executor's working folder.
+ARCHIVE_ALIAS = "environment"
+
+
+@dataclass(frozen=True)
+class SubmitArgs:
+    """``spark-submit`` options: jars, settings and the archive, in order."""
+
+    jars: tuple[Path | str, ...]
+    conf: dict[str, str] = field(default_factory=dict)
+    archive: str | None = None
+    #: cluster mode: ``--class``, its value, the launcher's URL and PythonRunner's own arguments
+    main: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        """The options as a list of words."""
+        words = ["--jars", ",".join(str(j) for j in self.jars)]
+        if self.archive is not None:
+            words += ["--archives", f"{self.archive}#{ARCHIVE_ALIAS}"]
+        for k, v in self.conf.items():
+            words += ["--conf", f"{k}={v}"]
+        return words + list(self.main)
+
+    def lines(self) -> str:
+        """The options one per line, shell-quoted, each line but the last ending in `` \\``."""
+        words = self.argv()[: len(self.argv()) - len(self.main)]
+        pairs = [f"{words[i]} {shlex.quote(words[i + 1])}" for i in range(0, len(words), 2)]
+        if self.main:
+            pairs += [f"{self.main[0]} {self.main[1]}", " ".join(shlex.quote(w) for w in self.main[2:])]
+        return " \\\n".join(pairs)
+
+
+def submit_args(*, object_store: bool = False, archive: str | None = None, deploy_mode: str = "client",
+                driver_python: str | None = None, endpoint: S3Endpoint | None = None,
+                zk: str | None = None, zk_chroot: str = "/deltawheel", job: Path | None = None,
+                bundle: Path | None = None, base_url: str | None = None) -> SubmitArgs:
+    """The ``spark-submit`` options a deltawheel job needs; jars are fetched or built if missing.
+
+    Args:
+        object_store: tables on ``s3a://``: the S3A jars, the log store arbitrated by ZooKeeper.
+        archive: the packed environment (:func:`pack_environment`), a path or URL; executors run
+            its Python. None: they run whatever ``spark.pyspark.python`` the cluster has.
+        deploy_mode: ``client``: the driver runs here, on ``driver_python`` (default: this Python);
+            ``cluster``: the driver runs the archive's Python too.
+        endpoint: the object store's URL and keys (``spark.hadoop.fs.s3a.*``).
+        zk: ZooKeeper's connect string for the ``s3a://`` log store.
+        job, bundle, base_url: cluster mode on a standalone cluster (which refuses Python
+            applications there): the jars, the archive and a launcher carrying ``job`` are copied
+            into ``bundle``, which an HTTP server at ``base_url`` serves to the hosts; the options
+            name them by URL and end with the launcher (:func:`launcher`), so the job's own
+            arguments follow. ``driver_python`` is then the cluster's Python with pyspark.
+
+    Raises:
+        ConfigError: an unknown deploy mode, or cluster mode without job, bundle, base URL and
+            the cluster's Python.
+        JarFetchError: a jar could not be fetched or compiled.
+    """
+    from deltawheel.statestore.jars import ensure_delta_jars
+
+    if deploy_mode not in ("client", "cluster"):
+        raise ConfigError(f"deploy mode {deploy_mode!r}: choose client or cluster")
+    jars = list(ensure_delta_jars(quiet=True))
+    conf = {"spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.databricks.delta.allFilesInCrc.enabled": "false",
+            "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER}
+    local = ensure_log_store_jar(quiet=True)
+    if local is not None:
+        jars.append(local)
+        conf["spark.delta.logStore.file.impl"] = LOG_STORE_CLASS
+    if object_store:
+        from deltawheel.statestore.objectstore import s3a
+        from deltawheel.statestore.objectstore.logstore import (
+            DIRECT_CHECKPOINT_MANAGER_CLASS,
+            ZK_LOG_STORE_CLASS,
+            ensure_checkpoint_manager_jar,
+            ensure_zk_log_store_jar,
+            log_store_settings,
+        )
+
+        store, manager = ensure_zk_log_store_jar(quiet=True), ensure_checkpoint_manager_jar(quiet=True)
+        if store is None or manager is None:
+            raise ConfigError("object-store tables need deltawheel's s3a log store jar: install a wheel of "
+                              "deltawheel (it carries the jar) or a JDK for javac")
+        jars += [*s3a.ensure_s3a_jars(quiet=True), store, manager]
+        conf["spark.delta.logStore.s3a.impl"] = ZK_LOG_STORE_CLASS
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = DIRECT_CHECKPOINT_MANAGER_CLASS
+        if endpoint is not None:
+            conf.update(s3a.spark_conf(endpoint))
+        if zk is not None:
+            conf.update({f"spark.hadoop.{k}": v for k, v in log_store_settings(zk, chroot=zk_chroot).items()})
+    if archive is not None:
+        conf["spark.pyspark.python"] = f"./{ARCHIVE_ALIAS}/bin/python"
+        if deploy_mode == "client":  # the driver runs here, where the archive is not unpacked
+            conf["spark.pyspark.driver.python"] = driver_python or sys.executable
+    if deploy_mode == "client" or job is None and bundle is None and base_url is None:
+        return SubmitArgs(tuple(jars), conf, archive)
+    if job is None or bundle is None or base_url is None or driver_python is None or archive is None:
+        raise ConfigError("cluster mode on a standalone cluster needs --job, --bundle, --base-url, --archive and "
+                          "--driver-python (the cluster's Python with pyspark): Spark runs a Python driver there "
+                          "only through its PythonRunner, from files the workers fetch over HTTP")
+    conf["spark.pyspark.driver.python"] = driver_python
+    return _bundled(SubmitArgs(tuple(jars), conf, archive), job=job, bundle=bundle, base_url=base_url.rstrip("/"))
+
+
+_LAUNCHER_MAIN = """\
+# deltawheel's launcher of a Python job in cluster mode (written by deltawheel submit-args).
+# Spark's PythonRunner runs this zip with the cluster's Python; the session's start unpacks
+# spark.archives, whose site-packages then go on sys.path before the job module runs.
+import glob, os, runpy, site, sys
+from pyspark import SparkFiles
+from pyspark.sql import SparkSession
+
+SparkSession.builder.getOrCreate()
+for folder in glob.glob(os.path.join(SparkFiles.getRootDirectory(), "environment", "lib", "python*", "site-packages")):
+    site.addsitedir(folder)
+job = sys.argv[1]
+sys.argv = [job + ".py", *sys.argv[2:]]
+runpy.run_module(job, run_name="__main__", alter_sys=True)
+"""
+LAUNCHER = "deltawheel-launch.jar"
+
+
+def launcher(job: Path, dest: Path) -> Path:
+    """A zip (named ``.jar``: Spark's standalone submission wants one) that Python runs: its
+    ``__main__.py`` starts the session, puts the shipped environment on ``sys.path`` and runs ``job``."""
+    import zipfile
+
+    with zipfile.ZipFile(dest, "w") as z:
+        z.writestr("__main__.py", _LAUNCHER_MAIN)
+        z.write(job, job.name)
+    return dest
+
+
+def _bundled(sa: SubmitArgs, *, job: Path, bundle: Path, base_url: str) -> SubmitArgs:
+    import shutil
+
+    bundle.mkdir(parents=True, exist_ok=True)
+    urls = []
+    for j in sa.jars:
+        jar = Path(j)
+        if not (bundle / jar.name).exists() or (bundle / jar.name).stat().st_size != jar.stat().st_size:
+            shutil.copy2(jar, bundle / jar.name)
+        urls.append(f"{base_url}/{jar.name}")
+    archive = Path(str(sa.archive))
+    if not (bundle / archive.name).exists() or (bundle / archive.name).stat().st_mtime < archive.stat().st_mtime:
+        shutil.copy2(archive, bundle / archive.name)
+    launcher(job, bundle / LAUNCHER)
+    return SubmitArgs(tuple(urls), sa.conf, f"{base_url}/{archive.name}",
+                      main=("--class", "org.apache.spark.deploy.PythonRunner", f"{base_url}/{LAUNCHER}",
+                            LAUNCHER, LAUNCHER, job.stem))
+
+
+def _run(cmd: list[str], what: str) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise ConfigError(f"{what} failed: {' '.join(cmd)}\n{(done.stdout + done.stderr).strip()[-2000:]}")
+
+
+def source_tree() -> Path | None:
+    """deltawheel's source tree (where ``pyproject.toml`` is) when it runs from one, else None."""
+    import deltawheel
+
+    root = Path(deltawheel.__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").exists() and (root / "setup.py").exists() else None
+
+
+def _copy_sources(root: Path, dest: Path) -> Path:
+    """What the wheel is built from, copied (an in-tree ``build/`` would add files of older builds)."""
+    import shutil
+    import tomllib
+
+    dest.mkdir(parents=True)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(root / name, dest / name)
+    with open(root / "pyproject.toml", "rb") as f:
+        folders = set(tomllib.load(f)["tool"]["setuptools"]["package-dir"].values())
+    for folder in sorted(folders):
+        shutil.copytree(root / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | None = None,
+                     extra: tuple[str, ...] = (), keep_pyspark: bool = False) -> Path:
+    """Pack a virtual environment with deltawheel (and ``extra`` requirements) into ``dest`` (.tar.gz).
+
+    Args:
+        dest: the archive to write.
+        python: the interpreter the environment is made from; the cluster's hosts need it at the
+            same path (default: the one this Python was made from).
+        wheel: a built wheel of deltawheel; default: built from the source tree this runs from
+            (with its log store jars: setup.py's build step).
+        extra: more requirements to install (your job's own packages).
+        keep_pyspark: ship pyspark too (a cluster without it on its Python workers' path).
+
+    Raises:
+        ConfigError: no wheel and no source tree, or a build, install or pack step failed (its output).
+
+    An archive packed from this source tree with the same arguments and newer than every source
+    file is kept as it is.
+    """
+    try:
+        import venv_pack
+    except ImportError as exc:
+        raise ConfigError("packing needs venv-pack: pip install 'deltawheel[deploy]' (or venv-pack)") from exc
+    started = time.monotonic()
+    stamp = dest.with_name(dest.name + ".json")
+    want = json.dumps({"python": python, "wheel": str(wheel), "extra": list(extra), "keep_pyspark": keep_pyspark})
+    root = source_tree()
+    if wheel is None and root is not None and dest.exists() and stamp.exists() and stamp.read_text() == want:
+        newest = max(p.stat().st_mtime for folder in ("deltawheel", "statestore", "executor", "gc", "migrations")
+                     for p in (root / folder).rglob("*") if p.suffix in (".py", ".java", ".pyi"))
+        if dest.stat().st_mtime > max(newest, (root / "pyproject.toml").stat().st_mtime):
+            print(f"deltawheel: {dest} is up to date (newer than the sources it was packed from)", file=sys.stderr)
+            return dest
+    base = str(python or getattr(sys, "_base_executable", None) or sys.executable)
+    with tempfile.TemporaryDirectory(prefix="deltawheel-pack-") as tmp:
+        if wheel is None:
+            if root is None:
+                raise ConfigError("no wheel of deltawheel given (--wheel) and no source tree to build one from")
+            _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--no-deps", "-w", tmp,
+                  str(_copy_sources(root, Path(tmp) / "src"))], "building deltawheel's wheel")
+            wheel = next(Path(tmp).glob("deltawheel-*.whl"))
+        env = Path(tmp) / "env"
+        _run([base, "-m", "venv", str(env)], "making the environment")
+        pip = [str(env / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+        _run([*pip, "install", "--quiet", str(wheel), *extra], "installing deltawheel into the environment")
+        if not keep_pyspark:
+            _run([*pip, "uninstall", "--quiet", "-y", "pyspark"], "removing pyspark from the environment")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.unlink(missing_ok=True)
+        venv_pack.pack(prefix=str(env), output=str(dest), compress_level=1)
+        stamp.write_text(want)
+    print(f"deltawheel: packed {dest} ({os.path.getsize(dest) / 2**20:.0f} MiB) in "
+          f"{time.monotonic() - started:.0f}s", file=sys.stderr)
+    return dest

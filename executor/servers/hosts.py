@@ -1,0 +1,357 @@
+"""A test bed of hosts that share nothing, on this machine (``deltawheel cluster up --hosts``).
+
+Eight hosts, each a network namespace with its own address on one bridge (:mod:`.netns`):
+``s3`` (S3Proxy), ``zk1``-``zk3`` (a ZooKeeper ensemble), ``master`` (a Spark standalone master),
+``worker1`` and ``worker2`` (Spark workers) and ``client`` (where a job is submitted from). Every
+cluster host sees Java, the system's Python and a Spark installation (a virtual environment with
+pyspark alone, made once with pip, read-only), and its own folder; it does not see the repository,
+deltawheel, the submitting host's virtual environment, the per-user caches or ``/tmp``. The client
+host keeps the machine's files. Each service uses its usual port on its host's address::
+
+    <data>/hosts.json            the subnet and what runs (so status and down find it)
+    <data>/spark/                the hosts' Spark installation (python -m venv + pip install pyspark)
+    <data>/<host>/               a host's own folder: its logs, pid files, data, jars
+
+Everything that runs is real: S3Proxy's jar (copied into the s3 host's folder), ZooKeeper's
+``QuorumPeerMain`` and Spark's master and worker from pyspark's ``bin/spark-class``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from deltawheel.statestore.objectstore.client import S3Endpoint
+from deltawheel.statestore.process import DetachedProcess
+
+from ..exceptions import ClusterError
+from .netns import Host, HostNetwork, host_prefix, isolated_prefix, leftovers
+from .s3proxy import S3ProxyServer
+from .zookeeper import EmbeddedZooKeeper, QuorumPeer
+
+__all__ = ["HostsCluster", "HOST_NAMES", "DEFAULT_SUBNET", "host_python"]
+
+DEFAULT_SUBNET = "10.61.0"
+_LAST = {"s3": 10, "zk1": 11, "zk2": 12, "zk3": 13, "master": 20, "worker1": 21, "worker2": 22, "client": 30}
+HOST_NAMES = tuple(_LAST)
+ZK_PORT, MASTER_PORT, MASTER_UI, WORKER_PORT, WORKER_UI, S3_PORT = 2181, 7077, 8080, 7078, 8081, 9000
+_MASTER = "org.apache.spark.deploy.master.Master"
+_WORKER = "org.apache.spark.deploy.worker.Worker"
+_SPARK_DEFAULTS = ("spark.master.rest.enabled false\nspark.worker.cleanup.enabled false\n"
+                   "spark.worker.timeout 10\n")  # a lost host is declared dead (its driver relaunched) in 10 s
+
+
+def host_python() -> Path:
+    """The system Python the hosts run (same minor version as this one, outside ``/root`` and ``/work``).
+
+    Raises:
+        ClusterError: no such interpreter (install the distribution's ``python3.X`` and ``python3.X-venv``).
+    """
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for folder in ("/usr/bin", "/usr/local/bin"):
+        if (Path(folder) / name).exists():
+            return Path(folder) / name
+    raise ClusterError(f"the hosts run the system's {name}, which is not in /usr/bin or /usr/local/bin; "
+                       f"install it (Debian: apt-get install {name} {name}-venv)")
+
+
+@dataclass(frozen=True)
+class HostsStatus:
+    """What runs on each host: ``{host: [(service, pid or None), ...]}`` and the leftovers check."""
+
+    services: dict[str, list[tuple[str, int | None]]]
+    workers_registered: int
+    zk_modes: dict[str, str | None]
+
+    @property
+    def healthy(self) -> bool:
+        """Every service runs, both workers are registered, the ensemble serves."""
+        running = all(pid is not None for svcs in self.services.values() for _n, pid in svcs)
+        return running and self.workers_registered == 2 and all(m is not None for m in self.zk_modes.values())
+
+
+class HostsCluster:
+    """The hosts test bed: network, Spark installation and services; see the module docstring.
+
+    Args:
+        data_dir: the test bed's folder.
+        subnet: the first three octets of the hosts' /24 (the bridge is ``.1``).
+        services: which services :meth:`up` starts: ``s3``, ``zk``, ``spark`` (the network and all
+            eight hosts are made in every case); default: those of the last ``up`` in ``data_dir``, else all.
+        worker_memory: memory each worker offers its executors.
+    """
+
+    def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,
+                 services: Sequence[str] | None = None, worker_memory: str = "2g") -> None:
+        self.data_dir = Path(data_dir).resolve()
+        saved = self._saved()
+        if saved is not None:
+            subnet = str(saved["subnet"])
+        if services is None:
+            services = tuple(saved["services"]) if saved is not None else ("s3", "zk", "spark")
+        unknown = set(services) - {"s3", "zk", "spark"}
+        if unknown:
+            raise ClusterError(f"unknown services {sorted(unknown)}: choose among s3, zk, spark")
+        self.subnet, self.services, self.worker_memory = subnet, tuple(services), worker_memory
+        self.hosts = {n: Host(n, f"{subnet}.{last}") for n, last in _LAST.items()}
+        self.network = HostNetwork(tuple(self.hosts.values()), bridge_address=f"{subnet}.1")
+        self.spark_dir = self.data_dir / "spark"
+        peers = tuple(QuorumPeer(i, self.hosts[f"zk{i}"].address, ZK_PORT, 2888, 3888) for i in (1, 2, 3))
+        self.zookeepers = tuple(
+            EmbeddedZooKeeper(self.dir(f"zk{p.myid}") / "zk", port=ZK_PORT, host=p.host, quorum=peers,
+                              myid=p.myid, jars_dir=self.spark_home / "jars",
+                              prefix=self.isolated("zk" + str(p.myid)))
+            for p in peers)
+        self.s3 = S3ProxyServer(self.dir("s3") / "s3proxy", port=S3_PORT, host=self.hosts["s3"].address,
+                                jars_dir=self.dir("s3") / "jars", prefix=self.isolated("s3"))
+        self.master = DetachedProcess("Spark master on host master", pid_file=self.dir("master") / "master.pid",
+                                      log_file=self.dir("master") / "master.log", marker=_MASTER,
+                                      error=ClusterError, prefix=self.isolated("master", spark=True))
+        self.workers = tuple(
+            DetachedProcess(f"Spark worker on host {n}", pid_file=self.dir(n) / "worker.pid",
+                            log_file=self.dir(n) / "worker.log", marker=_WORKER, error=ClusterError,
+                            prefix=self.isolated(n, spark=True))
+            for n in ("worker1", "worker2"))
+
+    # --- where things are ---------------------------------------------------------------------
+
+    def dir(self, host: str) -> Path:
+        """A host's own folder."""
+        return self.data_dir / host
+
+    @property
+    def manifest(self) -> Path:
+        """``hosts.json``: the subnet and the services."""
+        return self.data_dir / "hosts.json"
+
+    def _saved(self) -> dict[str, Any] | None:
+        try:
+            raw = json.loads(self.manifest.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return raw if isinstance(raw, dict) else None
+
+    @property
+    def spark_python(self) -> Path:
+        """The hosts' Python with pyspark alone (a path every cluster host sees)."""
+        return self.spark_dir / "bin" / "python"
+
+    @property
+    def spark_home(self) -> Path:
+        """pyspark's folder in the hosts' installation (``bin/spark-class``, ``jars``)."""
+        v = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        return self.spark_dir / "lib" / v / "site-packages" / "pyspark"
+
+    @property
+    def master_url(self) -> str:
+        """``spark://<master>:7077``."""
+        return f"spark://{self.hosts['master'].address}:{MASTER_PORT}"
+
+    @property
+    def master_ui(self) -> str:
+        """The master's web UI (``/json/`` lists workers, applications and drivers)."""
+        return f"http://{self.hosts['master'].address}:{MASTER_UI}"
+
+    @property
+    def zk_hosts(self) -> str:
+        """The ensemble's connect string."""
+        return ",".join(f"{self.hosts[f'zk{i}'].address}:{ZK_PORT}" for i in (1, 2, 3))
+
+    @property
+    def s3_endpoint(self) -> S3Endpoint:
+        """S3Proxy's URL and credentials."""
+        return self.s3.endpoint
+
+    def isolated(self, host: str, *, spark: bool = False, env: Mapping[str, str] | None = None) -> list[str]:
+        """The words that run a command on cluster host ``host`` (its own network and files)."""
+        h = self.hosts[host]
+        extra = dict(env or {})
+        if spark:
+            extra.update(SPARK_HOME=str(self.spark_home), SPARK_CONF_DIR=str(self.dir(host) / "conf"),
+                         SPARK_LOCAL_IP=h.address, SPARK_LOCAL_HOSTNAME=h.address, SPARK_LOG_DIR=str(self.dir(host)),
+                         SPARK_NO_DAEMONIZE="1", SPARK_DAEMON_MEMORY="512m", PYSPARK_PYTHON=str(self.spark_python))
+        return isolated_prefix(h, own_dir=self.dir(host), shared_dirs=[self.spark_dir], hidden=[self.data_dir],
+                               env=extra)
+
+    def client_env(self) -> dict[str, str]:
+        """What a command on the client host gets in its environment besides the caller's: nothing.
+        Spark finds the host's address itself (the only interface besides loopback), and a
+        ``SPARK_LOCAL_IP`` here would travel with a cluster-mode submission to the driver's host."""
+        return {}
+
+    def on_client(self, cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` on the client host (the machine's files, the client's network); text output."""
+        return subprocess.run([*host_prefix(self.hosts["client"], self.client_env()), *cmd], text=True, **kwargs)
+
+    def client_prefix(self) -> list[str]:
+        """The words that run a command on the client host."""
+        return host_prefix(self.hosts["client"], self.client_env())
+
+    # --- up and down --------------------------------------------------------------------------
+
+    def ensure_spark_install(self) -> Path:
+        """Make the hosts' Spark installation once: a venv of the system Python with pyspark alone.
+
+        Raises:
+            ClusterError: no suitable Python, or pip could not install pyspark (its output is in the message).
+        """
+        want = version("pyspark")
+        stamp = self.spark_dir / ".pyspark-version"
+        if stamp.exists() and stamp.read_text().strip() == want and self.spark_python.exists():
+            return self.spark_dir
+        shutil.rmtree(self.spark_dir, ignore_errors=True)
+        steps = [[str(host_python()), "-m", "venv", str(self.spark_dir)],
+                 [str(self.spark_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                  f"pyspark=={want}"]]
+        for cmd in steps:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise ClusterError(f"could not make the hosts' Spark installation in {self.spark_dir}: "
+                                   f"{' '.join(cmd)} said {done.stderr.strip()[-1500:]}")
+        stamp.write_text(want + "\n")
+        return self.spark_dir
+
+    def up(self, *, timeout_s: float = 120.0, fresh: bool = False) -> None:
+        """Make the network and the hosts, then start the services; on failure take everything down.
+
+        ``fresh``: first delete every host's folder (ZooKeeper's data, the buckets, the logs; not the
+        Spark installation): a test bed as new. Refused while a service of it runs.
+
+        Raises:
+            HostsUnavailableError: namespaces cannot be made on this machine (why, in the message).
+            ClusterError / ZooKeeperServerError / ObjectStoreServerError: a service did not come up
+                (which host, which address, its log tail).
+        """
+        if fresh:
+            if leftovers():
+                raise ClusterError("--fresh: the test bed is up; take it down first (deltawheel cluster down --hosts)")
+            for name in HOST_NAMES:
+                shutil.rmtree(self.dir(name), ignore_errors=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.manifest.write_text(json.dumps({"format_version": 1, "subnet": self.subnet,
+                                             "services": list(self.services)}, indent=2) + "\n")
+        try:
+            self.network.up()
+            for name in HOST_NAMES:
+                self.dir(name).mkdir(parents=True, exist_ok=True)
+            self.ensure_spark_install()
+            if "s3" in self.services:
+                self._start_s3(timeout_s)
+            if "zk" in self.services:
+                for z in self.zookeepers:
+                    z.launch()
+            if "spark" in self.services:
+                self._start_spark(timeout_s)
+            if "zk" in self.services:
+                for z in self.zookeepers:
+                    z.wait_ready(timeout_s=timeout_s)
+        except BaseException:
+            self.down()
+            raise
+
+    def _start_s3(self, timeout_s: float) -> None:
+        from deltawheel.statestore.objectstore.s3a import S3PROXY_JAR, default_s3_jars_dir, ensure_jar
+
+        jar = ensure_jar(S3PROXY_JAR, default_s3_jars_dir())
+        dest = self.dir("s3") / "jars" / jar.name
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(jar, dest)
+        self.s3.start(timeout_s=timeout_s)
+
+    def _start_spark(self, timeout_s: float) -> None:
+        spark_class = str(self.spark_home / "bin" / "spark-class")
+        for name in ("master", "worker1", "worker2"):
+            (self.dir(name) / "conf").mkdir(parents=True, exist_ok=True)
+            (self.dir(name) / "conf" / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
+        master = self.hosts["master"].address
+        if self.master.pid() is None:
+            self.master.launch([spark_class, _MASTER, "--host", master, "--port", str(MASTER_PORT),
+                                "--webui-port", str(MASTER_UI)], cwd=self.dir("master"))
+        self._await(self.master, "master", lambda: (self.master_json() or {}).get("status") == "ALIVE", timeout_s)
+        for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
+            if proc.pid() is None:
+                (self.dir(name) / "work").mkdir(exist_ok=True)
+                proc.launch([spark_class, _WORKER, self.master_url, "--host", self.hosts[name].address,
+                             "--port", str(WORKER_PORT), "--webui-port", str(WORKER_UI), "--cores", "2",
+                             "--memory", self.worker_memory, "--work-dir", str(self.dir(name) / "work")],
+                            cwd=self.dir(name))
+        for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
+            addr = self.hosts[name].address
+            self._await(proc, name, lambda a=addr: a in self.registered_workers(), timeout_s)
+
+    def _await(self, proc: DetachedProcess, host: str, ready: Any, timeout_s: float) -> None:
+        pid = proc.read_pid()
+        problem = "not started" if pid is None else proc.wait_ready(pid, ready, timeout_s)
+        if problem is not None:
+            raise ClusterError(f"{proc.name} ({self.hosts[host].address}) did not come up: {problem}; check "
+                               f"{proc.log_file} and that this machine reaches {self.hosts[host].address} "
+                               f"over the bridge. Log tail:\n{proc.log_tail()}")
+
+    def master_json(self) -> dict[str, Any] | None:
+        """The master's state (``/json/``), or None when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=2.0) as resp:
+                data = json.loads(resp.read().decode("utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def registered_workers(self) -> list[str]:
+        """The addresses of the workers the master lists ALIVE."""
+        state = self.master_json() or {}
+        return [str(w.get("host")) for w in state.get("workers", []) if w.get("state") == "ALIVE"]
+
+    def status(self) -> HostsStatus:
+        """Each service's pid, the workers registered and each ZooKeeper server's mode."""
+        services: dict[str, list[tuple[str, int | None]]] = {}
+        if "s3" in self.services:
+            services["s3"] = [("S3Proxy", self.s3.status().pid)]
+        zk_modes: dict[str, str | None] = {}
+        if "zk" in self.services:
+            for i, z in enumerate(self.zookeepers, start=1):
+                services[f"zk{i}"] = [("ZooKeeper", z.process.pid())]
+                zk_modes[f"zk{i}"] = z.mode()
+        registered = 2
+        if "spark" in self.services:
+            services["master"] = [("Spark master", self.master.pid())]
+            for name, w in zip(("worker1", "worker2"), self.workers, strict=True):
+                services[name] = [("Spark worker", w.pid())]
+            registered = len(self.registered_workers())
+        return HostsStatus(services, registered, zk_modes)
+
+    def kill_host(self, host: str) -> list[int]:
+        """SIGKILL every process on ``host`` at once (the machine lost); returns their pids. Its
+        namespace stays: :meth:`up` starts its services again."""
+        import os
+        import signal
+
+        pids = self.network.pids(self.hosts[host])
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def down(self) -> tuple[int, list[str]]:
+        """Stop every service, kill whatever else runs on a host, delete the namespaces, veths and
+        the bridge; idempotent. Returns (processes stopped or killed, what is left: empty when clean)."""
+        n = sum(1 for w in self.workers if w.stop(timeout_s=5.0)) + int(self.master.stop(timeout_s=5.0))
+        n += sum(1 for z in self.zookeepers if z.stop(timeout_s=5.0)) + int(self.s3.stop(timeout_s=5.0))
+        n += self.network.down()
+        for _ in range(20):
+            left = leftovers()
+            if not left:
+                break
+            time.sleep(0.25)
+        return n, left

@@ -1,0 +1,91 @@
+"""The wheel's build step: deltawheel's Java classes (the log stores, the checkpoint file manager)
+compiled into jars inside the wheel, so a host that runs a deltawheel job needs no ``javac``.
+
+Everything else is in pyproject.toml. The jars go to ``deltawheel/statestore/lib/`` under the
+names :func:`deltawheel.statestore.jars.compile_jar` gives them (the digest of the source, the
+Delta and the pyspark versions), where it looks first. The compilation needs ``javac``, pyspark
+(Spark's and Hadoop's jars to compile against) and the ``delta-storage`` jar (from the per-user
+cache, else Maven Central): build the wheel from an environment that has pyspark, e.g.
+``./dw wheel`` (``pip wheel --no-build-isolation --no-deps -w dist .``). An editable install
+skips the step: the classes are compiled on first use into the per-user cache, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+import zipfile
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("statestore/session/ExclusiveLocalLogStore.java", "statestore/objectstore/ZkS3LogStore.java",
+           "statestore/objectstore/DirectCheckpointFileManager.java")
+
+
+def _delta_version() -> str:
+    m = re.search(r'^DELTA_VERSION = "([^"]+)"', (HERE / "statestore" / "jars.py").read_text(), re.M)
+    if m is None:
+        raise SystemExit("setup.py: DELTA_VERSION not found in statestore/jars.py")
+    return m.group(1)
+
+
+def _delta_storage(version: str) -> Path:
+    name = f"delta-storage-{version}.jar"
+    cache = Path(os.environ.get("DELTAWHEEL_JARS_DIR") or Path.home() / ".cache" / "deltawheel" / "jars")
+    if (cache / name).exists():
+        return cache / name
+    dest = Path(tempfile.mkdtemp()) / name
+    repo = os.environ.get("DELTAWHEEL_MAVEN_REPO", "https://repo1.maven.org/maven2")
+    with urllib.request.urlopen(f"{repo}/io/delta/delta-storage/{version}/{name}", timeout=120) as resp:
+        dest.write_bytes(resp.read())
+    return dest
+
+
+def build_jars(out: Path) -> list[Path]:
+    """Compile each Java source into its own jar in ``out``; returns the jars."""
+    try:
+        import pyspark
+    except ImportError as exc:
+        raise SystemExit("setup.py: building deltawheel's wheel compiles its log store jars against pyspark's "
+                         "jars; build from an environment with pyspark (./dw wheel, or pip wheel "
+                         "--no-build-isolation --no-deps .)") from exc
+    javac = shutil.which("javac")
+    if javac is None:
+        raise SystemExit("setup.py: building deltawheel's wheel needs javac (a JDK 17+) for its log store jars")
+    delta = _delta_version()
+    cp = os.pathsep.join([str(_delta_storage(delta)), str(Path(pyspark.__file__).parent / "jars" / "*")])
+    out.mkdir(parents=True, exist_ok=True)
+    built = []
+    for rel in SOURCES:
+        source = HERE / rel
+        digest = hashlib.sha256(source.read_bytes())
+        digest.update(f"delta-storage {delta} pyspark {pyspark.__version__}".encode())
+        dest = out / f"deltawheel-logstore-{digest.hexdigest()[:12]}.jar"
+        with tempfile.TemporaryDirectory() as classes:
+            subprocess.run([javac, "--release", "17", "-nowarn", "-cp", cp, "-d", classes, str(source)], check=True)
+            with zipfile.ZipFile(dest, "w") as z:
+                for f in sorted(Path(classes).rglob("*.class")):
+                    z.write(f, f.relative_to(classes).as_posix())
+        built.append(dest)
+    return built
+
+
+class BuildPyWithJars(build_py):
+    """``build_py`` plus the jars of :data:`SOURCES` (not for an editable install)."""
+
+    def run(self) -> None:
+        """Copy the packages, then compile the jars into the build folder."""
+        super().run()
+        if not getattr(self, "editable_mode", False):
+            build_jars(Path(self.build_lib) / "deltawheel" / "statestore" / "lib")
+
+
+setup(cmdclass={"build_py": BuildPyWithJars})

@@ -4,20 +4,11 @@ deltawheel reads a table's live files and application (``txn``) versions in Pyth
 (``statestore/delta/log.py``): at every executor start (the rows table's files and fence rows, the
 stream tables' delivered versions), in ``status``, ``inspect`` and the damage check. This script
 measures that reader against the ``deltalake`` package (delta-rs) on tables Delta itself wrote:
-
-- **exactness**, against Delta's own snapshot (``DeltaLog`` in the session's JVM): the version, the
-  live files (path, size, whether a deletion vector goes with it) and the application versions,
-  on a table in every checkpoint kind Delta 4.4 writes (:func:`build_checkpoint_kinds`), local and
-  on ``s3a://``. A reader that declines a table (returns None: the caller asks Delta) is recorded
-  as ``declined``, not as wrong;
-- **speed** on tables shaped like deltawheel's: a rows table after ``--commits`` image-path commits
-  (each replaces two intervals' files) with a checkpoint every 10 and every 100 commits, and a
-  stream table of as many deliveries (one file and one application version each, a checkpoint
-  every 100). Each round reads every table once with each reader, the readers' order rotating
-  from round to round; the median of the rounds is reported, and the ratio of the two Python
-  readers measured side by side (the machine may be busy: only ratios are comparable);
-- **first call** in a fresh process (deltawheel's CLI tools are short-lived): the reader's imports
-  and its first read, timed inside a new interpreter, the readers alternating.
+**exactness** against Delta's own snapshot on a table in every checkpoint kind Delta writes
+(:func:`build_checkpoint_kinds`; a reader that declines a table is recorded as ``declined``, not
+as wrong), **speed** on tables shaped like deltawheel's (the median of rounds, the readers'
+order rotating; only ratios are comparable), and the **first call** in a fresh process.
+What it found: docs/architecture-deltalog.md.
 
 ``--s3`` runs everything on an S3Proxy server and a ZooKeeper (for the commits' log store) started
 for the run. Writes ``deltalog_readers.json`` and ``deltalog_readers.png`` to ``--out``::

@@ -15,20 +15,10 @@ returns an :class:`EngineResult`. Every engine takes the shared SparkSession
 ``EngineResult`` (multiset comparison with the reference, invariant check), so
 every engine is judged the same way.
 
-The two Spark engines here:
-
-* ``spark_sql``: ``groupBy(key, window(event_time, "10 seconds")).count()`` with a
-  10 s watermark, append mode, Parquet sink, one file per micro-batch,
-  ``trigger(availableNow=True)``; Spark runs the final no-data batch itself
-  (``spark.sql.streaming.noDataMicroBatches.enabled``, default true).
-* ``spark_tws``: ``transformWithStateInPandas`` (Spark 4.0+), per key a MapState
-  ``window_start -> count`` and an event-time timer at ``window_end - 1 ms``
-  that emits and forgets the window (WORKLOAD.md section 3).
-
-Both need the RocksDB state store provider in the session (see
+The two Spark engines here, ``spark_sql`` and ``spark_tws`` (what each runs: docs/benchmarks.md,
+"Throughput"), need the RocksDB state store provider in the session (see
 :data:`SPARK_BENCH_CONF`). They take the session deltawheel's engine runs in, so the
-peers and deltawheel run on the same Spark (the pinned pyspark 4.2.0 with Delta 4.4.0;
-the report's ``machine`` records both versions).
+peers and deltawheel run on the same Spark (the report's ``machine`` records the versions).
 """
 
 from __future__ import annotations

@@ -23,19 +23,8 @@ its Delta table, the query's checkpoint (whose file-source log maps input files 
 ``latency_log.file_batches``) and how to turn the table's rows into the benchmark's columns
 (``latency_measure``'s ``records`` or ``key_counts`` kind).
 
-Spark's peers here, each one query with the default trigger (the next micro-batch as soon as
-the previous one ended and new files are listed), every new file per batch (no
-``maxFilesPerTrigger``), in the shared session with the RocksDB state store provider:
-
-* ``floor``: the input copied to a Delta table (Delta sink, append): what a micro-batch costs
-  with no state.
-* ``spark_sql``: ``groupBy(key).count()`` in update mode, each batch's changed rows appended
-  to Delta with the batch id as ``txnVersion`` (idempotent: a replayed batch adds nothing).
-* ``spark_tws``: ``transformWithStateInPandas`` keeping a count per key in a ValueState and
-  emitting one row per input record (record id, key, running count), Delta sink.
-
-With several stages, each peer's later stages are :func:`chain`: a query per stage reading the
-previous stage's Delta table with Delta's streaming source and appending its rows unchanged.
+Spark's peers here: ``floor``, ``spark_sql`` and ``spark_tws``, and :func:`chain` for their
+later stages. What each runs: docs/latency.md, "The engines" and "Three stages".
 """
 
 from __future__ import annotations

@@ -16,14 +16,9 @@ their rows commit and their audit row), for tools' commits older than ``audit_gr
 after its commit while it holds the leases. A run that fails is recorded
 (:attr:`BackgroundGc.failures`) and logged; the pipeline goes on.
 
-The runners call :meth:`BackgroundGc.batch_done` after each batch of any stage (``PipelineRunner``:
-each micro-batch of a stage's bounded query; ``ContinuousRun``: each micro-batch of a live stage),
-and with ``n=0`` for a run due by time (``PipelineRunner``: after each stage's timer flush;
-``ContinuousRun``: at its ticks), and give it their progress lines: a line when a run starts and
-one when it ends, saying what it did (:func:`summary`).
-``--gc-every`` (``deltawheel run``, ``deltawheel demo``) and ``gc_every=`` (``engine.run_pipeline``,
-``engine.start_pipeline``) take ``N`` (batches) or a duration (``30s``, ``10m``, ``1h``):
-:func:`parse_every`.
+The runners call :meth:`BackgroundGc.batch_done` after each batch of any stage, and with ``n=0``
+for a run due by time; ``--gc-every`` / ``gc_every=`` take ``N`` batches or a duration
+(:func:`parse_every`). docs/operations.md, "Garbage collection", "From the running pipeline".
 """
 
 from __future__ import annotations

@@ -6,26 +6,17 @@ every commit only adds to it. This pass removes a name from **every** interval's
 computation, in one fenced commit under the leases of all its intervals, when
 
 (a) every interval has run the file: its set holds it, or a commit in the rows table's log says
-    a batch that held the interval ran it (``ranlog.py``: read from where the last gc's read
-    ended, see there why that is the full read's evidence; the image path records a batch's
-    files only in the intervals it rewrote, those that had records; a shared batch's commit names
-    every interval it held, ``inputfiles.ran_of``), and
+    a batch that held the interval ran it (``ranlog.py``), and
 (b) the file is gone from its source: a Parquet injector's file from its folder (its full path read
-    from the query checkpoints' file source logs, ``_checkpoints/{pipeline}/{computation}/...``), a
-    stream table's data file from the table's folder (VACUUM).
+    from the query checkpoints' file source logs), a stream table's data file from the table's
+    folder (VACUUM).
 
-Why that is exact (the proof in docs/rescaling.md, "Bounded sets"): a gone file is listed as new
-input by no query again (names are never reused), so the skip rule never meets it; the catch-up
-leaves out a consumed position that is gone and in no interval's set (``SharedInput.missing``):
-by (a), after the pass exactly the pruned names (and names of files deleted before any interval
-ran them) are such positions. The same commit adds to each set the names the log says its interval
-ran (true facts: a set only ever holds names its interval ran), except a gone name no set holds
-(pruned before, or never recorded: adding it to some sets would make a later move of another
-interval refuse with ``InputGoneError``).
-
-Where a name's full path cannot be known (no local checkpoint logged it, a remote store) it stays.
-The commit goes through ``statestore/surgery/replace.py`` (hand-over from a running owner at a
-batch boundary, fence, recovery, one fenced commit, an audit row of tool ``gc``).
+The same commit adds to each set the names the log says its interval ran, except a gone name no
+set holds (adding it to some sets would make a later move of another interval refuse with
+``InputGoneError``). Where a name's full path cannot be known (no local checkpoint logged it, a
+remote store) it stays. Why that is exact: docs/rescaling.md, "Bounded sets". The commit goes
+through ``statestore/surgery/replace.py`` (hand-over, fence, recovery, one fenced commit, an
+audit row of tool ``gc``).
 """
 
 from __future__ import annotations

@@ -1,59 +1,23 @@
 """Garbage collection of a store's Delta tables (``deltawheel gc``).
 
 Passes, each reporting what it would remove (dry run, the default) or removed:
+``stream_retention``, ``metrics_retention``, ``late_data_retention`` /
+``dead_letter_retention``, ``compact``, ``paths``, ``vacuum``, ``log`` and ``replay_horizon``.
+The ZooKeeper passes (``zknodes.py``) and the rescaling input-file sets (``inputsets.py``)
+run after them. What each pass does: docs/operations.md, "Garbage collection".
 
-* ``stream_retention``: delete stream records older than a retention (by event
-  timestamp). Only run it for streams whose consumers are past that point. A record whose
-  production is still checkpointed in the rows (a restart may redeliver it) is kept until the
-  next batch of its interval cleared it (``streamretention.py``): a production is never
+Invariants:
+
+* A record whose production is still checkpointed in the rows is kept by
+  ``stream_retention`` until the next batch of its interval cleared it: a production is never
   delivered twice, whatever retention ran.
-* ``metrics_retention``: delete rows of the per-batch ``_metrics/batches`` table recorded
-  longer ago than a retention (default :data:`METRICS_RETENTION_HOURS`; ``None`` keeps all).
-  They are observability only (``deltawheel status`` and ``report`` read them); no batch
-  depends on them. Executors append to the table blindly, so this never conflicts with them.
-* ``late_data_retention`` / ``dead_letter_retention``: delete rows of ``late_data`` (records
-  later than the allowed lateness) and ``dead_letters`` (records the code could not process)
-  recorded (``recorded_ms``: when the batch routed them there) longer ago than a retention;
-  default ``None``, keep all (they are the only copy of what the pipeline dropped). No batch reads
-  them and replay re-reads the inputs, never these tables, so they do not count towards the replay
-  horizon; a batch that re-runs inserts only the record ids missing, so a re-run after the rows
-  were collected writes them again (a retention shorter than a batch is pointless, not unsafe).
-* ``compact``: ``OPTIMIZE`` every table (the rows table gets many small files
-  and deletion vectors from per-batch MERGEs). Data is unchanged; a concurrent
-  fenced commit that conflicts is retried by the store. Rewritten rows keep the id
-  of the commit that wrote them, which is what recovery decides "already
-  delivered" by (not the version that re-added their file).
-* ``paths``: re-record, in Delta's own form, the paths of live rows-table files that
-  older versions of the image write path recorded URL-quoted (``computation%3Dc/...``):
-  Delta's VACUUM does not recognise such a path as the file it names and deleted the live
-  file. The same files, remove + add in one commit (no data changes); before any VACUUM.
-  Like ``compact``, it re-adds files under a newer version, which recovery does not rely on.
-* ``vacuum``: ``VACUUM`` files no longer referenced, older than the retention. A
-  retention shorter than Delta's safety minimum (``delta.deletedFileRetentionDuration``,
-  168 h by default) is refused with :class:`VacuumRetentionError` unless ``force=True``:
-  a shorter one can delete files a concurrent writer or a reader of an older snapshot
-  still needs.
-* ``log``: checkpoint each table's Delta log at its newest version, and with a log retention
-  delete the log files before the newest checkpoint older than it (``logs.py``; local and ``s3a://``
-  stores).
-* ``replay_horizon``: what the retentions leave replayable: rows-table versions committed
-  within the shortest of the VACUUM, log and stream retentions. With ``keep_replay_ms`` (a
-  horizon the user asked to keep) a retention shorter than it is refused with
-  :class:`ReplayHorizonError` before anything changes.
-
-The ZooKeeper nodes of gone instances and finished replays: ``zknodes.py``; the rescaling
-input-file sets of the intervals' fence rows (``input_sets``, a fenced write under the leases of
-every interval): ``inputsets.py``. The command runs them after these passes (they need ZooKeeper).
-
-What GC never touches: rows of keys (dedup ids, checkpointed productions,
-window state) — those are only written under the owner's lease and fence: the
-executor trims dedup ids past ``Computation.dedup_retention`` (a processing
-time: on the image path in every row of an interval it rewrites, and it
-rewrites an interval holding expired ids even without records or due timers;
-on the MERGE path by running the rows that hold expired ids; reported as
-``BatchReport.ids_expired``), clears delivered
-checkpoints in the next commit, and windowed computations drop window state
-and timers at end + allowed lateness.
+* Rewritten rows (``compact``, ``paths``) keep the id of the commit that wrote them, which is
+  what recovery decides "already delivered" by (not the version that re-added their file).
+* A VACUUM retention shorter than Delta's safety minimum is refused with
+  :class:`VacuumRetentionError` unless ``force=True``; a retention shorter than
+  ``keep_replay_ms`` is refused with :class:`ReplayHorizonError` before anything changes.
+* What GC never touches: rows of keys (dedup ids, checkpointed productions,
+  window state) — those are only written under the owner's lease and fence.
 """
 
 from __future__ import annotations

@@ -1,34 +1,22 @@
 """What the rows table's log says each interval ran: the ``input_sets`` pass's evidence, read once.
 
-A commit of instances sharing a computation's intervals names the intervals its batch held and the
-batch's input files (``statestore/rowtable/inputfiles.py``, ``ran_of``): each of those intervals
-has run each of those files. That evidence lives only in the JSON commits of the rows table, one
-file per commit, so reading all of them (:func:`ran_in_log`) costs the table's whole history at
-every gc. The evidence only grows with the log (a commit is never changed), so ``deltawheel gc
---apply`` keeps what it read in the store, ``<store>/_gc/ran_in_log.json`` (:func:`save_ran`): the
-evidence of the commits up to version ``upto`` and a fingerprint of that commit (the SHA-256 of its
-JSON). The next gc (:func:`read_ran`) starts from it and opens only the commits after ``upto``.
+A commit of instances sharing a computation's intervals names the intervals its batch held and
+the batch's input files (``ran_of``): each of those intervals has run each of those files.
+:func:`ran_in_log` reads every JSON commit; ``deltawheel gc --apply`` keeps what it read in
+``<store>/_gc/ran_in_log.json`` (:func:`save_ran`: the evidence up to version ``upto`` and the
+SHA-256 of that commit), and the next gc (:func:`read_ran`) opens only the commits after it.
 
-Why the result is the full read's:
+Why the result is the full read's (docs/rescaling.md, "Bounded sets"):
 
 * **Valid only for the same log.** The saved evidence is used when commit ``upto`` is still in the
-  log with the same bytes; a rows table made again, a store restored from an older copy, a
-  ``upto`` newer than the log, a JSON commit cleaned up meanwhile, an unreadable or unknown file:
-  the full read instead (and a new file from it). Delta's log only appends, so the commits up to
-  ``upto`` are the ones read then, and evidence plus the commits after ``upto`` is the full read's
-  evidence. Once a log clean-up dropped commits the saved evidence still holds theirs: true facts
-  (an interval ran a file whoever reads the log later), as ``deltawheel gc`` keeps the evidence it
-  read before its own log clean-up.
-* **Forgetting pruned names.** A name gc dropped from every set of a computation (its file gone,
-  every interval ran it) is left out of that computation's saved evidence after the commit
-  succeeded: such a name is in no set afterwards and no later commit records it (its file is
-  gone; docs/rescaling.md, "Bounded sets", 1.), so the pass adds it to no set
-  (:func:`~deltawheel.gc.inputsets.with_ran` skips a gone name no set holds) and never drops it
-  again: the evidence of it decides nothing. What is kept is bounded by the names the sets hold
-  and the files still in their source.
+  log with the same bytes; otherwise (a table made again, a store restored, a commit cleaned up,
+  an unreadable or unknown file) the full read instead. Delta's log only appends, so evidence
+  plus the commits after ``upto`` is the full read's evidence.
+* **Forgetting pruned names.** A name gc dropped from every set of a computation is left out of
+  that computation's saved evidence after the commit succeeded: it is in no set afterwards and
+  no later commit records it, so the evidence of it decides nothing.
 
-Local stores only, as the evidence read itself (a remote table's log is not read here: no name is
-dropped there). The file carries a format version; another one is not read (the full read
+Local stores only. The file carries a format version; another one is not read (the full read
 instead). Two gc runs writing it at once each write a valid one (written aside, then renamed).
 """
 

@@ -7,17 +7,10 @@ come go into one small Parquet file, written under a hidden name and renamed int
 continuous runner (``engine.start_pipeline``), the injector's schema given up front
 (:class:`LiveQueries`) so the run starts on an empty folder.
 
-Every ``every_s`` a :class:`.monitor.StageMonitor` prints one line per stage: records made durable per
-second, watermark lag (now minus the stage's published low watermark) and latency p50/p99 over the
-interval. Latency is measured from a record's arrival *at the stage* to the commit of the rows-table
-transaction of the batch that processed it (its state, dedup id and checkpointed productions
-durable): for ``window_counter`` the arrival is its file's rename; for ``model`` and ``detector``
-(whose records are panes and predictions, each made from many events, so no single event's arrival
-is traceable) the Delta commit of the upstream delivery that made the record readable. Everything
-is read from files: the generator's rename log, the queries' checkpoints (which files and which
-stream-table versions each micro-batch read, when it finished), the Delta logs of the rows table
-(commit times of the batches, by the commit id in ``userMetadata``) and of the stream tables. Local
-stores only.
+Every ``every_s`` a :class:`.monitor.StageMonitor` prints one line per stage: records made durable
+per second, watermark lag and latency p50/p99, all read from files (the rename log, the queries'
+checkpoints, the Delta logs); local stores only. What each figure measures: docs/continuous.md,
+"The demo, live".
 
 With ``seconds``, the input ends after that long: the injector's watermark is moved to the end of
 the window holding the last event (the end of this run's event time), every stage drains what is

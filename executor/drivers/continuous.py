@@ -2,46 +2,16 @@
 
 :class:`ContinuousRun` (``engine.start_pipeline``, ``engine.run_pipeline(..., continuous=True)``,
 ``deltawheel run``) starts, in one Spark application, one unbounded query per computation of a
-:class:`~.pipeline.Pipeline`: over its injectors' streams and the stream tables of the computations
-producing its other inputs (Delta's streaming source), with their watermarks as its upstream
-(``injector:NAME``, ``computation:NAME``), each query on its own trigger (:class:`Trigger`: as fast
-as possible, or a processing-time interval). The stream tables a computation reads are created up
-front, so any stage can start first; the checkpoints are the bounded runner's
-(``<store>/_checkpoints/<pipeline>/<computation>``), so a bounded and a continuous run of one
-pipeline take over from each other.
+:class:`~.pipeline.Pipeline`, each on its own :class:`Trigger`. The checkpoints are the bounded
+runner's, so a bounded and a continuous run of one pipeline take over from each other. Beside
+the queries: ticks for idle stages, tools' hand-overs (``handover.py``), instances
+(``sharing.py``) and background gc (``gc/background.py``).
 
-Watermarks between live stages. A downstream batch must never act on an upstream computation's
-low watermark beyond what its micro-batch read: the upstream delivers its productions before its
-low watermark passes them, so a watermark read *before* the query takes its snapshot of the stream
-table (Spark plans the next micro-batch only after ``foreachBatch`` returned) covers rows the batch
-holds. The runner reads it at the end of each batch (and before the query starts) and caps the
-next batch with it (:attr:`.ComputationExecutor.upstream_caps`); a batch Spark replays after a
-restart (planned by the process that died) acts with no computation watermark at all (only its
-lateness mark counts). While a query is idle a *tick* fires what became due (processing-time
-timers; event-time timers once the upstream's watermark moved): it uses an upstream's newest
-watermark only when the query's last progress shows it read every version of the upstream's
-stream table that existed after that watermark was read (local stores), else the cap its last
-batch acted on. The computation's own low watermark is held at that cap (:attr:`input_hold_ms`):
-its unread input counts as its oldest work, as in MillWheel.
-
-Stopping (:meth:`ContinuousRun.stop`, SIGTERM or Ctrl-C in :meth:`ContinuousRun.run_until_stopped`):
-the ticks end, each query stops after the batch in flight (a batch Spark begins meanwhile is refused
-before it does anything, and runs again at the next start), then every executor settles its
-delivery and gives its leases back, and one line says what was done. A SIGKILL leaves the
-checkpoints and the rows as after a crash: the same command resumes exactly-once.
-
-Tools (``deltawheel promote`` / ``repair``) get a stage's intervals at its next batch boundary: a
-watch on their hand-over request wakes the run, the batch in flight (or the tick, when none runs)
-gives the leases back and takes them again as soon as the tool's request is gone (``handover.py``).
-
-Instances (``instance=``): several processes share the intervals as bounded instances do; the
-membership and the moves are ``sharing.py``'s, called before each batch and at each tick.
-
-Background gc (``background_gc=``, ``engine.start_pipeline(..., gc_every=...)``, ``deltawheel run
---gc-every``): every batch of any stage is counted (:meth:`BackgroundGc.batch_done`, also at the
-ticks, for a run due by time while the stages are idle); a due run of gc's safe Delta passes starts
-in a driver thread and no stage waits for it (``gc/background.py``). Its start and end are progress
-lines; :meth:`ContinuousRun.stop` waits for a run in progress after the stages stopped.
+Invariant: a downstream batch must never act on an upstream computation's low watermark beyond
+what its micro-batch read. The runner reads it at the end of each batch (and before the query
+starts) and caps the next batch with it (:attr:`.ComputationExecutor.upstream_caps`); the
+computation's own low watermark is held at that cap (:attr:`input_hold_ms`).
+docs/continuous.md, "Watermarks between live stages" and "Stopping".
 
 Over 500 lines: the lifecycle, one stage's batch and the ticks share the stages' locks and caps;
 split, each part would reach into the others' state.

@@ -3,30 +3,21 @@
 :func:`promote` on a shadow store made by ``deltawheel replay`` (``replay.py``), in phases (a
 :class:`~deltawheel.statestore.surgery.timeline.Timeline` records them; ``--verbose`` prints it):
 
-1. **Check** everything that can be checked while the pipeline runs: the shadow store is a replay
-   of this store, pipeline and computation (:func:`check_replay`), the intervals, the catch-up's
-   input (the live pipeline's injectors for a computation fed by one, ``injectors=``), the live
-   commits it must re-run (their input positions, their files), that it re-ran every live commit
-   up to where it reached (``promote_checks.py``), no other tool at work. A refusal changes
-   nothing and the live stage never paused.
-2. **Catch up before the hand-over**: the replay is continued (``replay_run.py``, the same shadow
-   folder and code) over the live commits it has not run, while the pipeline runs on.
-3. **Take the leases** of the intervals (``statestore/surgery/``): the running pipeline finishes
-   its batch in flight, hands the intervals over at that batch boundary and waits; ``wait_s``
-   bounds the wait, ``no_wait`` refuses at once while an owner is live. The old owner's
-   checkpointed productions are delivered first.
-4. **Catch up under the leases**: the few live commits made since step 2 (the in-flight batch),
-   through the replay's executor still open; then **prove** that the replay re-ran every live
-   commit of the intervals up to the version it replaces (``promote_checks.prove_caught_up``:
-   :class:`ReplayBehindError` otherwise). ``catch_up=False`` refuses a replay that is behind instead.
-5. **Replace** the live rows of the computation with the shadow store's (state, timers, pending
-   productions not yet delivered in the shadow store; the live rows' record ids kept) in one fenced
-   commit with the tool's sequencers, give the leases back: the pipeline takes them again and goes
-   on from the promoted state. Then the audit record. Outputs the live pipeline delivered stay as
-   they are. A key whose replayed row equals its live row is not written.
+1. **Check** everything that can be checked while the pipeline runs (:func:`check_replay`,
+   ``promote_checks.py``). A refusal changes nothing and the live stage never paused.
+2. **Catch up before the hand-over**: the replay is continued (``replay_run.py``) over the live
+   commits it has not run, while the pipeline runs on.
+3. **Take the leases** of the intervals (``statestore/surgery/``) at the pipeline's next batch
+   boundary. The old owner's checkpointed productions are delivered first.
+4. **Catch up under the leases**, then **prove** that the replay re-ran every live commit of the
+   intervals up to the version it replaces (``promote_checks.prove_caught_up``:
+   :class:`ReplayBehindError` otherwise).
+5. **Replace** the live rows of the computation with the shadow store's in one fenced commit with
+   the tool's sequencers (the live rows' record ids kept), give the leases back; then the audit
+   record. Outputs the live pipeline delivered stay as they are.
 
-:func:`plan_promote` is the dry run (``--plan``): what would be caught up and which keys would
-change, against the shadow store as it is now; no lease taken, nothing written.
+:func:`plan_promote` is the dry run (``--plan``): no lease taken, nothing written.
+docs/replay.md, "6. Promote", says each phase in full.
 """
 
 from __future__ import annotations

@@ -19,26 +19,12 @@ A replay of computation C of a live store, from rows-table version V up to versi
    against the live store as of W (the same input position), and the productions of the replayed
    batches in both; ``deltawheel diff`` of the two stores makes the same comparison.
 
-(The inputs, Kafka, shared-interval, marker and diff parts are in ``replay_inputs.py``,
-``replay_kafka.py``, ``replay_shared.py``, ``replay_marker.py`` and ``replay_diff.py``; the open
-replay that re-runs the batches, also kept open by ``promote``, in ``replay_run.py``.)
-
 The live store is only read: no lease of the live pipeline is taken, nothing is written there.
-The replayed code is the live class or the one ``--code`` names (:func:`load_code`), under the
-same computation name.
 
-Inputs: stream tables are read from the live store by file (``{stream}/{file}``); a Parquet (or
-generator) injector's files need the injector (``injectors=``; the command line takes them from
-the live pipeline, ``--source MODULE:PIPELINE``).
-
-Job instances sharing the intervals (``replay_shared.py``): each batch runs over the intervals its
-live instance held (an executor holding them), the seed carries every instance's lateness mark,
-and a batch drops the records its live run skipped (intervals moved between instances: the skip
-rule's sets rebuilt from the commit log).
-
-Some intervals (``intervals=`` / ``keys=``, :func:`replay_scope`): the seed holds only their rows,
-the executor owns only them (it processes only their records, as a job instance owning some
-intervals does), the diff compares only them (or only the keys).
+The parts: ``replay_inputs.py``, ``replay_kafka.py``, ``replay_shared.py`` (job instances
+sharing the intervals), ``replay_marker.py``, ``replay_diff.py``, and ``replay_run.py`` (the open
+replay, also kept open by ``promote``). The replayed code (:func:`load_code`), the inputs, shared
+intervals and some intervals (:func:`replay_scope`): docs/replay.md.
 """
 
 from __future__ import annotations

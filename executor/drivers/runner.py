@@ -8,32 +8,14 @@ computations produce), feeding a :class:`ComputationExecutor` through
 available (``trigger(availableNow=True)``, no per-trigger limit on stream
 tables, so a downstream batch holds all its upstream delivered before its
 watermark was read); then timers are flushed; rounds repeat until nothing
-moves. A later round starts no query for a computation whose inputs all show
-the same token as when its last query started (an injector's
-``input_token()``, a stream table's newest version; local stores), since
-there is nothing new for it to read. Checkpoints live in the store, so re-running the same command after a
+moves. Checkpoints live in the store, so re-running the same command after a
 crash resumes where the last commit left off.
 
-A computation whose one input is a Parquet injector that offers a ``direct_source()`` (a local or ``s3a://``
-folder, columns of plain types) and that keys by the injector's key column has its files read by the image tasks
-themselves (``tasks/image/direct.py``; ``direct_read=False`` turns it off): the runner builds that query's
-frame, so it knows the frame is exactly the injector's stream.
-
-Between rounds a computation whose intervals a tool asked for (``deltawheel promote`` / ``repair``:
-``statestore/zk/handover.py``) hands them over: its executor settles its delivery and gives its leases
-back, the runner waits until the tool's request is gone, then starts it again on the same intervals
-(fence, recovery: the tool's rows). Job instances sharing intervals leave the requested ones out of
-their share meanwhile.
-
-Background gc (``background_gc=``, ``engine.run_pipeline(..., gc_every=...)``, ``deltawheel demo
---gc-every``): every micro-batch of any stage's query is counted (:meth:`BackgroundGc.batch_done`),
-and a run due by time is looked at after each stage's timer flush too, as the continuous runner
-does; a due run of gc's safe Delta passes starts in a driver thread beside the batches
-(``gc/background.py``), and the run waits at its end for one in progress.
-
-The runner's ZooKeeper client, leases, watermark authority, row store, interval owners and
-executors are composed by ``wiring.py``: an engine's :class:`~.wiring.Wiring`
-(``engine.run_pipeline``), or one the runner opens from its ``zk`` and closes at the end.
+Also here: the direct read of a Parquet injector's files by the image tasks
+(``tasks/image/direct.py``; the runner builds that query's frame, so it knows the frame is
+exactly the injector's stream), tools' hand-overs between rounds (``statestore/zk/handover.py``)
+and background gc (``gc/background.py``). The collaborators are composed by ``wiring.py``.
+docs/embedding.md, "Rounds" and "Direct read"; docs/operations.md, "Garbage collection".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps on one micro-batch.
 
-:meth:`BatchProtocol.run` runs the steps once, whatever the write path; the write path
-(``statestore/writepath``: the image path or the MERGE path, picked by ``write_path`` from
-``tasks/paths.py``) makes every write of the rows and stream tables, and its user job
-(``tasks/job.py``) runs steps 2-4 in Spark tasks. The executor around it
-(:class:`~.executor.ComputationExecutor`, ``executor.py``) starts, settles and stops. The steps,
-as the body's ``# Step N`` comments number them:
+:meth:`BatchProtocol.run` runs the steps once, whatever the write path
+(``statestore/writepath``), which makes every write of the rows and stream tables; its user job
+(``tasks/job.py``) runs steps 2-4 in Spark tasks. The steps, as the body's ``# Step N`` comments
+number them:
 
 1. Check the leases of the owned intervals (a lost ZooKeeper session stops the
    batch before anything happens; while the connection is suspended -- a server
@@ -36,24 +34,12 @@ as the body's ``# Step N`` comments number them:
 Steps 3-5 (with step 2's dedup in the tasks) run again, at most :data:`STALE_VIEW_ATTEMPTS`
 times, while the write path's view of the rows went stale (:func:`retry_stale_view`).
 
-Weak productions (``strong_productions = False``) are appended to their
-streams before step 5, without a checkpoint, by a thread the batch waits on
-for ``straggler_timeout_s``. A delivery still running then is a *straggler*
-(MillWheel's straggler checkpointing): the batch checkpoints its productions
-in the rows after all (``UserJob.checkpoint``: the image path runs the batch's user code
-once more, the MERGE path writes the productions it already has into ``pending``),
-commits and goes on; the low watermark is held at the straggled productions
-until the next batch has *settled* the straggler (joined it, and redelivered
-from the checkpoint if it failed) before its commit clears the checkpoint.
-
-Where the write path allows it (``deliver_in_background``: the image path) step 6 is
-asynchronous: the productions are checkpointed in the committed rows, so the batch returns
-once their delivery has started, and the next batch's user code overlaps it. The low
-watermark is held at the undelivered productions meanwhile, and the delivery is *settled*
-like a straggler (joined; redelivered from the checkpoint if it failed) before the next
-commit clears that checkpoint, before a timers-only batch decides it has nothing to do, and
-on ``settle()`` / ``stop()``. Both kinds of open delivery are kept by
-:class:`~deltawheel.executor.protocol.inflight.InFlight`.
+Open deliveries (:class:`~deltawheel.executor.protocol.inflight.InFlight`): a weak production's
+*straggler*, and step 6 run in the background where the write path allows it
+(``deliver_in_background``). Each holds the low watermark at its productions and is *settled*
+(joined; redelivered from the checkpoint if it failed) before the next commit clears that
+checkpoint, before a timers-only batch decides it has nothing to do, and on ``settle()`` /
+``stop()``: docs/embedding.md, "Productions and their delivery".
 
 A crash between or inside any steps followed by a restart (``WritePath.acquire``:
 recovery + redelivery of checkpointed productions, then Spark replaying the batch) gives

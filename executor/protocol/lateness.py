@@ -18,11 +18,9 @@ A Spark batch is recognised by its id: a new checkpoint location (which numbers
 batches from 0 again) should start on a new store, or its first batch may be
 taken for a replay of the old query's last committed batch of the same id.
 
-The mark also records the watermarks of the injectors feeding the batch as its step 7
-publishes them (:attr:`ActedMark.injectors`: the larger of the value the batch read and the
-estimate after its records). They are ZooKeeper's, but a ZooKeeper that lost its data is
-re-seeded with them (:func:`recorded_injector_watermarks`, ``deltawheel reseed``): the next
-batch then runs under the watermark it would have read from the ZooKeeper that was lost.
+The mark also records the injectors' watermarks as the batch's step 7 publishes them
+(:attr:`ActedMark.injectors`), which ``deltawheel reseed`` restores
+(:func:`recorded_injector_watermarks`). docs/late-data.md.
 """
 
 from __future__ import annotations

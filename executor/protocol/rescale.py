@@ -1,20 +1,10 @@
 """Intervals that move between job instances: exact input positions, the skip rule and catch-up.
 
-Several instances (separate Spark applications) may share a computation's intervals; each reads
-the whole input with its own streaming query (its checkpoint: ``_checkpoints/{pipeline}/{comp}/
-{instance}``) and processes the records of the intervals it holds. When an interval moves from
-A to B, B's input position is not the interval's committed one. Positions are kept exactly, at
-file granularity: each interval's fence row holds the input *positions* committed for it
+Several instances share a computation's intervals, each reading the whole input with its own
+streaming query. Each interval's fence row holds the input *positions* (immutable files: a
+Parquet injector's file, a stream table's data file) committed for it
 (``statestore/rowtable/inputfiles.py``), added by the same transaction as the batch's rows, on
-both write paths. A position is an immutable file of an input:
-
-* a Parquet injector's file (also a :class:`GeneratorInjector`'s): its name, as Spark's file
-  source reads whole files per micro-batch (the record's ``commit_id`` names it);
-* a Delta stream table's data file (the productions of an upstream computation):
-  ``{stream}/{file name}`` (Spark's ``input_file_name()`` of the record; Delta's data files are
-  never changed, and a delivery adds its files with ``dataChange=true`` in one version).
-
-Two rules make a move exact:
+both write paths. Two rules make a move exact:
 
 * **Skip**: a record of interval I (by the computation's key extractor, the key the executor
   uses) whose position is in I's set was processed by an earlier owner; it is dropped before
@@ -22,29 +12,11 @@ Two rules make a move exact:
 * **Catch-up**: on taking intervals, the positions B's own query already consumed (committed
   batches only) that are missing from a taken interval's set are read as a batch and processed
   for that interval only (the skip rule, applied to them) before B's next regular batch. That
-  covers B *ahead*. What a query consumed: its checkpoint's file source log (``sources/0``, a
-  computation reading one Parquet injector only) and the positions log this module keeps beside
-  it (``dw_positions/{batch}``: a batch's positions, written before the batch runs, counted
-  once ``commits/{batch}`` exists).
+  covers B *ahead*.
 
-Stream-table maintenance: ``deltawheel gc``'s ``compact`` rewrites a stream table's files into
-new ones (``dataChange=false``). A running Delta streaming query ignores such files, and the
-queries of instances read the table's change log from its first version (``startingVersion``
-0, never a snapshot), so they only ever see the files deliveries added: a rewritten file never
-looks new. A catch-up reads the original files by path; VACUUM removes them after its
-retention (168 h at least through ``deltawheel gc``): a catch-up needing one then fails with
-:class:`InputGoneError`, and a new instance's query fails at its start.
-
-Bounded sets: ``deltawheel gc`` drops from every interval's set, in one fenced commit, the names
-every set holds whose file is gone from its source (``gc/inputsets.py``). The catch-up leaves
-out a consumed position that is gone and in no interval's set (pruned, or deleted before any
-interval ran it); a gone one some set holds is refused (:class:`InputGoneError`).
-
-Refused (:class:`ConfigError`): several Parquet injectors, and any other injector (a
-:class:`DeltaTableInjector` reads a user's table, whose maintenance deltawheel does not control).
-
-:class:`SharedInput` is also what replay's positions are read through (a Parquet file log, stream
-tables, Kafka ranges, and Kafka beside files); the checkpoint's logs are read in ``querylog.py``.
+:class:`SharedInput` is also what replay's positions are read through; the checkpoint's logs
+are read in ``querylog.py``. Positions, stream-table maintenance, bounded sets and what is
+refused: docs/rescaling.md, "The hazard, and how a move stays exact".
 """
 
 from __future__ import annotations

@@ -4,26 +4,13 @@ An injector exposes its input as a *streaming DataFrame in the stream-table
 schema* (:func:`deltawheel.statestore.writepath.streams.stream_schema_ddl`): ``value`` is
 a JSON object of the source's columns (codec ``json``), ``record_id`` is unique
 and the same on every re-run, ``timestamp_ms``/``event_time`` carry the event
-time, ``producer`` the injector's name and ``commit_id`` the source position
-(e.g. ``file=part-00003.parquet#row=17``; dead letters quote it).
+time, ``producer`` the injector's name and ``commit_id`` the source position.
 
-The executor drives the watermark at the end of every micro-batch::
-
-    injector.observe(BatchStats.of(batch_df))   # or BatchStats(count, min_ms, max_ms)
-    publish_watermark(authority, injector, sequencer=seq)
-    ...
-    injector.finish()                            # an availableNow query ended: input exhausted
-    publish_watermark(authority, injector, sequencer=seq)
-
-Estimates (records an injector emits behind its published watermark are
-late; the authority keeps published values monotonic anyway):
-
-* :class:`ParquetInjector`, :class:`DeltaTableInjector`: *max event time seen
-  minus a declared bound* (``watermark_delay_ms``), like Spark's
-  ``withWatermark``; :data:`END_OF_TIME` after :meth:`finish`.
-* :class:`GeneratorInjector`: the same with the generator's exact disorder
-  bound (``max_disorder_ms``); :data:`END_OF_TIME` once the batch holding its
-  last file was observed (or after :meth:`finish`).
+The executor drives the watermark at the end of every micro-batch
+(:meth:`Injector.observe`, :func:`publish_watermark`; :meth:`Injector.finish` when the input is
+exhausted). Records an injector emits behind its published watermark are late; the authority
+keeps published values monotonic anyway. The estimates (bound, exact, percentile):
+docs/injector-watermarks.md; the sources: docs/sources.md.
 
 This module holds the contract (:class:`Injector`, :class:`BatchStats`, :func:`publish_watermark`)
 and what the table injectors share; the injectors themselves are in :mod:`.parquet`,

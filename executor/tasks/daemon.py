@@ -1,40 +1,19 @@
 """Spark's Python daemon with the task modules loaded before it forks workers.
 
-Spark starts one daemon per executor (``python -m pyspark.daemon``) and forks a Python
-worker from it for each task slot; a worker left idle for a minute is killed, and the next
-batch forks a fresh one. A fresh worker imports pyarrow, numpy and the image task's modules
-on its first task (~0.5 s of CPU each, on every worker at once): a whole extra second on the
-first batch of a query that follows a pause. ``spark.python.daemon.module`` set to this
-module (``sparkenv`` does) imports them once in the daemon, so every forked worker starts
-with them loaded. A module that fails to import is skipped (the worker imports it itself);
-a preload that started a Python thread stops the daemon with a message naming the setting to
-unset, since a fork copies only the forking thread. (numpy and pyarrow start native threads —
-OpenBLAS, jemalloc's background thread — which have their own fork handlers.)
+``spark.python.daemon.module`` set to this module (``sparkenv`` does) makes the daemon, before
+it forks a worker per task slot:
 
-The daemon also freezes the finders of Spark's own zip archives (:func:`.worker.freeze_spark_zips`)
-before it forks: PySpark's worker calls ``importlib.invalidate_caches()`` before every task, which
-on Python 3.11 re-reads each archive's whole directory (~0.1–0.15 s of CPU). The task functions
-freeze them too, but only once they run, so without this a fresh worker's first task paid it.
+- import pyarrow, numpy, pandas and the image task's modules once, so that every forked worker
+  starts with them loaded. A module that fails to import is skipped (the worker imports it
+  itself); a preload that started a Python thread stops the daemon with a message naming the
+  setting to unset, since a fork copies only the forking thread;
+- freeze the finders of Spark's own zip archives (:func:`.worker.freeze_spark_zips`);
+- move every object it holds into the collector's permanent generation (``gc.freeze()``), so
+  PySpark's ``gc.collect()`` after each task skips them;
+- set ``ARROW_DEFAULT_MEMORY_POOL=system`` unless the variable is set already; after each task
+  the worker returns the C heap's free pages to the system (``malloc_trim``).
 
-Last, the daemon moves every object it holds then into the collector's permanent generation
-(``gc.freeze()``, as Python's documentation advises before forking): PySpark's daemon runs a full
-``gc.collect()`` in a reused worker after every task, which otherwise walks all the preloaded
-modules' ~50,000 objects each time (on the benchmark's ``medium`` batches ~9 % of a worker's CPU,
-~70 ms per task on a loaded machine, beside the other task and the driver's commit), and writes
-to their headers, copying the daemon's shared pages into each worker. Frozen objects are still
-freed by reference counting; only a reference cycle made of them alone would stay (module-level
-objects that live as long as the worker anyway).
-
-Memory (docs/performance.md, "Memory"), three settings of the workers:
-
-- Arrow's buffers come from the C library's allocator (``ARROW_DEFAULT_MEMORY_POOL=system``, set
-  here unless the variable is set already): pyarrow's default, mimalloc, kept ~45-90 MiB more per
-  worker of freed pages resident between and during tasks, for no measurable time.
-- ``pandas`` is preloaded: pyarrow imports it in every worker on the first ``pa.scalar`` of a task
-  (its pandas shim), ~36 MiB per worker; imported once here, the workers share its pages.
-- After each task the worker returns the C heap's free pages to the system (``malloc_trim``): an
-  idle worker (Spark keeps one alive for a minute,
-  beside the next query's) holds its live data only, not the last task's peak.
+Why, and the figures: docs/performance.md, "Python worker start" and "Memory".
 """
 
 from __future__ import annotations

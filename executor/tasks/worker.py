@@ -1,38 +1,18 @@
 """Per-task overhead of PySpark's Python workers that deltawheel's tasks remove.
 
-PySpark runs ``importlib.invalidate_caches()`` at the start of a task
-(``pyspark.worker_util.setup_spark_files``): before every task up to pyspark 4.0,
-since 4.2 only when the task adds an entry to ``sys.path`` (a fresh worker's first
-task, or new ``pyFiles``). On Python 3.11 a
-``zipimporter``'s ``invalidate_caches`` re-reads its whole archive directory,
-and the workers import pyspark from ``$SPARK_HOME/python/lib/pyspark.zip``
-(1,200 files): one zipimporter per imported subpackage, so every task re-read
-that directory ~16 times — 0.25-0.3 s per task, measured on a trivial
-two-task job on pyspark 4.0 (0.35-0.4 s -> 0.1 s). That was per Python stage,
-i.e. per micro-batch; on pyspark 4.2 one invalidation with the archives unfrozen
-costs ~170 ms, frozen 0.1 ms (docs/versions.md).
+- :func:`freeze_spark_zips` wraps the finders of Spark's own archives
+  (``pyspark.zip``, ``py4j-*-src.zip``, the ``spark-core_*.jar``; they never change while a
+  worker lives) so that PySpark's ``importlib.invalidate_caches()`` before a task skips them;
+  everything else (user ``pyFiles`` zips, folders) is invalidated as before. The task
+  functions call it first thing (``daemon.py`` before it forks).
+- :func:`warm_workers` starts one trivial Python task per task slot in a background thread, so
+  the Python workers are forked while the driver is still taking leases and planning its first
+  query, not on the first micro-batch.
+- :func:`one_worker_pool` gives the session's RDD tasks the environment Spark gives its SQL
+  Python tasks (``SPARK_SIMPLIFIED_TRACEBACK=1``), so that one pool of Python workers serves
+  both. The variable only shortens the tracebacks of errors in user code to the user's frames.
 
-:func:`freeze_spark_zips` wraps the finders of Spark's own archives
-(``pyspark.zip``, ``py4j-*-src.zip`` and the ``spark-core_*.jar`` that Spark
-also puts on the workers' path, 15 MB; they never change while a worker
-lives) so that invalidation skips them; everything else (user ``pyFiles``
-zips, folders) is invalidated as before. The task functions call it first
-thing; the task that runs it pays one last re-read, the following ones none. (deltawheel's
-daemon, ``daemon.py``, freezes them before it forks, so that even a fresh worker's first task
-skips the re-read.)
-
-:func:`warm_workers` starts one trivial Python task per task slot in a background thread, so that
-the Python workers are forked (and their first-task costs paid) while the driver is still taking
-leases and planning its first query, not on the first micro-batch.
-
-:func:`one_worker_pool` gives the session's RDD tasks (the image path's direct and timers-only
-tasks) the environment Spark gives its SQL Python tasks (``mapInArrow``: the warm-up, the shuffled
-image tasks). Spark keeps one pool of Python workers (a daemon and its forked workers) per
-environment, and adds ``SPARK_SIMPLIFIED_TRACEBACK=1`` to the SQL tasks' when
-``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` is on (the default): without the
-same variable on the RDD tasks, a run kept two pools (two daemons, two sets of workers, ~130 MiB
-more on 2 cores) and the warm-up warmed the pool the image tasks did not use. The variable only
-shortens the tracebacks of errors in user code to the user's frames.
+Why, and the figures: docs/performance.md, "Python worker start" and "Memory"; docs/versions.md.
 """
 
 from __future__ import annotations

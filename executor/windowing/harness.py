@@ -18,12 +18,8 @@ Rows go to and come from a :class:`Backend` (:class:`MemoryBackend`: a dict;
 the Delta store behind the same protocol); the productions of each run are
 delivered at once (the row's ``pending`` is cleared, as the executor does
 after delivery). Panes and dropped elements come back in the format's output
-shape (seconds, ``after_step``).
-
-Example::
-
-    out = run_scenario(Path("tests/scenarios/s102_default_perfect.json"))
-    assert_panes_equal(out, json.loads(path.read_text())["expected"])
+shape (seconds, ``after_step``). Usage: docs/windowing.md, "Testing your pipeline: the scenario
+harness".
 """
 
 from __future__ import annotations

@@ -9,32 +9,8 @@ watermark trigger's on-time firing happened (1).
 
 Every node implements ``on_element``, ``should_fire``, ``on_fire``,
 ``clear`` and ``on_merge``, called by :mod:`windowed` after every element
-and on every timer of a window, as Beam's ``TriggerStateMachine`` is:
-
-* :class:`AfterWatermark` fires when the watermark reaches the window end
-  (``watermark >= end``); its early and late subtriggers repeat (as Beam's
-  ``Repeatedly``). Without late firings it finishes after the on-time
-  firing, closing the window (later data: ``window_closed``).
-* :class:`AfterCount` fires once ``n`` elements are in the pane;
-  :class:`AfterProcessingTime` fires ``delay`` after the first element of
-  the pane; both finish when they fire.
-* :class:`Repeatedly` resets its subtrigger whenever it finishes; never finishes.
-* :class:`AfterAny` fires when any subtrigger can, :class:`AfterAll` when
-  all unfinished subtriggers can; both fire once and finish (Beam's
-  ``AfterFirst`` / ``AfterAll`` are once-triggers: wrap them in
-  ``repeatedly`` to repeat). :class:`AfterEach` runs its subtriggers in
-  sequence, finishing after the last.
-* :class:`OrFinally` fires when its trigger can; when ``finally`` can fire it
-  fires and finishes for good.
-* :class:`Always` fires after every element (``repeatedly(after_count(1))``);
-  :class:`Never` never fires (only the window's expiry emits its pane).
-* :class:`DefaultTrigger` is Beam's default, ``Repeatedly.forever(AfterWatermark.pastEndOfWindow())``:
-  it fires whenever the watermark is at or past the window end (ON_TIME, then a LATE pane for every
-  evaluation with new elements within the allowed lateness) and never finishes.
-* Merging (sessions): counts add up, processing-time targets take the
-  earliest, finished flags are or-ed; the watermark trigger is back in its
-  early phase unless all merged windows were past it and the merged window's
-  end is reached (Beam's ``AfterWatermarkEarlyAndLate.onMerge``).
+and on every timer of a window, as Beam's ``TriggerStateMachine`` is.
+What each trigger does, and how triggers merge: docs/windowing.md, "Triggers".
 """
 
 from __future__ import annotations

@@ -5,69 +5,15 @@ everything it keeps lives in the key's state and its timers, so it has
 the executor's exactly-once guarantees, and window GC is visible in the rows
 table (a collected window's entry and timers are gone from the key's row).
 
-Example::
+Panes go to ``output`` (:meth:`~deltawheel.executor.windowing.panes.Pane.to_dict`) with the
+production timestamp = the window end; dropped elements go to ``<output>_dropped``.
+The key's state is ``{"v": 1, "w": {"<start>,<end>": {...}}}`` (version ``v``; ``"*"`` for
+the global window), encoded with the computation's codec.
+Timers per window: event time ``w:<wid>``, processing time ``p:<wid>``.
 
-    counts = windowed(name="team_scores", inputs={"scores": "team"}, output="panes",
-                      windowing=FixedWindows(120_000),
-                      trigger=AfterWatermark(early=AfterProcessingTime(60_000), late=AfterCount(1)),
-                      allowed_lateness_ms=60_000, accumulation="accumulating",
-                      combine="sum", value=lambda v: v["score"])
-
-Panes go to ``output`` as dicts (:meth:`~deltawheel.executor.windowing.panes.Pane.to_dict`,
-times in ms) with the production timestamp = the window end (the pane
-output-timestamp rule: *end of window*). Dropped elements go to
-``<output>_dropped`` as ``{key, value, event_time, window_start, window_end,
-reason}`` with reason ``too_late`` (at arrival, watermark >= end + allowed
-lateness) or ``window_closed`` (the window's trigger finished).
-
-State layout (version ``v``; encoded with the computation's ``codec``, json by default)::
-
-    {"v": 1, "w": {"<start>,<end>": {      # "*" for the global window
-        "a": <accumulator>,               # absent = combine.create()
-        "n": <elements since the last pane>,
-        "i": <panes emitted so far>,
-        "e": 1,                           # the watermark passed the end (ON_TIME evaluation done)
-        "l": <last emitted value>,        # accumulating_and_retracting only
-        "r": [["<wid>", <value>], ...],   # merged-away sessions' panes still to retract
-        "t": [{...}, ...],                # trigger node states, pre-order (see triggers.py)
-        "x": 1                            # closed: the trigger finished; kept until GC
-    }}}
-
-Timers per window: event time ``w:<wid>`` at ``end - 1`` (fires when the
-watermark reaches ``end``), then at ``end + allowed_lateness - 1`` (GC);
-processing time ``p:<wid>`` at the earliest pending processing-time target
-of the trigger.
-
-Semantics (SCENARIO_FORMAT.md; Beam Java where the model leaves a choice):
-
-* Triggers are evaluated after every element (for each window it went to),
-  and on the window's timers.
-* A pane's timing is EARLY while the watermark is before the window end;
-  ON_TIME for the pane emitted by the window's first evaluation with the
-  watermark at or past the end (only for windows that existed before the
-  watermark passed their end); LATE otherwise (late elements, processing-time
-  firings after the end, expiry after the on-time evaluation).
-* A pane is emitted when the trigger fires and the pane has elements since
-  the previous pane; the ON_TIME pane is emitted even when empty only when
-  the trigger fires *because* the watermark reached the window end (it would
-  not fire with the watermark unknown): a trigger without a watermark part
-  emits nothing at the window end.
-* When the watermark passes end + allowed lateness the window expires:
-  elements that arrived since the last pane get a final pane (``is_last``)
-  unless the trigger fires it anyway (an empty window gets none), then the
-  window's state and timers are removed. ``is_last`` is also set on the pane
-  with which the trigger finishes.
-* A finished trigger closes the window: nothing more is emitted for it (not
-  even at expiry) and its later elements are dropped (``window_closed``)
-  until the window's GC. An element whose new session overlaps a closed
-  session is dropped too (merging with a closed window gives a closed
-  window). The default trigger never finishes: within the allowed lateness
-  every late element gets a LATE pane.
-* A session merge creates the merged window with a new pane sequence (index
-  0); accumulators merge with ``CombineFn.merge``; in retracting mode the
-  merged-away sessions' last panes are retracted immediately before the
-  merged session's next pane. A new session falling inside a live session is
-  absorbed by it (no merge, the pane sequence goes on).
+Semantics follow SCENARIO_FORMAT.md, and Beam Java where the model leaves a choice.
+The pane and dropped records, the state layout, the timers and the rules:
+docs/windowing.md, "What a windowed computation produces", "Semantics", "State layout".
 """
 
 from __future__ import annotations

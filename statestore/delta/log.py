@@ -21,10 +21,7 @@ coordinated commits or a catalog-managed table, absolute file paths, a gap in
 the commits. Commits only go through Delta (``txn.TableLog``), whose conflict
 checks see everything committed after the version read here.
 
-The ``deltalake`` package (delta-rs) reads the same live files and application
-versions exactly, but not what deltawheel needs beside them (the add actions as
-written, the version that added each file, every application id) and not as
-fast here (docs/architecture-deltalog.md, ``benchmarks/deltalog_readers.py``).
+Why not the ``deltalake`` package (delta-rs): docs/architecture-deltalog.md.
 """
 
 from __future__ import annotations

@@ -1,48 +1,21 @@
 """Delta log checkpoints written by a background thread of the driver, off the commit path.
 
-Delta writes a table's log checkpoint inside the commit whose version is a multiple of the
-table's ``delta.checkpointInterval`` (``OptimisticTransaction``'s post-commit ``CheckpointHook``
-calls ``DeltaLog.checkpoint``): a Spark job that rebuilds the table's state and writes it as
-Parquet, 1-6 s on a busy 2-core machine, while the commit call has not returned. A micro-batch
-whose rows commit, or whose delivery, made that version waited for it: the latency benchmark's
-p99 was that one batch (docs/latency.md).
-
 deltawheel's own tables carry ``delta.checkpointInterval`` = :data:`COMMIT_CHECKPOINT_INTERVAL`
-(2^31 - 1, the largest the property takes: no version reaches a multiple of it, so no commit
-checkpoints; migration 6 sets it, new stream tables get it). After each of its commits this
-process notes the table and the version it committed (:func:`note_commit`; after a MERGE,
-:func:`note_merge`), which costs a dictionary update. One daemon thread per driver (per
-``SparkContext``) takes the notes: when :attr:`LogCheckpointer.every` versions
-(:data:`CHECKPOINT_EVERY`) have passed since the table's newest checkpoint, it checkpoints the
-noted version with the same calls Delta's hook makes (``getSnapshotAt(version)``, then
-``DeltaLog.checkpoint``: the checkpoint file, ``_last_checkpoint``, the log cleanup), in its own
-Spark job beside the batches. Notes that arrive while it writes are folded into one per table.
+(2^31 - 1: no commit checkpoints; migration 6 sets it, new stream tables get it). After each of
+its commits this process notes the table and version (:func:`note_commit`, :func:`note_merge`);
+one daemon thread per driver (:class:`LogCheckpointer`) checkpoints a noted version with Delta's
+own calls once :data:`CHECKPOINT_EVERY` versions have passed since the table's newest checkpoint.
+Why and the figures: docs/performance.md, "Log checkpoints in the background"; docs/latency.md.
 
 - **One writer per checkpoint file.** Only versions this process committed are checkpointed
   here, as Delta's hook checkpoints only the version its commit made: two processes writing
-  one table never write the same checkpoint file. (After a MERGE the version is the one the
-  JVM's ``DeltaLog`` holds once the MERGE returned: the MERGE's own unless another thread of
-  this JVM refreshed that table's snapshot in between, or, for a MERGE that inserted nothing and
-  so committed nothing, the version its transaction read. Delta's checkpoint writer accepts a
-  second writer of a file anyway: it writes the same actions, as a retried task of it does.)
-  Two processes may checkpoint neighbouring versions when both pass the threshold before
-  either checkpoint is listed: harmless, a checkpoint more.
+  one table never write the same checkpoint file.
 - **Only the switched tables.** A table whose interval is another one keeps Delta's own
   checkpoints in its commits (the metrics table, a user's table); the thread leaves it alone.
-- **Readers.** ``log.py`` (and Delta) read the newest *complete* checkpoint, then the JSON
-  commits after it. A checkpoint appears whole or not at all: on a local folder Delta writes it
-  under a hidden temporary name (``.<version>.checkpoint.parquet.<uuid>.tmp``, which no reader
-  lists as a checkpoint) and renames it when complete (deltawheel's local log store says partial
-  writes are visible); on ``s3a://`` it is one object, uploaded at close (the log store says they
-  are not), and an upload cut short never appears. ``_last_checkpoint`` is written after the
-  checkpoint, by the log store (an atomic replacing move locally, a PUT on S3); a reader that
-  finds it older than the newest checkpoint lists the log anyway. So a process stopped or killed
-  during a checkpoint leaves at most a hidden temporary file; its next commits past the
-  threshold checkpoint again.
-- **How often.** Every :data:`CHECKPOINT_EVERY` versions, as the tables' interval was: readers
-  without Spark replay at most that many JSON commits after the checkpoint (plus the ones
-  committed while it is written). A table that no deltawheel process commits to gets no new
-  checkpoint, and needs none: its log does not grow.
+- **Readers.** A checkpoint appears whole or not at all, and ``_last_checkpoint`` is only a hint
+  (a reader that finds it older than the newest checkpoint lists the log anyway). So a process
+  stopped or killed during a checkpoint leaves at most a hidden temporary file; its next commits
+  past the threshold checkpoint again.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """What Delta's streaming source read in one micro-batch, from the query checkpoint and the table's log.
 
-A streaming query's offset log (``<checkpoint>/offsets/<batch>``, written by Spark before the
-batch runs: a version line, the batch's metadata, then one line per source in the order of
-``<checkpoint>/sources/<i>``) ends each Delta source's range at a ``DeltaSourceOffset``::
-
-    {"sourceVersion":1,"reservoirId":"<the table's metaData.id>","reservoirVersion":7,"index":-1,
-     "isStartingVersion":false}
-
-and the batch's range starts where the previous batch's ended (``offsets/<batch - 1>``). An offset
-at index -1 stands before every file of ``reservoirVersion``; at ``Long.MaxValue`` (Delta's
-``END_INDEX``) after every file of it. Between two such *version boundaries* Delta's source
-reads, commit after commit, every ``add`` action with ``dataChange`` (an ``OPTIMIZE``'s rewrites
-have none and are skipped), and fails on a ``remove`` with it (the options that ignore those are
-not used on stream tables). :func:`batch_adds` gives those adds from the JSON commits
-(``log.py`` reads the same folder), with no Spark job; a replayed batch (a restart re-runs the
+A query's offset log (``<checkpoint>/offsets/<batch>``) ends each Delta source's range at a
+``DeltaSourceOffset`` (``reservoirVersion``, ``index``); the range starts where
+``offsets/<batch - 1>`` ended. Between two version boundaries Delta's source reads every ``add``
+with ``dataChange`` and fails on a ``remove`` with it. :func:`batch_adds` gives those adds from
+the JSON commits, with no Spark job; a replayed batch (a restart re-runs the
 planned batch) reads the same two offset files, so it gets the same adds.
 
 Anything that is not that plain case gives None, and the caller asks Spark instead (the frame's
@@ -23,14 +14,11 @@ own rows): the query's first batch (its start may be a snapshot), an offset insi
 (physical column names differ), partition values, JSON commits already cleaned up, a checkpoint
 or table given as a remote URI string.
 
-Where the files are: a checkpoint or table is a local path (or ``file:`` URI), read with ``open``
-as it always was, or a :class:`~.storefs.TableFiles` (``storefs.table_files(spark, uri)``: a
-local folder or an ``s3a://`` prefix, read with pyarrow's S3 client). Each call reads only the
-batch's files (its two offset files and the table's JSON commits between them; a table's id and
-column mapping once per table), so the cost of a batch does not grow with the run. A remote file
-that is missing reads as not there (None); a remote read that fails (the server unreachable,
-access denied) raises ``OSError`` for the caller to log (the executor then records the batch's
-positions as unknown: ``executor/protocol/rescale.py``).
+Files are read locally or through a :class:`~.storefs.TableFiles`, only the batch's, so the cost
+of a batch does not grow with the run. A remote file that is missing reads as not there (None);
+a remote read that fails raises ``OSError`` for the caller to log (the executor then records
+the batch's positions as unknown: ``executor/protocol/rescale.py``).
+docs/embedding.md, "Direct read"; docs/replay.md, "Input positions per commit".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """A store's files as Python reaches them: a pyarrow file system plus a root.
 
-The fast path reads and writes table files without the JVM: the Delta log
-replay (``log.py``), the image path's Parquet images and production files
-(``writepath/image/`` and its tasks), and the direct read of a Parquet
-injector's files (``executor/tasks/image/direct.py``). :class:`TableFiles` is what
-they go through:
-
-- a plain path or a ``file:`` URI: the local folder, read and written with
-  ``os`` and pyarrow's local files exactly as before (the local fast path
-  keeps its speed);
-- an ``s3a://bucket/key`` URI: pyarrow's ``S3FileSystem``, configured from
-  the same Hadoop settings Spark's s3a connector uses (``fs.s3a.endpoint``,
-  the access and secret key, path-style access, SSL, region; per-bucket
-  ``fs.s3a.bucket.<bucket>.*`` first), read from the session's Hadoop
-  configuration by :func:`table_files` (as Delta reads it) -- one source of
-  truth for the endpoint, whoever configured it
-  (``statestore/objectstore/s3a.py`` writes those settings).
-
-Any other scheme (``abfss://``, ``gs://``, ``hdfs://``, ...) is not supported
-here: :func:`files_for` returns None and callers go through Delta and Spark
-(the MERGE write path).
+:class:`TableFiles` is what the fast path goes through (the Delta log replay, the image path's
+files, the direct read): a plain path or ``file:`` URI is the local folder (``os`` and pyarrow's
+local files); an ``s3a://bucket/key`` URI is pyarrow's ``S3FileSystem``, configured by
+:func:`table_files` from the session's Hadoop ``fs.s3a.*`` settings (per bucket first), one
+source of truth for the endpoint. Any other scheme: :func:`files_for` returns None and callers
+go through Delta and Spark (the MERGE write path). docs/objectstore-fastpath.md.
 
 A file is written whole before anything names it: S3's PUT (and a multipart
 upload's completion) is atomic per object, and :meth:`TableFiles.write_parquet`

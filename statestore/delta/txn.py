@@ -22,10 +22,8 @@ past the one given is skipped. (The executor records the stream as read and
 checks for a takeover once the snapshot is taken: ``writepath.image.path.ImagePath._deliver_strong``.)
 
 Commits go through the JVM side of Delta (py4j): the log format, checkpoints
-and conflict rules stay Delta's. A table's log checkpoints are written after its commits, by a
-background thread (``maintenance.py``), not inside them. Only the read of a table's live files may be
-done in Python (``log.py``, for the stores Python reaches: ``storefs.py``), to
-skip a Spark job per read. Files are plain Parquet written with pyarrow
+and conflict rules stay Delta's; log checkpoints are written by ``maintenance.py``, live files
+may be read in Python (``log.py``). Files are plain Parquet written with pyarrow
 (:func:`write_file`, whole before a commit names them), readable by any Delta reader.
 """
 

@@ -7,19 +7,11 @@ version: Delta time travel) with store B's newest (optionally as of a version to
   (changed); a sample of each, decoded with the row's codec;
 * **timers** and **pending productions** (checkpointed, not yet delivered): keys whose lists differ;
 * **productions** delivered to the stream tables by the computation (``producer`` column), matched
-  by (stream, key, event time): only in A, only in B, and different values, value by value.
-  ``batch_ids`` restricts both sides to the productions of those batches (a replay compares what
-  its batches produced with what the same live batches produced); ``exclude_commits`` leaves out
-  the productions of those commits (by the ``commit_id`` their rows commit records): a flush batch
-  (no input, firing due timers) takes the id the query's next micro-batch takes too, so a batch id
-  alone does not say on which side of a replay's start or end a production falls.
+  by (stream, key, event time): only in A, only in B, and different values, value by value;
+  ``batch_ids`` and ``exclude_commits`` restrict them to a replay's batches.
 
-A replay from rows version V (``seed_version``) seeds B without pending productions (the live
-store delivered them). For an interval no replayed commit held (``seed_intervals``), the live rows
-at the end still hold the pending productions of its last commit before V, and nothing in B
-cleared or replaced them: B's pending productions of those rows are compared as A's at V, where B
-has none (B's own, if it wrote any there, are compared as they are). A's pending at the end must
-then equal A's at V: a commit after V that changed them shows as a ``pending`` difference.
+A replay's diff (``seed_version``, ``seed_intervals``) compares the pending productions of the
+intervals no replayed commit held as A's at the seed version. docs/replay.md, "Read the diff".
 
 The comparison runs in Spark (a full outer join per table); only the counts and the samples reach
 the driver. Dedup record ids are not compared: they are the input's, not the computation's output.
@@ -266,10 +258,19 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
 
     ``keys``: only those keys' rows and productions; ``intervals`` (of ``num_intervals``): only
     the rows of those intervals and the productions whose key falls in them (a partial replay's);
-    ``exclude_commits``: commit ids whose productions are left out (see the module docstring);
-    ``seed_version`` / ``seed_intervals``: B is a replay seeded from A at that version, and no
-    replayed commit held those intervals: B's missing pending productions there are A's at
-    ``seed_version`` (see the module docstring).
+    ``batch_ids``: both sides' productions of those batches only (a replay compares what its
+    batches produced with what the same live batches produced). ``exclude_commits``: commit ids
+    whose productions are left out (by the ``commit_id`` their rows commit records): a flush
+    batch (no input, firing due timers) takes the id the query's next micro-batch takes too, so a
+    batch id alone does not say on which side of a replay's start or end a production falls.
+
+    ``seed_version`` / ``seed_intervals``: B is a replay seeded from A at that version (without
+    pending productions: the live store delivered them), and no replayed commit held those
+    intervals. The live rows at the end still hold the pending productions of their last commit
+    before the seed version, and nothing in B cleared or replaced them: B's pending productions of
+    those rows are compared as A's at the seed version, where B has none (B's own, if it wrote any
+    there, are compared as they are). A's pending at the end must then equal A's at the seed
+    version: a commit after it that changed them shows as a ``pending`` difference.
 
     Raises:
         NotAStoreError: a store has no rows table.

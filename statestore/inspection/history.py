@@ -1,34 +1,19 @@
 """A key's versions (or every key's), read from the rows table's Delta log without Spark.
 
-The rows table keeps one row per (computation, key); Delta keeps every version of it until
-log retention and ``VACUUM`` clean them up. This module walks the log's commits oldest first
-and says, for each commit, which keys got a new row or lost theirs:
-
-- it keeps the live files (``add`` puts, ``remove`` deletes, a re-added file with a deletion
-  vector replaces its entry, :mod:`.deletionvectors` says which of its rows are gone);
-- for each partition (computation, interval) a commit touched, it finds where each key of
-  interest now lives (file, row index): the ``key`` column of each new file only, read once;
-- a key whose place changed is read again only through its stamp columns (``commit_id``,
-  ``updated_ms``, ``sequencer``): a row carried over unchanged (the image path rewrites whole
-  interval files; a MERGE rewrites the files of the keys it touches) keeps its stamps, and is
-  not a new version. Only a key whose stamps changed has its whole row read.
-- the image path keeps a key's dedup ids apart from its row, in rows keyed
-  ``IDS_KEY_PREFIX + key`` (the interval's ids files): for each added file holding such rows,
-  the number of ids of each of them is read once (the ``record_ids`` lists' lengths, through
-  their ``seen_ms`` leaf alone), added when the file comes and taken off when it goes. A change
-  carries the ids the store held for its key at that version (:attr:`Change.n_record_ids`):
-  those in its row and those apart, what the ``state`` view counts.
-
-So a history read costs, per commit that touched the key's partition, the ``key`` and stamp
-columns of that partition's new file, the ids' ``seen_ms`` of each ids file holding the key, and
-a whole row only where the key changed: never every version's full files (docs/history.md has the
-measurement against Delta's change data feed). Counting the ids apart took a walk of every key
-of a ``medium`` benchmark store (147,025 changes, 10 ids files) from 5.21 to 5.46 CPU-s.
+This module walks the log's commits oldest first and says, for each commit, which keys got a
+new row or lost theirs. It keeps the live files (deletion vectors: :mod:`.deletionvectors`),
+finds where each key of interest now lives from the ``key`` column of each new file, and reads
+a moved key's stamp columns (``commit_id``, ``updated_ms``, ``sequencer``) only: a row carried
+over unchanged keeps its stamps, and is not a new version. Only a key whose stamps changed has
+its whole row read. Dedup ids kept apart (rows keyed ``IDS_KEY_PREFIX + key``) are counted as
+their files come and go (:attr:`Change.n_record_ids`). So a history read never reads every
+version's full files.
 
 History starts at version 0, or, when log retention cleaned the oldest commits up, at the
 oldest checkpoint still followed by every commit (:attr:`History.first_version`). Local folders
 and any store :mod:`~..delta.storefs` reaches (``s3a://``); the data files of old versions must
 still be there (``deltawheel gc`` vacuums them after its retention).
+docs/history.md, "How history is read, and why not the change data feed".
 """
 
 from __future__ import annotations

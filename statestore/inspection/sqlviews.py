@@ -1,37 +1,14 @@
 """SQL over a store: decoded temporary views, query formatting, one-key inspection. Every query
 is checked to only read first (:mod:`.readonly`).
 
-The views (defined by ``views.py``: :class:`~.views.StoreViews` defines each when a statement
-first names it, :func:`register_views` all of them):
+The views are defined by ``views.py`` (:class:`~.views.StoreViews` defines each when a statement
+first names it, :func:`register_views` all of them): ``rows``, ``state``, ``timers``,
+``pending_productions``, ``fences``, ``dead_letters``, ``late_data``, ``audit`` (with the rows a
+tool that died left missing, computed by ``auditgap.py``, as this module writes nothing),
+``<stream>`` and ``<stream>_decoded``. What each shows: docs/tables.md, "Views".
 
-``rows``
-    the rows table without the fence rows.
-``state``
-    one row per key, decoded: computation, interval, key, codec, state_json,
-    next_event_timer, next_processing_timer (TIMESTAMP), n_timers,
-    n_record_ids, n_checkpointed, watermark_hold (TIMESTAMP), sequencer,
-    commit_id, updated (TIMESTAMP).
-``timers``
-    one row per timer: computation, key, tag, domain, fire_time (TIMESTAMP), time_ms.
-``pending_productions``
-    one row per checkpointed, undelivered production: computation, key,
-    production_id, stream, out_key, value_json, timestamp (TIMESTAMP).
-``fences``
-    the fence row of each interval: computation, interval, sequencer, commit_id.
-``dead_letters``, ``late_data``, ``audit``
-    those tables as they are (``audit``: the changes tools made under the leases, promote and repair;
-    with the rows a tool that died before appending them left missing, computed from its rows
-    commit: ``auditgap.py``, as this module writes nothing).
-``<stream>`` and ``<stream>_decoded``
-    each stream table, and the same with a ``value_json`` column.
-
-Values are decoded by the SQL function ``dw_decode(codec, data)``, a Python
-UDF returning JSON text (bytes inside msgpack values become
-``{"$bytes_b64": "..."}``). Pickled values are shown as ``<pickle: N bytes>``
-unless ``allow_pickle=True``; undecodable ones as ``<undecodable CODEC: N bytes>``.
-
-Every view's columns carry comments (``statestore/comments.py``; Spark's ``DESCRIBE``,
-``deltawheel sql --describe VIEW``). The decoding is ``decoding.py``'s.
+Values are decoded by the SQL function ``dw_decode(codec, data)`` (``decoding.py``), a Python
+UDF returning JSON text. Every view's columns carry comments (``statestore/comments.py``).
 """
 
 from __future__ import annotations

@@ -12,15 +12,11 @@ store binding (``zk/binding.py``). The next start then takes grants above every
 sequencer in the store and fences as usual (the new fence rows invalidate any
 writer still holding an old sequencer).
 
-Watermarks: every rows commit records the watermarks of the injectors feeding
-its batch as the batch publishes them (``executor/protocol/lateness.py``); the
-caller reads them from the store and hands them over (``injectors``), and
-:func:`apply_reseed` publishes them again, never moving one back. The first batch
-after the re-seed then runs under the watermark it would have read from the
-ZooKeeper that was lost, and fires the same timers. The computations' oldest work
-and low watermarks are not restored: each stage publishes them again at the end
-of its first batch, from its own rows (an upstream stage runs before the stages
-it feeds); until then a low watermark is *not known*, which fires no timer.
+Watermarks: :func:`apply_reseed` publishes again the injector watermarks the store's commits
+record (``injectors``, read by the caller), never moving one back, so the first batch after the
+re-seed fires the same timers. The computations' oldest work and low watermarks are not restored:
+they are *not known* until each stage's first batch publishes them, which fires no timer.
+docs/coordinator-recovery.md, "Lost ZooKeeper data".
 
 Run it with every copy of the pipeline stopped. It only raises counters, creates
 the binding and raises injector watermarks to what the store's commits record

@@ -1,12 +1,10 @@
 """Per interval, the input files whose records were committed: kept in the fence row's ``state``.
 
-Several job instances may share a computation's intervals, each reading the whole input with
-its own streaming query. When an interval moves, the new owner's input position is not the
-position the interval's rows were committed at. The position is recorded exactly, at file
-granularity (Spark's file source never splits a file across micro-batches): the fence row of
-each interval (``FENCE_KEY``; its ``state`` column is otherwise unused) holds the names of the
-input files processed for the interval, and every commit that writes the interval adds the
-batch's files in the same Delta transaction as its rows. Payload (JSON, UTF-8)::
+When an interval moves between job instances, the new owner's input position is recorded
+exactly, at file granularity (Spark's file source never splits a file across micro-batches):
+the fence row of each interval (``FENCE_KEY``; its ``state`` column is otherwise unused) holds
+the names of the input files processed for the interval, and every commit that writes the
+interval adds the batch's files in the same Delta transaction as its rows. Payload (JSON, UTF-8)::
 
     {"format_version": 1, "input_files": ["part-0001.parquet", ...]}   # sorted, distinct
 
@@ -16,14 +14,9 @@ takeover keeps the set), the image path's tasks union every fence row of the ima
 (:func:`union_payloads`; a takeover's claim adds a second fence row without a set). Readers
 union the fence rows of an interval (:meth:`RowStore.input_files`).
 
-Growth: one name per input file per interval until ``deltawheel gc`` drops it: a name every
-interval has run whose file is gone from its source, from every set in one fenced commit
-(``gc/inputsets.py``; a fence row of op ``replace_files`` replaces the set, ``fencing.py``;
-docs/rescaling.md, "Bounded sets", proves a move stays exact). The image path rewrites (and so
-records the batch's files in) only the intervals that had records; a commit of instances sharing
-the intervals also names the intervals its batch held in its positions entry (:func:`commit_entry`
-``intervals``, read back with :func:`ran_of`): each of them has run the batch's files (it had no
-record there, or its records were processed), which gc adds to the sets when it prunes.
+A commit also names the intervals its batch held (:func:`commit_entry`, read back with
+:func:`ran_of`); ``deltawheel gc`` drops names from every set (``gc/inputsets.py``).
+docs/rescaling.md, "The hazard, and how a move stays exact" and "Bounded sets".
 """
 
 from __future__ import annotations

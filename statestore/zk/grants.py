@@ -7,10 +7,8 @@ znode is EPHEMERAL and a grant is believed only when its second transaction succ
 session that created it, so a grant cut off by a LOST session is never believed, and the end of
 that session deletes its owner znode. Pruning old grant nodes gives up quietly on either state.
 
-Layout below the client's chroot, per interval ``I`` (``{I:05d}``)::
-
-    /pipelines/{p}/computations/{c}/intervals/{I}/owner        EPHEMERAL, LeaseGrant JSON
-    /pipelines/{p}/computations/{c}/intervals/{I}/grants/g-N   PERSISTENT_SEQUENTIAL
+Znodes: ``intervals/{I}/owner`` (EPHEMERAL) and ``intervals/{I}/grants/g-N``
+(PERSISTENT_SEQUENTIAL); the full layout: docs/operations.md, "Leases".
 
 Grant protocol, in two phases (no window in which two owners both believe they own ``I``):
 
@@ -27,12 +25,11 @@ Grant protocol, in two phases (no window in which two owners both believe they o
    (``break_lease`` refuses it; session expiry makes phase 2 fail), and the
    session check catches anything else: then both contenders give up.
 
-A restart of the same job instance (``instance``: a name the instance keeps across restarts, recorded
-in the payload) does not wait for its dead predecessor's session to expire: when phase 1 meets a
-granted owner znode of another session that carries this instance's name, one transaction
-``delete(owner, version=1)`` + the two creates of phase 1 replaces it, and phase 2 follows as
-usual. The new grant's sequencer is greater than the predecessor's, so its commits are fenced
-from the takeover on (docs/fencing.md, "Restarts"). A pending owner znode is never taken over.
+A restart of the same job instance (``instance``) replaces a granted owner znode of another
+session carrying its name (``delete(owner, version=1)`` + phase 1's creates, one transaction),
+then phase 2 follows as usual. The new grant's sequencer is greater than the predecessor's, so
+its commits are fenced from the takeover on. A pending owner znode is never taken over
+(docs/fencing.md, "Restarts").
 
 Release is ``check(our grant node, 0)`` + ``delete(owner, version=1)``, and
 ``break_lease`` (``lease_tools.py``) deletes the owner together with its grant node, so a late

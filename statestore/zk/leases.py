@@ -13,26 +13,15 @@ znodes: every held lease is dropped, ``on_lost(grants, reason)`` is called from
 a separate thread (never inside kazoo's listener), and ``check_valid`` /
 ``renew`` raise :class:`LeaseLostError` for them until they are acquired again
 (kazoo opens a new session by itself; new grants get higher sequencers).
-:meth:`LeaseManager.await_settled` lets a caller *pause* instead of failing on
-SUSPENDED: it returns once the connection is back and every lease re-verified
-(or lost), so a blip shorter than the session timeout only delays commits.
-:meth:`LeaseManager.await_valid` is that pause for a committer, with log lines: an
-ensemble that lost its quorum (or a lone server that is down) answers nobody, so the
-session can neither be confirmed nor expired; ZooKeeper restores sessions with a fresh
-timeout when a quorum serves again, so the committer waits (``max_pause_s``, default
-:data:`~.refusal.DEFAULT_MAX_PAUSE_S`; None: as long as the session is not reported expired),
-logs that commits are paused and why, and resumes with the same leases once they are
-re-verified -- never committing meanwhile. A server that lost its data refuses the session
-without ever expiring it: paused past the session timeout, the committer probes the ensemble
-and stops with :class:`CoordinatorStateLostError` when it is behind (``refusal.py``).
+:meth:`LeaseManager.await_settled` and, for a committer, :meth:`LeaseManager.await_valid`
+(with log lines, bounded by ``max_pause_s``) *pause* on SUSPENDED instead of failing, and resume
+with the same leases once they are re-verified -- never committing meanwhile. A server that lost
+its data refuses the session without expiring it: paused past the session timeout, the committer
+stops with :class:`CoordinatorStateLostError` (``refusal.py``). Each held lease's owner znode is
+watched: replaced by another session's (``grants.py``), the lease is dropped and ``on_lost``
+called. The pauses from an operator's side: docs/coordinator-recovery.md.
 
-Each held lease's owner znode is watched: replaced by another session's (a process with this
-instance's name took it over, ``grants.py``), the lease is dropped and ``on_lost`` called, so the
-next :meth:`LeaseManager.check_valid` raises :class:`LeaseLostError` (the fence stops its commits
-anyway).
-
-The lease znodes and the two-phase grant protocol that makes a grant: ``grants.py``. The
-operator's tools (show, break, the sequencer floor of a re-seed): ``lease_tools.py``.
+The grant protocol: ``grants.py``. The operator's tools: ``lease_tools.py``.
 """
 
 from __future__ import annotations

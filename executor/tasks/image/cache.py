@@ -2,33 +2,21 @@
 
 Each Python worker keeps the interval images it last read or wrote (:func:`load_image`,
 :func:`keep_image`), keyed by the image's file paths: files are immutable, so a cached image is
-never stale, and a task that runs an interval whose image this worker holds reads nothing from
-the store. The cache is bounded by
-the images' bytes in memory (Arrow's ``nbytes``), not by their number: one interval of a
-large-state computation can outweigh a hundred small ones.
+never stale. The cache is bounded by the images' bytes in memory (Arrow's ``nbytes``), not by
+their number.
 
-When it must drop an image it drops the one whose next expected use is furthest away, counted in
-batches, as the design's framework cache does (DESIGN.md, "Cache"; the row-level policy is
-``benchmarks/rowcache.py``):
-
-- the image's earliest event-time timer (``next_event_timer_ms``) is reached when the input
-  low watermark passes it: ``(timer - watermark) / (watermark advance per batch)`` batches;
-  an interval with a timer already due is needed by the next batch of its computation;
-- the next use by its own rhythm: its last use plus its mean gap between uses (the batches of
-  a computation come round to each of its intervals at its own pace);
-
-the earliest of the two counts; images with neither (used once, no timers) go first, least
-recently used first. ``policy="lru"`` ranks by last use only (the baseline).
+When it must drop an image it drops the one whose next expected use is furthest away, counted
+in batches (DESIGN.md, "Cache"): by its earliest event-time timer against the watermark's
+advance per batch, or its interval's own rhythm of use, whichever comes first; images with
+neither go first, least recently used first. ``policy="lru"`` ranks by last use only.
 
 An interval's images: its current one and, until the next batch of the interval looks it up,
 the one before it (a retried batch reads it again); the older ones are dropped as the next is put,
 the previous one at that next lookup (:meth:`ImageCache.get`), so a running task holds one image
 per interval it runs beside the one it writes.
 
-Every lookup is counted (:attr:`ImageCache.hits`, :attr:`ImageCache.lookups`); the tasks report
-whether each interval's image came from the cache (``IntervalSummary.images_read``), so the batch
-line and the metrics table show the hit rate. :func:`trace` records the lookups, to replay them
-offline (``deltawheel bench cache --trace``).
+Lookups are counted (:attr:`ImageCache.hits`, :attr:`ImageCache.lookups`) and can be recorded
+(:func:`trace`). docs/performance.md, "Tasks take the intervals their worker holds".
 """
 
 from __future__ import annotations

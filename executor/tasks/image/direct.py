@@ -1,34 +1,19 @@
 """Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
 
-On the JVM path a batch reaches the image tasks through Spark: the file scan,
-the prepared columns (``input.prepare_input`` and the image plan's
-projection), a shuffle by interval and Arrow to the Python workers -- a map
-stage of one task per input file (one core) before the Python stage can
-start. When a computation's only input is a :class:`ParquetInjector` in a folder
-Python reaches (local, ``file:`` or ``s3a://``: ``statestore/delta/storefs.py``)
-keyed by its key column (``RECORD_KEY``), with value columns of plain types
-(or none), each image task instead reads the batch's files with pyarrow and keeps the rows of its
-own intervals: one stage, no shuffle. Which files the batch holds comes from
+When a computation's only input is a :class:`ParquetInjector` in a folder Python reaches
+(``statestore/delta/storefs.py``) keyed by its key column (``RECORD_KEY``), with value columns of
+plain types, each image task reads the batch's files with pyarrow and keeps the rows of its own
+intervals: one stage, no shuffle. Which files the batch holds comes from
 the batch's own plan (the file scan under the ``foreachBatch`` frame), so a
-replayed batch reads the same files.
+replayed batch reads the same files. An upstream stream table is read the same way
+(:func:`table_source`), its files from ``statestore/delta/sourceoffsets.py``.
 
 The prepared columns are computed as the JVM computes them: the same key,
 record id, event time and late flag, the same checks in the same order for
 dead letters, the same interval hash; the value is the same JSON object (its text may differ
 in form -- number formatting, escapes -- never in what it decodes to). ``tests/test_direct.py`` compares both
-paths row by row and end to end. Anything this module does not recognise (a
-folder on another store, a file whose column types differ from the schema's, a file
-read in parts, another plan shape) goes through the JVM path for that batch.
-
-A computation whose only input is an upstream computation's stream table, keyed by the record's
-key (``RECORD_KEY``), reads it the same way (:func:`table_source`): the batch's new data files of
-the table are the ``add`` actions Delta's streaming source read in that micro-batch, known from
-the query's offset log and the table's Delta log (``statestore/delta/sourceoffsets.py``, no Spark
-job; a restart re-running a planned batch reads the same offsets, so the same files), and its
-columns are already the prepared ones (record id, key, value, codec, event time): only the
-interval, the late flag and the dead-letter checks are computed, as ``input.prepare_input``
-computes them. A batch whose files that reader does not give (the query's first batch, a
-version cut by a limit, a ``remove``, a deletion vector, a schema change) goes through the JVM.
+paths row by row and end to end. Anything this module does not recognise
+goes through the JVM path for that batch. docs/embedding.md, "Direct read".
 
 (A little over 500 lines: both readers share the prepared columns' checks, kept in one module so
 that the files and the stream tables compute them one way.)

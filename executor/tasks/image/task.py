@@ -1,36 +1,17 @@
 """The image path's Spark tasks: what each task runs, and which of the batch's intervals.
 
-The batch job (``job.py``) takes one of two shapes:
-
-- a batch whose input comes through Spark: the prepared records, shuffled by interval, reach
-  ``mapInArrow`` tasks (:func:`image_task_fn`), each interval in the task the placement gave it;
-- a batch whose tasks need no input rows from Spark (the direct read of a Parquet injector's
-  files, ``direct.py``, or due timers only): one RDD task per partition (:func:`task_job`), its
-  index naming its intervals, or the tasks claim their intervals (below).
-
-Each task runs its intervals (:func:`run_task`: each one's run is ``interval.py``'s) and returns
-their summaries as Arrow rows; :func:`collect` runs the job and gathers them in a
+The batch job (``job.py``) runs either ``mapInArrow`` tasks over the prepared records shuffled
+by interval (:func:`image_task_fn`), or, when the tasks need no input rows from Spark (the direct
+read, ``direct.py``, or due timers only), one RDD task per partition (:func:`task_job`). Each
+task runs its intervals (:func:`run_task`; one interval's run is ``interval.py``'s) and returns
+their summaries; :func:`collect` gathers them in a
 :class:`~deltawheel.statestore.writepath.image.summary.BatchOutput` (a task that met another
 writer's fence says so in its interval's summary, ``fenced``, and stops; :func:`collect` raises
 :class:`StaleViewError` for it).
 
-Claims. An image task keeps the interval images it read or wrote in its Python worker
-(``cache.py``, by immutable file path), but Spark hands a task to
-whichever worker is free, so with a fixed interval-to-task placement about
-half of a batch's intervals meet a worker that does not hold their image: it
-reads the image from the store again and rebuilds its Bloom filter.
-
-When every task of a job runs on this machine (Spark's ``local`` master) and
-reads its input itself (the direct read, or a batch of due timers only), the
-tasks instead *claim* their intervals one at a time in a folder they share,
-each preferring
-
-1. the intervals an earlier attempt of its own partition claimed (a retried
-   task runs them again: the failed attempt returned no summary for them);
-2. intervals whose current image its worker holds;
-3. the intervals the placement gave it;
-4. any other unclaimed one (a task that is done takes work from a slower one).
-
+Claims (Spark's ``local`` master, a task reading its own input): the tasks claim their intervals
+one at a time in a folder they share: first those an earlier attempt of their partition claimed,
+then those whose image their worker holds (``cache.py``), then their placement's, then any.
 A claim is a file named after the interval, made complete and then linked
 into place (``os.link`` fails if the name exists): at most one partition
 holds an interval, and a task stops only when every interval is claimed, so
@@ -38,6 +19,7 @@ every interval is run by some task. The driver still checks that each of its
 intervals has exactly one summary (:func:`collect`): two
 attempts of one partition at once (speculation) could otherwise both claim.
 The folder is per job and removed by the driver when the job ends.
+Why, and the figures: docs/performance.md, "Tasks take the intervals their worker holds".
 """
 
 from __future__ import annotations

@@ -1,29 +1,22 @@
 """An interval's record ids apart from its state: one small ids file per batch, written and read by the image path's tasks.
 
-The dedup horizon (``dedup_retention``) keeps every record id an interval ran for minutes; kept
-in the key rows, each batch's image rewrite carried all of them. Instead each batch that ran
-records adds one *ids file* to the interval's partition of the rows table, in the same Delta
-commit as its new state image (state and ids stay atomic: the exactly-once guarantee). An ids
-file's rows have the key :data:`~deltawheel.statestore.rowtable.rows.IDS_KEY_PREFIX` + the user
-key, ``record_ids`` the ids that key ran, ``updated_ms`` the batch's processing time; every
-other column is null. The views hide them (their keys start with NUL, as the fence row's does).
+Each batch that ran records adds one *ids file* to the interval's partition of the rows table, in
+the same Delta commit as its new state image (state and ids stay atomic: the exactly-once
+guarantee). Its rows have the key :data:`~deltawheel.statestore.rowtable.rows.IDS_KEY_PREFIX` +
+the user key, ``record_ids`` the ids that key ran, ``updated_ms`` the batch's processing time.
+Layout, horizon and compaction levels: docs/tables.md, "The rows table" (its ids files).
 
 - The dedup lookup reads the interval's live ids files (immutable: each is read once per
   Python worker and cached by path, :func:`load_ids_file`), the Bloom filter first, then the
   exact lookup (``ids.already_seen``). A file written by a compaction (level 1 and up) holds the
   ids of the interval's lower-level files it took in: the worker forgets its cached files of
-  lower levels of that interval then (a lower-level file of an earlier bucket, still live, is read
-  again once), so that it does not hold those ids twice.
+  lower levels of that interval then, so that it does not hold those ids twice.
 - A file is dropped whole (a ``remove`` in a batch commit) once its ``updated_ms`` is past the
   dedup horizon: every id it holds was seen at or before then.
-- Compaction (:func:`plan_compaction`): files of one time bucket (a quarter of the retention)
-  merge by levels: when :data:`FAN_IN` files of one level would be in the current bucket, the
-  batch's new file takes their ids and becomes one file of the next level. A batch thus
-  writes its own ids plus, amortised, a few times their size; an interval keeps a few files per
-  bucket and level; an id stays at most a bucket longer than the horizon.
-- Old images (ids inline in the key rows, or ids rows inside a state file after a purge) are
-  read as well: :func:`split_legacy` takes those ids out of the state, and the next write moves
-  them into an ids file (the migration happens as an interval is next written).
+- Compaction (:func:`plan_compaction`) merges the files of one time bucket by levels
+  (:data:`FAN_IN`); an id stays at most a bucket longer than the horizon.
+- Old images (ids inline in the key rows) are read as well: :func:`split_legacy` takes those ids
+  out of the state, and the next write moves them into an ids file.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The image write path: whole interval partitions replaced, one Delta transaction per batch.
 
-Chosen by measurement (docs on throughput): a fenced MERGE per batch costs
-several Spark jobs (the join that finds the touched files, the rewrite, the
-post-commit state) and an insert-only MERGE per delivery the same again. The
-image path keeps the single-row-per-key table and its partitioning by
-(computation, interval), but replaces whole interval partitions:
+It keeps the single-row-per-key table and its partitioning by (computation, interval), but
+replaces whole interval partitions (why, against a fenced MERGE per batch: docs/performance.md,
+"Write path: interval images"):
 
 - the batch's tasks (``executor/tasks/image/``) read the interval images
   (the files of :meth:`ImagePath.images`), and write the new images and the

@@ -38,7 +38,9 @@ def default_bin_dir() -> Path:
 
 
 def _go() -> str:
-    for candidate in (shutil.which("go"), "/usr/local/go/bin/go"):
+    # on PATH, else where $GOROOT or Go's own installer puts it
+    goroot = os.environ.get("GOROOT")
+    for candidate in (shutil.which("go"), goroot and os.path.join(goroot, "bin", "go"), "/usr/local/go/bin/go"):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise ObjectStoreServerError("Toxiproxy is built from its Go module and no `go` was found on PATH; "

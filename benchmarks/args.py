@@ -125,3 +125,27 @@ def add_restart_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", default="with_instance,without_instance",
                    help="comma-separated: with_instance (restart under the same instance name), without_instance")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a job's batches (default 900)")
+
+
+def add_commits_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the commit benchmark's options (writers, shapes, stores, latencies, seconds) to ``p``."""
+    p.add_argument("--out", default="bench-out/commits", help="output folder for commits.json, commits.png and the "
+                   "stores (default bench-out/commits)")
+    p.add_argument("--writers", default="1,2,4,8,16", help="comma-separated writer counts N (default 1,2,4,8,16)")
+    p.add_argument("--shapes", default="computations,instances",
+                   help="comma-separated: computations (N computations of one pipeline, each its own leases), "
+                        "instances (N job instances sharing one computation's intervals)")
+    p.add_argument("--targets", default="local,s3a",
+                   help="comma-separated: local (a folder), s3a (S3Proxy behind Toxiproxy, the ZooKeeper log store)")
+    p.add_argument("--latencies", default="0,20,50",
+                   help="comma-separated ms added to every object-store response by Toxiproxy (s3a only; default 0,20,50)")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per point (default 20)")
+    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each point (default 3)")
+    p.add_argument("--keys-per-batch", type=int, default=8, help="keys each batch writes (default 8)")
+    p.add_argument("--ensemble", action="store_true",
+                   help="a three-server ZooKeeper ensemble instead of one server")
+    p.add_argument("--quick", action="store_true",
+                   help="a small run: writers 1,2, local only, 4 s per point, 1 s warm-up")
+
+
+__all__ += ["add_commits_arguments"]

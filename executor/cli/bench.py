@@ -20,6 +20,8 @@ log-driven reader against Delta's change data feed and time travel (docs/history
 ``deltawheel bench restart --out bench-out/restart`` SIGKILLs a continuous job after a few batches,
 restarts it and reports the seconds to its first committed batch and where they went, with and
 without an instance name (``restart.json``; docs/continuous.md).
+``deltawheel bench commits --writers 1,2,4,8,16`` runs N writers' batches on one store, a folder and
+``s3a://`` behind Toxiproxy's latency, and writes ``commits.json`` and ``commits.png`` (docs/scale.md).
 
 The benchmark modules (pyarrow, matplotlib, the engine registry) are imported
 only when a benchmark runs, so ``deltawheel --help`` stays fast. Their progress lines reach a
@@ -37,6 +39,7 @@ from typing import Callable
 
 from deltawheel.benchmarks.args import (
     add_cache_arguments,
+    add_commits_arguments,
     add_history_arguments,
     add_latency_arguments,
     add_restart_arguments,
@@ -97,6 +100,12 @@ def _restart(args: argparse.Namespace) -> int:
     return int(run_from_args(args))
 
 
+def _commits(args: argparse.Namespace) -> int:
+    from deltawheel.benchmarks.commits import run_from_args
+
+    return int(run_from_args(args))
+
+
 def _tasks(args: argparse.Namespace) -> int:
     from deltawheel.benchmarks.taskreplay import run_from_args
 
@@ -128,6 +137,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        "batch, with and without an instance name (docs/continuous.md)")
     add_restart_arguments(r)
     r.set_defaults(func=_by_line(_restart))
+    m = sub.add_parser("commits", help="the commit ceiling of one store: N writers' batches on a folder and on "
+                       "s3a:// behind real network latency (Toxiproxy; docs/scale.md)")
+    add_commits_arguments(m)
+    m.set_defaults(func=_by_line(_commits))
     k = sub.add_parser("tasks", help="run image tasks captured with DELTAWHEEL_TASK_CAPTURE=DIR again in one "
                        "process and print their CPU seconds")
     add_tasks_arguments(k)

@@ -21,6 +21,9 @@ def register(sub: Any) -> None:
                    help="also the S3A and S3Proxy jars and the object-store log store (s3a:// stores)")
     p.add_argument("--kafka", action="store_true",
                    help="also Spark's Kafka connector (KafkaInjector; ~/.cache/deltawheel/kafka-jars)")
+    p.add_argument("--toxiproxy", action="store_true",
+                   help="also build Toxiproxy from its Go module into ~/.cache/deltawheel/bin (bench commits' "
+                        "network latency; needs Go)")
     p.set_defaults(func=_run)
 
 
@@ -37,4 +40,8 @@ def _run(args: argparse.Namespace) -> int:
 
         kafka = connectors.ensure_kafka_jars()
         print(f"deltawheel: {len(kafka)} Kafka connector jars ready", file=sys.stderr)
+    if args.toxiproxy:
+        from deltawheel.executor.servers.toxiproxy import ensure_toxiproxy
+
+        print(f"deltawheel: Toxiproxy ready ({ensure_toxiproxy()})", file=sys.stderr)
     return 0

@@ -1,0 +1,324 @@
+"""``deltawheel bench commits``: the commit ceiling of one store's rows table, N writers at once.
+
+N writers (``commits_writer.py``) commit real batches through the store's write path to ONE
+store, as fast as they can, in two shapes:
+
+- ``computations``: N computations of one pipeline, each its own computation name and leases
+  (two intervals each);
+- ``instances``: N job instances sharing one computation's 2N intervals, each holding two.
+
+On a local folder, and on ``s3a://`` (S3Proxy, commits arbitrated by the ZooKeeper log store)
+with Toxiproxy between Spark and S3Proxy adding 0, 20 or 50 ms to every response: every S3 request
+of the commit (the Parquet PUT, the log's LIST, GET and PUT) pays it on the wire.
+
+The writers are threads of one process sharing one Spark session (the commit is a Delta
+transaction made through the driver JVM: a process per writer would be a JVM per writer, which two
+cores do not run at N = 16), each with its own ZooKeeper session, lease manager, watermark
+authority and ``RowStore``. Delta's in-JVM commit lock is turned off, so their commits race
+through the log store's put-if-absent as separate processes' do (docs/scale.md).
+
+Every point gets a fresh store and ZooKeeper chroot. Per point: commits/s for the rows table (the
+only table the writers commit to, so also the store's), commit and batch p50/p99, retries and
+conflicts per commit, the commits that landed between a commit's snapshot and its own version
+(what Delta checked it against), failed batches by error, ZooKeeper writes per batch and per
+second (the server's zxid over the measured time: every create, set, delete and multi). After the
+point the Delta log is read back: the commits the writers counted must be exactly the log's
+versions carrying their commit ids, and every key a writer wrote must be in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from .commits_report import plot, point_line, summarize
+from .commits_writer import WriterSpec, WriterStats, run_writer
+
+__all__ = ["run", "run_from_args", "measure_point", "Servers"]
+
+SHAPES = ("computations", "instances")
+TARGETS = ("local", "s3a")
+BUCKET = "dw-bench-commits"
+#: Delta's in-JVM lock around a table's commit, off (the writers share one JVM)
+NO_COMMIT_LOCK = {"spark.databricks.delta.commitLock.enabled": "false"}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    got = [x.strip() for x in text.split(",") if x.strip()]
+    bad = sorted(set(got) - set(allowed))
+    if bad or not got:
+        from deltawheel.statestore.exceptions import ConfigError
+
+        raise ConfigError(f"bench commits: unknown {what} {', '.join(map(repr, bad)) or '(none)'}; "
+                          f"choose from {', '.join(allowed)}")
+    return got
+
+
+def zxid(hosts: str) -> int:
+    """The last zxid the ZooKeeper server (or the first that answers of ``hosts``) has applied."""
+    from deltawheel.executor.servers.zookeeper import four_letter_word
+
+    for hp in hosts.split(","):
+        host, port = hp.rsplit(":", 1)
+        text = four_letter_word(host, int(port), "srvr", timeout_s=5.0) or ""
+        for line in text.splitlines():
+            if line.startswith("Zxid:"):
+                return int(line.split(":", 1)[1].strip(), 16)
+    raise RuntimeError(f"no ZooKeeper server of {hosts} answered srvr")
+
+
+class Servers:
+    """ZooKeeper (one server or a three-server ensemble), and for ``s3a`` S3Proxy behind Toxiproxy;
+    all started in :meth:`start` and stopped in :meth:`stop`."""
+
+    def __init__(self, root: Path, *, ensemble: bool, object_store: bool) -> None:
+        self.root = root
+        self.ensemble = ensemble
+        self.object_store = object_store
+        self._zk: Any = None
+        self._s3: Any = None
+        self.toxiproxy: Any = None
+        self.s3_url: str | None = None
+
+    @property
+    def zk_hosts(self) -> str:
+        """The ZooKeeper connection string (every server of an ensemble)."""
+        return str(self._zk.hosts)
+
+    def leader_hosts(self) -> str:
+        """``host:port`` of the server whose zxid counts the writes (the leader of an ensemble)."""
+        if not self.ensemble:
+            return self.zk_hosts
+        myid = self._zk.leader()
+        return str(self._zk.server(myid).hosts) if myid is not None else self.zk_hosts
+
+    def start(self) -> None:
+        """Start ZooKeeper, and for ``s3a`` S3Proxy, its bucket and Toxiproxy in front of it."""
+        from deltawheel.executor.servers.ensemble import ZooKeeperEnsemble
+        from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
+        from deltawheel.statestore.process import free_ports
+
+        tag = uuid.uuid4().hex[:6]
+        if self.ensemble:
+            self._zk = ZooKeeperEnsemble(self.root / f"_zk-{tag}")
+        else:
+            self._zk = EmbeddedZooKeeper(self.root / f"_zk-{tag}", port=free_ports(1)[0])
+        self._zk.start()
+        if self.object_store:
+            from deltawheel.executor.servers.s3proxy import S3ProxyServer
+            from deltawheel.executor.servers.toxiproxy import ToxiproxyServer
+
+            s3_port, api_port, listen = free_ports(3)
+            self._s3 = S3ProxyServer(self.root / f"_s3-{tag}", port=s3_port)
+            self._s3.start()
+            self._s3.create_bucket(BUCKET)
+            self.toxiproxy = ToxiproxyServer(self.root / f"_toxiproxy-{tag}", port=api_port)
+            self.toxiproxy.start()
+            self.s3_url = self.toxiproxy.proxy("s3", listen_port=listen, upstream=f"127.0.0.1:{s3_port}")
+
+    def set_latency(self, latency_ms: int) -> None:
+        """Add ``latency_ms`` to every object-store response (0: none)."""
+        self.toxiproxy.set_latency("s3", latency_ms)
+
+    def configure(self, spark: Any) -> None:
+        """Point ``spark`` at the bucket through Toxiproxy, commits arbitrated by this ZooKeeper."""
+        from deltawheel.statestore.objectstore.client import S3Endpoint
+        from deltawheel.statestore.objectstore.logstore import configure_log_store
+        from deltawheel.statestore.objectstore.s3a import configure_bucket
+
+        ep = self._s3.endpoint
+        configure_bucket(spark, S3Endpoint(url=str(self.s3_url), access_key=ep.access_key, secret_key=ep.secret_key),
+                         BUCKET)
+        configure_log_store(spark, self.zk_hosts, chroot="/dw-bench-logstore")
+
+    def stop(self) -> None:
+        """Stop every server started (each tried even if another fails to stop)."""
+        for server in (self.toxiproxy, self._s3, self._zk):
+            if server is not None:
+                try:
+                    server.stop()
+                except Exception as exc:  # the others still stop
+                    print(f"commits: stopping {type(server).__name__} failed: {exc}", flush=True)
+
+
+def _specs(shape: str, n: int, keys_per_batch: int) -> list[WriterSpec]:
+    if shape == "computations":
+        return [WriterSpec(f"w{i:02d}", f"c{i:02d}", (0, 1), 2, keys_per_batch) for i in range(n)]
+    return [WriterSpec(f"w{i:02d}", "shared", (2 * i, 2 * i + 1), 2 * n, keys_per_batch) for i in range(n)]
+
+
+def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: int, seconds: float,
+                  warmup: float, keys_per_batch: int = 8, latency_ms: int = 0,
+                  set_latency: Callable[[int], None] | None = None,
+                  count_hosts: Callable[[], str] | None = None) -> dict[str, Any]:
+    """Run ``n`` writers of ``shape`` on a fresh store at ``store_uri`` for ``warmup`` + ``seconds``,
+    coordinated by ZooKeeper ``zk_hosts`` (``count_hosts``: the server whose zxid counts the writes,
+    default ``zk_hosts``); ``set_latency`` (Toxiproxy's): 0 while the store is made, then
+    ``latency_ms``. Returns the point's figures (:func:`.commits_report.summarize`) and its checks."""
+    from deltawheel.statestore.config import ZkConfig
+    from deltawheel.statestore.delta.log import commit_infos
+    from deltawheel.statestore.delta.storefs import table_files
+    from deltawheel.statestore.layout import StoreLayout
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.watermarks.authority import WatermarkAuthority
+
+    from deltawheel import migrations
+
+    layout = StoreLayout(store_uri)
+    if set_latency is not None:
+        set_latency(0)  # making the store is not measured
+    migrations.apply(spark, layout, dry_run=False)
+    if set_latency is not None:
+        set_latency(latency_ms)
+    counter = count_hosts or (lambda: zk_hosts)
+    zk = ZkConfig(hosts=zk_hosts, chroot=f"/dw-bench-{uuid.uuid4().hex[:10]}", session_timeout_s=20.0)
+    pipeline = "bench"
+    specs = _specs(shape, n, keys_per_batch)
+    admin = connect(zk)
+    authority = WatermarkAuthority(admin, pipeline=pipeline)
+    for comp in sorted({(s.computation, s.num_intervals) for s in specs}):
+        authority.declare(comp[0], upstream=[], num_intervals=comp[1])
+    authority.close()
+    files = table_files(spark, layout.rows)
+    assert files is not None, f"{layout.rows}: the benchmark needs a store Python reaches (a folder, s3a://)"
+    start, measuring, stop = threading.Event(), threading.Event(), threading.Event()
+    ready = threading.Barrier(n + 1)
+    stats = [WriterStats(s.name) for s in specs]
+    errors: list[BaseException] = []
+
+    def body(spec: WriterSpec, st: WriterStats) -> None:
+        try:
+            run_writer(spark, layout, zk, pipeline=pipeline, spec=spec, start=start, measuring=measuring, stop=stop,
+                       stats=st, ready=ready)
+        except BaseException as exc:
+            errors.append(exc)
+            ready.abort()
+
+    threads = [threading.Thread(target=body, args=(s, st), name=f"writer-{s.name}", daemon=True)
+               for s, st in zip(specs, stats, strict=True)]
+    for t in threads:
+        t.start()
+    try:
+        try:
+            ready.wait(timeout=300)
+        except threading.BrokenBarrierError:
+            raise RuntimeError(f"a writer failed to start: {errors[0] if errors else 'timeout'}") from None
+        v0 = max((v for v, _ in commit_infos(files, after=-1) or []), default=0)
+        start.set()
+        time.sleep(warmup)
+        z0, load0 = zxid(counter()), os.getloadavg()[0]
+        measuring.set()
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        measuring.clear()
+        now = time.monotonic()
+        elapsed = now - t0
+        in_flight = [now - st.batch_started for st in stats if st.batch_started is not None]
+        z1 = zxid(counter())
+    finally:
+        stop.set()
+        start.set()
+        for t in threads:
+            t.join(timeout=600)
+    infos = commit_infos(files, after=v0) or []
+    counted = {cid for st in stats for cid in st.commit_ids}
+    mine = [(v, info, json.loads(info.get("userMetadata") or "{}")) for v, info in infos]
+    landed = [(v, info) for v, info, md in mine if md.get("commit_id") in counted]
+    between = [v - int(info["readVersion"]) - 1 for v, info in landed if info.get("readVersion") is not None]
+    reader = RowStore(spark, layout, writer="bench-reader")
+    missing = 0
+    for spec, st in zip(specs, stats, strict=True):
+        present = {r.key for r in reader.scan_intervals(spec.computation, spec.intervals)}
+        missing += len(st.keys - present)
+    point = summarize(stats, elapsed_s=elapsed, zk_writes=z1 - z0)
+    point.update({
+        "shape": shape, "writers": n, "load_avg_1m": round(load0, 2),
+        "log_versions_of_counted_commits": len(landed),
+        "log_versions_after_start": len(infos),
+        "commits_between_snapshot_and_version_mean": round(sum(between) / len(between), 3) if between else None,
+        "writers_without_commit": sum(1 for st in stats if st.commits == 0),
+        "longest_batch_in_flight_at_end_s": round(max(in_flight, default=0.0), 2),
+        "keys_missing": missing, "writer_errors": [repr(e) for e in errors],
+    })
+    return point
+
+
+def run(spark: Any, servers: Servers, out: Path, *, targets: list[str], latencies: list[int], shapes: list[str],
+        writers: list[int], seconds: float, warmup: float, keys_per_batch: int) -> dict[str, Any]:
+    """Every point of ``targets`` x latency x ``shapes`` x ``writers``, one after the other."""
+    result: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_before": os.getloadavg(), "seconds": seconds,
+                              "warmup_s": warmup, "keys_per_batch": keys_per_batch,
+                              "zookeeper": "three-server ensemble" if servers.ensemble else "one server",
+                              "points": []}
+    run_id = uuid.uuid4().hex[:6]
+    for target in targets:
+        for lat in (latencies if target == "s3a" else [0]):
+            for shape in shapes:
+                for n in writers:
+                    name = f"{run_id}-{target}-{lat}ms-{shape}-n{n}"
+                    if target == "s3a":
+                        uri = f"s3a://{BUCKET}/{name}"
+                    else:
+                        uri = str((out / "stores" / name).resolve())
+                    print(f"commits: {target} {lat} ms {shape} N={n}: running {warmup:g}+{seconds:g} s ...", flush=True)
+                    point = measure_point(
+                        spark, zk_hosts=servers.zk_hosts, count_hosts=servers.leader_hosts, store_uri=uri,
+                        shape=shape, n=n, seconds=seconds, warmup=warmup, keys_per_batch=keys_per_batch,
+                        latency_ms=lat, set_latency=servers.set_latency if target == "s3a" else None)
+                    point.update({"target": target, "latency_ms": lat, "store": uri})
+                    result["points"].append(point)
+                    print(point_line(point), flush=True)
+                    (out / "commits.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    result["load_avg_after"] = os.getloadavg()
+    return result
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Start the servers and the session, run every point, write ``commits.json`` and
+    ``commits.png`` into ``--out``, stop everything. Exit code 1 if a check failed."""
+    from deltawheel.executor.session import build_spark
+    from deltawheel.statestore.session.sparkenv import SparkSettings
+
+    if args.quick:
+        args.writers, args.targets, args.seconds, args.warmup = "1,2", "local", 4.0, 1.0
+    targets = _names(args.targets, TARGETS, "target")
+    shapes = _names(args.shapes, SHAPES, "shape")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    servers = Servers(out, ensemble=args.ensemble, object_store="s3a" in targets)
+    spark = None
+    try:
+        servers.start()
+        # the writers are threads of this JVM: without Delta's commit lock their commits race as processes' do
+        spark = build_spark(SparkSettings(master="local[2]", app_name="deltawheel-bench-commits",
+                                          object_store="s3a" in targets, extra=NO_COMMIT_LOCK))
+        if "s3a" in targets:
+            servers.configure(spark)
+        result = run(spark, servers, out, targets=targets, latencies=_ints(args.latencies), shapes=shapes,
+                     writers=_ints(args.writers), seconds=args.seconds, warmup=args.warmup,
+                     keys_per_batch=args.keys_per_batch)
+    finally:
+        if spark is not None:
+            spark.stop()
+        servers.stop()
+    (out / "commits.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    plot(result, out / "commits.png")
+    print(f"commits: wrote {out / 'commits.json'} and {out / 'commits.png'}", flush=True)
+    bad = [p for p in result["points"] if p["failed_batches"] or p["keys_missing"] or p["writer_errors"]
+           or p["log_versions_of_counted_commits"] != p["commits"]]
+    for p in bad:
+        print(f"commits: CHECK FAILED at {p['target']} {p['latency_ms']} ms {p['shape']} N={p['writers']}: "
+              f"failed {p['failed']}, keys missing {p['keys_missing']}, counted {p['commits']} vs log "
+              f"{p['log_versions_of_counted_commits']}", flush=True)
+    return 1 if bad else 0

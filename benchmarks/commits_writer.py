@@ -1,0 +1,144 @@
+"""One writer of the commit benchmark: a job instance's batches, cut down to their commit.
+
+A writer holds the leases of its intervals in ZooKeeper (a session of its own), claims them in the
+rows table as an owner does at its start, and then runs batches until told to stop. A batch is
+what the batch protocol does around the commit, minus the user code:
+
+1. check the leases (local, no ZooKeeper round trip);
+2. commit new images of a few keys of its intervals with the fence rows under its sequencers
+   (``RowStore.commit``: the fenced MERGE evaluated in Python over the partitions' files, one
+   Delta transaction, the conflict retry);
+3. publish the intervals' oldest work and advance the computation's low watermark in ZooKeeper
+   (``WatermarkAuthority.publish_and_advance``, step 7).
+
+Each writer keeps its own figures (:class:`WriterStats`); a failed batch is counted with its
+error's type and the writer goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+__all__ = ["WriterSpec", "WriterStats", "run_writer", "keys_for"]
+
+
+@dataclass(frozen=True)
+class WriterSpec:
+    """What one writer writes: ``computation``'s ``intervals`` (of ``num_intervals``)."""
+
+    name: str
+    computation: str
+    intervals: tuple[int, ...]
+    num_intervals: int
+    keys_per_batch: int = 8
+
+
+@dataclass
+class WriterStats:
+    """One writer's figures over the measured time."""
+
+    name: str
+    commits: int = 0
+    attempts: int = 0
+    conflicts: int = 0
+    commit_s: list[float] = field(default_factory=list)
+    batch_s: list[float] = field(default_factory=list)
+    failed: dict[str, int] = field(default_factory=dict)
+    commit_ids: list[str] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)
+    batch_started: float | None = None  # monotonic start of the batch under way (None: between batches)
+
+
+def keys_for(spec: WriterSpec, per_interval: int = 32) -> list[str]:
+    """``per_interval`` keys of each of the writer's intervals (its own key space)."""
+    from deltawheel.statestore.rowtable.rows import interval_of
+
+    want = set(spec.intervals)
+    got: dict[int, list[str]] = {iv: [] for iv in spec.intervals}
+    i = 0
+    while any(len(v) < per_interval for v in got.values()):
+        key = f"{spec.name}-k{i:05d}"
+        iv = interval_of(key, spec.num_intervals)
+        if iv in want and len(got[iv]) < per_interval:
+            got[iv].append(key)
+        i += 1
+    return [k for iv in spec.intervals for k in got[iv]]
+
+
+def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterSpec, start: threading.Event,
+               measuring: threading.Event, stop: threading.Event, stats: WriterStats,
+               ready: threading.Barrier) -> None:
+    """Take the leases, claim the intervals, then run batches from ``start`` until ``stop``; only
+    batches that end while ``measuring`` is set are counted."""
+    from deltawheel.statestore.codecs import get_codec
+    from deltawheel.statestore.rowtable.rows import KeyRow, interval_of
+    from deltawheel.statestore.rowtable.store import RowStore
+    from deltawheel.statestore.zk.client import connect
+    from deltawheel.statestore.zk.leases import LeaseManager
+    from deltawheel.statestore.zk.watermarks.authority import WatermarkAuthority
+
+    client = connect(zk)
+    leases = LeaseManager(client, pipeline=pipeline, owner=spec.name)
+    authority = WatermarkAuthority(client, pipeline=pipeline)
+    store = RowStore(spark, layout, writer=spec.name, conflict_retries=10)
+    codec = get_codec("json")
+    try:
+        grants = leases.acquire(spec.computation, spec.intervals, wait_s=30.0)
+        seqs = {iv: g.sequencer for iv, g in grants.items()}
+        store.fence(spec.computation, seqs, claim_only=True)
+        pool = keys_for(spec)
+        counts = dict.fromkeys(pool, 0)
+        ready.wait()
+        start.wait()
+        n = 0
+        while not stop.is_set():
+            picked: Sequence[str] = [pool[(n * spec.keys_per_batch + j) % len(pool)] for j in range(spec.keys_per_batch)]
+            n += 1
+            t0 = stats.batch_started = time.monotonic()
+            conflicts0 = store.stats.conflicts
+            try:
+                # 1. the leases, checked locally
+                def check() -> None:
+                    for iv in spec.intervals:
+                        leases.check_valid(spec.computation, iv)
+
+                check()
+                # 2. the fenced commit
+                for k in picked:
+                    counts[k] += 1
+                rows = [KeyRow(spec.computation, k, interval_of(k, spec.num_intervals),
+                               state=codec.encode({"n": counts[k]})) for k in picked]
+                t1 = time.monotonic()
+                res = store.commit(spec.computation, rows, sequencers=seqs, num_intervals=spec.num_intervals,
+                                   lease_check=check)
+                t2 = time.monotonic()
+                # 3. the watermark: oldest work per interval, the low watermark advanced
+                now = int(time.time() * 1000)
+                authority.publish_and_advance(spec.computation, {iv: (now, s) for iv, s in seqs.items()})
+            except Exception as exc:  # counted, and the writer goes on
+                stats.batch_started = None
+                if measuring.is_set():
+                    name = type(exc).__name__
+                    stats.failed[name] = stats.failed.get(name, 0) + 1
+                continue
+            stats.batch_started = None
+            if measuring.is_set():  # a batch counts when it ends in the measured time
+                stats.commits += 1
+                stats.attempts += res.attempts
+                stats.conflicts += store.stats.conflicts - conflicts0
+                stats.commit_s.append(t2 - t1)
+                stats.batch_s.append(time.monotonic() - t0)
+                stats.commit_ids.append(res.commit_id)
+                stats.keys.update(picked)
+    finally:
+        try:
+            leases.release(spec.computation)
+        except Exception:
+            pass
+        leases.close()
+        authority.close()
+        client.stop()
+        client.close()

@@ -1,0 +1,151 @@
+"""Toxiproxy: a TCP proxy that adds real network latency between a client and a local server.
+
+The commit benchmark (``deltawheel bench commits``) puts it between Spark and S3Proxy so that
+every object-store request waits ``latency`` ms on the wire, as a request to a remote object store
+does; no sleep in deltawheel's code stands in for it. The binary is built once from its Go
+module (``go install``) into the per-user cache ``~/.cache/deltawheel/bin``
+(:func:`ensure_toxiproxy`; ``deltawheel setup --toxiproxy``). Nothing in the default tests needs it.
+
+A server is one detached process (``statestore/process.py``): stopping it stops its proxies.
+The proxies and their toxics are set through its HTTP API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ...statestore.exceptions import ObjectStoreServerError
+from ...statestore.process import DetachedProcess, port_free
+
+__all__ = ["TOXIPROXY_MODULE", "TOXIPROXY_VERSION", "ToxiproxyServer", "default_bin_dir", "ensure_toxiproxy"]
+
+TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
+TOXIPROXY_VERSION = "v2.5.0"
+_BINARY = f"toxiproxy-server-{TOXIPROXY_VERSION}"
+
+
+def default_bin_dir() -> Path:
+    """The per-user cache of built programs: ``~/.cache/deltawheel/bin``."""
+    return Path.home() / ".cache" / "deltawheel" / "bin"
+
+
+def _go() -> str:
+    # on PATH, else where $GOROOT or Go's own installer puts it
+    goroot = os.environ.get("GOROOT")
+    for candidate in (shutil.which("go"), goroot and os.path.join(goroot, "bin", "go"), "/usr/local/go/bin/go"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise ObjectStoreServerError("Toxiproxy is built from its Go module and no `go` was found on PATH; "
+                                 "install Go (1.21 or newer) and run `deltawheel setup --toxiproxy` again")
+
+
+def ensure_toxiproxy(bin_dir: Path | None = None, *, quiet: bool = False) -> Path:
+    """The Toxiproxy server binary, built with ``go install`` into ``bin_dir`` the first time.
+
+    Raises:
+        ObjectStoreServerError: Go is missing or the build failed (with its output).
+    """
+    bin_dir = bin_dir or default_bin_dir()
+    target = bin_dir / _BINARY
+    if target.exists():
+        return target
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    build = bin_dir / f".build-{os.getpid()}"
+    if not quiet:
+        print(f"deltawheel: building Toxiproxy {TOXIPROXY_VERSION} from its Go module into {bin_dir} (once per user)",
+              file=sys.stderr)
+    env = {**os.environ, "GOBIN": str(build), "CGO_ENABLED": "0"}
+    done = subprocess.run([_go(), "install", f"{TOXIPROXY_MODULE}@{TOXIPROXY_VERSION}"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 or not (build / "server").exists():
+        raise ObjectStoreServerError(f"building Toxiproxy failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    (build / "server").replace(target)
+    shutil.rmtree(build, ignore_errors=True)
+    return target
+
+
+class ToxiproxyServer:
+    """A Toxiproxy server run from ``data_dir`` (its pid and log files), its API on ``port``."""
+
+    def __init__(self, data_dir: Path | str, *, port: int, host: str = "127.0.0.1",
+                 bin_dir: Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port
+        self._bin_dir = bin_dir
+        self._process = DetachedProcess("Toxiproxy", pid_file=self.data_dir / "toxiproxy.pid",
+                                        log_file=self.data_dir / "toxiproxy.log", marker=_BINARY,
+                                        error=ObjectStoreServerError)
+
+    @property
+    def api(self) -> str:
+        """The HTTP API's base URL."""
+        return f"http://{self.host}:{self.port}"
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.api}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                text = resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            raise ObjectStoreServerError(f"Toxiproxy {method} {path} answered {exc.code}: "
+                                         f"{exc.read().decode(errors='replace')}") from exc
+        try:
+            return json.loads(text) if text.strip() else None
+        except ValueError:  # /version answers plain text
+            return text
+
+    def _ready(self) -> bool:
+        try:
+            self._call("GET", "/version")
+            return True
+        except (OSError, ObjectStoreServerError):
+            return False
+
+    def start(self, *, timeout_s: float = 30.0) -> None:
+        """Start the server (building it first if needed) and return once its API answers.
+
+        Raises:
+            ObjectStoreServerError: the port is taken, or the server did not answer in time.
+        """
+        binary = ensure_toxiproxy(self._bin_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not port_free(self.host, self.port):
+            raise ObjectStoreServerError(f"port {self.port} on {self.host} is in use; pass another port")
+        pid = self._process.launch([str(binary), "-host", self.host, "-port", str(self.port)], cwd=self.data_dir)
+        problem = self._process.wait_ready(pid, self._ready, timeout_s)
+        if problem is not None:
+            self._process.kill_group(pid, timeout_s=5.0)
+            raise ObjectStoreServerError(f"Toxiproxy did not answer on {self.api}: {problem}. "
+                                         f"Log tail:\n{self._process.log_tail()}")
+
+    def stop(self, *, timeout_s: float = 10.0) -> bool:
+        """Stop the server and its proxies; False if none was running."""
+        return self._process.stop(timeout_s=timeout_s)
+
+    def proxy(self, name: str, *, listen_port: int, upstream: str) -> str:
+        """Create proxy ``name`` listening on ``listen_port`` and forwarding to ``upstream``
+        (``host:port``); returns its ``http://host:port`` address."""
+        self._call("POST", "/proxies", {"name": name, "listen": f"{self.host}:{listen_port}",
+                                        "upstream": upstream, "enabled": True})
+        return f"http://{self.host}:{listen_port}"
+
+    def set_latency(self, name: str, latency_ms: int) -> None:
+        """Delay every response of proxy ``name`` by ``latency_ms`` (0: no toxic)."""
+        toxics = {t["name"] for t in self._call("GET", f"/proxies/{name}/toxics") or []}
+        if "latency" in toxics:
+            self._call("DELETE", f"/proxies/{name}/toxics/latency")
+        if latency_ms > 0:
+            self._call("POST", f"/proxies/{name}/toxics", {
+                "name": "latency", "type": "latency", "stream": "downstream", "toxicity": 1.0,
+                "attributes": {"latency": int(latency_ms), "jitter": 0}})

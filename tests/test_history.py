@@ -180,10 +180,17 @@ def _rows_at(spark, layout, **option) -> list[tuple[str, Any, int]]:  # type: ig
 
 
 def _cli_json(capsys, *argv: str) -> tuple[list[dict[str, Any]], str]:  # type: ignore[no-untyped-def]
+    """The rows ``deltawheel sql --format json`` printed, in order; with several statements each
+    line is ``{"query": N, "row": {...}}``, numbered in the order the statements were given."""
     rc = main(["sql", *argv])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    return [json.loads(line) for line in out.splitlines()], err
+    lines = [json.loads(line) for line in out.splitlines()]
+    if sum(1 for a in argv if a.lstrip().upper().startswith("SELECT")) < 2:
+        return lines, err
+    numbers = [line["query"] for line in lines]
+    assert numbers == sorted(numbers), numbers  # each statement's rows after the one before's
+    return [line["row"] for line in lines], err
 
 
 def test_sql_as_of_equals_delta_time_travel(spark, ran, capsys) -> None:  # type: ignore[no-untyped-def]

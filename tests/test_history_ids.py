@@ -115,14 +115,14 @@ def _sql(capsys: Any, *argv: str) -> list[list[dict[str, Any]]]:
     rc = main(["sql", "--format", "json", *argv])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    # each query's output is its JSON lines; the queries below return rows with distinct columns
-    found: list[list[dict[str, Any]]] = []
-    for line in out.splitlines():
-        row = json.loads(line)
-        if not found or set(found[-1][0]) != set(row):
-            found.append([])
-        found[-1].append(row)
-    return found
+    # one statement: its rows; several: each line says which statement it answers
+    lines = [json.loads(line) for line in out.splitlines()]
+    if not lines or set(lines[0]) != {"query", "row"}:
+        return [lines]
+    found: dict[int, list[dict[str, Any]]] = {}
+    for line in lines:
+        found.setdefault(line["query"], []).append(line["row"])
+    return [found[n] for n in sorted(found)]
 
 
 @pytest.mark.timeout(900)

@@ -40,8 +40,9 @@ def injector_line(name: str, recorded_ms: int, zookeeper_ms: int | None) -> str:
     from ..protocol.reports import describe_watermark
 
     state = "ok" if zookeeper_ms is not None and zookeeper_ms >= recorded_ms else "restore"
+    held = "none" if zookeeper_ms is None else describe_watermark(zookeeper_ms)  # ZooKeeper holds no watermark
     return (f"  injector {name}: watermark {describe_watermark(recorded_ms)} in the store's commits, ZooKeeper's "
-            f"{describe_watermark(zookeeper_ms)}  {state}")
+            f"{held}  {state}")
 
 
 def _run(args: argparse.Namespace) -> int:

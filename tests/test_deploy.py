@@ -134,7 +134,7 @@ def test_executors_on_other_hosts_run_from_the_archive_only(hosts_available: Non
         rows = json.loads(line[len("PROBE "):])
         assert {r["host"] for r in rows} <= {"10.61.0.21", "10.61.0.22"}
         for r in rows:  # the executor's Python and deltawheel: the unpacked archive in its work folder
-            assert re.search(r"/work/app-[^/]+/\d+/(\./)?environment/bin/python", r["executable"]), r
+            assert re.search(r"\bwork/app-[^/]+/\d+/(\./)?environment/bin/python", r["executable"]), r
             assert re.search(r"/environment/lib/python3\.\d+/site-packages/deltawheel/__init__\.py$",
                              r["deltawheel"]), r
             assert not r["deltawheel"].startswith(str(REPO / "deltawheel"))

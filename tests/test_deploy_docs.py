@@ -42,16 +42,21 @@ def drivers() -> list[tuple[str, dict[str, object]]]:
     return [(str(d["worker"]).split("-")[2], d) for d in state.get("activedrivers", [])]
 
 
+def _driver_files(driver_id: str, name: str) -> list[Path]:
+    """A cluster-mode driver's output files in its worker's work folder (Spark's ``work``)."""
+    return [p for w in HOSTS.glob("worker*") for p in (w / "work" / driver_id).glob(name)]
+
+
 def wait_first_batch(driver_id: str, *, timeout_s: float) -> float:
     """The epoch time the driver ``driver_id`` printed as its first committed batch."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        for out in HOSTS.glob(f"worker*/work/{driver_id}/stdout"):
+        for out in _driver_files(driver_id, "stdout"):
             m = FIRST.search(out.read_text(errors="replace"))
             if m:
                 return float(m.group(1))
         time.sleep(1.0)
-    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in HOSTS.glob(f"worker*/work/{driver_id}/std*"))
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in _driver_files(driver_id, "std*"))
     raise AssertionError(f"{driver_id}: no first batch within {timeout_s}s\n{logs}")
 
 

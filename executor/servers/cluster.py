@@ -251,6 +251,15 @@ class ClusterStatus:
         return zk_ok and spark_ok
 
 
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """A cluster's saved manifest (its ports and parts), None when there is none or it is unreadable."""
+    try:
+        raw = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
 class LocalCluster:
     """A ZooKeeper ensemble and a Spark standalone cluster under one data folder.
 
@@ -285,11 +294,7 @@ class LocalCluster:
         return self.data_dir / "cluster.json"
 
     def _saved(self) -> dict[str, Any] | None:
-        try:
-            raw = json.loads(self.manifest.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return raw if isinstance(raw, dict) else None
+        return read_manifest(self.manifest)
 
     @property
     def master_url(self) -> str | None:

@@ -34,6 +34,7 @@ from deltawheel.statestore.objectstore.client import S3Endpoint
 from deltawheel.statestore.process import DetachedProcess
 
 from ..exceptions import ClusterError
+from .cluster import read_manifest
 from .netns import Host, HostNetwork, host_prefix, isolated_prefix, leftovers
 from .s3proxy import S3ProxyServer
 from .zookeeper import EmbeddedZooKeeper, QuorumPeer
@@ -134,11 +135,7 @@ class HostsCluster:
         return self.data_dir / "hosts.json"
 
     def _saved(self) -> dict[str, Any] | None:
-        try:
-            raw = json.loads(self.manifest.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return raw if isinstance(raw, dict) else None
+        return read_manifest(self.manifest)
 
     @property
     def spark_python(self) -> Path:

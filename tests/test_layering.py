@@ -173,3 +173,17 @@ def test_every_import_goes_down_the_floors() -> None:
 @pytest.mark.parametrize("sub", sorted(set().union(*FLOORS) - {"<ground>"}))
 def test_every_floor_named_is_a_package(sub: str) -> None:
     assert (STATESTORE / sub / "__init__.py").is_file()
+
+
+@pytest.mark.parametrize("top", ["statestore", "executor", "gc", "migrations"])
+def test_no_relative_import_climbs_out_of_its_top_folder(top: str) -> None:
+    """A relative import stays inside its top folder: pytest's doctest collector imports each
+    top folder as a package of its own, where ``from ...statestore`` from the executor fails."""
+    root = Path(__file__).resolve().parents[1] / top
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        depth = len(path.relative_to(root).parts) - 1  # folders below the top folder
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level and node.level - 1 > depth:
+                bad.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert not bad, f"relative imports that leave {top}/ (use deltawheel.<folder>...): {bad}"

@@ -22,8 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ...statestore.exceptions import ObjectStoreServerError
-from ...statestore.process import DetachedProcess, port_free
+from deltawheel.statestore.exceptions import ObjectStoreServerError
+from deltawheel.statestore.process import DetachedProcess, port_free
 
 __all__ = ["TOXIPROXY_MODULE", "TOXIPROXY_VERSION", "ToxiproxyServer", "default_bin_dir", "ensure_toxiproxy"]
 

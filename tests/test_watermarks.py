@@ -447,7 +447,7 @@ def test_closed_authorities_leave_no_listener_on_a_long_lived_client(clients, wm
                                                                      migrated_store) -> None:
     """A job or a dashboard that polls the watermarks through one client, making an authority
     (or calling ``status``'s gather) each time, does not make the client keep them all."""
-    from deltawheel.executor.cli.status import gather
+    from deltawheel.executor.drivers.status import gather
 
     client = clients()
     before = len(client.state_listeners)

@@ -1,6 +1,6 @@
 """``deltawheel report``: one self-contained HTML page with plots of a store's pipelines.
 
-Built from what :func:`~deltawheel.executor.cli.status.gather` collects (the store's
+Built from what :func:`~deltawheel.executor.drivers.status.gather` collects (the store's
 ``_metrics/batches`` table, dead letters and late data, the rows table's log, and ZooKeeper's
 leases and watermarks). The plots are PNG images drawn with matplotlib and embedded as
 ``data:`` URIs: the page fetches nothing, runs no script, and can be mailed or archived.
@@ -18,9 +18,10 @@ from typing import Any, Callable
 
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
+from ..drivers.status import StoreStatus, gather
 from ..protocol.reports import watermark_known
 from .common import add_store_arg, add_zk_args, store_zookeeper
-from .status import StoreStatus, gather, render
+from .status import render
 
 __all__ = ["register", "build_html", "write_report", "PLOTS"]
 

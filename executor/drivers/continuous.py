@@ -1,26 +1,19 @@
 """Continuous pipelines: every computation's streaming query live at once, until stopped.
 
-:class:`ContinuousRun` (``engine.start_pipeline``, ``engine.run_pipeline(..., continuous=True)``,
-``deltawheel run``) starts, in one Spark application, one unbounded query per computation of a
-:class:`~.pipeline.Pipeline`, each on its own :class:`Trigger`. The checkpoints are the bounded
-runner's, so a bounded and a continuous run of one pipeline take over from each other. Beside
-the queries: ticks for idle stages, tools' hand-overs (``handover.py``), instances
-(``sharing.py``) and background gc (``gc/background.py``).
+:class:`ContinuousRun` (``engine.start_pipeline``, ``deltawheel run``) runs one unbounded query
+per computation in one Spark application, each on its own :class:`Trigger`, on the bounded
+runner's checkpoints (either takes over from the other). Beside the queries: ticks for idle
+stages, tools' hand-overs (``handover.py``), instances sharing intervals (``sharing.py``) and
+background gc.
 
-Invariant: a downstream batch must never act on an upstream computation's low watermark beyond
-what its micro-batch read. The runner reads it at the end of each batch (and before the query
-starts) and caps the next batch with it (:attr:`.ComputationExecutor.upstream_caps`); the
-computation's own low watermark is held at that cap (:attr:`input_hold_ms`).
+Invariant: a downstream batch never acts on an upstream low watermark beyond what its micro-batch
+read: the watermark read after each batch caps the next one
+(:attr:`.ComputationExecutor.upstream_caps`) and holds the stage's own (:attr:`input_hold_ms`).
 docs/continuous.md, "Watermarks between live stages" and "Stopping".
-
-Over 500 lines: the lifecycle, one stage's batch and the ticks share the stages' locks and caps;
-split, each part would reach into the others' state.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import threading
 import time
@@ -36,13 +29,13 @@ from deltawheel.statestore.writepath.streams import ensure_stream_table
 from ..computation import RECORD_KEY, Computation
 from ..exceptions import BatchFailedError
 from ..protocol.executor import ComputationExecutor
-from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
-from ..sources.schema import union_inputs
+from ..sources.injector import Injector, publish_watermark
 from ..tasks import worker as _worker
 from ..tasks.image.direct import table_source
 from .handover import HandoverWatch, hand_over
+from .inputs import stage_input
 from .pipeline import Pipeline, RunSummary, StopReport
-from .querystart import clear_unstarted
+from .querystart import clear_unstarted, delta_end_version, pending_batch
 from .sharing import Sharing
 from .triggers import Trigger
 from .wiring import Wiring, injector_hook, positions_recorder
@@ -317,8 +310,6 @@ class ContinuousRun:
     # ---------------------------------------------------------------- one stage
 
     def _start_stage(self, comp: Computation) -> None:
-        from pyspark.sql import functions as F
-
         p, authority = self.pipeline, self.wiring.authority
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
@@ -327,7 +318,7 @@ class ContinuousRun:
         if sharing is not None:  # instances share the intervals: a query and a checkpoint per instance
             chk = sharing.checkpoint(chk)
             stage = self.stages[comp.name] = _Stage(comp, None, chk, self._triggers[comp.name])
-            stage.replay_id = _pending_batch(chk)
+            stage.replay_id = pending_batch(chk)
             caps = self._read_caps(stage)
             stage.ex = sharing.start(comp, chk, wait_s=self.wait_s, caps={u: None for u in caps}, hold=_hold(
                 {u: None for u in caps}))
@@ -337,29 +328,17 @@ class ContinuousRun:
                                       progress=self.progress, write_path=self.write_path)
             ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=chk,  # replay
                                               spark=self.spark)
-            ex.event_ahead_ms = {s: b for s in comp.inputs if s in injectors
-                                 for b in [getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)]
-                                 if b is not None}
             stage = self.stages[comp.name] = _Stage(comp, ex, chk, self._triggers[comp.name])
             self._log(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
             ex.start_in_background(wait_s=self.wait_s, then=lambda: self._log(
                 f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))
             ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
             ex.direct_source = self._direct_source(comp)
-            stage.replay_id = _pending_batch(chk)
-        frames = []
-        for s in comp.inputs:
-            if s in injectors:
-                df = injectors[s].stream_df(self.spark)
-            else:
-                reader = self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
-                if sharing is not None:  # the files deliveries added, never a compaction's (rescale.py)
-                    reader = reader.option("startingVersion", 0)
-                df = reader.load(self.layout.stream(s))
-            frames.append(df.withColumn("stream", F.lit(s)))
+            stage.replay_id = pending_batch(chk)
+        inp = stage_input(self.spark, self.layout, comp, injectors, shared=sharing is not None)
+        if stage.ex is not None and sharing is None:
+            stage.ex.event_ahead_ms = inp.event_ahead_ms
         stage.next_caps = self._read_caps(stage)
-        per_partition: list[Any] = [injectors[s] for s in comp.inputs
-                         if s in injectors and callable(getattr(injectors[s], "stats_of", None))]
 
         def batch(df: Any, batch_id: int) -> None:
             while not stage.lock.acquire(timeout=0.1):  # a tick runs, or the stop holds it
@@ -384,7 +363,7 @@ class ContinuousRun:
                     assert ex is not None
                     ex.wait_started()
                     ex.upstream_caps, ex.input_hold_ms = caps, _hold(caps)
-                    stats = [(inj, inj.stats_of(df.where(F.col("stream") == inj.name))) for inj in per_partition]
+                    stats = inp.partition_stats(df)
                     before = ex.records_in_total
                     ex(df, batch_id)
                     stage.acted_caps = caps
@@ -409,7 +388,7 @@ class ContinuousRun:
                 stage.lock.release()
 
         clear_unstarted(chk)  # a first write a stop cut short would block every start
-        writer = (union_inputs(frames).writeStream.foreachBatch(batch).option("checkpointLocation", chk)
+        writer = (inp.df.writeStream.foreachBatch(batch).option("checkpointLocation", chk)
                   .queryName(f"dw_{p.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")))
         stage.query = stage.trigger.apply(writer).start()
 
@@ -518,7 +497,7 @@ class ContinuousRun:
             return False  # not a local table, or unreadable: not known
         if version == 0:
             return True
-        end = _end_version(stage.query, local_path(path) or path)
+        end = delta_end_version(stage.query, local_path(path) or path)
         return end is not None and end > version
 
 
@@ -527,46 +506,3 @@ def _hold(caps: Mapping[str, int | None]) -> int | None:
     unread input is after them): their minimum, an unknown one holding everything (0); None: no
     upstream computation."""
     return min((0 if c is None else c) for c in caps.values()) if caps else None
-
-
-def _end_version(query: Any, path: str) -> int | None:
-    """The ``reservoirVersion`` of the Delta source reading ``path`` in ``query``'s last progress:
-    every version before it was read (Delta moves to the next version, index -1, at a version's end)."""
-    progress = query.lastProgress
-    if progress is None:
-        return None
-    sources = getattr(progress, "sources", None)
-    if sources is None:
-        sources = progress.get("sources", []) if isinstance(progress, dict) else []
-    for src in sources:
-        desc = getattr(src, "description", None) or (src.get("description") if isinstance(src, dict) else "")
-        if not desc or not str(desc).rstrip("]").endswith(path.rstrip("/")):
-            continue
-        end = getattr(src, "endOffset", None) if not isinstance(src, dict) else src.get("endOffset")
-        if isinstance(end, str):
-            try:
-                end = json.loads(end)
-            except ValueError:
-                return None
-        if isinstance(end, dict) and "reservoirVersion" in end:
-            return int(end["reservoirVersion"])
-        return None
-    return None
-
-
-def _pending_batch(checkpoint: str) -> int | None:
-    """The id of the micro-batch the checkpoint planned and did not commit (Spark replays it first),
-    None when there is none; for a remote checkpoint (not listed here) a bound above any id, so
-    that the first batch of the start counts as a replay."""
-    local = local_path(checkpoint)
-    if local is None:
-        return 2**62
-    ids = {}
-    for sub in ("offsets", "commits"):
-        try:
-            ids[sub] = [int(n) for n in os.listdir(os.path.join(local, sub)) if n.isdigit()]
-        except OSError:
-            ids[sub] = []
-    planned = max(ids["offsets"], default=None)
-    committed = max(ids["commits"], default=-1)
-    return planned if planned is not None and planned > committed else None

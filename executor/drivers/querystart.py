@@ -1,4 +1,4 @@
-"""What a streaming query's checkpoint needs before the query starts.
+"""What a streaming query's checkpoint needs before the query starts, and what its progress read.
 
 A query stopped (SIGKILL, SIGTERM) while it wrote its first offsets entry leaves a hidden
 temporary file in ``offsets/`` (``.0.<uuid>.tmp``, 0 bytes) and no entry. Spark then refuses
@@ -9,11 +9,13 @@ leftovers of the unfinished first write are deleted: nothing was committed, noth
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 from deltawheel.statestore.delta.log import local_path
 
-__all__ = ["clear_unstarted"]
+__all__ = ["clear_unstarted", "delta_end_version", "pending_batch"]
 
 _LOGS = ("offsets", "commits")
 
@@ -46,3 +48,46 @@ def clear_unstarted(checkpoint: str) -> list[str]:
                 except OSError:
                     pass
     return gone
+
+
+def delta_end_version(query: Any, path: str) -> int | None:
+    """The ``reservoirVersion`` of the Delta source reading ``path`` in ``query``'s last progress:
+    every version before it was read (Delta moves to the next version, index -1, at a version's end)."""
+    progress = query.lastProgress
+    if progress is None:
+        return None
+    sources = getattr(progress, "sources", None)
+    if sources is None:
+        sources = progress.get("sources", []) if isinstance(progress, dict) else []
+    for src in sources:
+        desc = getattr(src, "description", None) or (src.get("description") if isinstance(src, dict) else "")
+        if not desc or not str(desc).rstrip("]").endswith(path.rstrip("/")):
+            continue
+        end = getattr(src, "endOffset", None) if not isinstance(src, dict) else src.get("endOffset")
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                return None
+        if isinstance(end, dict) and "reservoirVersion" in end:
+            return int(end["reservoirVersion"])
+        return None
+    return None
+
+
+def pending_batch(checkpoint: str) -> int | None:
+    """The id of the micro-batch the checkpoint planned and did not commit (Spark replays it first),
+    None when there is none; for a remote checkpoint (not listed here) a bound above any id, so
+    that the first batch of the start counts as a replay."""
+    local = local_path(checkpoint)
+    if local is None:
+        return 2**62
+    ids = {}
+    for sub in ("offsets", "commits"):
+        try:
+            ids[sub] = [int(n) for n in os.listdir(os.path.join(local, sub)) if n.isdigit()]
+        except OSError:
+            ids[sub] = []
+    planned = max(ids["offsets"], default=None)
+    committed = max(ids["commits"], default=-1)
+    return planned if planned is not None and planned > committed else None

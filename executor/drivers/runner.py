@@ -30,7 +30,6 @@ from deltawheel.statestore.delta.jvm import require_classic_session
 from deltawheel.statestore.exceptions import DeltaWheelError, LeaseHeldError
 from deltawheel.statestore.layout import StoreLayout, validate_name
 from deltawheel.statestore.ownership.owner import IntervalOwner
-from deltawheel.statestore.writepath.streams import ensure_stream_table
 from deltawheel.statestore.zk.client import digest_acls
 from deltawheel.statestore.zk.handover import read_handover
 from deltawheel.statestore.zk.lease_tools import list_leases
@@ -44,8 +43,9 @@ from ..protocol.executor import ComputationExecutor
 from ..protocol.faults import FaultPoint
 from ..protocol.reports import BatchReport
 from ..protocol.rescale import CATCH_UP_BATCH, shared_input
-from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
+from ..sources.injector import Injector, publish_watermark
 from ..tasks import worker as _worker
+from .inputs import stage_input
 from .pipeline import MoveTiming, Pipeline, RunSummary
 from .querystart import clear_unstarted
 from .wiring import Wiring, injector_hook, migrate_store, open_client_planned, positions_recorder, wire
@@ -372,10 +372,6 @@ class PipelineRunner:
 
     def _consume(self, comp: Computation, ex: ComputationExecutor) -> int:
         """One availableNow query over the computation's inputs; returns records consumed."""
-        from pyspark.sql import functions as F
-
-        from ..sources.schema import union_inputs
-
         injectors = {i.name: i for i in self.pipeline.injectors}
         if self.instance is not None and ex.authority is not None:
             # read before the query pins its snapshot of the upstream stream tables (or before the
@@ -388,35 +384,15 @@ class PipelineRunner:
         last = self._read_upto.get(comp.name)
         if last is not None and self._input_tokens(comp) == last:
             return 0  # every input is as it was when the last query started: it read all of it
-        frames = []
-        for s in comp.inputs:
-            if s in injectors:
-                df = injectors[s].stream_df(self.spark)
-            else:
-                reader = self.spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
-                if self.instance is not None:  # the files deliveries added, never a compaction's (rescale.py)
-                    ensure_stream_table(self.spark, self.layout, s)
-                    reader = reader.option("startingVersion", 0)
-                df = reader.load(self.layout.stream(s))
-            frames.append(df.withColumn("stream", F.lit(s)))
+        inp = stage_input(self.spark, self.layout, comp, injectors, shared=self.instance is not None)
         # (shared intervals: the skip rule filters the frame, so the tasks must not read the files)
         ex.direct_source = self._direct_source(comp) if ex.shared is None else None
-        # each injector's bound on event time ahead of the clock (records of other streams: none)
-        ex.event_ahead_ms = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
-                             for s in comp.inputs if s in injectors
-                             and getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) is not None}
-        src = union_inputs(frames)  # an injector's frame may have raw_value, a stream table's has not
+        ex.event_ahead_ms = inp.event_ahead_ms
         before = ex.records_in_total
         chk = self._checkpoint(comp)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files
         self._read_upto.pop(comp.name, None)
         failed: list[BaseException] = []
-        # injectors whose watermark is per partition (Kafka): the batch's per-partition maxima are
-        # taken before the batch and observed after it, as their ``tracking`` does; the executor's
-        # end-of-batch hook only knows the batch's overall event-time range (it still publishes
-        # them too: in timers-only batches it is what moves a partition that went idle)
-        per_partition: list[Any] = [injectors[s] for s in comp.inputs
-                         if s in injectors and callable(getattr(injectors[s], "stats_of", None))]
 
         def batch(df: Any, batch_id: int) -> None:
             try:
@@ -425,7 +401,7 @@ class PipelineRunner:
                 failed.append(exc)
                 raise
             try:
-                stats = [(inj, inj.stats_of(df.where(F.col("stream") == inj.name))) for inj in per_partition]
+                stats = inp.partition_stats(df)
                 ex(df, batch_id)
                 for inj, st in stats:
                     inj.observe(st)
@@ -440,7 +416,7 @@ class PipelineRunner:
 
         ex.wait_leased()  # the leases keep a second copy of this job off the query's checkpoint
         clear_unstarted(chk)  # a first write a stop cut short would block every start
-        q = (src.writeStream.foreachBatch(batch).trigger(availableNow=True)
+        q = (inp.df.writeStream.foreachBatch(batch).trigger(availableNow=True)
              .option("checkpointLocation", chk).queryName(f"dw_{self.pipeline.name}_{comp.name}" + (f"_{self.instance}" if self.instance else "")).start())
         try:
             q.awaitTermination()

@@ -1,0 +1,64 @@
+"""A computation's input as one streaming DataFrame, built the same way by the bounded runner
+(``runner.py``) and the continuous one (``continuous.py``).
+
+Each input is an injector's frame or an upstream computation's stream table, tagged with a
+``stream`` column. Instances sharing intervals read a stream table from version 0: the files
+deliveries added, never a compaction's (``protocol/rescale.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.writepath.streams import ensure_stream_table
+
+from ..computation import Computation
+from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS
+from ..sources.schema import union_inputs
+
+__all__ = ["StageInput", "stage_input"]
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """One computation's input: ``df``, the injectors whose watermark is per partition (Kafka:
+    their batch's per-partition maxima are taken before the batch and observed after it) and each
+    injector's bound on event time ahead of the clock (``ComputationExecutor.event_ahead_ms``)."""
+
+    df: Any
+    per_partition: tuple[Any, ...]
+    event_ahead_ms: dict[str, int]
+
+    def partition_stats(self, batch_df: Any) -> list[tuple[Any, Any]]:
+        """(injector, its statistics of ``batch_df``) for each per-partition injector."""
+        from pyspark.sql import functions as F
+
+        return [(inj, inj.stats_of(batch_df.where(F.col("stream") == inj.name))) for inj in self.per_partition]
+
+
+def stage_input(spark: Any, layout: StoreLayout, comp: Computation, injectors: Mapping[str, Any], *,
+                shared: bool) -> StageInput:
+    """Build ``comp``'s input; ``shared``: instances share its intervals."""
+    from pyspark.sql import functions as F
+
+    frames = []
+    for s in comp.inputs:
+        if s in injectors:
+            df = injectors[s].stream_df(spark)
+        else:
+            reader = spark.readStream.format("delta").option("maxFilesPerTrigger", 1_000_000)
+            if shared:
+                ensure_stream_table(spark, layout, s)
+                reader = reader.option("startingVersion", 0)
+            df = reader.load(layout.stream(s))
+        frames.append(df.withColumn("stream", F.lit(s)))
+    ahead = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
+             for s in comp.inputs if s in injectors}
+    return StageInput(
+        df=union_inputs(frames),  # an injector's frame may have raw_value, a stream table's has not
+        per_partition=tuple(injectors[s] for s in comp.inputs
+                            if s in injectors and callable(getattr(injectors[s], "stats_of", None))),
+        event_ahead_ms={s: b for s, b in ahead.items() if b is not None})

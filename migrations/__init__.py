@@ -129,9 +129,9 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
           on_step: Callable[[PlannedMigration, int], None] | None = None) -> list[PlannedMigration]:
     """Run the pending migrations in order; with ``dry_run`` (the default) only return them.
 
-        Each migration is recorded in ``_meta`` right after it succeeds, so a run that dies half way
-        resumes at the first unrecorded one; an up-to-date store returns ``[]``. ``on_step(step,
-        total)`` is called before each migration runs.
+    Each migration is recorded in ``_meta`` right after it succeeds, so a run that dies half way
+    resumes at the first unrecorded one; an up-to-date store returns ``[]``. ``on_step(step,
+    total)`` is called before each migration runs.
 
     Returns:
         The migrations that ran (or, with ``dry_run``, would run).

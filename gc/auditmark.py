@@ -1,18 +1,10 @@
 """Up to which rows version every tool commit has its audit row: the audit check's start.
 
-gc recovers the audit rows of tools that died between their rows commit and their audit row
-(``statestore/inspection/auditgap.py``, ``background.audit_recovery``). Finding them means reading
-the commits' metadata; ``DESCRIBE HISTORY`` opens every JSON commit still in the rows table's log, a
-cost that grows with the whole history at every gc. After a gc appended the missing rows, every tool
-commit up to the newest version it read has its row (for the background gc: up to the version
-before the first tool commit it left to its tool, younger than the grace), and a commit never
-changes, so ``<store>/_gc/audit_checked.json`` keeps that version (:func:`save_checked`) with the
-SHA-256 of its JSON commit, and the next gc reads only the commits after it (:func:`checked_upto`).
-
-Used only while that commit is still in the log with the same bytes: a rows table made again, a
-store restored from an older copy, the commit cleaned up by a log clean-up, a file of another
-format: no start (every commit read, as before). Local stores only (a remote table's history is
-read by ``DESCRIBE HISTORY``). Written aside, then renamed.
+Finding missing audit rows (``statestore/inspection/auditgap.py``) reads the commits' metadata,
+a cost that grows with the history. After a gc appended them, ``<store>/_gc/audit_checked.json``
+keeps the version up to which every tool commit has its row, with that commit's SHA-256
+(:func:`save_checked`), and the next gc reads only the commits after it (:func:`checked_upto`),
+while that commit is in the log with the same bytes. Local stores only; written aside, then renamed.
 """
 
 from __future__ import annotations
@@ -37,8 +29,8 @@ def mark_path(layout: StoreLayout) -> str | None:
 
 
 def checked_upto(layout: StoreLayout) -> int | None:
-    """The rows version up to which every tool commit has its audit row, when the kept one is valid
-    for the rows table's log now (module docstring); None: read every commit."""
+    """The rows version up to which every tool commit has its audit row, if the kept one is still
+    valid for the log; None: read every commit."""
     path, log = mark_path(layout), log_files(layout.rows)
     if path is None or log is None:
         return None
@@ -57,9 +49,7 @@ def checked_upto(layout: StoreLayout) -> int | None:
 
 
 def save_checked(layout: StoreLayout, upto: int) -> bool:
-    """Keep ``upto`` (every tool commit up to it has its audit row) for the next gc. False: not kept
-    (a remote store, no such JSON commit, or the file could not be written: the next gc reads every
-    commit)."""
+    """Keep ``upto`` for the next gc. False: not kept (a remote store, no such commit, not written)."""
     path, log = mark_path(layout), log_files(layout.rows)
     if path is None or log is None or upto < 0:
         return False

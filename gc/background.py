@@ -1,24 +1,12 @@
-"""Garbage collection from a running pipeline: ``deltawheel gc --apply``'s Delta passes every N
-batches or minutes, in a background thread of the driver.
+"""Garbage collection from a running pipeline, in a background thread of the driver.
 
-The pipeline does not wait for it: :meth:`BackgroundGc.batch_done` (called by the runner after each
-batch of any stage) only counts and, when a run is due and none is running, starts one in a daemon
-thread; its Spark jobs run beside the batches (they share the machine, not a lock). Only the passes
-that are safe under a running job run: stream and metrics retention (blind deletes; executors only
-append to those tables), OPTIMIZE (a fenced commit that conflicts is retried by the store; an
-OPTIMIZE that loses to a batch fails and is tried again at the next run), the path pass, VACUUM
-with at least Delta's 168 h safety minimum (never ``force``: a shorter one could delete files a
-batch still reads), the log checkpoint (log cleanup only past a retention given), the late-data and
-dead-letter retentions when given (blind deletes by ``recorded_ms``; batches insert only), and the
-audit recovery (``audit_recovery``, as ``deltawheel gc``: the audit rows of tools that died between
-their rows commit and their audit row), for tools' commits older than ``audit_grace_ms`` (default
-:data:`AUDIT_GRACE_MS`): a younger one may be a tool still running, which appends its row right
-after its commit while it holds the leases. A run that fails is recorded
-(:attr:`BackgroundGc.failures`) and logged; the pipeline goes on.
-
-The runners call :meth:`BackgroundGc.batch_done` after each batch of any stage, and with ``n=0``
-for a run due by time; ``--gc-every`` / ``gc_every=`` take ``N`` batches or a duration
-(:func:`parse_every`). docs/operations.md, "Garbage collection", "From the running pipeline".
+:meth:`BackgroundGc.batch_done` (called by the runners after each batch, ``n=0`` for a run due by
+time) starts a run in a daemon thread when one is due; the pipeline does not wait for it. Only the
+passes safe under a running job run: the retentions (blind deletes of tables executors only
+append to), OPTIMIZE, the path pass, VACUUM at Delta's 168 h minimum or more, the log checkpoint,
+and the audit recovery for tools' commits older than ``audit_grace_ms`` (:data:`AUDIT_GRACE_MS`).
+A failed run is recorded (:attr:`BackgroundGc.failures`) and logged; the pipeline goes on.
+docs/operations.md, "Garbage collection", "From the running pipeline".
 """
 
 from __future__ import annotations
@@ -39,8 +27,7 @@ from .passes import MIN_VACUUM_RETAIN_HOURS, GcAction, GcReport, check_replay_ho
 
 __all__ = ["BackgroundGc", "parse_every", "summary", "audit_recovery", "AUDIT_GRACE_MS"]
 
-#: a tool's rows commit younger than this is not given a recovered audit row by the background gc
-#: (the tool may be between its commit and its own row)
+#: a tool's rows commit younger than this gets no recovered audit row (the tool may still append it)
 AUDIT_GRACE_MS = 10 * 60_000
 
 _LOG = logging.getLogger(__name__)
@@ -113,8 +100,7 @@ def summary(report: GcReport) -> str:
 
 
 class BackgroundGc:
-    """gc's passes every ``every_batches`` batches and/or ``every_s`` seconds (the first
-    that comes), in the background (see the module docstring).
+    """gc's passes every ``every_batches`` batches and/or ``every_s`` seconds, in the background.
 
     Raises:
         ConfigError: neither ``every_batches`` nor ``every_s``, one of them <= 0, or a VACUUM
@@ -165,8 +151,9 @@ class BackgroundGc:
         return self._thread is not None and self._thread.is_alive()
 
     def batch_done(self, n: int = 1) -> bool:
-        """``n`` more batches ran (0: only look at the time): start a run when one is due and none runs (returns at
-        once; True: one was started)."""
+        """``n`` more batches ran (0: only look at the time); start a run if one is due and none runs.
+
+        Returns at once; True when a run was started."""
         with self._lock:
             self._batches += n
             due = ((self.every_batches is not None and self._batches >= self.every_batches)
@@ -189,8 +176,8 @@ class BackgroundGc:
 
     @classmethod
     def every(cls, spark: Any, layout: StoreLayout, every: str | int, **options: Any) -> BackgroundGc:
-        """The background gc of ``--gc-every`` / ``gc_every`` (:func:`parse_every`); ``options``:
-        as the constructor's.
+        """The background gc of ``--gc-every`` / ``gc_every`` (:func:`parse_every`); ``options``: the
+        constructor's.
 
         Raises:
             ConfigError: as :func:`parse_every` and the constructor.
@@ -231,11 +218,8 @@ class BackgroundGc:
 
 
 def _audit_gap(spark: Any, layout: StoreLayout, *, before_ms: int) -> tuple[list[dict[str, Any]], int]:
-    """The audit rows missing for tools' rows commits made before ``before_ms`` (a younger commit
-    may be a tool that is about to append its own row: it appends right after its commit, while it
-    still holds the leases, and would then be recorded twice), read from the commits after the last
-    gc's :func:`~.auditmark.checked_upto`; and the version up to which every tool commit has its
-    row once those are appended (before the first younger one's)."""
+    """The audit rows missing for tools' commits before ``before_ms``, and the version up to which
+    every tool commit has its row once those are appended (a younger commit's tool may still append it)."""
     from deltawheel.statestore.inspection.auditgap import audit_gap
 
     got = audit_gap(spark, layout, after_version=checked_upto(layout))
@@ -245,9 +229,7 @@ def _audit_gap(spark: Any, layout: StoreLayout, *, before_ms: int) -> tuple[list
 
 
 def audit_recovery(spark: Any, layout: StoreLayout, gap: list[dict[str, Any]], *, apply: bool) -> tuple[GcAction, ...]:
-    """The audit rows a tool that died between its rows commit and its audit row left missing
-    (``gap``, read before the passes: ``statestore/surgery/audit.py``), appended with ``apply``
-    once the passes succeeded (a refused run changes nothing), else counted; no action when none."""
+    """The missing audit rows ``gap`` (read before the passes), appended with ``apply``, else counted."""
     from deltawheel.statestore.surgery.audit import recover_audit
 
     ids = [r.audit_id for r in recover_audit(spark, layout, gap)] if apply and gap else [str(r["audit_id"]) for r in gap]
@@ -258,8 +240,7 @@ def audit_recovery(spark: Any, layout: StoreLayout, gap: list[dict[str, Any]], *
 
 
 def _cause(exc: BaseException) -> str:
-    """The first line of ``exc`` that says what happened (a Py4J error's Java exception, not its
-    "An error occurred while calling ..." line), at most 300 characters."""
+    """The first line of ``exc`` that says what happened (not Py4J's preamble), at most 300 characters."""
     lines = [ln.strip().lstrip(": ") for ln in str(exc).splitlines() if ln.strip()]
     said = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
     return (said or lines or [""])[0][:300]

@@ -1,22 +1,11 @@
 """Pruning the rescaling input-file sets (``deltawheel gc``'s ``input_sets`` pass).
 
-Each interval's fence row holds the input positions committed for it (``statestore/rowtable/
-inputfiles.py``; the skip rule and the catch-up of ``executor/protocol/rescale.py`` read them), and
-every commit only adds to it. This pass removes a name from **every** interval's set of a
-computation, in one fenced commit under the leases of all its intervals, when
-
-(a) every interval has run the file: its set holds it, or a commit in the rows table's log says
-    a batch that held the interval ran it (``ranlog.py``), and
-(b) the file is gone from its source: a Parquet injector's file from its folder (its full path read
-    from the query checkpoints' file source logs), a stream table's data file from the table's
-    folder (VACUUM).
-
-The same commit adds to each set the names the log says its interval ran, except a gone name no
-set holds (adding it to some sets would make a later move of another interval refuse with
-``InputGoneError``). Where a name's full path cannot be known (no local checkpoint logged it, a
-remote store) it stays. Why that is exact: docs/rescaling.md, "Bounded sets". The commit goes
-through ``statestore/surgery/replace.py`` (hand-over, fence, recovery, one fenced commit, an
-audit row of tool ``gc``).
+Each interval's fence row holds the input positions committed for it (``rowtable/inputfiles.py``).
+A name is removed from every interval's set of a computation, in one fenced commit under all its
+leases (``surgery/replace.py``), when (a) every interval ran the file (its set or the log says so,
+``ranlog.py``) and (b) the file is gone from its source (an injector's folder, or VACUUMed). The
+commit also adds what the log says each interval ran, except gone names no set holds. A name whose
+full path cannot be known stays. Why that is exact: docs/rescaling.md, "Bounded sets".
 """
 
 from __future__ import annotations
@@ -42,8 +31,7 @@ PASS = "input_sets"
 
 
 def logged_paths(checkpoints: str) -> dict[str, set[str]]:
-    """File name -> the full local paths the file source logs under ``checkpoints`` name (every
-    query checkpoint below it: ``sources/*/`` of each), local checkpoints only; missing: {}."""
+    """File name -> the full local paths the file source logs under ``checkpoints`` name."""
     out: dict[str, set[str]] = {}
     if "://" in checkpoints and not checkpoints.startswith("file:"):
         return out
@@ -66,8 +54,7 @@ def logged_paths(checkpoints: str) -> dict[str, set[str]]:
 
 
 def prunable(sets: Mapping[int, frozenset[str]], num_intervals: int, *, gone: Callable[[str], bool]) -> frozenset[str]:
-    """The names to drop from every set: in the set of each of the ``num_intervals`` intervals
-    (``sets``: with what the log says each ran, :func:`with_ran`), and ``gone`` from their source.
+    """The names to drop from every set: in each of the ``num_intervals`` sets, and ``gone``.
 
     >>> sorted(prunable({0: frozenset("ab"), 1: frozenset("abc")}, 2, gone=lambda n: n != "b"))
     ['a']
@@ -80,8 +67,7 @@ def prunable(sets: Mapping[int, frozenset[str]], num_intervals: int, *, gone: Ca
 
 def with_ran(sets: Mapping[int, frozenset[str]], ran: Mapping[int, frozenset[str]], *,
              gone: Callable[[str], bool]) -> dict[int, frozenset[str]]:
-    """Each interval's set with the names ``ran`` says it ran, but for a gone name no set of
-    ``sets`` holds (adding it to some sets only would make a move of another interval refuse).
+    """Each interval's set with the names ``ran`` says it ran, but gone names no set holds.
 
     >>> sorted(with_ran({0: frozenset("a")}, {1: frozenset("ab"), 2: frozenset("c")}, gone=lambda n: n != "c").items())
     [(0, frozenset({'a'})), (1, frozenset({'a'})), (2, frozenset({'c'}))]
@@ -116,13 +102,11 @@ def _gone_test(layout: StoreLayout, pipeline: str, computation: str) -> Callable
 def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines: list[str], apply: bool,
                      wait_s: float = 60.0, progress: Callable[[str], None] | None = None,
                      ran: RanLog | None = None) -> list[GcAction]:
-    """Plan (default) or run the pass over the computations of ``pipelines`` (those bound to the
-    store) that keep input-file sets: one action per such computation, its count the names pruned
-    (or that would be). A computation whose intervals a running owner does not hand over within
-    ``wait_s`` is left as it is (said in its action); a racing takeover fails the commit likewise.
-    ``ran``: :func:`~.ranlog.read_ran` read earlier (before a log clean-up), read on from there;
-    else from the evidence the last gc kept. With ``apply`` the evidence read is kept for the next
-    gc (:func:`~.ranlog.save_ran`), without the names pruned."""
+    """Plan (default) or run the pass over ``pipelines``' computations that keep input-file sets.
+
+    One action per computation, its count the names pruned; one whose intervals are not handed over
+    within ``wait_s`` is left as it is. ``ran``: :func:`~.ranlog.read_ran` read earlier, else the
+    evidence the last gc kept; with ``apply`` the evidence is kept for the next gc."""
     store = RowStore(spark, layout, writer="gc")
     actions: list[GcAction] = []
     got: RanLog | None = None  # the log's evidence, read once for the first computation that keeps sets

@@ -1,25 +1,11 @@
 """Delta log maintenance for ``deltawheel gc``: a checkpoint at the newest version, and log cleanup.
 
-A table's ``_delta_log`` gains a JSON commit (and its ``.crc``) per commit. Readers start at the
-newest checkpoint, so what lies before it is only needed to read older versions (time travel,
-which ``deltawheel replay`` and ``history`` use). Delta removes such files itself when it writes a
-checkpoint, past ``delta.logRetentionDuration`` (30 days by default). gc:
-
-* **checkpoints** each table at its newest version when the newest checkpoint is behind it
-  (Delta's own ``DeltaLog.checkpoint``, the call the background checkpointer makes; a checkpoint
-  appears whole or not at all, and a second writer of the same file writes the same actions);
-* with a **log retention** (``--log-retention-hours``), deletes the log files (commits, their
-  checksums, checkpoints) of versions before the newest checkpoint whose commit is older than the
-  retention, as Delta's own cleanup does: versions before that checkpoint can no longer be read,
-  which is the replay horizon gc reports.
-
-Both reach the log through the store's file seam (``statestore/delta/storefs.py``): a local folder
-with ``os``, an ``s3a://`` store through pyarrow's S3 file system on the session's s3a settings
-(the endpoint and credentials Spark and Delta use for that bucket). A commit's time is its file's
-modification time (on S3 the object's ``Last-Modified``: when its PUT completed). Deleting log files
-below a checkpoint never races a writer: writers only add versions after the newest, and a reader
-that listed the log before the delete and reads an older version fails as time travel past the
-retention does. Other schemes (``abfss://``, ``gs://``, ...): the checkpoint only, no cleanup.
+gc checkpoints each table at its newest version (Delta's own ``DeltaLog.checkpoint``) and, with
+``--log-retention-hours``, deletes the log files of versions before the newest checkpoint whose
+commit is older than the retention, as Delta's cleanup does (the replay horizon gc reports). Both
+go through the store's file seam (``statestore/delta/storefs.py``: local or ``s3a://``; other
+schemes get the checkpoint only). A commit's time is its file's modification time. Deleting below
+a checkpoint never races a writer: writers only add versions after the newest.
 """
 
 from __future__ import annotations
@@ -38,9 +24,8 @@ _VERSIONED = re.compile(r"^(\d{20})\.")  # a commit, its .crc, a checkpoint (of 
 
 
 def log_files(path: str, spark: Any | None = None) -> TableFiles | None:
-    """The ``_delta_log`` folder of the table at ``path`` as the file seam reaches it (``spark``:
-    for an ``s3a://`` table, the session whose s3a settings reach its bucket); None: a scheme the
-    seam does not reach."""
+    """The ``_delta_log`` folder of the table at ``path`` through the file seam (``spark``: for an
+    ``s3a://`` table's settings); None: a scheme the seam does not reach."""
     files = table_files(spark, path) if spark is not None else files_for(path)
     return None if files is None else files.sub("_delta_log")
 
@@ -51,8 +36,7 @@ def _listing(folder: TableFiles) -> dict[str, float]:
 
 
 def log_entries(path: str, spark: Any | None = None) -> int:
-    """How many versioned files a table's ``_delta_log`` holds (commits, checksums, checkpoints);
-    -1 for a table the file seam does not reach."""
+    """How many versioned files a table's ``_delta_log`` holds; -1 where the file seam does not reach."""
     folder = log_files(path, spark)
     if folder is None:
         return -1
@@ -76,10 +60,9 @@ def checkpoint_newest(spark: Any, path: str) -> int | None:
 
 
 def clean_log(path: str, *, cutoff_s: float, apply: bool, spark: Any | None = None) -> tuple[int, int | None]:
-    """(log files of versions before the newest checkpoint whose commit is older than ``cutoff_s``
-    (epoch seconds): deleted with ``apply``, else counted; that checkpoint's version, the oldest
-    version readable afterwards, None: no such checkpoint). ``spark``: needed for an ``s3a://``
-    table (its bucket's settings); (0, None) for a scheme the file seam does not reach."""
+    """(log files before the newest checkpoint whose commit is older than ``cutoff_s``, that
+    checkpoint's version or None): deleted with ``apply``, else counted. ``spark``: for an
+    ``s3a://`` table; (0, None) for a scheme the file seam does not reach."""
     folder = log_files(path, spark)
     if folder is None:
         return 0, None

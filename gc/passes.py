@@ -1,23 +1,12 @@
 """Garbage collection of a store's Delta tables (``deltawheel gc``).
 
-Passes, each reporting what it would remove (dry run, the default) or removed:
-``stream_retention``, ``metrics_retention``, ``late_data_retention`` /
-``dead_letter_retention``, ``compact``, ``paths``, ``vacuum``, ``log`` and ``replay_horizon``.
-The ZooKeeper passes (``zknodes.py``) and the rescaling input-file sets (``inputsets.py``)
-run after them. What each pass does: docs/operations.md, "Garbage collection".
-
-Invariants:
-
-* A record whose production is still checkpointed in the rows is kept by
-  ``stream_retention`` until the next batch of its interval cleared it: a production is never
-  delivered twice, whatever retention ran.
-* Rewritten rows (``compact``, ``paths``) keep the id of the commit that wrote them, which is
-  what recovery decides "already delivered" by (not the version that re-added their file).
-* A VACUUM retention shorter than Delta's safety minimum is refused with
-  :class:`VacuumRetentionError` unless ``force=True``; a retention shorter than
-  ``keep_replay_ms`` is refused with :class:`ReplayHorizonError` before anything changes.
-* What GC never touches: rows of keys (dedup ids, checkpointed productions,
-  window state) — those are only written under the owner's lease and fence.
+Passes, each reporting what it would remove (dry run, the default) or removed: the retentions,
+``compact``, ``paths``, ``vacuum``, ``log`` and ``replay_horizon``; the ZooKeeper passes
+(``zknodes.py``) and input-file sets (``inputsets.py``) run after them. docs/operations.md,
+"Garbage collection". Invariants: a stream record whose production is still checkpointed is
+kept (never delivered twice); rewritten rows keep their commit id (what recovery decides
+"delivered" by); a too-short VACUUM or replay-horizon retention is refused before anything
+changes; keys' rows are never touched (only written under the owner's lease and fence).
 """
 
 from __future__ import annotations
@@ -89,9 +78,7 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
            log_retention_ms: int | None = None, keep_replay_ms: int | None = None,
            late_data_retention_ms: int | None = None, dead_letter_retention_ms: int | None = None) -> GcReport:
     """Plan (default) or run the GC passes over ``layout``'s tables.
-
-    ``progress(step, total)`` is called as each pass over a table starts (``total``: how many
-    such steps the run has).
+    ``progress(step, total)`` is called as each pass over a table starts.
 
     Raises:
         VacuumRetentionError: ``vacuum_retain_hours`` below :data:`MIN_VACUUM_RETAIN_HOURS`
@@ -242,8 +229,7 @@ class _Run:
                                          + (f"; deleted {cut} log files before version {oldest}" if cut else ""), cut))
 
 
-#: Delta's own log retention (``delta.logRetentionDuration``'s default): the horizon without a
-#: ``log_retention_ms``
+#: Delta's own log retention (``delta.logRetentionDuration``'s default), without ``log_retention_ms``
 DELTA_LOG_RETENTION_MS = 30 * 24 * 3_600_000
 
 
@@ -256,8 +242,7 @@ def check_replay_horizon(*, vacuum_retain_hours: float, stream_retention_ms: int
     168
 
     Raises:
-        ReplayHorizonError: ``keep_replay_ms`` (a horizon the user asked to keep) is longer than
-            one of them, or a retention is negative.
+        ReplayHorizonError: ``keep_replay_ms`` is longer than one of them, or a retention is negative.
     """
     spans = {"--vacuum-retain-hours": int(vacuum_retain_hours * 3_600_000),
              "--log-retention-hours": DELTA_LOG_RETENTION_MS if log_retention_ms is None else log_retention_ms}
@@ -300,8 +285,7 @@ def _horizon_action(spark: Any, layout: StoreLayout, *, now_ms: int, keep_ms: in
 
 
 def _vacuum_plan(spark: Any, path: str, *, now_ms: int, retain_hours: float) -> tuple[int, int]:
-    """(unreferenced files older than the retention: what VACUUM would remove now, unreferenced
-    files of any age): one 0-hour DRY RUN listing, aged by the files' times where they are local."""
+    """(files VACUUM would remove now, unreferenced files of any age) from one 0-hour DRY RUN listing."""
     listed = [r[0] for r in spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS DRY RUN").collect()]
     horizon_s = now_ms / 1000 - retain_hours * 3600
     try:
@@ -327,10 +311,9 @@ def _vacuum_detail(old: int, unreferenced: int, retain_hours: float) -> str:
 
 
 def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
-    """The rows table's live files whose logged path is not Delta's form of it (see
-    :func:`deltawheel.statestore.delta.txn.delta_path`); with ``apply``, one commit removes them and adds them back
-    under Delta's form (the same files, ``dataChange`` false). A concurrent fenced commit on
-    their partitions makes it fail (run gc again); the owner reloads its images."""
+    """The rows table's live files whose logged path is not Delta's form of it (``delta.txn.delta_path``).
+
+    With ``apply``, one commit re-adds them under Delta's form (``dataChange`` false)."""
     import json
 
     from deltawheel.statestore.delta.txn import TableLog, decode_path, delta_path
@@ -349,8 +332,7 @@ def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
 
 
 def _optimize(spark: Any, path: str, *, attempts: int = 3) -> None:
-    """``OPTIMIZE`` the table, again when a concurrent commit (a batch removing files the compaction
-    read) made Delta refuse it: it plans anew from the newest version."""
+    """``OPTIMIZE`` the table, again when a concurrent commit made Delta refuse it."""
     for attempt in range(attempts):
         try:
             spark.sql(f"OPTIMIZE delta.`{path}`")

@@ -1,23 +1,11 @@
 """What the rows table's log says each interval ran: the ``input_sets`` pass's evidence, read once.
 
-A commit of instances sharing a computation's intervals names the intervals its batch held and
-the batch's input files (``ran_of``): each of those intervals has run each of those files.
-:func:`ran_in_log` reads every JSON commit; ``deltawheel gc --apply`` keeps what it read in
-``<store>/_gc/ran_in_log.json`` (:func:`save_ran`: the evidence up to version ``upto`` and the
-SHA-256 of that commit), and the next gc (:func:`read_ran`) opens only the commits after it.
-
-Why the result is the full read's (docs/rescaling.md, "Bounded sets"):
-
-* **Valid only for the same log.** The saved evidence is used when commit ``upto`` is still in the
-  log with the same bytes; otherwise (a table made again, a store restored, a commit cleaned up,
-  an unreadable or unknown file) the full read instead. Delta's log only appends, so evidence
-  plus the commits after ``upto`` is the full read's evidence.
-* **Forgetting pruned names.** A name gc dropped from every set of a computation is left out of
-  that computation's saved evidence after the commit succeeded: it is in no set afterwards and
-  no later commit records it, so the evidence of it decides nothing.
-
-Local stores only. The file carries a format version; another one is not read (the full read
-instead). Two gc runs writing it at once each write a valid one (written aside, then renamed).
+A commit of instances sharing intervals names the intervals its batch held and its input files
+(``ran_of``). ``deltawheel gc --apply`` keeps what it read in ``<store>/_gc/ran_in_log.json``
+(:func:`save_ran`: up to version ``upto``, with that commit's SHA-256), and the next gc
+(:func:`read_ran`) opens only the commits after it. The saved evidence is used only while commit
+``upto`` is in the log with the same bytes (the log only appends), and pruned names are left out
+of it (no set holds them any more). docs/rescaling.md, "Bounded sets". Local stores only.
 """
 
 from __future__ import annotations
@@ -47,9 +35,8 @@ Ran = Mapping[str, Mapping[int, frozenset[str]]]  # computation -> interval -> i
 
 @dataclass(frozen=True)
 class RanLog:
-    """The evidence (``ran``: computation -> interval -> the files it ran) of the rows table's JSON
-    commits up to version ``upto`` (-1: none), ``fingerprint`` the SHA-256 of that commit's JSON;
-    ``read``: how many JSON commits the read that made it opened (its cost)."""
+    """The evidence (``ran``: computation -> interval -> files it ran) of the JSON commits up to
+    ``upto`` (-1: none); ``fingerprint``: that commit's SHA-256; ``read``: commits opened."""
 
     ran: Ran
     upto: int = -1
@@ -64,25 +51,24 @@ def saved_path(layout: StoreLayout) -> str | None:
 
 
 def ran_in_log(rows: str) -> dict[str, dict[int, frozenset[str]]]:
-    """computation -> interval -> the input files the JSON commits of the rows table at ``rows``
-    say a batch holding the interval ran (``ran_of``), every commit read; commits removed by a log
-    clean-up say nothing; a table whose log cannot be read: {}."""
+    """computation -> interval -> the input files the rows table's JSON commits say it ran (all read).
+
+    A table whose log cannot be read: {}."""
     return {c: dict(per) for c, per in _read(rows, after=-1, ran={}).ran.items()}
 
 
 def read_ran(layout: StoreLayout, *, since: RanLog | None = None) -> RanLog:
-    """The evidence of the rows table's log: ``since`` (read earlier by this run, e.g. before its
-    log clean-up) or else the saved one (:func:`save_ran`) where it is valid for this log (see the
-    module docstring), plus the commits after its ``upto``; with neither, every commit."""
+    """The evidence of the rows table's log: ``since`` or the saved one where still valid, plus the
+    commits after its ``upto``; with neither, every commit."""
     start = since if since is not None else _load(layout)
     return _read(layout.rows, after=start.upto, ran=start.ran, fingerprint=start.fingerprint,
                  read=start.read if since is None else 0)
 
 
 def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[str]] | None = None) -> bool:
-    """Keep ``got`` in the store for the next gc, without the names ``forget`` gives per
-    computation (pruned from every set by a commit that succeeded). False: not kept (a remote
-    store, nothing read, or the file could not be written: the next gc reads every commit)."""
+    """Keep ``got`` for the next gc, without the names ``forget`` gives per computation.
+
+    False: not kept (a remote store, nothing read, or not written)."""
     path = saved_path(layout)
     if path is None or got.upto < 0 or got.fingerprint is None:
         return False
@@ -94,9 +80,7 @@ def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[
 
 
 def keep_json(path: str, doc: Mapping[str, Any], *, what: str) -> bool:
-    """Write ``doc`` to ``path`` (written aside, then renamed: a reader sees the old file or the new
-    one); False, with a warning naming ``what``, when it could not be written (only a cost: the
-    next gc reads every commit)."""
+    """Write ``doc`` to ``path`` aside, then rename; False, with a warning naming ``what``, on failure."""
     staged = f"{path}.{uuid.uuid4().hex}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -127,8 +111,7 @@ def commit_fingerprint(text: str) -> str:
 
 
 def _load(layout: StoreLayout) -> RanLog:
-    """The saved evidence when it is valid for the rows table's log now, else none (upto -1);
-    ``read`` counts the commit opened to check it."""
+    """The saved evidence if valid for the log now, else none (upto -1); ``read`` counts the check."""
     path = saved_path(layout)
     log = log_files(layout.rows)
     if path is None or log is None:

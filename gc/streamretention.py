@@ -1,21 +1,13 @@
 """Stream retention that never undoes exactly-once delivery (``deltawheel gc --stream-retention-hours``).
 
-A strong production is checkpointed in its rows commit, delivered after it, and cleared from the
-rows by the interval's next commit. Until then a restart (or a new owner's recovery) redelivers
-it; where that redelivery is an insert of the production ids absent from the stream table (the
-MERGE path, and the image path when the stream's version cannot tell), a record retention had
-removed would be inserted a second time. So retention removes only records whose production no
-rows commit still holds checkpointed:
+A checkpointed production is redelivered by insert-if-absent until the interval's next commit
+clears it, so a record retention removed would come back. Retention removes only records no rows
+commit still holds checkpointed:
 
-1. the stream's records older than the cutoff are taken from the table's current version ``S``;
-2. the productions checkpointed in the rows table are read from its current version, read after
-   ``S``: a record in ``S`` was delivered after its commit, so that commit is in this version,
-   and either still holds it (kept) or a later commit cleared it (no redelivery will come);
-3. those records of ``S`` not held are deleted (a MERGE by record id): a record delivered after
-   ``S`` is left for the next run whatever its timestamp.
-
-Records kept this way are removed by a later run, once the next batch of their interval cleared
-them (a stopped pipeline keeps its last batch's productions checkpointed until it runs again).
+1. the stream's records older than the cutoff, from the table's current version ``S``;
+2. the productions checkpointed in the rows table, read after ``S`` (a record in ``S`` was
+   delivered after its commit, which either still holds it or was cleared by a later one);
+3. a MERGE by record id deletes the records of ``S`` not held; later ones wait for the next run.
 """
 
 from __future__ import annotations
@@ -33,9 +25,8 @@ _views = itertools.count()
 
 @dataclass(frozen=True)
 class StreamRetention:
-    """What stream retention found in one stream table: ``removed`` records older than the cutoff
-    (deleted when applied), ``held`` older ones kept because their production is still
-    checkpointed."""
+    """What stream retention found in one stream table: ``removed`` records older than the cutoff,
+    ``held`` older ones kept because their production is still checkpointed."""
 
     removed: int
     held: int
@@ -47,9 +38,8 @@ def _version(spark: Any, path: str) -> int:
 
 def stream_retention(spark: Any, layout: StoreLayout, path: str, *, stream: str, cutoff_ms: int,
                      rows_table: bool, apply: bool) -> StreamRetention:
-    """Remove (``apply``) or count the records of the stream table at ``path`` with a timestamp
-    before ``cutoff_ms`` whose production is not checkpointed in the rows table (``rows_table``:
-    the store has one)."""
+    """Remove (``apply``) or count the stream table's records before ``cutoff_ms`` whose production
+    is not checkpointed (``rows_table``: the store has a rows table)."""
     from pyspark.sql import functions as F
 
     old = (spark.read.format("delta").option("versionAsOf", _version(spark, path)).load(path)

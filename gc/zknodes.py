@@ -1,25 +1,15 @@
 """Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes).
 
-Most of a pipeline's znodes are bounded by its configuration: per computation and interval an
-owner (EPHEMERAL: it ends with its session), the newest grant nodes (pruned by every grant), an
-oldest-work and a caught-up record; per computation a topology and a low watermark; per
-injector a watermark; per live instance a member znode (EPHEMERAL). Two kinds grow with time and
-are collected here:
+Most of a pipeline's znodes are bounded by its configuration; two kinds grow with time:
 
-* ``zk_instances``: an instance's estimate of each injector it read
-  (``/pipelines/{p}/watermarks/instances/{i}/{n}``) stays after the instance is gone: one per
-  instance name ever run. One is deleted when the instance is gone (no member znode, no lease
-  owned under its name) and no longer holds a watermark back (every interval it held has a later
-  owner that caught up on it, :func:`~deltawheel.statestore.zk.watermarks.low.handing_off`): the
-  injector's watermark no longer counts it. The delete names the version read, so an estimate
-  the instance published meanwhile (a restart under the same name) is kept.
-* ``zk_replays``: a replay into a shadow store (``deltawheel replay``) with the live pipeline's
-  ZooKeeper keeps its leases and watermarks in a chroot of its own beside the live one
-  (``{chroot}-replay-{hash}``). One whose shadow store is gone (no rows table where its binding
-  says) and that holds no lease is deleted with everything below it.
+* ``zk_instances``: a gone instance's watermark estimates (``/pipelines/{p}/watermarks/instances/
+  {i}/{n}``), deleted once it owns no lease and holds no watermark back
+  (:func:`~deltawheel.statestore.zk.watermarks.low.handing_off`); the delete names the version
+  read, so an estimate published meanwhile is kept.
+* ``zk_replays``: a replay's chroot beside the live one (``{chroot}-replay-{hash}``), deleted
+  whole once its shadow store is gone and it holds no lease.
 
-Only pipelines bound to this store (``/pipelines/{p}/store`` holds its rows table's id) are looked
-at; other stores sharing the chroot are left alone.
+Only pipelines bound to this store (``/pipelines/{p}/store``) are looked at.
 """
 
 from __future__ import annotations
@@ -163,9 +153,10 @@ def bound_pipelines(client: KazooClient, *, rows_table_id: str) -> list[str]:
 def collect_zk_nodes(client: KazooClient, root: KazooClient | None, *, rows_table_id: str,
                      chroot: str, apply: bool = False,
                      store_exists: Callable[[str], bool] = _local_store_exists) -> list[GcAction]:
-    """Plan (default) or delete the ZooKeeper nodes that outlived what they were for (the module
-    docstring): ``client`` is chrooted at the pipelines' ``chroot``; ``root`` (not chrooted; None:
-    skip the replay chroots) reaches the replays' chroots beside it."""
+    """Plan (default) or delete the ZooKeeper nodes that outlived what they were for.
+
+    ``client`` is chrooted at the pipelines' chroot; ``root`` (not chrooted; None: skip the replay
+    chroots) reaches the replays' chroots beside it."""
     actions: list[GcAction] = []
     verb = "deleted" if apply else "would delete"
     for pipeline in _children(client, "/pipelines"):

@@ -21,8 +21,6 @@ def create_table(
     """``CREATE TABLE IF NOT EXISTS`` a Delta table at ``path`` (a no-op if it exists).
 
     Args:
-        spark: the SparkSession (with Delta configured).
-        path: where the table lives.
         columns: the column list as Spark DDL (``"a INT NOT NULL, b STRING"``).
         partitioned_by: partition column names.
         properties: table properties.
@@ -41,10 +39,8 @@ def create_table(
 def _refuse_a_half_created_table(spark: Any, path: str) -> None:
     """Raise :class:`MigrationError` when ``path`` has a ``_delta_log`` folder with no commit in it.
 
-    That is what a creation that failed part way leaves (on an object store, typically a Spark
-    session without the store's log store: docs/objectstore.md); Delta then neither creates the
-    table nor reads it. Nothing in it is data, but a creation still in flight looks the same, so
-    it is the user's to remove, not ours."""
+    A failed creation leaves that (docs/objectstore.md), and Delta then neither creates nor reads
+    the table; a creation in flight looks the same, so removing it is the user's call."""
     from deltawheel.statestore.delta.log import local_table_exists
     from deltawheel.statestore.delta.storefs import table_files
 

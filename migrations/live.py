@@ -1,16 +1,10 @@
 """Migrations on a live store: refused while a pipeline of the store runs.
 
-A migration changes the store's tables (``ALTER TABLE`` of the rows table, its properties, its
-column comments): each is a Delta metadata commit, which fails every concurrent commit of a
-running job with a conflict, and a running job's code was written for the schema it started on
-(the executor checks the store's schema version at start, :func:`~deltawheel.migrations.check_store`).
-So ``deltawheel migrate --apply``, and a pipeline that starts on a store with pending migrations,
-first look in ZooKeeper for a running pipeline of the store: one bound to its rows table
-(``/pipelines/{p}/store``) whose intervals have an owner (a lease is EPHEMERAL: a killed job's
-leases go with its ZooKeeper session, within the session timeout). If there is one, nothing is
-changed and :class:`StoreInUseError` says which pipeline, which instances, and what to do: stop
-them (a stop ends at a batch boundary: every batch is committed or not at all), migrate, and
-start them again on the new deltawheel, which resumes from their last commit.
+A migration's metadata commits fail a running job's commits, and its code was written for the
+schema it started on. So ``deltawheel migrate --apply``, and a pipeline starting on a store with
+pending migrations, first look in ZooKeeper for a pipeline bound to the store whose intervals
+have an owner; if there is one, :class:`StoreInUseError` says which and what to do (stop,
+migrate, start again), and nothing is changed.
 """
 
 from __future__ import annotations
@@ -28,8 +22,8 @@ __all__ = ["running_pipelines", "refuse_while_running"]
 
 
 def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]]:
-    """Pipeline -> the owners of its held leases, for the pipelines (below ``client``'s chroot)
-    bound to the store whose rows table has ``rows_table_id`` and holding at least one lease."""
+    """Pipeline -> the owners of its held leases, for the pipelines bound to the store ``rows_table_id``
+    that hold at least one lease."""
     try:
         pipelines = sorted(client.get_children("/pipelines"))
     except NoNodeError:
@@ -51,7 +45,7 @@ def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]
 
 def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str, pending: Sequence[Any]) -> None:
     """Raise :class:`StoreInUseError` when ``pending`` migrations are to run and a pipeline of the
-    store runs (see the module docstring); nothing is changed either way.
+    store runs; nothing is changed either way.
 
     Raises:
         StoreInUseError: names the running pipelines and their lease owners, and what to do.

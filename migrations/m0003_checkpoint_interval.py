@@ -1,9 +1,7 @@
 """Migration 3: Delta checkpoints of the rows table every 100 commits instead of 10.
 
-The executor commits once per micro-batch; writing a checkpoint rebuilds the
-table state with Spark jobs (1-2 s on the benchmark machine), which every ten
-batches was the largest single cost of a small batch. Snapshot loads replay
-at most 100 small JSON commits instead (docs/performance.md, "Delta commit cost").
+A checkpoint every ten batches was the largest single cost of a small batch (docs/performance.md,
+"Delta commit cost").
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Migration 4: the rows table's ``timer_seq`` column (row format version 2).
 
-A key's timer firings are numbered by a counter kept in its row; a timer's
-productions take their record ids from it, so a timer that fires again at the
-same time and tag (re-set after a late record re-opened its window) produces
-under new ids, and a replayed batch under the same ones. Rows written before
-this migration read the column as null, which counts from 0 (their earlier
-firings had ids without a number, so none repeats).
+A key's timer firings are numbered by a counter in its row, from which its productions take their
+record ids, so a timer firing again produces under new ids and a replay under the same ones.
+Older rows read it as null, counting from 0.
 """
 
 from __future__ import annotations
@@ -29,9 +26,7 @@ def describe(layout: StoreLayout) -> str:
 
 
 def apply(spark: Any, layout: StoreLayout) -> None:
-    """Add the column unless the table has it (a store created by this code's migration 1 has it,
-    as has one whose earlier run of this step died after the ALTER), then record the row format
-    version in the table's properties (setting it again changes nothing)."""
+    """Add the column unless the table has it, then record the row format version in its properties."""
     from delta.tables import DeltaTable
 
     names = DeltaTable.forPath(spark, layout.rows).toDF().columns

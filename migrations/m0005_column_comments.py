@@ -1,10 +1,7 @@
 """Migration 5: column comments on the store's tables (what every column means).
 
-Sets each column's Delta ``comment`` (schema field metadata) on the rows, dead letters and late
-data tables and on every stream table that exists, one ``ALTER TABLE ... ALTER COLUMN ...
-COMMENT`` commit per table that lacks them (re-running changes nothing). Stream tables created
-later get theirs when they are created. The texts are in ``statestore/comments.py``; the
-SQL views show them (``deltawheel sql --describe VIEW``).
+One ``ALTER TABLE ... ALTER COLUMN ... COMMENT`` commit per existing table that lacks them (the
+texts: ``statestore/comments.py``); stream tables created later get theirs on creation.
 """
 
 from __future__ import annotations

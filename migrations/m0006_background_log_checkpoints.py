@@ -1,12 +1,8 @@
 """Migration 6: Delta log checkpoints written in the background, not inside the commits.
 
-Sets ``delta.checkpointInterval`` to 2^31 - 1 (``COMMIT_CHECKPOINT_INTERVAL``) on the rows, dead
-letters and late data tables and on every stream table that exists (stream tables created later
-get it when they are created): no commit's version reaches a multiple of it, so Delta's
-post-commit hook never checkpoints them inside a batch's commit (a checkpoint took seconds, the
-batch waiting for it). The driver's background thread checkpoints them instead, every 100
-versions (``statestore/delta/maintenance.py``; docs/performance.md, "Delta commit cost"). A
-table whose property already has that value is left alone (re-running changes nothing).
+Sets ``delta.checkpointInterval`` to 2^31 - 1 on the rows, side and existing stream tables, so
+Delta never checkpoints inside a batch's commit; the driver's background thread does instead
+(``statestore/delta/maintenance.py``; docs/performance.md, "Delta commit cost").
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Migration 7: the image path's delta files folded into one file per interval.
 
-The image path could write delta files (``DELTAWHEEL_IMAGE_DELTAS=1``, removed: whole images
-measured faster): a batch wrote only the rows of the keys it changed beside the interval's older
-files and marked their old rows with deletion vectors. The tasks now read an interval as plain
-Parquet files, so every interval of the rows table whose files carry a deletion vector, or that
-has more than one state file, is rewritten as one file with the same rows
-(``statestore/writepath/image/fold.py``; one commit per computation). A store whose files Python
-does not reach never ran the image path and is left alone; re-running finds nothing to fold.
+The image path's tasks read an interval as plain Parquet, so every interval whose files carry a
+deletion vector, or that has several state files, is rewritten as one file with the same rows
+(``statestore/writepath/image/fold.py``; one commit per computation). Stores Python cannot reach
+are left alone.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ def describe(layout: StoreLayout) -> str:
 
 
 def to_fold(spark: Any, layout: StoreLayout) -> tuple[int, dict[str, dict[int, list[FileEntry]]]]:
-    """(the rows table's version, computation -> interval -> its live files) of the intervals
-    :func:`apply` folds."""
+    """(the rows table's version, computation -> interval -> live files) of the intervals to fold."""
     if table_files(spark, layout.rows) is None:
         return -1, {}
     version, entries = TableLog(spark, layout.rows).files("true", where=lambda _pv: True)

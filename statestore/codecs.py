@@ -1,19 +1,9 @@
 """Codecs for user state and production values.
 
-State is stored as opaque bytes next to the name of the codec that wrote it,
-so a row can always be decoded (by the SQL views, by ``inspect``) without
-knowing the computation's code. JSON and msgpack are always available;
-pickle executes code on load and is only returned when the caller opts in
-with ``allow_pickle=True``.
-
-A computation's state has a version (``Computation.state_version``); a row written under version
-2 or later names its codec with the version, ``json@2`` (:func:`versioned_name`); version 1 is
-the plain name, as rows written before versions existed. :func:`get_codec` takes either form
-and :func:`codec_version` reads the version back.
-
-Arrow columns in and out, for the columnar path: :func:`int64map_columns` / :func:`int64map_blobs`
-read and write many keys' ``int64map`` states at once, :func:`msgpack_rows` encodes rows of
-columns as the msgpack codec encodes lists (production values without a Python call each).
+State is stored as bytes beside the name of the codec that wrote it, so a row decodes without the
+computation's code. Pickle runs code on load: only with ``allow_pickle=True``. State version 2 or
+later is in the name, ``json@2`` (:func:`versioned_name`, :func:`codec_version`). The columnar
+path's Arrow helpers: :func:`int64map_columns`, :func:`int64map_blobs`, :func:`msgpack_rows`.
 
 >>> get_codec("json").decode(get_codec("json").encode({"n": 1}))
 {'n': 1}
@@ -35,7 +25,6 @@ __all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "Int64MapCodec",
            "codec_version", "versioned_name"]
 
 
-# what to do about bytes that do not decode (a value written by another codec, or damaged)
 _DECODE_HINT = ("The value was written with another codec or is damaged: the computation's codec must be the one "
                 "its state and streams were written with; look at the raw value with deltawheel inspect or sql")
 
@@ -68,11 +57,7 @@ class JsonCodec:
     name = "json"
 
     def encode(self, value: Any) -> bytes:
-        """``value`` as compact UTF-8 JSON, keys sorted.
-
-        Raises:
-            CodecError: ``value`` is not JSON (or is a NaN / infinite float).
-        """
+        """``value`` as compact UTF-8 JSON; CodecError if it is not JSON (or a NaN/infinite float)."""
         try:
             return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
@@ -82,11 +67,7 @@ class JsonCodec:
             ) from exc
 
     def decode(self, data: bytes) -> Any:
-        """The value of UTF-8 JSON ``data``.
-
-        Raises:
-            CodecError: ``data`` is not UTF-8 JSON.
-        """
+        """The value of UTF-8 JSON ``data``; CodecError if it is not."""
         try:
             # decoding first skips json's encoding detection (measurable at 10^5 records per batch)
             return _JSON_DECODE(data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data)
@@ -97,8 +78,7 @@ class JsonCodec:
 _JSON_DECODE = json.JSONDecoder().decode
 
 
-# one msgpack Packer per thread: ``packb`` builds one per call, half of its cost on small values
-# (a Packer is not thread-safe; it drops half-written data when it raises)
+# one msgpack Packer per thread (``packb`` builds one per call); a Packer is not thread-safe
 _PACKERS = threading.local()
 
 
@@ -108,11 +88,7 @@ class MsgpackCodec:
     name = "msgpack"
 
     def encode(self, value: Any) -> bytes:
-        """``value`` as msgpack (str as str, bytes as bin).
-
-        Raises:
-            CodecError: msgpack cannot represent ``value``.
-        """
+        """``value`` as msgpack (str as str, bytes as bin); CodecError if msgpack cannot represent it."""
         packer = getattr(_PACKERS, "packer", None)
         if packer is None:
             packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True)
@@ -125,11 +101,7 @@ class MsgpackCodec:
             ) from exc
 
     def decode(self, data: bytes) -> Any:
-        """The value of msgpack ``data``.
-
-        Raises:
-            CodecError: ``data`` is not one msgpack value.
-        """
+        """The value of msgpack ``data``; CodecError if it is not one msgpack value."""
         try:
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
         except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.FormatError,
@@ -143,11 +115,7 @@ class PickleCodec:
     name = "pickle"
 
     def encode(self, value: Any) -> bytes:
-        """``value`` pickled (protocol 5).
-
-        Raises:
-            CodecError: ``value`` cannot be pickled.
-        """
+        """``value`` pickled (protocol 5); CodecError if it cannot be."""
         try:
             return pickle.dumps(value, protocol=5)
         except Exception as exc:
@@ -155,11 +123,7 @@ class PickleCodec:
                              "values in state (no open files, locks or clients)") from exc
 
     def decode(self, data: bytes) -> Any:
-        """The value of pickle ``data``: runs the code the pickle names.
-
-        Raises:
-            CodecError: ``data`` cannot be unpickled.
-        """
+        """The value of pickle ``data`` (runs the code it names); CodecError if it cannot be unpickled."""
         try:
             return pickle.loads(data)
         except Exception as exc:
@@ -167,13 +131,10 @@ class PickleCodec:
 
 
 class Int64MapCodec:
-    """msgpack, except that a dict of int64 -> int64 (e.g. ``{window_start: count}``) is stored as
-    fixed-width packed columns: an 8-byte header (:data:`INT64MAP_HEADER`, whose first byte msgpack
-    never writes) and then the pairs (key, value), little-endian int64, sorted by key. So the states
-    of many keys decode at once with one ``numpy.frombuffer`` over an Arrow binary column's buffer,
-    and encode with one ``tobytes`` (:func:`int64map_columns`, :func:`int64map_blobs`: the image
-    path's columnar path, docs/embedding.md). Any other value (an empty dict included) is msgpack;
-    a production's value too. Equal values give equal bytes (pairs sorted).
+    """msgpack, except that a non-empty dict of int64 -> int64 is stored as packed pairs.
+
+    An 8-byte header (:data:`INT64MAP_HEADER`), then (key, value) little-endian int64 pairs sorted
+    by key, so many keys' states decode and encode at once with NumPy (docs/embedding.md).
 
     >>> c = Int64MapCodec()
     >>> c.decode(c.encode({20: 1, 10: 2})), len(c.encode({20: 1, 10: 2})), c.decode(c.encode(["k", 1]))
@@ -183,11 +144,7 @@ class Int64MapCodec:
     name = "int64map"
 
     def encode(self, value: Any) -> bytes:
-        """``value`` as packed pairs (a non-empty dict of int64 -> int64), else as msgpack.
-
-        Raises:
-            CodecError: msgpack cannot represent ``value``.
-        """
+        """``value`` as packed pairs (a non-empty dict of int64 -> int64), else as msgpack."""
         if value.__class__ is dict and value and all(
                 k.__class__ is int and v.__class__ is int and _I64_MIN <= k <= _I64_MAX and _I64_MIN <= v <= _I64_MAX
                 for k, v in value.items()):
@@ -198,11 +155,7 @@ class Int64MapCodec:
         return _SAFE["msgpack"].encode(value)
 
     def decode(self, data: bytes) -> Any:
-        """The value :meth:`encode` made ``data`` from.
-
-        Raises:
-            CodecError: ``data`` is neither packed pairs nor one msgpack value.
-        """
+        """The value :meth:`encode` made ``data`` from; CodecError if it is neither form."""
         if data[:8] == INT64MAP_HEADER:
             if (len(data) - 8) % 16:
                 raise CodecError(f"int64map codec cannot decode {len(data)} bytes: packed pairs need 8 + 16n bytes. "
@@ -220,9 +173,9 @@ _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 def int64map_columns(blobs: Any) -> tuple[Any, Any, Any] | None:
-    """An Arrow binary array of int64map states as columns: (row index, key, value), int64 numpy
-    arrays, one entry per pair, rows in order and each row's pairs sorted by key; a null row has
-    none. None when some non-null row is not packed pairs (msgpack: the caller runs it otherwise)."""
+    """An Arrow binary array of int64map states as int64 columns (row index, key, value).
+
+    Rows in order, pairs sorted by key, a null row has none; None when a non-null row is msgpack."""
     import numpy as np
     import pyarrow as pa
 
@@ -256,8 +209,7 @@ def int64map_columns(blobs: Any) -> tuple[Any, Any, Any] | None:
 
 
 def int64map_blobs(rows: Any, keys: Any, values: Any, n: int) -> Any:
-    """The inverse of :func:`int64map_columns`: ``n`` rows' int64map states (Arrow binary; a row
-    without pairs is null) from the pairs (row index, key, value), sorted by (row, key)."""
+    """The inverse of :func:`int64map_columns`: ``n`` rows' states (a row without pairs is null)."""
     import numpy as np
     import pyarrow as pa
 
@@ -281,16 +233,10 @@ def int64map_blobs(rows: Any, keys: Any, values: Any, n: int) -> Any:
 
 
 def msgpack_rows(*columns: Any) -> Any:
-    """Row i of ``columns`` as one msgpack array ``[c1[i], c2[i], ...]``, byte for byte what the
-    msgpack codec's ``encode`` gives that list, for every row at once: each column's values as
-    msgpack from its Arrow buffers with NumPy (tag and big-endian bytes per row, kept by one mask),
-    the row's parts joined by Arrow; no Python call per row. So a columnar computation produces its
-    values without a Python call per production (docs/embedding.md, "The columnar path"); the
-    ``int64map`` codec encodes such a list as msgpack too.
+    """Row i of ``columns`` as one msgpack array, byte for byte what the msgpack codec gives that list.
 
-    Columns (Arrow arrays or chunked arrays, all of one length): integers (int8..64, uint8..64),
-    float16/32/64 (as msgpack float64, as Python floats are), bool, string and binary (large too),
-    null; any of them with nulls (msgpack nil). msgpack's smallest form, as its packer picks it.
+    Vectorised with NumPy and Arrow, no Python call per row (docs/embedding.md, "The columnar
+    path"). Columns: integers, floats (as float64), bool, string, binary (large too), null; nulls as nil.
 
     >>> import pyarrow as pa
     >>> rows = msgpack_rows(pa.array(["k", None]), pa.array([1, -300]))
@@ -330,8 +276,7 @@ def msgpack_rows(*columns: Any) -> Any:
 
 
 def _msgpack_parts(arr: Any) -> list[Any]:
-    """One column's values as msgpack: binary arrays (no nulls) whose values, joined per row, are
-    each row's bytes (a string's or binary's data is its own part, as Arrow holds it)."""
+    """One column's values as binary arrays whose values, joined per row, are each row's msgpack."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -383,9 +328,7 @@ def _msgpack_parts(arr: Any) -> list[Any]:
     return [_tagged(tag, width, tail)]
 
 
-# msgpack's integer forms by the value's place among these bounds (``searchsorted``, right): int64,
-# int32, int16, int8, fixint (positive or negative), uint8, uint16, uint32, uint64 (an unsigned
-# column's places start at fixint's)
+# msgpack's integer forms by the value's place among these bounds (``searchsorted``, right)
 _INT_BOUNDS = [-(2**31), -(2**15), -(2**7), -(2**5), 2**7, 2**8, 2**16, 2**32]
 _INT_BOUNDS_U = [2**7, 2**8, 2**16, 2**32]
 _INT_TAGS = bytes([0xD3, 0xD2, 0xD1, 0xD0, 0x00, 0xCC, 0xCD, 0xCE, 0xCF])
@@ -393,8 +336,7 @@ _INT_WIDTHS = [8, 4, 2, 1, 0, 1, 2, 4, 8]
 
 
 def _tagged(tag: Any, width: Any, tail: Any) -> Any:
-    """Per row ``tag`` and the last ``width`` bytes of ``tail``'s row, as a binary array: the rows
-    laid out as [tag, 8 bytes] with the tag moved up to just before its bytes, kept by one mask."""
+    """Per row ``tag`` and the last ``width`` bytes of ``tail``'s row, as a binary array."""
     import numpy as np
     import pyarrow as pa
 

@@ -1,13 +1,8 @@
 """Column comments: what every column of the store's tables and SQL views means.
 
-The tables carry them as Delta column metadata (``comment`` in the schema field's metadata,
-set by :func:`comment_table`: migration 5 for existing tables, :func:`~deltawheel.statestore.
-writepath.streams.ensure_stream_table` for new streams); the views that select a table's
-columns as they are inherit them, the derived views get theirs in their ``CREATE VIEW``
-column list (:func:`view_columns`). ``deltawheel sql --describe VIEW`` prints them
-(:func:`describe`), as does Spark's ``DESCRIBE`` and every JDBC client of ``sql-server``.
-On statestore's ground floor: the texts are part of the tables' schemas, written by whoever
-creates a table (the write path, the migrations) and read by the views above them.
+Tables carry them as Delta column metadata (:func:`comment_table`); views selecting a table's
+columns inherit them, derived views name theirs (:func:`view_columns`). ``deltawheel sql
+--describe VIEW`` prints them (:func:`describe`), as do Spark's ``DESCRIBE`` and JDBC clients.
 """
 
 from __future__ import annotations
@@ -154,9 +149,8 @@ VIEWS: Mapping[str, Mapping[str, str]] = {
 
 
 def comment_table(spark: Any, path: str, comments: Mapping[str, str]) -> int:
-    """Set the comments of the Delta table at ``path``'s columns that have none or another one, in
-    one ``ALTER TABLE ... ALTER COLUMN`` commit (none if nothing differs: idempotent); columns the
-    table lacks are skipped. Returns how many columns were commented."""
+    """Set the comments of the Delta table at ``path``'s columns that differ, in one commit (none if
+    nothing differs); missing columns are skipped. Returns how many were commented."""
     fields = spark.read.format("delta").load(path).schema.fields
     todo = [(f.name, comments[f.name]) for f in fields
             if f.name in comments and f.metadata.get("comment") != comments[f.name]]

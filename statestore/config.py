@@ -18,12 +18,10 @@ class ZkConfig:
     Attributes:
         hosts: connection string ``host:port[,host:port...]``.
         chroot: every znode deltawheel creates lives below this path.
-        digest: optional ``user:password``; lease znodes then carry a digest ACL
-            so that other clients cannot delete or overwrite them.
-        session_timeout_s: ZooKeeper session timeout. A connection lost for less than this
-            only pauses commits (the leases survive); a longer one expires the session and stops
-            the run with LeaseLostError. It is also how long a killed instance's leases stay
-            held. The server caps it (the embedded one at 60 s).
+        digest: optional ``user:password``; lease znodes then carry a digest ACL.
+        session_timeout_s: ZooKeeper session timeout: a shorter disconnection only pauses commits,
+            a longer one expires the session (LeaseLostError); also how long a killed instance's
+            leases stay held. The server caps it (the embedded one at 60 s).
     """
 
     hosts: str = f"127.0.0.1:{DEFAULT_ZK_PORT}"

@@ -1,9 +1,7 @@
-"""Errors raised by deltawheel.
+"""Errors raised by deltawheel: one root, :class:`DeltaWheelError`.
 
-One root, :class:`DeltaWheelError`. Errors a caller may retry (the same call
-can succeed later without anybody changing anything) derive from
-:class:`RetryableError`; everything else derives from :class:`FatalError`.
-Messages say what happened and what to do about it.
+Errors that the same call may get past later derive from :class:`RetryableError`, the rest from
+:class:`FatalError`. Messages say what happened and what to do about it.
 """
 
 from __future__ import annotations
@@ -11,56 +9,21 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
-    "EXIT_CODES",
-    "exit_code",
-    "DeltaWheelError",
-    "RetryableError",
-    "FatalError",
-    "LeaseError",
-    "LeaseLostError",
-    "LeaseHeldError",
-    "LeaseSuspendedError",
-    "NotOwnerError",
-    "StoreMismatchError",
-    "StoreInUseError",
-    "StoreDamagedError",
-    "UnknownComputationError",
-    "KeyNeverSeenError",
-    "VersionNotFoundError",
-    "CoordinatorStateLostError",
-    "StaleSequencerError",
-    "CommitConflictError",
-    "CodecError",
-    "BadRecordError",
-    "StateTooLargeError",
-    "NotAStoreError",
-    "SchemaTooNewError",
-    "MigrationError",
-    "ZooKeeperServerError",
-    "ConfigError",
-    "InputGoneError",
-    "ReplayUnavailableError",
-    "ReplayTargetError",
-    "ReplayBehindError",
-    "ReplayCodeError",
-    "RepairStatementError",
-    "JarFetchError",
-    "SessionConfigError",
-    "JavaMissingError",
-    "SparkConnectSessionError",
-    "ObjectStoreError",
-    "ObjectStoreUnreachableError",
-    "BucketMissingError",
-    "ObjectStoreAuthError",
-    "ObjectStoreServerError",
-    "StaleFilesError",
-    "StaleViewError",
-    "ReadOnlySqlError",
+    "EXIT_CODES", "exit_code", "DeltaWheelError", "RetryableError", "FatalError", "LeaseError",
+    "LeaseLostError", "LeaseHeldError", "LeaseSuspendedError", "NotOwnerError", "StoreMismatchError",
+    "StoreInUseError", "StoreDamagedError", "UnknownComputationError", "KeyNeverSeenError",
+    "VersionNotFoundError", "CoordinatorStateLostError", "StaleSequencerError", "CommitConflictError",
+    "CodecError", "BadRecordError", "StateTooLargeError", "NotAStoreError", "SchemaTooNewError",
+    "MigrationError", "ZooKeeperServerError", "ConfigError", "InputGoneError", "ReplayUnavailableError",
+    "ReplayTargetError", "ReplayBehindError", "ReplayCodeError", "RepairStatementError", "JarFetchError",
+    "SessionConfigError", "JavaMissingError", "SparkConnectSessionError", "ObjectStoreError",
+    "ObjectStoreUnreachableError", "BucketMissingError", "ObjectStoreAuthError", "ObjectStoreServerError",
+    "StaleFilesError", "StaleViewError", "ReadOnlySqlError",
 ]
 
 
-# The ``deltawheel`` command's exit status per error class: each error class carries its
-# ``exit_code`` (a subclass inherits its base's); docs/operations.md and ``--help`` print this table.
+# The ``deltawheel`` command's exit status per error class (a subclass inherits its base's);
+# docs/operations.md and ``--help`` print this table.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "done"),
     (1, "done, found nothing or something is not healthy (inspect: no such key; history: a key never seen "
@@ -136,10 +99,9 @@ class NotOwnerError(LeaseError):
 
 
 class StaleSequencerError(RetryableError):
-    """A commit carried a sequencer that is no longer current: a newer owner fenced it out.
+    """A commit carried a sequencer a newer owner fenced out; nothing of it landed.
 
-    Nothing of the failed commit landed. The instance must drop its leases and
-    re-acquire them (getting new sequencers) before it writes again.
+    The instance must drop its leases and re-acquire them before it writes again.
     """
 
     exit_code = 4
@@ -195,11 +157,8 @@ class StoreDamagedError(FatalError):
 class CoordinatorStateLostError(FatalError):
     """ZooKeeper has lost a pipeline's state: the store holds sequencers it never granted.
 
-    Seen on acquisition when a fence row carries a sequencer at or above what
-    ZooKeeper would grant next (its data was wiped or restored from an older
-    copy). Writing on would reuse sequencers and let two writers share one fence.
-    Recover with ``deltawheel reseed --store DIR --pipeline P --apply``
-    (docs/coordinator-recovery.md), then start the pipeline again.
+    Writing on would let two writers share one fence. Recover with ``deltawheel reseed --store DIR
+    --pipeline P --apply`` (docs/coordinator-recovery.md), then start the pipeline again.
     """
 
     exit_code = 4
@@ -218,8 +177,7 @@ class MigrationError(FatalError):
 
 
 class StoreInUseError(MigrationError):
-    """A migration was asked for while a pipeline of the store runs (holds leases): it would
-    change the tables under the running job; stop the pipeline first."""
+    """A migration was asked for while a pipeline of the store runs (holds leases); stop it first."""
 
 
 class ConfigError(FatalError):
@@ -229,35 +187,32 @@ class ConfigError(FatalError):
 
 
 class InputGoneError(FatalError):
-    """Input that must be read again is gone (e.g. a stream table's data file removed by VACUUM, an
-    injector's file deleted, Kafka offsets past retention): a moved interval's new owner cannot
-    catch up exactly, or a replay cannot re-run a batch (its message names where to start instead)."""
+    """Input that must be read again is gone (VACUUMed stream file, deleted injector file, Kafka
+    offsets past retention); the message names where to start instead where it can."""
 
     exit_code = 3
 
 
 class ReplayUnavailableError(FatalError):
-    """What a replay or diff needs is not there: a rows-table version that does not exist or is
-    past Delta's retention, or commits that record no input positions (written before deltawheel
-    recorded them); the message names the horizon (the first version a replay can start from)."""
+    """A rows-table version a replay or diff needs is missing, past retention or records no input
+    positions; the message names the first version a replay can start from."""
 
     exit_code = 3
 
 
 class WritePathSwitchError(ConfigError):
-    """A store whose record ids the image write path keeps in ids files was started on the MERGE
-    path, which does not read them (its dedup history would be lost); nothing was changed."""
+    """A store whose record ids the image path keeps in ids files was started on the MERGE path
+    (its dedup history would be lost); nothing was changed."""
 
 
 class ReplayTargetError(ConfigError):
-    """A replay's shadow store (``--into``) is the live store, or a non-empty store of another
-    pipeline or computation; or a promotion's source is not a caught-up replay of the computation."""
+    """A replay's ``--into`` is the live store or another's non-empty store, or a promotion's source
+    is not a caught-up replay of the computation."""
 
 
 class ReplayBehindError(ReplayTargetError):
-    """A promotion's replay has not run every live commit of the computation up to the rows version
-    it would replace (a batch, a flush, a commit without recorded input positions): its state would
-    be behind what the live store committed. The message names the versions; nothing was changed."""
+    """A promotion's replay has not run every live commit up to the rows version it would replace;
+    the message names the versions; nothing was changed."""
 
 
 class ReplayCodeError(ConfigError):
@@ -265,10 +220,8 @@ class ReplayCodeError(ConfigError):
 
 
 class RepairStatementError(ConfigError):
-    """A repair statement is not an UPDATE, DELETE or MERGE of the ``state`` view (or a DELETE /
-    UPDATE of ``timers``, a DELETE of ``pending_productions``), names another computation's rows,
-    sets a state the computation's codec cannot encode, inserts a key that is not usable or twice,
-    or selects the framework's TTL timer."""
+    """A repair statement is not an allowed UPDATE/DELETE/MERGE of the ``state`` view (or of
+    ``timers``, ``pending_productions``), names another computation, or writes an unusable row."""
 
 
 class JarFetchError(FatalError):
@@ -278,13 +231,11 @@ class JarFetchError(FatalError):
 
 
 class SessionConfigError(ConfigError):
-    """A SparkSession given to deltawheel lacks settings it needs (Delta, the log store, s3a);
-    the message names each missing setting and how to get it."""
+    """A SparkSession given to deltawheel lacks settings it needs; the message names each and the fix."""
 
 
 class SparkConnectSessionError(SessionConfigError):
-    """A Spark Connect session (``SparkSession.builder.remote(...)``) was given to deltawheel, which
-    needs a classic session: its commits go through Delta Lake's JVM API in the driver."""
+    """A Spark Connect session was given; deltawheel needs a classic one (Delta's JVM API in the driver)."""
 
 
 class JavaMissingError(ConfigError):
@@ -327,15 +278,11 @@ class StaleFilesError(RetryableError):
 
 
 class StaleViewError(RetryableError):
-    """The writer's view of its partitions is out of date (someone else committed to them).
+    """The writer's view of its partitions is out of date; nothing of the batch was committed.
 
-    Raised by the tasks' loading (step 3) or by a write path's commit (step 5); nothing of
-    the batch was committed. Reload the view (which fails typed if the cause was a takeover)
-    and run the batch's steps 3-5 again.
-
-    When an image task found an interval's fence row carrying another writer's sequencer, the
-    error says which: ``interval``, the fence's ``sequencer`` (None: no fence row) and ``ours``
-    (all None for the other causes)."""
+    Raised by the tasks' loading (step 3) or a write path's commit (step 5): reload the view (it
+    fails typed after a takeover) and run steps 3-5 again. When an image task found another
+    writer's fence, ``interval``, its ``sequencer`` (None: no fence row) and ``ours`` say which."""
 
     def __init__(self, message: str, *, interval: int | None = None, sequencer: int | None = None,
                  ours: int | None = None) -> None:
@@ -362,5 +309,4 @@ class KeyNeverSeenError(FatalError):
 
 
 class VersionNotFoundError(ConfigError):
-    """A version or timestamp asked for (``sql --as-of``) is not in a table's log: before its first
-    commit, after its newest, or cleaned up by log retention."""
+    """A version or timestamp asked for (``sql --as-of``) is not in a table's log (or was cleaned up)."""

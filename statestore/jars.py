@@ -1,12 +1,9 @@
 """The jars deltawheel fetches or builds, in a per-user cache: the ground floor every jar user shares.
 
-:func:`fetch_maven_jar` downloads one jar from Maven Central (checked against its SHA-1, falling
-back to ``mvn dependency:copy``); :func:`ensure_delta_jars` fetches the pinned Delta Lake jars
-that the ``delta-spark`` wheel does not carry; :func:`compile_jar` compiles deltawheel's own Java
-classes for Delta and Spark (the log stores, the checkpoint file manager) against them. The
-session set-up (``session/sparkenv.py``, ``session/connectors.py``), the object store's S3A and
-log store jars (``objectstore/s3a.py``, ``objectstore/logstore.py``) and the executor's local
-Kafka broker all fetch through here, so none of them imports another to get a jar.
+:func:`fetch_maven_jar` downloads one jar from Maven Central (SHA-1 checked, ``mvn`` as fallback);
+:func:`ensure_delta_jars` fetches the pinned Delta jars the ``delta-spark`` wheel lacks;
+:func:`compile_jar` compiles deltawheel's Java classes for Delta and Spark. Every jar user fetches
+through here, so none imports another to get a jar.
 """
 
 from __future__ import annotations
@@ -31,11 +28,9 @@ DELTA_VERSION = "4.4.0"
 #: Where a built wheel carries the compiled log store jars (setup.py's build step); absent in an
 #: editable install, where :func:`compile_jar` compiles them on first use.
 BUNDLED_JARS_DIR = Path(__file__).resolve().parent / "lib"
-# (group, artifact, version) of the jars delta-spark 4.4.0 needs on Spark 4.2 / Scala 2.13 that
-# pyspark does not ship: the runtime dependencies that delta-spark_4.2_2.13's POM declares
-# (Spark's own jars, Scala and antlr come with pyspark). The kernel and Unity Catalog jars serve
-# Delta's catalog-managed tables and its Kernel-based reader; deltawheel's path-based tables do not
-# load them, but they are the declared set. docs/versions.md says why this pair.
+# (group, artifact, version) of the runtime dependencies delta-spark_4.2_2.13's POM declares that
+# pyspark does not ship (the kernel and Unity Catalog ones are not loaded for path-based tables).
+# docs/versions.md says why this pair.
 DELTA_JARS: tuple[tuple[str, str, str], ...] = (
     ("io.delta", "delta-spark_4.2_2.13", DELTA_VERSION),
     ("io.delta", "delta-storage", DELTA_VERSION),
@@ -48,9 +43,8 @@ DELTA_JARS: tuple[tuple[str, str, str], ...] = (
 
 
 def default_jars_dir() -> Path:
-    """Where the Delta jars and the compiled log stores are cached, one folder per user for every
-    entry point (``./dw``, an installed wheel, your own job): ``$DELTAWHEEL_JARS_DIR`` or
-    ``~/.cache/deltawheel/jars``."""
+    """Where the Delta jars and compiled log stores are cached, one folder per user:
+    ``$DELTAWHEEL_JARS_DIR`` or ``~/.cache/deltawheel/jars``."""
     env = os.environ.get("DELTAWHEEL_JARS_DIR")
     if env:
         return Path(env)
@@ -85,8 +79,7 @@ def _mvn_copy(group: str, artifact: str, version: str, dest_dir: Path, *, coords
 
 def fetch_maven_jar(group: str, artifact: str, version: str, dest_dir: Path, *, classifier: str | None = None,
                     sha1: str | None = None, quiet: bool = False, hint: str = "") -> Path:
-    """The jar ``group:artifact:version[:classifier]`` in ``dest_dir``, fetched once from Maven Central
-    (falling back to ``mvn dependency:copy``) and checked against ``sha1`` when given.
+    """The jar ``group:artifact:version[:classifier]`` in ``dest_dir``, fetched once (``sha1`` checked).
 
     Raises:
         JarFetchError: neither Maven Central nor ``mvn`` could provide the jar, or its checksum is wrong.
@@ -138,13 +131,9 @@ def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> l
 def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The jar of one of deltawheel's Java classes for Delta and Spark, compiled once from ``source``.
 
-    The sources: the log store for local tables (``session/ExclusiveLocalLogStore.java``), the one
-    for ``s3a://`` tables and the checkpoint file manager for them (``objectstore/ZkS3LogStore.java``,
-    ``objectstore/DirectCheckpointFileManager.java``). Compiled with ``javac`` against the
-    ``delta-storage`` jar and Spark's Hadoop jars; the jar's name carries the digest of the source
-    and of the Delta and Spark versions it was compiled against. A wheel carries these jars, built
-    when the wheel was (``lib/`` beside this module): one of the same name is used as it is. Returns None (with a warning) when
-    no ``javac`` is installed.
+    Compiled with ``javac`` against ``delta-storage`` and Spark's Hadoop jars; the jar's name carries
+    the digest of the source and of those versions. A wheel's bundled jar (``lib/``) of the same name
+    is used as it is. Returns None (with a warning) when no ``javac`` is installed.
 
     Raises:
         JarFetchError: ``javac`` failed, or the Delta jars could not be fetched.

@@ -1,21 +1,10 @@
 """A detached service process (a ZooKeeper server, a Spark master or worker) run from a folder.
 
-Each service is one process in its own session and process group, so the command that
-started it can return while it keeps running, and stopping it takes its children with it
-(a Spark worker's executors and their Python workers). What is known about it lives in
-two files: a pid file written at start and a log file with the process's stdout/stderr.
-A pid file whose process is gone, or is some other program now, counts as not running.
-
-``stop`` is SIGTERM to the group, then SIGKILL after a grace period; ``kill`` is SIGKILL
-at once (a crash, for fault tests). Both reap the process when it is our own child.
-
-Tied to a process. A detached service outlives the command that started it, on purpose
-(``deltawheel zk start``). A test run or a trial must not leave servers behind when it is killed,
-though: with ``DELTAWHEEL_SERVERS_DIE_WITH=<pid>`` in the environment (the test suite sets its own
-pid), every service started under it gets a small watchdog process that stops the service's group
-(SIGTERM, then SIGKILL) once that pid is gone, however it ended (SIGKILL included).
-:func:`find_java` is the ``java`` the local servers run on (ZooKeeper, S3Proxy, a Kafka broker,
-a Spark cluster).
+Each service runs in its own session and process group, so it outlives the command that started
+it and stopping it takes its children too; a pid file and a log file are what is known about it
+(a pid file whose process is gone or another program counts as not running). With
+``DELTAWHEEL_SERVERS_DIE_WITH=<pid>`` set (the test suite sets its own), a watchdog stops every
+service started under it once that pid is gone. :func:`find_java` is the ``java`` they run on.
 """
 
 from __future__ import annotations
@@ -110,14 +99,12 @@ class DetachedProcess:
     """One service process, known by its pid file and its command line.
 
     Args:
-        name: what it is, for messages (e.g. ``"ZooKeeper"``, ``"Spark worker 1"``).
-        pid_file: where its pid is kept while it runs.
-        log_file: its stdout and stderr (appended).
+        name: what it is, for messages (e.g. ``"Spark worker 1"``).
         marker: a string its command line contains (the main class): a pid file pointing
             at a process without it is stale.
         error: the error type raised for failures (a :class:`DeltaWheelError`).
-        prefix: words put before every command launched (e.g. ``ip netns exec NS ...``: the service
-            runs on a test host of its own); its ``exec`` chain keeps the pid.
+        prefix: words put before every command launched (e.g. ``ip netns exec NS``); its
+            ``exec`` chain keeps the pid.
     """
 
     def __init__(self, name: str, *, pid_file: Path, log_file: Path, marker: str,
@@ -195,9 +182,7 @@ class DetachedProcess:
     def stop(self, *, timeout_s: float = 15.0) -> bool:
         """SIGTERM to the process group, SIGKILL after ``timeout_s``; remove the pid file.
 
-        Returns:
-            True if a running process was stopped, False if none was running.
-        """
+        Returns True if a running process was stopped."""
         pid = self.pid()
         if pid is not None:
             self.kill_group(pid, timeout_s=timeout_s)
@@ -205,10 +190,7 @@ class DetachedProcess:
         return pid is not None
 
     def kill(self) -> int | None:
-        """SIGKILL the process group at once (a crash); returns the pid killed, or None.
-
-        The pid file stays, as after a real crash: the next start finds it stale.
-        """
+        """SIGKILL the process group at once (a crash; the pid file stays); the pid killed, or None."""
         pid = self.pid()
         if pid is not None:
             self.kill_group(pid, timeout_s=0.0)
@@ -271,8 +253,7 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
-    """Wait until no process of group ``pgid`` is left: a launcher script's child (e.g. the JVM that
-    ``spark-class`` starts) can outlive the group leader for a moment after the signal."""
+    """Wait until no process of group ``pgid`` is left (a launcher's child can outlive the leader)."""
     deadline = time.monotonic() + timeout_s
     while _group_members(pgid):
         if time.monotonic() >= deadline:

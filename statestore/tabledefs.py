@@ -1,6 +1,4 @@
-"""The columns (Spark DDL) of the store's side tables: ``dead_letters`` and ``late_data`` (created
-by migration 2) and ``audit`` (created by a tool's first audited change). The SQL views show a
-table not there yet as an empty view of these columns."""
+"""The columns (Spark DDL) of the store's side tables: ``dead_letters``, ``late_data`` and ``audit``."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """``sql --as-of``: which version of each of a store's tables the views read.
 
-One instant for every table, so that a query joining them sees one consistent past:
-
-- ``--as-of TIMESTAMP``: each table at its newest version committed at or before it;
-- ``--as-of VERSION``: the rows table at that version (the version ``history`` and
-  ``state_history`` list), every other table as of that version's commit time.
-
-Commit times are those of each table's ``DESCRIBE HISTORY`` (what Delta's ``TIMESTAMP AS OF``
-compares with). A table with no version by then (a stream created later) has no view. A naive
-timestamp is taken as UTC.
+One instant for every table, so a join sees one consistent past: ``--as-of TIMESTAMP`` takes each
+table's newest version committed by then (naive: UTC); ``--as-of VERSION`` the rows table's
+version and every other table as of its commit time. A table with no version by then has no view.
 """
 
 from __future__ import annotations

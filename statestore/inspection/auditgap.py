@@ -1,17 +1,10 @@
 """Audit rows missing for tools' rows commits, computed from the commits (read only).
 
-A tool (promote, repair: ``statestore/surgery``) commits the rows table with its audit record in
-the commit's metadata (``audit.commit_meta``: tool, audit id, who, source, pipeline, intervals,
-rows written and deleted), then appends the row to the audit table. A tool that died between the
-two leaves a commit whose row is missing: :func:`missing_audit_rows` rebuilds those rows from the
-commits (marked ``"recovered": true`` in ``detail``). ``surgery.audit.recover_audit`` appends them
-(every tool run and ``deltawheel gc --apply`` call it); the ``sql`` tool, which writes nothing,
-shows them in its ``audit`` view beside the table's rows (``sqlviews.register_views``).
-
-:func:`audit_gap` reads only the commits after a version (``after_version``) on a local store, from
-the JSON commits themselves: garbage collection keeps the version up to which every tool commit
-has its row (``gc/auditmark.py``), so its check costs the commits since the last gc, not the rows
-table's whole history (``DESCRIBE HISTORY`` opens every commit still in the log).
+A tool commits the rows table with its audit record in the metadata, then appends the audit row
+(``surgery/audit.py``); :func:`missing_audit_rows` rebuilds the rows of tools that died in between
+(``"recovered": true`` in ``detail``), which the ``sql`` tool shows in its ``audit`` view.
+:func:`audit_gap` reads only the JSON commits after ``after_version`` on a local store (gc keeps
+that version, ``gc/auditmark.py``), not the whole history.
 """
 
 from __future__ import annotations
@@ -44,9 +37,8 @@ def _audit_ids(spark: Any, layout: StoreLayout, version: int | None) -> set[str]
 
 @dataclass(frozen=True)
 class AuditGap:
-    """What :func:`audit_gap` found: the missing rows (``rows``, oldest commit first), the newest
-    rows version it read (``upto``; -1: none) and how many commits' entries it opened (``read``:
-    every commit still in the log when it read ``DESCRIBE HISTORY``)."""
+    """What :func:`audit_gap` found: the missing ``rows`` (oldest first), the newest rows version read
+    (``upto``; -1: none) and how many commits' entries it opened (``read``)."""
 
     rows: list[dict[str, Any]]
     upto: int
@@ -55,21 +47,19 @@ class AuditGap:
 
 def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | None = None,
                        audit_version: int | None = None, audit_existed: bool = True) -> list[dict[str, Any]]:
-    """The audit table's rows (its columns, ``tabledefs.AUDIT_COLUMNS``) missing for the tools'
-    commits of the rows table, oldest commit first: a commit whose metadata names a tool and an
-    audit id that the audit table does not hold. ``rows_version`` / ``audit_version``: the tables
-    as of those versions (``sql --as-of``); default their newest; ``audit_existed`` False: the
-    audit table did not exist then (every tool commit's row is missing). Commits whose JSON entries
-    are past the log's retention are not seen (``DESCRIBE HISTORY`` does not list them)."""
+    """The audit table's rows missing for the tools' commits of the rows table, oldest first.
+
+    ``rows_version`` / ``audit_version``: the tables as of those versions (``sql --as-of``; default
+    newest); ``audit_existed`` False: every tool commit's row is missing. Commits past the log's
+    retention are not seen."""
     return audit_gap(spark, layout, rows_version=rows_version, audit_version=audit_version,
                      audit_existed=audit_existed).rows
 
 
 def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = None, rows_version: int | None = None,
               audit_version: int | None = None, audit_existed: bool = True) -> AuditGap:
-    """:func:`missing_audit_rows` of the commits after ``after_version`` (None: all), with the
-    newest version read. On a local store with ``after_version`` the JSON commits after it are
-    read directly (their ``commitInfo``: its metadata and time); otherwise ``DESCRIBE HISTORY``."""
+    """:func:`missing_audit_rows` of the commits after ``after_version`` (None: all), with the newest
+    version read (the JSON commits read directly on a local store, else ``DESCRIBE HISTORY``)."""
     have = (_audit_ids(spark, layout, audit_version) if audit_existed else None) or set()
     commits, read = None, 0
     if after_version is not None:

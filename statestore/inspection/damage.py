@@ -1,21 +1,10 @@
 """Damage to a store's Delta logs, found before a writer starts instead of after.
 
-Delta takes a table's newest JSON commit as its version: a deleted newest commit
-silently rolls the table back (the next commit reuses the number, and the state the
-lost commit held is gone for good), a truncated one fails deep inside a read. So
-before an executor takes its leases it checks, for a local store:
-
-- every table's log: the JSON commits after the newest checkpoint are contiguous
-  and parse; no checksum file (``<v>.crc``, written by Delta with each commit) and
-  no ``_last_checkpoint`` names a version past the newest commit;
-- the rows table against what was delivered: a strong delivery records, per
-  producing interval, the rows commit whose productions it carries
-  (``SetTransaction`` app id ``deltawheel.<computation>.<interval>``); a stream
-  recording a version the rows table does not have means that commit was lost.
-
-Any of these raises :class:`StoreDamagedError` naming the table, the file or the
-versions, and what to do (docs/store-damage.md). Remote stores are not checked
-here (Delta reads their logs).
+A deleted newest commit silently rolls a Delta table back, a truncated one fails deep inside a
+read. So before an executor takes its leases it checks a local store: every table's JSON commits
+after the newest checkpoint are contiguous and parse, with no ``.crc`` or ``_last_checkpoint``
+past them; and no stream records (in its ``SetTransaction``) a rows commit the rows table lacks.
+Any of these raises :class:`StoreDamagedError` naming what and what to do (docs/store-damage.md).
 """
 
 from __future__ import annotations
@@ -36,8 +25,9 @@ _DOC = DAMAGE_DOC
 
 
 def check_log(path: str, *, table: str) -> int | None:
-    """Check the log of the local Delta table at ``path`` (named ``table`` in messages); return
-    its newest version (None: remote, or no log).
+    """Check the log of the local Delta table at ``path`` (``table`` in messages); its newest version.
+
+    None: remote, or no log.
 
     Raises:
         StoreDamagedError: a commit is missing (a gap, or a checksum / ``_last_checkpoint``
@@ -97,8 +87,7 @@ def check_log(path: str, *, table: str) -> int | None:
 
 
 def check_store(layout: StoreLayout) -> None:
-    """Check the logs of the rows table and of every stream table of a local store, and that
-    no stream records a delivery of a rows commit the rows table does not have.
+    """Check a local store's rows and stream tables' logs, and that no stream is ahead of the rows.
 
     Raises:
         StoreDamagedError: see :func:`check_log`, or the rows table is behind a delivery.

@@ -1,20 +1,9 @@
 """Read-only: the difference between one computation's state in two stores, and its productions.
 
-:func:`diff_stores` compares the rows of a computation in store A (optionally as of a rows-table
-version: Delta time travel) with store B's newest (optionally as of a version too), key by key:
-
-* **state**: keys only in B (added), only in A (removed), and in both with different state bytes
-  (changed); a sample of each, decoded with the row's codec;
-* **timers** and **pending productions** (checkpointed, not yet delivered): keys whose lists differ;
-* **productions** delivered to the stream tables by the computation (``producer`` column), matched
-  by (stream, key, event time): only in A, only in B, and different values, value by value;
-  ``batch_ids`` and ``exclude_commits`` restrict them to a replay's batches.
-
-A replay's diff (``seed_version``, ``seed_intervals``) compares the pending productions of the
-intervals no replayed commit held as A's at the seed version. docs/replay.md, "Read the diff".
-
-The comparison runs in Spark (a full outer join per table); only the counts and the samples reach
-the driver. Dedup record ids are not compared: they are the input's, not the computation's output.
+:func:`diff_stores` compares store A's rows (optionally as of a version) with store B's, key by
+key: state (added, removed, changed), timers and pending productions, and the productions the
+computation delivered, matched by (stream, key, event time). It runs in Spark; only counts and
+samples reach the driver. Record ids are not compared. docs/replay.md, "Read the diff".
 """
 
 from __future__ import annotations
@@ -27,7 +16,6 @@ from ..codecs import get_codec
 from ..exceptions import CodecError, ConfigError, NotAStoreError, ReplayUnavailableError
 from ..layout import StoreLayout
 from ..rowtable.rows import FENCE_KEY, IDS_KEY_PREFIX
-from ..sqltext import sql_str
 
 __all__ = ["StoreDiff", "diff_stores", "format_diff", "SAMPLE"]
 
@@ -36,12 +24,11 @@ SAMPLE = 5  # samples per kind of difference
 
 @dataclass(frozen=True)
 class StoreDiff:
-    """The difference of one computation between store A and store B (see the module docstring).
+    """The difference of one computation between store A and store B.
 
-    ``counts``: kind -> number of keys (state: ``added``, ``removed``, ``changed``; ``timers``,
-    ``pending``) or productions (``productions_only_a``, ``productions_only_b``,
-    ``productions_changed``); ``samples``: kind -> up to :data:`SAMPLE` decoded examples;
-    ``notes``: what explains a difference (a replay's: a tool's change of the live state).
+    ``counts``: kind -> keys (``added``, ``removed``, ``changed``, ``timers``, ``pending``) or
+    productions (``productions_only_a``, ``productions_only_b``, ``productions_changed``);
+    ``samples``: kind -> up to :data:`SAMPLE` decoded examples; ``notes``: what explains a difference.
     """
 
     computation: str
@@ -124,9 +111,7 @@ def _rows(spark: Any, layout: StoreLayout, computation: str, version: int | None
 
 def _with_seed_pending(spark: Any, a: StoreLayout, b_rows: Any, computation: str, *, version: int,
                        intervals: Collection[int], scope: _Scope) -> Any:
-    """``b_rows`` with, in rows of ``intervals`` that hold no pending production, A's pending
-    productions of the key as of ``version`` (what a replay's seed left out; see the module
-    docstring)."""
+    """``b_rows`` with A's pending productions as of ``version`` in rows of ``intervals`` holding none."""
     from pyspark.sql import functions as F
 
     seed = _rows(spark, a, computation, version, scope).select("key", F.col("pending").alias("seed_pending"))
@@ -239,14 +224,6 @@ def _production_diff(a: Any | None, b: Any | None, counts: dict[str, int],
                           for r in j.where(c).orderBy("stream", "key", "timestamp_ms").limit(SAMPLE).collect()]
 
 
-def production_keys(spark: Any, layout: StoreLayout, computation: str, streams: Collection[str], *,
-                    batch_ids: Collection[int] | None = None, kind: str = "all") -> list[tuple[str, str, int]]:
-    """(stream, key, event time) of the computation's productions in ``layout``'s stream tables."""
-    df = _productions(spark, layout, computation, streams, batch_ids)
-    return [] if df is None else sorted((r[0], r[1], int(r[2])) for r in df.select(
-        "stream", "key", "timestamp_ms").collect())
-
-
 def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *, version_a: int | None = None,
                 version_b: int | None = None, streams: Collection[str] = (),
                 batch_ids: Collection[int] | None = None, keys: Collection[str] | None = None,
@@ -254,23 +231,17 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
                 exclude_commits: Collection[str] = (), seed_version: int | None = None,
                 seed_intervals: Collection[int] = ()) -> StoreDiff:
     """The difference of ``computation`` between store ``a`` (as of ``version_a``; None: newest) and
-    store ``b`` (as of ``version_b``), its state rows and its productions to ``streams``.
+    store ``b`` (as of ``version_b``): its state rows and its productions to ``streams``.
 
-    ``keys``: only those keys' rows and productions; ``intervals`` (of ``num_intervals``): only
-    the rows of those intervals and the productions whose key falls in them (a partial replay's);
-    ``batch_ids``: both sides' productions of those batches only (a replay compares what its
-    batches produced with what the same live batches produced). ``exclude_commits``: commit ids
-    whose productions are left out (by the ``commit_id`` their rows commit records): a flush
-    batch (no input, firing due timers) takes the id the query's next micro-batch takes too, so a
-    batch id alone does not say on which side of a replay's start or end a production falls.
-
-    ``seed_version`` / ``seed_intervals``: B is a replay seeded from A at that version (without
-    pending productions: the live store delivered them), and no replayed commit held those
-    intervals. The live rows at the end still hold the pending productions of their last commit
-    before the seed version, and nothing in B cleared or replaced them: B's pending productions of
-    those rows are compared as A's at the seed version, where B has none (B's own, if it wrote any
-    there, are compared as they are). A's pending at the end must then equal A's at the seed
-    version: a commit after it that changed them shows as a ``pending`` difference.
+    Args:
+        keys: only those keys' rows and productions.
+        intervals: only those intervals (of ``num_intervals``) and the productions of their keys.
+        batch_ids: both sides' productions of those batches only (a replay's).
+        exclude_commits: commit ids whose productions are left out (a flush batch shares its
+            batch id with the query's next micro-batch).
+        seed_version: B is a replay seeded from A at this version, without pending productions;
+            in ``seed_intervals`` (no replayed commit held them) B's rows without pending are
+            compared with A's pending as of the seed version.
 
     Raises:
         NotAStoreError: a store has no rows table.
@@ -308,8 +279,3 @@ def format_diff(d: StoreDiff) -> str:
         for r in rows:
             lines.append(f"  {k}: {json.dumps(r, sort_keys=True, default=str)}")
     return "\n".join(lines)
-
-
-def sql_of_rows(layout: StoreLayout, computation: str) -> str:
-    """The SQL reading the computation's rows of ``layout`` (for a user checking a diff by hand)."""
-    return f"SELECT * FROM delta.`{layout.rows}` WHERE computation = {sql_str(computation)}"

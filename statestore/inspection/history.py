@@ -1,18 +1,9 @@
 """A key's versions (or every key's), read from the rows table's Delta log without Spark.
 
-This module walks the log's commits oldest first and says, for each commit, which keys got a
-new row or lost theirs. It keeps the live files (deletion vectors: :mod:`.deletionvectors`),
-finds where each key of interest now lives from the ``key`` column of each new file, and reads
-a moved key's stamp columns (``commit_id``, ``updated_ms``, ``sequencer``) only: a row carried
-over unchanged keeps its stamps, and is not a new version. Only a key whose stamps changed has
-its whole row read. Dedup ids kept apart (rows keyed ``IDS_KEY_PREFIX + key``) are counted as
-their files come and go (:attr:`Change.n_record_ids`). So a history read never reads every
-version's full files.
-
-History starts at version 0, or, when log retention cleaned the oldest commits up, at the
-oldest checkpoint still followed by every commit (:attr:`History.first_version`). Local folders
-and any store :mod:`~..delta.storefs` reaches (``s3a://``); the data files of old versions must
-still be there (``deltawheel gc`` vacuums them after its retention).
+The log's commits are walked oldest first, keeping the live files; a key whose row moved has
+only its stamp columns read, and its whole row only when they changed, so a history read never
+reads every version's full files. History starts at version 0 or at the oldest checkpoint that
+every later commit follows; old versions' data files must still be there (not vacuumed).
 docs/history.md, "How history is read, and why not the change data feed".
 """
 
@@ -43,9 +34,8 @@ _STAMPS = ("commit_id", "updated_ms", "sequencer")
 
 @dataclass(frozen=True)
 class Commit:
-    """One commit of the rows table: its version, time (the commit file's modification time, as
-    Delta's time travel orders them), Delta's operation and deltawheel's commit metadata
-    (``kind``: commit, fence or claim; ``writer``; ``sequencers``; ``commit_id``; ``write_path``)."""
+    """One commit of the rows table: version, time (as Delta's time travel orders them), Delta's
+    operation and deltawheel's commit metadata (``kind``, ``writer``, ``sequencers``, ``commit_id``)."""
 
     version: int
     timestamp_ms: int
@@ -61,10 +51,9 @@ class Commit:
 
 @dataclass(frozen=True)
 class Change:
-    """A key's new row in a commit: ``insert`` (the key had none), ``update`` or ``delete``
-    (``row`` None: the key's state and timers were emptied, its row removed). ``ids_apart``: the
-    record ids the store held for the key outside its row at that version (the image path's ids
-    files; a deleted key's ids stay there until they leave the dedup horizon)."""
+    """A key's new row in a commit: ``insert``, ``update`` or ``delete`` (``row`` None).
+
+    ``ids_apart``: the record ids the store held for the key outside its row (ids files) then."""
 
     commit: Commit
     computation: str
@@ -75,9 +64,7 @@ class Change:
 
     @property
     def n_record_ids(self) -> int:
-        """The record ids the store held for the key at this version: in its row and apart from it
-        (what the ``state`` view counts). Taken at this version: ids files dropped past the dedup
-        horizon or compacted later change the count with no new version of the row."""
+        """The record ids the store held for the key at this version, in its row and apart from it."""
         return (0 if self.row is None else len(self.row.record_ids)) + self.ids_apart
 
 
@@ -126,9 +113,7 @@ class _Table:
                 if is_user_key(k) and (wanted is None or k in wanted) and i not in gone}
 
     def ids_apart(self, add: Mapping[str, Any], wanted: frozenset[str] | None) -> dict[str, int]:
-        """user key -> the number of record ids the live ids rows (``IDS_KEY_PREFIX + key``) of
-        ``add``'s file hold for it (only ``wanted`` keys; None: all). Only a file holding such
-        rows has its ``record_ids`` read, and of those only the lists' lengths."""
+        """user key -> record ids the live ids rows of ``add``'s file hold for it (``wanted``; None: all)."""
         import pyarrow.compute as pc
 
         path = str(add["path"])
@@ -242,8 +227,7 @@ def _commit_facts(version: int, lines: list[str], file: str, mtime_ms: int) -> t
 
 
 class _Walk:
-    """The live files of the rows table while its log is replayed, and each key's last row: one
-    commit's actions in, that commit's changes out (:meth:`apply`)."""
+    """The live files and each key's last row while the log is replayed; :meth:`apply` per commit."""
 
     def __init__(self, rows: TableFiles, computation: str | None, keys: frozenset[str] | None) -> None:
         self.table = _Table(rows)
@@ -253,7 +237,7 @@ class _Walk:
         # (computation, interval) -> key -> (file path, row index); key -> its last row's stamps and row
         self.where: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
         self.last: dict[tuple[str, str], tuple[Any, ...]] = {}
-        # the record ids held apart from the rows: per live file, user key -> count; per (computation, key), the sum
+        # record ids held apart: per live file, user key -> count; per (computation, key), the sum
         self.apart_of: dict[str, tuple[str, dict[str, int]]] = {}
         self.apart: dict[tuple[str, str], int] = {}
 
@@ -347,9 +331,9 @@ class _Walk:
 
 def walk_history(rows: TableFiles, *, computation: str | None = None, keys: frozenset[str] | None = None,
                  to_version: int | None = None) -> Iterator[Change]:
-    """Every change of the rows table, oldest commit first (only ``computation``'s, only ``keys``;
-    None: all; only up to ``to_version``). The first version (0, or the oldest checkpoint's)
-    shows each key's row as ``insert``.
+    """Every change of the rows table, oldest commit first (``computation``, ``keys``: None, all).
+
+    Only up to ``to_version``; the first version shows each key's row as ``insert``.
 
     Raises:
         NotAStoreError: ``rows`` has no Delta log.

@@ -1,11 +1,8 @@
 """The ``state_history`` view's rows: a PySpark Python data source over :func:`.history.walk_history`.
 
-Registered by :func:`.sqlviews.register_views` as ``deltawheel_state_history``; Spark reads it
-only when a query touches the view (one task; the log and files are read with pyarrow in that
-task's Python worker, which must import deltawheel: the workers of a local session or of a
-cluster whose Python has deltawheel installed). Options: ``path`` (the rows table),
-``to_version`` (history up to that version: ``sql --as-of``) and, for ``s3a://`` tables, ``s3``
-(the :class:`~..delta.storefs.S3Settings` fields as JSON).
+Spark reads it only when a query touches the view, in one task whose Python worker must import
+deltawheel. Options: ``path`` (the rows table), ``to_version`` (``sql --as-of``) and, for
+``s3a://`` tables, ``s3`` (:class:`~..delta.storefs.S3Settings` as JSON).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Rows-table versions -> input positions: what replay reads back from the commit log.
 
-Every batch commit of a computation records, in its Delta commit's ``userMetadata``, the input
-positions the batch read (``rowtable/inputfiles.py``'s :func:`commit_entry`: the Parquet files of
-its injector, the data files ``{stream}/{name}`` of the stream tables it reads; none for a
-timers-only batch) beside the watermark the batch acted on (its ``late`` mark). A version's input
-position is the union of the positions of the computation's commits up to it; a replay from
-version V re-runs the computation's commits after V, batch by batch, on the same files.
-
-Commits that read no input record an entry without a batch (``no_input_entry``): a tool's
-(promote, repair: ``statestore/surgery``), the image path's compaction, the merge path's fence.
-A replay starts from or across them and re-runs nothing for them; a tool's change is not in the
-replay (:func:`tool_changes` lists them, with their audit ids, for the plan and the diff).
-Commits written before positions were recorded carry none: :func:`replay_horizon` is the first
-version a replay may start from (every later commit of the computation records its positions).
-Claims (a new owner's fence rows) change no user row and are skipped.
+Every batch commit records in its ``userMetadata`` the input files it read
+(``rowtable/inputfiles.py``) beside the watermark it acted on; a version's input position is the
+union over the computation's commits up to it, and a replay from V re-runs the commits after V.
+Commits that read no input (a tool's, a compaction, a fence) are re-run by nothing, and a tool's
+change is not in the replay (:func:`tool_changes`). :func:`replay_horizon` is the first version a
+replay may start from; claims change no user row and are skipped.
 """
 
 from __future__ import annotations
@@ -35,9 +27,8 @@ class ComputationCommit:
     """One commit of a computation to the rows table.
 
     ``batch_id`` / ``files``: its recorded input positions (``files`` None: none recorded);
-    ``input_ms`` / ``late_ms``: the watermarks the batch acted on (its ``late`` mark);
-    ``kind``: ``batch``, ``claim`` or what a tool wrote; ``meta``: the parsed metadata;
-    ``kafka``: the Kafka offset ranges the batch read (start inclusive, end exclusive), if any.
+    ``input_ms`` / ``late_ms``: the watermarks the batch acted on; ``kind``: ``batch``, ``claim``
+    or a tool's; ``kafka``: the Kafka offset ranges the batch read (start inclusive), if any.
     """
 
     version: int
@@ -57,8 +48,7 @@ class ComputationCommit:
 
     @property
     def reruns(self) -> bool:
-        """A replay re-runs it: a batch with recorded positions (not a claim, nor a commit that read
-        no input: a tool's, a compaction, a fence)."""
+        """A replay re-runs it: a batch with recorded positions (not a claim, a tool's, a compaction)."""
         return self.files is not None and self.batch_id is not None and self.kind != "claim"
 
 
@@ -100,9 +90,8 @@ def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> li
 
 
 def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: int) -> list[ComputationCommit]:
-    """Oldest first, the commits of ``computation`` after rows version ``after``: read from the
-    log's JSON commits with Python where it reaches them (a local or ``s3a://`` store: no Spark
-    job, only the commits after ``after`` opened), else from Delta's history.
+    """Oldest first, the commits of ``computation`` after rows version ``after`` (without Spark where
+    Python reaches the log).
 
     Raises:
         NotAStoreError: the store has no rows table.
@@ -142,16 +131,15 @@ def _commit(version: int, timestamp_ms: int, user_metadata: object, computation:
 
 
 def replay_horizon(commits: Sequence[ComputationCommit]) -> int | None:
-    """The first version a replay may start from: every later commit records its positions (the
-    version of the newest commit that records none, since the state as of it is where a replay
-    starts). None: every commit records them (a replay may start from before the first one)."""
+    """The first version a replay may start from: the newest commit that records no positions.
+
+    None: every commit records them."""
     missing = [c.version for c in commits if not c.replayable]
     return missing[-1] if missing else None
 
 
 def position_at(commits: Sequence[ComputationCommit], version: int) -> frozenset[str] | None:
-    """The input position as of ``version``: every input file the computation's commits up to it
-    read (None: some commit up to it records no positions)."""
+    """Every input file the computation's commits up to ``version`` read (None: one records none)."""
     out: set[str] = set()
     for c in commits:
         if c.version > version:
@@ -164,8 +152,7 @@ def position_at(commits: Sequence[ComputationCommit], version: int) -> frozenset
 
 def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
                   to_version: int | None = None) -> list[ComputationCommit]:
-    """The batch commits a replay from ``version`` (None: the start) up to ``to_version`` (None: the
-    newest) re-runs, oldest first.
+    """The batch commits a replay from ``version`` (None: the start) up to ``to_version`` re-runs.
 
     Raises:
         ReplayUnavailableError: one of them records no input positions (names the horizon).
@@ -187,10 +174,10 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
 
 def outside_commit_ids(commits: Sequence[ComputationCommit], version: int | None, *,
                        to_version: int | None = None) -> frozenset[str]:
-    """The commit ids of the computation's commits outside ``(version, to_version]`` whose batch id
-    a commit inside has too: a flush (a batch without input) takes the id of the query's next
-    micro-batch, so the diff of a replay over that range leaves their productions out by commit
-    id (``diff.py``), where a filter by batch id alone would count them."""
+    """The commit ids outside ``(version, to_version]`` whose batch id a commit inside has too.
+
+    A flush takes the id of the query's next micro-batch, so a replay's diff leaves them out by
+    commit id (``diff.py``)."""
     def inside(c: ComputationCommit) -> bool:
         return (version is None or c.version > version) and (to_version is None or c.version <= to_version)
 
@@ -201,8 +188,7 @@ def outside_commit_ids(commits: Sequence[ComputationCommit], version: int | None
 
 def tool_changes(commits: Sequence[ComputationCommit], version: int | None, *,
                  to_version: int | None = None) -> list[ToolChange]:
-    """The tools' commits (promote, repair) after ``version`` (None: the start) up to ``to_version``:
-    changes of the live state a replay over that range does not make."""
+    """The tools' commits after ``version`` (None: the start) up to ``to_version``: not in a replay."""
     return [ToolChange(c.version, str(c.meta.get("tool")), None if c.meta.get("audit_id") is None
                        else str(c.meta["audit_id"]))
             for c in commits if c.meta.get("tool") and (version is None or c.version > version)

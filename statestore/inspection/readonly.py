@@ -1,10 +1,8 @@
 """The SQL tools only read: a statement is checked on the plan Spark makes of it.
 
-:func:`check_read_only` parses a statement with the session's own parser (Delta's statements
-included) and refuses anything but a query or a SHOW, DESCRIBE or EXPLAIN command
-(:class:`~deltawheel.statestore.exceptions.ReadOnlySqlError`); :func:`read_only_session` makes a
-session whose every analysed statement is checked the same way (what ``deltawheel sql-server``
-gives its JDBC clients). Changes to state go through a fenced path only.
+:func:`check_read_only` refuses anything but a query or a SHOW, DESCRIBE or EXPLAIN command;
+:func:`read_only_session` makes a session whose every statement is checked the same way (what
+``deltawheel sql-server`` gives its JDBC clients).
 """
 
 from __future__ import annotations
@@ -28,10 +26,9 @@ _WRITE_MARKS = ("Insert", "Statement", "Restore", "Write", "Merge", "Update", "D
 
 
 def check_read_only(spark: Any, query: str) -> None:
-    """Refuse ``query`` unless it only reads: a query (SELECT, WITH ... SELECT, VALUES, TABLE) or a
-    SHOW, DESCRIBE or EXPLAIN command. Decided on the plan Spark's own parser makes of it (the
-    session's parser, with Delta's statements), not on its text: comments, a CTE in front of an
-    INSERT, odd spacing or case change nothing.
+    """Refuse ``query`` unless it is a query or a SHOW, DESCRIBE or EXPLAIN command.
+
+    Decided on the plan the session's parser makes of it, not on its text.
 
     Raises:
         ReadOnlySqlError: the statement would write (UPDATE, DELETE, MERGE, INSERT, CREATE, DROP,
@@ -84,18 +81,12 @@ def _show_tables_query(names: Sequence[str]) -> str:
 
 def read_only_session(spark: Any, prepare: Callable[[Any], Any],
                       table_names: Callable[[], Sequence[str]] | None = None) -> Any:
-    """A new session of ``spark``'s application whose every statement is checked as
-    :func:`check_read_only` checks one: once parsed (a parser wrapping Spark's, so that a write is
-    refused with :class:`ReadOnlySqlError` before Spark or Delta analyse it: a DELETE on a view
-    would otherwise fail analysis first, with Delta's error) and again once analysed (an analysis
-    check rule), both run in this Python process through py4j's callback server: what a JDBC
-    client of ``sql-server`` sends too. ``prepare(session)`` runs first, unchecked (it defines the
-    views).
+    """A new session of ``spark``'s application whose every statement :func:`check_read_only` checks.
 
-    With ``table_names``, a plain ``SHOW TABLES`` (``IN default`` too) lists those names in its
-    first column (Spark's puts the namespace first, empty for temporary views: SQLAlchemy's Hive
-    dialect, which BI tools browse with, took that for the names), then the namespace and
-    ``isTemporary`` (a parser that rewrites that one statement and passes everything else on)."""
+    Checked once parsed (so a write is refused before Spark or Delta analyse it) and again once
+    analysed, through py4j's callback server. ``prepare(session)`` runs first, unchecked (it defines
+    the views). With ``table_names``, ``SHOW TABLES`` lists those names in its first column (BI tools'
+    Hive dialect takes the first column for the names)."""
     from pyspark.java_gateway import ensure_callback_server_started
     from pyspark.sql import SparkSession
 
@@ -119,8 +110,7 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any],
             implements = ["scala.Function1"]
 
     class _Parser:
-        """Spark's parser, each parsed plan checked (once armed); SHOW TABLES names the tables
-        first; every other call passed on."""
+        """Spark's parser, each parsed plan checked (once armed); SHOW TABLES rewritten; the rest as is."""
 
         def __init__(self, delegate: Any) -> None:
             self._delegate = delegate

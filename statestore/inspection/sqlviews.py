@@ -1,14 +1,8 @@
-"""SQL over a store: decoded temporary views, query formatting, one-key inspection. Every query
-is checked to only read first (:mod:`.readonly`).
+"""SQL over a store: decoded temporary views, query formatting, one-key inspection.
 
-The views are defined by ``views.py`` (:class:`~.views.StoreViews` defines each when a statement
-first names it, :func:`register_views` all of them): ``rows``, ``state``, ``timers``,
-``pending_productions``, ``fences``, ``dead_letters``, ``late_data``, ``audit`` (with the rows a
-tool that died left missing, computed by ``auditgap.py``, as this module writes nothing),
-``<stream>`` and ``<stream>_decoded``. What each shows: docs/tables.md, "Views".
-
-Values are decoded by the SQL function ``dw_decode(codec, data)`` (``decoding.py``), a Python
-UDF returning JSON text. Every view's columns carry comments (``statestore/comments.py``).
+Every query is checked to only read first (:mod:`.readonly`). The views are defined in
+``views.py``; what each shows: docs/tables.md, "Views". Values are decoded by the SQL function
+``dw_decode(codec, data)`` (``decoding.py``).
 """
 
 from __future__ import annotations
@@ -29,20 +23,8 @@ from .decoding import decode_json_text, decode_value
 from .readonly import check_read_only
 from .views import register_views
 
-__all__ = [
-    "FORMATS",
-    "decode_value",
-    "decode_json_text",
-    "register_views",
-    "TABLE_MAX_ROWS",
-    "SqlResult",
-    "sql_frame",
-    "write_sql",
-    "run_sql",
-    "format_rows",
-    "inspect_key",
-    "row_json",
-]
+__all__ = ["FORMATS", "decode_value", "decode_json_text", "register_views", "TABLE_MAX_ROWS", "SqlResult",
+           "sql_frame", "write_sql", "run_sql", "format_rows", "inspect_key", "row_json"]
 
 FORMATS = ("table", "csv", "json")
 _MAX_CELL = 60
@@ -89,18 +71,12 @@ def _cut(s: str) -> str:
 
 def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, fmt: str = "table",
                 total: int | None = None, cut: bool = True) -> str:
-    """Format query results.
+    """Format query results (``rows``: tuples or ``pyspark.sql.Row``).
 
     Args:
-        columns: column names.
-        rows: the rows (tuples or ``pyspark.sql.Row``).
-        fmt: ``table`` (aligned, for people: long cells cut to 60 characters,
-            NULL shown as ``NULL``, ``(N rows)`` footer), ``csv`` (header line,
-            RFC 4180 quoting, NULL as an empty field, timestamps ISO 8601,
-            binary base64) or ``json`` (JSON Lines: one object per row, no
-            enclosing array, so output can be streamed and cut).
-        total: the query's row count when ``rows`` are only the first of them: the ``table``
-            footer then says ``(N of TOTAL rows shown; raise --max-rows)``.
+        fmt: ``table`` (aligned, NULL as ``NULL``, a ``(N rows)`` footer), ``csv`` (a header line,
+            RFC 4180, NULL as an empty field, binary base64) or ``json`` (JSON Lines).
+        total: the query's row count when ``rows`` are only the first of them (the footer says so).
         cut: ``table`` cuts cells longer than 60 characters (False: shows them whole).
 
     Raises:
@@ -150,9 +126,9 @@ class SqlResult:
 
 def _write_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO, fmt: str,
                 query: int | None = None) -> int:
-    """Write ``rows`` as ``csv`` (with its header) or ``json`` lines to ``out`` as they come; the count.
-    ``query``: the json lines are ``{"query": N, "row": {...}}`` (the statement's number in a call
-    of several)."""
+    """Write ``rows`` as ``csv`` or ``json`` lines to ``out`` as they come; returns the count.
+
+    ``query``: the json lines are ``{"query": N, "row": {...}}``."""
     n = 0
     if fmt == "csv":
         w = csv.writer(out, lineterminator="\n")
@@ -170,7 +146,7 @@ def _write_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: Text
 
 def sql_frame(spark: Any, layout: StoreLayout, query: str, *, allow_pickle: bool = False,
               register: bool = True) -> Any:
-    """Register the views (unless ``register`` is False: the caller did), check ``query`` only reads (:func:`check_read_only`) and return its DataFrame.
+    """Register the views (unless ``register`` is False), check ``query`` only reads; its DataFrame.
 
     Raises:
         ReadOnlySqlError: ``query`` would change something; nothing was run.
@@ -186,13 +162,11 @@ def sql_frame(spark: Any, layout: StoreLayout, query: str, *, allow_pickle: bool
 def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: str = "table",
               max_rows: int | None = None, allow_pickle: bool = False, register: bool = True,
               number: int | None = None) -> SqlResult:
-    """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (see :func:`format_rows`).
+    """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (:func:`format_rows`).
 
-    ``csv`` and ``json`` write every row, streamed from Spark a partition at a time (memory stays
-    flat however many rows), unless ``max_rows`` is given; ``table`` shows at most ``max_rows``
-    (default :data:`TABLE_MAX_ROWS`) and, when it cuts, counts the total so the caller can say so.
-    ``number``: the statement's number in a call of several: each ``json`` line is then
-    ``{"query": number, "row": {...}}``, so a reader knows which statement a row answers.
+    ``csv`` and ``json`` stream every row unless ``max_rows`` is given; ``table`` shows at most
+    ``max_rows`` (default :data:`TABLE_MAX_ROWS`) and counts the total when it cuts. ``number``:
+    the statement's number in a call of several (each ``json`` line names it).
 
     Raises:
         ConfigError: unknown ``fmt`` or ``max_rows`` < 1; and what :func:`sql_frame` raises.
@@ -218,17 +192,16 @@ def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: 
 
 def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", max_rows: int | None = None,
             allow_pickle: bool = False) -> str:
-    """:func:`write_sql` into a string (``csv``/``json``: every row unless ``max_rows``; ``table``: at
-    most ``max_rows``, default :data:`TABLE_MAX_ROWS`, its footer saying how many of how many)."""
+    """:func:`write_sql` into a string."""
     buf = io.StringIO()
     write_sql(spark, layout, query, buf, fmt=fmt, max_rows=max_rows, allow_pickle=allow_pickle)
     return buf.getvalue()
 
 
 def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> KeyRow | None | Literal[False]:
-    """One key's row read with pyarrow from the data files the rows table's Delta log names, no
-    Spark: a local store only (deletion vectors applied). Returns the row, None when the key has
-    none, or False where only Spark can answer exactly (not a local folder, an unreadable log)."""
+    """One key's row read with pyarrow from a local store's files, no Spark (deletion vectors applied).
+
+    Returns the row, None when the key has none, or False where only Spark can answer exactly."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -262,14 +235,10 @@ def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
                 allow_pickle: bool = False) -> dict[str, Any] | None:
     """Everything stored for one key, decoded into plain (JSON-ready) Python values.
 
-    ``spark`` may be None for a local store: the row is then read without Spark
-    (:func:`key_row_from_files`), and a store only Spark can read raises ConfigError.
+    ``spark`` may be None for a local store (read by :func:`key_row_from_files`).
 
     Returns:
-        ``None`` if the key has no row; else a dict with computation, key,
-        interval, codec, state (decoded), timers, record_ids, pending (values
-        decoded), watermark_hold_ms, sequencer, commit_id, updated_ms and
-        format_version.
+        ``None`` if the key has no row; else :func:`row_json` of it.
     """
     local = key_row_from_files(layout, computation=computation, key=key)
     if local is False:
@@ -290,10 +259,7 @@ def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
 def row_json(row: KeyRow, *, allow_pickle: bool = False) -> dict[str, Any]:
     """A key's row decoded into plain (JSON-ready) values, as ``inspect`` and ``history`` show it."""
     return {
-        "computation": row.computation,
-        "key": row.key,
-        "interval": row.interval,
-        "codec": row.codec,
+        "computation": row.computation, "key": row.key, "interval": row.interval, "codec": row.codec,
         "state": decode_value(row.codec, row.state, allow_pickle=allow_pickle),
         "timers": [
             {"tag": t.tag, "domain": t.domain.value, "time_ms": t.time_ms,
@@ -307,9 +273,6 @@ def row_json(row: KeyRow, *, allow_pickle: bool = False) -> dict[str, Any]:
              "timestamp_ms": p.timestamp_ms}
             for p in row.pending
         ],
-        "watermark_hold_ms": row.watermark_hold_ms,
-        "sequencer": row.sequencer,
-        "commit_id": row.commit_id,
-        "updated_ms": row.updated_ms,
-        "format_version": row.format_version,
+        "watermark_hold_ms": row.watermark_hold_ms, "sequencer": row.sequencer, "commit_id": row.commit_id,
+        "updated_ms": row.updated_ms, "format_version": row.format_version,
     }

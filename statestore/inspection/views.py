@@ -1,15 +1,9 @@
 """The store's decoded temporary views, each defined on a session when a statement first needs it.
 
-:class:`StoreViews` knows every view a store can have (``sqlviews.py``'s docstring lists them) and
-defines one, with the views it reads, when :meth:`StoreViews.ensure` is asked for it:
-``deltawheel sql`` and ``repair`` define only the views their statements name
-(:func:`named_views`). The costly ones are costly only when used: ``audit`` reads the rows
-table's commits for the rows a tool that died left missing, and ``state_history`` starts a
-Python data source; the ``rows`` view's first use loads the rows table's Delta snapshot.
-:func:`register_views` defines all of them at once (``sql-server``, the shell's ``\\d``).
-
-The views are defined by SQL text, so each query reads the tables' latest Delta version (a
-long-running ``sql-server`` sees new commits).
+:class:`StoreViews` defines a view, with those it reads, when :meth:`StoreViews.ensure` asks for it
+(``deltawheel sql`` and ``repair`` define only the views their statements name), so the costly
+ones (``audit``, ``state_history``) cost only when used; :func:`register_views` defines them all.
+Views are SQL text, so each query reads the tables' latest Delta version.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ _SIDE_TABLES = ("dead_letters", "late_data", "audit")
 
 
 def named_views(statement: str, names: Iterable[str]) -> list[str]:
-    """The ``names`` that ``statement`` mentions as a word (any case, quoted or not): every view it
-    can read, and maybe a few more (a name inside a string literal).
+    """The ``names`` that ``statement`` mentions as a word (any case, quoted or not; maybe a few more).
 
     >>> named_views("SELECT key FROM State s JOIN `timers` USING (key) WHERE note = 'rows'", BUILTIN_VIEWS)
     ['rows', 'state', 'timers']
@@ -50,10 +43,9 @@ def named_views(statement: str, names: Iterable[str]) -> list[str]:
 class StoreViews:
     """The views of the store ``layout`` on ``spark``, defined as :meth:`ensure` asks.
 
-    ``as_of`` (:func:`.asof.resolve_as_of`): every view reads its table at the version given there
-    (``state_history`` up to the rows table's); a table without one gets no view (``dead_letters``,
-    ``late_data``, ``audit``: an empty one). ``rows_source``: SQL naming a relation with the rows
-    table's columns that the views of the rows read in the table's place.
+    ``as_of`` (:func:`.asof.resolve_as_of`): every view reads its table at that version (a table
+    without one gets no view, the side tables an empty one). ``rows_source``: SQL naming a relation
+    with the rows table's columns, read in the table's place.
 
     Raises:
         ConfigError: a stream table is named like a built-in view (when constructed).
@@ -73,15 +65,13 @@ class StoreViews:
                 taken.add(view.lower())
         self.defined: list[str] = []  # in the order they were defined
         self._tried: set[str] = set()
-        # the rows table's source text (None: no table, or not looked yet); ``rows_source``: another
-        # relation of its columns in its place (a repair's rows read under its leases)
+        # the rows table's source text (None: no table, or not looked yet), or ``rows_source``
         self._raw: str | None = rows_source
         self._raw_known = rows_source is not None
         self._udf = False
 
     def candidates(self) -> list[str]:
-        """Every view this store can have, in :func:`register_views`' order (some may get none:
-        ``rows`` and its views when the table does not exist yet)."""
+        """Every view this store can have, in :func:`register_views`' order (some may get none)."""
         return [*_ROWS_VIEWS, *_SIDE_TABLES, *(v for s in self.streams for v in (s, f"{s}_decoded"))]
 
     def for_statement(self, statement: str) -> list[str]:
@@ -117,8 +107,7 @@ class StoreViews:
         self._udf = True
 
     def _sql(self, name: str, select: str, comments: Mapping[str, str] | None = None) -> None:
-        # a view selecting a table's columns as they are shows the table's column comments;
-        # a derived view names its columns with theirs
+        # a derived view names its columns with the table's comments
         columns = view_columns(list(comments), comments) if comments else ""
         self.spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{name}` {columns} AS {select}")
         self.defined.append(name)
@@ -203,8 +192,7 @@ class StoreViews:
         ), VIEWS["fences"])
 
     def _history(self) -> None:
-        """The raw ``_dw_state_history`` view (a Python data source read only when queried) under
-        ``state_history``; none for a store whose files Python does not reach."""
+        """The ``state_history`` view over a Python data source (none where Python cannot reach the files)."""
         from ..delta.storefs import table_files
         from .historysource import StateHistorySource, source_options
 
@@ -261,11 +249,9 @@ class StoreViews:
 
 def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = False,
                    as_of: AsOf | None = None) -> list[str]:
-    """Register every temporary view of the store (and the ``dw_decode`` UDF) on ``spark``
-    (:class:`StoreViews`, all of them at once).
+    """Register every temporary view of the store (and the ``dw_decode`` UDF) on ``spark``.
 
-    Tables that don't exist yet get no view (no rows table: no ``state``), except ``dead_letters``,
-    ``late_data`` and ``audit``: an empty view of their columns.
+    Tables that don't exist yet get no view, except the side tables: an empty view of their columns.
 
     Returns:
         The names of the views registered, built-in ones first, then streams.

@@ -1,13 +1,10 @@
-"""The audit table: one row per change a tool made to a live computation's rows under its leases
-(``<store>/_audit``, a Delta table; the ``audit`` view of ``deltawheel sql``).
+"""The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows.
 
-A row is appended after the tool's rows commit landed (and it gave the leases back: the pipeline
-does not wait for the row); the rows commit carries the same ``audit_id`` in its metadata (``DESCRIBE HISTORY``) with what the
-row records, so a tool that died between the two leaves a commit that names itself:
-:func:`recover_audit` appends the rows missing for such commits (idempotent by ``audit_id``,
-marked ``"recovered": true`` in ``detail``). Every tool run calls it first, and so does ``deltawheel gc
---apply`` (a dry run counts them); the read-only ``sql`` tool shows them in its ``audit`` view
-(``inspection/auditgap.py`` computes them from the commits).
+A row is appended after the tool's rows commit, which carries the same ``audit_id`` and what the
+row records, so a tool that died in between leaves a commit that names itself:
+:func:`recover_audit` appends the missing rows (idempotent, ``"recovered": true`` in ``detail``).
+Every tool run and ``deltawheel gc --apply`` call it; ``sql``'s ``audit`` view shows them
+(``inspection/auditgap.py``).
 """
 
 from __future__ import annotations
@@ -92,18 +89,16 @@ def append_audit(spark: Any, layout: StoreLayout, record: AuditRecord) -> None:
 
 
 def commit_meta(record: AuditRecord) -> dict[str, Any]:
-    """What a tool's rows commit records of its audit row (:func:`recover_audit` rebuilds the row
-    from it when the tool died before appending the row)."""
+    """What a tool's rows commit records of its audit row (for :func:`recover_audit`)."""
     return {"tool": record.tool, "audit_id": record.audit_id, "who": record.who, "source": record.source[:2000],
             "pipeline": record.pipeline, "intervals": list(record.intervals),
             "rows_upserted": record.rows_upserted, "rows_deleted": record.rows_deleted}
 
 
 def recover_audit(spark: Any, layout: StoreLayout, rows: Sequence[Mapping[str, Any]] | None = None) -> list[AuditRecord]:
-    """Append the audit rows missing for tools' rows commits (a tool that died between its commit
-    and its audit row), rebuilt from the commits' metadata (``inspection/auditgap.py``; ``rows``:
-    those computed earlier, e.g. before a log clean-up); returns them. Idempotent by ``audit_id``
-    (a MERGE inserting only ids not in the table): two callers append a row once."""
+    """Append the audit rows missing for tools' rows commits, rebuilt from their metadata; returns them.
+
+    ``rows``: those computed earlier (``inspection/auditgap.py``). Idempotent by ``audit_id``."""
     from delta.tables import DeltaTable
 
     rows = missing_audit_rows(spark, layout) if rows is None else list(rows)

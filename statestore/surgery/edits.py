@@ -1,8 +1,6 @@
-"""What a repair statement does to each key it touches (``repair.py``, ``merge.py``,
-``sideviews.py``): an :class:`Edits` maps a key to its interval and a function from its row now
-(None: no row) to its row after (None: deleted). Also the pieces those modules share: a new
-state's encoding with a key's codec, a new key's row, and the user's SQL run with its errors
-turned into :class:`RepairStatementError`.
+"""What a repair statement does to each key: an :class:`Edits` maps a key to its interval and a
+function from its row now (None: none) to its row after (None: deleted); and the pieces the
+repair modules share (a state's encoding, a new key's row, the user's SQL with typed errors).
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ Edit = Callable[[KeyRow | None], KeyRow | None]
 
 @dataclass(frozen=True)
 class Edits:
-    """``by_key``: key -> (its interval, its edit); ``skip_delivery``: the ids of checkpointed
-    productions the repair drops, which the tool's recovery must not deliver first."""
+    """``by_key``: key -> (its interval, its edit); ``skip_delivery``: checkpointed productions dropped."""
 
     by_key: Mapping[str, tuple[int, Edit]]
     skip_delivery: frozenset[str] = field(default_factory=frozenset)
@@ -82,9 +79,8 @@ def encode_state(key: str, text: str | None, codec: str) -> bytes | None:
 
 
 def new_key_row(computation: str, key: str, *, num_intervals: int, state: bytes | None, codec: str) -> KeyRow:
-    """The row of a key a repair inserts: in its interval (the key hash the rows table uses), its
-    timer firing numbers starting at a fresh 40-bit range (as a key's first record starts them), so
-    a key that lived before does not repeat its earlier productions' ids."""
+    """The row of a key a repair inserts, in its interval; its timer firing numbers start at a fresh
+    40-bit range so a key that lived before does not repeat its productions' ids."""
     seq = int.from_bytes(uuid.uuid4().bytes[:5], "big") << 23
     return KeyRow(computation=computation, key=key, interval=interval_of(key, num_intervals), state=state,
                   codec=codec, timer_seq=seq)
@@ -105,11 +101,7 @@ def check_new_key(key: Any) -> str:
 
 
 def check_computation(text: str, computation: str) -> None:
-    """Refuse a statement whose text names another computation's rows (``computation = 'x'``).
-
-    Raises:
-        RepairStatementError: it does.
-    """
+    """Refuse (RepairStatementError) a statement whose text names another computation's rows."""
     import re
 
     others = sorted({c for c in re.findall(r"computation\s*(?:=|==)\s*'([^']*)'", text, re.IGNORECASE)

@@ -5,14 +5,9 @@
       [WHEN MATCHED [AND <cond>] THEN UPDATE SET state_json = <expr> | DELETE]
       [WHEN NOT MATCHED [AND <cond>] THEN INSERT (key, state_json) VALUES (<key expr>, <state expr>)]
 
-``<source>``: ``delta.`path``` (a Delta table), ``parquet.`path```, ``json.`path``` (JSON Lines),
-``csv.`path``` (a header line; column types inferred), ``orc.`path```, each a file or a folder, as
-Spark SQL names files; or the name of a table or view of the Spark session (the API). Without
-``AS`` the source is called ``source``. The state side is the computation's rows only.
-
-A key of the state matched by two source rows, or inserted twice, is refused (as Spark's MERGE
-refuses it); so is an inserted key that the computation already has (the ON condition must be the
-key's equality) and a key that is not a usable key (NULL, empty, starting with NUL).
+``<source>``: ``delta.`path```, ``parquet.`path```, ``json.`path``` (JSON Lines), ``csv.`path```
+(with a header) or ``orc.`path```, or a session table or view (default alias ``source``). A key
+matched or inserted twice, an inserted key that exists, and an unusable key are refused.
 """
 
 from __future__ import annotations
@@ -171,7 +166,8 @@ def _register_source(spark: Any, stmt: MergeStatement) -> str:
 
 def merge_edits(spark: Any, stmt: MergeStatement, *, computation: str, num_intervals: int,
                 codec: Callable[[], str]) -> Edits:
-    """The keys the MERGE changes, evaluated now over the registered ``state`` view and the source.
+    """The keys the MERGE changes, evaluated now over the ``state`` view and the source.
+
     ``codec()``: the codec column of an inserted key (asked only when one is inserted).
 
     Raises:

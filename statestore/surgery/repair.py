@@ -1,26 +1,16 @@
 """Repair: a statement on the decoded ``state``, ``timers`` or ``pending_productions`` view, applied
-to the live rows in one fenced commit under the leases of the intervals it touches (``deltawheel
-repair``; docs/operations.md, "Repair").
+to the live rows in one fenced commit under the leases it touches (docs/operations.md, "Repair").
 
-- ``UPDATE state SET state_json = <expr> [WHERE <cond>]``: ``<expr>`` is Spark SQL over the view's
-  columns giving the new state as JSON text (NULL: no state); it is re-encoded with each key's own
-  codec (``json``, ``msgpack``; a pickled state, or a value the codec would not give back as it
-  is, is refused);
-- ``DELETE FROM state [WHERE <cond>]``: the keys are removed with their timers, ids and pending
-  productions;
-- ``MERGE INTO state USING <source> ...``: keys patched or inserted from a table or file
-  (``merge.py``); a new key goes to its interval with the computation's codec column;
+- ``UPDATE state SET state_json = <expr> [WHERE <cond>]``: the new state as JSON text (NULL: none),
+  re-encoded with each key's own codec (pickle, or a value the codec would not give back, refused);
+- ``DELETE FROM state [WHERE <cond>]``: the keys go with their timers, ids and pending productions;
+- ``MERGE INTO state USING <source> ...``: keys patched or inserted (``merge.py``);
 - ``DELETE FROM timers ...``, ``UPDATE timers SET time_ms = ...``, ``DELETE FROM
   pending_productions ...`` (``sideviews.py``).
 
-The statement is evaluated twice: once to find the intervals it touches (whose leases are taken),
-and again under those leases, over the rows as they are then (``replace.py``). Everything the
-first evaluation can refuse is refused before the running pipeline is asked for the intervals.
-Under the leases a statement that reads only the rows it changes (no subquery, no ``computation``
-named) runs over the computation's rows read in Python (``rowtable/filescan.py``), the
-pipeline's intervals among them as the tool's recovery scan found them, not over the Delta
-table: no Spark job reads the store while the pipeline waits. Any other statement runs over the
-store's views again.
+The statement is evaluated twice: once to find the intervals whose leases it takes (all refusals
+come before the pipeline is asked), then under those leases (``replace.py``), over rows read in
+Python when it reads only the rows it changes, so no Spark job reads the store while the pipeline waits.
 """
 
 from __future__ import annotations
@@ -57,9 +47,8 @@ _ACCEPTED = ("UPDATE state SET state_json = <expr> [WHERE ...], DELETE FROM stat
 
 @dataclass(frozen=True)
 class RepairStatement:
-    """A parsed repair: ``view`` (``state``, ``timers``, ``pending_productions``) and ``kind``
-    (``update``, ``delete``, ``merge``); ``expr`` the SET expression (state_json or time_ms);
-    ``where`` None: every row; ``merge`` the parsed MERGE."""
+    """A parsed repair: ``view`` (``state``, ``timers``, ``pending_productions``), ``kind`` (``update``,
+    ``delete``, ``merge``), ``expr`` the SET expression, ``where`` (None: every row), ``merge``."""
 
     text: str
     view: str
@@ -136,10 +125,10 @@ _LOCAL_ROWS_MAX = 50_000
 
 def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, computation: str,
                 num_intervals: int) -> StoreViews:
-    """The views a statement is evaluated over under the leases: for one that reads only the rows
-    it changes (no subquery, no ``computation`` named), the computation's rows read in Python now
-    (the tool's intervals: as under its leases), every view over them; else (or for a computation
-    of more than :data:`_LOCAL_ROWS_MAX` rows) the store's views."""
+    """The views to evaluate a statement over under the leases.
+
+    The computation's rows read in Python for one that reads only the rows it changes (and at most
+    :data:`_LOCAL_ROWS_MAX` rows), else the store's views."""
     from ..delta.storefs import table_files
     from ..rowtable.filescan import interval_rows
     from ..rowtable.frames import local_frame
@@ -154,11 +143,10 @@ def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, compu
 
 
 def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], str]:
-    """The codec column of a key a MERGE inserts: ``given`` (``--codec``), else the one of the
-    computation's rows with the newest state version (the most common among those).
+    """The codec column of a key a MERGE inserts: ``given``, else the newest state version's most common.
 
-    Raises (when called):
-        RepairStatementError: no ``given`` and the computation has no rows; ``given`` unknown or pickle.
+    The returned callable raises RepairStatementError when there is no ``given`` and no row, or
+    ``given`` is unknown or pickle.
     """
     def codec() -> str:
         if given is not None:
@@ -213,8 +201,7 @@ def pipeline_intervals(client: Any, *, pipeline: str, computation: str) -> int:
 
 def plan_repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str, statement: str,
                 codec: str | None = None) -> SurgeryResult:
-    """What :func:`repair` would change (before and after of each key, new keys included), against
-    the rows now; no lease taken, nothing written.
+    """What :func:`repair` would change against the rows now; no lease taken, nothing written.
 
     Raises:
         RepairStatementError: as :func:`repair`.
@@ -231,11 +218,10 @@ def repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, compu
            wait_s: float = 0.0, no_wait: bool = False, codec: str | None = None,
            progress: Callable[[str], None] | None = None,
            before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
-    """Apply ``statement`` to ``computation``'s live rows under the leases of the intervals it
-    touches (a MERGE's new keys' intervals included), in one fenced commit, audited
-    (``replace.py``). A statement that matches no key changes nothing and takes no lease
-    (``rows_changed`` 0, no audit record). ``codec``: the codec column of keys a MERGE inserts
-    (default: the computation's rows').
+    """Apply ``statement`` to ``computation``'s live rows in one fenced, audited commit (``replace.py``).
+
+    A statement that matches no key takes no lease and changes nothing. ``codec``: the codec column
+    of keys a MERGE inserts (default: the computation's rows').
 
     Raises:
         RepairStatementError: not a repair statement, another computation's rows, invalid SQL, a

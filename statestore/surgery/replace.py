@@ -1,33 +1,19 @@
 """A tool's fenced replacing write of some intervals of a live computation.
 
-:func:`replace_intervals`, in order (what can be checked without the leases comes first: the
-pipeline waits only for phases 2-4):
+:func:`replace_intervals`, in order (the pipeline waits only for phases 2-4):
 
-1. ``no_wait``: refuse at once (:class:`LeaseHeldError`, nothing changed) when a live owner holds
-   one of the intervals. Append the audit rows an earlier tool run left missing. Then post a
-   hand-over request (``zk/handover.py``): a running instance gives the named intervals back at
-   its next batch boundary.
-2. Take the intervals' leases (waiting up to ``wait_s`` for them), fence them (a claim, as the
-   image path's owners do) and run the recovery scan as every new owner does (the rows read in
-   Python where the store's files are reachable: ``rowtable/filescan.py``): free intervals, and
-   those of a dead owner, are taken as recovery takes them; the old owner's checkpointed
-   productions not in their streams yet are delivered first, so none is lost by the replacement
-   (and the rows the tool writes no longer hold them: the owner's recovery does not deliver them
-   again).
-3. ``build(held)`` returns the intervals' rows as they must be (every key that should exist;
-   ``held.rows``: the rows now, as the recovery scan read them). The difference is committed in
-   **one** fenced transaction (``RowStore.commit``: keys written or deleted, the fence rows at the
-   tool's sequencers). A row holding nothing (no state, timers, pending productions or watermark
-   hold) for a key that has no row is not written (:func:`row_changes`). A takeover racing the
-   tool (a newer fence) fails it with :class:`StaleSequencerError`, or a lost lease with
-   :class:`LeaseLostError`: nothing changed, no audit record.
-4. Give the leases back and delete the request as soon as the commit landed: the pipeline's
-   instances take the intervals again (fence, recovery: they read the new rows).
-5. Append the audit record (``audit.py``). A tool that dies before it leaves a commit naming its
-   record, which the next tool run or gc appends (``audit.recover_audit``).
+1. ``no_wait``: refuse at once (:class:`LeaseHeldError`) when a live owner holds an interval.
+   Append the audit rows an earlier run left missing, then post a hand-over request
+   (``zk/handover.py``): running instances give the intervals back at their next batch boundary.
+2. Take the leases (up to ``wait_s``), fence them with a claim and run the recovery scan as every
+   new owner does; the old owner's undelivered checkpointed productions are delivered first.
+3. ``build(held)`` returns the intervals' rows as they must be; the difference (:func:`row_changes`)
+   is committed in **one** fenced transaction. A racing takeover fails it with
+   :class:`StaleSequencerError` or :class:`LeaseLostError`: nothing changed, no audit record.
+4. Give the leases back and delete the request as soon as the commit landed.
+5. Append the audit record (``audit.py``); one a dead tool left is appended by the next run or gc.
 
-:func:`plan_replacement` is the dry run: the same ``build`` over the rows now, no lease taken,
-nothing written.
+:func:`plan_replacement` is the dry run: the same ``build`` over the rows now, nothing written.
 """
 
 from __future__ import annotations
@@ -64,7 +50,7 @@ _CONTENT = ("state", "codec", "timers", "record_ids", "pending", "watermark_hold
 
 @dataclass(frozen=True)
 class Surgery:
-    """Who changes what: recorded in the rows commit's metadata and in the audit table.
+    """Who changes what, recorded in the commit's metadata and the audit table.
 
     ``tool``: the command (``promote``, ``repair``); ``source``: what it applies (the replay's
     folder, the statement); ``who``: ``user@host`` by default."""
@@ -88,9 +74,8 @@ class Held:
 class SurgeryResult:
     """What a replacement did (or, ``planned``, would do).
 
-    ``upserted``: the rows written (as they are after); ``deleted``: (interval, key) removed;
-    ``before``: the rows those keys had (absent: a new key); ``version``: the rows commit (None:
-    planned, or nothing to change)."""
+    ``deleted``: (interval, key) removed; ``before``: the rows the changed keys had (absent: a new
+    key); ``version``: the rows commit (None: planned, or nothing to change)."""
 
     computation: str
     intervals: tuple[int, ...]
@@ -109,19 +94,15 @@ class SurgeryResult:
 
 
 def holds_nothing(row: KeyRow) -> bool:
-    """Whether ``row`` holds nothing of a key's own: no state, timers, checkpointed productions or
-    watermark hold (record ids alone: a key the state TTL dropped, whose ids a replay's ids files
-    still held)."""
+    """Whether ``row`` holds no state, timers, checkpointed productions or watermark hold."""
     return row.state is None and not row.timers and not row.pending and row.watermark_hold_ms is None
 
 
 def row_changes(before: Sequence[KeyRow], after: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[int, str]]]:
-    """The rows of ``after`` that differ from ``before`` (new keys included), and the
-    (interval, key) of ``before``'s keys that ``after`` does not have. A row of ``after`` that
-    :func:`holds_nothing` for a key ``before`` has no row of is not a key to write: a promote
-    wrote such rows for every key the replay's TTL had dropped (record ids alone, which the live
-    store's own ids files hold: on the image path a key's ids leave with the ids files, not with
-    the key; on the MERGE path a dropped key's ids go with its row)."""
+    """The rows of ``after`` that differ from ``before``, and the (interval, key) ``after`` drops.
+
+    A row of ``after`` that :func:`holds_nothing` for a new key is not written (a promote wrote
+    such rows for keys the replay's TTL had dropped)."""
     old = {r.key: r for r in before if is_user_key(r.key)}
     new = {r.key: r for r in after if is_user_key(r.key) and (r.key in old or not holds_nothing(r))}
     ups = [r for k, r in sorted(new.items())
@@ -156,28 +137,22 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       before_audit: Callable[[int | None], None] | None = None,
                       input_sets: Callable[[Mapping[int, frozenset[str]]], Mapping[int, frozenset[str]]] | None = None,
                       timeline: Timeline | None = None) -> SurgeryResult:
-    """Take ``intervals`` (None: all) of ``computation``, commit ``build``'s rows in their place in
-    one fenced transaction, give the intervals back, record it (see the module docstring). First
-    the audit rows an earlier tool run left missing are appended (``audit.recover_audit``).
+    """Take ``intervals`` (None: all), commit ``build``'s rows in their place, give them back, record it.
 
-    The live stage is paused from its hand-over until the intervals are given back: in between
-    only the fence and recovery scan, ``build`` and the commit run (the rows ``build`` gets are the
-    recovery scan's); the commit's version and the audit row are written after the intervals are
-    given back (a tool that dies there leaves the row to the next run's ``recover_audit``).
+    The phases are the module docstring's; the live stage is paused from its hand-over until the
+    intervals are given back.
 
-    ``before_commit``: called with the tool's sequencers once ``build`` is done, just before the
-    commit (a test makes a takeover race the commit there). ``skip_delivery``: ids of checkpointed
-    productions the tool's recovery does not deliver (a repair dropping them). ``before_audit``: with
-    the commit's version, between the commit and the audit row (a test crashes the tool there).
-    ``input_sets``: given the intervals' input-file sets as they are under the leases
-    (``rowtable/inputfiles.py``), the sets that replace them (only the intervals whose set changes):
-    gc's pruning (``gc/inputsets.py``), committed in the same transaction. ``timeline``: records
-    each phase and the pause (``timeline.py``).
+    Args:
+        before_commit: called with the tool's sequencers just before the commit (tests race it).
+        skip_delivery: ids of checkpointed productions the tool's recovery does not deliver.
+        before_audit: called with the commit's version before the audit row (tests crash there).
+        input_sets: maps the intervals' input-file sets under the leases to those that replace
+            them (gc's pruning, ``gc/inputsets.py``), committed in the same transaction.
+        timeline: records each phase and the pause (``timeline.py``).
 
     Raises:
-        LeaseHeldError: ``no_wait`` and a live owner holds an interval; or still held after
-            ``wait_s`` (its owner does not hand over: an older deltawheel, or a busy batch); or
-            another tool's request is open. Nothing changed.
+        LeaseHeldError: ``no_wait`` and a live owner holds an interval, still held after ``wait_s``,
+            or another tool's request is open. Nothing changed.
         StaleSequencerError / LeaseLostError: a takeover raced the tool; nothing changed.
         CoordinatorStateLostError, StoreMismatchError: as every owner's acquire.
     """
@@ -220,8 +195,7 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
         rows = tuple(r for r in rec.rows.values() if is_user_key(r.key))
         new_rows = build(Held(ivs, seqs, rows))
         ups, dels = row_changes(rows, new_rows)
-        # the old owner's checkpoints are all in their streams now (_acquire): a row written
-        # drops them, as the owner's next commit would (else its recovery delivers them again)
+        # the old owner's checkpoints are all in their streams now: a row written drops them
         landed = {p.production_id for _, p in rec.pending} - skip_delivery
         ups = [r.with_(pending=tuple(p for p in r.pending if p.production_id not in landed))
                if any(p.production_id in landed for p in r.pending) else r for r in ups]
@@ -291,12 +265,9 @@ def refuse_live_owners(client: Any, *, pipeline: str, computation: str, interval
 
 def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequence[int], *, wait_s: float,
              computation: str, skip: frozenset[str] = frozenset()) -> RecoveredIntervals:
-    """Take, fence and recover as a new owner does, the old owner's checkpointed productions
-    delivered (those already in their stream are skipped: read in Python where the files are
-    reachable, else by the insert-if-absent delivery). The fence is a claim where Python reaches
-    the store's files (a claim changes no user row: replay skips it, so a replay can still be
-    continued over the tool's hand-over), else a fenced MERGE. The productions named in ``skip``
-    are not delivered. Returns the recovery scan (the intervals' rows under the leases)."""
+    """Take, fence (a claim) and recover as a new owner does; returns the recovery scan.
+
+    The old owner's checkpointed productions not yet in their streams are delivered, but those in ``skip``."""
     rec = owner.acquire(ivs, wait_s=wait_s, claim_only=True)
     pending = [(k, p) for k, p in rec.pending if p.production_id not in skip]
     todo = {p.production_id for p in undelivered(spark, layout, [p for _, p in pending])}
@@ -308,8 +279,7 @@ def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequenc
 
 
 def _version_of(spark: Any, layout: StoreLayout, commit_id: str) -> int | None:
-    """The rows-table version whose metadata carries ``commit_id``: read newest first from the log's
-    JSON commits where Python reaches them, else among the newest commits of Delta's history."""
+    """The rows-table version whose metadata carries ``commit_id`` (newest first)."""
     files = table_files(spark, layout.rows)
     if files is not None:
         try:

@@ -1,14 +1,9 @@
-"""Repairs of a key's timers and checkpointed productions (``deltawheel repair``):
+"""Repairs of a key's timers and checkpointed productions (``deltawheel repair``).
 
-- ``DELETE FROM timers [WHERE <cond>]``: the matching timers go (e.g. a key's stuck timer);
-- ``UPDATE timers SET time_ms = <expr> [WHERE <cond>]``: they move (``<expr>``: a BIGINT of epoch
-  milliseconds, over the view's columns: ``key``, ``tag``, ``domain``, ``time_ms``, ``fire_time``);
-- ``DELETE FROM pending_productions [WHERE <cond>]``: checkpointed productions are dropped; one not
-  delivered yet never is (the tool's own recovery skips it too).
-
-The row's ``next_event_timer_ms`` / ``next_processing_timer_ms`` columns are derived from its timers
-when it is written, so they follow. The state TTL's timer (tag ``\\x00ttl``) is the framework's and
-is refused: change the computation's ``state_ttl`` instead.
+``DELETE FROM timers``, ``UPDATE timers SET time_ms = <expr>`` (a BIGINT of epoch ms over the
+view's columns) and ``DELETE FROM pending_productions`` (the tool's recovery skips those too), each
+``[WHERE <cond>]``. The row's next-timer columns follow when it is written. The state TTL's timer
+(tag ``\\x00ttl``) is refused: change ``state_ttl`` instead.
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ def timer_edits(spark: Any, *, computation: str, where: str | None, time_expr: s
     """Delete (``time_expr`` None) or move the timers of ``computation`` the condition selects.
 
     Raises:
-        RepairStatementError: invalid SQL; a reserved (TTL) timer selected; a new time that is NULL
-            or not a whole number.
+        RepairStatementError: invalid SQL; a reserved (TTL) timer selected; a NULL or fractional new time.
     """
     new = "CAST(NULL AS BIGINT)" if time_expr is None else f"CAST(({time_expr}) AS BIGINT)"
     rows = run_sql(spark, f"SELECT key, `interval` AS iv, tag, domain, time_ms, {new} AS new_ms "

@@ -1,10 +1,7 @@
 """Idempotent writes of productions, dead letters and late records.
 
-Delivery is an insert-only Delta MERGE keyed by record id: delivering the
-same production twice (a retry, a redelivery after recovery, a zombie whose
-commit landed just before a takeover) adds no row. Concurrent deliveries to
-one stream conflict in Delta and are retried; the retry sees the other's
-rows and inserts only what is missing.
+Delivery is an insert-only Delta MERGE keyed by record id: a repeated delivery adds no row, and a
+conflicting concurrent one is retried and inserts only what is missing.
 """
 
 from __future__ import annotations
@@ -53,8 +50,9 @@ def _insert_missing(spark: Any, target: str, src: Any, *, on: str, retries: int 
 
 def deliver_frame(spark: Any, layout: StoreLayout, prods: Any, *, streams: Sequence[str], producer: str,
                   commit_id: str | None = None) -> None:
-    """Deliver productions (columns of a Production row) to their stream tables; ``commit_id``:
-    the commit that made them (when ``prods`` has no ``commit_id`` column of its own)."""
+    """Deliver productions (columns of a Production row) to their stream tables.
+
+    ``commit_id``: the commit that made them (when ``prods`` has no ``commit_id`` column)."""
     from pyspark.sql import functions as F
 
     # one output stream (the common case): no extra job to find which streams got records
@@ -77,8 +75,7 @@ def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Product
                         commit_ids: Mapping[str, str | None] | None = None) -> int:
     """Deliver checkpointed productions (the recovery path); returns how many were given.
 
-    ``commit_ids``: production id -> the id of the rows commit that checkpointed it (recorded in
-    the stream's ``commit_id`` column, as that commit's own delivery would have)."""
+    ``commit_ids``: production id -> the id of the rows commit that checkpointed it."""
     ids = commit_ids or {}
     rows = [{**p.to_row(), "commit_id": ids.get(p.production_id)} for p in prods]
     if not rows:
@@ -89,9 +86,8 @@ def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Product
 
 
 def undelivered(spark: Any, layout: StoreLayout, prods: Sequence[Production]) -> list[Production]:
-    """``prods`` without those whose record id is in their stream table already, in their order. A
-    stream whose files Python reaches is read here (its record ids, no Spark job); another one's
-    productions are all returned (:func:`deliver_productions` inserts only the missing ones)."""
+    """``prods`` without those whose record id is in their stream already (read without Spark where
+    Python reaches the files, else all returned: the delivery inserts only the missing ones)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -124,8 +120,7 @@ _DEAD_LETTER_ID = ("coalesce(nullif({t}.record_id, ''), "
 
 
 def record_dead_letters(spark: Any, layout: StoreLayout, frame: Any, *, computation: str, batch_id: int) -> None:
-    """Write dead letters (idempotent on computation + record id; a record without an id: on its
-    stream and source position).
+    """Write dead letters, idempotent on computation + record id (else stream + source position).
 
     ``frame`` is either prepared input (``_bad`` column) or the tasks' dead letters.
     """

@@ -1,17 +1,9 @@
-"""Stream tables: one Delta table of delivered records per stream.
+"""Stream tables: one Delta table of delivered records per stream, ``<root>/streams/<name>``.
 
-A stream ``clicks`` of the store at ``root`` is the Delta table
-``<root>/streams/clicks``. Consumers read it with Delta's streaming source;
-producers append to it idempotently (see the delivery code). Every record
-carries :data:`STREAM_FORMAT_VERSION` in its ``format_version`` column. Its Delta log is
-checkpointed in the background, not by the deliveries' commits (``delta/maintenance.py``). On a
-local store the table's first commit is written from Python (the one Delta's ``CREATE TABLE``
-writes, ``tests/test_stream_tables.py`` compares them); elsewhere, or when the session sets Delta
-table defaults, through Spark.
-
-Stream names become SQL view names (``clicks`` and ``clicks_decoded``, see
-``sqlviews.py``), so they must be SQL identifiers and must not clash with the
-built-in views (:data:`RESERVED_STREAM_NAMES`).
+Consumers read it with Delta's streaming source; producers append idempotently (``delivery.py``).
+Every record carries :data:`STREAM_FORMAT_VERSION`. On a local store the first commit is written
+from Python, elsewhere through Spark. Names become SQL view names (``clicks``, ``clicks_decoded``),
+so they are SQL identifiers and not :data:`RESERVED_STREAM_NAMES`.
 """
 
 from __future__ import annotations
@@ -78,8 +70,7 @@ def _stream_properties(name: str) -> dict[str, str]:
 
 
 def _stream_schema_json() -> str:
-    """The table's schema as Delta records it (``schemaString``): :func:`stream_schema_ddl`'s
-    columns, each with its comment."""
+    """The table's schema as Delta records it (``schemaString``), each column with its comment."""
     fields = []
     for col in (c.split() for c in stream_schema_ddl().split(",")):
         fields.append({"name": col[0], "type": _SPARK_TYPES[col[1]], "nullable": col[2:] != ["NOT", "NULL"],
@@ -88,11 +79,9 @@ def _stream_schema_json() -> str:
 
 
 def _create_local(spark: Any, folder: str, name: str) -> bool:
-    """Write the first commit of stream ``name``'s table in the local ``folder``, as Delta's
-    ``CREATE TABLE`` (:func:`ensure_stream_table`) writes it (:func:`~..delta.create.create_local_table`):
-    ~1 ms instead of a Spark statement (0.1-0.3 s, the longest step of a run's start on a new store).
-    False (nothing written): the session sets defaults that change what Delta writes for a new
-    table (then Spark makes it)."""
+    """Write the first commit of stream ``name``'s table in the local ``folder`` as Delta's ``CREATE
+    TABLE`` writes it (~1 ms instead of a Spark statement). False (nothing written): the session
+    sets defaults that change what Delta writes for a new table."""
     return create_local_table(spark, folder, schema_json=_stream_schema_json(), properties=_stream_properties(name))
 
 
@@ -115,19 +104,16 @@ def check_stream_name(name: str) -> str:
 
 
 def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
-    """Create the table of stream ``name`` if it doesn't exist yet; return its path.
-
-    Idempotent: an existing table is left as it is.
+    """Create the table of stream ``name`` if it doesn't exist yet (idempotent); return its path.
 
     Raises:
-        ConfigError: ``name`` cannot name a stream (see :func:`check_stream_name`), or its table
-            cannot be made (e.g. a plain file sits where its folder belongs); the message says where.
+        ConfigError: ``name`` cannot name a stream (:func:`check_stream_name`), or its table cannot
+            be made (e.g. a plain file sits where its folder belongs); the message says where.
     """
     check_stream_name(name)
     path = layout.stream(name)
     try:
-        # a table with its first commit, seen from Python where it can (a local folder, s3a://): no Spark
-        # statement needed (CREATE TABLE IF NOT EXISTS loads the table's snapshot, seconds on s3a://)
+        # a table with its first commit, seen from Python where it can: no Spark statement needed
         if local_table_exists(table_files(spark, path) or path):
             return path
         folder = local_path(path) if layout.is_local else None
@@ -148,14 +134,10 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
 
 
 def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
-    """Names of the stream tables of the store, sorted.
+    """Names of the stream tables of the store (folders with a ``_delta_log``), sorted.
 
-    A folder below ``layout.streams_root`` counts as a stream table if it has a
-    ``_delta_log`` folder. Local stores are listed with :func:`os.listdir` (no
-    Spark needed, ``spark`` may be ``None``). Remote stores (``s3a://``,
-    ``abfss://``, ...) are listed through Hadoop's FileSystem API via
-    ``spark._jvm``, so they need a session; that path is not covered by the
-    tests (they run on local folders).
+    Local stores are listed without Spark (``spark`` may be ``None``); remote ones through
+    Hadoop's FileSystem API.
 
     Raises:
         ConfigError: a remote store and ``spark`` is ``None``.

@@ -1,6 +1,4 @@
-"""One step of the image path's acquisition in a thread beside the claim's commit, waited for
-where its outcome is first needed: :class:`Beside` (the output streams' tables,
-:meth:`~.path.ImagePath.streams_ready`)."""
+"""A step of the image path's acquisition run in a thread beside the claim's commit (:class:`Beside`)."""
 
 from __future__ import annotations
 
@@ -11,9 +9,9 @@ __all__ = ["Beside"]
 
 
 class Beside:
-    """``fn`` in a thread started by :meth:`chain`'s callback; :meth:`join` waits for it (and runs
-    it in the caller's thread if it was never started). Any number of threads may join, any
-    number of times: ``fn`` runs once; each join raises what it raised."""
+    """``fn`` in a thread started by :meth:`chain`'s callback; :meth:`join` waits for it.
+
+    ``fn`` runs once however many join; each join raises what it raised."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self._fn = fn

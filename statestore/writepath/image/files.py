@@ -1,13 +1,7 @@
 """The image path's files: an interval's state file and production files, written and read by
-its tasks (and by recovery).
+its tasks (and by recovery), invisible until the driver's commit or delivery adds them (:mod:`.path`).
 
-The tasks (``executor/tasks/image/interval.py``) read an interval's state files
-(:func:`read_rows_file`) and write its new image (:func:`write_interval_image`) and its
-productions (:func:`write_production_files`, or :func:`write_production_table` of a
-:func:`production_table`) as Parquet files in the tables' folders, invisible until the driver's
-commit or delivery adds them to a log (:mod:`.path`); :func:`oldest_work` and
-:func:`next_processing` read what an image still has to do (the tasks for each new image,
-recovery for each current one). The record-ids files beside a state file are :mod:`.idsfiles`'.
+:func:`oldest_work` and :func:`next_processing` read what an image still has to do (ids: :mod:`.idsfiles`).
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ def ids_level(rel: str) -> int:
 
 
 def read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
-    """One rows file in ``schema``; a column the file does not have (written before the migration
-    that added it, e.g. ``timer_seq``) is read as nulls, as Delta reads it."""
+    """One rows file in ``schema``; a column the file lacks (an older file) is read as nulls."""
     import pyarrow as pa
 
     if root.is_local:
@@ -60,9 +53,7 @@ def read_rows_file(root: TableFiles, rel: str, schema: Any) -> Any:
 
 
 def write_interval_image(image: Any, rows_root: TableFiles, computation: str, interval: int) -> ImageFile:
-    """Write an interval's new image (a pyarrow table of the rows file schema) as a Parquet file in
-    its partition folder of the rows table; invisible until :meth:`~.path.ImagePath.commit` adds
-    it. Runs in the tasks."""
+    """Write an interval's new image as a Parquet file in its partition folder (uncommitted)."""
     rel = partition_file_name(computation, interval, "dw")
     return ImageFile(rel, write_file(image, rows_root, rel), image.num_rows)
 
@@ -75,8 +66,7 @@ def _production_schema() -> Any:
 
 
 def production_table(prods: Sequence[Any]) -> Any:
-    """``prods`` (``Production`` tuples) as one Arrow table of their fields, in their order
-    (``production_id, stream, key, value, timestamp_ms, codec``)."""
+    """``prods`` (``Production`` tuples) as one Arrow table of their fields, in their order."""
     import pyarrow as pa
 
     schema = _production_schema()
@@ -85,8 +75,7 @@ def production_table(prods: Sequence[Any]) -> Any:
 
 
 def columns_table(pid: Any, stream: Any, key: Any, value: Any, ts: Any, codec: Any) -> Any:
-    """A production table from its columns (Arrow arrays), as :func:`production_table` types them
-    (the columnar path keeps its productions so: no Python object per production)."""
+    """A production table from its columns (Arrow arrays), typed as :func:`production_table` types them."""
     import pyarrow as pa
 
     schema = _production_schema()
@@ -96,17 +85,14 @@ def columns_table(pid: Any, stream: Any, key: Any, value: Any, ts: Any, codec: A
 
 def write_production_files(prods: Sequence[Any], *, producer: str, commit_id: str | None, iv: int,
                            roots: Mapping[str, TableFiles], schema: Any, format_version: int) -> list[ProductionFile]:
-    """One stream-table Parquet file per stream of ``prods`` (``Production`` tuples; not yet in the
-    stream's log): what a strong delivery appends. Runs in the tasks (and in recovery)."""
+    """One stream-table Parquet file per stream of ``prods`` (``Production`` tuples), not yet in the log."""
     return write_production_table(production_table(prods), producer=producer, commit_id=commit_id, iv=iv,
                                   roots=roots, schema=schema, format_version=format_version)
 
 
 def write_production_table(prods: Any, *, producer: str, commit_id: str | None, iv: int,
                            roots: Mapping[str, TableFiles], schema: Any, format_version: int) -> list[ProductionFile]:
-    """:func:`write_production_files` of a :func:`production_table` (the columnar path keeps its
-    productions as one): one file per stream, each with that stream's productions in the table's
-    order."""
+    """:func:`write_production_files` of a :func:`production_table`: one file per stream, in order."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -137,10 +123,10 @@ def write_production_table(prods: Any, *, producer: str, commit_id: str | None, 
 
 
 def next_processing(image: Any, retention_ms: int | None = None) -> int | None:
-    """The earliest processing time at which the image has work without input (None: none): its
-    earliest processing-time timer and, given the dedup ``retention_ms``, the time its oldest
-    record id leaves the dedup horizon (the image is then rewritten without it) or its oldest
-    record-ids file does (``updated_ms``, the time it was written: it is then dropped whole)."""
+    """The earliest processing time at which the image has work without input (None: none).
+
+    Its earliest processing-time timer and, given ``retention_ms``, when its oldest record id or
+    ids file leaves the dedup horizon."""
     import pyarrow.compute as pc
 
     first: int | None = pc.min(image.column("next_processing_timer_ms")).as_py()

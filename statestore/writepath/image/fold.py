@@ -1,12 +1,8 @@
 """Folding intervals' files into one plain Parquet file each, with the same rows.
 
-A writer taking intervals whose files carry Delta deletion vectors (a MERGE left them) folds
-them before its tasks read anything (:meth:`~.path.ImagePath.load`): the tasks read plain
-Parquet. Migration 7 folds what the image path's delta files left in a store (an interval as
-older files whose rows deletion vectors mark, beside files of the keys later batches changed).
-The rows are read through Spark's Delta reader, which applies the vectors (Delta's
-``REORG ... APPLY (PURGE)`` fails on this Spark/Delta pair), and the files replaced in one
-commit, which fails if a commit after the version read touched those partitions.
+Used on files with Delta deletion vectors (:meth:`~.path.ImagePath.load`, migration 7). The rows
+are read through Spark's Delta reader (``REORG ... APPLY (PURGE)`` fails on this Spark/Delta
+pair) and replaced in one commit that fails if the partitions changed since the version read.
 """
 
 from __future__ import annotations
@@ -26,9 +22,9 @@ __all__ = ["fold_intervals"]
 
 def fold_intervals(spark: Any, log: TableLog, rows_files: TableFiles, *, name: str,
                    files: Mapping[int, Sequence[FileEntry]], version: int) -> tuple[int, dict[int, list[FileEntry]]]:
-    """Replace the live ``files`` of computation ``name``'s intervals (the rows table's as of
-    ``version``) by one plain Parquet file per interval. Returns (the commit's version, the new
-    file of each interval)."""
+    """Replace computation ``name``'s intervals' live ``files`` (as of ``version``) by one file each.
+
+    Returns (the commit's version, the new file of each interval)."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 

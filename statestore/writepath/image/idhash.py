@@ -1,6 +1,4 @@
-"""64-bit hashes of record ids straight from an Arrow column's buffers (the interval Bloom
-filters', ``executor/tasks/image/dedup.py``, the ids files' buckets, ``idsfiles.py``, and the input's
-repeat check, ``executor/tasks/usercode/columns.py``): no Python string per id."""
+"""64-bit hashes of record ids straight from an Arrow column's buffers: no Python string per id."""
 
 from __future__ import annotations
 
@@ -14,13 +12,10 @@ _BLOCK_BYTES = 1 << 24  # the padded ids of one block of rows (bounds the tempor
 
 
 def id_hashes(col: Any) -> Any:
-    """64-bit hashes of a string column's values (numpy uint64), straight from its buffers: the
-    interval Bloom filters', with no Python string per id.
+    """64-bit hashes of a string column's values (numpy uint64), straight from its buffers.
 
-    Each value's bytes, zero-padded to a multiple of 8 (at least 8), are read as little-endian 64-bit words
-    and folded FNV-style (xor, multiply) from the length, then mixed (MurmurHash3's 64-bit
-    finalizer). The same value always gets the same hash, in any process (unlike ``hash``, which
-    is salted per process): :func:`id_hash` is the one-value reference. A null hashes as "".
+    Little-endian 64-bit words of the zero-padded bytes folded FNV-style, then MurmurHash3's
+    finalizer: stable across processes. :func:`id_hash` is the reference; a null hashes as "".
     """
     import numpy as np
     import pyarrow as pa

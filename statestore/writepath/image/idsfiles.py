@@ -1,22 +1,11 @@
-"""An interval's record ids apart from its state: one small ids file per batch, written and read by the image path's tasks.
+"""An interval's record ids apart from its state: one small ids file per batch (image path).
 
-Each batch that ran records adds one *ids file* to the interval's partition of the rows table, in
-the same Delta commit as its new state image (state and ids stay atomic: the exactly-once
-guarantee). Its rows have the key :data:`~deltawheel.statestore.rowtable.rows.IDS_KEY_PREFIX` +
-the user key, ``record_ids`` the ids that key ran, ``updated_ms`` the batch's processing time.
-Layout, horizon and compaction levels: docs/tables.md, "The rows table" (its ids files).
-
-- The dedup lookup reads the interval's live ids files (immutable: each is read once per
-  Python worker and cached by path, :func:`load_ids_file`), the Bloom filter first, then the
-  exact lookup (``ids.already_seen``). A file written by a compaction (level 1 and up) holds the
-  ids of the interval's lower-level files it took in: the worker forgets its cached files of
-  lower levels of that interval then, so that it does not hold those ids twice.
-- A file is dropped whole (a ``remove`` in a batch commit) once its ``updated_ms`` is past the
-  dedup horizon: every id it holds was seen at or before then.
-- Compaction (:func:`plan_compaction`) merges the files of one time bucket by levels
-  (:data:`FAN_IN`); an id stays at most a bucket longer than the horizon.
-- Old images (ids inline in the key rows) are read as well: :func:`split_legacy` takes those ids
-  out of the state, and the next write moves them into an ids file.
+Each batch adds one ids file to the interval's partition in the same Delta commit as its new image
+(state and ids stay atomic). Its rows are keyed ``IDS_KEY_PREFIX`` + user key. Workers cache the
+immutable files by path (:func:`load_ids_file`); a file is dropped whole once past the dedup
+horizon; :func:`plan_compaction` merges one time bucket's files by levels (:data:`FAN_IN`), and a
+worker then forgets the lower-level files it holds. Older images' inline ids: :func:`split_legacy`.
+Layout and levels: docs/tables.md, "The rows table".
 """
 
 from __future__ import annotations
@@ -46,9 +35,8 @@ _ROWS_PER_BUCKET = 4  # a file of n ids gets about n / 4 buckets (at most 2**16)
 
 @dataclass(frozen=True)
 class IdsFile:
-    """One ids file: its path (relative to the rows table, decoded), compaction level, the
-    processing time it was written at (its ids were all seen at or before) and its ids as a
-    flat key / record_id / seen_ms table."""
+    """One ids file: path (relative to the rows table), level, processing time written at (its ids
+    were all seen at or before) and its ids as a flat key / record_id / seen_ms table."""
 
     path: str
     level: int
@@ -111,9 +99,9 @@ def remember_ids_file(f: IdsFile) -> None:
 
 
 def hash_index(n: int, hashes: Any) -> tuple[Any, Any, int]:
-    """The hash-bucket index of a file's ``n`` ids whose ``id_hashes`` are ``hashes`` (in its rows'
-    order): (row numbers in bucket order, uint32; each bucket's first position, n_buckets + 1 of
-    them; the bucket bits, about four ids a bucket). A counting sort: linear in the ids."""
+    """The hash-bucket index of a file's ``n`` ids whose ``id_hashes`` are ``hashes``.
+
+    Returns (row numbers in bucket order, each bucket's first position, the bucket bits)."""
     import numpy as np
 
     bits = int(min(16, max(1, np.ceil(np.log2(max(n, 1) / _ROWS_PER_BUCKET + 1)))))
@@ -133,8 +121,7 @@ def keep_index(path: str, index: tuple[Any, Any, int]) -> None:
 
 
 def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
-    """``f``'s :func:`hash_index`: kept from when this worker wrote it, else made on the file's
-    first lookup here (its ids hashed: ~25 ms for 450,000) and kept with it."""
+    """``f``'s :func:`hash_index`: kept from when this worker wrote it, else made now and kept."""
     hit = _INDEX.get(f.path)
     if hit is not None:
         _INDEX.move_to_end(f.path)
@@ -145,10 +132,9 @@ def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
 
 
 def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any) -> Any:
-    """The rows of the ids files ``files`` (key / record_id / seen_ms) whose record id is one of
-    ``ids`` (a string array; ``hashes``: their ``id_hashes``): each file's rows in the candidates'
-    hash buckets, then the exact comparison. Its cost grows with the candidates (a batch's Bloom
-    false positives, a replay's ids), not with the ids the files hold."""
+    """The rows of ``files`` whose record id is one of ``ids`` (``hashes``: their ``id_hashes``).
+
+    Only the candidates' hash buckets are compared exactly: the cost grows with the candidates."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -173,8 +159,9 @@ def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any) -> Any:
 
 
 def split_legacy(image: Any, *, inline: bool) -> tuple[Any, Any]:
-    """(``image`` without ids rows, and — ``inline`` — with empty ``record_ids``; the ids so
-    taken out as a flat table). ``image`` itself when it holds none (the usual case: cheap)."""
+    """(``image`` without ids rows, and with empty ``record_ids`` when ``inline``; the ids taken out).
+
+    ``image`` itself when it holds none."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -201,8 +188,9 @@ def split_legacy(image: Any, *, inline: bool) -> tuple[Any, Any]:
 
 
 def plan_compaction(live: Sequence[IdsFile], *, now_ms: int, retention_ms: int) -> tuple[int, list[IdsFile]]:
-    """(the level of the batch's new ids file, the live files it takes in): levels merge while
-    :data:`FAN_IN` files of one level (the new one counted) fall in the current time bucket."""
+    """(the level of the batch's new ids file, the live files it takes in).
+
+    Levels merge while :data:`FAN_IN` files of one level fall in the current time bucket."""
     bucket_ms = max(retention_ms // BUCKETS_PER_HORIZON, 1)
     cur = now_ms // bucket_ms
     level = 0
@@ -216,8 +204,7 @@ def plan_compaction(live: Sequence[IdsFile], *, now_ms: int, retention_ms: int) 
 
 
 def _ordered(flat: Any) -> bool:
-    """Whether ``flat``'s rows are ordered by (key, seen_ms) already (its stable sort would keep
-    them as they are)."""
+    """Whether ``flat``'s rows are ordered by (key, seen_ms) already."""
     import pyarrow.compute as pc
 
     n = flat.num_rows
@@ -234,11 +221,10 @@ def _ordered(flat: Any) -> bool:
 def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interval: int, level: int,
                    schema: Any, sequencer: int, commit_id: str, now_ms: int, format_version: int,
                    remember: bool = True, hashes: Any = None) -> tuple[ImageFile, IdsFile]:
-    """Write the ids ``flat`` (key / record_id / seen_ms) as an ids file of ``level``: one row per
-    key, in the rows file ``schema``; invisible until the driver's commit adds it. ``remember``:
-    and keep it in this worker's cache (:func:`adopt`; False from a thread other than the task's).
-    ``hashes``: the ids' ``id_hashes`` in ``flat``'s order (the input's, for a batch's own ids):
-    its :func:`hash_index` is kept with it then (``remember``), not made at its first lookup."""
+    """Write the ids ``flat`` as an ids file of ``level``, one row per key; invisible until committed.
+
+    ``remember``: keep it in this worker's cache (:func:`adopt`; only from the task's thread).
+    ``hashes``: the ids' ``id_hashes`` in ``flat``'s order, so its index is kept with it."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -284,9 +270,8 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
 
 
 def adopt(f: IdsFile, index: tuple[Any, Any, int] | None = None) -> None:
-    """Keep the new ids file ``f`` (and its ``index``, :func:`hash_index`, if made) in this
-    worker's cache; a compaction's (level 1 and up): and forget the lower-level files of its
-    interval it holds the ids of."""
+    """Keep the new ids file ``f`` (and its ``index``) in this worker's cache; a compaction's file
+    makes the worker forget the lower-level files of its interval."""
     if f.level:
         forget_below(f.path, f.level)
     remember_ids_file(f)
@@ -295,8 +280,7 @@ def adopt(f: IdsFile, index: tuple[Any, Any, int] | None = None) -> None:
 
 
 def forget_below(rel: str, level: int) -> int:
-    """Forget this worker's cached ids files of ``rel``'s interval (its partition folder) below
-    ``level``: a compaction's file of ``level`` holds their ids. Returns how many it forgot."""
+    """Forget this worker's cached ids files of ``rel``'s interval below ``level``; returns how many."""
     folder = rel.rsplit("/", 1)[0]
     gone = [p for p, f in _FILES.items() if f.level < level and p.rsplit("/", 1)[0] == folder]
     for p in gone:

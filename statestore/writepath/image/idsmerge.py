@@ -1,22 +1,11 @@
-"""A batch's ids files (:func:`write_batch_ids`) and their compaction prepared in the background
-(``idsfiles.py``, "Compaction").
+"""A batch's ids files (:func:`write_batch_ids`) and their compaction prepared in the background.
 
-A compaction merges the :data:`~.idsfiles.FAN_IN` files of a level into one file of the next,
-~60 CPU-ms a task for eight ``big`` batches' ids: the batch that did it took ~0.3 s instead of
-~0.2. The files it will take are known a batch ahead: when a task leaves an interval one file
-short of a compaction (``plan_compaction`` with the next batch's file counted), its worker merges them in a thread after the task
-(:func:`prepare`), while the driver commits and Spark plans the next batch, and makes its
-hash-bucket index for the dedup's lookups (``idsfiles.hash_index``) there too. The next task of the
-interval in that worker takes the prepared file (:func:`take`) if it is still what the compaction
-would write — the same files taken in, the same level, the same sequencer — and writes only the
-batch's own ids as a level-0 file beside it: that batch commits both files and removes the ones
-merged. Anything else (the task runs in another worker, a takeover, a later bucket, the merge
-failed) and the task merges itself, as before; a prepared file never committed is an unreferenced
-file of the rows table, removed by gc's vacuum like a failed task's.
-
-The merged file's ``updated_ms`` is the preparing batch's time (its ids were all seen by then:
-it is dropped past the horizon a batch sooner than the task's own merge would have, never
-before its last id expires); its rows' ``commit_id`` is the preparing batch's.
+The files a compaction will take are known a batch ahead: when a task leaves an interval one file
+short of one, its worker merges them in a thread after the task (:func:`prepare`), index
+included. The interval's next task in that worker takes the prepared file (:func:`take`) if it is
+still what the compaction would write, and writes only its own ids beside it; else it merges
+itself. An uncommitted prepared file is removed by gc's vacuum. The merged file's ``updated_ms``
+and ``commit_id`` are the preparing batch's (dropped a batch sooner, never before its last id expires).
 """
 
 from __future__ import annotations
@@ -36,9 +25,8 @@ __all__ = ["IdsBatch", "pending", "prepare", "prepare_next", "take", "write_batc
 
 @dataclass(frozen=True, kw_only=True)
 class IdsBatch:
-    """One interval's ids files as a batch writes them: the rows table's files and its rows file
-    ``schema`` (pyarrow), the writer (``computation``, ``interval``, ``sequencer``, ``commit_id``),
-    the batch's processing time and its dedup horizon (None: no dedup)."""
+    """One interval's ids files as a batch writes them: the rows table's files, its ``schema``, the
+    writer, the batch's processing time and its dedup horizon (None: no dedup)."""
 
     rows_root: TableFiles
     schema: Any
@@ -82,9 +70,9 @@ def pending(computation: str, interval: int) -> frozenset[str] | None:
 
 def prepare(computation: str, interval: int, files: Sequence[IdsFile], *, level: int, sequencer: int,
             merge: Callable[[Sequence[IdsFile]], tuple[ImageFile, IdsFile]]) -> None:
-    """Start ``merge(files)`` (writing one ids file of ``level``, not remembered by the worker's
-    cache) in a daemon thread, for the interval's next task (:func:`take`). One per interval: a
-    newer one replaces an older one (whose file, if written, stays uncommitted)."""
+    """Start ``merge(files)`` into one ids file of ``level`` in a daemon thread, for :func:`take`.
+
+    One per interval: a newer one replaces an older one (whose file stays uncommitted)."""
     prep = _Prepared(frozenset(f.path for f in files), level, sequencer)
 
     def run() -> None:
@@ -105,9 +93,9 @@ def prepare(computation: str, interval: int, files: Sequence[IdsFile], *, level:
 
 def take(computation: str, interval: int, taken: Sequence[IdsFile], *, level: int,
          sequencer: int) -> tuple[ImageFile, IdsFile] | None:
-    """The prepared merge of exactly ``taken`` into a file of ``level`` under ``sequencer``
-    (waiting for its thread), adopted into the worker's cache; None if there is none that fits
-    or it failed (then the caller merges)."""
+    """The prepared merge of exactly ``taken`` into ``level`` under ``sequencer``, adopted into the cache.
+
+    None if none fits or it failed (then the caller merges)."""
     with _LOCK:
         prep = _PREPARED.pop((computation, interval), None)
     if prep is None or prep.inputs != frozenset(f.path for f in taken) or prep.level != level \
@@ -122,10 +110,10 @@ def take(computation: str, interval: int, taken: Sequence[IdsFile], *, level: in
 
 def write_batch_ids(batch: IdsBatch, fresh: Any | None, legacy: Any, live: list[IdsFile], retention_ms: int | None,
                     fresh_hashes: Any = None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
-    """Write the batch's ids file: its new ids (``fresh``: key / record_id), those taken out of an
-    older image, and — when compaction says so — those of the live files it takes in (or, when
-    this worker prepared that merge, the batch's ids alone beside the prepared file). Returns (the
-    files written, the live files it leaves)."""
+    """Write the batch's ids file: its new ids, those taken out of an older image, and those of the
+    live files a compaction takes in (or the prepared merge beside the batch's own ids).
+
+    Returns (the files written, the live files it leaves)."""
     import numpy as np
     import pyarrow as pa
 
@@ -146,8 +134,7 @@ def write_batch_ids(batch: IdsBatch, fresh: Any | None, legacy: Any, live: list[
 
 
 def prepare_next(batch: IdsBatch, live: list[IdsFile], retention_ms: int | None) -> None:
-    """When the interval's next batch would compact its ids files, merge them now in a thread
-    -- unless that merge is already prepared or under way."""
+    """Merge the interval's ids files now in a thread when its next batch would compact them."""
     if retention_ms is None:
         return
     # what the next batch would take in if it ran now (its new file counted): none, no merge

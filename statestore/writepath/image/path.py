@@ -1,29 +1,10 @@
 """The image write path: whole interval partitions replaced, one Delta transaction per batch.
 
-It keeps the single-row-per-key table and its partitioning by (computation, interval), but
-replaces whole interval partitions (why, against a fenced MERGE per batch: docs/performance.md,
-"Write path: interval images"):
-
-- the batch's tasks (``executor/tasks/image/``) read the interval images
-  (the files of :meth:`ImagePath.images`), and write the new images and the
-  productions as Parquet files with this folder's writers (:mod:`.files`,
-  invisible until committed); they return a summary per interval
-  (:mod:`.summary`);
-- :meth:`ImagePath.commit`: one Delta transaction on the rows table
-  (``statestore/delta/txn.py``): remove the replaced files, add the new ones.
-  Fenced like every commit: the tasks check the fence row's sequencer, the
-  transaction records the partitions as read (a concurrent fence fails it)
-  and refuses to go on if a commit since this writer's last one touched its
-  partitions;
-- :meth:`ImagePath.deliver`: one blind append per output stream of the
-  production files, with one ``SetTransaction`` per producing interval
-  (version = the rows commit), so a repeated delivery is skipped by Delta
-  itself.
-
-Stores whose files Python reaches (local folders, ``file:`` and ``s3a://`` URIs,
-``statestore/delta/storefs.py``): the files are read and written with pyarrow;
-commits stay Delta's, through the JVM. On lease acquisition the recovery scan
-(:mod:`.recovery`) reads the images and delivers what they hold checkpointed.
+The batch's tasks (``executor/tasks/image/``) read the interval images and write the new images
+and productions as Parquet (:mod:`.files`), returning a summary per interval (:mod:`.summary`);
+:meth:`ImagePath.commit` is one fenced Delta transaction on the rows table, and
+:meth:`ImagePath.deliver` one append per output stream, skipped by Delta when repeated. Why:
+docs/performance.md, "Write path: interval images". Recovery on acquisition: :mod:`.recovery`.
 """
 
 from __future__ import annotations
@@ -80,8 +61,7 @@ class ImagePath(WritePath[BatchOutput]):
         owner: holds the intervals (leases, sequencers, the rows store).
         name: the computation.
         outputs: the computation's output streams.
-        retention_ms: the computation's dedup retention (None: no dedup), for
-            :meth:`next_processing`.
+        retention_ms: the computation's dedup retention (None: no dedup).
     """
 
     deliver_in_background = True
@@ -122,9 +102,7 @@ class ImagePath(WritePath[BatchOutput]):
         return self._rows_files
 
     def stream_files(self, stream: str) -> TableFiles:
-        """The files of ``stream``'s table (where the tasks write production files): once its
-        table exists (:meth:`streams_ready`; a folder holding files before Delta's first commit
-        could not become the table)."""
+        """The files of ``stream``'s table, once the table exists (:meth:`streams_ready`)."""
         self.streams_ready()
         files = self._stream_files.get(stream)
         if files is None:
@@ -139,13 +117,11 @@ class ImagePath(WritePath[BatchOutput]):
     # ---------------------------------------------------------- acquisition
 
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
-        """Take and fence the intervals with a claim, then recover from the images: the claim
-        alone fences (:meth:`RowStore.fence` ``claim_only``: this path takes the greatest fence
-        row of an interval and rewrites its whole partition), and the fence rows are checked
-        in the images read here. See :meth:`WritePath.acquire`."""
-        # the stream tables are created by the owner, after the leases are held: beside the claim's
-        # commit (both wait on the store, a new table ~0.15 s through Spark, the claim ~0.1 s on
-        # s3a://), and waited for where a table is first needed (streams_ready), not here
+        """Take and fence the intervals with a claim, then recover from the images.
+
+        The claim alone fences: the fence rows are checked in the images read here. See
+        :meth:`WritePath.acquire`."""
+        # the stream tables are made beside the claim's commit, and waited for where first needed
         self._tables = tables = Beside(lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
         granted, self.owner.on_granted = self.owner.on_granted, tables.chain(self.owner.on_granted)
         try:
@@ -171,12 +147,9 @@ class ImagePath(WritePath[BatchOutput]):
         return Recovered(appended=appended, merged=len(merge))
 
     def streams_ready(self) -> None:
-        """Wait until the output streams' tables exist: :meth:`acquire` has them made beside the
-        claim's commit, and the first use of a table waits here (recovery that reads or delivers
-        to a stream, the first batch's plan: its tasks write production files into the tables'
-        folders, a delivery). A table that cannot be made raises its :class:`ConfigError` at
-        every call (nothing was written to its stream); before any :meth:`acquire`, the tables
-        are made here."""
+        """Wait until the output streams' tables exist (made beside :meth:`acquire`'s claim, or here).
+
+        A table that cannot be made raises its :class:`ConfigError` at every call."""
         tables = self._tables
         if tables is None:
             tables = self._tables = Beside(
@@ -192,20 +165,16 @@ class ImagePath(WritePath[BatchOutput]):
         return self._next_proc
 
     def images(self) -> dict[int, tuple[str, ...]]:
-        """interval -> the paths (relative to the rows table, decoded) of its live files: what
-        the tasks load as the interval's rows."""
+        """interval -> the paths (relative to the rows table, decoded) of its live files."""
         return {iv: tuple(decode_path(f.path) for f in self.files.get(iv, ())) for iv in self.owner.intervals}
 
     def load(self) -> None:
-        """After :class:`StaleViewError`: a newer fence on an owned interval means this writer is
-        a zombie (:class:`StaleSequencerError`); else read the partitions' files again."""
+        """Read the partitions' files again after :class:`StaleViewError`; StaleSequencerError if fenced."""
         self.owner.store.check_fences(self.name, self.owner.sequencers)
         self._load()
 
     def _load(self) -> None:
-        """Read the live files of the owned partitions (a full snapshot read; after a takeover or
-        a conflict). Files carrying deletion vectors (left by MERGE commits) are purged first, so
-        every image is plain Parquet."""
+        """Read the live files of the owned partitions; files with deletion vectors are rewritten first."""
         ivs = sorted(self.owner.intervals)
         name, wanted = self.name, {str(iv) for iv in ivs}
         version, files = self.log.files(
@@ -220,22 +189,14 @@ class ImagePath(WritePath[BatchOutput]):
             self._rewrite(dirty)
 
     def recovery(self) -> Recovery:
-        """The recovery scan from the loaded images (:func:`~.recovery.scan`), with the
-        checkpointed productions still to deliver (those whose strong delivery already landed are
-        left out, see below).
+        """The recovery scan from the loaded images, less productions whose strong delivery landed.
 
-        Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
-        sequencer than this writer's (an even newer owner took the interval)."""
+        Raises :class:`StaleSequencerError` first if an image's fence row carries a newer sequencer."""
         out, checkpoints = scan(self.rows_files, self.files, name=self.name, sequencers=self.owner.sequencers,
                                 retention_ms=self.retention_ms)
-        # Productions already delivered are left out. A strong delivery records, per interval, the
-        # version of the rows commit whose productions it carries (and that commit's id in its
-        # rows), and a commit is only made once the previous batch's delivery landed (settled).
-        # Each held row carries the id of the commit that checkpointed it; that commit is at or
-        # before the newest add of a file holding the row (``version``, an upper bound: OPTIMIZE,
-        # a purge or any rewrite re-adds the rows under a newer version). So: delivered once the
-        # stream's version for the interval reached that bound; else the checkpointing commit is
-        # looked up by its id among the commits in between (:func:`~.recovery.resolve`).
+        # A stream records per interval the rows version whose productions it delivered; a held row's
+        # checkpointing commit is at or before its file's add ``version`` (an upper bound, rewrites
+        # re-add). Delivered once the stream reached that bound; else look the commit up by id (resolve).
         for stream in sorted({c.stream for c in checkpoints if c.version is not None}):
             self._read_delivered(stream, [self._app(c.interval) for c in checkpoints
                                           if c.stream == stream and c.version is not None])
@@ -249,10 +210,10 @@ class ImagePath(WritePath[BatchOutput]):
         return out
 
     def redeliver(self, checkpoints: Sequence[Checkpoint]) -> int:
-        """Deliver checkpoints of known commits as their own deliveries would have: an append
-        per stream recording the interval's application version = that commit's (so a zombie's
-        late delivery of the same commit and this one cannot both land). Returns how many
-        productions were given."""
+        """Deliver checkpoints of known commits as their own deliveries would have; returns how many.
+
+        The append records the interval's application version = that commit's, so a zombie's late
+        delivery of the same commit and this one cannot both land."""
         n = 0
         for c in checkpoints:
             assert c.version is not None
@@ -292,10 +253,9 @@ class ImagePath(WritePath[BatchOutput]):
     # ------------------------------------------------------------------ step 5
 
     def commit(self, out: BatchOutput, *, commit_id: str, meta: Mapping[str, Any]) -> bool:
-        """The fenced commit of the new images (``out.version`` becomes the rows table version it
-        made). ``meta``: more entries for the commit's metadata (the watermark the batch acted
-        on). The intervals' oldest work is taken from the summaries either way. See
-        :meth:`WritePath.commit`."""
+        """The fenced commit of the new images (``out.version`` becomes the rows version it made).
+
+        ``meta``: more commit metadata (the watermark the batch acted on). See :meth:`WritePath.commit`."""
         name = self.name
         new = out.changed()
         self.owner.check()
@@ -357,8 +317,9 @@ class ImagePath(WritePath[BatchOutput]):
     # ------------------------------------------------------------------ step 6
 
     def deliver(self, out: BatchOutput, *, strong: bool) -> int:
-        """Append the production files to their streams; ``strong``: once per (interval, rows
-        version of ``out``'s commit). See :meth:`WritePath.deliver`."""
+        """Append the production files to their streams; ``strong``: once per (interval, rows version).
+
+        See :meth:`WritePath.deliver`."""
         version = out.version if strong else None
         by_stream: dict[str, dict[str, list[str]]] = {}
         n = 0
@@ -378,18 +339,10 @@ class ImagePath(WritePath[BatchOutput]):
     def _deliver_strong(self, stream: str, log: TableLog, files: dict[str, list[str]], version: int) -> None:
         """Append once per (app id, version), unless this writer was taken over since ``version``.
 
-        A zombie whose commit landed just before a takeover may still be delivering it while
-        the new owner redelivers the same checkpoint (an insert-only MERGE by record id). So
-        the append is not blind: it records the whole stream as read (a MERGE that inserted
-        after the append's snapshot makes it fail; a MERGE that read before the append landed
-        fails and re-reads), and once its snapshot is taken it looks for a claim or fence of
-        this computation committed after ``version`` (then the new owner redelivers: raise).
-
-        The versions remembered from an earlier read can be older than the transaction's snapshot:
-        a delivery of the same checkpoint by another writer (the zombie's in-flight one, seen by a
-        new owner's recovery) may land between that read and the snapshot, where Delta's conflict
-        check cannot see it. So once the snapshot is taken, the versions are read again (the log
-        as of now: a delivery after the snapshot is Delta's to find, by the whole-stream read)."""
+        A zombie may still deliver a commit the new owner redelivers, so the append records the whole
+        stream as read and, once its snapshot is taken, raises on a claim or fence committed after
+        ``version`` and reads the versions again (a delivery between the earlier read and the
+        snapshot is invisible to Delta's conflict check)."""
         for attempt in itertools.count(1):
             self._read_delivered(stream, list(files))  # read once (one replay for all app ids), then remembered
             todo = {app: adds for app, adds in files.items() if self._delivered[(stream, app)] < version}
@@ -422,8 +375,7 @@ class ImagePath(WritePath[BatchOutput]):
             return
 
     def _not_taken_over_since(self, version: int) -> None:
-        """Raise StaleSequencerError if the rows table holds a claim or fence of this computation
-        with a newer sequencer on an owned interval, committed after ``version``."""
+        """Raise StaleSequencerError on a newer claim or fence of an owned interval after ``version``."""
         mine = self.owner.sequencers
         for _v, info in commit_infos(self.rows_files, after=version) or ():
             try:

@@ -1,11 +1,8 @@
 """The image path's recovery scan: what the interval images still hold to do and to deliver.
 
-On lease acquisition :meth:`~.path.ImagePath.acquire` reads the owned intervals' images in the
-driver (:func:`scan`): each interval's oldest work and earliest processing-time work, and the
-productions checkpointed in its rows (a :class:`Checkpoint` per interval and stream). A
-checkpoint whose strong delivery already landed is left out; one that did not is delivered as
-its commit's own delivery would have been (when its commit is found in the rows table's log,
-:func:`resolve`) or by insert-only MERGE by record id (:class:`Recovery`).
+:func:`scan` reads the owned intervals' images in the driver on acquisition; a checkpoint not yet
+delivered goes as its commit's own delivery (:func:`resolve` finds the commit) or by insert-only
+MERGE by record id (:class:`Recovery`).
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ class Checkpoint:
 
 @dataclass
 class Recovery:
-    """What :meth:`~.path.ImagePath.recovery` found: per interval the oldest work and the earliest
-    processing-time timer, and the checkpoints to deliver: ``appends`` (of known commits,
-    :meth:`~.path.ImagePath.redeliver`) and ``merge`` (the rest: insert-only MERGE by record id)."""
+    """What the recovery scan found: per interval the oldest and processing-time work, and the
+    checkpoints to deliver: ``appends`` (of known commits) and ``merge`` (by insert-only MERGE)."""
 
     oldest: dict[int, int | None]
     next_processing: dict[int, int | None]
@@ -59,12 +55,10 @@ class Recovery:
 
 def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: str, sequencers: Mapping[int, int],
          retention_ms: int | None) -> tuple[Recovery, list[Checkpoint]]:
-    """The recovery scan of the interval images ``files`` (read here, in the driver): the oldest
-    work per interval (event-time timers, watermark holds), the earliest processing-time work per
+    """The recovery scan of the interval images ``files``: oldest and processing-time work per
     interval, and every checkpoint the images hold (delivered or not: :func:`resolve` tells).
 
-    Raises :class:`StaleSequencerError` first if a fence row of an image carries a greater
-    sequencer than ``sequencers`` (an even newer owner took the interval)."""
+    Raises :class:`StaleSequencerError` first if an image's fence row carries a newer sequencer."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -106,15 +100,11 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
 
 
 def resolve(rows_files: TableFiles, c: Checkpoint, delivered: int, *, name: str) -> bool | None:
-    """Whether checkpoint ``c`` (not known to be delivered by its bound) is still to deliver:
-    None (no: delivered), True (yes, as its commit's own delivery: ``c.version`` becomes that
-    commit's version, ``c.exact``), False (yes, by insert-only MERGE by record id: the commit
-    is not found in the log, or was not made by this path).
+    """Whether checkpoint ``c`` is still to deliver: None (delivered), True (as its commit's own
+    delivery; ``c.version`` becomes that commit's) or False (by insert-only MERGE).
 
-    Its commit is looked up by id in the rows table's log between the stream's version for
-    the interval and the bound. Not there while every commit of that range is: the commit is
-    at or before the delivered version, i.e. delivered (a later commit of the interval clears
-    the checkpoints of earlier ones)."""
+    The commit is looked up by id in the log between the stream's version and the bound; absent
+    while every commit there is means delivered (a later commit clears earlier checkpoints)."""
     if c.version is None or c.commit_id is None:
         return False
     present = set(json_commit_versions(rows_files) or ())

@@ -1,15 +1,9 @@
 """What the image path's tasks hand to the driver: one summary per interval they ran.
 
-A task of the image job (``executor/tasks/image/``) turns each of its intervals' image into a
-new file and returns an :class:`IntervalSummary` for it: the new image (:class:`ImageFile`), the
-production files (:class:`ProductionFile`), the dead letters and routed late records
-(:class:`SideRecord`), its counts and the interval's oldest work. A task that found an interval
-fenced by another writer's sequencer runs nothing of it: its summary carries :class:`Fenced`
-instead (the driver raises :class:`~deltawheel.statestore.exceptions.StaleViewError` for it). A
-task that ran no interval returns one summary of no interval, for its input counts. Between the tasks and the driver a
-summary travels as an Arrow row of :data:`SUMMARY_DDL`: :meth:`IntervalSummary.to_row` and
-:meth:`IntervalSummary.from_row` are the one conversion. :class:`BatchOutput` holds a batch's
-summaries; :class:`~.path.ImagePath` commits their new images and delivers their production files.
+A task (``executor/tasks/image/``) returns an :class:`IntervalSummary` per interval: its new
+image, production files, side records, counts and oldest work, or :class:`Fenced` when another
+writer's fence was found (the driver raises ``StaleViewError``). Summaries travel as Arrow rows of
+:data:`SUMMARY_DDL` (:meth:`IntervalSummary.to_row` / :meth:`IntervalSummary.from_row`).
 """
 
 from __future__ import annotations
@@ -40,8 +34,7 @@ SUMMARY_DDL = ("interval INT, new_path STRING, new_size BIGINT, new_rows BIGINT,
 
 @dataclass(frozen=True)
 class ImageFile:
-    """An interval's new image: a Parquet file in its partition folder of the rows table (path
-    relative to the table), not yet in the table's log."""
+    """An interval's new image: a Parquet file in its partition folder, not yet in the log."""
 
     path: str
     size: int
@@ -50,8 +43,7 @@ class ImageFile:
 
 @dataclass(frozen=True)
 class ProductionFile:
-    """One stream-table Parquet file of productions (path relative to the stream's table), not yet
-    in the stream's log: what a strong delivery appends. ``min_ts``: its earliest timestamp."""
+    """One stream-table Parquet file of productions, not yet in the stream's log (``min_ts``: earliest)."""
 
     stream: str
     path: str
@@ -72,9 +64,8 @@ class ProductionFile:
 
 @dataclass(frozen=True)
 class SideRecord:
-    """An input record the tasks did not run into the rows: a dead letter (``kind`` "dead", with
-    its ``error``) or a late record routed to the late-data table ("late"). ``position``: its
-    source position (None for the tasks' own dead letters: the driver looks it up)."""
+    """An input record not run into the rows: a dead letter (``kind`` "dead", with ``error``) or a
+    routed late record ("late"). ``position``: its source position (None: the driver looks it up)."""
 
     kind: str
     record_id: str | None
@@ -105,9 +96,9 @@ class SideRecord:
 
 @dataclass(frozen=True)
 class Fenced:
-    """A task found the interval's fence row carrying a sequencer other than this writer's
-    (``sequencer``; None: no fence row): another writer took the interval over, so the task ran
-    and wrote nothing of it. ``ours``: the sequencer this writer holds."""
+    """A task found another writer's sequencer on the interval's fence row and wrote nothing of it.
+
+    ``sequencer``: the fence's (None: no fence row); ``ours``: this writer's."""
 
     computation: str
     sequencer: int | None
@@ -125,22 +116,14 @@ _COUNTS = ("records_in", "processed", "duplicates", "fired", "late", "n_prods", 
 
 @dataclass(frozen=True)
 class IntervalSummary:
-    """What a task did with one interval (``interval`` None: a task that ran none; its input
-    counts only).
+    """What a task did with one interval (``interval`` None: a task that ran none; its input counts).
 
-    ``image``: the interval's new image, replacing every state file of the interval (None:
-    unchanged); ``ids_file``: its new record-ids file
-    (None: none, :mod:`.idsfiles`); ``ids_removed``: the ids files it drops
-    (past the dedup horizon, or taken into ``ids_file`` or ``ids_merged``); ``ids_merged``: a
-    compaction's file its worker prepared in the background beside ``ids_file``
-    (:mod:`.idsmerge`); ``prod_files``: the productions of its
-    keys; ``side``: dead letters and routed late records; the counts of the batch report
-    (``fired``: timers fired, ``n_prods``: productions, ``n_dead``: dead letters of user code and
-    decoding, ``bloom_*``: the dedup filter's checks); ``oldest_ms`` / ``next_proc_ms``: the
-    interval's oldest pending work and earliest processing-time work, as the new image holds
-    them. A task's input counts ride on its first summary: ``records_in`` and ``obs_min`` /
-    ``obs_max``, the event-time range of its records that are no dead letters (what the injectors'
-    watermarks observe). ``fenced``: the task ran nothing of the interval (:class:`Fenced`)."""
+    ``image``: the new image replacing the interval's state files (None: unchanged); ``ids_file``:
+    its new ids file (:mod:`.idsfiles`); ``ids_removed``: ids files it drops; ``ids_merged``: a
+    background compaction's file (:mod:`.idsmerge`); ``prod_files``, ``side``: productions and
+    side records; ``oldest_ms`` / ``next_proc_ms``: the interval's oldest pending and earliest
+    processing-time work. A task's input counts (``records_in``, ``obs_min`` / ``obs_max``) ride on
+    its first summary. ``fenced``: the task ran nothing of the interval (:class:`Fenced`)."""
 
     interval: int | None
     image: ImageFile | None = None
@@ -211,8 +194,7 @@ class IntervalSummary:
 
 @dataclass
 class BatchOutput:
-    """A batch's new rows and productions on the image path: the tasks' summaries (one per
-    interval run, plus one of no interval per task that ran none)."""
+    """A batch's tasks' summaries on the image path (one per interval run, one per task that ran none)."""
 
     summaries: list[IntervalSummary]
     version: int | None = None  # the rows commit that checkpointed the productions (set by commit)
@@ -227,8 +209,7 @@ class BatchOutput:
         return [(s.interval, s) for s in self.summaries if s.interval is not None]
 
     def changed(self) -> list[tuple[int, IntervalSummary]]:
-        """(interval, its summary) for each interval with files to commit (a new image or ids file,
-        ids files to drop)."""
+        """(interval, its summary) for each interval with files to commit or drop."""
         return [(iv, s) for iv, s in self.intervals()
                 if s.image is not None or s.ids_file is not None or s.ids_merged is not None or s.ids_removed]
 

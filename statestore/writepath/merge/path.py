@@ -1,18 +1,10 @@
-"""The MERGE write path: one fenced Delta MERGE per batch (any store).
+"""The MERGE write path: one fenced Delta MERGE per batch (any store; the image path's fallback).
 
-The batch's tasks (``executor/tasks/merge/``) join the input with the rows table and return the
-new row images as a DataFrame; :meth:`MergePath.commit` hands them to
-:meth:`RowStore.commit_frame` (the fenced MERGE, with one fence row per owned interval);
-:meth:`MergePath.deliver` inserts the productions into their streams where their record id is
-absent (``delivery.py``). Recovery is the row store's scan (``statestore/rowtable/recovery.py``): the
-productions checkpointed in the rows are given to insert-if-absent again.
-
-The fallback for stores the image path cannot write (remote file systems, object stores).
-
-Record ids live in the key rows here. The image path keeps them in ids files (rows keyed
-``IDS_KEY_PREFIX + key``) that this path does not read: an exactly-once computation whose
-intervals hold such rows is refused (:class:`WritePathSwitchError`, the leases given back before
-any write) rather than run without the dedup history they hold.
+The tasks (``executor/tasks/merge/``) return the new row images as a DataFrame;
+:meth:`MergePath.commit` is :meth:`RowStore.commit_frame`'s fenced MERGE, :meth:`MergePath.deliver`
+inserts productions where their record id is absent (``delivery.py``); recovery is the row store's
+scan. Record ids live in the key rows: an exactly-once computation whose intervals hold the image
+path's ids files is refused (:class:`WritePathSwitchError`) rather than lose its dedup history.
 """
 
 from __future__ import annotations
@@ -39,11 +31,9 @@ ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl
 class MergeBatch:
     """A batch's new rows and productions on the MERGE path (materialized DataFrames).
 
-    ``changed``: the rows with ``_op`` other than 'none' (:data:`ROW_COLUMNS` at least, plus
-    ``new_prods``); ``prods``: the batch's productions (a Production row each, with
-    ``commit_id``); ``written``: how many rows changed; ``checkpointed``: the productions go
-    into the rows' ``pending`` column (a weak batch's straggler; strong batches' rows carry
-    theirs already); ``n_prods``: how many productions."""
+    ``changed``: the rows with ``_op`` other than 'none'; ``prods``: the batch's productions;
+    ``written``: how many rows changed; ``checkpointed``: the productions go into the rows'
+    ``pending`` column (a weak batch's straggler); ``n_prods``: how many productions."""
 
     changed: Any
     prods: Any
@@ -56,15 +46,12 @@ class MergePath(WritePath[MergeBatch]):
     """The fenced MERGE write path of one computation's owned intervals.
 
     Args:
-        spark: the session.
-        layout: the store.
         owner: holds the intervals (leases, sequencers, the rows store).
         name: the computation.
         outputs: the computation's output streams.
-        track_oldest: keep each interval's oldest work from the committed rows (one small
-            collect per commit; needed when the executor publishes watermarks).
-        dedup: the computation deduplicates record ids (exactly once): intervals holding the
-            image path's ids files are refused (:meth:`acquire`).
+        track_oldest: keep each interval's oldest work from the committed rows (needed when the
+            executor publishes watermarks).
+        dedup: the computation deduplicates record ids: intervals holding ids files are refused.
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, owner: IntervalOwner, *, name: str,
@@ -79,13 +66,13 @@ class MergePath(WritePath[MergeBatch]):
         self._oldest: dict[int, dict[str, int]] = {}  # per interval: key -> its oldest work
 
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
-        """Take the intervals, fence them with a MERGE and run the recovery scan; redeliver every
-        checkpointed production by insert-if-absent. See :meth:`WritePath.acquire`.
+        """Take the intervals, fence them with a MERGE, recover and redeliver by insert-if-absent.
+
+        See :meth:`WritePath.acquire`.
 
         Raises:
             WritePathSwitchError: the computation deduplicates and an owned interval holds ids
-                files of the image path (checked under the leases, which are given back; no row
-                or stream record was written)."""
+                files (the leases are given back; nothing was written)."""
         rec = self.owner.acquire(intervals, wait_s=wait_s)
         if self.dedup:
             self._refuse_ids_files()
@@ -103,8 +90,7 @@ class MergePath(WritePath[MergeBatch]):
         return Recovered(appended=0, merged=len(pending))
 
     def _refuse_ids_files(self) -> None:
-        """Raise :class:`WritePathSwitchError` (leases given back) if an owned interval holds
-        record-ids rows of the image path's ids files."""
+        """Raise :class:`WritePathSwitchError` (leases given back) if an owned interval holds ids files."""
         from pyspark.sql import functions as F
 
         ivs = sorted(self.owner.intervals)
@@ -127,8 +113,7 @@ class MergePath(WritePath[MergeBatch]):
         self.owner.store.check_fences(self.name, self.owner.sequencers)
 
     def commit(self, batch: MergeBatch, *, commit_id: str, meta: Mapping[str, Any]) -> bool:
-        """The fenced MERGE of the changed rows (:meth:`RowStore.commit_frame`: the lease is
-        checked before each attempt). See :meth:`WritePath.commit`."""
+        """The fenced MERGE of the changed rows. See :meth:`WritePath.commit`."""
         from pyspark.sql import functions as F
 
         if not batch.written:
@@ -147,8 +132,7 @@ class MergePath(WritePath[MergeBatch]):
         return True
 
     def deliver(self, batch: MergeBatch, *, strong: bool) -> int:
-        """Insert the productions whose record id is absent from their stream (idempotent either
-        way). See :meth:`WritePath.deliver`."""
+        """Insert the productions whose record id is absent from their stream (:meth:`WritePath.deliver`)."""
         deliver_frame(self.spark, self.layout, batch.prods, streams=self.outputs, producer=self.name)
         return batch.n_prods
 

@@ -1,24 +1,10 @@
-"""Benchmark engines: the common interface, and Spark's own stateful operators.
+"""Benchmark engines: the common interface (:class:`Engine`), and Spark's own stateful operators.
 
-An engine runs WORKLOAD.md's window count over a :class:`WorkloadData` and
-returns an :class:`EngineResult`. Every engine takes the shared SparkSession
-(built once by the throughput script) and a private output folder::
-
-    class Engine(Protocol):
-        name: str
-        def run(self, data, *, out_dir, spark, progress=None) -> EngineResult
-
-(engines with ``takes_store = True`` also take ``store=`` a folder URI for their state and output:
-``--store-uri``)
-
-:func:`build_result` turns an engine's emitted rows and timings into an
-``EngineResult`` (multiset comparison with the reference, invariant check), so
-every engine is judged the same way.
-
-The two Spark engines here, ``spark_sql`` and ``spark_tws`` (what each runs: docs/benchmarks.md,
-"Throughput"), need the RocksDB state store provider in the session (see
-:data:`SPARK_BENCH_CONF`). They take the session deltawheel's engine runs in, so the
-peers and deltawheel run on the same Spark (the report's ``machine`` records the versions).
+An engine runs WORKLOAD.md's window count over a :class:`WorkloadData` in a given session and
+returns an :class:`EngineResult`, judged by :func:`build_result` as every other engine's; one with
+``takes_store = True`` also takes ``store=``, a folder URI for its state and output
+(``--store-uri``). ``spark_sql`` and ``spark_tws`` (docs/benchmarks.md, "Throughput") need the
+RocksDB state store provider of :data:`SPARK_BENCH_CONF`.
 """
 
 from __future__ import annotations
@@ -58,8 +44,6 @@ SPARK_BENCH_CONF: Mapping[str, str] = {
     "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.streaming.numRecentProgressUpdates": "1000",
-    # (the checkpoint file manager is build_spark's, the same for every engine: rename-based through
-    # Hadoop's FileSystem API, in place on s3a://; the report's spark_conf records which)
 }
 
 INPUT_DDL = "record_id string, key string, value long, event_time timestamp"
@@ -69,7 +53,7 @@ OUTPUT_DDL = "key string, window_start timestamp, count long"
 @dataclass(frozen=True)
 class EngineResult:
     """One engine's run. ``wall_s`` as WORKLOAD.md section 4: first file to last no-data step,
-    output written; session start excluded (``session_start_s``, shared by all engines)."""
+    output written; session start excluded."""
 
     name: str
     records_per_s: float
@@ -129,9 +113,8 @@ def build_result(
 ) -> EngineResult:
     """Judge an engine's emitted rows against the reference and package the figures.
 
-    ``output`` has columns ``key``, ``window_start`` (timestamp, any unit) or
-    ``window_start_ms`` (int64), and ``count``. If exactly one of ``late_dropped`` /
-    ``open_events_at_end`` is known, the other is derived from the invariant and a note says so.
+    ``output`` has columns ``key``, ``window_start`` (timestamp) or ``window_start_ms`` (int64), and
+    ``count``. If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived.
     """
     chk = check_output(output, data.reference)
     notes = list(notes)
@@ -261,9 +244,8 @@ class SparkSqlEngine:
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
             progress: ProgressFn | None = None, store: str | None = None) -> EngineResult:
-        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it.
-        ``store``: a folder URI (e.g. ``s3a://...``) for the state checkpoint and the sink, instead
-        of ``out_dir``."""
+        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it;
+        ``store``: a folder URI for the state checkpoint and the sink instead of ``out_dir``."""
         from pyspark.sql import functions as F
 
         sink: Path | str

@@ -98,8 +98,7 @@ def measure(out: Path, *, hosts: str, case: str, files: int, kill_after: int, se
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the cases of ``args`` (:func:`.args.add_restart_arguments`) on one embedded ZooKeeper;
-    writes ``restart.json``.
+    """Run the cases of ``args`` on one embedded ZooKeeper; writes ``restart.json``.
 
     Raises:
         ConfigError: an unknown case.

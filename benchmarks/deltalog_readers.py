@@ -39,9 +39,6 @@ class TableView:
     txns: tuple[tuple[str, int | None], ...]
 
 
-# ---------------------------------------------------------------- the readers
-
-
 def read_with_delta(spark: Any, uri: str, apps: Sequence[str]) -> TableView:
     """Delta's own snapshot, read in the session's JVM (the reference)."""
     from urllib.parse import unquote
@@ -122,9 +119,6 @@ def compare(reference: TableView, got: TableView | None) -> str:
     return "; ".join(diffs) or "exact"
 
 
-# ---------------------------------------------------------------- the start's fence read
-
-
 def fences_with_log(files: Any) -> dict[int, int] | None:
     """interval -> newest fence sequencer of computation ``c``, read as ``RowStore.fences`` does."""
     import pyarrow.compute as pc
@@ -160,9 +154,6 @@ def fences_with_delta_rs(files: Any) -> dict[int, int]:
     for iv, seq in zip(table["interval"].to_pylist(), table["sequencer"].to_pylist(), strict=True):
         out[int(iv)] = max(out.get(int(iv), -1), int(seq))
     return out
-
-
-# ---------------------------------------------------------------- timing
 
 
 def _ms(fn: Callable[[], Any]) -> float:
@@ -224,9 +215,6 @@ def first_calls(files: Any, apps: Sequence[str], rounds: int) -> dict[str, dict[
             got[n].append(json.loads(res.stdout.strip().splitlines()[-1]))
     return {n: {k: round(statistics.median(x[k] for x in xs), 1) for k in ("first_ms", "second_ms")}
             for n, xs in got.items()}
-
-
-# ---------------------------------------------------------------- the run
 
 
 def _exactness(spark: Any, uri: str, files: Any, apps: Sequence[str]) -> dict[str, str]:

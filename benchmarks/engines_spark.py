@@ -142,9 +142,6 @@ def build_result(
     )
 
 
-# --------------------------------------------------------------------------- Spark helpers
-
-
 @dataclass(frozen=True)
 class StreamingRun:
     """A finished streaming query: its wall time and every micro-batch's progress report."""
@@ -233,9 +230,6 @@ def _input_stream(spark: Any, data: WorkloadData) -> Any:
             .parquet(str(data.input_dir)))
 
 
-# --------------------------------------------------------------------------- built-in SQL
-
-
 class SparkSqlEngine:
     """Spark's built-in streaming window aggregation."""
 
@@ -284,9 +278,6 @@ class SparkSqlEngine:
         return build_result(self.name, data, output=output, wall_s=run.wall_s,
                             settings=settings, open_events_at_end=open_events, batches=run.batches, batch_s=run.batch_s,
                             notes=notes)
-
-
-# --------------------------------------------------------------------------- transformWithState
 
 
 def _make_processor() -> Any:

@@ -89,8 +89,6 @@ class RowCache:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    # ------------------------------------------------------------ the clock
-
     def begin_batch(self, *, watermark_ms: int | None, now_ms: int) -> None:
         """A new batch runs under ``watermark_ms`` (None: not known yet) at processing time ``now_ms``."""
         self._batch += 1
@@ -101,8 +99,6 @@ class RowCache:
         if watermark_ms is not None:
             self._wm = watermark_ms if self._wm is None else max(self._wm, watermark_ms)
         self._now = now_ms
-
-    # ------------------------------------------------------ reads and writes
 
     def lookup(self, key: str, *, interval: int, sequencer: int) -> Any:
         """The cached row of ``key`` (``None``: it has none) or :data:`MISS`; counts the access."""

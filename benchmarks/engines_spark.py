@@ -21,18 +21,8 @@ import pyarrow.dataset as pads
 from .memory import measured_run_ended
 from .workload import WIN_MS, WorkloadData, check_output
 
-__all__ = [
-    "ProgressFn",
-    "Engine",
-    "EngineResult",
-    "build_result",
-    "SPARK_BENCH_CONF",
-    "ROCKSDB_PROVIDER",
-    "SparkSqlEngine",
-    "SparkTwsEngine",
-    "StreamingRun",
-    "run_streaming_query",
-]
+__all__ = ["ProgressFn", "Engine", "EngineResult", "build_result", "SPARK_BENCH_CONF", "ROCKSDB_PROVIDER",
+           "SparkSqlEngine", "SparkTwsEngine", "StreamingRun", "run_streaming_query"]
 
 ProgressFn = Callable[[str], None]
 
@@ -98,19 +88,10 @@ class Engine(Protocol):
         ...
 
 
-def build_result(
-    name: str,
-    data: WorkloadData,
-    *,
-    output: pa.Table,
-    wall_s: float,
-    settings: Mapping[str, Any],
-    late_dropped: int | None = None,
-    open_events_at_end: int | None = None,
-    batches: int | None = None,
-    batch_s: Sequence[float] = (),
-    notes: Sequence[str] = (),
-) -> EngineResult:
+def build_result(name: str, data: WorkloadData, *, output: pa.Table, wall_s: float, settings: Mapping[str, Any],
+                 late_dropped: int | None = None, open_events_at_end: int | None = None,
+                 batches: int | None = None, batch_s: Sequence[float] = (),
+                 notes: Sequence[str] = ()) -> EngineResult:
     """Judge an engine's emitted rows against the reference and package the figures.
 
     ``output`` has columns ``key``, ``window_start`` (timestamp) or ``window_start_ms`` (int64), and

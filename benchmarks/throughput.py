@@ -27,14 +27,7 @@ from deltawheel.statestore.jars import DELTA_VERSION
 
 from . import engine_deltawheel
 from .args import add_throughput_arguments
-from .engines_spark import (
-    SPARK_BENCH_CONF,
-    Engine,
-    EngineResult,
-    ProgressFn,
-    SparkSqlEngine,
-    SparkTwsEngine,
-)
+from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
 from .isolated import RunSpec, build_bench_session, run_isolated
 from .memory import MemorySampler
 from .plot import plot_throughput
@@ -202,21 +195,10 @@ def _isolated_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wda
     return runs, facts
 
 
-def run_throughput(
-    size: str,
-    *,
-    out_dir: Path,
-    engines: Sequence[str] | None = None,
-    data_root: Path | None = None,
-    params: WorkloadParams | None = None,
-    spark: Any = None,
-    warmup: bool = False,
-    rounds: int = 1,
-    store_uri: str | None = None,
-    isolate: bool | None = None,
-    conf: Mapping[str, str] | None = None,
-    progress: ProgressFn | None = print,
-) -> dict[str, Any]:
+def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = None, data_root: Path | None = None,
+                   params: WorkloadParams | None = None, spark: Any = None, warmup: bool = False, rounds: int = 1,
+                   store_uri: str | None = None, isolate: bool | None = None, conf: Mapping[str, str] | None = None,
+                   progress: ProgressFn | None = print) -> dict[str, Any]:
     """Run the selected engines (default: all registered) one after another on the same input.
 
     Args:

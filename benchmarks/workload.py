@@ -25,26 +25,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltawheel.statestore.exceptions import ConfigError, FatalError
 
-__all__ = [
-    "WIN_MS",
-    "DELAY_MS",
-    "SIZES",
-    "EXPECTED_SHA256",
-    "EXPECTED",
-    "WorkloadParams",
-    "ExpectedFigures",
-    "WorkloadData",
-    "Reference",
-    "OutputCheck",
-    "WorkloadError",
-    "ensure_workload",
-    "find_generator",
-    "compute_reference",
-    "content_digest",
-    "normalize_output",
-    "check_output",
-    "default_data_root",
-]
+__all__ = ["WIN_MS", "DELAY_MS", "SIZES", "EXPECTED_SHA256", "EXPECTED", "WorkloadParams", "ExpectedFigures",
+           "WorkloadData", "Reference", "OutputCheck", "WorkloadError", "ensure_workload", "find_generator",
+           "compute_reference", "content_digest", "normalize_output", "check_output", "default_data_root"]
 
 WIN_MS = 10_000
 DELAY_MS = 10_000
@@ -229,13 +212,8 @@ def content_digest(files: tuple[Path, ...] | list[Path]) -> str:
     return h.hexdigest()
 
 
-def ensure_workload(
-    size: str,
-    *,
-    root: Path | None = None,
-    params: WorkloadParams | None = None,
-    verify_content: bool = True,
-) -> WorkloadData:
+def ensure_workload(size: str, *, root: Path | None = None, params: WorkloadParams | None = None,
+                    verify_content: bool = True) -> WorkloadData:
     """Return the dataset for ``size``, generating it under ``root/DATA_<size>`` if absent.
 
     Args:

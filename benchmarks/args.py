@@ -1,17 +1,15 @@
-"""The benchmarks' command-line arguments, shared by ``python -m deltawheel.benchmarks.<name>``
-and ``deltawheel bench <name>`` (argparse only: the CLI registers them without importing the
-benchmark modules)."""
+"""The benchmarks' command-line arguments, shared by ``python -m`` and ``deltawheel bench``
+(argparse only: the CLI registers them without importing the benchmark modules)."""
 
 from __future__ import annotations
 
 import argparse
 
 __all__ = ["SIZE_NAMES", "add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "add_latency_arguments",
-           "add_history_arguments", "DEFAULT_CAPACITIES"]
+           "add_history_arguments", "DEFAULT_CAPACITIES", "add_commits_arguments"]
 
 DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
-#: the named workload sizes (``workload.SIZES``): WORKLOAD.md's three and ``big-keys``, ``big`` over
-#: ten times the key ranks (docs/benchmarks.md, "The workload")
+#: the named workload sizes (``workload.SIZES``; docs/benchmarks.md, "The workload")
 SIZE_NAMES = ("small", "medium", "big", "big-keys")
 
 
@@ -147,5 +145,3 @@ def add_commits_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a small run: writers 1,2, local only, 4 s per point, 1 s warm-up")
 
-
-__all__ += ["add_commits_arguments"]

@@ -1,13 +1,9 @@
 """Dedup on the image path: the Bloom filter's first check against the exact lookup.
 
-An interval image holding ``--keys`` x ``--ids-per-key`` record ids (what a long dedup
-retention keeps), and a batch of ``--batch`` new records of those keys plus ``--retries``
-retried ones. Measured (best of ``--rounds``): building the filter from the image (once per
-worker and image chain), the filter's check of the batch, the exact lookup it saves when no
-record is a retry (``executor/tasks/image/ids.py``, ``already_seen``: ids against the stored ids), the filter's
-false-positive rate over ids never added, and its memory. Prints and saves JSON.
-
-    .venv/bin/python -m deltawheel.benchmarks.bloom_dedup --out bench-out/bloom.json
+Measures (best of ``--rounds``) on an image of ``--keys`` x ``--ids-per-key`` record ids: building
+the filter, its check of a batch of ``--batch`` new and ``--retries`` retried records, the exact
+lookup it saves (``executor/tasks/image/ids.py``), its false-positive rate and its memory
+(docs/dedup-and-production-ids.md). Prints and saves JSON.
 """
 
 from __future__ import annotations

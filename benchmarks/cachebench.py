@@ -1,21 +1,10 @@
 """Cache benchmark: the window-aware row cache against LRU on the same access trace.
 
-The trace is what the throughput benchmark's window count (WORKLOAD.md, section
-2) asks of its rows, batch by batch: batch ``k`` (file ``k``) reads the row of
-every key with a record in the file and of every key with a timer the
-watermark ``wm_k`` makes due (a window with ``window_end <= wm_k``), then
-writes them back with their next timer (the earliest open window's end - 1
-ms, or none). A final batch without input fires what the final watermark
-makes due. The trace is replayed through :class:`~.rowcache.RowCache`
-with each policy at several capacities (rows kept between batches, as a share
-of the keys the trace touches), and through Belady's offline optimum (evict
-the rows needed furthest in the future: the bound no online policy beats).
-A lookup the cache cannot answer is a storage read; the first access of a key
-is a miss under every policy (``cold``).
-
-``deltawheel bench cache --size small --out DIR`` prints a table and writes
-``DIR/cache.json`` and ``DIR/cache.png``. A script, not a test: the figures
-are measured, never asserted.
+The trace is what the throughput benchmark's window count asks of its rows, batch by batch: the
+row of every key with a record in the file or a timer the watermark makes due, each written back
+with its next timer. It is replayed through :class:`~.rowcache.RowCache` with each policy at several
+capacities (a share of the keys the trace touches), and through Belady's offline optimum; a miss is
+a storage read. Prints a table and writes ``cache.json`` and ``cache.png`` into ``--out``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Cache benchmark on the batch path's real access trace: the worker image cache's policies
 against each other and against the offline optimum.
 
-A pipeline run with ``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR`` (e.g. the throughput benchmark) makes
-each Python worker append its image lookups and new images to ``DIR/images-<pid>.jsonl``
-(``executor/tasks/image/cache.py``): per interval a task runs, the lookup (computation, interval,
-the image's files, the watermark, the image's bytes and earliest event-time timer), and the image
-the task wrote. ``deltawheel bench cache --trace DIR --out OUT`` replays each worker's sequence
-through :class:`~deltawheel.executor.tasks.image.cache.ImageCache` with the window-aware policy
-and with LRU, and through Belady's offline optimum (on a miss over the bound, drop the images
-needed furthest in the future), at several bounds given as shares of the trace's peak bytes of
-live images (each interval's current image). Writes ``OUT/cache_trace.json``. Measured, never
-asserted in tests.
+``deltawheel bench cache --trace DIR`` replays each worker's image lookups recorded by a run with
+``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR`` (``executor/tasks/image/cache.py``) through
+:class:`~deltawheel.executor.tasks.image.cache.ImageCache` with the window-aware policy and LRU,
+and through Belady's optimum, bounded to shares of the trace's peak bytes of live images. Writes
+``cache_trace.json``.
 """
 
 from __future__ import annotations

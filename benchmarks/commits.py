@@ -1,29 +1,12 @@
 """``deltawheel bench commits``: the commit ceiling of one store's rows table, N writers at once.
 
-N writers (``commits_writer.py``) commit real batches through the store's write path to ONE
-store, as fast as they can, in two shapes:
-
-- ``computations``: N computations of one pipeline, each its own computation name and leases
-  (two intervals each);
-- ``instances``: N job instances sharing one computation's 2N intervals, each holding two.
-
-On a local folder, and on ``s3a://`` (S3Proxy, commits arbitrated by the ZooKeeper log store)
-with Toxiproxy between Spark and S3Proxy adding 0, 20 or 50 ms to every response: every S3 request
-of the commit (the Parquet PUT, the log's LIST, GET and PUT) pays it on the wire.
-
-The writers are threads of one process sharing one Spark session (the commit is a Delta
-transaction made through the driver JVM: a process per writer would be a JVM per writer, which two
-cores do not run at N = 16), each with its own ZooKeeper session, lease manager, watermark
-authority and ``RowStore``. Delta's in-JVM commit lock is turned off, so their commits race
-through the log store's put-if-absent as separate processes' do (docs/scale.md).
-
-Every point gets a fresh store and ZooKeeper chroot. Per point: commits/s for the rows table (the
-only table the writers commit to, so also the store's), commit and batch p50/p99, retries and
-conflicts per commit, the commits that landed between a commit's snapshot and its own version
-(what Delta checked it against), failed batches by error, ZooKeeper writes per batch and per
-second (the server's zxid over the measured time: every create, set, delete and multi). After the
-point the Delta log is read back: the commits the writers counted must be exactly the log's
-versions carrying their commit ids, and every key a writer wrote must be in the table.
+N writers (``commits_writer.py``) commit real batches to one store as fast as they can, as N
+computations (``computations``) or as N job instances sharing one computation's intervals
+(``instances``), on a local folder and on ``s3a://`` behind Toxiproxy's added latency. They are
+threads of one process sharing one Spark session, each with its own ZooKeeper session, leases and
+``RowStore``, with Delta's in-JVM commit lock off so their commits race as processes' do
+(docs/scale.md). Every point gets a fresh store; afterwards the Delta log is read back and must hold
+exactly the commits and keys the writers counted.
 """
 
 from __future__ import annotations
@@ -78,8 +61,7 @@ def zxid(hosts: str) -> int:
 
 
 class Servers:
-    """ZooKeeper (one server or a three-server ensemble), and for ``s3a`` S3Proxy behind Toxiproxy;
-    all started in :meth:`start` and stopped in :meth:`stop`."""
+    """ZooKeeper (one server or a three-server ensemble), and for ``s3a`` S3Proxy behind Toxiproxy."""
 
     def __init__(self, root: Path, *, ensemble: bool, object_store: bool) -> None:
         self.root = root
@@ -161,10 +143,11 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
                   warmup: float, keys_per_batch: int = 8, latency_ms: int = 0,
                   set_latency: Callable[[int], None] | None = None,
                   count_hosts: Callable[[], str] | None = None) -> dict[str, Any]:
-    """Run ``n`` writers of ``shape`` on a fresh store at ``store_uri`` for ``warmup`` + ``seconds``,
-    coordinated by ZooKeeper ``zk_hosts`` (``count_hosts``: the server whose zxid counts the writes,
-    default ``zk_hosts``); ``set_latency`` (Toxiproxy's): 0 while the store is made, then
-    ``latency_ms``. Returns the point's figures (:func:`.commits_report.summarize`) and its checks."""
+    """Run ``n`` writers of ``shape`` on a fresh store at ``store_uri`` for ``warmup`` + ``seconds``.
+
+    ``count_hosts``: the ZooKeeper server whose zxid counts the writes (default ``zk_hosts``);
+    ``set_latency``: Toxiproxy's, 0 while the store is made, then ``latency_ms``. Returns the
+    point's figures (:func:`.commits_report.summarize`) and its checks."""
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.delta.log import commit_infos
     from deltawheel.statestore.delta.storefs import table_files
@@ -285,8 +268,7 @@ def run(spark: Any, servers: Servers, out: Path, *, targets: list[str], latencie
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Start the servers and the session, run every point, write ``commits.json`` and
-    ``commits.png`` into ``--out``, stop everything. Exit code 1 if a check failed."""
+    """Run every point and write ``commits.json`` and ``commits.png`` into ``--out``; exit code 1 if a check failed."""
     from deltawheel.executor.session import build_spark
     from deltawheel.statestore.session.sparkenv import SparkSettings
 

@@ -1,18 +1,9 @@
 """One writer of the commit benchmark: a job instance's batches, cut down to their commit.
 
-A writer holds the leases of its intervals in ZooKeeper (a session of its own), claims them in the
-rows table as an owner does at its start, and then runs batches until told to stop. A batch is
-what the batch protocol does around the commit, minus the user code:
-
-1. check the leases (local, no ZooKeeper round trip);
-2. commit new images of a few keys of its intervals with the fence rows under its sequencers
-   (``RowStore.commit``: the fenced MERGE evaluated in Python over the partitions' files, one
-   Delta transaction, the conflict retry);
-3. publish the intervals' oldest work and advance the computation's low watermark in ZooKeeper
-   (``WatermarkAuthority.publish_and_advance``, step 7).
-
-Each writer keeps its own figures (:class:`WriterStats`); a failed batch is counted with its
-error's type and the writer goes on.
+A writer holds its intervals' leases (a ZooKeeper session of its own), claims them in the rows
+table, then runs batches until told to stop: check the leases, commit a few keys' images with the
+fence rows (``RowStore.commit``), publish the watermarks (step 7). A failed batch is counted with
+its error's type (:class:`WriterStats`) and the writer goes on.
 """
 
 from __future__ import annotations
@@ -71,8 +62,8 @@ def keys_for(spec: WriterSpec, per_interval: int = 32) -> list[str]:
 def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterSpec, start: threading.Event,
                measuring: threading.Event, stop: threading.Event, stats: WriterStats,
                ready: threading.Barrier) -> None:
-    """Take the leases, claim the intervals, then run batches from ``start`` until ``stop``; only
-    batches that end while ``measuring`` is set are counted."""
+    """Take the leases, claim the intervals, then run batches from ``start`` until ``stop``, counting
+    those that end while ``measuring`` is set."""
     from deltawheel.statestore.codecs import get_codec
     from deltawheel.statestore.rowtable.rows import KeyRow, interval_of
     from deltawheel.statestore.rowtable.store import RowStore

@@ -1,19 +1,10 @@
 """Reading a Delta table's state without Spark: deltawheel's own log replay against delta-rs.
 
-deltawheel reads a table's live files and application (``txn``) versions in Python where it can
-(``statestore/delta/log.py``): at every executor start (the rows table's files and fence rows, the
-stream tables' delivered versions), in ``status``, ``inspect`` and the damage check. This script
-measures that reader against the ``deltalake`` package (delta-rs) on tables Delta itself wrote:
-**exactness** against Delta's own snapshot on a table in every checkpoint kind Delta writes
-(:func:`build_checkpoint_kinds`; a reader that declines a table is recorded as ``declined``, not
-as wrong), **speed** on tables shaped like deltawheel's (the median of rounds, the readers'
-order rotating; only ratios are comparable), and the **first call** in a fresh process.
-What it found: docs/architecture-deltalog.md.
-
-``--s3`` runs everything on an S3Proxy server and a ZooKeeper (for the commits' log store) started
-for the run. Writes ``deltalog_readers.json`` and ``deltalog_readers.png`` to ``--out``::
-
-    python -m deltawheel.benchmarks.deltalog_readers --out bench-out/deltalog --s3
+This script measures deltawheel's reader (``statestore/delta/log.py``) against the ``deltalake``
+package on tables Delta itself wrote: exactness against Delta's snapshot on every checkpoint kind,
+speed on tables shaped like deltawheel's, and the first call in a fresh process (``--s3``: also on
+an S3Proxy it starts). Writes ``deltalog_readers.json`` and ``.png``; what it found:
+docs/architecture-deltalog.md.
 """
 
 from __future__ import annotations
@@ -41,14 +32,11 @@ __all__ = ["TableView", "read_with_delta", "read_with_log", "read_with_delta_rs"
 @dataclass(frozen=True)
 class TableView:
     """What a reader says a table is: its version, live files (decoded path, size, has a deletion
-    vector) and the version of each application id asked for (None: none recorded)."""
+    vector) and each application id's version (None: none recorded)."""
 
     version: int
     files: frozenset[tuple[str, int, bool]]
     txns: tuple[tuple[str, int | None], ...]
-
-
-# ---------------------------------------------------------------- the readers
 
 
 def read_with_delta(spark: Any, uri: str, apps: Sequence[str]) -> TableView:
@@ -97,21 +85,18 @@ def delta_rs_uri(files: Any) -> str:
     return files.root if files.s3 is None else f"s3://{files.root}"
 
 
-def read_with_delta_rs(files: Any, apps: Sequence[str], *, with_dvs: bool = True) -> TableView:
-    """delta-rs's snapshot: ``DeltaTable``, its add actions, ``transaction_version``; the files with a
-    deletion vector from ``deletion_vectors()`` (its add actions do not say; ``with_dvs=False``
-    leaves that read out, as a caller that only needs the file list would)."""
+def read_with_delta_rs(files: Any, apps: Sequence[str]) -> TableView:
+    """delta-rs's snapshot, the files with a deletion vector from ``deletion_vectors()``."""
     import pyarrow as pa
     from deltalake import DeltaTable
 
     dt = DeltaTable(delta_rs_uri(files), storage_options=delta_rs_options(files) or None)
     adds = pa.table(dt.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pydict()
     dv: set[str] = set()
-    if with_dvs:
-        root = delta_rs_uri(files).rstrip("/")
-        for batch in dt.deletion_vectors():
-            for uri in pa.record_batch(batch).column("filepath").to_pylist():
-                dv.add(uri.split(root.split("://", 1)[-1], 1)[-1].lstrip("/"))
+    root = delta_rs_uri(files).rstrip("/")
+    for batch in dt.deletion_vectors():
+        for uri in pa.record_batch(batch).column("filepath").to_pylist():
+            dv.add(uri.split(root.split("://", 1)[-1], 1)[-1].lstrip("/"))
     from urllib.parse import unquote
 
     paths = [unquote(p) for p in adds["path"]]
@@ -134,12 +119,8 @@ def compare(reference: TableView, got: TableView | None) -> str:
     return "; ".join(diffs) or "exact"
 
 
-# ---------------------------------------------------------------- the start's fence read
-
-
 def fences_with_log(files: Any) -> dict[int, int] | None:
-    """interval -> newest fence sequencer of computation ``c``, as the executor's start reads it
-    (``RowStore.fences``: the replayed log, then the fence rows of each live file)."""
+    """interval -> newest fence sequencer of computation ``c``, read as ``RowStore.fences`` does."""
     import pyarrow.compute as pc
     from deltawheel.statestore.delta.log import read_snapshot
     from deltawheel.statestore.delta.txn import decode_path
@@ -175,9 +156,6 @@ def fences_with_delta_rs(files: Any) -> dict[int, int]:
     return out
 
 
-# ---------------------------------------------------------------- timing
-
-
 def _ms(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -185,8 +163,7 @@ def _ms(fn: Callable[[], Any]) -> float:
 
 
 def time_side_by_side(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, dict[str, float]]:
-    """Each call once per round, the order rotating by one each round; per call its median and
-    quartiles in ms (one unmeasured round first)."""
+    """Each call once per round, the order rotating; per call its median and quartiles in ms."""
     names = list(calls)
     for n in names:
         calls[n]()
@@ -224,8 +201,8 @@ FIRST_CALL_READERS: dict[str, Callable[[Any, Sequence[str]], Any]] = {
 
 
 def first_calls(files: Any, apps: Sequence[str], rounds: int) -> dict[str, dict[str, float]]:
-    """Per Python reader, in a fresh interpreter: imports plus the first read (``first_ms``), and a
-    second read (``second_ms``); medians of ``rounds`` processes, the readers alternating."""
+    """Per Python reader in a fresh interpreter: imports plus the first read (``first_ms``) and a
+    second read (``second_ms``); medians of ``rounds`` processes."""
     from dataclasses import asdict
 
     arg = json.dumps({"root": files.root, "s3": asdict(files.s3) if files.s3 else None, "apps": list(apps)})
@@ -238,9 +215,6 @@ def first_calls(files: Any, apps: Sequence[str], rounds: int) -> dict[str, dict[
             got[n].append(json.loads(res.stdout.strip().splitlines()[-1]))
     return {n: {k: round(statistics.median(x[k] for x in xs), 1) for k in ("first_ms", "second_ms")}
             for n, xs in got.items()}
-
-
-# ---------------------------------------------------------------- the run
 
 
 def _exactness(spark: Any, uri: str, files: Any, apps: Sequence[str]) -> dict[str, str]:
@@ -267,8 +241,8 @@ def _log_shape(files: Any) -> dict[str, int]:
 
 def run(spark: Any, stores: dict[str, str], work: str, *, commits: int, intervals: int, rounds: int,
         first_call_rounds: int, kinds: bool = True) -> dict[str, Any]:
-    """Build the tables below each store root of ``stores`` (name -> a local folder or ``s3a://``
-    prefix), check and time the readers; returns the report."""
+    """Build the tables below each store root of ``stores`` (name -> a folder or ``s3a://`` prefix),
+    check and time the readers; returns the report."""
     import deltalake
     from deltawheel.statestore.delta.storefs import table_files
 
@@ -300,7 +274,6 @@ def run(spark: Any, stores: dict[str, str], work: str, *, commits: int, interval
             calls: dict[str, Callable[[], Any]] = {
                 "log.py": lambda f=files, a=apps: read_with_log(f, a),
                 "delta-rs": lambda f=files, a=apps: read_with_delta_rs(f, a),
-                "delta-rs, no DV check": lambda f=files, a=apps: read_with_delta_rs(f, a, with_dvs=False),
                 "Delta in the JVM": lambda u=uri, a=apps: read_with_delta(spark, u, a),
             }
             if name.startswith("rows"):
@@ -321,8 +294,7 @@ def run(spark: Any, stores: dict[str, str], work: str, *, commits: int, interval
 
 
 def plot(report: dict[str, Any], path: Path) -> Path:
-    """Per store: warm reads (median ms, log scale) and first calls in a fresh process, per table;
-    the checkpoint kinds' exactness as a grid beside them."""
+    """Per store: warm reads and first calls per table, and the checkpoint kinds' exactness."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -331,7 +303,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     stores = list(report["tables"])
     fig, axes = plt.subplots(len(stores), 3, figsize=(17, 4.6 * len(stores)), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 1.6, 1.6]})
-    colors = {"log.py": "#4C72B0", "delta-rs": "#DD8452", "delta-rs, no DV check": "#F2B880",
+    colors = {"log.py": "#4C72B0", "delta-rs": "#DD8452",
               "Delta in the JVM": "#8C8C8C", "fences: log.py + pyarrow": "#55A868", "fences: delta-rs scan": "#C44E52"}
     for row, store in enumerate(stores):
         tables = report["tables"][store]

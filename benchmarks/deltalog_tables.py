@@ -1,9 +1,8 @@
 """Delta tables for ``deltalog_readers.py``, written by Delta (delta-spark) as deltawheel and Delta write them.
 
-:func:`build_checkpoint_kinds` takes one table through every checkpoint kind Delta 4.4 writes
-(``tests/test_deltalog_kinds.py`` checks the log replay on it); :func:`build_rows_table` and
-:func:`build_stream_table` make tables shaped like a store's rows and stream tables after a few
-hundred image-path commits and strong deliveries, to time the readers on.
+:func:`build_checkpoint_kinds` takes one table through every checkpoint kind Delta writes;
+:func:`build_rows_table` and :func:`build_stream_table` make tables shaped like a store's rows and
+stream tables, to time the readers on.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ APPS = tuple(f"deltawheel.c.{i}" for i in range(2))  # the application ids the k
 
 def _append(spark: Any, path: str, ids: range, *, part: int | None = None, app: str | None = None,
             version: int = 0, replace: int | None = None) -> None:
-    """Commit new files of ``ids`` (partition ``p`` = id % 2, or ``part``) through Delta as deltawheel
-    writes (Parquet written by pyarrow, ``TableLog.commit``: no Spark job but the checkpoint's), with
-    application version ``app`` = ``version``; ``replace``: first remove that partition's live files."""
+    """Commit new files of ``ids`` (partition ``p`` = id % 2, or ``part``) as deltawheel writes them,
+    with application version ``app`` = ``version``; ``replace``: first remove that partition's live files."""
     import pyarrow as pa
     from deltawheel.statestore.delta.storefs import files_for
     from deltawheel.statestore.delta.txn import TableLog, new_add, write_file
@@ -46,20 +44,11 @@ def _append(spark: Any, path: str, ids: range, *, part: int | None = None, app: 
 
 def build_checkpoint_kinds(spark: Any, root: str, *, vacuum: bool = True) -> dict[str, str]:
     """One local table written by Delta through every checkpoint kind it writes, copied after each
-    stage: kind -> the copy's folder, in which that kind is the newest checkpoint (with JSON commits
-    after it). Every copy has application versions (``txn``, as strong deliveries record them),
-    removes and deletion vectors in its history:
+    stage: kind -> the copy's folder, in which that kind is the newest checkpoint.
 
-    - ``no_checkpoint``; ``classic`` (a single Parquet file, a DELETE's deletion vector after it);
-    - ``multi_part`` (``checkpoint.partSize`` = 3: several parts; a partition's files replaced);
-    - ``v2_json`` and ``v2_parquet_sidecars`` (``delta.checkpointPolicy = v2``: a JSON, then a
-      Parquet top-level file, file actions in sidecars; OPTIMIZE's removes after the latter);
-    - ``v2_classic_named``: a V2 checkpoint (file actions in sidecars) under the classic name, as the
-      protocol allows and Delta writes at log cleanup for the oldest version it keeps (made the
-      newest here by renaming the V2 Parquet one);
-    - ``log_cleaned``: after VACUUM (``vacuum``; it only adds commits without file actions) and a
-      log cleanup (files backdated past the retention), which deletes the early commits and
-      writes that classic-named V2 checkpoint.
+    Kinds: ``no_checkpoint``, ``classic``, ``multi_part``, ``v2_json``, ``v2_parquet_sidecars``,
+    ``v2_classic_named`` (a V2 checkpoint under the classic name) and ``log_cleaned`` (after VACUUM
+    and a log cleanup). Every copy has application versions, removes and deletion vectors in its history.
     """
     path = f"{root}/table"
     out: dict[str, str] = {}
@@ -136,8 +125,7 @@ def upload(local: str, files: Any) -> None:
 
 
 def build_rows_table(spark: Any, uri: str, *, commits: int, intervals: int, checkpoint_interval: int) -> str:
-    """A rows table (a migrated store's, ``uri``) after ``commits`` image-path commits, each
-    replacing two intervals' files (remove + add, the commit's JSON metadata)."""
+    """A rows table at ``uri`` after ``commits`` image-path commits, each replacing two intervals' files."""
     import pyarrow as pa
     from deltawheel.statestore.delta.storefs import table_files
     from deltawheel.statestore.delta.txn import FileEntry, TableLog, new_add, partition_file_name, write_file
@@ -176,8 +164,8 @@ def build_rows_table(spark: Any, uri: str, *, commits: int, intervals: int, chec
 
 
 def build_stream_table(spark: Any, uri: str, *, commits: int, intervals: int) -> str:
-    """A stream table (``uri``, a store's) after ``commits`` strong deliveries: each adds one file
-    and records its interval's application version, as the image path delivers."""
+    """A stream table at ``uri`` after ``commits`` strong deliveries, each adding one file and its
+    interval's application version."""
     import pyarrow as pa
     from deltawheel.statestore.delta.storefs import table_files
     from deltawheel.statestore.delta.txn import TableLog, new_add, write_file

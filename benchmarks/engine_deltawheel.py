@@ -1,15 +1,9 @@
 """The deltawheel engine of the throughput benchmark (WORKLOAD.md, section 2).
 
-A plain :class:`Computation` (arbitrary per-key Python code, not a built-in
-aggregate): per key a map ``window_start -> count`` in state and an
-event-time timer at ``window_end - 1`` that emits and forgets the window.
-Input: the Parquet files through :class:`ParquetInjector` (one file per
-micro-batch, watermark = max event time seen - 10 s, published after each
-batch, so batch k runs under wm_k). Late records (behind the watermark the
-computation already acted on) are dropped and counted. After the last file
-one more timers-only step runs under wm_F. Exactly-once and strong
-productions are on: every batch is one fenced Delta commit of the changed
-keys plus idempotent delivery of the emitted windows to a stream table.
+A plain :class:`Computation`: per key a map ``window_start -> count`` in state and an event-time
+timer at ``window_end - 1`` that emits and forgets the window; late records are dropped and
+counted. Exactly-once and strong productions are on: every batch is one fenced Delta commit plus
+the idempotent delivery of the emitted windows.
 """
 
 from __future__ import annotations
@@ -31,12 +25,8 @@ WIN = 10_000
 
 
 def _computation(intervals: int = 4, *, vectorised: bool = False, columnar: bool = False) -> Any:
-    """The window count; ``intervals``: its key intervals (the units its state is split into,
-    each an image file that one task rewrites per batch); ``vectorised``: the same computation
-    declaring the vectorised path (a count per key and window as an Arrow group-by, then one
-    call per key: docs/embedding.md, "The vectorised path"); ``columnar``: declaring the columnar
-    path (state with the int64map codec; one ``process_columns`` call per interval and batch:
-    docs/embedding.md, "The columnar path")."""
+    """The window count over ``intervals`` key intervals; ``vectorised`` / ``columnar``: declaring
+    that path (docs/embedding.md, "The vectorised path" and "The columnar path")."""
     from deltawheel.executor.computation import RECORD_KEY, Computation
 
     class WindowCount(Computation):
@@ -132,10 +122,8 @@ def _columnar(base: Any) -> Any:
 
 
 def state_partitions(spark: Any) -> int:
-    """How many partitions Spark SQL's aggregation keeps its state in: the session's
-    ``spark.sql.shuffle.partitions`` (2 in the benchmark session, one per core of ``local[2]``).
-    deltawheel's computation gets as many key intervals, so both engines split their state,
-    and their per-batch work on it, into the same number of parts."""
+    """Spark SQL's state partitions (``spark.sql.shuffle.partitions``); deltawheel gets as many key
+    intervals, so both engines split their state the same way."""
     return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
@@ -152,8 +140,7 @@ class DeltaWheelEngine:
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None,
             store: str | None = None) -> EngineResult:
         """Run the window count on ``data`` through a deltawheel pipeline; returns speed and output check.
-        ``store``: a folder URI (e.g. ``s3a://...``) below which the store is made, instead of ``out_dir``
-        (ZooKeeper's data stays in ``out_dir``)."""
+        ``store``: a folder URI below which the store is made instead of ``out_dir``."""
         from deltawheel.executor.drivers.pipeline import Pipeline
         from deltawheel.executor.drivers.runner import PipelineRunner
         from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper
@@ -228,8 +215,7 @@ class DeltaWheelEngine:
 
 
 def rows_bytes_per_batch(rows: str) -> list[tuple[int, int]] | None:
-    """(state bytes, ids bytes) the rows table's batch commits added, oldest first (from the log's
-    ``add`` sizes; None: not a local table)."""
+    """(state bytes, ids bytes) each rows table batch commit added, oldest first (None: not a local table)."""
     import json
 
     from deltawheel.statestore.delta.storefs import local_path
@@ -275,24 +261,21 @@ def _mk(p: Path) -> str:
 
 
 class DeltaWheelJvmReadEngine(DeltaWheelEngine):
-    """The image path with the input read by Spark (scan, projection, shuffle) instead of by the
-    tasks themselves (kept to measure the direct read side by side)."""
+    """The image path with the input read by Spark instead of by the tasks."""
 
     name = "deltawheel_jvm_read"
     direct_read = False
 
 
 class DeltaWheelVectorEngine(DeltaWheelEngine):
-    """The image path with the computation declaring the vectorised path (late records, which it
-    drops, still go through ``process_record``)."""
+    """The image path declaring the vectorised path (late records still go through ``process_record``)."""
 
     name = "deltawheel_vector"
     vectorised = True
 
 
 class DeltaWheelColumnarEngine(DeltaWheelEngine):
-    """The image path with the computation declaring the columnar path (``process_columns`` over an
-    interval's keys; keys with late records run per record)."""
+    """The image path declaring the columnar path (keys with late records run per record)."""
 
     name = "deltawheel_columnar"
     columnar = True

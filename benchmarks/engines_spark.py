@@ -1,24 +1,10 @@
-"""Benchmark engines: the common interface, and Spark's own stateful operators.
+"""Benchmark engines: the common interface (:class:`Engine`), and Spark's own stateful operators.
 
-An engine runs WORKLOAD.md's window count over a :class:`WorkloadData` and
-returns an :class:`EngineResult`. Every engine takes the shared SparkSession
-(built once by the throughput script) and a private output folder::
-
-    class Engine(Protocol):
-        name: str
-        def run(self, data, *, out_dir, spark, progress=None) -> EngineResult
-
-(engines with ``takes_store = True`` also take ``store=`` a folder URI for their state and output:
-``--store-uri``)
-
-:func:`build_result` turns an engine's emitted rows and timings into an
-``EngineResult`` (multiset comparison with the reference, invariant check), so
-every engine is judged the same way.
-
-The two Spark engines here, ``spark_sql`` and ``spark_tws`` (what each runs: docs/benchmarks.md,
-"Throughput"), need the RocksDB state store provider in the session (see
-:data:`SPARK_BENCH_CONF`). They take the session deltawheel's engine runs in, so the
-peers and deltawheel run on the same Spark (the report's ``machine`` records the versions).
+An engine runs WORKLOAD.md's window count over a :class:`WorkloadData` in a given session and
+returns an :class:`EngineResult`, judged by :func:`build_result` as every other engine's; one with
+``takes_store = True`` also takes ``store=``, a folder URI for its state and output
+(``--store-uri``). ``spark_sql`` and ``spark_tws`` (docs/benchmarks.md, "Throughput") need the
+RocksDB state store provider of :data:`SPARK_BENCH_CONF`.
 """
 
 from __future__ import annotations
@@ -35,18 +21,8 @@ import pyarrow.dataset as pads
 from .memory import measured_run_ended
 from .workload import WIN_MS, WorkloadData, check_output
 
-__all__ = [
-    "ProgressFn",
-    "Engine",
-    "EngineResult",
-    "build_result",
-    "SPARK_BENCH_CONF",
-    "ROCKSDB_PROVIDER",
-    "SparkSqlEngine",
-    "SparkTwsEngine",
-    "StreamingRun",
-    "run_streaming_query",
-]
+__all__ = ["ProgressFn", "Engine", "EngineResult", "build_result", "SPARK_BENCH_CONF", "ROCKSDB_PROVIDER",
+           "SparkSqlEngine", "SparkTwsEngine", "StreamingRun", "run_streaming_query"]
 
 ProgressFn = Callable[[str], None]
 
@@ -58,8 +34,6 @@ SPARK_BENCH_CONF: Mapping[str, str] = {
     "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.streaming.numRecentProgressUpdates": "1000",
-    # (the checkpoint file manager is build_spark's, the same for every engine: rename-based through
-    # Hadoop's FileSystem API, in place on s3a://; the report's spark_conf records which)
 }
 
 INPUT_DDL = "record_id string, key string, value long, event_time timestamp"
@@ -69,7 +43,7 @@ OUTPUT_DDL = "key string, window_start timestamp, count long"
 @dataclass(frozen=True)
 class EngineResult:
     """One engine's run. ``wall_s`` as WORKLOAD.md section 4: first file to last no-data step,
-    output written; session start excluded (``session_start_s``, shared by all engines)."""
+    output written; session start excluded."""
 
     name: str
     records_per_s: float
@@ -114,24 +88,14 @@ class Engine(Protocol):
         ...
 
 
-def build_result(
-    name: str,
-    data: WorkloadData,
-    *,
-    output: pa.Table,
-    wall_s: float,
-    settings: Mapping[str, Any],
-    late_dropped: int | None = None,
-    open_events_at_end: int | None = None,
-    batches: int | None = None,
-    batch_s: Sequence[float] = (),
-    notes: Sequence[str] = (),
-) -> EngineResult:
+def build_result(name: str, data: WorkloadData, *, output: pa.Table, wall_s: float, settings: Mapping[str, Any],
+                 late_dropped: int | None = None, open_events_at_end: int | None = None,
+                 batches: int | None = None, batch_s: Sequence[float] = (),
+                 notes: Sequence[str] = ()) -> EngineResult:
     """Judge an engine's emitted rows against the reference and package the figures.
 
-    ``output`` has columns ``key``, ``window_start`` (timestamp, any unit) or
-    ``window_start_ms`` (int64), and ``count``. If exactly one of ``late_dropped`` /
-    ``open_events_at_end`` is known, the other is derived from the invariant and a note says so.
+    ``output`` has columns ``key``, ``window_start`` (timestamp) or ``window_start_ms`` (int64), and
+    ``count``. If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived.
     """
     chk = check_output(output, data.reference)
     notes = list(notes)
@@ -157,9 +121,6 @@ def build_result(
         invariant_ok=invariant, batches=batches, batch_s=tuple(round(b, 3) for b in batch_s),
         settings=dict(settings), notes=tuple(notes),
     )
-
-
-# --------------------------------------------------------------------------- Spark helpers
 
 
 @dataclass(frozen=True)
@@ -250,9 +211,6 @@ def _input_stream(spark: Any, data: WorkloadData) -> Any:
             .parquet(str(data.input_dir)))
 
 
-# --------------------------------------------------------------------------- built-in SQL
-
-
 class SparkSqlEngine:
     """Spark's built-in streaming window aggregation."""
 
@@ -261,9 +219,8 @@ class SparkSqlEngine:
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
             progress: ProgressFn | None = None, store: str | None = None) -> EngineResult:
-        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it.
-        ``store``: a folder URI (e.g. ``s3a://...``) for the state checkpoint and the sink, instead
-        of ``out_dir``."""
+        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it;
+        ``store``: a folder URI for the state checkpoint and the sink instead of ``out_dir``."""
         from pyspark.sql import functions as F
 
         sink: Path | str
@@ -302,9 +259,6 @@ class SparkSqlEngine:
         return build_result(self.name, data, output=output, wall_s=run.wall_s,
                             settings=settings, open_events_at_end=open_events, batches=run.batches, batch_s=run.batch_s,
                             notes=notes)
-
-
-# --------------------------------------------------------------------------- transformWithState
 
 
 def _make_processor() -> Any:

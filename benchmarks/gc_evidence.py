@@ -1,17 +1,9 @@
 """The cost of ``deltawheel gc``'s ``input_sets`` evidence read: every JSON commit of the rows table,
 against the commits since the last gc (``gc/ranlog.py``).
 
-A migrated store's rows table gets ``--commits`` commits as instances sharing intervals make them
-(each naming the intervals its batch held and, every other one, an input file), then a gc's read
-is kept (``save_ran``) and ``--since`` more commits come. Timed, each ``--rounds`` times in this
-process, CPU time (``time.process_time``) and JSON commits opened:
-
-* ``full``: what gc read before the bound, every commit (``commit_infos(rows, after=-1)`` folded
-  with ``ran_of``, as ``ran_in_log`` does);
-* ``bounded``: ``read_ran`` from the kept read (the check of the kept commit, then the commits after).
-
-Both give the same evidence (checked). Run: ``python -m benchmarks.gc_evidence --commits 300 1000``
-(``./dw`` sets up the environment: ``.venv/bin/python -m benchmarks.gc_evidence``).
+Times (CPU, JSON commits opened) gc's ``full`` read of every commit against the ``bounded``
+``read_ran`` from a kept read, on a rows table of ``--commits`` commits plus ``--since`` more, and
+checks both give the same evidence. Run: ``.venv/bin/python -m benchmarks.gc_evidence --commits 300 1000``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """A key's history on the image write path: the log-driven reader against Delta's change data feed.
 
-The image path commits whole interval files: every batch that touches any key of an interval
-rewrites that interval's file. A key that changed in few batches still sits in a file rewritten
-in most of them. This benchmark builds such a store (change data feed on for the rows table
-from its first batch, so both readers see every version) and times, for one probe key that
-changed in ``--probe-changes`` of ``--batches`` batches:
-
-- ``log``: :func:`~deltawheel.statestore.inspection.history.key_history` (the Delta log's
-  add/remove actions; the key and stamp columns of the touched partitions' new files; a whole
-  row only where the key changed; no Spark);
-- ``cdf``: ``readChangeFeed`` from version 0 filtered on the computation and key (Spark; on the
-  image path the feed is every added and removed file's rows, no CDC files);
-- ``time_travel``: one ``versionAsOf`` read filtered on the key per version (Spark);
-
-and, for every key, ``walk_history`` (what the ``state_history`` view runs) against the whole
-change feed. Each reading runs ``--repeat`` times; the median is reported with the files and
-bytes each would read. ``deltawheel bench history --out bench-out/history``.
+On the image path every batch that touches an interval rewrites its whole file, so a key that
+changed in few batches sits in files rewritten in most. This builds such a store (change data feed
+on from its first batch) and times, for one probe key, the log-driven
+:func:`~deltawheel.statestore.inspection.history.key_history` (``log``) against ``readChangeFeed``
+(``cdf``) and a ``versionAsOf`` read per version (``time_travel``), and for every key
+``walk_history`` against the whole change feed: the median of ``--repeat`` runs each, with the
+files and bytes each reads (docs/history.md).
 """
 
 from __future__ import annotations
@@ -63,8 +54,8 @@ def _frame(spark: Any, items: list[tuple[str, int]], batch: int) -> Any:
 
 
 def build(spark: Any, store: str, args: argparse.Namespace) -> tuple[list[int], int]:
-    """The store: every key once, then ``batches`` batches; the batches that changed the probe, and
-    the rows table's version that turned the change data feed on."""
+    """The store: every key once, then ``batches`` batches; returns the batches that changed the
+    probe and the rows table version that turned the change data feed on."""
     from deltawheel.statestore.delta.log import latest_local_version
 
     import deltawheel

@@ -1,25 +1,11 @@
 """One engine run of the throughput benchmark in its own process.
 
 :func:`run_isolated` starts ``python -m deltawheel.benchmarks.isolated SPEC TO_PARENT FROM_PARENT``
-(a fresh interpreter: never a fork of a process holding a JVM). The child builds its own session
-(:func:`build_bench_session`, the settings every engine run gets), runs the engine's warm-up when
-asked (unmeasured), then the measured run, and writes its :class:`EngineResult` as JSON. Its own
-Spark JVM, Python workers and embedded ZooKeeper are its descendants, so neither speed nor memory
-carries what another engine's run left.
-
-Protocol (one line each way on two pipes kept apart from the child's stdout, which carries the
-engine's progress lines and whatever the JVM prints):
-
-1. child -> parent ``measure``: the session is up and the warm-up done; the parent starts a
-   :class:`~deltawheel.benchmarks.memory.MemorySampler` on the child's tree and answers ``go``.
-2. child -> parent ``ended``: the measured run's wall time ended
-   (:func:`~deltawheel.benchmarks.memory.measured_run_ended`); the parent takes its last sample
-   and answers ``go``, and only then does the child read the output back to check it.
-3. The child writes the result file and exits 0; any other exit is a failure reported with the
-   last lines of its stderr and stdout.
-
-Session start and warm-up thus fall outside peak memory; both are timed and reported apart.
-Ctrl-C in the parent ends the child's whole process group (it runs in a session of its own).
+(a fresh interpreter, never a fork of a process holding a JVM), which builds its own session, runs
+the warm-up when asked, then the measured run, and writes its :class:`EngineResult` as JSON. On two
+pipes apart from its stdout, the child says ``measure`` once ready (the parent starts sampling its
+tree and answers ``go``) and ``ended`` when the measured run ends (the parent takes its last sample
+and answers ``go``), so session start, warm-up and the output check fall outside peak memory.
 """
 
 from __future__ import annotations
@@ -75,8 +61,8 @@ class IsolatedRun:
 
 
 def build_bench_session(conf: Mapping[str, str], *, spark: Any = None) -> tuple[Any, float]:
-    """The benchmark's session and the seconds it took to start: built with ``conf`` as extra settings,
-    or, given ``spark``, a child session of it; the ``spark.sql.*`` settings set on it either way."""
+    """The benchmark's session and its start seconds: built with ``conf`` as extra settings, or a child
+    session of ``spark``; the ``spark.sql.*`` settings set on it either way."""
     t0 = time.perf_counter()
     if spark is None:
         from deltawheel.executor.session import build_spark
@@ -125,9 +111,9 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None = print,
                  interval_s: float = 1.0) -> IsolatedRun:
-    """Run ``spec`` in a child process and sample the child's process tree during its measured run.
+    """Run ``spec`` in a child process and sample its process tree during its measured run.
 
-    ``work_dir`` receives the spec, the result and the child's stderr (``<engine>.stderr``).
+    ``work_dir`` receives the spec, the result and the child's stderr.
 
     Raises:
         WorkloadError: the child failed (its exit code and the last lines of its stderr and stdout).

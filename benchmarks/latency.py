@@ -1,26 +1,12 @@
 """Latency benchmark: how long a record takes from its arrival to a durable, readable output.
 
-Usage (or ``deltawheel bench latency``)::
-
-    python -m deltawheel.benchmarks.latency --rate 1000 --seconds 60 \\
-        --engines deltawheel,spark_tws,spark_sql,floor --out bench-out/latency
-
-Records arrive at ``--rate`` records/s as small Parquet files renamed into an input folder every
-100-200 ms (:mod:`.latency_input`). Each engine (:mod:`.latency_engines`,
-:mod:`.latency_deltawheel`) runs as a continuous streaming query on its own copy of the same
-schedule (same seed), one engine after the other in one Spark session. A record's latency is
-the commit time of the first version of the engine's output Delta table that holds its output
-(:mod:`.latency_log`: the ``<v>.json`` file's mtime by default, ``--commit-time commit_info``
-for ``commitInfo.timestamp``) minus its file's rename time; p50/p95/p99/max are taken over the
-records that arrive after ``--warmup`` seconds. Every output is checked to hold every input
-record exactly once (:mod:`.latency_measure`); a failed check fails the engine, the run's exit
-code is 1. Writes ``latency.json``, ``latency.png`` and ``engines/<engine>/records.parquet`` (per
-record: arrival, commit time, batch) into ``--out``; docs/latency.md explains the figures.
-
-``--stages 3``: each engine runs three stages (the running count, then two pass-through stages
-each reading the previous stage's output table live); every stage's output is measured and
-checked, with the latency each stage added. ``--source kafka``: the schedule is appended to a
-Kafka topic instead (:mod:`.latency_kafka`), a record's arrival its message's append time.
+Records arrive at ``--rate`` records/s (:mod:`.latency_input`, or a Kafka topic:
+:mod:`.latency_kafka`); each engine (:mod:`.latency_engines`, :mod:`.latency_deltawheel`) runs a
+continuous query on its own copy of the same schedule, one after the other in one session. A
+record's latency is the commit time of the first output table version holding its output
+(:mod:`.latency_log`) minus its arrival; every output must hold every input record exactly once
+(:mod:`.latency_measure`), else the exit code is 1. Writes ``latency.json`` and ``latency.png``
+into ``--out``; docs/latency.md explains the figures.
 """
 
 from __future__ import annotations
@@ -111,8 +97,7 @@ class LatencySettings:
         """Refuse what this benchmark cannot run (before any engine starts).
 
         Raises:
-            LatencyBenchError: an unknown engine or option value, a stage count or source it does not
-                know, or a warm-up that leaves no steady state.
+            LatencyBenchError: an unknown engine or option value, or a warm-up that leaves no steady state.
         """
         unknown = [e for e in self.engines if e not in ENGINES]
         if unknown or not self.engines:
@@ -352,8 +337,6 @@ def _run_engines(st: LatencySettings, *, session: Any, out: Path, say: Say) -> t
 
 def run_latency(st: LatencySettings, *, spark: Any = None, progress: Say | None = print) -> dict[str, Any]:
     """Run ``st.engines`` one after another on the same schedule; write and return the report.
-
-    ``spark``: a session to make the benchmark's child session from (default: one is built).
 
     Raises:
         LatencyBenchError: as :meth:`LatencySettings.check`.

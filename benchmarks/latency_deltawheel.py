@@ -1,24 +1,10 @@
 """deltawheel in the latency benchmark: a running count per key, one production per record.
 
-:class:`RunningCount` keeps an int per key in state and produces ``count`` to the ``counts``
-stream for every record (the production's id is ``running_count:<record id>#1``, so the stream
-table names each input record). Exactly-once and strong productions are on (the defaults): a
-record's output is readable once the delivery commit to ``<store>/streams/counts`` lands,
-after its batch's fenced rows commit.
-
-It runs as users embed it: ``deltawheel.connect(spark, store=...)`` (the store's embedded
-ZooKeeper) and ``engine.start(injector, computation)`` -- one continuous query with the
-default trigger, the tasks reading the input files themselves (the direct read). The
-:class:`ParquetInjector` reads every new file per micro-batch (its default), so no backlog grows
-with files arriving every 100-200 ms. It takes its
-schema from a file in the folder, so the benchmark puts the first file (the primer) in place
-before starting any engine.
-
-With ``--stages 3``, or a Kafka topic as the input, it runs a :class:`Pipeline` through
-``engine.start_pipeline`` (the continuous runner): :data:`STAGES` (the running count, then
-:class:`PassOn` twice, each reading its upstream's stream table live), or over Kafka a
-:class:`~deltawheel.KafkaInjector` into :class:`KafkaRunningCount`, whose productions carry the
-benchmark's record id (a Kafka record's own id names its partition and offset).
+:class:`RunningCount` produces ``count`` to the ``counts`` stream for every record (production id
+``running_count:<record id>#1``), exactly-once with strong productions, so a record's output is
+readable once the stream table's delivery commit lands. It runs as users embed it
+(``deltawheel.connect`` and ``engine.start``); with ``--stages 3`` or a Kafka input, a
+:class:`Pipeline` through ``engine.start_pipeline``.
 """
 
 from __future__ import annotations
@@ -76,8 +62,8 @@ class PassOnAgain(PassOn):
 
 
 class KafkaRunningCount(RunningCount):
-    """:class:`RunningCount` over a Kafka topic: a Kafka record's id names its partition and offset,
-    so the production carries the benchmark's record id beside the count (``{"r": id, "n": count}``)."""
+    """:class:`RunningCount` over a Kafka topic: the production carries the benchmark's record id
+    beside the count (``{"r": id, "n": count}``), as a Kafka record's id names its partition and offset."""
 
     def process_record(self, ctx: Any, record: Any) -> None:
         """Count the record into its key's state and produce its id and the new count."""
@@ -97,9 +83,8 @@ def _computation(intervals: int, base: type[Computation] = RunningCount) -> Comp
 
 
 def records_from_stream(t: pa.Table) -> pa.Table:
-    """A stream table's rows (``counts``, or a later stage's) in the ``records`` kind: the input record
-    id from the production id (``running_count:<id>#1``, a later stage's ``stage2:running_count:<id>#1#1``),
-    the count from the JSON value."""
+    """A stream table's rows in the ``records`` kind: the record id from the production id
+    (``running_count:<id>#1``, a later stage's ``stage2:running_count:<id>#1#1``), the count from the value."""
     rid = pc.replace_substring_regex(t.column("record_id"), pattern=r"^(?:[^:]*:)+(\d+)(?:#\d+)+$",
                                      replacement=r"\1")
     value = pc.cast(pc.cast(t.column("value"), pa.string()), pa.int64())
@@ -107,8 +92,7 @@ def records_from_stream(t: pa.Table) -> pa.Table:
 
 
 def records_from_kafka_stream(t: pa.Table) -> pa.Table:
-    """A stream table of :class:`KafkaRunningCount`'s productions (or a later stage's) in the ``records``
-    kind: the record id and the count from the JSON value."""
+    """A stream table of :class:`KafkaRunningCount`'s productions in the ``records`` kind."""
     value = pc.cast(t.column("value"), pa.string())
     rid = pc.struct_field(pc.extract_regex(value, pattern=r'"r":\s*(?P<r>\d+)'), "r")
     n = pc.struct_field(pc.extract_regex(value, pattern=r'"n":\s*(?P<n>\d+)'), "n")
@@ -174,8 +158,8 @@ class _DeltaWheelPipelineRun(SparkRun):
 
 
 class DeltaWheelLatencyEngine:
-    """The running count through ``deltawheel.connect`` + ``engine.start`` (module docstring); with
-    3 stages, a :class:`Pipeline` of :data:`STAGES` through ``engine.start_pipeline``."""
+    """The running count through ``deltawheel.connect`` + ``engine.start``; with 3 stages or Kafka,
+    a :class:`Pipeline` through ``engine.start_pipeline``."""
 
     name = "deltawheel"
     stages: tuple[int, ...] = (1, 3)
@@ -221,9 +205,7 @@ class DeltaWheelLatencyEngine:
 
     def _start_pipeline(self, source: FileInput | KafkaInput, *, spark: Any, work_dir: Path,
                         stages: int) -> _DeltaWheelPipelineRun:
-        """``stages`` computations (:data:`STAGES`), every stage's query live at once (``engine.start_pipeline``:
-        as fast as possible, the first stage reading its files directly or its topic through a
-        :class:`~deltawheel.KafkaInjector`, the later ones their upstream's stream table)."""
+        """``stages`` computations (:data:`STAGES`), every stage's query live at once."""
         from deltawheel.executor.drivers.pipeline import Pipeline
         from deltawheel.executor.sources.kafka import KafkaInjector
         from deltawheel.executor.sources.parquet import ParquetInjector

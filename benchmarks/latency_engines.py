@@ -1,30 +1,10 @@
-"""The latency benchmark's engines: the interface, and Spark's own peers.
+"""The latency benchmark's engines: the interface (:class:`LatencyEngine`), and Spark's own peers.
 
-An engine starts a continuous streaming query over the input and says which Delta tables to
-measure; the benchmark feeds the input on its schedule, follows the tables' logs and stops it::
-
-    class LatencyEngine(Protocol):
-        name: str
-        stages: tuple[int, ...]          # the --stages it supports
-        def start(self, source, *, spark, work_dir, stages) -> RunningEngine
-
-    class RunningEngine(Protocol):
-        outputs: tuple[StageOutput, ...]  # one per stage, in order: what to measure
-        settings: dict                    # what ran (trigger, sink, limits...) for the JSON
-        def poll(self) -> None            # collect Spark's progress reports so far
-        def progress(self, stage) -> list[dict]   # executed batches' progress reports
-        def batch_details(self, stage) -> dict[int, dict]  # the engine's own per-batch figures
-        def error(self) -> str | None     # the query's failure, if it failed
-        def stop(self) -> None
-
-``source`` is a :class:`FileInput` (a folder of Parquet files in :data:`INPUT_DDL`) or a
-:class:`~.latency_kafka.KafkaInput` (a topic of JSON messages with the same columns). Each :class:`StageOutput` names
-its Delta table, the query's checkpoint (whose file-source log maps input files to batches:
-``latency_log.file_batches``) and how to turn the table's rows into the benchmark's columns
-(``latency_measure``'s ``records`` or ``key_counts`` kind).
-
-Spark's peers here: ``floor``, ``spark_sql`` and ``spark_tws``, and :func:`chain` for their
-later stages. What each runs: docs/latency.md, "The engines" and "Three stages".
+An engine starts continuous queries over a :class:`FileInput` or a
+:class:`~.latency_kafka.KafkaInput` and names, per stage, the Delta table to measure
+(:class:`StageOutput`); the benchmark feeds the input, follows the tables' logs and stops it.
+Spark's peers here: ``floor``, ``spark_sql`` and ``spark_tws``, and :func:`chain` for their later
+stages (docs/latency.md, "The engines" and "Three stages").
 """
 
 from __future__ import annotations
@@ -50,8 +30,8 @@ DEFAULT_TRIGGER = "default (ProcessingTime(0): the next micro-batch as soon as t
 
 
 class LatencyBenchError(ConfigError):
-    """The latency benchmark cannot run as asked (an unknown engine, a stage count or source an
-    engine does not support yet, settings that leave no steady state)."""
+    """The latency benchmark cannot run as asked (an unknown engine, an unsupported stage count or
+    source, settings that leave no steady state)."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +44,7 @@ class FileInput:
 
 @dataclass(frozen=True)
 class StageOutput:
-    """A Delta table to measure: its stage (1..), kind and row normalization, and its query's
-    checkpoint."""
+    """A Delta table to measure: its stage (1..), kind and row normalization, and its query's checkpoint."""
 
     stage: int
     name: str
@@ -77,7 +56,7 @@ class StageOutput:
 
 
 class RunningEngine(Protocol):
-    """A started engine (module docstring)."""
+    """A started engine."""
 
     outputs: tuple[StageOutput, ...]
     settings: dict[str, Any]
@@ -115,8 +94,7 @@ def key_number(keys: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def records_from_spark(t: pa.Table) -> pa.Table:
-    """A Spark output of input records (``record_id``, ``key``, optional ``count``) in the
-    ``records`` kind."""
+    """A Spark output of input records (``record_id``, ``key``, optional ``count``) in the ``records`` kind."""
     count = t.column("count") if "count" in t.column_names else pa.nulls(t.num_rows, pa.int64())
     return pa.table({"record_id": pc.cast(t.column("record_id"), pa.int64()), "key": key_number(t.column("key")),
                      "count": pc.cast(count, pa.int64())})
@@ -197,18 +175,21 @@ def _check_stages(name: str, stages: int, supported: tuple[int, ...] = (1,)) -> 
 
 
 def _empty_table(spark: Any, path: Path, ddl: str) -> None:
-    """An empty Delta table at ``path`` (version 0, no rows), so a later stage's query can start
-    reading it before the stage before it has committed anything."""
     spark.createDataFrame([], ddl).write.format("delta").save(str(path))
 
 
+LATER_STAGES = ("stages 2..n: each a query reading the previous stage's Delta table as a stream (Delta source) "
+                "and appending its rows unchanged to its own Delta table (Delta sink): a per-record pass-through")
+
+
 def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str, stages: int) -> tuple[
-        list[Any], list[StageOutput]]:
+        list[Any], list[StageOutput], dict[str, str]]:
     """Stages 2..``stages`` after ``first``: each a query reading the previous stage's Delta table as
-    a stream (Delta's streaming source, every new version per micro-batch up to its default of
-    1,000 files) and appending its rows unchanged to its own table (Delta sink): a per-record
-    pass-through. ``first``'s table must exist (:func:`_empty_table`) before this starts."""
+    a stream and appending its rows unchanged to its own table. Returns their queries, outputs and
+    settings. ``first``'s table is created empty first, so they can start before it commits."""
     queries, outputs = [], []
+    if stages > 1:
+        _empty_table(spark, first.table, ddl)
     upstream = first
     for stage in range(2, stages + 1):
         out, chk = work_dir / f"output{stage}", work_dir / f"checkpoint{stage}"
@@ -220,15 +201,11 @@ def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str
                                reads_input_files=False)
         queries.append(q)
         outputs.append(upstream)
-    return queries, outputs
-
-
-LATER_STAGES = ("stages 2..n: each a query reading the previous stage's Delta table as a stream (Delta source) "
-                "and appending its rows unchanged to its own Delta table (Delta sink): a per-record pass-through")
+    return queries, outputs, {"later_stages": LATER_STAGES} if stages > 1 else {}
 
 
 class FloorEngine:
-    """Parquet -> Delta, no state (module docstring)."""
+    """Parquet -> Delta, no state."""
 
     name = "floor"
     stages: tuple[int, ...] = (1, 3)
@@ -238,19 +215,17 @@ class FloorEngine:
         _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
         first = StageOutput(1, "copy", out, chk, "records", records_from_spark)
-        later: tuple[list[Any], list[StageOutput]] = ([], [])
-        if stages > 1:
-            _empty_table(spark, out, INPUT_DDL)
-            later = chain(spark, first=first, ddl=INPUT_DDL, work_dir=work_dir, name=self.name, stages=stages)
+        later_q, later_out, later = chain(spark, first=first, ddl=INPUT_DDL, work_dir=work_dir, name=self.name,
+                                          stages=stages)
         q = (_input(spark, source).writeStream.format("delta").outputMode("append")
              .option("checkpointLocation", str(chk)).queryName("latency_floor").start(str(out)))
-        return SparkRun([q, *later[0]], (first, *later[1]), _settings(
+        return SparkRun([q, *later_q], (first, *later_out), _settings(
             spark, sink="Delta sink (append; exactly-once by its txn per batch)", operator="none (stateless copy)",
-            **({"later_stages": LATER_STAGES} if stages > 1 else {})))
+            **later))
 
 
 class SparkSqlEngine:
-    """Spark SQL's running count per key (module docstring)."""
+    """Spark SQL's running count per key."""
 
     name = "spark_sql"
     stages: tuple[int, ...] = (1, 3)
@@ -263,10 +238,8 @@ class SparkSqlEngine:
         out, chk = work_dir / "output", work_dir / "checkpoint"
         app_id = f"latency-spark-sql-{work_dir.name}"
         first = StageOutput(1, "counts", out, chk, "key_counts", key_counts_from_spark)
-        later: tuple[list[Any], list[StageOutput]] = ([], [])
-        if stages > 1:  # the later stages pass each (key, count, batch_id) row on
-            _empty_table(spark, out, SQL_OUTPUT_DDL)
-            later = chain(spark, first=first, ddl=SQL_OUTPUT_DDL, work_dir=work_dir, name=self.name, stages=stages)
+        later_q, later_out, later = chain(spark, first=first, ddl=SQL_OUTPUT_DDL, work_dir=work_dir,
+                                          name=self.name, stages=stages)  # later stages pass each row on
 
         def write(df: Any, batch_id: int) -> None:
             (df.withColumn("batch_id", F.lit(batch_id).cast("long")).write.format("delta").mode("append")
@@ -274,10 +247,10 @@ class SparkSqlEngine:
 
         q = (_input(spark, source).groupBy("key").count().writeStream.outputMode("update")
              .foreachBatch(write).option("checkpointLocation", str(chk)).queryName("latency_spark_sql").start())
-        return SparkRun([q, *later[0]], (first, *later[1]), _settings(
+        return SparkRun([q, *later_q], (first, *later_out), _settings(
             spark, operator="groupBy(key).count(), output mode update",
             sink="foreachBatch: each batch's changed (key, count) rows appended to Delta with txnAppId/txnVersion "
-                 "= batch id (exactly-once)", **({"later_stages": LATER_STAGES} if stages > 1 else {})))
+                 "= batch id (exactly-once)", **later))
 
 
 def _make_processor() -> Any:
@@ -308,7 +281,7 @@ def _make_processor() -> Any:
 
 
 class SparkTwsEngine:
-    """transformWithStateInPandas with RocksDB (module docstring)."""
+    """transformWithStateInPandas with RocksDB."""
 
     name = "spark_tws"
     stages: tuple[int, ...] = (1, 3)
@@ -318,17 +291,14 @@ class SparkTwsEngine:
         _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
         first = StageOutput(1, "counts", out, chk, "records", records_from_spark)
-        later: tuple[list[Any], list[StageOutput]] = ([], [])
-        if stages > 1:
-            _empty_table(spark, out, TWS_OUTPUT_DDL)
-            later = chain(spark, first=first, ddl=TWS_OUTPUT_DDL, work_dir=work_dir, name=self.name, stages=stages)
+        later_q, later_out, later = chain(spark, first=first, ddl=TWS_OUTPUT_DDL, work_dir=work_dir,
+                                          name=self.name, stages=stages)
         df = (_input(spark, source).select("record_id", "key").groupBy("key")
               .transformWithStateInPandas(statefulProcessor=_make_processor(),
                                           outputStructType=TWS_OUTPUT_DDL,
                                           outputMode="Append", timeMode="None"))
         q = (df.writeStream.format("delta").outputMode("append").option("checkpointLocation", str(chk))
              .queryName("latency_spark_tws").start(str(out)))
-        return SparkRun([q, *later[0]], (first, *later[1]), _settings(
+        return SparkRun([q, *later_q], (first, *later_out), _settings(
             spark, operator="transformWithStateInPandas (ValueState count per key, one row per record)",
-            sink="Delta sink (append; exactly-once by its txn per batch)",
-            **({"later_stages": LATER_STAGES} if stages > 1 else {})))
+            sink="Delta sink (append; exactly-once by its txn per batch)", **later))

@@ -1,25 +1,11 @@
 """The latency benchmark's input: small Parquet files renamed into a folder on a fixed schedule.
 
-A :class:`Schedule` (rate, seconds, seed) fixes everything but the wall clock: file ``k`` is due
-at ``t0 + offset_k`` (the gaps between files drawn uniformly from 100-200 ms), holds the records
-whose time at ``rate`` records/s falls in its gap, and each record draws its key from
-``keys`` keys. Record ids are the decimal strings of ``0..total-1`` in arrival order, so an
-output row's record id indexes the input arrays directly. File 0, the *primer*, is put in place
-before the engine starts (an injector that takes its schema from the folder needs a file there);
-it arrives before ``t0`` and so falls in the warm-up.
-
-:func:`run_schedule` writes each file into a staging folder ahead of its time, sleeps until it is
-due, renames it into the input folder (atomic: a reader never sees half a file) and logs the
-rename time, which is the arrival time of the file's records (their event time is the file's due
-time). It runs in a thread of the driver (:class:`Generator` ``mode="thread"``, the default) or in
-a child process (``mode="process"``: ``python -m deltawheel.benchmarks.latency_input``, started at
-:meth:`Generator.prime` so its imports are done before ``t0``); each file's lateness (rename -
-due) is logged and reported. Measured on the shared 2-core machine (load 15, deltawheel and the
-floor at 1,000 records/s, two runs of each mode) the thread kept the schedule as well or better:
-p99 lateness 43-86 ms against 44-134 ms, max 59-165 ms against 55-236 ms (docs/latency.md).
-
-File names sort in arrival order (``part-000123.parquet``); the staging folder is a sibling of
-the input folder (the same file system, so the rename is atomic).
+A :class:`Schedule` (rate, seconds, seed) fixes everything but the wall clock: which records each
+file holds and when it is due. Record ids are ``0..total-1`` in arrival order, so an output row's
+record id indexes the input arrays. File 0, the *primer*, is put in place before the engine starts
+and falls in the warm-up. :func:`run_schedule` renames each file into the input folder when due
+(atomic: the staging folder is a sibling) and logs the rename time, its records' arrival; it runs in
+a thread of the driver or in a child process (:class:`Generator`, docs/latency.md).
 """
 
 from __future__ import annotations
@@ -55,7 +41,7 @@ def key_name(k: int) -> str:
 
 @dataclass(frozen=True)
 class Schedule:
-    """When each input file arrives and which records it holds (see the module docstring)."""
+    """When each input file arrives and which records it holds (gaps drawn from ``min_gap_s..max_gap_s``)."""
 
     rate: float
     seconds: float
@@ -66,7 +52,7 @@ class Schedule:
 
     @cached_property
     def offsets_s(self) -> np.ndarray:
-        """Due time of each file after ``t0`` (file 0, the primer, at 0: it is put in place early)."""
+        """Due time of each file after ``t0`` (the primer at 0)."""
         rng = np.random.default_rng(self.seed)
         n = int(self.seconds / self.min_gap_s) + 2
         gaps = rng.uniform(self.min_gap_s, self.max_gap_s, size=n)
@@ -114,8 +100,8 @@ class Schedule:
 
 
 def write_file(schedule: Schedule, index: int, path: Path, *, event_time_ms: int) -> None:
-    """Write file ``index`` of ``schedule`` to ``path``: columns ``record_id`` (string),
-    ``key`` (string) and ``event_time`` (UTC timestamp, ms; every record at ``event_time_ms``)."""
+    """Write file ``index`` of ``schedule`` to ``path``: ``record_id``, ``key`` (strings) and
+    ``event_time`` (UTC ms timestamp, ``event_time_ms`` for every record)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -151,8 +137,7 @@ def prime(schedule: Schedule, *, folder: Path, staging: Path, log: Path) -> floa
 def run_schedule(schedule: Schedule, *, folder: Path, staging: Path, t0: float, log: Path,
                  stop: threading.Event | None = None) -> None:
     """Rename files 1.. of ``schedule`` into ``folder`` at ``t0 + offset`` (wall clock, seconds),
-    each written to ``staging`` ahead of its time; append ``{"file", "due", "renamed"}`` per file to
-    ``log`` (flushed per line). ``stop`` ends it early."""
+    appending ``{"file", "due", "renamed"}`` per file to ``log``; ``stop`` ends it early."""
     with log.open("a") as f:
         for k in range(1, schedule.n_files):
             due = t0 + float(schedule.offsets_s[k])
@@ -197,8 +182,8 @@ class InputLog:
         return cls(due=due, renamed=renamed)
 
     def lateness(self) -> dict[str, float | int | None]:
-        """How late the renames were against the schedule (files 1..; the primer has no due time
-        of its own): p50/p99/max in ms, and the files renamed."""
+        """How late the renames were against the schedule (files 1..): p50/p99/max in ms, and the
+        files renamed."""
         late = (self.renamed[1:] - self.due[1:])
         late = late[~np.isnan(late)] * 1000
         if late.size == 0:
@@ -208,7 +193,7 @@ class InputLog:
 
 
 class Generator:
-    """Runs :func:`run_schedule` in a thread or a child process (see the module docstring)."""
+    """Runs :func:`run_schedule` in a thread or a child process."""
 
     MODES = ("thread", "process")
 
@@ -224,8 +209,8 @@ class Generator:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def prime(self) -> float:
-        """Put the primer (file 0) in place; returns its rename time. In process mode the child
-        starts now too (its imports and the schedule's arrays take a while) and waits for ``t0``."""
+        """Put the primer in place; returns its rename time. In process mode the child starts now
+        and waits for ``t0``."""
         t = prime(self.schedule, folder=self.folder, staging=self.staging, log=self.log)
         if self.mode == "process":
             args = [sys.executable, "-m", "deltawheel.benchmarks.latency_input", "--folder", str(self.folder),
@@ -286,8 +271,8 @@ class Generator:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The child-process generator: ``--folder --staging --log --schedule JSON``; prints ``ready``
-    once its schedule's arrays are built, then reads ``t0`` (seconds since the epoch) from stdin."""
+    """The child-process generator: prints ``ready`` once its arrays are built, then reads ``t0``
+    (seconds since the epoch) from stdin."""
     p = argparse.ArgumentParser(description="rename a latency schedule's files into a folder")
     p.add_argument("--folder", required=True)
     p.add_argument("--staging", required=True)

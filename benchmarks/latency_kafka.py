@@ -1,23 +1,11 @@
 """The latency benchmark's Kafka input: the schedule's records appended to a topic.
 
-``--source kafka``: the same :class:`~.latency_input.Schedule` (record ids, keys, the 100-200 ms
-gaps), but each "file" is a burst of Kafka messages appended when it is due, one message per
-record: key the record's key, value ``{"record_id": "<id>", "key": "k00123", "event_time": <ms>}``.
-The topic has 2 partitions (as many as the session's shuffle partitions) and
-``message.timestamp.type = LogAppendTime``: every message's timestamp is the broker's append time,
-and that is the record's **arrival** (:func:`read_arrivals` reads them back after the run; the
-generator's own log keeps when each burst was handed to the producer).
-
-The producer is a small Java program (:data:`PRODUCER_JAVA`, run with ``java`` from its source
-against the Kafka connector's ``kafka-clients`` jar and pyspark's jars, ``linger.ms=0``) reading
-tab-separated key/value lines from its standard input; a thread of the driver writes each burst's
-lines when it is due (:class:`KafkaGenerator`). A Python client is not among the project's
-dependencies, and Py4J calls from the driver, one per message, cost too much at 10,000
-records/s.
-
-Spark's peers read the topic with Spark's Kafka source (:meth:`KafkaInput.stream`); deltawheel
-with a :class:`~deltawheel.KafkaInjector` through the continuous runner. For the ``key_counts``
-output (Spark SQL) a record's batch comes from the query's offset log (:func:`record_batches`).
+``--source kafka``: each "file" of the :class:`~.latency_input.Schedule` is a burst of JSON
+messages, one per record, appended when due to a 2-partition topic with
+``message.timestamp.type = LogAppendTime``: a message's timestamp, the broker's append time, is the
+record's arrival (:func:`read_arrivals`). The producer is a small Java program
+(:data:`PRODUCER_JAVA`) fed tab-separated lines by a driver thread (:class:`KafkaGenerator`): no
+Python Kafka client is a dependency, and a Py4J call per message costs too much.
 """
 
 from __future__ import annotations
@@ -86,8 +74,7 @@ class KafkaInput:
     schema_ddl: str = KAFKA_VALUE_DDL
 
     def stream(self, spark: Any) -> Any:
-        """The topic as a stream of ``record_id``, ``key``, ``event_time`` (a timestamp), the files'
-        columns: Spark's Kafka source from the earliest offset, every new offset per micro-batch."""
+        """The topic as a stream of the files' columns (Spark's Kafka source from the earliest offset)."""
         from pyspark.sql import functions as F
 
         raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", self.bootstrap_servers)
@@ -127,9 +114,7 @@ def _lines(schedule: Schedule, index: int, event_time_ms: int) -> str:
 
 
 class KafkaGenerator:
-    """The schedule appended to a topic (module docstring); the interface of
-    :class:`~.latency_input.Generator`: :meth:`prime` (the producer starts and file 0 is sent),
-    :meth:`start`, :meth:`running`, :meth:`stop`, :meth:`read_log`."""
+    """The schedule appended to a topic, with the interface of :class:`~.latency_input.Generator`."""
 
     def __init__(self, schedule: Schedule, *, source: KafkaInput, work: Path, log: Path) -> None:
         self.schedule, self.source, self.work, self.log = schedule, source, work, log
@@ -200,14 +185,13 @@ class KafkaGenerator:
             self._err.close()
 
     def read_log(self) -> InputLog:
-        """When each burst was handed to the producer (``renamed``); :func:`read_arrivals` gives the
-        append times."""
+        """When each burst was handed to the producer (``renamed``)."""
         return InputLog.read(self.log, self.schedule.n_files)
 
 
 def read_arrivals(spark: Any, source: KafkaInput, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per record id: its message's append time (seconds; NaN if not in the topic), partition and
-    offset (-1 if not in the topic), read back from the topic with a Spark batch query."""
+    offset (-1 if not in the topic)."""
     from pyspark.sql import functions as F
 
     df = (spark.read.format("kafka").option("kafka.bootstrap.servers", source.bootstrap_servers)
@@ -227,8 +211,7 @@ def read_arrivals(spark: Any, source: KafkaInput, schedule: Schedule) -> tuple[n
 
 
 def record_batches(checkpoint: Path, topic: str, partition: np.ndarray, offset: np.ndarray) -> np.ndarray:
-    """Per record, the micro-batch of a Kafka query that read it (-1: none), from the query's offset
-    log: batch ``n`` read each partition's offsets up to (not including) its end offset there."""
+    """Per record, the micro-batch of a Kafka query that read it (-1: none), from the query's offset log."""
     d = Path(checkpoint) / "offsets"
     ends: list[tuple[int, dict[int, int]]] = []
     if d.is_dir():

@@ -1,20 +1,10 @@
 """Reading an output Delta table's log as it grows, and a streaming query's file-source log.
 
-:class:`DeltaLogTail` follows ``<table>/_delta_log/<v>.json``: for every new version it keeps
-the commit's times -- ``commitInfo.timestamp`` (the writer's clock when it prepared the commit)
-and the ``<v>.json`` file's mtime (written just before the log store's rename makes the version
-visible) -- and reads the data files the version added (``add`` actions with ``dataChange``),
-turning their rows into the benchmark's columns with the engine's ``normalize`` function plus a
-``version`` column. Compactions (``dataChange: false``) add no rows. It is polled from the
-benchmark's progress loop and once more at the end.
-
-:class:`LogWatcher` lists ``_delta_log`` every few milliseconds in a thread and notes when each
-version file is first seen: the moment the version became readable, within the polling
-interval; it measures which of the two recorded times is closer to it.
-
-:func:`file_batches` reads which micro-batch read each input file from a streaming query's
-checkpoint (Spark's file source log ``sources/0/<batch>``, compacted every 10 batches into
-``<batch>.compact``: one JSON line per file with its ``batchId``).
+:class:`DeltaLogTail` follows ``<table>/_delta_log``: per new version it keeps
+``commitInfo.timestamp`` and the ``<v>.json`` file's mtime, and reads the rows of the data files
+the version added (``dataChange`` adds only), normalized by the engine. :class:`LogWatcher` lists
+``_delta_log`` every few milliseconds and notes when each version first appears.
+:func:`file_batches` maps input files to micro-batches from the query's checkpoint.
 """
 
 from __future__ import annotations
@@ -164,8 +154,7 @@ class LogWatcher:
 
 
 def file_batches(checkpoint: Path, source: int = 0) -> dict[str, int]:
-    """Input file name -> the micro-batch that read it, from a streaming query's checkpoint
-    (Spark's file source log; a file listed twice keeps its first batch)."""
+    """Input file name -> the micro-batch that read it (a file listed twice keeps its first batch)."""
     d = Path(checkpoint) / "sources" / str(source)
     out: dict[str, int] = {}
     if not d.is_dir():

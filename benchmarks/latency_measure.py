@@ -1,21 +1,11 @@
 """From an engine's output rows to each record's latency, and the exactly-once checks.
 
-Every input record has an arrival time (its file's rename, :class:`~.latency_input.InputLog`).
-An output table's rows (read from its Delta log by :class:`~.latency_log.DeltaLogTail`) come in
-one of two kinds, normalized by the engine:
-
-* ``records``: one row per input record -- ``record_id``, ``key`` (key number), ``count`` (the
-  running count the engine gave it; null for a stateless engine) and ``version``. The record's
-  output is visible at that version's commit.
-* ``key_counts``: one row per (micro-batch, key) whose count changed -- ``batch_id``, ``key``,
-  ``count``, ``version`` (a stateful SQL aggregation in update mode). A record counts into its
-  key's row of the batch that read its file (:func:`~.latency_log.file_batches`), so its output
-  is visible at the version holding that batch's rows.
-
-:func:`check_records` / :func:`check_key_counts` say whether the output holds every input
-record exactly once (and the counts are right); :func:`record_times` gives each record's commit
-time and batch; :func:`summarize` the percentiles over the steady state (records arriving after
-the warm-up), latency over time and where the time went.
+An output table's rows come in one of two kinds: ``records``, one row per input record
+(``record_id``, ``key`` number, ``count``: its running count or null, ``version``), visible at that
+version's commit; or ``key_counts``, one row per (micro-batch, key) whose count changed
+(``batch_id``, ``key``, ``count``, ``version``), a record counting into its key's row of the batch
+that read it. :func:`check_records` / :func:`check_key_counts` check every input record is in the
+output exactly once; :func:`summarize` gives the figures over the steady state.
 """
 
 from __future__ import annotations
@@ -62,9 +52,8 @@ def _ids(schedule: Schedule, rows: pa.Table | None) -> tuple[np.ndarray, int]:
 
 def check_records(schedule: Schedule, rows: pa.Table | None, *, renamed: np.ndarray | None = None,
                   counted: bool = True) -> list[Check]:
-    """Checks of a ``records`` output: every record renamed into the input (``renamed``: per file,
-    NaN if not; default every file) exactly once, with its own key, and (``counted``) each key's
-    running counts exactly 1..n for its n records."""
+    """Checks of a ``records`` output: every renamed record (``renamed``: per file, NaN if not)
+    exactly once with its own key, and (``counted``) each key's running counts exactly 1..n."""
     expected = np.ones(schedule.total, bool) if renamed is None else ~np.isnan(renamed[schedule.file_of])
     rid, bad = _ids(schedule, rows)
     seen = np.bincount(rid, minlength=schedule.total)
@@ -99,10 +88,8 @@ def check_records(schedule: Schedule, rows: pa.Table | None, *, renamed: np.ndar
 def check_key_counts(schedule: Schedule, rows: pa.Table | None, *, file_batch: np.ndarray,
                      renamed: np.ndarray | None = None, record_batch: np.ndarray | None = None) -> list[Check]:
     """Checks of a ``key_counts`` output against the input and the batch that read each file
-    (``file_batch``: per file, -1 if no batch read it; ``record_batch``: per record instead, for a
-    Kafka input): every renamed file (record) read by one batch, one row per (batch, key), each
-    row's count its key's previous count plus the batch's records of that key, and each key's last
-    count its number of input records."""
+    (``file_batch``; ``record_batch``: per record instead, for a Kafka input): every renamed record
+    read by one batch, one row per (batch, key), and each key's counts adding up."""
     expected_files = np.ones(schedule.n_files, bool) if renamed is None else ~np.isnan(renamed)
     if record_batch is None:
         unread = int(((file_batch < 0) & expected_files).sum())
@@ -166,8 +153,8 @@ def version_times(versions: Mapping[int, Any], source: str) -> dict[int, float]:
 
 def record_times(schedule: Schedule, rows: pa.Table | None, *, kind: str, vtime: Mapping[int, float],
                  file_batch: np.ndarray, record_batch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(commit time of each record's output -- the earliest, NaN if none --, its batch or -1);
-    ``record_batch``: each record's batch, where not its file's (a Kafka input)."""
+    """(commit time of each record's output, the earliest or NaN, and its batch or -1);
+    ``record_batch``: each record's batch where not its file's (Kafka)."""
     commit = np.full(schedule.total, np.nan)
     batch = file_batch[schedule.file_of] if record_batch is None else record_batch
     if rows is None or rows.num_rows == 0:
@@ -212,10 +199,9 @@ _BEFORE_BATCH = ("latestOffset", "walCommit", "getBatch", "queryPlanning")
 def summarize(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, commit: np.ndarray,
               batch: np.ndarray, progress: Sequence[Mapping[str, Any]], work_s: Mapping[int, float] | None = None,
               bucket_s: float = 1.0) -> dict[str, Any]:
-    """The figures of one output: latency percentiles (and 101 quantiles) over the steady state,
-    throughput, latency over time (per ``bucket_s`` of arrival), Spark's batch durations and, per
-    record, where the time went (``breakdown_s``, over the steady state). ``work_s``: the engine's
-    own time inside each batch (deltawheel's ``foreachBatch`` call), split out of the rest."""
+    """The figures of one output: latency percentiles over the steady state, throughput, latency
+    over time (per ``bucket_s`` of arrival) and where the time went (``breakdown_s``); ``work_s``:
+    the engine's own time inside each batch."""
     arrival = log.arrivals(schedule)
     latency = commit - arrival
     steady = (arrival >= t0 + warmup_s) & ~np.isnan(arrival)

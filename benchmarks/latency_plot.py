@@ -12,17 +12,14 @@ STAGE_STYLES = ["--", "-."]
 
 
 def scheduled_points(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The over-time points of records the schedule generated (``t`` >= 0): the primer file written
-    before the schedule starts (to start every engine's query) would stretch the axis back by
-    its lead time."""
+    """The over-time points of records the schedule generated (``t`` >= 0, so the primer does not
+    stretch the axis)."""
     return [p for p in points if float(p["t"]) >= 0]
 
 
 def plot_latency(report: Mapping[str, Any], path: Path) -> Path:
-    """Two panels from the report alone: left, each engine's steady-state latency as a CDF (its
-    101 quantiles, log scale; with several stages each earlier stage's dashed, and the latency each
-    stage added in the legend); right, per second of arrival the median (solid) and maximum
-    (dotted) latency. A failed engine is labelled FAILED. Returns ``path``."""
+    """Two panels: each engine's steady-state latency CDF (log scale; earlier stages dashed), and per
+    second of arrival the median and maximum latency. Returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -15,11 +15,9 @@ __all__ = ["engine_extras", "ratios", "format_table", "stage_lines"]
 def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, commit: np.ndarray,
                   batch: np.ndarray, progress: list[dict[str, Any]], details: Mapping[int, Mapping[str, Any]],
                   versions: Mapping[int, Any], seen: Mapping[int, float] | None) -> dict[str, Any]:
-    """Per batch: its trigger start (s after t0), input records, Spark's durations, when its
-    records became visible, and the engine's own figures (deltawheel: records in, wall and commit
-    time, protocol steps, low watermark). Over the steady-state batches: the engine's step times
-    and the low watermark's lag behind the batch's end. And how the versions' recorded times
-    compare (mtime vs ``commitInfo.timestamp``, and vs when the version was first seen listed)."""
+    """Per batch: its trigger start, input records, Spark's durations, when its records became
+    visible and the engine's own figures; over the steady state, the engine's step times, the low
+    watermark's lag and how the versions' recorded times compare."""
     arrival = log.arrivals(schedule)
     per_batch: list[dict[str, Any]] = []
     lags: list[float] = []
@@ -83,8 +81,8 @@ def ratios(engines: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, floa
 
 
 def stage_lines(stages: list[Mapping[str, Any]]) -> list[str]:
-    """For a run of several stages, a line per stage: its latency from arrival, what it added to the
-    stage before it (p50 / p99, per record) and its low watermark's lag (deltawheel)."""
+    """For several stages, a line per stage: its latency from arrival, what it added to the stage
+    before it and its low watermark's lag."""
     if len(stages) < 2:
         return []
     out = []

@@ -1,33 +1,13 @@
-"""Peak memory of the whole process tree, sampled from /proc.
+"""Peak memory and CPU of a whole process tree (driver, JVM, Python workers), sampled from /proc.
 
-A benchmark process here is a Python driver, a JVM child and Python worker
-grandchildren; a single-process max RSS (``time -v``) sees only one of them.
-:class:`MemorySampler` is a daemon thread that, every ``interval_s``, sums PSS
-(proportional set size: shared pages split between the sharers, so the sum
-over a tree is meaningful) and RSS over this process and all its descendants,
-and keeps the peaks. Use one sampler per engine run::
+:class:`MemorySampler` sums PSS (shared pages split between sharers, so a tree's sum is meaningful)
+over a process and its descendants every ``interval_s``, and keeps the sample with the highest sum
+with every process named by its role (:func:`process_role`). ``root_pid`` samples another process's
+tree (:mod:`.isolated`), which reports the end of its measured run with :func:`measured_run_ended`::
 
     with MemorySampler() as mem:
         engine.run(...)
     mem.peak.pss_bytes
-
-Where the peak is: each sample also names every process of the tree by its role
-(:func:`process_role`: the driver's Python, the driver JVM, the Python daemon and
-workers Spark forks, an embedded ZooKeeper or S3Proxy JVM, ...). The sample with the
-highest sum is kept whole (:attr:`MemoryPeak.at_peak`, one :class:`ProcessMemory`
-per process), and each role's own highest sum over the run
-(:attr:`MemoryPeak.role_peaks_bytes`: the roles need not peak at the same moment).
-
-CPU: each sample also reads every process's CPU time, so the peak also says how many CPU seconds
-the tree used while sampled (:attr:`MemoryPeak.cpu_by_role`: a process that started while sampling
-counts from zero, one that was there from its first sample; one that ended between two samples
-loses at most ``interval_s`` of its CPU). Unlike wall time, that figure hardly moves when other
-work shares the machine, so it tells an engine's own cost apart from a noisy neighbour's.
-
-Another process's tree: ``MemorySampler(root_pid=pid)`` samples a child (the throughput
-benchmark's engine run in its own process, :mod:`.isolated`); that child says when its measured
-run ends through :func:`measured_run_ended`, which also calls the hooks
-:func:`on_measured_run_end` registered in it.
 """
 
 from __future__ import annotations
@@ -42,7 +22,7 @@ from typing import Any, Callable
 import psutil
 
 __all__ = ["MemoryPeak", "MemorySampler", "ProcessMemory", "measured_run_ended", "on_measured_run_end",
-           "process_role", "tree_memory", "tree_processes"]
+           "process_role", "tree_processes"]
 
 _MIB = 2**20
 _IDLE_CPU_S = 0.1  # a process that used less CPU than this up to the peak sat idle
@@ -60,9 +40,8 @@ _JVM_ROLES = (
 def process_role(cmdline: list[str], *, is_root: bool = False, parent_role: str | None = None) -> str:
     """What a process of a benchmark's tree is, from its command line.
 
-    ``driver_python`` (the sampled root), ``driver_jvm`` (Spark's JVM), ``zookeeper_jvm``,
-    ``s3proxy_jvm``, ``kafka_jvm``, ``python_daemon`` (``pyspark.daemon`` or deltawheel's
-    ``spark.python.daemon.module``, which forks the workers), ``python_worker`` (its children), ``other_jvm``,
+    ``driver_python`` (the sampled root), ``driver_jvm``, ``zookeeper_jvm``, ``s3proxy_jvm``,
+    ``kafka_jvm``, ``python_daemon`` (forks the workers), ``python_worker``, ``other_jvm``,
     ``other_python``, else the program's name.
 
     >>> process_role(["java", "-Xmx256m", "-cp", "j/*", "org.apache.zookeeper.server.ZooKeeperServerMain", "z"])
@@ -107,7 +86,7 @@ class ProcessMemory:
 
 @dataclass(frozen=True)
 class MemoryPeak:
-    """The peaks a :class:`MemorySampler` saw (see the field comments)."""
+    """The peaks a :class:`MemorySampler` saw."""
     pss_bytes: int  # peak of the sum of PSS over the tree
     rss_bytes: int  # peak of the sum of RSS over the tree (double-counts shared pages)
     max_single_rss_bytes: int  # largest RSS of one process seen (what `time -v` reports)
@@ -124,18 +103,15 @@ class MemoryPeak:
     cpu_by_role: tuple[tuple[str, float], ...] = ()  # (role, CPU seconds its processes used while sampled)
 
     def is_new(self, p: ProcessMemory) -> bool:
-        """``p`` started while sampling (not the sampling process, nor one an earlier run left)."""
+        """``p`` started while sampling."""
         return p.pid not in self.preexisting
 
     def cpu_in_run(self, p: ProcessMemory) -> float:
-        """The CPU seconds ``p`` used from the start of sampling (or its own, if later) to the peak
-        (about 0: it sat idle, e.g. a Python worker an earlier engine's run left)."""
+        """The CPU seconds ``p`` used from the start of sampling (or its own start) to the peak."""
         return round(p.cpu_s - dict(self.cpu_first).get(p.pid, p.cpu_s), 2)
 
     def is_idle(self, p: ProcessMemory) -> bool:
-        """``p`` sat idle until the peak (under 0.1 CPU-s since sampling began: left by what ran
-        before, or not used by this run). PySpark's worker daemon only forks the Python workers, so
-        it is in use whenever one of them worked."""
+        """``p`` used under 0.1 CPU-s since sampling began; the worker daemon is busy while a worker is."""
         if p.role == "python_daemon":
             return not any(q.role == "python_worker" and self.cpu_in_run(q) >= _IDLE_CPU_S for q in self.at_peak)
         return self.cpu_in_run(p) < _IDLE_CPU_S
@@ -148,13 +124,7 @@ class MemoryPeak:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def to_dict(self) -> dict[str, Any]:
-        """The peaks as JSON-ready data, in MiB (``*_mib`` instead of ``*_bytes``); the processes at
-        the peak as ``at_peak`` (largest PSS first; ``new``: started while sampling, not left by what
-        ran before), their sum per role as ``at_peak_by_role_pss_mib``, the sum of the new ones as
-        ``at_peak_new_pss_mib``, the sum of those that sat idle until the peak (:meth:`is_idle`) as
-        ``at_peak_idle_pss_mib``, each
-        role's own peak as ``role_peaks_pss_mib``; the CPU seconds the tree used while sampled as
-        ``cpu_s`` and per role as ``cpu_s_by_role``."""
+        """The peaks as JSON-ready data in MiB, with the processes at the peak, per-role sums and CPU seconds."""
         d = asdict(self)
         for k in ("pss_bytes", "rss_bytes", "max_single_rss_bytes", "driver_maxrss_bytes"):
             d[k.replace("_bytes", "_mib")] = round(d.pop(k) / _MIB, 1)
@@ -176,7 +146,6 @@ class MemoryPeak:
 
 
 def _role_of(p: psutil.Process, *, root: psutil.Process, roles: dict[tuple[int, float], str]) -> str:
-    """``p``'s role, looked up once per process (pid and start time) in ``roles``."""
     try:
         key = (p.pid, p.create_time())
     except psutil.Error:
@@ -196,10 +165,9 @@ def _role_of(p: psutil.Process, *, root: psutil.Process, roles: dict[tuple[int, 
 
 def tree_processes(root: psutil.Process | None = None, *,
                    roles: dict[tuple[int, float], str] | None = None) -> list[ProcessMemory]:
-    """Every process of ``root``'s tree (itself and its descendants) with its role and memory.
+    """Every process of ``root``'s tree with its role and memory; ``roles`` caches roles between calls.
 
-    ``roles``: a cache of roles by (pid, start time) kept between calls. Processes that vanish mid-sample are
-    skipped; one whose smaps cannot be read counts its RSS as PSS and USS.
+    Vanished processes are skipped; one whose smaps cannot be read counts its RSS as PSS and USS.
     """
     root = root or psutil.Process(os.getpid())
     roles = {} if roles is None else roles
@@ -236,18 +204,8 @@ def tree_processes(root: psutil.Process | None = None, *,
     return out
 
 
-def tree_memory(root: psutil.Process | None = None) -> tuple[int, int, int, int]:
-    """Return (sum PSS, sum RSS, max single RSS, process count) over ``root`` and its descendants.
-
-    Processes that vanish or cannot be read mid-sample are skipped.
-    """
-    procs = tree_processes(root)
-    return (sum(p.pss_bytes for p in procs), sum(p.rss_bytes for p in procs),
-            max((p.rss_bytes for p in procs), default=0), len(procs))
-
-
 def _vm_hwm_bytes(pid: int) -> int:
-    """The peak RSS (``VmHWM``) of process ``pid`` so far, 0 if it cannot be read."""
+    """``VmHWM`` of process ``pid``, 0 if unreadable."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -259,10 +217,7 @@ def _vm_hwm_bytes(pid: int) -> int:
 
 
 class MemorySampler:
-    """Context manager sampling :func:`tree_memory` every ``interval_s`` seconds in a thread.
-
-    ``root_pid``: the tree's root (default this process), e.g. a child process running one engine.
-    """
+    """Context manager sampling the tree of ``root_pid`` (default this process) every ``interval_s`` in a thread."""
 
     def __init__(self, *, interval_s: float = 1.0, root_pid: int | None = None) -> None:
         self._interval = interval_s
@@ -334,8 +289,7 @@ class MemorySampler:
         return self.peak
 
     def end(self) -> None:
-        """Take one last sample now and sample no more: what the process does after (e.g. reading an
-        engine's output to check it) is not the measured run's. Once only."""
+        """Take one last sample now and sample no more (once only)."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -345,7 +299,7 @@ class MemorySampler:
 
     @property
     def peak(self) -> MemoryPeak:
-        """The peaks so far (``driver_maxrss_bytes`` read now, or a child root's at its last sample)."""
+        """The peaks so far."""
         maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         with self._lock:
             maxrss = self._hwm if self._foreign else int(maxrss_kib) * 1024
@@ -357,7 +311,6 @@ class MemorySampler:
                               cpu_by_role=tuple(self._cpu_roles().items()))
 
     def _cpu_roles(self) -> dict[str, float]:
-        """CPU seconds per role used while sampled (under the lock)."""
         out: dict[str, float] = {}
         for pid, (role, last) in self._cpu_last.items():
             out[role] = out.get(role, 0.0) + max(0.0, last - self._cpu_first.get(pid, last))
@@ -375,16 +328,12 @@ _END_HOOKS: list[Callable[[], None]] = []  # called once each by the next measur
 
 
 def on_measured_run_end(hook: Callable[[], None]) -> None:
-    """Call ``hook`` (once) when the next :func:`measured_run_ended` comes: a child process running
-    one engine tells its parent, which samples the child's tree, that the measured run ended."""
+    """Call ``hook`` once at the next :func:`measured_run_ended`."""
     _END_HOOKS.append(hook)
 
 
 def measured_run_ended() -> None:
-    """An engine's measured run (its ``wall_s``) has ended: every running :class:`MemorySampler`
-    takes its last sample now, and every hook of :func:`on_measured_run_end` is called (then
-    forgotten), so checking the engine's output afterwards is not charged to its peak memory.
-    Without a running sampler or a hook it does nothing."""
+    """The measured run has ended: every running sampler takes its last sample and the hooks run once."""
     for sampler in list(_ACTIVE):
         sampler.end()
     hooks = list(_END_HOOKS)

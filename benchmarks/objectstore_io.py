@@ -1,21 +1,10 @@
 """The fast path's file operations on an object store: pyarrow's S3 file system vs Hadoop's S3A.
 
-The image path and the direct read touch an ``s3a://`` store from Python
-(``statestore/delta/storefs.py``): write an interval image (Parquet), read an image or an
-input file whole, list a table's ``_delta_log`` folder, read a JSON commit. Each is timed
-two ways on the same server and files:
-
-- ``pyarrow``: pyarrow's ``S3FileSystem`` (what deltawheel uses), configured from the
-  session's s3a settings (:func:`~deltawheel.statestore.delta.storefs.table_files`);
-- ``hadoop``: Hadoop's ``S3AFileSystem`` in the driver JVM, the bytes crossing py4j (what
-  Python code would do to go "through the JVM"; Spark's Python workers have no JVM handle
-  at all, so there the image would have to travel through Spark's own data path).
-
-Median of ``--repeat`` runs per operation, after one unmeasured run. Needs a session that
-reaches the bucket: ``$DELTAWHEEL_S3_ENDPOINT`` and its keys (``deltawheel objectstore status``
-prints them). Prints a table and saves JSON::
-
-    python -m deltawheel.benchmarks.objectstore_io --uri s3a://bucket/io --out bench-out/objectstore_io.json
+Times what the image path and the direct read do to an ``s3a://`` store from Python (write an
+image, read a file whole, list ``_delta_log``, read a JSON commit) through pyarrow's
+``S3FileSystem`` (``pyarrow``, what deltawheel uses) and through Hadoop's ``S3AFileSystem`` in the
+driver JVM over py4j (``hadoop``): the median of ``--repeat`` runs each. Needs
+``$DELTAWHEEL_S3_ENDPOINT`` and its keys (``deltawheel objectstore status``); docs/objectstore-fastpath.md.
 """
 
 from __future__ import annotations

@@ -9,12 +9,8 @@ __all__ = ["plot_throughput"]
 
 
 def plot_throughput(report: Mapping[str, Any], path: Path, *, log_scale: bool | None = None) -> Path:
-    """Bar chart of records/s per engine, with each bar's ratio to the slowest engine annotated.
-
-    ``report`` is the dict :func:`deltawheel.benchmarks.throughput.run_throughput` returns.
-    Log scale is chosen automatically when the fastest engine is more than 20x the slowest.
-    Incorrect engines are hatched and labelled.
-    """
+    """Bar chart of records/s per engine (the report of :func:`.throughput.run_throughput`), each bar
+    annotated with its ratio to the slowest; log scale beyond 20x, incorrect engines hatched."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -2,14 +2,9 @@
 committed micro-batch, with an instance name (the restart takes its dead predecessor's leases at
 once) and without (it waits for the dead ZooKeeper session to expire), side by side.
 
-For each case, on a store and ZooKeeper chroot of its own (one embedded ZooKeeper server for the
-run): the job (``restart_job.py``: one computation over a Parquet folder, continuous, as its own
-process and Spark application) starts, commits ``--kill-after`` micro-batches and is SIGKILLed
-(its process group) while its ZooKeeper session holds its leases; the same command starts again at
-once, and the seconds from that start to each step of the restarted job's start (its own stamps:
-Python imports, Spark session, ``connect``, leases, executor start, query start, first committed
-batch with its protocol steps) are recorded. ``restart.json`` in ``--out`` has both cases and the
-machine's load average before and after.
+Per case, on a store and chroot of its own, the job (``restart_job.py``) commits ``--kill-after``
+batches, is SIGKILLed and started again at once; the seconds to each step of its start are written
+to ``restart.json`` (docs/continuous.md).
 """
 
 from __future__ import annotations
@@ -98,8 +93,7 @@ def measure(out: Path, *, hosts: str, case: str, files: int, kill_after: int, se
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the cases of ``args`` (:func:`.args.add_restart_arguments`) on one embedded ZooKeeper;
-    writes ``restart.json``.
+    """Run the cases of ``args`` on one embedded ZooKeeper; writes ``restart.json``.
 
     Raises:
         ConfigError: an unknown case.

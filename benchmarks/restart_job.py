@@ -2,14 +2,10 @@
 
     python -m deltawheel.benchmarks.restart_job STORE INPUT ZK_HOSTS CHROOT INSTANCE SESSION_TIMEOUT_S
 
-One computation over a Parquet folder (one file per micro-batch, read by the tasks themselves),
-run continuously (``engine.start_pipeline``) until killed; INSTANCE ``-``: no instance name. It
-prints ``STEP <name> <unix seconds>`` as each step of its start ends (``imported``: Python and
-pyspark imported; ``spark``: the session and its JVM; ``connected``: ZooKeeper and the store's
-check; ``leases``: its intervals granted; ``executor``: fence and recovery scan done;
-``running``: the query started; ``commit``: a batch committed, a timers-only one too; ``batch``:
-a micro-batch of input committed) and ``BATCH <json>`` with each committed input batch's report
-(its protocol steps' seconds).
+One computation over a Parquet folder, run continuously until killed (INSTANCE ``-``: no instance
+name). It prints ``STEP <name> <unix seconds>`` as each step of its start ends (``imported``,
+``spark``, ``connected``, ``leases``, ``executor``, ``running``, ``commit``, ``batch``) and
+``BATCH <json>`` with each committed input batch's report.
 """
 
 from __future__ import annotations

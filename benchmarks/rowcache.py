@@ -1,32 +1,15 @@
-"""Window-aware eviction (DESIGN.md, "Cache") of single rows: the row cache the cache benchmark
-replays a workload's row accesses through (``cachebench.py``, ``deltawheel bench cache``), with
-this policy, with LRU and with Belady's optimum (docs/benchmarks.md, "Cache").
+"""Window-aware eviction of single rows: the row cache ``deltawheel bench cache`` replays a
+workload's row accesses through, with this policy, with LRU and with Belady's optimum
+(docs/benchmarks.md, "Cache"). The executor itself caches whole interval images
+(``executor/tasks/image/cache.py``).
 
-The executor's batches do not read rows through a row cache: on the image path each Python
-worker keeps whole interval images, with this policy applied to images
-(``executor/tasks/image/cache.py``, docs/performance.md); the MERGE path reads in SQL.
-
-Under a single-writer lease the rows an instance committed *are* the table's content for its
-intervals: any other writer must first take the lease, which grants a new sequencer and fences
-the old one (``fencing.py``). So a copy in memory is authoritative while the grant it was made
-under is held. Every entry is tagged with its interval's sequencer and served only to a reader
-that gives exactly that sequencer; after a takeover and a re-acquisition the sequencer differs
-and the entry is a miss.
-
-The policy: the cache may grow while a batch runs (the batch's keys are in memory anyway) and
-:meth:`RowCache.end_batch` trims it back to ``capacity`` rows, dropping the rows whose next
-expected access is furthest away, in batches from now:
-
-- an event-time timer at ``t`` is reached when the input low watermark passes
-  it: ``(t - watermark) / (watermark advance per batch)``;
-- a processing-time timer at ``t``: ``(t - now) / (time per batch)``;
-- the next record of the key: its last access plus its mean gap between
-  accesses (a key seen once has no expectation);
-
-the earliest of these counts. Rows with no expectation at all go first, least
-recently used first: with no timers and no repeats the policy is LRU.
-``policy="lru"`` ranks by last access only: the baseline the window-aware
-policy is measured against on the same trace (``deltawheel bench cache``).
+An entry is served only to a reader giving the sequencer of the lease grant it was cached under
+(after a takeover the sequencer differs and the entry is a miss). The cache may grow while a batch
+runs; :meth:`RowCache.end_batch` trims it back to ``capacity`` rows, dropping those whose next
+expected access is furthest away in batches: an event-time timer when the watermark passes it, a
+processing-time timer, or the key's last access plus its mean gap between accesses, the earliest
+counting. Rows with no expectation go first, least recently used first; ``policy="lru"`` ranks by
+last access only.
 """
 
 from __future__ import annotations
@@ -59,11 +42,6 @@ class CacheStats:
     misses: int = 0
     stale: int = 0
     evictions: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        """``hits / lookups`` (0.0 before the first lookup)."""
-        return self.hits / self.lookups if self.lookups else 0.0
 
 
 class _Entry:
@@ -98,7 +76,6 @@ class RowCache:
         self.policy = policy
         self.stats = CacheStats()
         self._entries: dict[str, _Entry] = {}
-        self._complete: dict[int, int] = {}  # interval -> sequencer under which every row is cached
         self._batch = 0
         self._seq = 0
         self._wm: int | None = None
@@ -112,8 +89,6 @@ class RowCache:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    # ------------------------------------------------------------ the clock
-
     def begin_batch(self, *, watermark_ms: int | None, now_ms: int) -> None:
         """A new batch runs under ``watermark_ms`` (None: not known yet) at processing time ``now_ms``."""
         self._batch += 1
@@ -125,17 +100,12 @@ class RowCache:
             self._wm = watermark_ms if self._wm is None else max(self._wm, watermark_ms)
         self._now = now_ms
 
-    # ------------------------------------------------------ reads and writes
-
     def lookup(self, key: str, *, interval: int, sequencer: int) -> Any:
         """The cached row of ``key`` (``None``: it has none) or :data:`MISS`; counts the access."""
         st = self.stats
         st.lookups += 1
         e = self._entries.get(key)
         if e is None:
-            if self._complete.get(interval) == sequencer:  # every row of the interval is here: none
-                st.hits += 1
-                return None
             st.misses += 1
             return MISS
         if e.sequencer != sequencer or e.interval != interval:  # cached under another grant
@@ -154,9 +124,8 @@ class RowCache:
 
     def put(self, key: str, row: KeyRow | None, *, interval: int, sequencer: int,
             next_event_ms: Any = _FROM_ROW, next_processing_ms: Any = _FROM_ROW) -> None:
-        """Cache ``row`` (``None``: the key has no row) as read or committed under ``sequencer``.
-
-        The next timers come from the row unless given (a trace replay caches no rows)."""
+        """Cache ``row`` (``None``: the key has no row) as read or committed under ``sequencer``;
+        the next timers come from the row unless given."""
         ev = (row.next_event_timer_ms if row is not None else None) if next_event_ms is _FROM_ROW else next_event_ms
         proc = ((row.next_processing_timer_ms if row is not None else None)
                 if next_processing_ms is _FROM_ROW else next_processing_ms)
@@ -167,21 +136,13 @@ class RowCache:
             return
         e.row, e.interval, e.next_ev, e.next_proc = row, interval, ev, proc
 
-    def mark_complete(self, interval: int, sequencer: int) -> None:
-        """Every row of ``interval`` is cached (the recovery scan just put them): a key of it that
-        is not cached has no row, until an entry of the interval is evicted."""
-        self._complete[interval] = sequencer
-
     def invalidate(self, intervals: Iterable[int] | None = None) -> int:
         """Drop the entries of ``intervals`` (all: None), e.g. when their leases are given up or lost."""
         if intervals is None:
             n = len(self._entries)
             self._entries.clear()
-            self._complete.clear()
             return n
         ivs = set(intervals)
-        for iv in ivs:
-            self._complete.pop(iv, None)
         gone = [k for k, e in self._entries.items() if e.interval in ivs]
         for k in gone:
             del self._entries[k]
@@ -198,11 +159,8 @@ class RowCache:
         else:
             rank = self._rank
             victims = heapq.nlargest(over, items, key=lambda kv: rank(kv[1]))
-        complete = self._complete
-        for k, e in victims:
+        for k, _e in victims:
             del self._entries[k]
-            if complete:
-                complete.pop(e.interval, None)
         self.stats.evictions += over
         return over
 

@@ -1,17 +1,9 @@
 """``deltawheel bench tasks --captured DIR``: run captured image tasks again, in one process.
 
-A run with ``DELTAWHEEL_TASK_CAPTURE=DIR`` leaves each image task's spec and input table in
-``DIR`` (``executor/tasks/image/capture.py``). This tool runs them in the run's order in this
-process, without Spark, and prints the CPU seconds (``time.process_time``) of each task and in
-total: the task function's own cost, without the scheduling, the JVM or the other worker.
-
-Caches warm as in the run: before each task (untimed) its intervals' images, ids files and Bloom
-filters are loaded into this process's caches from the files the task's spec names (in the run,
-the worker that wrote them held them); the files a replayed task writes go beside the run's in the
-store's folders and are never committed. ``--computation`` swaps the captured computation for
-one of the benchmark's variants (``record``: per record, ``vector``: combine + process_combined,
-``columnar``: process_columns), to compare the paths on the same tasks; ``--profile FILE`` writes a
-cProfile of all tasks' runs (CPU time, without the warming).
+Runs the tasks a ``DELTAWHEEL_TASK_CAPTURE=DIR`` run left (``executor/tasks/image/capture.py``) in
+its order without Spark, caches warmed as in the run, and prints each task's CPU seconds and the
+total; ``--computation`` runs one of the benchmark's window count variants in place of the
+captured one (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -44,11 +36,10 @@ def _files(folder: str) -> list[str]:
 
 
 def warm(spec: Any, table: Any, first: set[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
-    """Load the task's intervals' images, ids files and Bloom filters into this process's caches;
-    returns copies of the filters as loaded (``first``: the filters loaded so far; :func:`_restore`
-    puts them back after the task: a
-    task adds its batch's ids to the filter it found, so without them a task run again would find
-    every id of its batch "maybe seen" and take the exact lookup the run did not take)."""
+    """Load the task's intervals' images, ids files and Bloom filters into this process's caches.
+
+    Returns copies of the filters as loaded, which :func:`_restore` puts back after the task (a task
+    adds its batch's ids to its filter); ``first``: the filters loaded so far."""
     import pyarrow.compute as pc
     from deltawheel.executor.tasks.image import dedup
     from deltawheel.executor.tasks.image.capture import warm as warm_interval

@@ -1,21 +1,10 @@
 """Throughput benchmark: run several engines on the same workload, each run in its own process.
 
-Usage (or ``deltawheel bench throughput``)::
-
-    python -m deltawheel.benchmarks.throughput --size small --out bench-out/small \\
-        --engines spark_sql,spark_tws
-
-Each (engine, round) run is a child process (:mod:`.isolated`) that builds its own SparkSession
-(RocksDB state store, log level ERROR, see
-:data:`~deltawheel.benchmarks.engines_spark.SPARK_BENCH_CONF`), warms the engine up when asked,
-then runs it measured; this process samples the child's whole tree with a
-:class:`~deltawheel.benchmarks.memory.MemorySampler` during the measured run only, so neither
-speed nor peak memory carries another engine's leftovers. ``--shared-session`` runs every engine
-in this process and one session instead. Writes ``<out>/throughput.json`` and ``<out>/throughput.png``.
-
-Engine registry: :data:`ENGINES` maps a name to a zero-argument factory returning an
-:class:`~deltawheel.benchmarks.engines_spark.Engine`: Spark's own ``spark_sql`` and
-``spark_tws`` (:mod:`.engines_spark`) and deltawheel's engines (:mod:`.engine_deltawheel`).
+Each (engine, round) run is a child process (:mod:`.isolated`) with its own SparkSession, warmed up
+when asked, and this process samples the child's tree during the measured run only
+(``--shared-session``: every engine in this process). :data:`ENGINES` maps a name to an
+:class:`~deltawheel.benchmarks.engines_spark.Engine` factory. Writes ``throughput.json`` and
+``throughput.png`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -38,14 +27,7 @@ from deltawheel.statestore.jars import DELTA_VERSION
 
 from . import engine_deltawheel
 from .args import add_throughput_arguments
-from .engines_spark import (
-    SPARK_BENCH_CONF,
-    Engine,
-    EngineResult,
-    ProgressFn,
-    SparkSqlEngine,
-    SparkTwsEngine,
-)
+from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
 from .isolated import RunSpec, build_bench_session, run_isolated
 from .memory import MemorySampler
 from .plot import plot_throughput
@@ -90,12 +72,8 @@ def _ratios(results: Mapping[str, EngineResult]) -> dict[str, float]:
 
 
 def format_table(report: Mapping[str, Any]) -> str:
-    """The printed summary: one line per engine, then the ratios. PSS and RSS: the engine run's
-    process tree at its peak. Isolated runs add the run's session start (``start_s``); a shared
-    session adds the PSS at the peak of processes that sat idle (``idle MiB``: left by an engine
-    run before this one), which an engine alone in its process does not have. ``CPU s``: the CPU
-    seconds of the engine run's process tree while sampled (:mod:`.memory`), which a busy machine
-    moves far less than wall time."""
+    """The printed summary: one line per engine (peak PSS/RSS and CPU seconds of its process tree),
+    then the ratios."""
     isolated = report.get("mode") == "isolated"
     last, last_w = ("start_s", 9) if isolated else ("idle MiB", 10)
     w = max([16, *(len(n) + 2 for n in report["engines"])])  # deltawheel_columnar is longer than 16
@@ -118,8 +96,7 @@ def format_table(report: Mapping[str, Any]) -> str:
 
 def _order_score(orders: Sequence[Sequence[str]], names: Sequence[str]) -> tuple[int, int, int]:
     """(spread of places + spread of predecessors, spread of predecessors, sum of squares): lower is
-    more even. A spread is max - min count over (engine, place) pairs, or over ordered pairs of
-    distinct engines that follow each other in the whole run (across rounds too)."""
+    more even."""
     flat = [e for o in orders for e in o]
     follows = Counter(zip(flat, flat[1:], strict=False))
     pairs = [follows[(a, b)] for a in names for b in names if a != b]
@@ -130,10 +107,9 @@ def _order_score(orders: Sequence[Sequence[str]], names: Sequence[str]) -> tuple
 
 
 def round_orders(names: Sequence[str], rounds: int, *, search_limit: int = 50_000) -> list[list[str]]:
-    """The engines' order in each round: the first round in the given order, the others chosen (by
-    exhaustive search, up to ``search_limit`` schedules) so that every engine takes every place and
-    follows every other engine as equally often as possible (:func:`_order_score`). Beyond the
-    limit, rotation (A B C, B C A, C A B, ...): places even, predecessors not."""
+    """The engines' order in each round: the first as given, the others chosen (exhaustively, up to
+    ``search_limit`` schedules) so every engine takes every place and follows every other as equally
+    often as possible; beyond the limit, rotation."""
     names = list(names)
     perms = [list(p) for p in itertools.permutations(names)] if len(names) <= 8 else []
     if perms and len(perms) ** (rounds - 1) <= search_limit:
@@ -146,7 +122,6 @@ _Runs = dict[str, list[tuple[EngineResult, dict[str, Any]]]]  # per engine, ever
 
 
 def _progress_line(name: str, rnd: int, rounds: int, done_runs: int, total_runs: int, t_runs: float) -> str:
-    """A line per engine run: how many of how many, and an ETA from the runs done so far."""
     tag = f" (round {rnd + 1} of {rounds})" if rounds > 1 else ""
     eta = "" if not done_runs else \
         f", about {(time.perf_counter() - t_runs) / done_runs * (total_runs - done_runs):.0f} s left"
@@ -161,8 +136,7 @@ def _done_line(name: str, res: EngineResult, rnd: int, rounds: int) -> str:
 def _shared_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata: WorkloadData | None,
                  conf: Mapping[str, str], out_dir: Path, store_uri: str | None, spark: Any,
                  progress: ProgressFn | None) -> tuple[_Runs, dict[str, Any]]:
-    """Every run in this process and one session (``--shared-session``), each under a sampler of this
-    process's tree: it carries what earlier runs left (the JVM's heap, idle Python workers)."""
+    """Every run in this process and one session (``--shared-session``), each sampled on this process's tree."""
     say = progress or (lambda _msg: None)
     session, session_start_s = build_bench_session(conf, spark=spark)
     say(f"spark session ready in {session_start_s:.1f} s")
@@ -196,8 +170,7 @@ def _shared_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata
 def _isolated_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata: WorkloadData | None,
                    conf: Mapping[str, str], out_dir: Path, store_uri: str | None,
                    progress: ProgressFn | None) -> tuple[_Runs, dict[str, Any]]:
-    """Every (engine, round) run in a process of its own (:mod:`.isolated`), its warm-up first in that
-    process; peak memory is the child's whole tree during the measured run alone."""
+    """Every (engine, round) run in a process of its own (:mod:`.isolated`), its warm-up first there."""
     say = progress or (lambda _msg: None)
     runs: _Runs = {n: [] for n in names}
     total_runs, done_runs, t_runs = len(names) * rounds, 0, time.perf_counter()
@@ -222,21 +195,10 @@ def _isolated_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wda
     return runs, facts
 
 
-def run_throughput(
-    size: str,
-    *,
-    out_dir: Path,
-    engines: Sequence[str] | None = None,
-    data_root: Path | None = None,
-    params: WorkloadParams | None = None,
-    spark: Any = None,
-    warmup: bool = False,
-    rounds: int = 1,
-    store_uri: str | None = None,
-    isolate: bool | None = None,
-    conf: Mapping[str, str] | None = None,
-    progress: ProgressFn | None = print,
-) -> dict[str, Any]:
+def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = None, data_root: Path | None = None,
+                   params: WorkloadParams | None = None, spark: Any = None, warmup: bool = False, rounds: int = 1,
+                   store_uri: str | None = None, isolate: bool | None = None, conf: Mapping[str, str] | None = None,
+                   progress: ProgressFn | None = print) -> dict[str, Any]:
     """Run the selected engines (default: all registered) one after another on the same input.
 
     Args:
@@ -245,28 +207,15 @@ def run_throughput(
         engines: registry names, in run order.
         data_root: where datasets live (default ``<repo>/bench-out/data``).
         params: generator parameters of a custom size.
-        spark: an existing session to share (a child session with the benchmark settings is made
-            from it; implies ``isolate=False``); by default one is built per process and its start
-            time reported.
-        warmup: first run every engine once, unmeasured, on a 2-file workload (:data:`WARMUP`)
-            (isolated: in each run's own process, before its measured run),
-            so that JVM class loading and code generation are not charged to whichever engine
-            runs first; with ``store_uri`` it runs there too (the first requests to the store:
-            S3A's and pyarrow's clients and connections). Off by default (WORKLOAD.md section 4
-            measures a cold query).
-        rounds: run the engines this many times, the order rotated each round (A B C, B C A,
-            C A B, ...; with two engines A B, B A, A B): every engine takes every place in turn,
-            so neither a drift of the machine's speed nor the place after the warm-up or after
-            another engine falls on one engine more than on another; each engine's reported
-            run is its median one, every round's records/s is kept in ``rounds_records_per_s``.
-        store_uri: a folder URI (e.g. ``s3a://bucket/bench``) for every engine's state and output
-            (round ``r`` below ``<store_uri>/round<r>``); the engines must take one (``takes_store``).
-        isolate: run every (engine, round) in a process of its own, with its own session, JVM and
-            Python workers (:mod:`.isolated`); ``False``: all in this process and one session. Default:
+        spark: an existing session to share (implies ``isolate=False``).
+        warmup: first run every engine once, unmeasured, on :data:`WARMUP` (on ``store_uri`` too).
+        rounds: run the engines this many times in balanced orders (:func:`round_orders`); each
+            engine reports its median run and keeps every round's in ``rounds_records_per_s``.
+        store_uri: a folder URI (e.g. ``s3a://bucket/bench``) for every engine's state and output;
+            the engines must take one (``takes_store``).
+        isolate: run every (engine, round) in a process of its own (:mod:`.isolated`); default:
             isolated unless ``spark`` is given.
-        conf: Spark settings added to :data:`SPARK_BENCH_CONF` for every engine alike (``--conf``;
-            settings read at JVM start, e.g. ``spark.driver.extraJavaOptions``, need ``isolate``);
-            recorded in the report's ``spark_conf``.
+        conf: Spark settings added to :data:`SPARK_BENCH_CONF` for every engine (``--conf``).
         progress: where progress lines go (``None``: silent).
 
     Returns:

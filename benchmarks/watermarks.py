@@ -1,19 +1,9 @@
 """Injector watermark estimates side by side: watermark lag against late records.
 
-``deltawheel bench watermarks --size small --out bench-out/watermarks`` runs the workload's
-window count (WORKLOAD.md: 10 s windows, late events dropped and counted) through a deltawheel
-pipeline once per estimate of the Parquet injector's watermark:
-
-* ``bound``: max event time seen minus the declared disorder bound (10 s; Spark's
-  ``withWatermark``, the benchmark's default);
-* ``exact``: MillWheel's exact injector estimate, the oldest event time of the input not read yet;
-* ``p=<share>``: MillWheel's heuristic, that percentile of the pending input's event times.
-
-Per estimate it reports the watermark lag (the newest event time read so far minus the input
-watermark each batch ran under: how far behind the data the windows close; mean and max over the
-batches), the late records (count and share of the input) and the rows emitted. Writes
-``watermarks.json``. Lag and late share depend only on the data and the estimate, not on the
-machine's speed.
+Runs the workload's window count once per estimate of the Parquet injector's watermark (``bound``:
+max seen minus 10 s; ``exact``: MillWheel's oldest pending event time; ``p=<share>``: that
+percentile of the pending event times) and reports the watermark lag, the late records and the
+rows emitted of each into ``watermarks.json`` (docs/benchmarks.md, "Watermark estimates").
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The "zeitgeist-window-count" benchmark workload: input files and reference output.
 
-The input is produced by the reference generator ``gen.py`` of the shared
-workload folder (``WORKLOAD.md`` section 1); this module does not copy it, it
-runs it. The folder is found through ``$DELTAWHEEL_WORKLOAD_DIR`` or, failing
-that, ``<repo>/../shared/workload``. Named sizes (``small``, ``medium``,
-``big``) are checked against the ``content_sha256`` digests of ``WORKLOAD.md``
-section 1.4; ``big-keys``, a variant beyond WORKLOAD.md (``big`` with ten times
-the key ranks: more state per batch), against the digest recorded here, and its
-section-3 figures are the reference's, checked against ``baseline.py`` once when
-they were recorded; custom sizes (tests) are generated from explicit
-:class:`WorkloadParams` and not checked.
-
-The reference output (section 2) is computed here with pyarrow, in closed
-form: because the watermark only grows, an event is late iff its window end is
-at or below the watermark of its batch, every other event counts into its
-(key, window), and a window is emitted iff its end is at or below the final
-watermark ``max(event_time) - 10 s`` (a window that would be re-opened after
-its emission can only receive late events). This gives the same multiset as
-``baseline.py --variant py``; the test suite checks it against the figures of
-section 3.
+The input comes from the shared workload folder's ``gen.py`` (``WORKLOAD.md`` section 1), found
+through ``$DELTAWHEEL_WORKLOAD_DIR`` or ``<repo>/../shared/workload``; named sizes are checked
+against their ``content_sha256`` digests (``big-keys``, beyond WORKLOAD.md, against the one
+recorded here). The reference output (section 2) is computed in closed form: as the watermark only
+grows, an event is late iff its window end is at or below its batch's watermark, and a window is
+emitted iff its end is at or below the final watermark.
 """
 
 from __future__ import annotations
@@ -38,26 +25,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltawheel.statestore.exceptions import ConfigError, FatalError
 
-__all__ = [
-    "WIN_MS",
-    "DELAY_MS",
-    "SIZES",
-    "EXPECTED_SHA256",
-    "EXPECTED",
-    "WorkloadParams",
-    "ExpectedFigures",
-    "WorkloadData",
-    "Reference",
-    "OutputCheck",
-    "WorkloadError",
-    "ensure_workload",
-    "find_generator",
-    "compute_reference",
-    "content_digest",
-    "normalize_output",
-    "check_output",
-    "default_data_root",
-]
+__all__ = ["WIN_MS", "DELAY_MS", "SIZES", "EXPECTED_SHA256", "EXPECTED", "WorkloadParams", "ExpectedFigures",
+           "WorkloadData", "Reference", "OutputCheck", "WorkloadError", "ensure_workload", "find_generator",
+           "compute_reference", "content_digest", "normalize_output", "check_output", "default_data_root"]
 
 WIN_MS = 10_000
 DELAY_MS = 10_000
@@ -80,11 +50,11 @@ class WorkloadParams:
 
     @property
     def n_files(self) -> int:
-        """The number of input files: ``n`` records, ``b`` per file (the last may hold fewer)."""
+        """``n`` records, ``b`` per file."""
         return (self.n + self.b - 1) // self.b
 
     def dirname(self) -> str:
-        """The dataset's folder name (every parameter in it)."""
+        """The dataset's folder name."""
         return f"n{self.n}-b{self.b}-k{self.k}-r{self.rate}-s{self.seed}"
 
 
@@ -103,7 +73,7 @@ SIZES: Mapping[str, WorkloadParams] = {
     "small": WorkloadParams(n=200_000, b=10_000, k=50_000, rate=1_000),
     "medium": WorkloadParams(n=500_000, b=100_000, k=50_000, rate=10_000),
     "big": WorkloadParams(n=2_000_000, b=100_000, k=50_000, rate=10_000),
-    # beyond WORKLOAD.md: ``big`` over 500,000 key ranks (262,120 distinct keys present, against 49,706)
+    # beyond WORKLOAD.md: ``big`` over 500,000 key ranks
     "big-keys": WorkloadParams(n=2_000_000, b=100_000, k=500_000, rate=10_000),
 }
 
@@ -172,7 +142,7 @@ class WorkloadData:
 
     @cached_property
     def reference(self) -> Reference:
-        """The reference output, computed once per object (about 1 s for ``small``)."""
+        """The reference output, computed once per object."""
         return compute_reference(self.files)
 
 
@@ -242,13 +212,8 @@ def content_digest(files: tuple[Path, ...] | list[Path]) -> str:
     return h.hexdigest()
 
 
-def ensure_workload(
-    size: str,
-    *,
-    root: Path | None = None,
-    params: WorkloadParams | None = None,
-    verify_content: bool = True,
-) -> WorkloadData:
+def ensure_workload(size: str, *, root: Path | None = None, params: WorkloadParams | None = None,
+                    verify_content: bool = True) -> WorkloadData:
     """Return the dataset for ``size``, generating it under ``root/DATA_<size>`` if absent.
 
     Args:
@@ -256,8 +221,7 @@ def ensure_workload(
             unchecked dataset in ``root/DATA_<size>-<params>``).
         root: parent folder of the datasets (default :func:`default_data_root`).
         params: generator parameters for a custom size.
-        verify_content: also recompute the digest from the Parquet files, not only read it
-            from the manifest (a few seconds for ``big``).
+        verify_content: also recompute the digest from the Parquet files, not only the manifest's.
 
     Raises:
         WorkloadError: unknown size, generator missing or failing, or digest mismatch.
@@ -312,7 +276,7 @@ def ensure_workload(
 
 
 def compute_reference(files: tuple[Path, ...] | list[Path]) -> Reference:
-    """Section 2's semantics, vectorized per file (see the module docstring for why it is exact)."""
+    """Section 2's semantics, vectorized per file (the module docstring says why it is exact)."""
     if not files:
         raise ConfigError("compute_reference needs at least one input file")
     parts = []
@@ -357,8 +321,8 @@ def _to_epoch_ms(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
 
 
 def normalize_output(table: pa.Table) -> pa.Table:
-    """Engine output (``key``, ``window_start`` timestamp or ``window_start_ms``, ``count``) →
-    OUT_SCHEMA, sorted. Accepts any timestamp unit (Spark's Parquet sink writes INT96 → ns)."""
+    """Engine output (``key``, ``window_start`` timestamp of any unit or ``window_start_ms``, ``count``)
+    as OUT_SCHEMA, sorted."""
     ws_name = "window_start" if "window_start" in table.column_names else "window_start_ms"
     out = pa.table({"key": table.column("key").cast(pa.string()),
                     "window_start_ms": _to_epoch_ms(table.column(ws_name)),

@@ -1,23 +1,12 @@
 """Embedding in one call: :func:`connect` and the :class:`Engine` it returns.
 
-What a job embedding deltawheel needs besides its computation and its input, wired once::
-
     with deltawheel.connect(spark, store="s3a://bucket/store", zk="zk1:2181") as engine:
         engine.run(injector, MyComputation())                 # bounded input, to its end
         engine.run_pipeline(Pipeline("p", (injector,), (First(), Second())))  # stage after stage
         run = engine.start_pipeline(pipeline, trigger="500 milliseconds")   # unbounded, every stage live
-        # or: q = df.writeStream.foreachBatch(engine.executor(MyComputation(), upstream=injector))...
 
-:func:`connect` checks the session's settings (``SessionConfigError`` names what is missing),
-reaches ZooKeeper (a local store's embedded server when ``zk`` is None, as the demo does) and
-migrates the store. The engine then holds the objects the executor needs, composed by
-``wiring.py`` -- one kazoo client, a :class:`LeaseManager`, a :class:`WatermarkAuthority`, a
-:class:`RowStore` -- and per computation an :class:`IntervalOwner` and a started
-:class:`ComputationExecutor` whose injectors' watermarks are published after every batch; a
-:class:`Pipeline` of several computations runs on the same objects through
-:class:`PipelineRunner` (:meth:`Engine.run_pipeline`). It does not build Spark (the session is
-passed in, :func:`deltawheel.spark_session` builds one) and adds no protocol of its own: the
-per-batch protocol stays in ``executor/protocol/``.
+The engine holds what ``wiring.py`` composes (client, leases, authority, row store) and the executors
+started on them; the per-batch protocol stays in ``executor/protocol/``.
 
 On ZooKeeper SUSPENDED the executors' batches pause (``max_pause_s`` bounds it); on LOST the
 leases are gone and the next batch fails with ``LeaseLostError``: :meth:`Engine.close` still
@@ -61,7 +50,6 @@ def _print_line(line: str) -> None:
 
 
 def _lines(progress: Progress) -> Callable[[str], None] | None:
-    """Where the lines of ``progress`` go (None: nowhere)."""
     if progress is True:
         return _print_line
     if progress is False or progress is None:
@@ -73,29 +61,25 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
             max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None,
             zk_session_timeout_s: float | None = None) -> Engine:
-    """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` (close it,
-    or use it as a context manager).
+    """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` to close.
 
     Args:
-        spark: a session with Delta and deltawheel's log store (:func:`deltawheel.spark_session`).
-        store: the store, a local folder (made absolute) or an ``s3a://`` (or other) URI.
+        spark: a classic session with Delta and deltawheel's log store (:func:`deltawheel.spark_session`).
+        store: a local folder (made absolute) or an ``s3a://`` (or other) URI.
         zk: ZooKeeper's ``host:port[,host:port]``; None: a local store's embedded server, started
-            when none answers (as ``deltawheel demo`` does) and stopped by :meth:`Engine.close`.
-        pipeline: the pipeline's name: leases, sequencers and watermarks live under it.
+            when none answers and stopped by :meth:`Engine.close`.
+        pipeline: the name leases, sequencers and watermarks live under.
         owner: this process's name on its leases (default ``host:pid``).
-        instance: this job instance's name, the same across its restarts (letters, digits, ``_``):
-            a restart takes the leases its killed predecessor of that name still holds at once,
-            instead of waiting out its ZooKeeper session (docs/operations.md); None: it waits.
+        instance: this job instance's name across restarts: a restart takes its killed predecessor's
+            leases at once instead of waiting out its session (docs/operations.md).
         zk_chroot, zk_digest: as :class:`ZkConfig`'s ``chroot`` and ``digest``.
         wait_s: how long an executor's start waits for leases another process holds.
-        max_pause_s: how long a batch pauses while ZooKeeper does not serve (default 300 s; None:
-            while the session lives); a ZooKeeper that lost its data is not waited for.
-        zk_session_timeout_s: the ZooKeeper session timeout (default :class:`ZkConfig`'s): a killed
-            process's leases stay held this long.
+        max_pause_s: how long a batch pauses while ZooKeeper does not serve (None: while the session lives).
+        zk_session_timeout_s: the ZooKeeper session timeout: a killed process's leases stay held this long.
 
     Raises:
-        SparkConnectSessionError: ``spark`` is a Spark Connect session (deltawheel needs a classic one).
-        SessionConfigError: the session lacks a setting (the message names each and the fix).
+        SparkConnectSessionError: ``spark`` is a Spark Connect session.
+        SessionConfigError: the session lacks a setting.
         ConfigError: ``zk`` is None for a store that is not a local folder.
         ZooKeeperServerError: the embedded ZooKeeper could not start.
         MigrationError, SchemaTooNewError, StoreMismatchError: as the store's migrations raise them.
@@ -131,12 +115,10 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
 
 
 class Engine:
-    """A store, its pipeline's ZooKeeper objects and the executors started on them (see the module
-    docstring). Made by :func:`connect`; every method takes the computation as an instance.
+    """A store, its pipeline's ZooKeeper objects and the executors started on them; made by :func:`connect`.
 
-    :attr:`progress` says where the executors' lines go (their start, a line per batch, the
-    runner's rounds): ``True`` (the default) prints them, ``False`` keeps them off, a callable gets
-    each line; a call's own ``progress=`` argument overrides it.
+    :attr:`progress` says where the executors' lines go: ``True`` prints them, ``False`` keeps them
+    off, a callable gets each line; a call's own ``progress=`` overrides it.
     """
 
     progress: Progress = True
@@ -172,18 +154,15 @@ class Engine:
         """A started executor of ``computation``: pass it to ``writeStream.foreachBatch``.
 
         Args:
-            computation: the computation instance (pickled to the Spark tasks with its instance
-                attributes; its class is imported there: docs/embedding.md).
-            upstream: what feeds it: injectors (their watermarks are moved and published after each
-                batch) and/or ``"injector:NAME"`` / ``"computation:NAME"`` names.
+            computation: the instance, pickled to the Spark tasks (docs/embedding.md).
+            upstream: injectors (their watermarks are published after each batch) and/or
+                ``"injector:NAME"`` / ``"computation:NAME"`` names.
             checkpoint: the query's checkpoint (needed by injectors estimating from pending files).
             wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`ComputationExecutor` arguments (``write_path``, ``intervals``, ...);
-                ``progress``: True (print the executor's lines), False, or a callable (default:
-                the engine's :attr:`progress`).
+            options: more :class:`ComputationExecutor` arguments, and ``progress``.
 
         Raises:
-            ConfigError: a computation with event-time timers and no watermark source, or bad options.
+            ConfigError: event-time timers and no watermark source, or bad options.
             LeaseHeldError: another process still holds an interval after ``wait_s``.
         """
         self._check_open()
@@ -207,12 +186,10 @@ class Engine:
               trigger: str | float | Trigger | None = None, **options: Any) -> Any:
         """Start a streaming query of ``source`` into ``computation``; returns Spark's ``StreamingQuery``.
 
-        ``source``: an injector (its stream, and its watermark moved after each batch) or a streaming
-        DataFrame in the stream-table schema (give its watermark source as ``upstream``).
-        ``checkpoint``: the query's checkpoint (default ``<store>/_checkpoints/<pipeline>/<computation>``).
-        ``available_now``: read what is there now and stop (then :meth:`finish`); else run until stopped,
-        on ``trigger`` (None: as fast as possible; or a processing-time interval, ``"500 milliseconds"``:
-        :meth:`.Trigger.parse`). A Parquet injector's files are read by the tasks themselves either way.
+        ``source`` is an injector or a streaming DataFrame in the stream-table schema (then give its
+        watermark source as ``upstream``). ``checkpoint`` defaults to
+        ``<store>/_checkpoints/<pipeline>/<computation>``. ``available_now``: read what is there now and
+        stop; else run until stopped, on ``trigger`` (:meth:`.Trigger.parse`).
 
         Raises:
             ConfigError: ``trigger`` cannot be parsed, or is given with ``available_now``.
@@ -249,11 +226,9 @@ class Engine:
 
     def run(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
             upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> list[BatchReport]:
-        """Run ``computation`` over everything ``source`` holds now, to its end (see :meth:`start`):
-        an ``availableNow`` query, then :meth:`finish` (watermarks to the end of time, pending
-        event-time timers fired, the last delivery landed), then the leases are given back.
-        Returns the batch reports. Prints a line per batch unless ``progress=False`` (or the
-        engine's :attr:`progress` is False; a callable gets the lines instead).
+        """Run ``computation`` over everything ``source`` holds now, to its end, then give the leases back.
+
+        An ``availableNow`` query (:meth:`start`), then :meth:`finish`. Returns the batch reports.
 
         Raises:
             DeltaWheelError: the batch's own typed error (not Spark's wrapper of it).
@@ -273,30 +248,21 @@ class Engine:
     def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None, continuous: bool = False,
                      trigger: str | float | Trigger | None = None, triggers: Mapping[str, Any] | None = None,
                      seconds: float | None = None, **options: Any) -> RunSummary:
-        """Run ``pipeline`` over everything its injectors hold now, to its end, stage after stage:
-        each computation's query reads its injectors and the stream tables of the computations
-        producing its inputs, with their watermarks (``injector:NAME``, ``computation:NAME``) as its
-        upstream; rounds repeat until nothing moves (:class:`PipelineRunner`, on this engine's
-        client, leases, authority and store). Returns the :class:`RunSummary`; every lease is given
-        back at the end.
+        """Run ``pipeline`` over everything its injectors hold now, stage after stage, to its end.
 
-        ``continuous=True``: run it unbounded instead, every stage live (:meth:`start_pipeline` with
-        ``trigger`` and ``triggers``) until SIGTERM, Ctrl-C or ``seconds``, then stop gracefully
-        (:meth:`.ContinuousRun.run_until_stopped`); returns the run's summary.
+        Rounds repeat until nothing moves (:class:`PipelineRunner`); returns the :class:`RunSummary`.
+        ``continuous=True``: run it unbounded instead (:meth:`start_pipeline`) until SIGTERM, Ctrl-C or
+        ``seconds``, then stop gracefully.
 
         Args:
             pipeline: the injectors and computations (named as the engine's pipeline).
             wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``,
-                ``background_gc``, ...); ``progress``: True (print the batch and round lines), False,
-                or a callable (default: the engine's :attr:`progress`); ``gc_every``: gc's Delta
-                passes from the running pipeline every N batches of any stage (an int, ``"50"``) or a
-                duration (``"10m"``), with gc's defaults (``BackgroundGc.every``; docs/operations.md).
+            options: more :class:`PipelineRunner` arguments; ``progress``; ``gc_every``: gc's Delta passes
+                every N batches or a duration (``"10m"``; docs/operations.md).
 
         Raises:
-            ConfigError: ``pipeline`` is named otherwise than the engine's pipeline, an option the
-                engine sets is given, a computation reads a stream nothing produces, or the
-                computations form a cycle.
+            ConfigError: a pipeline named otherwise than the engine's, an option the engine sets, a
+                stream nothing produces, or a cycle.
             DeltaWheelError: a batch's own typed error.
         """
         self._check_open()
@@ -320,31 +286,22 @@ class Engine:
     def start_pipeline(self, pipeline: Pipeline, *, trigger: str | float | Trigger | None = None,
                        triggers: Mapping[str, Any] | None = None, computations: Sequence[str] | None = None,
                        wait_s: float | None = None, **options: Any) -> ContinuousRun:
-        """Start ``pipeline`` unbounded, every computation's query live at once, and return the
-        :class:`.ContinuousRun` (``stop()``, ``run_until_stopped()``, ``queries``, ``executors``;
-        :meth:`close` stops it too). Each query reads its injectors and the stream tables of the
-        computations producing its other inputs (created now, so any stage can start first), with
-        their watermarks as its upstream (docs/continuous.md).
+        """Start ``pipeline`` unbounded, every computation's query live; returns the :class:`.ContinuousRun`.
+
+        :meth:`close` stops it too (docs/continuous.md).
 
         Args:
             pipeline: the injectors and computations (named as the engine's pipeline).
-            trigger: every query's trigger: None (as fast as possible) or a processing-time interval
-                (``"500 milliseconds"``, ``"2 seconds"``, a number of seconds).
+            trigger: every query's trigger: None (as fast as possible) or a processing-time interval.
             triggers: per computation name, its own trigger instead.
             computations: the names of the computations to run here (default: all).
             wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: ``write_path``, ``direct_read``, ``tick_s`` (how often an idle stage looks for due
-                timers, default 1 s); ``progress`` as for :meth:`run_pipeline`; ``instance``: this
-                job instance's name when several processes share the pipeline's intervals
-                (default: the ``instance`` given to :func:`connect`; docs/continuous.md, "Instances");
-                ``gc_every``: gc's Delta passes every N batches (of any stage; an int or ``"50"``) or a
-                duration (``"10m"``) in a driver thread, or ``background_gc`` (a ``BackgroundGc``);
-                ``metrics_port``: serve the executors' figures for Prometheus on this port (0: a
-                free one; docs/watching.md).
+            options: ``write_path``, ``direct_read``, ``tick_s``, ``progress``, ``instance``, ``gc_every``
+                or ``background_gc``, ``metrics_port`` (docs/watching.md).
 
         Raises:
-            ConfigError: as :meth:`run_pipeline`, a trigger that cannot be parsed, an unknown
-                computation name, or an ``instance`` other than the one given to :func:`connect`.
+            ConfigError: as :meth:`run_pipeline`, a bad trigger, an unknown computation name, or an
+                ``instance`` other than :func:`connect`'s.
         """
         self._check_open()
         self._check_pipeline(pipeline, options)
@@ -366,8 +323,7 @@ class Engine:
         return run
 
     def _metrics_port(self, options: dict[str, Any]) -> None:
-        """``metrics_port`` in ``options``: the process's Prometheus endpoint on that port (0: a free
-        one; ``exporter.py``), started before the run; it serves every executor of the process."""
+        """Start the process's Prometheus endpoint when ``options`` has ``metrics_port``."""
         port = options.pop("metrics_port", None)
         if port is None:
             return
@@ -379,12 +335,7 @@ class Engine:
             say(f"metrics for Prometheus: http://{socket.gethostname()}:{exporter.port}/metrics")
 
     def _gc_every(self, options: dict[str, Any]) -> None:
-        """``gc_every`` in ``options`` becomes their ``background_gc`` (gc's defaults).
-
-        Raises:
-            ConfigError: both given, or a ``gc_every`` :func:`~deltawheel.gc.background.parse_every`
-                refuses.
-        """
+        """``gc_every`` in ``options`` becomes their ``background_gc``; ConfigError if both are given."""
         every = options.pop("gc_every", None)
         if every is None:
             return
@@ -408,8 +359,8 @@ class Engine:
         pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
 
     def finish(self, executor: ComputationExecutor) -> BatchReport:
-        """``executor``'s bounded input is consumed: its injectors' watermarks become END_OF_TIME and
-        are published, the event-time timers still pending fire (``flush``), and the delivery lands."""
+        """End ``executor``'s bounded input: watermarks to END_OF_TIME, pending timers fired, delivery landed.
+        """
         for inj in self._feeding.get(id(executor), ()):
             inj.finish()
             publish_watermark(self.authority, inj)
@@ -422,9 +373,10 @@ class Engine:
             self.server.release()
 
     def close(self) -> None:
-        """Stop the queries :meth:`start` started, stop every executor (its last delivery lands, its
-        leases are given back), close the leases and the client, stop the embedded ZooKeeper.
-        Everything is attempted; the first failure is raised after."""
+        """Stop queries, runs and executors, close leases and client, stop the embedded ZooKeeper.
+
+        Everything is attempted; the first failure is raised after.
+        """
         if self._closed:
             return
         self._closed = True

@@ -28,8 +28,7 @@ TTL_TAG = "\x00ttl"
 
 
 class TimerCause:
-    """What a timer's productions derive their ids and default timestamp from (a record's
-    ``record_id`` / ``timestamp_ms`` play that part while a record is processed)."""
+    """What a timer's productions derive their ids and default timestamp from."""
 
     __slots__ = ("record_id", "timestamp_ms")
 
@@ -41,8 +40,7 @@ class TimerCause:
 class Context:
     """Per-key handle: typed state, timers, productions, and the clocks.
 
-    Changes are buffered here and become visible to storage only when the
-    batch commits (atomically with the consumed record ids).
+    Changes become visible to storage only when the batch commits, with the consumed record ids.
     """
 
     def __init__(self, *, computation: str, key: str, state_bytes: bytes | None, codec: Codec,
@@ -81,9 +79,8 @@ class Context:
     def state(self) -> Any:
         """The key's state (decoded on first access); None when the key has none.
 
-        Assign to change it (``ctx.state = value``; None forgets it). A state read and then
-        changed in place (``ctx.state["n"] += 1``) is kept as well: once user code is done with
-        the key, a state it read is encoded again and stored if its bytes differ."""
+        Assign to change it (None forgets it); a state read and changed in place is stored too.
+        """
         if self._state is _UNSET:
             self._state = None if self._state_bytes is None else self._codec.decode(self._state_bytes)
         return self._state
@@ -134,14 +131,9 @@ class Context:
                 key: str | None = None) -> None:
         """Produce ``value`` to ``stream`` (one of the computation's outputs).
 
-        ``timestamp_ms`` defaults to the timestamp of the record or timer being
-        processed; ``key`` defaults to this key.
-
-        The production's record id is unique and the same when a batch is replayed: while a
-        record is processed, ``<computation>:<record id>#<n>`` (the n-th production for that
-        record); while a timer fires, ``timer:<computation>:<key>:<domain>:<tag>:<time>:<seq>#<n>``
-        where ``seq`` numbers the key's timer firings (kept in its row: a timer that fires again at
-        the same time, e.g. re-set by a late record, produces under new ids).
+        ``timestamp_ms`` and ``key`` default to the record's or timer's and this key. The record id is
+        unique and stable across replays: ``<computation>:<record id>#<n>`` for a record,
+        ``timer:<computation>:<key>:<domain>:<tag>:<time>:<seq>#<n>`` for a timer firing.
         """
         if stream not in self._outputs:
             raise ConfigError(
@@ -180,21 +172,18 @@ class Context:
 
     @property
     def productions(self) -> list[Production]:
-        """What the key produced so far, in order: the context's own list, which the runner
-        reads and trims (a dead-lettered call's productions are dropped)."""
+        """What the key produced so far, in order (the runner reads and trims this list)."""
         return self._productions
 
     def drop_productions_of(self, cause: Any) -> None:
-        """Drop what was produced while ``cause`` was :attr:`cause` (the productions since it
-        was set: nothing if it produced none)."""
+        """Drop what was produced while ``cause`` was :attr:`cause`."""
         if self._counted is cause:
             del self._productions[len(self._productions) - self._n:]
 
     def pop_due_timer(self, input_watermark_ms: int, now_ms: int) -> Timer | None:
-        """Remove and return the first timer due (the smallest by (time, tag, domain)), or None.
+        """Remove and return the first due timer by (time, tag, domain), or None.
 
-        Due: an event-time timer before ``input_watermark_ms``, a processing-time timer at or
-        before ``now_ms``.
+        Due: event time before ``input_watermark_ms``, processing time at or before ``now_ms``.
         """
         best = None
         for t in self._timers.values():  # one pass (no list of the due ones): it runs for every key with timers
@@ -211,8 +200,7 @@ class Context:
         return tuple(sorted(self._timers.values()))
 
     def touch(self, event_ms: int | None, ttl_event_ms: int | None, now_ms: int, ttl_processing_ms: int | None) -> None:
-        """The key was touched: its state TTL timers move to ``event_ms + ttl_event_ms`` (not when
-        ``event_ms`` is None: unknown) and ``now_ms + ttl_processing_ms`` (None: no TTL there)."""
+        """The key was touched: its TTL timers move to ``event_ms``/``now_ms`` plus their TTL."""
         if ttl_event_ms is not None and event_ms is not None:
             self._timers[(TTL_TAG, _EVENT)] = Timer(event_ms + ttl_event_ms, TTL_TAG, _EVENT)
         if ttl_processing_ms is not None:
@@ -233,8 +221,7 @@ class Context:
         self._timers.pop((TTL_TAG, _PROCESSING), None)
 
     def expire(self) -> None:
-        """The state TTL passed: drop the key's state, timers and watermark hold (its record ids
-        are dropped by the runner)."""
+        """The state TTL passed: drop the key's state, timers and watermark hold."""
         self._state = None
         self._dirty = True
         self._timers = {}
@@ -262,8 +249,7 @@ class Context:
         self._dirty = True
 
     def stored_codec(self) -> str:
-        """The codec column for :meth:`encoded_state`: the stored one while the stored bytes are
-        kept as they are, else the context's (versioned) codec."""
+        """The codec column for :meth:`encoded_state`: the stored one while the bytes are kept."""
         rc = self._row_codec
         state = self._state
         if rc is not None and not self._dirty and (state is _UNSET or state is None):
@@ -276,9 +262,9 @@ class Context:
         return bool(self._timers)
 
     def outcome(self) -> tuple[bytes | None, tuple[Timer, ...], int | None, int | None, str, list[Production]]:
-        """What the runner stores of the key once user code is done, in one call (the image path's
-        key loop reads it for every key): (:meth:`encoded_state`, :attr:`stored_timers`,
-        :attr:`watermark_hold_ms`, :attr:`timer_seq`, :meth:`stored_codec`, :attr:`productions`)."""
+        """(:meth:`encoded_state`, :attr:`stored_timers`, :attr:`watermark_hold_ms`, :attr:`timer_seq`,
+        :meth:`stored_codec`, :attr:`productions`): what the runner stores of the key.
+        """
         state = self._state
         untouched = not self._dirty and (state is _UNSET or state is None)
         if untouched:
@@ -292,8 +278,7 @@ class Context:
         return data, stored, self._hold, self._timer_seq, codec, self._productions
 
     def encoded_state(self) -> bytes | None:
-        """The key's state as stored: the bytes it was read as when user code did not touch it,
-        else what user code left, encoded (None: no state)."""
+        """The key's state as stored: the bytes read when untouched, else re-encoded (None: none)."""
         state = self._state
         if not self._dirty and (state is _UNSET or state is None):  # never read (or there is none)
             return self._state_bytes

@@ -1,23 +1,9 @@
 """The diff of a replay's shadow store against the live store (docs/replay.md, "Read the diff").
 
-One comparison, made in two places: by ``replay`` at its end (``drivers/replay.py``), and by
-``deltawheel diff --store LIVE --store SHADOW`` when store B is a replay of store A's computation
-(its marker ``_replay.json`` names A's store and the computation). Both compare:
-
-* A **as of the live version the replay reached** (the same input position as B's newest state);
-* the productions of the **replayed batches** only (by batch id, leaving out by commit id a live
-  commit outside the replayed range with the same batch id: ``positions.outside_commit_ids``);
-* only the replay's **intervals or keys** (a partial replay's);
-* for the intervals **no replayed commit held** (an instance sharing the intervals that made no
-  commit in the replayed range), B's pending productions as A's at the start version: the seed
-  left the live pending productions out, and nothing replayed wrote them
-  (``replay_shared.unheld_intervals``, ``diff.py``'s ``seed_version`` / ``seed_intervals``).
-
-Which commits were replayed is read back from the live commit log with the marker's start
-(``from_version``) and end (``reached``), so the stand-alone diff needs no more than the marker
-and gives the replay's own answer. The marker records the computation's ``num_intervals`` and
-``outputs`` for it; a marker without them (written by an older deltawheel) leaves the stand-alone
-diff a plain comparison of the two stores, with a note saying so.
+Made by ``replay`` at its end and by ``deltawheel diff`` when store B is a replay of store A. Both
+compare A as of the version the replay reached, the replayed batches' productions only, and only
+the replay's intervals or keys; the replayed commits are read back from A's log with the marker's
+range.
 """
 
 from __future__ import annotations
@@ -47,13 +33,10 @@ def replay_diff(spark: Any, store: StoreLayout, into: StoreLayout, *, computatio
                 to_version: int, num_intervals: int, streams: Collection[str],
                 intervals: Sequence[int] | None = None, keys: Sequence[str] | None = None,
                 commits: Sequence[ComputationCommit] | None = None) -> StoreDiff:
-    """The diff of the replay of ``computation`` into ``into`` from ``from_version`` (None: the
-    start) up to live version ``to_version`` against the live ``store`` (see the module
-    docstring); ``commits``: the computation's live commits, when already read.
+    """The diff of the replay into ``into`` against the live ``store`` up to ``to_version``.
 
     Raises:
-        ReplayUnavailableError: a live version that does not exist (or is past Delta's retention),
-            or a commit in the range that records no input positions.
+        ReplayUnavailableError: a missing live version, or a commit without input positions.
     """
     if commits is None:
         commits = computation_commits(spark, store, computation)
@@ -73,10 +56,9 @@ def replay_diff(spark: Any, store: StoreLayout, into: StoreLayout, *, computatio
 
 @dataclass(frozen=True)
 class ReplayOf:
-    """What a shadow store's marker says of the replay it holds (``drivers/replay.py``'s ``MARKER``).
+    """What a shadow store's marker says of its replay.
 
-    ``reached``: the newest live version replayed (B's state is A's input position then);
-    ``num_intervals`` / ``outputs``: the computation's (None: a marker of an older deltawheel).
+    ``reached``: the newest live version replayed; ``num_intervals`` / ``outputs``: None on an old marker.
     """
 
     from_version: int | None
@@ -106,9 +88,7 @@ class ReplayOf:
 
 
 def replay_of(spark: Any, a: StoreLayout, b: StoreLayout, computation: str) -> ReplayOf | None:
-    """What B replays when it is a replay of ``computation`` of store A (its marker names A's store
-    and the computation); None: it is not (no marker, another store or computation, a scheme the
-    marker is not read from)."""
+    """What B replays when its marker names A's store and ``computation``; None otherwise."""
     try:
         m = read_marker(b, spark=spark)
     except ReplayTargetError:  # B is on a scheme a shadow store is never on
@@ -121,13 +101,11 @@ def replay_of(spark: Any, a: StoreLayout, b: StoreLayout, computation: str) -> R
 def diff_replay(spark: Any, a: StoreLayout, b: StoreLayout, of: ReplayOf, *, computation: str,
                 version_a: int | None = None, version_b: int | None = None,
                 streams: Collection[str] = ()) -> StoreDiff:
-    """``deltawheel diff`` of the live store ``a`` against ``b``, a replay of it (:func:`replay_of`):
-    the replay's own comparison (:func:`replay_diff`); ``streams``: the productions compared (none
-    given: the computation's outputs the marker records).
+    """``deltawheel diff`` of the live store ``a`` against its replay ``b`` (:func:`replay_diff`).
 
     Raises:
-        ConfigError: ``version_a`` is not the version the replay reached, ``version_b`` is given (B's
-            newest is what the marker describes), or the replay has not reached a live version yet.
+        ConfigError: ``version_a`` is not the replay's reached version, ``version_b`` is given, or the
+            replay has not reached a live version yet.
     """
     if of.num_intervals is None or of.outputs is None:  # an older deltawheel's marker
         d = diff_stores(spark, a, b, computation, version_a=version_a, version_b=version_b, streams=streams)

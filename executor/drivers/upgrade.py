@@ -1,25 +1,11 @@
 """Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel
 upgrade-state``; docs/operations.md, "State versions").
 
-A computation that raised its ``state_version`` upgrades a key's older row the first time a batch
-runs it (``tasks/usercode/keyrun.py``); keys never touched again stay in the old version. This tool upgrades
-all of them, while the pipeline runs: it reads the computation's rows, picks the intervals holding
-rows of an older version, and replaces them in **one** fenced commit under those intervals' leases
-(``statestore/surgery/replace.py``, as ``repair`` does: a running owner hands them over at its next
-batch boundary, ``wait_s`` / ``no_wait``), audited with tool ``upgrade-state``. Under the leases
-each such row is decoded with its own codec column, given to ``upgrade_state(state, from_version)``
-and re-encoded with the computation's codec under its ``state_version`` (the codec column becomes
-e.g. ``json@2``); everything else in the row (timers, ids, pending productions) stays.
-
-The running pipeline must already run the new code (the version the tool upgrades to): an instance
-of the old code fails a batch on a newer row (``StateUpgradeError``: a downgrade is not done).
-
-The error policy of the tool: an ``upgrade_state`` that raises for any key refuses the **whole**
-upgrade (:class:`StateUpgradeError` naming the keys), nothing changed, whatever the computation's
-``error_policy``: a tool has no records to send to dead letters, and the keys stay readable (a
-batch that touches one applies the error policy then). The upgrade runs once over the rows now
-(before any lease is taken: a failing upgrade is refused without pausing the pipeline) and again
-under the leases, over the rows as they are then.
+Keys a batch never runs again stay in their old version; this tool upgrades them all while the
+pipeline runs, in one fenced commit under the affected intervals' leases
+(``statestore/surgery/replace.py``), audited as ``upgrade-state``. The pipeline must already run
+the new code. An ``upgrade_state`` that raises for any key refuses the whole upgrade, whatever the
+computation's ``error_policy``.
 """
 
 from __future__ import annotations
@@ -46,9 +32,9 @@ TOOL = "upgrade-state"
 
 @dataclass(frozen=True)
 class UpgradePlan:
-    """What :func:`upgrade_all` would do: ``versions``: rows holding a state per stored state
-    version; ``intervals``: those holding older rows; ``sample``: up to ``sample`` (key, from
-    version, state before, state after) of the rows it would upgrade."""
+    """What :func:`upgrade_all` would do: rows per stored ``versions``, the ``intervals`` with older
+    rows, and a ``sample`` of (key, from version, before, after).
+    """
 
     computation: str
     to_version: int
@@ -58,17 +44,14 @@ class UpgradePlan:
 
     @property
     def to_upgrade(self) -> int:
-        """How many rows are of an older version."""
         return sum(n for v, n in self.versions.items() if v < self.to_version)
 
 
 def _upgraded(code: Computation, rows: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[str, int, Any, Any]]]:
-    """``rows`` with every older-version state upgraded (the others as they are), and (key, from
-    version, before, after) of the upgraded ones.
+    """``rows`` with every older state upgraded, and (key, from version, before, after) of those.
 
     Raises:
-        StateUpgradeError: a row of a newer state version than the code's; ``upgrade_state`` raised
-            (or gave a state the codec cannot encode) for some keys: all of them named.
+        StateUpgradeError: a row newer than the code's, or ``upgrade_state`` failed for some keys.
     """
     to = code.state_version
     codec, column = codec_of(code), state_codec_of(code)
@@ -126,15 +109,13 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
                 wait_s: float = 0.0, no_wait: bool = False, source: str = "",
                 progress: Callable[[str], None] | None = None,
                 before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
-    """Upgrade every row of ``code``'s computation stored in an older state version to
-    ``code.state_version``, in one fenced commit under the leases of the intervals holding them,
-    audited (tool ``upgrade-state``, ``source``: what code ran). Nothing older: no lease taken,
-    nothing written (``rows_changed`` 0).
+    """Upgrade every older-version row of ``code``'s computation in one fenced, audited commit.
+
+    Nothing older: no lease taken, nothing written.
 
     Raises:
         ConfigError: the pipeline has no such computation in ZooKeeper.
-        StateUpgradeError: a stored version newer than the code's, or ``upgrade_state`` raised for
-            some keys (the whole upgrade refused). Nothing changed.
+        StateUpgradeError: a newer stored version, or ``upgrade_state`` raised. Nothing changed.
         LeaseHeldError, StaleSequencerError, LeaseLostError: as ``replace_intervals``.
     """
     plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)

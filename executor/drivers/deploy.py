@@ -42,6 +42,7 @@ class SubmitArgs:
     main: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
+        """The options as a list of words."""
         words = ["--jars", ",".join(str(j) for j in self.jars)]
         if self.archive is not None:
             words += ["--archives", f"{self.archive}#{ARCHIVE_ALIAS}"]

@@ -44,6 +44,7 @@ class UpgradePlan:
 
     @property
     def to_upgrade(self) -> int:
+        """How many rows are of an older version."""
         return sum(n for v, n in self.versions.items() if v < self.to_version)
 
 

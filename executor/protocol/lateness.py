@@ -42,10 +42,6 @@ class ActedMark:
         marks = [m for m in (self.late_ms, self.input_ms) if m is not None]
         return max(marks) if marks else None
 
-    def next_batch(self, batch_id: int | None, input_ms: int | None, intervals: Sequence[int]) -> ActedMark:
-        return ActedMark(batch_id, self.acted_ms, input_ms, tuple(sorted(intervals)),
-                         computations_ms=self.computations_ms)
-
     def to_meta(self) -> dict[str, Any]:
         """The commit metadata entry (``{"late": ...}``)."""
         return {_KEY: {"v": MARK_FORMAT_VERSION, "batch_id": self.batch_id, "late_ms": self.late_ms,

@@ -148,6 +148,7 @@ class BatchMetrics:
 
     @property
     def path(self) -> str:
+        """The table's path."""
         return self.layout.metrics_batches
 
     def submit(self, row: Mapping[str, Any]) -> None:

@@ -127,10 +127,12 @@ class Input:
     # the columns as Python lists, when the key loop asks (the columnar path does not)
     @cached_property
     def keys(self) -> list[str]:
+        """The records' keys."""
         return py_list(self.table.column("key"))
 
     @cached_property
     def ids(self) -> list[str]:
+        """The records' ids."""
         return py_list(self.table.column("record_id"))
 
     @cached_property
@@ -140,15 +142,18 @@ class Input:
 
     @cached_property
     def codecs(self) -> list[str | None]:
+        """The values' codecs."""
         n = self.table.num_rows
         return constant_or_list(self.table.column("codec"), n) if n else []
 
     @cached_property
     def ts(self) -> list[int]:
+        """The records' event times."""
         return py_list(self.table.column("timestamp_ms"))
 
     @cached_property
     def streams(self) -> list[str]:
+        """The records' streams."""
         import pyarrow.compute as pc
 
         n = self.table.num_rows
@@ -156,6 +161,7 @@ class Input:
 
     @cached_property
     def late(self) -> list[bool]:
+        """The records' late flags."""
         import pyarrow.compute as pc
 
         return py_list(pc.fill_null(self.table.column("late"), False))
@@ -207,10 +213,12 @@ class OldRows:
 
     @cached_property
     def index(self) -> dict[str, int]:
+        """Key -> its row's place."""
         return {k: j for j, k in enumerate(py_list(self.sub.column("key")))}
 
     @cached_property
     def states(self) -> list[bytes | None]:
+        """The rows' state blobs."""
         return py_list(self.sub.column("state"))
 
     @cached_property
@@ -220,6 +228,7 @@ class OldRows:
 
     @cached_property
     def holds(self) -> list[int | None]:
+        """The rows' watermark holds."""
         return constant_or_list(self.sub.column("watermark_hold_ms"), self.n) if self.n else []
 
     @cached_property

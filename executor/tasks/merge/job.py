@@ -1,7 +1,4 @@
-"""The MERGE path's batch job (driver side): input prepared in the JVM, joined with the rows it
-needs, user code per key in tasks (:mod:`.task`), materialized once; the write path
-(``statestore/writepath/merge/``) commits and delivers what it returns.
-"""
+"""The MERGE path's batch job (driver side); ``statestore/writepath/merge/`` commits what it returns."""
 
 from __future__ import annotations
 
@@ -80,16 +77,10 @@ def routed_frame(out: Any) -> Any:
 
 
 class MergeTasks:
-    """The MERGE path's batch job: input prepared in the JVM, joined with the rows it needs,
-    user code per key in tasks (:func:`run_in_tasks`), materialized once.
+    """The MERGE path's batch job: input joined with the rows it needs, user code per key in tasks.
 
-    Args:
-        spark: the session.
-        comp: the computation.
-        layout: the store.
-        path: the MERGE write path (its owner's intervals and sequencers).
-        partitions: tasks per batch.
-        event_ahead_ms: per input stream, how far a record's event time may be ahead of the clock.
+    ``partitions``: tasks per batch; ``event_ahead_ms``: per input stream, how far event time may be
+    ahead of the clock.
     """
 
     direct_source = None  # the MERGE path's tasks never read the input files themselves

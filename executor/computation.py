@@ -136,11 +136,9 @@ class Computation:
     # relies on event-time timers: an executor without a watermark source refuses to start
     event_time_timers: ClassVar[bool] = False
     error_policy: ClassVar[ErrorPolicy] = ErrorPolicy.FAIL
-    # how long a processed record's id is kept for dedup, in processing time (a sender's retries
-    # are bounded by wall time, not event time); persisted, so a restart does not shorten it
+    # how long a processed record's id is kept for dedup, in processing time (persisted)
     dedup_retention: ClassVar[timedelta] = timedelta(minutes=10)
-    # state TTL (docs/operations.md, "State TTL"): a key untouched for this span of event time is
-    # dropped with its timers and ids; ``state_ttl_processing``: the same in processing time
+    # state TTL (docs/operations.md, "State TTL"): a key untouched this long is dropped
     state_ttl: ClassVar[timedelta | None] = None
     state_ttl_processing: ClassVar[timedelta | None] = None
     # the state's shape version (docs/operations.md, "State versions"): older rows go through upgrade_state

@@ -21,9 +21,7 @@ _UNSET = object()
 _EVENT = TimeDomain.EVENT_TIME
 _PROCESSING = TimeDomain.PROCESSING_TIME
 
-#: The tag of the timers the executor keeps for a computation's state TTL (one per domain a TTL
-#: is declared in): due, it drops the key. Tags starting with NUL are reserved; user code never
-#: sees these timers (``Context.timers``), the rows and the SQL views do.
+#: The tag of the state TTL's timers (NUL-led tags are reserved; user code never sees them).
 TTL_TAG = "\x00ttl"
 
 
@@ -56,14 +54,11 @@ class Context:
         self._timers: dict[tuple[str, TimeDomain], Timer] = {(t.tag, t.domain): t for t in timers}
         self._outputs = outputs
         self._productions: list[Production] = []
-        #: What is being processed (set by the runner): a :class:`~.computation.Record`, or a
-        #: :class:`TimerCause`; production ids and default timestamps derive from it.
+        #: What is being processed: a Record or a TimerCause (production ids derive from it).
         self.cause: Any = TimerCause("", 0)
         self._counted: Any = None  # whose productions self._n counts
         self._n = 0
-        #: The input low watermark (None until one is known). While records run: the watermark
-        #: that held before the batch's input, the one lateness is judged against (a record's own
-        #: delivery never moves it). While timers fire: the watermark they fire under.
+        #: The input low watermark (None until known); while records run, the one before the batch.
         self.input_watermark_ms = input_watermark_ms
         self.now_ms = now_ms
         self._hold = watermark_hold_ms
@@ -146,8 +141,7 @@ class Context:
             self._n = 0
         self._n += 1
         codec = self._codec
-        # a record's id is prefixed with the computation: two computations reading the same record
-        # and producing to one stream must not produce under the same id (a timer's id has it)
+        # prefixed with the computation, so two computations producing one record's ids differ
         pid = (f"{cause.record_id}#{self._n}" if cause.__class__ is TimerCause
                else f"{self.computation}:{cause.record_id}#{self._n}")
         self._productions.append(make_production(

@@ -145,8 +145,6 @@ class ReplayResult:
 
 
 #: the entry-point group where a package names its pipelines' computations for the tools
-#: (``pyproject.toml``: ``[project.entry-points."deltawheel.pipelines"] NAME = "module:function"``,
-#: the function returning the pipeline's computations); the demo registers itself there
 PIPELINES_GROUP = "deltawheel.pipelines"
 
 
@@ -389,8 +387,7 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
     target_cols = spark.read.format("delta").load(into.rows).columns
     (rows.select(*target_cols).write.format("delta").mode("append")
      .option("userMetadata", json.dumps(meta, sort_keys=True)).save(into.rows))
-    # the other instances' marks (newer): one commit each without actions (an empty append
-    # commits nothing), so each instance judges lateness by the newest mark of its intervals
+    # the other instances' marks (newer): one empty commit each
     for mark in marks[1:]:
         TableLog(spark, into.rows).commit(user_metadata=json.dumps({**meta, "late": mark}, sort_keys=True))
 

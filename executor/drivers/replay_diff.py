@@ -42,8 +42,7 @@ def replay_diff(spark: Any, store: StoreLayout, into: StoreLayout, *, computatio
         commits = computation_commits(spark, store, computation)
     replayed = commits_after(commits, from_version, to_version=to_version)
     batch_ids = {c.batch_id for c in replayed if c.batch_id is not None}
-    # intervals no replayed commit held keep the live pending productions of before the start,
-    # which the seed left out: compared as the live store's at the start (replay_shared.py)
+    # intervals no replayed commit held: compared as the live store's at the start
     unheld = () if from_version is None else \
         unheld_intervals(replayed, num_intervals=num_intervals, scope=intervals)
     d = diff_stores(spark, store, into, computation, version_a=to_version, streams=streams, batch_ids=batch_ids,

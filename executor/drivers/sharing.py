@@ -142,8 +142,7 @@ class Sharing:
                 self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
                 ex.upstream_caps, ex.input_hold_ms = dict(caps), hold
                 ex.run_batch(ex.shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
-            # caught up: an instance that held them before and is gone stops holding the injectors'
-            # watermarks back; this one holds them back if lost from here on
+            # caught up: a gone earlier holder no longer holds the injectors' watermarks back
             wiring.authority.record_caught_up(comp.name, owner.sequencers)
             for inj in feeding:
                 wiring.authority.record_held(inj.name, self.instance, {comp.name: owner.sequencers})

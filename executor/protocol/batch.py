@@ -95,8 +95,7 @@ class BatchProtocol:
             ex.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
             if self._nothing_due(b):
                 return self._skipped(b)
-        # Step 2: drop duplicates: the input prepared in the JVM (its dead letters recorded), the
-        # dedup itself in the tasks of steps 3-4.
+        # Step 2: drop duplicates (input prepared in the JVM; the dedup runs in the tasks).
         b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now, batch_id=batch_id)
         self._record_dead_letters(b, b.prepared.dead)
         b.advance(BatchStatus.PREPARED)
@@ -109,8 +108,7 @@ class BatchProtocol:
                                failed=f"{ex.comp.name} batch {batch_id}: the interval images kept changing "
                                       "under this writer; restart the query")
         redeliver = self._committed(b, run)
-        # Step 6: deliver (idempotent); the checkpoints are cleared by the next commit. In the
-        # background where the path allows it (the next batch settles it before its commit).
+        # Step 6: deliver (idempotent); in the background where the path allows it.
         if ex.comp.strong_productions and run.counts.productions and ex.path.deliver_in_background:
             ex.inflight.start(redeliver, batch_id, run.prod_min_ts)
         else:
@@ -119,8 +117,7 @@ class BatchProtocol:
             self.fault(FaultPoint.AFTER_DELIVERY, batch_id)
         b.advance(BatchStatus.DELIVERED)
         b.mark("deliver")
-        # Step 7: watermarks (the injector estimates observed before the commit are published in
-        # the step's transaction; a hook that publishes itself runs now).
+        # Step 7: watermarks (with the injector estimates observed before the commit).
         self.fault(FaultPoint.BEFORE_WATERMARK, batch_id)
         hook = ex.on_batch_end
         if hook is not None and not self.watermarks.hook_observes_early():
@@ -143,8 +140,7 @@ class BatchProtocol:
         if self._straggled(b, run):
             b.strong = True  # checkpoint after all: the same user code once more
             run = self._user_code(b)
-        # Step 5: the fenced commit (the previous batch's delivery is settled first: the
-        # commit clears its checkpoint), recording the injector watermarks step 7 publishes.
+        # Step 5: the fenced commit, after settling the previous batch's delivery.
         b.injectors = self.watermarks.observe_injectors(run.obs_min, run.obs_max)
         read = self.watermarks.injectors_read
         b.acted = dataclasses.replace(b.acted, injectors={
@@ -196,12 +192,9 @@ class BatchProtocol:
         """The batch's clock, dedup horizon and watermarks (``wm_late``: a replay's live batch's)."""
         comp = self.ex.comp
         now = self.ex.clock.now_ms()
-        # ids seen before the horizon are dropped: a processing time back from now (each id
-        # carries when it was seen, so a restart keeps the horizon: Computation.dedup_retention)
+        # ids seen before the horizon are dropped (Computation.dedup_retention)
         horizon = now - comp.dedup_retention_ms() if comp.exactly_once else None
-        # A record is late when it is behind the watermark this computation already acted on
-        # (the newest committed batch's: its timers fired up to there); timers now fire with
-        # wm_in. A replay of that batch decides as its first attempt did.
+        # late: behind the watermark the newest committed batch acted on (lateness.py)
         if wm_late is None:
             wm_late, wm_in, computations = self._lateness(df, batch_id, wm_in)
         else:  # a replay of a live batch: lateness as that batch judged it
@@ -219,10 +212,7 @@ class BatchProtocol:
         ex = self.ex
         self.acted = read_mark(ex.spark, ex.layout.rows, ex.comp.name, ex.owner.intervals)
         if ex.authority is not None and self.acted is not None and self.watermarks.hook_observes_early():
-            # the newest committed batch's step 7 may not have landed (in a streaming query it runs in
-            # the background, after the query counted the batch done): the injector watermarks its
-            # commit recorded are published again before any batch reads them (a no-op when it landed:
-            # an injector's watermark never moves back)
+            # the newest batch's step 7 may not have landed: publish its injector watermarks again
             for name, wm in sorted(self.acted.injectors.items()):
                 ex.authority.publish_injector(name, wm)
         if ex.shared is not None:
@@ -350,8 +340,7 @@ class BatchProtocol:
         """The batch's report: kept, logged, metrics row handed over (``pending``: step 7 still runs)."""
         ex, c = self.ex, run.counts
         assert b.prepared is not None
-        # ``late`` counts every late record: those user code saw or dropped (the tasks' count) and
-        # those routed to late_data (taken out before user code, so not in the tasks' count)
+        # ``late``: the tasks' count plus the records routed to late_data before user code
         report = BatchReport(
             batch_id=b.batch_id, records_in=c.records_in, processed=c.processed, duplicates=c.duplicates,
             late=c.late + b.late_routed, late_routed=b.late_routed, dead_letters=c.dead_letters,

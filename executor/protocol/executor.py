@@ -81,8 +81,7 @@ class ComputationExecutor:
         self.owner, self.authority, self.upstream = owner, authority, tuple(upstream)
         for warning in computation.start_warnings():
             _LOG.warning("%s", warning)
-        # upstream computation -> its low watermark read before the query's snapshot of its stream
-        # table (PipelineRunner sets it); input_hold_ms: a hold for input not read yet (continuous.py)
+        # upstream computation -> its watermark before the query's snapshot (set by PipelineRunner)
         self.upstream_caps: dict[str, int | None] = {}
         self.input_hold_ms: int | None = None
         self.manual_watermarks = manual_watermarks
@@ -92,14 +91,12 @@ class ComputationExecutor:
         self.progress = progress
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
-        # the newest REPORTS_KEPT batches' reports (a long-running job must not grow without bound);
-        # ``records_in_total`` counts over every batch of this executor
+        # the newest REPORTS_KEPT batches' reports; ``records_in_total`` over every batch
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=REPORTS_KEPT)
         self.records_in_total = 0
         # one row of figures per committed batch in the store's _metrics/batches (None: off)
         self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
-        # set by the pipeline runner when instances share the intervals (``rescale.py``: the skip
-        # rule, the input files each commit records, catch-up)
+        # set by the pipeline runner when instances share the intervals (``rescale.py``)
         self.shared: SharedInput | None = None
         # records each batch's input positions in its commit (replay; ``rescale.py``'s positions)
         self.positions: SharedInput | None = None
@@ -146,9 +143,7 @@ class ComputationExecutor:
         self._protocol.watermarks.require_source()
         t_start = time.monotonic()
         authority = self.authority
-        # the computation's topology (ZooKeeper round trips of their own) is declared while the
-        # leases are taken and fenced; a declaration that fails (another topology recorded) fails
-        # the start after the acquisition, before any batch, as when it followed it
+        # the topology is declared while the leases are taken; a refusal fails the start
         declaring = None if authority is None else beside(functools.partial(
             authority.declare, self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals),
             name=f"declare-{self.comp.name}")

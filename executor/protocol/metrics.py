@@ -231,8 +231,7 @@ class BatchMetrics:
         from deltawheel.statestore.delta.storefs import table_files
         from deltawheel.statestore.sqltext import sql_path, sql_str
 
-        # a local store's table is made and its columns read from Python: a Spark statement here
-        # (~1 s of JVM work) ran beside the batches a few seconds into every run (the first append)
+        # a local store's table is made and read from Python, without a Spark statement
         folder = local_path(self.path)
         have: set[str] | None = None
         if folder is not None and (local_table_exists(self.path)

@@ -33,21 +33,17 @@ class BatchReport:
     direct: bool = False  # the tasks read the input files themselves (executor/tasks/image/direct.py)
     ids_expired: int = 0  # record ids dropped from the rows: seen before the dedup horizon
     keys_expired: int = 0  # keys the state TTL dropped (state, timers and record ids)
-    # image path: the dedup Bloom filters' first check (records checked, "maybe seen" answers,
-    # of which not seen, and the filters' memory)
+    # image path: the dedup Bloom filters' first check
     bloom_checked: int = 0
     bloom_maybe: int = 0
     bloom_false_pos: int = 0
     bloom_bytes: int = 0
-    # image path: the intervals the tasks ran, and how many of their images a task read from the
-    # store (the others its Python worker held: ``executor/tasks/image/task.py``)
+    # image path: the intervals run, and how many images a task read from the store
     intervals_run: int = 0
     images_read: int = 0
-    # records of an interval that moved between instances, dropped because an earlier owner
-    # committed their input file for it (``rescale.py``)
+    # records of a moved interval an earlier owner processed (``rescale.py``)
     skipped_moved: int = 0
-    # a batch without input (the executor's flush: timers the watermark made due). Its id is the
-    # one the query's next micro-batch will carry, so its line names no batch id (format_report)
+    # a batch without input (a flush): its line names no batch id
     timers_only: bool = False
 
     @property

@@ -30,9 +30,7 @@ DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the
 #: value is the raw input (a JSON line, a Kafka message's value) and it becomes a dead letter.
 MALFORMED_CODEC = "malformed"
 MALFORMED_REASON = "malformed input: the source could not parse it; raw_value holds the original text"
-#: An input frame's optional column (BINARY) beside the stream-table columns: the record's original
-#: text from a text source (a JSON line, a Kafka message's value; ``to_stream_schema``'s ``raw``,
-#: ``sources/schema.py``). Every dead letter of the record keeps it as its ``raw_value``; nothing else reads it.
+#: An input frame's optional BINARY column: a text source's original text, kept by dead letters.
 RAW_COLUMN = "raw_value"
 
 
@@ -71,8 +69,7 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
             out.append(f"{_ERR}{why}" if k is None else k)
         return pd.Series(out, dtype=object)
 
-    # pandas_udf tells a scalar UDF by its type hints, which this module's postponed annotations
-    # leave as strings naming a local import ("pd.Series"): give it the classes themselves
+    # pandas_udf reads its type hints: give it the classes, not postponed strings
     extract.__annotations__ = {"values": pd.Series, "codecs": pd.Series, "return": pd.Series}
     return pandas_udf(extract, "string")  # type: ignore[call-overload]
 

@@ -34,8 +34,7 @@ class _FrozenZipFinder:
 def _is_spark_archive(path: str) -> bool:
     base = os.path.basename(path)
     return (base == "pyspark.zip" or (base.startswith("py4j-") and base.endswith("-src.zip"))
-            # Spark puts the jar it runs from on the workers' path (spark-core_*.jar, ~15 MB,
-            # thousands of entries: the costliest re-read of all)
+            # the spark-core jar on the workers' path is the costliest re-read of all
             or (base.startswith("spark-core_") and base.endswith(".jar")))
 
 

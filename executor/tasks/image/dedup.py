@@ -60,10 +60,7 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
     n_apart = sum(f.flat.num_rows for f in live) + legacy.num_rows
     if n_apart:
         if maybe * 8 < n_apart:
-            # few candidates (the filter's false positives, a replay's ids): only the stored ids equal to
-            # one of them can be a hit, so those are picked first -- from each ids file's hash buckets
-            # (pick_ids), a cost that grows with the candidates, not with the horizon's ids -- and the
-            # horizon applied to what is left
+            # few candidates: pick the stored ids equal to one of them first (pick_ids)
             import numpy as np
             import pyarrow.compute as pc
 

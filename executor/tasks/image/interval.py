@@ -97,8 +97,7 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     inp = Input(recs)
     run_keys = _keys_to_run(spec, opened.image, inp)
     has_pending = _holds_pending(opened.image)
-    # ids past the dedup horizon: the image is rewritten without them even when none of its keys
-    # runs (a key never seen again must not keep its ids, nor its row for them, forever)
+    # ids past the dedup horizon: the image is rewritten without them even when no key runs
     expired = expired_ids(opened.image, spec.horizon_ms)
     migrate = opened.legacy.num_rows > 0
     if not run_keys and not has_pending and not opened.dirty and not expired and not opened.gone and not migrate:
@@ -124,8 +123,7 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
 def _open(spec: ImageSpec, iv: int) -> _Open | Fenced:
     """Phase 1: the interval's image and ids files, its fence checked (:class:`Fenced` if not ours)."""
     image, read = load_image(spec, iv)
-    # record ids apart from the state (``idsfiles.py``): the interval's ids files, and the ids an
-    # older image holds in its state (moved to an ids file when the interval is next written)
+    # record ids apart from the state (``idsfiles.py``), and those an older image holds
     image, legacy = split_legacy(image, inline=spec.comp.exactly_once)
     ids_files = [load_ids_file(spec.rows_root, p) for p in spec.ids_files(iv)]
     gone = [f for f in ids_files if spec.horizon_ms is not None and f.written_ms < spec.horizon_ms]

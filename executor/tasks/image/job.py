@@ -151,8 +151,7 @@ class ImageTasks:
         mins = [s.obs_min for s in out.summaries if s.obs_min is not None]
         maxs = [s.obs_max for s in out.summaries if s.obs_max is not None]
         oldest = [s.oldest_ms for s in out.summaries if s.oldest_ms is not None]
-        # the tasks' own dead letters (user code's, not input-level ones) carry no source position
-        # (not shipped to the tasks): looked up in the input, with their records' original text
+        # the tasks' own dead letters: source positions and original text looked up here
         in_tasks = {r.record_id for r in dead if r.position is None and r.record_id is not None}
         if df is not None and in_tasks:
             pos = positions_of(prep if prep is not None else
@@ -211,8 +210,7 @@ class ImageTasks:
         key = tuple(ivs)
         if self._data_cols is None or self._data_cols[0] != key:
             iv = interval_of_key(self.comp.num_intervals)
-            # the source position is a long string per record and only needed for dead letters:
-            # shipped for input-level ones; the driver looks it up for the tasks' (rare) ones
+            # source positions are shipped for input-level dead letters only
             cols = [F.when(F.col("_bad").isNotNull(), F.col(c)).alias(c) if c == "position" else F.col(c)
                     for c in _PREP_COLUMNS]
             cols += [iv.alias("interval"), F.lit(False).alias("_m")]

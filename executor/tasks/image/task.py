@@ -130,8 +130,7 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
         else:
             rows_of = reader()
             out = []
-            # one upload block for the task: an interval's PUTs overlap the next one's work, and
-            # the summaries leave the task only when all of them landed
+            # one upload block: an interval's PUTs overlap the next one's work
             with background_uploads():
                 for iv in claimed_intervals(board, t, planned, lambda iv: holds(spec, iv)):
                     out += run_task(spec, rows_of((iv,)))
@@ -145,10 +144,7 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
 
 def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     """:func:`run_intervals` without cyclic garbage collection (and captured or profiled when asked)."""
-    # no cyclic garbage collection while the task runs: it allocates ~10 objects per record,
-    # which triggers collections that traverse every tracked object (the cached images
-    # included), 15-35 % of the task function's time; nearly all of it is freed by reference
-    # counting anyway, and the collector resumes (and catches up) when the task ends
+    # no cyclic garbage collection while the task runs (15-35 % of its time otherwise)
     folder = capture_folder()  # DELTAWHEEL_TASK_CAPTURE: the task's spec and input, to replay it
     if folder:
         capture(folder, spec, table)
@@ -186,8 +182,7 @@ def run_intervals(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     with_data: list[int] = py_list(pc.unique(data.column("interval"))) if data.num_rows else []
     ivs |= set(with_data)
     out = []
-    # the S3 PUTs of each interval's files overlap the next interval's work; the summary (and
-    # so the driver's commit naming the files) waits for all of them at the block's end
+    # the summaries wait for every interval's S3 PUTs at the block's end
     with background_uploads():
         for iv in sorted(i for i in ivs if i in spec.sequencers):
             if len(with_data) == 1:  # the usual task: one interval's records, nothing to filter

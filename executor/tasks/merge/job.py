@@ -37,9 +37,7 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
     if input_watermark_ms is not None:
         due = due | (F.col("next_event_timer_ms") < F.lit(input_watermark_ms))
     if dedup_horizon_ms is not None and comp.exactly_once:
-        # a row holding record ids past the dedup horizon is run too (no records: only its due
-        # timers fire), so its ids are trimmed even when no later batch has records of its key
-        # (otherwise the ids of a key seen once would stay forever)
+        # rows with ids past the dedup horizon run too, so their ids are trimmed
         due = due | F.exists("record_ids", lambda x: x["seen_ms"] < F.lit(dedup_horizon_ms))
     if prep is None:
         joined = rows.where(due).withColumn("recs", F.lit(None))
@@ -114,8 +112,7 @@ class MergeTasks:
         agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
                        F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
         dead_in = int(agg["bad"] or 0)
-        # late records are routed by the tasks, after dedup (a retry of a record run on time is a
-        # duplicate, not late data)
+        # late records are routed by the tasks, after dedup
         return Prepared(prep.where(F.col("_bad").isNull()),
                         dead=prep.where(F.col("_bad").isNotNull()) if dead_in else None,
                         records_in=int(agg["n"]), dead_in=dead_in, obs_min=agg["mn"], obs_max=agg["mx"],

@@ -61,8 +61,7 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wms: tuple[int | N
     recs = r.get("recs") or ()
     routed: list[dict[str, Any]] = []
     if comp.late_policy is LatePolicy.ROUTE and any(x["late"] for x in recs):
-        # dedup first: a late record whose id the row holds is a retry of one run on time (a
-        # duplicate, dropped below); the other late records go to the late-data table, once
+        # dedup first: a late retry of a record run on time is a duplicate, not late data
         held = ({s.record_id for s in row.record_ids if horizon is None or s.seen_ms >= horizon}
                 if (row is not None and comp.exactly_once) else set())  # as run_key's dedup decides
         kept, ids = [], set()

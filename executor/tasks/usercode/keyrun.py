@@ -47,8 +47,7 @@ class SameAsInput(Enum):
     AS_INPUT = "as_input"
 
 
-#: ``record_watermark_ms`` default: records run under the input watermark itself (callers that move
-#: the watermark between their own calls, as the test harnesses do).
+#: ``record_watermark_ms`` default: records run under the input watermark itself.
 AS_INPUT = SameAsInput.AS_INPUT
 
 
@@ -172,8 +171,7 @@ class UserCode:
         self.comp = comp
         self.batch = comp.batches_records()
         self.dead_letter = comp.error_policy is ErrorPolicy.DEAD_LETTER
-        # the vectorised path, one combine per key (the image path's key loop combines an
-        # interval's keys at once and passes each key's rows instead: ``combine_per_key=False``)
+        # the vectorised path, one combine per key (``combine_per_key``)
         self.per_key_combine = combine_per_key and comp.vectorised() and not self.dead_letter
         self.wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
         self.now_ms = now_ms
@@ -243,8 +241,7 @@ class UserCode:
             if t.tag == TTL_TAG:  # not touched for the TTL: the key goes (its earlier timers fired first)
                 ctx.expire()
                 return fresh, dups, late, dead, fired
-            # numbered by the key's firing counter: the same timer firing again (re-set at the same
-            # time after it fired) produces under new ids; a replayed batch numbers as the first did
+            # numbered by the key's firing counter, as a replayed batch numbers them too
             ctx.cause = TimerCause(
                 f"{self._timer_id}{ctx.key}:{DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}:{seq}", t.time_ms)
             seq += 1

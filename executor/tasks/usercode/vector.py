@@ -38,9 +38,7 @@ def interval_combined(comp: Computation, inp: Any, touched: list[str], seen: lis
         t = inp.table
         late = pc.fill_null(t.column("late"), False)
         if pc.any(late).as_py():
-            # a key's late records (leading its run: ``late_prefix``) run per record, the others
-            # are combined; a key whose late and on-time records interleave, or with late ones
-            # alone, runs per record
+            # late records (leading) run per record, the others are combined
             gone = set()
             for k in set(pc.unique(t.filter(late).column("key")).to_pylist()):
                 lo, hi = inp.runs[k]

@@ -74,10 +74,9 @@ new_record = partial(tuple.__new__, Record)
 class ColumnBatch:
     """What :meth:`Computation.process_columns` gets: one interval's keys of one batch, as Arrow tables.
 
-    ``keys``: sorted keys with new records or due timers. ``records``: new on-time records by
-    (key, event time, record id): ``key``, ``timestamp_ms``, ``record_id``, ``stream``. ``state``: the
-    ``int64map`` codec's rows ``key``, ``map_key``, ``map_value``. ``timers``: ``key``, ``tag``,
-    ``time_ms``. ``watermark_ms``: the input low watermark (None: none); earlier timers are due.
+    ``keys``: sorted, with new records or due timers; ``records``: new on-time ones (``key``,
+    ``timestamp_ms``, ``record_id``, ``stream``); ``state``: ``key``, ``map_key``, ``map_value``;
+    ``timers``: ``key``, ``tag``, ``time_ms``; ``watermark_ms``: earlier timers are due (None: none).
     """
 
     keys: "pa.Array"
@@ -89,12 +88,9 @@ class ColumnBatch:
 
 @dataclass(frozen=True)
 class ColumnResult:
-    """What :meth:`Computation.process_columns` returns.
-
-    ``state``: the keys' whole new state (``key``, ``map_key``, ``map_value``; no rows: no state).
-    ``timers``: each key's timers after the batch. ``fired``: the timers fired, in firing order per
-    key. ``productions``: ``fired`` (the row of ``fired`` that made it), ``stream``, ``value`` (binary
-    encoded, or Python values) and optionally ``timestamp_ms`` (absent: the timer's time).
+    """What :meth:`Computation.process_columns` returns: the keys' whole new ``state`` and ``timers``,
+    the ``fired`` timers in firing order, and ``productions`` (``fired`` row, ``stream``, ``value``,
+    optional ``timestamp_ms``).
     """
 
     state: "pa.Table"
@@ -145,11 +141,10 @@ class Computation:
     state_version: ClassVar[int] = 1
 
     def upgrade_state(self, state: Any, from_version: int) -> Any:
-        """Turn ``state`` written under ``state_version`` ``from_version`` into the current shape.
+        """Turn ``state`` of ``state_version`` ``from_version`` into the current shape (None: no state).
 
-        Called once per key, the first time a batch runs it after the version changed; returns the new
-        state (None: none). If it raises, the batch fails naming the key (``ErrorPolicy.DEAD_LETTER``: the
-        key's records go to dead letters, the row stays). Default: raise.
+        Called once per key when a batch first runs it after the version changed; if it raises, the
+        error policy applies. Default: raise.
         """
         raise NotImplementedError(f"{self.name} declares state_version {self.state_version} but no upgrade_state "
                                   f"for state of version {from_version}; define upgrade_state(self, state, "
@@ -161,10 +156,8 @@ class Computation:
     def process_records(self, ctx: "Context", records: list[Record]) -> None:
         """Handle all of ``ctx.key``'s new records of one batch at once (optional).
 
-        Called at most once per key and batch, before its due timers, with the records in event-time
-        order (late ones flagged). Productions take their ids from the first record and their default
-        timestamp from the last. When overridden, ``process_record`` is not called. Default:
-        ``process_record`` per record.
+        Called once per key and batch, before its due timers, in event-time order; replaces
+        ``process_record``. Default: ``process_record`` per record.
         """
         for r in records:
             self.process_record(ctx, r)
@@ -174,31 +167,20 @@ class Computation:
 
     # The vectorised path (docs/embedding.md): combine + process_combined do what process_record does.
     def combine(self, records: "pa.Table") -> "pa.Table":
-        """Reduce the new records of many keys of one batch at once, with Arrow / NumPy (optional).
+        """Reduce many keys' new records of one batch at once, with Arrow / NumPy (optional).
 
-        ``records``: one Arrow table by (key, event time, record id) with ``key``, ``value``,
-        ``timestamp_ms``, ``record_id``, ``stream``. Return a table with a ``key`` column; each key's rows
-        go to :meth:`process_combined` as tuples of the other columns. Must keep no state of its own.
-        Default: not declared.
+        ``records``: ``key``, ``value``, ``timestamp_ms``, ``record_id``, ``stream``. Return a table with a
+        ``key`` column; each key's rows go to :meth:`process_combined`. Keep no state here.
         """
         raise NotImplementedError(f"{self.name} declares no combine")
 
     def process_combined(self, ctx: "Context", rows: list[tuple[Any, ...]]) -> None:
-        """Handle ``ctx.key``'s rows of :meth:`combine` in place of :meth:`process_record`.
-
-        Called as :meth:`process_records` is. A key with a late record, a ``DEAD_LETTER`` computation or
-        a batch with a repeated record id runs :meth:`process_record` per record instead.
-        """
+        """Handle ``ctx.key``'s rows of :meth:`combine` in place of :meth:`process_record`."""
         raise NotImplementedError(f"{self.name} declares no process_combined")
 
     # The columnar path (docs/embedding.md): one call does what process_record and process_timer do.
     def process_columns(self, batch: ColumnBatch) -> ColumnResult:
-        """Run one interval's keys of one batch over Arrow columns (optional).
-
-        :class:`ColumnBatch` in, :class:`ColumnResult` out; the framework does dedup, ids, late records and
-        the commit. Taken only for computations without processing-time timers, holds, state TTL,
-        dead letters or value columns. Default: not declared.
-        """
+        """Run one interval's keys of one batch over Arrow columns (optional; docs/embedding.md)."""
         raise NotImplementedError(f"{self.name} declares no process_columns")
 
     @classmethod
@@ -208,8 +190,7 @@ class Computation:
 
     @classmethod
     def vectorised(cls) -> bool:
-        """Does this computation declare the vectorised path (:meth:`combine` and :meth:`process_combined`)?
-        """
+        """Does this computation declare both :meth:`combine` and :meth:`process_combined`?"""
         return (cls.combine is not Computation.combine
                 and cls.process_combined is not Computation.process_combined)
 

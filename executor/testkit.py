@@ -1,9 +1,6 @@
 """Test a computation without Spark: feed records, move time, look at state, timers and output.
 
-:class:`ComputationTester` drives a computation through the executor tasks' per-key runner
-(:func:`~deltawheel.executor.tasks.usercode.keyrun.run_key`), one key at a time, as a batch of
-one record would run (in the spirit of Spark's ``TwsTester`` and Beam's ``TestStream``). Rows live
-in memory, or with ``spark=`` in a Delta store committed by fenced transactions as a batch commits.
+:class:`ComputationTester` runs keys through the executor's per-key runner (``keyrun.run_key``).
 """
 
 from __future__ import annotations
@@ -161,17 +158,11 @@ class ComputationTester:
             record_id: str | None = None) -> None:
         """Run one record now: its key's user code, and that key's due timers.
 
-        Args:
-            value: the record's value.
-            event_time_ms: its event time.
-            stream: the input stream (default: the computation's only input).
-            key: the key (default: the stream's key extractor on ``value``; no usable key sends the
-                record to :attr:`dead_letters`, as a batch would).
-            record_id: its unique id (default: a fresh one); a repeated id is a duplicate.
+        ``key`` defaults to the stream's key extractor on ``value`` (no usable key: a dead letter);
+        ``record_id`` to a fresh one (a repeated id is a duplicate).
 
         Raises:
-            WindowingError: the stream is not an input, or its extractor is ``RECORD_KEY`` and no
-                ``key`` is given.
+            WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``.
         """
         comp = self.computation
         inputs = dict(type(comp).inputs)
@@ -258,9 +249,7 @@ class ComputationTester:
         return got
 
     def with_computation(self, computation: Computation) -> ComputationTester:
-        """A tester of ``computation`` (e.g. the next version) over this tester's rows, watermark and clock.
-
-        Rows of an older ``state_version`` are upgraded as each key is touched.
+        """A tester of ``computation`` (e.g. the next version) over this tester's rows and clocks.
 
         Raises:
             ConfigError: ``computation`` is invalid, or has another name.

@@ -1,12 +1,4 @@
-"""Embedding in one call: :func:`connect` and the :class:`Engine` it returns.
-
-    with deltawheel.connect(spark, store="s3a://bucket/store", zk="zk1:2181") as engine:
-        engine.run(injector, MyComputation())                 # bounded input, to its end
-        engine.run_pipeline(Pipeline("p", (injector,), (First(), Second())))  # stage after stage
-        run = engine.start_pipeline(pipeline, trigger="500 milliseconds")   # unbounded, every stage live
-
-The engine holds what ``wiring.py`` composes (client, leases, authority, row store) and the executors
-started on them; the per-batch protocol stays in ``executor/protocol/``.
+"""Embedding in one call: :func:`connect` and the :class:`Engine` it returns (docs/embedding.md).
 
 On ZooKeeper SUSPENDED the executors' batches pause (``max_pause_s`` bounds it); on LOST the
 leases are gone and the next batch fails with ``LeaseLostError``: :meth:`Engine.close` still
@@ -64,18 +56,14 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
     """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` to close.
 
     Args:
-        spark: a classic session with Delta and deltawheel's log store (:func:`deltawheel.spark_session`).
-        store: a local folder (made absolute) or an ``s3a://`` (or other) URI.
-        zk: ZooKeeper's ``host:port[,host:port]``; None: a local store's embedded server, started
-            when none answers and stopped by :meth:`Engine.close`.
+        spark: a classic session with Delta and deltawheel's log store.
+        store: a local folder or an ``s3a://`` (or other) URI.
+        zk: ``host:port[,host:port]``; None: a local store's embedded server.
         pipeline: the name leases, sequencers and watermarks live under.
         owner: this process's name on its leases (default ``host:pid``).
-        instance: this job instance's name across restarts: a restart takes its killed predecessor's
-            leases at once instead of waiting out its session (docs/operations.md).
-        zk_chroot, zk_digest: as :class:`ZkConfig`'s ``chroot`` and ``digest``.
+        instance: this job's name across restarts: a restart takes its predecessor's leases at once.
         wait_s: how long an executor's start waits for leases another process holds.
         max_pause_s: how long a batch pauses while ZooKeeper does not serve (None: while the session lives).
-        zk_session_timeout_s: the ZooKeeper session timeout: a killed process's leases stay held this long.
 
     Raises:
         SparkConnectSessionError: ``spark`` is a Spark Connect session.
@@ -117,8 +105,7 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
 class Engine:
     """A store, its pipeline's ZooKeeper objects and the executors started on them; made by :func:`connect`.
 
-    :attr:`progress` says where the executors' lines go: ``True`` prints them, ``False`` keeps them
-    off, a callable gets each line; a call's own ``progress=`` overrides it.
+    :attr:`progress`: True prints the executors' lines, False not, a callable gets each line.
     """
 
     progress: Progress = True
@@ -153,13 +140,8 @@ class Engine:
                  checkpoint: str | None = None, wait_s: float | None = None, **options: Any) -> ComputationExecutor:
         """A started executor of ``computation``: pass it to ``writeStream.foreachBatch``.
 
-        Args:
-            computation: the instance, pickled to the Spark tasks (docs/embedding.md).
-            upstream: injectors (their watermarks are published after each batch) and/or
-                ``"injector:NAME"`` / ``"computation:NAME"`` names.
-            checkpoint: the query's checkpoint (needed by injectors estimating from pending files).
-            wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`ComputationExecutor` arguments, and ``progress``.
+        ``upstream``: injectors (their watermarks published after each batch) and/or names such as
+        ``"injector:NAME"``; ``options``: more :class:`ComputationExecutor` arguments.
 
         Raises:
             ConfigError: event-time timers and no watermark source, or bad options.
@@ -186,10 +168,8 @@ class Engine:
               trigger: str | float | Trigger | None = None, **options: Any) -> Any:
         """Start a streaming query of ``source`` into ``computation``; returns Spark's ``StreamingQuery``.
 
-        ``source`` is an injector or a streaming DataFrame in the stream-table schema (then give its
-        watermark source as ``upstream``). ``checkpoint`` defaults to
-        ``<store>/_checkpoints/<pipeline>/<computation>``. ``available_now``: read what is there now and
-        stop; else run until stopped, on ``trigger`` (:meth:`.Trigger.parse`).
+        ``source``: an injector or a stream-table-schema DataFrame. ``available_now``: read what is there
+        and stop; else run on ``trigger`` (:meth:`.Trigger.parse`).
 
         Raises:
             ConfigError: ``trigger`` cannot be parsed, or is given with ``available_now``.
@@ -226,9 +206,7 @@ class Engine:
 
     def run(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
             upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> list[BatchReport]:
-        """Run ``computation`` over everything ``source`` holds now, to its end, then give the leases back.
-
-        An ``availableNow`` query (:meth:`start`), then :meth:`finish`. Returns the batch reports.
+        """Run ``computation`` over everything ``source`` holds now, to its end; returns the batch reports.
 
         Raises:
             DeltaWheelError: the batch's own typed error (not Spark's wrapper of it).
@@ -248,17 +226,10 @@ class Engine:
     def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None, continuous: bool = False,
                      trigger: str | float | Trigger | None = None, triggers: Mapping[str, Any] | None = None,
                      seconds: float | None = None, **options: Any) -> RunSummary:
-        """Run ``pipeline`` over everything its injectors hold now, stage after stage, to its end.
+        """Run ``pipeline`` over everything its injectors hold now, stage after stage; returns the summary.
 
-        Rounds repeat until nothing moves (:class:`PipelineRunner`); returns the :class:`RunSummary`.
-        ``continuous=True``: run it unbounded instead (:meth:`start_pipeline`) until SIGTERM, Ctrl-C or
-        ``seconds``, then stop gracefully.
-
-        Args:
-            pipeline: the injectors and computations (named as the engine's pipeline).
-            wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`PipelineRunner` arguments; ``progress``; ``gc_every``: gc's Delta passes
-                every N batches or a duration (``"10m"``; docs/operations.md).
+        ``continuous=True``: run it unbounded (:meth:`start_pipeline`) until stopped or ``seconds``.
+        ``options``: more :class:`PipelineRunner` arguments, ``progress``, ``gc_every`` (docs/operations.md).
 
         Raises:
             ConfigError: a pipeline named otherwise than the engine's, an option the engine sets, a
@@ -286,18 +257,11 @@ class Engine:
     def start_pipeline(self, pipeline: Pipeline, *, trigger: str | float | Trigger | None = None,
                        triggers: Mapping[str, Any] | None = None, computations: Sequence[str] | None = None,
                        wait_s: float | None = None, **options: Any) -> ContinuousRun:
-        """Start ``pipeline`` unbounded, every computation's query live; returns the :class:`.ContinuousRun`.
+        """Start ``pipeline`` unbounded; returns the :class:`.ContinuousRun` (docs/continuous.md).
 
-        :meth:`close` stops it too (docs/continuous.md).
-
-        Args:
-            pipeline: the injectors and computations (named as the engine's pipeline).
-            trigger: every query's trigger: None (as fast as possible) or a processing-time interval.
-            triggers: per computation name, its own trigger instead.
-            computations: the names of the computations to run here (default: all).
-            wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: ``write_path``, ``direct_read``, ``tick_s``, ``progress``, ``instance``, ``gc_every``
-                or ``background_gc``, ``metrics_port`` (docs/watching.md).
+        ``triggers``: per computation, its own trigger; ``computations``: those to run here (default: all);
+        ``options``: ``write_path``, ``direct_read``, ``tick_s``, ``progress``, ``instance``, ``gc_every``,
+        ``background_gc``, ``metrics_port``.
 
         Raises:
             ConfigError: as :meth:`run_pipeline`, a bad trigger, an unknown computation name, or an
@@ -359,8 +323,7 @@ class Engine:
         pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
 
     def finish(self, executor: ComputationExecutor) -> BatchReport:
-        """End ``executor``'s bounded input: watermarks to END_OF_TIME, pending timers fired, delivery landed.
-        """
+        """End ``executor``'s bounded input: watermarks to the end, due timers fired, delivery landed."""
         for inj in self._feeding.get(id(executor), ()):
             inj.finish()
             publish_watermark(self.authority, inj)
@@ -373,10 +336,7 @@ class Engine:
             self.server.release()
 
     def close(self) -> None:
-        """Stop queries, runs and executors, close leases and client, stop the embedded ZooKeeper.
-
-        Everything is attempted; the first failure is raised after.
-        """
+        """Stop everything started, close leases and client; the first failure is raised after."""
         if self._closed:
             return
         self._closed = True

@@ -69,12 +69,7 @@ def _some(names: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """What a replay reads and writes (``--plan`` prints it).
-
-    ``from_version``: the live rows version seeded from (None: empty state); ``to_version``: the
-    newest replayed; ``resume_after``: the version a previous replay into the folder reached;
-    ``skips``: per batch, the files whose records of some intervals it drops.
-    """
+    """What a replay reads and writes (``--plan`` prints it); ``from_version`` None: empty state."""
 
     store: str
     into: str
@@ -161,13 +156,10 @@ def registered_computation(pipeline: str, computation: str) -> Computation | Non
 
 
 def load_code(spec: str, computation: str) -> Computation:
-    """The computation ``MODULE:NAME`` names: a class, an instance, or a function returning one.
-
-    Its module is pickled by value to Spark's workers.
+    """The computation ``MODULE:NAME`` names (a class, an instance, or a function returning one).
 
     Raises:
-        ReplayCodeError: not ``MODULE:NAME``, it does not import, or it is not a Computation
-            called ``computation``.
+        ReplayCodeError: not ``MODULE:NAME``, it does not import, or it is not ``computation``.
     """
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
@@ -281,16 +273,14 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                 to_version: int | None = None, intervals: Sequence[int] | None = None,
                 keys: Sequence[str] | None = None, num_intervals: int | None = None,
                 code: Computation | None = None, injectors: Sequence[Injector] = ()) -> ReplayPlan:
-    """What a replay of ``computation`` would read and write (see the module docstring).
+    """What a replay of ``computation`` would read and write.
 
     Exactly one of ``from_version``, ``from_timestamp_ms`` and ``from_start``; ``to_version`` None:
-    the newest commit. ``intervals`` or ``keys``: replay only those (:func:`replay_scope`). With
-    ``code`` and ``injectors``, the injectors' files are checked too.
+    the newest commit.
 
     Raises:
         NotAStoreError: ``store`` has no rows table.
-        ConfigError: the pipeline never ran there, ``computation`` has no commit there, or (with
-            ``code``) an injector input is not in ``injectors``.
+        ConfigError: the pipeline or ``computation`` never ran there, or an injector is missing.
         ReplayUnavailableError: a version that does not exist or is before the replay horizon.
         ReplayTargetError: ``into`` is the live store, holds something else, or other intervals.
         InputGoneError: an input file of a planned batch is gone.
@@ -398,15 +388,12 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
            code_spec: str | None = None) -> ReplayResult:
     """Run ``plan`` with ``code``; returns the reports and the diff.
 
-    ``zk``: the shadow store's ZooKeeper (not the live chroot: :func:`shadow_chroot`; None: its own
-    embedded server). ``source`` (``MODULE:PIPELINE``) and ``code_spec`` (``MODULE:CLASS``) are
-    recorded in the marker for ``promote``.
+    ``zk``: the shadow store's ZooKeeper (:func:`shadow_chroot`; None: its own embedded server).
 
     Raises:
         ReplayCodeError: ``code`` is not the planned computation.
         ConfigError: an input is an injector not given in ``injectors``.
-        InputGoneError: an input file of a replayed batch is gone (before anything is written, or
-            before that batch runs).
+        InputGoneError: an input file of a replayed batch is gone.
     """
     if code.name != plan.computation:
         raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")

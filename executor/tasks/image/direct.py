@@ -339,8 +339,7 @@ class _Keyed:
 
 
 def _keyed(batch: DirectBatch, t: Any) -> _Keyed:
-    """A file's keys: the Parquet column's own dictionary when read as one without nulls, else encoded here.
-    """
+    """A file's keys: the Parquet column's own dictionary when it has no nulls, else encoded here."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

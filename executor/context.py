@@ -68,8 +68,6 @@ class Context:
         self._state_codec = codec.name if state_codec is None else state_codec
         self.expired = False  # the state TTL dropped the key in this run (:meth:`expire`)
 
-    # ---------------------------------------------------------------- state
-
     @property
     def state(self) -> Any:
         """The key's state (decoded on first access); None when the key has none.
@@ -94,8 +92,6 @@ class Context:
         """The computation's input low watermark (None until one is known)."""
         return self.input_watermark_ms
 
-    # --------------------------------------------------------------- timers
-
     def set_timer(self, tag: str, time_ms: int, *, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         """Set (or move) the timer ``tag`` of this key to fire at ``time_ms`` in ``domain``."""
         if not isinstance(time_ms, int) or isinstance(time_ms, bool):
@@ -119,8 +115,6 @@ class Context:
     def hold_watermark(self, time_ms: int | None) -> None:
         """Hold this computation's low watermark at or below ``time_ms`` (None releases it)."""
         self._hold = time_ms
-
-    # ---------------------------------------------------------- productions
 
     def produce(self, stream: str, value: Any, *, timestamp_ms: int | None = None,
                 key: str | None = None) -> None:
@@ -147,8 +141,6 @@ class Context:
         self._productions.append(make_production(
             pid, stream, out_key, codec.encode(value),
             cause.timestamp_ms if timestamp_ms is None else int(timestamp_ms), codec.name))
-
-    # ------------------------------------------------- the runner's side (keyrun)
 
     @property
     def watermark_hold_ms(self) -> int | None:

@@ -152,8 +152,6 @@ class ComputationTester:
         """The Delta store's folder (None in memory)."""
         return self._rows.layout.root if isinstance(self._rows, _DeltaRows) else None
 
-    # ------------------------------------------------------------------ input
-
     def add(self, value: Any, *, event_time_ms: int, stream: str | None = None, key: str | None = None,
             record_id: str | None = None) -> None:
         """Run one record now: its key's user code, and that key's due timers.
@@ -202,8 +200,6 @@ class ComputationTester:
         for value, ts in records:
             self.add(value, event_time_ms=ts, stream=stream)
 
-    # ------------------------------------------------------------------- time
-
     def advance_watermark(self, watermark_ms: int) -> None:
         """Move the input low watermark (never back) and fire the event-time timers before it."""
         if self.watermark_ms is not None and watermark_ms < self.watermark_ms:
@@ -221,8 +217,6 @@ class ComputationTester:
     def finish(self) -> None:
         """The input is complete: the watermark goes to the end of time (every event-time timer fires)."""
         self.advance_watermark(END_OF_TIME)
-
-    # ---------------------------------------------------------------- results
 
     def state(self, key: str) -> Any:
         """The key's state, decoded (None: none)."""
@@ -268,8 +262,6 @@ class ComputationTester:
         """With a Delta store: read the rows back from the table (what a restarted executor sees)."""
         if isinstance(self._rows, _DeltaRows):
             self._rows.reread()
-
-    # --------------------------------------------------------------- running
 
     def _run(self, key: str, records: list[Record]) -> None:
         out = run_key(self.computation, key=key, interval=interval_of(key, type(self.computation).num_intervals),

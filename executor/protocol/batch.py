@@ -166,8 +166,6 @@ class BatchProtocol:
         b.commit_s = time.monotonic() - t0
         return run
 
-    # ------------------------------------------------------------- step 1
-
     def _skip_processed(self, df: Any | None, batch_id: int,
                         input_files: Sequence[str] | None) -> tuple[Any | None, int, tuple[str, ...]]:
         """Shared intervals: (the input without what earlier owners processed, how many, its files)."""
@@ -284,8 +282,6 @@ class BatchProtocol:
         self.log(format_report(self.ex.comp.name, report, now_ms=self.ex.clock.now_ms()))
         return report
 
-    # ---------------------------------------------------------- steps 2-5
-
     def _user_code(self, b: BatchState) -> BatchRun[Any]:
         """Steps 3-4 in the tasks (with step 2's dedup), then the side writes of their output."""
         ex = self.ex
@@ -333,8 +329,6 @@ class BatchProtocol:
         ex.job.observe(run)
         self.fault(FaultPoint.AFTER_COMMIT, b.batch_id)
         return redeliver
-
-    # ------------------------------------------------------------ the report
 
     def _finish(self, b: BatchState, run: BatchRun[Any], low: int | None, *, pending: bool = False) -> BatchReport:
         """The batch's report: kept, logged, metrics row handed over (``pending``: step 7 still runs)."""

@@ -133,8 +133,6 @@ class ComputationExecutor:
     def event_ahead_ms(self, bounds: Mapping[str, int]) -> None:
         self.job.event_ahead_ms = dict(bounds)
 
-    # ------------------------------------------------------------- lifecycle
-
     def start(self, *, wait_s: float = 0.0, streams_ready: bool = True) -> None:
         """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints.
 
@@ -230,8 +228,6 @@ class ComputationExecutor:
     def __call__(self, df: Any, batch_id: int) -> None:
         """The ``foreachBatch`` entry point: :meth:`run_batch` with step 7 in the background."""
         self._run(df, batch_id, background=True)
-
-    # ----------------------------------------------------------- the batches
 
     def input_watermark(self) -> int | None:
         """min over upstream low watermarks (None until all are known), capped by :attr:`upstream_caps`."""

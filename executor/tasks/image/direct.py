@@ -218,8 +218,6 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
                         tuple((c, _plain(fields[c])) for c in cols), values, s3)
 
 
-# --------------------------------------------------------------------------- task side
-
 
 class BatchReader:
     """One task's view of the batch's files: each read, and its keys hashed, once."""

@@ -115,8 +115,6 @@ class ImageTasks:
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
 
-    # ------------------------------------------------------------------ the job
-
     def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
         """The input, lazily prepared (or the batch's files, for the tasks to read)."""
         direct = None
@@ -168,8 +166,6 @@ class ImageTasks:
     def checkpoint(self, run: BatchRun[BatchOutput]) -> bool:
         """The tasks wrote the productions as files only: run them again with ``strong``."""
         return False
-
-    # ------------------------------------------------------------------ steps 3 + 4
 
     def plan(self, session: Any, prep: Any | None, *, wm: int | None, wm_late: int | None, now_ms: int,
              horizon_ms: int | None, commit_id: str, strong: bool | None = None,

@@ -214,8 +214,6 @@ def _dead_letters(data: Any) -> tuple[Any, list[SideRecord], tuple[int | None, i
     return data.filter(pc.invert(bad)), side, (mm["min"].as_py(), mm["max"].as_py())
 
 
-# --------------------------------------------------------------------------- claims
-
 
 class ClaimError(RuntimeError):
     """A job's tasks returned no summary, or more than one, for one of its intervals."""

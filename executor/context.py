@@ -36,10 +36,7 @@ class TimerCause:
 
 
 class Context:
-    """Per-key handle: typed state, timers, productions, and the clocks.
-
-    Changes become visible to storage only when the batch commits, with the consumed record ids.
-    """
+    """Per-key handle: typed state, timers, productions, and the clocks; changes commit with the batch."""
 
     def __init__(self, *, computation: str, key: str, state_bytes: bytes | None, codec: Codec,
                  timers: tuple[Timer, ...], outputs: tuple[str, ...], input_watermark_ms: int | None,
@@ -70,10 +67,7 @@ class Context:
 
     @property
     def state(self) -> Any:
-        """The key's state (decoded on first access); None when the key has none.
-
-        Assign to change it (None forgets it); a state read and changed in place is stored too.
-        """
+        """The key's state (None: none); assign to change it, changes in place are kept too."""
         if self._state is _UNSET:
             self._state = None if self._state_bytes is None else self._codec.decode(self._state_bytes)
         return self._state
@@ -118,12 +112,8 @@ class Context:
 
     def produce(self, stream: str, value: Any, *, timestamp_ms: int | None = None,
                 key: str | None = None) -> None:
-        """Produce ``value`` to ``stream`` (one of the computation's outputs).
-
-        ``timestamp_ms`` and ``key`` default to the record's or timer's and this key. The record id is
-        unique and stable across replays: ``<computation>:<record id>#<n>`` for a record,
-        ``timer:<computation>:<key>:<domain>:<tag>:<time>:<seq>#<n>`` for a timer firing.
-        """
+        """Produce ``value`` to ``stream``; ids are stable across replays (``<computation>:<record id>#<n>``).
+        Produce ``value`` to ``stream``; ids are stable across replays (``<computation>:<record id>#<n>``)."""
         if stream not in self._outputs:
             raise ConfigError(
                 f"{self.computation} produced to {stream!r}, which is not among its outputs "
@@ -167,10 +157,7 @@ class Context:
             del self._productions[len(self._productions) - self._n:]
 
     def pop_due_timer(self, input_watermark_ms: int, now_ms: int) -> Timer | None:
-        """Remove and return the first due timer by (time, tag, domain), or None.
-
-        Due: event time before ``input_watermark_ms``, processing time at or before ``now_ms``.
-        """
+        """Remove and return the first due timer by (time, tag, domain), or None."""
         best = None
         for t in self._timers.values():  # one pass (no list of the due ones): it runs for every key with timers
             if (t[0] < input_watermark_ms if t[2] is _EVENT else t[0] <= now_ms) and (best is None or t < best):
@@ -248,9 +235,7 @@ class Context:
         return bool(self._timers)
 
     def outcome(self) -> tuple[bytes | None, tuple[Timer, ...], int | None, int | None, str, list[Production]]:
-        """(:meth:`encoded_state`, :attr:`stored_timers`, :attr:`watermark_hold_ms`, :attr:`timer_seq`,
-        :meth:`stored_codec`, :attr:`productions`): what the runner stores of the key.
-        """
+        """What the runner stores of the key, in one call."""
         state = self._state
         untouched = not self._dirty and (state is _UNSET or state is None)
         if untouched:

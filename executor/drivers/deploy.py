@@ -1,9 +1,4 @@
-"""Deploying a deltawheel job the Spark way: ``spark-submit``'s options and a packed environment.
-
-:func:`submit_args` gives the ``--jars``, ``--conf`` and ``--archives`` a job needs (Spark's
-"Python Package Management"); :func:`pack_environment` builds the archive with ``venv-pack``,
-leaving pyspark out (the cluster's Spark provides it).
-"""
+"""Deploying a deltawheel job the Spark way: ``spark-submit``'s options and a packed environment."""
 
 from __future__ import annotations
 
@@ -68,11 +63,8 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
     Args:
         object_store: tables on ``s3a://``: the S3A jars, the log store arbitrated by ZooKeeper.
         archive: the packed environment, a path or URL (None: the cluster's Python).
-        deploy_mode: ``client`` (driver here, on ``driver_python``) or ``cluster``.
-        endpoint: the object store's URL and keys.
-        zk: ZooKeeper's connect string for the ``s3a://`` log store.
-        job, bundle, base_url: cluster mode on a standalone cluster: jars, archive and a launcher
-            are copied into ``bundle``, served at ``base_url``; the job's arguments follow.
+        job, bundle, base_url: cluster mode on a standalone cluster: files copied into ``bundle``,
+            served at ``base_url``.
 
     Raises:
         ConfigError: an unknown deploy mode, or cluster mode without what it needs.
@@ -146,8 +138,7 @@ LAUNCHER = "deltawheel-launch.jar"
 
 
 def launcher(job: Path, dest: Path) -> Path:
-    """A zip named ``.jar`` whose ``__main__.py`` puts the shipped environment on ``sys.path`` and runs
-    ``job``."""
+    """A zip named ``.jar`` that puts the shipped environment on ``sys.path`` and runs ``job``."""
     import zipfile
 
     with zipfile.ZipFile(dest, "w") as z:
@@ -208,14 +199,7 @@ def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | Non
                      extra: tuple[str, ...] = (), keep_pyspark: bool = False) -> Path:
     """Pack a virtual environment with deltawheel (and ``extra`` requirements) into ``dest`` (.tar.gz).
 
-    An archive newer than every source file, packed with the same arguments, is kept.
-
-    Args:
-        dest: the archive to write.
-        python: the interpreter, at the same path on the cluster's hosts.
-        wheel: a built wheel (default: built from this source tree).
-        extra: more requirements to install.
-        keep_pyspark: ship pyspark too.
+    ``python`` must exist at the same path on the cluster's hosts; an up-to-date archive is kept.
 
     Raises:
         ConfigError: no wheel and no source tree, or a step failed (its output).

@@ -55,10 +55,7 @@ __all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPT
 
 
 class BatchProtocol:
-    """DESIGN's seven steps over one executor's parts, and what it keeps from batch to batch.
-
-    The parts are read at each batch; kept are the newest committed lateness mark and watermarks.
-    """
+    """DESIGN's seven steps over one executor's parts; keeps the newest lateness mark and watermarks."""
 
     def __init__(self, executor: ComputationExecutor) -> None:
         self.ex = executor
@@ -68,11 +65,7 @@ class BatchProtocol:
     def run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None, use_authority: bool,
             input_files: Sequence[str] | None, background: bool = False,
             late_watermark_ms: int | None = None) -> BatchReport:
-        """The seven steps on the micro-batch ``df`` (None: timers only).
-
-        ``background``: a batch with input runs step 7 in the background; the executor's ``reports`` get
-        the published low watermark when it lands.
-        """
+        """The seven steps on the micro-batch ``df`` (None: timers only; ``background``: step 7 too)."""
         ex = self.ex
         started = time.monotonic()
         self.watermarks.join()  # the previous batch's step 7 (raising its failure) before any watermark is read
@@ -204,9 +197,7 @@ class BatchProtocol:
                           strong=comp.strong_productions, skipped=skipped, files=files)
 
     def opened(self) -> None:
-        """After the start: read the newest lateness mark (republishing its injector watermarks) and,
-        with shared intervals, the input files committed for the intervals taken.
-        """
+        """After the start: the newest lateness mark, and the taken intervals' committed input files."""
         ex = self.ex
         self.acted = read_mark(ex.spark, ex.layout.rows, ex.comp.name, ex.owner.intervals)
         if ex.authority is not None and self.acted is not None and self.watermarks.hook_observes_early():
@@ -220,10 +211,7 @@ class BatchProtocol:
 
     def _lateness(self, df: Any | None, batch_id: int,
                   wm_in: int | None) -> tuple[int | None, int | None, int | None]:
-        """(lateness watermark, input watermark, the upstream computations' part of it).
-
-        A replay of the newest committed batch takes its first attempt's values (``lateness.py``).
-        """
+        """(lateness watermark, input watermark, upstream computations' part); a replay's as first run."""
         m = self.acted
         wms = self.watermarks
         if m is not None and df is not None and m.batch_id == batch_id:
@@ -239,9 +227,7 @@ class BatchProtocol:
         return late, wm_in, wms.computations_read
 
     def _nothing_due(self, b: BatchState) -> bool:
-        """A timers-only batch has nothing to do: no processing-time timer due, no straggler, and no
-        event-time timer the watermark move could have made due (:meth:`_moved_past_nothing`).
-        """
+        """A timers-only batch has nothing to do (no due timer, no straggler)."""
         ex = self.ex
         if not ex.reports or ex.inflight.open is not None:
             return False
@@ -251,10 +237,7 @@ class BatchProtocol:
         return ex.reports[-1].input_watermark_ms == b.wm_in or self._moved_past_nothing(b)
 
     def _moved_past_nothing(self, b: BatchState) -> bool:
-        """The watermark moved past no interval's event-time timer or hold, so the batch changes no row.
-
-        Not for windowed computations, new injector estimates or self-publishing hooks.
-        """
+        """The watermark moved past no interval's event-time timer or hold: the batch changes no row."""
         ex = self.ex
         if b.wm_in is None or ex.comp.event_time_timers:
             return False

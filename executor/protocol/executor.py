@@ -39,23 +39,15 @@ class ComputationExecutor:
     """Runs one computation's batches; pass it to ``writeStream.foreachBatch``.
 
     Args:
-        spark: the session.
-        layout: the store.
-        computation: the user's computation (instance).
         owner: holds the computation's intervals (leases + fenced commits).
-        authority: the watermark authority; None: event-time timers fire only with a given
-            ``input_watermark_ms``.
-        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries whose watermarks make the
-            input low watermark.
-        manual_watermarks: the caller passes ``input_watermark_ms`` itself, so ``event_time_timers``
-            computations may run without a watermark source.
+        authority: the watermark authority (None: only given ``input_watermark_ms`` fire timers).
+        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries making the input watermark.
+        manual_watermarks: the caller passes ``input_watermark_ms``, so no watermark source is needed.
         on_batch_end: called with each micro-batch's observed max event time.
-        write_path: ``"image"``, ``"merge"`` or ``"auto"``
-            (:func:`~deltawheel.executor.tasks.paths.choose_write_path`).
-        intervals: the key intervals this instance takes (default: all); dead letters are written by
-            their key's interval owner (interval 0 without a key).
-        event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock before a
-            record is a dead letter. Default: one day ({} turns the check off).
+        write_path: ``"image"``, ``"merge"`` or ``"auto"`` (``tasks/paths.py``).
+        intervals: the key intervals this instance takes (default: all).
+        event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock (default:
+            one day; {}: no check).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
@@ -134,10 +126,7 @@ class ComputationExecutor:
         self.job.event_ahead_ms = dict(bounds)
 
     def start(self, *, wait_s: float = 0.0, streams_ready: bool = True) -> None:
-        """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints.
-
-        ``streams_ready``: also wait for the output streams' tables (False: the first batch waits).
-        """
+        """Acquire, fence, recover and redeliver; ``streams_ready``: wait for the output tables too."""
         self._protocol.watermarks.require_source()
         t_start = time.monotonic()
         authority = self.authority
@@ -177,12 +166,7 @@ class ComputationExecutor:
         self._started = True
 
     def start_in_background(self, *, wait_s: float = 0.0, then: Callable[[], None] | None = None) -> None:
-        """:meth:`start` in a thread, overlapping what the caller does next.
-
-        Start the streaming query only after :meth:`wait_leased` (the leases keep a second copy off its
-        checkpoint); the first batch, :meth:`flush`, :meth:`settle` and :meth:`stop` wait for the whole
-        start (:meth:`wait_started`). ``then`` runs in the thread after a successful start.
-        """
+        """:meth:`start` in a thread; start the query only after :meth:`wait_leased`."""
         if self._started or self._starting is not None:
             return
         self._starting = BackgroundStart(functools.partial(self.start, wait_s=wait_s, streams_ready=False),
@@ -238,9 +222,7 @@ class ComputationExecutor:
                   late_watermark_ms: int | None = None) -> BatchReport:
         """Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting first if needed.
 
-        With :attr:`shared`, records an earlier owner processed are dropped (by ``input_files``, default
-        the micro-batch's) and the commit records the batch's. A stale view of the rows reruns steps 2-5,
-        at most three times. ``late_watermark_ms``: a replay's lateness watermark (None: decided here).
+        ``input_files``: with :attr:`shared`, the batch's positions; ``late_watermark_ms``: a replay's.
         """
         return self._run(df, batch_id, input_watermark_ms=input_watermark_ms, use_authority=use_authority,
                          input_files=input_files, late_watermark_ms=late_watermark_ms)
@@ -274,10 +256,7 @@ class ComputationExecutor:
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
     def settle(self) -> bool:
-        """Wait for the last batch's delivery in flight (redelivering if it failed); publish its watermark.
-
-        Returns whether there was one.
-        """
+        """Wait for the last delivery in flight and publish its watermark; returns whether there was one."""
         self.wait_started()
         self._protocol.watermarks.join()  # the last batch's step 7, if it runs in the background
         st = self.inflight.open

@@ -1,9 +1,7 @@
 """Intervals that move between job instances: exact input positions, the skip rule and catch-up.
 
-Each interval's fence row holds the input positions (immutable files) committed for it
-(``statestore/rowtable/inputfiles.py``). **Skip**: a record whose position is in its interval's
-set was processed by an earlier owner and is dropped. **Catch-up**: on taking intervals, positions
-this instance's query already consumed but a taken interval lacks are processed for it first.
+A record whose position is in its interval's committed set is dropped (**skip**); on taking
+intervals, positions this instance consumed but a taken interval lacks run first (**catch-up**).
 docs/rescaling.md, "The hazard, and how a move stays exact".
 """
 
@@ -67,8 +65,6 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
                  checkpoint: str, files_of: Callable[[str], TableFiles | None] | None = None) -> SharedInput:
     """What the executor of ``comp`` needs when instances share its intervals.
 
-    ``table_of``: a stream's table path; ``files_of``: how remote files are reached (None: local only).
-
     Raises:
         ConfigError: ``comp`` reads an input that gives no file positions.
     """
@@ -84,11 +80,8 @@ def _source_index(comp: Computation, parquet: Mapping[str, Injector]) -> int:
 
 def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: Iterable[str], *,
                  table_of: Callable[[str], str]) -> tuple[dict[str, Injector], dict[str, str]]:
-    """(the Parquet injector by stream, the stream tables by stream) of ``streams``.
-
-    Raises:
-        ConfigError: one gives no file positions, or several Parquet injectors.
-    """
+    """(the Parquet injector by stream, the stream tables by stream); ConfigError if one gives no positions.
+    (the Parquet injector by stream, the stream tables by stream); ConfigError if one gives no positions."""
     parquet: dict[str, Injector] = {}
     tables: dict[str, str] = {}
     for stream in streams:
@@ -112,10 +105,7 @@ def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: 
 
 def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpoint: str,
                 table_of: Callable[[str], str] | None = None) -> SharedInput | None:
-    """The positions of a computation reading Kafka injectors (offset ranges), beside files.
-
-    None when it reads no Kafka injector, an input that gives no positions, or ``table_of`` is None.
-    """
+    """The positions of a Kafka-fed computation; None when it reads no Kafka injector or lacks positions."""
     kafka: dict[str, KafkaInjector] = {}
     for s in comp.inputs:
         inj = injectors.get(s)
@@ -146,11 +136,7 @@ def file_column() -> Any:
 
 @dataclass
 class SharedInput:
-    """One computation's input when instances share its intervals: the skip rule and catch-up.
-
-    ``parquet``: its Parquet injector by stream (at most one); ``tables``: stream -> table path;
-    ``done``: per interval held, the positions processed for it.
-    """
+    """One computation's input when instances share its intervals; ``done``: per interval, its positions."""
 
     comp: Computation
     parquet: dict[str, Injector]
@@ -195,10 +181,7 @@ class SharedInput:
 
     def apply(self, df: Any, batch_id: int, intervals: Sequence[int],
               positions: Sequence[str] | None = None) -> tuple[Any, int, tuple[str, ...]]:
-        """(``df`` after the skip rule, how many were dropped, the batch's positions).
-
-        ``positions`` default to those the checkpoint logs for micro-batch ``batch_id``.
-        """
+        """(``df`` after the skip rule, how many were dropped, the batch's positions)."""
         df = df.withColumn(_POSITION, self.position())
         if positions is None:
             positions = self.batch_positions(df, batch_id)
@@ -207,11 +190,8 @@ class SharedInput:
         return kept.drop(_POSITION), skipped, tuple(positions)
 
     def record(self, df: Any, batch_id: int) -> tuple[str, ...]:
-        """The positions of micro-batch ``batch_id`` for the commit's record alone (replay).
-
-        Kafka-fed: offset ranges. A remote file that cannot be read never fails the batch: it goes into
-        :attr:`unknown` and a log line says why.
-        """
+        """Micro-batch ``batch_id``'s positions for the commit's record (unknown ones go to :attr:`unknown`).
+        Micro-batch ``batch_id``'s positions for the commit's record (unknown ones go to :attr:`unknown`)."""
         self.unknown.discard(batch_id)
         if self.kafka and not self.parquet and not self.tables:
             return ()
@@ -280,10 +260,8 @@ class SharedInput:
         return sorted(r[0] for r in df.select(_POSITION).distinct().collect() if r[0])
 
     def table_positions(self, batch_id: int) -> list[str] | None:
-        """Micro-batch ``batch_id``'s positions when every input is a stream table, no Spark job.
-
-        From the offset log and each table's Delta log; None when not known there.
-        """
+        """Micro-batch ``batch_id``'s positions from the logs when every input is a stream table, else None.
+        Micro-batch ``batch_id``'s positions from the logs when every input is a stream table, else None."""
         if self.parquet or batch_id < 0:
             return None
         out: set[str] = set()
@@ -349,10 +327,7 @@ class SharedInput:
         return out
 
     def missing(self, intervals: Iterable[int]) -> list[str]:
-        """The positions this instance consumed that some of ``intervals`` has not processed.
-
-        A consumed position gone from its source and in no interval's set is left out (docs/rescaling.md).
-        """
+        """The positions this instance consumed that some of ``intervals`` has not processed."""
         consumed = self.consumed()
         out: set[str] = set()
         for iv in intervals:
@@ -374,11 +349,7 @@ class SharedInput:
         return not os.path.exists(os.path.join(local_folder(folder), name))
 
     def files_df(self, spark: Any, positions: Sequence[str]) -> Any:
-        """The records at ``positions`` as the query's frame gives them.
-
-        Raises:
-            InputGoneError: a stream table's data file or an injector's file is gone.
-        """
+        """The records at ``positions`` as the query's frame gives them; InputGoneError if a file is gone."""
         from deltawheel.statestore.writepath.streams import stream_schema_ddl
         from pyspark.sql import functions as F
 

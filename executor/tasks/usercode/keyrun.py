@@ -1,16 +1,8 @@
 """Running user code for one key in one batch: pure Python, no Spark, no I/O.
 
-``run_key`` runs in the MERGE path's tasks, in the driver for tests and in the windowing harness;
-the image path's key loop (``keys.py``) shares :class:`UserCode`. A key's run:
-
-1. Drop records whose id the row holds within the dedup horizon, and duplicates in the batch.
-2. Run ``process_record`` on the rest in event-time order, ``ctx.input_watermark_ms`` being the
-   watermark before the batch's input.
-3. Fire due timers in timestamp order: event-time with ``time < input low watermark``,
-   processing-time with ``time <= now``, including ones set while firing.
-4. Build the new row image: state, timers, record ids, productions, the watermark hold.
-
-Around user code, old ``state_version`` state is upgraded first, and a state TTL moves or fires.
+A key's run: 1. drop records already seen; 2. ``process_record`` on the rest in event-time order;
+3. fire due timers in timestamp order (event time before the input low watermark, processing
+time up to now); 4. build the new row image. The image path's key loop shares :class:`UserCode`.
 """
 
 from __future__ import annotations
@@ -73,10 +65,8 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
             strong: bool | None = None, record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> KeyOutcome:
     """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
 
-    Records run under ``record_watermark_ms`` (default ``input_watermark_ms``), timers under
-    ``input_watermark_ms``. ``presorted``: already in (event time, record id) order. ``keep_ids``:
-    False only reports the new ids in ``KeyOutcome.new_record_ids``. ``strong``: checkpoint the new
-    productions in the row (default: ``comp.strong_productions``).
+    ``presorted``: already in (event time, record id) order; ``keep_ids``: False only reports new ids;
+    ``strong``: checkpoint the productions in the row (default: ``comp.strong_productions``).
     """
     codec = codec_of(comp)
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
@@ -159,11 +149,7 @@ def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *,
 
 
 class UserCode:
-    """Phases 1-3 for the keys of one batch: the one implementation of user-code semantics.
-
-    Records whose id is not in ``seen`` (None: no dedup) run with ``record_watermark_ms``, then due
-    timers with ``input_watermark_ms``. Built once per batch.
-    """
+    """Phases 1-3 for the keys of one batch: the one implementation of user-code semantics."""
 
     def __init__(self, comp: Computation, *, input_watermark_ms: int | None, now_ms: int,
                  fire_timers: bool = True, combine_per_key: bool = True,
@@ -261,11 +247,8 @@ class UserCode:
         return fresh, dups, late, dead, fired
 
     def _upgrade(self, ctx: Context) -> str | None:
-        """Upgrade the key's older state; None when done, the error when dead-lettered.
-
-        Raises:
-            UserCodeError: it cannot be upgraded and the error policy fails the batch.
-        """
+        """Upgrade the key's older state; None when done, the error when dead-lettered (else UserCodeError).
+        Upgrade the key's older state; None when done, the error when dead-lettered (else UserCodeError)."""
         comp = self.comp
         row_codec = ctx.row_codec or ""
         try:
@@ -341,11 +324,7 @@ class UserCode:
 
     def _run_combined(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
                       rows: list[tuple[Any, ...]] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
-        """The vectorised path: one ``process_combined`` call with the key's ``rows`` (None: combine here).
-
-        Late records run per record first; interleaved late records or values fitting no Arrow column
-        run per record instead.
-        """
+        """The vectorised path: one ``process_combined`` call with the key's ``rows`` (None: combine here)."""
         comp = self.comp
         dups = 0
         todo: Sequence[Record]

@@ -1,10 +1,7 @@
 """Promote: a replay's state replaces the live computation's, under its leases (``deltawheel promote``).
 
-Phases of :func:`promote` (a ``Timeline`` records them): 1. **Check** (``promote_checks.py``);
-2. **Catch up** the replay while the pipeline runs; 3. **Take the leases** at the next batch
-boundary; 4. **Catch up under the leases** and **prove** it caught up; 5. **Replace** the live rows
-in one fenced commit and give the leases back. :func:`plan_promote` is the dry run.
-docs/replay.md, "6. Promote".
+Check, catch up, take the leases, catch up and prove, replace in one fenced commit; :func:`plan_promote`
+is the dry run. docs/replay.md, "6. Promote".
 """
 
 from __future__ import annotations
@@ -81,11 +78,7 @@ class PromotePlan:
 
 def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, computation: str,
                  spark: Any = None) -> dict[str, Any]:
-    """The marker of the replay in ``into``, checked to be of ``store``'s ``pipeline`` and ``computation``.
-
-    Raises:
-        ReplayTargetError: no replay, one of another store, pipeline or computation, or one that never ran.
-    """
+    """The marker of the replay in ``into``, checked to be of ``store``'s ``pipeline`` and ``computation``."""
     if store_id(into) == store_id(store):
         raise ReplayTargetError(f"--from {into.root} is the live store itself: give the folder a `deltawheel "
                                 "replay --into` wrote")
@@ -131,11 +124,7 @@ def promote_intervals(marker: Mapping[str, Any], intervals: Sequence[int] | None
 
 def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
                  num_intervals: int, intervals: Sequence[int] | None = None) -> PromotePlan:
-    """The dry run; ``intervals`` as :func:`promote`'s.
-
-    Raises:
-        ReplayTargetError: as :func:`check_replay` and :func:`promote_intervals`.
-    """
+    """The dry run; ``intervals`` as :func:`promote`'s."""
     m = check_replay(store, into, pipeline=pipeline, computation=computation, spark=spark)
     ivs = promote_intervals(m, intervals, num_intervals, into=into.root)
     commits = computation_commits(spark, store, computation)
@@ -154,9 +143,6 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
             before_commit: Callable[[Mapping[int, int]], None] | None = None,
             intervals: Sequence[int] | None = None, timeline: Timeline | None = None) -> SurgeryResult:
     """Promote the replay in ``into`` to ``code``'s computation of the live ``store``.
-
-    ``client``: the live ZooKeeper; ``shadow_zk``: the shadow store's (None: embedded);
-    ``injectors``: the live pipeline's, for the catch-up; ``intervals``: default those replayed.
 
     Raises (nothing changed in each case):
         ReplayTargetError: not a replay of this computation, or behind with ``catch_up=False``.

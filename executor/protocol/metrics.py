@@ -1,10 +1,7 @@
 """Per-batch figures: the store's ``_metrics/batches`` table, and Spark's observed metrics.
 
-After each committed batch the executor appends one row (:class:`BatchMetrics`): counts,
-watermarks, step timings and state size; ``deltawheel status`` and ``report`` read it back. The
-table is observability, not state: created on first use, and an append never fails a batch (a
-blind Delta append; errors are logged). :func:`observe_input` puts input figures into Spark's
-listeners (docs/watching.md).
+The table is observability, not state: created on first use, and an append never fails a batch.
+docs/watching.md.
 """
 
 from __future__ import annotations
@@ -125,11 +122,7 @@ def state_size(files: Mapping[int, Sequence[Any]] | None) -> tuple[int | None, i
 
 
 class BatchMetrics:
-    """Appends the executor's per-batch rows to the store's ``_metrics/batches`` table.
-
-    :meth:`submit` returns at once; one background thread writes the rows of :attr:`interval_s` in
-    one commit, in order. :meth:`flush` writes what waits and waits for it.
-    """
+    """Appends the executor's per-batch rows to ``_metrics/batches`` from one background thread."""
 
     MAX_QUEUED = 1000  # rows waiting beyond this are dropped (with a warning): the writer is stuck
     interval_s = 5.0  # rows are gathered this long before one append (status and report lag by as much)
@@ -257,10 +250,7 @@ class BatchMetrics:
 
 
 def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None = None) -> list[dict[str, Any]]:
-    """The metrics rows of ``layout``, oldest first ([] before the table exists).
-
-    A local store is read without Spark; another needs ``spark``.
-    """
+    """The metrics rows of ``layout``, oldest first ([] before the table exists)."""
     from deltawheel.statestore.delta.log import local_table_exists, read_snapshot
     from deltawheel.statestore.delta.storefs import local_path
 

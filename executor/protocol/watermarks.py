@@ -1,9 +1,8 @@
 """The batch protocol's side of the watermark authority: :class:`BatchWatermarks`.
 
-What step 1 reads (the input watermark) and step 7 publishes (the intervals' oldest work, the low
-watermark, the injector estimates, in one ZooKeeper transaction). In a streaming query step 7 runs
-in the background and is joined before the next batch reads a watermark; the values are lower
-bounds, so publishing later is safe, and a failure is raised by the join.
+Step 1 reads the input watermark; step 7 publishes the intervals' oldest work, the low watermark
+and the injector estimates in one ZooKeeper transaction, in the background for a streaming query
+(joined before the next batch reads a watermark; the values are lower bounds).
 """
 
 from __future__ import annotations
@@ -27,10 +26,7 @@ __all__ = ["BatchWatermarks"]
 
 
 class BatchWatermarks:
-    """The watermarks of one executor's batches.
-
-    ``low``: the low watermark last published; ``injectors_read``: those :meth:`input` read.
-    """
+    """The watermarks of one executor's batches; ``low``: the low watermark last published."""
 
     def __init__(self, executor: ComputationExecutor) -> None:
         self.ex = executor
@@ -60,11 +56,7 @@ class BatchWatermarks:
         return self.ex.authority is not None and bool(self.ex.upstream)
 
     def require_source(self) -> None:
-        """At the start: event-time timers need a watermark source or ``manual_watermarks``.
-
-        Raises:
-            ConfigError: neither.
-        """
+        """At the start: raise ConfigError for event-time timers without a watermark source."""
         ex = self.ex
         if ex.comp.event_time_timers and not ex.manual_watermarks and not self.has_source():
             raise ConfigError(
@@ -76,11 +68,7 @@ class BatchWatermarks:
                 "if you fire them yourself with flush(input_watermark_ms=...)")
 
     def input(self) -> int | None:
-        """min over upstream low watermarks (None until all are known).
-
-        Remembers :attr:`injectors_read` and :attr:`computations_read`. An upstream computation in
-        ``upstream_caps`` counts with at most its capped value (its watermark before the query's snapshot).
-        """
+        """min over upstream low watermarks (None until all are known), capped by ``upstream_caps``."""
         ex = self.ex
         self.computations_read = None
         if ex.authority is None or not ex.upstream:
@@ -163,10 +151,7 @@ class BatchWatermarks:
         return low
 
     def publish_later(self, injectors: Mapping[str, tuple[int, int]], *, landed: Callable[[int | None], None]) -> None:
-        """:meth:`publish` in the background, then ``landed(low)``; :meth:`join` raises what failed.
-
-        The lock is held until the values land, so a later publish lands after.
-        """
+        """:meth:`publish` in the background, then ``landed(low)``; :meth:`join` raises what failed."""
         self.join()
         box: dict[str, BaseException] = {}
         done = threading.Event()
@@ -193,11 +178,7 @@ class BatchWatermarks:
         self._worker.submit(run)
 
     def join(self) -> None:
-        """Wait for the background step 7, if any.
-
-        Raises:
-            DeltaWheelError: what it raised (e.g. :class:`LeaseLostError`).
-        """
+        """Wait for the background step 7, if any, and raise what it raised (e.g. LeaseLostError)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return

@@ -1,13 +1,8 @@
 """Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
 
-For a computation whose only input is a :class:`ParquetInjector` keyed by ``RECORD_KEY`` with
-plain value columns, each task reads the batch's files (from the batch's own plan, so a replay
-reads the same) with pyarrow and keeps its intervals' rows; stream tables too
-(:func:`table_source`). The prepared columns are computed as the JVM computes them
-(``tests/test_direct.py`` compares); anything unrecognised takes the JVM path.
-docs/embedding.md, "Direct read".
-
-Over 500 lines: both readers share the prepared columns' checks, kept in one module.
+Each task reads the batch's files (stream tables' too) with pyarrow and computes the prepared
+columns as the JVM does (``tests/test_direct.py`` compares); anything unrecognised takes the JVM
+path. docs/embedding.md, "Direct read".
 """
 
 from __future__ import annotations
@@ -42,10 +37,7 @@ TABLE_TYPES = (("record_id", "string"), ("key", "string"), ("value", "binary"), 
 
 @dataclass(frozen=True)
 class DirectSource:
-    """A Parquet injector's columns as its stream schema maps them (``sources/schema.py``).
-
-    ``types``: each read column's Arrow type; a file whose columns differ takes the JVM path.
-    """
+    """A Parquet injector's columns as its stream schema maps them; ``types``: their Arrow types."""
 
     stream: str  # the input stream: the injector's name
     key_column: str
@@ -77,11 +69,7 @@ class DirectBatch:
 
 
 def batch_files(df: Any, source: DirectSource, *, batch_id: int | None = None) -> tuple[tuple[str, str], ...] | None:
-    """The files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None (JVM path).
-
-    None when the plan is not a single file scan, a file is read in part, or its columns differ.
-    A stream table's: the files micro-batch ``batch_id`` read.
-    """
+    """The files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None (JVM path)."""
     import pyarrow as pa
 
     if source.table is not None:
@@ -186,9 +174,8 @@ def _plain(ty: Any) -> str:
 def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event_time_column: str,
                   record_id_column: str | None, value_columns: Sequence[str] | None,
                   s3: S3Settings | None = None) -> DirectSource | None:
-    """A :class:`DirectSource` for an injector's columns, or None when a type is not one converted
-    exactly as the JVM does (``value_columns`` None: every column but event time and record id).
-    """
+    """A :class:`DirectSource` for an injector's columns, or None when a type is not converted as the JVM
+    does."""
     import pyarrow as pa
 
     t = pa.types
@@ -248,10 +235,7 @@ class BatchReader:
 
 
 def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
-    """The rows of ``intervals`` plus one marker row per interval.
-
-    Columns: ``input.PREP_DDL`` + ``interval`` + ``_m``, as the JVM path hands a task.
-    """
+    """The rows of ``intervals`` plus one marker row per interval, in the JVM path's task columns."""
     return BatchReader(batch).rows_of(intervals)
 
 

@@ -1,18 +1,7 @@
 """The image path's per-interval run, in the tasks: one interval image in, one out.
 
-A task (``task.py``) hands :func:`run_interval` one interval's records and the batch's
-:class:`~.spec.ImageSpec`. The phases, one function each:
-
-1. :func:`_open`: the image (``cache.py`` or its files), its ids files and its fence row, which must
-   carry this writer's sequencer (else the summary says ``fenced``);
-2. :func:`_route_late` (``LatePolicy.ROUTE``): late records that are no retries go to late data;
-3. :func:`_keys_to_run`: the keys with records or due timers;
-4. :func:`_run_keys`: dedup (``dedup.py``), user code per key; :func:`_new_image`: the new rows;
-5. :func:`_write_image`, :func:`_write_ids`, :func:`_write_productions`: the new files, invisible
-   until the driver commits them;
-6. :func:`_summary`: one ``IntervalSummary``.
-
-Nothing here talks to ZooKeeper or the Delta log; the driver commits.
+Phases: :func:`_open` (fence checked), :func:`_route_late`, :func:`_keys_to_run`, :func:`_run_keys`,
+the ``_write_*`` functions, :func:`_summary`. Nothing here talks to ZooKeeper or the Delta log.
 """
 
 from __future__ import annotations
@@ -135,10 +124,7 @@ def _open(spec: ImageSpec, iv: int) -> _Open | Fenced:
 
 
 def _fence(spec: ImageSpec, iv: int, image: Any) -> tuple[Any, bool] | Fenced:
-    """(the image with one fence row carrying our sequencer, whether a second one was dropped).
-
-    The kept row carries the union of the input-file sets plus this batch's files.
-    """
+    """(the image with one fence row carrying our sequencer, whether a second one was dropped)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -285,10 +271,7 @@ def _summary(spec: ImageSpec, iv: int, opened: _Open, ran: _Ran, *, written: Ima
 
 def _route_late(comp: Computation, recs: Any, image: Any, horizon_ms: int | None,
                 live: list[IdsFile], legacy: Any) -> tuple[Any, list[SideRecord]]:
-    """Phase 2 (``LatePolicy.ROUTE``), after dedup: (the records to run, the late ones routed).
-
-    A late record whose id its row holds is a retry: it stays, to be dropped as a duplicate.
-    """
+    """Phase 2 (``LatePolicy.ROUTE``): (the records to run, the late ones routed; retries stay)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -1,9 +1,7 @@
 """The image write path's Spark job (driver side): steps 2-4 of a batch in one job.
 
-The input prepared in the JVM (``input.py``) is shuffled by interval to ``mapInArrow`` tasks, or
-tasks read the batch's files themselves (``direct.py``) or have no input (``task.py``). The writes
-are the write path's (``statestore/writepath/image/``). A batch rewrites only the intervals it
-touched, so computations with many keys should use more intervals.
+A batch rewrites only the intervals it touched, so computations with many keys should use more
+intervals.
 """
 
 from __future__ import annotations
@@ -91,11 +89,7 @@ def spark_partition_of_int(value: int, partitions: int) -> int:
 
 
 class ImageTasks:
-    """Plans and runs the image path's batch job over the files of ``path``.
-
-    ``partitions``: tasks per batch; ``event_ahead_ms``: per input stream, how far event time may be
-    ahead of the clock.
-    """
+    """Plans and runs the image path's batch job over the files of ``path``."""
 
     def __init__(self, comp: Computation, layout: StoreLayout, path: ImagePath, *, partitions: int,
                  event_ahead_ms: Mapping[str, int]) -> None:
@@ -241,10 +235,7 @@ class ImageTasks:
             self._work[iv] = 0.5 * self._work.get(iv, 0.0) + w
 
     def _spread(self, session: Any, place: tuple[tuple[int, int], ...], partitions: int) -> Any:
-        """The routing expression sending each owned interval to its task in ``place``.
-
-        Per task, the smallest int that hashes there (:func:`spark_partition_of_int`).
-        """
+        """The routing expression sending each owned interval to its task in ``place``."""
         from pyspark.sql import functions as F
 
         if self._spread_values is None or len(self._spread_values) != partitions:

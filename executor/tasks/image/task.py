@@ -1,13 +1,8 @@
 """The image path's Spark tasks: what each task runs, and which of the batch's intervals.
 
-``mapInArrow`` tasks over the shuffled input (:func:`image_task_fn`), or one RDD task per
-partition when no input rows come from Spark (:func:`task_job`); :func:`collect` gathers the
-summaries and raises :class:`StaleViewError` for a fenced interval.
-
-Claims (``local`` master): the tasks claim intervals one at a time in a shared folder, preferring
-those their worker holds the image of (``cache.py``). A claim is a file linked into place
-(``os.link`` fails if it exists), so at most one partition holds an interval; :func:`collect`
-checks each has exactly one summary. docs/performance.md, "Tasks take the intervals their worker holds".
+On a ``local`` master the tasks claim intervals one at a time in a shared folder (a claim is a
+file linked into place), preferring those their worker caches; :func:`collect` checks one summary
+per interval. docs/performance.md, "Tasks take the intervals their worker holds".
 """
 
 from __future__ import annotations
@@ -114,9 +109,7 @@ def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
 def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
                  reader: Callable[[], Callable[[tuple[int, ...]], Any]],
                  board: ClaimBoard | None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The ``mapPartitionsWithIndex`` function: task ``t`` runs its (or, with ``board``, its claimed)
-    intervals and yields its summary rows.
-    """
+    """The ``mapPartitionsWithIndex`` function: task ``t`` runs its intervals and yields its summaries."""
 
     def fn(t: int, _rows: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -265,10 +258,7 @@ def _claim(board: ClaimBoard, iv: int, task: int) -> bool:
 
 def claimed_intervals(board: ClaimBoard, task: int, planned: Sequence[int],
                       held: Callable[[int], bool]) -> Iterator[int]:
-    """The intervals partition ``task`` runs, claimed one at a time in the module's order of preference.
-
-    ``planned``: its placement's; ``held``: whether this worker holds an interval's current image.
-    """
+    """The intervals partition ``task`` runs, claimed one at a time in order of preference."""
     for iv in board.intervals:  # a retry: its partition's earlier claims
         if _holder(board, iv) == task:
             yield iv

@@ -1,6 +1,4 @@
-"""The key loop's columns: an interval's records (:class:`Input`), the touched keys' rows
-(:class:`OldRows`) and their new rows (:class:`NewRows`), read and written column-wise.
-"""
+"""The key loop's columns: an interval's records, the touched keys' rows and their new rows."""
 
 from __future__ import annotations
 
@@ -28,10 +26,7 @@ _PROCESSING = TimeDomain.PROCESSING_TIME
 
 
 def py_list(arr: Any) -> list[Any]:
-    """An Arrow array of a primitive, string or binary type as a Python list, through numpy.
-
-    Integer arrays with nulls keep exact values.
-    """
+    """An Arrow array of a primitive, string or binary type as a Python list, through numpy."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -66,11 +61,7 @@ _TASK_COLUMNS = ("_bad", "_m", "interval")
 
 
 def sort_records(recs: Any) -> Any:
-    """``recs`` sorted by (key, event time, record id), without the task's own columns.
-
-    Key rank and time are packed into one int64 (rank << 40 | time - earliest), so ids are compared
-    only on ties.
-    """
+    """``recs`` sorted by (key, event time, record id), without the task's own columns."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -201,10 +192,7 @@ class Input:
 
 
 class OldRows:
-    """The touched keys' current rows, column-wise.
-
-    Sequencer, commit id, update time and pending productions are not read: they are rewritten or cleared.
-    """
+    """The touched keys' current rows, column-wise (pending productions are not read)."""
 
     def __init__(self, sub: Any, *, with_pending: bool) -> None:
         self.sub = sub  # each column becomes Python lists when first asked (the columnar path asks for few)

@@ -1,9 +1,7 @@
 """What a promotion proves before it commits: that the replay ran every live commit it replaces.
 
-Under the leases, :func:`prove_caught_up` checks that every commit after the replay's seed that
-changed user rows of the promoted intervals is in the marker's ``ran``; a commit without input
-positions is refused too. Claims, fences, compactions and tools' commits pass. :func:`behind` is the
-same walk for a catch-up.
+Claims, fences, compactions and tools' commits need not have been re-run; a commit without input
+positions cannot have been.
 """
 
 from __future__ import annotations
@@ -62,11 +60,7 @@ def unproven(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *,
 
 def prove_caught_up(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *, into: str, computation: str,
                     num_intervals: int, intervals: Sequence[int] | None = None, upto: int | None = None) -> None:
-    """Refuse unless the replay re-ran every live commit :func:`unproven` looks at.
-
-    Raises:
-        ReplayBehindError: naming the versions not re-run; nothing was changed.
-    """
+    """Raise ReplayBehindError unless the replay re-ran every live commit :func:`unproven` looks at."""
     missing = unproven(commits, marker, num_intervals=num_intervals, intervals=intervals, upto=upto)
     if not missing:
         return

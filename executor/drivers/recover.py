@@ -1,10 +1,7 @@
-"""Recovery without the pipeline: undelivered checkpointed productions and their delivery
-(``deltawheel recover``).
+"""Recovery without the pipeline (``deltawheel recover``): deliver undelivered checkpointed productions.
 
-:func:`recover` takes the computation's leases, runs the executor start's scan and redelivery
-(no user code needed) and gives them back; :func:`scan` is the dry run. On ZooKeeper
-SUSPENDED / LOST while it holds the leases, the lease module's rules apply: a redelivery is
-idempotent, and the next owner's recovery delivers whatever this one did not.
+On ZooKeeper SUSPENDED / LOST while :func:`recover` holds the leases, the lease module's rules
+apply: a redelivery is idempotent, and the next owner's recovery delivers what this one did not.
 """
 
 from __future__ import annotations
@@ -25,9 +22,7 @@ __all__ = ["IntervalStatus", "RecoverResult", "computations_of", "scan", "recove
 
 @dataclass(frozen=True)
 class IntervalStatus:
-    """One interval as :func:`scan` found it: per stream, the ``checkpointed`` productions and the
-    ``undelivered`` ones.
-    """
+    """One interval as :func:`scan` found it: ``checkpointed`` and ``undelivered`` productions per stream."""
 
     computation: str
     interval: int
@@ -56,13 +51,7 @@ class RecoverResult:
 
 def computations_of(client: Any, *, pipeline: str, names: Sequence[str] | None = None,
                     leases: Sequence[Mapping[str, Any]] | None = None) -> dict[str, int]:
-    """The pipeline's computations (or those of ``names``) with their number of intervals.
-
-    ``leases``: the pipeline's :func:`list_leases` rows, if already read.
-
-    Raises:
-        ConfigError: the pipeline has no computation in ZooKeeper, or none of a name.
-    """
+    """The pipeline's computations (or ``names``) with their number of intervals; else ConfigError."""
     found: dict[str, int] = {}
     for r in list_leases(client, pipeline=pipeline) if leases is None else leases:
         found[r["computation"]] = max(found.get(r["computation"], 0), int(r["interval"]) + 1)
@@ -89,11 +78,7 @@ def _stand_in(name: str, num_intervals: int, outputs: Sequence[str]) -> Computat
 
 def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
          computations: Sequence[str] | None = None) -> list[IntervalStatus]:
-    """The dry run: per interval, its lease holder, checkpointed productions and how many are undelivered.
-
-    Raises:
-        ConfigError: unknown pipeline or computation.
-    """
+    """The dry run: per interval, its lease holder and checkpointed and undelivered productions."""
     from pyspark.sql import functions as F
 
     leases = list_leases(client, pipeline=pipeline)

@@ -1,10 +1,4 @@
-"""The diff of a replay's shadow store against the live store (docs/replay.md, "Read the diff").
-
-Made by ``replay`` at its end and by ``deltawheel diff`` when store B is a replay of store A. Both
-compare A as of the version the replay reached, the replayed batches' productions only, and only
-the replay's intervals or keys; the replayed commits are read back from A's log with the marker's
-range.
-"""
+"""The diff of a replay's shadow store against the live store (docs/replay.md, "Read the diff")."""
 
 from __future__ import annotations
 
@@ -33,11 +27,7 @@ def replay_diff(spark: Any, store: StoreLayout, into: StoreLayout, *, computatio
                 to_version: int, num_intervals: int, streams: Collection[str],
                 intervals: Sequence[int] | None = None, keys: Sequence[str] | None = None,
                 commits: Sequence[ComputationCommit] | None = None) -> StoreDiff:
-    """The diff of the replay into ``into`` against the live ``store`` up to ``to_version``.
-
-    Raises:
-        ReplayUnavailableError: a missing live version, or a commit without input positions.
-    """
+    """The diff of the replay into ``into`` against the live ``store`` up to ``to_version``."""
     if commits is None:
         commits = computation_commits(spark, store, computation)
     replayed = commits_after(commits, from_version, to_version=to_version)
@@ -55,10 +45,7 @@ def replay_diff(spark: Any, store: StoreLayout, into: StoreLayout, *, computatio
 
 @dataclass(frozen=True)
 class ReplayOf:
-    """What a shadow store's marker says of its replay.
-
-    ``reached``: the newest live version replayed; ``num_intervals`` / ``outputs``: None on an old marker.
-    """
+    """What a shadow store's marker says of its replay (``num_intervals`` None: an old marker)."""
 
     from_version: int | None
     reached: int
@@ -100,12 +87,7 @@ def replay_of(spark: Any, a: StoreLayout, b: StoreLayout, computation: str) -> R
 def diff_replay(spark: Any, a: StoreLayout, b: StoreLayout, of: ReplayOf, *, computation: str,
                 version_a: int | None = None, version_b: int | None = None,
                 streams: Collection[str] = ()) -> StoreDiff:
-    """``deltawheel diff`` of the live store ``a`` against its replay ``b`` (:func:`replay_diff`).
-
-    Raises:
-        ConfigError: ``version_a`` is not the replay's reached version, ``version_b`` is given, or the
-            replay has not reached a live version yet.
-    """
+    """``deltawheel diff`` of the live store ``a`` against its replay ``b``; ConfigError for bad versions."""
     if of.num_intervals is None or of.outputs is None:  # an older deltawheel's marker
         d = diff_stores(spark, a, b, computation, version_a=version_a, version_b=version_b, streams=streams)
         return dataclasses.replace(d, notes=(

@@ -1,8 +1,4 @@
-"""What a replay's input is: the live stream tables, the live injectors and the files its batches read.
-
-A file gone from its folder or stream table is refused before anything is written, naming the
-version a replay can start from instead.
-"""
+"""What a replay's input is; a gone input file is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -50,11 +46,7 @@ def _sizes(spark: Any, store: StoreLayout, streams: set[str]) -> dict[str, dict[
 
 
 def check_inputs(spark: Any, store: StoreLayout, batches: Sequence[ComputationCommit]) -> dict[str, dict[str, int]] | None:
-    """Refuse a plan whose batches read a gone stream-table file; returns the files and sizes.
-
-    Raises:
-        InputGoneError: a data file of a replayed batch is gone.
-    """
+    """Refuse (InputGoneError) a plan reading a gone stream-table file; returns the files and sizes."""
     streams = {f.partition("/")[0] for c in batches for f in c.files or () if "/" in f}
     sizes = _sizes(spark, store, streams)
     if sizes is None:
@@ -75,11 +67,7 @@ def check_inputs(spark: Any, store: StoreLayout, batches: Sequence[ComputationCo
 
 def replay_input(spark: Any, store: StoreLayout, into: StoreLayout, code: Computation,
                  injectors: Sequence[Injector]) -> SharedInput:
-    """The input of a replay of ``code``: its stream tables and its injectors among ``injectors``.
-
-    Raises:
-        ConfigError: an input is an injector not given, or one without positions.
-    """
+    """The input of a replay of ``code``; ConfigError for an injector not given or without positions."""
     by_name = {i.name: i for i in injectors}
     missing = [s for s in code.inputs if s not in by_name and not stream_exists(spark, store, s)]
     if missing:
@@ -106,11 +94,7 @@ def input_gone(computation: str, c: ComputationCommit, lost: Sequence[str], fold
 
 
 def check_files(inputs: SharedInput, batches: Sequence[ComputationCommit]) -> None:
-    """Refuse a replay whose ``batches`` read a gone local input file (remote ones: when run).
-
-    Raises:
-        InputGoneError: see :func:`input_gone`.
-    """
+    """Refuse (:func:`input_gone`) a replay whose ``batches`` read a gone local input file."""
     gone_at = None
     for c in batches:
         lost = [f for f in c.files or () if inputs.gone(f)]

@@ -1,8 +1,4 @@
-"""A replay into a shadow store, open: its engine, input, marker and the executor re-running commits.
-
-``promote`` keeps a :class:`ReplayRun` open across its hand-over. The marker
-(``replay_marker.py``) is written after each re-run commit: ``reached`` and ``ran``.
-"""
+"""A replay into a shadow store, open; ``promote`` keeps one open across its hand-over."""
 
 from __future__ import annotations
 
@@ -44,11 +40,7 @@ def code_spec_of(code: Computation) -> str | None:
 
 
 class ReplayRun:
-    """An open replay of ``code`` from the live ``store`` into ``into``; a context manager.
-
-    ``old``: an earlier replay's marker (None: a new one); ``source`` and ``code_spec`` are recorded
-    for ``promote``. Leaving stops the executor (delivery settled, leases given back).
-    """
+    """An open replay of ``code`` from the live ``store`` into ``into``; a context manager."""
 
     def __init__(self, spark: Any, plan: Any, *, code: Computation, zk: ZkConfig | None,
                  injectors: Sequence[Injector], write_path: str, progress: Callable[[str], None] | None,
@@ -88,11 +80,7 @@ class ReplayRun:
                 "num_intervals": type(code).num_intervals, "outputs": list(code.outputs), "ran": ran}
 
     def check(self, commits: Sequence[ComputationCommit], batches: Sequence[ComputationCommit]) -> None:
-        """Refuse ``batches`` whose input is gone, before anything is written.
-
-        Raises:
-            InputGoneError: see ``replay_inputs.check_files`` and ``replay_kafka.check_kafka``.
-        """
+        """Raise InputGoneError for ``batches`` whose input is gone, before anything is written."""
         if self.inputs.kafka:
             check_kafka(self.spark, self.inputs, commits, batches)
         check_files(self.inputs, batches)
@@ -127,9 +115,6 @@ class ReplayRun:
 
     def run(self, batches: Sequence[ComputationCommit], commits: Sequence[ComputationCommit]) -> list[BatchReport]:
         """Re-run the live commits ``batches`` in order, each as its live run did; the marker after each.
-
-        Same input watermark, lateness watermark and intervals (``replay_shared.py``); ``commits``: every
-        commit of the computation.
 
         Raises:
             ReplayUnavailableError: a Kafka-fed batch records no offsets.

@@ -1,9 +1,4 @@
-"""Replay of commits written by job instances holding part of a computation's intervals
-(docs/replay.md, "Instances sharing intervals").
-
-A replayed batch runs over exactly the intervals its live instance held (its lateness mark), and
-drops the records that instance's skip rule dropped (:func:`skip_sets`, ``protocol/rescale.py``).
-"""
+"""Replay of commits written by job instances holding part of the intervals (docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -23,10 +18,7 @@ def held(c: ComputationCommit) -> tuple[int, ...]:
 
 def batch_intervals(c: ComputationCommit, *, num_intervals: int,
                     scope: Sequence[int] | None = None) -> tuple[int, ...] | None:
-    """The intervals the replay of commit ``c`` runs over, within ``scope``.
-
-    None: every interval of ``scope``; (): none (the batch is not re-run).
-    """
+    """The intervals commit ``c``'s replay runs over within ``scope`` (None: all; (): not re-run)."""
     h = held(c)
     if not h or set(h) == set(range(num_intervals)):
         return None if scope is None else tuple(sorted(scope))
@@ -45,10 +37,7 @@ def unheld_intervals(batches: Sequence[ComputationCommit], *, num_intervals: int
 
 def skip_sets(commits: Sequence[ComputationCommit],
               batches: Sequence[ComputationCommit]) -> list[dict[int, frozenset[str]] | None]:
-    """Per replayed batch: interval -> the input files earlier commits ran for it (None: no skip rule).
-
-    The replayed batch then drops exactly what the live one did (docs/rescaling.md).
-    """
+    """Per replayed batch: interval -> the input files earlier commits ran for it (None: no skip rule)."""
     ran = sorted(((c.version, got) for c in commits if (got := ran_of(c.meta)) is not None), key=lambda r: r[0])
     sets: dict[int, frozenset[str]] = {}
     out: dict[int, dict[int, frozenset[str]] | None] = {}

@@ -1,11 +1,7 @@
-"""Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel
-upgrade-state``; docs/operations.md, "State versions").
+"""Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel upgrade-state``).
 
-Keys a batch never runs again stay in their old version; this tool upgrades them all while the
-pipeline runs, in one fenced commit under the affected intervals' leases
-(``statestore/surgery/replace.py``), audited as ``upgrade-state``. The pipeline must already run
-the new code. An ``upgrade_state`` that raises for any key refuses the whole upgrade, whatever the
-computation's ``error_policy``.
+One fenced, audited commit under the affected intervals' leases, while the pipeline runs the new
+code; any key's failing ``upgrade_state`` refuses the whole upgrade. docs/operations.md, "State versions".
 """
 
 from __future__ import annotations
@@ -32,9 +28,7 @@ TOOL = "upgrade-state"
 
 @dataclass(frozen=True)
 class UpgradePlan:
-    """What :func:`upgrade_all` would do: rows per stored ``versions``, the ``intervals`` with older
-    rows, and a ``sample`` of (key, from version, before, after).
-    """
+    """What :func:`upgrade_all` would do: rows per stored version, intervals, and a sample."""
 
     computation: str
     to_version: int
@@ -49,11 +43,8 @@ class UpgradePlan:
 
 
 def _upgraded(code: Computation, rows: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[str, int, Any, Any]]]:
-    """``rows`` with every older state upgraded, and (key, from version, before, after) of those.
-
-    Raises:
-        StateUpgradeError: a row newer than the code's, or ``upgrade_state`` failed for some keys.
-    """
+    """``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError.
+    ``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError."""
     to = code.state_version
     codec, column = codec_of(code), state_codec_of(code)
     out: list[KeyRow] = []
@@ -90,12 +81,7 @@ def _upgraded(code: Computation, rows: Sequence[KeyRow]) -> tuple[list[KeyRow], 
 
 def plan_upgrade(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, code: Computation,
                  sample: int = 5) -> UpgradePlan:
-    """What :func:`upgrade_all` would do, over the rows now; no lease taken, nothing written.
-
-    Raises:
-        ConfigError: the pipeline has no such computation in ZooKeeper.
-        StateUpgradeError: as :func:`upgrade_all`.
-    """
+    """What :func:`upgrade_all` would do, over the rows now; raises as it does, writes nothing."""
     n = pipeline_intervals(client, pipeline=pipeline, computation=code.name)
     rows = [r for r in RowStore(spark, layout, writer="plan").scan_intervals(code.name, range(n))
             if is_user_key(r.key) and r.state is not None]
@@ -111,8 +97,6 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
                 progress: Callable[[str], None] | None = None,
                 before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
     """Upgrade every older-version row of ``code``'s computation in one fenced, audited commit.
-
-    Nothing older: no lease taken, nothing written.
 
     Raises:
         ConfigError: the pipeline has no such computation in ZooKeeper.

@@ -1,8 +1,4 @@
-"""The end-of-batch hook that moves the injectors' watermarks: :class:`InjectorHook`.
-
-As a plain ``on_batch_end`` hook it publishes each injector itself; the executor's step 7 asks
-:meth:`InjectorHook.observe` instead and publishes the estimates in its own transaction.
-"""
+"""The end-of-batch hook that moves the injectors' watermarks: :class:`InjectorHook`."""
 
 from __future__ import annotations
 
@@ -21,8 +17,6 @@ class InjectorHook:
     """The ``on_batch_end`` hook of an executor fed by ``feeding``.
 
     Args:
-        authority: where the watermarks are published.
-        feeding: the injectors whose records the executor reads.
         checkpoint: the query's checkpoint (needed by injectors estimating from pending files).
         instance: the job instance's name when instances share the intervals.
         held: with ``instance``, the intervals (and sequencers) it holds, per computation.
@@ -51,10 +45,7 @@ class InjectorHook:
             self._publish(inj)
 
     def observe(self, mn: int | None, mx: int | None) -> dict[str, tuple[int, int]]:
-        """Observe the batch's event-time range; returns name -> (watermark, 0) for the caller to publish.
-
-        Estimates it cannot hand over (an instance's) it publishes itself.
-        """
+        """Observe the batch's event-time range; returns the estimates for the caller to publish."""
         self._observe(mn, mx)
         out: dict[str, tuple[int, int]] = {}
         for inj in self.feeding:

@@ -1,9 +1,6 @@
-"""Deliveries still running after their batch committed (step 6 of the per-batch protocol).
+"""Deliveries still running after their batch committed: a weak straggler or an asynchronous delivery.
 
-A weak delivery's *straggler*, or the image path's asynchronous strong delivery; both have their
-productions checkpointed. At most one is open per computation; it holds the low watermark and is
-settled before the next commit clears its checkpoint. One still running after
-``delivery_timeout_s`` fails the batch.
+At most one per computation; it holds the low watermark and is settled before the next commit.
 """
 
 from __future__ import annotations
@@ -32,10 +29,7 @@ class OpenDelivery:
 
 
 class InFlight:
-    """The open delivery of one computation's executor.
-
-    ``published``: called from the delivery thread once an asynchronous delivery landed.
-    """
+    """The open delivery of one computation's executor; ``published``: called when one landed."""
 
     def __init__(self, comp: Computation, *, fault: Callable[[FaultPoint, int], None], log: Callable[[str], None],
                  published: Callable[[], object] | None) -> None:
@@ -110,11 +104,8 @@ class InFlight:
         st.thread.start()
 
     def settle(self) -> None:
-        """Wait for the open delivery; redeliver from the checkpoint if it failed.
-
-        Raises:
-            BatchFailedError: still running after ``delivery_timeout_s`` (it stays open).
-        """
+        """Wait for the open delivery, redelivering if it failed; BatchFailedError after
+        ``delivery_timeout_s``."""
         st = self.open
         if st is None:
             return

@@ -1,11 +1,8 @@
 """Which watermark a batch judges lateness against: durable, so a restart changes no decision.
 
-A record is *late* when its event time is behind the input low watermark under which the
-computation's last committed batch fired timers. That watermark is recorded in the rows commit's
-metadata (``"late"``: an :class:`ActedMark`) and read back at start; a replayed batch decides as
-its first attempt did. A new checkpoint location should start on a new store, since batches are
-recognised by id. The mark also records the injectors' watermarks, which ``deltawheel reseed``
-restores. docs/late-data.md.
+The input low watermark the last committed batch fired timers under is recorded in its commit's
+metadata (an :class:`ActedMark`, with the injectors' watermarks) and read back at start.
+docs/late-data.md.
 """
 
 from __future__ import annotations
@@ -75,10 +72,7 @@ def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -
 
 
 def read_mark(spark: Any, rows_path: str, computation: str, intervals: Sequence[int]) -> ActedMark | None:
-    """The newest mark committed by ``computation`` on any of ``intervals`` (None: none yet).
-
-    Call it while holding the intervals' leases.
-    """
+    """The newest mark of ``computation`` on any of ``intervals`` (None: none); hold their leases."""
     found = newest_marks(spark, rows_path, computation, intervals, first_only=True)
     return found[0] if found else None
 

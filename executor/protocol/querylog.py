@@ -20,10 +20,7 @@ _COMPACT = re.compile(r"^(\d+)(\.compact)?$")
 
 def source_log_files(checkpoint: str | TableFiles, *, source: int = 0,
                      committed_only: bool = True) -> dict[int, list[str]]:
-    """File-source log entry -> the file names it lists, for the committed batches' entries.
-
-    ``committed_only=False``: every entry. A local checkpoint or its files; missing: {}.
-    """
+    """File-source log entry -> its file names, for the committed batches' entries (missing: {})."""
     root = _files(checkpoint)
     logdir = root.sub(f"sources/{source}")
     listed = logdir.listdir()
@@ -72,9 +69,7 @@ def _entry_names(text: str, batch_id: int) -> list[str]:
 
 
 def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
-    """The files the file source read in micro-batch ``batch_id``, from that batch's log file alone.
-
-    None: not in the log.
+    """The files the file source read in micro-batch ``batch_id`` (None: not logged).
 
     Raises:
         OSError: the file could not be read (not: it is missing).
@@ -96,11 +91,7 @@ def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0
 
 
 def query_batch_files(checkpoint: str | TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
-    """The files micro-batch ``batch_id`` read through file source ``source`` (None: not known).
-
-    Raises:
-        OSError: a remote file could not be read (not: it is missing).
-    """
+    """The files micro-batch ``batch_id`` read through file source ``source`` (None: not known)."""
     root = _files(checkpoint)
     span = file_source_range(root, batch_id, source=source)
     if span is None:

@@ -1,8 +1,6 @@
 """Input preparation in the JVM, shared by both write paths' jobs (step 2 of a batch).
 
-:func:`prepare_input` gives the prepared columns (:data:`PREP_DDL`): the key, the late flag and
-``_bad``, why a record is a dead letter. Only the key UDF is shipped to the workers: it captures
-plain values, never the session, the store or ZooKeeper.
+Only the key UDF is shipped to the workers: it captures plain values, never the session or clients.
 """
 
 from __future__ import annotations
@@ -76,11 +74,9 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
 
 def prepare_input(df: Any, comp: Computation, wm: int | None, *,
                   cache: dict[Any, Any] | None = None, ahead: tuple[int, Mapping[str, int]] | None = None) -> Any:
-    """Stream-schema input -> (record_id, key, value, codec, timestamp_ms, stream, position, late, _bad).
+    """Stream-schema input -> the prepared columns (:data:`PREP_DDL`).
 
-    ``cache``: the caller's dict, so the column expressions are built once per session. ``ahead``:
-    (now, {stream: bound ms}) for :func:`ahead_reason`. With :data:`RAW_COLUMN`, a dead letter's
-    ``value`` is the original text.
+    ``cache``: the caller's dict of built expressions; ``ahead``: (now, {stream: bound ms}).
     """
     from pyspark.sql import functions as F
 

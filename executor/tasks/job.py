@@ -1,7 +1,4 @@
-"""Steps 2-4 of a batch on either write path: input preparation, then dedup, rows and user code.
-
-A :class:`UserJob` (``ImageTasks`` or ``MergeTasks``) runs the tasks; it writes nothing itself.
-"""
+"""Steps 2-4 of a batch on either write path; a :class:`UserJob` writes nothing itself."""
 
 from __future__ import annotations
 
@@ -26,9 +23,7 @@ BatchT = TypeVar("BatchT")
 
 @dataclass
 class Prepared:
-    """The batch's prepared input (step 2): ``input`` for the tasks (None: none from Spark), input
-    ``dead`` letters, ``direct`` (tasks read the files), ``raw`` (original text by record id).
-    """
+    """The batch's prepared input (step 2); ``input`` None: none from Spark."""
 
     input: Any | None
     dead: Any | None = None
@@ -42,9 +37,7 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchCounts:
-    """What the tasks of one batch counted (the batch report's counters; ``bloom_*``,
-    ``intervals_run`` and ``images_read``: the image path only).
-    """
+    """What the tasks of one batch counted (``bloom_*``, ``intervals_run``, ``images_read``: image path)."""
 
     records_in: int = 0
     processed: int = 0
@@ -66,12 +59,7 @@ class BatchCounts:
 
 @dataclass
 class BatchRun(Generic[BatchT]):
-    """What the tasks of one batch returned (steps 2-4).
-
-    ``batch``: the rows and productions to commit; ``dead`` / ``late``: frames (None: none);
-    ``prod_min_ts``: the oldest production timestamp (None: not known yet); ``event_timer_ms``: the
-    earliest event-time work set.
-    """
+    """What the tasks of one batch returned; ``prod_min_ts`` None: not known yet."""
 
     batch: BatchT
     counts: BatchCounts
@@ -112,10 +100,7 @@ class UserJob(Protocol[BatchT]):
 
 
 def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> DeltaWheelError:
-    """The typed error of a batch whose Spark job failed.
-
-    :class:`UserCodeError` (exit 7), :class:`InputSchemaError` (exit 3), else :class:`BatchFailedError`.
-    """
+    """The typed error of a failed Spark job: UserCodeError, InputSchemaError, else BatchFailedError."""
     user = UserCodeError.from_task(str(exc))
     if user is not None:
         return user

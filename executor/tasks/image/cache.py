@@ -1,9 +1,6 @@
 """The Python worker's cache of interval images: bounded by memory, evicted window-aware.
 
-Keyed by the images' immutable file paths, so never stale; bounded by Arrow's ``nbytes``. It drops
-the image whose next expected use is furthest away (DESIGN.md, "Cache"); ``policy="lru"`` ranks by
-last use only. An interval keeps its previous image until its next lookup, for a retried batch.
-docs/performance.md, "Tasks take the intervals their worker holds".
+Evicts the image whose next use is furthest away (DESIGN.md, "Cache"; ``policy="lru"``: last use).
 """
 
 from __future__ import annotations

@@ -20,12 +20,7 @@ DAEMON_MODULE = "deltawheel.executor.tasks.daemon"
 
 
 def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None) -> Any:
-    """statestore's ``build_spark`` with the Python workers forked from :data:`DAEMON_MODULE`.
-
-    Raises:
-        JavaMissingError: no ``java`` to start Spark with.
-        JarFetchError: a jar could not be fetched or compiled.
-    """
+    """statestore's ``build_spark`` with the Python workers forked from :data:`DAEMON_MODULE`."""
     if settings.python_daemon is None:
         settings = dataclasses.replace(settings, python_daemon=DAEMON_MODULE)
     return sparkenv.build_spark(settings, jars_dir=jars_dir)

@@ -1,9 +1,4 @@
-"""Draining a continuous run at the end of its input: :func:`drain`.
-
-The caller says the input ended (``run.drain()``, ``deltawheel run --drain``). Then the live
-queries stop, the bounded runner takes over on the same checkpoints and runs everything to the
-end of time, and the leases are given back. The injectors' watermarks stay at the end of time.
-"""
+"""Draining a continuous run at the end of its input: the bounded runner finishes it (:func:`drain`)."""
 
 from __future__ import annotations
 

@@ -101,12 +101,8 @@ def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, comput
 
 def promote_intervals(marker: Mapping[str, Any], intervals: Sequence[int] | None, num_intervals: int, *,
                       into: str) -> tuple[int, ...] | None:
-    """The intervals a promotion takes: ``intervals`` (checked), else those the replay replayed.
-
-    Raises:
-        ConfigError: an interval outside ``0..num_intervals - 1``, or an empty list.
-        ReplayTargetError: an interval the replay did not replay.
-    """
+    """The intervals a promotion takes: ``intervals`` (checked: ConfigError, ReplayTargetError), else the
+    replay's."""
     replayed = marker.get("intervals")
     if intervals is None:
         return None if replayed is None else tuple(sorted(int(i) for i in replayed))

@@ -1,8 +1,4 @@
-"""What a streaming query's checkpoint needs before the query starts.
-
-A query killed while writing its first offsets leaves a hidden temporary file Spark then refuses
-to start on; those leftovers are deleted (nothing was committed).
-"""
+"""Delete a checkpoint's leftovers of an unfinished first write, which Spark would refuse."""
 
 from __future__ import annotations
 

@@ -109,12 +109,8 @@ def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
 def recover(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str, num_intervals: int,
             writer: str = "deltawheel-recover", wait_s: float = 0.0,
             progress: Callable[[str], None] | None = None) -> RecoverResult:
-    """Take the computation's intervals, deliver its undelivered checkpointed productions, give them back.
-
-    Raises:
-        LeaseHeldError: a running instance holds an interval after ``wait_s``.
-        StaleSequencerError: a newer owner took an interval meanwhile.
-    """
+    """Take the intervals, deliver undelivered checkpointed productions, give them back (LeaseHeldError if
+    held)."""
     log: list[str] = []
 
     def note(line: str) -> None:

@@ -156,11 +156,7 @@ def registered_computation(pipeline: str, computation: str) -> Computation | Non
 
 
 def load_code(spec: str, computation: str) -> Computation:
-    """The computation ``MODULE:NAME`` names (a class, an instance, or a function returning one).
-
-    Raises:
-        ReplayCodeError: not ``MODULE:NAME``, it does not import, or it is not ``computation``.
-    """
+    """The computation ``MODULE:NAME`` names (a class, an instance, or a factory); else ReplayCodeError."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise ReplayCodeError(f"--code {spec!r}: give MODULE:CLASS (e.g. mypkg.model:FixedModel), importable "
@@ -192,11 +188,8 @@ def load_code(spec: str, computation: str) -> Computation:
 
 def replay_scope(num_intervals: int, *, intervals: Sequence[int] | None = None,
                  keys: Sequence[str] | None = None) -> tuple[int, ...] | None:
-    """The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: every one).
-
-    Raises:
-        ConfigError: both given, an empty list, or an interval outside ``0..num_intervals - 1``.
-    """
+    """The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError.
+    The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError."""
     if intervals is not None and keys is not None:
         raise ConfigError("give --intervals or --keys, not both: keys select their intervals (a key's interval is "
                           "crc32(key) mod num_intervals)")
@@ -228,11 +221,7 @@ def _is_empty(files: TableFiles) -> bool:
 
 def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str, computation: str,
                 spark: Any = None) -> dict[str, Any] | None:
-    """The marker of a previous replay of the same computation into ``into`` (None: a new one).
-
-    Raises:
-        ReplayTargetError: ``into`` is the live store, on a scheme not reached, or holds something else.
-    """
+    """The marker of a previous replay into ``into`` (None: a new one); ReplayTargetError if it is unfit."""
     files = into_files(spark, into)
     if store_id(into) == store_id(store):
         raise ReplayTargetError(f"--into {into.root} is the live store: a replay writes into a separate folder "

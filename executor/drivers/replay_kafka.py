@@ -35,11 +35,7 @@ def mixed_df(spark: Any, inputs: SharedInput, ranges: Mapping[str, Mapping[str, 
 
 def check_kafka(spark: Any, inputs: SharedInput, commits: Sequence[ComputationCommit],
                  batches: Sequence[ComputationCommit]) -> None:
-    """Refuse a replay whose batches read Kafka offsets the topic no longer has, naming the horizon.
-
-    Raises:
-        InputGoneError: a range starts below its partition's earliest offset.
-    """
+    """Raise InputGoneError when a batch's Kafka offsets are no longer in the topic, naming the horizon."""
     gone: list[tuple[ComputationCommit, str]] = []
     for inj in inputs.kafka.values():
         parts = sorted({p for c in commits for p in (c.kafka or {}).get(inj.topic, {})}, key=int)

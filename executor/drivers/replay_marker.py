@@ -21,11 +21,7 @@ def store_id(store: StoreLayout) -> str:
 
 
 def into_files(spark: Any, into: StoreLayout) -> TableFiles:
-    """The shadow store's folder as Python reaches it: local, or ``s3a://`` with ``spark``'s settings.
-
-    Raises:
-        ReplayTargetError: ``into`` is on a scheme the fast path does not reach.
-    """
+    """The shadow store's folder as Python reaches it (local or ``s3a://``); else ReplayTargetError."""
     files = table_files(spark, into.root) if spark is not None else files_for(into.root)
     if files is None or (spark is None and not files.is_local):
         raise ReplayTargetError(f"--into {into.root}: a replay's shadow store is a local folder or an s3a:// store")

@@ -114,12 +114,7 @@ class ReplayRun:
         self.engine.__exit__(*exc)
 
     def run(self, batches: Sequence[ComputationCommit], commits: Sequence[ComputationCommit]) -> list[BatchReport]:
-        """Re-run the live commits ``batches`` in order, each as its live run did; the marker after each.
-
-        Raises:
-            ReplayUnavailableError: a Kafka-fed batch records no offsets.
-            InputGoneError: an input file went since the check.
-        """
+        """Re-run the live commits ``batches`` in order as their live runs did, the marker after each."""
         plan, code, inputs = self.plan, self.code, self.inputs
         reports: list[BatchReport] = []
         n = type(code).num_intervals

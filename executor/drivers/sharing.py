@@ -1,9 +1,4 @@
-"""Job instances sharing a continuous run's intervals (``ContinuousRun(instance=...)``).
-
-As for bounded runs (docs/rescaling.md): each instance reads the whole input with its own query,
-and :meth:`Sharing.rebalance` runs before every micro-batch and idle tick, giving back intervals
-no longer in the target and taking free ones (this instance's dead predecessor's at once).
-"""
+"""Job instances sharing a continuous run's intervals (docs/rescaling.md)."""
 
 from __future__ import annotations
 

@@ -20,11 +20,7 @@ T = TypeVar("T")
 
 
 def retry_stale_view(attempt: Callable[[], T], *, reload: Callable[[], object], attempts: int, failed: str) -> T:
-    """``attempt()``, again while the view of the rows went stale, reloaded before each retry.
-
-    Raises:
-        BatchFailedError: the view went stale ``attempts`` times (message ``failed``).
-    """
+    """``attempt()``, again while the view of the rows is stale; BatchFailedError after ``attempts``."""
     for _ in range(attempts):
         try:
             return attempt()
@@ -49,12 +45,7 @@ _NEXT = {BatchStatus.STARTED: BatchStatus.PREPARED, BatchStatus.PREPARED: BatchS
 
 @dataclass(eq=False)
 class BatchState:
-    """One batch as :meth:`BatchProtocol.run` goes through its steps.
-
-    ``wm_in``: the input watermark; ``wm_late``: the lateness watermark; ``acted``: the mark its
-    commit records; ``horizon``: the dedup horizon; ``skipped`` / ``files``: shared intervals';
-    ``strong``: the productions are checkpointed in the rows.
-    """
+    """One batch as :meth:`BatchProtocol.run` goes through its steps (``wm_late``: its lateness watermark)."""
 
     batch_id: int
     df: Any | None
@@ -81,11 +72,7 @@ class BatchState:
         self._last = self.started
 
     def advance(self, to: BatchStatus) -> None:
-        """Move to ``to``: the next status, or FAILED from any but FAILED.
-
-        Raises:
-            RuntimeError: any other move.
-        """
+        """Move to ``to``: the next status, or FAILED; any other move raises RuntimeError."""
         if to is BatchStatus.FAILED and self.status is not BatchStatus.FAILED:
             self.status = to
             return

@@ -221,9 +221,7 @@ class ComputationExecutor:
                   use_authority: bool = True, input_files: Sequence[str] | None = None,
                   late_watermark_ms: int | None = None) -> BatchReport:
         """Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting first if needed.
-
-        ``input_files``: with :attr:`shared`, the batch's positions; ``late_watermark_ms``: a replay's.
-        """
+        Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting first if needed."""
         return self._run(df, batch_id, input_watermark_ms=input_watermark_ms, use_authority=use_authority,
                          input_files=input_files, late_watermark_ms=late_watermark_ms)
 

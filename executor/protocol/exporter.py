@@ -1,9 +1,4 @@
-"""The executors' figures for Prometheus: an HTTP endpoint a monitoring system scrapes.
-
-One endpoint per process (:func:`start_metrics_server`). Every committed batch is observed with
-the row it hands to ``_metrics/batches`` (:func:`~.metrics.batch_row`), so endpoint and table
-agree. Metric names and labels: docs/watching.md.
-"""
+"""The executors' figures for Prometheus, one endpoint per process (docs/watching.md)."""
 
 from __future__ import annotations
 

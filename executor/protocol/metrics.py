@@ -1,8 +1,5 @@
-"""Per-batch figures: the store's ``_metrics/batches`` table, and Spark's observed metrics.
-
-The table is observability, not state: created on first use, and an append never fails a batch.
-docs/watching.md.
-"""
+"""Per-batch figures: the store's ``_metrics/batches`` table (never failing a batch), Spark's observed
+metrics."""
 
 from __future__ import annotations
 

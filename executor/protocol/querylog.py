@@ -69,11 +69,7 @@ def _entry_names(text: str, batch_id: int) -> list[str]:
 
 
 def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
-    """The files the file source read in micro-batch ``batch_id`` (None: not logged).
-
-    Raises:
-        OSError: the file could not be read (not: it is missing).
-    """
+    """The files the file source read in micro-batch ``batch_id`` (None: not logged; OSError: unreadable)."""
     logdir = checkpoint.sub(f"sources/{source}")
     for name in (str(batch_id), f"{batch_id}.compact"):
         text = logdir.read_text(name)

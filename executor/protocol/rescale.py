@@ -63,11 +63,7 @@ def _parquet_of(inj: Injector) -> ParquetInjector:
 
 def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_of: Callable[[str], str],
                  checkpoint: str, files_of: Callable[[str], TableFiles | None] | None = None) -> SharedInput:
-    """What the executor of ``comp`` needs when instances share its intervals.
-
-    Raises:
-        ConfigError: ``comp`` reads an input that gives no file positions.
-    """
+    """What the executor of ``comp`` needs when instances share its intervals (ConfigError: no positions)."""
     parquet, tables = _file_inputs(comp, injectors, comp.inputs, table_of=table_of)
     return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals,
                        file_source=_source_index(comp, parquet), files_of=files_of)

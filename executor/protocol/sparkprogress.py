@@ -1,10 +1,4 @@
-"""Spark's progress under the direct read: the batch's input rows where Spark counts them.
-
-A direct-read batch never runs its DataFrame, so Spark's ``numInputRows`` would read 0;
-:func:`show_input_rows` adds the rows to the scan's ``numOutputRows`` metric Spark reads. The
-query is found through ``sql.streaming.queryId``; outside a streaming query nothing is done.
-Never fails the batch.
-"""
+"""Spark's progress under the direct read: the batch's input rows where Spark counts them."""
 
 from __future__ import annotations
 

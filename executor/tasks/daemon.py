@@ -1,9 +1,4 @@
-"""Spark's Python daemon with the task modules loaded before it forks workers.
-
-Set as ``spark.python.daemon.module``, it preloads pyarrow, numpy, pandas and the task modules,
-freezes Spark's zip finders and the collector's generation, and picks Arrow's system allocator.
-docs/performance.md, "Python worker start" and "Memory".
-"""
+"""Spark's Python daemon, preloading the task modules before it forks workers (docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -74,10 +74,7 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
 
 def prepare_input(df: Any, comp: Computation, wm: int | None, *,
                   cache: dict[Any, Any] | None = None, ahead: tuple[int, Mapping[str, int]] | None = None) -> Any:
-    """Stream-schema input -> the prepared columns (:data:`PREP_DDL`).
-
-    ``cache``: the caller's dict of built expressions; ``ahead``: (now, {stream: bound ms}).
-    """
+    """Stream-schema input -> the prepared columns (:data:`PREP_DDL`); ``cache`` keeps built expressions."""
     from pyspark.sql import functions as F
 
     names = set(df.columns)

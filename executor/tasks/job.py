@@ -85,12 +85,7 @@ class UserJob(Protocol[BatchT]):
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchT]:
-        """Steps 2-4 in the tasks, materialized once.
-
-        Raises:
-            StaleViewError: the tasks met a newer fence or changed files.
-            BatchFailedError: user code failed.
-        """
+        """Steps 2-4 in the tasks, materialized once (StaleViewError: reload and rerun)."""
 
     def checkpoint(self, run: BatchRun[BatchT]) -> bool:
         """A weak batch's straggler: checkpoint the productions; False: rerun the tasks with ``strong``."""

@@ -1,8 +1,4 @@
-"""The write paths an executor can take, registered in one table.
-
-Each path is a :class:`~deltawheel.statestore.writepath.WritePath` and the :class:`~.job.UserJob`
-feeding it; :data:`PATHS` builds both, so the executor holds no branch per path.
-"""
+"""The write paths an executor can take: each a WritePath and its UserJob, registered in one table."""
 
 from __future__ import annotations
 

@@ -65,10 +65,7 @@ _MATCHED: set[int] = set()  # the contexts' environments already matched (a py4j
 
 
 def one_worker_pool(spark: Any, *, again: bool = False) -> None:
-    """Give RDD tasks the Python environment of SQL's Python tasks, so one worker pool serves both.
-
-    Once per context unless ``again``.
-    """
+    """Give RDD tasks SQL's Python task environment, so one worker pool serves both."""
     env = spark.sparkContext.environment
     if id(env) in _MATCHED and not again:
         return
@@ -80,10 +77,7 @@ def one_worker_pool(spark: Any, *, again: bool = False) -> None:
 
 
 def warm_workers(spark: Any, *, on_error: Callable[[BaseException], None] | None = None) -> threading.Thread:
-    """Run one no-op ``mapInArrow`` task per default task slot in a started daemon thread.
-
-    Best effort: a failure only goes to ``on_error``.
-    """
+    """Run one no-op task per default task slot in a started daemon thread (best effort)."""
     slots = max(1, int(spark.sparkContext.defaultParallelism))
     one_worker_pool(spark, again=True)
 

@@ -40,11 +40,7 @@ class BloomCounts:
 
 def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
           live: list[IdsFile], legacy: Any) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
-    """Dedup the batch's ids of this interval: the Bloom filter, then :func:`already_seen` on a "maybe".
-
-    Returns the filter, per record whether its key's row holds its id, and the counts. ``live``: the
-    ids files; ``legacy``: ids taken out of an older image.
-    """
+    """(the Bloom filter, per record whether its row holds its id, the counts) for this interval's ids."""
     import pyarrow as pa
 
     if not spec.comp.exactly_once or not inp.n:

@@ -15,10 +15,7 @@ __all__ = ["HeldIds", "flat_ids", "already_seen", "with_ids", "trim_ids", "expir
 
 @dataclass
 class HeldIds:
-    """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays.
-
-    ``held``: all the rows hold; ``table``: those within the dedup horizon.
-    """
+    """Flattened record ids of the touched rows (``table``: those within the dedup horizon)."""
 
     held: Any
     table: Any
@@ -43,10 +40,7 @@ def flat_ids(sub: Any, horizon_ms: int | None) -> HeldIds:
 
 
 def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = None) -> list[bool] | None:
-    """Per input record (in ``inp`` order): does the key's row already hold its id?
-
-    ``maybe``: whether the Bloom filter might hold it; given and few, only those are looked up.
-    """
+    """Per input record: does the key's row already hold its id (``maybe``: the filter's candidates)?"""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

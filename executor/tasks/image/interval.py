@@ -1,8 +1,4 @@
-"""The image path's per-interval run, in the tasks: one interval image in, one out.
-
-Phases: :func:`_open` (fence checked), :func:`_route_late`, :func:`_keys_to_run`, :func:`_run_keys`,
-the ``_write_*`` functions, :func:`_summary`. Nothing here talks to ZooKeeper or the Delta log.
-"""
+"""The image path's per-interval run, in the tasks: one interval image in, one out (the driver commits)."""
 
 from __future__ import annotations
 

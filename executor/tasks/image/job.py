@@ -1,8 +1,4 @@
-"""The image write path's Spark job (driver side): steps 2-4 of a batch in one job.
-
-A batch rewrites only the intervals it touched, so computations with many keys should use more
-intervals.
-"""
+"""The image write path's Spark job (driver side): steps 2-4 of a batch in one job."""
 
 from __future__ import annotations
 

@@ -70,12 +70,7 @@ def task_job(sc: Any, spec: ImageSpec, place: tuple[tuple[int, int], ...], *, pa
 
 
 def collect(out: Any) -> BatchOutput:
-    """Run the batch's tasks and gather their summaries.
-
-    Raises:
-        StaleViewError: a task found an interval fenced by another writer's sequencer.
-        ClaimError: the claiming tasks did not return one summary per interval.
-    """
+    """Run the batch's tasks and gather their summaries (StaleViewError: fenced; ClaimError: claims)."""
     try:
         rows = out.rdd.collect() if isinstance(out, TaskJob) else out.toArrow().to_pylist()
     finally:

@@ -75,11 +75,7 @@ def routed_frame(out: Any) -> Any:
 
 
 class MergeTasks:
-    """The MERGE path's batch job: input joined with the rows it needs, user code per key in tasks.
-
-    ``partitions``: tasks per batch; ``event_ahead_ms``: per input stream, how far event time may be
-    ahead of the clock.
-    """
+    """The MERGE path's batch job: input joined with the rows it needs, user code per key in tasks."""
 
     direct_source = None  # the MERGE path's tasks never read the input files themselves
 

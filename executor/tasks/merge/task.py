@@ -27,10 +27,7 @@ OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prod
 
 def task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, arrow_schema: Any,
             sequencers: dict[int, int], commit_id: str, *, wm_late: int | None) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function: each key's records and row to its output row (:data:`OUT_DDL`).
-
-    ``wm``: the timers' watermark; ``wm_late``: the records'.
-    """
+    """The ``mapInArrow`` function: each key's records and row to its output row (:data:`OUT_DDL`)."""
     name = comp.name
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:

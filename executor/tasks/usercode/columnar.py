@@ -1,10 +1,4 @@
-"""The columnar path in the image task: one ``process_columns`` call over an interval's keys.
-
-A computation declaring ``process_columns`` gets its keys' records, ``int64map`` state and timers as
-Arrow tables (``coltables.py``) and returns the new ones (docs/embedding.md, "The columnar path").
-:class:`ColumnarLoop` has ``keys.KeyLoop``'s outputs, so the rest of the run is the per-record
-path's; keys it cannot take exactly run through the key loop.
-"""
+"""The columnar path in the image task: one ``process_columns`` call over an interval's keys."""
 
 from __future__ import annotations
 

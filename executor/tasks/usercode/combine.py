@@ -44,11 +44,7 @@ def records_table(records: Sequence[Record]) -> Any:
 
 
 def combined_rows(comp: Computation, table: Any, keys: Sequence[str]) -> dict[str, list[tuple[Any, ...]]]:
-    """``comp.combine(table)`` grouped by key: each of ``keys`` -> its rows as tuples.
-
-    Raises:
-        UserCodeError: ``combine`` raised, or did not return an Arrow table with a string ``key``.
-    """
+    """``comp.combine(table)`` grouped by key into tuples; UserCodeError if it raised or misbehaved."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

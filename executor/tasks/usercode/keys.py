@@ -1,9 +1,4 @@
-"""The image path's key loop: one interval's touched keys, column-wise.
-
-User code runs per key through :class:`keyrun.UserCode`; the new rows go straight into column
-lists (``columns.py``). A key whose run leaves nothing has no row; a changed key gets its new
-row; any other key keeps its row.
-"""
+"""The image path's key loop: one interval's touched keys, column-wise, through ``keyrun.UserCode``."""
 
 from __future__ import annotations
 

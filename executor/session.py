@@ -30,12 +30,8 @@ def spark_session(store: str | None = None, *, app_name: str = "deltawheel", mas
                   **settings: Any) -> Any:
     """A SparkSession configured for deltawheel (or the running one), as :func:`deltawheel.connect` expects.
 
-    For an ``s3a://`` ``store`` the S3A jars and object-store log store too (docs/objectstore.md).
-    ``settings``: more :class:`SparkSettings` fields.
-
-    Raises:
-        JavaMissingError: no ``java`` to start Spark with.
-        JarFetchError: a jar could not be fetched or compiled.
+    For an ``s3a://`` ``store`` with the S3A jars and log store (docs/objectstore.md); ``settings``:
+    more :class:`SparkSettings` fields. Raises JavaMissingError or JarFetchError.
     """
     fields: dict[str, Any] = {"app_name": app_name, **settings}
     if master is not None:

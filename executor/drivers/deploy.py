@@ -66,9 +66,7 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
         job, bundle, base_url: cluster mode on a standalone cluster: files copied into ``bundle``,
             served at ``base_url``.
 
-    Raises:
-        ConfigError: an unknown deploy mode, or cluster mode without what it needs.
-        JarFetchError: a jar could not be fetched or compiled.
+    Raises ConfigError (a bad deploy mode or cluster set-up) or JarFetchError.
     """
     from deltawheel.statestore.jars import ensure_delta_jars
 
@@ -197,12 +195,10 @@ def _copy_sources(root: Path, dest: Path) -> Path:
 
 def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | None = None,
                      extra: tuple[str, ...] = (), keep_pyspark: bool = False) -> Path:
-    """Pack a virtual environment with deltawheel (and ``extra`` requirements) into ``dest`` (.tar.gz).
+    """Pack a virtual environment with deltawheel and ``extra`` into ``dest`` (.tar.gz).
 
     ``python`` must exist at the same path on the cluster's hosts; an up-to-date archive is kept.
-
-    Raises:
-        ConfigError: no wheel and no source tree, or a step failed (its output).
+    Raises ConfigError with a failed step's output.
     """
     try:
         import venv_pack

@@ -42,10 +42,7 @@ class Drainable(Protocol):
 
 
 def drain(run: Drainable) -> RunSummary:
-    """Stop ``run`` and run its pipeline to the end of its input.
-
-    Returns:
-        The summary of the drain's rounds.
+    """Stop ``run`` and run its pipeline to the end of its input; returns the drain rounds' summary.
 
     Raises:
         ConfigError: the run was not started by ``engine.start_pipeline``, shares its intervals, or

@@ -141,11 +141,8 @@ class Engine:
         """A started executor of ``computation``: pass it to ``writeStream.foreachBatch``.
 
         ``upstream``: injectors (their watermarks published after each batch) and/or names such as
-        ``"injector:NAME"``; ``options``: more :class:`ComputationExecutor` arguments.
-
-        Raises:
-            ConfigError: event-time timers and no watermark source, or bad options.
-            LeaseHeldError: another process still holds an interval after ``wait_s``.
+        ``"injector:NAME"``; ``options``: more :class:`ComputationExecutor` arguments. Raises ConfigError
+        (event-time timers without a watermark source, bad options) or LeaseHeldError after ``wait_s``.
         """
         self._check_open()
         items = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
@@ -166,13 +163,10 @@ class Engine:
     def start(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
               available_now: bool = False, upstream: Upstream | Sequence[Upstream] = (),
               trigger: str | float | Trigger | None = None, **options: Any) -> Any:
-        """Start a streaming query of ``source`` into ``computation``; returns Spark's ``StreamingQuery``.
+        """Start a streaming query of ``source`` (an injector or a stream-table-schema DataFrame).
 
-        ``source``: an injector or a stream-table-schema DataFrame. ``available_now``: read what is there
-        and stop; else run on ``trigger`` (:meth:`.Trigger.parse`).
-
-        Raises:
-            ConfigError: ``trigger`` cannot be parsed, or is given with ``available_now``.
+        Returns Spark's ``StreamingQuery``. ``available_now``: read what is there and stop; else run on
+        ``trigger``. Raises ConfigError for a bad ``trigger``, or one given with ``available_now``.
         """
         when = Trigger.parse(trigger)
         if available_now and when.interval_ms is not None:
@@ -230,11 +224,8 @@ class Engine:
 
         ``continuous=True``: run it unbounded (:meth:`start_pipeline`) until stopped or ``seconds``.
         ``options``: more :class:`PipelineRunner` arguments, ``progress``, ``gc_every`` (docs/operations.md).
-
-        Raises:
-            ConfigError: a pipeline named otherwise than the engine's, an option the engine sets, a
-                stream nothing produces, or a cycle.
-            DeltaWheelError: a batch's own typed error.
+        Raises ConfigError (a pipeline named otherwise than the engine's, an option the engine sets, a
+        stream nothing produces, a cycle) or a batch's own typed DeltaWheelError.
         """
         self._check_open()
         if continuous:
@@ -261,11 +252,8 @@ class Engine:
 
         ``triggers``: per computation, its own trigger; ``computations``: those to run here (default: all);
         ``options``: ``write_path``, ``direct_read``, ``tick_s``, ``progress``, ``instance``, ``gc_every``,
-        ``background_gc``, ``metrics_port``.
-
-        Raises:
-            ConfigError: as :meth:`run_pipeline`, a bad trigger, an unknown computation name, or an
-                ``instance`` other than :func:`connect`'s.
+        ``background_gc``, ``metrics_port``. Raises ConfigError as :meth:`run_pipeline`, for a bad
+        trigger, an unknown computation name, or an ``instance`` other than :func:`connect`'s.
         """
         self._check_open()
         self._check_pipeline(pipeline, options)

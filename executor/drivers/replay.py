@@ -265,14 +265,9 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
     """What a replay of ``computation`` would read and write.
 
     Exactly one of ``from_version``, ``from_timestamp_ms`` and ``from_start``; ``to_version`` None:
-    the newest commit.
-
-    Raises:
-        NotAStoreError: ``store`` has no rows table.
-        ConfigError: the pipeline or ``computation`` never ran there, or an injector is missing.
-        ReplayUnavailableError: a version that does not exist or is before the replay horizon.
-        ReplayTargetError: ``into`` is the live store, holds something else, or other intervals.
-        InputGoneError: an input file of a planned batch is gone.
+    the newest commit. Raises NotAStoreError, ConfigError (never ran there, an injector missing),
+    ReplayUnavailableError (no such version, or past the horizon), ReplayTargetError (``into`` unfit)
+    or InputGoneError (a planned batch's input file is gone).
     """
     scope = None
     if intervals is not None or keys is not None:
@@ -378,11 +373,7 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
     """Run ``plan`` with ``code``; returns the reports and the diff.
 
     ``zk``: the shadow store's ZooKeeper (:func:`shadow_chroot`; None: its own embedded server).
-
-    Raises:
-        ReplayCodeError: ``code`` is not the planned computation.
-        ConfigError: an input is an injector not given in ``injectors``.
-        InputGoneError: an input file of a replayed batch is gone.
+    Raises ReplayCodeError, ConfigError (an injector not given) or InputGoneError.
     """
     if code.name != plan.computation:
         raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")

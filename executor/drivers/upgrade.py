@@ -98,10 +98,8 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
                 before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
     """Upgrade every older-version row of ``code``'s computation in one fenced, audited commit.
 
-    Raises:
-        ConfigError: the pipeline has no such computation in ZooKeeper.
-        StateUpgradeError: a newer stored version, or ``upgrade_state`` raised. Nothing changed.
-        LeaseHeldError, StaleSequencerError, LeaseLostError: as ``replace_intervals``.
+    Raises ConfigError (no such computation), StateUpgradeError (nothing changed) or, as
+    ``replace_intervals``, LeaseHeldError, StaleSequencerError and LeaseLostError.
     """
     plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)
     if not plan.intervals:

@@ -43,9 +43,7 @@ class ComputationExecutor:
         authority: the watermark authority (None: only given ``input_watermark_ms`` fire timers).
         upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries making the input watermark.
         manual_watermarks: the caller passes ``input_watermark_ms``, so no watermark source is needed.
-        on_batch_end: called with each micro-batch's observed max event time.
         write_path: ``"image"``, ``"merge"`` or ``"auto"`` (``tasks/paths.py``).
-        intervals: the key intervals this instance takes (default: all).
         event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock (default:
             one day; {}: no check).
     """

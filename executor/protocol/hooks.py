@@ -16,13 +16,8 @@ __all__ = ["InjectorHook"]
 class InjectorHook:
     """The ``on_batch_end`` hook of an executor fed by ``feeding``.
 
-    Args:
-        checkpoint: the query's checkpoint (needed by injectors estimating from pending files).
-        instance: the job instance's name when instances share the intervals.
-        held: with ``instance``, the intervals (and sequencers) it holds, per computation.
-
-    Raises:
-        ConfigError: an injector estimates from pending files and no ``checkpoint`` is given.
+    ``checkpoint`` is needed by injectors estimating from pending files (else ConfigError);
+    ``instance`` and ``held``: the job instance sharing the intervals, and what it holds.
     """
 
     def __init__(self, authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,

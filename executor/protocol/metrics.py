@@ -283,8 +283,7 @@ def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None
 
 
 def observe_input(df: Any, *, name: str = OBSERVED_NAME, event_time_column: str = "timestamp_ms") -> Any:
-    """``df`` observed as ``name``: per micro-batch ``records``, ``min_event_ms``, ``max_event_ms``
-    and ``records_without_time`` reach ``StreamingQueryListener``'s ``observedMetrics[name]``.
+    """``df`` observed as ``name``: per micro-batch input figures in ``observedMetrics[name]``.
 
     Call it on the *streaming* frame before ``writeStream``::
 

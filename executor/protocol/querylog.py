@@ -75,8 +75,7 @@ def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0
         text = logdir.read_text(name)
         if text is not None:
             return _entry_names(text, batch_id)
-    # Spark deletes an entry's own file some minutes after a later compaction took it in: the
-    # first compacted file at or after it lists it
+    # a compacted entry's own file goes: the first compacted file at or after it lists it
     later = sorted(int(m.group(1)) for n in logdir.listdir() or () if (m := _COMPACT.match(n)) and m.group(2)
                    and int(m.group(1)) > batch_id)
     if later:

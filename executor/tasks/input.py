@@ -17,15 +17,13 @@ __all__ = ["prepare_input", "interval_of_key", "key_expression", "ahead_reason",
            "original_texts", "positions_of", "with_original_text", "PREP_DDL", "DEFAULT_MAX_EVENT_AHEAD_MS", "MALFORMED_CODEC", "MALFORMED_REASON",
            "RAW_COLUMN"]
 
-#: The prepared input's columns (:func:`prepare_input`): what the tasks of either path get per record
-#: (the image path adds ``interval`` and a marker flag ``_m``)
+#: The prepared input's columns (:func:`prepare_input`) the tasks of either path get per record.
 PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
             "position STRING, late BOOLEAN, _bad STRING")
 
 _ERR = "\x00!"
 DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the clock are dead letters
-#: The codec of a record its source could not parse (``sources/jsonl.py``, ``sources/kafka.py``): its
-#: value is the raw input (a JSON line, a Kafka message's value) and it becomes a dead letter.
+#: The codec of a record its source could not parse: its value is the raw input, a dead letter.
 MALFORMED_CODEC = "malformed"
 MALFORMED_REASON = "malformed input: the source could not parse it; raw_value holds the original text"
 #: An input frame's optional BINARY column: a text source's original text, kept by dead letters.

@@ -358,8 +358,7 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
     else:
         ms = et.cast(pa.int64()).fill_null(0).to_numpy()
     ts = pa.array(ms, pa.int64(), mask=ts_null)
-    # the record id: the column (null or empty: a dead letter, as sources/schema.py's record_id_of
-    # makes it), or with no column the position "{injector}/{file}#{row}"
+    # the record id: the column (null or empty: a dead letter), else the position "{injector}/{file}#{row}"
     if src.record_id_column is not None:
         rid = t.column(src.record_id_column).combine_chunks().take(take).cast(pa.string())
         rid_empty = pc.fill_null(pc.equal(rid, ""), True).to_numpy(zero_copy_only=False)

@@ -97,8 +97,7 @@ class ImageTasks:
         self.direct_source: DirectSource | None = None  # set by the pipeline runner (``direct.py``)
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
         self._spread_values: list[int] | None = None
-        # ((JVM session, intervals), frame), (intervals, columns, filter), (placement, routing
-        # expression); a placement is ((interval, task), ...) over the owned intervals
+        # caches: ((JVM session, intervals), frame), (intervals, columns, filter), (placement, routing)
         self._marker_frame: tuple[tuple[int, tuple[int, ...]], Any] | None = None
         self._data_cols: tuple[tuple[int, ...], list[Any], Any] | None = None
         self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None

@@ -266,8 +266,7 @@ class NewRows:
     """New row images without record ids: a tuple per key, turned into columns once (``table``)."""
 
     def __init__(self) -> None:
-        # (key, state, timers (sorted), watermark hold, pending productions, timer firing counter,
-        # codec column) per key, appended by ``KeyLoop.run``
+        # (key, state, timers, hold, pending, timer counter, codec column) per key, by ``KeyLoop.run``
         self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any, int, str]] = []
 
     def table(self, schema: Any, *, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> Any:

@@ -14,8 +14,7 @@ from .combine import COLUMNS, combined_rows, late_prefix, records_table
 
 __all__ = ["takes_vectorised", "interval_combined", "KeyRecords"]
 
-#: A key's records of the batch as the key loop runs them: (records not seen before, in order;
-#: its undecodable ones; how many were seen before).
+#: A key's records as the key loop runs them: (new records in order, undecodable ones, seen count).
 KeyRecords = tuple[list[Record], list[SideRecord], int]
 
 

@@ -21,15 +21,12 @@ _UNSET = object()
 _EVENT = TimeDomain.EVENT_TIME
 _PROCESSING = TimeDomain.PROCESSING_TIME
 
-#: The tag of the timers the executor keeps for a computation's state TTL (one per domain a TTL
-#: is declared in): due, it drops the key. Tags starting with NUL are reserved; user code never
-#: sees these timers (``Context.timers``), the rows and the SQL views do.
+#: The tag of the state TTL's timers (NUL-led tags are reserved; user code never sees them).
 TTL_TAG = "\x00ttl"
 
 
 class TimerCause:
-    """What a timer's productions derive their ids and default timestamp from (a record's
-    ``record_id`` / ``timestamp_ms`` play that part while a record is processed)."""
+    """What a timer's productions derive their ids and default timestamp from."""
 
     __slots__ = ("record_id", "timestamp_ms")
 
@@ -39,11 +36,7 @@ class TimerCause:
 
 
 class Context:
-    """Per-key handle: typed state, timers, productions, and the clocks.
-
-    Changes are buffered here and become visible to storage only when the
-    batch commits (atomically with the consumed record ids).
-    """
+    """Per-key handle: typed state, timers, productions, and the clocks; changes commit with the batch."""
 
     def __init__(self, *, computation: str, key: str, state_bytes: bytes | None, codec: Codec,
                  timers: tuple[Timer, ...], outputs: tuple[str, ...], input_watermark_ms: int | None,
@@ -58,14 +51,11 @@ class Context:
         self._timers: dict[tuple[str, TimeDomain], Timer] = {(t.tag, t.domain): t for t in timers}
         self._outputs = outputs
         self._productions: list[Production] = []
-        #: What is being processed (set by the runner): a :class:`~.computation.Record`, or a
-        #: :class:`TimerCause`; production ids and default timestamps derive from it.
+        #: What is being processed: a Record or a TimerCause (production ids derive from it).
         self.cause: Any = TimerCause("", 0)
         self._counted: Any = None  # whose productions self._n counts
         self._n = 0
-        #: The input low watermark (None until one is known). While records run: the watermark
-        #: that held before the batch's input, the one lateness is judged against (a record's own
-        #: delivery never moves it). While timers fire: the watermark they fire under.
+        #: The input low watermark (None until known); while records run, the one before the batch.
         self.input_watermark_ms = input_watermark_ms
         self.now_ms = now_ms
         self._hold = watermark_hold_ms
@@ -75,15 +65,9 @@ class Context:
         self._state_codec = codec.name if state_codec is None else state_codec
         self.expired = False  # the state TTL dropped the key in this run (:meth:`expire`)
 
-    # ---------------------------------------------------------------- state
-
     @property
     def state(self) -> Any:
-        """The key's state (decoded on first access); None when the key has none.
-
-        Assign to change it (``ctx.state = value``; None forgets it). A state read and then
-        changed in place (``ctx.state["n"] += 1``) is kept as well: once user code is done with
-        the key, a state it read is encoded again and stored if its bytes differ."""
+        """The key's state (None: none); assign to change it, changes in place are kept too."""
         if self._state is _UNSET:
             self._state = None if self._state_bytes is None else self._codec.decode(self._state_bytes)
         return self._state
@@ -101,8 +85,6 @@ class Context:
     def low_watermark_ms(self) -> int | None:
         """The computation's input low watermark (None until one is known)."""
         return self.input_watermark_ms
-
-    # --------------------------------------------------------------- timers
 
     def set_timer(self, tag: str, time_ms: int, *, domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
         """Set (or move) the timer ``tag`` of this key to fire at ``time_ms`` in ``domain``."""
@@ -128,21 +110,10 @@ class Context:
         """Hold this computation's low watermark at or below ``time_ms`` (None releases it)."""
         self._hold = time_ms
 
-    # ---------------------------------------------------------- productions
-
     def produce(self, stream: str, value: Any, *, timestamp_ms: int | None = None,
                 key: str | None = None) -> None:
-        """Produce ``value`` to ``stream`` (one of the computation's outputs).
-
-        ``timestamp_ms`` defaults to the timestamp of the record or timer being
-        processed; ``key`` defaults to this key.
-
-        The production's record id is unique and the same when a batch is replayed: while a
-        record is processed, ``<computation>:<record id>#<n>`` (the n-th production for that
-        record); while a timer fires, ``timer:<computation>:<key>:<domain>:<tag>:<time>:<seq>#<n>``
-        where ``seq`` numbers the key's timer firings (kept in its row: a timer that fires again at
-        the same time, e.g. re-set by a late record, produces under new ids).
-        """
+        """Produce ``value`` to ``stream``; ids are stable across replays (``<computation>:<record id>#<n>``).
+        Produce ``value`` to ``stream``; ids are stable across replays (``<computation>:<record id>#<n>``)."""
         if stream not in self._outputs:
             raise ConfigError(
                 f"{self.computation} produced to {stream!r}, which is not among its outputs "
@@ -154,15 +125,12 @@ class Context:
             self._n = 0
         self._n += 1
         codec = self._codec
-        # a record's id is prefixed with the computation: two computations reading the same record
-        # and producing to one stream must not produce under the same id (a timer's id has it)
+        # prefixed with the computation, so two computations producing one record's ids differ
         pid = (f"{cause.record_id}#{self._n}" if cause.__class__ is TimerCause
                else f"{self.computation}:{cause.record_id}#{self._n}")
         self._productions.append(make_production(
             pid, stream, out_key, codec.encode(value),
             cause.timestamp_ms if timestamp_ms is None else int(timestamp_ms), codec.name))
-
-    # ------------------------------------------------- the runner's side (keyrun)
 
     @property
     def watermark_hold_ms(self) -> int | None:
@@ -180,22 +148,16 @@ class Context:
 
     @property
     def productions(self) -> list[Production]:
-        """What the key produced so far, in order: the context's own list, which the runner
-        reads and trims (a dead-lettered call's productions are dropped)."""
+        """What the key produced so far, in order (the runner reads and trims this list)."""
         return self._productions
 
     def drop_productions_of(self, cause: Any) -> None:
-        """Drop what was produced while ``cause`` was :attr:`cause` (the productions since it
-        was set: nothing if it produced none)."""
+        """Drop what was produced while ``cause`` was :attr:`cause`."""
         if self._counted is cause:
             del self._productions[len(self._productions) - self._n:]
 
     def pop_due_timer(self, input_watermark_ms: int, now_ms: int) -> Timer | None:
-        """Remove and return the first timer due (the smallest by (time, tag, domain)), or None.
-
-        Due: an event-time timer before ``input_watermark_ms``, a processing-time timer at or
-        before ``now_ms``.
-        """
+        """Remove and return the first due timer by (time, tag, domain), or None."""
         best = None
         for t in self._timers.values():  # one pass (no list of the due ones): it runs for every key with timers
             if (t[0] < input_watermark_ms if t[2] is _EVENT else t[0] <= now_ms) and (best is None or t < best):
@@ -211,8 +173,7 @@ class Context:
         return tuple(sorted(self._timers.values()))
 
     def touch(self, event_ms: int | None, ttl_event_ms: int | None, now_ms: int, ttl_processing_ms: int | None) -> None:
-        """The key was touched: its state TTL timers move to ``event_ms + ttl_event_ms`` (not when
-        ``event_ms`` is None: unknown) and ``now_ms + ttl_processing_ms`` (None: no TTL there)."""
+        """The key was touched: its TTL timers move to ``event_ms``/``now_ms`` plus their TTL."""
         if ttl_event_ms is not None and event_ms is not None:
             self._timers[(TTL_TAG, _EVENT)] = Timer(event_ms + ttl_event_ms, TTL_TAG, _EVENT)
         if ttl_processing_ms is not None:
@@ -233,8 +194,7 @@ class Context:
         self._timers.pop((TTL_TAG, _PROCESSING), None)
 
     def expire(self) -> None:
-        """The state TTL passed: drop the key's state, timers and watermark hold (its record ids
-        are dropped by the runner)."""
+        """The state TTL passed: drop the key's state, timers and watermark hold."""
         self._state = None
         self._dirty = True
         self._timers = {}
@@ -262,8 +222,7 @@ class Context:
         self._dirty = True
 
     def stored_codec(self) -> str:
-        """The codec column for :meth:`encoded_state`: the stored one while the stored bytes are
-        kept as they are, else the context's (versioned) codec."""
+        """The codec column for :meth:`encoded_state`: the stored one while the bytes are kept."""
         rc = self._row_codec
         state = self._state
         if rc is not None and not self._dirty and (state is _UNSET or state is None):
@@ -276,9 +235,7 @@ class Context:
         return bool(self._timers)
 
     def outcome(self) -> tuple[bytes | None, tuple[Timer, ...], int | None, int | None, str, list[Production]]:
-        """What the runner stores of the key once user code is done, in one call (the image path's
-        key loop reads it for every key): (:meth:`encoded_state`, :attr:`stored_timers`,
-        :attr:`watermark_hold_ms`, :attr:`timer_seq`, :meth:`stored_codec`, :attr:`productions`)."""
+        """What the runner stores of the key, in one call."""
         state = self._state
         untouched = not self._dirty and (state is _UNSET or state is None)
         if untouched:
@@ -292,8 +249,7 @@ class Context:
         return data, stored, self._hold, self._timer_seq, codec, self._productions
 
     def encoded_state(self) -> bytes | None:
-        """The key's state as stored: the bytes it was read as when user code did not touch it,
-        else what user code left, encoded (None: no state)."""
+        """The key's state as stored: the bytes read when untouched, else re-encoded (None: none)."""
         state = self._state
         if not self._dirty and (state is _UNSET or state is None):  # never read (or there is none)
             return self._state_bytes

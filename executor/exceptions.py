@@ -1,9 +1,4 @@
-"""Errors raised by the executor: all under deltawheel's one root, :class:`DeltaWheelError`.
-
-Retryable errors (a restart of the query retries the batch) derive from
-:class:`~deltawheel.statestore.exceptions.RetryableError`, configuration and user-code errors
-from :class:`~deltawheel.statestore.exceptions.FatalError`, as in ``statestore.exceptions``.
-"""
+"""Errors raised by the executor: all under deltawheel's one root, :class:`DeltaWheelError`."""
 
 from __future__ import annotations
 
@@ -81,15 +76,11 @@ def _user_code_error(computation: str, key: str, what: str, cause: BaseException
 
 
 class InputSchemaError(ConfigError):
-    """An input file has a column of another type than the injector reads it as: the batch cannot
-    read it, and retrying cannot help. Names the file, the column and both types."""
+    """An input file has a column of another type than the injector reads: retrying cannot help."""
 
 
 class StateUpgradeError(CodecError):
-    """A key's stored state is of an older ``state_version`` and the computation's
-    ``upgrade_state`` raised on it (or returned nothing usable, or the stored version is newer
-    than the computation's): by the error policy the batch fails naming the key, or the key's
-    records go to dead letters and its row stays as it was."""
+    """A key's older state could not be upgraded (``upgrade_state`` raised or gave nothing usable)."""
 
 
 class WindowingError(ConfigError):
@@ -103,8 +94,7 @@ class ClusterError(FatalError):
 
 
 class HostsUnavailableError(ClusterError):
-    """The test bed of separate hosts cannot be made here: no network or mount namespaces (not root,
-    no ``ip`` or ``unshare``, or the kernel refused); the message says which and why."""
+    """The test bed of separate hosts cannot be made here (no network or mount namespaces)."""
 
 
 class KafkaServerError(FatalError):

@@ -1,32 +1,6 @@
 """Test a computation without Spark: feed records, move time, look at state, timers and output.
 
-:class:`ComputationTester` drives a :class:`~deltawheel.executor.computation.Computation`
-through the same per-key runner the executor's Spark tasks use
-(:func:`~deltawheel.executor.tasks.usercode.keyrun.run_key`: dedup by record id, records in event-time
-order, due timers in time order, the late policy, the error policy), one key at a time, as a
-batch of one record would run. In the spirit of Spark's ``TwsTester`` and Beam's ``TestStream``:
-
-* :meth:`~ComputationTester.add` runs a record now (its key from the computation's key
-  extractor for the stream, or given);
-* :meth:`~ComputationTester.advance_watermark` / :meth:`~ComputationTester.advance_processing_time`
-  move the input low watermark / the processing clock and run every key with a due timer;
-  :meth:`~ComputationTester.finish` moves the watermark to the end of time (bounded input);
-* :meth:`~ComputationTester.state`, :meth:`~ComputationTester.timers`,
-  :meth:`~ComputationTester.output`, :attr:`~ComputationTester.dead_letters`,
-  :attr:`~ComputationTester.late_data` show what the computation holds and produced;
-  :attr:`~ComputationTester.expired` the keys the state TTL dropped (when the watermark or the
-  processing clock moved past a key's TTL), in order.
-
-A computation with a ``state_version`` reads rows of an older version through its
-``upgrade_state`` here too: :meth:`~ComputationTester.with_computation` runs the rows a v1
-computation left with the v2 code (or give a new tester the store a v1 tester left, ``store=``).
-
-Rows live in memory, or with ``spark=`` in a Delta store (a fresh one in a temporary folder, or
-``store=``), committed by fenced transactions after every call, exactly as an executor batch
-commits: the same test then shows the computation's rows survive the store's codec and schema.
-
-Lateness: a record is late when its event time is behind the watermark the tester last acted
-on (the one :meth:`advance_watermark` fired timers under), as in the executor.
+:class:`ComputationTester` runs keys through the executor's per-key runner (``keyrun.run_key``).
 """
 
 from __future__ import annotations
@@ -178,25 +152,15 @@ class ComputationTester:
         """The Delta store's folder (None in memory)."""
         return self._rows.layout.root if isinstance(self._rows, _DeltaRows) else None
 
-    # ------------------------------------------------------------------ input
-
     def add(self, value: Any, *, event_time_ms: int, stream: str | None = None, key: str | None = None,
             record_id: str | None = None) -> None:
         """Run one record now: its key's user code, and that key's due timers.
 
-        Args:
-            value: the record's value (what ``process_record`` gets as ``record.value``).
-            event_time_ms: its event time.
-            stream: the input stream (default: the computation's only input).
-            key: the key (default: the computation's key extractor for ``stream`` applied to ``value``,
-                by a Spark batch's rules: a record it gives no usable key goes to
-                :attr:`dead_letters` with the reason a batch would give, and runs nothing).
-            record_id: its unique id (default: a fresh one); a repeated id is a duplicate and is
-                not processed again (exactly-once computations).
+        ``key`` defaults to the stream's key extractor on ``value`` (no usable key: a dead letter);
+        ``record_id`` to a fresh one (a repeated id is a duplicate).
 
         Raises:
-            WindowingError: the stream is not an input of the computation, or its extractor is
-                ``RECORD_KEY`` (the producer's key) and no ``key`` is given.
+            WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``.
         """
         comp = self.computation
         inputs = dict(type(comp).inputs)
@@ -236,8 +200,6 @@ class ComputationTester:
         for value, ts in records:
             self.add(value, event_time_ms=ts, stream=stream)
 
-    # ------------------------------------------------------------------- time
-
     def advance_watermark(self, watermark_ms: int) -> None:
         """Move the input low watermark (never back) and fire the event-time timers before it."""
         if self.watermark_ms is not None and watermark_ms < self.watermark_ms:
@@ -255,8 +217,6 @@ class ComputationTester:
     def finish(self) -> None:
         """The input is complete: the watermark goes to the end of time (every event-time timer fires)."""
         self.advance_watermark(END_OF_TIME)
-
-    # ---------------------------------------------------------------- results
 
     def state(self, key: str) -> Any:
         """The key's state, decoded (None: none)."""
@@ -283,12 +243,10 @@ class ComputationTester:
         return got
 
     def with_computation(self, computation: Computation) -> ComputationTester:
-        """A tester of ``computation`` (e.g. the next version of the code) over this tester's rows,
-        watermark and clock, as a pipeline restarted with new code on the same store: rows of an
-        older ``state_version`` are upgraded as each key is touched.
+        """A tester of ``computation`` (e.g. the next version) over this tester's rows and clocks.
 
         Raises:
-            ConfigError: ``computation`` is invalid, or has another name (it would not own these rows).
+            ConfigError: ``computation`` is invalid, or has another name.
         """
         from deltawheel.statestore.exceptions import ConfigError
 
@@ -304,8 +262,6 @@ class ComputationTester:
         """With a Delta store: read the rows back from the table (what a restarted executor sees)."""
         if isinstance(self._rows, _DeltaRows):
             self._rows.reread()
-
-    # --------------------------------------------------------------- running
 
     def _run(self, key: str, records: list[Record]) -> None:
         out = run_key(self.computation, key=key, interval=interval_of(key, type(self.computation).num_intervals),
@@ -325,8 +281,7 @@ class ComputationTester:
         self._rows.save(key, row)
 
     def _horizon(self) -> int | None:
-        """Record ids seen before this (processing time) no longer count: the computation's
-        ``dedup_retention``, as the executor sweeps them."""
+        """Record ids seen before this processing time no longer count (``dedup_retention``)."""
         comp = self.computation
         return self.now_ms - comp.dedup_retention_ms() if comp.exactly_once else None
 

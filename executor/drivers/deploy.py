@@ -1,20 +1,4 @@
-"""Deploying a deltawheel job the Spark way: what ``spark-submit`` needs, and the job's Python
-environment packed for the executors.
-
-:func:`submit_args` gives the ``--jars`` (the Delta jars, deltawheel's log store jars, with
-``object_store`` the S3A jars: the same set ``build_spark`` puts in ``spark.jars``) and the ``--conf``
-settings a session needs (Delta's extension and catalog, the log stores, the checkpoint file
-manager, the object store's endpoint, the log store's ZooKeeper), and with an archive the
-``--archives env.tar.gz#environment`` and ``spark.pyspark.python=./environment/bin/python`` that
-make every executor run the shipped environment, as Spark's "Python Package Management" page
-describes. A job submitted so builds its session with ``SparkSession.builder.getOrCreate()`` and
-hands it to :func:`deltawheel.connect`.
-
-:func:`pack_environment` builds that archive: a wheel of deltawheel (from its source tree, or one
-given), installed with its dependencies into a fresh virtual environment of a Python that the
-cluster's hosts have at the same path, packed by ``venv-pack``. pyspark itself is left out: the
-cluster's Spark puts its own on every Python worker's path (400 MB less to ship and unpack).
-"""
+"""Deploying a deltawheel job the Spark way: ``spark-submit``'s options and a packed environment."""
 
 from __future__ import annotations
 
@@ -78,22 +62,11 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
 
     Args:
         object_store: tables on ``s3a://``: the S3A jars, the log store arbitrated by ZooKeeper.
-        archive: the packed environment (:func:`pack_environment`), a path or URL; executors run
-            its Python. None: they run whatever ``spark.pyspark.python`` the cluster has.
-        deploy_mode: ``client``: the driver runs here, on ``driver_python`` (default: this Python);
-            ``cluster``: the driver runs the archive's Python too.
-        endpoint: the object store's URL and keys (``spark.hadoop.fs.s3a.*``).
-        zk: ZooKeeper's connect string for the ``s3a://`` log store.
-        job, bundle, base_url: cluster mode on a standalone cluster (which refuses Python
-            applications there): the jars, the archive and a launcher carrying ``job`` are copied
-            into ``bundle``, which an HTTP server at ``base_url`` serves to the hosts; the options
-            name them by URL and end with the launcher (:func:`launcher`), so the job's own
-            arguments follow. ``driver_python`` is then the cluster's Python with pyspark.
+        archive: the packed environment, a path or URL (None: the cluster's Python).
+        job, bundle, base_url: cluster mode on a standalone cluster: files copied into ``bundle``,
+            served at ``base_url``.
 
-    Raises:
-        ConfigError: an unknown deploy mode, or cluster mode without job, bundle, base URL and
-            the cluster's Python.
-        JarFetchError: a jar could not be fetched or compiled.
+    Raises ConfigError (a bad deploy mode or cluster set-up) or JarFetchError.
     """
     from deltawheel.statestore.jars import ensure_delta_jars
 
@@ -163,8 +136,7 @@ LAUNCHER = "deltawheel-launch.jar"
 
 
 def launcher(job: Path, dest: Path) -> Path:
-    """A zip (named ``.jar``: Spark's standalone submission wants one) that Python runs: its
-    ``__main__.py`` starts the session, puts the shipped environment on ``sys.path`` and runs ``job``."""
+    """A zip named ``.jar`` that puts the shipped environment on ``sys.path`` and runs ``job``."""
     import zipfile
 
     with zipfile.ZipFile(dest, "w") as z:
@@ -223,22 +195,10 @@ def _copy_sources(root: Path, dest: Path) -> Path:
 
 def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | None = None,
                      extra: tuple[str, ...] = (), keep_pyspark: bool = False) -> Path:
-    """Pack a virtual environment with deltawheel (and ``extra`` requirements) into ``dest`` (.tar.gz).
+    """Pack a virtual environment with deltawheel and ``extra`` into ``dest`` (.tar.gz).
 
-    Args:
-        dest: the archive to write.
-        python: the interpreter the environment is made from; the cluster's hosts need it at the
-            same path (default: the one this Python was made from).
-        wheel: a built wheel of deltawheel; default: built from the source tree this runs from
-            (with its log store jars: setup.py's build step).
-        extra: more requirements to install (your job's own packages).
-        keep_pyspark: ship pyspark too (a cluster without it on its Python workers' path).
-
-    Raises:
-        ConfigError: no wheel and no source tree, or a build, install or pack step failed (its output).
-
-    An archive packed from this source tree with the same arguments and newer than every source
-    file is kept as it is.
+    ``python`` must exist at the same path on the cluster's hosts; an up-to-date archive is kept.
+    Raises ConfigError with a failed step's output.
     """
     try:
         import venv_pack

@@ -1,19 +1,4 @@
-"""Draining a continuous run at the end of its input: :func:`drain`.
-
-A continuous source has no end of its own: files keep arriving, a topic keeps growing. The
-caller says when the input has ended: ``run.drain()``, or ``deltawheel run --drain``, where the
-stop (``--seconds``, SIGTERM, Ctrl-C) is the end. Then:
-
-1. the live queries stop after their batch in flight, as :meth:`.ContinuousRun.stop` does;
-2. the bounded runner takes over on the same checkpoints: each stage reads its sources to their
-   end, every injector's watermark goes to the end of time, every event-time timer fires, every
-   production is delivered and read by the stages after it, in rounds until nothing moves;
-3. the leases are given back, and the drain returns the summary of those rounds.
-
-The checkpoints are shared, so nothing is read twice or skipped. Afterwards the injectors'
-watermarks stay at the end of time, as after a bounded run: a later run reads files added
-since as late records.
-"""
+"""Draining a continuous run at the end of its input: the bounded runner finishes it (:func:`drain`)."""
 
 from __future__ import annotations
 
@@ -57,15 +42,11 @@ class Drainable(Protocol):
 
 
 def drain(run: Drainable) -> RunSummary:
-    """Stop ``run`` and run its pipeline to the end of its input (the module docstring).
-
-    Returns:
-        The summary of the drain's rounds: per computation its batches, and its low watermark,
-        at the end of time once everything was read.
+    """Stop ``run`` and run its pipeline to the end of its input; returns the drain rounds' summary.
 
     Raises:
-        ConfigError: the run was not started by ``engine.start_pipeline``, shares its intervals
-            with other instances, or runs only some of the pipeline's computations.
+        ConfigError: the run was not started by ``engine.start_pipeline``, shares its intervals, or
+            runs only some of the pipeline's computations.
         DeltaWheelError: a batch's own typed error.
     """
     name = run.pipeline.name

@@ -1,23 +1,4 @@
-"""Embedding in one call: :func:`connect` and the :class:`Engine` it returns.
-
-What a job embedding deltawheel needs besides its computation and its input, wired once::
-
-    with deltawheel.connect(spark, store="s3a://bucket/store", zk="zk1:2181") as engine:
-        engine.run(injector, MyComputation())                 # bounded input, to its end
-        engine.run_pipeline(Pipeline("p", (injector,), (First(), Second())))  # stage after stage
-        run = engine.start_pipeline(pipeline, trigger="500 milliseconds")   # unbounded, every stage live
-        # or: q = df.writeStream.foreachBatch(engine.executor(MyComputation(), upstream=injector))...
-
-:func:`connect` checks the session's settings (``SessionConfigError`` names what is missing),
-reaches ZooKeeper (a local store's embedded server when ``zk`` is None, as the demo does) and
-migrates the store. The engine then holds the objects the executor needs, composed by
-``wiring.py`` -- one kazoo client, a :class:`LeaseManager`, a :class:`WatermarkAuthority`, a
-:class:`RowStore` -- and per computation an :class:`IntervalOwner` and a started
-:class:`ComputationExecutor` whose injectors' watermarks are published after every batch; a
-:class:`Pipeline` of several computations runs on the same objects through
-:class:`PipelineRunner` (:meth:`Engine.run_pipeline`). It does not build Spark (the session is
-passed in, :func:`deltawheel.spark_session` builds one) and adds no protocol of its own: the
-per-batch protocol stays in ``executor/protocol/``.
+"""Embedding in one call: :func:`connect` and the :class:`Engine` it returns (docs/embedding.md).
 
 On ZooKeeper SUSPENDED the executors' batches pause (``max_pause_s`` bounds it); on LOST the
 leases are gone and the next batch fails with ``LeaseLostError``: :meth:`Engine.close` still
@@ -61,7 +42,6 @@ def _print_line(line: str) -> None:
 
 
 def _lines(progress: Progress) -> Callable[[str], None] | None:
-    """Where the lines of ``progress`` go (None: nowhere)."""
     if progress is True:
         return _print_line
     if progress is False or progress is None:
@@ -73,29 +53,21 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
             zk_chroot: str = "/deltawheel", zk_digest: str | None = None, wait_s: float = 60.0,
             max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None,
             zk_session_timeout_s: float | None = None) -> Engine:
-    """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` (close it,
-    or use it as a context manager).
+    """Check ``spark``, reach ZooKeeper, migrate ``store``; returns the :class:`Engine` to close.
 
     Args:
-        spark: a session with Delta and deltawheel's log store (:func:`deltawheel.spark_session`).
-        store: the store, a local folder (made absolute) or an ``s3a://`` (or other) URI.
-        zk: ZooKeeper's ``host:port[,host:port]``; None: a local store's embedded server, started
-            when none answers (as ``deltawheel demo`` does) and stopped by :meth:`Engine.close`.
-        pipeline: the pipeline's name: leases, sequencers and watermarks live under it.
+        spark: a classic session with Delta and deltawheel's log store.
+        store: a local folder or an ``s3a://`` (or other) URI.
+        zk: ``host:port[,host:port]``; None: a local store's embedded server.
+        pipeline: the name leases, sequencers and watermarks live under.
         owner: this process's name on its leases (default ``host:pid``).
-        instance: this job instance's name, the same across its restarts (letters, digits, ``_``):
-            a restart takes the leases its killed predecessor of that name still holds at once,
-            instead of waiting out its ZooKeeper session (docs/operations.md); None: it waits.
-        zk_chroot, zk_digest: as :class:`ZkConfig`'s ``chroot`` and ``digest``.
+        instance: this job's name across restarts: a restart takes its predecessor's leases at once.
         wait_s: how long an executor's start waits for leases another process holds.
-        max_pause_s: how long a batch pauses while ZooKeeper does not serve (default 300 s; None:
-            while the session lives); a ZooKeeper that lost its data is not waited for.
-        zk_session_timeout_s: the ZooKeeper session timeout (default :class:`ZkConfig`'s): a killed
-            process's leases stay held this long.
+        max_pause_s: how long a batch pauses while ZooKeeper does not serve (None: while the session lives).
 
     Raises:
-        SparkConnectSessionError: ``spark`` is a Spark Connect session (deltawheel needs a classic one).
-        SessionConfigError: the session lacks a setting (the message names each and the fix).
+        SparkConnectSessionError: ``spark`` is a Spark Connect session.
+        SessionConfigError: the session lacks a setting.
         ConfigError: ``zk`` is None for a store that is not a local folder.
         ZooKeeperServerError: the embedded ZooKeeper could not start.
         MigrationError, SchemaTooNewError, StoreMismatchError: as the store's migrations raise them.
@@ -131,12 +103,9 @@ def connect(spark: Any, *, store: str, zk: str | None = None, pipeline: str = "d
 
 
 class Engine:
-    """A store, its pipeline's ZooKeeper objects and the executors started on them (see the module
-    docstring). Made by :func:`connect`; every method takes the computation as an instance.
+    """A store, its pipeline's ZooKeeper objects and the executors started on them; made by :func:`connect`.
 
-    :attr:`progress` says where the executors' lines go (their start, a line per batch, the
-    runner's rounds): ``True`` (the default) prints them, ``False`` keeps them off, a callable gets
-    each line; a call's own ``progress=`` argument overrides it.
+    :attr:`progress`: True prints the executors' lines, False not, a callable gets each line.
     """
 
     progress: Progress = True
@@ -171,20 +140,9 @@ class Engine:
                  checkpoint: str | None = None, wait_s: float | None = None, **options: Any) -> ComputationExecutor:
         """A started executor of ``computation``: pass it to ``writeStream.foreachBatch``.
 
-        Args:
-            computation: the computation instance (pickled to the Spark tasks with its instance
-                attributes; its class is imported there: docs/embedding.md).
-            upstream: what feeds it: injectors (their watermarks are moved and published after each
-                batch) and/or ``"injector:NAME"`` / ``"computation:NAME"`` names.
-            checkpoint: the query's checkpoint (needed by injectors estimating from pending files).
-            wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`ComputationExecutor` arguments (``write_path``, ``intervals``, ...);
-                ``progress``: True (print the executor's lines), False, or a callable (default:
-                the engine's :attr:`progress`).
-
-        Raises:
-            ConfigError: a computation with event-time timers and no watermark source, or bad options.
-            LeaseHeldError: another process still holds an interval after ``wait_s``.
+        ``upstream``: injectors (their watermarks published after each batch) and/or names such as
+        ``"injector:NAME"``; ``options``: more :class:`ComputationExecutor` arguments. Raises ConfigError
+        (event-time timers without a watermark source, bad options) or LeaseHeldError after ``wait_s``.
         """
         self._check_open()
         items = [upstream] if isinstance(upstream, (str, Injector)) else list(upstream)
@@ -205,17 +163,10 @@ class Engine:
     def start(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
               available_now: bool = False, upstream: Upstream | Sequence[Upstream] = (),
               trigger: str | float | Trigger | None = None, **options: Any) -> Any:
-        """Start a streaming query of ``source`` into ``computation``; returns Spark's ``StreamingQuery``.
+        """Start a streaming query of ``source`` (an injector or a stream-table-schema DataFrame).
 
-        ``source``: an injector (its stream, and its watermark moved after each batch) or a streaming
-        DataFrame in the stream-table schema (give its watermark source as ``upstream``).
-        ``checkpoint``: the query's checkpoint (default ``<store>/_checkpoints/<pipeline>/<computation>``).
-        ``available_now``: read what is there now and stop (then :meth:`finish`); else run until stopped,
-        on ``trigger`` (None: as fast as possible; or a processing-time interval, ``"500 milliseconds"``:
-        :meth:`.Trigger.parse`). A Parquet injector's files are read by the tasks themselves either way.
-
-        Raises:
-            ConfigError: ``trigger`` cannot be parsed, or is given with ``available_now``.
+        Returns Spark's ``StreamingQuery``. ``available_now``: read what is there and stop; else run on
+        ``trigger``. Raises ConfigError for a bad ``trigger``, or one given with ``available_now``.
         """
         when = Trigger.parse(trigger)
         if available_now and when.interval_ms is not None:
@@ -249,11 +200,7 @@ class Engine:
 
     def run(self, source: Any, computation: Computation, *, checkpoint: str | None = None,
             upstream: Upstream | Sequence[Upstream] = (), **options: Any) -> list[BatchReport]:
-        """Run ``computation`` over everything ``source`` holds now, to its end (see :meth:`start`):
-        an ``availableNow`` query, then :meth:`finish` (watermarks to the end of time, pending
-        event-time timers fired, the last delivery landed), then the leases are given back.
-        Returns the batch reports. Prints a line per batch unless ``progress=False`` (or the
-        engine's :attr:`progress` is False; a callable gets the lines instead).
+        """Run ``computation`` over everything ``source`` holds now, to its end; returns the batch reports.
 
         Raises:
             DeltaWheelError: the batch's own typed error (not Spark's wrapper of it).
@@ -273,31 +220,12 @@ class Engine:
     def run_pipeline(self, pipeline: Pipeline, *, wait_s: float | None = None, continuous: bool = False,
                      trigger: str | float | Trigger | None = None, triggers: Mapping[str, Any] | None = None,
                      seconds: float | None = None, **options: Any) -> RunSummary:
-        """Run ``pipeline`` over everything its injectors hold now, to its end, stage after stage:
-        each computation's query reads its injectors and the stream tables of the computations
-        producing its inputs, with their watermarks (``injector:NAME``, ``computation:NAME``) as its
-        upstream; rounds repeat until nothing moves (:class:`PipelineRunner`, on this engine's
-        client, leases, authority and store). Returns the :class:`RunSummary`; every lease is given
-        back at the end.
+        """Run ``pipeline`` over everything its injectors hold now, stage after stage; returns the summary.
 
-        ``continuous=True``: run it unbounded instead, every stage live (:meth:`start_pipeline` with
-        ``trigger`` and ``triggers``) until SIGTERM, Ctrl-C or ``seconds``, then stop gracefully
-        (:meth:`.ContinuousRun.run_until_stopped`); returns the run's summary.
-
-        Args:
-            pipeline: the injectors and computations (named as the engine's pipeline).
-            wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: more :class:`PipelineRunner` arguments (``write_path``, ``direct_read``,
-                ``background_gc``, ...); ``progress``: True (print the batch and round lines), False,
-                or a callable (default: the engine's :attr:`progress`); ``gc_every``: gc's Delta
-                passes from the running pipeline every N batches of any stage (an int, ``"50"``) or a
-                duration (``"10m"``), with gc's defaults (``BackgroundGc.every``; docs/operations.md).
-
-        Raises:
-            ConfigError: ``pipeline`` is named otherwise than the engine's pipeline, an option the
-                engine sets is given, a computation reads a stream nothing produces, or the
-                computations form a cycle.
-            DeltaWheelError: a batch's own typed error.
+        ``continuous=True``: run it unbounded (:meth:`start_pipeline`) until stopped or ``seconds``.
+        ``options``: more :class:`PipelineRunner` arguments, ``progress``, ``gc_every`` (docs/operations.md).
+        Raises ConfigError (a pipeline named otherwise than the engine's, an option the engine sets, a
+        stream nothing produces, a cycle) or a batch's own typed DeltaWheelError.
         """
         self._check_open()
         if continuous:
@@ -320,31 +248,12 @@ class Engine:
     def start_pipeline(self, pipeline: Pipeline, *, trigger: str | float | Trigger | None = None,
                        triggers: Mapping[str, Any] | None = None, computations: Sequence[str] | None = None,
                        wait_s: float | None = None, **options: Any) -> ContinuousRun:
-        """Start ``pipeline`` unbounded, every computation's query live at once, and return the
-        :class:`.ContinuousRun` (``stop()``, ``run_until_stopped()``, ``queries``, ``executors``;
-        :meth:`close` stops it too). Each query reads its injectors and the stream tables of the
-        computations producing its other inputs (created now, so any stage can start first), with
-        their watermarks as its upstream (docs/continuous.md).
+        """Start ``pipeline`` unbounded; returns the :class:`.ContinuousRun` (docs/continuous.md).
 
-        Args:
-            pipeline: the injectors and computations (named as the engine's pipeline).
-            trigger: every query's trigger: None (as fast as possible) or a processing-time interval
-                (``"500 milliseconds"``, ``"2 seconds"``, a number of seconds).
-            triggers: per computation name, its own trigger instead.
-            computations: the names of the computations to run here (default: all).
-            wait_s: how long to wait for leases another process holds (default: the engine's).
-            options: ``write_path``, ``direct_read``, ``tick_s`` (how often an idle stage looks for due
-                timers, default 1 s); ``progress`` as for :meth:`run_pipeline`; ``instance``: this
-                job instance's name when several processes share the pipeline's intervals
-                (default: the ``instance`` given to :func:`connect`; docs/continuous.md, "Instances");
-                ``gc_every``: gc's Delta passes every N batches (of any stage; an int or ``"50"``) or a
-                duration (``"10m"``) in a driver thread, or ``background_gc`` (a ``BackgroundGc``);
-                ``metrics_port``: serve the executors' figures for Prometheus on this port (0: a
-                free one; docs/watching.md).
-
-        Raises:
-            ConfigError: as :meth:`run_pipeline`, a trigger that cannot be parsed, an unknown
-                computation name, or an ``instance`` other than the one given to :func:`connect`.
+        ``triggers``: per computation, its own trigger; ``computations``: those to run here (default: all);
+        ``options``: ``write_path``, ``direct_read``, ``tick_s``, ``progress``, ``instance``, ``gc_every``,
+        ``background_gc``, ``metrics_port``. Raises ConfigError as :meth:`run_pipeline`, for a bad
+        trigger, an unknown computation name, or an ``instance`` other than :func:`connect`'s.
         """
         self._check_open()
         self._check_pipeline(pipeline, options)
@@ -366,8 +275,7 @@ class Engine:
         return run
 
     def _metrics_port(self, options: dict[str, Any]) -> None:
-        """``metrics_port`` in ``options``: the process's Prometheus endpoint on that port (0: a free
-        one; ``exporter.py``), started before the run; it serves every executor of the process."""
+        """Start the process's Prometheus endpoint when ``options`` has ``metrics_port``."""
         port = options.pop("metrics_port", None)
         if port is None:
             return
@@ -379,12 +287,7 @@ class Engine:
             say(f"metrics for Prometheus: http://{socket.gethostname()}:{exporter.port}/metrics")
 
     def _gc_every(self, options: dict[str, Any]) -> None:
-        """``gc_every`` in ``options`` becomes their ``background_gc`` (gc's defaults).
-
-        Raises:
-            ConfigError: both given, or a ``gc_every`` :func:`~deltawheel.gc.background.parse_every`
-                refuses.
-        """
+        """``gc_every`` in ``options`` becomes their ``background_gc``; ConfigError if both are given."""
         every = options.pop("gc_every", None)
         if every is None:
             return
@@ -408,8 +311,7 @@ class Engine:
         pipeline.ordered()  # a stream nothing produces, or a cycle: refused before anything starts
 
     def finish(self, executor: ComputationExecutor) -> BatchReport:
-        """``executor``'s bounded input is consumed: its injectors' watermarks become END_OF_TIME and
-        are published, the event-time timers still pending fire (``flush``), and the delivery lands."""
+        """End ``executor``'s bounded input: watermarks to the end, due timers fired, delivery landed."""
         for inj in self._feeding.get(id(executor), ()):
             inj.finish()
             publish_watermark(self.authority, inj)
@@ -422,9 +324,7 @@ class Engine:
             self.server.release()
 
     def close(self) -> None:
-        """Stop the queries :meth:`start` started, stop every executor (its last delivery lands, its
-        leases are given back), close the leases and the client, stop the embedded ZooKeeper.
-        Everything is attempted; the first failure is raised after."""
+        """Stop everything started, close leases and client; the first failure is raised after."""
         if self._closed:
             return
         self._closed = True

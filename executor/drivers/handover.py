@@ -1,15 +1,10 @@
-"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``: repair,
-promote, upgrade-state, gc's input-set pruning).
+"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``).
 
-:class:`HandoverWatch` watches the request znode of each computation a run runs (kazoo data
-watches): a request that appears wakes the run at once, so the stage gives its intervals back at
-its next batch boundary (the end of the batch in flight, or at once when none runs) instead of at
-the next tick that finds the stage idle; one that goes wakes the stage waiting to take them again.
+:class:`HandoverWatch` watches each computation's request znode, so a stage gives its intervals
+back at its next batch boundary.
 
-ZooKeeper connection states: while the run's connection is SUSPENDED no watch fires, and the
-stage goes on with what it holds (the tool waits for the leases, up to its ``--wait``); the watches
-are set again by kazoo when the session reconnects, and fire with the state the znode has then. A
-LOST session ends the run's leases anyway (its batches fail with ``LeaseLostError``).
+While the connection is SUSPENDED no watch fires and the stage keeps what it holds; kazoo sets
+the watches again on reconnect. A LOST session ends the leases (batches fail with ``LeaseLostError``).
 """
 
 from __future__ import annotations
@@ -27,9 +22,7 @@ __all__ = ["HandoverWatch", "hand_over"]
 
 
 class HandoverWatch:
-    """Which of ``computations`` have an open hand-over request, kept by ZooKeeper watches;
-    ``wake`` is set whenever one appears or goes (and by whoever else wants the waiter up). The
-    watches end at the first event after ``stopping`` is set (the run's client outlives the run)."""
+    """Which of ``computations`` have an open hand-over request; ``wake`` is set on each change."""
 
     def __init__(self, client: Any, pipeline: str, computations: Sequence[str], *,
                  wake: threading.Event | None = None, stopping: threading.Event | None = None) -> None:
@@ -65,11 +58,7 @@ class HandoverWatch:
 
 def hand_over(ex: ComputationExecutor | None, watch: HandoverWatch, computation: str, *, stopping: threading.Event,
               wait_s: float, log: Callable[[str], None]) -> None:
-    """Between batches (no batch of the stage runs): if a tool asked for intervals ``ex`` holds,
-    settle its delivery and give the leases back, wait until the tool's request is gone (the tool
-    gives the leases back before it deletes it), then take them again (fence, recovery: the tool's
-    rows). Returns at once when no request names an interval ``ex`` holds, and without taking the
-    leases again when the run stops meanwhile."""
+    """Between batches: give the leases a tool asked for back, wait for its request to go, retake them."""
     if ex is None:
         return  # an instance holding none of this computation's intervals: nothing to hand over
     asked = read_handover(watch.client, watch.pipeline, computation)

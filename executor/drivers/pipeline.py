@@ -1,8 +1,4 @@
-"""A pipeline as a value: :class:`Pipeline` (injectors and computations wired by named streams,
-their topological order), and what a run gives back: :class:`RunSummary`, :class:`MoveTiming` and
-a continuous run's :class:`StopReport`.
-:class:`~.runner.PipelineRunner` runs one.
-"""
+"""A pipeline as a value (:class:`Pipeline`) and what a run gives back."""
 
 from __future__ import annotations
 
@@ -61,8 +57,7 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class MoveTiming:
-    """An instance's change of intervals between batches: from the first lease given back or
-    taken to the end of the new executor's start (fence, recovery scan, catch-up batch)."""
+    """An instance's change of intervals: from the first lease moved to the new executor's start."""
 
     computation: str
     before: tuple[int, ...]
@@ -72,10 +67,7 @@ class MoveTiming:
 
 @dataclass(repr=False)
 class RunSummary:
-    """A finished run: per computation, its batch reports, published low watermark and watermark lag.
-
-    Printed, it is one line (per computation: batches, records in, productions, low watermark);
-    the reports are behind :attr:`reports`."""
+    """A finished run: per computation, its batch reports, low watermark and lag; printed, one line."""
 
     reports: dict[str, list[BatchReport]] = field(default_factory=dict)
     low_watermarks: dict[str, int | None] = field(default_factory=dict)

@@ -1,23 +1,7 @@
 """Promote: a replay's state replaces the live computation's, under its leases (``deltawheel promote``).
 
-:func:`promote` on a shadow store made by ``deltawheel replay`` (``replay.py``), in phases (a
-:class:`~deltawheel.statestore.surgery.timeline.Timeline` records them; ``--verbose`` prints it):
-
-1. **Check** everything that can be checked while the pipeline runs (:func:`check_replay`,
-   ``promote_checks.py``). A refusal changes nothing and the live stage never paused.
-2. **Catch up before the hand-over**: the replay is continued (``replay_run.py``) over the live
-   commits it has not run, while the pipeline runs on.
-3. **Take the leases** of the intervals (``statestore/surgery/``) at the pipeline's next batch
-   boundary. The old owner's checkpointed productions are delivered first.
-4. **Catch up under the leases**, then **prove** that the replay re-ran every live commit of the
-   intervals up to the version it replaces (``promote_checks.prove_caught_up``:
-   :class:`ReplayBehindError` otherwise).
-5. **Replace** the live rows of the computation with the shadow store's in one fenced commit with
-   the tool's sequencers (the live rows' record ids kept), give the leases back; then the audit
-   record. Outputs the live pipeline delivered stay as they are.
-
-:func:`plan_promote` is the dry run (``--plan``): no lease taken, nothing written.
-docs/replay.md, "6. Promote", says each phase in full.
+Check, catch up, take the leases, catch up and prove, replace in one fenced commit; :func:`plan_promote`
+is the dry run. docs/replay.md, "6. Promote".
 """
 
 from __future__ import annotations
@@ -61,9 +45,7 @@ __all__ = ["PromotePlan", "check_replay", "plan_promote", "promote", "promote_in
 
 @dataclass(frozen=True)
 class PromotePlan:
-    """What a promotion would do: ``reached`` (the live rows version the replay ran up to),
-    ``newest`` (the computation's newest live commit now), ``behind`` (live batches to catch up),
-    ``change``: the keys it would write or delete if the replay were caught up as it is."""
+    """What a promotion would do: ``reached``, ``newest``, ``behind`` (batches to catch up), ``change``."""
 
     store: str
     into: str
@@ -96,14 +78,7 @@ class PromotePlan:
 
 def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, computation: str,
                  spark: Any = None) -> dict[str, Any]:
-    """The marker of the replay in ``into``, checked to be of ``store``'s ``pipeline`` and
-    ``computation`` (``spark``: its S3 settings reach an ``s3a://`` ``into``; without it, a local
-    one only).
-
-    Raises:
-        ReplayTargetError: ``into`` is no replay, or one of another store, pipeline or computation,
-            or one that never ran.
-    """
+    """The marker of the replay in ``into``, checked to be of ``store``'s ``pipeline`` and ``computation``."""
     if store_id(into) == store_id(store):
         raise ReplayTargetError(f"--from {into.root} is the live store itself: give the folder a `deltawheel "
                                 "replay --into` wrote")
@@ -126,13 +101,8 @@ def check_replay(store: StoreLayout, into: StoreLayout, *, pipeline: str, comput
 
 def promote_intervals(marker: Mapping[str, Any], intervals: Sequence[int] | None, num_intervals: int, *,
                       into: str) -> tuple[int, ...] | None:
-    """The intervals a promotion takes and replaces: ``intervals`` (checked), else those the
-    replay replayed (its marker's ``intervals``; None: all).
-
-    Raises:
-        ConfigError: an interval outside ``0..num_intervals - 1``, or an empty list.
-        ReplayTargetError: an interval the (partial) replay did not replay.
-    """
+    """The intervals a promotion takes: ``intervals`` (checked: ConfigError, ReplayTargetError), else the
+    replay's."""
     replayed = marker.get("intervals")
     if intervals is None:
         return None if replayed is None else tuple(sorted(int(i) for i in replayed))
@@ -150,11 +120,7 @@ def promote_intervals(marker: Mapping[str, Any], intervals: Sequence[int] | None
 
 def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: str, computation: str,
                  num_intervals: int, intervals: Sequence[int] | None = None) -> PromotePlan:
-    """The dry run (see the module docstring); ``intervals`` as :func:`promote`'s.
-
-    Raises:
-        ReplayTargetError: as :func:`check_replay` and :func:`promote_intervals`.
-    """
+    """The dry run; ``intervals`` as :func:`promote`'s."""
     m = check_replay(store, into, pipeline=pipeline, computation=computation, spark=spark)
     ivs = promote_intervals(m, intervals, num_intervals, into=into.root)
     commits = computation_commits(spark, store, computation)
@@ -172,26 +138,15 @@ def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, p
             no_wait: bool = False, catch_up: bool = True, progress: Callable[[str], None] | None = None,
             before_commit: Callable[[Mapping[int, int]], None] | None = None,
             intervals: Sequence[int] | None = None, timeline: Timeline | None = None) -> SurgeryResult:
-    """Promote the replay in ``into`` to ``code``'s computation of the live ``store`` (see the
-    module docstring). ``client``: the live pipeline's ZooKeeper; ``shadow_zk``: the shadow
-    store's (None: its embedded server), for the catch-up; ``code``: what the catch-up runs (the
-    replay's code); ``injectors``: the live pipeline's (``pipeline.injectors``), which a
-    computation fed by one needs for its catch-up. ``intervals``: promote only these (their
-    leases only; default: those the replay replayed, all for a full replay). ``timeline``: where
-    the phases are recorded (``--verbose`` prints it).
+    """Promote the replay in ``into`` to ``code``'s computation of the live ``store``.
 
-    Raises:
-        ReplayTargetError: not a replay of this computation; or ``catch_up=False`` and it is behind
-            the live input position. Nothing changed.
-        ReplayBehindError: the replay did not re-run every live commit up to the version it would
-            replace. Nothing changed.
-        ConfigError: ``intervals`` out of range; an input is an injector not in ``injectors``.
-            Nothing changed, checked before the hand-over.
-        ReplayUnavailableError, InputGoneError: a live commit to catch up records no input
-            positions, or its input is gone. Nothing changed.
-        LeaseHeldError: ``no_wait`` and the pipeline holds an interval, still held after
-            ``wait_s``, or another tool is at work. Nothing changed.
-        StaleSequencerError / LeaseLostError: a takeover raced the promotion; nothing changed.
+    Raises (nothing changed in each case):
+        ReplayTargetError: not a replay of this computation, or behind with ``catch_up=False``.
+        ReplayBehindError: the replay did not re-run every live commit it would replace.
+        ConfigError: ``intervals`` out of range, or an injector input not in ``injectors``.
+        ReplayUnavailableError, InputGoneError: a live commit to catch up has no positions or input.
+        LeaseHeldError: ``no_wait`` and an interval is held, or another tool is at work.
+        StaleSequencerError / LeaseLostError: a takeover raced the promotion.
     """
     say = progress or (lambda line: None)
     tl = timeline or Timeline()
@@ -271,11 +226,7 @@ def _no_seed() -> None:
 
 
 def _refuse_other_tool(client: Any, *, pipeline: str, computation: str) -> None:
-    """Refuse at once while another tool's hand-over request for the computation is open.
-
-    Raises:
-        LeaseHeldError: naming the tool; nothing was changed.
-    """
+    """Raise LeaseHeldError at once while another tool's hand-over request is open."""
     other = read_handover(client, pipeline, computation)
     if other is not None:
         raise LeaseHeldError(f"another tool is changing {pipeline}/{computation} ({other.tool} by {other.by}, "

@@ -1,18 +1,7 @@
 """What a promotion proves before it commits: that the replay ran every live commit it replaces.
 
-A promotion replaces the live rows of some intervals with a replay's (``promote.py``). That must
-never put a key behind what the live store committed, so before its commit, under the leases
-(no live commit of those intervals can land any more), :func:`prove_caught_up` checks the live
-commit log against the replay's marker: every commit of the computation after the replay's seed
-version that changed user rows of the promoted intervals is one the replay re-ran (the marker's
-``ran``: ``replay_run.py`` records each live version it re-runs). That covers batches with input,
-flushes and timers-only commits (a batch without input, a batch run while the pipeline stopped),
-whatever made the replay miss one; a commit that records no input positions cannot have been
-re-run, and is refused too. Commits that change no user row pass: claims and fences (a new
-owner's), compactions; so do tools' commits (promote, repair), which a replay never re-runs: the
-plan and the diff name them.
-
-:func:`behind` is the same walk for what a catch-up still has to run.
+Claims, fences, compactions and tools' commits need not have been re-run; a commit without input
+positions cannot have been.
 """
 
 from __future__ import annotations
@@ -30,16 +19,15 @@ _NAMED = 5  # versions a refusal names one by one; the rest are counted
 
 
 def _changes_rows(c: ComputationCommit) -> bool:
-    """Whether commit ``c`` can change user rows a replay must have made too: a batch (with or
-    without input), or a commit that records no positions (what it did is not known)."""
+    """Whether commit ``c`` can change user rows: a batch, or a commit without positions."""
     return not c.replayable or c.reruns
 
 
 def unproven(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *, num_intervals: int,
              intervals: Sequence[int] | None = None, upto: int | None = None) -> list[tuple[ComputationCommit, str]]:
-    """The live commits of ``commits`` the replay whose marker is ``marker`` has not re-run, each with
-    why: those after the replay's seed version (up to ``upto``; None: all) that change user rows
-    of ``intervals`` (None: every interval the replay replayed).
+    """The live commits the replay of ``marker`` has not re-run, each with why.
+
+    Those after the seed version (up to ``upto``) that change user rows of ``intervals``.
 
     >>> from deltawheel.statestore.rowtable.inputfiles import commit_entry, no_input_entry
     >>> def c(v, kind="commit", meta=None):
@@ -72,11 +60,7 @@ def unproven(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *,
 
 def prove_caught_up(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *, into: str, computation: str,
                     num_intervals: int, intervals: Sequence[int] | None = None, upto: int | None = None) -> None:
-    """Refuse unless the replay re-ran every live commit :func:`unproven` looks at.
-
-    Raises:
-        ReplayBehindError: naming the versions not re-run and what to do; nothing was changed.
-    """
+    """Raise ReplayBehindError unless the replay re-ran every live commit :func:`unproven` looks at."""
     missing = unproven(commits, marker, num_intervals=num_intervals, intervals=intervals, upto=upto)
     if not missing:
         return
@@ -104,6 +88,5 @@ def _what(c: ComputationCommit) -> str:
 
 
 def behind(commits: Sequence[ComputationCommit], reached: int) -> list[ComputationCommit]:
-    """The live commits after ``reached`` (the newest live version the replay ran) a catch-up re-runs,
-    or must refuse (no positions): claims, fences and tools' commits left out."""
+    """The live commits after ``reached`` a catch-up re-runs (or must refuse)."""
     return [c for c in commits if c.version > reached and _changes_rows(c)]

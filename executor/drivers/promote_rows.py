@@ -1,14 +1,6 @@
-"""The rows a promotion commits (``promote.py``): the shadow store's, each compared with the live row
-of its key, so that a key the replay left as the live store has it is not written.
+"""The rows a promotion commits: the shadow store's, skipping keys equal to the live row.
 
-A replayed row is the live row's equal when its state, codec, timers, watermark hold and timer
-sequence are, and it holds no production its own store has not delivered (the live row's
-checkpoints were delivered by the tool's recovery when it took the leases). Record ids are not
-content here: a caught-up replay ran the same records, so the live row's ids (the dedup history,
-with the times the live pipeline saw them) are kept; a key only the replay has gets the replay's
-(on the image path they live in the record-ids rows, folded into the key's row: the form a fenced
-commit writes by key). A key only the replay's record-ids rows name (its state expired there, as
-live) gets no row.
+Record ids are not content: the live row's are kept; a key only the replay has gets its own.
 """
 
 from __future__ import annotations
@@ -28,10 +20,7 @@ _COMPARED = ("state", "codec", "timers", "watermark_hold_ms", "timer_seq")
 
 def shadow_rows(spark: Any, into: StoreLayout, computation: str, *,
                 intervals: Sequence[int] | None = None) -> list[KeyRow]:
-    """The computation's rows in the shadow store (of ``intervals``; None: all), record-ids rows
-    included, each with only the pending productions the shadow store has not delivered (a
-    promoted checkpoint is delivered by the live pipeline's recovery; one delivered in the shadow
-    store was the replay's output, never the live one's)."""
+    """The shadow store's rows of ``intervals`` (None: all), with only its undelivered productions."""
     from pyspark.sql import functions as F
 
     cond = (F.col("computation") == computation) & (F.col("key") != FENCE_KEY)
@@ -58,10 +47,7 @@ def same_content(replayed: KeyRow, live: KeyRow) -> bool:
 
 
 def promoted_rows(shadow: Sequence[KeyRow], live: Mapping[str, KeyRow]) -> list[KeyRow]:
-    """The rows a promotion leaves in the intervals (every key that should exist), from the shadow
-    store's rows ``shadow`` (record-ids rows included) and the live rows ``live`` by key: a live
-    row where the replayed one is its equal, else the replayed row with the live row's record ids
-    (a key only the replay has: its own)."""
+    """The rows a promotion leaves: the live row where equal, else the replayed row with live ids."""
     ids: dict[str, list[Any]] = {}
     for r in shadow:
         if r.key.startswith(IDS_KEY_PREFIX) and r.record_ids:

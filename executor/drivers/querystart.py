@@ -1,11 +1,5 @@
-"""What a streaming query's checkpoint needs before the query starts, and what its progress read.
-
-A query stopped (SIGKILL, SIGTERM) while it wrote its first offsets entry leaves a hidden
-temporary file in ``offsets/`` (``.0.<uuid>.tmp``, 0 bytes) and no entry. Spark then refuses
-every start of that checkpoint (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``: batch 0 wants an
-empty location), so the same command could never resume. Before such a checkpoint is used, the
-leftovers of the unfinished first write are deleted: nothing was committed, nothing is lost.
-"""
+"""A streaming query's checkpoint before the query starts (the leftovers of an unfinished first
+write deleted, which Spark would refuse; the batch Spark replays), and what its progress read."""
 
 from __future__ import annotations
 
@@ -21,11 +15,7 @@ _LOGS = ("offsets", "commits")
 
 
 def clear_unstarted(checkpoint: str) -> list[str]:
-    """Delete the hidden leftovers of an unfinished first write in ``checkpoint``'s ``offsets/`` and
-    ``commits/`` when neither holds an entry yet (local checkpoints only); the paths deleted.
-
-    A checkpoint with any entry is left as it is: Spark reads its entries and ignores the rest.
-    """
+    """Delete the leftovers of an unfinished first write in a local ``checkpoint``; the paths deleted."""
     local = local_path(checkpoint)
     if local is None:
         return []

@@ -1,22 +1,7 @@
-"""Recovery without the pipeline: which checkpointed productions are still undelivered, and
-their delivery (``deltawheel recover``).
+"""Recovery without the pipeline (``deltawheel recover``): deliver undelivered checkpointed productions.
 
-A computation's checkpointed productions (strong productions, and a weak batch's stragglers)
-are delivered by its own executor: after each commit, and by the recovery that runs when it
-takes its intervals (:meth:`ComputationExecutor.start`). When a pipeline is stopped for good,
-or its code is not at hand, :func:`recover` runs that recovery alone: it takes the
-computation's leases (nothing else writes meanwhile, and any earlier owner is fenced: its
-sequencers are now stale), runs the same scan and redelivery, and gives the leases back. It
-needs no user code: delivering a checkpoint reads the rows only.
-
-:func:`scan` is the dry run: per interval, the lease holder and the checkpointed productions
-per stream, and how many of them have not landed. It takes no lease and writes nothing.
-
-Computations and their intervals are found under the pipeline in ZooKeeper (every interval an
-executor ever held has a lease znode there). On ZooKeeper SUSPENDED / LOST while
-:func:`recover` holds the leases, the lease module's rules apply: the delivery's commits check
-nothing of the lease (a redelivery is idempotent: by the interval's application version, or
-insert-if-absent), and the next owner's recovery delivers whatever this one did not.
+On ZooKeeper SUSPENDED / LOST while :func:`recover` holds the leases, the lease module's rules
+apply: a redelivery is idempotent, and the next owner's recovery delivers what this one did not.
 """
 
 from __future__ import annotations
@@ -37,10 +22,7 @@ __all__ = ["IntervalStatus", "RecoverResult", "computations_of", "scan", "recove
 
 @dataclass(frozen=True)
 class IntervalStatus:
-    """One interval of a computation as :func:`scan` found it.
-
-    ``checkpointed``: per stream, the productions checkpointed in the interval's rows;
-    ``undelivered``: per stream, those not in the stream table."""
+    """One interval as :func:`scan` found it: ``checkpointed`` and ``undelivered`` productions per stream."""
 
     computation: str
     interval: int
@@ -69,14 +51,7 @@ class RecoverResult:
 
 def computations_of(client: Any, *, pipeline: str, names: Sequence[str] | None = None,
                     leases: Sequence[Mapping[str, Any]] | None = None) -> dict[str, int]:
-    """The pipeline's computations (or those of ``names``) with their number of intervals (from
-    the lease znodes).
-
-    Raises:
-        ConfigError: the pipeline has no computation in ZooKeeper, or none of a name.
-
-    ``leases``: the pipeline's :func:`list_leases` rows when the caller has them already.
-    """
+    """The pipeline's computations (or ``names``) with their number of intervals; else ConfigError."""
     found: dict[str, int] = {}
     for r in list_leases(client, pipeline=pipeline) if leases is None else leases:
         found[r["computation"]] = max(found.get(r["computation"], 0), int(r["interval"]) + 1)
@@ -103,13 +78,7 @@ def _stand_in(name: str, num_intervals: int, outputs: Sequence[str]) -> Computat
 
 def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
          computations: Sequence[str] | None = None) -> list[IntervalStatus]:
-    """The dry run: per interval of the pipeline's computations (or of ``computations``), its
-    lease holder, its checkpointed productions per stream and how many of them are not in their
-    stream table (by record id: exact on either write path). Takes no lease, writes nothing.
-
-    Raises:
-        ConfigError: unknown pipeline or computation.
-    """
+    """The dry run: per interval, its lease holder and checkpointed and undelivered productions."""
     from pyspark.sql import functions as F
 
     leases = list_leases(client, pipeline=pipeline)
@@ -140,14 +109,8 @@ def scan(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str,
 def recover(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, computation: str, num_intervals: int,
             writer: str = "deltawheel-recover", wait_s: float = 0.0,
             progress: Callable[[str], None] | None = None) -> RecoverResult:
-    """Take the computation's intervals, deliver its undelivered checkpointed productions (as its
-    executor's start does), give the intervals back.
-
-    Raises:
-        LeaseHeldError: a running instance holds an interval (after ``wait_s``): its own
-            recovery already delivers; stop it first, or let it be.
-        StaleSequencerError: a newer owner took an interval meanwhile.
-    """
+    """Take the intervals, deliver undelivered checkpointed productions, give them back (LeaseHeldError if
+    held)."""
     log: list[str] = []
 
     def note(line: str) -> None:

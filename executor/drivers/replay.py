@@ -1,30 +1,16 @@
 """Replay: re-run one computation from a past rows-table version into a shadow store.
 
-A replay of computation C of a live store, from rows-table version V up to version W:
+A replay of computation C, from rows-table version V up to W:
 
-1. **Plan** (:func:`plan_replay`): read the rows table's commit log
-   (``statestore/inspection/positions.py``): C's batch commits after V up to W, each with the
-   input positions it read (the Parquet files of an injector, the data files of the stream tables
-   it reads) and the watermarks it acted on. A commit without positions (an older deltawheel, a
-   tool) before W and after V is refused, naming the first version a replay may start from.
-2. **Seed** the shadow store (``into``, its own ZooKeeper chroot and leases): C's rows as of V
-   (Delta time travel; fence rows left out, sequencers reset) in one commit that carries the
-   acted-watermark mark of C's newest commit up to V (so lateness is judged as the live run did).
-3. **Re-run** each planned batch in order with the same input files and the same input
-   watermark as its live run, through the ordinary executor (the seven steps: dedup, fenced
-   commit, delivery into the shadow store's stream tables). Every shadow commit records its
-   positions too, and ``<into>/_replay.json`` records where the replay stands, so a second
-   ``replay`` into the same folder continues (catch-up) instead of starting over.
-4. **Diff** (``replay_diff.py`` over ``statestore/inspection/diff.py``): the shadow store's state
-   against the live store as of W (the same input position), and the productions of the replayed
-   batches in both; ``deltawheel diff`` of the two stores makes the same comparison.
+1. **Plan** (:func:`plan_replay`): C's batch commits after V up to W, each with its input
+   positions and watermarks; a commit without positions in that range is refused.
+2. **Seed** the shadow store (``into``, its own chroot and leases) with C's rows as of V, carrying
+   the acted-watermark mark of C's newest commit up to V.
+3. **Re-run** each planned batch with the same input files and input watermark, through the
+   ordinary executor; ``<into>/_replay.json`` records where it stands, so a second replay continues.
+4. **Diff** (``replay_diff.py``) the shadow state and productions against the live store as of W.
 
-The live store is only read: no lease of the live pipeline is taken, nothing is written there.
-
-The parts: ``replay_inputs.py``, ``replay_kafka.py``, ``replay_shared.py`` (job instances
-sharing the intervals), ``replay_marker.py``, ``replay_diff.py``, and ``replay_run.py`` (the open
-replay, also kept open by ``promote``). The replayed code (:func:`load_code`), the inputs, shared
-intervals and some intervals (:func:`replay_scope`): docs/replay.md.
+The live store is only read. docs/replay.md.
 """
 
 from __future__ import annotations
@@ -83,15 +69,7 @@ def _some(names: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """What a replay reads and writes (``--plan`` prints it).
-
-    ``from_version``: the live rows version the state is seeded from (None: empty state, from the
-    start); ``to_version``: the newest live version replayed; ``batches``: the live commits
-    re-run; ``input_files`` / ``input_bytes``: how long the input is; ``resume_after``: the live
-    version a previous replay into the same folder reached (its batches are not re-run);
-    ``skips``: per batch, the input files whose records of some intervals it drops (the live
-    batch's skip rule: ``replay_shared.skipped_files``; empty: none known).
-    """
+    """What a replay reads and writes (``--plan`` prints it); ``from_version`` None: empty state."""
 
     store: str
     into: str
@@ -162,14 +140,11 @@ class ReplayResult:
 
 
 #: the entry-point group where a package names its pipelines' computations for the tools
-#: (``pyproject.toml``: ``[project.entry-points."deltawheel.pipelines"] NAME = "module:function"``,
-#: the function returning the pipeline's computations); the demo registers itself there
 PIPELINES_GROUP = "deltawheel.pipelines"
 
 
 def registered_computation(pipeline: str, computation: str) -> Computation | None:
-    """The computation ``computation`` of a pipeline an installed package registered under the name
-    ``pipeline`` (:data:`PIPELINES_GROUP`), or None when none is registered or it has no such one."""
+    """The computation ``computation`` of the pipeline registered as ``pipeline`` (None: none)."""
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=PIPELINES_GROUP):
@@ -181,14 +156,7 @@ def registered_computation(pipeline: str, computation: str) -> Computation | Non
 
 
 def load_code(spec: str, computation: str) -> Computation:
-    """The computation ``MODULE:NAME`` names: a :class:`Computation` subclass (instantiated without
-    arguments), an instance, or a function returning one; its ``name`` must be ``computation``.
-    The module's code is pickled by value to Spark's workers (they need not import it).
-
-    Raises:
-        ReplayCodeError: not ``MODULE:NAME``, the module or name does not import, or it is not a
-            Computation called ``computation``.
-    """
+    """The computation ``MODULE:NAME`` names (a class, an instance, or a factory); else ReplayCodeError."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise ReplayCodeError(f"--code {spec!r}: give MODULE:CLASS (e.g. mypkg.model:FixedModel), importable "
@@ -220,12 +188,8 @@ def load_code(spec: str, computation: str) -> Computation:
 
 def replay_scope(num_intervals: int, *, intervals: Sequence[int] | None = None,
                  keys: Sequence[str] | None = None) -> tuple[int, ...] | None:
-    """The intervals a partial replay runs: ``intervals`` checked against ``num_intervals``, or
-    the intervals of ``keys`` (None: every interval, a full replay).
-
-    Raises:
-        ConfigError: both given, an empty list, or an interval outside ``0..num_intervals - 1``.
-    """
+    """The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError.
+    The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError."""
     if intervals is not None and keys is not None:
         raise ConfigError("give --intervals or --keys, not both: keys select their intervals (a key's interval is "
                           "crc32(key) mod num_intervals)")
@@ -248,7 +212,6 @@ def shadow_chroot(base: str, into: StoreLayout) -> str:
 
 
 def _is_empty(files: TableFiles) -> bool:
-    """True when the folder does not exist or holds nothing."""
     if files.is_local:
         return not os.path.isdir(files.root) or not os.listdir(files.root)
     from pyarrow import fs as pafs
@@ -258,12 +221,7 @@ def _is_empty(files: TableFiles) -> bool:
 
 def _check_into(store: StoreLayout, into: StoreLayout, *, pipeline: str, computation: str,
                 spark: Any = None) -> dict[str, Any] | None:
-    """The marker of a previous replay into ``into`` of the same computation (None: a new one);
-    ``spark`` reaches an ``s3a://`` ``into``.
-
-    Raises:
-        ReplayTargetError: ``into`` is the live store, on a scheme not reached, or holds something else.
-    """
+    """The marker of a previous replay into ``into`` (None: a new one); ReplayTargetError if it is unfit."""
     files = into_files(spark, into)
     if store_id(into) == store_id(store):
         raise ReplayTargetError(f"--into {into.root} is the live store: a replay writes into a separate folder "
@@ -304,23 +262,12 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                 to_version: int | None = None, intervals: Sequence[int] | None = None,
                 keys: Sequence[str] | None = None, num_intervals: int | None = None,
                 code: Computation | None = None, injectors: Sequence[Injector] = ()) -> ReplayPlan:
-    """What a replay of ``computation`` would read and write (see the module docstring).
+    """What a replay of ``computation`` would read and write.
 
-    Exactly one of ``from_version``, ``from_timestamp_ms`` and ``from_start``; ``to_version``
-    None: up to the newest commit now. ``intervals`` or ``keys`` (with the computation's
-    ``num_intervals``): replay only those intervals (:func:`replay_scope`), or the intervals of
-    those keys and diff only those keys. ``code`` and ``injectors`` (what :func:`replay` will
-    take): the injectors' input files are checked too (without: when the replay starts).
-
-    Raises:
-        NotAStoreError: ``store`` has no rows table.
-        ConfigError: the pipeline never ran on ``store``, or ``computation`` has no commit there.
-        ReplayUnavailableError: a version that does not exist or is before the replay horizon.
-        ReplayTargetError: ``into`` is the live store or holds something else, or an earlier replay
-            into it of other intervals.
-        InputGoneError: an input file of a planned batch is gone (a stream table's; with ``code``,
-            an injector's too).
-        ConfigError: with ``code``, an input is an injector not given in ``injectors``.
+    Exactly one of ``from_version``, ``from_timestamp_ms`` and ``from_start``; ``to_version`` None:
+    the newest commit. Raises NotAStoreError, ConfigError (never ran there, an injector missing),
+    ReplayUnavailableError (no such version, or past the horizon), ReplayTargetError (``into`` unfit)
+    or InputGoneError (a planned batch's input file is gone).
     """
     scope = None
     if intervals is not None or keys is not None:
@@ -390,8 +337,7 @@ def _latest_version(spark: Any, store: StoreLayout) -> int:
 
 
 def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, commits: Sequence[ComputationCommit]) -> None:
-    """C's rows of the live store as of the start version into the shadow store's rows table, in
-    one commit carrying the mark of C's newest commit up to it."""
+    """C's rows as of the start version into the shadow rows table, with the mark of C's newest commit."""
     from pyspark.sql import functions as F
 
     v = plan.from_version
@@ -415,8 +361,7 @@ def _seed(spark: Any, store: StoreLayout, into: StoreLayout, plan: ReplayPlan, c
     target_cols = spark.read.format("delta").load(into.rows).columns
     (rows.select(*target_cols).write.format("delta").mode("append")
      .option("userMetadata", json.dumps(meta, sort_keys=True)).save(into.rows))
-    # the other instances' marks (newer): one commit each without actions (an empty append
-    # commits nothing), so each instance judges lateness by the newest mark of its intervals
+    # the other instances' marks (newer): one empty commit each
     for mark in marks[1:]:
         TableLog(spark, into.rows).commit(user_metadata=json.dumps({**meta, "late": mark}, sort_keys=True))
 
@@ -425,20 +370,10 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
            injectors: Sequence[Injector] = (), write_path: str = "auto",
            progress: Callable[[str], None] | None = None, diff: bool = True, source: str | None = None,
            code_spec: str | None = None) -> ReplayResult:
-    """Run ``plan`` with ``code`` (see the module docstring); returns the reports and the diff.
+    """Run ``plan`` with ``code``; returns the reports and the diff.
 
-    ``zk``: the shadow store's ZooKeeper (its chroot must not be the live pipeline's: use
-    :func:`shadow_chroot`); None: the shadow store's own embedded server. ``injectors``: the
-    pipeline's injectors whose files the replayed batches read; ``source``: the live pipeline as
-    ``MODULE:PIPELINE`` and ``code_spec``: ``code`` as ``MODULE:CLASS`` (default: its class, when
-    that imports back), recorded in the marker so that ``promote`` runs the same code over the same
-    injectors.
-
-    Raises:
-        ReplayCodeError: ``code`` is not the planned computation.
-        ConfigError: an input is an injector not given in ``injectors``.
-        InputGoneError: an input file of a replayed batch is gone: refused before anything is
-            written, or (gone meanwhile) before that batch runs, the marker at the batch before it.
+    ``zk``: the shadow store's ZooKeeper (:func:`shadow_chroot`; None: its own embedded server).
+    Raises ReplayCodeError, ConfigError (an injector not given) or InputGoneError.
     """
     if code.name != plan.computation:
         raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")

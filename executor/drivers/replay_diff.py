@@ -1,24 +1,4 @@
-"""The diff of a replay's shadow store against the live store (docs/replay.md, "Read the diff").
-
-One comparison, made in two places: by ``replay`` at its end (``drivers/replay.py``), and by
-``deltawheel diff --store LIVE --store SHADOW`` when store B is a replay of store A's computation
-(its marker ``_replay.json`` names A's store and the computation). Both compare:
-
-* A **as of the live version the replay reached** (the same input position as B's newest state);
-* the productions of the **replayed batches** only (by batch id, leaving out by commit id a live
-  commit outside the replayed range with the same batch id: ``positions.outside_commit_ids``);
-* only the replay's **intervals or keys** (a partial replay's);
-* for the intervals **no replayed commit held** (an instance sharing the intervals that made no
-  commit in the replayed range), B's pending productions as A's at the start version: the seed
-  left the live pending productions out, and nothing replayed wrote them
-  (``replay_shared.unheld_intervals``, ``diff.py``'s ``seed_version`` / ``seed_intervals``).
-
-Which commits were replayed is read back from the live commit log with the marker's start
-(``from_version``) and end (``reached``), so the stand-alone diff needs no more than the marker
-and gives the replay's own answer. The marker records the computation's ``num_intervals`` and
-``outputs`` for it; a marker without them (written by an older deltawheel) leaves the stand-alone
-diff a plain comparison of the two stores, with a note saying so.
-"""
+"""The diff of a replay's shadow store against the live store (docs/replay.md, "Read the diff")."""
 
 from __future__ import annotations
 
@@ -47,20 +27,12 @@ def replay_diff(spark: Any, store: StoreLayout, into: StoreLayout, *, computatio
                 to_version: int, num_intervals: int, streams: Collection[str],
                 intervals: Sequence[int] | None = None, keys: Sequence[str] | None = None,
                 commits: Sequence[ComputationCommit] | None = None) -> StoreDiff:
-    """The diff of the replay of ``computation`` into ``into`` from ``from_version`` (None: the
-    start) up to live version ``to_version`` against the live ``store`` (see the module
-    docstring); ``commits``: the computation's live commits, when already read.
-
-    Raises:
-        ReplayUnavailableError: a live version that does not exist (or is past Delta's retention),
-            or a commit in the range that records no input positions.
-    """
+    """The diff of the replay into ``into`` against the live ``store`` up to ``to_version``."""
     if commits is None:
         commits = computation_commits(spark, store, computation)
     replayed = commits_after(commits, from_version, to_version=to_version)
     batch_ids = {c.batch_id for c in replayed if c.batch_id is not None}
-    # intervals no replayed commit held keep the live pending productions of before the start,
-    # which the seed left out: compared as the live store's at the start (replay_shared.py)
+    # intervals no replayed commit held: compared as the live store's at the start
     unheld = () if from_version is None else \
         unheld_intervals(replayed, num_intervals=num_intervals, scope=intervals)
     d = diff_stores(spark, store, into, computation, version_a=to_version, streams=streams, batch_ids=batch_ids,
@@ -73,11 +45,7 @@ def replay_diff(spark: Any, store: StoreLayout, into: StoreLayout, *, computatio
 
 @dataclass(frozen=True)
 class ReplayOf:
-    """What a shadow store's marker says of the replay it holds (``drivers/replay.py``'s ``MARKER``).
-
-    ``reached``: the newest live version replayed (B's state is A's input position then);
-    ``num_intervals`` / ``outputs``: the computation's (None: a marker of an older deltawheel).
-    """
+    """What a shadow store's marker says of its replay (``num_intervals`` None: an old marker)."""
 
     from_version: int | None
     reached: int
@@ -106,9 +74,7 @@ class ReplayOf:
 
 
 def replay_of(spark: Any, a: StoreLayout, b: StoreLayout, computation: str) -> ReplayOf | None:
-    """What B replays when it is a replay of ``computation`` of store A (its marker names A's store
-    and the computation); None: it is not (no marker, another store or computation, a scheme the
-    marker is not read from)."""
+    """What B replays when its marker names A's store and ``computation``; None otherwise."""
     try:
         m = read_marker(b, spark=spark)
     except ReplayTargetError:  # B is on a scheme a shadow store is never on
@@ -121,14 +87,7 @@ def replay_of(spark: Any, a: StoreLayout, b: StoreLayout, computation: str) -> R
 def diff_replay(spark: Any, a: StoreLayout, b: StoreLayout, of: ReplayOf, *, computation: str,
                 version_a: int | None = None, version_b: int | None = None,
                 streams: Collection[str] = ()) -> StoreDiff:
-    """``deltawheel diff`` of the live store ``a`` against ``b``, a replay of it (:func:`replay_of`):
-    the replay's own comparison (:func:`replay_diff`); ``streams``: the productions compared (none
-    given: the computation's outputs the marker records).
-
-    Raises:
-        ConfigError: ``version_a`` is not the version the replay reached, ``version_b`` is given (B's
-            newest is what the marker describes), or the replay has not reached a live version yet.
-    """
+    """``deltawheel diff`` of the live store ``a`` against its replay ``b``; ConfigError for bad versions."""
     if of.num_intervals is None or of.outputs is None:  # an older deltawheel's marker
         d = diff_stores(spark, a, b, computation, version_a=version_a, version_b=version_b, streams=streams)
         return dataclasses.replace(d, notes=(

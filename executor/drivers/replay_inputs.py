@@ -1,10 +1,4 @@
-"""What a replay's input is: the live store's stream tables (local or on an object store), the
-live pipeline's injectors, and the data files its planned batches read (``drivers/replay.py``).
-
-A replay re-reads every input file of each batch it re-runs: a file gone from its folder or stream
-table is refused before anything is written (:func:`check_inputs` for stream tables at the plan,
-:func:`check_files` for every input once the injectors are known), naming the version a replay
-can start from instead: the one of the last batch that read a gone file."""
+"""What a replay's input is; a gone input file is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ __all__ = ["stream_exists", "check_inputs", "input_bytes", "replay_input", "chec
 
 
 def stream_exists(spark: Any, store: StoreLayout, stream: str) -> bool:
-    """``stream`` is a stream table of ``store`` (on an object store: its Delta log has a commit)."""
+    """``stream`` is a stream table of ``store``."""
     if store.is_local:
         return os.path.isdir(store.stream(stream))
     from deltawheel.statestore.delta.log import local_table_exists
@@ -34,8 +28,7 @@ def stream_exists(spark: Any, store: StoreLayout, stream: str) -> bool:
 
 
 def _sizes(spark: Any, store: StoreLayout, streams: set[str]) -> dict[str, dict[str, int]] | None:
-    """stream -> data file name -> size of the stream tables ``streams`` (one listing each; a
-    local store's folders, an ``s3a://`` store's prefixes); None: another scheme (not listed)."""
+    """stream -> data file name -> size, one listing each; None: a scheme not listed."""
     from deltawheel.statestore.delta.storefs import table_files
 
     out: dict[str, dict[str, int]] = {}
@@ -53,13 +46,7 @@ def _sizes(spark: Any, store: StoreLayout, streams: set[str]) -> dict[str, dict[
 
 
 def check_inputs(spark: Any, store: StoreLayout, batches: Sequence[ComputationCommit]) -> dict[str, dict[str, int]] | None:
-    """Refuse a plan whose batches read a stream-table data file that is gone (VACUUM after a
-    compaction), naming the first version a replay can start from; returns the stream tables'
-    data files and sizes (:func:`input_bytes`; None: not listed here).
-
-    Raises:
-        InputGoneError: a data file of a replayed batch is gone.
-    """
+    """Refuse (InputGoneError) a plan reading a gone stream-table file; returns the files and sizes."""
     streams = {f.partition("/")[0] for c in batches for f in c.files or () if "/" in f}
     sizes = _sizes(spark, store, streams)
     if sizes is None:
@@ -80,12 +67,7 @@ def check_inputs(spark: Any, store: StoreLayout, batches: Sequence[ComputationCo
 
 def replay_input(spark: Any, store: StoreLayout, into: StoreLayout, code: Computation,
                  injectors: Sequence[Injector]) -> SharedInput:
-    """The input of a replay of ``code``: its stream tables in ``store``, its injectors among
-    ``injectors`` (the live pipeline's), read by file (and Kafka offset range).
-
-    Raises:
-        ConfigError: an input is an injector not given in ``injectors``, or one without positions.
-    """
+    """The input of a replay of ``code``; ConfigError for an injector not given or without positions."""
     by_name = {i.name: i for i in injectors}
     missing = [s for s in code.inputs if s not in by_name and not stream_exists(spark, store, s)]
     if missing:
@@ -112,13 +94,7 @@ def input_gone(computation: str, c: ComputationCommit, lost: Sequence[str], fold
 
 
 def check_files(inputs: SharedInput, batches: Sequence[ComputationCommit]) -> None:
-    """Refuse a replay whose ``batches`` read an input file that is gone from its folder or stream
-    table (a local one; a remote one is read when the batch runs), naming the version of the last
-    batch that read one (the state as of it is where a replay can start).
-
-    Raises:
-        InputGoneError: see :func:`input_gone`.
-    """
+    """Refuse (:func:`input_gone`) a replay whose ``batches`` read a gone local input file."""
     gone_at = None
     for c in batches:
         lost = [f for f in c.files or () if inputs.gone(f)]
@@ -130,8 +106,7 @@ def check_files(inputs: SharedInput, batches: Sequence[ComputationCommit]) -> No
 
 
 def input_bytes(sizes: dict[str, dict[str, int]] | None, files: Sequence[str]) -> int | None:
-    """The bytes of the stream-table data files ``files`` (``{stream}/{name}``); None: not known
-    (not listed, or an injector's file among them: its folder is the injector's)."""
+    """The bytes of the stream-table data files ``files``; None: not known."""
     if sizes is None:
         return None
     total = 0

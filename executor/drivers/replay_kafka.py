@@ -1,6 +1,4 @@
-"""Replay of a Kafka-fed computation: its live batches' recorded offset ranges re-read from the
-topic (docs/replay.md, "Input positions per commit"), refused when the topic no longer has them;
-beside them the files the batch read of a Parquet injector and of stream tables."""
+"""Replay of a Kafka-fed computation: its recorded offset ranges re-read (docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -16,9 +14,7 @@ __all__ = ["mixed_df", "check_kafka"]
 
 def mixed_df(spark: Any, inputs: SharedInput, ranges: Mapping[str, Mapping[str, tuple[int, int]]] | None,
              files: Sequence[str]) -> Any:
-    """The records a live batch read from its Kafka injectors (``ranges``) and its Parquet injector
-    and stream tables (``files``), one frame per input unioned in the order of the computation's
-    inputs, as the live query's frame is; None: it read none."""
+    """The records a live batch read (Kafka ``ranges``, ``files``), unioned in input order; None: none."""
     from pyspark.sql import functions as F
 
     from ..sources.schema import union_inputs
@@ -39,13 +35,7 @@ def mixed_df(spark: Any, inputs: SharedInput, ranges: Mapping[str, Mapping[str, 
 
 def check_kafka(spark: Any, inputs: SharedInput, commits: Sequence[ComputationCommit],
                  batches: Sequence[ComputationCommit]) -> None:
-    """Refuse a replay whose batches read Kafka offsets the topic no longer has (retention, deleted
-    records), naming the horizon: the first version from which every later batch's ranges are
-    still available.
-
-    Raises:
-        InputGoneError: an offset range of a replayed batch starts below its partition's earliest offset.
-    """
+    """Raise InputGoneError when a batch's Kafka offsets are no longer in the topic, naming the horizon."""
     gone: list[tuple[ComputationCommit, str]] = []
     for inj in inputs.kafka.values():
         parts = sorted({p for c in commits for p in (c.kafka or {}).get(inj.topic, {})}, key=int)

@@ -1,8 +1,4 @@
-"""A replay's marker ``<into>/_replay.json`` in its shadow store: what it replays (the live
-store, pipeline, computation, start version, intervals or keys, the code, the computation's
-number of intervals and outputs) and how far it got (``reached``, the newest live version
-replayed). ``replay`` writes it whole at each step (a local folder: a rename; an ``s3a://`` one:
-one PUT); ``replay`` continuing into the folder, ``promote`` and ``deltawheel diff`` read it."""
+"""A replay's marker ``<into>/_replay.json``: what it replays and how far it got (``reached``)."""
 
 from __future__ import annotations
 
@@ -25,12 +21,7 @@ def store_id(store: StoreLayout) -> str:
 
 
 def into_files(spark: Any, into: StoreLayout) -> TableFiles:
-    """The shadow store's folder as Python reaches it: a local folder, or an ``s3a://`` one with
-    ``spark``'s S3 settings for its bucket (None for ``spark``: local only).
-
-    Raises:
-        ReplayTargetError: ``into`` is on a scheme the fast path does not reach.
-    """
+    """The shadow store's folder as Python reaches it (local or ``s3a://``); else ReplayTargetError."""
     files = table_files(spark, into.root) if spark is not None else files_for(into.root)
     if files is None or (spark is None and not files.is_local):
         raise ReplayTargetError(f"--into {into.root}: a replay's shadow store is a local folder or an s3a:// store")
@@ -38,8 +29,7 @@ def into_files(spark: Any, into: StoreLayout) -> TableFiles:
 
 
 def read_marker(into: StoreLayout, *, spark: Any = None) -> dict[str, Any] | None:
-    """What ``<into>/_replay.json`` records (None: not a replay's folder); ``spark`` reaches an
-    ``s3a://`` one."""
+    """What ``<into>/_replay.json`` records (None: not a replay's folder)."""
     return marker_of(into_files(spark, into))
 
 

@@ -1,15 +1,4 @@
-"""A replay into a shadow store, open (``replay.py``): the shadow store's engine (its own ZooKeeper
-chroot and leases), the replay's input, its marker, and the executor that re-runs live commits.
-
-:class:`ReplayRun` is what :func:`~.replay.replay` runs a plan with, and what ``promote`` keeps
-open across its hand-over: it catches the replay up while the live pipeline runs, then, once it
-holds the live leases, re-runs only the few live commits made meanwhile through the same executor
-(no second start of the shadow store).
-
-The marker (``replay_marker.py``) is written after each re-run commit: ``reached`` (the newest live
-version replayed) and ``ran`` (the live versions of the commits re-run, oldest first: what a
-promotion proves it is not behind with, ``promote_checks.py``).
-"""
+"""A replay into a shadow store, open; ``promote`` keeps one open across its hand-over."""
 
 from __future__ import annotations
 
@@ -37,8 +26,7 @@ __all__ = ["ReplayRun", "code_spec_of"]
 
 
 def code_spec_of(code: Computation) -> str | None:
-    """``MODULE:CLASS`` naming ``code``'s class, when that imports back to it (a class made at run
-    time, such as ``windowed(...)``'s, does not: None)."""
+    """``MODULE:CLASS`` naming ``code``'s class when that imports back to it, else None."""
     import importlib
 
     cls = type(code)
@@ -52,15 +40,7 @@ def code_spec_of(code: Computation) -> str | None:
 
 
 class ReplayRun:
-    """An open replay of ``code`` from the live ``store`` into ``into`` (see the module docstring).
-
-    ``plan``: a :class:`~.replay.ReplayPlan` (its store, shadow folder, start, intervals and keys);
-    ``old``: the marker of an earlier replay into the folder (None: a new one, seeded by
-    ``seed`` when it starts from a version); ``source``: the live pipeline's ``MODULE:PIPELINE``,
-    ``code_spec``: the ``MODULE:CLASS`` of ``code`` (both recorded for ``promote``; default: the
-    earlier replay's, else :func:`code_spec_of`). Use as a context manager: entering connects the shadow store,
-    leaving stops its executor (its delivery settled, its leases given back).
-    """
+    """An open replay of ``code`` from the live ``store`` into ``into``; a context manager."""
 
     def __init__(self, spark: Any, plan: Any, *, code: Computation, zk: ZkConfig | None,
                  injectors: Sequence[Injector], write_path: str, progress: Callable[[str], None] | None,
@@ -100,11 +80,7 @@ class ReplayRun:
                 "num_intervals": type(code).num_intervals, "outputs": list(code.outputs), "ran": ran}
 
     def check(self, commits: Sequence[ComputationCommit], batches: Sequence[ComputationCommit]) -> None:
-        """Refuse ``batches`` whose input is gone (Kafka offsets, files), before anything is written.
-
-        Raises:
-            InputGoneError: see ``replay_inputs.check_files`` and ``replay_kafka.check_kafka``.
-        """
+        """Raise InputGoneError for ``batches`` whose input is gone, before anything is written."""
         if self.inputs.kafka:
             check_kafka(self.spark, self.inputs, commits, batches)
         check_files(self.inputs, batches)
@@ -138,17 +114,7 @@ class ReplayRun:
         self.engine.__exit__(*exc)
 
     def run(self, batches: Sequence[ComputationCommit], commits: Sequence[ComputationCommit]) -> list[BatchReport]:
-        """Re-run the live commits ``batches`` in order (``commits``: every commit of the computation,
-        for what each batch's live run skipped), each with the input watermark its live run had (no
-        authority) and the watermark it judged lateness against, and over the intervals its live
-        instance held (``replay_shared.py``: an executor holding them, started again when the next
-        batch's instance held others). The marker is written after each.
-
-        Raises:
-            ReplayUnavailableError: a Kafka-fed batch records no offsets.
-            InputGoneError: an input file of a batch went since the check (the marker stays at the
-                batch before it).
-        """
+        """Re-run the live commits ``batches`` in order as their live runs did, the marker after each."""
         plan, code, inputs = self.plan, self.code, self.inputs
         reports: list[BatchReport] = []
         n = type(code).num_intervals
@@ -198,8 +164,7 @@ class ReplayRun:
         write_marker(self.target, self.marker)
 
     def finish(self, to_version: int) -> None:
-        """The replay reached live version ``to_version`` (the shadow store is started even when no
-        batch was re-run: its leases, its fence)."""
+        """The replay reached live version ``to_version`` (the shadow store is started even with no batch)."""
         if self._ex is None:
             self._executor(self.plan.intervals)
         self.marker["reached"] = max(to_version, int(self.marker.get("reached") or -1))

@@ -1,21 +1,4 @@
-"""Job instances sharing a continuous run's intervals (``ContinuousRun(instance=...)``).
-
-As for bounded runs (``runner.py``, docs/rescaling.md): the instance joins the pipeline's
-members (``statestore/zk/members.py``), each computation's target is the live members' split
-(or an operator's move request), and each instance reads the whole input with its own query
-(checkpoint ``<store>/_checkpoints/<pipeline>/<computation>/<instance>``; stream tables from
-their first version), its executor processing the records of the intervals it holds, with the
-skip rule and the catch-up of ``protocol/rescale.py`` keeping a move exact.
-
-In a continuous run the query never ends, so :meth:`Sharing.rebalance` runs before every
-micro-batch and at every tick of an idle stage (under the stage's lock): when the target
-changed it settles the executor's delivery, gives its leases back and starts an executor on the
-intervals of the target that are free (fence, recovery, catch-up on the files this instance's
-query consumed before). An interval is free when nobody holds it, or when this instance's own
-dead predecessor (same instance name) still does: a restart takes those at once (``grants.py``).
-While an instance holds no interval of a computation its query goes on reading, and its batches
-only log their positions (a later catch-up reads them).
-"""
+"""Job instances sharing a continuous run's intervals (docs/rescaling.md)."""
 
 from __future__ import annotations
 
@@ -62,7 +45,7 @@ class Sharing:
             self.progress(f"leaving the members failed: {type(exc).__name__}: {exc}")
 
     def checkpoint(self, base: str) -> str:
-        """The query checkpoint of this instance (one per instance: each reads the whole input)."""
+        """The query checkpoint of this instance (one per instance)."""
         return f"{base}/{self.instance}"
 
     def wanted(self, comp: Computation) -> tuple[set[int], set[int]]:
@@ -86,8 +69,7 @@ class Sharing:
 
     def rebalance(self, comp: Computation, checkpoint: str, ex: ComputationExecutor | None, *,
                   caps: Mapping[str, int | None], hold: int | None) -> tuple[ComputationExecutor | None, bool]:
-        """Between micro-batches: (the executor to go on with, whether it changed). Intervals no
-        longer in the target are given back after the delivery settled; free ones are taken."""
+        """Between micro-batches: (the executor to go on with, whether it changed)."""
         n = type(comp).num_intervals
         want = set(target(self.wiring.client, self.pipeline.name, comp.name, n).get(self.instance, ()))
         held = set(ex.owner.intervals) if ex is not None else set()
@@ -117,8 +99,7 @@ class Sharing:
         return nex, True
 
     def idle_batch(self, comp: Computation, checkpoint: str, df: Any, batch_id: int) -> None:
-        """A micro-batch while this instance holds no interval of ``comp``: only its positions are
-        logged (what a later catch-up reads)."""
+        """A micro-batch while this instance holds no interval of ``comp``: only its positions are logged."""
         shared = self._idle.get(comp.name)
         if shared is None:
             shared = self._idle[comp.name] = self._shared(comp, checkpoint)
@@ -133,8 +114,7 @@ class Sharing:
 
     def _executor(self, comp: Computation, checkpoint: str, intervals: Sequence[int], *, wait_s: float,
                   caps: Mapping[str, int | None], hold: int | None) -> ComputationExecutor:
-        """An executor of ``comp`` on ``intervals``: leases, fence, recovery, then the catch-up on
-        the files this instance's query consumed that their earlier owners did not process."""
+        """An executor of ``comp`` on ``intervals``, caught up on what earlier owners did not process."""
         wiring, p = self.wiring, self.pipeline
         injectors = {i.name: i for i in p.injectors}
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
@@ -157,8 +137,7 @@ class Sharing:
                 self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
                 ex.upstream_caps, ex.input_hold_ms = dict(caps), hold
                 ex.run_batch(ex.shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
-            # caught up: an instance that held them before and is gone stops holding the injectors'
-            # watermarks back; this one holds them back if lost from here on
+            # caught up: a gone earlier holder no longer holds the injectors' watermarks back
             wiring.authority.record_caught_up(comp.name, owner.sequencers)
             for inj in feeding:
                 wiring.authority.record_held(inj.name, self.instance, {comp.name: owner.sequencers})

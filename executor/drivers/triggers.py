@@ -1,6 +1,4 @@
-"""When a continuous query starts its next micro-batch: :class:`Trigger`, as fast as possible or a
-processing-time interval, parsed from what a user writes (``engine.start``, ``start_pipeline``,
-``deltawheel run --trigger``)."""
+"""When a continuous query starts its next micro-batch: :class:`Trigger`."""
 
 from __future__ import annotations
 
@@ -20,10 +18,7 @@ _TRIGGER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
 
 @dataclass(frozen=True)
 class Trigger:
-    """When a continuous query starts its next micro-batch.
-
-    ``interval_ms`` None: as fast as possible (Spark's default trigger: the next batch starts as
-    soon as the last one ended and there is new input); else a processing-time interval.
+    """When a continuous query starts its next micro-batch (``interval_ms`` None: as fast as possible).
 
     >>> Trigger.parse("500 milliseconds"), Trigger.parse("2s"), Trigger.parse(None)
     (Trigger(interval_ms=500), Trigger(interval_ms=2000), Trigger(interval_ms=None))
@@ -33,12 +28,8 @@ class Trigger:
 
     @classmethod
     def parse(cls, value: str | float | Trigger | None) -> Trigger:
-        """A trigger from ``None`` / ``""`` (as fast as possible), a number of seconds, or text such as
-        ``"500 milliseconds"``, ``"500ms"``, ``"2 seconds"``, ``"1 minute"``.
-
-        Raises:
-            ConfigError: anything else.
-        """
+        """A trigger from None / ``""``, seconds, or text such as ``"500ms"``; ConfigError for anything else.
+        A trigger from None / ``""``, seconds, or text such as ``"500ms"``; ConfigError for anything else."""
         if isinstance(value, Trigger):
             return value
         if value is None or value == "":

@@ -1,25 +1,7 @@
-"""Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel
-upgrade-state``; docs/operations.md, "State versions").
+"""Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel upgrade-state``).
 
-A computation that raised its ``state_version`` upgrades a key's older row the first time a batch
-runs it (``tasks/usercode/keyrun.py``); keys never touched again stay in the old version. This tool upgrades
-all of them, while the pipeline runs: it reads the computation's rows, picks the intervals holding
-rows of an older version, and replaces them in **one** fenced commit under those intervals' leases
-(``statestore/surgery/replace.py``, as ``repair`` does: a running owner hands them over at its next
-batch boundary, ``wait_s`` / ``no_wait``), audited with tool ``upgrade-state``. Under the leases
-each such row is decoded with its own codec column, given to ``upgrade_state(state, from_version)``
-and re-encoded with the computation's codec under its ``state_version`` (the codec column becomes
-e.g. ``json@2``); everything else in the row (timers, ids, pending productions) stays.
-
-The running pipeline must already run the new code (the version the tool upgrades to): an instance
-of the old code fails a batch on a newer row (``StateUpgradeError``: a downgrade is not done).
-
-The error policy of the tool: an ``upgrade_state`` that raises for any key refuses the **whole**
-upgrade (:class:`StateUpgradeError` naming the keys), nothing changed, whatever the computation's
-``error_policy``: a tool has no records to send to dead letters, and the keys stay readable (a
-batch that touches one applies the error policy then). The upgrade runs once over the rows now
-(before any lease is taken: a failing upgrade is refused without pausing the pipeline) and again
-under the leases, over the rows as they are then.
+One fenced, audited commit under the affected intervals' leases, while the pipeline runs the new
+code; any key's failing ``upgrade_state`` refuses the whole upgrade. docs/operations.md, "State versions".
 """
 
 from __future__ import annotations
@@ -46,9 +28,7 @@ TOOL = "upgrade-state"
 
 @dataclass(frozen=True)
 class UpgradePlan:
-    """What :func:`upgrade_all` would do: ``versions``: rows holding a state per stored state
-    version; ``intervals``: those holding older rows; ``sample``: up to ``sample`` (key, from
-    version, state before, state after) of the rows it would upgrade."""
+    """What :func:`upgrade_all` would do: rows per stored version, intervals, and a sample."""
 
     computation: str
     to_version: int
@@ -63,13 +43,8 @@ class UpgradePlan:
 
 
 def _upgraded(code: Computation, rows: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[str, int, Any, Any]]]:
-    """``rows`` with every older-version state upgraded (the others as they are), and (key, from
-    version, before, after) of the upgraded ones.
-
-    Raises:
-        StateUpgradeError: a row of a newer state version than the code's; ``upgrade_state`` raised
-            (or gave a state the codec cannot encode) for some keys: all of them named.
-    """
+    """``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError.
+    ``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError."""
     to = code.state_version
     codec, column = codec_of(code), state_codec_of(code)
     out: list[KeyRow] = []
@@ -106,12 +81,7 @@ def _upgraded(code: Computation, rows: Sequence[KeyRow]) -> tuple[list[KeyRow], 
 
 def plan_upgrade(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, code: Computation,
                  sample: int = 5) -> UpgradePlan:
-    """What :func:`upgrade_all` would do, over the rows now; no lease taken, nothing written.
-
-    Raises:
-        ConfigError: the pipeline has no such computation in ZooKeeper.
-        StateUpgradeError: as :func:`upgrade_all`.
-    """
+    """What :func:`upgrade_all` would do, over the rows now; raises as it does, writes nothing."""
     n = pipeline_intervals(client, pipeline=pipeline, computation=code.name)
     rows = [r for r in RowStore(spark, layout, writer="plan").scan_intervals(code.name, range(n))
             if is_user_key(r.key) and r.state is not None]
@@ -126,16 +96,10 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
                 wait_s: float = 0.0, no_wait: bool = False, source: str = "",
                 progress: Callable[[str], None] | None = None,
                 before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
-    """Upgrade every row of ``code``'s computation stored in an older state version to
-    ``code.state_version``, in one fenced commit under the leases of the intervals holding them,
-    audited (tool ``upgrade-state``, ``source``: what code ran). Nothing older: no lease taken,
-    nothing written (``rows_changed`` 0).
+    """Upgrade every older-version row of ``code``'s computation in one fenced, audited commit.
 
-    Raises:
-        ConfigError: the pipeline has no such computation in ZooKeeper.
-        StateUpgradeError: a stored version newer than the code's, or ``upgrade_state`` raised for
-            some keys (the whole upgrade refused). Nothing changed.
-        LeaseHeldError, StaleSequencerError, LeaseLostError: as ``replace_intervals``.
+    Raises ConfigError (no such computation), StateUpgradeError (nothing changed) or, as
+    ``replace_intervals``, LeaseHeldError, StaleSequencerError and LeaseLostError.
     """
     plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)
     if not plan.intervals:

@@ -1,49 +1,26 @@
 """The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps on one micro-batch.
 
-:meth:`BatchProtocol.run` runs the steps once, whatever the write path
-(``statestore/writepath``), which makes every write of the rows and stream tables; its user job
-(``tasks/job.py``) runs steps 2-4 in Spark tasks. The steps, as the body's ``# Step N`` comments
-number them:
+The write path (``statestore/writepath``) makes every write; the user job (``tasks/job.py``) runs
+steps 2-4 in Spark tasks. The steps, as the body's ``# Step N`` comments number them:
 
-1. Check the leases of the owned intervals (a lost ZooKeeper session stops the
-   batch before anything happens; while the connection is suspended -- a server
-   down, the ensemble without quorum -- this and every later ZooKeeper call of the
-   batch pause and resume once ZooKeeper serves: ``LeaseManager.await_valid``,
-   ``WatermarkAuthority``, bounded by their ``max_pause_s``).
-2. Drop duplicates: prepare the input in the JVM (key extraction, dead letters for
-   records without a usable key, the late flag: event time behind the watermark the last
-   committed batch acted on, recorded with its commit: ``lateness.py``); the tasks then
-   dedup against the key's Bloom filter / stored record ids, and (``LatePolicy.ROUTE``)
-   route the late records that are no duplicates to the late-data table.
-3. Load the rows of the batch's keys and of keys with due timers or
-   delivered-but-not-cleared productions (the image path: the interval images; the MERGE
-   path: one join against the rows table).
-4. Run user code in Spark tasks, per key: records in event-time order, due timers in
-   timestamp order (``keyrun.run_key``); the new row images, productions, dead letters and
-   routed records are materialized once.
-5. Commit all changed rows in one fenced Delta transaction (``WritePath.commit``),
-   recording the watermarks the batch acted on and the injector watermarks its step 7
-   publishes (``lateness.py``; what ``deltawheel reseed`` restores after ZooKeeper lost them).
-6. Deliver the productions to their stream tables idempotently
-   (``WritePath.deliver``). Checkpoints are cleared by the next batch's commit: every
-   production still in a row at the start of a batch was delivered.
-7. Publish the intervals' oldest work and advance the low watermark (for a streaming query's
-   batch, in the background: the next batch joins it before it reads a watermark, and raises
-   its failure; ``settle()`` / ``stop()`` join it too: ``watermarks.py``).
+1. Check the leases of the owned intervals (a lost session stops the batch; while the connection
+   is suspended, every ZooKeeper call of the batch pauses, bounded by ``max_pause_s``).
+2. Drop duplicates: prepare the input in the JVM (keys, dead letters, the late flag against the
+   watermark the last committed batch acted on: ``lateness.py``); the tasks dedup against the
+   stored record ids and (``LatePolicy.ROUTE``) route late records to the late-data table.
+3. Load the rows of the batch's keys and of keys with due timers or undelivered productions.
+4. Run user code in Spark tasks, per key (``keyrun.run_key``); materialize the output once.
+5. Commit all changed rows in one fenced Delta transaction (``WritePath.commit``), recording the
+   watermarks acted on and the injector watermarks step 7 publishes.
+6. Deliver the productions to their stream tables idempotently (``WritePath.deliver``); the next
+   batch's commit clears the checkpoints.
+7. Publish the intervals' oldest work and advance the low watermark (in the background for a
+   streaming query's batch: ``watermarks.py``).
 
-Steps 3-5 (with step 2's dedup in the tasks) run again, at most :data:`STALE_VIEW_ATTEMPTS`
-times, while the write path's view of the rows went stale (:func:`retry_stale_view`).
-
-Open deliveries (:class:`~deltawheel.executor.protocol.inflight.InFlight`): a weak production's
-*straggler*, and step 6 run in the background where the write path allows it
-(``deliver_in_background``). Each holds the low watermark at its productions and is *settled*
-(joined; redelivered from the checkpoint if it failed) before the next commit clears that
-checkpoint, before a timers-only batch decides it has nothing to do, and on ``settle()`` /
-``stop()``: docs/embedding.md, "Productions and their delivery".
-
-A crash between or inside any steps followed by a restart (``WritePath.acquire``:
-recovery + redelivery of checkpointed productions, then Spark replaying the batch) gives
-the same rows and stream records as a run without the crash.
+Steps 3-5 run again, at most :data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the
+rows is stale (:func:`retry_stale_view`). Open deliveries (``inflight.py``) hold the low watermark
+and are settled before the next commit (docs/embedding.md, "Productions and their delivery"). A
+crash anywhere followed by a restart gives the same rows and stream records as a run without it.
 """
 
 from __future__ import annotations
@@ -78,10 +55,7 @@ __all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPT
 
 
 class BatchProtocol:
-    """DESIGN's seven steps over the parts of one executor (its owner, write path, user job,
-    deliveries in flight, watermark authority, hooks), read at each batch (a caller may set
-    them between batches), and what it keeps from batch to batch: the newest committed batch's
-    lateness mark, and its watermarks (:class:`~.watermarks.BatchWatermarks`)."""
+    """DESIGN's seven steps over one executor's parts; keeps the newest lateness mark and watermarks."""
 
     def __init__(self, executor: ComputationExecutor) -> None:
         self.ex = executor
@@ -91,11 +65,7 @@ class BatchProtocol:
     def run(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None, use_authority: bool,
             input_files: Sequence[str] | None, background: bool = False,
             late_watermark_ms: int | None = None) -> BatchReport:
-        """The seven steps on the micro-batch ``df`` (None: timers only); see the module docstring
-        and :meth:`~.executor.ComputationExecutor.run_batch`. ``background``: a batch with input
-        runs step 7 in the background (the caller, a streaming query's ``foreachBatch``, discards
-        the report it returns: the executor's ``reports`` get the published low watermark when
-        step 7 lands, and its progress line and metrics row are handed over then)."""
+        """The seven steps on the micro-batch ``df`` (None: timers only; ``background``: step 7 too)."""
         ex = self.ex
         started = time.monotonic()
         self.watermarks.join()  # the previous batch's step 7 (raising its failure) before any watermark is read
@@ -118,8 +88,7 @@ class BatchProtocol:
             ex.settle()  # the previous batch's delivery: a timers-only batch may have nothing to do
             if self._nothing_due(b):
                 return self._skipped(b)
-        # Step 2: drop duplicates: the input prepared in the JVM (its dead letters recorded), the
-        # dedup itself in the tasks of steps 3-4.
+        # Step 2: drop duplicates (input prepared in the JVM; the dedup runs in the tasks).
         b.prepared = ex.job.prepare(df, wm_late=b.wm_late, now=b.now, batch_id=batch_id)
         self._record_dead_letters(b, b.prepared.dead)
         b.advance(BatchStatus.PREPARED)
@@ -132,8 +101,7 @@ class BatchProtocol:
                                failed=f"{ex.comp.name} batch {batch_id}: the interval images kept changing "
                                       "under this writer; restart the query")
         redeliver = self._committed(b, run)
-        # Step 6: deliver (idempotent); the checkpoints are cleared by the next commit. In the
-        # background where the path allows it (the next batch settles it before its commit).
+        # Step 6: deliver (idempotent); in the background where the path allows it.
         if ex.comp.strong_productions and run.counts.productions and ex.path.deliver_in_background:
             ex.inflight.start(redeliver, batch_id, run.prod_min_ts)
         else:
@@ -142,8 +110,7 @@ class BatchProtocol:
             self.fault(FaultPoint.AFTER_DELIVERY, batch_id)
         b.advance(BatchStatus.DELIVERED)
         b.mark("deliver")
-        # Step 7: watermarks (the injector estimates observed before the commit are published in
-        # the step's transaction; a hook that publishes itself runs now).
+        # Step 7: watermarks (with the injector estimates observed before the commit).
         self.fault(FaultPoint.BEFORE_WATERMARK, batch_id)
         hook = ex.on_batch_end
         if hook is not None and not self.watermarks.hook_observes_early():
@@ -159,16 +126,14 @@ class BatchProtocol:
         return self._finish(b, run, low)
 
     def _run_and_commit(self, b: BatchState) -> BatchRun[Any]:
-        """Steps 3-5 once: user code (twice when a straggling weak delivery makes the batch
-        checkpoint its productions by running it again), then the fenced commit."""
+        """Steps 3-5 once (user code twice when a straggling weak delivery needs a checkpoint)."""
         ex = self.ex
         # Step 3 + 4: load the rows, run user code in tasks (with step 2's dedup), materialize once.
         run = self._user_code(b)
         if self._straggled(b, run):
             b.strong = True  # checkpoint after all: the same user code once more
             run = self._user_code(b)
-        # Step 5: the fenced commit (the previous batch's delivery is settled first: the
-        # commit clears its checkpoint), recording the injector watermarks step 7 publishes.
+        # Step 5: the fenced commit, after settling the previous batch's delivery.
         b.injectors = self.watermarks.observe_injectors(run.obs_min, run.obs_max)
         read = self.watermarks.injectors_read
         b.acted = dataclasses.replace(b.acted, injectors={
@@ -194,13 +159,9 @@ class BatchProtocol:
         b.commit_s = time.monotonic() - t0
         return run
 
-    # ------------------------------------------------------------- step 1
-
     def _skip_processed(self, df: Any | None, batch_id: int,
                         input_files: Sequence[str] | None) -> tuple[Any | None, int, tuple[str, ...]]:
-        """With :attr:`~.executor.ComputationExecutor.shared` (instances share the intervals,
-        ``rescale.py``): drop the records an earlier owner of their interval processed; (the
-        input, how many were dropped, the batch's input files its commit records)."""
+        """Shared intervals: (the input without what earlier owners processed, how many, its files)."""
         ex = self.ex
         skipped, files = 0, tuple[str, ...]()
         if ex.shared is not None and df is not None:
@@ -212,24 +173,19 @@ class BatchProtocol:
         return df, skipped, files
 
     def _input_watermark(self, given: int | None, *, use_authority: bool) -> int | None:
-        """The input watermark the batch's timers fire with: ``given``, else (``use_authority``) the
-        one read now (its injector watermarks remembered for step 5), else None."""
+        """The input watermark the timers fire with: ``given``, else the authority's, else None."""
         self.watermarks.injectors_read = {}  # filled by input(): the injector watermarks read now
         self.watermarks.computations_read = None
         return self.watermarks.input() if use_authority and given is None else given
 
     def _open(self, df: Any | None, batch_id: int, *, started: float, skipped: int, files: tuple[str, ...],
               wm_in: int | None, wm_late: int | None = None) -> BatchState:
-        """The batch's state: its clock, dedup horizon and the watermarks it acts on (``wm_late``:
-        a replay's lateness watermark, its live batch's)."""
+        """The batch's clock, dedup horizon and watermarks (``wm_late``: a replay's live batch's)."""
         comp = self.ex.comp
         now = self.ex.clock.now_ms()
-        # ids seen before the horizon are dropped: a processing time back from now (each id
-        # carries when it was seen, so a restart keeps the horizon: Computation.dedup_retention)
+        # ids seen before the horizon are dropped (Computation.dedup_retention)
         horizon = now - comp.dedup_retention_ms() if comp.exactly_once else None
-        # A record is late when it is behind the watermark this computation already acted on
-        # (the newest committed batch's: its timers fired up to there); timers now fire with
-        # wm_in. A replay of that batch decides as its first attempt did.
+        # late: behind the watermark the newest committed batch acted on (lateness.py)
         if wm_late is None:
             wm_late, wm_in, computations = self._lateness(df, batch_id, wm_in)
         else:  # a replay of a live batch: lateness as that batch judged it
@@ -241,16 +197,11 @@ class BatchProtocol:
                           strong=comp.strong_productions, skipped=skipped, files=files)
 
     def opened(self) -> None:
-        """After the start took the intervals: the newest committed batch's lateness mark (and the
-        injector watermarks it recorded, published again), and, with shared intervals, the input
-        files committed for the intervals taken (the skip rule)."""
+        """After the start: the newest lateness mark, and the taken intervals' committed input files."""
         ex = self.ex
         self.acted = read_mark(ex.spark, ex.layout.rows, ex.comp.name, ex.owner.intervals)
         if ex.authority is not None and self.acted is not None and self.watermarks.hook_observes_early():
-            # the newest committed batch's step 7 may not have landed (in a streaming query it runs in
-            # the background, after the query counted the batch done): the injector watermarks its
-            # commit recorded are published again before any batch reads them (a no-op when it landed:
-            # an injector's watermark never moves back)
+            # the newest batch's step 7 may not have landed: publish its injector watermarks again
             for name, wm in sorted(self.acted.injectors.items()):
                 ex.authority.publish_injector(name, wm)
         if ex.shared is not None:
@@ -260,12 +211,7 @@ class BatchProtocol:
 
     def _lateness(self, df: Any | None, batch_id: int,
                   wm_in: int | None) -> tuple[int | None, int | None, int | None]:
-        """(the watermark the batch judges lateness against, its input watermark, the upstream
-        computations' part of it): for a replay of the newest committed batch (Spark re-runs it
-        after a crash) the values its first attempt used; else the watermark that held before the
-        batch's input (``lateness.py``): for upstream computations the one the newest committed
-        batch acted on (the rows this batch holds may have moved their watermark when delivered),
-        for injectors the one read now (computed from the batches before this one)."""
+        """(lateness watermark, input watermark, upstream computations' part); a replay's as first run."""
         m = self.acted
         wms = self.watermarks
         if m is not None and df is not None and m.batch_id == batch_id:
@@ -281,12 +227,7 @@ class BatchProtocol:
         return late, wm_in, wms.computations_read
 
     def _nothing_due(self, b: BatchState) -> bool:
-        """A timers-only batch has nothing to do: no processing-time timer is due, no straggler is
-        open, and either the last batch of this instance ran under the same input watermark (so it
-        fired every event-time timer before it, including ones set while firing) or the watermark
-        moved past no interval's oldest work (an event-time timer or hold) in a computation
-        without windowing (no ``event_time_timers``) with no new injector estimate
-        (:meth:`_moved_past_nothing`: step 7 still publishes the new low watermark)."""
+        """A timers-only batch has nothing to do (no due timer, no straggler)."""
         ex = self.ex
         if not ex.reports or ex.inflight.open is not None:
             return False
@@ -296,12 +237,7 @@ class BatchProtocol:
         return ex.reports[-1].input_watermark_ms == b.wm_in or self._moved_past_nothing(b)
 
     def _moved_past_nothing(self, b: BatchState) -> bool:
-        """The input watermark moved, but no interval has an event-time timer or hold at or before
-        it: the batch would fire nothing and change no row (its commit would only move the lateness
-        mark, ``lateness.py``: the next batch that commits moves it). Not for a windowed
-        computation, nor when its injectors' estimates (observed on no records) are ahead of the
-        watermarks step 1 read: those the batch's commit records and its step 7 publishes (nor
-        with an end-of-batch hook that publishes itself)."""
+        """The watermark moved past no interval's event-time timer or hold: the batch changes no row."""
         ex = self.ex
         if b.wm_in is None or ex.comp.event_time_timers:
             return False
@@ -314,8 +250,7 @@ class BatchProtocol:
                    for n, (wm, _seq) in self.watermarks.observe_injectors(None, None).items())
 
     def _skipped(self, b: BatchState) -> BatchReport:
-        """The report of a timers-only batch with nothing due (the low watermark published again
-        when the input watermark moved)."""
+        """The report of a timers-only batch with nothing due."""
         ex = self.ex
         last = ex.reports[-1]
         moved = last.input_watermark_ms != b.wm_in and ex.authority is not None
@@ -329,8 +264,6 @@ class BatchProtocol:
         self.ex.reports.append(report)
         self.log(format_report(self.ex.comp.name, report, now_ms=self.ex.clock.now_ms()))
         return report
-
-    # ---------------------------------------------------------- steps 2-5
 
     def _user_code(self, b: BatchState) -> BatchRun[Any]:
         """Steps 3-4 in the tasks (with step 2's dedup), then the side writes of their output."""
@@ -347,9 +280,7 @@ class BatchProtocol:
         return run
 
     def _straggled(self, b: BatchState, run: BatchRun[Any]) -> bool:
-        """Weak productions: start their delivery (``InFlight.weak``, waited on for
-        ``straggler_timeout_s``). True when it straggles and the write path can checkpoint the
-        productions only by running the user code once more (``UserJob.checkpoint``)."""
+        """Start the weak productions' delivery; True when it straggles and needs a second user run."""
         if b.strong or not run.counts.productions:
             return False
         ex = self.ex
@@ -362,8 +293,7 @@ class BatchProtocol:
                                 batch_id=b.batch_id)
 
     def _describe_jobs(self, batch_id: int, counts: BatchCounts) -> None:
-        """The batch's figures in the description of its remaining Spark jobs (the commit and the
-        delivery, where the write path runs them in Spark): Spark's UI lists them by it."""
+        """The batch's figures in its remaining Spark jobs' description (Spark's UI)."""
         self.ex.spark.sparkContext.setLocalProperty(
             JOB_DESCRIPTION, f"deltawheel {self.ex.comp.name} batch {batch_id}: {counts.records_in:,} in, "
                              f"{counts.processed:,} processed, {counts.duplicates:,} duplicates, "
@@ -371,8 +301,7 @@ class BatchProtocol:
                              f"{counts.productions:,} productions")
 
     def _committed(self, b: BatchState, run: BatchRun[Any]) -> Callable[[], object]:
-        """After the commit: the batch's input files recorded as processed (shared intervals), a
-        straggler kept open, the job told; returns the strong (re)delivery of the productions."""
+        """After the commit: record input files, keep a straggler open; returns the strong delivery."""
         ex = self.ex
         if ex.shared is not None and b.files:
             ex.shared.committed(b.files, ex.owner.intervals)
@@ -384,15 +313,11 @@ class BatchProtocol:
         self.fault(FaultPoint.AFTER_COMMIT, b.batch_id)
         return redeliver
 
-    # ------------------------------------------------------------ the report
-
     def _finish(self, b: BatchState, run: BatchRun[Any], low: int | None, *, pending: bool = False) -> BatchReport:
-        """The batch's report: kept, logged, and its metrics row handed over (``pending``: step 7 still
-        runs, ``low`` is the low watermark published before it; :meth:`_landed` logs and hands over)."""
+        """The batch's report: kept, logged, metrics row handed over (``pending``: step 7 still runs)."""
         ex, c = self.ex, run.counts
         assert b.prepared is not None
-        # ``late`` counts every late record: those user code saw or dropped (the tasks' count) and
-        # those routed to late_data (taken out before user code, so not in the tasks' count)
+        # ``late``: the tasks' count plus the records routed to late_data before user code
         report = BatchReport(
             batch_id=b.batch_id, records_in=c.records_in, processed=c.processed, duplicates=c.duplicates,
             late=c.late + b.late_routed, late_routed=b.late_routed, dead_letters=c.dead_letters,
@@ -413,8 +338,7 @@ class BatchProtocol:
         return report
 
     def _landed(self, report: BatchReport, started_ms: int, productions: int, low: int | None) -> None:
-        """Step 7 of ``report``'s batch landed in the background (publishing ``low``): the kept report
-        gets it, then is logged and its metrics row handed over."""
+        """Step 7 landed in the background: the kept report gets ``low``, then is logged."""
         ex = self.ex
         report = dataclasses.replace(report, low_watermark_ms=low)
         if ex.reports and ex.reports[-1].batch_id == report.batch_id:  # (no batch runs before the join)

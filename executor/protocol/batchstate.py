@@ -1,5 +1,4 @@
-"""One batch's state as the protocol (``batch.py``) goes through its steps, its status, and the
-retry of steps 3-5 while the write path's view of the rows went stale."""
+"""One batch's state through the protocol's steps, its status, and the stale-view retry."""
 
 from __future__ import annotations
 
@@ -21,14 +20,7 @@ T = TypeVar("T")
 
 
 def retry_stale_view(attempt: Callable[[], T], *, reload: Callable[[], object], attempts: int, failed: str) -> T:
-    """``attempt()``, again while the write path's view of the rows went stale
-    (:class:`StaleViewError`: someone else committed to the partitions), with the view reloaded
-    before each new attempt (``reload``: a takeover fails it typed, a reload lets the next attempt
-    go on); at most ``attempts`` times.
-
-    Raises:
-        BatchFailedError: the view went stale ``attempts`` times (message ``failed``).
-    """
+    """``attempt()``, again while the view of the rows is stale; BatchFailedError after ``attempts``."""
     for _ in range(attempts):
         try:
             return attempt()
@@ -38,8 +30,7 @@ def retry_stale_view(attempt: Callable[[], T], *, reload: Callable[[], object], 
 
 
 class BatchStatus(enum.Enum):
-    """Where a batch is in the protocol; :meth:`BatchState.advance` allows only these moves:
-    started -> prepared -> committed -> delivered, and any of them -> failed."""
+    """Where a batch is: started -> prepared -> committed -> delivered, and any of them -> failed."""
 
     STARTED = "started"
     PREPARED = "prepared"  # step 2 done: the input prepared, dead letters recorded
@@ -54,13 +45,7 @@ _NEXT = {BatchStatus.STARTED: BatchStatus.PREPARED, BatchStatus.PREPARED: BatchS
 
 @dataclass(eq=False)
 class BatchState:
-    """One batch as :meth:`BatchProtocol.run` goes through its steps.
-
-    ``wm_in``: the input watermark its timers fire with; ``wm_late``: the watermark it judges
-    lateness against (``lateness.py``); ``acted``: the mark its commit records; ``horizon``: ids
-    seen before it are dropped; ``skipped`` / ``files``: the records an earlier owner processed
-    and the batch's input files (shared intervals, ``rescale.py``); ``strong``: the productions
-    are checkpointed in the rows (a straggling weak delivery makes it so)."""
+    """One batch as :meth:`BatchProtocol.run` goes through its steps (``wm_late``: its lateness watermark)."""
 
     batch_id: int
     df: Any | None
@@ -87,11 +72,7 @@ class BatchState:
         self._last = self.started
 
     def advance(self, to: BatchStatus) -> None:
-        """Move to ``to``: the next status, or FAILED from any but FAILED.
-
-        Raises:
-            RuntimeError: any other move (a step run out of its order: a bug in the protocol).
-        """
+        """Move to ``to``: the next status, or FAILED; any other move raises RuntimeError."""
         if to is BatchStatus.FAILED and self.status is not BatchStatus.FAILED:
             self.status = to
             return

@@ -1,9 +1,4 @@
-"""A computation's executor: the lifecycle around the per-batch protocol (``batch.py``).
-
-:class:`ComputationExecutor` takes the computation's intervals (leases, fence, recovery,
-redelivery), is the ``foreachBatch`` entry whose every micro-batch runs DESIGN's seven steps
-(:class:`~.batch.BatchProtocol`), settles the delivery in flight and gives the intervals back.
-"""
+"""A computation's executor: the lifecycle around the per-batch protocol (``batch.py``)."""
 
 from __future__ import annotations
 
@@ -44,34 +39,13 @@ class ComputationExecutor:
     """Runs one computation's batches; pass it to ``writeStream.foreachBatch``.
 
     Args:
-        spark: the session (``df.sparkSession`` inside foreachBatch is the same one).
-        layout: the store.
-        computation: the user's computation (instance).
         owner: holds the computation's intervals (leases + fenced commits).
-        authority: the watermark authority; None runs without event-time progress
-            (event-time timers then fire only when :meth:`run_batch` / :meth:`flush` are given
-            ``input_watermark_ms``).
-        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries feeding it (their
-            watermarks make the input low watermark; none: no event-time progress either).
-        manual_watermarks: the caller fires event-time timers itself by passing
-            ``input_watermark_ms``: a computation declaring ``event_time_timers`` may then run
-            without a watermark source (otherwise :meth:`start` refuses with ``ConfigError``), and
-            no warning is logged when event-time timers are set without one.
-        on_batch_end: called with each micro-batch's observed max event time (injectors
-            use it to move their watermark estimate).
-        write_path: ``"image"`` (interval images + one Delta transaction per batch,
-            ``statestore/writepath/image/``; local, ``file:`` and ``s3a://`` stores), ``"merge"`` (a fenced
-            MERGE per batch, any store), or ``"auto"`` (image where it can, else merge:
-            :func:`~deltawheel.executor.tasks.paths.choose_write_path`; the start's log line says
-            which and why).
-        intervals: the key intervals this instance takes (default: all). Several instances
-            (e.g. Spark applications) may split a computation's intervals: each reads the
-            whole input and processes the records of its own intervals; a record that becomes
-            a dead letter is written by the owner of its key's interval (interval 0 when it
-            has no key).
-        event_ahead_ms: per input stream, how far (ms) a record's event time may be ahead of the
-            clock; a record further ahead is a dead letter (with the reason) and moves no
-            watermark. Default: one day for every input ({} turns the check off).
+        authority: the watermark authority (None: only given ``input_watermark_ms`` fire timers).
+        upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries making the input watermark.
+        manual_watermarks: the caller passes ``input_watermark_ms``, so no watermark source is needed.
+        write_path: ``"image"``, ``"merge"`` or ``"auto"`` (``tasks/paths.py``).
+        event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock (default:
+            one day; {}: no check).
     """
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
@@ -97,8 +71,7 @@ class ComputationExecutor:
         self.owner, self.authority, self.upstream = owner, authority, tuple(upstream)
         for warning in computation.start_warnings():
             _LOG.warning("%s", warning)
-        # upstream computation -> its low watermark read before the query's snapshot of its stream
-        # table (PipelineRunner sets it); input_hold_ms: a hold for input not read yet (continuous.py)
+        # upstream computation -> its watermark before the query's snapshot (set by PipelineRunner)
         self.upstream_caps: dict[str, int | None] = {}
         self.input_hold_ms: int | None = None
         self.manual_watermarks = manual_watermarks
@@ -108,14 +81,12 @@ class ComputationExecutor:
         self.progress = progress
         self.partitions = partitions or max(1, min(computation.num_intervals,
                                                    spark.sparkContext.defaultParallelism))
-        # the newest REPORTS_KEPT batches' reports (a long-running job must not grow without bound);
-        # ``records_in_total`` counts over every batch of this executor
+        # the newest REPORTS_KEPT batches' reports; ``records_in_total`` over every batch
         self.reports: collections.deque[BatchReport] = collections.deque(maxlen=REPORTS_KEPT)
         self.records_in_total = 0
         # one row of figures per committed batch in the store's _metrics/batches (None: off)
         self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
-        # set by the pipeline runner when instances share the intervals (``rescale.py``: the skip
-        # rule, the input files each commit records, catch-up)
+        # set by the pipeline runner when instances share the intervals (``rescale.py``)
         self.shared: SharedInput | None = None
         # records each batch's input positions in its commit (replay; ``rescale.py``'s positions)
         self.positions: SharedInput | None = None
@@ -135,8 +106,7 @@ class ComputationExecutor:
 
     @property
     def direct_source(self) -> DirectSource | None:
-        """Set by the pipeline runner when the input is a Parquet injector the image path's tasks
-        can read themselves (``tasks/image/direct.py``); a batch that did says so in its report."""
+        """A Parquet injector the image path's tasks read themselves (``tasks/image/direct.py``)."""
         source: DirectSource | None = self.job.direct_source  # UserJob's is Any: the MERGE path has none
         return source
 
@@ -146,28 +116,19 @@ class ComputationExecutor:
 
     @property
     def event_ahead_ms(self) -> Mapping[str, int]:
-        """Input stream -> how far (ms) a record's event time may be ahead of the processing
-        clock; later records are dead letters and move no watermark (the pipeline runner sets
-        the bound of each injector it reads, ``max_event_ahead_ms``)."""
+        """Input stream -> how far (ms) event time may be ahead of the clock."""
         return self.job.event_ahead_ms
 
     @event_ahead_ms.setter
     def event_ahead_ms(self, bounds: Mapping[str, int]) -> None:
         self.job.event_ahead_ms = dict(bounds)
 
-    # ------------------------------------------------------------- lifecycle
-
     def start(self, *, wait_s: float = 0.0, streams_ready: bool = True) -> None:
-        """Acquire the intervals, fence them, run the recovery scan, redeliver checkpoints.
-        ``streams_ready``: return once the output streams' tables exist too (False: they may
-        still be being made; the first batch's plan, or ``path.streams_ready()``, waits for them
-        and raises a failure to make one; the leases are given back by :meth:`stop`)."""
+        """Acquire, fence, recover and redeliver; ``streams_ready``: wait for the output tables too."""
         self._protocol.watermarks.require_source()
         t_start = time.monotonic()
         authority = self.authority
-        # the computation's topology (ZooKeeper round trips of their own) is declared while the
-        # leases are taken and fenced; a declaration that fails (another topology recorded) fails
-        # the start after the acquisition, before any batch, as when it followed it
+        # the topology is declared while the leases are taken; a refusal fails the start
         declaring = None if authority is None else beside(functools.partial(
             authority.declare, self.comp.name, upstream=self.upstream, num_intervals=self.comp.num_intervals),
             name=f"declare-{self.comp.name}")
@@ -203,15 +164,7 @@ class ComputationExecutor:
         self._started = True
 
     def start_in_background(self, *, wait_s: float = 0.0, then: Callable[[], None] | None = None) -> None:
-        """:meth:`start` in a thread, so that the part after the leases (fence, recovery) overlaps
-        what the caller does next; the output streams' tables, made beside the claim, are waited
-        for where one is first needed (the first batch's plan, ``path.streams_ready()``), not by
-        the start (``streams_ready=False``). The pipeline runner starts the
-        streaming query meanwhile (its checkpoint, first offsets, the first batch's planning),
-        but only once the leases are held (:meth:`wait_leased`): the leases are what keeps a
-        second copy of the job off the query's checkpoint. The first batch (and :meth:`flush`,
-        :meth:`settle`, :meth:`stop`) waits for the whole start and raises what it raised
-        (:meth:`wait_started`). ``then`` runs in the thread after a successful start."""
+        """:meth:`start` in a thread; start the query only after :meth:`wait_leased`."""
         if self._started or self._starting is not None:
             return
         self._starting = BackgroundStart(functools.partial(self.start, wait_s=wait_s, streams_ready=False),
@@ -219,8 +172,7 @@ class ComputationExecutor:
         self._starting.begin()
 
     def wait_leased(self) -> None:
-        """Wait until a :meth:`start_in_background` holds its leases (the rest of the start may
-        still run); raise what the start raised if it ended before (e.g. :class:`LeaseHeldError`)."""
+        """Wait until a background start holds its leases; raise what the start raised if it ended."""
         starting = self._starting
         if starting is None:
             return
@@ -229,8 +181,7 @@ class ComputationExecutor:
             self.wait_started()  # raises it
 
     def wait_started(self) -> None:
-        """Wait for a :meth:`start_in_background` still running; raise what the start raised (once:
-        a later batch then calls :meth:`start` itself)."""
+        """Wait for a background start; raise what it raised (once)."""
         starting = self._starting
         if starting is None:
             return
@@ -240,9 +191,7 @@ class ComputationExecutor:
             self._starting = None
 
     def stop(self) -> None:
-        """Settle the delivery still in flight, then give the intervals back (even if settling fails);
-        wait for the batches' metrics rows. A start still running in the background is waited for
-        first (its failure was the first batch's to raise: here it is only logged)."""
+        """Settle the delivery in flight, then give the intervals back (even if settling fails)."""
         try:
             self.wait_started()
         except Exception as exc:
@@ -259,38 +208,18 @@ class ComputationExecutor:
         self._started = False
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        """The ``foreachBatch`` entry point: :meth:`run_batch` on the micro-batch ``df``, its step 7
-        in the background (overlapping Spark's bookkeeping between micro-batches; joined before the
-        next batch reads a watermark, and on :meth:`settle` / :meth:`stop`: ``watermarks.py``)."""
+        """The ``foreachBatch`` entry point: :meth:`run_batch` with step 7 in the background."""
         self._run(df, batch_id, background=True)
 
-    # ----------------------------------------------------------- the batches
-
     def input_watermark(self) -> int | None:
-        """min over upstream low watermarks (None until all are known); an upstream computation in
-        :attr:`upstream_caps` counts with at most its capped value (:meth:`.BatchWatermarks.input`)."""
+        """min over upstream low watermarks (None until all are known), capped by :attr:`upstream_caps`."""
         return self._protocol.watermarks.input()
 
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
                   use_authority: bool = True, input_files: Sequence[str] | None = None,
                   late_watermark_ms: int | None = None) -> BatchReport:
-        """Run DESIGN's seven steps (:class:`~.batch.BatchProtocol`) on one micro-batch (``df``
-        None: timers only), after the start if it has not run yet.
-
-        With :attr:`shared` set (instances share the intervals, ``rescale.py``), step 1 also drops
-        the records an earlier owner of their interval processed (by input position: ``input_files``,
-        default those of the query's micro-batch ``batch_id``), and step 5 records the batch's.
-
-        Steps 2-4 are one Spark job (``self.job``); if the write path's view of the rows went
-        stale (:class:`StaleViewError`: someone else committed to the partitions), the path
-        reloads it (failing typed on a takeover) and steps 2-5 run again, at most three times.
-
-        Its Spark jobs are described "deltawheel <computation> batch <id>" (from the commit on with
-        the batch's figures) for Spark's UI; the caller's own job description is restored afterwards.
-
-        ``late_watermark_ms``: a replay's, the watermark the live batch judged lateness against (its
-        commit's mark), so the replay judges as it did; None: decided here (``lateness.py``).
-        """
+        """Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting first if needed.
+        Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting first if needed."""
         return self._run(df, batch_id, input_watermark_ms=input_watermark_ms, use_authority=use_authority,
                          input_files=input_files, late_watermark_ms=late_watermark_ms)
 
@@ -311,9 +240,7 @@ class ComputationExecutor:
             sc.setLocalProperty(JOB_DESCRIPTION, before)  # None removes it: the caller's jobs are not ours
 
     def report(self, batch_id: int) -> BatchReport | None:
-        """The report of batch ``batch_id`` (its last run, e.g. a replay), None when this executor
-        did not run it or no longer keeps it (the newest :data:`REPORTS_KEPT` are kept). A
-        ``StreamingQueryListener`` looks up ``event.progress.batchId`` here (docs/watching.md)."""
+        """The report of batch ``batch_id``; None when not kept (the newest :data:`REPORTS_KEPT` are)."""
         for r in reversed(self.reports):
             if r.batch_id == batch_id:
                 return r
@@ -325,10 +252,7 @@ class ComputationExecutor:
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
 
     def settle(self) -> bool:
-        """Wait for the last batch's delivery still in flight (asynchronous, or a straggler);
-        redeliver from its checkpoint if it failed, then publish the low watermark it held.
-        Returns whether there was one. The pipeline runner calls it after each flush, so the
-        next stage reads every production of this one."""
+        """Wait for the last delivery in flight and publish its watermark; returns whether there was one."""
         self.wait_started()
         self._protocol.watermarks.join()  # the last batch's step 7, if it runs in the background
         st = self.inflight.open

@@ -1,24 +1,4 @@
-"""The executors' figures for Prometheus: an HTTP endpoint a monitoring system scrapes.
-
-:func:`start_metrics_server` starts one endpoint per process (``deltawheel run --metrics-port``,
-``ContinuousRun(..., metrics_port=...)``, or a user's own driver). Every batch an executor of
-this process commits is observed with the row it hands to the store's ``_metrics/batches``
-table (:func:`~.metrics.batch_row`), so the endpoint and the table agree: the counters are the
-sums of the table's columns over this process's batches, the gauges its latest row. Leases come
-from the executors themselves at scrape time (the intervals held and their sequencers).
-
-Names (every one labelled ``pipeline``, ``computation``, ``instance``; docs/watching.md):
-
-- ``deltawheel_batches_total``, ``deltawheel_records_in_total``, ``deltawheel_processed_total``,
-  ``deltawheel_duplicates_total``, ``deltawheel_late_total``, ``deltawheel_dead_letters_total``,
-  ``deltawheel_timers_fired_total``, ``deltawheel_productions_total``, ``deltawheel_keys_written_total``;
-- ``deltawheel_batch_seconds`` and ``deltawheel_commit_seconds`` (summaries: ``_count``, ``_sum``),
-  ``deltawheel_last_batch_seconds``;
-- ``deltawheel_low_watermark_ms``, ``deltawheel_input_watermark_ms``, ``deltawheel_watermark_lag_seconds``
-  (now minus the published low watermark), ``deltawheel_pending_productions``,
-  ``deltawheel_state_rows``, ``deltawheel_state_bytes``, ``deltawheel_last_batch_id``;
-- ``deltawheel_intervals_held`` and ``deltawheel_lease_sequencer`` (label ``interval``).
-"""
+"""The executors' figures for Prometheus, one endpoint per process (docs/watching.md)."""
 
 from __future__ import annotations
 
@@ -63,8 +43,7 @@ class MetricsExporter:
         self.port: int | None = None
 
     def observe(self, row: Mapping[str, Any], executor: Any = None) -> None:
-        """Count one committed batch's row (``batch_row``'s columns); ``executor`` is asked for its
-        leases at scrape time."""
+        """Count one committed batch's row; ``executor`` is asked for its leases at scrape time."""
         key = tuple(str(row.get(k) or "") for k in _LABELS)
         with self._lock:
             s = self._series.setdefault(key, _Series())  # type: ignore[arg-type]
@@ -162,11 +141,10 @@ def active_exporter() -> MetricsExporter | None:
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> MetricsExporter:
-    """Start the process's Prometheus endpoint on ``port`` (0: a free one, see ``.port``), or
-    return the running one (one endpoint per process: every executor's batches go to it).
+    """Start the process's Prometheus endpoint on ``port`` (0: a free one), or return the running one.
 
     Raises:
-        OSError: the port is taken (the message names it).
+        OSError: the port is taken.
     """
     global _ACTIVE
     with _ACTIVE_LOCK:

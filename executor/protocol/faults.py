@@ -1,5 +1,4 @@
-"""How a micro-batch fails: the protocol's fault points (where tests inject crashes) and the
-error a failed batch raises (defined in :mod:`deltawheel.executor.exceptions`)."""
+"""The protocol's fault points, where tests inject crashes."""
 
 from __future__ import annotations
 

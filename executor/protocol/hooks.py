@@ -1,15 +1,4 @@
-"""The end-of-batch hook that moves the injectors' watermarks: :class:`InjectorHook`.
-
-After each micro-batch, each injector feeding the executor observes the batch's event-time
-range (its estimate moves) and its watermark is published. Called as a plain ``on_batch_end``
-hook it publishes each injector itself (a read-modify-write of its node). The executor that
-runs it as step 7 of the batch protocol asks :meth:`InjectorHook.observe` instead, and
-publishes the estimates in the step's own ZooKeeper round and transaction
-(:meth:`.WatermarkAuthority.publish_and_advance` ``injectors``): two round trips per injector
-fewer on every batch. Job instances sharing intervals publish their own estimates
-(:meth:`.WatermarkAuthority.publish_instance_injector`, a minimum over the live instances):
-those the hook publishes itself, as before.
-"""
+"""The end-of-batch hook that moves the injectors' watermarks: :class:`InjectorHook`."""
 
 from __future__ import annotations
 
@@ -25,20 +14,10 @@ __all__ = ["InjectorHook"]
 
 
 class InjectorHook:
-    """The ``on_batch_end`` hook of an executor fed by ``feeding`` (see the module docstring).
+    """The ``on_batch_end`` hook of an executor fed by ``feeding``.
 
-    Args:
-        authority: where the watermarks are published.
-        feeding: the injectors whose records the executor reads.
-        checkpoint: the query's checkpoint (its file log says what was read: injectors that
-            estimate from their pending files need it).
-        instance: the job instance's name when instances share the intervals (its estimate is
-            published as that instance's).
-        held: with ``instance``, the intervals (and sequencers) the instance holds, per computation.
-
-    Raises:
-        ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
-            ``checkpoint`` is given.
+    ``checkpoint`` is needed by injectors estimating from pending files (else ConfigError);
+    ``instance`` and ``held``: the job instance sharing the intervals, and what it holds.
     """
 
     def __init__(self, authority: WatermarkAuthority, feeding: Sequence[Injector], *, checkpoint: str | None,
@@ -61,10 +40,7 @@ class InjectorHook:
             self._publish(inj)
 
     def observe(self, mn: int | None, mx: int | None) -> dict[str, tuple[int, int]]:
-        """Observe the batch's event-time range; returns the estimates for the caller to publish
-        (injector name -> (watermark, sequencer 0)). Estimates it cannot hand over (an instance's,
-        published as a minimum over instances) it publishes itself; an injector without an
-        estimate yet is left out, as :func:`.publish_watermark` publishes nothing for it."""
+        """Observe the batch's event-time range; returns the estimates for the caller to publish."""
         self._observe(mn, mx)
         out: dict[str, tuple[int, int]] = {}
         for inj in self.feeding:

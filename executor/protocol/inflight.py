@@ -1,19 +1,6 @@
-"""Deliveries still running after their batch committed (step 6 of the per-batch protocol).
+"""Deliveries still running after their batch committed: a weak straggler or an asynchronous delivery.
 
-Two kinds, both with their productions checkpointed in the committed rows:
-
-* a *straggler*: a weak delivery (``strong_productions = False``) that outlived
-  ``straggler_timeout_s``, after which the batch checkpointed its productions after all
-  (MillWheel's straggler checkpointing);
-* the *asynchronous* strong delivery of the image write path, which the next batch's
-  user code overlaps.
-
-At most one is open per computation. It holds the low watermark at its productions' oldest
-timestamp until it has delivered, and it is *settled* (joined; redelivered from the
-checkpoint if it failed) before the next commit clears that checkpoint, before a
-timers-only batch decides it has nothing to do, and on ``settle()`` / ``stop()``. One that
-is still running after ``delivery_timeout_s`` fails the batch: the restart's recovery
-redelivers from the checkpoint.
+At most one per computation; it holds the low watermark and is settled before the next commit.
 """
 
 from __future__ import annotations
@@ -42,16 +29,7 @@ class OpenDelivery:
 
 
 class InFlight:
-    """The open delivery of one computation's executor.
-
-    Args:
-        comp: the computation (its name, ``straggler_timeout_s``: how long a batch waits for
-            its weak delivery, ``delivery_timeout_s``: how long settling waits).
-        fault: the executor's fault injector (tests).
-        log: progress lines.
-        published: called from the delivery thread once an asynchronous delivery landed
-            (publishes the low watermark the delivery held: an idle query gets no next batch).
-    """
+    """The open delivery of one computation's executor; ``published``: called when one landed."""
 
     def __init__(self, comp: Computation, *, fault: Callable[[FaultPoint, int], None], log: Callable[[str], None],
                  published: Callable[[], object] | None) -> None:
@@ -68,9 +46,8 @@ class InFlight:
         return st.min_ts if st is not None and not st.delivered else None
 
     def weak(self, deliver: Callable[[], object], batch_id: int) -> OpenDelivery | None:
-        """Run a weak delivery in a thread; wait ``straggler_timeout_s``. None: it finished (its
-        error, if any, fails the batch); else the straggler, still running (the caller
-        checkpoints its productions, then :meth:`adopt` s it once committed)."""
+        """Run a weak delivery in a thread for up to ``straggler_timeout_s``; None if done, else the
+        straggler."""
         box: dict[str, BaseException] = {}
 
         def run() -> None:
@@ -98,8 +75,7 @@ class InFlight:
         self.open = st
 
     def start(self, deliver: Callable[[], object], batch_id: int, min_ts: int | None) -> None:
-        """Deliver committed (checkpointed) productions in a thread; the next batch runs
-        meanwhile and settles it before its commit."""
+        """Deliver committed productions in a thread; the next batch settles it before its commit."""
         box: dict[str, BaseException] = {}
 
         def run() -> None:
@@ -128,13 +104,8 @@ class InFlight:
         st.thread.start()
 
     def settle(self) -> None:
-        """Wait for the open delivery; redeliver from the checkpoint if it failed. Runs before a
-        commit clears that checkpoint (and on settle / stop).
-
-        Raises:
-            BatchFailedError: still running after ``delivery_timeout_s`` (it stays open, the
-                watermark held; the restart's recovery redelivers).
-        """
+        """Wait for the open delivery, redelivering if it failed; BatchFailedError after
+        ``delivery_timeout_s``."""
         st = self.open
         if st is None:
             return

@@ -1,26 +1,8 @@
 """Which watermark a batch judges lateness against: durable, so a restart changes no decision.
 
-A record is *late* when its event time is behind the watermark this computation
-already acted on: the input low watermark under which its last committed batch
-fired timers (closed windows). That watermark is recorded with the commit, in
-the rows commit's metadata (``"late"``: an :class:`ActedMark`), atomically with
-the state it produced, and read back when an executor starts. So:
-
-- a batch judges lateness against the newest committed mark's
-  :attr:`ActedMark.acted_ms` — a batch that committed nothing (no record run,
-  no timer fired) moves nothing, in a run that never crashed as in one that did;
-- a *replayed* batch (Spark re-runs the batch whose ``foreachBatch`` never
-  returned; its first attempt may have committed before the crash) whose
-  commit is the newest mark decides as that first attempt did: the same
-  lateness watermark and the same input watermark (so the same timers are due).
-
-A Spark batch is recognised by its id: a new checkpoint location (which numbers
-batches from 0 again) should start on a new store, or its first batch may be
-taken for a replay of the old query's last committed batch of the same id.
-
-The mark also records the injectors' watermarks as the batch's step 7 publishes them
-(:attr:`ActedMark.injectors`), which ``deltawheel reseed`` restores
-(:func:`recorded_injector_watermarks`). docs/late-data.md.
+The input low watermark the last committed batch fired timers under is recorded in its commit's
+metadata (an :class:`ActedMark`, with the injectors' watermarks) and read back at start.
+docs/late-data.md.
 """
 
 from __future__ import annotations
@@ -57,11 +39,6 @@ class ActedMark:
         marks = [m for m in (self.late_ms, self.input_ms) if m is not None]
         return max(marks) if marks else None
 
-    def next_batch(self, batch_id: int | None, input_ms: int | None, intervals: Sequence[int]) -> ActedMark:
-        """The mark of the batch after this one (which judges lateness against ``acted_ms``)."""
-        return ActedMark(batch_id, self.acted_ms, input_ms, tuple(sorted(intervals)),
-                         computations_ms=self.computations_ms)
-
     def to_meta(self) -> dict[str, Any]:
         """The commit metadata entry (``{"late": ...}``)."""
         return {_KEY: {"v": MARK_FORMAT_VERSION, "batch_id": self.batch_id, "late_ms": self.late_ms,
@@ -95,24 +72,18 @@ def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -
 
 
 def read_mark(spark: Any, rows_path: str, computation: str, intervals: Sequence[int]) -> ActedMark | None:
-    """The newest mark committed by ``computation`` on any of ``intervals`` (None: none yet).
-
-    The log is read newest first, without Spark, where Python reaches it (local, ``s3a://``);
-    elsewhere through Delta's history. Call it while holding the intervals' leases (nobody else
-    commits them then)."""
+    """The newest mark of ``computation`` on any of ``intervals`` (None: none); hold their leases."""
     found = newest_marks(spark, rows_path, computation, intervals, first_only=True)
     return found[0] if found else None
 
 
 def newest_marks(spark: Any, rows_path: str, computation: str, intervals: Iterable[int], *,
                  first_only: bool = False) -> list[ActedMark]:
-    """Newest first, the marks of ``computation`` that are the newest of one of ``intervals`` (one
-    mark covers every interval its instance held; ``first_only``: the newest one alone)."""
+    """Newest first, the marks that are the newest of one of ``intervals`` (``first_only``: one)."""
     left = set(intervals)
     found: list[ActedMark] = []
 
     def take(mark: ActedMark) -> bool:
-        """Keep ``mark`` when it is the newest of an interval still left; True once done."""
         if left & set(mark.intervals):
             found.append(mark)
             left.difference_update(mark.intervals)
@@ -142,10 +113,7 @@ def _scan(spark: Any, rows_path: str, computation: str, owned: set[int],
 
 def recorded_injector_watermarks(spark: Any, rows_path: str,
                                  computations: Mapping[str, Iterable[int]]) -> dict[str, int]:
-    """Per injector, its watermark as the newest commits of ``computations`` (name -> their
-    intervals) record it: the largest over the newest mark of every interval. The watermark a
-    ZooKeeper that lost its data held for it, once the last batch's step 7 ran (that batch's
-    replay publishes the same); injectors no mark records are left out."""
+    """Per injector, the largest watermark the newest marks of ``computations``' intervals record."""
     out: dict[str, int] = {}
     for comp, ivs in sorted(computations.items()):
         for mark in newest_marks(spark, rows_path, comp, ivs):

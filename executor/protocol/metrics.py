@@ -1,26 +1,5 @@
-"""Per-batch figures: the store's ``_metrics/batches`` table, and Spark's observed metrics.
-
-After each committed batch the executor appends one row to ``<store>/_metrics/batches``
-(:class:`BatchMetrics`): which pipeline, computation and instance ran it, its counts (records
-in, processed, duplicates, late, dead letters, timers, productions, productions still being
-delivered, keys the state TTL dropped), the watermarks it acted on and published, its wall time and the seconds of each
-protocol step, and the size of the state the instance holds (the image path knows it for free).
-``deltawheel status`` and ``deltawheel report`` read it back (:func:`read_batches`).
-
-The table is created on first use, not by a migration: it is observability, not state; no
-batch depends on it, and a store without it is complete (older stores, or metrics turned
-off with ``executor.metrics = None``). Appending must never fail a batch: on stores Python
-reaches (local, ``file:``, ``s3a://``) one Parquet file is written with pyarrow and added by a
-blind Delta append (no read predicate, so it never conflicts with other instances' appends);
-elsewhere through Spark. Any error is logged as a warning and the batch goes on.
-
-Spark's own channel (:func:`observe_input`): ``df.observe("deltawheel", ...)`` on the
-*streaming* input frame, before ``writeStream``, puts per-batch input figures into every
-``StreamingQueryListener``'s ``QueryProgressEvent.progress.observedMetrics["deltawheel"]`` and
-Spark's UI (the SQL plan's CollectMetrics node). An ``observe`` on the frame that
-``foreachBatch`` hands over is not reported there (Spark collects the metrics of the streaming
-query's own plan only), which is why the executor cannot add them itself (docs/watching.md).
-"""
+"""Per-batch figures: the store's ``_metrics/batches`` table (never failing a batch), Spark's observed
+metrics."""
 
 from __future__ import annotations
 
@@ -53,8 +32,7 @@ _ADDED_COLUMNS = ("keys_expired BIGINT", "image_cache_hit_rate DOUBLE")
 
 
 def _columns() -> list[tuple[str, str]]:
-    """(name, Spark SQL type) of each of :data:`METRICS_COLUMNS` (its one ``MAP<STRING, DOUBLE>``'s
-    comma not taken for a column's end)."""
+    """(name, Spark SQL type) of each of :data:`METRICS_COLUMNS`."""
     cols = METRICS_COLUMNS.replace("MAP<STRING, DOUBLE>", "MAP<STRING;DOUBLE>").split(",")
     return [(n, t.replace(";", ", ")) for n, t in (c.strip().split(" ", 1) for c in cols)]
 
@@ -100,8 +78,7 @@ def _arrow_schema() -> Any:
 def batch_row(report: Any, *, pipeline: str | None, computation: str, instance: str | None, write_path: str,
               started_ms: int, pending_productions: int = 0, state: tuple[int | None, int | None] = (None, None),
               recorded_ms: int | None = None) -> dict[str, Any]:
-    """The metrics row of one :class:`~.reports.BatchReport` (steps that ran twice -- a retried
-    commit -- are summed)."""
+    """The metrics row of one :class:`~.reports.BatchReport` (steps that ran twice are summed)."""
     steps: dict[str, float] = {}
     for name, secs in report.steps_s:
         steps[name] = round(steps.get(name, 0.0) + float(secs), 3)
@@ -125,8 +102,7 @@ def _hit_rate(report: Any) -> float | None:
 
 
 def state_size(files: Mapping[int, Sequence[Any]] | None) -> tuple[int | None, int | None]:
-    """(rows, bytes) of the interval images an image path holds (``ImagePath.files``), from the
-    files' sizes and their ``add`` actions' statistics; (None, None) when not known."""
+    """(rows, bytes) of an image path's interval images; (None, None) when not known."""
     if not files:
         return None, None
     rows: int | None = 0
@@ -143,15 +119,7 @@ def state_size(files: Mapping[int, Sequence[Any]] | None) -> tuple[int | None, i
 
 
 class BatchMetrics:
-    """Appends the executor's per-batch rows to the store's ``_metrics/batches`` table.
-
-    :meth:`submit` hands a row to one background thread and returns at once, so a batch never
-    waits for its metrics (an append is ~0.1 s, but every tenth Delta commit also writes a
-    checkpoint, seconds on a busy machine); rows are written in order. The thread gathers the
-    rows of :attr:`interval_s` (from the first one waiting) into one file and one Delta commit:
-    a commit per batch would compete with the batches for the cores and the store.
-    :meth:`flush` writes what waits at once and waits for it (the executor's ``stop``
-    calls it); a process killed loses at most its last ``interval_s`` of rows."""
+    """Appends the executor's per-batch rows to ``_metrics/batches`` from one background thread."""
 
     MAX_QUEUED = 1000  # rows waiting beyond this are dropped (with a warning): the writer is stuck
     interval_s = 5.0  # rows are gathered this long before one append (status and report lag by as much)
@@ -211,8 +179,7 @@ class BatchMetrics:
                     self._queue.task_done()
 
     def append(self, *rows: Mapping[str, Any]) -> bool:
-        """Append ``rows`` (:func:`batch_row`) now, in one commit; returns whether they were written.
-        Never raises: a failure is logged as a warning (at most once a minute) and the batch goes on."""
+        """Append ``rows`` now, in one commit; returns whether written. Never raises (a warning is logged)."""
         if not rows:
             return True
         try:
@@ -254,8 +221,7 @@ class BatchMetrics:
         from deltawheel.statestore.delta.storefs import table_files
         from deltawheel.statestore.sqltext import sql_path, sql_str
 
-        # a local store's table is made and its columns read from Python: a Spark statement here
-        # (~1 s of JVM work) ran beside the batches a few seconds into every run (the first append)
+        # a local store's table is made and read from Python, without a Spark statement
         folder = local_path(self.path)
         have: set[str] | None = None
         if folder is not None and (local_table_exists(self.path)
@@ -281,9 +247,7 @@ class BatchMetrics:
 
 
 def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None = None) -> list[dict[str, Any]]:
-    """The metrics rows of ``layout`` (oldest first; ``pipeline``: only its rows); [] when the
-    table does not exist yet. A local store is read without Spark (its Delta log and Parquet
-    files); another one needs ``spark``."""
+    """The metrics rows of ``layout``, oldest first ([] before the table exists)."""
     from deltawheel.statestore.delta.log import local_table_exists, read_snapshot
     from deltawheel.statestore.delta.storefs import local_path
 
@@ -319,12 +283,9 @@ def read_batches(layout: StoreLayout, *, spark: Any = None, pipeline: str | None
 
 
 def observe_input(df: Any, *, name: str = OBSERVED_NAME, event_time_column: str = "timestamp_ms") -> Any:
-    """``df`` observed as ``name``: per micro-batch ``records``, ``min_event_ms`` and
-    ``max_event_ms`` (of ``event_time_column``) and ``records_without_time`` reach every
-    ``StreamingQueryListener`` as ``event.progress.observedMetrics[name]``.
+    """``df`` observed as ``name``: per micro-batch input figures in ``observedMetrics[name]``.
 
-    Call it on the *streaming* frame before ``writeStream`` (an observe inside ``foreachBatch``
-    is not reported to listeners)::
+    Call it on the *streaming* frame before ``writeStream``::
 
         q = observe_input(stream).writeStream.foreachBatch(executor).start()
     """

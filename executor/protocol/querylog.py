@@ -1,8 +1,4 @@
-"""What a streaming query's checkpoint says it read: Spark's file-source log (``sources/N``), the
-query's offsets, and the positions log deltawheel keeps beside them (``dw_positions/{batch}``).
-Read for the shared intervals' catch-up and skip rule (``rescale.py``) and for replay's record of
-each batch's input positions; a local checkpoint by path, a remote one through its files.
-"""
+"""What a streaming query's checkpoint says it read: the file-source log, offsets and positions log."""
 
 from __future__ import annotations
 
@@ -24,14 +20,7 @@ _COMPACT = re.compile(r"^(\d+)(\.compact)?$")
 
 def source_log_files(checkpoint: str | TableFiles, *, source: int = 0,
                      committed_only: bool = True) -> dict[int, list[str]]:
-    """File-source log entry -> the names of the files Spark's file source listed in it, for the
-    entries the query's *committed* batches read (up to the source's ``logOffset`` in the offsets
-    of the newest ``<checkpoint>/commits/N``; every entry with ``committed_only=False``), from
-    ``<checkpoint>/sources/<source>/`` (its JSON-lines log, ``.compact`` files included). The
-    entries are the file source's own numbering, not the query's batch ids
-    (:func:`query_batch_files` maps a micro-batch to its entries). A local checkpoint (a path), or
-    one's files (``TableFiles``: an ``s3a://`` one is listed and each log file read, one GET
-    each); missing: {}."""
+    """File-source log entry -> its file names, for the committed batches' entries (missing: {})."""
     root = _files(checkpoint)
     logdir = root.sub(f"sources/{source}")
     listed = logdir.listdir()
@@ -61,7 +50,6 @@ def source_log_files(checkpoint: str | TableFiles, *, source: int = 0,
 
 
 def _files(checkpoint: str | TableFiles) -> TableFiles:
-    """A checkpoint's files: given, or a local path's (a remote URI string: :func:`_local` refuses)."""
     return checkpoint if isinstance(checkpoint, TableFiles) else TableFiles(local_folder(checkpoint))
 
 
@@ -81,21 +69,13 @@ def _entry_names(text: str, batch_id: int) -> list[str]:
 
 
 def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
-    """The names of the files Spark's file source read in micro-batch ``batch_id``, from that
-    batch's file of its log alone (``sources/<source>/<batch_id>``, or ``<batch_id>.compact`` when
-    the batch compacted the log): the reader for a checkpoint on an object store, one GET per
-    batch (two on a compaction batch). None: the batch is not in the log.
-
-    Raises:
-        OSError: the file could not be read (not: it is missing).
-    """
+    """The files the file source read in micro-batch ``batch_id`` (None: not logged; OSError: unreadable)."""
     logdir = checkpoint.sub(f"sources/{source}")
     for name in (str(batch_id), f"{batch_id}.compact"):
         text = logdir.read_text(name)
         if text is not None:
             return _entry_names(text, batch_id)
-    # Spark deletes an entry's own file some minutes after a later compaction took it in: the
-    # first compacted file at or after it lists it
+    # a compacted entry's own file goes: the first compacted file at or after it lists it
     later = sorted(int(m.group(1)) for n in logdir.listdir() or () if (m := _COMPACT.match(n)) and m.group(2)
                    and int(m.group(1)) > batch_id)
     if later:
@@ -106,15 +86,7 @@ def source_batch_files(checkpoint: TableFiles, batch_id: int, *, source: int = 0
 
 
 def query_batch_files(checkpoint: str | TableFiles, batch_id: int, *, source: int = 0) -> list[str] | None:
-    """The names of the files micro-batch ``batch_id`` of the query read through its file source
-    ``source``: those of the file-source log entries its offsets span
-    (``sourceoffsets.file_source_range``: usually one entry; two or more after a stop between the
-    file source's log and the query's offset log). A local checkpoint (a path), or one's files;
-    None when not known (its offsets or an entry missing).
-
-    Raises:
-        OSError: a remote file could not be read (not: it is missing).
-    """
+    """The files micro-batch ``batch_id`` read through file source ``source`` (None: not known)."""
     root = _files(checkpoint)
     span = file_source_range(root, batch_id, source=source)
     if span is None:
@@ -129,8 +101,7 @@ def query_batch_files(checkpoint: str | TableFiles, batch_id: int, *, source: in
 
 
 def files_read(checkpoint: str) -> frozenset[str]:
-    """The names of every file a query's file sources logged (batches run or running), all its
-    sources together: what an injector estimating from its pending files leaves out."""
+    """The names of every file a query's file sources logged, all its sources together."""
     if "://" in checkpoint and not checkpoint.startswith("file:"):
         raise ConfigError(f"watermark_percentile reads the query checkpoint's file log, which must be local for "
                           f"now; {checkpoint} is not (use watermark_delay_ms alone there)")
@@ -154,9 +125,7 @@ def local_folder(uri: str) -> str:
 
 
 def positions_log(checkpoint: str | TableFiles, *, committed_only: bool = True) -> dict[int, list[str]]:
-    """Batch id -> the positions this module logged for it in the query checkpoint
-    (``dw_positions/``), for the batches the query committed (every logged one with
-    ``committed_only=False``). A local checkpoint, or one's files (``s3a://``); missing: {}."""
+    """Batch id -> the positions logged in ``dw_positions/`` for the committed batches (missing: {})."""
     root = _files(checkpoint)
     logdir = root.sub(POSITIONS_DIR)
     listed = logdir.listdir()

@@ -12,9 +12,7 @@ __all__ = ["BatchReport", "UNKNOWN", "format_report", "format_watermark", "descr
 
 @dataclass(frozen=True, kw_only=True)
 class BatchReport:
-    """What one micro-batch did: record and key counts, watermarks and times (:func:`format_report`).
-
-    Built by keywords only; :meth:`empty` is the report of a batch that did nothing."""
+    """What one micro-batch did: counts, watermarks and times; built by keywords only."""
 
     batch_id: int
     records_in: int
@@ -35,28 +33,22 @@ class BatchReport:
     direct: bool = False  # the tasks read the input files themselves (executor/tasks/image/direct.py)
     ids_expired: int = 0  # record ids dropped from the rows: seen before the dedup horizon
     keys_expired: int = 0  # keys the state TTL dropped (state, timers and record ids)
-    # image path: the dedup Bloom filters' first check (records checked, "maybe seen" answers,
-    # of which not seen, and the filters' memory)
+    # image path: the dedup Bloom filters' first check
     bloom_checked: int = 0
     bloom_maybe: int = 0
     bloom_false_pos: int = 0
     bloom_bytes: int = 0
-    # image path: the intervals the tasks ran, and how many of their images a task read from the
-    # store (the others its Python worker held: ``executor/tasks/image/task.py``)
+    # image path: the intervals run, and how many images a task read from the store
     intervals_run: int = 0
     images_read: int = 0
-    # records of an interval that moved between instances, dropped because an earlier owner
-    # committed their input file for it (``rescale.py``)
+    # records of a moved interval an earlier owner processed (``rescale.py``)
     skipped_moved: int = 0
-    # a batch without input (the executor's flush: timers the watermark made due). Its id is the
-    # one the query's next micro-batch will carry, so its line names no batch id (format_report)
+    # a batch without input (a flush): its line names no batch id
     timers_only: bool = False
 
     @property
     def image_cache_hit_rate(self) -> float | None:
-        """Of the intervals the tasks ran, the share whose image their Python worker held (the
-        image cache, ``executor/tasks/image/cache.py``); None when no interval ran (the MERGE path,
-        an empty batch)."""
+        """The share of the intervals run whose image the worker held (None: none ran)."""
         return 1.0 - self.images_read / self.intervals_run if self.intervals_run else None
 
     @classmethod
@@ -74,9 +66,7 @@ UNKNOWN = "unknown"
 
 
 def watermark_known(ms: int | None) -> bool:
-    """Whether ``ms`` is a watermark, not "unknown": None is not, and neither is a value at or before
-    the epoch, which is what a computation publishes while an upstream watermark it waits for is not
-    known yet (``drivers/continuous.py``: an unknown cap holds its low watermark at 0).
+    """Whether ``ms`` is a watermark: None and values at or before the epoch are "unknown".
 
     >>> [watermark_known(v) for v in (None, 0, -5_000, 1)]
     [False, False, False, True]
@@ -85,10 +75,7 @@ def watermark_known(ms: int | None) -> bool:
 
 
 def format_watermark(ms: int | None, *, now_ms: int | None = None) -> str:
-    """A watermark in a progress line: ``unknown`` (:func:`watermark_known`), ``end`` (the end of
-    time), the time of day (UTC) when it falls on the day of ``now_ms`` (the executor's clock), else
-    with its date (a watermark in 2099 must not read like one of today's); without ``now_ms``, always
-    with the date.
+    """A watermark in a progress line: ``unknown``, ``end``, or UTC time (with the date off ``now_ms``'s day).
 
     >>> format_watermark(None), format_watermark(0), format_watermark(1_764_633_600_000)
     ('unknown', 'unknown', '2025-12-02 00:00:00')
@@ -103,9 +90,7 @@ def format_watermark(ms: int | None, *, now_ms: int | None = None) -> str:
 
 
 def describe_watermark(ms: int | None) -> str:
-    """A watermark in a plan or report line meant to be read: ``unknown`` (:func:`watermark_known`;
-    with the milliseconds held, if any), ``end of time``, or the UTC time with the epoch
-    milliseconds (what the tables and ZooKeeper hold).
+    """A watermark in a plan or report line: ``unknown``, ``end of time``, or UTC time with epoch ms.
 
     >>> describe_watermark(None), describe_watermark(0)
     ('unknown', 'unknown (0 ms)')
@@ -119,9 +104,7 @@ def describe_watermark(ms: int | None) -> str:
 
 
 def format_report(name: str, r: BatchReport, *, now_ms: int | None = None) -> str:
-    """The batch's progress line (watermarks as :func:`format_watermark` shows them). A batch of
-    the query names its id once; a batch without input (``timers_only``: the executor's flush of
-    what became due) names none, as its id is the one the query's next batch carries."""
+    """The batch's progress line; a ``timers_only`` batch names no id."""
 
     def ts(ms: int | None) -> str:
         return format_watermark(ms, now_ms=now_ms)

@@ -1,22 +1,8 @@
 """Intervals that move between job instances: exact input positions, the skip rule and catch-up.
 
-Several instances share a computation's intervals, each reading the whole input with its own
-streaming query. Each interval's fence row holds the input *positions* (immutable files: a
-Parquet injector's file, a stream table's data file) committed for it
-(``statestore/rowtable/inputfiles.py``), added by the same transaction as the batch's rows, on
-both write paths. Two rules make a move exact:
-
-* **Skip**: a record of interval I (by the computation's key extractor, the key the executor
-  uses) whose position is in I's set was processed by an earlier owner; it is dropped before
-  the batch (counted as ``skipped_moved``). That covers B *behind*.
-* **Catch-up**: on taking intervals, the positions B's own query already consumed (committed
-  batches only) that are missing from a taken interval's set are read as a batch and processed
-  for that interval only (the skip rule, applied to them) before B's next regular batch. That
-  covers B *ahead*.
-
-:class:`SharedInput` is also what replay's positions are read through; the checkpoint's logs
-are read in ``querylog.py``. Positions, stream-table maintenance, bounded sets and what is
-refused: docs/rescaling.md, "The hazard, and how a move stays exact".
+A record whose position is in its interval's committed set is dropped (**skip**); on taking
+intervals, positions this instance consumed but a taken interval lacks run first (**catch-up**).
+docs/rescaling.md, "The hazard, and how a move stays exact".
 """
 
 from __future__ import annotations
@@ -61,13 +47,11 @@ _POSITION = "_dw_position"
 
 
 def _gives_files(inj: Injector) -> bool:
-    """``inj`` is a Parquet injector, or one that reads through one (a generator's
-    ``parquet_injector()``, called once its files exist)."""
+    """``inj`` is a Parquet injector, or one that reads through one (``parquet_injector()``)."""
     return isinstance(inj, ParquetInjector) or callable(getattr(inj, "parquet_injector", None))
 
 
 def _parquet_of(inj: Injector) -> ParquetInjector:
-    """The Parquet injector behind ``inj`` (see :func:`_gives_files`)."""
     if isinstance(inj, ParquetInjector):
         return inj
     made = inj.parquet_injector()  # type: ignore[attr-defined]
@@ -79,34 +63,21 @@ def _parquet_of(inj: Injector) -> ParquetInjector:
 
 def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_of: Callable[[str], str],
                  checkpoint: str, files_of: Callable[[str], TableFiles | None] | None = None) -> SharedInput:
-    """What the executor of ``comp`` needs when instances share its intervals.
-
-    ``table_of``: a stream's table path (``StoreLayout.stream``); ``files_of``: how a remote
-    (``s3a://``) checkpoint's and table's files are reached (``storefs.files_resolver(spark)``;
-    None: local ones only).
-
-    Raises:
-        ConfigError: ``comp`` reads an input that gives no file positions (an injector other than
-            a Parquet or generator injector, or several Parquet injectors).
-    """
+    """What the executor of ``comp`` needs when instances share its intervals (ConfigError: no positions)."""
     parquet, tables = _file_inputs(comp, injectors, comp.inputs, table_of=table_of)
     return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals,
                        file_source=_source_index(comp, parquet), files_of=files_of)
 
 
 def _source_index(comp: Computation, parquet: Mapping[str, Injector]) -> int:
-    """The index of the Parquet injector's source among the query's sources (the frames are
-    unioned in the order of ``comp.inputs``: its ``sources/<i>`` folder in the checkpoint)."""
+    """The index of the Parquet injector's source among the query's sources (``comp.inputs`` order)."""
     return next((i for i, s in enumerate(comp.inputs) if s in parquet), 0)
 
 
 def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: Iterable[str], *,
                  table_of: Callable[[str], str]) -> tuple[dict[str, Injector], dict[str, str]]:
-    """(the Parquet injector by stream, the stream tables by stream) of ``streams``.
-
-    Raises:
-        ConfigError: one gives no file positions, or several Parquet injectors.
-    """
+    """(the Parquet injector by stream, the stream tables by stream); ConfigError if one gives no positions.
+    (the Parquet injector by stream, the stream tables by stream); ConfigError if one gives no positions."""
     parquet: dict[str, Injector] = {}
     tables: dict[str, str] = {}
     for stream in streams:
@@ -130,10 +101,7 @@ def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: 
 
 def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpoint: str,
                 table_of: Callable[[str], str] | None = None) -> SharedInput | None:
-    """The positions of a computation reading Kafka injectors (its batches record offset ranges,
-    replay re-reads them), beside at most one Parquet (or generator) injector and stream tables
-    (``table_of``: a stream's table path; their batches record files too); None when it reads no
-    Kafka injector, or another input that gives no positions (or ``table_of`` is not given)."""
+    """The positions of a Kafka-fed computation; None when it reads no Kafka injector or lacks positions."""
     kafka: dict[str, KafkaInjector] = {}
     for s in comp.inputs:
         inj = injectors.get(s)
@@ -156,8 +124,7 @@ def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpo
 
 
 def file_column() -> Any:
-    """The input file name of a stream-schema record of a Parquet injector (its ``commit_id``
-    is ``file={name}#row={n}``)."""
+    """The input file name of a Parquet injector's record (``commit_id`` is ``file={name}#row={n}``)."""
     from pyspark.sql import functions as F
 
     return F.regexp_extract(F.col("commit_id"), r"^file=(.*)#row=[0-9]+$", 1)
@@ -165,13 +132,7 @@ def file_column() -> Any:
 
 @dataclass
 class SharedInput:
-    """One computation's input when instances share its intervals: what the executor needs for
-    the skip rule and catch-up.
-
-    ``parquet``: the Parquet (or generator) injector it reads, by stream (at most one); ``tables``: the stream
-    tables it reads, stream -> path. ``done``: per interval held, the positions processed for it
-    (read from the fence rows when the interval is taken, grown by every commit of this
-    instance)."""
+    """One computation's input when instances share its intervals; ``done``: per interval, its positions."""
 
     comp: Computation
     parquet: dict[str, Injector]
@@ -187,24 +148,20 @@ class SharedInput:
     file_source: int = 0  # the Parquet injector's source index in the query (``sources/<i>``)
 
     def _where(self, uri: str) -> Where:
-        """A checkpoint or table as the readers take it: the local path, or a remote one's files
-        (a remote URI without :attr:`files_of` stays a string: not read)."""
+        """A checkpoint or table as the readers take it: a local path, or a remote one's files."""
         if local_path(uri) is not None or self.files_of is None:
             return uri
         return self.files_of(uri) or uri
 
     def _checkpoint(self) -> str | TableFiles:
-        """The query checkpoint as the readers take it (:meth:`_where`)."""
         return self._where(self.checkpoint)
 
     def _remote(self) -> TableFiles | None:
-        """The query checkpoint's files when it is remote and reachable here (else None)."""
         where = self._where(self.checkpoint)
         return where if isinstance(where, TableFiles) and not where.is_local else None
 
     def position(self) -> Any:
-        """A record's position (see the module docstring), as a column of the query's frame;
-        evaluated where the frame's files are scanned (``input_file_name()``)."""
+        """A record's position as a column of the query's frame (``input_file_name()``)."""
         from pyspark.sql import functions as F
 
         pos = None
@@ -220,9 +177,7 @@ class SharedInput:
 
     def apply(self, df: Any, batch_id: int, intervals: Sequence[int],
               positions: Sequence[str] | None = None) -> tuple[Any, int, tuple[str, ...]]:
-        """(``df`` without the records an earlier owner processed, how many were dropped, the
-        batch's positions): the skip rule on a batch. ``positions``: the batch's (a catch-up's),
-        default those of the query's micro-batch ``batch_id``, logged in the checkpoint."""
+        """(``df`` after the skip rule, how many were dropped, the batch's positions)."""
         df = df.withColumn(_POSITION, self.position())
         if positions is None:
             positions = self.batch_positions(df, batch_id)
@@ -231,13 +186,8 @@ class SharedInput:
         return kept.drop(_POSITION), skipped, tuple(positions)
 
     def record(self, df: Any, batch_id: int) -> tuple[str, ...]:
-        """The positions of the query's micro-batch ``batch_id`` (``df``: its frame), for the
-        commit's record of them alone (replay): nothing skipped, nothing logged. A Kafka-fed
-        computation's are offset ranges (:meth:`kafka_ranges`), not files.
-
-        A remote checkpoint's file that cannot be read (or a batch missing from its file-source
-        log) never fails the batch: the batch goes into :attr:`unknown` (its commit records no
-        positions, as an older deltawheel's) and a log line says why."""
+        """Micro-batch ``batch_id``'s positions for the commit's record (unknown ones go to :attr:`unknown`).
+        Micro-batch ``batch_id``'s positions for the commit's record (unknown ones go to :attr:`unknown`)."""
         self.unknown.discard(batch_id)
         if self.kafka and not self.parquet and not self.tables:
             return ()
@@ -260,18 +210,14 @@ class SharedInput:
                      "its commit): %s", self.comp.name, batch_id, why)
 
     def _query_files(self, batch_id: int) -> list[str] | None:
-        """The files the query's micro-batch ``batch_id`` read through the Parquet injector's file
-        source (:func:`query_batch_files`); None: not known (or a remote checkpoint not reached)."""
+        """The files micro-batch ``batch_id`` read through the file source; None: not known."""
         where = self._checkpoint()
         if isinstance(where, str) and local_path(where) is None:
             return None
         return query_batch_files(where, batch_id, source=self.file_source)
 
     def kafka_ranges(self, batch_id: int) -> dict[str, dict[str, list[int]]] | None:
-        """The Kafka offset ranges the query's micro-batch ``batch_id`` read, ``{topic: {partition:
-        [start, end]}}``, from its offset log (``sourceoffsets.kafka_ranges``); None: no Kafka
-        input, or not known there (the batch then goes into :attr:`unknown`: its commit records
-        no positions, a log line says why)."""
+        """``{topic: {partition: [start, end]}}`` micro-batch ``batch_id`` read; None: not known."""
         if not self.kafka or batch_id < 0:
             return None
         out: dict[str, dict[str, list[int]]] = {}
@@ -292,12 +238,7 @@ class SharedInput:
         return out
 
     def batch_positions(self, df: Any, batch_id: int) -> list[str]:
-        """The positions of the query's micro-batch ``batch_id`` (``df``: its frame, with the
-        position column): the file source log's when the one input is a Parquet injector (it
-        logs a batch before running it), the offset log's and the Delta logs' when every input
-        is a stream table (:meth:`table_positions`), else the batch's distinct positions (a Spark job;
-        the position column is added to ``df`` only then, if it lacks it: building it costs some
-        thirty py4j calls and an analysis of the frame, each batch)."""
+        """Micro-batch ``batch_id``'s positions: from the checkpoint's logs when known, else a Spark job."""
         if not self.tables:
             files = self._query_files(batch_id)
             if files is None:
@@ -310,16 +251,13 @@ class SharedInput:
         return self._distinct(df)
 
     def _distinct(self, df: Any) -> list[str]:
-        """The distinct positions of a frame (a Spark job), its position column added if it lacks one."""
         if _POSITION not in df.columns:
             df = df.withColumn(_POSITION, self.position())
         return sorted(r[0] for r in df.select(_POSITION).distinct().collect() if r[0])
 
     def table_positions(self, batch_id: int) -> list[str] | None:
-        """The positions of the query's micro-batch ``batch_id`` when every input is a stream table:
-        the data files Delta's source read in it, from the query's offset log and each table's
-        Delta log (``statestore/delta/sourceoffsets.py``), no Spark job; None when not known
-        there (a Parquet input beside them, the query's first batch, a non-append commit, ...)."""
+        """Micro-batch ``batch_id``'s positions from the logs when every input is a stream table, else None.
+        Micro-batch ``batch_id``'s positions from the logs when every input is a stream table, else None."""
         if self.parquet or batch_id < 0:
             return None
         out: set[str] = set()
@@ -331,7 +269,6 @@ class SharedInput:
         return sorted(out)
 
     def _log_batch(self, batch_id: int, positions: Sequence[str]) -> None:
-        """Record a query batch's positions in the checkpoint (replaced when the batch runs again)."""
         if batch_id < 0 or not self.tables:
             return  # the file source log is enough
         text = json.dumps({"format_version": 1, "positions": sorted(positions)})
@@ -348,8 +285,7 @@ class SharedInput:
         os.replace(staged, os.path.join(logdir, str(batch_id)))
 
     def skip(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, int]:
-        """(``df`` without the records of an interval whose position is in its set, how many were
-        dropped); ``df`` has the position column."""
+        """(``df`` without the records already in their interval's set, how many were dropped)."""
         from pyspark.sql import functions as F
 
         positions = set(positions)
@@ -367,8 +303,7 @@ class SharedInput:
         return df.where(~cond), skipped
 
     def skip_frame(self, df: Any, positions: Iterable[str], intervals: Sequence[int]) -> tuple[Any, int]:
-        """:meth:`skip` on a frame of the query's schema (replay: :attr:`done` from the commit log;
-        nothing logged): (``df`` without the records :attr:`done` names, how many were dropped)."""
+        """:meth:`skip` on a frame of the query's schema (replay); nothing logged."""
         kept, skipped = self.skip(df.withColumn(_POSITION, self.position()), positions, intervals)
         return kept.drop(_POSITION), skipped
 
@@ -388,11 +323,7 @@ class SharedInput:
         return out
 
     def missing(self, intervals: Iterable[int]) -> list[str]:
-        """The positions this instance's query consumed that some of ``intervals`` has not
-        processed: what a catch-up batch reads. A consumed position that is gone from its source
-        and in no interval's set is left out: gc pruned it from every set once every interval had
-        run it (``gc/inputsets.py``), or it was deleted before any interval ran it (its records
-        are never processed; docs/rescaling.md)."""
+        """The positions this instance consumed that some of ``intervals`` has not processed."""
         consumed = self.consumed()
         out: set[str] = set()
         for iv in intervals:
@@ -400,28 +331,21 @@ class SharedInput:
         return sorted(p for p in out if p in self.recorded or not self.gone(p))
 
     def folder_of(self, position: str) -> tuple[str | None, str]:
-        """(the folder or stream table holding the file at ``position``, its name there); None:
-        no input of this computation holds it."""
+        """(the folder or stream table holding ``position``, its name there); None: none."""
         if "/" in position:
             stream, name = position.split("/", 1)
             return self.tables.get(stream), name
         return next((_parquet_of(inj).folder for inj in self.parquet.values()), None), position
 
     def gone(self, position: str) -> bool:
-        """Whether the file at ``position`` is gone from its source (a local folder or stream
-        table; a remote one is taken as present)."""
+        """Whether the file at ``position`` is gone from its source (a remote one counts as present)."""
         folder, name = self.folder_of(position)
         if folder is None or ("://" in folder and not folder.startswith("file:")):
             return False
         return not os.path.exists(os.path.join(local_folder(folder), name))
 
     def files_df(self, spark: Any, positions: Sequence[str]) -> Any:
-        """The records at ``positions`` as the query's frame gives them (``stream`` column
-        included).
-
-        Raises:
-            InputGoneError: a stream table's data file is gone (VACUUM), or an injector's file.
-        """
+        """The records at ``positions`` as the query's frame gives them; InputGoneError if a file is gone."""
         from deltawheel.statestore.writepath.streams import stream_schema_ddl
         from pyspark.sql import functions as F
 

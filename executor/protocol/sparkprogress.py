@@ -1,21 +1,4 @@
-"""Spark's progress under the direct read: the batch's input rows where Spark counts them.
-
-Under the direct read (``tasks/input.py``) a batch's tasks read its input files themselves and
-the micro-batch's DataFrame is never run, so Spark's ``StreamingQueryProgress.numInputRows`` (and
-each source's) stayed 0 and Spark's UI and listeners showed an idle query. Spark takes that figure,
-when the batch ends, from the ``numOutputRows`` metric of the leaves of the batch's executed plan
-(``ProgressReporter``: a V1 source's scan node, matched to its source by position). The driver can
-add to that metric (a ``SQLMetric`` is an accumulator: ``add`` on the driver changes the value Spark
-reads), so after a direct-read batch :func:`show_input_rows` adds the records the tasks read to it:
-nine Py4J calls per batch (the query and the position of its scan among the plan's leaves are
-looked up once per query: a plan's shape is the query's), no Spark job.
-
-The batch's query is found through the local property Spark's stream thread sets
-(``sql.streaming.queryId``): ``foreachBatch`` runs on that thread, and Py4J's pinned threads run the
-Python function's calls to the JVM on it too. Outside a streaming query (a test calling the
-executor directly) there is no such property and nothing is done. Never fails the batch: a figure
-that cannot be set is logged at debug level and left as it was.
-"""
+"""Spark's progress under the direct read: the batch's input rows where Spark counts them."""
 
 from __future__ import annotations
 
@@ -36,9 +19,7 @@ _lock = threading.Lock()
 
 
 def show_input_rows(spark: Any, rows: int) -> bool:
-    """Add ``rows`` to the scan metric Spark's progress reads for the running micro-batch of the
-    calling ``foreachBatch`` (module docstring); True when it was set. Nothing is added when the
-    scan already counted rows (the batch's DataFrame was run after all)."""
+    """Add ``rows`` to the scan metric of the calling ``foreachBatch``'s micro-batch; True when set."""
     try:
         query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id or rows <= 0:
@@ -63,8 +44,7 @@ def show_input_rows(spark: Any, rows: int) -> bool:
 
 
 def _find(session: Any, query_id: str) -> tuple[Any, int] | None:
-    """(the query's StreamExecution, the index of the first leaf of its last executed plan with a
-    ``numOutputRows`` metric: the scan), or None."""
+    """(the query's StreamExecution, the index of its scan leaf), or None."""
     query = session.streams().get(query_id)
     if query is None:
         return None
@@ -80,8 +60,7 @@ def _find(session: Any, query_id: str) -> tuple[Any, int] | None:
 
 
 def _add(execution: Any, leaf: int, rows: int) -> bool:
-    """Add ``rows`` to the ``numOutputRows`` metric of leaf ``leaf`` of ``execution``'s running
-    micro-batch (raises when that leaf has none); False when it already counted rows (nothing added)."""
+    """Add ``rows`` to leaf ``leaf``'s ``numOutputRows``; False when it already counted rows."""
     last = execution.lastExecution()
     if last is None:
         return False

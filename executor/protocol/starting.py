@@ -1,6 +1,4 @@
-"""A start that runs in a thread: :class:`BackgroundStart`, behind
-:meth:`.ComputationExecutor.start_in_background`; :func:`beside`: one step of a start in a thread
-while the caller goes on with the next (its outcome waited for where the start needs it)."""
+"""A start that runs in a thread: :class:`BackgroundStart`; :func:`beside`: one step in a thread."""
 
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ T = TypeVar("T")
 
 
 def beside(fn: Callable[[], T], *, name: str) -> concurrent.futures.Future[T]:
-    """``fn()`` in a daemon thread named ``deltawheel-<name>``; the future holds what it returned
-    or raised (``result()`` waits, then returns it or raises it)."""
+    """``fn()`` in a daemon thread named ``deltawheel-<name>``; the future holds its outcome."""
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def run() -> None:
@@ -33,9 +30,7 @@ def beside(fn: Callable[[], T], *, name: str) -> concurrent.futures.Future[T]:
 
 
 class BackgroundStart:
-    """``start()``, then ``then()``, in a daemon thread (:meth:`begin`). ``done`` holds the outcome
-    (what the start raised, if it did); ``leased`` is set once the owner's leases are granted
-    (``IntervalOwner.on_granted``), or when the start ended without them."""
+    """``start()``, then ``then()``, in a daemon thread; ``leased`` is set once the leases are granted."""
 
     def __init__(self, start: Callable[[], None], *, owner: IntervalOwner, name: str,
                  then: Callable[[], None] | None = None) -> None:

@@ -1,19 +1,8 @@
 """The batch protocol's side of the watermark authority: :class:`BatchWatermarks`.
 
-What a batch reads at step 1 (the input watermark: the minimum over its upstream injectors and
-computations), and what step 7 publishes (the intervals' oldest work, the low watermark computed
-from it, and the injector estimates an :class:`~.hooks.InjectorHook` observed before the commit,
-in one ZooKeeper transaction); also when a delivery that held the low watermark has landed.
-
-In a streaming query step 7 runs in the background (:meth:`BatchWatermarks.publish_later`), so its
-ZooKeeper round overlaps Spark's own bookkeeping between micro-batches; it is joined
-(:meth:`BatchWatermarks.join`) before the next batch reads any watermark, and on ``settle()`` /
-``stop()``. Publishing later is safe: the values are lower bounds, each publish computes them from
-the executor's state when it runs (under one lock with the delivery thread's publish), and a
-failure (a lost lease, a zombie's stale sequencer) is raised, typed, by the join.
-An executor without a watermark source fires event-time timers only when its caller passes
-``input_watermark_ms``: its start refuses a computation with event-time timers unless the caller
-says so (``manual_watermarks``), and a batch that sets such timers warns once.
+Step 1 reads the input watermark; step 7 publishes the intervals' oldest work, the low watermark
+and the injector estimates in one ZooKeeper transaction, in the background for a streaming query
+(joined before the next batch reads a watermark; the values are lower bounds).
 """
 
 from __future__ import annotations
@@ -37,9 +26,7 @@ __all__ = ["BatchWatermarks"]
 
 
 class BatchWatermarks:
-    """The watermarks of one executor's batches (its authority, upstream and hook, read at each
-    call: a caller may set them between batches). ``low``: the low watermark it last published;
-    ``injectors_read``: the injector watermarks the current batch's :meth:`input` read."""
+    """The watermarks of one executor's batches; ``low``: the low watermark last published."""
 
     def __init__(self, executor: ComputationExecutor) -> None:
         self.ex = executor
@@ -53,8 +40,7 @@ class BatchWatermarks:
         self._worker = _Worker(f"deltawheel-watermarks-{executor.comp.name}")
 
     def injector_part(self) -> int | None:
-        """The minimum of the injector watermarks :meth:`input` read, when every upstream is known
-        and at least one is an injector (None otherwise)."""
+        """The minimum of the injector watermarks :meth:`input` read (None: not all known, or none)."""
         ex = self.ex
         names = [name for kind, _, name in (u.partition(":") for u in ex.upstream) if kind == "injector"]
         if not names or any(n not in self.injectors_read for n in names):
@@ -70,12 +56,7 @@ class BatchWatermarks:
         return self.ex.authority is not None and bool(self.ex.upstream)
 
     def require_source(self) -> None:
-        """At the start: a computation with event-time timers needs a watermark source, or a caller
-        that fires them itself (``manual_watermarks``).
-
-        Raises:
-            ConfigError: neither.
-        """
+        """At the start: raise ConfigError for event-time timers without a watermark source."""
         ex = self.ex
         if ex.comp.event_time_timers and not ex.manual_watermarks and not self.has_source():
             raise ConfigError(
@@ -87,16 +68,7 @@ class BatchWatermarks:
                 "if you fire them yourself with flush(input_watermark_ms=...)")
 
     def input(self) -> int | None:
-        """min over upstream low watermarks (None until all are known); remembers the injector
-        watermarks it read in :attr:`injectors_read` (step 5 records them) and the minimum over the
-        upstream computations in :attr:`computations_read` (the batch's lateness mark records it).
-
-        An upstream computation in :attr:`~.executor.ComputationExecutor.upstream_caps` counts with
-        at most its capped value: the watermark it had before this query took its snapshot of the
-        computation's stream table. Another process (a job instance) may deliver rows and advance
-        that watermark after the snapshot; acting on the newer value would find those rows late
-        when they arrive with the next query.
-        """
+        """min over upstream low watermarks (None until all are known), capped by ``upstream_caps``."""
         ex = self.ex
         self.computations_read = None
         if ex.authority is None or not ex.upstream:
@@ -137,15 +109,12 @@ class BatchWatermarks:
             ex.progress(msg)
 
     def hook_observes_early(self) -> bool:
-        """The end-of-batch hook is this authority's :class:`InjectorHook` whose estimates step 7
-        publishes in its own transaction (not a job instance's, which publishes them itself after
-        the commit): it observes the batch before the commit, which records the estimates."""
+        """The end-of-batch hook is an :class:`InjectorHook` whose estimates step 7 publishes."""
         hook = self.ex.on_batch_end
         return isinstance(hook, InjectorHook) and hook.authority is self.ex.authority and hook.instance is None
 
     def observe_injectors(self, mn: int | None, mx: int | None) -> dict[str, tuple[int, int]]:
-        """The injectors' estimates after this batch's event-time range (step 7 publishes them);
-        {} when the hook publishes them itself."""
+        """The injectors' estimates after this batch ({} when the hook publishes them itself)."""
         hook = self.ex.on_batch_end
         if not self.hook_observes_early():
             return {}
@@ -153,8 +122,7 @@ class BatchWatermarks:
         return hook.observe(mn, mx)
 
     def publish(self, injectors: Mapping[str, tuple[int, int]] | None = None) -> int | None:
-        """Publish the intervals' oldest work and advance the low watermark (with ``injectors``:
-        publish these injector estimates in the same transaction)."""
+        """Publish the intervals' oldest work and advance the low watermark (and ``injectors``)."""
         with self._lock:  # the batch and its delivery thread both publish
             return self._send(self._works(), injectors)
 
@@ -183,10 +151,7 @@ class BatchWatermarks:
         return low
 
     def publish_later(self, injectors: Mapping[str, tuple[int, int]], *, landed: Callable[[int | None], None]) -> None:
-        """:meth:`publish` with its ZooKeeper round in the background (the batch returns meanwhile),
-        then ``landed(low)``; joined by :meth:`join`, which raises what either raised. The values are
-        taken now, and the lock is held until they land: a publish after this one (the delivery
-        thread's, the next batch's) computes and lands after it."""
+        """:meth:`publish` in the background, then ``landed(low)``; :meth:`join` raises what failed."""
         self.join()
         box: dict[str, BaseException] = {}
         done = threading.Event()
@@ -213,13 +178,7 @@ class BatchWatermarks:
         self._worker.submit(run)
 
     def join(self) -> None:
-        """Wait for the step 7 running in the background, if any (bounded as every ZooKeeper call
-        is: the authority's ``max_pause_s``).
-
-        Raises:
-            DeltaWheelError: what that step 7 raised (e.g. :class:`LeaseLostError`,
-                :class:`StaleSequencerError`: the executor's leases are gone).
-        """
+        """Wait for the background step 7, if any, and raise what it raised (e.g. LeaseLostError)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -229,8 +188,7 @@ class BatchWatermarks:
             raise box["error"]
 
     def settled(self, batch_id: int) -> None:
-        """After the executor settled batch ``batch_id``'s delivery: publish the low watermark it
-        held, and say so when it is not the one the last batch line showed."""
+        """After batch ``batch_id``'s delivery settled: publish the low watermark it held."""
         ex = self.ex
         self.join()
         low = self.publish()
@@ -241,10 +199,7 @@ class BatchWatermarks:
 
 
 class _Worker:
-    """One daemon thread running the functions handed to it, in order; it ends after
-    :attr:`IDLE_S` without any and is started again by the next. (A thread started per batch
-    cost the batch thread milliseconds on a busy machine: ``Thread.start`` waits until the new
-    thread runs.)"""
+    """One daemon thread running the functions handed to it, in order; it ends after :attr:`IDLE_S` idle."""
 
     IDLE_S = 30.0
 

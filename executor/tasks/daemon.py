@@ -1,20 +1,4 @@
-"""Spark's Python daemon with the task modules loaded before it forks workers.
-
-``spark.python.daemon.module`` set to this module (``sparkenv`` does) makes the daemon, before
-it forks a worker per task slot:
-
-- import pyarrow, numpy, pandas and the image task's modules once, so that every forked worker
-  starts with them loaded. A module that fails to import is skipped (the worker imports it
-  itself); a preload that started a Python thread stops the daemon with a message naming the
-  setting to unset, since a fork copies only the forking thread;
-- freeze the finders of Spark's own zip archives (:func:`.worker.freeze_spark_zips`);
-- move every object it holds into the collector's permanent generation (``gc.freeze()``), so
-  PySpark's ``gc.collect()`` after each task skips them;
-- set ``ARROW_DEFAULT_MEMORY_POOL=system`` unless the variable is set already; after each task
-  the worker returns the C heap's free pages to the system (``malloc_trim``).
-
-Why, and the figures: docs/performance.md, "Python worker start" and "Memory".
-"""
+"""Spark's Python daemon, preloading the task modules before it forks workers (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -51,14 +35,12 @@ def preload() -> list[str]:
 
 
 def choose_pool() -> str:
-    """Arrow's allocator for the workers: ``ARROW_DEFAULT_MEMORY_POOL`` if set, else ``system``
-    (set in the environment, where pyarrow reads it when it first allocates)."""
+    """Arrow's allocator for the workers: ``ARROW_DEFAULT_MEMORY_POOL`` if set, else ``system``."""
     return os.environ.setdefault(POOL_ENV, "system")
 
 
 def trim_heap() -> bool:
-    """Return the C heap's free pages to the system (glibc's ``malloc_trim``); False where there is
-    no such call (another C library)."""
+    """Return the C heap's free pages (glibc's ``malloc_trim``); False without such a call."""
     try:
         import ctypes
 
@@ -70,9 +52,7 @@ def trim_heap() -> bool:
 
 
 def trim_after(worker: Callable[..., int]) -> Callable[..., int]:
-    """PySpark's per-task ``daemon.worker`` function, then :func:`trim_heap` (~3-4 ms of CPU on a
-    worker of the benchmark's ``medium``; PySpark's own ``gc.collect()`` follows: the cycles it
-    frees go back at the next task's end)."""
+    """PySpark's per-task ``daemon.worker`` function, then :func:`trim_heap`."""
 
     def run(*args: Any, **kwargs: Any) -> int:
         try:

@@ -1,16 +1,6 @@
 """Input preparation in the JVM, shared by both write paths' jobs (step 2 of a batch).
 
-:func:`prepare_input` turns a micro-batch of stream-schema records into the prepared columns
-(:data:`PREP_DDL`): each record's key by its input's key extractor (:func:`key_expression`; a
-callable extractor runs as a pandas UDF), the late flag against the watermark, and ``_bad``, the
-reason a record is a dead letter (no usable key, no record id or timestamp, malformed input, an
-event time too far ahead of the clock: :func:`ahead_reason`). The key -> interval mapping of
-every write path is :func:`interval_of_key`. A text source's original text (:data:`RAW_COLUMN`)
-follows its records' dead letters (:func:`original_text`, :func:`with_original_text`,
-:func:`original_texts`); :func:`positions_of` finds records' source positions.
-
-The column expressions built here are the only code of this module shipped to the Python
-workers (the key UDF): they capture plain values, never the session, the store or ZooKeeper.
+Only the key UDF is shipped to the workers: it captures plain values, never the session or clients.
 """
 
 from __future__ import annotations
@@ -27,27 +17,21 @@ __all__ = ["prepare_input", "interval_of_key", "key_expression", "ahead_reason",
            "original_texts", "positions_of", "with_original_text", "PREP_DDL", "DEFAULT_MAX_EVENT_AHEAD_MS", "MALFORMED_CODEC", "MALFORMED_REASON",
            "RAW_COLUMN"]
 
-#: The prepared input's columns (:func:`prepare_input`): what the tasks of either path get per record
-#: (the image path adds ``interval`` and a marker flag ``_m``)
+#: The prepared input's columns (:func:`prepare_input`) the tasks of either path get per record.
 PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
             "position STRING, late BOOLEAN, _bad STRING")
 
 _ERR = "\x00!"
 DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the clock are dead letters
-#: The codec of a record its source could not parse (``sources/jsonl.py``, ``sources/kafka.py``): its
-#: value is the raw input (a JSON line, a Kafka message's value) and it becomes a dead letter.
+#: The codec of a record its source could not parse: its value is the raw input, a dead letter.
 MALFORMED_CODEC = "malformed"
 MALFORMED_REASON = "malformed input: the source could not parse it; raw_value holds the original text"
-#: An input frame's optional column (BINARY) beside the stream-table columns: the record's original
-#: text from a text source (a JSON line, a Kafka message's value; ``to_stream_schema``'s ``raw``,
-#: ``sources/schema.py``). Every dead letter of the record keeps it as its ``raw_value``; nothing else reads it.
+#: An input frame's optional BINARY column: a text source's original text, kept by dead letters.
 RAW_COLUMN = "raw_value"
 
 
 def interval_of_key(num_intervals: int, key: Any = None) -> Any:
-    """The key interval of the ``key`` column (or of the column ``key``), as a Spark column (null
-    for a null key): the one key -> interval mapping of every write path (``zlib.crc32`` of the
-    UTF-8 key, mod n)."""
+    """The key interval of ``key`` as a Spark column (``zlib.crc32`` of the UTF-8 key, mod n)."""
     from pyspark.sql import functions as F
 
     k = F.col("key") if key is None else key
@@ -55,17 +39,14 @@ def interval_of_key(num_intervals: int, key: Any = None) -> Any:
 
 
 def key_expression(comp: Computation) -> Any:
-    """The key the executor gives a record of ``comp``'s input frame (a ``stream`` column naming
-    the input), as a Spark column: its key extractor per input, as step 2 prepares it (a bad
-    record's key is an error text there; it becomes a dead letter)."""
+    """The key of a record of ``comp``'s input frame, as a Spark column (an error text for a bad one)."""
     from pyspark.sql import functions as F
 
     return _key_expression(comp, F.col("stream"))[0]
 
 
 def _key_udf(extractor: Callable[[Any], Any]) -> Any:
-    """A callable key extractor as a scalar pandas UDF of (value, codec): the key, or an error text
-    (``_ERR``...: a dead letter) when the extractor raises or returns anything but a string."""
+    """A callable key extractor as a pandas UDF of (value, codec): the key, or an ``_ERR`` text."""
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
@@ -84,23 +65,14 @@ def _key_udf(extractor: Callable[[Any], Any]) -> Any:
             out.append(f"{_ERR}{why}" if k is None else k)
         return pd.Series(out, dtype=object)
 
-    # pandas_udf tells a scalar UDF by its type hints, which this module's postponed annotations
-    # leave as strings naming a local import ("pd.Series"): give it the classes themselves
+    # pandas_udf reads its type hints: give it the classes, not postponed strings
     extract.__annotations__ = {"values": pd.Series, "codecs": pd.Series, "return": pd.Series}
     return pandas_udf(extract, "string")  # type: ignore[call-overload]
 
 
 def prepare_input(df: Any, comp: Computation, wm: int | None, *,
                   cache: dict[Any, Any] | None = None, ahead: tuple[int, Mapping[str, int]] | None = None) -> Any:
-    """Stream-schema input → (record_id, key, value, codec, timestamp_ms, stream, position, late, _bad).
-
-    ``cache``: a dict kept by the caller for the life of its session; the column expressions
-    (one py4j call each) are then built once, only the late flag (the watermark) per batch.
-    ``ahead``: (processing time now, {input stream: bound in ms}): a record of such a stream
-    whose event time is more than the bound ahead of now is a dead letter (:func:`ahead_reason`;
-    after the other checks, as the direct read, ``image/direct.py``, orders them).
-    A frame with :data:`RAW_COLUMN` (a text source): a dead letter's ``value`` is that original text.
-    Every DataFrame step is analysed eagerly, so the frame is built in as few steps as possible."""
+    """Stream-schema input -> the prepared columns (:data:`PREP_DDL`); ``cache`` keeps built expressions."""
     from pyspark.sql import functions as F
 
     names = set(df.columns)
@@ -133,14 +105,12 @@ def prepare_input(df: Any, comp: Computation, wm: int | None, *,
 
 
 def original_text(df: Any | None) -> Any | None:
-    """The micro-batch ``df`` when it carries its records' original text (:data:`RAW_COLUMN`), else
-    None: the tasks' dead letters (user code's) look theirs up in it by record id."""
+    """The micro-batch ``df`` when it carries :data:`RAW_COLUMN`, else None."""
     return df if df is not None and RAW_COLUMN in df.columns else None
 
 
 def original_texts(raw: Any, ids: Iterable[str]) -> dict[str, bytes]:
-    """Record id -> its original text in ``raw`` (:func:`original_text` of the micro-batch), for the
-    records of ``ids`` that have one (one small Spark job)."""
+    """Record id -> its original text in ``raw``, for ``ids`` (one small Spark job)."""
     from pyspark.sql import functions as F
 
     wanted = sorted(set(ids))
@@ -149,9 +119,7 @@ def original_texts(raw: Any, ids: Iterable[str]) -> dict[str, bytes]:
 
 
 def positions_of(prep: Any, ids: Iterable[str]) -> dict[str, Any]:
-    """Record id -> its source position in the prepared input ``prep`` (:func:`prepare_input`), for
-    the records of ``ids`` (one small Spark job): the image path ships positions to its tasks for
-    input-level dead letters only; the tasks' own dead letters look theirs up here."""
+    """Record id -> its source position in ``prep``, for ``ids`` (one small Spark job)."""
     from pyspark.sql import functions as F
 
     wanted = sorted(set(ids))
@@ -160,8 +128,7 @@ def positions_of(prep: Any, ids: Iterable[str]) -> dict[str, Any]:
 
 
 def with_original_text(dead: Any, raw: Any) -> Any:
-    """The tasks' dead letters (a frame with ``record_id`` and ``raw_value``) with ``raw_value`` the
-    original text of their record in ``raw`` (:func:`original_text`; kept where it has none)."""
+    """The tasks' dead letters with ``raw_value`` set to their record's original text in ``raw``."""
     from pyspark.sql import functions as F
 
     text = raw.select("record_id", F.col(RAW_COLUMN).alias("_raw")).where(F.col("_raw").isNotNull())
@@ -176,8 +143,7 @@ _AHEAD = ("event time ", " ms is more than {bound} ms ahead of the processing cl
 
 
 def ahead_reason(ts_ms: int, bound_ms: int, now_ms: int) -> str:
-    """The dead-letter reason of a record whose event time ``ts_ms`` is more than ``bound_ms`` ahead
-    of the processing time ``now_ms`` (the same text on the JVM path and the direct read)."""
+    """The dead-letter reason of an event time more than ``bound_ms`` ahead of ``now_ms``."""
     return f"{_AHEAD[0]}{ts_ms}{_AHEAD[1].format(bound=bound_ms, now=now_ms)}"
 
 

@@ -1,11 +1,4 @@
-"""Steps 2-4 of a batch as the executor runs them on either write path: input preparation,
-then dedup, loading the rows and user code in Spark tasks.
-
-A :class:`UserJob` runs the tasks whose output a write path (``statestore/writepath``)
-commits and delivers: :class:`~deltawheel.executor.tasks.image.job.ImageTasks` for the image path,
-:class:`~deltawheel.executor.tasks.merge.job.MergeTasks` for the MERGE path. The executor's one
-protocol body (``batch.py``) calls it; it writes nothing itself.
-"""
+"""Steps 2-4 of a batch on either write path; a :class:`UserJob` writes nothing itself."""
 
 from __future__ import annotations
 
@@ -30,11 +23,7 @@ BatchT = TypeVar("BatchT")
 
 @dataclass
 class Prepared:
-    """The batch's input, prepared (step 2): ``input`` for the tasks (None: timers only or the
-    tasks read the files themselves), input-level ``dead`` letters to record (a frame; None:
-    none or recorded from the tasks' output), ``direct``: the tasks read the batch's files
-    (``image/direct.py``), and ``raw``: the records' original text by record id, where the source
-    kept it (``input.original_text``: the tasks' dead letters take theirs from it)."""
+    """The batch's prepared input (step 2); ``input`` None: none from Spark."""
 
     input: Any | None
     dead: Any | None = None
@@ -48,15 +37,7 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchCounts:
-    """What the tasks of one batch counted (the batch report's counters).
-
-    ``records_in``: input records; ``processed``: records user code ran; ``duplicates``: records
-    dropped as seen; ``late``: late records the tasks saw (the routed ones are counted by the
-    protocol); ``dead_letters``: of decoding, keying and user code; ``timers_fired``;
-    ``productions``; ``keys_written``: rows changed; ``ids_expired``: record ids dropped past the
-    dedup horizon; ``keys_expired``: keys the state TTL dropped. The image path only: ``bloom_*`` (the dedup filters' first check: records
-    checked, "maybe seen" answers, of which not seen, the filters' memory), ``intervals_run`` and
-    ``images_read`` (intervals whose image a task read from the store)."""
+    """What the tasks of one batch counted (``bloom_*``, ``intervals_run``, ``images_read``: image path)."""
 
     records_in: int = 0
     processed: int = 0
@@ -78,14 +59,7 @@ class BatchCounts:
 
 @dataclass
 class BatchRun(Generic[BatchT]):
-    """What the tasks of one batch returned (steps 2-4).
-
-    ``batch``: the write path's new rows and productions (it commits and delivers them);
-    ``counts``: the batch report's counters (:class:`BatchCounts`); ``dead`` /
-    ``late``: the tasks' dead letters and routed late records as frames (None: none);
-    ``prod_min_ts``: the oldest production timestamp (holds the low watermark while they are
-    undelivered; None: not known yet, see :meth:`UserJob.checkpoint`); ``event_timer_ms``:
-    the earliest event-time work set (to warn when no watermark will ever fire it)."""
+    """What the tasks of one batch returned; ``prod_min_ts`` None: not known yet."""
 
     batch: BatchT
     counts: BatchCounts
@@ -107,31 +81,21 @@ class UserJob(Protocol[BatchT]):
     event_ahead_ms: Mapping[str, int]
 
     def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
-        """Step 2 in the JVM: keys, dead letters of input without a usable key, the late flag
-        (``batch_id``: the query's micro-batch ``df`` is, for a direct read that needs it)."""
+        """Step 2 in the JVM: keys, dead letters, the late flag."""
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchT]:
-        """Steps 2-4 in the tasks (dedup, load the rows, user code), materialized once.
-
-        Raises:
-            StaleViewError: the tasks met a newer fence or changed files (reload, run again).
-            BatchFailedError: user code failed.
-        """
+        """Steps 2-4 in the tasks, materialized once (StaleViewError: reload and rerun)."""
 
     def checkpoint(self, run: BatchRun[BatchT]) -> bool:
-        """A weak batch's straggler: make the commit checkpoint the productions ``run`` holds;
-        False: the tasks must run again with ``strong`` (their files do not hold them)."""
+        """A weak batch's straggler: checkpoint the productions; False: rerun the tasks with ``strong``."""
 
     def observe(self, run: BatchRun[BatchT]) -> None:
         """After the commit: remember what the batch cost per interval (task placement)."""
 
 
 def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> DeltaWheelError:
-    """The typed error of a batch whose Spark job failed: the user code's (:class:`UserCodeError`,
-    rebuilt from the task's text: exit 7), an input file with a column of another type than the
-    injector reads (:class:`InputSchemaError`: exit 3), otherwise :class:`BatchFailedError` (retry).
-    Retrying helps neither of the first two."""
+    """The typed error of a failed Spark job: UserCodeError, InputSchemaError, else BatchFailedError."""
     user = UserCodeError.from_task(str(exc))
     if user is not None:
         return user

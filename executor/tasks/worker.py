@@ -1,18 +1,6 @@
 """Per-task overhead of PySpark's Python workers that deltawheel's tasks remove.
 
-- :func:`freeze_spark_zips` wraps the finders of Spark's own archives
-  (``pyspark.zip``, ``py4j-*-src.zip``, the ``spark-core_*.jar``; they never change while a
-  worker lives) so that PySpark's ``importlib.invalidate_caches()`` before a task skips them;
-  everything else (user ``pyFiles`` zips, folders) is invalidated as before. The task
-  functions call it first thing (``daemon.py`` before it forks).
-- :func:`warm_workers` starts one trivial Python task per task slot in a background thread, so
-  the Python workers are forked while the driver is still taking leases and planning its first
-  query, not on the first micro-batch.
-- :func:`one_worker_pool` gives the session's RDD tasks the environment Spark gives its SQL
-  Python tasks (``SPARK_SIMPLIFIED_TRACEBACK=1``), so that one pool of Python workers serves
-  both. The variable only shortens the tracebacks of errors in user code to the user's frames.
-
-Why, and the figures: docs/performance.md, "Python worker start" and "Memory"; docs/versions.md.
+docs/performance.md, "Python worker start" and "Memory"; docs/versions.md.
 """
 
 from __future__ import annotations
@@ -46,8 +34,7 @@ class _FrozenZipFinder:
 def _is_spark_archive(path: str) -> bool:
     base = os.path.basename(path)
     return (base == "pyspark.zip" or (base.startswith("py4j-") and base.endswith("-src.zip"))
-            # Spark puts the jar it runs from on the workers' path (spark-core_*.jar, ~15 MB,
-            # thousands of entries: the costliest re-read of all)
+            # the spark-core jar on the workers' path is the costliest re-read of all
             or (base.startswith("spark-core_") and base.endswith(".jar")))
 
 
@@ -78,9 +65,7 @@ _MATCHED: set[int] = set()  # the contexts' environments already matched (a py4j
 
 
 def one_worker_pool(spark: Any, *, again: bool = False) -> None:
-    """Make the RDD tasks' Python environment (``SparkContext.environment``) the one Spark gives SQL's
-    Python tasks, so that both run in one pool of workers (module docstring). Once per context
-    unless ``again`` (the warm-up, at each run's start, reads the setting again)."""
+    """Give RDD tasks SQL's Python task environment, so one worker pool serves both."""
     env = spark.sparkContext.environment
     if id(env) in _MATCHED and not again:
         return
@@ -92,10 +77,7 @@ def one_worker_pool(spark: Any, *, again: bool = False) -> None:
 
 
 def warm_workers(spark: Any, *, on_error: Callable[[BaseException], None] | None = None) -> threading.Thread:
-    """Run one no-op ``mapInArrow`` task per default task slot in a daemon thread (started; join it
-    to wait). Best effort: Spark places the tasks (on a cluster, not necessarily one per
-    executor), and a failure only goes to ``on_error`` — the real tasks fork their workers
-    themselves."""
+    """Run one no-op task per default task slot in a started daemon thread (best effort)."""
     slots = max(1, int(spark.sparkContext.defaultParallelism))
     one_worker_pool(spark, again=True)
 

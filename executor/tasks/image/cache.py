@@ -1,22 +1,6 @@
 """The Python worker's cache of interval images: bounded by memory, evicted window-aware.
 
-Each Python worker keeps the interval images it last read or wrote (:func:`load_image`,
-:func:`keep_image`), keyed by the image's file paths: files are immutable, so a cached image is
-never stale. The cache is bounded by the images' bytes in memory (Arrow's ``nbytes``), not by
-their number.
-
-When it must drop an image it drops the one whose next expected use is furthest away, counted
-in batches (DESIGN.md, "Cache"): by its earliest event-time timer against the watermark's
-advance per batch, or its interval's own rhythm of use, whichever comes first; images with
-neither go first, least recently used first. ``policy="lru"`` ranks by last use only.
-
-An interval's images: its current one and, until the next batch of the interval looks it up,
-the one before it (a retried batch reads it again); the older ones are dropped as the next is put,
-the previous one at that next lookup (:meth:`ImageCache.get`), so a running task holds one image
-per interval it runs beside the one it writes.
-
-Lookups are counted (:attr:`ImageCache.hits`, :attr:`ImageCache.lookups`) and can be recorded
-(:func:`trace`). docs/performance.md, "Tasks take the intervals their worker holds".
+Evicts the image whose next use is furthest away (DESIGN.md, "Cache"; ``policy="lru"``: last use).
 """
 
 from __future__ import annotations
@@ -67,10 +51,7 @@ class _Entry:
 
 
 class ImageCache:
-    """Interval images (any value with a byte size) by key, at most ``max_bytes`` of them.
-
-    ``group``: what an entry's interval belongs to (its computation): the watermark and its
-    advance per batch are tracked per group (:meth:`observe`)."""
+    """Interval images by key, at most ``max_bytes`` of them; ``group``: an entry's computation."""
 
     def __init__(self, max_bytes: int, *, policy: str = "window") -> None:
         if policy not in ("window", "lru"):
@@ -103,11 +84,7 @@ class ImageCache:
             self._wm[group] = (wm, step if old[1] is None else _ALPHA * step + (1 - _ALPHA) * old[1])
 
     def get(self, key: Hashable, *, slot: Hashable | None = None, count: bool = True) -> Any:
-        """The cached value of ``key`` (None: not cached); ``slot``: the interval it is the image of
-        (its rhythm of use is kept across its successive images). A lookup names the slot's
-        committed image: its other images are dropped now (the previous one was kept for a retry
-        of the batch that wrote ``key``, which has committed since; an image a failed batch wrote
-        was never committed)."""
+        """The cached value of ``key`` (None: not cached); ``slot``'s other images are dropped now."""
         self.tick += 1
         if count:
             self.lookups += 1
@@ -124,9 +101,7 @@ class ImageCache:
 
     def put(self, key: Hashable, value: Any, *, nbytes: int, next_ev: int | None = None,
             slot: Hashable | None = None, group: Hashable = None) -> None:
-        """Keep ``value`` (as ``slot``'s current image: its previous one is needed again only if
-        a batch is retried, so it goes first, and the ones before that are dropped now: no batch
-        reads them again); then drop images by the policy until the cache fits ``max_bytes``."""
+        """Keep ``value`` as ``slot``'s current image, then evict until the cache fits ``max_bytes``."""
         if slot is not None:
             prev = self._slot.get(slot)
             self._slot[slot] = key
@@ -146,7 +121,6 @@ class ImageCache:
             self.evictions += 1
 
     def _keep_only(self, slot: Hashable, key: Hashable) -> None:
-        """Drop ``slot``'s images but ``key``."""
         for old in [k for k, e in self._entries.items() if e.slot == slot and k != key]:
             self._drop(old)
         if self._slot.get(slot) not in self._entries:
@@ -203,8 +177,7 @@ class ImageCache:
 
 
 def max_bytes_from_env() -> int:
-    """The bound: ``DELTAWHEEL_IMAGE_CACHE_BYTES`` (bytes, or with a ``k``/``m``/``g`` suffix), else
-    :data:`DEFAULT_MAX_BYTES`."""
+    """``DELTAWHEEL_IMAGE_CACHE_BYTES`` (``k``/``m``/``g`` suffixes), else :data:`DEFAULT_MAX_BYTES`."""
     raw = os.environ.get(MAX_BYTES_ENV, "").strip().lower()
     if not raw:
         return DEFAULT_MAX_BYTES
@@ -244,8 +217,7 @@ def holds(spec: ImageSpec, iv: int) -> bool:
 
 
 def load_image(spec: ImageSpec, iv: int) -> tuple[Any, bool]:
-    """(interval ``iv``'s state image: its state files' rows, whether they were read from the
-    store): this worker's copy if it holds one, else read and kept."""
+    """(interval ``iv``'s image, whether it was read from the store): this worker's copy, else read."""
     import pyarrow as pa
 
     paths = spec.state_files(iv)
@@ -264,8 +236,7 @@ def load_image(spec: ImageSpec, iv: int) -> tuple[Any, bool]:
 
 
 def keep_image(paths: tuple[str, ...], table: Any, comp: str, iv: int, *, written: bool = False) -> None:
-    """Keep ``table`` as interval ``iv``'s image, the files ``paths`` (``written``: by this task,
-    traced as such)."""
+    """Keep ``table`` as interval ``iv``'s image of the files ``paths``."""
     next_ev = image_facts(table)
     _IMAGES.put(paths, table, nbytes=table.nbytes, next_ev=next_ev, slot=(comp, iv), group=comp)
     if written:

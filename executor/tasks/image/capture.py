@@ -1,11 +1,6 @@
-"""``DELTAWHEEL_TASK_CAPTURE=DIR``: each image task pickles its spec and input table into ``DIR``,
-to run again in one process without Spark (``deltawheel bench tasks --captured DIR``,
-``benchmarks/taskreplay.py``).
+"""``DELTAWHEEL_TASK_CAPTURE=DIR``: each image task pickles ``(spec, table)`` into ``DIR``.
 
-A captured file is ``<ns>-<pid>-<n>.pkl`` (``ns``: the task's start, so the files sort in the
-run's order), holding ``(spec, table)`` pickled with cloudpickle (the computation's class may be
-defined in a function, as the benchmark's is). The spec names the store's files by path: a
-replay needs the store as the run left it.
+For ``deltawheel bench tasks --captured DIR``; a replay needs the store as the run left it.
 """
 
 from __future__ import annotations
@@ -55,8 +50,7 @@ def load_captured(path: str) -> tuple[Any, Any]:
 
 
 def warm(spec: ImageSpec, iv: int, batch: int) -> None:
-    """Load interval ``iv``'s image, ids files and Bloom filter (sized for ``batch`` ids) into this
-    process's caches, as the worker that wrote them holds them (a replay's untimed step)."""
+    """Load interval ``iv``'s image, ids files and Bloom filter into this process's caches."""
     image, _read = load_image(spec, iv)
     image, legacy = split_legacy(image, inline=spec.comp.exactly_once)
     files = [load_ids_file(spec.rows_root, p) for p in spec.ids_files(iv)]

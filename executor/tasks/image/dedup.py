@@ -1,11 +1,6 @@
 """The image task's dedup: each interval's Bloom filter of record ids, then the exact lookup.
 
-MillWheel's dedup (DESIGN.md): a batch's record ids of an interval are checked against the
-interval's Bloom filter first (kept per Python worker by the interval's file paths, extended by
-each batch with its new ids instead of built again); only a "maybe" (a false positive, or a
-replayed id) looks at the stored ids: those of the key rows and, for the few candidates, the
-rows of the interval's ids files in the candidates' hash buckets (``idsfiles.pick_ids``), the
-dedup horizon applied to what is found (``ids.already_seen`` decides per record).
+MillWheel's dedup (DESIGN.md): only a filter's "maybe" looks at the stored ids.
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ BLOOM_BATCHES = 32  # ... and for at least this many batches of the size of the 
 
 @dataclass(frozen=True)
 class BloomCounts:
-    """One interval's first dedup check (the summary's ``bloom_*``): records checked against
-    the filter, "maybe seen" answers, of which not seen, and the filter's memory."""
+    """One interval's filter check: records checked, "maybe" answers, of which not seen, memory."""
 
     checked: int = 0
     maybe: int = 0
@@ -46,11 +40,7 @@ class BloomCounts:
 
 def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
           live: list[IdsFile], legacy: Any) -> tuple[IdBloom | None, list[bool] | None, BloomCounts]:
-    """Dedup as MillWheel does it: the batch's record ids of this interval against the
-    image's Bloom filter first; only if one might have been seen, the exact lookup in the stored ids
-    (:func:`already_seen`). Returns the filter, per input record whether its key's row holds
-    its id (None: none does), and the filter's counts for the batch report. ``live``: the
-    interval's ids files; ``legacy``: the ids taken out of an older image (key / record_id / seen_ms)."""
+    """(the Bloom filter, per record whether its row holds its id, the counts) for this interval's ids."""
     import pyarrow as pa
 
     if not spec.comp.exactly_once or not inp.n:
@@ -66,10 +56,7 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
     n_apart = sum(f.flat.num_rows for f in live) + legacy.num_rows
     if n_apart:
         if maybe * 8 < n_apart:
-            # few candidates (the filter's false positives, a replay's ids): only the stored ids equal to
-            # one of them can be a hit, so those are picked first -- from each ids file's hash buckets
-            # (pick_ids), a cost that grows with the candidates, not with the horizon's ids -- and the
-            # horizon applied to what is left
+            # few candidates: pick the stored ids equal to one of them first (pick_ids)
             import numpy as np
             import pyarrow.compute as pc
 
@@ -87,15 +74,12 @@ def dedup(spec: ImageSpec, iv: int, image: Any, inp: Input, ids: HeldIds,
 
 
 def _column(t: Any, name: str) -> Any:
-    """``t``'s column ``name`` as one array."""
     col = t.column(name)
     return col.combine_chunks() if hasattr(col, "combine_chunks") else col
 
 
 def bloom_for(paths: tuple[str, ...], image: Any, apart: Any, batch: int) -> IdBloom:
-    """The interval's filter: cached in this worker (by the interval's file ``paths``), else built from
-    the image's and the ids files' ids (``apart``), sized for many batches more (``batch``: the
-    batch's ids) so that the next batches extend it instead of building it again."""
+    """The interval's filter: cached by ``paths``, else built and sized for many batches more."""
     import pyarrow.compute as pc
 
     hit = _BLOOMS.get(paths)
@@ -119,11 +103,7 @@ def bloom_paths(spec: ImageSpec, iv: int) -> tuple[str, ...]:
 
 def carry_bloom(bloom: IdBloom | None, old_paths: tuple[str, ...], new_paths: tuple[str, ...],
                 new_hashes: Any) -> None:
-    """Keep the filter of the interval's old files ``old_paths`` as the filter of its new files
-    ``new_paths``, extended by the batch's new ids (``new_hashes``, their ``id_hashes``; None:
-    none): the new files' ids are the old ones (expired ones leave: a subset still answers
-    "maybe") and the new ones, so the next batch does not build it again. ``bloom``: the filter
-    the batch's dedup used (None: the batch had no input, the one this worker holds, if any)."""
+    """Keep the filter of ``old_paths`` as that of ``new_paths``, extended by ``new_hashes``."""
     if bloom is None:
         bloom = cached_bloom(old_paths)
     if bloom is None:
@@ -135,8 +115,7 @@ def carry_bloom(bloom: IdBloom | None, old_paths: tuple[str, ...], new_paths: tu
 
 
 def cached_bloom(paths: tuple[str, ...], *, forget: bool = False) -> IdBloom | None:
-    """The filter this worker holds for the files ``paths`` (:func:`bloom_paths`), if any;
-    ``forget``: and drop it (the next task builds it from the files)."""
+    """The filter this worker holds for ``paths``, if any (``forget``: and drop it)."""
     return _BLOOMS.pop(paths, None) if forget else _BLOOMS.get(paths)
 
 

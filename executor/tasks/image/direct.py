@@ -1,22 +1,8 @@
 """Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
 
-When a computation's only input is a :class:`ParquetInjector` in a folder Python reaches
-(``statestore/delta/storefs.py``) keyed by its key column (``RECORD_KEY``), with value columns of
-plain types, each image task reads the batch's files with pyarrow and keeps the rows of its own
-intervals: one stage, no shuffle. Which files the batch holds comes from
-the batch's own plan (the file scan under the ``foreachBatch`` frame), so a
-replayed batch reads the same files. An upstream stream table is read the same way
-(:func:`table_source`), its files from ``statestore/delta/sourceoffsets.py``.
-
-The prepared columns are computed as the JVM computes them: the same key,
-record id, event time and late flag, the same checks in the same order for
-dead letters, the same interval hash; the value is the same JSON object (its text may differ
-in form -- number formatting, escapes -- never in what it decodes to). ``tests/test_direct.py`` compares both
-paths row by row and end to end. Anything this module does not recognise
-goes through the JVM path for that batch. docs/embedding.md, "Direct read".
-
-(A little over 500 lines: both readers share the prepared columns' checks, kept in one module so
-that the files and the stream tables compute them one way.)
+Each task reads the batch's files (stream tables' too) with pyarrow and computes the prepared
+columns as the JVM does (``tests/test_direct.py`` compares); anything unrecognised takes the JVM
+path. docs/embedding.md, "Direct read".
 """
 
 from __future__ import annotations
@@ -51,10 +37,7 @@ TABLE_TYPES = (("record_id", "string"), ("key", "string"), ("value", "binary"), 
 
 @dataclass(frozen=True)
 class DirectSource:
-    """A Parquet injector's columns as its stream schema maps them (see ``sources/schema.py``).
-
-    ``types``: the Arrow type (``str``) of each read column in the file the stream's schema came
-    from; a batch file whose columns differ goes through the JVM path."""
+    """A Parquet injector's columns as its stream schema maps them; ``types``: their Arrow types."""
 
     stream: str  # the input stream: the injector's name
     key_column: str
@@ -86,14 +69,7 @@ class DirectBatch:
 
 
 def batch_files(df: Any, source: DirectSource, *, batch_id: int | None = None) -> tuple[tuple[str, str], ...] | None:
-    """The files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None
-    (the JVM path) when the plan is not a single file scan, a file is read only in part, or a
-    file's columns are not those of ``source.types``.
-
-    ``foreachBatch`` hands over a frame over the batch's RDD; its lineage ends in the scan's
-    ``FileScanRDD``, whose partitions name the files (a few py4j calls, no Spark job). A stream
-    table's (``source.table``): the files its query's micro-batch ``batch_id`` read (the module
-    docstring), whatever ``df``'s plan."""
+    """The files a ``foreachBatch`` frame of ``source``'s stream reads, each whole, or None (JVM path)."""
     import pyarrow as pa
 
     if source.table is not None:
@@ -147,8 +123,7 @@ def batch_files(df: Any, source: DirectSource, *, batch_id: int | None = None) -
 
 
 def _table_files(source: DirectSource, batch_id: int | None) -> tuple[tuple[str, str], ...] | None:
-    """The data files of ``source``'s stream table its query read in micro-batch ``batch_id``, each
-    with the table's columns (None: not known here, or a file whose columns differ)."""
+    """The data files of ``source``'s table micro-batch ``batch_id`` read (None: not known here)."""
     import os
 
     import pyarrow as pa
@@ -175,8 +150,7 @@ def _table_files(source: DirectSource, batch_id: int | None) -> tuple[tuple[str,
 
 
 def table_source(stream: str, table: str, *, checkpoint: str) -> DirectSource | None:
-    """The :class:`DirectSource` of the stream table ``table`` (a local folder; else None) read by
-    the query whose checkpoint is ``checkpoint`` (local too) for the input ``stream``."""
+    """The :class:`DirectSource` of the local stream table ``table`` for input ``stream`` (else None)."""
     folder, chk = local_path(table), local_path(checkpoint)
     if folder is None or chk is None:
         return None
@@ -192,7 +166,6 @@ def _file(path: str, s3: S3Settings | None) -> TableFiles | None:
 
 
 def _plain(ty: Any) -> str:
-    """An Arrow type as compared between files (large strings read as strings)."""
     import pyarrow as pa
 
     return "string" if pa.types.is_large_string(ty) else str(ty)
@@ -201,11 +174,8 @@ def _plain(ty: Any) -> str:
 def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event_time_column: str,
                   record_id_column: str | None, value_columns: Sequence[str] | None,
                   s3: S3Settings | None = None) -> DirectSource | None:
-    """A :class:`DirectSource` for an injector's columns (``value_columns`` as the injector takes
-    them: None = every column but the event time and record id ones), or None when a column's type
-    is not one the tasks convert exactly as the JVM does: string key and id; UTC timestamp in ms
-    or us, or int32/int64 epoch milliseconds; value columns of strings, booleans, signed integers
-    or doubles."""
+    """A :class:`DirectSource` for an injector's columns, or None when a type is not converted as the JVM
+    does."""
     import pyarrow as pa
 
     t = pa.types
@@ -235,8 +205,6 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
                         tuple((c, _plain(fields[c])) for c in cols), values, s3)
 
 
-# --------------------------------------------------------------------------- task side
-
 
 class BatchReader:
     """One task's view of the batch's files: each read, and its keys hashed, once."""
@@ -257,8 +225,7 @@ class BatchReader:
         return self._files
 
     def rows_of(self, intervals: Sequence[int]) -> Any:
-        """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
-        columns the JVM path hands a task (``input.PREP_DDL`` + ``interval`` + ``_m``)."""
+        """The rows of ``intervals`` plus one marker row per interval (see :func:`direct_table`)."""
         import pyarrow as pa
 
         prep = _prepared_table if self.batch.source.table is not None else _prepared
@@ -268,8 +235,7 @@ class BatchReader:
 
 
 def direct_table(batch: DirectBatch, intervals: Sequence[int]) -> Any:
-    """The rows of ``intervals`` in the batch's files plus one marker row per interval, with the
-    columns the JVM path hands a task (``input.PREP_DDL`` + ``interval`` + ``_m``)."""
+    """The rows of ``intervals`` plus one marker row per interval, in the JVM path's task columns."""
     return BatchReader(batch).rows_of(intervals)
 
 
@@ -296,8 +262,7 @@ def _table(**cols: Any) -> Any:
 
 
 def _key_facts(keys: Any, num_intervals: int) -> tuple[Any, list[str | None] | None]:
-    """Per distinct key (a string array): its interval (``rows.interval_of``, numpy int32) and why it is
-    bad (the JVM's checks, in ``prepare_input``'s order, for a key column), or None when no key is."""
+    """Per distinct key: its interval and why it is bad (the JVM's checks), or None when none is."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -325,9 +290,7 @@ def _key_facts(keys: Any, num_intervals: int) -> tuple[Any, list[str | None] | N
 
 @dataclass(frozen=True)
 class _Keyed:
-    """A file's keys as a dictionary (nulls as ""): the distinct keys (a string array, a key may
-    repeat), each row's code in it (numpy), and per distinct key its interval and why it is bad
-    (:func:`_key_facts`; ``is_bad``: the same as a numpy mask, None when no key is)."""
+    """A file's keys dictionary-encoded: distinct keys, each row's code, their intervals and faults."""
 
     keys: Any
     codes: Any
@@ -344,7 +307,6 @@ class _Keyed:
         return np.flatnonzero(wanted[self.ivs_of][self.codes]) if len(self.ivs_of) else np.zeros(0, np.int64)
 
     def key(self, codes: Any) -> Any:
-        """The keys of ``codes`` (a string array)."""
         import pyarrow as pa
 
         return self.keys.take(pa.array(codes))
@@ -359,8 +321,7 @@ class _Keyed:
 
 
 def _keyed(batch: DirectBatch, t: Any) -> _Keyed:
-    """A file's keys: the Parquet column's own dictionary when it was read as one without nulls
-    (a row group's dictionary per chunk, unified), else the column dictionary-encoded here."""
+    """A file's keys: the Parquet column's own dictionary when it has no nulls, else encoded here."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -397,8 +358,7 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
     else:
         ms = et.cast(pa.int64()).fill_null(0).to_numpy()
     ts = pa.array(ms, pa.int64(), mask=ts_null)
-    # the record id: the column (null or empty: a dead letter, as sources/schema.py's record_id_of
-    # makes it), or with no column the position "{injector}/{file}#{row}"
+    # the record id: the column (null or empty: a dead letter), else the position "{injector}/{file}#{row}"
     if src.record_id_column is not None:
         rid = t.column(src.record_id_column).combine_chunks().take(take).cast(pa.string())
         rid_empty = pc.fill_null(pc.equal(rid, ""), True).to_numpy(zero_copy_only=False)
@@ -432,17 +392,13 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
 
 
 def _repeat(text: str, n: int) -> Any:
-    """A string array of ``n`` times ``text``."""
     import pyarrow as pa
 
     return pa.repeat(pa.scalar(text, pa.string()), n)
 
 
 def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int]) -> Any:
-    """One stream-table file's rows of ``intervals``, prepared as ``input.prepare_input`` prepares
-    a stream table's records keyed by ``RECORD_KEY`` (see :func:`direct_table`): the columns as
-    they are (a null codec is JSON), the same dead-letter checks in the same order, the position
-    of a dead letter its ``commit_id``."""
+    """One stream-table file's rows of ``intervals``, prepared as ``input.prepare_input`` does."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -482,8 +438,7 @@ def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, interv
 
 
 def _json_values(t: Any, columns: Sequence[str], take: Any) -> Any:
-    """The ``value`` of the taken rows: a JSON object of ``columns`` (sorted), null fields left out,
-    NaN and infinities as the strings Spark's ``to_json`` writes for them."""
+    """The taken rows' ``value``: a JSON object of ``columns``, nulls left out, NaN as Spark writes it."""
     import json
     import math
 

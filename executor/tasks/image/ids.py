@@ -1,10 +1,4 @@
-"""The record ids of an interval image, column-wise (the image path's tasks).
-
-A row's record ids (the bulk of a row) stay in Arrow while the keys run: :func:`flat_ids`
-flattens the touched rows' ids, :func:`already_seen` is the exact dedup lookup behind the
-Bloom filter, :func:`with_ids` attaches the retained and the new ids to the new rows, and
-:func:`trim_ids` / :func:`expired_ids` / :func:`drop_empty` drop what passed the dedup horizon.
-"""
+"""The record ids of an interval image, column-wise: they stay in Arrow while the keys run."""
 
 from __future__ import annotations
 
@@ -21,10 +15,7 @@ __all__ = ["HeldIds", "flat_ids", "already_seen", "with_ids", "trim_ids", "expir
 
 @dataclass
 class HeldIds:
-    """Flattened record ids of the touched rows: parallel key / record_id / seen_ms arrays.
-
-    ``held``: all the rows hold; ``table``: those within the dedup horizon (the dedup lookup
-    uses these, as ``run_key`` does, and the new rows keep them)."""
+    """Flattened record ids of the touched rows (``table``: those within the dedup horizon)."""
 
     held: Any
     table: Any
@@ -49,11 +40,7 @@ def flat_ids(sub: Any, horizon_ms: int | None) -> HeldIds:
 
 
 def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = None) -> list[bool] | None:
-    """Per input record (in ``inp`` order): does the key's row already hold its id?
-
-    ``maybe``: per input record, whether the Bloom filter might hold its id (a filter has no
-    false negatives: the others were not seen). Given and few, the stored ids are scanned for
-    those candidates alone (a hash set of a few ids, not of every stored one)."""
+    """Per input record: does the key's row already hold its id (``maybe``: the filter's candidates)?"""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -85,8 +72,7 @@ def already_seen(comp: Computation, inp: Input, ids: HeldIds, *, maybe: Any = No
 
 
 def with_ids(rows: Any, old: HeldIds, schema: Any) -> Any:
-    """``rows`` (without record ids) + the record_ids column: the old ids they held, within the
-    dedup horizon (an image written before the ids files; new ids go to an ids file)."""
+    """``rows`` plus the record_ids column: the old ids they held, within the dedup horizon."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -106,9 +92,7 @@ def with_ids(rows: Any, old: HeldIds, schema: Any) -> Any:
 
 
 def trim_ids(t: Any, horizon_ms: int | None) -> Any:
-    """``t`` with the record ids seen before ``horizon_ms`` dropped: the rows of keys not run in
-    this batch keep only what the dedup horizon still needs, as the run keys' new rows do (no
-    sender retries an older id). Vectorized; ``t`` itself when there is nothing to drop."""
+    """``t`` with the record ids seen before ``horizon_ms`` dropped (``t`` itself if none)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -149,8 +133,7 @@ def expired_ids(image: Any, horizon_ms: int | None) -> int:
 
 
 def drop_empty(t: Any) -> Any:
-    """``t`` without the rows that hold nothing any more (no state, timers, checkpointed
-    productions, watermark hold or record ids): a key kept only for its ids, once they expired."""
+    """``t`` without the rows that hold nothing any more."""
     import pyarrow.compute as pc
 
     if t.num_rows == 0:

@@ -1,30 +1,4 @@
-"""The image path's per-interval run, in the tasks: one interval image in, one out.
-
-A task (``task.py``) hands :func:`run_interval` the batch's records of one interval and the
-batch's :class:`~.spec.ImageSpec`. The run's phases, one function each:
-
-1. :func:`_open`: the interval's image (this worker's copy, ``cache.py``, else its state files),
-   its record-ids files, and its fence row, which must carry this writer's sequencer: a takeover
-   is noticed before user code runs (the summary says ``fenced``: the task runs nothing more);
-2. :func:`_route_late` (``LatePolicy.ROUTE``): the late records that are no retries go to the
-   late-data table;
-3. :func:`_keys_to_run`: the keys with records, the keys with due timers;
-4. :func:`_run_keys`: the dedup (``dedup.py``: the interval's Bloom filter first, the stored ids
-   only for a "maybe"), then user code per key (``usercode/``: dedup, records in event-time
-   order, timers in timestamp order), delivered checkpoints cleared; :func:`_new_image`: the
-   interval's new rows;
-5. :func:`_write_image`, :func:`_write_ids`, :func:`_write_productions`: the new image as one
-   Parquet file in the interval's partition folder, the batch's record-ids file, one production
-   file per stream in the stream table's folder, with the write path's writers
-   (``statestore/writepath/image/``): none is visible until the driver commits it (on S3 the
-   uploads run in the background; the task waits for them before it returns its summaries);
-   the Bloom filter is carried over to the new files (``dedup.carry_bloom``);
-6. :func:`_summary`: one :class:`~deltawheel.statestore.writepath.image.summary.IntervalSummary`
-   (new files, counts, oldest work; or the fence it met: the driver's ``collect`` raises
-   StaleViewError for it).
-
-Nothing here talks to ZooKeeper or the Delta log; the driver commits.
-"""
+"""The image path's per-interval run, in the tasks: one interval image in, one out (the driver commits)."""
 
 from __future__ import annotations
 
@@ -108,8 +82,7 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     inp = Input(recs)
     run_keys = _keys_to_run(spec, opened.image, inp)
     has_pending = _holds_pending(opened.image)
-    # ids past the dedup horizon: the image is rewritten without them even when none of its keys
-    # runs (a key never seen again must not keep its ids, nor its row for them, forever)
+    # ids past the dedup horizon: the image is rewritten without them even when no key runs
     expired = expired_ids(opened.image, spec.horizon_ms)
     migrate = opened.legacy.num_rows > 0
     if not run_keys and not has_pending and not opened.dirty and not expired and not opened.gone and not migrate:
@@ -133,11 +106,9 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
 
 
 def _open(spec: ImageSpec, iv: int) -> _Open | Fenced:
-    """Phase 1: the interval's image and ids files, its fence checked (:class:`Fenced`: another
-    writer's sequencer, or none)."""
+    """Phase 1: the interval's image and ids files, its fence checked (:class:`Fenced` if not ours)."""
     image, read = load_image(spec, iv)
-    # record ids apart from the state (``idsfiles.py``): the interval's ids files, and the ids an
-    # older image holds in its state (moved to an ids file when the interval is next written)
+    # record ids apart from the state (``idsfiles.py``), and those an older image holds
     image, legacy = split_legacy(image, inline=spec.comp.exactly_once)
     ids_files = [load_ids_file(spec.rows_root, p) for p in spec.ids_files(iv)]
     gone = [f for f in ids_files if spec.horizon_ms is not None and f.written_ms < spec.horizon_ms]
@@ -149,10 +120,7 @@ def _open(spec: ImageSpec, iv: int) -> _Open | Fenced:
 
 
 def _fence(spec: ImageSpec, iv: int, image: Any) -> tuple[Any, bool] | Fenced:
-    """The image's fence row must carry our sequencer. (the image with one fence row, whether a
-    second one was dropped); the kept row carries the union of the input-file sets
-    (``inputfiles.py``; a claim's row has none) plus this batch's files, written only if the
-    image is rewritten."""
+    """(the image with one fence row carrying our sequencer, whether a second one was dropped)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -174,8 +142,7 @@ def _fence(spec: ImageSpec, iv: int, image: Any) -> tuple[Any, bool] | Fenced:
 
 
 def _keys_to_run(spec: ImageSpec, image: Any, inp: Input) -> list[str]:
-    """Phase 3: the keys with records (sorted: the input is sorted by key), and the keys with due
-    timers, merged in key order."""
+    """Phase 3: the keys with records and the keys with due timers, merged in key order."""
     import pyarrow.compute as pc
 
     due = pc.less_equal(image.column("next_processing_timer_ms"), spec.now_ms)
@@ -199,8 +166,7 @@ def _holds_pending(image: Any) -> bool:
 
 
 def _run_keys(spec: ImageSpec, iv: int, opened: _Open, inp: Input, run_keys: list[str], has_pending: bool) -> _Ran:
-    """Phase 4: user code per key after the dedup, and the new image. Record ids (the bulk of a
-    row) stay in Arrow: the duplicates are found with one vectorized lookup."""
+    """Phase 4: user code per key after the dedup, and the new image (record ids stay in Arrow)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -225,9 +191,7 @@ def _run_keys(spec: ImageSpec, iv: int, opened: _Open, inp: Input, run_keys: lis
 
 
 def _new_image(spec: ImageSpec, iv: int, image: Any, ran: _Ran, has_pending: bool) -> Any:
-    """The interval's new state image: the keys not run as they were, the run keys' new rows,
-    the run keys left unchanged; ids past the horizon, rows left empty and delivered checkpoints
-    dropped."""
+    """The interval's new image; ids past the horizon, empty rows and delivered checkpoints dropped."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -255,9 +219,7 @@ def _write_image(spec: ImageSpec, iv: int, image: Any) -> ImageFile:
 
 def _write_ids(spec: ImageSpec, iv: int, opened: _Open, inp: Input, ran: _Ran, *,
                migrate: bool) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
-    """Phase 5: the batch's ids file (its new ids, an older image's, a compaction's), the next
-    compaction prepared; (the files written, the live files they took in). ``opened.live``
-    becomes the interval's live ids files after the batch."""
+    """Phase 5: the batch's ids file, the next compaction prepared; (files written, live files taken in)."""
     batch = idsmerge.IdsBatch(rows_root=spec.rows_root, schema=spec.rows_schema, computation=spec.comp.name,
                               interval=iv, sequencer=spec.sequencers[iv], commit_id=spec.commit_id,
                               now_ms=spec.now_ms, horizon_ms=spec.horizon_ms)
@@ -305,10 +267,7 @@ def _summary(spec: ImageSpec, iv: int, opened: _Open, ran: _Ran, *, written: Ima
 
 def _route_late(comp: Computation, recs: Any, image: Any, horizon_ms: int | None,
                 live: list[IdsFile], legacy: Any) -> tuple[Any, list[SideRecord]]:
-    """Phase 2, ``LatePolicy.ROUTE``, after dedup: (the records to run, the late records routed to
-    the late-data table as side records). A late record whose id its key's row holds (seen within
-    the dedup horizon, as the key loop's dedup decides) is a retry of a record run on time: it
-    stays, and the key loop drops it as a duplicate. A record twice in the batch is routed once."""
+    """Phase 2 (``LatePolicy.ROUTE``): (the records to run, the late ones routed; retries stay)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

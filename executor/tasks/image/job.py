@@ -1,18 +1,4 @@
-"""The image write path's Spark job (driver side): steps 2-4 of a batch in one job.
-
-The writes are the write path's (``statestore/writepath/image/``); this module plans the
-one Spark job per batch that runs user code: the input prepared in the JVM (``input.py``),
-a shuffle by interval and the user code in ``mapInArrow`` tasks, or tasks that read the
-batch's files themselves (``direct.py``) or have no input (``task.py``). Each task runs its
-intervals (``interval.py``: the interval images the write path names, cached per Python worker
-by immutable file path; the key loop, ``usercode/keys.py``), writes the new images and the productions
-as Parquet files (through the write path's writers), and returns one summary per interval,
-which the write path commits and delivers.
-
-A batch rewrites only the intervals it touched; the cost of a batch grows
-with the size of those intervals, so computations with many keys should use
-more intervals (``Computation.num_intervals``).
-"""
+"""The image write path's Spark job (driver side): steps 2-4 of a batch in one job."""
 
 from __future__ import annotations
 
@@ -46,10 +32,8 @@ def place_intervals(ivs: Sequence[int], work: Mapping[int, float], tasks: int,
                     current: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
     """Which task runs which interval, as ``((interval, task), ...)`` in interval order.
 
-    The busiest interval first, each to the least loaded task so far (by ``work``: the records
-    and timers each interval ran lately); round-robin while nothing was measured. ``current``
-    is kept unless the new placement cuts the busiest task's load by more than 5 %: a new
-    placement costs a rebuild of the plan's columns.
+    The busiest interval first, each to the least loaded task (by ``work``); round-robin while nothing
+    was measured. ``current`` is kept unless the new one cuts the busiest task's load by over 5 %.
 
     >>> place_intervals([0, 1, 2, 3], {0: 40, 1: 25, 2: 20, 3: 15}, 2)
     ((0, 0), (1, 1), (2, 1), (3, 0))
@@ -81,8 +65,7 @@ def _rotl32(x: int, r: int) -> int:
 
 
 def spark_partition_of_int(value: int, partitions: int) -> int:
-    """The partition ``repartition(partitions, col)`` sends an INT ``value`` to: Spark's
-    ``pmod(hash(value), partitions)``, i.e. Murmur3 x86_32 of the int with seed 42.
+    """The partition ``repartition(partitions, col)`` sends an INT ``value`` to (Murmur3, seed 42).
 
     >>> [spark_partition_of_int(v, 2) for v in range(4)]
     [1, 1, 0, 1]
@@ -102,15 +85,7 @@ def spark_partition_of_int(value: int, partitions: int) -> int:
 
 
 class ImageTasks:
-    """Plans and runs the image path's batch job over the files of ``path``.
-
-    Args:
-        comp: the computation.
-        layout: the store.
-        path: the image write path (its view of the interval images, its sequencers).
-        partitions: tasks per batch.
-        event_ahead_ms: per input stream, how far a record's event time may be ahead of the clock.
-    """
+    """Plans and runs the image path's batch job over the files of ``path``."""
 
     def __init__(self, comp: Computation, layout: StoreLayout, path: ImagePath, *, partitions: int,
                  event_ahead_ms: Mapping[str, int]) -> None:
@@ -122,19 +97,15 @@ class ImageTasks:
         self.direct_source: DirectSource | None = None  # set by the pipeline runner (``direct.py``)
         self._prep_cache: dict[Any, Any] = {}  # input-preparation column expressions (prepare_input)
         self._spread_values: list[int] | None = None
-        # ((JVM session, intervals), frame), (intervals, columns, filter), (placement, routing
-        # expression); a placement is ((interval, task), ...) over the owned intervals
+        # caches: ((JVM session, intervals), frame), (intervals, columns, filter), (placement, routing)
         self._marker_frame: tuple[tuple[int, tuple[int, ...]], Any] | None = None
         self._data_cols: tuple[tuple[int, ...], list[Any], Any] | None = None
         self._route: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._work: dict[int, float] = {}  # per interval: records + timers run, decayed over batches
         self._placement: tuple[tuple[int, int], ...] = ()
 
-    # ------------------------------------------------------------------ the job
-
     def prepare(self, df: Any | None, *, wm_late: int | None, now: int, batch_id: int | None = None) -> Prepared:
-        """The input, lazily prepared (or the batch's files, read by the tasks themselves;
-        ``batch_id``: the query's micro-batch ``df`` is, for a stream table's files)."""
+        """The input, lazily prepared (or the batch's files, for the tasks to read)."""
         direct = None
         if df is not None and self.direct_source is not None:
             files = batch_files(df, self.direct_source, batch_id=batch_id)
@@ -167,8 +138,7 @@ class ImageTasks:
         mins = [s.obs_min for s in out.summaries if s.obs_min is not None]
         maxs = [s.obs_max for s in out.summaries if s.obs_max is not None]
         oldest = [s.oldest_ms for s in out.summaries if s.oldest_ms is not None]
-        # the tasks' own dead letters (user code's, not input-level ones) carry no source position
-        # (not shipped to the tasks): looked up in the input, with their records' original text
+        # the tasks' own dead letters: source positions and original text looked up here
         in_tasks = {r.record_id for r in dead if r.position is None and r.record_id is not None}
         if df is not None and in_tasks:
             pos = positions_of(prep if prep is not None else
@@ -186,14 +156,10 @@ class ImageTasks:
         """The tasks wrote the productions as files only: run them again with ``strong``."""
         return False
 
-    # ------------------------------------------------------------------ steps 3 + 4
-
     def plan(self, session: Any, prep: Any | None, *, wm: int | None, wm_late: int | None, now_ms: int,
              horizon_ms: int | None, commit_id: str, strong: bool | None = None,
              direct: DirectBatch | None = None) -> Any:
-        """The batch's job (lazy; one Spark job when collected): the input shuffled by interval to
-        ``mapInArrow`` tasks, or one RDD task per partition when the tasks read the batch's files
-        themselves (``direct``; ``prep`` unused) or there is no input (due timers only)."""
+        """The batch's lazy job: the input shuffled to ``mapInArrow`` tasks, or one RDD task per partition."""
         comp = self.comp
         ivs = sorted(self.path.owner.intervals)
         place = self._place(ivs, self.partitions)
@@ -213,9 +179,7 @@ class ImageTasks:
         return task_job(session.sparkContext, spec, place, partitions=self.partitions, direct=direct)
 
     def _shuffled(self, session: Any, prep: Any, place: tuple[tuple[int, int], ...]) -> Any:
-        """The prepared input of the owned intervals plus one marker row per interval (so every
-        interval gets a task), each row sent to its interval's task of ``place``. Few plan nodes,
-        since each one is analyzed eagerly."""
+        """The owned intervals' input plus a marker row per interval, each sent to its task of ``place``."""
         cols, keep = self._data_columns(place)
         frame = prep.select(*cols)
         if keep is not None:
@@ -224,17 +188,14 @@ class ImageTasks:
         return frame.repartition(self.partitions, self._spread(session, place, self.partitions))
 
     def _data_columns(self, place: tuple[tuple[int, int], ...]) -> tuple[list[Any], Any]:
-        """The input rows' projection (interval, marker flag) and the filter on owned intervals
-        (None when all are owned; a record without key, a dead letter, counts as interval 0's):
-        built once per set of intervals (each column is a py4j call)."""
+        """The input rows' projection and owned-interval filter (None: all owned), built once per set."""
         from pyspark.sql import functions as F
 
         ivs = [iv for iv, _t in place]
         key = tuple(ivs)
         if self._data_cols is None or self._data_cols[0] != key:
             iv = interval_of_key(self.comp.num_intervals)
-            # the source position is a long string per record and only needed for dead letters:
-            # shipped for input-level ones; the driver looks it up for the tasks' (rare) ones
+            # source positions are shipped for input-level dead letters only
             cols = [F.when(F.col("_bad").isNotNull(), F.col(c)).alias(c) if c == "position" else F.col(c)
                     for c in _PREP_COLUMNS]
             cols += [iv.alias("interval"), F.lit(False).alias("_m")]
@@ -245,10 +206,7 @@ class ImageTasks:
         return self._data_cols[1], self._data_cols[2]
 
     def _markers(self, session: Any, place: tuple[tuple[int, int], ...]) -> Any:
-        """One row per owned interval (so every interval gets a task), made once per session.
-
-        Built from ``range`` in one partition: a frame from Python rows (``createDataFrame``)
-        would start a Python worker per partition in every batch's map stage (~0.35 s each)."""
+        """One row per owned interval, made once per session from ``range`` (no Python worker per batch)."""
         from pyspark.sql import functions as F
 
         # the JVM session's identity: foreachBatch hands each batch a new Python wrapper
@@ -272,12 +230,7 @@ class ImageTasks:
             self._work[iv] = 0.5 * self._work.get(iv, 0.0) + w
 
     def _spread(self, session: Any, place: tuple[tuple[int, int], ...], partitions: int) -> Any:
-        """The routing expression (of the ``interval`` column) whose hash sends each owned interval
-        to its task in ``place``; built once per placement.
-
-        ``repartition(n, expr)`` places a row by ``pmod(hash(expr), n)``; hashing the interval
-        itself can put most intervals in one task. Per task, the smallest int that hashes there
-        (:func:`spark_partition_of_int`, no Spark job)."""
+        """The routing expression sending each owned interval to its task in ``place``."""
         from pyspark.sql import functions as F
 
         if self._spread_values is None or len(self._spread_values) != partitions:
@@ -300,9 +253,7 @@ class ImageTasks:
 
 
 def _counts(out: BatchOutput, *, dead_letters: int) -> BatchCounts:
-    """The batch's counts: its tasks' summaries summed (a task's input count rides on its first
-    summary); ``dead_letters``: every dead letter the tasks returned (``BatchOutput.side("dead")``:
-    the input's too, which the summaries' ``n_dead``, user code's only, leaves out)."""
+    """The batch's counts: its tasks' summaries summed, with every dead letter the tasks returned."""
     s = out.summaries
     return BatchCounts(
         records_in=sum(x.records_in for x in s), processed=sum(x.processed for x in s),

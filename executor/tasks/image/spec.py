@@ -1,5 +1,4 @@
-"""What an image task gets from the driver: :class:`ImageSpec`, the batch's plain values, and the
-files it names for an interval (its state files, its record-ids files)."""
+"""What an image task gets from the driver: :class:`ImageSpec`, plain values."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ class ImageSpec:
     wm_late: int | None | SameAsInput = AS_INPUT
 
     def state_files(self, iv: int) -> tuple[str, ...]:
-        """Interval ``iv``'s live files but its ids files, sorted: its state image (and what the
-        worker caches it by)."""
+        """Interval ``iv``'s live files but its ids files, sorted: its state image."""
         return tuple(sorted(p for p in self.images.get(iv, ()) if not is_ids_path(p)))
 
     def ids_files(self, iv: int) -> tuple[str, ...]:

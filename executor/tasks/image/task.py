@@ -1,25 +1,8 @@
 """The image path's Spark tasks: what each task runs, and which of the batch's intervals.
 
-The batch job (``job.py``) runs either ``mapInArrow`` tasks over the prepared records shuffled
-by interval (:func:`image_task_fn`), or, when the tasks need no input rows from Spark (the direct
-read, ``direct.py``, or due timers only), one RDD task per partition (:func:`task_job`). Each
-task runs its intervals (:func:`run_task`; one interval's run is ``interval.py``'s) and returns
-their summaries; :func:`collect` gathers them in a
-:class:`~deltawheel.statestore.writepath.image.summary.BatchOutput` (a task that met another
-writer's fence says so in its interval's summary, ``fenced``, and stops; :func:`collect` raises
-:class:`StaleViewError` for it).
-
-Claims (Spark's ``local`` master, a task reading its own input): the tasks claim their intervals
-one at a time in a folder they share: first those an earlier attempt of their partition claimed,
-then those whose image their worker holds (``cache.py``), then their placement's, then any.
-A claim is a file named after the interval, made complete and then linked
-into place (``os.link`` fails if the name exists): at most one partition
-holds an interval, and a task stops only when every interval is claimed, so
-every interval is run by some task. The driver still checks that each of its
-intervals has exactly one summary (:func:`collect`): two
-attempts of one partition at once (speculation) could otherwise both claim.
-The folder is per job and removed by the driver when the job ends.
-Why, and the figures: docs/performance.md, "Tasks take the intervals their worker holds".
+On a ``local`` master the tasks claim intervals one at a time in a shared folder (a claim is a
+file linked into place), preferring those their worker caches; :func:`collect` checks one summary
+per interval. docs/performance.md, "Tasks take the intervals their worker holds".
 """
 
 from __future__ import annotations
@@ -50,10 +33,7 @@ __all__ = ["TaskJob", "image_task_fn", "task_job", "collect", "direct_task_fn", 
 
 @dataclass(frozen=True)
 class TaskJob:
-    """A batch whose tasks need no input rows from Spark (``direct``, or timers only): one RDD
-    task per partition, its index naming its intervals. Through the RDD API, not
-    ``range().mapInArrow``: no Catalyst planning or Arrow framing of the task indices and
-    summaries — a trivial two-task job costs ~0.08 s there against ~0.15-0.2 s."""
+    """A batch whose tasks need no input rows from Spark: one RDD task per partition."""
 
     rdd: Any
     board: ClaimBoard | None = None  # the tasks claim their intervals (below); removed after the job
@@ -61,8 +41,7 @@ class TaskJob:
 
 
 def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The image job's ``mapInArrow`` function: :func:`run_task` on a task's rows, yields its
-    summaries."""
+    """The image job's ``mapInArrow`` function: :func:`run_task` on a task's rows."""
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
@@ -80,9 +59,7 @@ def image_task_fn(spec: ImageSpec) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 def task_job(sc: Any, spec: ImageSpec, place: tuple[tuple[int, int], ...], *, partitions: int,
              direct: DirectBatch | None) -> TaskJob:
-    """The RDD job of a batch whose tasks read its files themselves (``direct``) or have no input
-    (due timers only): one task per partition index, each with its intervals of ``place``; the
-    tasks claim their intervals where the master allows it (:func:`claim_board`)."""
+    """The RDD job of a batch without Spark input rows: one task per partition index."""
     ivs = [iv for iv, _t in place]
     tasks = tuple(tuple(iv for iv, t in place if t == i) for i in range(partitions))
     board = claim_board(sc.master, ivs)
@@ -93,14 +70,7 @@ def task_job(sc: Any, spec: ImageSpec, place: tuple[tuple[int, int], ...], *, pa
 
 
 def collect(out: Any) -> BatchOutput:
-    """Run the batch's tasks (a :class:`TaskJob` or the ``mapInArrow`` frame) and gather their
-    summaries.
-
-    Raises:
-        StaleViewError: a task found an interval fenced by another writer's sequencer (its
-            summary's ``fenced``): the interval, that sequencer and ours.
-        ClaimError: the tasks that claimed their intervals did not return one summary for each.
-    """
+    """Run the batch's tasks and gather their summaries (StaleViewError: fenced; ClaimError: claims)."""
     try:
         rows = out.rdd.collect() if isinstance(out, TaskJob) else out.toArrow().to_pylist()
     finally:
@@ -127,19 +97,14 @@ def direct_task_fn(spec: ImageSpec, batch: DirectBatch,
 
 def markers_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
                     board: ClaimBoard | None = None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The task function of a batch without input (due timers, checkpoints to clear): each task
-    gets only its intervals' marker rows; one stage, no shuffle."""
+    """The task function of a batch without input: each task gets its intervals' marker rows."""
     return _per_task_fn(spec, tasks, lambda: marker_rows, board)
 
 
 def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
                  reader: Callable[[], Callable[[tuple[int, ...]], Any]],
                  board: ClaimBoard | None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """The ``mapPartitionsWithIndex`` function over ``tasks``' partitions: task ``t`` runs the image
-    task over the rows (``reader()``, made once per task, gives a function of the intervals) of
-    its intervals and yields its summary rows (as the Arrow path's ``to_pylist()`` would give
-    them). With a claim ``board`` the task runs the intervals it claims, one by one, instead of
-    its placement's."""
+    """The ``mapPartitionsWithIndex`` function: task ``t`` runs its intervals and yields its summaries."""
 
     def fn(t: int, _rows: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -153,8 +118,7 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
         else:
             rows_of = reader()
             out = []
-            # one upload block for the task: an interval's PUTs overlap the next one's work, and
-            # the summaries leave the task only when all of them landed
+            # one upload block: an interval's PUTs overlap the next one's work
             with background_uploads():
                 for iv in claimed_intervals(board, t, planned, lambda iv: holds(spec, iv)):
                     out += run_task(spec, rows_of((iv,)))
@@ -168,10 +132,7 @@ def _per_task_fn(spec: ImageSpec, tasks: tuple[tuple[int, ...], ...],
 
 def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     """:func:`run_intervals` without cyclic garbage collection (and captured or profiled when asked)."""
-    # no cyclic garbage collection while the task runs: it allocates ~10 objects per record,
-    # which triggers collections that traverse every tracked object (the cached images
-    # included), 15-35 % of the task function's time; nearly all of it is freed by reference
-    # counting anyway, and the collector resumes (and catches up) when the task ends
+    # no cyclic garbage collection while the task runs (15-35 % of its time otherwise)
     folder = capture_folder()  # DELTAWHEEL_TASK_CAPTURE: the task's spec and input, to replay it
     if folder:
         capture(folder, spec, table)
@@ -194,8 +155,7 @@ def run_task(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
 
 
 def run_intervals(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
-    """One task: the input rows (Arrow, prepared columns + interval + marker flag) of some
-    intervals, each interval run (:func:`~.interval.run_interval`); a summary per interval."""
+    """One task: each interval of the input rows run (:func:`~.interval.run_interval`); a summary each."""
     import pyarrow.compute as pc
 
     marker = pc.fill_null(table.column("_m"), False)
@@ -210,8 +170,7 @@ def run_intervals(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
     with_data: list[int] = py_list(pc.unique(data.column("interval"))) if data.num_rows else []
     ivs |= set(with_data)
     out = []
-    # the S3 PUTs of each interval's files overlap the next interval's work; the summary (and
-    # so the driver's commit naming the files) waits for all of them at the block's end
+    # the summaries wait for every interval's S3 PUTs at the block's end
     with background_uploads():
         for iv in sorted(i for i in ivs if i in spec.sequencers):
             if len(with_data) == 1:  # the usual task: one interval's records, nothing to filter
@@ -228,8 +187,7 @@ def run_intervals(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
 
 
 def _dead_letters(data: Any) -> tuple[Any, list[SideRecord], tuple[int | None, int | None]]:
-    """(the records that are no dead letters of the input, those as side records, the event-time
-    range of the others: what the injectors' watermarks see)."""
+    """(the input without dead letters, those as side records, the others' event-time range)."""
     import pyarrow.compute as pc
 
     if not data.num_rows:
@@ -243,8 +201,6 @@ def _dead_letters(data: Any) -> tuple[Any, list[SideRecord], tuple[int | None, i
     side = [SideRecord.of_input("dead", r, r["key"], r["_bad"]) for r in data.filter(bad).to_pylist()]
     return data.filter(pc.invert(bad)), side, (mm["min"].as_py(), mm["max"].as_py())
 
-
-# --------------------------------------------------------------------------- claims
 
 
 class ClaimError(RuntimeError):
@@ -260,8 +216,7 @@ class ClaimBoard:
 
 
 def claim_board(master: str, intervals: Sequence[int], *, root: str | None = None) -> ClaimBoard | None:
-    """A new board for one job, or None when the tasks may run on other machines (a master that
-    is not ``local``) or there is nothing to choose (fewer than two intervals)."""
+    """A new board for one job; None off a ``local`` master or with fewer than two intervals."""
     if not master.startswith("local") or master.startswith("local-cluster") or len(intervals) < 2:
         return None
     folder = tempfile.mkdtemp(prefix="deltawheel-claims-", dir=root)
@@ -298,10 +253,7 @@ def _claim(board: ClaimBoard, iv: int, task: int) -> bool:
 
 def claimed_intervals(board: ClaimBoard, task: int, planned: Sequence[int],
                       held: Callable[[int], bool]) -> Iterator[int]:
-    """The intervals partition ``task`` runs, one at a time (claimed just before each is yielded),
-    in the order of the module's preferences; ``planned``: the placement's intervals of this
-    task; ``held``: whether this worker holds an interval's current image (asked again before
-    each claim, so that it sees what the task itself has run)."""
+    """The intervals partition ``task`` runs, claimed one at a time in order of preference."""
     for iv in board.intervals:  # a retry: its partition's earlier claims
         if _holder(board, iv) == task:
             yield iv

@@ -1,7 +1,4 @@
-"""The MERGE path's batch job (driver side): input prepared in the JVM, joined with the rows it
-needs, user code per key in tasks (:mod:`.task`), materialized once; the write path
-(``statestore/writepath/merge/``) commits and delivers what it returns.
-"""
+"""The MERGE path's batch job (driver side); ``statestore/writepath/merge/`` commits what it returns."""
 
 from __future__ import annotations
 
@@ -40,9 +37,7 @@ def run_in_tasks(spark: Any, layout: StoreLayout, comp: Computation, prep: Any |
     if input_watermark_ms is not None:
         due = due | (F.col("next_event_timer_ms") < F.lit(input_watermark_ms))
     if dedup_horizon_ms is not None and comp.exactly_once:
-        # a row holding record ids past the dedup horizon is run too (no records: only its due
-        # timers fire), so its ids are trimmed even when no later batch has records of its key
-        # (otherwise the ids of a key seen once would stay forever)
+        # rows with ids past the dedup horizon run too, so their ids are trimmed
         due = due | F.exists("record_ids", lambda x: x["seen_ms"] < F.lit(dedup_horizon_ms))
     if prep is None:
         joined = rows.where(due).withColumn("recs", F.lit(None))
@@ -80,17 +75,7 @@ def routed_frame(out: Any) -> Any:
 
 
 class MergeTasks:
-    """The MERGE path's batch job: input prepared in the JVM, joined with the rows it needs,
-    user code per key in tasks (:func:`run_in_tasks`), materialized once.
-
-    Args:
-        spark: the session.
-        comp: the computation.
-        layout: the store.
-        path: the MERGE write path (its owner's intervals and sequencers).
-        partitions: tasks per batch.
-        event_ahead_ms: per input stream, how far a record's event time may be ahead of the clock.
-    """
+    """The MERGE path's batch job: input joined with the rows it needs, user code per key in tasks."""
 
     direct_source = None  # the MERGE path's tasks never read the input files themselves
 
@@ -123,8 +108,7 @@ class MergeTasks:
         agg = prep.agg(F.count(F.lit(1)).alias("n"), F.max(ok_ts).alias("mx"), F.min(ok_ts).alias("mn"),
                        F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
         dead_in = int(agg["bad"] or 0)
-        # late records are routed by the tasks, after dedup (a retry of a record run on time is a
-        # duplicate, not late data)
+        # late records are routed by the tasks, after dedup
         return Prepared(prep.where(F.col("_bad").isNull()),
                         dead=prep.where(F.col("_bad").isNotNull()) if dead_in else None,
                         records_in=int(agg["n"]), dead_in=dead_in, obs_min=agg["mn"], obs_max=agg["mx"],

@@ -1,12 +1,6 @@
 """The MERGE path's task function: user code for one key per input row, in ``mapInArrow`` tasks.
 
-Each row the tasks get is one key's records of the batch (``recs``) joined with the key's row of
-the rows table (:func:`.job.run_in_tasks`); :func:`task_fn` runs the key through
-:func:`~..keyrun.run_key` and returns the key's new row image (``_op``: upsert, delete or none),
-its productions, dead letters and routed late records, and its counts (:data:`OUT_DDL`).
-The function is shipped to the Python workers (cloudpickle): it captures only plain values (the
-computation instance, watermark, clock readings, sequencers), never the session, the store or
-ZooKeeper clients.
+It captures only plain values, never the session, the store or ZooKeeper clients.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ OUT_DDL = (rows_schema_ddl().replace(" NOT NULL", "") + f", _op STRING, new_prod
 
 def task_fn(comp: Computation, wm: int | None, now: int, horizon: int | None, arrow_schema: Any,
             sequencers: dict[int, int], commit_id: str, *, wm_late: int | None) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The ``mapInArrow`` function: each input row (a key's records and its row) to its output row
-    (:data:`OUT_DDL`). ``wm``: the timers' watermark; ``wm_late``: the records' (before the batch)."""
+    """The ``mapInArrow`` function: each key's records and row to its output row (:data:`OUT_DDL`)."""
     name = comp.name
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
@@ -65,8 +58,7 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wms: tuple[int | N
     recs = r.get("recs") or ()
     routed: list[dict[str, Any]] = []
     if comp.late_policy is LatePolicy.ROUTE and any(x["late"] for x in recs):
-        # dedup first: a late record whose id the row holds is a retry of one run on time (a
-        # duplicate, dropped below); the other late records go to the late-data table, once
+        # dedup first: a late retry of a record run on time is a duplicate, not late data
         held = ({s.record_id for s in row.record_ids if horizon is None or s.seen_ms >= horizon}
                 if (row is not None and comp.exactly_once) else set())  # as run_key's dedup decides
         kept, ids = [], set()

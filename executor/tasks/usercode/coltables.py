@@ -1,7 +1,4 @@
-"""The tables of the columnar call (``columnar.py``): what ``process_columns`` reads of the old
-rows (their state as packed pairs and their event-time timers, with the outcome of a key's late
-records run per record first in their place) and what it returns (checked, counted per key,
-its timers sorted as a row stores them)."""
+"""The tables of the columnar call (``columnar.py``): what ``process_columns`` reads and returns."""
 
 from __future__ import annotations
 
@@ -31,7 +28,7 @@ class LateFirst(NamedTuple):
 
 
 def with_late_first(state: Any, timers: Any, pre: dict[str, LateFirst]) -> tuple[Any, Any]:
-    """The columnar call's state and timers tables with ``pre``'s keys' outcomes in place of their rows'."""
+    """The call's state and timers tables with ``pre``'s keys' outcomes in place."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -54,8 +51,7 @@ def with_late_first(state: Any, timers: Any, pre: dict[str, LateFirst]) -> tuple
 
 
 def packed_pairs(sub: Any, slow: set[str]) -> Any:
-    """The pairs of the rows the columnar call would read (those of the keys not in ``slow``, in
-    ``sub``'s order: ``int64map_columns``), or None when one holds state that is not packed pairs."""
+    """The pairs of the rows of keys not in ``slow``; None when one is not packed pairs."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -81,8 +77,7 @@ def old_columns(mine: Any, got: Any) -> tuple[Any, Any]:
 
 
 def per_key(col: Any, karr: Any, n: int) -> Any:
-    """How many of ``col``'s values (sorted: each key's are one run) are each of the ``n`` keys of
-    ``karr`` (the runs' keys looked up, not every value)."""
+    """How many of ``col``'s sorted values belong to each of the ``n`` keys of ``karr``."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -95,8 +90,7 @@ def per_key(col: Any, karr: Any, n: int) -> Any:
 
 
 def sorted_timers(timers: Any, karr: Any) -> tuple[Any, Any]:
-    """``timers`` (key, tag, time_ms) sorted by key, time and tag as a row stores them, and each
-    one's key's place in ``karr`` (sorted keys): integers sorted, the tags ranked once."""
+    """``timers`` sorted as a row stores them, and each one's key's place in ``karr``."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -1,22 +1,4 @@
-"""The columnar path in the image task: one ``process_columns`` call over an interval's keys.
-
-A computation that declares :meth:`~deltawheel.executor.computation.Computation.process_columns`
-(state kept with the ``int64map`` codec) gets, per interval and batch, its keys' new on-time
-records, state and event-time timers as Arrow tables, and returns their new state, timers, the
-timers it fired and the productions (docs/embedding.md, "The columnar path"). No Python object
-is built per key or record, but for the few that need one: a new key's first timer firing number
-(a digest of its first record id); the productions stay one Arrow table (``files.production_table``
-of ``statestore/writepath/image/``).
-
-:class:`ColumnarLoop` has the key loop's outputs (``keys.KeyLoop``: new rows, unchanged keys,
-productions, ids run, counts), so the rest of the interval's run (``executor/tasks/image/``: the
-record ids, the image, the Bloom filter, the production files) is the per-record path's. The batch
-takes the path only where it is exact (:func:`takes_columnar`); a key with a late record, or
-whose row is not in the shape the path reads (another codec, a processing-time timer, a hold,
-state that is not packed pairs), runs through the key loop as on the per-record path.
-
-The tables the call reads and returns are ``coltables.py``'s.
-"""
+"""The columnar path in the image task: one ``process_columns`` call over an interval's keys."""
 
 from __future__ import annotations
 
@@ -48,9 +30,7 @@ _EVENT = DOMAIN_VALUES[TimeDomain.EVENT_TIME]
 
 
 def takes_columnar(comp: Computation, inp: Input) -> bool:
-    """Does this interval batch of ``comp`` run the columnar path (declared, int64map state, no
-    dead-letter policy, no state TTL, no other state version, an input without value columns, no
-    record id twice in the batch)?"""
+    """Does this interval batch of ``comp`` take the columnar path (declared, and exact here)?"""
     return (comp.columnar() and comp.codec == "int64map" and comp.error_policy is not ErrorPolicy.DEAD_LETTER
             and type(comp).state_ttl_ms() == (None, None) and comp.state_version == 1
             and inp.no_values and not (comp.exactly_once and inp.repeats))
@@ -58,9 +38,10 @@ def takes_columnar(comp: Computation, inp: Input) -> bool:
 
 def key_loop(comp: Computation, inp: Input, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
              strong: bool) -> "KeyLoop | ColumnarLoop":
-    """The loop that runs an interval's keys: columnar where :func:`takes_columnar`, else the key loop.
-    ``sub``: the touched keys' current rows (Arrow); ``wm``: the timers' watermark, ``wm_late``: the
-    records' (the one before the batch's input)."""
+    """The loop for an interval's keys: columnar where :func:`takes_columnar`, else the key loop.
+
+    ``sub``: the touched keys' rows; ``wm``: the timers' watermark, ``wm_late``: the records'.
+    """
     if takes_columnar(comp, inp):
         return ColumnarLoop(comp, sub, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
     return KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
@@ -89,8 +70,7 @@ class _Rows:
 
 
 class ColumnarLoop:
-    """Runs one interval's touched keys: ``process_columns`` over the keys it can take, the key
-    loop over the others; the same outputs as :class:`~.keys.KeyLoop`."""
+    """Runs an interval's touched keys: ``process_columns`` where it can, else the key loop."""
 
     def __init__(self, comp: Computation, sub: Any, *, wm: int | None, wm_late: int | None, now_ms: int,
                  strong: bool) -> None:
@@ -121,8 +101,7 @@ class ColumnarLoop:
         self.processed = self.duplicates = self.fired = self.written = self.late = self.keys_expired = 0
 
     def run(self, touched: list[str], inp: Input, old: OldRows, seen: list[bool] | None) -> None:
-        """Run ``touched`` (the key loop's :meth:`~.keys.KeyLoop.run`); the outputs are the key
-        loop's attributes, both parts together (the productions as :attr:`prod_table`)."""
+        """Run ``touched``; the outputs are the key loop's attributes (productions as :attr:`prod_table`)."""
         import pyarrow as pa
 
         self._run(touched, inp, old, seen)
@@ -212,10 +191,7 @@ class ColumnarLoop:
         self._finish(keys, karr, records, mine, out)
 
     def _late_first(self, keys: list[str], inp: Input, seen: list[bool] | None) -> set[str]:
-        """Run each of ``keys``' late records per record (no timer fires), as the per-record path
-        runs them first; the outcome goes into the columnar call as the key's state and timers.
-        Returns the keys that run per record instead: late and on-time records interleaved, or an
-        outcome the call cannot read (a hold, a processing-time timer, state not packed pairs)."""
+        """Run ``keys``' late records per record first; returns the keys that must run per record instead."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -356,8 +332,7 @@ class ColumnarLoop:
             "timer_seq": pa.array(new_seqs[rows], pa.int64())})
 
     def _productions(self, keys: list[str], fired: Any, f_rows: Any, seqs: Any, prods: Any, n: int) -> Any:
-        """The productions (ids as the per-record path gives them), as one table in key order (a
-        key's late records' first, then its firings' in firing order); returns how many per key."""
+        """The productions as one table in key order; returns how many per key."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -423,8 +398,7 @@ class ColumnarLoop:
         return counts
 
     def _pending(self, rows: Any) -> Any:
-        """The ``pending`` column of the written rows: a key's productions when strong (every key
-        with productions is written then, so the table, in key order, is the rows' lists in order)."""
+        """The written rows' ``pending`` column: a key's productions when strong."""
         import numpy as np
         import pyarrow as pa
 

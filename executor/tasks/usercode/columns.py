@@ -1,12 +1,4 @@
-"""The key loop's columns: the batch's records of an interval (:class:`Input`), the touched keys'
-rows (:class:`OldRows`) and their new rows (:class:`NewRows`), read and written column-wise.
-
-The key loop (``keys.py``) and the columnar loop (``columnar.py``) read an interval's records
-sorted by key, each key's records one run (:func:`sort_records`), and the touched keys' current
-rows as Python lists only where they ask for them; the new rows are one tuple per key while the
-keys run, turned into the rows file's columns once. Record ids stay in Arrow throughout (the
-image task attaches them: ``executor/tasks/image/ids.py``).
-"""
+"""The key loop's columns: an interval's records, the touched keys' rows and their new rows."""
 
 from __future__ import annotations
 
@@ -34,9 +26,7 @@ _PROCESSING = TimeDomain.PROCESSING_TIME
 
 
 def py_list(arr: Any) -> list[Any]:
-    """An Arrow array of a primitive, string or binary type as a Python list: through numpy,
-    an order of magnitude faster than ``to_pylist`` (which builds a scalar per value). Integer
-    arrays with nulls keep exact values (numpy would make them floats)."""
+    """An Arrow array of a primitive, string or binary type as a Python list, through numpy."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -71,11 +61,7 @@ _TASK_COLUMNS = ("_bad", "_m", "interval")
 
 
 def sort_records(recs: Any) -> Any:
-    """``recs`` sorted by (key, event time, record id), without the task's own columns. The keys
-    are ranked once as their distinct values (a batch has several records per key) and packed
-    with the event time into one int64 (rank << 40 | time - the batch's earliest: 40 bits is 34
-    years of milliseconds), so the sort compares integers and the ids only on ties: the same
-    order as sorting the three columns, in about two thirds of the time."""
+    """``recs`` sorted by (key, event time, record id), without the task's own columns."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -100,8 +86,7 @@ def sort_records(recs: Any) -> Any:
 
 
 class Input:
-    """One interval's records of the batch as Python lists, sorted by (key, event time,
-    record id): each key's records are one contiguous, already ordered run."""
+    """One interval's records as Python lists, sorted: each key's records are one contiguous run."""
 
     def __init__(self, recs: Any) -> None:
         import pyarrow.compute as pc
@@ -121,8 +106,7 @@ class Input:
 
     @cached_property
     def repeats(self) -> bool:
-        """A record id twice within the batch (a source that repeats itself): only then does each
-        key's run need a set of the ids it ran. Two equal hashes first, then the ids themselves."""
+        """A record id twice within the batch (then each key's run needs a set of the ids it ran)."""
         import numpy as np
         import pyarrow.compute as pc
 
@@ -178,8 +162,7 @@ class Input:
         return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
 
     def run_records(self, lo: int, hi: int) -> list[Record]:
-        """Records ``lo``..``hi`` (a key's run; no values to decode), built from that slice alone:
-        :meth:`records` builds every record of the batch."""
+        """Records ``lo``..``hi`` (a key's run; no values to decode), built from that slice alone."""
         if self._records is not None:
             return self._records[lo:hi]
         return self._built(self.table.slice(lo, hi - lo))
@@ -209,10 +192,7 @@ class Input:
 
 
 class OldRows:
-    """The touched keys' current rows, column-wise (record ids stay in Arrow; sequencer, commit
-    id and update time are rewritten on output, so they are not read; pending productions are
-    not read either: on this path they are always the previous batch's, delivered before this
-    batch can commit, so they are only cleared)."""
+    """The touched keys' current rows, column-wise (pending productions are not read)."""
 
     def __init__(self, sub: Any, *, with_pending: bool) -> None:
         self.sub = sub  # each column becomes Python lists when first asked (the columnar path asks for few)
@@ -267,7 +247,7 @@ class OldRows:
                 list(zip(tags, doms, strict=True)), py_list(timers.offsets))
 
     def timers(self, j: int) -> dict[tuple[str, TimeDomain], Timer]:
-        """Row ``j``'s timers as a Context holds them (stored sorted: insertion order is sorted)."""
+        """Row ``j``'s timers as a Context holds them."""
         all_timers, slots, offs = self._timer_lists
         a, b = offs[j], offs[j + 1]
         if b - a == 1:  # the usual row: one timer
@@ -283,12 +263,10 @@ class OldRows:
 
 
 class NewRows:
-    """New row images (without record ids): one tuple per key while the keys run, turned into
-    columns once (``table``)."""
+    """New row images without record ids: a tuple per key, turned into columns once (``table``)."""
 
     def __init__(self) -> None:
-        # (key, state, timers (sorted), watermark hold, pending productions, timer firing counter,
-        # codec column) per key, appended by ``KeyLoop.run``
+        # (key, state, timers, hold, pending, timer counter, codec column) per key, by ``KeyLoop.run``
         self.rows: list[tuple[str, bytes | None, tuple[Timer, ...], int | None, Any, int, str]] = []
 
     def table(self, schema: Any, *, sequencer: int, commit_id: str, now_ms: int, format_version: int) -> Any:
@@ -339,9 +317,7 @@ class NewRows:
 
 
 def _next_timers(offsets: Any, times: Any, is_event: Any, n: int) -> tuple[Any, Any]:
-    """Per row (list ``offsets`` over the flat timer ``times``): the earliest event-time and the
-    earliest processing-time timer, or null. A row's timers are sorted by time, so each is the
-    first of its domain in the row."""
+    """Per row: the earliest event-time and processing-time timer, or null (timers are sorted)."""
     import numpy as np
     import pyarrow as pa
 

@@ -1,14 +1,5 @@
-"""The vectorised path's combine step: a computation's :meth:`Computation.combine` over many keys'
-records of a batch at once, its output grouped into each key's rows for
-:meth:`Computation.process_combined` (docs/embedding.md, "The vectorised path").
-
-The image path's key loop (``keys.py``) builds one table per interval (its eligible keys'
-new records: straight from the batch's Arrow columns when the input has no values); the per-key
-runner (``keyrun.UserCode``: ``run_key``, the MERGE path, the testing harness) builds one per key.
-A key's late records (all before its on-time ones in event-time order: :func:`late_prefix`) run
-per record first, its other new records through the combine (a key whose late and on-time records
-interleave runs per record); a computation with the dead-letter error policy, or a batch carrying
-a record id twice, is never vectorised (their per-record semantics do not split into a combine).
+"""The vectorised path's combine step: :meth:`Computation.combine` over many keys' records, grouped
+into each key's rows for :meth:`Computation.process_combined` (docs/embedding.md).
 """
 
 from __future__ import annotations
@@ -25,10 +16,7 @@ COLUMNS = ("key", "value", "timestamp_ms", "record_id", "stream")
 
 
 def late_prefix(late: Sequence[bool]) -> int:
-    """How many of a key's new records (their late flags, in event-time order) lead as late ones:
-    those run per record, the rest through ``combine``; -1 when a late record follows an on-time
-    one (the key runs per record). A batch's records are late by one event-time bound, so its
-    late ones come first.
+    """How many of a key's new records lead as late ones; -1 when a late one follows an on-time one.
 
     >>> late_prefix([True, True, False]), late_prefix([False, False]), late_prefix([False, True])
     (2, 0, -1)
@@ -42,8 +30,7 @@ def late_prefix(late: Sequence[bool]) -> int:
 
 
 def records_table(records: Sequence[Record]) -> Any:
-    """``records`` (decoded, none late) as ``combine``'s input table; None when their values do
-    not fit one Arrow column (mixed types): the caller then runs them per record."""
+    """``records`` as ``combine``'s input table; None when their values fit no Arrow column."""
     import pyarrow as pa
 
     n = len(records)
@@ -57,14 +44,7 @@ def records_table(records: Sequence[Record]) -> Any:
 
 
 def combined_rows(comp: Computation, table: Any, keys: Sequence[str]) -> dict[str, list[tuple[Any, ...]]]:
-    """``comp.combine(table)`` grouped by key: each of ``keys`` (those ``table`` holds records of)
-    -> its rows (the columns after ``key``, as tuples, in the combined table's order; a key the
-    combine returned no row for gets none).
-
-    Raises:
-        UserCodeError: ``combine`` raised, or returned something other than an Arrow table with a
-            string ``key`` column (named with the first key of the call).
-    """
+    """``comp.combine(table)`` grouped by key into tuples; UserCodeError if it raised or misbehaved."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

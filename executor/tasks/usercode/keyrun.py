@@ -1,27 +1,8 @@
-"""Running user code for one key in one batch — pure Python, no Spark, no I/O.
+"""Running user code for one key in one batch: pure Python, no Spark, no I/O.
 
-``run_key`` runs inside the MERGE path's Spark tasks (``merge/task.py``), in the
-driver for tests, and under the windowing scenario harness; the image path's
-column-wise key loop (``keys.py``) does phases 1 and 4 on Arrow columns
-and uses :class:`UserCode` for phases 1-3 like ``run_key`` does, so what
-user code sees lives in one place. The phases of a key's run:
-
-1. Drop records whose id the key's row already holds, seen within the dedup horizon
-   (exactly-once), and duplicates within the batch.
-2. Run ``process_record`` on the rest in event-time order (ties by record id), with
-   ``ctx.input_watermark_ms`` the watermark that held before the batch's input (the record
-   watermark: what lateness is judged against).
-3. Fire due timers in timestamp order: event-time timers with
-   ``time < input low watermark``, processing-time timers with
-   ``time <= now``; timers set while firing that are due fire too.
-4. Build the new row image: state, timers, record ids (older than the dedup
-   horizon dropped), the new productions appended to the checkpointed ones
-   (strong productions), the watermark hold.
-
-Two things happen around user code (:class:`UserCode`): a key whose stored state is of an older
-``state_version`` is upgraded (``Computation.upgrade_state``) before anything runs; and with a
-state TTL, a key user code ran for gets its TTL timers moved (the key was touched), and a key
-whose TTL timer is due is dropped (state, timers, hold and record ids: ``Context.expire``).
+A key's run: 1. drop records already seen; 2. ``process_record`` on the rest in event-time order;
+3. fire due timers in timestamp order (event time before the input low watermark, processing
+time up to now); 4. build the new row image. The image path's key loop shares :class:`UserCode`.
 """
 
 from __future__ import annotations
@@ -58,8 +39,7 @@ class SameAsInput(Enum):
     AS_INPUT = "as_input"
 
 
-#: ``record_watermark_ms`` default: records run under the input watermark itself (callers that move
-#: the watermark between their own calls, as the test harnesses do).
+#: ``record_watermark_ms`` default: records run under the input watermark itself.
 AS_INPUT = SameAsInput.AS_INPUT
 
 
@@ -85,15 +65,8 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
             strong: bool | None = None, record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> KeyOutcome:
     """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
 
-    Timers fire under ``input_watermark_ms``; records run under ``record_watermark_ms``, the
-    watermark that held before the batch's input (the executor passes the one its last committed
-    batch acted on; default: ``input_watermark_ms``).
-
-    ``presorted``: the records are already in (event time, record id) order. ``keep_ids``:
-    False leaves the row's record ids as they were and only reports the new ones in
-    ``KeyOutcome.new_record_ids`` (the image path keeps record ids in Arrow). ``strong``:
-    checkpoint the new productions in the row (default: ``comp.strong_productions``; a weak
-    computation's straggling batch passes True).
+    ``presorted``: already in (event time, record id) order; ``keep_ids``: False only reports new ids;
+    ``strong``: checkpoint the productions in the row (default: ``comp.strong_productions``).
     """
     codec = codec_of(comp)
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
@@ -170,19 +143,13 @@ class Ran(NamedTuple):
 def run_user_code(comp: Computation, ctx: Context, records: Sequence[Record], *, seen: set[str] | None,
                   input_watermark_ms: int | None, now_ms: int, fire_timers: bool = True,
                   record_watermark_ms: int | None | SameAsInput = AS_INPUT) -> Ran:
-    """Phases 1-3 for one key (see :class:`UserCode`, which runs the keys of a batch)."""
+    """Phases 1-3 for one key (see :class:`UserCode`)."""
     return Ran(*UserCode(comp, input_watermark_ms=input_watermark_ms, now_ms=now_ms, fire_timers=fire_timers,
                          record_watermark_ms=record_watermark_ms).run(ctx, records, seen))
 
 
 class UserCode:
-    """Phases 1-3 for the keys of one batch: ``process_record`` on a key's ``records`` (already in
-    event-time order) whose id is not in ``seen`` (None: no dedup; the ids run are added to it),
-    or one ``process_records`` call with them, then the key's due timers in timestamp order.
-    Records see ``record_watermark_ms`` as ``ctx.input_watermark_ms`` (the watermark before the
-    batch's input), timers ``input_watermark_ms``. The one implementation of user-code semantics: ``run_key`` and the image path's column-wise key
-    loop (``keys.py``) both use it. Built once per batch: what does not change per key is
-    looked up here, not for each of the batch's keys."""
+    """Phases 1-3 for the keys of one batch: the one implementation of user-code semantics."""
 
     def __init__(self, comp: Computation, *, input_watermark_ms: int | None, now_ms: int,
                  fire_timers: bool = True, combine_per_key: bool = True,
@@ -190,8 +157,7 @@ class UserCode:
         self.comp = comp
         self.batch = comp.batches_records()
         self.dead_letter = comp.error_policy is ErrorPolicy.DEAD_LETTER
-        # the vectorised path, one combine per key (the image path's key loop combines an
-        # interval's keys at once and passes each key's rows instead: ``combine_per_key=False``)
+        # the vectorised path, one combine per key (``combine_per_key``)
         self.per_key_combine = combine_per_key and comp.vectorised() and not self.dead_letter
         self.wm = input_watermark_ms if input_watermark_ms is not None else _NEVER
         self.now_ms = now_ms
@@ -208,9 +174,7 @@ class UserCode:
 
     def run(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
             combined: list[tuple[Any, ...]] | None = None) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
-        """(ids run, duplicates, late, dead letters, timers fired): the fields of :class:`Ran`.
-        ``combined``: the key's rows of the computation's ``combine`` over ``records`` (all new,
-        none late), run through ``process_combined`` instead of per record."""
+        """The fields of :class:`Ran` for one key; ``combined``: its rows of ``combine`` (vectorised path)."""
         comp = self.comp
         dups = late = 0
         dead: list[tuple[Record, str]] = []
@@ -263,8 +227,7 @@ class UserCode:
             if t.tag == TTL_TAG:  # not touched for the TTL: the key goes (its earlier timers fired first)
                 ctx.expire()
                 return fresh, dups, late, dead, fired
-            # numbered by the key's firing counter: the same timer firing again (re-set at the same
-            # time after it fired) produces under new ids; a replayed batch numbers as the first did
+            # numbered by the key's firing counter, as a replayed batch numbers them too
             ctx.cause = TimerCause(
                 f"{self._timer_id}{ctx.key}:{DOMAIN_VALUES[t.domain]}:{t.tag}:{t.time_ms}:{seq}", t.time_ms)
             seq += 1
@@ -284,13 +247,8 @@ class UserCode:
         return fresh, dups, late, dead, fired
 
     def _upgrade(self, ctx: Context) -> str | None:
-        """Read the key's state of an older state version through ``upgrade_state``; None when it
-        is upgraded, the error when it is not and the error policy dead-letters.
-
-        Raises:
-            UserCodeError: it cannot be upgraded and the error policy fails the batch (its cause a
-                :class:`StateUpgradeError`).
-        """
+        """Upgrade the key's older state; None when done, the error when dead-lettered (else UserCodeError).
+        Upgrade the key's older state; None when done, the error when dead-lettered (else UserCodeError)."""
         comp = self.comp
         row_codec = ctx.row_codec or ""
         try:
@@ -319,8 +277,7 @@ class UserCode:
 
     def _dead_key(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
                   err: str) -> tuple[list[str], int, int, list[tuple[Record, str]], int]:
-        """The key's state cannot be read: each of its new records is a dead letter with ``err``
-        (never retried); nothing runs, its row stays as it was."""
+        """The key's state cannot be read: its new records are dead letters with ``err``."""
         fresh: list[str] = []
         dead: list[tuple[Record, str]] = []
         dups = late = 0
@@ -367,10 +324,7 @@ class UserCode:
 
     def _run_combined(self, ctx: Context, records: Sequence[Record], seen: set[str] | None,
                       rows: list[tuple[Any, ...]] | None) -> tuple[list[str], int, int, list[tuple[Record, str]]]:
-        """The vectorised path: one ``process_combined`` call with the key's ``rows`` of
-        ``combine`` (None: combined here, over the key's new records). The key's late records run
-        per record first (``rows`` then combine the others); a key whose late and on-time records
-        interleave, or whose values fit no Arrow column, runs per record instead."""
+        """The vectorised path: one ``process_combined`` call with the key's ``rows`` (None: combine here)."""
         comp = self.comp
         dups = 0
         todo: Sequence[Record]
@@ -447,11 +401,9 @@ _NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
 
 
 def first_timer_seq(record_id: str) -> int:
-    """The first timer firing number of a new row: a 40-bit hash of the id of the record that
-    created it, shifted left 23 bits (room for 8 million firings per row life). A key whose row
-    was deleted (nothing left but ids, and those expired) and that comes back starts a new
-    range, so its firings do not repeat the production ids of its earlier life (two lives of one
-    key colliding needs the same hash of their first records' ids, ~1e-12).
+    """The first timer firing number of a new row: a 40-bit hash of its creating record's id << 23.
+
+    A key that comes back after its row was deleted starts a new range, so production ids do not repeat.
 
     >>> first_timer_seq("r1") == first_timer_seq("r1") != first_timer_seq("r2")
     True
@@ -461,8 +413,7 @@ def first_timer_seq(record_id: str) -> int:
 
 
 def first_timer_seqs(record_ids: Sequence[str]) -> Any:
-    """:func:`first_timer_seq` of each of ``record_ids``, as a numpy int64 array (the columnar
-    path's new keys: one digest per id, the 40-bit numbers assembled with numpy).
+    """:func:`first_timer_seq` of each of ``record_ids``, as a numpy int64 array.
 
     >>> first_timer_seqs(["r1", "r2"]).tolist() == [first_timer_seq("r1"), first_timer_seq("r2")]
     True
@@ -482,8 +433,7 @@ def _order(r: Record) -> tuple[int, str]:
 
 
 def _unseen(records: Sequence[Record], seen: set[str]) -> tuple[list[Record], int]:
-    """The records whose ids ``seen`` does not hold (added to it as they pass), in order, and how
-    many were dropped as duplicates."""
+    """The records whose ids ``seen`` lacks (added as they pass), and how many were duplicates."""
     todo: list[Record] = []
     dups = 0
     for r in records:

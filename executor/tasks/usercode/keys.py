@@ -1,24 +1,4 @@
-"""The image path's key loop: one interval's touched keys, column-wise.
-
-The image path's per-interval run (``executor/tasks/image/interval.py``) hands over the
-interval's input records (Arrow, one run per key) and the touched keys' current rows (Arrow);
-this module runs user code per key through :class:`keyrun.UserCode` — the one implementation
-of what user code sees (dedup, record order, error policy, timer firing) — and writes the new
-row images straight into column lists. Nothing per key is built that the
-Parquet file does not need: no ``KeyRow``, no ``KeyOutcome``, no record-id
-tuples (ids stay in Arrow: the interval's run attaches them, with ``image/ids.py``).
-
-Phase 4 of ``run_key`` as the image path does it, per key:
-
-* a key whose run leaves nothing (no state, timers, pending productions,
-  watermark hold) has no row (its record ids are in the interval's ids files);
-* a key that changed (ran records, fired timers, produced, or had its
-  previous checkpoint cleared) gets its new row;
-* any other key keeps its row as it is in the image.
-
-The columns it reads and fills are ``columns.py``'s (:class:`~.columns.Input`,
-:class:`~.columns.OldRows`, :class:`~.columns.NewRows`).
-"""
+"""The image path's key loop: one interval's touched keys, column-wise, through ``keyrun.UserCode``."""
 
 from __future__ import annotations
 
@@ -149,8 +129,7 @@ class KeyLoop:
 def context_factory(comp: Computation, codec: Any, wm: int | None, now: int
                     ) -> Callable[[str, bytes | None, dict[tuple[str, TimeDomain], Timer], int | None, int | None,
                                    str | None], Context]:
-    """``Context(...)`` for each key of one batch: the batch-wide attributes copied from a template
-    (half the cost of ``Context.__init__``, which runs for every touched key)."""
+    """``Context(...)`` for each key of one batch, copying the batch-wide attributes from a template."""
     base = dict(Context(computation=comp.name, key="", state_bytes=None, codec=codec, timers=(),
                         outputs=comp.outputs, input_watermark_ms=wm, now_ms=now, watermark_hold_ms=None,
                         state_codec=state_codec_of(comp)).__dict__)
@@ -171,8 +150,7 @@ _JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _decode(codec: str | None, data: bytes | None) -> Any:
-    """The record's value; compact JSON (what injectors write) is read by the C scanner
-    directly, anything else by the codec (which raises CodecError for bad bytes)."""
+    """The record's value: compact JSON by the C scanner, anything else by the codec."""
     if data is None:  # an injector without value columns
         return None
     if codec == "json" or codec is None:

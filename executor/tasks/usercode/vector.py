@@ -1,14 +1,6 @@
 """The vectorised path in the image task: one ``combine`` call over an interval's eligible keys.
 
-The key loop (``keys.py``) asks :func:`interval_combined` before it runs the keys of a
-computation that declares the vectorised path (``Computation.vectorised``). A key is eligible
-when it has new records in the batch that are not late; its late ones (all before them in
-event-time order, else the key is not eligible) run per record first, its rows of the combine
-then go to ``process_combined`` (``keyrun.UserCode``); everything else of the key's run (dedup,
-timers, the TTL, the row image, the record ids) is the per-record path's. An input without value columns
-goes to ``combine`` straight from the batch's Arrow columns (no Python object per record); with
-values, the records are decoded as the per-record path decodes them (undecodable ones are dead
-letters) and the table is built from them.
+A key is eligible with new on-time records; its late ones (leading) run per record first.
 """
 
 from __future__ import annotations
@@ -22,24 +14,19 @@ from .combine import COLUMNS, combined_rows, late_prefix, records_table
 
 __all__ = ["takes_vectorised", "interval_combined", "KeyRecords"]
 
-#: A key's records of the batch as the key loop runs them: (records not seen before, in order;
-#: its undecodable ones; how many were seen before).
+#: A key's records as the key loop runs them: (new records in order, undecodable ones, seen count).
 KeyRecords = tuple[list[Record], list[SideRecord], int]
 
 
 def takes_vectorised(comp: Computation, *, repeats: bool) -> bool:
-    """Does this batch of ``comp`` run the vectorised path (declared, no dead-letter policy, no
-    record id twice in the batch)?"""
+    """Does this batch of ``comp`` run the vectorised path?"""
     return comp.vectorised() and comp.error_policy is not ErrorPolicy.DEAD_LETTER and not repeats
 
 
 def interval_combined(comp: Computation, inp: Any, touched: list[str], seen: list[bool] | None,
                       every: list[Record] | None,
                       records_of: Any) -> tuple[dict[str, list[tuple[Any, ...]]] | None, dict[str, KeyRecords] | None]:
-    """(eligible key -> its combined rows, or None: no key is vectorised; key -> its records,
-    when they had to be read here: the key loop uses them instead of reading them again).
-    ``inp``: the interval's ``keys.Input``; ``every``: all its records when there is nothing to
-    decode or skip; ``records_of``: ``keys.records_of``."""
+    """(eligible key -> its combined rows, or None; key -> its records when read here)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -50,9 +37,7 @@ def interval_combined(comp: Computation, inp: Any, touched: list[str], seen: lis
         t = inp.table
         late = pc.fill_null(t.column("late"), False)
         if pc.any(late).as_py():
-            # a key's late records (leading its run: ``late_prefix``) run per record, the others
-            # are combined; a key whose late and on-time records interleave, or with late ones
-            # alone, runs per record
+            # late records (leading) run per record, the others are combined
             gone = set()
             for k in set(pc.unique(t.filter(late).column("key")).to_pylist()):
                 lo, hi = inp.runs[k]

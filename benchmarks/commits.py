@@ -177,7 +177,7 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     assert files is not None, f"{layout.rows}: the benchmark needs a store Python reaches (a folder, s3a://)"
     start, measuring, stop = threading.Event(), threading.Event(), threading.Event()
     ready = threading.Barrier(n + 1)
-    stats = [WriterStats(s.name) for s in specs]
+    stats = [WriterStats(name=s.name) for s in specs]
     errors: list[BaseException] = []
 
     def body(spec: WriterSpec, st: WriterStats) -> None:

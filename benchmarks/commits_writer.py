@@ -27,7 +27,7 @@ class WriterSpec:
     keys_per_batch: int = 8
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WriterStats:
     """One writer's figures over the measured time."""
 

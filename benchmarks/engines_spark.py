@@ -40,7 +40,7 @@ INPUT_DDL = "record_id string, key string, value long, event_time timestamp"
 OUTPUT_DDL = "key string, window_start timestamp, count long"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineResult:
     """One engine's run. ``wall_s`` as WORKLOAD.md section 4: first file to last no-data step,
     output written; session start excluded."""

@@ -32,7 +32,7 @@ __all__ = ["IsolatedRun", "RunSpec", "build_bench_session", "child_main", "run_i
 _TAIL_LINES = 30
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunSpec:
     """What one child runs (pickled into a file the child reads)."""
 
@@ -46,7 +46,7 @@ class RunSpec:
     warmup_store: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IsolatedRun:
     """One finished child: the engine's result, its process id and the parent's samples of its tree."""
 

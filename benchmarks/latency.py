@@ -67,7 +67,7 @@ Say = Callable[[str], None]
 PREWARM_MAX_RATE = 1_000.0  # the pre-warm run warms code paths, not the engine's capacity
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LatencySettings:
     """One latency run's settings (the command line's, parsed once)."""
 

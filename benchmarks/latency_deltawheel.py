@@ -191,8 +191,8 @@ class DeltaWheelLatencyEngine:
         except BaseException:
             engine.close()
             raise
-        outputs = (StageOutput(1, "counts", Path(engine.layout.stream("counts")), chk, "records",
-                               records_from_stream),)
+        outputs = (StageOutput(stage=1, name="counts", table=Path(engine.layout.stream("counts")),
+                               checkpoint=chk, kind="records", normalize=records_from_stream),)
         settings = {"trigger": DEFAULT_TRIGGER, "max_files_per_trigger": inj.max_files_per_trigger,
                     "exactly_once": True, "strong_productions": True, "num_intervals": intervals,
                     "codec": RunningCount.codec, "write_path": executor.write_path,
@@ -235,9 +235,10 @@ class DeltaWheelLatencyEngine:
             raise
         names = [c.name for c in comps]
         outputs = tuple(
-            StageOutput(i, c.outputs[0], Path(engine.layout.stream(c.outputs[0])),
-                        Path(f"{engine.layout.root}/_checkpoints/latency/{c.name}"), "records",
-                        records_from_kafka_stream if isinstance(source, KafkaInput) else records_from_stream,
+            StageOutput(stage=i, name=c.outputs[0], table=Path(engine.layout.stream(c.outputs[0])),
+                        checkpoint=Path(f"{engine.layout.root}/_checkpoints/latency/{c.name}"),
+                        kind="records",
+                        normalize=records_from_kafka_stream if isinstance(source, KafkaInput) else records_from_stream,
                         reads_input_files=i == 1)
             for i, c in enumerate(comps, start=1))
         first = run.executors[names[0]]

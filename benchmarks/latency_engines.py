@@ -42,7 +42,7 @@ class FileInput:
     schema_ddl: str = INPUT_DDL
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StageOutput:
     """A Delta table to measure: its stage (1..), kind and row normalization, and its query's checkpoint."""
 
@@ -197,8 +197,8 @@ def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str
         q = (spark.readStream.format("delta").load(str(upstream.table)).writeStream.format("delta")
              .outputMode("append").option("checkpointLocation", str(chk)).queryName(f"latency_{name}_{stage}")
              .start(str(out)))
-        upstream = StageOutput(stage, f"{first.name}{stage}", out, chk, first.kind, first.normalize,
-                               reads_input_files=False)
+        upstream = StageOutput(stage=stage, name=f"{first.name}{stage}", table=out, checkpoint=chk,
+                               kind=first.kind, normalize=first.normalize, reads_input_files=False)
         queries.append(q)
         outputs.append(upstream)
     return queries, outputs, {"later_stages": LATER_STAGES} if stages > 1 else {}
@@ -214,7 +214,8 @@ class FloorEngine:
         """Start the copy query (and, for several stages, the copies of its output: :func:`chain`)."""
         _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
-        first = StageOutput(1, "copy", out, chk, "records", records_from_spark)
+        first = StageOutput(stage=1, name="copy", table=out, checkpoint=chk, kind="records",
+                            normalize=records_from_spark)
         later_q, later_out, later = chain(spark, first=first, ddl=INPUT_DDL, work_dir=work_dir, name=self.name,
                                           stages=stages)
         q = (_input(spark, source).writeStream.format("delta").outputMode("append")
@@ -237,7 +238,8 @@ class SparkSqlEngine:
         _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
         app_id = f"latency-spark-sql-{work_dir.name}"
-        first = StageOutput(1, "counts", out, chk, "key_counts", key_counts_from_spark)
+        first = StageOutput(stage=1, name="counts", table=out, checkpoint=chk, kind="key_counts",
+                            normalize=key_counts_from_spark)
         later_q, later_out, later = chain(spark, first=first, ddl=SQL_OUTPUT_DDL, work_dir=work_dir,
                                           name=self.name, stages=stages)  # later stages pass each row on
 
@@ -290,7 +292,8 @@ class SparkTwsEngine:
         """Start the per-record running count into a Delta sink (and the later stages: :func:`chain`)."""
         _check_stages(self.name, stages, self.stages)
         out, chk = work_dir / "output", work_dir / "checkpoint"
-        first = StageOutput(1, "counts", out, chk, "records", records_from_spark)
+        first = StageOutput(stage=1, name="counts", table=out, checkpoint=chk, kind="records",
+                            normalize=records_from_spark)
         later_q, later_out, later = chain(spark, first=first, ddl=TWS_OUTPUT_DDL, work_dir=work_dir,
                                           name=self.name, stages=stages)
         df = (_input(spark, source).select("record_id", "key").groupBy("key")

@@ -39,7 +39,7 @@ def key_name(k: int) -> str:
     return f"k{k:05d}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Schedule:
     """When each input file arrives and which records it holds (gaps drawn from ``min_gap_s..max_gap_s``)."""
 

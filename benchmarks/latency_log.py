@@ -26,7 +26,7 @@ __all__ = ["VersionInfo", "DeltaLogTail", "LogWatcher", "file_batches"]
 Normalize = Callable[[pa.Table], pa.Table]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VersionInfo:
     """One version of an output table: its times (seconds since the epoch), operation and rows."""
 
@@ -103,7 +103,8 @@ class DeltaLogTail:
                 paths.append(action["add"]["path"])
             elif "txn" in action:
                 txns.append((str(action["txn"]["appId"]), int(action["txn"]["version"])))
-        return VersionInfo(version, commit_s, mtime, operation, len(paths), 0, tuple(txns)), paths
+        return VersionInfo(version=version, commit_info_s=commit_s, mtime_s=mtime, operation=operation,
+                           added_files=len(paths), rows=0, txns=tuple(txns)), paths
 
     def rows(self) -> pa.Table | None:
         """Every row read so far, with its ``version`` (None before the first data)."""

@@ -73,7 +73,7 @@ def process_role(cmdline: list[str], *, is_root: bool = False, parent_role: str 
     return prog or "unknown"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProcessMemory:
     """One process of the tree in one sample."""
     pid: int
@@ -84,7 +84,7 @@ class ProcessMemory:
     cpu_s: float = 0.0  # its CPU time (user + system) so far
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryPeak:
     """The peaks a :class:`MemorySampler` saw."""
     pss_bytes: int  # peak of the sum of PSS over the tree
@@ -200,7 +200,8 @@ def tree_processes(root: psutil.Process | None = None, *,
                 continue
         except psutil.Error:
             continue
-        out.append(ProcessMemory(p.pid, _role_of(p, root=root, roles=roles), pss, r, uss, float(cpu.user + cpu.system)))
+        out.append(ProcessMemory(pid=p.pid, role=_role_of(p, root=root, roles=roles), pss_bytes=pss,
+                                 rss_bytes=r, uss_bytes=uss, cpu_s=float(cpu.user + cpu.system)))
     return out
 
 
@@ -303,11 +304,12 @@ class MemorySampler:
         maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         with self._lock:
             maxrss = self._hwm if self._foreign else int(maxrss_kib) * 1024
-            return MemoryPeak(self._pss, self._rss, self._top, maxrss,
-                              self._samples, self._procs, at_peak=self._at_peak,
-                              role_peaks_bytes=tuple(self._role_peaks.items()), at_peak_s=self._at_peak_s,
-                              loadavg_1m_at_peak=self._load_at_peak, loadavg_1m_at_start=self._load_at_start,
-                              preexisting=self._preexisting, cpu_first=tuple(self._cpu_first.items()),
+            return MemoryPeak(pss_bytes=self._pss, rss_bytes=self._rss, max_single_rss_bytes=self._top,
+                              driver_maxrss_bytes=maxrss, samples=self._samples, max_processes=self._procs,
+                              at_peak=self._at_peak, role_peaks_bytes=tuple(self._role_peaks.items()),
+                              at_peak_s=self._at_peak_s, loadavg_1m_at_peak=self._load_at_peak,
+                              loadavg_1m_at_start=self._load_at_start, preexisting=self._preexisting,
+                              cpu_first=tuple(self._cpu_first.items()),
                               cpu_by_role=tuple(self._cpu_roles().items()))
 
     def _cpu_roles(self) -> dict[str, float]:

@@ -113,7 +113,7 @@ class Reference:
         return int(pc.sum(self.table.column("count")).as_py() or 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkloadData:
     """One generated dataset: ``data_dir/input/part-*.parquet`` and ``data_dir/manifest.json``."""
 

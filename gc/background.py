@@ -33,7 +33,7 @@ AUDIT_GRACE_MS = 10 * 60_000
 _LOG = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Options:
     stream_retention_ms: int | None
     metrics_retention_ms: int | None
@@ -132,8 +132,11 @@ class BackgroundGc:
                          ("dead_letter_retention_ms", dead_letter_retention_ms), ("audit_grace_ms", audit_grace_ms)):
             if ms is not None and ms < 0:
                 raise ConfigError(f"background gc's {what} must be >= 0, got {ms}; nothing was started")
-        self._options = _Options(stream_retention_ms, metrics_retention_ms, vacuum_retain_hours, log_retention_ms,
-                                 late_data_retention_ms, dead_letter_retention_ms)
+        self._options = _Options(stream_retention_ms=stream_retention_ms,
+                                 metrics_retention_ms=metrics_retention_ms,
+                                 vacuum_retain_hours=vacuum_retain_hours, log_retention_ms=log_retention_ms,
+                                 late_data_retention_ms=late_data_retention_ms,
+                                 dead_letter_retention_ms=dead_letter_retention_ms)
         self.audit_grace_ms = audit_grace_ms
         self.keep_replay_ms = keep_replay_ms
         self.progress = progress  # a line as a run starts and ends (the runners give theirs when None)

@@ -100,7 +100,8 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
     if metrics_retention_ms is not None:
         recorded += [("metrics_retention", name, path, metrics_retention_ms) for name, path in metrics]
     total = (streams if stream_retention_ms is not None else 0) + 4 * len(tables) + len(recorded)
-    run = _Run(spark, layout, now_ms, apply, tables, total, progress)
+    run = _Run(spark=spark, layout=layout, now_ms=now_ms, apply=apply, tables=tables, total=total,
+               progress=progress)
     if stream_retention_ms is not None:
         run.stream_retention(now_ms - stream_retention_ms)
     for pass_name, name, path, ms in recorded:  # by when a batch routed the record there
@@ -127,7 +128,7 @@ def _check_retentions(vacuum_retain_hours: float, *, force: bool, metrics_ms: in
                                  f"changed. Give --{flag}-retention-hours 0 or more (or leave it out)")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Run:
     """One gc run's passes over ``tables``, each adding its :class:`GcAction`."""
 

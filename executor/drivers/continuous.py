@@ -49,7 +49,7 @@ class _Stopping(Exception):
     """Raised in a batch Spark begins while the run stops: nothing of it runs (it runs again at the next start)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class _Stage:
     """One computation's live query and what its batches and ticks share."""
 
@@ -246,9 +246,10 @@ class ContinuousRun:
         unfinished = self._shutdown(timeout_s=timeout_s)
         if self.background_gc is not None and not self.background_gc.wait(timeout_s):  # its Spark jobs end first
             self._log("background gc still running after the stop's timeout (its next run is at the next start)")
-        self._stopped = StopReport(self.pipeline.name, len(self.queries), sum(s.batches for s in self.stages.values()),
-                                   sum(s.records_in for s in self.stages.values()), time.monotonic() - t0,
-                                   tuple(unfinished))
+        self._stopped = StopReport(pipeline=self.pipeline.name, queries=len(self.queries),
+                                   batches=sum(s.batches for s in self.stages.values()),
+                                   records_in=sum(s.records_in for s in self.stages.values()),
+                                   seconds=time.monotonic() - t0, unfinished=tuple(unfinished))
         self._log(str(self._stopped))
         return self._stopped
 
@@ -317,7 +318,8 @@ class ContinuousRun:
         sharing = self._sharing
         if sharing is not None:  # instances share the intervals: a query and a checkpoint per instance
             chk = sharing.checkpoint(chk)
-            stage = self.stages[comp.name] = _Stage(comp, None, chk, self._triggers[comp.name])
+            stage = self.stages[comp.name] = _Stage(comp=comp, ex=None, checkpoint=chk,
+                                                    trigger=self._triggers[comp.name])
             stage.replay_id = pending_batch(chk)
             caps = self._read_caps(stage)
             stage.ex = sharing.start(comp, chk, wait_s=self.wait_s, caps={u: None for u in caps}, hold=_hold(
@@ -328,7 +330,8 @@ class ContinuousRun:
                                       progress=self.progress, write_path=self.write_path)
             ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=chk,  # replay
                                               spark=self.spark)
-            stage = self.stages[comp.name] = _Stage(comp, ex, chk, self._triggers[comp.name])
+            stage = self.stages[comp.name] = _Stage(comp=comp, ex=ex, checkpoint=chk,
+                                                    trigger=self._triggers[comp.name])
             self._log(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
             ex.start_in_background(wait_s=self.wait_s, then=lambda: self._log(
                 f"{comp.name}: leases held, sequencers {ex.owner.sequencers}"))

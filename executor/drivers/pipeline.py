@@ -80,7 +80,7 @@ class RunSummary:
         return f"RunSummary({'; '.join(parts)})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StopReport:
     """What :meth:`ContinuousRun.stop` did; printed, the one line it also reports."""
 

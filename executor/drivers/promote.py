@@ -43,7 +43,7 @@ _SHOWN = 5
 __all__ = ["PromotePlan", "check_replay", "plan_promote", "promote", "promote_intervals", "shadow_rows"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromotePlan:
     """What a promotion would do: ``reached``, ``newest``, ``behind`` (batches to catch up), ``change``."""
 
@@ -129,8 +129,9 @@ def plan_promote(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline:
                               build=lambda held: promoted_rows(shadow_rows(spark, into, computation,
                                                                            intervals=held.intervals),
                                                                {r.key: r for r in held.rows}))
-    return PromotePlan(store.root, into.root, pipeline, computation, reached, commits[-1].version if commits else -1,
-                       len(behind(commits, reached)), change)
+    return PromotePlan(store=store.root, into=into.root, pipeline=pipeline, computation=computation,
+                       reached=reached, newest=commits[-1].version if commits else -1,
+                       behind=len(behind(commits, reached)), change=change)
 
 
 def promote(spark: Any, *, store: StoreLayout, into: StoreLayout, client: Any, pipeline: str, code: Computation,

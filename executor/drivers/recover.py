@@ -36,7 +36,7 @@ class IntervalStatus:
                 "checkpointed": dict(self.checkpointed), "undelivered": dict(self.undelivered)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecoverResult:
     """What :func:`recover` did for one computation."""
 
@@ -126,5 +126,6 @@ def recover(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, comp
         seqs = dict(owner.sequencers)
     finally:
         ex.stop()
-    return RecoverResult(computation, tuple(sorted(seqs)), seqs, ex.recovered.get("appended", 0),
-                         ex.recovered.get("merged", 0), log)
+    return RecoverResult(computation=computation, intervals=tuple(sorted(seqs)), sequencers=seqs,
+                         appended=ex.recovered.get("appended", 0), merged=ex.recovered.get("merged", 0),
+                         log=log)

@@ -67,7 +67,7 @@ def _some(names: Sequence[str]) -> str:
     return f"{len(names)} files: {', '.join(names[:SHOWN])} and {len(names) - SHOWN} more"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplayPlan:
     """What a replay reads and writes (``--plan`` prints it); ``from_version`` None: empty state."""
 

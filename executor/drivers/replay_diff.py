@@ -43,7 +43,7 @@ def replay_diff(spark: Any, store: StoreLayout, into: StoreLayout, *, computatio
     return dataclasses.replace(d, notes=notes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplayOf:
     """What a shadow store's marker says of its replay (``num_intervals`` None: an old marker)."""
 

@@ -22,7 +22,7 @@ from .wiring import watermark_reader
 __all__ = ["StoreStatus", "gather"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StoreStatus:
     """What :func:`gather` found (plain values, JSON-ready)."""
 

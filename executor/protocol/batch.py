@@ -190,8 +190,8 @@ class BatchProtocol:
             wm_late, wm_in, computations = self._lateness(df, batch_id, wm_in)
         else:  # a replay of a live batch: lateness as that batch judged it
             computations = None
-        acted = ActedMark(batch_id if df is not None else None, wm_late, wm_in,
-                          tuple(sorted(self.ex.owner.intervals)), computations_ms=computations)
+        acted = ActedMark(batch_id=batch_id if df is not None else None, late_ms=wm_late, input_ms=wm_in,
+                          intervals=tuple(sorted(self.ex.owner.intervals)), computations_ms=computations)
         return BatchState(batch_id=batch_id, df=df, started=started, now=now, wm_in=wm_in, wm_late=wm_late,
                           acted=acted, horizon=horizon, commit_id=f"{comp.name}:{batch_id}:{now}",
                           strong=comp.strong_productions, skipped=skipped, files=files)

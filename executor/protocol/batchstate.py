@@ -43,7 +43,7 @@ _NEXT = {BatchStatus.STARTED: BatchStatus.PREPARED, BatchStatus.PREPARED: BatchS
          BatchStatus.COMMITTED: BatchStatus.DELIVERED}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class BatchState:
     """One batch as :meth:`BatchProtocol.run` goes through its steps (``wm_late``: its lateness watermark)."""
 

@@ -20,7 +20,7 @@ MARK_FORMAT_VERSION = 1
 _KEY = "late"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ActedMark:
     """What a committed batch judged lateness with (one per rows commit of a batch)."""
 
@@ -54,10 +54,10 @@ class ActedMark:
         def opt(v: Any) -> int | None:
             return None if v is None else int(v)
 
-        return cls(opt(m.get("batch_id")), opt(m.get("late_ms")), opt(m.get("input_ms")),
-                   tuple(int(i) for i in m.get("intervals") or ()),
-                   {str(k): int(v) for k, v in (m.get("injectors") or {}).items()},
-                   opt(m.get("computations_ms")))
+        return cls(batch_id=opt(m.get("batch_id")), late_ms=opt(m.get("late_ms")), input_ms=opt(m.get("input_ms")),
+                   intervals=tuple(int(i) for i in m.get("intervals") or ()),
+                   injectors={str(k): int(v) for k, v in (m.get("injectors") or {}).items()},
+                   computations_ms=opt(m.get("computations_ms")))
 
 
 def _mark_of(user_metadata: str | None, computation: str, intervals: set[int]) -> ActedMark | None:

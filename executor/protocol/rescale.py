@@ -65,8 +65,9 @@ def shared_input(comp: Computation, injectors: Mapping[str, Injector], *, table_
                  checkpoint: str, files_of: Callable[[str], TableFiles | None] | None = None) -> SharedInput:
     """What the executor of ``comp`` needs when instances share its intervals (ConfigError: no positions)."""
     parquet, tables = _file_inputs(comp, injectors, comp.inputs, table_of=table_of)
-    return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals,
-                       file_source=_source_index(comp, parquet), files_of=files_of)
+    return SharedInput(comp=comp, parquet=parquet, tables=tables, checkpoint=checkpoint,
+                       num_intervals=type(comp).num_intervals, file_source=_source_index(comp, parquet),
+                       files_of=files_of)
 
 
 def _source_index(comp: Computation, parquet: Mapping[str, Injector]) -> int:
@@ -119,8 +120,9 @@ def kafka_input(comp: Computation, injectors: Mapping[str, Injector], *, checkpo
             parquet, tables = _file_inputs(comp, injectors, rest, table_of=table_of)
         except ConfigError:
             return None
-    return SharedInput(comp, parquet, tables, checkpoint, type(comp).num_intervals,
-                       kafka=kafka, file_source=_source_index(comp, parquet))
+    return SharedInput(comp=comp, parquet=parquet, tables=tables, checkpoint=checkpoint,
+                       num_intervals=type(comp).num_intervals, kafka=kafka,
+                       file_source=_source_index(comp, parquet))
 
 
 def file_column() -> Any:
@@ -130,7 +132,7 @@ def file_column() -> Any:
     return F.regexp_extract(F.col("commit_id"), r"^file=(.*)#row=[0-9]+$", 1)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SharedInput:
     """One computation's input when instances share its intervals; ``done``: per interval, its positions."""
 

@@ -21,7 +21,7 @@ PARQUET_TYPE_MISMATCH = "FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH"
 BatchT = TypeVar("BatchT")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Prepared:
     """The batch's prepared input (step 2); ``input`` None: none from Spark."""
 
@@ -57,7 +57,7 @@ class BatchCounts:
     images_read: int = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BatchRun(Generic[BatchT]):
     """What the tasks of one batch returned; ``prod_min_ts`` None: not known yet."""
 

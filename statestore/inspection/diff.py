@@ -22,7 +22,7 @@ __all__ = ["StoreDiff", "diff_stores", "format_diff", "SAMPLE"]
 SAMPLE = 5  # samples per kind of difference
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StoreDiff:
     """The difference of one computation between store A and store B.
 
@@ -263,7 +263,8 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
     _state_diff(spark, _rows(spark, a, computation, version_a, scope), b_rows, counts, samples)
     _production_diff(_productions(spark, a, computation, streams, batch_ids, scope, exclude_commits),
                      _productions(spark, b, computation, streams, batch_ids, scope, exclude_commits), counts, samples)
-    return StoreDiff(computation, a.root, b.root, version_a, version_b, counts, samples)
+    return StoreDiff(computation=computation, store_a=a.root, store_b=b.root, version_a=version_a,
+                     version_b=version_b, counts=counts, samples=samples)
 
 
 def format_diff(d: StoreDiff) -> str:

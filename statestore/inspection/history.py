@@ -49,7 +49,7 @@ class Commit:
         return None if w is None else str(w)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Change:
     """A key's new row in a commit: ``insert``, ``update`` or ``delete`` (``row`` None).
 
@@ -307,7 +307,8 @@ class _Walk:
         for k in sorted(set(before) - set(now)):
             if (p[0], k) in self.last and not any(k in self.where.get(q, {}) for q in self.where if q[0] == p[0]):
                 del self.last[(p[0], k)]
-                yield Change(commit, p[0], k, "delete", None, self.apart.get((p[0], k), 0))
+                yield Change(commit=commit, computation=p[0], key=k, change="delete", row=None,
+                             ids_apart=self.apart.get((p[0], k), 0))
         for path, found in sorted(moved.items()):
             yield from self._moved(commit, p, path, found)
 
@@ -325,8 +326,9 @@ class _Walk:
             prev = self.last.get((p[0], k))
             self.last[(p[0], k)] = (tuple(r[c] for c in _STAMPS), row)
             if prev is None or prev[1] != row:
-                yield Change(commit, p[0], k, "insert" if prev is None else "update", row,
-                             self.apart.get((p[0], k), 0))
+                yield Change(commit=commit, computation=p[0], key=k,
+                             change="insert" if prev is None else "update", row=row,
+                             ids_apart=self.apart.get((p[0], k), 0))
 
 
 def walk_history(rows: TableFiles, *, computation: str | None = None, keys: frozenset[str] | None = None,

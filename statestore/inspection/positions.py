@@ -22,7 +22,7 @@ __all__ = ["ComputationCommit", "ToolChange", "computation_commits", "commits_si
            "commits_after", "tool_changes", "version_at_timestamp", "outside_commit_ids"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ComputationCommit:
     """One commit of a computation to the rows table.
 

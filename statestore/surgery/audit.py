@@ -34,7 +34,7 @@ def who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AuditRecord:
     """One change: ``tool`` (promote, repair), ``source`` (the replay folder, the statement),
     ``commit_version`` (the rows commit; None: nothing changed, no commit), ``detail`` (the tool's

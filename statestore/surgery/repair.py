@@ -45,7 +45,7 @@ _ACCEPTED = ("UPDATE state SET state_json = <expr> [WHERE ...], DELETE FROM stat
              "or DELETE FROM pending_productions [WHERE ...]")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RepairStatement:
     """A parsed repair: ``view`` (``state``, ``timers``, ``pending_productions``), ``kind`` (``update``,
     ``delete``, ``merge``), ``expr`` the SET expression, ``where`` (None: every row), ``merge``."""
@@ -65,7 +65,8 @@ def parse_repair(text: str) -> RepairStatement:
         RepairStatementError: anything else, with what is accepted.
     """
     if (text.strip().split() or [""])[0].upper() == "MERGE":
-        return RepairStatement(text, "state", "merge", None, None, parse_merge(text))
+        return RepairStatement(text=text, view="state", kind="merge", expr=None, where=None,
+                               merge=parse_merge(text))
     upd, dele = _UPDATE.match(text), _DELETE.match(text)
     m = upd or dele
     if m is None:
@@ -76,7 +77,7 @@ def parse_repair(text: str) -> RepairStatement:
                                    + (f": {_NOT_REPAIRABLE[view]}" if view in _NOT_REPAIRABLE else ""))
     where = m.group("where")
     if dele is not None:
-        return RepairStatement(text, view, "delete", None, where)
+        return RepairStatement(text=text, view=view, kind="delete", expr=None, where=where)
     if view == "pending_productions":
         raise RepairStatementError("a checkpointed production cannot be changed, only dropped: DELETE FROM "
                                    "pending_productions WHERE ...")
@@ -87,7 +88,7 @@ def parse_repair(text: str) -> RepairStatement:
                                    + (" (the new state as JSON text, e.g. SET state_json = '{\"n\": 0}'); the other "
                                       "columns are the framework's" if view == "state" else
                                       " (the timer's new time, epoch milliseconds); to drop it, DELETE FROM timers"))
-    return RepairStatement(text, view, "update", a.group("expr"), where)
+    return RepairStatement(text=text, view=view, kind="update", expr=a.group("expr"), where=where)
 
 
 def _state_edits(spark: Any, stmt: RepairStatement, computation: str) -> Edits:

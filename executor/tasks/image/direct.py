@@ -35,7 +35,7 @@ __all__ = ["DirectSource", "DirectBatch", "BatchReader", "batch_files", "direct_
 TABLE_TYPES = (("record_id", "string"), ("key", "string"), ("value", "binary"), ("codec", "string"),
                ("timestamp_ms", "int64"), ("commit_id", "string"))
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DirectSource:
     """A Parquet injector's columns as its stream schema maps them; ``types``: their Arrow types."""
 
@@ -56,7 +56,7 @@ class DirectSource:
         return [c for c, _t in self.types]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DirectBatch:
     """What the tasks of one batch read: plain values, pickled to the workers."""
 
@@ -154,8 +154,9 @@ def table_source(stream: str, table: str, *, checkpoint: str) -> DirectSource | 
     folder, chk = local_path(table), local_path(checkpoint)
     if folder is None or chk is None:
         return None
-    return DirectSource(stream, "key", "timestamp_ms", "record_id", TABLE_TYPES, (), None, table=folder,
-                        checkpoint=chk)
+    return DirectSource(stream=stream, key_column="key", event_time_column="timestamp_ms",
+                        record_id_column="record_id", types=TABLE_TYPES, value_columns=(), s3=None,
+                        table=folder, checkpoint=chk)
 
 
 def _file(path: str, s3: S3Settings | None) -> TableFiles | None:
@@ -201,8 +202,9 @@ def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event
     if not ((t.is_timestamp(et) and et.tz is not None and et.unit in ("ms", "us"))
             or t.is_int64(et) or t.is_int32(et)):
         return None
-    return DirectSource(name, key_column, event_time_column, record_id_column,
-                        tuple((c, _plain(fields[c])) for c in cols), values, s3)
+    return DirectSource(stream=name, key_column=key_column, event_time_column=event_time_column,
+                        record_id_column=record_id_column, types=tuple((c, _plain(fields[c])) for c in cols),
+                        value_columns=values, s3=s3)
 
 
 

@@ -44,7 +44,7 @@ from .spec import ImageSpec
 __all__ = ["run_interval"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Open:
     """An interval as :func:`_open` found it."""
 
@@ -58,7 +58,7 @@ class _Open:
     routed: list[SideRecord] = field(default_factory=list)  # late records routed to the late-data table
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Ran:
     """What user code made of the interval's keys (:func:`_run_keys`, :func:`_new_image`)."""
 
@@ -76,7 +76,7 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     """Run interval ``iv`` of the batch on its records ``recs`` (Arrow, prepared columns)."""
     opened = _open(spec, iv)
     if isinstance(opened, Fenced):
-        return IntervalSummary(iv, fenced=opened)
+        return IntervalSummary(interval=iv, fenced=opened)
     if spec.route_late and recs.num_rows:
         recs, opened.routed = _route_late(spec.comp, recs, opened.image, spec.horizon_ms, opened.live, opened.legacy)
     inp = Input(recs)
@@ -86,7 +86,7 @@ def run_interval(spec: ImageSpec, iv: int, recs: Any) -> IntervalSummary:
     expired = expired_ids(opened.image, spec.horizon_ms)
     migrate = opened.legacy.num_rows > 0
     if not run_keys and not has_pending and not opened.dirty and not expired and not opened.gone and not migrate:
-        return IntervalSummary(iv, side=tuple(opened.routed), images_read=int(opened.read),
+        return IntervalSummary(interval=iv, side=tuple(opened.routed), images_read=int(opened.read),
                                oldest_ms=oldest_work(opened.image),
                                next_proc_ms=_next_proc(opened.image, opened.live, _retention_ms(spec.comp)))
     ran = _run_keys(spec, iv, opened, inp, run_keys, has_pending)
@@ -116,7 +116,8 @@ def _open(spec: ImageSpec, iv: int) -> _Open | Fenced:
     if isinstance(fenced, Fenced):
         return fenced
     image, dirty = fenced
-    return _Open(image, read, legacy, ids_files, gone, [f for f in ids_files if f not in gone], dirty)
+    return _Open(image=image, read=read, legacy=legacy, ids_files=ids_files, gone=gone,
+                 live=[f for f in ids_files if f not in gone], dirty=dirty)
 
 
 def _fence(spec: ImageSpec, iv: int, image: Any) -> tuple[Any, bool] | Fenced:
@@ -185,7 +186,7 @@ def _run_keys(spec: ImageSpec, iv: int, opened: _Open, inp: Input, run_keys: lis
     else:
         new_ids = pa.table({"key": pa.array(loop.id_keys, pa.string()),
                             "record_id": pa.array(loop.id_values, pa.string())})
-    ran = _Ran(mask, sub, old_ids, loop, new_ids, bloom, checks)
+    ran = _Ran(mask=mask, sub=sub, old_ids=old_ids, loop=loop, new_ids=new_ids, bloom=bloom, checks=checks)
     ran.image = _new_image(spec, iv, image, ran, has_pending)
     return ran
 
@@ -252,17 +253,18 @@ def _summary(spec: ImageSpec, iv: int, opened: _Open, ran: _Ran, *, written: Ima
              prods: tuple[list[ProductionFile], int]) -> IntervalSummary:
     """Phase 6: what the task returns for the interval."""
     loop, checks = ran.loop, ran.checks
-    return IntervalSummary(
-        iv, image=written, ids_file=ids_all[0][0] if ids_all else None,
-        ids_merged=ids_all[1][0] if len(ids_all) > 1 else None,
-        ids_removed=tuple(f.path for f in (*opened.gone, *taken)), prod_files=tuple(prods[0]),
-        side=(*opened.routed, *loop.side), processed=loop.processed,
-        duplicates=loop.duplicates, fired=loop.fired, late=loop.late, n_prods=prods[1], n_dead=len(loop.side),
-        keys_written=loop.written, ids_expired=expired + sum(f.flat.num_rows for f in opened.gone),
-        keys_expired=loop.keys_expired, oldest_ms=oldest_work(ran.image),
-        next_proc_ms=_next_proc(ran.image, opened.live, _retention_ms(spec.comp)), images_read=int(opened.read),
-        bloom_checked=checks.checked, bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos,
-        bloom_bytes=checks.nbytes)
+    return IntervalSummary(interval=iv, image=written, ids_file=ids_all[0][0] if ids_all else None,
+                           ids_merged=ids_all[1][0] if len(ids_all) > 1 else None,
+                           ids_removed=tuple(f.path for f in (*opened.gone, *taken)),
+                           prod_files=tuple(prods[0]), side=(*opened.routed, *loop.side),
+                           processed=loop.processed, duplicates=loop.duplicates, fired=loop.fired,
+                           late=loop.late, n_prods=prods[1], n_dead=len(loop.side), keys_written=loop.written,
+                           ids_expired=expired + sum(f.flat.num_rows for f in opened.gone),
+                           keys_expired=loop.keys_expired, oldest_ms=oldest_work(ran.image),
+                           next_proc_ms=_next_proc(ran.image, opened.live, _retention_ms(spec.comp)),
+                           images_read=int(opened.read), bloom_checked=checks.checked,
+                           bloom_maybe=checks.maybe, bloom_false_pos=checks.false_pos,
+                           bloom_bytes=checks.nbytes)
 
 
 def _route_late(comp: Computation, recs: Any, image: Any, horizon_ms: int | None,

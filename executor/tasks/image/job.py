@@ -111,11 +111,12 @@ class ImageTasks:
             files = batch_files(df, self.direct_source, batch_id=batch_id)
             if files is not None:
                 bound = self.event_ahead_ms.get(self.direct_source.stream)
-                direct = DirectBatch(self.direct_source, files, self.comp.num_intervals, wm_late, (),
-                                     None if bound is None else (now, bound))
+                direct = DirectBatch(source=self.direct_source, files=files,
+                                     num_intervals=self.comp.num_intervals, late_before=wm_late, tasks=(),
+                                     ahead=None if bound is None else (now, bound))
         prep = (prepare_input(df, self.comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
                 if df is not None and direct is None else None)
-        return _Prepared(prep, direct=direct, df=df, raw=original_text(df))
+        return _Prepared(input=prep, direct=direct, df=df, raw=original_text(df))
 
     def run(self, prepared: Prepared, *, batch_id: int, wm_in: int | None, wm_late: int | None, now: int,
             horizon: int | None, commit_id: str, strong: bool, mark: Callable[[str], None]) -> BatchRun[BatchOutput]:
@@ -147,7 +148,7 @@ class ImageTasks:
             text = original_texts(prepared.raw, in_tasks) if prepared.raw is not None else {}
             dead = [dataclasses.replace(r, position=pos.get(r.record_id), value=text.get(r.record_id, r.value))
                     if r.position is None and r.record_id is not None else r for r in dead]
-        return BatchRun(out, counts, dead=side_frame(session, dead, dead=True) if dead else None,
+        return BatchRun(batch=out, counts=counts, dead=side_frame(session, dead, dead=True) if dead else None,
                         late=side_frame(session, late, dead=False) if late else None,
                         prod_min_ts=out.prod_min_ts(), event_timer_ms=min(oldest, default=None),
                         obs_min=min(mins) if mins else None, obs_max=max(maxs) if maxs else None)

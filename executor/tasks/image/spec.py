@@ -14,7 +14,7 @@ from ..usercode.keyrun import AS_INPUT, SameAsInput
 __all__ = ["ImageSpec"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImageSpec:
     """Everything a task needs, as plain values (pickled to the workers)."""
 

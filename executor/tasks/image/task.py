@@ -181,7 +181,7 @@ def run_intervals(spec: ImageSpec, table: Any) -> list[IntervalSummary]:
             if out[-1].fenced is not None:  # taken over: the batch cannot commit, run nothing more
                 break
     # the task's input counts and its dead / late records ride on its first summary
-    head = out[0] if out else IntervalSummary(None)
+    head = out[0] if out else IntervalSummary(interval=None)
     return [dataclasses.replace(head, records_in=counted, obs_min=lo, obs_max=hi, side=(*side, *head.side)),
             *out[1:]]
 

@@ -94,7 +94,7 @@ class MergeTasks:
         from pyspark.sql import functions as F
 
         if df is None:
-            return Prepared(None)
+            return Prepared(input=None)
         comp, owned = self.comp, self.path.owner.intervals
         prep = prepare_input(df, comp, wm_late, cache=self._prep_cache, ahead=(now, self.event_ahead_ms))
         if len(owned) < comp.num_intervals:  # the records of our intervals only
@@ -109,7 +109,7 @@ class MergeTasks:
                        F.sum(F.when(F.col("_bad").isNotNull(), 1).otherwise(0)).alias("bad")).collect()[0]
         dead_in = int(agg["bad"] or 0)
         # late records are routed by the tasks, after dedup
-        return Prepared(prep.where(F.col("_bad").isNull()),
+        return Prepared(input=prep.where(F.col("_bad").isNull()),
                         dead=prep.where(F.col("_bad").isNotNull()) if dead_in else None,
                         records_in=int(agg["n"]), dead_in=dead_in, obs_min=agg["mn"], obs_max=agg["mx"],
                         raw=original_text(df))
@@ -144,9 +144,10 @@ class MergeTasks:
         dead = dead_letter_frame(out) if st["n_dead"] else None
         if dead is not None and prepared.raw is not None:
             dead = with_original_text(dead, prepared.raw)
-        return BatchRun(batch, counts, dead=dead,
-                        late=routed_frame(out) if st["n_routed"] else None, event_timer_ms=stats["event_timer"],
-                        obs_min=prepared.obs_min, obs_max=prepared.obs_max)
+        return BatchRun(batch=batch, counts=counts, dead=dead,
+                        late=routed_frame(out) if st["n_routed"] else None,
+                        event_timer_ms=stats["event_timer"], obs_min=prepared.obs_min,
+                        obs_max=prepared.obs_max)
 
     def checkpoint(self, run: BatchRun[MergeBatch]) -> bool:
         """The productions are at hand: the commit writes them into the rows' ``pending``."""

@@ -45,7 +45,7 @@ class IdsBatch:
                               hashes=hashes)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Prepared:
     inputs: frozenset[str]
     level: int
@@ -73,7 +73,7 @@ def prepare(computation: str, interval: int, files: Sequence[IdsFile], *, level:
     """Start ``merge(files)`` into one ids file of ``level`` in a daemon thread, for :func:`take`.
 
     One per interval: a newer one replaces an older one (whose file stays uncommitted)."""
-    prep = _Prepared(frozenset(f.path for f in files), level, sequencer)
+    prep = _Prepared(inputs=frozenset(f.path for f in files), level=level, sequencer=sequencer)
 
     def run() -> None:
         try:

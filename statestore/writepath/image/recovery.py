@@ -21,7 +21,7 @@ from .files import next_processing, oldest_work
 __all__ = ["Checkpoint", "Recovery", "scan", "resolve"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Checkpoint:
     """One interval's checkpointed productions of one stream, found by the recovery scan."""
 
@@ -88,7 +88,9 @@ def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: st
                     prod = Production.from_row(row)
                     c = found.get(prod.stream)
                     if c is None:
-                        c = found[prod.stream] = Checkpoint(prod.stream, iv, f.added_at, False, cid, [])
+                        c = found[prod.stream] = Checkpoint(stream=prod.stream, interval=iv,
+                                                            version=f.added_at, exact=False, commit_id=cid,
+                                                            prods=[])
                     else:
                         if c.commit_id != cid:
                             c.commit_id = None  # rows of several commits (not written by this path)

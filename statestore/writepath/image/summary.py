@@ -62,7 +62,7 @@ class ProductionFile:
         return cls(row["stream"], row["path"], int(row["size"]), int(row["num_rows"]), row.get("min_ts"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SideRecord:
     """An input record not run into the rows: a dead letter (``kind`` "dead", with ``error``) or a
     routed late record ("late"). ``position``: its source position (None: the driver looks it up)."""
@@ -80,8 +80,9 @@ class SideRecord:
     @classmethod
     def of_input(cls, kind: str, x: Mapping[str, Any], key: str | None, error: str | None) -> SideRecord:
         """The side record of ``kind`` for the input record ``x`` (a prepared row) of ``key``."""
-        return cls(kind, x.get("record_id"), key, x.get("value"), x.get("codec"), x.get("timestamp_ms"),
-                   x.get("stream"), x.get("position"), error)
+        return cls(kind=kind, record_id=x.get("record_id"), key=key, value=x.get("value"), codec=x.get("codec"),
+                   timestamp_ms=x.get("timestamp_ms"), stream=x.get("stream"), position=x.get("position"),
+                   error=error)
 
     def to_row(self) -> dict[str, Any]:
         """The record as a ``side`` element of a summary row."""
@@ -90,8 +91,9 @@ class SideRecord:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> SideRecord:
         """A ``side`` element of a summary row."""
-        return cls(row["kind"], row.get("record_id"), row.get("key"), row.get("value"), row.get("codec"),
-                   row.get("timestamp_ms"), row.get("stream"), row.get("position"), row.get("error"))
+        return cls(kind=row["kind"], record_id=row.get("record_id"), key=row.get("key"), value=row.get("value"),
+                   codec=row.get("codec"), timestamp_ms=row.get("timestamp_ms"), stream=row.get("stream"),
+                   position=row.get("position"), error=row.get("error"))
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ _COUNTS = ("records_in", "processed", "duplicates", "fired", "late", "n_prods", 
            "ids_expired", "keys_expired", "bloom_checked", "bloom_maybe", "bloom_false_pos", "bloom_bytes", "images_read")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IntervalSummary:
     """What a task did with one interval (``interval`` None: a task that ran none; its input counts).
 

@@ -71,10 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``deltawheel`` command line ``argv`` (default: the process's); returns the exit status.
 
-    A :class:`DeltaWheelError` is printed as one line and returns its class's exit code
-    (:data:`~deltawheel.statestore.exceptions.EXIT_CODES`); usage errors return 2, Ctrl-C 130.
-    When the reader of the output goes away (``deltawheel status | head``), the command stops
-    quietly with 141, as a tool ended by SIGPIPE does.
+    A :class:`DeltaWheelError` is one line and its class's exit code (:data:`EXIT_CODES`); usage
+    errors return 2, Ctrl-C 130, a closed output pipe 141.
     """
     try:
         rc = _main(argv)

@@ -1,5 +1,4 @@
-"""``deltawheel promote``: a replay's state replaces the live computation's, in one fenced commit
-under its leases, recorded in the audit table (``drivers/promote.py``; docs/replay.md)."""
+"""``deltawheel promote``: a replay's state replaces the live computation's, fenced and audited (docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _code(args: argparse.Namespace, marker: dict[str, Any], source: Any) -> Any:
-    """What the catch-up runs: ``--code``, else the code the replay recorded, else the live
-    pipeline's class (``--source``, or the one the replay recorded; the demo's)."""
+    """What the catch-up runs: ``--code``, else the replay's recorded code, else the live pipeline's class."""
     from ..drivers.replay import load_code, registered_computation
 
     spec = args.code or marker.get("code")

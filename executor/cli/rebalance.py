@@ -1,9 +1,7 @@
 """``deltawheel rebalance``: who holds a computation's intervals, who should, and operator moves.
 
-Instances that share a pipeline's intervals (``PipelineRunner(instance=...)``) split them by
-their live members (``statestore/zk/members.py``); this command prints the current owners
-against that target, and writes or clears a move request that overrides it. Instances apply a
-request between batches, while every instance it names is live.
+It prints the current owners against the instances' target split (``statestore/zk/members.py``),
+and writes or clears a move request that overrides it; instances apply it between batches.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""``deltawheel recover``: show the checkpointed productions a pipeline has not delivered, and
-(``--apply``) deliver them without running the pipeline (``recover.py``)."""
+"""``deltawheel recover``: show undelivered checkpointed productions; ``--apply`` delivers them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``deltawheel repair``: an UPDATE, DELETE or MERGE of the decoded ``state`` view (or a DELETE /
-UPDATE of its ``timers``, a DELETE of its ``pending_productions``) applied to a live computation's rows, in one fenced commit under the leases of the intervals it touches, recorded in
-the audit table (``statestore/surgery/repair.py``; docs/operations.md, "Repair")."""
+"""``deltawheel repair``: a SQL change of a live computation's decoded rows, fenced and audited
+(``statestore/surgery/repair.py``; docs/operations.md, "Repair")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""``deltawheel reseed``: after ZooKeeper lost a pipeline's state, raise its sequencers above the
-store's, record the store binding and restore the injector watermarks the store's commits record
-(``statestore/ownership/reseed.py``; docs/coordinator-recovery.md)."""
+"""``deltawheel reseed``: restore a pipeline's ZooKeeper state from its store (docs/coordinator-recovery.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``deltawheel upgrade-state``: every key of a computation stored in an older ``state_version``
-upgraded by its ``upgrade_state`` at once, in one fenced commit under the leases of the intervals
-holding them, while the pipeline runs, audited (``drivers/upgrade.py``; docs/operations.md, "State
-versions")."""
+"""``deltawheel upgrade-state``: every key of an older ``state_version`` upgraded at once, fenced and
+audited (``drivers/upgrade.py``; docs/operations.md, "State versions")."""
 
 from __future__ import annotations
 

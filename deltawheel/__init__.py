@@ -19,83 +19,42 @@ import importlib
 import warnings
 from typing import Any
 
-# name -> module that defines it (``module:name`` where it is defined under another name)
-_EXPORTS: dict[str, str] = {
+# module -> the names of it the root exports
+_BY_MODULE: dict[str, str] = {
     # the computation API
-    "Computation": "deltawheel.executor.computation",
-    "Record": "deltawheel.executor.computation",
-    "make_record": "deltawheel.executor.computation",
-    "LatePolicy": "deltawheel.executor.computation",
-    "ErrorPolicy": "deltawheel.executor.computation",
-    "RECORD_KEY": "deltawheel.executor.computation",
-    "Context": "deltawheel.executor.context",
-    "TimeDomain": "deltawheel.statestore.rowtable.rows",
+    "deltawheel.executor.computation": "Computation Record make_record LatePolicy ErrorPolicy RECORD_KEY",
+    "deltawheel.executor.context": "Context",
+    "deltawheel.statestore.rowtable.rows": "TimeDomain",
     # windowing (the Dataflow model)
-    "windowed": "deltawheel.executor.windowing.windowed",
-    "WindowingStrategy": "deltawheel.executor.windowing.windowed",
-    "Window": "deltawheel.executor.windowing.windows",
-    "WindowFn": "deltawheel.executor.windowing.windows",
-    "GlobalWindows": "deltawheel.executor.windowing.windows",
-    "FixedWindows": "deltawheel.executor.windowing.windows",
-    "SlidingWindows": "deltawheel.executor.windowing.windows",
-    "Sessions": "deltawheel.executor.windowing.windows",
-    "Trigger": "deltawheel.executor.windowing.triggers",
-    "AfterWatermark": "deltawheel.executor.windowing.triggers",
-    "AfterCount": "deltawheel.executor.windowing.triggers",
-    "AfterProcessingTime": "deltawheel.executor.windowing.triggers",
-    "Repeatedly": "deltawheel.executor.windowing.triggers",
-    "AfterAny": "deltawheel.executor.windowing.triggers",
-    "AfterAll": "deltawheel.executor.windowing.triggers",
-    "AfterEach": "deltawheel.executor.windowing.triggers",
-    "OrFinally": "deltawheel.executor.windowing.triggers",
-    "Always": "deltawheel.executor.windowing.triggers",
-    "Never": "deltawheel.executor.windowing.triggers",
-    "DefaultTrigger": "deltawheel.executor.windowing.triggers",
-    "AccumulationMode": "deltawheel.executor.windowing.panes",
-    "Timing": "deltawheel.executor.windowing.panes",
-    "Pane": "deltawheel.executor.windowing.panes",
-    "PaneInfo": "deltawheel.executor.windowing.panes",
-    "CombineFn": "deltawheel.executor.windowing.combiners",
-    "Sum": "deltawheel.executor.windowing.combiners",
-    "Count": "deltawheel.executor.windowing.combiners",
-    "Min": "deltawheel.executor.windowing.combiners",
-    "Max": "deltawheel.executor.windowing.combiners",
-    "Mean": "deltawheel.executor.windowing.combiners",
+    "deltawheel.executor.windowing.windowed": "windowed WindowingStrategy",
+    "deltawheel.executor.windowing.windows": "Window WindowFn GlobalWindows FixedWindows SlidingWindows "
+                                             "Sessions",
+    "deltawheel.executor.windowing.triggers": "Trigger AfterWatermark AfterCount AfterProcessingTime "
+                                              "Repeatedly AfterAny AfterAll AfterEach OrFinally Always "
+                                              "Never DefaultTrigger",
+    "deltawheel.executor.windowing.panes": "AccumulationMode Timing Pane PaneInfo",
+    "deltawheel.executor.windowing.combiners": "CombineFn Sum Count Min Max Mean",
     # running it: a session, the engine, a pipeline
-    "spark_session": "deltawheel.executor.session",
-    "build_spark": "deltawheel.executor.session",
-    "SparkSettings": "deltawheel.statestore.session.sparkenv",
-    "ZkConfig": "deltawheel.statestore.config",
-    "connect": "deltawheel.executor.drivers.engine",
-    "Engine": "deltawheel.executor.drivers.engine",
-    "Pipeline": "deltawheel.executor.drivers.pipeline",
+    "deltawheel.executor.session": "spark_session build_spark",
+    "deltawheel.statestore.session.sparkenv": "SparkSettings",
+    "deltawheel.statestore.config": "ZkConfig",
+    "deltawheel.executor.drivers.engine": "connect Engine",
+    "deltawheel.executor.drivers.pipeline": "Pipeline",
     # sources
-    "Injector": "deltawheel.executor.sources.injector",
-    "ParquetInjector": "deltawheel.executor.sources.parquet",
-    "DeltaTableInjector": "deltawheel.executor.sources.delta",
-    "JsonLinesInjector": "deltawheel.executor.sources.jsonl",
-    "KafkaInjector": "deltawheel.executor.sources.kafka",
-    "MaxSeenMinusBound": "deltawheel.executor.sources.injector",
-    "PerPartitionWatermark": "deltawheel.executor.sources.kafka",
-    "to_stream_schema": "deltawheel.executor.sources.schema",
+    "deltawheel.executor.sources.injector": "Injector MaxSeenMinusBound",
+    "deltawheel.executor.sources.parquet": "ParquetInjector",
+    "deltawheel.executor.sources.delta": "DeltaTableInjector",
+    "deltawheel.executor.sources.jsonl": "JsonLinesInjector",
+    "deltawheel.executor.sources.kafka": "KafkaInjector PerPartitionWatermark",
+    "deltawheel.executor.sources.schema": "to_stream_schema",
     # the errors a user catches (one root; retryable kept apart from fatal)
-    "DeltaWheelError": "deltawheel.statestore.exceptions",
-    "RetryableError": "deltawheel.statestore.exceptions",
-    "FatalError": "deltawheel.statestore.exceptions",
-    "UserCodeError": "deltawheel.executor.exceptions",
-    "BatchFailedError": "deltawheel.executor.exceptions",
-    "WindowingError": "deltawheel.executor.exceptions",
-    "LeaseError": "deltawheel.statestore.exceptions",
-    "LeaseLostError": "deltawheel.statestore.exceptions",
-    "LeaseHeldError": "deltawheel.statestore.exceptions",
-    "ConfigError": "deltawheel.statestore.exceptions",
-    "SessionConfigError": "deltawheel.statestore.exceptions",
-    "StoreDamagedError": "deltawheel.statestore.exceptions",
-    "CoordinatorStateLostError": "deltawheel.statestore.exceptions",
-    "CodecError": "deltawheel.statestore.exceptions",
-    "BadRecordError": "deltawheel.statestore.exceptions",
-    "StateTooLargeError": "deltawheel.statestore.exceptions",
+    "deltawheel.statestore.exceptions": "DeltaWheelError RetryableError FatalError LeaseError "
+                                        "LeaseLostError LeaseHeldError ConfigError SessionConfigError "
+                                        "StoreDamagedError CoordinatorStateLostError CodecError "
+                                        "BadRecordError StateTooLargeError",
+    "deltawheel.executor.exceptions": "UserCodeError BatchFailedError WindowingError",
 }
+_EXPORTS: dict[str, str] = {name: module for module, names in _BY_MODULE.items() for name in names.split()}
 
 __all__ = sorted(_EXPORTS)
 

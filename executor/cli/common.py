@@ -26,8 +26,11 @@ def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--store", required=required, help="store folder or URI (holds the Delta tables)")
 
 
-def add_zk_args(p: argparse.ArgumentParser) -> None:
-    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``."""
+def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
+    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``.
+
+    ``timeout``: also ``--zk-timeout``, how long a tool waits for ZooKeeper.
+    """
     g = p.add_argument_group("ZooKeeper")
     g.add_argument(
         "--zk", default=os.environ.get("DELTAWHEEL_ZK"),
@@ -44,6 +47,8 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
                    help="ZooKeeper session timeout in seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
                         f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
                         "stops the run; a killed run's leases stay held this long")
+    if timeout:
+        p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
 
 
 def add_handover_args(p: argparse.ArgumentParser) -> None:
@@ -215,18 +220,11 @@ def _no_session() -> bool:
 @contextlib.contextmanager
 def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkConfig, Any]]:
     """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``, released after."""
-    from deltawheel.statestore.zk.client import connect
-
     layout = layout_from(args)
     use = zookeeper_for(args, layout)
     try:
-        logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-        client = connect(use.config, timeout_s=args.zk_timeout)
-        try:
+        with _connected(use.config, args.zk_timeout) as client:
             yield layout, use.config, client
-        finally:
-            client.stop()
-            client.close()
     finally:
         use.release()
 
@@ -243,17 +241,23 @@ def add_optional_store(p: argparse.ArgumentParser) -> None:
 @contextlib.contextmanager
 def zk_client(args: argparse.Namespace) -> Iterator[tuple[ZkConfig, Any]]:
     """(config, connected kazoo client) for a command with :func:`add_optional_store`."""
-    from deltawheel.statestore.zk.client import connect
-
-    logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI
     if getattr(args, "store", None) is not None:
         with store_zookeeper(args) as (_, cfg, client):
             yield cfg, client
         return
     cfg = zk_config_from(args)
-    client = connect(cfg, timeout_s=args.zk_timeout)
-    try:
+    with _connected(cfg, args.zk_timeout) as client:
         yield cfg, client
+
+
+@contextlib.contextmanager
+def _connected(cfg: ZkConfig, timeout_s: float) -> Iterator[Any]:
+    from deltawheel.statestore.zk.client import connect
+
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI
+    client = connect(cfg, timeout_s=timeout_s)
+    try:
+        yield client
     finally:
         client.stop()
         client.close()

@@ -42,8 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="refuse a replay behind the live input position instead of continuing it")
     p.add_argument("--plan", action="store_true", help="print what it would do, change nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     add_spark_args(p)
     p.set_defaults(func=_run)
 

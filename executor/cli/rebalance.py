@@ -27,8 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--clear", action="store_true", help="delete the move request: back to the members' split")
     p.add_argument("--plan", action="store_true", help="print what would change, write nothing")
     add_optional_store(p)
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     p.set_defaults(func=_rebalance)
 
 

@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -126,11 +126,7 @@ class ZeitgeistParams:
 
     def generate(self) -> pa.Table:
         """The events (see :func:`generate_queries`)."""
-        return generate_queries(
-            self.n_events, seed=self.seed, start_ms=self.start_ms, rate_per_s=self.rate_per_s,
-            n_queries=self.n_queries, max_disorder_ms=self.max_disorder_ms,
-            late_fraction=self.late_fraction, late_by_ms=self.late_by_ms,
-            late_after_events=self.late_after_events, schedule=self.schedule)
+        return generate_queries(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     def windows(self) -> AnomalyWindows:
         """Where the spike and the dip are in base time."""

@@ -58,9 +58,7 @@ def register(sub: Any) -> None:
 
 
 def load_pipeline(target: str) -> Any:
-    """The ``Pipeline`` that ``MODULE:NAME`` names (a Pipeline, or a function returning one).
-
-    ``MODULE`` is a module name or a ``.py`` file; its folder goes on ``PYTHONPATH`` for Spark's workers.
+    """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns.
 
     Raises:
         ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline.

@@ -3,11 +3,8 @@
 Three computations, wired by streams::
 
     queries (generator injector)
-      └─ window_counter   counts per query in fixed 10 s event-time windows (windowing API:
-                           watermark trigger, allowed lateness); panes -> window_counts
-          └─ model         per-query history in state (last windows, moving average); for each
-                           window: actual vs expected -> predictions (a gap in a query's windows
-                           means those windows counted 0)
+      └─ window_counter   counts per query in fixed 10 s event-time windows -> window_counts
+          └─ model         per-query moving average: actual vs expected -> predictions
               └─ detector  spikes (actual >> expected) and dips (actual << expected) -> anomalies
 
 Everything is deterministic for (events, seed).

@@ -198,16 +198,8 @@ def generate_queries(
     Event ``i`` has base time ``start_ms + floor(i * 1000 / rate_per_s)``.
 
     Args:
-        n_events: number of events (rows).
-        seed: RNG seed; same arguments give the same table.
-        start_ms: base time of the first event (epoch ms).
-        rate_per_s: events per second of base time.
-        n_queries: distinct queries (see :func:`query_name`).
         max_disorder_ms: event time = base time - uniform(0..max_disorder_ms).
         late_fraction: share of events from index ``late_after_events`` on moved ``late_by_ms`` further back.
-        late_by_ms: how far late events are moved back.
-        late_after_events: no late event before this index.
-        schedule: where the spike and the dip are.
 
     Returns:
         A table ``record_id`` (``q{seed}-{i:010d}``), ``query`` and ``event_time`` (timestamp[ms, UTC]).
@@ -268,10 +260,7 @@ def table_digest(table: pa.Table) -> str:
 def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, first_mtime_s: int) -> list[str]:
     """Write ``table`` as ``part-00000.parquet``, ... (``events_per_batch`` rows each), idempotently.
 
-    File ``i`` gets modification time ``first_mtime_s + i``: Spark's file source reads in that order.
-
-    Returns:
-        The file paths, in order.
+    File ``i`` gets modification time ``first_mtime_s + i`` (Spark's reading order). Returns the paths.
 
     Raises:
         ConfigError: ``events_per_batch`` < 1, or a file exists with different content.

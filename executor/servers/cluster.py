@@ -1,14 +1,7 @@
 """A local cluster: a Spark standalone master and workers, and a ZooKeeper ensemble (:mod:`.ensemble`).
 
-Everything lives in one data folder (``deltawheel cluster up --data DIR``)::
-
-    <data>/cluster.json            ports and settings (so status and down find the processes)
-    <data>/zk/zk<N>/               ZooKeeper server N (zoo.cfg, data, zookeeper.log, zookeeper.pid)
-    <data>/spark/conf/             spark-defaults.conf of the master and workers
-    <data>/spark/master/           master.log, master.pid
-    <data>/spark/worker-<N>/       worker.log, worker.pid, work/ (executor folders: their stdout/stderr)
-
-Ports are chosen free at the first ``up`` and kept in ``cluster.json``. The workers' executors run
+Everything lives in one data folder: ``cluster.json`` (ports chosen free at the first ``up``),
+``zk/zk<N>/``, and ``spark/`` (``conf/``, ``master/``, ``worker-<N>/``). The workers' executors run
 the driver's Python, so deltawheel must be importable by it (same machine, same venv).
 """
 

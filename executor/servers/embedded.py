@@ -113,12 +113,7 @@ def _command() -> str:
 
 
 class StoreZooKeeper:
-    """A local store's own embedded ZooKeeper: its record, lock and users (the files above).
-
-    Args:
-        layout: the store (local).
-        lock_timeout_s: how long to wait for another process starting or stopping the server.
-    """
+    """A local store's own embedded ZooKeeper: its record, lock and users (the files above)."""
 
     def __init__(self, layout: StoreLayout, *, lock_timeout_s: float = 120.0) -> None:
         if not layout.is_local:
@@ -369,15 +364,11 @@ def ensure_zookeeper(cfg: ZkConfig, layout: StoreLayout, *, embedded: bool = Tru
                      own: bool = False) -> ZooKeeperUse:
     """The ZooKeeper for a command on ``layout``; release the returned use when done.
 
-    Args:
-        cfg: the ZooKeeper settings (``hosts`` ignored when ``own``).
-        layout: the store.
-        embedded: allow starting an embedded server.
-        own: no ``--zk`` was given: a local store uses its own server (see the module docstring).
+    ``own``: no ``--zk`` was given, so a local store uses its own server and ``cfg.hosts`` is
+    ignored; ``embedded``: a server may be started.
 
     Raises:
-        ZooKeeperServerError: the server could not start, or (explicit) nothing answers at
-            ``cfg.hosts`` while the store's own server runs on another port.
+        ZooKeeperServerError: the server could not start, or runs on another port than ``cfg.hosts``'s.
     """
     if own and embedded and layout.is_local:
         owner = StoreZooKeeper(layout)

@@ -1,12 +1,7 @@
 """A local ZooKeeper ensemble: three (or any odd number of) servers from pyspark's jars.
 
-For ``deltawheel cluster up`` and fault tests: each member is an :class:`~.zookeeper.EmbeddedZooKeeper`
-run by ``QuorumPeerMain`` with its own folder and ports::
-
-    <data_dir>/ensemble.json     the members' ids and ports (so status/stop find them)
-    <data_dir>/zk<N>/            member N's folder (zoo.cfg, data/myid, zookeeper.log, zookeeper.pid)
-
-Clients connect with :attr:`ZooKeeperEnsemble.hosts`. A majority of members must run for any to serve.
+For ``deltawheel cluster up`` and fault tests: member N is an :class:`~.zookeeper.EmbeddedZooKeeper`
+in ``<data_dir>/zk<N>``; ``ensemble.json`` records the ids and ports. A majority must run to serve.
 """
 
 from __future__ import annotations

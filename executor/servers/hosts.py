@@ -2,12 +2,8 @@
 
 Eight hosts, each a network namespace on one bridge (:mod:`.netns`): ``s3``, ``zk1``-``zk3``,
 ``master``, ``worker1``, ``worker2`` and ``client``. A cluster host sees Java, the system's Python,
-a read-only Spark installation and its own folder, not the repository or deltawheel; the client
-host keeps the machine's files. Each service uses its usual port on its host's address::
-
-    <data>/hosts.json            the subnet and what runs (so status and down find it)
-    <data>/spark/                the hosts' Spark installation (python -m venv + pip install pyspark)
-    <data>/<host>/               a host's own folder: its logs, pid files, data, jars
+the read-only Spark installation in ``<data>/spark`` and its own folder ``<data>/<host>``, not the
+repository; the client host keeps the machine's files. Services use their usual ports.
 """
 
 from __future__ import annotations
@@ -76,11 +72,8 @@ class HostsStatus:
 class HostsCluster:
     """The hosts test bed: network, Spark installation and services; see the module docstring.
 
-    Args:
-        data_dir: the test bed's folder.
-        subnet: the first three octets of the hosts' /24 (the bridge is ``.1``).
-        services: which of ``s3``, ``zk``, ``spark`` :meth:`up` starts; default: the last ``up``'s, else all.
-        worker_memory: memory each worker offers its executors.
+    ``subnet``: the first three octets of the hosts' /24; ``services``: which of ``s3``, ``zk``,
+    ``spark`` :meth:`up` starts (default: the last ``up``'s, else all).
     """
 
     def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,

@@ -1,15 +1,9 @@
 """A local single-node Kafka broker in KRaft mode, run from the Kafka jars on Maven Central.
 
 For development and tests of Kafka sources. One ``kafka.Kafka`` process is broker and controller,
-started after ``kafka-storage format`` as Kafka's quickstart does. The jars pyspark does not ship
-(:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central. Everything it writes lives in one folder::
-
-    <data_dir>/server.properties   generated KRaft configuration (broker + controller)
-    <data_dir>/logs/               the topics' partitions and the metadata log
-    <data_dir>/kafka.log           the broker's stdout/stderr
-    <data_dir>/kafka.pid           pid of the running broker
-
-Readiness: the listener accepts connections and the log says ``Kafka Server started``.
+started after ``kafka-storage format`` as Kafka's quickstart does; its ``server.properties``,
+``logs/``, ``kafka.log`` and ``kafka.pid`` live in one folder. The jars pyspark does not ship
+(:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central.
 """
 
 from __future__ import annotations

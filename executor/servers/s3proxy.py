@@ -1,14 +1,8 @@
 """A local S3-compatible object store: S3Proxy (``org.gaul:s3proxy``) on a filesystem backend.
 
-For trials and tests, not production: a bucket is a folder and an object a file. The server is
-a detached ``java -jar`` process. Everything it needs lives in one data folder::
-
-    <data_dir>/s3proxy.conf   generated configuration (endpoint, identity, credential, backend)
-    <data_dir>/blobs/         the buckets (one folder each) and their objects
-    <data_dir>/s3proxy.log    the server's stdout/stderr
-    <data_dir>/s3proxy.pid    pid of the running server
-
-The jar is fetched once from Maven Central into the per-user cache. Readiness: any HTTP reply.
+For trials and tests, not production: a bucket is a folder under ``blobs/`` and an object a file.
+The server is a detached ``java -jar`` process (its jar fetched once from Maven Central); readiness
+is any HTTP reply.
 """
 
 from __future__ import annotations
@@ -45,13 +39,8 @@ class ObjectStoreStatus:
 class S3ProxyServer:
     """An S3Proxy server with a filesystem backend in its own detached process.
 
-    Args:
-        data_dir: folder for the configuration, the buckets, the log and the pid file (created).
-        port: HTTP port.
-        host: address the server listens on.
-        identity: the access key; the secret key is generated at the first start and kept.
-        jars_dir: where the S3Proxy jar is cached (default: the per-user S3 jar cache).
-        prefix: words before the server's command, to run it on a test host (:mod:`.hosts`).
+    ``identity`` is the access key; the secret key is generated at the first start and kept.
+    ``prefix``: words before the server's command, to run it on a test host (:mod:`.hosts`).
     """
 
     def __init__(self, data_dir: Path | str, *, port: int = DEFAULT_OBJECTSTORE_PORT, host: str = "127.0.0.1",

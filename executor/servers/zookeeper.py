@@ -1,15 +1,8 @@
 """An embedded ZooKeeper server run from pyspark's jars: standalone, or an ensemble member (:mod:`.ensemble`).
 
-The server is a detached ``java`` process, so ``deltawheel zk start`` can return while it keeps
-running. Everything it needs lives in one data folder::
-
-    <data_dir>/zoo.cfg          generated configuration
-    <data_dir>/data/            snapshots and transaction logs (and ``myid`` in an ensemble)
-    <data_dir>/zookeeper.log    the server's stdout/stderr (log4j2 at INFO)
-    <data_dir>/zookeeper.pid    pid of the running server
-
-Readiness is ``srvr`` answered with the server's version (``ruok`` answers before it serves).
-It is meant for local development and tests; production points :class:`ZkConfig` at its own ensemble.
+The server is a detached ``java`` process whose ``zoo.cfg``, ``data/``, ``zookeeper.log`` and
+``zookeeper.pid`` live in one data folder. Readiness is ``srvr`` answered with the server's
+version (``ruok`` answers before it serves). For development and tests, not production.
 """
 
 from __future__ import annotations
@@ -146,9 +139,6 @@ class EmbeddedZooKeeper:
     """A local ZooKeeper server in its own detached process.
 
     Args:
-        data_dir: folder for the configuration, data, log and pid file (created).
-        port: client port.
-        host: address the server listens on.
         jars_dir: folder of jars for the classpath; default: pyspark's ``jars``.
         quorum: every member of its ensemble, itself included; empty: standalone.
         myid: this server's id among ``quorum`` (required with it).

@@ -121,8 +121,7 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
     """Publish ``injector``'s current estimate; with ``instance``, as that job instance's estimate.
 
     Returns:
-        The stored watermark (never below an earlier one), or ``None`` when there is no estimate
-        yet (or, with ``instance``, while a live instance has none).
+        The stored watermark (never below an earlier one), or ``None`` while there is no estimate.
 
     Raises:
         StaleSequencerError: another instance published with a newer sequencer.

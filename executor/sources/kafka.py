@@ -126,21 +126,14 @@ class KafkaInjector:
     keeps the per-partition watermark (an ``on_batch_end`` hook only sees the overall range).
 
     Args:
-        name: injector name (``producer`` column, watermark znode).
-        bootstrap_servers: Kafka's ``bootstrap.servers``.
-        topic: the one topic (``subscribePattern`` is not supported).
         schema: the messages' JSON columns, a DDL string or a StructType (required).
         key_column: natural key field of the JSON value; ``None``: the Kafka message key.
         event_time_column: a TIMESTAMP / epoch-ms BIGINT / STRING field; ``None``: the Kafka timestamp.
-        value_columns: fields of the JSON value (``None``: all but the event time field).
         watermark_delay_ms: the disorder bound within a partition (docs/sources.md, "Watermark options").
         idle_timeout_ms: processing time after which a silent partition is idle (None: never).
-        starting_offsets: Spark's ``startingOffsets``, used when the query's checkpoint is new.
-        max_offsets_per_trigger: Spark's ``maxOffsetsPerTrigger`` (None: all available).
         options: further ``kafka.*`` / source options.
-        max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day).
-        timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
-        clock: processing time for idleness (injected for tests).
+
+    The other arguments are as for :class:`~.jsonl.JsonLinesInjector`, or Spark's Kafka options.
 
     Raises:
         ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.

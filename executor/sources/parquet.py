@@ -39,20 +39,18 @@ class ParquetInjector(_MaxSeenInjector):
 
     Args:
         name: injector name (``producer`` column, watermark znode).
-        folder: the Parquet folder (local path or URI).
         schema: the files' columns, a DDL string or a StructType; None: read from the files.
         key_column: natural key column, or ``None`` (key ``""``).
         event_time_column: TIMESTAMP or epoch-ms BIGINT column.
         value_columns: columns of the JSON value; ``None``: all but the event time and record id
             columns; empty: no value.
-        record_id_column: unique id column, or ``None`` (position-based ids).
         max_files_per_trigger: at most this many files per micro-batch; None: every new file.
         max_bytes_per_trigger: instead, about this many bytes per micro-batch (at least one file).
         watermark_delay_ms: the declared disorder bound (docs/sources.md, "Watermark options").
         max_event_ahead_ms: records more than this ahead of the processing clock (default one
             day) become dead letters and do not move the watermark; None: no bound.
-        watermark_percentile: a share ``p`` in [0, 1): the watermark is instead the ``p``-quantile
-            of the event times of the files no query has read yet (:mod:`.estimates`).
+        watermark_percentile: in [0, 1): the watermark is instead that quantile of the unread
+            files' event times (:mod:`.estimates`).
 
     Raises:
         ConfigError: an invalid name, count, delay, bound or percentile, or both per-trigger

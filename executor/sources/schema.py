@@ -19,14 +19,11 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
     """Map a DataFrame of source rows to the stream-table columns, in the JVM.
 
     Args:
-        df: source rows (batch or streaming).
-        producer: the injector name (``producer`` column).
         key_column: the natural key, cast to string (null: ``""``); ``None``: ``key`` is ``""``.
         event_time_column: a TIMESTAMP column, or a BIGINT/INT of epoch milliseconds.
         value_columns: columns of the JSON ``value`` object; ``None``: every column except
             ``event_time_column`` and ``exclude``; empty: no value.
-        record_id: Spark Column giving the record id (must be non-null and unique).
-        commit_id: Spark Column giving the source position.
+        record_id: the record id Column (non-null and unique); ``commit_id``: the source position.
         exclude: columns left out of the default ``value_columns``.
         malformed: a STRING column, the raw text of a record the source could not parse (null
             otherwise): such a record becomes a dead letter "malformed".

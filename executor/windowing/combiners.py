@@ -139,7 +139,6 @@ def combine_fn_from_spec(spec: str | CombineFn) -> CombineFn:
 def negate(value: Any) -> Any:
     """The value of a retraction pane: the withdrawn value negated if a number (not a bool), else unchanged.
 
-
     >>> negate(7), negate(2.5), negate(True), negate({"n": 1}), negate(None)
     (-7, -2.5, True, {'n': 1}, None)
     """

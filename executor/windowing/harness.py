@@ -338,9 +338,7 @@ def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Bac
 
     A scenario that declares ``state_ttl`` also gets ``"expired": [{"key", "after_step"}, ...]``.
 
-    Args:
-        scenario: the scenario dict or the path of its JSON file.
-        backend: ``"memory"``, ``"delta"`` or a :class:`Backend`.
+    ``scenario`` is a dict or a JSON file's path; ``backend`` ``"memory"``, ``"delta"`` or a :class:`Backend`.
 
     Raises:
         WindowingError: malformed scenario or unknown backend.

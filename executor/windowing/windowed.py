@@ -53,11 +53,7 @@ def dropped_stream(output: str) -> str:
 
 
 class WindowedComputation(Computation):
-    """Windows, triggers, allowed lateness, accumulation and combining on per-key state and timers.
-
-    Build one with :func:`windowed` (which sets the class attributes ``name``,
-    ``inputs``, ``outputs`` and the computation settings it is given).
-    """
+    """Windows, triggers, allowed lateness, accumulation and combining on per-key state; built by :func:`windowed`."""
 
     output: str = "panes"
     event_time_timers = True  # window ends and allowed lateness are event-time timers
@@ -305,17 +301,16 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
     """A windowed computation named ``name`` reading ``inputs`` and writing panes to ``output``.
 
     Args:
-        name: computation name (a SQL identifier).
         inputs: input stream -> key extractor, as :attr:`Computation.inputs`.
         output: the pane stream; dropped elements go to ``dropped_stream(output)``.
-        windowing: the window function.
-        trigger: the trigger tree (default: :func:`~deltawheel.executor.windowing.triggers.default_trigger`).
+        trigger: the trigger tree (default: Beam's default trigger).
         allowed_lateness_ms: how long after its end a window keeps accepting data.
         accumulation: discarding, accumulating or accumulating_and_retracting.
         combine: a built-in combiner name (sum, count, min, max, mean) or a CombineFn.
         value: maps a record value to the combiner's input (default: the value itself).
-        num_intervals ... state_ttl_processing: the computation settings, as the :class:`Computation`
-            attributes of the same names (docs/windowing.md, "Computation settings").
+
+    The other keywords are the :class:`Computation` settings of the same names
+    (docs/windowing.md, "Computation settings").
 
     Raises:
         ConfigError: invalid names or settings, or an unknown keyword argument.

@@ -223,7 +223,7 @@ def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkC
     layout = layout_from(args)
     use = zookeeper_for(args, layout)
     try:
-        with _connected(use.config, args.zk_timeout) as client:
+        with connected(use.config, args.zk_timeout) as client:
             yield layout, use.config, client
     finally:
         use.release()
@@ -246,12 +246,13 @@ def zk_client(args: argparse.Namespace) -> Iterator[tuple[ZkConfig, Any]]:
             yield cfg, client
         return
     cfg = zk_config_from(args)
-    with _connected(cfg, args.zk_timeout) as client:
+    with connected(cfg, args.zk_timeout) as client:
         yield cfg, client
 
 
 @contextlib.contextmanager
-def _connected(cfg: ZkConfig, timeout_s: float) -> Iterator[Any]:
+def connected(cfg: ZkConfig, timeout_s: float) -> Iterator[Any]:
+    """A kazoo client connected to ``cfg`` (waiting ``timeout_s`` at most), stopped and closed after."""
     from deltawheel.statestore.zk.client import connect
 
     logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI

@@ -29,7 +29,6 @@ from .windows import Window, WindowFn, WindowingError
 __all__ = ["STATE_VERSION", "WindowingStrategy", "WindowedComputation", "windowed", "dropped_stream"]
 
 STATE_VERSION = 1
-_EVENT, _PROC, _ELEMENT = "event", "processing", "element"
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ class WindowedComputation(Computation):
             if wid not in touched:
                 touched.append(wid)
         for wid in touched:
-            self._evaluate(ctx, st, wid, _ELEMENT)
+            self._evaluate(ctx, st, wid)
         self._save(ctx, st)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
@@ -115,7 +114,7 @@ class WindowedComputation(Computation):
         st = self._load(ctx)
         wid = timer.tag[2:]
         if wid in st:
-            self._evaluate(ctx, st, wid, _EVENT if timer.domain is TimeDomain.EVENT_TIME else _PROC)
+            self._evaluate(ctx, st, wid)
         self._save(ctx, st)
 
     def _checked(self, method: str, value: Any) -> Any:
@@ -200,7 +199,7 @@ class WindowedComputation(Computation):
         st[merged.wid] = ws
         self._schedule(ctx, merged.wid, ws)
 
-    def _evaluate(self, ctx: Context, st: dict[str, dict[str, Any]], wid: str, cause: str) -> None:
+    def _evaluate(self, ctx: Context, st: dict[str, dict[str, Any]], wid: str) -> None:
         s = self.strategy
         ws = st[wid]
         w = Window.from_wid(wid)

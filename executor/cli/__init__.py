@@ -7,6 +7,7 @@ and sets ``func`` (taking the parsed args, returning an exit code).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import select
 import sys
@@ -34,37 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show Spark's and ZooKeeper's log lines (off by default); may also follow the command")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from . import (
-        bench,
-        cluster,
-        demo,
-        deploy,
-        gc,
-        history,
-        leases,
-        migrate,
-        objectstore,
-        promote,
-        quickstart,
-        rebalance,
-        recover,
-        repair,
-        replay,
-        report,
-        reseed,
-        run,
-        scenario,
-        setup,
-        sql,
-        status,
-        upgradestate,
-        zk,
-    )
-
-    for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases,
-                rebalance, recover, replay, promote, repair, upgradestate, reseed, gc, bench, scenario, setup,
-                deploy):  # --help order
-        mod.register(sub)
+    for name in ("demo", "run", "quickstart", "status", "report", "zk", "objectstore", "cluster", "migrate", "sql",
+                 "history", "leases", "rebalance", "recover", "replay", "promote", "repair", "upgradestate",
+                 "reseed", "gc", "bench", "scenario", "setup", "deploy"):  # --help order
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 

@@ -124,7 +124,7 @@ def add_spark_args(p: argparse.ArgumentParser) -> None:
 
 
 def zk_config_from(args: argparse.Namespace) -> ZkConfig:
-    """The ZooKeeper settings of ``args``; no ``--zk``: a local store's running server, else 127.0.0.1:2181."""
+    """The ZooKeeper settings of ``args`` (no ``--zk``: a local store's running server, else :2181)."""
     hosts = args.zk
     if hosts is None:
         hosts = f"127.0.0.1:{DEFAULT_ZK_PORT}"

@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def demo_injector(args: argparse.Namespace, layout: Any) -> Any:
-    """The generator injector of a bounded demo's ``args``, in ``seed{--seed}-n{events}`` under :func:`_input_root`.
+    """The generator injector of a bounded demo's ``args``, its files under :func:`_input_root`.
 
     Raises:
         ConfigError: a ``--scale`` that is not a positive number.

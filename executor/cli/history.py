@@ -53,7 +53,7 @@ def _iso(ms: int) -> str:
 
 
 def change_json(c: Change, *, allow_pickle: bool = False) -> dict[str, Any]:
-    """One version of a key as plain values: the commit's facts, the key's record ids then and the row decoded."""
+    """One version of a key as plain values: the commit's facts, its record ids then, the row decoded."""
     row = None if c.row is None else row_json(c.row, allow_pickle=allow_pickle)
     return {"version": c.commit.version, "commit_time": _iso(c.commit.timestamp_ms),
             "commit_time_ms": c.commit.timestamp_ms, "change": c.change, "writer": c.commit.writer,

@@ -1,4 +1,4 @@
-"""``deltawheel promote``: a replay's state replaces the live computation's, fenced and audited (docs/replay.md)."""
+"""``deltawheel promote``: a replay's state replaces the live one's, fenced and audited (docs/replay.md)."""
 
 from __future__ import annotations
 

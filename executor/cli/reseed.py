@@ -1,4 +1,4 @@
-"""``deltawheel reseed``: restore a pipeline's ZooKeeper state from its store (docs/coordinator-recovery.md)."""
+"""``deltawheel reseed``: a pipeline's lost ZooKeeper state from its store (docs/coordinator-recovery.md)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ Say = Callable[[str], None]
 
 
 class LiveQueries(ParquetInjector):
-    """The live input folder as the demo's ``queries`` injector, with :meth:`close_until` to end its event time."""
+    """The live input folder as the demo's ``queries`` injector; :meth:`close_until` ends its event time."""
 
     def __init__(self, name: str, folder: str, *, max_disorder_ms: int) -> None:
         super().__init__(name, folder, key_column="query", event_time_column="event_time",
@@ -143,7 +143,7 @@ def check_settings(layout: StoreLayout, *, rate: int, seconds: float | None, win
     """Refuse what ``demo --follow`` cannot run, before anything starts.
 
     Raises:
-        ConfigError: an instance name, a remote store, a bad rate, duration or window, or the other demo's store.
+        ConfigError: an instance name, a remote store, a bad rate, duration or window, the other demo's store.
     """
     if instance is not None:
         raise ConfigError("demo --follow runs every computation's intervals in one process: --instance is for the "

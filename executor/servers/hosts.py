@@ -299,7 +299,7 @@ class HostsCluster:
         return HostsStatus(services, registered, zk_modes)
 
     def kill_host(self, host: str) -> list[int]:
-        """SIGKILL every process on ``host`` (the machine lost; :meth:`up` restarts it); returns their pids."""
+        """SIGKILL every process on ``host`` (:meth:`up` restarts them); returns their pids."""
         import os
         import signal
 
@@ -312,7 +312,7 @@ class HostsCluster:
         return pids
 
     def down(self) -> tuple[int, list[str]]:
-        """Stop and kill everything, delete the network; idempotent. Returns (processes ended, what is left)."""
+        """Stop everything, delete the network; idempotent. Returns (processes ended, what is left)."""
         n = sum(1 for w in self.workers if w.stop(timeout_s=5.0)) + int(self.master.stop(timeout_s=5.0))
         n += sum(1 for z in self.zookeepers if z.stop(timeout_s=5.0)) + int(self.s3.stop(timeout_s=5.0))
         n += self.network.down()

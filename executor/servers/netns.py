@@ -140,7 +140,7 @@ class HostNetwork:
         return [int(p) for p in _ip("netns", "pids", host.netns, check=False).stdout.split()]
 
     def down(self) -> int:
-        """SIGKILL every process of every host, delete the network; idempotent. Returns how many were killed."""
+        """SIGKILL every host's processes, delete the network; idempotent. Returns how many were killed."""
         killed = 0
         for h in self.hosts:
             for _ in range(50):
@@ -190,5 +190,5 @@ def isolated_prefix(host: Host, *, own_dir: Path, shared_dirs: Sequence[Path] = 
 
 
 def host_prefix(host: Host, env: Mapping[str, str] | None = None) -> list[str]:
-    """The words that run a command on ``host`` with the machine's files and the caller's environment + ``env``."""
+    """The words that run a command on ``host`` with the machine's files and environment, plus ``env``."""
     return ["ip", "netns", "exec", host.netns, "env", *(f"{k}={v}" for k, v in (env or {}).items())]

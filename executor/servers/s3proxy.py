@@ -140,7 +140,7 @@ class S3ProxyServer:
         """Start the server (unless it runs) and return once it answers HTTP requests.
 
         Raises:
-            ObjectStoreServerError: java or the jar is missing, the port is taken, or it was not ready in time.
+            ObjectStoreServerError: no java or jar, the port is taken, or it was not ready in time.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         pid = self._process.read_pid()

@@ -14,7 +14,7 @@ __all__ = ["local_folder_token", "make_local_dir"]
 
 
 def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
-    """(name, size, mtime in ns) of the files Spark would read from a local folder; None if remote or unreadable."""
+    """(name, size, mtime ns) of the files Spark reads from a local folder; None if remote or unreadable."""
     local = local_path(folder)
     if local is None:
         return None
@@ -74,7 +74,7 @@ def _first_file_footer(folder: str, files: TableFiles | None = None) -> tuple[st
 
 
 def _check_footer(injector: str, file: str, arrow: Any, schema: Any) -> None:
-    """Check that every column of ``schema`` is in the file's footer, with the same type where it maps plainly.
+    """Check every column of ``schema`` is in the file's footer, of the same type where it maps plainly.
 
     Raises:
         ConfigError: a column missing from the file, or of another type.

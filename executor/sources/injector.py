@@ -100,7 +100,7 @@ class Injector(Protocol):
     name: str
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
-        """The input as a streaming DataFrame with the stream-table columns (a text source adds ``raw_value``)."""
+        """The input as a streaming DataFrame of the stream-table columns (plus ``raw_value`` for text)."""
         ...
 
     def observe(self, stats: BatchStats) -> None:

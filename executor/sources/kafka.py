@@ -333,7 +333,7 @@ class KafkaInjector:
 
     def tracking(self, executor: Callable[[Any, int], Any], authority: WatermarkAuthority, *,
                  sequencer: int = 0) -> Callable[[Any, int], None]:
-        """A ``foreachBatch`` function: stats, ``executor(batch_df, batch_id)``, then publish the watermark."""
+        """A ``foreachBatch`` function: stats, ``executor(batch_df, batch_id)``, publish the watermark."""
 
         def run(batch_df: Any, batch_id: int) -> None:
             stats = self.stats_of(batch_df)

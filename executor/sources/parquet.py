@@ -138,7 +138,7 @@ class ParquetInjector(_MaxSeenInjector):
         return self._in_stream_schema(raw, schema)
 
     def files_df(self, spark: SparkSession, names: Sequence[str]) -> DataFrame:
-        """The records of some of the folder's files (by name), as :meth:`stream_df` gives them, in a batch."""
+        """The records of some of the folder's files (by name) as :meth:`stream_df` gives them, in a batch."""
         given = None if self.schema is None else json_schema(self.schema)
         schema = given or _spark_schema(_first_footer(self.folder)) or spark.read.parquet(self.folder).schema
         raw = spark.read.schema(schema).parquet(*[f"{self.folder.rstrip('/')}/{n}" for n in sorted(names)])
@@ -164,7 +164,7 @@ class ParquetInjector(_MaxSeenInjector):
 
 
 def _given_arrow(given: Any, footer: Any | None) -> Any | None:
-    """The Arrow schema the direct read expects: the file's types for the given columns, else the given one."""
+    """The Arrow schema the direct read expects: the file's types of the given columns, else the given."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 

@@ -22,7 +22,7 @@ __all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_s
 
 
 class CombineFn:
-    """A user combiner: override ``create``, ``add``, ``merge`` and maybe ``extract`` (docs/windowing.md, "Combiners")."""
+    """A user combiner: override ``create``, ``add``, ``merge``, maybe ``extract`` (docs/windowing.md)."""
 
     def create(self) -> Any:
         """A new, empty accumulator."""

@@ -97,7 +97,7 @@ class MemoryBackend:
 
 
 class DeltaBackend:
-    """The Delta rows table behind :class:`Backend`: rows read at each step's start, one fenced commit at its end.
+    """The Delta rows table as a :class:`Backend`: read at each step's start, one fenced commit at its end.
 
     ``layout`` is migrated here if needed.
     """

@@ -23,7 +23,7 @@ NodeState = dict[str, Any]
 
 @dataclass
 class TriggerContext:
-    """The clocks and the per-node states (pre-order, mutated in place) a trigger runs against (one window)."""
+    """The clocks and the per-node states (pre-order, mutated in place) of one window's trigger."""
 
     states: list[NodeState]
     watermark_ms: int | None
@@ -357,7 +357,7 @@ class AfterWatermark(Trigger):
             sub[0].on_element(tc, sub[1])
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
-        """Before the on-time firing: the end is reached or ``early`` can fire; after it: ``late`` can fire."""
+        """Before the on-time firing: the end is reached or ``early`` can fire; after it, ``late`` can."""
         if not tc.node(i).get("o"):
             early = self._sub(i, "early")
             return tc.end_of_window_reached or (early is not None and early[0].should_fire(tc, early[1]))

@@ -52,7 +52,7 @@ def dropped_stream(output: str) -> str:
 
 
 class WindowedComputation(Computation):
-    """Windows, triggers, allowed lateness, accumulation and combining on per-key state; built by :func:`windowed`."""
+    """Windows, triggers, lateness, accumulation and combining on per-key state; see :func:`windowed`."""
 
     output: str = "panes"
     event_time_timers = True  # window ends and allowed lateness are event-time timers
@@ -82,7 +82,7 @@ class WindowedComputation(Computation):
         super().__setattr__(attr, value)
 
     def process_record(self, ctx: Context, record: Record) -> None:
-        """Add the record to every window it falls in and evaluate their triggers; or drop it, with the reason."""
+        """Add the record to each window it falls in and evaluate their triggers, or drop it (with why)."""
         st = self._load(ctx)
         s = self.strategy
         wm = ctx.input_watermark_ms

@@ -1,17 +1,11 @@
 """Helpers for testing your own computations and pipelines.
 
-* Your computation, without Spark: :class:`ComputationTester` feeds records, moves the
-  watermark and the processing clock, and shows state, timers and output (in memory, or in a
-  Delta store with ``spark=``), through the per-key runner the executor's tasks use.
-* Scenarios (the windowing harness): script a keyed stream with watermark and
-  processing-time steps, run a windowed computation through the real per-key runner, and
-  compare its panes: :func:`run_scenario`, :func:`load_scenario`, :func:`assert_panes_equal`,
-  with rows kept in memory (:class:`MemoryBackend`) or in a Delta store (:class:`DeltaBackend`).
-* Time: :class:`ManualClock`, a clock you move by hand (pass it as ``clock=`` where a
-  component takes one).
-* ZooKeeper: :class:`EmbeddedZooKeeper` starts a real ZooKeeper server from the jars the
-  pyspark wheel ships (no download), e.g. in a pytest fixture.
-* Records: :func:`make_record` builds an input record with its id.
+* :class:`ComputationTester`: feed records to your computation without Spark, move the clocks,
+  see state, timers and output.
+* Scenarios (the windowing harness): :func:`run_scenario`, :func:`load_scenario`,
+  :func:`assert_panes_equal`, with rows in :class:`MemoryBackend` or :class:`DeltaBackend`.
+* :class:`ManualClock`, :class:`EmbeddedZooKeeper` (a real server from pyspark's jars) and
+  :func:`make_record`.
 
 Example (fixed 10 s windows, the default trigger, a sum per window)::
 

@@ -8,10 +8,8 @@ watermark); stage 2 totals users and clicks per minute (a timer fired by stage 1
     spark-submit ... examples/clicks_job.py run --store s3a://BUCKET/clicks --input s3a://BUCKET/clicks-input \\
         --zk HOST:2181,... --seconds 120
 
-The object store is the one ``$DELTAWHEEL_S3_ENDPOINT`` (with ``..._ACCESS_KEY``, ``..._SECRET_KEY``)
-names, for ``make-input``; a submitted job gets it from ``deltawheel submit-args``. ``run`` prints
-``first batch committed`` (with the time) once a stage has committed its first records, and a summary
-at the end.
+``make-input`` reaches the object store ``$DELTAWHEEL_S3_ENDPOINT`` names; a submitted job gets it
+from ``deltawheel submit-args``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ and sets ``func`` (taking the parsed args, returning an exit code).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import select
 import sys
@@ -34,47 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show Spark's and ZooKeeper's log lines (off by default); may also follow the command")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from . import (
-        bench,
-        cluster,
-        demo,
-        deploy,
-        gc,
-        history,
-        leases,
-        migrate,
-        objectstore,
-        promote,
-        quickstart,
-        rebalance,
-        recover,
-        repair,
-        replay,
-        report,
-        reseed,
-        run,
-        scenario,
-        setup,
-        sql,
-        status,
-        upgradestate,
-        zk,
-    )
-
-    for mod in (demo, run, quickstart, status, report, zk, objectstore, cluster, migrate, sql, history, leases,
-                rebalance, recover, replay, promote, repair, upgradestate, reseed, gc, bench, scenario, setup,
-                deploy):  # --help order
-        mod.register(sub)
+    for name in ("demo", "run", "quickstart", "status", "report", "zk", "objectstore", "cluster", "migrate",
+                 "sql", "history", "leases", "rebalance", "recover", "replay", "promote", "repair",
+                 "upgradestate", "reseed", "gc", "bench", "scenario", "setup", "deploy"):  # --help order
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``deltawheel`` command line ``argv`` (default: the process's); returns the exit status.
 
-    A :class:`DeltaWheelError` is printed as one line and returns its class's exit code
-    (:data:`~deltawheel.statestore.exceptions.EXIT_CODES`); usage errors return 2, Ctrl-C 130.
-    When the reader of the output goes away (``deltawheel status | head``), the command stops
-    quietly with 141, as a tool ended by SIGPIPE does.
+    A :class:`DeltaWheelError` is one line and its class's exit code (:data:`EXIT_CODES`); usage
+    errors return 2, Ctrl-C 130, a closed output pipe 141.
     """
     try:
         rc = _main(argv)

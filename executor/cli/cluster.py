@@ -1,6 +1,4 @@
-"""``deltawheel cluster up|down|status [--hosts]``: a local Spark standalone cluster and ZooKeeper
-ensemble; with ``--hosts``, the same on separate hosts made of namespaces (``cluster exec`` runs a
-command on one of them)."""
+"""``deltawheel cluster up|down|status|exec [--hosts]``: a local Spark cluster and ZooKeeper ensemble."""
 
 from __future__ import annotations
 

@@ -26,8 +26,11 @@ def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--store", required=required, help="store folder or URI (holds the Delta tables)")
 
 
-def add_zk_args(p: argparse.ArgumentParser) -> None:
-    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``."""
+def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
+    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``.
+
+    ``timeout``: also ``--zk-timeout``, how long a tool waits for ZooKeeper.
+    """
     g = p.add_argument_group("ZooKeeper")
     g.add_argument(
         "--zk", default=os.environ.get("DELTAWHEEL_ZK"),
@@ -44,11 +47,12 @@ def add_zk_args(p: argparse.ArgumentParser) -> None:
                    help="ZooKeeper session timeout in seconds (env DELTAWHEEL_ZK_SESSION_TIMEOUT; default "
                         f"{ZkConfig.session_timeout_s:g}): a shorter outage only pauses commits, a longer one "
                         "stops the run; a killed run's leases stay held this long")
+    if timeout:
+        p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
 
 
 def add_handover_args(p: argparse.ArgumentParser) -> None:
-    """``--wait S`` / ``--no-wait``: how a tool that changes live state (promote, repair) gets the
-    intervals a running pipeline holds."""
+    """Add ``--wait S`` / ``--no-wait``: how a tool gets the intervals a running pipeline holds."""
     wait = p.add_mutually_exclusive_group()
     wait.add_argument("--wait", type=float, default=60.0, metavar="S",
                       help="seconds to wait for the running pipeline to hand the intervals over at its next batch "
@@ -102,8 +106,7 @@ def _non_negative(text: str) -> float:
 
 
 def add_log_store_zk_args(p: argparse.ArgumentParser) -> None:
-    """Add ``--zk`` / ``--zk-chroot`` to a command that commits to a store but holds no lease
-    (migrate, gc): on an object store (``s3a://``) its commits are arbitrated by that ZooKeeper."""
+    """Add ``--zk`` / ``--zk-chroot`` for a command that commits to an ``s3a://`` store but holds no lease."""
     g = p.add_argument_group("ZooKeeper (object-store stores only)")
     g.add_argument("--zk", default=os.environ.get("DELTAWHEEL_ZK"),
                    help="ZooKeeper connection string host:port[,host:port] that arbitrates commits to an "
@@ -121,11 +124,7 @@ def add_spark_args(p: argparse.ArgumentParser) -> None:
 
 
 def zk_config_from(args: argparse.Namespace) -> ZkConfig:
-    """The ZooKeeper settings of parsed ``args``.
-
-    With no ``--zk``: the address of a local ``--store``'s own embedded server when it runs, else
-    127.0.0.1:2181 (a command that uses the store's server gets it from :func:`zookeeper_for`).
-    """
+    """The ZooKeeper settings of ``args`` (no ``--zk``: a local store's running server, else :2181)."""
     hosts = args.zk
     if hosts is None:
         hosts = f"127.0.0.1:{DEFAULT_ZK_PORT}"
@@ -140,9 +139,7 @@ def zk_config_from(args: argparse.Namespace) -> ZkConfig:
 
 
 def zookeeper_for(args: argparse.Namespace, layout: StoreLayout) -> Any:
-    """The ZooKeeper of a command on ``layout`` (a :class:`~..servers.embedded.ZooKeeperUse`, to release):
-    with no ``--zk``, a local store's own embedded server (started, or shared with the other processes
-    using the store); an explicit ``--zk`` as given (an embedded server started on it if none answers)."""
+    """The ZooKeeper of a command on ``layout``, a :class:`~..servers.embedded.ZooKeeperUse` to release."""
     from ..servers.embedded import ensure_zookeeper
 
     return ensure_zookeeper(zk_config_from(args), layout, own=args.zk is None)
@@ -166,8 +163,7 @@ def layout_from(args: argparse.Namespace) -> StoreLayout:
 
 
 def existing_layout_from(args: argparse.Namespace) -> StoreLayout:
-    """:func:`layout_from` for a command that only looks at a store: a local ``--store`` that does not
-    exist is refused before anything (a ZooKeeper of its own included) is made there for a typo.
+    """:func:`layout_from` for a command that only looks at a store: a missing local store is refused.
 
     Raises:
         NotAStoreError: ``--store`` names a file, or a local folder that does not exist.
@@ -180,12 +176,10 @@ def existing_layout_from(args: argparse.Namespace) -> StoreLayout:
 
 
 def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -> Any:
-    """A Spark session with Delta built from parsed ``args`` (``kw``: more :class:`SparkSettings` fields).
-    ``announce``: say on stderr when a JVM starts and when it is ready (a long-running command's
-    seconds of silence otherwise; the tools' output stays free of such lines without --verbose).
+    """A Spark session with Delta built from ``args`` (``kw``: more :class:`SparkSettings` fields).
 
-    For a store on an object store, the session's commits to it are arbitrated by ``--zk`` (its
-    log store, docs/objectstore.md) with the pipelines' ``--zk-chroot``.
+    ``announce``: say on stderr when a JVM starts and when it is ready. An object store's commits
+    are arbitrated by ``--zk`` (docs/objectstore.md).
 
     Raises:
         ConfigError: the store is on an object store and no ZooKeeper is given.
@@ -202,7 +196,7 @@ def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -
     kw.setdefault("log_level", spark_log_level())
     master = getattr(args, "master", "local[2]")
     fresh = announce and _no_session()
-    if fresh:  # a JVM to start: seconds, up to half a minute on a busy machine, with nothing else printed
+    if fresh:
         print(f"deltawheel: starting Spark ({master}) ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     spark = build_spark(SparkSettings(master=master, driver_memory=getattr(args, "driver_memory", "2g"), **kw))
@@ -225,28 +219,18 @@ def _no_session() -> bool:
 
 @contextlib.contextmanager
 def store_zookeeper(args: argparse.Namespace) -> Iterator[tuple[StoreLayout, ZkConfig, Any]]:
-    """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``: with no
-    ``--zk``, a local store's own embedded server (:func:`zookeeper_for`), released, and the client
-    closed, when the command is done. ``--zk-timeout`` bounds the wait for ZooKeeper."""
-    from deltawheel.statestore.zk.client import connect
-
+    """(layout, ZooKeeper config, connected kazoo client) for a command on ``--store``, released after."""
     layout = layout_from(args)
     use = zookeeper_for(args, layout)
     try:
-        logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-        client = connect(use.config, timeout_s=args.zk_timeout)
-        try:
+        with connected(use.config, args.zk_timeout) as client:
             yield layout, use.config, client
-        finally:
-            client.stop()
-            client.close()
     finally:
         use.release()
 
 
 def add_optional_store(p: argparse.ArgumentParser) -> None:
-    """Add an optional ``--store`` to a ZooKeeper-only command: with it and no ``--zk`` the command
-    reaches the store's own embedded ZooKeeper (:func:`zk_client`)."""
+    """Add an optional ``--store`` to a ZooKeeper-only command (its own ZooKeeper, without ``--zk``)."""
     add_store_arg(p, required=False)
     p.set_defaults(store=None)
     p.description = ((p.description + " ") if p.description else "") + (
@@ -256,19 +240,25 @@ def add_optional_store(p: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def zk_client(args: argparse.Namespace) -> Iterator[tuple[ZkConfig, Any]]:
-    """(config, connected kazoo client) for a command with :func:`add_optional_store`: the store's
-    ZooKeeper when ``--store`` is given (:func:`store_zookeeper`), else ``--zk``'s."""
-    from deltawheel.statestore.zk.client import connect
-
-    logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI
+    """(config, connected kazoo client) for a command with :func:`add_optional_store`."""
     if getattr(args, "store", None) is not None:
         with store_zookeeper(args) as (_, cfg, client):
             yield cfg, client
         return
     cfg = zk_config_from(args)
-    client = connect(cfg, timeout_s=args.zk_timeout)
-    try:
+    with connected(cfg, args.zk_timeout) as client:
         yield cfg, client
+
+
+@contextlib.contextmanager
+def connected(cfg: ZkConfig, timeout_s: float) -> Iterator[Any]:
+    """A kazoo client connected to ``cfg`` (waiting ``timeout_s`` at most), stopped and closed after."""
+    from deltawheel.statestore.zk.client import connect
+
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)  # no per-retry warnings on a CLI
+    client = connect(cfg, timeout_s=timeout_s)
+    try:
+        yield client
     finally:
         client.stop()
         client.close()

@@ -1,16 +1,8 @@
 """``deltawheel demo``: the Zeitgeist pipeline on the embedded defaults (the README's main command).
 
-Local Spark, a local Delta store, and a real ZooKeeper started from pyspark's
-jars when none answers. ``--store s3a://BUCKET/PATH`` keeps the tables on an object store (the
-generated input stays in a local folder, ``--input``). Deterministic for (--events, --seed); re-running the
-same command after a kill resumes and finishes with exactly the same rows. ``--scale X`` generates X times
---events (``tests/test_storage_bound_demo.py`` runs it at 1x, 5x and 10x). ``--dedup-retention DURATION``
-sets every stage's dedup horizon (``Computation.dedup_retention``, 10 min by default): a run longer than it
-keeps only the record ids of its last DURATION or so.
-
-``--follow [--rate R] [--seconds S]``: the same three stages live at once on events generated now, at
-R records/s, with a line per stage every few seconds (``executor/demo/follow.py``; docs/continuous.md,
-"The demo, live"); its default store is ``data/demo-follow``.
+Deterministic for (--events, --seed): re-running the same command after a kill resumes and
+finishes with exactly the same rows. ``--follow`` runs the stages live instead
+(``executor/demo/follow.py``; docs/continuous.md, "The demo, live").
 """
 
 from __future__ import annotations
@@ -90,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..drivers.pipeline import Pipeline
     from ..drivers.runner import PipelineRunner
 
-    demo_computations(args)  # --dedup-retention, checked before anything starts
+    demo_computations(args)  # checks --dedup-retention before anything starts
     if args.follow:
         if args.scale is not None:
             from deltawheel.statestore.exceptions import ConfigError
@@ -120,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
 
     background = None
-    if args.gc_every is not None:  # batches of any stage, or a duration
+    if args.gc_every is not None:
         from deltawheel.gc.background import BackgroundGc
 
         background = BackgroundGc.every(spark, layout, args.gc_every)
@@ -138,8 +130,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def demo_injector(args: argparse.Namespace, layout: Any) -> Any:
-    """The generator injector of a bounded demo's parsed ``args``: ``--scale`` times ``--events``
-    search queries, in the folder ``seed{--seed}-n{events}`` under :func:`_input_root`.
+    """The generator injector of a bounded demo's ``args``, its files under :func:`_input_root`.
 
     Raises:
         ConfigError: a ``--scale`` that is not a positive number.
@@ -153,8 +144,7 @@ def demo_injector(args: argparse.Namespace, layout: Any) -> Any:
 
 
 def demo_computations(args: argparse.Namespace, *, window_ms: int | None = None) -> Any:
-    """The demo's computations for the parsed ``args`` (``--dedup-retention``; ``window_ms``: the
-    first stage's window, the default 10 s when None).
+    """The demo's computations for ``args`` (``window_ms``: the first stage's window; None: 10 s).
 
     Raises:
         ConfigError: a ``--dedup-retention`` that is not a positive duration.
@@ -172,7 +162,7 @@ def parse_retention(text: str) -> Any:
     (datetime.timedelta(seconds=90), datetime.timedelta(seconds=90), datetime.timedelta(seconds=3600))
 
     Raises:
-        ConfigError: anything else (no unit, zero, negative, not a number); nothing is started.
+        ConfigError: anything else.
     """
     import math
     from datetime import timedelta
@@ -255,8 +245,7 @@ def _summary(spark: Any, layout: Any, summary: Any, *, events: int) -> None:
     records = sum(r.records_in for r in summary.reports.get("window_counter", []))
     late = {n: sum(r.late for r in rs) for n, rs in summary.reports.items()}
     print("\n=== zeitgeist summary ===")
-    # the counts are this process's: a run that resumed a killed one (or waited for another copy)
-    # reads only what is left; the stream tables hold every row either way
+    # the counts are this process's: a run that resumed a killed one reads only what is left
     resumed = records < events
     print(f"records read by window_counter : {records}"
           + (f" in this run, of {events} generated (another run on this store read the rest)" if resumed else ""))

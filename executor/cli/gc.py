@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from .common import (
     add_log_store_zk_args,
     add_spark_args,
     add_store_arg,
+    connected,
     layout_from,
     spark_from,
     store_zookeeper,
@@ -93,9 +95,6 @@ def _run(args: argparse.Namespace) -> int:
     layout = layout_from(args)
     spark = spark_from(args)
     migrations.check_store(spark, layout)
-    keep = None if args.stream_retention_hours is None else int(args.stream_retention_hours * 3_600_000)
-    metrics_keep = (None if args.metrics_retention_hours == float("inf")
-                    else int(args.metrics_retention_hours * 3_600_000))
     from .progress import Progress
 
     bar: list[Progress] = []
@@ -119,9 +118,11 @@ def _run(args: argparse.Namespace) -> int:
         from deltawheel.gc.ranlog import read_ran
 
         ran = read_ran(layout)
-    report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply, stream_retention_ms=keep,
+    report = run_gc(spark, layout, now_ms=int(time.time() * 1000), apply=args.apply,
+                    stream_retention_ms=ms(args.stream_retention_hours),
                     vacuum_retain_hours=args.vacuum_retain_hours, force=args.force, progress=progress,
-                    metrics_retention_ms=metrics_keep, log_retention_ms=ms(args.log_retention_hours),
+                    metrics_retention_ms=ms(_finite(args.metrics_retention_hours)),
+                    log_retention_ms=ms(args.log_retention_hours),
                     keep_replay_ms=ms(args.keep_replay_hours),
                     late_data_retention_ms=ms(_finite(args.late_data_retention_hours)),
                     dead_letter_retention_ms=ms(_finite(args.dead_letter_retention_hours)))
@@ -148,16 +149,11 @@ def _zk_actions(args: argparse.Namespace, spark: Any, *, apply: bool, ran: RanLo
     from deltawheel.gc.inputsets import prune_input_sets
     from deltawheel.gc.zknodes import bound_pipelines, collect_zk_nodes
     from deltawheel.statestore.delta.txn import TableLog
-    from deltawheel.statestore.zk.client import connect
 
     with store_zookeeper(args) as (layout, cfg, client):
         table_id = TableLog(spark, layout.rows).table_id()
-        root = connect(replace(cfg, chroot="/"), timeout_s=args.zk_timeout) if cfg.chroot != "/" else None
-        try:
+        at_root = connected(replace(cfg, chroot="/"), args.zk_timeout) if cfg.chroot != "/" else nullcontext()
+        with at_root as root:
             sets = prune_input_sets(spark, layout, client, pipelines=bound_pipelines(client, rows_table_id=table_id),
                                     apply=apply, wait_s=args.lease_wait, ran=ran)
             return sets + collect_zk_nodes(client, root, rows_table_id=table_id, chroot=cfg.chroot, apply=apply)
-        finally:
-            if root is not None:
-                root.stop()
-                root.close()

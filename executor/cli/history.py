@@ -1,10 +1,6 @@
 """``deltawheel history``: a key's versions in the rows table, newest first, decoded.
 
-Read-only and without Spark: the rows table's Delta log and the data files it names are read
-with pyarrow (``statestore/inspection/history.py``); no lease is taken, a running pipeline is
-not disturbed. An ``s3a://`` store is reached with the settings of ``$DELTAWHEEL_S3_ENDPOINT``
-and its keys, as a session ``build_spark`` makes reaches it (``objectstore.s3a.files_from_env``).
-docs/history.md.
+Read-only and without Spark or leases (``statestore/inspection/history.py``); docs/history.md.
 """
 
 from __future__ import annotations
@@ -57,9 +53,7 @@ def _iso(ms: int) -> str:
 
 
 def change_json(c: Change, *, allow_pickle: bool = False) -> dict[str, Any]:
-    """One version of a key as plain values: the commit's facts, the record ids the store held for
-    the key then (in its row and, on the image path, in its interval's ids files) and the row
-    decoded (None: deleted; its ``record_ids`` lists those in the row only)."""
+    """One version of a key as plain values: the commit's facts, its record ids then, the row decoded."""
     row = None if c.row is None else row_json(c.row, allow_pickle=allow_pickle)
     return {"version": c.commit.version, "commit_time": _iso(c.commit.timestamp_ms),
             "commit_time_ms": c.commit.timestamp_ms, "change": c.change, "writer": c.commit.writer,

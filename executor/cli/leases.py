@@ -63,9 +63,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _pipeline_chroots(cfg: ZkConfig, pipeline: str | None, *, timeout_s: float,
                       max_depth: int = 3, max_nodes: int = 500) -> list[tuple[str, list[str]]]:
-    """The chroots other than ``cfg.chroot`` that hold deltawheel pipelines (``<chroot>/pipelines/<name>``;
-    only ``pipeline`` when given), with their names: a breadth-first walk from the root, ``max_depth``
-    levels and ``max_nodes`` znodes at most."""
+    """The other chroots holding deltawheel pipelines (only ``pipeline`` when given), by a bounded walk."""
     root = connect(replace(cfg, chroot="/"), timeout_s=timeout_s)
     found: list[tuple[str, list[str]]] = []
     try:

@@ -1,13 +1,5 @@
 """The CLI's log noise: Spark's (log4j) and ZooKeeper's (kazoo) lines stay off its output
-unless ``deltawheel --verbose``.
-
-Quiet (the default): the driver JVM starts with a log4j2 configuration that logs nothing (a
-``log4j2.properties`` in a ``SPARK_CONF_DIR`` of its own, unless the environment names one),
-the session's level is ``OFF``, and the ``kazoo`` and ``py4j`` Python loggers only pass
-CRITICAL. deltawheel's own errors still reach stderr as one line each (``main``). Left: the
-JVM launcher's own ``WARNING: Using incubator modules: jdk.incubator.vector`` (Spark 4.2 starts
-the JVM with that module; no log configuration reaches it). Verbose:
-Spark's default log4j profile at ``WARN``, and Python logging at INFO on stderr.
+unless ``deltawheel --verbose`` (then Spark logs at ``WARN`` and Python at INFO on stderr).
 """
 
 from __future__ import annotations

@@ -57,9 +57,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> None:
-    """Refuse (``StoreInUseError``, nothing changed) to migrate a store a pipeline runs on, as its
-    ZooKeeper shows: ``--zk``, else a local store's own embedded server when it runs (none running:
-    no pipeline on it runs)."""
+    """Refuse (``StoreInUseError``) to migrate a store a pipeline runs on, as its ZooKeeper shows."""
     import deltawheel.migrations as migrations
     from deltawheel.migrations.live import refuse_while_running
     from deltawheel.statestore.config import ZkConfig

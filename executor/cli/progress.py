@@ -11,11 +11,7 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    """``step(what)`` prints ``deltawheel CMD: [i/N] what (12.3 s, about 40 s left)``.
-
-    The ETA is the mean time per step done so far times the steps left (none before the first
-    step ends, none without a total).
-    """
+    """``step(what)`` prints ``deltawheel CMD: [i/N] what (12.3 s, about 40 s left)`` (mean time per step)."""
 
     def __init__(self, command: str, total: int | None, *, out: TextIO | None = None) -> None:
         self.command = command

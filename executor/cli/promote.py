@@ -1,5 +1,4 @@
-"""``deltawheel promote``: a replay's state replaces the live computation's, in one fenced commit
-under its leases, recorded in the audit table (``drivers/promote.py``; docs/replay.md)."""
+"""``deltawheel promote``: a replay's state replaces the live one's, fenced and audited (docs/replay.md)."""
 
 from __future__ import annotations
 
@@ -43,15 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="refuse a replay behind the live input position instead of continuing it")
     p.add_argument("--plan", action="store_true", help="print what it would do, change nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     add_spark_args(p)
     p.set_defaults(func=_run)
 
 
 def _code(args: argparse.Namespace, marker: dict[str, Any], source: Any) -> Any:
-    """What the catch-up runs: ``--code``, else the code the replay recorded, else the live
-    pipeline's class (``--source``, or the one the replay recorded; the demo's)."""
+    """What the catch-up runs: ``--code``, else the replay's recorded code, else the live pipeline's class."""
     from ..drivers.replay import load_code, registered_computation
 
     spec = args.code or marker.get("code")

@@ -1,12 +1,8 @@
 """``deltawheel quickstart``: a word count through the store, the way a job runs one.
 
-A :class:`WordCount` computation runs on :func:`deltawheel.connect`'s engine: its executor takes
-the ZooKeeper leases of the computation's key intervals and fences them, then runs the same
-micro-batch of words twice (what a source that replays after a failure delivers). The first
-pass counts every word: each key's state, a timer and a checkpointed production land in one
-fenced Delta commit. The second pass finds every record id already applied and changes
-nothing but clearing the first pass's productions from the rows (delivered to the
-``word_counts`` stream by then): exactly-once dedup on a replay.
+A :class:`WordCount` runs the same micro-batch twice, as a source replaying after a failure
+delivers it: the first pass counts every word in one fenced commit, the second finds every
+record id applied and changes nothing (exactly-once dedup on a replay).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``deltawheel rebalance``: who holds a computation's intervals, who should, and operator moves.
 
-Instances that share a pipeline's intervals (``PipelineRunner(instance=...)``) split them by
-their live members (``statestore/zk/members.py``); this command prints the current owners
-against that target, and writes or clears a move request that overrides it. Instances apply a
-request between batches, while every instance it names is live.
+It prints the current owners against the instances' target split (``statestore/zk/members.py``),
+and writes or clears a move request that overrides it; instances apply it between batches.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--clear", action="store_true", help="delete the move request: back to the members' split")
     p.add_argument("--plan", action="store_true", help="print what would change, write nothing")
     add_optional_store(p)
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     p.set_defaults(func=_rebalance)
 
 

@@ -1,5 +1,4 @@
-"""``deltawheel recover``: show the checkpointed productions a pipeline has not delivered, and
-(``--apply``) deliver them without running the pipeline (``recover.py``)."""
+"""``deltawheel recover``: show undelivered checkpointed productions; ``--apply`` delivers them."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="take the leases, deliver, give them back (default: print what is undelivered)")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for leases held by a running copy")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     add_spark_args(p)
     p.set_defaults(func=_run)
 

@@ -1,6 +1,5 @@
-"""``deltawheel repair``: an UPDATE, DELETE or MERGE of the decoded ``state`` view (or a DELETE /
-UPDATE of its ``timers``, a DELETE of its ``pending_productions``) applied to a live computation's rows, in one fenced commit under the leases of the intervals it touches, recorded in
-the audit table (``statestore/surgery/repair.py``; docs/operations.md, "Repair")."""
+"""``deltawheel repair``: a SQL change of a live computation's decoded rows, fenced and audited
+(``statestore/surgery/repair.py``; docs/operations.md, "Repair")."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="codec of the keys a MERGE inserts, NAME[@STATE_VERSION] (default: the computation's rows')")
     add_handover_args(p)
     p.add_argument("--plan", action="store_true", help="print each key's state before and after, change nothing")
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     add_spark_args(p)
     p.set_defaults(func=_run)
 

@@ -1,7 +1,5 @@
-"""``deltawheel replay``: re-run a computation from a past rows version into a shadow store and diff
-it against the live one (``drivers/replay.py``); ``deltawheel diff``: the diff of any two stores
-(``statestore/inspection/diff.py``), of a replay's shadow store against its live store the
-replay's own (``drivers/replay_diff.py``). docs/replay.md is the workflow."""
+"""``deltawheel replay`` (re-run a computation from a past version into a shadow store) and
+``deltawheel diff`` (two stores); docs/replay.md is the workflow."""
 
 from __future__ import annotations
 

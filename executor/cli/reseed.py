@@ -1,6 +1,4 @@
-"""``deltawheel reseed``: after ZooKeeper lost a pipeline's state, raise its sequencers above the
-store's, record the store binding and restore the injector watermarks the store's commits record
-(``statestore/ownership/reseed.py``; docs/coordinator-recovery.md)."""
+"""``deltawheel reseed``: a pipeline's lost ZooKeeper state from its store (docs/coordinator-recovery.md)."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--apply", action="store_true", help="change ZooKeeper (default: print what would change)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     add_spark_args(p)
     p.set_defaults(func=_run)
 

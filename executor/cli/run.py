@@ -1,6 +1,4 @@
-"""``deltawheel run MODULE:PIPELINE``: a user's own pipeline, unbounded, every stage live, until
-SIGTERM, Ctrl-C or ``--seconds`` (``executor/drivers/continuous.py``; docs/continuous.md); with
-``--drain`` that stop is the end of the input (``executor/drivers/drain.py``)."""
+"""``deltawheel run MODULE:PIPELINE``: a user's own pipeline, every stage live (docs/continuous.md)."""
 
 from __future__ import annotations
 
@@ -60,9 +58,7 @@ def register(sub: Any) -> None:
 
 
 def load_pipeline(target: str) -> Any:
-    """The ``Pipeline`` that ``MODULE:NAME`` names (``NAME`` a Pipeline, or a function returning one);
-    ``MODULE`` is imported by name, or loaded from a ``.py`` file. The module's folder goes on
-    ``PYTHONPATH`` before Spark starts, so that Spark's Python workers import it too.
+    """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns.
 
     Raises:
         ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline.

@@ -1,9 +1,6 @@
 """``deltawheel scenario FILE [--backend memory|delta]``: replay a windowing scenario, print its panes.
 
-The file follows SCENARIO_FORMAT.md; the output is ``{"panes": [...],
-"dropped": [...]}`` in that format's output shape. An ``expected`` field of
-the file, if any, is ignored here (tests compare with
-:func:`deltawheel.executor.windowing.harness.assert_panes_equal`).
+The file and the output follow SCENARIO_FORMAT.md; an ``expected`` field is ignored here.
 """
 
 from __future__ import annotations

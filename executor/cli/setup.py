@@ -1,8 +1,4 @@
-"""``deltawheel setup``: fetch and build the jars into the per-user cache now (``./dw setup`` calls it).
-
-Every entry point fetches what it needs on first use anyway; this only does it ahead of time, so a
-first demo or job does not wait for Maven Central.
-"""
+"""``deltawheel setup``: fetch and build the jars into the per-user cache now, not on first use."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """``deltawheel sql``, ``inspect`` and ``sql-server``: SQL over a store's decoded views.
 
-``sql-server`` serves the same temporary views over Spark's Thrift JDBC/ODBC
-server (HiveServer2 protocol) in single-session mode, so every client
-connection sees the views by their plain names (``state``, ``timers``, ...).
-Clients connect without authentication (SASL PLAIN, any user name), e.g.
-SQLAlchemy with PyHive: ``hive://127.0.0.1:10000/default``. Like ``sql`` it only reads: a
-statement that would write is refused (``ReadOnlySqlError`` in the error the client gets). It binds to
-127.0.0.1 by default; there is no access control, so don't bind it to a
-public address.
+``sql-server`` serves the same views over Spark's Thrift server (HiveServer2, single session),
+read-only and without authentication: don't bind it to a public address.
 """
 
 from __future__ import annotations

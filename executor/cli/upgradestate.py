@@ -1,7 +1,5 @@
-"""``deltawheel upgrade-state``: every key of a computation stored in an older ``state_version``
-upgraded by its ``upgrade_state`` at once, in one fenced commit under the leases of the intervals
-holding them, while the pipeline runs, audited (``drivers/upgrade.py``; docs/operations.md, "State
-versions")."""
+"""``deltawheel upgrade-state``: every key of an older ``state_version`` upgraded at once, fenced and
+audited (``drivers/upgrade.py``; docs/operations.md, "State versions")."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_handover_args(p)
     p.add_argument("--plan", action="store_true",
                    help="print the rows per state version and a sample of upgrades (before and after), change nothing")
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     add_spark_args(p)
     p.set_defaults(func=_run)
 

@@ -1,8 +1,7 @@
 """``deltawheel zk start|stop|status``: the embedded ZooKeeper server for local stores.
 
-With ``--store`` it is the store's own server (:mod:`..servers.embedded`): the one the store's
-commands use when no ``--zk`` is given, on its recorded port; ``zk start`` keeps it running
-until ``zk stop``. With ``--data-dir`` it is a server of your own, on ``--port``."""
+With ``--store`` it is the store's own server (:mod:`..servers.embedded`); with ``--data-dir``, one
+of your own on ``--port``."""
 
 from __future__ import annotations
 

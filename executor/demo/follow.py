@@ -1,21 +1,10 @@
 """``deltawheel demo --follow``: the Zeitgeist pipeline live, on search events arriving now.
 
-A :class:`LiveGenerator` thread writes the demo's search events (:func:`.zeitgeist.generate_queries`,
-base time = the wall clock) at ``rate`` records/s: every 100-200 ms the events whose base time has
-come go into one small Parquet file, written under a hidden name and renamed into the input folder
-(the rename time is the arrival of its records). All three stages run at once through the
-continuous runner (``engine.start_pipeline``), the injector's schema given up front
-(:class:`LiveQueries`) so the run starts on an empty folder.
-
-Every ``every_s`` a :class:`.monitor.StageMonitor` prints one line per stage: records made durable
-per second, watermark lag and latency p50/p99, all read from files (the rename log, the queries'
-checkpoints, the Delta logs); local stores only. What each figure measures: docs/continuous.md,
-"The demo, live".
-
-With ``seconds``, the input ends after that long: the injector's watermark is moved to the end of
-the window holding the last event (the end of this run's event time), every stage drains what is
-open, and the run stops gracefully; so the streams hold every generated event. Ctrl-C or SIGTERM
-stop it at once instead (open windows stay in state; the next run on the store goes on from them).
+A :class:`LiveGenerator` thread writes the events that come due every 100-200 ms as one small
+Parquet file, renamed into the input folder (the rename is its records' arrival); the three
+stages run at once in the continuous runner. Every ``every_s`` a :class:`.monitor.StageMonitor`
+prints a line per stage (docs/continuous.md, "The demo, live"). With ``seconds`` the input ends,
+the watermark moves past the last window and every stage drains; Ctrl-C or SIGTERM stop at once.
 """
 
 from __future__ import annotations
@@ -48,9 +37,7 @@ Say = Callable[[str], None]
 
 
 class LiveQueries(ParquetInjector):
-    """The live input folder as the demo's ``queries`` injector: schema given (an empty folder
-    is fine), key ``query``, watermark *max event time seen minus the disorder bound*, and
-    :meth:`close_until` to end this run's event time."""
+    """The live input folder as the demo's ``queries`` injector; :meth:`close_until` ends its event time."""
 
     def __init__(self, name: str, folder: str, *, max_disorder_ms: int) -> None:
         super().__init__(name, folder, key_column="query", event_time_column="event_time",
@@ -79,11 +66,8 @@ class Arrival:
 class LiveGenerator:
     """Writes the demo's events into ``folder`` as they come due (see the module docstring).
 
-    Events come in periods of ``seconds`` (or :data:`PERIOD_S` without it), each period one call
-    of :func:`generate_queries` (seed ``seed + period``) starting at its wall-clock start, so its
-    spike and dip fall inside it; record ids are ``f<start ms>-<index>``, unique per run.
-
-    ``rate`` >= 1 and ``seconds`` > 0 (:func:`check_settings`).
+    Events come in periods of ``seconds`` (or :data:`PERIOD_S`), each one :func:`generate_queries`
+    call with its own spike and dip; record ids are ``f<start ms>-<index>``, unique per run.
     """
 
     def __init__(self, folder: str, *, rate: int, seed: int, seconds: float | None = None) -> None:
@@ -154,16 +138,12 @@ class LiveGenerator:
         self.last_event_ms = int(last) if self.last_event_ms is None else max(self.last_event_ms, int(last))
 
 
-# ---------------------------------------------------------------------------- the run
-
-
 def check_settings(layout: StoreLayout, *, rate: int, seconds: float | None, window_ms: int,
                    instance: str | None = None) -> None:
     """Refuse what ``demo --follow`` cannot run, before anything starts.
 
     Raises:
-        ConfigError: a job instance name, a store that is not a local folder, a rate below 1, a
-            non-positive duration, a window under 1 s, or a store holding the bounded demo's input.
+        ConfigError: an instance name, a remote store, a bad rate, duration or window, the other demo's store.
     """
     if instance is not None:
         raise ConfigError("demo --follow runs every computation's intervals in one process: --instance is for the "
@@ -180,8 +160,7 @@ def check_settings(layout: StoreLayout, *, rate: int, seconds: float | None, win
 
 
 def check_store(layout: StoreLayout, *, follow: bool) -> None:
-    """Refuse a local store holding the other demo's generated input (both write the same
-    computations' rows and the same query checkpoints).
+    """Refuse a local store holding the other demo's generated input (both write the same rows).
 
     Raises:
         ConfigError: the store holds the bounded demo's input (``follow``) or a live run's (not ``follow``).
@@ -208,11 +187,9 @@ class FollowResult:
 def follow(engine: Any, folder: str, *, rate: int, seconds: float | None, seed: int, every_s: float = 5.0,
            window_ms: int = WINDOW_MS, say: Say, drain_timeout_s: float = 120.0,
            gc_every: str | int | None = None, dedup_retention: timedelta | None = None) -> FollowResult:
-    """Run the demo live on ``engine`` (its store, its pipeline ``zeitgeist``) with its input in
-    ``folder`` until ``seconds`` (then drained), Ctrl-C or SIGTERM (see the module docstring);
-    ``window_ms``: the first stage's window length; ``gc_every``: gc's Delta passes from the running
-    pipeline (``engine.start_pipeline(..., gc_every=...)``); ``dedup_retention``: every stage's dedup
-    horizon (None: ``Computation.dedup_retention``).
+    """Run the demo live on ``engine`` with its input in ``folder`` (see the module docstring).
+
+    ``gc_every`` is passed to ``engine.start_pipeline``; ``dedup_retention`` applies to every stage.
 
     Raises:
         ConfigError: as :func:`check_settings` (before anything starts).
@@ -273,9 +250,8 @@ def follow(engine: Any, folder: str, *, rate: int, seconds: float | None, seed: 
 
 def _drain(engine: Any, queries: LiveQueries, gen: LiveGenerator, monitor: StageMonitor, executors: dict[str, Any],
            *, lines: Callable[[], None], asked: threading.Event, say: Say, timeout_s: float, window_ms: int) -> bool:
-    """The input ended: once the first stage committed every file, close its event time at the end
-    of the last event's window (not before: a batch still reading would find its records late), then
-    wait until every stage read and committed everything (stable for 2 s); False after ``timeout_s``."""
+    """Once every file is read, close event time at the last window's end; wait until every stage
+    committed everything (stable for 2 s). False after ``timeout_s``."""
     say(f"input ended after {gen.written} events; draining ...")
     deadline, stable_since = time.monotonic() + timeout_s, None
     names = {a.name for a in gen.arrivals}

@@ -1,12 +1,8 @@
 """The per-stage figures of ``demo --follow`` (``follow.py``), read from the files a run leaves.
 
-:class:`StageMonitor` counts, per stage, the records its micro-batches committed and their latency
-from arrival at the stage to the rows-table commit of the batch that processed them: which input
-files (first stage) or stream-table versions (later stages) each micro-batch read comes from the
-query's checkpoint (Spark's file-source log ``sources/0``, its ``offsets``; ``commits`` says the
-batch finished); the batch's commit time from the rows table's Delta log (the commit id
-``computation:batch:...`` in each commit's ``userMetadata``); a stream-table version's time and
-rows from its own log. Local stores only.
+:class:`StageMonitor` measures each record's latency from arrival at a stage to the rows-table
+commit of its batch: what a batch read comes from the query's checkpoint, commit times from the
+Delta logs. Local stores only.
 """
 
 from __future__ import annotations

@@ -3,16 +3,11 @@
 Three computations, wired by streams::
 
     queries (generator injector)
-      └─ window_counter   counts per query in fixed 10 s event-time windows (windowing API:
-                           watermark trigger, allowed lateness); panes -> window_counts
-          └─ model         per-query history in state (last windows, moving average); for each
-                           window: actual vs expected -> predictions (a gap in a query's windows
-                           means those windows counted 0)
+      └─ window_counter   counts per query in fixed 10 s event-time windows -> window_counts
+          └─ model         per-query moving average: actual vs expected -> predictions
               └─ detector  spikes (actual >> expected) and dips (actual << expected) -> anomalies
 
-Everything is deterministic for (events, seed): the generator, the batch
-composition (one generated file per micro-batch at the first stage, everything
-available at later stages) and the per-key processing order.
+Everything is deterministic for (events, seed).
 """
 
 from __future__ import annotations
@@ -50,8 +45,8 @@ class Model(Computation):
     window_ms = WINDOW_MS  # the first stage's window length (an instance attribute when not the default)
 
     def process_record(self, ctx: Any, record: Any) -> None:
-        """For each window since the last one seen, up to this pane's (a window without a pane counts
-        0): produce the prediction once 3 windows are known, then fold the count into the average.
+        """For each window since the last one seen (one without a pane counts 0): predict, then learn.
+
         Late panes and retractions are ignored."""
         pane = record.value
         if pane.get("retraction") or pane.get("timing") == "LATE":
@@ -100,13 +95,9 @@ class Detector(Computation):
 
 
 def computations(*, window_ms: int = WINDOW_MS, dedup_retention: timedelta | None = None) -> tuple[Computation, ...]:
-    """The demo pipeline's computations, in order: window counter, model, detector (``window_ms``:
-    the windows' length, 10 s by default; ``demo --follow --window`` sets it).
+    """The demo pipeline's computations, in order: window counter, model, detector.
 
-    ``dedup_retention``: each computation's dedup horizon (``Computation.dedup_retention``; None:
-    the default, 10 min; ``demo --dedup-retention`` sets it). A setting of the computation's class:
-    each computation is then a subclass declaring it (as ``windowed()`` builds its classes), which
-    travels to the Spark tasks with the computation; the demo's classes are left as they are.
+    ``dedup_retention`` (None: the default) is set on a subclass of each computation's class.
 
     Raises:
         ConfigError: a ``dedup_retention`` that is not a positive timedelta.

@@ -1,24 +1,9 @@
 """A deterministic generator of search queries for the Zeitgeist demo (MillWheel section 2).
 
-Events arrive at a steady ``rate_per_s`` of *base* time; query popularity is
-Zipf-like (rank ``r`` has weight ``1/(r+1)``). Each event's event time is its
-base time minus a uniform jitter of 0..``max_disorder_ms`` (bounded disorder);
-a small fraction ``late_fraction`` (never within the first ``late_after_events``
-events) is moved a further ``late_by_ms`` back: those events violate the
-disorder bound on purpose, so consumers see late data.
-
-:class:`GeneratorInjector` writes the events as Parquet files (one per
-micro-batch) and streams them like a :class:`~.sources.parquet.ParquetInjector`.
-
-Two anomalies are built in (:class:`AnomalySchedule`, as fractions of the
-generated base-time span) so that an anomaly detector has something to find:
-
-* a *spike*: query rank ``spike_rank`` is ``spike_factor`` times (10x) more
-  likely during ``[spike_start, spike_end)`` of the span;
-* a *dip*: query rank ``dip_rank`` (the most popular query) does not occur at
-  all during ``[dip_start, dip_end)``.
-
-The output depends only on the arguments (NumPy's PCG64 seeded with ``seed``):
+Query popularity is Zipf-like; event time is base time minus a bounded jitter, and a small
+fraction of events is made late on purpose. :class:`AnomalySchedule` puts in a spike (one query
+far more likely) and a dip (the top query absent) for a detector to find. The output depends
+only on the arguments:
 
 >>> t = generate_queries(1000, seed=7)
 >>> t.column_names, t.num_rows
@@ -33,7 +18,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -82,16 +67,10 @@ def query_name(rank: int) -> str:
 
 @dataclass(frozen=True)
 class AnomalySchedule:
-    """Where the spike and the dip are, as fractions of the base-time span.
+    """Where the spike and the dip are, as ``[start, end)`` fractions of the base-time span.
 
-    Attributes:
-        spike_rank: rank of the query that spikes.
-        spike_factor: how many times more likely that query is during the spike.
-        spike_start: start of the spike (fraction of the span, inclusive).
-        spike_end: end of the spike (exclusive).
-        dip_rank: rank of the query that disappears (0: the most popular one).
-        dip_start: start of the dip (inclusive).
-        dip_end: end of the dip (exclusive).
+    During the spike, query ``spike_rank`` is ``spike_factor`` times more likely; during the dip,
+    query ``dip_rank`` does not occur.
     """
 
     spike_rank: int = 5
@@ -132,20 +111,7 @@ class AnomalyWindows:
 
 @dataclass(frozen=True)
 class ZeitgeistParams:
-    """Every argument of :func:`generate_queries`, as one value (the demo's configuration).
-
-    Attributes:
-        n_events: number of events.
-        seed: RNG seed.
-        start_ms: base time of the first event (epoch ms).
-        rate_per_s: events per second of base time.
-        n_queries: distinct queries.
-        max_disorder_ms: event time lags base time by 0..max_disorder_ms.
-        late_fraction: share of events moved ``late_by_ms`` further back.
-        late_by_ms: how far late events are moved back.
-        late_after_events: events before this index are never late.
-        schedule: the spike and the dip.
-    """
+    """Every argument of :func:`generate_queries`, as one value (the demo's configuration)."""
 
     n_events: int
     seed: int
@@ -160,11 +126,7 @@ class ZeitgeistParams:
 
     def generate(self) -> pa.Table:
         """The events (see :func:`generate_queries`)."""
-        return generate_queries(
-            self.n_events, seed=self.seed, start_ms=self.start_ms, rate_per_s=self.rate_per_s,
-            n_queries=self.n_queries, max_disorder_ms=self.max_disorder_ms,
-            late_fraction=self.late_fraction, late_by_ms=self.late_by_ms,
-            late_after_events=self.late_after_events, schedule=self.schedule)
+        return generate_queries(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     def windows(self) -> AnomalyWindows:
         """Where the spike and the dip are in base time."""
@@ -233,30 +195,17 @@ def generate_queries(
 ) -> pa.Table:
     """Generate ``n_events`` search-query events, deterministically.
 
-    Event ``i`` has base time ``start_ms + floor(i * 1000 / rate_per_s)``; its
-    query is drawn from the Zipf-like popularity, changed by the spike and the
-    dip while its base time is inside their interval (see the module docstring).
+    Event ``i`` has base time ``start_ms + floor(i * 1000 / rate_per_s)``.
 
     Args:
-        n_events: number of events (rows).
-        seed: RNG seed; same arguments give the same table.
-        start_ms: base time of the first event (epoch ms).
-        rate_per_s: events per second of base time.
-        n_queries: distinct queries (see :func:`query_name`).
         max_disorder_ms: event time = base time - uniform(0..max_disorder_ms).
-        late_fraction: share of events (from index ``late_after_events`` on)
-            moved a further ``late_by_ms`` back: deliberately late.
-        late_by_ms: how far late events are moved back.
-        late_after_events: no late event before this index.
-        schedule: where the spike and the dip are.
+        late_fraction: share of events from index ``late_after_events`` on moved ``late_by_ms`` further back.
 
     Returns:
-        A table ``record_id`` (string ``q{seed}-{i:010d}``, unique), ``query``
-        (string) and ``event_time`` (timestamp[ms, UTC]), in index order.
+        A table ``record_id`` (``q{seed}-{i:010d}``), ``query`` and ``event_time`` (timestamp[ms, UTC]).
 
     Raises:
-        ConfigError: a negative count, a non-positive rate or query count, a
-            fraction outside [0, 1], or a bad :class:`AnomalySchedule`.
+        ConfigError: a bad count, rate, fraction or :class:`AnomalySchedule`.
     """
     if n_events < 0 or rate_per_s <= 0 or n_queries <= 1:
         raise ConfigError(f"need n_events >= 0, rate_per_s > 0 and n_queries > 1; got {n_events}, "
@@ -311,17 +260,10 @@ def table_digest(table: pa.Table) -> str:
 def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, first_mtime_s: int) -> list[str]:
     """Write ``table`` as ``part-00000.parquet``, ... (``events_per_batch`` rows each), idempotently.
 
-    A file that already exists with the same content is left alone; a new file
-    is staged under a hidden name and renamed into place, then gets the
-    modification time ``first_mtime_s + file index`` (Spark's file source
-    consumes files in modification-time order).
-
-    Returns:
-        The file paths, in order.
+    File ``i`` gets modification time ``first_mtime_s + i`` (Spark's reading order). Returns the paths.
 
     Raises:
-        ConfigError: ``events_per_batch`` < 1, or a file exists with different content
-            (the folder holds another data set: use a fresh folder).
+        ConfigError: ``events_per_batch`` < 1, or a file exists with different content.
     """
     if events_per_batch < 1:
         raise ConfigError(f"events_per_batch must be >= 1, got {events_per_batch}")
@@ -346,29 +288,13 @@ def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, fi
 class GeneratorInjector:
     """The Zeitgeist generator as an injector: generated Parquet files, streamed.
 
-    :meth:`prepare` (called by :meth:`stream_df`) writes the events of
-    ``params`` into ``folder`` (see :func:`write_event_files`; same params,
-    same files; a restart rewrites nothing) plus ``_zeitgeist.json`` (the
-    parameters and the anomaly windows). The stream is a
-    :class:`~.sources.parquet.ParquetInjector` over the folder: key ``query``, value
-    ``{"query": ...}``, record ids from the ``record_id`` column,
-    ``max_files_per_trigger`` files per micro-batch.
-
-    Watermark estimate: the generator knows its disorder bound exactly, so it
-    is *max event time seen minus* ``params.max_disorder_ms``; the few events
-    generated late on purpose (``late_fraction``, ``late_by_ms`` further back)
-    violate it and are counted as late. It becomes :data:`END_OF_TIME` once a
-    batch containing the last file was observed, or after :meth:`finish`.
-
-    Args:
-        name: injector name.
-        folder: where the files go (a local folder; created if missing).
-        params: what to generate.
-        events_per_batch: events per file.
-        max_files_per_trigger: files per micro-batch.
+    :meth:`prepare` writes the events into ``folder`` plus ``_zeitgeist.json`` (parameters and
+    anomaly windows); the stream is a :class:`~.sources.parquet.ParquetInjector` over it, keyed by
+    ``query``. The watermark is max event time seen minus ``params.max_disorder_ms``, and
+    :data:`END_OF_TIME` once a batch held the last file or after :meth:`finish`.
 
     Raises:
-        ConfigError: a bad name, count, or generation parameter (checked by :meth:`prepare`).
+        ConfigError: a bad count or generation parameter (checked by :meth:`prepare`).
     """
 
     def __init__(self, name: str, folder: str, params: ZeitgeistParams, *, events_per_batch: int = 1000,

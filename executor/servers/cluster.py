@@ -1,21 +1,8 @@
-"""A local cluster for trying deltawheel beyond one process: a Spark standalone cluster (one
-master, two workers, each its own process started with pyspark's ``bin/spark-class``) and a
-three-server ZooKeeper ensemble (:class:`~.ensemble.ZooKeeperEnsemble`).
+"""A local cluster: a Spark standalone master and workers, and a ZooKeeper ensemble (:mod:`.ensemble`).
 
-Everything lives in one data folder (``deltawheel cluster up --data DIR``)::
-
-    <data>/cluster.json            ports and settings (so status and down find the processes)
-    <data>/zk/zk<N>/               ZooKeeper server N (zoo.cfg, data, zookeeper.log, zookeeper.pid)
-    <data>/spark/conf/             spark-defaults.conf of the master and workers
-    <data>/spark/master/           master.log, master.pid
-    <data>/spark/worker-<N>/       worker.log, worker.pid, work/ (executor folders: their stdout/stderr)
-
-Ports are chosen free at the first ``up`` and kept in ``cluster.json``. Jobs connect with
-``SparkSettings(master=<master URL>)`` (``--master spark://...``) and
-``ZkConfig(hosts=<connect string>)`` (``--zk h:p1,h:p2,h:p3``). The workers' executors run
-the driver's Python (``spark.executorEnv.PYSPARK_PYTHON``, set by ``build_spark``) and fetch the
-Delta jars from the driver (``spark.jars``), so the cluster needs nothing installed beyond
-pyspark itself; deltawheel must be importable by that Python (same machine, same venv).
+Everything lives in one data folder: ``cluster.json`` (ports chosen free at the first ``up``),
+``zk/zk<N>/``, and ``spark/`` (``conf/``, ``master/``, ``worker-<N>/``). The workers' executors run
+the driver's Python, so deltawheel must be importable by it (same machine, same venv).
 """
 
 from __future__ import annotations
@@ -61,6 +48,16 @@ def spark_home() -> Path:
     return home
 
 
+def master_state(ui_url: str) -> dict[str, Any] | None:
+    """A Spark master's state from ``<ui_url>/json/``, or None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{ui_url}/json/", timeout=2.0) as resp:
+            data = json.loads(resp.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 @dataclass(frozen=True)
 class WorkerStatus:
     """One worker: its process and whether the master lists it as ALIVE."""
@@ -89,13 +86,7 @@ class SparkStatus:
 class SparkStandalone:
     """A Spark standalone master and ``workers`` workers on this machine, each a detached process.
 
-    Args:
-        data_dir: the cluster's Spark folder.
-        ports: ``{"master", "master_ui", "worker_N", "worker_N_ui"}``; free ones when not given.
-        workers: how many workers.
-        worker_cores: cores each worker offers.
-        worker_memory: memory each worker offers its executors (e.g. ``2g``).
-        host: address everything binds to.
+    ``ports`` maps ``master``, ``master_ui``, ``worker_N`` and ``worker_N_ui``; free ones when not given.
     """
 
     def __init__(self, data_dir: Path | str, *, ports: dict[str, int] | None = None, workers: int = 2,
@@ -129,12 +120,7 @@ class SparkStandalone:
 
     def master_json(self) -> dict[str, Any] | None:
         """The master's state from ``<ui>/json/``, or None when it does not answer."""
-        try:
-            with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=2.0) as resp:
-                data = json.loads(resp.read().decode("utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return master_state(self.ui_url)
 
     def _registered(self) -> dict[int, dict[str, Any]]:
         """Port -> the master's entry of each ALIVE worker."""
@@ -156,12 +142,10 @@ class SparkStandalone:
         return str(spark_home() / "bin" / "spark-class")
 
     def start(self, *, timeout_s: float = 90.0) -> None:
-        """Start the master, then the workers; return once every worker is registered with the master.
-
-        Processes already running are kept. On failure everything is stopped.
+        """Start what does not run; return once every worker is registered. On failure stop everything.
 
         Raises:
-            ClusterError: java or pyspark is missing, or a process did not come up in time (with its log tail).
+            ClusterError: java or pyspark is missing, or a process did not come up in time.
         """
         try:
             self._start(timeout_s)
@@ -263,16 +247,8 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 class LocalCluster:
     """A ZooKeeper ensemble and a Spark standalone cluster under one data folder.
 
-    Args:
-        data_dir: the cluster's folder.
-        zookeeper: run the ensemble (``--no-zk``: off).
-        spark: run the Spark cluster (``--no-spark``: off).
-        workers: Spark workers (1 core each).
-        worker_memory: memory each worker offers.
-        zk_servers: ensemble size (odd).
-
-    An earlier ``up`` in ``data_dir`` fixes the ports and which parts exist (``cluster.json``);
-    the arguments only matter for the first one.
+    An earlier ``up`` in ``data_dir`` fixes the ports and the parts (``cluster.json``); the
+    arguments only matter for the first one.
     """
 
     def __init__(self, data_dir: Path | str, *, zookeeper: bool = True, spark: bool = True, workers: int = 2,
@@ -310,7 +286,7 @@ class LocalCluster:
         """Start the ensemble and the Spark cluster (what runs already is kept); on failure stop all.
 
         Raises:
-            ZooKeeperServerError / ClusterError: a part did not come up (the message has its log tail).
+            ZooKeeperServerError / ClusterError: a part did not come up.
         """
         if self.ensemble is None and self.spark is None:
             raise ClusterError("nothing to start: both --no-zk and --no-spark were given")

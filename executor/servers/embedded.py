@@ -1,26 +1,14 @@
 """The embedded defaults: a store's own ZooKeeper, run from pyspark's jars.
 
-With no ZooKeeper given (no ``--zk``), a local store runs its own embedded server, with
-everything about it beside its data::
+With no ``--zk``, a local store runs its own server, recorded beside its data::
 
     <store>/_zk/server.json   the record: store, port, pid, who started it, whether it stays
     <store>/_zk/server.lock   flock held while a process starts, joins or leaves the server
     <store>/_zk/users/*.json  one file per process using it (pid, its start time, command)
 
-The first use picks a free port and records it. Every later use, by this or another process,
-reads the record, checks that the pid is alive and runs this folder's server (its command line
-holds this folder's ``zoo.cfg``) and that it answers, and joins it as a user. A stale record
-(the server was SIGKILLed, or its pid now runs something else) is replaced: the server restarts
-on the recorded port when it is free, else on a new one. Leaving removes the user's file; the
-last user stops the server, unless it was started to stay (``deltawheel zk start``). Users that
-died without leaving (SIGKILL) are pruned by pid liveness, so the next user to leave stops it.
-Two processes starting at once end with one server: start, join and leave hold the lock.
-Another store never connects to it: each store reads its own record.
-
-An explicit ZooKeeper (``--zk``) keeps the plain rule: use it if it answers, else start an
-embedded server on that port in the store's folder, which the caller stops when done. A store on
-an object store (``s3a://``) has no local folder: it uses the ZooKeeper given, by default
-127.0.0.1:2181, which every process writing it must share.
+Later uses join the recorded server if it is alive and answers, else restart it. The last live
+user to leave stops it, unless it was started to stay (``deltawheel zk start``); dead users are
+pruned by pid liveness. An explicit ``--zk`` is used if it answers, else started on that port.
 """
 
 from __future__ import annotations
@@ -58,16 +46,7 @@ _HOST = "127.0.0.1"
 
 @dataclass(frozen=True)
 class ServerRecord:
-    """What ``server.json`` says about a store's own server.
-
-    Attributes:
-        store: the store's root.
-        port: the client port it was started on (reused by a restart when free).
-        pid: its process, None once stopped.
-        keep: started to stay running (``zk start``): its last user does not stop it.
-        started_by: the command line that started it.
-        started_at: when (seconds since the epoch).
-    """
+    """What ``server.json`` says about a store's own server (``keep``: its last user does not stop it)."""
 
     store: str
     port: int
@@ -134,12 +113,7 @@ def _command() -> str:
 
 
 class StoreZooKeeper:
-    """A local store's own embedded ZooKeeper: its record, lock and users (the files above).
-
-    Args:
-        layout: the store (local).
-        lock_timeout_s: how long to wait for another process starting or stopping the server.
-    """
+    """A local store's own embedded ZooKeeper: its record, lock and users (the files above)."""
 
     def __init__(self, layout: StoreLayout, *, lock_timeout_s: float = 120.0) -> None:
         if not layout.is_local:
@@ -150,7 +124,7 @@ class StoreZooKeeper:
 
     @property
     def record_file(self) -> Path:
-        """``server.json``."""
+        """The record, ``server.json``."""
         return self.data_dir / "server.json"
 
     @property
@@ -165,11 +139,7 @@ class StoreZooKeeper:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the store's server lock (an exclusive flock; the kernel drops it if we die).
-
-        Raises:
-            ZooKeeperServerError: another process held it for ``lock_timeout_s``.
-        """
+        """Hold the store's server lock (an flock); ZooKeeperServerError after ``lock_timeout_s``."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.lock_file, "a+") as f:
             deadline = time.monotonic() + self.lock_timeout_s
@@ -249,18 +219,11 @@ class StoreZooKeeper:
                 timeout_s: float = 30.0) -> tuple[EmbeddedZooKeeper, ServerUser | None, bool]:
         """Find the store's running server or start it; join it as a user (``register``).
 
-        Args:
-            keep: it stays running when its last user leaves (``zk start``).
-            port: the port to start it on (default: the recorded one when free, else a free one).
-            register: record this process as a user (released by :meth:`release`).
-            timeout_s: how long a start may take.
-
         Returns:
             (the server, this process's user entry or None, whether this call started it).
 
         Raises:
-            ZooKeeperServerError: java or the jars are missing, it does not start, or it runs on
-                another port than ``port``.
+            ZooKeeperServerError: it does not start, or it runs on another port than ``port``.
         """
         with self.locked():
             self._live_users()
@@ -297,8 +260,7 @@ class StoreZooKeeper:
         return server, user, started
 
     def _start(self, record: ServerRecord | None, port: int | None, timeout_s: float) -> EmbeddedZooKeeper:
-        """Start the server: on ``port``, else the recorded port when free, else free ports (a few tries:
-        another program may take a free port between the choice and the bind)."""
+        """Start on ``port``, else the recorded port when free, else one of a few free ports."""
         if port is not None:
             candidates = [port]
         else:
@@ -319,11 +281,7 @@ class StoreZooKeeper:
         raise problem
 
     def release(self, user: ServerUser | None) -> bool:
-        """Leave the server (remove ``user``'s file); stop it if no live user is left and it is not kept.
-
-        Returns:
-            True if this call stopped the server.
-        """
+        """Leave the server; stop it if no live user is left and it is not kept. True if it stopped."""
         with self.locked():
             if user is not None:
                 user.file.unlink(missing_ok=True)
@@ -335,13 +293,10 @@ class StoreZooKeeper:
             return self._stop(record)
 
     def stop(self, *, force: bool = False) -> bool:
-        """Stop the server (``zk stop``), also when kept; refused while live processes use it, unless ``force``.
-
-        Returns:
-            True if a running server was stopped.
+        """Stop the server (``zk stop``), also when kept. True if a running server was stopped.
 
         Raises:
-            ZooKeeperServerError: processes still use it (and not ``force``).
+            ZooKeeperServerError: live processes still use it (and not ``force``).
         """
         with self.locked():
             users = self._live_users()
@@ -368,15 +323,7 @@ class StoreZooKeeper:
 
 
 class ZooKeeperUse:
-    """The ZooKeeper a caller uses (:attr:`config`) and what it gives back when done (:meth:`release`).
-
-    A context manager; :meth:`stop` is :meth:`release` (callers used to get the server and stop it).
-
-    Attributes:
-        config: the ZooKeeper settings to connect with (the store's own server's address filled in).
-        server: the embedded server in use (the store's own, or one started on an explicit port), or None.
-        started: this call started ``server``.
-    """
+    """The ZooKeeper a caller uses (:attr:`config`) and gives back when done (:meth:`release`, or exit)."""
 
     def __init__(self, config: ZkConfig, *, server: EmbeddedZooKeeper | None = None, started: bool = False,
                  owner: StoreZooKeeper | None = None, user: ServerUser | None = None) -> None:
@@ -393,8 +340,7 @@ class ZooKeeperUse:
         return self.config.hosts
 
     def release(self) -> bool:
-        """Done with ZooKeeper: leave the store's server (the last user stops it), or stop the server this
-        call started on an explicit port. Idempotent. Returns True if a server was stopped."""
+        """Leave the store's server, or stop the one started here. Idempotent; True if one stopped."""
         if self._released:
             return False
         self._released = True
@@ -418,22 +364,11 @@ def ensure_zookeeper(cfg: ZkConfig, layout: StoreLayout, *, embedded: bool = Tru
                      own: bool = False) -> ZooKeeperUse:
     """The ZooKeeper for a command on ``layout``; release the returned use when done.
 
-    Args:
-        cfg: the ZooKeeper settings (chroot, digest, session timeout; ``hosts`` unless ``own``).
-        layout: the store.
-        embedded: allow starting an embedded server.
-        own: no ZooKeeper was given: a local store uses its own embedded server (started, or
-            joined when another process runs it; ``cfg.hosts`` is replaced by its address). A
-            store on an object store keeps ``cfg.hosts``.
-
-    With ``own`` false (an explicit ``--zk``): if ``cfg.hosts`` answers it is used as it is;
-    else, for a single local host and a local store, an embedded server is started on that port
-    in the store's folder, and the last caller to release it stops it. A caller that names the
-    store's own running server by its address joins it as a user like any other.
+    ``own``: no ``--zk`` was given, so a local store uses its own server and ``cfg.hosts`` is
+    ignored; ``embedded``: a server may be started.
 
     Raises:
-        ZooKeeperServerError: the server could not start, or (explicit) nothing answers at
-            ``cfg.hosts`` while the store's own server runs on another port.
+        ZooKeeperServerError: the server could not start, or runs on another port than ``cfg.hosts``'s.
     """
     if own and embedded and layout.is_local:
         owner = StoreZooKeeper(layout)

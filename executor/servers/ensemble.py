@@ -1,18 +1,7 @@
 """A local ZooKeeper ensemble: three (or any odd number of) servers from pyspark's jars.
 
-For trying deltawheel against a replicated ZooKeeper (``deltawheel cluster up``) and for
-fault tests: each member is an :class:`~.zookeeper.EmbeddedZooKeeper` run by ``QuorumPeerMain``
-with its own data folder, ``myid``, client port and peer/election ports, all listed in
-every member's ``zoo.cfg``::
-
-    <data_dir>/ensemble.json     the members' ids and ports (so status/stop find them)
-    <data_dir>/zk<N>/            member N's folder (zoo.cfg, data/myid, zookeeper.log, zookeeper.pid)
-
-Clients connect with :attr:`ZooKeeperEnsemble.hosts` (``h:p1,h:p2,h:p3``, as any
-``ZkConfig(hosts=...)`` / ``--zk``). A majority of members must run for any of them to
-serve: losing one of three leaves a quorum (the survivors elect a leader if needed and
-clients reconnect to them with their sessions); losing two stops every request until a
-member comes back.
+For ``deltawheel cluster up`` and fault tests: member N is an :class:`~.zookeeper.EmbeddedZooKeeper`
+in ``<data_dir>/zk<N>``; ``ensemble.json`` records the ids and ports. A majority must run to serve.
 """
 
 from __future__ import annotations
@@ -31,14 +20,7 @@ __all__ = ["ZooKeeperEnsemble", "EnsembleStatus"]
 
 @dataclass(frozen=True)
 class EnsembleStatus:
-    """What :meth:`ZooKeeperEnsemble.status` found.
-
-    Attributes:
-        hosts: the client connection string.
-        servers: each member's status, in ``myid`` order (``mode`` leader/follower when serving).
-        quorum: a majority of members serves requests.
-        leader: the ``myid`` of the member that says it leads, or None.
-    """
+    """What :meth:`ZooKeeperEnsemble.status` found: members in ``myid`` order, quorum, leader's ``myid``."""
 
     hosts: str
     servers: tuple[ZkServerStatus, ...]
@@ -49,12 +31,7 @@ class EnsembleStatus:
 class ZooKeeperEnsemble:
     """Several ZooKeeper servers forming one ensemble on this machine.
 
-    Args:
-        data_dir: the ensemble's folder (one sub-folder per member).
-        size: number of members (odd; 3 tolerates the loss of one).
-        host: address every member listens on.
-        client_ports: the members' client ports (default: the ones recorded by an earlier
-            start in ``data_dir``, else free ports).
+    ``size`` is odd; ``client_ports`` default to those recorded in ``data_dir``, else free ones.
     """
 
     def __init__(self, data_dir: Path | str, *, size: int = 3, host: str = "127.0.0.1",
@@ -103,13 +80,10 @@ class ZooKeeperEnsemble:
         raise ZooKeeperServerError(f"no server {myid} in this ensemble (ids {[p.myid for p in self.peers]})")
 
     def start(self, *, timeout_s: float = 60.0) -> None:
-        """Start every member and return once each serves requests (as leader or follower).
-
-        Members already running are kept. On failure every member is stopped.
+        """Start every member (running ones are kept) and return once each serves; on failure stop all.
 
         Raises:
-            ZooKeeperServerError: a member could not start or the ensemble formed no quorum in
-                time (the message carries the end of its log).
+            ZooKeeperServerError: a member could not start or no quorum formed in time.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.manifest.write_text(json.dumps({"format_version": 1, "peers": [

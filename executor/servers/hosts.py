@@ -1,19 +1,9 @@
 """A test bed of hosts that share nothing, on this machine (``deltawheel cluster up --hosts``).
 
-Eight hosts, each a network namespace with its own address on one bridge (:mod:`.netns`):
-``s3`` (S3Proxy), ``zk1``-``zk3`` (a ZooKeeper ensemble), ``master`` (a Spark standalone master),
-``worker1`` and ``worker2`` (Spark workers) and ``client`` (where a job is submitted from). Every
-cluster host sees Java, the system's Python and a Spark installation (a virtual environment with
-pyspark alone, made once with pip, read-only), and its own folder; it does not see the repository,
-deltawheel, the submitting host's virtual environment, the per-user caches or ``/tmp``. The client
-host keeps the machine's files. Each service uses its usual port on its host's address::
-
-    <data>/hosts.json            the subnet and what runs (so status and down find it)
-    <data>/spark/                the hosts' Spark installation (python -m venv + pip install pyspark)
-    <data>/<host>/               a host's own folder: its logs, pid files, data, jars
-
-Everything that runs is real: S3Proxy's jar (copied into the s3 host's folder), ZooKeeper's
-``QuorumPeerMain`` and Spark's master and worker from pyspark's ``bin/spark-class``.
+Eight hosts, each a network namespace on one bridge (:mod:`.netns`): ``s3``, ``zk1``-``zk3``,
+``master``, ``worker1``, ``worker2`` and ``client``. A cluster host sees Java, the system's Python,
+the read-only Spark installation in ``<data>/spark`` and its own folder ``<data>/<host>``, not the
+repository; the client host keeps the machine's files. Services use their usual ports.
 """
 
 from __future__ import annotations
@@ -23,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -34,7 +23,7 @@ from deltawheel.statestore.objectstore.client import S3Endpoint
 from deltawheel.statestore.process import DetachedProcess
 
 from ..exceptions import ClusterError
-from .cluster import read_manifest
+from .cluster import master_state, read_manifest
 from .netns import Host, HostNetwork, host_prefix, isolated_prefix, leftovers
 from .s3proxy import S3ProxyServer
 from .zookeeper import EmbeddedZooKeeper, QuorumPeer
@@ -83,12 +72,8 @@ class HostsStatus:
 class HostsCluster:
     """The hosts test bed: network, Spark installation and services; see the module docstring.
 
-    Args:
-        data_dir: the test bed's folder.
-        subnet: the first three octets of the hosts' /24 (the bridge is ``.1``).
-        services: which services :meth:`up` starts: ``s3``, ``zk``, ``spark`` (the network and all
-            eight hosts are made in every case); default: those of the last ``up`` in ``data_dir``, else all.
-        worker_memory: memory each worker offers its executors.
+    ``subnet``: the first three octets of the hosts' /24; ``services``: which of ``s3``, ``zk``,
+    ``spark`` :meth:`up` starts (default: the last ``up``'s, else all).
     """
 
     def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,
@@ -122,8 +107,6 @@ class HostsCluster:
                             log_file=self.dir(n) / "worker.log", marker=_WORKER, error=ClusterError,
                             prefix=self.isolated(n, spark=True))
             for n in ("worker1", "worker2"))
-
-    # --- where things are ---------------------------------------------------------------------
 
     def dir(self, host: str) -> Path:
         """A host's own folder."""
@@ -180,9 +163,7 @@ class HostsCluster:
                                env=extra)
 
     def client_env(self) -> dict[str, str]:
-        """What a command on the client host gets in its environment besides the caller's: nothing.
-        Spark finds the host's address itself (the only interface besides loopback), and a
-        ``SPARK_LOCAL_IP`` here would travel with a cluster-mode submission to the driver's host."""
+        """A client command's extra environment: nothing (a ``SPARK_LOCAL_IP`` would travel to the driver)."""
         return {}
 
     def on_client(self, cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -193,13 +174,11 @@ class HostsCluster:
         """The words that run a command on the client host."""
         return host_prefix(self.hosts["client"], self.client_env())
 
-    # --- up and down --------------------------------------------------------------------------
-
     def ensure_spark_install(self) -> Path:
         """Make the hosts' Spark installation once: a venv of the system Python with pyspark alone.
 
         Raises:
-            ClusterError: no suitable Python, or pip could not install pyspark (its output is in the message).
+            ClusterError: no suitable Python, or pip could not install pyspark.
         """
         want = version("pyspark")
         stamp = self.spark_dir / ".pyspark-version"
@@ -220,13 +199,11 @@ class HostsCluster:
     def up(self, *, timeout_s: float = 120.0, fresh: bool = False) -> None:
         """Make the network and the hosts, then start the services; on failure take everything down.
 
-        ``fresh``: first delete every host's folder (ZooKeeper's data, the buckets, the logs; not the
-        Spark installation): a test bed as new. Refused while a service of it runs.
+        ``fresh``: first delete every host's folder but the Spark installation (refused while it runs).
 
         Raises:
-            HostsUnavailableError: namespaces cannot be made on this machine (why, in the message).
-            ClusterError / ZooKeeperServerError / ObjectStoreServerError: a service did not come up
-                (which host, which address, its log tail).
+            HostsUnavailableError: namespaces cannot be made on this machine.
+            ClusterError / ZooKeeperServerError / ObjectStoreServerError: a service did not come up.
         """
         if fresh:
             if leftovers():
@@ -296,12 +273,7 @@ class HostsCluster:
 
     def master_json(self) -> dict[str, Any] | None:
         """The master's state (``/json/``), or None when it does not answer."""
-        try:
-            with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=2.0) as resp:
-                data = json.loads(resp.read().decode("utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return master_state(self.master_ui)
 
     def registered_workers(self) -> list[str]:
         """The addresses of the workers the master lists ALIVE."""
@@ -327,8 +299,7 @@ class HostsCluster:
         return HostsStatus(services, registered, zk_modes)
 
     def kill_host(self, host: str) -> list[int]:
-        """SIGKILL every process on ``host`` at once (the machine lost); returns their pids. Its
-        namespace stays: :meth:`up` starts its services again."""
+        """SIGKILL every process on ``host`` (:meth:`up` restarts them); returns their pids."""
         import os
         import signal
 
@@ -341,8 +312,7 @@ class HostsCluster:
         return pids
 
     def down(self) -> tuple[int, list[str]]:
-        """Stop every service, kill whatever else runs on a host, delete the namespaces, veths and
-        the bridge; idempotent. Returns (processes stopped or killed, what is left: empty when clean)."""
+        """Stop everything, delete the network; idempotent. Returns (processes ended, what is left)."""
         n = sum(1 for w in self.workers if w.stop(timeout_s=5.0)) + int(self.master.stop(timeout_s=5.0))
         n += sum(1 for z in self.zookeepers if z.stop(timeout_s=5.0)) + int(self.s3.stop(timeout_s=5.0))
         n += self.network.down()

@@ -1,22 +1,9 @@
 """A local single-node Kafka broker in KRaft mode, run from the Kafka jars on Maven Central.
 
-For development and tests of Kafka sources (``executor/sources/kafka.py``); production jobs point
-:class:`~deltawheel.executor.sources.kafka.KafkaInjector` at their own cluster.
-The broker is Apache Kafka's own server (``kafka.Kafka``), one process acting as broker and
-controller, started after ``kafka-storage format`` (``kafka.tools.StorageTool``) as Kafka's
-quickstart does. Its jars are :data:`KAFKA_BROKER_JARS` (Kafka's modules and the few
-dependencies the pyspark wheel does not ship: 19 MiB), fetched once with their Maven Central
-checksums into :func:`default_kafka_jars_dir`; Scala, Jackson, slf4j/log4j, the compression
-codecs, Netty and ZooKeeper's classes come from pyspark's ``jars`` folder, as for the embedded
-ZooKeeper. Everything it writes lives in one folder::
-
-    <data_dir>/server.properties   generated KRaft configuration (broker + controller)
-    <data_dir>/logs/               the topics' partitions and the metadata log
-    <data_dir>/kafka.log           the broker's stdout/stderr
-    <data_dir>/kafka.pid           pid of the running broker
-
-Readiness: the broker's listener accepts connections and its log says it started
-(``Kafka Server started``), so clients never meet a broker without a controller.
+For development and tests of Kafka sources. One ``kafka.Kafka`` process is broker and controller,
+started after ``kafka-storage format`` as Kafka's quickstart does; its ``server.properties``,
+``logs/``, ``kafka.log`` and ``kafka.pid`` live in one folder. The jars pyspark does not ship
+(:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central.
 """
 
 from __future__ import annotations
@@ -41,10 +28,8 @@ __all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "ensure_kafka_br
 #: The broker's version: the kafka-clients version Spark 4.2's Kafka connector declares.
 KAFKA_VERSION = KAFKA_CLIENTS_VERSION
 _K = "org.apache.kafka"
-# kafka_2.13's runtime dependencies (`mvn dependency:tree` on org.apache.kafka:kafka_2.13:3.9.2) minus
-# what pyspark's jars folder ships (scala-library/reflect, jackson core/databind/module-scala, slf4j,
-# log4j, zstd/lz4/snappy, Dropwizard metrics, ZooKeeper, Netty, commons-cli/io). The two Jackson
-# modules are taken at pyspark's Jackson version so that one Jackson is on the classpath.
+# kafka_2.13's runtime dependencies minus what pyspark's jars folder ships; the two Jackson
+# modules at pyspark's Jackson version, so that one Jackson is on the classpath.
 KAFKA_BROKER_JARS: tuple[tuple[str, str, str], ...] = (
     (_K, "kafka_2.13", KAFKA_VERSION), (_K, "kafka-clients", KAFKA_VERSION),
     (_K, "kafka-server-common", KAFKA_VERSION), (_K, "kafka-server", KAFKA_VERSION),
@@ -93,13 +78,8 @@ class KafkaBroker:
     >>> KafkaBroker("kafka-data", port=9092, controller_port=9093).bootstrap_servers
     '127.0.0.1:9092'
 
-    Args:
-        data_dir: folder for the configuration, partitions, log and pid file (created).
-        port: the clients' port (None: a free one).
-        controller_port: the KRaft controller's port (None: a free one).
-        host: address it listens on.
-        num_partitions: partitions of a topic created on first use (``auto.create.topics``).
-        jars_dir: folder of the broker's jars (default: :func:`default_kafka_jars_dir`).
+    ``port`` and ``controller_port`` default to free ones; ``num_partitions`` is for topics
+    created on first use.
     """
 
     def __init__(self, data_dir: Path | str, *, port: int | None = None, controller_port: int | None = None,
@@ -170,13 +150,10 @@ class KafkaBroker:
         return "Kafka Server started" in self.process.log_tail(400)
 
     def start(self, *, timeout_s: float = 90.0) -> None:
-        """Fetch the jars if needed, format the storage, start the broker and wait until it serves.
-
-        A no-op when this folder's broker already runs.
+        """Fetch the jars, format the storage, start the broker and wait until it serves (unless it runs).
 
         Raises:
-            KafkaServerError: a port is taken, the format failed, or the broker did not start in
-                time (the message carries the end of its log).
+            KafkaServerError: a port is taken, the format failed, or the broker did not start in time.
             JarFetchError: a jar could not be fetched.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -203,10 +180,9 @@ class KafkaBroker:
 
 def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,
                  timeout_s: float = 60.0, configs: Mapping[str, str] | None = None) -> None:
-    """Create ``topic`` with ``partitions`` partitions (replication 1) through Kafka's admin client in
-    the Spark driver (the Kafka connector's ``kafka-clients`` jar); an existing topic is left as it is.
-    ``configs``: topic settings, e.g. ``{"message.timestamp.type": "LogAppendTime"}`` (every record's
-    timestamp the broker's append time).
+    """Create ``topic`` (replication 1, topic settings ``configs``) with the admin client in the Spark driver.
+
+    An existing topic is left as it is.
 
     Raises:
         KafkaServerError: the broker refused or did not answer in time.
@@ -217,8 +193,7 @@ def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: 
     props = j.java.util.Properties()
     props.setProperty("bootstrap.servers", bootstrap_servers)
     wait_ms = int(timeout_s * 1000)
-    # the client's own deadlines: else a call to a broker that is not there stays pending for
-    # Kafka's default minute, and close() waits for it
+    # the client's own deadlines: else a call to a missing broker waits Kafka's default minute
     props.setProperty("default.api.timeout.ms", str(wait_ms))
     props.setProperty("request.timeout.ms", str(wait_ms))
     admin = j.org.apache.kafka.clients.admin.Admin.create(props)

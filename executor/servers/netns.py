@@ -1,19 +1,11 @@
 """Separate hosts on one machine: a Linux bridge, one network namespace per host, and a private
 view of the file system for each process a host runs.
 
-Each host is a network namespace ``dwh-<name>`` with one interface, ``eth0``, the peer of a veth
-``dwh-<name>`` plugged into the bridge ``dwh-br``; the bridge has the subnet's ``.1`` address, so
-this machine (a test, a command) reaches every host and the hosts reach each other, but nothing
-else. A process on an isolated host runs under
-``ip netns exec dwh-<name> unshare --mount --propagation private``: a shell lays tmpfs over the
-folders the host must not see (``/work``, ``/root``, ``/tmp`` and the test bed's own folder), then
-moves back in only the host's private folder and the shared, read-only Spark installation, each at
-its own path, and ``exec``s the command with a clean environment (so the pid the caller sees is
-the service's). The submitting host keeps the machine's file system (it is where the job's code
-lives) and gets only its own network.
-
-Making namespaces needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and the ``ip`` and ``unshare``
-commands; :func:`check_namespaces` says which is missing with :class:`HostsUnavailableError`.
+Each host is a network namespace ``dwh-<name>`` whose ``eth0`` is a veth peer on the bridge
+``dwh-br`` (the subnet's ``.1``): this machine and the hosts reach each other, nothing else. An
+isolated host's process runs under ``unshare --mount`` with tmpfs over the folders it must not
+see, only its own folder and the read-only Spark installation brought back. The submitting host
+keeps the machine's file system. This needs root and ``ip`` and ``unshare`` (:func:`check_namespaces`).
 """
 
 from __future__ import annotations
@@ -37,8 +29,7 @@ PREFIX = "dwh"
 BRIDGE = f"{PREFIX}-br"
 #: The PATH of a process on an isolated host: the system's folders only.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Folders an isolated host never sees (besides the test bed's folder): repositories, the per-user
-#: caches and virtual environments, the submitting host's temporary files.
+#: Folders an isolated host never sees (besides the test bed's folder).
 MASKED = ("/work", "/root", "/tmp")
 _STAGE = "/srv"
 
@@ -71,8 +62,7 @@ def check_namespaces() -> None:
     """Raise :class:`HostsUnavailableError` when this machine cannot make the test bed's hosts.
 
     Raises:
-        HostsUnavailableError: not root, ``ip`` or ``unshare`` missing, or the kernel refuses a
-            network namespace (a container without CAP_SYS_ADMIN, user namespaces only, ...).
+        HostsUnavailableError: not root, ``ip`` or ``unshare`` missing, or the kernel refuses.
     """
     if os.geteuid() != 0:
         raise HostsUnavailableError("the hosts test bed needs root: network namespaces, veth pairs and a "
@@ -112,12 +102,7 @@ def leftovers() -> list[str]:
 
 
 class HostNetwork:
-    """The bridge and one namespace per host.
-
-    Args:
-        hosts: the hosts (addresses in one /24 whose ``.1`` is the bridge's).
-        bridge_address: this machine's address on the bridge.
-    """
+    """The bridge (``bridge_address``, the /24's ``.1``) and one namespace per host."""
 
     def __init__(self, hosts: Sequence[Host], *, bridge_address: str) -> None:
         self.hosts = tuple(hosts)
@@ -132,7 +117,7 @@ class HostNetwork:
 
         Raises:
             HostsUnavailableError: namespaces cannot be made here (see :func:`check_namespaces`).
-            ClusterError: an ``ip`` command failed (the message has its error).
+            ClusterError: an ``ip`` command failed.
         """
         check_namespaces()
         if not self.exists():
@@ -155,10 +140,7 @@ class HostNetwork:
         return [int(p) for p in _ip("netns", "pids", host.netns, check=False).stdout.split()]
 
     def down(self) -> int:
-        """SIGKILL every process of every host, delete the namespaces, veths and the bridge.
-
-        Returns how many processes were killed (idempotent: 0 when nothing ran).
-        """
+        """SIGKILL every host's processes, delete the network; idempotent. Returns how many were killed."""
         killed = 0
         for h in self.hosts:
             for _ in range(50):
@@ -208,6 +190,5 @@ def isolated_prefix(host: Host, *, own_dir: Path, shared_dirs: Sequence[Path] = 
 
 
 def host_prefix(host: Host, env: Mapping[str, str] | None = None) -> list[str]:
-    """The words that run a command on ``host`` with the machine's file system (the submitting
-    host) and the caller's environment plus ``env``."""
+    """The words that run a command on ``host`` with the machine's files and environment, plus ``env``."""
     return ["ip", "netns", "exec", host.netns, "env", *(f"{k}={v}" for k, v in (env or {}).items())]

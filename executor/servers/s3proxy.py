@@ -1,19 +1,8 @@
 """A local S3-compatible object store: S3Proxy (``org.gaul:s3proxy``) on a filesystem backend.
 
-For trials and tests, not production: S3Proxy serves the S3 API over jclouds' ``filesystem``
-provider, so a bucket is a folder and an object a file below the server's data folder. The
-server is a detached ``java -jar`` process (its own session and process group), so
-``deltawheel objectstore start`` can return while it keeps running. Everything it needs lives in
-one data folder::
-
-    <data_dir>/s3proxy.conf   generated configuration (endpoint, identity, credential, backend)
-    <data_dir>/blobs/         the buckets (one folder each) and their objects
-    <data_dir>/s3proxy.log    the server's stdout/stderr
-    <data_dir>/s3proxy.pid    pid of the running server
-
-The jar (``jar-with-dependencies``, 55 MiB) is fetched once from Maven Central into the
-per-user cache (:func:`deltawheel.statestore.objectstore.s3a.default_s3_jars_dir`), outside any
-clone. Readiness: the server answers an HTTP request on its port (any S3 reply, even an error).
+For trials and tests, not production: a bucket is a folder under ``blobs/`` and an object a file.
+The server is a detached ``java -jar`` process (its jar fetched once from Maven Central); readiness
+is any HTTP reply.
 """
 
 from __future__ import annotations
@@ -38,15 +27,7 @@ _JAR_NAME = "s3proxy-"
 
 @dataclass(frozen=True)
 class ObjectStoreStatus:
-    """What :meth:`S3ProxyServer.status` found.
-
-    Attributes:
-        running: a live server process answers HTTP on ``port``.
-        pid: pid from the pid file when that process is alive, else ``None``.
-        port: the port the server is configured for.
-        data_dir: the server's data folder.
-        endpoint: URL and credentials for clients (those of the configuration file).
-    """
+    """What :meth:`S3ProxyServer.status` found (``running``: a live process answers HTTP on ``port``)."""
 
     running: bool
     pid: int | None
@@ -58,15 +39,8 @@ class ObjectStoreStatus:
 class S3ProxyServer:
     """An S3Proxy server with a filesystem backend in its own detached process.
 
-    Args:
-        data_dir: folder for the configuration, the buckets, the log and the pid file (created).
-        port: HTTP port.
-        host: address the server listens on.
-        identity: the access key clients use; the credential (secret key) is generated at the
-            first start and kept in the configuration file, so a restart keeps it.
-        jars_dir: where the S3Proxy jar is cached (default: the per-user S3 jar cache).
-        prefix: words before the server's command: run it on a test host of its own
-            (:mod:`.hosts`); its port is then not checked from here (another network).
+    ``identity`` is the access key; the secret key is generated at the first start and kept.
+    ``prefix``: words before the server's command, to run it on a test host (:mod:`.hosts`).
     """
 
     def __init__(self, data_dir: Path | str, *, port: int = DEFAULT_OBJECTSTORE_PORT, host: str = "127.0.0.1",
@@ -163,13 +137,10 @@ class S3ProxyServer:
         self.config_file.chmod(0o600)
 
     def start(self, *, timeout_s: float = 60.0) -> None:
-        """Start the server and return once it answers HTTP requests.
-
-        A no-op when this folder's server already runs; a stale pid file is removed first.
+        """Start the server (unless it runs) and return once it answers HTTP requests.
 
         Raises:
-            ObjectStoreServerError: java or the jar is missing, the port is taken by another
-                process, or the server did not become ready in time (with the end of its log).
+            ObjectStoreServerError: no java or jar, the port is taken, or it was not ready in time.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         pid = self._process.read_pid()
@@ -204,9 +175,6 @@ class S3ProxyServer:
                 f"Log tail:\n{self.log_tail()}")
 
     def stop(self, *, timeout_s: float = 15.0) -> bool:
-        """Stop the server (SIGTERM to its process group, SIGKILL after ``timeout_s``).
+        """SIGTERM its process group, SIGKILL after ``timeout_s``; True if a running server was stopped."""
 
-        Returns:
-            True if a running server was stopped, False if none was running.
-        """
         return self._process.stop(timeout_s=timeout_s)

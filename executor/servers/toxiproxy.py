@@ -1,13 +1,8 @@
 """Toxiproxy: a TCP proxy that adds real network latency between a client and a local server.
 
-The commit benchmark (``deltawheel bench commits``) puts it between Spark and S3Proxy so that
-every object-store request waits ``latency`` ms on the wire, as a request to a remote object store
-does; no sleep in deltawheel's code stands in for it. The binary is built once from its Go
-module (``go install``) into the per-user cache ``~/.cache/deltawheel/bin``
-(:func:`ensure_toxiproxy`; ``deltawheel setup --toxiproxy``). Nothing in the default tests needs it.
-
-A server is one detached process (``statestore/process.py``): stopping it stops its proxies.
-The proxies and their toxics are set through its HTTP API.
+``deltawheel bench commits`` puts it between Spark and S3Proxy, so every object-store request
+waits on the wire as a remote one does. The binary is built once with ``go install`` into
+``~/.cache/deltawheel/bin`` (:func:`ensure_toxiproxy`). Proxies are set through its HTTP API.
 """
 
 from __future__ import annotations
@@ -38,7 +33,6 @@ def default_bin_dir() -> Path:
 
 
 def _go() -> str:
-    # on PATH, else where $GOROOT or Go's own installer puts it
     goroot = os.environ.get("GOROOT")
     for candidate in (shutil.which("go"), goroot and os.path.join(goroot, "bin", "go"), "/usr/local/go/bin/go"):
         if candidate and os.access(candidate, os.X_OK):
@@ -134,8 +128,7 @@ class ToxiproxyServer:
         return self._process.stop(timeout_s=timeout_s)
 
     def proxy(self, name: str, *, listen_port: int, upstream: str) -> str:
-        """Create proxy ``name`` listening on ``listen_port`` and forwarding to ``upstream``
-        (``host:port``); returns its ``http://host:port`` address."""
+        """Create proxy ``name`` from ``listen_port`` to ``upstream`` (``host:port``); returns its URL."""
         self._call("POST", "/proxies", {"name": name, "listen": f"{self.host}:{listen_port}",
                                         "upstream": upstream, "enabled": True})
         return f"http://{self.host}:{listen_port}"

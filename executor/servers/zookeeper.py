@@ -1,19 +1,8 @@
-"""An embedded ZooKeeper server run from the jars in the pyspark wheel: standalone, or one
-member of an ensemble (:mod:`.ensemble`).
+"""An embedded ZooKeeper server run from pyspark's jars: standalone, or an ensemble member (:mod:`.ensemble`).
 
-The server is a detached ``java`` process (its own session and process group,
-:class:`~deltawheel.statestore.process.DetachedProcess`), so ``deltawheel zk start`` can
-return while the server keeps running. Everything it needs lives in one data folder::
-
-    <data_dir>/zoo.cfg          generated configuration
-    <data_dir>/data/            snapshots and transaction logs (and ``myid`` in an ensemble)
-    <data_dir>/zookeeper.log    the server's stdout/stderr (log4j2 at INFO)
-    <data_dir>/zookeeper.pid    pid of the running server
-
-Readiness is the ``srvr`` four-letter word answered with the server's version
-(``ruok`` answers ``imok`` even while the server is not yet serving; an ensemble member
-answers ``srvr`` only while it is part of a quorum). It is meant for local development
-and tests; production deployments point :class:`ZkConfig` at their own ensemble.
+The server is a detached ``java`` process whose ``zoo.cfg``, ``data/``, ``zookeeper.log`` and
+``zookeeper.pid`` live in one data folder. Readiness is ``srvr`` answered with the server's
+version (``ruok`` answers before it serves). For development and tests, not production.
 """
 
 from __future__ import annotations
@@ -32,9 +21,7 @@ __all__ = ["EmbeddedZooKeeper", "JVM_FLAGS", "QuorumPeer", "ZkServerStatus", "py
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 _QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
-#: The server's JVM: a heap that starts small (the default initial heap is 1/64 of the machine's memory
-#: up to -Xmx, and its pages stay resident once touched: ~50 MiB more for a server that holds a few
-#: hundred znodes), one serial collector, the client compiler only.
+#: The server's JVM: a small initial heap (the default, 1/64 of memory, stays resident), serial GC, C1 only.
 JVM_FLAGS = ("-Xms16m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 _LOG4J2 = """\
 status = error
@@ -49,17 +36,7 @@ rootLogger.appenderRef.console.ref = console
 
 @dataclass(frozen=True)
 class ZkServerStatus:
-    """What :meth:`EmbeddedZooKeeper.status` found.
-
-    Attributes:
-        running: a live server process serves requests on ``port`` (``srvr``).
-        pid: pid from the pid file when that process is alive, else ``None``.
-        port: client port the server is configured for.
-        data_dir: the server's data folder.
-        hosts: connection string for clients.
-        mode: what ``srvr`` says it is (``standalone``, ``leader``, ``follower``), None when
-            it does not serve.
-    """
+    """What :meth:`EmbeddedZooKeeper.status` found (``mode``: ``srvr``'s, None when not serving)."""
 
     running: bool
     pid: int | None
@@ -105,15 +82,12 @@ def pyspark_jars_dir() -> Path:
     return jars
 
 
-#: The jars the server loads classes from (by name): ZooKeeper, its logging and metrics. The whole
-#: pyspark ``jars`` folder (~250 jars) on the classpath cost ~20 MiB of heap: the JVM keeps each
-#: opened jar's central directory, and log4j's plugin scan opened most of them.
+#: The jars the server loads classes from (by name prefix); the whole ``jars`` folder costs ~20 MiB of heap.
 SERVER_JARS = ("zookeeper-", "slf4j-api-", "log4j-", "metrics-core-", "snappy-java-", "commons-io-", "commons-cli-")
 
 
 def server_classpath(jars: Path) -> str:
-    """The server's classpath: the :data:`SERVER_JARS` of ``jars``; the whole folder when it has no
-    ``zookeeper-jute`` jar beside the server's (a folder laid out otherwise)."""
+    """The :data:`SERVER_JARS` of ``jars``; the whole folder when it is laid out otherwise."""
     picked = sorted(j for j in jars.glob("*.jar") if j.name.startswith(SERVER_JARS))
     names = [j.name for j in picked]
     if not any(n.startswith("zookeeper-jute-") for n in names) or not any(
@@ -136,7 +110,6 @@ def four_letter_word(host: str, port: int, word: str = "ruok", *, timeout_s: flo
     except OSError:
         return None
     return b"".join(chunks).decode("utf-8", "replace")
-
 
 
 def configured_port(data_dir: Path | str) -> int | None:
@@ -166,15 +139,10 @@ class EmbeddedZooKeeper:
     """A local ZooKeeper server in its own detached process.
 
     Args:
-        data_dir: folder for the configuration, data, log and pid file (created).
-        port: client port.
-        host: address the server listens on.
         jars_dir: folder of jars for the classpath; default: pyspark's ``jars``.
-        quorum: every member of the ensemble this server belongs to (itself included);
-            empty: a standalone server.
+        quorum: every member of its ensemble, itself included; empty: standalone.
         myid: this server's id among ``quorum`` (required with it).
-        prefix: words before the server's command: run it on a test host of its own
-            (:mod:`.hosts`); its port is then not checked from here (another network).
+        prefix: words before the server's command, to run it on a test host (:mod:`.hosts`).
     """
 
     def __init__(
@@ -191,10 +159,8 @@ class EmbeddedZooKeeper:
         if self.quorum and myid not in {p.myid for p in self.quorum}:
             raise ZooKeeperServerError(f"myid {myid} is not one of the ensemble's ids "
                                        f"{sorted(p.myid for p in self.quorum)}")
-        main = _QUORUM_MAIN_CLASS if self.quorum else _MAIN_CLASS
-        self._main_class = main
-        # the marker is this folder's zoo.cfg (the last argument): a pid now running another
-        # folder's server, e.g. another store's, is not this one
+        self._main_class = _QUORUM_MAIN_CLASS if self.quorum else _MAIN_CLASS
+        # the marker is this folder's zoo.cfg: a pid running another folder's server is not this one
         self.process = DetachedProcess("ZooKeeper", pid_file=self.data_dir / "zookeeper.pid",
                                        log_file=self.data_dir / "zookeeper.log", marker=str(self.config_file),
                                        error=ZooKeeperServerError, prefix=prefix)
@@ -220,7 +186,6 @@ class EmbeddedZooKeeper:
         return self.data_dir / "zoo.cfg"
 
     def _ready(self) -> bool:
-        # ``ruok`` answers ``imok`` before the server serves requests; ``srvr`` does not.
         reply = four_letter_word(self.host, self.port, "srvr")
         return reply is not None and reply.startswith("Zookeeper version")
 
@@ -263,11 +228,9 @@ class EmbeddedZooKeeper:
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
 
     def launch(self) -> int:
-        """Start the server process without waiting for it to serve; returns its pid.
+        """Start the server process (unless it runs) without waiting for it to serve; returns its pid.
 
-        A no-op returning the running pid when this folder's server already runs; a stale
-        pid file (dead process) is removed first. An ensemble member only serves once a
-        quorum of members runs: start them all, then :meth:`wait_ready` on each.
+        An ensemble member only serves once a quorum runs: start them all, then :meth:`wait_ready`.
 
         Raises:
             ZooKeeperServerError: java or the jars are missing, or the port is taken by another process.
@@ -296,8 +259,7 @@ class EmbeddedZooKeeper:
         """Return once the server serves requests; stop it and raise if it does not in time.
 
         Raises:
-            ZooKeeperServerError: not running, or not ready within ``timeout_s`` (the message
-                carries the end of its log).
+            ZooKeeperServerError: not running, or not ready within ``timeout_s``.
         """
         pid = self.process.read_pid()
         if pid is None:
@@ -313,25 +275,13 @@ class EmbeddedZooKeeper:
             )
 
     def start(self, *, timeout_s: float = 30.0) -> None:
-        """Start the server and return once it serves requests (:meth:`launch` + :meth:`wait_ready`).
-
-        A no-op when this folder's server already runs on the port; a stale pid
-        file (dead process) is removed first.
-
-        Raises:
-            ZooKeeperServerError: java or the jars are missing, the port is taken by
-                another process, or the server did not become ready in time (the
-                message carries the end of its log).
-        """
+        """:meth:`launch`, then :meth:`wait_ready` (raising ZooKeeperServerError as they do)."""
         self.launch()
         self.wait_ready(timeout_s=timeout_s)
 
     def stop(self, *, timeout_s: float = 15.0) -> bool:
-        """Stop the server: SIGTERM to its process group, then SIGKILL after ``timeout_s``.
+        """SIGTERM its process group, SIGKILL after ``timeout_s``; True if a running server was stopped."""
 
-        Returns:
-            True if a running server was stopped, False if none was running.
-        """
         return self.process.stop(timeout_s=timeout_s)
 
     def kill(self) -> int | None:

@@ -17,29 +17,9 @@ __all__ = ["DeltaTableInjector"]
 class DeltaTableInjector(_MaxSeenInjector):
     """A Delta table read with Delta's streaming source (``maxFilesPerTrigger``).
 
-    Delta's streaming source exposes neither file names nor row positions, so
-    a ``record_id_column`` is required, and ``commit_id`` is
-    ``delta={record id}`` (the id locates the row in the table). A row whose id is null or empty
-    is a dead letter "record without record_id"; its ``commit_id`` is
-    ``delta=sha256:{hash of the row's columns as JSON}``.
-
-    Watermark estimate: as :class:`ParquetInjector` (max event time seen minus
-    ``watermark_delay_ms``; :data:`END_OF_TIME` after :meth:`finish`).
-
-    Args:
-        name: injector name.
-        path: the Delta table's path.
-        key_column: natural key column, or ``None``.
-        event_time_column: TIMESTAMP or epoch-ms BIGINT column.
-        value_columns: columns of the JSON value; ``None``: all but event time and record id;
-            empty: no value (``record.value`` is None).
-        record_id_column: the unique, stable id column.
-        max_files_per_trigger: data files per micro-batch (default 1).
-        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
-            minus it. A record is late when behind the watermark computed at the end of the batch
-            before its own: the newest event time of the earlier batches minus this bound, as
-            Spark's own operators judge it (docs/sources.md, "Watermark options").
-        max_event_ahead_ms: as for :class:`ParquetInjector` (default one day; None: no bound).
+    Delta's streaming source has no row positions, so ``record_id_column`` is required and
+    ``commit_id`` is ``delta={record id}`` (for a row without an id, ``delta=sha256:{hash of its
+    columns}``). The watermark and the other arguments are as for :class:`ParquetInjector`.
 
     Raises:
         ConfigError: an invalid name, a bad count, delay or bound, or no ``record_id_column``.
@@ -83,7 +63,6 @@ class DeltaTableInjector(_MaxSeenInjector):
             raise ConfigError(f"{self.name}: record_id_column {self.record_id_column!r} is not a column "
                               f"of the source (columns: {', '.join(sorted(columns))})")
         rid = record_id_of(self.record_id_column)
-        # a row without an id is a dead letter; its position is the hash of its columns (no file positions here)
         row_hash = F.concat(F.lit("sha256:"), F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns])), 256))
         return to_stream_schema(
             raw, producer=self.name, key_column=self.key_column, event_time_column=self.event_time_column,

@@ -1,20 +1,10 @@
 """MillWheel's injector watermark: from the event times of the input not consumed yet.
 
-An injector that reads a folder of files knows its pending input: the files it has not read.
-MillWheel's injectors seed the low watermark from that pending work. The exact estimate is the
-oldest pending event time: every record still to come is at or after it, so nothing pending
-becomes late. One straggler in the queue holds it back, though (an event 60 s behind its
-neighbours keeps the watermark 60 s back until it is read). The heuristic estimate is a
-percentile ``p`` of the pending event times: at most a share ``p`` of the pending records can
-become late, and the watermark no longer waits for the oldest few.
-
-:class:`PendingPercentile` is that estimate for a :class:`~.parquet.ParquetInjector`
-(``watermark_percentile=``): it lists the folder, leaves out the files the computations'
-queries already read (``BatchStats.sources``: the pipeline runner takes them from each query's
-file source log), reads the event-time column of the others (each file once: files are
-immutable) and takes the percentile. With nothing pending, it falls back on the max event time
-seen minus the declared bound (:class:`~.injector.MaxSeenMinusBound`): a file arriving later
-can only be judged by that. It never moves back.
+The exact estimate is the oldest pending event time (nothing pending becomes late, but one
+straggler holds it back); a percentile ``p`` lets at most a share ``p`` of pending records be
+late. :class:`PendingPercentile` computes it for a :class:`~.parquet.ParquetInjector` over the
+files no query has read yet, falling back on :class:`~.injector.MaxSeenMinusBound` when nothing
+is pending. It never moves back.
 """
 
 from __future__ import annotations
@@ -38,11 +28,7 @@ def check_percentile(percentile: float) -> None:
 class PendingPercentile:
     """The ``percentile`` of the pending files' event times (0: their minimum, exact).
 
-    Args:
-        files: the injector's folder.
-        event_time_column: its event-time column (TIMESTAMP or epoch-ms integer).
-        percentile: in [0, 1): the share of pending records allowed to fall behind the estimate.
-        floor: the estimate used while nothing is pending (``observe``/``finish`` are passed on).
+    ``floor`` is the estimate used while nothing is pending (``observe``/``finish`` are passed on).
 
     Raises:
         ConfigError: a percentile outside [0, 1).

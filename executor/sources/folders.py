@@ -14,8 +14,7 @@ __all__ = ["local_folder_token", "make_local_dir"]
 
 
 def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
-    """(name, size, mtime in ns) of the files Spark's file source would read from a local folder
-    (names starting with ``_`` or ``.`` are skipped); None for a remote folder or an unreadable one."""
+    """(name, size, mtime ns) of the files Spark reads from a local folder; None if remote or unreadable."""
     local = local_path(folder)
     if local is None:
         return None
@@ -28,8 +27,7 @@ def local_folder_token(folder: str) -> tuple[tuple[str, int, int], ...] | None:
 
 
 def make_local_dir(path: str) -> None:
-    """Make a local folder (or ``file://`` URI) that does not exist yet; a remote one is left to
-    the file system (Spark's file source reads nothing from a missing folder until it is there).
+    """Make a local folder (or ``file://`` URI) that does not exist yet; a remote one is left alone.
 
     Raises:
         ConfigError: the path exists and is not a folder, or cannot be made.
@@ -45,23 +43,18 @@ def make_local_dir(path: str) -> None:
 
 
 def _local_parquet_schema(folder: str) -> Any | None:
-    """The Spark schema of a local Parquet folder read from its first visible file's footer with
-    pyarrow (Spark's inference starts a job, ~0.1 s); ``None`` -- Spark must infer it -- for a
-    remote folder, no readable file, or a column whose Spark type could differ from the plain
-    Arrow mapping (timestamps without UTC adjustment or in nanoseconds, unsigned or nested types)."""
+    """A local Parquet folder's Spark schema from its first file's footer; ``None``: Spark must infer it."""
     return _spark_schema(_first_footer(folder))
 
 
 def _first_footer(folder: str, files: TableFiles | None = None) -> Any | None:
-    """The Arrow schema of a folder's first visible Parquet file (None: none, unreadable, or a remote
-    folder not given as ``files``, the folder as Python reaches it)."""
+    """The Arrow schema of a folder's first visible Parquet file, or None."""
     found = _first_file_footer(folder, files)
     return None if found is None else found[1]
 
 
 def _first_file_footer(folder: str, files: TableFiles | None = None) -> tuple[str, Any] | None:
-    """The name and Arrow schema of a folder's first visible Parquet file (None as for
-    :func:`_first_footer`)."""
+    """The name and Arrow schema of a folder's first visible Parquet file, or None."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -81,8 +74,7 @@ def _first_file_footer(folder: str, files: TableFiles | None = None) -> tuple[st
 
 
 def _check_footer(injector: str, file: str, arrow: Any, schema: Any) -> None:
-    """Check a Parquet file's footer against a given Spark schema: every column of ``schema`` must
-    be in the file, with the same Spark type where the file's type maps plainly (:func:`_spark_schema`).
+    """Check every column of ``schema`` is in the file's footer, of the same type where it maps plainly.
 
     Raises:
         ConfigError: a column missing from the file, or of another type.

@@ -1,21 +1,10 @@
 """The injector contract: what a source of a pipeline gives, and how it estimates its low watermark.
 
-An injector exposes its input as a *streaming DataFrame in the stream-table
-schema* (:func:`deltawheel.statestore.writepath.streams.stream_schema_ddl`): ``value`` is
-a JSON object of the source's columns (codec ``json``), ``record_id`` is unique
-and the same on every re-run, ``timestamp_ms``/``event_time`` carry the event
-time, ``producer`` the injector's name and ``commit_id`` the source position.
-
-The executor drives the watermark at the end of every micro-batch
-(:meth:`Injector.observe`, :func:`publish_watermark`; :meth:`Injector.finish` when the input is
-exhausted). Records an injector emits behind its published watermark are late; the authority
-keeps published values monotonic anyway. The estimates (bound, exact, percentile):
-docs/injector-watermarks.md; the sources: docs/sources.md.
-
-This module holds the contract (:class:`Injector`, :class:`BatchStats`, :func:`publish_watermark`)
-and what the table injectors share; the injectors themselves are in :mod:`.parquet`,
-:mod:`.delta`, :mod:`.jsonl` and :mod:`.kafka`, the mapping of source rows to the stream-table
-columns in :mod:`.schema`, MillWheel's pending-input estimate in :mod:`.estimates`.
+An injector exposes its input as a streaming DataFrame in the stream-table schema
+(:func:`deltawheel.statestore.writepath.streams.stream_schema_ddl`), with a ``record_id`` that is
+the same on every re-run. The executor drives the watermark after every micro-batch
+(:meth:`Injector.observe`, :func:`publish_watermark`). The estimates: docs/injector-watermarks.md;
+the sources: docs/sources.md.
 """
 
 from __future__ import annotations
@@ -40,13 +29,8 @@ SparkSession = Any
 class BatchStats:
     """What an injector needs to know about one consumed micro-batch.
 
-    Attributes:
-        count: rows in the batch.
-        min_event_ms: smallest ``timestamp_ms`` (``None``: empty or all null).
-        max_event_ms: largest ``timestamp_ms``.
-        sources: the files the rows came from (from ``commit_id``; may be empty).
-        partitions: (source partition, its max event time) for sources with partitions
-            (Kafka's ``topic/partition``; ``kafka.partition_stats``); may be empty.
+    ``sources`` are the files the rows came from; ``partitions`` the max event time per source
+    partition (Kafka's ``topic/partition``); both may be empty.
     """
 
     count: int
@@ -71,19 +55,15 @@ class BatchStats:
 class MaxSeenMinusBound:
     """Watermark estimate *max event time seen minus a bound* (Spark's ``withWatermark``).
 
-    ``None`` until a batch with an event time was observed; never moves
-    backwards (the max only grows); :data:`END_OF_TIME` after :meth:`finish`.
+    ``None`` until a batch with an event time was observed; :data:`END_OF_TIME` after :meth:`finish`.
 
     >>> w = MaxSeenMinusBound(10_000)
     >>> w.observe(BatchStats(2, 50_000, 60_000)); w.observe(BatchStats(1, 20_000, 20_000))
     >>> w.watermark_ms()
     50000
 
-    Args:
-        delay_ms: the declared bound on disorder (>= 0).
-
     Raises:
-        ConfigError: a negative bound.
+        ConfigError: a negative ``delay_ms``.
     """
 
     def __init__(self, delay_ms: int) -> None:
@@ -114,15 +94,13 @@ class Injector(Protocol):
     """A source of a pipeline: a stream in the stream schema plus a watermark estimate.
 
     Optional: ``input_token() -> Hashable | None``, a cheap summary of the input available now
-    (None: unknown). The pipeline runner skips a later round's query of a computation whose every
-    input still has the token it had when its last query started (nothing new to read).
+    (None: unknown); the runner skips a query whose inputs' tokens did not change.
     """
 
     name: str
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
-        """The input as a streaming DataFrame with exactly the stream-table columns (a text source's
-        with ``raw_value`` after them: :func:`to_stream_schema`'s ``raw``)."""
+        """The input as a streaming DataFrame of the stream-table columns (plus ``raw_value`` for text)."""
         ...
 
     def observe(self, stats: BatchStats) -> None:
@@ -140,14 +118,10 @@ class Injector(Protocol):
 
 def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequencer: int = 0,
                       instance: str | None = None, held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
-    """Publish ``injector``'s current estimate under its name; with ``instance`` (job instances
-    sharing intervals), as that instance's estimate: the injector's watermark is then the minimum
-    over the live instances' (:meth:`.WatermarkAuthority.publish_instance_injector`).
+    """Publish ``injector``'s current estimate; with ``instance``, as that job instance's estimate.
 
     Returns:
-        The stored watermark (never below an earlier one), or ``None`` when the
-        injector has no estimate yet (nothing is published then) or, with ``instance``, while
-        a live instance has none.
+        The stored watermark (never below an earlier one), or ``None`` while there is no estimate.
 
     Raises:
         StaleSequencerError: another instance published with a newer sequencer.
@@ -162,7 +136,6 @@ def publish_watermark(authority: WatermarkAuthority, injector: Injector, *, sequ
     return int(authority.publish_injector(injector.name, watermark, sequencer=sequencer))
 
 
-
 def _check_common(name: str, max_files_per_trigger: int | None, max_bytes_per_trigger: int | None = None) -> None:
     validate_name("injector", name)
     if max_files_per_trigger is not None and max_files_per_trigger < 1:
@@ -173,8 +146,7 @@ def _check_common(name: str, max_files_per_trigger: int | None, max_bytes_per_tr
 
 def read_limit_options(name: str, max_files_per_trigger: int | None,
                        max_bytes_per_trigger: int | None) -> dict[str, int]:
-    """The file source's per-trigger options: none (every new file in each micro-batch, Spark's
-    default), ``maxFilesPerTrigger`` or ``maxBytesPerTrigger`` (Spark refuses both at once).
+    """The file source's per-trigger options: none, ``maxFilesPerTrigger`` or ``maxBytesPerTrigger``.
 
     Raises:
         ConfigError: both limits given.
@@ -188,8 +160,7 @@ def read_limit_options(name: str, max_files_per_trigger: int | None,
 
 
 class _MaxSeenInjector:
-    """What the table injectors share: their column settings (checked by :func:`to_stream_schema`
-    when the stream is built) and the watermark, :class:`MaxSeenMinusBound` with ``watermark_delay_ms``."""
+    """What the table injectors share: their column settings and a :class:`MaxSeenMinusBound` watermark."""
 
     def __init__(self, name: str, *, key_column: str | None, event_time_column: str,
                  value_columns: Sequence[str] | None, record_id_column: str | None,

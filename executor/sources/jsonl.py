@@ -1,13 +1,8 @@
 """JSON input: a folder of JSON Lines files, and the JSON parse that Kafka messages share.
 
-A line is parsed with Spark's ``from_json`` in ``PERMISSIVE`` mode with a ``_corrupt_record``
-column, as Spark's JSON source does: a line that is not a JSON object of the schema's types
-keeps its raw text there. Such a record goes into the stream with that text as its value and
-codec ``malformed`` (:func:`~.schema.to_stream_schema`), and the executor writes it to the
-``dead_letters`` table with ``error`` starting "malformed input" and ``raw_value`` the original
-line. Every line also keeps its text in the stream's ``raw_value`` column, so any other dead
-letter (no usable key or timestamp, refused by user code, ...) holds the line as written too.
-Blank lines are skipped.
+A line is parsed with Spark's ``from_json`` in ``PERMISSIVE`` mode: one that does not parse
+becomes a dead letter "malformed input". Every line keeps its text in the stream's ``raw_value``
+column, so any dead letter holds the line as written. Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ CORRUPT_RECORD = "_corrupt_record"
 
 
 def json_schema(schema: Any) -> Any:
-    """A StructType from a DDL string (``"card STRING, amount DOUBLE, ts BIGINT"``) or a StructType,
-    without Spark's ``_corrupt_record`` column.
+    """A StructType from a DDL string or a StructType, without Spark's ``_corrupt_record`` column.
 
     Raises:
         ConfigError: the DDL does not parse, or it is not a struct of columns.
@@ -49,8 +43,7 @@ def json_schema(schema: Any) -> Any:
 
 
 def parse_json(text: Any, schema: Any) -> Any:
-    """``text`` (a STRING column of JSON objects) parsed with ``schema`` in Spark's PERMISSIVE mode: a
-    struct with the schema's fields plus ``_corrupt_record``, the raw text where it did not parse."""
+    """``text`` parsed with ``schema`` in PERMISSIVE mode, plus ``_corrupt_record`` where it did not parse."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -59,9 +52,7 @@ def parse_json(text: Any, schema: Any) -> Any:
 
 
 def event_time_of(parsed: DataFrame, column: str, timestamp_format: str | None) -> DataFrame:
-    """Turn a STRING event time column into a TIMESTAMP (``timestamp_format``: Spark's datetime
-    pattern; None: ISO 8601); other types are left for :func:`~.schema.to_stream_schema` to check.
-    A value that does not parse becomes null: the record is a dead letter "record without timestamp"."""
+    """Turn a STRING event time column into a TIMESTAMP (None format: ISO 8601); unparsable: null."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
 
@@ -76,51 +67,20 @@ def event_time_of(parsed: DataFrame, column: str, timestamp_format: str | None) 
 class JsonLinesInjector(_MaxSeenInjector):
     """A folder of JSON Lines files (one JSON object per line) read with Spark's file streaming source.
 
-    Files are consumed in modification-time order, every new file in each micro-batch unless
-    ``max_files_per_trigger`` or ``max_bytes_per_trigger`` caps it, each read whole (Spark's ``wholetext``) and split into lines, so every line has its position:
-    ``record_id`` is ``record_id_column`` when given (a line without it, or with an empty one, is a
-    dead letter "record without record_id"), otherwise
-    ``{name}/{file name}#{line}`` (1-based; deterministic as long as files are never rewritten),
-    and ``commit_id`` is ``file={file name}#line={line}``. A file must fit in one task's memory
-    (split bigger ones). Names starting with ``_`` or ``.`` are ignored (Spark's rule).
-
-    The schema is ``schema`` (a DDL string or a StructType), or when None, inferred by Spark
-    from the files present when :meth:`stream_df` is called (a batch read of the whole folder:
-    give a schema for big folders, and so that a file of other shapes cannot change it). Lines
-    that do not parse with it are malformed: dead letters with their raw text (module docstring);
-    the stream has one more column, ``raw_value``, each line's text (for every dead letter's
-    ``raw_value``).
-
-    Watermark estimate: as :class:`~.parquet.ParquetInjector` (max event time seen minus
-    ``watermark_delay_ms``; :data:`END_OF_TIME` after :meth:`finish`); malformed lines have no
-    event time and move nothing.
+    Files are read as :class:`~.parquet.ParquetInjector` reads its own, each whole and split into
+    lines (a file must fit in one task's memory). ``record_id`` is ``record_id_column`` when given,
+    otherwise ``{name}/{file name}#{line}`` (1-based); ``commit_id`` is ``file={file name}#line={line}``.
+    Without ``schema``, Spark infers it from the files present at :meth:`stream_df`. The watermark
+    and the other arguments are as for :class:`~.parquet.ParquetInjector`.
 
     Args:
-        name: injector name (``producer`` column, watermark znode).
         folder: the folder of ``.jsonl`` / ``.json`` files (local path or URI).
         schema: the lines' columns, e.g. ``"card STRING, amount DOUBLE, ts BIGINT"``; None: inferred.
-        key_column: natural key field, or ``None`` (key ``""``: the computation's key extractor derives it).
-        event_time_column: a TIMESTAMP field, a BIGINT of epoch milliseconds, or a STRING timestamp
-            (ISO 8601, or ``timestamp_format``; one that does not parse makes the record a dead letter).
-        value_columns: fields of the JSON value; ``None``: all but the event time and record id fields.
-        record_id_column: unique id field, or ``None`` (position-based ids).
-        max_files_per_trigger: at most this many files per micro-batch; None (default): every new
-            file (Spark's default), so a backlog never outgrows one batch.
-        max_bytes_per_trigger: instead, at most about this many bytes of files per micro-batch
-            (Spark's ``maxBytesPerTrigger``; at least one file); not with ``max_files_per_trigger``.
-        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
-            minus it. A record is late when behind the watermark computed at the end of the batch
-            before its own: the newest event time of the earlier batches minus this bound, as
-            Spark's own operators judge it (docs/sources.md, "Watermark options").
-        max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day; None: no bound).
+        event_time_column: a TIMESTAMP field, a BIGINT of epoch milliseconds, or a STRING timestamp.
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 
-    A local folder that does not exist yet is made when the stream is built (:meth:`stream_df`), so
-    a job module can build the injector before its input is there.
-
     Raises:
-        ConfigError: an invalid name, a bad count, delay or bound, both per-trigger limits (a schema
-            that does not parse: at :meth:`stream_df`).
+        ConfigError: an invalid name, count, delay or bound, or both per-trigger limits.
     """
 
     def __init__(self, name: str, folder: str, *, schema: Any = None, key_column: str | None,
@@ -144,8 +104,7 @@ class JsonLinesInjector(_MaxSeenInjector):
         """``schema``, or Spark's inference over the files present (without ``_corrupt_record``).
 
         Raises:
-            ConfigError: a schema that does not parse, or none given and no readable JSON line in
-                the folder.
+            ConfigError: a schema that does not parse, or none given and none to infer.
         """
         if self.schema is not None:
             return json_schema(self.schema)

@@ -1,20 +1,11 @@
 """Kafka input: a topic of JSON messages read with Spark's Kafka source, watermarked per partition.
 
-Spark's Kafka connector is not in the pyspark wheel: ``build_spark`` adds it when it is cached
-(``./dw setup``, or ``SparkSettings(kafka=True)``), a session of your own takes it with
-``spark.jars.packages = org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>``
-(``statestore/session/connectors.py``).
+Spark's Kafka connector is not in the pyspark wheel: see ``statestore/session/connectors.py``.
 
-The injector watermark is per partition, as Flink's and Beam's Kafka sources keep it: each
-partition's estimate is its max event time seen minus ``watermark_delay_ms``, and the
-injector's is the minimum over the partitions (one partition that lags holds it back; records
-within the bound of their own partition are never late, however far the others are ahead).
-A partition that has delivered nothing yet holds it at "unknown". Idle partitions
-(``idle_timeout_ms``, as Flink's ``withIdleness``): a partition that delivered no record for
-that long (processing time) is left out of the minimum until it delivers again; if every
-partition is idle, the estimate stays where it was. Its records that are then behind the
-watermark are late. ``idle_timeout_ms=None`` (default): partitions are never idle, so an empty
-partition holds the watermark back -- right for a topic where every partition gets data.
+The watermark is per partition, as in Flink's and Beam's Kafka sources: the minimum over the
+partitions of max event time seen minus ``watermark_delay_ms``. A partition that delivered
+nothing yet holds it at "unknown"; one silent for ``idle_timeout_ms`` (Flink's ``withIdleness``)
+is left out until it delivers again. With ``idle_timeout_ms=None`` no partition is ever idle.
 """
 
 from __future__ import annotations
@@ -45,14 +36,8 @@ class PerPartitionWatermark:
     >>> w.observe_partitions({"t/1": 20_000}); w.watermark_ms()
     19000
 
-    Args:
-        delay_ms: the declared disorder bound within a partition (>= 0).
-        idle_timeout_ms: processing time without records after which a partition is idle (left
-            out of the minimum); None: never.
-        clock: processing time (injected for tests).
-
     Raises:
-        ConfigError: a negative bound or timeout.
+        ConfigError: a negative ``delay_ms`` or a timeout <= 0.
     """
 
     def __init__(self, delay_ms: int, *, idle_timeout_ms: int | None = None, clock: Clock | None = None) -> None:
@@ -84,9 +69,7 @@ class PerPartitionWatermark:
             self.last_active_ms[p] = now
 
     def observe(self, stats: BatchStats) -> None:
-        """Take a batch's per-partition maxima (``stats.partitions``); a batch without them (a
-        runner that only knows the batch's overall max) moves nothing: the overall max says
-        nothing about the partition that lags."""
+        """Take a batch's per-partition maxima (``stats.partitions``); a batch without them moves nothing."""
         self.observe_partitions(dict(stats.partitions))
 
     def finish(self) -> None:
@@ -115,9 +98,10 @@ class PerPartitionWatermark:
 
 
 def partition_stats(batch_df: DataFrame, *, now_ms: int, max_event_ahead_ms: int | None) -> BatchStats:
-    """A Kafka batch's stats with the max event time per partition (``topic/partition``, from the
-    ``commit_id``), in one Spark aggregation. Records more than ``max_event_ahead_ms`` ahead of
-    ``now_ms`` are left out (the executor dead-letters them; they move no watermark)."""
+    """A Kafka batch's stats with the max event time per ``topic/partition``, in one aggregation.
+
+    Records more than ``max_event_ahead_ms`` ahead of ``now_ms`` are left out.
+    """
     from pyspark.sql import functions as F
 
     ts = F.col("timestamp_ms")
@@ -136,40 +120,20 @@ def partition_stats(batch_df: DataFrame, *, now_ms: int, max_event_ahead_ms: int
 class KafkaInjector:
     """A Kafka topic of JSON messages, read with Spark's Kafka source, in the stream schema.
 
-    Each message's value is a JSON object parsed with ``schema`` (Spark's PERMISSIVE mode, as for
-    :class:`~.jsonl.JsonLinesInjector`): a value that does not parse keeps its raw text and
-    becomes a dead letter "malformed input"; every message's value as sent is the stream's
-    ``raw_value`` column, the ``raw_value`` of any dead letter it becomes. ``record_id`` is
-    ``{name}/{topic}/{partition}@{offset}`` (the same on every re-read), ``commit_id``
-    ``kafka={topic}/{partition}@{offset}``.
-
-    Feed the executor through :meth:`tracking` (``foreachBatch(events.tracking(executor, authority))``)
-    rather than an ``on_batch_end`` hook: the watermark is per partition (module docstring), and the
-    hook only passes the batch's overall event-time range.
+    Values are parsed as for :class:`~.jsonl.JsonLinesInjector` (unparsable ones become dead
+    letters); ``record_id`` is ``{name}/{topic}/{partition}@{offset}``, ``commit_id``
+    ``kafka={topic}/{partition}@{offset}``. Feed the executor through :meth:`tracking`, which
+    keeps the per-partition watermark (an ``on_batch_end`` hook only sees the overall range).
 
     Args:
-        name: injector name (``producer`` column, watermark znode).
-        bootstrap_servers: Kafka's ``bootstrap.servers``.
-        topic: the topic (one; ``options={"subscribePattern": ...}`` is not supported: the
-            partitions are listed from this topic).
-        schema: the messages' JSON columns, a DDL string or a StructType (required: a stream has
-            no files to infer from).
-        key_column: natural key field of the JSON value; ``None``: the Kafka message key (as a
-            string; null: ``""``).
-        event_time_column: a TIMESTAMP / epoch-ms BIGINT / STRING timestamp field of the value;
-            ``None``: the Kafka record's timestamp.
-        value_columns: fields of the JSON value (``None``: all but the event time field).
-        watermark_delay_ms: the declared disorder bound within a partition. A record is late when
-            behind this injector's estimate as it was after the batch before the record's
-            (docs/sources.md, "Watermark options").
+        schema: the messages' JSON columns, a DDL string or a StructType (required).
+        key_column: natural key field of the JSON value; ``None``: the Kafka message key.
+        event_time_column: a TIMESTAMP / epoch-ms BIGINT / STRING field; ``None``: the Kafka timestamp.
+        watermark_delay_ms: the disorder bound within a partition (docs/sources.md, "Watermark options").
         idle_timeout_ms: processing time after which a silent partition is idle (None: never).
-        starting_offsets: Spark's ``startingOffsets`` (``"earliest"``, ``"latest"`` or JSON), used
-            when the query's checkpoint is new.
-        max_offsets_per_trigger: Spark's ``maxOffsetsPerTrigger`` (None: all available).
-        options: further ``kafka.*`` / source options (security settings, ``minPartitions``...).
-        max_event_ahead_ms: as for :class:`~.parquet.ParquetInjector` (default one day).
-        timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
-        clock: processing time for idleness (injected for tests).
+        options: further ``kafka.*`` / source options.
+
+    The other arguments are as for :class:`~.jsonl.JsonLinesInjector`, or Spark's Kafka options.
 
     Raises:
         ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.
@@ -216,8 +180,7 @@ class KafkaInjector:
         return {p: None if m is None else m - d for p, m in sorted(self._estimate.max_seen.items())}
 
     def discover_partitions(self, spark: SparkSession) -> list[str]:
-        """List the topic's partitions with Kafka's admin client (in the Spark driver) and declare
-        them to the estimate; returns them. A topic that does not exist yet has none."""
+        """List the topic's partitions (none if it does not exist) and declare them to the estimate."""
         j, admin = self._admin(spark)
         try:
             desc = admin.describeTopics(j.java.util.Collections.singletonList(self.topic)).allTopicNames()
@@ -237,8 +200,6 @@ class KafkaInjector:
         return names
 
     def _client_props(self, j: Any) -> Any:
-        """java.util.Properties for a Kafka client in the Spark driver: the bootstrap servers and
-        this injector's ``kafka.*`` options."""
         props = j.java.util.Properties()
         props.setProperty("bootstrap.servers", self.bootstrap_servers)
         for k, v in self.options.items():
@@ -247,8 +208,7 @@ class KafkaInjector:
         return props
 
     def _admin(self, spark: SparkSession) -> tuple[Any, Any]:
-        """(the JVM, a Kafka admin client in the Spark driver with this injector's ``kafka.*``
-        options); close the client after."""
+        """(the JVM, a Kafka admin client in the Spark driver); close the client after."""
         from deltawheel.statestore.delta.jvm import jvm
 
         j = jvm(spark)
@@ -257,15 +217,11 @@ class KafkaInjector:
 
     @property
     def fails_on_data_loss(self) -> bool:
-        """Its query fails rather than skip records (Spark's ``failOnDataLoss``, true unless the
-        options say ``false``): then a partition added to the topic during the run was read from
-        offset 0 (replay's positions, ``sourceoffsets.kafka_ranges``)."""
+        """Spark's ``failOnDataLoss`` is on: a partition added during the run was read from offset 0."""
         return str(self.options.get("failOnDataLoss", "true")).strip().lower() != "false"
 
     def earliest_offsets(self, spark: SparkSession, partitions: Iterable[str]) -> dict[str, int]:
-        """The earliest offset still available (retention, deleted records) of each of the topic's
-        ``partitions`` (numbers as strings), from a Kafka consumer in the Spark driver (it reads no
-        record)."""
+        """The earliest offset still available of each of ``partitions`` (numbers as strings)."""
         from deltawheel.statestore.delta.jvm import jvm
 
         j = jvm(spark)
@@ -285,9 +241,7 @@ class KafkaInjector:
             consumer.close()
 
     def batch_df(self, spark: SparkSession, ranges: Mapping[str, Any]) -> DataFrame:
-        """The records of ``ranges`` (``{partition: (start, end)}`` of the topic, start inclusive,
-        end exclusive: what a batch read, as its commit records it) with a Spark batch read, in the
-        stream schema :meth:`stream_df` gives (replay re-reads a batch's input with it)."""
+        """The records of ``ranges`` (``{partition: (start, end)}``, end exclusive) in the stream schema."""
         parts = {str(p): r for p, r in ranges.items() if int(r[1]) > int(r[0])}
         reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap_servers)
                   .option("subscribe", self.topic)
@@ -312,8 +266,7 @@ class KafkaInjector:
         """The topic as a streaming DataFrame in the stream schema (its partitions are listed first).
 
         Raises:
-            ConfigError: Spark's Kafka connector is not on the session's classpath, the broker
-                cannot be reached, the schema does not parse, or a named field is not in it.
+            ConfigError: no Kafka connector, no broker, or a bad schema or field name.
         """
         from pyspark.errors import AnalysisException
 
@@ -380,9 +333,7 @@ class KafkaInjector:
 
     def tracking(self, executor: Callable[[Any, int], Any], authority: WatermarkAuthority, *,
                  sequencer: int = 0) -> Callable[[Any, int], None]:
-        """A ``foreachBatch`` function: the batch's per-partition maxima (one aggregation), then
-        ``executor(batch_df, batch_id)``, then this injector's watermark published to ``authority``
-        (after the batch committed, so a retried batch is judged by the watermark it saw)."""
+        """A ``foreachBatch`` function: stats, ``executor(batch_df, batch_id)``, publish the watermark."""
 
         def run(batch_df: Any, batch_id: int) -> None:
             stats = self.stats_of(batch_df)

@@ -29,62 +29,32 @@ __all__ = ["ParquetInjector"]
 class ParquetInjector(_MaxSeenInjector):
     """A folder of Parquet files read with Spark's file streaming source.
 
-    Files are consumed in modification-time order, every new file in each micro-batch unless
-    ``max_files_per_trigger`` or ``max_bytes_per_trigger`` caps it. The schema is ``schema`` when
-    given (the folder may then be empty when :meth:`stream_df` is called; its first file's footer,
-    when there is one, is checked against it), otherwise taken from the files present when
-    :meth:`stream_df` is called (in a local or ``s3a://`` folder whose columns have plain
-    types, from the first visible file's footer, read with pyarrow; otherwise
-    by Spark's inference). Files whose name starts with ``_`` or ``.``
-    are ignored (Spark's rule), so writers can stage files under such names.
-
-    ``record_id`` is ``record_id_column`` when given, otherwise
-    ``{name}/{file name}#{row index}``: deterministic as long as files are never rewritten. Under
-    ``record_id_column`` a record whose id is null or empty is a dead letter "record without
-    record_id". ``commit_id`` is ``file={file name}#row={row index}``.
-
-    Watermark estimate: :class:`MaxSeenMinusBound` with ``watermark_delay_ms``,
-    i.e. the max event time seen minus the declared disorder bound; records
-    more than that behind the newest seen are late. :meth:`finish` (all files
-    present were consumed) makes it :data:`END_OF_TIME`; files added after
-    that are entirely late.
+    Files are consumed in modification-time order; names starting with ``_`` or ``.`` are
+    ignored (Spark's rule). Without ``schema``, the schema comes from the files present at
+    :meth:`stream_df`. ``record_id`` is ``record_id_column`` when given (null or empty: a dead
+    letter), otherwise ``{name}/{file name}#{row index}``; ``commit_id`` is
+    ``file={file name}#row={row index}``. The watermark is the max event time seen minus
+    ``watermark_delay_ms``, :data:`END_OF_TIME` after :meth:`finish`. A local folder that does
+    not exist yet is made at :meth:`stream_df`.
 
     Args:
         name: injector name (``producer`` column, watermark znode).
-        folder: the Parquet folder (local path or URI).
-        schema: the files' columns, a DDL string (``"user STRING, ts BIGINT"``) or a StructType;
-            None: read from the files present at :meth:`stream_df` (at least one is needed then).
+        schema: the files' columns, a DDL string or a StructType; None: read from the files.
         key_column: natural key column, or ``None`` (key ``""``).
         event_time_column: TIMESTAMP or epoch-ms BIGINT column.
-        value_columns: columns of the JSON value; ``None``: all but the event
-            time and record id columns; empty: no value (``record.value`` is None).
-        record_id_column: unique id column, or ``None`` (position-based ids).
-        max_files_per_trigger: at most this many files per micro-batch; None (default): every new
-            file (Spark's default), so a backlog never outgrows one batch.
-        max_bytes_per_trigger: instead, at most about this many bytes of files per micro-batch
-            (Spark's ``maxBytesPerTrigger``; at least one file); not with ``max_files_per_trigger``.
-        watermark_delay_ms: the declared disorder bound: the watermark is the newest event time seen
-            minus it. A record is late when behind the watermark computed at the end of the batch
-            before its own: the newest event time of the earlier batches minus this bound, as
-            Spark's own operators judge it (docs/sources.md, "Watermark options").
-        max_event_ahead_ms: records whose event time is more than this ahead of the
-            processing clock (default one day) become dead letters with the reason and
-            do not move the watermark (one record dated 2100 would otherwise close every
-            window); None: no bound.
-        watermark_percentile: None: the estimate above. A share ``p`` in [0, 1):
-            MillWheel's estimate from the pending input instead, the ``p``-quantile of the
-            event times of the folder's files no query has read yet (0: their minimum,
-            exact: nothing pending becomes late; above 0: up to that share of pending records
-            may become late, for less lag); max-seen-minus-bound while nothing is pending
-            (:mod:`.estimates`).
-
-    A local folder that does not exist yet is made when the stream is built (:meth:`stream_df`,
-    when the pipeline starts), so a job module can build the injector before its input is there.
+        value_columns: columns of the JSON value; ``None``: all but the event time and record id
+            columns; empty: no value.
+        max_files_per_trigger: at most this many files per micro-batch; None: every new file.
+        max_bytes_per_trigger: instead, about this many bytes per micro-batch (at least one file).
+        watermark_delay_ms: the declared disorder bound (docs/sources.md, "Watermark options").
+        max_event_ahead_ms: records more than this ahead of the processing clock (default one
+            day) become dead letters and do not move the watermark; None: no bound.
+        watermark_percentile: in [0, 1): the watermark is instead that quantile of the unread
+            files' event times (:mod:`.estimates`).
 
     Raises:
-        ConfigError: an invalid name, a bad count, delay, bound or percentile, both per-trigger
-            limits (a schema that does not parse, or a file that does not match it: at
-            :meth:`stream_df`).
+        ConfigError: an invalid name, count, delay, bound or percentile, or both per-trigger
+            limits (a bad schema or file: at :meth:`stream_df`).
     """
 
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
@@ -101,7 +71,7 @@ class ParquetInjector(_MaxSeenInjector):
         self.folder = folder  # a local folder that does not exist yet is made at stream_df
         self._direct: DirectSource | None = None
         self.watermark_percentile = watermark_percentile
-        if watermark_percentile is not None:  # checked now; the folder's files are reached at stream_df
+        if watermark_percentile is not None:
             check_percentile(watermark_percentile)
 
     @property
@@ -117,9 +87,7 @@ class ParquetInjector(_MaxSeenInjector):
             self._estimate.observe(stats)
 
     def watermark_ms(self) -> int | None:
-        """The estimate: max event time seen minus ``watermark_delay_ms``, or with
-        ``watermark_percentile`` the percentile of the pending files' event times
-        (:mod:`.estimates`); ``None`` while unknown."""
+        """The estimate (see the class docstring); ``None`` while unknown."""
         return self._estimate.watermark_ms()
 
     def input_token(self) -> tuple[tuple[str, int, int], ...] | None:
@@ -127,20 +95,15 @@ class ParquetInjector(_MaxSeenInjector):
         return local_folder_token(self.folder)
 
     def direct_source(self) -> DirectSource | None:
-        """How image tasks can read this folder's files themselves (``executor/tasks/image/direct.py``), as
-        found by the last :meth:`stream_df`: a folder Python reaches (local, ``file:``, ``s3a://``), a string key column, a string record
-        id column (or none), a UTC timestamp or int event time column and value columns of
-        strings, booleans, signed integers or doubles (or none); otherwise None (the JVM reads
-        and prepares the batches)."""
+        """How image tasks can read the files themselves (``executor/tasks/image/direct.py``), as found
+        by the last :meth:`stream_df`; None when the columns' types need the JVM."""
         return self._direct
 
     def stream_df(self, spark: SparkSession) -> DataFrame:
         """The folder as a streaming DataFrame in the stream schema.
 
         Raises:
-            ConfigError: no ``schema`` and no readable Parquet file in the folder, a ``schema`` that
-                does not parse or that the first file does not match, or a named column missing
-                (see :func:`to_stream_schema`).
+            ConfigError: no schema to be had, a mismatch with the first file, or a named column missing.
         """
         from pyspark.errors import AnalysisException
 
@@ -175,9 +138,7 @@ class ParquetInjector(_MaxSeenInjector):
         return self._in_stream_schema(raw, schema)
 
     def files_df(self, spark: SparkSession, names: Sequence[str]) -> DataFrame:
-        """The records of some of the folder's files (by file name), as a batch DataFrame in the
-        stream schema with the same record ids as :meth:`stream_df` gives them: a new owner of a
-        moved interval catches up with it (``executor/protocol/rescale.py``)."""
+        """The records of some of the folder's files (by name) as :meth:`stream_df` gives them, in a batch."""
         given = None if self.schema is None else json_schema(self.schema)
         schema = given or _spark_schema(_first_footer(self.folder)) or spark.read.parquet(self.folder).schema
         raw = spark.read.schema(schema).parquet(*[f"{self.folder.rstrip('/')}/{n}" for n in sorted(names)])
@@ -203,9 +164,7 @@ class ParquetInjector(_MaxSeenInjector):
 
 
 def _given_arrow(given: Any, footer: Any | None) -> Any | None:
-    """The Arrow schema the direct read expects under a given schema: the matching file's own types
-    for the given columns (as Spark reads them), or with no file yet the given schema in Arrow; None
-    when it has no Arrow form."""
+    """The Arrow schema the direct read expects: the file's types of the given columns, else the given."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 

@@ -1,6 +1,4 @@
-"""The stream-table columns of a source's rows: :func:`to_stream_schema` (every injector's
-``stream_df`` ends with it; a source of your own calls it too) and :func:`union_inputs` (a
-computation's input frames as one)."""
+"""The stream-table columns of a source's rows (:func:`to_stream_schema`, for a source of your own too)."""
 
 from __future__ import annotations
 
@@ -21,31 +19,19 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
     """Map a DataFrame of source rows to the stream-table columns, in the JVM.
 
     Args:
-        df: source rows (batch or streaming).
-        producer: the injector name (``producer`` column).
-        key_column: the natural key, cast to string (null keys become ``""``);
-            ``None``: ``key`` is ``""`` and the consumer's key extractor derives it.
+        key_column: the natural key, cast to string (null: ``""``); ``None``: ``key`` is ``""``.
         event_time_column: a TIMESTAMP column, or a BIGINT/INT of epoch milliseconds.
-        value_columns: columns of the JSON ``value`` object; ``None``: every column
-            except ``event_time_column`` and ``exclude``. Keys come out sorted, as
-            with the ``json`` codec. Empty: no value (``record.value`` is None), for
-            computations that only read the key and the event time.
-        record_id: Spark Column giving the record id (must be non-null and unique).
-        commit_id: Spark Column giving the source position.
+        value_columns: columns of the JSON ``value`` object; ``None``: every column except
+            ``event_time_column`` and ``exclude``; empty: no value.
+        record_id: the record id Column (non-null and unique); ``commit_id``: the source position.
         exclude: columns left out of the default ``value_columns``.
-        malformed: a STRING column, the raw text of a record the source could not parse
-            (null for the others; e.g. Spark's ``_corrupt_record``). Such a record keeps that
-            text as its ``value`` with codec ``malformed``, an empty key and no event time: the
-            executor makes it a dead letter saying "malformed", its ``raw_value`` the original text.
-        raw: a STRING or BINARY column, the record's original text (a text source's line or
-            message). Given, the frame has one more column after the stream-table ones,
-            ``raw_value`` (BINARY): every dead letter of the record (no usable key or timestamp,
-            too far ahead, refused by user code, ...) keeps it as its ``raw_value``, where it
-            would otherwise hold ``value`` (the re-encoded columns). Nothing else reads it.
+        malformed: a STRING column, the raw text of a record the source could not parse (null
+            otherwise): such a record becomes a dead letter "malformed".
+        raw: a STRING or BINARY column, the record's original text: an extra ``raw_value`` column
+            that its dead letters keep.
 
     Raises:
-        ConfigError: a named column does not exist, or the event time column has
-            an unsupported type.
+        ConfigError: a named column does not exist, or the event time column's type is unsupported.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType, LongType, TimestampNTZType, TimestampType
@@ -68,7 +54,6 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
     if value_columns is None:
         value_columns = [c for c in fields if c != event_time_column and c not in exclude]
     key = F.lit("") if key_column is None else F.coalesce(F.col(key_column).cast("string"), F.lit(""))
-    # no value columns (the key and event time are all a computation reads): record.value is None
     value = (F.to_json(F.struct(*[F.col(c) for c in sorted(value_columns)])).cast("binary") if value_columns
              else F.lit(None).cast("binary"))
     codec = F.lit("json")
@@ -93,19 +78,15 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
 def record_id_of(column: str) -> Any:
     """The record id from a source's id column (``record_id_column``), as a STRING column.
 
-    A null or empty id stays null: the executor makes such a record a dead letter "record without
-    record_id" (its raw text, its source position), never a record under some other id. An id made
-    up from a file position would not be the id the producer sends again on a retry, so the retry
-    would be processed twice."""
+    A null or empty id stays null, so the record becomes a dead letter: a position-made id would
+    differ from the one a retry sends."""
     from pyspark.sql import functions as F
 
     return F.nullif(F.col(column).cast("string"), F.lit(""))
 
 
 def union_inputs(frames: Sequence[DataFrame]) -> DataFrame:
-    """A computation's input frames (each with its ``stream`` column) as one: by column name, an
-    injector's ``raw_value`` (its records' original text, :func:`to_stream_schema`) null in the
-    frames without it (stream tables, binary sources)."""
+    """A computation's input frames as one, by column name (``raw_value`` null where missing)."""
     out = frames[0]
     for f in frames[1:]:
         out = out.unionByName(f, allowMissingColumns=True)

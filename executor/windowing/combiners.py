@@ -1,15 +1,8 @@
 """What is computed: combining functions, so windowed state holds accumulators, not elements.
 
-A :class:`CombineFn` has four methods: ``create`` (an empty accumulator),
-``add`` (fold one input into it), ``merge`` (combine accumulators: session
-merges), ``extract`` (the pane value). Accumulators are kept in the key's
-state and pane values are produced, both through the computation's codec
-(``json`` by default), so they must be values it encodes (lists, dicts with
-string keys, str, int, float, bool, None: no sets); :func:`check_encodable`
-refuses one that is not, naming the combiner and the fix.
-
-Built in: :class:`Sum`, :class:`Count`, :class:`Min`, :class:`Max`,
-:class:`Mean` (its accumulator is ``[sum, count]``).
+Accumulators and pane values go through the computation's codec, so they must be values it
+encodes (:func:`check_encodable` refuses others). Built in: :class:`Sum`, :class:`Count`,
+:class:`Min`, :class:`Max`, :class:`Mean`.
 
 >>> fn = Mean()
 >>> fn.extract(fn.merge([fn.add(fn.create(), 2), fn.add(fn.create(), 4)]))
@@ -29,9 +22,7 @@ __all__ = ["CombineFn", "Sum", "Count", "Min", "Max", "Mean", "combine_fn_from_s
 
 
 class CombineFn:
-    """A user combiner: override ``create``, ``add`` and ``merge`` (and ``extract`` unless the pane
-    value is the accumulator itself); accumulators and pane values must be values the
-    computation's codec encodes (docs/windowing.md, "Combiners")."""
+    """A user combiner: override ``create``, ``add``, ``merge``, maybe ``extract`` (docs/windowing.md)."""
 
     def create(self) -> Any:
         """A new, empty accumulator."""
@@ -82,38 +73,31 @@ class Count(CombineFn):
         return sum(accs, 0)
 
 
-class Min(CombineFn):
+class _Extreme(CombineFn):
+    _pick: Any = staticmethod(min)
+
+    def create(self) -> Any:
+        """None (no value yet)."""
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        """The extreme of ``acc`` and ``value``."""
+        return value if acc is None else self._pick(acc, value)
+
+    def merge(self, accs: Sequence[Any]) -> Any:
+        """The extreme of the non-empty accumulators (None if all are empty)."""
+        present = [a for a in accs if a is not None]
+        return self._pick(present) if present else None
+
+
+class Min(_Extreme):
     """Smallest value (None for an empty pane)."""
 
-    def create(self) -> Any:
-        """None (no value yet)."""
-        return None
 
-    def add(self, acc: Any, value: Any) -> Any:
-        """The smaller of ``acc`` and ``value``."""
-        return value if acc is None else min(acc, value)
-
-    def merge(self, accs: Sequence[Any]) -> Any:
-        """The smallest of the non-empty accumulators (None if all are empty)."""
-        present = [a for a in accs if a is not None]
-        return min(present) if present else None
-
-
-class Max(CombineFn):
+class Max(_Extreme):
     """Largest value (None for an empty pane)."""
 
-    def create(self) -> Any:
-        """None (no value yet)."""
-        return None
-
-    def add(self, acc: Any, value: Any) -> Any:
-        """The larger of ``acc`` and ``value``."""
-        return value if acc is None else max(acc, value)
-
-    def merge(self, accs: Sequence[Any]) -> Any:
-        """The largest of the non-empty accumulators (None if all are empty)."""
-        present = [a for a in accs if a is not None]
-        return max(present) if present else None
+    _pick = staticmethod(max)
 
 
 class Mean(CombineFn):
@@ -153,11 +137,7 @@ def combine_fn_from_spec(spec: str | CombineFn) -> CombineFn:
 
 
 def negate(value: Any) -> Any:
-    """The value of a retraction pane, by the one rule of every combiner: the withdrawn pane's
-    value negated where negation is defined (an int or a float, not a bool), unchanged otherwise
-    (a dict, a list, a string, None). A downstream sum or count then just adds every pane's value;
-    any other consumer undoes a pane flagged ``retraction``. The scenario format fixes the
-    negation for numbers (SCENARIO_FORMAT.md).
+    """The value of a retraction pane: the withdrawn value negated if a number (not a bool), else unchanged.
 
     >>> negate(7), negate(2.5), negate(True), negate({"n": 1}), negate(None)
     (-7, -2.5, True, {'n': 1}, None)

@@ -1,25 +1,11 @@
 """The scenario harness: script a keyed stream, run a windowed computation, get its panes.
 
-A scenario (``SCENARIO_FORMAT.md`` in the shared docs; seconds) lists elements,
-watermark advances and processing-time advances in arrival order. The
-harness turns it into a :func:`~deltawheel.executor.windowing.windowed.windowed`
-computation and drives the real per-key runner,
-:func:`~deltawheel.executor.tasks.usercode.keyrun.run_key`, exactly as the executor does:
-
-* an element: ``run_key`` for its key with that one record, at the current
-  watermark and processing time;
-* a watermark or processing-time step: ``run_key`` with no records for every
-  key whose row holds a due timer (event-time timers before the new
-  watermark, processing-time timers at or before the new time);
-* after the last step the watermark moves to
-  :data:`~deltawheel.executor.windowing.windows.END_OF_INPUT_MS` (+inf).
-
-Rows go to and come from a :class:`Backend` (:class:`MemoryBackend`: a dict;
-the Delta store behind the same protocol); the productions of each run are
-delivered at once (the row's ``pending`` is cleared, as the executor does
-after delivery). Panes and dropped elements come back in the format's output
-shape (seconds, ``after_step``). Usage: docs/windowing.md, "Testing your pipeline: the scenario
-harness".
+A scenario (``SCENARIO_FORMAT.md``; seconds) lists elements, watermark advances and
+processing-time advances in arrival order. The harness drives the real per-key runner
+(:func:`~deltawheel.executor.tasks.usercode.keyrun.run_key`) as the executor does: an element
+runs its key, a clock step runs every key with a due timer, and after the last step the
+watermark moves to :data:`~.windows.END_OF_INPUT_MS`. Rows live in a :class:`Backend`.
+Usage: docs/windowing.md, "Testing your pipeline: the scenario harness".
 """
 
 from __future__ import annotations
@@ -111,15 +97,9 @@ class MemoryBackend:
 
 
 class DeltaBackend:
-    """The Delta rows table behind :class:`Backend`: one fenced commit per scenario step.
+    """The Delta rows table as a :class:`Backend`: read at each step's start, one fenced commit at its end.
 
-    Each step begins with a read of the scenario computation's rows from Delta
-    (the table is the truth), and everything the step changed is committed in
-    one fenced transaction at its end, exactly as an executor batch would.
-
-    Args:
-        spark: a session with Delta (``build_spark``).
-        layout: a store; migrated here if needed.
+    ``layout`` is migrated here if needed.
     """
 
     def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
@@ -354,13 +334,11 @@ class _Runner:
 
 
 def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Backend = "memory") -> dict[str, Any]:
-    """Run a scenario through the per-key runner; return ``{"panes": [...], "dropped": [...]}``
-    (and ``"expired": [{"key", "after_step"}, ...]`` for a scenario that declares ``state_ttl``,
-    in seconds of event time: the keys the state TTL dropped, in order).
+    """Run a scenario through the per-key runner; return ``{"panes": [...], "dropped": [...]}``.
 
-    Args:
-        scenario: the scenario dict or the path of its JSON file.
-        backend: ``"memory"``, ``"delta"`` (not wired yet) or a :class:`Backend`.
+    A scenario that declares ``state_ttl`` also gets ``"expired": [{"key", "after_step"}, ...]``.
+
+    ``scenario`` is a dict or a JSON file's path; ``backend`` ``"memory"``, ``"delta"`` or a :class:`Backend`.
 
     Raises:
         WindowingError: malformed scenario or unknown backend.
@@ -392,7 +370,7 @@ def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Bac
         r.run(key, [], len(sc.steps))
     end()
     panes = sorted(r.panes, key=lambda p: p["key"])  # stable: emission order within a key
-    if sc.computation.state_ttl is not None:  # a scenario with ``state_ttl`` (seconds) also lists expiries
+    if sc.computation.state_ttl is not None:
         return {"panes": panes, "dropped": r.dropped, "expired": r.expired}
     return {"panes": panes, "dropped": r.dropped}
 
@@ -415,9 +393,8 @@ def _apply_step(r: _Runner, sc: Scenario, i: int, step: Mapping[str, Any]) -> No
 def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
     """Compare two outputs by SCENARIO_FORMAT.md's rule; raise AssertionError naming the difference.
 
-    Per key and window the pane sequences must be equal on :data:`PANE_FIELDS`
-    (and on ``after_step`` where the expected pane has one); panes of different
-    windows may interleave. Dropped entries must be equal as a multiset.
+    Per key and window the pane sequences must be equal on :data:`PANE_FIELDS` (and ``after_step``
+    where expected has it); dropped entries must be equal as a multiset.
     """
     def by_window(panes: list[Mapping[str, Any]], steps: bool) -> dict[tuple[Any, ...], list[tuple[Any, ...]]]:
         out: dict[tuple[Any, ...], list[tuple[Any, ...]]] = defaultdict(list)
@@ -464,11 +441,9 @@ class _Namespaced:
 
 def run_scenarios_lockstep(scenarios: Sequence[Mapping[str, Any] | Path | str], *,
                            backend: Backend) -> list[dict[str, Any]]:
-    """Run several scenarios against one backend in lockstep: step i of every scenario, then one
-    ``end_step`` (one fenced commit on the Delta backend) for all of them.
+    """Run several scenarios on one backend in lockstep: step i of each, then one ``end_step`` for all.
 
-    Scenarios are independent (keys are namespaced per scenario), so each result equals what
-    :func:`run_scenario` gives alone; this only saves commits when replaying many on Delta.
+    Keys are namespaced per scenario, so each result equals what :func:`run_scenario` gives alone.
     """
     scs = [load_scenario(s) for s in scenarios]
     runners = [_Runner(sc.computation, _Namespaced(backend, f"s{i:03d}/")) for i, sc in enumerate(scs)]

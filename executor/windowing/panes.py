@@ -1,19 +1,10 @@
 """How refinements relate: accumulation modes, panes and their pane info.
 
-A :class:`Pane` is one output of one window of one key: the window bounds,
-the value, and :class:`PaneInfo` (timing EARLY / ON_TIME / LATE, the index
-of the pane in the window's sequence, ``is_first``, ``is_last``). In
-``ACCUMULATING_AND_RETRACTING`` mode a new pane of a window is preceded by a
-*retraction pane* (``retraction=True``) withdrawing the previously emitted
-pane: its value is that pane's value, unchanged, whatever the combiner (a
-count of 3 is retracted as 3, a dict as that dict). A session merge retracts
-the panes of the sessions it replaces right before the merged session's next
-pane. A retraction pane carries the pane info of the pane it precedes.
-
-Panes travel as dicts (``Pane.to_dict`` / ``Pane.from_dict``) in epoch ms,
-with the fields of SCENARIO_FORMAT.md's output pane; the global window has
-``window_start = window_end = None``.
+In ``ACCUMULATING_AND_RETRACTING`` mode a new pane of a window is preceded by a retraction pane
+(``retraction=True``) withdrawing the previous one, with the pane info of the pane it precedes.
+Panes travel as dicts in epoch ms (SCENARIO_FORMAT.md's output pane; the global window's bounds are None).
 """
+
 
 from __future__ import annotations
 

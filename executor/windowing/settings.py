@@ -1,13 +1,7 @@
 """The computation settings of a windowed computation, given where it is built: ``windowed(...)``.
 
-:func:`~deltawheel.executor.windowing.windowed.windowed` builds a
-:class:`~deltawheel.executor.computation.Computation` subclass; the settings
-become class attributes of that class, as a hand-written computation
-declares them (docs/embedding.md, "A computation"), so the driver and the
-Spark tasks read the same values. Set on the returned object instead, a
-setting would reach the parts of the executor that read the instance and not
-those that read the class: :class:`ComputationSettings` is how they are
-given, and the windowed computation refuses them as instance attributes.
+The settings become class attributes of the subclass ``windowed`` builds, as a hand-written
+computation declares them, so the driver and the Spark tasks read the same values.
 
 >>> ComputationSettings(num_intervals=2, late_policy="route").late_policy
 <LatePolicy.ROUTE: 'route'>
@@ -32,9 +26,8 @@ class ComputationSettings:
     """The :class:`Computation` settings a windowed computation accepts (defaults: Computation's).
 
     Raises:
-        ConfigError: a value of the wrong type, an unknown policy, a negative timeout
-            (``num_intervals``, ``codec`` / ``allow_pickle`` and ``dedup_retention`` are checked
-            by ``Computation.validate`` when the class is built).
+        ConfigError: a value of the wrong type, an unknown policy, a negative timeout (the
+            others are checked by ``Computation.validate``).
     """
 
     num_intervals: int = Computation.num_intervals

@@ -1,16 +1,9 @@
 """When in processing time: trigger state machines (Beam Java SDK semantics).
 
-A trigger is an immutable tree (frozen dataclasses). Its mutable state lives
-in the key's state as a list of small dicts, one per tree node in
-pre-order (node ``i``'s first child is ``i + 1``, the next child follows the
-first child's subtree). Keys of a node's dict, all optional: ``f`` finished
-(1), ``n`` element count, ``t`` processing-time target (ms), ``o`` the
-watermark trigger's on-time firing happened (1).
-
-Every node implements ``on_element``, ``should_fire``, ``on_fire``,
-``clear`` and ``on_merge``, called by :mod:`windowed` after every element
-and on every timer of a window, as Beam's ``TriggerStateMachine`` is.
-What each trigger does, and how triggers merge: docs/windowing.md, "Triggers".
+A trigger is an immutable tree; its state is a list of small dicts, one per node in pre-order.
+Keys of a node's dict, all optional: ``f`` finished (1), ``n`` element count, ``t`` processing-time
+target (ms), ``o`` the watermark trigger's on-time firing happened (1). :mod:`windowed` calls the
+nodes as Beam's ``TriggerStateMachine`` is called. What each trigger does: docs/windowing.md, "Triggers".
 """
 
 from __future__ import annotations
@@ -30,14 +23,7 @@ NodeState = dict[str, Any]
 
 @dataclass
 class TriggerContext:
-    """The clocks and the node states a trigger runs against (one window).
-
-    Attributes:
-        states: the per-node state dicts, pre-order (mutated in place).
-        watermark_ms: the input watermark (None before the first).
-        now_ms: processing time.
-        end_ms: the window's end.
-    """
+    """The clocks and the per-node states (pre-order, mutated in place) of one window's trigger."""
 
     states: list[NodeState]
     watermark_ms: int | None
@@ -371,8 +357,7 @@ class AfterWatermark(Trigger):
             sub[0].on_element(tc, sub[1])
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
-        """Before the on-time firing: the window's end is reached or ``early`` can fire; after it:
-        ``late`` can fire."""
+        """Before the on-time firing: the end is reached or ``early`` can fire; after it, ``late`` can."""
         if not tc.node(i).get("o"):
             early = self._sub(i, "early")
             return tc.end_of_window_reached or (early is not None and early[0].should_fire(tc, early[1]))
@@ -380,8 +365,7 @@ class AfterWatermark(Trigger):
         return late is not None and late[0].should_fire(tc, late[1])
 
     def on_fire(self, tc: TriggerContext, i: int) -> None:
-        """The on-time firing (ends the early phase; finishes without ``late``), or an early / late
-        firing (repeats: cleared when it finishes)."""
+        """The on-time firing (finishes without ``late``), or a repeating early / late firing."""
         node = tc.node(i)
         if not node.get("o"):
             early = self._sub(i, "early")
@@ -403,8 +387,7 @@ class AfterWatermark(Trigger):
                 late[0].clear(tc, late[1])  # late firings repeat
 
     def on_merge(self, tc: TriggerContext, i: int) -> None:
-        """Past the on-time firing only if every merged window was and the merged window's end is
-        reached; else back in the early phase."""
+        """Past the on-time firing if every merged window was and the end is reached; else early."""
         early, late = self._sub(i, "early"), self._sub(i, "late")
         if all(s[i].get("o") for s in tc.merging) and tc.end_of_window_reached:
             tc.node(i)["o"] = 1
@@ -421,11 +404,8 @@ class AfterWatermark(Trigger):
 
 @dataclass(frozen=True)
 class DefaultTrigger(Trigger):
-    """Beam's default trigger: fires whenever the watermark is at or past the window end; never finishes.
+    """Beam's default trigger: fires whenever the watermark is at or past the window end; never finishes."""
 
-    Unlike ``AfterWatermark()`` (which fires once and finishes, closing the window), late elements
-    within the allowed lateness each get a LATE pane.
-    """
 
     def should_fire(self, tc: TriggerContext, i: int) -> bool:
         """The watermark has reached the window end."""

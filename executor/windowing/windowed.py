@@ -1,19 +1,10 @@
 """The Dataflow model on the core API: :class:`WindowedComputation` and :func:`windowed`.
 
-A windowed computation is an ordinary :class:`~deltawheel.executor.computation.Computation`:
-everything it keeps lives in the key's state and its timers, so it has
-the executor's exactly-once guarantees, and window GC is visible in the rows
-table (a collected window's entry and timers are gone from the key's row).
-
-Panes go to ``output`` (:meth:`~deltawheel.executor.windowing.panes.Pane.to_dict`) with the
-production timestamp = the window end; dropped elements go to ``<output>_dropped``.
-The key's state is ``{"v": 1, "w": {"<start>,<end>": {...}}}`` (version ``v``; ``"*"`` for
-the global window), encoded with the computation's codec.
-Timers per window: event time ``w:<wid>``, processing time ``p:<wid>``.
-
-Semantics follow SCENARIO_FORMAT.md, and Beam Java where the model leaves a choice.
-The pane and dropped records, the state layout, the timers and the rules:
-docs/windowing.md, "What a windowed computation produces", "Semantics", "State layout".
+A windowed computation is an ordinary :class:`~deltawheel.executor.computation.Computation`
+whose windows live in the key's state and timers, so it keeps the executor's exactly-once
+guarantees. Panes go to ``output`` timestamped at the window end; dropped elements go to
+``<output>_dropped``. Semantics follow SCENARIO_FORMAT.md, and Beam Java where the model leaves
+a choice; the records, state layout and timers: docs/windowing.md.
 """
 
 from __future__ import annotations
@@ -38,7 +29,6 @@ from .windows import Window, WindowFn, WindowingError
 __all__ = ["STATE_VERSION", "WindowingStrategy", "WindowedComputation", "windowed", "dropped_stream"]
 
 STATE_VERSION = 1
-_EVENT, _PROC, _ELEMENT = "event", "processing", "element"
 
 
 @dataclass(frozen=True)
@@ -62,11 +52,7 @@ def dropped_stream(output: str) -> str:
 
 
 class WindowedComputation(Computation):
-    """Windows, triggers, allowed lateness, accumulation and combining on per-key state and timers.
-
-    Build one with :func:`windowed` (which sets the class attributes ``name``,
-    ``inputs``, ``outputs`` and the computation settings it is given).
-    """
+    """Windows, triggers, lateness, accumulation and combining on per-key state; see :func:`windowed`."""
 
     output: str = "panes"
     event_time_timers = True  # window ends and allowed lateness are event-time timers
@@ -95,14 +81,8 @@ class WindowedComputation(Computation):
                 "the executor and not others")
         super().__setattr__(attr, value)
 
-    # ------------------------------------------------------------- callbacks
-
     def process_record(self, ctx: Context, record: Record) -> None:
-        """Add the record to every window it falls in (merging sessions) and evaluate their triggers.
-
-        A record behind the allowed lateness, or for a closed window, is produced to the dropped
-        stream with the reason.
-        """
+        """Add the record to each window it falls in and evaluate their triggers, or drop it (with why)."""
         st = self._load(ctx)
         s = self.strategy
         wm = ctx.input_watermark_ms
@@ -126,7 +106,7 @@ class WindowedComputation(Computation):
             if wid not in touched:
                 touched.append(wid)
         for wid in touched:
-            self._evaluate(ctx, st, wid, _ELEMENT)
+            self._evaluate(ctx, st, wid)
         self._save(ctx, st)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
@@ -134,13 +114,11 @@ class WindowedComputation(Computation):
         st = self._load(ctx)
         wid = timer.tag[2:]
         if wid in st:
-            self._evaluate(ctx, st, wid, _EVENT if timer.domain is TimeDomain.EVENT_TIME else _PROC)
+            self._evaluate(ctx, st, wid)
         self._save(ctx, st)
 
     def _checked(self, method: str, value: Any) -> Any:
-        """``value``, returned by the combiner's ``method``, once its type is known to encode with the
-        computation's codec (checked on the first value of each type, so a combiner the codec cannot
-        store fails naming itself, not deep in the runner's encoding of the state)."""
+        """``value``, after checking the first value of each type encodes with the codec."""
         kind = (method, type(value))
         if kind not in self._encodable:
             if self._codec is None:
@@ -148,8 +126,6 @@ class WindowedComputation(Computation):
             check_encodable(self.strategy.combine, method, value, self._codec)
             self._encodable.add(kind)
         return value
-
-    # ----------------------------------------------------------------- state
 
     @staticmethod
     def _load(ctx: Context) -> dict[str, dict[str, Any]]:
@@ -175,11 +151,8 @@ class WindowedComputation(Computation):
     def _tc(self, ctx: Context, wid: str, ws: dict[str, Any]) -> TriggerContext:
         return TriggerContext(ws["t"], ctx.input_watermark_ms, ctx.now_ms, Window.from_wid(wid).end_ms)
 
-    # --------------------------------------------------------------- merging
-
     def _closed_window(self, st: dict[str, dict[str, Any]], proto: Window) -> Window | None:
-        """The closed window ``proto`` falls into: the same window, or (merging windows) one it overlaps,
-        since merging with a closed window gives a closed window (Beam)."""
+        """The closed window ``proto`` falls into: itself, or (merging windows) a closed one it overlaps."""
         ws = st.get(proto.wid)
         if ws is not None and ws.get("x"):
             return proto
@@ -226,9 +199,7 @@ class WindowedComputation(Computation):
         st[merged.wid] = ws
         self._schedule(ctx, merged.wid, ws)
 
-    # ------------------------------------------------------ firing and GC
-
-    def _evaluate(self, ctx: Context, st: dict[str, dict[str, Any]], wid: str, cause: str) -> None:
+    def _evaluate(self, ctx: Context, st: dict[str, dict[str, Any]], wid: str) -> None:
         s = self.strategy
         ws = st[wid]
         w = Window.from_wid(wid)
@@ -266,8 +237,7 @@ class WindowedComputation(Computation):
         info = PaneInfo(timing, index, index == 0, is_last)
         window = Window.from_wid(wid)
         if s.accumulation is AccumulationMode.ACCUMULATING_AND_RETRACTING:
-            # a retraction carries the withdrawn pane's value as that pane carried it, negated where
-            # negation is defined (numbers): ``negate``, the one rule of every combiner
+            # a retraction carries the withdrawn pane's value, negated where negation is defined
             for rwid, rvalue in ws.pop("r", []):
                 self._produce(ctx, Pane(ctx.key, Window.from_wid(rwid), negate(rvalue), info, True))
             if "l" in ws:
@@ -308,8 +278,7 @@ _SCALARS = (int, float, str, bool, type(None))
 
 
 def _snapshot(value: Any) -> Any:
-    """``value`` as it is now: a pane value may be the accumulator itself (``CombineFn.extract``
-    returns it by default), which ``add`` may change in place before the pane is retracted."""
+    """``value`` as it is now: a pane value may be the accumulator, which ``add`` may change in place."""
     return value if isinstance(value, _SCALARS) else copy.deepcopy(value)
 
 
@@ -331,25 +300,20 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
     """A windowed computation named ``name`` reading ``inputs`` and writing panes to ``output``.
 
     Args:
-        name: computation name (a SQL identifier).
         inputs: input stream -> key extractor, as :attr:`Computation.inputs`.
         output: the pane stream; dropped elements go to ``dropped_stream(output)``.
-        windowing: the window function.
-        trigger: the trigger tree (default: :func:`~deltawheel.executor.windowing.triggers.default_trigger`).
+        trigger: the trigger tree (default: Beam's default trigger).
         allowed_lateness_ms: how long after its end a window keeps accepting data.
         accumulation: discarding, accumulating or accumulating_and_retracting.
         combine: a built-in combiner name (sum, count, min, max, mean) or a CombineFn.
         value: maps a record value to the combiner's input (default: the value itself).
-        num_intervals, codec, allow_pickle, exactly_once, dedup_retention, strong_productions,
-            straggler_timeout_s, delivery_timeout_s, late_policy, error_policy, state_ttl,
-            state_ttl_processing: the computation
-            settings, as the :class:`Computation` attributes of the same names (defaults theirs;
-            docs/windowing.md, "Computation settings"). ``codec`` encodes the window state
-            (accumulators included) and the panes.
+
+    The other keywords are the :class:`Computation` settings of the same names
+    (docs/windowing.md, "Computation settings").
 
     Raises:
-        ConfigError: invalid names or settings, an unknown keyword argument (the message names
-            the accepted ones); WindowingError: invalid strategy.
+        ConfigError: invalid names or settings, or an unknown keyword argument.
+        WindowingError: invalid strategy.
     """
     refuse_unknown(name, unknown, arguments=_ARGUMENTS)
     settings = ComputationSettings(

@@ -1,18 +1,8 @@
 """Where in event time: windows and window functions (the Dataflow model's *where*).
 
-A :class:`Window` is a half-open event-time interval ``[start_ms, end_ms)``
-in epoch milliseconds. A :class:`WindowFn` assigns each element timestamp
-to one or more windows and, for merging window functions (sessions), merges
-a key's windows when they overlap.
-
-Built in: :class:`GlobalWindows`, :class:`FixedWindows`,
-:class:`SlidingWindows` and :class:`Sessions`. A user window function
-subclasses :class:`WindowFn` and overrides :meth:`WindowFn.assign` (and, to
-merge, sets ``merging = True`` and overrides :meth:`WindowFn.merge`).
-
-The global window is ``[GLOBAL_START_MS, GLOBAL_END_MS)``; the end of input
-is the watermark :data:`END_OF_INPUT_MS`, beyond the global window's end, so
-the global window fires ON_TIME (and is collected) when the input ends.
+A :class:`WindowFn` assigns each element timestamp to windows ``[start_ms, end_ms)`` and, for
+sessions, merges a key's overlapping windows. The end of input is the watermark
+:data:`END_OF_INPUT_MS`, beyond the global window's end, so the global window fires when it ends.
 
 >>> FixedWindows(120_000).assign(26_000)
 (Window(start_ms=0, end_ms=120000),)
@@ -80,10 +70,6 @@ class Window:
         """``start_ms <= timestamp_ms < end_ms``."""
         return self.start_ms <= timestamp_ms < self.end_ms
 
-    def intersects(self, other: "Window") -> bool:
-        """The windows overlap (touching ends do not)."""
-        return self.start_ms < other.end_ms and other.start_ms < self.end_ms
-
     def span(self, other: "Window") -> "Window":
         """The smallest window covering both."""
         return Window(min(self.start_ms, other.start_ms), max(self.end_ms, other.end_ms))
@@ -109,8 +95,7 @@ class WindowFn:
         """Group ``windows`` (a key's live windows) into merges.
 
         Returns:
-            ``(merged, sources)`` pairs, one per group of two or more windows
-            that merge; windows that stay as they are are not listed.
+            ``(merged, sources)`` pairs, one per group of two or more windows that merge.
         """
         return []
 

@@ -65,7 +65,7 @@ def query_name(rank: int) -> str:
     return word if rank < len(_WORDS) else f"{word}-{rank // len(_WORDS)}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AnomalySchedule:
     """Where the spike and the dip are, as ``[start, end)`` fractions of the base-time span.
 
@@ -97,7 +97,7 @@ class AnomalySchedule:
             raise ConfigError("the spike and the dip intervals must not overlap")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AnomalyWindows:
     """The anomalies of one generated data set, in absolute base time (epoch ms, end exclusive)."""
 
@@ -109,7 +109,7 @@ class AnomalyWindows:
     dip_end_ms: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ZeitgeistParams:
     """Every argument of :func:`generate_queries`, as one value (the demo's configuration)."""
 
@@ -169,9 +169,10 @@ def anomaly_windows(n_events: int, *, start_ms: int = DEFAULT_START_MS, rate_per
     def at(frac: float) -> int:
         return start_ms + int(round(frac * span))
 
-    return AnomalyWindows(
-        query_name(schedule.spike_rank), at(schedule.spike_start), at(schedule.spike_end),
-        query_name(schedule.dip_rank), at(schedule.dip_start), at(schedule.dip_end))
+    return AnomalyWindows(spike_query=query_name(schedule.spike_rank),
+                          spike_start_ms=at(schedule.spike_start), spike_end_ms=at(schedule.spike_end),
+                          dip_query=query_name(schedule.dip_rank), dip_start_ms=at(schedule.dip_start),
+                          dip_end_ms=at(schedule.dip_end))
 
 
 def _cdf(weights: np.ndarray) -> np.ndarray:

@@ -58,7 +58,7 @@ def master_state(ui_url: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerStatus:
     """One worker: its process and whether the master lists it as ALIVE."""
 
@@ -71,7 +71,7 @@ class WorkerStatus:
     log: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SparkStatus:
     """The master (pid, ALIVE per its JSON) and each worker."""
 
@@ -212,11 +212,14 @@ class SparkStandalone:
         workers = []
         for i, proc in enumerate(self.worker_procs, start=1):
             entry = registered.get(self.ports[f"worker_{i}"])
-            workers.append(WorkerStatus(i, proc.pid(), self.ports[f"worker_{i}"], entry is not None,
-                                        None if entry is None else int(entry.get("cores", 0)),
-                                        None if entry is None else int(entry.get("memory", 0)), str(proc.log_file)))
-        return SparkStatus(self.master_url, self.ui_url, self.master.pid(),
-                           state is not None and state.get("status") == "ALIVE", tuple(workers), str(self.master.log_file))
+            workers.append(WorkerStatus(index=i, pid=proc.pid(), port=self.ports[f"worker_{i}"],
+                                        registered=entry is not None,
+                                        cores=None if entry is None else int(entry.get("cores", 0)),
+                                        memory_mb=None if entry is None else int(entry.get("memory", 0)),
+                                        log=str(proc.log_file)))
+        return SparkStatus(master_url=self.master_url, ui_url=self.ui_url, master_pid=self.master.pid(),
+                           master_alive=state is not None and state.get("status") == "ALIVE",
+                           workers=tuple(workers), log=str(self.master.log_file))
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ RECORD_FORMAT_VERSION = 1
 _HOST = "127.0.0.1"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServerRecord:
     """What ``server.json`` says about a store's own server (``keep``: its last user does not stop it)."""
 

@@ -34,7 +34,7 @@ rootLogger.appenderRef.console.ref = console
 """
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ZkServerStatus:
     """What :meth:`EmbeddedZooKeeper.status` found (``mode``: ``srvr``'s, None when not serving)."""
 

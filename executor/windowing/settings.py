@@ -21,7 +21,7 @@ from ..computation import Computation, ErrorPolicy, LatePolicy
 __all__ = ["ComputationSettings", "SETTINGS", "refuse_unknown"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ComputationSettings:
     """The :class:`Computation` settings a windowed computation accepts (defaults: Computation's).
 

@@ -73,7 +73,7 @@ def test_a_batch_moves_through_its_statuses_in_order_only() -> None:
 
     def fresh() -> BatchState:
         return BatchState(batch_id=7, df=None, started=0.0, now=0, wm_in=None, wm_late=None,
-                          acted=ActedMark(None, None, None, ()), horizon=None, commit_id="c:7:0", strong=False)
+                          acted=ActedMark(batch_id=None, late_ms=None, input_ms=None, intervals=()), horizon=None, commit_id="c:7:0", strong=False)
 
     b = fresh()
     for to in (BatchStatus.PREPARED, BatchStatus.COMMITTED, BatchStatus.DELIVERED):

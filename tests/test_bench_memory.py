@@ -117,9 +117,12 @@ def test_the_worker_daemon_is_idle_only_when_no_python_worker_worked() -> None:
     mib = 2**20
 
     def peak(worker_cpu_s: float) -> dict[str, float]:
-        procs = (ProcessMemory(1, "driver_jvm", 900 * mib, 900 * mib, 900 * mib, cpu_s=9.0),
-                 ProcessMemory(2, "python_daemon", 50 * mib, 60 * mib, 40 * mib, cpu_s=0.3),
-                 ProcessMemory(3, "python_worker", 200 * mib, 220 * mib, 180 * mib, cpu_s=1.0 + worker_cpu_s))
+        procs = (ProcessMemory(pid=1, role="driver_jvm", pss_bytes=900 * mib, rss_bytes=900 * mib,
+                               uss_bytes=900 * mib, cpu_s=9.0),
+                 ProcessMemory(pid=2, role="python_daemon", pss_bytes=50 * mib, rss_bytes=60 * mib,
+                               uss_bytes=40 * mib, cpu_s=0.3),
+                 ProcessMemory(pid=3, role="python_worker", pss_bytes=200 * mib, rss_bytes=220 * mib,
+                               uss_bytes=180 * mib, cpu_s=1.0 + worker_cpu_s))
         p = MemoryPeak(pss_bytes=1150 * mib, rss_bytes=1180 * mib, max_single_rss_bytes=900 * mib,
                        driver_maxrss_bytes=0, samples=3, max_processes=3, at_peak=procs,
                        cpu_first=((1, 1.0), (2, 0.3), (3, 1.0)))

@@ -118,7 +118,8 @@ def test_the_tasks_read_the_rows_the_jvm_prepares(spark, tmp_path, request, unit
         assert files is not None and len(files) == 2
         assert all(p.startswith("s3a://") == (where == "s3a") for p, _name in files)
         for ivs in ([0, 1, 2, 3], [1, 3], [0]):
-            got = direct_table(DirectBatch(source, files, n, wm, ()), ivs)
+            got = direct_table(DirectBatch(source=source, files=files, num_intervals=n, late_before=wm,
+                                           tasks=()), ivs)
             marks = got.filter(got.column("_m")).column("interval").to_pylist()
             assert marks == ivs
             want = jvm.filter(pa.compute.is_in(jvm.column("interval"), pa.array(ivs, pa.int32())))
@@ -171,7 +172,8 @@ def test_keys_read_as_the_files_dictionary_give_the_rows_of_keys_encoded_by_the_
     assert pq.read_table(plain, read_dictionary=["key"]).column("key").num_chunks > 1
     assert pq.read_table(mixed, read_dictionary=["key"]).column("key").null_count == 1
     for ivs in ([0, 1, 2, 3], [2], [1, 3]):
-        got = [direct_table(DirectBatch(source, ((str(f), "part-0.parquet"),), 4, 5_000, (), ahead=(9_000, 0)), ivs)
+        got = [direct_table(DirectBatch(source=source, files=((str(f), "part-0.parquet"),), num_intervals=4,
+                                        late_before=5_000, tasks=(), ahead=(9_000, 0)), ivs)
                for f in (plain, mixed)]
         # the mixed file's one more row: its null key (an empty key, a dead letter), if its interval is read
         extra = got[1].filter(pa.compute.equal(got[1].column("record_id"), "ok-null")).to_pylist()

@@ -87,7 +87,8 @@ def test_a_batch_reads_the_files_delta_read_and_the_rows_the_jvm_prepares(spark,
         cols, _keep = ImageTasks._data_columns(writer, place)  # type: ignore[arg-type]
         jvm = prepare_input(batch, comp, wm).select(*cols).toArrow()
         for ivs in ([0, 1, 2, 3], [1, 3], [0]):
-            got = direct_table(DirectBatch(source, files, n, wm, ()), ivs)
+            got = direct_table(DirectBatch(source=source, files=files, num_intervals=n, late_before=wm,
+                                           tasks=()), ivs)
             assert got.filter(got.column("_m")).column("interval").to_pylist() == ivs
             want = jvm.filter(pa.compute.is_in(jvm.column("interval"), pa.array(ivs, pa.int32())))
             assert [(f.name, str(f.type)) for f in got.schema] == [(f.name, str(f.type)) for f in jvm.schema]

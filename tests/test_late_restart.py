@@ -243,7 +243,8 @@ def test_the_acted_watermark_mark_round_trips_through_commit_metadata() -> None:
                            max_size=3))
     def check(batch_id: int | None, late_ms: int | None, input_ms: int | None, ivs: tuple[int, ...],
               injectors: dict[str, int]) -> None:
-        mark = ActedMark(batch_id, late_ms, input_ms, ivs, injectors)
+        mark = ActedMark(batch_id=batch_id, late_ms=late_ms, input_ms=input_ms, intervals=ivs,
+                         injectors=injectors)
         meta = json.dumps({**mark.to_meta(), "computation": "c", "kind": "commit"})
         assert _mark_of(meta, "c", set(ivs)) == mark
         assert _mark_of(meta, "other", set(ivs)) is None

@@ -17,8 +17,10 @@ def _commit(version: int, kind: str = "commit", meta: dict[str, Any] | None = No
             files: tuple[str, ...] = ("f",)) -> ComputationCommit:
     meta = commit_entry(version, files) if meta is None else meta
     pos = meta.get("positions")
-    return ComputationCommit(version, 0, kind, None if pos is None else pos["batch_id"],
-                             None if pos is None else tuple(pos["files"]), None, None, meta)
+    return ComputationCommit(version=version, timestamp_ms=0, kind=kind,
+                             batch_id=None if pos is None else pos["batch_id"],
+                             files=None if pos is None else tuple(pos["files"]), input_ms=None, late_ms=None,
+                             meta=meta)
 
 
 # seed 3; batches 5, 8 (8 read no input: a timers-only batch, as a graceful stop's flush);

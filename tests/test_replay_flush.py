@@ -87,7 +87,8 @@ def test_the_diff_leaves_out_a_flush_outside_the_replay_that_shares_a_batch_id()
     from deltawheel.statestore.inspection.positions import ComputationCommit, outside_commit_ids
 
     def commit(version: int, batch: int | None, files: tuple[str, ...] | None, cid: str) -> ComputationCommit:
-        return ComputationCommit(version, 0, "commit", batch, files, None, None, {"commit_id": cid})
+        return ComputationCommit(version=version, timestamp_ms=0, kind="commit", batch_id=batch, files=files,
+                                 input_ms=None, late_ms=None, meta={"commit_id": cid})
 
     commits = [commit(1, 0, ("a",), "c:0:1"), commit(2, 1, (), "c:1:2"),  # a flush: id 1 ...
                commit(3, 1, ("b",), "c:1:3"),  # ... the query's next micro-batch: id 1 too

@@ -13,7 +13,8 @@ def _commit(version: int, *, kind: str = "commit", batch: int | None = 0, files:
             **meta: Any) -> Any:
     from deltawheel.statestore.inspection.positions import ComputationCommit
 
-    return ComputationCommit(version, 0, kind, batch, files, None, None, {"kind": kind, **meta})
+    return ComputationCommit(version=version, timestamp_ms=0, kind=kind, batch_id=batch, files=files,
+                             input_ms=None, late_ms=None, meta={"kind": kind, **meta})
 
 
 def test_a_commit_without_input_is_crossed_and_a_tool_change_is_named() -> None:

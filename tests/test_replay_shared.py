@@ -374,7 +374,8 @@ def _commit(version: int, intervals: list[int] | None, *, batch_id: int = 0, fil
         meta["late"] = {"v": 1, "batch_id": batch_id, "late_ms": version, "input_ms": version,
                         "intervals": intervals, "injectors": {}}
         meta.update(commit_entry(batch_id, names, intervals=intervals if ran else None))
-    return ComputationCommit(version, 0, "batch", batch_id, names, version, version, meta)
+    return ComputationCommit(version=version, timestamp_ms=0, kind="batch", batch_id=batch_id, files=names,
+                             input_ms=version, late_ms=version, meta=meta)
 
 
 def test_each_replayed_batch_runs_over_the_intervals_its_instance_held() -> None:

@@ -120,7 +120,8 @@ def events(spark: Any, items: list[tuple[str, str, int]]) -> Any:
 
 def start_executor(spark: Any, layout: Any, zk_config: Any, comp: Computation, *,
                    faults: Callable[[FaultPoint, int], None] | None = None, writer: str = "w",
-                   write_path: str = "auto", watermarks: bool = False, clock: Any = None) -> tuple[Any, Any]:
+                   write_path: str = "auto", watermarks: bool = False, clock: Any = None,
+                   positions: Any = None) -> tuple[Any, Any]:
     """An executor holding all its intervals (``watermarks``: publishing to a watermark authority
     of pipeline "test", ``ex.authority``)."""
     from deltawheel.statestore.zk.watermarks import WatermarkAuthority
@@ -132,7 +133,7 @@ def start_executor(spark: Any, layout: Any, zk_config: Any, comp: Computation, *
     authority = WatermarkAuthority(client, pipeline="test") if watermarks else None
     more = {} if clock is None else {"clock": clock}
     ex = ComputationExecutor(spark, layout, comp, owner=owner, faults=faults, progress=print, write_path=write_path,
-                             authority=authority, **more)
+                             authority=authority, positions=positions, **more)
     ex.start(wait_s=20)
     return ex, client
 

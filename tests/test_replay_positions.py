@@ -52,18 +52,18 @@ def test_the_merge_paths_fence_and_the_image_paths_compaction_record_no_input(  
     from deltawheel.statestore.inspection.positions import commits_after, computation_commits, replay_horizon
     from executor_util import BucketCounter, events, start_executor, stop_executor
 
-    def records(ex: Any) -> None:  # its batches record their positions, as the pipeline drivers' do
-        ex.positions = positions_recorder(BucketCounter(), {}, layout=migrated_store, checkpoint=str(tmp_path / "ck"))
-        assert ex.positions is not None
+    def records() -> Any:  # its batches record their positions, as the pipeline drivers' do
+        return positions_recorder(BucketCounter(), {}, layout=migrated_store, checkpoint=str(tmp_path / "ck"))
 
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="merge")
-    records(ex)
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="merge",
+                                positions=records())
+    assert ex.positions is not None
     ex.run_batch(events(spark, [("r1", "cats", 1_000), ("r2", "dogs", 1_000)]), 0, input_watermark_ms=None,
                  input_files=["a.parquet"])
     ex.run_batch(events(spark, [("r3", "cats", 2_000)]), 1, input_watermark_ms=None, input_files=["b.parquet"])
     stop_executor(ex, client)
-    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", writer="w2")
-    records(ex)
+    ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path="image", writer="w2",
+                                positions=records())
     ex.run_batch(events(spark, [("r4", "dogs", 3_000)]), 2, input_watermark_ms=None, input_files=["c.parquet"])
     stop_executor(ex, client)
     commits = computation_commits(spark, migrated_store, "buckets")

@@ -33,7 +33,7 @@ from ..sources.injector import Injector, publish_watermark
 from ..tasks import worker as _worker
 from ..tasks.image.direct import table_source
 from .handover import HandoverWatch, hand_over
-from .inputs import stage_input
+from .inputs import event_bounds, stage_input
 from .pipeline import Pipeline, RunSummary, StopReport
 from .querystart import clear_unstarted, delta_end_version, pending_batch
 from .sharing import Sharing
@@ -327,9 +327,10 @@ class ContinuousRun:
         else:
             hook = injector_hook(authority, feeding, checkpoint=chk) if feeding else None
             ex = self.wiring.executor(self.spark, self.layout, comp, upstream=p.upstream(comp), on_batch_end=hook,
-                                      progress=self.progress, write_path=self.write_path)
-            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=chk,  # replay
-                                              spark=self.spark)
+                                      progress=self.progress, write_path=self.write_path,
+                                      event_ahead_ms=event_bounds(comp, injectors),
+                                      positions=positions_recorder(comp, injectors, layout=self.layout,  # replay
+                                                                   checkpoint=chk, spark=self.spark))
             stage = self.stages[comp.name] = _Stage(comp=comp, ex=ex, checkpoint=chk,
                                                     trigger=self._triggers[comp.name])
             self._log(f"{comp.name}: waiting for leases on {type(comp).num_intervals} intervals ...")
@@ -339,8 +340,6 @@ class ContinuousRun:
             ex.direct_source = self._direct_source(comp)
             stage.replay_id = pending_batch(chk)
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=sharing is not None)
-        if stage.ex is not None and sharing is None:
-            stage.ex.event_ahead_ms = inp.event_ahead_ms
         stage.next_caps = self._read_caps(stage)
 
         def batch(df: Any, batch_id: int) -> None:

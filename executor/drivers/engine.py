@@ -24,8 +24,9 @@ from ..computation import RECORD_KEY, Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.reports import BatchReport
 from ..servers.embedded import ensure_zookeeper
-from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS, Injector, publish_watermark
+from ..sources.injector import Injector, publish_watermark
 from .continuous import ContinuousRun
+from .inputs import event_bounds
 from .pipeline import Pipeline, RunSummary
 from .runner import PipelineRunner
 from .triggers import Trigger
@@ -150,11 +151,9 @@ class Engine:
         names = sorted({u if isinstance(u, str) else f"injector:{u.name}" for u in items})
         hook = injector_hook(self.authority, feeding, checkpoint=checkpoint) if feeding else None
         options["progress"] = _lines(options.get("progress", self.progress))
+        if "event_ahead_ms" not in options and any(inj.name in computation.inputs for inj in feeding):
+            options["event_ahead_ms"] = event_bounds(computation, {inj.name: inj for inj in feeding})
         ex = self.wiring.executor(self.spark, self.layout, computation, upstream=names, on_batch_end=hook, **options)
-        bounds = {inj.name: getattr(inj, "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS) for inj in feeding
-                  if inj.name in computation.inputs}
-        if bounds and "event_ahead_ms" not in options:  # each injector's bound on event time ahead of the clock
-            ex.event_ahead_ms = {s: b for s, b in bounds.items() if b is not None}
         ex.start(wait_s=self.wait_s if wait_s is None else wait_s)
         self.executors.append(ex)
         self._feeding[id(ex)] = feeding

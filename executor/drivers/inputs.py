@@ -19,18 +19,16 @@ from ..computation import Computation
 from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS
 from ..sources.schema import union_inputs
 
-__all__ = ["StageInput", "stage_input"]
+__all__ = ["StageInput", "event_bounds", "stage_input"]
 
 
 @dataclass(frozen=True)
 class StageInput:
-    """One computation's input: ``df``, the injectors whose watermark is per partition (Kafka:
-    their batch's per-partition maxima are taken before the batch and observed after it) and each
-    injector's bound on event time ahead of the clock (``ComputationExecutor.event_ahead_ms``)."""
+    """One computation's input: ``df`` and the injectors whose watermark is per partition (Kafka:
+    their batch's per-partition maxima are taken before the batch and observed after it)."""
 
     df: Any
     per_partition: tuple[Any, ...]
-    event_ahead_ms: dict[str, int]
 
     def partition_stats(self, batch_df: Any) -> list[tuple[Any, Any]]:
         """(injector, its statistics of ``batch_df``) for each per-partition injector."""
@@ -55,10 +53,15 @@ def stage_input(spark: Any, layout: StoreLayout, comp: Computation, injectors: M
                 reader = reader.option("startingVersion", 0)
             df = reader.load(layout.stream(s))
         frames.append(df.withColumn("stream", F.lit(s)))
-    ahead = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
-             for s in comp.inputs if s in injectors}
     return StageInput(
         df=union_inputs(frames),  # an injector's frame may have raw_value, a stream table's has not
         per_partition=tuple(injectors[s] for s in comp.inputs
-                            if s in injectors and callable(getattr(injectors[s], "stats_of", None))),
-        event_ahead_ms={s: b for s, b in ahead.items() if b is not None})
+                            if s in injectors and callable(getattr(injectors[s], "stats_of", None))))
+
+
+def event_bounds(comp: Computation, injectors: Mapping[str, Any]) -> dict[str, int]:
+    """Each injector input's bound on event time ahead of the clock (``ComputationExecutor``'s
+    ``event_ahead_ms``; an injector's None: no bound, and records of stream tables have none)."""
+    ahead = {s: getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)
+             for s in comp.inputs if s in injectors}
+    return {s: b for s, b in ahead.items() if b is not None}

@@ -152,8 +152,7 @@ class ReplayRun:
                 self._ex.stop()  # its delivery settled, its leases given back
                 self.engine.executors.remove(self._ex)
             self._ex = self.engine.executor(self.code, write_path=self.write_path, intervals=run_on,
-                                            manual_watermarks=True)
-            self._ex.positions = self.inputs  # its commits record the same positions
+                                            manual_watermarks=True, positions=self.inputs)  # the same positions
             self._on = run_on
         return self._ex
 

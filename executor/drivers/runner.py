@@ -45,7 +45,7 @@ from ..protocol.reports import BatchReport
 from ..protocol.rescale import CATCH_UP_BATCH, shared_input
 from ..sources.injector import Injector, publish_watermark
 from ..tasks import worker as _worker
-from .inputs import stage_input
+from .inputs import event_bounds, stage_input
 from .pipeline import MoveTiming, Pipeline, RunSummary
 from .querystart import clear_unstarted
 from .wiring import Wiring, injector_hook, migrate_store, open_client_planned, positions_recorder, wire
@@ -235,17 +235,19 @@ class PipelineRunner:
         feeding = [injectors[s] for s in comp.inputs if s in injectors]
         owner = wiring.owner(comp)
         hook = self._injector_hook(authority, feeding, self._checkpoint(comp), comp.name, owner) if feeding else None
-        ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
-                             faults=self.faults, on_batch_end=hook, progress=self.progress,
-                             write_path=self.write_path, intervals=intervals)
+        shared = positions = None
         if self.instance is not None:  # instances share the intervals: positions per input file
             from deltawheel.statestore.delta.storefs import files_resolver
 
-            ex.shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp),
-                                     files_of=None if self.layout.is_local else files_resolver(self.spark))
+            shared = shared_input(comp, injectors, table_of=self.layout.stream, checkpoint=self._checkpoint(comp),
+                                  files_of=None if self.layout.is_local else files_resolver(self.spark))
         else:  # each commit records its batch's input files (replay); inputs without files: none
-            ex.positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=self._checkpoint(comp),
-                                              spark=self.spark)
+            positions = positions_recorder(comp, injectors, layout=self.layout, checkpoint=self._checkpoint(comp),
+                                           spark=self.spark)
+        ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
+                             faults=self.faults, on_batch_end=hook, progress=self.progress,
+                             write_path=self.write_path, intervals=intervals, shared=shared, positions=positions,
+                             event_ahead_ms=event_bounds(comp, injectors))
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         if self.instance is None:
@@ -387,7 +389,6 @@ class PipelineRunner:
         inp = stage_input(self.spark, self.layout, comp, injectors, shared=self.instance is not None)
         # (shared intervals: the skip rule filters the frame, so the tasks must not read the files)
         ex.direct_source = self._direct_source(comp) if ex.shared is None else None
-        ex.event_ahead_ms = inp.event_ahead_ms
         before = ex.records_in_total
         chk = self._checkpoint(comp)
         tokens = self._input_tokens(comp)  # after the frames: building one may create its files

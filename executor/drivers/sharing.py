@@ -13,7 +13,7 @@ from deltawheel.statestore.zk.members import Membership, target
 from ..computation import Computation
 from ..protocol.executor import ComputationExecutor
 from ..protocol.rescale import CATCH_UP_BATCH, SharedInput, shared_input
-from ..sources.injector import DEFAULT_MAX_EVENT_AHEAD_MS
+from .inputs import event_bounds
 from .pipeline import MoveTiming, Pipeline
 from .wiring import Wiring, injector_hook
 
@@ -121,22 +121,19 @@ class Sharing:
         owner = wiring.owner(comp)
         hook = injector_hook(wiring.authority, feeding, checkpoint=checkpoint, instance=self.instance,
                              held=lambda: {comp.name: owner.sequencers}) if feeding else None
+        shared = self._shared(comp, checkpoint)
         ex = wiring.executor(self.spark, self.layout, comp, owner=owner, upstream=p.upstream(comp),
                              on_batch_end=hook, progress=self.progress, write_path=self.write_path,
-                             intervals=intervals)
-        ex.shared = self._shared(comp, checkpoint)
-        ex.event_ahead_ms = {s: b for s in comp.inputs if s in injectors
-                             for b in [getattr(injectors[s], "max_event_ahead_ms", DEFAULT_MAX_EVENT_AHEAD_MS)]
-                             if b is not None}
+                             intervals=intervals, shared=shared, event_ahead_ms=event_bounds(comp, injectors))
         self.progress(f"{comp.name}: instance {self.instance} waiting for leases on intervals {list(intervals)} ...")
         ex.start(wait_s=wait_s)
         self.progress(f"{comp.name}: leases held, sequencers {owner.sequencers}")
         try:
-            files = ex.shared.missing(ex.owner.intervals)
+            files = shared.missing(ex.owner.intervals)
             if files:
                 self.progress(f"{comp.name}: catching up on {len(files)} input files for intervals taken over")
                 ex.upstream_caps, ex.input_hold_ms = dict(caps), hold
-                ex.run_batch(ex.shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
+                ex.run_batch(shared.files_df(self.spark, files), CATCH_UP_BATCH, input_files=files)
             # caught up: a gone earlier holder no longer holds the injectors' watermarks back
             wiring.authority.record_caught_up(comp.name, owner.sequencers)
             for inj in feeding:

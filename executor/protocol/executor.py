@@ -54,7 +54,8 @@ class ComputationExecutor:
                  on_batch_end: Callable[[int | None, int | None], None] | None = None,
                  progress: Callable[[str], None] | None = None, partitions: int | None = None,
                  write_path: str = "auto", intervals: Sequence[int] | None = None,
-                 event_ahead_ms: Mapping[str, int] | None = None, manual_watermarks: bool = False) -> None:
+                 event_ahead_ms: Mapping[str, int] | None = None, manual_watermarks: bool = False,
+                 shared: SharedInput | None = None, positions: SharedInput | None = None) -> None:
         require_classic_session(spark)
         type(computation).validate()
         if intervals is not None:
@@ -87,9 +88,9 @@ class ComputationExecutor:
         # one row of figures per committed batch in the store's _metrics/batches (None: off)
         self.metrics: BatchMetrics | None = BatchMetrics(spark, layout)
         # set by the pipeline runner when instances share the intervals (``rescale.py``)
-        self.shared: SharedInput | None = None
+        self._shared = shared
         # records each batch's input positions in its commit (replay; ``rescale.py``'s positions)
-        self.positions: SharedInput | None = None
+        self._positions = positions
         self._protocol = BatchProtocol(self)  # the seven steps of each batch (``batch.py``)
         self._started = False
         self._starting: BackgroundStart | None = None  # start_in_background's
@@ -119,9 +120,15 @@ class ComputationExecutor:
         """Input stream -> how far (ms) event time may be ahead of the clock."""
         return self.job.event_ahead_ms
 
-    @event_ahead_ms.setter
-    def event_ahead_ms(self, bounds: Mapping[str, int]) -> None:
-        self.job.event_ahead_ms = dict(bounds)
+    @property
+    def shared(self) -> SharedInput | None:
+        """The input of instances sharing the intervals (``rescale.py``); None: not shared."""
+        return self._shared
+
+    @property
+    def positions(self) -> SharedInput | None:
+        """Records each batch's input positions in its commit (replay); None: none recorded."""
+        return self._positions
 
     def start(self, *, wait_s: float = 0.0, streams_ready: bool = True) -> None:
         """Acquire, fence, recover and redeliver; ``streams_ready``: wait for the output tables too."""

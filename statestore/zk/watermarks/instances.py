@@ -1,17 +1,11 @@
 """Several job instances reading one injector: each one's estimate, and who still holds it back.
 
-ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`: paused while the
-connection is SUSPENDED, repeated from its reads after a drop. An instance's estimate is a
-persistent znode, so a LOST session loses none; whether the instance still counts is decided by
-its membership (``members.py``: a lost session ends a member) and by the intervals it held.
+ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`. Estimates are
+persistent; whether an instance still counts is decided by its membership (``members.py``).
 
-Instances (several job instances sharing a computation's intervals) each read the whole input
-with their own query, so each has its own estimate of an injector: :meth:`Instances.publish`
-stores it under the instance's name, and the injector's watermark becomes the minimum over the
-instances that count (:func:`.low.instances_low`): the live members, the publisher itself, and
-an instance gone while an interval it held has not been caught up by a later owner
-(:meth:`Instances.record_caught_up`): its unread records of that interval are read by the
-taker's catch-up, which must not find them behind a watermark the leaver never reached.
+The injector's watermark is the minimum over the instances that count
+(:func:`.low.instances_low`): the live ones, and a gone one until a later owner caught up on
+every interval it held.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ class Instances:
 
     def publish(self, injector: str, instance: str, watermark_ms: int, *, sequencer: int,
                 held: Held | None) -> int | None:
-        """Store ``instance``'s estimate of ``injector`` (monotonic) and the intervals it holds;
-        return the minimum over the instances that count (``None``: one has no estimate yet)."""
+        """Store ``instance``'s estimate of ``injector`` and the intervals it holds; return the minimum."""
         check_ms("watermark_ms", watermark_ms, optional=False)
         validate_name("instance", instance)
         pipeline = self._znodes.pipeline
@@ -92,8 +85,6 @@ class Instances:
             self._rounds.cas(f"{base}/{interval:05d}", what, update)
 
     def _caught_up(self, computations: Iterable[str]) -> dict[str, dict[int, int]]:
-        """computation -> interval -> the sequencer of its last owner that caught up (ZooKeeper
-        calls; the caller handles errors and retries)."""
         out: dict[str, dict[int, int]] = {}
         client = self._rounds.client
         for comp in sorted(computations):

@@ -1,10 +1,7 @@
 """The recovery scan run on lease acquisition (MillWheel section 5.1).
 
-Once the new owner has fenced its intervals it reads every row of them once
-and rebuilds what it keeps in memory: the Bloom filter of seen record ids per
-interval, the heap of pending timers, and the checkpointed productions still
-to be delivered. The rows themselves become the owner's authoritative cache
-while the lease is held.
+Once fenced, the new owner reads every row of its intervals once and rebuilds the Bloom filters,
+the timer heap and the productions still to be delivered.
 """
 
 from __future__ import annotations

@@ -28,14 +28,7 @@ __all__ = ["IntervalOwner"]
 
 
 class IntervalOwner:
-    """Holds some key intervals of one computation: the leases, their sequencers, the fence.
-
-    Args:
-        store: the rows table.
-        leases: this job instance's lease manager.
-        computation: the computation's name.
-        num_intervals: how many intervals its key space is divided into.
-    """
+    """Holds some key intervals of one computation: the leases, their sequencers, the fence."""
 
     def __init__(self, store: RowStore, leases: LeaseManager, computation: str, *, num_intervals: int) -> None:
         self.store = store

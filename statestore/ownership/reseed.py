@@ -25,17 +25,12 @@ __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 
 @dataclass(frozen=True)
 class ReseedPlan:
-    """What :func:`plan_reseed` found.
+    """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark).
 
     Attributes:
-        pipeline: the pipeline's name.
-        root: the store.
         bound: ZooKeeper holds the pipeline's store binding.
-        store: per computation, interval -> highest sequencer in the store.
-        zookeeper: per computation, interval -> the sequencer ZooKeeper would grant next.
-        behind: per computation, interval -> the floor ZooKeeper's sequencer must reach.
-        injectors: per injector, its watermark as the store's commits record it.
-        zookeeper_injectors: per injector of ``injectors``, ZooKeeper's watermark (None: none).
+        zookeeper: the sequencers ZooKeeper would grant next.
+        behind: the floors ZooKeeper's sequencers must reach.
     """
 
     pipeline: str

@@ -17,28 +17,10 @@ from typing import Any, Mapping, NamedTuple
 
 from ..exceptions import BadRecordError
 
-__all__ = [
-    "ROW_FORMAT_VERSION",
-    "DOMAINS",
-    "DOMAIN_VALUES",
-    "FENCE_KEY",
-    "RESERVED_PREFIX",
-    "IDS_KEY_PREFIX",
-    "is_user_key",
-    "MAX_KEY_BYTES",
-    "TimeDomain",
-    "Timer",
-    "make_timer",
-    "Production",
-    "make_production",
-    "SeenId",
-    "KeyRow",
-    "interval_of",
-    "key_hash",
-    "validate_key",
-    "rows_schema_ddl",
-    "rows_file_ddl",
-]
+__all__ = ["ROW_FORMAT_VERSION", "DOMAINS", "DOMAIN_VALUES", "FENCE_KEY", "RESERVED_PREFIX",
+           "IDS_KEY_PREFIX", "is_user_key", "MAX_KEY_BYTES", "TimeDomain", "Timer", "make_timer",
+           "Production", "make_production", "SeenId", "KeyRow", "interval_of", "key_hash", "validate_key",
+           "rows_schema_ddl", "rows_file_ddl"]
 
 ROW_FORMAT_VERSION = 2  # 2: timer_seq (migration 4)
 FENCE_KEY = "\x00fence"

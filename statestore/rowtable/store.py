@@ -35,13 +35,7 @@ from ..delta.jvm import jframe, jsession, require_classic_session
 from ..delta.log import read_snapshot
 from ..delta.maintenance import note_merge
 from ..delta.storefs import TableFiles, background_uploads, table_files
-from ..delta.txn import (
-    TableLog,
-    decode_path,
-    new_add,
-    partition_file_name,
-    write_file,
-)
+from ..delta.txn import TableLog, decode_path, new_add, partition_file_name, write_file
 from ..exceptions import (
     BadRecordError,
     CommitConflictError,
@@ -55,15 +49,7 @@ from .fencing import REPLACE_FILES_OP, merge_sql, translate_commit_error
 from .filecommit import merge_files
 from .filescan import interval_rows
 from .frames import arrow_schema, local_frame
-from .rows import (
-    FENCE_KEY,
-    KeyRow,
-    interval_of,
-    is_user_key,
-    rows_file_ddl,
-    rows_schema_ddl,
-    validate_key,
-)
+from .rows import FENCE_KEY, KeyRow, interval_of, is_user_key, rows_file_ddl, rows_schema_ddl, validate_key
 
 __all__ = ["RowStore", "CommitResult", "StoreStats", "COMMIT_META_VERSION"]
 

@@ -32,12 +32,8 @@ def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str,
                on_exists: Callable[[], None] | None = None) -> bool:
     """Record ``table_id`` as the store of ``pipeline``, or check that it is the one recorded.
 
-    Returns True when this call recorded it.
-
-    Args:
-        table_id: the rows table's Delta table id.
-        root: the store's root (shown in messages).
-        on_exists: called when the create found the binding, before it is read (for tests).
+    Returns True when this call recorded it. ``table_id``: the rows table's Delta table id;
+    ``on_exists``: called when the create found the binding, before it is read (for tests).
 
     Raises:
         StoreMismatchError: the pipeline's ZooKeeper state belongs to another store.

@@ -47,10 +47,7 @@ def _start(hosts: str, cfg: ZkConfig, timeout_s: float) -> KazooClient:
 def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
     """Return a started client whose paths are relative to ``cfg.chroot``.
 
-    The chroot znode is created first when it is missing; ``cfg.digest`` authenticates.
-
-    Args:
-        timeout_s: how long to wait for the first connection.
+    The chroot znode is created when missing; ``timeout_s``: how long to wait for the first connection.
 
     Raises:
         ZooKeeperServerError: no server answered within ``timeout_s``.

@@ -46,13 +46,10 @@ class LeaseManager:
     """Acquires, verifies and releases the key-interval leases of one job instance.
 
     Args:
-        client: a started kazoo client; the caller owns it.
         owner: who this instance is (shown to others, e.g. ``host:pid``).
         instance: the job instance's name, kept across its restarts: its earlier process's leases
             are taken over at once instead of waited for (``grants.py``); None: never.
-        acls: ACLs for lease znodes (:func:`.client.digest_acls`); ``None`` = open.
         on_lost: called with the lost grants and a reason when they are lost.
-        keep_grants: grant nodes kept per interval.
         max_pause_s: how long :meth:`await_valid` pauses commits (None: until the session expires).
     """
 
@@ -138,10 +135,7 @@ class LeaseManager:
 
         Intervals are taken in ascending order, so two waiting instances cannot deadlock.
 
-        Args:
-            computation: computation name.
-            intervals: key intervals (0..99999).
-            wait_s: how long to wait for intervals held by others to be released.
+        ``wait_s``: how long to wait for intervals held by others to be released.
 
         Raises:
             LeaseHeldError: an interval is still held by another owner after ``wait_s``.
@@ -281,14 +275,7 @@ class LeaseManager:
         ``log_every_s`` and when commits resume. Paused longer than the session timeout, it probes
         the ensemble (``refusal.py``): one that lost its data is not waited for.
 
-        Args:
-            computation: whose leases.
-            intervals: the intervals the commit writes.
-            max_pause_s: give up after this long (default: the manager's ``max_pause_s``).
-            log_every_s: seconds between "still paused" log lines.
-
-        Returns:
-            Seconds paused (0.0 when the leases were valid at once).
+        ``max_pause_s``: give up after this long (default: the manager's). Returns the seconds paused.
 
         Raises:
             LeaseLostError: a lease is lost (e.g. the session expired during the pause).

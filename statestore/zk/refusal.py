@@ -86,11 +86,7 @@ def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: 
     A no-op while connected, before a probe is due, or within :data:`PROBE_EVERY_S` of the last;
     once found, the loss is raised at once until the client is connected again.
 
-    Args:
-        paused_s: how long the caller has been paused.
-        what: what is paused (the message starts with it).
-        pipeline: named in the recovery command.
-        final: the caller stops after this call (probe anyway).
+    ``final``: the caller stops after this call (probe anyway).
 
     Raises:
         CoordinatorStateLostError: the ensemble is behind the last transaction this client saw.

@@ -27,13 +27,7 @@ Held = Mapping[str, Mapping[int, int]]
 
 
 class Instances:
-    """The instances' estimates of a pipeline's injectors.
-
-    Args:
-        rounds: how calls reach ZooKeeper.
-        znodes: where the pipeline's watermarks live.
-        clock: stamps ``published_ms``.
-    """
+    """The instances' estimates of a pipeline's injectors."""
 
     def __init__(self, rounds: Rounds, znodes: Znodes, clock: Clock) -> None:
         self._rounds = rounds

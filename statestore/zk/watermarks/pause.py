@@ -74,13 +74,7 @@ class Pause:
 
 
 class Connection:
-    """The client's connection as the authority's calls see it; runs calls once it serves.
-
-    Args:
-        client: the started kazoo client.
-        pipeline: named by the lost-data probe.
-        max_pause_s: the bound of every :class:`Pause` (None: none).
-    """
+    """The client's connection as the authority's calls see it; runs calls once it serves."""
 
     def __init__(self, client: KazooClient, *, pipeline: str, max_pause_s: float | None) -> None:
         self.client = client

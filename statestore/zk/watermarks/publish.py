@@ -70,14 +70,7 @@ class _Read:
 
 
 class Publisher:
-    """Publishes a computation's oldest work (and advances its low watermark with it).
-
-    Args:
-        rounds: how calls reach ZooKeeper.
-        znodes: where the pipeline's watermarks live.
-        reader: reads topologies and upstream low watermarks.
-        clock: stamps ``published_ms``.
-    """
+    """Publishes a computation's oldest work (and advances its low watermark with it)."""
 
     def __init__(self, rounds: Rounds, znodes: Znodes, reader: Reader, clock: Clock) -> None:
         self._rounds = rounds

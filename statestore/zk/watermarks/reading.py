@@ -24,13 +24,7 @@ __all__ = ["Reader"]
 
 
 class Reader:
-    """The stored watermarks of one pipeline, and low watermarks computed from them.
-
-    Args:
-        rounds: how calls reach ZooKeeper.
-        znodes: where the pipeline's watermarks live.
-        seen: told of every published low watermark read.
-    """
+    """The stored watermarks of one pipeline, and low watermarks computed from them."""
 
     def __init__(self, rounds: Rounds, znodes: Znodes, seen: LastSeen) -> None:
         self._rounds = rounds

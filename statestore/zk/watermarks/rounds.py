@@ -38,12 +38,7 @@ def got(res: Any) -> tuple[bytes | None, ZnodeStat | None]:
 
 
 class Rounds:
-    """Reads and compare-and-set writes of watermark znodes through one :class:`.pause.Connection`.
-
-    Args:
-        connection: the client's connection, as the calls wait for it.
-        acls: ACLs for created znodes; ``None`` = open.
-    """
+    """Reads and compare-and-set writes of watermark znodes through one :class:`.pause.Connection`."""
 
     def __init__(self, connection: Connection, *, acls: list[ACL] | None) -> None:
         self.connection = connection

@@ -118,16 +118,11 @@ def s3a_settings(endpoint: S3Endpoint, bucket: str | None = None) -> dict[str, s
     """
     prefix = f"fs.s3a.bucket.{bucket}." if bucket else "fs.s3a."
     values = {
-        "endpoint": endpoint.url,
-        "endpoint.region": endpoint.region,
-        "path.style.access": "true",
+        "endpoint": endpoint.url, "endpoint.region": endpoint.region, "path.style.access": "true",
         "connection.ssl.enabled": str(endpoint.ssl).lower(),
-        "access.key": endpoint.access_key,
-        "secret.key": endpoint.secret_key,
+        "access.key": endpoint.access_key, "secret.key": endpoint.secret_key,
         "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
-        "attempts.maximum": "2",
-        "retry.limit": "2",
-        "retry.interval": "200ms",
+        "attempts.maximum": "2", "retry.limit": "2", "retry.interval": "200ms",
         "connection.establish.timeout": "5s",
     }
     return {prefix + k: v for k, v in values.items()}

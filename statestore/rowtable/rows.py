@@ -110,26 +110,14 @@ class Production(NamedTuple):
 
     def to_row(self) -> dict[str, Any]:
         """The production as a row of the ``pending`` column."""
-        return {
-            "production_id": self.production_id,
-            "stream": self.stream,
-            "key": self.key,
-            "value": bytes(self.value),
-            "timestamp_ms": self.timestamp_ms,
-            "codec": self.codec,
-        }
+        return {"production_id": self.production_id, "stream": self.stream, "key": self.key,
+                "value": bytes(self.value), "timestamp_ms": self.timestamp_ms, "codec": self.codec}
 
     @staticmethod
     def from_row(r: Mapping[str, Any]) -> "Production":
         """The production of a ``pending`` column row."""
-        return Production(
-            production_id=str(r["production_id"]),
-            stream=str(r["stream"]),
-            key=str(r["key"]),
-            value=bytes(r["value"]),
-            timestamp_ms=int(r["timestamp_ms"]),
-            codec=str(r["codec"]),
-        )
+        return Production(production_id=str(r["production_id"]), stream=str(r["stream"]), key=str(r["key"]),
+                          value=bytes(r["value"]), timestamp_ms=int(r["timestamp_ms"]), codec=str(r["codec"]))
 
 
 def make_production(production_id: str, stream: str, key: str, value: bytes, timestamp_ms: int,
@@ -214,22 +202,15 @@ class KeyRow:
     def to_row(self) -> dict[str, Any]:
         """The row as a dict of the rows table's columns."""
         return {
-            "computation": self.computation,
-            "interval": self.interval,
-            "key": self.key,
-            "state": None if self.state is None else bytes(self.state),
-            "codec": self.codec,
+            "computation": self.computation, "interval": self.interval, "key": self.key,
+            "state": None if self.state is None else bytes(self.state), "codec": self.codec,
             "timers": [t.to_row() for t in sorted(self.timers)],
             "next_event_timer_ms": self.next_event_timer_ms,
             "next_processing_timer_ms": self.next_processing_timer_ms,
             "record_ids": [s.to_row() for s in self.record_ids],
-            "pending": [p.to_row() for p in self.pending],
-            "watermark_hold_ms": self.watermark_hold_ms,
-            "sequencer": self.sequencer,
-            "commit_id": self.commit_id,
-            "updated_ms": self.updated_ms,
-            "format_version": self.format_version,
-            "timer_seq": self.timer_seq,
+            "pending": [p.to_row() for p in self.pending], "watermark_hold_ms": self.watermark_hold_ms,
+            "sequencer": self.sequencer, "commit_id": self.commit_id, "updated_ms": self.updated_ms,
+            "format_version": self.format_version, "timer_seq": self.timer_seq,
         }
 
     @staticmethod
@@ -237,18 +218,13 @@ class KeyRow:
         """The row of a Spark ``Row`` or a mapping of the rows table's columns."""
         d = r.asDict(recursive=True) if hasattr(r, "asDict") else dict(r)
         return KeyRow(
-            computation=str(d["computation"]),
-            key=str(d["key"]),
-            interval=int(d["interval"]),
-            state=None if d.get("state") is None else bytes(d["state"]),
-            codec=str(d.get("codec") or "json"),
+            computation=str(d["computation"]), key=str(d["key"]), interval=int(d["interval"]),
+            state=None if d.get("state") is None else bytes(d["state"]), codec=str(d.get("codec") or "json"),
             timers=tuple(sorted(Timer.from_row(t) for t in (d.get("timers") or ()))),
             record_ids=tuple(SeenId.from_row(s) for s in (d.get("record_ids") or ())),
             pending=tuple(Production.from_row(p) for p in (d.get("pending") or ())),
-            watermark_hold_ms=d.get("watermark_hold_ms"),
-            sequencer=int(d.get("sequencer") or 0),
-            commit_id=str(d.get("commit_id") or ""),
-            updated_ms=int(d.get("updated_ms") or 0),
+            watermark_hold_ms=d.get("watermark_hold_ms"), sequencer=int(d.get("sequencer") or 0),
+            commit_id=str(d.get("commit_id") or ""), updated_ms=int(d.get("updated_ms") or 0),
             format_version=int(d.get("format_version") or ROW_FORMAT_VERSION),
             timer_seq=int(d.get("timer_seq") or 0),  # null: a row written before migration 4
         )
@@ -261,10 +237,8 @@ def validate_key(key: object) -> str:
     'q1'
     """
     if not isinstance(key, str):
-        raise BadRecordError(
-            f"key must be a non-empty str, got {type(key).__name__} {key!r}; "
-            "convert it in the key extractor (e.g. str(x))"
-        )
+        raise BadRecordError(f"key must be a non-empty str, got {type(key).__name__} {key!r}; "
+                             "convert it in the key extractor (e.g. str(x))")
     if key == "":
         raise BadRecordError("key must be a non-empty str, got ''; fix the key extractor")
     if key.startswith("\x00"):

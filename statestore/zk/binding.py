@@ -1,11 +1,7 @@
 """Which store a pipeline's ZooKeeper state belongs to.
 
-The first writer of a pipeline records its store's rows table id in ``/pipelines/{p}/store``
-and every later writer checks it before taking a lease, so a store never inherits another's
-watermarks and sequencers.
-
-ZooKeeper SUSPENDED / LOST: one create-or-read before any lease; kazoo's error propagates and
-nothing is half-written.
+The first writer records its rows table id in ``/pipelines/{p}/store``; every later writer checks
+it before taking a lease. ZooKeeper SUSPENDED / LOST: one create-or-read, kazoo's error propagates.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str,
                on_exists: Callable[[], None] | None = None) -> bool:
     """Record ``table_id`` as the store of ``pipeline``, or check that it is the one recorded.
 
-    Returns True when this call recorded it. ``table_id``: the rows table's Delta table id;
-    ``on_exists``: called when the create found the binding, before it is read (for tests).
+    Returns True when this call recorded it; ``on_exists``: called before a found binding is read.
 
     Raises:
         StoreMismatchError: the pipeline's ZooKeeper state belongs to another store.

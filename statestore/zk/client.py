@@ -1,7 +1,6 @@
 """Connecting to ZooKeeper: a started :class:`KazooClient` with chroot and digest auth.
 
-kazoo reconnects on its own (SUSPENDED, then CONNECTED; a new session after LOST). Code holding
-ephemeral znodes, such as :mod:`.leases`, must listen to those transitions.
+kazoo reconnects on its own (SUSPENDED, then CONNECTED; a new session after LOST).
 """
 
 from __future__ import annotations
@@ -45,9 +44,7 @@ def _start(hosts: str, cfg: ZkConfig, timeout_s: float) -> KazooClient:
 
 
 def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
-    """Return a started client whose paths are relative to ``cfg.chroot``.
-
-    The chroot znode is created when missing; ``timeout_s``: how long to wait for the first connection.
+    """Return a started client whose paths are relative to ``cfg.chroot`` (created when missing).
 
     Raises:
         ZooKeeperServerError: no server answered within ``timeout_s``.

@@ -1,9 +1,7 @@
 """One grant of a key interval: its payload, its znodes, and the two transactions that make it.
 
-ZooKeeper SUSPENDED / LOST: these are plain kazoo calls whose errors the caller translates
-(:class:`~.leases.LeaseManager`). The owner znode is EPHEMERAL and a grant is believed only when
-its second transaction succeeds in the session that created it, so a grant cut off by a LOST
-session is never believed. Pruning gives up quietly on either state.
+ZooKeeper SUSPENDED / LOST: plain kazoo calls whose errors the caller translates; a grant is
+believed only when its second transaction succeeds in the session that created it.
 
 Znodes: ``intervals/{I}/owner`` (EPHEMERAL), ``intervals/{I}/grants/g-N`` (PERSISTENT_SEQUENTIAL);
 docs/operations.md, "Leases". Grant protocol, in two phases:
@@ -13,9 +11,7 @@ docs/operations.md, "Leases". Grant protocol, in two phases:
 2. One transaction ``check(grant node, version=0)`` + ``set(owner, grant, version=0)`` writes the
    sequencer; the grant is believed only if it succeeds *and* ephemeralOwner is our session.
 
-A restart of the same job instance replaces a granted owner znode carrying its name in phase 1
-(docs/fencing.md, "Restarts"). Release and ``break_lease`` delete the owner with a grant-node
-check, so a late release cannot delete the next owner's znode.
+A restart of the same job instance replaces its granted owner znode in phase 1 (docs/fencing.md).
 """
 
 from __future__ import annotations

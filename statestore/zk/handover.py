@@ -1,10 +1,7 @@
-"""Hand-over requests: a tool asks the running owner of some intervals to give them back at its
-next batch boundary (``statestore/surgery/``: promote, repair).
+"""Hand-over requests: a tool asks the running owner of some intervals to give them back.
 
-A request is one EPHEMERAL znode per computation, ``/pipelines/{p}/handover/{computation}``;
-the owner gives the named leases back between batches and takes them again once it is gone.
-Connection states: a tool whose session is LOST leaves no request behind; while SUSPENDED the
-request stays, and the tool's commit is fenced by its lease sequencers anyway.
+One EPHEMERAL znode per computation: a tool whose session is LOST leaves no request behind; while
+SUSPENDED it stays, and the tool's commit is fenced by its lease sequencers anyway.
 """
 
 from __future__ import annotations

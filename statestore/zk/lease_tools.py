@@ -1,8 +1,6 @@
 """The operator's tools on leases: show them, break one, and read or raise the sequencer floor.
 
-ZooKeeper SUSPENDED / LOST: each tool is a few plain kazoo calls, neither paused nor retried;
-kazoo's error goes to the caller. None holds an ephemeral znode, and each is safe to repeat.
-The lease znodes and the grant protocol: ``grants.py``.
+ZooKeeper SUSPENDED / LOST: plain kazoo calls, neither paused nor retried; each is safe to repeat.
 """
 
 from __future__ import annotations
@@ -97,10 +95,7 @@ def list_leases(client: KazooClient, *, pipeline: str | None = None) -> list[dic
 
 def next_sequencers(client: KazooClient, *, pipeline: str, computation: str,
                     intervals: Iterable[int]) -> dict[int, int]:
-    """Per interval, one above the highest sequencer ZooKeeper's grant nodes record (0: none).
-
-    A store fence at or above it was written under grants ZooKeeper no longer knows. Read-only.
-    """
+    """Per interval, one above the highest sequencer ZooKeeper's grant nodes record (0: none)."""
     out: dict[int, int] = {}
     for iv in sorted(set(intervals)):
         try:
@@ -116,9 +111,8 @@ def raise_sequencers(client: KazooClient, *, pipeline: str, computation: str, fl
                      acls: list[ACL] | None = None, ops_per_transaction: int = 500) -> dict[int, int]:
     """Make every later grant of each interval get a sequencer of at least ``floors[interval]``.
 
-    Creates and deletes placeholder children until a sequential node's number reaches
-    ``floor - 1``; that node stays, marked ``reseed``. Never lowers; safe to repeat. Returns the
-    next sequencer per interval.
+    Placeholder children are made until a sequential node reaches ``floor - 1``; it stays, marked
+    ``reseed``. Never lowers. Returns the next sequencer per interval.
     """
     out: dict[int, int] = {}
     marker = json.dumps({"format_version": LEASE_FORMAT_VERSION, "reseed": True}).encode()

@@ -1,12 +1,9 @@
 """Key-interval leases with sequencers, held in ZooKeeper.
 
-While the connection is SUSPENDED the leases are *in doubt*: :meth:`LeaseManager.check_valid`
-raises :class:`LeaseSuspendedError` until, after the reconnect, every lease is re-verified. When
-the session is LOST every lease is dropped, ``on_lost(grants, reason)`` is called from a separate
-thread, and they raise :class:`LeaseLostError` until acquired again. :meth:`LeaseManager.await_valid`
-*pauses* a committer on SUSPENDED instead (docs/coordinator-recovery.md).
-
-The grant protocol: ``grants.py``. The operator's tools: ``lease_tools.py``.
+While SUSPENDED the leases are *in doubt*: :meth:`LeaseManager.check_valid` raises
+:class:`LeaseSuspendedError` until every lease is re-verified after the reconnect. When the session
+is LOST every lease is dropped, ``on_lost(grants, reason)`` is called from a separate thread, and
+they raise :class:`LeaseLostError`. docs/coordinator-recovery.md; the grant protocol: ``grants.py``.
 """
 
 from __future__ import annotations
@@ -131,11 +128,7 @@ class LeaseManager:
             pass  # disconnected again; the next CONNECTED retries
 
     def acquire(self, computation: str, intervals: Iterable[int], *, wait_s: float = 0.0) -> dict[int, LeaseGrant]:
-        """Acquire every interval, or none (all-or-nothing).
-
-        Intervals are taken in ascending order, so two waiting instances cannot deadlock.
-
-        ``wait_s``: how long to wait for intervals held by others to be released.
+        """Acquire every interval, or none, in ascending order (no deadlock); ``wait_s``: for a release.
 
         Raises:
             LeaseHeldError: an interval is still held by another owner after ``wait_s``.
@@ -250,11 +243,9 @@ class LeaseManager:
                                      "by this instance; acquire it first")
 
     def await_settled(self, timeout_s: float | None = None) -> bool:
-        """Wait until the connection is CONNECTED and no lease is being re-verified (a blip is over).
+        """Wait until CONNECTED with no lease being re-verified; False if still not after ``timeout_s``.
 
-        Returns False when it is still suspended after ``timeout_s`` (default: twice the
-        session timeout plus 5 s, by which kazoo has reconnected or reported the session LOST).
-        """
+        ``timeout_s`` defaults to twice the session timeout plus 5 s."""
         if timeout_s is None:
             timeout_s = 2 * session_timeout_s(self._client) + 5.0
         deadline = time.monotonic() + timeout_s
@@ -271,11 +262,8 @@ class LeaseManager:
                     log_every_s: float = 30.0) -> float:
         """Check the leases of ``intervals`` before a commit; *pause* while they are in doubt.
 
-        Waits for the reconnect and the re-verification, logging when the pause starts, every
-        ``log_every_s`` and when commits resume. Paused longer than the session timeout, it probes
-        the ensemble (``refusal.py``): one that lost its data is not waited for.
-
-        ``max_pause_s``: give up after this long (default: the manager's). Returns the seconds paused.
+        Logs when the pause starts, every ``log_every_s`` and when it ends; probes for lost data
+        (``refusal.py``). ``max_pause_s``: default, the manager's. Returns the seconds paused.
 
         Raises:
             LeaseLostError: a lease is lost (e.g. the session expired during the pause).

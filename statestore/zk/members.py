@@ -1,10 +1,7 @@
 """The live job instances of a pipeline, the intervals each should hold, and operator moves.
 
-Connection states: a member znode is EPHEMERAL, so an instance whose session is LOST leaves with
-its leases. While SUSPENDED an instance acts on the target only through :class:`LeaseManager`,
-which refuses while the session is in doubt.
-
-Layout below the client's chroot::
+Connection states: a member znode is EPHEMERAL (a LOST session leaves); while SUSPENDED an instance
+acts only through :class:`LeaseManager`, which refuses. Layout below the client's chroot::
 
     /pipelines/{p}/members/{instance}         EPHEMERAL, {"format_version": 1, "instance": ..., "joined_ms": ...}
     /pipelines/{p}/moves/{computation}        PERSISTENT, a move request (:func:`request_move`)
@@ -103,8 +100,7 @@ def clear_move(client: KazooClient, pipeline: str, computation: str) -> bool:
 
 
 def target(client: KazooClient, pipeline: str, computation: str, num_intervals: int) -> dict[str, tuple[int, ...]]:
-    """Who should hold which interval now: the move request if every instance it names is live and
-    it names each interval at most once, else :func:`assign` over the live members."""
+    """Who should hold which interval: a valid move request of live instances, else :func:`assign`."""
     live = live_members(client, pipeline)
     move = read_move(client, pipeline, computation)
     if move is not None and set(move) <= set(live):
@@ -115,11 +111,7 @@ def target(client: KazooClient, pipeline: str, computation: str, num_intervals: 
 
 
 class Membership:
-    """This instance's member znode (:meth:`join` / :meth:`leave`).
-
-    A join replaces a member znode of the same name that another session holds (a restart), as
-    its leases are taken over (``grants.py``).
-    """
+    """This instance's member znode; a join replaces one of the same name of another session."""
 
     def __init__(self, client: KazooClient, *, pipeline: str, instance: str, acls: Any = None) -> None:
         validate_name("instance", instance)

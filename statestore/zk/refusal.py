@@ -1,13 +1,8 @@
 """A paused client whose ZooKeeper lost its data: found, named, and never waited for forever.
 
-ZooKeeper SUSPENDED / LOST: this module acts only while a client is SUSPENDED and never changes
-its state.
-
-A server that lost its data refuses to resume a session that has seen a newer zxid; kazoo just
-stays SUSPENDED, so a paused caller would wait forever. Once paused past the session timeout
-plus :data:`PROBE_MARGIN_S`, :func:`check_refused` opens a short probe session and compares the
-ensemble's last zxid with the client's: behind raises :class:`CoordinatorStateLostError`.
-Probes are spaced :data:`PROBE_EVERY_S` apart.
+ZooKeeper SUSPENDED / LOST: this acts only while a client is SUSPENDED. A server that lost its data
+refuses a session that has seen a newer zxid and kazoo just stays SUSPENDED; :func:`check_refused`
+then probes with a new session and compares the ensemble's last zxid with the client's.
 """
 
 from __future__ import annotations
@@ -81,12 +76,10 @@ def _ensemble_zxid(hosts: str) -> int | None:
 
 
 def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: str, final: bool = False) -> None:
-    """Raise when the ensemble of a paused ``client`` lost its data (see the module docstring).
+    """Raise when the ensemble of a paused ``client`` lost its data (a no-op until a probe is due).
 
-    A no-op while connected, before a probe is due, or within :data:`PROBE_EVERY_S` of the last;
-    once found, the loss is raised at once until the client is connected again.
-
-    ``final``: the caller stops after this call (probe anyway).
+    Paused past the session timeout plus :data:`PROBE_MARGIN_S` (or ``final``), it probes at most
+    every :data:`PROBE_EVERY_S`; a loss found is raised at once until the client reconnects.
 
     Raises:
         CoordinatorStateLostError: the ensemble is behind the last transaction this client saw.

@@ -1,9 +1,7 @@
 """Low watermarks (MillWheel sections 3.3 and 5.4), held in ZooKeeper.
 
-ZooKeeper SUSPENDED / LOST: calls pause while SUSPENDED (``pause.py``); a publish under lease
-sequencers whose session was LOST raises :class:`LeaseLostError`. Every update is a
-compare-and-set; an older sequencer gets :class:`StaleSequencerError`. Callers hold
-:class:`WatermarkAuthority`. Terms and znode layout: docs/operations.md, "Watermarks in ZooKeeper".
+ZooKeeper SUSPENDED / LOST: see ``authority.py``. Callers hold :class:`WatermarkAuthority`.
+Terms and znode layout: docs/operations.md, "Watermarks in ZooKeeper".
 """
 
 from .authority import WatermarkAuthority

@@ -35,15 +35,9 @@ _SYSTEM_CLOCK = SystemClock()
 class WatermarkAuthority:
     """Publishes oldest work and injector watermarks; computes and publishes low watermarks.
 
-    Args:
-        client: a started kazoo client; the caller owns it.
-        clock: stamps ``published_ms`` and measures lag.
-        acls: ACLs for created znodes (:func:`.client.digest_acls`); ``None`` = open.
-        max_pause_s: how long a call waits for a suspended connection (None: until the session
-            expires); give it the lease manager's.
-
-    Every ZooKeeper call raises :class:`LeaseSuspendedError` when paused longer than
-    ``max_pause_s``, and :class:`CodecError` on a damaged payload.
+    ``max_pause_s``: how long a call waits for a suspended connection (give it the lease manager's).
+    Every ZooKeeper call raises :class:`LeaseSuspendedError` when paused longer, and
+    :class:`CodecError` on a damaged payload.
     """
 
     def __init__(self, client: KazooClient, *, pipeline: str, clock: Clock = _SYSTEM_CLOCK,
@@ -107,7 +101,7 @@ class WatermarkAuthority:
         computation's, as the caller just read it (else read here).
 
         Raises:
-            ConfigError: ``computation`` is not declared, or the topology has a cycle.
+            ConfigError: not declared, or the topology has a cycle.
         """
         return self._reader.low_watermark(computation, topology=topology)
 
@@ -129,10 +123,7 @@ class WatermarkAuthority:
         self._seen.watch(self._znodes.low(computation), computation, callback)
 
     def advance_low_watermark(self, computation: str, *, topology: Topology | None = None) -> int | None:
-        """Compute the low watermark, publish max(computed, published) and return it.
-
-        ``topology`` as in :meth:`low_watermark`; raises as it does.
-        """
+        """Publish max(computed, published) low watermark and return it; as :meth:`low_watermark`."""
         computed = self.low_watermark(computation, topology=topology)
         result: list[int | None] = [None]
 
@@ -148,8 +139,6 @@ class WatermarkAuthority:
                             sequencer: int) -> None:
         """Publish the oldest pending work of one key interval (``None``: none) under its lease sequencer.
 
-        The value may go down (late data); the published low watermark does not.
-
         Raises:
             StaleSequencerError: a newer grant exists or has published (this writer is a zombie).
             ConfigError: bad name, or an interval outside the declared ones.
@@ -160,18 +149,14 @@ class WatermarkAuthority:
 
     def publish_oldest_works(self, computation: str, works: Mapping[int, tuple[int | None, int]], *,
                              topology: Topology | None = None) -> None:
-        """:meth:`publish_oldest_work` for several intervals (interval -> (work, sequencer)), all or none.
-
-        Raises as :meth:`publish_oldest_work`."""
+        """:meth:`publish_oldest_work` for several intervals (interval -> (work, sequencer)), all or none."""
         self._publisher.oldest_works(computation, works, topology=topology)
 
     def publish_and_advance(self, computation: str, works: Mapping[int, tuple[int | None, int]], *,
                             injectors: Mapping[str, tuple[int, int]] | None = None) -> int | None:
-        """:meth:`publish_oldest_works` then :meth:`advance_low_watermark` in one transaction.
+        """:meth:`publish_oldest_works` then :meth:`advance_low_watermark` in one transaction (step 7).
 
-        Step 7 of the batch protocol; ``injectors`` (name -> (watermark, sequencer)) are published
-        in the same transaction (``publish.py``). Returns the published low watermark; raises as
-        the separate calls.
+        ``injectors`` (name -> (watermark, sequencer)) go in the same transaction. Returns the low watermark.
         """
         pub = dict(injectors or {})
         declared_, low = self._publisher.and_advance(computation, works, pub)
@@ -186,8 +171,7 @@ class WatermarkAuthority:
     def publish_injector(self, injector: str, watermark_ms: int, *, sequencer: int = 0) -> int:
         """Publish a source's low watermark estimate (:data:`.low.END_OF_TIME`: finished); never backwards.
 
-        Returns:
-            The stored watermark: ``watermark_ms``, or the larger one already stored.
+        Returns the stored watermark: ``watermark_ms``, or the larger one already stored.
 
         Raises:
             StaleSequencerError: the stored value was published with a newer sequencer.
@@ -210,10 +194,8 @@ class WatermarkAuthority:
                                   held: Mapping[str, Mapping[int, int]] | None = None) -> int | None:
         """Publish one job instance's estimate of a source with the intervals it holds (``instances.py``).
 
-        ``held``: computation -> interval -> lease sequencer.
-
-        Returns:
-            The injector's stored watermark after this call (``None``: still unknown).
+        ``held``: computation -> interval -> lease sequencer. Returns the injector's stored
+        watermark (``None``: still unknown).
 
         Raises:
             StaleSequencerError, CodecError: as :meth:`publish_injector`.

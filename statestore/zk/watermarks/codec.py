@@ -1,10 +1,7 @@
-"""The watermark znodes: where each payload lives, its format version, and how a new one is
-written over the stored one.
+"""The watermark znodes: where each payload lives, its format, how a new one replaces the stored one.
 
 ZooKeeper SUSPENDED / LOST: only :func:`read_injector_watermark` calls ZooKeeper, a single read
-that is neither paused nor retried: kazoo's error goes to its caller.
-
-Every payload is a JSON object with ``format_version``; a newer one is refused. An injector's
+that is neither paused nor retried. A payload of a newer format is refused. An injector's
 watermark, an instance's estimate and a published low watermark never move back; oldest work
 may. A payload of a newer sequencer is never overwritten (:class:`StaleSequencerError`).
 """

@@ -1,11 +1,7 @@
 """Several job instances reading one injector: each one's estimate, and who still holds it back.
 
-ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`. Estimates are
-persistent; whether an instance still counts is decided by its membership (``members.py``).
-
-The injector's watermark is the minimum over the instances that count
-(:func:`.low.instances_low`): the live ones, and a gone one until a later owner caught up on
-every interval it held.
+ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`; estimates persist,
+and whether an instance counts is its membership's (``members.py``) and :func:`.low.instances_low`'s.
 """
 
 from __future__ import annotations

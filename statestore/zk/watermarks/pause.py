@@ -1,9 +1,8 @@
 """How a watermark call waits for ZooKeeper: paused while it does not serve, repeated after a drop.
 
-ZooKeeper SUSPENDED / LOST: while SUSPENDED a call *pauses* as commits do
-(:meth:`.LeaseManager.await_valid`), up to ``max_pause_s``, then raises
-:class:`LeaseSuspendedError`; a call cut off by a drop is repeated, re-reading before it writes.
-A write under lease sequencers whose session was LOST raises :class:`LeaseLostError`.
+ZooKeeper SUSPENDED / LOST: while SUSPENDED a call *pauses* as commits do, up to ``max_pause_s``
+(then :class:`LeaseSuspendedError`); a call cut off by a drop is repeated from its reads. A write
+under lease sequencers whose session was LOST raises :class:`LeaseLostError`.
 """
 
 from __future__ import annotations
@@ -102,10 +101,7 @@ class Connection:
             return self._expiries
 
     def connected(self, what: str, pause: Pause | None = None, *, session: int | None = None) -> None:
-        """Return once the connection is CONNECTED, *pausing* meanwhile (see :class:`Pause`).
-
-        ``session``: the session a fenced write started in; another one raises :class:`LeaseLostError`.
-        """
+        """Return once CONNECTED, *pausing* meanwhile; ``session``: a fenced write's (another raises)."""
         own = pause is None
         pause = pause or self.pause(what)
         while self.client.state != KazooState.CONNECTED:
@@ -117,9 +113,7 @@ class Connection:
             pause.resumed()
 
     def resilient(self, what: str, call: Callable[[], Any], *, session: int | None = None) -> Any:
-        """``call()`` after :meth:`connected`; again when the connection drops during it.
-
-        ``session``: as in :meth:`connected`."""
+        """``call()`` after :meth:`connected`; again when the connection drops during it."""
         pause = self.pause(what)
         while True:
             self.connected(what, pause, session=session)

@@ -1,11 +1,7 @@
-"""Publishing oldest work under the lease fence, alone or with the advance of the low watermark
-in one round (step 7 of the batch protocol).
+"""Publishing oldest work under the lease fence, alone or with the low watermark's advance (step 7).
 
-ZooKeeper SUSPENDED / LOST: a publish is paused while SUSPENDED, repeated from its reads after a
-drop, and raises :class:`LeaseLostError` when the session it started in was LOST (its sequencers
-were that session's grants). Its writes are one transaction.
-
-The fence: the write is conditional on the version of a lease owner znode that carries the
+ZooKeeper SUSPENDED / LOST: as ``pause.py``; a publish whose session was LOST raises
+:class:`LeaseLostError`. The write checks the version of the lease owner znode carrying the
 writer's sequencer; a newer grant or stored sequencer raises :class:`StaleSequencerError`.
 """
 
@@ -39,9 +35,7 @@ _Got = tuple[bytes | None, ZnodeStat | None]
 
 def owner_fence(what: str, owner_path: str, sequencer: int, data: bytes | None,
                 stat: ZnodeStat | None) -> tuple[str, int] | None:
-    """The (path, version) check a publish under ``sequencer`` must carry (None: no lease of ours).
-
-    A newer grant raises."""
+    """The (path, version) check a publish under ``sequencer`` must carry; a newer grant raises."""
     if data is None or stat is None:
         return None
     try:

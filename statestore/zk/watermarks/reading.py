@@ -1,10 +1,7 @@
 """Reading the watermarks: the stored values, and the low watermark computed from its inputs.
 
-ZooKeeper SUSPENDED / LOST: each read is paused while SUSPENDED and repeated after a drop
-(:class:`.rounds.Rounds`); reads write nothing, so a LOST session only means they run in the new one.
-
-A low watermark reads its injectors and intervals in one pipelined round, and each upstream
-computation's value recursively as max(computed, published).
+ZooKeeper SUSPENDED / LOST: each read is paused while SUSPENDED and repeated after a drop; reads
+write nothing. Upstream values count as max(computed, published).
 """
 
 from __future__ import annotations
@@ -70,9 +67,7 @@ class Reader:
 
     def compute(self, computation: str, memo: dict[str, int | None], path: tuple[str, ...], *,
                 topo: Topology | None = None) -> int | None:
-        """The low watermark of ``computation`` reached through ``path`` (a cycle raises ConfigError).
-
-        ``memo``: the upstream values found so far; ``topo``: the caller's read of it."""
+        """The low watermark of ``computation`` via ``path`` (a cycle raises); ``memo``: upstream values."""
         if computation in path:
             cycle = " -> ".join((*path[path.index(computation):], computation))
             raise ConfigError(f"the topology of {self._znodes.pipeline} has a cycle ({cycle}); low watermarks "

@@ -1,8 +1,6 @@
-"""Rounds of ZooKeeper calls on the watermark znodes: one pipelined round of reads, then one
-transaction that writes every change or none, repeated until no concurrent writer got in between.
+"""Pipelined reads, then one all-or-nothing transaction, repeated until no concurrent writer got in.
 
-ZooKeeper SUSPENDED / LOST: every round runs through :meth:`.pause.Connection.resilient`, so it
-is paused, repeated from its reads, or stopped with :class:`LeaseLostError` (``pause.py``).
+ZooKeeper SUSPENDED / LOST: every round runs through :meth:`.pause.Connection.resilient`.
 """
 
 from __future__ import annotations
@@ -70,11 +68,7 @@ class Rounds:
 
     def cas_many(self, what: str, items: Sequence[tuple[str, Update, Fence | None]], *,
                  session: int | None = None) -> None:
-        """Read-modify-write several nodes in one transaction until no concurrent writer got in between.
-
-        Items are (path, :data:`Update`, :data:`Fence` or None); ``session``: as in
-        :meth:`.pause.Connection.connected`.
-        """
+        """Read-modify-write (path, :data:`Update`, :data:`Fence` or None) items in one transaction."""
         self.connection.resilient(what, lambda: self._cas_loop(what, items), session=session)
 
     def _cas_loop(self, what: str, items: Sequence[tuple[str, Update, Fence | None]]) -> None:

@@ -25,10 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LastKnown:
-    """The last published low watermark this instance saw (``None``: none yet).
-
-    ``stale`` is true while the connection is not CONNECTED: a newer value may exist.
-    """
+    """The last published low watermark this instance saw; ``stale``: not CONNECTED now."""
 
     low_watermark_ms: int | None
     seen_ms: int | None

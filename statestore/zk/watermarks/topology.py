@@ -1,8 +1,6 @@
-"""Who feeds whom: a computation's declared inputs (injectors and upstream computations) and
-its number of key intervals.
+"""Who feeds whom: a computation's declared inputs and number of key intervals (no ZooKeeper calls).
 
-Nothing here calls ZooKeeper (``rounds.py`` writes a declaration). An upstream is named
-``'injector:NAME'`` or ``'computation:NAME'``; the declared graph must have no cycle.
+An upstream is ``'injector:NAME'`` or ``'computation:NAME'``; the graph must have no cycle.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""A Delta table's newest complete checkpoint, found in its ``_delta_log`` listing and read with pyarrow.
-
-The protocol's three kinds: classic ``<v>.checkpoint.parquet`` (V1, or V2 spec with sidecars),
-multi-part ``<v>.checkpoint.<o>.<p>.parquet`` (complete only with every part) and V2
-``<v>.checkpoint.<uuid>.json|parquet`` (file actions in ``_delta_log/_sidecars``).
-"""
+"""A Delta table's newest complete checkpoint (classic, multi-part or V2), read with pyarrow."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""A Delta table's first commit written from Python on a local store.
-
-:func:`create_local_table` writes what Delta's ``CREATE TABLE`` writes for a new table, without
-a Spark statement; tests compare the result with Spark's.
-"""
+"""A Delta table's first commit written from Python on a local store, as ``CREATE TABLE`` writes it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Delta deletion vectors without Spark: which rows of a data file a ``deletionVector``
-descriptor marks deleted (:func:`deleted_rows`).
+"""Delta deletion vectors without Spark: which rows of a data file a descriptor marks deleted.
 
-As Delta's protocol describes ("Deletion Vector Format"): ``storageType`` ``i`` (inline, Z85),
-``u`` (a ``deletion_vector_<uuid>.bin`` file below the table) or ``p`` (an absolute path); in a
-file, at ``offset``, a big-endian size, the bitmap and its CRC-32; the bitmap a portable
-``RoaringBitmapArray``.
+Read as Delta's protocol describes ("Deletion Vector Format").
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""The JVM behind a PySpark session: the one place that reaches into pyspark's private handles.
-
-pyspark keeps its JVM objects behind underscore names; they are read only here, so a rename is
-fixed in one file. A Spark Connect session is refused here (:func:`require_classic_session`).
-"""
+"""The JVM behind a PySpark session: the one place that reaches into pyspark's private handles."""
 
 from __future__ import annotations
 
@@ -57,10 +53,7 @@ def require_classic_session(spark: Any) -> None:
 
 
 def java_errors(exc: BaseException) -> list[tuple[str, dict[str, str]]]:
-    """(error condition, message parameters) of each Java throwable behind ``exc``, outermost first.
-
-    Throwables without a condition are left out.
-    """
+    """(error condition, message parameters) of each Java throwable behind ``exc`` that has one."""
     out: list[tuple[str, dict[str, str]]] = []
     seen: set[int] = set()
     cur: BaseException | None = exc

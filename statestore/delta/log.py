@@ -1,9 +1,7 @@
 """The live files of a Delta table, read from its log without Spark.
 
-Delta's own snapshot read takes Spark jobs. This replays the newest complete checkpoint
-(``checkpoints.py``) and the contiguous JSON commits after it, keying live files by (path,
-deletion-vector id) as Delta does. Anything it does not fully understand returns ``None`` and
-the caller goes to Delta. Why not delta-rs: docs/architecture-deltalog.md.
+Replays the newest complete checkpoint and the JSON commits after it; anything it does not fully
+understand returns ``None`` and the caller goes to Delta. docs/architecture-deltalog.md.
 """
 
 from __future__ import annotations
@@ -234,9 +232,7 @@ def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[
 
 def newest_commit_info(path: str | TableFiles,
                        match: Callable[[dict[str, Any]], bool]) -> tuple[int, dict[str, Any]] | None:
-    """(version, ``commitInfo``) of the newest JSON commit ``match`` accepts (None: none).
-
-    Raises ``ValueError`` for a remote table."""
+    """(version, ``commitInfo``) of the newest JSON commit ``match`` accepts; ValueError if remote."""
     listing = _log_names(path)
     if listing is None:
         raise ValueError(f"{path} is not a local table")

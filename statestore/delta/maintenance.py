@@ -1,10 +1,7 @@
 """Delta log checkpoints written by a background thread of the driver, off the commit path.
 
-deltawheel's tables carry ``delta.checkpointInterval`` = :data:`COMMIT_CHECKPOINT_INTERVAL`, so
-commits never checkpoint; this process notes its own commits (:func:`note_commit`) and one daemon
-thread per driver checkpoints a noted version once :data:`CHECKPOINT_EVERY` versions passed.
-Only versions this process committed are checkpointed (one writer per checkpoint file), and only
-tables with that interval. docs/performance.md, "Log checkpoints in the background".
+Only versions this process committed (:func:`note_commit`) are checkpointed, one writer per file,
+and only tables whose interval is :data:`COMMIT_CHECKPOINT_INTERVAL`. docs/performance.md.
 """
 
 from __future__ import annotations

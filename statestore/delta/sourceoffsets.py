@@ -1,11 +1,7 @@
 """What Delta's streaming source read in one micro-batch, from the query checkpoint and the table's log.
 
-A batch's range ends at the offsets in ``<checkpoint>/offsets/<batch>`` and starts where
-``offsets/<batch - 1>`` ended; the adds between two version boundaries are read from the JSON
-commits, with no Spark job. Anything but that plain case (a first batch, an offset inside a
-version, a remove, a schema change, a deletion vector, column mapping, partition values, cleaned-up
-commits, a remote URI string) gives None and the caller asks Spark. A missing remote file reads
-as None; a failed remote read raises ``OSError``.
+A batch reads from where ``offsets/<batch - 1>`` ended to ``offsets/<batch>``. Anything but the
+plain case gives None (the caller asks Spark); a failed remote read raises ``OSError``.
 docs/embedding.md, "Direct read"; docs/replay.md, "Input positions per commit".
 """
 
@@ -121,9 +117,7 @@ def _table(root: TableFiles) -> tuple[str, bool] | None:
 
 
 def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str, Any], ...] | None:
-    """The ``add`` actions Delta's source over ``table`` read in micro-batch ``batch_id``, in order.
-
-    None when that is not known here (see the module docstring).
+    """The ``add`` actions Delta's source over ``table`` read in micro-batch ``batch_id`` (None: unknown).
 
     Raises:
         OSError: a remote file could not be read (not: it is missing).
@@ -248,8 +242,7 @@ def kafka_ranges(checkpoint: Where, batch_id: int, topic: str, *,
                  new_partition_start: int | None = None) -> dict[str, dict[str, list[int]]] | None:
     """``{topic: {partition: [start, end)}}`` a Kafka source read in micro-batch ``batch_id``.
 
-    Partitions that read nothing are left out; None when that is not known here.
-    ``new_partition_start``: the start of a partition added during the run (None: not known).
+    None: not known. ``new_partition_start``: the start of a partition added during the run.
 
     Raises:
         OSError: a remote checkpoint's file could not be read (not: it is missing).

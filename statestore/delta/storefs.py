@@ -1,9 +1,7 @@
 """A store's files as Python reaches them: a pyarrow file system plus a root.
 
-A local path or ``file:`` URI is the local folder; an ``s3a://`` URI is pyarrow's
-``S3FileSystem`` configured from the session's Hadoop ``fs.s3a.*`` settings; any other scheme
-gets None (callers go through Delta and Spark). A file is complete before anything names it.
-Values are picklable. docs/objectstore-fastpath.md.
+A local folder or ``s3a://`` (from the session's ``fs.s3a.*`` settings); any other scheme gets
+None. A file is complete before anything names it. docs/objectstore-fastpath.md.
 """
 
 from __future__ import annotations
@@ -268,10 +266,7 @@ def _pool() -> Any:
 
 @contextlib.contextmanager
 def background_uploads() -> Iterator[None]:
-    """Within the block, S3 PUTs of :meth:`TableFiles.write_parquet` run in the background.
-
-    Leaving the block waits for every one, then raises the block's error or the first failed PUT's.
-    A nested block joins the outer one."""
+    """Within the block, S3 PUTs run in the background; leaving it waits for all (and raises a failure)."""
     if _UPLOADS.get() is not None:
         yield
         return

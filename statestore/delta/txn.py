@@ -1,11 +1,7 @@
 """Delta transactions at the file level, through Delta's own transaction API.
 
-The image write path commits whole interval files here: ``remove`` the interval's previous
-files, ``add`` the new ones, in one ``OptimisticTransaction``. The transaction records a read
-predicate per partition, so a concurrent commit there fails it; commits that landed before it
-started are found by ``untouched_since``. Deliveries append files with one ``SetTransaction``
-per producing interval (Delta's idempotence for retried appends). Files are plain Parquet
-written with pyarrow (:func:`write_file`).
+Whole files are removed and added in one ``OptimisticTransaction`` with a read predicate per
+partition; deliveries carry a ``SetTransaction`` per producing interval (idempotent retries).
 """
 
 from __future__ import annotations
@@ -50,10 +46,7 @@ _URI_PATH_SAFE = "/!*'();:@&=+$,"
 
 
 def delta_path(rel_path: str) -> str:
-    """``rel_path`` as Delta writes it in an ``add`` action (Hadoop's ``Path.toUri()``: ``=`` kept).
-
-    VACUUM matches listed files against live paths in this form; quoted otherwise, a live file
-    would look unreferenced and be deleted."""
+    """``rel_path`` as Delta writes it (Hadoop's ``Path.toUri()``), or VACUUM would delete the live file."""
     return quote(rel_path, safe=_URI_PATH_SAFE)
 
 
@@ -160,9 +153,7 @@ class TableLog:
     def _operation(self, overwrite: bool, predicates: Sequence[str] = (), user_metadata: str | None = None) -> Any:
         """The commit's operation: a Delta ``WRITE`` (``Append`` or ``Overwrite``) carrying ``user_metadata``.
 
-        A ``WRITE``, not ``ManualUpdate``, so Delta carries the checksum forward without a Spark job;
-        the metadata rides on the operation since the session setting is per active session and
-        shared by concurrent committers."""
+        Not ``ManualUpdate``, which costs a Spark job; not the session setting, shared by committers."""
         d = self._d
         none = d.none
         pred = _memo(self._somes, " OR ".join(f"({p})" for p in predicates), d.some) if predicates else none
@@ -171,9 +162,7 @@ class TableLog:
 
     def files(self, predicate_sql: str, *,
               where: Callable[[Mapping[str, str]], bool] | None = None) -> tuple[int, list[FileEntry]]:
-        """(snapshot version, live files matching a partition predicate).
-
-        ``where``: the same predicate over a file's partition values, to replay the log in Python."""
+        """(snapshot version, live files matching a partition predicate; ``where``: it in Python)."""
         if where is not None:
             snap = self._snapshot()
             if snap is not None:
@@ -201,8 +190,7 @@ class TableLog:
 
     def _touched(self, txn: Any, version: int, partitions: Iterable[Mapping[str, str]], *,
                  upto: int | None = None) -> int | None:
-        """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata
-        (``upto``: the snapshot's version when the caller knows it)."""
+        """The first commit in (version, txn's snapshot] that touched ``partitions`` or the metadata."""
         wanted = {tuple(sorted(p.items())) for p in partitions}
         if upto is None:
             upto = int(txn.snapshot().version())
@@ -238,9 +226,7 @@ class TableLog:
         return self.txn_versions([app_id])[app_id]
 
     def txn_versions(self, app_ids: Iterable[str]) -> dict[str, int]:
-        """The version last recorded for each of ``app_ids`` (-1 if none), from one read.
-
-        Not read inside a commit's transaction: Delta does not detect a concurrent commit of an app id."""
+        """The version last recorded for each of ``app_ids`` (-1 if none), not inside a transaction."""
         snap = self._snapshot()
         if snap is not None and "delta.setTransactionRetentionDuration" not in snap.configuration:
             return {a: snap.txns.get(a, -1) for a in app_ids}
@@ -254,12 +240,10 @@ class TableLog:
                check: Callable[[], None] | None = None, known_version: int | None = None) -> int | None:
         """One Delta transaction: remove files, add files (``add`` action JSON), set app versions.
 
-        ``read_partitions``: SQL predicates recorded as read (a concurrent commit adding files there
-        fails this one). ``untouched_since`` = (version, partitions): raise :class:`StaleFilesError`
-        if a commit after ``version`` touched them. ``check`` runs once the snapshot is taken, before
-        the commit (raise to abort). ``known_version``: the newest version the caller knows of; if
-        the JVM's snapshot is at it, the log is not listed first (Delta's conflict check still
-        catches newer commits). Returns the new version; raises whatever Delta raises.
+        ``read_partitions``: SQL predicates recorded as read. ``untouched_since`` = (version,
+        partitions): raise :class:`StaleFilesError` if a later commit touched them. ``check`` runs
+        once the snapshot is taken (raise to abort). ``known_version``: if the JVM's snapshot is at
+        it, the log is not listed first. Returns the new version; raises whatever Delta raises.
         """
         held = self._log.unsafeVolatileSnapshot() if known_version is not None else None
         at: int | None = None

@@ -1,8 +1,4 @@
-"""Bloom filters over the record ids a key interval has seen: the dedup fast path.
-
-A filter answers "never seen" with certainty; only a "maybe" costs a lookup of the stored ids.
-Filters live in memory only, rebuilt from the rows.
-"""
+"""Bloom filters over the record ids a key interval has seen, in memory only: the dedup fast path."""
 
 from __future__ import annotations
 

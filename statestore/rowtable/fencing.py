@@ -45,8 +45,7 @@ def is_conflict(exc: BaseException) -> bool:
 def merge_sql(table_path: str, source_view: str, *, computation: str, intervals: Iterable[int]) -> str:
     """The fenced MERGE of ``source_view`` into the rows table at ``table_path``.
 
-    The source has the rows table's columns plus ``_op`` ('upsert' or 'delete'; a fence row also
-    :data:`REPLACE_FILES_OP`: its ``state``, the interval's input-file set, replaces the stored one).
+    The source has the rows table's columns plus ``_op`` ('upsert', 'delete' or :data:`REPLACE_FILES_OP`).
     """
     ivs = ",".join(str(int(i)) for i in sorted(set(intervals)))
     comp = computation.replace("'", "''")
@@ -76,9 +75,7 @@ _STALE_DETAIL = re.compile(STALE_MARKER + r" computation=(\S+) interval=(\d+) cu
 
 
 def translate_commit_error(exc: BaseException, *, sequencers: Mapping[int, int]) -> Exception | None:
-    """Map an exception from a fenced MERGE to a deltawheel error, or None if unrelated.
-
-    The error text is the only channel: both arrive as Py4J-wrapped Spark exceptions."""
+    """Map an exception from a fenced MERGE to a deltawheel error (by its text), or None if unrelated."""
     text = str(exc)
     m = _STALE_DETAIL.search(text)
     if m:  # only the raised error has the numbers: other errors quote the MERGE, marker included

@@ -1,9 +1,7 @@
 """The fenced MERGE of :meth:`~.store.RowStore.commit`, evaluated in Python over the partitions' files.
 
-What ``fencing.merge_sql`` does, copy-on-write, without Spark jobs: the files holding a matched
-row are rewritten as one new file per interval (a stored sequencer greater than the source's
-fails the commit), in one Delta transaction with the partitions recorded as read. Files without
-a matched row stay. docs/operations.md, "Repair".
+What ``fencing.merge_sql`` does, copy-on-write, without Spark jobs: files holding a matched row
+are rewritten as one new file per interval, in one commit. docs/operations.md, "Repair".
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Reading some intervals' rows in Python, from the files the rows table's Delta log names.
-
-What :meth:`~.store.RowStore.scan_intervals` reads where the files are reachable, with no Spark job.
-"""
+"""Reading some intervals' rows in Python (no Spark job), for :meth:`~.store.RowStore.scan_intervals`."""
 
 from __future__ import annotations
 

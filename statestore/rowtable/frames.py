@@ -1,7 +1,4 @@
-"""Small Spark frames built from Python values on the driver, without a Python worker.
-
-A frame from an Arrow table is read in the JVM; one from a list of rows forks Python workers.
-"""
+"""Small Spark frames built from Python values via Arrow on the driver, without a Python worker."""
 
 from __future__ import annotations
 

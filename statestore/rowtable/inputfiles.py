@@ -1,12 +1,7 @@
 """Per interval, the input files whose records were committed: kept in the fence row's ``state``.
 
-Every commit that writes an interval adds the batch's input files to the interval's fence row
-in the same Delta transaction, so a moved interval's input position is exact. Payload::
-
-    {"format_version": 1, "input_files": ["part-0001.parquet", ...]}   # sorted, distinct
-
-Writers union sets (:func:`union_sql`, :func:`union_payloads`), never overwrite; readers union
-an interval's fence rows. docs/rescaling.md, "The hazard, and how a move stays exact".
+Every commit adds its batch's input files (sorted, distinct JSON) to each written interval's
+fence row in the same transaction; writers and readers union sets. docs/rescaling.md.
 """
 
 from __future__ import annotations
@@ -136,7 +131,7 @@ def no_input_entry() -> dict[str, object]:
 
 
 def entry_of(meta: object) -> tuple[int | None, tuple[str, ...]] | None:
-    """(batch id, input files) of a commit's parsed metadata (None: no positions; batch id None: no input).
+    """(batch id, input files) of a commit's parsed metadata (None: none; batch id None: no input).
 
     Raises:
         CodecError: an entry of a newer format.

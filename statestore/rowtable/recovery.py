@@ -1,8 +1,4 @@
-"""The recovery scan run on lease acquisition (MillWheel section 5.1).
-
-Once fenced, the new owner reads every row of its intervals once and rebuilds the Bloom filters,
-the timer heap and the productions still to be delivered.
-"""
+"""The recovery scan after fencing (MillWheel 5.1): Bloom filters, timer heap, pending productions."""
 
 from __future__ import annotations
 

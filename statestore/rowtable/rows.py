@@ -1,10 +1,7 @@
 """The single-row-per-key image of a computation's key, and its table schema.
 
-One row per (computation, key) holds the state and codec, the timers, the recent record ids,
-the productions not yet delivered, a watermark hold, its last writer's sequencer and commit id,
-and the timer firing counter. :meth:`KeyRow.to_row` / :meth:`KeyRow.from_row` are the only
-conversions. Each interval partition also holds one *fence row* (key :data:`FENCE_KEY`,
-``fencing.py``).
+:meth:`KeyRow.to_row` / :meth:`KeyRow.from_row` are the only conversions; each interval
+partition also holds one *fence row* (key :data:`FENCE_KEY`, ``fencing.py``).
 """
 
 from __future__ import annotations
@@ -45,10 +42,7 @@ DOMAIN_VALUES = {d: d.value for d in TimeDomain}
 
 
 class Timer(NamedTuple):
-    """A timer of one key: fires once ``time_ms`` is reached in its ``domain``.
-
-    A key has at most one timer per (tag, domain). Timers order by (time, tag, domain).
-    """
+    """A timer of one key (at most one per tag and domain): fires once ``time_ms`` is reached."""
 
     time_ms: int
     tag: str

@@ -1,8 +1,5 @@
 """Reads and fenced, atomic commits of the single-row-per-key table.
 
-A commit lands the new images of keys of one computation (and deletions) in **one** Delta
-transaction together with the fence rows of the touched intervals (``fencing.py``), or not at all.
-
 Commit protocol (one call of :meth:`RowStore.commit`):
 
 1. Validate every row and that a sequencer is held for each touched interval, before any I/O.
@@ -86,13 +83,7 @@ class CommitResult:
 
 
 class RowStore:
-    """The rows table of one store, written under sequencers.
-
-    Args:
-        spark: a SparkSession with Delta (commits use a private child session).
-        layout: a migrated store.
-        writer: this job instance's name, recorded in every commit.
-    """
+    """The rows table of one (migrated) store, written under sequencers; ``writer`` names the commits."""
 
     def __init__(
         self,
@@ -241,14 +232,10 @@ class RowStore:
               check: bool = True) -> CommitResult:
         """The takeover commit: move the fence rows of ``sequencers``' intervals to the new sequencers.
 
-        Raises :class:`StaleSequencerError` if a fence carries a greater sequencer; conflicts with
-        the old owner are retried. Where Python writes the files, the new owner first *claims* the
-        intervals (a commit that only adds a fence row per interval, milliseconds between snapshot
-        and commit), so an old owner committing in a tight loop cannot win every race; the MERGE
-        fence then runs unopposed.
-
-        ``claim_only``: stop after the claim (enough for writers that rewrite a whole partition
-        from its greatest fence row). ``check=False`` leaves the fence check to the caller.
+        Raises :class:`StaleSequencerError` if a fence carries a greater sequencer. Where Python
+        writes the files, a quick *claim* commit (a fence row per interval) goes first, so an old
+        owner in a tight loop cannot win every race. ``claim_only``: stop after it; ``check=False``
+        leaves the fence check to the caller.
         """
         validate_name("computation", computation)
         files = table_files(self._spark, self.layout.rows) if sequencers else None
@@ -309,8 +296,7 @@ class RowStore:
     ) -> CommitResult:
         """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
 
-        ``meta``: more entries for the commit's metadata. ``input_sets``: interval -> its input-file
-        set *replacing* the stored one (``inputfiles.py``), for gc's pruning.
+        ``input_sets``: interval -> its input-file set *replacing* the stored one (gc's pruning).
 
         Raises:
             BadRecordError / StateTooLargeError: a row is invalid (nothing written).
@@ -362,9 +348,8 @@ class RowStore:
                      meta: Mapping[str, Any] | None = None, input_files: Sequence[str] = ()) -> CommitResult:
         """Like :meth:`commit`, but the new row images are a Spark DataFrame.
 
-        ``frame`` has the rows table's columns plus ``_op`` ('upsert' / 'delete'), already
-        validated and materialized. Fence rows of ``intervals`` are added here; ``input_files``
-        are added to each fence row's set (``inputfiles.py``).
+        ``frame`` (columns plus ``_op``) is validated and materialized; fence rows of ``intervals``
+        are added here.
         """
         validate_name("computation", computation)
         for iv in intervals:

@@ -1,7 +1,4 @@
-"""A minimal S3 client for what deltawheel does outside Spark: create, check and list buckets.
-
-Requests are signed with AWS signature version 2, which S3Proxy accepts; no AWS SDK is needed.
-"""
+"""A minimal S3 client (AWS signature version 2) for buckets: create, check and list."""
 
 from __future__ import annotations
 
@@ -25,12 +22,7 @@ __all__ = ["S3Endpoint", "S3Client"]
 
 @dataclass(frozen=True)
 class S3Endpoint:
-    """Where an S3-compatible store answers and with which credentials.
-
-    Attributes:
-        url: ``http://host:port`` (path-style addressing).
-        region: the region name to sign for.
-    """
+    """Where an S3-compatible store answers (``http://host:port``) and with which credentials."""
 
     url: str
     access_key: str

@@ -1,8 +1,4 @@
-"""Object-store failures seen through Spark and Hadoop, turned into deltawheel's typed errors.
-
-:func:`translate` reads the Java cause chain (or the message) of an S3A failure; :func:`probe_store`
-checks a store's root first, so the first error a user sees says what to do.
-"""
+"""Object-store failures seen through Spark and Hadoop, turned into deltawheel's typed errors."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """deltawheel's Delta log store for object-store tables: commits arbitrated by ZooKeeper.
 
-Delta's S3 log store is exclusive within one JVM only. ``ZkS3LogStore.java`` follows Delta's
-external-store protocol (``BaseExternalLogStore``) with a ZooKeeper znode as the entry: the
-writer whose ``create`` for version N succeeds owns N.
-
-ZooKeeper SUSPENDED / LOST: its Curator client retries; a commit that cannot create its entry
-fails with nothing committed (an ``IOException``). Entries are persistent.
+``ZkS3LogStore.java`` follows Delta's ``BaseExternalLogStore`` with a znode as the entry: whoever
+creates the entry for version N owns N. ZooKeeper SUSPENDED / LOST: its Curator client retries;
+a commit that cannot create its entry fails with nothing committed. Entries are persistent.
 """
 
 from __future__ import annotations
@@ -40,9 +37,7 @@ def ensure_checkpoint_manager_jar(jars_dir: Path | None = None, *, quiet: bool =
 
 
 def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> dict[str, str]:
-    """Hadoop settings that point the log store at ZooKeeper ``hosts``, below ``<chroot>/delta-log``.
-
-    ``digest`` (``user:password``): the entries carry a digest ACL, as the lease znodes."""
+    """Hadoop settings for the log store's ZooKeeper ``hosts`` (``digest``: ACL the entries)."""
     namespace = f"{chroot.strip('/')}/delta-log".lstrip("/")
     out = {CONNECT_KEY: hosts, NAMESPACE_KEY: namespace}
     if digest:
@@ -51,10 +46,7 @@ def log_store_settings(hosts: str, *, chroot: str = "/deltawheel", digest: str |
 
 
 def configure_log_store(spark: Any, hosts: str, *, chroot: str = "/deltawheel", digest: str | None = None) -> None:
-    """Point the object-store log store of a running session at ZooKeeper ``hosts``.
-
-    Every process that commits to one table must use the same ZooKeeper, chroot and digest.
-    """
+    """Point a running session's log store at ZooKeeper ``hosts`` (the same for all of a table's writers)."""
     from ..delta.jvm import jcontext
 
     conf = jcontext(spark).hadoopConfiguration()

@@ -1,8 +1,6 @@
 """Spark on an S3-compatible store through Hadoop's ``s3a://`` file system.
 
-pyspark ships neither ``hadoop-aws`` nor the AWS SDK v2; :data:`S3A_JARS` is the lean set of the
-SDK modules S3A loads (12 MiB instead of the ~600 MiB bundle), fetched once with pinned SHA-1s
-into a per-user cache. S3A settings are per bucket, so one session can reach several endpoints.
+:data:`S3A_JARS` is the lean set of ``hadoop-aws`` and the SDK modules S3A loads, fetched once.
 """
 
 from __future__ import annotations
@@ -112,10 +110,7 @@ def s3a_jars_present(jars_dir: Path | None = None) -> list[Path] | None:
 
 
 def s3a_settings(endpoint: S3Endpoint, bucket: str | None = None) -> dict[str, str]:
-    """Hadoop settings for reaching ``endpoint`` with S3A: for ``bucket`` only, or for every bucket.
-
-    Path-style addressing, static credentials, and short retries (an unreachable endpoint fails fast).
-    """
+    """Hadoop settings for reaching ``endpoint`` with S3A (``bucket`` only, or every bucket)."""
     prefix = f"fs.s3a.bucket.{bucket}." if bucket else "fs.s3a."
     values = {
         "endpoint": endpoint.url, "endpoint.region": endpoint.region, "path.style.access": "true",
@@ -134,11 +129,7 @@ def spark_conf(endpoint: S3Endpoint, bucket: str | None = None) -> dict[str, str
 
 
 def configure_bucket(spark: Any, endpoint: S3Endpoint, bucket: str) -> None:
-    """Make a running session reach ``bucket`` on ``endpoint``.
-
-    Sets the per-bucket keys in the SQL conf and the Hadoop configuration; they do not apply to a
-    bucket already used (Hadoop caches its file system object).
-    """
+    """Make a running session reach ``bucket`` on ``endpoint`` (not for a bucket already used)."""
     from ..delta.jvm import jcontext
 
     conf = jcontext(spark).hadoopConfiguration()

@@ -5,9 +5,6 @@ Taking intervals follows MillWheel's order strictly:
 1. acquire the ZooKeeper leases (each grant carries a new sequencer);
 2. *fence*: commit the new sequencers into the intervals' fence rows (``rowtable/fencing.py``);
 3. only then read: the recovery scan (``rowtable/recovery.py``).
-
-Every later commit checks the leases locally first (:meth:`IntervalOwner.check`) and is fenced
-in Delta anyway.
 """
 
 from __future__ import annotations
@@ -81,10 +78,7 @@ class IntervalOwner:
         return recover(self.store, self.computation, ivs) if scan else rebuild(self.computation, ivs, ())
 
     def _bind(self) -> dict[int, int] | None:
-        """Record this store as the pipeline's in ZooKeeper (or check it is the one recorded).
-
-        Returns the computation's fence rows from before the binding when this call created it,
-        else None."""
+        """Bind this store to the pipeline; the fence rows from before the binding if this call made it."""
         client, pipeline = self.leases.zk_client, self.leases.pipeline
         before = None if client.exists(store_path(pipeline)) else self.store.fences(self.computation)
         fresh = bind_store(client, pipeline, table_id=self.store.table_id(), root=self.store.layout.root)
@@ -98,9 +92,8 @@ class IntervalOwner:
                            unbound_fences: dict[int, int] | None) -> None:
         """Refuse to fence when ZooKeeper has forgotten grants the store was written under.
 
-        A fence row at or above a new grant's sequencer that ZooKeeper does not account for, or
-        fence rows from before this owner created the binding (``unbound_fences``), mean
-        ZooKeeper's data was lost.
+        Fence rows at or above a new grant's sequencer that ZooKeeper does not know of, or from
+        before this owner created the binding (``unbound_fences``), mean its data was lost.
 
         Raises:
             CoordinatorStateLostError: with what was found and the recovery command.
@@ -142,11 +135,7 @@ class IntervalOwner:
                 "pipeline again.")
 
     def check(self) -> None:
-        """Raise if any held lease is lost (LeaseLostError); *pause* while they are in doubt.
-
-        Waits through a SUSPENDED connection (:meth:`LeaseManager.await_valid`); raises
-        LeaseSuspendedError after the manager's ``max_pause_s``.
-        """
+        """Raise LeaseLostError if a held lease is lost; *pause* while in doubt (``await_valid``)."""
         if not self._grants:
             raise LeaseLostError(f"no intervals of {self.computation!r} are held; acquire them first")
         self.leases.await_valid(self.computation, self._grants)

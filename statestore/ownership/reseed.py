@@ -1,10 +1,7 @@
 """Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state.
 
-:func:`plan_reseed` compares, per computation and interval, the highest sequencer in the store
-with the next one ZooKeeper would grant; :func:`apply_reseed` raises ZooKeeper's sequencers above
-the store's, records the store binding and publishes again the injector watermarks the store's
-commits record. Run it with every copy of the pipeline stopped; it only raises values, so a
-repeat changes nothing. docs/coordinator-recovery.md, "Lost ZooKeeper data".
+Run it with every copy of the pipeline stopped; it only raises values, so a repeat changes
+nothing. docs/coordinator-recovery.md, "Lost ZooKeeper data".
 """
 
 from __future__ import annotations
@@ -73,10 +70,7 @@ def store_sequencers(spark: Any, layout: StoreLayout) -> dict[str, dict[int, int
 def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipeline: str,
                 injectors: Mapping[str, int] | None = None,
                 sequencers: dict[str, dict[int, int]] | None = None) -> ReseedPlan:
-    """Compare the store's sequencers with ZooKeeper's (reads only).
-
-    ``injectors``: the injector watermarks the store's commits record. ``sequencers``: the
-    store's, when the caller read them already."""
+    """Compare the store's sequencers (``sequencers``, if already read) with ZooKeeper's; reads only."""
     bound = client.exists(store_path(pipeline)) is not None
     held = store_sequencers(spark, layout) if sequencers is None else sequencers
     zk: dict[str, dict[int, int]] = {}
@@ -95,7 +89,7 @@ def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: Res
                  acls: list[ACL] | None = None) -> dict[str, dict[int, int]]:
     """Raise ZooKeeper's sequencers, record the store binding and publish ``plan``'s injector watermarks.
 
-    Returns the next sequencer per computation and interval afterwards.
+    Returns the next sequencer per computation and interval.
 
     Raises:
         StoreMismatchError: ZooKeeper's binding names another store (nothing is changed).

@@ -1,8 +1,4 @@
-"""Spark's Kafka connector jars, fetched once from Maven Central into a per-user cache.
-
-pyspark does not ship Spark's Kafka source; :func:`kafka_connector_jars` names it at pyspark's
-version with the jars pyspark lacks. A session of your own can use ``spark.jars.packages`` instead.
-"""
+"""Spark's Kafka connector jars (pyspark ships none), fetched once from Maven Central into a cache."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Building a SparkSession with Delta Lake, in one place.
-
-:func:`build_spark` passes the cached jars (:mod:`~deltawheel.statestore.jars`) with ``spark.jars``,
-so session start resolves nothing over the network; :func:`check_session` checks a session
-someone else built.
-"""
+"""Building a SparkSession with Delta Lake from cached jars; :func:`check_session` checks another's."""
 
 from __future__ import annotations
 
@@ -28,11 +23,7 @@ _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
 
 
 def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
-    """The jar of deltawheel's Delta log store for local paths, compiled once; None without ``javac``.
-
-    ``ExclusiveLocalLogStore.java`` makes each commit file with a hard link, so two processes
-    can never both commit one version of a table.
-    """
+    """The jar of deltawheel's local Delta log store (exclusive across processes); None without javac."""
     return compile_jar(_LOG_STORE_SOURCE, jars_dir, quiet=quiet)
 
 
@@ -156,9 +147,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
 
 
 def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]:
-    """Fetch and build every jar into the per-user cache now (``deltawheel setup``); returns them.
-
-    ``object_store``: the S3A and S3Proxy jars and the object-store log store too.
+    """Fetch and build every jar (``object_store``: its jars too) into the cache now; returns them.
 
     Raises:
         JarFetchError: a jar could not be fetched or compiled.

@@ -15,9 +15,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 __all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "files_resolver", "supports", "local_path",
-           "FAST_PATH_SCHEMES", "background_uploads"]
-
-FAST_PATH_SCHEMES = ("file", "s3a")  # plus plain local paths
+           "background_uploads"]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any, Mapping, NamedTuple
 from ..exceptions import BadRecordError
 
 __all__ = ["ROW_FORMAT_VERSION", "DOMAINS", "DOMAIN_VALUES", "FENCE_KEY", "RESERVED_PREFIX",
-           "IDS_KEY_PREFIX", "is_user_key", "MAX_KEY_BYTES", "TimeDomain", "Timer", "make_timer",
+           "IDS_KEY_PREFIX", "is_user_key", "MAX_KEY_BYTES", "TimeDomain", "Timer",
            "Production", "make_production", "SeenId", "KeyRow", "interval_of", "key_hash", "validate_key",
            "rows_schema_ddl", "rows_file_ddl"]
 
@@ -56,11 +56,6 @@ class Timer(NamedTuple):
     def from_row(r: Mapping[str, Any]) -> "Timer":
         """The timer of a ``timers`` column row."""
         return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=DOMAINS[r["domain"]])
-
-
-def make_timer(time_ms: int, tag: str, domain: TimeDomain) -> Timer:
-    """``Timer(time_ms, tag, domain)`` for already checked values."""
-    return new_timer((time_ms, tag, domain))
 
 
 #: ``Timer`` from a ``(time_ms, tag, domain)`` tuple, in C

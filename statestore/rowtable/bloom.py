@@ -96,6 +96,10 @@ class IdBloom:
 
         return np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)).view(np.uint64)
 
+    def _positions(self, ids: Sequence[str], hashes: Any = None) -> Any:
+        """The ``k`` bit positions of each id, shape ``(len(ids), k)``."""
+        return self._probes(ids, hashes).T
+
     def _probes(self, ids: Sequence[str], hashes: Any = None) -> Any:
         """The ``k`` bit positions of each id, shape ``(k, len(ids))``: ``(h1 + i * h2) % m``."""
         import numpy as np

@@ -259,8 +259,7 @@ class TableLog:
             if v is not None:
                 raise StaleFilesError(f"commit {v} of {self.path} changed partitions this writer holds images of")
         if read_partitions:
-            # (partitionOnly, shouldRewriteFilter): unrewritten, the conflict check fails with an
-            # AnalysisException instead of ConcurrentAppendException
+            # (partitionOnly, shouldRewriteFilter): unrewritten, the conflict check raises AnalysisException
             txn.trackReadPredicates(self._preds(read_partitions), True, True)
         now = int(time.time() * 1000)
         actions = []

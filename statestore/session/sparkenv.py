@@ -109,8 +109,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.databricks.delta.snapshotPartitions", "2")
-        # no file list in the .crc: outside UTC Delta verifies it at every commit
-        # (docs/performance.md, "Delta commit cost")
+        # no file list in the .crc: outside UTC Delta verifies it at every commit (docs/performance.md)
         .config("spark.databricks.delta.allFilesInCrc.enabled", "false")
         # VACUUM lists the table folder in this many tasks (the default 10,000 is slow)
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism",

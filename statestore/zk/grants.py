@@ -3,15 +3,14 @@
 ZooKeeper SUSPENDED / LOST: plain kazoo calls whose errors the caller translates; a grant is
 believed only when its second transaction succeeds in the session that created it.
 
-Znodes: ``intervals/{I}/owner`` (EPHEMERAL), ``intervals/{I}/grants/g-N`` (PERSISTENT_SEQUENTIAL);
-docs/operations.md, "Leases". Grant protocol, in two phases:
+Znodes ``intervals/{I}/owner`` (EPHEMERAL) and ``grants/g-N`` (docs/operations.md). Grant protocol:
 
 1. One transaction creates ``owner`` with a *pending* payload and a sequential grant node
    (``owner`` existing fails it). The grant node's sequence number is the sequencer: it only grows.
 2. One transaction ``check(grant node, version=0)`` + ``set(owner, grant, version=0)`` writes the
    sequencer; the grant is believed only if it succeeds *and* ephemeralOwner is our session.
 
-A restart of the same job instance replaces its granted owner znode in phase 1 (docs/fencing.md).
+A restart of the same instance replaces its granted owner znode in phase 1 (docs/fencing.md).
 """
 
 from __future__ import annotations

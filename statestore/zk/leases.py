@@ -42,12 +42,9 @@ def _zk_errors(what: str) -> Any:
 class LeaseManager:
     """Acquires, verifies and releases the key-interval leases of one job instance.
 
-    Args:
-        owner: who this instance is (shown to others, e.g. ``host:pid``).
-        instance: the job instance's name, kept across its restarts: its earlier process's leases
-            are taken over at once instead of waited for (``grants.py``); None: never.
-        on_lost: called with the lost grants and a reason when they are lost.
-        max_pause_s: how long :meth:`await_valid` pauses commits (None: until the session expires).
+    ``owner``: shown to others (e.g. ``host:pid``); ``instance``: the name kept across restarts,
+    whose earlier process's leases are taken over at once (``grants.py``); ``on_lost(grants,
+    reason)``: called when leases are lost; ``max_pause_s``: the bound of :meth:`await_valid`.
     """
 
     def __init__(

@@ -1,19 +1,4 @@
-"""A Delta table's newest complete checkpoint, found in its ``_delta_log`` listing and read with pyarrow.
-
-The three kinds of the protocol, each as Delta 4.4 writes it:
-
-- classic, ``<v>.checkpoint.parquet``: either V1 (the table's actions as columns) or V2 spec, whose
-  file actions are in sidecar files its ``sidecar`` rows name (Delta writes such a one at log
-  cleanup, for the oldest version it keeps, on a table with V2 checkpoints);
-- multi-part, ``<v>.checkpoint.<o>.<p>.parquet`` for ``o`` = 1..``p``: complete only with every
-  part (one missing: still being written, or left by a failed write, and then not used);
-- V2 (UUID-named), ``<v>.checkpoint.<uuid>.json`` or ``.parquet``: the table's other actions in
-  that file, its file actions in the ``_delta_log/_sidecars/*.parquet`` files it names.
-
-:func:`newest_checkpoint` picks the newest complete one; :func:`checkpoint_actions` reads it into
-plain action dicts, as a JSON commit holds them (removes, which a checkpoint keeps only as
-tombstones, are left out). ``log.py`` replays the JSON commits after it.
-"""
+"""A Delta table's newest complete checkpoint (classic, multi-part or V2), read with pyarrow."""
 
 from __future__ import annotations
 
@@ -49,9 +34,7 @@ class Checkpoint:
 
 
 def newest_checkpoint(names: Iterable[str]) -> tuple[Checkpoint | None, bool]:
-    """(the newest complete checkpoint among a ``_delta_log`` folder's file ``names``, or None;
-    False when a checkpoint file newer than it is not one this reader takes: an incomplete
-    multi-part set, or a name of no known kind).
+    """(the newest complete checkpoint among ``names``, or None; False: a newer one it cannot take).
 
     >>> c, ok = newest_checkpoint([f"{2:020d}.checkpoint.parquet", f"{4:020d}.checkpoint.0000000001.0000000002.parquet"])
     >>> (c.version, ok)
@@ -109,8 +92,7 @@ def _json_actions(log: TableFiles, name: str) -> Iterator[tuple[str, dict[str, A
 
 
 def checkpoint_actions(log: TableFiles, cp: Checkpoint) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(kind, action) of every ``add``, ``metaData``, ``protocol`` and ``txn`` action of checkpoint
-    ``cp`` of the ``_delta_log`` folder ``log``, its sidecars' adds included.
+    """(kind, action) of every ``add``, ``metaData``, ``protocol`` and ``txn`` of ``cp``, sidecars included.
 
     Raises:
         UnreadableCheckpoint: a sidecar named by a path outside ``_delta_log/_sidecars``.

@@ -1,12 +1,4 @@
-"""A Delta table's first commit written from Python on a local store.
-
-:func:`create_local_table` writes the commit Delta's ``CREATE TABLE`` writes for a new table
-(commit info, metadata with the schema and properties, protocol 1/2) and the checksum file beside
-it, in ~1 ms instead of a Spark statement (0.1-0.3 s; 1 s and more of JVM work on a loaded machine).
-The stream tables (``writepath/streams.py``) and the metrics table (``executor/protocol/metrics.py``)
-are made this way; ``tests/test_stream_tables.py`` and ``tests/test_metrics_table.py`` compare
-the result with Spark's ``CREATE TABLE``'s.
-"""
+"""A Delta table's first commit written from Python on a local store, as ``CREATE TABLE`` writes it."""
 
 from __future__ import annotations
 
@@ -18,8 +10,7 @@ from typing import Any, Mapping
 
 __all__ = ["create_local_table", "spark_type_json"]
 
-#: session settings that change what Delta's CREATE TABLE writes (table property defaults, the
-#: protocol): with one set, a table is made through Spark, so that it gets them
+#: session settings that change what Delta's CREATE TABLE writes: with one set, Spark makes the table
 DELTA_TABLE_DEFAULTS = ("spark.databricks.delta.properties.defaults.", "spark.databricks.delta.protocol.")
 
 _SIMPLE = {"STRING": "string", "BINARY": "binary", "BIGINT": "long", "TIMESTAMP": "timestamp", "INT": "integer",
@@ -27,8 +18,7 @@ _SIMPLE = {"STRING": "string", "BINARY": "binary", "BIGINT": "long", "TIMESTAMP"
 
 
 def spark_type_json(ddl_type: str) -> Any:
-    """A Spark SQL column type of a DDL string as Delta's schema JSON holds it (the flat types and
-    ``MAP<k, v>`` of them).
+    """A flat or ``MAP<k, v>`` Spark SQL DDL type as Delta's schema JSON holds it.
 
     >>> spark_type_json("BIGINT"), spark_type_json("MAP<STRING, DOUBLE>")
     ('long', {'type': 'map', 'keyType': 'string', 'valueType': 'double', 'valueContainsNull': True})
@@ -41,11 +31,10 @@ def spark_type_json(ddl_type: str) -> Any:
 
 
 def create_local_table(spark: Any, folder: str, *, schema_json: str, properties: Mapping[str, str]) -> bool:
-    """Write the first commit of a Delta table in the local ``folder``, as Delta's ``CREATE TABLE``
-    writes it: ``schema_json`` (Delta's ``schemaString``), ``properties`` (its ``TBLPROPERTIES``),
-    protocol 1/2, and the checksum file. Put-if-absent (``os.link`` fails if the commit exists): a
-    table another writer made first is left as it is. False (nothing written): the session sets
-    defaults that change what Delta writes for a new table (then Spark makes it)."""
+    """Write the first commit of a Delta table in the local ``folder``, put-if-absent.
+
+    ``schema_json``: Delta's ``schemaString``; ``properties``: its ``TBLPROPERTIES``. False
+    (nothing written): the session sets :data:`DELTA_TABLE_DEFAULTS`."""
     conf = spark.conf.getAll
     if any(k.startswith(DELTA_TABLE_DEFAULTS) for k in conf):
         return False
@@ -70,15 +59,14 @@ def create_local_table(spark: Any, folder: str, *, schema_json: str, properties:
     try:
         os.link(tmp, os.path.join(log, f"{0:020d}.json"))
     except FileExistsError:
-        return True  # made meanwhile by another writer (with its own checksum file)
+        return True  # made meanwhile by another writer
     finally:
         os.unlink(tmp)
     _write_checksum(log, actions)
     return True
 
 
-# Delta's file size histogram bins (``FileSizeHistogram``'s default boundaries), as its checksum
-# file of a new table lists them
+# Delta's default ``FileSizeHistogram`` boundaries, as a new table's checksum file lists them
 _HISTOGRAM_BINS = (0, 8192, 16384, 32768, 65536, 131072, 262144, 524288, *(1048576 * m for m in (
     1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 124, 128, 132,
     136, 140, 144, 160, 176, 192, 208, 224, 240, 256, 272, 288, 304, 320, 336, 352, 368, 384, 400, 416,
@@ -88,11 +76,7 @@ _HISTOGRAM_BINS = (0, 8192, 16384, 32768, 65536, 131072, 262144, 524288, *(10485
 
 
 def _write_checksum(log: str, actions: list[dict[str, Any]]) -> None:
-    """Delta's checksum file of the new table's first commit (``0.crc``, what ``CREATE TABLE``
-    writes beside it): with it, the first reader or writer of the table in a session takes the
-    table's protocol and metadata from it; without it Delta reconstructs them with a Spark job
-    (0.3-0.4 s on the first delivery of a run). Written after the commit (a crash between leaves
-    a table without one: correct, only slower to open once)."""
+    """Delta's ``0.crc`` beside the first commit (without it Delta needs a Spark job to open the table)."""
     info, meta, proto = actions[0]["commitInfo"], actions[1]["metaData"], actions[2]["protocol"]
     zeros = [0] * len(_HISTOGRAM_BINS)
     crc = {"txnId": info["txnId"], "tableSizeBytes": 0, "numFiles": 0, "numMetadata": 1, "numProtocol": 1,

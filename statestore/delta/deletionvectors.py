@@ -1,21 +1,6 @@
-"""Delta deletion vectors without Spark: which rows of a data file a ``deletionVector``
-descriptor marks deleted (:func:`deleted_rows`).
+"""Delta deletion vectors without Spark: which rows of a data file a descriptor marks deleted.
 
-The rows table has deletion vectors on (migration 1): a MERGE (the merge write path, fences and
-claims) marks the rows it replaces in a file's new ``add`` instead of rewriting the file. The
-history reader (``inspection/history.py``), the views and the status read them as Delta's
-protocol describes ("Deletion Vector Format"):
-
-- the descriptor's ``storageType``: ``i`` (the bitmap inline, Z85-encoded), ``u`` (a file
-  ``deletion_vector_<uuid>.bin`` below the table, the UUID Z85-encoded after a random prefix
-  that is a folder) or ``p`` (an absolute path);
-- in a file, at ``offset``: a 4-byte big-endian size, then the bitmap, then its CRC;
-- the bitmap: a ``RoaringBitmapArray`` in the portable format: magic 1681511377, the number of
-  32-bit bitmaps (int64), then per bitmap its high 32 bits and a standard portable 32-bit
-  Roaring bitmap (array, bitmap and run containers).
-
-A vector file (all numbers big-endian): a version byte (1), then per vector its size (int32), the
-serialized bitmap and the bitmap's CRC-32; a descriptor's ``offset`` is where its size starts.
+Read as Delta's protocol describes ("Deletion Vector Format").
 """
 
 from __future__ import annotations
@@ -148,8 +133,7 @@ def _file_bytes(table: TableFiles, dv: dict[str, Any]) -> bytes:
 
 
 def deleted_rows(table: TableFiles, dv: dict[str, Any] | None) -> frozenset[int]:
-    """The indexes of the rows that deletion vector ``dv`` (an ``add`` action's
-    ``deletionVector``, or None) marks deleted in its file of the table at ``table``.
+    """The indexes of the rows that deletion vector ``dv`` (an ``add``'s, or None) marks deleted.
 
     Raises:
         StoreDamagedError: the deletion vector cannot be read or is not one; nothing was changed.
@@ -172,8 +156,7 @@ def deleted_rows(table: TableFiles, dv: dict[str, Any] | None) -> frozenset[int]
 
 
 def live_table(table: TableFiles, rel: str, dv: dict[str, Any] | None, *, columns: list[str] | None = None) -> Any:
-    """The rows of the data file ``rel`` (decoded, below the table ``table``) that its deletion
-    vector ``dv`` (None: none) leaves live, ``columns`` of them (None: all), as a pyarrow table."""
+    """The rows of the data file ``rel`` that its deletion vector ``dv`` leaves live, as a pyarrow table."""
     import numpy as np
 
     t = table.read_parquet(rel, columns=columns)

@@ -1,11 +1,4 @@
-"""The JVM behind a PySpark session: the one place that reaches into pyspark's private handles.
-
-Some of what deltawheel does has no Python API: parsing and checking a SQL plan, Delta's
-commit internals, Hadoop's file system, the Thrift server. Those calls go to the JVM
-objects pyspark keeps behind underscore names (``spark._jvm``, ``spark._jsparkSession``,
-``df._jdf``, ...). They are read here, so a pyspark that renames them is fixed in one file; and a session
-without a driver JVM (Spark Connect) is refused here (:func:`require_classic_session`).
-"""
+"""The JVM behind a PySpark session: the one place that reaches into pyspark's private handles."""
 
 from __future__ import annotations
 
@@ -43,14 +36,11 @@ def gateway(spark: Any) -> Any:
 
 
 def require_classic_session(spark: Any) -> None:
-    """Refuse a Spark Connect session (``SparkSession.builder.remote(...)``): it has no driver JVM,
-    and deltawheel commits through Delta Lake's JVM API and runs its jobs on the driver's
-    SparkContext. Every public entry that takes a session calls this first.
+    """Refuse a Spark Connect session: it has no driver JVM. Every public entry taking a session calls this.
 
     Raises:
         SparkConnectSessionError: ``spark`` is a Spark Connect session.
     """
-    # a Connect session is an instance of this class, whose module is loaded once one exists
     connect = sys.modules.get("pyspark.sql.connect.session")
     if connect is None or not isinstance(spark, connect.SparkSession):
         return
@@ -63,13 +53,7 @@ def require_classic_session(spark: Any) -> None:
 
 
 def java_errors(exc: BaseException) -> list[tuple[str, dict[str, str]]]:
-    """The Spark errors behind a Python exception a py4j call raised, outermost first: each Java
-    throwable's error condition (``FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH``, ...) and
-    message parameters. Java throwables without a condition are left out; none: an empty list.
-
-    The Java exception is ``java_exception`` of a py4j error, or the ``_origin`` pyspark keeps
-    behind an error it converted (no public accessor); its causes are walked with ``getCause``.
-    """
+    """(error condition, message parameters) of each Java throwable behind ``exc`` that has one."""
     out: list[tuple[str, dict[str, str]]] = []
     seen: set[int] = set()
     cur: BaseException | None = exc
@@ -78,7 +62,7 @@ def java_errors(exc: BaseException) -> list[tuple[str, dict[str, str]]]:
         seen.add(id(cur))
         jexc = getattr(cur, "java_exception", None) or getattr(cur, "_origin", None)
         cur = cur.__cause__ or cur.__context__
-    for _ in range(50):  # a cause chain is short; a cycle is not followed forever
+    for _ in range(50):  # a cycle is not followed forever
         if jexc is None:
             break
         try:

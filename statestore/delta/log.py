@@ -1,27 +1,7 @@
 """The live files of a Delta table, read from its log without Spark.
 
-Delta's own snapshot read (``DeltaLog.startTransaction().filterFiles``) builds
-the table state with Spark jobs: 1-1.5 s on the benchmark machine even for a
-table of a few files, paid at every executor start and on every schema check.
-The log replay is small enough to do here, for a table in a local folder (a
-path given as a string) or on any store Python reaches (a
-:class:`~.storefs.TableFiles`: a local folder or an ``s3a://`` prefix):
-
-- the newest complete checkpoint of any kind Delta writes (classic, multi-part,
-  V2 with sidecars; ``checkpoints.py``), read with pyarrow, then
-- every JSON commit after it, in version order (they must be contiguous),
-- live files keyed by (path, deletion-vector id), as Delta keys them: an
-  ``add`` puts, a ``remove`` deletes; application versions (``txn``) by app id,
-  the last one recorded wins.
-
-Anything this reader does not fully understand returns ``None`` and the
-caller goes to Delta: a remote table given as a bare URI, a newer checkpoint
-it cannot use (an incomplete multi-part one, a sidecar outside the log folder),
-coordinated commits or a catalog-managed table, absolute file paths, a gap in
-the commits. Commits only go through Delta (``txn.TableLog``), whose conflict
-checks see everything committed after the version read here.
-
-Why not the ``deltalake`` package (delta-rs): docs/architecture-deltalog.md.
+Replays the newest complete checkpoint and the JSON commits after it; anything it does not fully
+understand returns ``None`` and the caller goes to Delta. docs/architecture-deltalog.md.
 """
 
 from __future__ import annotations
@@ -55,8 +35,7 @@ def _parse(line: str, file: str) -> Any:
     except ValueError as exc:
         raise damaged_entry(file, exc) from exc
 
-# reader features under which the table's commits are the catalog's (Unity Catalog managed tables,
-# Delta 4.4; docs/versions.md): the log folder alone is not the table's state
+# reader features under which the table's commits are the catalog's (docs/versions.md)
 CATALOG_FEATURES = frozenset({"catalogManaged", "catalogOwned-preview"})
 
 _JSON = re.compile(r"^(\d{20})\.json$")
@@ -64,18 +43,15 @@ _JSON = re.compile(r"^(\d{20})\.json$")
 
 @dataclass(frozen=True)
 class LogSnapshot:
-    """A table's version, its live ``add`` actions, configuration and application versions
-    (``txn`` actions: app id -> the last version recorded)."""
+    """A table's version, live ``add`` actions, configuration and app versions (``txn``)."""
 
     version: int
     adds: tuple[dict[str, Any], ...]
     configuration: dict[str, str]
     txns: dict[str, int]
-    # path -> the version of the commit that added it (for an add read from the checkpoint: the
-    # checkpoint's version, an upper bound)
-    added_at: dict[str, int] = field(default_factory=dict)
-    bounded: frozenset[str] = frozenset()  # paths whose ``added_at`` is only that upper bound
-    table_id: str | None = None  # the table's ``metaData.id`` (fixed when the table is created)
+    added_at: dict[str, int] = field(default_factory=dict)  # path -> the version that added it
+    bounded: frozenset[str] = frozenset()  # paths whose ``added_at`` is a checkpoint's upper bound
+    table_id: str | None = None  # ``metaData.id``
 
 
 def log_files(table: str | TableFiles) -> TableFiles | None:
@@ -87,7 +63,6 @@ def log_files(table: str | TableFiles) -> TableFiles | None:
 
 
 def _log_names(table: str | TableFiles) -> tuple[TableFiles, list[str]] | None:
-    """(the table's ``_delta_log`` folder, its file names; none if it is missing); None if remote."""
     log = log_files(table)
     if log is None:
         return None
@@ -95,20 +70,14 @@ def _log_names(table: str | TableFiles) -> tuple[TableFiles, list[str]] | None:
 
 
 def _read_json(log: TableFiles, version: int) -> tuple[str, list[str]] | None:
-    """(the file's name for messages, its lines) of JSON commit ``version`` (None: not there)."""
     text = log.read_text(f"{version:020d}.json")
     return None if text is None else (log.path(f"{version:020d}.json"), text.splitlines())
 
 
-# JSON commits read at once from an object store: each is a GET of a few KB, its latency the cost
-# (read one after another, the 90-odd commits after a checkpoint every 100 took twice delta-rs's
-# time on S3Proxy; benchmarks/deltalog_readers.py)
-_CONCURRENT_READS = 8
+_CONCURRENT_READS = 8  # JSON commits read at once from an object store
 
 
 def _read_jsons(log: TableFiles, versions: list[int]) -> list[tuple[str, list[str]] | None]:
-    """:func:`_read_json` of each of ``versions``, in their order: one after another from a local
-    folder, :data:`_CONCURRENT_READS` at a time from an object store."""
     if log.is_local or len(versions) < 2:
         return [_read_json(log, v) for v in versions]
     from concurrent.futures import ThreadPoolExecutor
@@ -118,7 +87,6 @@ def _read_jsons(log: TableFiles, versions: list[int]) -> list[tuple[str, list[st
 
 
 def _commit_versions(names: list[str]) -> list[int]:
-    """The versions of the JSON commits among a ``_delta_log`` folder's file names, ascending."""
     return sorted(int(m.group(1)) for n in names if (m := _JSON.match(n)))
 
 
@@ -148,8 +116,6 @@ def _dv_id(dv: dict[str, Any] | None) -> str | None:
 
 
 class _Replay:
-    """The table state while its checkpoint and JSON commits are applied, oldest first."""
-
     def __init__(self) -> None:
         self.files: dict[tuple[str, str | None], dict[str, Any]] = {}
         self.config: dict[str, str] = {}
@@ -160,7 +126,6 @@ class _Replay:
         self.reader_features: set[str] = set()
 
     def apply(self, kind: str, act: dict[str, Any], version: int, *, checkpoint: bool = False) -> None:
-        """Apply one action of ``version`` (``checkpoint``: read from a checkpoint of that version)."""
         if kind == "add":
             self.files[(act["path"], _dv_id(act.get("deletionVector")))] = act
             self.added_at[act["path"]] = version
@@ -191,23 +156,23 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
     commits = _commit_versions(names)
     cp, usable = newest_checkpoint(names)
     if not usable:
-        return None  # a newer checkpoint this reader does not take: Delta reads it
+        return None
     cpv = -1 if cp is None else cp.version
     todo = [v for v in commits if v > cpv]
     if not todo and cp is None:
         return None
     if todo and (todo[0] != cpv + 1 or todo[-1] - todo[0] + 1 != len(todo)):
-        return None  # a gap (cleaned-up history without a usable checkpoint, or a commit in flight)
+        return None  # a gap
     state = _Replay()
     if cp is not None:
         try:
             for kind, act in checkpoint_actions(log, cp):
                 state.apply(kind, act, cpv, checkpoint=True)
         except (UnreadableCheckpoint, FileNotFoundError):
-            return None  # a sidecar outside the log folder, or cleaned up meanwhile: ask Delta
+            return None
     for v, got in zip(todo, _read_jsons(log, todo), strict=True):
         if got is None:
-            return None  # cleaned up meanwhile: ask Delta
+            return None
         file, lines = got
         for line in lines:
             if not line.strip():
@@ -219,9 +184,9 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
     if any(k.startswith("delta.coordinatedCommits") for k in state.config):
         return None
     if state.reader_features & CATALOG_FEATURES:
-        return None  # the catalog owns the table's commits: its newest version may not be in this folder
+        return None
     if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in state.files.values()):
-        return None  # absolute paths (a shallow clone, a converted table): Delta canonicalises those
+        return None  # absolute paths: Delta canonicalises those
     version = todo[-1] if todo else cpv
     return LogSnapshot(version, tuple(state.files.values()), state.config, state.txns, state.added_at,
                        frozenset(state.bounded), state.table_id)
@@ -234,8 +199,7 @@ def json_commit_versions(path: str | TableFiles) -> list[int] | None:
 
 
 def commit_info(path: str | TableFiles, version: int) -> dict[str, Any] | None:
-    """The ``commitInfo`` of JSON commit ``version`` of the table at ``path`` (None: the
-    commit has none, its JSON is gone, or the table is remote)."""
+    """The ``commitInfo`` of JSON commit ``version`` (None: none, gone, or a remote table)."""
     log = log_files(path)
     got = None if log is None else _read_json(log, version)
     if got is None:
@@ -248,8 +212,7 @@ def commit_info(path: str | TableFiles, version: int) -> dict[str, Any] | None:
 
 
 def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[str, Any]]] | None:
-    """(version, ``commitInfo``) of each JSON commit of the table at ``path`` after version
-    ``after``, oldest first (a commit without one is left out); None for a remote table."""
+    """(version, ``commitInfo``) of each JSON commit after version ``after``, oldest first; None: remote."""
     listing = _log_names(path)
     if listing is None:
         return None
@@ -269,16 +232,14 @@ def commit_infos(path: str | TableFiles, *, after: int) -> list[tuple[int, dict[
 
 def newest_commit_info(path: str | TableFiles,
                        match: Callable[[dict[str, Any]], bool]) -> tuple[int, dict[str, Any]] | None:
-    """(version, ``commitInfo``) of the newest JSON commit of the table at ``path`` whose
-    commit info ``match`` accepts, read newest first (stops at the first match); None when there
-    is none among the JSON commits left in the log. Raises ``ValueError`` for a remote table."""
+    """(version, ``commitInfo``) of the newest JSON commit ``match`` accepts; ValueError if remote."""
     listing = _log_names(path)
     if listing is None:
         raise ValueError(f"{path} is not a local table")
     log, names = listing
     for v in reversed(_commit_versions(names)):
         got = _read_json(log, v)
-        if got is None:  # cleaned up meanwhile: older commits are gone as well
+        if got is None:  # cleaned up meanwhile
             return None
         file, lines = got
         for line in lines:

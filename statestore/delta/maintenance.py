@@ -1,21 +1,7 @@
 """Delta log checkpoints written by a background thread of the driver, off the commit path.
 
-deltawheel's own tables carry ``delta.checkpointInterval`` = :data:`COMMIT_CHECKPOINT_INTERVAL`
-(2^31 - 1: no commit checkpoints; migration 6 sets it, new stream tables get it). After each of
-its commits this process notes the table and version (:func:`note_commit`, :func:`note_merge`);
-one daemon thread per driver (:class:`LogCheckpointer`) checkpoints a noted version with Delta's
-own calls once :data:`CHECKPOINT_EVERY` versions have passed since the table's newest checkpoint.
-Why and the figures: docs/performance.md, "Log checkpoints in the background"; docs/latency.md.
-
-- **One writer per checkpoint file.** Only versions this process committed are checkpointed
-  here, as Delta's hook checkpoints only the version its commit made: two processes writing
-  one table never write the same checkpoint file.
-- **Only the switched tables.** A table whose interval is another one keeps Delta's own
-  checkpoints in its commits (the metrics table, a user's table); the thread leaves it alone.
-- **Readers.** A checkpoint appears whole or not at all, and ``_last_checkpoint`` is only a hint
-  (a reader that finds it older than the newest checkpoint lists the log anyway). So a process
-  stopped or killed during a checkpoint leaves at most a hidden temporary file; its next commits
-  past the threshold checkpoint again.
+Only versions this process committed (:func:`note_commit`) are checkpointed, one writer per file,
+and only tables whose interval is :data:`COMMIT_CHECKPOINT_INTERVAL`. docs/performance.md.
 """
 
 from __future__ import annotations
@@ -38,8 +24,7 @@ __all__ = ["COMMIT_CHECKPOINT_INTERVAL", "CHECKPOINT_EVERY", "CheckpointWritten"
 
 _LOG = logging.getLogger(__name__)
 
-#: ``delta.checkpointInterval`` of deltawheel's tables: no commit's version is a multiple of it,
-#: so Delta's post-commit hook never checkpoints them (the largest value the property takes, an Int)
+#: ``delta.checkpointInterval`` of deltawheel's tables: Delta's post-commit hook never checkpoints them
 COMMIT_CHECKPOINT_INTERVAL = 2_147_483_647
 #: versions between two checkpoints written in the background
 CHECKPOINT_EVERY = 100
@@ -55,10 +40,7 @@ class CheckpointWritten:
 
 
 class LogCheckpointer:
-    """The background checkpoints of the tables one driver commits to (see the module docstring).
-
-    Made by :func:`checkpointer`, one per ``SparkContext``; the thread starts with the first note.
-    """
+    """The background checkpoints of the tables one driver commits to; one per ``SparkContext``."""
 
     def __init__(self, spark: Any, *, every: int = CHECKPOINT_EVERY) -> None:
         self.spark = spark
@@ -73,13 +55,11 @@ class LogCheckpointer:
         self._thread: threading.Thread | None = None
         self._warned = 0.0
 
-    # ------------------------------------------------------------ the callers' side
-
     def committed(self, path: str, version: int, *, spark: Any = None) -> None:
         """This process committed ``version`` of the table at ``path`` (returns at once)."""
         with self._cond:
             if spark is not None:
-                self.spark = spark  # the newest session that committed (a stopped query's may go away)
+                self.spark = spark
             if version > self._pending.get(path, -1):
                 self._pending[path] = version
             if self._thread is None or not self._thread.is_alive():
@@ -88,8 +68,7 @@ class LogCheckpointer:
             self._cond.notify_all()
 
     def idle(self, timeout_s: float | None = 60.0) -> bool:
-        """Wait until every note so far is dealt with (its checkpoint written, or not due); False if
-        ``timeout_s`` passed first (or :meth:`hold` holds the notes)."""
+        """Wait until every note so far is dealt with; False if ``timeout_s`` passed first."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             while self._pending or self._busy:
@@ -110,8 +89,6 @@ class LogCheckpointer:
             with self._cond:
                 self._held -= 1
                 self._cond.notify_all()
-
-    # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
         while True:
@@ -135,7 +112,7 @@ class LogCheckpointer:
         known = self._known.get(path)
         if known is not None and version - known < self.every:
             return
-        files = table_files(spark, path)  # None: a scheme Python does not list; Delta tells
+        files = table_files(spark, path)
         log = _delta_log(spark, path)
         known = _newest_checkpoint(files, log)
         self._known[path] = known
@@ -144,7 +121,7 @@ class LogCheckpointer:
         d = _classes(spark)
         snapshot = log.getSnapshotAt(version, d.none, d.none, False)
         if int(log.checkpointInterval(snapshot.metadata())) != COMMIT_CHECKPOINT_INTERVAL:
-            self._known[path] = version  # its commits checkpoint it (Delta's hook): look again in `every`
+            self._known[path] = version  # Delta's hook checkpoints it
             return
         started = time.monotonic()
         sc = spark.sparkContext
@@ -189,8 +166,7 @@ def _delta_log(spark: Any, path: str) -> Any:
 
 
 def _newest_checkpoint(files: Any, log: Any) -> int:
-    """The version of the table's newest complete checkpoint (-1: none), listed by Python where it
-    can (``files``), else as Delta's newest snapshot knows it."""
+    """The version of the table's newest complete checkpoint (-1: none)."""
     if files is not None:
         names = log_files(files)
         cp, _ok = newest_checkpoint((names.listdir() or []) if names is not None else [])
@@ -210,24 +186,21 @@ def checkpointer(spark: Any) -> LogCheckpointer:
         return got[1]
     with _LOCK:
         got = _CHECKPOINTERS.get(id(sc))
-        if got is None or got[0] is not sc:  # (a stopped context's id may be reused)
+        if got is None or got[0] is not sc:  # a stopped context's id may be reused
             got = _CHECKPOINTERS[id(sc)] = (sc, LogCheckpointer(spark))
         return got[1]
 
 
 def note_commit(spark: Any, path: str, version: int) -> None:
-    """This process committed ``version`` of the table at ``path``: checkpoint it in the
-    background if it is due (see the module docstring)."""
+    """This process committed ``version`` of the table at ``path``: checkpoint it in the background if due."""
     checkpointer(spark).committed(path, version, spark=spark)
 
 
 def note_merge(spark: Any, path: str) -> None:
-    """This thread's MERGE (or other SQL write) into the table at ``path`` just returned: note the
-    version it committed, as the JVM's ``DeltaLog`` of the table holds it (a few py4j calls).
-    Never raises: the write is committed, and a note missed only delays the next checkpoint."""
+    """Note the version this thread's SQL write into the table at ``path`` just committed; never raises."""
     try:
         version = int(_delta_log(spark, path).unsafeVolatileSnapshot().version())
-    except Exception as exc:  # the MERGE is committed: a lost note must not fail it
+    except Exception as exc:
         _LOG.warning("deltawheel: could not read the version just committed to %s (%s: %s); its log "
                      "checkpoint waits for the next commit", path, type(exc).__name__, exc)
         return

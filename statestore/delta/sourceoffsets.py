@@ -1,23 +1,7 @@
 """What Delta's streaming source read in one micro-batch, from the query checkpoint and the table's log.
 
-A query's offset log (``<checkpoint>/offsets/<batch>``) ends each Delta source's range at a
-``DeltaSourceOffset`` (``reservoirVersion``, ``index``); the range starts where
-``offsets/<batch - 1>`` ended. Between two version boundaries Delta's source reads every ``add``
-with ``dataChange`` and fails on a ``remove`` with it. :func:`batch_adds` gives those adds from
-the JSON commits, with no Spark job; a replayed batch (a restart re-runs the
-planned batch) reads the same two offset files, so it gets the same adds.
-
-Anything that is not that plain case gives None, and the caller asks Spark instead (the frame's
-own rows): the query's first batch (its start may be a snapshot), an offset inside a version
-(a per-trigger limit cut it), a snapshot offset (``isStartingVersion``), a commit with a
-``remove`` or a schema change or an ``add`` with a deletion vector, a table with column mapping
-(physical column names differ), partition values, JSON commits already cleaned up, a checkpoint
-or table given as a remote URI string.
-
-Files are read locally or through a :class:`~.storefs.TableFiles`, only the batch's, so the cost
-of a batch does not grow with the run. A remote file that is missing reads as not there (None);
-a remote read that fails raises ``OSError`` for the caller to log (the executor then records
-the batch's positions as unknown: ``executor/protocol/rescale.py``).
+A batch reads from where ``offsets/<batch - 1>`` ended to ``offsets/<batch>``. Anything but the
+plain case gives None (the caller asks Spark); a failed remote read raises ``OSError``.
 docs/embedding.md, "Direct read"; docs/replay.md, "Input positions per commit".
 """
 
@@ -37,11 +21,11 @@ __all__ = ["END_INDEX", "BASE_INDEX", "SourceOffset", "Where", "offset_lines", "
            "kafka_offsets", "kafka_ranges", "files_of", "file_source_range"]
 
 BASE_INDEX = -1  # before every file of the offset's version
-END_INDEX = 2**63 - 1  # after every file of the offset's version (Delta's Long.MaxValue sentinel)
+END_INDEX = 2**63 - 1  # after every file of the offset's version
 
-Where = str | TableFiles  # a checkpoint or table: a local path (a remote URI string: not read here), or its files
+Where = str | TableFiles  # a checkpoint or table: a local path, or its files
 
-_TABLES: dict[TableFiles, tuple[str, bool] | None] = {}  # table root -> (its id, plain enough to read here)
+_TABLES: dict[TableFiles, tuple[str, bool] | None] = {}  # table root -> (its id, readable here)
 _TABLES_LOCK = threading.Lock()
 
 
@@ -66,8 +50,7 @@ class SourceOffset:
 
 
 def files_of(where: Where) -> TableFiles | None:
-    """The files of a checkpoint or table: ``where`` itself, or a local path's folder (None: a
-    remote URI string, which needs the session's S3 settings: ``storefs.table_files``)."""
+    """The files of a checkpoint or table (None: a remote URI string)."""
     if isinstance(where, TableFiles):
         return where
     root = local_path(where)
@@ -75,8 +58,6 @@ def files_of(where: Where) -> TableFiles | None:
 
 
 def _read(where: TableFiles, rel: str) -> str | None:
-    """A small text file of a checkpoint (None: not there; locally also when it is unreadable, as
-    before). A remote read that fails raises ``OSError``."""
     if where.is_local:
         try:
             with open(os.path.join(where.root, rel), encoding="utf-8") as fh:
@@ -87,9 +68,7 @@ def _read(where: TableFiles, rel: str) -> str | None:
 
 
 def offset_lines(checkpoint: Where, batch_id: int) -> list[Any] | None:
-    """The source lines of ``offsets/<batch_id>`` of a query checkpoint, parsed (a source without
-    an offset: None), in the order of the query's sources; None when the file is not there (or
-    the checkpoint is a remote URI string).
+    """The parsed source lines of ``offsets/<batch_id>`` (None: no file; a line None: no offset).
 
     Raises:
         OSError: a remote checkpoint's file could not be read (not: it is missing).
@@ -124,7 +103,6 @@ def _offset(lines: list[Any] | None, table_id: str) -> SourceOffset | None:
 
 
 def _table(root: TableFiles) -> tuple[str, bool] | None:
-    """(the table's id, whether its files read as its columns), once per table root."""
     with _TABLES_LOCK:
         if root in _TABLES:
             return _TABLES[root]
@@ -139,9 +117,7 @@ def _table(root: TableFiles) -> tuple[str, bool] | None:
 
 
 def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str, Any], ...] | None:
-    """The ``add`` actions Delta's streaming source over ``table`` read in micro-batch ``batch_id``
-    of the query whose checkpoint is ``checkpoint``, in the order it read them; None when that is
-    not known here (see the module docstring: the caller asks Spark).
+    """The ``add`` actions Delta's source over ``table`` read in micro-batch ``batch_id`` (None: unknown).
 
     Raises:
         OSError: a remote file could not be read (not: it is missing).
@@ -157,7 +133,7 @@ def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str
     if end is None or start is None:
         return None
     if end == start:
-        return ()  # the source read nothing new in this batch
+        return ()
     first, stop = start.boundary(), end.boundary()
     if first is None or stop is None or stop < first:
         return None
@@ -168,7 +144,7 @@ def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str
     for v in range(first, stop):
         text = log.read_text(f"{v:020d}.json")
         if text is None:
-            return None  # cleaned up (or not written yet): Spark knows
+            return None
         for line in text.splitlines():
             if not line.strip():
                 continue
@@ -191,22 +167,15 @@ def batch_adds(checkpoint: Where, batch_id: int, table: Where) -> tuple[dict[str
 
 
 def add_file_name(add: dict[str, Any]) -> str:
-    """The data file's name (its last path part, unescaped) of an ``add`` action, as Spark's
-    ``input_file_name()`` ends."""
+    """The data file's name of an ``add`` action, unescaped, as Spark's ``input_file_name()`` ends."""
     return urllib.parse.unquote(add["path"].rsplit("/", 1)[-1])
 
 
 def file_source_range(checkpoint: Where, batch_id: int, *, source: int) -> tuple[int, int] | None:
-    """(first, last) of the entries of Spark's file-source log (``sources/<source>/``, numbered by
-    the file source itself) that micro-batch ``batch_id`` of the query read: after the source's
-    ``logOffset`` in ``offsets/<batch_id - 1>`` (the query's first batch: after -1), up to the one
-    in ``offsets/<batch_id>``; first > last: none. None when that is not known here (an offset file
-    or line missing, or not a file source's).
+    """(first, last) of the file-source log entries (``sources/<source>/``) batch ``batch_id`` read.
 
-    The file source numbers its log entries apart from the query's batches: it writes the entry
-    of the next batch's files before the query writes that batch's offsets, so a stop between the
-    two (SIGTERM, SIGKILL) leaves an entry no batch planned, and the next batch reads it with its
-    own (the entries of micro-batch N are then not entry N).
+    first > last: none; None: not known here. The file source numbers its entries apart from
+    the batches (a stop can leave an entry the next batch reads with its own).
 
     >>> import tempfile, os
     >>> chk = tempfile.mkdtemp(); os.makedirs(f"{chk}/offsets")
@@ -228,8 +197,7 @@ def file_source_range(checkpoint: Where, batch_id: int, *, source: int) -> tuple
 
 
 def _log_offset(lines: list[Any] | None, source: int) -> int | None:
-    """The file source's ``logOffset`` in an offset log's source lines (a source without an offset
-    yet: -1); None when not known (no such file or line, or not a file source's)."""
+    """The file source's ``logOffset`` in an offset log's source lines (no offset yet: -1; None: unknown)."""
     if lines is None or source >= len(lines):
         return None
     entry = lines[source]
@@ -244,9 +212,7 @@ def _log_offset(lines: list[Any] | None, source: int) -> int | None:
 
 
 def kafka_offsets(lines: list[Any] | None, topic: str) -> tuple[int, dict[str, int]] | None:
-    """(the source's index, partition -> next offset) of the Kafka source over ``topic`` in an
-    offset log's source lines (Spark's Kafka source writes ``{"topic":{"0":offset,...}}``); None
-    when no line is one."""
+    """(the source's index, partition -> next offset) of the Kafka source over ``topic``; None: none."""
     for i, entry in enumerate(lines or ()):
         if isinstance(entry, dict) and set(entry) == {topic} and isinstance(entry[topic], dict):
             try:
@@ -257,8 +223,7 @@ def kafka_offsets(lines: list[Any] | None, topic: str) -> tuple[int, dict[str, i
 
 
 def _initial_kafka(checkpoint: Where, source: int, topic: str) -> dict[str, int] | None:
-    """The offsets a Kafka source's first batch started from (``sources/<i>/0``: a version line,
-    then ``{"topic":{"0":offset,...}}``, written by Spark before the first batch)."""
+    """The offsets a Kafka source's first batch started from (``sources/<i>/0``)."""
     root = files_of(checkpoint)
     if root is None:
         return None
@@ -275,17 +240,9 @@ def _initial_kafka(checkpoint: Where, source: int, topic: str) -> dict[str, int]
 
 def kafka_ranges(checkpoint: Where, batch_id: int, topic: str, *,
                  new_partition_start: int | None = None) -> dict[str, dict[str, list[int]]] | None:
-    """``{topic: {partition: [start, end]}}`` (start inclusive, end exclusive) a Kafka source read in
-    micro-batch ``batch_id`` of the query whose checkpoint is ``checkpoint``: the end from
-    ``offsets/<batch_id>``, the start from ``offsets/<batch_id - 1>`` (the first batch: the source's
-    initial offsets, ``sources/<i>/0``), no Spark job. Partitions that read nothing are left out.
-    None when that is not known here (no such line, a partition without a start, an offset that
-    is not a number).
+    """``{topic: {partition: [start, end)}}`` a Kafka source read in micro-batch ``batch_id``.
 
-    ``new_partition_start``: the start of a partition the end names and the start does not (added
-    to the topic during the run). Spark's Kafka source starts such a partition at its earliest
-    offset when it plans the batch and, with ``failOnDataLoss`` (its default), fails the query
-    unless that is 0: the caller passes 0 for such a source (None: not known, the ranges are None).
+    None: not known. ``new_partition_start``: the start of a partition added during the run.
 
     Raises:
         OSError: a remote checkpoint's file could not be read (not: it is missing).

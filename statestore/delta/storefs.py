@@ -1,22 +1,7 @@
 """A store's files as Python reaches them: a pyarrow file system plus a root.
 
-:class:`TableFiles` is what the fast path goes through (the Delta log replay, the image path's
-files, the direct read): a plain path or ``file:`` URI is the local folder (``os`` and pyarrow's
-local files); an ``s3a://bucket/key`` URI is pyarrow's ``S3FileSystem``, configured by
-:func:`table_files` from the session's Hadoop ``fs.s3a.*`` settings (per bucket first), one
-source of truth for the endpoint. Any other scheme: :func:`files_for` returns None and callers
-go through Delta and Spark (the MERGE write path). docs/objectstore-fastpath.md.
-
-A file is written whole before anything names it: S3's PUT (and a multipart
-upload's completion) is atomic per object, and :meth:`TableFiles.write_parquet`
-returns only once the object is complete, so a Delta commit made afterwards
-never names a partial file. Inside :func:`background_uploads` (the image tasks)
-the PUTs of S3 files run in a small thread pool while the caller goes on, and
-leaving the block waits for every one of them: what runs after the block (a
-task's summary, and so the driver's commit) still names only complete objects.
-
-Values are plain and picklable (the Spark tasks get them); the pyarrow file
-system is built on first use in each process and kept per settings.
+A local folder or ``s3a://`` (from the session's ``fs.s3a.*`` settings); any other scheme gets
+None. A file is complete before anything names it. docs/objectstore-fastpath.md.
 """
 
 from __future__ import annotations
@@ -30,9 +15,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 __all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "files_resolver", "supports", "local_path",
-           "FAST_PATH_SCHEMES", "background_uploads"]
-
-FAST_PATH_SCHEMES = ("file", "s3a")  # plus plain local paths
+           "background_uploads"]
 
 
 @dataclass(frozen=True)
@@ -40,16 +23,15 @@ class S3Settings:
     """How to reach an S3-compatible server, as Hadoop's s3a connector is configured."""
 
     endpoint: str | None = None  # host[:port] (None: AWS for ``region``)
-    scheme: str = "https"  # "http" when SSL is off or the endpoint says http://
-    access_key: str | None = None  # None: pyarrow's default credential chain (environment, profile)
+    scheme: str = "https"
+    access_key: str | None = None  # None: pyarrow's default credential chain
     secret_key: str | None = None
-    path_style: bool = False  # bucket in the path, not in the host name (S3Proxy, MinIO)
+    path_style: bool = False  # bucket in the path, not in the host name
     region: str | None = None
 
     @classmethod
     def from_hadoop(cls, get: Callable[[str], str | None], bucket: str) -> S3Settings:
-        """The settings s3a uses for ``bucket``: ``fs.s3a.bucket.<bucket>.<key>`` first, then
-        ``fs.s3a.<key>`` (``get`` reads one Hadoop configuration key, None when unset).
+        """The settings s3a uses for ``bucket`` (per-bucket keys first); ``get`` reads one Hadoop key.
 
         >>> conf = {"fs.s3a.endpoint": "http://127.0.0.1:9000", "fs.s3a.path.style.access": "true",
         ...         "fs.s3a.bucket.b.access.key": "k", "fs.s3a.secret.key": "s"}
@@ -89,16 +71,11 @@ _FS_LOCK = threading.Lock()
 
 
 def _s3(settings: S3Settings) -> Any:
-    """pyarrow's S3 file system for ``settings`` (one per process and settings)."""
     fs = _FILESYSTEMS.get(settings)
     if fs is None:
         from pyarrow import fs as pafs
 
-        # The AWS SDK's "flexible checksums" (on by default since early 2025) send headers that
-        # S3-compatible servers without them refuse: S3Proxy answers an upload with
-        # XAmzContentSHA256Mismatch and a read with 501 NotImplemented (x-amz-checksum-mode).
-        # "when_required" is the SDK's documented opt-out (AWS S3 itself works either way);
-        # a value the user set is kept.
+        # the AWS SDK's flexible checksums are refused by S3-compatible servers such as S3Proxy
         for var in ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"):
             os.environ.setdefault(var, "when_required")
         with _FS_LOCK:
@@ -109,20 +86,14 @@ def _s3(settings: S3Settings) -> Any:
                     endpoint_override=settings.endpoint, scheme=settings.scheme,
                     region=settings.region or "us-east-1",
                     force_virtual_addressing=not settings.path_style and settings.endpoint is not None,
-                    # Opening an output stream starts no multipart upload: a file smaller than one
-                    # part (every image and production file here) goes up in one PUT when the stream
-                    # closes, instead of three requests (create upload, part, complete). A failed
-                    # upload still raises from close(), so write_parquet returns only after it landed.
-                    allow_delayed_open=True,
+                    allow_delayed_open=True,  # a small file goes up in one PUT on close
                     connect_timeout=10, request_timeout=60)
     return fs
 
 
 @dataclass(frozen=True)
 class TableFiles:
-    """A folder of a store (a table's root, an injector's folder) and how to reach its files.
-
-    ``root``: the local folder, or ``bucket/key`` on S3 (``s3`` set)."""
+    """A folder of a store; ``root``: the local folder, or ``bucket/key`` on S3 (``s3`` set)."""
 
     root: str
     s3: S3Settings | None = None
@@ -187,8 +158,6 @@ class TableFiles:
             return None
 
     def _source(self, rel: str) -> Any:
-        """What pyarrow's Parquet reader takes for ``rel``: the local path, or the S3 object read
-        whole into memory (one GET; a reader seeking in the object makes one request per seek)."""
         if self.s3 is None:
             return self.path(rel)
         import pyarrow as pa
@@ -198,8 +167,7 @@ class TableFiles:
 
     def read_parquet(self, rel: str, columns: list[str] | None = None, *,
                      read_dictionary: list[str] | None = None) -> Any:
-        """A Parquet file (``columns`` only, if given) as a pyarrow table; ``read_dictionary``: the
-        columns read as Arrow dictionaries (as pyarrow's ``read_table`` takes them)."""
+        """A Parquet file as a pyarrow table (``read_dictionary`` as pyarrow's ``read_table``)."""
         import pyarrow.parquet as pq
 
         if self.s3 is None:
@@ -233,8 +201,7 @@ class TableFiles:
         return int(info.size or 0)
 
     def delete(self, rel: str) -> bool:
-        """Delete the file ``rel`` (False: there was none). Locally also the Hadoop checksum file
-        beside it (``.{name}.crc``), which the local file system writes with each file."""
+        """Delete the file ``rel`` and a local Hadoop ``.crc`` beside it (False: there was none)."""
         if self.s3 is None:
             path = self.path(rel)
             try:
@@ -253,8 +220,7 @@ class TableFiles:
         return True
 
     def write_parquet(self, table: Any, rel: str, **options: Any) -> int:
-        """Write ``table`` as Parquet to ``rel`` (folders made as needed); returns the file's size.
-        On S3 the object is complete (the PUT acknowledged) when this returns."""
+        """Write ``table`` as Parquet to ``rel``; returns the size once the file is complete."""
         import pyarrow.parquet as pq
 
         if self.s3 is None:
@@ -287,7 +253,6 @@ UPLOAD_THREADS = 4
 
 
 def _pool() -> Any:
-    """The process's upload threads (made on first use: a forked worker makes its own)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
@@ -299,12 +264,7 @@ def _pool() -> Any:
 
 @contextlib.contextmanager
 def background_uploads() -> Iterator[None]:
-    """Within the block, :meth:`TableFiles.write_parquet` on S3 returns once the file is encoded
-    and its PUT runs in the background (local files are written at once, as outside). Leaving
-    the block waits for every PUT started in it, also when the block raised, and then raises
-    the block's error or else the first failed PUT's: nothing after the block may name a file
-    whose PUT has not been acknowledged. A block inside another joins it: its PUTs are waited
-    for at the outer block's end (which must come before anything names their files)."""
+    """Within the block, S3 PUTs run in the background; leaving it waits for all (and raises a failure)."""
     if _UPLOADS.get() is not None:
         yield
         return
@@ -330,8 +290,7 @@ def supports(uri: str) -> bool:
 
 
 def files_for(uri: str, s3: S3Settings | None = None) -> TableFiles | None:
-    """:class:`TableFiles` of ``uri`` (a local path, ``file:`` or ``s3a://`` URI; ``s3``: the
-    settings for an ``s3a://`` one, default: unset ones); None for another scheme."""
+    """:class:`TableFiles` of ``uri`` (``s3``: the settings for ``s3a://``); None for another scheme."""
     local = local_path(uri)
     if local is not None:
         return TableFiles(local)
@@ -342,9 +301,7 @@ def files_for(uri: str, s3: S3Settings | None = None) -> TableFiles | None:
 
 
 def table_files(spark: Any, uri: str) -> TableFiles | None:
-    """:func:`files_for` with the S3 settings of ``spark``'s Hadoop configuration (what Spark's
-    s3a connector and Delta use for that bucket: the context's Hadoop configuration with the
-    session's ``spark.hadoop.*`` settings over it); None for an unsupported scheme."""
+    """:func:`files_for` with the S3 settings of ``spark``'s Hadoop configuration."""
     if not uri.startswith("s3a://"):
         return files_for(uri)
     from .jvm import jsession
@@ -360,9 +317,7 @@ def table_files(spark: Any, uri: str) -> TableFiles | None:
 
 
 def files_resolver(spark: Any) -> Callable[[str], TableFiles | None]:
-    """:func:`table_files` of ``spark`` for any number of URIs, the session's S3 settings read once
-    per bucket (a caller resolving a path per micro-batch makes no JVM call for it after the
-    first). Not picklable: for the driver."""
+    """:func:`table_files` of ``spark``, the S3 settings read once per bucket (driver only)."""
     settings: dict[str, S3Settings | None] = {}
     lock = threading.Lock()
 

@@ -1,9 +1,4 @@
-"""A minimal S3 client for what deltawheel does outside Spark: create, check and list buckets.
-
-Requests are signed with AWS signature version 2 (``Authorization: AWS id:signature``), which
-S3Proxy accepts beside version 4 (its ``aws-v2-or-v4`` setting). Tables are read and written by
-Spark through ``s3a://``; this client only manages buckets, so it needs no AWS SDK.
-"""
+"""A minimal S3 client (AWS signature version 2) for buckets: create, check and list."""
 
 from __future__ import annotations
 
@@ -27,14 +22,7 @@ __all__ = ["S3Endpoint", "S3Client"]
 
 @dataclass(frozen=True)
 class S3Endpoint:
-    """Where an S3-compatible store answers and with which credentials.
-
-    Attributes:
-        url: ``http://host:port`` (path-style addressing: buckets are the first path segment).
-        access_key: the identity (AWS access key id).
-        secret_key: the credential (AWS secret access key).
-        region: the region name to sign for (S3Proxy accepts any).
-    """
+    """Where an S3-compatible store answers (``http://host:port``) and with which credentials."""
 
     url: str
     access_key: str

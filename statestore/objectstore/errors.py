@@ -1,12 +1,4 @@
-"""Object-store failures seen through Spark and Hadoop, turned into deltawheel's typed errors.
-
-S3A reports an unreachable endpoint, a missing bucket and refused credentials as Java
-exceptions (``java.net.ConnectException``, ``org.apache.hadoop.fs.s3a.UnknownStoreException``,
-``java.nio.file.AccessDeniedException``) wrapped by py4j or pyspark. :func:`translate` reads the
-exception's cause chain (or, when pyspark kept only the text, the message) and returns the
-matching :class:`~deltawheel.statestore.exceptions.DeltaWheelError`; :func:`probe_store` checks a
-store's root before deltawheel works on it, so the first error a user sees says what to do.
-"""
+"""Object-store failures seen through Spark and Hadoop, turned into deltawheel's typed errors."""
 
 from __future__ import annotations
 
@@ -47,8 +39,7 @@ def _chain(exc: BaseException) -> list[tuple[str, str]]:
 
 
 def translate(exc: BaseException, uri: str) -> DeltaWheelError | None:
-    """The typed error for ``exc`` raised while reaching ``uri``, or ``None`` if it is not an
-    object-store access failure."""
+    """The typed error for ``exc`` raised while reaching ``uri`` (None: not an object-store failure)."""
     chain = _chain(exc)
     classes = [c for c, _ in chain]
     text = " ".join(m for _, m in chain) or str(exc)
@@ -71,8 +62,7 @@ def translate(exc: BaseException, uri: str) -> DeltaWheelError | None:
 
 
 def probe_store(spark: Any, layout: StoreLayout) -> None:
-    """Check that the object store of ``layout`` answers, its bucket exists and the credentials are
-    accepted (one metadata request on the store's root). A no-op for local stores.
+    """Check that the object store of ``layout`` answers with its bucket (a no-op for local stores).
 
     Raises:
         ObjectStoreUnreachableError: nothing answers at the endpoint.

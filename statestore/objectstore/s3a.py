@@ -1,17 +1,6 @@
 """Spark on an S3-compatible store through Hadoop's ``s3a://`` file system.
 
-pyspark 4.2 ships Hadoop 3.5.0's client jars but not ``hadoop-aws`` nor the AWS SDK v2 it
-calls. :data:`S3A_JARS` is the lean set: ``hadoop-aws`` 3.5.0 and the SDK 2.35.4 modules S3A
-loads (the S3 client, the transfer manager and what they depend on), 12 MiB, instead of the
-SDK's ~600 MiB ``bundle``. Jars that pyspark already ships (Apache HttpClient, Netty,
-commons-logging/codec, slf4j) are left out. They are fetched once, with pinned SHA-1s, into a
-per-user cache outside any clone (:func:`default_s3_jars_dir`), so a CI clean clone does not
-fetch them again; :func:`deltawheel.statestore.session.sparkenv.build_spark` adds them to the
-session when they are there.
-
-The S3A settings of an endpoint are per bucket (``fs.s3a.bucket.<b>.*``): a session can reach
-a local S3Proxy and AWS at once, and a bucket's settings can be added to a running session
-(:func:`configure_bucket`) as long as no file system object was made for that bucket yet.
+:data:`S3A_JARS` is the lean set of ``hadoop-aws`` and the SDK modules S3A loads, fetched once.
 """
 
 from __future__ import annotations
@@ -31,7 +20,7 @@ __all__ = ["S3A_JARS", "S3PROXY_JAR", "MavenJar", "default_s3_jars_dir", "ensure
            "files_from_env",
            "ENV_ENDPOINT", "ENV_ACCESS_KEY", "ENV_SECRET_KEY"]
 
-# one S3-compatible store for every s3a:// bucket of a process (what 'deltawheel objectstore start' prints)
+# one S3-compatible store for every s3a:// bucket of a process
 ENV_ENDPOINT = "DELTAWHEEL_S3_ENDPOINT"
 ENV_ACCESS_KEY = "DELTAWHEEL_S3_ACCESS_KEY"
 ENV_SECRET_KEY = "DELTAWHEEL_S3_SECRET_KEY"
@@ -39,11 +28,9 @@ ENV_SECRET_KEY = "DELTAWHEEL_S3_SECRET_KEY"
 # (group, artifact, version, classifier, sha1)
 MavenJar = tuple[str, str, str, str | None, str]
 
-_SDK = "2.35.4"  # the AWS SDK v2 version hadoop-project 3.5.0 declares (aws-java-sdk-v2.version)
+_SDK = "2.35.4"  # the AWS SDK v2 version hadoop-project 3.5.0 declares
 _AWS = "software.amazon.awssdk"
-# hadoop-aws's compile dependencies minus the SDK bundle, plus the SDK modules S3A uses (s3,
-# s3-transfer-manager) and their transitive modules; resolved with `mvn dependency:tree` on
-# hadoop-aws 3.5.0 (bundle excluded) + s3 + s3-transfer-manager 2.35.4 (docs/objectstore.md).
+# hadoop-aws's dependencies minus the SDK bundle, plus the SDK modules S3A uses (docs/objectstore.md)
 S3A_JARS: tuple[MavenJar, ...] = (
     ("org.apache.hadoop", "hadoop-aws", "3.5.0", None, "9e594525d264c0db653c7f68da98b245f7d61ea5"),
     ("software.amazon.s3.analyticsaccelerator", "analyticsaccelerator-s3", "1.3.1", None,
@@ -83,16 +70,13 @@ S3A_JARS: tuple[MavenJar, ...] = (
     ("org.reactivestreams", "reactive-streams", "1.0.4", None, "3864a1320d97d7b045f729a326e1e077661f31b7"),
 )
 
-# 4.1.0, not 2.6.0: 2.6.0's filesystem backend neither answers for nor lists the empty
-# directory marker S3A's mkdirs writes (``dir/``), so a streaming checkpoint on s3a:// fails
-# (Spark lists its just-made ``sources/0`` folder: FileNotFoundException); 4.1.0 does both
+# 4.1.0 or later: older ones do not list S3A's empty directory markers
 S3PROXY_JAR: MavenJar = ("org.gaul", "s3proxy", "4.1.0", "jar-with-dependencies",
                          "0a0b89e982bc1b1b5757d45b61109e05a840dd87")
 
 
 def default_s3_jars_dir() -> Path:
-    """Where the S3A and S3Proxy jars are cached: ``$DELTAWHEEL_S3_JARS_DIR`` or
-    ``~/.cache/deltawheel/s3-jars`` (per user, outside any clone)."""
+    """Where the S3A and S3Proxy jars are cached (``$DELTAWHEEL_S3_JARS_DIR``, or in ``~/.cache``)."""
     env = os.environ.get("DELTAWHEEL_S3_JARS_DIR")
     return Path(env) if env else Path.home() / ".cache" / "deltawheel" / "s3-jars"
 
@@ -126,43 +110,26 @@ def s3a_jars_present(jars_dir: Path | None = None) -> list[Path] | None:
 
 
 def s3a_settings(endpoint: S3Endpoint, bucket: str | None = None) -> dict[str, str]:
-    """Hadoop settings for reaching ``endpoint`` with S3A: for ``bucket`` only, or for every bucket.
-
-    Path-style addressing (S3Proxy and most self-hosted stores have no per-bucket host names),
-    static credentials, SSL as the URL says, and short retries: an unreachable endpoint fails in
-    seconds with a typed error instead of S3A's default minutes of back-off.
-    """
+    """Hadoop settings for reaching ``endpoint`` with S3A (``bucket`` only, or every bucket)."""
     prefix = f"fs.s3a.bucket.{bucket}." if bucket else "fs.s3a."
     values = {
-        "endpoint": endpoint.url,
-        "endpoint.region": endpoint.region,
-        "path.style.access": "true",
+        "endpoint": endpoint.url, "endpoint.region": endpoint.region, "path.style.access": "true",
         "connection.ssl.enabled": str(endpoint.ssl).lower(),
-        "access.key": endpoint.access_key,
-        "secret.key": endpoint.secret_key,
+        "access.key": endpoint.access_key, "secret.key": endpoint.secret_key,
         "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
-        "attempts.maximum": "2",
-        "retry.limit": "2",
-        "retry.interval": "200ms",
+        "attempts.maximum": "2", "retry.limit": "2", "retry.interval": "200ms",
         "connection.establish.timeout": "5s",
     }
     return {prefix + k: v for k, v in values.items()}
 
 
 def spark_conf(endpoint: S3Endpoint, bucket: str | None = None) -> dict[str, str]:
-    """:func:`s3a_settings` as Spark settings (``spark.hadoop.`` prefix), for ``SparkSettings.extra``
-    or ``spark-submit --conf``."""
+    """:func:`s3a_settings` as Spark settings (``spark.hadoop.`` prefix)."""
     return {f"spark.hadoop.{k}": v for k, v in s3a_settings(endpoint, bucket).items()}
 
 
 def configure_bucket(spark: Any, endpoint: S3Endpoint, bucket: str) -> None:
-    """Make a running session reach ``bucket`` on ``endpoint``.
-
-    Sets the per-bucket keys in the session's SQL conf (Delta builds its Hadoop configuration
-    from it, keys as they are) and in the SparkContext's Hadoop configuration (plain ``spark.read`` and the Hadoop
-    file system API). Hadoop caches one file system object per bucket: settings given after the
-    bucket was first used do not apply to it.
-    """
+    """Make a running session reach ``bucket`` on ``endpoint`` (not for a bucket already used)."""
     from ..delta.jvm import jcontext
 
     conf = jcontext(spark).hadoopConfiguration()
@@ -172,8 +139,7 @@ def configure_bucket(spark: Any, endpoint: S3Endpoint, bucket: str) -> None:
 
 
 def endpoint_from_env(env: Mapping[str, str] | None = None) -> S3Endpoint | None:
-    """The endpoint named by ``$DELTAWHEEL_S3_ENDPOINT`` (with ``..._ACCESS_KEY`` and
-    ``..._SECRET_KEY``), or ``None`` when it is not set. ``build_spark`` applies it to every bucket.
+    """The endpoint named by ``$DELTAWHEEL_S3_ENDPOINT`` and its keys, or ``None`` when it is not set.
 
     Raises:
         ConfigError: the endpoint is set but a key is missing or the URL is not http(s).
@@ -200,11 +166,7 @@ def bucket_of(uri: str) -> str | None:
 
 
 def files_from_env(uri: str, env: Mapping[str, str] | None = None) -> TableFiles | None:
-    """:func:`~..delta.storefs.files_for` of ``uri`` for a tool that runs without Spark: an
-    ``s3a://`` folder is reached with the settings a session built by ``build_spark`` gives its
-    bucket from ``$DELTAWHEEL_S3_ENDPOINT`` and its keys (:func:`endpoint_from_env`, what
-    'deltawheel objectstore status' prints); with none set, pyarrow's defaults (AWS, its
-    credential chain). None for a scheme the fast path does not reach.
+    """:func:`~..delta.storefs.files_for` of ``uri`` without Spark, S3 from :func:`endpoint_from_env`.
 
     >>> env = {ENV_ENDPOINT: "http://127.0.0.1:9000", ENV_ACCESS_KEY: "k", ENV_SECRET_KEY: "s"}
     >>> f = files_from_env("s3a://b/store/rows", env)

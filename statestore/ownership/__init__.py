@@ -1,5 +1,1 @@
-"""Ownership of key intervals, over ZooKeeper and the rows table together: an interval owner
-takes the leases, fences the intervals in the rows table, then runs the recovery scan
-(:mod:`.owner`); re-seeding puts the store's sequencers back into a ZooKeeper that lost them
-(:mod:`.reseed`).
-"""
+"""Ownership of key intervals over ZooKeeper and the rows table: lease, fence, recover; re-seeding."""

@@ -1,27 +1,7 @@
 """Re-seeding ZooKeeper from the store after ZooKeeper lost a pipeline's state.
 
-ZooKeeper issues the sequencers that fence every write to the rows table
-(``zk/leases.py``, ``rowtable/fencing.py``). If its data is lost (a wiped data folder, a
-restore from an older copy), it grants sequencers again that the store's fence
-rows already carry; :meth:`.owner.IntervalOwner.acquire` then refuses with
-:class:`~.exceptions.CoordinatorStateLostError`. :func:`plan_reseed` compares,
-per computation and interval, the highest sequencer in the store (fence rows
-and committed rows) with the next one ZooKeeper would grant; :func:`apply_reseed`
-raises ZooKeeper's sequencers above the store's and records the pipeline's
-store binding (``zk/binding.py``). The next start then takes grants above every
-sequencer in the store and fences as usual (the new fence rows invalidate any
-writer still holding an old sequencer).
-
-Watermarks: :func:`apply_reseed` publishes again the injector watermarks the store's commits
-record (``injectors``, read by the caller), never moving one back, so the first batch after the
-re-seed fires the same timers. The computations' oldest work and low watermarks are not restored:
-they are *not known* until each stage's first batch publishes them, which fires no timer.
-docs/coordinator-recovery.md, "Lost ZooKeeper data".
-
-Run it with every copy of the pipeline stopped. It only raises counters, creates
-the binding and raises injector watermarks to what the store's commits record
-(values their batches publish), so running it twice, or by mistake on a healthy
-ZooKeeper, changes nothing a writer relies on.
+Run it with every copy of the pipeline stopped; it only raises values, so a repeat changes
+nothing. docs/coordinator-recovery.md, "Lost ZooKeeper data".
 """
 
 from __future__ import annotations
@@ -42,18 +22,12 @@ __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 
 @dataclass(frozen=True)
 class ReseedPlan:
-    """What :func:`plan_reseed` found.
+    """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark).
 
     Attributes:
-        pipeline: the pipeline's name.
-        root: the store.
         bound: ZooKeeper holds the pipeline's store binding.
-        store: per computation, interval -> highest sequencer in the store.
-        zookeeper: per computation, interval -> the sequencer ZooKeeper would grant next.
-        behind: per computation, interval -> the floor ZooKeeper's sequencer must reach
-            (store's highest + 1), for the intervals where ZooKeeper is at or below the store.
-        injectors: per injector, its watermark as the store's commits record it (restored).
-        zookeeper_injectors: per injector of ``injectors``, ZooKeeper's watermark (None: none).
+        zookeeper: the sequencers ZooKeeper would grant next.
+        behind: the floors ZooKeeper's sequencers must reach.
     """
 
     pipeline: str
@@ -96,11 +70,7 @@ def store_sequencers(spark: Any, layout: StoreLayout) -> dict[str, dict[int, int
 def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipeline: str,
                 injectors: Mapping[str, int] | None = None,
                 sequencers: dict[str, dict[int, int]] | None = None) -> ReseedPlan:
-    """Compare the store's sequencers with ZooKeeper's (reads only).
-
-    ``injectors``: the injector watermarks the store's commits record (the executor's
-    ``recorded_injector_watermarks``), restored by :func:`apply_reseed`. ``sequencers``: the
-    store's, when the caller read them already (:func:`store_sequencers`)."""
+    """Compare the store's sequencers (``sequencers``, if already read) with ZooKeeper's; reads only."""
     bound = client.exists(store_path(pipeline)) is not None
     held = store_sequencers(spark, layout) if sequencers is None else sequencers
     zk: dict[str, dict[int, int]] = {}
@@ -117,10 +87,9 @@ def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipelin
 
 def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: ReseedPlan, *,
                  acls: list[ACL] | None = None) -> dict[str, dict[int, int]]:
-    """Raise ZooKeeper's sequencers as ``plan`` says, record the store binding, and publish the
-    injector watermarks of ``plan`` (never moving one back).
+    """Raise ZooKeeper's sequencers, record the store binding and publish ``plan``'s injector watermarks.
 
-    Returns the next sequencer per computation and interval afterwards.
+    Returns the next sequencer per computation and interval.
 
     Raises:
         StoreMismatchError: ZooKeeper's binding names another store (nothing is changed).

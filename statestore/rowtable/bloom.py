@@ -1,13 +1,4 @@
-"""Bloom filters over the record ids a key interval has seen: the dedup fast path.
-
-A filter answers "never seen" with certainty and "maybe seen" with a small
-false-positive rate; only a "maybe" costs a lookup of the key's stored record ids.
-Filters live in memory only: they are rebuilt from the rows, never persisted, so
-they can never disagree with the table for long. :class:`IdBloom` (vectorized) is
-the executor's image path's (``executor/tasks/image/``); :class:`IntervalBloom`
-is the one the recovery scan rebuilds on lease acquisition (``recovery.py``,
-``RecoveredIntervals.blooms``).
-"""
+"""Bloom filters over the record ids a key interval has seen, in memory only: the dedup fast path."""
 
 from __future__ import annotations
 
@@ -58,18 +49,11 @@ class IntervalBloom:
 class IdBloom:
     """A fixed-size Bloom filter of record ids, added and checked many at a time (numpy).
 
-    The executor's image path keeps one per interval image in each Python worker, next to the
-    cached image (``executor/tasks/image/dedup.py``): a batch's records are checked against it first,
-    and only when one of them *might* have been seen does the task look the ids up in the
-    image's stored ids. Bit positions come from the hashes the caller passes (the image path's
-    own hash of the id column's buffers, the same in every process:
-    ``statestore/writepath/image/idhash.py``), or by default from Python's ``hash`` of each id (SipHash,
-    salted per process); either way a filter is never persisted or shipped, and a worker without
-    one (a new process, a lease just acquired) builds it from the ids it loads.
+    Bit positions come from the hashes the caller passes, or from Python's ``hash`` of each id
+    (salted per process: a filter is never persisted or shipped).
 
     Args:
-        capacity: the number of ids it is sized for (at ``error_rate``); more can be added, at a
-            growing false-positive rate (see :meth:`full`).
+        capacity: the number of ids it is sized for (more can be added; see :meth:`full`).
         error_rate: the false-positive rate at ``capacity`` ids.
 
     >>> b = IdBloom(100); b.add_many(["r1", "r2"])
@@ -107,21 +91,17 @@ class IdBloom:
 
     @staticmethod
     def hashes(ids: Sequence[str]) -> Any:
-        """The ids' hashes (a numpy uint64 array): computed once, given to :meth:`add_many` and
-        :meth:`might_contain_many` when both see the same ids."""
+        """The ids' hashes (a numpy uint64 array), for ``hashes=`` when several calls see the same ids."""
         import numpy as np
 
         return np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)).view(np.uint64)
 
     def _positions(self, ids: Sequence[str], hashes: Any = None) -> Any:
-        """The ``k`` bit positions of each id (shape ``(len(ids), k)``, a view of :meth:`_probes`)."""
+        """The ``k`` bit positions of each id, shape ``(len(ids), k)``."""
         return self._probes(ids, hashes).T
 
     def _probes(self, ids: Sequence[str], hashes: Any = None) -> Any:
-        """The ``k`` bit positions of each id, probe by probe (shape ``(k, len(ids))``): probe ``i``
-        is ``(h1 + i * h2) % m`` (``h1``, ``h2``: the hash's halves, ``h2`` odd), each probe from the
-        one before by one addition and one conditional subtraction (no 64-bit modulo per probe;
-        int32 when ``2 * m`` fits, halving the memory the adds walk)."""
+        """The ``k`` bit positions of each id, shape ``(k, len(ids))``: ``(h1 + i * h2) % m``."""
         import numpy as np
 
         h = self.hashes(ids) if hashes is None else hashes
@@ -137,8 +117,7 @@ class IdBloom:
         return pos
 
     def add_many(self, ids: Sequence[str], *, hashes: Any = None) -> None:
-        """Add ``ids`` (each counts towards ``capacity``, repeats included); ``hashes``: their
-        :meth:`hashes`, when already computed."""
+        """Add ``ids`` (each counts towards ``capacity``); ``hashes``: their :meth:`hashes`, if known."""
         import numpy as np
 
         if not len(ids):
@@ -148,15 +127,12 @@ class IdBloom:
         self.count += len(ids)
 
     def might_contain_many(self, ids: Sequence[str], *, hashes: Any = None) -> Any:
-        """Per id: False = never added (certain); True = maybe added. ``hashes``: their
-        :meth:`hashes`, when already computed."""
+        """Per id: False = never added (certain); True = maybe added."""
         import numpy as np
 
         if not len(ids):
             return np.zeros(0, dtype=bool)
-        # probe by probe, each over the ids whose earlier probes all hit: a new id (the usual
-        # case) is nearly always rejected by its first probe, so most of the k probes are never
-        # computed (the positions are :meth:`_positions`', column by column)
+        # probe by probe, each over the ids whose earlier probes all hit
         h = self.hashes(ids) if hashes is None else hashes
         h1 = h & np.uint64(0xFFFFFFFF)
         h2 = (h >> np.uint64(32)) | np.uint64(1)

@@ -1,32 +1,15 @@
 """Sequencer fencing: Delta's own commit protocol as MillWheel's mediator.
 
-Every interval partition of the rows table holds a *fence row* (key
-``FENCE_KEY``) carrying the sequencer of the interval's current owner.
+Every interval partition holds a *fence row* (``FENCE_KEY``) with the current owner's sequencer.
+A new owner's first write moves the fence rows to its sequencer; every commit is one ``MERGE``
+that carries the fence row of each touched interval and whose first clause is::
 
-* On lease acquisition the new owner's first write is a *fence commit*: it
-  upserts the fence rows of its intervals with its new sequencer, failing if
-  any fence already carries a greater one. Only after that does it read.
-* Every ordinary commit is one ``MERGE`` whose source contains the changed
-  rows **and** the fence row of every interval it touches, all with the
-  writer's sequencer, and whose first clause is::
+    WHEN MATCHED AND t.sequencer > s.sequencer
+      THEN UPDATE SET sequencer = raise_error('DELTAWHEEL_STALE_SEQUENCER ...')
 
-      WHEN MATCHED AND t.sequencer > s.sequencer
-        THEN UPDATE SET sequencer = raise_error('DELTAWHEEL_STALE_SEQUENCER ...')
-
-  so a writer whose sequencer was superseded aborts inside its own
-  transaction: nothing is written. That covers the late zombie (it reads a
-  snapshot in which the fence already moved).
-* The racing zombie read its snapshot *before* the fence commit and tries to
-  commit *after* it. The fence commit rewrote a file in the partition the
-  zombie's MERGE read (the merge condition names the partitions literally, so
-  Delta records them as the transaction's read predicate); Delta's optimistic
-  concurrency check then rejects the zombie's commit
-  (``ConcurrentAppendException`` / ``ConcurrentDeleteReadException``). We map
-  that to :class:`CommitConflictError`; a retry re-reads the snapshot, meets
-  the moved fence and fails with :class:`StaleSequencerError`.
-
-Either way the stale commit *fails*, never is silently skipped, and callers
-must not deliver anything from a commit that did not return.
+so a late zombie aborts inside its own transaction; a racing one loses Delta's conflict check
+on the partitions it read (:class:`CommitConflictError`) and its retry meets the moved fence.
+Either way the stale commit *fails*; callers deliver nothing from a commit that did not return.
 """
 
 from __future__ import annotations
@@ -40,7 +23,7 @@ from .inputfiles import union_sql
 __all__ = ["STALE_MARKER", "REPLACE_FILES_OP", "merge_sql", "translate_commit_error", "is_conflict"]
 
 STALE_MARKER = "DELTAWHEEL_STALE_SEQUENCER"
-REPLACE_FILES_OP = "replace_files"  # a source fence row whose input-file set replaces the stored one
+REPLACE_FILES_OP = "replace_files"  # a fence row whose input-file set replaces the stored one
 
 _CONFLICT = re.compile(
     r"Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|MetadataChangedException|"
@@ -62,15 +45,12 @@ def is_conflict(exc: BaseException) -> bool:
 def merge_sql(table_path: str, source_view: str, *, computation: str, intervals: Iterable[int]) -> str:
     """The fenced MERGE of ``source_view`` into the rows table at ``table_path``.
 
-    The source has the rows table's columns plus ``_op`` ('upsert' or 'delete'; a fence row also
-    :data:`REPLACE_FILES_OP`: its ``state``, the interval's input-file set, replaces the stored one).
+    The source has the rows table's columns plus ``_op`` ('upsert', 'delete' or :data:`REPLACE_FILES_OP`).
     """
     ivs = ",".join(str(int(i)) for i in sorted(set(intervals)))
     comp = computation.replace("'", "''")
     path = table_path.replace("`", "``")
-    # a fence row's state is its interval's set of committed input files (inputfiles.py): merged,
-    # so a commit adds its batch's files and a fence commit (no set) keeps them; a fence row of
-    # op 'replace_files' (gc's pruning of the sets, under every lease) replaces the set instead
+    # a fence row's state (its interval's input files, inputfiles.py) is merged, or replaced
     fence_state = (f"CASE WHEN s.key = concat(char(0), 'fence') AND s._op = '{REPLACE_FILES_OP}' THEN s.state "
                    f"WHEN s.key = concat(char(0), 'fence') THEN {union_sql('t.state', 's.state')} "
                    "ELSE s.state END")
@@ -95,19 +75,10 @@ _STALE_DETAIL = re.compile(STALE_MARKER + r" computation=(\S+) interval=(\d+) cu
 
 
 def translate_commit_error(exc: BaseException, *, sequencers: Mapping[int, int]) -> Exception | None:
-    """Map an exception from a fenced MERGE to a deltawheel error, or None if unrelated.
-
-    The error text is the only channel here: the stale-sequencer check is the MERGE's own first
-    clause (SQL ``raise_error`` evaluated inside Delta's transaction in the JVM), so what reaches
-    Python is a Py4J-wrapped Spark exception (``USER_RAISED_EXCEPTION``) whose one payload is the
-    message built by :func:`merge_sql`; Delta's conflict exceptions arrive the same way, known by
-    their class names in the text. (The image path's tasks, which check the fence in Python,
-    return a typed outcome instead: ``IntervalSummary.fenced``.)"""
+    """Map an exception from a fenced MERGE to a deltawheel error (by its text), or None if unrelated."""
     text = str(exc)
     m = _STALE_DETAIL.search(text)
-    # Only the raised error counts (with the numbers filled in): other errors quote the
-    # MERGE statement, marker included.
-    if m:
+    if m:  # only the raised error has the numbers: other errors quote the MERGE, marker included
         detail = (f"computation {m.group(1)} interval {m.group(2)} is owned under sequencer {m.group(3)}, "
                   f"this writer has {m.group(4)}")
         return StaleSequencerError(

@@ -1,20 +1,7 @@
-"""The fenced MERGE of :meth:`~.store.RowStore.commit`, evaluated in Python over the partitions'
-files where the store's files are reachable from Python (a local folder, ``s3a://``).
+"""The fenced MERGE of :meth:`~.store.RowStore.commit`, evaluated in Python over the partitions' files.
 
-What Delta's copy-on-write MERGE (``fencing.merge_sql``) does, without its Spark jobs: the files of
-the touched partitions holding a row the source matches (same interval and key) are read with
-pyarrow (the rows their deletion vector leaves live), each matched row is checked against the
-fence (a stored sequencer greater than the source row's fails the commit, as the MERGE's first
-clause does), deleted, or replaced by the source row (a fence row's ``state``, its interval's
-input-file set, merged with the stored ones unless the source replaces it); source rows that
-match nothing are inserted. The rows of those files, so changed, become one new file per interval,
-and one Delta transaction removes the old files and adds the new ones, with the partitions
-recorded as read (a concurrent commit there fails it as it fails a MERGE) and no commit allowed in
-them since the files were listed. Files holding no matched row stay as they are (the image path's
-record-ids files, another interval's image).
-
-What a tool's one-key repair on a running pipeline then pauses the stage for (measured, 2-core
-machine): docs/operations.md, "Repair".
+What ``fencing.merge_sql`` does, copy-on-write, without Spark jobs: files holding a matched row
+are rewritten as one new file per interval, in one commit. docs/operations.md, "Repair".
 """
 
 from __future__ import annotations
@@ -43,8 +30,7 @@ def _stale(computation: str, interval: int, current: int, ours: int) -> RuntimeE
 
 
 def _fence_state(targets: Sequence[Mapping[str, Any]], source: Mapping[str, Any]) -> Any:
-    """A fence row's new ``state``: the source's (a replacement, or nothing stored), else the union
-    of the stored sets and the source's (``inputfiles.union_sql``'s result; None when all are None)."""
+    """A fence row's new ``state``, as ``inputfiles.union_sql`` computes it."""
     if source["_op"] == REPLACE_FILES_OP or not targets:
         return source["state"]
     payloads = [t["state"] for t in targets] + [source["state"]]
@@ -55,15 +41,12 @@ def _fence_state(targets: Sequence[Mapping[str, Any]], source: Mapping[str, Any]
 
 def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any]], *, computation: str,
                 intervals: Sequence[int], meta: str) -> int:
-    """Apply the MERGE source ``src`` (the rows table's columns and ``_op``: ``upsert``, ``delete``
-    or, for a fence row, :data:`REPLACE_FILES_OP`) to ``computation``'s ``intervals``, in one Delta
-    transaction with commit metadata ``meta``; returns its version.
+    """Apply the MERGE source ``src`` (rows with ``_op``) to ``intervals`` in one commit; returns its version.
 
     Raises:
-        RuntimeError: carrying the MERGE's stale-sequencer message (``translate_commit_error`` turns
-            it into :class:`StaleSequencerError`): a matched row carries a greater sequencer.
+        RuntimeError: the MERGE's stale-sequencer message (``translate_commit_error`` reads it).
         StaleFilesError: commits kept landing in the partitions while their files were read.
-        Whatever Delta raises at commit (conflicts: ``translate_commit_error`` maps them).
+        Whatever Delta raises at commit.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -88,7 +71,7 @@ def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any
                 dv = json.loads(f.action_json)["add"].get("deletionVector") if f.has_deletion_vector else None
                 key_col = live_table(files, rel, dv, columns=["key"]).column(0)
                 if not pc.any(pc.is_in(key_col, value_set=keys)).as_py():
-                    continue  # no matched row: the file stays
+                    continue
                 removes.append(f)
                 for row in live_table(files, rel, dv).to_pylist():
                     s = mine.get(row["key"])
@@ -116,7 +99,7 @@ def merge_files(log: TableLog, files: TableFiles, src: Sequence[Mapping[str, Any
                              read_partitions=[f"computation = '{computation}' AND interval = {v}" for v in sorted(wanted)],
                              untouched_since=(version, parts))
         except StaleFilesError:
-            continue  # a commit landed in the partitions since they were listed: list them again
+            continue  # list them again
         assert got is not None
         return got
     raise StaleFilesError(f"commits kept landing in {computation}'s intervals {sorted(wanted)} while their files "

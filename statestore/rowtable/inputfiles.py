@@ -1,22 +1,7 @@
 """Per interval, the input files whose records were committed: kept in the fence row's ``state``.
 
-When an interval moves between job instances, the new owner's input position is recorded
-exactly, at file granularity (Spark's file source never splits a file across micro-batches):
-the fence row of each interval (``FENCE_KEY``; its ``state`` column is otherwise unused) holds
-the names of the input files processed for the interval, and every commit that writes the
-interval adds the batch's files in the same Delta transaction as its rows. Payload (JSON, UTF-8)::
-
-    {"format_version": 1, "input_files": ["part-0001.parquet", ...]}   # sorted, distinct
-
-Both write paths merge rather than overwrite: the MERGE path's clause for a fence row unions
-the stored set with the source row's (:func:`union_sql`; a fence commit carries none, so a
-takeover keeps the set), the image path's tasks union every fence row of the image
-(:func:`union_payloads`; a takeover's claim adds a second fence row without a set). Readers
-union the fence rows of an interval (:meth:`RowStore.input_files`).
-
-A commit also names the intervals its batch held (:func:`commit_entry`, read back with
-:func:`ran_of`); ``deltawheel gc`` drops names from every set (``gc/inputsets.py``).
-docs/rescaling.md, "The hazard, and how a move stays exact" and "Bounded sets".
+Every commit adds its batch's input files (sorted, distinct JSON) to each written interval's
+fence row in the same transaction; writers and readers union sets. docs/rescaling.md.
 """
 
 from __future__ import annotations
@@ -75,8 +60,7 @@ def union_payloads(payloads: Iterable[bytes | None], added: Iterable[str] = ()) 
 
 
 def union_sql(target: str, source: str) -> str:
-    """A Spark SQL expression: the payload holding the files of the payload columns ``target`` and
-    ``source`` (null when both are null)."""
+    """A Spark SQL expression: the union of the payload columns ``target`` and ``source``."""
     def files(col: str) -> str:
         return (f"coalesce(from_json(CAST({col} AS STRING), '{_STRUCT}').input_files, "
                 "CAST(array() AS ARRAY<STRING>))")
@@ -90,11 +74,9 @@ def union_sql(target: str, source: str) -> str:
 def commit_entry(batch_id: int, files: Iterable[str], *,
                  kafka: Mapping[str, Mapping[str, Sequence[int]]] | None = None,
                  intervals: Iterable[int] | None = None) -> dict[str, object]:
-    """The commit metadata entry recording a batch's input positions (the files it read; none for
-    a timers-only batch; ``kafka``: the offset ranges it read, ``{topic: {partition: [start, end]}}``,
-    start inclusive, end exclusive): what replay reads back to re-run the batch on the same input.
-    ``intervals``: the intervals the batch held (instances sharing the intervals): every one of
-    them has run ``files`` once the commit is made (:func:`ran_of`).
+    """The commit metadata entry recording a batch's input positions, which replay reads back.
+
+    ``kafka``: ``{topic: {partition: [start, end)}}``; ``intervals``: the intervals the batch held.
 
     >>> commit_entry(3, ["b", "a"])
     {'positions': {'v': 1, 'batch_id': 3, 'files': ['a', 'b']}}
@@ -104,18 +86,15 @@ def commit_entry(batch_id: int, files: Iterable[str], *,
     ((0, 2), ('a',))
     """
     entry: dict[str, object] = {"v": INPUT_FILES_FORMAT_VERSION, "batch_id": int(batch_id), "files": sorted(set(files))}
-    if kafka is not None:  # a field older readers ignore
+    if kafka is not None:
         entry["kafka"] = {t: {str(p): [int(r[0]), int(r[1])] for p, r in parts.items()} for t, parts in kafka.items()}
-    if intervals is not None:  # likewise
+    if intervals is not None:
         entry["intervals"] = sorted({int(iv) for iv in intervals})
     return {POSITIONS_KEY: entry}
 
 
 def ran_of(meta: object) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
-    """(the intervals a committed batch held, its input files) of a commit's parsed metadata: each
-    of those intervals has run each of those files (the batch processed their records of it, or
-    skipped them as run before, or the file had none). None: the commit does not say which
-    intervals (not a shared batch's, an older deltawheel's, a tool's).
+    """(the intervals a committed batch held, its input files); None: no intervals recorded.
 
     >>> ran_of(commit_entry(3, ["a"])) is None
     True
@@ -143,9 +122,7 @@ def kafka_of(meta: object) -> dict[str, dict[str, tuple[int, int]]] | None:
 
 
 def no_input_entry() -> dict[str, object]:
-    """The positions entry of a commit that read no input (a tool's: promote, repair; the image
-    path's compaction; the merge path's fence): no batch, no file. Replay starts from or across
-    it and re-runs nothing for it.
+    """The positions entry of a commit that read no input: no batch, no file.
 
     >>> entry_of(no_input_entry())
     (None, ())
@@ -154,9 +131,7 @@ def no_input_entry() -> dict[str, object]:
 
 
 def entry_of(meta: object) -> tuple[int | None, tuple[str, ...]] | None:
-    """(batch id, input files) of a commit's parsed metadata, None when it records no positions
-    (a commit of an older deltawheel, a claim). A batch id None: a commit that read no input
-    (:func:`no_input_entry`).
+    """(batch id, input files) of a commit's parsed metadata (None: none; batch id None: no input).
 
     Raises:
         CodecError: an entry of a newer format.

@@ -1,11 +1,4 @@
-"""The recovery scan run on lease acquisition (MillWheel section 5.1).
-
-Once the new owner has fenced its intervals it reads every row of them once
-and rebuilds what it keeps in memory: the Bloom filter of seen record ids per
-interval, the heap of pending timers, and the checkpointed productions still
-to be delivered. The rows themselves become the owner's authoritative cache
-while the lease is held.
-"""
+"""The recovery scan after fencing (MillWheel 5.1): Bloom filters, timer heap, pending productions."""
 
 from __future__ import annotations
 

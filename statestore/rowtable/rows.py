@@ -1,18 +1,7 @@
 """The single-row-per-key image of a computation's key, and its table schema.
 
-One row per (computation, key) holds everything the framework keeps for that
-key: the user state bytes and codec, the timers (with the earliest pending
-event-time and processing-time timer in their own columns, for pruned scans
-of due keys), the recent record ids used for dedup, the checkpointed (strong)
-productions not yet delivered, a watermark hold, and the sequencer and
-commit id of its last writer, and the key's timer firing counter (``timer_seq``: a
-timer's productions take their ids from it, so a timer firing again at the same
-time and tag produces under new ids). :class:`KeyRow` is the frozen in-memory value;
-:meth:`KeyRow.to_row` / :meth:`KeyRow.from_row` are the only conversions to
-and from the table.
-
-Each interval partition also holds one *fence row* (key :data:`FENCE_KEY`)
-whose sequencer is that of the interval's current owner; see ``fencing.py``.
+:meth:`KeyRow.to_row` / :meth:`KeyRow.from_row` are the only conversions; each interval
+partition also holds one *fence row* (key :data:`FENCE_KEY`, ``fencing.py``).
 """
 
 from __future__ import annotations
@@ -21,39 +10,20 @@ import zlib
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from ..exceptions import BadRecordError
 
-__all__ = [
-    "ROW_FORMAT_VERSION",
-    "DOMAINS",
-    "DOMAIN_VALUES",
-    "FENCE_KEY",
-    "RESERVED_PREFIX",
-    "IDS_KEY_PREFIX",
-    "is_user_key",
-    "MAX_KEY_BYTES",
-    "TimeDomain",
-    "Timer",
-    "make_timer",
-    "Production",
-    "make_production",
-    "SeenId",
-    "KeyRow",
-    "interval_of",
-    "key_hash",
-    "validate_key",
-    "rows_schema_ddl",
-    "rows_file_ddl",
-]
+__all__ = ["ROW_FORMAT_VERSION", "DOMAINS", "DOMAIN_VALUES", "FENCE_KEY", "RESERVED_PREFIX",
+           "IDS_KEY_PREFIX", "is_user_key", "MAX_KEY_BYTES", "TimeDomain", "Timer",
+           "Production", "make_production", "SeenId", "KeyRow", "interval_of", "key_hash", "validate_key",
+           "rows_schema_ddl", "rows_file_ddl"]
 
 ROW_FORMAT_VERSION = 2  # 2: timer_seq (migration 4)
 FENCE_KEY = "\x00fence"
 #: keys starting with NUL are deltawheel's own rows (users' keys may not: :func:`validate_key`)
 RESERVED_PREFIX = "\x00"
-#: the rows of an interval's record-ids files (image path): key = this prefix + the user key,
-#: ``record_ids`` = the ids the key ran in one batch (or a compaction of several batches)
+#: the rows of an interval's record-ids files (image path): key = this prefix + the user key
 IDS_KEY_PREFIX = "\x00id:"
 MAX_KEY_BYTES = 4096
 
@@ -67,17 +37,12 @@ class TimeDomain(str, Enum):
 
 #: a time domain from its stored name (or from itself)
 DOMAINS = {d.value: d for d in TimeDomain} | {d: d for d in TimeDomain}
-#: a time domain's stored name (an enum's .value is a slow descriptor: hot loops use this)
+#: a time domain's stored name (faster than ``.value`` in hot loops)
 DOMAIN_VALUES = {d: d.value for d in TimeDomain}
 
 
 class Timer(NamedTuple):
-    """A timer of one key: fires once ``time_ms`` is reached in its ``domain``.
-
-    A key has at most one timer per (tag, domain); setting it again moves it. Timers order
-    by (time, tag, domain). A named tuple (immutable, compared and sorted in C): the
-    framework builds and sorts one per timer of every touched key.
-    """
+    """A timer of one key (at most one per tag and domain): fires once ``time_ms`` is reached."""
 
     time_ms: int
     tag: str
@@ -93,20 +58,13 @@ class Timer(NamedTuple):
         return Timer(time_ms=int(r["time_ms"]), tag=str(r["tag"]), domain=DOMAINS[r["domain"]])
 
 
-def make_timer(time_ms: int, tag: str, domain: TimeDomain) -> Timer:
-    """``Timer(time_ms, tag, domain)`` for already checked values (runs for every timer of every
-    touched key); :data:`new_timer` builds one from a ``(time_ms, tag, domain)`` tuple."""
-    return new_timer((time_ms, tag, domain))
-
-
-#: ``Timer`` from a ``(time_ms, tag, domain)`` tuple, in C (``map(new_timer, zip(...))`` builds many).
+#: ``Timer`` from a ``(time_ms, tag, domain)`` tuple, in C
 new_timer = partial(tuple.__new__, Timer)
 
 
 def make_row(computation: str, key: str, interval: int, state: bytes | None, codec: str,
              timers: tuple[Timer, ...], watermark_hold_ms: int | None, timer_seq: int = 0) -> "KeyRow":
-    """``KeyRow(...)`` from storage, whose timers are already sorted: no ``__post_init__`` sort and
-    no frozen per-field ``object.__setattr__`` (runs for every touched key of every batch)."""
+    """``KeyRow(...)`` from storage, whose timers are already sorted (no ``__post_init__``)."""
     r = object.__new__(KeyRow)
     r.__dict__.update(computation=computation, key=key, interval=interval, state=state, codec=codec,
                       timers=timers, record_ids=(), pending=(), watermark_hold_ms=watermark_hold_ms,
@@ -118,8 +76,7 @@ def make_row(computation: str, key: str, interval: int, state: bytes | None, cod
 def updated_row(base: "KeyRow", state: bytes | None, codec: str, timers: tuple[Timer, ...],
                 record_ids: tuple["SeenId", ...], pending: tuple["Production", ...],
                 watermark_hold_ms: int | None, timer_seq: int | None = None) -> "KeyRow":
-    """``base.with_(...)`` of the fields a key's run changes; ``timers`` already sorted
-    (``timer_seq`` None: unchanged)."""
+    """``base.with_(...)`` of the fields a key's run changes; ``timers`` already sorted."""
     r = object.__new__(KeyRow)
     d = r.__dict__
     d.update(base.__dict__)
@@ -131,8 +88,7 @@ def updated_row(base: "KeyRow", state: bytes | None, codec: str, timers: tuple[T
 
 
 class Production(NamedTuple):
-    """A record produced to a stream, checkpointed in the producer's row until delivered
-    (a named tuple: one is built per production of every batch)."""
+    """A record produced to a stream, checkpointed in the producer's row until delivered."""
 
     production_id: str
     stream: str
@@ -143,26 +99,14 @@ class Production(NamedTuple):
 
     def to_row(self) -> dict[str, Any]:
         """The production as a row of the ``pending`` column."""
-        return {
-            "production_id": self.production_id,
-            "stream": self.stream,
-            "key": self.key,
-            "value": bytes(self.value),
-            "timestamp_ms": self.timestamp_ms,
-            "codec": self.codec,
-        }
+        return {"production_id": self.production_id, "stream": self.stream, "key": self.key,
+                "value": bytes(self.value), "timestamp_ms": self.timestamp_ms, "codec": self.codec}
 
     @staticmethod
     def from_row(r: Mapping[str, Any]) -> "Production":
         """The production of a ``pending`` column row."""
-        return Production(
-            production_id=str(r["production_id"]),
-            stream=str(r["stream"]),
-            key=str(r["key"]),
-            value=bytes(r["value"]),
-            timestamp_ms=int(r["timestamp_ms"]),
-            codec=str(r["codec"]),
-        )
+        return Production(production_id=str(r["production_id"]), stream=str(r["stream"]), key=str(r["key"]),
+                          value=bytes(r["value"]), timestamp_ms=int(r["timestamp_ms"]), codec=str(r["codec"]))
 
 
 def make_production(production_id: str, stream: str, key: str, value: bytes, timestamp_ms: int,
@@ -208,14 +152,10 @@ class KeyRow:
     commit_id: str = ""
     updated_ms: int = 0
     format_version: int = ROW_FORMAT_VERSION
-    # the id number of the key's next timer firing (``keyrun``): counts up while the row lives; a
-    # new row starts at a hash of its first record's id, so a key whose row was deleted (its ids
-    # expired) and that comes back does not reuse its earlier firings' production ids
-    timer_seq: int = 0
+    timer_seq: int = 0  # the id number of the key's next timer firing (``keyrun``)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        # canonical form: timers sorted (storage returns them sorted; equal rows compare equal)
         object.__setattr__(self, "timers", tuple(sorted(self.timers)))
 
     @property
@@ -236,8 +176,7 @@ class KeyRow:
         return self.key == FENCE_KEY
 
     def with_(self, **changes: Any) -> "KeyRow":
-        """A copy with some fields changed (like ``dataclasses.replace``, without its per-call
-        introspection: this runs for every key of every batch)."""
+        """A copy with some fields changed (a fast ``dataclasses.replace``)."""
         new = object.__new__(KeyRow)
         d = new.__dict__
         d.update(self.__dict__)
@@ -252,22 +191,15 @@ class KeyRow:
     def to_row(self) -> dict[str, Any]:
         """The row as a dict of the rows table's columns."""
         return {
-            "computation": self.computation,
-            "interval": self.interval,
-            "key": self.key,
-            "state": None if self.state is None else bytes(self.state),
-            "codec": self.codec,
+            "computation": self.computation, "interval": self.interval, "key": self.key,
+            "state": None if self.state is None else bytes(self.state), "codec": self.codec,
             "timers": [t.to_row() for t in sorted(self.timers)],
             "next_event_timer_ms": self.next_event_timer_ms,
             "next_processing_timer_ms": self.next_processing_timer_ms,
             "record_ids": [s.to_row() for s in self.record_ids],
-            "pending": [p.to_row() for p in self.pending],
-            "watermark_hold_ms": self.watermark_hold_ms,
-            "sequencer": self.sequencer,
-            "commit_id": self.commit_id,
-            "updated_ms": self.updated_ms,
-            "format_version": self.format_version,
-            "timer_seq": self.timer_seq,
+            "pending": [p.to_row() for p in self.pending], "watermark_hold_ms": self.watermark_hold_ms,
+            "sequencer": self.sequencer, "commit_id": self.commit_id, "updated_ms": self.updated_ms,
+            "format_version": self.format_version, "timer_seq": self.timer_seq,
         }
 
     @staticmethod
@@ -275,18 +207,13 @@ class KeyRow:
         """The row of a Spark ``Row`` or a mapping of the rows table's columns."""
         d = r.asDict(recursive=True) if hasattr(r, "asDict") else dict(r)
         return KeyRow(
-            computation=str(d["computation"]),
-            key=str(d["key"]),
-            interval=int(d["interval"]),
-            state=None if d.get("state") is None else bytes(d["state"]),
-            codec=str(d.get("codec") or "json"),
+            computation=str(d["computation"]), key=str(d["key"]), interval=int(d["interval"]),
+            state=None if d.get("state") is None else bytes(d["state"]), codec=str(d.get("codec") or "json"),
             timers=tuple(sorted(Timer.from_row(t) for t in (d.get("timers") or ()))),
             record_ids=tuple(SeenId.from_row(s) for s in (d.get("record_ids") or ())),
             pending=tuple(Production.from_row(p) for p in (d.get("pending") or ())),
-            watermark_hold_ms=d.get("watermark_hold_ms"),
-            sequencer=int(d.get("sequencer") or 0),
-            commit_id=str(d.get("commit_id") or ""),
-            updated_ms=int(d.get("updated_ms") or 0),
+            watermark_hold_ms=d.get("watermark_hold_ms"), sequencer=int(d.get("sequencer") or 0),
+            commit_id=str(d.get("commit_id") or ""), updated_ms=int(d.get("updated_ms") or 0),
             format_version=int(d.get("format_version") or ROW_FORMAT_VERSION),
             timer_seq=int(d.get("timer_seq") or 0),  # null: a row written before migration 4
         )
@@ -299,10 +226,8 @@ def validate_key(key: object) -> str:
     'q1'
     """
     if not isinstance(key, str):
-        raise BadRecordError(
-            f"key must be a non-empty str, got {type(key).__name__} {key!r}; "
-            "convert it in the key extractor (e.g. str(x))"
-        )
+        raise BadRecordError(f"key must be a non-empty str, got {type(key).__name__} {key!r}; "
+                             "convert it in the key extractor (e.g. str(x))")
     if key == "":
         raise BadRecordError("key must be a non-empty str, got ''; fix the key extractor")
     if key.startswith("\x00"):
@@ -315,8 +240,6 @@ def validate_key(key: object) -> str:
 def interval_of(key: str, num_intervals: int) -> int:
     """The key interval of ``key``: CRC-32 of its UTF-8 bytes modulo ``num_intervals``.
 
-    Spark computes the same value with ``pmod(crc32(key), num_intervals)``.
-
     >>> interval_of("q000001", 8) == interval_of("q000001", 8)
     True
     """
@@ -324,12 +247,11 @@ def interval_of(key: str, num_intervals: int) -> int:
 
 
 #: The hash of a key's UTF-8 bytes that :func:`interval_of` takes modulo the number of intervals
-#: (for callers hashing many keys at once from bytes).
 key_hash = zlib.crc32
 
 
 def rows_schema_ddl() -> str:
-    """The rows table's columns as a Spark DDL string (used by the migrations)."""
+    """The rows table's columns as a Spark DDL string."""
     return (
         "computation STRING NOT NULL, interval INT NOT NULL, key STRING NOT NULL, "
         "state BINARY, codec STRING, "
@@ -351,8 +273,3 @@ def rows_file_ddl() -> str:
 def is_user_key(key: str) -> bool:
     """Whether ``key`` is a user's key (not a fence row's nor a record-ids row's)."""
     return not key.startswith(RESERVED_PREFIX)
-
-
-def iter_user_rows(rows: Iterable[KeyRow]) -> Iterable[KeyRow]:
-    """Rows without the fence rows and the record-ids rows."""
-    return (r for r in rows if is_user_key(r.key))

@@ -1,34 +1,16 @@
 """Reads and fenced, atomic commits of the single-row-per-key table.
 
-:class:`RowStore` makes the fenced MERGE commits of the rows table (the MERGE
-write path, ``writepath/merge/``, and the fences and claims of every path); the
-image write path (``writepath/image/``) commits whole interval files. Every
-writer of the rows table lives in this package. A commit takes
-the new images of any number of keys of one computation (plus deletions) and
-lands them in **one** Delta transaction together with the fence rows of the
-touched intervals (see ``fencing.py``), or not at all.
-
 Commit protocol (one call of :meth:`RowStore.commit`):
 
-1. Validate every row (key, interval, codec, state size) and that a
-   sequencer is held for each touched interval; bad input raises before any
-   I/O.
-2. Check the leases are still valid (the ``lease_check`` hook); a lost or
-   suspended lease stops here.
-3. Build the MERGE source: changed rows, deletions, and one fence row per
-   touched interval, all carrying this writer's sequencer.
-4. Run the fenced MERGE with the commit metadata (writer, sequencers,
-   commit id) as the Delta commit's ``userMetadata``: where the store's files are reachable from
-   Python, evaluated in Python over the partitions' files and committed as Delta's MERGE commits
-   (``filecommit.py``: no Spark job); else Delta's MERGE.
-5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a
-   concurrent commit on the same partitions is retried (up to
-   ``conflict_retries``) and raises :class:`CommitConflictError` when
-   retries run out. On success return a :class:`CommitResult`.
+1. Validate every row and that a sequencer is held for each touched interval, before any I/O.
+2. Check the leases are still valid (the ``lease_check`` hook).
+3. Build the MERGE source: changed rows, deletions, one fence row per touched interval.
+4. Run the fenced MERGE with the commit metadata as ``userMetadata``: in Python over the files
+   where they are reachable (``filecommit.py``), else Delta's MERGE.
+5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a conflict is retried
+   up to ``conflict_retries``, then raises :class:`CommitConflictError`.
 
-Over 500 lines: the reads of the fence rows (Spark, and pyarrow where the files are reachable)
-sit beside the commits whose invariants they read; split, both halves would share the fence
-layout's private helpers.
+Over 500 lines: the fence-row reads sit beside the commits whose invariants they read.
 """
 
 from __future__ import annotations
@@ -50,13 +32,7 @@ from ..delta.jvm import jframe, jsession, require_classic_session
 from ..delta.log import read_snapshot
 from ..delta.maintenance import note_merge
 from ..delta.storefs import TableFiles, background_uploads, table_files
-from ..delta.txn import (
-    TableLog,
-    decode_path,
-    new_add,
-    partition_file_name,
-    write_file,
-)
+from ..delta.txn import TableLog, decode_path, new_add, partition_file_name, write_file
 from ..exceptions import (
     BadRecordError,
     CommitConflictError,
@@ -70,15 +46,7 @@ from .fencing import REPLACE_FILES_OP, merge_sql, translate_commit_error
 from .filecommit import merge_files
 from .filescan import interval_rows
 from .frames import arrow_schema, local_frame
-from .rows import (
-    FENCE_KEY,
-    KeyRow,
-    interval_of,
-    is_user_key,
-    rows_file_ddl,
-    rows_schema_ddl,
-    validate_key,
-)
+from .rows import FENCE_KEY, KeyRow, interval_of, is_user_key, rows_file_ddl, rows_schema_ddl, validate_key
 
 __all__ = ["RowStore", "CommitResult", "StoreStats", "COMMIT_META_VERSION"]
 
@@ -89,7 +57,7 @@ _view_ids = itertools.count()
 
 @dataclass
 class StoreStats:
-    """Counters of storage traffic (what the Bloom filter and cache save)."""
+    """Counters of storage traffic."""
 
     key_lookups: int = 0
     keys_read: int = 0
@@ -111,18 +79,11 @@ class CommitResult:
     duration_s: float
     dry_run: bool = False
     plan: Sequence[str] = field(default_factory=tuple)
-    images: Sequence[KeyRow] = field(default_factory=tuple, compare=False, repr=False)  # the rows as written
+    images: Sequence[KeyRow] = field(default_factory=tuple, compare=False, repr=False)
 
 
 class RowStore:
-    """The rows table of one store, written under sequencers.
-
-    Args:
-        spark: a SparkSession with Delta (a private child session is used, so
-            the commit metadata set here never leaks into the caller's session).
-        layout: where the store is; it must have been migrated.
-        writer: a name for this job instance, recorded in every commit.
-    """
+    """The rows table of one (migrated) store, written under sequencers; ``writer`` names the commits."""
 
     def __init__(
         self,
@@ -145,18 +106,14 @@ class RowStore:
         self.fence_retries = fence_retries
         self.stats = StoreStats()
         self._lock = threading.Lock()
-        self._schema = None
-        self._row_files: TableFiles | None = None  # the rows table's files, if reachable from Python
+        self._row_files: TableFiles | None = None
         self._row_files_known = False
 
     def table_id(self) -> str:
-        """The rows table's Delta table id: the store's identity (fixed when it was created)."""
+        """The rows table's Delta table id: the store's identity."""
         return TableLog(self._spark, self.layout.rows).table_id()
 
-    # ------------------------------------------------------------------ reads
-
     def _files(self) -> TableFiles | None:
-        """The rows table's files where Python reaches them (None: only Spark does)."""
         if not self._row_files_known:
             self._row_files, self._row_files_known = table_files(self._spark, self.layout.rows), True
         return self._row_files
@@ -183,9 +140,7 @@ class RowStore:
         return {r.key: r for r in self._collect(df)}
 
     def scan_intervals(self, computation: str, intervals: Iterable[int], *, include_fences: bool = False) -> list[KeyRow]:
-        """Every row of the given intervals (the recovery scan reads this) but the record-ids rows
-        of the image path's ids files; ``include_fences``: with the fence rows. Read in Python
-        where the store's files are reachable (``filescan.py``: no Spark job), else by Spark."""
+        """Every user row of ``intervals`` (and the fence rows if ``include_fences``)."""
         from pyspark.sql import functions as F
 
         self.stats.interval_scans += 1
@@ -197,12 +152,7 @@ class RowStore:
         return [r for r in rows if is_user_key(r.key) or (include_fences and r.is_fence)]
 
     def fences(self, computation: str) -> dict[int, int]:
-        """interval -> sequencer of the fence rows of a computation.
-
-        Where the store's files are reachable from Python (a local folder, ``s3a://``) the log is
-        replayed and the fence rows read from the computation's files with pyarrow (no Spark job:
-        every start asks this once); a file with a deletion vector (rows deleted by a MERGE) sends
-        the question to Spark, which applies it."""
+        """interval -> greatest fence-row sequencer of a computation (read in Python where it can)."""
         quick = self._fences_from_files(computation)
         if quick is not None:
             return quick
@@ -214,7 +164,6 @@ class RowStore:
                 df.groupBy("interval").agg(F.max("sequencer").alias("s")).collect()}
 
     def _fences_from_files(self, computation: str) -> dict[int, int] | None:
-        """:meth:`fences` read in Python, or None where only Spark can answer exactly."""
         import pyarrow.compute as pc
 
         found = self._fence_rows_from_files(computation, "sequencer")
@@ -227,9 +176,7 @@ class RowStore:
         return out
 
     def _fence_rows_from_files(self, computation: str, column: str) -> list[tuple[int, Any]] | None:
-        """(interval, ``column`` of its fence rows as a pyarrow table) per file of ``computation``
-        holding one, read in Python (the rows a file's deletion vector leaves live); None where only
-        Spark can answer (not reachable from Python)."""
+        """(interval, ``column`` of its live fence rows) per file of ``computation``; None: Spark only."""
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
@@ -245,7 +192,7 @@ class RowStore:
             if pv.get("computation") != computation:
                 continue
             rel = decode_path(str(add["path"]))
-            if add.get("deletionVector"):  # a file a MERGE marked rows of: its live rows only
+            if add.get("deletionVector"):
                 table = live_table(files, rel, dict(add["deletionVector"]), columns=["key", column])
                 table = table.filter(pc.equal(table["key"], FENCE_KEY))
             elif files.is_local:  # the key column's statistics skip row groups without a fence row
@@ -258,9 +205,7 @@ class RowStore:
         return out
 
     def input_files(self, computation: str) -> dict[int, frozenset[str]]:
-        """interval -> the input files committed for it (the union of its fence rows' sets,
-        ``inputfiles.py``); intervals without any are absent. Read in Python where the files are
-        reachable (as :meth:`fences`: every start of an instance sharing intervals asks it)."""
+        """interval -> the input files committed for it (``inputfiles.py``); none: absent."""
         from pyspark.sql import functions as F
 
         found = self._fence_rows_from_files(computation, "state")
@@ -283,32 +228,14 @@ class RowStore:
         """Raise :class:`StaleSequencerError` if a fence row carries a greater sequencer than ours."""
         raise_if_fenced(computation, self.fences(computation), sequencers)
 
-    # ----------------------------------------------------------------- writes
-
     def fence(self, computation: str, sequencers: Mapping[int, int], *, claim_only: bool = False,
               check: bool = True) -> CommitResult:
         """The takeover commit: move the fence rows of ``sequencers``' intervals to the new sequencers.
 
-        Fails with :class:`StaleSequencerError` if a fence already carries a
-        greater sequencer (an even newer owner exists). Conflicts with a racing
-        old owner are retried: the fence must land before the new owner reads.
-
-        Two phases on local stores. A MERGE needs a second or more between its
-        snapshot and its commit, and an old owner committing in a tight loop can
-        win every race for that long. So the new owner first *claims* the
-        intervals: a Delta transaction that only adds one fence row per interval
-        (a Parquet file written here) with the partitions recorded as read —
-        milliseconds between snapshot and commit. Once a claim landed, every
-        MERGE of the old owner fails: one that read before the claim conflicts
-        with it, one that reads after meets the newer fence row. The MERGE fence
-        then runs unopposed and brings every fence row of the interval to the
-        new sequencer.
-
-        ``claim_only`` (stores whose files Python writes: local, ``s3a://``): stop after the claim and check that no fence carries a
-        greater sequencer. Enough for writers that take the maximum fence row of an interval
-        and rewrite its whole partition (the image write path drops the older fence row on
-        its first write); the MERGE fence costs seconds. ``check=False`` leaves that check to
-        the caller (the image path makes it from the images it reads anyway).
+        Raises :class:`StaleSequencerError` if a fence carries a greater sequencer. Where Python
+        writes the files, a quick *claim* commit (a fence row per interval) goes first, so an old
+        owner in a tight loop cannot win every race. ``claim_only``: stop after it; ``check=False``
+        leaves the fence check to the caller.
         """
         validate_name("computation", computation)
         files = table_files(self._spark, self.layout.rows) if sequencers else None
@@ -327,9 +254,9 @@ class RowStore:
 
         now = self.clock.now_ms()
         commit_id = f"{self.writer}:{now}:claim:{next(_view_ids)}"
-        schema = arrow_schema(rows_file_ddl())  # parsed once per process (a JVM round trip)
+        schema = arrow_schema(rows_file_ddl())
         adds = []
-        with background_uploads():  # on S3 the PUTs run side by side; the commit below waits for all
+        with background_uploads():
             for iv, seq in sorted(sequencers.items()):
                 row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
                 rel = partition_file_name(computation, iv, "claim")
@@ -369,9 +296,7 @@ class RowStore:
     ) -> CommitResult:
         """Write ``rows`` (new images) and ``deletes`` ((interval, key) pairs) in one fenced transaction.
 
-        ``meta``: more entries for the commit's metadata (a tool's commit names the tool).
-        ``input_sets``: interval -> its input-file set *replacing* the stored one (``inputfiles.py``;
-        every other commit only adds to a set): gc's pruning, under the leases of those intervals.
+        ``input_sets``: interval -> its input-file set *replacing* the stored one (gc's pruning).
 
         Raises:
             BadRecordError / StateTooLargeError: a row is invalid (nothing written).
@@ -409,7 +334,7 @@ class RowStore:
         src += [KeyRow(computation, FENCE_KEY, iv, state=sets.get(iv), sequencer=sequencers[iv], commit_id=commit_id,
                        updated_ms=now).to_row() | {"_op": REPLACE_FILES_OP if iv in sets else "upsert"}
                 for iv in touched]
-        if kind == "fence":  # an acquisition reads no input: replay starts from or across it
+        if kind == "fence":  # an acquisition reads no input
             meta = {**inputfiles.no_input_entry(), **(meta or {})}
         res = self._commit_source(computation, src, None, sequencers=sequencers, touched=touched,
                                   commit_id=commit_id, kind=kind, lease_check=lease_check,
@@ -423,12 +348,8 @@ class RowStore:
                      meta: Mapping[str, Any] | None = None, input_files: Sequence[str] = ()) -> CommitResult:
         """Like :meth:`commit`, but the new row images are a Spark DataFrame.
 
-        ``frame`` has the rows table's columns plus ``_op`` ('upsert' / 'delete');
-        it must already be validated (the executor's tasks validate rows) and
-        materialized (it is read once per attempt). The fence rows of
-        ``intervals`` are added here, carrying ``sequencers``. ``meta``: more entries for the
-        commit's metadata (the executor records the watermark the batch acted on).
-        ``input_files``: the batch's input files, added to each fence row's set (``inputfiles.py``).
+        ``frame`` (columns plus ``_op``) is validated and materialized; fence rows of ``intervals``
+        are added here.
         """
         validate_name("computation", computation)
         for iv in intervals:
@@ -461,7 +382,7 @@ class RowStore:
                 if lease_check is not None:
                     lease_check()
                 try:
-                    if frame is None and (files := self._files()) is not None:  # the MERGE evaluated in Python
+                    if frame is None and (files := self._files()) is not None:
                         merge_files(TableLog(self._spark, self.layout.rows), files, src, computation=computation,
                                     intervals=touched, meta=info)
                     else:
@@ -476,7 +397,6 @@ class RowStore:
                         self.stats.conflicts += 1
                         limit = self.conflict_retries if conflict_retries is None else conflict_retries
                         if attempts <= limit:
-                            # jittered backoff, so a writer that keeps losing the race gets through
                             time.sleep(random.uniform(0.02, 0.05 * min(attempts, 8)))
                             continue
                     raise err from None
@@ -485,16 +405,13 @@ class RowStore:
                             sequencers={iv: sequencers[iv] for iv in touched}, rows_written=n_rows,
                             rows_deleted=n_deletes, attempts=attempts, duration_s=time.monotonic() - started)
 
-    # -------------------------------------------------------------- internals
-
     def _merge(self, src: list[dict[str, Any]], computation: str, intervals: Sequence[int], meta: str,
                *, frame: Any = None) -> None:
         # Phase 4: one MERGE = one Delta transaction, metadata attached.
         view = f"dw_src_{next(_view_ids)}"
         df = local_frame(self._spark, src, _SOURCE_DDL)
         if frame is not None:
-            # The frame may belong to the caller's session; re-home it in ours (JVM side, no Python hop).
-            from pyspark.sql import DataFrame
+            from pyspark.sql import DataFrame  # re-home the caller's frame in our session
 
             jdf = jframe(frame.select(*df.columns))
             moved = DataFrame(jsession(self._spark).createDataFrame(jdf.javaRDD(), jdf.schema()), self._spark)
@@ -504,7 +421,7 @@ class RowStore:
         conf.set("spark.databricks.delta.commitInfo.userMetadata", meta)
         try:
             self._spark.sql(merge_sql(self.layout.rows, view, computation=computation, intervals=intervals))
-            note_merge(self._spark, self.layout.rows)  # its log checkpoint, if due: in the background
+            note_merge(self._spark, self.layout.rows)
         finally:
             conf.unset("spark.databricks.delta.commitInfo.userMetadata")
             self._spark.catalog.dropTempView(view)
@@ -543,8 +460,7 @@ class RowStore:
 
 
 def raise_if_fenced(computation: str, fences: Mapping[int, int], sequencers: Mapping[int, int]) -> None:
-    """Raise :class:`StaleSequencerError` if ``fences`` (interval -> greatest fence-row sequencer)
-    holds a greater sequencer than this writer's ``sequencers`` for one of its intervals."""
+    """Raise :class:`StaleSequencerError` if ``fences`` holds a greater sequencer than ``sequencers``."""
     for iv, seq in sorted(sequencers.items()):
         if fences.get(iv, seq) > seq:
             raise StaleSequencerError(

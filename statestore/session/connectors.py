@@ -1,17 +1,4 @@
-"""Spark's Kafka connector jars, fetched once from Maven Central into a per-user cache.
-
-pyspark does not ship Spark's Kafka source (``spark-sql-kafka-0-10``). :data:`kafka_connector_jars`
-names it at pyspark's own version with the jars it needs that pyspark's ``jars`` folder lacks
-(``mvn dependency:tree`` on ``org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0``: the token
-provider, ``kafka-clients`` and ``commons-pool2``; Scala, lz4, snappy, zstd, slf4j and the Hadoop
-client come with pyspark): 9 MiB. :func:`ensure_kafka_jars` fetches them (checked against Maven
-Central's SHA-1 files) into ``<kafka jars dir>/spark-<version>``, and
-:func:`~deltawheel.statestore.session.sparkenv.build_spark` puts them on the session's classpath when
-they are there (``SparkSettings(kafka=True)`` fetches them first). A session of your own gets them
-the way Spark documents it: ``.config("spark.jars.packages",
-"org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>")``, or ``spark.jars`` with
-:func:`ensure_kafka_jars`'s paths.
-"""
+"""Spark's Kafka connector jars (pyspark ships none), fetched once from Maven Central into a cache."""
 
 from __future__ import annotations
 
@@ -28,7 +15,7 @@ KAFKA_CLIENTS_VERSION = "3.9.2"
 
 
 def default_kafka_jars_dir() -> Path:
-    """Where Kafka jars are cached: ``$DELTAWHEEL_KAFKA_JARS_DIR`` or ``~/.cache/deltawheel/kafka-jars``."""
+    """Where Kafka jars are cached (``$DELTAWHEEL_KAFKA_JARS_DIR``, or in ``~/.cache``)."""
     env = os.environ.get("DELTAWHEEL_KAFKA_JARS_DIR")
     return Path(env) if env else Path.home() / ".cache" / "deltawheel" / "kafka-jars"
 

@@ -1,14 +1,4 @@
-"""Building a SparkSession with Delta Lake, in one place.
-
-Delta's jars are not inside the ``delta-spark`` wheel. :func:`~deltawheel.statestore.jars.ensure_delta_jars`
-downloads the pinned jars once from Maven Central into a cache folder (falling
-back to ``mvn dependency:copy``), and :func:`build_spark` passes them with
-``spark.jars``, so session start never resolves dependencies over the network.
-Nothing else in deltawheel creates a session: everything takes ``spark`` as a
-parameter. The executor builds its sessions through ``deltawheel.executor.session``, which adds
-its Python worker daemon (``SparkSettings.python_daemon``); :func:`check_session` checks a
-session someone else built.
-"""
+"""Building a SparkSession with Delta Lake from cached jars; :func:`check_session` checks another's."""
 
 from __future__ import annotations
 
@@ -33,14 +23,7 @@ _LOG_STORE_SOURCE = Path(__file__).parent / "ExclusiveLocalLogStore.java"
 
 
 def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
-    """The jar of deltawheel's Delta log store for local paths, compiled once
-    (:func:`~deltawheel.statestore.jars.compile_jar`).
-
-    ``ExclusiveLocalLogStore.java`` (beside this file) makes each commit file with a hard link, so two
-    processes can never both commit one version of a table (Delta's local stores check,
-    then rename, under a lock of one JVM only). Returns None (with a warning) when no ``javac`` is
-    installed.
-    """
+    """The jar of deltawheel's local Delta log store (exclusive across processes); None without javac."""
     return compile_jar(_LOG_STORE_SOURCE, jars_dir, quiet=quiet)
 
 
@@ -54,20 +37,14 @@ class SparkSettings:
     driver_memory: str = "2g"
     log_level: str = "ERROR"
     hive_support: bool = False
-    # the S3A jars (hadoop-aws + AWS SDK modules) on the classpath: True fetches them if missing,
-    # None adds them when they are in the cache (``./dw setup`` puts them there), False leaves them out
+    # the S3A jars / Spark's Kafka connector: True fetches them if missing, None adds them when
+    # cached, False leaves them out
     object_store: bool | None = None
-    # Spark's Kafka connector on the classpath (statestore/session/connectors.py): True fetches it if
-    # missing, None adds it when it is in the cache (``./dw setup`` puts it there), False leaves it out
     kafka: bool | None = None
-    # the module Spark's Python workers fork from (``spark.python.daemon.module``); None leaves
-    # Spark's own. The executor gives its preloading daemon (``deltawheel.executor.session``)
-    python_daemon: str | None = None
+    python_daemon: str | None = None  # ``spark.python.daemon.module``; None: Spark's own
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
-# Spark 4.2 moved the checkpoint file managers to ...streaming.checkpointing (the old name fails every
-# streaming query with CANNOT_LOAD_CHECKPOINT_FILE_MANAGER)
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
@@ -97,8 +74,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
     """Create (or return the running) SparkSession with Delta Lake configured.
 
     Raises:
-        SparkConnectSessionError: ``SPARK_REMOTE`` is set, so pyspark would build a Spark Connect
-            session, which deltawheel cannot run on.
+        SparkConnectSessionError: ``SPARK_REMOTE`` is set (a Spark Connect session).
         JavaMissingError: no ``java`` to start Spark with.
         JarFetchError: a jar could not be fetched or compiled.
     """
@@ -133,33 +109,18 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.databricks.delta.snapshotPartitions", "2")
-        # Delta's checksum (.crc) file per commit stays on: delta/txn.py commits as WRITE, so Delta
-        # derives it in memory (no Spark job, ~25 ms to write), and a table loaded from disk
-        # takes it from the file instead of rebuilding the table state at its first commit in
-        # a session (6 s on a cold session for the demo's rows table). No file list inside it:
-        # when any of the session, JVM or system time zones is not UTC, Delta (4.0 to 4.4) verifies
-        # that list against a full state reconstruction at every commit. Re-checked on Delta 4.4.0 /
-        # Spark 4.2.0 with the session time zone Europe/Berlin: 2,390 ms per commit with the list,
-        # 105 ms without (docs/performance.md, "Delta commit cost").
+        # no file list in the .crc: outside UTC Delta verifies it at every commit (docs/performance.md)
         .config("spark.databricks.delta.allFilesInCrc.enabled", "false")
-        # VACUUM lists the table folder in this many tasks (default 10,000: 30-90 s per VACUUM
-        # of even an empty table on 2 cores, which made the GC pass take minutes). Re-checked on
-        # Delta 4.4.0 / Spark 4.2.0: VACUUM of a small table 66.5 s with the default, 7.5 s with 8
-        # (docs/performance.md, "Commit files and streaming checkpoint files")
+        # VACUUM lists the table folder in this many tasks (the default 10,000 is slow)
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                 str(max(8, settings.shuffle_partitions)))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        # streaming checkpoint files (offsets, commits, the file source's log) through Hadoop's
-        # FileSystem API: Spark still picks the FileContext-based manager for local paths, which
-        # cost ~0.1 s per file on Spark 4.0 (per trigger of a benchmark query: offset log
-        # 115 -> 26 ms, commit log 123 -> 23 ms, source listing 145 -> 30 ms); re-checked on Spark
-        # 4.2.0: 26 ms vs 59 ms per file (create, close, list; docs/performance.md, "Commit files
-        # and streaming checkpoint files"). Exactly-once does not rest on these files' atomicity: a replayed
-        # batch is deduplicated and a second writer is fenced (docs/fencing.md)
+        # streaming checkpoint files through Hadoop's FileSystem API, faster than FileContext
+        # (docs/performance.md); exactly-once does not rest on their atomicity (docs/fencing.md)
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
     )
-    if settings.python_daemon is not None:  # workers forked with the caller's modules imported
+    if settings.python_daemon is not None:
         builder = builder.config("spark.python.daemon.module", settings.python_daemon)
     if store_jar is not None:  # commits to local tables: put-if-absent across processes
         builder = builder.config("spark.delta.logStore.file.impl", LOG_STORE_CLASS)
@@ -167,9 +128,7 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         from ..objectstore.logstore import DIRECT_CHECKPOINT_MANAGER_CLASS, ZK_LOG_STORE_CLASS
 
         builder = builder.config("spark.delta.logStore.s3a.impl", ZK_LOG_STORE_CLASS)
-        # checkpoint files on s3a:// written in place (one PUT), not written and renamed (a copy
-        # and a delete after existence probes): Spark's offset and commit logs, state store files
-        # and Delta's N.crc after every commit; other paths as above (docs/objectstore.md)
+        # checkpoint files on s3a:// written in place, one PUT (docs/objectstore.md)
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", DIRECT_CHECKPOINT_MANAGER_CLASS)
     if settings.hive_support:
         builder = builder.config("spark.sql.catalogImplementation", "hive").config(
@@ -182,15 +141,12 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level)
-    # deltawheel creates no managed tables: the (empty) warehouse folder goes with the process
     atexit.register(_remove_if_empty, warehouse)
     return spark
 
 
 def setup_jars(*, object_store: bool = False, quiet: bool = False) -> list[Path]:
-    """Fetch and build every jar into the per-user cache now rather than at first use (``deltawheel
-    setup``): the Delta jars and the local log store, with ``object_store`` the S3A and S3Proxy jars
-    and the object-store log store too. Returns the jars in place.
+    """Fetch and build every jar (``object_store``: its jars too) into the cache now; returns them.
 
     Raises:
         JarFetchError: a jar could not be fetched or compiled.
@@ -216,8 +172,7 @@ def _conf(spark: Any, key: str) -> str | None:
 
 
 def session_settings(store: str) -> dict[str, str]:
-    """The settings a session needs for a store at ``store`` (a local folder or URI): Delta's
-    extension and catalog, and the log store of the store's scheme (local folders, ``s3a://``).
+    """The settings a session needs for a store at ``store`` (a local folder or URI).
 
     >>> sorted(session_settings("s3a://bucket/store"))
     ['spark.delta.logStore.s3a.impl', 'spark.sql.catalog.spark_catalog', 'spark.sql.extensions']
@@ -235,8 +190,7 @@ def session_settings(store: str) -> dict[str, str]:
 
 
 def missing_settings(have: Mapping[str, str | None], store: str) -> list[str]:
-    """``key=value (it is ...)`` for each of :func:`session_settings` that ``have`` lacks (a
-    comma-separated setting such as ``spark.sql.extensions`` needs the value among its items).
+    """``key=value (it is ...)`` for each of :func:`session_settings` that ``have`` lacks.
 
     >>> missing_settings({"spark.sql.extensions": "a.B"}, "s3a://b/s")[0]
     'spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension (it is a.B)'
@@ -281,10 +235,9 @@ def _object_store_jars(wanted: bool | None) -> list[Path]:
     jars = ensure_s3a_jars() if wanted else s3a_jars_present()
     if not jars:
         return []
-    # both compiled by javac (None without one): build_spark names both classes in the session
     store = ensure_zk_log_store_jar()
     manager = ensure_checkpoint_manager_jar() if store is not None else None
-    if store is None or manager is None:  # no javac: object-store tables are left out rather than committed unsafely
+    if store is None or manager is None:  # no javac: no object-store tables rather than unsafe commits
         if wanted:
             raise JarFetchError("object-store tables need deltawheel's log store for s3a://, compiled with javac: "
                                 "install a JDK (17+) or build the session with SparkSettings(object_store=None)")
@@ -302,14 +255,13 @@ def _kafka_jars(wanted: bool | None) -> list[Path]:
 
 
 def _object_store_conf() -> dict[str, str]:
-    """S3A settings for every bucket from ``$DELTAWHEEL_S3_ENDPOINT`` and its keys, and the
-    object-store log store's ZooKeeper from ``$DELTAWHEEL_ZK`` (none of them if unset)."""
+    """S3A settings from ``$DELTAWHEEL_S3_ENDPOINT``, the log store's ZooKeeper from ``$DELTAWHEEL_ZK``."""
     from ..objectstore.logstore import log_store_settings
     from ..objectstore.s3a import endpoint_from_env, spark_conf
 
     endpoint = endpoint_from_env()
     conf = spark_conf(endpoint) if endpoint is not None else {}
-    zk = os.environ.get("DELTAWHEEL_ZK")  # the CLI's ZooKeeper setting arbitrates s3a commits too
+    zk = os.environ.get("DELTAWHEEL_ZK")
     if zk:
         chroot = os.environ.get("DELTAWHEEL_ZK_CHROOT", "/deltawheel")
         digest = os.environ.get("DELTAWHEEL_ZK_DIGEST") or None

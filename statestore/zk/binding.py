@@ -1,21 +1,7 @@
 """Which store a pipeline's ZooKeeper state belongs to.
 
-Leases, sequencers and watermarks live in ZooKeeper under
-``/pipelines/{pipeline}``; rows, fences and streams live in the store. The two
-only make sense together: a fresh store run against ZooKeeper state left by
-another store of the same pipeline name would inherit its watermarks (every
-record late, nothing emitted) and its sequencers. So the first writer of a
-pipeline records its store in ``/pipelines/{pipeline}/store`` — the rows
-table's Delta table id, fixed when the store is created, and the store's root
-for the message — and every later writer checks it before taking a lease.
-Copies of one store (same table id) may share the state; another store may not.
-
-ZooKeeper SUSPENDED / LOST: the check is one create-or-read before any lease
-is taken; a connection error propagates (kazoo's), nothing is half-written
-(the znode is created whole or not at all). A binding deleted between the
-create that found it and the read (a start that found ZooKeeper's state lost
-deletes the binding it had just created, ``ownership/owner.py``) is created again: the
-binding is never read as missing while it is being replaced.
+The first writer records its rows table id in ``/pipelines/{p}/store``; every later writer checks
+it before taking a lease. ZooKeeper SUSPENDED / LOST: one create-or-read, kazoo's error propagates.
 """
 
 from __future__ import annotations
@@ -42,16 +28,7 @@ def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str,
                on_exists: Callable[[], None] | None = None) -> bool:
     """Record ``table_id`` as the store of ``pipeline``, or check that it is the one recorded.
 
-    Returns True when this call recorded it (the pipeline's first writer, or the first after the
-    binding was deleted: create and read are repeated until one of them finds it).
-
-    Args:
-        client: a started client (paths below its chroot).
-        pipeline: the pipeline's name.
-        table_id: the rows table's Delta table id.
-        root: the store's root (shown in messages).
-        on_exists: called when the create found the binding, before it is read (tests drive the
-            race with a concurrent delete through it).
+    Returns True when this call recorded it; ``on_exists``: called before a found binding is read.
 
     Raises:
         StoreMismatchError: the pipeline's ZooKeeper state belongs to another store.
@@ -71,7 +48,7 @@ def bind_store(client: KazooClient, pipeline: str, *, table_id: str, root: str,
             data, _ = client.get(path)
             break
         except NoNodeError:
-            continue  # deleted since the create found it: create it (or read the next one)
+            continue  # deleted since the create found it
     try:
         held = json.loads(data.decode("utf-8"))
         other, other_root = str(held["rows_table_id"]), str(held.get("root", "?"))

@@ -1,9 +1,6 @@
 """Connecting to ZooKeeper: a started :class:`KazooClient` with chroot and digest auth.
 
-kazoo reconnects on its own after a dropped connection (state SUSPENDED, then
-CONNECTED again); if the session expired meanwhile (state LOST) it opens a new
-session. Code holding ephemeral znodes, such as :mod:`.leases`, must listen to
-those transitions; this module only builds the client.
+kazoo reconnects on its own (SUSPENDED, then CONNECTED; a new session after LOST).
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ from ..exceptions import LeaseLostError, LeaseSuspendedError, ZooKeeperServerErr
 
 __all__ = ["connect", "digest_acls", "zk_errors"]
 
-# Retry the TCP connection forever, quickly: a short outage must end in a reconnect
-# (SUSPENDED -> CONNECTED) well within the session timeout.
+# retry forever, quickly: a short outage must reconnect well within the session timeout
 _CONNECTION_RETRY: dict[str, Any] = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0}
 
 
@@ -48,24 +44,14 @@ def _start(hosts: str, cfg: ZkConfig, timeout_s: float) -> KazooClient:
 
 
 def connect(cfg: ZkConfig, *, timeout_s: float = 15.0) -> KazooClient:
-    """Return a started client whose paths are relative to ``cfg.chroot``.
-
-    The chroot znode is created first (with a short-lived root client) when it
-    is missing. With ``cfg.digest`` set, the client authenticates with it.
-
-    Args:
-        cfg: where ZooKeeper is and how to talk to it.
-        timeout_s: how long to wait for the first connection.
+    """Return a started client whose paths are relative to ``cfg.chroot`` (created when missing).
 
     Raises:
         ZooKeeperServerError: no server answered within ``timeout_s``.
     """
     client = _start(cfg.hosts, cfg, timeout_s)
     if cfg.chroot != "/":
-        # one session: the chroot is made with paths from the root, then the client's chroot is set.
-        # kazoo prefixes every request's path with ``client.chroot`` when it is sent (and strips it
-        # from watch events), so setting it before any request below it or watch is the same as
-        # connecting to ``hosts + chroot``; a second session only for this took ~0.05 s of a start
+        # one session: make the chroot from the root, then set it (kazoo applies it per request)
         try:
             client.ensure_path(cfg.chroot)
         except BaseException:
@@ -94,8 +80,7 @@ def digest_acls(cfg: ZkConfig) -> list[ACL] | None:
 
 @contextmanager
 def zk_errors(what: str, *, expired: str, lost: str) -> Iterator[None]:
-    """Translate kazoo's session errors: an expired session -> :class:`LeaseLostError`, a lost
-    connection -> :class:`LeaseSuspendedError`; the messages are ``what`` and the hint given."""
+    """Translate an expired session to :class:`LeaseLostError`, a lost connection to LeaseSuspendedError."""
     try:
         yield
     except SessionExpiredError as exc:

@@ -1,41 +1,16 @@
 """One grant of a key interval: its payload, its znodes, and the two transactions that make it.
 
-ZooKeeper SUSPENDED / LOST: :func:`take_interval` and :func:`prune_grants` make plain kazoo
-calls; the caller translates their errors (:class:`~.leases.LeaseManager`: a dropped connection
-becomes :class:`LeaseSuspendedError`, an expired session :class:`LeaseLostError`). The owner
-znode is EPHEMERAL and a grant is believed only when its second transaction succeeds in the
-session that created it, so a grant cut off by a LOST session is never believed, and the end of
-that session deletes its owner znode. Pruning old grant nodes gives up quietly on either state.
+ZooKeeper SUSPENDED / LOST: plain kazoo calls whose errors the caller translates; a grant is
+believed only when its second transaction succeeds in the session that created it.
 
-Znodes: ``intervals/{I}/owner`` (EPHEMERAL) and ``intervals/{I}/grants/g-N``
-(PERSISTENT_SEQUENTIAL); the full layout: docs/operations.md, "Leases".
+Znodes ``intervals/{I}/owner`` (EPHEMERAL) and ``grants/g-N`` (docs/operations.md). Grant protocol:
 
-Grant protocol, in two phases (no window in which two owners both believe they own ``I``):
+1. One transaction creates ``owner`` with a *pending* payload and a sequential grant node
+   (``owner`` existing fails it). The grant node's sequence number is the sequencer: it only grows.
+2. One transaction ``check(grant node, version=0)`` + ``set(owner, grant, version=0)`` writes the
+   sequencer; the grant is believed only if it succeeds *and* ephemeralOwner is our session.
 
-1. One transaction creates ``owner`` with a *pending* payload (no sequencer) and
-   a sequential grant node. ``owner`` already existing fails the whole
-   transaction, so at most one grant per interval is in progress or held. The
-   sequence number ZooKeeper gives the grant node is the sequencer: it comes
-   from the ``grants`` node's cversion, which only grows, so it is greater than
-   every earlier grant's even after old grant nodes were pruned.
-2. One transaction ``check(grant node, version=0)`` + ``set(owner, grant,
-   version=0)`` writes the sequencer into ``owner``. The grant is believed only
-   if it succeeds *and* the returned stat's ephemeralOwner is our session. A
-   version-0 (pending) owner is never deleted by anybody but its creator
-   (``break_lease`` refuses it; session expiry makes phase 2 fail), and the
-   session check catches anything else: then both contenders give up.
-
-A restart of the same job instance (``instance``) replaces a granted owner znode of another
-session carrying its name (``delete(owner, version=1)`` + phase 1's creates, one transaction),
-then phase 2 follows as usual. The new grant's sequencer is greater than the predecessor's, so
-its commits are fenced from the takeover on. A pending owner znode is never taken over
-(docs/fencing.md, "Restarts").
-
-Release is ``check(our grant node, 0)`` + ``delete(owner, version=1)``, and
-``break_lease`` (``lease_tools.py``) deletes the owner together with its grant node, so a late
-release of a broken lease cannot delete the next owner's znode. Leases only
-decide who works on an interval; the sequencer fences every Delta commit, so a
-stale owner can never commit (see ``fencing``).
+A restart of the same instance replaces its granted owner znode in phase 1 (docs/fencing.md).
 """
 
 from __future__ import annotations
@@ -74,8 +49,6 @@ MAX_INTERVAL = 99_999
 @dataclass(frozen=True)
 class LeaseGrant:
     """One grant of a key interval to an owner, with its sequencer.
-
-    ``instance``: the job instance's name, kept across its restarts (None: an unnamed one).
 
     >>> g = LeaseGrant("p", "c", 3, "host-1", 17, 1000, instance="a")
     >>> LeaseGrant.from_payload(g.to_payload()) == g
@@ -162,7 +135,7 @@ def raise_first(results: list[Any]) -> None:
 
 @dataclass(frozen=True)
 class HeldGrant:
-    """A grant this client made: the grant, the session that owns its owner znode, its grant node."""
+    """A grant this client made, with its owner znode's session and its grant node."""
 
     grant: LeaseGrant
     session_id: int
@@ -171,13 +144,10 @@ class HeldGrant:
 
 def take_interval(client: KazooClient, *, pipeline: str, computation: str, interval: int, owner: str,
                   clock: Clock, acls: list[ACL] | None, deadline: float, instance: str | None = None) -> HeldGrant:
-    """Grant ``interval`` to ``owner`` (the two phases above), waiting until ``deadline``
-    (``time.monotonic()``) for another owner to release it. A grant of another session carrying
-    ``instance`` (this job instance's earlier process) is taken over at once instead.
+    """Grant ``interval`` to ``owner``, waiting until ``deadline`` (monotonic) for a release.
 
     Raises:
-        LeaseHeldError: still held by another owner at ``deadline``, or protected by a digest ACL
-            this client lacks.
+        LeaseHeldError: still held by another owner at ``deadline``, or a digest ACL refuses it.
         LeaseLostError: lost while being granted (broken, or the session expired).
         LeaseSuspendedError: not connected to ZooKeeper.
     """
@@ -206,7 +176,7 @@ def take_interval(client: KazooClient, *, pipeline: str, computation: str, inter
                 continue
             if not any(isinstance(r, NoAuthError) for r in taken) \
                     and any(isinstance(r, (NoNodeError, BadVersionError, NodeExistsError)) for r in taken):
-                continue  # the owner znode changed meanwhile (released, or taken by someone else): look again
+                continue  # the owner znode changed meanwhile: look again
             res = taken
         if any(isinstance(r, NoAuthError) for r in res):
             raise LeaseHeldError(f"{what} is protected by a digest ACL this client lacks; "
@@ -230,9 +200,7 @@ def take_interval(client: KazooClient, *, pipeline: str, computation: str, inter
 
 def _take_over(client: KazooClient, owner_path: str, base: str, pending: bytes, *, acls: list[ACL] | None,
                instance: str | None, session_id: int) -> list[Any] | None:
-    """Phase 1 over a grant this job instance's earlier process holds: delete its owner znode and
-    make ours in one transaction. Returns the transaction's results, or None when the owner
-    znode is not such a grant (another instance's, a pending one, or ours): then wait as usual."""
+    """Phase 1 over a grant of this instance's earlier process; None: not such a grant, wait."""
     if instance is None:
         return None
     try:
@@ -284,10 +252,7 @@ def _abandon(client: KazooClient, owner_path: str, session_id: int) -> None:
 
 
 def prune_grants(client: KazooClient, grants_dir: str, *, keep: int, sequencer: int | None = None) -> None:
-    """Delete all but the newest ``keep`` grant nodes of ``grants_dir`` (housekeeping: gives up
-    quietly when the connection drops; the next grant prunes again). ``sequencer``: the newest
-    grant's; below ``keep`` there cannot be more than ``keep`` grant nodes (a sequence number
-    counts every child made or deleted before it), so nothing is listed (a round trip less)."""
+    """Delete all but the newest ``keep`` grant nodes (``sequencer``: the newest one's, to skip early)."""
     if sequencer is not None and sequencer < keep:
         return
     try:

@@ -1,19 +1,7 @@
-"""Hand-over requests: a tool asks the running owner of some intervals to give them back at its
-next batch boundary (``statestore/surgery/``: promote, repair).
+"""Hand-over requests: a tool asks the running owner of some intervals to give them back.
 
-A request is one EPHEMERAL znode per computation, created by the tool's ZooKeeper session::
-
-    /pipelines/{p}/handover/{computation}   {"format_version": 1, "intervals": [...], "tool": ..., "by": ...,
-                                             "requested_ms": ...}
-
-A running instance that holds one of the named intervals looks at it between batches: it settles
-its delivery, gives those leases back, and takes them again once the request is gone (the tool
-deletes it after its commit and after giving the leases back). Connection states: the znode ends
-with the tool's session, so a tool that dies (its session LOST, expired) leaves no request behind
-and the instances take their intervals again; while the tool's connection is SUSPENDED the request
-stays, and the tool's own commit is fenced by its lease sequencers anyway. An instance that cannot
-read the request (its own connection SUSPENDED) goes on with what it holds: the tool then waits for
-the leases, up to its ``--wait``.
+One EPHEMERAL znode per computation: a tool whose session is LOST leaves no request behind; while
+SUSPENDED it stays, and the tool's commit is fenced by its lease sequencers anyway.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The ZooKeeper layout version: a ``/layout`` znode below the chroot.
 
-ZooKeeper SUSPENDED / LOST: these are single kazoo calls, neither paused nor retried; a
-connection that drops during one raises kazoo's error to the caller (a
-:class:`~.leases.LeaseManager` or :class:`~.watermarks.WatermarkAuthority` being made). A repeat
-finishes what a cut-off call began (every create tolerates a node that exists). The znodes are
-persistent: a LOST session loses nothing here.
-
-The znode holds ``{"format_version": N}``. :func:`ensure_zk_layout` creates it
-(and the top-level folders) on first use; running it again creates nothing. A
-layout written by a newer deltawheel is refused, never rewritten. It lives beside the
-coordination code that uses it, apart from the schema version of the store's Delta tables.
+ZooKeeper SUSPENDED / LOST: single kazoo calls, neither paused nor retried; a repeat finishes
+what a cut-off call began. A newer layout is refused, never rewritten.
 """
 
 from __future__ import annotations
@@ -53,8 +45,7 @@ def ensure_zk_layout(client: KazooClient) -> list[str]:
     """Create the layout znodes that are missing; return the paths it created.
 
     Raises:
-        MigrationError: the stored layout is newer than this code's
-            (:data:`ZK_LAYOUT_VERSION`) or unreadable.
+        MigrationError: the stored layout is newer than :data:`ZK_LAYOUT_VERSION`, or unreadable.
     """
     created: list[str] = []
     stored = _check(read_zk_layout_version(client))

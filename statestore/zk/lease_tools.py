@@ -1,16 +1,6 @@
 """The operator's tools on leases: show them, break one, and read or raise the sequencer floor.
 
-ZooKeeper SUSPENDED / LOST: each tool is a few plain kazoo calls, neither paused nor retried; a
-connection that drops or a session that expires during one raises kazoo's error to the caller,
-who runs the tool again once ZooKeeper serves. None of them holds a lease or an ephemeral
-znode, so a LOST session takes nothing of theirs away. Each is safe to repeat:
-:func:`break_lease` deletes at the version it read, :func:`raise_sequencers` never lowers.
-
-:func:`list_leases` and :func:`break_lease` serve ``deltawheel leases show|break`` (and the
-status, rebalance and recovery commands); :func:`next_sequencers` and :func:`raise_sequencers`
-compare a store's fences with ZooKeeper's grants and re-seed them (the interval owner's check at
-acquisition, :func:`.reseed.plan_reseed` and :func:`.reseed.apply_reseed`).
-The lease znodes and the grant protocol: ``grants.py``; the lease manager: ``leases.py``.
+ZooKeeper SUSPENDED / LOST: plain kazoo calls, neither paused nor retried; each is safe to repeat.
 """
 
 from __future__ import annotations
@@ -35,13 +25,11 @@ def break_lease(client: KazooClient, *, pipeline: str, computation: str, interva
     """Take a lease away from its owner (an operator tool; dry run by default).
 
     Returns:
-        The plan: ``path``, ``held``, and when held the current ``owner``,
-        ``sequencer``, ``session`` and ``version``; ``applied`` tells whether the
-        owner znode was deleted.
+        The plan: ``path``, ``held``, the current ``owner``, ``sequencer``, ``session`` and
+        ``version`` when held; ``applied``: whether the owner znode was deleted.
 
     Raises:
-        LeaseHeldError: the lease is protected by an ACL this client lacks, or a
-            grant is in progress (retry).
+        LeaseHeldError: an ACL this client lacks protects it, or a grant is in progress.
     """
     base = interval_path(validate_name("pipeline", pipeline), validate_name("computation", computation), interval)
     plan: dict[str, Any] = {"path": f"{base}/owner", "pipeline": pipeline, "computation": computation,
@@ -107,14 +95,7 @@ def list_leases(client: KazooClient, *, pipeline: str | None = None) -> list[dic
 
 def next_sequencers(client: KazooClient, *, pipeline: str, computation: str,
                     intervals: Iterable[int]) -> dict[int, int]:
-    """Per interval, one above the highest sequencer ZooKeeper's grant nodes record (0: none).
-
-    Grants are issued in increasing order and the newest grant node of an interval is kept
-    (older ones are pruned), so every grant ZooKeeper made is below this value. A store whose
-    fences carry a sequencer at or above it was written under grants this ZooKeeper no longer
-    knows (its data was lost): see :class:`~.exceptions.CoordinatorStateLostError`. Read-only;
-    usable by any check that compares the store with ZooKeeper.
-    """
+    """Per interval, one above the highest sequencer ZooKeeper's grant nodes record (0: none)."""
     out: dict[int, int] = {}
     for iv in sorted(set(intervals)):
         try:
@@ -130,12 +111,8 @@ def raise_sequencers(client: KazooClient, *, pipeline: str, computation: str, fl
                      acls: list[ACL] | None = None, ops_per_transaction: int = 500) -> dict[int, int]:
     """Make every later grant of each interval get a sequencer of at least ``floors[interval]``.
 
-    ZooKeeper numbers the sequential grant nodes from a counter of the ``grants`` node that
-    grows with every child created there. This creates and deletes placeholder children (in
-    transactions of ``ops_per_transaction`` operations) until a sequential node gets a number
-    at or above ``floor - 1``; that node stays, as a grant node marked ``reseed``, so that
-    :func:`next_sequencers` sees it. Never lowers anything; safe to repeat and to run beside
-    running writers. Returns the next sequencer per interval.
+    Placeholder children are made until a sequential node reaches ``floor - 1``; it stays, marked
+    ``reseed``. Never lowers. Returns the next sequencer per interval.
     """
     out: dict[int, int] = {}
     marker = json.dumps({"format_version": LEASE_FORMAT_VERSION, "reseed": True}).encode()

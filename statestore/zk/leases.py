@@ -1,27 +1,9 @@
 """Key-interval leases with sequencers, held in ZooKeeper.
 
-Connection states (as in kazoo's lock recipe): while the connection is
-SUSPENDED the leases are *in doubt* -- the session may already have expired
-on the server and another instance may own the intervals -- so
-:meth:`LeaseManager.check_valid` raises :class:`LeaseSuspendedError` and no
-commit may proceed. When kazoo reconnects (CONNECTED) within the session
-timeout, the manager re-verifies every lease in a background thread
-(:meth:`LeaseManager.renew`); ``check_valid`` keeps raising
-``LeaseSuspendedError`` until that succeeds, and leases found gone are dropped.
-When the session is LOST (expired), ZooKeeper has deleted our ephemeral owner
-znodes: every held lease is dropped, ``on_lost(grants, reason)`` is called from
-a separate thread (never inside kazoo's listener), and ``check_valid`` /
-``renew`` raise :class:`LeaseLostError` for them until they are acquired again
-(kazoo opens a new session by itself; new grants get higher sequencers).
-:meth:`LeaseManager.await_settled` and, for a committer, :meth:`LeaseManager.await_valid`
-(with log lines, bounded by ``max_pause_s``) *pause* on SUSPENDED instead of failing, and resume
-with the same leases once they are re-verified -- never committing meanwhile. A server that lost
-its data refuses the session without expiring it: paused past the session timeout, the committer
-stops with :class:`CoordinatorStateLostError` (``refusal.py``). Each held lease's owner znode is
-watched: replaced by another session's (``grants.py``), the lease is dropped and ``on_lost``
-called. The pauses from an operator's side: docs/coordinator-recovery.md.
-
-The grant protocol: ``grants.py``. The operator's tools: ``lease_tools.py``.
+While SUSPENDED the leases are *in doubt*: :meth:`LeaseManager.check_valid` raises
+:class:`LeaseSuspendedError` until every lease is re-verified after the reconnect. When the session
+is LOST every lease is dropped, ``on_lost(grants, reason)`` is called from a separate thread, and
+they raise :class:`LeaseLostError`. docs/coordinator-recovery.md; the grant protocol: ``grants.py``.
 """
 
 from __future__ import annotations
@@ -60,20 +42,9 @@ def _zk_errors(what: str) -> Any:
 class LeaseManager:
     """Acquires, verifies and releases the key-interval leases of one job instance.
 
-    Args:
-        client: a started kazoo client (see :func:`.client.connect`); the caller owns it.
-        pipeline: pipeline name.
-        owner: who this instance is (shown to others, e.g. ``host:pid``).
-        instance: the job instance's name, kept across its restarts (recorded on its leases): a
-            lease of another ZooKeeper session carrying it is this instance's earlier process's, and
-            is taken over at once instead of waited for (``grants.py``); None: never.
-        clock: stamps ``granted_ms``.
-        acls: ACLs for lease znodes (:func:`.client.digest_acls`); ``None`` = open.
-        on_lost: called with the lost grants and a reason when the session expires.
-        keep_grants: grant nodes kept per interval (older ones are pruned).
-        max_pause_s: how long :meth:`await_valid` pauses commits while the leases are in doubt
-            (default :data:`~.refusal.DEFAULT_MAX_PAUSE_S`; None: as long as the session is not
-            reported expired).
+    ``owner``: shown to others (e.g. ``host:pid``); ``instance``: the name kept across restarts,
+    whose earlier process's leases are taken over at once (``grants.py``); ``on_lost(grants,
+    reason)``: called when leases are lost; ``max_pause_s``: the bound of :meth:`await_valid`.
     """
 
     def __init__(
@@ -104,10 +75,8 @@ class LeaseManager:
         """The ZooKeeper client the leases are held with."""
         return self._client
 
-    # --- connection state ---------------------------------------------------
-
     def _on_state(self, state: str) -> None:
-        """kazoo listener: only flips flags and starts threads (never blocks or calls ZooKeeper)."""
+        """kazoo listener: only flips flags and starts threads."""
         if state == KazooState.SUSPENDED:
             with self._lock:
                 self._suspended = True
@@ -155,22 +124,11 @@ class LeaseManager:
         except LeaseSuspendedError:
             pass  # disconnected again; the next CONNECTED retries
 
-    # --- acquire ------------------------------------------------------------
-
     def acquire(self, computation: str, intervals: Iterable[int], *, wait_s: float = 0.0) -> dict[int, LeaseGrant]:
-        """Acquire every interval, or none (all-or-nothing).
-
-        Intervals are taken in ascending order, so two instances waiting for each
-        other's intervals cannot deadlock. Intervals already held are kept as is.
-
-        Args:
-            computation: computation name.
-            intervals: key intervals (0..99999).
-            wait_s: how long to wait for intervals held by others to be released.
+        """Acquire every interval, or none, in ascending order (no deadlock); ``wait_s``: for a release.
 
         Raises:
-            LeaseHeldError: an interval is still held by another owner after ``wait_s``
-                (nothing acquired by this call is kept).
+            LeaseHeldError: an interval is still held by another owner after ``wait_s``.
             LeaseSuspendedError: the ZooKeeper connection is suspended.
         """
         validate_name("computation", computation)
@@ -219,9 +177,7 @@ class LeaseManager:
             return held.grant
 
     def _watch(self, held: HeldGrant) -> None:
-        """Watch the owner znode of ``held``: replaced by another session (a takeover by a restart of
-        this instance, ``grants.py``), the lease is dropped at once, so the next commit's lease check
-        fails with :class:`LeaseLostError` (it would be fenced in Delta anyway)."""
+        """Drop the lease as soon as another session replaces the owner znode of ``held``."""
         path = f"{interval_path(held.grant.pipeline, held.grant.computation, held.grant.interval)}/owner"
 
         def changed(_event: Any) -> None:  # kazoo's thread: only start one
@@ -255,8 +211,6 @@ class LeaseManager:
         log.warning("lease on interval %d of %s/%s lost: %s", g.interval, g.pipeline, g.computation, reason)
         self._notify_lost([g], reason)
 
-    # --- verify, release ----------------------------------------------------
-
     def held(self, computation: str) -> dict[int, LeaseGrant]:
         """The leases of ``computation`` this instance believes it holds."""
         with self._lock:
@@ -286,12 +240,9 @@ class LeaseManager:
                                      "by this instance; acquire it first")
 
     def await_settled(self, timeout_s: float | None = None) -> bool:
-        """Wait until the connection is CONNECTED and no lease is being re-verified (a blip is over).
+        """Wait until CONNECTED with no lease being re-verified; False if still not after ``timeout_s``.
 
-        Returns False when it is still suspended after ``timeout_s`` (default: twice the
-        client's session timeout plus 5 s, by which kazoo has either reconnected or reported
-        the session LOST). Leases lost meanwhile then raise from :meth:`check_valid`.
-        """
+        ``timeout_s`` defaults to twice the session timeout plus 5 s."""
         if timeout_s is None:
             timeout_s = 2 * session_timeout_s(self._client) + 5.0
         deadline = time.monotonic() + timeout_s
@@ -308,28 +259,13 @@ class LeaseManager:
                     log_every_s: float = 30.0) -> float:
         """Check the leases of ``intervals`` before a commit; *pause* while they are in doubt.
 
-        While the connection is SUSPENDED (the server went away, the ensemble lost its quorum)
-        no lease can be trusted and nothing may be committed. This waits for the reconnect and
-        the re-verification, logging a warning when the pause starts, every ``log_every_s``
-        while it lasts, and when commits resume. Paused longer than the session timeout, it
-        probes the ensemble (``refusal.py``): one that lost its data is not waited for.
-
-        Args:
-            computation: whose leases.
-            intervals: the intervals the commit writes.
-            max_pause_s: give up after this long (default: the manager's ``max_pause_s``; None
-                there too: wait as long as the session is not reported expired).
-            log_every_s: seconds between "still paused" log lines.
-
-        Returns:
-            Seconds paused (0.0 when the leases were valid at once).
+        Logs when the pause starts, every ``log_every_s`` and when it ends; probes for lost data
+        (``refusal.py``). ``max_pause_s``: default, the manager's. Returns the seconds paused.
 
         Raises:
             LeaseLostError: a lease is lost (e.g. the session expired during the pause).
-            LeaseSuspendedError: still in doubt after ``max_pause_s`` (no server answers, or the
-                ensemble has no quorum).
-            CoordinatorStateLostError: the ensemble serves, but lost its data (it refuses the
-                session: it is behind the last transaction this client saw).
+            LeaseSuspendedError: still in doubt after ``max_pause_s``.
+            CoordinatorStateLostError: the ensemble serves, but lost its data.
         """
         ivs = sorted(set(intervals))
         bound = self.max_pause_s if max_pause_s is None else max_pause_s
@@ -350,7 +286,6 @@ class LeaseManager:
                     next_log = now + log_every_s
                     log.warning("%s still paused after %.0f s: ZooKeeper does not serve", what, now - started)
                 final = bound is not None and now - started >= bound
-                # a server that lost its data refuses the session without expiring it: found, not waited for
                 check_refused(self._client, paused_s=now - started, what=what, pipeline=self.pipeline, final=final)
                 if final:
                     raise LeaseSuspendedError(

@@ -1,19 +1,12 @@
 """The live job instances of a pipeline, the intervals each should hold, and operator moves.
 
-Connection states: a member znode is EPHEMERAL, so an instance whose ZooKeeper session is LOST
-(expired) leaves the membership together with its leases; the others see it gone at their next
-look and take its intervals. While SUSPENDED nothing here is trusted more than the leases are:
-an instance only acts on the target through :class:`LeaseManager` (acquire / release), which
-refuses while the session is in doubt.
-
-Layout below the client's chroot (beside the leases, ``leases.py``)::
+Connection states: a member znode is EPHEMERAL (a LOST session leaves); while SUSPENDED an instance
+acts only through :class:`LeaseManager`, which refuses. Layout below the client's chroot::
 
     /pipelines/{p}/members/{instance}         EPHEMERAL, {"format_version": 1, "instance": ..., "joined_ms": ...}
     /pipelines/{p}/moves/{computation}        PERSISTENT, a move request (:func:`request_move`)
 
-The target assignment is a pure function of the sorted live members and the number of
-intervals (:func:`assign`); a move request, when every instance it names is live, overrides it
-for its computation.
+The target is :func:`assign` over the live members, unless a move request names only live ones.
 """
 
 from __future__ import annotations
@@ -67,8 +60,7 @@ def live_members(client: KazooClient, pipeline: str) -> list[str]:
 
 def request_move(client: KazooClient, pipeline: str, computation: str,
                  assignment: Mapping[str, Sequence[int]]) -> None:
-    """Write (or replace) the operator's assignment of ``computation``'s intervals to instances;
-    the instances apply it between batches while all it names are live."""
+    """Write (or replace) the operator's assignment of ``computation``'s intervals to instances."""
     payload = json.dumps({"format_version": MEMBER_FORMAT_VERSION,
                           "assign": {m: sorted(set(ivs)) for m, ivs in sorted(assignment.items())}}).encode()
     path = _move(pipeline, computation)
@@ -108,8 +100,7 @@ def clear_move(client: KazooClient, pipeline: str, computation: str) -> bool:
 
 
 def target(client: KazooClient, pipeline: str, computation: str, num_intervals: int) -> dict[str, tuple[int, ...]]:
-    """Who should hold which interval now: the move request if every instance it names is live and
-    it names each interval at most once, else :func:`assign` over the live members."""
+    """Who should hold which interval: a valid move request of live instances, else :func:`assign`."""
     live = live_members(client, pipeline)
     move = read_move(client, pipeline, computation)
     if move is not None and set(move) <= set(live):
@@ -120,19 +111,12 @@ def target(client: KazooClient, pipeline: str, computation: str, num_intervals: 
 
 
 class Membership:
-    """This instance's member znode (:meth:`join` / :meth:`leave`).
-
-    A join under a name whose member znode another session holds replaces that znode: the
-    instance restarted under its name (its dead predecessor's session has not expired yet), as
-    its leases are taken over (``grants.py``): the new grants carry higher sequencers, so nothing
-    the predecessor still had in flight can commit. A second *live* process started with the same
-    name by mistake is pushed out the same way (its next batch fails with ``LeaseLostError``).
-    """
+    """This instance's member znode; a join replaces one of the same name of another session."""
 
     def __init__(self, client: KazooClient, *, pipeline: str, instance: str, acls: Any = None) -> None:
         validate_name("instance", instance)
         self.client, self.pipeline, self.instance, self.acls = client, pipeline, instance, acls
-        self.replaced = False  # whether the join replaced a predecessor's member znode
+        self.replaced = False
 
     @property
     def path(self) -> str:
@@ -140,8 +124,7 @@ class Membership:
         return f"{_members(self.pipeline)}/{self.instance}"
 
     def join(self) -> None:
-        """Create the member znode (EPHEMERAL: it ends with this ZooKeeper session), replacing one
-        of the same name that another session holds (a restart under this instance's name)."""
+        """Create the member znode (EPHEMERAL), replacing one of the same name of another session."""
         payload = json.dumps({"format_version": MEMBER_FORMAT_VERSION, "instance": self.instance,
                               "joined_ms": int(time.time() * 1000)}).encode()
         while True:
@@ -152,19 +135,18 @@ class Membership:
                 pass
             stat = self.client.exists(self.path)
             if stat is None:
-                continue  # gone meanwhile: create it
+                continue
             if stat.ephemeralOwner == self.client.client_id[0]:
-                return  # this session's already
+                return
             tx = self.client.transaction()
             tx.delete(self.path, version=stat.version)
             tx.create(self.path, payload, ephemeral=True, acl=self.acls)
             if not any(isinstance(r, Exception) for r in tx.commit()):
                 self.replaced = True
                 return
-            # changed meanwhile (another restart of the name replaced it first): look again
 
     def leave(self) -> None:
-        """Delete the member znode (a graceful leave; gone already: nothing to do)."""
+        """Delete the member znode (gone already: nothing to do)."""
         try:
             self.client.delete(self.path)
         except NoNodeError:

@@ -1,26 +1,8 @@
 """A paused client whose ZooKeeper lost its data: found, named, and never waited for forever.
 
-ZooKeeper SUSPENDED / LOST: this module acts only while a client is SUSPENDED (kazoo reconnects
-by itself; a session that expired is reported LOST, and the lease and watermark code handles
-that). It never changes the client's state.
-
-A ZooKeeper server refuses to resume a session for a client that has seen a newer transaction
-(zxid) than the server has: "Refusing session request ... as it has seen zxid 0x57 our last zxid
-is 0x0 client must try another server". That server was started on an empty data folder or
-restored from an older copy. kazoo only sees the socket close and retries, SUSPENDED, exactly as
-when no server answers or the ensemble has no quorum; the session is never reported expired, so
-a commit or a watermark call pausing for it (``LeaseManager.await_valid``, the watermark
-authority's pauses) would wait forever.
-
-:func:`check_refused` tells the two apart. Once the client has been paused longer than its
-session timeout plus :data:`PROBE_MARGIN_S` (a server that still had the session would have taken
-it back by then), it opens a short probe session on the same hosts (no chroot, no credentials: it
-only syncs and reads the root's stat) and compares the ensemble's last zxid with the last one the
-client saw. Behind means the ensemble lost its data: :class:`CoordinatorStateLostError`, with the
-recovery. A probe that cannot connect either means ZooKeeper is unreachable or without quorum:
-the caller pauses on, up to its ``max_pause_s`` (:data:`DEFAULT_MAX_PAUSE_S` by default), and
-stops with :class:`LeaseSuspendedError` naming that cause. A probe session is a write to the
-ensemble (ZooKeeper records its creation), so probes are spaced :data:`PROBE_EVERY_S` apart.
+ZooKeeper SUSPENDED / LOST: this acts only while a client is SUSPENDED. A server that lost its data
+refuses a session that has seen a newer zxid and kazoo just stays SUSPENDED; :func:`check_refused`
+then probes with a new session and compares the ensemble's last zxid with the client's.
 """
 
 from __future__ import annotations
@@ -38,7 +20,7 @@ from ..exceptions import CoordinatorStateLostError
 __all__ = ["DEFAULT_MAX_PAUSE_S", "PROBE_MARGIN_S", "PROBE_EVERY_S", "check_refused", "hosts_of"]
 
 log = logging.getLogger(__name__)
-_PROBE_LOG = logging.getLogger(f"{__name__}.probe")  # kazoo's lines about the probe's own connection
+_PROBE_LOG = logging.getLogger(f"{__name__}.probe")
 _PROBE_LOG.setLevel(logging.ERROR)
 
 DEFAULT_MAX_PAUSE_S = 300.0
@@ -55,7 +37,7 @@ class _Probing:
     """What is known about one client's ensemble while it is paused."""
 
     next_at: float = 0.0
-    lost: str | None = None  # why its data is known lost (the verdict stays for the client's life)
+    lost: str | None = None  # why its data is known lost
 
 
 _STATE: weakref.WeakKeyDictionary[KazooClient, _Probing] = weakref.WeakKeyDictionary()
@@ -81,7 +63,7 @@ def _ensemble_zxid(hosts: str) -> int | None:
     try:
         probe.start(timeout=_PROBE_CONNECT_S)
     except Exception:
-        return None  # (start stopped and closed it)
+        return None
     try:
         probe.sync("/")
         probe.exists("/")
@@ -94,28 +76,18 @@ def _ensemble_zxid(hosts: str) -> int | None:
 
 
 def check_refused(client: KazooClient, *, paused_s: float, what: str, pipeline: str, final: bool = False) -> None:
-    """Raise when the ensemble of a paused ``client`` lost its data (see the module docstring).
+    """Raise when the ensemble of a paused ``client`` lost its data (a no-op until a probe is due).
 
-    A no-op while the client is connected, or paused for less than its session timeout plus
-    :data:`PROBE_MARGIN_S` (``final``: the caller gives up now, so probe anyway), or when it
-    probed less than :data:`PROBE_EVERY_S` ago. Once found, the loss is raised at once by every
-    later call for the same client until it is connected again.
-
-    Args:
-        client: the paused client (its hosts and the last zxid it saw).
-        paused_s: how long the caller has been paused.
-        what: what is paused (the message starts with it).
-        pipeline: the pipeline whose state the ensemble held (for the recovery command).
-        final: the caller stops after this call whatever it finds.
+    Paused past the session timeout plus :data:`PROBE_MARGIN_S` (or ``final``), it probes at most
+    every :data:`PROBE_EVERY_S`; a loss found is raised at once until the client reconnects.
 
     Raises:
-        CoordinatorStateLostError: the ensemble serves a new session but is behind the last
-            transaction this client saw.
+        CoordinatorStateLostError: the ensemble is behind the last transaction this client saw.
     """
     with _LOCK:
         state = _STATE.setdefault(client, _Probing())
         if client.state == KazooState.CONNECTED:
-            state.lost = None  # (a new session, after the old one was refused and expired)
+            state.lost = None
             return
         lost = state.lost
         now = time.monotonic()

@@ -1,16 +1,9 @@
-"""The watermark znodes: where each payload lives, its format version, and how a new one is
-written over the stored one.
+"""The watermark znodes: where each payload lives, its format, how a new one replaces the stored one.
 
-ZooKeeper SUSPENDED / LOST: nothing here calls ZooKeeper but :func:`read_injector_watermark`, a
-single read that is neither paused nor retried (for read-only tools): a dropped connection or
-an expired session raises kazoo's error to its caller. The payload rules below are what every
-paused and repeated write (``rounds.py``) applies again to what it re-reads.
-
-Every payload is a JSON object with ``format_version`` (:data:`WATERMARK_FORMAT_VERSION`); one
-written by a newer deltawheel is refused, never rewritten. The rules: an injector's watermark,
-an instance's estimate and a published low watermark never move back; oldest work may (late
-data); a payload stored by a newer sequencer is never overwritten by an older one
-(:class:`StaleSequencerError`).
+ZooKeeper SUSPENDED / LOST: only :func:`read_injector_watermark` calls ZooKeeper, a single read
+that is neither paused nor retried. A payload of a newer format is refused. An injector's
+watermark, an instance's estimate and a published low watermark never move back; oldest work
+may. A payload of a newer sequencer is never overwritten (:class:`StaleSequencerError`).
 """
 
 from __future__ import annotations
@@ -42,8 +35,7 @@ _FOLDERS = {"topology": "topology", "injectors": "watermarks/injectors", "low": 
 
 @dataclass(frozen=True)
 class Znodes:
-    """The znodes of one pipeline's watermarks (the layout in the package docstring); names given
-    to a method are validated.
+    """The znodes of one pipeline's watermarks (the package docstring's layout); names are validated.
 
     >>> z = Znodes("p")
     >>> z.interval("c", 3), z.low("c")
@@ -53,8 +45,7 @@ class Znodes:
     pipeline: str
 
     def folder(self, kind: str) -> str:
-        """The folder of one kind of znode (``topology``, ``injectors``, ``low``, ``computations``,
-        ``instances``, ``caught_up``); its children are named as stored, unvalidated."""
+        """The folder of one kind of znode (a key of ``_FOLDERS``)."""
         return f"/pipelines/{self.pipeline}/{_FOLDERS[kind]}"
 
     def topology(self, computation: str) -> str:
@@ -121,9 +112,7 @@ def check_ms(name: str, value: int | None, *, optional: bool) -> None:
 
 
 def read_injector_watermark(client: KazooClient, *, pipeline: str, injector: str) -> int | None:
-    """The stored watermark of ``injector`` in ``pipeline`` (None: never published), read once and
-    without a :class:`~.authority.WatermarkAuthority` (which sets up the ZooKeeper layout): for
-    read-only tools."""
+    """The stored watermark of ``injector`` (None: never published), read once, for read-only tools."""
     path = Znodes(validate_name("pipeline", pipeline)).injector(injector)
     try:
         data, _ = client.get(path)
@@ -139,8 +128,7 @@ def stale(what: str, ours: int, theirs: object, where: str) -> StaleSequencerErr
 
 
 def oldest_work_payload(what: str, old: Raw | None, oldest: int | None, sequencer: int, *, clock: Clock) -> bytes:
-    """The new oldest-work payload of an interval whose stored one is ``old``; a newer
-    publisher's sequencer there raises :class:`StaleSequencerError`."""
+    """The new oldest-work payload over ``old``; a newer sequencer there raises StaleSequencerError."""
     if old is not None and int(old["sequencer"]) > sequencer:
         raise stale(what, sequencer, old["sequencer"], "the published oldest work")
     return encode({"sequencer": sequencer, "oldest_work_ms": oldest, "published_ms": clock.now_ms()})
@@ -159,22 +147,20 @@ def low_payload(old: Raw | None, computed: int | None, *, clock: Clock) -> tuple
 
 def injector_payload(what: str, old: Raw | None, watermark_ms: int, sequencer: int, *,
                      clock: Clock) -> tuple[int, bytes | None]:
-    """(the value stored after publishing ``watermark_ms`` over ``old``, the new payload or None
-    when nothing changes): never backwards; a newer stored sequencer raises StaleSequencerError."""
+    """(the value stored after publishing ``watermark_ms`` over ``old``, the new payload or None)."""
     before = None if old is None else int(old["watermark_ms"])
     if old is not None and int(old["sequencer"]) > sequencer:
         raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
                                   f"({sequencer}); another instance runs this source, stop this one")
     value = max(watermark_ms, before if before is not None else watermark_ms)
     if old is not None and before == value and int(old["sequencer"]) == sequencer:
-        return value, None  # never backwards, nothing new
+        return value, None
     return value, encode({"sequencer": sequencer, "watermark_ms": value, "published_ms": clock.now_ms()})
 
 
 def instance_update(what: str, instance: str, watermark_ms: int | None, *, sequencer: int,
                     held: Mapping[str, Mapping[int, int]] | None, clock: Clock) -> Callable[[Raw | None], bytes | None]:
-    """The compare-and-set update of an instance's znode: its estimate (monotonic; ``None``
-    keeps it) and the intervals it holds per computation (``None`` keeps them)."""
+    """The compare-and-set update of an instance's estimate and held intervals (``None`` keeps either)."""
     def update(old: Raw | None) -> bytes | None:
         if old is not None and int(old["sequencer"]) > sequencer:
             raise StaleSequencerError(f"{what}: stored sequencer {old['sequencer']} is newer than ours "
@@ -187,15 +173,14 @@ def instance_update(what: str, instance: str, watermark_ms: int | None, *, seque
             now_held.update({c: {str(i): int(s) for i, s in ivs.items()} for c, ivs in held.items()})
         if old is not None and (value, sequencer, now_held) == (before, int(old["sequencer"]),
                                                                 old.get("held") or {}):
-            return None  # never backwards, nothing new
+            return None
         return encode({"sequencer": sequencer, "watermark_ms": value, "published_ms": clock.now_ms(),
                        "held": now_held})
     return update
 
 
 def caught_up_payload(old: Raw | None, sequencer: int, *, clock: Clock) -> bytes | None:
-    """The caught-up record of an interval's owner with ``sequencer``; None (no write) when the
-    stored one is as new: it never moves back to an older sequencer."""
+    """The caught-up record of an interval's owner with ``sequencer``; None when the stored one is as new."""
     if old is not None and int(old["sequencer"]) >= sequencer:
         return None
     return encode({"sequencer": sequencer, "published_ms": clock.now_ms()})

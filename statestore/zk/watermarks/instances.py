@@ -1,17 +1,7 @@
 """Several job instances reading one injector: each one's estimate, and who still holds it back.
 
-ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`: paused while the
-connection is SUSPENDED, repeated from its reads after a drop. An instance's estimate is a
-persistent znode, so a LOST session loses none; whether the instance still counts is decided by
-its membership (``members.py``: a lost session ends a member) and by the intervals it held.
-
-Instances (several job instances sharing a computation's intervals) each read the whole input
-with their own query, so each has its own estimate of an injector: :meth:`Instances.publish`
-stores it under the instance's name, and the injector's watermark becomes the minimum over the
-instances that count (:func:`.low.instances_low`): the live members, the publisher itself, and
-an instance gone while an interval it held has not been caught up by a later owner
-(:meth:`Instances.record_caught_up`): its unread records of that interval are read by the
-taker's catch-up, which must not find them behind a watermark the leaver never reached.
+ZooKeeper SUSPENDED / LOST: every call is a round of :class:`.rounds.Rounds`; estimates persist,
+and whether an instance counts is its membership's (``members.py``) and :func:`.low.instances_low`'s.
 """
 
 from __future__ import annotations
@@ -33,13 +23,7 @@ Held = Mapping[str, Mapping[int, int]]
 
 
 class Instances:
-    """The instances' estimates of a pipeline's injectors.
-
-    Args:
-        rounds: how calls reach ZooKeeper.
-        znodes: where the pipeline's watermarks live.
-        clock: stamps ``published_ms``.
-    """
+    """The instances' estimates of a pipeline's injectors."""
 
     def __init__(self, rounds: Rounds, znodes: Znodes, clock: Clock) -> None:
         self._rounds = rounds
@@ -48,8 +32,7 @@ class Instances:
 
     def publish(self, injector: str, instance: str, watermark_ms: int, *, sequencer: int,
                 held: Held | None) -> int | None:
-        """Store ``instance``'s estimate of ``injector`` (monotonic) and the intervals it holds;
-        return the minimum over the instances that count (``None``: one has no estimate yet)."""
+        """Store ``instance``'s estimate of ``injector`` and the intervals it holds; return the minimum."""
         check_ms("watermark_ms", watermark_ms, optional=False)
         validate_name("instance", instance)
         pipeline = self._znodes.pipeline
@@ -92,8 +75,6 @@ class Instances:
             self._rounds.cas(f"{base}/{interval:05d}", what, update)
 
     def _caught_up(self, computations: Iterable[str]) -> dict[str, dict[int, int]]:
-        """computation -> interval -> the sequencer of its last owner that caught up (ZooKeeper
-        calls; the caller handles errors and retries)."""
         out: dict[str, dict[int, int]] = {}
         client = self._rounds.client
         for comp in sorted(computations):

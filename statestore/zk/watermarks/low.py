@@ -1,14 +1,8 @@
 """The low watermark computed from its inputs: pure functions, no ZooKeeper.
 
-ZooKeeper SUSPENDED / LOST: nothing here calls ZooKeeper; the inputs are read (and a paused or
-expired connection handled) by ``reading.py``, ``publish.py`` and ``instances.py``.
-
-MillWheel's rule (sections 3.3 and 5.4): the *low watermark* of a computation is the minimum of
-the oldest work of each of its key intervals and the low watermarks of its upstream computations
-and injectors. ``None`` is *not known yet* (an interval or input never published, an upstream
-not declared yet) and wins over every value: no event-time timer may fire on a guess.
-:data:`END_OF_TIME` is *finished*: an interval with nothing pending, a drained source; a
-computation with no inputs at all has it too.
+MillWheel's rule: the *low watermark* of a computation is the minimum of its intervals' oldest
+work and its inputs' low watermarks. ``None`` is *not known yet* and wins over every value;
+:data:`END_OF_TIME` is *finished*.
 
 >>> low_watermark([1_000, END_OF_TIME], [900, END_OF_TIME])
 900
@@ -46,8 +40,7 @@ def later(a: int | None, b: int | None) -> int | None:
 
 
 def work_value(raw: Mapping[str, Any] | None) -> int | None:
-    """What one interval's published oldest work counts with: ``None`` never published (unknown),
-    :data:`END_OF_TIME` nothing pending, else its oldest work.
+    """What one interval's published oldest work counts with (:data:`END_OF_TIME`: nothing pending).
 
     >>> work_value(None) is None, work_value({"oldest_work_ms": None}) == END_OF_TIME
     (True, True)
@@ -56,8 +49,7 @@ def work_value(raw: Mapping[str, Any] | None) -> int | None:
 
 
 def low_watermark(upstream: Iterable[int | None], oldest_work: Iterable[int | None]) -> int | None:
-    """The low watermark of a computation from the values of its upstream (injectors and
-    computations, in declared order) and of its intervals' oldest work (:func:`work_value`).
+    """The low watermark of a computation from its upstream values and its intervals' oldest work.
 
     >>> low_watermark([END_OF_TIME], [END_OF_TIME, END_OF_TIME]) == END_OF_TIME
     True
@@ -66,8 +58,7 @@ def low_watermark(upstream: Iterable[int | None], oldest_work: Iterable[int | No
 
 
 def handing_off(held: Mapping[str, Mapping[str, int]], caught: Mapping[str, Mapping[int, int]]) -> bool:
-    """Whether an instance that is gone still holds an injector's watermark back: an interval it
-    held has no later owner that caught up on it (a caught-up sequencer above the one it held).
+    """Whether a gone instance still holds an injector's watermark back (no later owner caught up).
 
     >>> handing_off({"c": {"3": 7}}, {"c": {3: 7}}), handing_off({"c": {"3": 7}}, {"c": {3: 8}})
     (True, False)
@@ -77,8 +68,7 @@ def handing_off(held: Mapping[str, Mapping[str, int]], caught: Mapping[str, Mapp
 
 
 def gone_holdings(stored: Mapping[str, Mapping[str, Any] | None], *, live: Iterable[str]) -> dict[str, Any]:
-    """Instance -> the intervals it held (computation -> interval -> sequencer), for the
-    instances that are not live and have a stored estimate.
+    """Instance -> the intervals it held, for the instances that are gone and have a stored estimate.
 
     >>> gone_holdings({"a": {"held": {"c": {"0": 4}}}, "b": {}}, live=["b"])
     {'a': {'c': {'0': 4}}}
@@ -89,9 +79,7 @@ def gone_holdings(stored: Mapping[str, Mapping[str, Any] | None], *, live: Itera
 
 def instances_low(stored: Mapping[str, Mapping[str, Any] | None], *, live: Iterable[str],
                   caught: Mapping[str, Mapping[int, int]]) -> int | None:
-    """An injector's watermark from its instances' estimates (name -> stored payload, ``None``:
-    none yet): the lowest estimate of the instances that count, the live ones and those gone
-    while :func:`handing_off`. A counting instance with no estimate yet makes it unknown.
+    """An injector's watermark: the lowest estimate of the live instances and those :func:`handing_off`.
 
     >>> instances_low({"a": {"watermark_ms": 5}, "b": {"watermark_ms": 2, "held": {}}}, live=["a"], caught={})
     5

@@ -1,15 +1,8 @@
 """How a watermark call waits for ZooKeeper: paused while it does not serve, repeated after a drop.
 
-ZooKeeper SUSPENDED / LOST: every call of the authority needs a live session. While the
-connection is SUSPENDED (a server went away, or the ensemble lost its quorum and answers
-nobody), a call *pauses* as commits do (:meth:`.LeaseManager.await_valid`): it logs once that it
-is paused and why, waits for ZooKeeper to serve again (``max_pause_s``, default 300 s, None: as
-long as the session is not reported expired; then :class:`LeaseSuspendedError`; a server that
-lost its data: :class:`CoordinatorStateLostError`, ``refusal.py``), logs that it resumes, and goes
-on; a call cut off mid-way by the drop is repeated, re-reading before it writes. A LOST session
-loses nothing (every watermark znode is persistent), but a write under lease sequencers that was
-in flight or paused when the session expired raises :class:`LeaseLostError`: the writer's leases
-went with the session. :class:`Connection` counts the expired sessions of the client to tell.
+ZooKeeper SUSPENDED / LOST: while SUSPENDED a call *pauses* as commits do, up to ``max_pause_s``
+(then :class:`LeaseSuspendedError`); a call cut off by a drop is repeated from its reads. A write
+under lease sequencers whose session was LOST raises :class:`LeaseLostError`.
 """
 
 from __future__ import annotations
@@ -38,11 +31,10 @@ def zk_call(what: str) -> Any:
 
 
 class Pause:
-    """One call's wait for ZooKeeper to serve again, as :meth:`.LeaseManager.await_valid` pauses
-    commits: a warning when it starts (what and why), one every ``log_every_s`` while it lasts,
-    one when it ends; :class:`LeaseSuspendedError` after ``bound`` seconds (None: no bound).
-    ``probe(paused_s, final)`` is asked while it lasts (:func:`.refusal.check_refused`: a server
-    that lost its data is not waited for)."""
+    """One call's wait for ZooKeeper to serve again, logged as :meth:`.LeaseManager.await_valid` does.
+
+    Raises :class:`LeaseSuspendedError` after ``bound`` seconds (None: no bound); ``probe`` is
+    asked while it lasts (:func:`.refusal.check_refused`)."""
 
     def __init__(self, what: str, bound: float | None, *, log_every_s: float = 30.0,
                  probe: Callable[[str, float, bool], None] | None = None) -> None:
@@ -81,21 +73,14 @@ class Pause:
 
 
 class Connection:
-    """The client's connection as the authority's calls see it: listens to its states (from
-    construction until :meth:`close`) and runs calls once it serves (:meth:`resilient`).
-
-    Args:
-        client: the started kazoo client.
-        pipeline: named by the lost-data probe.
-        max_pause_s: the bound of every :class:`Pause` (None: none).
-    """
+    """The client's connection as the authority's calls see it; runs calls once it serves."""
 
     def __init__(self, client: KazooClient, *, pipeline: str, max_pause_s: float | None) -> None:
         self.client = client
         self.pipeline = pipeline
         self.max_pause_s = max_pause_s
         self._lock = threading.Lock()
-        self._expiries = 0  # sessions of ``client`` reported expired (LOST) so far
+        self._expiries = 0  # sessions reported LOST so far
 
     def listen(self) -> None:
         """Start counting expired sessions."""
@@ -106,23 +91,17 @@ class Connection:
         self.client.remove_listener(self._on_state)
 
     def _on_state(self, state: str) -> None:
-        """kazoo listener: counts expired sessions (never blocks or calls ZooKeeper)."""
         if state == KazooState.LOST:
             with self._lock:
                 self._expiries += 1
 
     def session(self) -> int:
-        """Which session of the client this is (the count of expired ones: kazoo hides the id while
-        the connection is suspended)."""
+        """Which session of the client this is (the count of expired ones)."""
         with self._lock:
             return self._expiries
 
     def connected(self, what: str, pause: Pause | None = None, *, session: int | None = None) -> None:
-        """Return once the connection is CONNECTED, *pausing* meanwhile (see :class:`Pause`).
-
-        ``session``: the session a fenced write started in; a different one when the
-        connection is back means it expired meanwhile (:class:`LeaseLostError`).
-        """
+        """Return once CONNECTED, *pausing* meanwhile; ``session``: a fenced write's (another raises)."""
         own = pause is None
         pause = pause or self.pause(what)
         while self.client.state != KazooState.CONNECTED:
@@ -134,10 +113,7 @@ class Connection:
             pause.resumed()
 
     def resilient(self, what: str, call: Callable[[], Any], *, session: int | None = None) -> Any:
-        """``call()`` after :meth:`connected`; again when the connection drops during it (every call
-        made this way re-reads before it writes, so a repeat is safe). One pause for all of it:
-        logged once, bounded by ``max_pause_s``. ``session``: the call writes under lease
-        sequencers granted in that session, so it must not go on in a new one."""
+        """``call()`` after :meth:`connected`; again when the connection drops during it."""
         pause = self.pause(what)
         while True:
             self.connected(what, pause, session=session)

@@ -1,16 +1,8 @@
-"""Publishing oldest work under the lease fence, alone or with the advance of the low watermark
-in one round (step 7 of the batch protocol).
+"""Publishing oldest work under the lease fence, alone or with the low watermark's advance (step 7).
 
-ZooKeeper SUSPENDED / LOST: a publish runs through :meth:`.pause.Connection.resilient` with the
-session it started in: paused while the connection is SUSPENDED, repeated from its reads after
-a drop, and stopped with :class:`LeaseLostError` when the session was LOST meanwhile (the
-sequencers it writes under are that session's grants, gone with it). Its writes are one
-transaction, so a drop never publishes half of them.
-
-The fence: when an interval's lease owner znode carries the writer's sequencer, the write is
-conditional on that znode's version (a takeover racing the write makes it fail); a newer grant
-there, or a newer publisher's sequencer in the stored oldest work, raises
-:class:`StaleSequencerError` (the writer is a zombie).
+ZooKeeper SUSPENDED / LOST: as ``pause.py``; a publish whose session was LOST raises
+:class:`LeaseLostError`. The write checks the version of the lease owner znode carrying the
+writer's sequencer; a newer grant or stored sequencer raises :class:`StaleSequencerError`.
 """
 
 from __future__ import annotations
@@ -43,9 +35,7 @@ _Got = tuple[bytes | None, ZnodeStat | None]
 
 def owner_fence(what: str, owner_path: str, sequencer: int, data: bytes | None,
                 stat: ZnodeStat | None) -> tuple[str, int] | None:
-    """The (path, version) check a publish under ``sequencer`` must carry: the lease owner node
-    while it names our grant; None when no lease is recorded (released, or leases not in use:
-    the stored sequencer decides) or it names an older one. A newer grant raises."""
+    """The (path, version) check a publish under ``sequencer`` must carry; a newer grant raises."""
     if data is None or stat is None:
         return None
     try:
@@ -74,26 +64,18 @@ class _Read:
 
 
 class Publisher:
-    """Publishes a computation's oldest work (and advances its low watermark with it).
-
-    Args:
-        rounds: how calls reach ZooKeeper.
-        znodes: where the pipeline's watermarks live.
-        reader: reads topologies and upstream low watermarks.
-        clock: stamps ``published_ms``.
-    """
+    """Publishes a computation's oldest work (and advances its low watermark with it)."""
 
     def __init__(self, rounds: Rounds, znodes: Znodes, reader: Reader, clock: Clock) -> None:
         self._rounds = rounds
         self._znodes = znodes
         self._reader = reader
         self._clock = clock
-        self._topologies: dict[str, Topology] = {}  # as and_advance last read them
+        self._topologies: dict[str, Topology] = {}
 
     def oldest_works(self, computation: str, works: Works, *, topology: Topology | None = None) -> None:
-        """One compare-and-set of the oldest work of several intervals, each under its lease fence;
-        ``topology``: the computation's, as the caller just read it (else read for the range check)."""
-        session = self._rounds.connection.session()  # the sequencers are this session's grants: publish in no other
+        """One compare-and-set of the oldest work of several intervals, each under its lease fence."""
+        session = self._rounds.connection.session()  # the sequencers are this session's grants
         ivs = sorted(works)
         if not ivs:
             return
@@ -114,11 +96,8 @@ class Publisher:
 
     def and_advance(self, computation: str, works: Works, injectors: Mapping[str, tuple[int, int]]
                     ) -> tuple[bool, int | None]:
-        """(declared, published low watermark): the oldest work, the ``injectors``' estimates and
-        the low watermark computed from what they leave stored, in one round of reads and one
-        transaction (see :meth:`.authority.WatermarkAuthority.publish_and_advance`); nothing is
-        written for an undeclared computation."""
-        session = self._rounds.connection.session()  # the sequencers are this session's grants: publish in no other
+        """(declared, published low watermark): :meth:`.authority.WatermarkAuthority.publish_and_advance`."""
+        session = self._rounds.connection.session()
         ivs = sorted(works)
         for iv in ivs:
             check_ms("oldest_work_ms", works[iv][0], optional=True)
@@ -143,13 +122,12 @@ class Publisher:
 
     def _round(self, computation: str, works: Works, topo: Topology, what: str,
                pub: Mapping[str, tuple[int, int]]) -> tuple[bool, int | None]:
-        """One try with the topology read last time: (done, low watermark); not done when the
-        topology changed or a concurrent writer got in between."""
+        """One try with the topology read last time: (done, low watermark)."""
         ivs = sorted(works)
         _check_range(computation, ivs, topo)
         upstream = [parse_upstream(u) for u in topo.upstream]
         memo: dict[str, int | None] = {}
-        for kind, name in upstream:  # upstream computations (other stages): read as advance does
+        for kind, name in upstream:
             if kind == "computation" and name not in memo:
                 memo[name] = self._reader.upstream_low(name, below=computation)
         owners = {iv: self._znodes.owner(computation, iv) for iv in ivs}
@@ -158,7 +136,7 @@ class Publisher:
         with zk_call(what):
             read = self._read(computation, topo, names, owners, low_path)
             if read is None:
-                self._topologies.pop(computation, None)  # redeclared (or removed): read it again
+                self._topologies.pop(computation, None)  # redeclared: read it again
                 return False, None
             return self._write(computation, works, read, what=what, pub=pub, memo=memo, upstream=upstream,
                                owners=owners, low_path=low_path)
@@ -180,14 +158,13 @@ class Publisher:
     def _write(self, computation: str, works: Works, read: _Read, *, what: str, pub: Mapping[str, tuple[int, int]],
                memo: Mapping[str, int | None], upstream: list[tuple[str, str]], owners: Mapping[int, str],
                low_path: str) -> tuple[bool, int | None]:
-        """The round's one transaction: the injector estimates, the oldest work and, when it moves,
-        the low watermark with a check of every input it was computed from."""
+        """The round's one transaction, the low watermark checked against every input it read."""
         tx = self._rounds.client.transaction()
         writes = 0
         stored: dict[str, int | None] = {}
         written: set[str] = set()
         pipeline = self._znodes.pipeline
-        for name, (data, stat) in read.injectors.items():  # the estimates this step publishes, then what is stored
+        for name, (data, stat) in read.injectors.items():
             old_inj = None if data is None else decode(data, "injector watermark")
             if name in pub:
                 wm_ms, seq = pub[name]
@@ -226,7 +203,7 @@ class Publisher:
         if new_low is not None:
             self._rounds.put(tx, low_path, new_low, low_stat)
             writes += 1
-            for path, st in inputs:  # a new value is computed from inputs that still hold as it lands
+            for path, st in inputs:
                 if st is not None:
                     tx.check(path, st.version)
         if writes and any(isinstance(r, Exception) for r in tx.commit()):

@@ -1,14 +1,7 @@
 """Reading the watermarks: the stored values, and the low watermark computed from its inputs.
 
-ZooKeeper SUSPENDED / LOST: each read is a round of :class:`.rounds.Rounds` (paused while the
-connection is SUSPENDED, repeated after a drop); reads write nothing, so a LOST session only
-means they run in the new one. A low watermark read during an outage is therefore never older
-than ZooKeeper's; without ZooKeeper, :meth:`.seen.LastSeen.last_known` serves the last one seen.
-
-The low watermark of a computation (:func:`.low.low_watermark`) reads its injectors' watermarks
-and its intervals' oldest work in one pipelined round, and each upstream computation's value
-recursively, as max(its computed, its published) value: downstream may already have acted on
-the published one.
+ZooKeeper SUSPENDED / LOST: each read is paused while SUSPENDED and repeated after a drop; reads
+write nothing. Upstream values count as max(computed, published).
 """
 
 from __future__ import annotations
@@ -28,13 +21,7 @@ __all__ = ["Reader"]
 
 
 class Reader:
-    """The stored watermarks of one pipeline, and low watermarks computed from them.
-
-    Args:
-        rounds: how calls reach ZooKeeper.
-        znodes: where the pipeline's watermarks live.
-        seen: told of every published low watermark read.
-    """
+    """The stored watermarks of one pipeline, and low watermarks computed from them."""
 
     def __init__(self, rounds: Rounds, znodes: Znodes, seen: LastSeen) -> None:
         self._rounds = rounds
@@ -75,26 +62,22 @@ class Reader:
         return self.compute(computation, {}, (), topo=topo)
 
     def upstream_low(self, computation: str, *, below: str) -> int | None:
-        """What upstream ``computation`` counts with for its downstream ``below``:
-        max(computed, published)."""
+        """What upstream ``computation`` counts with for ``below``: max(computed, published)."""
         return later(self.compute(computation, {}, (below,)), self.published_low_watermark(computation))
 
     def compute(self, computation: str, memo: dict[str, int | None], path: tuple[str, ...], *,
                 topo: Topology | None = None) -> int | None:
-        """The low watermark of ``computation`` reached through ``path`` (a cycle raises
-        :class:`ConfigError`); ``memo`` holds the upstream values found so far; ``topo``: the
-        caller's read of it, else read here (``None``: undeclared, not known yet)."""
+        """The low watermark of ``computation`` via ``path`` (a cycle raises); ``memo``: upstream values."""
         if computation in path:
             cycle = " -> ".join((*path[path.index(computation):], computation))
             raise ConfigError(f"the topology of {self._znodes.pipeline} has a cycle ({cycle}); low watermarks "
                               "need an acyclic pipeline")
-        if topo is None:  # (the caller's read of it, for the computation asked about)
+        if topo is None:
             topo = self.topology(computation)
         if topo is None:
-            return None  # declared later (or a typo: snapshot() shows it undeclared)
+            return None
         values: list[int | None] = []
         upstream = [parse_upstream(u) for u in topo.upstream]
-        # the injectors' watermarks and the intervals' oldest work: one pipelined round
         injected, oldest = self.inputs_of(computation, [n for k, n in upstream if k == "injector"],
                                           topo.num_intervals)
         for kind, name in upstream:
@@ -109,8 +92,7 @@ class Reader:
 
     def inputs_of(self, computation: str, injectors: Sequence[str], num_intervals: int, *,
                   what: str | None = None) -> tuple[dict[str, int | None], dict[int, Raw | None]]:
-        """(the stored watermark of each of ``injectors``, as :meth:`injector_watermark`; the
-        oldest work of intervals 0..num_intervals-1, as :meth:`oldest_work`), read in one round."""
+        """(:meth:`injector_watermark` of each of ``injectors``, :meth:`oldest_work`), read in one round."""
         client, znodes = self._rounds.client, self._znodes
         what = what or f"reading the inputs of {computation}'s low watermark"
 
@@ -129,11 +111,8 @@ class Reader:
         """Every watermark of the pipeline, for the CLI and for inspection.
 
         Returns:
-            ``{"pipeline", "injectors": {name: {watermark_ms, sequencer, published_ms}},
-            "computations": {name: {declared, upstream, num_intervals, intervals: {I:
-            {oldest_work_ms, sequencer, published_ms} or None}, low_watermark_ms,
-            published_low_watermark_ms}}}``. Computations that published oldest work
-            without being declared appear with ``declared`` false.
+            ``{"pipeline", "injectors": {name: {...}}, "computations": {name: {declared, upstream,
+            num_intervals, intervals, low_watermark_ms, published_low_watermark_ms}}}``.
         """
         znodes, rounds = self._znodes, self._rounds
         rounds.connection.connected("reading the watermarks")

@@ -1,11 +1,6 @@
-"""Rounds of ZooKeeper calls on the watermark znodes: one pipelined round of reads, then one
-transaction that writes every change or none, repeated until no concurrent writer got in between.
+"""Pipelined reads, then one all-or-nothing transaction, repeated until no concurrent writer got in.
 
-ZooKeeper SUSPENDED / LOST: every round runs through :meth:`.pause.Connection.resilient`: paused
-while the connection is SUSPENDED, run again from its reads when the connection drops during it
-(so a repeat never writes over a value it did not read), and, for writes under lease sequencers,
-stopped with :class:`LeaseLostError` when the session was LOST meanwhile. A transaction commits
-in whole or not at all, so a drop never leaves half a round written.
+ZooKeeper SUSPENDED / LOST: every round runs through :meth:`.pause.Connection.resilient`.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ log = logging.getLogger(__name__)
 Update = Callable[[Raw | None], bytes | None]
 """Maps a stored payload (``None``: absent) to the new one (``None``: write nothing); may raise."""
 Fence = tuple[str, Callable[[bytes | None, ZnodeStat | None], "tuple[str, int] | None"]]
-"""(node, judge): ``judge(data, stat)`` of that node gives a (path, version) that must still hold
-when the write commits (or None), and may raise."""
+"""(node, judge): ``judge(data, stat)`` gives a (path, version) the write must check, or None."""
 
 
 def got(res: Any) -> tuple[bytes | None, ZnodeStat | None]:
@@ -42,12 +36,7 @@ def got(res: Any) -> tuple[bytes | None, ZnodeStat | None]:
 
 
 class Rounds:
-    """Reads and compare-and-set writes of watermark znodes through one :class:`.pause.Connection`.
-
-    Args:
-        connection: the client's connection, as the calls wait for it.
-        acls: ACLs for created znodes; ``None`` = open.
-    """
+    """Reads and compare-and-set writes of watermark znodes through one :class:`.pause.Connection`."""
 
     def __init__(self, connection: Connection, *, acls: list[ACL] | None) -> None:
         self.connection = connection
@@ -79,13 +68,7 @@ class Rounds:
 
     def cas_many(self, what: str, items: Sequence[tuple[str, Update, Fence | None]], *,
                  session: int | None = None) -> None:
-        """Read-modify-write several nodes in one transaction until no concurrent writer got in between.
-
-        Per item (path, update, fence): ``update`` maps the stored payload to the new one
-        (:data:`Update`); ``fence`` is None or a :data:`Fence`. All reads of a try are one
-        pipelined round; every write of a try commits or none does. A connection lost meanwhile is
-        waited for and the whole read-modify-write repeated (``session``: not in another one).
-        """
+        """Read-modify-write (path, :data:`Update`, :data:`Fence` or None) items in one transaction."""
         self.connection.resilient(what, lambda: self._cas_loop(what, items), session=session)
 
     def _cas_loop(self, what: str, items: Sequence[tuple[str, Update, Fence | None]]) -> None:
@@ -110,8 +93,7 @@ class Rounds:
                 log.debug("%s: concurrent update, retrying", what)
 
     def put(self, tx: Any, path: str, data: bytes, stat: ZnodeStat | None) -> None:
-        """Add to ``tx`` the write of ``data`` to ``path``: a create where the read found no node
-        (its parent made now), else a set at the version read."""
+        """Add to ``tx`` a create of ``path`` where the read found none, else a set at the version read."""
         if stat is None:
             self.client.ensure_path(path.rsplit("/", 1)[0], acl=self._acls)
             tx.create(path, data, acl=self._acls)

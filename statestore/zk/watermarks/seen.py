@@ -1,10 +1,8 @@
 """The last published low watermark this instance saw, served without ZooKeeper.
 
-ZooKeeper SUSPENDED / LOST: :meth:`LastSeen.last_known` makes no ZooKeeper call, so it answers
-while the connection is SUSPENDED or the session LOST, flagging the value ``stale`` whenever the
-connection is not CONNECTED: a newer value may exist. That is safe because a published low
-watermark never moves back, so a stale value is only ever too low (timers fire late, never
-early). A watch (:meth:`LastSeen.watch`) is re-registered by kazoo after a reconnect.
+ZooKeeper SUSPENDED / LOST: :meth:`LastSeen.last_known` answers without ZooKeeper, flagged
+``stale`` when not CONNECTED; a published low watermark never moves back, so a stale value is
+only ever too low.
 """
 
 from __future__ import annotations
@@ -27,10 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LastKnown:
-    """The last published low watermark this instance saw (``None``: none yet).
-
-    ``stale`` is true while the connection is not CONNECTED: a newer value may exist.
-    """
+    """The last published low watermark this instance saw; ``stale``: not CONNECTED now."""
 
     low_watermark_ms: int | None
     seen_ms: int | None
@@ -58,9 +53,7 @@ class LastSeen:
         return LastKnown(value, seen, stale=self._client.state != KazooState.CONNECTED)
 
     def watch(self, path: str, computation: str, callback: Callable[[int | None], None]) -> None:
-        """Call ``callback(value)`` now and whenever the low watermark stored at ``path`` changes,
-        remembering each value first. The callback runs on kazoo's event thread; a failing one
-        is logged and the watch goes on."""
+        """Call ``callback(value)`` now and on every change at ``path`` (a failing callback is logged)."""
         def on_change(data: bytes | None, _stat: object) -> None:
             try:
                 value = None if data is None else decode(data, "low watermark")["low_watermark_ms"]

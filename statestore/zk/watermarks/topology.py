@@ -1,13 +1,6 @@
-"""Who feeds whom: a computation's declared inputs (injectors and upstream computations) and
-its number of key intervals.
+"""Who feeds whom: a computation's declared inputs and number of key intervals (no ZooKeeper calls).
 
-ZooKeeper SUSPENDED / LOST: nothing here calls ZooKeeper; a declaration is written by the
-authority's paused and repeated compare-and-set (``rounds.py``), which applies
-:func:`declare_update` again to what it re-reads. The topology znode is persistent: a LOST
-session loses nothing.
-
-An upstream is named ``'injector:NAME'`` or ``'computation:NAME'``; the low watermark of a
-computation reads each one (``reading.py``), so the declared graph must have no cycle.
+An upstream is ``'injector:NAME'`` or ``'computation:NAME'``; the graph must have no cycle.
 """
 
 from __future__ import annotations
@@ -88,8 +81,7 @@ def declared(computation: str, *, upstream: Sequence[str], num_intervals: int) -
 
 
 def declare_update(computation: str, topo: Topology, *, replace: bool) -> Callable[[Raw | None], bytes | None]:
-    """The compare-and-set update that declares ``topo``: nothing when it is stored already; a
-    different stored one is overwritten only with ``replace`` (else :class:`ConfigError`)."""
+    """The compare-and-set update that declares ``topo`` (a different one only with ``replace``)."""
     def update(old: Raw | None) -> bytes | None:
         have = None if old is None else Topology.from_payload(encode(old))
         if have == topo:

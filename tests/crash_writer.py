@@ -29,7 +29,8 @@ def main() -> None:
     b = 0
     while True:
         b += 1
-        rows = [KeyRow("crash", f"k{i}", interval_of(f"k{i}", N), state=codec.encode({"batch": b}))
+        rows = [KeyRow(computation="crash", key=f"k{i}", interval=interval_of(f"k{i}", N),
+                       state=codec.encode({"batch": b}))
                 for i in range(nkeys)]
         print(f"BEGIN {b}", flush=True)
         store.commit("crash", rows, sequencers=seqs, num_intervals=N)

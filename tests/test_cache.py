@@ -54,14 +54,15 @@ def test_expected_access_from_timers_and_repeats() -> None:
     proc = RowCache(10)
     proc.begin_batch(watermark_ms=None, now_ms=1_000)
     proc.begin_batch(watermark_ms=None, now_ms=1_500)  # 500 ms per batch
-    proc.put("p", KeyRow("c", "p", 0, timers=(Timer(4_000, "t", TimeDomain.PROCESSING_TIME),)), interval=0,
+    proc.put("p", KeyRow(computation="c", key="p", interval=0,
+                         timers=(Timer(4_000, "t", TimeDomain.PROCESSING_TIME),)), interval=0,
              sequencer=1)
     assert proc.expected_access("p") == 5
 
 
 def test_an_entry_is_served_only_under_its_own_grant() -> None:
     cache = RowCache(4)
-    row = KeyRow("c", "k", 2, state=J.encode(1))
+    row = KeyRow(computation="c", key="k", interval=2, state=J.encode(1))
     cache.put("k", row, interval=2, sequencer=7)
     assert cache.lookup("k", interval=2, sequencer=7) == row
     assert cache.lookup("k", interval=2, sequencer=8) is MISS  # a later grant: read the table

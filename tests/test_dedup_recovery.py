@@ -18,12 +18,10 @@ def _rows() -> list[KeyRow]:
     rows = []
     for i in range(40):
         k = f"key{i}"
-        rows.append(KeyRow(
-            "dedup", k, interval_of(k, N), state=J.encode(i),
-            timers=(Timer(10_000 - i * 7, "w"), Timer(500 + i, "p", TimeDomain.PROCESSING_TIME)),
-            record_ids=tuple(SeenId(f"{k}/r{j}", j) for j in range(5)),
-            pending=(Production(f"{k}/out", "out", k, J.encode({"i": i}), 1000 + i),) if i % 3 == 0 else (),
-        ))
+        rows.append(KeyRow(computation="dedup", key=k, interval=interval_of(k, N), state=J.encode(i),
+                           timers=(Timer(10_000 - i * 7, "w"), Timer(500 + i, "p", TimeDomain.PROCESSING_TIME)),
+                           record_ids=tuple(SeenId(f"{k}/r{j}", j) for j in range(5)),
+                           pending=(Production(f"{k}/out", "out", k, J.encode({"i": i}), 1000 + i),) if i % 3 == 0 else ()))
     return rows
 
 
@@ -51,9 +49,9 @@ def test_the_recovery_scan_rebuilds_from_real_rows(spark, migrated_store) -> Non
 
 
 def test_rebuild_skips_fences_and_orders_timers() -> None:
-    rows = [KeyRow("c", "\x00fence", 0, sequencer=9),
-            KeyRow("c", "b", 0, timers=(Timer(5, "x"), Timer(1, "y"))),
-            KeyRow("c", "a", 0, timers=(Timer(5, "x"),))]
+    rows = [KeyRow(computation="c", key="\x00fence", interval=0, sequencer=9),
+            KeyRow(computation="c", key="b", interval=0, timers=(Timer(5, "x"), Timer(1, "y"))),
+            KeyRow(computation="c", key="a", interval=0, timers=(Timer(5, "x"),))]
     rec = rebuild("c", [0], rows)
     assert sorted(rec.rows) == ["a", "b"]
     assert [heapq.heappop(rec.timers) for _ in range(3)] == [

@@ -82,7 +82,8 @@ def test_key_with_nothing_left_is_deleted() -> None:
     Window.exactly_once = False
     Window.strong_productions = False
     try:
-        row = KeyRow("window", "a", 0, timers=(Timer(5, "tick", TimeDomain.PROCESSING_TIME),))
+        row = KeyRow(computation="window", key="a", interval=0,
+                     timers=(Timer(5, "tick", TimeDomain.PROCESSING_TIME),))
         out2 = run_key(Window(), key="a", interval=0, row=row, records=[], input_watermark_ms=None, now_ms=10)
         assert out2.row is None and out2.changed and len(out2.productions) == 1
     finally:
@@ -91,7 +92,8 @@ def test_key_with_nothing_left_is_deleted() -> None:
 
 
 def test_dedup_horizon_drops_old_ids() -> None:
-    row = KeyRow("window", "a", 0, record_ids=(SeenId("old", 10), SeenId("new", 1000)), state=J.encode({}))
+    row = KeyRow(computation="window", key="a", interval=0,
+                 record_ids=(SeenId("old", 10), SeenId("new", 1000)), state=J.encode({}))
     out = run_key(Window(), key="a", interval=0, row=row, records=[], input_watermark_ms=None, now_ms=2000,
                   dedup_horizon_ms=500)
     assert [s.record_id for s in out.row.record_ids] == ["new"]  # type: ignore[union-attr]

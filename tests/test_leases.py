@@ -67,7 +67,7 @@ def raises(fn: Callable[[], object], err: type[Exception]) -> bool:
 
 
 def test_grant_payload_is_versioned() -> None:
-    g = LeaseGrant("p", "c", 1, "me", 5, 1000)
+    g = LeaseGrant(pipeline="p", computation="c", interval=1, owner="me", sequencer=5, granted_ms=1000)
     assert json.loads(g.to_payload())["format_version"] == 1
     with pytest.raises(CodecError, match="not JSON"):
         LeaseGrant.from_payload(b"\xff")

@@ -70,7 +70,7 @@ def test_a_plan_counts_the_keys_it_does_not_name() -> None:
 
     def plan(written: int, deleted: int) -> str:
         change = SurgeryResult(computation="model", intervals=(0, 1), sequencers={0: 1, 1: 1},
-                               upserted=tuple(KeyRow("model", f"k{i}", i % 2) for i in range(written)),
+                               upserted=tuple(KeyRow(computation="model", key=f"k{i}", interval=i % 2) for i in range(written)),
                                deleted=tuple((i % 2, f"d{i}") for i in range(deleted)), before={},
                                version=None, audit_id=None, planned=True)
         return PromotePlan(store="/live", into="/shadow", pipeline="zeitgeist", computation="model", reached=3,

@@ -37,14 +37,16 @@ pytestmark = pytest.mark.spark
 
 PICKLED = pickle.dumps({1, 2})
 ROWS = [
-    KeyRow("wc", "a", 0, state=b'{"n":1}', timers=(Timer(5000, "w", TimeDomain.EVENT_TIME),
+    KeyRow(computation="wc", key="a", interval=0, state=b'{"n":1}',
+           timers=(Timer(5000, "w", TimeDomain.EVENT_TIME),
                                                      Timer(9000, "p", TimeDomain.PROCESSING_TIME)),
            record_ids=(SeenId("r1", 1),), pending=(Production("p1", "out", "A", b'{"x":2}', 7000),),
            watermark_hold_ms=4000, sequencer=3, commit_id="c1", updated_ms=1000),
-    KeyRow("wc", "b", 1, state=msgpack.packb({"n": 2, "b": b"\x01"}), codec="msgpack", sequencer=3),
-    KeyRow("wc", "c", 1, state=PICKLED, codec="pickle", sequencer=3),
-    KeyRow("wc", "long", 1, state=b'{"s":"' + b"x" * 100 + b'"}', sequencer=3),
-    KeyRow("wc", FENCE_KEY, 0, sequencer=3, commit_id="fence-0"),
+    KeyRow(computation="wc", key="b", interval=1, state=msgpack.packb({"n": 2, "b": b"\x01"}),
+           codec="msgpack", sequencer=3),
+    KeyRow(computation="wc", key="c", interval=1, state=PICKLED, codec="pickle", sequencer=3),
+    KeyRow(computation="wc", key="long", interval=1, state=b'{"s":"' + b"x" * 100 + b'"}', sequencer=3),
+    KeyRow(computation="wc", key=FENCE_KEY, interval=0, sequencer=3, commit_id="fence-0"),
 ]
 EXPECTED_STATE = {"a": {"n": 1}, "b": {"b": {"$bytes_b64": "AQ=="}, "n": 2}, "long": {"s": "x" * 100}}
 ENV = {**os.environ, "DELTAWHEEL_JARS_DIR": os.environ["DELTAWHEEL_JARS_DIR"]}

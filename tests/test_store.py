@@ -35,7 +35,7 @@ J = get_codec("json")
 
 
 def row(key: str, value: object, **kw: object) -> KeyRow:
-    return KeyRow("counter", key, interval_of(key, N), state=J.encode(value), **kw)  # type: ignore[arg-type]
+    return KeyRow(computation="counter", key=key, interval=interval_of(key, N), state=J.encode(value), **kw)  # type: ignore[arg-type]
 
 
 # the object store's variant in the slow run: test_commit_roundtrip_and_fence_rows_hidden[s3a] keeps
@@ -136,11 +136,11 @@ def test_bad_input_is_rejected_before_any_write(spark, migrated_store) -> None: 
     store.fence("counter", seqs)
     before = version(spark, migrated_store)
     with pytest.raises(BadRecordError, match="non-empty str, got ''"):
-        store.commit("counter", [KeyRow("counter", "", 0)], sequencers=seqs)
+        store.commit("counter", [KeyRow(computation="counter", key="", interval=0)], sequencers=seqs)
     with pytest.raises(BadRecordError, match="non-empty str, got int 5"):
-        store.commit("counter", [KeyRow("counter", 5, 0)], sequencers=seqs)  # type: ignore[arg-type]
+        store.commit("counter", [KeyRow(computation="counter", key=5, interval=0)], sequencers=seqs)  # type: ignore[arg-type]
     with pytest.raises(BadRecordError, match="reserved for deltawheel"):
-        store.commit("counter", [KeyRow("counter", "\x00x", 0)], sequencers=seqs)
+        store.commit("counter", [KeyRow(computation="counter", key="\x00x", interval=0)], sequencers=seqs)
     with pytest.raises(StateTooLargeError, match="over the limit of 64"):
         store.commit("counter", [row("big", "x" * 100)], sequencers=seqs)
     with pytest.raises(BadRecordError, match="keeps 3 record ids"):
@@ -224,7 +224,8 @@ def test_zombie_racing_the_takeover_never_lands_after_it(spark, where: str, roun
             while not stop.is_set():
                 n += 1
                 try:
-                    res = old.commit(computation, [KeyRow(computation, key, iv, state=J.encode(n))],
+                    res = old.commit(computation, [KeyRow(computation=computation, key=key, interval=iv,
+                                                          state=J.encode(n))],
                                      sequencers={iv: old_seq})
                     landed.append(res.commit_id)
                     time.sleep(gap_s)
@@ -242,7 +243,7 @@ def test_zombie_racing_the_takeover_never_lands_after_it(spark, where: str, roun
         stop.set()
         assert not t.is_alive()
         # the zombie ended on a StaleSequencerError, i.e. it noticed
-        new.commit(computation, [KeyRow(computation, key, iv, state=J.encode(-1))], sequencers={iv: new_seq})
+        new.commit(computation, [KeyRow(computation=computation, key=key, interval=iv, state=J.encode(-1))], sequencers={iv: new_seq})
         log = [(v, m) for v, m in commit_metadata(spark, any_migrated_store)
                if m and m["computation"] == computation and str(iv) in m["sequencers"]]
         fence_versions = [v for v, m in log if m["kind"] == "fence" and m["sequencers"][str(iv)] == new_seq]

@@ -224,7 +224,8 @@ def test_a_replacement_writes_no_empty_rows_and_gives_the_intervals_back_before_
     def empty_ghost(held: Held) -> list[Any]:
         # cats emptied (no state, no timers): an existing key's change, written
         out = [r.with_(state=None, timers=()) if r.key == "cats" else r for r in held.rows]
-        ghost = KeyRow("buckets", "ghost", interval_of("ghost", 4), record_ids=(SeenId("r9", 1),))
+        ghost = KeyRow(computation="buckets", key="ghost", interval=interval_of("ghost", 4),
+                       record_ids=(SeenId("r9", 1),))
         return out + [ghost]  # ids alone, for a key with no row: not written
 
     client = connect(zk_config)

@@ -147,7 +147,7 @@ def test_an_upgrade_that_raises_or_a_newer_row_refuses_the_whole_upgrade() -> No
     from deltawheel.executor.drivers.upgrade import _upgraded
     from deltawheel.statestore.rowtable.rows import KeyRow
 
-    rows = [KeyRow("totals", k, 0, state=J.encode(n), codec="json") for k, n in (("ann", 2), ("bob", 3))]
+    rows = [KeyRow(computation="totals", key=k, interval=0, state=J.encode(n), codec="json") for k, n in (("ann", 2), ("bob", 3))]
     out, changed = _upgraded(TotalsV2(), rows)
     assert [(r.key, J.decode(r.state or b""), r.codec) for r in out] == [
         ("ann", {"n": 2, "last": None}, "json@2"), ("bob", {"n": 3, "last": None}, "json@2")]

@@ -397,7 +397,7 @@ def test_strategy_and_state_errors() -> None:
     with pytest.raises(ConfigError, match="computation name 'bad name'"):
         _comp(name="bad name")
     comp = _comp()
-    old = KeyRow("w", "k1", 0, state=J.encode({"v": 99, "w": {}}))
+    old = KeyRow(computation="w", key="k1", interval=0, state=J.encode({"v": 99, "w": {}}))
     with pytest.raises(UserCodeError, match="has version 99, this code reads version 1"):
         _run(comp, old, [(1, 1)])
 

@@ -41,7 +41,7 @@ CATALOG_FEATURES = frozenset({"catalogManaged", "catalogOwned-preview"})
 _JSON = re.compile(r"^(\d{20})\.json$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LogSnapshot:
     """A table's version, live ``add`` actions, configuration and app versions (``txn``)."""
 
@@ -188,8 +188,9 @@ def read_snapshot(path: str | TableFiles) -> LogSnapshot | None:
     if any(":" in a["path"].split("/", 1)[0] or a["path"].startswith("/") for a in state.files.values()):
         return None  # absolute paths: Delta canonicalises those
     version = todo[-1] if todo else cpv
-    return LogSnapshot(version, tuple(state.files.values()), state.config, state.txns, state.added_at,
-                       frozenset(state.bounded), state.table_id)
+    return LogSnapshot(version=version, adds=tuple(state.files.values()), configuration=state.config,
+                       txns=state.txns, added_at=state.added_at, bounded=frozenset(state.bounded),
+                       table_id=state.table_id)
 
 
 def json_commit_versions(path: str | TableFiles) -> list[int] | None:

@@ -18,7 +18,7 @@ __all__ = ["S3Settings", "TableFiles", "files_for", "table_files", "files_resolv
            "background_uploads"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class S3Settings:
     """How to reach an S3-compatible server, as Hadoop's s3a connector is configured."""
 

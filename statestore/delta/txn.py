@@ -24,7 +24,7 @@ __all__ = ["FileEntry", "TableLog", "StaleFilesError", "new_add", "delta_path", 
            "write_file", "partition_file_name"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FileEntry:
     """One live data file of a table (an ``add`` action)."""
 
@@ -170,10 +170,13 @@ class TableLog:
                 for a in snap.adds:
                     pv = {str(k): str(v) for k, v in (a.get("partitionValues") or {}).items()}
                     if where(pv):
-                        entries.append(FileEntry(str(a["path"]), tuple(sorted(pv.items())), int(a["size"]),
-                                                 bool(a.get("deletionVector")), json.dumps({"add": a}),
-                                                 snap.added_at.get(str(a["path"])),
-                                                 str(a["path"]) in snap.added_at and str(a["path"]) not in snap.bounded))
+                        entries.append(FileEntry(path=str(a["path"]),
+                                                 partition_values=tuple(sorted(pv.items())),
+                                                 size=int(a["size"]),
+                                                 has_deletion_vector=bool(a.get("deletionVector")),
+                                                 action_json=json.dumps({"add": a}),
+                                                 added_at=snap.added_at.get(str(a["path"])),
+                                                 added_exact=str(a["path"]) in snap.added_at and str(a["path"]) not in snap.bounded))
                 return snap.version, entries
         txn = self._log.startTransaction()
         cc = self._d.cc
@@ -181,8 +184,10 @@ class TableLog:
         out = []
         for a in adds:
             pv = cc.asJava(a.partitionValues())
-            out.append(FileEntry(str(a.path()), tuple(sorted((str(k), str(v)) for k, v in pv.items())),
-                                 int(a.size()), a.deletionVector() is not None, str(a.json())))
+            out.append(FileEntry(path=str(a.path()),
+                                 partition_values=tuple(sorted((str(k), str(v)) for k, v in pv.items())),
+                                 size=int(a.size()), has_deletion_vector=a.deletionVector() is not None,
+                                 action_json=str(a.json())))
         return int(txn.snapshot().version()), out
 
     def _snapshot(self) -> LogSnapshot | None:

@@ -20,7 +20,7 @@ from ..zk.watermarks import WatermarkAuthority, read_injector_watermark
 __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReseedPlan:
     """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark).
 
@@ -82,7 +82,8 @@ def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipelin
             behind[comp] = low
     wanted = dict(injectors or {})
     current = {name: read_injector_watermark(client, pipeline=pipeline, injector=name) for name in sorted(wanted)}
-    return ReseedPlan(pipeline, layout.root, bound, held, zk, behind, wanted, current)
+    return ReseedPlan(pipeline=pipeline, root=layout.root, bound=bound, store=held, zookeeper=zk,
+                      behind=behind, injectors=wanted, zookeeper_injectors=current)
 
 
 def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: ReseedPlan, *,

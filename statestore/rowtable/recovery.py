@@ -23,7 +23,7 @@ class TimerEntry:
     tag: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecoveredIntervals:
     """A computation's intervals rebuilt from their rows: rows by key, Bloom filters, timers, pending."""
 
@@ -58,7 +58,8 @@ def rebuild(computation: str, intervals: Iterable[int], rows: Iterable[KeyRow]) 
         pending.extend((r.key, p) for p in r.pending)
     heapq.heapify(heap)
     pending.sort(key=lambda kp: (kp[1].timestamp_ms, kp[1].production_id))
-    return RecoveredIntervals(computation, ivs, by_key, blooms, heap, tuple(pending))
+    return RecoveredIntervals(computation=computation, intervals=ivs, rows=by_key, blooms=blooms, timers=heap,
+                              pending=tuple(pending))
 
 
 def recover(store: RowStore, computation: str, intervals: Iterable[int]) -> RecoveredIntervals:

@@ -135,7 +135,7 @@ class SeenId:
         return SeenId(record_id=str(r["record_id"]), seen_ms=int(r["seen_ms"]))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KeyRow:
     """Everything stored for one (computation, key)."""
 

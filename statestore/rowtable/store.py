@@ -258,7 +258,8 @@ class RowStore:
         adds = []
         with background_uploads():
             for iv, seq in sorted(sequencers.items()):
-                row = KeyRow(computation, FENCE_KEY, iv, sequencer=seq, commit_id=commit_id, updated_ms=now).to_row()
+                row = KeyRow(computation=computation, key=FENCE_KEY, interval=iv, sequencer=seq,
+                             commit_id=commit_id, updated_ms=now).to_row()
                 rel = partition_file_name(computation, iv, "claim")
                 size = write_file(pa.Table.from_pylist([row], schema=schema), files, rel)
                 adds.append(new_add(rel, {"computation": computation, "interval": str(iv)}, size, 1))
@@ -329,10 +330,11 @@ class RowStore:
                                 duration_s=time.monotonic() - started, dry_run=True, plan=tuple(plan))
         # Phase 3: the MERGE source: rows, deletions, fences.
         src = [r.to_row() | {"_op": "upsert"} for r in images]
-        src += [KeyRow(computation, k, iv, sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row()
+        src += [KeyRow(computation=computation, key=k, interval=iv, sequencer=sequencers[iv],
+                       commit_id=commit_id, updated_ms=now).to_row()
                 | {"_op": "delete"} for iv, k in deletes]
-        src += [KeyRow(computation, FENCE_KEY, iv, state=sets.get(iv), sequencer=sequencers[iv], commit_id=commit_id,
-                       updated_ms=now).to_row() | {"_op": REPLACE_FILES_OP if iv in sets else "upsert"}
+        src += [KeyRow(computation=computation, key=FENCE_KEY, interval=iv, state=sets.get(iv),
+                       sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row() | {"_op": REPLACE_FILES_OP if iv in sets else "upsert"}
                 for iv in touched]
         if kind == "fence":  # an acquisition reads no input
             meta = {**inputfiles.no_input_entry(), **(meta or {})}
@@ -356,8 +358,8 @@ class RowStore:
             self._require_sequencer(sequencers, iv, FENCE_KEY)
         now = self.clock.now_ms()
         files = inputfiles.encode(input_files) if input_files else None
-        fences = [KeyRow(computation, FENCE_KEY, iv, state=files, sequencer=sequencers[iv], commit_id=commit_id,
-                         updated_ms=now).to_row() | {"_op": "upsert"} for iv in intervals]
+        fences = [KeyRow(computation=computation, key=FENCE_KEY, interval=iv, state=files,
+                         sequencer=sequencers[iv], commit_id=commit_id, updated_ms=now).to_row() | {"_op": "upsert"} for iv in intervals]
         return self._commit_source(computation, fences, frame, sequencers=sequencers, touched=sorted(intervals),
                                    commit_id=commit_id, kind="commit", lease_check=lease_check,
                                    conflict_retries=None, started=time.monotonic(), n_rows=0, n_deletes=0,

@@ -27,7 +27,7 @@ def ensure_log_store_jar(jars_dir: Path | None = None, *, quiet: bool = False) -
     return compile_jar(_LOG_STORE_SOURCE, jars_dir, quiet=quiet)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SparkSettings:
     """How to build the session. ``master`` is e.g. ``local[2]`` or a cluster URL."""
 

@@ -46,7 +46,7 @@ LEASE_FORMAT_VERSION = 1
 MAX_INTERVAL = 99_999
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LeaseGrant:
     """One grant of a key interval to an owner, with its sequencer.
 
@@ -79,9 +79,9 @@ class LeaseGrant:
             raise CodecError(f"lease payload has format_version {raw.get('format_version')!r}, this "
                              f"deltawheel reads {LEASE_FORMAT_VERSION}; upgrade deltawheel")
         try:
-            grant = cls(str(raw["pipeline"]), str(raw["computation"]), int(raw["interval"]),
-                        str(raw["owner"]), int(raw["sequencer"]), int(raw["granted_ms"]),
-                        instance=None if raw.get("instance") is None else str(raw["instance"]))
+            grant = cls(pipeline=str(raw["pipeline"]), computation=str(raw["computation"]),
+                        interval=int(raw["interval"]), owner=str(raw["owner"]), sequencer=int(raw["sequencer"]),
+                        granted_ms=int(raw["granted_ms"]), instance=None if raw.get("instance") is None else str(raw["instance"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CodecError(f"lease payload is not a complete grant (pending or damaged): {raw}{ZNODE_DAMAGED_HINT}") from exc
         return grant
@@ -183,7 +183,8 @@ def take_interval(client: KazooClient, *, pipeline: str, computation: str, inter
                                  "configure the same --zk-digest as the other instances")
         raise_first(res)
         sequencer = int(str(res[-1]).rsplit("g-", 1)[1])
-        grant = LeaseGrant(pipeline, computation, interval, owner, sequencer, clock.now_ms(), instance=instance)
+        grant = LeaseGrant(pipeline=pipeline, computation=computation, interval=interval, owner=owner,
+                           sequencer=sequencer, granted_ms=clock.now_ms(), instance=instance)
         node = grant_path(base, sequencer)
         # Phase 2: write the sequencer into our (still version-0) owner znode.
         tx = client.transaction()

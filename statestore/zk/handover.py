@@ -31,7 +31,7 @@ def handover_path(pipeline: str, computation: str) -> str:
     return f"/pipelines/{pipeline}/handover/{computation}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HandoverRequest:
     """A tool's request for some intervals of one computation."""
 
@@ -56,7 +56,8 @@ def request_handover(client: KazooClient, *, pipeline: str, computation: str, in
     Raises:
         LeaseHeldError: another tool's request for the computation is open; run one tool at a time.
     """
-    req = HandoverRequest(pipeline, computation, tuple(sorted(set(intervals))), tool, by, int(time.time() * 1000))
+    req = HandoverRequest(pipeline=pipeline, computation=computation, intervals=tuple(sorted(set(intervals))),
+                          tool=tool, by=by, requested_ms=int(time.time() * 1000))
     path = handover_path(pipeline, computation)
     try:
         client.create(path, req.to_payload(), ephemeral=True, makepath=True)
@@ -84,8 +85,9 @@ def read_handover(client: KazooClient, pipeline: str, computation: str) -> Hando
         raw = json.loads(data.decode())
         if raw.get("format_version") != HANDOVER_FORMAT_VERSION:
             raise ValueError(f"format_version {raw.get('format_version')!r}")
-        return HandoverRequest(pipeline, computation, tuple(int(i) for i in raw["intervals"]), str(raw["tool"]),
-                               str(raw["by"]), int(raw["requested_ms"]))
+        return HandoverRequest(pipeline=pipeline, computation=computation,
+                               intervals=tuple(int(i) for i in raw["intervals"]), tool=str(raw["tool"]),
+                               by=str(raw["by"]), requested_ms=int(raw["requested_ms"]))
     except (ValueError, KeyError, AttributeError, TypeError) as exc:
         raise CodecError(f"the hand-over request {path} is unreadable ({exc}); delete it (it is ephemeral: it "
                          "goes with the session of the tool that made it)") from exc

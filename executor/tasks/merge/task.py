@@ -84,7 +84,7 @@ def _one_key(comp: Computation, name: str, r: dict[str, Any], wms: tuple[int | N
     dead += [_dead(by_id[rec.record_id], key, err) for rec, err in o.dead_letters]
     if o.row is None:
         op = "delete" if row is not None else "none"
-        img = KeyRow(name, key, iv).to_row()
+        img = KeyRow(computation=name, key=key, interval=iv).to_row()
     else:
         op = "upsert" if (o.changed or cleared or row is None) else "none"
         img = o.row.with_(computation=name, interval=iv).to_row()

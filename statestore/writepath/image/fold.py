@@ -39,7 +39,8 @@ def fold_intervals(spark: Any, log: TableLog, rows_files: TableFiles, *, name: s
         size = write_file(part, rows_files, rel)
         add = new_add(rel, {"computation": name, "interval": str(iv)}, size, part.num_rows)
         adds.append(add)
-        new[iv] = [FileEntry(rel, (("computation", name), ("interval", str(iv))), size, False, add)]
+        new[iv] = [FileEntry(path=rel, partition_values=(("computation", name), ("interval", str(iv))),
+                             size=size, has_deletion_vector=False, action_json=add)]
     committed = log.commit(
         remove=[f for iv in ivs for f in files[iv]], add=adds,
         read_partitions=[f"computation = '{name}' AND interval = {iv}" for iv in ivs],

@@ -301,7 +301,8 @@ class ImagePath(WritePath[BatchOutput]):
         assert version is not None
         for iv, s in new:
             pv = (("computation", name), ("interval", str(iv)))
-            self.files[iv] = kept[iv] + [FileEntry(f.path, pv, f.size, False, add)
+            self.files[iv] = kept[iv] + [FileEntry(path=f.path, partition_values=pv, size=f.size,
+                                                   has_deletion_vector=False, action_json=add)
                                          for f, add in zip([f for f in (s.image, s.ids_file, s.ids_merged) if f is not None],
                                                            adds[iv], strict=True)]
         self.version = out.version = version

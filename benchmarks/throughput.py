@@ -20,14 +20,14 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import psutil
 from deltawheel.statestore.jars import DELTA_VERSION
 
-from . import engine_deltawheel
 from .args import add_throughput_arguments
-from .engines_spark import SPARK_BENCH_CONF, Engine, EngineResult, ProgressFn, SparkSqlEngine, SparkTwsEngine
+from .engines import ENGINES
+from .engines_spark import SPARK_BENCH_CONF, EngineResult, ProgressFn
 from .isolated import RunSpec, build_bench_session, run_isolated
 from .memory import MemorySampler
 from .plot import plot_throughput
@@ -35,11 +35,6 @@ from .workload import WorkloadData, WorkloadError, WorkloadParams, ensure_worklo
 
 __all__ = ["ENGINES", "WARMUP", "round_orders", "run_throughput", "format_table", "main"]
 
-ENGINES: dict[str, Callable[[], Engine]] = {
-    "spark_sql": SparkSqlEngine,
-    "spark_tws": SparkTwsEngine,
-    **engine_deltawheel.ENGINES,
-}
 WARMUP = WorkloadParams(n=4_000, b=2_000, k=500, rate=100)
 
 

@@ -44,7 +44,7 @@ from .sparkprogress import show_input_rows
 from .watermarks import BatchWatermarks
 
 if TYPE_CHECKING:
-    from .executor import ComputationExecutor
+    from .host import BatchHost
 
 JOB_DESCRIPTION = "spark.job.description"  # Spark's local property behind setJobDescription
 STALE_VIEW_ATTEMPTS = 3  # runs of steps 3-5 while the write path's view of the rows went stale
@@ -57,7 +57,7 @@ __all__ = ["BatchProtocol", "BatchState", "JOB_DESCRIPTION", "STALE_VIEW_ATTEMPT
 class BatchProtocol:
     """DESIGN's seven steps over one executor's parts; keeps the newest lateness mark and watermarks."""
 
-    def __init__(self, executor: ComputationExecutor) -> None:
+    def __init__(self, executor: BatchHost) -> None:
         self.ex = executor
         self.acted: ActedMark | None = None  # the newest committed batch's (``lateness.py``)
         self.watermarks = BatchWatermarks(executor)

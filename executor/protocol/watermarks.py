@@ -18,7 +18,7 @@ from .hooks import InjectorHook
 from .reports import format_watermark
 
 if TYPE_CHECKING:
-    from .executor import ComputationExecutor
+    from .host import BatchHost
 
 _LOG = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ __all__ = ["BatchWatermarks"]
 class BatchWatermarks:
     """The watermarks of one executor's batches; ``low``: the low watermark last published."""
 
-    def __init__(self, executor: ComputationExecutor) -> None:
+    def __init__(self, executor: BatchHost) -> None:
         self.ex = executor
         self.low: int | None = None
         self.injectors_read: dict[str, int] = {}

@@ -78,8 +78,8 @@ def test_triggers_parse_and_bad_ones_are_refused() -> None:
 
 
 def test_what_a_run_and_deltawheel_run_refuse_before_anything_starts(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from deltawheel.executor.cli.run import load_pipeline
     from deltawheel.executor.drivers.continuous import ContinuousRun
+    from deltawheel.executor.drivers.pipeline import load_pipeline
 
     (tmp_path / "input").mkdir()
     pipeline = make(str(tmp_path / "input"))

@@ -165,3 +165,28 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sub", sorted(set().union(*FLOORS) - {"<api>", "testkit"}))
 def test_every_floor_named_is_a_package(sub: str) -> None:
     assert (EXECUTOR / sub / "__init__.py").is_file()
+
+
+def _cli_commands() -> set[str]:
+    """The command modules ``deltawheel``'s parser registers (cli/__init__.py's list)."""
+    import ast
+
+    tree = ast.parse((EXECUTOR / "cli" / "__init__.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
+            return {e.value for e in node.iter.elts if isinstance(e, ast.Constant)}
+    raise AssertionError("cli/__init__.py lists no command modules")
+
+
+def test_no_command_imports_another() -> None:
+    """What two commands share lives in cli's helper modules or in the drivers, not in a command."""
+    commands = _cli_commands()
+    assert {"status", "report", "run", "replay", "promote"} <= commands
+    bad = []
+    for name in sorted(commands):
+        path = EXECUTOR / "cli" / f"{name}.py"
+        for target, line in imports_of(path, EXECUTOR, "deltawheel.executor"):
+            other = target.removeprefix("deltawheel.executor.cli.").split(".")[0]
+            if target.startswith("deltawheel.executor.cli.") and other in commands and other != name:
+                bad.append(f"cli/{name}.py:{line} imports the command {other}")
+    assert not bad, bad

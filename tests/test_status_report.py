@@ -141,7 +141,7 @@ def test_status_shows_owners_watermarks_batches_and_dead_letters(spark, migrated
 def _status_and_scan(spark: Any, layout: Any, zk_config: Any) -> tuple[str, int, int]:
     """``status``'s text, and what ``recover``'s dry run finds in the rows and streams: the
     productions still checkpointed, and how many of them are not in their stream."""
-    from deltawheel.executor.cli.status import render
+    from deltawheel.executor.cli.statustext import render
     from deltawheel.executor.drivers.recover import scan
     from deltawheel.executor.drivers.status import gather
     from deltawheel.statestore.zk.client import connect

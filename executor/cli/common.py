@@ -18,7 +18,7 @@ from deltawheel.statestore.session.sparkenv import SparkSettings
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
 __all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
-           "layout_from", "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper"]
+           "layout_from", "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -262,3 +262,19 @@ def connected(cfg: ZkConfig, timeout_s: float) -> Iterator[Any]:
     finally:
         client.stop()
         client.close()
+
+
+def int_list(text: str | None, what: str) -> list[int] | None:
+    """``--intervals I,J`` as integers (None: not given).
+
+    Raises:
+        ConfigError: not a comma-separated list of integers.
+    """
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as exc:
+        from deltawheel.statestore.exceptions import ConfigError
+
+        raise ConfigError(f"{what} {text!r}: give interval numbers separated by commas (e.g. 0,2)") from exc

@@ -13,6 +13,7 @@ from .common import (
     add_spark_args,
     add_zk_args,
     handover_wait_s,
+    int_list,
     layout_from,
     spark_from,
     store_zookeeper,
@@ -69,7 +70,7 @@ def _source(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
     spec = args.source or marker.get("source")
     if not spec:
         return None
-    from .run import load_pipeline
+    from ..drivers.pipeline import load_pipeline
 
     return load_pipeline(spec)
 
@@ -80,7 +81,6 @@ def _run(args: argparse.Namespace) -> int:
 
     from ..drivers.promote import check_replay, plan_promote, promote, promote_intervals
     from ..drivers.replay import shadow_chroot
-    from .replay import int_list
 
     timeline = Timeline(say=(lambda line: print(line, flush=True)) if args.verbose and not args.json else None)
     with timeline.phase("the tool's start: the replay's marker, its code, Spark"):

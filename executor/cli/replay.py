@@ -10,7 +10,7 @@ from typing import Any
 
 from deltawheel.statestore.exceptions import ReplayCodeError
 
-from .common import add_spark_args, add_zk_args, spark_from
+from .common import add_spark_args, add_zk_args, int_list, spark_from
 
 __all__ = ["register"]
 
@@ -77,22 +77,6 @@ def _timestamp_ms(text: str) -> int:
     return int(t.timestamp() * 1000)
 
 
-def int_list(text: str | None, what: str) -> list[int] | None:
-    """``--intervals I,J`` as integers (None: not given).
-
-    Raises:
-        ConfigError: not a comma-separated list of integers.
-    """
-    if text is None:
-        return None
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError as exc:
-        from deltawheel.statestore.exceptions import ConfigError
-
-        raise ConfigError(f"{what} {text!r}: give interval numbers separated by commas (e.g. 0,2)") from exc
-
-
 def _code(args: argparse.Namespace, pipeline: Any = None) -> Any:
     from ..drivers.replay import load_code, registered_computation
 
@@ -131,7 +115,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     into = layout_from(argparse.Namespace(store=args.into))
     source = None
     if args.source:
-        from .run import load_pipeline
+        from ..drivers.pipeline import load_pipeline
 
         source = load_pipeline(args.source)
     code = _code(args, source)  # before Spark: a bad --code is refused at once

@@ -21,7 +21,7 @@ from deltawheel.statestore.zk.watermarks import END_OF_TIME
 from ..drivers.status import StoreStatus, gather
 from ..protocol.reports import watermark_known
 from .common import add_store_arg, add_zk_args, store_zookeeper
-from .status import render
+from .statustext import render
 
 __all__ = ["register", "build_html", "write_report", "PLOTS"]
 

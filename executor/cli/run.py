@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
-import sys
 import time
 from typing import Any
 
-from deltawheel.statestore.exceptions import ConfigError
-
+from ..drivers.pipeline import load_pipeline
 from .common import (
     add_gc_every_arg,
     add_max_pause_arg,
@@ -22,7 +18,7 @@ from .common import (
     zookeeper_for,
 )
 
-__all__ = ["register", "load_pipeline"]
+__all__ = ["register"]
 
 
 def register(sub: Any) -> None:
@@ -55,41 +51,6 @@ def register(sub: Any) -> None:
     add_max_pause_arg(p)
     add_spark_args(p)
     p.set_defaults(func=_run)
-
-
-def load_pipeline(target: str) -> Any:
-    """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns.
-
-    Raises:
-        ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline.
-    """
-    from ..drivers.pipeline import Pipeline
-
-    module_name, sep, name = target.partition(":")
-    if not sep or not module_name or not name:
-        raise ConfigError(f"run {target!r}: expected MODULE:PIPELINE, e.g. myjob:pipeline (a Pipeline, or a function "
-                          "returning one, named in an importable module or a .py file)")
-    if module_name.endswith(".py"):
-        folder = os.path.dirname(os.path.abspath(module_name))
-        module_name = os.path.basename(module_name)[:-3]
-    else:
-        folder = os.getcwd()
-    sys.path.insert(0, folder)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"run {target!r}: cannot import {module_name!r} ({exc}); run from the folder holding it or "
-                          "put it on PYTHONPATH") from exc
-    obj = getattr(module, name, None)
-    if obj is None:
-        raise ConfigError(f"run {target!r}: module {module_name!r} has no {name!r}")
-    if callable(obj) and not isinstance(obj, Pipeline):
-        obj = obj()
-    if not isinstance(obj, Pipeline):
-        raise ConfigError(f"run {target!r}: {name!r} is a {type(obj).__name__}, not a deltawheel Pipeline (or a "
-                          "function returning one)")
-    return obj
 
 
 def _triggers(specs: list[str]) -> tuple[str | None, dict[str, str]]:

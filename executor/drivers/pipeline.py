@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from deltawheel.statestore.exceptions import ConfigError
 
@@ -10,7 +14,7 @@ from ..computation import Computation
 from ..protocol.reports import BatchReport, format_watermark
 from ..sources.injector import Injector
 
-__all__ = ["Pipeline", "RunSummary", "MoveTiming", "StopReport"]
+__all__ = ["Pipeline", "RunSummary", "MoveTiming", "StopReport", "load_pipeline"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +101,36 @@ class StopReport:
         return (f"{self.pipeline}: stopped {self.queries} queries after their batch in flight ({self.batches} batches, "
                 f"{self.records_in} records in this run), deliveries landed, leases given back in "
                 f"{self.seconds:.1f}s{late}")
+
+
+def load_pipeline(target: str) -> Any:
+    """The ``Pipeline`` that ``MODULE:NAME`` (a module or a ``.py`` file) names, or a function returns.
+
+    Raises:
+        ConfigError: no ``:``, a module that cannot be imported, no such name, or not a Pipeline.
+    """
+    module_name, sep, name = target.partition(":")
+    if not sep or not module_name or not name:
+        raise ConfigError(f"run {target!r}: expected MODULE:PIPELINE, e.g. myjob:pipeline (a Pipeline, or a function "
+                          "returning one, named in an importable module or a .py file)")
+    if module_name.endswith(".py"):
+        folder = os.path.dirname(os.path.abspath(module_name))
+        module_name = os.path.basename(module_name)[:-3]
+    else:
+        folder = os.getcwd()
+    sys.path.insert(0, folder)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"run {target!r}: cannot import {module_name!r} ({exc}); run from the folder holding it or "
+                          "put it on PYTHONPATH") from exc
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise ConfigError(f"run {target!r}: module {module_name!r} has no {name!r}")
+    if callable(obj) and not isinstance(obj, Pipeline):
+        obj = obj()
+    if not isinstance(obj, Pipeline):
+        raise ConfigError(f"run {target!r}: {name!r} is a {type(obj).__name__}, not a deltawheel Pipeline (or a "
+                          "function returning one)")
+    return obj

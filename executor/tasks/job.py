@@ -117,5 +117,10 @@ def user_error_message(exc: BaseException, computation: str, batch_id: int | Non
     """A one-line message for a batch that failed in a Spark task: the user code's error when it is found."""
     text = str(exc)
     m = re.search(r"UserCodeError: (.*?)(?:\n|$)", text) or re.search(r"(\w+Error: .*?)(?:\n|$)", text)
-    detail = m.group(1) if m else text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__
+    # a JVM failure: its root cause ("Caused by:"), else the first exception named (not py4j's
+    # "An error occurred while calling oNNN.getResult", which says nothing of what failed)
+    java = (re.findall(r"Caused by: ([\w.$]+: [^\n]+)", text)
+            or re.findall(r"((?:[\w$]+\.)+[\w$]*Exception: [^\n]+)", text))
+    detail = (m.group(1) if m else java[-1][:500] if java
+              else text.strip().splitlines()[0][:500] if text.strip() else type(exc).__name__)
     return f"{computation} batch {'?' if batch_id is None else batch_id} failed in a Spark task: {detail}"

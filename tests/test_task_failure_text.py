@@ -1,0 +1,36 @@
+"""What a batch failed in a Spark task says: the cause, not py4j's call site."""
+
+from __future__ import annotations
+
+from deltawheel.executor.exceptions import BatchFailedError
+from deltawheel.executor.tasks.job import task_failure
+
+_JAVA = """An error occurred while calling o1234.getResult.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 7.0 failed 1 times, most recent failure: Lost task 1.0 in stage 7.0 (TID 12) (10.0.0.5 executor driver): java.io.FileNotFoundException: File file:/store/rows/part-0001.parquet does not exist
+\tat org.apache.hadoop.fs.RawLocalFileSystem.deprecatedGetFileStatus(RawLocalFileSystem.java:915)
+Caused by: java.io.FileNotFoundException: File file:/store/rows/part-0001.parquet does not exist
+\tat org.apache.hadoop.fs.RawLocalFileSystem.getFileStatus(RawLocalFileSystem.java:700)
+"""
+
+_PYTHON = """An error occurred while calling o88.getResult.
+: org.apache.spark.SparkException: Job aborted due to stage failure: ... org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "job.py", line 3, in run
+ValueError: the input is not what the task expects
+"""
+
+
+def test_a_jvm_failure_names_its_root_cause_not_the_py4j_call() -> None:
+    err = task_failure(RuntimeError(_JAVA), "counts", 7)
+    assert isinstance(err, BatchFailedError)
+    assert "getResult" not in str(err)
+    assert str(err).startswith("counts batch 7 failed in a Spark task: java.io.FileNotFoundException: File ")
+
+
+def test_a_python_failure_in_a_task_names_the_python_error() -> None:
+    err = task_failure(RuntimeError(_PYTHON), "counts", None)
+    assert str(err) == "counts batch ? failed in a Spark task: ValueError: the input is not what the task expects"
+
+
+def test_a_failure_without_any_exception_named_keeps_its_first_line() -> None:
+    err = task_failure(RuntimeError("the worker went away\nmore"), "counts", 2)
+    assert str(err) == "counts batch 2 failed in a Spark task: the worker went away"

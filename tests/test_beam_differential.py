@@ -179,6 +179,7 @@ def run_differential(seeds: range) -> tuple[int, int, int, dict[str, int], list[
 
 
 @pytest.mark.timeout(1800)  # the first run creates .venv-beam
+@pytest.mark.slow  # Apache Beam in a venv of its own; the windowing: test_scenarios.py, test_windowing*.py
 def test_beam_agrees_on_the_fixed_sample() -> None:
     generated, compared, agreed, _, reports = run_differential(SAMPLE_SEEDS)
     assert generated == len(SAMPLE_SEEDS) and compared >= generated // 2

@@ -275,6 +275,7 @@ def test_round_orders_fall_back_to_rotation_beyond_the_search() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # two engines over a workload: a minute; each engine's output is checked in the default bench tests
 def test_deltawheel_and_sql_split_their_state_alike_and_both_emit_the_reference(
         spark, tiny: wl.WorkloadData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """The throughput benchmark as a user runs it, deltawheel beside Spark SQL: both emit exactly
@@ -298,6 +299,7 @@ def test_deltawheel_and_sql_split_their_state_alike_and_both_emit_the_reference(
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # a child process per engine run: minutes; the engines run in-process in the default bench tests
 def test_each_engine_run_is_measured_in_a_process_of_its_own(tiny: wl.WorkloadData, tmp_path: Path) -> None:
     """The default (isolated) run as a user starts it, deltawheel beside Spark SQL with a warm-up: each
     run came from its own process (not this one), each emits the reference, and each one's peak memory
@@ -370,6 +372,7 @@ def test_the_command_isolates_unless_told_to_share_a_session(tmp_path: Path, mon
     assert asked == [True, False]
 
 
+@pytest.mark.slow  # a whole bench command in a subprocess; its progress lines are unit-tested
 def test_the_command_prints_each_progress_line_as_it_goes(small: wl.WorkloadData, tmp_path: Path) -> None:
     """`deltawheel bench ... | tee log`: a benchmark's first progress line reaches the pipe while it
     still runs (before it writes its figures), not in one block with the others at its end."""

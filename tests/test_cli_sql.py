@@ -66,6 +66,7 @@ def test_table_cut_is_said_with_the_total(big_store, capsys) -> None:  # type: i
     assert out.splitlines()[-1] == "(1 row)" and err == ""
 
 
+@pytest.mark.slow  # 5,000 rows through a subprocess; the CSV output: the other test_cli_sql.py tests
 def test_subprocess_csv_5000_of_5000(big_store, tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.run(
         [sys.executable, "-m", "deltawheel.executor.cli", "sql", "--store", big_store.root, "--format", "csv",

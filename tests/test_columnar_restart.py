@@ -56,7 +56,8 @@ def fired_and_open(spark: Any, layout: Any) -> tuple[list[tuple[str, int, int]],
 @pytest.mark.timeout(900)
 # on the object store in the slow run: the same kill and restart with the rows, the streams and the
 # query's checkpoint on S3Proxy (commits arbitrated by the job's ZooKeeper chroot)
-@pytest.mark.parametrize("where", ["local", pytest.param("s3a", marks=[pytest.mark.objectstore, pytest.mark.slow])])
+@pytest.mark.slow  # a SIGKILLed subprocess job restarted; SIGKILL mid-commit: test_crash.py, the columnar path: test_columnar.py
+@pytest.mark.parametrize("where", ["local", pytest.param("s3a", marks=[pytest.mark.objectstore])])
 def test_a_columnar_job_killed_and_restarted_counts_every_window_once(  # type: ignore[no-untyped-def]
         spark, zk_server, tmp_path, where: str, request: pytest.FixtureRequest) -> None:
     import uuid

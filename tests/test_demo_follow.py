@@ -71,6 +71,7 @@ def test_what_demo_follow_refuses_before_anything_starts(tmp_path, capsys) -> No
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(1800)
+@pytest.mark.slow  # the whole demo live for a minute; live stages: test_continuous.py, the demo: test_embedded_zk.py
 def test_demo_follow_runs_every_stage_live_and_ends_with_every_event_once(spark, zk_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "live"
     zk = ("--zk", zk_server.hosts, "--zk-chroot", "/follow")

@@ -92,6 +92,7 @@ def test_a_run_made_by_hand_cannot_drain(tmp_path) -> None:  # type: ignore[no-u
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow  # deltawheel run in a subprocess; the drain itself: test_a_drained_run_fires_every_window_and_returns_with_nothing_pending
 def test_deltawheel_run_drain_ends_the_input_at_sigterm(spark, zk_config, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """``deltawheel run MODULE:PIPELINE --drain`` on a job module whose input folder does not exist
     yet: the run makes it; files written while it runs are read; SIGTERM then drains (every minute

@@ -211,6 +211,7 @@ def test_a_running_pipeline_runs_gc_in_the_background(spark, migrated_store, zk_
 
 @pytest.mark.objectstore
 @pytest.mark.zk
+@pytest.mark.slow  # the object-store set; the log cleanup: test_gc_checkpoints_and_cleans_the_delta_log
 def test_gc_cleans_the_delta_log_of_an_object_store(spark, migrated_s3_store, zk_server, capsys) -> None:  # type: ignore[no-untyped-def]
     """``deltawheel gc --apply --log-retention-hours 0`` on an ``s3a://`` store (the real S3Proxy),
     as docs/operations.md shows it: each table's log is checkpointed and the log files before the

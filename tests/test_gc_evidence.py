@@ -87,6 +87,7 @@ def plans(spark: Any, m: Moves, client: Any) -> tuple[list[tuple[str, int | None
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow  # a benchmark's evidence run; gc's decisions: test_gc.py
 def test_gc_reads_the_commits_since_the_last_gc_and_decides_as_a_read_of_every_commit(
         spark: Any, zk_config: Any, tmp_path: Path, monkeypatch: Any) -> None:
     m = Moves(spark, zk_config, tmp_path)

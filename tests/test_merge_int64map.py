@@ -56,6 +56,7 @@ def _run(spark, layout, zk_config, write_path: str):  # type: ignore[no-untyped-
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow  # two write paths over one job; each path's int64 map: test_columnar.py, test_writepath_contract.py
 def test_an_int64map_computation_on_the_merge_path_matches_the_image_path(  # type: ignore[no-untyped-def]
         spark, zk_config, migrated_template, tmp_path) -> None:
     from conftest import copy_migrated_store  # the session's migrated store, copied

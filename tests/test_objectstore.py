@@ -130,6 +130,7 @@ def test_objectstore_cli_says_when_the_port_belongs_to_another_data_folder(tmp_p
 @pytest.mark.spark
 @pytest.mark.zk
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # the object-store set; migrate's ZooKeeper options: test_migrations.py
 def test_migrate_on_an_s3a_store_takes_its_zookeeper_from_the_command_line(object_store, s3_bucket,  # type: ignore[no-untyped-def]
                                                                           zk_server) -> None:
     from conftest import object_store_env

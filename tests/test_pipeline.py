@@ -83,6 +83,7 @@ def test_local_cluster_gives_the_same_outputs(spark, zk_server, tmp_path, refere
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.slow  # the demo SIGKILLed and rerun in subprocesses; SIGKILL mid-commit: test_crash.py
 def test_demo_resumes_after_sigkill_with_exactly_the_same_rows(spark, zk_server, tmp_path, reference) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "killed"
     # the killed run's leases stay held for its ZooKeeper session: 6 s instead of the default 20 s

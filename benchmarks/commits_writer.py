@@ -100,7 +100,8 @@ def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterS
                 # 2. the fenced commit
                 for k in picked:
                     counts[k] += 1
-                rows = [KeyRow(spec.computation, k, interval_of(k, spec.num_intervals),
+                rows = [KeyRow(computation=spec.computation, key=k,
+                               interval=interval_of(k, spec.num_intervals),
                                state=codec.encode({"n": counts[k]})) for k in picked]
                 t1 = time.monotonic()
                 res = store.commit(spec.computation, rows, sequencers=seqs, num_intervals=spec.num_intervals,

@@ -10,6 +10,7 @@ docs/architecture-deltalog.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -262,7 +263,7 @@ def run(spark: Any, stores: dict[str, str], work: str, *, commits: int, interval
                 print(f"{store:6} {kind:22} {report['kinds'][store][kind]}", flush=True)
     stream_apps = [f"deltawheel.c.{iv}" for iv in range(intervals)]
     for store, root in stores.items():
-        tables = {f"rows, checkpoint every {cpi}": (build_rows_table(spark, f"{root}/rows{cpi}", commits=commits,
+        tables: dict[str, tuple[str, Sequence[str]]] = {f"rows, checkpoint every {cpi}": (build_rows_table(spark, f"{root}/rows{cpi}", commits=commits,
                                                                      intervals=intervals, checkpoint_interval=cpi),
                                                     ())
                   for cpi in (10, 100)}
@@ -272,13 +273,13 @@ def run(spark: Any, stores: dict[str, str], work: str, *, commits: int, interval
             files = table_files(spark, uri)
             entry: dict[str, Any] = {"uri": uri, **_log_shape(files), "exactness": _exactness(spark, uri, files, apps)}
             calls: dict[str, Callable[[], Any]] = {
-                "log.py": lambda f=files, a=apps: read_with_log(f, a),
-                "delta-rs": lambda f=files, a=apps: read_with_delta_rs(f, a),
-                "Delta in the JVM": lambda u=uri, a=apps: read_with_delta(spark, u, a),
+                "log.py": functools.partial(read_with_log, files, apps),
+                "delta-rs": functools.partial(read_with_delta_rs, files, apps),
+                "Delta in the JVM": functools.partial(read_with_delta, spark, uri, apps),
             }
             if name.startswith("rows"):
-                calls["fences: log.py + pyarrow"] = lambda f=files: fences_with_log(f)
-                calls["fences: delta-rs scan"] = lambda f=files: fences_with_delta_rs(f)
+                calls["fences: log.py + pyarrow"] = functools.partial(fences_with_log, files)
+                calls["fences: delta-rs scan"] = functools.partial(fences_with_delta_rs, files)
                 want = fences_with_log(files)
                 entry["fences_equal"] = want == fences_with_delta_rs(files)
             entry["warm"] = time_side_by_side(calls, rounds)

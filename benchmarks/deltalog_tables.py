@@ -140,6 +140,7 @@ def build_rows_table(spark: Any, uri: str, *, commits: int, intervals: int, chec
     spark.sql(f"ALTER TABLE delta.`{layout.rows}` SET TBLPROPERTIES "
               f"('delta.checkpointInterval' = '{checkpoint_interval}')")
     files = table_files(spark, layout.rows)
+    assert files is not None, "a store whose files Python reaches (local, file:, s3a://)"
     log = TableLog(spark, layout.rows)
     schema = arrow_schema(rows_file_ddl())
     live: dict[int, FileEntry] = {}
@@ -154,8 +155,9 @@ def build_rows_table(spark: Any, uri: str, *, commits: int, intervals: int, chec
             size = write_file(table, files, rel)
             add = new_add(rel, {"computation": "c", "interval": str(iv)}, size, table.num_rows)
             adds.append(add)
-            new[iv] = FileEntry(json.loads(add)["add"]["path"], (("computation", "c"), ("interval", str(iv))),
-                                size, False, add)
+            new[iv] = FileEntry(path=json.loads(add)["add"]["path"],
+                                partition_values=(("computation", "c"), ("interval", str(iv))), size=size,
+                                has_deletion_vector=False, action_json=add)
         meta = json.dumps({"deltawheel": 1, "kind": "commit", "computation": "c", "commit_id": f"c{c}",
                            "write_path": "image", "sequencers": {str(iv): c for iv in ivs}})
         log.commit(remove=[live[iv] for iv in ivs if iv in live], add=adds, user_metadata=meta)
@@ -175,6 +177,7 @@ def build_stream_table(spark: Any, uri: str, *, commits: int, intervals: int) ->
 
     path = ensure_stream_table(spark, StoreLayout(uri), "out")
     files = table_files(spark, path)
+    assert files is not None, f"{path}: a table whose files Python reaches"
     log = TableLog(spark, path)
     schema = arrow_schema(stream_schema_ddl())
     names = schema.names

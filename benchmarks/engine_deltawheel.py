@@ -87,7 +87,7 @@ def _columnar(base: Any) -> Any:
     from deltawheel.executor.computation import ColumnBatch, ColumnResult
     from deltawheel.statestore.codecs import msgpack_rows
 
-    class WindowCountColumnar(base):  # type: ignore[misc, valid-type]
+    class WindowCountColumnar(base):  # type: ignore[misc]
         codec = "int64map"  # {window_start: count} as packed int64 pairs; productions as msgpack
 
         def process_columns(self, batch: ColumnBatch) -> ColumnResult:

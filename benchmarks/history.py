@@ -129,9 +129,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     log_s, log_all, hist = _timed(lambda: key_history(files, computation=name, key=PROBE), args.repeat)
 
     def cdf() -> list[Any]:
-        return (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", feed_from).load(rows)
-                .where((F.col("computation") == name) & (F.col("key") == PROBE))
-                .select("_commit_version", "_change_type", "state").collect())
+        return list(spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", feed_from)
+                    .load(rows).where((F.col("computation") == name) & (F.col("key") == PROBE))
+                    .select("_commit_version", "_change_type", "state").collect())
 
     cdf_s, cdf_all, feed = _timed(cdf, args.repeat)
 

@@ -171,8 +171,9 @@ def model(d: Deployment) -> dict[str, Any]:
          JUTE_MAXBUFFER / LOG_ENTRY_NAME_BYTES),
         ("watermark multi bytes (<= jute.maxbuffer)", zk["publish_multi_bytes"], JUTE_MAXBUFFER),
     ]
-    checks = sorted(({"limit": w, "used": u, "capacity": c, "headroom": c / u if u else float("inf")}
-                     for w, u, c in limits), key=lambda x: x["headroom"])
+    checks: list[dict[str, Any]] = sorted(
+        ({"limit": w, "used": u, "capacity": c, "headroom": c / u if u else float("inf")} for w, u, c in limits),
+        key=lambda x: float(x["headroom"]))
     return {"deployment": asdict(d), "touched_per_batch": t, "batches_per_s": batches, **commits,
             "tables": {k: {"count": n, **tb} for k, (n, tb) in tables.items()},
             "prefixes": {k: {"count": n, **p} for k, (n, p) in prefixes.items()},

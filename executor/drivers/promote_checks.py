@@ -32,9 +32,10 @@ def unproven(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *,
     >>> from deltawheel.statestore.rowtable.inputfiles import commit_entry, no_input_entry
     >>> def c(v, kind="commit", meta=None):
     ...     meta = commit_entry(v, ["f"]) if meta is None else meta
-    ...     return ComputationCommit(v, 0, kind, meta.get("positions", {}).get("batch_id"),
-    ...                              None if "positions" not in meta else tuple(meta["positions"]["files"]),
-    ...                              None, None, meta)
+    ...     return ComputationCommit(
+    ...         version=v, timestamp_ms=0, kind=kind, batch_id=meta.get("positions", {}).get("batch_id"),
+    ...         files=None if "positions" not in meta else tuple(meta["positions"]["files"]),
+    ...         input_ms=None, late_ms=None, meta=meta)
     >>> commits = [c(3), c(4, "claim", {}), c(5), c(6, "promote", no_input_entry()), c(7, meta={}), c(8)]
     >>> [(x.version, why) for x, why in unproven(commits, {"from_version": 3, "ran": [5]}, num_intervals=4)]
     [(7, 'records no input positions'), (8, 'not re-run by the replay')]

@@ -50,7 +50,8 @@ MAX_INTERVAL = 99_999
 class LeaseGrant:
     """One grant of a key interval to an owner, with its sequencer.
 
-    >>> g = LeaseGrant("p", "c", 3, "host-1", 17, 1000, instance="a")
+    >>> g = LeaseGrant(pipeline="p", computation="c", interval=3, owner="host-1", sequencer=17, granted_ms=1000,
+    ...                instance="a")
     >>> LeaseGrant.from_payload(g.to_payload()) == g
     True
     """

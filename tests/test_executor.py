@@ -25,7 +25,7 @@ def _windows(spark, layout) -> list[tuple[str, str]]:  # type: ignore[no-untyped
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("write_path", ["image", "merge"])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_batches_timers_and_replay_are_exactly_once(spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
     ex, client = start_executor(spark, migrated_store, zk_config, BucketCounter(), write_path=write_path)
     assert ex.write_path == write_path

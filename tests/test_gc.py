@@ -37,6 +37,7 @@ def _vacuum_line(report, table: str) -> str:  # type: ignore[no-untyped-def]
     return next(line for line in report.lines() if "vacuum" in line and f" {table}: " in line)
 
 
+@pytest.mark.slow  # the dry run's plan: test_gc_dry_run_then_apply
 def test_gc_dry_run_in_a_young_store_says_nothing_is_old_enough(spark, migrated_store) -> None:  # type: ignore[no-untyped-def]
     import time
 
@@ -146,7 +147,7 @@ def test_gc_apply_on_idle_store_keeps_live_state(spark, zk_server, tmp_path, wri
     assert outcome["gcd"] == outcome["clean"]
 
 
-@pytest.mark.parametrize("old_quoting", [False, True])
+@pytest.mark.parametrize("old_quoting", [False, pytest.param(True, marks=pytest.mark.slow)])  # True: slow suite (time)
 def test_vacuum_keeps_files_the_image_path_wrote(spark, migrated_store, old_quoting) -> None:  # type: ignore[no-untyped-def]
     """A rows file committed as the image path commits it sits beside a file Delta wrote for the
     same computation, under the same path form; 8 days old and vacuumed with retention 0 (forced),

@@ -146,7 +146,7 @@ def test_two_applications_appending_lose_no_commit(spark, object_store, zk_serve
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("entry", ["inline", "temporary file"])
+@pytest.mark.parametrize("entry", [pytest.param("inline", marks=pytest.mark.slow), "temporary file"])  # inline: slow suite (time)
 def test_a_writer_dying_after_its_entry_is_completed_by_the_next_reader(spark, object_store, zk_server,  # type: ignore[no-untyped-def]
                                                                          s3_bucket, entry) -> None:
     """The dead writer's bytes wait in its ZooKeeper entry (a small commit) or in a temporary
@@ -356,6 +356,7 @@ def test_a_writer_overtaken_while_creating_a_table_loses_with_file_already_exist
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # the losing writer of two processes: test_two_processes_racing_one_version_never_both_win
 def test_a_writer_that_committed_the_version_before_still_loses_one_another_process_took(
         spark, object_store, zk_server, s3_bucket) -> None:  # type: ignore[no-untyped-def]
     """This process commits version 0, another application commits 1 (unseen here), and this

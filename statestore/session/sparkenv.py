@@ -71,7 +71,8 @@ def require_java() -> str:
 
 
 def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | None = None):  # type: ignore[no-untyped-def]
-    """Create (or return the running) SparkSession with Delta Lake configured.
+    """Create a SparkSession with Delta Lake configured, or return the running one as it is (only
+    ``settings.extra`` and the log level are applied to it).
 
     Raises:
         SparkConnectSessionError: ``SPARK_REMOTE`` is set (a Spark Connect session).
@@ -86,6 +87,12 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
             f"SPARK_REMOTE is set ({remote}), so pyspark would build a Spark Connect session; deltawheel "
             "needs a classic SparkSession (a Connect client has no driver JVM, and deltawheel commits through "
             "Delta Lake's JVM API). Unset SPARK_REMOTE for this process (docs/embedding.md, 'Session settings')")
+    running = SparkSession.getActiveSession()
+    if running is not None:  # its jars and static settings are fixed: re-applying ours would only change
+        for k, v in settings.extra.items():  # its runtime ones (a reading tool's would undo the s3a ones)
+            running.conf.set(k, v)
+        running.sparkContext.setLogLevel(settings.log_level)
+        return running
     require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

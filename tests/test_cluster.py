@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.zk]
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow  # a standalone cluster up and down: a minute; the hosts test bed's up/down: test_hosts.py
 def test_cli_up_status_down_leaves_no_process(tmp_path: Path) -> None:
     data = tmp_path / "cl"
     try:

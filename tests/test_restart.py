@@ -86,6 +86,7 @@ def chroot() -> str:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow  # a job instance SIGKILLed and restarted in subprocesses; the takeover by name: test_restart_leases.py
 def test_a_killed_instance_restarted_under_its_name_takes_over_at_once_and_counts_every_record_once(  # type: ignore[no-untyped-def]
         spark, zk_server, tmp_path, chroot) -> None:
     import deltawheel

@@ -25,7 +25,7 @@ def _gc(root: str) -> None:
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("write_path", ["merge", pytest.param("image", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("write_path", ["image", pytest.param("merge", marks=pytest.mark.slow)])  # merge: slow suite (time)
 def test_a_restart_after_stream_retention_does_not_resurrect_a_delivered_record(
         spark, migrated_store, zk_config, write_path) -> None:  # type: ignore[no-untyped-def]
     """The bucket of "cats" is emitted and delivered, the executor stops (its production stays

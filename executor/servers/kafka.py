@@ -23,7 +23,7 @@ from deltawheel.statestore.session.connectors import KAFKA_CLIENTS_VERSION, defa
 
 from ..exceptions import KafkaServerError
 
-__all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "ensure_kafka_broker_jars", "create_topic"]
+__all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "cluster_id_of", "ensure_kafka_broker_jars", "create_topic"]
 
 #: The broker's version: the kafka-clients version Spark 4.2's Kafka connector declares.
 KAFKA_VERSION = KAFKA_CLIENTS_VERSION
@@ -134,7 +134,7 @@ class KafkaBroker:
         """``kafka-storage format`` of the log folder, once (a formatted folder keeps its cluster id)."""
         if (self.data_dir / "logs" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = cluster_id_of(uuid.uuid4())
         done = subprocess.run(self._java(_STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(self.config_file)),
                               capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
@@ -214,3 +214,15 @@ def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: 
                                        f"{str(exc).splitlines()[0]}; is the broker running?") from exc
     finally:
         admin.close(j.java.time.Duration.ofMillis(wait_ms))
+
+
+def cluster_id_of(u: uuid.UUID) -> str:
+    """A KRaft cluster id from ``u``: its bytes in URL-safe base64, as Kafka's own ``Uuid`` prints
+    them, with a leading ``-`` (1 id in 64) made ``_``: kafka-storage's argument parser reads an id
+    starting with ``-`` as an option and refuses the format.
+
+    >>> cluster_id_of(uuid.UUID(bytes=b"\\xfb" + bytes(15)))
+    '_wAAAAAAAAAAAAAAAAAAAA'
+    """
+    text = base64.urlsafe_b64encode(u.bytes).rstrip(b"=").decode()
+    return "_" + text[1:] if text.startswith("-") else text

@@ -87,9 +87,12 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
             f"SPARK_REMOTE is set ({remote}), so pyspark would build a Spark Connect session; deltawheel "
             "needs a classic SparkSession (a Connect client has no driver JVM, and deltawheel commits through "
             "Delta Lake's JVM API). Unset SPARK_REMOTE for this process (docs/embedding.md, 'Session settings')")
-    running = SparkSession.getActiveSession()
-    if running is not None:  # its jars and static settings are fixed: re-applying ours would only change
-        for k, v in settings.extra.items():  # its runtime ones (a reading tool's would undo the s3a ones)
+    if SparkSession.getActiveSession() is not None:
+        # the running session itself (a builder without options re-applies nothing): its jars and
+        # static settings are fixed, and re-applying ours would only change its runtime ones (a
+        # reading tool's defaults would undo the s3a checkpoint manager)
+        running = SparkSession.builder.getOrCreate()
+        for k, v in settings.extra.items():
             running.conf.set(k, v)
         running.sparkContext.setLogLevel(settings.log_level)
         return running

@@ -185,11 +185,15 @@ def test_dockerfile_builds_the_job_image_from_the_pinned_spark_image() -> None:
     assert instructions[-1] == ("USER", "spark"), "the image does not end as Spark's user"
 
 
+_FOLDERS = "|".join(("work", "home", "root", "Users"))
+_MACHINE_PATH = re.compile(rf"/(?:{_FOLDERS})/|~/\.cache|\.cache/deltawheel")
+
+
 def test_files_name_no_host_paths_and_hold_no_keys() -> None:
     for f in (DOCKERFILE, SPARKAPP, ZOOKEEPER, YARN):
         text = f.read_text()
         # a user's or a build machine's folder, or deltawheel's per-user cache
-        found = re.search(r"/(?:%s)/|~/\.cache|\.cache/deltawheel" % "|".join(("work", "home", "root", "Users")), text)
+        found = _MACHINE_PATH.search(text)
         assert found is None, f"{f.relative_to(REPO)} names a machine path ({found and found.group()})"
         assert not re.search(r"(?i)(access|secret)[-_.]?key\s*[=:]\s*['\"]?[A-Za-z0-9/+]{16,}", text), \
             f"{f.relative_to(REPO)} holds what looks like a key"

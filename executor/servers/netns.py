@@ -15,6 +15,8 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,9 +31,26 @@ PREFIX = "dwh"
 BRIDGE = f"{PREFIX}-br"
 #: The PATH of a process on an isolated host: the system's folders only.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Folders an isolated host never sees (besides the test bed's folder).
+#: Folders an isolated host never sees (besides the test bed's folder and :func:`private_folders`).
 MASKED = ("/work", "/root", "/tmp")
 _STAGE = "/srv"
+
+
+def private_folders() -> list[Path]:
+    """This machine's folders an isolated host must not see wherever they live: the checkout
+    deltawheel runs from, the Python environment running it, the home and temporary folders."""
+    checkout = Path(__file__).resolve().parents[2]
+    return [checkout, Path(sys.prefix).resolve(), Path.home().resolve(), Path(tempfile.gettempdir()).resolve()]
+
+
+def _masks(extra: Sequence[Path]) -> list[str]:
+    """The folders to cover, none beneath another (a system folder such as ``/usr`` is never one).
+
+    >>> _masks([Path("/work/a/b"), Path("/check/x"), Path("/check/x/y"), Path("/usr")])
+    ['/check/x', '/root', '/tmp', '/work']
+    """
+    found = {Path(m) for m in MASKED} | {d for d in extra if d.parts[1:2] not in (("usr",), ())}
+    return sorted(str(d) for d in found if not any(d != o and d.is_relative_to(o) for o in found))
 
 
 @dataclass(frozen=True)
@@ -164,14 +183,12 @@ def isolated_prefix(host: Host, *, own_dir: Path, shared_dirs: Sequence[Path] = 
                     env: Mapping[str, str] | None = None) -> list[str]:
     """The words that run a command on ``host`` with its own view of the file system.
 
-    The folders of :data:`MASKED` and ``hidden`` are replaced by empty tmpfs; ``own_dir`` (writable)
+    The folders of :data:`MASKED`, :func:`private_folders` and ``hidden`` are replaced by empty tmpfs; ``own_dir`` (writable)
     and ``shared_dirs`` (read-only) come back at their own paths. The command runs with a clean
     environment: ``PATH`` = :data:`BASE_PATH`, ``HOME=/root``, ``LANG`` and ``env``.
     """
     keep = [own_dir.resolve(), *(d.resolve() for d in shared_dirs)]
-    masks = list(MASKED)
-    masks += [str(d.resolve()) for d in hidden
-              if not any(d.resolve().is_relative_to(m) for m in masks)]  # none beneath another
+    masks = _masks([*private_folders(), *(d.resolve() for d in hidden)])
     lines = ["set -e", f"mount -t tmpfs -o size=1m,mode=755 dwh-stage {_STAGE}"]
     for i, d in enumerate(keep):
         lines += [f"mkdir {_STAGE}/{i}", f"mount --bind {shlex.quote(str(d))} {_STAGE}/{i}"]

@@ -1,4 +1,4 @@
-"""A computation reading a Kafka topic and a Parquet folder (issue 42): each batch commit records the
+"""A computation reading a Kafka topic and a Parquet folder: each batch commit records the
 offset ranges it read and the files, each by its source's place in the query; replay re-reads
 both, in the live query's order, and unchanged code gives an empty diff."""
 

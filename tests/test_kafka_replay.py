@@ -1,4 +1,4 @@
-"""Kafka offsets as input positions (issue 42): each batch commit of a Kafka-fed computation records
+"""Kafka offsets as input positions: each batch commit of a Kafka-fed computation records
 the offset ranges it read, from the query's offset log; replay re-reads them from the topic and
 refuses ranges past the topic's retention, naming the horizon."""
 

@@ -1,4 +1,4 @@
-"""``deltawheel promote`` (issue 42 item 4): a replay's state replaces the live computation's under its
+"""``deltawheel promote``: a replay's state replaces the live computation's under its
 leases, while the pipeline runs; real Spark, ZooKeeper and Delta."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``deltawheel repair`` (issue 43 item 1): an UPDATE or DELETE of the decoded state view (MERGE,
+"""``deltawheel repair``: an UPDATE or DELETE of the decoded state view (MERGE,
 timers and pending productions: test_repair_merge.py), one fenced
 commit under the leases of the intervals it touches, audited; real Spark, ZooKeeper and Delta."""
 

@@ -1,4 +1,4 @@
-"""``deltawheel repair`` beyond UPDATE/DELETE of the state (issue 43 item 1): MERGE from a file or
+"""``deltawheel repair`` beyond UPDATE/DELETE of the state: MERGE from a file or
 table, timers and checkpointed productions, ``--plan`` on an unknown pipeline, and the empty
 side-table views; real Spark, ZooKeeper and Delta."""
 

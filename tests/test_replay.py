@@ -1,4 +1,4 @@
-"""Replay (issue 42 items 1-3): input positions per commit, ``deltawheel replay`` into a shadow
+"""Replay: input positions per commit, ``deltawheel replay`` into a shadow
 store, and the diff against the live store; real Spark, ZooKeeper and Delta.
 
 The live store: the demo's ``window_counter`` and ``model`` over generated queries, run three times

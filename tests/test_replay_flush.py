@@ -1,4 +1,4 @@
-"""Replay from the middle of a windowed computation's run (issue 42, the diff): a flush batch (the
+"""Replay from the middle of a windowed computation's run: a flush batch (the
 pipeline runner's batch without input, firing the timers the watermark made due) takes the id the
 query's next micro-batch gets too, so the diff's choice of the live productions must be by commit,
 not by batch id; real Spark, ZooKeeper and Delta."""

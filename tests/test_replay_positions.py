@@ -1,4 +1,4 @@
-"""Commits that read no input record positions without a batch (issue 42, replay across them):
+"""Commits that read no input record positions without a batch:
 the merge path's fence, the image path's compaction, a tool's commit (promote, repair). A replay
 starts from or across them, re-runs nothing for them, and names a tool's change it does not make."""
 

@@ -1,5 +1,5 @@
 """A replay's shadow store on ``s3a://`` (``replay --into s3a://...``) and ``promote`` from it into a
-live store on ``s3a://`` (issue 42): the same checks as for a local folder (not the live store, not a
+live store on ``s3a://``: the same checks as for a local folder (not the live store, not a
 non-empty store of another pipeline), the marker on the object store, the promoted state continued
 by the live pipeline, the audit row. Real S3Proxy (tests/conftest.py), Spark and ZooKeeper."""
 

@@ -1,4 +1,4 @@
-"""Input positions of a pipeline whose store is on ``s3a://`` (issue 42): the readers of a query
+"""Input positions of a pipeline whose store is on ``s3a://``: the readers of a query
 checkpoint's offset log, its file-source log and a stream table's Delta log reach the object store
 through ``storefs.TableFiles`` and give what they give on a local folder; a remote file that cannot
 be read leaves the batch's positions unknown (the batch runs); ``deltawheel replay`` of an

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 __all__ = ["SIZE_NAMES", "add_throughput_arguments", "add_cache_arguments", "add_watermark_arguments", "add_latency_arguments",
-           "add_history_arguments", "DEFAULT_CAPACITIES", "add_commits_arguments"]
+           "DEFAULT_CAPACITIES", "add_commits_arguments"]
 
 DEFAULT_CAPACITIES = (0.02, 0.05, 0.1, 0.2, 0.4)
 #: the named workload sizes (``workload.SIZES``; docs/benchmarks.md, "The workload")
@@ -100,16 +100,6 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
                    help="ZooKeeper for the deltawheel engine, host:port[,host:port] (default: a store's embedded server)")
     p.add_argument("--watch-log", action="store_true",
                    help="also list each output's _delta_log every 5 ms and report when versions first appear")
-
-
-def add_history_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the history benchmark's options (store size, batches, the probe key's changes) to ``p``."""
-    p.add_argument("--out", default="bench-out/history", help="output folder for history.json and the store")
-    p.add_argument("--keys", type=int, default=20_000, help="keys in the store (default 20,000)")
-    p.add_argument("--batches", type=int, default=20, help="batches (rows table versions) (default 20)")
-    p.add_argument("--per-batch", type=int, default=1_000, help="keys touched per batch (default 1,000)")
-    p.add_argument("--probe-changes", type=int, default=3, help="batches that change the probe key (default 3)")
-    p.add_argument("--repeat", type=int, default=3, help="timings per reader; the median is reported (default 3)")
 
 
 def add_restart_arguments(p: argparse.ArgumentParser) -> None:

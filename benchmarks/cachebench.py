@@ -99,16 +99,16 @@ def build_trace(files: Sequence[Path]) -> Trace:
 
 
 def replay(trace: Trace, policy: str, capacity: int) -> dict[str, Any]:
-    """The trace through a :class:`RowCache` (one interval, one sequencer: no takeover here)."""
+    """The trace through a :class:`RowCache`."""
     cache = RowCache(capacity, policy=policy)
     t0 = time.process_time()
     for b in trace.batches:
         cache.begin_batch(watermark_ms=b.watermark_ms, now_ms=b.now_ms)
         for key in b.keys:
-            if cache.lookup(key, interval=0, sequencer=1) is MISS:
-                cache.put(key, None, interval=0, sequencer=1, next_event_ms=None, next_processing_ms=None)
+            if cache.lookup(key) is MISS:
+                cache.put(key, None, next_event_ms=None, next_processing_ms=None)
         for key, nxt in b.next_timer.items():
-            cache.put(key, None, interval=0, sequencer=1, next_event_ms=nxt, next_processing_ms=None)
+            cache.put(key, None, next_event_ms=nxt, next_processing_ms=None)
         cache.end_batch()
     cpu = time.process_time() - t0
     st = cache.stats

@@ -3,13 +3,11 @@ workload's row accesses through, with this policy, with LRU and with Belady's op
 (docs/benchmarks.md, "Cache"). The executor itself caches whole interval images
 (``executor/tasks/image/cache.py``).
 
-An entry is served only to a reader giving the sequencer of the lease grant it was cached under
-(after a takeover the sequencer differs and the entry is a miss). The cache may grow while a batch
-runs; :meth:`RowCache.end_batch` trims it back to ``capacity`` rows, dropping those whose next
-expected access is furthest away in batches: an event-time timer when the watermark passes it, a
-processing-time timer, or the key's last access plus its mean gap between accesses, the earliest
-counting. Rows with no expectation go first, least recently used first; ``policy="lru"`` ranks by
-last access only.
+The cache may grow while a batch runs; :meth:`RowCache.end_batch` trims it back to ``capacity``
+rows, dropping those whose next expected access is furthest away in batches: an event-time timer
+when the watermark passes it, a processing-time timer, or the key's last access plus its mean gap
+between accesses, the earliest counting. Rows with no expectation go first, least recently used
+first; ``policy="lru"`` ranks by last access only.
 """
 
 from __future__ import annotations
@@ -17,17 +15,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from deltawheel.statestore.exceptions import ConfigError
-from deltawheel.statestore.rowtable.rows import KeyRow
 
 __all__ = ["RowCache", "CacheStats", "MISS", "POLICIES"]
 
 POLICIES = ("window", "lru")
 #: What :meth:`RowCache.lookup` returns when the cache cannot answer (a cached absent row is ``None``).
 MISS: Any = type("Miss", (), {"__repr__": lambda self: "MISS"})()
-_FROM_ROW: Any = object()
 _NEVER = math.inf
 DEFAULT_ADVANCE_MS = 1_000  # event time per batch, until two batches have shown it
 _ALPHA = 0.5  # weight of the newest observation in the moving averages
@@ -35,23 +31,19 @@ _ALPHA = 0.5  # weight of the newest observation in the moving averages
 
 @dataclass
 class CacheStats:
-    """Counters: ``hits + misses == lookups``; ``stale`` misses found an entry of an older grant."""
+    """Counters: ``hits + misses == lookups``."""
 
     lookups: int = 0
     hits: int = 0
     misses: int = 0
-    stale: int = 0
     evictions: int = 0
 
 
 class _Entry:
-    __slots__ = ("row", "interval", "sequencer", "next_ev", "next_proc", "last", "gap", "seq")
+    __slots__ = ("row", "next_ev", "next_proc", "last", "gap", "seq")
 
-    def __init__(self, row: KeyRow | None, interval: int, sequencer: int, next_ev: int | None,
-                 next_proc: int | None, last: int, seq: int) -> None:
+    def __init__(self, row: Any, next_ev: int | None, next_proc: int | None, last: int, seq: int) -> None:
         self.row = row
-        self.interval = interval
-        self.sequencer = sequencer
         self.next_ev = next_ev
         self.next_proc = next_proc
         self.last = last  # batch of the last access
@@ -60,7 +52,7 @@ class _Entry:
 
 
 class RowCache:
-    """Rows of one computation's owned keys (``None`` = known to have no row).
+    """Rows of one computation's keys (``None`` = known to have no row).
 
     Args:
         capacity: rows kept between batches (> 0).
@@ -100,18 +92,13 @@ class RowCache:
             self._wm = watermark_ms if self._wm is None else max(self._wm, watermark_ms)
         self._now = now_ms
 
-    def lookup(self, key: str, *, interval: int, sequencer: int) -> Any:
+    def lookup(self, key: str) -> Any:
         """The cached row of ``key`` (``None``: it has none) or :data:`MISS`; counts the access."""
         st = self.stats
         st.lookups += 1
         e = self._entries.get(key)
         if e is None:
             st.misses += 1
-            return MISS
-        if e.sequencer != sequencer or e.interval != interval:  # cached under another grant
-            del self._entries[key]
-            st.misses += 1
-            st.stale += 1
             return MISS
         st.hits += 1
         if self._batch > e.last:
@@ -122,31 +109,14 @@ class RowCache:
         e.seq = self._seq
         return e.row
 
-    def put(self, key: str, row: KeyRow | None, *, interval: int, sequencer: int,
-            next_event_ms: Any = _FROM_ROW, next_processing_ms: Any = _FROM_ROW) -> None:
-        """Cache ``row`` (``None``: the key has no row) as read or committed under ``sequencer``;
-        the next timers come from the row unless given."""
-        ev = (row.next_event_timer_ms if row is not None else None) if next_event_ms is _FROM_ROW else next_event_ms
-        proc = ((row.next_processing_timer_ms if row is not None else None)
-                if next_processing_ms is _FROM_ROW else next_processing_ms)
+    def put(self, key: str, row: Any, *, next_event_ms: int | None, next_processing_ms: int | None) -> None:
+        """Cache ``row`` (``None``: the key has no row) with the key's next timers."""
         e = self._entries.get(key)
-        if e is None or e.sequencer != sequencer:
+        if e is None:
             self._seq += 1
-            self._entries[key] = _Entry(row, interval, sequencer, ev, proc, self._batch, self._seq)
+            self._entries[key] = _Entry(row, next_event_ms, next_processing_ms, self._batch, self._seq)
             return
-        e.row, e.interval, e.next_ev, e.next_proc = row, interval, ev, proc
-
-    def invalidate(self, intervals: Iterable[int] | None = None) -> int:
-        """Drop the entries of ``intervals`` (all: None), e.g. when their leases are given up or lost."""
-        if intervals is None:
-            n = len(self._entries)
-            self._entries.clear()
-            return n
-        ivs = set(intervals)
-        gone = [k for k, e in self._entries.items() if e.interval in ivs]
-        for k in gone:
-            del self._entries[k]
-        return len(gone)
+        e.row, e.next_ev, e.next_proc = row, next_event_ms, next_processing_ms
 
     def end_batch(self) -> int:
         """Trim to ``capacity`` rows by the policy; returns how many were evicted."""
@@ -163,11 +133,6 @@ class RowCache:
             del self._entries[k]
         self.stats.evictions += over
         return over
-
-    def expected_access(self, key: str) -> float:
-        """Batches from now until ``key``'s next expected access (inf: no expectation; for tests)."""
-        e = self._entries.get(key)
-        return _NEVER if e is None else self._rank(e)[0] - self._batch
 
     def _rank(self, e: _Entry) -> tuple[float, int]:
         b = self._batch

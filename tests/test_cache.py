@@ -1,5 +1,5 @@
-"""The row cache: window-aware eviction vs LRU, grants, and the cache benchmark's trace checked
-against the workload's reference."""
+"""The row cache: window-aware eviction vs LRU, and the cache benchmark's trace checked against the
+workload's reference."""
 
 from __future__ import annotations
 
@@ -10,22 +10,18 @@ import pytest
 from deltawheel.benchmarks.cachebench import build_trace, replay, replay_opt, run_cache_bench
 from deltawheel.benchmarks.rowcache import MISS, RowCache
 from deltawheel.benchmarks.workload import WorkloadParams, ensure_workload
-from deltawheel.statestore.codecs import get_codec
 from deltawheel.statestore.exceptions import ConfigError
-from deltawheel.statestore.rowtable.rows import KeyRow, TimeDomain, Timer
-
-J = get_codec("json")
 
 
 def _batch(cache: RowCache, wm: int, now: int, reads: list[str], writes: dict[str, int | None]) -> list[str]:
     """One batch: ``reads`` looked up (misses filled), ``writes`` key -> next event timer; returns the hits."""
     cache.begin_batch(watermark_ms=wm, now_ms=now)
-    hits = [k for k in reads if cache.lookup(k, interval=0, sequencer=1) is not MISS]
+    hits = [k for k in reads if cache.lookup(k) is not MISS]
     for k in reads:
         if k not in cache:
-            cache.put(k, None, interval=0, sequencer=1, next_event_ms=None, next_processing_ms=None)
+            cache.put(k, None, next_event_ms=None, next_processing_ms=None)
     for k, t in writes.items():
-        cache.put(k, None, interval=0, sequencer=1, next_event_ms=t, next_processing_ms=None)
+        cache.put(k, None, next_event_ms=t, next_processing_ms=None)
     cache.end_batch()
     return hits
 
@@ -44,33 +40,23 @@ def test_window_aware_eviction_keeps_the_row_whose_timer_comes_next(policy: str)
         assert kept == {"far", "once"} and hits == []
 
 
+def _expected_access(cache: RowCache, key: str) -> float:
+    """Batches from now until ``key``'s next expected access (inf: no expectation), as the policy ranks it."""
+    return cache._rank(cache._entries[key])[0] - cache._batch
+
+
 def test_expected_access_from_timers_and_repeats() -> None:
     cache = RowCache(10)
     _batch(cache, 0, 1_000, ["a", "b"], {"a": 20_000, "b": None})
     _batch(cache, 2_000, 2_000, ["b", "c"], {"c": None})  # the watermark advances 2 s per batch
-    assert cache.expected_access("a") == 9  # (20,000 - 2,000) / 2,000 batches
-    assert cache.expected_access("b") == 1  # read in consecutive batches
-    assert cache.expected_access("c") == float("inf")  # read once, no timer: first to go
+    assert _expected_access(cache, "a") == 9  # (20,000 - 2,000) / 2,000 batches
+    assert _expected_access(cache, "b") == 1  # read in consecutive batches
+    assert _expected_access(cache, "c") == float("inf")  # read once, no timer: first to go
     proc = RowCache(10)
     proc.begin_batch(watermark_ms=None, now_ms=1_000)
     proc.begin_batch(watermark_ms=None, now_ms=1_500)  # 500 ms per batch
-    proc.put("p", KeyRow(computation="c", key="p", interval=0,
-                         timers=(Timer(4_000, "t", TimeDomain.PROCESSING_TIME),)), interval=0,
-             sequencer=1)
-    assert proc.expected_access("p") == 5
-
-
-def test_an_entry_is_served_only_under_its_own_grant() -> None:
-    cache = RowCache(4)
-    row = KeyRow(computation="c", key="k", interval=2, state=J.encode(1))
-    cache.put("k", row, interval=2, sequencer=7)
-    assert cache.lookup("k", interval=2, sequencer=7) == row
-    assert cache.lookup("k", interval=2, sequencer=8) is MISS  # a later grant: read the table
-    assert "k" not in cache and (cache.stats.hits, cache.stats.misses, cache.stats.stale) == (1, 1, 1)
-    cache.put("gone", None, interval=2, sequencer=8)
-    assert cache.lookup("gone", interval=2, sequencer=8) is None  # known to have no row
-    cache.put("x", None, interval=3, sequencer=8)
-    assert cache.invalidate([2]) == 1 and "x" in cache and "gone" not in cache
+    proc.put("p", None, next_event_ms=None, next_processing_ms=4_000)
+    assert _expected_access(proc, "p") == 5
 
 
 def test_cache_settings_are_checked() -> None:

@@ -15,7 +15,6 @@ from typing import Callable
 from deltawheel.benchmarks.args import (
     add_cache_arguments,
     add_commits_arguments,
-    add_history_arguments,
     add_latency_arguments,
     add_restart_arguments,
     add_throughput_arguments,
@@ -55,10 +54,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     lat = sub.add_parser("latency", help="per-record latency from arrival to a visible Delta commit, engines side by side")
     add_latency_arguments(lat)
     lat.set_defaults(func=_runs("latency"))
-    h = sub.add_parser("history", help="a key's history on the image path: the log-driven reader against Delta's "
-                       "change data feed and time travel (docs/history.md)")
-    add_history_arguments(h)
-    h.set_defaults(func=_runs("history"))
     r = sub.add_parser("restart", help="seconds from restarting a SIGKILLed continuous job to its first committed "
                        "batch, with and without an instance name (docs/continuous.md)")
     add_restart_arguments(r)

@@ -152,7 +152,9 @@ def test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught(tmp_pa
     assert out and out[0].startswith(f"chaos seed {SEED} "), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0 and out[-1] == "violations: 0", proc.stdout[-5000:] + proc.stderr[-3000:]
     saved = json.loads((data / "faults.json").read_text())
-    assert [f["kind"] for f in saved["faults"]] == [f.kind for f in plan(SEED, 30)]
+    # the seed's schedule: each planned fault happened, or was skipped when its target's previous
+    # fault (a tool) outlasted the phase
+    assert sorted(f["kind"] for f in saved["faults"] + saved["skipped"]) == sorted(f.kind for f in plan(SEED, 30))
     assert saved["faults"] and saved["drained"]
     planted = tmp_path / "planted"
     shutil.copytree(data, planted)

@@ -26,17 +26,18 @@ __all__ = ["PlannedFault", "KINDS", "plan", "INSTANCES"]
 
 INSTANCES = ("a", "b")
 
-#: kind -> (weight, shortest and longest duration in seconds; the tools' is how long they run or a
-#: rebalance's assignment holds). ``session-expiry``'s pause is added to the session timeout.
+#: kind -> (weight, shortest and longest duration in seconds: how long the fault lasts; for
+#: ``gc`` and ``status`` how long the plan expects them to run, they heal at their exit).
+#: ``session-expiry``'s pause is added to the session timeout.
 KINDS: dict[str, tuple[int, float, float]] = {
     "driver-kill": (3, 2.0, 8.0),
     "driver-pause": (3, 1.0, 4.0),
     "session-expiry": (2, 2.0, 6.0),
     "zk-kill": (2, 3.0, 10.0),
     "zk-leader-kill": (2, 3.0, 10.0),
-    "gc": (1, 0.0, 0.0),
+    "gc": (1, 60.0, 60.0),
     "rebalance": (2, 5.0, 15.0),
-    "status": (1, 0.0, 0.0),
+    "status": (1, 10.0, 10.0),
 }
 
 

@@ -92,6 +92,7 @@ class ChaosRun:
 
     settings: ChaosSettings
     faults: list[FaultRecord] = field(default_factory=list)
+    skipped: list[PlannedFault] = field(default_factory=list)  # not started: the phase was over
     tools: dict[str, list[int]] = field(default_factory=dict)
     files: int = 0
     drained: bool = False
@@ -108,10 +109,12 @@ class _Harness:
         self.ensemble = ZooKeeperEnsemble(self.data / "zk", size=3)
         self.run = ChaosRun(settings)
         self.stop_input = threading.Event()
+        self.stopping = threading.Event()  # set by stop(): nothing starts any more
         self.lock = threading.Lock()
         self.slots: dict[str, threading.Lock] = {}
         self.tool_procs: list[subprocess.Popen[bytes]] = []
         self.drivers: dict[str, _Driver] = {}
+        self.threads: list[threading.Thread] = []
         self.file_index = 0
 
     # --- set-up -----------------------------------------------------------------------------
@@ -152,12 +155,13 @@ class _Harness:
 
     # --- faults -----------------------------------------------------------------------------
     def tool(self, name: str, *args: str) -> int:
-        with open(self.logs / f"tool-{name}.log", "ab") as out:
+        with open(self.logs / f"tool-{name}.log", "ab") as out, self.lock:
+            if self.stopping.is_set():
+                return -1
             proc = subprocess.Popen(self.cli(*args), stdout=out, stderr=subprocess.STDOUT, env=self.env(),
                                     start_new_session=True)
-            with self.lock:
-                self.tool_procs.append(proc)
-            rc = proc.wait(timeout=600)
+            self.tool_procs.append(proc)
+        rc = proc.wait(timeout=600)
         with self.lock:
             self.run.tools.setdefault(name, []).append(rc)
         return rc
@@ -165,13 +169,20 @@ class _Harness:
     def inject(self, f: PlannedFault, begin: float) -> None:
         time.sleep(max(0.0, begin + f.at - time.monotonic()))
         with self.slots.setdefault(f.slot, threading.Lock()):
+            if time.monotonic() > begin + self.s.seconds:  # its slot's previous fault outlasted the phase
+                with self.lock:
+                    self.run.skipped.append(f)
+                self.say(f"chaos: {f.kind} on {f.target} planned at {f.at:.1f}s skipped: the phase is over")
+                return
             start, target, note = time.time(), f.target, ""
             if f.target in self.drivers:
                 d = self.drivers[f.target]
                 if f.kind == "driver-kill":
                     d.kill()
                     time.sleep(f.duration_s)
-                    d.start()
+                    with self.lock:
+                        if not self.stopping.is_set():
+                            d.start()
                 else:  # a zombie: shorter (driver-pause) or longer (session-expiry) than the session
                     d.signal(signal.SIGSTOP)
                     time.sleep(f.duration_s)
@@ -181,7 +192,8 @@ class _Harness:
                 target = f"zk{myid}"
                 self.ensemble.kill(myid)
                 time.sleep(f.duration_s)
-                self.ensemble.restart(myid)
+                if not self.stopping.is_set():
+                    self.ensemble.restart(myid)
             elif f.kind == "gc":
                 rc = self.tool("gc", "gc", "--store", str(self.store), "--apply", *self.zk_args(),
                                "--master", self.s.master)
@@ -233,12 +245,12 @@ class _Harness:
         self.say(f"chaos: both drivers commit; {len(schedule)} faults over {s.seconds:.0f}s")
         run.phases["chaos"] = time.time()
         begin = time.monotonic()
-        threads = [threading.Thread(target=self.inject, args=(f, begin), name=f"chaos-{f.kind}", daemon=True)
-                   for f in schedule]
-        for t in threads:
+        self.threads = [threading.Thread(target=self.inject, args=(f, begin), name=f"chaos-{f.kind}", daemon=True)
+                        for f in schedule]
+        for t in self.threads:
             t.start()
         time.sleep(max(0.0, begin + s.seconds - time.monotonic()))
-        for t in threads:
+        for t in self.threads:
             t.join()
         run.phases["healed"] = time.time()
         self.stop_input.set()
@@ -252,6 +264,8 @@ class _Harness:
         return run
 
     def stop(self) -> None:
+        with self.lock:
+            self.stopping.set()
         for d in self.drivers.values():
             d.signal(signal.SIGCONT)
             d.signal(signal.SIGTERM)
@@ -267,6 +281,8 @@ class _Harness:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=60)
+        for t in self.threads:  # a fault still sleeping before its heal: it starts nothing now
+            t.join(timeout=120)
         self.ensemble.stop()
 
 
@@ -274,7 +290,8 @@ def _save(run: ChaosRun) -> None:
     data = run.settings.data.resolve()
     (data / "faults.json").write_text(json.dumps({
         "seed": run.settings.seed, "phases": run.phases, "files": run.files, "drained": run.drained,
-        "tools": run.tools, "faults": [asdict(f) for f in run.faults]}, indent=2) + "\n")
+        "tools": run.tools, "faults": [asdict(f) for f in run.faults],
+        "skipped": [asdict(f) for f in run.skipped]}, indent=2) + "\n")
 
 
 def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) -> ChaosRun:

@@ -108,6 +108,8 @@ def test_the_checker_names_a_duplicate_a_lost_leg_and_a_wrong_window(tmp_path: P
     streams["balances"].insert(60, dup)
     lost = streams["changes"].pop(101)  # a credit leg gone: its move is half in every version after
     streams["window_sums"][3]["value"]["value"] += 1
+    bent = streams["balances"][200]["value"]  # a balance that is not the one before plus the delta
+    bent["balance"] += 5
     _write(store, streams)
     res = check_run(store, folder)
     lines = [v.line() for v in res.violations]
@@ -117,6 +119,8 @@ def test_the_checker_names_a_duplicate_a_lost_leg_and_a_wrong_window(tmp_path: P
     assert any(v.check == "ledger" and dup["key"] in v.keys for v in res.violations), lines
     assert any(v.check == "bank" and lost["value"]["move"] in v.keys for v in res.violations), lines
     assert any(v.check == "exactly-once" and "changes: 1 legs missing" in v.detail for v in res.violations), lines
+    assert any(v.check == "ledger" and "the deltas before give" in v.detail
+               and (bent["account"], bent["move"]) == v.keys for v in res.violations), lines
     w = streams["window_sums"][3]
     assert any(v.check == "windows" and f"{w['key']}@{w['value']['window_start']}" in v.keys
                for v in res.violations), lines

@@ -15,7 +15,7 @@ keys to look at):
 - ``windows``: per account and 10-second window the last pane of ``window_sums`` equals the sum of
   the deltas computed from the input, pane numbers unique, no window missing or unknown;
 - ``stuck``: after each fault heals every stream commits within the bound (when the run went on
-  that long), and the time from each heal to the next commit is the fault's recovery time.
+  that long); the time from each heal to the next commit of ``changes`` is the fault's recovery time.
 """
 
 from __future__ import annotations
@@ -262,15 +262,16 @@ def _windows(got: Any, legs: Any, version: int) -> list[Violation]:
 
 def _progress(commits: dict[str, list[tuple[int, float]]], faults: Sequence[FaultRecord], *, bound_s: float,
               end: float) -> tuple[list[Violation], list[tuple[FaultRecord, float | None]]]:
-    """Each fault's recovery (heal to the last stream's next commit) and the streams stuck after it."""
+    """Each fault's recovery (heal to the next commit of stage 1's stream, the stage the input
+    always gives work) and the streams stuck after it."""
     out: list[Violation] = []
     recoveries: list[tuple[FaultRecord, float | None]] = []
     for f in faults:
-        worst: float | None = 0.0
         for stream in STREAMS:
             after = [(v, t) for v, t in commits.get(stream, []) if t > f.heal]
+            if stream == STREAMS[0]:
+                recoveries.append((f, after[0][1] - f.heal if after else None))
             if not after:
-                worst = None
                 if end > f.heal + bound_s:
                     out.append(Violation("stuck", f"{stream}: no commit after {f.kind} on {f.target} healed"))
                 continue
@@ -278,9 +279,6 @@ def _progress(commits: dict[str, list[tuple[int, float]]], faults: Sequence[Faul
             if t - f.heal > bound_s:
                 out.append(Violation("stuck", f"{stream}: first commit {t - f.heal:.1f}s after {f.kind} on "
                                               f"{f.target} healed (bound {bound_s:.0f}s)", (v,)))
-            if worst is not None:
-                worst = max(worst, t - f.heal)
-        recoveries.append((f, worst))
     return out, recoveries
 
 

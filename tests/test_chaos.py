@@ -133,6 +133,16 @@ def _chaos(data: Path, *args: str, timeout_s: float) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=timeout_s)
 
 
+def _explain(proc: subprocess.CompletedProcess[str], data: Path) -> str:
+    """The run's output and each driver log's last lines other than batch lines (pytest's temporary
+    folders do not outlive many later runs)."""
+    parts = [proc.stdout[-5000:], proc.stderr[-3000:]]
+    for log in sorted((data / "logs").glob("driver-*.log")):
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if " batch " not in ln]
+        parts.append(f"--- {log.name}\n" + "\n".join(lines[-40:]))
+    return "\n".join(parts)
+
+
 def _plant_duplicate(store: Path) -> dict[str, Any]:
     """Append a copy of one ``balances`` record under a new record id (a leg applied twice)."""
     from deltalake import DeltaTable, write_deltalake
@@ -153,8 +163,8 @@ def test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught(tmp_pa
     data = tmp_path / "chaos"
     proc = _chaos(data, "--seed", str(SEED), "--seconds", "30", timeout_s=1400)
     out = proc.stdout.splitlines()
-    assert out and out[0].startswith(f"chaos seed {SEED} "), proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0 and out[-1] == "violations: 0", proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert out and out[0].startswith(f"chaos seed {SEED} "), _explain(proc, data)
+    assert proc.returncode == 0 and out[-1] == "violations: 0", _explain(proc, data)
     saved = json.loads((data / "faults.json").read_text())
     # the seed's schedule: each planned fault happened, or was skipped when its target's previous
     # fault (a tool) outlasted the phase
@@ -174,7 +184,7 @@ def test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught(tmp_pa
 @pytest.mark.zk
 @pytest.mark.timeout(3600)
 def test_ten_minutes_of_chaos_find_no_violation(tmp_path: Path) -> None:
-    proc = _chaos(tmp_path / "chaos", "--seed", "20261127", "--seconds", "600", timeout_s=3500)
+    data = tmp_path / "chaos"
+    proc = _chaos(data, "--seed", "20261127", "--seconds", "600", timeout_s=3500)
     print(proc.stdout)
-    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "violations: 0", \
-        proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "violations: 0", _explain(proc, data)

@@ -29,10 +29,10 @@ from deltawheel.statestore.exceptions import ConfigError
 
 from ..servers.ensemble import ZooKeeperEnsemble
 from .bank import INPUT_ENV, PIPELINE, closing_moves, moves, write_moves
-from .checker import CheckResult, FaultRecord, check_run, complete, stream_commits
+from .checker import CheckResult, FaultRecord, Violation, check_run, complete, stream_commits
 from .faults import INSTANCES, PlannedFault, plan
 
-__all__ = ["ChaosSettings", "ChaosRun", "run_chaos", "recheck"]
+__all__ = ["ChaosSettings", "ChaosRun", "DriverExit", "run_chaos", "recheck"]
 
 CHROOT = "/chaos"
 MARKER = "chaos-run.json"
@@ -64,6 +64,12 @@ class _Driver:
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    down: bool = False  # a driver-kill fault holds it down: the supervisor leaves it alone
+
+    def last_error(self) -> str:
+        """The last ``deltawheel run: ...Error: ...`` line of its log (what made it exit)."""
+        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.startswith("deltawheel run:")]
+        return lines[-1][len("deltawheel run:"):].strip()[:300] if lines else "no error line"
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
@@ -86,6 +92,16 @@ class _Driver:
             self.proc.wait(timeout=60)
 
 
+@dataclass(frozen=True)
+class DriverExit:
+    """A driver that stopped by itself: when, its exit code and error line (it was started again)."""
+
+    driver: str
+    code: int
+    at: float
+    error: str
+
+
 @dataclass
 class ChaosRun:
     """What a run did: its settings, the faults as they happened, the tools' exit codes, the check."""
@@ -93,6 +109,7 @@ class ChaosRun:
     settings: ChaosSettings
     faults: list[FaultRecord] = field(default_factory=list)
     skipped: list[PlannedFault] = field(default_factory=list)  # not started: the phase was over
+    exits: list[DriverExit] = field(default_factory=list)  # drivers that stopped by themselves
     tools: dict[str, list[int]] = field(default_factory=dict)
     files: int = 0
     drained: bool = False
@@ -140,7 +157,7 @@ class _Harness:
         for name in INSTANCES:
             cmd = self.cli("run", "deltawheel.executor.chaos.bank:pipeline", "--store", str(self.store),
                            *self.zk_args(), "--zk-session-timeout", str(self.s.session_timeout_s),
-                           "--trigger", self.s.trigger, "--instance", name, "--master", self.s.master,
+                           "--trigger", self.s.trigger, "--instance", name, "--master", self.s.master, "--wait", "600",
                            "--driver-memory", "1g")
             self.drivers[name] = _Driver(name, cmd, self.logs / f"driver-{name}.log", self.env())
 
@@ -178,11 +195,14 @@ class _Harness:
             if f.target in self.drivers:
                 d = self.drivers[f.target]
                 if f.kind == "driver-kill":
+                    with self.lock:
+                        d.down = True
                     d.kill()
                     time.sleep(f.duration_s)
                     with self.lock:
                         if not self.stopping.is_set():
                             d.start()
+                        d.down = False
                 else:  # a zombie: shorter (driver-pause) or longer (session-expiry) than the session
                     d.signal(signal.SIGSTOP)
                     time.sleep(f.duration_s)
@@ -213,13 +233,23 @@ class _Harness:
                  f"{heal - start:.1f}s {note}".rstrip())
 
     # --- the phases -------------------------------------------------------------------------
+    def supervise(self) -> None:
+        """What a supervisor (systemd, Kubernetes) does: a driver that exits is started again with the
+        same command (a run stops on an expired session or a failed batch by design), each exit
+        recorded with its code and error line."""
+        while not self.stopping.wait(1.0):
+            with self.lock:
+                for d in self.drivers.values():
+                    if d.down or d.proc is None or d.proc.poll() is None or self.stopping.is_set():
+                        continue
+                    exit_ = DriverExit(driver=d.name, code=d.proc.returncode, at=time.time(), error=d.last_error())
+                    self.run.exits.append(exit_)
+                    self.say(f"chaos: driver {d.name} exited with {exit_.code} ({exit_.error}); started again")
+                    d.start()
+
     def wait(self, what: str, check: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not check():
-            for d in self.drivers.values():
-                if d.proc is not None and d.proc.poll() not in (None, -signal.SIGKILL):
-                    raise ConfigError(f"chaos: driver {d.name} exited with {d.proc.returncode} while waiting "
-                                      f"for {what}; see {d.log}")
             if time.monotonic() > deadline:
                 return False
             time.sleep(1.0)
@@ -237,6 +267,7 @@ class _Harness:
         run.phases["start"] = time.time()
         for d in self.drivers.values():
             d.start()
+        threading.Thread(target=self.supervise, name="chaos-supervisor", daemon=True).start()
         if not self.wait("both drivers' first commits", lambda: all(
                 "running" in d.log.read_text(errors="replace") for d in self.drivers.values())
                 and bool(stream_commits(self.store, "changes")), s.start_s):
@@ -291,7 +322,7 @@ def _save(run: ChaosRun) -> None:
     (data / "faults.json").write_text(json.dumps({
         "seed": run.settings.seed, "phases": run.phases, "files": run.files, "drained": run.drained,
         "tools": run.tools, "faults": [asdict(f) for f in run.faults],
-        "skipped": [asdict(f) for f in run.skipped]}, indent=2) + "\n")
+        "skipped": [asdict(f) for f in run.skipped], "exits": [asdict(e) for e in run.exits]}, indent=2) + "\n")
 
 
 def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) -> ChaosRun:
@@ -311,7 +342,20 @@ def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) ->
     _save(run)
     run.result = check_run(h.store, h.input, run.faults, bound_s=settings.bound_s,
                            end=run.phases.get("drained"))
+    run.result.violations += exit_violations(run.exits)
     return run
+
+
+#: The exit codes a driver may stop with under these faults, to be started again: 4 (a lease lost
+#: with an expired session, a lease another process still holds), 9 (a failed batch, a conflict).
+EXPECTED_EXITS = (4, 9)
+
+
+def exit_violations(exits: list[DriverExit]) -> list[Violation]:
+    """A driver that stopped with another code than :data:`EXPECTED_EXITS` (a crash, a damaged
+    store, an untyped error) is a violation."""
+    return [Violation("driver-exit", f"driver {e.driver} exited with {e.code}: {e.error}") for e in exits
+            if e.code not in EXPECTED_EXITS]
 
 
 def recheck(data: Path, *, bound_s: float = 120.0) -> tuple[dict[str, Any], CheckResult]:
@@ -325,5 +369,6 @@ def recheck(data: Path, *, bound_s: float = 120.0) -> tuple[dict[str, Any], Chec
     except (OSError, ValueError) as exc:
         raise ConfigError(f"chaos --recheck {data}: no faults.json of a finished run ({exc})") from exc
     faults = [FaultRecord(**f) for f in saved["faults"]]
-    return saved, check_run(data / "store", data / "input", faults, bound_s=bound_s,
-                            end=saved["phases"].get("drained"))
+    result = check_run(data / "store", data / "input", faults, bound_s=bound_s, end=saved["phases"].get("drained"))
+    result.violations += exit_violations([DriverExit(**e) for e in saved.get("exits", [])])
+    return saved, result

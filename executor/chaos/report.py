@@ -3,6 +3,7 @@ the tools' exit codes, the violations."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Mapping, Sequence
 
 from .checker import CheckResult
@@ -21,9 +22,10 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def table(seed: int, result: CheckResult, *, tools: Mapping[str, Sequence[int]] | None = None,
-          drained: bool = True) -> str:
+          exits: Sequence[tuple[str, int, str]] = (), drained: bool = True) -> str:
     """The report: one line per fault kind (count, recovery p50/p99/max in seconds, how many saw no
-    commit after their heal), the records, the tools' exit codes, then every violation."""
+    commit after their heal), the records, the tools' exit codes, the drivers' own exits
+    (driver, code, error line), then every violation."""
     lines = [f"chaos seed {seed}",
              f"{'fault':<16}{'count':>6}{'p50 s':>8}{'p99 s':>8}{'max s':>8}{'no commit':>11}"]
     by_kind: dict[str, list[float | None]] = {}
@@ -39,6 +41,12 @@ def table(seed: int, result: CheckResult, *, tools: Mapping[str, Sequence[int]] 
     lines.append(f"records in: {result.records_in} moves ({2 * result.records_in} legs); out: {outs}")
     if tools:
         lines.append("tools (exit codes): " + "; ".join(f"{t} {list(rcs)}" for t, rcs in sorted(tools.items())))
+    if exits:
+        codes = Counter((d, c) for d, c, _ in exits)
+        lines.append("driver exits (started again): " + ", ".join(f"{d} exit {c} x{n}" for (d, c), n in
+                                                                  sorted(codes.items())))
+        errors = Counter(e.split(":")[0] for _, _, e in exits)
+        lines.append("  their errors: " + ", ".join(f"{e} x{n}" for e, n in errors.most_common()))
     if not drained:
         lines.append("the drain did not finish in time: what is missing is in the violations")
     lines.append(f"violations: {len(result.violations)}")

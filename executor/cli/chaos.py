@@ -34,7 +34,9 @@ def _chaos(args: argparse.Namespace) -> int:
     data = Path(args.data)
     if args.recheck:
         saved, result = recheck(data, bound_s=args.bound)
-        print(table(int(saved["seed"]), result, tools=saved.get("tools"), drained=bool(saved.get("drained"))))
+        exits = [(e["driver"], int(e["code"]), e["error"]) for e in saved.get("exits", [])]
+        print(table(int(saved["seed"]), result, tools=saved.get("tools"), exits=exits,
+                    drained=bool(saved.get("drained"))))
         return 0 if result.ok else 1
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g})", flush=True)
@@ -42,5 +44,6 @@ def _chaos(args: argparse.Namespace) -> int:
                              bound_s=args.bound)
     run = run_chaos(settings, say=lambda line: print(line, flush=True))
     assert run.result is not None
-    print(table(seed, run.result, tools=run.tools, drained=run.drained))
+    print(table(seed, run.result, tools=run.tools, exits=[(e.driver, e.code, e.error) for e in run.exits],
+                drained=run.drained))
     return 0 if run.result.ok else 1

@@ -282,7 +282,7 @@ def _progress(commits: dict[str, list[tuple[int, float]]], faults: Sequence[Faul
     return out, recoveries
 
 
-def check_run(store: Path, input_folder: Path, faults: Sequence[FaultRecord] = (), *, bound_s: float = 120.0,
+def check_run(store: Path, input_folder: Path, faults: Sequence[FaultRecord] = (), *, bound_s: float = 600.0,
               end: float | None = None) -> CheckResult:
     """Every check over the run's input and streams; ``end``: when the run stopped (progress after
     a heal is required only when the run went on ``bound_s`` past it)."""

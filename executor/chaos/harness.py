@@ -49,9 +49,9 @@ class ChaosSettings:
     file_every_s: float = 2.0
     moves_per_file: int = 20
     mean_gap_s: float = 5.0
-    bound_s: float = 120.0  # a stream must commit this soon after each heal
+    bound_s: float = 600.0  # a stream must commit this soon after each heal
     start_s: float = 300.0  # for both drivers' first commits
-    drain_s: float = 300.0
+    drain_s: float = 900.0
     master: str = "local[1]"
     trigger: str = "1 second"
 
@@ -358,7 +358,7 @@ def exit_violations(exits: list[DriverExit]) -> list[Violation]:
             if e.code not in EXPECTED_EXITS]
 
 
-def recheck(data: Path, *, bound_s: float = 120.0) -> tuple[dict[str, Any], CheckResult]:
+def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], CheckResult]:
     """The check of an earlier run's folder (its input, streams and ``faults.json``) again.
 
     Raises:

@@ -52,6 +52,7 @@ class ChaosSettings:
     bound_s: float = 600.0  # a stream must commit this soon after each heal
     start_s: float = 300.0  # for both drivers' first commits
     drain_s: float = 900.0
+    tool_timeout_s: float = 900.0  # a tool still running then is killed (its exit code -9)
     master: str = "local[1]"
     trigger: str = "1 second"
 
@@ -65,6 +66,13 @@ class _Driver:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     down: bool = False  # a driver-kill fault holds it down: the supervisor leaves it alone
+
+    def running(self) -> bool:
+        """Whether it runs and its log says every stage runs since its last start."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        text = self.log.read_text(errors="replace")
+        return ": running " in text[text.rfind("--- start "):]
 
     def last_error(self) -> str:
         """The last ``deltawheel run: ...Error: ...`` line of its log (what made it exit)."""
@@ -178,7 +186,11 @@ class _Harness:
             proc = subprocess.Popen(self.cli(*args), stdout=out, stderr=subprocess.STDOUT, env=self.env(),
                                     start_new_session=True)
             self.tool_procs.append(proc)
-        rc = proc.wait(timeout=600)
+        try:
+            rc = proc.wait(timeout=self.s.tool_timeout_s)
+        except subprocess.TimeoutExpired:  # recorded as killed: the run goes on
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait(timeout=60)
         with self.lock:
             self.run.tools.setdefault(name, []).append(rc)
         return rc
@@ -193,39 +205,10 @@ class _Harness:
                 return
             start, target, note = time.time(), f.target, ""
             if f.target in self.drivers:
-                d = self.drivers[f.target]
-                if f.kind == "driver-kill":
-                    with self.lock:
-                        d.down = True
-                    d.kill()
-                    time.sleep(f.duration_s)
-                    with self.lock:
-                        if not self.stopping.is_set():
-                            d.start()
-                        d.down = False
-                else:  # a zombie: shorter (driver-pause) or longer (session-expiry) than the session
-                    d.signal(signal.SIGSTOP)
-                    time.sleep(f.duration_s)
-                    d.signal(signal.SIGCONT)
-            elif f.kind.startswith("zk"):
-                myid = int(f.target[2:]) if f.target != "leader" else (self.ensemble.leader() or 1)
-                target = f"zk{myid}"
-                self.ensemble.kill(myid)
-                time.sleep(f.duration_s)
-                if not self.stopping.is_set():
-                    self.ensemble.restart(myid)
-            elif f.kind == "gc":
-                rc = self.tool("gc", "gc", "--store", str(self.store), "--apply", *self.zk_args(),
-                               "--master", self.s.master)
-                note = f"rc {rc}"
-            elif f.kind == "status":
-                note = f"rc {self.tool('status', 'status', '--store', str(self.store), *self.zk_args())}"
-            else:  # rebalance: the computation's intervals 0-2 to a, 3 to b; then back to the members' split
-                move = ["--pipeline", PIPELINE, "--computation", f.target, *self.zk_args()]
-                rc = self.tool("rebalance", "rebalance", *move, "--assign", "a=0-2", "--assign", "b=3")
-                time.sleep(f.duration_s)
-                note = f"rc {rc}, {self.tool('rebalance', 'rebalance', *move, '--clear')}"
-            heal = time.time()
+                heal = self.driver_fault(f, self.drivers[f.target])
+            else:
+                target, note = self.other_fault(f)
+                heal = time.time()
         record = FaultRecord(kind=f.kind, target=target, start=start, heal=heal, note=note)
         with self.lock:
             self.run.faults.append(record)
@@ -233,6 +216,55 @@ class _Harness:
                  f"{heal - start:.1f}s {note}".rstrip())
 
     # --- the phases -------------------------------------------------------------------------
+    def driver_fault(self, f: PlannedFault, d: _Driver) -> float:
+        """Kill or stop driver ``d``, heal it; return the heal's time once it runs again."""
+        if f.kind == "driver-kill":
+            with self.lock:
+                d.down = True
+            d.kill()
+            time.sleep(f.duration_s)
+            with self.lock:
+                if not self.stopping.is_set():
+                    d.start()
+                d.down = False
+            heal = time.time()
+        else:  # a zombie: shorter (driver-pause) or longer (session-expiry) than the session
+            d.signal(signal.SIGSTOP)
+            time.sleep(f.duration_s)
+            d.signal(signal.SIGCONT)
+            heal = time.time()
+            if f.kind == "session-expiry":  # it stops on its lost lease: the supervisor's restart
+                self.stopping.wait(self.s.session_timeout_s)
+        self.wait_back(d)
+        return heal
+
+    def other_fault(self, f: PlannedFault) -> tuple[str, str]:
+        """A ZooKeeper server's kill and restart, or an operator tool; returns (target, note)."""
+        if f.kind.startswith("zk"):
+            myid = int(f.target[2:]) if f.target != "leader" else (self.ensemble.leader() or 1)
+            self.ensemble.kill(myid)
+            time.sleep(f.duration_s)
+            if not self.stopping.is_set():
+                self.ensemble.restart(myid)
+            return f"zk{myid}", ""
+        if f.kind == "gc":
+            rc = self.tool("gc", "gc", "--store", str(self.store), "--apply", *self.zk_args(), "--master", self.s.master)
+            return f.target, f"rc {rc}"
+        if f.kind == "status":
+            return f.target, f"rc {self.tool('status', 'status', '--store', str(self.store), *self.zk_args())}"
+        # rebalance: the computation's intervals 0-2 to a, 3 to b; then back to the members' split
+        move = ["--pipeline", PIPELINE, "--computation", f.target, *self.zk_args()]
+        rc = self.tool("rebalance", "rebalance", *move, "--assign", "a=0-2", "--assign", "b=3")
+        time.sleep(f.duration_s)
+        return f.target, f"rc {rc}, {self.tool('rebalance', 'rebalance', *move, '--clear')}"
+
+    def wait_back(self, d: _Driver) -> None:
+        """Hold the driver's slot until it runs again (the next fault on it hits a running driver,
+        not one still starting Spark)."""
+        deadline = time.monotonic() + self.s.start_s
+        while not d.running() and time.monotonic() < deadline and not self.stopping.wait(1.0):
+            pass
+
     def supervise(self) -> None:
         """What a supervisor (systemd, Kubernetes) does: a driver that exits is started again with the
         same command (a run stops on an expired session or a failed batch by design), each exit

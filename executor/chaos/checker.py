@@ -79,7 +79,13 @@ class CheckResult:
 
 
 def _table(path: str, version: int | None = None) -> Any:
-    from deltalake import DeltaTable
+    try:
+        from deltalake import DeltaTable
+    except ImportError as exc:
+        from deltawheel.statestore.exceptions import ConfigError
+
+        raise ConfigError("the chaos checker reads the stream tables with delta-rs: pip install deltalake "
+                          "(or deltawheel's test extra)") from exc
 
     return DeltaTable(path) if version is None else DeltaTable(path, version=version)
 

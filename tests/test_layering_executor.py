@@ -27,7 +27,7 @@ FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"windowing", "sources"}),  # the Dataflow model on the API; the injectors
     frozenset({"protocol"}),  # the per-batch protocol: ComputationExecutor, BatchProtocol
     frozenset({"drivers"}),  # connect/Engine, pipelines and their runner, recover: the one wiring
-    frozenset({"demo", "testkit"}),  # the demo pipeline; the test harness of a user's computation
+    frozenset({"demo", "testkit", "chaos"}),  # the demo pipeline; the test harness of a user's computation; chaos runs
     frozenset({"cli"}),  # the command line over all of it
 )
 

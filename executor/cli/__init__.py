@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in ("demo", "run", "quickstart", "status", "report", "zk", "objectstore", "cluster", "migrate",
                  "sql", "history", "leases", "rebalance", "recover", "replay", "promote", "repair",
-                 "upgradestate", "reseed", "gc", "bench", "scenario", "setup", "deploy"):  # --help order
+                 "upgradestate", "reseed", "gc", "bench", "scenario", "chaos", "setup", "deploy"):  # --help order
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 

@@ -1,0 +1,311 @@
+"""The chaos run's checker: reads only the input files and the stream tables, never deltawheel's own
+state, code paths or ZooKeeper.
+
+The stream tables are read with the ``deltalake`` package (delta-rs, a Delta reader that is not
+deltawheel's), their values decoded as JSON here; the reference is computed with pandas from the
+input's Parquet files. What is checked (each failure a :class:`Violation` naming the versions and
+keys to look at):
+
+- ``bank``: at every sampled version of ``changes`` the deltas sum to zero and every move has both
+  of its legs or neither (a consistent snapshot never shows money made or lost);
+- ``exactly-once``: every input move's two legs once in ``changes`` and once in ``balances`` (none
+  missing, none twice, none unknown, each with the move's account and amount);
+- ``ledger``: per account the ``seq`` of ``balances`` is 1..n and each balance the one before plus
+  the delta; the final balances equal the input's and sum to zero;
+- ``windows``: per account and 10-second window the last pane of ``window_sums`` equals the sum of
+  the deltas computed from the input, pane numbers unique, no window missing or unknown;
+- ``stuck``: after each fault heals every stream commits within the bound (when the run went on
+  that long); the time from each heal to the next commit of ``changes`` is the fault's recovery time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .bank import CLOSING_PREFIX, STREAMS, WINDOW_MS
+
+__all__ = ["Violation", "FaultRecord", "CheckResult", "check_run", "read_stream", "stream_commits",
+           "complete", "reference_legs"]
+
+MAX_SNAPSHOTS = 80  # versions of ``changes`` read for the bank invariant (evenly spread, the last included)
+MAX_KEYS = 8  # keys named per violation
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One thing the run got wrong: the check, what, the stream versions and keys to look at."""
+
+    check: str
+    detail: str
+    versions: tuple[int, ...] = ()
+    keys: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """One line: the check, what, where."""
+        where = f" versions {list(self.versions)}" if self.versions else ""
+        keys = f" keys {list(self.keys)}" if self.keys else ""
+        return f"[{self.check}] {self.detail}{where}{keys}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultRecord:
+    """One fault as it happened (wall-clock seconds): its kind, target, start and heal."""
+
+    kind: str
+    target: str
+    start: float
+    heal: float
+    note: str = ""
+
+
+@dataclass
+class CheckResult:
+    """What the checker found: violations, records in and out, each fault's recovery (None: no
+    commit after its heal)."""
+
+    violations: list[Violation] = field(default_factory=list)
+    records_in: int = 0
+    records_out: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    recoveries: list[tuple[FaultRecord, float | None]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No violation."""
+        return not self.violations
+
+
+def _table(path: str, version: int | None = None) -> Any:
+    try:
+        from deltalake import DeltaTable
+    except ImportError as exc:
+        from deltawheel.statestore.exceptions import ConfigError
+
+        raise ConfigError("the chaos checker reads the stream tables with delta-rs: pip install deltalake "
+                          "(or deltawheel's test extra)") from exc
+
+    return DeltaTable(path) if version is None else DeltaTable(path, version=version)
+
+
+def read_stream(store: Path, stream: str, version: int | None = None) -> Any:
+    """The records of ``stream`` (at ``version``) as a pandas frame: ``record_id``, ``key``,
+    ``timestamp_ms`` and the decoded value's fields (empty when the table does not exist)."""
+    import pandas as pd
+
+    path = store / "streams" / stream
+    if not (path / "_delta_log").is_dir():
+        return pd.DataFrame({"record_id": [], "key": []})
+    tbl = _table(str(path), version).to_pyarrow_dataset().to_table(
+        columns=["record_id", "key", "value", "codec", "timestamp_ms"])
+    rows = []
+    for rid, key, value, codec, ts in zip(*(tbl.column(c).to_pylist() for c in tbl.column_names), strict=True):
+        decoded = json.loads(value) if codec == "json" and value is not None else {"_undecodable": codec}
+        rows.append({**decoded, "record_id": rid, "key": key, "timestamp_ms": ts})
+    return pd.DataFrame(rows) if rows else pd.DataFrame({"record_id": [], "key": []})
+
+
+def stream_commits(store: Path, stream: str) -> list[tuple[int, float]]:
+    """(version, commit time in seconds) of every commit of ``stream`` after its creation."""
+    path = store / "streams" / stream
+    if not (path / "_delta_log").is_dir():
+        return []
+    hist = _table(str(path)).history()
+    return sorted((int(h["version"]), float(h["timestamp"]) / 1000.0) for h in hist if int(h["version"]) > 0)
+
+
+def read_input(folder: Path) -> Any:
+    """Every input move (pandas), from the Parquet files of ``folder``."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    files = sorted(p for p in folder.glob("moves-*.parquet"))
+    if not files:
+        return pd.DataFrame({"id": [], "ts": [], "src": [], "dst": [], "amount": []})
+    return pd.concat([pq.read_table(p).to_pandas() for p in files], ignore_index=True)
+
+
+def reference_legs(moves: Any) -> Any:
+    """Both legs of every move: ``move``, ``leg``, ``account``, ``delta``, ``ts``."""
+    import pandas as pd
+
+    debit = pd.DataFrame({"move": moves["id"], "leg": "debit", "account": moves["src"], "delta": -moves["amount"],
+                          "ts": moves["ts"]})
+    credit = pd.DataFrame({"move": moves["id"], "leg": "credit", "account": moves["dst"], "delta": moves["amount"],
+                           "ts": moves["ts"]})
+    return pd.concat([debit, credit], ignore_index=True)
+
+
+def reference_windows(legs: Any) -> dict[tuple[str, int], int]:
+    """(account, window start) -> the sum of its deltas (the closing moves' accounts left out)."""
+    legs = legs[~legs["account"].astype(str).str.startswith(CLOSING_PREFIX)]
+    start = legs["ts"] - legs["ts"] % WINDOW_MS
+    sums = legs.assign(start=start).groupby(["account", "start"])["delta"].sum()
+    return {(str(a), int(s)): int(v) for (a, s), v in sums.items()}
+
+
+def complete(store: Path, input_folder: Path) -> bool:
+    """Whether every stream holds at least what the input gives (the run has drained)."""
+    legs = reference_legs(read_input(input_folder))
+    want = reference_windows(legs)
+    changes, balances = read_stream(store, "changes"), read_stream(store, "balances")
+    sums = read_stream(store, "window_sums")
+    have = set() if sums.empty else {(str(k), int(s)) for k, s in zip(sums["key"], sums["window_start"], strict=True)}
+    return len(changes) >= len(legs) and len(balances) >= len(legs) and set(want) <= have
+
+
+def _keys(items: Iterable[Any]) -> tuple[str, ...]:
+    return tuple(str(i) for i in sorted(items, key=str)[:MAX_KEYS])
+
+
+def _legs_once(stage: str, got: Any, legs: Any, version: int) -> list[Violation]:
+    """Every leg of ``legs`` exactly once in ``got`` (a stream's records), with its account and delta."""
+    out: list[Violation] = []
+    if got.empty:
+        return [Violation("exactly-once", f"{stage}: no records (want {len(legs)})", (version,))] if len(legs) else []
+    counts = got.groupby(["move", "leg"]).size()
+    dup = counts[counts > 1]
+    if len(dup):
+        ids = got.set_index(["move", "leg"]).loc[list(dup.index)]["record_id"]
+        out.append(Violation("exactly-once", f"{stage}: {len(dup)} legs more than once (record ids "
+                                             f"{_keys(ids)})", (version,), _keys(f"{m}/{lg}" for m, lg in dup.index)))
+    want = set(zip(legs["move"], legs["leg"], strict=True))
+    have = set(counts.index)
+    if want - have:
+        out.append(Violation("exactly-once", f"{stage}: {len(want - have)} legs missing", (version,),
+                             _keys(f"{m}/{lg}" for m, lg in want - have)))
+    if have - want:
+        out.append(Violation("exactly-once", f"{stage}: {len(have - want)} legs of no input move", (version,),
+                             _keys(f"{m}/{lg}" for m, lg in have - want)))
+    merged = got.drop_duplicates(["move", "leg"]).merge(legs, on=["move", "leg"], suffixes=("", "_want"))
+    wrong = merged[(merged["account"] != merged["account_want"]) | (merged["delta"] != merged["delta_want"])]
+    if len(wrong):
+        out.append(Violation("exactly-once", f"{stage}: {len(wrong)} legs with another account or amount than "
+                                             "their move's", (version,), _keys(f"{m}/{lg}" for m, lg in
+                                                                                zip(wrong["move"], wrong["leg"],
+                                                                                    strict=True))))
+    return out
+
+
+def _bank_snapshots(store: Path, commits: Sequence[tuple[int, float]]) -> list[Violation]:
+    """The deltas of ``changes`` sum to zero and every move is whole at each sampled version."""
+    versions = [v for v, _ in commits]
+    if len(versions) > MAX_SNAPSHOTS:
+        step = len(versions) / (MAX_SNAPSHOTS - 1)
+        versions = sorted({versions[int(i * step)] for i in range(MAX_SNAPSHOTS - 1)} | {versions[-1]})
+    out = []
+    for v in versions:
+        snap = read_stream(store, "changes", v)
+        if snap.empty:
+            continue
+        total = int(snap["delta"].sum())
+        legs = snap.drop_duplicates(["move", "leg"]).groupby("move").size()
+        halves = legs[legs != 2]
+        if total != 0 or len(halves):
+            out.append(Violation("bank", f"changes at version {v}: deltas sum to {total}, {len(halves)} moves with "
+                                         "one leg", (v,), _keys(halves.index)))
+    return out
+
+
+def _ledger(got: Any, legs: Any, version: int) -> list[Violation]:
+    """Per account: seq 1..n, each balance the previous plus the delta, the last one the input's."""
+    out: list[Violation] = []
+    if got.empty:
+        return out
+    want = legs.groupby("account")["delta"].sum()
+    finals: dict[str, int] = {}
+    for account, part in got.sort_values("seq").groupby("account"):
+        seqs = [int(s) for s in part["seq"]]
+        if seqs != list(range(1, len(seqs) + 1)):
+            out.append(Violation("ledger", f"balances of {account}: seq not 1..{len(seqs)} (repeated or missing: "
+                                           f"{sorted(set(range(1, len(seqs) + 1)) ^ set(seqs))[:MAX_KEYS]})",
+                                 (version,), (str(account),)))
+            continue
+        running = 0
+        for move, delta, balance in zip(part["move"], part["delta"], part["balance"], strict=True):
+            running += int(delta)
+            if running != int(balance):
+                out.append(Violation("ledger", f"balances of {account}: {balance} after move {move}, the deltas "
+                                               f"before give {running}", (version,), (str(account), str(move))))
+                break
+        finals[str(account)] = int(part["balance"].iloc[-1])
+    bad = [a for a, b in finals.items() if int(want.get(a, 0)) != b]
+    if bad:
+        out.append(Violation("ledger", f"{len(bad)} accounts whose last balance is not the input's sum",
+                             (version,), _keys(bad)))
+    if finals and sum(finals.values()) != 0:
+        out.append(Violation("bank", f"the last balances sum to {sum(finals.values())}, not 0", (version,)))
+    return out
+
+
+def _windows(got: Any, legs: Any, version: int) -> list[Violation]:
+    """The last pane of every (account, window) equals the pandas reference."""
+    want = reference_windows(legs)
+    if got.empty:
+        return [Violation("windows", f"window_sums: no panes (want {len(want)} windows)", (version,))] if want else []
+    got = got[~got["key"].astype(str).str.startswith(CLOSING_PREFIX)]
+    out: list[Violation] = []
+    panes = got.groupby(["key", "window_start", "pane_index"]).size()
+    dup = panes[panes > 1]
+    if len(dup):
+        out.append(Violation("windows", f"window_sums: {len(dup)} panes more than once", (version,),
+                             _keys(f"{k}@{w}#{i}" for k, w, i in dup.index)))
+    last = got.sort_values("pane_index").groupby(["key", "window_start"]).last()["value"]
+    have = {(str(k), int(w)): int(v) for (k, w), v in last.items()}
+    for what, keys in (("missing", set(want) - set(have)), ("of no input", set(have) - set(want))):
+        if keys:
+            out.append(Violation("windows", f"window_sums: {len(keys)} windows {what}", (version,),
+                                 _keys(f"{k}@{w}" for k, w in keys)))
+    wrong = sorted(k for k in set(want) & set(have) if want[k] != have[k])
+    if wrong:
+        out.append(Violation("windows", f"window_sums: {len(wrong)} windows whose last pane differs from the "
+                                        f"reference (first: {wrong[0]} = {have[wrong[0]]}, want {want[wrong[0]]})",
+                             (version,), _keys(f"{k}@{w}" for k, w in wrong)))
+    return out
+
+
+def _progress(commits: dict[str, list[tuple[int, float]]], faults: Sequence[FaultRecord], *, bound_s: float,
+              end: float) -> tuple[list[Violation], list[tuple[FaultRecord, float | None]]]:
+    """Each fault's recovery (heal to the next commit of stage 1's stream, the stage the input
+    always gives work) and the streams stuck after it."""
+    out: list[Violation] = []
+    recoveries: list[tuple[FaultRecord, float | None]] = []
+    for f in faults:
+        for stream in STREAMS:
+            after = [(v, t) for v, t in commits.get(stream, []) if t > f.heal]
+            if stream == STREAMS[0]:
+                recoveries.append((f, after[0][1] - f.heal if after else None))
+            if not after:
+                if end > f.heal + bound_s:
+                    out.append(Violation("stuck", f"{stream}: no commit after {f.kind} on {f.target} healed"))
+                continue
+            v, t = after[0]
+            if t - f.heal > bound_s:
+                out.append(Violation("stuck", f"{stream}: first commit {t - f.heal:.1f}s after {f.kind} on "
+                                              f"{f.target} healed (bound {bound_s:.0f}s)", (v,)))
+    return out, recoveries
+
+
+def check_run(store: Path, input_folder: Path, faults: Sequence[FaultRecord] = (), *, bound_s: float = 600.0,
+              end: float | None = None) -> CheckResult:
+    """Every check over the run's input and streams; ``end``: when the run stopped (progress after
+    a heal is required only when the run went on ``bound_s`` past it)."""
+    import time
+
+    moves = read_input(input_folder)
+    legs = reference_legs(moves)
+    res = CheckResult(records_in=len(moves))
+    commits = {s: stream_commits(store, s) for s in STREAMS}
+    res.versions = {s: (c[-1][0] if c else 0) for s, c in commits.items()}
+    finals = {s: read_stream(store, s) for s in STREAMS}
+    res.records_out = {s: len(f) for s, f in finals.items()}
+    res.violations += _bank_snapshots(store, commits["changes"])
+    res.violations += _legs_once("changes", finals["changes"], legs, res.versions["changes"])
+    res.violations += _legs_once("balances", finals["balances"], legs, res.versions["balances"])
+    res.violations += _ledger(finals["balances"], legs, res.versions["balances"])
+    res.violations += _windows(finals["window_sums"], legs, res.versions["window_sums"])
+    stuck, res.recoveries = _progress(commits, faults, bound_s=bound_s, end=time.time() if end is None else end)
+    res.violations += stuck
+    return res

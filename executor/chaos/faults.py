@@ -1,0 +1,96 @@
+"""The chaos run's fault schedule: drawn from a seed before the run, so a seed replays it.
+
+Each planned fault has a start (seconds into the chaos phase), a kind, a target and how long it
+lasts before it heals. Faults of different targets overlap; one target has one fault at a time
+(a driver is not paused while it is killed; one ZooKeeper server is down at a time, so the
+ensemble keeps its quorum; one operator tool runs at a time).
+
+| kind | fault | heal |
+|---|---|---|
+| ``driver-kill`` | SIGKILL of a driver's process group (its JVM and Python workers) | the same command started again |
+| ``driver-pause`` | SIGSTOP of a driver's group, shorter than the session timeout (a zombie) | SIGCONT |
+| ``session-expiry`` | SIGSTOP longer than the session timeout: ZooKeeper expires its session | SIGCONT |
+| ``zk-kill`` | SIGKILL of a ZooKeeper server (a follower or the leader, as drawn) | the server restarted |
+| ``zk-leader-kill`` | SIGKILL of the server leading when the fault starts | the server restarted |
+| ``gc`` | ``deltawheel gc --apply`` while the pipeline runs | the tool's exit |
+| ``rebalance`` | ``deltawheel rebalance --assign`` moving a computation's intervals | ``rebalance --clear`` |
+| ``status`` | ``deltawheel status`` | the tool's exit |
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+__all__ = ["PlannedFault", "KINDS", "plan", "INSTANCES"]
+
+INSTANCES = ("a", "b")
+
+#: kind -> (weight, shortest and longest duration in seconds: how long the fault lasts; for
+#: ``gc`` and ``status`` how long the plan expects them to run, they heal at their exit).
+#: ``session-expiry``'s pause is added to the session timeout.
+KINDS: dict[str, tuple[int, float, float]] = {
+    "driver-kill": (3, 2.0, 8.0),
+    "driver-pause": (3, 1.0, 4.0),
+    "session-expiry": (2, 2.0, 6.0),
+    "zk-kill": (2, 3.0, 10.0),
+    "zk-leader-kill": (2, 3.0, 10.0),
+    "gc": (1, 60.0, 60.0),
+    "rebalance": (2, 5.0, 15.0),
+    "status": (1, 10.0, 10.0),
+}
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    """One fault of the schedule: ``at`` seconds into the chaos phase, lasting ``duration_s``."""
+
+    at: float
+    kind: str
+    target: str
+    duration_s: float
+
+    @property
+    def slot(self) -> str:
+        """What one fault at a time holds: the driver, the ensemble or the tools."""
+        return self.target if self.target in INSTANCES else "zk" if self.kind.startswith("zk") else "tools"
+
+
+def _target(rng: random.Random, kind: str) -> str:
+    if kind.startswith("driver") or kind == "session-expiry":
+        return rng.choice(INSTANCES)
+    if kind == "zk-kill":
+        return f"zk{rng.randrange(1, 4)}"
+    if kind == "zk-leader-kill":
+        return "leader"
+    if kind == "rebalance":
+        return rng.choice(("bank", "ledger", "window_sums"))
+    return "store"
+
+
+def plan(seed: int, seconds: float, *, mean_gap_s: float = 5.0, session_timeout_s: float = 6.0,
+         settle_s: float = 4.0) -> list[PlannedFault]:
+    """The faults of a chaos phase of ``seconds``: starts a random gap apart (exponential, mean
+    ``mean_gap_s``); a fault whose slot is still busy (its previous fault not healed ``settle_s``
+    before) moves after it. Every fault heals before the phase ends."""
+    rng = random.Random(seed)
+    kinds = sorted(KINDS)
+    weights = [KINDS[k][0] for k in kinds]
+    busy: dict[str, float] = {}
+    out: list[PlannedFault] = []
+    t = rng.uniform(1.0, mean_gap_s)
+    while t < seconds:
+        kind = rng.choices(kinds, weights)[0]
+        _, low, high = KINDS[kind]
+        duration = round(rng.uniform(low, high), 1)
+        if kind == "session-expiry":
+            duration = round(session_timeout_s + duration, 1)
+        target = _target(rng, kind)
+        fault = PlannedFault(round(t, 1), kind, target, duration)
+        start = max(fault.at, busy.get(fault.slot, 0.0))
+        if start + duration < seconds:
+            fault = PlannedFault(round(start, 1), kind, target, duration)
+            out.append(fault)
+            busy[fault.slot] = start + duration + settle_s
+        t += rng.expovariate(1.0 / mean_gap_s)
+    return sorted(out, key=lambda f: f.at)

@@ -1,0 +1,406 @@
+"""The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances sharing its
+intervals, on a three-server ZooKeeper ensemble and a store in a local folder, fed by a seeded
+input generator, under the seeded fault schedule of :mod:`.faults`; then the independent checker
+(:mod:`.checker`).
+
+The phases: start the ensemble and both drivers, wait until both commit; the chaos phase
+(``seconds``: files arrive every ``file_every_s``, each planned fault started on its own thread and
+healed after its duration); every fault healed, the closing moves written; the drain (until every
+stream holds what the input gives, or ``drain_s``); both drivers stopped with SIGTERM; the
+ensemble stopped; the check. Everything is under ``data``: ``input/``, ``store/``, ``zk/``,
+``logs/`` (each driver's and tool's output), ``faults.json`` (the faults as they happened).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from deltawheel.statestore.exceptions import ConfigError
+
+from ..servers.ensemble import ZooKeeperEnsemble
+from .bank import INPUT_ENV, PIPELINE, closing_moves, moves, write_moves
+from .checker import CheckResult, FaultRecord, Violation, check_run, complete, stream_commits
+from .faults import INSTANCES, PlannedFault, plan
+
+__all__ = ["ChaosSettings", "ChaosRun", "DriverExit", "run_chaos", "recheck"]
+
+CHROOT = "/chaos"
+MARKER = "chaos-run.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChaosSettings:
+    """A chaos run's knobs; ``seed`` fixes the input and the fault schedule."""
+
+    seed: int
+    seconds: float = 60.0
+    data: Path = Path("data") / "chaos"
+    session_timeout_s: float = 6.0
+    file_every_s: float = 2.0
+    moves_per_file: int = 20
+    mean_gap_s: float = 5.0
+    bound_s: float = 600.0  # a stream must commit this soon after each heal
+    start_s: float = 900.0  # for both drivers' first commits (and a driver back after a fault)
+    drain_s: float = 900.0
+    tool_timeout_s: float = 900.0  # a tool still running then is killed (its exit code -9)
+    master: str = "local[1]"
+    trigger: str = "1 second"
+
+
+@dataclass
+class _Driver:
+    name: str
+    cmd: list[str]
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    down: bool = False  # a driver-kill fault holds it down: the supervisor leaves it alone
+
+    def running(self) -> bool:
+        """Whether it runs and its log says every stage runs since its last start."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        text = self.log.read_text(errors="replace")
+        return ": running " in text[text.rfind("--- start "):]
+
+    def last_error(self) -> str:
+        """The last ``deltawheel run: ...Error: ...`` line of its log (what made it exit)."""
+        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.startswith("deltawheel run:")]
+        return lines[-1][len("deltawheel run:"):].strip()[:300] if lines else "no error line"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            out.write(f"--- start {self.starts + 1} at {time.time():.3f}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
+        self.starts += 1
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=60)
+
+
+@dataclass(frozen=True)
+class DriverExit:
+    """A driver that stopped by itself: when, its exit code and error line (it was started again)."""
+
+    driver: str
+    code: int
+    at: float
+    error: str
+
+
+@dataclass
+class ChaosRun:
+    """What a run did: its settings, the faults as they happened, the tools' exit codes, the check."""
+
+    settings: ChaosSettings
+    faults: list[FaultRecord] = field(default_factory=list)
+    skipped: list[PlannedFault] = field(default_factory=list)  # not started: the phase was over
+    exits: list[DriverExit] = field(default_factory=list)  # drivers that stopped by themselves
+    tools: dict[str, list[int]] = field(default_factory=dict)
+    files: int = 0
+    drained: bool = False
+    result: CheckResult | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class _Harness:
+    def __init__(self, settings: ChaosSettings, say: Callable[[str], None]) -> None:
+        self.s = settings
+        self.say = say
+        self.data = settings.data.resolve()
+        self.input, self.store, self.logs = self.data / "input", self.data / "store", self.data / "logs"
+        self.ensemble = ZooKeeperEnsemble(self.data / "zk", size=3)
+        self.run = ChaosRun(settings)
+        self.stop_input = threading.Event()
+        self.stopping = threading.Event()  # set by stop(): nothing starts any more
+        self.lock = threading.Lock()
+        self.slots: dict[str, threading.Lock] = {}
+        self.tool_procs: list[subprocess.Popen[bytes]] = []
+        self.drivers: dict[str, _Driver] = {}
+        self.threads: list[threading.Thread] = []
+        self.file_index = 0
+
+    # --- set-up -----------------------------------------------------------------------------
+    def prepare(self) -> None:
+        if self.data.exists():
+            if any(self.data.iterdir()) and not (self.data / MARKER).exists():
+                raise ConfigError(f"chaos --data {self.data}: a folder with other content; give an empty or new "
+                                  "folder (a chaos run's own folder is reused)")
+            shutil.rmtree(self.data)
+        self.logs.mkdir(parents=True)
+        (self.data / MARKER).write_text(json.dumps({**asdict(self.s), "data": str(self.s.data)}, indent=2) + "\n")
+
+    def cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "deltawheel.executor.cli", *args]
+
+    def zk_args(self) -> list[str]:
+        return ["--zk", self.ensemble.hosts, "--zk-chroot", CHROOT]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, INPUT_ENV: str(self.input), "PYTHONUNBUFFERED": "1"}
+
+    def make_drivers(self) -> None:
+        for name in INSTANCES:
+            cmd = self.cli("run", "deltawheel.executor.chaos.bank:pipeline", "--store", str(self.store),
+                           *self.zk_args(), "--zk-session-timeout", str(self.s.session_timeout_s),
+                           "--trigger", self.s.trigger, "--instance", name, "--master", self.s.master, "--wait", "600",
+                           "--driver-memory", "1g")
+            self.drivers[name] = _Driver(name, cmd, self.logs / f"driver-{name}.log", self.env())
+
+    # --- input ------------------------------------------------------------------------------
+    def write_next(self) -> None:
+        write_moves(self.input, self.file_index, moves(self.file_index, self.s.moves_per_file, seed=self.s.seed))
+        self.file_index += 1
+
+    def generate(self) -> None:
+        while not self.stop_input.wait(self.s.file_every_s):
+            self.write_next()
+
+    # --- faults -----------------------------------------------------------------------------
+    def tool(self, name: str, *args: str) -> int:
+        with open(self.logs / f"tool-{name}.log", "ab") as out, self.lock:
+            if self.stopping.is_set():
+                return -1
+            proc = subprocess.Popen(self.cli(*args), stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                    start_new_session=True)
+            self.tool_procs.append(proc)
+        try:
+            rc = proc.wait(timeout=self.s.tool_timeout_s)
+        except subprocess.TimeoutExpired:  # recorded as killed: the run goes on
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait(timeout=60)
+        with self.lock:
+            self.run.tools.setdefault(name, []).append(rc)
+        return rc
+
+    def inject(self, f: PlannedFault, begin: float) -> None:
+        time.sleep(max(0.0, begin + f.at - time.monotonic()))
+        with self.slots.setdefault(f.slot, threading.Lock()):
+            if time.monotonic() > begin + self.s.seconds:  # its slot's previous fault outlasted the phase
+                with self.lock:
+                    self.run.skipped.append(f)
+                self.say(f"chaos: {f.kind} on {f.target} planned at {f.at:.1f}s skipped: the phase is over")
+                return
+            start, target, note = time.time(), f.target, ""
+            if f.target in self.drivers:
+                heal = self.driver_fault(f, self.drivers[f.target])
+            else:
+                target, note = self.other_fault(f)
+                heal = time.time()
+        record = FaultRecord(kind=f.kind, target=target, start=start, heal=heal, note=note)
+        with self.lock:
+            self.run.faults.append(record)
+        self.say(f"chaos: {f.kind} on {target} at {start - self.run.phases['chaos']:.1f}s, healed after "
+                 f"{heal - start:.1f}s {note}".rstrip())
+
+    # --- the phases -------------------------------------------------------------------------
+    def driver_fault(self, f: PlannedFault, d: _Driver) -> float:
+        """Kill or stop driver ``d``, heal it; return the heal's time once it runs again."""
+        if f.kind == "driver-kill":
+            with self.lock:
+                d.down = True
+            d.kill()
+            time.sleep(f.duration_s)
+            with self.lock:
+                if not self.stopping.is_set():
+                    d.start()
+                d.down = False
+            heal = time.time()
+        else:  # a zombie: shorter (driver-pause) or longer (session-expiry) than the session
+            d.signal(signal.SIGSTOP)
+            time.sleep(f.duration_s)
+            d.signal(signal.SIGCONT)
+            heal = time.time()
+            if f.kind == "session-expiry":  # it stops on its lost lease: the supervisor's restart
+                self.stopping.wait(self.s.session_timeout_s)
+        self.wait_back(d)
+        return heal
+
+    def other_fault(self, f: PlannedFault) -> tuple[str, str]:
+        """A ZooKeeper server's kill and restart, or an operator tool; returns (target, note)."""
+        if f.kind.startswith("zk"):
+            myid = int(f.target[2:]) if f.target != "leader" else (self.ensemble.leader() or 1)
+            self.ensemble.kill(myid)
+            time.sleep(f.duration_s)
+            if not self.stopping.is_set():
+                self.ensemble.restart(myid)
+            return f"zk{myid}", ""
+        if f.kind == "gc":
+            rc = self.tool("gc", "gc", "--store", str(self.store), "--apply", *self.zk_args(), "--master", self.s.master)
+            return f.target, f"rc {rc}"
+        if f.kind == "status":
+            return f.target, f"rc {self.tool('status', 'status', '--store', str(self.store), *self.zk_args())}"
+        # rebalance: the computation's intervals 0-2 to a, 3 to b; then back to the members' split
+        move = ["--pipeline", PIPELINE, "--computation", f.target, *self.zk_args()]
+        rc = self.tool("rebalance", "rebalance", *move, "--assign", "a=0-2", "--assign", "b=3")
+        time.sleep(f.duration_s)
+        return f.target, f"rc {rc}, {self.tool('rebalance', 'rebalance', *move, '--clear')}"
+
+    def wait_back(self, d: _Driver) -> None:
+        """Hold the driver's slot until it runs again (the next fault on it hits a running driver,
+        not one still starting Spark)."""
+        deadline = time.monotonic() + self.s.start_s
+        while not d.running() and time.monotonic() < deadline and not self.stopping.wait(1.0):
+            pass
+
+    def supervise(self) -> None:
+        """What a supervisor (systemd, Kubernetes) does: a driver that exits is started again with the
+        same command (a run stops on an expired session or a failed batch by design), each exit
+        recorded with its code and error line."""
+        while not self.stopping.wait(1.0):
+            with self.lock:
+                for d in self.drivers.values():
+                    if d.down or d.proc is None or d.proc.poll() is None or self.stopping.is_set():
+                        continue
+                    exit_ = DriverExit(driver=d.name, code=d.proc.returncode, at=time.time(), error=d.last_error())
+                    self.run.exits.append(exit_)
+                    self.say(f"chaos: driver {d.name} exited with {exit_.code} ({exit_.error}); started again")
+                    d.start()
+
+    def wait(self, what: str, check: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1.0)
+        return True
+
+    def execute(self) -> ChaosRun:
+        s, run = self.s, self.run
+        self.prepare()
+        self.say(f"chaos: data in {self.data}; ZooKeeper ensemble of 3 starting")
+        self.ensemble.start()
+        self.make_drivers()
+        self.write_next()
+        generator = threading.Thread(target=self.generate, name="chaos-input", daemon=True)
+        generator.start()
+        run.phases["start"] = time.time()
+        for d in self.drivers.values():
+            d.start()
+        threading.Thread(target=self.supervise, name="chaos-supervisor", daemon=True).start()
+        if not self.wait("both drivers' first commits", lambda: all(
+                "running" in d.log.read_text(errors="replace") for d in self.drivers.values())
+                and bool(stream_commits(self.store, "changes")), s.start_s):
+            raise ConfigError(f"chaos: the drivers did not commit within {s.start_s:.0f}s; see {self.logs}")
+        schedule = plan(s.seed, s.seconds, mean_gap_s=s.mean_gap_s, session_timeout_s=s.session_timeout_s)
+        self.say(f"chaos: both drivers commit; {len(schedule)} faults over {s.seconds:.0f}s")
+        run.phases["chaos"] = time.time()
+        begin = time.monotonic()
+        self.threads = [threading.Thread(target=self.inject, args=(f, begin), name=f"chaos-{f.kind}", daemon=True)
+                        for f in schedule]
+        for t in self.threads:
+            t.start()
+        time.sleep(max(0.0, begin + s.seconds - time.monotonic()))
+        for t in self.threads:
+            t.join()
+        run.phases["healed"] = time.time()
+        self.stop_input.set()
+        generator.join()
+        write_moves(self.input, self.file_index, closing_moves(self.file_index))
+        run.files = self.file_index + 1
+        self.say(f"chaos: every fault healed; {run.files} input files; draining")
+        run.drained = self.wait("the drain", lambda: complete(self.store, self.input), s.drain_s)
+        time.sleep(3.0)  # a duplicate would land by now
+        run.phases["drained"] = time.time()
+        return run
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping.set()
+        for d in self.drivers.values():
+            d.signal(signal.SIGCONT)
+            d.signal(signal.SIGTERM)
+        for d in self.drivers.values():
+            if d.proc is not None:
+                try:
+                    d.proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    d.kill()
+        with self.lock:
+            procs = list(self.tool_procs)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=60)
+        for t in self.threads:  # a fault still sleeping before its heal: it starts nothing now
+            t.join(timeout=120)
+        self.ensemble.stop()
+
+
+def _save(run: ChaosRun) -> None:
+    data = run.settings.data.resolve()
+    (data / "faults.json").write_text(json.dumps({
+        "seed": run.settings.seed, "phases": run.phases, "files": run.files, "drained": run.drained,
+        "tools": run.tools, "faults": [asdict(f) for f in run.faults],
+        "skipped": [asdict(f) for f in run.skipped], "exits": [asdict(e) for e in run.exits]}, indent=2) + "\n")
+
+
+def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) -> ChaosRun:
+    """One chaos run and its check (``run.result``); every process it started is stopped on the way
+    out, whatever happens.
+
+    Raises:
+        ConfigError: ``settings.data`` holds something else, or the drivers never committed.
+    """
+    h = _Harness(settings, say)
+    try:
+        run = h.execute()
+    finally:
+        h.stop()
+        h.stop_input.set()
+    run.faults.sort(key=lambda f: f.start)
+    _save(run)
+    run.result = check_run(h.store, h.input, run.faults, bound_s=settings.bound_s,
+                           end=run.phases.get("drained"))
+    run.result.violations += exit_violations(run.exits)
+    return run
+
+
+#: The exit codes a driver may stop with under these faults, to be started again: 4 (a lease lost
+#: with an expired session, a lease another process still holds), 9 (a failed batch, a conflict).
+EXPECTED_EXITS = (4, 9)
+
+
+def exit_violations(exits: list[DriverExit]) -> list[Violation]:
+    """A driver that stopped with another code than :data:`EXPECTED_EXITS` (a crash, a damaged
+    store, an untyped error) is a violation."""
+    return [Violation("driver-exit", f"driver {e.driver} exited with {e.code}: {e.error}") for e in exits
+            if e.code not in EXPECTED_EXITS]
+
+
+def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], CheckResult]:
+    """The check of an earlier run's folder (its input, streams and ``faults.json``) again.
+
+    Raises:
+        ConfigError: ``data`` holds no finished chaos run.
+    """
+    try:
+        saved = json.loads((data / "faults.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"chaos --recheck {data}: no faults.json of a finished run ({exc})") from exc
+    faults = [FaultRecord(**f) for f in saved["faults"]]
+    result = check_run(data / "store", data / "input", faults, bound_s=bound_s, end=saved["phases"].get("drained"))
+    result.violations += exit_violations([DriverExit(**e) for e in saved.get("exits", [])])
+    return saved, result

@@ -1,0 +1,49 @@
+"""``deltawheel chaos``: the bank pipeline as two instances under seeded faults, then an independent check."""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``chaos``."""
+    p = subparsers.add_parser(
+        "chaos", help="run a three-stage bank pipeline as two instances under random overlapping faults (driver kills "
+                      "and pauses, expired sessions, ZooKeeper servers killed, operator tools) and check its streams")
+    p.add_argument("--seed", type=int, default=None, help="the input's and the fault schedule's seed (default: drawn, "
+                                                          "printed first; the same seed replays the same schedule)")
+    p.add_argument("--seconds", type=float, default=60.0, help="length of the chaos phase (default 60)")
+    p.add_argument("--data", default=str(Path("data") / "chaos"),
+                   help="the run's folder: input, store, ZooKeeper, logs, faults.json (default data/chaos; "
+                        "emptied first if it holds an earlier chaos run)")
+    p.add_argument("--mean-gap", type=float, default=5.0, help="mean seconds between fault starts (default 5)")
+    p.add_argument("--bound", type=float, default=600.0,
+                   help="seconds within which every stream must commit after a fault heals (default 600: a driver started again on a busy machine takes minutes before its first batch)")
+    p.add_argument("--recheck", action="store_true", help="check the finished run in --data again, run nothing")
+    p.set_defaults(func=_chaos)
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from ..chaos.harness import ChaosSettings, recheck, run_chaos
+    from ..chaos.report import table
+
+    data = Path(args.data)
+    if args.recheck:
+        saved, result = recheck(data, bound_s=args.bound)
+        exits = [(e["driver"], int(e["code"]), e["error"]) for e in saved.get("exits", [])]
+        print(table(int(saved["seed"]), result, tools=saved.get("tools"), exits=exits,
+                    drained=bool(saved.get("drained"))))
+        return 0 if result.ok else 1
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
+    print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g})", flush=True)
+    settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
+                             bound_s=args.bound)
+    run = run_chaos(settings, say=lambda line: print(line, flush=True))
+    assert run.result is not None
+    print(table(seed, run.result, tools=run.tools, exits=[(e.driver, e.code, e.error) for e in run.exits],
+                drained=run.drained))
+    return 0 if run.result.ok else 1

@@ -1,0 +1,191 @@
+"""``deltawheel chaos``: the bank pipeline as two ``deltawheel run`` instances on a three-server
+ZooKeeper ensemble under seeded, overlapping faults, then the independent checker.
+
+The checker's own tests build stream tables with delta-rs (no Spark): the streams a correct run
+gives pass, and each kind of damage (a record twice, a leg lost, a window's sum changed) is named.
+The run tests go through the command line; the default one keeps the chaos phase short because
+starting the ensemble and two drivers already takes minutes on a busy machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltawheel.executor.chaos.bank import WINDOW_MS, closing_moves, moves, write_moves
+from deltawheel.executor.chaos.checker import check_run, reference_legs
+from deltawheel.executor.chaos.faults import INSTANCES, KINDS, plan
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+SEED = 11
+
+
+# --- the schedule ----------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), seconds=st.floats(10, 3_600))
+def test_a_seed_replays_its_schedule_and_one_target_has_one_fault_at_a_time(seed: int, seconds: float) -> None:
+    faults = plan(seed, seconds)
+    assert faults == plan(seed, seconds)
+    assert all(f.kind in KINDS and 0 < f.at and f.at + f.duration_s < seconds for f in faults)
+    for slot in {f.slot for f in faults}:
+        mine = [f for f in faults if f.slot == slot]
+        assert all(a.at + a.duration_s <= b.at for a, b in zip(mine, mine[1:], strict=False)), mine
+    assert all(f.target in INSTANCES for f in faults if f.kind.startswith("driver") or f.kind == "session-expiry")
+
+
+def test_long_schedules_draw_every_kind_and_seeds_differ() -> None:
+    assert {f.kind for f in plan(SEED, 600)} == set(KINDS)
+    assert plan(SEED, 600) != plan(SEED + 1, 600)
+
+
+# --- the checker on stream tables written here -----------------------------------------------
+
+def _stream(path: Path, rows: list[dict[str, Any]], *, per_commit: int) -> None:
+    """A stream table of ``rows`` (values as JSON), ``per_commit`` records per Delta commit."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    schema = pa.schema([("record_id", pa.string()), ("key", pa.string()), ("value", pa.binary()),
+                        ("codec", pa.string()), ("timestamp_ms", pa.int64())])
+    for i in range(0, len(rows), per_commit):
+        part = rows[i:i + per_commit]
+        write_deltalake(str(path), pa.Table.from_pylist([
+            {"record_id": r["rid"], "key": r["key"], "value": json.dumps(r["value"]).encode(), "codec": "json",
+             "timestamp_ms": r["ts"]} for r in part], schema=schema), mode="append")
+
+
+def _correct_streams(tmp_path: Path, files: int = 25) -> tuple[Path, Path, dict[str, list[dict[str, Any]]]]:
+    """Input files and the three streams a correct run gives for them (computed here)."""
+    folder, store = tmp_path / "input", tmp_path / "store"
+    for i in range(files):
+        write_moves(folder, i, moves(i, 10, seed=3))
+    write_moves(folder, files, closing_moves(files))
+    all_moves = [m for i in range(files) for m in moves(i, 10, seed=3)] + closing_moves(files)
+    changes, balances = [], []
+    state: dict[str, tuple[int, int]] = {}
+    for m in all_moves:
+        for account, leg, delta in ((m["src"], "debit", -m["amount"]), (m["dst"], "credit", m["amount"])):
+            v = {"move": m["id"], "account": account, "leg": leg, "delta": delta}
+            changes.append({"rid": f"c-{m['id']}-{leg}", "key": account, "value": v, "ts": m["ts"]})
+            seq, bal = state.get(account, (0, 0))
+            state[account] = (seq + 1, bal + delta)
+            balances.append({"rid": f"b-{m['id']}-{leg}", "key": account, "ts": m["ts"],
+                             "value": {**v, "seq": seq + 1, "balance": bal + delta}})
+    legs = reference_legs(__import__("pandas").DataFrame(all_moves))
+    sums: dict[tuple[str, int], int] = {}
+    for a, ts, d in zip(legs["account"], legs["ts"], legs["delta"], strict=True):
+        if not a.startswith("close"):
+            sums[(a, ts - ts % WINDOW_MS)] = sums.get((a, ts - ts % WINDOW_MS), 0) + int(d)
+    panes = [{"rid": f"w-{a}-{w}", "key": a, "ts": w + WINDOW_MS - 1,
+              "value": {"window_start": w, "pane_index": 0, "timing": "ON_TIME", "value": v}}
+             for (a, w), v in sorted(sums.items())]
+    return folder, store, {"changes": changes, "balances": balances, "window_sums": panes}
+
+
+def _write(store: Path, streams: dict[str, list[dict[str, Any]]]) -> None:
+    for name, rows in streams.items():
+        _stream(store / "streams" / name, rows, per_commit=40)
+
+
+def test_the_checker_passes_the_streams_of_a_correct_run(tmp_path: Path) -> None:
+    folder, store, streams = _correct_streams(tmp_path)
+    _write(store, streams)
+    res = check_run(store, folder)
+    assert res.violations == []
+    assert res.records_in == 254 and res.records_out["changes"] == res.records_out["balances"] == 508
+
+
+def test_the_checker_names_a_duplicate_a_lost_leg_and_a_wrong_window(tmp_path: Path) -> None:
+    folder, store, streams = _correct_streams(tmp_path)
+    dup = dict(streams["balances"][7], rid="b-again")  # one leg applied twice
+    streams["balances"].insert(60, dup)
+    lost = streams["changes"].pop(101)  # a credit leg gone: its move is half in every version after
+    streams["window_sums"][3]["value"]["value"] += 1
+    bent = streams["balances"][200]["value"]  # a balance that is not the one before plus the delta
+    bent["balance"] += 5
+    _write(store, streams)
+    res = check_run(store, folder)
+    lines = [v.line() for v in res.violations]
+    move = dup["value"]["move"]
+    assert any(v.check == "exactly-once" and "balances: 1 legs more than once" in v.detail
+               and f"{move}/{dup['value']['leg']}" in v.keys for v in res.violations), lines
+    assert any(v.check == "ledger" and dup["key"] in v.keys for v in res.violations), lines
+    assert any(v.check == "bank" and lost["value"]["move"] in v.keys for v in res.violations), lines
+    assert any(v.check == "exactly-once" and "changes: 1 legs missing" in v.detail for v in res.violations), lines
+    assert any(v.check == "ledger" and "the deltas before give" in v.detail
+               and (bent["account"], bent["move"]) == v.keys for v in res.violations), lines
+    w = streams["window_sums"][3]
+    assert any(v.check == "windows" and f"{w['key']}@{w['value']['window_start']}" in v.keys
+               for v in res.violations), lines
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+def _chaos(data: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "chaos", "--data", str(data), *args],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def _explain(proc: subprocess.CompletedProcess[str], data: Path) -> str:
+    """The run's output and each driver log's last lines other than batch lines (pytest's temporary
+    folders do not outlive many later runs)."""
+    parts = [proc.stdout[-5000:], proc.stderr[-3000:]]
+    for log in sorted((data / "logs").glob("driver-*.log")):
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if " batch " not in ln]
+        parts.append(f"--- {log.name}\n" + "\n".join(lines[-40:]))
+    return "\n".join(parts)
+
+
+def _plant_duplicate(store: Path) -> dict[str, Any]:
+    """Append a copy of one ``balances`` record under a new record id (a leg applied twice)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(store / "streams" / "balances")
+    one = DeltaTable(path).to_pyarrow_dataset().head(1)
+    write_deltalake(path, one.set_column(0, "record_id", [["planted-duplicate"]]), mode="append")
+    return dict(json.loads(one.column("value")[0].as_py()))
+
+
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(1500)
+def test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught(tmp_path: Path) -> None:
+    """``deltawheel chaos --seed 11 --seconds 30``: the seed printed first, the faults of the
+    seed's schedule happen, the table ends with zero violations and the exit code is 0. Then a
+    record planted twice into the run's ``balances`` makes ``--recheck`` name it and exit 1."""
+    data = tmp_path / "chaos"
+    proc = _chaos(data, "--seed", str(SEED), "--seconds", "30", timeout_s=1400)
+    out = proc.stdout.splitlines()
+    assert out and out[0].startswith(f"chaos seed {SEED} "), _explain(proc, data)
+    assert proc.returncode == 0 and out[-1] == "violations: 0", _explain(proc, data)
+    saved = json.loads((data / "faults.json").read_text())
+    # the seed's schedule: each planned fault happened, or was skipped when its target's previous
+    # fault (a tool) outlasted the phase
+    assert sorted(f["kind"] for f in saved["faults"] + saved["skipped"]) == sorted(f.kind for f in plan(SEED, 30))
+    assert saved["faults"] and saved["drained"]
+    planted = tmp_path / "planted"
+    shutil.copytree(data, planted)
+    leg = _plant_duplicate(planted / "store")
+    again = _chaos(planted, "--recheck", timeout_s=300)
+    assert again.returncode == 1, again.stdout + again.stderr
+    named = [ln for ln in again.stdout.splitlines() if "balances: 1 legs more than once" in ln]
+    assert len(named) == 1 and "'planted-duplicate'" in named[0] and f"{leg['move']}/{leg['leg']}" in named[0], \
+        again.stdout
+
+
+@pytest.mark.slow  # the default test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught runs 30 s
+@pytest.mark.spark
+@pytest.mark.zk
+@pytest.mark.timeout(3600)
+def test_ten_minutes_of_chaos_find_no_violation(tmp_path: Path) -> None:
+    data = tmp_path / "chaos"
+    proc = _chaos(data, "--seed", "20261127", "--seconds", "600", timeout_s=3500)
+    print(proc.stdout)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "violations: 0", _explain(proc, data)

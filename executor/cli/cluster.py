@@ -1,4 +1,4 @@
-"""``deltawheel cluster up|down|status|exec [--hosts]``: a local Spark cluster and ZooKeeper ensemble."""
+"""``deltawheel cluster up|down|status|exec|env|fault [--hosts]``: a local Spark cluster and ZooKeeper ensemble."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ DEFAULT_HOSTS_DATA = os.path.join("data", "hosts")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``cluster up``, ``cluster down`` and ``cluster status``."""
+    """Add ``cluster up``, ``down``, ``status``, ``exec``, ``env`` and ``fault``."""
     cluster = subparsers.add_parser(
         "cluster", help="run a local Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble")
     sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
@@ -45,9 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first "
                                                                 "(ZooKeeper's, the buckets, the logs)")
         p.set_defaults(func=func)
+    from .clusterfault import register_fault
+
+    register_fault(sub, f"the test bed's folder (default {DEFAULT_HOSTS_DATA})")
 
 
-def _data(args: argparse.Namespace) -> str:
+def data_dir(args: argparse.Namespace) -> str:
+    """The cluster's folder: ``--data``, else the default of a local cluster or of the hosts test bed."""
     return os.path.abspath(args.data or (DEFAULT_HOSTS_DATA if args.hosts else DEFAULT_DATA))
 
 
@@ -56,7 +60,7 @@ def _up(args: argparse.Namespace) -> int:
 
     if args.hosts:
         return _hosts_up(args)
-    cluster = LocalCluster(_data(args), zookeeper=not args.no_zk, spark=not args.no_spark,
+    cluster = LocalCluster(data_dir(args), zookeeper=not args.no_zk, spark=not args.no_spark,
                            workers=args.workers, worker_memory=args.worker_memory)
     started = time.monotonic()
     cluster.up(timeout_s=args.timeout)
@@ -77,7 +81,7 @@ def _hosts_up(args: argparse.Namespace) -> int:
     from ..servers.hosts import HostsCluster
 
     services = [s for s, off in (("s3", False), ("zk", args.no_zk), ("spark", args.no_spark)) if not off]
-    cluster = HostsCluster(_data(args), services=services, worker_memory=args.worker_memory)
+    cluster = HostsCluster(data_dir(args), services=services, worker_memory=args.worker_memory)
     started = time.monotonic()
     cluster.up(timeout_s=args.timeout, fresh=args.fresh)
     print(f"hosts up in {time.monotonic() - started:.1f}s (data in {cluster.data_dir})")
@@ -94,7 +98,7 @@ def _hosts_up(args: argparse.Namespace) -> int:
 def _hosts_down(args: argparse.Namespace) -> int:
     from ..servers.hosts import HostsCluster
 
-    n, left = HostsCluster(_data(args)).down()
+    n, left = HostsCluster(data_dir(args)).down()
     print(f"stopped {n} process{'es' if n != 1 else ''}; namespaces, veths and the bridge deleted")
     if left:
         print("STILL THERE: " + "; ".join(left))
@@ -107,7 +111,7 @@ def _exec(args: argparse.Namespace) -> int:
 
     from ..servers.hosts import HostsCluster
 
-    cluster = HostsCluster(_data(args))
+    cluster = HostsCluster(data_dir(args))
     if args.host not in cluster.hosts:
         print(f"no host {args.host!r}: choose among {', '.join(cluster.hosts)}")
         return 2
@@ -126,7 +130,7 @@ def _env(args: argparse.Namespace) -> int:
 
     from ..servers.hosts import HostsCluster
 
-    cluster = HostsCluster(_data(args))
+    cluster = HostsCluster(data_dir(args))
     ep = cluster.s3_endpoint
     for k, v in (("DW_MASTER", cluster.master_url), ("DW_SPARK_PYTHON", str(cluster.spark_python)),
                  ("DW_CLIENT", cluster.hosts["client"].address), ("DELTAWHEEL_ZK", cluster.zk_hosts),
@@ -140,7 +144,7 @@ def _down(args: argparse.Namespace) -> int:
 
     if args.hosts:
         return _hosts_down(args)
-    cluster = LocalCluster(_data(args))
+    cluster = LocalCluster(data_dir(args))
     if not cluster.manifest.exists():
         print(f"no cluster in {cluster.data_dir}")
         return 0
@@ -153,7 +157,7 @@ def _down(args: argparse.Namespace) -> int:
 def _hosts_status(args: argparse.Namespace) -> int:
     from ..servers.hosts import HostsCluster
 
-    cluster = HostsCluster(_data(args))
+    cluster = HostsCluster(data_dir(args))
     st = cluster.status()
     for name, services in st.services.items():
         for what, pid in services:
@@ -170,7 +174,7 @@ def _status(args: argparse.Namespace) -> int:
 
     if args.hosts:
         return _hosts_status(args)
-    cluster = LocalCluster(_data(args))
+    cluster = LocalCluster(data_dir(args))
     if not cluster.manifest.exists():
         print(f"no cluster in {cluster.data_dir} (start one with: deltawheel cluster up --data {args.data or DEFAULT_DATA})")
         return 1

@@ -13,7 +13,7 @@ DEFAULT_HOSTS_DATA = os.path.join("data", "hosts")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``cluster up``, ``down``, ``status``, ``exec``, ``env`` and ``fault``."""
+    """Add ``cluster up``, ``cluster down`` and ``cluster status``."""
     cluster = subparsers.add_parser(
         "cluster", help="run a local Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble")
     sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
@@ -47,11 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         p.set_defaults(func=func)
     from .clusterfault import register_fault
 
-    register_fault(sub, f"the test bed's folder (default {DEFAULT_HOSTS_DATA})")
+    register_fault(sub, DEFAULT_HOSTS_DATA)
 
 
-def data_dir(args: argparse.Namespace) -> str:
-    """The cluster's folder: ``--data``, else the default of a local cluster or of the hosts test bed."""
+def _data(args: argparse.Namespace) -> str:
     return os.path.abspath(args.data or (DEFAULT_HOSTS_DATA if args.hosts else DEFAULT_DATA))
 
 
@@ -60,7 +59,7 @@ def _up(args: argparse.Namespace) -> int:
 
     if args.hosts:
         return _hosts_up(args)
-    cluster = LocalCluster(data_dir(args), zookeeper=not args.no_zk, spark=not args.no_spark,
+    cluster = LocalCluster(_data(args), zookeeper=not args.no_zk, spark=not args.no_spark,
                            workers=args.workers, worker_memory=args.worker_memory)
     started = time.monotonic()
     cluster.up(timeout_s=args.timeout)
@@ -81,7 +80,7 @@ def _hosts_up(args: argparse.Namespace) -> int:
     from ..servers.hosts import HostsCluster
 
     services = [s for s, off in (("s3", False), ("zk", args.no_zk), ("spark", args.no_spark)) if not off]
-    cluster = HostsCluster(data_dir(args), services=services, worker_memory=args.worker_memory)
+    cluster = HostsCluster(_data(args), services=services, worker_memory=args.worker_memory)
     started = time.monotonic()
     cluster.up(timeout_s=args.timeout, fresh=args.fresh)
     print(f"hosts up in {time.monotonic() - started:.1f}s (data in {cluster.data_dir})")
@@ -98,7 +97,7 @@ def _hosts_up(args: argparse.Namespace) -> int:
 def _hosts_down(args: argparse.Namespace) -> int:
     from ..servers.hosts import HostsCluster
 
-    n, left = HostsCluster(data_dir(args)).down()
+    n, left = HostsCluster(_data(args)).down()
     print(f"stopped {n} process{'es' if n != 1 else ''}; namespaces, veths and the bridge deleted")
     if left:
         print("STILL THERE: " + "; ".join(left))
@@ -111,7 +110,7 @@ def _exec(args: argparse.Namespace) -> int:
 
     from ..servers.hosts import HostsCluster
 
-    cluster = HostsCluster(data_dir(args))
+    cluster = HostsCluster(_data(args))
     if args.host not in cluster.hosts:
         print(f"no host {args.host!r}: choose among {', '.join(cluster.hosts)}")
         return 2
@@ -130,7 +129,7 @@ def _env(args: argparse.Namespace) -> int:
 
     from ..servers.hosts import HostsCluster
 
-    cluster = HostsCluster(data_dir(args))
+    cluster = HostsCluster(_data(args))
     ep = cluster.s3_endpoint
     for k, v in (("DW_MASTER", cluster.master_url), ("DW_SPARK_PYTHON", str(cluster.spark_python)),
                  ("DW_CLIENT", cluster.hosts["client"].address), ("DELTAWHEEL_ZK", cluster.zk_hosts),
@@ -144,7 +143,7 @@ def _down(args: argparse.Namespace) -> int:
 
     if args.hosts:
         return _hosts_down(args)
-    cluster = LocalCluster(data_dir(args))
+    cluster = LocalCluster(_data(args))
     if not cluster.manifest.exists():
         print(f"no cluster in {cluster.data_dir}")
         return 0
@@ -157,7 +156,7 @@ def _down(args: argparse.Namespace) -> int:
 def _hosts_status(args: argparse.Namespace) -> int:
     from ..servers.hosts import HostsCluster
 
-    cluster = HostsCluster(data_dir(args))
+    cluster = HostsCluster(_data(args))
     st = cluster.status()
     for name, services in st.services.items():
         for what, pid in services:
@@ -174,7 +173,7 @@ def _status(args: argparse.Namespace) -> int:
 
     if args.hosts:
         return _hosts_status(args)
-    cluster = LocalCluster(data_dir(args))
+    cluster = LocalCluster(_data(args))
     if not cluster.manifest.exists():
         print(f"no cluster in {cluster.data_dir} (start one with: deltawheel cluster up --data {args.data or DEFAULT_DATA})")
         return 1

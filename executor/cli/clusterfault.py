@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 __all__ = ["register_fault"]
 
 
-def register_fault(sub: Any, data_help: str) -> None:
-    """Add ``cluster fault ...`` to the ``cluster`` subcommands ``sub``."""
+def register_fault(sub: Any, default_data: str) -> None:
+    """Add ``cluster fault ...`` to the ``cluster`` subcommands ``sub`` (the test bed's folder: ``default_data``)."""
     fault = sub.add_parser("fault", help="inject a fault between hosts of the --hosts test bed: cut a host off "
                            "(whole or from some hosts), heal it, kill it whole, start what was killed")
     acts = fault.add_subparsers(dest="fault_command", metavar="FAULT")
@@ -22,7 +23,8 @@ def register_fault(sub: Any, data_help: str) -> None:
         ("show", "list the cuts in place"),
     ):
         p = acts.add_parser(name, help=help_text)
-        p.add_argument("--data", default=None, help=data_help)
+        p.add_argument("--data", default=default_data,
+                       help=f"the test bed's folder (default {default_data})")
         p.add_argument("--hosts", action="store_true", default=True, help="the --hosts test bed (the only choice)")
         if name in ("cut", "heal", "kill"):
             p.add_argument("host", help="s3, zk1, zk2, zk3, master, worker1, worker2 or client")
@@ -35,9 +37,8 @@ def register_fault(sub: Any, data_help: str) -> None:
 def _fault(args: argparse.Namespace) -> int:
     from ..servers.hostfaults import HostFaults
     from ..servers.hosts import HostsCluster
-    from .cluster import data_dir
 
-    faults = HostFaults(HostsCluster(data_dir(args)))
+    faults = HostFaults(HostsCluster(os.path.abspath(args.data)))
     what = args.fault_command
     peers = [p for word in getattr(args, "peers", []) for p in word.split(",") if p]
     if what == "cut":

@@ -65,12 +65,15 @@ class HostFaults:
             raise UnknownHostError(f"no host {name!r} in the test bed: choose among "
                                    f"{', '.join(self.cluster.hosts)}") from None
 
-    def _pairs(self, name: str, peers: Sequence[str]) -> list[tuple[Host, Host]]:
+    def _both_ways(self, name: str, peers: Sequence[str], verb: str, *tail: str, check: bool = True) -> None:
+        """``ip neigh VERB <other's address> TAIL`` in the namespace of each side of each pair."""
         a = self.host(name)
         others = [self.host(p) for p in peers]
         if a in others:
             raise UnknownHostError(f"host {name!r} cannot be cut off from itself")
-        return [(a, b) for b in others]
+        for b in others:
+            for x, y in ((a, b), (b, a)):
+                _ip("-n", x.netns, "neigh", verb, y.address, *tail, check=check)
 
     def cut(self, name: str, peers: Sequence[str] = ()) -> None:
         """Cut host ``name`` off the bridge (no ``peers``) or from each of ``peers`` (both ways).
@@ -82,9 +85,7 @@ class HostFaults:
         if not peers:
             _ip("link", "set", self.host(name).netns, "down")
             return
-        for a, b in self._pairs(name, peers):
-            for x, y in ((a, b), (b, a)):
-                _ip("-n", x.netns, "neigh", "replace", y.address, "lladdr", DEAD_MAC, "dev", "eth0", "nud", "permanent")
+        self._both_ways(name, peers, "replace", "lladdr", DEAD_MAC, "dev", "eth0", "nud", "permanent")
 
     def heal(self, name: str, peers: Sequence[str] = ()) -> None:
         """Undo :meth:`cut`: with no ``peers``, every cut of host ``name`` (whole or from any peer).
@@ -97,9 +98,7 @@ class HostFaults:
             _ip("link", "set", self.host(name).netns, "up")
             peers = [c.peer if c.host == name else c.host for c in self.cuts()
                      if c.peer is not None and name in (c.host, c.peer)]
-        for a, b in self._pairs(name, sorted(set(peers))):
-            for x, y in ((a, b), (b, a)):
-                _ip("-n", x.netns, "neigh", "del", y.address, "dev", "eth0", check=False)
+        self._both_ways(name, sorted(set(peers)), "del", "dev", "eth0", check=False)
 
     def cuts(self) -> list[Cut]:
         """The cuts in place now, each pair once."""

@@ -37,7 +37,7 @@ HOLD_S = 30.0  # how long each fault lasts
 ZK_CUT_S = 45.0  # the driver's cut from the ensemble: past its session timeout
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Episode:
     """One fault: what it was, what the job did, when it healed, how soon a batch committed after."""
 
@@ -135,7 +135,7 @@ class Run:
     def episode(self, fault: str, file: int, inject: Callable[[], None], heal: Callable[[], None],
                 hold_s: float = HOLD_S) -> Episode:
         """Inject, add input file ``file``, hold, heal; wait for its windows and the first batch after the heal."""
-        ep = Episode(fault, file)
+        ep = Episode(fault=fault, file=file)
         before = set(self.driver_ids())
         starts = self.driver_output().count("connected: store")
         ep.started_ms = now_ms()

@@ -88,12 +88,7 @@ class HostFaults:
         self._both_ways(name, peers, "replace", "lladdr", DEAD_MAC, "dev", "eth0", "nud", "permanent")
 
     def heal(self, name: str, peers: Sequence[str] = ()) -> None:
-        """Undo :meth:`cut`: with no ``peers``, every cut of host ``name`` (whole or from any peer).
-
-        Raises:
-            UnknownHostError: an unknown host.
-            ClusterError: an ``ip`` command failed (the bed is down?).
-        """
+        """Undo :meth:`cut` (raising as it does): with no ``peers``, every cut of host ``name``, whole or from any peer."""
         if not peers:
             _ip("link", "set", self.host(name).netns, "up")
             peers = [c.peer if c.host == name else c.host for c in self.cuts()

@@ -7,9 +7,10 @@ a worker cut off from S3Proxy, a ZooKeeper follower's host cut off, the leader's
 host cut off from the ensemble past the session timeout, a worker host killed whole, the driver's
 host killed whole. After each heal the job must close the new file's windows; the time from the
 heal to the first committed batch is printed. At the end every window of the job's output is
-compared with the windows of the same input (an uninterrupted run's: every record once).
+compared with the windows computed from the input files themselves: every record once, no
+window twice, every window equal.
 
-Slow (half an hour): test_hostfaults.py covers the cuts and the kill quickly, without Spark.
+Slow (15-30 min): test_hostfaults.py covers the cuts and the kill quickly, without Spark.
 """
 
 from __future__ import annotations

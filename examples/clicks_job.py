@@ -107,13 +107,18 @@ def run(store: str, input_uri: str, *, zk: str, seconds: float, instance: str | 
         print(f"[{time.time() - started:6.1f}s] connected: store {store} ready", flush=True)
         running = engine.start_pipeline(make_pipeline(input_uri))
         first, live = None, time.time()
-        while time.time() - live < seconds:
-            done = {n: s.records_in for n, s in running.stages.items() if s.batches and s.records_in}
-            if done and first is None:
-                first = time.time()
-                print(f"first batch committed at {first:.3f} ({first - started:.1f}s after the driver "
-                      f"started): {done}", flush=True)
-            time.sleep(0.5)
+        try:
+            while time.time() - live < seconds:
+                running.check()  # a failed batch (a lease lost, say) ends the job with its typed error
+                done = {n: s.records_in for n, s in running.stages.items() if s.batches and s.records_in}
+                if done and first is None:
+                    first = time.time()
+                    print(f"first batch committed at {first:.3f} ({first - started:.1f}s after the driver "
+                          f"started): {done}", flush=True)
+                time.sleep(0.5)
+        except BaseException:
+            running.stop()
+            raise
         report = running.stop()
         print(f"stopped: {report}; records in: "
               f"{ {n: s.records_in for n, s in running.stages.items()} }", flush=True)

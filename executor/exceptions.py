@@ -14,7 +14,7 @@ from deltawheel.statestore.exceptions import (
 )
 
 __all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "HostsUnavailableError", "InputSchemaError", "KafkaServerError",
-           "UserCodeError", "WindowingError", "StateUpgradeError"]
+           "UnknownHostError", "UserCodeError", "WindowingError", "StateUpgradeError"]
 
 
 class BatchFailedError(RetryableError):
@@ -95,6 +95,10 @@ class ClusterError(FatalError):
 
 class HostsUnavailableError(ClusterError):
     """The test bed of separate hosts cannot be made here (no network or mount namespaces)."""
+
+
+class UnknownHostError(ClusterError):
+    """A command named a host the test bed of separate hosts does not have."""
 
 
 class KafkaServerError(FatalError):

@@ -1,4 +1,4 @@
-"""``deltawheel cluster up|down|status|exec [--hosts]``: a local Spark cluster and ZooKeeper ensemble."""
+"""``deltawheel cluster up|down|status|exec|env|fault [--hosts]``: a local Spark cluster and ZooKeeper ensemble."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first "
                                                                 "(ZooKeeper's, the buckets, the logs)")
         p.set_defaults(func=func)
+    from .clusterfault import register_fault
+
+    register_fault(sub, DEFAULT_HOSTS_DATA)
 
 
 def _data(args: argparse.Namespace) -> str:

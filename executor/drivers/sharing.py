@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from deltawheel.statestore.exceptions import LeaseHeldError
+from deltawheel.statestore.exceptions import LeaseHeldError, LeaseSuspendedError
 from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.zk.client import zk_errors
 from deltawheel.statestore.zk.lease_tools import list_leases
 from deltawheel.statestore.zk.members import Membership, target
 
@@ -69,9 +70,23 @@ class Sharing:
 
     def rebalance(self, comp: Computation, checkpoint: str, ex: ComputationExecutor | None, *,
                   caps: Mapping[str, int | None], hold: int | None) -> tuple[ComputationExecutor | None, bool]:
-        """Between micro-batches: (the executor to go on with, whether it changed)."""
+        """Between micro-batches: (the executor to go on with, whether it changed).
+
+        Raises:
+            LeaseLostError: a lease of ``ex`` is lost (its ZooKeeper session expired, or a newer
+                process of this instance's name took it): the run stops with it, as without sharing.
+        """
         n = type(comp).num_intervals
-        want = set(target(self.wiring.client, self.pipeline.name, comp.name, n).get(self.instance, ()))
+        try:
+            if ex is not None:  # a lost session first: its member znode is gone, the target would give nothing
+                for iv in ex.owner.intervals:
+                    self.wiring.leases.check_valid(comp.name, iv)
+            with zk_errors(f"{comp.name}: reading the intervals instance {self.instance} should hold",
+                           expired="its leases are lost; start the instance again (it takes them back under its name)",
+                           lost="ZooKeeper does not answer"):
+                want = set(target(self.wiring.client, self.pipeline.name, comp.name, n).get(self.instance, ()))
+        except LeaseSuspendedError:
+            return ex, False  # no look at the target while ZooKeeper does not serve: the batch's lease check waits
         held = set(ex.owner.intervals) if ex is not None else set()
         if want == held:
             return ex, False

@@ -133,6 +133,10 @@ class ToxiproxyServer:
                                         "upstream": upstream, "enabled": True})
         return f"http://{self.host}:{listen_port}"
 
+    def set_enabled(self, name: str, enabled: bool) -> None:
+        """Open (True) or close proxy ``name``: closed, it drops its connections and refuses new ones."""
+        self._call("POST", f"/proxies/{name}", {"enabled": enabled})
+
     def set_latency(self, name: str, latency_ms: int) -> None:
         """Delay every response of proxy ``name`` by ``latency_ms`` (0: no toxic)."""
         toxics = {t["name"] for t in self._call("GET", f"/proxies/{name}/toxics") or []}

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from deltawheel.executor.session import build_spark
 from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
@@ -17,13 +17,22 @@ from deltawheel.statestore.layout import StoreLayout
 from deltawheel.statestore.session.sparkenv import SparkSettings
 from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 
-__all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_zk_args", "add_max_pause_arg", "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from",
-           "layout_from", "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list"]
+__all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_args", "add_zk_args", "add_zk_spark_args", "add_run_args", "add_max_pause_arg",
+           "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from", "layout_from",
+           "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list",
+           "computation_code", "timed_say", "engine_from", "store_status"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     """Add ``--store`` (the store's folder or URI) to ``p``."""
     p.add_argument("--store", required=required, help="store folder or URI (holds the Delta tables)")
+
+
+def add_live_args(p: argparse.ArgumentParser, computation: str, *, store: str = "the live store") -> None:
+    """Add ``--store``, ``--pipeline`` and ``--computation`` (its help: ``computation``) of a live pipeline."""
+    p.add_argument("--store", required=True, help=store)
+    p.add_argument("--pipeline", required=True, help="the pipeline's name")
+    p.add_argument("--computation", required=True, help=computation)
 
 
 def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
@@ -49,6 +58,20 @@ def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
                         "stops the run; a killed run's leases stay held this long")
     if timeout:
         p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+
+
+def add_zk_spark_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
+    """Add the ZooKeeper options (:func:`add_zk_args`), then Spark's."""
+    add_zk_args(p, timeout=timeout)
+    add_spark_args(p)
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """Add the options of a pipeline run: ``--gc-every``, ZooKeeper's, ``--max-pause``, Spark's."""
+    add_gc_every_arg(p)
+    add_zk_args(p)
+    add_max_pause_arg(p)
+    add_spark_args(p)
 
 
 def add_handover_args(p: argparse.ArgumentParser) -> None:
@@ -278,3 +301,61 @@ def int_list(text: str | None, what: str) -> list[int] | None:
         from deltawheel.statestore.exceptions import ConfigError
 
         raise ConfigError(f"{what} {text!r}: give interval numbers separated by commas (e.g. 0,2)") from exc
+
+
+def computation_code(args: argparse.Namespace, spec: str | None, missing: str, *, source: Any = None,
+                     strict: bool = False) -> Any:
+    """The code of ``args.computation``: MODULE:CLASS ``spec``, else the ``source`` pipeline's, else the
+    one a package registered for ``args.pipeline`` (the demo's).
+
+    Raises:
+        ReplayCodeError: none of them (``missing``), or ``strict`` and ``source`` has no such computation.
+    """
+    from deltawheel.statestore.exceptions import ReplayCodeError
+
+    from ..drivers.replay import load_code, registered_computation
+
+    if spec:
+        return load_code(spec, args.computation)
+    for c in source.computations if source is not None else ():
+        if c.name == args.computation:
+            return c
+    if strict and source is not None:
+        raise ReplayCodeError(f"--source pipeline {source.name!r} has no computation {args.computation!r} (it has "
+                              f"{', '.join(c.name for c in source.computations)}); check --computation")
+    registered = registered_computation(args.pipeline, args.computation)
+    if registered is None:
+        raise ReplayCodeError(missing)
+    return registered
+
+
+def timed_say(started: float) -> Callable[[str], None]:
+    """Print a line with the seconds since ``started`` (``time.monotonic()``) before it."""
+    return lambda line: print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
+
+
+@contextlib.contextmanager
+def engine_from(args: argparse.Namespace, layout: StoreLayout, pipeline: str) -> Iterator[tuple[Any, Any]]:
+    """(Spark session, connected engine) of a pipeline run on ``layout``: its ZooKeeper released after."""
+    import deltawheel
+
+    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
+    try:
+        cfg = zookeeper.config
+        spark = spark_from(args, announce=True)
+        with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
+                                pipeline=pipeline, wait_s=args.wait, max_pause_s=args.max_pause,
+                                instance=args.instance, zk_session_timeout_s=args.zk_session_timeout) as engine:
+            yield spark, engine
+    finally:
+        zookeeper.release()
+
+
+def store_status(args: argparse.Namespace) -> Any:
+    """What ``status`` and ``report`` show of ``--store`` (``drivers/status.py``)."""
+    from ..drivers.status import gather
+
+    layout = existing_layout_from(args)
+    spark = None if layout.is_local else spark_from(args)
+    with store_zookeeper(args) as (layout, _cfg, client):
+        return gather(layout, client, pipeline=args.pipeline, spark=spark)

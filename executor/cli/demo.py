@@ -15,13 +15,12 @@ import time
 from typing import Any
 
 from .common import (
-    add_gc_every_arg,
-    add_max_pause_arg,
-    add_spark_args,
+    add_run_args,
     add_store_arg,
-    add_zk_args,
+    engine_from,
     layout_from,
     spark_from,
+    timed_say,
     zookeeper_for,
 )
 
@@ -71,10 +70,7 @@ def register(sub: Any) -> None:
                    help="how long each stage keeps the ids of the records it ran, to drop a record delivered "
                         "again (exactly-once; Computation.dedup_retention): a duration with its unit (90s, 10m, "
                         "1h; default 10m); a run longer than it keeps only its last DURATION's ids")
-    add_gc_every_arg(p)
-    add_zk_args(p)
-    add_max_pause_arg(p)
-    add_spark_args(p)
+    add_run_args(p)
     p.set_defaults(func=_run, store=None)
 
 
@@ -101,16 +97,12 @@ def _run(args: argparse.Namespace) -> int:
         from ..demo.follow import check_store
 
         check_store(layout, follow=False)
-    started = time.monotonic()
+    progress = timed_say(time.monotonic())
     zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
     cfg = zookeeper.config
     spark = spark_from(args, announce=True)
     injector = demo_injector(args, layout)
     pipeline = Pipeline(name="zeitgeist", injectors=(injector,), computations=demo_computations(args))
-
-    def progress(line: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
-
     background = None
     if args.gc_every is not None:
         from deltawheel.gc.background import BackgroundGc
@@ -181,8 +173,6 @@ def parse_retention(text: str) -> Any:
 
 
 def _follow(args: argparse.Namespace) -> int:
-    import deltawheel
-
     from ..demo.follow import check_settings, follow
     from ..demo.pipeline import computations
 
@@ -192,36 +182,23 @@ def _follow(args: argparse.Namespace) -> int:
     window_ms = int(round(args.window * 1000))
     check_settings(layout, rate=args.rate, seconds=args.seconds, window_ms=window_ms,  # before anything starts
                    instance=args.instance)
-    started = time.monotonic()
-    names = tuple(c.name for c in computations())
-
-    def progress(line: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
+    progress = timed_say(time.monotonic())
+    names = tuple(f"{c.name} batch " for c in computations())
 
     def runner_lines(line: str) -> None:
-        if not line.startswith(tuple(f"{n} batch " for n in names)):  # a line per batch is too many here
+        if not line.startswith(names):  # a line per batch is too many here
             progress(line)
 
-    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
-    try:
-        cfg = zookeeper.config
-        spark = spark_from(args, announce=True)
-        with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
-                                pipeline="zeitgeist", wait_s=args.wait, max_pause_s=args.max_pause,
-                                zk_session_timeout_s=args.zk_session_timeout) as engine:
-            engine.progress = runner_lines
-            result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
-                            seconds=args.seconds, seed=args.seed, every_s=args.every,
-                            window_ms=window_ms, say=progress, gc_every=args.gc_every,
-                            drain_timeout_s=args.drain_timeout,
-                            dedup_retention=None if args.dedup_retention is None
-                            else parse_retention(args.dedup_retention))
-            for name, (n, p50, p99) in result.figures.items():
-                lat = "-" if p50 is None or p99 is None else f"p50 {p50:.2f}s p99 {p99:.2f}s"
-                progress(f"{name} over the run: {n} records, latency {lat}")
-            _summary(spark, layout, result.summary, events=result.events)
-    finally:
-        zookeeper.release()
+    with engine_from(args, layout, "zeitgeist") as (spark, engine):
+        engine.progress = runner_lines
+        result = follow(engine, os.path.join(_input_root(args, layout), "follow"), rate=args.rate,
+                        seconds=args.seconds, seed=args.seed, every_s=args.every, window_ms=window_ms, say=progress,
+                        gc_every=args.gc_every, drain_timeout_s=args.drain_timeout,
+                        dedup_retention=None if args.dedup_retention is None else parse_retention(args.dedup_retention))
+        for name, (n, p50, p99) in result.figures.items():
+            lat = "-" if p50 is None or p99 is None else f"p50 {p50:.2f}s p99 {p99:.2f}s"
+            progress(f"{name} over the run: {n} records, latency {lat}")
+        _summary(spark, layout, result.summary, events=result.events)
     return 0
 
 

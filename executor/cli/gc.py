@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .common import (
     add_log_store_zk_args,
@@ -24,26 +25,23 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
-def _hours(text: str) -> float:
-    """A number of hours >= 0 ('inf' allowed), else a usage error naming the value."""
-    try:
-        h = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of hours: {text!r}") from None
-    if not h >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 hours, got {text}")
-    return h
+def _amount(unit: str, *, finite: bool) -> Callable[[str], float]:
+    """The argument type of a number of ``unit`` >= 0 (``finite``: 'inf' refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of {unit}: {text!r}") from None
+        if not (v >= 0 and (v < math.inf or not finite)):
+            raise argparse.ArgumentTypeError(f"must be >= 0 {unit}, got {text}")
+        return v
+
+    return parse
 
 
-def _seconds(text: str) -> float:
-    """A number of seconds >= 0, else a usage error naming the value."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
-    return v
+_hours = _amount("hours", finite=False)
+_seconds = _amount("seconds", finite=True)
 
 
 def register(sub: Any) -> None:

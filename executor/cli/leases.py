@@ -7,10 +7,9 @@ import json
 from dataclasses import replace
 
 from deltawheel.statestore.config import ZkConfig
-from deltawheel.statestore.zk.client import connect
 from deltawheel.statestore.zk.lease_tools import break_lease, list_leases
 
-from .common import add_optional_store, add_zk_args, zk_client
+from .common import add_optional_store, add_zk_args, connected, zk_client
 
 __all__ = ["register"]
 
@@ -24,8 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     show.add_argument("--pipeline", help="only this pipeline")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_optional_store(show)
-    add_zk_args(show)
-    show.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(show, timeout=True)
     show.set_defaults(func=_show)
     brk = sub.add_parser("break", help="delete an interval's owner znode (dry run unless --apply)")
     brk.add_argument("--pipeline", required=True)
@@ -33,8 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     brk.add_argument("--interval", type=int, required=True)
     brk.add_argument("--apply", action="store_true", help="really break it (default: print the plan)")
     add_optional_store(brk)
-    add_zk_args(brk)
-    brk.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(brk, timeout=True)
     brk.set_defaults(func=_break)
 
 
@@ -64,9 +61,8 @@ def _show(args: argparse.Namespace) -> int:
 def _pipeline_chroots(cfg: ZkConfig, pipeline: str | None, *, timeout_s: float,
                       max_depth: int = 3, max_nodes: int = 500) -> list[tuple[str, list[str]]]:
     """The other chroots holding deltawheel pipelines (only ``pipeline`` when given), by a bounded walk."""
-    root = connect(replace(cfg, chroot="/"), timeout_s=timeout_s)
     found: list[tuple[str, list[str]]] = []
-    try:
+    with connected(replace(cfg, chroot="/"), timeout_s) as root:
         level, seen = [""], 0
         for _ in range(max_depth):
             below = []
@@ -84,9 +80,6 @@ def _pipeline_chroots(cfg: ZkConfig, pipeline: str | None, *, timeout_s: float,
                     else:
                         below.append(node)
             level = below
-    finally:
-        root.stop()
-        root.close()
     return found
 
 

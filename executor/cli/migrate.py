@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import add_log_store_zk_args, add_spark_args, add_store_arg, layout_from, spark_from
+from .common import add_log_store_zk_args, add_spark_args, add_store_arg, connected, layout_from, spark_from
 from .progress import Progress
 
 __all__ = ["register"]
@@ -61,7 +61,6 @@ def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> 
     import deltawheel.migrations as migrations
     from deltawheel.migrations.live import refuse_while_running
     from deltawheel.statestore.config import ZkConfig
-    from deltawheel.statestore.zk.client import connect
 
     pending = migrations.plan(spark, layout)
     table_id = migrations.rows_table_id(spark, layout) if pending else None
@@ -75,9 +74,5 @@ def _refuse_while_running(args: argparse.Namespace, spark: Any, layout: Any) -> 
         hosts = None if running is None else running.hosts
     if hosts is None:
         return
-    client = connect(ZkConfig(hosts=hosts, chroot=args.zk_chroot), timeout_s=10.0)
-    try:
+    with connected(ZkConfig(hosts=hosts, chroot=args.zk_chroot), 10.0) as client:
         refuse_while_running(client, layout, rows_table_id=table_id, pending=pending)
-    finally:
-        client.stop()
-        client.close()

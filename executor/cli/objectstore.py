@@ -108,7 +108,7 @@ def _status(args: argparse.Namespace) -> int:
 def _foreign(server: S3ProxyServer) -> str | None:
     """What to say when this data folder's server does not run but something answers on its port
     (usually the server of another data folder: its credentials are not this folder's)."""
-    if not server.answers():
+    if not server.ready():
         return None
     return (f"port {server.port} is answered by another process: not the server of {server.data_dir} (another "
             "data folder's, whose credentials are not this folder's?); pass the --data folder it was started "

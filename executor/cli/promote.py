@@ -6,12 +6,11 @@ import argparse
 import json
 from typing import Any
 
-from deltawheel.statestore.exceptions import ReplayCodeError
-
 from .common import (
     add_handover_args,
-    add_spark_args,
-    add_zk_args,
+    add_live_args,
+    add_zk_spark_args,
+    computation_code,
     handover_wait_s,
     int_list,
     layout_from,
@@ -28,9 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "promote", help="replace a live computation's state with a replay's (caught up first, under the leases; "
                         "docs/replay.md)")
     p.add_argument("--from", dest="source_folder", required=True, help="the replay's folder (`deltawheel replay --into`)")
-    p.add_argument("--store", required=True, help="the live store")
-    p.add_argument("--pipeline", required=True, help="the pipeline's name")
-    p.add_argument("--computation", required=True, help="the computation the replay replayed")
+    add_live_args(p, "the computation the replay replayed")
     p.add_argument("--code", help="MODULE:CLASS the catch-up runs (default: the code the replay ran)")
     p.add_argument("--source", metavar="MODULE:PIPELINE",
                    help="the live pipeline (what `deltawheel run MODULE:PIPELINE` takes): its injectors feed the "
@@ -43,26 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="refuse a replay behind the live input position instead of continuing it")
     p.add_argument("--plan", action="store_true", help="print what it would do, change nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_zk_args(p, timeout=True)
-    add_spark_args(p)
+    add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
-
-
-def _code(args: argparse.Namespace, marker: dict[str, Any], source: Any) -> Any:
-    """What the catch-up runs: ``--code``, else the replay's recorded code, else the live pipeline's class."""
-    from ..drivers.replay import load_code, registered_computation
-
-    spec = args.code or marker.get("code")
-    if spec:
-        return load_code(spec, args.computation)
-    for c in source.computations if source is not None else ():
-        if c.name == args.computation:
-            return c
-    registered = registered_computation(args.pipeline, args.computation)  # a package's (the demo's)
-    if registered is not None:
-        return registered
-    raise ReplayCodeError(f"the replay does not record its code: give --code MODULE:CLASS, or --source "
-                          f"MODULE:PIPELINE (the live pipeline), for computation {args.computation!r}")
 
 
 def _source(args: argparse.Namespace, marker: dict[str, Any]) -> Any:
@@ -89,7 +68,10 @@ def _run(args: argparse.Namespace) -> int:
         spark = None if into.is_local else spark_from(args)  # an s3a:// replay is read with the session's settings
         marker = check_replay(store, into, pipeline=args.pipeline, computation=args.computation, spark=spark)
         source = _source(args, marker)  # before Spark and ZooKeeper: a --source that does not import is
-        code = _code(args, marker, source)  # refused at once, and so is a bad --code
+        code = computation_code(  # refused at once, and so is a bad --code (else the replay's, the live class)
+            args, args.code or marker.get("code"), "the replay does not record its code: give --code "
+            f"MODULE:CLASS, or --source MODULE:PIPELINE (the live pipeline), for computation {args.computation!r}",
+            source=source)
         injectors = () if source is None else tuple(source.injectors)
         intervals = promote_intervals(marker, int_list(args.intervals, "--intervals"), type(code).num_intervals,
                                       into=into.root)

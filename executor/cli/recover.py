@@ -6,13 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from .common import (
-    add_spark_args,
-    add_store_arg,
-    add_zk_args,
-    spark_from,
-    store_zookeeper,
-)
+from .common import add_store_arg, add_zk_spark_args, spark_from, store_zookeeper
 from .progress import Progress
 
 __all__ = ["register"]
@@ -30,8 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="take the leases, deliver, give them back (default: print what is undelivered)")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for leases held by a running copy")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_zk_args(p, timeout=True)
-    add_spark_args(p)
+    add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
 

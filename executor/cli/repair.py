@@ -7,8 +7,8 @@ import argparse
 
 from .common import (
     add_handover_args,
-    add_spark_args,
-    add_zk_args,
+    add_live_args,
+    add_zk_spark_args,
     handover_wait_s,
     layout_from,
     spark_from,
@@ -23,9 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "repair", help="UPDATE, DELETE or MERGE a live computation's decoded state (or its timers, pending productions), fenced, under its leases, audited "
                        "(docs/operations.md)")
-    p.add_argument("--store", required=True, help="the live store")
-    p.add_argument("--pipeline", required=True, help="the pipeline's name")
-    p.add_argument("--computation", required=True, help="the computation whose rows are repaired")
+    add_live_args(p, "the computation whose rows are repaired")
     p.add_argument("statement", help="UPDATE state SET state_json = <expr> [WHERE ...] | DELETE FROM state [WHERE ...] | "
                                       "MERGE INTO state USING parquet.`path` AS s ON state.key = s.col WHEN ... | "
                                       "DELETE FROM timers [WHERE ...] | UPDATE timers SET time_ms = <expr> [WHERE ...] "
@@ -34,8 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="codec of the keys a MERGE inserts, NAME[@STATE_VERSION] (default: the computation's rows')")
     add_handover_args(p)
     p.add_argument("--plan", action="store_true", help="print each key's state before and after, change nothing")
-    add_zk_args(p, timeout=True)
-    add_spark_args(p)
+    add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
 

@@ -6,11 +6,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-from typing import Any
 
-from deltawheel.statestore.exceptions import ReplayCodeError
-
-from .common import add_spark_args, add_zk_args, int_list, spark_from
+from .common import (
+    add_live_args,
+    add_spark_args,
+    add_zk_spark_args,
+    computation_code,
+    int_list,
+    layout_from,
+    spark_from,
+)
 
 __all__ = ["register"]
 
@@ -20,9 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "replay", help="re-run a computation from a past rows version into a shadow store, then diff it against "
                        "the live store (docs/replay.md)")
-    p.add_argument("--store", required=True, help="the live store (only read)")
-    p.add_argument("--pipeline", required=True, help="the pipeline's name")
-    p.add_argument("--computation", required=True, help="the computation to replay")
+    add_live_args(p, "the computation to replay", store="the live store (only read)")
     start = p.add_mutually_exclusive_group(required=True)
     start.add_argument("--from-version", type=int, help="the rows-table version whose state the replay starts from")
     start.add_argument("--from-timestamp", help="the newest rows version at or before this time (ISO 8601 or epoch ms)")
@@ -43,8 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--diff-out", help="write the diff as JSON to this file")
     p.add_argument("--write-path", default="auto", choices=("auto", "image", "merge"),
                    help="the shadow store's write path")
-    add_zk_args(p)
-    add_spark_args(p)
+    add_zk_spark_args(p)
     p.set_defaults(func=_run_replay)
 
     d = subparsers.add_parser("diff", help="the difference of one computation's state and productions between "
@@ -77,24 +79,6 @@ def _timestamp_ms(text: str) -> int:
     return int(t.timestamp() * 1000)
 
 
-def _code(args: argparse.Namespace, pipeline: Any = None) -> Any:
-    from ..drivers.replay import load_code, registered_computation
-
-    if args.code:
-        return load_code(args.code, args.computation)
-    if pipeline is not None:
-        for c in pipeline.computations:
-            if c.name == args.computation:
-                return c
-        raise ReplayCodeError(f"--source pipeline {pipeline.name!r} has no computation {args.computation!r} (it has "
-                              f"{', '.join(c.name for c in pipeline.computations)}); check --computation")
-    registered = registered_computation(args.pipeline, args.computation)  # a package's (the demo's)
-    if registered is not None:
-        return registered
-    raise ReplayCodeError(f"the store does not record code: give --source MODULE:PIPELINE (the live pipeline) or "
-                          f"--code MODULE:CLASS for computation {args.computation!r} of pipeline {args.pipeline!r}")
-
-
 def _source_spec(spec: str | None) -> str | None:
     """``--source`` as the marker records it for ``promote``: a ``.py`` file by its absolute path."""
     if spec is None:
@@ -109,7 +93,6 @@ def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.statestore.inspection.diff import format_diff
 
     from ..drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
-    from .common import layout_from
 
     store = layout_from(args)
     into = layout_from(argparse.Namespace(store=args.into))
@@ -118,7 +101,10 @@ def _run_replay(args: argparse.Namespace) -> int:
         from ..drivers.pipeline import load_pipeline
 
         source = load_pipeline(args.source)
-    code = _code(args, source)  # before Spark: a bad --code is refused at once
+    code = computation_code(  # before Spark: a bad --code is refused at once
+        args, args.code, "the store does not record code: give --source MODULE:PIPELINE (the live pipeline) or "
+        f"--code MODULE:CLASS for computation {args.computation!r} of pipeline {args.pipeline!r}", source=source,
+        strict=True)
     intervals = int_list(args.intervals, "--intervals")
     keys = None if args.keys is None else [k.strip() for k in args.keys.split(",")]
     replay_scope(type(code).num_intervals, intervals=intervals, keys=keys)  # so is a bad selection
@@ -157,7 +143,6 @@ def _run_diff(args: argparse.Namespace) -> int:
     from deltawheel.statestore.inspection.diff import diff_stores, format_diff
 
     from ..drivers.replay_diff import diff_replay, replay_of
-    from .common import layout_from
 
     if len(args.store) != 2:
         raise ConfigError(f"give --store exactly twice (store A, then store B); got {len(args.store)}")

@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 from deltawheel.statestore.zk.watermarks import END_OF_TIME
 
-from ..drivers.status import StoreStatus, gather
+from ..drivers.status import StoreStatus
 from ..protocol.reports import watermark_known
-from .common import add_store_arg, add_zk_args, store_zookeeper
+from .common import add_store_arg, add_zk_args, store_status
 from .statustext import render
 
 __all__ = ["register", "build_html", "write_report", "PLOTS"]
@@ -35,8 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_store_arg(p)
     p.add_argument("--out", required=True, help="the HTML file to write")
     p.add_argument("--pipeline", help="only this pipeline")
-    add_zk_args(p)
-    p.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper")
+    add_zk_args(p, timeout=True)
     p.set_defaults(func=_run)
 
 
@@ -203,12 +202,7 @@ def write_report(st: StoreStatus, out: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .common import existing_layout_from, spark_from
-
-    layout = existing_layout_from(args)
-    spark = None if layout.is_local else spark_from(args)
-    with store_zookeeper(args) as (layout, _cfg, client):
-        st = gather(layout, client, pipeline=args.pipeline, spark=spark)
+    st = store_status(args)
     path = write_report(st, args.out)
     print(f"wrote {path} ({len(st.batches)} batches, {len(st.computations())} computations)")
     return 0

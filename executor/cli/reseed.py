@@ -5,13 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import (
-    add_spark_args,
-    add_store_arg,
-    add_zk_args,
-    spark_from,
-    store_zookeeper,
-)
+from .common import add_store_arg, add_zk_spark_args, spark_from, store_zookeeper
 
 __all__ = ["injector_line", "register"]
 
@@ -26,8 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--pipeline", required=True, help="the pipeline's name")
     p.add_argument("--apply", action="store_true", help="change ZooKeeper (default: print what would change)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    add_zk_args(p, timeout=True)
-    add_spark_args(p)
+    add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
 
 

@@ -7,16 +7,7 @@ import time
 from typing import Any
 
 from ..drivers.pipeline import load_pipeline
-from .common import (
-    add_gc_every_arg,
-    add_max_pause_arg,
-    add_spark_args,
-    add_store_arg,
-    add_zk_args,
-    layout_from,
-    spark_from,
-    zookeeper_for,
-)
+from .common import add_run_args, add_store_arg, engine_from, layout_from, timed_say
 
 __all__ = ["register"]
 
@@ -46,10 +37,7 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve the computations' figures for Prometheus at http://HOST:PORT/metrics (0: a free port, "
                         "printed at the start; docs/watching.md)")
-    add_gc_every_arg(p)
-    add_zk_args(p)
-    add_max_pause_arg(p)
-    add_spark_args(p)
+    add_run_args(p)
     p.set_defaults(func=_run)
 
 
@@ -66,28 +54,12 @@ def _triggers(specs: list[str]) -> tuple[str | None, dict[str, str]]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import deltawheel
-
     pipeline = load_pipeline(args.target)
     trigger, per = _triggers(args.trigger)
-    layout = layout_from(args)
-    started = time.monotonic()
-    zookeeper = zookeeper_for(args, layout)  # the store's own server unless --zk is given
-    try:
-        spark = spark_from(args, announce=True)
-
-        def progress(line: str) -> None:
-            print(f"[{time.monotonic() - started:6.1f}s] {line}", flush=True)
-
-        cfg = zookeeper.config
-        with deltawheel.connect(spark, store=layout.root, zk=cfg.hosts, zk_chroot=cfg.chroot, zk_digest=cfg.digest,
-                                pipeline=pipeline.name, wait_s=args.wait, max_pause_s=args.max_pause,
-                                instance=args.instance,
-                                zk_session_timeout_s=args.zk_session_timeout) as engine:
-            engine.progress = progress
-            run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation,
-                                        gc_every=args.gc_every, metrics_port=args.metrics_port)
-            run.run_until_stopped(seconds=args.seconds, drain=args.drain)
-    finally:
-        zookeeper.release()
+    say = timed_say(time.monotonic())
+    with engine_from(args, layout_from(args), pipeline.name) as (_spark, engine):
+        engine.progress = say
+        run = engine.start_pipeline(pipeline, trigger=trigger, triggers=per, computations=args.computation,
+                                    gc_every=args.gc_every, metrics_port=args.metrics_port)
+        run.run_until_stopped(seconds=args.seconds, drain=args.drain)
     return 0

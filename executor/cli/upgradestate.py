@@ -10,8 +10,9 @@ from typing import Any
 
 from .common import (
     add_handover_args,
-    add_spark_args,
-    add_zk_args,
+    add_live_args,
+    add_zk_spark_args,
+    computation_code,
     handover_wait_s,
     layout_from,
     spark_from,
@@ -31,32 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "commit under the leases of their intervals (a running owner hands them over at its next batch "
                     "boundary), recorded in the audit table (tool upgrade-state). Run it once the pipeline runs the "
                     "new code. An upgrade_state that raises for any key refuses the whole upgrade: nothing changed.")
-    p.add_argument("--store", required=True, help="the live store")
-    p.add_argument("--pipeline", required=True, help="the pipeline's name")
-    p.add_argument("--computation", required=True, help="the computation whose state is upgraded")
+    add_live_args(p, "the computation whose state is upgraded")
     p.add_argument("--code", help="MODULE:CLASS of the computation's new code (its state_version and upgrade_state; "
                                   "default: the code a package registered for the pipeline, e.g. the demo's)")
     add_handover_args(p)
     p.add_argument("--plan", action="store_true",
                    help="print the rows per state version and a sample of upgrades (before and after), change nothing")
-    add_zk_args(p, timeout=True)
-    add_spark_args(p)
+    add_zk_spark_args(p, timeout=True)
     p.set_defaults(func=_run)
-
-
-def _code(args: argparse.Namespace) -> Any:
-    from deltawheel.statestore.exceptions import ReplayCodeError
-
-    from ..drivers.replay import load_code, registered_computation
-
-    if args.code:
-        return load_code(args.code, args.computation)
-    registered = registered_computation(args.pipeline, args.computation)  # a package's (the demo's)
-    if registered is not None:
-        return registered
-    raise ReplayCodeError(f"give --code MODULE:CLASS: the computation {args.computation!r} of pipeline "
-                          f"{args.pipeline!r} with the new state_version and its upgrade_state (the store does "
-                          "not record code)")
 
 
 def _text(value: Any) -> str:
@@ -69,7 +52,9 @@ def _run(args: argparse.Namespace) -> int:
 
     from ..drivers.upgrade import plan_upgrade, upgrade_all
 
-    code = _code(args)  # before Spark and ZooKeeper: a bad --code is refused at once
+    code = computation_code(  # before Spark and ZooKeeper: a bad --code is refused at once
+        args, args.code, f"give --code MODULE:CLASS: the computation {args.computation!r} of pipeline "
+        f"{args.pipeline!r} with the new state_version and its upgrade_state (the store does not record code)")
     layout = layout_from(args)
     if layout.is_local and not os.path.isdir(layout.root):
         raise NotAStoreError(f"--store {args.store} does not exist: pass the folder of the pipeline's store")

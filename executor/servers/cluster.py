@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,11 @@ from deltawheel.statestore.process import DetachedProcess, find_java, free_ports
 
 from ..exceptions import ClusterError
 
-__all__ = ["SparkStandalone", "SparkStatus", "WorkerStatus", "LocalCluster", "ClusterStatus", "spark_home"]
+__all__ = ["SparkStandalone", "SparkStatus", "WorkerStatus", "LocalCluster", "ClusterStatus", "spark_home",
+           "MASTER_CLASS", "WORKER_CLASS"]
 
-_MASTER = "org.apache.spark.deploy.master.Master"
-_WORKER = "org.apache.spark.deploy.worker.Worker"
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 _SPARK_DEFAULTS = """\
 # written by deltawheel cluster up
 spark.master.rest.enabled  false
@@ -46,6 +48,13 @@ def spark_home() -> Path:
     if not os.access(home / "bin" / "spark-class", os.X_OK):
         raise ClusterError(f"no executable bin/spark-class in {home}; reinstall pyspark")
     return home
+
+
+def spark_process(name: str, folder: Path, main: str, prefix: Sequence[str] = ()) -> DetachedProcess:
+    """A Spark master's or worker's process (``main``), its pid and log files in ``folder``."""
+    kind = "master" if main == MASTER_CLASS else "worker"
+    return DetachedProcess(name, pid_file=folder / f"{kind}.pid", log_file=folder / f"{kind}.log", marker=main,
+                           error=ClusterError, prefix=prefix)
 
 
 def master_state(ui_url: str) -> dict[str, Any] | None:
@@ -100,23 +109,11 @@ class SparkStandalone:
             ports = dict(zip(names, free_ports(len(names), host), strict=True))
         self.ports = {n: ports[n] for n in names}
         self.workers = workers
-        self.master = DetachedProcess("Spark master", pid_file=self.data_dir / "master" / "master.pid",
-                                      log_file=self.data_dir / "master" / "master.log", marker=_MASTER,
-                                      error=ClusterError)
-        self.worker_procs = tuple(
-            DetachedProcess(f"Spark worker {i}", pid_file=self.data_dir / f"worker-{i}" / "worker.pid",
-                            log_file=self.data_dir / f"worker-{i}" / "worker.log", marker=_WORKER, error=ClusterError)
-            for i in range(1, workers + 1))
-
-    @property
-    def master_url(self) -> str:
-        """``spark://host:port``: what a driver's ``--master`` is."""
-        return f"spark://{self.host}:{self.ports['master']}"
-
-    @property
-    def ui_url(self) -> str:
-        """The master's web UI (its ``/json/`` lists the workers and applications)."""
-        return f"http://{self.host}:{self.ports['master_ui']}"
+        self.master = spark_process("Spark master", self.data_dir / "master", MASTER_CLASS)
+        self.worker_procs = tuple(spark_process(f"Spark worker {i}", self.data_dir / f"worker-{i}", WORKER_CLASS)
+                                  for i in range(1, workers + 1))
+        self.master_url = f"spark://{host}:{self.ports['master']}"  # what a driver's --master is
+        self.ui_url = f"http://{host}:{self.ports['master_ui']}"  # its /json/ lists workers and applications
 
     def master_json(self) -> dict[str, Any] | None:
         """The master's state from ``<ui>/json/``, or None when it does not answer."""
@@ -157,7 +154,7 @@ class SparkStandalone:
         spark_class, env = self._spark_class(), self._env()
         pid = self.master.pid()
         if pid is None:
-            pid = self.master.launch([spark_class, _MASTER, "--host", self.host, "--port", str(self.ports["master"]),
+            pid = self.master.launch([spark_class, MASTER_CLASS, "--host", self.host, "--port", str(self.ports["master"]),
                                       "--webui-port", str(self.ports["master_ui"])],
                                      cwd=self.master.pid_file.parent, env=env)
         self._await(self.master, pid, lambda: (self.master_json() or {}).get("status") == "ALIVE", timeout_s)
@@ -165,7 +162,7 @@ class SparkStandalone:
             if proc.pid() is None:
                 work = proc.pid_file.parent / "work"
                 work.mkdir(parents=True, exist_ok=True)
-                proc.launch([spark_class, _WORKER, self.master_url, "--host", self.host,
+                proc.launch([spark_class, WORKER_CLASS, self.master_url, "--host", self.host,
                              "--port", str(self.ports[f"worker_{i}"]), "--webui-port", str(self.ports[f"worker_{i}_ui"]),
                              "--cores", str(self.worker_cores), "--memory", self.worker_memory,
                              "--work-dir", str(work)], cwd=proc.pid_file.parent, env=env)
@@ -257,7 +254,8 @@ class LocalCluster:
     def __init__(self, data_dir: Path | str, *, zookeeper: bool = True, spark: bool = True, workers: int = 2,
                  worker_memory: str = "2g", zk_servers: int = 3, host: str = "127.0.0.1") -> None:
         self.data_dir = Path(data_dir).resolve()
-        saved = self._saved()
+        self.manifest = self.data_dir / "cluster.json"  # which parts run and on which ports
+        saved = read_manifest(self.manifest)
         if saved is not None:
             zookeeper, spark = bool(saved.get("zookeeper")), bool(saved.get("spark"))
             workers = int(saved.get("workers", workers))
@@ -266,14 +264,6 @@ class LocalCluster:
         ports = saved.get("spark_ports") if saved is not None else None
         self.spark = (SparkStandalone(self.data_dir / "spark", ports=ports, workers=workers,
                                       worker_memory=worker_memory, host=host) if spark else None)
-
-    @property
-    def manifest(self) -> Path:
-        """``cluster.json``: which parts run and on which ports."""
-        return self.data_dir / "cluster.json"
-
-    def _saved(self) -> dict[str, Any] | None:
-        return read_manifest(self.manifest)
 
     @property
     def master_url(self) -> str | None:

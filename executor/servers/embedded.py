@@ -121,21 +121,9 @@ class StoreZooKeeper:
         self.layout = layout
         self.data_dir = Path(layout.zk_data.removeprefix("file://")).resolve()
         self.lock_timeout_s = lock_timeout_s
-
-    @property
-    def record_file(self) -> Path:
-        """The record, ``server.json``."""
-        return self.data_dir / "server.json"
-
-    @property
-    def lock_file(self) -> Path:
-        """``server.lock``."""
-        return self.data_dir / "server.lock"
-
-    @property
-    def users_dir(self) -> Path:
-        """``users/``: one file per process using the server."""
-        return self.data_dir / "users"
+        self.record_file = self.data_dir / "server.json"
+        self.lock_file = self.data_dir / "server.lock"
+        self.users_dir = self.data_dir / "users"  # one file per process using the server
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

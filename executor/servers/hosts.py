@@ -23,7 +23,7 @@ from deltawheel.statestore.objectstore.client import S3Endpoint
 from deltawheel.statestore.process import DetachedProcess
 
 from ..exceptions import ClusterError
-from .cluster import master_state, read_manifest
+from .cluster import MASTER_CLASS, WORKER_CLASS, master_state, read_manifest, spark_process
 from .netns import Host, HostNetwork, host_prefix, isolated_prefix, leftovers
 from .s3proxy import S3ProxyServer
 from .zookeeper import EmbeddedZooKeeper, QuorumPeer
@@ -34,8 +34,6 @@ DEFAULT_SUBNET = "10.61.0"
 _LAST = {"s3": 10, "zk1": 11, "zk2": 12, "zk3": 13, "master": 20, "worker1": 21, "worker2": 22, "client": 30}
 HOST_NAMES = tuple(_LAST)
 ZK_PORT, MASTER_PORT, MASTER_UI, WORKER_PORT, WORKER_UI, S3_PORT = 2181, 7077, 8080, 7078, 8081, 9000
-_MASTER = "org.apache.spark.deploy.master.Master"
-_WORKER = "org.apache.spark.deploy.worker.Worker"
 _SPARK_DEFAULTS = ("spark.master.rest.enabled false\nspark.worker.cleanup.enabled false\n"
                    "spark.worker.timeout 10\n")  # a lost host is declared dead (its driver relaunched) in 10 s
 
@@ -79,7 +77,8 @@ class HostsCluster:
     def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,
                  services: Sequence[str] | None = None, worker_memory: str = "2g") -> None:
         self.data_dir = Path(data_dir).resolve()
-        saved = self._saved()
+        self.manifest = self.data_dir / "hosts.json"  # the subnet and the services
+        saved = read_manifest(self.manifest)
         if saved is not None:
             subnet = str(saved["subnet"])
         if services is None:
@@ -99,26 +98,14 @@ class HostsCluster:
             for p in peers)
         self.s3 = S3ProxyServer(self.dir("s3") / "s3proxy", port=S3_PORT, host=self.hosts["s3"].address,
                                 jars_dir=self.dir("s3") / "jars", prefix=self.isolated("s3"))
-        self.master = DetachedProcess("Spark master on host master", pid_file=self.dir("master") / "master.pid",
-                                      log_file=self.dir("master") / "master.log", marker=_MASTER,
-                                      error=ClusterError, prefix=self.isolated("master", spark=True))
-        self.workers = tuple(
-            DetachedProcess(f"Spark worker on host {n}", pid_file=self.dir(n) / "worker.pid",
-                            log_file=self.dir(n) / "worker.log", marker=_WORKER, error=ClusterError,
-                            prefix=self.isolated(n, spark=True))
-            for n in ("worker1", "worker2"))
+        self.master = spark_process("Spark master on host master", self.dir("master"), MASTER_CLASS,
+                                    self.isolated("master", spark=True))
+        self.workers = tuple(spark_process(f"Spark worker on host {n}", self.dir(n), WORKER_CLASS,
+                                           self.isolated(n, spark=True)) for n in ("worker1", "worker2"))
 
     def dir(self, host: str) -> Path:
         """A host's own folder."""
         return self.data_dir / host
-
-    @property
-    def manifest(self) -> Path:
-        """``hosts.json``: the subnet and the services."""
-        return self.data_dir / "hosts.json"
-
-    def _saved(self) -> dict[str, Any] | None:
-        return read_manifest(self.manifest)
 
     @property
     def spark_python(self) -> Path:
@@ -162,17 +149,13 @@ class HostsCluster:
         return isolated_prefix(h, own_dir=self.dir(host), shared_dirs=[self.spark_dir], hidden=[self.data_dir],
                                env=extra)
 
-    def client_env(self) -> dict[str, str]:
-        """A client command's extra environment: nothing (a ``SPARK_LOCAL_IP`` would travel to the driver)."""
-        return {}
-
     def on_client(self, cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` on the client host (the machine's files, the client's network); text output."""
-        return subprocess.run([*host_prefix(self.hosts["client"], self.client_env()), *cmd], text=True, **kwargs)
+        return subprocess.run([*self.client_prefix(), *cmd], text=True, **kwargs)
 
     def client_prefix(self) -> list[str]:
-        """The words that run a command on the client host."""
-        return host_prefix(self.hosts["client"], self.client_env())
+        """The words that run a command on the client host (no ``SPARK_LOCAL_IP``: it would travel to the driver)."""
+        return host_prefix(self.hosts["client"], {})
 
     def ensure_spark_install(self) -> Path:
         """Make the hosts' Spark installation once: a venv of the system Python with pyspark alone.
@@ -249,13 +232,13 @@ class HostsCluster:
             (self.dir(name) / "conf" / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
         master = self.hosts["master"].address
         if self.master.pid() is None:
-            self.master.launch([spark_class, _MASTER, "--host", master, "--port", str(MASTER_PORT),
+            self.master.launch([spark_class, MASTER_CLASS, "--host", master, "--port", str(MASTER_PORT),
                                 "--webui-port", str(MASTER_UI)], cwd=self.dir("master"))
         self._await(self.master, "master", lambda: (self.master_json() or {}).get("status") == "ALIVE", timeout_s)
         for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
             if proc.pid() is None:
                 (self.dir(name) / "work").mkdir(exist_ok=True)
-                proc.launch([spark_class, _WORKER, self.master_url, "--host", self.hosts[name].address,
+                proc.launch([spark_class, WORKER_CLASS, self.master_url, "--host", self.hosts[name].address,
                              "--port", str(WORKER_PORT), "--webui-port", str(WORKER_UI), "--cores", "2",
                              "--memory", self.worker_memory, "--work-dir", str(self.dir(name) / "work")],
                             cwd=self.dir(name))

@@ -18,10 +18,11 @@ from typing import Any, Mapping
 
 from deltawheel.executor.servers.zookeeper import pyspark_jars_dir
 from deltawheel.statestore.jars import fetch_maven_jar
-from deltawheel.statestore.process import DetachedProcess, find_java, free_ports, port_free
+from deltawheel.statestore.process import find_java, free_ports
 from deltawheel.statestore.session.connectors import KAFKA_CLIENTS_VERSION, default_kafka_jars_dir
 
 from ..exceptions import KafkaServerError
+from .service import Server
 
 __all__ = ["KAFKA_VERSION", "KAFKA_BROKER_JARS", "KafkaBroker", "cluster_id_of", "ensure_kafka_broker_jars", "create_topic"]
 
@@ -72,7 +73,7 @@ def ensure_kafka_broker_jars(jars_dir: Path | None = None, *, quiet: bool = Fals
     return [fetch_maven_jar(g, a, v, folder, quiet=quiet) for g, a, v in KAFKA_BROKER_JARS]
 
 
-class KafkaBroker:
+class KafkaBroker(Server):
     """A single-node Kafka broker + controller (KRaft) in its own detached process.
 
     >>> KafkaBroker("kafka-data", port=9092, controller_port=9093).bootstrap_servers
@@ -82,28 +83,22 @@ class KafkaBroker:
     created on first use.
     """
 
+    stop_timeout_s = 20.0
+
     def __init__(self, data_dir: Path | str, *, port: int | None = None, controller_port: int | None = None,
                  host: str = "127.0.0.1", num_partitions: int = 1, jars_dir: Path | None = None) -> None:
-        self.data_dir = Path(data_dir).resolve()
         free = free_ports(2, host) if port is None or controller_port is None else [0, 0]
-        self.port = port if port is not None else free[0]
+        super().__init__(data_dir, name="Kafka broker", stem="kafka", marker=_MAIN_CLASS, error=KafkaServerError,
+                         port=port if port is not None else free[0], host=host)
         self.controller_port = controller_port if controller_port is not None else free[1]
-        self.host = host
         self.num_partitions = num_partitions
         self._jars_dir = jars_dir
-        self.process = DetachedProcess("Kafka broker", pid_file=self.data_dir / "kafka.pid",
-                                       log_file=self.data_dir / "kafka.log", marker=_MAIN_CLASS,
-                                       error=KafkaServerError)
+        self.config_file = self.data_dir / "server.properties"
 
     @property
     def bootstrap_servers(self) -> str:
         """The clients' ``bootstrap.servers`` (``kafka.bootstrap.servers`` for Spark)."""
         return f"{self.host}:{self.port}"
-
-    @property
-    def config_file(self) -> Path:
-        """The generated ``server.properties``."""
-        return self.data_dir / "server.properties"
 
     def _classpath(self) -> str:
         jars = ensure_kafka_broker_jars(self._jars_dir)
@@ -141,7 +136,8 @@ class KafkaBroker:
             raise KafkaServerError(f"kafka-storage format of {self.data_dir / 'logs'} failed "
                                    f"(exit {done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}")
 
-    def _ready(self) -> bool:
+    def ready(self) -> bool:
+        """Whether the broker listens and its log says it started."""
         try:
             with socket.create_connection((self.host, self.port), timeout=1.0):
                 pass
@@ -159,23 +155,12 @@ class KafkaBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.process.pid() is not None:
             return
-        self.process.pid_file.unlink(missing_ok=True)
-        for p in (self.port, self.controller_port):
-            if not port_free(self.host, p):
-                raise KafkaServerError(f"port {p} on {self.host} is in use by another process; "
-                                       "stop it or give KafkaBroker other ports")
+        self.pid_file.unlink(missing_ok=True)
+        self.refuse_taken(self.port, self.controller_port, hint="stop it or give KafkaBroker other ports")
         self._write_config()
         self._format()
         pid = self.process.launch(self._java(_MAIN_CLASS, str(self.config_file)), cwd=self.data_dir)
-        problem = self.process.wait_ready(pid, self._ready, timeout_s)
-        if problem is not None:
-            self.process.stop(timeout_s=5.0)
-            raise KafkaServerError(f"the Kafka broker did not start on {self.bootstrap_servers}: {problem}; "
-                                   f"see {self.process.log_file}. Log tail:\n{self.process.log_tail()}")
-
-    def stop(self, *, timeout_s: float = 20.0) -> bool:
-        """Stop the broker (SIGTERM, SIGKILL after ``timeout_s``); True if one was running."""
-        return self.process.stop(timeout_s=timeout_s)
+        self.await_ready(pid, timeout_s, f"the Kafka broker did not start on {self.bootstrap_servers}")
 
 
 def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,

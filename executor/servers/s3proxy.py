@@ -16,7 +16,9 @@ from pathlib import Path
 from deltawheel.statestore.exceptions import ObjectStoreServerError
 from deltawheel.statestore.objectstore.client import S3Client, S3Endpoint
 from deltawheel.statestore.objectstore.s3a import S3PROXY_JAR, default_s3_jars_dir, ensure_jar
-from deltawheel.statestore.process import DetachedProcess, find_java, port_free
+from deltawheel.statestore.process import find_java
+
+from .service import Server
 
 __all__ = ["S3ProxyServer", "ObjectStoreStatus", "DEFAULT_IDENTITY", "DEFAULT_OBJECTSTORE_PORT"]
 
@@ -36,43 +38,21 @@ class ObjectStoreStatus:
     endpoint: S3Endpoint
 
 
-class S3ProxyServer:
+class S3ProxyServer(Server):
     """An S3Proxy server with a filesystem backend in its own detached process.
 
     ``identity`` is the access key; the secret key is generated at the first start and kept.
-    ``prefix``: words before the server's command, to run it on a test host (:mod:`.hosts`).
     """
 
     def __init__(self, data_dir: Path | str, *, port: int = DEFAULT_OBJECTSTORE_PORT, host: str = "127.0.0.1",
                  identity: str = DEFAULT_IDENTITY, jars_dir: Path | None = None,
                  prefix: Sequence[str] = ()) -> None:
-        self.data_dir = Path(data_dir).resolve()
-        self.port = port
-        self.host = host
+        super().__init__(data_dir, name="S3Proxy", stem="s3proxy", marker=_JAR_NAME, error=ObjectStoreServerError,
+                         port=port, host=host, prefix=prefix)
         self.identity = identity
         self._jars_dir = jars_dir
-        self._process = DetachedProcess("S3Proxy", pid_file=self.pid_file, log_file=self.log_file, marker=_JAR_NAME,
-                                        error=ObjectStoreServerError, prefix=prefix)
-
-    @property
-    def config_file(self) -> Path:
-        """The server's configuration (``s3proxy.conf``)."""
-        return self.data_dir / "s3proxy.conf"
-
-    @property
-    def pid_file(self) -> Path:
-        """The server's pid file (written when it starts)."""
-        return self.data_dir / "s3proxy.pid"
-
-    @property
-    def log_file(self) -> Path:
-        """The server's log file."""
-        return self.data_dir / "s3proxy.log"
-
-    @property
-    def blobs_dir(self) -> Path:
-        """The filesystem backend's folder: one sub-folder per bucket."""
-        return self.data_dir / "blobs"
+        self.config_file = self.data_dir / "s3proxy.conf"
+        self.blobs_dir = self.data_dir / "blobs"  # the filesystem backend: a sub-folder per bucket
 
     def _config(self) -> dict[str, str]:
         try:
@@ -96,11 +76,8 @@ class S3ProxyServer:
         """Create ``bucket`` through the S3 API; False if it existed already."""
         return self.client().create_bucket(bucket)
 
-    def answers(self) -> bool:
+    def ready(self) -> bool:
         """Whether anything answers HTTP on this server's port (its own process or another)."""
-        return self._ready()
-
-    def _ready(self) -> bool:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=1.0)
         try:
             conn.request("GET", "/")
@@ -111,14 +88,10 @@ class S3ProxyServer:
         finally:
             conn.close()
 
-    def log_tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines of the server log ('' if there is none)."""
-        return self._process.log_tail(lines)
-
     def status(self) -> ObjectStoreStatus:
         """Whether the server of this data folder runs and answers on its port."""
-        pid = self._process.pid()
-        running = pid is not None and self._ready()
+        pid = self.process.pid()
+        running = pid is not None and self.ready()
         return ObjectStoreStatus(running=running, pid=pid, port=self.port, data_dir=str(self.data_dir),
                                  endpoint=self.endpoint)
 
@@ -143,20 +116,18 @@ class S3ProxyServer:
             ObjectStoreServerError: no java or jar, the port is taken, or it was not ready in time.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        pid = self._process.read_pid()
+        pid = self.process.read_pid()
         if pid is not None:
-            if self._process.alive(pid):
-                problem = self._process.wait_ready(pid, self._ready, timeout_s)
+            if self.process.alive(pid):
+                problem = self.process.wait_ready(pid, self.ready, timeout_s)
                 if problem is None:
                     return
-                self._process.kill_group(pid, timeout_s=5.0)
+                self.process.kill_group(pid, timeout_s=5.0)
                 raise ObjectStoreServerError(
                     f"S3Proxy (pid {pid}) from {self.data_dir} did not answer on port {self.port} ({problem}); "
                     f"it was stopped. Log tail:\n{self.log_tail()}")
             self.pid_file.unlink(missing_ok=True)
-        if not self._process.prefix and not port_free(self.host, self.port):
-            raise ObjectStoreServerError(
-                f"port {self.port} on {self.host} is in use by another process; stop it or pass another --port")
+        self.refuse_taken()
         try:
             java = find_java()
         except Exception as exc:  # ZooKeeperServerError: same message, this server's error type
@@ -165,16 +136,5 @@ class S3ProxyServer:
         self._write_config()
         cmd = [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", str(jar),
                "--properties", str(self.config_file)]
-        pid = self._process.launch(cmd, cwd=self.data_dir)
-        problem = self._process.wait_ready(pid, self._ready, timeout_s)
-        if problem is not None:
-            self._process.kill_group(pid, timeout_s=5.0)
-            self.pid_file.unlink(missing_ok=True)
-            raise ObjectStoreServerError(
-                f"S3Proxy did not become ready on {self.host}:{self.port}: {problem}; see {self.log_file}. "
-                f"Log tail:\n{self.log_tail()}")
-
-    def stop(self, *, timeout_s: float = 15.0) -> bool:
-        """SIGTERM its process group, SIGKILL after ``timeout_s``; True if a running server was stopped."""
-
-        return self._process.stop(timeout_s=timeout_s)
+        pid = self.process.launch(cmd, cwd=self.data_dir)
+        self.await_ready(pid, timeout_s, f"S3Proxy did not become ready on {self.host}:{self.port}")

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from deltawheel.statestore.exceptions import ObjectStoreServerError
-from deltawheel.statestore.process import DetachedProcess, port_free
+from deltawheel.statestore.process import port_free
+
+from .service import Server
 
 __all__ = ["TOXIPROXY_MODULE", "TOXIPROXY_VERSION", "ToxiproxyServer", "default_bin_dir", "ensure_toxiproxy"]
 
@@ -66,18 +68,16 @@ def ensure_toxiproxy(bin_dir: Path | None = None, *, quiet: bool = False) -> Pat
     return target
 
 
-class ToxiproxyServer:
+class ToxiproxyServer(Server):
     """A Toxiproxy server run from ``data_dir`` (its pid and log files), its API on ``port``."""
+
+    stop_timeout_s = 10.0
 
     def __init__(self, data_dir: Path | str, *, port: int, host: str = "127.0.0.1",
                  bin_dir: Path | None = None) -> None:
-        self.data_dir = Path(data_dir)
-        self.host = host
-        self.port = port
+        super().__init__(data_dir, name="Toxiproxy", stem="toxiproxy", marker=_BINARY, error=ObjectStoreServerError,
+                         port=port, host=host)
         self._bin_dir = bin_dir
-        self._process = DetachedProcess("Toxiproxy", pid_file=self.data_dir / "toxiproxy.pid",
-                                        log_file=self.data_dir / "toxiproxy.log", marker=_BINARY,
-                                        error=ObjectStoreServerError)
 
     @property
     def api(self) -> str:
@@ -99,7 +99,8 @@ class ToxiproxyServer:
         except ValueError:  # /version answers plain text
             return text
 
-    def _ready(self) -> bool:
+    def ready(self) -> bool:
+        """Whether its API answers."""
         try:
             self._call("GET", "/version")
             return True
@@ -116,16 +117,8 @@ class ToxiproxyServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not port_free(self.host, self.port):
             raise ObjectStoreServerError(f"port {self.port} on {self.host} is in use; pass another port")
-        pid = self._process.launch([str(binary), "-host", self.host, "-port", str(self.port)], cwd=self.data_dir)
-        problem = self._process.wait_ready(pid, self._ready, timeout_s)
-        if problem is not None:
-            self._process.kill_group(pid, timeout_s=5.0)
-            raise ObjectStoreServerError(f"Toxiproxy did not answer on {self.api}: {problem}. "
-                                         f"Log tail:\n{self._process.log_tail()}")
-
-    def stop(self, *, timeout_s: float = 10.0) -> bool:
-        """Stop the server and its proxies; False if none was running."""
-        return self._process.stop(timeout_s=timeout_s)
+        pid = self.process.launch([str(binary), "-host", self.host, "-port", str(self.port)], cwd=self.data_dir)
+        self.await_ready(pid, timeout_s, f"Toxiproxy did not answer on {self.api}")
 
     def proxy(self, name: str, *, listen_port: int, upstream: str) -> str:
         """Create proxy ``name`` from ``listen_port`` to ``upstream`` (``host:port``); returns its URL."""

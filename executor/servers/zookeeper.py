@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deltawheel.statestore.exceptions import ZooKeeperServerError
-from deltawheel.statestore.process import DetachedProcess, find_java, port_free
+from deltawheel.statestore.process import find_java
+
+from .service import Server
 
 __all__ = ["EmbeddedZooKeeper", "JVM_FLAGS", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir", "server_classpath",
            "four_letter_word", "configured_port"]
@@ -135,7 +137,7 @@ def server_mode(host: str, port: int) -> str | None:
     return None
 
 
-class EmbeddedZooKeeper:
+class EmbeddedZooKeeper(Server):
     """A local ZooKeeper server in its own detached process.
 
     Args:
@@ -150,9 +152,11 @@ class EmbeddedZooKeeper:
         jars_dir: Path | None = None, quorum: Sequence[QuorumPeer] = (), myid: int | None = None,
         prefix: Sequence[str] = (),
     ) -> None:
-        self.data_dir = Path(data_dir).resolve()
-        self.port = port
-        self.host = host
+        # the marker is this folder's zoo.cfg: a pid running another folder's server is not this one
+        config = Path(data_dir).resolve() / "zoo.cfg"
+        super().__init__(data_dir, name="ZooKeeper", stem="zookeeper", marker=str(config),
+                         error=ZooKeeperServerError, port=port, host=host, prefix=prefix)
+        self.config_file = config
         self._jars_dir = jars_dir
         self.quorum = tuple(quorum)
         self.myid = myid
@@ -160,38 +164,16 @@ class EmbeddedZooKeeper:
             raise ZooKeeperServerError(f"myid {myid} is not one of the ensemble's ids "
                                        f"{sorted(p.myid for p in self.quorum)}")
         self._main_class = _QUORUM_MAIN_CLASS if self.quorum else _MAIN_CLASS
-        # the marker is this folder's zoo.cfg: a pid running another folder's server is not this one
-        self.process = DetachedProcess("ZooKeeper", pid_file=self.data_dir / "zookeeper.pid",
-                                       log_file=self.data_dir / "zookeeper.log", marker=str(self.config_file),
-                                       error=ZooKeeperServerError, prefix=prefix)
 
     @property
     def hosts(self) -> str:
         """Client connection string ``host:port``."""
         return f"{self.host}:{self.port}"
 
-    @property
-    def pid_file(self) -> Path:
-        """The server's pid file (written when it starts)."""
-        return self.process.pid_file
-
-    @property
-    def log_file(self) -> Path:
-        """The server's log file."""
-        return self.process.log_file
-
-    @property
-    def config_file(self) -> Path:
-        """The server's configuration file (``zoo.cfg``)."""
-        return self.data_dir / "zoo.cfg"
-
-    def _ready(self) -> bool:
+    def ready(self) -> bool:
+        """Whether it answers ``srvr`` with its version (``ruok`` answers before it serves)."""
         reply = four_letter_word(self.host, self.port, "srvr")
         return reply is not None and reply.startswith("Zookeeper version")
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines of the server log ('' if there is none)."""
-        return self.process.log_tail(lines)
 
     def mode(self) -> str | None:
         """``standalone``, ``leader`` or ``follower`` (from ``srvr``); None while not serving."""
@@ -240,10 +222,7 @@ class EmbeddedZooKeeper:
         if running is not None:
             return running
         self.pid_file.unlink(missing_ok=True)
-        if not self.process.prefix and not port_free(self.host, self.port):
-            raise ZooKeeperServerError(
-                f"port {self.port} on {self.host} is in use by another process; stop it or pass another --port"
-            )
+        self.refuse_taken()
         java = find_java()
         jars = self._jars_dir or pyspark_jars_dir()
         self._write_config()
@@ -264,26 +243,9 @@ class EmbeddedZooKeeper:
         pid = self.process.read_pid()
         if pid is None:
             raise ZooKeeperServerError(f"ZooKeeper from {self.data_dir} is not running; start it first")
-        problem = self.process.wait_ready(pid, self._ready, timeout_s)
-        if problem is not None:
-            if self.process.alive(pid):
-                self.process.kill_group(pid, timeout_s=5.0)
-            self.pid_file.unlink(missing_ok=True)
-            raise ZooKeeperServerError(
-                f"ZooKeeper did not become ready on {self.hosts}: {problem}; "
-                f"see {self.log_file}. Log tail:\n{self.log_tail()}"
-            )
+        self.await_ready(pid, timeout_s, f"ZooKeeper did not become ready on {self.hosts}")
 
     def start(self, *, timeout_s: float = 30.0) -> None:
         """:meth:`launch`, then :meth:`wait_ready` (raising ZooKeeperServerError as they do)."""
         self.launch()
         self.wait_ready(timeout_s=timeout_s)
-
-    def stop(self, *, timeout_s: float = 15.0) -> bool:
-        """SIGTERM its process group, SIGKILL after ``timeout_s``; True if a running server was stopped."""
-
-        return self.process.stop(timeout_s=timeout_s)
-
-    def kill(self) -> int | None:
-        """SIGKILL the server at once (a crash, for fault tests); returns its pid, or None if not running."""
-        return self.process.kill()

@@ -1,0 +1,63 @@
+"""A server run from its data folder as a detached process: the base of ZooKeeper, S3Proxy, Kafka
+and Toxiproxy here. It refuses a port another program holds, waits until the server serves, and
+on failure stops what it started and raises its error with the log's tail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from deltawheel.statestore.exceptions import DeltaWheelError
+from deltawheel.statestore.process import DetachedProcess, port_free
+
+__all__ = ["Server"]
+
+
+class Server:
+    """The server of ``data_dir`` on ``host:port``: its process, ``<stem>.pid`` and ``<stem>.log``.
+
+    A subclass says when it serves (:meth:`ready`). ``prefix``: words before its command, to run
+    it on a test host (:mod:`.hosts`).
+    """
+
+    stop_timeout_s = 15.0  #: how long :meth:`stop` waits after SIGTERM by default
+
+    def __init__(self, data_dir: Path | str, *, name: str, stem: str, marker: str, error: type[DeltaWheelError],
+                 port: int, host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.host, self.port, self.error = host, port, error
+        self.pid_file, self.log_file = self.data_dir / f"{stem}.pid", self.data_dir / f"{stem}.log"
+        self.process = DetachedProcess(name, pid_file=self.pid_file, log_file=self.log_file, marker=marker,
+                                       error=error, prefix=prefix)
+
+    def ready(self) -> bool:
+        """Whether the server answers on its port."""
+        raise NotImplementedError
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of the server log ('' if there is none)."""
+        return self.process.log_tail(lines)
+
+    def refuse_taken(self, *ports: int, hint: str = "stop it or pass another --port") -> None:
+        """Raise the server's error if another program listens on one of ``ports`` (default: its port)."""
+        for port in () if self.process.prefix else ports or (self.port,):
+            if not port_free(self.host, port):
+                raise self.error(f"port {port} on {self.host} is in use by another process; {hint}")
+
+    def await_ready(self, pid: int, timeout_s: float, failure: str) -> None:
+        """Return once the server serves; else stop it and raise ``failure``, why, and the log's tail."""
+        problem = self.process.wait_ready(pid, self.ready, timeout_s)
+        if problem is not None:
+            if self.process.alive(pid):
+                self.process.kill_group(pid, timeout_s=5.0)
+            self.pid_file.unlink(missing_ok=True)
+            raise self.error(f"{failure}: {problem}; see {self.log_file}. Log tail:\n{self.log_tail()}")
+
+    def stop(self, *, timeout_s: float | None = None) -> bool:
+        """SIGTERM its process group, SIGKILL after ``timeout_s``; True if a running server was stopped."""
+        return self.process.stop(timeout_s=self.stop_timeout_s if timeout_s is None else timeout_s)
+
+    def kill(self) -> int | None:
+        """SIGKILL the server at once (a crash, for fault tests); returns its pid, or None if not running."""
+        return self.process.kill()

@@ -20,7 +20,7 @@ from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 __all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_args", "add_zk_args", "add_zk_spark_args", "add_run_args", "add_max_pause_arg",
            "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from", "layout_from",
            "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list",
-           "computation_code", "timed_say", "engine_from", "store_status"]
+           "computation_code", "timed_say", "engine_from", "store_status", "say_running"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -359,3 +359,9 @@ def store_status(args: argparse.Namespace) -> Any:
     spark = None if layout.is_local else spark_from(args)
     with store_zookeeper(args) as (layout, _cfg, client):
         return gather(layout, client, pipeline=args.pipeline, spark=spark)
+
+
+def say_running(running: bool, pid: int | None, port: object, data_dir: str) -> int:
+    """Print whether a server runs, for the ``status`` actions: 0 if it does, else 1."""
+    print(f"running: pid {pid}, port {port}, data {data_dir}" if running else f"not running (port {port}, data {data_dir})")
+    return 0 if running else 1

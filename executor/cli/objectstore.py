@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 
 from deltawheel.executor.servers.s3proxy import DEFAULT_OBJECTSTORE_PORT, S3ProxyServer
+from deltawheel.executor.servers.service import read_properties
 from deltawheel.statestore.exceptions import ObjectStoreServerError
 from deltawheel.statestore.objectstore import s3a
+
+from .common import say_running
 
 __all__ = ["register"]
 
@@ -39,18 +42,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         a.set_defaults(func=func)
 
 
-def _configured_port(data: str) -> int:
-    """The port of an earlier start in ``data`` (so stop/status find it), else the default."""
-    cfg = Path(data) / "s3proxy.conf"
-    if cfg.exists():
-        for line in cfg.read_text().splitlines():
-            if line.startswith("s3proxy.endpoint="):
-                return int(line.rsplit(":", 1)[1])
-    return DEFAULT_OBJECTSTORE_PORT
-
-
 def _server(args: argparse.Namespace) -> S3ProxyServer:
-    port = args.port if args.port is not None else _configured_port(args.data)
+    """The server of ``--data`` on ``--port``, else its earlier start's port (so stop/status find it)."""
+    port = args.port
+    if port is None:
+        endpoint = read_properties(Path(args.data) / "s3proxy.conf").get("s3proxy.endpoint")
+        port = int(endpoint.rsplit(":", 1)[1]) if endpoint else DEFAULT_OBJECTSTORE_PORT
     return S3ProxyServer(args.data, port=port, host=args.host)
 
 
@@ -85,24 +82,23 @@ def _stop(args: argparse.Namespace) -> int:
         print(f"stopped S3Proxy (pid {pid}) on port {server.port}")
     else:
         print(f"no S3Proxy running for {server.data_dir}")
-        other = _foreign(server)
-        if other:
-            print(other)
+        _say_foreign(server)
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
     server = _server(args)
     st = server.status()
-    if st.running:
-        print(f"running: pid {st.pid}, port {st.port}, data {st.data_dir}")
+    if say_running(st.running, st.pid, st.port, st.data_dir) == 0:
         _print_settings(server)
         return 0
-    print(f"not running (port {st.port}, data {st.data_dir})")
-    other = _foreign(server)
-    if other:
-        print(other)
+    _say_foreign(server)
     return 1
+
+
+def _say_foreign(server: S3ProxyServer) -> None:
+    if (other := _foreign(server)) is not None:
+        print(other)
 
 
 def _foreign(server: S3ProxyServer) -> str | None:

@@ -67,21 +67,26 @@ def _empty(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
+def _series(ax: Any, series: list[tuple[str, str, str, list[tuple[Any, float]]]], ylabel: str, empty: str) -> None:
+    """Plot each (label, line style, marker, points) series that has points; ``empty`` when none has."""
+    drawn = [s for s in series if s[3]]
+    for label, style, marker, pts in drawn:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=marker, label=label)
+    if drawn:
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    else:
+        _empty(ax, empty)
+
+
 def _lag(ax: Any, st: StoreStatus) -> None:
-    drawn = False
+    series = []
     for comp, rows in _by_comp(st.batches).items():
         for col, style in (("low_watermark_ms", "-"), ("input_watermark_ms", ":")):
             pts = [(t, (r["recorded_ms"] - r[col]) / 1000) for t, r in zip(_times(rows), rows, strict=True)
                    if watermark_known(r[col]) and r[col] < END_OF_TIME]
-            if pts:
-                drawn = True
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=".",
-                        label=f"{comp} {'output' if col.startswith('low') else 'input'}")
-    if drawn:
-        ax.set_ylabel("seconds behind wall time")
-        ax.legend(fontsize=7)
-    else:
-        _empty(ax, "no watermark recorded yet (or every input finished)")
+            series.append((f"{comp} {'output' if col.startswith('low') else 'input'}", style, ".", pts))
+    _series(ax, series, "seconds behind wall time", "no watermark recorded yet (or every input finished)")
 
 
 def _steps(ax: Any, st: StoreStatus) -> None:
@@ -102,17 +107,9 @@ def _steps(ax: Any, st: StoreStatus) -> None:
 
 
 def _rate(ax: Any, st: StoreStatus) -> None:
-    drawn = False
-    for comp, rows in _by_comp(st.batches).items():
-        pts = [(t, (r["records_in"] or 0) / r["wall_s"]) for t, r in zip(_times(rows), rows, strict=True) if r["wall_s"]]
-        if pts:
-            drawn = True
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=comp)
-    if drawn:
-        ax.set_ylabel("records in / batch second")
-        ax.legend(fontsize=7)
-    else:
-        _empty(ax, "no batch recorded yet")
+    _series(ax, [(comp, "-", "o", [(t, (r["records_in"] or 0) / r["wall_s"])
+                                   for t, r in zip(_times(rows), rows, strict=True) if r["wall_s"]])
+                 for comp, rows in _by_comp(st.batches).items()], "records in / batch second", "no batch recorded yet")
 
 
 def _state(ax: Any, st: StoreStatus) -> None:

@@ -13,7 +13,7 @@ from deltawheel.statestore.config import DEFAULT_ZK_PORT
 from deltawheel.statestore.process import free_ports, port_free
 
 from ..servers.embedded import StoreZooKeeper
-from .common import layout_from
+from .common import layout_from, say_running
 
 __all__ = ["register"]
 
@@ -101,11 +101,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.store:
         return _store_status(args)
     st = _server(args).status()
-    if st.running:
-        print(f"running: pid {st.pid}, port {st.port}, data {st.data_dir}")
-        return 0
-    print(f"not running (port {st.port}, data {st.data_dir})")
-    return 1
+    return say_running(st.running, st.pid, st.port, st.data_dir)
 
 
 def _store_status(args: argparse.Namespace) -> int:
@@ -114,12 +110,9 @@ def _store_status(args: argparse.Namespace) -> int:
     st = owner.status()
     rec = st.record
     port = owner.server().port or (rec.port if rec else None)
-    if st.running:
-        print(f"running: pid {st.pid}, port {port}, data {st.data_dir}")
-    else:
-        print(f"not running (port {port or '-'}, data {st.data_dir})")
-        if rec is not None and rec.pid is not None:
-            print(f"stale record: its server (pid {rec.pid}) is gone; the next command on the store starts a new one")
+    say_running(st.running, st.pid, port if st.running else port or "-", st.data_dir)
+    if not st.running and rec is not None and rec.pid is not None:
+        print(f"stale record: its server (pid {rec.pid}) is gone; the next command on the store starts a new one")
     print(f"store: {layout.root}" + ("" if rec is None or rec.store == layout.root else
                                      f" (recorded for {rec.store}: this folder is a copy)"))
     if rec is not None and st.running:

@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,19 +30,8 @@ from ..sources.folders import local_folder_token
 from ..sources.injector import BatchStats, MaxSeenMinusBound
 from ..sources.parquet import ParquetInjector
 
-__all__ = [
-    "DEFAULT_START_MS",
-    "AnomalySchedule",
-    "AnomalyWindows",
-    "ZeitgeistParams",
-    "generate_queries",
-    "anomaly_windows",
-    "query_name",
-    "table_digest",
-    "write_event_files",
-    "GeneratorInjector",
-    "scaled_events",
-]
+__all__ = ["DEFAULT_START_MS", "AnomalySchedule", "AnomalyWindows", "ZeitgeistParams", "generate_queries",
+           "anomaly_windows", "query_name", "table_digest", "write_event_files", "GeneratorInjector", "scaled_events"]
 
 DEFAULT_START_MS = 1_735_689_600_000
 """2025-01-01T00:00:00Z, the default base time of the first event."""
@@ -111,7 +100,12 @@ class AnomalyWindows:
 
 @dataclass(frozen=True, kw_only=True)
 class ZeitgeistParams:
-    """Every argument of :func:`generate_queries`, as one value (the demo's configuration)."""
+    """Every argument of :func:`generate_queries`, as one value (the demo's configuration).
+
+    Event ``i`` has base time ``start_ms + floor(i * 1000 / rate_per_s)``; its event time is the
+    base time minus uniform(0..``max_disorder_ms``). A ``late_fraction`` of the events from index
+    ``late_after_events`` on is moved ``late_by_ms`` further back.
+    """
 
     n_events: int
     seed: int
@@ -125,8 +119,50 @@ class ZeitgeistParams:
     schedule: AnomalySchedule = field(default_factory=AnomalySchedule)
 
     def generate(self) -> pa.Table:
-        """The events (see :func:`generate_queries`)."""
-        return generate_queries(**{f.name: getattr(self, f.name) for f in fields(self)})
+        """The events, deterministically: a table ``record_id`` (``q{seed}-{i:010d}``), ``query`` and
+        ``event_time`` (timestamp[ms, UTC]).
+
+        Raises:
+            ConfigError: a bad count, rate, fraction or :class:`AnomalySchedule`.
+        """
+        n_events, seed, start_ms, rate_per_s = self.n_events, self.seed, self.start_ms, self.rate_per_s
+        n_queries, max_disorder_ms, schedule = self.n_queries, self.max_disorder_ms, self.schedule
+        late_fraction, late_by_ms, late_after_events = self.late_fraction, self.late_by_ms, self.late_after_events
+        if n_events < 0 or rate_per_s <= 0 or n_queries <= 1:
+            raise ConfigError(f"need n_events >= 0, rate_per_s > 0 and n_queries > 1; got {n_events}, "
+                              f"{rate_per_s}, {n_queries}")
+        if not 0.0 <= late_fraction <= 1.0 or max_disorder_ms < 0 or late_by_ms < 0:
+            raise ConfigError(f"late_fraction must be in [0, 1] and max_disorder_ms, late_by_ms >= 0; got "
+                              f"{late_fraction}, {max_disorder_ms}, {late_by_ms}")
+        schedule.check(n_queries)
+        rng = np.random.default_rng(seed)
+        u_query = rng.random(n_events)
+        jitter = rng.integers(0, max_disorder_ms + 1, n_events, dtype=np.int64)
+        u_late = rng.random(n_events)
+
+        index = np.arange(n_events, dtype=np.int64)
+        base_ms = start_ms + index * 1000 // rate_per_s
+        win = anomaly_windows(n_events, start_ms=start_ms, rate_per_s=rate_per_s, schedule=schedule)
+        weights = 1.0 / np.arange(1, n_queries + 1, dtype=np.float64)
+        spiked = weights.copy()
+        spiked[schedule.spike_rank] *= schedule.spike_factor
+        dipped = weights.copy()
+        dipped[schedule.dip_rank] = 0.0
+        in_spike = (base_ms >= win.spike_start_ms) & (base_ms < win.spike_end_ms)
+        in_dip = (base_ms >= win.dip_start_ms) & (base_ms < win.dip_end_ms)
+        rank = np.searchsorted(_cdf(weights), u_query, side="right")
+        rank[in_spike] = np.searchsorted(_cdf(spiked), u_query[in_spike], side="right")
+        rank[in_dip] = np.searchsorted(_cdf(dipped), u_query[in_dip], side="right")
+        rank = np.minimum(rank, n_queries - 1)  # guards u == 1.0 - eps rounding
+
+        late = (u_late < late_fraction) & (index >= late_after_events)
+        event_ms = base_ms - jitter - np.where(late, late_by_ms, 0)
+        names = np.array([query_name(r) for r in range(n_queries)], dtype=object)
+        return pa.table({
+            "record_id": pa.array([f"q{seed}-{i:010d}" for i in range(n_events)], pa.string()),
+            "query": pa.array(names[rank], pa.string()),
+            "event_time": pa.array(event_ms, pa.timestamp("ms", tz="UTC")),
+        })
 
     def windows(self) -> AnomalyWindows:
         """Where the spike and the dip are in base time."""
@@ -181,68 +217,13 @@ def _cdf(weights: np.ndarray) -> np.ndarray:
     return out
 
 
-def generate_queries(
-    n_events: int,
-    *,
-    seed: int,
-    start_ms: int = DEFAULT_START_MS,
-    rate_per_s: int = 100,
-    n_queries: int = 50,
-    max_disorder_ms: int = 3_000,
-    late_fraction: float = 0.002,
-    late_by_ms: int = 30_000,
-    late_after_events: int = 1_000,
-    schedule: AnomalySchedule = AnomalySchedule(),
-) -> pa.Table:
-    """Generate ``n_events`` search-query events, deterministically.
-
-    Event ``i`` has base time ``start_ms + floor(i * 1000 / rate_per_s)``.
-
-    Args:
-        max_disorder_ms: event time = base time - uniform(0..max_disorder_ms).
-        late_fraction: share of events from index ``late_after_events`` on moved ``late_by_ms`` further back.
-
-    Returns:
-        A table ``record_id`` (``q{seed}-{i:010d}``), ``query`` and ``event_time`` (timestamp[ms, UTC]).
+def generate_queries(n_events: int, *, seed: int, **settings: Any) -> pa.Table:
+    """``n_events`` search-query events, deterministically (``settings``: :class:`ZeitgeistParams`'s).
 
     Raises:
         ConfigError: a bad count, rate, fraction or :class:`AnomalySchedule`.
     """
-    if n_events < 0 or rate_per_s <= 0 or n_queries <= 1:
-        raise ConfigError(f"need n_events >= 0, rate_per_s > 0 and n_queries > 1; got {n_events}, "
-                          f"{rate_per_s}, {n_queries}")
-    if not 0.0 <= late_fraction <= 1.0 or max_disorder_ms < 0 or late_by_ms < 0:
-        raise ConfigError(f"late_fraction must be in [0, 1] and max_disorder_ms, late_by_ms >= 0; got "
-                          f"{late_fraction}, {max_disorder_ms}, {late_by_ms}")
-    schedule.check(n_queries)
-    rng = np.random.default_rng(seed)
-    u_query = rng.random(n_events)
-    jitter = rng.integers(0, max_disorder_ms + 1, n_events, dtype=np.int64)
-    u_late = rng.random(n_events)
-
-    index = np.arange(n_events, dtype=np.int64)
-    base_ms = start_ms + index * 1000 // rate_per_s
-    win = anomaly_windows(n_events, start_ms=start_ms, rate_per_s=rate_per_s, schedule=schedule)
-    weights = 1.0 / np.arange(1, n_queries + 1, dtype=np.float64)
-    spiked = weights.copy()
-    spiked[schedule.spike_rank] *= schedule.spike_factor
-    dipped = weights.copy()
-    dipped[schedule.dip_rank] = 0.0
-    in_spike = (base_ms >= win.spike_start_ms) & (base_ms < win.spike_end_ms)
-    in_dip = (base_ms >= win.dip_start_ms) & (base_ms < win.dip_end_ms)
-    rank = np.searchsorted(_cdf(weights), u_query, side="right")
-    rank[in_spike] = np.searchsorted(_cdf(spiked), u_query[in_spike], side="right")
-    rank[in_dip] = np.searchsorted(_cdf(dipped), u_query[in_dip], side="right")
-    rank = np.minimum(rank, n_queries - 1)  # guards u == 1.0 - eps rounding
-
-    late = (u_late < late_fraction) & (index >= late_after_events)
-    event_ms = base_ms - jitter - np.where(late, late_by_ms, 0)
-    names = np.array([query_name(r) for r in range(n_queries)], dtype=object)
-    return pa.table({
-        "record_id": pa.array([f"q{seed}-{i:010d}" for i in range(n_events)], pa.string()),
-        "query": pa.array(names[rank], pa.string()),
-        "event_time": pa.array(event_ms, pa.timestamp("ms", tz="UTC")),
-    })
+    return ZeitgeistParams(n_events=n_events, seed=seed, **settings).generate()
 
 
 def table_digest(table: pa.Table) -> str:

@@ -283,16 +283,7 @@ class HostsCluster:
 
     def kill_host(self, host: str) -> list[int]:
         """SIGKILL every process on ``host`` (:meth:`up` restarts them); returns their pids."""
-        import os
-        import signal
-
-        pids = self.network.pids(self.hosts[host])
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return pids
+        return self.network.kill(self.hosts[host])
 
     def down(self) -> tuple[int, list[str]]:
         """Stop everything, delete the network; idempotent. Returns (processes ended, what is left)."""

@@ -158,20 +158,25 @@ class HostNetwork:
         """The processes running in ``host``'s namespace."""
         return [int(p) for p in _ip("netns", "pids", host.netns, check=False).stdout.split()]
 
+    def kill(self, host: Host) -> list[int]:
+        """SIGKILL every process in ``host``'s namespace once; returns those it signalled."""
+        killed = []
+        for pid in self.pids(host):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        return killed
+
     def down(self) -> int:
         """SIGKILL every host's processes, delete the network; idempotent. Returns how many were killed."""
         killed = 0
         for h in self.hosts:
             for _ in range(50):
-                pids = self.pids(h)
-                if not pids:
+                if not self.pids(h):
                     break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        killed += 1
-                    except ProcessLookupError:
-                        pass
+                killed += len(self.kill(h))
                 time.sleep(0.1)
             _ip("netns", "del", h.netns, check=False)
             _ip("link", "del", h.netns, check=False)

@@ -18,7 +18,7 @@ from deltawheel.statestore.objectstore.client import S3Client, S3Endpoint
 from deltawheel.statestore.objectstore.s3a import S3PROXY_JAR, default_s3_jars_dir, ensure_jar
 from deltawheel.statestore.process import find_java
 
-from .service import Server
+from .service import Server, read_properties
 
 __all__ = ["S3ProxyServer", "ObjectStoreStatus", "DEFAULT_IDENTITY", "DEFAULT_OBJECTSTORE_PORT"]
 
@@ -54,17 +54,10 @@ class S3ProxyServer(Server):
         self.config_file = self.data_dir / "s3proxy.conf"
         self.blobs_dir = self.data_dir / "blobs"  # the filesystem backend: a sub-folder per bucket
 
-    def _config(self) -> dict[str, str]:
-        try:
-            lines = self.config_file.read_text().splitlines()
-        except FileNotFoundError:
-            return {}
-        return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
-
     @property
     def endpoint(self) -> S3Endpoint:
         """URL and credentials of this server (the credential is generated at the first start)."""
-        cfg = self._config()
+        cfg = read_properties(self.config_file)
         return S3Endpoint(url=f"http://{self.host}:{self.port}", access_key=cfg.get("s3proxy.identity", self.identity),
                           secret_key=cfg.get("s3proxy.credential", ""))
 
@@ -96,7 +89,7 @@ class S3ProxyServer(Server):
                                  endpoint=self.endpoint)
 
     def _write_config(self) -> None:
-        credential = self._config().get("s3proxy.credential") or secrets.token_hex(16)
+        credential = read_properties(self.config_file).get("s3proxy.credential") or secrets.token_hex(16)
         self.blobs_dir.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text("\n".join([
             f"s3proxy.endpoint=http://{self.host}:{self.port}",

@@ -11,7 +11,16 @@ from pathlib import Path
 from deltawheel.statestore.exceptions import DeltaWheelError
 from deltawheel.statestore.process import DetachedProcess, port_free
 
-__all__ = ["Server"]
+__all__ = ["Server", "read_properties"]
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """The ``key=value`` lines of a server's configuration file (empty when there is none)."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
 
 
 class Server:

@@ -16,7 +16,7 @@ from pathlib import Path
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.process import find_java
 
-from .service import Server
+from .service import Server, read_properties
 
 __all__ = ["EmbeddedZooKeeper", "JVM_FLAGS", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir", "server_classpath",
            "four_letter_word", "configured_port"]
@@ -116,14 +116,8 @@ def four_letter_word(host: str, port: int, word: str = "ruok", *, timeout_s: flo
 
 def configured_port(data_dir: Path | str) -> int | None:
     """The ``clientPort`` of the last server started in ``data_dir`` (its ``zoo.cfg``), or None."""
-    try:
-        text = (Path(data_dir) / "zoo.cfg").read_text()
-    except FileNotFoundError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("clientPort="):
-            return int(line.split("=", 1)[1])
-    return None
+    port = read_properties(Path(data_dir) / "zoo.cfg").get("clientPort")
+    return None if port is None else int(port)
 
 
 def server_mode(host: str, port: int) -> str | None:
@@ -171,9 +165,8 @@ class EmbeddedZooKeeper(Server):
         return f"{self.host}:{self.port}"
 
     def ready(self) -> bool:
-        """Whether it answers ``srvr`` with its version (``ruok`` answers before it serves)."""
-        reply = four_letter_word(self.host, self.port, "srvr")
-        return reply is not None and reply.startswith("Zookeeper version")
+        """Whether it answers ``srvr`` with its mode (``ruok`` answers before it serves)."""
+        return self.mode() is not None
 
     def mode(self) -> str | None:
         """``standalone``, ``leader`` or ``follower`` (from ``srvr``); None while not serving."""

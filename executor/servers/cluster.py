@@ -57,6 +57,25 @@ def spark_process(name: str, folder: Path, main: str, prefix: Sequence[str] = ()
                            error=ClusterError, prefix=prefix)
 
 
+def launch_spark(proc: DetachedProcess, spark_class: str, host: str, port: int, ui_port: int, *,
+                 master_url: str | None = None, cores: int = 1, memory: str = "", env: dict[str, str] | None = None) -> int:
+    """Launch the master, or with ``master_url`` a worker working in ``work/``, unless it runs; its pid."""
+    pid, folder = proc.pid(), proc.pid_file.parent
+    if pid is not None:
+        return pid
+    cmd = [spark_class, proc.marker, *([master_url] if master_url else []), "--host", host, "--port", str(port),
+           "--webui-port", str(ui_port)]
+    if master_url:
+        (folder / "work").mkdir(parents=True, exist_ok=True)
+        cmd += ["--cores", str(cores), "--memory", memory, "--work-dir", str(folder / "work")]
+    return proc.launch(cmd, cwd=folder, env=env)
+
+
+def master_alive(state: dict[str, Any] | None) -> bool:
+    """Whether a master's state (:func:`master_state`) says it is ALIVE."""
+    return (state or {}).get("status") == "ALIVE"
+
+
 def master_state(ui_url: str) -> dict[str, Any] | None:
     """A Spark master's state from ``<ui_url>/json/``, or None when it does not answer."""
     try:
@@ -152,20 +171,11 @@ class SparkStandalone:
 
     def _start(self, timeout_s: float) -> None:
         spark_class, env = self._spark_class(), self._env()
-        pid = self.master.pid()
-        if pid is None:
-            pid = self.master.launch([spark_class, MASTER_CLASS, "--host", self.host, "--port", str(self.ports["master"]),
-                                      "--webui-port", str(self.ports["master_ui"])],
-                                     cwd=self.master.pid_file.parent, env=env)
-        self._await(self.master, pid, lambda: (self.master_json() or {}).get("status") == "ALIVE", timeout_s)
+        pid = launch_spark(self.master, spark_class, self.host, self.ports["master"], self.ports["master_ui"], env=env)
+        self._await(self.master, pid, lambda: master_alive(self.master_json()), timeout_s)
         for i, proc in enumerate(self.worker_procs, start=1):
-            if proc.pid() is None:
-                work = proc.pid_file.parent / "work"
-                work.mkdir(parents=True, exist_ok=True)
-                proc.launch([spark_class, WORKER_CLASS, self.master_url, "--host", self.host,
-                             "--port", str(self.ports[f"worker_{i}"]), "--webui-port", str(self.ports[f"worker_{i}_ui"]),
-                             "--cores", str(self.worker_cores), "--memory", self.worker_memory,
-                             "--work-dir", str(work)], cwd=proc.pid_file.parent, env=env)
+            launch_spark(proc, spark_class, self.host, self.ports[f"worker_{i}"], self.ports[f"worker_{i}_ui"],
+                         master_url=self.master_url, cores=self.worker_cores, memory=self.worker_memory, env=env)
         for i in range(1, len(self.worker_procs) + 1):
             self.await_worker(i, timeout_s=timeout_s)
 
@@ -215,7 +225,7 @@ class SparkStandalone:
                                         memory_mb=None if entry is None else int(entry.get("memory", 0)),
                                         log=str(proc.log_file)))
         return SparkStatus(master_url=self.master_url, ui_url=self.ui_url, master_pid=self.master.pid(),
-                           master_alive=state is not None and state.get("status") == "ALIVE",
+                           master_alive=master_alive(state),
                            workers=tuple(workers), log=str(self.master.log_file))
 
 
@@ -264,16 +274,8 @@ class LocalCluster:
         ports = saved.get("spark_ports") if saved is not None else None
         self.spark = (SparkStandalone(self.data_dir / "spark", ports=ports, workers=workers,
                                       worker_memory=worker_memory, host=host) if spark else None)
-
-    @property
-    def master_url(self) -> str | None:
-        """The Spark master's URL (None without Spark)."""
-        return None if self.spark is None else self.spark.master_url
-
-    @property
-    def zk_hosts(self) -> str | None:
-        """The ensemble's connection string (None without ZooKeeper)."""
-        return None if self.ensemble is None else self.ensemble.hosts
+        self.master_url = None if self.spark is None else self.spark.master_url  # None without Spark
+        self.zk_hosts = None if self.ensemble is None else self.ensemble.hosts  # None without ZooKeeper
 
     def up(self, *, timeout_s: float = 90.0) -> None:
         """Start the ensemble and the Spark cluster (what runs already is kept); on failure stop all.
@@ -300,12 +302,7 @@ class LocalCluster:
 
     def down(self) -> int:
         """Stop everything (Spark first: its jobs may still use ZooKeeper); idempotent. Returns how many ran."""
-        n = 0
-        if self.spark is not None:
-            n += self.spark.stop()
-        if self.ensemble is not None:
-            n += self.ensemble.stop()
-        return n
+        return (0 if self.spark is None else self.spark.stop()) + (0 if self.ensemble is None else self.ensemble.stop())
 
     def status(self) -> ClusterStatus:
         """Each process's pid and state (ZooKeeper role, Spark worker registration)."""

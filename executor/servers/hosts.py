@@ -23,7 +23,15 @@ from deltawheel.statestore.objectstore.client import S3Endpoint
 from deltawheel.statestore.process import DetachedProcess
 
 from ..exceptions import ClusterError
-from .cluster import MASTER_CLASS, WORKER_CLASS, master_state, read_manifest, spark_process
+from .cluster import (
+    MASTER_CLASS,
+    WORKER_CLASS,
+    launch_spark,
+    master_alive,
+    master_state,
+    read_manifest,
+    spark_process,
+)
 from .netns import Host, HostNetwork, host_prefix, isolated_prefix, leftovers
 from .s3proxy import S3ProxyServer
 from .zookeeper import EmbeddedZooKeeper, QuorumPeer
@@ -230,18 +238,11 @@ class HostsCluster:
         for name in ("master", "worker1", "worker2"):
             (self.dir(name) / "conf").mkdir(parents=True, exist_ok=True)
             (self.dir(name) / "conf" / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
-        master = self.hosts["master"].address
-        if self.master.pid() is None:
-            self.master.launch([spark_class, MASTER_CLASS, "--host", master, "--port", str(MASTER_PORT),
-                                "--webui-port", str(MASTER_UI)], cwd=self.dir("master"))
-        self._await(self.master, "master", lambda: (self.master_json() or {}).get("status") == "ALIVE", timeout_s)
+        launch_spark(self.master, spark_class, self.hosts["master"].address, MASTER_PORT, MASTER_UI)
+        self._await(self.master, "master", lambda: master_alive(self.master_json()), timeout_s)
         for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
-            if proc.pid() is None:
-                (self.dir(name) / "work").mkdir(exist_ok=True)
-                proc.launch([spark_class, WORKER_CLASS, self.master_url, "--host", self.hosts[name].address,
-                             "--port", str(WORKER_PORT), "--webui-port", str(WORKER_UI), "--cores", "2",
-                             "--memory", self.worker_memory, "--work-dir", str(self.dir(name) / "work")],
-                            cwd=self.dir(name))
+            launch_spark(proc, spark_class, self.hosts[name].address, WORKER_PORT, WORKER_UI,
+                         master_url=self.master_url, cores=2, memory=self.worker_memory)
         for name, proc in zip(("worker1", "worker2"), self.workers, strict=True):
             addr = self.hosts[name].address
             self._await(proc, name, lambda a=addr: a in self.registered_workers(), timeout_s)

@@ -92,14 +92,9 @@ class S3ProxyServer(Server):
         credential = read_properties(self.config_file).get("s3proxy.credential") or secrets.token_hex(16)
         self.blobs_dir.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text("\n".join([
-            f"s3proxy.endpoint=http://{self.host}:{self.port}",
-            "s3proxy.authorization=aws-v2-or-v4",
-            f"s3proxy.identity={self.identity}",
-            f"s3proxy.credential={credential}",
-            "jclouds.provider=filesystem",
-            f"jclouds.filesystem.basedir={self.blobs_dir}",
-            "",
-        ]))
+            f"s3proxy.endpoint=http://{self.host}:{self.port}", "s3proxy.authorization=aws-v2-or-v4",
+            f"s3proxy.identity={self.identity}", f"s3proxy.credential={credential}", "jclouds.provider=filesystem",
+            f"jclouds.filesystem.basedir={self.blobs_dir}", ""]))
         self.config_file.chmod(0o600)
 
     def start(self, *, timeout_s: float = 60.0) -> None:

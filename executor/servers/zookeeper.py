@@ -141,11 +141,8 @@ class EmbeddedZooKeeper(Server):
         prefix: words before the server's command, to run it on a test host (:mod:`.hosts`).
     """
 
-    def __init__(
-        self, data_dir: Path | str, *, port: int = 2181, host: str = "127.0.0.1",
-        jars_dir: Path | None = None, quorum: Sequence[QuorumPeer] = (), myid: int | None = None,
-        prefix: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, data_dir: Path | str, *, port: int = 2181, host: str = "127.0.0.1", jars_dir: Path | None = None,
+                 quorum: Sequence[QuorumPeer] = (), myid: int | None = None, prefix: Sequence[str] = ()) -> None:
         # the marker is this folder's zoo.cfg: a pid running another folder's server is not this one
         config = Path(data_dir).resolve() / "zoo.cfg"
         super().__init__(data_dir, name="ZooKeeper", stem="zookeeper", marker=str(config),
@@ -181,21 +178,10 @@ class EmbeddedZooKeeper(Server):
 
     def _write_config(self) -> None:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
-        lines = [
-            f"dataDir={self.data_dir / 'data'}",
-            f"clientPort={self.port}",
-            f"clientPortAddress={self.host}",
-            "tickTime=500",
-            "minSessionTimeout=1000",
-            "maxSessionTimeout=60000",
-            "initLimit=10",
-            "syncLimit=5",
-            "maxClientCnxns=0",
-            "4lw.commands.whitelist=ruok,srvr,stat,mntr",
-            "admin.enableServer=false",
-            "autopurge.snapRetainCount=3",
-            "autopurge.purgeInterval=1",
-        ]
+        lines = [f"dataDir={self.data_dir / 'data'}", f"clientPort={self.port}", f"clientPortAddress={self.host}",
+                 "tickTime=500", "minSessionTimeout=1000", "maxSessionTimeout=60000", "initLimit=10", "syncLimit=5",
+                 "maxClientCnxns=0", "4lw.commands.whitelist=ruok,srvr,stat,mntr", "admin.enableServer=false",
+                 "autopurge.snapRetainCount=3", "autopurge.purgeInterval=1"]
         if self.quorum:
             lines += [p.server_line() for p in self.quorum]
             (self.data_dir / "data" / "myid").write_text(f"{self.myid}\n")
@@ -219,13 +205,9 @@ class EmbeddedZooKeeper(Server):
         java = find_java()
         jars = self._jars_dir or pyspark_jars_dir()
         self._write_config()
-        cmd = [
-            java, *JVM_FLAGS,
-            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
-            "-Dzookeeper.jmx.log4j.disable=true",
-            "-cp", server_classpath(jars), self._main_class, str(self.config_file),
-        ]
-        return self.process.launch(cmd, cwd=self.data_dir)
+        return self.process.launch([java, *JVM_FLAGS, f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                                    "-Dzookeeper.jmx.log4j.disable=true", "-cp", server_classpath(jars),
+                                    self._main_class, str(self.config_file)], cwd=self.data_dir)
 
     def wait_ready(self, *, timeout_s: float = 30.0) -> None:
         """Return once the server serves requests; stop it and raise if it does not in time.

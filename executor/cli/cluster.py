@@ -18,13 +18,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "cluster", help="run a local Spark standalone cluster (master + 2 workers) and a 3-server ZooKeeper ensemble")
     sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
     sub.required = True
-    for name, func, help_text in (
-        ("up", _up, "start everything in the background; prints the master URL and the --zk connect string"),
-        ("down", _down, "stop every process of the cluster (idempotent)"),
-        ("status", _status, "each process: pid, alive, ZooKeeper role, workers registered; exit 0 if all run"),
-        ("exec", _exec, "run a command on one host of the --hosts test bed: cluster exec HOST -- CMD ..."),
-        ("env", _env, "print shell exports for the --hosts test bed: DW_MASTER, DW_SPARK_PYTHON, DW_CLIENT, "
-                "DELTAWHEEL_ZK, DELTAWHEEL_S3_*"),
+    for name, funcs, help_text in (
+        ("up", (_up, _hosts_up), "start everything in the background; prints the master URL and the --zk connect "
+                                 "string"),
+        ("down", (_down, _hosts_down), "stop every process of the cluster (idempotent)"),
+        ("status", (_status, _hosts_status), "each process: pid, alive, ZooKeeper role, workers registered; exit 0 "
+                                             "if all run"),
+        ("exec", (_exec, _exec), "run a command on one host of the --hosts test bed: cluster exec HOST -- CMD ..."),
+        ("env", (_env, _env), "print shell exports for the --hosts test bed: DW_MASTER, DW_SPARK_PYTHON, DW_CLIENT, "
+                              "DELTAWHEEL_ZK, DELTAWHEEL_S3_*"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--data", default=None,
@@ -44,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each part")
             p.add_argument("--fresh", action="store_true", help="with --hosts: delete the hosts' data first "
                                                                 "(ZooKeeper's, the buckets, the logs)")
-        p.set_defaults(func=func)
+        p.set_defaults(func=lambda args, f=funcs: f[args.hosts](args))  # with --hosts: the test bed's
     from .clusterfault import register_fault
 
     register_fault(sub, DEFAULT_HOSTS_DATA)
@@ -57,8 +59,6 @@ def _data(args: argparse.Namespace) -> str:
 def _up(args: argparse.Namespace) -> int:
     from ..servers.cluster import LocalCluster
 
-    if args.hosts:
-        return _hosts_up(args)
     cluster = LocalCluster(_data(args), zookeeper=not args.no_zk, spark=not args.no_spark,
                            workers=args.workers, worker_memory=args.worker_memory)
     started = time.monotonic()
@@ -141,8 +141,6 @@ def _env(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     from ..servers.cluster import LocalCluster
 
-    if args.hosts:
-        return _hosts_down(args)
     cluster = LocalCluster(_data(args))
     if not cluster.manifest.exists():
         print(f"no cluster in {cluster.data_dir}")
@@ -171,8 +169,6 @@ def _hosts_status(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from ..servers.cluster import LocalCluster
 
-    if args.hosts:
-        return _hosts_status(args)
     cluster = LocalCluster(_data(args))
     if not cluster.manifest.exists():
         print(f"no cluster in {cluster.data_dir} (start one with: deltawheel cluster up --data {args.data or DEFAULT_DATA})")

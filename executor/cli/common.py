@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TextIO
 
 from deltawheel.executor.session import build_spark
 from deltawheel.statestore.config import DEFAULT_ZK_PORT, ZkConfig
@@ -20,7 +20,7 @@ from deltawheel.statestore.zk.refusal import DEFAULT_MAX_PAUSE_S
 __all__ = ["add_handover_args", "handover_wait_s", "add_store_arg", "add_live_args", "add_zk_args", "add_zk_spark_args", "add_run_args", "add_max_pause_arg",
            "add_log_store_zk_args", "add_spark_args", "zk_config_from", "spark_from", "layout_from",
            "existing_layout_from", "zookeeper_for", "add_optional_store", "zk_client", "store_zookeeper", "int_list",
-           "computation_code", "timed_say", "engine_from", "store_status", "say_running"]
+           "computation_code", "timed_say", "engine_from", "store_status", "say_running", "Progress"]
 
 
 def add_store_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -218,7 +218,9 @@ def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -
 
     kw.setdefault("log_level", spark_log_level())
     master = getattr(args, "master", "local[2]")
-    fresh = announce and _no_session()
+    from pyspark.sql import SparkSession
+
+    fresh = announce and SparkSession.getActiveSession() is None  # building the session starts a JVM
     if fresh:
         print(f"deltawheel: starting Spark ({master}) ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
@@ -232,12 +234,6 @@ def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -
                             digest=getattr(args, "zk_digest", None))
     return spark
 
-
-def _no_session() -> bool:
-    """No SparkContext runs in this process yet (building the session starts a JVM)."""
-    from pyspark.sql import SparkSession
-
-    return SparkSession.getActiveSession() is None
 
 
 @contextlib.contextmanager
@@ -365,3 +361,26 @@ def say_running(running: bool, pid: int | None, port: object, data_dir: str) -> 
     """Print whether a server runs, for the ``status`` actions: 0 if it does, else 1."""
     print(f"running: pid {pid}, port {port}, data {data_dir}" if running else f"not running (port {port}, data {data_dir})")
     return 0 if running else 1
+
+
+class Progress:
+    """Progress lines of a long command, one per step on stderr (stdout keeps the result):
+    ``step(what)`` prints ``deltawheel CMD: [i/N] what (12.3 s, about 40 s left)`` (mean time per step)."""
+
+    def __init__(self, command: str, total: int | None, *, out: TextIO | None = None) -> None:
+        self.command = command
+        self.total = total
+        self.done = 0
+        self._out = out
+        self._started = time.monotonic()
+
+    def step(self, what: str) -> None:
+        """Report that the next step (``what``) starts."""
+        elapsed = time.monotonic() - self._started
+        count = f"[{self.done + 1}/{self.total}] " if self.total else f"[{self.done + 1}] "
+        eta = ""
+        if self.total and self.done:
+            eta = f", about {elapsed / self.done * (self.total - self.done):.0f} s left"
+        print(f"deltawheel {self.command}: {count}{what} ({elapsed:.1f} s{eta})", file=self._out or sys.stderr,
+              flush=True)
+        self.done += 1

@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
     layout = layout_from(args)
     spark = spark_from(args)
     migrations.check_store(spark, layout)
-    from .progress import Progress
+    from .common import Progress
 
     bar: list[Progress] = []
 

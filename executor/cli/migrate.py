@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import add_log_store_zk_args, add_spark_args, add_store_arg, connected, layout_from, spark_from
-from .progress import Progress
+from .common import (
+    Progress,
+    add_log_store_zk_args,
+    add_spark_args,
+    add_store_arg,
+    connected,
+    layout_from,
+    spark_from,
+)
 
 __all__ = ["register"]
 

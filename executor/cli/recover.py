@@ -6,8 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from .common import add_store_arg, add_zk_spark_args, spark_from, store_zookeeper
-from .progress import Progress
+from .common import Progress, add_store_arg, add_zk_spark_args, spark_from, store_zookeeper
 
 __all__ = ["register"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+from typing import Any
 
 from .common import (
     add_live_args,
@@ -90,7 +91,6 @@ def _source_spec(spec: str | None) -> str | None:
 def _run_replay(args: argparse.Namespace) -> int:
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.exceptions import ConfigError
-    from deltawheel.statestore.inspection.diff import format_diff
 
     from ..drivers.replay import plan_replay, replay, replay_scope, shadow_chroot
 
@@ -131,16 +131,13 @@ def _run_replay(args: argparse.Namespace) -> int:
                     injectors=() if source is None else source.injectors, progress=lambda line: print(line, flush=True),
                     source=_source_spec(args.source), code_spec=args.code)
     assert result.diff is not None
-    print(format_diff(result.diff))
-    if args.diff_out:
-        with open(args.diff_out, "w", encoding="utf-8") as fh:
-            fh.write(result.diff.to_json())
+    _show_diff(args, result.diff)
     return 0
 
 
 def _run_diff(args: argparse.Namespace) -> int:
     from deltawheel.statestore.exceptions import ConfigError
-    from deltawheel.statestore.inspection.diff import diff_stores, format_diff
+    from deltawheel.statestore.inspection.diff import diff_stores
 
     from ..drivers.replay_diff import diff_replay, replay_of
 
@@ -159,8 +156,15 @@ def _run_diff(args: argparse.Namespace) -> int:
         print(f"store B is {of.describe()} of store A: compared as the replay compares (--plain: as they are)")
         d = diff_replay(spark, a, b, of, computation=args.computation, version_a=args.as_of,
                         version_b=args.as_of_b, streams=args.stream)
+    _show_diff(args, d)
+    return 0 if d.empty else 1
+
+
+def _show_diff(args: argparse.Namespace, d: Any) -> None:
+    """Print the diff; write it as JSON to ``--diff-out`` when given."""
+    from deltawheel.statestore.inspection.diff import format_diff
+
     print(format_diff(d))
     if args.diff_out:
         with open(args.diff_out, "w", encoding="utf-8") as fh:
             fh.write(d.to_json())
-    return 0 if d.empty else 1

@@ -175,10 +175,9 @@ def check_store(layout: StoreLayout, *, follow: bool) -> None:
 
 @dataclass(frozen=True)
 class FollowResult:
-    """What :func:`follow` did: events written, the stop line, per-stage (records, p50, p99) in all."""
+    """What :func:`follow` did: events written, whether it drained, per-stage (records, p50, p99) in all."""
 
     events: int
-    stop_line: str
     drained: bool
     figures: dict[str, tuple[int, float | None, float | None]]
     summary: Any  # the run's RunSummary
@@ -239,12 +238,12 @@ def follow(engine: Any, folder: str, *, rate: int, seconds: float | None, seed: 
     finally:
         gen.stop()
         try:
-            report = run.stop()
+            run.stop()
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
     monitor.poll()
-    return FollowResult(gen.written, str(report), drained,
+    return FollowResult(gen.written, drained,
                         {name: percentiles(f.total) for name, f in monitor.figures.items()}, run.summary())
 
 

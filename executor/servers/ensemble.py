@@ -114,10 +114,7 @@ class ZooKeeperEnsemble:
 
     def leader(self) -> int | None:
         """The ``myid`` of the member whose ``srvr`` says ``leader``, or None."""
-        for p, s in zip(self.peers, self.servers, strict=True):
-            if s.mode() == "leader":
-                return p.myid
-        return None
+        return next((p.myid for p, s in zip(self.peers, self.servers, strict=True) if s.mode() == "leader"), None)
 
     def status(self) -> EnsembleStatus:
         """Each member's pid and mode, whether a quorum serves, and who leads."""

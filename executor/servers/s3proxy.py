@@ -18,7 +18,7 @@ from deltawheel.statestore.objectstore.client import S3Client, S3Endpoint
 from deltawheel.statestore.objectstore.s3a import S3PROXY_JAR, default_s3_jars_dir, ensure_jar
 from deltawheel.statestore.process import find_java
 
-from .service import Server, ServerStatus, read_properties
+from .service import Server, read_properties
 
 __all__ = ["S3ProxyServer", "ObjectStoreStatus", "DEFAULT_IDENTITY", "DEFAULT_OBJECTSTORE_PORT"]
 
@@ -27,10 +27,14 @@ DEFAULT_IDENTITY = "deltawheel"
 _JAR_NAME = "s3proxy-"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ObjectStoreStatus(ServerStatus):
+@dataclass(frozen=True)
+class ObjectStoreStatus:
     """What :meth:`S3ProxyServer.status` found (``running``: a live process answers HTTP on ``port``)."""
 
+    running: bool
+    pid: int | None
+    port: int
+    data_dir: str
     endpoint: S3Endpoint
 
 

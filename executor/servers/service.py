@@ -6,23 +6,12 @@ on failure stops what it started and raises its error with the log's tail.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from deltawheel.statestore.exceptions import DeltaWheelError
 from deltawheel.statestore.process import DetachedProcess, port_free
 
-__all__ = ["Server", "ServerStatus", "read_properties"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerStatus:
-    """What a server's ``status()`` found (``running``: its process answers on ``port``)."""
-
-    running: bool
-    pid: int | None
-    port: int
-    data_dir: str
+__all__ = ["Server", "read_properties"]
 
 
 def read_properties(path: Path) -> dict[str, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from deltawheel.statestore.exceptions import ZooKeeperServerError
 from deltawheel.statestore.process import find_java
 
-from .service import Server, ServerStatus, read_properties
+from .service import Server, read_properties
 
 __all__ = ["EmbeddedZooKeeper", "JVM_FLAGS", "QuorumPeer", "ZkServerStatus", "pyspark_jars_dir", "server_classpath",
            "four_letter_word", "configured_port"]
@@ -37,9 +37,13 @@ rootLogger.appenderRef.console.ref = console
 
 
 @dataclass(frozen=True, kw_only=True)
-class ZkServerStatus(ServerStatus):
+class ZkServerStatus:
     """What :meth:`EmbeddedZooKeeper.status` found (``mode``: ``srvr``'s, None when not serving)."""
 
+    running: bool
+    pid: int | None
+    port: int
+    data_dir: str
     hosts: str
     mode: str | None = None
 

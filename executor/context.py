@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deltawheel.statestore.codecs import Codec
+from deltawheel.statestore.codecs import Codec, codec_of_row
 from deltawheel.statestore.exceptions import BadRecordError, ConfigError
 from deltawheel.statestore.rowtable.rows import (
     Production,
@@ -68,8 +68,9 @@ class Context:
     @property
     def state(self) -> Any:
         """The key's state (None: none); assign to change it, changes in place are kept too."""
-        if self._state is _UNSET:
-            self._state = None if self._state_bytes is None else self._codec.decode(self._state_bytes)
+        if self._state is _UNSET:  # as written: the row names its codec (a changed codec reads it still)
+            data = self._state_bytes
+            self._state = None if data is None else codec_of_row(self._row_codec, self._codec).decode(data)
         return self._state
 
     @state.setter

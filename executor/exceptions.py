@@ -13,8 +13,9 @@ from deltawheel.statestore.exceptions import (
     RetryableError,
 )
 
-__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "HostsUnavailableError", "InputSchemaError", "KafkaServerError",
-           "UnknownHostError", "UserCodeError", "WindowingError", "StateUpgradeError"]
+__all__ = ["DeltaWheelError", "BatchFailedError", "ClusterError", "HostsUnavailableError", "InputFileError",
+           "InputSchemaError", "KafkaServerError", "UnknownHostError", "UserCodeError", "WindowingError",
+           "StateUpgradeError"]
 
 
 class BatchFailedError(RetryableError):
@@ -77,6 +78,23 @@ def _user_code_error(computation: str, key: str, what: str, cause: BaseException
 
 class InputSchemaError(ConfigError):
     """An input file has a column of another type than the injector reads: retrying cannot help."""
+
+
+class InputFileError(ConfigError):
+    """An input file cannot be read at all (truncated, corrupt, not Parquet): retrying cannot help.
+
+    Raised in a task (the direct read) with the file's path; :func:`from_task` finds it in the task's
+    failure text."""
+
+    ADVICE = ("the batch was not committed. The file is truncated or is not a Parquet file: write it again whole under "
+              "the same name (or, to leave its records out, a Parquet file of the injector's schema without rows), "
+              "then run the same command again: the batch reads it again")
+
+    @staticmethod
+    def from_task(text: str) -> str | None:
+        """The message of an InputFileError a Spark task raised, found in its failure text (None: none)."""
+        m = re.search(r"InputFileError: (input file [^\n]*)", text)
+        return None if m is None else m.group(1)
 
 
 class StateUpgradeError(CodecError):

@@ -22,7 +22,7 @@ from .exceptions import CodecError
 
 __all__ = ["Codec", "JsonCodec", "MsgpackCodec", "PickleCodec", "Int64MapCodec", "INT64MAP_HEADER",
            "int64map_columns", "int64map_blobs", "msgpack_rows", "get_codec", "CODEC_NAMES", "base_name",
-           "codec_version", "versioned_name"]
+           "codec_version", "versioned_name", "codec_of_row"]
 
 
 _DECODE_HINT = ("The value was written with another codec or is damaged: the computation's codec must be the one "
@@ -415,3 +415,21 @@ def get_codec(name: str, *, allow_pickle: bool = False) -> Codec:
             )
         return PickleCodec()
     raise CodecError(f"unknown codec {name!r}; choose one of {', '.join(CODEC_NAMES)}")
+
+
+def codec_of_row(row_codec: str | None, codec: Codec) -> Codec:
+    """The codec that reads a row's stored state: the one its codec column names, else ``codec``.
+
+    A computation whose ``codec`` changed (``json`` to ``msgpack``) without a new ``state_version``
+    still reads the state its rows hold as written; decoding it with the new codec would give
+    another value or fail. Pickle only where ``codec`` is pickle (the computation opted in).
+
+    >>> codec_of_row("json", get_codec("msgpack")).decode(b"1"), get_codec("msgpack").decode(b"1")
+    (1, 49)
+
+    Raises:
+        CodecError: the row names an unknown codec, or pickle that ``codec`` does not allow.
+    """
+    if row_codec is None or base_name(row_codec) == codec.name:
+        return codec
+    return get_codec(row_codec, allow_pickle=codec.name == "pickle")

@@ -30,8 +30,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
         "(KeyNeverSeenError); zk/cluster status: not running)"),
     (2, "usage: bad arguments, invalid SQL or a statement that would write (ReadOnlySqlError)"),
     (3, "configuration or store content: ConfigError, NotAStoreError, SchemaTooNewError, MigrationError, "
-        "StoreDamagedError, InputGoneError, InputSchemaError (an input file's column of another type), CodecError, "
-        "BadRecordError"),
+        "StoreDamagedError, InputGoneError, InputSchemaError (an input file's column of another type), InputFileError "
+        "(an input file that cannot be read), CodecError, BadRecordError"),
     (4, "coordination: LeaseError (held, lost, suspended, not owner), StaleSequencerError, "
         "CoordinatorStateLostError, ZooKeeperServerError"),
     (5, "object store: ObjectStoreError (bucket missing, credentials refused), ObjectStoreUnreachableError, "

@@ -1,7 +1,7 @@
 """JSON input: a folder of JSON Lines files, and the JSON parse that Kafka messages share.
 
-A line is parsed with Spark's ``from_json`` in ``PERMISSIVE`` mode: one that does not parse
-becomes a dead letter "malformed input". Every line keeps its text in the stream's ``raw_value``
+A line is parsed with Spark's ``from_json`` in ``PERMISSIVE`` mode: one that does not parse, or
+is not UTF-8, becomes a dead letter "malformed input". Every line keeps its text in the stream's ``raw_value``
 column, so any dead letter holds the line as written. Blank lines are skipped.
 """
 
@@ -133,11 +133,16 @@ class JsonLinesInjector(_MaxSeenInjector):
         schema = self.resolved_schema(spark)
         files = (spark.readStream.options(**self.read_limits)
                  .text(self.folder, wholetext=True).select(F.col("_metadata.file_name").alias("_file"), "value"))
-        lines = files.select("_file", F.posexplode(F.split(F.col("value"), r"\r?\n")).alias("_pos", "_line"))
+        # split as ISO-8859-1 (a char per byte), so each line keeps its bytes even where they are not UTF-8
+        bytewise = F.decode(F.col("value").cast("binary"), "ISO-8859-1")
+        lines = files.select("_file", F.posexplode(F.split(bytewise, r"\r?\n")).alias("_pos", "_bytes"))
+        lines = lines.select("_file", "_pos", F.encode("_bytes", "ISO-8859-1").cast("string").alias("_line"))
         lines = lines.where(F.trim(F.col("_line")) != "").select(
             "_file", (F.col("_pos") + 1).alias("_lineno"), "_line", parse_json(F.col("_line"), schema).alias("_j"))
+        # a line that is not UTF-8 is malformed: Jackson would read it with U+FFFD in place of its bytes
+        corrupt = F.when(~F.is_valid_utf8("_line"), F.col("_line")).otherwise(F.col(f"_j.{CORRUPT_RECORD}"))
         parsed = lines.select("_file", "_lineno", "_line", *[F.col(f"_j.{f.name}").alias(f.name) for f in schema.fields],
-                              F.col(f"_j.{CORRUPT_RECORD}").alias(CORRUPT_RECORD))
+                              corrupt.alias(CORRUPT_RECORD))
         parsed = event_time_of(parsed, self.event_time_column, self.timestamp_format)
         lineno = F.col("_lineno").cast("string")
         position = F.concat(F.lit(f"{self.name}/"), F.col("_file"), F.lit("#"), lineno)

@@ -17,7 +17,7 @@ from deltawheel.statestore.clock import Clock, SystemClock
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.zk.watermarks import END_OF_TIME, WatermarkAuthority
 
-from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS
+from ..tasks.input import DEFAULT_MAX_EVENT_AHEAD_MS, MAX_EVENT_MS, MIN_EVENT_MS
 from .injector import BatchStats, DataFrame, SparkSession, _check_common, publish_watermark
 from .jsonl import CORRUPT_RECORD, event_time_of, json_schema, parse_json
 from .schema import to_stream_schema
@@ -100,11 +100,12 @@ class PerPartitionWatermark:
 def partition_stats(batch_df: DataFrame, *, now_ms: int, max_event_ahead_ms: int | None) -> BatchStats:
     """A Kafka batch's stats with the max event time per ``topic/partition``, in one aggregation.
 
-    Records more than ``max_event_ahead_ms`` ahead of ``now_ms`` are left out.
+    Records more than ``max_event_ahead_ms`` ahead of ``now_ms``, or outside the years 1 to 9999, are left out.
     """
     from pyspark.sql import functions as F
 
     ts = F.col("timestamp_ms")
+    ts = F.when(ts.between(MIN_EVENT_MS, MAX_EVENT_MS), ts)  # outside: a dead letter
     if max_event_ahead_ms is not None:
         ts = F.when(ts <= F.lit(now_ms + max_event_ahead_ms), ts)
     part = F.regexp_extract("commit_id", r"^kafka=(.*)@\d+$", 1)
@@ -299,9 +300,13 @@ class KafkaInjector:
             "topic", "partition", "offset", F.col("timestamp").alias("_kafka_ts"),
             F.col("key").cast("string").alias("_kafka_key"), F.col("value").alias("_kafka_value"),
             parse_json(F.col("value").cast("string"), schema).alias("_j"))
+        # a value that is not UTF-8 is malformed (Jackson would read it with U+FFFD in place of its bytes);
+        # a message key that is not (the key without key_column): to_stream_schema's check
+        text = F.col("_kafka_value").cast("string")
+        not_utf8 = ~F.coalesce(F.is_valid_utf8(text), F.lit(True))
+        corrupt = F.when(not_utf8, F.coalesce(text, F.lit(""))).otherwise(F.col(f"_j.{CORRUPT_RECORD}"))
         parsed = parsed.select("topic", "partition", "offset", "_kafka_ts", "_kafka_key", "_kafka_value",
-                               *[F.col(f"_j.{f.name}").alias(f.name) for f in fields],
-                               F.col(f"_j.{CORRUPT_RECORD}").alias(CORRUPT_RECORD))
+                               *[F.col(f"_j.{f.name}").alias(f.name) for f in fields], corrupt.alias(CORRUPT_RECORD))
         event_col = self.event_time_column or "_kafka_ts"
         parsed = event_time_of(parsed, event_col, self.timestamp_format)
         key_col = self.key_column or "_kafka_key"

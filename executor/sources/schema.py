@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from deltawheel.statestore.exceptions import ConfigError
 from deltawheel.statestore.writepath.streams import STREAM_FORMAT_VERSION
 
-from ..tasks.input import MALFORMED_CODEC, RAW_COLUMN
+from ..tasks.input import MALFORMED_CODEC, MAX_EVENT_MS, MIN_EVENT_MS, RAW_COLUMN
 from .injector import DataFrame
 
 __all__ = ["record_id_of", "to_stream_schema", "union_inputs"]
@@ -26,7 +26,9 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
         record_id: the record id Column (non-null and unique); ``commit_id``: the source position.
         exclude: columns left out of the default ``value_columns``.
         malformed: a STRING column, the raw text of a record the source could not parse (null
-            otherwise): such a record becomes a dead letter "malformed".
+            otherwise): such a record becomes a dead letter "malformed". A record whose key, record
+            id or a STRING value column is not valid UTF-8 is malformed too (its value: the JSON of
+            its columns, each invalid byte sequence as U+FFFD).
         raw: a STRING or BINARY column, the record's original text: an extra ``raw_value`` column
             that its dead letters keep.
 
@@ -34,7 +36,7 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
         ConfigError: a named column does not exist, or the event time column's type is unsupported.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import IntegerType, LongType, TimestampNTZType, TimestampType
+    from pyspark.sql.types import IntegerType, LongType, StringType, TimestampNTZType, TimestampType
 
     fields = {f.name: f.dataType for f in df.schema.fields}
     wanted = [("key_column", key_column), ("event_time_column", event_time_column)]
@@ -54,20 +56,33 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
     if value_columns is None:
         value_columns = [c for c in fields if c != event_time_column and c not in exclude]
     key = F.lit("") if key_column is None else F.coalesce(F.col(key_column).cast("string"), F.lit(""))
-    value = (F.to_json(F.struct(*[F.col(c) for c in sorted(value_columns)])).cast("binary") if value_columns
-             else F.lit(None).cast("binary"))
+    text = F.to_json(F.struct(*[F.col(c) for c in sorted(value_columns)])) if value_columns else None
+    value = F.lit(None).cast("binary") if text is None else text.cast("binary")
     codec = F.lit("json")
+    rid = record_id.cast("string")
+    # text that is not UTF-8 (Spark reads a file's strings unchecked) would fail the batch in Python
+    named = {*value_columns, *([] if key_column is None else [key_column])}
+    texts = [F.col(c) for c in sorted(named) if isinstance(fields[c], StringType)]
+    invalid = None
+    for t in [rid, *texts]:
+        bad_text = ~F.coalesce(F.is_valid_utf8(t), F.lit(True))
+        invalid = bad_text if invalid is None else invalid | bad_text
+    assert invalid is not None
+    seen = F.make_valid_utf8(text) if text is not None else F.lit("{}")
+    malformed = F.when(invalid, seen) if malformed is None else F.coalesce(malformed, F.when(invalid, seen))
+    rid = F.when(invalid, F.make_valid_utf8(rid)).otherwise(rid)
     if malformed is not None:  # the raw text, and no key or event time that could move a watermark
         bad = malformed.isNotNull()
         key, value = F.when(bad, F.lit("")).otherwise(key), F.when(bad, malformed.cast("binary")).otherwise(value)
         codec, ts_ms = F.when(bad, F.lit(MALFORMED_CODEC)).otherwise(codec), F.when(~bad, ts_ms)
+    shown = F.when(ts_ms.between(MIN_EVENT_MS, MAX_EVENT_MS), ts_ms)  # outside: a dead letter, not an overflow
     return df.select(
-        record_id.cast("string").alias("record_id"),
+        rid.alias("record_id"),
         key.alias("key"),
         value.alias("value"),
         codec.alias("codec"),
         ts_ms.alias("timestamp_ms"),
-        F.timestamp_millis(ts_ms).alias("event_time"),
+        F.timestamp_millis(shown).alias("event_time"),
         F.lit(producer).alias("producer"),
         commit_id.cast("string").alias("commit_id"),
         F.lit(STREAM_FORMAT_VERSION).cast("int").alias("format_version"),

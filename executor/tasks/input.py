@@ -15,7 +15,7 @@ from ..computation import RECORD_KEY, Computation, key_or_reason
 
 __all__ = ["prepare_input", "interval_of_key", "key_expression", "ahead_reason", "original_text",
            "original_texts", "positions_of", "with_original_text", "PREP_DDL", "DEFAULT_MAX_EVENT_AHEAD_MS", "MALFORMED_CODEC", "MALFORMED_REASON",
-           "RAW_COLUMN"]
+           "RAW_COLUMN", "MIN_EVENT_MS", "MAX_EVENT_MS", "range_reason"]
 
 #: The prepared input's columns (:func:`prepare_input`) the tasks of either path get per record.
 PREP_DDL = ("record_id STRING, key STRING, value BINARY, codec STRING, timestamp_ms BIGINT, stream STRING, "
@@ -26,6 +26,12 @@ DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the
 #: The codec of a record its source could not parse: its value is the raw input, a dead letter.
 MALFORMED_CODEC = "malformed"
 MALFORMED_REASON = "malformed input: the source could not parse it; raw_value holds the original text"
+#: The event times a record may have (epoch ms): the years 1 to 9999, what a TIMESTAMP and Python's
+#: datetime can show; a record outside them is a dead letter (an overflow in Spark otherwise fails the batch).
+MIN_EVENT_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+MAX_EVENT_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+_RANGE = ("event time ", " ms is outside the years 1 to 9999 (epoch ms -62135596800000 to 253402300799999); "
+          "fix the record's timestamp")
 #: An input frame's optional BINARY column: a text source's original text, kept by dead letters.
 RAW_COLUMN = "raw_value"
 
@@ -142,6 +148,11 @@ _AHEAD = ("event time ", " ms is more than {bound} ms ahead of the processing cl
           "max_event_ahead_ms")
 
 
+def range_reason(ts_ms: int) -> str:
+    """The dead-letter reason of an event time outside :data:`MIN_EVENT_MS` .. :data:`MAX_EVENT_MS`."""
+    return f"{_RANGE[0]}{ts_ms}{_RANGE[1]}"
+
+
 def ahead_reason(ts_ms: int, bound_ms: int, now_ms: int) -> str:
     """The dead-letter reason of an event time more than ``bound_ms`` ahead of ``now_ms``."""
     return f"{_AHEAD[0]}{ts_ms}{_AHEAD[1].format(bound=bound_ms, now=now_ms)}"
@@ -187,7 +198,9 @@ def _prep_columns(comp: Computation, has_stream: bool, has_commit_id: bool) -> t
            .when(k.startswith("\x00"), F.lit("keys starting with NUL are reserved"))
            .when(F.octet_length(k) > MAX_KEY_BYTES, F.lit(f"key longer than {MAX_KEY_BYTES} bytes"))
            .when(F.col("record_id").isNull() | (F.col("record_id") == ""), F.lit("record without record_id"))
-           .when(F.col("timestamp_ms").isNull(), F.lit("record without timestamp")))
+           .when(F.col("timestamp_ms").isNull(), F.lit("record without timestamp"))
+           .when(~F.col("timestamp_ms").between(MIN_EVENT_MS, MAX_EVENT_MS),
+                 F.concat(F.lit(_RANGE[0]), F.col("timestamp_ms").cast("string"), F.lit(_RANGE[1]))))
     pos = F.col("commit_id") if has_commit_id else F.lit(None).cast("string")
     before = [F.col("record_id"), k.alias("key"), F.col("value"),  # at _VALUE
               F.coalesce("codec", F.lit("json")).alias("codec"),

@@ -11,12 +11,15 @@ from deltawheel.statestore.delta.jvm import java_errors
 from deltawheel.statestore.delta.log import local_path
 from deltawheel.statestore.exceptions import DeltaWheelError
 
-from ..exceptions import BatchFailedError, InputSchemaError, UserCodeError
+from ..exceptions import BatchFailedError, InputFileError, InputSchemaError, UserCodeError
 
 __all__ = ["Prepared", "BatchCounts", "BatchRun", "UserJob", "task_failure", "user_error_message"]
 
 #: Spark's error condition for a Parquet column it cannot read as the schema's type
 PARQUET_TYPE_MISMATCH = "FAILED_READ_FILE.PARQUET_COLUMN_DATA_TYPE_MISMATCH"
+#: Spark's error conditions for a file it cannot read (``FAILED_READ_FILE.NO_HINT``, ...)
+FAILED_READ_FILE = "FAILED_READ_FILE"
+
 
 BatchT = TypeVar("BatchT")
 
@@ -100,6 +103,9 @@ def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> 
     if user is not None:
         return user
     batch = f"{computation} batch {'?' if batch_id is None else batch_id}"
+    found = InputFileError.from_task(str(exc))  # the direct read's, in a task
+    if found is not None:
+        return InputFileError(f"{batch}: {found}")
     for condition, params in java_errors(exc):
         if condition == PARQUET_TYPE_MISMATCH:
             uri, column = params.get("path", "?"), params.get("column", "?").strip("[]")
@@ -110,7 +116,17 @@ def task_failure(exc: BaseException, computation: str, batch_id: int | None) -> 
                 f"where the injector reads {expected} (its schema=, or its folder's first file's); the batch was "
                 f"not committed. Write the file again with {column} as {expected} under the same name, then run "
                 "the same command again: the batch reads it again")
+        if condition.startswith(FAILED_READ_FILE):
+            uri = params.get("path", "?")
+            path = urllib.parse.unquote(local_path(uri) or uri)
+            return InputFileError(f"{batch}: input file {path} cannot be read ({_cause(exc)}); {InputFileError.ADVICE}")
     return BatchFailedError(user_error_message(exc, computation, batch_id))
+
+
+def _cause(exc: BaseException) -> str:
+    """The root cause Spark gives for a file it could not read, in one line."""
+    causes = re.findall(r"Caused by: ([\w.$]+: [^\n]+)", str(exc))
+    return causes[-1][:300] if causes else type(exc).__name__
 
 
 def user_error_message(exc: BaseException, computation: str, batch_id: int | None) -> str:

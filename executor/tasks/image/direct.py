@@ -21,11 +21,15 @@ from deltawheel.statestore.delta.storefs import (
 )
 from deltawheel.statestore.rowtable.rows import MAX_KEY_BYTES, key_hash
 
+from ...exceptions import InputFileError
 from ..input import (
     _ERR,  # the key extractors' error marker (a key column can hold it too)
     MALFORMED_CODEC,
     MALFORMED_REASON,
+    MAX_EVENT_MS,
+    MIN_EVENT_MS,
     ahead_reason,
+    range_reason,
 )
 
 __all__ = ["DirectSource", "DirectBatch", "BatchReader", "batch_files", "direct_source", "direct_table", "marker_rows",
@@ -213,25 +217,33 @@ class BatchReader:
 
     def __init__(self, batch: DirectBatch) -> None:
         self.batch = batch
-        self._files: list[tuple[str, Any, Any]] = []
+        self._files: list[tuple[str, Any, Any, Any]] = []
 
-    def _read(self) -> list[tuple[str, Any, Any]]:
+    def _read(self) -> list[tuple[str, Any, Any, Any]]:
+        import pyarrow as pa
+
         if not self._files:
             batch = self.batch
             for path, name in batch.files:
                 file = _file(path, batch.source.s3)
                 assert file is not None  # batch_files checked it
                 # the key column as a dictionary: its distinct keys hashed and checked once (:func:`_keyed`)
-                t = file.read_parquet("", columns=batch.source.columns, read_dictionary=[batch.source.key_column])
-                self._files.append((name, t, _keyed(batch, t)))
+                try:
+                    t = file.read_parquet("", columns=batch.source.columns, read_dictionary=[batch.source.key_column])
+                except (OSError, pa.ArrowException) as exc:  # truncated or corrupt: the file, not a retry
+                    raise InputFileError(f"input file {path} cannot be read ({type(exc).__name__}: "
+                                         f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); {InputFileError.ADVICE}") from exc
+                t, not_utf8 = _valid_utf8(t)
+                self._files.append((name, t, _keyed(batch, t), not_utf8))
         return self._files
 
     def rows_of(self, intervals: Sequence[int]) -> Any:
         """The rows of ``intervals`` plus one marker row per interval (see :func:`direct_table`)."""
         import pyarrow as pa
 
-        prep = _prepared_table if self.batch.source.table is not None else _prepared
-        parts = [prep(self.batch, t, keyed, name, intervals) for name, t, keyed in self._read()]
+        parts = [_prepared_table(self.batch, t, keyed, name, intervals) if self.batch.source.table is not None
+                 else _prepared(self.batch, t, keyed, name, intervals, not_utf8)
+                 for name, t, keyed, not_utf8 in self._read()]
         parts.append(marker_rows(intervals))
         return pa.concat_tables(parts)
 
@@ -340,8 +352,43 @@ def _keyed(batch: DirectBatch, t: Any) -> _Keyed:
     return _Keyed(keys, enc.indices.to_numpy(zero_copy_only=False), ivs_of, bad_of, is_bad)
 
 
-def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int]) -> Any:
-    """One file's rows of ``intervals``, prepared (see :func:`direct_table`)."""
+def _valid_utf8(t: Any) -> tuple[Any, Any | None]:
+    """``t`` with text that is not UTF-8 made valid (U+FFFD), and which rows had such text (None: none).
+
+    Spark reads a file's strings unchecked; such a record is malformed, as ``to_stream_schema`` decides.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    try:
+        t.validate(full=True)
+        return t, None
+    except pa.ArrowInvalid:
+        pass
+    bad = np.zeros(t.num_rows, dtype=bool)
+    for i, field in enumerate(t.schema):
+        col = t.column(i).combine_chunks()
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            continue
+        raw = col.cast(pa.binary()).to_pylist()
+        fixed: list[str | None] = []
+        for j, b in enumerate(raw):
+            if b is None:
+                fixed.append(None)
+                continue
+            text = b.decode("utf-8", "replace")
+            bad[j] |= text.encode("utf-8") != b
+            fixed.append(text)
+        t = t.set_column(i, field.with_type(pa.string()), pa.array(fixed, pa.string()))
+    return t, bad
+
+
+def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int],
+              not_utf8: Any | None = None) -> Any:
+    """One file's rows of ``intervals``, prepared (see :func:`direct_table`); ``not_utf8``: the file's rows
+    whose text was not UTF-8 (malformed)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -373,13 +420,22 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
     key_bad = keyed.bad(codes)
     ok = ~ts_null if ts_null is not None else True
     far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ok
-    if key_bad is not None or rid_empty.any() or ts_null is not None or far.any():
+    out = ((ms < MIN_EVENT_MS) | (ms > MAX_EVENT_MS)) & ok
+    mal = np.zeros(m, dtype=bool) if not_utf8 is None else not_utf8[rows]
+    key = keyed.key(codes)
+    if mal.any():  # as the JVM: a malformed record has no key, id or event time of its own
+        key = pc.if_else(pa.array(mal), pa.scalar("", pa.string()), key)
+        ts = pc.if_else(pa.array(mal), pa.nulls(m, pa.int64()), ts)
+        ok = ok & ~mal
+        far, out = far & ~mal, out & ~mal
+    if mal.any() or key_bad is not None or rid_empty.any() or ts_null is not None or far.any() or out.any():
         now, bound = batch.ahead or (0, 0)
         nulls = ts_null.tolist() if ts_null is not None else [False] * m
-        why = [kb if kb is not None else "record without record_id" if re else
-               "record without timestamp" if tn else ahead_reason(t_ms, bound, now) if fa else None
-               for kb, re, tn, fa, t_ms in zip(key_bad or [None] * m, rid_empty.tolist(), nulls, far.tolist(),
-                                               ms.tolist(), strict=True)]
+        why = [MALFORMED_REASON if mf else kb if kb is not None else "record without record_id" if re else
+               "record without timestamp" if tn else range_reason(t_ms) if oo else
+               ahead_reason(t_ms, bound, now) if fa else None
+               for mf, kb, re, tn, oo, fa, t_ms in zip(mal.tolist(), key_bad or [None] * m, rid_empty.tolist(), nulls,
+                                                       out.tolist(), far.tolist(), ms.tolist(), strict=True)]
         bad = pa.array(why, pa.string())
         position = pa.array([None if w is None else f"file={name}#row={r}" for w, r in zip(why, rows.tolist(), strict=True)],
                             pa.string())
@@ -388,7 +444,8 @@ def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: S
         position = pa.nulls(m, pa.string())
     value = _json_values(t, src.value_columns, take) if src.value_columns else pa.nulls(m, pa.binary())
     late = np.zeros(m, dtype=bool) if batch.late_before is None else (ms < batch.late_before) & ok
-    return _table(record_id=rid, key=keyed.key(codes), value=value, codec=_repeat("json", m), timestamp_ms=ts,
+    codec = _repeat("json", m) if not mal.any() else pc.if_else(pa.array(mal), MALFORMED_CODEC, _repeat("json", m))
+    return _table(record_id=rid, key=key, value=value, codec=codec, timestamp_ms=ts,
                   stream=_repeat(src.stream, m), position=position, late=pa.array(late), _bad=bad,
                   interval=pa.array(keyed.ivs_of[codes], pa.int32()), _m=pa.array(np.zeros(m, dtype=bool)))
 
@@ -421,12 +478,15 @@ def _prepared_table(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, interv
     malformed = pc.fill_null(pc.equal(codec, MALFORMED_CODEC), False).to_numpy(zero_copy_only=False)
     key_bad = keyed.bad(codes)
     far = np.zeros(m, dtype=bool) if batch.ahead is None else (ms > sum(batch.ahead)) & ~ts_null
-    if malformed.any() or key_bad is not None or rid_bad.any() or ts_null.any() or far.any():
+    out = ((ms < MIN_EVENT_MS) | (ms > MAX_EVENT_MS)) & ~ts_null
+    if malformed.any() or key_bad is not None or rid_bad.any() or ts_null.any() or far.any() or out.any():
         now, bound = batch.ahead or (0, 0)
         why = [MALFORMED_REASON if mf else kb if kb is not None else "record without record_id" if rb else
-               "record without timestamp" if tn else ahead_reason(t_ms, bound, now) if fa else None
-               for mf, kb, rb, tn, fa, t_ms in zip(malformed.tolist(), key_bad or [None] * m, rid_bad.tolist(), ts_null.tolist(),
-                                                   far.tolist(), ms.tolist(), strict=True)]
+               "record without timestamp" if tn else range_reason(t_ms) if oo else
+               ahead_reason(t_ms, bound, now) if fa else None
+               for mf, kb, rb, tn, oo, fa, t_ms in zip(malformed.tolist(), key_bad or [None] * m, rid_bad.tolist(),
+                                                       ts_null.tolist(), out.tolist(), far.tolist(), ms.tolist(),
+                                                       strict=True)]
         bad = pa.array(why, pa.string())
         position = pc.if_else(bad.is_null(), pa.nulls(m, pa.string()), col["commit_id"].cast(pa.string()))
     else:

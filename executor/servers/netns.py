@@ -46,7 +46,7 @@ def private_folders() -> list[Path]:
 def _masks(extra: Sequence[Path]) -> list[str]:
     """The folders to cover, none beneath another (a system folder such as ``/usr`` is never one).
 
-    >>> _masks([Path("/work/a/b"), Path("/check/x"), Path("/check/x/y"), Path("/usr")])
+    >>> _masks([Path(MASKED[0], "a"), Path("/check/x"), Path("/check/x/y"), Path("/usr")])
     ['/check/x', '/root', '/tmp', '/work']
     """
     found = {Path(m) for m in MASKED} | {d for d in extra if d.parts[1:2] not in (("usr",), ())}

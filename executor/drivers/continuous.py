@@ -35,7 +35,7 @@ from ..tasks.image.direct import table_source
 from .handover import HandoverWatch, hand_over
 from .inputs import event_bounds, stage_input
 from .pipeline import Pipeline, RunSummary, StopReport
-from .querystart import clear_unstarted, delta_end_version, pending_batch
+from .querystart import await_commit_log, clear_unstarted, delta_end_version, pending_batch
 from .sharing import Sharing
 from .triggers import Trigger
 from .wiring import Wiring, injector_hook, positions_recorder
@@ -65,6 +65,7 @@ class _Stage:
     failed: list[BaseException] = field(default_factory=list)
     records_in: int = 0
     batches: int = 0
+    done_batch: int = -1  # the last micro-batch this run's function returned from
 
 
 class ContinuousRun:
@@ -296,11 +297,12 @@ class ContinuousRun:
 
     @staticmethod
     def _stop_query(stage: _Stage, deadline: float) -> None:
-        """Wait for the batch in flight to end (its commit and delivery), then stop the query:
+        """Wait for the batch in flight to end (its commit and delivery, then Spark's commit log), then stop the query:
         Spark's stop cancels the jobs of a batch still running, so it must not run under one; a
         batch Spark begins meanwhile is refused (it waits for the lock, sees the stop and raises)."""
         held = stage.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
         try:
+            await_commit_log(stage.query, stage.done_batch, deadline)
             stage.query.stop()
         except Exception:
             pass
@@ -360,6 +362,7 @@ class ContinuousRun:
                             sharing.idle_batch(comp, chk, df, batch_id)
                             stage.replay_id = None
                             stage.next_caps = self._read_caps(stage)
+                            stage.done_batch = batch_id
                             return
                     ex = stage.ex
                     assert ex is not None
@@ -372,6 +375,7 @@ class ContinuousRun:
                     stage.replay_id = None
                     stage.batches += 1
                     stage.records_in += ex.records_in_total - before
+                    stage.done_batch = batch_id
                     if self.background_gc is not None:  # starts a due run in its thread; never waits for one
                         self.background_gc.batch_done()
                     for inj, st in stats:
@@ -508,3 +512,4 @@ def _hold(caps: Mapping[str, int | None]) -> int | None:
     unread input is after them): their minimum, an unknown one holding everything (0); None: no
     upstream computation."""
     return min((0 if c is None else c) for c in caps.values()) if caps else None
+

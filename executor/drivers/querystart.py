@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 from deltawheel.statestore.delta.log import local_path
@@ -81,3 +82,15 @@ def pending_batch(checkpoint: str) -> int | None:
     planned = max(ids["offsets"], default=None)
     committed = max(ids["commits"], default=-1)
     return planned if planned is not None and planned > committed else None
+
+
+def await_commit_log(query: Any, done_batch: int, deadline: float) -> None:
+    """Wait (until ``deadline``, a monotonic time) for ``query`` to report the progress of micro-batch
+    ``done_batch``, the last one its function returned from: Spark writes a batch's commit log before
+    its progress, so a stop after this does not replay that batch at the next start (a replay is
+    harmless, its ids are deduplicated, but the batch is read again)."""
+    while done_batch >= 0 and time.monotonic() < deadline and query.isActive:
+        progress = query.lastProgress
+        if progress is not None and int(progress["batchId"]) >= done_batch:
+            return
+        time.sleep(0.02)

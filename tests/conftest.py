@@ -215,8 +215,12 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 @pytest.fixture
-def hosts_available() -> None:
-    """Skip, with the reason, where this machine cannot make namespaces."""
+def hosts_available() -> Iterator[None]:
+    """Skip, with the reason, where this machine cannot make namespaces; the bed's names are fixed, so
+    the tests that make one take turns (a lock file: the two pytest workers would meet otherwise)."""
+    import fcntl
+    import tempfile
+
     from deltawheel.executor.exceptions import HostsUnavailableError
     from deltawheel.executor.servers.netns import check_namespaces, leftovers
 
@@ -224,6 +228,9 @@ def hosts_available() -> None:
         check_namespaces()
     except HostsUnavailableError as exc:
         pytest.skip(str(exc))
-    if leftovers():
-        pytest.skip(f"a hosts test bed is already up on this machine ({'; '.join(leftovers())}); "
-                    "take it down with: deltawheel cluster down --hosts")
+    with open(Path(tempfile.gettempdir()) / "deltawheel-hosts-bed.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if leftovers():
+            pytest.skip(f"a hosts test bed is already up on this machine ({'; '.join(leftovers())}); "
+                        "take it down with: deltawheel cluster down --hosts")
+        yield

@@ -1,10 +1,7 @@
 """The audit table ``<store>/_audit``: one row per change a tool made to a live computation's rows.
 
-A row is appended after the tool's rows commit, which carries the same ``audit_id`` and what the
-row records, so a tool that died in between leaves a commit that names itself:
-:func:`recover_audit` appends the missing rows (idempotent, ``"recovered": true`` in ``detail``).
-Every tool run and ``deltawheel gc --apply`` call it; ``sql``'s ``audit`` view shows them
-(``inspection/auditgap.py``).
+A row is appended after the tool's rows commit, which carries the same ``audit_id`` and record, so
+:func:`recover_audit` (run by every tool and ``gc --apply``) can append a dead tool's missing row.
 """
 
 from __future__ import annotations
@@ -36,9 +33,7 @@ def who() -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class AuditRecord:
-    """One change: ``tool`` (promote, repair), ``source`` (the replay folder, the statement),
-    ``commit_version`` (the rows commit; None: nothing changed, no commit), ``detail`` (the tool's
-    own figures, JSON-ready)."""
+    """One change; ``source``: the replay folder or statement; ``commit_version`` None: no commit."""
 
     audit_id: str
     recorded_ms: int
@@ -96,9 +91,7 @@ def commit_meta(record: AuditRecord) -> dict[str, Any]:
 
 
 def recover_audit(spark: Any, layout: StoreLayout, rows: Sequence[Mapping[str, Any]] | None = None) -> list[AuditRecord]:
-    """Append the audit rows missing for tools' rows commits, rebuilt from their metadata; returns them.
-
-    ``rows``: those computed earlier (``inspection/auditgap.py``). Idempotent by ``audit_id``."""
+    """Append (idempotent by ``audit_id``) and return the audit rows missing for tools' rows commits."""
     from delta.tables import DeltaTable
 
     rows = missing_audit_rows(spark, layout) if rows is None else list(rows)

@@ -1,7 +1,4 @@
-"""What a repair statement does to each key: an :class:`Edits` maps a key to its interval and a
-function from its row now (None: none) to its row after (None: deleted); and the pieces the
-repair modules share (a state's encoding, a new key's row, the user's SQL with typed errors).
-"""
+"""What a repair statement does to each key (:class:`Edits`), and the pieces the repair modules share."""
 
 from __future__ import annotations
 
@@ -79,8 +76,7 @@ def encode_state(key: str, text: str | None, codec: str) -> bytes | None:
 
 
 def new_key_row(computation: str, key: str, *, num_intervals: int, state: bytes | None, codec: str) -> KeyRow:
-    """The row of a key a repair inserts, in its interval; its timer firing numbers start at a fresh
-    40-bit range so a key that lived before does not repeat its productions' ids."""
+    """A key a repair inserts; its timer numbers start at a fresh 40-bit range, so no production id repeats."""
     seq = int.from_bytes(uuid.uuid4().bytes[:5], "big") << 23
     return KeyRow(computation=computation, key=key, interval=interval_of(key, num_intervals), state=state,
                   codec=codec, timer_seq=seq)

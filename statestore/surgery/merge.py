@@ -1,13 +1,11 @@
-"""``MERGE INTO state``: bootstrap or patch a computation's state from a table or a file
-(``deltawheel repair``, docs/operations.md "Repair")::
+"""``MERGE INTO state`` (``deltawheel repair``, docs/operations.md "Repair")::
 
     MERGE INTO state USING <source> [AS s] ON state.key = s.<col>
       [WHEN MATCHED [AND <cond>] THEN UPDATE SET state_json = <expr> | DELETE]
       [WHEN NOT MATCHED [AND <cond>] THEN INSERT (key, state_json) VALUES (<key expr>, <state expr>)]
 
-``<source>``: ``delta.`path```, ``parquet.`path```, ``json.`path``` (JSON Lines), ``csv.`path```
-(with a header) or ``orc.`path```, or a session table or view (default alias ``source``). A key
-matched or inserted twice, an inserted key that exists, and an unusable key are refused.
+``<source>``: ``FORMAT.`path``` (:data:`FORMATS`; csv with a header) or a session table or view
+(default alias ``source``).
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ _SYNTAX = ("MERGE INTO state USING parquet.`path` AS s ON state.key = s.col WHEN
 
 @dataclass(frozen=True, kw_only=True)
 class MergeStatement:
-    """A parsed MERGE: the source (``fmt`` and ``path``, or a session ``name``), the aliases, the
-    ON condition, and the clauses (None: absent). ``matched_expr`` None with ``matched`` set: DELETE."""
+    """A parsed MERGE (a clause None: absent; ``matched_expr`` None with ``matched`` set: DELETE)."""
 
     target: str
     fmt: str | None
@@ -166,9 +163,7 @@ def _register_source(spark: Any, stmt: MergeStatement) -> str:
 
 def merge_edits(spark: Any, stmt: MergeStatement, *, computation: str, num_intervals: int,
                 codec: Callable[[], str]) -> Edits:
-    """The keys the MERGE changes, evaluated now over the ``state`` view and the source.
-
-    ``codec()``: the codec column of an inserted key (asked only when one is inserted).
+    """The keys the MERGE changes, evaluated now; ``codec()``: an inserted key's codec column.
 
     Raises:
         RepairStatementError: invalid SQL; a key matched twice or inserted twice; an inserted key

@@ -1,16 +1,12 @@
-"""Repair: a statement on the decoded ``state``, ``timers`` or ``pending_productions`` view, applied
-to the live rows in one fenced commit under the leases it touches (docs/operations.md, "Repair").
+"""Repair: a statement on a decoded view, applied to the live rows in one fenced commit under the
+leases it touches (docs/operations.md, "Repair").
 
-- ``UPDATE state SET state_json = <expr> [WHERE <cond>]``: the new state as JSON text (NULL: none),
-  re-encoded with each key's own codec (pickle, or a value the codec would not give back, refused);
+- ``UPDATE state SET state_json = <expr> [WHERE <cond>]``: JSON text (NULL: none) in each key's codec;
 - ``DELETE FROM state [WHERE <cond>]``: the keys go with their timers, ids and pending productions;
-- ``MERGE INTO state USING <source> ...``: keys patched or inserted (``merge.py``);
-- ``DELETE FROM timers ...``, ``UPDATE timers SET time_ms = ...``, ``DELETE FROM
-  pending_productions ...`` (``sideviews.py``).
+- ``MERGE INTO state USING <source> ...`` (``merge.py``); timers and pending productions (``sideviews.py``).
 
-The statement is evaluated twice: once to find the intervals whose leases it takes (all refusals
-come before the pipeline is asked), then under those leases (``replace.py``), over rows read in
-Python when it reads only the rows it changes, so no Spark job reads the store while the pipeline waits.
+The statement is evaluated twice: once to find the leases to take (every refusal before the
+pipeline is asked), then under them (``replace.py``).
 """
 
 from __future__ import annotations
@@ -47,8 +43,7 @@ _ACCEPTED = ("UPDATE state SET state_json = <expr> [WHERE ...], DELETE FROM stat
 
 @dataclass(frozen=True, kw_only=True)
 class RepairStatement:
-    """A parsed repair: ``view`` (``state``, ``timers``, ``pending_productions``), ``kind`` (``update``,
-    ``delete``, ``merge``), ``expr`` the SET expression, ``where`` (None: every row), ``merge``."""
+    """A parsed repair: ``kind`` update, delete or merge; ``expr``: the SET; ``where`` None: every row."""
 
     text: str
     view: str
@@ -126,10 +121,8 @@ _LOCAL_ROWS_MAX = 50_000
 
 def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, computation: str,
                 num_intervals: int) -> StoreViews:
-    """The views to evaluate a statement over under the leases.
-
-    The computation's rows read in Python for one that reads only the rows it changes (and at most
-    :data:`_LOCAL_ROWS_MAX` rows), else the store's views."""
+    """The views under the leases: the rows read in Python when the statement reads only those it
+    changes (so no Spark job reads the store while the pipeline waits), else the store's views."""
     from ..delta.storefs import table_files
     from ..rowtable.filescan import interval_rows
     from ..rowtable.frames import local_frame
@@ -146,8 +139,7 @@ def _held_views(spark: Any, layout: StoreLayout, stmt: RepairStatement, *, compu
 def _codec_of(spark: Any, computation: str, given: str | None) -> Callable[[], str]:
     """The codec column of a key a MERGE inserts: ``given``, else the newest state version's most common.
 
-    The returned callable raises RepairStatementError when there is no ``given`` and no row, or
-    ``given`` is unknown or pickle.
+    The callable raises RepairStatementError: no ``given`` and no row, or ``given`` unknown or pickle.
     """
     def codec() -> str:
         if given is not None:
@@ -221,13 +213,11 @@ def repair(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, compu
            before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
     """Apply ``statement`` to ``computation``'s live rows in one fenced, audited commit (``replace.py``).
 
-    A statement that matches no key takes no lease and changes nothing. ``codec``: the codec column
-    of keys a MERGE inserts (default: the computation's rows').
+    Matching no key, it takes no lease. ``codec``: of keys a MERGE inserts (default: the rows').
 
     Raises:
-        RepairStatementError: not a repair statement, another computation's rows, invalid SQL, a
-            state the codec cannot encode, a reserved timer; or, under the leases, keys in
-            intervals it did not take (the state changed meanwhile: run it again). Nothing changed.
+        RepairStatementError: as :func:`parse_repair` and the edits; or, under the leases, keys in
+            intervals not taken (run it again). Nothing changed.
         ConfigError: the pipeline has no such computation in ZooKeeper.
         LeaseHeldError, StaleSequencerError, LeaseLostError: as ``replace_intervals``.
     """

@@ -50,10 +50,7 @@ _CONTENT = ("state", "codec", "timers", "record_ids", "pending", "watermark_hold
 
 @dataclass(frozen=True)
 class Surgery:
-    """Who changes what, recorded in the commit's metadata and the audit table.
-
-    ``tool``: the command (``promote``, ``repair``); ``source``: what it applies (the replay's
-    folder, the statement); ``who``: ``user@host`` by default."""
+    """Who changes what (``tool``, ``source`` as :class:`.audit.AuditRecord`), recorded in commit and audit."""
 
     tool: str
     source: str
@@ -72,10 +69,7 @@ class Held:
 
 @dataclass(frozen=True, kw_only=True)
 class SurgeryResult:
-    """What a replacement did (or, ``planned``, would do).
-
-    ``deleted``: (interval, key) removed; ``before``: the rows the changed keys had (absent: a new
-    key); ``version``: the rows commit (None: planned, or nothing to change)."""
+    """What a replacement did (or, ``planned``, would do); ``before``: the changed keys' old rows."""
 
     computation: str
     intervals: tuple[int, ...]
@@ -99,10 +93,8 @@ def holds_nothing(row: KeyRow) -> bool:
 
 
 def row_changes(before: Sequence[KeyRow], after: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[int, str]]]:
-    """The rows of ``after`` that differ from ``before``, and the (interval, key) ``after`` drops.
-
-    A row of ``after`` that :func:`holds_nothing` for a new key is not written (a promote wrote
-    such rows for keys the replay's TTL had dropped)."""
+    """The rows of ``after`` that differ from ``before`` (a new key's row that :func:`holds_nothing`:
+    not written), and the (interval, key) ``after`` drops."""
     old = {r.key: r for r in before if is_user_key(r.key)}
     new = {r.key: r for r in after if is_user_key(r.key) and (r.key in old or not holds_nothing(r))}
     ups = [r for k, r in sorted(new.items())
@@ -138,9 +130,6 @@ def replace_intervals(spark: Any, layout: StoreLayout, client: Any, *, pipeline:
                       input_sets: Callable[[Mapping[int, frozenset[str]]], Mapping[int, frozenset[str]]] | None = None,
                       timeline: Timeline | None = None) -> SurgeryResult:
     """Take ``intervals`` (None: all), commit ``build``'s rows in their place, give them back, record it.
-
-    The phases are the module docstring's; the live stage is paused from its hand-over until the
-    intervals are given back.
 
     Args:
         before_commit: called with the tool's sequencers just before the commit (tests race it).
@@ -265,9 +254,7 @@ def refuse_live_owners(client: Any, *, pipeline: str, computation: str, interval
 
 def _acquire(spark: Any, layout: StoreLayout, owner: IntervalOwner, ivs: Sequence[int], *, wait_s: float,
              computation: str, skip: frozenset[str] = frozenset()) -> RecoveredIntervals:
-    """Take, fence (a claim) and recover as a new owner does; returns the recovery scan.
-
-    The old owner's checkpointed productions not yet in their streams are delivered, but those in ``skip``."""
+    """Take, fence (a claim), deliver the undelivered checkpoints but ``skip``; the recovery scan."""
     rec = owner.acquire(ivs, wait_s=wait_s, claim_only=True)
     pending = [(k, p) for k, p in rec.pending if p.production_id not in skip]
     todo = {p.production_id for p in undelivered(spark, layout, [p for _, p in pending])}

@@ -1,10 +1,7 @@
 """Where a tool's time goes: its phases in order, and the window in which the live stage is paused.
 
-A tool that takes a running pipeline's intervals (``replace.py``: promote, repair) pauses the
-live stage from the moment the stage hands its intervals over until the tool gives them back. A
-:class:`Timeline` records each phase (its start and duration, since the tool started) and marks
-which ran inside that window, so ``deltawheel promote --verbose`` can print where the seconds went
-and how long the stage waited.
+The live stage is paused from its hand-over until the tool (``replace.py``) gives the intervals
+back; ``deltawheel promote --verbose`` prints each phase and which ran in that window.
 
 >>> from deltawheel.statestore.clock import ManualClock
 >>> clock = ManualClock(0)
@@ -84,8 +81,7 @@ class Timeline:
             self.end(opened)
 
     def begin(self, name: str) -> Opened:
-        """Phase ``name`` starts now; :meth:`end` ends it (for a phase whose end is an event, such
-        as a lease being granted, rather than the end of a block)."""
+        """Phase ``name`` starts now; :meth:`end` ends it (for a phase that ends on an event)."""
         return Opened(name, self._now(), self.paused)
 
     def end(self, opened: Opened) -> None:

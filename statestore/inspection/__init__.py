@@ -1,5 +1,3 @@
-"""Inspection, read-only: the SQL views over every table of the store (:mod:`.sqlviews`), the
-check that a SQL statement only reads (:mod:`.readonly`) and the damage check of the store's
-Delta logs at start (:mod:`.damage`). Above the rows table and the write paths, whose tables it
-reads; it writes nothing.
+"""Inspection: SQL views (:mod:`.sqlviews`), the read-only check (:mod:`.readonly`), log damage
+(:mod:`.damage`). It reads the tables and writes nothing.
 """

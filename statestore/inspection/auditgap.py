@@ -1,10 +1,7 @@
-"""Audit rows missing for tools' rows commits, computed from the commits (read only).
+"""Audit rows missing for tools' rows commits, rebuilt from the commits' metadata (read only).
 
-A tool commits the rows table with its audit record in the metadata, then appends the audit row
-(``surgery/audit.py``); :func:`missing_audit_rows` rebuilds the rows of tools that died in between
-(``"recovered": true`` in ``detail``), which the ``sql`` tool shows in its ``audit`` view.
-:func:`audit_gap` reads only the JSON commits after ``after_version`` on a local store (gc keeps
-that version, ``gc/auditmark.py``), not the whole history.
+A tool that died between its rows commit and its audit row (``surgery/audit.py``) leaves such a
+gap; the rebuilt rows carry ``"recovered": true`` in ``detail``.
 """
 
 from __future__ import annotations
@@ -47,19 +44,16 @@ class AuditGap:
 
 def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | None = None,
                        audit_version: int | None = None, audit_existed: bool = True) -> list[dict[str, Any]]:
-    """The audit table's rows missing for the tools' commits of the rows table, oldest first.
+    """The audit rows missing for tools' commits, oldest first; commits past the log's retention unseen.
 
-    ``rows_version`` / ``audit_version``: the tables as of those versions (``sql --as-of``; default
-    newest); ``audit_existed`` False: every tool commit's row is missing. Commits past the log's
-    retention are not seen."""
+    ``rows_version`` / ``audit_version``: as of those (default newest); ``audit_existed`` False: all missing."""
     return audit_gap(spark, layout, rows_version=rows_version, audit_version=audit_version,
                      audit_existed=audit_existed).rows
 
 
 def audit_gap(spark: Any, layout: StoreLayout, *, after_version: int | None = None, rows_version: int | None = None,
               audit_version: int | None = None, audit_existed: bool = True) -> AuditGap:
-    """:func:`missing_audit_rows` of the commits after ``after_version`` (None: all), with the newest
-    version read (the JSON commits read directly on a local store, else ``DESCRIBE HISTORY``)."""
+    """:func:`missing_audit_rows` of the commits after ``after_version`` (None: all; gc keeps it)."""
     have = (_audit_ids(spark, layout, audit_version) if audit_existed else None) or set()
     commits, read = None, 0
     if after_version is not None:

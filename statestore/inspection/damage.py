@@ -1,10 +1,7 @@
 """Damage to a store's Delta logs, found before a writer starts instead of after.
 
 A deleted newest commit silently rolls a Delta table back, a truncated one fails deep inside a
-read. So before an executor takes its leases it checks a local store: every table's JSON commits
-after the newest checkpoint are contiguous and parse, with no ``.crc`` or ``_last_checkpoint``
-past them; and no stream records (in its ``SetTransaction``) a rows commit the rows table lacks.
-Any of these raises :class:`StoreDamagedError` naming what and what to do (docs/store-damage.md).
+read; so an executor checks a local store before it takes its leases (docs/store-damage.md).
 """
 
 from __future__ import annotations
@@ -25,9 +22,7 @@ _DOC = DAMAGE_DOC
 
 
 def check_log(path: str, *, table: str) -> int | None:
-    """Check the log of the local Delta table at ``path`` (``table`` in messages); its newest version.
-
-    None: remote, or no log.
+    """Check the log of the local Delta table at ``path``; its newest version (None: remote, no log).
 
     Raises:
         StoreDamagedError: a commit is missing (a gap, or a checksum / ``_last_checkpoint``

@@ -1,5 +1,4 @@
-"""Decoding stored values for display: the SQL views' ``dw_decode`` function, ``inspect`` and the
-tools' before-and-after lines. Never raises: a bad value shows as a ``<...>`` placeholder."""
+"""Decoding stored values for display (``dw_decode``, ``inspect``); a bad value shows as ``<...>``."""
 
 from __future__ import annotations
 
@@ -37,9 +36,7 @@ def _decode(codec: str, data: bytes, *, allow_pickle: bool) -> tuple[bool, Any]:
 
 
 def decode_value(codec: str, data: bytes | None, *, allow_pickle: bool = False) -> Any:
-    """Decode ``data`` for display: a JSON-friendly value, or a ``<...>`` placeholder string.
-
-    Never raises: this feeds views and ``inspect``, which must show bad rows too.
+    """Decode ``data`` for display: a JSON-friendly value, or a ``<...>`` placeholder; never raises.
 
     >>> decode_value("json", b'{"n": 1}')
     {'n': 1}

@@ -1,5 +1,4 @@
-"""Delta deletion vectors read without Spark: the reader lives with the log replay
-(``statestore/delta/deletionvectors.py``, which the image write path also writes them with)."""
+"""Delta deletion vectors read without Spark (from ``statestore/delta/deletionvectors.py``)."""
 
 from __future__ import annotations
 

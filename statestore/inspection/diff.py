@@ -1,9 +1,7 @@
 """Read-only: the difference between one computation's state in two stores, and its productions.
 
-:func:`diff_stores` compares store A's rows (optionally as of a version) with store B's, key by
-key: state (added, removed, changed), timers and pending productions, and the productions the
-computation delivered, matched by (stream, key, event time). It runs in Spark; only counts and
-samples reach the driver. Record ids are not compared. docs/replay.md, "Read the diff".
+Key by key (state, timers, pending productions; not record ids), and productions matched by
+(stream, key, event time); in Spark, only counts and samples reach the driver. docs/replay.md.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ SAMPLE = 5  # samples per kind of difference
 class StoreDiff:
     """The difference of one computation between store A and store B.
 
-    ``counts``: kind -> keys (``added``, ``removed``, ``changed``, ``timers``, ``pending``) or
-    productions (``productions_only_a``, ``productions_only_b``, ``productions_changed``);
+    ``counts``: kind (``added``, ``timers``, ``productions_only_a``, ...) -> keys or productions;
     ``samples``: kind -> up to :data:`SAMPLE` decoded examples; ``notes``: what explains a difference.
     """
 
@@ -230,18 +227,15 @@ def diff_stores(spark: Any, a: StoreLayout, b: StoreLayout, computation: str, *,
                 intervals: Collection[int] | None = None, num_intervals: int | None = None,
                 exclude_commits: Collection[str] = (), seed_version: int | None = None,
                 seed_intervals: Collection[int] = ()) -> StoreDiff:
-    """The difference of ``computation`` between store ``a`` (as of ``version_a``; None: newest) and
-    store ``b`` (as of ``version_b``): its state rows and its productions to ``streams``.
+    """The difference of ``computation``'s rows and productions to ``streams`` between ``a`` and ``b``.
 
     Args:
-        keys: only those keys' rows and productions.
-        intervals: only those intervals (of ``num_intervals``) and the productions of their keys.
-        batch_ids: both sides' productions of those batches only (a replay's).
-        exclude_commits: commit ids whose productions are left out (a flush batch shares its
-            batch id with the query's next micro-batch).
-        seed_version: B is a replay seeded from A at this version, without pending productions;
-            in ``seed_intervals`` (no replayed commit held them) B's rows without pending are
-            compared with A's pending as of the seed version.
+        version_a: store A as of this version (None: newest); ``version_b`` likewise.
+        intervals: only those (of ``num_intervals``); ``keys``, ``batch_ids``: only those.
+        exclude_commits: commit ids whose productions are left out (a flush shares its batch id
+            with the query's next micro-batch).
+        seed_version: B is a replay seeded from A at this version; in ``seed_intervals`` B's rows
+            without pending are compared with A's pending as of it.
 
     Raises:
         NotAStoreError: a store has no rows table.

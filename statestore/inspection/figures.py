@@ -1,9 +1,4 @@
-"""What a store holds, read without Spark where the table is local: the columns of any Delta
-table, the state's size per computation and the productions its rows still checkpoint.
-
-``deltawheel status`` and ``report`` show these (``executor/drivers/status.py`` gathers them).
-A table that is not local is read through ``spark``.
-"""
+"""What a store holds, for ``deltawheel status`` and ``report``: read without Spark where local."""
 
 from __future__ import annotations
 
@@ -51,8 +46,8 @@ def read_columns(path: str, columns: list[str], *, spark: Any = None) -> list[di
 
 
 def state_sizes(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]]:
-    """Per computation: ``keys`` (user keys holding a row), ``rows`` (every physical row, fence and
-    record-id rows too), ``bytes`` and ``files`` (0 when Spark counted: not read)."""
+    """Per computation: ``keys`` (user keys), ``rows`` (all, fence and ids rows too), ``bytes``, ``files``
+    (0 when Spark counted)."""
     import pyarrow.compute as pc
 
     out: dict[str, dict[str, int]] = {}
@@ -79,9 +74,8 @@ def state_sizes(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]]:
 
 
 def pending_productions(layout: StoreLayout, spark: Any) -> dict[str, dict[str, int]] | None:
-    """Per computation, the productions checkpointed in its rows (``checkpointed``) and how many
-    of them are not in their stream table (``undelivered``, by record id); None: not known (a
-    table that is not local, and no ``spark``)."""
+    """Per computation, the productions its rows checkpoint (``checkpointed``) and how many are not in
+    their stream (``undelivered``); None: not local and no ``spark``."""
     held: list[tuple[str, str, str]] = []  # computation, stream, production id
     local = _local_files(layout.rows)
     if local is not None:

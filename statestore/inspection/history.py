@@ -1,10 +1,8 @@
 """A key's versions (or every key's), read from the rows table's Delta log without Spark.
 
-The log's commits are walked oldest first, keeping the live files; a key whose row moved has
-only its stamp columns read, and its whole row only when they changed, so a history read never
-reads every version's full files. History starts at version 0 or at the oldest checkpoint that
-every later commit follows; old versions' data files must still be there (not vacuumed).
-docs/history.md, "How history is read, and why not the change data feed".
+Commits are walked oldest first; a moved row is read whole only when its stamp columns changed.
+History starts at version 0 or the oldest checkpoint every later commit follows, and needs old
+versions' data files (not vacuumed). docs/history.md, "How history is read".
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ _STAMPS = ("commit_id", "updated_ms", "sequencer")
 
 @dataclass(frozen=True)
 class Commit:
-    """One commit of the rows table: version, time (as Delta's time travel orders them), Delta's
-    operation and deltawheel's commit metadata (``kind``, ``writer``, ``sequencers``, ``commit_id``)."""
+    """One commit of the rows table (time as Delta's time travel orders them) and deltawheel's metadata."""
 
     version: int
     timestamp_ms: int
@@ -51,9 +48,7 @@ class Commit:
 
 @dataclass(frozen=True, kw_only=True)
 class Change:
-    """A key's new row in a commit: ``insert``, ``update`` or ``delete`` (``row`` None).
-
-    ``ids_apart``: the record ids the store held for the key outside its row (ids files) then."""
+    """A key's new row (``delete``: None) in a commit; ``ids_apart``: its record ids in ids files then."""
 
     commit: Commit
     computation: str
@@ -333,9 +328,7 @@ class _Walk:
 
 def walk_history(rows: TableFiles, *, computation: str | None = None, keys: frozenset[str] | None = None,
                  to_version: int | None = None) -> Iterator[Change]:
-    """Every change of the rows table, oldest commit first (``computation``, ``keys``: None, all).
-
-    Only up to ``to_version``; the first version shows each key's row as ``insert``.
+    """Every change up to ``to_version``, oldest first, the first version's rows as ``insert`` (None: all).
 
     Raises:
         NotAStoreError: ``rows`` has no Delta log.

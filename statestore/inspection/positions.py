@@ -1,11 +1,8 @@
 """Rows-table versions -> input positions: what replay reads back from the commit log.
 
-Every batch commit records in its ``userMetadata`` the input files it read
-(``rowtable/inputfiles.py``) beside the watermark it acted on; a version's input position is the
-union over the computation's commits up to it, and a replay from V re-runs the commits after V.
-Commits that read no input (a tool's, a compaction, a fence) are re-run by nothing, and a tool's
-change is not in the replay (:func:`tool_changes`). :func:`replay_horizon` is the first version a
-replay may start from; claims change no user row and are skipped.
+Every batch commit records the input files it read (``rowtable/inputfiles.py``); a replay from V
+re-runs the commits after V. Commits that read no input are re-run by nothing: a tool's change is
+not in the replay (:func:`tool_changes`); claims change no user row and are skipped.
 """
 
 from __future__ import annotations
@@ -90,8 +87,7 @@ def computation_commits(spark: Any, layout: StoreLayout, computation: str) -> li
 
 
 def commits_since(spark: Any, layout: StoreLayout, computation: str, *, after: int) -> list[ComputationCommit]:
-    """Oldest first, the commits of ``computation`` after rows version ``after`` (without Spark where
-    Python reaches the log).
+    """Oldest first, the commits of ``computation`` after rows version ``after``.
 
     Raises:
         NotAStoreError: the store has no rows table.
@@ -131,9 +127,7 @@ def _commit(version: int, timestamp_ms: int, user_metadata: object, computation:
 
 
 def replay_horizon(commits: Sequence[ComputationCommit]) -> int | None:
-    """The first version a replay may start from: the newest commit that records no positions.
-
-    None: every commit records them."""
+    """The first version a replay may start from: the newest commit without positions (None: none)."""
     missing = [c.version for c in commits if not c.replayable]
     return missing[-1] if missing else None
 
@@ -174,10 +168,7 @@ def commits_after(commits: Sequence[ComputationCommit], version: int | None, *,
 
 def outside_commit_ids(commits: Sequence[ComputationCommit], version: int | None, *,
                        to_version: int | None = None) -> frozenset[str]:
-    """The commit ids outside ``(version, to_version]`` whose batch id a commit inside has too.
-
-    A flush takes the id of the query's next micro-batch, so a replay's diff leaves them out by
-    commit id (``diff.py``)."""
+    """The commit ids outside ``(version, to_version]`` whose batch id a commit inside has too (a flush's)."""
     def inside(c: ComputationCommit) -> bool:
         return (version is None or c.version > version) and (to_version is None or c.version <= to_version)
 

@@ -1,9 +1,4 @@
-"""The SQL tools only read: a statement is checked on the plan Spark makes of it.
-
-:func:`check_read_only` refuses anything but a query or a SHOW, DESCRIBE or EXPLAIN command;
-:func:`read_only_session` makes a session whose every statement is checked the same way (what
-``deltawheel sql-server`` gives its JDBC clients).
-"""
+"""The SQL tools only read: a statement is checked on the plan Spark makes of it, not its text."""
 
 from __future__ import annotations
 
@@ -83,10 +78,9 @@ def read_only_session(spark: Any, prepare: Callable[[Any], Any],
                       table_names: Callable[[], Sequence[str]] | None = None) -> Any:
     """A new session of ``spark``'s application whose every statement :func:`check_read_only` checks.
 
-    Checked once parsed (so a write is refused before Spark or Delta analyse it) and again once
-    analysed, through py4j's callback server. ``prepare(session)`` runs first, unchecked (it defines
-    the views). With ``table_names``, ``SHOW TABLES`` lists those names in its first column (BI tools'
-    Hive dialect takes the first column for the names)."""
+    Checked once parsed (before Spark or Delta analyse a write) and once analysed, through py4j's
+    callback server; ``prepare(session)`` runs first, unchecked. With ``table_names``, ``SHOW TABLES``
+    lists them in its first column (where BI tools' Hive dialect looks)."""
     from pyspark.java_gateway import ensure_callback_server_started
     from pyspark.sql import SparkSession
 

@@ -1,8 +1,7 @@
 """SQL over a store: decoded temporary views, query formatting, one-key inspection.
 
-Every query is checked to only read first (:mod:`.readonly`). The views are defined in
-``views.py``; what each shows: docs/tables.md, "Views". Values are decoded by the SQL function
-``dw_decode(codec, data)`` (``decoding.py``).
+Every query is first checked to only read (:mod:`.readonly`); the views: ``views.py`` and
+docs/tables.md, "Views".
 """
 
 from __future__ import annotations
@@ -126,9 +125,7 @@ class SqlResult:
 
 def _write_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO, fmt: str,
                 query: int | None = None) -> int:
-    """Write ``rows`` as ``csv`` or ``json`` lines to ``out`` as they come; returns the count.
-
-    ``query``: the json lines are ``{"query": N, "row": {...}}``."""
+    """Write ``rows`` as ``csv`` or ``json`` lines (with ``query``: ``{"query": N, "row": ...}``); the count."""
     n = 0
     if fmt == "csv":
         w = csv.writer(out, lineterminator="\n")
@@ -164,9 +161,8 @@ def write_sql(spark: Any, layout: StoreLayout, query: str, out: TextIO, *, fmt: 
               number: int | None = None) -> SqlResult:
     """Run ``query`` (:func:`sql_frame`) and write its rows to ``out`` in ``fmt`` (:func:`format_rows`).
 
-    ``csv`` and ``json`` stream every row unless ``max_rows`` is given; ``table`` shows at most
-    ``max_rows`` (default :data:`TABLE_MAX_ROWS`) and counts the total when it cuts. ``number``:
-    the statement's number in a call of several (each ``json`` line names it).
+    ``table`` shows at most ``max_rows`` (default :data:`TABLE_MAX_ROWS`), the others every row
+    unless it is given. ``number``: the statement's number in a call of several.
 
     Raises:
         ConfigError: unknown ``fmt`` or ``max_rows`` < 1; and what :func:`sql_frame` raises.
@@ -199,9 +195,7 @@ def run_sql(spark: Any, layout: StoreLayout, query: str, *, fmt: str = "table", 
 
 
 def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> KeyRow | None | Literal[False]:
-    """One key's row read with pyarrow from a local store's files, no Spark (deletion vectors applied).
-
-    Returns the row, None when the key has none, or False where only Spark can answer exactly."""
+    """One key's row read from a local store's files without Spark (None: no row; False: ask Spark)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -233,13 +227,7 @@ def key_row_from_files(layout: StoreLayout, *, computation: str, key: str) -> Ke
 
 def inspect_key(spark: Any, layout: StoreLayout, *, computation: str, key: str,
                 allow_pickle: bool = False) -> dict[str, Any] | None:
-    """Everything stored for one key, decoded into plain (JSON-ready) Python values.
-
-    ``spark`` may be None for a local store (read by :func:`key_row_from_files`).
-
-    Returns:
-        ``None`` if the key has no row; else :func:`row_json` of it.
-    """
+    """Everything stored for one key as :func:`row_json` (None: no row); ``spark`` None: local stores only."""
     local = key_row_from_files(layout, computation=computation, key=key)
     if local is False:
         if spark is None:

@@ -1,9 +1,7 @@
 """The store's decoded temporary views, each defined on a session when a statement first needs it.
 
-:class:`StoreViews` defines a view, with those it reads, when :meth:`StoreViews.ensure` asks for it
-(``deltawheel sql`` and ``repair`` define only the views their statements name), so the costly
-ones (``audit``, ``state_history``) cost only when used; :func:`register_views` defines them all.
-Views are SQL text, so each query reads the tables' latest Delta version.
+Only the views a statement names are defined, so the costly ones (``audit``, ``state_history``)
+cost only when used. Views are SQL text: each query reads the tables' latest Delta version.
 """
 
 from __future__ import annotations
@@ -249,9 +247,7 @@ class StoreViews:
 
 def register_views(spark: Any, layout: StoreLayout, *, allow_pickle: bool = False,
                    as_of: AsOf | None = None) -> list[str]:
-    """Register every temporary view of the store (and the ``dw_decode`` UDF) on ``spark``.
-
-    Tables that don't exist yet get no view, except the side tables: an empty view of their columns.
+    """Register every view of the store and ``dw_decode``; a missing table gets none (side tables: empty).
 
     Returns:
         The names of the views registered, built-in ones first, then streams.

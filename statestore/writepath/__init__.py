@@ -1,16 +1,10 @@
 """The write-path contract: how one computation's batches reach the rows table and the streams.
 
-Every write of the rows and stream tables is made in this package. The executor runs the
-per-batch protocol (DESIGN, "The per-batch protocol") and calls a write path at the steps that
-touch storage: :meth:`WritePath.acquire` on lease acquisition, step 3's load through the path's
-view (:meth:`WritePath.load`), step 5 :meth:`WritePath.commit`, step 6 :meth:`WritePath.deliver`.
-Dead letters and late records go through :mod:`.delivery` on every path.
-
-Two implementations: :class:`~.image.path.ImagePath` (``image/``: whole interval files replaced in
-one Delta transaction; local and ``s3a://`` stores) and :class:`~.merge.path.MergePath`
-(``merge/``: a fenced MERGE per batch; any store). A new path passes
-``tests/test_writepath_contract.py``. In short: a write never lands for a writer taken over (it
-fails typed, never skips); a repeated delivery adds no stream record twice; a crash followed by
+Every write of the rows and stream tables is made in this package, at the steps of the per-batch
+protocol (DESIGN, "The per-batch protocol") that touch storage. Implementations:
+:class:`~.image.path.ImagePath` (local and ``s3a://``) and :class:`~.merge.path.MergePath` (any store).
+A new path passes ``tests/test_writepath_contract.py``: a write never lands for a writer taken over
+(it fails typed, never skips); a repeated delivery adds no stream record twice; a crash followed by
 :meth:`WritePath.acquire` on a new writer yields what a run without the crash would.
 """
 
@@ -29,19 +23,14 @@ BatchT = TypeVar("BatchT")
 
 @dataclass(frozen=True)
 class Recovered:
-    """What :meth:`WritePath.acquire` found and did.
-
-    ``appended``: checkpointed productions delivered as their commit's own delivery; ``merged``:
-    those given to insert-if-absent."""
+    """Checkpointed productions :meth:`WritePath.acquire` delivered as their commit's own or by insert-if-absent."""
 
     appended: int
     merged: int
 
 
 class WritePath(ABC, Generic[BatchT]):
-    """One way to write a computation's rows and productions.
-
-    ``BatchT``: the batch's rows and productions as this path's tasks return them (opaque to the executor)."""
+    """One way to write a computation's rows and productions (``BatchT``: opaque to the executor)."""
 
     #: deliveries may run in the background while the next batch runs (settled before its commit)
     deliver_in_background: bool = False

@@ -50,9 +50,7 @@ def _insert_missing(spark: Any, target: str, src: Any, *, on: str, retries: int 
 
 def deliver_frame(spark: Any, layout: StoreLayout, prods: Any, *, streams: Sequence[str], producer: str,
                   commit_id: str | None = None) -> None:
-    """Deliver productions (columns of a Production row) to their stream tables.
-
-    ``commit_id``: the commit that made them (when ``prods`` has no ``commit_id`` column)."""
+    """Deliver productions to their stream tables; ``commit_id``: when ``prods`` has no such column."""
     from pyspark.sql import functions as F
 
     # one output stream (the common case): no extra job to find which streams got records
@@ -86,8 +84,7 @@ def deliver_productions(spark: Any, layout: StoreLayout, prods: Iterable[Product
 
 
 def undelivered(spark: Any, layout: StoreLayout, prods: Sequence[Production]) -> list[Production]:
-    """``prods`` without those whose record id is in their stream already (read without Spark where
-    Python reaches the files, else all returned: the delivery inserts only the missing ones)."""
+    """``prods`` without those already in their stream (where Python reads the files; else all)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -113,17 +110,13 @@ def undelivered(spark: Any, layout: StoreLayout, prods: Sequence[Production]) ->
     return [p for p in prods if p.stream in unknown or p.production_id not in landed]
 
 
-#: What makes a dead letter the same one again (a retried batch adds no second row): its record id,
-#: or for a record without one (null or empty) its stream and source position.
+#: a dead letter's identity (a retry adds no second row): its record id, else stream and source position
 _DEAD_LETTER_ID = ("coalesce(nullif({t}.record_id, ''), "
                    "concat('no record_id ', {t}.stream, ' ', {t}.source_position))")
 
 
 def record_dead_letters(spark: Any, layout: StoreLayout, frame: Any, *, computation: str, batch_id: int) -> None:
-    """Write dead letters, idempotent on computation + record id (else stream + source position).
-
-    ``frame`` is either prepared input (``_bad`` column) or the tasks' dead letters.
-    """
+    """Write dead letters (prepared input with ``_bad``, or the tasks'), idempotent (:data:`_DEAD_LETTER_ID`)."""
     from pyspark.sql import functions as F
 
     if "_bad" in frame.columns:

@@ -1,9 +1,7 @@
 """Stream tables: one Delta table of delivered records per stream, ``<root>/streams/<name>``.
 
 Consumers read it with Delta's streaming source; producers append idempotently (``delivery.py``).
-Every record carries :data:`STREAM_FORMAT_VERSION`. On a local store the first commit is written
-from Python, elsewhere through Spark. Names become SQL view names (``clicks``, ``clicks_decoded``),
-so they are SQL identifiers and not :data:`RESERVED_STREAM_NAMES`.
+Names become SQL view names (``clicks``, ``clicks_decoded``): :func:`check_stream_name`.
 """
 
 from __future__ import annotations
@@ -79,9 +77,7 @@ def _stream_schema_json() -> str:
 
 
 def _create_local(spark: Any, folder: str, name: str) -> bool:
-    """Write the first commit of stream ``name``'s table in the local ``folder`` as Delta's ``CREATE
-    TABLE`` writes it (~1 ms instead of a Spark statement). False (nothing written): the session
-    sets defaults that change what Delta writes for a new table."""
+    """Write stream ``name``'s first commit as Delta's ``CREATE TABLE`` would (:func:`create_local_table`)."""
     return create_local_table(spark, folder, schema_json=_stream_schema_json(), properties=_stream_properties(name))
 
 
@@ -134,10 +130,7 @@ def ensure_stream_table(spark: Any, layout: StoreLayout, name: str) -> str:
 
 
 def list_streams(spark: Any | None, layout: StoreLayout) -> list[str]:
-    """Names of the stream tables of the store (folders with a ``_delta_log``), sorted.
-
-    Local stores are listed without Spark (``spark`` may be ``None``); remote ones through
-    Hadoop's FileSystem API.
+    """Names of the stream tables of the store, sorted (a local store's without Spark).
 
     Raises:
         ConfigError: a remote store and ``spark`` is ``None``.

@@ -1,8 +1,4 @@
-"""The image path's files: an interval's state file and production files, written and read by
-its tasks (and by recovery), invisible until the driver's commit or delivery adds them (:mod:`.path`).
-
-:func:`oldest_work` and :func:`next_processing` read what an image still has to do (ids: :mod:`.idsfiles`).
-"""
+"""The image path's state and production files: invisible until the driver's commit or delivery adds them."""
 
 from __future__ import annotations
 
@@ -123,10 +119,8 @@ def write_production_table(prods: Any, *, producer: str, commit_id: str | None, 
 
 
 def next_processing(image: Any, retention_ms: int | None = None) -> int | None:
-    """The earliest processing time at which the image has work without input (None: none).
-
-    Its earliest processing-time timer and, given ``retention_ms``, when its oldest record id or
-    ids file leaves the dedup horizon."""
+    """The earliest processing time at which the image has work without input (None: none): a timer,
+    or (given ``retention_ms``) an id or ids file leaving the dedup horizon."""
     import pyarrow.compute as pc
 
     first: int | None = pc.min(image.column("next_processing_timer_ms")).as_py()

@@ -1,11 +1,8 @@
 """An interval's record ids apart from its state: one small ids file per batch (image path).
 
-Each batch adds one ids file to the interval's partition in the same Delta commit as its new image
-(state and ids stay atomic). Its rows are keyed ``IDS_KEY_PREFIX`` + user key. Workers cache the
-immutable files by path (:func:`load_ids_file`); a file is dropped whole once past the dedup
-horizon; :func:`plan_compaction` merges one time bucket's files by levels (:data:`FAN_IN`), and a
-worker then forgets the lower-level files it holds. Older images' inline ids: :func:`split_legacy`.
-Layout and levels: docs/tables.md, "The rows table".
+Each batch's ids file lands in the same Delta commit as its new image (state and ids stay atomic);
+rows keyed ``IDS_KEY_PREFIX`` + user key. Workers cache the immutable files by path; a file is
+dropped whole past the dedup horizon. Layout and levels: docs/tables.md, "The rows table".
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ _ROWS_PER_BUCKET = 4  # a file of n ids gets about n / 4 buckets (at most 2**16)
 
 @dataclass(frozen=True)
 class IdsFile:
-    """One ids file: path (relative to the rows table), level, processing time written at (its ids
-    were all seen at or before) and its ids as a flat key / record_id / seen_ms table."""
+    """One ids file (path relative to the rows table; all its ids seen by ``written_ms``)."""
 
     path: str
     level: int
@@ -99,9 +95,7 @@ def remember_ids_file(f: IdsFile) -> None:
 
 
 def hash_index(n: int, hashes: Any) -> tuple[Any, Any, int]:
-    """The hash-bucket index of a file's ``n`` ids whose ``id_hashes`` are ``hashes``.
-
-    Returns (row numbers in bucket order, each bucket's first position, the bucket bits)."""
+    """(row numbers in bucket order, each bucket's first position, bucket bits) of ``n`` ids' ``hashes``."""
     import numpy as np
 
     bits = int(min(16, max(1, np.ceil(np.log2(max(n, 1) / _ROWS_PER_BUCKET + 1)))))
@@ -132,9 +126,7 @@ def _hash_index(f: IdsFile) -> tuple[Any, Any, int]:
 
 
 def pick_ids(files: Sequence[IdsFile], ids: Any, hashes: Any) -> Any:
-    """The rows of ``files`` whose record id is one of ``ids`` (``hashes``: their ``id_hashes``).
-
-    Only the candidates' hash buckets are compared exactly: the cost grows with the candidates."""
+    """The rows of ``files`` whose record id is one of ``ids``, comparing only their hash buckets."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -270,8 +262,7 @@ def write_ids_file(flat: Any, rows_root: TableFiles, *, computation: str, interv
 
 
 def adopt(f: IdsFile, index: tuple[Any, Any, int] | None = None) -> None:
-    """Keep the new ids file ``f`` (and its ``index``) in this worker's cache; a compaction's file
-    makes the worker forget the lower-level files of its interval."""
+    """Cache the new ids file ``f`` (and ``index``); a compaction's makes the lower levels forgotten."""
     if f.level:
         forget_below(f.path, f.level)
     remember_ids_file(f)

@@ -1,11 +1,9 @@
 """A batch's ids files (:func:`write_batch_ids`) and their compaction prepared in the background.
 
-The files a compaction will take are known a batch ahead: when a task leaves an interval one file
-short of one, its worker merges them in a thread after the task (:func:`prepare`), index
-included. The interval's next task in that worker takes the prepared file (:func:`take`) if it is
-still what the compaction would write, and writes only its own ids beside it; else it merges
-itself. An uncommitted prepared file is removed by gc's vacuum. The merged file's ``updated_ms``
-and ``commit_id`` are the preparing batch's (dropped a batch sooner, never before its last id expires).
+A task that leaves an interval one file short of a compaction has its worker merge them in a
+thread (:func:`prepare`); the next task takes the file if it is still what the compaction would
+write (:func:`take`), else merges itself; gc's vacuum removes an uncommitted one. The merged file
+carries the preparing batch's ``updated_ms`` (dropped a batch sooner, never before its last id expires).
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ __all__ = ["IdsBatch", "pending", "prepare", "prepare_next", "take", "write_batc
 
 @dataclass(frozen=True, kw_only=True)
 class IdsBatch:
-    """One interval's ids files as a batch writes them: the rows table's files, its ``schema``, the
-    writer, the batch's processing time and its dedup horizon (None: no dedup)."""
+    """What a batch writes one interval's ids files with (horizon None: no dedup)."""
 
     rows_root: TableFiles
     schema: Any
@@ -70,9 +67,7 @@ def pending(computation: str, interval: int) -> frozenset[str] | None:
 
 def prepare(computation: str, interval: int, files: Sequence[IdsFile], *, level: int, sequencer: int,
             merge: Callable[[Sequence[IdsFile]], tuple[ImageFile, IdsFile]]) -> None:
-    """Start ``merge(files)`` into one ids file of ``level`` in a daemon thread, for :func:`take`.
-
-    One per interval: a newer one replaces an older one (whose file stays uncommitted)."""
+    """Start ``merge(files)`` in a daemon thread for :func:`take`; one per interval, the newest kept."""
     prep = _Prepared(inputs=frozenset(f.path for f in files), level=level, sequencer=sequencer)
 
     def run() -> None:
@@ -93,9 +88,7 @@ def prepare(computation: str, interval: int, files: Sequence[IdsFile], *, level:
 
 def take(computation: str, interval: int, taken: Sequence[IdsFile], *, level: int,
          sequencer: int) -> tuple[ImageFile, IdsFile] | None:
-    """The prepared merge of exactly ``taken`` into ``level`` under ``sequencer``, adopted into the cache.
-
-    None if none fits or it failed (then the caller merges)."""
+    """The prepared merge of exactly ``taken`` into ``level`` under ``sequencer``, adopted (None: none)."""
     with _LOCK:
         prep = _PREPARED.pop((computation, interval), None)
     if prep is None or prep.inputs != frozenset(f.path for f in taken) or prep.level != level \
@@ -110,8 +103,7 @@ def take(computation: str, interval: int, taken: Sequence[IdsFile], *, level: in
 
 def write_batch_ids(batch: IdsBatch, fresh: Any | None, legacy: Any, live: list[IdsFile], retention_ms: int | None,
                     fresh_hashes: Any = None) -> tuple[list[tuple[ImageFile, IdsFile]], list[IdsFile]]:
-    """Write the batch's ids file: its new ids, those taken out of an older image, and those of the
-    live files a compaction takes in (or the prepared merge beside the batch's own ids).
+    """Write the batch's ids file (with those an older image or a compaction hands over).
 
     Returns (the files written, the live files it leaves)."""
     import numpy as np

@@ -53,15 +53,11 @@ class _DeliveredMeanwhile(Exception):
 
 
 class ImagePath(WritePath[BatchOutput]):
-    """The image write path of one computation's owned intervals (holds their file lists).
+    """The image write path of computation ``name``'s owned intervals (holds their file lists).
 
     Args:
-        spark: the session.
-        layout: the store (one whose files Python reaches: :func:`~...delta.storefs.supports`).
-        owner: holds the intervals (leases, sequencers, the rows store).
-        name: the computation.
-        outputs: the computation's output streams.
-        retention_ms: the computation's dedup retention (None: no dedup).
+        layout: a store whose files Python reaches (:func:`~...delta.storefs.supports`).
+        retention_ms: the dedup retention (None: no dedup).
     """
 
     deliver_in_background = True
@@ -117,10 +113,9 @@ class ImagePath(WritePath[BatchOutput]):
     # ---------------------------------------------------------- acquisition
 
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
-        """Take and fence the intervals with a claim, then recover from the images.
+        """Take and fence the intervals with a claim, then recover (:meth:`WritePath.acquire`).
 
-        The claim alone fences: the fence rows are checked in the images read here. See
-        :meth:`WritePath.acquire`."""
+        The claim alone fences: the fence rows are checked in the images read here."""
         # the stream tables are made beside the claim's commit, and waited for where first needed
         self._tables = tables = Beside(lambda: [ensure_stream_table(self.spark, self.layout, s) for s in self.outputs])
         granted, self.owner.on_granted = self.owner.on_granted, tables.chain(self.owner.on_granted)
@@ -147,9 +142,7 @@ class ImagePath(WritePath[BatchOutput]):
         return Recovered(appended=appended, merged=len(merge))
 
     def streams_ready(self) -> None:
-        """Wait until the output streams' tables exist (made beside :meth:`acquire`'s claim, or here).
-
-        A table that cannot be made raises its :class:`ConfigError` at every call."""
+        """Wait until the output streams' tables exist; one that cannot be made raises its ConfigError."""
         tables = self._tables
         if tables is None:
             tables = self._tables = Beside(
@@ -189,9 +182,7 @@ class ImagePath(WritePath[BatchOutput]):
             self._rewrite(dirty)
 
     def recovery(self) -> Recovery:
-        """The recovery scan from the loaded images, less productions whose strong delivery landed.
-
-        Raises :class:`StaleSequencerError` first if an image's fence row carries a newer sequencer."""
+        """The recovery scan less strongly delivered productions (:func:`.recovery.scan`'s StaleSequencerError)."""
         out, checkpoints = scan(self.rows_files, self.files, name=self.name, sequencers=self.owner.sequencers,
                                 retention_ms=self.retention_ms)
         # A stream records per interval the rows version whose productions it delivered; a held row's
@@ -253,9 +244,7 @@ class ImagePath(WritePath[BatchOutput]):
     # ------------------------------------------------------------------ step 5
 
     def commit(self, out: BatchOutput, *, commit_id: str, meta: Mapping[str, Any]) -> bool:
-        """The fenced commit of the new images (``out.version`` becomes the rows version it made).
-
-        ``meta``: more commit metadata (the watermark the batch acted on). See :meth:`WritePath.commit`."""
+        """:meth:`WritePath.commit` of the new images; ``out.version`` becomes the rows version it made."""
         name = self.name
         new = out.changed()
         self.owner.check()
@@ -318,9 +307,7 @@ class ImagePath(WritePath[BatchOutput]):
     # ------------------------------------------------------------------ step 6
 
     def deliver(self, out: BatchOutput, *, strong: bool) -> int:
-        """Append the production files to their streams; ``strong``: once per (interval, rows version).
-
-        See :meth:`WritePath.deliver`."""
+        """:meth:`WritePath.deliver`: ``strong`` appends once per (interval, rows version)."""
         version = out.version if strong else None
         by_stream: dict[str, dict[str, list[str]]] = {}
         n = 0

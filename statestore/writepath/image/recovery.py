@@ -36,8 +36,7 @@ class Checkpoint:
 
 @dataclass
 class Recovery:
-    """What the recovery scan found: per interval the oldest and processing-time work, and the
-    checkpoints to deliver: ``appends`` (of known commits) and ``merge`` (by insert-only MERGE)."""
+    """The recovery scan: work per interval, checkpoints to deliver by append (known commit) or MERGE."""
 
     oldest: dict[int, int | None]
     next_processing: dict[int, int | None]
@@ -55,8 +54,7 @@ class Recovery:
 
 def scan(root: TableFiles, files: Mapping[int, Sequence[FileEntry]], *, name: str, sequencers: Mapping[int, int],
          retention_ms: int | None) -> tuple[Recovery, list[Checkpoint]]:
-    """The recovery scan of the interval images ``files``: oldest and processing-time work per
-    interval, and every checkpoint the images hold (delivered or not: :func:`resolve` tells).
+    """The recovery scan of the images ``files``, with every checkpoint they hold (see :func:`resolve`).
 
     Raises :class:`StaleSequencerError` first if an image's fence row carries a newer sequencer."""
     import pyarrow as pa

@@ -1,9 +1,7 @@
 """What the image path's tasks hand to the driver: one summary per interval they ran.
 
-A task (``executor/tasks/image/``) returns an :class:`IntervalSummary` per interval: its new
-image, production files, side records, counts and oldest work, or :class:`Fenced` when another
-writer's fence was found (the driver raises ``StaleViewError``). Summaries travel as Arrow rows of
-:data:`SUMMARY_DDL` (:meth:`IntervalSummary.to_row` / :meth:`IntervalSummary.from_row`).
+Summaries travel as Arrow rows of :data:`SUMMARY_DDL`; one that is :class:`Fenced` makes the
+driver raise ``StaleViewError``.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ class ProductionFile:
 
 @dataclass(frozen=True, kw_only=True)
 class SideRecord:
-    """An input record not run into the rows: a dead letter (``kind`` "dead", with ``error``) or a
-    routed late record ("late"). ``position``: its source position (None: the driver looks it up)."""
+    """An input record not run: ``kind`` "dead" (with ``error``) or "late"; ``position`` None: looked up."""
 
     kind: str
     record_id: str | None
@@ -98,9 +95,7 @@ class SideRecord:
 
 @dataclass(frozen=True)
 class Fenced:
-    """A task found another writer's sequencer on the interval's fence row and wrote nothing of it.
-
-    ``sequencer``: the fence's (None: no fence row); ``ours``: this writer's."""
+    """A task found another writer's ``sequencer`` (None: no fence row) on the fence row; wrote nothing."""
 
     computation: str
     sequencer: int | None
@@ -120,12 +115,8 @@ _COUNTS = ("records_in", "processed", "duplicates", "fired", "late", "n_prods", 
 class IntervalSummary:
     """What a task did with one interval (``interval`` None: a task that ran none; its input counts).
 
-    ``image``: the new image replacing the interval's state files (None: unchanged); ``ids_file``:
-    its new ids file (:mod:`.idsfiles`); ``ids_removed``: ids files it drops; ``ids_merged``: a
-    background compaction's file (:mod:`.idsmerge`); ``prod_files``, ``side``: productions and
-    side records; ``oldest_ms`` / ``next_proc_ms``: the interval's oldest pending and earliest
-    processing-time work. A task's input counts (``records_in``, ``obs_min`` / ``obs_max``) ride on
-    its first summary. ``fenced``: the task ran nothing of the interval (:class:`Fenced`)."""
+    ``image`` None: unchanged; ``ids_merged``: a background compaction's file (:mod:`.idsmerge`). A
+    task's input counts (``records_in``, ``obs_min`` / ``obs_max``) ride on its first summary."""
 
     interval: int | None
     image: ImageFile | None = None

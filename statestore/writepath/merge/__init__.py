@@ -1,2 +1,1 @@
-"""The MERGE write path: one fenced Delta MERGE per batch (any store).
-"""
+"""The MERGE write path: one fenced Delta MERGE per batch (any store)."""

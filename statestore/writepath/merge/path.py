@@ -29,11 +29,9 @@ ROW_COLUMNS = [c.split()[0] for c in re.split(r",\s*(?![^<]*>)", rows_schema_ddl
 
 @dataclass
 class MergeBatch:
-    """A batch's new rows and productions on the MERGE path (materialized DataFrames).
+    """A batch's new rows (``_op`` not 'none') and productions on the MERGE path (materialized DataFrames).
 
-    ``changed``: the rows with ``_op`` other than 'none'; ``prods``: the batch's productions;
-    ``written``: how many rows changed; ``checkpointed``: the productions go into the rows'
-    ``pending`` column (a weak batch's straggler); ``n_prods``: how many productions."""
+    ``checkpointed``: the productions go into the rows' ``pending`` column (a weak batch's straggler)."""
 
     changed: Any
     prods: Any
@@ -43,14 +41,10 @@ class MergeBatch:
 
 
 class MergePath(WritePath[MergeBatch]):
-    """The fenced MERGE write path of one computation's owned intervals.
+    """The fenced MERGE write path of computation ``name``'s owned intervals.
 
     Args:
-        owner: holds the intervals (leases, sequencers, the rows store).
-        name: the computation.
-        outputs: the computation's output streams.
-        track_oldest: keep each interval's oldest work from the committed rows (needed when the
-            executor publishes watermarks).
+        track_oldest: keep each interval's oldest work from the committed rows (for watermarks).
         dedup: the computation deduplicates record ids: intervals holding ids files are refused.
     """
 
@@ -66,9 +60,7 @@ class MergePath(WritePath[MergeBatch]):
         self._oldest: dict[int, dict[str, int]] = {}  # per interval: key -> its oldest work
 
     def acquire(self, intervals: Sequence[int] | None, *, wait_s: float = 0.0) -> Recovered:
-        """Take the intervals, fence them with a MERGE, recover and redeliver by insert-if-absent.
-
-        See :meth:`WritePath.acquire`.
+        """:meth:`WritePath.acquire`: fence with a MERGE, recover and redeliver by insert-if-absent.
 
         Raises:
             WritePathSwitchError: the computation deduplicates and an owned interval holds ids

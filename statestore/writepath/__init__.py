@@ -23,7 +23,7 @@ BatchT = TypeVar("BatchT")
 
 @dataclass(frozen=True)
 class Recovered:
-    """Checkpointed productions :meth:`WritePath.acquire` delivered as their commit's own or by insert-if-absent."""
+    """Checkpoints :meth:`WritePath.acquire` delivered as their commit's own, or by insert-if-absent."""
 
     appended: int
     merged: int

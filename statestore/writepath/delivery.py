@@ -116,7 +116,7 @@ _DEAD_LETTER_ID = ("coalesce(nullif({t}.record_id, ''), "
 
 
 def record_dead_letters(spark: Any, layout: StoreLayout, frame: Any, *, computation: str, batch_id: int) -> None:
-    """Write dead letters (prepared input with ``_bad``, or the tasks'), idempotent (:data:`_DEAD_LETTER_ID`)."""
+    """Write dead letters (input with ``_bad``, or the tasks'), idempotent by :data:`_DEAD_LETTER_ID`."""
     from pyspark.sql import functions as F
 
     if "_bad" in frame.columns:

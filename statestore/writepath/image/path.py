@@ -182,7 +182,9 @@ class ImagePath(WritePath[BatchOutput]):
             self._rewrite(dirty)
 
     def recovery(self) -> Recovery:
-        """The recovery scan less strongly delivered productions (:func:`.recovery.scan`'s StaleSequencerError)."""
+        """The recovery scan less productions whose strong delivery landed (:func:`.recovery.scan`).
+
+        Raises :class:`StaleSequencerError` first if an image's fence row carries a newer sequencer."""
         out, checkpoints = scan(self.rows_files, self.files, name=self.name, sequencers=self.owner.sequencers,
                                 retention_ms=self.retention_ms)
         # A stream records per interval the rows version whose productions it delivered; a held row's

@@ -1,9 +1,7 @@
 """Codecs for user state and production values.
 
-State is stored as bytes beside the name of the codec that wrote it, so a row decodes without the
-computation's code. Pickle runs code on load: only with ``allow_pickle=True``. State version 2 or
-later is in the name, ``json@2`` (:func:`versioned_name`, :func:`codec_version`). The columnar
-path's Arrow helpers: :func:`int64map_columns`, :func:`int64map_blobs`, :func:`msgpack_rows`.
+State is stored beside the name of the codec that wrote it (state version 2 or later in the
+name, ``json@2``), so a row decodes without the computation's code.
 
 >>> get_codec("json").decode(get_codec("json").encode({"n": 1}))
 {'n': 1}
@@ -57,7 +55,7 @@ class JsonCodec:
     name = "json"
 
     def encode(self, value: Any) -> bytes:
-        """``value`` as compact UTF-8 JSON; CodecError if it is not JSON (or a NaN/infinite float)."""
+        """``value`` as compact UTF-8 JSON; CodecError if it is not JSON (NaN and infinities are not)."""
         try:
             return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
@@ -69,7 +67,7 @@ class JsonCodec:
     def decode(self, data: bytes) -> Any:
         """The value of UTF-8 JSON ``data``; CodecError if it is not."""
         try:
-            # decoding first skips json's encoding detection (measurable at 10^5 records per batch)
+            # decoding first skips json's encoding detection
             return _JSON_DECODE(data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data)
         except (UnicodeDecodeError, ValueError) as exc:
             raise CodecError(f"json codec cannot decode {len(data)} bytes: {exc}. {_DECODE_HINT}") from exc
@@ -235,8 +233,7 @@ def int64map_blobs(rows: Any, keys: Any, values: Any, n: int) -> Any:
 def msgpack_rows(*columns: Any) -> Any:
     """Row i of ``columns`` as one msgpack array, byte for byte what the msgpack codec gives that list.
 
-    Vectorised with NumPy and Arrow, no Python call per row (docs/embedding.md, "The columnar
-    path"). Columns: integers, floats (as float64), bool, string, binary (large too), null; nulls as nil.
+    No Python call per row (docs/embedding.md, "The columnar path"); floats as float64, nulls as nil.
 
     >>> import pyarrow as pa
     >>> rows = msgpack_rows(pa.array(["k", None]), pa.array([1, -300]))
@@ -420,9 +417,8 @@ def get_codec(name: str, *, allow_pickle: bool = False) -> Codec:
 def codec_of_row(row_codec: str | None, codec: Codec) -> Codec:
     """The codec that reads a row's stored state: the one its codec column names, else ``codec``.
 
-    A computation whose ``codec`` changed (``json`` to ``msgpack``) without a new ``state_version``
-    still reads the state its rows hold as written; decoding it with the new codec would give
-    another value or fail. Pickle only where ``codec`` is pickle (the computation opted in).
+    So a computation whose ``codec`` changed without a new ``state_version`` reads its rows as
+    written. Pickle only where ``codec`` is pickle (the computation opted in).
 
     >>> codec_of_row("json", get_codec("msgpack")).decode(b"1"), get_codec("msgpack").decode(b"1")
     (1, 49)

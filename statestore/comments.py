@@ -1,8 +1,6 @@
 """Column comments: what every column of the store's tables and SQL views means.
 
-Tables carry them as Delta column metadata (:func:`comment_table`); views selecting a table's
-columns inherit them, derived views name theirs (:func:`view_columns`). ``deltawheel sql
---describe VIEW`` prints them (:func:`describe`), as do Spark's ``DESCRIBE`` and JDBC clients.
+Tables carry them as Delta column metadata; views inherit them or name theirs (:func:`view_columns`).
 """
 
 from __future__ import annotations
@@ -149,8 +147,7 @@ VIEWS: Mapping[str, Mapping[str, str]] = {
 
 
 def comment_table(spark: Any, path: str, comments: Mapping[str, str]) -> int:
-    """Set the comments of the Delta table at ``path``'s columns that differ, in one commit (none if
-    nothing differs); missing columns are skipped. Returns how many were commented."""
+    """Set the differing comments of the table at ``path`` in one commit (if any); how many were set."""
     fields = spark.read.format("delta").load(path).schema.fields
     todo = [(f.name, comments[f.name]) for f in fields
             if f.name in comments and f.metadata.get("comment") != comments[f.name]]

@@ -16,12 +16,11 @@ class ZkConfig:
     """How to reach ZooKeeper.
 
     Attributes:
-        hosts: connection string ``host:port[,host:port...]``.
         chroot: every znode deltawheel creates lives below this path.
         digest: optional ``user:password``; lease znodes then carry a digest ACL.
-        session_timeout_s: ZooKeeper session timeout: a shorter disconnection only pauses commits,
-            a longer one expires the session (LeaseLostError); also how long a killed instance's
-            leases stay held. The server caps it (the embedded one at 60 s).
+        session_timeout_s: a shorter disconnection only pauses commits, a longer one expires the
+            session (LeaseLostError); how long a killed instance's leases stay held. The server
+            caps it (the embedded one at 60 s).
     """
 
     hosts: str = f"127.0.0.1:{DEFAULT_ZK_PORT}"

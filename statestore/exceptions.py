@@ -99,10 +99,7 @@ class NotOwnerError(LeaseError):
 
 
 class StaleSequencerError(RetryableError):
-    """A commit carried a sequencer a newer owner fenced out; nothing of it landed.
-
-    The instance must drop its leases and re-acquire them before it writes again.
-    """
+    """A commit carried a sequencer a newer owner fenced out; nothing landed. Re-acquire before writing."""
 
     exit_code = 4
 
@@ -155,11 +152,8 @@ class StoreDamagedError(FatalError):
 
 
 class CoordinatorStateLostError(FatalError):
-    """ZooKeeper has lost a pipeline's state: the store holds sequencers it never granted.
-
-    Writing on would let two writers share one fence. Recover with ``deltawheel reseed --store DIR
-    --pipeline P --apply`` (docs/coordinator-recovery.md), then start the pipeline again.
-    """
+    """ZooKeeper lost a pipeline's state (the store holds sequencers it never granted): two writers could
+    share one fence. Recover with ``deltawheel reseed`` (docs/coordinator-recovery.md)."""
 
     exit_code = 4
 
@@ -187,22 +181,19 @@ class ConfigError(FatalError):
 
 
 class InputGoneError(FatalError):
-    """Input that must be read again is gone (VACUUMed stream file, deleted injector file, Kafka
-    offsets past retention); the message names where to start instead where it can."""
+    """Input that must be read again is gone (vacuumed, deleted, past Kafka's retention)."""
 
     exit_code = 3
 
 
 class ReplayUnavailableError(FatalError):
-    """A rows-table version a replay or diff needs is missing, past retention or records no input
-    positions; the message names the first version a replay can start from."""
+    """A rows-table version a replay or diff needs is missing, past retention or without input positions."""
 
     exit_code = 3
 
 
 class WritePathSwitchError(ConfigError):
-    """A store whose record ids the image path keeps in ids files was started on the MERGE path
-    (its dedup history would be lost); nothing was changed."""
+    """A store whose ids the image path keeps in ids files was started on the MERGE path; nothing changed."""
 
 
 class ReplayTargetError(ConfigError):
@@ -211,8 +202,7 @@ class ReplayTargetError(ConfigError):
 
 
 class ReplayBehindError(ReplayTargetError):
-    """A promotion's replay has not run every live commit up to the rows version it would replace;
-    the message names the versions; nothing was changed."""
+    """A promotion's replay has not run every live commit up to the version it would replace."""
 
 
 class ReplayCodeError(ConfigError):
@@ -220,8 +210,7 @@ class ReplayCodeError(ConfigError):
 
 
 class RepairStatementError(ConfigError):
-    """A repair statement is not an allowed UPDATE/DELETE/MERGE of the ``state`` view (or of
-    ``timers``, ``pending_productions``), names another computation, or writes an unusable row."""
+    """A repair statement ``repair`` does not accept, names another computation, or writes an unusable row."""
 
 
 class JarFetchError(FatalError):
@@ -280,9 +269,8 @@ class StaleFilesError(RetryableError):
 class StaleViewError(RetryableError):
     """The writer's view of its partitions is out of date; nothing of the batch was committed.
 
-    Raised by the tasks' loading (step 3) or a write path's commit (step 5): reload the view (it
-    fails typed after a takeover) and run steps 3-5 again. When an image task found another
-    writer's fence, ``interval``, its ``sequencer`` (None: no fence row) and ``ours`` say which."""
+    Raised at step 3 or 5: reload the view (typed after a takeover) and run steps 3-5 again.
+    ``interval``, ``sequencer`` (None: no fence row), ``ours``: another writer's fence an image task found."""
 
     def __init__(self, message: str, *, interval: int | None = None, sequencer: int | None = None,
                  ours: int | None = None) -> None:

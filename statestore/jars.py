@@ -1,10 +1,4 @@
-"""The jars deltawheel fetches or builds, in a per-user cache: the ground floor every jar user shares.
-
-:func:`fetch_maven_jar` downloads one jar from Maven Central (SHA-1 checked, ``mvn`` as fallback);
-:func:`ensure_delta_jars` fetches the pinned Delta jars the ``delta-spark`` wheel lacks;
-:func:`compile_jar` compiles deltawheel's Java classes for Delta and Spark. Every jar user fetches
-through here, so none imports another to get a jar.
-"""
+"""The jars deltawheel fetches or builds, in a per-user cache; every jar user fetches through here."""
 
 from __future__ import annotations
 
@@ -43,8 +37,7 @@ DELTA_JARS: tuple[tuple[str, str, str], ...] = (
 
 
 def default_jars_dir() -> Path:
-    """Where the Delta jars and compiled log stores are cached, one folder per user:
-    ``$DELTAWHEEL_JARS_DIR`` or ``~/.cache/deltawheel/jars``."""
+    """The per-user jar cache: ``$DELTAWHEEL_JARS_DIR`` or ``~/.cache/deltawheel/jars``."""
     env = os.environ.get("DELTAWHEEL_JARS_DIR")
     if env:
         return Path(env)
@@ -131,9 +124,8 @@ def ensure_delta_jars(jars_dir: Path | None = None, *, quiet: bool = False) -> l
 def compile_jar(source: Path, jars_dir: Path | None = None, *, quiet: bool = False) -> Path | None:
     """The jar of one of deltawheel's Java classes for Delta and Spark, compiled once from ``source``.
 
-    Compiled with ``javac`` against ``delta-storage`` and Spark's Hadoop jars; the jar's name carries
-    the digest of the source and of those versions. A wheel's bundled jar (``lib/``) of the same name
-    is used as it is. Returns None (with a warning) when no ``javac`` is installed.
+    The jar's name carries the digest of the source and the jars compiled against; a wheel's bundled
+    jar of that name is used as it is. None (with a warning) when no ``javac`` is installed.
 
     Raises:
         JarFetchError: ``javac`` failed, or the Delta jars could not be fetched.

@@ -1,10 +1,8 @@
 """A detached service process (a ZooKeeper server, a Spark master or worker) run from a folder.
 
-Each service runs in its own session and process group, so it outlives the command that started
-it and stopping it takes its children too; a pid file and a log file are what is known about it
-(a pid file whose process is gone or another program counts as not running). With
-``DELTAWHEEL_SERVERS_DIE_WITH=<pid>`` set (the test suite sets its own), a watchdog stops every
-service started under it once that pid is gone. :func:`find_java` is the ``java`` they run on.
+Each runs in its own session and process group (it outlives its starter; stopping takes its
+children), known by a pid file and a log file. With ``DELTAWHEEL_SERVERS_DIE_WITH=<pid>``, a
+watchdog stops every service started under it once that pid is gone.
 """
 
 from __future__ import annotations
@@ -99,12 +97,10 @@ class DetachedProcess:
     """One service process, known by its pid file and its command line.
 
     Args:
-        name: what it is, for messages (e.g. ``"Spark worker 1"``).
-        marker: a string its command line contains (the main class): a pid file pointing
-            at a process without it is stale.
-        error: the error type raised for failures (a :class:`DeltaWheelError`).
-        prefix: words put before every command launched (e.g. ``ip netns exec NS``); its
-            ``exec`` chain keeps the pid.
+        name: for messages (e.g. ``"Spark worker 1"``).
+        marker: in its command line (the main class): a pid file's process without it is stale.
+        error: the type raised for failures.
+        prefix: put before every command (e.g. ``ip netns exec NS``); its ``exec`` chain keeps the pid.
     """
 
     def __init__(self, name: str, *, pid_file: Path, log_file: Path, marker: str,

@@ -46,7 +46,7 @@ def missing_audit_rows(spark: Any, layout: StoreLayout, *, rows_version: int | N
                        audit_version: int | None = None, audit_existed: bool = True) -> list[dict[str, Any]]:
     """The audit rows missing for tools' commits, oldest first; commits past the log's retention unseen.
 
-    ``rows_version`` / ``audit_version``: as of those (default newest); ``audit_existed`` False: all missing."""
+    ``rows_version`` / ``audit_version``: as of those (default newest); ``audit_existed`` False: all."""
     return audit_gap(spark, layout, rows_version=rows_version, audit_version=audit_version,
                      audit_existed=audit_existed).rows
 

@@ -125,7 +125,7 @@ class SqlResult:
 
 def _write_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: TextIO, fmt: str,
                 query: int | None = None) -> int:
-    """Write ``rows`` as ``csv`` or ``json`` lines (with ``query``: ``{"query": N, "row": ...}``); the count."""
+    """Write ``rows`` as ``csv`` or ``json`` lines (``query``: ``{"query": N, "row": ...}``); the count."""
     n = 0
     if fmt == "csv":
         w = csv.writer(out, lineterminator="\n")

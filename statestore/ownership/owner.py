@@ -90,10 +90,8 @@ class IntervalOwner:
 
     def _check_coordinator(self, grants: Mapping[int, LeaseGrant], *, before: Mapping[int, LeaseGrant],
                            unbound_fences: dict[int, int] | None) -> None:
-        """Refuse to fence when ZooKeeper has forgotten grants the store was written under.
-
-        Fence rows at or above a new grant's sequencer that ZooKeeper does not know of, or from
-        before this owner created the binding (``unbound_fences``), mean its data was lost.
+        """Refuse to fence when ZooKeeper forgot grants: fence rows at or above a new grant's sequencer
+        that it does not know of, or from before this owner bound the store (``unbound_fences``).
 
         Raises:
             CoordinatorStateLostError: with what was found and the recovery command.

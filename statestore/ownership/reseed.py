@@ -24,10 +24,7 @@ __all__ = ["ReseedPlan", "plan_reseed", "apply_reseed", "store_sequencers"]
 class ReseedPlan:
     """What :func:`plan_reseed` found (per computation, interval -> sequencer; per injector, watermark).
 
-    Attributes:
-        bound: ZooKeeper holds the pipeline's store binding.
-        zookeeper: the sequencers ZooKeeper would grant next.
-        behind: the floors ZooKeeper's sequencers must reach.
+    ``zookeeper``: the sequencers it would grant next; ``behind``: the floors they must reach.
     """
 
     pipeline: str
@@ -88,7 +85,7 @@ def plan_reseed(spark: Any, layout: StoreLayout, client: KazooClient, *, pipelin
 
 def apply_reseed(spark: Any, layout: StoreLayout, client: KazooClient, plan: ReseedPlan, *,
                  acls: list[ACL] | None = None) -> dict[str, dict[int, int]]:
-    """Raise ZooKeeper's sequencers, record the store binding and publish ``plan``'s injector watermarks.
+    """Raise ZooKeeper's sequencers, bind the store, publish ``plan``'s injector watermarks.
 
     Returns the next sequencer per computation and interval.
 

@@ -49,12 +49,8 @@ class IntervalBloom:
 class IdBloom:
     """A fixed-size Bloom filter of record ids, added and checked many at a time (numpy).
 
-    Bit positions come from the hashes the caller passes, or from Python's ``hash`` of each id
-    (salted per process: a filter is never persisted or shipped).
-
-    Args:
-        capacity: the number of ids it is sized for (more can be added; see :meth:`full`).
-        error_rate: the false-positive rate at ``capacity`` ids.
+    Bits come from the caller's hashes, or Python's ``hash`` (salted per process: never persist or
+    ship a filter). ``error_rate``: the false-positive rate at ``capacity`` ids (see :meth:`full`).
 
     >>> b = IdBloom(100); b.add_many(["r1", "r2"])
     >>> b.might_contain_many(["r1", "r3"]).tolist()

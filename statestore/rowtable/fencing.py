@@ -43,10 +43,7 @@ def is_conflict(exc: BaseException) -> bool:
 
 
 def merge_sql(table_path: str, source_view: str, *, computation: str, intervals: Iterable[int]) -> str:
-    """The fenced MERGE of ``source_view`` into the rows table at ``table_path``.
-
-    The source has the rows table's columns plus ``_op`` ('upsert', 'delete' or :data:`REPLACE_FILES_OP`).
-    """
+    """The fenced MERGE into the rows table of ``source_view`` (its columns plus ``_op``)."""
     ivs = ",".join(str(int(i)) for i in sorted(set(intervals)))
     comp = computation.replace("'", "''")
     path = table_path.replace("`", "``")

@@ -9,8 +9,6 @@ Commit protocol (one call of :meth:`RowStore.commit`):
    where they are reachable (``filecommit.py``), else Delta's MERGE.
 5. Map failures: a stale sequencer raises :class:`StaleSequencerError`; a conflict is retried
    up to ``conflict_retries``, then raises :class:`CommitConflictError`.
-
-Over 500 lines: the fence-row reads sit beside the commits whose invariants they read.
 """
 
 from __future__ import annotations
@@ -233,9 +231,8 @@ class RowStore:
         """The takeover commit: move the fence rows of ``sequencers``' intervals to the new sequencers.
 
         Raises :class:`StaleSequencerError` if a fence carries a greater sequencer. Where Python
-        writes the files, a quick *claim* commit (a fence row per interval) goes first, so an old
-        owner in a tight loop cannot win every race. ``claim_only``: stop after it; ``check=False``
-        leaves the fence check to the caller.
+        writes the files, a quick *claim* commit goes first, so an old owner in a tight loop cannot
+        win every race; ``claim_only``: stop after it; ``check=False``: the caller checks.
         """
         validate_name("computation", computation)
         files = table_files(self._spark, self.layout.rows) if sequencers else None
@@ -348,11 +345,7 @@ class RowStore:
                      intervals: Sequence[int], commit_id: str,
                      lease_check: Callable[[], None] | None = None,
                      meta: Mapping[str, Any] | None = None, input_files: Sequence[str] = ()) -> CommitResult:
-        """Like :meth:`commit`, but the new row images are a Spark DataFrame.
-
-        ``frame`` (columns plus ``_op``) is validated and materialized; fence rows of ``intervals``
-        are added here.
-        """
+        """:meth:`commit` of a DataFrame (columns plus ``_op``), materialized; fence rows added here."""
         validate_name("computation", computation)
         for iv in intervals:
             self._require_sequencer(sequencers, iv, FENCE_KEY)

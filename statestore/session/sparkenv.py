@@ -88,9 +88,8 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
             "needs a classic SparkSession (a Connect client has no driver JVM, and deltawheel commits through "
             "Delta Lake's JVM API). Unset SPARK_REMOTE for this process (docs/embedding.md, 'Session settings')")
     if SparkSession.getActiveSession() is not None:
-        # the running session itself (a builder without options re-applies nothing): its jars and
-        # static settings are fixed, and re-applying ours would only change its runtime ones (a
-        # reading tool's defaults would undo the s3a checkpoint manager)
+        # the running session itself (a builder without options re-applies nothing): re-applying
+        # ours would change only its runtime settings (and undo the s3a checkpoint manager)
         running = SparkSession.builder.getOrCreate()
         for k, v in settings.extra.items():
             running.conf.set(k, v)

@@ -76,7 +76,7 @@ def encode_state(key: str, text: str | None, codec: str) -> bytes | None:
 
 
 def new_key_row(computation: str, key: str, *, num_intervals: int, state: bytes | None, codec: str) -> KeyRow:
-    """A key a repair inserts; its timer numbers start at a fresh 40-bit range, so no production id repeats."""
+    """A key a repair inserts; timer numbers start at a fresh 40-bit range (no production id repeats)."""
     seq = int.from_bytes(uuid.uuid4().bytes[:5], "big") << 23
     return KeyRow(computation=computation, key=key, interval=interval_of(key, num_intervals), state=state,
                   codec=codec, timer_seq=seq)

@@ -50,7 +50,7 @@ _CONTENT = ("state", "codec", "timers", "record_ids", "pending", "watermark_hold
 
 @dataclass(frozen=True)
 class Surgery:
-    """Who changes what (``tool``, ``source`` as :class:`.audit.AuditRecord`), recorded in commit and audit."""
+    """Who changes what (``tool``, ``source``: as :class:`.audit.AuditRecord`), recorded with the commit."""
 
     tool: str
     source: str

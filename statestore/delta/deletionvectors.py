@@ -1,7 +1,4 @@
-"""Delta deletion vectors without Spark: which rows of a data file a descriptor marks deleted.
-
-Read as Delta's protocol describes ("Deletion Vector Format").
-"""
+"""Delta deletion vectors without Spark, as Delta's protocol describes ("Deletion Vector Format")."""
 
 from __future__ import annotations
 

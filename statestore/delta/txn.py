@@ -151,9 +151,8 @@ class TableLog:
         return _memo(self._seqs, "\n".join(predicates), lambda _k: self._seq([self._pred(p) for p in predicates]))
 
     def _operation(self, overwrite: bool, predicates: Sequence[str] = (), user_metadata: str | None = None) -> Any:
-        """The commit's operation: a Delta ``WRITE`` (``Append`` or ``Overwrite``) carrying ``user_metadata``.
-
-        Not ``ManualUpdate``, which costs a Spark job; not the session setting, shared by committers."""
+        """A Delta ``WRITE`` carrying ``user_metadata`` (``ManualUpdate`` costs a Spark job; the session's
+        setting is shared by committers)."""
         d = self._d
         none = d.none
         pred = _memo(self._somes, " OR ".join(f"({p})" for p in predicates), d.some) if predicates else none

@@ -1,7 +1,4 @@
-"""Spark on an S3-compatible store through Hadoop's ``s3a://`` file system.
-
-:data:`S3A_JARS` is the lean set of ``hadoop-aws`` and the SDK modules S3A loads, fetched once.
-"""
+"""Spark on an S3-compatible store through Hadoop's ``s3a://`` file system; its jars: :data:`S3A_JARS`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The image write path: whole interval partitions replaced, one Delta transaction per batch.
 
-The batch's tasks (``executor/tasks/image/``) read the interval images and write the new images
-and productions as Parquet (:mod:`.files`), returning a summary per interval (:mod:`.summary`);
-:meth:`ImagePath.commit` is one fenced Delta transaction on the rows table, and
-:meth:`ImagePath.deliver` one append per output stream, skipped by Delta when repeated. Why:
-docs/performance.md, "Write path: interval images". Recovery on acquisition: :mod:`.recovery`.
+The tasks (``executor/tasks/image/``) write new images and productions as Parquet (:mod:`.files`);
+a strong delivery is one append per stream that Delta skips when repeated. Why: docs/performance.md,
+"Write path: interval images".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The MERGE write path: one fenced Delta MERGE per batch (any store; the image path's fallback).
 
-The tasks (``executor/tasks/merge/``) return the new row images as a DataFrame;
-:meth:`MergePath.commit` is :meth:`RowStore.commit_frame`'s fenced MERGE, :meth:`MergePath.deliver`
-inserts productions where their record id is absent (``delivery.py``); recovery is the row store's
-scan. Record ids live in the key rows: an exactly-once computation whose intervals hold the image
-path's ids files is refused (:class:`WritePathSwitchError`) rather than lose its dedup history.
+The commit is :meth:`RowStore.commit_frame`'s fenced MERGE; deliveries insert where the record id
+is absent (``delivery.py``). Record ids live in the key rows, so a deduplicating computation whose
+intervals hold ids files is refused (:class:`WritePathSwitchError`) rather than lose its history.
 """
 
 from __future__ import annotations

@@ -73,21 +73,17 @@ class ContinuousRun:
     ``engine.start_pipeline`` (``start()`` already called) on the engine's wiring.
 
     Args:
-        spark, layout, pipeline: the session, the store, the pipeline.
-        wiring: the engine's client, leases, authority and store.
         trigger: every query's trigger (:meth:`Trigger.parse`); ``triggers``: per computation name.
-        computations: the names of the computations this process runs (default: all; the others
-            run elsewhere on the same store and ZooKeeper).
+        computations: the names of those this process runs (default: all; the others run elsewhere
+            on the same store and ZooKeeper).
         wait_s: how long to wait for leases another process holds.
         progress: where the lines go (None: nowhere).
         write_path, direct_read: as :class:`~.pipeline.PipelineRunner`'s.
-        tick_s: how often an idle query's executor looks for timers that became due.
-        instance: this job instance's name when several instances share the intervals
-            (``sharing.py``; None: this process holds every interval of the computations it runs).
-        background_gc: gc's Delta passes every N batches (of any stage) or S seconds, beside the
-            stages (``gc/background.py``; None: none).
-        zk: the engine's ZooKeeper settings, for :meth:`drain`.
-    """
+        tick_s: how often an idle query's executor looks for due timers.
+        instance: this job instance's name when instances share the intervals (``sharing.py``;
+            None: this process holds every interval of its computations).
+        background_gc: gc's Delta passes every N batches or S seconds (``gc/background.py``; None: none).
+        zk: the engine's ZooKeeper settings, for :meth:`drain`."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
                  trigger: str | float | Trigger | None = None,

@@ -188,8 +188,7 @@ def load_code(spec: str, computation: str) -> Computation:
 
 def replay_scope(num_intervals: int, *, intervals: Sequence[int] | None = None,
                  keys: Sequence[str] | None = None) -> tuple[int, ...] | None:
-    """The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError.
-    The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError."""
+    """The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError."""
     if intervals is not None and keys is not None:
         raise ConfigError("give --intervals or --keys, not both: keys select their intervals (a key's interval is "
                           "crc32(key) mod num_intervals)")

@@ -43,8 +43,7 @@ class UpgradePlan:
 
 
 def _upgraded(code: Computation, rows: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[str, int, Any, Any]]]:
-    """``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError.
-    ``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError."""
+    """``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError."""
     to = code.state_version
     codec, column = codec_of(code), state_codec_of(code)
     out: list[KeyRow] = []

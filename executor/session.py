@@ -31,8 +31,7 @@ def spark_session(store: str | None = None, *, app_name: str = "deltawheel", mas
     """A SparkSession configured for deltawheel (or the running one), as :func:`deltawheel.connect` expects.
 
     For an ``s3a://`` ``store`` with the S3A jars and log store (docs/objectstore.md); ``settings``:
-    more :class:`SparkSettings` fields. Raises JavaMissingError or JarFetchError.
-    """
+    more :class:`SparkSettings` fields. Raises JavaMissingError or JarFetchError."""
     fields: dict[str, Any] = {"app_name": app_name, **settings}
     if master is not None:
         fields["master"] = master

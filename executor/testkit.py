@@ -123,7 +123,6 @@ class ComputationTester:
     ([('ann', 2)], None)
 
     Args:
-        computation: the computation under test.
         spark: a Spark session with Delta: keep the rows in a Delta store instead of memory.
         store: that store's folder (default: a new temporary one).
         now_ms: the processing clock's start.

@@ -1,8 +1,5 @@
-"""``deltawheel`` command line: one subcommand module per tool.
-
-Each module of this package has ``register(subparsers)`` which adds its subcommands
-and sets ``func`` (taking the parsed args, returning an exit code).
-"""
+"""``deltawheel`` command line: one subcommand module per tool, each with ``register(subparsers)``
+adding its subcommands with a ``func`` that takes the parsed args and returns an exit code."""
 
 from __future__ import annotations
 

@@ -165,13 +165,11 @@ class KafkaBroker(Server):
 
 def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,
                  timeout_s: float = 60.0, configs: Mapping[str, str] | None = None) -> None:
-    """Create ``topic`` (replication 1, topic settings ``configs``) with the admin client in the Spark driver.
-
-    An existing topic is left as it is.
+    """Create ``topic`` (replication 1, topic settings ``configs``) with the admin client in the Spark
+    driver; an existing topic is left as it is.
 
     Raises:
-        KafkaServerError: the broker refused or did not answer in time.
-    """
+        KafkaServerError: the broker refused or did not answer in time."""
     from deltawheel.statestore.delta.jvm import jvm
 
     j = jvm(spark)

@@ -62,12 +62,11 @@ class Wiring:
 
 def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str, zk: ZkConfig,
          max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None) -> Wiring:
-    """The leases, the watermark authority and the row store of ``pipeline`` on ``client``,
-    ``owner`` naming this process on the leases and the rows.
-
-    ``zk``: gives the ACLs of the znodes (its digest); ``max_pause_s``: how long a batch pauses
-    while ZooKeeper does not serve (None: while the session lives); ``instance``: the job
-    instance's name, kept across restarts (a restart takes its dead predecessor's leases at once)."""
+    """The leases, the watermark authority and the row store of ``pipeline`` on ``client``, ``owner``
+    naming this process on the leases and the rows; ``zk`` gives the znodes' ACLs (its digest);
+    ``max_pause_s``: how long a batch pauses while ZooKeeper does not serve (None: while the session
+    lives); ``instance``: the job instance's name, kept across restarts (a restart takes its dead
+    predecessor's leases at once)."""
     acls = digest_acls(zk)
     # each checks ZooKeeper's layout znodes (round trips of their own): both at once
     making = beside(lambda: WatermarkAuthority(client, pipeline=pipeline, acls=acls, max_pause_s=max_pause_s),
@@ -132,8 +131,7 @@ def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[
 
     Raises:
         What connecting raises (e.g. ``ZooKeeperServerError``), else what planning raises (e.g.
-        ``SchemaTooNewError``; the client is closed then).
-    """
+        ``SchemaTooNewError``; the client is closed then)."""
     import deltawheel.migrations as migrations
 
     _arbitrate_commits(spark, layout, zk)  # before the plan reads the store

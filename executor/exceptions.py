@@ -81,7 +81,6 @@ class InputSchemaError(ConfigError):
 
 class InputFileError(ConfigError):
     """An input file cannot be read at all (truncated, corrupt, not Parquet): retrying cannot help.
-
     Raised in a task (the direct read) with the file's path; :func:`from_task` finds it in the task's
     failure text."""
 

@@ -48,10 +48,8 @@ RECORD_KEY = "@key"
 
 
 class Record(NamedTuple):
-    """One input record of a key: (key, value, event timestamp) plus its unique id.
-
-    ``late``: it arrived behind the input low watermark (only delivered with ``LatePolicy.PROCESS``).
-    """
+    """One input record of a key: (key, value, event timestamp) plus its unique id; ``late``: it
+    arrived behind the input low watermark (only delivered with ``LatePolicy.PROCESS``)."""
 
     key: str
     value: Any
@@ -141,11 +139,9 @@ class Computation:
     state_version: ClassVar[int] = 1
 
     def upgrade_state(self, state: Any, from_version: int) -> Any:
-        """Turn ``state`` of ``state_version`` ``from_version`` into the current shape (None: no state).
-
-        Called once per key when a batch first runs it after the version changed; if it raises, the
-        error policy applies. Default: raise.
-        """
+        """Turn ``state`` of ``state_version`` ``from_version`` into the current shape (None: no state);
+        called once per key when a batch first runs it after the version changed. If it raises, the
+        error policy applies. Default: raise."""
         raise NotImplementedError(f"{self.name} declares state_version {self.state_version} but no upgrade_state "
                                   f"for state of version {from_version}; define upgrade_state(self, state, "
                                   f"from_version)")
@@ -154,11 +150,9 @@ class Computation:
         """Handle one record of ``ctx.key``. Default: do nothing."""
 
     def process_records(self, ctx: "Context", records: list[Record]) -> None:
-        """Handle all of ``ctx.key``'s new records of one batch at once (optional).
-
-        Called once per key and batch, before its due timers, in event-time order; replaces
-        ``process_record``. Default: ``process_record`` per record.
-        """
+        """Handle all of ``ctx.key``'s new records of one batch at once (optional): called once per key
+        and batch, before its due timers, in event-time order, instead of ``process_record`` (the
+        default calls it per record)."""
         for r in records:
             self.process_record(ctx, r)
 
@@ -168,10 +162,8 @@ class Computation:
     # The vectorised path (docs/embedding.md): combine + process_combined do what process_record does.
     def combine(self, records: "pa.Table") -> "pa.Table":
         """Reduce many keys' new records of one batch at once, with Arrow / NumPy (optional).
-
-        ``records``: ``key``, ``value``, ``timestamp_ms``, ``record_id``, ``stream``. Return a table with a
-        ``key`` column; each key's rows go to :meth:`process_combined`. Keep no state here.
-        """
+        ``records``: ``key``, ``value``, ``timestamp_ms``, ``record_id``, ``stream``; return a table with
+        a ``key`` column, each key's rows go to :meth:`process_combined`. Keep no state here."""
         raise NotImplementedError(f"{self.name} declares no combine")
 
     def process_combined(self, ctx: "Context", rows: list[tuple[Any, ...]]) -> None:

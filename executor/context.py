@@ -113,8 +113,7 @@ class Context:
 
     def produce(self, stream: str, value: Any, *, timestamp_ms: int | None = None,
                 key: str | None = None) -> None:
-        """Produce ``value`` to ``stream``; ids are stable across replays (``<computation>:<record id>#<n>``).
-        Produce ``value`` to ``stream``; ids are stable across replays (``<computation>:<record id>#<n>``)."""
+        """Produce ``value`` to ``stream``; ids are stable across replays (``<computation>:<record id>#<n>``)."""
         if stream not in self._outputs:
             raise ConfigError(
                 f"{self.computation} produced to {stream!r}, which is not among its outputs "

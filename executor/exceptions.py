@@ -42,9 +42,8 @@ class UserCodeError(FatalError):
 
     @classmethod
     def from_task(cls, text: str) -> UserCodeError | None:
-        """The user-code error a Spark task failed with, rebuilt from the text of the task's failure
-        (a task's exception reaches the driver as text only); None: the task failed otherwise.
-        Its message is the task's.
+        """The user-code error a Spark task failed with, rebuilt from the task's failure text (all that
+        reaches the driver); None: the task failed otherwise. Its message is the task's.
 
         >>> err = UserCodeError.from_task("... UserCodeError: c: user code failed for key 'k' on record 'r1' "
         ...                               "(event time 5): ValueError: no. The batch was not committed; ...")
@@ -82,7 +81,6 @@ class InputSchemaError(ConfigError):
 
 class InputFileError(ConfigError):
     """An input file cannot be read at all (truncated, corrupt, not Parquet): retrying cannot help.
-
     Raised in a task (the direct read) with the file's path; :func:`from_task` finds it in the task's
     failure text."""
 

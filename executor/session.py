@@ -1,8 +1,6 @@
 """The SparkSession deltawheel runs computations on: statestore's set-up plus the worker daemon.
-
-Spark's Python workers fork from :data:`DAEMON_MODULE`, which imports the task modules first
-(docs/performance.md, "Python worker start"). Every session deltawheel builds is built here.
-"""
+Every session deltawheel builds is built here; Spark's Python workers fork from :data:`DAEMON_MODULE`,
+which imports the task modules first (docs/performance.md, "Python worker start")."""
 
 from __future__ import annotations
 
@@ -28,11 +26,9 @@ def build_spark(settings: SparkSettings = SparkSettings(), *, jars_dir: Path | N
 
 def spark_session(store: str | None = None, *, app_name: str = "deltawheel", master: str | None = None,
                   **settings: Any) -> Any:
-    """A SparkSession configured for deltawheel (or the running one), as :func:`deltawheel.connect` expects.
-
-    For an ``s3a://`` ``store`` with the S3A jars and log store (docs/objectstore.md); ``settings``:
-    more :class:`SparkSettings` fields. Raises JavaMissingError or JarFetchError.
-    """
+    """A SparkSession configured for deltawheel (or the running one), as :func:`deltawheel.connect` expects:
+    for an ``s3a://`` ``store`` with the S3A jars and log store (docs/objectstore.md); ``settings``: more
+    :class:`SparkSettings` fields. Raises JavaMissingError or JarFetchError."""
     fields: dict[str, Any] = {"app_name": app_name, **settings}
     if master is not None:
         fields["master"] = master

@@ -1,7 +1,5 @@
 """Test a computation without Spark: feed records, move time, look at state, timers and output.
-
-:class:`ComputationTester` runs keys through the executor's per-key runner (``keyrun.run_key``).
-"""
+:class:`ComputationTester` runs keys through the executor's per-key runner (``keyrun.run_key``)."""
 
 from __future__ import annotations
 
@@ -123,7 +121,6 @@ class ComputationTester:
     ([('ann', 2)], None)
 
     Args:
-        computation: the computation under test.
         spark: a Spark session with Delta: keep the rows in a Delta store instead of memory.
         store: that store's folder (default: a new temporary one).
         now_ms: the processing clock's start.
@@ -154,14 +151,12 @@ class ComputationTester:
 
     def add(self, value: Any, *, event_time_ms: int, stream: str | None = None, key: str | None = None,
             record_id: str | None = None) -> None:
-        """Run one record now: its key's user code, and that key's due timers.
-
-        ``key`` defaults to the stream's key extractor on ``value`` (no usable key: a dead letter);
-        ``record_id`` to a fresh one (a repeated id is a duplicate).
+        """Run one record now: its key's user code, and that key's due timers. ``key`` defaults to the
+        stream's key extractor on ``value`` (no usable key: a dead letter), ``record_id`` to a fresh one
+        (a repeated id is a duplicate).
 
         Raises:
-            WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``.
-        """
+            WindowingError: the stream is not an input, or is keyed by ``RECORD_KEY`` without ``key``."""
         comp = self.computation
         inputs = dict(type(comp).inputs)
         if stream is None:

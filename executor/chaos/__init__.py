@@ -1,6 +1,3 @@
-"""Chaos runs: the bank pipeline (``bank.py``) as two job instances under seeded, overlapping faults
-(``faults.py``: driver kills and pauses, expired sessions, ZooKeeper servers and leaders killed,
-operator tools), run by ``harness.py``, then checked by ``checker.py`` from the input files and
-the stream tables alone; ``report.py`` prints the table. ``deltawheel chaos`` is the command
-(docs/reliability.md).
-"""
+"""Chaos runs (``deltawheel chaos``, docs/reliability.md): the bank pipeline (``bank.py``) under
+seeded faults (``faults.py``), run by ``harness.py``, checked by ``checker.py`` from the input files
+and stream tables alone, reported by ``report.py``."""

@@ -1,18 +1,15 @@
-"""The chaos run's pipeline and its input: a bank in three stages over Parquet files of moves.
+"""The chaos run's pipeline: a bank in three stages over Parquet files of moves.
 
-Input: files ``moves-NNNNN.parquet`` of ``id``, ``ts`` (event time, ms), ``src``, ``dst``,
-``amount`` (a move of ``amount`` from account ``src`` to account ``dst``).
+Input: ``moves-NNNNN.parquet`` of ``id``, ``ts`` (event time, ms), ``src``, ``dst``, ``amount``.
 
-- stage 1 ``bank`` (key: ``src``): per account the moves out of it and their total; each move
-  produces its two legs to ``changes`` in one call (the debit keyed by ``src``, the credit keyed by
-  ``dst``, each ``{move, account, leg, delta}``): the legs of every stream version sum to zero.
-- stage 2 ``ledger`` (key: the account): the balance per account; each leg produces the balance
-  after it to ``balances`` (``{move, account, leg, delta, seq, balance}``, ``seq`` counting the
-  account's legs: a leg applied twice or lost shows as a repeated or missing ``seq``).
-- stage 3 ``window_sums``: per account the sum of the deltas in 10-second event-time windows
-  (accumulating, 30 s allowed lateness) into ``window_sums``.
+- ``bank`` (key ``src``): each move produces its debit (key ``src``) and credit (key ``dst``) legs
+  ``{move, account, leg, delta}`` to ``changes`` in one call, so every stream version sums to zero.
+- ``ledger`` (key: the account): each leg produces the balance after it to ``balances``, ``seq``
+  counting the account's legs (a leg applied twice or lost shows as a repeated or missing ``seq``).
+- ``window_sums``: per account the deltas summed in 10 s event-time windows (accumulating, 30 s
+  allowed lateness).
 
-``deltawheel run deltawheel.executor.chaos.bank:pipeline`` builds it over the folder ``$CHAOS_INPUT``.
+``deltawheel run deltawheel.executor.chaos.bank:pipeline`` builds it over ``$CHAOS_INPUT``.
 """
 
 from __future__ import annotations
@@ -112,9 +109,8 @@ def moves(index: int, n: int, *, seed: int) -> list[dict[str, Any]]:
 
 
 def closing_moves(index: int, num_intervals: int = 4) -> list[dict[str, Any]]:
-    """Moves of nothing (account to itself) far after file ``index``, one per key interval of stage
-    1: each instance's watermark estimate comes from its own intervals' records, and this closes
-    every window of the moves before."""
+    """Zero moves (account to itself) far after file ``index``, one per stage-1 key interval: each
+    instance's watermark comes from its own intervals' records, so this closes every earlier window."""
     from deltawheel.statestore.rowtable.rows import interval_of
 
     ts = START_MS + index * FILE_SPAN_MS + 10 * (WINDOW_MS + LATENESS_MS)

@@ -1,21 +1,18 @@
-"""The chaos run's checker: reads only the input files and the stream tables, never deltawheel's own
-state, code paths or ZooKeeper.
+"""The chaos run's checker: reads only the input files (pandas) and the stream tables (the
+``deltalake`` package, not deltawheel's reader), never deltawheel's state or ZooKeeper.
 
-The stream tables are read with the ``deltalake`` package (delta-rs, a Delta reader that is not
-deltawheel's), their values decoded as JSON here; the reference is computed with pandas from the
-input's Parquet files. What is checked (each failure a :class:`Violation` naming the versions and
-keys to look at):
+Checks, each failure a :class:`Violation` naming versions and keys:
 
-- ``bank``: at every sampled version of ``changes`` the deltas sum to zero and every move has both
-  of its legs or neither (a consistent snapshot never shows money made or lost);
-- ``exactly-once``: every input move's two legs once in ``changes`` and once in ``balances`` (none
-  missing, none twice, none unknown, each with the move's account and amount);
-- ``ledger``: per account the ``seq`` of ``balances`` is 1..n and each balance the one before plus
-  the delta; the final balances equal the input's and sum to zero;
-- ``windows``: per account and 10-second window the last pane of ``window_sums`` equals the sum of
-  the deltas computed from the input, pane numbers unique, no window missing or unknown;
-- ``stuck``: after each fault heals every stream commits within the bound (when the run went on
-  that long); the time from each heal to the next commit of ``changes`` is the fault's recovery time.
+- ``bank``: at every sampled version of ``changes`` the deltas sum to zero and each move has both
+  legs or neither;
+- ``exactly-once``: each input move's two legs once in ``changes`` and once in ``balances``, with
+  the move's account and amount;
+- ``ledger``: per account ``balances``' ``seq`` is 1..n, each balance the previous plus the delta;
+  the final balances equal the input's and sum to zero;
+- ``windows``: per account and 10 s window the last pane of ``window_sums`` equals the input's sum,
+  pane numbers unique, no window missing or unknown;
+- ``stuck``: after each heal every stream commits within the bound (if the run went on that long);
+  heal to the next ``changes`` commit is the fault's recovery time.
 """
 
 from __future__ import annotations

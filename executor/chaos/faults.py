@@ -1,9 +1,8 @@
-"""The chaos run's fault schedule: drawn from a seed before the run, so a seed replays it.
+"""The chaos run's fault schedule, drawn from a seed before the run (a seed replays it).
 
-Each planned fault has a start (seconds into the chaos phase), a kind, a target and how long it
-lasts before it heals. Faults of different targets overlap; one target has one fault at a time
-(a driver is not paused while it is killed; one ZooKeeper server is down at a time, so the
-ensemble keeps its quorum; one operator tool runs at a time).
+Each fault has a start (seconds into the chaos phase), kind, target and duration before it heals.
+Faults of different targets overlap; a target has one fault at a time (one ZooKeeper server down
+at a time keeps the quorum).
 
 | kind | fault | heal |
 |---|---|---|
@@ -26,9 +25,8 @@ __all__ = ["PlannedFault", "KINDS", "plan", "INSTANCES"]
 
 INSTANCES = ("a", "b")
 
-#: kind -> (weight, shortest and longest duration in seconds: how long the fault lasts; for
-#: ``gc`` and ``status`` how long the plan expects them to run, they heal at their exit).
-#: ``session-expiry``'s pause is added to the session timeout.
+#: kind -> (weight, shortest and longest duration in seconds; ``gc`` and ``status`` heal at their
+#: exit, this is how long the plan expects them). ``session-expiry``'s pause adds the session timeout.
 KINDS: dict[str, tuple[int, float, float]] = {
     "driver-kill": (3, 2.0, 8.0),
     "driver-pause": (3, 1.0, 4.0),

@@ -1,14 +1,11 @@
 """The chaos run: the bank pipeline (:mod:`.bank`) as two ``deltawheel run`` instances sharing its
-intervals, on a three-server ZooKeeper ensemble and a store in a local folder, fed by a seeded
-input generator, under the seeded fault schedule of :mod:`.faults`; then the independent checker
-(:mod:`.checker`).
+intervals, on a three-server ZooKeeper ensemble and a local store, fed by a seeded input generator
+under the fault schedule of :mod:`.faults`, then checked (:mod:`.checker`).
 
-The phases: start the ensemble and both drivers, wait until both commit; the chaos phase
-(``seconds``: files arrive every ``file_every_s``, each planned fault started on its own thread and
-healed after its duration); every fault healed, the closing moves written; the drain (until every
-stream holds what the input gives, or ``drain_s``); both drivers stopped with SIGTERM; the
-ensemble stopped; the check. Everything is under ``data``: ``input/``, ``store/``, ``zk/``,
-``logs/`` (each driver's and tool's output), ``faults.json`` (the faults as they happened).
+Phases: the ensemble and both drivers, until both commit; chaos (a file every ``file_every_s``,
+each fault on its own thread); every fault healed and the closing moves written; the drain (until
+every stream holds what the input gives, or ``drain_s``); SIGTERM to the drivers; the ensemble
+stopped; the check. Under ``data``: ``input/``, ``store/``, ``zk/``, ``logs/``, ``faults.json``.
 """
 
 from __future__ import annotations
@@ -266,9 +263,8 @@ class _Harness:
             pass
 
     def supervise(self) -> None:
-        """What a supervisor (systemd, Kubernetes) does: a driver that exits is started again with the
-        same command (a run stops on an expired session or a failed batch by design), each exit
-        recorded with its code and error line."""
+        """What a supervisor (systemd, Kubernetes) does: restart a driver that exits (a run stops on
+        an expired session or a failed batch by design), recording each exit's code and error line."""
         while not self.stopping.wait(1.0):
             with self.lock:
                 for d in self.drivers.values():
@@ -358,12 +354,10 @@ def _save(run: ChaosRun) -> None:
 
 
 def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) -> ChaosRun:
-    """One chaos run and its check (``run.result``); every process it started is stopped on the way
-    out, whatever happens.
+    """One chaos run and its check (``run.result``); every process it started is stopped on the way out.
 
     Raises:
-        ConfigError: ``settings.data`` holds something else, or the drivers never committed.
-    """
+        ConfigError: ``settings.data`` holds something else, or the drivers never committed."""
     h = _Harness(settings, say)
     try:
         run = h.execute()
@@ -394,8 +388,7 @@ def recheck(data: Path, *, bound_s: float = 600.0) -> tuple[dict[str, Any], Chec
     """The check of an earlier run's folder (its input, streams and ``faults.json``) again.
 
     Raises:
-        ConfigError: ``data`` holds no finished chaos run.
-    """
+        ConfigError: ``data`` holds no finished chaos run."""
     try:
         saved = json.loads((data / "faults.json").read_text())
     except (OSError, ValueError) as exc:

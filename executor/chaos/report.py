@@ -23,9 +23,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def table(seed: int, result: CheckResult, *, tools: Mapping[str, Sequence[int]] | None = None,
           exits: Sequence[tuple[str, int, str]] = (), drained: bool = True) -> str:
-    """The report: one line per fault kind (count, recovery p50/p99/max in seconds, how many saw no
-    commit after their heal), the records, the tools' exit codes, the drivers' own exits
-    (driver, code, error line), then every violation."""
+    """The report: per fault kind the count, recovery p50/p99/max (s) and how many saw no commit
+    after their heal; the records, the tools' and drivers' exits, then every violation."""
     lines = [f"chaos seed {seed}",
              f"{'fault':<16}{'count':>6}{'p50 s':>8}{'p99 s':>8}{'max s':>8}{'no commit':>11}"]
     by_kind: dict[str, list[float | None]] = {}

@@ -1,8 +1,5 @@
-"""``deltawheel`` command line: one subcommand module per tool.
-
-Each module of this package has ``register(subparsers)`` which adds its subcommands
-and sets ``func`` (taking the parsed args, returning an exit code).
-"""
+"""``deltawheel`` command line: one subcommand module per tool, each with ``register(subparsers)``
+adding its subcommands with a ``func`` that takes the parsed args and returns an exit code."""
 
 from __future__ import annotations
 
@@ -43,11 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``deltawheel`` command line ``argv`` (default: the process's); returns the exit status.
-
-    A :class:`DeltaWheelError` is one line and its class's exit code (:data:`EXIT_CODES`); usage
-    errors return 2, Ctrl-C 130, a closed output pipe 141.
-    """
+    """Run the ``deltawheel`` command line ``argv`` (default: the process's); returns the exit status:
+    a :class:`DeltaWheelError`'s class's exit code (:data:`EXIT_CODES`, its message on one line), 2 for
+    usage errors, 130 for Ctrl-C, 141 for a closed output pipe."""
     try:
         rc = _main(argv)
         sys.stdout.flush()  # what is still buffered: a closed pipe shows here, not at the exit

@@ -1,8 +1,7 @@
-"""``deltawheel bench``: the benchmark scripts of ``benchmarks/`` as subcommands.
+"""``deltawheel bench``: the benchmark scripts of ``benchmarks/`` as subcommands (docs/benchmarks.md).
 
-Each benchmark writes its JSON (and PNG) into ``--out``; what each measures: docs/benchmarks.md.
-The benchmark modules are imported only when a benchmark runs, so ``deltawheel --help`` stays fast.
-"""
+Each writes its JSON (and PNG) into ``--out``; the modules are imported only when one runs, so
+``deltawheel --help`` stays fast."""
 
 from __future__ import annotations
 

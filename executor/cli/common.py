@@ -36,10 +36,8 @@ def add_live_args(p: argparse.ArgumentParser, computation: str, *, store: str = 
 
 
 def add_zk_args(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
-    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``.
-
-    ``timeout``: also ``--zk-timeout``, how long a tool waits for ZooKeeper.
-    """
+    """Add the ZooKeeper options (connection string, chroot, digest, session timeout) to ``p``;
+    ``timeout``: also ``--zk-timeout``, how long a tool waits for ZooKeeper."""
     g = p.add_argument_group("ZooKeeper")
     g.add_argument(
         "--zk", default=os.environ.get("DELTAWHEEL_ZK"),
@@ -199,14 +197,12 @@ def existing_layout_from(args: argparse.Namespace) -> StoreLayout:
 
 
 def spark_from(args: argparse.Namespace, *, announce: bool = False, **kw: Any) -> Any:
-    """A Spark session with Delta built from ``args`` (``kw``: more :class:`SparkSettings` fields).
-
-    ``announce``: say on stderr when a JVM starts and when it is ready. An object store's commits
-    are arbitrated by ``--zk`` (docs/objectstore.md).
+    """A Spark session with Delta built from ``args`` (``kw``: more :class:`SparkSettings` fields);
+    ``announce``: say on stderr when a JVM starts and is ready. An object store's commits are
+    arbitrated by ``--zk`` (docs/objectstore.md).
 
     Raises:
-        ConfigError: the store is on an object store and no ZooKeeper is given.
-    """
+        ConfigError: the store is on an object store and no ZooKeeper is given."""
     store = getattr(args, "store", None)
     remote = store is not None and not layout_from(args).is_local
     if remote and getattr(args, "zk", None) is None and hasattr(args, "zk_digest"):

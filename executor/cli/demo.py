@@ -1,9 +1,8 @@
 """``deltawheel demo``: the Zeitgeist pipeline on the embedded defaults (the README's main command).
 
-Deterministic for (--events, --seed): re-running the same command after a kill resumes and
-finishes with exactly the same rows. ``--follow`` runs the stages live instead
-(``executor/demo/follow.py``; docs/continuous.md, "The demo, live").
-"""
+Deterministic for (--events, --seed): re-running the same command after a kill resumes and finishes
+with exactly the same rows. ``--follow`` runs the stages live instead (``executor/demo/follow.py``;
+docs/continuous.md, "The demo, live")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``deltawheel history``: a key's versions in the rows table, newest first, decoded.
-
-Read-only and without Spark or leases (``statestore/inspection/history.py``); docs/history.md.
-"""
+"""``deltawheel history``: a key's versions in the rows table, newest first, decoded; read-only and
+without Spark or leases (``statestore/inspection/history.py``; docs/history.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The CLI's log noise: Spark's (log4j) and ZooKeeper's (kazoo) lines stay off its output
-unless ``deltawheel --verbose`` (then Spark logs at ``WARN`` and Python at INFO on stderr).
-"""
+"""The CLI's log noise: Spark's (log4j) and ZooKeeper's (kazoo) lines stay off its output unless
+``deltawheel --verbose`` (then Spark logs at ``WARN`` and Python at INFO on stderr)."""
 
 from __future__ import annotations
 

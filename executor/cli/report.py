@@ -1,10 +1,8 @@
 """``deltawheel report``: one self-contained HTML page with plots of a store's pipelines.
 
-Built from what :func:`~deltawheel.executor.drivers.status.gather` collects (the store's
-``_metrics/batches`` table, dead letters and late data, the rows table's log, and ZooKeeper's
-leases and watermarks). The plots are PNG images drawn with matplotlib and embedded as
-``data:`` URIs: the page fetches nothing, runs no script, and can be mailed or archived.
-"""
+Built from :func:`~deltawheel.executor.drivers.status.gather`'s figures; the plots are matplotlib
+PNGs embedded as ``data:`` URIs, so the page fetches nothing, runs no script, and can be mailed or
+archived."""
 
 from __future__ import annotations
 

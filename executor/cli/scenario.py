@@ -1,7 +1,6 @@
 """``deltawheel scenario FILE [--backend memory|delta]``: replay a windowing scenario, print its panes.
 
-The file and the output follow SCENARIO_FORMAT.md; an ``expected`` field is ignored here.
-"""
+The file and the output follow SCENARIO_FORMAT.md; an ``expected`` field is ignored here."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """``deltawheel sql``, ``inspect`` and ``sql-server``: SQL over a store's decoded views.
 
 ``sql`` runs several statements per call (``;``-separated or repeated), or an interactive shell
-when no query is given, in one Spark session.
-
-``sql-server`` serves the same views over Spark's Thrift server (HiveServer2, single session),
-read-only and without authentication: don't bind it to a public address.
-"""
+when no query is given, in one Spark session. ``sql-server`` serves the same views over Spark's
+Thrift server (HiveServer2, single session), read-only and without authentication: don't bind it
+to a public address."""
 
 from __future__ import annotations
 

@@ -1,2 +1,1 @@
-"""The demo pipeline (Zeitgeist-style bucket counts) and its input generator.
-"""
+"""The demo pipeline (Zeitgeist-style bucket counts) and its input generator."""

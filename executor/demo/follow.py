@@ -1,11 +1,10 @@
 """``deltawheel demo --follow``: the Zeitgeist pipeline live, on search events arriving now.
 
-A :class:`LiveGenerator` thread writes the events that come due every 100-200 ms as one small
-Parquet file, renamed into the input folder (the rename is its records' arrival); the three
-stages run at once in the continuous runner. Every ``every_s`` a :class:`.monitor.StageMonitor`
-prints a line per stage (docs/continuous.md, "The demo, live"). With ``seconds`` the input ends,
-the watermark moves past the last window and every stage drains; Ctrl-C or SIGTERM stop at once.
-"""
+A :class:`LiveGenerator` thread writes the events due every 100-200 ms as one small Parquet file,
+renamed into the input folder (the rename is its records' arrival); the three stages run at once in
+the continuous runner, and every ``every_s`` a :class:`.monitor.StageMonitor` prints a line per stage
+(docs/continuous.md, "The demo, live"). With ``seconds`` the input ends, the watermark passes the
+last window and every stage drains; Ctrl-C or SIGTERM stop at once."""
 
 from __future__ import annotations
 
@@ -64,11 +63,9 @@ class Arrival:
 
 
 class LiveGenerator:
-    """Writes the demo's events into ``folder`` as they come due (see the module docstring).
-
-    Events come in periods of ``seconds`` (or :data:`PERIOD_S`), each one :func:`generate_queries`
-    call with its own spike and dip; record ids are ``f<start ms>-<index>``, unique per run.
-    """
+    """Writes the demo's events into ``folder`` as they come due (see the module docstring), in periods
+    of ``seconds`` (or :data:`PERIOD_S`), each one :func:`generate_queries` call with its own spike and
+    dip; record ids are ``f<start ms>-<index>``, unique per run."""
 
     def __init__(self, folder: str, *, rate: int, seed: int, seconds: float | None = None) -> None:
         self.folder, self.rate, self.seed, self.seconds = folder, int(rate), seed, seconds
@@ -186,14 +183,12 @@ class FollowResult:
 def follow(engine: Any, folder: str, *, rate: int, seconds: float | None, seed: int, every_s: float = 5.0,
            window_ms: int = WINDOW_MS, say: Say, drain_timeout_s: float = 120.0,
            gc_every: str | int | None = None, dedup_retention: timedelta | None = None) -> FollowResult:
-    """Run the demo live on ``engine`` with its input in ``folder`` (see the module docstring).
-
-    ``gc_every`` is passed to ``engine.start_pipeline``; ``dedup_retention`` applies to every stage.
+    """Run the demo live on ``engine`` with its input in ``folder`` (see the module docstring);
+    ``gc_every`` goes to ``engine.start_pipeline``, ``dedup_retention`` applies to every stage.
 
     Raises:
         ConfigError: as :func:`check_settings` (before anything starts).
-        DeltaWheelError: a failed batch's own error (after the run was stopped).
-    """
+        DeltaWheelError: a failed batch's own error (after the run was stopped)."""
     from ..drivers.pipeline import Pipeline
     from .pipeline import computations
 

@@ -1,9 +1,7 @@
-"""The per-stage figures of ``demo --follow`` (``follow.py``), read from the files a run leaves.
-
-:class:`StageMonitor` measures each record's latency from arrival at a stage to the rows-table
-commit of its batch: what a batch read comes from the query's checkpoint, commit times from the
-Delta logs. Local stores only.
-"""
+"""The per-stage figures of ``demo --follow`` (``follow.py``), read from the files a run leaves
+(local stores only). :class:`StageMonitor` measures each record's latency from arrival at a stage
+to its batch's rows-table commit: what a batch read comes from the query's checkpoint, commit
+times from the Delta logs."""
 
 from __future__ import annotations
 

@@ -45,9 +45,8 @@ class Model(Computation):
     window_ms = WINDOW_MS  # the first stage's window length (an instance attribute when not the default)
 
     def process_record(self, ctx: Any, record: Any) -> None:
-        """For each window since the last one seen (one without a pane counts 0): predict, then learn.
-
-        Late panes and retractions are ignored."""
+        """For each window since the last one seen (one without a pane counts 0): predict, then learn;
+        late panes and retractions are ignored."""
         pane = record.value
         if pane.get("retraction") or pane.get("timing") == "LATE":
             return  # late refinements do not re-train the model
@@ -95,13 +94,11 @@ class Detector(Computation):
 
 
 def computations(*, window_ms: int = WINDOW_MS, dedup_retention: timedelta | None = None) -> tuple[Computation, ...]:
-    """The demo pipeline's computations, in order: window counter, model, detector.
-
+    """The demo pipeline's computations, in order: window counter, model, detector;
     ``dedup_retention`` (None: the default) is set on a subclass of each computation's class.
 
     Raises:
-        ConfigError: a ``dedup_retention`` that is not a positive timedelta.
-    """
+        ConfigError: a ``dedup_retention`` that is not a positive timedelta."""
     if dedup_retention is None:
         counter, model, detector = window_counter(window_ms), Model(), Detector()
     else:

@@ -56,11 +56,8 @@ def query_name(rank: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class AnomalySchedule:
-    """Where the spike and the dip are, as ``[start, end)`` fractions of the base-time span.
-
-    During the spike, query ``spike_rank`` is ``spike_factor`` times more likely; during the dip,
-    query ``dip_rank`` does not occur.
-    """
+    """Where the spike and the dip are, as ``[start, end)`` fractions of the base-time span: during the
+    spike query ``spike_rank`` is ``spike_factor`` times more likely, during the dip ``dip_rank`` is absent."""
 
     spike_rank: int = 5
     spike_factor: float = 10.0
@@ -100,12 +97,10 @@ class AnomalyWindows:
 
 @dataclass(frozen=True, kw_only=True)
 class ZeitgeistParams:
-    """Every argument of :func:`generate_queries`, as one value (the demo's configuration).
-
-    Event ``i`` has base time ``start_ms + floor(i * 1000 / rate_per_s)``; its event time is the
-    base time minus uniform(0..``max_disorder_ms``). A ``late_fraction`` of the events from index
-    ``late_after_events`` on is moved ``late_by_ms`` further back.
-    """
+    """Every argument of :func:`generate_queries` as one value (the demo's configuration). Event ``i``
+    has base time ``start_ms + floor(i * 1000 / rate_per_s)`` and event time that minus
+    uniform(0..``max_disorder_ms``); a ``late_fraction`` of the events from ``late_after_events`` on
+    is moved ``late_by_ms`` further back."""
 
     n_events: int
     seed: int
@@ -119,12 +114,11 @@ class ZeitgeistParams:
     schedule: AnomalySchedule = field(default_factory=AnomalySchedule)
 
     def generate(self) -> pa.Table:
-        """The events, deterministically: a table ``record_id`` (``q{seed}-{i:010d}``), ``query`` and
+        """The events, deterministically: a table of ``record_id`` (``q{seed}-{i:010d}``), ``query`` and
         ``event_time`` (timestamp[ms, UTC]).
 
         Raises:
-            ConfigError: a bad count, rate, fraction or :class:`AnomalySchedule`.
-        """
+            ConfigError: a bad count, rate, fraction or :class:`AnomalySchedule`."""
         n_events, seed, start_ms, rate_per_s = self.n_events, self.seed, self.start_ms, self.rate_per_s
         n_queries, max_disorder_ms, schedule = self.n_queries, self.max_disorder_ms, self.schedule
         late_fraction, late_by_ms, late_after_events = self.late_fraction, self.late_by_ms, self.late_after_events
@@ -240,13 +234,11 @@ def table_digest(table: pa.Table) -> str:
 
 
 def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, first_mtime_s: int) -> list[str]:
-    """Write ``table`` as ``part-00000.parquet``, ... (``events_per_batch`` rows each), idempotently.
-
-    File ``i`` gets modification time ``first_mtime_s + i`` (Spark's reading order). Returns the paths.
+    """Write ``table`` as ``part-00000.parquet``, ... (``events_per_batch`` rows each), idempotently;
+    file ``i`` gets modification time ``first_mtime_s + i`` (Spark's reading order). Returns the paths.
 
     Raises:
-        ConfigError: ``events_per_batch`` < 1, or a file exists with different content.
-    """
+        ConfigError: ``events_per_batch`` < 1, or a file exists with different content."""
     if events_per_batch < 1:
         raise ConfigError(f"events_per_batch must be >= 1, got {events_per_batch}")
     os.makedirs(folder, exist_ok=True)
@@ -268,16 +260,14 @@ def write_event_files(table: pa.Table, folder: str, *, events_per_batch: int, fi
 
 
 class GeneratorInjector:
-    """The Zeitgeist generator as an injector: generated Parquet files, streamed.
-
-    :meth:`prepare` writes the events into ``folder`` plus ``_zeitgeist.json`` (parameters and
-    anomaly windows); the stream is a :class:`~.sources.parquet.ParquetInjector` over it, keyed by
-    ``query``. The watermark is max event time seen minus ``params.max_disorder_ms``, and
-    :data:`END_OF_TIME` once a batch held the last file or after :meth:`finish`.
+    """The Zeitgeist generator as an injector: :meth:`prepare` writes the events into ``folder`` plus
+    ``_zeitgeist.json`` (parameters and anomaly windows), streamed by a
+    :class:`~.sources.parquet.ParquetInjector` keyed by ``query``. The watermark is the max event time
+    seen minus ``params.max_disorder_ms``, and :data:`END_OF_TIME` once a batch held the last file or
+    after :meth:`finish`.
 
     Raises:
-        ConfigError: a bad count or generation parameter (checked by :meth:`prepare`).
-    """
+        ConfigError: a bad count or generation parameter (checked by :meth:`prepare`)."""
 
     def __init__(self, name: str, folder: str, params: ZeitgeistParams, *, events_per_batch: int = 1000,
                  max_files_per_trigger: int = 1) -> None:

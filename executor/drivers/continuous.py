@@ -1,16 +1,14 @@
 """Continuous pipelines: every computation's streaming query live at once, until stopped.
 
-:class:`ContinuousRun` (``engine.start_pipeline``, ``deltawheel run``) runs one unbounded query
-per computation in one Spark application, each on its own :class:`Trigger`, on the bounded
-runner's checkpoints (either takes over from the other). Beside the queries: ticks for idle
-stages, tools' hand-overs (``handover.py``), instances sharing intervals (``sharing.py``) and
-background gc.
+:class:`ContinuousRun` (``engine.start_pipeline``, ``deltawheel run``) runs one unbounded query per
+computation in one Spark application, each on its own :class:`Trigger`, on the bounded runner's
+checkpoints (either takes over from the other), beside idle-stage ticks, tools' hand-overs
+(``handover.py``), instances sharing intervals (``sharing.py``) and background gc.
 
 Invariant: a downstream batch never acts on an upstream low watermark beyond what its micro-batch
-read: the watermark read after each batch caps the next one
-(:attr:`.ComputationExecutor.upstream_caps`) and holds the stage's own (:attr:`input_hold_ms`).
-docs/continuous.md, "Watermarks between live stages" and "Stopping".
-"""
+read: the watermark read after each batch caps the next one (:attr:`.ComputationExecutor.upstream_caps`)
+and holds the stage's own (:attr:`input_hold_ms`). docs/continuous.md, "Watermarks between live
+stages" and "Stopping"."""
 
 from __future__ import annotations
 
@@ -73,21 +71,17 @@ class ContinuousRun:
     ``engine.start_pipeline`` (``start()`` already called) on the engine's wiring.
 
     Args:
-        spark, layout, pipeline: the session, the store, the pipeline.
-        wiring: the engine's client, leases, authority and store.
         trigger: every query's trigger (:meth:`Trigger.parse`); ``triggers``: per computation name.
-        computations: the names of the computations this process runs (default: all; the others
-            run elsewhere on the same store and ZooKeeper).
+        computations: the names of those this process runs (default: all; the others run elsewhere
+            on the same store and ZooKeeper).
         wait_s: how long to wait for leases another process holds.
         progress: where the lines go (None: nowhere).
         write_path, direct_read: as :class:`~.pipeline.PipelineRunner`'s.
-        tick_s: how often an idle query's executor looks for timers that became due.
-        instance: this job instance's name when several instances share the intervals
-            (``sharing.py``; None: this process holds every interval of the computations it runs).
-        background_gc: gc's Delta passes every N batches (of any stage) or S seconds, beside the
-            stages (``gc/background.py``; None: none).
-        zk: the engine's ZooKeeper settings, for :meth:`drain`.
-    """
+        tick_s: how often an idle query's executor looks for due timers.
+        instance: this job instance's name when instances share the intervals (``sharing.py``;
+            None: this process holds every interval of its computations).
+        background_gc: gc's Delta passes every N batches or S seconds (``gc/background.py``; None: none).
+        zk: the engine's ZooKeeper settings, for :meth:`drain`."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, wiring: Wiring,
                  trigger: str | float | Trigger | None = None,
@@ -195,13 +189,12 @@ class ContinuousRun:
         return True
 
     def run_until_stopped(self, *, seconds: float | None = None, drain: bool = False) -> StopReport:
-        """Block until SIGTERM, Ctrl-C (SIGINT), ``seconds`` or a failure, then :meth:`stop`
-        (``drain``: that is the end of the input: :meth:`drain` instead). Signal handlers are
-        installed only when called from the main thread (and put back after).
+        """Block until SIGTERM, Ctrl-C, ``seconds`` or a failure, then :meth:`stop` (:meth:`drain` with
+        ``drain``: the input has ended). Signal handlers are installed, and put back, only from the
+        main thread.
 
         Raises:
-            DeltaWheelError: a batch's own typed error (after the run was stopped).
-        """
+            DeltaWheelError: a batch's own typed error (after the run was stopped)."""
         asked = threading.Event()
         old: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -224,14 +217,13 @@ class ContinuousRun:
         return self.stop()
 
     def drain(self) -> RunSummary:
-        """The input has ended: stop, then read every source to its end, move the injectors'
-        watermarks to the end of time and fire and deliver everything, stage after stage
-        (``drain.py``). Returns the summary of that, once every stage is idle with nothing pending.
+        """The input has ended: stop, read every source to its end, move the injectors' watermarks to
+        the end of time and fire and deliver everything stage after stage (``drain.py``); returns the
+        summary once every stage is idle with nothing pending.
 
         Raises:
             ConfigError: an instance sharing its intervals, or a run of only some computations.
-            DeltaWheelError: a batch's own typed error.
-        """
+            DeltaWheelError: a batch's own typed error."""
         from .drain import drain
 
         return drain(self)

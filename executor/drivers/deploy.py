@@ -59,15 +59,13 @@ def submit_args(*, object_store: bool = False, archive: str | None = None, deplo
                 zk: str | None = None, zk_chroot: str = "/deltawheel", job: Path | None = None,
                 bundle: Path | None = None, base_url: str | None = None) -> SubmitArgs:
     """The ``spark-submit`` options a deltawheel job needs; jars are fetched or built if missing.
+    Raises ConfigError (a bad deploy mode or cluster set-up) or JarFetchError.
 
     Args:
         object_store: tables on ``s3a://``: the S3A jars, the log store arbitrated by ZooKeeper.
         archive: the packed environment, a path or URL (None: the cluster's Python).
         job, bundle, base_url: cluster mode on a standalone cluster: files copied into ``bundle``,
-            served at ``base_url``.
-
-    Raises ConfigError (a bad deploy mode or cluster set-up) or JarFetchError.
-    """
+            served at ``base_url``."""
     from deltawheel.statestore.jars import ensure_delta_jars
 
     if deploy_mode not in ("client", "cluster"):
@@ -195,11 +193,9 @@ def _copy_sources(root: Path, dest: Path) -> Path:
 
 def pack_environment(dest: Path, *, python: str | None = None, wheel: Path | None = None,
                      extra: tuple[str, ...] = (), keep_pyspark: bool = False) -> Path:
-    """Pack a virtual environment with deltawheel and ``extra`` into ``dest`` (.tar.gz).
-
-    ``python`` must exist at the same path on the cluster's hosts; an up-to-date archive is kept.
-    Raises ConfigError with a failed step's output.
-    """
+    """Pack a virtual environment with deltawheel and ``extra`` into ``dest`` (.tar.gz); ``python``
+    must exist at the same path on the cluster's hosts. An up-to-date archive is kept; raises
+    ConfigError with a failed step's output."""
     try:
         import venv_pack
     except ImportError as exc:

@@ -1,11 +1,9 @@
-"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``).
-
+"""A running stage's side of a tool's hand-over request (``statestore/zk/handover.py``):
 :class:`HandoverWatch` watches each computation's request znode, so a stage gives its intervals
 back at its next batch boundary.
 
 While the connection is SUSPENDED no watch fires and the stage keeps what it holds; kazoo sets
-the watches again on reconnect. A LOST session ends the leases (batches fail with ``LeaseLostError``).
-"""
+the watches again on reconnect. A LOST session ends the leases (batches fail with ``LeaseLostError``)."""
 
 from __future__ import annotations
 

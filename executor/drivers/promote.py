@@ -1,8 +1,6 @@
-"""Promote: a replay's state replaces the live computation's, under its leases (``deltawheel promote``).
-
+"""Promote (``deltawheel promote``): a replay's state replaces the live computation's, under its leases.
 Check, catch up, take the leases, catch up and prove, replace in one fenced commit; :func:`plan_promote`
-is the dry run. docs/replay.md, "6. Promote".
-"""
+is the dry run. docs/replay.md, "6. Promote"."""
 
 from __future__ import annotations
 

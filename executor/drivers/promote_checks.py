@@ -1,8 +1,6 @@
 """What a promotion proves before it commits: that the replay ran every live commit it replaces.
-
 Claims, fences, compactions and tools' commits need not have been re-run; a commit without input
-positions cannot have been.
-"""
+positions cannot have been."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ def _changes_rows(c: ComputationCommit) -> bool:
 
 def unproven(commits: Sequence[ComputationCommit], marker: Mapping[str, Any], *, num_intervals: int,
              intervals: Sequence[int] | None = None, upto: int | None = None) -> list[tuple[ComputationCommit, str]]:
-    """The live commits the replay of ``marker`` has not re-run, each with why.
-
-    Those after the seed version (up to ``upto``) that change user rows of ``intervals``.
+    """The live commits the replay of ``marker`` has not re-run, each with why: those after the seed
+    version (up to ``upto``) that change user rows of ``intervals``.
 
     >>> from deltawheel.statestore.rowtable.inputfiles import commit_entry, no_input_entry
     >>> def c(v, kind="commit", meta=None):

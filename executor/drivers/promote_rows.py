@@ -1,7 +1,5 @@
-"""The rows a promotion commits: the shadow store's, skipping keys equal to the live row.
-
-Record ids are not content: the live row's are kept; a key only the replay has gets its own.
-"""
+"""The rows a promotion commits: the shadow store's, skipping keys equal to the live row. Record ids
+are not content: the live row's are kept; a key only the replay has gets its own."""
 
 from __future__ import annotations
 

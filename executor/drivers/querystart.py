@@ -85,10 +85,9 @@ def pending_batch(checkpoint: str) -> int | None:
 
 
 def await_commit_log(query: Any, done_batch: int, deadline: float) -> None:
-    """Wait (until ``deadline``, a monotonic time) for ``query`` to report the progress of micro-batch
-    ``done_batch``, the last one its function returned from: Spark writes a batch's commit log before
-    its progress, so a stop after this does not replay that batch at the next start (a replay is
-    harmless, its ids are deduplicated, but the batch is read again)."""
+    """Wait until ``deadline`` (monotonic) for ``query`` to report micro-batch ``done_batch``'s
+    progress: Spark writes a batch's commit log before its progress, so a stop after this does not
+    replay that batch at the next start (harmless, its ids are deduplicated, but read again)."""
     while done_batch >= 0 and time.monotonic() < deadline and query.isActive:
         progress = query.lastProgress
         if progress is not None and int(progress["batchId"]) >= done_batch:

@@ -1,8 +1,7 @@
 """Recovery without the pipeline (``deltawheel recover``): deliver undelivered checkpointed productions.
 
 On ZooKeeper SUSPENDED / LOST while :func:`recover` holds the leases, the lease module's rules
-apply: a redelivery is idempotent, and the next owner's recovery delivers what this one did not.
-"""
+apply: a redelivery is idempotent, and the next owner's recovery delivers what this one did not."""
 
 from __future__ import annotations
 

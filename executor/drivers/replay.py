@@ -10,8 +10,7 @@ A replay of computation C, from rows-table version V up to W:
    ordinary executor; ``<into>/_replay.json`` records where it stands, so a second replay continues.
 4. **Diff** (``replay_diff.py``) the shadow state and productions against the live store as of W.
 
-The live store is only read. docs/replay.md.
-"""
+The live store is only read. docs/replay.md."""
 
 from __future__ import annotations
 
@@ -188,8 +187,7 @@ def load_code(spec: str, computation: str) -> Computation:
 
 def replay_scope(num_intervals: int, *, intervals: Sequence[int] | None = None,
                  keys: Sequence[str] | None = None) -> tuple[int, ...] | None:
-    """The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError.
-    The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError."""
+    """The intervals a partial replay runs: ``intervals``, or those of ``keys`` (None: all); else ConfigError."""
     if intervals is not None and keys is not None:
         raise ConfigError("give --intervals or --keys, not both: keys select their intervals (a key's interval is "
                           "crc32(key) mod num_intervals)")
@@ -262,13 +260,11 @@ def plan_replay(spark: Any, *, store: StoreLayout, into: StoreLayout, pipeline: 
                 to_version: int | None = None, intervals: Sequence[int] | None = None,
                 keys: Sequence[str] | None = None, num_intervals: int | None = None,
                 code: Computation | None = None, injectors: Sequence[Injector] = ()) -> ReplayPlan:
-    """What a replay of ``computation`` would read and write.
-
-    Exactly one of ``from_version``, ``from_timestamp_ms`` and ``from_start``; ``to_version`` None:
-    the newest commit. Raises NotAStoreError, ConfigError (never ran there, an injector missing),
-    ReplayUnavailableError (no such version, or past the horizon), ReplayTargetError (``into`` unfit)
-    or InputGoneError (a planned batch's input file is gone).
-    """
+    """What a replay of ``computation`` would read and write: exactly one of ``from_version``,
+    ``from_timestamp_ms`` and ``from_start``; ``to_version`` None: the newest commit. Raises
+    NotAStoreError, ConfigError (never ran there, an injector missing), ReplayUnavailableError (no such
+    version, or past the horizon), ReplayTargetError (``into`` unfit) or InputGoneError (a planned
+    batch's input file is gone)."""
     scope = None
     if intervals is not None or keys is not None:
         if num_intervals is None:
@@ -370,11 +366,9 @@ def replay(spark: Any, plan: ReplayPlan, *, code: Computation, zk: ZkConfig | No
            injectors: Sequence[Injector] = (), write_path: str = "auto",
            progress: Callable[[str], None] | None = None, diff: bool = True, source: str | None = None,
            code_spec: str | None = None) -> ReplayResult:
-    """Run ``plan`` with ``code``; returns the reports and the diff.
-
-    ``zk``: the shadow store's ZooKeeper (:func:`shadow_chroot`; None: its own embedded server).
-    Raises ReplayCodeError, ConfigError (an injector not given) or InputGoneError.
-    """
+    """Run ``plan`` with ``code``; returns the reports and the diff. ``zk``: the shadow store's
+    ZooKeeper (:func:`shadow_chroot`; None: its own embedded server). Raises ReplayCodeError,
+    ConfigError (an injector not given) or InputGoneError."""
     if code.name != plan.computation:
         raise ReplayCodeError(f"the replayed code is computation {code.name!r}, the plan replays {plan.computation!r}")
     store, into = StoreLayout(plan.store), StoreLayout(plan.into)

@@ -1,20 +1,15 @@
 """The pipeline runner: a :class:`~.pipeline.Pipeline` run on Spark streaming queries.
 
-Each computation is one Structured Streaming query over the union of its
-inputs (an injector's stream, or the Delta tables of streams other
-computations produce), feeding a :class:`ComputationExecutor` through
-``foreachBatch``. :class:`PipelineRunner` runs bounded inputs to completion in
-*rounds*: every computation, in topological order, consumes everything
-available (``trigger(availableNow=True)``, no per-trigger limit on stream
-tables, so a downstream batch holds all its upstream delivered before its
-watermark was read); then timers are flushed; rounds repeat until nothing
-moves. Checkpoints live in the store, so re-running the same command after a
-crash resumes where the last commit left off.
+Each computation is one Structured Streaming query over the union of its inputs (injector streams
+or other computations' stream tables) feeding a :class:`ComputationExecutor` through
+``foreachBatch``. :class:`PipelineRunner` runs bounded inputs to completion in *rounds*: each
+computation in topological order consumes everything available (``availableNow``, no per-trigger
+limit on stream tables, so a downstream batch holds all its upstream delivered before its
+watermark was read), then timers are flushed; rounds repeat until nothing moves. Checkpoints live
+in the store, so re-running a command after a crash resumes from the last commit.
 
-Also here: the direct read of a Parquet injector's files by the image tasks
-(``tasks/image/direct.py``; the runner builds that query's frame, so it knows the frame is
-exactly the injector's stream), tools' hand-overs between rounds (``statestore/zk/handover.py``)
-and background gc (``gc/background.py``). The collaborators are composed by ``wiring.py``.
+Also here: the image tasks' direct read of a Parquet injector's files (``tasks/image/direct.py``),
+tools' hand-overs between rounds and background gc; ``wiring.py`` composes the collaborators.
 docs/embedding.md, "Rounds" and "Direct read"; docs/operations.md, "Garbage collection".
 """
 
@@ -59,17 +54,16 @@ __all__ = ["PipelineRunner"]
 class PipelineRunner:
     """Runs a pipeline's bounded inputs to completion (see the module docstring).
 
-    ``max_pause_s`` bounds how long a batch pauses while ZooKeeper does not serve (a lost quorum, a
-    lone server down): its commits and watermark publications wait and resume when ZooKeeper serves
-    again, and give up with ``LeaseSuspendedError`` after that long (default 300 s; None: as long as the
-    session is not reported expired; an expired one stops the run with ``LeaseLostError``). A ZooKeeper
-    that lost its data refuses the session without expiring it: the run stops with
-    ``CoordinatorStateLostError`` once paused past the session timeout (``statestore/zk/refusal.py``).
+    ``max_pause_s`` bounds a batch's pause while ZooKeeper does not serve (a lost quorum, a lone
+    server down): commits and watermark publications wait, then give up with ``LeaseSuspendedError``
+    (default 300 s; None: while the session is not reported expired, an expired one stops the run
+    with ``LeaseLostError``). A ZooKeeper that lost its data refuses the session without expiring it:
+    the run stops with ``CoordinatorStateLostError`` once paused past the session timeout
+    (``statestore/zk/refusal.py``).
 
-    ``wiring``: run on these ZooKeeper objects (an engine's: ``engine.run_pipeline``) instead of
-    connecting to ``zk`` and migrating the store itself; they are left open (``zk`` then only gives
-    the ACLs of a job instance's membership node, and ``max_pause_s`` is the leases' own).
-    """
+    ``wiring``: an engine's ZooKeeper objects (``engine.run_pipeline``) to run on instead of
+    connecting to ``zk`` and migrating the store; left open (``zk`` then only gives the membership
+    node's ACLs, and ``max_pause_s`` is the leases' own)."""
 
     def __init__(self, spark: Any, layout: StoreLayout, pipeline: Pipeline, *, zk: ZkConfig,
                  owner: str | None = None, wait_s: float = 60.0, progress: Callable[[str], None] = print,
@@ -188,11 +182,10 @@ class PipelineRunner:
                 self._rebalance(comp, execs)
             else:
                 started = execs[comp.name] = self._start(comp, self.intervals, wait_s=self.wait_s)
-                # the computations' leases in the pipeline's order, each before the next (the
-                # rest of each start goes on in the background): two copies started at once
-                # must not each take some computations and wait for the other's. The last
-                # one's are waited for before its query starts (_consume), so its input's
-                # frames are built meanwhile
+                # leases in pipeline order, each computation's before the next's (the rest of each
+                # start goes on in the background): two copies started at once must not each take
+                # some and wait for the other's. The last one's are awaited in _consume, so its
+                # input frames are built meanwhile
                 if i < len(ordered) - 1:
                     started.wait_leased()
 
@@ -251,9 +244,8 @@ class PipelineRunner:
         n = type(comp).num_intervals if intervals is None else len(intervals)
         self.progress(f"{comp.name}: waiting for leases on {n} intervals ...")
         if self.instance is None:
-            # nothing to catch up: once the leases are held, the rest of the start (fence,
-            # recovery) runs while the query starts, and the first batch waits for it (a failed
-            # start fails that batch, typed: _consume)
+            # nothing to catch up: with the leases held, the rest of the start (fence, recovery) runs
+            # while the query starts; the first batch waits for it (a failed start fails it, typed)
             ex.start_in_background(wait_s=wait_s, then=lambda: self.progress(
                 f"{comp.name}: leases held, sequencers {owner.sequencers}"))
             return ex
@@ -269,10 +261,10 @@ class PipelineRunner:
         return ex
 
     def _rebalance(self, comp: Computation, execs: dict[str, ComputationExecutor | None]) -> None:
-        """Between batches: hold the intervals the target gives this instance that are free
-        (``members.py``: the live members' split, or the operator's move request). Intervals
-        assigned elsewhere are given back after the last batch's delivery settled (``stop``);
-        a change restarts the executor on the new set (fence, recovery, catch-up)."""
+        """Between batches: hold the free intervals the target gives this instance (``members.py``:
+        the live members' split, or the operator's move request), give back those assigned elsewhere
+        once the last delivery settled (``stop``); a change restarts the executor on the new set (fence,
+        recovery, catch-up)."""
         client = self._wiring.client
         n = type(comp).num_intervals
         want = set(target(client, self.pipeline.name, comp.name, n).get(str(self.instance), ()))
@@ -376,10 +368,9 @@ class PipelineRunner:
         """One availableNow query over the computation's inputs; returns records consumed."""
         injectors = {i.name: i for i in self.pipeline.injectors}
         if self.instance is not None and ex.authority is not None:
-            # read before the query pins its snapshot of the upstream stream tables (or before the
-            # check that they did not change since the last one did): another instance may deliver
-            # and advance an upstream's watermark after that, and this query (and the flush after
-            # it) must not act on rows it has not read (ComputationExecutor.input_watermark)
+            # read before the query pins its snapshot of the upstream stream tables (or checks they
+            # are unchanged): another instance may deliver and advance an upstream watermark after
+            # that, and this query and its flush must not act on rows it has not read
             ex.upstream_caps = {name: ex.authority.advance_low_watermark(name)
                                 for kind, _, name in (u.partition(":") for u in ex.upstream)
                                 if kind == "computation"}

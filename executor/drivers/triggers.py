@@ -28,8 +28,7 @@ class Trigger:
 
     @classmethod
     def parse(cls, value: str | float | Trigger | None) -> Trigger:
-        """A trigger from None / ``""``, seconds, or text such as ``"500ms"``; ConfigError for anything else.
-        A trigger from None / ``""``, seconds, or text such as ``"500ms"``; ConfigError for anything else."""
+        """A trigger from None / ``""``, seconds, or text such as ``"500ms"``; ConfigError for anything else."""
         if isinstance(value, Trigger):
             return value
         if value is None or value == "":

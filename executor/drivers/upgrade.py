@@ -1,8 +1,6 @@
-"""Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel upgrade-state``).
-
-One fenced, audited commit under the affected intervals' leases, while the pipeline runs the new
-code; any key's failing ``upgrade_state`` refuses the whole upgrade. docs/operations.md, "State versions".
-"""
+"""Upgrading every key's state to a computation's ``state_version`` at once (``deltawheel upgrade-state``):
+one fenced, audited commit under the affected intervals' leases while the pipeline runs the new code;
+any key's failing ``upgrade_state`` refuses the whole upgrade. docs/operations.md, "State versions"."""
 
 from __future__ import annotations
 
@@ -43,8 +41,7 @@ class UpgradePlan:
 
 
 def _upgraded(code: Computation, rows: Sequence[KeyRow]) -> tuple[list[KeyRow], list[tuple[str, int, Any, Any]]]:
-    """``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError.
-    ``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError."""
+    """``rows`` with older states upgraded, and (key, from, before, after) of those; else StateUpgradeError."""
     to = code.state_version
     codec, column = codec_of(code), state_codec_of(code)
     out: list[KeyRow] = []
@@ -96,11 +93,9 @@ def upgrade_all(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, 
                 wait_s: float = 0.0, no_wait: bool = False, source: str = "",
                 progress: Callable[[str], None] | None = None,
                 before_commit: Callable[[Mapping[int, int]], None] | None = None) -> SurgeryResult:
-    """Upgrade every older-version row of ``code``'s computation in one fenced, audited commit.
-
-    Raises ConfigError (no such computation), StateUpgradeError (nothing changed) or, as
-    ``replace_intervals``, LeaseHeldError, StaleSequencerError and LeaseLostError.
-    """
+    """Upgrade every older-version row of ``code``'s computation in one fenced, audited commit. Raises
+    ConfigError (no such computation), StateUpgradeError (nothing changed) or, as
+    ``replace_intervals``, LeaseHeldError, StaleSequencerError and LeaseLostError."""
     plan = plan_upgrade(spark, layout, client, pipeline=pipeline, code=code, sample=0)
     if not plan.intervals:
         return SurgeryResult(computation=code.name, intervals=(), sequencers={}, upserted=(), deleted=(), before={}, version=None,

@@ -2,12 +2,9 @@
 and :class:`WatermarkAuthority` on it, the :class:`RowStore`, and per computation an
 :class:`IntervalOwner` and its :class:`ComputationExecutor`.
 
-Every driver builds on it: :func:`~.engine.connect` and the :class:`~.engine.Engine`,
-:class:`~.runner.PipelineRunner` (on an engine's :class:`Wiring`, or one of its own),
-:func:`~.recover.recover` (:func:`recovery_owner`: leases and a row store, no watermark
-authority) and, through
-``connect``, ``deltawheel quickstart``; ``deltawheel status`` reads the watermarks through
-:func:`watermark_reader`. A driver keeps its own order of closing what it opened.
+:func:`~.engine.connect`, :class:`~.runner.PipelineRunner` and :func:`~.recover.recover` (through
+:func:`recovery_owner`) build on it; ``deltawheel status`` reads watermarks through
+:func:`watermark_reader`. Each driver closes what it opened in its own order.
 """
 
 from __future__ import annotations
@@ -65,12 +62,11 @@ class Wiring:
 
 def wire(spark: Any, layout: StoreLayout, client: Any, *, pipeline: str, owner: str, zk: ZkConfig,
          max_pause_s: float | None = DEFAULT_MAX_PAUSE_S, instance: str | None = None) -> Wiring:
-    """The leases, the watermark authority and the row store of ``pipeline`` on ``client``,
-    ``owner`` naming this process on the leases and the rows.
-
-    ``zk``: gives the ACLs of the znodes (its digest); ``max_pause_s``: how long a batch pauses
-    while ZooKeeper does not serve (None: while the session lives); ``instance``: the job
-    instance's name, kept across restarts (a restart takes its dead predecessor's leases at once)."""
+    """The leases, the watermark authority and the row store of ``pipeline`` on ``client``, ``owner``
+    naming this process on the leases and the rows; ``zk`` gives the znodes' ACLs (its digest);
+    ``max_pause_s``: how long a batch pauses while ZooKeeper does not serve (None: while the session
+    lives); ``instance``: the job instance's name, kept across restarts (a restart takes its dead
+    predecessor's leases at once)."""
     acls = digest_acls(zk)
     # each checks ZooKeeper's layout znodes (round trips of their own): both at once
     making = beside(lambda: WatermarkAuthority(client, pipeline=pipeline, acls=acls, max_pause_s=max_pause_s),
@@ -135,8 +131,7 @@ def open_client_planned(spark: Any, layout: StoreLayout, zk: ZkConfig) -> tuple[
 
     Raises:
         What connecting raises (e.g. ``ZooKeeperServerError``), else what planning raises (e.g.
-        ``SchemaTooNewError``; the client is closed then).
-    """
+        ``SchemaTooNewError``; the client is closed then)."""
     import deltawheel.migrations as migrations
 
     _arbitrate_commits(spark, layout, zk)  # before the plan reads the store
@@ -174,16 +169,14 @@ def injector_hook(authority: WatermarkAuthority, feeding: Sequence[Injector], *,
                   instance: str | None = None,
                   held: Callable[[], Mapping[str, Mapping[int, int]]] | None = None,
                   ) -> InjectorHook:
-    """The ``on_batch_end`` hook of an executor fed by ``feeding``: after each micro-batch, each
+    """The ``on_batch_end`` hook of an executor fed by ``feeding``: after each micro-batch each
     injector observes the batch's event-time range and its watermark is published (with
-    ``instance``, as that job instance's estimate, beside the intervals ``held()`` returns:
-    :meth:`.WatermarkAuthority.publish_instance_injector`). The executor publishes the estimates
-    in its watermark step's own ZooKeeper transaction (:class:`.hooks.InjectorHook`).
+    ``instance``, as that instance's estimate beside the intervals ``held()`` returns), in the
+    executor's watermark-step ZooKeeper transaction (:class:`.hooks.InjectorHook`).
 
     Raises:
         ConfigError: an injector estimates from its pending files (``watermark_percentile``) and no
-            ``checkpoint`` (the query's, whose file log says what was read) is given.
-    """
+            query ``checkpoint`` (whose file log says what was read) is given."""
     return InjectorHook(authority, feeding, checkpoint=checkpoint, instance=instance, held=held)
 
 
@@ -194,14 +187,11 @@ def watermark_reader(client: Any, *, pipeline: str) -> WatermarkAuthority:
 
 def positions_recorder(computation: Computation, injectors: Mapping[str, Injector], *, layout: StoreLayout,
                        checkpoint: str, spark: Any = None) -> SharedInput | None:
-    """What makes each commit of ``computation`` record its batch's input positions (replay,
-    docs/replay.md): set as the executor's ``positions``. None for inputs without file positions
-    (JSON Lines and Delta-table injectors, several Parquet injectors; a computation fed by Kafka
-    injectors records offset ranges, and the files of a Parquet injector and stream tables beside them), and for a query checkpoint
-    on an object store the positions readers do not reach (another scheme than ``s3a://``, or no
-    ``spark`` given, whose Hadoop settings say how to reach the bucket): nothing recorded, and the
-    batches run as before. On ``s3a://`` the checkpoint's logs and the stream tables' Delta logs
-    are read with the session's S3 settings (``storefs.files_resolver``)."""
+    """What makes each commit of ``computation`` record its batch's input positions (docs/replay.md),
+    set as the executor's ``positions``: Kafka injectors' offset ranges, Parquet injectors' and
+    stream tables' files. None, and nothing recorded, for inputs without positions (JSON Lines and
+    Delta-table injectors, several Parquet injectors) or a checkpoint on an object store the readers
+    cannot reach (not ``s3a://``, or no ``spark`` for its S3 settings: ``storefs.files_resolver``)."""
     from deltawheel.statestore.delta.storefs import files_resolver, supports
     from deltawheel.statestore.exceptions import ConfigError
 

@@ -1,5 +1,3 @@
-"""What starts a server process for a user or a test: an embedded ZooKeeper server
-(``zookeeper.py``) and a local ensemble of them (``ensemble.py``), a local store's own ZooKeeper
-(``embedded.py``), S3Proxy as a local S3-compatible store (``s3proxy.py``), a single-node Kafka
-broker (``kafka.py``) and a local Spark standalone cluster (``cluster.py``).
-"""
+"""Server processes for users and tests: embedded ZooKeeper (``zookeeper.py``) and local ensembles
+of it (``ensemble.py``), a local store's own ZooKeeper (``embedded.py``), S3Proxy (``s3proxy.py``),
+a Kafka broker (``kafka.py``) and a Spark standalone cluster (``cluster.py``)."""

@@ -350,14 +350,12 @@ class ZooKeeperUse:
 
 def ensure_zookeeper(cfg: ZkConfig, layout: StoreLayout, *, embedded: bool = True,
                      own: bool = False) -> ZooKeeperUse:
-    """The ZooKeeper for a command on ``layout``; release the returned use when done.
-
-    ``own``: no ``--zk`` was given, so a local store uses its own server and ``cfg.hosts`` is
-    ignored; ``embedded``: a server may be started.
+    """The ZooKeeper for a command on ``layout``; release the returned use when done. ``own``: no
+    ``--zk`` was given, so a local store uses its own server and ``cfg.hosts`` is ignored;
+    ``embedded``: a server may be started.
 
     Raises:
-        ZooKeeperServerError: the server could not start, or runs on another port than ``cfg.hosts``'s.
-    """
+        ZooKeeperServerError: the server could not start, or runs on another port than ``cfg.hosts``'s."""
     if own and embedded and layout.is_local:
         owner = StoreZooKeeper(layout)
         server, user, started = owner.acquire()

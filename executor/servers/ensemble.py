@@ -29,10 +29,8 @@ class EnsembleStatus:
 
 
 class ZooKeeperEnsemble:
-    """Several ZooKeeper servers forming one ensemble on this machine.
-
-    ``size`` is odd; ``client_ports`` default to those recorded in ``data_dir``, else free ones.
-    """
+    """Several ZooKeeper servers forming one ensemble on this machine; ``size`` is odd,
+    ``client_ports`` default to those recorded in ``data_dir``, else free ones."""
 
     def __init__(self, data_dir: Path | str, *, size: int = 3, host: str = "127.0.0.1",
                  client_ports: list[int] | None = None) -> None:

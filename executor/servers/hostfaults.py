@@ -1,15 +1,12 @@
-"""Faults between the hosts of the test bed (``deltawheel cluster fault``): cut a host off, heal it,
-kill it whole.
+"""Faults between the test bed's hosts (``deltawheel cluster fault``): cut a host off, heal it, kill it.
 
-A *whole* cut sets the host's veth down on the bridge side: nothing reaches it, it reaches
-nothing, and its processes keep running. A cut *from peers* drops what the host and each peer
-send each other, and nothing else: on both sides a permanent neighbour entry gives the other's
-address a hardware address no host has (:data:`DEAD_MAC`), so the bridge carries the frames to
-no one. Packets vanish silently, as in a real partition (no refusal, no error on send): open
-connections stall and new ones time out. Healing deletes those entries (the kernel asks ARP
-again) or sets the veth up. Neither needs ``iptables`` or ``nft`` (not every machine has them),
-only ``ip``. A host killed whole loses every process of its namespace (SIGKILL);
-:meth:`HostFaults.restart` starts what the bed's services miss again.
+A *whole* cut sets the host's veth down on the bridge side: nothing reaches it, it reaches nothing,
+its processes keep running. A cut *from peers* drops only what the host and each peer send each
+other: on both sides a permanent neighbour entry maps the other's address to a hardware address no
+host has (:data:`DEAD_MAC`), so packets vanish silently as in a real partition (open connections
+stall, new ones time out). Healing deletes those entries or sets the veth up; only ``ip`` is needed
+(no ``iptables`` or ``nft``). A host killed whole loses every process of its namespace (SIGKILL);
+:meth:`HostFaults.restart` starts the bed's missing services again.
 """
 
 from __future__ import annotations

@@ -76,11 +76,9 @@ class HostsStatus:
 
 
 class HostsCluster:
-    """The hosts test bed: network, Spark installation and services; see the module docstring.
-
-    ``subnet``: the first three octets of the hosts' /24; ``services``: which of ``s3``, ``zk``,
-    ``spark`` :meth:`up` starts (default: the last ``up``'s, else all).
-    """
+    """The hosts test bed (see the module docstring); ``subnet``: the first three octets of the
+    hosts' /24; ``services``: which of ``s3``, ``zk``, ``spark`` :meth:`up` starts (default: the
+    last ``up``'s, else all)."""
 
     def __init__(self, data_dir: Path | str, *, subnet: str = DEFAULT_SUBNET,
                  services: Sequence[str] | None = None, worker_memory: str = "2g") -> None:
@@ -189,13 +187,11 @@ class HostsCluster:
 
     def up(self, *, timeout_s: float = 120.0, fresh: bool = False) -> None:
         """Make the network and the hosts, then start the services; on failure take everything down.
-
         ``fresh``: first delete every host's folder but the Spark installation (refused while it runs).
 
         Raises:
             HostsUnavailableError: namespaces cannot be made on this machine.
-            ClusterError / ZooKeeperServerError / ObjectStoreServerError: a service did not come up.
-        """
+            ClusterError / ZooKeeperServerError / ObjectStoreServerError: a service did not come up."""
         if fresh:
             if leftovers():
                 raise ClusterError("--fresh: the test bed is up; take it down first (deltawheel cluster down --hosts)")

@@ -1,10 +1,8 @@
-"""A local single-node Kafka broker in KRaft mode, run from the Kafka jars on Maven Central.
+"""A local single-node Kafka broker in KRaft mode, for development and tests of Kafka sources.
 
-For development and tests of Kafka sources. One ``kafka.Kafka`` process is broker and controller,
-started after ``kafka-storage format`` as Kafka's quickstart does; its ``server.properties``,
-``logs/``, ``kafka.log`` and ``kafka.pid`` live in one folder. The jars pyspark does not ship
-(:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central.
-"""
+One ``kafka.Kafka`` process is broker and controller, started after ``kafka-storage format`` as
+Kafka's quickstart does; ``server.properties``, ``logs/``, ``kafka.log`` and ``kafka.pid`` live in one
+folder. The jars pyspark does not ship (:data:`KAFKA_BROKER_JARS`) are fetched once from Maven Central."""
 
 from __future__ import annotations
 
@@ -74,13 +72,11 @@ def ensure_kafka_broker_jars(jars_dir: Path | None = None, *, quiet: bool = Fals
 
 
 class KafkaBroker(Server):
-    """A single-node Kafka broker + controller (KRaft) in its own detached process.
+    """A single-node Kafka broker + controller (KRaft) in its own detached process; ``port`` and
+    ``controller_port`` default to free ones, ``num_partitions`` is for topics created on first use.
 
     >>> KafkaBroker("kafka-data", port=9092, controller_port=9093).bootstrap_servers
     '127.0.0.1:9092'
-
-    ``port`` and ``controller_port`` default to free ones; ``num_partitions`` is for topics
-    created on first use.
     """
 
     stop_timeout_s = 20.0
@@ -165,13 +161,11 @@ class KafkaBroker(Server):
 
 def create_topic(spark: Any, bootstrap_servers: str, topic: str, *, partitions: int,
                  timeout_s: float = 60.0, configs: Mapping[str, str] | None = None) -> None:
-    """Create ``topic`` (replication 1, topic settings ``configs``) with the admin client in the Spark driver.
-
-    An existing topic is left as it is.
+    """Create ``topic`` (replication 1, topic settings ``configs``) with the admin client in the Spark
+    driver; an existing topic is left as it is.
 
     Raises:
-        KafkaServerError: the broker refused or did not answer in time.
-    """
+        KafkaServerError: the broker refused or did not answer in time."""
     from deltawheel.statestore.delta.jvm import jvm
 
     j = jvm(spark)

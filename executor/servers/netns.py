@@ -186,12 +186,10 @@ class HostNetwork:
 
 def isolated_prefix(host: Host, *, own_dir: Path, shared_dirs: Sequence[Path] = (), hidden: Sequence[Path] = (),
                     env: Mapping[str, str] | None = None) -> list[str]:
-    """The words that run a command on ``host`` with its own view of the file system.
-
-    The folders of :data:`MASKED`, :func:`private_folders` and ``hidden`` are replaced by empty tmpfs; ``own_dir`` (writable)
-    and ``shared_dirs`` (read-only) come back at their own paths. The command runs with a clean
-    environment: ``PATH`` = :data:`BASE_PATH`, ``HOME=/root``, ``LANG`` and ``env``.
-    """
+    """The words that run a command on ``host`` with its own view of the file system: the folders of
+    :data:`MASKED`, :func:`private_folders` and ``hidden`` become empty tmpfs; ``own_dir`` (writable)
+    and ``shared_dirs`` (read-only) come back at their own paths. The environment is clean:
+    ``PATH`` = :data:`BASE_PATH`, ``HOME=/root``, ``LANG`` and ``env``."""
     keep = [own_dir.resolve(), *(d.resolve() for d in shared_dirs)]
     masks = _masks([*private_folders(), *(d.resolve() for d in hidden)])
     lines = ["set -e", f"mount -t tmpfs -o size=1m,mode=755 dwh-stage {_STAGE}"]

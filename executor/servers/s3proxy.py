@@ -1,8 +1,6 @@
-"""A local S3-compatible object store: S3Proxy (``org.gaul:s3proxy``) on a filesystem backend.
-
-For trials and tests, not production: a bucket is a folder under ``blobs/`` and an object a file.
-The server is a detached ``java -jar`` process (its jar fetched once from Maven Central); readiness
-is any HTTP reply.
+"""A local S3-compatible object store for trials and tests: S3Proxy (``org.gaul:s3proxy``) on a
+filesystem backend, a bucket a folder under ``blobs/`` and an object a file. The server is a
+detached ``java -jar`` process (its jar fetched once from Maven Central); readiness is any HTTP reply.
 """
 
 from __future__ import annotations
@@ -39,10 +37,8 @@ class ObjectStoreStatus:
 
 
 class S3ProxyServer(Server):
-    """An S3Proxy server with a filesystem backend in its own detached process.
-
-    ``identity`` is the access key; the secret key is generated at the first start and kept.
-    """
+    """An S3Proxy server with a filesystem backend in its own detached process; ``identity`` is the
+    access key, the secret key is generated at the first start and kept."""
 
     def __init__(self, data_dir: Path | str, *, port: int = DEFAULT_OBJECTSTORE_PORT, host: str = "127.0.0.1",
                  identity: str = DEFAULT_IDENTITY, jars_dir: Path | None = None,

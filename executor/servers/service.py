@@ -25,10 +25,8 @@ def read_properties(path: Path) -> dict[str, str]:
 
 class Server:
     """The server of ``data_dir`` on ``host:port``: its process, ``<stem>.pid`` and ``<stem>.log``.
-
-    A subclass says when it serves (:meth:`ready`). ``prefix``: words before its command, to run
-    it on a test host (:mod:`.hosts`).
-    """
+    A subclass says when it serves (:meth:`ready`); ``prefix``: words before its command, to run it
+    on a test host (:mod:`.hosts`)."""
 
     stop_timeout_s = 15.0  #: how long :meth:`stop` waits after SIGTERM by default
 

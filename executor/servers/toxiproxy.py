@@ -1,9 +1,8 @@
-"""Toxiproxy: a TCP proxy that adds real network latency between a client and a local server.
+"""Toxiproxy: a TCP proxy adding real network latency between a client and a local server.
 
-``deltawheel bench commits`` puts it between Spark and S3Proxy, so every object-store request
-waits on the wire as a remote one does. The binary is built once with ``go install`` into
-``~/.cache/deltawheel/bin`` (:func:`ensure_toxiproxy`). Proxies are set through its HTTP API.
-"""
+``deltawheel bench commits`` puts it between Spark and S3Proxy, so every object-store request waits
+on the wire as a remote one does. :func:`ensure_toxiproxy` builds the binary once with ``go install``
+into ``~/.cache/deltawheel/bin``; proxies are set through its HTTP API."""
 
 from __future__ import annotations
 

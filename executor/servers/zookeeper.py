@@ -190,12 +190,10 @@ class EmbeddedZooKeeper(Server):
 
     def launch(self) -> int:
         """Start the server process (unless it runs) without waiting for it to serve; returns its pid.
-
-        An ensemble member only serves once a quorum runs: start them all, then :meth:`wait_ready`.
+        An ensemble member serves only once a quorum runs: start them all, then :meth:`wait_ready`.
 
         Raises:
-            ZooKeeperServerError: java or the jars are missing, or the port is taken by another process.
-        """
+            ZooKeeperServerError: java or the jars are missing, or the port is taken by another process."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         running = self.process.pid()
         if running is not None:

@@ -1,11 +1,8 @@
 """From an engine's output rows to each record's latency, and the exactly-once checks.
 
-An output table's rows come in one of two kinds: ``records``, one row per input record
-(``record_id``, ``key`` number, ``count``: its running count or null, ``version``), visible at that
-version's commit; or ``key_counts``, one row per (micro-batch, key) whose count changed
-(``batch_id``, ``key``, ``count``, ``version``), a record counting into its key's row of the batch
-that read it. :func:`check_records` / :func:`check_key_counts` check every input record is in the
-output exactly once; :func:`summarize` gives the figures over the steady state.
+An output is either ``records``, one row per input record (``record_id``, ``key``, ``count``: its
+running count or null, ``version``), or ``key_counts``, one row per (micro-batch, key) whose count
+changed (``batch_id``, ``key``, ``count``, ``version``).
 """
 
 from __future__ import annotations
@@ -232,9 +229,8 @@ def summarize(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, 
     out["over_time"] = buckets
     prog = sorted({int(p["batchId"]): p for p in progress}.values(), key=lambda p: int(p["batchId"]))
     out["batches"] = {"count": len(prog), "duration_s": _batch_durations(prog)}
-    # where a record's time went: its batch's trigger start (progress timestamp), Spark's steps
-    # before the batch's data is written (listing, offset log, getBatch, planning), then the rest
-    # to the visible commit
+    # where a record's time went: to its batch's trigger start, Spark's steps before the data is
+    # written (listing, offset log, getBatch, planning), then to the visible commit
     start = {int(p["batchId"]): iso_seconds(p["timestamp"]) for p in prog}
     before = {int(p["batchId"]): sum(p.get("durationMs", {}).get(k, 0) for k in _BEFORE_BATCH) / 1000 for p in prog}
     ts = np.array([start.get(int(b), np.nan) for b in batch]) if batch.size else np.zeros(0)

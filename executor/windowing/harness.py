@@ -1,11 +1,9 @@
 """The scenario harness: script a keyed stream, run a windowed computation, get its panes.
 
-A scenario (``SCENARIO_FORMAT.md``; seconds) lists elements, watermark advances and
-processing-time advances in arrival order. The harness drives the real per-key runner
-(:func:`~deltawheel.executor.tasks.usercode.keyrun.run_key`) as the executor does: an element
-runs its key, a clock step runs every key with a due timer, and after the last step the
-watermark moves to :data:`~.windows.END_OF_INPUT_MS`. Rows live in a :class:`Backend`.
-Usage: docs/windowing.md, "Testing your pipeline: the scenario harness".
+A scenario (``SCENARIO_FORMAT.md``) lists elements and watermark and processing-time advances in
+arrival order. The harness drives the real per-key runner as the executor does; after the last step
+the watermark moves to :data:`~.windows.END_OF_INPUT_MS`. Usage: docs/windowing.md, "Testing your
+pipeline: the scenario harness".
 """
 
 from __future__ import annotations
@@ -336,9 +334,8 @@ class _Runner:
 def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Backend = "memory") -> dict[str, Any]:
     """Run a scenario through the per-key runner; return ``{"panes": [...], "dropped": [...]}``.
 
-    A scenario that declares ``state_ttl`` also gets ``"expired": [{"key", "after_step"}, ...]``.
-
-    ``scenario`` is a dict or a JSON file's path; ``backend`` ``"memory"``, ``"delta"`` or a :class:`Backend`.
+    With ``state_ttl`` the result also has ``"expired": [{"key", "after_step"}, ...]``. ``scenario``:
+    a dict or a JSON file's path; ``backend``: ``"memory"``, ``"delta"`` or a :class:`Backend`.
 
     Raises:
         WindowingError: malformed scenario or unknown backend.

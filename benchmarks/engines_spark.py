@@ -1,10 +1,8 @@
 """Benchmark engines: the common interface (:class:`Engine`), and Spark's own stateful operators.
 
-An engine runs WORKLOAD.md's window count over a :class:`WorkloadData` in a given session and
-returns an :class:`EngineResult`, judged by :func:`build_result` as every other engine's; one with
-``takes_store = True`` also takes ``store=``, a folder URI for its state and output
-(``--store-uri``). ``spark_sql`` and ``spark_tws`` (docs/benchmarks.md, "Throughput") need the
-RocksDB state store provider of :data:`SPARK_BENCH_CONF`.
+An engine runs WORKLOAD.md's window count in a given session and returns an :class:`EngineResult`,
+judged by :func:`build_result`; one with ``takes_store = True`` also takes ``store=``, a folder URI
+for its state and output.
 """
 
 from __future__ import annotations
@@ -94,8 +92,7 @@ def build_result(name: str, data: WorkloadData, *, output: pa.Table, wall_s: flo
                  notes: Sequence[str] = ()) -> EngineResult:
     """Judge an engine's emitted rows against the reference and package the figures.
 
-    ``output`` has columns ``key``, ``window_start`` (timestamp) or ``window_start_ms`` (int64), and
-    ``count``. If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived.
+    If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived.
     """
     chk = check_output(output, data.reference)
     notes = list(notes)

@@ -1,8 +1,7 @@
 """On paper: what a deployment asks of Delta, S3 and ZooKeeper (docs/scale.md, "On paper").
 
-A model, not a measurement: per-batch costs counted from the code (each constant names where),
-the commit ceiling measured by ``deltawheel bench commits`` (docs/scale.md, "Measured"), the rest
-published limits. ``python -m deltawheel.benchmarks.scale_model [--json]``.
+A model: per-batch costs counted from the code, the commit ceiling measured by ``deltawheel bench
+commits``, the rest published limits.
 """
 
 from __future__ import annotations
@@ -79,9 +78,8 @@ def _ceiling(writers: float, group_commit: bool) -> float:
 
 
 def _table(writers: float, batches_per_s: float, group_commit: bool, batch_s: float) -> dict[str, float]:
-    """One table's commits against its ceiling. Without group commit a version per batch is needed;
-    with it the committer folds what waits, and needs a version every half batch interval at most
-    (a batch waits up to two commit times: docs/scale.md, "Raising it")."""
+    """One table's commits against its ceiling: a version per batch, or with group commit at most one
+    per half batch interval (docs/scale.md, "Raising it")."""
     ceiling = _ceiling(writers, group_commit)
     versions = min(batches_per_s, ceiling) if group_commit else batches_per_s
     needed = min(batches_per_s, 2 / batch_s) if group_commit else batches_per_s

@@ -25,8 +25,7 @@ _views = itertools.count()
 
 @dataclass(frozen=True)
 class StreamRetention:
-    """What stream retention found in one stream table: ``removed`` records older than the cutoff,
-    ``held`` older ones kept because their production is still checkpointed."""
+    """One stream table's ``removed`` records older than the cutoff, and ``held`` ones still checkpointed."""
 
     removed: int
     held: int
@@ -38,8 +37,7 @@ def _version(spark: Any, path: str) -> int:
 
 def stream_retention(spark: Any, layout: StoreLayout, path: str, *, stream: str, cutoff_ms: int,
                      rows_table: bool, apply: bool) -> StreamRetention:
-    """Remove (``apply``) or count the stream table's records before ``cutoff_ms`` whose production
-    is not checkpointed (``rows_table``: the store has a rows table)."""
+    """Remove (``apply``) or count the records before ``cutoff_ms`` whose production is not checkpointed."""
     from pyspark.sql import functions as F
 
     old = (spark.read.format("delta").option("versionAsOf", _version(spark, path)).load(path)

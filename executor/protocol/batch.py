@@ -18,8 +18,7 @@ the body's ``# Step N`` comments number them:
 
 Steps 3-5 rerun, at most :data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the rows
 is stale. Open deliveries hold the low watermark and are settled before the next commit. A crash
-anywhere followed by a restart gives the same rows and stream records as a run without it.
-"""
+anywhere followed by a restart gives the same rows and stream records as a run without it."""
 
 from __future__ import annotations
 

@@ -44,8 +44,7 @@ class ComputationExecutor:
         upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries making the input watermark.
         manual_watermarks: the caller passes ``input_watermark_ms``, so no watermark source is needed.
         write_path: ``"image"``, ``"merge"`` or ``"auto"`` (``tasks/paths.py``).
-        event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock ({}: no check).
-    """
+        event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock ({}: no check)."""
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
                  authority: WatermarkAuthority | None = None, upstream: Sequence[str] = (),

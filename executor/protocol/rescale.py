@@ -2,8 +2,7 @@
 
 A record whose position is in its interval's committed set is dropped (**skip**); on taking
 intervals, positions this instance consumed but a taken interval lacks run first (**catch-up**).
-docs/rescaling.md, "The hazard, and how a move stays exact".
-"""
+docs/rescaling.md, "The hazard, and how a move stays exact"."""
 
 from __future__ import annotations
 

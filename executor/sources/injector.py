@@ -1,8 +1,7 @@
 """The injector contract: what a source of a pipeline gives, and how it estimates its low watermark.
 
 An injector's streaming DataFrame is in the stream-table schema with a ``record_id`` that is the same
-on every re-run. Estimates: docs/injector-watermarks.md; sources: docs/sources.md.
-"""
+on every re-run. Estimates: docs/injector-watermarks.md; sources: docs/sources.md."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ class Injector(Protocol):
     """A source of a pipeline: a stream in the stream schema plus a watermark estimate.
 
     Optional: ``input_token() -> Hashable | None``, a cheap summary of the input available now
-    (None: unknown); the runner skips a query whose inputs' tokens did not change.
-    """
+    (None: unknown); the runner skips a query whose inputs' tokens did not change."""
 
     name: str
 

@@ -1,8 +1,7 @@
 """JSON input: a folder of JSON Lines files, and the JSON parse that Kafka messages share.
 
 A line that does not parse, or is not UTF-8, becomes a dead letter "malformed input" holding the line
-as written (``raw_value``). Blank lines are skipped.
-"""
+as written (``raw_value``). Blank lines are skipped."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Spark's Kafka connector is not in the pyspark wheel: see ``statestore/session/connectors.py``.
 As in Flink's and Beam's Kafka sources, a partition that delivered nothing yet holds the watermark at
-"unknown"; one silent for ``idle_timeout_ms`` is left out until it delivers again (``None``: never).
-"""
+"unknown"; one silent for ``idle_timeout_ms`` is left out until it delivers again (``None``: never)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A windowed computation is an ordinary ``Computation`` whose windows live in the key's state and
 timers, so it keeps the executor's exactly-once guarantees. Semantics follow SCENARIO_FORMAT.md,
-and Beam Java where the model leaves a choice; records, state layout and timers: docs/windowing.md.
-"""
+and Beam Java where the model leaves a choice; records, state layout and timers: docs/windowing.md."""
 
 from __future__ import annotations
 

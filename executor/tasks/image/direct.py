@@ -1,8 +1,6 @@
-"""Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
+"""Image tasks that read a Parquet injector's files with pyarrow and prepare them as the JVM does.
 
-Each task reads the batch's files with pyarrow and computes the prepared columns as the JVM does;
-anything unrecognised takes the JVM path. docs/embedding.md, "Direct read".
-"""
+Anything unrecognised takes the JVM path. docs/embedding.md, "Direct read"."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A key's run: 1. drop records already seen; 2. ``process_record`` on the rest in event-time order;
 3. fire due timers in timestamp order (event time before the input low watermark, processing
-time up to now); 4. build the new row image.
-"""
+time up to now); 4. build the new row image."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
 
     ``presorted``: already in (event time, record id) order; ``keep_ids``: False only reports new ids;
-    ``strong``: checkpoint the productions in the row (default: ``comp.strong_productions``).
-    """
+    ``strong``: checkpoint the productions in the row (default: ``comp.strong_productions``)."""
     codec = codec_of(comp)
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
                   timers=row.timers if row else (), outputs=comp.outputs,

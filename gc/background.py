@@ -3,8 +3,7 @@
 Only the passes safe under a running job run: the retentions (blind deletes of tables executors only
 append to), OPTIMIZE, the path pass, VACUUM at Delta's 168 h minimum or more, the log checkpoint, and
 the audit recovery for tools' commits older than :data:`AUDIT_GRACE_MS`. A failed run is logged and
-the pipeline goes on. docs/operations.md, "Garbage collection", "From the running pipeline".
-"""
+the pipeline goes on. docs/operations.md, "Garbage collection", "From the running pipeline"."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 A name leaves every interval's set of a computation, in one fenced commit under all its leases, when
 (a) every interval ran the file (its set or ``ranlog.py`` says so) and (b) the file is gone from its
 source. The commit also adds what the log says each interval ran, except gone names no set holds.
-A name whose full path cannot be known stays. Why that is exact: docs/rescaling.md, "Bounded sets".
-"""
+A name whose full path cannot be known stays. Why that is exact: docs/rescaling.md, "Bounded sets"."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 With ``--log-retention-hours``, gc deletes the log files before the newest checkpoint whose commit
 (its file's modification time) is older, as Delta's cleanup does. Only local and ``s3a://`` tables
-are cleaned. Deleting below a checkpoint never races a writer: writers only add versions after it.
-"""
+are cleaned. Deleting below a checkpoint never races a writer: writers only add versions after it."""
 
 from __future__ import annotations
 

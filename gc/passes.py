@@ -4,8 +4,7 @@ Each pass reports what it would remove (dry run, the default) or removed; docs/o
 "Garbage collection". Invariants: a stream record whose production is still checkpointed is kept
 (never delivered twice); rewritten rows keep their commit id (recovery decides "delivered" by it);
 a too-short VACUUM or replay-horizon retention is refused before anything changes; keys' rows are
-never touched (only written under the owner's lease and fence).
-"""
+never touched (only written under the owner's lease and fence)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 ``deltawheel gc --apply`` keeps what it read in ``<store>/_gc/ran_in_log.json``, and the next gc
 opens only the commits after it. The saved evidence is used only while its last commit is in the
-log with the same bytes (the log only appends). docs/rescaling.md, "Bounded sets". Local stores only.
-"""
+log with the same bytes (the log only appends). docs/rescaling.md, "Bounded sets". Local stores only."""
 
 from __future__ import annotations
 

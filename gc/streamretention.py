@@ -7,8 +7,7 @@ commit still holds checkpointed:
 1. the stream's records older than the cutoff, from the table's current version ``S``;
 2. the productions checkpointed in the rows table, read after ``S`` (a record in ``S`` was
    delivered after its commit, which either still holds it or was cleared by a later one);
-3. a MERGE by record id deletes the records of ``S`` not held; later ones wait for the next run.
-"""
+3. a MERGE by record id deletes the records of ``S`` not held; later ones wait for the next run."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Each migration is a module ``mNNNN_<name>.py`` with ``VERSION``, ``NAME``, ``describe(layout)`` and
 ``apply(spark, layout)``, safe to re-run after a half-done run, and recorded in ``_meta`` once it
-succeeds; the highest recorded is the store's schema version.
-"""
+succeeds; the highest recorded is the store's schema version."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Migrations on a live store: refused while a pipeline of the store runs.
 
 A migration's metadata commits fail a running job's commits, and the job's code was written for the
-schema it started on: migrating is refused while a pipeline of the store has an interval owner.
-"""
+schema it started on: migrating is refused while a pipeline of the store has an interval owner."""
 
 from __future__ import annotations
 

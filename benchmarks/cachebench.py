@@ -1,8 +1,7 @@
 """Cache benchmark: the window-aware row cache against LRU on the same access trace.
 
 The trace is what the throughput benchmark's window count asks of its rows, batch by batch, replayed
-at several capacities and through Belady's offline optimum; a miss is a storage read.
-"""
+at several capacities and through Belady's offline optimum; a miss is a storage read."""
 
 from __future__ import annotations
 

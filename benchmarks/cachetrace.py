@@ -1,8 +1,7 @@
 """Cache benchmark on the image cache's real access trace: its policies and the offline optimum.
 
 ``deltawheel bench cache --trace DIR`` replays each worker's image lookups recorded by a run with
-``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR``, bounded to shares of the trace's peak bytes of live images.
-"""
+``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR``, bounded to shares of the trace's peak bytes of live images."""
 
 from __future__ import annotations
 

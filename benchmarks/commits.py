@@ -3,8 +3,7 @@
 N writers commit real batches as fast as they can, as N computations or as N instances sharing one
 computation's intervals, on a local folder and on ``s3a://`` behind Toxiproxy. They are threads
 sharing one Spark session, with Delta's in-JVM commit lock off so their commits race as processes'
-do (docs/scale.md). The Delta log read back must hold exactly the commits and keys counted.
-"""
+do (docs/scale.md). The Delta log read back must hold exactly the commits and keys counted."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The deltawheel engine of the throughput benchmark (WORKLOAD.md, section 2).
 
 Per key, a map ``window_start -> count`` in state and an event-time timer at ``window_end - 1`` that
-emits and forgets the window; exactly-once and strong productions are on.
-"""
+emits and forgets the window; exactly-once and strong productions are on."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 An engine runs WORKLOAD.md's window count in a given session and returns an :class:`EngineResult`,
 judged by :func:`build_result`; one with ``takes_store = True`` also takes ``store=``, a folder URI
-for its state and output.
-"""
+for its state and output."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def build_result(name: str, data: WorkloadData, *, output: pa.Table, wall_s: flo
                  notes: Sequence[str] = ()) -> EngineResult:
     """Judge an engine's emitted rows against the reference and package the figures.
 
-    If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived.
-    """
+    If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived."""
     chk = check_output(output, data.reference)
     notes = list(notes)
     if not chk.correct:

@@ -2,8 +2,7 @@
 
 The child is a fresh interpreter (never a fork of a process holding a JVM). On two pipes it says
 ``measure`` when ready and ``ended`` after the measured run, each answered ``go`` once the parent
-has started or stopped sampling, so session start, warm-up and output check fall outside peak memory.
-"""
+has started or stopped sampling, so session start, warm-up and output check fall outside peak memory."""
 
 from __future__ import annotations
 

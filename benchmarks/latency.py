@@ -2,8 +2,7 @@
 
 Each engine runs a continuous query on its own copy of the same arrival schedule, one after the
 other. A record's latency is the commit time of the first output version holding its output minus
-its arrival; an output missing or repeating a record exits 1. docs/latency.md explains the figures.
-"""
+its arrival; an output missing or repeating a record exits 1. docs/latency.md explains the figures."""
 
 from __future__ import annotations
 

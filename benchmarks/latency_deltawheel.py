@@ -1,8 +1,7 @@
 """deltawheel in the latency benchmark: a running count per key, one production per record.
 
 A record's output is readable once the stream table's delivery commit lands (exactly-once, strong
-productions).
-"""
+productions)."""
 
 from __future__ import annotations
 
@@ -79,7 +78,7 @@ def _computation(intervals: int, base: type[Computation] = RunningCount) -> Comp
 
 
 def records_from_stream(t: pa.Table) -> pa.Table:
-    """A stream table's rows as ``records``: the record id from the production id, the count from the value."""
+    """A stream table's rows as ``records``: the record id from the production id, count from the value."""
     rid = pc.replace_substring_regex(t.column("record_id"), pattern=r"^(?:[^:]*:)+(\d+)(?:#\d+)+$",
                                      replacement=r"\1")
     value = pc.cast(pc.cast(t.column("value"), pa.string()), pa.int64())

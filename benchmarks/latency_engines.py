@@ -1,8 +1,7 @@
 """The latency benchmark's engines: the interface (:class:`LatencyEngine`), and Spark's own peers.
 
 An engine starts continuous queries and names, per stage, the Delta table to measure; the benchmark
-feeds the input, follows the tables' logs and stops it (docs/latency.md, "The engines").
-"""
+feeds the input, follows the tables' logs and stops it (docs/latency.md, "The engines")."""
 
 from __future__ import annotations
 

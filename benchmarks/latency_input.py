@@ -2,8 +2,7 @@
 
 A :class:`Schedule` (rate, seconds, seed) fixes everything but the wall clock. Record ids are
 ``0..total-1`` in arrival order, so an output row's record id indexes the input arrays. File 0, the
-*primer*, is in place before the engine starts. A file's rename time is its records' arrival.
-"""
+*primer*, is in place before the engine starts. A file's rename time is its records' arrival."""
 
 from __future__ import annotations
 

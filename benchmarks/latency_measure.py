@@ -2,8 +2,7 @@
 
 An output is either ``records``, one row per input record (``record_id``, ``key``, ``count``: its
 running count or null, ``version``), or ``key_counts``, one row per (micro-batch, key) whose count
-changed (``batch_id``, ``key``, ``count``, ``version``).
-"""
+changed (``batch_id``, ``key``, ``count``, ``version``)."""
 
 from __future__ import annotations
 

@@ -161,8 +161,7 @@ def tree_processes(root: psutil.Process | None = None, *,
                    roles: dict[tuple[int, float], str] | None = None) -> list[ProcessMemory]:
     """Every process of ``root``'s tree with its role and memory; ``roles`` caches roles between calls.
 
-    Vanished processes are skipped; one whose smaps cannot be read counts its RSS as PSS and USS.
-    """
+    Vanished processes are skipped; one whose smaps cannot be read counts its RSS as PSS and USS."""
     root = root or psutil.Process(os.getpid())
     roles = {} if roles is None else roles
     try:

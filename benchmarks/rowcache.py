@@ -3,8 +3,7 @@
 :meth:`RowCache.end_batch` trims the cache back to ``capacity`` rows, dropping those whose next
 expected access is furthest away: a timer, or the key's last access plus its mean gap, the earliest
 counting. Rows with no expectation go first, least recently used first; ``policy="lru"`` ranks by
-last access only.
-"""
+last access only."""
 
 from __future__ import annotations
 

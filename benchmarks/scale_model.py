@@ -1,8 +1,7 @@
 """On paper: what a deployment asks of Delta, S3 and ZooKeeper (docs/scale.md, "On paper").
 
 A model: per-batch costs counted from the code, the commit ceiling measured by ``deltawheel bench
-commits``, the rest published limits.
-"""
+commits``, the rest published limits."""
 
 from __future__ import annotations
 

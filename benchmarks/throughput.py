@@ -1,8 +1,7 @@
 """Throughput benchmark: run several engines on the same workload, each run in its own process.
 
 Each (engine, round) run is a child process (:mod:`.isolated`) with its own SparkSession, sampled
-during the measured run only. Writes ``throughput.json`` and ``throughput.png`` into ``--out``.
-"""
+during the measured run only. Writes ``throughput.json`` and ``throughput.png`` into ``--out``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """``deltawheel bench commits``: the commit ceiling of one store's rows table, N writers at once.
 
-N writers commit real batches as fast as they can, as N computations or as N instances sharing one
-computation's intervals, on a local folder and on ``s3a://`` behind Toxiproxy. They are threads
-sharing one Spark session, with Delta's in-JVM commit lock off so their commits race as processes'
-do (docs/scale.md). The Delta log read back must hold exactly the commits and keys counted."""
+N writers (threads sharing a session, Delta's in-JVM commit lock off so they race as processes do)
+commit as fast as they can; the Delta log read back must hold exactly what they counted (docs/scale.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Benchmark engines: the common interface (:class:`Engine`), and Spark's own stateful operators.
 
-An engine runs WORKLOAD.md's window count in a given session and returns an :class:`EngineResult`,
-judged by :func:`build_result`; one with ``takes_store = True`` also takes ``store=``, a folder URI
-for its state and output."""
+An engine runs WORKLOAD.md's window count in a given session; one with ``takes_store = True`` also
+takes ``store=``, a folder URI for its state and output."""
 
 from __future__ import annotations
 
@@ -214,8 +213,7 @@ class SparkSqlEngine:
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
             progress: ProgressFn | None = None, store: str | None = None) -> EngineResult:
-        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it;
-        ``store``: a folder URI for the state checkpoint and the sink instead of ``out_dir``."""
+        """Run ``groupBy(key, window).count()`` over the input files and judge it (state below ``store``)."""
         from pyspark.sql import functions as F
 
         sink: Path | str

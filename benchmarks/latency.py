@@ -51,7 +51,6 @@ from .memory import MemorySampler
 
 __all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args", "main"]
 
-# name -> the engine, made from the run's settings
 ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
     "spark_tws": lambda _st: SparkTwsEngine(),

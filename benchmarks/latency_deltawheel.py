@@ -1,7 +1,4 @@
-"""deltawheel in the latency benchmark: a running count per key, one production per record.
-
-A record's output is readable once the stream table's delivery commit lands (exactly-once, strong
-productions)."""
+"""deltawheel in the latency benchmark: a running count per key, one production per record."""
 
 from __future__ import annotations
 
@@ -152,8 +149,7 @@ class _DeltaWheelPipelineRun(SparkRun):
 
 
 class DeltaWheelLatencyEngine:
-    """The running count through ``deltawheel.connect`` + ``engine.start``; with 3 stages or Kafka,
-    a :class:`Pipeline` through ``engine.start_pipeline``."""
+    """The running count through ``engine.start``; with 3 stages or Kafka, ``engine.start_pipeline``."""
 
     name = "deltawheel"
     stages: tuple[int, ...] = (1, 3)

@@ -1,7 +1,6 @@
 """The latency benchmark's engines: the interface (:class:`LatencyEngine`), and Spark's own peers.
 
-An engine starts continuous queries and names, per stage, the Delta table to measure; the benchmark
-feeds the input, follows the tables' logs and stops it (docs/latency.md, "The engines")."""
+An engine starts continuous queries and names, per stage, the Delta table to measure (docs/latency.md)."""
 
 from __future__ import annotations
 
@@ -179,9 +178,7 @@ LATER_STAGES = ("stages 2..n: each a query reading the previous stage's Delta ta
 
 def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str, stages: int) -> tuple[
         list[Any], list[StageOutput], dict[str, str]]:
-    """Stages 2..``stages``, each appending the previous stage's rows unchanged to its own table.
-
-    Returns their queries, outputs and settings; ``first``'s table is created empty beforehand."""
+    """Stages 2..``stages``, each copying the previous one's rows: their queries, outputs and settings."""
     queries, outputs = [], []
     if stages > 1:
         _empty_table(spark, first.table, ddl)

@@ -1,8 +1,7 @@
 """The latency benchmark's input: small Parquet files renamed into a folder on a fixed schedule.
 
-A :class:`Schedule` (rate, seconds, seed) fixes everything but the wall clock. Record ids are
-``0..total-1`` in arrival order, so an output row's record id indexes the input arrays. File 0, the
-*primer*, is in place before the engine starts. A file's rename time is its records' arrival."""
+A :class:`Schedule` fixes everything but the wall clock. Record ids are ``0..total-1`` in arrival
+order; a file's rename time is its records' arrival. File 0, the *primer*, precedes the engine."""
 
 from __future__ import annotations
 

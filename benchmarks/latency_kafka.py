@@ -1,8 +1,7 @@
 """The latency benchmark's Kafka input: the schedule's records appended to a topic.
 
-Each "file" of the schedule is a burst of JSON messages, one per record, appended when due to a
-topic with ``LogAppendTime``: the broker's append time is the record's arrival. The producer is a
-small Java program fed by a driver thread: no Python Kafka client is a dependency."""
+Each "file" of the schedule is a burst of JSON messages appended when due to a topic with
+``LogAppendTime``: the broker's append time is the record's arrival. The producer is a small Java program."""
 
 from __future__ import annotations
 

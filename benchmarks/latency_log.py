@@ -1,7 +1,4 @@
-"""Reading an output Delta table's log as it grows, and a streaming query's file-source log.
-
-:class:`DeltaLogTail` keeps each new version's commit times and the rows it added;
-:class:`LogWatcher` notes when each version first appears."""
+"""Reading an output Delta table's log as it grows, and a streaming query's file-source log."""
 
 from __future__ import annotations
 

@@ -83,9 +83,8 @@ def check_records(schedule: Schedule, rows: pa.Table | None, *, renamed: np.ndar
 
 def check_key_counts(schedule: Schedule, rows: pa.Table | None, *, file_batch: np.ndarray,
                      renamed: np.ndarray | None = None, record_batch: np.ndarray | None = None) -> list[Check]:
-    """Checks of a ``key_counts`` output against the input and the batch that read each file
-    (``file_batch``; ``record_batch``: per record instead, for a Kafka input): every renamed record
-    read by one batch, one row per (batch, key), and each key's counts adding up."""
+    """Checks of a ``key_counts`` output: every record read by one batch (``file_batch``, or per record
+    ``record_batch``), one row per (batch, key), and each key's counts adding up."""
     expected_files = np.ones(schedule.n_files, bool) if renamed is None else ~np.isnan(renamed)
     if record_batch is None:
         unread = int(((file_batch < 0) & expected_files).sum())
@@ -195,9 +194,8 @@ _BEFORE_BATCH = ("latestOffset", "walCommit", "getBatch", "queryPlanning")
 def summarize(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, commit: np.ndarray,
               batch: np.ndarray, progress: Sequence[Mapping[str, Any]], work_s: Mapping[int, float] | None = None,
               bucket_s: float = 1.0) -> dict[str, Any]:
-    """The figures of one output: latency percentiles over the steady state, throughput, latency
-    over time (per ``bucket_s`` of arrival) and where the time went (``breakdown_s``); ``work_s``:
-    the engine's own time inside each batch."""
+    """The figures of one output: steady-state latency percentiles, throughput, latency over time and
+    where the time went; ``work_s``: the engine's own time inside each batch."""
     arrival = log.arrivals(schedule)
     latency = commit - arrival
     steady = (arrival >= t0 + warmup_s) & ~np.isnan(arrival)

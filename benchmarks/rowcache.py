@@ -1,9 +1,7 @@
 """Window-aware eviction of single rows: the row cache ``deltawheel bench cache`` replays.
 
-:meth:`RowCache.end_batch` trims the cache back to ``capacity`` rows, dropping those whose next
-expected access is furthest away: a timer, or the key's last access plus its mean gap, the earliest
-counting. Rows with no expectation go first, least recently used first; ``policy="lru"`` ranks by
-last access only."""
+:meth:`RowCache.end_batch` trims the cache to ``capacity`` rows, dropping first those with no
+expected access, then those whose next (a timer, or the last access plus the mean gap) is furthest."""
 
 from __future__ import annotations
 

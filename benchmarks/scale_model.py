@@ -34,8 +34,7 @@ LOG_ENTRY_NAME_BYTES = 25 + 4  # "%020d.json" + jute's length prefix, per child 
 CHECK_OP_BYTES = 9 + 4 + 69 + 4  # multi header + CheckVersionRequest of /deltawheel/pipelines/p/.../00003
 
 # --- limits -----------------------------------------------------------------------------------
-# Delta commits/s of one table on s3a:// at 50 ms, by writers: docs/scale.md "Measured" (instances
-# shape, N = 1, 2, 4, 8, 16); more writers than 16 are taken at the N = 16 figure.
+# Delta commits/s of one table on s3a:// at 50 ms, by writers (docs/scale.md "Measured"); N > 16: N = 16's
 MEASURED_50MS = {1: 1.1, 2: 1.5, 4: 0.3, 8: 0.3, 16: 0.1}
 S3_PUT_PER_PREFIX = 3_500.0  # PUT/COPY/POST/DELETE per second per partitioned prefix (AWS)
 S3_GET_PER_PREFIX = 5_500.0  # GET/HEAD per second per partitioned prefix (AWS)

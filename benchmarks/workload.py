@@ -1,9 +1,7 @@
 """The "zeitgeist-window-count" benchmark workload: input files and reference output.
 
-The input comes from the shared workload's ``gen.py`` (``WORKLOAD.md`` section 1). The reference
-output is computed in closed form: as the watermark only grows, an event is late iff its window
-end is at or below its batch's watermark, and a window is emitted iff its end is at or below the
-final watermark."""
+The reference output is computed in closed form: as the watermark only grows, an event is late iff
+its window end is at or below its batch's watermark, and a window is emitted iff at or below the final."""
 
 from __future__ import annotations
 

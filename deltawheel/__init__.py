@@ -12,11 +12,9 @@ from typing import Any
 
 # module -> the names of it the root exports
 _BY_MODULE: dict[str, str] = {
-    # the computation API
     "deltawheel.executor.computation": "Computation Record make_record LatePolicy ErrorPolicy RECORD_KEY",
     "deltawheel.executor.context": "Context",
     "deltawheel.statestore.rowtable.rows": "TimeDomain",
-    # windowing (the Dataflow model)
     "deltawheel.executor.windowing.windowed": "windowed WindowingStrategy",
     "deltawheel.executor.windowing.windows": "Window WindowFn GlobalWindows FixedWindows SlidingWindows "
                                              "Sessions",
@@ -31,7 +29,6 @@ _BY_MODULE: dict[str, str] = {
     "deltawheel.statestore.config": "ZkConfig",
     "deltawheel.executor.drivers.engine": "connect Engine",
     "deltawheel.executor.drivers.pipeline": "Pipeline",
-    # sources
     "deltawheel.executor.sources.injector": "Injector MaxSeenMinusBound",
     "deltawheel.executor.sources.parquet": "ParquetInjector",
     "deltawheel.executor.sources.delta": "DeltaTableInjector",

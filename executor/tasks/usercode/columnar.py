@@ -153,7 +153,6 @@ class ColumnarLoop:
             return
         self.columnar_keys = len(keys)
         karr = pa.array(keys, pa.string())
-        # the keys' new records (not seen before)
         take = pc.is_in(t.column("key"), value_set=karr) if slow else None
         if late is not None:  # those ran per record (``_late_first``)
             take = pc.invert(late) if take is None else pc.and_(take, pc.invert(late))

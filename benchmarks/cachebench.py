@@ -1,11 +1,7 @@
 """Cache benchmark: the window-aware row cache against LRU on the same access trace.
 
-The trace is what the throughput benchmark's window count asks of its rows, batch by batch: the
-row of every key with a record in the file or a timer the watermark makes due, each written back
-with its next timer. It is replayed through :class:`~.rowcache.RowCache` with each policy at several
-capacities (a share of the keys the trace touches), and through Belady's offline optimum; a miss is
-a storage read. Prints a table and writes ``cache.json`` and ``cache.png`` into ``--out``.
-"""
+The trace is what the throughput benchmark's window count asks of its rows, batch by batch, replayed
+at several capacities and through Belady's offline optimum; a miss is a storage read."""
 
 from __future__ import annotations
 
@@ -244,7 +240,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``deltawheel bench cache`` with parsed ``args``: print the table, write JSON and PNG; returns 0.
+    """Run ``deltawheel bench cache``: print the table, write ``cache.json`` and ``cache.png``; returns 0.
 
     Raises:
         ConfigError: ``--capacities`` are not shares in (0, 1].

@@ -1,12 +1,7 @@
-"""Cache benchmark on the batch path's real access trace: the worker image cache's policies
-against each other and against the offline optimum.
+"""Cache benchmark on the image cache's real access trace: its policies and the offline optimum.
 
 ``deltawheel bench cache --trace DIR`` replays each worker's image lookups recorded by a run with
-``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR`` (``executor/tasks/image/cache.py``) through
-:class:`~deltawheel.executor.tasks.image.cache.ImageCache` with the window-aware policy and LRU,
-and through Belady's optimum, bounded to shares of the trace's peak bytes of live images. Writes
-``cache_trace.json``.
-"""
+``DELTAWHEEL_IMAGE_CACHE_TRACE=DIR``, bounded to shares of the trace's peak bytes of live images."""
 
 from __future__ import annotations
 
@@ -52,8 +47,7 @@ def replay_trace(events: list[dict[str, Any]], policy: str, max_bytes: int) -> d
 
 
 def replay_trace_opt(events: list[dict[str, Any]], max_bytes: int) -> dict[str, int]:
-    """Belady's optimum on one worker's events: over the bound, drop the image whose next lookup
-    is furthest away (never again first)."""
+    """Belady's optimum on one worker's events: over the bound, drop the image next looked up last."""
     nxt: list[float] = [float("inf")] * len(events)
     seen: dict[tuple[str, ...], int] = {}
     for i in range(len(events) - 1, -1, -1):

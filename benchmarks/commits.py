@@ -1,13 +1,7 @@
 """``deltawheel bench commits``: the commit ceiling of one store's rows table, N writers at once.
 
-N writers (``commits_writer.py``) commit real batches to one store as fast as they can, as N
-computations (``computations``) or as N job instances sharing one computation's intervals
-(``instances``), on a local folder and on ``s3a://`` behind Toxiproxy's added latency. They are
-threads of one process sharing one Spark session, each with its own ZooKeeper session, leases and
-``RowStore``, with Delta's in-JVM commit lock off so their commits race as processes' do
-(docs/scale.md). Every point gets a fresh store; afterwards the Delta log is read back and must hold
-exactly the commits and keys the writers counted.
-"""
+N writers (threads sharing a session, Delta's in-JVM commit lock off so they race as processes do)
+commit as fast as they can; the Delta log read back must hold exactly what they counted (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -146,8 +140,7 @@ def measure_point(spark: Any, *, zk_hosts: str, store_uri: str, shape: str, n: i
     """Run ``n`` writers of ``shape`` on a fresh store at ``store_uri`` for ``warmup`` + ``seconds``.
 
     ``count_hosts``: the ZooKeeper server whose zxid counts the writes (default ``zk_hosts``);
-    ``set_latency``: Toxiproxy's, 0 while the store is made, then ``latency_ms``. Returns the
-    point's figures (:func:`.commits_report.summarize`) and its checks."""
+    ``set_latency``: Toxiproxy's, 0 while the store is made. Returns the figures and checks."""
     from deltawheel.statestore.config import ZkConfig
     from deltawheel.statestore.delta.log import commit_infos
     from deltawheel.statestore.delta.storefs import table_files
@@ -282,7 +275,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     spark = None
     try:
         servers.start()
-        # the writers are threads of this JVM: without Delta's commit lock their commits race as processes' do
         spark = build_spark(SparkSettings(master="local[2]", app_name="deltawheel-bench-commits",
                                           object_store="s3a" in targets, extra=NO_COMMIT_LOCK))
         if "s3a" in targets:

@@ -1,10 +1,7 @@
 """One writer of the commit benchmark: a job instance's batches, cut down to their commit.
 
-A writer holds its intervals' leases (a ZooKeeper session of its own), claims them in the rows
-table, then runs batches until told to stop: check the leases, commit a few keys' images with the
-fence rows (``RowStore.commit``), publish the watermarks (step 7). A failed batch is counted with
-its error's type (:class:`WriterStats`) and the writer goes on.
-"""
+A batch checks the leases, commits a few keys' images with the fence rows and publishes the
+watermarks; a failed batch is counted by its error's type and the writer goes on."""
 
 from __future__ import annotations
 
@@ -62,8 +59,7 @@ def keys_for(spec: WriterSpec, per_interval: int = 32) -> list[str]:
 def run_writer(spark: Any, layout: Any, zk: Any, *, pipeline: str, spec: WriterSpec, start: threading.Event,
                measuring: threading.Event, stop: threading.Event, stats: WriterStats,
                ready: threading.Barrier) -> None:
-    """Take the leases, claim the intervals, then run batches from ``start`` until ``stop``, counting
-    those that end while ``measuring`` is set."""
+    """Take the leases and intervals, run batches from ``start`` to ``stop``; count those in ``measuring``."""
     from deltawheel.statestore.codecs import get_codec
     from deltawheel.statestore.rowtable.rows import KeyRow, interval_of
     from deltawheel.statestore.rowtable.store import RowStore

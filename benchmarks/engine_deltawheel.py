@@ -1,10 +1,7 @@
 """The deltawheel engine of the throughput benchmark (WORKLOAD.md, section 2).
 
-A plain :class:`Computation`: per key a map ``window_start -> count`` in state and an event-time
-timer at ``window_end - 1`` that emits and forgets the window; late records are dropped and
-counted. Exactly-once and strong productions are on: every batch is one fenced Delta commit plus
-the idempotent delivery of the emitted windows.
-"""
+Per key, a map ``window_start -> count`` in state and an event-time timer at ``window_end - 1`` that
+emits and forgets the window; exactly-once and strong productions are on."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ WIN = 10_000
 
 
 def _computation(intervals: int = 4, *, vectorised: bool = False, columnar: bool = False) -> Any:
-    """The window count over ``intervals`` key intervals; ``vectorised`` / ``columnar``: declaring
-    that path (docs/embedding.md, "The vectorised path" and "The columnar path")."""
+    """The window count over ``intervals`` key intervals, declaring the ``vectorised`` / ``columnar`` path."""
     from deltawheel.executor.computation import RECORD_KEY, Computation
 
     class WindowCount(Computation):
@@ -122,8 +118,7 @@ def _columnar(base: Any) -> Any:
 
 
 def state_partitions(spark: Any) -> int:
-    """Spark SQL's state partitions (``spark.sql.shuffle.partitions``); deltawheel gets as many key
-    intervals, so both engines split their state the same way."""
+    """Spark SQL's state partitions; deltawheel gets as many key intervals, to split state the same way."""
     return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
@@ -139,8 +134,7 @@ class DeltaWheelEngine:
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any, progress: ProgressFn | None = None,
             store: str | None = None) -> EngineResult:
-        """Run the window count on ``data`` through a deltawheel pipeline; returns speed and output check.
-        ``store``: a folder URI below which the store is made instead of ``out_dir``."""
+        """Run the window count through a deltawheel pipeline (the store below ``store`` or ``out_dir``)."""
         from deltawheel.executor.drivers.pipeline import Pipeline
         from deltawheel.executor.drivers.runner import PipelineRunner
         from deltawheel.executor.servers.zookeeper import EmbeddedZooKeeper

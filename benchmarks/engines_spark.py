@@ -1,11 +1,7 @@
 """Benchmark engines: the common interface (:class:`Engine`), and Spark's own stateful operators.
 
-An engine runs WORKLOAD.md's window count over a :class:`WorkloadData` in a given session and
-returns an :class:`EngineResult`, judged by :func:`build_result` as every other engine's; one with
-``takes_store = True`` also takes ``store=``, a folder URI for its state and output
-(``--store-uri``). ``spark_sql`` and ``spark_tws`` (docs/benchmarks.md, "Throughput") need the
-RocksDB state store provider of :data:`SPARK_BENCH_CONF`.
-"""
+An engine runs WORKLOAD.md's window count in a given session; one with ``takes_store = True`` also
+takes ``store=``, a folder URI for its state and output."""
 
 from __future__ import annotations
 
@@ -94,9 +90,7 @@ def build_result(name: str, data: WorkloadData, *, output: pa.Table, wall_s: flo
                  notes: Sequence[str] = ()) -> EngineResult:
     """Judge an engine's emitted rows against the reference and package the figures.
 
-    ``output`` has columns ``key``, ``window_start`` (timestamp) or ``window_start_ms`` (int64), and
-    ``count``. If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived.
-    """
+    If only one of ``late_dropped`` / ``open_events_at_end`` is known, the other is derived."""
     chk = check_output(output, data.reference)
     notes = list(notes)
     if not chk.correct:
@@ -219,8 +213,7 @@ class SparkSqlEngine:
 
     def run(self, data: WorkloadData, *, out_dir: Path, spark: Any,
             progress: ProgressFn | None = None, store: str | None = None) -> EngineResult:
-        """Run ``groupBy(key, window).count()`` over the input files (availableNow) and judge it;
-        ``store``: a folder URI for the state checkpoint and the sink instead of ``out_dir``."""
+        """Run ``groupBy(key, window).count()`` over the input files and judge it (state below ``store``)."""
         from pyspark.sql import functions as F
 
         sink: Path | str

@@ -1,12 +1,8 @@
 """One engine run of the throughput benchmark in its own process.
 
-:func:`run_isolated` starts ``python -m deltawheel.benchmarks.isolated SPEC TO_PARENT FROM_PARENT``
-(a fresh interpreter, never a fork of a process holding a JVM), which builds its own session, runs
-the warm-up when asked, then the measured run, and writes its :class:`EngineResult` as JSON. On two
-pipes apart from its stdout, the child says ``measure`` once ready (the parent starts sampling its
-tree and answers ``go``) and ``ended`` when the measured run ends (the parent takes its last sample
-and answers ``go``), so session start, warm-up and the output check fall outside peak memory.
-"""
+The child is a fresh interpreter (never a fork of a process holding a JVM). On two pipes it says
+``measure`` when ready and ``ended`` after the measured run, each answered ``go`` once the parent
+has started or stopped sampling, so session start, warm-up and output check fall outside peak memory."""
 
 from __future__ import annotations
 
@@ -61,8 +57,7 @@ class IsolatedRun:
 
 
 def build_bench_session(conf: Mapping[str, str], *, spark: Any = None) -> tuple[Any, float]:
-    """The benchmark's session and its start seconds: built with ``conf`` as extra settings, or a child
-    session of ``spark``; the ``spark.sql.*`` settings set on it either way."""
+    """The benchmark's session (built with ``conf``, or a child of ``spark``) and its start seconds."""
     t0 = time.perf_counter()
     if spark is None:
         from deltawheel.executor.session import build_spark
@@ -113,10 +108,8 @@ def run_isolated(spec: RunSpec, *, work_dir: Path, progress: ProgressFn | None =
                  interval_s: float = 1.0) -> IsolatedRun:
     """Run ``spec`` in a child process and sample its process tree during its measured run.
 
-    ``work_dir`` receives the spec, the result and the child's stderr.
-
     Raises:
-        WorkloadError: the child failed (its exit code and the last lines of its stderr and stdout).
+        WorkloadError: the child failed (its exit code and last output lines in the message).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path = work_dir / f"{spec.engine}.spec.pickle", work_dir / f"{spec.engine}.result.json"

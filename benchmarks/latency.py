@@ -1,13 +1,8 @@
 """Latency benchmark: how long a record takes from its arrival to a durable, readable output.
 
-Records arrive at ``--rate`` records/s (:mod:`.latency_input`, or a Kafka topic:
-:mod:`.latency_kafka`); each engine (:mod:`.latency_engines`, :mod:`.latency_deltawheel`) runs a
-continuous query on its own copy of the same schedule, one after the other in one session. A
-record's latency is the commit time of the first output table version holding its output
-(:mod:`.latency_log`) minus its arrival; every output must hold every input record exactly once
-(:mod:`.latency_measure`), else the exit code is 1. Writes ``latency.json`` and ``latency.png``
-into ``--out``; docs/latency.md explains the figures.
-"""
+Each engine runs a continuous query on its own copy of the same arrival schedule, one after the
+other. A record's latency is the commit time of the first output version holding its output minus
+its arrival; an output missing or repeating a record exits 1. docs/latency.md explains the figures."""
 
 from __future__ import annotations
 
@@ -56,7 +51,6 @@ from .memory import MemorySampler
 
 __all__ = ["ENGINES", "LatencySettings", "LatencyBenchError", "run_latency", "run_from_args", "main"]
 
-# name -> the engine, made from the run's settings
 ENGINES: dict[str, Callable[[LatencySettings], LatencyEngine]] = {
     "deltawheel": lambda st: DeltaWheelLatencyEngine(zk=st.zk),
     "spark_tws": lambda _st: SparkTwsEngine(),
@@ -234,8 +228,7 @@ def _run_engine(name: str, st: LatencySettings, *, spark: Any, work: Path, say: 
     first_fb: np.ndarray | None = None
     first_rb: np.ndarray | None = None
     for i, (o, tail) in enumerate(zip(run.outputs, tails, strict=True)):
-        # a later stage reads its upstream's table, not the input: its batches are not mapped to
-        # records (no breakdown); a key_counts row keeps the first stage's batch id
+        # a later stage's batches are not mapped to records (no breakdown): key_counts keep the first's
         fb = np.full(schedule.n_files, -1)
         rb = None
         if o.reads_input_files:

@@ -1,11 +1,4 @@
-"""deltawheel in the latency benchmark: a running count per key, one production per record.
-
-:class:`RunningCount` produces ``count`` to the ``counts`` stream for every record (production id
-``running_count:<record id>#1``), exactly-once with strong productions, so a record's output is
-readable once the stream table's delivery commit lands. It runs as users embed it
-(``deltawheel.connect`` and ``engine.start``); with ``--stages 3`` or a Kafka input, a
-:class:`Pipeline` through ``engine.start_pipeline``.
-"""
+"""deltawheel in the latency benchmark: a running count per key, one production per record."""
 
 from __future__ import annotations
 
@@ -62,8 +55,7 @@ class PassOnAgain(PassOn):
 
 
 class KafkaRunningCount(RunningCount):
-    """:class:`RunningCount` over a Kafka topic: the production carries the benchmark's record id
-    beside the count (``{"r": id, "n": count}``), as a Kafka record's id names its partition and offset."""
+    """:class:`RunningCount` over Kafka: productions ``{"r": the benchmark's record id, "n": count}``."""
 
     def process_record(self, ctx: Any, record: Any) -> None:
         """Count the record into its key's state and produce its id and the new count."""
@@ -83,8 +75,7 @@ def _computation(intervals: int, base: type[Computation] = RunningCount) -> Comp
 
 
 def records_from_stream(t: pa.Table) -> pa.Table:
-    """A stream table's rows in the ``records`` kind: the record id from the production id
-    (``running_count:<id>#1``, a later stage's ``stage2:running_count:<id>#1#1``), the count from the value."""
+    """A stream table's rows as ``records``: the record id from the production id, count from the value."""
     rid = pc.replace_substring_regex(t.column("record_id"), pattern=r"^(?:[^:]*:)+(\d+)(?:#\d+)+$",
                                      replacement=r"\1")
     value = pc.cast(pc.cast(t.column("value"), pa.string()), pa.int64())
@@ -158,8 +149,7 @@ class _DeltaWheelPipelineRun(SparkRun):
 
 
 class DeltaWheelLatencyEngine:
-    """The running count through ``deltawheel.connect`` + ``engine.start``; with 3 stages or Kafka,
-    a :class:`Pipeline` through ``engine.start_pipeline``."""
+    """The running count through ``engine.start``; with 3 stages or Kafka, ``engine.start_pipeline``."""
 
     name = "deltawheel"
     stages: tuple[int, ...] = (1, 3)
@@ -178,7 +168,6 @@ class DeltaWheelLatencyEngine:
             return self._start_pipeline(source, spark=spark, work_dir=work_dir, stages=stages)
         store, chk = work_dir / "store", work_dir / "checkpoint"
         intervals = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        # a chroot of this store's own on a shared ZooKeeper (a fresh store: nothing of an earlier run)
         engine = deltawheel.connect(spark, store=str(store), pipeline="latency", zk=self.zk,
                                     zk_chroot=f"/deltawheel-latency-{uuid.uuid4().hex[:12]}")
         try:

@@ -1,11 +1,6 @@
 """The latency benchmark's engines: the interface (:class:`LatencyEngine`), and Spark's own peers.
 
-An engine starts continuous queries over a :class:`FileInput` or a
-:class:`~.latency_kafka.KafkaInput` and names, per stage, the Delta table to measure
-(:class:`StageOutput`); the benchmark feeds the input, follows the tables' logs and stops it.
-Spark's peers here: ``floor``, ``spark_sql`` and ``spark_tws``, and :func:`chain` for their later
-stages (docs/latency.md, "The engines" and "Three stages").
-"""
+An engine starts continuous queries and names, per stage, the Delta table to measure (docs/latency.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ DEFAULT_TRIGGER = "default (ProcessingTime(0): the next micro-batch as soon as t
 
 
 class LatencyBenchError(ConfigError):
-    """The latency benchmark cannot run as asked (an unknown engine, an unsupported stage count or
-    source, settings that leave no steady state)."""
+    """The latency benchmark cannot run as asked (e.g. settings that leave no steady state)."""
 
 
 @dataclass(frozen=True)
@@ -184,9 +178,7 @@ LATER_STAGES = ("stages 2..n: each a query reading the previous stage's Delta ta
 
 def chain(spark: Any, *, first: StageOutput, ddl: str, work_dir: Path, name: str, stages: int) -> tuple[
         list[Any], list[StageOutput], dict[str, str]]:
-    """Stages 2..``stages`` after ``first``: each a query reading the previous stage's Delta table as
-    a stream and appending its rows unchanged to its own table. Returns their queries, outputs and
-    settings. ``first``'s table is created empty first, so they can start before it commits."""
+    """Stages 2..``stages``, each copying the previous one's rows: their queries, outputs and settings."""
     queries, outputs = [], []
     if stages > 1:
         _empty_table(spark, first.table, ddl)

@@ -1,12 +1,7 @@
 """The latency benchmark's input: small Parquet files renamed into a folder on a fixed schedule.
 
-A :class:`Schedule` (rate, seconds, seed) fixes everything but the wall clock: which records each
-file holds and when it is due. Record ids are ``0..total-1`` in arrival order, so an output row's
-record id indexes the input arrays. File 0, the *primer*, is put in place before the engine starts
-and falls in the warm-up. :func:`run_schedule` renames each file into the input folder when due
-(atomic: the staging folder is a sibling) and logs the rename time, its records' arrival; it runs in
-a thread of the driver or in a child process (:class:`Generator`, docs/latency.md).
-"""
+A :class:`Schedule` fixes everything but the wall clock. Record ids are ``0..total-1`` in arrival
+order; a file's rename time is its records' arrival. File 0, the *primer*, precedes the engine."""
 
 from __future__ import annotations
 
@@ -100,8 +95,7 @@ class Schedule:
 
 
 def write_file(schedule: Schedule, index: int, path: Path, *, event_time_ms: int) -> None:
-    """Write file ``index`` of ``schedule`` to ``path``: ``record_id``, ``key`` (strings) and
-    ``event_time`` (UTC ms timestamp, ``event_time_ms`` for every record)."""
+    """Write file ``index`` of ``schedule`` to ``path``, every record's event time ``event_time_ms``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -136,8 +130,7 @@ def prime(schedule: Schedule, *, folder: Path, staging: Path, log: Path) -> floa
 
 def run_schedule(schedule: Schedule, *, folder: Path, staging: Path, t0: float, log: Path,
                  stop: threading.Event | None = None) -> None:
-    """Rename files 1.. of ``schedule`` into ``folder`` at ``t0 + offset`` (wall clock, seconds),
-    appending ``{"file", "due", "renamed"}`` per file to ``log``; ``stop`` ends it early."""
+    """Rename files 1.. into ``folder`` when due, logging ``{"file", "due", "renamed"}``; ``stop`` ends it."""
     with log.open("a") as f:
         for k in range(1, schedule.n_files):
             due = t0 + float(schedule.offsets_s[k])
@@ -182,8 +175,7 @@ class InputLog:
         return cls(due=due, renamed=renamed)
 
     def lateness(self) -> dict[str, float | int | None]:
-        """How late the renames were against the schedule (files 1..): p50/p99/max in ms, and the
-        files renamed."""
+        """How late the renames were (files 1..): p50/p99/max in ms, and the files renamed."""
         late = (self.renamed[1:] - self.due[1:])
         late = late[~np.isnan(late)] * 1000
         if late.size == 0:
@@ -209,8 +201,7 @@ class Generator:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def prime(self) -> float:
-        """Put the primer in place; returns its rename time. In process mode the child starts now
-        and waits for ``t0``."""
+        """Put the primer in place; returns its rename time (a child process starts and waits for ``t0``)."""
         t = prime(self.schedule, folder=self.folder, staging=self.staging, log=self.log)
         if self.mode == "process":
             args = [sys.executable, "-m", "deltawheel.benchmarks.latency_input", "--folder", str(self.folder),
@@ -271,8 +262,7 @@ class Generator:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The child-process generator: prints ``ready`` once its arrays are built, then reads ``t0``
-    (seconds since the epoch) from stdin."""
+    """The child-process generator: prints ``ready``, then reads ``t0`` (epoch seconds) from stdin."""
     p = argparse.ArgumentParser(description="rename a latency schedule's files into a folder")
     p.add_argument("--folder", required=True)
     p.add_argument("--staging", required=True)

@@ -1,12 +1,7 @@
 """The latency benchmark's Kafka input: the schedule's records appended to a topic.
 
-``--source kafka``: each "file" of the :class:`~.latency_input.Schedule` is a burst of JSON
-messages, one per record, appended when due to a 2-partition topic with
-``message.timestamp.type = LogAppendTime``: a message's timestamp, the broker's append time, is the
-record's arrival (:func:`read_arrivals`). The producer is a small Java program
-(:data:`PRODUCER_JAVA`) fed tab-separated lines by a driver thread (:class:`KafkaGenerator`): no
-Python Kafka client is a dependency, and a Py4J call per message costs too much.
-"""
+Each "file" of the schedule is a burst of JSON messages appended when due to a topic with
+``LogAppendTime``: the broker's append time is the record's arrival. The producer is a small Java program."""
 
 from __future__ import annotations
 
@@ -190,8 +185,7 @@ class KafkaGenerator:
 
 
 def read_arrivals(spark: Any, source: KafkaInput, schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per record id: its message's append time (seconds; NaN if not in the topic), partition and
-    offset (-1 if not in the topic)."""
+    """Per record id: its message's append time (s), partition and offset (NaN, -1: not in the topic)."""
     from pyspark.sql import functions as F
 
     df = (spark.read.format("kafka").option("kafka.bootstrap.servers", source.bootstrap_servers)

@@ -1,11 +1,4 @@
-"""Reading an output Delta table's log as it grows, and a streaming query's file-source log.
-
-:class:`DeltaLogTail` follows ``<table>/_delta_log``: per new version it keeps
-``commitInfo.timestamp`` and the ``<v>.json`` file's mtime, and reads the rows of the data files
-the version added (``dataChange`` adds only), normalized by the engine. :class:`LogWatcher` lists
-``_delta_log`` every few milliseconds and notes when each version first appears.
-:func:`file_batches` maps input files to micro-batches from the query's checkpoint.
-"""
+"""Reading an output Delta table's log as it grows, and a streaming query's file-source log."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """From an engine's output rows to each record's latency, and the exactly-once checks.
 
-An output table's rows come in one of two kinds: ``records``, one row per input record
-(``record_id``, ``key`` number, ``count``: its running count or null, ``version``), visible at that
-version's commit; or ``key_counts``, one row per (micro-batch, key) whose count changed
-(``batch_id``, ``key``, ``count``, ``version``), a record counting into its key's row of the batch
-that read it. :func:`check_records` / :func:`check_key_counts` check every input record is in the
-output exactly once; :func:`summarize` gives the figures over the steady state.
-"""
+An output is either ``records``, one row per input record (``record_id``, ``key``, ``count``: its
+running count or null, ``version``), or ``key_counts``, one row per (micro-batch, key) whose count
+changed (``batch_id``, ``key``, ``count``, ``version``)."""
 
 from __future__ import annotations
 
@@ -87,9 +83,8 @@ def check_records(schedule: Schedule, rows: pa.Table | None, *, renamed: np.ndar
 
 def check_key_counts(schedule: Schedule, rows: pa.Table | None, *, file_batch: np.ndarray,
                      renamed: np.ndarray | None = None, record_batch: np.ndarray | None = None) -> list[Check]:
-    """Checks of a ``key_counts`` output against the input and the batch that read each file
-    (``file_batch``; ``record_batch``: per record instead, for a Kafka input): every renamed record
-    read by one batch, one row per (batch, key), and each key's counts adding up."""
+    """Checks of a ``key_counts`` output: every record read by one batch (``file_batch``, or per record
+    ``record_batch``), one row per (batch, key), and each key's counts adding up."""
     expected_files = np.ones(schedule.n_files, bool) if renamed is None else ~np.isnan(renamed)
     if record_batch is None:
         unread = int(((file_batch < 0) & expected_files).sum())
@@ -199,9 +194,8 @@ _BEFORE_BATCH = ("latestOffset", "walCommit", "getBatch", "queryPlanning")
 def summarize(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, commit: np.ndarray,
               batch: np.ndarray, progress: Sequence[Mapping[str, Any]], work_s: Mapping[int, float] | None = None,
               bucket_s: float = 1.0) -> dict[str, Any]:
-    """The figures of one output: latency percentiles over the steady state, throughput, latency
-    over time (per ``bucket_s`` of arrival) and where the time went (``breakdown_s``); ``work_s``:
-    the engine's own time inside each batch."""
+    """The figures of one output: steady-state latency percentiles, throughput, latency over time and
+    where the time went; ``work_s``: the engine's own time inside each batch."""
     arrival = log.arrivals(schedule)
     latency = commit - arrival
     steady = (arrival >= t0 + warmup_s) & ~np.isnan(arrival)
@@ -232,9 +226,8 @@ def summarize(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, 
     out["over_time"] = buckets
     prog = sorted({int(p["batchId"]): p for p in progress}.values(), key=lambda p: int(p["batchId"]))
     out["batches"] = {"count": len(prog), "duration_s": _batch_durations(prog)}
-    # where a record's time went: its batch's trigger start (progress timestamp), Spark's steps
-    # before the batch's data is written (listing, offset log, getBatch, planning), then the rest
-    # to the visible commit
+    # where a record's time went: to its batch's trigger start, Spark's steps before the data is
+    # written (listing, offset log, getBatch, planning), then to the visible commit
     start = {int(p["batchId"]): iso_seconds(p["timestamp"]) for p in prog}
     before = {int(p["batchId"]): sum(p.get("durationMs", {}).get(k, 0) for k in _BEFORE_BATCH) / 1000 for p in prog}
     ts = np.array([start.get(int(b), np.nan) for b in batch]) if batch.size else np.zeros(0)

@@ -12,8 +12,7 @@ STAGE_STYLES = ["--", "-."]
 
 
 def scheduled_points(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The over-time points of records the schedule generated (``t`` >= 0, so the primer does not
-    stretch the axis)."""
+    """The over-time points of records the schedule generated (``t`` >= 0: not the primer)."""
     return [p for p in points if float(p["t"]) >= 0]
 
 

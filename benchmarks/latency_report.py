@@ -15,9 +15,7 @@ __all__ = ["engine_extras", "ratios", "format_table", "stage_lines"]
 def engine_extras(schedule: Schedule, log: InputLog, *, t0: float, warmup_s: float, commit: np.ndarray,
                   batch: np.ndarray, progress: list[dict[str, Any]], details: Mapping[int, Mapping[str, Any]],
                   versions: Mapping[int, Any], seen: Mapping[int, float] | None) -> dict[str, Any]:
-    """Per batch: its trigger start, input records, Spark's durations, when its records became
-    visible and the engine's own figures; over the steady state, the engine's step times, the low
-    watermark's lag and how the versions' recorded times compare."""
+    """Per batch and over the steady state: timings, records, the engine's figures, watermark lag."""
     arrival = log.arrivals(schedule)
     per_batch: list[dict[str, Any]] = []
     lags: list[float] = []

@@ -1,9 +1,7 @@
 """Peak memory and CPU of a whole process tree (driver, JVM, Python workers), sampled from /proc.
 
 :class:`MemorySampler` sums PSS (shared pages split between sharers, so a tree's sum is meaningful)
-over a process and its descendants every ``interval_s``, and keeps the sample with the highest sum
-with every process named by its role (:func:`process_role`). ``root_pid`` samples another process's
-tree (:mod:`.isolated`), which reports the end of its measured run with :func:`measured_run_ended`::
+over a process tree every ``interval_s`` and keeps the sample with the highest sum::
 
     with MemorySampler() as mem:
         engine.run(...)
@@ -38,11 +36,7 @@ _JVM_ROLES = (
 
 
 def process_role(cmdline: list[str], *, is_root: bool = False, parent_role: str | None = None) -> str:
-    """What a process of a benchmark's tree is, from its command line.
-
-    ``driver_python`` (the sampled root), ``driver_jvm``, ``zookeeper_jvm``, ``s3proxy_jvm``,
-    ``kafka_jvm``, ``python_daemon`` (forks the workers), ``python_worker``, ``other_jvm``,
-    ``other_python``, else the program's name.
+    """What a process of a benchmark's tree is, from its command line (else the program's name).
 
     >>> process_role(["java", "-Xmx256m", "-cp", "j/*", "org.apache.zookeeper.server.ZooKeeperServerMain", "z"])
     'zookeeper_jvm'
@@ -167,8 +161,7 @@ def tree_processes(root: psutil.Process | None = None, *,
                    roles: dict[tuple[int, float], str] | None = None) -> list[ProcessMemory]:
     """Every process of ``root``'s tree with its role and memory; ``roles`` caches roles between calls.
 
-    Vanished processes are skipped; one whose smaps cannot be read counts its RSS as PSS and USS.
-    """
+    Vanished processes are skipped; one whose smaps cannot be read counts its RSS as PSS and USS."""
     root = root or psutil.Process(os.getpid())
     roles = {} if roles is None else roles
     try:

@@ -2,10 +2,7 @@
 committed micro-batch, with an instance name (the restart takes its dead predecessor's leases at
 once) and without (it waits for the dead ZooKeeper session to expire), side by side.
 
-Per case, on a store and chroot of its own, the job (``restart_job.py``) commits ``--kill-after``
-batches, is SIGKILLed and started again at once; the seconds to each step of its start are written
-to ``restart.json`` (docs/continuous.md).
-"""
+Writes the seconds to each step of the start to ``restart.json`` (docs/continuous.md)."""
 
 from __future__ import annotations
 

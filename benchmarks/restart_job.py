@@ -2,11 +2,8 @@
 
     python -m deltawheel.benchmarks.restart_job STORE INPUT ZK_HOSTS CHROOT INSTANCE SESSION_TIMEOUT_S
 
-One computation over a Parquet folder, run continuously until killed (INSTANCE ``-``: no instance
-name). It prints ``STEP <name> <unix seconds>`` as each step of its start ends (``imported``,
-``spark``, ``connected``, ``leases``, ``executor``, ``running``, ``commit``, ``batch``) and
-``BATCH <json>`` with each committed input batch's report.
-"""
+Runs until killed (INSTANCE ``-``: no instance name), printing ``STEP <name> <unix seconds>`` as
+each step of its start ends and ``BATCH <json>`` per committed input batch."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Window-aware eviction of single rows: the row cache ``deltawheel bench cache`` replays a
-workload's row accesses through, with this policy, with LRU and with Belady's optimum
-(docs/benchmarks.md, "Cache"). The executor itself caches whole interval images
-(``executor/tasks/image/cache.py``).
+"""Window-aware eviction of single rows: the row cache ``deltawheel bench cache`` replays.
 
-The cache may grow while a batch runs; :meth:`RowCache.end_batch` trims it back to ``capacity``
-rows, dropping those whose next expected access is furthest away in batches: an event-time timer
-when the watermark passes it, a processing-time timer, or the key's last access plus its mean gap
-between accesses, the earliest counting. Rows with no expectation go first, least recently used
-first; ``policy="lru"`` ranks by last access only.
-"""
+:meth:`RowCache.end_batch` trims the cache to ``capacity`` rows, dropping first those with no
+expected access, then those whose next (a timer, or the last access plus the mean gap) is furthest."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """On paper: what a deployment asks of Delta, S3 and ZooKeeper (docs/scale.md, "On paper").
 
-A model, not a measurement: per-batch costs counted from the code (each constant names where),
-the commit ceiling measured by ``deltawheel bench commits`` (docs/scale.md, "Measured"), the rest
-published limits. ``python -m deltawheel.benchmarks.scale_model [--json]``.
-"""
+A model: per-batch costs counted from the code, the commit ceiling measured by ``deltawheel bench
+commits``, the rest published limits."""
 
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ LOG_ENTRY_NAME_BYTES = 25 + 4  # "%020d.json" + jute's length prefix, per child 
 CHECK_OP_BYTES = 9 + 4 + 69 + 4  # multi header + CheckVersionRequest of /deltawheel/pipelines/p/.../00003
 
 # --- limits -----------------------------------------------------------------------------------
-# Delta commits/s of one table on s3a:// at 50 ms, by writers: docs/scale.md "Measured" (instances
-# shape, N = 1, 2, 4, 8, 16); more writers than 16 are taken at the N = 16 figure.
+# Delta commits/s of one table on s3a:// at 50 ms, by writers (docs/scale.md "Measured"); N > 16: N = 16's
 MEASURED_50MS = {1: 1.1, 2: 1.5, 4: 0.3, 8: 0.3, 16: 0.1}
 S3_PUT_PER_PREFIX = 3_500.0  # PUT/COPY/POST/DELETE per second per partitioned prefix (AWS)
 S3_GET_PER_PREFIX = 5_500.0  # GET/HEAD per second per partitioned prefix (AWS)
@@ -79,9 +76,8 @@ def _ceiling(writers: float, group_commit: bool) -> float:
 
 
 def _table(writers: float, batches_per_s: float, group_commit: bool, batch_s: float) -> dict[str, float]:
-    """One table's commits against its ceiling. Without group commit a version per batch is needed;
-    with it the committer folds what waits, and needs a version every half batch interval at most
-    (a batch waits up to two commit times: docs/scale.md, "Raising it")."""
+    """One table's commits against its ceiling: a version per batch, or with group commit at most one
+    per half batch interval (docs/scale.md, "Raising it")."""
     ceiling = _ceiling(writers, group_commit)
     versions = min(batches_per_s, ceiling) if group_commit else batches_per_s
     needed = min(batches_per_s, 2 / batch_s) if group_commit else batches_per_s

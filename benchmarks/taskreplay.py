@@ -1,10 +1,7 @@
 """``deltawheel bench tasks --captured DIR``: run captured image tasks again, in one process.
 
-Runs the tasks a ``DELTAWHEEL_TASK_CAPTURE=DIR`` run left (``executor/tasks/image/capture.py``) in
-its order without Spark, caches warmed as in the run, and prints each task's CPU seconds and the
-total; ``--computation`` runs one of the benchmark's window count variants in place of the
-captured one (docs/performance.md).
-"""
+Runs the tasks a ``DELTAWHEEL_TASK_CAPTURE=DIR`` run left, in order, without Spark, caches warmed as
+in the run, and prints each task's CPU seconds (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -38,8 +35,8 @@ def _files(folder: str) -> list[str]:
 def warm(spec: Any, table: Any, first: set[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
     """Load the task's intervals' images, ids files and Bloom filters into this process's caches.
 
-    Returns copies of the filters as loaded, which :func:`_restore` puts back after the task (a task
-    adds its batch's ids to its filter); ``first``: the filters loaded so far."""
+    Returns copies of the filters as loaded, for :func:`_restore` after the task; ``first``: the
+    filters loaded so far."""
     import pyarrow.compute as pc
     from deltawheel.executor.tasks.image import dedup
     from deltawheel.executor.tasks.image.capture import warm as warm_interval

@@ -1,11 +1,7 @@
 """Throughput benchmark: run several engines on the same workload, each run in its own process.
 
-Each (engine, round) run is a child process (:mod:`.isolated`) with its own SparkSession, warmed up
-when asked, and this process samples the child's tree during the measured run only
-(``--shared-session``: every engine in this process). :data:`ENGINES` maps a name to an
-:class:`~deltawheel.benchmarks.engines_spark.Engine` factory. Writes ``throughput.json`` and
-``throughput.png`` into ``--out``.
-"""
+Each (engine, round) run is a child process (:mod:`.isolated`) with its own SparkSession, sampled
+during the measured run only. Writes ``throughput.json`` and ``throughput.png`` into ``--out``."""
 
 from __future__ import annotations
 
@@ -67,8 +63,7 @@ def _ratios(results: Mapping[str, EngineResult]) -> dict[str, float]:
 
 
 def format_table(report: Mapping[str, Any]) -> str:
-    """The printed summary: one line per engine (peak PSS/RSS and CPU seconds of its process tree),
-    then the ratios."""
+    """The printed summary: peak PSS/RSS and CPU seconds per engine, then the ratios."""
     isolated = report.get("mode") == "isolated"
     last, last_w = ("start_s", 9) if isolated else ("idle MiB", 10)
     w = max([16, *(len(n) + 2 for n in report["engines"])])  # deltawheel_columnar is longer than 16
@@ -90,8 +85,7 @@ def format_table(report: Mapping[str, Any]) -> str:
 
 
 def _order_score(orders: Sequence[Sequence[str]], names: Sequence[str]) -> tuple[int, int, int]:
-    """(spread of places + spread of predecessors, spread of predecessors, sum of squares): lower is
-    more even."""
+    """A schedule's unevenness: (place + predecessor spread, predecessor spread, sum of squares)."""
     flat = [e for o in orders for e in o]
     follows = Counter(zip(flat, flat[1:], strict=False))
     pairs = [follows[(a, b)] for a in names for b in names if a != b]
@@ -102,9 +96,7 @@ def _order_score(orders: Sequence[Sequence[str]], names: Sequence[str]) -> tuple
 
 
 def round_orders(names: Sequence[str], rounds: int, *, search_limit: int = 50_000) -> list[list[str]]:
-    """The engines' order in each round: the first as given, the others chosen (exhaustively, up to
-    ``search_limit`` schedules) so every engine takes every place and follows every other as equally
-    often as possible; beyond the limit, rotation."""
+    """The engines' order per round: the first as given, then as balanced as possible (else rotation)."""
     names = list(names)
     perms = [list(p) for p in itertools.permutations(names)] if len(names) <= 8 else []
     if perms and len(perms) ** (rounds - 1) <= search_limit:
@@ -139,8 +131,7 @@ def _shared_runs(names: Sequence[str], rounds: int, *, data: WorkloadData, wdata
         for name in names:
             say(f"engine {name}: warm-up on {wdata.n:,} events")
             t_w = time.perf_counter()
-            # on the store, as the measured runs: the first request to it (S3A's client, pyarrow's,
-            # their connections) must not fall into whichever engine's run comes first
+            # warm the store too, so its first-request cost falls in no engine's measured run
             more = {} if store_uri is None else {"store": f"{store_uri}/warmup"}
             ENGINES[name]().run(wdata, out_dir=out_dir / "warmup", spark=session, progress=None, **more)
             say(f"engine {name}: warm-up took {time.perf_counter() - t_w:.1f} s")
@@ -197,28 +188,22 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
     """Run the selected engines (default: all registered) one after another on the same input.
 
     Args:
-        size: workload size (``small``/``medium``/``big``, or a custom name with ``params``).
+        size: ``small``/``medium``/``big``, or a custom name with ``params``.
         out_dir: receives ``throughput.json``, ``throughput.png`` and one folder per engine.
-        engines: registry names, in run order.
-        data_root: where datasets live (default ``<repo>/bench-out/data``).
-        params: generator parameters of a custom size.
+        data_root: default ``<repo>/bench-out/data``.
         spark: an existing session to share (implies ``isolate=False``).
-        warmup: first run every engine once, unmeasured, on :data:`WARMUP` (on ``store_uri`` too).
-        rounds: run the engines this many times in balanced orders (:func:`round_orders`); each
-            engine reports its median run and keeps every round's in ``rounds_records_per_s``.
-        store_uri: a folder URI (e.g. ``s3a://bucket/bench``) for every engine's state and output;
-            the engines must take one (``takes_store``).
-        isolate: run every (engine, round) in a process of its own (:mod:`.isolated`); default:
-            isolated unless ``spark`` is given.
-        conf: Spark settings added to :data:`SPARK_BENCH_CONF` for every engine (``--conf``).
-        progress: where progress lines go (``None``: silent).
+        warmup: first run every engine once, unmeasured, on :data:`WARMUP`.
+        rounds: runs per engine in balanced orders; each engine reports its median run.
+        store_uri: a folder URI for every engine's state and output (engines with ``takes_store``).
+        isolate: a process per (engine, round); default: unless ``spark`` is given.
+        conf: Spark settings added to :data:`SPARK_BENCH_CONF`.
+        progress: ``None``: silent.
 
     Returns:
         The report written to ``throughput.json``.
 
     Raises:
-        WorkloadError: unknown engine, the input cannot be produced/verified, ``isolate`` with ``spark``,
-            or an isolated run's process failed (its last lines in the message).
+        WorkloadError: unknown engine, bad input, ``isolate`` with ``spark``, or an isolated run failed.
     """
     t_proc0 = psutil.Process().create_time()
     say = progress or (lambda _msg: None)
@@ -262,7 +247,6 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
     results: dict[str, tuple[EngineResult, Mapping[str, Any]]] = {}
     for name, rs in runs.items():
         med = sorted(rs, key=lambda r: r[0].records_per_s)[(len(rs) - 1) // 2]
-        # every round must be correct for the engine to count as correct
         results[name] = (med[0].with_(correct=all(r.correct for r, _ in rs),
                                       rounds_records_per_s=tuple(r.records_per_s for r, _ in rs)), med[1])
 
@@ -280,12 +264,10 @@ def run_throughput(size: str, *, out_dir: Path, engines: Sequence[str] | None = 
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": _machine_info(str(facts["spark_version"])),
         "mode": "isolated" if isolate else "shared_session",
-        # isolated: the median of the runs' own session starts (each run's in engines.*.session_start_s)
         "session_start_s": facts["session_start_s"],
         "spark_conf": {**conf, "spark.sql.streaming.checkpointFileManagerClass": facts["checkpoint_file_manager"]},
         "engines": {n: {**r.to_dict(), **info} for n, (r, info) in results.items()},
         "ratios": _ratios({n: r for n, (r, _) in results.items()}),
-        # every run in run order: its process, session start and figures (engines.* keeps the median's)
         "runs": sorted(({"engine": n, **info, "session_start_s": r.session_start_s, "records_per_s": r.records_per_s,
                          "correct": r.correct, "pss_mib": (r.peak_memory or {}).get("pss_mib"),
                          "cpu_s": (r.peak_memory or {}).get("cpu_s")}

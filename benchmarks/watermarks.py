@@ -1,10 +1,7 @@
 """Injector watermark estimates side by side: watermark lag against late records.
 
-Runs the workload's window count once per estimate of the Parquet injector's watermark (``bound``:
-max seen minus 10 s; ``exact``: MillWheel's oldest pending event time; ``p=<share>``: that
-percentile of the pending event times) and reports the watermark lag, the late records and the
-rows emitted of each into ``watermarks.json`` (docs/benchmarks.md, "Watermark estimates").
-"""
+Runs the workload's window count once per estimate (``bound``: max seen minus 10 s; ``exact``: oldest
+pending event time; ``p=<share>``: that percentile) into ``watermarks.json`` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """The "zeitgeist-window-count" benchmark workload: input files and reference output.
 
-The input comes from the shared workload folder's ``gen.py`` (``WORKLOAD.md`` section 1), found
-through ``$DELTAWHEEL_WORKLOAD_DIR`` or ``<repo>/../shared/workload``; named sizes are checked
-against their ``content_sha256`` digests (``big-keys``, beyond WORKLOAD.md, against the one
-recorded here). The reference output (section 2) is computed in closed form: as the watermark only
-grows, an event is late iff its window end is at or below its batch's watermark, and a window is
-emitted iff its end is at or below the final watermark.
-"""
+The reference output is computed in closed form: as the watermark only grows, an event is late iff
+its window end is at or below its batch's watermark, and a window is emitted iff at or below the final."""
 
 from __future__ import annotations
 
@@ -217,10 +212,9 @@ def ensure_workload(size: str, *, root: Path | None = None, params: WorkloadPara
     """Return the dataset for ``size``, generating it under ``root/DATA_<size>`` if absent.
 
     Args:
-        size: ``small``, ``medium``, ``big`` or ``big-keys``; any other name needs ``params`` (a custom,
+        size: ``small``, ``medium``, ``big`` or ``big-keys``; any other name needs ``params`` (an
             unchecked dataset in ``root/DATA_<size>-<params>``).
-        root: parent folder of the datasets (default :func:`default_data_root`).
-        params: generator parameters for a custom size.
+        root: default :func:`default_data_root`.
         verify_content: also recompute the digest from the Parquet files, not only the manifest's.
 
     Raises:
@@ -321,8 +315,7 @@ def _to_epoch_ms(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
 
 
 def normalize_output(table: pa.Table) -> pa.Table:
-    """Engine output (``key``, ``window_start`` timestamp of any unit or ``window_start_ms``, ``count``)
-    as OUT_SCHEMA, sorted."""
+    """Engine output (``key``, ``window_start`` or ``window_start_ms``, ``count``) as OUT_SCHEMA, sorted."""
     ws_name = "window_start" if "window_start" in table.column_names else "window_start_ms"
     out = pa.table({"key": table.column("key").cast(pa.string()),
                     "window_start_ms": _to_epoch_ms(table.column(ws_name)),
@@ -337,7 +330,6 @@ def check_output(table: pa.Table, reference: Reference) -> OutputCheck:
     sum_counts = int(pc.sum(got.column("count")).as_py() or 0)
     if got.equals(reference.table):
         return OutputCheck(emitted_rows, sum_counts, True, 0, 0)
-    # Work out how far off it is: join on all three columns, duplicates counted by multiplicity.
     g = got.group_by(["key", "window_start_ms", "count"]).aggregate([([], "count_all")])
     r = reference.table.group_by(["key", "window_start_ms", "count"]).aggregate([([], "count_all")])
     j = r.join(g, ["key", "window_start_ms", "count"], join_type="full outer",

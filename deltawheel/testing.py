@@ -1,11 +1,7 @@
 """Helpers for testing your own computations and pipelines.
 
-* :class:`ComputationTester`: feed records to your computation without Spark, move the clocks,
-  see state, timers and output.
-* Scenarios (the windowing harness): :func:`run_scenario`, :func:`load_scenario`,
-  :func:`assert_panes_equal`, with rows in :class:`MemoryBackend` or :class:`DeltaBackend`.
-* :class:`ManualClock`, :class:`EmbeddedZooKeeper` (a real server from pyspark's jars) and
-  :func:`make_record`.
+:class:`ComputationTester` runs your computation without Spark; the windowing harness runs
+scenarios (:func:`run_scenario`).
 
 Example (fixed 10 s windows, the default trigger, a sum per window)::
 

@@ -1,11 +1,7 @@
 """Up to which rows version every tool commit has its audit row: the audit check's start.
 
-Finding missing audit rows (``statestore/inspection/auditgap.py``) reads the commits' metadata,
-a cost that grows with the history. After a gc appended them, ``<store>/_gc/audit_checked.json``
-keeps the version up to which every tool commit has its row, with that commit's SHA-256
-(:func:`save_checked`), and the next gc reads only the commits after it (:func:`checked_upto`),
-while that commit is in the log with the same bytes. Local stores only; written aside, then renamed.
-"""
+``<store>/_gc/audit_checked.json`` keeps that version with its commit's SHA-256, so the next gc
+reads only later commits while that commit is in the log with the same bytes. Local stores only."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ def mark_path(layout: StoreLayout) -> str | None:
 
 
 def checked_upto(layout: StoreLayout) -> int | None:
-    """The rows version up to which every tool commit has its audit row, if the kept one is still
-    valid for the log; None: read every commit."""
+    """The kept rows version up to which every tool commit has its audit row; None: read every commit."""
     path, log = mark_path(layout), log_files(layout.rows)
     if path is None or log is None:
         return None

@@ -1,13 +1,9 @@
 """Garbage collection from a running pipeline, in a background thread of the driver.
 
-:meth:`BackgroundGc.batch_done` (called by the runners after each batch, ``n=0`` for a run due by
-time) starts a run in a daemon thread when one is due; the pipeline does not wait for it. Only the
-passes safe under a running job run: the retentions (blind deletes of tables executors only
-append to), OPTIMIZE, the path pass, VACUUM at Delta's 168 h minimum or more, the log checkpoint,
-and the audit recovery for tools' commits older than ``audit_grace_ms`` (:data:`AUDIT_GRACE_MS`).
-A failed run is recorded (:attr:`BackgroundGc.failures`) and logged; the pipeline goes on.
-docs/operations.md, "Garbage collection", "From the running pipeline".
-"""
+Only the passes safe under a running job run: the retentions (blind deletes of tables executors only
+append to), OPTIMIZE, the path pass, VACUUM at Delta's 168 h minimum or more, the log checkpoint, and
+the audit recovery for tools' commits older than :data:`AUDIT_GRACE_MS`. A failed run is logged and
+the pipeline goes on. docs/operations.md, "Garbage collection", "From the running pipeline"."""
 
 from __future__ import annotations
 
@@ -103,8 +99,7 @@ class BackgroundGc:
     """gc's passes every ``every_batches`` batches and/or ``every_s`` seconds, in the background.
 
     Raises:
-        ConfigError: neither ``every_batches`` nor ``every_s``, one of them <= 0, or a VACUUM
-            retention below Delta's safety minimum.
+        ConfigError: no period, a period <= 0, or a VACUUM retention below Delta's minimum.
         ReplayHorizonError: a retention shorter than ``keep_replay_ms``.
     """
 
@@ -154,9 +149,7 @@ class BackgroundGc:
         return self._thread is not None and self._thread.is_alive()
 
     def batch_done(self, n: int = 1) -> bool:
-        """``n`` more batches ran (0: only look at the time); start a run if one is due and none runs.
-
-        Returns at once; True when a run was started."""
+        """``n`` more batches ran (0: time only); start a run if due and none runs; True if started."""
         with self._lock:
             self._batches += n
             due = ((self.every_batches is not None and self._batches >= self.every_batches)
@@ -179,8 +172,7 @@ class BackgroundGc:
 
     @classmethod
     def every(cls, spark: Any, layout: StoreLayout, every: str | int, **options: Any) -> BackgroundGc:
-        """The background gc of ``--gc-every`` / ``gc_every`` (:func:`parse_every`); ``options``: the
-        constructor's.
+        """The background gc of ``--gc-every`` (:func:`parse_every`); ``options``: the constructor's.
 
         Raises:
             ConfigError: as :func:`parse_every` and the constructor.
@@ -221,8 +213,7 @@ class BackgroundGc:
 
 
 def _audit_gap(spark: Any, layout: StoreLayout, *, before_ms: int) -> tuple[list[dict[str, Any]], int]:
-    """The audit rows missing for tools' commits before ``before_ms``, and the version up to which
-    every tool commit has its row once those are appended (a younger commit's tool may still append it)."""
+    """Audit rows missing for tools' commits before ``before_ms``, and the version complete once appended."""
     from deltawheel.statestore.inspection.auditgap import audit_gap
 
     got = audit_gap(spark, layout, after_version=checked_upto(layout))

@@ -1,12 +1,9 @@
 """Pruning the rescaling input-file sets (``deltawheel gc``'s ``input_sets`` pass).
 
-Each interval's fence row holds the input positions committed for it (``rowtable/inputfiles.py``).
-A name is removed from every interval's set of a computation, in one fenced commit under all its
-leases (``surgery/replace.py``), when (a) every interval ran the file (its set or the log says so,
-``ranlog.py``) and (b) the file is gone from its source (an injector's folder, or VACUUMed). The
-commit also adds what the log says each interval ran, except gone names no set holds. A name whose
-full path cannot be known stays. Why that is exact: docs/rescaling.md, "Bounded sets".
-"""
+A name leaves every interval's set of a computation, in one fenced commit under all its leases, when
+(a) every interval ran the file (its set or ``ranlog.py`` says so) and (b) the file is gone from its
+source. The commit also adds what the log says each interval ran, except gone names no set holds.
+A name whose full path cannot be known stays. Why that is exact: docs/rescaling.md, "Bounded sets"."""
 
 from __future__ import annotations
 
@@ -104,9 +101,8 @@ def prune_input_sets(spark: Any, layout: StoreLayout, client: Any, *, pipelines:
                      ran: RanLog | None = None) -> list[GcAction]:
     """Plan (default) or run the pass over ``pipelines``' computations that keep input-file sets.
 
-    One action per computation, its count the names pruned; one whose intervals are not handed over
-    within ``wait_s`` is left as it is. ``ran``: :func:`~.ranlog.read_ran` read earlier, else the
-    evidence the last gc kept; with ``apply`` the evidence is kept for the next gc."""
+    A computation whose intervals are not handed over within ``wait_s`` is left as it is. ``ran``:
+    :func:`~.ranlog.read_ran` read earlier, else the evidence the last gc kept."""
     store = RowStore(spark, layout, writer="gc")
     actions: list[GcAction] = []
     got: RanLog | None = None  # the log's evidence, read once for the first computation that keeps sets

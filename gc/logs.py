@@ -1,12 +1,8 @@
 """Delta log maintenance for ``deltawheel gc``: a checkpoint at the newest version, and log cleanup.
 
-gc checkpoints each table at its newest version (Delta's own ``DeltaLog.checkpoint``) and, with
-``--log-retention-hours``, deletes the log files of versions before the newest checkpoint whose
-commit is older than the retention, as Delta's cleanup does (the replay horizon gc reports). Both
-go through the store's file seam (``statestore/delta/storefs.py``: local or ``s3a://``; other
-schemes get the checkpoint only). A commit's time is its file's modification time. Deleting below
-a checkpoint never races a writer: writers only add versions after the newest.
-"""
+With ``--log-retention-hours``, gc deletes the log files before the newest checkpoint whose commit
+(its file's modification time) is older, as Delta's cleanup does. Only local and ``s3a://`` tables
+are cleaned. Deleting below a checkpoint never races a writer: writers only add versions after it."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ _VERSIONED = re.compile(r"^(\d{20})\.")  # a commit, its .crc, a checkpoint (of 
 
 
 def log_files(path: str, spark: Any | None = None) -> TableFiles | None:
-    """The ``_delta_log`` folder of the table at ``path`` through the file seam (``spark``: for an
-    ``s3a://`` table's settings); None: a scheme the seam does not reach."""
+    """The ``_delta_log`` folder of the table at ``path`` (None: a scheme the file seam does not reach)."""
     files = table_files(spark, path) if spark is not None else files_for(path)
     return None if files is None else files.sub("_delta_log")
 
@@ -44,8 +39,7 @@ def log_entries(path: str, spark: Any | None = None) -> int:
 
 
 def checkpoint_newest(spark: Any, path: str) -> int | None:
-    """Checkpoint the table at ``path`` at its newest version unless its newest checkpoint is that
-    version; returns the version checkpointed (None: it was already)."""
+    """Checkpoint the table at its newest version if not done; the version checkpointed (None: it was)."""
     version = int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
     folder = log_files(path, spark)
     if folder is not None:
@@ -60,9 +54,8 @@ def checkpoint_newest(spark: Any, path: str) -> int | None:
 
 
 def clean_log(path: str, *, cutoff_s: float, apply: bool, spark: Any | None = None) -> tuple[int, int | None]:
-    """(log files before the newest checkpoint whose commit is older than ``cutoff_s``, that
-    checkpoint's version or None): deleted with ``apply``, else counted. ``spark``: for an
-    ``s3a://`` table; (0, None) for a scheme the file seam does not reach."""
+    """(log files before the newest checkpoint older than ``cutoff_s``, that checkpoint's version or None):
+    deleted with ``apply``, else counted; (0, None) for a scheme the file seam does not reach."""
     folder = log_files(path, spark)
     if folder is None:
         return 0, None

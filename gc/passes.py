@@ -1,13 +1,10 @@
 """Garbage collection of a store's Delta tables (``deltawheel gc``).
 
-Passes, each reporting what it would remove (dry run, the default) or removed: the retentions,
-``compact``, ``paths``, ``vacuum``, ``log`` and ``replay_horizon``; the ZooKeeper passes
-(``zknodes.py``) and input-file sets (``inputsets.py``) run after them. docs/operations.md,
-"Garbage collection". Invariants: a stream record whose production is still checkpointed is
-kept (never delivered twice); rewritten rows keep their commit id (what recovery decides
-"delivered" by); a too-short VACUUM or replay-horizon retention is refused before anything
-changes; keys' rows are never touched (only written under the owner's lease and fence).
-"""
+Each pass reports what it would remove (dry run, the default) or removed; docs/operations.md,
+"Garbage collection". Invariants: a stream record whose production is still checkpointed is kept
+(never delivered twice); rewritten rows keep their commit id (recovery decides "delivered" by it);
+a too-short VACUUM or replay-horizon retention is refused before anything changes; keys' rows are
+never touched (only written under the owner's lease and fence)."""
 
 from __future__ import annotations
 
@@ -77,14 +74,12 @@ def run_gc(spark: Any, layout: StoreLayout, *, now_ms: int, apply: bool = False,
            metrics_retention_ms: int | None = int(METRICS_RETENTION_HOURS * 3_600_000),
            log_retention_ms: int | None = None, keep_replay_ms: int | None = None,
            late_data_retention_ms: int | None = None, dead_letter_retention_ms: int | None = None) -> GcReport:
-    """Plan (default) or run the GC passes over ``layout``'s tables.
-    ``progress(step, total)`` is called as each pass over a table starts.
+    """Plan (default) or run the GC passes over ``layout``'s tables; ``progress(step, total)`` per pass.
 
     Raises:
-        VacuumRetentionError: ``vacuum_retain_hours`` below :data:`MIN_VACUUM_RETAIN_HOURS`
-            (or negative) and not ``force``; nothing was changed.
-        ReplayHorizonError: a retention shorter than ``keep_replay_ms``; nothing was changed.
-        RetentionError: a metrics, late-data or dead-letter retention below 0; nothing was changed.
+        VacuumRetentionError: ``vacuum_retain_hours`` below :data:`MIN_VACUUM_RETAIN_HOURS` without ``force``.
+        ReplayHorizonError: a retention shorter than ``keep_replay_ms``.
+        RetentionError: a metrics, late-data or dead-letter retention below 0 (all three: nothing changed).
     """
     _check_retentions(vacuum_retain_hours, force=force, metrics_ms=metrics_retention_ms,
                       late_ms=late_data_retention_ms, dead_ms=dead_letter_retention_ms)
@@ -312,9 +307,7 @@ def _vacuum_detail(old: int, unreferenced: int, retain_hours: float) -> str:
 
 
 def _rerecord_paths(spark: Any, path: str, *, apply: bool) -> int:
-    """The rows table's live files whose logged path is not Delta's form of it (``delta.txn.delta_path``).
-
-    With ``apply``, one commit re-adds them under Delta's form (``dataChange`` false)."""
+    """The rows table's live files logged under a path not in Delta's form; ``apply`` re-adds them."""
     import json
 
     from deltawheel.statestore.delta.txn import TableLog, decode_path, delta_path

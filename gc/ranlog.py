@@ -1,12 +1,8 @@
 """What the rows table's log says each interval ran: the ``input_sets`` pass's evidence, read once.
 
-A commit of instances sharing intervals names the intervals its batch held and its input files
-(``ran_of``). ``deltawheel gc --apply`` keeps what it read in ``<store>/_gc/ran_in_log.json``
-(:func:`save_ran`: up to version ``upto``, with that commit's SHA-256), and the next gc
-(:func:`read_ran`) opens only the commits after it. The saved evidence is used only while commit
-``upto`` is in the log with the same bytes (the log only appends), and pruned names are left out
-of it (no set holds them any more). docs/rescaling.md, "Bounded sets". Local stores only.
-"""
+``deltawheel gc --apply`` keeps what it read in ``<store>/_gc/ran_in_log.json``, and the next gc
+opens only the commits after it. The saved evidence is used only while its last commit is in the
+log with the same bytes (the log only appends). docs/rescaling.md, "Bounded sets". Local stores only."""
 
 from __future__ import annotations
 
@@ -51,9 +47,7 @@ def saved_path(layout: StoreLayout) -> str | None:
 
 
 def ran_in_log(rows: str) -> dict[str, dict[int, frozenset[str]]]:
-    """computation -> interval -> the input files the rows table's JSON commits say it ran (all read).
-
-    A table whose log cannot be read: {}."""
+    """computation -> interval -> input files, as the rows table's JSON commits say ({}: unreadable)."""
     return {c: dict(per) for c, per in _read(rows, after=-1, ran={}).ran.items()}
 
 
@@ -66,9 +60,7 @@ def read_ran(layout: StoreLayout, *, since: RanLog | None = None) -> RanLog:
 
 
 def save_ran(layout: StoreLayout, got: RanLog, *, forget: Mapping[str, Iterable[str]] | None = None) -> bool:
-    """Keep ``got`` for the next gc, without the names ``forget`` gives per computation.
-
-    False: not kept (a remote store, nothing read, or not written)."""
+    """Keep ``got`` for the next gc, without ``forget``'s names; False: not kept (e.g. a remote store)."""
     path = saved_path(layout)
     if path is None or got.upto < 0 or got.fingerprint is None:
         return False

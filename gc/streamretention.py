@@ -7,8 +7,7 @@ commit still holds checkpointed:
 1. the stream's records older than the cutoff, from the table's current version ``S``;
 2. the productions checkpointed in the rows table, read after ``S`` (a record in ``S`` was
    delivered after its commit, which either still holds it or was cleared by a later one);
-3. a MERGE by record id deletes the records of ``S`` not held; later ones wait for the next run.
-"""
+3. a MERGE by record id deletes the records of ``S`` not held; later ones wait for the next run."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ _views = itertools.count()
 
 @dataclass(frozen=True)
 class StreamRetention:
-    """What stream retention found in one stream table: ``removed`` records older than the cutoff,
-    ``held`` older ones kept because their production is still checkpointed."""
+    """One stream table's ``removed`` records older than the cutoff, and ``held`` ones still checkpointed."""
 
     removed: int
     held: int
@@ -38,8 +36,7 @@ def _version(spark: Any, path: str) -> int:
 
 def stream_retention(spark: Any, layout: StoreLayout, path: str, *, stream: str, cutoff_ms: int,
                      rows_table: bool, apply: bool) -> StreamRetention:
-    """Remove (``apply``) or count the stream table's records before ``cutoff_ms`` whose production
-    is not checkpointed (``rows_table``: the store has a rows table)."""
+    """Remove (``apply``) or count the records before ``cutoff_ms`` whose production is not checkpointed."""
     from pyspark.sql import functions as F
 
     old = (spark.read.format("delta").option("versionAsOf", _version(spark, path)).load(path)

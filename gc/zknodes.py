@@ -1,16 +1,11 @@
 """Garbage collection of a store's ZooKeeper nodes (``deltawheel gc``'s ``zk`` passes).
 
-Most of a pipeline's znodes are bounded by its configuration; two kinds grow with time:
+Two kinds grow with time, for the pipelines bound to this store:
 
-* ``zk_instances``: a gone instance's watermark estimates (``/pipelines/{p}/watermarks/instances/
-  {i}/{n}``), deleted once it owns no lease and holds no watermark back
-  (:func:`~deltawheel.statestore.zk.watermarks.low.handing_off`); the delete names the version
-  read, so an estimate published meanwhile is kept.
-* ``zk_replays``: a replay's chroot beside the live one (``{chroot}-replay-{hash}``), deleted
-  whole once its shadow store is gone and it holds no lease.
-
-Only pipelines bound to this store (``/pipelines/{p}/store``) are looked at.
-"""
+* ``zk_instances``: a gone instance's watermark estimates, deleted once it owns no lease and holds
+  no watermark back; the delete names the version read, so an estimate published meanwhile is kept.
+* ``zk_replays``: a replay's chroot (``{chroot}-replay-{hash}``), deleted once its shadow store is
+  gone and it holds no lease."""
 
 from __future__ import annotations
 
@@ -155,8 +150,7 @@ def collect_zk_nodes(client: KazooClient, root: KazooClient | None, *, rows_tabl
                      store_exists: Callable[[str], bool] = _local_store_exists) -> list[GcAction]:
     """Plan (default) or delete the ZooKeeper nodes that outlived what they were for.
 
-    ``client`` is chrooted at the pipelines' chroot; ``root`` (not chrooted; None: skip the replay
-    chroots) reaches the replays' chroots beside it."""
+    ``root``: a client not chrooted, reaching the replays' chroots (None: skip them)."""
     actions: list[GcAction] = []
     verb = "deleted" if apply else "would delete"
     for pipeline in _children(client, "/pipelines"):

@@ -1,10 +1,8 @@
 """Numbered, idempotent schema migrations of a store's Delta tables.
 
 Each migration is a module ``mNNNN_<name>.py`` with ``VERSION``, ``NAME``, ``describe(layout)`` and
-``apply(spark, layout)``, safe to re-run after a half-done run. Each is recorded in the store's
-``_meta`` table once it succeeds; the highest is the store's schema version. :func:`apply` is a dry
-run by default (``deltawheel migrate --store DIR``; ``--apply`` runs it).
-"""
+``apply(spark, layout)``, safe to re-run after a half-done run, and recorded in ``_meta`` once it
+succeeds; the highest recorded is the store's schema version."""
 
 from __future__ import annotations
 
@@ -110,8 +108,7 @@ def plan(spark: Any, layout: StoreLayout) -> list[PlannedMigration]:
 
     Raises:
         SchemaTooNewError: the store records a version this code doesn't know.
-        ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: an object store's
-            endpoint, bucket or credentials are wrong (docs/objectstore.md).
+        ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: see docs/objectstore.md.
         SparkConnectSessionError: ``spark`` is a Spark Connect session.
     """
     require_classic_session(spark)
@@ -129,9 +126,8 @@ def apply(spark: Any, layout: StoreLayout, *, dry_run: bool = True,
           on_step: Callable[[PlannedMigration, int], None] | None = None) -> list[PlannedMigration]:
     """Run the pending migrations in order; with ``dry_run`` (the default) only return them.
 
-    Each migration is recorded in ``_meta`` right after it succeeds, so a run that dies half way
-    resumes at the first unrecorded one; an up-to-date store returns ``[]``. ``on_step(step,
-    total)`` is called before each migration runs.
+    Each migration is recorded right after it succeeds, so a run that dies half way resumes at the
+    first unrecorded one. ``on_step(step, total)`` is called before each migration runs.
 
     Returns:
         The migrations that ran (or, with ``dry_run``, would run).
@@ -166,9 +162,8 @@ def apply_when_pending(spark: Any, layout: StoreLayout, lock: Callable[[], Conte
                        planned: list[PlannedMigration] | None = None) -> list[PlannedMigration]:
     """:func:`apply` under ``lock()``, taken only when :func:`plan` finds something to run.
 
-    The plan is made again under the lock. ``check(pending)`` is called under the lock before any
-    runs and raises to refuse (:func:`.live.refuse_while_running`). ``planned``: a plan of the
-    store made just now, used instead of planning here.
+    The plan is made again under the lock; ``check(pending)`` may raise there to refuse
+    (:func:`.live.refuse_while_running`). ``planned``: a fresh plan to use instead of planning here.
 
     Returns:
         The migrations that ran.
@@ -209,8 +204,7 @@ def check_store(spark: Any, layout: StoreLayout) -> int:
         NotAStoreError: ``layout.meta`` is not a Delta table.
         SchemaTooNewError: the store was migrated by a newer deltawheel.
         MigrationError: the store is older than this code.
-        ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: an object store's
-            endpoint, bucket or credentials are wrong (docs/objectstore.md).
+        ObjectStoreUnreachableError, BucketMissingError, ObjectStoreAuthError: see docs/objectstore.md.
     """
     probe_store(spark, layout)
     if not _is_delta_table(spark, layout.meta):

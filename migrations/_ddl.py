@@ -18,13 +18,7 @@ def create_table(
     partitioned_by: Sequence[str] = (),
     properties: Mapping[str, str] = {},
 ) -> None:
-    """``CREATE TABLE IF NOT EXISTS`` a Delta table at ``path`` (a no-op if it exists).
-
-    Args:
-        columns: the column list as Spark DDL (``"a INT NOT NULL, b STRING"``).
-        partitioned_by: partition column names.
-        properties: table properties.
-    """
+    """``CREATE TABLE IF NOT EXISTS`` a Delta table at ``path``; ``columns`` as Spark DDL."""
     _refuse_a_half_created_table(spark, path)
     sql = f"CREATE TABLE IF NOT EXISTS {sql_path(path)} ({columns}) USING DELTA"
     if partitioned_by:
@@ -39,8 +33,8 @@ def create_table(
 def _refuse_a_half_created_table(spark: Any, path: str) -> None:
     """Raise :class:`MigrationError` when ``path`` has a ``_delta_log`` folder with no commit in it.
 
-    A failed creation leaves that (docs/objectstore.md), and Delta then neither creates nor reads
-    the table; a creation in flight looks the same, so removing it is the user's call."""
+    Delta neither creates nor reads such a table; a creation in flight looks the same, so removing
+    it is the user's call."""
     from deltawheel.statestore.delta.log import local_table_exists
     from deltawheel.statestore.delta.storefs import table_files
 

@@ -1,11 +1,7 @@
 """Migrations on a live store: refused while a pipeline of the store runs.
 
-A migration's metadata commits fail a running job's commits, and its code was written for the
-schema it started on. So ``deltawheel migrate --apply``, and a pipeline starting on a store with
-pending migrations, first look in ZooKeeper for a pipeline bound to the store whose intervals
-have an owner; if there is one, :class:`StoreInUseError` says which and what to do (stop,
-migrate, start again), and nothing is changed.
-"""
+A migration's metadata commits fail a running job's commits, and the job's code was written for the
+schema it started on: migrating is refused while a pipeline of the store has an interval owner."""
 
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ __all__ = ["running_pipelines", "refuse_while_running"]
 
 
 def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]]:
-    """Pipeline -> the owners of its held leases, for the pipelines bound to the store ``rows_table_id``
-    that hold at least one lease."""
+    """Pipeline -> owners of its held leases, for the store's pipelines that hold at least one."""
     try:
         pipelines = sorted(client.get_children("/pipelines"))
     except NoNodeError:
@@ -44,8 +39,7 @@ def running_pipelines(client: Any, *, rows_table_id: str) -> dict[str, list[str]
 
 
 def refuse_while_running(client: Any, layout: StoreLayout, *, rows_table_id: str, pending: Sequence[Any]) -> None:
-    """Raise :class:`StoreInUseError` when ``pending`` migrations are to run and a pipeline of the
-    store runs; nothing is changed either way.
+    """Refuse ``pending`` migrations while a pipeline of the store runs; changes nothing.
 
     Raises:
         StoreInUseError: names the running pipelines and their lease owners, and what to do.

@@ -1,8 +1,4 @@
-"""Migration 3: Delta checkpoints of the rows table every 100 commits instead of 10.
-
-A checkpoint every ten batches was the largest single cost of a small batch (docs/performance.md,
-"Delta commit cost").
-"""
+"""Migration 3: Delta checkpoints of the rows table every 100 commits instead of 10 (docs/performance.md)."""
 
 from __future__ import annotations
 

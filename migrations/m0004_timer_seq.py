@@ -2,8 +2,7 @@
 
 A key's timer firings are numbered by a counter in its row, from which its productions take their
 record ids, so a timer firing again produces under new ids and a replay under the same ones.
-Older rows read it as null, counting from 0.
-"""
+Older rows read it as null, counting from 0."""
 
 from __future__ import annotations
 

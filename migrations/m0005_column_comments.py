@@ -1,8 +1,7 @@
 """Migration 5: column comments on the store's tables (what every column means).
 
 One ``ALTER TABLE ... ALTER COLUMN ... COMMENT`` commit per existing table that lacks them (the
-texts: ``statestore/comments.py``); stream tables created later get theirs on creation.
-"""
+texts: ``statestore/comments.py``); stream tables created later get theirs on creation."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Migration 6: Delta log checkpoints written in the background, not inside the commits.
 
-Sets ``delta.checkpointInterval`` to 2^31 - 1 on the rows, side and existing stream tables, so
-Delta never checkpoints inside a batch's commit; the driver's background thread does instead
-(``statestore/delta/maintenance.py``; docs/performance.md, "Delta commit cost").
-"""
+Sets ``delta.checkpointInterval`` to 2^31 - 1 on the rows, side and existing stream tables; the
+driver's background thread checkpoints instead (``statestore/delta/maintenance.py``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Migration 7: the image path's delta files folded into one file per interval.
 
-The image path's tasks read an interval as plain Parquet, so every interval whose files carry a
-deletion vector, or that has several state files, is rewritten as one file with the same rows
-(``statestore/writepath/image/fold.py``; one commit per computation). Stores Python cannot reach
-are left alone.
-"""
+The image path's tasks read an interval as plain Parquet, so an interval with a deletion vector or
+several state files is rewritten as one file with the same rows; stores Python cannot reach are left alone."""
 
 from __future__ import annotations
 

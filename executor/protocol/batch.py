@@ -1,27 +1,24 @@
 """The per-batch protocol: :class:`BatchProtocol` runs DESIGN's seven steps on one micro-batch.
 
-The write path (``statestore/writepath``) makes every write; the user job (``tasks/job.py``) runs
-steps 2-4 in Spark tasks. The steps, as the body's ``# Step N`` comments number them:
+The write path makes every write; steps 2-4 run in Spark tasks (``tasks/job.py``). The steps, as
+the body's ``# Step N`` comments number them:
 
-1. Check the leases of the owned intervals (a lost session stops the batch; while the connection
-   is suspended, every ZooKeeper call of the batch pauses, bounded by ``max_pause_s``).
+1. Check the leases of the owned intervals (a lost session stops the batch; while suspended, every
+   ZooKeeper call pauses, at most ``max_pause_s``).
 2. Drop duplicates: prepare the input in the JVM (keys, dead letters, the late flag against the
-   watermark the last committed batch acted on: ``lateness.py``); the tasks dedup against the
-   stored record ids and (``LatePolicy.ROUTE``) route late records to the late-data table.
+   watermark the last committed batch acted on); the tasks dedup against the stored record ids and
+   (``LatePolicy.ROUTE``) route late records to the late-data table.
 3. Load the rows of the batch's keys and of keys with due timers or undelivered productions.
 4. Run user code in Spark tasks, per key (``keyrun.run_key``); materialize the output once.
-5. Commit all changed rows in one fenced Delta transaction (``WritePath.commit``), recording the
-   watermarks acted on and the injector watermarks step 7 publishes.
-6. Deliver the productions to their stream tables idempotently (``WritePath.deliver``); the next
-   batch's commit clears the checkpoints.
+5. Commit all changed rows in one fenced Delta transaction, recording the watermarks acted on and
+   the injector watermarks step 7 publishes.
+6. Deliver the productions to their stream tables idempotently; the next commit clears the checkpoints.
 7. Publish the intervals' oldest work and advance the low watermark (in the background for a
-   streaming query's batch: ``watermarks.py``).
+   streaming query's batch).
 
-Steps 3-5 run again, at most :data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the
-rows is stale (:func:`retry_stale_view`). Open deliveries (``inflight.py``) hold the low watermark
-and are settled before the next commit (docs/embedding.md, "Productions and their delivery"). A
-crash anywhere followed by a restart gives the same rows and stream records as a run without it.
-"""
+Steps 3-5 rerun, at most :data:`STALE_VIEW_ATTEMPTS` times, while the write path's view of the rows
+is stale. Open deliveries hold the low watermark and are settled before the next commit. A crash
+anywhere followed by a restart gives the same rows and stream records as a run without it."""
 
 from __future__ import annotations
 
@@ -95,7 +92,7 @@ class BatchProtocol:
         if df is not None:
             b.mark("prepare")
         self.fault(FaultPoint.AFTER_PREPARE, batch_id)
-        # steps 3-5 (_run_and_commit), from step 3 again while the write path's view of the rows is stale
+        # steps 3-5, from step 3 again while the write path's view of the rows is stale
         run = retry_stale_view(functools.partial(self._run_and_commit, b), reload=ex.path.load,
                                attempts=STALE_VIEW_ATTEMPTS,
                                failed=f"{ex.comp.name} batch {batch_id}: the interval images kept changing "

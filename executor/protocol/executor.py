@@ -44,9 +44,7 @@ class ComputationExecutor:
         upstream: ``"injector:NAME"`` / ``"computation:NAME"`` entries making the input watermark.
         manual_watermarks: the caller passes ``input_watermark_ms``, so no watermark source is needed.
         write_path: ``"image"``, ``"merge"`` or ``"auto"`` (``tasks/paths.py``).
-        event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock (default:
-            one day; {}: no check).
-    """
+        event_ahead_ms: per input stream, how far (ms) event time may be ahead of the clock ({}: no check)."""
 
     def __init__(self, spark: Any, layout: StoreLayout, computation: Computation, *, owner: IntervalOwner,
                  authority: WatermarkAuthority | None = None, upstream: Sequence[str] = (),
@@ -98,10 +96,8 @@ class ComputationExecutor:
         self.recovered: dict[str, int] = {}  # checkpointed productions the start delivered: appended / merged
         self.inflight = InFlight(computation, fault=self._protocol.fault, log=self._protocol.log,
                                  published=self._protocol.watermarks.publish if authority is not None else None)
-        # event_ahead_ms's default: one day for every input
         ahead: Mapping[str, int] = ({s: DEFAULT_MAX_EVENT_AHEAD_MS for s in computation.inputs}
                                     if event_ahead_ms is None else dict(event_ahead_ms))
-        # the write path (every write of the rows and stream tables) and the job feeding it (``tasks/paths.py``)
         self.path, self.job = PATHS[write_path](spark, layout, computation, owner, partitions=self.partitions,
                                                 event_ahead_ms=ahead, watermarks=authority is not None)
 
@@ -225,8 +221,7 @@ class ComputationExecutor:
     def run_batch(self, df: Any | None, batch_id: int, *, input_watermark_ms: int | None = None,
                   use_authority: bool = True, input_files: Sequence[str] | None = None,
                   late_watermark_ms: int | None = None) -> BatchReport:
-        """Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting first if needed.
-        Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting first if needed."""
+        """Run DESIGN's seven steps on one micro-batch (``df`` None: timers only), starting if needed."""
         return self._run(df, batch_id, input_watermark_ms=input_watermark_ms, use_authority=use_authority,
                          input_files=input_files, late_watermark_ms=late_watermark_ms)
 

@@ -1,6 +1,4 @@
-"""What the batch protocol (``batch.py``) and its watermarks (``watermarks.py``) use of the
-executor they run for: :class:`~.executor.ComputationExecutor` is it, structurally, and
-imports them; they import only this view of it."""
+"""The view of :class:`~.executor.ComputationExecutor` that ``batch.py`` and ``watermarks.py`` import."""
 
 from __future__ import annotations
 

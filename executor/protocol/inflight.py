@@ -1,7 +1,6 @@
 """Deliveries still running after their batch committed: a weak straggler or an asynchronous delivery.
 
-At most one per computation; it holds the low watermark and is settled before the next commit.
-"""
+At most one per computation; it holds the low watermark and is settled before the next commit."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ class InFlight:
         return st.min_ts if st is not None and not st.delivered else None
 
     def weak(self, deliver: Callable[[], object], batch_id: int) -> OpenDelivery | None:
-        """Run a weak delivery in a thread for up to ``straggler_timeout_s``; None if done, else the
-        straggler."""
+        """Run a weak delivery in a thread up to ``straggler_timeout_s``; None if done, else the straggler."""
         box: dict[str, BaseException] = {}
 
         def run() -> None:
@@ -107,8 +105,7 @@ class InFlight:
         st.thread.start()
 
     def settle(self) -> None:
-        """Wait for the open delivery, redelivering if it failed; BatchFailedError after
-        ``delivery_timeout_s``."""
+        """Wait for the open delivery, redelivering a failed one; BatchFailedError after the timeout."""
         st = self.open
         if st is None:
             return

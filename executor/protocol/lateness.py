@@ -1,9 +1,7 @@
 """Which watermark a batch judges lateness against: durable, so a restart changes no decision.
 
 The input low watermark the last committed batch fired timers under is recorded in its commit's
-metadata (an :class:`ActedMark`, with the injectors' watermarks) and read back at start.
-docs/late-data.md.
-"""
+metadata (an :class:`ActedMark`) and read back at start. docs/late-data.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Per-batch figures: the store's ``_metrics/batches`` table (never failing a batch), Spark's observed
-metrics."""
+"""Per-batch figures: the store's ``_metrics/batches`` table (never failing a batch), observed metrics."""
 
 from __future__ import annotations
 

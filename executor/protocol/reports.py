@@ -33,18 +33,14 @@ class BatchReport:
     direct: bool = False  # the tasks read the input files themselves (executor/tasks/image/direct.py)
     ids_expired: int = 0  # record ids dropped from the rows: seen before the dedup horizon
     keys_expired: int = 0  # keys the state TTL dropped (state, timers and record ids)
-    # image path: the dedup Bloom filters' first check
-    bloom_checked: int = 0
+    bloom_checked: int = 0  # image path: the dedup Bloom filters' first check
     bloom_maybe: int = 0
     bloom_false_pos: int = 0
     bloom_bytes: int = 0
-    # image path: the intervals run, and how many images a task read from the store
-    intervals_run: int = 0
+    intervals_run: int = 0  # image path, with images_read: images a task read from the store
     images_read: int = 0
-    # records of a moved interval an earlier owner processed (``rescale.py``)
-    skipped_moved: int = 0
-    # a batch without input (a flush): its line names no batch id
-    timers_only: bool = False
+    skipped_moved: int = 0  # records of a moved interval an earlier owner processed
+    timers_only: bool = False  # a batch without input (a flush): its line names no batch id
 
     @property
     def image_cache_hit_rate(self) -> float | None:

@@ -2,8 +2,7 @@
 
 A record whose position is in its interval's committed set is dropped (**skip**); on taking
 intervals, positions this instance consumed but a taken interval lacks run first (**catch-up**).
-docs/rescaling.md, "The hazard, and how a move stays exact".
-"""
+docs/rescaling.md, "The hazard, and how a move stays exact"."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ def _source_index(comp: Computation, parquet: Mapping[str, Injector]) -> int:
 
 def _file_inputs(comp: Computation, injectors: Mapping[str, Injector], streams: Iterable[str], *,
                  table_of: Callable[[str], str]) -> tuple[dict[str, Injector], dict[str, str]]:
-    """(the Parquet injector by stream, the stream tables by stream); ConfigError if one gives no positions.
-    (the Parquet injector by stream, the stream tables by stream); ConfigError if one gives no positions."""
+    """(Parquet injector by stream, stream table by stream); ConfigError if one gives no positions."""
     parquet: dict[str, Injector] = {}
     tables: dict[str, str] = {}
     for stream in streams:
@@ -188,8 +186,7 @@ class SharedInput:
         return kept.drop(_POSITION), skipped, tuple(positions)
 
     def record(self, df: Any, batch_id: int) -> tuple[str, ...]:
-        """Micro-batch ``batch_id``'s positions for the commit's record (unknown ones go to :attr:`unknown`).
-        Micro-batch ``batch_id``'s positions for the commit's record (unknown ones go to :attr:`unknown`)."""
+        """Micro-batch ``batch_id``'s positions for the commit's record (unknown ones: :attr:`unknown`)."""
         self.unknown.discard(batch_id)
         if self.kafka and not self.parquet and not self.tables:
             return ()
@@ -258,8 +255,7 @@ class SharedInput:
         return sorted(r[0] for r in df.select(_POSITION).distinct().collect() if r[0])
 
     def table_positions(self, batch_id: int) -> list[str] | None:
-        """Micro-batch ``batch_id``'s positions from the logs when every input is a stream table, else None.
-        Micro-batch ``batch_id``'s positions from the logs when every input is a stream table, else None."""
+        """Micro-batch ``batch_id``'s positions from the logs if every input is a stream table, else None."""
         if self.parquet or batch_id < 0:
             return None
         out: set[str] = set()

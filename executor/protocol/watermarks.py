@@ -2,8 +2,7 @@
 
 Step 1 reads the input watermark; step 7 publishes the intervals' oldest work, the low watermark
 and the injector estimates in one ZooKeeper transaction, in the background for a streaming query
-(joined before the next batch reads a watermark; the values are lower bounds).
-"""
+(joined before the next batch reads a watermark; the values are lower bounds)."""
 
 from __future__ import annotations
 

@@ -18,8 +18,7 @@ class DeltaTableInjector(_MaxSeenInjector):
     """A Delta table read with Delta's streaming source (``maxFilesPerTrigger``).
 
     Delta's streaming source has no row positions, so ``record_id_column`` is required and
-    ``commit_id`` is ``delta={record id}`` (for a row without an id, ``delta=sha256:{hash of its
-    columns}``). The watermark and the other arguments are as for :class:`ParquetInjector`.
+    ``commit_id`` is ``delta={record id}``. Other arguments: as for :class:`ParquetInjector`.
 
     Raises:
         ConfigError: an invalid name, a bad count, delay or bound, or no ``record_id_column``.

@@ -1,11 +1,7 @@
 """MillWheel's injector watermark: from the event times of the input not consumed yet.
 
 The exact estimate is the oldest pending event time (nothing pending becomes late, but one
-straggler holds it back); a percentile ``p`` lets at most a share ``p`` of pending records be
-late. :class:`PendingPercentile` computes it for a :class:`~.parquet.ParquetInjector` over the
-files no query has read yet, falling back on :class:`~.injector.MaxSeenMinusBound` when nothing
-is pending. It never moves back.
-"""
+straggler holds it back); a percentile ``p`` lets at most a share ``p`` of pending records be late."""
 
 from __future__ import annotations
 
@@ -26,9 +22,9 @@ def check_percentile(percentile: float) -> None:
 
 
 class PendingPercentile:
-    """The ``percentile`` of the pending files' event times (0: their minimum, exact).
+    """The ``percentile`` of the pending files' event times (0: their minimum); never moves back.
 
-    ``floor`` is the estimate used while nothing is pending (``observe``/``finish`` are passed on).
+    ``floor``: the estimate while nothing is pending (``observe``/``finish`` are passed on).
 
     Raises:
         ConfigError: a percentile outside [0, 1).

@@ -1,5 +1,4 @@
-"""What the file injectors know of a folder without Spark: its visible files (the token that
-tells the runner nothing changed) and a Parquet folder's schema from its first file's footer."""
+"""What the file injectors know of a folder without Spark: its visible files, a Parquet file's footer."""
 
 from __future__ import annotations
 

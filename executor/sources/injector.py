@@ -1,11 +1,7 @@
 """The injector contract: what a source of a pipeline gives, and how it estimates its low watermark.
 
-An injector exposes its input as a streaming DataFrame in the stream-table schema
-(:func:`deltawheel.statestore.writepath.streams.stream_schema_ddl`), with a ``record_id`` that is
-the same on every re-run. The executor drives the watermark after every micro-batch
-(:meth:`Injector.observe`, :func:`publish_watermark`). The estimates: docs/injector-watermarks.md;
-the sources: docs/sources.md.
-"""
+An injector's streaming DataFrame is in the stream-table schema with a ``record_id`` that is the same
+on every re-run. Estimates: docs/injector-watermarks.md; sources: docs/sources.md."""
 
 from __future__ import annotations
 
@@ -27,11 +23,7 @@ SparkSession = Any
 
 @dataclass(frozen=True)
 class BatchStats:
-    """What an injector needs to know about one consumed micro-batch.
-
-    ``sources`` are the files the rows came from; ``partitions`` the max event time per source
-    partition (Kafka's ``topic/partition``); both may be empty.
-    """
+    """One consumed micro-batch: ``sources`` its files, ``partitions`` max event time per Kafka partition."""
 
     count: int
     min_event_ms: int | None = None
@@ -53,9 +45,7 @@ class BatchStats:
 
 
 class MaxSeenMinusBound:
-    """Watermark estimate *max event time seen minus a bound* (Spark's ``withWatermark``).
-
-    ``None`` until a batch with an event time was observed; :data:`END_OF_TIME` after :meth:`finish`.
+    """Watermark *max event time seen minus a bound*; ``None`` before any, :data:`END_OF_TIME` after finish.
 
     >>> w = MaxSeenMinusBound(10_000)
     >>> w.observe(BatchStats(2, 50_000, 60_000)); w.observe(BatchStats(1, 20_000, 20_000))
@@ -94,8 +84,7 @@ class Injector(Protocol):
     """A source of a pipeline: a stream in the stream schema plus a watermark estimate.
 
     Optional: ``input_token() -> Hashable | None``, a cheap summary of the input available now
-    (None: unknown); the runner skips a query whose inputs' tokens did not change.
-    """
+    (None: unknown); the runner skips a query whose inputs' tokens did not change."""
 
     name: str
 

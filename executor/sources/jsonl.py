@@ -1,9 +1,7 @@
 """JSON input: a folder of JSON Lines files, and the JSON parse that Kafka messages share.
 
-A line is parsed with Spark's ``from_json`` in ``PERMISSIVE`` mode: one that does not parse, or
-is not UTF-8, becomes a dead letter "malformed input". Every line keeps its text in the stream's ``raw_value``
-column, so any dead letter holds the line as written. Blank lines are skipped.
-"""
+A line that does not parse, or is not UTF-8, becomes a dead letter "malformed input" holding the line
+as written (``raw_value``). Blank lines are skipped."""
 
 from __future__ import annotations
 
@@ -67,15 +65,13 @@ def event_time_of(parsed: DataFrame, column: str, timestamp_format: str | None) 
 class JsonLinesInjector(_MaxSeenInjector):
     """A folder of JSON Lines files (one JSON object per line) read with Spark's file streaming source.
 
-    Files are read as :class:`~.parquet.ParquetInjector` reads its own, each whole and split into
-    lines (a file must fit in one task's memory). ``record_id`` is ``record_id_column`` when given,
-    otherwise ``{name}/{file name}#{line}`` (1-based); ``commit_id`` is ``file={file name}#line={line}``.
-    Without ``schema``, Spark infers it from the files present at :meth:`stream_df`. The watermark
-    and the other arguments are as for :class:`~.parquet.ParquetInjector`.
+    Each file is read whole (it must fit in one task's memory). ``record_id`` is ``record_id_column``
+    when given, otherwise ``{name}/{file name}#{line}`` (1-based); ``commit_id`` is
+    ``file={file name}#line={line}``. Other arguments and the watermark: as for ``ParquetInjector``.
 
     Args:
-        folder: the folder of ``.jsonl`` / ``.json`` files (local path or URI).
-        schema: the lines' columns, e.g. ``"card STRING, amount DOUBLE, ts BIGINT"``; None: inferred.
+        schema: the lines' columns, e.g. ``"card STRING, amount DOUBLE, ts BIGINT"``; None: inferred
+            from the files present at :meth:`stream_df`.
         event_time_column: a TIMESTAMP field, a BIGINT of epoch milliseconds, or a STRING timestamp.
         timestamp_format: Spark datetime pattern of a STRING event time (None: ISO 8601).
 

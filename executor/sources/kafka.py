@@ -1,12 +1,8 @@
 """Kafka input: a topic of JSON messages read with Spark's Kafka source, watermarked per partition.
 
 Spark's Kafka connector is not in the pyspark wheel: see ``statestore/session/connectors.py``.
-
-The watermark is per partition, as in Flink's and Beam's Kafka sources: the minimum over the
-partitions of max event time seen minus ``watermark_delay_ms``. A partition that delivered
-nothing yet holds it at "unknown"; one silent for ``idle_timeout_ms`` (Flink's ``withIdleness``)
-is left out until it delivers again. With ``idle_timeout_ms=None`` no partition is ever idle.
-"""
+As in Flink's and Beam's Kafka sources, a partition that delivered nothing yet holds the watermark at
+"unknown"; one silent for ``idle_timeout_ms`` is left out until it delivers again (``None``: never)."""
 
 from __future__ import annotations
 
@@ -121,10 +117,9 @@ def partition_stats(batch_df: DataFrame, *, now_ms: int, max_event_ahead_ms: int
 class KafkaInjector:
     """A Kafka topic of JSON messages, read with Spark's Kafka source, in the stream schema.
 
-    Values are parsed as for :class:`~.jsonl.JsonLinesInjector` (unparsable ones become dead
-    letters); ``record_id`` is ``{name}/{topic}/{partition}@{offset}``, ``commit_id``
-    ``kafka={topic}/{partition}@{offset}``. Feed the executor through :meth:`tracking`, which
-    keeps the per-partition watermark (an ``on_batch_end`` hook only sees the overall range).
+    Values are parsed as for :class:`~.jsonl.JsonLinesInjector`; ``record_id`` is
+    ``{name}/{topic}/{partition}@{offset}``, ``commit_id`` ``kafka={topic}/{partition}@{offset}``.
+    Feed the executor through :meth:`tracking`, which keeps the per-partition watermark.
 
     Args:
         schema: the messages' JSON columns, a DDL string or a StructType (required).
@@ -132,9 +127,7 @@ class KafkaInjector:
         event_time_column: a TIMESTAMP / epoch-ms BIGINT / STRING field; ``None``: the Kafka timestamp.
         watermark_delay_ms: the disorder bound within a partition (docs/sources.md, "Watermark options").
         idle_timeout_ms: processing time after which a silent partition is idle (None: never).
-        options: further ``kafka.*`` / source options.
-
-    The other arguments are as for :class:`~.jsonl.JsonLinesInjector`, or Spark's Kafka options.
+        options: further ``kafka.*`` / source options; other arguments as for ``JsonLinesInjector``.
 
     Raises:
         ConfigError: an invalid name, no schema, a bad delay or timeout, or no topic or servers.

@@ -1,5 +1,4 @@
-"""The Parquet folder injector: :class:`ParquetInjector`, read with Spark's file streaming
-source (or by the image tasks themselves: ``executor/tasks/image/direct.py``)."""
+"""The Parquet folder injector, read by Spark's file streaming source or by the image tasks."""
 
 from __future__ import annotations
 
@@ -29,17 +28,14 @@ __all__ = ["ParquetInjector"]
 class ParquetInjector(_MaxSeenInjector):
     """A folder of Parquet files read with Spark's file streaming source.
 
-    Files are consumed in modification-time order; names starting with ``_`` or ``.`` are
-    ignored (Spark's rule). Without ``schema``, the schema comes from the files present at
-    :meth:`stream_df`. ``record_id`` is ``record_id_column`` when given (null or empty: a dead
-    letter), otherwise ``{name}/{file name}#{row index}``; ``commit_id`` is
-    ``file={file name}#row={row index}``. The watermark is the max event time seen minus
-    ``watermark_delay_ms``, :data:`END_OF_TIME` after :meth:`finish`. A local folder that does
-    not exist yet is made at :meth:`stream_df`.
+    Files are consumed in modification-time order; names starting with ``_`` or ``.`` are ignored.
+    ``record_id`` is ``record_id_column`` when given (null or empty: a dead letter), otherwise
+    ``{name}/{file name}#{row index}``; ``commit_id`` is ``file={file name}#row={row index}``.
+    A missing local folder is made at :meth:`stream_df`.
 
     Args:
         name: injector name (``producer`` column, watermark znode).
-        schema: the files' columns, a DDL string or a StructType; None: read from the files.
+        schema: a DDL string or a StructType; None: read from the files present at :meth:`stream_df`.
         key_column: natural key column, or ``None`` (key ``""``).
         event_time_column: TIMESTAMP or epoch-ms BIGINT column.
         value_columns: columns of the JSON value; ``None``: all but the event time and record id
@@ -47,14 +43,12 @@ class ParquetInjector(_MaxSeenInjector):
         max_files_per_trigger: at most this many files per micro-batch; None: every new file.
         max_bytes_per_trigger: instead, about this many bytes per micro-batch (at least one file).
         watermark_delay_ms: the declared disorder bound (docs/sources.md, "Watermark options").
-        max_event_ahead_ms: records more than this ahead of the processing clock (default one
-            day) become dead letters and do not move the watermark; None: no bound.
+        max_event_ahead_ms: records further ahead of the processing clock become dead letters; None: no bound.
         watermark_percentile: in [0, 1): the watermark is instead that quantile of the unread
             files' event times (:mod:`.estimates`).
 
     Raises:
-        ConfigError: an invalid name, count, delay, bound or percentile, or both per-trigger
-            limits (a bad schema or file: at :meth:`stream_df`).
+        ConfigError: an invalid name, count, delay, bound or percentile, or both per-trigger limits.
     """
 
     def __init__(self, name: str, folder: str, *, key_column: str | None, event_time_column: str,
@@ -95,8 +89,7 @@ class ParquetInjector(_MaxSeenInjector):
         return local_folder_token(self.folder)
 
     def direct_source(self) -> DirectSource | None:
-        """How image tasks can read the files themselves (``executor/tasks/image/direct.py``), as found
-        by the last :meth:`stream_df`; None when the columns' types need the JVM."""
+        """How image tasks can read the files themselves, per the last :meth:`stream_df`; None: JVM needed."""
         return self._direct
 
     def stream_df(self, spark: SparkSession) -> DataFrame:

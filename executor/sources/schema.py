@@ -25,12 +25,9 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
             ``event_time_column`` and ``exclude``; empty: no value.
         record_id: the record id Column (non-null and unique); ``commit_id``: the source position.
         exclude: columns left out of the default ``value_columns``.
-        malformed: a STRING column, the raw text of a record the source could not parse (null
-            otherwise): such a record becomes a dead letter "malformed". A record whose key, record
-            id or a STRING value column is not valid UTF-8 is malformed too (its value: the JSON of
-            its columns, each invalid byte sequence as U+FFFD).
-        raw: a STRING or BINARY column, the record's original text: an extra ``raw_value`` column
-            that its dead letters keep.
+        malformed: a STRING column, the raw text of a record the source could not parse (else null):
+            a dead letter "malformed", as is a record with a key, id or STRING value not valid UTF-8.
+        raw: a STRING or BINARY column, the record's original text, kept by its dead letters.
 
     Raises:
         ConfigError: a named column does not exist, or the event time column's type is unsupported.
@@ -91,10 +88,9 @@ def to_stream_schema(df: DataFrame, *, producer: str, key_column: str | None, ev
 
 
 def record_id_of(column: str) -> Any:
-    """The record id from a source's id column (``record_id_column``), as a STRING column.
+    """The record id from a source's ``record_id_column``, as a STRING column.
 
-    A null or empty id stays null, so the record becomes a dead letter: a position-made id would
-    differ from the one a retry sends."""
+    A null or empty id stays null (a dead letter): a position-made id would differ on a retry."""
     from pyspark.sql import functions as F
 
     return F.nullif(F.col(column).cast("string"), F.lit(""))

@@ -1,7 +1,6 @@
 """Input preparation in the JVM, shared by both write paths' jobs (step 2 of a batch).
 
-Only the key UDF is shipped to the workers: it captures plain values, never the session or clients.
-"""
+Only the key UDF is shipped to the workers: it captures plain values, never the session or clients."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ DEFAULT_MAX_EVENT_AHEAD_MS = 86_400_000  # one day: records further ahead of the
 #: The codec of a record its source could not parse: its value is the raw input, a dead letter.
 MALFORMED_CODEC = "malformed"
 MALFORMED_REASON = "malformed input: the source could not parse it; raw_value holds the original text"
-#: The event times a record may have (epoch ms): the years 1 to 9999, what a TIMESTAMP and Python's
-#: datetime can show; a record outside them is a dead letter (an overflow in Spark otherwise fails the batch).
+#: Event times (epoch ms) a TIMESTAMP and datetime can show; others are dead letters (no overflow in Spark).
 MIN_EVENT_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
 MAX_EVENT_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 _RANGE = ("event time ", " ms is outside the years 1 to 9999 (epoch ms -62135596800000 to 253402300799999); "

@@ -133,8 +133,7 @@ def user_error_message(exc: BaseException, computation: str, batch_id: int | Non
     """A one-line message for a batch that failed in a Spark task: the user code's error when it is found."""
     text = str(exc)
     m = re.search(r"UserCodeError: (.*?)(?:\n|$)", text) or re.search(r"(\w+Error: .*?)(?:\n|$)", text)
-    # a JVM failure: its root cause ("Caused by:"), else the first exception named (not py4j's
-    # "An error occurred while calling oNNN.getResult", which says nothing of what failed)
+    # a JVM failure: its root cause ("Caused by:"), else the first exception named (not py4j's wrapper)
     java = (re.findall(r"Caused by: ([\w.$]+: [^\n]+)", text)
             or re.findall(r"((?:[\w$]+\.)+[\w$]*Exception: [^\n]+)", text))
     detail = (m.group(1) if m else java[-1][:500] if java

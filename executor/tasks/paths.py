@@ -54,8 +54,6 @@ WRITE_PATHS = ("auto", *PATHS)  # "auto": choose_write_path picks one
 def choose_write_path(requested: str, root: str) -> tuple[str, str]:
     """(the write path, why) for ``write_path=requested`` on the store at ``root``.
 
-    ``"auto"`` takes the image path wherever Python reaches the files, the MERGE path elsewhere.
-
     >>> choose_write_path("auto", "s3a://bucket/store")[0], choose_write_path("auto", "abfss://c@a/s")
     ('image', ('merge', 'auto: the image path reads and writes files with pyarrow on local, file: and s3a:// stores only; abfss://c@a/s is none of those, so batches take the fenced MERGE path (slower)'))
 

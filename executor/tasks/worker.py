@@ -1,7 +1,4 @@
-"""Per-task overhead of PySpark's Python workers that deltawheel's tasks remove.
-
-docs/performance.md, "Python worker start" and "Memory"; docs/versions.md.
-"""
+"""Per-task overhead of PySpark's Python workers that deltawheel's tasks remove (docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """What is computed: combining functions, so windowed state holds accumulators, not elements.
 
-Accumulators and pane values go through the computation's codec, so they must be values it
-encodes (:func:`check_encodable` refuses others). Built in: :class:`Sum`, :class:`Count`,
-:class:`Min`, :class:`Max`, :class:`Mean`.
+Accumulators and pane values must be values the computation's codec encodes.
 
 >>> fn = Mean()
 >>> fn.extract(fn.merge([fn.add(fn.create(), 2), fn.add(fn.create(), 4)]))

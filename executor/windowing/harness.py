@@ -1,12 +1,9 @@
 """The scenario harness: script a keyed stream, run a windowed computation, get its panes.
 
-A scenario (``SCENARIO_FORMAT.md``; seconds) lists elements, watermark advances and
-processing-time advances in arrival order. The harness drives the real per-key runner
-(:func:`~deltawheel.executor.tasks.usercode.keyrun.run_key`) as the executor does: an element
-runs its key, a clock step runs every key with a due timer, and after the last step the
-watermark moves to :data:`~.windows.END_OF_INPUT_MS`. Rows live in a :class:`Backend`.
-Usage: docs/windowing.md, "Testing your pipeline: the scenario harness".
-"""
+A scenario (``SCENARIO_FORMAT.md``) lists elements and watermark and processing-time advances in
+arrival order. The harness drives the real per-key runner as the executor does; after the last step
+the watermark moves to :data:`~.windows.END_OF_INPUT_MS`. Usage: docs/windowing.md, "Testing your
+pipeline: the scenario harness"."""
 
 from __future__ import annotations
 
@@ -97,10 +94,7 @@ class MemoryBackend:
 
 
 class DeltaBackend:
-    """The Delta rows table as a :class:`Backend`: read at each step's start, one fenced commit at its end.
-
-    ``layout`` is migrated here if needed.
-    """
+    """The Delta rows table (migrated if needed) as a :class:`Backend`: read per step, one fenced commit."""
 
     def __init__(self, spark: Any, layout: Any, *, sequencer: int = 1) -> None:
         import deltawheel.migrations as migrations
@@ -336,9 +330,8 @@ class _Runner:
 def run_scenario(scenario: Mapping[str, Any] | Path | str, *, backend: str | Backend = "memory") -> dict[str, Any]:
     """Run a scenario through the per-key runner; return ``{"panes": [...], "dropped": [...]}``.
 
-    A scenario that declares ``state_ttl`` also gets ``"expired": [{"key", "after_step"}, ...]``.
-
-    ``scenario`` is a dict or a JSON file's path; ``backend`` ``"memory"``, ``"delta"`` or a :class:`Backend`.
+    With ``state_ttl`` the result also has ``"expired": [{"key", "after_step"}, ...]``. ``scenario``:
+    a dict or a JSON file's path; ``backend``: ``"memory"``, ``"delta"`` or a :class:`Backend`.
 
     Raises:
         WindowingError: malformed scenario or unknown backend.
@@ -394,8 +387,7 @@ def assert_panes_equal(actual: Mapping[str, Any], expected: Mapping[str, Any]) -
     """Compare two outputs by SCENARIO_FORMAT.md's rule; raise AssertionError naming the difference.
 
     Per key and window the pane sequences must be equal on :data:`PANE_FIELDS` (and ``after_step``
-    where expected has it); dropped entries must be equal as a multiset.
-    """
+    where expected has it); dropped entries must be equal as a multiset."""
     def by_window(panes: list[Mapping[str, Any]], steps: bool) -> dict[tuple[Any, ...], list[tuple[Any, ...]]]:
         out: dict[tuple[Any, ...], list[tuple[Any, ...]]] = defaultdict(list)
         for p in panes:
@@ -443,8 +435,7 @@ def run_scenarios_lockstep(scenarios: Sequence[Mapping[str, Any] | Path | str], 
                            backend: Backend) -> list[dict[str, Any]]:
     """Run several scenarios on one backend in lockstep: step i of each, then one ``end_step`` for all.
 
-    Keys are namespaced per scenario, so each result equals what :func:`run_scenario` gives alone.
-    """
+    Keys are namespaced per scenario, so each result equals what :func:`run_scenario` gives alone."""
     scs = [load_scenario(s) for s in scenarios]
     runners = [_Runner(sc.computation, _Namespaced(backend, f"s{i:03d}/")) for i, sc in enumerate(scs)]
     begin = getattr(backend, "begin_step", lambda: None)

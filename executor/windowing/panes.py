@@ -1,9 +1,7 @@
 """How refinements relate: accumulation modes, panes and their pane info.
 
 In ``ACCUMULATING_AND_RETRACTING`` mode a new pane of a window is preceded by a retraction pane
-(``retraction=True``) withdrawing the previous one, with the pane info of the pane it precedes.
-Panes travel as dicts in epoch ms (SCENARIO_FORMAT.md's output pane; the global window's bounds are None).
-"""
+withdrawing the previous one, with the pane info of the pane it precedes."""
 
 
 from __future__ import annotations
@@ -68,7 +66,7 @@ class Pane:
     retraction: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """The pane as produced to the output stream (times in ms)."""
+        """The pane as produced to the output stream (times in ms; the global window's bounds None)."""
         glob = self.window.is_global
         return {
             "key": self.key,

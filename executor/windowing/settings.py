@@ -1,7 +1,6 @@
-"""The computation settings of a windowed computation, given where it is built: ``windowed(...)``.
+"""The computation settings of a windowed computation, given to ``windowed(...)``.
 
-The settings become class attributes of the subclass ``windowed`` builds, as a hand-written
-computation declares them, so the driver and the Spark tasks read the same values.
+They become class attributes of the subclass ``windowed`` builds, so driver and tasks read the same values.
 
 >>> ComputationSettings(num_intervals=2, late_policy="route").late_policy
 <LatePolicy.ROUTE: 'route'>
@@ -26,8 +25,7 @@ class ComputationSettings:
     """The :class:`Computation` settings a windowed computation accepts (defaults: Computation's).
 
     Raises:
-        ConfigError: a value of the wrong type, an unknown policy, a negative timeout (the
-            others are checked by ``Computation.validate``).
+        ConfigError: a value of the wrong type, an unknown policy, a negative timeout.
     """
 
     num_intervals: int = Computation.num_intervals

@@ -2,9 +2,7 @@
 
 A trigger is an immutable tree; its state is a list of small dicts, one per node in pre-order.
 Keys of a node's dict, all optional: ``f`` finished (1), ``n`` element count, ``t`` processing-time
-target (ms), ``o`` the watermark trigger's on-time firing happened (1). :mod:`windowed` calls the
-nodes as Beam's ``TriggerStateMachine`` is called. What each trigger does: docs/windowing.md, "Triggers".
-"""
+target (ms), ``o`` the watermark trigger's on-time firing happened (1). docs/windowing.md, "Triggers"."""
 
 from __future__ import annotations
 
@@ -330,8 +328,7 @@ class OrFinally(Trigger):
 class AfterWatermark(Trigger):
     """Fires ON_TIME when the watermark reaches the window end, with optional repeating early/late firings.
 
-    Children (present ones only, in this order): ``early``, ``late``.
-    """
+    Children (present ones only, in this order): ``early``, ``late``."""
 
     early: Trigger | None = None
     late: Trigger | None = None

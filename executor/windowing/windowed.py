@@ -1,11 +1,8 @@
 """The Dataflow model on the core API: :class:`WindowedComputation` and :func:`windowed`.
 
-A windowed computation is an ordinary :class:`~deltawheel.executor.computation.Computation`
-whose windows live in the key's state and timers, so it keeps the executor's exactly-once
-guarantees. Panes go to ``output`` timestamped at the window end; dropped elements go to
-``<output>_dropped``. Semantics follow SCENARIO_FORMAT.md, and Beam Java where the model leaves
-a choice; the records, state layout and timers: docs/windowing.md.
-"""
+A windowed computation is an ordinary ``Computation`` whose windows live in the key's state and
+timers, so it keeps the executor's exactly-once guarantees. Semantics follow SCENARIO_FORMAT.md,
+and Beam Java where the model leaves a choice; records, state layout and timers: docs/windowing.md."""
 
 from __future__ import annotations
 
@@ -301,15 +298,14 @@ def windowed(*, name: str, inputs: Mapping[str, KeyExtractor], output: str, wind
 
     Args:
         inputs: input stream -> key extractor, as :attr:`Computation.inputs`.
-        output: the pane stream; dropped elements go to ``dropped_stream(output)``.
-        trigger: the trigger tree (default: Beam's default trigger).
+        output: the pane stream (panes timestamped at the window end); dropped elements go to
+            ``dropped_stream(output)``.
+        trigger: default: Beam's default trigger.
         allowed_lateness_ms: how long after its end a window keeps accepting data.
-        accumulation: discarding, accumulating or accumulating_and_retracting.
         combine: a built-in combiner name (sum, count, min, max, mean) or a CombineFn.
         value: maps a record value to the combiner's input (default: the value itself).
 
-    The other keywords are the :class:`Computation` settings of the same names
-    (docs/windowing.md, "Computation settings").
+    The other keywords are the :class:`Computation` settings of the same names.
 
     Raises:
         ConfigError: invalid names or settings, or an unknown keyword argument.

@@ -1,8 +1,7 @@
 """Where in event time: windows and window functions (the Dataflow model's *where*).
 
-A :class:`WindowFn` assigns each element timestamp to windows ``[start_ms, end_ms)`` and, for
-sessions, merges a key's overlapping windows. The end of input is the watermark
-:data:`END_OF_INPUT_MS`, beyond the global window's end, so the global window fires when it ends.
+The end of input is the watermark :data:`END_OF_INPUT_MS`, beyond the global window's end, so the
+global window fires when input ends.
 
 >>> FixedWindows(120_000).assign(26_000)
 (Window(start_ms=0, end_ms=120000),)
@@ -79,11 +78,7 @@ GLOBAL_WINDOW = Window(GLOBAL_START_MS, GLOBAL_END_MS)
 
 
 class WindowFn:
-    """Assigns timestamps to windows; merging functions also merge a key's windows.
-
-    Subclass and override :meth:`assign`; for a merging function set
-    ``merging = True`` and override :meth:`merge`.
-    """
+    """Assigns timestamps to windows; override :meth:`assign` (and, with ``merging``, :meth:`merge`)."""
 
     merging: bool = False
 
@@ -92,11 +87,7 @@ class WindowFn:
         raise NotImplementedError
 
     def merge(self, windows: Sequence[Window]) -> list[tuple[Window, list[Window]]]:
-        """Group ``windows`` (a key's live windows) into merges.
-
-        Returns:
-            ``(merged, sources)`` pairs, one per group of two or more windows that merge.
-        """
+        """``(merged, sources)`` per group of two or more of a key's live ``windows`` that merge."""
         return []
 
 

@@ -1,7 +1,4 @@
-"""The Python worker's cache of interval images: bounded by memory, evicted window-aware.
-
-Evicts the image whose next use is furthest away (DESIGN.md, "Cache"; ``policy="lru"``: last use).
-"""
+"""The Python worker's cache of interval images: bounded by memory, furthest next use evicted first."""
 
 from __future__ import annotations
 

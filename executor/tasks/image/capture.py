@@ -1,7 +1,4 @@
-"""``DELTAWHEEL_TASK_CAPTURE=DIR``: each image task pickles ``(spec, table)`` into ``DIR``.
-
-For ``deltawheel bench tasks --captured DIR``; a replay needs the store as the run left it.
-"""
+"""``DELTAWHEEL_TASK_CAPTURE=DIR``: each image task pickles ``(spec, table)`` into ``DIR`` for replay."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The image task's dedup: each interval's Bloom filter of record ids, then the exact lookup.
-
-MillWheel's dedup (DESIGN.md): only a filter's "maybe" looks at the stored ids.
-"""
+"""The image task's dedup: only a Bloom filter's "maybe" looks at the interval's stored record ids."""
 
 from __future__ import annotations
 

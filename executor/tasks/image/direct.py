@@ -1,9 +1,6 @@
-"""Image tasks that read a Parquet injector's files themselves (the pipeline runner's direct read).
+"""Image tasks that read a Parquet injector's files with pyarrow and prepare them as the JVM does.
 
-Each task reads the batch's files (stream tables' too) with pyarrow and computes the prepared
-columns as the JVM does (``tests/test_direct.py`` compares); anything unrecognised takes the JVM
-path. docs/embedding.md, "Direct read".
-"""
+Anything unrecognised takes the JVM path. docs/embedding.md, "Direct read"."""
 
 from __future__ import annotations
 
@@ -179,8 +176,7 @@ def _plain(ty: Any) -> str:
 def direct_source(name: str, arrow_schema: Any, *, key_column: str | None, event_time_column: str,
                   record_id_column: str | None, value_columns: Sequence[str] | None,
                   s3: S3Settings | None = None) -> DirectSource | None:
-    """A :class:`DirectSource` for an injector's columns, or None when a type is not converted as the JVM
-    does."""
+    """A :class:`DirectSource` for an injector's columns, or None when a type needs the JVM."""
     import pyarrow as pa
 
     t = pa.types
@@ -353,10 +349,7 @@ def _keyed(batch: DirectBatch, t: Any) -> _Keyed:
 
 
 def _valid_utf8(t: Any) -> tuple[Any, Any | None]:
-    """``t`` with text that is not UTF-8 made valid (U+FFFD), and which rows had such text (None: none).
-
-    Spark reads a file's strings unchecked; such a record is malformed, as ``to_stream_schema`` decides.
-    """
+    """``t`` with non-UTF-8 text made valid (U+FFFD), and which rows had such text (malformed; None: none)."""
     import numpy as np
     import pyarrow as pa
 
@@ -387,8 +380,7 @@ def _valid_utf8(t: Any) -> tuple[Any, Any | None]:
 
 def _prepared(batch: DirectBatch, t: Any, keyed: _Keyed, name: str, intervals: Sequence[int],
               not_utf8: Any | None = None) -> Any:
-    """One file's rows of ``intervals``, prepared (see :func:`direct_table`); ``not_utf8``: the file's rows
-    whose text was not UTF-8 (malformed)."""
+    """One file's rows of ``intervals``, prepared; ``not_utf8``: its rows whose text was not UTF-8."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -32,8 +32,8 @@ def place_intervals(ivs: Sequence[int], work: Mapping[int, float], tasks: int,
                     current: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[int, int], ...]:
     """Which task runs which interval, as ``((interval, task), ...)`` in interval order.
 
-    The busiest interval first, each to the least loaded task (by ``work``); round-robin while nothing
-    was measured. ``current`` is kept unless the new one cuts the busiest task's load by over 5 %.
+    Busiest interval first, each to the least loaded task; ``current`` is kept unless the new one cuts
+    the busiest task's load by over 5 %.
 
     >>> place_intervals([0, 1, 2, 3], {0: 40, 1: 25, 2: 20, 3: 15}, 2)
     ((0, 0), (1, 1), (2, 1), (3, 0))

@@ -1,9 +1,6 @@
 """The image path's Spark tasks: what each task runs, and which of the batch's intervals.
 
-On a ``local`` master the tasks claim intervals one at a time in a shared folder (a claim is a
-file linked into place), preferring those their worker caches; :func:`collect` checks one summary
-per interval. docs/performance.md, "Tasks take the intervals their worker holds".
-"""
+On a ``local`` master the tasks claim intervals one at a time, preferring those their worker caches."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The MERGE path's task function: user code for one key per input row, in ``mapInArrow`` tasks.
 
-It captures only plain values, never the session, the store or ZooKeeper clients.
-"""
+It captures only plain values, never the session, the store or ZooKeeper clients."""
 
 from __future__ import annotations
 

@@ -40,8 +40,7 @@ def key_loop(comp: Computation, inp: Input, sub: Any, *, wm: int | None, wm_late
              strong: bool) -> "KeyLoop | ColumnarLoop":
     """The loop for an interval's keys: columnar where :func:`takes_columnar`, else the key loop.
 
-    ``sub``: the touched keys' rows; ``wm``: the timers' watermark, ``wm_late``: the records'.
-    """
+    ``sub``: the touched keys' rows; ``wm``: the timers' watermark, ``wm_late``: the records'."""
     if takes_columnar(comp, inp):
         return ColumnarLoop(comp, sub, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
     return KeyLoop(comp, wm=wm, wm_late=wm_late, now_ms=now_ms, strong=strong)
@@ -154,7 +153,6 @@ class ColumnarLoop:
             return
         self.columnar_keys = len(keys)
         karr = pa.array(keys, pa.string())
-        # the keys' new records (not seen before)
         take = pc.is_in(t.column("key"), value_set=karr) if slow else None
         if late is not None:  # those ran per record (``_late_first``)
             take = pc.invert(late) if take is None else pc.and_(take, pc.invert(late))
@@ -251,19 +249,18 @@ class ColumnarLoop:
         mk, mv = out.state.column("map_key").to_numpy(), out.state.column("map_value").to_numpy()
         by = np.lexsort((mk, st_rows))
         blobs = int64map_blobs(st_rows[by], mk[by], mv[by], n)
-        # the timers, sorted per key as a row stores them
         tm, tm_rows = sorted_timers(out.timers, karr)
         n_timers = np.bincount(tm_rows, minlength=n) if len(tm_rows) else np.zeros(n, np.int64)
         offsets = np.concatenate([[0], np.cumsum(n_timers)]).astype(np.int32)
         first_ev = np.zeros(n, dtype=np.int64)
         has_timer = n_timers > 0
         first_ev[has_timer] = tm.column("time_ms").to_numpy()[offsets[:-1][has_timer]]
-        # timer firing numbers: an old row's counter, a new key's seeded from its first record
+        # timer firing numbers: an old row's counter; a new key's seeded from its first record's id
+        # (its name if it has none)
         seqs = np.zeros(n, dtype=np.int64)
         if mine.num_rows:
             old_seq = pc.fill_null(mine.column("timer_seq"), 0).to_numpy()
             seqs[old_at >= 0] = old_seq[old_at[old_at >= 0]]
-        # a new key's counter: seeded from its first record's id (its name if it has none)
         new_keys = np.flatnonzero(old_at < 0)
         if len(new_keys):
             first_rec = np.concatenate([[0], np.cumsum(n_recs)])[:-1]

@@ -1,6 +1,4 @@
-"""The vectorised path's combine step: :meth:`Computation.combine` over many keys' records, grouped
-into each key's rows for :meth:`Computation.process_combined` (docs/embedding.md).
-"""
+"""The vectorised path's combine step: ``Computation.combine`` over many keys' records, per key."""
 
 from __future__ import annotations
 

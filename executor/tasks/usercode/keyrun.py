@@ -2,8 +2,7 @@
 
 A key's run: 1. drop records already seen; 2. ``process_record`` on the rest in event-time order;
 3. fire due timers in timestamp order (event time before the input low watermark, processing
-time up to now); 4. build the new row image. The image path's key loop shares :class:`UserCode`.
-"""
+time up to now); 4. build the new row image."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
     """Run ``comp``'s user code for ``key`` over ``records`` and its due timers.
 
     ``presorted``: already in (event time, record id) order; ``keep_ids``: False only reports new ids;
-    ``strong``: checkpoint the productions in the row (default: ``comp.strong_productions``).
-    """
+    ``strong``: checkpoint the productions in the row (default: ``comp.strong_productions``)."""
     codec = codec_of(comp)
     ctx = Context(computation=comp.name, key=key, state_bytes=row.state if row else None, codec=codec,
                   timers=row.timers if row else (), outputs=comp.outputs,
@@ -75,10 +73,8 @@ def run_key(comp: Computation, *, key: str, interval: int, row: KeyRow | None, r
                   watermark_hold_ms=row.watermark_hold_ms if row else None,
                   timer_seq=row.timer_seq if row else None, row_codec=row.codec if row else None,
                   state_codec=state_codec_of(comp))
-    # Phases 1-3: dedup against the row's ids and within the batch; records in event-time
-    # order; due timers in timestamp order.
+    # Phases 1-3 (the ids seen before the dedup horizon no longer count: they leave the row below)
     exactly_once = comp.exactly_once
-    # (the ids seen before the dedup horizon no longer count: they leave the row below)
     horizon = _NEVER if dedup_horizon_ms is None else dedup_horizon_ms
     seen = {s.record_id for s in row.record_ids if s.seen_ms >= horizon} if (row and exactly_once) else set()
     ran = run_user_code(comp, ctx, records if presorted else sorted(records, key=_order),
@@ -247,8 +243,7 @@ class UserCode:
         return fresh, dups, late, dead, fired
 
     def _upgrade(self, ctx: Context) -> str | None:
-        """Upgrade the key's older state; None when done, the error when dead-lettered (else UserCodeError).
-        Upgrade the key's older state; None when done, the error when dead-lettered (else UserCodeError)."""
+        """Upgrade the key's older state; None when done, the error if dead-lettered (else UserCodeError)."""
         comp = self.comp
         row_codec = ctx.row_codec or ""
         try:
@@ -401,9 +396,9 @@ _NEVER = -(2**63)  # no input low watermark yet: no event-time timer is due
 
 
 def first_timer_seq(record_id: str) -> int:
-    """The first timer firing number of a new row: a 40-bit hash of its creating record's id << 23.
+    """A new row's first timer firing number: a 40-bit hash of its creating record's id << 23.
 
-    A key that comes back after its row was deleted starts a new range, so production ids do not repeat.
+    A key back after its row was deleted starts a new range, so production ids do not repeat.
 
     >>> first_timer_seq("r1") == first_timer_seq("r1") != first_timer_seq("r2")
     True

@@ -1,7 +1,6 @@
 """The vectorised path in the image task: one ``combine`` call over an interval's eligible keys.
 
-A key is eligible with new on-time records; its late ones (leading) run per record first.
-"""
+A key is eligible with new on-time records; its late ones (leading) run per record first."""
 
 from __future__ import annotations
 

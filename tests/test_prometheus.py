@@ -55,7 +55,10 @@ def test_the_endpoint_counts_what_the_metrics_table_counts_while_the_pipeline_ru
             port = int(announced[0].rsplit(":", 1)[1].split("/")[0])
             first = run.executors["user_minutes"]
             wait_for("stage 1 read the first file", lambda: first.records_in_total == 50, runs=(run,))
-            live = _scrape(port)  # while the run goes on
+            # while the run goes on; the endpoint counts a batch once its delivery landed (in the background)
+            wait_for("the endpoint counted the first file", lambda: _of(
+                _scrape(port), "deltawheel_records_in_total", "user_minutes") == [50.0], runs=(run,))
+            live = _scrape(port)
             assert _of(live, "deltawheel_records_in_total", "user_minutes") == [50.0]
             held = _of(live, "deltawheel_intervals_held", "user_minutes")
             assert held == [float(len(first.owner.sequencers))] and held[0] > 0

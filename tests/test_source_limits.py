@@ -98,6 +98,6 @@ def test_a_parquet_injector_with_a_schema_starts_on_an_empty_folder(spark: Any, 
         assert query.isActive
         read = [r for r in ex.reports if r.records_in]
         assert read and all(r.direct for r in read), read
-        copies = stream_rows(spark, engine.layout, "copies")
+    copies = stream_rows(spark, engine.layout, "copies")  # the last batch's delivery lands at the stop
     got = [(json.loads(r[2])["id"], r[1], r[3]) for r in copies]
     assert sorted(got) == sorted((r["id"], r["user"], r["ts"]) for r in rows)  # each once

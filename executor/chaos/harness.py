@@ -59,7 +59,7 @@ class ChaosSettings:
     tool_timeout_s: float = 900.0  # a tool still running then is killed (its exit code -9)
     master: str = "local[1]"
     trigger: str = "1 second"
-    store_tmpfs_mb: int = 256  # the store's tmpfs for ``disk-full`` (0: none, the kind left out)
+    store_tmpfs_mb: int = 128  # the store's tmpfs for ``disk-full`` (0: none, the kind left out)
 
 
 @dataclass
@@ -80,9 +80,14 @@ class _Driver:
         return ": running " in text[text.rfind("--- start "):]
 
     def last_error(self) -> str:
-        """The last ``deltawheel run: ...Error: ...`` line of its log (what made it exit)."""
-        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.startswith("deltawheel run:")]
-        return lines[-1][len("deltawheel run:"):].strip()[:300] if lines else "no error line"
+        """What made it exit: the ``deltawheel run: ...Error: ...`` line of its log since its last
+        start, else that start's last line (an uncaught error's traceback ends with it)."""
+        text = self.log.read_text(errors="replace")
+        lines = text[text.rfind("--- start "):].splitlines()[1:]
+        said = [ln for ln in lines if ln.startswith("deltawheel run:")]
+        if said:
+            return said[-1][len("deltawheel run:"):].strip()[:300]
+        return f"no error line; the last: {lines[-1].strip()[:260]}" if lines else "no error line"
 
     def start(self) -> None:
         with open(self.log, "ab") as out:

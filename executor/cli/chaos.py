@@ -24,8 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--mean-gap", type=float, default=5.0, help="mean seconds between fault starts (default 5)")
     p.add_argument("--bound", type=float, default=600.0,
                    help="seconds within which every stream must commit after a fault heals (default 600: a driver started again on a busy machine takes minutes before its first batch)")
-    p.add_argument("--store-tmpfs-mb", type=int, default=256,
-                   help="size of the tmpfs mounted over the store for the disk-full faults (root only; default 256; "
+    p.add_argument("--store-tmpfs-mb", type=int, default=128,
+                   help="size of the tmpfs mounted over the store for the disk-full faults (root only; default 128; "
                         "0: no tmpfs, no disk-full fault)")
     p.add_argument("--recheck", action="store_true", help="check the finished run in --data again, run nothing")
     p.set_defaults(func=_chaos)

@@ -7,7 +7,7 @@ at a time keeps the quorum; the operator tools run one at a time; the store's di
 | kind | fault | heal |
 |---|---|---|
 | ``driver-kill`` | SIGKILL of a driver's process group (its JVM and Python workers) | the same command started again |
-| ``worker-kill`` | SIGKILL of one Python worker of a driver (pyspark's daemon or a forked worker, drawn) | none: Spark fails the task, ``run`` exits 9 on the failed batch, the supervisor starts it again |
+| ``worker-kill`` | SIGKILL of one Python worker of a driver (pyspark's daemon or a forked worker, drawn) | none: a task in flight fails (``local[1]`` retries none), ``run`` exits 9 on the failed batch and is started again; between tasks the driver runs on |
 | ``driver-pause`` | SIGSTOP of a driver's group, shorter than the session timeout (a zombie) | SIGCONT |
 | ``session-expiry`` | SIGSTOP longer than the session timeout: ZooKeeper expires its session | SIGCONT |
 | ``zk-kill`` | SIGKILL of a ZooKeeper server (a follower or the leader, as drawn) | the server restarted |

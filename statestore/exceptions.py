@@ -18,7 +18,7 @@ __all__ = [
     "ReplayTargetError", "ReplayBehindError", "ReplayCodeError", "RepairStatementError", "JarFetchError",
     "SessionConfigError", "JavaMissingError", "SparkConnectSessionError", "ObjectStoreError",
     "ObjectStoreUnreachableError", "BucketMissingError", "ObjectStoreAuthError", "ObjectStoreServerError",
-    "StaleFilesError", "StaleViewError", "ReadOnlySqlError",
+    "StaleFilesError", "StaleViewError", "ReadOnlySqlError", "DiskFullError", "disk_full",
 ]
 
 
@@ -41,7 +41,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (8, "environment: JarFetchError (Delta jars), JavaMissingError, ClusterError (local Spark cluster), "
         "KafkaServerError (local Kafka broker)"),
     (9, "retry: a conflict with a concurrent writer (CommitConflictError, StaleFilesError, StaleViewError, "
-        "BatchFailedError); running the command again may succeed"),
+        "BatchFailedError), a write that found the disk full (DiskFullError); running the command again may "
+        "succeed"),
     (10, "another deltawheel error"),
     (130, "interrupted (Ctrl-C)"),
     (141, "the output's reader went away (`deltawheel status | head`): stopped quietly, as on SIGPIPE"),
@@ -67,6 +68,28 @@ class RetryableError(DeltaWheelError):
     """The operation may succeed if retried (after re-acquiring what was lost)."""
 
     exit_code = 9
+
+
+class DiskFullError(RetryableError):
+    """A write failed for lack of space (``No space left on device``, a quota): nothing of what it
+    wrote counts; once space is freed the same command goes on."""
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` or an error it was raised from is a full disk: an ``OSError`` of ``ENOSPC``
+    or ``EDQUOT``, or a Java error (through Py4J) whose message says ``No space left on device``."""
+    import errno
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(cur):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 class FatalError(DeltaWheelError):

@@ -10,6 +10,7 @@ starting the ensemble and two drivers already takes minutes on a busy machine.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from deltawheel.executor.chaos.bank import WINDOW_MS, closing_moves, moves, write_moves
 from deltawheel.executor.chaos.checker import check_run, reference_legs
-from deltawheel.executor.chaos.faults import INSTANCES, KINDS, plan
+from deltawheel.executor.chaos.faults import INSTANCES, KINDS, TOOLS, plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,6 +45,99 @@ def test_long_schedules_draw_every_kind_and_seeds_differ() -> None:
     assert {f.kind for f in plan(SEED, 600)} == set(KINDS)
     assert plan(SEED, 600) != plan(SEED + 1, 600)
 
+
+def test_a_schedule_without_a_tmpfs_draws_no_disk_full_and_the_tools_share_one_slot() -> None:
+    kinds = set(KINDS) - {"disk-full"}
+    faults = plan(SEED, 600, kinds=kinds)
+    assert "disk-full" not in {f.kind for f in faults} and len({f.kind for f in faults}) >= len(kinds) - 2
+    assert {f.slot for f in plan(SEED, 600) if f.kind in TOOLS} == {"tools"}
+    assert {f.slot for f in plan(SEED, 600) if f.kind == "disk-full"} == {"disk"}
+    assert all(f.target in INSTANCES for f in faults if f.kind == "worker-kill")
+
+
+# --- the Python workers and the store's disk, on real processes and a real tmpfs ------------------
+
+def test_python_workers_are_found_under_a_driver_by_their_command_line(tmp_path: Path) -> None:
+    """A driver-like process whose child (own process group, as pyspark's daemon) forks two
+    workers: the three are found, the daemon and its workers told apart, an unrelated child not."""
+    import os
+    import signal
+    import time
+
+    from deltawheel.executor.chaos.workers import python_workers
+
+    daemon = tmp_path / "daemon.py"
+    daemon.write_text("import os, time\nos.setpgid(0, 0)\n[os.fork() or time.sleep(600) for _ in range(2)]\n"
+                      "time.sleep(600)\n")
+    driver = tmp_path / "driver.py"  # its command line names no pyspark module, as a JVM's does not
+    driver.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, {str(daemon)!r}, "
+                      "'pyspark.worker'])\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+                      "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, str(driver)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(found := python_workers(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(w.role for w in found) == ["daemon", "worker", "worker"], found
+        assert python_workers(os.getpid()) == [] or all(w.pid != proc.pid for w in python_workers(os.getpid()))
+    finally:
+        for w in python_workers(proc.pid):
+            os.killpg(w.pid if w.role == "daemon" else os.getpgid(w.pid), signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_the_store_disk_fills_up_to_enospc_frees_and_keeps_its_content_after_unmount(tmp_path: Path) -> None:
+    from deltawheel.executor.chaos.disk import FILLER, StoreDisk
+
+    disk = StoreDisk(tmp_path / "store", 4)
+    reason = disk.mount()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        (tmp_path / "store" / "rows").mkdir()
+        (tmp_path / "store" / "rows" / "00.json").write_text("{}")
+        filled = disk.fill()
+        assert 3 * 2**20 < filled <= 4 * 2**20 and disk.free_bytes() == 0
+        with pytest.raises(OSError, match="No space left on device"):
+            (tmp_path / "store" / "more").write_bytes(b"x" * 65536)
+        disk.free()
+        assert disk.free_bytes() > 3 * 2**20
+    finally:
+        assert disk.unmount() is None
+    assert not os.path.ismount(tmp_path / "store")
+    assert (tmp_path / "store" / "rows" / "00.json").read_text() == "{}"
+    assert not (tmp_path / "store" / FILLER).exists()
+    assert StoreDisk(tmp_path / "other", 0).mount() is not None  # no size: not mounted, says why
+
+
+
+@pytest.mark.zk
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_command_that_finds_the_disk_full_exits_9_with_one_typed_line(tmp_path: Path) -> None:
+    """Found by disk-full: a ``deltawheel run`` started while the store's disk was full stopped
+    with a Python traceback and exit 1 (an OSError from the fence's claim file), which the harness
+    counts as a violation. A full disk is now a :class:`DiskFullError` (exit 9, the command may be
+    run again once space is freed), from any command: here ``zk start``, which writes its
+    configuration into the store's folder first (no Spark)."""
+    from deltawheel.executor.chaos.disk import StoreDisk
+
+    disk = StoreDisk(tmp_path / "disk", 1)
+    reason = disk.mount()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        (tmp_path / "disk" / "store").mkdir()
+        disk.fill()
+        proc = subprocess.run([sys.executable, "-m", "deltawheel.executor.cli", "zk", "start", "--store",
+                               str(tmp_path / "disk" / "store")], capture_output=True, text=True, timeout=120)
+    finally:
+        disk.unmount()
+    assert proc.returncode == 9, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("deltawheel zk: DiskFullError: a write failed, the disk "
+                                                             "is full (OSError: [Errno 28] No space left on device)")
 
 # --- the checker on stream tables written here -----------------------------------------------
 
@@ -168,7 +262,9 @@ def test_a_chaos_run_finds_no_violation_and_a_planted_duplicate_is_caught(tmp_pa
     saved = json.loads((data / "faults.json").read_text())
     # the seed's schedule: each planned fault happened, or was skipped when its target's previous
     # fault (a tool) outlasted the phase
-    assert sorted(f["kind"] for f in saved["faults"] + saved["skipped"]) == sorted(f.kind for f in plan(SEED, 30))
+    # (with the kinds the run drew from: disk-full only where it could mount the store's tmpfs)
+    assert sorted(f["kind"] for f in saved["faults"] + saved["skipped"]) == \
+        sorted(f.kind for f in plan(SEED, 30, kinds=saved["kinds"]))
     assert saved["faults"] and saved["drained"]
     planted = tmp_path / "planted"
     shutil.copytree(data, planted)

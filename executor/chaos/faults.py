@@ -2,11 +2,12 @@
 
 Each fault has a start (seconds into the chaos phase), kind, target and duration before it heals.
 Faults of different targets overlap; a target has one fault at a time (one ZooKeeper server down
-at a time keeps the quorum).
+at a time keeps the quorum; the operator tools run one at a time; the store's disk has one fault).
 
 | kind | fault | heal |
 |---|---|---|
 | ``driver-kill`` | SIGKILL of a driver's process group (its JVM and Python workers) | the same command started again |
+| ``worker-kill`` | SIGKILL of one Python worker of a driver (pyspark's daemon or a forked worker, drawn) | none: a task in flight fails (``local[1]`` retries none), ``run`` exits 9 on the failed batch and is started again; between tasks the driver runs on |
 | ``driver-pause`` | SIGSTOP of a driver's group, shorter than the session timeout (a zombie) | SIGCONT |
 | ``session-expiry`` | SIGSTOP longer than the session timeout: ZooKeeper expires its session | SIGCONT |
 | ``zk-kill`` | SIGKILL of a ZooKeeper server (a follower or the leader, as drawn) | the server restarted |
@@ -14,29 +15,43 @@ at a time keeps the quorum).
 | ``gc`` | ``deltawheel gc --apply`` while the pipeline runs | the tool's exit |
 | ``rebalance`` | ``deltawheel rebalance --assign`` moving a computation's intervals | ``rebalance --clear`` |
 | ``status`` | ``deltawheel status`` | the tool's exit |
+| ``repair`` | ``deltawheel repair`` of one key (``bank``: its counters reset; ``ledger``: its state as it is) | the tool's exit |
+| ``upgrade-state`` | ``deltawheel upgrade-state`` with the running code (an unchanged upgrade) | the tool's exit |
+| ``promote`` | ``deltawheel replay`` of the running code from the chaos phase's start, then ``promote`` | the tools' exits |
+| ``disk-full`` | the store's tmpfs filled by one file up to ENOSPC (only where the harness could mount it) | the file deleted |
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Collection
 
-__all__ = ["PlannedFault", "KINDS", "plan", "INSTANCES"]
+__all__ = ["PlannedFault", "KINDS", "TOOLS", "plan", "INSTANCES"]
 
 INSTANCES = ("a", "b")
 
-#: kind -> (weight, shortest and longest duration in seconds; ``gc`` and ``status`` heal at their
-#: exit, this is how long the plan expects them). ``session-expiry``'s pause adds the session timeout.
+#: kind -> (weight, shortest and longest duration in seconds; the tools but ``rebalance`` heal at
+#: their exit, this is how long the plan expects them; ``worker-kill``'s is how long the harness
+#: watches what the driver does after it). ``session-expiry``'s pause adds the session timeout.
 KINDS: dict[str, tuple[int, float, float]] = {
     "driver-kill": (3, 2.0, 8.0),
     "driver-pause": (3, 1.0, 4.0),
     "session-expiry": (2, 2.0, 6.0),
+    "worker-kill": (2, 5.0, 15.0),
     "zk-kill": (2, 3.0, 10.0),
     "zk-leader-kill": (2, 3.0, 10.0),
+    "disk-full": (2, 5.0, 20.0),
     "gc": (1, 60.0, 60.0),
     "rebalance": (2, 5.0, 15.0),
     "status": (1, 10.0, 10.0),
+    "repair": (2, 10.0, 10.0),
+    "upgrade-state": (1, 10.0, 10.0),
+    "promote": (2, 15.0, 15.0),
 }
+
+#: The kinds run in the "tools" slot, one at a time.
+TOOLS = ("gc", "rebalance", "status", "repair", "upgrade-state", "promote")
 
 
 @dataclass(frozen=True)
@@ -50,12 +65,14 @@ class PlannedFault:
 
     @property
     def slot(self) -> str:
-        """What one fault at a time holds: the driver, the ensemble or the tools."""
-        return self.target if self.target in INSTANCES else "zk" if self.kind.startswith("zk") else "tools"
+        """What one fault at a time holds: the driver, the ensemble, the store's disk or the tools."""
+        if self.target in INSTANCES:
+            return self.target
+        return "zk" if self.kind.startswith("zk") else "disk" if self.kind == "disk-full" else "tools"
 
 
 def _target(rng: random.Random, kind: str) -> str:
-    if kind.startswith("driver") or kind == "session-expiry":
+    if kind.startswith("driver") or kind in ("session-expiry", "worker-kill"):
         return rng.choice(INSTANCES)
     if kind == "zk-kill":
         return f"zk{rng.randrange(1, 4)}"
@@ -63,16 +80,19 @@ def _target(rng: random.Random, kind: str) -> str:
         return "leader"
     if kind == "rebalance":
         return rng.choice(("bank", "ledger", "window_sums"))
+    if kind in ("repair", "upgrade-state", "promote"):  # the computations whose class a tool imports
+        return rng.choice(("bank", "ledger"))
     return "store"
 
 
 def plan(seed: int, seconds: float, *, mean_gap_s: float = 5.0, session_timeout_s: float = 6.0,
-         settle_s: float = 4.0) -> list[PlannedFault]:
+         settle_s: float = 4.0, kinds: Collection[str] | None = None) -> list[PlannedFault]:
     """The faults of a chaos phase of ``seconds``: starts a random gap apart (exponential, mean
     ``mean_gap_s``); a fault whose slot is still busy (its previous fault not healed ``settle_s``
-    before) moves after it. Every fault heals before the phase ends."""
+    before) moves after it. Every fault heals before the phase ends. ``kinds``: those drawn
+    from (default: all of :data:`KINDS`; a run without a tmpfs leaves ``disk-full`` out)."""
     rng = random.Random(seed)
-    kinds = sorted(KINDS)
+    kinds = sorted(KINDS if kinds is None else set(kinds) & set(KINDS))
     weights = [KINDS[k][0] for k in kinds]
     busy: dict[str, float] = {}
     out: list[PlannedFault] = []

@@ -5,13 +5,17 @@ under the fault schedule of :mod:`.faults`, then checked (:mod:`.checker`).
 Phases: the ensemble and both drivers, until both commit; chaos (a file every ``file_every_s``,
 each fault on its own thread); every fault healed and the closing moves written; the drain (until
 every stream holds what the input gives, or ``drain_s``); SIGTERM to the drivers; the ensemble
-stopped; the check. Under ``data``: ``input/``, ``store/``, ``zk/``, ``logs/``, ``faults.json``.
+stopped; the store's tmpfs unmounted (its content copied back); the check. Under ``data``:
+``input/``, ``store/``, ``zk/``, ``logs/``, ``replays/`` (the promote faults' shadow stores),
+``faults.json``. The faults themselves: driver and ZooKeeper faults here, the tools in
+:mod:`.tools`, the Python workers in :mod:`.workers`, the store's disk in :mod:`.disk`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -25,9 +29,12 @@ from typing import Any, Callable
 from deltawheel.statestore.exceptions import ConfigError
 
 from ..servers.ensemble import ZooKeeperEnsemble
-from .bank import INPUT_ENV, PIPELINE, closing_moves, moves, write_moves
+from .bank import INPUT_ENV, closing_moves, moves, write_moves
 from .checker import CheckResult, FaultRecord, Violation, check_run, complete, stream_commits
-from .faults import INSTANCES, PlannedFault, plan
+from .disk import StoreDisk, unmount_stale
+from .faults import INSTANCES, KINDS, PlannedFault, plan
+from .tools import tool_fault
+from .workers import python_workers
 
 __all__ = ["ChaosSettings", "ChaosRun", "DriverExit", "run_chaos", "recheck"]
 
@@ -52,6 +59,7 @@ class ChaosSettings:
     tool_timeout_s: float = 900.0  # a tool still running then is killed (its exit code -9)
     master: str = "local[1]"
     trigger: str = "1 second"
+    store_tmpfs_mb: int = 128  # the store's tmpfs for ``disk-full`` (0: none, the kind left out)
 
 
 @dataclass
@@ -72,9 +80,14 @@ class _Driver:
         return ": running " in text[text.rfind("--- start "):]
 
     def last_error(self) -> str:
-        """The last ``deltawheel run: ...Error: ...`` line of its log (what made it exit)."""
-        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.startswith("deltawheel run:")]
-        return lines[-1][len("deltawheel run:"):].strip()[:300] if lines else "no error line"
+        """What made it exit: the ``deltawheel run: ...Error: ...`` line of its log since its last
+        start, else that start's last line (an uncaught error's traceback ends with it)."""
+        text = self.log.read_text(errors="replace")
+        lines = text[text.rfind("--- start "):].splitlines()[1:]
+        said = [ln for ln in lines if ln.startswith("deltawheel run:")]
+        if said:
+            return said[-1][len("deltawheel run:"):].strip()[:300]
+        return f"no error line; the last: {lines[-1].strip()[:260]}" if lines else "no error line"
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
@@ -97,6 +110,14 @@ class _Driver:
             self.proc.wait(timeout=60)
 
 
+#: Lines of a driver's log that tell what a worker's kill did.
+WORKER_SIGNS = ("Python worker exited unexpectedly", "crashed", "EOFError", "BatchFailedError", "deltawheel run:")
+
+
+class _Skipped(Exception):
+    """A fault that cannot happen at its time (the reason)."""
+
+
 @dataclass(frozen=True)
 class DriverExit:
     """A driver that stopped by itself: when, its exit code and error line (it was started again)."""
@@ -113,7 +134,9 @@ class ChaosRun:
 
     settings: ChaosSettings
     faults: list[FaultRecord] = field(default_factory=list)
-    skipped: list[PlannedFault] = field(default_factory=list)  # not started: the phase was over
+    skipped: list[tuple[PlannedFault, str]] = field(default_factory=list)  # not started, and why
+    kinds: list[str] = field(default_factory=lambda: sorted(KINDS))  # the kinds the schedule drew from
+    left_out: str = ""  # why ``disk-full`` is not among them
     exits: list[DriverExit] = field(default_factory=list)  # drivers that stopped by themselves
     tools: dict[str, list[int]] = field(default_factory=dict)
     files: int = 0
@@ -138,9 +161,11 @@ class _Harness:
         self.drivers: dict[str, _Driver] = {}
         self.threads: list[threading.Thread] = []
         self.file_index = 0
+        self.disk = StoreDisk(self.store, settings.store_tmpfs_mb)
 
     # --- set-up -----------------------------------------------------------------------------
     def prepare(self) -> None:
+        unmount_stale(self.store)
         if self.data.exists():
             if any(self.data.iterdir()) and not (self.data / MARKER).exists():
                 raise ConfigError(f"chaos --data {self.data}: a folder with other content; give an empty or new "
@@ -148,6 +173,13 @@ class _Harness:
             shutil.rmtree(self.data)
         self.logs.mkdir(parents=True)
         (self.data / MARKER).write_text(json.dumps({**asdict(self.s), "data": str(self.s.data)}, indent=2) + "\n")
+        reason = self.disk.mount()
+        if reason is not None:
+            self.run.left_out = reason
+            self.run.kinds = [k for k in self.run.kinds if k != "disk-full"]
+            self.say(f"chaos: disk-full left out of the schedule: {reason}")
+        else:
+            self.say(f"chaos: the store on a tmpfs of {self.s.store_tmpfs_mb} MiB (disk-full fills it)")
 
     def cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "deltawheel.executor.cli", *args]
@@ -177,6 +209,8 @@ class _Harness:
 
     # --- faults -----------------------------------------------------------------------------
     def tool(self, name: str, *args: str) -> int:
+        """Run ``deltawheel args`` into ``logs/tool-<name>.log``; record and return its exit code
+        (-1: not started, the run stopping; -9: killed after ``tool_timeout_s``)."""
         with open(self.logs / f"tool-{name}.log", "ab") as out, self.lock:
             if self.stopping.is_set():
                 return -1
@@ -192,20 +226,27 @@ class _Harness:
             self.run.tools.setdefault(name, []).append(rc)
         return rc
 
+    def skip(self, f: PlannedFault, reason: str) -> None:
+        with self.lock:
+            self.run.skipped.append((f, reason))
+        self.say(f"chaos: {f.kind} on {f.target} planned at {f.at:.1f}s skipped: {reason}")
+
     def inject(self, f: PlannedFault, begin: float) -> None:
         time.sleep(max(0.0, begin + f.at - time.monotonic()))
         with self.slots.setdefault(f.slot, threading.Lock()):
             if time.monotonic() > begin + self.s.seconds:  # its slot's previous fault outlasted the phase
-                with self.lock:
-                    self.run.skipped.append(f)
-                self.say(f"chaos: {f.kind} on {f.target} planned at {f.at:.1f}s skipped: the phase is over")
+                self.skip(f, "the phase is over")
                 return
-            start, target, note = time.time(), f.target, ""
-            if f.target in self.drivers:
-                heal = self.driver_fault(f, self.drivers[f.target])
-            else:
-                target, note = self.other_fault(f)
-                heal = time.time()
+            start, target = time.time(), f.target
+            try:
+                if f.target in self.drivers:
+                    heal, note = self.driver_fault(f, self.drivers[f.target])
+                else:
+                    target, note = self.other_fault(f)
+                    heal = time.time()
+            except _Skipped as exc:
+                self.skip(f, str(exc))
+                return
         record = FaultRecord(kind=f.kind, target=target, start=start, heal=heal, note=note)
         with self.lock:
             self.run.faults.append(record)
@@ -213,9 +254,13 @@ class _Harness:
                  f"{heal - start:.1f}s {note}".rstrip())
 
     # --- the phases -------------------------------------------------------------------------
-    def driver_fault(self, f: PlannedFault, d: _Driver) -> float:
-        """Kill or stop driver ``d``, heal it; return the heal's time once it runs again."""
-        if f.kind == "driver-kill":
+    def driver_fault(self, f: PlannedFault, d: _Driver) -> tuple[float, str]:
+        """Kill or stop driver ``d`` (or one of its Python workers), heal it; return the heal's time
+        once it runs again, and a note."""
+        note = ""
+        if f.kind == "worker-kill":
+            heal, note = self.worker_kill(f, d)
+        elif f.kind == "driver-kill":
             with self.lock:
                 d.down = True
             d.kill()
@@ -233,10 +278,41 @@ class _Harness:
             if f.kind == "session-expiry":  # it stops on its lost lease: the supervisor's restart
                 self.stopping.wait(self.s.session_timeout_s)
         self.wait_back(d)
-        return heal
+        return heal, note
+
+    def worker_kill(self, f: PlannedFault, d: _Driver) -> tuple[float, str]:
+        """SIGKILL of one Python worker of ``d`` (drawn with the seed); watch the driver for the
+        fault's duration and say what it did. Raises :class:`_Skipped` without a worker."""
+        proc = d.proc
+        workers = python_workers(proc.pid) if proc is not None and proc.poll() is None else []
+        if not workers:
+            raise _Skipped("no Python worker under the driver at that moment")
+        w = random.Random(f"{self.s.seed}:{f.at}:{f.kind}:{f.target}").choice(workers)
+        with self.lock:
+            exits_before = len(self.run.exits)
+        log_at = d.log.stat().st_size
+        try:
+            os.kill(w.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            raise _Skipped(f"the drawn {w.role} (pid {w.pid}) ended before the kill") from None
+        heal = time.time()
+        self.stopping.wait(f.duration_s)
+        with self.lock:
+            exits = [e for e in self.run.exits[exits_before:] if e.driver == d.name]
+        with open(d.log, "rb") as log:
+            log.seek(log_at)
+            after = log.read().decode(errors="replace").splitlines()
+        note = f"pid {w.pid} ({w.role}, 1 of {len(workers)} Python processes)"
+        if exits:
+            note += "; the driver exited " + ", ".join(f"with {e.code} ({e.error[:160]})" for e in exits)
+        else:
+            note += f"; the driver ran on for {f.duration_s:.0f}s"
+        seen = [ln.strip() for ln in after if any(m in ln for m in WORKER_SIGNS)]
+        return heal, note + (f"; its log: {seen[0][:200]}" if seen else "")
 
     def other_fault(self, f: PlannedFault) -> tuple[str, str]:
-        """A ZooKeeper server's kill and restart, or an operator tool; returns (target, note)."""
+        """A ZooKeeper server's kill and restart, the store's disk filled and freed, or an operator
+        tool (:mod:`.tools`); returns (target, note)."""
         if f.kind.startswith("zk"):
             myid = int(f.target[2:]) if f.target != "leader" else (self.ensemble.leader() or 1)
             self.ensemble.kill(myid)
@@ -244,16 +320,13 @@ class _Harness:
             if not self.stopping.is_set():
                 self.ensemble.restart(myid)
             return f"zk{myid}", ""
-        if f.kind == "gc":
-            rc = self.tool("gc", "gc", "--store", str(self.store), "--apply", *self.zk_args(), "--master", self.s.master)
-            return f.target, f"rc {rc}"
-        if f.kind == "status":
-            return f.target, f"rc {self.tool('status', 'status', '--store', str(self.store), *self.zk_args())}"
-        # rebalance: the computation's intervals 0-2 to a, 3 to b; then back to the members' split
-        move = ["--pipeline", PIPELINE, "--computation", f.target, *self.zk_args()]
-        rc = self.tool("rebalance", "rebalance", *move, "--assign", "a=0-2", "--assign", "b=3")
-        time.sleep(f.duration_s)
-        return f.target, f"rc {rc}, {self.tool('rebalance', 'rebalance', *move, '--clear')}"
+        if f.kind == "disk-full":
+            free = self.disk.free_bytes()
+            filled = self.disk.fill()
+            self.stopping.wait(f.duration_s)
+            self.disk.free()
+            return f.target, f"{filled / 2**20:.1f} MiB written of {free / 2**20:.1f} MiB free"
+        return tool_fault(self, f)
 
     def wait_back(self, d: _Driver) -> None:
         """Hold the driver's slot until it runs again (the next fault on it hits a running driver,
@@ -285,8 +358,8 @@ class _Harness:
 
     def execute(self) -> ChaosRun:
         s, run = self.s, self.run
-        self.prepare()
         self.say(f"chaos: data in {self.data}; ZooKeeper ensemble of 3 starting")
+        self.prepare()
         self.ensemble.start()
         self.make_drivers()
         self.write_next()
@@ -300,7 +373,8 @@ class _Harness:
                 "running" in d.log.read_text(errors="replace") for d in self.drivers.values())
                 and bool(stream_commits(self.store, "changes")), s.start_s):
             raise ConfigError(f"chaos: the drivers did not commit within {s.start_s:.0f}s; see {self.logs}")
-        schedule = plan(s.seed, s.seconds, mean_gap_s=s.mean_gap_s, session_timeout_s=s.session_timeout_s)
+        schedule = plan(s.seed, s.seconds, mean_gap_s=s.mean_gap_s, session_timeout_s=s.session_timeout_s,
+                        kinds=run.kinds)
         self.say(f"chaos: both drivers commit; {len(schedule)} faults over {s.seconds:.0f}s")
         run.phases["chaos"] = time.time()
         begin = time.monotonic()
@@ -323,6 +397,14 @@ class _Harness:
         return run
 
     def stop(self) -> None:
+        try:
+            self.stop_processes()
+        finally:  # the store's content back on disk, also when stopping failed
+            note = self.disk.unmount()
+            if note:
+                self.say(f"chaos: the store's tmpfs: {note}")
+
+    def stop_processes(self) -> None:
         with self.lock:
             self.stopping.set()
         for d in self.drivers.values():
@@ -350,7 +432,9 @@ def _save(run: ChaosRun) -> None:
     (data / "faults.json").write_text(json.dumps({
         "seed": run.settings.seed, "phases": run.phases, "files": run.files, "drained": run.drained,
         "tools": run.tools, "faults": [asdict(f) for f in run.faults],
-        "skipped": [asdict(f) for f in run.skipped], "exits": [asdict(e) for e in run.exits]}, indent=2) + "\n")
+        "kinds": run.kinds, "left_out": run.left_out,
+        "skipped": [{**asdict(f), "reason": why} for f, why in run.skipped],
+        "exits": [asdict(e) for e in run.exits]}, indent=2) + "\n")
 
 
 def run_chaos(settings: ChaosSettings, *, say: Callable[[str], None] = print) -> ChaosRun:

@@ -10,7 +10,7 @@ import select
 import sys
 from typing import Sequence
 
-from deltawheel.statestore.exceptions import EXIT_CODES, DeltaWheelError, exit_code
+from deltawheel.statestore.exceptions import EXIT_CODES, DeltaWheelError, DiskFullError, disk_full, exit_code
 
 __all__ = ["main", "build_parser"]
 
@@ -88,5 +88,13 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"deltawheel {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a full disk under any write (Python's or the JVM's) is typed, exit 9
+        if not disk_full(exc):
+            raise
+        cause = (str(exc).strip().splitlines() or [""])[0][:300]
+        err = DiskFullError(f"a write failed, the disk is full ({type(exc).__name__}: {cause}); free space and "
+                            "run the command again")
+        print(f"deltawheel {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
+        return exit_code(err)
     return int(rc or 0)
 

@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add ``chaos``."""
     p = subparsers.add_parser(
         "chaos", help="run a three-stage bank pipeline as two instances under random overlapping faults (driver kills "
-                      "and pauses, expired sessions, ZooKeeper servers killed, operator tools) and check its streams")
+                      "and pauses, Python workers killed, expired sessions, ZooKeeper servers killed, the store's "
+                      "disk full, operator tools) and check its streams")
     p.add_argument("--seed", type=int, default=None, help="the input's and the fault schedule's seed (default: drawn, "
                                                           "printed first; the same seed replays the same schedule)")
     p.add_argument("--seconds", type=float, default=60.0, help="length of the chaos phase (default 60)")
@@ -23,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--mean-gap", type=float, default=5.0, help="mean seconds between fault starts (default 5)")
     p.add_argument("--bound", type=float, default=600.0,
                    help="seconds within which every stream must commit after a fault heals (default 600: a driver started again on a busy machine takes minutes before its first batch)")
+    p.add_argument("--store-tmpfs-mb", type=int, default=128,
+                   help="size of the tmpfs mounted over the store for the disk-full faults (root only; default 128; "
+                        "0: no tmpfs, no disk-full fault)")
     p.add_argument("--recheck", action="store_true", help="check the finished run in --data again, run nothing")
     p.set_defaults(func=_chaos)
 
@@ -35,15 +39,16 @@ def _chaos(args: argparse.Namespace) -> int:
     if args.recheck:
         saved, result = recheck(data, bound_s=args.bound)
         exits = [(e["driver"], int(e["code"]), e["error"]) for e in saved.get("exits", [])]
+        skipped = [(f["kind"], f.get("reason", "the phase is over")) for f in saved.get("skipped", [])]
         print(table(int(saved["seed"]), result, tools=saved.get("tools"), exits=exits,
-                    drained=bool(saved.get("drained"))))
+                    drained=bool(saved.get("drained")), skipped=skipped, left_out=saved.get("left_out", "")))
         return 0 if result.ok else 1
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     print(f"chaos seed {seed} (replay: deltawheel chaos --seed {seed} --seconds {args.seconds:g})", flush=True)
     settings = ChaosSettings(seed=seed, seconds=args.seconds, data=data, mean_gap_s=args.mean_gap,
-                             bound_s=args.bound)
+                             bound_s=args.bound, store_tmpfs_mb=args.store_tmpfs_mb)
     run = run_chaos(settings, say=lambda line: print(line, flush=True))
     assert run.result is not None
     print(table(seed, run.result, tools=run.tools, exits=[(e.driver, e.code, e.error) for e in run.exits],
-                drained=run.drained))
+                drained=run.drained, skipped=[(f.kind, why) for f, why in run.skipped], left_out=run.left_out))
     return 0 if run.result.ok else 1

@@ -450,8 +450,15 @@ class ContinuousRun:
         (``handover.py``): give them back and take them again once it is done. The query's next
         batch waits meanwhile."""
         if self._handover is not None and self._handover.asked(stage.comp.name):
-            hand_over(stage.ex, self._handover, stage.comp.name, stopping=self._stopping, wait_s=self.wait_s,
-                      log=self._log)
+            retake = None
+            sharing = self._sharing
+            if sharing is not None:  # the free ones of its share: another instance may have taken some meanwhile
+                caps: dict[str, int | None] = {u: None for u in stage.next_caps}
+
+                def retake() -> ComputationExecutor | None:
+                    return sharing.retake(stage.comp, stage.checkpoint, caps=caps, hold=_hold(caps))
+            stage.ex = hand_over(stage.ex, self._handover, stage.comp.name, stopping=self._stopping,
+                                 wait_s=self.wait_s, log=self._log, retake=retake)
 
     def _tick(self, stage: _Stage) -> None:
         """Between batches: fire what became due (a timers-only batch), if anything did."""

@@ -55,23 +55,36 @@ class HandoverWatch:
 
 
 def hand_over(ex: ComputationExecutor | None, watch: HandoverWatch, computation: str, *, stopping: threading.Event,
-              wait_s: float, log: Callable[[str], None]) -> None:
-    """Between batches: give the leases a tool asked for back, wait for its request to go, retake them."""
+              wait_s: float, log: Callable[[str], None],
+              retake: Callable[[], ComputationExecutor | None] | None = None) -> ComputationExecutor | None:
+    """Between batches: give the leases a tool asked for back, wait for its request to go, retake
+    them; returns the executor to go on with.
+
+    ``retake``: how an instance sharing the intervals takes them again (``sharing.py``): the free
+    ones of its share then, in a new executor (None: none free), since while they were given back
+    another instance may have taken some of them (the target moved them there); without it the
+    same executor takes every interval it held again, waiting up to ``wait_s`` for each."""
     if ex is None:
-        return  # an instance holding none of this computation's intervals: nothing to hand over
+        return None  # an instance holding none of this computation's intervals: nothing to hand over
     asked = read_handover(watch.client, watch.pipeline, computation)
     if asked is None or not set(asked.intervals) & set(ex.owner.intervals):
-        return
+        return ex
     t0 = time.monotonic()
     log(f"{computation}: handing intervals over to {asked.tool} by {asked.by}")
     ex.stop()  # settles its delivery, then gives every lease back
     t_given = time.monotonic()
     while read_handover(watch.client, watch.pipeline, computation) is not None:
         if stopping.is_set():
-            return  # the run stops: nothing to take again
+            return ex  # the run stops: nothing to take again
         watch.wait(1.0)  # woken when the request goes
     t_back = time.monotonic()
-    ex.start(wait_s=wait_s)
+    if retake is None:
+        ex.start(wait_s=wait_s)
+        now: ComputationExecutor | None = ex
+    else:
+        now = retake()
+    held = list(now.owner.intervals) if now is not None else []
     log(f"{computation}: intervals taken again after {asked.tool} ({time.monotonic() - t0:.1f}s: given back in "
         f"{t_given - t0:.1f}s, the tool held them {t_back - t_given:.1f}s, taken again in "
-        f"{time.monotonic() - t_back:.1f}s)")
+        f"{time.monotonic() - t_back:.1f}s; holding {held})")
+    return now

@@ -68,6 +68,21 @@ class Sharing:
             return None
         return self._executor(comp, checkpoint, sorted(free), wait_s=wait_s, caps=caps, hold=hold)
 
+    def retake(self, comp: Computation, checkpoint: str, *, caps: Mapping[str, int | None],
+               hold: int | None) -> ComputationExecutor | None:
+        """After a tool's hand-over (``handover.py``): an executor of ``comp`` on the free intervals of
+        this instance's share now, without waiting for the others (another instance may have taken
+        some while they were given back: a later :meth:`rebalance` looks again); None: none free."""
+        _, free = self.wanted(comp)
+        if not free:
+            self.progress(f"{comp.name}: instance {self.instance} holds no interval now")
+            return None
+        try:
+            return self._executor(comp, checkpoint, sorted(free), wait_s=0.0, caps=caps, hold=hold)
+        except LeaseHeldError as exc:  # taken meanwhile by another instance: the next rebalance looks again
+            self.progress(f"{comp.name}: intervals {sorted(free)} not all free ({exc}); trying again")
+            return None
+
     def rebalance(self, comp: Computation, checkpoint: str, ex: ComputationExecutor | None, *,
                   caps: Mapping[str, int | None], hold: int | None) -> tuple[ComputationExecutor | None, bool]:
         """Between micro-batches: (the executor to go on with, whether it changed).

@@ -1,0 +1,85 @@
+"""The operator tools a chaos run starts beside its pipeline, one at a time (the "tools" slot).
+
+Each runs as an operator would run it against the live pipeline (the store, its ZooKeeper and
+chroot, Spark ``--master`` as the drivers'); its exit code is recorded under its name and the
+fault's note carries the code and the tool's last line. A tool that refuses while the pipeline
+holds the leases (a typed error, a clear exit code) is an outcome to record, not a violation: only
+the streams say whether a tool damaged anything, and the checker reads them.
+
+- ``gc``: ``gc --apply``; ``status``: ``status``.
+- ``rebalance``: one computation's intervals 0-2 to ``a`` and 3 to ``b``, held, then ``--clear``.
+- ``repair`` of one key drawn from the accounts: of ``bank``, its counters reset to zero (``bank``'s
+  state feeds no output, so the streams stay checkable while the tool writes a real, fenced
+  commit); of ``ledger``, its state set to itself (the leases handed over, nothing written).
+- ``upgrade-state`` with the running class as ``--code``: every row is of its state version, so
+  an unchanged upgrade.
+- ``promote``: ``replay`` of the running code (``--source`` the chaos pipeline) from the chaos
+  phase's start into a shadow folder under the run's ``replays/``, then ``promote`` of it while
+  the pipeline runs; a replay of unchanged code promotes to no change.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from .bank import ACCOUNTS, PIPELINE
+from .faults import PlannedFault
+
+if TYPE_CHECKING:
+    from .harness import _Harness
+
+__all__ = ["tool_fault", "CODE", "SOURCE"]
+
+SOURCE = "deltawheel.executor.chaos.bank:pipeline"
+CODE = {"bank": "deltawheel.executor.chaos.bank:Bank", "ledger": "deltawheel.executor.chaos.bank:Ledger"}
+WAIT_S = "60"  # the hand-over wait an operator gives (the tools' default)
+
+
+def _rng(h: _Harness, f: PlannedFault) -> random.Random:
+    return random.Random(f"{h.s.seed}:{f.at}:{f.kind}:{f.target}")
+
+
+def _last_line(h: _Harness, name: str) -> str:
+    path = h.logs / f"tool-{name}.log"
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+def _run(h: _Harness, name: str, *args: str) -> str:
+    """Run tool ``name`` (``deltawheel name args``); ``rc N: last line``."""
+    rc = h.tool(name, name, *args)
+    return f"{name} rc {rc}: {_last_line(h, name)}"
+
+
+def tool_fault(h: _Harness, f: PlannedFault) -> tuple[str, str]:
+    """Run the tool of fault ``f``; returns (target, note)."""
+    store, zk, spark = ["--store", str(h.store)], h.zk_args(), ["--master", h.s.master, "--driver-memory", "1g"]
+    live = [*store, "--pipeline", PIPELINE, "--computation", f.target, *zk]
+    if f.kind == "gc":
+        return f.target, f"rc {h.tool('gc', 'gc', *store, '--apply', *zk, '--master', h.s.master)}"
+    if f.kind == "status":
+        return f.target, f"rc {h.tool('status', 'status', *store, *zk)}"
+    if f.kind == "rebalance":  # the computation's intervals 0-2 to a, 3 to b; then back to the members' split
+        move = ["--pipeline", PIPELINE, "--computation", f.target, *zk]
+        rc = h.tool("rebalance", "rebalance", *move, "--assign", "a=0-2", "--assign", "b=3")
+        h.stopping.wait(f.duration_s)
+        return f.target, f"rc {rc}, {h.tool('rebalance', 'rebalance', *move, '--clear')}"
+    if f.kind == "repair":
+        key = f"a{_rng(h, f).randrange(ACCOUNTS):02d}"
+        change = "to_json(named_struct('n', 0, 'out', 0))" if f.target == "bank" else "state_json"
+        statement = f"UPDATE state SET state_json = {change} WHERE key = '{key}'"
+        return f"{f.target}/{key}", _run(h, "repair", *live, "--wait", WAIT_S, *spark, statement)
+    if f.kind == "upgrade-state":
+        return f.target, _run(h, "upgrade-state", *live, "--code", CODE[f.target], "--wait", WAIT_S, *spark)
+    # promote of an unchanged replay: from the chaos phase's start (a time the operator picks)
+    shadow = h.data / "replays" / f"{f.target}-{f.at:.1f}"
+    since = str(int(h.run.phases["chaos"] * 1000))
+    replayed = _run(h, "replay", *live, "--from-timestamp", since, "--source", SOURCE, "--into", str(shadow),
+                    *spark)
+    if not replayed.startswith("replay rc 0:"):
+        return f.target, replayed
+    return f.target, f"{replayed}; {_run(h, 'promote', *live, '--from', str(shadow), '--wait', WAIT_S, *spark)}"

@@ -1,0 +1,82 @@
+"""A job instance sharing the intervals, after handing them over to a tool, takes back the free
+ones of its share and does not wait for one another instance took meanwhile.
+
+Found by a chaos run (``deltawheel chaos --seed 86 --seconds 90``): instance ``b`` held the four
+intervals of ``bank`` and handed them over to a ``repair`` of one key; while they were given back
+instance ``a``, started again, took interval 1 (its share of the target); once the repair was done
+``b`` waited for all four again, up to its ``--wait`` (600 s), leaving intervals 0, 2 and 3 with no
+owner for ten minutes, then stopped with ``LeaseHeldError`` (exit 4).
+
+Real Spark, ZooKeeper and Delta: instance ``a`` runs the two-stage pipeline; the test acts as the
+tool (a hand-over request for interval 0) and as the other instance (the lease of interval 1 taken
+while the request is open), then ends the request.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from continuous_pipeline import click_rows, closing_rows, expected, make, outputs, write_file
+from deltawheel.statestore.config import ZkConfig
+from deltawheel.statestore.layout import StoreLayout
+from deltawheel.statestore.zk.client import connect as make_client
+from deltawheel.statestore.zk.handover import clear_handover, request_handover
+from deltawheel.statestore.zk.lease_tools import list_leases
+from deltawheel.statestore.zk.leases import LeaseManager
+from test_continuous import wait_for
+
+import deltawheel
+
+pytestmark = [pytest.mark.spark, pytest.mark.zk]
+
+
+def _held(client: object, instance: str) -> list[int]:
+    return sorted(r["interval"] for r in list_leases(client, pipeline="clicks")  # type: ignore[arg-type]
+                  if r["computation"] == "user_minutes" and r["owner"] is not None and r.get("instance") == instance)
+
+
+@pytest.mark.timeout(1200)
+def test_after_a_tool_a_shared_instance_takes_its_free_intervals_and_not_one_taken_meanwhile(  # type: ignore[no-untyped-def]
+        spark, zk_config: ZkConfig, tmp_path) -> None:
+    clicks = click_rows(120)
+    folder, store = tmp_path / "input", tmp_path / "store"
+    write_file(folder, "part-0.parquet", clicks[:60])
+    layout = StoreLayout(str(store))
+    lines: list[str] = []
+    client = make_client(zk_config)
+    other = LeaseManager(make_client(zk_config), pipeline="clicks", owner=f"{socket.gethostname()}:other",
+                         instance="b")
+    try:
+        with deltawheel.connect(spark, store=str(store), zk=zk_config.hosts, zk_chroot=zk_config.chroot,
+                                pipeline="clicks", instance="a", wait_s=60) as engine:
+            engine.progress = lines.append
+            run = engine.start_pipeline(make(str(folder)), trigger="200 milliseconds")
+            wait_for("a holds every interval of user_minutes", lambda: _held(client, "a") == [0, 1, 2, 3],
+                     runs=(run,), timeout_s=300)
+            request_handover(client, pipeline="clicks", computation="user_minutes", intervals=[0], tool="test",
+                             by="the test")
+            wait_for("a handed the intervals over", lambda: _held(client, "a") == [], runs=(run,), timeout_s=300)
+            assert any("user_minutes: handing intervals over to test" in ln for ln in lines), lines
+            other.acquire("user_minutes", [1], wait_s=30)  # instance b's share, taken while they are given back
+            clear_handover(client, "clicks", "user_minutes")
+            t0 = time.monotonic()
+            wait_for("a took its free intervals again", lambda: any(
+                "user_minutes: intervals taken again after test" in ln for ln in lines), runs=(run,), timeout_s=120)
+            # not after waiting wait_s (60 s) for interval 1, and without it
+            assert time.monotonic() - t0 < 45, lines
+            assert _held(client, "a") == [0, 2, 3]
+            other.release()  # b goes: a takes interval 1 at a later look at the target
+            wait_for("a holds every interval again", lambda: _held(client, "a") == [0, 1, 2, 3], runs=(run,),
+                     timeout_s=300)
+            write_file(folder, "part-1.parquet", clicks[60:] + closing_rows(clicks))
+            want_users, want_totals = expected(clicks)
+            wait_for("both streams hold every row", lambda: len(outputs(spark, layout)[1]) >= len(want_totals),
+                     runs=(run,), timeout_s=300)
+            time.sleep(2.0)  # a duplicate would land by now
+            assert outputs(spark, layout) == (want_users, want_totals)
+            run.stop()
+    finally:
+        other.close()
+        client.stop()

@@ -359,7 +359,8 @@ class ContinuousRun:
                     ex = stage.ex
                     assert ex is not None
                     ex.wait_started()
-                    ex.upstream_caps, ex.input_hold_ms = caps, _hold(caps)
+                    ex.upstream_caps = caps
+                    ex.hold_input(_hold(caps))
                     stats = inp.partition_stats(df)
                     before = ex.records_in_total
                     ex(df, batch_id)
@@ -484,7 +485,7 @@ class ContinuousRun:
             last = ex.reports[-1].input_watermark_ms if ex.reports else None
             if not processing_due and (wm_in is None or wm_in == last):
                 return
-            ex.input_hold_ms = _hold(caps)
+            ex.input_hold_ms, ex.next_input_hold = _hold(caps), None  # a timers-only batch reads no input
             ex.flush()
             stage.acted_caps = caps
         finally:

@@ -300,6 +300,8 @@ class BatchProtocol:
     def _committed(self, b: BatchState, run: BatchRun[Any]) -> Callable[[], object]:
         """After the commit: record input files, keep a straggler open; returns the strong delivery."""
         ex = self.ex
+        if ex.next_input_hold is not None:  # the batch's input is in the commit: hold what comes after it
+            (ex.input_hold_ms,), ex.next_input_hold = ex.next_input_hold, None
         if ex.shared is not None and b.files:
             ex.shared.committed(b.files, ex.owner.intervals)
         b.mark("commit")

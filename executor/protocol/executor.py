@@ -73,6 +73,7 @@ class ComputationExecutor:
         # upstream computation -> its watermark before the query's snapshot (set by PipelineRunner)
         self.upstream_caps: dict[str, int | None] = {}
         self.input_hold_ms: int | None = None
+        self.next_input_hold: tuple[int | None] | None = None  # :meth:`hold_input`'s, from the next commit on
         self.manual_watermarks = manual_watermarks
         self.clock = clock
         self.faults = faults
@@ -252,6 +253,16 @@ class ComputationExecutor:
         """A batch without input: fire what the (given or published) watermark makes due."""
         bid = (self.reports[-1].batch_id + 1) if self.reports else 0
         return self.run_batch(None, bid, input_watermark_ms=input_watermark_ms)
+
+    def hold_input(self, hold_ms: int | None) -> None:
+        """Hold the low watermark at ``hold_ms`` for the input after the upstream watermarks the next
+        batch acts on (None: no upstream computation), from that batch's commit on. Until then the
+        hold stays at most the one before: the batch's own input, read and not committed yet, came
+        after the previous batch's upstream watermarks, and a publish during the batch (a delivery
+        settling) must not pass it."""
+        before = 0 if self.input_hold_ms is None else self.input_hold_ms  # none yet: hold everything
+        self.input_hold_ms = None if hold_ms is None else min(hold_ms, before)
+        self.next_input_hold = (hold_ms,)
 
     def settle(self) -> bool:
         """Wait for the last delivery in flight and publish its watermark; returns whether there was one."""

@@ -33,6 +33,7 @@ class BatchHost(Protocol):
     upstream: tuple[str, ...]
     upstream_caps: dict[str, int | None]
     input_hold_ms: int | None
+    next_input_hold: tuple[int | None] | None
     manual_watermarks: bool
     clock: Clock
     faults: Callable[[FaultPoint, int], None] | None

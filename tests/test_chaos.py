@@ -87,14 +87,22 @@ def test_python_workers_are_found_under_a_driver_by_their_command_line(tmp_path:
         proc.wait()
 
 
+def _mounted(folder: Path, size_mb: int) -> Any:
+    """A mounted :class:`StoreDisk` of ``size_mb`` over ``folder``; the test skips where it cannot mount."""
+    from deltawheel.executor.chaos.disk import StoreDisk
+
+    disk = StoreDisk(folder, size_mb)
+    reason = disk.mount()
+    if reason is not None:
+        pytest.skip(reason)
+    return disk
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_the_store_disk_fills_up_to_enospc_frees_and_keeps_its_content_after_unmount(tmp_path: Path) -> None:
     from deltawheel.executor.chaos.disk import FILLER, StoreDisk
 
-    disk = StoreDisk(tmp_path / "store", 4)
-    reason = disk.mount()
-    if reason is not None:
-        pytest.skip(reason)
+    disk = _mounted(tmp_path / "store", 4)
     try:
         (tmp_path / "store" / "rows").mkdir()
         (tmp_path / "store" / "rows" / "00.json").write_text("{}")
@@ -121,12 +129,8 @@ def test_a_command_that_finds_the_disk_full_exits_9_with_one_typed_line(tmp_path
     counts as a violation. A full disk is now a :class:`DiskFullError` (exit 9, the command may be
     run again once space is freed), from any command: here ``zk start``, which writes its
     configuration into the store's folder first (no Spark)."""
-    from deltawheel.executor.chaos.disk import StoreDisk
 
-    disk = StoreDisk(tmp_path / "disk", 1)
-    reason = disk.mount()
-    if reason is not None:
-        pytest.skip(reason)
+    disk = _mounted(tmp_path / "disk", 1)
     try:
         (tmp_path / "disk" / "store").mkdir()
         disk.fill()
